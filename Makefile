@@ -1,0 +1,160 @@
+# polygw — one flat Makefile.
+#
+#   make            build/polygw, build/polygwctl, build/libpolygw.{a,so}
+#   make deps       install missing Debian packages (apt-get, non-interactive)
+#   make run        build and start the sidecar with deploy/polygw.yaml
+#   make test       normal build with -Werror, then an ASan+UBSan build that
+#                   runs the Check unit tests and the integration tests
+#   make bench      benchmarks under tests/bench/ (not part of make test)
+#   make install    PREFIX=/usr/local DESTDIR=
+#
+# Variables: BUILD (output dir), SAN=1 (sanitizers), V=1 (full commands),
+# CFLAGS/LDFLAGS are the user's and are added to, never replaced.
+
+BUILD   ?= build
+SAN     ?= 0
+PREFIX  ?= /usr/local
+DESTDIR ?=
+VERSION := 0.1.0
+
+CC      ?= cc
+CFLAGS  ?= -O2 -g
+PKG_CONFIG ?= pkg-config
+
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+
+# libev ships no .pc file on Debian 12; every other library comes from pkg-config.
+PKGS      := msgpack yaml-0.1 libcurl jansson hiredis
+PKG_CFLAGS = $(shell $(PKG_CONFIG) --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   = $(shell $(PKG_CONFIG) --libs $(PKGS) 2>/dev/null) -lev -lm
+CHECK_LIBS = $(shell $(PKG_CONFIG) --libs check 2>/dev/null)
+
+WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+        -Wpointer-arith -Wformat=2 -Wno-format-nonliteral
+ALL_CFLAGS := -std=gnu11 -fPIC -D_GNU_SOURCE -DPGW_VERSION='"$(VERSION)"' \
+              -I. -Iproto -Isrc -Isidecar -Iclient/c $(WARN) $(PKG_CFLAGS) $(CFLAGS)
+ALL_LDFLAGS := $(LDFLAGS)
+
+ifeq ($(SAN),1)
+SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+ALL_CFLAGS  += $(SANFLAGS) -O1
+ALL_LDFLAGS += $(SANFLAGS)
+endif
+
+PROTO_SRC   := $(wildcard proto/*.c)
+CORE_SRC    := $(wildcard src/*.c)
+SIDECAR_SRC := $(filter-out sidecar/main.c,$(wildcard sidecar/*.c))
+CLIENT_SRC  := client/c/polygw.c
+UNIT_SRC    := $(wildcard tests/unit/*.c)
+MOCK_SRC    := $(wildcard tests/mock_upstream/*.c)
+BENCH_SRC   := $(wildcard tests/bench/*.c)
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+
+PROTO_OBJ   := $(call obj,$(PROTO_SRC))
+CORE_OBJ    := $(call obj,$(CORE_SRC))
+SIDECAR_OBJ := $(call obj,$(SIDECAR_SRC))
+CLIENT_OBJ  := $(call obj,$(CLIENT_SRC))
+ALL_OBJ     := $(call obj,$(PROTO_SRC) $(CORE_SRC) $(SIDECAR_SRC) sidecar/main.c \
+                 $(CLIENT_SRC) client/c/polygwctl.c $(UNIT_SRC) $(MOCK_SRC) $(BENCH_SRC))
+
+DAEMON     := $(BUILD)/polygw
+CTL        := $(BUILD)/polygwctl
+LIBA       := $(BUILD)/libpolygw.a
+LIBSO      := $(BUILD)/libpolygw.so
+UNIT       := $(BUILD)/unit_tests
+MOCK       := $(BUILD)/mock_upstream
+BENCH_BINS := $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
+
+.PHONY: all deps run test unit integration bench install clean check-deps
+all: $(DAEMON) $(CTL) $(LIBA) $(LIBSO) $(MOCK) $(BENCH_BINS)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(ALL_CFLAGS) -MMD -MP -c $< -o $@
+
+$(DAEMON): $(call obj,sidecar/main.c) $(SIDECAR_OBJ) $(CORE_OBJ) $(PROTO_OBJ)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS)
+
+# libpolygw exports only pgw_* (see client/c/libpolygw.map).
+$(LIBA): $(CLIENT_OBJ) $(PROTO_OBJ)
+	@$(if $(Q),echo "  AR      $@")
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(LIBSO): $(CLIENT_OBJ) $(PROTO_OBJ) client/c/libpolygw.map
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) -shared $(ALL_LDFLAGS) -Wl,--version-script=client/c/libpolygw.map \
+	    -Wl,-soname,libpolygw.so.0 -o $@ $(CLIENT_OBJ) $(PROTO_OBJ) $(PKG_LIBS)
+
+$(CTL): $(call obj,client/c/polygwctl.c) $(LIBA)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS)
+
+$(UNIT): $(call obj,$(UNIT_SRC)) $(SIDECAR_OBJ) $(CORE_OBJ) $(PROTO_OBJ) $(CLIENT_OBJ)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS) $(CHECK_LIBS)
+
+$(MOCK): $(call obj,$(MOCK_SRC))
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS)
+
+$(BUILD)/bench/%: $(BUILD)/obj/tests/bench/%.o $(LIBA)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS) -lpthread
+
+# ---------------------------------------------------------------------------
+# Set-up, run, test
+
+deps:
+	@sh tests/deps.sh
+
+run: deps
+	$(Q)$(MAKE) --no-print-directory all
+	@mkdir -p $(BUILD)/run
+	@echo "polygw: socket $(CURDIR)/$(BUILD)/run/polygw.sock"
+	@echo "polygw: try    $(BUILD)/polygwctl --socket $(CURDIR)/$(BUILD)/run/polygw.sock ping"
+	$(DAEMON) --config deploy/polygw.yaml --socket $(CURDIR)/$(BUILD)/run/polygw.sock
+
+unit: $(UNIT)
+	$(UNIT)
+
+integration: all
+	POLYGW_BUILD=$(CURDIR)/$(BUILD) /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration
+
+test: deps
+	$(Q)$(MAKE) --no-print-directory all
+	$(Q)$(MAKE) --no-print-directory BUILD=build/asan SAN=1 all $(notdir $(UNIT))
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	    build/asan/unit_tests
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	    POLYGW_BUILD=$(CURDIR)/build/asan /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration
+
+unit_tests: $(UNIT)
+
+bench: deps
+	$(Q)$(MAKE) --no-print-directory all
+	sh tests/bench/run.sh $(BUILD)
+
+install: $(DAEMON) $(CTL) $(LIBA) $(LIBSO)
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig \
+	    $(DESTDIR)$(PREFIX)/include/polygw $(DESTDIR)$(PREFIX)/share/man/man8
+	install -m 755 $(DAEMON) $(CTL) $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 $(LIBA) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(LIBSO) $(DESTDIR)$(PREFIX)/lib/libpolygw.so.0
+	ln -sf libpolygw.so.0 $(DESTDIR)$(PREFIX)/lib/libpolygw.so
+	install -m 644 client/c/polygw.h proto/codes.h $(DESTDIR)$(PREFIX)/include/polygw/
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' client/c/polygw.pc.in \
+	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/polygw.pc
+	install -m 644 docs/polygw.8 $(DESTDIR)$(PREFIX)/share/man/man8/
+
+clean:
+	rm -rf build
+
+-include $(ALL_OBJ:.o=.d)

@@ -1,0 +1,26 @@
+/*
+ * call.h — the `call` method and the calls in flight on a connection.
+ */
+#ifndef POLYGW_CALL_H
+#define POLYGW_CALL_H
+
+#include "internal.h"
+
+/* Validates a `call` request and starts it; answers bad_request /
+ * unknown_capability at once when it cannot start. */
+void call_start(struct conn *c, const struct rpc_msg *m);
+
+/* `cancel` notification: answers the call `cancelled` and tears its attempt
+ * down at once. Returns -1 when no call with that msgid is in flight. */
+int call_cancel(struct conn *c, uint32_t msgid);
+
+/* Answers every call of `c` with `code` and tears them down (shutdown). */
+void call_fail_all(struct conn *c, enum pgw_code code, const char *message);
+
+/* The client is gone: tear every call down without answering. */
+void call_abort_all(struct conn *c);
+
+/* The connection's write queue drained: resume paused streams. */
+void call_on_drained(struct conn *c);
+
+#endif /* POLYGW_CALL_H */

@@ -1,0 +1,1760 @@
+/*
+ * config.c — YAML configuration loader (contract in config.h, reference in
+ * docs/CONFIG.md).
+ *
+ * Three passes, each returning at the first failure:
+ *
+ *   1. tree:     libyaml events -> a small owned node tree (struct ynode).
+ *                Syntax errors, anchors/aliases, tags, several documents and
+ *                excessive nesting are rejected here.
+ *   2. walk:     the tree is matched against static tables of `struct field`
+ *                (key, type, bounds, destination offset). Unknown keys,
+ *                duplicate keys, wrong types and out-of-range values are
+ *                rejected here; every key that is set records its line, which
+ *                is how later passes know "set here" from "inherited".
+ *   3. validate: cross-field rules and inheritance (defaults <- capability
+ *                <- source), then the secrets pass (environment / key files),
+ *                which runs last so that an invalid file never causes I/O.
+ *
+ * Secret hygiene: the loader never quotes a string value in a message, only
+ * numbers, key names, source/capability names and the key file's path (which
+ * must be absolute, so a pasted key is rejected before it could be echoed).
+ */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <yaml.h>
+
+#define CONFIG_FILE_MAX   (16u << 20) /* bytes of YAML accepted by config_load */
+#define CONFIG_DEPTH_MAX  32u         /* nesting; the schema itself needs 4 */
+#define CONFIG_KEY_MAX    65536u      /* bytes read from a key file (before trimming) */
+#define CONFIG_PATH_MAX   256u        /* key path buffer for messages */
+#define DURATION_MAX_S    31536000.0  /* one year: upper bound of every duration */
+#define SUN_PATH_MAX      (sizeof(((struct sockaddr_un *)0)->sun_path))
+
+/* ------------------------------------------------------------------------ */
+/* Node tree                                                                */
+
+enum ynode_kind { YN_SCALAR, YN_MAP, YN_SEQ };
+
+/* One YAML node. A map's kids alternate key, value. Scalar text is always
+ * NUL-terminated (it may also contain NULs from "\0" escapes: `len` is the
+ * truth). `plain` scalars are subject to null/bool/number resolution (YAML
+ * 1.2 core schema); quoted ones are always strings. */
+struct ynode {
+    enum ynode_kind kind;
+    bool plain;
+    unsigned line, col;        /* 1-based */
+    char *text;
+    size_t len;
+    struct ynode **kids;
+    size_t n_kids, cap_kids;
+};
+
+/* ------------------------------------------------------------------------ */
+/* Field table                                                              */
+
+/* Field ids: index of the per-entity `line[]` arrays (0 = not set here). */
+enum fid {
+    FID_NONE = 0,
+    FID_LISTEN, FID_SERVER, FID_BACKEND, FID_DEFAULTS, FID_CAPABILITIES, FID_SOURCES,
+    FID_SOCKET, FID_MODE, FID_MAX_MESSAGE_BYTES, FID_MAX_CONNECTIONS,
+    FID_MAX_INFLIGHT, FID_MAX_WRITE_QUEUE,
+    FID_LOG_LEVEL, FID_SHUTDOWN_GRACE,
+    FID_KIND, FID_URL, FID_PREFIX,
+    FID_MAX_ATTEMPTS, FID_STALL_WINDOW, FID_BACKOFF_BASE, FID_BACKOFF_MAX,
+    FID_POLL_INTERVAL, FID_NODE_TIMEOUT,
+    FID_EXEMPT_429, FID_PATH,
+    FID_NAME, FID_CAPABILITY, FID_BASE_URL, FID_API_KEY, FID_API_KEY_ENV,
+    FID_API_KEY_FILE, FID_MODEL, FID_PRIORITY, FID_WEIGHT, FID_TIMEOUT,
+    FID_CONNECT_TIMEOUT, FID_TTFT_TIMEOUT, FID_IDLE_TIMEOUT, FID_MAX_CONCURRENCY,
+    FID_AIMD, FID_AIMD_INITIAL, FID_AIMD_MIN, FID_AIMD_INCREASE, FID_AIMD_DECREASE,
+    FID_BREAKER, FID_BREAKER_FAILURES, FID_BREAKER_COOLDOWN, FID_BREAKER_MAX_COOLDOWN,
+    FID_LIMITS, FID_RPM, FID_TPM, FID_DAILY_TOKENS,
+    FID_PACER, FID_PACER_MIN_INTERVAL,
+    FID_COUNT
+};
+
+enum field_type {
+    FT_BOOL,      /* bool */
+    FT_U32,       /* uint32_t, integer text only */
+    FT_I32,       /* int32_t */
+    FT_U64,       /* uint64_t */
+    FT_SIZE,      /* size_t */
+    FT_DOUBLE,    /* double, integer or float text, finite */
+    FT_STR,       /* char *, owned, then `check` */
+    FT_NAME,      /* char[CONFIG_NAME_MAX], [A-Za-z0-9_.-]{1,63} */
+    FT_UPATH,     /* char[256] upstream path, "/..." */
+    FT_MODE,      /* uint32_t permission bits, octal digits */
+    FT_LOGLEVEL,  /* enum log_level */
+    FT_BACKEND,   /* enum backend_kind */
+    FT_SECTION,   /* nested map described by `sub`, same base + off */
+    FT_INCLUDE,   /* `sub`'s keys belong to this map too, at base + off; its
+                   * `key` is only a label (never matched), non-NULL because
+                   * a NULL key ends a table */
+    FT_CUSTOM,    /* `walk` handles the value */
+    FT_REJECT,    /* key is known but forbidden: `why` */
+};
+
+#define F_MIN_OPEN 1u /* bound is exclusive: value > min */
+#define F_MAX_OPEN 2u /* value < max */
+
+struct loader;
+
+struct field {
+    const char *key;
+    enum field_type type;
+    enum fid fid;
+    size_t off;
+    double min, max;
+    unsigned flags;
+    const struct field *sub;
+    int (*check)(struct loader *l, const struct ynode *v, char *s);
+    int (*walk)(struct loader *l, const struct ynode *v);
+    const char *why;
+};
+
+/* ------------------------------------------------------------------------ */
+/* Loader state (one per config_parse call, on its stack)                   */
+
+struct cap_stage {
+    struct config_capability cap;
+    bool builtin;
+    unsigned map_line;
+    unsigned line[FID_COUNT];
+};
+
+struct src_stage {
+    struct config_source src;
+    char *key_env;             /* owned; name of the variable holding the key */
+    char *key_file;            /* owned; absolute path of the key file */
+    unsigned map_line;
+    unsigned line[FID_COUNT];
+};
+
+struct loader {
+    const char *name;          /* file name for messages */
+    const char *input;         /* the YAML text (borrowed), for syntax hints */
+    size_t input_len;
+    char *err;
+    size_t errlen;
+    struct config *cfg;
+    unsigned line[FID_COUNT];  /* top level: listen, server, backend, defaults */
+    struct cap_stage *caps;
+    size_t n_caps, cap_caps;
+    struct src_stage *srcs;
+    size_t n_srcs;
+    char path[CONFIG_PATH_MAX];
+    size_t path_len;
+};
+
+/* ------------------------------------------------------------------------ */
+/* Messages                                                                 */
+
+static void err_vappend(struct loader *l, size_t *used, const char *fmt, va_list ap)
+{
+    if (!l->err || l->errlen == 0 || *used >= l->errlen - 1)
+        return;
+    int k = vsnprintf(l->err + *used, l->errlen - *used, fmt, ap);
+    if (k > 0)
+        *used += (size_t)k;
+    if (*used > l->errlen - 1)
+        *used = l->errlen - 1;
+}
+
+__attribute__((format(printf, 3, 4)))
+static void err_append(struct loader *l, size_t *used, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    err_vappend(l, used, fmt, ap);
+    va_end(ap);
+}
+
+/* "NAME[:LINE]: [PATH: ]reason". Returns -EINVAL so callers can
+ * `return fail_at(...)`. Only the first failure is ever reported. */
+__attribute__((format(printf, 4, 5)))
+static int fail_at(struct loader *l, unsigned line, const char *path, const char *fmt, ...)
+{
+    size_t used = 0;
+    va_list ap;
+
+    if (l->err && l->errlen)
+        l->err[0] = '\0';
+    if (line)
+        err_append(l, &used, "%s:%u: ", l->name, line);
+    else
+        err_append(l, &used, "%s: ", l->name);
+    if (path && *path)
+        err_append(l, &used, "%s: ", path);
+    va_start(ap, fmt);
+    err_vappend(l, &used, fmt, ap);
+    va_end(ap);
+    return -EINVAL;
+}
+
+/* Same, at the current key path of the walk. */
+#define fail_here(l, line, ...) fail_at((l), (line), (l)->path, __VA_ARGS__)
+
+static int fail_nomem(struct loader *l)
+{
+    fail_at(l, 0, NULL, "out of memory");
+    return -ENOMEM;
+}
+
+/* Appends ".key" (or "key" at the root) to the key path; returns the length
+ * to restore with path_pop. Overlong paths are truncated, never overflowed. */
+static size_t path_push_key(struct loader *l, const char *key, size_t len)
+{
+    size_t old = l->path_len;
+    int k = snprintf(l->path + old, sizeof(l->path) - old, "%s%.*s",
+                     old ? "." : "", (int)(len > 64 ? 64 : len), key);
+    l->path_len = k < 0 ? old : old + (size_t)k;
+    if (l->path_len >= sizeof(l->path))
+        l->path_len = sizeof(l->path) - 1;
+    return old;
+}
+
+static size_t path_push_index(struct loader *l, size_t i)
+{
+    size_t old = l->path_len;
+    int k = snprintf(l->path + old, sizeof(l->path) - old, "[%zu]", i);
+    l->path_len = k < 0 ? old : old + (size_t)k;
+    if (l->path_len >= sizeof(l->path))
+        l->path_len = sizeof(l->path) - 1;
+    return old;
+}
+
+static void path_pop(struct loader *l, size_t old)
+{
+    l->path_len = old;
+    l->path[old] = '\0';
+}
+
+/* Prints integral values exactly (1073741824, not 1.07374e+09). */
+static const char *fmt_num(char *buf, size_t len, double v)
+{
+    if (v == floor(v) && fabs(v) < 1e15)
+        snprintf(buf, len, "%.0f", v);
+    else
+        snprintf(buf, len, "%g", v);
+    return buf;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Tree building                                                            */
+
+static void ynode_free(struct ynode *n)
+{
+    if (!n)
+        return;
+    for (size_t i = 0; i < n->n_kids; i++)
+        ynode_free(n->kids[i]);
+    free(n->kids);
+    if (n->text) {
+        /* The text may be a pasted secret (an inline api_key: is rejected,
+         * but it was read); do not leave it in freed memory. */
+        explicit_bzero(n->text, n->len);
+        free(n->text);
+    }
+    free(n);
+}
+
+static int ynode_append(struct ynode *parent, struct ynode *kid)
+{
+    if (parent->n_kids == parent->cap_kids) {
+        size_t cap = parent->cap_kids ? parent->cap_kids * 2 : 8;
+        struct ynode **k = realloc(parent->kids, cap * sizeof(*k));
+        if (!k)
+            return -ENOMEM;
+        parent->kids = k;
+        parent->cap_kids = cap;
+    }
+    parent->kids[parent->n_kids++] = kid;
+    return 0;
+}
+
+static int fail_yaml(struct loader *l, const yaml_parser_t *p)
+{
+    size_t used = 0;
+
+    switch (p->error) {
+    case YAML_MEMORY_ERROR:
+        return fail_nomem(l);
+    case YAML_READER_ERROR:
+        /* problem_value is the offending byte: never echoed. */
+        return fail_at(l, 0, NULL, "invalid input at byte %zu: %s", p->problem_offset,
+                       p->problem ? p->problem : "unreadable");
+    default:
+        if (l->err && l->errlen)
+            l->err[0] = '\0';
+        err_append(l, &used, "%s:%zu:%zu: YAML syntax error: %s", l->name,
+                   p->problem_mark.line + 1, p->problem_mark.column + 1,
+                   p->problem ? p->problem : "unknown problem");
+        if (p->context)
+            err_append(l, &used, " (%s at line %zu)", p->context, p->context_mark.line + 1);
+        if (p->problem_mark.index < l->input_len && l->input[p->problem_mark.index] == '\t')
+            err_append(l, &used, "; YAML indentation must use spaces, not tabs");
+        return -EINVAL;
+    }
+}
+
+static int tree_next(struct loader *l, yaml_parser_t *p, yaml_event_t *ev)
+{
+    if (!yaml_parser_parse(p, ev))
+        return fail_yaml(l, p);
+    return 0;
+}
+
+/* Builds the node that starts with `ev` (taken: always deleted). */
+static int tree_node(struct loader *l, yaml_parser_t *p, yaml_event_t *ev,
+                     unsigned depth, struct ynode **out)
+{
+    unsigned line = (unsigned)ev->start_mark.line + 1;
+    const yaml_char_t *anchor = NULL, *tag = NULL;
+    yaml_event_type_t end;
+    struct ynode *n;
+    int rc;
+
+    *out = NULL;
+    switch (ev->type) {
+    case YAML_SCALAR_EVENT:
+        anchor = ev->data.scalar.anchor;
+        tag = ev->data.scalar.tag;
+        end = YAML_NO_EVENT;
+        break;
+    case YAML_MAPPING_START_EVENT:
+        anchor = ev->data.mapping_start.anchor;
+        tag = ev->data.mapping_start.tag;
+        end = YAML_MAPPING_END_EVENT;
+        break;
+    case YAML_SEQUENCE_START_EVENT:
+        anchor = ev->data.sequence_start.anchor;
+        tag = ev->data.sequence_start.tag;
+        end = YAML_SEQUENCE_END_EVENT;
+        break;
+    case YAML_ALIAS_EVENT:
+        yaml_event_delete(ev);
+        return fail_at(l, line, NULL, "YAML aliases (*name) are not supported; "
+                       "write the value out");
+    default:
+        yaml_event_delete(ev);
+        return fail_at(l, line, NULL, "unexpected YAML event");
+    }
+    if (anchor) {
+        yaml_event_delete(ev);
+        return fail_at(l, line, NULL, "YAML anchors (&name) are not supported; "
+                       "write the value out");
+    }
+    if (tag) {
+        yaml_event_delete(ev);
+        return fail_at(l, line, NULL, "YAML tags (!tag, !!type) are not supported");
+    }
+    if (depth > CONFIG_DEPTH_MAX) {
+        yaml_event_delete(ev);
+        return fail_at(l, line, NULL, "nested deeper than %u levels", CONFIG_DEPTH_MAX);
+    }
+
+    n = calloc(1, sizeof(*n));
+    if (!n) {
+        yaml_event_delete(ev);
+        return fail_nomem(l);
+    }
+    n->line = line;
+    n->col = (unsigned)ev->start_mark.column + 1;
+
+    if (ev->type == YAML_SCALAR_EVENT) {
+        n->kind = YN_SCALAR;
+        n->plain = ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
+        n->len = ev->data.scalar.length;
+        n->text = malloc(n->len + 1);
+        if (!n->text) {
+            yaml_event_delete(ev);
+            ynode_free(n);
+            return fail_nomem(l);
+        }
+        memcpy(n->text, ev->data.scalar.value, n->len);
+        n->text[n->len] = '\0';
+        /* libyaml frees without wiping; clear its copy of a possible secret. */
+        explicit_bzero(ev->data.scalar.value, n->len);
+        yaml_event_delete(ev);
+        *out = n;
+        return 0;
+    }
+
+    n->kind = ev->type == YAML_MAPPING_START_EVENT ? YN_MAP : YN_SEQ;
+    yaml_event_delete(ev);
+    for (;;) {
+        yaml_event_t kev;
+        struct ynode *kid;
+
+        if ((rc = tree_next(l, p, &kev)) < 0)
+            goto fail;
+        if (kev.type == end) {
+            yaml_event_delete(&kev);
+            break;
+        }
+        if ((rc = tree_node(l, p, &kev, depth + 1, &kid)) < 0)
+            goto fail;
+        if (ynode_append(n, kid) < 0) {
+            ynode_free(kid);
+            rc = fail_nomem(l);
+            goto fail;
+        }
+    }
+    *out = n;
+    return 0;
+fail:
+    ynode_free(n);
+    return rc;
+}
+
+static bool ynode_is_null(const struct ynode *n);
+
+/* Parses one YAML document into *root. An empty stream or a document that
+ * is only a null yields *root == NULL (the caller reports "empty"). */
+static int tree_build(struct loader *l, const char *yaml, size_t len, struct ynode **root)
+{
+    yaml_parser_t p;
+    yaml_event_t ev;
+    struct ynode *n = NULL;
+    int rc;
+
+    *root = NULL;
+    l->input = yaml;
+    l->input_len = len;
+    if (!yaml_parser_initialize(&p))
+        return fail_nomem(l);
+    yaml_parser_set_input_string(&p, (const unsigned char *)yaml, len);
+
+    if ((rc = tree_next(l, &p, &ev)) < 0)        /* STREAM-START */
+        goto out;
+    yaml_event_delete(&ev);
+    if ((rc = tree_next(l, &p, &ev)) < 0)
+        goto out;
+    if (ev.type == YAML_STREAM_END_EVENT) {
+        yaml_event_delete(&ev);
+        goto out;                                 /* no document at all */
+    }
+    yaml_event_delete(&ev);                       /* DOCUMENT-START */
+    if ((rc = tree_next(l, &p, &ev)) < 0)
+        goto out;
+    if ((rc = tree_node(l, &p, &ev, 0, &n)) < 0)
+        goto out;
+    if ((rc = tree_next(l, &p, &ev)) < 0)        /* DOCUMENT-END */
+        goto out;
+    yaml_event_delete(&ev);
+    if ((rc = tree_next(l, &p, &ev)) < 0)
+        goto out;
+    if (ev.type != YAML_STREAM_END_EVENT) {
+        unsigned line = (unsigned)ev.start_mark.line + 1;
+        yaml_event_delete(&ev);
+        rc = fail_at(l, line, NULL, "only one YAML document is allowed");
+        goto out;
+    }
+    yaml_event_delete(&ev);
+    if (ynode_is_null(n)) {
+        ynode_free(n);
+        n = NULL;
+    }
+    *root = n;
+    n = NULL;
+out:
+    ynode_free(n);
+    yaml_parser_delete(&p);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Scalar resolution (YAML 1.2 core schema, plain scalars only)             */
+
+static bool text_is(const struct ynode *n, const char *const *words)
+{
+    for (; *words; words++)
+        if (strlen(*words) == n->len && memcmp(*words, n->text, n->len) == 0)
+            return true;
+    return false;
+}
+
+static bool ynode_is_null(const struct ynode *n)
+{
+    static const char *const nulls[] = { "~", "null", "Null", "NULL", NULL };
+    return n && n->kind == YN_SCALAR && n->plain && (n->len == 0 || text_is(n, nulls));
+}
+
+static int ynode_bool(const struct ynode *n)
+{
+    static const char *const yes[] = { "true", "True", "TRUE", NULL };
+    static const char *const no[] = { "false", "False", "FALSE", NULL };
+    if (n->kind != YN_SCALAR || !n->plain)
+        return -1;
+    return text_is(n, yes) ? 1 : text_is(n, no) ? 0 : -1;
+}
+
+/* [-+]?[0-9]+ | 0o[0-7]+ | 0x[0-9a-fA-F]+ ; 1 = ok, 0 = not an integer,
+ * -1 = an integer that does not fit in int64_t. */
+static int text_int(const struct ynode *n, int64_t *out)
+{
+    const char *s = n->text, *digits = s;
+    int base = 10;
+    char *end;
+
+    if (n->kind != YN_SCALAR || !n->plain || n->len == 0 || strlen(s) != n->len)
+        return 0;
+    if (s[0] == '0' && (s[1] == 'o' || s[1] == 'x')) {
+        base = s[1] == 'o' ? 8 : 16;
+        digits = s + 2;
+    } else if (s[0] == '-' || s[0] == '+') {
+        digits = s + 1;
+    }
+    if (!*digits)
+        return 0;
+    for (const char *c = digits; *c; c++)
+        if (!(base == 16 ? isxdigit((unsigned char)*c)
+                         : (*c >= '0' && *c <= (base == 8 ? '7' : '9'))))
+            return 0;
+    errno = 0;
+    long long v = strtoll(base == 10 ? s : digits, &end, base);
+    if (errno == ERANGE)
+        return -1;
+    *out = v;
+    return 1;
+}
+
+/* Integer or [-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)? or
+ * [-+]?.inf / .nan; 1 = ok (may be non-finite), 0 = not a number. */
+static int text_float(const struct ynode *n, double *out)
+{
+    static const char *const infs[] = { ".inf", ".Inf", ".INF", "+.inf", "+.Inf",
+                                        "+.INF", "-.inf", "-.Inf", "-.INF", NULL };
+    static const char *const nans[] = { ".nan", ".NaN", ".NAN", NULL };
+    const char *c;
+    int64_t i;
+    int r;
+
+    if (n->kind != YN_SCALAR || !n->plain || n->len == 0 || strlen(n->text) != n->len)
+        return 0;
+    if ((r = text_int(n, &i)) != 0) {
+        if (r > 0) {
+            *out = (double)i;
+            return 1;
+        }
+    }
+    if (text_is(n, infs)) {
+        *out = n->text[0] == '-' ? -INFINITY : INFINITY;
+        return 1;
+    }
+    if (text_is(n, nans)) {
+        *out = NAN;
+        return 1;
+    }
+    c = n->text;
+    if (*c == '-' || *c == '+')
+        c++;
+    size_t int_digits = strspn(c, "0123456789");
+    c += int_digits;
+    size_t frac_digits = 0;
+    if (*c == '.') {
+        c++;
+        frac_digits = strspn(c, "0123456789");
+        c += frac_digits;
+    }
+    if (int_digits == 0 && frac_digits == 0)
+        return 0;
+    if (*c == 'e' || *c == 'E') {
+        c++;
+        if (*c == '-' || *c == '+')
+            c++;
+        size_t exp_digits = strspn(c, "0123456789");
+        if (exp_digits == 0)
+            return 0;
+        c += exp_digits;
+    }
+    if (*c)
+        return 0;
+    *out = strtod(n->text, NULL);
+    return 1;
+}
+
+static const char *ynode_what(const struct ynode *n)
+{
+    double d;
+    switch (n->kind) {
+    case YN_MAP: return "a map";
+    case YN_SEQ: return "a list";
+    case YN_SCALAR: break;
+    }
+    if (!n->plain)
+        return "a string";
+    if (ynode_is_null(n))
+        return "null";
+    if (ynode_bool(n) >= 0)
+        return "a boolean";
+    if (text_float(n, &d))
+        return "a number";
+    return "a string";
+}
+
+/* ------------------------------------------------------------------------ */
+/* String checks (FT_STR `check` hooks and helpers)                         */
+
+static bool has_ctl(const char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+            return true;
+    return false;
+}
+
+static bool has_space_or_ctl(const char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s <= 0x20 || *s == 0x7f)
+            return true;
+    return false;
+}
+
+static int check_socket(struct loader *l, const struct ynode *v, char *s)
+{
+    if (!*s)
+        return fail_here(l, v->line, "must not be empty");
+    if (strlen(s) >= SUN_PATH_MAX)
+        return fail_here(l, v->line, "longer than %zu bytes (the sun_path limit)",
+                         SUN_PATH_MAX - 1);
+    if (has_ctl(s, strlen(s)))
+        return fail_here(l, v->line, "must not contain control characters");
+    return 0;
+}
+
+/* http:// or https:// followed by a host; trailing '/' are dropped so that
+ * base_url + capability path never doubles the slash. */
+static int check_http_url(struct loader *l, const struct ynode *v, char *s)
+{
+    size_t skip = strncasecmp(s, "http://", 7) == 0    ? 7
+                  : strncasecmp(s, "https://", 8) == 0 ? 8
+                                                       : 0;
+    if (!skip)
+        return fail_here(l, v->line, "must start with http:// or https://");
+    if (has_space_or_ctl(s))
+        return fail_here(l, v->line, "must not contain spaces or control characters");
+    if (s[skip] == '\0' || s[skip] == '/')
+        return fail_here(l, v->line, "has no host");
+    size_t len = strlen(s);
+    if (len >= CONFIG_URL_MAX)
+        return fail_here(l, v->line, "longer than %d characters", CONFIG_URL_MAX - 1);
+    while (len > skip && s[len - 1] == '/')
+        s[--len] = '\0';
+    return 0;
+}
+
+static int check_redis_url(struct loader *l, const struct ynode *v, char *s)
+{
+    /* The URL may carry a password: never echo it. */
+    if (strncmp(s, "redis://", 8) != 0 && strncmp(s, "unix://", 7) != 0)
+        return fail_here(l, v->line, "must start with redis:// or unix://");
+    if (has_space_or_ctl(s))
+        return fail_here(l, v->line, "must not contain spaces or control characters");
+    return 0;
+}
+
+static int check_prefix(struct loader *l, const struct ynode *v, char *s)
+{
+    size_t len = strlen(s);
+    if (len == 0 || len >= CONFIG_NAME_MAX)
+        return fail_here(l, v->line, "must be 1 to %d characters", CONFIG_NAME_MAX - 1);
+    for (; *s; s++)
+        if (!isalnum((unsigned char)*s) && !strchr("_.:-{}", *s))
+            return fail_here(l, v->line, "may contain only letters, digits and _ . : - { }");
+    return 0;
+}
+
+/* The value is deliberately never quoted: a key pasted here by mistake
+ * must not end up in a log. */
+static int check_env_name(struct loader *l, const struct ynode *v, char *s)
+{
+    if (!*s || isdigit((unsigned char)*s) || strlen(s) > 255)
+        return fail_here(l, v->line, "must be the name of an environment variable "
+                         "([A-Za-z_][A-Za-z0-9_]*), not the key itself");
+    for (; *s; s++)
+        if (!isalnum((unsigned char)*s) && *s != '_')
+            return fail_here(l, v->line, "must be the name of an environment variable "
+                             "([A-Za-z_][A-Za-z0-9_]*), not the key itself");
+    return 0;
+}
+
+static int check_key_path(struct loader *l, const struct ynode *v, char *s)
+{
+    if (s[0] != '/')
+        return fail_here(l, v->line, "must be an absolute path (the daemon's working "
+                         "directory is not meaningful)");
+    if (has_ctl(s, strlen(s)) || strlen(s) >= PATH_MAX)
+        return fail_here(l, v->line, "is not a usable path");
+    return 0;
+}
+
+static int check_text(struct loader *l, const struct ynode *v, char *s)
+{
+    if (!*s)
+        return fail_here(l, v->line, "must not be empty");
+    if (has_ctl(s, strlen(s)))
+        return fail_here(l, v->line, "must not contain control characters");
+    return 0;
+}
+
+static int check_name(struct loader *l, unsigned line, const char *s, size_t len)
+{
+    if (len == 0)
+        return fail_here(l, line, "must not be empty");
+    if (len >= CONFIG_NAME_MAX)
+        return fail_here(l, line, "longer than %d characters", CONFIG_NAME_MAX - 1);
+    for (size_t i = 0; i < len; i++)
+        if (!isalnum((unsigned char)s[i]) && !strchr("_.-", s[i]))
+            return fail_here(l, line, "may contain only letters, digits, '_', '.' and '-'");
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Tables                                                                   */
+
+#define OFF(type, member) offsetof(type, member)
+#define END { .key = NULL }
+
+#define NUM(k, t, id, o, lo, hi, fl) \
+    { .key = (k), .type = (t), .fid = (id), .off = (o), .min = (lo), .max = (hi), .flags = (fl) }
+#define STR(k, id, o, chk) { .key = (k), .type = FT_STR, .fid = (id), .off = (o), .check = (chk) }
+#define TYPED(k, t, id, o) { .key = (k), .type = (t), .fid = (id), .off = (o) }
+#define SECTION(k, id, o, table) \
+    { .key = (k), .type = FT_SECTION, .fid = (id), .off = (o), .sub = (table) }
+
+static const struct field listen_table[] = {
+    STR("socket", FID_SOCKET, OFF(struct config, socket_path), check_socket),
+    TYPED("mode", FT_MODE, FID_MODE, OFF(struct config, socket_mode)),
+    NUM("max_message_bytes", FT_SIZE, FID_MAX_MESSAGE_BYTES,
+        OFF(struct config, max_message_bytes), 1024, 1073741824.0, 0),
+    NUM("max_connections", FT_U32, FID_MAX_CONNECTIONS,
+        OFF(struct config, max_connections), 1, 1048576, 0),
+    NUM("max_inflight_per_connection", FT_U32, FID_MAX_INFLIGHT,
+        OFF(struct config, max_inflight_per_connection), 1, 1048576, 0),
+    NUM("max_write_queue_bytes", FT_SIZE, FID_MAX_WRITE_QUEUE,
+        OFF(struct config, max_write_queue_bytes), 1024, 68719476736.0, 0),
+    END
+};
+
+static const struct field server_table[] = {
+    TYPED("log_level", FT_LOGLEVEL, FID_LOG_LEVEL, OFF(struct config, log_level)),
+    NUM("shutdown_grace_s", FT_DOUBLE, FID_SHUTDOWN_GRACE,
+        OFF(struct config, shutdown_grace_s), 0, 3600, 0),
+    END
+};
+
+static const struct field backend_table[] = {
+    TYPED("kind", FT_BACKEND, FID_KIND, OFF(struct config, backend)),
+    STR("url", FID_URL, OFF(struct config, redis_url), check_redis_url),
+    STR("prefix", FID_PREFIX, OFF(struct config, redis_prefix), check_prefix),
+    END
+};
+
+/* Offsets relative to struct config_policy; included by defaults,
+ * capabilities and sources. policy_inherit() iterates this table. */
+static const struct field policy_table[] = {
+    NUM("max_attempts", FT_U32, FID_MAX_ATTEMPTS,
+        OFF(struct config_policy, max_attempts), 1, 1000, 0),
+    NUM("stall_window_s", FT_DOUBLE, FID_STALL_WINDOW,
+        OFF(struct config_policy, stall_window_s), 0, DURATION_MAX_S, F_MIN_OPEN),
+    NUM("backoff_base_s", FT_DOUBLE, FID_BACKOFF_BASE,
+        OFF(struct config_policy, backoff_base_s), 0, DURATION_MAX_S, F_MIN_OPEN),
+    NUM("backoff_max_s", FT_DOUBLE, FID_BACKOFF_MAX,
+        OFF(struct config_policy, backoff_max_s), 0, DURATION_MAX_S, F_MIN_OPEN),
+    NUM("poll_interval_s", FT_DOUBLE, FID_POLL_INTERVAL,
+        OFF(struct config_policy, poll_interval_s), 0, 3600, F_MIN_OPEN),
+    NUM("node_timeout_s", FT_DOUBLE, FID_NODE_TIMEOUT,
+        OFF(struct config_policy, node_timeout_s), 0, DURATION_MAX_S, F_MIN_OPEN),
+    END
+};
+
+static const struct field capability_table[] = {
+    TYPED("exempt_429", FT_BOOL, FID_EXEMPT_429, OFF(struct cap_stage, cap.exempt_429)),
+    TYPED("path", FT_UPATH, FID_PATH, OFF(struct cap_stage, cap.path)),
+    { .key = "policy", .type = FT_INCLUDE, .off = OFF(struct cap_stage, cap.policy),
+      .sub = policy_table },
+    END
+};
+
+static const struct field aimd_table[] = {
+    NUM("initial", FT_DOUBLE, FID_AIMD_INITIAL, OFF(struct config_aimd, initial), 1, 1e6, 0),
+    NUM("min", FT_DOUBLE, FID_AIMD_MIN, OFF(struct config_aimd, min), 1, 1e6, 0),
+    NUM("increase", FT_DOUBLE, FID_AIMD_INCREASE, OFF(struct config_aimd, increase),
+        0, 1e6, F_MIN_OPEN),
+    NUM("decrease", FT_DOUBLE, FID_AIMD_DECREASE, OFF(struct config_aimd, decrease),
+        0, 1, F_MIN_OPEN | F_MAX_OPEN),
+    END
+};
+
+static const struct field breaker_table[] = {
+    NUM("failures", FT_U32, FID_BREAKER_FAILURES, OFF(struct config_breaker, failures),
+        1, 1e6, 0),
+    NUM("cooldown_s", FT_DOUBLE, FID_BREAKER_COOLDOWN, OFF(struct config_breaker, cooldown_s),
+        0, DURATION_MAX_S, F_MIN_OPEN),
+    NUM("max_cooldown_s", FT_DOUBLE, FID_BREAKER_MAX_COOLDOWN,
+        OFF(struct config_breaker, max_cooldown_s), 0, DURATION_MAX_S, F_MIN_OPEN),
+    END
+};
+
+static const struct field limits_table[] = {
+    NUM("rpm", FT_U64, FID_RPM, OFF(struct config_limits, rpm), 0, (double)INT64_MAX, 0),
+    NUM("tpm", FT_U64, FID_TPM, OFF(struct config_limits, tpm), 0, (double)INT64_MAX, 0),
+    NUM("daily_tokens", FT_U64, FID_DAILY_TOKENS, OFF(struct config_limits, daily_tokens),
+        0, (double)INT64_MAX, 0),
+    END
+};
+
+static const struct field pacer_table[] = {
+    NUM("min_interval_ms", FT_U32, FID_PACER_MIN_INTERVAL, 0, 0, 86400000, 0),
+    END
+};
+
+#define SRC(m) OFF(struct src_stage, src.m)
+static const struct field source_table[] = {
+    TYPED("name", FT_NAME, FID_NAME, SRC(name)),
+    TYPED("capability", FT_NAME, FID_CAPABILITY, SRC(capability)),
+    STR("base_url", FID_BASE_URL, SRC(base_url), check_http_url),
+    { .key = "api_key", .type = FT_REJECT, .fid = FID_API_KEY,
+      .why = "inline API keys are not accepted; name an environment variable "
+             "with api_key_env or a file with api_key_file" },
+    STR("api_key_env", FID_API_KEY_ENV, OFF(struct src_stage, key_env), check_env_name),
+    STR("api_key_file", FID_API_KEY_FILE, OFF(struct src_stage, key_file), check_key_path),
+    STR("model", FID_MODEL, SRC(model), check_text),
+    NUM("priority", FT_I32, FID_PRIORITY, SRC(priority), -1e6, 1e6, 0),
+    NUM("weight", FT_DOUBLE, FID_WEIGHT, SRC(weight), 0, 1e6, F_MIN_OPEN),
+    NUM("timeout_s", FT_DOUBLE, FID_TIMEOUT, SRC(timeout_s), 0, DURATION_MAX_S, F_MIN_OPEN),
+    NUM("connect_timeout_s", FT_DOUBLE, FID_CONNECT_TIMEOUT, SRC(connect_timeout_s),
+        0, DURATION_MAX_S, F_MIN_OPEN),
+    NUM("ttft_timeout_s", FT_DOUBLE, FID_TTFT_TIMEOUT, SRC(ttft_timeout_s),
+        0, DURATION_MAX_S, F_MIN_OPEN),
+    NUM("idle_timeout_s", FT_DOUBLE, FID_IDLE_TIMEOUT, SRC(idle_timeout_s),
+        0, DURATION_MAX_S, F_MIN_OPEN),
+    NUM("max_concurrency", FT_U32, FID_MAX_CONCURRENCY, SRC(max_concurrency), 1, 1e6, 0),
+    SECTION("aimd", FID_AIMD, SRC(aimd), aimd_table),
+    SECTION("breaker", FID_BREAKER, SRC(breaker), breaker_table),
+    SECTION("limits", FID_LIMITS, SRC(limits), limits_table),
+    SECTION("pacer", FID_PACER, SRC(pacer_min_interval_ms), pacer_table),
+    { .key = "policy", .type = FT_INCLUDE, .off = SRC(policy), .sub = policy_table },
+    END
+};
+#undef SRC
+
+static int walk_capabilities(struct loader *l, const struct ynode *v);
+static int walk_sources(struct loader *l, const struct ynode *v);
+
+static const struct field top_table[] = {
+    SECTION("listen", FID_LISTEN, 0, listen_table),
+    SECTION("server", FID_SERVER, 0, server_table),
+    SECTION("backend", FID_BACKEND, 0, backend_table),
+    SECTION("defaults", FID_DEFAULTS, OFF(struct config, defaults), policy_table),
+    { .key = "capabilities", .type = FT_CUSTOM, .fid = FID_CAPABILITIES,
+      .walk = walk_capabilities },
+    { .key = "sources", .type = FT_CUSTOM, .fid = FID_SOURCES, .walk = walk_sources },
+    END
+};
+
+/* ------------------------------------------------------------------------ */
+/* Defaults                                                                 */
+
+static const struct {
+    const char *name;
+    bool exempt_429;
+    const char *path;
+} builtin_caps[] = {
+    { "chat", true, "/chat/completions" },
+    { "embedding", false, "/embeddings" },
+    { "ocr", false, "/ocr" },
+};
+
+static int config_set_defaults(struct config *cfg)
+{
+    cfg->socket_path = strdup("/run/polygw/polygw.sock");
+    cfg->redis_prefix = strdup("polygw");
+    if (!cfg->socket_path || !cfg->redis_prefix)
+        return -ENOMEM;
+    cfg->socket_mode = 0660;
+    cfg->max_message_bytes = 16777216;
+    cfg->max_connections = 1024;
+    cfg->max_inflight_per_connection = 1024;
+    cfg->max_write_queue_bytes = 0;           /* 2 x max_message_bytes, in validate */
+    cfg->log_level = LOG_INFO;
+    cfg->shutdown_grace_s = 10;
+    cfg->backend = BACKEND_MEMORY;
+    cfg->defaults = (struct config_policy){
+        .max_attempts = 3, .stall_window_s = 300, .backoff_base_s = 2,
+        .backoff_max_s = 60, .poll_interval_s = 1, .node_timeout_s = 600,
+    };
+    return 0;
+}
+
+static void source_set_defaults(struct config_source *s)
+{
+    s->priority = 0;
+    s->weight = 1;
+    s->timeout_s = 300;
+    s->connect_timeout_s = 10;
+    s->ttft_timeout_s = 60;
+    s->idle_timeout_s = 60;
+    s->max_concurrency = 16;
+    s->aimd = (struct config_aimd){ .initial = 4, .min = 1, .increase = 1, .decrease = 0.5 };
+    s->breaker = (struct config_breaker){ .failures = 5, .cooldown_s = 30,
+                                          .max_cooldown_s = 300 };
+}
+
+static void source_fini(struct config_source *s)
+{
+    if (s->api_key) {
+        explicit_bzero(s->api_key, strlen(s->api_key));
+        free(s->api_key);
+    }
+    free(s->base_url);
+    free(s->model);
+    memset(s, 0, sizeof(*s));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Walk                                                                     */
+
+static const struct field *field_find(const struct field *t, const char *key, size_t len,
+                                      size_t *off)
+{
+    for (; t->key; t++) {
+        if (t->type == FT_INCLUDE) {
+            size_t sub_off = 0;
+            const struct field *f = field_find(t->sub, key, len, &sub_off);
+            if (f) {
+                *off = t->off + sub_off;
+                return f;
+            }
+        } else if (strlen(t->key) == len && memcmp(t->key, key, len) == 0) {
+            *off = t->off;
+            return t;
+        }
+    }
+    return NULL;
+}
+
+static int fail_type(struct loader *l, const struct ynode *v, const char *expected)
+{
+    return fail_here(l, v->line, "expected %s, got %s", expected, ynode_what(v));
+}
+
+static int fail_range(struct loader *l, const struct ynode *v, const struct field *f)
+{
+    char lo[32], hi[32];
+    fmt_num(lo, sizeof(lo), f->min);
+    fmt_num(hi, sizeof(hi), f->max);
+    /* Small bounded ranges read best as an interval; large upper bounds are
+     * sanity caps, so name only the side that was crossed. */
+    if (f->max < 1e6)
+        return fail_here(l, v->line, "must be in %c%s, %s%c, got %s",
+                         f->flags & F_MIN_OPEN ? '(' : '[', lo, hi,
+                         f->flags & F_MAX_OPEN ? ')' : ']', v->text);
+    double d = 0;
+    text_float(v, &d);
+    if (d < f->min || ((f->flags & F_MIN_OPEN) && d == f->min))
+        return fail_here(l, v->line, "must be %s %s, got %s",
+                         f->flags & F_MIN_OPEN ? ">" : ">=", lo, v->text);
+    return fail_here(l, v->line, "must be %s %s, got %s",
+                     f->flags & F_MAX_OPEN ? "<" : "<=", hi, v->text);
+}
+
+static bool in_range(const struct field *f, double d)
+{
+    if (d < f->min || d > f->max)
+        return false;
+    if ((f->flags & F_MIN_OPEN) && d == f->min)
+        return false;
+    if ((f->flags & F_MAX_OPEN) && d == f->max)
+        return false;
+    return true;
+}
+
+/* A string-typed value: any non-null scalar, taken as written. */
+static int get_string(struct loader *l, const struct ynode *v, const char **s)
+{
+    if (v->kind != YN_SCALAR)
+        return fail_type(l, v, "a string");
+    if (strlen(v->text) != v->len)
+        return fail_here(l, v->line, "must not contain NUL characters");
+    *s = v->text;
+    return 0;
+}
+
+static int parse_mode(struct loader *l, const struct ynode *v, uint32_t *out)
+{
+    const char *s;
+    int rc;
+
+    /* Always octal digits, like chmod(1): "0660", 0660, 660 and 0o660 are
+     * the same mode. Quoting is recommended (YAML 1.1 tools read a plain
+     * 0660 as octal, YAML 1.2 tools as decimal 660). */
+    if ((rc = get_string(l, v, &s)) < 0)
+        return rc;
+    if (strncmp(s, "0o", 2) == 0)
+        s += 2;
+    size_t len = strlen(s);
+    if (len == 0 || len > 4 || strspn(s, "01234567") != len)
+        return fail_here(l, v->line, "must be an octal permission mode such as \"0660\"");
+    unsigned long m = strtoul(s, NULL, 8);
+    if (m > 0777)
+        return fail_here(l, v->line, "must be at most 0777 (no setuid, setgid or sticky bits), "
+                         "got %s", v->text);
+    if (m & 0002)
+        return fail_here(l, v->line, "must not be writable by others (%s would let any local "
+                         "user spend this host's API keys); use group permissions", v->text);
+    *out = (uint32_t)m;
+    return 0;
+}
+
+static int walk_map(struct loader *l, const struct ynode *map, const struct field *table,
+                    char *base, unsigned *lines);
+
+static int set_field(struct loader *l, const struct field *f, char *slot,
+                     const struct ynode *key, const struct ynode *v, unsigned *lines)
+{
+    const char *s;
+    int64_t i;
+    double d;
+    int b, rc;
+
+    if (f->type == FT_REJECT)
+        return fail_here(l, key->line, "%s", f->why);
+    if (f->type == FT_CUSTOM) {
+        if ((rc = f->walk(l, v)) == 0)
+            lines[f->fid] = v->line;
+        return rc;
+    }
+    /* An empty value (null) means "not set": the default or the inherited
+     * value stays. Documented in CONFIG.md. */
+    if (ynode_is_null(v))
+        return 0;
+
+    switch (f->type) {
+    case FT_SECTION:
+        if (v->kind != YN_MAP)
+            return fail_type(l, v, "a map");
+        if ((rc = walk_map(l, v, f->sub, slot, lines)) < 0)
+            return rc;
+        break;
+    case FT_BOOL:
+        if ((b = ynode_bool(v)) < 0)
+            return fail_type(l, v, "a boolean (true or false)");
+        *(bool *)slot = b;
+        break;
+    case FT_U32:
+    case FT_I32:
+    case FT_U64:
+    case FT_SIZE:
+        rc = text_int(v, &i);
+        if (rc == 0)
+            return fail_type(l, v, "an integer");
+        if (rc < 0 || !in_range(f, (double)i))
+            return fail_range(l, v, f);
+        if (f->type == FT_U32)
+            *(uint32_t *)slot = (uint32_t)i;
+        else if (f->type == FT_I32)
+            *(int32_t *)slot = (int32_t)i;
+        else if (f->type == FT_U64)
+            *(uint64_t *)slot = (uint64_t)i;
+        else
+            *(size_t *)slot = (size_t)i;
+        break;
+    case FT_DOUBLE:
+        if (!text_float(v, &d))
+            return fail_type(l, v, "a number");
+        if (!isfinite(d))
+            return fail_here(l, v->line, "must be a finite number");
+        if (!in_range(f, d))
+            return fail_range(l, v, f);
+        *(double *)slot = d;
+        break;
+    case FT_STR: {
+        char **dst = (char **)slot;
+        if ((rc = get_string(l, v, &s)) < 0)
+            return rc;
+        char *copy = strdup(s);
+        if (!copy)
+            return fail_nomem(l);
+        free(*dst);
+        *dst = copy;
+        if (f->check && (rc = f->check(l, v, copy)) < 0)
+            return rc;
+        break;
+    }
+    case FT_NAME:
+        if ((rc = get_string(l, v, &s)) < 0)
+            return rc;
+        if ((rc = check_name(l, v->line, s, v->len)) < 0)
+            return rc;
+        memcpy(slot, s, v->len + 1);
+        break;
+    case FT_UPATH:
+        if ((rc = get_string(l, v, &s)) < 0)
+            return rc;
+        if (s[0] != '/')
+            return fail_here(l, v->line, "must start with '/'");
+        if (v->len >= sizeof(((struct config_capability *)0)->path))
+            return fail_here(l, v->line, "longer than %zu characters",
+                             sizeof(((struct config_capability *)0)->path) - 1);
+        if (has_space_or_ctl(s))
+            return fail_here(l, v->line, "must not contain spaces or control characters");
+        memcpy(slot, s, v->len + 1);
+        break;
+    case FT_MODE:
+        if ((rc = parse_mode(l, v, (uint32_t *)slot)) < 0)
+            return rc;
+        break;
+    case FT_LOGLEVEL: {
+        if ((rc = get_string(l, v, &s)) < 0)
+            return rc;
+        int lv = config_parse_log_level(s);
+        if (lv < 0)
+            return fail_here(l, v->line, "must be one of debug, info, warn, error");
+        *(enum log_level *)slot = (enum log_level)lv;
+        break;
+    }
+    case FT_BACKEND:
+        if ((rc = get_string(l, v, &s)) < 0)
+            return rc;
+        if (strcmp(s, "memory") == 0)
+            *(enum backend_kind *)slot = BACKEND_MEMORY;
+        else if (strcmp(s, "redis") == 0)
+            *(enum backend_kind *)slot = BACKEND_REDIS;
+        else
+            return fail_here(l, v->line, "must be memory or redis");
+        break;
+    case FT_INCLUDE:
+    case FT_CUSTOM:
+    case FT_REJECT:
+        break;                               /* handled above / by field_find */
+    }
+    lines[f->fid] = v->line;
+    return 0;
+}
+
+/* Key of pair `i` of `map`: must be a string, must not repeat. */
+static int map_key(struct loader *l, const struct ynode *map, size_t i, const struct ynode **key)
+{
+    const struct ynode *k = map->kids[2 * i];
+
+    if (k->kind != YN_SCALAR || strlen(k->text) != k->len)
+        return fail_here(l, k->line, "map keys must be plain strings");
+    for (size_t j = 0; j < i; j++) {
+        const struct ynode *prev = map->kids[2 * j];
+        if (prev->kind == YN_SCALAR && prev->len == k->len &&
+            memcmp(prev->text, k->text, k->len) == 0) {
+            size_t old = path_push_key(l, k->text, k->len);
+            int rc = fail_here(l, k->line, "duplicate key (first set at line %u)", prev->line);
+            path_pop(l, old);
+            return rc;
+        }
+    }
+    *key = k;
+    return 0;
+}
+
+static int walk_map(struct loader *l, const struct ynode *map, const struct field *table,
+                    char *base, unsigned *lines)
+{
+    for (size_t i = 0; i < map->n_kids / 2; i++) {
+        const struct ynode *key, *v = map->kids[2 * i + 1];
+        const struct field *f;
+        size_t off = 0, old;
+        int rc;
+
+        if ((rc = map_key(l, map, i, &key)) < 0)
+            return rc;
+        old = path_push_key(l, key->text, key->len);
+        f = field_find(table, key->text, key->len, &off);
+        if (!f)
+            rc = fail_here(l, key->line, "unknown key");
+        else
+            rc = set_field(l, f, base + off, key, v, lines);
+        path_pop(l, old);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static struct cap_stage *cap_find(struct loader *l, const char *name, size_t len)
+{
+    for (size_t i = 0; i < l->n_caps; i++)
+        if (strlen(l->caps[i].cap.name) == len && memcmp(l->caps[i].cap.name, name, len) == 0)
+            return &l->caps[i];
+    return NULL;
+}
+
+static struct cap_stage *cap_add(struct loader *l, const char *name, size_t len)
+{
+    if (l->n_caps == l->cap_caps) {
+        size_t cap = l->cap_caps ? l->cap_caps * 2 : 8;
+        struct cap_stage *c = realloc(l->caps, cap * sizeof(*c));
+        if (!c)
+            return NULL;
+        l->caps = c;
+        l->cap_caps = cap;
+    }
+    struct cap_stage *c = &l->caps[l->n_caps++];
+    memset(c, 0, sizeof(*c));
+    memcpy(c->cap.name, name, len);
+    c->cap.name[len] = '\0';
+    return c;
+}
+
+/* capabilities: { NAME: { exempt_429, path, <policy keys> } | null, ... } */
+static int walk_capabilities(struct loader *l, const struct ynode *v)
+{
+    if (ynode_is_null(v))
+        return 0;
+    if (v->kind != YN_MAP)
+        return fail_type(l, v, "a map of capability names");
+    for (size_t i = 0; i < v->n_kids / 2; i++) {
+        const struct ynode *key, *body = v->kids[2 * i + 1];
+        struct cap_stage *c;
+        int rc;
+
+        if ((rc = map_key(l, v, i, &key)) < 0)
+            return rc;
+        size_t old = path_push_key(l, key->text, key->len);
+        if ((rc = check_name(l, key->line, key->text, key->len)) < 0)
+            goto out;
+        c = cap_find(l, key->text, key->len);
+        if (!c && !(c = cap_add(l, key->text, key->len))) {
+            rc = fail_nomem(l);
+            goto out;
+        }
+        c->map_line = key->line;
+        if (ynode_is_null(body))
+            goto out;
+        if (body->kind != YN_MAP) {
+            rc = fail_type(l, body, "a map");
+            goto out;
+        }
+        rc = walk_map(l, body, capability_table, (char *)c, c->line);
+out:
+        path_pop(l, old);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* sources: [ { name, capability, base_url, ... }, ... ] */
+static int walk_sources(struct loader *l, const struct ynode *v)
+{
+    if (ynode_is_null(v))
+        return 0;
+    if (v->kind != YN_SEQ)
+        return fail_type(l, v, "a list of sources");
+    if (v->n_kids == 0)
+        return 0;
+    l->srcs = calloc(v->n_kids, sizeof(*l->srcs));
+    if (!l->srcs)
+        return fail_nomem(l);
+    for (size_t i = 0; i < v->n_kids; i++) {
+        const struct ynode *item = v->kids[i];
+        struct src_stage *s = &l->srcs[i];
+        int rc;
+
+        l->n_srcs = i + 1;
+        source_set_defaults(&s->src);
+        s->map_line = item->line;
+        size_t old = path_push_index(l, i);
+        if (item->kind != YN_MAP)
+            rc = fail_type(l, item, "a map");
+        else
+            rc = walk_map(l, item, source_table, (char *)s, s->line);
+        path_pop(l, old);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Validation pass                                                          */
+
+static size_t policy_field_size(const struct field *f)
+{
+    return f->type == FT_U32 ? sizeof(uint32_t) : sizeof(double);
+}
+
+/* Every policy key not set at this level (lines[] == 0) takes the parent's
+ * effective value. */
+static void policy_inherit(struct config_policy *dst, const unsigned *lines,
+                           const struct config_policy *parent)
+{
+    for (const struct field *f = policy_table; f->key; f++)
+        if (!lines[f->fid])
+            memcpy((char *)dst + f->off, (const char *)parent + f->off, policy_field_size(f));
+}
+
+/* Enforces lo <= hi for two keys of one entity. The message points at the
+ * key that was set here (hi first, it is usually the one being tuned) and
+ * says where the other value came from when it was not set here:
+ * `lo_note` / `hi_note` ("default", "inherited"). */
+static int check_order(struct loader *l, const char *prefix, unsigned entity_line,
+                       const unsigned *lines,
+                       enum fid lo_fid, const char *lo_key, double lo, const char *lo_note,
+                       enum fid hi_fid, const char *hi_key, double hi, const char *hi_note)
+{
+    char path[CONFIG_PATH_MAX], a[32], b[32];
+
+    if (lo <= hi)
+        return 0;
+    fmt_num(a, sizeof(a), lo);
+    fmt_num(b, sizeof(b), hi);
+    if (lines[hi_fid]) {
+        snprintf(path, sizeof(path), "%s%s%s", prefix, *prefix ? "." : "", hi_key);
+        return fail_at(l, lines[hi_fid], path, "must be >= %s (%s%s%s), got %s", lo_key, a,
+                       lines[lo_fid] ? "" : ", ", lines[lo_fid] ? "" : lo_note, b);
+    }
+    snprintf(path, sizeof(path), "%s%s%s", prefix, *prefix ? "." : "", lo_key);
+    return fail_at(l, lines[lo_fid] ? lines[lo_fid] : entity_line, path,
+                   "must be <= %s (%s, %s), got %s", hi_key, b, hi_note, a);
+}
+
+static int check_policy(struct loader *l, const char *prefix, unsigned entity_line,
+                        const unsigned *lines, const struct config_policy *p)
+{
+    return check_order(l, prefix, entity_line, lines,
+                       FID_BACKOFF_BASE, "backoff_base_s", p->backoff_base_s, "inherited",
+                       FID_BACKOFF_MAX, "backoff_max_s", p->backoff_max_s, "inherited");
+}
+
+static int validate_top(struct loader *l)
+{
+    struct config *cfg = l->cfg;
+    char a[32], b[32];
+
+    if (!l->line[FID_MAX_WRITE_QUEUE]) {
+        cfg->max_write_queue_bytes = 2 * cfg->max_message_bytes;
+    } else if (cfg->max_write_queue_bytes < cfg->max_message_bytes) {
+        return fail_at(l, l->line[FID_MAX_WRITE_QUEUE], "listen.max_write_queue_bytes",
+                       "must be >= listen.max_message_bytes (%s), got %s",
+                       fmt_num(a, sizeof(a), (double)cfg->max_message_bytes),
+                       fmt_num(b, sizeof(b), (double)cfg->max_write_queue_bytes));
+    }
+    if (cfg->backend == BACKEND_REDIS && !cfg->redis_url)
+        return fail_at(l, l->line[FID_KIND], "backend.url", "is required when kind is redis");
+    if (cfg->backend == BACKEND_MEMORY && l->line[FID_URL])
+        return fail_at(l, l->line[FID_URL], "backend.url", "only valid with kind: redis");
+    if (cfg->backend == BACKEND_MEMORY && l->line[FID_PREFIX])
+        return fail_at(l, l->line[FID_PREFIX], "backend.prefix", "only valid with kind: redis");
+    return check_policy(l, "defaults", l->line[FID_DEFAULTS], l->line, &cfg->defaults);
+}
+
+static int validate_capabilities(struct loader *l)
+{
+    char prefix[16 + CONFIG_NAME_MAX];        /* "capabilities.NAME" */
+    int rc;
+
+    for (size_t i = 0; i < l->n_caps; i++) {
+        struct cap_stage *c = &l->caps[i];
+        snprintf(prefix, sizeof(prefix), "capabilities.%s", c->cap.name);
+        policy_inherit(&c->cap.policy, c->line, &l->cfg->defaults);
+        if ((rc = check_policy(l, prefix, c->map_line, c->line, &c->cap.policy)) < 0)
+            return rc;
+        if (!c->builtin && !c->line[FID_PATH])
+            return fail_at(l, c->map_line, prefix, "path: is required for a custom "
+                           "capability (built-ins are chat, embedding, ocr)");
+    }
+    l->cfg->capabilities = calloc(l->n_caps, sizeof(*l->cfg->capabilities));
+    if (!l->cfg->capabilities)
+        return fail_nomem(l);
+    for (size_t i = 0; i < l->n_caps; i++)
+        l->cfg->capabilities[i] = l->caps[i].cap;
+    l->cfg->n_capabilities = l->n_caps;
+    return 0;
+}
+
+static int validate_source(struct loader *l, size_t i)
+{
+    struct src_stage *st = &l->srcs[i];
+    struct config_source *s = &st->src;
+    char prefix[32], path[CONFIG_PATH_MAX];   /* "sources[N]" */
+    int rc, idx;
+
+    snprintf(prefix, sizeof(prefix), "sources[%zu]", i);
+#define REQUIRE(fid, key)                                                          \
+    do {                                                                           \
+        if (!st->line[fid]) {                                                      \
+            snprintf(path, sizeof(path), "%s.%s", prefix, key);                    \
+            return fail_at(l, st->map_line, path, "is required");                  \
+        }                                                                          \
+    } while (0)
+    REQUIRE(FID_NAME, "name");
+    REQUIRE(FID_CAPABILITY, "capability");
+    REQUIRE(FID_BASE_URL, "base_url");
+#undef REQUIRE
+
+    for (size_t j = 0; j < i; j++)
+        if (strcmp(l->srcs[j].src.name, s->name) == 0) {
+            snprintf(path, sizeof(path), "%s.name", prefix);
+            return fail_at(l, st->line[FID_NAME], path,
+                           "duplicate source name '%s' (first used by sources[%zu])",
+                           s->name, j);
+        }
+
+    idx = config_find_capability(l->cfg, s->capability, strlen(s->capability));
+    if (idx < 0) {
+        snprintf(path, sizeof(path), "%s.capability", prefix);
+        return fail_at(l, st->line[FID_CAPABILITY], path,
+                       "unknown capability '%s' (not chat, embedding, ocr, nor listed "
+                       "under capabilities:)", s->capability);
+    }
+    s->capability_index = (size_t)idx;
+
+    policy_inherit(&s->policy, st->line, &l->cfg->capabilities[idx].policy);
+    if ((rc = check_policy(l, prefix, st->map_line, st->line, &s->policy)) < 0)
+        return rc;
+
+    snprintf(path, sizeof(path), "%s.aimd", prefix);
+    if ((rc = check_order(l, path, st->map_line, st->line,
+                          FID_AIMD_MIN, "min", s->aimd.min, "default",
+                          FID_AIMD_INITIAL, "initial", s->aimd.initial, "default")) < 0)
+        return rc;
+    snprintf(path, sizeof(path), "%s.breaker", prefix);
+    if ((rc = check_order(l, path, st->map_line, st->line,
+                          FID_BREAKER_COOLDOWN, "cooldown_s", s->breaker.cooldown_s, "default",
+                          FID_BREAKER_MAX_COOLDOWN, "max_cooldown_s",
+                          s->breaker.max_cooldown_s, "default")) < 0)
+        return rc;
+    /* DESIGN 3.1: kept as a conservative guard under the two-budget model. */
+    if ((rc = check_order(l, prefix, st->map_line, st->line,
+                          FID_TTFT_TIMEOUT, "ttft_timeout_s", s->ttft_timeout_s, "default",
+                          FID_STALL_WINDOW, "stall_window_s", s->policy.stall_window_s,
+                          "inherited")) < 0)
+        return rc;
+
+    if (st->key_env && st->key_file) {
+        snprintf(path, sizeof(path), "%s.api_key_file", prefix);
+        return fail_at(l, st->line[FID_API_KEY_FILE], path,
+                       "cannot be combined with api_key_env; choose one");
+    }
+    return 0;
+}
+
+/* Checks a key just read (env or file), after trailing whitespace was
+ * stripped in place. Never quotes it. */
+static int check_key_text(struct loader *l, unsigned line, const char *path, char *key,
+                          const char *what)
+{
+    size_t len = strlen(key);
+    while (len > 0 && isspace((unsigned char)key[len - 1]))
+        key[--len] = '\0';
+    if (len == 0)
+        return fail_at(l, line, path, "%s is empty", what);
+    if (len > CONFIG_API_KEY_MAX)
+        return fail_at(l, line, path, "%s is longer than %d bytes", what, CONFIG_API_KEY_MAX);
+    if (has_ctl(key, len))
+        return fail_at(l, line, path, "%s contains control characters (not usable in an "
+                       "HTTP header)", what);
+    return 0;
+}
+
+static int read_key_file(struct loader *l, struct src_stage *st, const char *path, char **out)
+{
+    const char *file = st->key_file;
+    unsigned line = st->line[FID_API_KEY_FILE];
+    char ebuf[128];
+    struct stat sb;
+    char *buf = NULL;
+    size_t got = 0;
+    int fd, rc;
+
+    *out = NULL;
+    /* O_NONBLOCK: a FIFO must not hang start-up; it is rejected below. */
+    fd = open(file, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0)
+        return fail_at(l, line, path, "cannot open '%s': %s", file,
+                       strerror_r(errno, ebuf, sizeof(ebuf)));
+    if (fstat(fd, &sb) < 0) {
+        rc = fail_at(l, line, path, "cannot stat '%s': %s", file,
+                     strerror_r(errno, ebuf, sizeof(ebuf)));
+        goto out;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        rc = fail_at(l, line, path, "'%s' is not a regular file", file);
+        goto out;
+    }
+    if (sb.st_size > (off_t)CONFIG_KEY_MAX) {
+        rc = fail_at(l, line, path, "'%s' is larger than %u bytes", file, CONFIG_KEY_MAX);
+        goto out;
+    }
+    buf = malloc(CONFIG_KEY_MAX + 1);
+    if (!buf) {
+        rc = fail_nomem(l);
+        goto out;
+    }
+    for (;;) {
+        ssize_t k = read(fd, buf + got, CONFIG_KEY_MAX + 1 - got);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0) {
+            rc = fail_at(l, line, path, "cannot read '%s': %s", file,
+                         strerror_r(errno, ebuf, sizeof(ebuf)));
+            goto out;
+        }
+        if (k == 0)
+            break;
+        got += (size_t)k;
+        if (got > CONFIG_KEY_MAX) {
+            rc = fail_at(l, line, path, "'%s' is larger than %u bytes", file, CONFIG_KEY_MAX);
+            goto out;
+        }
+    }
+    buf[got] = '\0';
+    if (strlen(buf) != got) {
+        rc = fail_at(l, line, path, "'%s' contains NUL bytes", file);
+        goto out;
+    }
+    if ((rc = check_key_text(l, line, path, buf, "the key in this file")) < 0)
+        goto out;
+    *out = strdup(buf);
+    rc = *out ? 0 : fail_nomem(l);
+out:
+    if (buf) {
+        explicit_bzero(buf, CONFIG_KEY_MAX + 1);
+        free(buf);
+    }
+    close(fd);
+    return rc;
+}
+
+/* The secrets pass: runs only once everything else is valid. */
+static int load_key(struct loader *l, size_t i)
+{
+    struct src_stage *st = &l->srcs[i];
+    char path[CONFIG_PATH_MAX];
+
+    if (st->key_file) {
+        snprintf(path, sizeof(path), "sources[%zu].api_key_file", i);
+        return read_key_file(l, st, path, &st->src.api_key);
+    }
+    if (!st->key_env)
+        return 0;                           /* no key: no Authorization header */
+    snprintf(path, sizeof(path), "sources[%zu].api_key_env", i);
+    const char *val = getenv(st->key_env);
+    /* The variable's name is not quoted either (see check_env_name). */
+    if (!val || !*val)
+        return fail_at(l, st->line[FID_API_KEY_ENV], path,
+                       "the environment variable named here is not set or is empty");
+    st->src.api_key = strdup(val);
+    if (!st->src.api_key)
+        return fail_nomem(l);
+    return check_key_text(l, st->line[FID_API_KEY_ENV], path, st->src.api_key,
+                          "the key in the environment");
+}
+
+static int validate(struct loader *l)
+{
+    int rc;
+
+    if ((rc = validate_top(l)) < 0)
+        return rc;
+    if ((rc = validate_capabilities(l)) < 0)
+        return rc;
+    for (size_t i = 0; i < l->n_srcs; i++)
+        if ((rc = validate_source(l, i)) < 0)
+            return rc;
+    for (size_t i = 0; i < l->n_srcs; i++)
+        if ((rc = load_key(l, i)) < 0)
+            return rc;
+    if (l->n_srcs) {
+        l->cfg->sources = calloc(l->n_srcs, sizeof(*l->cfg->sources));
+        if (!l->cfg->sources)
+            return fail_nomem(l);
+        for (size_t i = 0; i < l->n_srcs; i++) {
+            l->cfg->sources[i] = l->srcs[i].src;       /* ownership moves */
+            memset(&l->srcs[i].src, 0, sizeof(l->srcs[i].src));
+        }
+        l->cfg->n_sources = l->n_srcs;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Public API                                                               */
+
+static void loader_fini(struct loader *l)
+{
+    for (size_t i = 0; i < l->n_srcs; i++) {
+        source_fini(&l->srcs[i].src);
+        free(l->srcs[i].key_env);
+        free(l->srcs[i].key_file);
+    }
+    free(l->srcs);
+    free(l->caps);
+}
+
+struct config *config_parse(const char *yaml, size_t len, const char *name,
+                            char *err, size_t errlen)
+{
+    struct loader l;
+    struct ynode *root = NULL;
+    int rc;
+
+    memset(&l, 0, sizeof(l));
+    l.name = name ? name : "<config>";
+    l.err = err;
+    l.errlen = errlen;
+    if (err && errlen)
+        err[0] = '\0';
+
+    l.cfg = calloc(1, sizeof(*l.cfg));
+    if (!l.cfg || !(l.cfg->path = strdup(l.name)) || config_set_defaults(l.cfg) < 0) {
+        fail_nomem(&l);
+        goto fail;
+    }
+    for (size_t i = 0; i < sizeof(builtin_caps) / sizeof(builtin_caps[0]); i++) {
+        struct cap_stage *c = cap_add(&l, builtin_caps[i].name, strlen(builtin_caps[i].name));
+        if (!c) {
+            fail_nomem(&l);
+            goto fail;
+        }
+        c->builtin = true;
+        c->cap.exempt_429 = builtin_caps[i].exempt_429;
+        snprintf(c->cap.path, sizeof(c->cap.path), "%s", builtin_caps[i].path);
+    }
+
+    if ((rc = tree_build(&l, yaml ? yaml : "", yaml ? len : 0, &root)) < 0)
+        goto fail;
+    if (!root) {
+        fail_at(&l, 0, NULL, "empty configuration (expected a map with listen, server, "
+                "backend, defaults, capabilities, sources)");
+        goto fail;
+    }
+    if (root->kind != YN_MAP) {
+        fail_at(&l, root->line, NULL, "the top level must be a map, got %s", ynode_what(root));
+        goto fail;
+    }
+    if ((rc = walk_map(&l, root, top_table, (char *)l.cfg, l.line)) < 0)
+        goto fail;
+    if ((rc = validate(&l)) < 0)
+        goto fail;
+    ynode_free(root);
+    loader_fini(&l);
+    return l.cfg;
+fail:
+    ynode_free(root);
+    loader_fini(&l);
+    config_free(l.cfg);
+    return NULL;
+}
+
+struct config *config_load(const char *path, char *err, size_t errlen)
+{
+    struct loader l = { .name = path ? path : "<null>", .err = err, .errlen = errlen };
+    struct config *cfg = NULL;
+    char ebuf[128];
+    struct stat sb;
+    char *buf = NULL;
+    size_t got = 0;
+    int fd;
+
+    if (!path) {
+        fail_at(&l, 0, NULL, "no configuration file given");
+        return NULL;
+    }
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
+        fail_at(&l, 0, NULL, "cannot open: %s", strerror_r(errno, ebuf, sizeof(ebuf)));
+        return NULL;
+    }
+    if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
+        fail_at(&l, 0, NULL, "not a regular file");
+        goto out;
+    }
+    if (sb.st_size > (off_t)CONFIG_FILE_MAX) {
+        fail_at(&l, 0, NULL, "larger than %u bytes", CONFIG_FILE_MAX);
+        goto out;
+    }
+    buf = malloc((size_t)sb.st_size + 1);
+    if (!buf) {
+        fail_nomem(&l);
+        goto out;
+    }
+    while (got < (size_t)sb.st_size) {
+        ssize_t k = read(fd, buf + got, (size_t)sb.st_size - got);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0) {
+            fail_at(&l, 0, NULL, "cannot read: %s", strerror_r(errno, ebuf, sizeof(ebuf)));
+            goto out;
+        }
+        if (k == 0)
+            break;                          /* file shrank: parse what is there */
+        got += (size_t)k;
+    }
+    buf[got] = '\0';
+    cfg = config_parse(buf, got, path, err, errlen);
+out:
+    if (buf) {
+        explicit_bzero(buf, got);
+        free(buf);
+    }
+    close(fd);
+    return cfg;
+}
+
+void config_free(struct config *cfg)
+{
+    if (!cfg)
+        return;
+    for (size_t i = 0; i < cfg->n_sources; i++)
+        source_fini(&cfg->sources[i]);
+    free(cfg->sources);
+    free(cfg->capabilities);
+    if (cfg->redis_url) {
+        explicit_bzero(cfg->redis_url, strlen(cfg->redis_url)); /* may hold a password */
+        free(cfg->redis_url);
+    }
+    free(cfg->redis_prefix);
+    free(cfg->socket_path);
+    free(cfg->path);
+    free(cfg);
+}
+
+int config_find_capability(const struct config *cfg, const char *name, size_t len)
+{
+    if (!cfg || !name)
+        return -1;
+    for (size_t i = 0; i < cfg->n_capabilities; i++)
+        if (strlen(cfg->capabilities[i].name) == len &&
+            memcmp(cfg->capabilities[i].name, name, len) == 0)
+            return i > (size_t)INT_MAX ? -1 : (int)i;
+    return -1;
+}
+
+int config_parse_log_level(const char *s)
+{
+    static const char *const names[] = { "debug", "info", "warn", "error" };
+    static const enum log_level levels[] = { LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR };
+
+    if (!s)
+        return -1;
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (strcmp(s, names[i]) == 0)
+            return (int)levels[i];
+    return -1;
+}

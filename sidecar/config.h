@@ -1,0 +1,169 @@
+/*
+ * config.h — the sidecar's YAML configuration (DESIGN.md section 5,
+ * docs/CONFIG.md is the reference).
+ *
+ * config_load() parses a file into a fresh, fully-owned struct config and
+ * runs the validation pass; nothing global is touched, so a reload can parse
+ * a new struct and swap it in only when it is valid. Every rejection names
+ * the file, the line (when known), the key path and the reason, e.g.
+ *   "deploy/polygw.yaml:23: sources[1].aimd.decrease: must be in (0, 1), got 1.5"
+ *   "deploy/polygw.yaml:7:3: YAML syntax error: did not find expected key (...)"
+ * Unknown keys, wrong types, negative or impossible values, unknown
+ * capabilities, duplicate source names, and stall_window_s below a source's
+ * ttft_timeout_s are rejected.
+ *
+ * Secrets: a source's API key is read from the environment variable named by
+ * `api_key_env` or from the file named by `api_key_file` at load time. The key
+ * is held only in source.api_key and must never be logged, returned by
+ * `stats`, or quoted in an error message. The loader itself never quotes a
+ * string value in a message (only numbers, key names, source/capability
+ * names and the absolute path of a key file), so a key pasted into the wrong
+ * field cannot leak either.
+ *
+ * YAML dialect: one document, YAML 1.2 core scalars (plain `true`/`false`,
+ * integers, floats; a quoted "300" is a string and is rejected where a number
+ * is expected); an empty value (`key:` or `~`) means "not set"; anchors,
+ * aliases, tags and duplicate keys are rejected.
+ */
+#ifndef POLYGW_CONFIG_H
+#define POLYGW_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CONFIG_NAME_MAX 64   /* names: [A-Za-z0-9_.-]{1,63} */
+
+/* An `err` buffer of this size never truncates a message (unless the file
+ * name itself is very long). */
+#define CONFIG_ERR_MAX 1024
+
+/* Longest API key accepted, in bytes (after trailing whitespace is stripped).
+ * Big enough for JWT-style tokens; code that formats the key into a header
+ * must hold "Authorization: Bearer " + CONFIG_API_KEY_MAX + 1 bytes. */
+#define CONFIG_API_KEY_MAX 4096
+
+/* base_url is shorter than this, capability paths shorter than 256, so
+ * base_url + path always fits in CONFIG_URL_MAX + 256 bytes. */
+#define CONFIG_URL_MAX 1024
+
+enum log_level { LOG_DEBUG = 0, LOG_INFO, LOG_WARN, LOG_ERROR };
+
+enum backend_kind { BACKEND_MEMORY = 0, BACKEND_REDIS };
+
+/* Governance knobs that `defaults:` sets, and that capabilities and sources
+ * may override (each level inherits what it does not set). */
+struct config_policy {
+    uint32_t max_attempts;     /* >= 1 */
+    double stall_window_s;     /* > 0 */
+    double backoff_base_s;     /* > 0 */
+    double backoff_max_s;      /* >= backoff_base_s */
+    double poll_interval_s;    /* > 0 */
+    double node_timeout_s;     /* > 0 */
+};
+
+struct config_aimd {
+    double initial, min, increase, decrease; /* min >= 1, initial >= min, 0 < decrease < 1 */
+};
+
+struct config_breaker {
+    uint32_t failures;         /* >= 1 */
+    double cooldown_s;         /* > 0 */
+    double max_cooldown_s;     /* >= cooldown_s */
+};
+
+struct config_limits {
+    uint64_t rpm, tpm, daily_tokens; /* 0 = unlimited */
+};
+
+struct config_capability {
+    char name[CONFIG_NAME_MAX];
+    bool exempt_429;
+    char path[256];            /* upstream path, e.g. "/chat/completions" */
+    struct config_policy policy;
+};
+
+struct config_source {
+    char name[CONFIG_NAME_MAX];
+    char capability[CONFIG_NAME_MAX];
+    size_t capability_index;   /* into config.capabilities */
+    char *base_url;            /* owned; http:// or https://, trailing '/' removed,
+                                * shorter than CONFIG_URL_MAX */
+    char *api_key;             /* owned secret, may be NULL (no key: send no
+                                * Authorization header); trailing whitespace
+                                * stripped, no control characters, at most
+                                * CONFIG_API_KEY_MAX bytes; never print;
+                                * wiped by config_free */
+    char *model;               /* owned, NULL = keep body.model */
+    int32_t priority;          /* lower tier is tried first */
+    double weight;             /* > 0 */
+    double timeout_s, connect_timeout_s, ttft_timeout_s, idle_timeout_s; /* > 0 */
+    uint32_t max_concurrency;  /* >= 1 */
+    struct config_aimd aimd;
+    struct config_breaker breaker;
+    struct config_limits limits;
+    uint32_t pacer_min_interval_ms;
+    struct config_policy policy; /* defaults <- capability <- source */
+};
+
+struct config {
+    char *path;                /* owned copy of the file name, for messages */
+
+    /* listen: */
+    char *socket_path;         /* owned; shorter than sun_path */
+    uint32_t socket_mode;      /* e.g. 0660; given in YAML as octal digits, like chmod(1):
+                                * "0660" (recommended), 0660, 660, 0o660 all mean 0660;
+                                * at most 0777 and never writable by others */
+    size_t max_message_bytes;  /* 1 KiB .. 1 GiB, default 16 MiB */
+    uint32_t max_connections;  /* default 1024 */
+    uint32_t max_inflight_per_connection; /* default 1024 */
+    size_t max_write_queue_bytes;         /* per connection; default 2 x max_message_bytes */
+
+    /* server: */
+    enum log_level log_level;  /* default info */
+    double shutdown_grace_s;   /* default 10 */
+
+    /* backend: */
+    enum backend_kind backend;
+    char *redis_url;           /* owned, backend redis only: redis://... or unix://...;
+                                * may hold a password: never print, wiped on free */
+    char *redis_prefix;        /* owned, default "polygw", [A-Za-z0-9_.:{}-]{1,63} */
+
+    struct config_policy defaults;
+
+    struct config_capability *capabilities; /* owned array; chat, embedding, ocr
+                                             * first (always present), then custom
+                                             * ones in file order */
+    size_t n_capabilities;
+    struct config_source *sources;          /* owned array */
+    size_t n_sources;
+};
+
+/* Parses and validates `path` (borrowed; a regular file of at most 16 MiB).
+ * Returns a new config (owned by the caller, who frees it with config_free),
+ * or NULL with the first reason in `err` (always NUL-terminated when
+ * errlen > 0; `err` may be NULL). Reads environment variables and key files
+ * for API keys, only once everything else validated. Touches no global state
+ * except reading the environment; never prints, never exits; safe to call
+ * again for a reload while the old config is in use. */
+struct config *config_load(const char *path, char *err, size_t errlen);
+
+/* Same, from an in-memory YAML document of `len` bytes (borrowed, need not
+ * be NUL-terminated); `name` (borrowed, NULL = "<config>") is used in messages
+ * and in cfg->path in place of the file name. Key files are still read from
+ * disk. */
+struct config *config_parse(const char *yaml, size_t len, const char *name,
+                            char *err, size_t errlen);
+
+/* Frees everything, wiping the API keys (and the Redis URL) first. NULL is
+ * a no-op. */
+void config_free(struct config *cfg);
+
+/* Index into cfg->capabilities of the capability named `name` (`len` bytes,
+ * exact match, need not be NUL-terminated), or -1. */
+int config_find_capability(const struct config *cfg, const char *name, size_t len);
+
+/* "debug", "info", "warn", "error" -> level; returns -1 for anything else. */
+int config_parse_log_level(const char *s);
+
+#endif /* POLYGW_CONFIG_H */

@@ -1,0 +1,332 @@
+/*
+ * conn.c — one client connection: read frames, dispatch, queue replies.
+ *
+ * Input is bounded three ways (STYLE rule 12): the frame reader caps each
+ * message at max_message_bytes (claimed sizes included), a read event
+ * reads at most CONN_READ_CHUNK bytes so one busy client cannot starve the
+ * others, and requests in flight per connection are capped.
+ *
+ * Output goes into one contiguous queue per connection. When a client does
+ * not read its replies and the queue passes max_write_queue_bytes, we stop
+ * reading its requests (so it cannot make us produce more) until the queue
+ * drains below half of that; memory per connection is therefore bounded by
+ * the limit plus the replies to requests already in flight.
+ *
+ * Freeing: conn_close() only closes the fd and moves the connection to the
+ * server's dead list; the server's ev_prepare watcher frees it after the
+ * current callbacks have unwound (STYLE rule 7).
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "call.h"
+#include "log.h"
+
+#define CONN_READ_CHUNK (64 * 1024)
+#define CONN_LINGER_S 2.0 /* how long a closing connection may take to flush */
+
+static void conn_on_read(struct ev_loop *loop, ev_io *w, int revents);
+static void conn_on_write(struct ev_loop *loop, ev_io *w, int revents);
+static void conn_on_linger(struct ev_loop *loop, ev_timer *w, int revents);
+
+/* msgpack_packer write callback: append to the write queue. */
+static int conn_append(void *data, const char *buf, size_t len)
+{
+    struct conn *c = data;
+
+    if (c->oom)
+        return -1;
+    if (c->out_off > 0 && c->out_off == c->out_len) {
+        c->out_off = c->out_len = 0;
+    }
+    if (c->out_len + len > c->out_cap) {
+        /* Reclaim the written prefix before growing. */
+        if (c->out_off > 0) {
+            memmove(c->out, c->out + c->out_off, c->out_len - c->out_off);
+            c->out_len -= c->out_off;
+            c->out_off = 0;
+        }
+        if (c->out_len + len > c->out_cap) {
+            size_t cap = c->out_cap ? c->out_cap : 4096;
+            while (cap < c->out_len + len)
+                cap *= 2;
+            char *p = realloc(c->out, cap);
+            if (!p) {
+                c->oom = true;
+                return -1;
+            }
+            c->out = p;
+            c->out_cap = cap;
+        }
+    }
+    memcpy(c->out + c->out_len, buf, len);
+    c->out_len += len;
+    return 0;
+}
+
+struct conn *conn_new(struct server *srv, int fd)
+{
+    static uint64_t next_id = 1;
+    struct conn *c = calloc(1, sizeof(*c));
+
+    if (!c)
+        return NULL;
+    if (frame_reader_init(&c->reader, srv->cfg->max_message_bytes, 0) < 0) {
+        free(c);
+        return NULL;
+    }
+    c->srv = srv;
+    c->id = next_id++;
+    c->fd = fd;
+    msgpack_unpacked_init(&c->frame);
+    msgpack_packer_init(&c->pk, c, conn_append);
+    ev_io_init(&c->rio, conn_on_read, fd, EV_READ);
+    ev_io_init(&c->wio, conn_on_write, fd, EV_WRITE);
+    ev_init(&c->linger_w, conn_on_linger);
+    c->rio.data = c->wio.data = c->linger_w.data = c;
+    ev_io_start(srv->loop, &c->rio);
+    c->reading = true;
+    return c;
+}
+
+void conn_free(struct conn *c)
+{
+    msgpack_unpacked_destroy(&c->frame);
+    frame_reader_fini(&c->reader);
+    free(c->out);
+    free(c);
+}
+
+void conn_close(struct conn *c, const char *why)
+{
+    struct ev_loop *loop = c->srv->loop;
+
+    if (c->closed)
+        return;
+    c->closed = true;
+    ev_io_stop(loop, &c->rio);
+    ev_io_stop(loop, &c->wio);
+    ev_timer_stop(loop, &c->linger_w);
+    /* The client is gone: nothing it asked for may keep running. */
+    call_abort_all(c);
+    close(c->fd);
+    c->fd = -1;
+    log_at(LOG_DEBUG, "connection closed", "conn", LOG_U, (unsigned long long)c->id,
+           "reason", LOG_S, why, NULL);
+    server_on_conn_closed(c->srv, c);
+}
+
+static void conn_stop_reading(struct conn *c)
+{
+    if (c->reading) {
+        ev_io_stop(c->srv->loop, &c->rio);
+        c->reading = false;
+    }
+}
+
+void conn_close_after_flush(struct conn *c)
+{
+    if (c->closed)
+        return;
+    c->closing = true;
+    conn_stop_reading(c);
+    if (c->out_len == c->out_off) {
+        conn_close(c, "flushed");
+        return;
+    }
+    if (!ev_is_active(&c->linger_w)) {
+        ev_timer_set(&c->linger_w, CONN_LINGER_S, 0.);
+        ev_timer_start(c->srv->loop, &c->linger_w);
+    }
+    conn_flush(c);
+}
+
+static void conn_on_linger(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    conn_close(w->data, "linger timeout");
+}
+
+/* Read back-pressure: pause above the limit, resume below half of it. */
+static void conn_apply_backpressure(struct conn *c)
+{
+    size_t queued = c->out_len - c->out_off;
+    size_t limit = c->srv->cfg->max_write_queue_bytes;
+
+    if (c->closing || c->closed)
+        return;
+    if (c->reading && queued > limit) {
+        conn_stop_reading(c);
+        c->read_paused = true;
+        c->srv->stats.read_pauses++;
+        log_at(LOG_DEBUG, "connection read paused", "conn", LOG_U, (unsigned long long)c->id,
+               "queued_bytes", LOG_U, (unsigned long long)queued, NULL);
+    } else if (queued <= limit / 2) {
+        if (c->read_paused) {
+            c->read_paused = false;
+            c->reading = true;
+            ev_io_start(c->srv->loop, &c->rio);
+        }
+        call_on_drained(c);
+    }
+}
+
+void conn_flush(struct conn *c)
+{
+    if (c->closed)
+        return;
+    if (c->oom) {
+        conn_close(c, "out of memory queueing a reply");
+        return;
+    }
+    while (c->out_off < c->out_len) {
+        ssize_t n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
+        if (n > 0) {
+            c->out_off += (size_t)n;
+            c->srv->stats.bytes_out += (uint64_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            break;
+        conn_close(c, "write failed");
+        return;
+    }
+    if (c->out_off == c->out_len) {
+        c->out_off = c->out_len = 0;
+        ev_io_stop(c->srv->loop, &c->wio);
+        if (c->closing) {
+            conn_close(c, "flushed");
+            return;
+        }
+    } else if (!ev_is_active(&c->wio)) {
+        ev_io_start(c->srv->loop, &c->wio);
+    }
+    conn_apply_backpressure(c);
+}
+
+static void conn_on_write(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    conn_flush(w->data);
+}
+
+void conn_response_done(struct conn *c, enum pgw_code code)
+{
+    struct server *srv = c->srv;
+
+    srv->stats.requests_served++;
+    if (code != PGW_OK)
+        srv->stats.rejected[code]++;
+}
+
+void conn_reply_error(struct conn *c, uint32_t msgid, enum pgw_code code, const char *message)
+{
+    rpc_pack_error(&c->pk, msgid, code, message);
+    conn_response_done(c, code);
+}
+
+void conn_fail(struct conn *c, enum pgw_code code, const char *message)
+{
+    c->srv->stats.rejected[code]++;
+    log_at(LOG_INFO, "closing connection after protocol error", "conn", LOG_U,
+           (unsigned long long)c->id, "code", LOG_S, pgw_code_name(code), "reason", LOG_S, message,
+           NULL);
+    rpc_pack_fatal(&c->pk, code, message);
+    conn_close_after_flush(c);
+}
+
+/* Handles one decoded frame. */
+static void conn_on_frame(struct conn *c, const msgpack_object *o)
+{
+    struct rpc_msg m;
+    const char *why;
+    char buf[160];
+
+    if (rpc_parse(o, &m, &why) < 0) {
+        snprintf(buf, sizeof(buf), "not a msgpack-RPC message: %s", why);
+        conn_fail(c, PGW_BAD_REQUEST, buf);
+        return;
+    }
+    switch (m.type) {
+    case RPC_RESPONSE:
+        conn_fail(c, PGW_BAD_REQUEST, "unexpected response message: the sidecar sends no requests");
+        return;
+    case RPC_NOTIFY:
+        methods_notify(c, &m);
+        return;
+    case RPC_REQUEST:
+        break;
+    }
+    if (c->srv->state != SERVER_RUNNING) {
+        conn_reply_error(c, m.msgid, PGW_SHUTTING_DOWN, "the sidecar is shutting down");
+        return;
+    }
+    if (c->in_flight >= c->srv->cfg->max_inflight_per_connection) {
+        snprintf(buf, sizeof(buf), "too many requests in flight on this connection (limit %u)",
+                 c->srv->cfg->max_inflight_per_connection);
+        conn_reply_error(c, m.msgid, PGW_OVERLOADED, buf);
+        return;
+    }
+    methods_dispatch(c, &m);
+}
+
+static void conn_on_read(struct ev_loop *loop, ev_io *w, int revents)
+{
+    struct conn *c = w->data;
+    char *buf;
+    size_t cap;
+    ssize_t n;
+    int rc = 0;
+
+    (void)loop;
+    (void)revents;
+    if (frame_reader_reserve(&c->reader, CONN_READ_CHUNK, &buf, &cap) < 0) {
+        conn_close(c, "out of memory reading");
+        return;
+    }
+    if (cap > CONN_READ_CHUNK)
+        cap = CONN_READ_CHUNK;
+    n = recv(c->fd, buf, cap, 0);
+    if (n == 0) {
+        conn_close(c, "peer closed");
+        return;
+    }
+    if (n < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            conn_close(c, "read failed");
+        return;
+    }
+    frame_reader_commit(&c->reader, (size_t)n);
+    c->srv->stats.bytes_in += (uint64_t)n;
+
+    while (!c->closing && !c->closed &&
+           (rc = frame_reader_next(&c->reader, &c->frame, NULL)) == 1)
+        conn_on_frame(c, &c->frame.data);
+    if (!c->closing && !c->closed && rc < 0) {
+        char msg[160];
+        if (rc == FRAME_ETOO_LARGE)
+            snprintf(msg, sizeof(msg), "message exceeds max_message_bytes (%zu)",
+                     c->srv->cfg->max_message_bytes);
+        else if (rc == FRAME_ETOO_DEEP)
+            snprintf(msg, sizeof(msg), "message nests more than %d containers", FRAME_MAX_DEPTH);
+        else
+            snprintf(msg, sizeof(msg), "%s", frame_strerror(rc));
+        conn_fail(c, rc == FRAME_ETOO_LARGE ? PGW_TOO_LARGE
+                     : rc == FRAME_ENOMEM    ? PGW_INTERNAL
+                                             : PGW_BAD_REQUEST,
+                  msg);
+    }
+    /* Drop the last frame's zone now rather than holding it until the next read. */
+    msgpack_unpacked_destroy(&c->frame);
+    msgpack_unpacked_init(&c->frame);
+    conn_flush(c);
+}

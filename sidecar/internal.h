@@ -1,0 +1,125 @@
+/*
+ * internal.h — declarations shared between the sidecar's modules and nobody
+ * else: the server (listener + lifecycle), its connections and the method
+ * table. The governance core (src/) and the codec (proto/) never see these.
+ */
+#ifndef POLYGW_SIDECAR_INTERNAL_H
+#define POLYGW_SIDECAR_INTERNAL_H
+
+#include <ev.h>
+#include <msgpack.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "codes.h"
+#include "config.h"
+#include "frame.h"
+#include "rpc.h"
+
+struct conn;
+struct call;
+struct upstream;
+
+/* Counters shown by `stats`. All monotonically increasing except `*_open`
+ * and `in_flight`. */
+struct server_stats {
+    uint64_t conns_open;
+    uint64_t conns_accepted;
+    uint64_t conns_rejected;      /* closed at accept: max_connections, fd exhaustion */
+    uint64_t accept_errors;
+    uint64_t requests_served;     /* responses sent, success or error */
+    uint64_t in_flight;           /* requests accepted and not yet answered */
+    uint64_t notifications_ignored;
+    uint64_t chunks_relayed;      /* stream events sent to clients */
+    uint64_t cancels;             /* `cancel` notifications that ended a call */
+    uint64_t read_pauses;         /* times a connection stopped being read (write queue full) */
+    uint64_t bytes_in, bytes_out;
+    uint64_t rejected[PGW_CODE_COUNT]; /* error responses/notifications sent, by code */
+};
+
+/* Lifecycle:  RUNNING --SIGTERM/SIGINT--> DRAINING --in-flight done or grace
+ * expired--> STOPPING (flush, close, ev_break) */
+enum server_state { SERVER_RUNNING, SERVER_DRAINING, SERVER_STOPPING };
+
+struct server {
+    struct ev_loop *loop;
+    struct config *cfg;           /* borrowed from main */
+    enum server_state state;
+    int listen_fd;                /* -1 once closed */
+    bool owns_socket_file;        /* false under socket activation */
+    char *socket_path;            /* owned */
+    int spare_fd;                 /* kept open to survive EMFILE (see server.c) */
+    ev_io accept_w;
+    ev_timer accept_retry_w;      /* re-arms accept after fd exhaustion */
+    ev_signal sigterm_w, sigint_w;
+    ev_timer grace_w;             /* DRAINING -> STOPPING deadline */
+    ev_timer stop_w;              /* STOPPING: bound on flushing replies */
+    ev_prepare reap_w;            /* frees closed connections outside callbacks */
+    ev_tstamp started_at;
+    struct conn *conns;           /* open connections (doubly linked) */
+    struct conn *dead;            /* closed, waiting for the reaper */
+    struct server_stats stats;
+    struct upstream *up;          /* the HTTP engine */
+};
+
+/* server.c */
+int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg,
+                char *err, size_t errlen);
+void server_start(struct server *srv);
+void server_fini(struct server *srv);
+void server_begin_shutdown(struct server *srv, const char *why);
+/* A connection finished closing (fd closed): unlink it and queue its free. */
+void server_on_conn_closed(struct server *srv, struct conn *c);
+/* A request was answered; lets a draining server notice when all are done. */
+void server_on_request_done(struct server *srv);
+double server_uptime_s(const struct server *srv);
+
+/* conn.c */
+struct conn {
+    struct server *srv;
+    struct conn *prev, *next;
+    uint64_t id;
+    int fd;
+    ev_io rio, wio;
+    ev_timer linger_w;            /* bounds close-after-flush */
+    struct frame_reader reader;
+    msgpack_unpacked frame;
+    msgpack_packer pk;            /* packs straight into `out` */
+    char *out;                    /* write queue: bytes [out_off, out_len) pending */
+    size_t out_len, out_off, out_cap;
+    uint32_t in_flight;
+    struct call *calls;           /* calls in flight (call.c) */
+    bool reading;                 /* rio active */
+    bool read_paused;             /* paused because the write queue is full */
+    bool closing;                 /* no more input; close once `out` is flushed */
+    bool closed;                  /* fd closed, awaiting free */
+    bool oom;                     /* an append failed: close */
+};
+
+struct conn *conn_new(struct server *srv, int fd);
+/* Closes now (drops unsent output). Idempotent; safe inside callbacks: the
+ * memory is freed later by the server's reaper. */
+void conn_close(struct conn *c, const char *why);
+/* Stops reading; closes once pending output is written (bounded by a linger
+ * timer). Used after a fatal protocol error and at shutdown. */
+void conn_close_after_flush(struct conn *c);
+/* Writes as much pending output as the socket takes now, arming the write
+ * watcher for the rest; applies read back-pressure. */
+void conn_flush(struct conn *c);
+void conn_free(struct conn *c);
+/* Sends an error response for `msgid` and counts it. */
+void conn_reply_error(struct conn *c, uint32_t msgid, enum pgw_code code, const char *message);
+/* Sends the fatal error notification, counts it, and closes after flush. */
+void conn_fail(struct conn *c, enum pgw_code code, const char *message);
+/* Call after packing a complete response into c->pk. */
+void conn_response_done(struct conn *c, enum pgw_code code);
+
+/* methods.c */
+/* Handles one request. Either answers before returning (packing into
+ * c->pk and calling conn_response_done) or takes ownership of completing it
+ * later; in both cases exactly one response is sent. */
+void methods_dispatch(struct conn *c, const struct rpc_msg *m);
+/* Handles one notification (e.g. cancel). Never answers. */
+void methods_notify(struct conn *c, const struct rpc_msg *m);
+
+#endif /* POLYGW_SIDECAR_INTERNAL_H */

@@ -1,0 +1,39 @@
+/*
+ * log.h — structured logs: one JSON object per line on stderr,
+ *   {"level":"info","ts":"2026-11-30T04:31:02.123Z","msg":"listening","socket":"/run/..."}
+ *
+ * log_at() checks the level before any formatting happens, so a debug line
+ * in a hot path costs one comparison when debug is off. Fields are given as
+ * (key, type, value) triples closed by NULL:
+ *
+ *   log_at(LOG_INFO, "listening", "socket", LOG_S, path, "mode", LOG_U, 0660ULL, NULL);
+ *
+ * Types: LOG_S const char * (JSON-escaped; NULL prints null), LOG_I long long,
+ * LOG_U unsigned long long, LOG_F double. Never pass a secret.
+ *
+ * The threshold is process-wide (set once at start-up, changed on reload);
+ * the governance core never logs: it reports through hooks (STYLE rule 11).
+ */
+#ifndef POLYGW_LOG_H
+#define POLYGW_LOG_H
+
+#include "config.h"
+
+enum { LOG_S = 1, LOG_I, LOG_U, LOG_F };
+
+extern enum log_level log_threshold;
+
+#define log_at(lvl, ...)                                                                 \
+    do {                                                                                 \
+        if ((lvl) >= log_threshold)                                                      \
+            log_event((lvl), __VA_ARGS__);                                               \
+    } while (0)
+
+/* Writes one line. `msg` is a constant event name or short sentence; the
+ * variadic part is the NULL-terminated field list described above. */
+void log_event(enum log_level lvl, const char *msg, ...);
+
+/* "debug", "info", "warn", "error". */
+const char *log_level_name(enum log_level lvl);
+
+#endif /* POLYGW_LOG_H */

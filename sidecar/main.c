@@ -1,0 +1,139 @@
+/*
+ * main.c — polygw, the governance sidecar: option parsing, start-up and
+ * the event loop. Everything stateful lives in struct server and below.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "log.h"
+
+#define DEFAULT_CONFIG "/etc/polygw/polygw.yaml"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "Usage: polygw [--config FILE] [--socket PATH] [--log-level LEVEL]\n"
+            "       polygw --check-config FILE\n"
+            "       polygw --version | --help\n"
+            "\n"
+            "polygw is a per-host governance sidecar for LLM API calls. Applications send\n"
+            "msgpack-RPC requests over a Unix socket; polygw owns the upstream connections\n"
+            "and all governance state, and answers with a result, a stream of chunks, or a\n"
+            "typed error. See polygw(8), docs/CONFIG.md and proto/PROTOCOL.md.\n"
+            "\n"
+            "Options:\n"
+            "  -c, --config FILE       configuration file (default " DEFAULT_CONFIG ")\n"
+            "  -s, --socket PATH       listen on PATH instead of listen.socket\n"
+            "  -l, --log-level LEVEL   debug, info, warn or error (overrides server.log_level)\n"
+            "      --check-config FILE validate FILE, print the verdict, exit 0 if valid, 1 if not\n"
+            "  -V, --version           print the version and exit\n"
+            "  -h, --help              print this help and exit\n"
+            "\n"
+            "Signals: SIGTERM/SIGINT stop accepting, let in-flight requests finish within\n"
+            "server.shutdown_grace_s, answer the rest `shutting_down`, remove the socket\n"
+            "file and exit 0. Logs are JSON lines on stderr.\n"
+            "\n"
+            "Exit status: 0 clean exit or valid config; 1 bad config or start-up failure;\n"
+            "2 usage error.\n");
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'},
+        {"socket", required_argument, NULL, 's'},
+        {"log-level", required_argument, NULL, 'l'},
+        {"check-config", required_argument, NULL, 'C'},
+        {"version", no_argument, NULL, 'V'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *config_path = DEFAULT_CONFIG, *socket_path = NULL, *check_path = NULL;
+    int log_level = -1, opt;
+    char err[1024];
+
+    while ((opt = getopt_long(argc, argv, "c:s:l:Vh", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'c': config_path = optarg; break;
+        case 's': socket_path = optarg; break;
+        case 'C': check_path = optarg; break;
+        case 'l':
+            log_level = config_parse_log_level(optarg);
+            if (log_level < 0) {
+                fprintf(stderr, "polygw: --log-level: expected debug, info, warn or error, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case 'V': printf("polygw %s\n", PGW_VERSION); return 0;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "polygw: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
+
+    if (check_path) {
+        struct config *cfg = config_load(check_path, err, sizeof(err));
+        if (!cfg) {
+            fprintf(stderr, "polygw: %s\n", err);
+            return 1;
+        }
+        printf("%s: ok (%zu capabilities, %zu sources)\n", check_path, cfg->n_capabilities,
+               cfg->n_sources);
+        config_free(cfg);
+        return 0;
+    }
+
+    struct config *cfg = config_load(config_path, err, sizeof(err));
+    if (!cfg) {
+        fprintf(stderr, "polygw: %s\n", err);
+        return 1;
+    }
+    if (socket_path) {
+        char *p = strdup(socket_path);
+        if (!p) {
+            config_free(cfg);
+            return 1;
+        }
+        free(cfg->socket_path);
+        cfg->socket_path = p;
+    }
+    log_threshold = log_level >= 0 ? (enum log_level)log_level : cfg->log_level;
+
+    /* Writes to a vanished peer must fail with EPIPE, not kill us. */
+    signal(SIGPIPE, SIG_IGN);
+
+    struct ev_loop *loop = ev_default_loop(EVFLAG_AUTO);
+    if (!loop) {
+        fprintf(stderr, "polygw: cannot initialise the event loop (libev)\n");
+        config_free(cfg);
+        return 1;
+    }
+    struct server srv;
+    if (server_init(&srv, loop, cfg, err, sizeof(err)) < 0) {
+        log_at(LOG_ERROR, "cannot start", "error", LOG_S, err, NULL);
+        fprintf(stderr, "polygw: %s\n", err);
+        config_free(cfg);
+        ev_loop_destroy(loop);
+        return 1;
+    }
+    log_at(LOG_INFO, "starting", "version", LOG_S, PGW_VERSION, "config", LOG_S, config_path,
+           "backend", LOG_S, cfg->backend == BACKEND_REDIS ? "redis" : "memory", "sources", LOG_U,
+           (unsigned long long)cfg->n_sources, NULL);
+    server_start(&srv);
+    ev_run(loop, 0);
+    server_fini(&srv);
+    log_at(LOG_INFO, "exited cleanly", NULL);
+    config_free(cfg);
+    ev_loop_destroy(loop);
+    return 0;
+}

@@ -1,0 +1,148 @@
+/*
+ * methods.c — the method table: validates each request's named parameters
+ * and answers it. Requests that need I/O (call, later) complete
+ * asynchronously; the rest answer before returning.
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "call.h"
+#include "log.h"
+#include "upstream.h"
+
+typedef void method_fn(struct conn *c, const struct rpc_msg *m);
+
+static void pack_kv_u64(msgpack_packer *pk, const char *k, uint64_t v)
+{
+    rpc_pack_str(pk, k);
+    msgpack_pack_uint64(pk, v);
+}
+
+/* Binds `params` against `spec`; on failure answers bad_request and returns -1. */
+static int bind_or_reply(struct conn *c, const struct rpc_msg *m, const struct rpc_param *spec,
+                         size_t n, const msgpack_object **out)
+{
+    char why[200];
+
+    if (rpc_bind(m->params, spec, n, out, why, sizeof(why)) == 0)
+        return 0;
+    conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
+    return -1;
+}
+
+static void method_ping(struct conn *c, const struct rpc_msg *m)
+{
+    if (bind_or_reply(c, m, NULL, 0, NULL) < 0)
+        return;
+    rpc_pack_result_begin(&c->pk, m->msgid);
+    msgpack_pack_map(&c->pk, 2);
+    rpc_pack_str(&c->pk, "version");
+    rpc_pack_str(&c->pk, PGW_VERSION);
+    rpc_pack_str(&c->pk, "uptime_s");
+    msgpack_pack_double(&c->pk, server_uptime_s(c->srv));
+    conn_response_done(c, PGW_OK);
+}
+
+static void method_stats(struct conn *c, const struct rpc_msg *m)
+{
+    const struct server_stats *st = &c->srv->stats;
+    msgpack_packer *pk = &c->pk;
+
+    if (bind_or_reply(c, m, NULL, 0, NULL) < 0)
+        return;
+    rpc_pack_result_begin(pk, m->msgid);
+    msgpack_pack_map(pk, 7);
+
+    rpc_pack_str(pk, "version");
+    rpc_pack_str(pk, PGW_VERSION);
+    rpc_pack_str(pk, "uptime_s");
+    msgpack_pack_double(pk, server_uptime_s(c->srv));
+
+    rpc_pack_str(pk, "connections");
+    msgpack_pack_map(pk, 4);
+    pack_kv_u64(pk, "open", st->conns_open);
+    pack_kv_u64(pk, "accepted", st->conns_accepted);
+    pack_kv_u64(pk, "rejected", st->conns_rejected);
+    pack_kv_u64(pk, "accept_errors", st->accept_errors);
+
+    rpc_pack_str(pk, "requests");
+    msgpack_pack_map(pk, 5);
+    /* This request is answered right after: count it as served. */
+    pack_kv_u64(pk, "served", st->requests_served + 1);
+    pack_kv_u64(pk, "in_flight", st->in_flight);
+    pack_kv_u64(pk, "notifications_ignored", st->notifications_ignored);
+    pack_kv_u64(pk, "cancels", st->cancels);
+    pack_kv_u64(pk, "chunks_relayed", st->chunks_relayed);
+
+    rpc_pack_str(pk, "rejected");
+    msgpack_pack_map(pk, PGW_CODE_COUNT - 1);
+    for (int i = 1; i < PGW_CODE_COUNT; i++)
+        pack_kv_u64(pk, pgw_code_name((enum pgw_code)i), st->rejected[i]);
+
+    rpc_pack_str(pk, "io");
+    msgpack_pack_map(pk, 3);
+    pack_kv_u64(pk, "bytes_in", st->bytes_in);
+    pack_kv_u64(pk, "bytes_out", st->bytes_out);
+    pack_kv_u64(pk, "read_pauses", st->read_pauses);
+
+    const struct upstream_stats *us = upstream_get_stats(c->srv->up);
+    rpc_pack_str(pk, "upstream");
+    msgpack_pack_map(pk, 11);
+    pack_kv_u64(pk, "attempts_started", us->attempts_started);
+    pack_kv_u64(pk, "attempts_done", us->attempts_done);
+    pack_kv_u64(pk, "attempts_cancelled", us->attempts_cancelled);
+    pack_kv_u64(pk, "attempts_active", us->attempts_active);
+    pack_kv_u64(pk, "dns_abandoned", us->dns_abandoned);
+    pack_kv_u64(pk, "dns_busy", us->dns_busy);
+    for (int i = ATTEMPT_RESOLVING; i < ATTEMPT_DONE; i++) {
+        char key[40];
+        snprintf(key, sizeof(key), "timeouts_%s", attempt_phase_name((enum attempt_phase)i));
+        pack_kv_u64(pk, key, us->timeouts[i]);
+    }
+    conn_response_done(c, PGW_OK);
+}
+
+static const struct {
+    const char *name;
+    method_fn *fn;
+} method_table[] = {
+    {"ping", method_ping},
+    {"call", call_start},
+    {"stats", method_stats},
+};
+
+void methods_dispatch(struct conn *c, const struct rpc_msg *m)
+{
+    char buf[160];
+
+    for (size_t i = 0; i < sizeof(method_table) / sizeof(method_table[0]); i++) {
+        if (rpc_method_is(m, method_table[i].name)) {
+            method_table[i].fn(c, m);
+            return;
+        }
+    }
+    snprintf(buf, sizeof(buf), "unknown method '%.*s'",
+             (int)(m->method_len > 64 ? 64 : m->method_len), m->method);
+    conn_reply_error(c, m->msgid, PGW_UNKNOWN_METHOD, buf);
+}
+
+void methods_notify(struct conn *c, const struct rpc_msg *m)
+{
+    /* `cancel` takes its msgid positionally: [2, "cancel", [msgid]]. */
+    if (rpc_method_is(m, "cancel") && m->params->type == MSGPACK_OBJECT_ARRAY &&
+        m->params->via.array.size == 1 &&
+        m->params->via.array.ptr[0].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
+        m->params->via.array.ptr[0].via.u64 <= UINT32_MAX) {
+        if (call_cancel(c, (uint32_t)m->params->via.array.ptr[0].via.u64) == 0) {
+            c->srv->stats.cancels++;
+            return;
+        }
+    }
+    /* Notifications have no reply channel: anything else (an unknown one,
+     * or a cancel for a call that already ended) is counted and logged. */
+    c->srv->stats.notifications_ignored++;
+    log_at(LOG_DEBUG, "notification ignored", "conn", LOG_U, (unsigned long long)c->id,
+           "method_len", LOG_U, (unsigned long long)m->method_len, NULL);
+}

@@ -1,0 +1,464 @@
+/*
+ * server.c — the Unix-socket listener and the sidecar's lifecycle.
+ *
+ * Socket file. The path is created with the configured mode (bind under a
+ * umask that grants nothing more, then chmod), its directory is created
+ * (0750) when missing. An existing path is probed with connect(): if a live
+ * sidecar answers we refuse to start; a socket nobody listens on is stale
+ * and replaced; anything that is not a socket is left alone and refused.
+ * Under systemd socket activation (LISTEN_FDS/LISTEN_PID) the inherited fd
+ * 3 is used and the file belongs to systemd.
+ *
+ * fd exhaustion. accept() failing with EMFILE/ENFILE leaves the connection
+ * in the backlog, so a level-triggered watcher would fire again at once and
+ * spin at 100% CPU. We keep one spare fd open: on EMFILE we close it, accept
+ * and immediately close the pending connection (the client sees EOF rather
+ * than a hang), reopen the spare, and pause accepting for a short while.
+ *
+ * Shutdown (SIGTERM/SIGINT):
+ *
+ *   RUNNING --signal--> DRAINING: listener closed, socket file removed,
+ *      |                new requests answered `shutting_down`, in-flight
+ *      |                ones may finish until shutdown_grace_s
+ *      +--> STOPPING: (all answered, or grace over: the rest are answered
+ *                     `shutting_down`) flush replies for at most 2 s,
+ *                     close connections, ev_break.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "call.h"
+#include "log.h"
+#include "upstream.h"
+
+#define SERVER_ACCEPT_PAUSE_S 0.1
+#define SERVER_STOP_FLUSH_S 2.0
+#define SERVER_ACCEPT_BATCH 64
+#define SERVER_DNS_LOOKUPS_PER_HOST 4
+
+static const char *state_name(enum server_state s)
+{
+    switch (s) {
+    case SERVER_RUNNING: return "running";
+    case SERVER_DRAINING: return "draining";
+    default: return "stopping";
+    }
+}
+
+static void server_set_state(struct server *srv, enum server_state s, const char *why)
+{
+    log_at(LOG_INFO, "server state", "from", LOG_S, state_name(srv->state), "to", LOG_S,
+           state_name(s), "reason", LOG_S, why, NULL);
+    srv->state = s;
+}
+
+double server_uptime_s(const struct server *srv)
+{
+    return ev_now(srv->loop) - srv->started_at;
+}
+
+/* Creates the parent directory of `path` when it is missing (one level). */
+static void make_parent_dir(const char *path)
+{
+    char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir)
+        return;
+    *slash = '\0';
+    if (mkdir(dir, 0750) < 0 && errno != EEXIST)
+        log_at(LOG_WARN, "cannot create socket directory", "dir", LOG_S, dir, "error", LOG_S,
+               strerror(errno), NULL);
+}
+
+/* Returns 0 when `path` is free to bind (absent, or a stale socket that was
+ * removed), -1 with `err` filled otherwise. */
+static int claim_path(const char *path, struct sockaddr_un *sa, char *err, size_t errlen)
+{
+    struct stat st;
+
+    if (lstat(path, &st) < 0) {
+        if (errno == ENOENT)
+            return 0;
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (!S_ISSOCK(st.st_mode)) {
+        snprintf(err, errlen, "%s exists and is not a socket; refusing to replace it", path);
+        return -1;
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "socket: %s", strerror(errno));
+        return -1;
+    }
+    int rc = connect(fd, (struct sockaddr *)sa, sizeof(*sa));
+    int saved = errno;
+    close(fd);
+    if (rc == 0) {
+        snprintf(err, errlen, "another sidecar is already listening on %s; refusing to start",
+                 path);
+        return -1;
+    }
+    if (saved != ECONNREFUSED && saved != ENOENT) {
+        snprintf(err, errlen, "%s: cannot probe existing socket: %s", path, strerror(saved));
+        return -1;
+    }
+    if (unlink(path) < 0 && errno != ENOENT) {
+        snprintf(err, errlen, "%s: cannot remove stale socket: %s", path, strerror(errno));
+        return -1;
+    }
+    log_at(LOG_INFO, "replaced stale socket file", "socket", LOG_S, path, NULL);
+    return 0;
+}
+
+/* Adopts a socket passed by systemd, if any. Returns the fd or -1. */
+static int inherited_socket(void)
+{
+    const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS");
+
+    if (!pid || !fds || strtol(pid, NULL, 10) != (long)getpid() || strtol(fds, NULL, 10) < 1)
+        return -1;
+    unsetenv("LISTEN_PID");
+    unsetenv("LISTEN_FDS");
+    unsetenv("LISTEN_FDNAMES");
+    int fd = 3; /* SD_LISTEN_FDS_START */
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    return fd;
+}
+
+static int server_listen(struct server *srv, char *err, size_t errlen)
+{
+    const char *path = srv->cfg->socket_path;
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+
+    int fd = inherited_socket();
+    if (fd >= 0) {
+        srv->listen_fd = fd;
+        srv->owns_socket_file = false;
+        log_at(LOG_INFO, "using socket passed by systemd", "fd", LOG_I, (long long)fd, NULL);
+        return 0;
+    }
+    if (strlen(path) >= sizeof(sa.sun_path)) {
+        snprintf(err, errlen, "socket path too long (%zu bytes, max %zu): %s", strlen(path),
+                 sizeof(sa.sun_path) - 1, path);
+        return -1;
+    }
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    make_parent_dir(path);
+    if (claim_path(path, &sa, err, errlen) < 0)
+        return -1;
+
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "socket: %s", strerror(errno));
+        return -1;
+    }
+    /* The file never exists with wider permissions than configured. */
+    mode_t old = umask(0777 & ~srv->cfg->socket_mode);
+    int rc = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+    int saved = errno;
+    umask(old);
+    if (rc < 0) {
+        snprintf(err, errlen, "bind %s: %s", path, strerror(saved));
+        close(fd);
+        return -1;
+    }
+    if (chmod(path, srv->cfg->socket_mode) < 0 || listen(fd, 511) < 0) {
+        snprintf(err, errlen, "listen %s: %s", path, strerror(errno));
+        close(fd);
+        unlink(path);
+        return -1;
+    }
+    srv->listen_fd = fd;
+    srv->owns_socket_file = true;
+    return 0;
+}
+
+static void server_stop_listening(struct server *srv)
+{
+    if (srv->listen_fd < 0)
+        return;
+    ev_io_stop(srv->loop, &srv->accept_w);
+    ev_timer_stop(srv->loop, &srv->accept_retry_w);
+    close(srv->listen_fd);
+    srv->listen_fd = -1;
+    if (srv->owns_socket_file && unlink(srv->socket_path) < 0 && errno != ENOENT)
+        log_at(LOG_WARN, "cannot remove socket file", "socket", LOG_S, srv->socket_path, "error",
+               LOG_S, strerror(errno), NULL);
+}
+
+static void server_on_accept_retry(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct server *srv = w->data;
+    (void)revents;
+    if (srv->listen_fd >= 0)
+        ev_io_start(loop, &srv->accept_w);
+}
+
+/* EMFILE/ENFILE: shed one pending connection with the spare fd and pause. */
+static void server_on_fd_exhaustion(struct server *srv)
+{
+    srv->stats.accept_errors++;
+    if (srv->spare_fd >= 0) {
+        close(srv->spare_fd);
+        srv->spare_fd = -1;
+        int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd >= 0) {
+            close(fd);
+            srv->stats.conns_rejected++;
+        }
+        srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    log_at(LOG_WARN, "out of file descriptors; pausing accept", "pause_s", LOG_F,
+           SERVER_ACCEPT_PAUSE_S, NULL);
+    ev_io_stop(srv->loop, &srv->accept_w);
+    ev_timer_set(&srv->accept_retry_w, SERVER_ACCEPT_PAUSE_S, 0.);
+    ev_timer_start(srv->loop, &srv->accept_retry_w);
+}
+
+/* Over max_connections: tell the client why, then close. Best effort: the
+ * message is tiny and the socket buffer is empty, so one send suffices. */
+static void server_reject(struct server *srv, int fd)
+{
+    char buf[128];
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    snprintf(buf, sizeof(buf), "too many connections (max_connections %u)",
+             srv->cfg->max_connections);
+    rpc_pack_fatal(&pk, PGW_OVERLOADED, buf);
+    ssize_t n = send(fd, sb.data, sb.size, MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)n;
+    msgpack_sbuffer_destroy(&sb);
+    close(fd);
+    srv->stats.conns_rejected++;
+    srv->stats.rejected[PGW_OVERLOADED]++;
+}
+
+static void server_on_accept(struct ev_loop *loop, ev_io *w, int revents)
+{
+    struct server *srv = w->data;
+    (void)loop;
+    (void)revents;
+
+    for (int i = 0; i < SERVER_ACCEPT_BATCH && srv->listen_fd >= 0; i++) {
+        int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                server_on_fd_exhaustion(srv);
+                return;
+            }
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                srv->stats.accept_errors++;
+                log_at(LOG_WARN, "accept failed", "error", LOG_S, strerror(errno), NULL);
+            }
+            return;
+        }
+        if (srv->stats.conns_open >= srv->cfg->max_connections) {
+            server_reject(srv, fd);
+            continue;
+        }
+        struct conn *c = conn_new(srv, fd);
+        if (!c) {
+            close(fd);
+            srv->stats.conns_rejected++;
+            continue;
+        }
+        c->next = srv->conns;
+        if (srv->conns)
+            srv->conns->prev = c;
+        srv->conns = c;
+        srv->stats.conns_open++;
+        srv->stats.conns_accepted++;
+        log_at(LOG_DEBUG, "connection accepted", "conn", LOG_U, (unsigned long long)c->id, NULL);
+    }
+}
+
+void server_on_conn_closed(struct server *srv, struct conn *c)
+{
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        srv->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    c->prev = NULL;
+    c->next = srv->dead;
+    srv->dead = c;
+    srv->stats.conns_open--;
+    ev_prepare_start(srv->loop, &srv->reap_w);
+    if (srv->state == SERVER_STOPPING && !srv->conns)
+        ev_break(srv->loop, EVBREAK_ALL);
+}
+
+static void server_on_reap(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+    struct server *srv = w->data;
+    (void)revents;
+    while (srv->dead) {
+        struct conn *c = srv->dead;
+        srv->dead = c->next;
+        conn_free(c);
+    }
+    ev_prepare_stop(loop, w);
+}
+
+/* DRAINING/grace -> STOPPING: flush what is queued and close everything. */
+static void server_stop(struct server *srv, const char *why)
+{
+    if (srv->state == SERVER_STOPPING)
+        return;
+    server_set_state(srv, SERVER_STOPPING, why);
+    ev_timer_stop(srv->loop, &srv->grace_w);
+    ev_timer_start(srv->loop, &srv->stop_w);
+    if (!srv->conns) {
+        ev_break(srv->loop, EVBREAK_ALL);
+        return;
+    }
+    for (struct conn *c = srv->conns, *next; c; c = next) {
+        next = c->next;
+        call_fail_all(c, PGW_SHUTTING_DOWN, "the sidecar shut down before the call finished");
+        conn_close_after_flush(c);
+    }
+}
+
+void server_on_request_done(struct server *srv)
+{
+    if (srv->state == SERVER_DRAINING && srv->stats.in_flight == 0)
+        server_stop(srv, "all requests answered");
+}
+
+void server_begin_shutdown(struct server *srv, const char *why)
+{
+    if (srv->state != SERVER_RUNNING)
+        return;
+    server_set_state(srv, SERVER_DRAINING, why);
+    server_stop_listening(srv);
+    if (srv->stats.in_flight == 0) {
+        server_stop(srv, "nothing in flight");
+        return;
+    }
+    ev_timer_set(&srv->grace_w, srv->cfg->shutdown_grace_s, 0.);
+    ev_timer_start(srv->loop, &srv->grace_w);
+}
+
+static void server_on_signal(struct ev_loop *loop, ev_signal *w, int revents)
+{
+    struct server *srv = w->data;
+    (void)loop;
+    (void)revents;
+    if (srv->state == SERVER_RUNNING)
+        server_begin_shutdown(srv, w->signum == SIGINT ? "SIGINT" : "SIGTERM");
+    else
+        server_stop(srv, "second signal");
+}
+
+static void server_on_grace(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    server_stop(w->data, "shutdown grace period over");
+}
+
+static void server_on_stop_timeout(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct server *srv = w->data;
+    (void)revents;
+    for (struct conn *c = srv->conns, *next; c; c = next) {
+        next = c->next;
+        conn_close(c, "shutdown");
+    }
+    ev_break(loop, EVBREAK_ALL);
+}
+
+int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, char *err,
+                size_t errlen)
+{
+    memset(srv, 0, sizeof(*srv));
+    srv->loop = loop;
+    srv->cfg = cfg;
+    srv->listen_fd = -1;
+    srv->spare_fd = -1;
+    srv->socket_path = strdup(cfg->socket_path);
+    if (!srv->socket_path) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    srv->up = upstream_new(loop, SERVER_DNS_LOOKUPS_PER_HOST, err, errlen);
+    if (!srv->up) {
+        free(srv->socket_path);
+        srv->socket_path = NULL;
+        return -1;
+    }
+    if (server_listen(srv, err, errlen) < 0) {
+        upstream_free(srv->up);
+        srv->up = NULL;
+        free(srv->socket_path);
+        srv->socket_path = NULL;
+        return -1;
+    }
+    srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    srv->started_at = ev_now(loop);
+
+    ev_io_init(&srv->accept_w, server_on_accept, srv->listen_fd, EV_READ);
+    ev_init(&srv->accept_retry_w, server_on_accept_retry);
+    ev_signal_init(&srv->sigterm_w, server_on_signal, SIGTERM);
+    ev_signal_init(&srv->sigint_w, server_on_signal, SIGINT);
+    ev_init(&srv->grace_w, server_on_grace);
+    ev_timer_init(&srv->stop_w, server_on_stop_timeout, SERVER_STOP_FLUSH_S, 0.);
+    ev_prepare_init(&srv->reap_w, server_on_reap);
+    srv->accept_w.data = srv->accept_retry_w.data = srv->sigterm_w.data = srv;
+    srv->sigint_w.data = srv->grace_w.data = srv->stop_w.data = srv->reap_w.data = srv;
+    return 0;
+}
+
+void server_start(struct server *srv)
+{
+    ev_io_start(srv->loop, &srv->accept_w);
+    ev_signal_start(srv->loop, &srv->sigterm_w);
+    ev_signal_start(srv->loop, &srv->sigint_w);
+    char mode[8];
+    snprintf(mode, sizeof(mode), "%04o", (unsigned)srv->cfg->socket_mode);
+    log_at(LOG_INFO, "listening", "socket", LOG_S, srv->socket_path, "mode", LOG_S,
+           srv->owns_socket_file ? mode : "systemd", "max_message_bytes", LOG_U,
+           (unsigned long long)srv->cfg->max_message_bytes, "pid", LOG_I, (long long)getpid(),
+           NULL);
+}
+
+void server_fini(struct server *srv)
+{
+    server_stop_listening(srv);
+    for (struct conn *c = srv->conns, *next; c; c = next) {
+        next = c->next;
+        conn_close(c, "exit");
+    }
+    while (srv->dead) {
+        struct conn *c = srv->dead;
+        srv->dead = c->next;
+        conn_free(c);
+    }
+    ev_timer_stop(srv->loop, &srv->grace_w);
+    ev_timer_stop(srv->loop, &srv->stop_w);
+    ev_prepare_stop(srv->loop, &srv->reap_w);
+    ev_signal_stop(srv->loop, &srv->sigterm_w);
+    ev_signal_stop(srv->loop, &srv->sigint_w);
+    if (srv->spare_fd >= 0)
+        close(srv->spare_fd);
+    upstream_free(srv->up);
+    free(srv->socket_path);
+}

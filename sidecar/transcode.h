@@ -1,0 +1,135 @@
+/*
+ * transcode.h — msgpack <-> JSON for upstream bodies.
+ *
+ * Clients send the upstream request body as a msgpack map; the upstream
+ * speaks JSON. transcode_msgpack_to_json() writes the request body as JSON
+ * text (applying the source's overrides on the way), and
+ * transcode_json_to_msgpack() turns a JSON reply, or one SSE event's JSON
+ * data, back into msgpack.
+ *
+ * Type mapping (both directions):
+ *   nil <-> null, bool <-> true/false, str <-> string (UTF-8, validated),
+ *   array <-> array, map with string keys <-> object (key order kept),
+ *   positive/negative integer <-> integer, float32/float64 -> number with
+ *   a '.' or an exponent -> float64.
+ * Not representable, hence rejected: msgpack bin and ext, NaN and
+ * +-Infinity, non-string map keys, strings or keys that are not valid
+ * UTF-8 (overlongs, surrogates and code points above U+10FFFF included),
+ * and more than TRANSCODE_MAX_DEPTH nested containers. JSON integers
+ * outside the int64 range are rejected too (see transcode_json_to_msgpack).
+ *
+ * Everything here is pure computation: no I/O, no globals, no clock. It is
+ * safe to call from any callback and from several threads on distinct
+ * buffers. Floats are formatted and parsed with snprintf/strtod, so the
+ * process must keep the "C" LC_NUMERIC locale (it never calls setlocale).
+ */
+#ifndef POLYGW_TRANSCODE_H
+#define POLYGW_TRANSCODE_H
+
+#include <msgpack.h>
+#include <stddef.h>
+
+/* Containers nested deeper than this are rejected in both directions: the
+ * outermost map or array is level 1, so "[[1]]" has depth 2.
+ * Note: msgpack-c's own unpacker stops at 32 levels (proto/frame.h), so a
+ * body arriving from a client is always well inside this bound. */
+#define TRANSCODE_MAX_DEPTH 64
+
+enum {
+    TRANSCODE_EINVALID = -1, /* the input has no faithful translation; err says where and why */
+    TRANSCODE_ENOMEM = -2,   /* an allocation failed (or the msgpack packer's write failed) */
+};
+
+/* A growable byte buffer. Zero-initialised is the same as
+ * transcode_buf_init(). `data` is malloc'd and owned by the buffer; a caller
+ * may take it (then re-init the buffer). After a successful transcode
+ * `data[len]` is a NUL, so the text can also be used as a C string (JSON
+ * text never contains a raw NUL: it is escaped as \u0000). */
+struct transcode_buf {
+    char *data;
+    size_t len;
+    size_t cap;
+};
+
+/* Makes `b` empty without allocating. */
+void transcode_buf_init(struct transcode_buf *b);
+
+/* Frees `b`'s memory and leaves it empty (init state). */
+void transcode_buf_fini(struct transcode_buf *b);
+
+/* Empties `b` but keeps its memory for reuse (the hot-path way to recycle a
+ * buffer from one call to the next). */
+void transcode_buf_reset(struct transcode_buf *b);
+
+/* Makes room for at least `extra` more bytes after `len` (plus a NUL).
+ * Returns 0, or TRANSCODE_ENOMEM with `b` unchanged. */
+int transcode_buf_reserve(struct transcode_buf *b, size_t extra);
+
+/* The stream override. Zero (KEEP) is the default so that a zeroed
+ * `struct transcode_override` changes nothing. */
+enum transcode_stream {
+    TRANSCODE_STREAM_KEEP = 0,  /* leave "stream" as the body has it (or absent) */
+    TRANSCODE_STREAM_FALSE = 1, /* write "stream": false */
+    TRANSCODE_STREAM_TRUE = 2,  /* write "stream": true */
+};
+
+/* Top-level overrides applied while writing, only when the body is a map
+ * (a non-map body is written unchanged; the caller validates its type).
+ *   model   NUL-terminated UTF-8, or NULL for none. Replaces the value of
+ *           every top-level "model" key in place (a duplicated key must not
+ *           smuggle a different model past governance), or is appended as
+ *           the last member when the body has none.
+ *   stream  same rule for the "stream" key, with a JSON boolean.
+ * Keys named "model"/"stream" below the top level are never touched. */
+struct transcode_override {
+    const char *model;
+    enum transcode_stream stream;
+};
+
+/* Appends the compact JSON text of `o` to `out`.
+ *   o      borrowed; any msgpack object (a request body is a map).
+ *   ov     borrowed, may be NULL (no overrides).
+ *   root   the name of `o` in error paths, e.g. "body"; NULL means "value".
+ *   out    appended to (existing content is kept).
+ *   err    may be NULL; on failure receives a NUL-terminated, valid UTF-8
+ *          message (truncated to errlen) naming the path, e.g.
+ *          "body.messages[2].content: binary data cannot be sent as JSON".
+ * Output: strings are escaped as JSON requires (\" \\, \n \r \t \b \f, other
+ * control characters as \u00XX; non-ASCII UTF-8 copied as is); integers are
+ * printed exactly over the whole int64 and uint64 ranges; float64 is
+ * printed with the fewest of 15, 16 or 17 significant digits that parses
+ * back to the same double (so 0.1 prints "0.1"), float32 with the fewest of
+ * 6..9 digits that parses back to the same float; a float always keeps a
+ * '.' or an exponent (1.0 prints "1.0", -0.0 prints "-0.0").
+ * Returns 0; TRANSCODE_EINVALID for a rejected value (list at the top of
+ * this file); TRANSCODE_ENOMEM. On failure `out->len` is restored to its
+ * value at entry (nothing partial is left behind). */
+int transcode_msgpack_to_json(const msgpack_object *o, struct transcode_buf *out,
+                              const struct transcode_override *ov, const char *root,
+                              char *err, size_t errlen);
+
+/* Parses `len` bytes of JSON text (any value at the top level, no NUL
+ * terminator needed) with jansson and packs it into `pk` as one msgpack
+ * value.
+ *   json   borrowed. A string may contain \u0000 (packed as a NUL byte).
+ *          Duplicate object keys: the last value wins, at the position of
+ *          the first occurrence (jansson's behaviour); the output map has
+ *          unique keys. Object key order is kept otherwise.
+ *   pk     borrowed; its write callback receives the value.
+ *   err    may be NULL; on failure receives a short NUL-terminated message in
+ *          printable ASCII (never more than a 20-byte excerpt of the input):
+ *          "invalid JSON at line 1, column 1: invalid token near '<'".
+ * Numbers: JSON integers become msgpack integers (smallest encoding) and
+ * must lie within int64; larger ones (e.g. 18446744073709551615) are
+ * rejected with TRANSCODE_EINVALID rather than silently rounded through a
+ * double — jansson stores integers as long long and offers no exact
+ * fallback. Numbers with a fraction or an exponent become float64; those
+ * overflowing a double (1e400) are rejected.
+ * Returns 0; TRANSCODE_EINVALID (not JSON, trailing garbage, integer out of
+ * range, nesting deeper than TRANSCODE_MAX_DEPTH); TRANSCODE_ENOMEM
+ * (allocation or a failed pk write). After a failure `pk` may have received
+ * part of the value: discard what it wrote. */
+int transcode_json_to_msgpack(const char *json, size_t len, msgpack_packer *pk, char *err,
+                              size_t errlen);
+
+#endif /* POLYGW_TRANSCODE_H */

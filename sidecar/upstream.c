@@ -1,0 +1,922 @@
+/*
+ * upstream.c — libcurl multi on libev, and attempts with hard deadlines.
+ * See upstream.h for the phases, the deadlines and the DNS rules.
+ *
+ * Glue (STYLE rule 8): one ev_timer for CURLMOPT_TIMERFUNCTION (0 ms means
+ * "soon": the timer fires on the next loop iteration, we never call back
+ * into curl from its own callback), one ev_io per socket attached with
+ * curl_multi_assign, and curl_multi_info_read drained after every
+ * curl_multi_socket_action.
+ *
+ * Re-entrancy: curl forbids removing a handle from inside its callbacks.
+ * `in_curl` counts how deep we are inside curl; attempt_cancel() there only
+ * marks the attempt (its next write callback fails the transfer) and the
+ * engine's ev_prepare pass removes and frees it before the loop sleeps.
+ * Pause/resume are applied in the same pass, since unpausing can run the
+ * write callback synchronously.
+ */
+#include "upstream.h"
+
+#include <arpa/inet.h>
+#include <curl/curl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "sse.h"
+
+#define UPSTREAM_ORPHAN_TTL_S 30.0
+#define UPSTREAM_BACKSTOP_MS 2000
+#define UPSTREAM_EPS 1e-4
+
+struct dns_host {
+    struct dns_host *next;
+    uint32_t resolving;           /* attempts of ours currently resolving it */
+    uint32_t orphans;             /* lookups abandoned within the orphan TTL */
+    double orphans_until;
+    char name[];
+};
+
+struct usock {
+    ev_io w;
+    struct upstream *up;
+};
+
+struct upstream {
+    struct ev_loop *loop;
+    CURLM *multi;
+    ev_timer timer_w;
+    ev_prepare prepare_w;
+    int in_curl;
+    uint32_t max_lookups_per_host;
+    struct attempt *active;       /* doubly linked */
+    struct attempt *deferred;     /* attempts with pending operations (singly linked) */
+    struct dns_host *hosts;
+    struct upstream_stats stats;
+};
+
+struct attempt {
+    struct upstream *up;
+    struct attempt *prev, *next;
+    struct attempt *next_deferred;
+    bool on_deferred;
+    CURL *easy;
+    struct curl_slist *headers;
+    char *req_body;
+    struct attempt_hooks hooks;
+    void *ud;
+    bool stream;
+    enum attempt_phase phase;
+    double started, sent_at, last_activity;
+    double connect_s, ttft_s, idle_s, total_s, deadline_at;
+    ev_timer deadline_w;
+    struct dns_host *dns;         /* NULL for IP literals */
+    bool counted_resolving;
+
+    int status;
+    char retry_after[96];
+    bool is_sse;
+    char *resp;
+    size_t resp_len, resp_cap, max_resp;
+    bool resp_too_large;
+    struct sse_parser sse;
+    bool sse_ready;
+    uint32_t events;
+    bool terminal_seen;
+
+    bool cancelled;               /* owner cancelled: no hooks, free at next safe point */
+    bool want_pause, want_resume, curl_paused;
+    bool refused_dns_busy;        /* fails from the prepare pass */
+    char errbuf[CURL_ERROR_SIZE];
+};
+
+const char *attempt_phase_name(enum attempt_phase p)
+{
+    static const char *const names[] = {"resolving", "connecting", "sent",
+                                        "receiving", "streaming", "done"};
+    return (unsigned)p < sizeof(names) / sizeof(names[0]) ? names[p] : "unknown";
+}
+
+const struct upstream_stats *upstream_get_stats(const struct upstream *up)
+{
+    return &up->stats;
+}
+
+static void upstream_defer(struct attempt *a)
+{
+    if (!a->on_deferred) {
+        a->on_deferred = true;
+        a->next_deferred = a->up->deferred;
+        a->up->deferred = a;
+    }
+    ev_prepare_start(a->up->loop, &a->up->prepare_w);
+}
+
+/* --- DNS bookkeeping ------------------------------------------------- */
+
+static struct dns_host *dns_host_get(struct upstream *up, const char *name)
+{
+    for (struct dns_host *h = up->hosts; h; h = h->next) {
+        if (strcmp(h->name, name) == 0)
+            return h;
+    }
+    size_t n = strlen(name);
+    struct dns_host *h = calloc(1, sizeof(*h) + n + 1);
+    if (!h)
+        return NULL;
+    memcpy(h->name, name, n + 1);
+    h->next = up->hosts;
+    up->hosts = h;
+    return h;
+}
+
+/* The host part of `url` when it is a name (not an IP literal), else NULL. */
+static struct dns_host *dns_host_for_url(struct upstream *up, const char *url)
+{
+    char *host = NULL;
+    struct dns_host *h = NULL;
+    CURLU *u = curl_url();
+    unsigned char tmp[sizeof(struct in6_addr)];
+
+    if (!u)
+        return NULL;
+    if (curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK && host) {
+        size_t n = strlen(host);
+        bool literal = inet_pton(AF_INET, host, tmp) == 1;
+        if (!literal && n > 2 && host[0] == '[') {
+            host[n - 1] = '\0';
+            literal = inet_pton(AF_INET6, host + 1, tmp) == 1;
+        }
+        if (!literal)
+            h = dns_host_get(up, host);
+    }
+    curl_free(host);
+    curl_url_cleanup(u);
+    return h;
+}
+
+static uint32_t dns_host_load(struct dns_host *h, double now)
+{
+    if (h->orphans && now >= h->orphans_until)
+        h->orphans = 0;
+    return h->resolving + h->orphans;
+}
+
+static void attempt_leave_resolving(struct attempt *a)
+{
+    if (a->counted_resolving) {
+        a->counted_resolving = false;
+        a->dns->resolving--;
+    }
+}
+
+/* --- deadlines ------------------------------------------------------- */
+
+static double attempt_next_deadline(const struct attempt *a)
+{
+    double d = a->started + a->total_s;
+
+    if (a->deadline_at > 0 && a->deadline_at < d)
+        d = a->deadline_at;
+    switch (a->phase) {
+    case ATTEMPT_RESOLVING:
+    case ATTEMPT_CONNECTING:
+        if (a->started + a->connect_s < d)
+            d = a->started + a->connect_s;
+        break;
+    case ATTEMPT_SENT:
+        if (a->sent_at + a->ttft_s < d)
+            d = a->sent_at + a->ttft_s;
+        break;
+    case ATTEMPT_RECEIVING:
+        if (a->stream) {
+            if (a->sent_at + a->ttft_s < d)
+                d = a->sent_at + a->ttft_s;
+        } else if (!a->curl_paused && a->last_activity + a->idle_s < d) {
+            d = a->last_activity + a->idle_s;
+        }
+        break;
+    case ATTEMPT_STREAMING:
+        if (!a->curl_paused && a->last_activity + a->idle_s < d)
+            d = a->last_activity + a->idle_s;
+        break;
+    case ATTEMPT_DONE:
+        break;
+    }
+    return d;
+}
+
+/* Arms the deadline timer for the current phase. Activity only moves the
+ * idle deadline later, so it does not re-arm: the timer re-checks when it
+ * fires (the lazy pattern of libev's documentation). Phase changes can move
+ * the deadline earlier and always re-arm. */
+static void attempt_arm(struct attempt *a)
+{
+    double now = ev_now(a->up->loop);
+    double in = attempt_next_deadline(a) - now;
+
+    ev_timer_stop(a->up->loop, &a->deadline_w);
+    ev_timer_set(&a->deadline_w, in > 0 ? in : 0., 0.);
+    ev_timer_start(a->up->loop, &a->deadline_w);
+}
+
+static void attempt_set_phase(struct attempt *a, enum attempt_phase p)
+{
+    if (p <= a->phase)
+        return;
+    if (a->phase == ATTEMPT_RESOLVING)
+        attempt_leave_resolving(a);
+    a->phase = p;
+    attempt_arm(a);
+}
+
+/* --- lifecycle ------------------------------------------------------- */
+
+static void attempt_free(struct attempt *a)
+{
+    struct upstream *up = a->up;
+
+    if (a->on_deferred) {
+        for (struct attempt **pp = &up->deferred; *pp; pp = &(*pp)->next_deferred) {
+            if (*pp == a) {
+                *pp = a->next_deferred;
+                break;
+            }
+        }
+    }
+    ev_timer_stop(up->loop, &a->deadline_w);
+    if (a->easy) {
+        curl_multi_remove_handle(up->multi, a->easy);
+        curl_easy_cleanup(a->easy);
+    }
+    curl_slist_free_all(a->headers);
+    free(a->req_body);
+    free(a->resp);
+    if (a->sse_ready)
+        sse_parser_fini(&a->sse);
+    if (a->prev)
+        a->prev->next = a->next;
+    else if (up->active == a)
+        up->active = a->next;
+    if (a->next)
+        a->next->prev = a->prev;
+    up->stats.attempts_active--;
+    free(a);
+}
+
+/* Detaches the transfer, counting a lookup abandoned mid-resolution. */
+static void attempt_detach(struct attempt *a)
+{
+    struct upstream *up = a->up;
+
+    if (a->phase == ATTEMPT_RESOLVING && a->dns && a->easy) {
+        up->stats.dns_abandoned++;
+        a->dns->orphans++;
+        a->dns->orphans_until = ev_now(up->loop) + UPSTREAM_ORPHAN_TTL_S;
+    }
+    attempt_leave_resolving(a);
+    ev_timer_stop(up->loop, &a->deadline_w);
+    if (a->easy) {
+        /* CURLOPT_QUICK_EXIT: a resolver thread still in getaddrinfo is
+         * detached here instead of joined, so this never blocks. */
+        curl_multi_remove_handle(up->multi, a->easy);
+        curl_easy_cleanup(a->easy);
+        a->easy = NULL;
+    }
+}
+
+static void attempt_finish(struct attempt *a, struct attempt_result *r)
+{
+    struct upstream *up = a->up;
+
+    r->phase = a->phase;
+    r->events = a->events;
+    r->elapsed_s = ev_now(up->loop) - a->started;
+    if (!r->body) {
+        r->body = a->resp;
+        r->body_len = a->resp_len;
+    }
+    attempt_detach(a);
+    a->phase = ATTEMPT_DONE;
+    up->stats.attempts_done++;
+    a->hooks.on_done(a, r, a->ud);
+    attempt_free(a);
+}
+
+static void result_transient(struct attempt_result *r, enum outcome_reason reason,
+                             const char *detail)
+{
+    memset(r, 0, sizeof(*r));
+    r->outcome.kind = OUTCOME_TRANSIENT;
+    r->outcome.reason = reason;
+    r->outcome.retry_after_s = -1;
+    size_t n = strnlen(detail, sizeof(r->detail) - 1);
+    memcpy(r->detail, detail, n);
+    r->detail[n] = '\0';
+}
+
+static void attempt_on_deadline(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct attempt *a = w->data;
+    double now = ev_now(loop);
+    double d = attempt_next_deadline(a);
+    struct attempt_result r;
+    enum outcome_reason reason;
+    char detail[160];
+    (void)revents;
+
+    if (now + UPSTREAM_EPS < d) {
+        attempt_arm(a);
+        return;
+    }
+    if (a->deadline_at > 0 && now + UPSTREAM_EPS >= a->deadline_at && a->deadline_at <= d) {
+        reason = REASON_TOTAL_TIMEOUT;
+        snprintf(detail, sizeof(detail), "call deadline reached while %s",
+                 attempt_phase_name(a->phase));
+    } else if (now + UPSTREAM_EPS >= a->started + a->total_s) {
+        reason = REASON_TOTAL_TIMEOUT;
+        snprintf(detail, sizeof(detail), "timeout_s (%gs) reached while %s", a->total_s,
+                 attempt_phase_name(a->phase));
+    } else {
+        switch (a->phase) {
+        case ATTEMPT_RESOLVING:
+            reason = REASON_DNS_TIMEOUT;
+            snprintf(detail, sizeof(detail), "name resolution exceeded connect_timeout_s (%gs)",
+                     a->connect_s);
+            break;
+        case ATTEMPT_CONNECTING:
+            reason = REASON_CONNECT_TIMEOUT;
+            snprintf(detail, sizeof(detail), "connect exceeded connect_timeout_s (%gs)",
+                     a->connect_s);
+            break;
+        case ATTEMPT_SENT:
+            reason = REASON_TTFT_TIMEOUT;
+            snprintf(detail, sizeof(detail), "no response byte within ttft_timeout_s (%gs)",
+                     a->ttft_s);
+            break;
+        case ATTEMPT_RECEIVING:
+            if (a->stream) {
+                reason = REASON_TTFT_TIMEOUT;
+                snprintf(detail, sizeof(detail), "no stream event within ttft_timeout_s (%gs)",
+                         a->ttft_s);
+                break;
+            }
+            /* fall through */
+        default:
+            reason = REASON_IDLE_TIMEOUT;
+            snprintf(detail, sizeof(detail), "no %s within idle_timeout_s (%gs)",
+                     a->stream ? "stream event" : "body byte", a->idle_s);
+            break;
+        }
+    }
+    a->up->stats.timeouts[a->phase]++;
+    result_transient(&r, reason, detail);
+    r.deadline_exceeded = a->deadline_at > 0 && now + UPSTREAM_EPS >= a->deadline_at;
+    r.http_status = a->status;
+    r.outcome.http_status = a->status;
+    attempt_finish(a, &r);
+}
+
+/* --- curl callbacks -------------------------------------------------- */
+
+static int attempt_on_sockopt(void *ud, curl_socket_t fd, curlsocktype purpose)
+{
+    (void)fd;
+    (void)purpose;
+    attempt_set_phase(ud, ATTEMPT_CONNECTING);
+    return CURL_SOCKOPT_OK;
+}
+
+static int attempt_on_prereq(void *ud, char *conn_primary_ip, char *conn_local_ip,
+                             int conn_primary_port, int conn_local_port)
+{
+    struct attempt *a = ud;
+    (void)conn_primary_ip;
+    (void)conn_local_ip;
+    (void)conn_primary_port;
+    (void)conn_local_port;
+    a->sent_at = ev_now(a->up->loop);
+    attempt_set_phase(a, ATTEMPT_SENT);
+    return CURL_PREREQFUNC_OK;
+}
+
+static void attempt_on_activity(struct attempt *a)
+{
+    a->last_activity = ev_now(a->up->loop);
+    if (a->phase < ATTEMPT_RECEIVING) {
+        if (a->phase < ATTEMPT_SENT)
+            a->sent_at = a->last_activity;
+        attempt_set_phase(a, ATTEMPT_RECEIVING);
+    }
+}
+
+static bool header_is(const char *line, size_t n, const char *name, const char **value,
+                      size_t *vlen)
+{
+    size_t k = strlen(name);
+    if (n <= k || strncasecmp(line, name, k) != 0 || line[k] != ':')
+        return false;
+    const char *v = line + k + 1, *end = line + n;
+    while (v < end && (*v == ' ' || *v == '\t'))
+        v++;
+    while (end > v && (end[-1] == '\r' || end[-1] == '\n' || end[-1] == ' '))
+        end--;
+    *value = v;
+    *vlen = (size_t)(end - v);
+    return true;
+}
+
+static size_t attempt_on_header(char *line, size_t size, size_t nitems, void *ud)
+{
+    struct attempt *a = ud;
+    size_t n = size * nitems;
+    const char *v;
+    size_t vlen;
+
+    if (a->cancelled)
+        return 0;
+    attempt_on_activity(a);
+    if (n > 5 && memcmp(line, "HTTP/", 5) == 0) {
+        /* A new status line (after 100 Continue, say) resets what we saw. */
+        const char *sp = memchr(line, ' ', n);
+        a->status = sp ? atoi(sp + 1) : 0;
+        a->retry_after[0] = '\0';
+        a->is_sse = false;
+    } else if (header_is(line, n, "retry-after", &v, &vlen)) {
+        snprintf(a->retry_after, sizeof(a->retry_after), "%.*s", (int)vlen, v);
+    } else if (header_is(line, n, "content-type", &v, &vlen)) {
+        a->is_sse = vlen >= 17 && strncasecmp(v, "text/event-stream", 17) == 0;
+    }
+    return n;
+}
+
+static int attempt_on_sse_event(const struct sse_event *ev, void *ud)
+{
+    struct attempt *a = ud;
+
+    if (sse_data_is_done(ev)) {
+        a->terminal_seen = true;
+        return 0;
+    }
+    if (a->events == 0)
+        attempt_set_phase(a, ATTEMPT_STREAMING);
+    a->events++;
+    a->last_activity = ev_now(a->up->loop);
+    int rc = a->hooks.on_event(a, ev->data, ev->data_len, a->ud);
+    if (rc > 0) {
+        a->terminal_seen = true;
+        return 0;
+    }
+    return rc < 0 ? -1 : 0;
+}
+
+static bool resp_append(struct attempt *a, const char *p, size_t n)
+{
+    if (a->resp_len + n > a->max_resp) {
+        a->resp_too_large = true;
+        return false;
+    }
+    if (a->resp_len + n + 1 > a->resp_cap) {
+        size_t cap = a->resp_cap ? a->resp_cap : 4096;
+        while (cap < a->resp_len + n + 1)
+            cap *= 2;
+        char *q = realloc(a->resp, cap);
+        if (!q)
+            return false;
+        a->resp = q;
+        a->resp_cap = cap;
+    }
+    memcpy(a->resp + a->resp_len, p, n);
+    a->resp_len += n;
+    a->resp[a->resp_len] = '\0';
+    return true;
+}
+
+static size_t attempt_on_write(char *p, size_t size, size_t nmemb, void *ud)
+{
+    struct attempt *a = ud;
+    size_t n = size * nmemb;
+
+    if (a->cancelled)
+        return CURL_WRITEFUNC_ERROR;
+    attempt_on_activity(a);
+    if (a->stream && a->is_sse && a->status >= 200 && a->status < 300) {
+        if (!a->sse_ready) {
+            sse_parser_init(&a->sse, a->max_resp);
+            a->sse_ready = true;
+        }
+        if (sse_parser_feed(&a->sse, p, n, attempt_on_sse_event, a) != 0 || a->cancelled)
+            return CURL_WRITEFUNC_ERROR;
+        return n;
+    }
+    return resp_append(a, p, n) ? n : CURL_WRITEFUNC_ERROR;
+}
+
+/* --- multi glue ------------------------------------------------------ */
+
+static void upstream_on_done_msg(CURL *easy, CURLcode rc)
+{
+    struct attempt *a = NULL;
+    struct attempt_result r;
+    struct timespec ts;
+
+    curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&a);
+    if (!a)
+        return;
+    if (a->cancelled) {
+        attempt_detach(a);
+        attempt_free(a);
+        return;
+    }
+    memset(&r, 0, sizeof(r));
+    r.outcome.retry_after_s = -1;
+    r.http_status = a->status;
+    switch (rc) {
+    case CURLE_OK:
+        if (a->status < 200 || a->status >= 300) {
+            clock_gettime(CLOCK_REALTIME, &ts);
+            outcome_from_http(&r.outcome, a->status, a->retry_after[0] ? a->retry_after : NULL,
+                              (double)ts.tv_sec + ts.tv_nsec / 1e9);
+            snprintf(r.detail, sizeof(r.detail), "upstream answered HTTP %d", a->status);
+        } else if (a->stream && !a->is_sse) {
+            result_transient(&r, REASON_BAD_RESPONSE, "expected text/event-stream");
+        } else if (a->stream && !a->terminal_seen) {
+            result_transient(&r, REASON_TRUNCATED,
+                             "stream ended without [DONE] or a finish_reason");
+        } else {
+            r.outcome.kind = OUTCOME_SUCCESS;
+            r.outcome.reason = REASON_NONE;
+        }
+        r.outcome.http_status = a->status;
+        break;
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_RESOLVE_PROXY:
+        result_transient(&r, REASON_DNS_FAILED, a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
+        break;
+    case CURLE_COULDNT_CONNECT:
+        result_transient(&r, REASON_CONNECT_FAILED,
+                         a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
+        break;
+    case CURLE_PARTIAL_FILE:
+        result_transient(&r, REASON_TRUNCATED, a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
+        break;
+    case CURLE_WRITE_ERROR:
+        if (a->resp_too_large)
+            result_transient(&r, REASON_BAD_RESPONSE, "response larger than max_message_bytes");
+        else
+            result_transient(&r, REASON_BAD_RESPONSE, "malformed or oversized stream event");
+        break;
+    case CURLE_OPERATION_TIMEDOUT:
+        result_transient(&r, a->phase <= ATTEMPT_CONNECTING ? REASON_CONNECT_TIMEOUT
+                                                            : REASON_TOTAL_TIMEOUT,
+                         a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
+        break;
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CERTPROBLEM:
+    case CURLE_SSL_CIPHER:
+    case CURLE_SSL_CACERT_BADFILE:
+        result_transient(&r, REASON_TLS, a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
+        break;
+    default:
+        result_transient(&r, REASON_CONNECTION_RESET,
+                         a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
+        break;
+    }
+    r.http_status = a->status;
+    attempt_finish(a, &r);
+}
+
+static void upstream_drain(struct upstream *up)
+{
+    CURLMsg *msg;
+    int left;
+
+    while ((msg = curl_multi_info_read(up->multi, &left))) {
+        if (msg->msg == CURLMSG_DONE)
+            upstream_on_done_msg(msg->easy_handle, msg->data.result);
+    }
+}
+
+static void upstream_action(struct upstream *up, curl_socket_t fd, int what)
+{
+    int running;
+
+    up->in_curl++;
+    curl_multi_socket_action(up->multi, fd, what, &running);
+    up->in_curl--;
+    upstream_drain(up);
+}
+
+static void upstream_on_io(struct ev_loop *loop, ev_io *w, int revents)
+{
+    struct usock *s = (struct usock *)w;
+    (void)loop;
+    upstream_action(s->up, w->fd,
+                    (revents & EV_READ ? CURL_CSELECT_IN : 0) |
+                        (revents & EV_WRITE ? CURL_CSELECT_OUT : 0));
+}
+
+static void upstream_on_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    upstream_action(w->data, CURL_SOCKET_TIMEOUT, 0);
+}
+
+static int upstream_socket_cb(CURL *easy, curl_socket_t fd, int what, void *userp, void *socketp)
+{
+    struct upstream *up = userp;
+    struct usock *s = socketp;
+    (void)easy;
+
+    if (what == CURL_POLL_REMOVE) {
+        if (s) {
+            ev_io_stop(up->loop, &s->w);
+            curl_multi_assign(up->multi, fd, NULL);
+            free(s);
+        }
+        return 0;
+    }
+    int events = (what & CURL_POLL_IN ? EV_READ : 0) | (what & CURL_POLL_OUT ? EV_WRITE : 0);
+    if (!s) {
+        s = calloc(1, sizeof(*s));
+        if (!s)
+            return -1;
+        s->up = up;
+        ev_io_init(&s->w, upstream_on_io, fd, events);
+        curl_multi_assign(up->multi, fd, s);
+    } else {
+        ev_io_stop(up->loop, &s->w);
+        ev_io_set(&s->w, fd, events);
+    }
+    ev_io_start(up->loop, &s->w);
+    return 0;
+}
+
+static int upstream_timer_cb(CURLM *multi, long timeout_ms, void *userp)
+{
+    struct upstream *up = userp;
+    (void)multi;
+
+    ev_timer_stop(up->loop, &up->timer_w);
+    if (timeout_ms >= 0) {
+        /* 0 means "as soon as possible": next loop iteration, not now. */
+        ev_timer_set(&up->timer_w, (double)timeout_ms / 1000.0, 0.);
+        ev_timer_start(up->loop, &up->timer_w);
+    }
+    return 0;
+}
+
+/* Runs before the loop sleeps: applies cancels, pauses, resumes and
+ * refusals that could not be applied inside curl's callbacks. */
+static void upstream_on_prepare(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+    struct upstream *up = w->data;
+    (void)revents;
+
+    ev_prepare_stop(loop, w);
+    while (up->deferred) {
+        struct attempt *a = up->deferred;
+        up->deferred = a->next_deferred;
+        a->on_deferred = false;
+        if (a->cancelled) {
+            attempt_detach(a);
+            attempt_free(a);
+            continue;
+        }
+        if (a->refused_dns_busy) {
+            struct attempt_result r;
+            char detail[160];
+            snprintf(detail, sizeof(detail),
+                     "too many lookups of %s in progress (max_dns_lookups_per_host %u)",
+                     a->dns->name, up->max_lookups_per_host);
+            result_transient(&r, REASON_DNS_FAILED, detail);
+            attempt_finish(a, &r);
+            continue;
+        }
+        if (a->want_pause && !a->curl_paused && a->easy) {
+            a->want_pause = false;
+            a->curl_paused = true;
+            curl_easy_pause(a->easy, CURLPAUSE_RECV);
+        } else if (a->want_resume && a->curl_paused && a->easy) {
+            a->want_resume = false;
+            a->curl_paused = false;
+            a->last_activity = ev_now(loop);
+            attempt_arm(a);
+            up->in_curl++;
+            curl_easy_pause(a->easy, CURLPAUSE_CONT);
+            up->in_curl--;
+            upstream_drain(up);
+        }
+    }
+}
+
+/* --- public ---------------------------------------------------------- */
+
+struct upstream *upstream_new(struct ev_loop *loop, uint32_t max_dns_lookups_per_host,
+                              char *err, size_t errlen)
+{
+    static bool global_init;
+    struct upstream *up;
+
+    if (!global_init) {
+        if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+            snprintf(err, errlen, "curl_global_init failed");
+            return NULL;
+        }
+        global_init = true;
+    }
+    up = calloc(1, sizeof(*up));
+    if (!up || !(up->multi = curl_multi_init())) {
+        free(up);
+        snprintf(err, errlen, "cannot create the HTTP engine (out of memory)");
+        return NULL;
+    }
+    up->loop = loop;
+    up->max_lookups_per_host = max_dns_lookups_per_host ? max_dns_lookups_per_host : 1;
+    ev_init(&up->timer_w, upstream_on_timer);
+    up->timer_w.data = up;
+    ev_prepare_init(&up->prepare_w, upstream_on_prepare);
+    up->prepare_w.data = up;
+    curl_multi_setopt(up->multi, CURLMOPT_SOCKETFUNCTION, upstream_socket_cb);
+    curl_multi_setopt(up->multi, CURLMOPT_SOCKETDATA, up);
+    curl_multi_setopt(up->multi, CURLMOPT_TIMERFUNCTION, upstream_timer_cb);
+    curl_multi_setopt(up->multi, CURLMOPT_TIMERDATA, up);
+    curl_multi_setopt(up->multi, CURLMOPT_PIPELINING, (long)CURLPIPE_MULTIPLEX);
+    return up;
+}
+
+void upstream_free(struct upstream *up)
+{
+    if (!up)
+        return;
+    while (up->active) {
+        struct attempt *a = up->active;
+        attempt_detach(a);
+        attempt_free(a);
+    }
+    while (up->hosts) {
+        struct dns_host *h = up->hosts;
+        up->hosts = h->next;
+        free(h);
+    }
+    ev_timer_stop(up->loop, &up->timer_w);
+    ev_prepare_stop(up->loop, &up->prepare_w);
+    curl_multi_cleanup(up->multi);
+    free(up);
+}
+
+static int attempt_setup(struct attempt *a, const struct attempt_spec *spec)
+{
+    CURL *e = a->easy = curl_easy_init();
+
+    if (!e)
+        return -1;
+    a->headers = curl_slist_append(a->headers, "Content-Type: application/json");
+    a->headers = curl_slist_append(a->headers, spec->stream ? "Accept: text/event-stream"
+                                                            : "Accept: application/json");
+    a->headers = curl_slist_append(a->headers, "Expect:");
+    if (spec->api_key && spec->api_key[0]) {
+        size_t n = strlen(spec->api_key) + sizeof("Authorization: Bearer ");
+        char *auth = malloc(n);
+        if (!auth)
+            return -1;
+        snprintf(auth, n, "Authorization: Bearer %s", spec->api_key);
+        struct curl_slist *h = curl_slist_append(a->headers, auth);
+        explicit_bzero(auth, n);
+        free(auth);
+        if (!h)
+            return -1;
+        a->headers = h;
+    }
+    if (!a->headers)
+        return -1;
+    curl_easy_setopt(e, CURLOPT_URL, spec->url);
+    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(e, CURLOPT_POST, 1L);
+    curl_easy_setopt(e, CURLOPT_POSTFIELDS, a->req_body);
+    curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)spec->body_len);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, a->headers);
+    curl_easy_setopt(e, CURLOPT_PRIVATE, a);
+    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, a->errbuf);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_QUICK_EXIT, 1L);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, attempt_on_write);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, a);
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, attempt_on_header);
+    curl_easy_setopt(e, CURLOPT_HEADERDATA, a);
+    curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, attempt_on_sockopt);
+    curl_easy_setopt(e, CURLOPT_SOCKOPTDATA, a);
+    curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, attempt_on_prereq);
+    curl_easy_setopt(e, CURLOPT_PREREQDATA, a);
+    curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(e, CURLOPT_ACCEPT_ENCODING, "");
+    /* Backstops only: our own timers fire first. */
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
+                     (long)(spec->connect_timeout_s * 1000) + UPSTREAM_BACKSTOP_MS);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS,
+                     (long)(spec->timeout_s * 1000) + UPSTREAM_BACKSTOP_MS);
+    return 0;
+}
+
+struct attempt *attempt_start(struct upstream *up, struct attempt_spec *spec,
+                              const struct attempt_hooks *hooks, void *ud)
+{
+    struct attempt *a = calloc(1, sizeof(*a));
+    double now = ev_now(up->loop);
+
+    if (!a) {
+        free(spec->body);
+        spec->body = NULL;
+        return NULL;
+    }
+    a->up = up;
+    a->req_body = spec->body;
+    spec->body = NULL;
+    a->hooks = *hooks;
+    a->ud = ud;
+    a->stream = spec->stream;
+    a->phase = ATTEMPT_RESOLVING;
+    a->started = a->last_activity = a->sent_at = now;
+    a->connect_s = spec->connect_timeout_s;
+    a->ttft_s = spec->ttft_timeout_s;
+    a->idle_s = spec->idle_timeout_s;
+    a->total_s = spec->timeout_s;
+    a->deadline_at = spec->deadline_at;
+    a->max_resp = spec->max_response_bytes;
+    ev_init(&a->deadline_w, attempt_on_deadline);
+    a->deadline_w.data = a;
+    a->next = up->active;
+    if (up->active)
+        up->active->prev = a;
+    up->active = a;
+    up->stats.attempts_active++;
+    up->stats.attempts_started++;
+
+    if (attempt_setup(a, spec) < 0) {
+        attempt_free(a);
+        return NULL;
+    }
+    a->dns = dns_host_for_url(up, spec->url);
+    if (a->dns) {
+        if (dns_host_load(a->dns, now) >= up->max_lookups_per_host) {
+            /* Refuse without spawning one more resolver thread; reported
+             * asynchronously. The DNS cache may hold the name, but we cannot
+             * ask it without risking a lookup. */
+            up->stats.dns_busy++;
+            curl_easy_cleanup(a->easy);
+            a->easy = NULL;
+            a->refused_dns_busy = true;
+            upstream_defer(a);
+            return a;
+        }
+        a->dns->resolving++;
+        a->counted_resolving = true;
+    }
+    attempt_arm(a);
+    if (curl_multi_add_handle(up->multi, a->easy) != CURLM_OK) {
+        attempt_detach(a);
+        attempt_free(a);
+        return NULL;
+    }
+    return a;
+}
+
+void attempt_cancel(struct attempt *a)
+{
+    struct upstream *up = a->up;
+
+    if (a->cancelled)
+        return;
+    a->cancelled = true;
+    up->stats.attempts_cancelled++;
+    if (up->in_curl > 0) {
+        upstream_defer(a);
+        return;
+    }
+    attempt_detach(a);
+    attempt_free(a);
+}
+
+void attempt_pause(struct attempt *a)
+{
+    a->want_resume = false;
+    if (!a->curl_paused) {
+        a->want_pause = true;
+        upstream_defer(a);
+    }
+}
+
+void attempt_resume(struct attempt *a)
+{
+    a->want_pause = false;
+    if (a->curl_paused) {
+        a->want_resume = true;
+        upstream_defer(a);
+    }
+}

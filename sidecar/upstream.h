@@ -1,0 +1,122 @@
+/*
+ * upstream.h — the HTTP engine: one libcurl multi handle driven by the
+ * libev loop, and the *attempt*, one HTTP request to one source with hard
+ * deadlines enforced by our own timers.
+ *
+ * An attempt is the unit the governed loop drives: it is started with a
+ * fully prepared request, reports stream events as they arrive, and ends
+ * exactly once — either through the on_done hook with a classified outcome,
+ * or silently when its owner calls attempt_cancel(). After on_done returns
+ * the engine frees the attempt; the owner must drop its pointer.
+ *
+ * Deadlines (all relative to the attempt's phases, DESIGN.md 3.3):
+ *
+ *   RESOLVING --opensocket--> CONNECTING --prereq--> SENT --first byte--> RECEIVING
+ *   \______ connect_timeout_s ________/  \_ ttft_timeout_s _/ \_ idle_timeout_s
+ *                                                               between bytes (plain)
+ *                                                               or events (stream)
+ *   and timeout_s over the whole attempt, and the call's own deadline.
+ *
+ * For a stream, TTFT runs until the first SSE event, not the first byte.
+ * One ev_timer per attempt is armed at the earliest deadline of its phase.
+ * curl's own timeouts are set a little later as a backstop only.
+ *
+ * Name resolution never blocks the loop: Debian's libcurl resolves in a
+ * thread and, when a transfer is removed mid-lookup, would join that thread
+ * (a hung getaddrinfo froze the loop for the whole lookup). CURLOPT_QUICK_EXIT
+ * makes it detach instead; each such abandoned lookup is counted
+ * (dns_abandoned), and at most max_dns_lookups_per_host attempts per host
+ * may be resolving at once (lookups abandoned in the last
+ * UPSTREAM_ORPHAN_TTL_S count against it too); over that, an attempt fails
+ * at once as a transient `dns_busy` outcome instead of spawning one more
+ * thread. The multi handle's DNS cache (60 s) serves repeated lookups.
+ */
+#ifndef POLYGW_UPSTREAM_H
+#define POLYGW_UPSTREAM_H
+
+#include <ev.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "outcome.h"
+
+struct upstream;
+struct attempt;
+
+struct upstream_stats {
+    uint64_t attempts_started, attempts_done, attempts_cancelled;
+    uint64_t attempts_active;
+    uint64_t dns_abandoned;        /* lookups left running in a detached thread */
+    uint64_t dns_busy;             /* attempts refused by the per-host lookup cap */
+    uint64_t timeouts[6];          /* by enum attempt_phase at expiry */
+};
+
+enum attempt_phase {
+    ATTEMPT_RESOLVING = 0,
+    ATTEMPT_CONNECTING,
+    ATTEMPT_SENT,
+    ATTEMPT_RECEIVING,
+    ATTEMPT_STREAMING,             /* stream: first event seen */
+    ATTEMPT_DONE,
+};
+
+struct attempt_spec {
+    const char *url;               /* borrowed for the call only (copied by curl) */
+    const char *api_key;           /* borrowed; NULL = no Authorization header */
+    char *body;                    /* takes: the JSON request body (malloc'd) */
+    size_t body_len;
+    bool stream;
+    double connect_timeout_s, ttft_timeout_s, idle_timeout_s, timeout_s;
+    double deadline_at;            /* absolute ev_now() time bounding the call; 0 = none */
+    size_t max_response_bytes;     /* larger plain bodies / events fail the attempt */
+};
+
+struct attempt_result {
+    struct outcome outcome;
+    enum attempt_phase phase;      /* where the attempt was when it ended */
+    int http_status;               /* 0 when no response */
+    const char *body;              /* the response body (plain, or a non-2xx stream's body) */
+    size_t body_len;
+    uint32_t events;               /* stream events delivered */
+    bool deadline_exceeded;        /* the call's deadline (not the attempt's) ended it */
+    double elapsed_s;
+    char detail[160];              /* human detail, e.g. curl's error text */
+};
+
+/* Hooks run on the loop thread. on_event gets one SSE event's `data` (NUL-
+ * terminated; the terminal "[DONE]" is not delivered); returning non-zero
+ * aborts the attempt (it then ends as cancelled: on_done is NOT called).
+ * on_event may pause the stream with attempt_pause(); it must not call
+ * attempt_cancel() (return non-zero instead). on_done is called once, outside
+ * any libcurl callback; it may start new attempts and cancel others. */
+struct attempt_hooks {
+    int (*on_event)(struct attempt *a, const char *data, size_t len, void *ud);
+    void (*on_done)(struct attempt *a, const struct attempt_result *r, void *ud);
+};
+
+/* Creates the engine on `loop`. Returns NULL (with err) on failure. */
+struct upstream *upstream_new(struct ev_loop *loop, uint32_t max_dns_lookups_per_host,
+                              char *err, size_t errlen);
+/* Cancels every attempt (no hooks run) and frees the engine. */
+void upstream_free(struct upstream *up);
+const struct upstream_stats *upstream_get_stats(const struct upstream *up);
+
+/* Starts an attempt. Takes spec->body even on failure. Returns the attempt,
+ * or NULL when it cannot even be set up (out of memory); a dns_busy refusal
+ * is reported through on_done later, never synchronously (STYLE rule 5). */
+struct attempt *attempt_start(struct upstream *up, struct attempt_spec *spec,
+                              const struct attempt_hooks *hooks, void *ud);
+
+/* Ends the attempt now: the transfer is removed and its connection closed;
+ * no hook runs afterwards. Safe from any callback except on_event. */
+void attempt_cancel(struct attempt *a);
+
+/* Flow control for streams whose client is slow: while paused, no more
+ * bytes are read from the upstream and the idle deadline does not run. */
+void attempt_pause(struct attempt *a);
+void attempt_resume(struct attempt *a);
+
+const char *attempt_phase_name(enum attempt_phase p);
+
+#endif /* POLYGW_UPSTREAM_H */

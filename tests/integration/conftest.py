@@ -1,0 +1,235 @@
+"""Shared fixtures for the integration tests.
+
+Every test drives the real `polygw` binary (from $POLYGW_BUILD, default
+`build/`; `make test` points it at the ASan+UBSan build) through its Unix
+socket. A sidecar that exits non-zero, or prints a sanitizer report, fails
+the test that owned it.
+"""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+import msgpack
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.environ.get("POLYGW_BUILD", os.path.join(ROOT, "build"))
+POLYGW = os.path.join(BUILD, "polygw")
+POLYGWCTL = os.path.join(BUILD, "polygwctl")
+
+SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
+
+BASE_CONFIG = """\
+listen:
+  mode: "0660"
+{listen_extra}
+server:
+  log_level: {log_level}
+  shutdown_grace_s: {grace}
+{extra}
+"""
+
+
+def sanitizer_env():
+    env = dict(os.environ)
+    env.setdefault("ASAN_OPTIONS", "detect_leaks=1")
+    env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
+    return env
+
+
+class Sidecar:
+    """One polygw process with its own config, socket and log file."""
+
+    def __init__(self, workdir, config_text=None, listen_extra="", extra="", log_level="info",
+                 grace=2, args=(), preexec_fn=None, env=None):
+        self.dir = workdir
+        self.sock = os.path.join(workdir, "polygw.sock")
+        self.config = os.path.join(workdir, "polygw.yaml")
+        self.log_path = os.path.join(workdir, "polygw.log")
+        if config_text is None:
+            config_text = BASE_CONFIG.format(listen_extra=listen_extra, extra=extra,
+                                             log_level=log_level, grace=grace)
+        with open(self.config, "w") as f:
+            f.write(config_text)
+        self.args = list(args)
+        self.preexec_fn = preexec_fn
+        self.env = env
+        self.proc = None
+        self.returncode = None
+        self.expected_rc = 0  # what the fixture's teardown requires
+
+    def start(self, wait=True):
+        self.log = open(self.log_path, "ab")
+        env = sanitizer_env()
+        if self.env:
+            env.update(self.env)
+        self.proc = subprocess.Popen(
+            [POLYGW, "--config", self.config, "--socket", self.sock] + self.args,
+            stdout=self.log, stderr=self.log, env=env, preexec_fn=self.preexec_fn)
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError("polygw exited early (%s):\n%s" % (self.proc.returncode, self.logs()))
+            try:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.connect(self.sock)
+                s.close()
+                return
+            except OSError:
+                time.sleep(0.02)
+        raise AssertionError("polygw did not start listening:\n" + self.logs())
+
+    def logs(self):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def send_signal(self, sig):
+        self.proc.send_signal(sig)
+
+    def stop(self, sig=signal.SIGTERM, timeout=15.0):
+        """Stops the sidecar and returns its exit code (asserting nothing)."""
+        if self.proc is None or self.returncode is not None:
+            return self.returncode
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            self.returncode = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.returncode = self.proc.wait()
+            raise AssertionError("polygw did not exit within %ss of %s:\n%s" % (timeout, sig, self.logs()))
+        finally:
+            self.log.close()
+        return self.returncode
+
+    def assert_clean(self):
+        text = self.logs()
+        for marker in SANITIZER_MARKERS:
+            assert marker not in text, "sanitizer report in polygw output:\n" + text
+
+    def connect(self, **kw):
+        return Conn(self.sock, **kw)
+
+
+class Conn:
+    """A raw msgpack-RPC connection (no client library in the way)."""
+
+    def __init__(self, path, timeout=5.0):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.sock.connect(path)
+        self.unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+        self.next_id = 1
+        self.backlog = []
+
+    def close(self):
+        self.sock.close()
+
+    def send_raw(self, data):
+        self.sock.sendall(data)
+
+    def send(self, obj):
+        self.sock.sendall(msgpack.packb(obj, use_bin_type=True))
+
+    def request_async(self, method, params=None):
+        msgid = self.next_id
+        self.next_id += 1
+        self.send([0, msgid, method, [] if params is None else [params]])
+        return msgid
+
+    def recv_msg(self, timeout=5.0):
+        """Next message, or None on EOF. Raises socket.timeout."""
+        if self.backlog:
+            return self.backlog.pop(0)
+        deadline = time.monotonic() + timeout
+        while True:
+            for msg in self.unpacker:
+                return msg
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("no message within %ss" % timeout)
+            self.sock.settimeout(left)
+            data = self.sock.recv(1 << 16)
+            if not data:
+                return None
+            self.unpacker.feed(data)
+
+    def wait_response(self, msgid, timeout=5.0):
+        deadline = time.monotonic() + timeout
+        kept = []
+        try:
+            while True:
+                msg = self.recv_msg(max(0.001, deadline - time.monotonic()))
+                if msg is None:
+                    raise AssertionError("connection closed while waiting for %d" % msgid)
+                if msg[0] == 1 and msg[1] == msgid:
+                    return msg
+                kept.append(msg)
+        finally:
+            self.backlog = kept + self.backlog
+
+    def request(self, method, params=None, timeout=5.0):
+        """Returns (error, result)."""
+        msg = self.wait_response(self.request_async(method, params), timeout)
+        return msg[2], msg[3]
+
+    def expect_eof(self, timeout=5.0):
+        """Reads until EOF; returns the messages seen before it."""
+        seen = []
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.recv_msg(max(0.001, deadline - time.monotonic()))
+            if msg is None:
+                return seen
+            seen.append(msg)
+
+
+@pytest.fixture
+def workdir():
+    # Unix socket paths are limited to 107 bytes: keep them short.
+    d = tempfile.mkdtemp(prefix="pgw", dir="/tmp")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def make_sidecar(workdir):
+    """Factory: make_sidecar(**kw) -> started Sidecar; all are stopped and
+    checked (exit 0, no sanitizer report) at teardown."""
+    started = []
+
+    def factory(start=True, subdir=None, **kw):
+        d = workdir
+        if subdir:
+            d = os.path.join(workdir, subdir)
+            os.makedirs(d, exist_ok=True)
+        sc = Sidecar(d, **kw)
+        started.append(sc)
+        if start:
+            sc.start()
+        return sc
+
+    yield factory
+    for sc in started:
+        if sc.proc is None:
+            continue
+        rc = sc.stop()
+        sc.assert_clean()
+        assert rc == sc.expected_rc, "polygw exited with %s:\n%s" % (rc, sc.logs())
+
+
+@pytest.fixture
+def sidecar(make_sidecar):
+    return make_sidecar()

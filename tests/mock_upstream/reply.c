@@ -1,0 +1,581 @@
+/*
+ * reply.c — what the mock answers: OpenAI-shaped chat completions (plain and
+ * SSE), embeddings, OCR, and OpenAI-style errors.
+ *
+ * The plain chat answer is the benchmark fast path: one jansson parse of the
+ * request, the answer formatted straight into reused buffers (no jansson
+ * encoding), written from the read callback.
+ *
+ * Token accounting is a deterministic estimate: ceil(bytes / 4), at least 1,
+ * for the prompt (all message text) and the completion (the reply text);
+ * `usage` in a behaviour overrides any of the three numbers.
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#define DEFAULT_STREAM_EVENTS 4
+#define DEFAULT_DIMS 8
+#define MAX_EMBED_FLOATS (4u * 1024u * 1024u)
+
+const char *reply_reason(int status)
+{
+    switch (status) {
+    case 200: return "OK";
+    case 201: return "Created";
+    case 202: return "Accepted";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 402: return "Payment Required";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 413: return "Content Too Large";
+    case 422: return "Unprocessable Content";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    case 505: return "HTTP Version Not Supported";
+    default: return "Status";
+    }
+}
+
+static long long tokens_of(size_t bytes)
+{
+    long long t = (long long)((bytes + 3) / 4);
+    return t < 1 ? 1 : t;
+}
+
+static void apply_usage(const struct behave *b, long long *pt, long long *ct, long long *tt)
+{
+    json_t *v;
+    *tt = -1;
+    if (b->usage) {
+        if ((v = json_object_get(b->usage, "prompt_tokens")))
+            *pt = (long long)json_number_value(v);
+        if (ct && (v = json_object_get(b->usage, "completion_tokens")))
+            *ct = (long long)json_number_value(v);
+        if ((v = json_object_get(b->usage, "total_tokens")))
+            *tt = (long long)json_number_value(v);
+    }
+    if (*tt < 0)
+        *tt = *pt + (ct ? *ct : 0);
+}
+
+/* Appends the head. clen >= 0: Content-Length framing; -1: length unknown
+ * (chunked for HTTP/1.1, close-delimited for HTTP/1.0). no_length forces
+ * close-delimited framing either way. */
+static void reply_head(struct conn *c, int status, const char *ctype, long long clen)
+{
+    struct buf *o = &c->out;
+    size_t start = o->len;
+    bool close_framed = c->b.no_length || (clen < 0 && c->minor == 0);
+    c->status = status;
+    c->keep_alive = c->req_keep_alive && !close_framed;
+    c->chunked_out = clen < 0 && !close_framed;
+    buf_adds(o, "HTTP/1.1 ");
+    buf_add_ll(o, status);
+    buf_add(o, " ", 1);
+    buf_adds(o, reply_reason(status));
+    buf_adds(o, "\r\nContent-Type: ");
+    buf_adds(o, ctype);
+    if (!close_framed) {
+        if (clen >= 0) {
+            buf_adds(o, "\r\nContent-Length: ");
+            buf_add_ll(o, clen);
+        } else {
+            buf_adds(o, "\r\nTransfer-Encoding: chunked");
+        }
+    }
+    buf_add(o, "\r\n", 2);
+    buf_adds(o, c->keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n");
+    if (clen < 0)
+        buf_adds(o, "Cache-Control: no-cache\r\n");
+    if (c->b.retry_after)
+        buf_addf(o, "Retry-After: %s\r\n", c->b.retry_after);
+    if (c->req_id) {
+        buf_adds(o, "X-Mock-Request: ");
+        buf_add_ll(o, (long long)c->req_id);
+        buf_add(o, "\r\n", 2);
+    }
+    if (c->b.headers) {
+        const char *k;
+        json_t *v;
+        json_object_foreach(c->b.headers, k, v)
+            buf_addf(o, "%s: %s\r\n", k, json_string_value(v));
+    }
+    buf_add(o, "\r\n", 2);
+    c->head_left += o->len - start;
+}
+
+static void reply_fixed(struct conn *c, int status, const char *ctype, const char *body, size_t len)
+{
+    reply_head(c, status, ctype, (long long)len);
+    buf_add(&c->out, body, len);
+    conn_start_response(c);
+}
+
+void reply_simple(struct conn *c, int status, const char *ctype, const char *body, size_t len)
+{
+    reply_fixed(c, status, ctype, body, len);
+}
+
+static const char *error_type_of(int status)
+{
+    switch (status) {
+    case 400: case 404: case 405: case 413: case 422: return "invalid_request_error";
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 408: return "timeout_error";
+    case 409: return "conflict_error";
+    case 429: return "rate_limit_error";
+    default: return status >= 500 ? "server_error" : "invalid_request_error";
+    }
+}
+
+static void reply_error_json(struct conn *c, int status, const char *type, const char *msg)
+{
+    struct buf *sc = &c->m->scratch;
+    sc->len = 0;
+    buf_adds(sc, "{\"error\":{\"message\":");
+    buf_add_json_str(sc, msg, strlen(msg));
+    buf_adds(sc, ",\"type\":");
+    buf_add_json_str(sc, type, strlen(type));
+    buf_adds(sc, ",\"param\":null,\"code\":");
+    buf_adds(sc, status == 429   ? "\"rate_limit_exceeded\""
+                 : status == 401 ? "\"invalid_api_key\""
+                                 : "null");
+    buf_adds(sc, "}}");
+    reply_fixed(c, status, "application/json", sc->p, sc->len);
+}
+
+void reply_error(struct conn *c, int status, const char *type, const char *msg)
+{
+    json_decref(c->beh_json);
+    c->beh_json = NULL;
+    behave_init(&c->b);
+    reply_error_json(c, status, type, msg);
+}
+
+/* A scripted error status, with the behaviour's pacing kept. */
+static void reply_status(struct conn *c, int status)
+{
+    char msg[128];
+    snprintf(msg, sizeof msg, "mock: scripted %d %s", status, reply_reason(status));
+    reply_error_json(c, status, c->b.error_type ? c->b.error_type : error_type_of(status),
+                     c->b.error_message ? c->b.error_message : msg);
+}
+
+/* ------------------------------------------------------------------ chat */
+
+static void text_of(json_t *content, const char **text, size_t *tlen, size_t *bytes)
+{
+    if (json_is_string(content)) {
+        *text = json_string_value(content);
+        *tlen = json_string_length(content);
+        *bytes += *tlen;
+    } else if (json_is_array(content)) {
+        size_t i;
+        json_t *part;
+        json_array_foreach(content, i, part) {
+            json_t *t = json_object_get(part, "text");
+            if (json_is_string(t)) {
+                *text = json_string_value(t);
+                *tlen = json_string_length(t);
+                *bytes += *tlen;
+            }
+        }
+    }
+}
+
+static void chunk_prefix(struct buf *sc, const struct reply_stream *s)
+{
+    buf_addf(sc, "data: {\"id\":\"chatcmpl-mock-%llu\",\"object\":\"chat.completion.chunk\","
+                 "\"created\":%lld,\"model\":", s->id, s->created);
+    buf_add_json_str(sc, s->model, s->model_len);
+}
+
+static void usage_json(struct buf *sc, long long pt, long long ct, long long tt)
+{
+    buf_adds(sc, "\"usage\":{\"prompt_tokens\":");
+    buf_add_ll(sc, pt);
+    buf_adds(sc, ",\"completion_tokens\":");
+    buf_add_ll(sc, ct);
+    buf_adds(sc, ",\"total_tokens\":");
+    buf_add_ll(sc, tt);
+    buf_add(sc, "}", 1);
+}
+
+static void chat_body(struct buf *sc, unsigned long long id, long long created)
+{
+    buf_adds(sc, "{\"id\":\"chatcmpl-mock-");
+    buf_add_ll(sc, (long long)id);
+    buf_adds(sc, "\",\"object\":\"chat.completion\",\"created\":");
+    buf_add_ll(sc, created);
+    buf_adds(sc, ",\"model\":");
+}
+
+/* Byte offset where piece k of the reply text starts, moved forward to a
+ * UTF-8 boundary so that no piece splits a character. */
+static size_t piece_bound(const struct reply_stream *s, long long k)
+{
+    size_t pos = (size_t)((unsigned long long)k * s->text_len / (unsigned long long)s->events);
+    while (pos < s->text_len && ((unsigned char)s->text[pos] & 0xC0) == 0x80)
+        pos++;
+    return pos;
+}
+
+static void stream_emit(struct conn *c, const char *p, size_t n)
+{
+    if (!n)
+        return;                      /* an empty chunk would end the body */
+    if (c->chunked_out)
+        buf_addf(&c->out, "%zx\r\n", n);
+    buf_add(&c->out, p, n);
+    if (c->chunked_out)
+        buf_add(&c->out, "\r\n", 2);
+}
+
+void reply_stream_fill(struct conn *c, bool all)
+{
+    struct reply_stream *s = &c->st;
+    struct buf *sc = &c->m->scratch;
+    while (!s->done) {
+        sc->len = 0;
+        if (s->next < s->events) {
+            size_t a = piece_bound(s, s->next), e = piece_bound(s, s->next + 1);
+            chunk_prefix(sc, s);
+            buf_adds(sc, s->next == 0 ? ",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":"
+                                      : ",\"choices\":[{\"index\":0,\"delta\":{\"content\":");
+            buf_add_json_str(sc, s->text + a, e - a);
+            buf_adds(sc, "},\"finish_reason\":null}]}\n\n");
+            s->next++;
+        } else {
+            if (!c->b.no_done) {
+                chunk_prefix(sc, s);
+                buf_adds(sc, ",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]");
+                if (!s->include_usage) {
+                    buf_add(sc, ",", 1);
+                    usage_json(sc, s->prompt_tokens, s->completion_tokens, s->total_tokens);
+                }
+                buf_adds(sc, "}\n\n");
+                if (s->include_usage) {
+                    chunk_prefix(sc, s);
+                    buf_adds(sc, ",\"choices\":[],");
+                    usage_json(sc, s->prompt_tokens, s->completion_tokens, s->total_tokens);
+                    buf_adds(sc, "}\n\n");
+                }
+                buf_adds(sc, "data: [DONE]\n\n");
+            }
+            s->done = true;
+        }
+        stream_emit(c, sc->p, sc->len);
+        if (s->done && c->chunked_out)
+            buf_add(&c->out, "0\r\n\r\n", 5);
+        if (!all)
+            break;
+    }
+}
+
+static void reply_chat(struct conn *c, json_t *req, int status)
+{
+    json_t *model = json_object_get(req, "model");
+    const char *mstr = json_is_string(model) ? json_string_value(model) : "mock-model";
+    size_t mlen = json_is_string(model) ? json_string_length(model) : strlen(mstr);
+    const char *echo = NULL;
+    size_t echo_len = 0, prompt_bytes = 0, i;
+    json_t *msg;
+    json_array_foreach(json_object_get(req, "messages"), i, msg)
+        text_of(json_object_get(msg, "content"), &echo, &echo_len, &prompt_bytes);
+
+    const char *text = "mock reply";
+    size_t tlen = 10;
+    if (c->b.content) {
+        text = c->b.content;
+        tlen = c->b.content_len;
+    } else if (echo && echo_len) {
+        text = echo;
+        tlen = echo_len;
+    }
+    long long pt = tokens_of(prompt_bytes), ct = tokens_of(tlen), tt;
+    apply_usage(&c->b, &pt, &ct, &tt);
+    long long created = (long long)time(NULL);
+
+    if (json_is_true(json_object_get(req, "stream"))) {
+        struct reply_stream *s = &c->st;
+        s->active = true;
+        s->include_usage =
+            json_is_true(json_object_get(json_object_get(req, "stream_options"), "include_usage"));
+        s->events = c->b.stream_events >= 0 ? c->b.stream_events : DEFAULT_STREAM_EVENTS;
+        s->interval_ms = c->b.stream_interval_ms;
+        s->model = mstr;
+        s->model_len = mlen;
+        s->text = text;
+        s->text_len = tlen;
+        s->id = c->req_id;
+        s->created = created;
+        s->prompt_tokens = pt;
+        s->completion_tokens = ct;
+        s->total_tokens = tt;
+        reply_head(c, status, "text/event-stream", -1);
+        conn_start_response(c);
+        return;
+    }
+
+    struct buf *sc = &c->m->scratch;
+    sc->len = 0;
+    chat_body(sc, c->req_id, created);
+    buf_add_json_str(sc, mstr, mlen);
+    buf_adds(sc, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
+    buf_add_json_str(sc, text, tlen);
+    buf_adds(sc, "},\"finish_reason\":\"stop\"}],");
+    usage_json(sc, pt, ct, tt);
+    buf_add(sc, "}", 1);
+    reply_fixed(c, status, "application/json", sc->p, sc->len);
+}
+
+/* The benchmark fast path (see scan.c): same answer as reply_chat, built
+ * from the still-escaped strings of the body. Returns false when the body
+ * is not a plain chat request. */
+static bool reply_chat_fast(struct conn *c, const char *body, size_t len)
+{
+    struct scan_chat r;
+    if (scan_chat(body, len, &r) != 0)
+        return false;
+    struct buf *sc = &c->m->scratch;
+    size_t text_bytes = r.echo_len ? r.echo_decoded : 10;
+    sc->len = 0;
+    chat_body(sc, c->req_id, (long long)time(NULL));
+    if (r.model) {
+        buf_add(sc, "\"", 1);
+        buf_add(sc, r.model, r.model_len);
+        buf_add(sc, "\"", 1);
+    } else {
+        buf_adds(sc, "\"mock-model\"");
+    }
+    buf_adds(sc, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"");
+    if (r.echo_len)
+        buf_add(sc, r.echo, r.echo_len);
+    else
+        buf_adds(sc, "mock reply");
+    buf_adds(sc, "\"},\"finish_reason\":\"stop\"}],");
+    usage_json(sc, tokens_of(r.prompt_bytes), tokens_of(text_bytes),
+               tokens_of(r.prompt_bytes) + tokens_of(text_bytes));
+    buf_add(sc, "}", 1);
+    reply_fixed(c, 200, "application/json", sc->p, sc->len);
+    return true;
+}
+
+/* ------------------------------------------------------------ embeddings */
+
+static unsigned long long fnv1a(unsigned long long h, const void *p, size_t n)
+{
+    const unsigned char *s = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= s[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+static unsigned long long splitmix64(unsigned long long *x)
+{
+    unsigned long long z = (*x += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+/* Seed and prompt bytes of one input: a string, or an array of token ids. */
+static unsigned long long input_seed(json_t *in, size_t index, size_t *bytes)
+{
+    unsigned long long h = 1469598103934665603ULL;
+    if (json_is_string(in)) {
+        *bytes += json_string_length(in);
+        return fnv1a(h, json_string_value(in), json_string_length(in));
+    }
+    if (json_is_array(in)) {
+        size_t i;
+        json_t *t;
+        json_array_foreach(in, i, t) {
+            long long v = json_integer_value(t);
+            h = fnv1a(h, &v, sizeof v);
+        }
+        *bytes += 4 * json_array_size(in);
+        return h;
+    }
+    return fnv1a(h, &index, sizeof index);
+}
+
+static void base64_add(struct buf *b, const unsigned char *p, size_t n)
+{
+    static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    buf_reserve(b, (n + 2) / 3 * 4);
+    char *o = b->p + b->len;
+    size_t i = 0;
+    for (; i + 2 < n; i += 3) {
+        unsigned v = (unsigned)p[i] << 16 | (unsigned)p[i + 1] << 8 | p[i + 2];
+        *o++ = tab[v >> 18];
+        *o++ = tab[(v >> 12) & 63];
+        *o++ = tab[(v >> 6) & 63];
+        *o++ = tab[v & 63];
+    }
+    if (i < n) {
+        unsigned v = (unsigned)p[i] << 16 | (i + 1 < n ? (unsigned)p[i + 1] << 8 : 0);
+        *o++ = tab[v >> 18];
+        *o++ = tab[(v >> 12) & 63];
+        *o++ = i + 1 < n ? tab[(v >> 6) & 63] : '=';
+        *o++ = '=';
+    }
+    b->len = (size_t)(o - b->p);
+}
+
+static void reply_embeddings(struct conn *c, json_t *req, int status)
+{
+    json_t *input = json_object_get(req, "input");
+    size_t count;
+    if (json_is_string(input))
+        count = 1;
+    else if (json_is_array(input) && json_array_size(input) > 0)
+        count = json_is_integer(json_array_get(input, 0)) ? 1 : json_array_size(input);
+    else {
+        reply_error_json(c, 400, "invalid_request_error",
+                         "mock: \"input\" must be a string or a non-empty array");
+        return;
+    }
+    json_t *dj = json_object_get(req, "dimensions");
+    long long dims = c->b.dims > 0 ? c->b.dims : DEFAULT_DIMS;
+    if (json_is_integer(dj) && json_integer_value(dj) >= 1 && json_integer_value(dj) <= 65536)
+        dims = json_integer_value(dj);
+    if ((unsigned long long)dims * count > MAX_EMBED_FLOATS) {
+        reply_error_json(c, 400, "invalid_request_error", "mock: too many embedding floats");
+        return;
+    }
+    const char *fmt = json_string_value(json_object_get(req, "encoding_format"));
+    bool b64 = fmt && !strcmp(fmt, "base64");
+    json_t *model = json_object_get(req, "model");
+
+    struct buf *sc = &c->m->scratch;
+    sc->len = 0;
+    buf_adds(sc, "{\"object\":\"list\",\"data\":[");
+    size_t prompt_bytes = 0;
+    float fv[64];
+    for (size_t i = 0; i < count; i++) {
+        json_t *one = json_is_string(input) || json_is_integer(json_array_get(input, 0))
+                          ? input : json_array_get(input, i);
+        unsigned long long x = input_seed(one, i, &prompt_bytes);
+        buf_addf(sc, "%s{\"object\":\"embedding\",\"index\":%zu,\"embedding\":", i ? "," : "", i);
+        buf_add(sc, b64 ? "\"" : "[", 1);
+        for (long long d = 0; d < dims;) {
+            size_t k = 0;
+            for (; k < 63 && d < dims; k++, d++) {    /* 63 floats = 252 bytes = 84 base64 groups */
+                double r = (double)(splitmix64(&x) >> 11) * (1.0 / 9007199254740992.0);
+                fv[k] = (float)(r * 2.0 - 1.0);
+                if (!b64)
+                    buf_addf(sc, "%s%.6f", d ? "," : "", (double)fv[k]);
+            }
+            if (b64)
+                base64_add(sc, (const unsigned char *)fv, k * sizeof(float));
+        }
+        buf_adds(sc, b64 ? "\"}" : "]}");
+    }
+    buf_adds(sc, "],\"model\":");
+    if (json_is_string(model))
+        buf_add_json_str(sc, json_string_value(model), json_string_length(model));
+    else
+        buf_adds(sc, "\"mock-embedding\"");
+    long long pt = tokens_of(prompt_bytes), tt;
+    apply_usage(&c->b, &pt, NULL, &tt);
+    buf_addf(sc, ",\"usage\":{\"prompt_tokens\":%lld,\"total_tokens\":%lld}}", pt, tt);
+    reply_fixed(c, status, "application/json", sc->p, sc->len);
+}
+
+/* ------------------------------------------------------------------- ocr */
+
+static void reply_ocr(struct conn *c, json_t *req, int status, size_t body_len)
+{
+    json_t *in = json_object_get(req, "input");
+    json_t *model = json_object_get(req, "model");
+    const char *text = "mock ocr text";
+    size_t tlen = strlen(text);
+    if (c->b.content) {
+        text = c->b.content;
+        tlen = c->b.content_len;
+    } else if (json_is_string(in)) {
+        text = json_string_value(in);
+        tlen = json_string_length(in);
+    }
+    long long pt = tokens_of(body_len), ct = tokens_of(tlen), tt;
+    apply_usage(&c->b, &pt, &ct, &tt);
+
+    struct buf *sc = &c->m->scratch;
+    sc->len = 0;
+    buf_addf(sc, "{\"id\":\"ocr-mock-%llu\",\"object\":\"ocr\",\"model\":", c->req_id);
+    if (json_is_string(model))
+        buf_add_json_str(sc, json_string_value(model), json_string_length(model));
+    else
+        buf_adds(sc, "\"mock-ocr\"");
+    buf_adds(sc, ",\"text\":");
+    buf_add_json_str(sc, text, tlen);
+    buf_adds(sc, ",\"pages\":[{\"index\":0,\"markdown\":");
+    buf_add_json_str(sc, text, tlen);
+    buf_addf(sc, "}],\"usage\":{\"prompt_tokens\":%lld,\"completion_tokens\":%lld,"
+                 "\"total_tokens\":%lld,\"pages_processed\":1}}", pt, ct, tt);
+    reply_fixed(c, status, "application/json", sc->p, sc->len);
+}
+
+/* ------------------------------------------------------------------ entry */
+
+void reply_api(struct conn *c, enum mock_endpoint ep, const char *body, size_t len)
+{
+    if (ep == EP_CHAT && !json_array_size(c->m->queue) && !c->m->dflt &&
+        reply_chat_fast(c, body, len))
+        return;
+    json_t *bj = behave_take(c->m);
+    json_t *req = len ? json_loadb(body, len, 0, NULL) : NULL;
+    json_t *mk = json_object_get(req, "mock");
+    c->req_json = req;
+    if (mk) {
+        json_decref(bj);
+        bj = json_incref(mk);
+    }
+    c->beh_json = bj;
+    if (bj) {
+        char err[256];
+        if (behave_parse(&c->b, bj, err, sizeof err) != 0) {
+            reply_error(c, 400, "mock_error", err);
+            return;
+        }
+    }
+    if (c->b.hang == BEHAVE_HANG_BEFORE_HEADERS || c->b.hang == BEHAVE_HANG_ACCEPT) {
+        conn_hang(c);
+        return;
+    }
+    int status = c->b.status ? c->b.status : 200;
+    if (c->b.body) {
+        reply_fixed(c, status, c->b.content_type ? c->b.content_type : "application/json",
+                    c->b.body, c->b.body_len);
+        return;
+    }
+    if (status >= 300) {
+        reply_status(c, status);
+        return;
+    }
+    if (!json_is_object(req)) {
+        reply_error_json(c, 400, "invalid_request_error", "mock: the body is not a JSON object");
+        return;
+    }
+    switch (ep) {
+    case EP_CHAT: reply_chat(c, req, status); break;
+    case EP_EMBEDDINGS: reply_embeddings(c, req, status); break;
+    case EP_OCR: reply_ocr(c, req, status, len); break;
+    }
+}

@@ -1,0 +1,28 @@
+/* check_main.c — runs every unit suite in fork mode (crash isolation and
+ * per-test timeouts come from Check). Exit status is non-zero on any failure. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "suites.h"
+
+int main(void)
+{
+    Suite *(*const suites[])(void) = {
+        frame_suite,
+        rpc_suite,
+        vectors_suite,
+        config_suite,
+        sse_suite,
+        outcome_suite,
+        transcode_suite,
+    };
+    SRunner *sr = srunner_create(NULL);
+
+    for (size_t i = 0; i < sizeof(suites) / sizeof(suites[0]); i++)
+        srunner_add_suite(sr, suites[i]());
+    srunner_set_fork_status(sr, CK_FORK);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,15 @@
+/* suites.h — every Check suite of the unit-test binary (one per module). */
+#ifndef POLYGW_TEST_SUITES_H
+#define POLYGW_TEST_SUITES_H
+
+#include <check.h>
+
+Suite *frame_suite(void);
+Suite *rpc_suite(void);
+Suite *vectors_suite(void);
+Suite *config_suite(void);
+Suite *sse_suite(void);
+Suite *outcome_suite(void);
+Suite *transcode_suite(void);
+
+#endif

@@ -1,0 +1,1295 @@
+/* test_config.c — the YAML configuration loader (sidecar/config.c).
+ *
+ * Most tests feed config_parse() an inline document named "t.yaml" and check
+ * either the loaded values or that the first error names the file, the line,
+ * the key path and the reason. Secrets tests use setenv() (each test runs in
+ * its own fork) and mkstemp() key files. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "suites.h"
+
+/* A valid source, to which tests append keys (4-space indent). */
+#define SRC0 "sources:\n"                          \
+             "  - name: a\n"                       \
+             "    capability: chat\n"              \
+             "    base_url: http://127.0.0.1:1/v1\n"
+#define SRC1 "  - name: b\n"                       \
+             "    capability: embedding\n"         \
+             "    base_url: https://example.com/v1\n"
+
+#define SECRET "sk-live-TOPSECRET-0123456789"
+
+static struct config *parse(const char *yaml, char *err, size_t errlen)
+{
+    return config_parse(yaml, strlen(yaml), "t.yaml", err, errlen);
+}
+
+/* Asserts that `yaml` is rejected with "t.yaml:LINE: PATH: ...REASON...".
+ * line 0: the line is not checked; path "": no key path expected. */
+static void expect_reject(const char *yaml, int line, const char *path, const char *reason)
+{
+    char err[CONFIG_ERR_MAX], want[512];
+    struct config *cfg = parse(yaml, err, sizeof(err));
+
+    if (cfg)
+        config_free(cfg);
+    ck_assert_msg(cfg == NULL, "accepted:\n%s", yaml);
+    ck_assert_msg(strncmp(err, "t.yaml", 6) == 0, "no file name in: %s", err);
+    if (line > 0) {
+        snprintf(want, sizeof(want), "t.yaml:%d: ", line);
+        ck_assert_msg(strncmp(err, want, strlen(want)) == 0, "want '%s' in: %s", want, err);
+    }
+    if (*path) {
+        snprintf(want, sizeof(want), " %s: ", path);
+        ck_assert_msg(strstr(err, want) != NULL, "no key path '%s' in: %s", path, err);
+    }
+    ck_assert_msg(strstr(err, reason) != NULL, "no reason '%s' in: %s", reason, err);
+    ck_assert_msg(strstr(err, SECRET) == NULL, "secret leaked: %s", err);
+}
+
+static struct config *expect_ok(const char *yaml)
+{
+    char err[CONFIG_ERR_MAX];
+    struct config *cfg = parse(yaml, err, sizeof(err));
+    ck_assert_msg(cfg != NULL, "rejected: %s\n%s", err, yaml);
+    return cfg;
+}
+
+/* Writes `content` to a fresh mkstemp file; returns its path in `path`. */
+static void write_temp(char *path, size_t len, const char *content)
+{
+    snprintf(path, len, "/tmp/polygw-test-key-XXXXXX");
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, content, strlen(content)), (ssize_t)strlen(content));
+    close(fd);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Accepted configurations                                                  */
+
+START_TEST(test_config__minimal_defaults)
+{
+    struct config *cfg = expect_ok(SRC0);
+
+    ck_assert_str_eq(cfg->path, "t.yaml");
+    ck_assert_str_eq(cfg->socket_path, "/run/polygw/polygw.sock");
+    ck_assert_uint_eq(cfg->socket_mode, 0660);
+    ck_assert_uint_eq(cfg->max_message_bytes, 16777216);
+    ck_assert_uint_eq(cfg->max_connections, 1024);
+    ck_assert_uint_eq(cfg->max_inflight_per_connection, 1024);
+    ck_assert_uint_eq(cfg->max_write_queue_bytes, 2 * 16777216);
+    ck_assert_int_eq(cfg->log_level, LOG_INFO);
+    ck_assert_double_eq(cfg->shutdown_grace_s, 10);
+    ck_assert_int_eq(cfg->backend, BACKEND_MEMORY);
+    ck_assert_ptr_null(cfg->redis_url);
+    ck_assert_str_eq(cfg->redis_prefix, "polygw");
+
+    ck_assert_uint_eq(cfg->defaults.max_attempts, 3);
+    ck_assert_double_eq(cfg->defaults.stall_window_s, 300);
+    ck_assert_double_eq(cfg->defaults.backoff_base_s, 2);
+    ck_assert_double_eq(cfg->defaults.backoff_max_s, 60);
+    ck_assert_double_eq(cfg->defaults.poll_interval_s, 1);
+    ck_assert_double_eq(cfg->defaults.node_timeout_s, 600);
+
+    ck_assert_uint_eq(cfg->n_capabilities, 3);
+    ck_assert_str_eq(cfg->capabilities[0].name, "chat");
+    ck_assert(cfg->capabilities[0].exempt_429);
+    ck_assert_str_eq(cfg->capabilities[0].path, "/chat/completions");
+    ck_assert_str_eq(cfg->capabilities[1].name, "embedding");
+    ck_assert(!cfg->capabilities[1].exempt_429);
+    ck_assert_str_eq(cfg->capabilities[1].path, "/embeddings");
+    ck_assert_str_eq(cfg->capabilities[2].name, "ocr");
+    ck_assert(!cfg->capabilities[2].exempt_429);
+    ck_assert_str_eq(cfg->capabilities[2].path, "/ocr");
+    for (size_t i = 0; i < 3; i++)
+        ck_assert_mem_eq(&cfg->capabilities[i].policy, &cfg->defaults, sizeof(cfg->defaults));
+
+    ck_assert_uint_eq(cfg->n_sources, 1);
+    const struct config_source *s = &cfg->sources[0];
+    ck_assert_str_eq(s->name, "a");
+    ck_assert_str_eq(s->capability, "chat");
+    ck_assert_uint_eq(s->capability_index, 0);
+    ck_assert_str_eq(s->base_url, "http://127.0.0.1:1/v1");
+    ck_assert_ptr_null(s->api_key);
+    ck_assert_ptr_null(s->model);
+    ck_assert_int_eq(s->priority, 0);
+    ck_assert_double_eq(s->weight, 1);
+    ck_assert_double_eq(s->timeout_s, 300);
+    ck_assert_double_eq(s->connect_timeout_s, 10);
+    ck_assert_double_eq(s->ttft_timeout_s, 60);
+    ck_assert_double_eq(s->idle_timeout_s, 60);
+    ck_assert_uint_eq(s->max_concurrency, 16);
+    ck_assert_double_eq(s->aimd.initial, 4);
+    ck_assert_double_eq(s->aimd.min, 1);
+    ck_assert_double_eq(s->aimd.increase, 1);
+    ck_assert_double_eq(s->aimd.decrease, 0.5);
+    ck_assert_uint_eq(s->breaker.failures, 5);
+    ck_assert_double_eq(s->breaker.cooldown_s, 30);
+    ck_assert_double_eq(s->breaker.max_cooldown_s, 300);
+    ck_assert_uint_eq(s->limits.rpm, 0);
+    ck_assert_uint_eq(s->limits.tpm, 0);
+    ck_assert_uint_eq(s->limits.daily_tokens, 0);
+    ck_assert_uint_eq(s->pacer_min_interval_ms, 0);
+    ck_assert_mem_eq(&s->policy, &cfg->defaults, sizeof(cfg->defaults));
+    config_free(cfg);
+}
+END_TEST
+
+START_TEST(test_config__no_sources)
+{
+    struct config *cfg = expect_ok("listen: {}\nsources: []\n");
+    ck_assert_uint_eq(cfg->n_sources, 0);
+    ck_assert_ptr_null(cfg->sources);
+    ck_assert_uint_eq(cfg->n_capabilities, 3);
+    config_free(cfg);
+}
+END_TEST
+
+START_TEST(test_config__full_example)
+{
+    /* DESIGN.md section 5, verbatim except the key variable. */
+    setenv("POLYGW_TEST_KEY", SECRET, 1);
+    struct config *cfg = expect_ok(
+        "listen:   { socket: /run/polygw/polygw.sock, mode: \"0660\", max_message_bytes: 16777216 }\n"
+        "backend:  { kind: memory }\n"
+        "defaults: { max_attempts: 3, stall_window_s: 300, backoff_base_s: 2, backoff_max_s: 60,\n"
+        "            poll_interval_s: 1, node_timeout_s: 600 }\n"
+        "capabilities:\n"
+        "  chat:      { exempt_429: true }\n"
+        "  embedding: { exempt_429: false }\n"
+        "  ocr:       { exempt_429: false, path: /ocr }\n"
+        "sources:\n"
+        "  - name: openai-a\n"
+        "    capability: chat\n"
+        "    base_url: https://api.example.com/v1\n"
+        "    api_key_env: POLYGW_TEST_KEY\n"
+        "    model: gpt-4o-mini\n"
+        "    priority: 0\n"
+        "    weight: 1\n"
+        "    timeout_s: 300\n"
+        "    connect_timeout_s: 10\n"
+        "    ttft_timeout_s: 60\n"
+        "    idle_timeout_s: 60\n"
+        "    max_concurrency: 16\n"
+        "    aimd:    { initial: 4, min: 1, increase: 1, decrease: 0.5 }\n"
+        "    breaker: { failures: 5, cooldown_s: 30, max_cooldown_s: 300 }\n"
+        "    limits:  { rpm: 500, tpm: 200000, daily_tokens: 0 }\n"
+        "    pacer:   { min_interval_ms: 0 }\n");
+    const struct config_source *s = &cfg->sources[0];
+    ck_assert_str_eq(s->name, "openai-a");
+    ck_assert_str_eq(s->model, "gpt-4o-mini");
+    ck_assert_str_eq(s->api_key, SECRET);
+    ck_assert_uint_eq(s->limits.rpm, 500);
+    ck_assert_uint_eq(s->limits.tpm, 200000);
+    config_free(cfg);
+}
+END_TEST
+
+START_TEST(test_config__all_values_set)
+{
+    struct config *cfg = expect_ok(
+        "listen:\n"
+        "  socket: /tmp/x.sock\n"
+        "  mode: \"0600\"\n"
+        "  max_message_bytes: 1024\n"
+        "  max_connections: 7\n"
+        "  max_inflight_per_connection: 9\n"
+        "  max_write_queue_bytes: 4096\n"
+        "server: { log_level: debug, shutdown_grace_s: 0 }\n"
+        "backend: { kind: redis, url: \"redis://:pw@127.0.0.1:6379/0\", prefix: \"{pgw}:a\" }\n"
+        SRC0
+        "    model: m\n"
+        "    priority: -2\n"
+        "    weight: 0.25\n"
+        "    max_concurrency: 3\n"
+        "    limits: { rpm: 0x10, tpm: 1000000, daily_tokens: 9000000000000 }\n"
+        "    pacer: { min_interval_ms: 250 }\n"
+        "    timeout_s: 1.5e2\n");
+    ck_assert_str_eq(cfg->socket_path, "/tmp/x.sock");
+    ck_assert_uint_eq(cfg->socket_mode, 0600);
+    ck_assert_uint_eq(cfg->max_message_bytes, 1024);
+    ck_assert_uint_eq(cfg->max_connections, 7);
+    ck_assert_uint_eq(cfg->max_inflight_per_connection, 9);
+    ck_assert_uint_eq(cfg->max_write_queue_bytes, 4096);
+    ck_assert_int_eq(cfg->log_level, LOG_DEBUG);
+    ck_assert_double_eq(cfg->shutdown_grace_s, 0);
+    ck_assert_int_eq(cfg->backend, BACKEND_REDIS);
+    ck_assert_str_eq(cfg->redis_url, "redis://:pw@127.0.0.1:6379/0");
+    ck_assert_str_eq(cfg->redis_prefix, "{pgw}:a");
+    const struct config_source *s = &cfg->sources[0];
+    ck_assert_int_eq(s->priority, -2);
+    ck_assert_double_eq(s->weight, 0.25);
+    ck_assert_uint_eq(s->max_concurrency, 3);
+    ck_assert_uint_eq(s->limits.rpm, 16);
+    ck_assert_uint_eq(s->limits.daily_tokens, 9000000000000ULL);
+    ck_assert_uint_eq(s->pacer_min_interval_ms, 250);
+    ck_assert_double_eq(s->timeout_s, 150);
+    config_free(cfg);
+}
+END_TEST
+
+START_TEST(test_config__inheritance)
+{
+    struct config *cfg = expect_ok(
+        "defaults: { max_attempts: 5, backoff_max_s: 120 }\n"
+        "capabilities:\n"
+        "  embedding: { stall_window_s: 900, backoff_base_s: 4 }\n"
+        SRC0
+        SRC1
+        "    max_attempts: 7\n"
+        "    node_timeout_s: 30\n");
+    int chat = config_find_capability(cfg, "chat", 4);
+    int emb = config_find_capability(cfg, "embedding", 9);
+    ck_assert_int_eq(chat, 0);
+    ck_assert_int_eq(emb, 1);
+
+    /* defaults */
+    ck_assert_uint_eq(cfg->defaults.max_attempts, 5);
+    ck_assert_double_eq(cfg->defaults.backoff_max_s, 120);
+    ck_assert_double_eq(cfg->defaults.stall_window_s, 300);
+    /* capability <- defaults */
+    const struct config_policy *pe = &cfg->capabilities[emb].policy;
+    ck_assert_uint_eq(pe->max_attempts, 5);
+    ck_assert_double_eq(pe->stall_window_s, 900);
+    ck_assert_double_eq(pe->backoff_base_s, 4);
+    ck_assert_double_eq(pe->backoff_max_s, 120);
+    ck_assert_mem_eq(&cfg->capabilities[chat].policy, &cfg->defaults, sizeof(cfg->defaults));
+    /* source <- capability <- defaults */
+    const struct config_policy *pa = &cfg->sources[0].policy;
+    ck_assert_mem_eq(pa, &cfg->capabilities[chat].policy, sizeof(*pa));
+    const struct config_policy *pb = &cfg->sources[1].policy;
+    ck_assert_uint_eq(cfg->sources[1].capability_index, (size_t)emb);
+    ck_assert_uint_eq(pb->max_attempts, 7);
+    ck_assert_double_eq(pb->node_timeout_s, 30);
+    ck_assert_double_eq(pb->stall_window_s, 900);
+    ck_assert_double_eq(pb->backoff_base_s, 4);
+    ck_assert_double_eq(pb->backoff_max_s, 120);
+    ck_assert_double_eq(pb->poll_interval_s, 1);
+    config_free(cfg);
+}
+END_TEST
+
+START_TEST(test_config__inheritance_order_independent)
+{
+    /* Sources before capabilities before defaults: same result. */
+    struct config *cfg = expect_ok(
+        SRC0
+        "capabilities: { chat: { stall_window_s: 100 } }\n"
+        "defaults: { stall_window_s: 200, max_attempts: 9 }\n");
+    ck_assert_double_eq(cfg->sources[0].policy.stall_window_s, 100);
+    ck_assert_uint_eq(cfg->sources[0].policy.max_attempts, 9);
+    ck_assert_double_eq(cfg->capabilities[2].policy.stall_window_s, 200);
+    config_free(cfg);
+}
+END_TEST
+
+START_TEST(test_config__builtin_override_partial)
+{
+    struct config *cfg = expect_ok(
+        "capabilities:\n"
+        "  chat: { exempt_429: false }\n"
+        "  ocr: { path: /v2/ocr }\n"
+        "  embedding:\n");
+    ck_assert_uint_eq(cfg->n_capabilities, 3);
+    ck_assert(!cfg->capabilities[0].exempt_429);
+    ck_assert_str_eq(cfg->capabilities[0].path, "/chat/completions");
+    ck_assert(!cfg->capabilities[2].exempt_429);
+    ck_assert_str_eq(cfg->capabilities[2].path, "/v2/ocr");
+    ck_assert_str_eq(cfg->capabilities[1].path, "/embeddings");
+    config_free(cfg);
+}
+END_TEST
+
+START_TEST(test_config__custom_capability)
+{
+    struct config *cfg = expect_ok(
+        "capabilities:\n"
+        "  vision: { path: /vision, max_attempts: 2 }\n"
+        "sources:\n"
+        "  - { name: v1, capability: vision, base_url: \"http://h/\" }\n");
+    ck_assert_uint_eq(cfg->n_capabilities, 4);
+    int v = config_find_capability(cfg, "vision", 6);
+    ck_assert_int_eq(v, 3);
+    ck_assert(!cfg->capabilities[v].exempt_429);
+    ck_assert_str_eq(cfg->capabilities[v].path, "/vision");
+    ck_assert_uint_eq(cfg->capabilities[v].policy.max_attempts, 2);
+    ck_assert_uint_eq(cfg->sources[0].capability_index, 3);
+    ck_assert_uint_eq(cfg->sources[0].policy.max_attempts, 2);
+    ck_assert_str_eq(cfg->sources[0].base_url, "http://h");   /* trailing '/' dropped */
+    ck_assert_int_eq(config_find_capability(cfg, "visio", 5), -1);
+    ck_assert_int_eq(config_find_capability(cfg, "visions", 7), -1);
+    config_free(cfg);
+}
+END_TEST
+
+START_TEST(test_config__mode_forms)
+{
+    static const struct { const char *text; unsigned mode; } cases[] = {
+        { "\"0660\"", 0660 }, { "0660", 0660 }, { "660", 0660 }, { "\"0o750\"", 0750 },
+        { "0o600", 0600 }, { "'0700'", 0700 }, { "\"0\"", 0 },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char yaml[128];
+        snprintf(yaml, sizeof(yaml), "listen: { mode: %s }\n", cases[i].text);
+        struct config *cfg = expect_ok(yaml);
+        ck_assert_msg(cfg->socket_mode == cases[i].mode, "%s -> %o", cases[i].text,
+                      cfg->socket_mode);
+        config_free(cfg);
+    }
+}
+END_TEST
+
+START_TEST(test_config__null_means_default)
+{
+    struct config *cfg = expect_ok(
+        "listen:\n"
+        "  socket:\n"
+        "  mode: ~\n"
+        "server:\n"
+        "defaults:\n"
+        "capabilities:\n"
+        SRC0
+        "    model: null\n"
+        "    aimd:\n"
+        "    timeout_s:\n");
+    ck_assert_str_eq(cfg->socket_path, "/run/polygw/polygw.sock");
+    ck_assert_uint_eq(cfg->socket_mode, 0660);
+    ck_assert_ptr_null(cfg->sources[0].model);
+    ck_assert_double_eq(cfg->sources[0].timeout_s, 300);
+    ck_assert_double_eq(cfg->sources[0].aimd.initial, 4);
+    config_free(cfg);
+}
+END_TEST
+
+START_TEST(test_config__name_max_length)
+{
+    char yaml[512], name[CONFIG_NAME_MAX];
+    memset(name, 'n', CONFIG_NAME_MAX - 1);
+    name[CONFIG_NAME_MAX - 1] = '\0';
+    snprintf(yaml, sizeof(yaml),
+             "sources:\n  - { name: %s, capability: chat, base_url: \"http://h\" }\n", name);
+    struct config *cfg = expect_ok(yaml);
+    ck_assert_str_eq(cfg->sources[0].name, name);
+    config_free(cfg);
+}
+END_TEST
+
+START_TEST(test_config__stall_equal_ttft_ok)
+{
+    struct config *cfg = expect_ok(SRC0 "    stall_window_s: 60\n    ttft_timeout_s: 60\n");
+    config_free(cfg);
+}
+END_TEST
+
+START_TEST(test_config__api_key_env)
+{
+    setenv("POLYGW_TEST_KEY", SECRET " \n", 1);
+    struct config *cfg = expect_ok(SRC0 "    api_key_env: POLYGW_TEST_KEY\n" SRC1);
+    ck_assert_str_eq(cfg->sources[0].api_key, SECRET);   /* trailing space stripped */
+    ck_assert_ptr_null(cfg->sources[1].api_key);          /* no key: no header */
+    config_free(cfg);
+}
+END_TEST
+
+START_TEST(test_config__api_key_file)
+{
+    char file[64], yaml[512];
+    write_temp(file, sizeof(file), SECRET "\r\n");
+    snprintf(yaml, sizeof(yaml), SRC0 "    api_key_file: %s\n", file);
+    struct config *cfg = expect_ok(yaml);
+    ck_assert_str_eq(cfg->sources[0].api_key, SECRET);
+    config_free(cfg);
+    unlink(file);
+}
+END_TEST
+
+START_TEST(test_config__load_file)
+{
+    char file[64];
+    char err[CONFIG_ERR_MAX];
+    write_temp(file, sizeof(file), SRC0 "    weight: 2\n");
+    struct config *cfg = config_load(file, err, sizeof(err));
+    ck_assert_msg(cfg != NULL, "%s", err);
+    ck_assert_str_eq(cfg->path, file);
+    ck_assert_double_eq(cfg->sources[0].weight, 2);
+    config_free(cfg);
+    unlink(file);
+
+    /* Error messages carry the real file name. */
+    write_temp(file, sizeof(file), SRC0 "    weight: 0\n");
+    cfg = config_load(file, err, sizeof(err));
+    ck_assert_ptr_null(cfg);
+    char want[128];
+    snprintf(want, sizeof(want), "%s:5: sources[0].weight: must be > 0, got 0", file);
+    ck_assert_str_eq(err, want);
+    unlink(file);
+}
+END_TEST
+
+START_TEST(test_config__load_missing_file)
+{
+    char err[CONFIG_ERR_MAX];
+    struct config *cfg = config_load("/nonexistent/polygw.yaml", err, sizeof(err));
+    ck_assert_ptr_null(cfg);
+    ck_assert_str_eq(err, "/nonexistent/polygw.yaml: cannot open: No such file or directory");
+}
+END_TEST
+
+START_TEST(test_config__deploy_demo_loads)
+{
+    /* The demo config of `make run` must stay valid (tests run from the repo root). */
+    char err[CONFIG_ERR_MAX];
+    struct config *cfg = config_load("deploy/polygw.yaml", err, sizeof(err));
+    ck_assert_msg(cfg != NULL, "%s", err);
+    ck_assert_int_eq(cfg->backend, BACKEND_MEMORY);
+    ck_assert_uint_ge(cfg->n_sources, 3);
+    for (size_t i = 0; i < cfg->n_sources; i++)
+        ck_assert_ptr_null(cfg->sources[i].api_key);
+    config_free(cfg);
+}
+END_TEST
+
+START_TEST(test_config__small_err_buffer)
+{
+    char err[8];
+    memset(err, 'x', sizeof(err));
+    ck_assert_ptr_null(config_parse("listen: 1\n", 10, "t.yaml", err, sizeof(err)));
+    ck_assert_str_eq(err, "t.yaml:");
+    ck_assert_ptr_null(config_parse("listen: 1\n", 10, "t.yaml", NULL, 0));
+}
+END_TEST
+
+START_TEST(test_config__not_nul_terminated)
+{
+    char err[CONFIG_ERR_MAX];
+    const char buf[] = { 's', 'e', 'r', 'v', 'e', 'r', ':', ' ', '{', '}', '!', '!' };
+    struct config *cfg = config_parse(buf, 10, "t.yaml", err, sizeof(err));
+    ck_assert_msg(cfg != NULL, "%s", err);
+    config_free(cfg);
+}
+END_TEST
+
+/* Every prefix of a rich document either loads or fails with a message that
+ * names the file: no crash, no leak on any error path (ASan/LSan build). */
+START_TEST(test_config__every_truncation)
+{
+    setenv("POLYGW_TEST_KEY", SECRET, 1);
+    static const char doc[] =
+        "listen: { socket: /tmp/p.sock, mode: \"0660\", max_message_bytes: 65536 }\n"
+        "server: { log_level: warn }\n"
+        "backend: { kind: redis, url: \"redis://127.0.0.1:6379/0\", prefix: p }\n"
+        "defaults: { max_attempts: 4, stall_window_s: 120 }\n"
+        "capabilities:\n"
+        "  chat: { exempt_429: true }\n"
+        "  vision: { path: /vision, backoff_max_s: 30 }\n"
+        "sources:\n"
+        "  - name: a\n"
+        "    capability: vision\n"
+        "    base_url: \"http://h:1/v1/\"\n"
+        "    api_key_env: POLYGW_TEST_KEY\n"
+        "    model: \"m-1\"\n"
+        "    aimd: { initial: 2, min: 1 }\n"
+        "    breaker: { failures: 3 }\n"
+        "    limits: { rpm: 10 }\n"
+        "  - { name: b, capability: chat, base_url: \"https://x\", ttft_timeout_s: 5 }\n";
+    char err[CONFIG_ERR_MAX];
+    size_t ok = 0;
+
+    for (size_t n = 0; n <= sizeof(doc) - 1; n++) {
+        struct config *cfg = config_parse(doc, n, "t.yaml", err, sizeof(err));
+        if (cfg) {
+            ok++;
+            config_free(cfg);
+        } else {
+            ck_assert_msg(strncmp(err, "t.yaml", 6) == 0, "at %zu: %s", n, err);
+            ck_assert_msg(strstr(err, SECRET) == NULL, "at %zu: %s", n, err);
+        }
+    }
+    struct config *cfg = config_parse(doc, sizeof(doc) - 1, "t.yaml", err, sizeof(err));
+    ck_assert_msg(cfg != NULL, "%s", err);
+    ck_assert_str_eq(cfg->sources[0].base_url, "http://h:1/v1");
+    config_free(cfg);
+    ck_assert_uint_gt(ok, 1);
+}
+END_TEST
+
+START_TEST(test_config__helpers)
+{
+    ck_assert_int_eq(config_parse_log_level("debug"), LOG_DEBUG);
+    ck_assert_int_eq(config_parse_log_level("info"), LOG_INFO);
+    ck_assert_int_eq(config_parse_log_level("warn"), LOG_WARN);
+    ck_assert_int_eq(config_parse_log_level("error"), LOG_ERROR);
+    ck_assert_int_eq(config_parse_log_level("INFO"), -1);
+    ck_assert_int_eq(config_parse_log_level("warning"), -1);
+    ck_assert_int_eq(config_parse_log_level(NULL), -1);
+    config_free(NULL);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+/* Rejections: document level                                               */
+
+START_TEST(test_config__empty_document)
+{
+    expect_reject("", 0, "", "empty configuration");
+    expect_reject("# only a comment\n", 0, "", "empty configuration");
+    expect_reject("---\n", 0, "", "empty configuration");
+    expect_reject("~\n", 0, "", "empty configuration");
+}
+END_TEST
+
+START_TEST(test_config__top_not_map)
+{
+    expect_reject("- a\n- b\n", 1, "", "the top level must be a map, got a list");
+    expect_reject("hello\n", 1, "", "the top level must be a map, got a string");
+}
+END_TEST
+
+START_TEST(test_config__yaml_syntax_error)
+{
+    char err[CONFIG_ERR_MAX];
+    int line = 0, col = 0;
+    ck_assert_ptr_null(parse("listen:\n  socket: [a\nserver: {}\n", err, sizeof(err)));
+    ck_assert_msg(sscanf(err, "t.yaml:%d:%d: YAML syntax error: ", &line, &col) == 2, "%s", err);
+    ck_assert_int_ge(line, 2);
+    ck_assert_int_ge(col, 1);
+    ck_assert_ptr_nonnull(strstr(err, "YAML syntax error"));
+
+    ck_assert_ptr_null(parse("listen:\n  socket: a\n bad: 1\n", err, sizeof(err)));
+    ck_assert_msg(sscanf(err, "t.yaml:%d:%d: YAML syntax error: ", &line, &col) == 2, "%s", err);
+    ck_assert_int_eq(line, 3);
+
+    ck_assert_ptr_null(parse("listen:\n\tsocket: a\n", err, sizeof(err)));
+    ck_assert_msg(strncmp(err, "t.yaml:2:1: YAML syntax error: ", 31) == 0, "%s", err);
+    ck_assert_ptr_nonnull(strstr(err, "must use spaces, not tabs"));
+}
+END_TEST
+
+START_TEST(test_config__invalid_utf8)
+{
+    expect_reject("listen: { socket: \"\xff\xfe\" }\n", 0, "", "invalid input at byte");
+}
+END_TEST
+
+START_TEST(test_config__multiple_documents)
+{
+    expect_reject("server: {}\n---\nserver: {}\n", 2, "", "only one YAML document");
+}
+END_TEST
+
+START_TEST(test_config__duplicate_key)
+{
+    expect_reject("server: {}\nlisten: {}\nserver: {}\n", 3, "server",
+                  "duplicate key (first set at line 1)");
+    expect_reject(SRC0 "    weight: 1\n    weight: 2\n", 6, "sources[0].weight",
+                  "duplicate key (first set at line 5)");
+    expect_reject("capabilities:\n  chat: {}\n  chat: {}\n", 3, "capabilities.chat",
+                  "duplicate key");
+}
+END_TEST
+
+START_TEST(test_config__alias_rejected)
+{
+    expect_reject("defaults: &d { max_attempts: 2 }\n", 1, "", "anchors");
+    expect_reject("server: { log_level: *x }\n", 1, "", "aliases");  /* even undefined */
+    expect_reject("a: &x 1\nserver: { log_level: *x }\n", 1, "", "anchors");
+}
+END_TEST
+
+START_TEST(test_config__tag_rejected)
+{
+    expect_reject("listen: { max_connections: !!int \"5\" }\n", 1, "", "tags");
+}
+END_TEST
+
+START_TEST(test_config__non_string_key)
+{
+    expect_reject("? [a, b]\n: 1\n", 1, "", "map keys must be plain strings");
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+/* Rejections: unknown keys and types                                       */
+
+START_TEST(test_config__unknown_key_top)
+{
+    expect_reject("server: {}\nlistne: {}\n", 2, "listne", "unknown key");
+}
+END_TEST
+
+START_TEST(test_config__unknown_key_nested)
+{
+    expect_reject("listen:\n  sockett: /x\n", 2, "listen.sockett", "unknown key");
+    expect_reject("defaults: { timeout_s: 3 }\n", 1, "defaults.timeout_s", "unknown key");
+    expect_reject("capabilities: { chat: { model: x } }\n", 1, "capabilities.chat.model",
+                  "unknown key");
+    expect_reject(SRC0 "    aimd: { initial: 4, maximum: 9 }\n", 5, "sources[0].aimd.maximum",
+                  "unknown key");
+    expect_reject(SRC0 SRC1 "    limit: { rpm: 1 }\n", 8, "sources[1].limit", "unknown key");
+}
+END_TEST
+
+START_TEST(test_config__type_string_for_number)
+{
+    expect_reject(SRC0 "    timeout_s: \"300\"\n", 5, "sources[0].timeout_s",
+                  "expected a number, got a string");
+    expect_reject(SRC0 "    timeout_s: fast\n", 5, "sources[0].timeout_s",
+                  "expected a number, got a string");
+    expect_reject("defaults: { max_attempts: '3' }\n", 1, "defaults.max_attempts",
+                  "expected an integer, got a string");
+}
+END_TEST
+
+START_TEST(test_config__type_float_for_integer)
+{
+    expect_reject("defaults: { max_attempts: 2.5 }\n", 1, "defaults.max_attempts",
+                  "expected an integer, got a number");
+}
+END_TEST
+
+START_TEST(test_config__type_map_for_list)
+{
+    expect_reject("sources: { name: a }\n", 1, "sources",
+                  "expected a list of sources, got a map");
+}
+END_TEST
+
+START_TEST(test_config__type_list_for_map)
+{
+    expect_reject("listen: [a, b]\n", 1, "listen", "expected a map, got a list");
+    expect_reject("capabilities: [chat]\n", 1, "capabilities",
+                  "expected a map of capability names, got a list");
+    expect_reject("capabilities: { chat: [1] }\n", 1, "capabilities.chat",
+                  "expected a map, got a list");
+    expect_reject(SRC0 "    aimd: 4\n", 5, "sources[0].aimd", "expected a map, got a number");
+}
+END_TEST
+
+START_TEST(test_config__type_source_not_map)
+{
+    expect_reject(SRC0 "  - just-a-name\n", 5, "sources[1]", "expected a map, got a string");
+}
+END_TEST
+
+START_TEST(test_config__type_bool)
+{
+    expect_reject("capabilities: { chat: { exempt_429: yes } }\n", 1,
+                  "capabilities.chat.exempt_429",
+                  "expected a boolean (true or false), got a string");
+    expect_reject("capabilities: { chat: { exempt_429: \"true\" } }\n", 1,
+                  "capabilities.chat.exempt_429", "expected a boolean");
+}
+END_TEST
+
+START_TEST(test_config__type_map_for_string)
+{
+    expect_reject(SRC0 "    model: { a: 1 }\n", 5, "sources[0].model",
+                  "expected a string, got a map");
+}
+END_TEST
+
+START_TEST(test_config__nul_in_string)
+{
+    expect_reject("listen: { socket: \"/a\\0b\" }\n", 1, "listen.socket",
+                  "must not contain NUL");
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+/* Rejections: values                                                       */
+
+START_TEST(test_config__max_attempts_zero)
+{
+    expect_reject("defaults: { max_attempts: 0 }\n", 1, "defaults.max_attempts",
+                  "must be in [1, 1000], got 0");
+    expect_reject(SRC0 "    max_attempts: -1\n", 5, "sources[0].max_attempts",
+                  "must be in [1, 1000], got -1");
+}
+END_TEST
+
+START_TEST(test_config__integer_overflow)
+{
+    expect_reject("defaults: { max_attempts: 99999999999999999999999 }\n", 1,
+                  "defaults.max_attempts", "must be in [1, 1000], got 99999999999999999999999");
+    expect_reject("listen: { max_connections: 4294967297 }\n", 1, "listen.max_connections",
+                  "must be <= 1048576, got 4294967297");
+}
+END_TEST
+
+START_TEST(test_config__not_finite)
+{
+    expect_reject(SRC0 "    timeout_s: .inf\n", 5, "sources[0].timeout_s",
+                  "must be a finite number");
+    expect_reject(SRC0 "    weight: .nan\n", 5, "sources[0].weight", "must be a finite number");
+}
+END_TEST
+
+START_TEST(test_config__weight_not_positive)
+{
+    expect_reject(SRC0 "    weight: 0\n", 5, "sources[0].weight", "must be > 0, got 0");
+    expect_reject(SRC0 "    weight: -1.5\n", 5, "sources[0].weight", "must be > 0, got -1.5");
+}
+END_TEST
+
+START_TEST(test_config__timeouts_not_positive)
+{
+    static const struct { const char *key, *zero, *neg; } cases[] = {
+        { "timeout_s", "must be > 0, got 0", "must be > 0, got -3" },
+        { "connect_timeout_s", "must be > 0, got 0", "must be > 0, got -3" },
+        { "ttft_timeout_s", "must be > 0, got 0", "must be > 0, got -3" },
+        { "idle_timeout_s", "must be > 0, got 0", "must be > 0, got -3" },
+        { "stall_window_s", "must be > 0, got 0", "must be > 0, got -3" },
+        { "backoff_base_s", "must be > 0, got 0", "must be > 0, got -3" },
+        { "node_timeout_s", "must be > 0, got 0", "must be > 0, got -3" },
+        { "poll_interval_s", "must be in (0, 3600], got 0", "must be in (0, 3600], got -3" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char yaml[512], path[64];
+        snprintf(yaml, sizeof(yaml), SRC0 "    %s: 0\n", cases[i].key);
+        snprintf(path, sizeof(path), "sources[0].%s", cases[i].key);
+        expect_reject(yaml, 5, path, cases[i].zero);
+        snprintf(yaml, sizeof(yaml), SRC0 "    %s: -3\n", cases[i].key);
+        expect_reject(yaml, 5, path, cases[i].neg);
+    }
+    expect_reject(SRC0 "    timeout_s: 31536001\n", 5, "sources[0].timeout_s",
+                  "must be <= 31536000, got 31536001");
+    expect_reject("server: { shutdown_grace_s: -1 }\n", 1, "server.shutdown_grace_s",
+                  "must be in [0, 3600], got -1");
+}
+END_TEST
+
+START_TEST(test_config__aimd_decrease_range)
+{
+    expect_reject(SRC0 "    aimd: { decrease: 1.5 }\n", 5, "sources[0].aimd.decrease",
+                  "must be in (0, 1), got 1.5");
+    expect_reject(SRC0 "    aimd: { decrease: 1 }\n", 5, "sources[0].aimd.decrease",
+                  "must be in (0, 1), got 1");
+    expect_reject(SRC0 "    aimd: { decrease: 0 }\n", 5, "sources[0].aimd.decrease",
+                  "must be in (0, 1), got 0");
+}
+END_TEST
+
+START_TEST(test_config__aimd_values)
+{
+    expect_reject(SRC0 "    aimd: { increase: 0 }\n", 5, "sources[0].aimd.increase",
+                  "must be > 0, got 0");
+    expect_reject(SRC0 "    aimd: { min: 0.5 }\n", 5, "sources[0].aimd.min",
+                  "must be >= 1, got 0.5");
+}
+END_TEST
+
+START_TEST(test_config__aimd_min_above_initial)
+{
+    expect_reject(SRC0 "    aimd: { initial: 2, min: 3 }\n", 5, "sources[0].aimd.initial",
+                  "must be >= min (3), got 2");
+    expect_reject(SRC0 "    aimd:\n      min: 8\n", 6, "sources[0].aimd.min",
+                  "must be <= initial (4, default), got 8");
+}
+END_TEST
+
+START_TEST(test_config__backoff_max_below_base)
+{
+    expect_reject("defaults: { backoff_base_s: 10, backoff_max_s: 5 }\n", 1,
+                  "defaults.backoff_max_s", "must be >= backoff_base_s (10), got 5");
+    /* Inherited: the capability raises base above the defaults' max. */
+    expect_reject("capabilities:\n  chat:\n    backoff_base_s: 100\n", 3,
+                  "capabilities.chat.backoff_base_s",
+                  "must be <= backoff_max_s (60, inherited), got 100");
+    expect_reject(SRC0 "    backoff_max_s: 1\n", 5, "sources[0].backoff_max_s",
+                  "must be >= backoff_base_s (2, inherited), got 1");
+}
+END_TEST
+
+START_TEST(test_config__breaker_values)
+{
+    expect_reject(SRC0 "    breaker: { cooldown_s: 60, max_cooldown_s: 30 }\n", 5,
+                  "sources[0].breaker.max_cooldown_s", "must be >= cooldown_s (60), got 30");
+    expect_reject(SRC0 "    breaker: { cooldown_s: 600 }\n", 5,
+                  "sources[0].breaker.cooldown_s",
+                  "must be <= max_cooldown_s (300, default), got 600");
+    expect_reject(SRC0 "    breaker: { failures: 0 }\n", 5, "sources[0].breaker.failures",
+                  "must be >= 1, got 0");
+}
+END_TEST
+
+START_TEST(test_config__limits_negative)
+{
+    expect_reject(SRC0 "    limits: { tpm: -5 }\n", 5, "sources[0].limits.tpm",
+                  "must be >= 0, got -5");
+    expect_reject(SRC0 "    pacer: { min_interval_ms: -1 }\n", 5,
+                  "sources[0].pacer.min_interval_ms", "must be >= 0, got -1");
+}
+END_TEST
+
+START_TEST(test_config__concurrency_zero)
+{
+    expect_reject(SRC0 "    max_concurrency: 0\n", 5, "sources[0].max_concurrency",
+                  "must be >= 1, got 0");
+    expect_reject("listen: { max_connections: 0 }\n", 1, "listen.max_connections",
+                  "must be >= 1, got 0");
+    expect_reject("listen: { max_inflight_per_connection: 0 }\n", 1,
+                  "listen.max_inflight_per_connection", "must be >= 1, got 0");
+}
+END_TEST
+
+START_TEST(test_config__max_message_bytes_range)
+{
+    expect_reject("listen: { max_message_bytes: 1023 }\n", 1, "listen.max_message_bytes",
+                  "must be >= 1024, got 1023");
+    expect_reject("listen: { max_message_bytes: 1073741825 }\n", 1, "listen.max_message_bytes",
+                  "must be <= 1073741824, got 1073741825");
+}
+END_TEST
+
+START_TEST(test_config__write_queue_below_message)
+{
+    expect_reject("listen:\n  max_message_bytes: 4096\n  max_write_queue_bytes: 2048\n", 3,
+                  "listen.max_write_queue_bytes",
+                  "must be >= listen.max_message_bytes (4096), got 2048");
+}
+END_TEST
+
+START_TEST(test_config__mode_invalid_octal)
+{
+    expect_reject("listen: { mode: \"0689\" }\n", 1, "listen.mode",
+                  "must be an octal permission mode");
+    expect_reject("listen: { mode: rw-rw---- }\n", 1, "listen.mode",
+                  "must be an octal permission mode");
+    expect_reject("listen: { mode: [1] }\n", 1, "listen.mode", "expected a string, got a list");
+}
+END_TEST
+
+START_TEST(test_config__mode_too_large)
+{
+    expect_reject("listen: { mode: \"1777\" }\n", 1, "listen.mode", "must be at most 0777");
+    expect_reject("listen: { mode: \"00660\" }\n", 1, "listen.mode",
+                  "must be an octal permission mode");
+}
+END_TEST
+
+START_TEST(test_config__mode_other_writable)
+{
+    expect_reject("listen: { mode: \"0666\" }\n", 1, "listen.mode",
+                  "must not be writable by others");
+    expect_reject("listen: { mode: \"0662\" }\n", 1, "listen.mode",
+                  "must not be writable by others");
+}
+END_TEST
+
+START_TEST(test_config__socket_path)
+{
+    char yaml[256];
+    char path[120];
+    memset(path, 'a', sizeof(path) - 1);
+    path[0] = '/';
+    path[sizeof(path) - 1] = '\0';
+    snprintf(yaml, sizeof(yaml), "listen: { socket: %s }\n", path);
+    expect_reject(yaml, 1, "listen.socket", "longer than 107 bytes");
+    expect_reject("listen: { socket: \"\" }\n", 1, "listen.socket", "must not be empty");
+}
+END_TEST
+
+START_TEST(test_config__log_level_invalid)
+{
+    expect_reject("server:\n  log_level: verbose\n", 2, "server.log_level",
+                  "must be one of debug, info, warn, error");
+}
+END_TEST
+
+START_TEST(test_config__backend_kind_invalid)
+{
+    expect_reject("backend: { kind: etcd }\n", 1, "backend.kind", "must be memory or redis");
+}
+END_TEST
+
+START_TEST(test_config__backend_redis_without_url)
+{
+    expect_reject("backend:\n  kind: redis\n", 2, "backend.url", "is required when kind is redis");
+}
+END_TEST
+
+START_TEST(test_config__backend_memory_with_url)
+{
+    expect_reject("backend:\n  kind: memory\n  url: redis://h\n", 3, "backend.url",
+                  "only valid with kind: redis");
+    expect_reject("backend: { url: redis://h }\n", 1, "backend.url",
+                  "only valid with kind: redis");
+    expect_reject("backend: { prefix: p }\n", 1, "backend.prefix", "only valid with kind: redis");
+}
+END_TEST
+
+START_TEST(test_config__backend_url_scheme)
+{
+    expect_reject("backend: { kind: redis, url: \"http://:" SECRET "@h\" }\n", 1, "backend.url",
+                  "must start with redis:// or unix://");
+    expect_reject("backend: { kind: redis, url: redis://h, prefix: \"a b\" }\n", 1,
+                  "backend.prefix", "may contain only");
+}
+END_TEST
+
+START_TEST(test_config__custom_capability_without_path)
+{
+    expect_reject("capabilities:\n  vision: { exempt_429: true }\n", 2, "capabilities.vision",
+                  "path: is required for a custom capability");
+    expect_reject("capabilities:\n  vision:\n", 2, "capabilities.vision",
+                  "path: is required for a custom capability");
+}
+END_TEST
+
+START_TEST(test_config__capability_path_invalid)
+{
+    expect_reject("capabilities: { chat: { path: chat/completions } }\n", 1,
+                  "capabilities.chat.path", "must start with '/'");
+    expect_reject("capabilities: { chat: { path: \"/a b\" } }\n", 1,
+                  "capabilities.chat.path", "must not contain spaces");
+}
+END_TEST
+
+START_TEST(test_config__capability_name_invalid)
+{
+    char yaml[256], path[128], name[CONFIG_NAME_MAX + 1];
+    memset(name, 'c', CONFIG_NAME_MAX);
+    name[CONFIG_NAME_MAX] = '\0';
+    snprintf(yaml, sizeof(yaml), "capabilities:\n  %s: { path: /x }\n", name);
+    snprintf(path, sizeof(path), "capabilities.%s", name);
+    expect_reject(yaml, 2, path, "longer than 63 characters");
+    expect_reject("capabilities: { \"a b\": { path: /x } }\n", 1, "capabilities.a b",
+                  "may contain only letters, digits");
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+/* Rejections: sources                                                      */
+
+START_TEST(test_config__unknown_capability)
+{
+    expect_reject("sources:\n  - name: a\n    capability: vision\n    base_url: http://h\n", 3,
+                  "sources[0].capability", "unknown capability 'vision'");
+}
+END_TEST
+
+START_TEST(test_config__duplicate_source_name)
+{
+    expect_reject(SRC0 "  - name: a\n    capability: ocr\n    base_url: http://h\n", 5,
+                  "sources[1].name", "duplicate source name 'a' (first used by sources[0])");
+}
+END_TEST
+
+START_TEST(test_config__source_no_name)
+{
+    expect_reject("sources:\n  - capability: chat\n    base_url: http://h\n", 2,
+                  "sources[0].name", "is required");
+    expect_reject("sources:\n  - name: \"\"\n    capability: chat\n", 2,
+                  "sources[0].name", "must not be empty");
+}
+END_TEST
+
+START_TEST(test_config__source_no_capability)
+{
+    expect_reject(SRC0 "  - name: b\n    base_url: http://h\n", 5, "sources[1].capability",
+                  "is required");
+}
+END_TEST
+
+START_TEST(test_config__source_no_base_url)
+{
+    expect_reject("sources:\n  - name: a\n    capability: chat\n", 2, "sources[0].base_url",
+                  "is required");
+}
+END_TEST
+
+START_TEST(test_config__base_url_not_http)
+{
+    expect_reject("sources:\n  - { name: a, capability: chat, base_url: ftp://h/v1 }\n", 2,
+                  "sources[0].base_url", "must start with http:// or https://");
+    expect_reject("sources:\n  - { name: a, capability: chat, base_url: \"https:///v1\" }\n", 2,
+                  "sources[0].base_url", "has no host");
+    expect_reject("sources:\n  - { name: a, capability: chat, base_url: \"http://h/ v1\" }\n", 2,
+                  "sources[0].base_url", "must not contain spaces");
+    char yaml[CONFIG_URL_MAX + 128], host[CONFIG_URL_MAX];
+    memset(host, 'h', sizeof(host) - 8);
+    host[sizeof(host) - 8] = '\0';                    /* "http://" + host = CONFIG_URL_MAX - 1 */
+    snprintf(yaml, sizeof(yaml),
+             "sources:\n  - { name: a, capability: chat, base_url: http://%s }\n", host);
+    config_free(expect_ok(yaml));
+    snprintf(yaml, sizeof(yaml),
+             "sources:\n  - { name: a, capability: chat, base_url: http://%sh }\n", host);
+    expect_reject(yaml, 2, "sources[0].base_url", "longer than 1023 characters");
+}
+END_TEST
+
+START_TEST(test_config__name_too_long)
+{
+    char yaml[512], name[CONFIG_NAME_MAX + 1];
+    memset(name, 'n', CONFIG_NAME_MAX);
+    name[CONFIG_NAME_MAX] = '\0';
+    snprintf(yaml, sizeof(yaml),
+             "sources:\n  - name: %s\n    capability: chat\n    base_url: http://h\n", name);
+    expect_reject(yaml, 2, "sources[0].name", "longer than 63 characters");
+}
+END_TEST
+
+START_TEST(test_config__name_bad_chars)
+{
+    expect_reject("sources:\n  - name: \"a/b\"\n", 2, "sources[0].name",
+                  "may contain only letters, digits, '_', '.' and '-'");
+}
+END_TEST
+
+START_TEST(test_config__stall_below_ttft)
+{
+    /* Set on the source itself. */
+    expect_reject(SRC0 "    ttft_timeout_s: 60\n    stall_window_s: 30\n", 6,
+                  "sources[0].stall_window_s", "must be >= ttft_timeout_s (60), got 30");
+    /* Source ttft raised above the inherited window. */
+    expect_reject(SRC0 "    ttft_timeout_s: 400\n", 5, "sources[0].ttft_timeout_s",
+                  "must be <= stall_window_s (300, inherited), got 400");
+}
+END_TEST
+
+START_TEST(test_config__stall_below_ttft_inherited)
+{
+    /* Both inherited: defaults.stall_window_s 30 < default ttft 60. */
+    expect_reject("defaults: { stall_window_s: 30 }\n" SRC0, 3, "sources[0].ttft_timeout_s",
+                  "must be <= stall_window_s (30, inherited), got 60");
+    expect_reject("capabilities: { embedding: { stall_window_s: 50 } }\n" SRC0 SRC1, 6,
+                  "sources[1].ttft_timeout_s",
+                  "must be <= stall_window_s (50, inherited), got 60");
+}
+END_TEST
+
+START_TEST(test_config__api_key_inline)
+{
+    expect_reject(SRC0 "    api_key: " SECRET "\n", 5, "sources[0].api_key",
+                  "inline API keys are not accepted; name an environment variable with "
+                  "api_key_env or a file with api_key_file");
+}
+END_TEST
+
+START_TEST(test_config__api_key_env_and_file)
+{
+    setenv("POLYGW_TEST_KEY", SECRET, 1);
+    expect_reject(SRC0 "    api_key_env: POLYGW_TEST_KEY\n    api_key_file: /etc/hostname\n", 6,
+                  "sources[0].api_key_file", "cannot be combined with api_key_env");
+}
+END_TEST
+
+START_TEST(test_config__api_key_env_unset)
+{
+    unsetenv("POLYGW_TEST_UNSET");
+    expect_reject(SRC0 "    api_key_env: POLYGW_TEST_UNSET\n", 5, "sources[0].api_key_env",
+                  "the environment variable named here is not set or is empty");
+    setenv("POLYGW_TEST_EMPTY", "", 1);
+    expect_reject(SRC0 "    api_key_env: POLYGW_TEST_EMPTY\n", 5, "sources[0].api_key_env",
+                  "not set or is empty");
+    setenv("POLYGW_TEST_BLANK", " \n", 1);
+    expect_reject(SRC0 "    api_key_env: POLYGW_TEST_BLANK\n", 5, "sources[0].api_key_env",
+                  "the key in the environment is empty");
+}
+END_TEST
+
+START_TEST(test_config__api_key_env_invalid_name)
+{
+    expect_reject(SRC0 "    api_key_env: " SECRET "\n", 5, "sources[0].api_key_env",
+                  "must be the name of an environment variable");
+}
+END_TEST
+
+START_TEST(test_config__api_key_file_unreadable)
+{
+    expect_reject(SRC0 "    api_key_file: /nonexistent/polygw.key\n", 5,
+                  "sources[0].api_key_file",
+                  "cannot open '/nonexistent/polygw.key': No such file or directory");
+    expect_reject(SRC0 "    api_key_file: /tmp\n", 5, "sources[0].api_key_file",
+                  "'/tmp' is not a regular file");
+}
+END_TEST
+
+START_TEST(test_config__api_key_too_long)
+{
+    char *key = malloc(CONFIG_API_KEY_MAX + 2);
+    memset(key, 'k', CONFIG_API_KEY_MAX + 1);
+    key[CONFIG_API_KEY_MAX + 1] = '\0';
+    setenv("POLYGW_TEST_KEY", key, 1);
+    expect_reject(SRC0 "    api_key_env: POLYGW_TEST_KEY\n", 5, "sources[0].api_key_env",
+                  "the key in the environment is longer than 4096 bytes");
+    key[CONFIG_API_KEY_MAX] = '\n';                   /* exactly the maximum + newline */
+    setenv("POLYGW_TEST_KEY", key, 1);
+    struct config *cfg = expect_ok(SRC0 "    api_key_env: POLYGW_TEST_KEY\n");
+    ck_assert_uint_eq(strlen(cfg->sources[0].api_key), CONFIG_API_KEY_MAX);
+    config_free(cfg);
+    free(key);
+}
+END_TEST
+
+START_TEST(test_config__api_key_file_relative)
+{
+    expect_reject(SRC0 "    api_key_file: secrets/key\n", 5, "sources[0].api_key_file",
+                  "must be an absolute path");
+}
+END_TEST
+
+START_TEST(test_config__api_key_file_empty)
+{
+    char file[64], yaml[512];
+    write_temp(file, sizeof(file), "\n\n");
+    snprintf(yaml, sizeof(yaml), SRC0 "    api_key_file: %s\n", file);
+    expect_reject(yaml, 5, "sources[0].api_key_file", "the key in this file is empty");
+    unlink(file);
+}
+END_TEST
+
+START_TEST(test_config__api_key_file_unreadable_permissions)
+{
+    char file[64], yaml[512];
+    if (geteuid() == 0)
+        return;                                     /* root reads anything */
+    write_temp(file, sizeof(file), SECRET);
+    chmod(file, 0);
+    snprintf(yaml, sizeof(yaml), SRC0 "    api_key_file: %s\n", file);
+    expect_reject(yaml, 5, "sources[0].api_key_file", "Permission denied");
+    unlink(file);
+}
+END_TEST
+
+/* The key text never reaches an error message, whatever goes wrong. */
+START_TEST(test_config__error_never_contains_key)
+{
+    char file[64], yaml[1024];
+
+    /* A key loaded for source 0, then source 1's key file fails. */
+    setenv("POLYGW_TEST_KEY", SECRET, 1);
+    snprintf(yaml, sizeof(yaml), SRC0 "    api_key_env: POLYGW_TEST_KEY\n" SRC1
+             "    api_key_file: /nonexistent/key\n");
+    expect_reject(yaml, 9, "sources[1].api_key_file", "cannot open");
+
+    /* A key file whose content is unusable. */
+    write_temp(file, sizeof(file), SECRET "\nsecond line\n");
+    snprintf(yaml, sizeof(yaml), SRC0 "    api_key_file: %s\n", file);
+    expect_reject(yaml, 5, "sources[0].api_key_file", "contains control characters");
+    unlink(file);
+
+    /* Keys pasted where a name, path, number or URL belongs. */
+    expect_reject(SRC0 "    api_key_env: TOPSECRET0123456789\n", 5, "sources[0].api_key_env",
+                  "not set");
+    char err[CONFIG_ERR_MAX];
+    ck_assert_ptr_null(parse(SRC0 "    api_key_env: TOPSECRET0123456789\n", err, sizeof(err)));
+    ck_assert_ptr_null(strstr(err, "TOPSECRET0123456789"));
+    expect_reject(SRC0 "    api_key_file: " SECRET "\n", 5, "sources[0].api_key_file",
+                  "must be an absolute path");
+    expect_reject(SRC0 "    timeout_s: " SECRET "\n", 5, "sources[0].timeout_s",
+                  "expected a number");
+    expect_reject("sources:\n  - { name: a, capability: chat, base_url: " SECRET " }\n", 2,
+                  "sources[0].base_url", "must start with http");
+    expect_reject(SRC0 "    apikey: " SECRET "\n", 5, "sources[0].apikey", "unknown key");
+    expect_reject("listen: { mode: " SECRET " }\n", 1, "listen.mode", "octal");
+    expect_reject("server: { log_level: " SECRET " }\n", 1, "server.log_level", "one of");
+}
+END_TEST
+
+Suite *config_suite(void)
+{
+    Suite *s = suite_create("config");
+    TCase *tc = tcase_create("config");
+
+    /* Accepted */
+    tcase_add_test(tc, test_config__minimal_defaults);
+    tcase_add_test(tc, test_config__no_sources);
+    tcase_add_test(tc, test_config__full_example);
+    tcase_add_test(tc, test_config__all_values_set);
+    tcase_add_test(tc, test_config__inheritance);
+    tcase_add_test(tc, test_config__inheritance_order_independent);
+    tcase_add_test(tc, test_config__builtin_override_partial);
+    tcase_add_test(tc, test_config__custom_capability);
+    tcase_add_test(tc, test_config__mode_forms);
+    tcase_add_test(tc, test_config__null_means_default);
+    tcase_add_test(tc, test_config__name_max_length);
+    tcase_add_test(tc, test_config__stall_equal_ttft_ok);
+    tcase_add_test(tc, test_config__api_key_env);
+    tcase_add_test(tc, test_config__api_key_file);
+    tcase_add_test(tc, test_config__load_file);
+    tcase_add_test(tc, test_config__load_missing_file);
+    tcase_add_test(tc, test_config__deploy_demo_loads);
+    tcase_add_test(tc, test_config__small_err_buffer);
+    tcase_add_test(tc, test_config__not_nul_terminated);
+    tcase_add_test(tc, test_config__every_truncation);
+    tcase_add_test(tc, test_config__helpers);
+    /* Document */
+    tcase_add_test(tc, test_config__empty_document);
+    tcase_add_test(tc, test_config__top_not_map);
+    tcase_add_test(tc, test_config__yaml_syntax_error);
+    tcase_add_test(tc, test_config__invalid_utf8);
+    tcase_add_test(tc, test_config__multiple_documents);
+    tcase_add_test(tc, test_config__duplicate_key);
+    tcase_add_test(tc, test_config__alias_rejected);
+    tcase_add_test(tc, test_config__tag_rejected);
+    tcase_add_test(tc, test_config__non_string_key);
+    /* Keys and types */
+    tcase_add_test(tc, test_config__unknown_key_top);
+    tcase_add_test(tc, test_config__unknown_key_nested);
+    tcase_add_test(tc, test_config__type_string_for_number);
+    tcase_add_test(tc, test_config__type_float_for_integer);
+    tcase_add_test(tc, test_config__type_map_for_list);
+    tcase_add_test(tc, test_config__type_list_for_map);
+    tcase_add_test(tc, test_config__type_source_not_map);
+    tcase_add_test(tc, test_config__type_bool);
+    tcase_add_test(tc, test_config__type_map_for_string);
+    tcase_add_test(tc, test_config__nul_in_string);
+    /* Values */
+    tcase_add_test(tc, test_config__max_attempts_zero);
+    tcase_add_test(tc, test_config__integer_overflow);
+    tcase_add_test(tc, test_config__not_finite);
+    tcase_add_test(tc, test_config__weight_not_positive);
+    tcase_add_test(tc, test_config__timeouts_not_positive);
+    tcase_add_test(tc, test_config__aimd_decrease_range);
+    tcase_add_test(tc, test_config__aimd_values);
+    tcase_add_test(tc, test_config__aimd_min_above_initial);
+    tcase_add_test(tc, test_config__backoff_max_below_base);
+    tcase_add_test(tc, test_config__breaker_values);
+    tcase_add_test(tc, test_config__limits_negative);
+    tcase_add_test(tc, test_config__concurrency_zero);
+    tcase_add_test(tc, test_config__max_message_bytes_range);
+    tcase_add_test(tc, test_config__write_queue_below_message);
+    tcase_add_test(tc, test_config__mode_invalid_octal);
+    tcase_add_test(tc, test_config__mode_too_large);
+    tcase_add_test(tc, test_config__mode_other_writable);
+    tcase_add_test(tc, test_config__socket_path);
+    tcase_add_test(tc, test_config__log_level_invalid);
+    tcase_add_test(tc, test_config__backend_kind_invalid);
+    tcase_add_test(tc, test_config__backend_redis_without_url);
+    tcase_add_test(tc, test_config__backend_memory_with_url);
+    tcase_add_test(tc, test_config__backend_url_scheme);
+    tcase_add_test(tc, test_config__custom_capability_without_path);
+    tcase_add_test(tc, test_config__capability_path_invalid);
+    tcase_add_test(tc, test_config__capability_name_invalid);
+    /* Sources */
+    tcase_add_test(tc, test_config__unknown_capability);
+    tcase_add_test(tc, test_config__duplicate_source_name);
+    tcase_add_test(tc, test_config__source_no_name);
+    tcase_add_test(tc, test_config__source_no_capability);
+    tcase_add_test(tc, test_config__source_no_base_url);
+    tcase_add_test(tc, test_config__base_url_not_http);
+    tcase_add_test(tc, test_config__name_too_long);
+    tcase_add_test(tc, test_config__name_bad_chars);
+    tcase_add_test(tc, test_config__stall_below_ttft);
+    tcase_add_test(tc, test_config__stall_below_ttft_inherited);
+    /* Secrets */
+    tcase_add_test(tc, test_config__api_key_inline);
+    tcase_add_test(tc, test_config__api_key_env_and_file);
+    tcase_add_test(tc, test_config__api_key_env_unset);
+    tcase_add_test(tc, test_config__api_key_env_invalid_name);
+    tcase_add_test(tc, test_config__api_key_file_unreadable);
+    tcase_add_test(tc, test_config__api_key_too_long);
+    tcase_add_test(tc, test_config__api_key_file_relative);
+    tcase_add_test(tc, test_config__api_key_file_empty);
+    tcase_add_test(tc, test_config__api_key_file_unreadable_permissions);
+    tcase_add_test(tc, test_config__error_never_contains_key);
+    suite_add_tcase(s, tc);
+    return s;
+}

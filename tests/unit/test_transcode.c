@@ -1,0 +1,1275 @@
+/* test_transcode.c — msgpack <-> JSON transcoding (sidecar/transcode). */
+#include <check.h>
+#include <float.h>
+#include <jansson.h>
+#include <math.h>
+#include <msgpack.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "suites.h"
+#include "transcode.h"
+
+#define ERRLEN 512
+
+/* ---- helpers ------------------------------------------------------------ */
+
+/* A packer writing into its own sbuffer. */
+struct mp {
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+};
+
+static void mp_init(struct mp *m)
+{
+    msgpack_sbuffer_init(&m->sb);
+    msgpack_packer_init(&m->pk, &m->sb, msgpack_sbuffer_write);
+}
+
+static void mp_fini(struct mp *m)
+{
+    msgpack_sbuffer_destroy(&m->sb);
+}
+
+static void pstrn(msgpack_packer *pk, const char *s, size_t n)
+{
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, s, n);
+}
+
+static void pstr(msgpack_packer *pk, const char *s)
+{
+    pstrn(pk, s, strlen(s));
+}
+
+/* Unpacks `n` bytes and transcodes them to JSON into `out` (appending). */
+static int m2j(const char *data, size_t n, const struct transcode_override *ov,
+               struct transcode_buf *out, char *err)
+{
+    msgpack_unpacked u;
+    size_t off = 0;
+
+    msgpack_unpacked_init(&u);
+    ck_assert_int_eq(msgpack_unpack_next(&u, data, n, &off), MSGPACK_UNPACK_SUCCESS);
+    ck_assert_uint_eq(off, n);
+    int rc = transcode_msgpack_to_json(&u.data, out, ov, "body", err, ERRLEN);
+    msgpack_unpacked_destroy(&u);
+    return rc;
+}
+
+/* msgpack (m) -> JSON must equal `want`, and JSON -> msgpack must give back
+ * exactly m's bytes. */
+static void check_roundtrip(struct mp *m, const struct transcode_override *ov, const char *want)
+{
+    struct transcode_buf out;
+    struct mp back;
+    char err[ERRLEN];
+
+    transcode_buf_init(&out);
+    ck_assert_msg(m2j(m->sb.data, m->sb.size, ov, &out, err) == 0, "m2j failed: %s", err);
+    ck_assert_str_eq(out.data, want);
+    ck_assert_uint_eq(out.len, strlen(want));
+    mp_init(&back);
+    ck_assert_msg(transcode_json_to_msgpack(out.data, out.len, &back.pk, err, sizeof(err)) == 0,
+                  "j2m failed: %s", err);
+    ck_assert_uint_eq(back.sb.size, m->sb.size);
+    ck_assert_mem_eq(back.sb.data, m->sb.data, m->sb.size);
+    mp_fini(&back);
+    transcode_buf_fini(&out);
+}
+
+/* msgpack (m) with overrides -> JSON must equal `want`. */
+static void check_m2j(struct mp *m, const struct transcode_override *ov, const char *want)
+{
+    struct transcode_buf out;
+    char err[ERRLEN];
+
+    transcode_buf_init(&out);
+    ck_assert_msg(m2j(m->sb.data, m->sb.size, ov, &out, err) == 0, "m2j failed: %s", err);
+    ck_assert_str_eq(out.data, want);
+    transcode_buf_fini(&out);
+}
+
+/* msgpack (m) -> JSON must fail with exactly `want_err`; out left empty. */
+static void check_m2j_fails(struct mp *m, const struct transcode_override *ov,
+                            const char *want_err)
+{
+    struct transcode_buf out;
+    char err[ERRLEN];
+
+    transcode_buf_init(&out);
+    ck_assert_int_eq(m2j(m->sb.data, m->sb.size, ov, &out, err), TRANSCODE_EINVALID);
+    ck_assert_str_eq(err, want_err);
+    ck_assert_uint_eq(out.len, 0);
+    transcode_buf_fini(&out);
+}
+
+/* JSON -> msgpack must give exactly `want` (n bytes). */
+static void check_j2m(const char *json, const char *want, size_t n)
+{
+    struct mp m;
+    char err[ERRLEN];
+
+    mp_init(&m);
+    ck_assert_msg(transcode_json_to_msgpack(json, strlen(json), &m.pk, err, sizeof(err)) == 0,
+                  "j2m(%s) failed: %s", json, err);
+    ck_assert_uint_eq(m.sb.size, n);
+    ck_assert_mem_eq(m.sb.data, want, n);
+    mp_fini(&m);
+}
+
+/* True when every byte is printable ASCII. */
+static int is_printable_ascii(const char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || (unsigned char)*s > 0x7E)
+            return 0;
+    return 1;
+}
+
+/* JSON -> msgpack must fail with TRANSCODE_EINVALID; the message must start
+ * with `prefix`, contain `needle` (may be NULL), stay short and printable. */
+static void check_j2m_fails(const char *json, size_t len, const char *prefix, const char *needle)
+{
+    struct mp m;
+    char err[ERRLEN];
+
+    mp_init(&m);
+    ck_assert_int_eq(transcode_json_to_msgpack(json, len, &m.pk, err, sizeof(err)),
+                     TRANSCODE_EINVALID);
+    ck_assert_msg(strncmp(err, prefix, strlen(prefix)) == 0, "err '%s' lacks prefix '%s'", err,
+                  prefix);
+    if (needle)
+        ck_assert_msg(strstr(err, needle), "err '%s' lacks '%s'", err, needle);
+    ck_assert_uint_lt(strlen(err), 256);
+    ck_assert_msg(is_printable_ascii(err), "err not printable: %s", err);
+    mp_fini(&m);
+}
+
+/* ---- buffer --------------------------------------------------------------- */
+
+START_TEST(test_transcode__buf_lifecycle)
+{
+    struct transcode_buf b;
+
+    transcode_buf_init(&b);
+    ck_assert_ptr_null(b.data);
+    ck_assert_int_eq(transcode_buf_reserve(&b, 5000), 0);
+    ck_assert_uint_gt(b.cap, 5000);
+    ck_assert_uint_eq(b.len, 0);
+    char *before = b.data;
+    size_t cap = b.cap;
+    ck_assert_int_eq(transcode_buf_reserve(&b, SIZE_MAX - 8), TRANSCODE_ENOMEM);
+    ck_assert_ptr_eq(b.data, before);
+    ck_assert_uint_eq(b.cap, cap);
+    transcode_buf_reset(&b);
+    ck_assert_ptr_eq(b.data, before);
+    transcode_buf_fini(&b);
+    ck_assert_ptr_null(b.data);
+    ck_assert_uint_eq(b.cap, 0);
+    transcode_buf_fini(&b); /* idempotent */
+}
+END_TEST
+
+/* ---- msgpack -> JSON -> msgpack round trips ------------------------------- */
+
+START_TEST(test_transcode__roundtrip_chat_body)
+{
+    struct mp m;
+    msgpack_packer *pk = &m.pk;
+
+    mp_init(&m);
+    msgpack_pack_map(pk, 9);
+    pstr(pk, "model");
+    pstr(pk, "gpt-4o");
+    pstr(pk, "messages");
+    msgpack_pack_array(pk, 2);
+    msgpack_pack_map(pk, 2);
+    pstr(pk, "role");
+    pstr(pk, "system");
+    pstr(pk, "content");
+    pstr(pk, "You are terse.");
+    msgpack_pack_map(pk, 2);
+    pstr(pk, "role");
+    pstr(pk, "user");
+    pstr(pk, "content");
+    pstr(pk, "Hi");
+    pstr(pk, "temperature");
+    msgpack_pack_double(pk, 0.7);
+    pstr(pk, "max_tokens");
+    msgpack_pack_int64(pk, 256);
+    pstr(pk, "stream");
+    msgpack_pack_false(pk);
+    pstr(pk, "tools");
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_map(pk, 2);
+    pstr(pk, "type");
+    pstr(pk, "function");
+    pstr(pk, "function");
+    msgpack_pack_map(pk, 2);
+    pstr(pk, "name");
+    pstr(pk, "f");
+    pstr(pk, "parameters");
+    msgpack_pack_map(pk, 3);
+    pstr(pk, "type");
+    pstr(pk, "object");
+    pstr(pk, "properties");
+    msgpack_pack_map(pk, 0);
+    pstr(pk, "required");
+    msgpack_pack_array(pk, 0);
+    pstr(pk, "user");
+    msgpack_pack_nil(pk);
+    pstr(pk, "logprobs");
+    msgpack_pack_true(pk);
+    pstr(pk, "zz");
+    msgpack_pack_array(pk, 3);
+    msgpack_pack_array(pk, 0);
+    msgpack_pack_map(pk, 0);
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_nil(pk);
+    check_roundtrip(&m, NULL,
+                    "{\"model\":\"gpt-4o\",\"messages\":[{\"role\":\"system\",\"content\":"
+                    "\"You are terse.\"},{\"role\":\"user\",\"content\":\"Hi\"}],"
+                    "\"temperature\":0.7,\"max_tokens\":256,\"stream\":false,\"tools\":"
+                    "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+                    "{\"type\":\"object\",\"properties\":{},\"required\":[]}}}],"
+                    "\"user\":null,\"logprobs\":true,\"zz\":[[],{},[[null]]]}");
+    mp_fini(&m);
+}
+END_TEST
+
+START_TEST(test_transcode__roundtrip_unicode_and_escapes)
+{
+    struct mp m;
+
+    mp_init(&m);
+    msgpack_pack_array(&m.pk, 7);
+    pstr(&m.pk, "\xc3\xa9");                               /* é (2 bytes) */
+    pstr(&m.pk, "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e");   /* 日本語 (3 bytes each) */
+    pstr(&m.pk, "\xf0\x9f\x98\x80 ok");                    /* 😀 (4 bytes) */
+    pstr(&m.pk, "q\"b\\s/\n\r\t\b\f\x01\x1f\x7f");
+    pstrn(&m.pk, "a\0b", 3);
+    pstr(&m.pk, "\xef\xbf\xbf\xf4\x8f\xbf\xbf");           /* U+FFFF, U+10FFFF */
+    pstr(&m.pk, "");
+    check_roundtrip(&m, NULL,
+                    "[\"\xc3\xa9\",\"\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e\","
+                    "\"\xf0\x9f\x98\x80 ok\","
+                    "\"q\\\"b\\\\s/\\n\\r\\t\\b\\f\\u0001\\u001f\x7f\","
+                    "\"a\\u0000b\",\"\xef\xbf\xbf\xf4\x8f\xbf\xbf\",\"\"]");
+    mp_fini(&m);
+}
+END_TEST
+
+START_TEST(test_transcode__roundtrip_long_escaped_string)
+{
+    /* Escapes everywhere force the buffer to grow past its first guess. */
+    enum { N = 100000 };
+    char *s = malloc(N), *want = malloc(2 * N + 3);
+    struct mp m;
+
+    for (size_t i = 0; i < N; i++)
+        s[i] = (i % 3 == 0) ? '"' : 'x';
+    size_t w = 0;
+    want[w++] = '"';
+    for (size_t i = 0; i < N; i++) {
+        if (s[i] == '"')
+            want[w++] = '\\';
+        want[w++] = s[i];
+    }
+    want[w++] = '"';
+    want[w] = '\0';
+    mp_init(&m);
+    pstrn(&m.pk, s, N);
+    check_roundtrip(&m, NULL, want);
+    mp_fini(&m);
+    free(s);
+    free(want);
+}
+END_TEST
+
+START_TEST(test_transcode__roundtrip_integers)
+{
+    static const int64_t v[] = {
+        0, 1, -1, 127, 128, -32, -33, 255, 256, 65535, 65536, -32768, -32769,
+        4294967295LL, 4294967296LL,
+        9007199254740993LL,  /* 2^53 + 1: not a double */
+        -9007199254740993LL,
+        INT64_MIN, INT64_MAX,
+    };
+    struct mp m;
+
+    mp_init(&m);
+    msgpack_pack_array(&m.pk, sizeof(v) / sizeof(v[0]) + 2);
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
+        msgpack_pack_int64(&m.pk, v[i]);
+    /* Unsigned values up to INT64_MAX come back identical too. */
+    msgpack_pack_uint64(&m.pk, (uint64_t)INT64_MAX);
+    msgpack_pack_uint64(&m.pk, 9007199254740993ULL);
+    check_roundtrip(&m, NULL,
+                    "[0,1,-1,127,128,-32,-33,255,256,65535,65536,-32768,-32769,"
+                    "4294967295,4294967296,9007199254740993,-9007199254740993,"
+                    "-9223372036854775808,9223372036854775807,"
+                    "9223372036854775807,9007199254740993]");
+    mp_fini(&m);
+}
+END_TEST
+
+START_TEST(test_transcode__uint64_above_int64_is_printed_exactly)
+{
+    struct mp m;
+    struct transcode_buf out;
+    char err[ERRLEN];
+
+    mp_init(&m);
+    msgpack_pack_array(&m.pk, 2);
+    msgpack_pack_uint64(&m.pk, UINT64_MAX);
+    msgpack_pack_uint64(&m.pk, (uint64_t)INT64_MAX + 1);
+    transcode_buf_init(&out);
+    ck_assert_int_eq(m2j(m.sb.data, m.sb.size, NULL, &out, err), 0);
+    ck_assert_str_eq(out.data, "[18446744073709551615,9223372036854775808]");
+    /* The way back is limited to int64 (jansson): rejected, not rounded. */
+    check_j2m_fails(out.data, out.len,
+                    "number out of range in JSON at line 1, column 21: too big integer",
+                    "int64");
+    transcode_buf_fini(&out);
+    mp_fini(&m);
+}
+END_TEST
+
+START_TEST(test_transcode__roundtrip_floats)
+{
+    static const double v[] = {0.1, 1e300, -0.0, 0.0, 1.0, 0.5, 100.0, 1.0 / 3, 1e-7, 1e21,
+                               -2.5, 123456.789, 9007199254740992.0, 0.7};
+    struct mp m;
+
+    mp_init(&m);
+    msgpack_pack_array(&m.pk, sizeof(v) / sizeof(v[0]));
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
+        msgpack_pack_double(&m.pk, v[i]);
+    check_roundtrip(&m, NULL,
+                    "[0.1,1e+300,-0.0,0.0,1.0,0.5,100.0,0.3333333333333333,1e-07,1e+21,"
+                    "-2.5,123456.789,9007199254740992.0,0.7]");
+    mp_fini(&m);
+}
+END_TEST
+
+START_TEST(test_transcode__floats_roundtrip_bit_exact)
+{
+    /* Values that need 16 or 17 digits, subnormals and the extremes: the
+     * exact text is glibc's business, the bits coming back are ours. */
+    static const double v[] = {DBL_MAX, -DBL_MAX, DBL_MIN, 5e-324, 2.2250738585072009e-308,
+                               0.30000000000000004, 1.0 + DBL_EPSILON, 3.141592653589793,
+                               2.718281828459045, 1e23, 5e-300, 123456789012345680.0};
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+        struct mp m;
+        struct transcode_buf out;
+        char err[ERRLEN];
+
+        mp_init(&m);
+        msgpack_pack_double(&m.pk, v[i]);
+        transcode_buf_init(&out);
+        ck_assert_int_eq(m2j(m.sb.data, m.sb.size, NULL, &out, err), 0);
+        ck_assert_msg(strchr(out.data, '.') || strchr(out.data, 'e'), "%s", out.data);
+        ck_assert_uint_le(out.len, 24);
+        struct mp back;
+        mp_init(&back);
+        ck_assert_int_eq(transcode_json_to_msgpack(out.data, out.len, &back.pk, err, ERRLEN), 0);
+        ck_assert_uint_eq(back.sb.size, m.sb.size);
+        ck_assert_msg(memcmp(back.sb.data, m.sb.data, m.sb.size) == 0, "%.17g -> %s", v[i],
+                      out.data);
+        mp_fini(&back);
+        mp_fini(&m);
+        transcode_buf_fini(&out);
+    }
+}
+END_TEST
+
+/* Deterministic pseudo-random numbers (xorshift64*). */
+static uint64_t rnd(uint64_t *st)
+{
+    *st ^= *st >> 12;
+    *st ^= *st << 25;
+    *st ^= *st >> 27;
+    return *st * 0x2545F4914F6CDD1DULL;
+}
+
+START_TEST(test_transcode__floats_random_roundtrip)
+{
+    /* Short decimals (the fast path), their neighbours, and random bit
+     * patterns (the snprintf path) all parse back to the same bits. */
+    uint64_t st = 0x9E3779B97F4A7C15ULL;
+    struct transcode_buf out;
+    char err[ERRLEN];
+
+    transcode_buf_init(&out);
+    for (int i = 0; i < 30000; i++) {
+        uint64_t r = rnd(&st);
+        double d;
+        switch (i % 3) {
+        case 0:
+            d = (double)(int64_t)(r % 2000000001ULL - 1000000000) / pow(10, (double)((r >> 60) % 8));
+            break;
+        case 1:
+            d = nextafter((double)(r % 100000) / 1000.0, (r >> 63) ? INFINITY : -INFINITY);
+            break;
+        default:
+            memcpy(&d, &r, sizeof(d));
+            if (!isfinite(d))
+                d = (double)r;
+            break;
+        }
+        msgpack_object o = {.type = MSGPACK_OBJECT_FLOAT64, .via.f64 = d};
+        transcode_buf_reset(&out);
+        ck_assert_int_eq(transcode_msgpack_to_json(&o, &out, NULL, "v", err, sizeof(err)), 0);
+        ck_assert_msg(strchr(out.data, '.') || strchr(out.data, 'e'), "%s", out.data);
+        ck_assert_uint_le(out.len, 24);
+        double back = strtod(out.data, NULL);
+        ck_assert_msg(memcmp(&back, &d, sizeof(d)) == 0, "%.17g printed as %s", d, out.data);
+    }
+    transcode_buf_fini(&out);
+}
+END_TEST
+
+/* Reference escaper for the string writer's word-at-a-time scan. */
+static size_t ref_escape(const char *s, size_t n, char *w)
+{
+    size_t k = 0;
+
+    w[k++] = '"';
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        switch (c) {
+        case '"': k += (size_t)sprintf(w + k, "\\\""); break;
+        case '\\': k += (size_t)sprintf(w + k, "\\\\"); break;
+        case '\n': k += (size_t)sprintf(w + k, "\\n"); break;
+        case '\r': k += (size_t)sprintf(w + k, "\\r"); break;
+        case '\t': k += (size_t)sprintf(w + k, "\\t"); break;
+        case '\b': k += (size_t)sprintf(w + k, "\\b"); break;
+        case '\f': k += (size_t)sprintf(w + k, "\\f"); break;
+        default:
+            if (c < 0x20)
+                k += (size_t)sprintf(w + k, "\\u%04x", c);
+            else
+                w[k++] = (char)c;
+        }
+    }
+    w[k++] = '"';
+    w[k] = '\0';
+    return k;
+}
+
+START_TEST(test_transcode__string_special_byte_at_every_offset)
+{
+    static const char *const specials[] = {"\x00", "\x01", "\x1f", "\n", "\"", "\\",
+                                           "\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80"};
+    struct transcode_buf out;
+    char err[ERRLEN];
+
+    transcode_buf_init(&out);
+    for (size_t si = 0; si < sizeof(specials) / sizeof(specials[0]); si++) {
+        size_t sl = si < 1 ? 1 : strlen(specials[si]);
+        for (size_t pos = 0; pos + sl <= 27; pos++) {
+            char s[27], want[200];
+            memset(s, 'a', sizeof(s));
+            memcpy(s + pos, specials[si], sl);
+            ref_escape(s, sizeof(s), want);
+            msgpack_object o = {.type = MSGPACK_OBJECT_STR};
+            o.via.str.ptr = s;
+            o.via.str.size = sizeof(s);
+            transcode_buf_reset(&out);
+            ck_assert_int_eq(transcode_msgpack_to_json(&o, &out, NULL, "v", err, sizeof(err)), 0);
+            ck_assert_str_eq(out.data, want);
+            /* The same byte cut short must be caught at every offset too. */
+            if (sl > 1) {
+                o.via.str.size = (uint32_t)(pos + sl - 1);
+                transcode_buf_reset(&out);
+                ck_assert_int_eq(transcode_msgpack_to_json(&o, &out, NULL, "v", err, sizeof(err)),
+                                 TRANSCODE_EINVALID);
+            }
+        }
+    }
+    transcode_buf_fini(&out);
+}
+END_TEST
+
+START_TEST(test_transcode__float32_prints_shortest_for_float)
+{
+    struct mp m;
+    msgpack_unpacked u;
+    char err[ERRLEN];
+
+    mp_init(&m);
+    msgpack_pack_array(&m.pk, 5);
+    msgpack_pack_float(&m.pk, 0.1f);
+    msgpack_pack_float(&m.pk, 1.0f);
+    msgpack_pack_float(&m.pk, 0.3f);
+    msgpack_pack_float(&m.pk, FLT_MAX);
+    msgpack_pack_float(&m.pk, 16777216.0f);
+    check_m2j(&m, NULL, "[0.1,1.0,0.3,3.4028235e+38,16777216.0]");
+    mp_fini(&m);
+
+    /* ... and comes back as the float64 the digits mean. */
+    mp_init(&m);
+    ck_assert_int_eq(transcode_json_to_msgpack("[0.1]", 5, &m.pk, err, ERRLEN), 0);
+    msgpack_unpacked_init(&u);
+    ck_assert_int_eq(msgpack_unpack_next(&u, m.sb.data, m.sb.size, NULL), MSGPACK_UNPACK_SUCCESS);
+    ck_assert_int_eq(u.data.via.array.ptr[0].type, MSGPACK_OBJECT_FLOAT64);
+    ck_assert(u.data.via.array.ptr[0].via.f64 == 0.1);
+    msgpack_unpacked_destroy(&u);
+    mp_fini(&m);
+}
+END_TEST
+
+START_TEST(test_transcode__scalars_at_top_level)
+{
+    struct mp m;
+
+    mp_init(&m);
+    msgpack_pack_true(&m.pk);
+    check_roundtrip(&m, NULL, "true");
+    mp_fini(&m);
+    mp_init(&m);
+    msgpack_pack_false(&m.pk);
+    check_roundtrip(&m, NULL, "false");
+    mp_fini(&m);
+    mp_init(&m);
+    msgpack_pack_nil(&m.pk);
+    check_roundtrip(&m, NULL, "null");
+    mp_fini(&m);
+    mp_init(&m);
+    msgpack_pack_map(&m.pk, 0);
+    check_roundtrip(&m, NULL, "{}");
+    mp_fini(&m);
+    mp_init(&m);
+    msgpack_pack_array(&m.pk, 0);
+    check_roundtrip(&m, NULL, "[]");
+    mp_fini(&m);
+}
+END_TEST
+
+START_TEST(test_transcode__appends_to_existing_content)
+{
+    struct mp m;
+    struct transcode_buf out;
+    char err[ERRLEN];
+
+    mp_init(&m);
+    msgpack_pack_array(&m.pk, 1);
+    msgpack_pack_int64(&m.pk, 7);
+    transcode_buf_init(&out);
+    ck_assert_int_eq(transcode_buf_reserve(&out, 3), 0);
+    memcpy(out.data, "ab:", 3);
+    out.len = 3;
+    ck_assert_int_eq(m2j(m.sb.data, m.sb.size, NULL, &out, err), 0);
+    ck_assert_str_eq(out.data, "ab:[7]");
+    transcode_buf_reset(&out);
+    ck_assert_int_eq(m2j(m.sb.data, m.sb.size, NULL, &out, err), 0);
+    ck_assert_str_eq(out.data, "[7]");
+    transcode_buf_fini(&out);
+    mp_fini(&m);
+}
+END_TEST
+
+/* ---- overrides ------------------------------------------------------------ */
+
+START_TEST(test_transcode__override_model_replaces_in_place)
+{
+    struct transcode_override ov = {.model = "gpt-4o-mini"};
+    struct mp m;
+
+    mp_init(&m);
+    msgpack_pack_map(&m.pk, 3);
+    pstr(&m.pk, "a");
+    msgpack_pack_int64(&m.pk, 1);
+    pstr(&m.pk, "model");
+    pstr(&m.pk, "client-choice");
+    pstr(&m.pk, "b");
+    msgpack_pack_int64(&m.pk, 2);
+    check_m2j(&m, &ov, "{\"a\":1,\"model\":\"gpt-4o-mini\",\"b\":2}");
+    check_m2j(&m, NULL, "{\"a\":1,\"model\":\"client-choice\",\"b\":2}");
+    mp_fini(&m);
+
+    /* A non-string model value is replaced all the same. */
+    mp_init(&m);
+    msgpack_pack_map(&m.pk, 1);
+    pstr(&m.pk, "model");
+    msgpack_pack_array(&m.pk, 0);
+    check_m2j(&m, &ov, "{\"model\":\"gpt-4o-mini\"}");
+    mp_fini(&m);
+}
+END_TEST
+
+START_TEST(test_transcode__override_model_added_when_absent)
+{
+    struct transcode_override ov = {.model = "m1"};
+    struct mp m;
+
+    mp_init(&m);
+    msgpack_pack_map(&m.pk, 1);
+    pstr(&m.pk, "a");
+    msgpack_pack_int64(&m.pk, 1);
+    check_m2j(&m, &ov, "{\"a\":1,\"model\":\"m1\"}");
+    mp_fini(&m);
+    mp_init(&m);
+    msgpack_pack_map(&m.pk, 0);
+    check_m2j(&m, &ov, "{\"model\":\"m1\"}");
+    ov.stream = TRANSCODE_STREAM_TRUE;
+    check_m2j(&m, &ov, "{\"model\":\"m1\",\"stream\":true}");
+    mp_fini(&m);
+}
+END_TEST
+
+START_TEST(test_transcode__override_model_duplicates_and_nested)
+{
+    /* Every top-level "model" is replaced (an upstream might keep the last
+     * duplicate); nested "model"/"stream" keys are the body's business. */
+    struct transcode_override ov = {.model = "M", .stream = TRANSCODE_STREAM_FALSE};
+    struct mp m;
+
+    mp_init(&m);
+    msgpack_pack_map(&m.pk, 3);
+    pstr(&m.pk, "model");
+    pstr(&m.pk, "a");
+    pstr(&m.pk, "messages");
+    msgpack_pack_array(&m.pk, 1);
+    msgpack_pack_map(&m.pk, 2);
+    pstr(&m.pk, "model");
+    pstr(&m.pk, "inner");
+    pstr(&m.pk, "stream");
+    msgpack_pack_true(&m.pk);
+    pstr(&m.pk, "model");
+    pstr(&m.pk, "b");
+    check_m2j(&m, &ov,
+              "{\"model\":\"M\",\"messages\":[{\"model\":\"inner\",\"stream\":true}],"
+              "\"model\":\"M\",\"stream\":false}");
+    mp_fini(&m);
+}
+END_TEST
+
+START_TEST(test_transcode__override_stream)
+{
+    struct transcode_override ov = {.stream = TRANSCODE_STREAM_FALSE};
+    struct mp m;
+
+    mp_init(&m);
+    msgpack_pack_map(&m.pk, 2);
+    pstr(&m.pk, "stream");
+    msgpack_pack_true(&m.pk);
+    pstr(&m.pk, "x");
+    msgpack_pack_int64(&m.pk, 1);
+    check_m2j(&m, &ov, "{\"stream\":false,\"x\":1}");
+    ov.stream = TRANSCODE_STREAM_TRUE;
+    check_m2j(&m, &ov, "{\"stream\":true,\"x\":1}");
+    ov.stream = TRANSCODE_STREAM_KEEP; /* also what a zeroed struct means */
+    check_m2j(&m, &ov, "{\"stream\":true,\"x\":1}");
+    mp_fini(&m);
+
+    mp_init(&m);
+    msgpack_pack_map(&m.pk, 1);
+    pstr(&m.pk, "x");
+    msgpack_pack_int64(&m.pk, 1);
+    ov.stream = TRANSCODE_STREAM_TRUE;
+    check_m2j(&m, &ov, "{\"x\":1,\"stream\":true}");
+    mp_fini(&m);
+
+    mp_init(&m);
+    msgpack_pack_map(&m.pk, 0);
+    ov.stream = TRANSCODE_STREAM_FALSE;
+    check_m2j(&m, &ov, "{\"stream\":false}");
+    mp_fini(&m);
+}
+END_TEST
+
+START_TEST(test_transcode__override_model_is_escaped_and_validated)
+{
+    struct transcode_override ov = {.model = "a\"b\xc3\xa9"};
+    struct mp m;
+
+    mp_init(&m);
+    msgpack_pack_map(&m.pk, 0);
+    check_m2j(&m, &ov, "{\"model\":\"a\\\"b\xc3\xa9\"}");
+    ov.model = "bad\xff";
+    check_m2j_fails(&m, &ov, "body.model: string is not valid UTF-8 (byte 3 of 4)");
+    mp_fini(&m);
+}
+END_TEST
+
+START_TEST(test_transcode__override_ignored_when_not_a_map)
+{
+    struct transcode_override ov = {.model = "m", .stream = TRANSCODE_STREAM_TRUE};
+    struct mp m;
+
+    mp_init(&m);
+    msgpack_pack_array(&m.pk, 1);
+    msgpack_pack_map(&m.pk, 0);
+    check_m2j(&m, &ov, "[{}]");
+    mp_fini(&m);
+}
+END_TEST
+
+/* ---- msgpack -> JSON rejections ------------------------------------------- */
+
+START_TEST(test_transcode__reject_bin)
+{
+    struct mp m;
+
+    mp_init(&m);
+    msgpack_pack_map(&m.pk, 1);
+    pstr(&m.pk, "messages");
+    msgpack_pack_array(&m.pk, 3);
+    for (int i = 0; i < 3; i++) {
+        msgpack_pack_map(&m.pk, 2);
+        pstr(&m.pk, "role");
+        pstr(&m.pk, "user");
+        pstr(&m.pk, "content");
+        if (i < 2) {
+            pstr(&m.pk, "text");
+        } else {
+            msgpack_pack_bin(&m.pk, 3);
+            msgpack_pack_bin_body(&m.pk, "\x00\x01\x02", 3);
+        }
+    }
+    check_m2j_fails(&m, NULL, "body.messages[2].content: binary data cannot be sent as JSON");
+    mp_fini(&m);
+}
+END_TEST
+
+START_TEST(test_transcode__reject_ext)
+{
+    struct mp m;
+
+    mp_init(&m);
+    msgpack_pack_map(&m.pk, 1);
+    pstr(&m.pk, "x");
+    msgpack_pack_array(&m.pk, 2);
+    msgpack_pack_nil(&m.pk);
+    msgpack_pack_ext(&m.pk, 2, 5);
+    msgpack_pack_ext_body(&m.pk, "ab", 2);
+    check_m2j_fails(&m, NULL, "body.x[1]: msgpack ext type 5 cannot be sent as JSON");
+    mp_fini(&m);
+}
+END_TEST
+
+START_TEST(test_transcode__reject_nan_and_infinity)
+{
+    static const struct {
+        double v;
+        int f32;
+        const char *err;
+    } cases[] = {
+        {NAN, 0, "body.temperature: NaN cannot be sent as JSON"},
+        {INFINITY, 0, "body.temperature: Infinity cannot be sent as JSON"},
+        {-INFINITY, 0, "body.temperature: -Infinity cannot be sent as JSON"},
+        {NAN, 1, "body.temperature: NaN cannot be sent as JSON"},
+        {-INFINITY, 1, "body.temperature: -Infinity cannot be sent as JSON"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct mp m;
+
+        mp_init(&m);
+        msgpack_pack_map(&m.pk, 1);
+        pstr(&m.pk, "temperature");
+        if (cases[i].f32)
+            msgpack_pack_float(&m.pk, (float)cases[i].v);
+        else
+            msgpack_pack_double(&m.pk, cases[i].v);
+        check_m2j_fails(&m, NULL, cases[i].err);
+        mp_fini(&m);
+    }
+}
+END_TEST
+
+START_TEST(test_transcode__reject_non_string_keys)
+{
+    struct mp m;
+
+    mp_init(&m);
+    msgpack_pack_map(&m.pk, 1);
+    pstr(&m.pk, "metadata");
+    msgpack_pack_map(&m.pk, 2);
+    pstr(&m.pk, "ok");
+    msgpack_pack_int64(&m.pk, 1);
+    msgpack_pack_int64(&m.pk, 7);
+    pstr(&m.pk, "a");
+    check_m2j_fails(&m, NULL,
+                    "body.metadata: map key #1 is an integer; JSON object keys must be strings");
+    mp_fini(&m);
+
+    mp_init(&m);
+    msgpack_pack_map(&m.pk, 1);
+    msgpack_pack_nil(&m.pk);
+    msgpack_pack_nil(&m.pk);
+    check_m2j_fails(&m, NULL, "body: map key #0 is nil; JSON object keys must be strings");
+    mp_fini(&m);
+
+    mp_init(&m);
+    msgpack_pack_map(&m.pk, 1);
+    msgpack_pack_bin(&m.pk, 1);
+    msgpack_pack_bin_body(&m.pk, "k", 1);
+    msgpack_pack_nil(&m.pk);
+    check_m2j_fails(&m, NULL,
+                    "body: map key #0 is binary data; JSON object keys must be strings");
+    mp_fini(&m);
+}
+END_TEST
+
+START_TEST(test_transcode__reject_invalid_utf8)
+{
+    static const char *const bad[] = {
+        "\x80",             /* stray continuation */
+        "\xbf",
+        "\xc0\x80",         /* overlong NUL */
+        "\xc1\xbf",         /* overlong */
+        "\xe0\x80\x80",     /* overlong 3-byte */
+        "\xe0\x9f\xbf",
+        "\xed\xa0\x80",     /* surrogate U+D800 */
+        "\xed\xbf\xbf",     /* surrogate U+DFFF */
+        "\xf0\x80\x80\x80", /* overlong 4-byte */
+        "\xf0\x8f\xbf\xbf",
+        "\xf4\x90\x80\x80", /* U+110000 */
+        "\xf5\x80\x80\x80",
+        "\xff",
+        "\xe2\x82",         /* truncated */
+        "\xf0\x9f\x98",     /* truncated emoji */
+        "\xe2\x28\xa1",     /* bad continuation */
+        "\xc3",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct mp m;
+        char want[128];
+
+        mp_init(&m);
+        msgpack_pack_map(&m.pk, 1);
+        pstr(&m.pk, "content");
+        msgpack_pack_str(&m.pk, strlen(bad[i]) + 2);
+        msgpack_pack_str_body(&m.pk, "ok", 2);
+        msgpack_pack_str_body(&m.pk, bad[i], strlen(bad[i]));
+        snprintf(want, sizeof(want), "body.content: string is not valid UTF-8 (byte 2 of %zu)",
+                 strlen(bad[i]) + 2);
+        check_m2j_fails(&m, NULL, want);
+        mp_fini(&m);
+    }
+}
+END_TEST
+
+START_TEST(test_transcode__accepts_utf8_boundaries)
+{
+    static const char *const good[] = {
+        "\xc2\x80",         /* U+0080 */
+        "\xdf\xbf",         /* U+07FF */
+        "\xe0\xa0\x80",     /* U+0800 */
+        "\xed\x9f\xbf",     /* U+D7FF */
+        "\xee\x80\x80",     /* U+E000 */
+        "\xef\xbf\xbf",     /* U+FFFF */
+        "\xf0\x90\x80\x80", /* U+10000 */
+        "\xf4\x8f\xbf\xbf", /* U+10FFFF */
+    };
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        struct mp m;
+        char want[32];
+
+        mp_init(&m);
+        pstr(&m.pk, good[i]);
+        snprintf(want, sizeof(want), "\"%s\"", good[i]);
+        check_roundtrip(&m, NULL, want);
+        mp_fini(&m);
+    }
+}
+END_TEST
+
+START_TEST(test_transcode__reject_invalid_utf8_key)
+{
+    struct mp m;
+
+    mp_init(&m);
+    msgpack_pack_map(&m.pk, 1);
+    pstr(&m.pk, "ok");
+    msgpack_pack_map(&m.pk, 1);
+    pstr(&m.pk, "k\xff");
+    msgpack_pack_int64(&m.pk, 1);
+    check_m2j_fails(&m, NULL, "body.ok: map key #0 is not valid UTF-8 (byte 1 of 2)");
+    mp_fini(&m);
+}
+END_TEST
+
+START_TEST(test_transcode__error_path_quotes_odd_keys)
+{
+    struct mp m;
+
+    mp_init(&m);
+    msgpack_pack_map(&m.pk, 1);
+    pstr(&m.pk, "a b");
+    msgpack_pack_map(&m.pk, 1);
+    pstr(&m.pk, "x\"y\\");
+    msgpack_pack_map(&m.pk, 1);
+    pstr(&m.pk, "\xe6\x97\xa5\n");
+    msgpack_pack_map(&m.pk, 1);
+    pstr(&m.pk, "1x");
+    msgpack_pack_map(&m.pk, 1);
+    pstr(&m.pk, "");
+    msgpack_pack_bin(&m.pk, 0);
+    check_m2j_fails(&m, NULL,
+                    "body[\"a b\"][\"x\\\"y\\\\\"][\"\xe6\x97\xa5\\x0a\"][\"1x\"][\"\"]: "
+                    "binary data cannot be sent as JSON");
+    mp_fini(&m);
+}
+END_TEST
+
+START_TEST(test_transcode__error_message_truncation_and_null_err)
+{
+    struct mp m;
+    struct transcode_buf out;
+    char err[ERRLEN];
+    msgpack_unpacked u;
+
+    mp_init(&m);
+    msgpack_pack_map(&m.pk, 1);
+    pstr(&m.pk, "\xe6\x97\xa5\xe6\x97\xa5");
+    msgpack_pack_bin(&m.pk, 0);
+    msgpack_unpacked_init(&u);
+    ck_assert_int_eq(msgpack_unpack_next(&u, m.sb.data, m.sb.size, NULL), MSGPACK_UNPACK_SUCCESS);
+    transcode_buf_init(&out);
+    /* "body[\"" is 6 bytes; 日 is 3: errlen 10 leaves room for 6+3 bytes
+     * only, 12 for 6+3 and a 2-byte cut of the second 日, which must go. */
+    for (size_t errlen = 1; errlen < 40; errlen++) {
+        memset(err, 'Z', sizeof(err));
+        ck_assert_int_eq(transcode_msgpack_to_json(&u.data, &out, NULL, "body", err, errlen),
+                         TRANSCODE_EINVALID);
+        ck_assert_uint_lt(strlen(err), errlen);
+        json_t *s = json_stringn(err, strlen(err)); /* NULL when not valid UTF-8 */
+        ck_assert_ptr_nonnull(s);
+        json_decref(s);
+    }
+    ck_assert_int_eq(transcode_msgpack_to_json(&u.data, &out, NULL, "body", err, 12),
+                     TRANSCODE_EINVALID);
+    ck_assert_str_eq(err, "body[\"\xe6\x97\xa5");
+    ck_assert_int_eq(transcode_msgpack_to_json(&u.data, &out, NULL, NULL, NULL, 0),
+                     TRANSCODE_EINVALID);
+    ck_assert_int_eq(transcode_msgpack_to_json(&u.data, &out, NULL, NULL, err, sizeof(err)),
+                     TRANSCODE_EINVALID);
+    ck_assert_str_eq(err, "value[\"\xe6\x97\xa5\xe6\x97\xa5\"]: binary data cannot be sent as JSON");
+    ck_assert_uint_eq(out.len, 0);
+    transcode_buf_fini(&out);
+    msgpack_unpacked_destroy(&u);
+    mp_fini(&m);
+}
+END_TEST
+
+START_TEST(test_transcode__failure_restores_buffer)
+{
+    struct mp m;
+    struct transcode_buf out;
+    char err[ERRLEN];
+
+    mp_init(&m);
+    msgpack_pack_array(&m.pk, 3);
+    pstr(&m.pk, "a long enough string to have been written before the failure");
+    msgpack_pack_int64(&m.pk, 1);
+    msgpack_pack_double(&m.pk, NAN);
+    transcode_buf_init(&out);
+    ck_assert_int_eq(transcode_buf_reserve(&out, 6), 0);
+    memcpy(out.data, "prefix", 6);
+    out.len = 6;
+    ck_assert_int_eq(m2j(m.sb.data, m.sb.size, NULL, &out, err), TRANSCODE_EINVALID);
+    ck_assert_str_eq(err, "body[2]: NaN cannot be sent as JSON");
+    ck_assert_uint_eq(out.len, 6);
+    ck_assert_str_eq(out.data, "prefix");
+    transcode_buf_fini(&out);
+    mp_fini(&m);
+}
+END_TEST
+
+/* Builds `levels` nested containers by hand (msgpack-c's unpacker stops at
+ * 32 levels, so these trees cannot come from bytes). */
+static msgpack_object *nested(unsigned levels, int maps)
+{
+    msgpack_object *o = calloc(levels + 1, sizeof(*o));
+    msgpack_object_kv *kv = maps ? calloc(levels, sizeof(*kv)) : NULL;
+
+    for (unsigned i = 0; i < levels; i++) {
+        if (maps) {
+            o[i].type = MSGPACK_OBJECT_MAP;
+            o[i].via.map.size = 1;
+            o[i].via.map.ptr = &kv[i];
+            kv[i].key.type = MSGPACK_OBJECT_STR;
+            kv[i].key.via.str.ptr = "a";
+            kv[i].key.via.str.size = 1;
+        } else {
+            o[i].type = MSGPACK_OBJECT_ARRAY;
+            o[i].via.array.size = 1;
+            o[i].via.array.ptr = &o[i + 1];
+        }
+    }
+    o[levels].type = MSGPACK_OBJECT_NIL;
+    /* A kv holds its value by copy: link from the innermost outwards. */
+    if (maps)
+        for (unsigned i = levels; i-- > 0;)
+            kv[i].val = o[i + 1];
+    return o;
+}
+
+static void free_nested(msgpack_object *o, int maps)
+{
+    if (maps)
+        free(o[0].via.map.ptr);
+    free(o);
+}
+
+START_TEST(test_transcode__depth_limit_msgpack)
+{
+    for (int maps = 0; maps <= 1; maps++) {
+        struct transcode_buf out;
+        char err[ERRLEN], want[ERRLEN];
+        msgpack_object *ok = nested(TRANSCODE_MAX_DEPTH, maps);
+        msgpack_object *deep = nested(TRANSCODE_MAX_DEPTH + 1, maps);
+
+        transcode_buf_init(&out);
+        ck_assert_int_eq(transcode_msgpack_to_json(ok, &out, NULL, "body", err, sizeof(err)), 0);
+        ck_assert_uint_eq(out.len, maps ? 64 * 6 + 4 : 64 * 2 + 4);
+        ck_assert_int_eq(transcode_msgpack_to_json(deep, &out, NULL, "body", err, sizeof(err)),
+                         TRANSCODE_EINVALID);
+        ck_assert_uint_eq(out.len, maps ? 64 * 6 + 4 : 64 * 2 + 4);
+        strcpy(want, "body");
+        for (int i = 0; i < TRANSCODE_MAX_DEPTH; i++)
+            strcat(want, maps ? ".a" : "[0]");
+        strcat(want, ": nested deeper than 64 levels");
+        ck_assert_str_eq(err, want);
+        transcode_buf_fini(&out);
+        free_nested(ok, maps);
+        free_nested(deep, maps);
+    }
+}
+END_TEST
+
+/* ---- JSON -> msgpack ------------------------------------------------------ */
+
+START_TEST(test_transcode__json_reply_roundtrip)
+{
+    static const char reply[] =
+        "{\"id\":\"chatcmpl-123\",\"object\":\"chat.completion\",\"created\":1700000000,"
+        "\"model\":\"gpt-4o-mini\",\"choices\":[{\"index\":0,\"message\":{\"role\":"
+        "\"assistant\",\"content\":\"Hello! \\u00e9\\ud83d\\ude00 \\\"q\\\"\\n\\/\","
+        "\"tool_calls\":null},\"logprobs\":null,\"finish_reason\":\"stop\"}],"
+        "\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":12,\"total_tokens\":21,"
+        "\"cost\":0.000123,\"x\":-1.5E3},\"system_fingerprint\":\"fp_44709d6fcb\"}";
+    static const char canonical[] =
+        "{\"id\":\"chatcmpl-123\",\"object\":\"chat.completion\",\"created\":1700000000,"
+        "\"model\":\"gpt-4o-mini\",\"choices\":[{\"index\":0,\"message\":{\"role\":"
+        "\"assistant\",\"content\":\"Hello! \xc3\xa9\xf0\x9f\x98\x80 \\\"q\\\"\\n/\","
+        "\"tool_calls\":null},\"logprobs\":null,\"finish_reason\":\"stop\"}],"
+        "\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":12,\"total_tokens\":21,"
+        "\"cost\":0.000123,\"x\":-1500.0},\"system_fingerprint\":\"fp_44709d6fcb\"}";
+    struct mp m;
+    char err[ERRLEN];
+
+    mp_init(&m);
+    ck_assert_int_eq(transcode_json_to_msgpack(reply, strlen(reply), &m.pk, err, ERRLEN), 0);
+    check_roundtrip(&m, NULL, canonical);
+    mp_fini(&m);
+}
+END_TEST
+
+START_TEST(test_transcode__json_key_order_and_duplicates)
+{
+    check_j2m("{\"z\":1,\"a\":2,\"m\":3}", "\x83\xa1z\x01\xa1" "a\x02\xa1m\x03", 10);
+    /* Duplicates: last value, first position (documented jansson behaviour). */
+    check_j2m("{\"a\":1,\"b\":2,\"a\":3}", "\x82\xa1" "a\x03\xa1" "b\x02", 7);
+}
+END_TEST
+
+START_TEST(test_transcode__json_scalars_and_numbers)
+{
+    check_j2m("42", "\x2a", 1);
+    check_j2m(" \n\t7 \r\n", "\x07", 1);
+    check_j2m("\"s\"", "\xa1s", 2);
+    check_j2m("null", "\xc0", 1);
+    check_j2m("true", "\xc3", 1);
+    check_j2m("false", "\xc2", 1);
+    check_j2m("1", "\x01", 1);
+    check_j2m("-1", "\xff", 1);
+    check_j2m("1.0", "\xcb\x3f\xf0\x00\x00\x00\x00\x00\x00", 9);
+    check_j2m("1e2", "\xcb\x40\x59\x00\x00\x00\x00\x00\x00", 9);
+    check_j2m("-0.0", "\xcb\x80\x00\x00\x00\x00\x00\x00\x00", 9);
+    check_j2m("9223372036854775807", "\xcf\x7f\xff\xff\xff\xff\xff\xff\xff", 9);
+    check_j2m("-9223372036854775808", "\xd3\x80\x00\x00\x00\x00\x00\x00\x00", 9);
+    check_j2m("\"a\\u0000b\"", "\xa3" "a\0b", 4);
+    check_j2m("\"\\ud83d\\ude00\"", "\xa4\xf0\x9f\x98\x80", 5);
+}
+END_TEST
+
+START_TEST(test_transcode__json_not_nul_terminated)
+{
+    struct mp m;
+    char err[ERRLEN];
+
+    mp_init(&m);
+    ck_assert_int_eq(transcode_json_to_msgpack("[1,2]garbage", 5, &m.pk, err, ERRLEN), 0);
+    ck_assert_uint_eq(m.sb.size, 3);
+    ck_assert_mem_eq(m.sb.data, "\x92\x01\x02", 3);
+    mp_fini(&m);
+}
+END_TEST
+
+START_TEST(test_transcode__json_big_numbers_rejected)
+{
+    static const char *const big[] = {"18446744073709551615", "-9223372036854775809",
+                                      "{\"seed\":9223372036854775808}",
+                                      "123456789012345678901234567890"};
+    for (size_t i = 0; i < sizeof(big) / sizeof(big[0]); i++)
+        check_j2m_fails(big[i], strlen(big[i]), "number out of range in JSON at line 1, column ",
+                        "(integers must fit in int64, numbers in a double)");
+    check_j2m_fails("[1e400]", 7, "number out of range in JSON at line 1, column 6: ",
+                    "real number overflow");
+}
+END_TEST
+
+START_TEST(test_transcode__json_invalid_input)
+{
+    static const char html[] =
+        "<!DOCTYPE html>\n<html><head><title>502 Bad Gateway</title></head>\n"
+        "<body><center><h1>502 Bad Gateway</h1></center><hr><center>nginx</center>"
+        "<p>Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor "
+        "incididunt ut labore et dolore magna aliqua. Ut enim ad minim veniam, quis nostrud "
+        "exercitation ullamco laboris nisi ut aliquip ex ea commodo consequat.</p></body></html>";
+    struct mp m;
+    char err[ERRLEN];
+
+    check_j2m_fails("{\"a\":1", 6, "invalid JSON at line 1, column 6: ", "expected");
+    check_j2m_fails("{\"a\":1} x", 9, "invalid JSON at line 1, column 9: ",
+                    "end of file expected near 'x'");
+    check_j2m_fails(html, strlen(html), "invalid JSON at line 1, column 1: ", "near '<'");
+    check_j2m_fails("", 0, "invalid JSON at line 1, column 0: ", NULL);
+    check_j2m_fails("[DONE]", 6, "invalid JSON at line 1, column 5: ", "DONE");
+    check_j2m_fails("{'a': 1}", 8, "invalid JSON at line 1, column ", NULL);
+    check_j2m_fails("NaN", 3, "invalid JSON at line 1, column ", NULL);
+    check_j2m_fails("{\"x\":\n tru}", 11, "invalid JSON at line 2, column ", "tru");
+    check_j2m_fails("\"\xff\xfe\"", 4, "invalid JSON at line 1, column ", NULL);
+    check_j2m_fails("\"a\x01\"", 4, "invalid JSON at line 1, column ", "control character");
+    check_j2m_fails("\"\\ud800\"", 8, "invalid JSON at line 1, column ", NULL);
+    check_j2m_fails("{\"a\\u0000b\":1}", 14, "invalid JSON at line 1, column ", "NUL byte");
+    /* A tiny err buffer, and none at all. */
+    mp_init(&m);
+    ck_assert_int_eq(transcode_json_to_msgpack("x", 1, &m.pk, err, 8), TRANSCODE_EINVALID);
+    ck_assert_str_eq(err, "invalid");
+    ck_assert_int_eq(transcode_json_to_msgpack("x", 1, &m.pk, NULL, 0), TRANSCODE_EINVALID);
+    mp_fini(&m);
+}
+END_TEST
+
+static char *nested_json(unsigned levels)
+{
+    char *s = malloc(2 * levels + 1);
+
+    memset(s, '[', levels);
+    memset(s + levels, ']', levels);
+    s[2 * levels] = '\0';
+    return s;
+}
+
+START_TEST(test_transcode__depth_limit_json)
+{
+    char *ok = nested_json(TRANSCODE_MAX_DEPTH);
+    char *deep = nested_json(TRANSCODE_MAX_DEPTH + 1);
+    char *very = nested_json(5000); /* past jansson's own limit (2048) */
+    char want[TRANSCODE_MAX_DEPTH];
+    struct mp m;
+    char err[ERRLEN];
+
+    memset(want, 0x91, sizeof(want) - 1);
+    want[sizeof(want) - 1] = (char)0x90;
+    check_j2m(ok, want, sizeof(want));
+    mp_init(&m);
+    ck_assert_int_eq(transcode_json_to_msgpack(deep, strlen(deep), &m.pk, err, ERRLEN),
+                     TRANSCODE_EINVALID);
+    ck_assert_str_eq(err, "JSON nested deeper than 64 levels");
+    mp_fini(&m);
+    check_j2m_fails(very, strlen(very), "invalid JSON at line 1, column ", "depth");
+    free(ok);
+    free(deep);
+    free(very);
+}
+END_TEST
+
+static int failing_write(void *data, const char *buf, size_t len)
+{
+    size_t *left = data;
+
+    (void)buf;
+    if (len > *left)
+        return -1;
+    *left -= len;
+    return 0;
+}
+
+START_TEST(test_transcode__json_packer_failure)
+{
+    static const char json[] = "{\"a\":[1,2,3],\"b\":\"hello\",\"c\":{\"d\":1.5}}";
+    char err[ERRLEN];
+
+    /* Fail at every byte budget short of the full 29-byte output. */
+    for (size_t budget = 0; budget < 29; budget++) {
+        msgpack_packer pk;
+        size_t left = budget;
+
+        msgpack_packer_init(&pk, &left, failing_write);
+        ck_assert_int_eq(transcode_json_to_msgpack(json, strlen(json), &pk, err, ERRLEN),
+                         TRANSCODE_ENOMEM);
+        ck_assert_str_eq(err, "out of memory (msgpack write failed)");
+    }
+    msgpack_packer pk;
+    size_t left = 29;
+    msgpack_packer_init(&pk, &left, failing_write);
+    ck_assert_int_eq(transcode_json_to_msgpack(json, strlen(json), &pk, err, ERRLEN), 0);
+    ck_assert_uint_eq(left, 0);
+}
+END_TEST
+
+Suite *transcode_suite(void)
+{
+    Suite *s = suite_create("transcode");
+    TCase *tc = tcase_create("core");
+
+    tcase_add_test(tc, test_transcode__buf_lifecycle);
+    tcase_add_test(tc, test_transcode__roundtrip_chat_body);
+    tcase_add_test(tc, test_transcode__roundtrip_unicode_and_escapes);
+    tcase_add_test(tc, test_transcode__roundtrip_long_escaped_string);
+    tcase_add_test(tc, test_transcode__roundtrip_integers);
+    tcase_add_test(tc, test_transcode__uint64_above_int64_is_printed_exactly);
+    tcase_add_test(tc, test_transcode__roundtrip_floats);
+    tcase_add_test(tc, test_transcode__floats_roundtrip_bit_exact);
+    tcase_add_test(tc, test_transcode__floats_random_roundtrip);
+    tcase_add_test(tc, test_transcode__string_special_byte_at_every_offset);
+    tcase_add_test(tc, test_transcode__float32_prints_shortest_for_float);
+    tcase_add_test(tc, test_transcode__scalars_at_top_level);
+    tcase_add_test(tc, test_transcode__appends_to_existing_content);
+    tcase_add_test(tc, test_transcode__override_model_replaces_in_place);
+    tcase_add_test(tc, test_transcode__override_model_added_when_absent);
+    tcase_add_test(tc, test_transcode__override_model_duplicates_and_nested);
+    tcase_add_test(tc, test_transcode__override_stream);
+    tcase_add_test(tc, test_transcode__override_model_is_escaped_and_validated);
+    tcase_add_test(tc, test_transcode__override_ignored_when_not_a_map);
+    tcase_add_test(tc, test_transcode__reject_bin);
+    tcase_add_test(tc, test_transcode__reject_ext);
+    tcase_add_test(tc, test_transcode__reject_nan_and_infinity);
+    tcase_add_test(tc, test_transcode__reject_non_string_keys);
+    tcase_add_test(tc, test_transcode__reject_invalid_utf8);
+    tcase_add_test(tc, test_transcode__accepts_utf8_boundaries);
+    tcase_add_test(tc, test_transcode__reject_invalid_utf8_key);
+    tcase_add_test(tc, test_transcode__error_path_quotes_odd_keys);
+    tcase_add_test(tc, test_transcode__error_message_truncation_and_null_err);
+    tcase_add_test(tc, test_transcode__failure_restores_buffer);
+    tcase_add_test(tc, test_transcode__depth_limit_msgpack);
+    tcase_add_test(tc, test_transcode__json_reply_roundtrip);
+    tcase_add_test(tc, test_transcode__json_key_order_and_duplicates);
+    tcase_add_test(tc, test_transcode__json_scalars_and_numbers);
+    tcase_add_test(tc, test_transcode__json_not_nul_terminated);
+    tcase_add_test(tc, test_transcode__json_big_numbers_rejected);
+    tcase_add_test(tc, test_transcode__json_invalid_input);
+    tcase_add_test(tc, test_transcode__depth_limit_json);
+    tcase_add_test(tc, test_transcode__json_packer_failure);
+    suite_add_tcase(s, tc);
+    return s;
+}
