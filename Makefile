@@ -52,6 +52,7 @@ CLIENT_SRC  := client/c/polygw.c
 UNIT_SRC    := $(wildcard tests/unit/*.c)
 MOCK_SRC    := $(wildcard tests/mock_upstream/*.c)
 BENCH_SRC   := $(wildcard tests/bench/*.c)
+SHIM_SRC    := $(wildcard tests/shim/*.c)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 
@@ -69,9 +70,10 @@ LIBSO      := $(BUILD)/libpolygw.so
 UNIT       := $(BUILD)/unit_tests
 MOCK       := $(BUILD)/mock_upstream
 BENCH_BINS := $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
+SHIMS      := $(patsubst tests/shim/%.c,$(BUILD)/shim/%.so,$(SHIM_SRC))
 
 .PHONY: all deps run test unit integration bench install clean check-deps
-all: $(DAEMON) $(CTL) $(LIBA) $(LIBSO) $(MOCK) $(BENCH_BINS)
+all: $(DAEMON) $(CTL) $(LIBA) $(LIBSO) $(MOCK) $(BENCH_BINS) $(SHIMS)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -109,6 +111,13 @@ $(BUILD)/bench/%: $(BUILD)/obj/tests/bench/%.o $(LIBA)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS) -lpthread
 
+# LD_PRELOAD shims for tests (e.g. a getaddrinfo that hangs). Never
+# sanitized: the ASan runtime must stay first in the library order.
+$(BUILD)/shim/%.so: tests/shim/%.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  SHIM    $@")
+	$(Q)$(CC) -std=gnu11 -D_GNU_SOURCE -fPIC -shared $(WARN) -O2 -g -o $@ $< -ldl -lpthread
+
 # ---------------------------------------------------------------------------
 # Set-up, run, test
 
@@ -117,10 +126,7 @@ deps:
 
 run: deps
 	$(Q)$(MAKE) --no-print-directory all
-	@mkdir -p $(BUILD)/run
-	@echo "polygw: socket $(CURDIR)/$(BUILD)/run/polygw.sock"
-	@echo "polygw: try    $(BUILD)/polygwctl --socket $(CURDIR)/$(BUILD)/run/polygw.sock ping"
-	$(DAEMON) --config deploy/polygw.yaml --socket $(CURDIR)/$(BUILD)/run/polygw.sock
+	@sh deploy/run-demo.sh $(BUILD)
 
 unit: $(UNIT)
 	$(UNIT)

@@ -11,6 +11,7 @@ int frame_reader_init(struct frame_reader *r, size_t max_bytes, size_t initial_b
     if (!msgpack_unpacker_init(&r->up, initial_bytes ? initial_bytes : FRAME_DEFAULT_INITIAL))
         return FRAME_ENOMEM;
     r->max_bytes = max_bytes;
+    r->max_items = max_bytes / 4 > 1024 ? max_bytes / 4 : 1024;
     return 0;
 }
 
@@ -179,6 +180,8 @@ static int scan(struct frame_reader *r)
         if (avail < hl)
             return 0;
         r->scanned += hl;
+        if (++r->items > r->max_items)
+            return FRAME_ETOO_LARGE;
 
         switch (kind) {
         case 's':
@@ -228,6 +231,7 @@ int frame_reader_next(struct frame_reader *r, msgpack_unpacked *out, size_t *fra
     if (frame_bytes)
         *frame_bytes = parsed;
     r->scanned = 0;
+    r->items = 0;
     r->done = false;
     return 1;
 }

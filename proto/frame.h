@@ -16,7 +16,11 @@
  * allocates more than a small multiple of bytes we actually received.
  *
  * Limits: a frame is at most `max_bytes` long (its claimed size counts, not
- * only what arrived) and nests at most FRAME_MAX_DEPTH containers.
+ * only what arrived), nests at most FRAME_MAX_DEPTH containers, and holds
+ * at most max(1024, max_bytes / 4) values: msgpack-c spends 24 bytes per
+ * decoded value, so this bounds a frame's decoded size to about 6 times its
+ * encoded limit (a 16 MiB array of one-byte nils would otherwise cost
+ * ~400 MB). Too many values is reported as FRAME_ETOO_LARGE.
  *
  * Usage (one reader per connection; not thread-safe):
  *
@@ -54,6 +58,8 @@ struct frame_reader {
     uint64_t skip;                   /* payload bytes still to pass over */
     unsigned depth;                  /* open containers */
     uint64_t left[FRAME_MAX_DEPTH];  /* items still expected in each open container */
+    uint64_t items;                  /* values seen in the pending frame */
+    uint64_t max_items;              /* max_bytes / 4, at least 1024 */
     bool done;                       /* a whole frame of `scanned` bytes is buffered */
     int error;                       /* sticky FRAME_E* once failed, else 0 */
 };

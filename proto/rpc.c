@@ -189,7 +189,7 @@ static size_t utf8_seq_len(const unsigned char *s, size_t n)
  * name cut inside a multi-byte character or holding invalid bytes must not
  * make the reply undecodable: truncation stops at a character boundary and
  * invalid bytes and control characters become '?'. */
-static void quote_client_str(const char *s, size_t n, size_t max, char *out)
+void rpc_quote_client_str(const char *s, size_t n, size_t max, char *out)
 {
     const unsigned char *u = (const unsigned char *)s;
     size_t i = 0, o = 0;
@@ -259,7 +259,7 @@ int rpc_bind(const msgpack_object *params, const struct rpc_param *spec, size_t 
         }
         if (i == n) {
             char name[65];
-            quote_client_str(key->via.str.ptr, key->via.str.size, sizeof(name) - 1, name);
+            rpc_quote_client_str(key->via.str.ptr, key->via.str.size, sizeof(name) - 1, name);
             snprintf(why, whylen, "unknown parameter '%s'", name);
             return -1;
         }

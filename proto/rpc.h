@@ -50,6 +50,12 @@ const msgpack_object *rpc_map_get(const msgpack_object *map, const char *key);
 /* True when `o` is a string equal to `s`. */
 bool rpc_str_is(const msgpack_object *o, const char *s);
 
+/* Copies at most `max` bytes of the client's string s[0..n) into out[]
+ * (which holds max + 1 bytes) as printable, valid UTF-8 for quoting in an
+ * error message: truncation stops at a character boundary, invalid bytes
+ * and control characters become '?'. */
+void rpc_quote_client_str(const char *s, size_t n, size_t max, char *out);
+
 /* Copies a string object into a NUL-terminated buffer; returns 0, or -1 when
  * `o` is not a string or does not fit (cap includes the NUL). */
 int rpc_str_copy(const msgpack_object *o, char *buf, size_t cap);

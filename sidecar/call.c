@@ -333,11 +333,6 @@ void call_start(struct conn *c, const struct rpc_msg *m)
                          "parameter 'deadline_s': expected a positive number of seconds");
         return;
     }
-    if (call_find(c, m->msgid)) {
-        snprintf(why, sizeof(why), "msgid %u is already in flight on this connection", m->msgid);
-        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
-        return;
-    }
     const msgpack_object *capo = p[P_CAP];
     int ci = config_find_capability(cfg, capo->via.str.ptr, capo->via.str.size);
     const struct config_source *src = NULL;
@@ -348,9 +343,10 @@ void call_start(struct conn *c, const struct rpc_msg *m)
         }
     }
     if (!src) {
-        snprintf(why, sizeof(why), ci < 0 ? "unknown capability '%.*s'"
-                                          : "capability '%.*s' has no source configured",
-                 (int)(capo->via.str.size > 64 ? 64 : capo->via.str.size), capo->via.str.ptr);
+        char name[65];
+        rpc_quote_client_str(capo->via.str.ptr, capo->via.str.size, sizeof(name) - 1, name);
+        snprintf(why, sizeof(why), ci < 0 ? "unknown capability '%s'"
+                                          : "capability '%s' has no source configured", name);
         conn_reply_error(c, m->msgid, PGW_UNKNOWN_CAPABILITY, why);
         return;
     }
@@ -358,7 +354,11 @@ void call_start(struct conn *c, const struct rpc_msg *m)
     bool stream = p[P_STREAM] && p[P_STREAM]->via.boolean;
     struct transcode_override ov = {
         .model = src->model,
-        .stream = stream ? TRANSCODE_STREAM_TRUE : TRANSCODE_STREAM_KEEP,
+        /* The `stream` parameter decides; a body's own "stream" key must not
+         * make the upstream stream while we expect one JSON reply. */
+        .stream = stream                               ? TRANSCODE_STREAM_TRUE
+                  : rpc_map_get(p[P_BODY], "stream") ? TRANSCODE_STREAM_FALSE
+                                                     : TRANSCODE_STREAM_KEEP,
     };
     struct transcode_buf json;
     transcode_buf_init(&json);
@@ -419,6 +419,11 @@ static void call_abort(struct call *k)
         k->attempt = NULL;
     }
     call_end(k);
+}
+
+bool call_is_in_flight(struct conn *c, uint32_t msgid)
+{
+    return call_find(c, msgid) != NULL;
 }
 
 int call_cancel(struct conn *c, uint32_t msgid)

@@ -10,6 +10,9 @@
  * unknown_capability at once when it cannot start. */
 void call_start(struct conn *c, const struct rpc_msg *m);
 
+/* True when a call with this msgid is in flight on `c`. */
+bool call_is_in_flight(struct conn *c, uint32_t msgid);
+
 /* `cancel` notification: answers the call `cancelled` and tears its attempt
  * down at once. Returns -1 when no call with that msgid is in flight. */
 int call_cancel(struct conn *c, uint32_t msgid);

@@ -270,6 +270,11 @@ static void conn_on_frame(struct conn *c, const msgpack_object *o)
         conn_reply_error(c, m.msgid, PGW_SHUTTING_DOWN, "the sidecar is shutting down");
         return;
     }
+    if (call_is_in_flight(c, m.msgid)) {
+        snprintf(buf, sizeof(buf), "msgid %u is already in flight on this connection", m.msgid);
+        conn_reply_error(c, m.msgid, PGW_BAD_REQUEST, buf);
+        return;
+    }
     if (c->in_flight >= c->srv->cfg->max_inflight_per_connection) {
         snprintf(buf, sizeof(buf), "too many requests in flight on this connection (limit %u)",
                  c->srv->cfg->max_inflight_per_connection);

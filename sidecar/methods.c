@@ -115,7 +115,7 @@ static const struct {
 
 void methods_dispatch(struct conn *c, const struct rpc_msg *m)
 {
-    char buf[160];
+    char buf[160], name[65];
 
     for (size_t i = 0; i < sizeof(method_table) / sizeof(method_table[0]); i++) {
         if (rpc_method_is(m, method_table[i].name)) {
@@ -123,8 +123,8 @@ void methods_dispatch(struct conn *c, const struct rpc_msg *m)
             return;
         }
     }
-    snprintf(buf, sizeof(buf), "unknown method '%.*s'",
-             (int)(m->method_len > 64 ? 64 : m->method_len), m->method);
+    rpc_quote_client_str(m->method, m->method_len, sizeof(name) - 1, name);
+    snprintf(buf, sizeof(buf), "unknown method '%s'", name);
     conn_reply_error(c, m->msgid, PGW_UNKNOWN_METHOD, buf);
 }
 

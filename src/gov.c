@@ -1,0 +1,547 @@
+/*
+ * gov.c — admission, selection and the governed loop (see gov.h).
+ */
+#include "gov.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "progress.h"
+
+#define GOV_EPS 1e-6              /* past a verdict time, strictly */
+#define GOV_MAX_SCOPES 4096
+
+const char *gov_result_name(enum gov_result r)
+{
+    switch (r) {
+    case GOV_OK: return "ok";
+    case GOV_STALLED: return "stalled";
+    case GOV_RETRY_EXHAUSTED: return "retry_exhausted";
+    case GOV_UPSTREAM_REJECTED: return "upstream_rejected";
+    case GOV_DEADLINE_EXCEEDED: return "deadline_exceeded";
+    case GOV_BACKEND_UNAVAILABLE: return "backend_unavailable";
+    default: return "cancelled";
+    }
+}
+
+const char *gov_call_state_name(enum gov_call_state s)
+{
+    switch (s) {
+    case GOV_CALL_IDLE: return "idle";
+    case GOV_CALL_WAITING: return "waiting";
+    case GOV_CALL_ATTEMPTING: return "attempting";
+    case GOV_CALL_BACKOFF: return "backoff";
+    default: return "done";
+    }
+}
+
+/* --- memory backend -------------------------------------------------- */
+
+static int mem_mark(void *ud, const char *scope, double now)
+{
+    return progress_mark(ud, scope, now);
+}
+
+static int mem_age(void *ud, const char *scope, double now, double *age)
+{
+    *age = progress_age(ud, scope, now);
+    return 0;
+}
+
+static double gov_rand(struct gov *g)
+{
+    if (!g->rand)
+        return 0.5;
+    double r = g->rand(g->rand_ud);
+    return r < 0 ? 0 : r >= 1 ? 0.999999999 : r;
+}
+
+/* --- set-up ---------------------------------------------------------- */
+
+int gov_init(struct gov *g, const struct gov_source_params *srcs, size_t n, size_t n_caps,
+             const struct gov_backend *backend, gov_rand_fn *rand, void *rand_ud,
+             const struct gov_hooks *hooks, double now)
+{
+    memset(g, 0, sizeof(*g));
+    g->sources = calloc(n ? n : 1, sizeof(*g->sources));
+    g->waitq = calloc(n_caps ? n_caps : 1, sizeof(*g->waitq));
+    if (!g->sources || !g->waitq)
+        goto fail;
+    if (backend) {
+        g->backend = *backend;
+    } else {
+        g->progress = progress_store_new(GOV_MAX_SCOPES);
+        if (!g->progress)
+            goto fail;
+        g->backend.progress_mark = mem_mark;
+        g->backend.progress_age = mem_age;
+        g->backend.ud = g->progress;
+    }
+    g->n_sources = n;
+    g->n_capabilities = n_caps;
+    g->rand = rand;
+    g->rand_ud = rand_ud;
+    if (hooks)
+        g->hooks = *hooks;
+    for (size_t i = 0; i < n; i++) {
+        struct gov_source *s = &g->sources[i];
+        s->p = srcs[i];
+        aimd_init(&s->aimd, s->p.aimd_initial, s->p.aimd_min, (double)s->p.max_concurrency,
+                  s->p.aimd_increase, s->p.aimd_decrease);
+        breaker_init(&s->breaker, s->p.breaker_failures, s->p.breaker_cooldown_s,
+                     s->p.breaker_max_cooldown_s);
+        bucket_init(&s->rpm, (double)s->p.rpm, 60.0, now);
+        bucket_init(&s->tpm, (double)s->p.tpm, 60.0, now);
+        bucket_init(&s->daily, (double)s->p.daily_tokens, 86400.0, now);
+        s->last_start = -INFINITY;
+    }
+    return 0;
+fail:
+    free(g->sources);
+    free(g->waitq);
+    progress_store_free(g->progress);
+    return -1;
+}
+
+void gov_fini(struct gov *g)
+{
+    free(g->sources);
+    free(g->waitq);
+    progress_store_free(g->progress);
+    memset(g, 0, sizeof(*g));
+}
+
+/* --- admission ------------------------------------------------------- */
+
+static void gov_on_breaker(void *ud, const struct breaker *b, enum breaker_state from,
+                           enum breaker_state to, double now)
+{
+    struct gov *g = ud;
+    struct gov_source *s = (struct gov_source *)((char *)b - offsetof(struct gov_source, breaker));
+    if (g->hooks.on_breaker)
+        g->hooks.on_breaker(g, (size_t)(s - g->sources), from, to, now, g->hooks.ud);
+}
+
+static uint32_t source_limit(const struct gov_source *s)
+{
+    uint32_t a = aimd_permits(&s->aimd);
+    return a < s->p.max_concurrency ? a : s->p.max_concurrency;
+}
+
+bool gov_source_runnable(struct gov *g, size_t i, double cost, double now, double *available_at)
+{
+    struct gov_source *s = &g->sources[i];
+    double at = now;
+    bool ok = true;
+
+    if (!breaker_admits(&s->breaker, now, gov_on_breaker, g)) {
+        ok = false;
+        at = fmax(at, breaker_next_admit(&s->breaker, now));
+    }
+    if (s->in_flight >= source_limit(s)) {
+        ok = false;
+        at = INFINITY; /* until a permit is released */
+    }
+    if (!bucket_can_take(&s->rpm, 1, now)) {
+        ok = false;
+        at = fmax(at, bucket_available_at(&s->rpm, 1, now));
+    }
+    if (!bucket_can_take(&s->tpm, cost, now)) {
+        ok = false;
+        at = fmax(at, bucket_available_at(&s->tpm, cost, now));
+    }
+    if (!bucket_can_take(&s->daily, cost, now)) {
+        ok = false;
+        at = fmax(at, bucket_available_at(&s->daily, cost, now));
+    }
+    double pace = s->last_start + s->p.pacer_min_interval_s;
+    if (s->p.pacer_min_interval_s > 0 && now < pace) {
+        ok = false;
+        at = fmax(at, pace);
+    }
+    if (available_at)
+        *available_at = ok ? now : at;
+    return ok;
+}
+
+/* pick_runnable: lowest priority tier first; within it a weighted choice
+ * preferring the less loaded (weight x free fraction of the limit); a source
+ * that already failed this call is skipped when another is runnable.
+ * Returns the index or -1, with the earliest availability in *next_at. */
+static long gov_pick(struct gov *g, const struct gov_call *k, double now, double *next_at)
+{
+    size_t n = g->n_sources;
+    bool any_fresh = false;
+    int32_t best_prio = INT32_MAX;
+    double next = INFINITY;
+    /* Runnable flags on the stack for the common case. */
+    unsigned char small[64];
+    unsigned char *ok = n <= sizeof(small) ? small : malloc(n);
+
+    if (!ok) {
+        *next_at = now + 0.01;
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        double at;
+        ok[i] = 0;
+        if (g->sources[i].p.capability != k->capability)
+            continue;
+        if (!gov_source_runnable(g, i, k->est_tokens, now, &at)) {
+            if (at < next)
+                next = at;
+            continue;
+        }
+        ok[i] = 1;
+        if (!k->notes[i].tried || k->notes[i].reason == REASON_NONE)
+            any_fresh = true;
+    }
+    /* Restrict to sources not failed by this call, when there are any. */
+    for (size_t i = 0; i < n; i++) {
+        if (ok[i] && any_fresh && k->notes[i].tried && k->notes[i].reason != REASON_NONE)
+            ok[i] = 0;
+        if (ok[i] && g->sources[i].p.priority < best_prio)
+            best_prio = g->sources[i].p.priority;
+    }
+    double total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!ok[i] || g->sources[i].p.priority != best_prio) {
+            ok[i] = 0;
+            continue;
+        }
+        const struct gov_source *s = &g->sources[i];
+        total += s->p.weight * (1.0 - (double)s->in_flight / (double)source_limit(s));
+    }
+    long pick = -1;
+    if (total > 0) {
+        double r = gov_rand(g) * total;
+        for (size_t i = 0; i < n; i++) {
+            if (!ok[i])
+                continue;
+            const struct gov_source *s = &g->sources[i];
+            double w = s->p.weight * (1.0 - (double)s->in_flight / (double)source_limit(s));
+            pick = (long)i;
+            if (r < w)
+                break;
+            r -= w;
+        }
+    }
+    if (ok != small)
+        free(ok);
+    *next_at = next;
+    return pick;
+}
+
+/* --- waiting --------------------------------------------------------- */
+
+static void waitq_push(struct gov_call *k)
+{
+    struct gov_waitq *q = &k->gov->waitq[k->capability];
+    if (k->queued)
+        return;
+    k->wq_prev = q->tail;
+    k->wq_next = NULL;
+    if (q->tail)
+        q->tail->wq_next = k;
+    else
+        q->head = k;
+    q->tail = k;
+    q->n++;
+    k->queued = true;
+}
+
+static void waitq_remove(struct gov_call *k)
+{
+    struct gov_waitq *q = &k->gov->waitq[k->capability];
+    if (!k->queued)
+        return;
+    if (k->wq_prev)
+        k->wq_prev->wq_next = k->wq_next;
+    else
+        q->head = k->wq_next;
+    if (k->wq_next)
+        k->wq_next->wq_prev = k->wq_prev;
+    else
+        q->tail = k->wq_prev;
+    q->n--;
+    k->queued = false;
+    k->wq_prev = k->wq_next = NULL;
+}
+
+/* A permit of capability `cap` was released: wake the head waiter. */
+static void gov_wake(struct gov *g, uint32_t cap)
+{
+    struct gov_call *head = g->waitq[cap].head;
+    if (head && g->hooks.on_wake) {
+        g->wakes++;
+        g->hooks.on_wake(head, g->hooks.ud);
+    }
+}
+
+/* --- the call -------------------------------------------------------- */
+
+int gov_call_init(struct gov_call *k, struct gov *g, uint32_t capability, const char *scope,
+                  const struct gov_policy *pol, double deadline_at, double est_tokens,
+                  double now)
+{
+    memset(k, 0, sizeof(*k));
+    k->notes = calloc(g->n_sources ? g->n_sources : 1, sizeof(*k->notes));
+    k->scope = strdup(scope ? scope : "");
+    if (!k->notes || !k->scope) {
+        free(k->notes);
+        free(k->scope);
+        return -1;
+    }
+    k->gov = g;
+    k->capability = capability;
+    k->pol = *pol;
+    if (k->pol.max_attempts < 1)
+        k->pol.max_attempts = 1;
+    k->deadline_at = deadline_at;
+    k->est_tokens = est_tokens > 0 ? est_tokens : 0;
+    k->retry_after_hint = -1;
+    k->state = GOV_CALL_IDLE;
+    stall_clock_init(&k->clock, now);
+    return 0;
+}
+
+double gov_call_stalled_s(const struct gov_call *k, double now)
+{
+    return stall_clock_stalled_s(&k->clock, now);
+}
+
+double gov_backoff_s(const struct gov_policy *pol, uint32_t n, double r)
+{
+    if (n < 1)
+        n = 1;
+    double d = pol->backoff_base_s * pow(2.0, (double)(n - 1));
+    if (d > pol->backoff_max_s)
+        d = pol->backoff_max_s;
+    return d * (0.5 + 0.5 * r);
+}
+
+/* Releases what an attempt holds. */
+static void gov_call_release(struct gov_call *k)
+{
+    struct gov_source *s = &k->gov->sources[k->source];
+    if (s->in_flight > 0)
+        s->in_flight--;
+}
+
+/* Best estimate of when the capability can serve again, in seconds. */
+static double gov_retry_after(struct gov_call *k, double now)
+{
+    struct gov *g = k->gov;
+    double best = INFINITY;
+
+    for (size_t i = 0; i < g->n_sources; i++) {
+        struct gov_source *s = &g->sources[i];
+        double at;
+        if (s->p.capability != k->capability)
+            continue;
+        gov_source_runnable(g, i, k->est_tokens, now, &at);
+        if (!isfinite(at))
+            at = now + k->pol.backoff_base_s; /* waiting for a permit: soon */
+        if (s->retry_after_until > at)
+            at = s->retry_after_until;
+        if (at < best)
+            best = at;
+    }
+    if (!isfinite(best))
+        return k->pol.backoff_base_s;
+    double ra = best - now;
+    if (k->retry_after_hint > ra)
+        ra = k->retry_after_hint;
+    return ra > 0 ? ra : 0;
+}
+
+static void gov_call_done(struct gov_call *k, double now, enum gov_result r,
+                          struct gov_decision *d)
+{
+    waitq_remove(k);
+    k->state = GOV_CALL_DONE;
+    d->action = GOV_DONE;
+    d->result = r;
+    d->retry_after_s = r == GOV_OK ? 0 : gov_retry_after(k, now);
+}
+
+void gov_call_step(struct gov_call *k, double now, struct gov_decision *d)
+{
+    struct gov *g = k->gov;
+    double age, next_at;
+
+    memset(d, 0, sizeof(*d));
+    g->decisions++;
+    if (k->state == GOV_CALL_DONE || k->state == GOV_CALL_ATTEMPTING) {
+        /* Nothing to decide: DONE stays done; an attempt is in progress. */
+        d->action = k->state == GOV_CALL_DONE ? GOV_DONE : GOV_ATTEMPT;
+        d->source = k->source;
+        return;
+    }
+    if (k->deadline_at > 0 && now >= k->deadline_at) {
+        gov_call_done(k, now, GOV_DEADLINE_EXCEEDED, d);
+        return;
+    }
+    /* The stall verdict: both the call's own non-productive time and the
+     * scope's progress age beyond the window. */
+    double stalled = stall_clock_stalled_s(&k->clock, now);
+    if (g->backend.progress_age(g->backend.ud, k->scope, now, &age) < 0) {
+        gov_call_done(k, now, GOV_BACKEND_UNAVAILABLE, d);
+        return;
+    }
+    double window = k->pol.stall_window_s;
+    if (stalled > window && age > window) {
+        gov_call_done(k, now, GOV_STALLED, d);
+        return;
+    }
+
+    long pick = gov_pick(g, k, now, &next_at);
+    if (pick >= 0) {
+        struct gov_source *s = &g->sources[pick];
+        waitq_remove(k);
+        k->source = (size_t)pick;
+        k->probe = s->breaker.state == BREAKER_HALF_OPEN;
+        breaker_on_attempt(&s->breaker);
+        s->in_flight++;
+        s->attempts++;
+        bucket_take(&s->rpm, 1, now);
+        bucket_take(&s->tpm, k->est_tokens, now);
+        bucket_take(&s->daily, k->est_tokens, now);
+        s->last_start = now;
+        k->attempts++;
+        k->notes[pick].tried = true;
+        k->notes[pick].attempts++;
+        stall_clock_attempt_begin(&k->clock, now);
+        k->state = GOV_CALL_ATTEMPTING;
+        d->action = GOV_ATTEMPT;
+        d->source = (size_t)pick;
+        return;
+    }
+
+    /* Nothing runnable: wait in FIFO order, holding nothing, until the
+     * earliest known availability, the stall verdict, or the deadline. */
+    double verdict_at = now + (window - stalled);
+    if (isfinite(age))
+        verdict_at = fmax(verdict_at, now + (window - age));
+    verdict_at += GOV_EPS;
+    double wake = fmin(next_at, verdict_at);
+    if (k->deadline_at > 0)
+        wake = fmin(wake, k->deadline_at);
+    if (wake <= now)
+        wake = now + GOV_EPS;
+    waitq_push(k);
+    g->waits++;
+    k->state = GOV_CALL_WAITING;
+    k->wake_at = wake;
+    d->action = GOV_WAIT;
+    d->wake_at = wake;
+}
+
+static bool reason_is_timeout(enum outcome_reason r)
+{
+    return r == REASON_TTFT_TIMEOUT || r == REASON_IDLE_TIMEOUT || r == REASON_TOTAL_TIMEOUT ||
+           r == REASON_CONNECT_TIMEOUT;
+}
+
+void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o,
+                         double actual_tokens, struct gov_decision *d)
+{
+    struct gov *g = k->gov;
+    struct gov_source *s = &g->sources[k->source];
+    bool exempt = o->kind == OUTCOME_RATE_LIMITED && k->pol.exempt_429;
+
+    memset(d, 0, sizeof(*d));
+    if (k->state != GOV_CALL_ATTEMPTING) {
+        gov_call_step(k, now, d);
+        return;
+    }
+    /* Account the attempt: an exempt 429 consumed no retry budget, so all
+     * of its time goes back to the stall budget (the refund rule). */
+    stall_clock_attempt_end(&k->clock, now, exempt);
+    gov_call_release(k);
+    if (actual_tokens >= 0) {
+        bucket_adjust(&s->tpm, actual_tokens - k->est_tokens, now);
+        bucket_adjust(&s->daily, actual_tokens - k->est_tokens, now);
+    }
+    k->notes[k->source].reason = (uint8_t)o->reason;
+    k->notes[k->source].status = o->http_status;
+    k->state = GOV_CALL_BACKOFF;
+
+    switch (o->kind) {
+    case OUTCOME_SUCCESS:
+        s->successes++;
+        aimd_on_success(&s->aimd);
+        breaker_on_success(&s->breaker, k->probe, now, gov_on_breaker, g);
+        if (g->backend.progress_mark(g->backend.ud, k->scope, now) < 0)
+            g->backend_write_errors++;
+        gov_wake(g, k->capability);
+        gov_call_done(k, now, GOV_OK, d);
+        return;
+    case OUTCOME_FAIL_FAST:
+        s->failures++;
+        breaker_on_neutral(&s->breaker, k->probe);
+        gov_wake(g, k->capability);
+        gov_call_done(k, now, GOV_UPSTREAM_REJECTED, d);
+        return;
+    case OUTCOME_RATE_LIMITED:
+        s->rate_limited++;
+        aimd_on_decrease(&s->aimd);
+        breaker_on_neutral(&s->breaker, k->probe); /* a 429 never trips the breaker */
+        if (o->retry_after_s >= 0) {
+            k->retry_after_hint = o->retry_after_s;
+            s->retry_after_until = now + o->retry_after_s;
+        }
+        if (!exempt)
+            k->fails++;
+        break;
+    case OUTCOME_TRANSIENT:
+        s->failures++;
+        if (reason_is_timeout((enum outcome_reason)o->reason))
+            aimd_on_decrease(&s->aimd);
+        if (o->reason == REASON_CANCELLED)
+            breaker_on_neutral(&s->breaker, k->probe);
+        else
+            breaker_on_failure(&s->breaker, k->probe, now, gov_on_breaker, g);
+        if (o->retry_after_s >= 0)
+            k->retry_after_hint = o->retry_after_s;
+        k->fails++;
+        break;
+    }
+    gov_wake(g, k->capability);
+    if (!exempt && k->fails >= k->pol.max_attempts) {
+        gov_call_done(k, now, GOV_RETRY_EXHAUSTED, d);
+        return;
+    }
+    double sleep = gov_backoff_s(&k->pol, k->fails > 0 ? k->fails : 1, gov_rand(g));
+    if (o->retry_after_s >= 0 && o->retry_after_s > sleep)
+        sleep = o->retry_after_s;
+    double wake = now + sleep;
+    if (k->deadline_at > 0 && wake > k->deadline_at)
+        wake = k->deadline_at;
+    k->wake_at = wake;
+    d->action = GOV_WAIT;
+    d->wake_at = wake;
+}
+
+void gov_call_fini(struct gov_call *k, double now)
+{
+    if (!k->gov)
+        return;
+    waitq_remove(k);
+    if (k->state == GOV_CALL_ATTEMPTING) {
+        /* Cancelled inside an attempt: its time is accounted as productive
+         * and its permit (and probe) released at once. */
+        struct gov_source *s = &k->gov->sources[k->source];
+        stall_clock_attempt_end(&k->clock, now, false);
+        gov_call_release(k);
+        breaker_on_neutral(&s->breaker, k->probe);
+        gov_wake(k->gov, k->capability);
+    }
+    k->state = GOV_CALL_DONE;
+    free(k->notes);
+    free(k->scope);
+    k->notes = NULL;
+    k->scope = NULL;
+    k->gov = NULL;
+}

@@ -1,0 +1,209 @@
+/*
+ * gov.h — the governance core: sources with their admission state, and the
+ * governed loop of one call as an explicit state machine (DESIGN.md 3.1,
+ * 3.2, 3.4). No I/O and no clock reads: every input carries `now`
+ * (seconds, monotonic), every random draw comes from the injected source,
+ * and every output says what the caller must do next and when.
+ *
+ * The loop of one call, driven by the sidecar:
+ *
+ *     gov_call_init ──> gov_call_step ──┬─ GOV_ATTEMPT(source) ─> run it ─> gov_call_on_outcome
+ *                          ^            ├─ GOV_WAIT(wake_at) ──> sleep until wake_at or on_wake
+ *                          │            └─ GOV_DONE(result)
+ *                          └──────────── (after a WAIT, or a backoff WAIT from on_outcome)
+ *
+ *   call states:  IDLE ──step──> WAITING ──step──> ATTEMPTING ──outcome──> BACKOFF ──step──> …
+ *                                                     └──────────────────> DONE
+ *
+ * Budgets (DESIGN 3.1): `fails` counts attempts that consumed the retry
+ * budget (transient failures; 429s too when the capability is not
+ * exempt); the stall clock charges everything that is not a real attempt,
+ * and the whole of an exempt 429 attempt, to the stall budget. The stall
+ * verdict is checked at the top of every step:
+ *     stalled_s > stall_window_s  AND  progress_age(scope) > stall_window_s
+ * with progress_age = +INF for a scope that never succeeded.
+ *
+ * Waiting (3.4): a call that finds nothing runnable joins its capability's
+ * FIFO and sleeps until the earliest known availability (breaker half-open,
+ * bucket refill, pacer), its stall verdict or its deadline. A released
+ * permit wakes the head of the FIFO through the on_wake hook.
+ */
+#ifndef POLYGW_GOV_H
+#define POLYGW_GOV_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "aimd.h"
+#include "breaker.h"
+#include "bucket.h"
+#include "outcome.h"
+#include "stallclock.h"
+
+struct gov;
+struct gov_call;
+
+/* Random numbers in [0, 1); injected so tests can fix the jitter. */
+typedef double gov_rand_fn(void *ud);
+
+/* Hooks. None may call back into gov synchronously: on_wake must only
+ * schedule a later gov_call_step (the sidecar uses a zero-delay timer). */
+struct gov_hooks {
+    void (*on_wake)(struct gov_call *k, void *ud);
+    void (*on_breaker)(const struct gov *g, size_t source, enum breaker_state from,
+                       enum breaker_state to, double now, void *ud);
+    void *ud;
+};
+
+/* Static parameters of one source. `name` is borrowed for gov's lifetime. */
+struct gov_source_params {
+    const char *name;
+    uint32_t capability;
+    int32_t priority;
+    double weight;
+    uint32_t max_concurrency;
+    double aimd_initial, aimd_min, aimd_increase, aimd_decrease;
+    uint32_t breaker_failures;
+    double breaker_cooldown_s, breaker_max_cooldown_s;
+    uint64_t rpm, tpm, daily_tokens;          /* 0 = unlimited */
+    double pacer_min_interval_s;
+};
+
+/* Budgets of one call (the capability's policy). */
+struct gov_policy {
+    uint32_t max_attempts;
+    double stall_window_s;
+    double backoff_base_s, backoff_max_s;
+    bool exempt_429;
+};
+
+struct gov_source {
+    struct gov_source_params p;
+    uint32_t in_flight;
+    struct aimd aimd;
+    struct breaker breaker;
+    struct bucket rpm, tpm, daily;
+    double last_start;                         /* pacer */
+    double retry_after_until;                  /* last Retry-After hint, for estimates */
+    uint64_t attempts, successes, failures, rate_limited;
+};
+
+/* Progress reads and writes go through this interface (the memory store by
+ * default; a shared backend later). A read that fails makes the call fail
+ * closed with GOV_BACKEND_UNAVAILABLE; a failed write is only counted. */
+struct gov_backend {
+    int (*progress_mark)(void *ud, const char *scope, double now);
+    int (*progress_age)(void *ud, const char *scope, double now, double *age_s);
+    void *ud;
+};
+
+enum gov_result {
+    GOV_OK = 0,
+    GOV_STALLED,
+    GOV_RETRY_EXHAUSTED,
+    GOV_UPSTREAM_REJECTED,
+    GOV_DEADLINE_EXCEEDED,
+    GOV_BACKEND_UNAVAILABLE,
+    GOV_CANCELLED,
+};
+
+enum gov_action { GOV_ATTEMPT, GOV_WAIT, GOV_DONE };
+
+struct gov_decision {
+    enum gov_action action;
+    size_t source;           /* GOV_ATTEMPT */
+    double wake_at;          /* GOV_WAIT: absolute time */
+    enum gov_result result;  /* GOV_DONE */
+    double retry_after_s;    /* GOV_DONE with an error: when the scope may serve again (>= 0) */
+};
+
+enum gov_call_state { GOV_CALL_IDLE, GOV_CALL_WAITING, GOV_CALL_ATTEMPTING, GOV_CALL_BACKOFF,
+                      GOV_CALL_DONE };
+
+/* What the call learned about one source, for the error's `sources` list. */
+struct gov_source_note {
+    uint16_t attempts;
+    uint8_t reason;          /* enum outcome_reason of the last attempt */
+    bool tried;
+    int status;
+};
+
+struct gov_call {
+    struct gov *gov;
+    uint32_t capability;
+    char *scope;             /* owned */
+    struct gov_policy pol;
+    double deadline_at;      /* 0 = none */
+    double est_tokens;
+    struct stall_clock clock;
+    enum gov_call_state state;
+    uint32_t fails, attempts;
+    size_t source;           /* ATTEMPTING: the source in use */
+    bool probe;              /* ATTEMPTING: holds the breaker's half-open probe */
+    double wake_at;
+    double retry_after_hint; /* last Retry-After seen (seconds, < 0 none) */
+    struct gov_source_note *notes; /* owned, one per source */
+    struct gov_call *wq_prev, *wq_next;
+    bool queued;
+    void *ud;                /* the owner's */
+};
+
+struct gov {
+    struct gov_source *sources;
+    size_t n_sources;
+    size_t n_capabilities;
+    struct gov_waitq { struct gov_call *head, *tail; size_t n; } *waitq;
+    struct gov_backend backend;
+    struct progress_store *progress;   /* the memory backend, when used */
+    gov_rand_fn *rand;
+    void *rand_ud;
+    struct gov_hooks hooks;
+    uint64_t decisions, waits, wakes, backend_write_errors;
+};
+
+/* Sets up `g` for `n` sources (copied) over `n_caps` capabilities. A NULL
+ * `backend` selects the in-memory progress store. `rand` may be NULL (a
+ * fixed 0.5). Returns 0 or -1 (out of memory; nothing to fini). */
+int gov_init(struct gov *g, const struct gov_source_params *srcs, size_t n, size_t n_caps,
+             const struct gov_backend *backend, gov_rand_fn *rand, void *rand_ud,
+             const struct gov_hooks *hooks, double now);
+void gov_fini(struct gov *g);
+
+/* Starts a call. `scope` is copied (NULL: no progress tracking possible — the
+ * caller passes the capability's name by default). Returns 0 or -1 (OOM). */
+int gov_call_init(struct gov_call *k, struct gov *g, uint32_t capability, const char *scope,
+                  const struct gov_policy *pol, double deadline_at, double est_tokens,
+                  double now);
+
+/* Releases everything the call holds (cancelling an attempt in progress:
+ * its time is accounted, its permit released, waiters woken). Idempotent. */
+void gov_call_fini(struct gov_call *k, double now);
+
+/* One iteration of the loop top: stall verdict, deadline, admission. On
+ * GOV_ATTEMPT everything is reserved (permit, buckets, pacer, probe) and
+ * the stall clock is attempting. Call again at wake_at or after on_wake. */
+void gov_call_step(struct gov_call *k, double now, struct gov_decision *d);
+
+/* The attempt chosen by the last step ended with `o`. `actual_tokens` is
+ * the real usage (< 0 unknown) to reconcile the token buckets. The decision
+ * is GOV_DONE (success: GOV_OK; or an error) or GOV_WAIT (backoff). */
+void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o,
+                         double actual_tokens, struct gov_decision *d);
+
+/* Current stalled seconds of the call. */
+double gov_call_stalled_s(const struct gov_call *k, double now);
+
+/* Backoff before retry n (n >= 1): min(max, base * 2^(n-1)) scaled by a
+ * jitter factor in [0.5, 1.0) drawn from `r` in [0, 1). */
+double gov_backoff_s(const struct gov_policy *pol, uint32_t n, double r);
+
+/* Is source i runnable for a request of `cost` tokens now? When not,
+ * *available_at gets the earliest known time it could be (INFINITY when it
+ * waits for a permit release). Exposed for stats and benchmarks. */
+bool gov_source_runnable(struct gov *g, size_t i, double cost, double now, double *available_at);
+
+const char *gov_result_name(enum gov_result r);
+const char *gov_call_state_name(enum gov_call_state s);
+
+#endif /* POLYGW_GOV_H */
