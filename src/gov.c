@@ -269,14 +269,34 @@ static void waitq_remove(struct gov_call *k)
     k->wq_prev = k->wq_next = NULL;
 }
 
-/* A permit of capability `cap` was released: wake the head waiter. */
+/* A permit of capability `cap` was released: wake the first waiter that is
+ * not already woken. Waking the head every time would lose wake-ups when
+ * several permits are released before any waiter runs (two attempts ending
+ * in the same loop iteration): the head would get both and the next waiter
+ * would sleep until its stall verdict with a permit free. */
 static void gov_wake(struct gov *g, uint32_t cap)
 {
-    struct gov_call *head = g->waitq[cap].head;
-    if (head && g->hooks.on_wake) {
+    struct gov_call *k = g->waitq[cap].head;
+
+    while (k && k->woken)
+        k = k->wq_next;
+    if (k && g->hooks.on_wake) {
+        k->woken = true;
         g->wakes++;
-        g->hooks.on_wake(head, g->hooks.ud);
+        g->hooks.on_wake(k, g->hooks.ud);
     }
+}
+
+/* The call leaves the FIFO for good (done or cancelled). A wake-up it got
+ * and never used goes to the next waiter, for the same reason. */
+static void waitq_leave(struct gov_call *k)
+{
+    bool pass = k->queued && k->woken;
+
+    waitq_remove(k);
+    k->woken = false;
+    if (pass)
+        gov_wake(k->gov, k->capability);
 }
 
 /* --- the call -------------------------------------------------------- */
@@ -286,6 +306,8 @@ int gov_call_init(struct gov_call *k, struct gov *g, uint32_t capability, const 
                   double now)
 {
     memset(k, 0, sizeof(*k));
+    if (capability >= g->n_capabilities)
+        return -1; /* it has no wait queue */
     k->notes = calloc(g->n_sources ? g->n_sources : 1, sizeof(*k->notes));
     k->scope = strdup(scope ? scope : "");
     if (!k->notes || !k->scope) {
@@ -359,7 +381,7 @@ static double gov_retry_after(struct gov_call *k, double now)
 static void gov_call_done(struct gov_call *k, double now, enum gov_result r,
                           struct gov_decision *d)
 {
-    waitq_remove(k);
+    waitq_leave(k);
     k->state = GOV_CALL_DONE;
     d->action = GOV_DONE;
     d->result = r;
@@ -400,6 +422,7 @@ void gov_call_step(struct gov_call *k, double now, struct gov_decision *d)
     if (pick >= 0) {
         struct gov_source *s = &g->sources[pick];
         waitq_remove(k);
+        k->woken = false;
         k->source = (size_t)pick;
         k->probe = s->breaker.state == BREAKER_HALF_OPEN;
         breaker_on_attempt(&s->breaker);
@@ -431,6 +454,7 @@ void gov_call_step(struct gov_call *k, double now, struct gov_decision *d)
     if (wake <= now)
         wake = now + GOV_EPS;
     waitq_push(k);
+    k->woken = false; /* it looked: the next release wakes it again */
     g->waits++;
     k->state = GOV_CALL_WAITING;
     k->wake_at = wake;
@@ -468,6 +492,14 @@ void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o
     k->notes[k->source].status = o->http_status;
     k->state = GOV_CALL_BACKOFF;
 
+    if (o->reason == REASON_CANCELLED) {
+        /* The call was cancelled (outcome.h): never retried, reported as
+         * `cancelled`, and no verdict on the source. */
+        breaker_on_neutral(&s->breaker, k->probe);
+        gov_wake(g, k->capability);
+        gov_call_done(k, now, GOV_CANCELLED, d);
+        return;
+    }
     switch (o->kind) {
     case OUTCOME_SUCCESS:
         s->successes++;
@@ -499,10 +531,7 @@ void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o
         s->failures++;
         if (reason_is_timeout((enum outcome_reason)o->reason))
             aimd_on_decrease(&s->aimd);
-        if (o->reason == REASON_CANCELLED)
-            breaker_on_neutral(&s->breaker, k->probe);
-        else
-            breaker_on_failure(&s->breaker, k->probe, now, gov_on_breaker, g);
+        breaker_on_failure(&s->breaker, k->probe, now, gov_on_breaker, g);
         if (o->retry_after_s >= 0)
             k->retry_after_hint = o->retry_after_s;
         k->fails++;
@@ -511,6 +540,11 @@ void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o
     gov_wake(g, k->capability);
     if (!exempt && k->fails >= k->pol.max_attempts) {
         gov_call_done(k, now, GOV_RETRY_EXHAUSTED, d);
+        return;
+    }
+    if (k->deadline_at > 0 && now >= k->deadline_at) {
+        /* It passed during the attempt: no WAIT into the past. */
+        gov_call_done(k, now, GOV_DEADLINE_EXCEEDED, d);
         return;
     }
     double sleep = gov_backoff_s(&k->pol, k->fails > 0 ? k->fails : 1, gov_rand(g));
@@ -528,7 +562,7 @@ void gov_call_fini(struct gov_call *k, double now)
 {
     if (!k->gov)
         return;
-    waitq_remove(k);
+    waitq_leave(k);
     if (k->state == GOV_CALL_ATTEMPTING) {
         /* Cancelled inside an attempt: its time is accounted as productive
          * and its permit (and probe) released at once. */

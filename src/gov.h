@@ -26,7 +26,10 @@
  * Waiting (3.4): a call that finds nothing runnable joins its capability's
  * FIFO and sleeps until the earliest known availability (breaker half-open,
  * bucket refill, pacer), its stall verdict or its deadline. A released
- * permit wakes the head of the FIFO through the on_wake hook.
+ * permit wakes the first waiter not already woken, through the on_wake hook
+ * (so two releases before any waiter ran wake two of them); a woken waiter
+ * that leaves the queue without using its wake-up (cancelled, deadline,
+ * stall verdict) hands it on to the next one.
  */
 #ifndef POLYGW_GOV_H
 #define POLYGW_GOV_H
@@ -146,6 +149,7 @@ struct gov_call {
     struct gov_source_note *notes; /* owned, one per source */
     struct gov_call *wq_prev, *wq_next;
     bool queued;
+    bool woken;              /* on_wake fired, the call has not stepped since */
     void *ud;                /* the owner's */
 };
 
@@ -171,7 +175,9 @@ int gov_init(struct gov *g, const struct gov_source_params *srcs, size_t n, size
 void gov_fini(struct gov *g);
 
 /* Starts a call. `scope` is copied (NULL: no progress tracking possible — the
- * caller passes the capability's name by default). Returns 0 or -1 (OOM). */
+ * caller passes the capability's name by default). Returns 0, or -1 when out
+ * of memory or `capability` >= the gov's n_caps (then gov_call_fini is a
+ * no-op on `k`). */
 int gov_call_init(struct gov_call *k, struct gov *g, uint32_t capability, const char *scope,
                   const struct gov_policy *pol, double deadline_at, double est_tokens,
                   double now);
@@ -187,7 +193,8 @@ void gov_call_step(struct gov_call *k, double now, struct gov_decision *d);
 
 /* The attempt chosen by the last step ended with `o`. `actual_tokens` is
  * the real usage (< 0 unknown) to reconcile the token buckets. The decision
- * is GOV_DONE (success: GOV_OK; or an error) or GOV_WAIT (backoff). */
+ * is GOV_DONE (success: GOV_OK; or an error — GOV_CANCELLED when the reason
+ * is REASON_CANCELLED) or GOV_WAIT (backoff). */
 void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o,
                          double actual_tokens, struct gov_decision *d);
 

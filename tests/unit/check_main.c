@@ -15,6 +15,12 @@ int main(void)
         sse_suite,
         outcome_suite,
         transcode_suite,
+        stallclock_suite,
+        breaker_suite,
+        aimd_suite,
+        bucket_suite,
+        progress_suite,
+        gov_suite,
     };
     SRunner *sr = srunner_create(NULL);
 

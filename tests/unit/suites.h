@@ -11,5 +11,11 @@ Suite *config_suite(void);
 Suite *sse_suite(void);
 Suite *outcome_suite(void);
 Suite *transcode_suite(void);
+Suite *stallclock_suite(void);
+Suite *breaker_suite(void);
+Suite *aimd_suite(void);
+Suite *bucket_suite(void);
+Suite *progress_suite(void);
+Suite *gov_suite(void);
 
 #endif

@@ -1,0 +1,81 @@
+/* governor.c — see governor.h. */
+#include "governor.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+/* xorshift64*: jitter only needs to decorrelate sidecars, not be secret. */
+static double governor_rand(void *ud)
+{
+    uint64_t *s = ud;
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return (double)((*s * 2685821657736338717ULL) >> 11) / 9007199254740992.0;
+}
+
+static uint64_t governor_seed;
+
+int governor_init(struct gov *g, const struct config *cfg, const struct gov_hooks *hooks,
+                  double now, char *err, size_t errlen)
+{
+    struct timespec ts;
+    struct gov_source_params *p = calloc(cfg->n_sources ? cfg->n_sources : 1, sizeof(*p));
+
+    if (!p) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < cfg->n_sources; i++) {
+        const struct config_source *s = &cfg->sources[i];
+        p[i] = (struct gov_source_params){
+            .name = s->name,
+            .capability = (uint32_t)s->capability_index,
+            .priority = s->priority,
+            .weight = s->weight,
+            .max_concurrency = s->max_concurrency,
+            .aimd_initial = s->aimd.initial,
+            .aimd_min = s->aimd.min,
+            .aimd_increase = s->aimd.increase,
+            .aimd_decrease = s->aimd.decrease,
+            .breaker_failures = s->breaker.failures,
+            .breaker_cooldown_s = s->breaker.cooldown_s,
+            .breaker_max_cooldown_s = s->breaker.max_cooldown_s,
+            .rpm = s->limits.rpm,
+            .tpm = s->limits.tpm,
+            .daily_tokens = s->limits.daily_tokens,
+            .pacer_min_interval_s = s->pacer_min_interval_ms / 1000.0,
+        };
+    }
+    clock_gettime(CLOCK_REALTIME, &ts);
+    governor_seed = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 40);
+    if (!governor_seed)
+        governor_seed = 0x9e3779b97f4a7c15ULL;
+    int rc = gov_init(g, p, cfg->n_sources, cfg->n_capabilities, NULL, governor_rand,
+                      &governor_seed, hooks, now);
+    free(p);
+    if (rc < 0)
+        snprintf(err, errlen, "out of memory initialising the governance core");
+    return rc;
+}
+
+void governor_policy(const struct config *cfg, size_t cap, struct gov_policy *pol)
+{
+    const struct config_capability *c = &cfg->capabilities[cap];
+    *pol = (struct gov_policy){
+        .max_attempts = c->policy.max_attempts,
+        .stall_window_s = c->policy.stall_window_s,
+        .backoff_base_s = c->policy.backoff_base_s,
+        .backoff_max_s = c->policy.backoff_max_s,
+        .exempt_429 = c->exempt_429,
+    };
+}
+
+double governor_estimate_tokens(size_t json_len, uint64_t max_tokens)
+{
+    /* ~4 bytes per token of prompt (JSON overhead makes this an over-estimate
+     * for prose, an under-estimate for CJK text; usage reconciles it). */
+    return (double)json_len / 4.0 + (double)max_tokens;
+}

@@ -1,0 +1,29 @@
+/*
+ * governor.h — builds the governance core (src/gov.h) from the sidecar's
+ * configuration: one gov source per configured source (same index), the
+ * capability policies, and the process's random source for jitter.
+ */
+#ifndef POLYGW_GOVERNOR_H
+#define POLYGW_GOVERNOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "gov.h"
+
+/* Initialises `g` for `cfg` (borrowed: source names point into it, so it
+ * must outlive `g`). Returns 0, or -1 with `err` (out of memory). */
+int governor_init(struct gov *g, const struct config *cfg, const struct gov_hooks *hooks,
+                  double now, char *err, size_t errlen);
+
+/* The budgets of a call on capability `cap`. */
+void governor_policy(const struct config *cfg, size_t cap, struct gov_policy *pol);
+
+/* Estimated token cost of a request whose JSON body is `json_len` bytes and
+ * which asks for up to `max_tokens` completion tokens (0 when unknown):
+ * reserved in the TPM/daily buckets before the attempt, reconciled with the
+ * real usage after it. */
+double governor_estimate_tokens(size_t json_len, uint64_t max_tokens);
+
+#endif /* POLYGW_GOVERNOR_H */

@@ -1,0 +1,1852 @@
+/* test_gov.c — the governed loop of DESIGN.md 3.1–3.4, always on a fake
+ * clock and with a scripted random source.
+ *
+ * The simulation driver below plays the sidecar: each call has a scripted
+ * upstream that decides every attempt's duration and outcome; the driver
+ * follows the core's decisions (ATTEMPT -> advance to the attempt's end ->
+ * on_outcome; WAIT -> advance to wake_at -> step; on_wake -> step "now", as
+ * the sidecar's zero-delay timer would) in time order, ties broken in the
+ * order they were scheduled, like a timer heap. Every run has a hard
+ * iteration bound, asserted not to be reached, so a bug can never hang a
+ * test: an endless loop fails it instead. */
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "gov.h"
+#include "outcome.h"
+#include "progress.h"
+#include "suites.h"
+
+#define SIM_MAX_CALLS 16
+#define SIM_MAX_SOURCES 4
+#define SIM_MAX_ITERS 100000
+#define SIM_LOG 64
+#define REL_EPS 1e-9
+#define VERDICT_EPS 1e-3 /* "the verdict lands within ε after the window" */
+
+#define ck_assert_near(x, want)                                                                    \
+    do {                                                                                           \
+        double x_ = (x), w_ = (want);                                                              \
+        ck_assert_msg(fabs(x_ - w_) <= REL_EPS * fmax(1.0, fabs(w_)), "%s = %.12g, want %.12g",   \
+                      #x, x_, w_);                                                                 \
+    } while (0)
+
+/* `x` in (lo, lo + VERDICT_EPS]: just after `lo`, not before. */
+#define ck_assert_just_after(x, lo)                                                                \
+    do {                                                                                           \
+        double x_ = (x), l_ = (lo);                                                                \
+        ck_assert_msg(x_ > l_ && x_ <= l_ + VERDICT_EPS, "%s = %.12g, want in (%.12g, +%g]", #x,  \
+                      x_, l_, VERDICT_EPS);                                                        \
+    } while (0)
+
+/* --- the scripted upstream ------------------------------------------- */
+
+struct reply {
+    double duration_s;   /* INFINITY: hangs until the call is cancelled */
+    struct outcome o;
+    double tokens;       /* real usage, < 0 unknown */
+};
+
+static struct reply rep_http(double duration_s, int status, const char *retry_after)
+{
+    struct reply r = {.duration_s = duration_s, .tokens = -1};
+
+    outcome_from_http(&r.o, status, retry_after, 0);
+    return r;
+}
+
+static struct reply rep_reason(double duration_s, enum outcome_reason reason)
+{
+    struct reply r = {.duration_s = duration_s, .tokens = -1};
+
+    outcome_from_reason(&r.o, reason);
+    return r;
+}
+
+static struct reply rep_hang(void)
+{
+    return rep_http(INFINITY, 200, NULL);
+}
+
+struct sim_call;
+
+/* Decides attempt `n` (1-based, as this call's upstream sees them) sent to
+ * `source`. The default plays the call's script. */
+typedef void upstream_fn(struct sim_call *c, size_t source, uint32_t n, struct reply *r);
+
+/* --- the driver ------------------------------------------------------ */
+
+enum sim_next { SIM_NONE, SIM_START, SIM_STEP, SIM_END, SIM_HUNG, SIM_FINISHED };
+
+struct sim_call {
+    struct gov_call k;
+    /* set up before the call starts */
+    uint32_t capability;
+    const char *scope;
+    struct gov_policy pol;
+    double deadline_at, est_tokens;
+    struct reply script[64];     /* attempt n plays script[n-1]; the last one repeats */
+    size_t n_script;
+    upstream_fn *up;
+    /* driver state */
+    enum sim_next next;
+    double at;
+    uint64_t seq;
+    struct reply cur;
+    struct gov_decision d;       /* the last decision */
+    uint32_t seen;               /* attempts its upstream saw */
+    size_t att_source[SIM_LOG]; /* the first SIM_LOG attempts: source, start */
+    double att_at[SIM_LOG];
+    /* result */
+    bool done;
+    enum gov_result result;
+    double done_at, stalled_at_done, retry_after_s;
+};
+
+struct sim {
+    double now;
+    struct gov g;
+    struct gov_source_params src[SIM_MAX_SOURCES];
+    size_t n_src;
+    /* the random source: seq[] first, then dflt forever */
+    double rng_seq[SIM_LOG];
+    size_t rng_n, rng_i;
+    double rng_dflt;
+    struct sim_call c[SIM_MAX_CALLS];
+    size_t n;
+    uint64_t seq;
+    bool manual_wakes;           /* log on_wake without scheduling a step */
+    struct gov_call *wake_k[SIM_LOG];
+    double wake_t[SIM_LOG];
+    size_t n_wakes;
+    struct {
+        size_t source;
+        enum breaker_state from, to;
+        double at;
+    } br[SIM_LOG];
+    size_t n_br;
+    uint64_t steps, step_waits;
+    unsigned iters;
+};
+
+/* One per test process (Check runs each test in its own fork). */
+static struct sim S;
+
+static double sim_rand(void *ud)
+{
+    struct sim *s = ud;
+
+    return s->rng_i < s->rng_n ? s->rng_seq[s->rng_i++] : s->rng_dflt;
+}
+
+static void sim_rng(struct sim *s, const double *seq, size_t n, double dflt)
+{
+    ck_assert_uint_le(n, SIM_LOG);
+    memcpy(s->rng_seq, seq, n * sizeof(*seq));
+    s->rng_n = n;
+    s->rng_i = 0;
+    s->rng_dflt = dflt;
+}
+
+static void sim_schedule(struct sim *s, struct sim_call *c, enum sim_next next, double at)
+{
+    c->next = next;
+    c->at = at;
+    c->seq = ++s->seq;
+}
+
+static void on_wake(struct gov_call *k, void *ud)
+{
+    struct sim *s = ud;
+    struct sim_call *c = k->ud;
+
+    ck_assert_uint_lt(s->n_wakes, SIM_LOG);
+    s->wake_k[s->n_wakes] = k;
+    s->wake_t[s->n_wakes++] = s->now;
+    ck_assert_msg(k->state == GOV_CALL_WAITING, "woke a call in state %s",
+                  gov_call_state_name(k->state));
+    if (!s->manual_wakes && c->next == SIM_STEP && c->at > s->now)
+        sim_schedule(s, c, SIM_STEP, s->now);
+}
+
+static void on_breaker(const struct gov *g, size_t source, enum breaker_state from,
+                       enum breaker_state to, double now, void *ud)
+{
+    struct sim *s = ud;
+
+    ck_assert_ptr_eq(g, &s->g);
+    ck_assert_uint_lt(s->n_br, SIM_LOG);
+    s->br[s->n_br].source = source;
+    s->br[s->n_br].from = from;
+    s->br[s->n_br].to = to;
+    s->br[s->n_br++].at = now;
+}
+
+/* A source with every limit off but a few permits. */
+static struct gov_source_params src_params(const char *name)
+{
+    return (struct gov_source_params){
+        .name = name, .capability = 0, .priority = 0, .weight = 1,
+        .max_concurrency = 4,
+        .aimd_initial = 4, .aimd_min = 1, .aimd_increase = 1, .aimd_decrease = 0.5,
+        .breaker_failures = 5, .breaker_cooldown_s = 30, .breaker_max_cooldown_s = 300,
+    };
+}
+
+/* The chat defaults of the design: timeout = stall = 300 s, base 2 s. */
+static struct gov_policy pol_chat(void)
+{
+    return (struct gov_policy){
+        .max_attempts = 3, .stall_window_s = 300, .backoff_base_s = 2, .backoff_max_s = 60,
+        .exempt_429 = true,
+    };
+}
+
+static void sim_init(struct sim *s, const struct gov_source_params *src, size_t n, size_t n_caps)
+{
+    struct gov_hooks hooks = {.on_wake = on_wake, .on_breaker = on_breaker, .ud = s};
+
+    memset(s, 0, sizeof(*s));
+    ck_assert_uint_le(n, SIM_MAX_SOURCES);
+    memcpy(s->src, src, n * sizeof(*src));
+    s->n_src = n;
+    s->rng_dflt = 0; /* backoff factor 0.5, the first candidate picked */
+    ck_assert_int_eq(gov_init(&s->g, src, n, n_caps, NULL, sim_rand, s, &hooks, 0), 0);
+}
+
+static void script_upstream(struct sim_call *c, size_t source, uint32_t n, struct reply *r)
+{
+    (void)source;
+    ck_assert_msg(c->n_script > 0, "call %td has no script", c - S.c);
+    *r = c->script[n - 1 < c->n_script ? n - 1 : c->n_script - 1];
+}
+
+static void script_push(struct sim_call *c, struct reply r)
+{
+    ck_assert_uint_lt(c->n_script, 64);
+    c->script[c->n_script++] = r;
+}
+
+/* A call of capability 0 in scope "chat" that starts at `start_at`. */
+static struct sim_call *sim_add(struct sim *s, double start_at, const struct gov_policy *pol)
+{
+    ck_assert_uint_lt(s->n, SIM_MAX_CALLS);
+    struct sim_call *c = &s->c[s->n++];
+
+    c->scope = "chat";
+    c->pol = *pol;
+    c->up = script_upstream;
+    sim_schedule(s, c, SIM_START, start_at);
+    return c;
+}
+
+static void sim_follow(struct sim *s, struct sim_call *c, const struct gov_decision *d,
+                       bool from_step)
+{
+    c->d = *d;
+    switch (d->action) {
+    case GOV_ATTEMPT:
+        ck_assert_uint_lt(d->source, s->n_src);
+        if (c->seen < SIM_LOG) {
+            c->att_source[c->seen] = d->source;
+            c->att_at[c->seen] = s->now;
+        }
+        c->seen++;
+        c->up(c, d->source, c->seen, &c->cur);
+        if (isinf(c->cur.duration_s))
+            c->next = SIM_HUNG;
+        else
+            sim_schedule(s, c, SIM_END, s->now + c->cur.duration_s);
+        break;
+    case GOV_WAIT:
+        if (from_step) {
+            s->step_waits++;
+            ck_assert_msg(d->wake_at > s->now, "WAIT at %.9g for %.9g: a busy loop", s->now,
+                          d->wake_at);
+        }
+        ck_assert_msg(d->wake_at >= s->now, "WAIT until %.9g, in the past of %.9g", d->wake_at,
+                      s->now);
+        sim_schedule(s, c, SIM_STEP, d->wake_at);
+        break;
+    case GOV_DONE:
+        c->done = true;
+        c->result = d->result;
+        c->done_at = s->now;
+        c->retry_after_s = d->retry_after_s;
+        c->stalled_at_done = gov_call_stalled_s(&c->k, s->now);
+        ck_assert_msg(d->retry_after_s >= 0, "retry_after_s %g", d->retry_after_s);
+        gov_call_fini(&c->k, s->now);
+        c->next = SIM_FINISHED;
+        break;
+    }
+}
+
+static void sim_step(struct sim *s, struct sim_call *c)
+{
+    struct gov_decision d;
+
+    s->steps++;
+    gov_call_step(&c->k, s->now, &d);
+    sim_follow(s, c, &d, true);
+}
+
+static void sim_start(struct sim *s, struct sim_call *c)
+{
+    int rc = gov_call_init(&c->k, &s->g, c->capability, c->scope, &c->pol, c->deadline_at,
+                           c->est_tokens, s->now);
+
+    ck_assert_int_eq(rc, 0);
+    c->k.ud = c;
+    sim_step(s, c);
+}
+
+/* Runs every event due at or before `until`, in time order. */
+static void sim_run(struct sim *s, double until)
+{
+    for (;;) {
+        struct sim_call *c = NULL;
+
+        for (size_t i = 0; i < s->n; i++) {
+            struct sim_call *x = &s->c[i];
+            if (x->next != SIM_START && x->next != SIM_STEP && x->next != SIM_END)
+                continue;
+            if (!c || x->at < c->at || (x->at == c->at && x->seq < c->seq))
+                c = x;
+        }
+        if (!c || c->at > until)
+            break;
+        ck_assert_msg(++s->iters < SIM_MAX_ITERS, "no end after %u iterations (now %.9g)",
+                      s->iters, s->now);
+        ck_assert_msg(c->at >= s->now, "time went back: %.9g -> %.9g", s->now, c->at);
+        s->now = c->at;
+        switch (c->next) {
+        case SIM_START:
+            sim_start(s, c);
+            break;
+        case SIM_STEP:
+            sim_step(s, c);
+            break;
+        default: {
+            struct gov_decision d;
+            gov_call_on_outcome(&c->k, s->now, &c->cur.o, c->cur.tokens, &d);
+            sim_follow(s, c, &d, false);
+            break;
+        }
+        }
+    }
+    if (until > s->now && isfinite(until))
+        s->now = until;
+}
+
+static void sim_run_all(struct sim *s)
+{
+    sim_run(s, INFINITY);
+}
+
+/* Steps a waiting call at `t` (no event may be due before). */
+static const struct gov_decision *sim_poke(struct sim *s, struct sim_call *c, double t)
+{
+    sim_run(s, t);
+    ck_assert_msg(c->next == SIM_STEP, "call %td is not waiting", c - s->c);
+    s->now = t;
+    sim_step(s, c);
+    return &c->d;
+}
+
+/* Cancels a call (gov_call_fini) at `t`, as a client or task stop would. */
+static void sim_cancel(struct sim *s, struct sim_call *c, double t)
+{
+    sim_run(s, t);
+    ck_assert(c->next != SIM_FINISHED && c->next != SIM_START);
+    s->now = t;
+    gov_call_fini(&c->k, t);
+    c->done = true;
+    c->result = GOV_CANCELLED;
+    c->done_at = t;
+    c->next = SIM_FINISHED;
+}
+
+static void sim_fini(struct sim *s)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        if (s->c[i].next != SIM_FINISHED && s->c[i].next != SIM_START)
+            gov_call_fini(&s->c[i].k, s->now);
+    }
+    gov_fini(&s->g);
+}
+
+static void check_result(const struct sim_call *c, enum gov_result want)
+{
+    ck_assert_msg(c->done, "call %td not done (state %s)", c - S.c,
+                  gov_call_state_name(c->k.state));
+    ck_assert_msg(c->result == want, "call %td: %s at %.9g, want %s", c - S.c,
+                  gov_result_name(c->result), c->done_at, gov_result_name(want));
+}
+
+static double scope_age(struct sim *s, const char *scope)
+{
+    double age = -1;
+
+    ck_assert_int_eq(s->g.backend.progress_age(s->g.backend.ud, scope, s->now, &age), 0);
+    return age;
+}
+
+/* ===================================================================== */
+/* The consequences DESIGN 3.1 says tests must pin                       */
+/* ===================================================================== */
+
+/* 1. One attempt that runs past the window and times out does not exhaust
+ * the stall budget: the retry budget is used, the second attempt succeeds. */
+START_TEST(test_gov__timeout_does_not_exhaust_stall_budget)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat(); /* stall_window_s == timeout_s == 300 */
+
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *c = sim_add(&S, 0, &pol);
+    script_push(c, rep_reason(310, REASON_TOTAL_TIMEOUT));
+    script_push(c, rep_http(5, 200, NULL));
+    sim_run_all(&S);
+    check_result(c, GOV_OK);
+    ck_assert_uint_eq(c->seen, 2);
+    ck_assert_near(c->att_at[1], 311); /* 310 s attempt + 1 s backoff (2 s x 0.5) */
+    ck_assert_near(c->done_at, 316);
+    ck_assert_near(c->stalled_at_done, 1);
+    ck_assert_uint_eq(c->k.fails, 1);
+    sim_fini(&S);
+}
+END_TEST
+
+/* 2. Real attempt time, however long, never triggers `stalled` by itself:
+ * only the backoff sleeps between the attempts are stall time. */
+START_TEST(test_gov__attempt_time_alone_never_stalls)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    p.breaker_failures = 100; /* keep breaker cool-downs out of this test */
+    pol.max_attempts = 20;
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *c = sim_add(&S, 0, &pol);
+    for (int i = 0; i < 10; i++)
+        script_push(c, rep_http(1000, 503, NULL));
+    script_push(c, rep_http(1, 200, NULL));
+    sim_run_all(&S);
+    /* Backoffs for fails 1..10: 2 x 2^(n-1) capped at 60, x 0.5:
+     * 1+2+4+8+16+30x5 = 181 s of stall against 10,000 s of attempts. */
+    check_result(c, GOV_OK);
+    ck_assert_uint_eq(c->seen, 11);
+    ck_assert_near(c->stalled_at_done, 181);
+    ck_assert_near(c->done_at, 10000 + 181 + 1);
+    sim_fini(&S);
+
+    /* The same upstream failing throughout ends in retry_exhausted, never
+     * stalled, after 10,000 s. */
+    pol.max_attempts = 10;
+    sim_init(&S, &p, 1, 1);
+    c = sim_add(&S, 0, &pol);
+    script_push(c, rep_http(1000, 503, NULL));
+    sim_run_all(&S);
+    check_result(c, GOV_RETRY_EXHAUSTED);
+    ck_assert_uint_eq(c->seen, 10);
+    ck_assert_near(c->done_at, 10000 + 151);
+    ck_assert_near(c->stalled_at_done, 151);
+    sim_fini(&S);
+}
+END_TEST
+
+/* 3. Pure waiting — nothing runnable, no progress ever — ends in `stalled`
+ * once the window is spent, and not a moment before. */
+START_TEST(test_gov__pure_waiting_stalls_when_window_spent)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    /* (a) No permit: the only one is held by a call whose attempt hangs. */
+    p.max_concurrency = 1;
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *h = sim_add(&S, 0, &pol);
+    script_push(h, rep_hang());
+    struct sim_call *w = sim_add(&S, 10, &pol);
+    sim_run(&S, 10);
+    ck_assert_int_eq(w->d.action, GOV_WAIT);
+    ck_assert_just_after(w->d.wake_at, 310);
+    ck_assert_uint_eq(S.g.waitq[0].n, 1);
+    ck_assert_int_eq(sim_poke(&S, w, 200)->action, GOV_WAIT);
+    ck_assert_int_eq(sim_poke(&S, w, 310 - VERDICT_EPS)->action, GOV_WAIT);
+    ck_assert_just_after(w->d.wake_at, 310);
+    sim_run_all(&S);
+    check_result(w, GOV_STALLED);
+    ck_assert_just_after(w->done_at, 310);
+    ck_assert_uint_eq(w->seen, 0);
+    ck_assert_uint_eq(S.g.waitq[0].n, 0);
+    sim_fini(&S);
+
+    /* (b) A breaker open longer than the window (tripped by another call
+     * whose failure is no progress). */
+    p = src_params("a");
+    p.breaker_failures = 1;
+    p.breaker_cooldown_s = p.breaker_max_cooldown_s = 1000;
+    sim_init(&S, &p, 1, 1);
+    struct gov_policy once = pol;
+    once.max_attempts = 1;
+    struct sim_call *f = sim_add(&S, 0, &once);
+    script_push(f, rep_http(1, 503, NULL));
+    w = sim_add(&S, 5, &pol);
+    sim_run(&S, 5);
+    check_result(f, GOV_RETRY_EXHAUSTED);
+    ck_assert_int_eq(S.g.sources[0].breaker.state, BREAKER_OPEN);
+    ck_assert_int_eq(w->d.action, GOV_WAIT);
+    ck_assert_just_after(w->d.wake_at, 305);
+    ck_assert_int_eq(sim_poke(&S, w, 305 - VERDICT_EPS)->action, GOV_WAIT);
+    sim_run_all(&S);
+    check_result(w, GOV_STALLED);
+    ck_assert_just_after(w->done_at, 305);
+    /* Its best estimate of when the scope can serve: the half-open time. */
+    ck_assert_near(w->retry_after_s, 1001 - w->done_at);
+    sim_fini(&S);
+}
+END_TEST
+
+/* 4a. Saturation with the 429 exemption: every attempt refunded, every
+ * backoff charged, so the stall budget ends it — never an endless loop. */
+START_TEST(test_gov__all_429_exempt_ends_stalled)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    p.breaker_failures = 1;
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *c = sim_add(&S, 0, &pol);
+    script_push(c, rep_http(0.5, 429, NULL));
+    sim_run_all(&S);
+    /* Each round: a 0.5 s attempt (refunded) + a constant 1 s backoff
+     * (fails stays 0, so n = max(fails, 1) = 1): 1.5 s of stall per round,
+     * stalled_s > 300 after round 201. */
+    check_result(c, GOV_STALLED);
+    ck_assert_uint_eq(c->seen, 201);
+    ck_assert_near(c->done_at, 301.5);
+    ck_assert_uint_eq(c->k.fails, 0);
+    ck_assert_int_eq(S.g.sources[0].breaker.state, BREAKER_CLOSED);
+    ck_assert_uint_eq(S.n_br, 0);
+    ck_assert_near(S.g.sources[0].aimd.limit, 1);
+    ck_assert_uint_eq(S.g.sources[0].rate_limited, 201);
+    sim_fini(&S);
+}
+END_TEST
+
+/* 4b. Without the exemption a 429 is a transient failure: retry_exhausted
+ * after exactly max_attempts — and still never trips the breaker. */
+START_TEST(test_gov__all_429_not_exempt_retry_exhausted)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    p.breaker_failures = 1;
+    pol.exempt_429 = false;
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *c = sim_add(&S, 0, &pol);
+    script_push(c, rep_http(0.5, 429, NULL));
+    sim_run_all(&S);
+    check_result(c, GOV_RETRY_EXHAUSTED);
+    ck_assert_uint_eq(c->seen, 3);
+    ck_assert_uint_eq(c->k.fails, 3);
+    ck_assert_near(c->done_at, 0.5 + 1 + 0.5 + 2 + 0.5);
+    ck_assert_near(c->stalled_at_done, 3); /* only the backoffs */
+    ck_assert_int_eq(S.g.sources[0].breaker.state, BREAKER_CLOSED);
+    ck_assert_uint_eq(S.n_br, 0);
+    sim_fini(&S);
+}
+END_TEST
+
+/* 5. The queueing gateway of the seed note: each attempt held the full
+ * timeout_s, then 429; timeout = stall = 300 s, backoff base 2 s, rng 0.
+ * The refund makes it one attempt and about 301 s, not 301 attempts and
+ * 25 hours. */
+START_TEST(test_gov__queueing_gateway_stalls_after_one_attempt)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *c = sim_add(&S, 0, &pol);
+    script_push(c, rep_http(300, 429, NULL));
+    sim_run(&S, 299);
+    ck_assert_near(gov_call_stalled_s(&c->k, 299), 0); /* in the attempt: productive */
+    sim_run(&S, 300);
+    ck_assert_near(gov_call_stalled_s(&c->k, 300), 300); /* refunded */
+    ck_assert_int_eq(c->d.action, GOV_WAIT);
+    ck_assert_near(c->d.wake_at, 301);
+    sim_run_all(&S);
+    check_result(c, GOV_STALLED);
+    ck_assert_uint_eq(c->seen, 1);
+    ck_assert_near(c->done_at, 301);
+    ck_assert_near(c->stalled_at_done, 301);
+    sim_fini(&S);
+}
+END_TEST
+
+/* 6. The four quadrants of (local window exceeded?) x (scope progress
+ * stale?). Set-up: one source with one permit. P holds it from 0 and
+ * succeeds at `progress_at` — the scope's only progress, made by another
+ * call through the same gov (none when progress_at < 0); H, queued behind
+ * it, then takes the permit and hangs forever. W, the call under test,
+ * starts at w_start and can only wait. Window 300 s. */
+static struct sim_call *quad_setup(double progress_at, double w_start)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    p.max_concurrency = 1;
+    sim_init(&S, &p, 1, 1);
+    if (progress_at >= 0) {
+        struct sim_call *pc = sim_add(&S, 0, &pol);
+        script_push(pc, rep_http(progress_at, 200, NULL));
+    }
+    struct sim_call *h = sim_add(&S, 0, &pol);
+    script_push(h, rep_hang());
+    return sim_add(&S, w_start, &pol);
+}
+
+START_TEST(test_gov__quadrant_neither_exceeded_waits)
+{
+    struct sim_call *w = quad_setup(10, 5);
+
+    const struct gov_decision *d = sim_poke(&S, w, 200);
+    ck_assert_near(gov_call_stalled_s(&w->k, 200), 195);
+    ck_assert_near(scope_age(&S, "chat"), 190);
+    ck_assert_int_eq(d->action, GOV_WAIT);
+    /* Next verdict possible when both have run out: max(5, 10) + 300. */
+    ck_assert_just_after(d->wake_at, 310);
+    sim_fini(&S);
+}
+END_TEST
+
+START_TEST(test_gov__quadrant_stale_scope_only_waits)
+{
+    struct sim_call *w = quad_setup(10, 400);
+
+    const struct gov_decision *d = sim_poke(&S, w, 600);
+    ck_assert_near(gov_call_stalled_s(&w->k, 600), 200);
+    ck_assert_near(scope_age(&S, "chat"), 590);
+    ck_assert_int_eq(d->action, GOV_WAIT);
+    ck_assert_just_after(d->wake_at, 700); /* the call's own window */
+    sim_run_all(&S);
+    check_result(w, GOV_STALLED);
+    ck_assert_just_after(w->done_at, 700);
+    sim_fini(&S);
+}
+END_TEST
+
+/* Local window spent, but another call of the scope succeeded recently:
+ * the scope is being served, so this call keeps waiting its turn. */
+START_TEST(test_gov__quadrant_local_exceeded_fresh_progress_waits)
+{
+    struct sim_call *w = quad_setup(10, 0.5);
+
+    /* W wakes at its own verdict time 300.5 and finds the scope alive. */
+    sim_run(&S, 301);
+    check_result(&S.c[0], GOV_OK);
+    ck_assert(!w->done);
+    ck_assert_int_eq(w->d.action, GOV_WAIT);
+    ck_assert(gov_call_stalled_s(&w->k, 301) > 300);
+    ck_assert_near(scope_age(&S, "chat"), 291);
+    ck_assert_just_after(w->d.wake_at, 310);
+    ck_assert_int_eq(sim_poke(&S, w, 309.9)->action, GOV_WAIT);
+    /* Once the scope's progress is stale as well: both exceeded. */
+    sim_run_all(&S);
+    check_result(w, GOV_STALLED);
+    ck_assert_just_after(w->done_at, 310);
+    sim_fini(&S);
+}
+END_TEST
+
+START_TEST(test_gov__quadrant_both_exceeded_stalls)
+{
+    struct sim_call *w = quad_setup(10, 200);
+
+    ck_assert_int_eq(sim_poke(&S, w, 500 - VERDICT_EPS)->action, GOV_WAIT);
+    sim_run_all(&S);
+    check_result(w, GOV_STALLED);
+    ck_assert_just_after(w->done_at, 500);
+    ck_assert(w->stalled_at_done > 300);
+    ck_assert(scope_age(&S, "chat") > 300);
+    ck_assert_uint_eq(w->seen, 0);
+    sim_fini(&S);
+}
+END_TEST
+
+/* A scope that never succeeded has progress age +INF: stale. */
+START_TEST(test_gov__quadrant_never_progressed_counts_as_stale)
+{
+    struct sim_call *w = quad_setup(-1, 5);
+
+    ck_assert_int_eq(sim_poke(&S, w, 100)->action, GOV_WAIT);
+    ck_assert(isinf(scope_age(&S, "chat")));
+    ck_assert_int_eq(sim_poke(&S, w, 305 - VERDICT_EPS)->action, GOV_WAIT);
+    sim_run_all(&S);
+    check_result(w, GOV_STALLED);
+    ck_assert_just_after(w->done_at, 305);
+    sim_fini(&S);
+}
+END_TEST
+
+/* 7. Two concurrent calls in the same scope and gov: B stalls on its own
+ * 300 s while A's 1000 s attempt is in flight (a shared clock would count
+ * that attempt as B's productive time), and A's clock is not charged with
+ * B's waits. */
+START_TEST(test_gov__concurrent_calls_separate_stall_clocks)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    p.max_concurrency = 2;
+    p.aimd_initial = p.aimd_min = 2; /* B's 429s must not take A's permit away */
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *a = sim_add(&S, 0, &pol);
+    script_push(a, rep_http(1000, 503, NULL));
+    script_push(a, rep_http(1, 200, NULL));
+    struct sim_call *b = sim_add(&S, 50, &pol);
+    script_push(b, rep_http(0.5, 429, NULL));
+    sim_run_all(&S);
+    check_result(b, GOV_STALLED);
+    ck_assert_uint_eq(b->seen, 201);
+    ck_assert_near(b->done_at, 50 + 301.5);
+    check_result(a, GOV_OK);
+    ck_assert_near(a->done_at, 1002);
+    ck_assert_near(a->stalled_at_done, 1);
+    sim_fini(&S);
+}
+END_TEST
+
+/* 8. Cancelling inside an attempt (gov_call_fini while ATTEMPTING) accounts
+ * the attempt and releases its permit at once: the waiter is woken and
+ * admitted. */
+START_TEST(test_gov__cancel_inside_attempt_releases_permit)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    p.max_concurrency = 1;
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *a = sim_add(&S, 0, &pol);
+    script_push(a, rep_hang());
+    struct sim_call *w = sim_add(&S, 1, &pol);
+    script_push(w, rep_http(1, 200, NULL));
+    sim_run(&S, 50);
+    ck_assert_int_eq(a->k.state, GOV_CALL_ATTEMPTING);
+    ck_assert_int_eq(w->d.action, GOV_WAIT);
+    ck_assert_uint_eq(S.g.sources[0].in_flight, 1);
+    ck_assert_uint_eq(S.n_wakes, 0);
+
+    sim_cancel(&S, a, 50);
+    ck_assert_uint_eq(S.g.sources[0].in_flight, 0);
+    ck_assert_near(a->k.clock.productive_s, 50); /* the attempt is accounted */
+    ck_assert_near(gov_call_stalled_s(&a->k, 50), 0);
+    ck_assert(!a->k.clock.attempting);
+    ck_assert_uint_eq(S.n_wakes, 1);
+    ck_assert_ptr_eq(S.wake_k[0], &w->k);
+    ck_assert_near(S.wake_t[0], 50);
+    ck_assert_uint_eq(S.g.wakes, 1);
+
+    sim_run_all(&S);
+    check_result(w, GOV_OK);
+    ck_assert_near(w->att_at[0], 50);
+    ck_assert_near(w->done_at, 51);
+    gov_call_fini(&a->k, 60); /* idempotent */
+    sim_fini(&S);
+}
+END_TEST
+
+/* Cancelling the half-open probe frees the probe slot: a waiter becomes the
+ * next probe. */
+START_TEST(test_gov__cancel_frees_half_open_probe)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat(), once = pol_chat();
+
+    p.breaker_failures = 1;
+    p.breaker_cooldown_s = 10;
+    once.max_attempts = 1;
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *f = sim_add(&S, 0, &once);
+    script_push(f, rep_http(1, 503, NULL));
+    struct sim_call *probe = sim_add(&S, 11, &pol);
+    script_push(probe, rep_hang());
+    struct sim_call *w = sim_add(&S, 12, &pol);
+    script_push(w, rep_http(1, 200, NULL));
+    sim_run(&S, 20);
+    ck_assert_int_eq(S.g.sources[0].breaker.state, BREAKER_HALF_OPEN);
+    ck_assert(probe->k.probe);
+    ck_assert(S.g.sources[0].breaker.probe_busy);
+    ck_assert_int_eq(w->d.action, GOV_WAIT);
+
+    sim_cancel(&S, probe, 20);
+    ck_assert(!S.g.sources[0].breaker.probe_busy);
+    ck_assert_uint_eq(S.n_wakes, 1);
+    ck_assert_ptr_eq(S.wake_k[0], &w->k);
+    sim_run_all(&S);
+    check_result(w, GOV_OK);
+    ck_assert_near(w->att_at[0], 20);
+    ck_assert_int_eq(S.g.sources[0].breaker.state, BREAKER_CLOSED);
+    sim_fini(&S);
+}
+END_TEST
+
+/* ===================================================================== */
+/* Breaker, AIMD and the other admission rules through the loop          */
+/* ===================================================================== */
+
+/* closed -> open after `failures` transient failures; half-open after the
+ * cool-down with one probe; a failed probe doubles the cool-down (capped);
+ * a successful probe closes it. */
+START_TEST(test_gov__breaker_cycle_in_the_loop)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    p.breaker_failures = 2;
+    p.breaker_cooldown_s = 10;
+    p.breaker_max_cooldown_s = 30;
+    pol.max_attempts = 10;
+    pol.stall_window_s = 1000;
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *c = sim_add(&S, 0, &pol);
+    for (int i = 0; i < 4; i++)
+        script_push(c, rep_http(1, 503, NULL));
+    script_push(c, rep_http(1, 200, NULL));
+    sim_run_all(&S);
+    check_result(c, GOV_OK);
+    /* Attempts: 0-1 fail, backoff 1; 2-3 fail -> open until 13, backoff 2,
+     * wait; probe 13-14 fails -> open 20 s until 34, backoff 4, wait; probe
+     * 34-35 fails -> open 30 s (capped) until 65; probe 65-66 succeeds. */
+    const double want_at[] = {0, 2, 13, 34, 65};
+    ck_assert_uint_eq(c->seen, 5);
+    for (size_t i = 0; i < 5; i++)
+        ck_assert_near(c->att_at[i], want_at[i]);
+    const struct {
+        enum breaker_state from, to;
+        double at;
+    } want[] = {
+        {BREAKER_CLOSED, BREAKER_OPEN, 3},     {BREAKER_OPEN, BREAKER_HALF_OPEN, 13},
+        {BREAKER_HALF_OPEN, BREAKER_OPEN, 14}, {BREAKER_OPEN, BREAKER_HALF_OPEN, 34},
+        {BREAKER_HALF_OPEN, BREAKER_OPEN, 35}, {BREAKER_OPEN, BREAKER_HALF_OPEN, 65},
+        {BREAKER_HALF_OPEN, BREAKER_CLOSED, 66},
+    };
+    ck_assert_uint_eq(S.n_br, sizeof(want) / sizeof(want[0]));
+    for (size_t i = 0; i < S.n_br; i++) {
+        ck_assert_uint_eq(S.br[i].source, 0);
+        ck_assert_msg(S.br[i].from == want[i].from && S.br[i].to == want[i].to,
+                      "transition %zu: %s -> %s", i, breaker_state_name(S.br[i].from),
+                      breaker_state_name(S.br[i].to));
+        ck_assert_near(S.br[i].at, want[i].at);
+    }
+    ck_assert_near(S.g.sources[0].breaker.cooldown_s, 10); /* reset */
+    sim_fini(&S);
+}
+END_TEST
+
+/* A second call during the half-open probe is not admitted as a second
+ * probe; it runs when the probe has closed the breaker. */
+START_TEST(test_gov__half_open_admits_exactly_one_probe)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat(), once = pol_chat();
+
+    p.breaker_failures = 1;
+    p.breaker_cooldown_s = 10;
+    once.max_attempts = 1;
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *f = sim_add(&S, 0, &once);
+    script_push(f, rep_http(1, 503, NULL));
+    struct sim_call *a = sim_add(&S, 11, &pol);
+    script_push(a, rep_http(5, 200, NULL));
+    struct sim_call *b = sim_add(&S, 12, &pol);
+    script_push(b, rep_http(1, 200, NULL));
+    sim_run(&S, 12);
+    ck_assert_int_eq(a->k.state, GOV_CALL_ATTEMPTING);
+    ck_assert(a->k.probe);
+    ck_assert_int_eq(b->d.action, GOV_WAIT);
+    ck_assert_uint_eq(S.g.sources[0].in_flight, 1);
+    sim_run_all(&S);
+    check_result(a, GOV_OK);
+    check_result(b, GOV_OK);
+    ck_assert_near(b->att_at[0], 16); /* woken by the probe's release */
+    ck_assert(!b->k.probe);
+    sim_fini(&S);
+}
+END_TEST
+
+/* With a source's breaker open, calls fail over to the next one. */
+static void failover_upstream(struct sim_call *c, size_t source, uint32_t n, struct reply *r)
+{
+    (void)c;
+    (void)n;
+    *r = source == 0 ? rep_http(1, 503, NULL) : rep_http(1, 200, NULL);
+}
+
+START_TEST(test_gov__failover_when_breaker_open)
+{
+    struct gov_source_params p[2] = {src_params("primary"), src_params("backup")};
+    struct gov_policy once = pol_chat();
+
+    p[0].breaker_failures = 2;
+    p[1].priority = 1;
+    once.max_attempts = 1;
+    sim_init(&S, p, 2, 1);
+    struct sim_call *c[3];
+    for (int i = 0; i < 3; i++) {
+        c[i] = sim_add(&S, i * 10, &once);
+        c[i]->up = failover_upstream;
+    }
+    sim_run_all(&S);
+    check_result(c[0], GOV_RETRY_EXHAUSTED);
+    check_result(c[1], GOV_RETRY_EXHAUSTED);
+    ck_assert_int_eq(S.g.sources[0].breaker.state, BREAKER_OPEN);
+    check_result(c[2], GOV_OK);
+    ck_assert_uint_eq(c[2]->att_source[0], 1);
+    sim_fini(&S);
+}
+END_TEST
+
+/* AIMD: success += increase/limit; 429 and timeouts x decrease (floored at
+ * min); other failures leave the limit alone. */
+START_TEST(test_gov__aimd_decrease_on_429_and_timeouts_only)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy once = pol_chat();
+    p.max_concurrency = 16;
+    p.aimd_initial = 8;
+    p.breaker_failures = 100;
+    once.max_attempts = 1;
+    once.exempt_429 = false;
+    struct reply r[] = {
+        rep_http(1, 503, NULL),
+        rep_reason(1, REASON_CONNECT_FAILED),
+        rep_reason(1, REASON_CONNECTION_RESET),
+        rep_http(1, 400, NULL),
+        rep_reason(1, REASON_TTFT_TIMEOUT),
+        rep_reason(1, REASON_TOTAL_TIMEOUT),
+        rep_reason(1, REASON_IDLE_TIMEOUT),
+        rep_reason(1, REASON_CONNECT_TIMEOUT),
+        rep_http(1, 429, NULL),
+        rep_http(1, 200, NULL),
+        rep_http(1, 200, NULL),
+    };
+    const double want[] = {8, 8, 8, 8, 4, 2, 1, 1, 1, 2, 2.5};
+    sim_init(&S, &p, 1, 1);
+    for (size_t i = 0; i < sizeof(r) / sizeof(r[0]); i++) {
+        struct sim_call *c = sim_add(&S, (double)i * 10, &once);
+        script_push(c, r[i]);
+    }
+    for (size_t i = 0; i < sizeof(r) / sizeof(r[0]); i++) {
+        sim_run(&S, (double)i * 10 + 5);
+        ck_assert_msg(fabs(S.g.sources[0].aimd.limit - want[i]) < REL_EPS,
+                      "after %s: limit %g, want %g", outcome_reason_name(r[i].o.reason),
+                      S.g.sources[0].aimd.limit, want[i]);
+    }
+    sim_fini(&S);
+
+    /* An exempt 429 decreases as well. */
+    once.exempt_429 = true;
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *c = sim_add(&S, 0, &once);
+    script_push(c, rep_http(1, 429, NULL));
+    script_push(c, rep_http(1, 200, NULL));
+    sim_run_all(&S);
+    check_result(c, GOV_OK);
+    ck_assert_near(S.g.sources[0].aimd.limit, 4 + 1.0 / 4);
+    sim_fini(&S);
+}
+END_TEST
+
+/* Permits = min(max_concurrency, floor(AIMD limit)), and the AIMD limit
+ * never grows beyond max_concurrency. */
+START_TEST(test_gov__permits_min_of_max_concurrency_and_aimd)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    p.max_concurrency = 3;
+    p.aimd_initial = 2;
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *c[3];
+    for (int i = 0; i < 3; i++) {
+        c[i] = sim_add(&S, 0, &pol);
+        script_push(c[i], rep_hang());
+    }
+    sim_run(&S, 1);
+    ck_assert_uint_eq(S.g.sources[0].in_flight, 2);
+    ck_assert_int_eq(c[2]->d.action, GOV_WAIT);
+    double at = 0;
+    ck_assert(!gov_source_runnable(&S.g, 0, 0, 1, &at));
+    ck_assert(isinf(at)); /* waits for a release, not a known time */
+    sim_fini(&S);
+
+    /* Successes raise the limit 2 -> 2.5 -> 2.9 -> 3.24.. capped at 3. */
+    sim_init(&S, &p, 1, 1);
+    for (int i = 0; i < 8; i++) {
+        struct sim_call *x = sim_add(&S, i, &pol);
+        script_push(x, rep_http(0.5, 200, NULL));
+    }
+    sim_run_all(&S);
+    ck_assert_near(S.g.sources[0].aimd.limit, 3);
+    for (int i = 0; i < 4; i++) {
+        struct sim_call *x = sim_add(&S, 100, &pol);
+        script_push(x, rep_hang());
+    }
+    sim_run(&S, 100);
+    ck_assert_uint_eq(S.g.sources[0].in_flight, 3);
+    ck_assert_int_eq(S.c[11].d.action, GOV_WAIT);
+    sim_fini(&S);
+
+    /* An initial limit above max_concurrency is clamped to it. */
+    p.max_concurrency = 2;
+    p.aimd_initial = 10;
+    sim_init(&S, &p, 1, 1);
+    ck_assert_near(S.g.sources[0].aimd.limit, 2);
+    sim_fini(&S);
+}
+END_TEST
+
+/* The pacer: starts on one source at least min_interval apart. */
+START_TEST(test_gov__pacer_min_interval)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    p.pacer_min_interval_s = 2;
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *c[3];
+    const double start[] = {0, 0.5, 2.5};
+    for (int i = 0; i < 3; i++) {
+        c[i] = sim_add(&S, start[i], &pol);
+        script_push(c[i], rep_http(10, 200, NULL));
+    }
+    sim_run(&S, 0.5);
+    ck_assert_int_eq(c[1]->d.action, GOV_WAIT);
+    ck_assert_near(c[1]->d.wake_at, 2);
+    sim_run_all(&S);
+    ck_assert_near(c[0]->att_at[0], 0);
+    ck_assert_near(c[1]->att_at[0], 2);
+    ck_assert_near(c[2]->att_at[0], 4);
+    for (int i = 0; i < 3; i++)
+        check_result(c[i], GOV_OK);
+    sim_fini(&S);
+}
+END_TEST
+
+/* An RPM limit queues rather than rejects: the next call waits exactly
+ * until the bucket has refilled one request. */
+START_TEST(test_gov__rpm_limit_queues)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    p.rpm = 2; /* one request per 30 s */
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *c[3];
+    for (int i = 0; i < 3; i++) {
+        c[i] = sim_add(&S, 0, &pol);
+        script_push(c[i], rep_http(1, 200, NULL));
+    }
+    sim_run_all(&S);
+    for (int i = 0; i < 3; i++)
+        check_result(c[i], GOV_OK);
+    ck_assert_near(c[0]->att_at[0], 0);
+    ck_assert_near(c[1]->att_at[0], 0);
+    ck_assert_near(c[2]->att_at[0], 30);
+    sim_fini(&S);
+}
+END_TEST
+
+/* Tokens: the estimate is taken before the attempt and reconciled with the
+ * real usage after; debt delays the next admission by exactly the time
+ * needed to repay it. */
+static void attempt_once(struct gov *g, double est, const struct reply *r, double now)
+{
+    struct gov_call k;
+    struct gov_decision d;
+    struct gov_policy pol = pol_chat();
+
+    ck_assert_int_eq(gov_call_init(&k, g, 0, "chat", &pol, 0, est, now), 0);
+    gov_call_step(&k, now, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    gov_call_on_outcome(&k, now, &r->o, r->tokens, &d);
+    ck_assert_int_eq(d.action, GOV_DONE);
+    gov_call_fini(&k, now);
+}
+
+START_TEST(test_gov__tokens_reserved_and_reconciled)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+    struct gov g;
+    struct gov_call k;
+    struct gov_decision d;
+    struct reply ok = rep_http(0, 200, NULL);
+
+    p.tpm = 1200;           /* 20 tokens/s */
+    p.daily_tokens = 86400; /* 1 token/s */
+    ck_assert_int_eq(gov_init(&g, &p, 1, 1, NULL, NULL, NULL, NULL, 0), 0);
+    struct gov_source *s = &g.sources[0];
+
+    /* Reserved before the attempt. */
+    ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 0, 300, 0), 0);
+    gov_call_step(&k, 0, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    ck_assert_near(bucket_level(&s->tpm, 0), 900);
+    ck_assert_near(bucket_level(&s->daily, 0), 86100);
+    /* Reconciled: it used 100. */
+    ok.tokens = 100;
+    gov_call_on_outcome(&k, 0, &ok.o, ok.tokens, &d);
+    ck_assert_int_eq(d.result, GOV_OK);
+    gov_call_fini(&k, 0);
+    ck_assert_near(bucket_level(&s->tpm, 0), 1100);
+    ck_assert_near(bucket_level(&s->daily, 0), 86300);
+
+    ok.tokens = -1; /* unknown usage: the estimate stands */
+    attempt_once(&g, 300, &ok, 0);
+    ck_assert_near(bucket_level(&s->tpm, 0), 800);
+    ok.tokens = 1400; /* far above its estimate: debt */
+    attempt_once(&g, 300, &ok, 0);
+    ck_assert_near(bucket_level(&s->tpm, 0), -600);
+
+    /* The next call (estimate 100) waits until 700 tokens have refilled. */
+    ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 0, 100, 0), 0);
+    gov_call_step(&k, 0, &d);
+    ck_assert_int_eq(d.action, GOV_WAIT);
+    ck_assert_near(d.wake_at, 35);
+    gov_call_step(&k, 35, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    gov_call_fini(&k, 35); /* cancelled: the estimate stays taken */
+    ck_assert_near(bucket_level(&s->tpm, 35), 0);
+
+    /* An estimate above the whole capacity is admitted when the bucket is
+     * full, never refused forever. */
+    ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 0, 5000, 35), 0);
+    gov_call_step(&k, 35, &d);
+    ck_assert_int_eq(d.action, GOV_WAIT);
+    ck_assert_near(d.wake_at, 35 + 60);
+    gov_call_step(&k, 95, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    gov_call_fini(&k, 95);
+    ck_assert_near(bucket_level(&s->tpm, 95), 1200 - 5000);
+    gov_fini(&g);
+}
+END_TEST
+
+/* ===================================================================== */
+/* Selection                                                             */
+/* ===================================================================== */
+
+/* The lowest priority value is the first tier; the next tier is used when
+ * the first has nothing runnable. rand = 0 would pick index 0 if tiers
+ * were ignored. */
+START_TEST(test_gov__selection_lower_priority_tier_first)
+{
+    struct gov_source_params p[2] = {src_params("backup"), src_params("primary")};
+    struct gov_policy pol = pol_chat();
+
+    p[0].priority = 1;
+    p[1].priority = 0;
+    p[0].max_concurrency = p[1].max_concurrency = 1;
+    sim_init(&S, p, 2, 1);
+    struct sim_call *a = sim_add(&S, 0, &pol);
+    script_push(a, rep_hang());
+    struct sim_call *b = sim_add(&S, 1, &pol);
+    script_push(b, rep_hang());
+    struct sim_call *c = sim_add(&S, 2, &pol);
+    script_push(c, rep_hang());
+    sim_run(&S, 2);
+    ck_assert_uint_eq(a->att_source[0], 1);
+    ck_assert_uint_eq(b->att_source[0], 0);
+    ck_assert_int_eq(c->d.action, GOV_WAIT);
+    sim_fini(&S);
+}
+END_TEST
+
+/* Within a tier the choice is weighted by weight x free fraction of the
+ * limit: A at 3/4 load has 0.25 of B's idle 1.0, so A is picked for
+ * rand < 0.25 / 1.25 = 0.2 and B above. */
+START_TEST(test_gov__selection_weighted_toward_less_loaded)
+{
+    struct gov_source_params p[2] = {src_params("a"), src_params("b")};
+    struct gov_policy pol = pol_chat();
+    const double rng[] = {0, 0, 0, 0.19, 0.21};
+
+    sim_init(&S, p, 2, 1);
+    sim_rng(&S, rng, 5, 0);
+    for (int i = 0; i < 3; i++) {
+        struct sim_call *x = sim_add(&S, i, &pol);
+        script_push(x, rep_hang());
+    }
+    struct sim_call *x = sim_add(&S, 3, &pol);
+    script_push(x, rep_hang());
+    struct sim_call *y = sim_add(&S, 5, &pol);
+    script_push(y, rep_hang());
+    sim_run(&S, 3);
+    for (int i = 0; i < 3; i++)
+        ck_assert_uint_eq(S.c[i].att_source[0], 0);
+    ck_assert_uint_eq(S.g.sources[0].in_flight, 4);
+    ck_assert_uint_eq(x->att_source[0], 0); /* 0.19 x 1.25 = 0.2375 < 0.25 */
+    sim_cancel(&S, x, 4);
+    ck_assert_uint_eq(S.g.sources[0].in_flight, 3);
+    sim_run(&S, 5);
+    ck_assert_uint_eq(y->att_source[0], 1); /* 0.21 x 1.25 = 0.2625 >= 0.25 */
+    sim_fini(&S);
+
+    /* The configured weight scales the share: 3:1 when both are idle. */
+    p[0].weight = 3;
+    const double rng2[] = {0.74, 0.76};
+    sim_init(&S, p, 2, 1);
+    sim_rng(&S, rng2, 2, 0);
+    struct gov_policy once = pol;
+    for (int i = 0; i < 2; i++) {
+        x = sim_add(&S, i, &once);
+        script_push(x, rep_http(0.5, 200, NULL));
+    }
+    sim_run_all(&S);
+    ck_assert_uint_eq(S.c[0].att_source[0], 0);
+    ck_assert_uint_eq(S.c[1].att_source[0], 1);
+    sim_fini(&S);
+}
+END_TEST
+
+/* A source that failed this call is skipped when another is runnable —
+ * even one of a later priority tier (failover). rand = 0 always. */
+START_TEST(test_gov__selection_skips_source_failed_by_this_call)
+{
+    struct gov_source_params p[2] = {src_params("a"), src_params("b")};
+    struct gov_policy pol = pol_chat();
+
+    sim_init(&S, p, 2, 1);
+    struct sim_call *c = sim_add(&S, 0, &pol);
+    c->up = failover_upstream;
+    sim_run_all(&S);
+    check_result(c, GOV_OK);
+    ck_assert_uint_eq(c->seen, 2);
+    ck_assert_uint_eq(c->att_source[0], 0);
+    ck_assert_uint_eq(c->att_source[1], 1);
+    sim_fini(&S);
+
+    p[1].priority = 5;
+    sim_init(&S, p, 2, 1);
+    c = sim_add(&S, 0, &pol);
+    c->up = failover_upstream;
+    sim_run_all(&S);
+    check_result(c, GOV_OK);
+    ck_assert_uint_eq(c->att_source[0], 0);
+    ck_assert_uint_eq(c->att_source[1], 1);
+    /* Another call is not affected by this call's failure. */
+    struct sim_call *d = sim_add(&S, 10, &pol);
+    script_push(d, rep_http(1, 200, NULL));
+    sim_run_all(&S);
+    ck_assert_uint_eq(d->att_source[0], 0);
+    sim_fini(&S);
+}
+END_TEST
+
+/* ... but used again when it is the only runnable one. */
+START_TEST(test_gov__selection_failed_source_used_when_only_one)
+{
+    struct gov_source_params p[2] = {src_params("a"), src_params("b")};
+    struct gov_policy pol = pol_chat();
+
+    sim_init(&S, p, 1, 1);
+    struct sim_call *c = sim_add(&S, 0, &pol);
+    script_push(c, rep_http(1, 503, NULL));
+    script_push(c, rep_http(1, 200, NULL));
+    sim_run_all(&S);
+    check_result(c, GOV_OK);
+    ck_assert_uint_eq(c->att_source[0], 0);
+    ck_assert_uint_eq(c->att_source[1], 0);
+    sim_fini(&S);
+
+    /* Two sources, the other one busy (H holds its only permit; rand 0.99
+     * puts H there): the failed one is used again. */
+    const double rng[] = {0.99};
+
+    p[1].max_concurrency = 1;
+    sim_init(&S, p, 2, 1);
+    sim_rng(&S, rng, 1, 0);
+    struct sim_call *h = sim_add(&S, 0, &pol);
+    script_push(h, rep_hang());
+    c = sim_add(&S, 0, &pol);
+    script_push(c, rep_http(1, 503, NULL));
+    script_push(c, rep_http(1, 200, NULL));
+    sim_run_all(&S);
+    ck_assert_uint_eq(h->att_source[0], 1);
+    check_result(c, GOV_OK);
+    ck_assert_uint_eq(c->att_source[0], 0);
+    ck_assert_uint_eq(c->att_source[1], 0);
+    sim_fini(&S);
+}
+END_TEST
+
+/* ===================================================================== */
+/* Backoff, Retry-After, deadline                                        */
+/* ===================================================================== */
+
+START_TEST(test_gov__backoff_doubles_capped_with_jitter)
+{
+    struct gov_policy pol = pol_chat(); /* base 2, max 60 */
+
+    ck_assert_near(gov_backoff_s(&pol, 1, 0), 1);
+    ck_assert_near(gov_backoff_s(&pol, 1, 0.5), 1.5);
+    ck_assert_near(gov_backoff_s(&pol, 0, 0), 1); /* n < 1 counts as 1 */
+    ck_assert_near(gov_backoff_s(&pol, 3, 0), 4);
+    ck_assert_near(gov_backoff_s(&pol, 6, 0), 30);   /* 64 capped at 60 */
+    ck_assert_near(gov_backoff_s(&pol, 100, 0), 30);
+    ck_assert_near(gov_backoff_s(&pol, UINT32_MAX, 0), 30);
+    /* Jitter: [0.5, 1.0) of the capped value. */
+    for (uint32_t n = 1; n <= 10; n++) {
+        double full = fmin(60, 2 * pow(2, n - 1));
+        for (double r = 0; r < 1; r += 0.125) {
+            double b = gov_backoff_s(&pol, n, r);
+            ck_assert(b >= 0.5 * full && b < full);
+        }
+        ck_assert(gov_backoff_s(&pol, n, 0.999999) < full);
+    }
+
+    /* In the loop: base 2, max 5; the random source is clamped into [0, 1)
+     * (a -3 is 0, a 7 is just under 1). */
+    struct gov_source_params p = src_params("a");
+    const double rng[] = {0, -3, 0, 7};
+
+    p.breaker_failures = 100;
+    pol.backoff_max_s = 5;
+    pol.max_attempts = 5;
+    sim_init(&S, &p, 1, 1);
+    sim_rng(&S, rng, 4, 0);
+    struct sim_call *c = sim_add(&S, 0, &pol);
+    script_push(c, rep_http(0, 503, NULL));
+    sim_run_all(&S);
+    check_result(c, GOV_RETRY_EXHAUSTED);
+    ck_assert_uint_eq(c->seen, 5);
+    /* Draws: pick 0, backoff(1) with -3 -> 2 x 0.5 = 1; pick 0, backoff(2)
+     * with 7 -> just under 4; then 0: backoff(3) = min(8, 5) x 0.5 = 2.5,
+     * backoff(4) = 2.5. */
+    ck_assert_near(c->att_at[1], 1);
+    ck_assert(c->att_at[2] - c->att_at[1] > 3.999 && c->att_at[2] - c->att_at[1] < 4);
+    ck_assert_near(c->att_at[3] - c->att_at[2], 2.5);
+    ck_assert_near(c->att_at[4] - c->att_at[3], 2.5);
+    sim_fini(&S);
+}
+END_TEST
+
+/* sleep = max(backoff, Retry-After), for exempt and counted 429s and for
+ * a 5xx that carries Retry-After. */
+START_TEST(test_gov__retry_after_longer_than_backoff_wins)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *c = sim_add(&S, 0, &pol);
+    script_push(c, rep_http(0.5, 429, "10")); /* exempt: backoff 1 */
+    script_push(c, rep_http(0.5, 429, "7"));
+    script_push(c, rep_http(0.5, 503, "20"));  /* fails 1: backoff 1 */
+    script_push(c, rep_http(0.5, 200, NULL));
+    sim_run_all(&S);
+    check_result(c, GOV_OK);
+    ck_assert_near(c->att_at[1], 10.5);
+    ck_assert_near(c->att_at[2], 10.5 + 0.5 + 7);
+    ck_assert_near(c->att_at[3], 18 + 0.5 + 20);
+    /* A Retry-After sleep is stall time like any other, and so are the
+     * exempt 429 attempts (refunded); only the 503 and the success are
+     * productive. */
+    ck_assert_near(c->stalled_at_done, 0.5 + 10 + 0.5 + 7 + 20);
+    sim_fini(&S);
+
+    pol.exempt_429 = false;
+    sim_init(&S, &p, 1, 1);
+    c = sim_add(&S, 0, &pol);
+    script_push(c, rep_http(0.5, 429, "7"));
+    script_push(c, rep_http(0.5, 200, NULL));
+    sim_run_all(&S);
+    check_result(c, GOV_OK);
+    ck_assert_near(c->att_at[1], 7.5);
+    sim_fini(&S);
+}
+END_TEST
+
+START_TEST(test_gov__backoff_longer_than_retry_after_wins)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    pol.backoff_base_s = 8; /* first backoff 4 s with rand 0 */
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *c = sim_add(&S, 0, &pol);
+    script_push(c, rep_http(1, 429, "1")); /* exempt: backoff(max(0, 1)) = 4 */
+    script_push(c, rep_http(1, 503, "0")); /* fails 1: backoff(1) = 4 */
+    script_push(c, rep_http(1, 200, NULL));
+    sim_run_all(&S);
+    check_result(c, GOV_OK);
+    ck_assert_near(c->att_at[1], 1 + 4);
+    ck_assert_near(c->att_at[2], 6 + 4);
+    sim_fini(&S);
+}
+END_TEST
+
+/* The typed error's retry_after_s reflects the upstream's Retry-After. */
+START_TEST(test_gov__error_carries_retry_after_estimate)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy once = pol_chat();
+
+    once.exempt_429 = false;
+    once.max_attempts = 1;
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *c = sim_add(&S, 0, &once);
+    script_push(c, rep_http(2, 429, "42"));
+    sim_run_all(&S);
+    check_result(c, GOV_RETRY_EXHAUSTED);
+    ck_assert_near(c->done_at, 2);
+    ck_assert_near(c->retry_after_s, 42);
+    sim_fini(&S);
+}
+END_TEST
+
+START_TEST(test_gov__deadline_exceeded_while_waiting)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    p.max_concurrency = 1;
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *h = sim_add(&S, 0, &pol);
+    script_push(h, rep_hang());
+    struct sim_call *w = sim_add(&S, 0, &pol);
+    w->deadline_at = 50;
+    sim_run(&S, 0);
+    ck_assert_int_eq(w->d.action, GOV_WAIT);
+    ck_assert_near(w->d.wake_at, 50);
+    sim_run_all(&S);
+    check_result(w, GOV_DEADLINE_EXCEEDED);
+    ck_assert_near(w->done_at, 50);
+    ck_assert_uint_eq(S.g.waitq[0].n, 0);
+    sim_fini(&S);
+}
+END_TEST
+
+/* A backoff (or Retry-After) never sleeps past the call's deadline. */
+START_TEST(test_gov__deadline_caps_backoff)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *c = sim_add(&S, 0, &pol);
+    c->deadline_at = 20;
+    script_push(c, rep_http(1, 503, "100"));
+    script_push(c, rep_http(1, 200, NULL));
+    sim_run(&S, 1);
+    ck_assert_int_eq(c->d.action, GOV_WAIT);
+    ck_assert_near(c->d.wake_at, 20);
+    sim_run_all(&S);
+    check_result(c, GOV_DEADLINE_EXCEEDED);
+    ck_assert_near(c->done_at, 20);
+    ck_assert_uint_eq(c->seen, 1);
+    sim_fini(&S);
+}
+END_TEST
+
+/* A deadline that passed during a failed attempt ends the call at the
+ * attempt's end, not with a WAIT whose wake_at lies in the past. */
+START_TEST(test_gov__deadline_passed_during_attempt)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *c = sim_add(&S, 0, &pol);
+    c->deadline_at = 20;
+    script_push(c, rep_http(30, 503, NULL));
+    sim_run_all(&S);
+    check_result(c, GOV_DEADLINE_EXCEEDED);
+    ck_assert_near(c->done_at, 30);
+    ck_assert_uint_eq(c->seen, 1);
+    sim_fini(&S);
+}
+END_TEST
+
+/* ===================================================================== */
+/* Waiting: FIFO wake-ups                                                */
+/* ===================================================================== */
+
+START_TEST(test_gov__fifo_wake_order_on_release)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    p.max_concurrency = 2;
+    p.aimd_initial = p.aimd_min = 2;
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *h1 = sim_add(&S, 0, &pol), *h2 = sim_add(&S, 0, &pol);
+    script_push(h1, rep_http(10, 200, NULL));
+    script_push(h2, rep_http(15, 200, NULL));
+    struct sim_call *w[3];
+    for (int i = 0; i < 3; i++) {
+        w[i] = sim_add(&S, 1 + i, &pol);
+        script_push(w[i], rep_http(10, 200, NULL));
+    }
+    sim_run(&S, 3);
+    ck_assert_uint_eq(S.g.waitq[0].n, 3);
+    ck_assert_ptr_eq(S.g.waitq[0].head, &w[0]->k);
+    sim_run_all(&S);
+    const double want[] = {10, 15, 20};
+    for (int i = 0; i < 3; i++) {
+        check_result(w[i], GOV_OK);
+        ck_assert_near(w[i]->att_at[0], want[i]);
+    }
+    /* Releases at 10 (h1), 15 (h2), 20 (w0), 25 (w1), 30 (w2): the first
+     * three each wake the head waiter, in arrival order. */
+    ck_assert_uint_eq(S.n_wakes, 3);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_ptr_eq(S.wake_k[i], &w[i]->k);
+        ck_assert_near(S.wake_t[i], want[i]);
+    }
+    sim_fini(&S);
+}
+END_TEST
+
+/* Two permits released before any waiter could run wake two distinct
+ * waiters, not the head twice (a lost wake-up would leave the second one
+ * asleep until its stall verdict with a permit free). */
+START_TEST(test_gov__simultaneous_releases_wake_distinct_waiters)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    p.max_concurrency = 2;
+    p.aimd_initial = p.aimd_min = 2;
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *h1 = sim_add(&S, 0, &pol), *h2 = sim_add(&S, 0, &pol);
+    script_push(h1, rep_http(10, 200, NULL));
+    script_push(h2, rep_http(10, 200, NULL));
+    struct sim_call *w[3];
+    for (int i = 0; i < 3; i++) {
+        w[i] = sim_add(&S, 1 + i, &pol);
+        script_push(w[i], rep_http(10, 200, NULL));
+    }
+    sim_run_all(&S);
+    const double want[] = {10, 10, 20};
+    for (int i = 0; i < 3; i++) {
+        check_result(w[i], GOV_OK);
+        ck_assert_near(w[i]->att_at[0], want[i]);
+    }
+    ck_assert_ptr_eq(S.wake_k[0], &w[0]->k);
+    ck_assert_ptr_eq(S.wake_k[1], &w[1]->k);
+    sim_fini(&S);
+}
+END_TEST
+
+/* A woken waiter that leaves before using its wake-up (cancelled) hands it
+ * to the next waiter. */
+START_TEST(test_gov__woken_waiter_leaving_passes_wake_on)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    p.max_concurrency = 1;
+    sim_init(&S, &p, 1, 1);
+    S.manual_wakes = true;
+    struct sim_call *h = sim_add(&S, 0, &pol);
+    script_push(h, rep_hang());
+    struct sim_call *w1 = sim_add(&S, 1, &pol), *w2 = sim_add(&S, 2, &pol);
+    script_push(w2, rep_http(1, 200, NULL));
+    sim_cancel(&S, h, 5);
+    ck_assert_uint_eq(S.n_wakes, 1);
+    ck_assert_ptr_eq(S.wake_k[0], &w1->k);
+    sim_cancel(&S, w1, 6);
+    ck_assert_uint_eq(S.n_wakes, 2);
+    ck_assert_ptr_eq(S.wake_k[1], &w2->k);
+    ck_assert_int_eq(sim_poke(&S, w2, 6)->action, GOV_ATTEMPT);
+    sim_fini(&S);
+}
+END_TEST
+
+START_TEST(test_gov__fini_while_waiting_leaves_the_queue)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    p.max_concurrency = 1;
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *h = sim_add(&S, 0, &pol);
+    script_push(h, rep_hang());
+    struct sim_call *w[3];
+    for (int i = 0; i < 3; i++)
+        w[i] = sim_add(&S, 1 + i, &pol);
+    sim_run(&S, 5);
+    ck_assert_uint_eq(S.g.waitq[0].n, 3);
+    sim_cancel(&S, w[1], 5);
+    ck_assert_uint_eq(S.g.waitq[0].n, 2);
+    ck_assert_ptr_eq(S.g.waitq[0].head, &w[0]->k);
+    ck_assert_ptr_eq(S.g.waitq[0].head->wq_next, &w[2]->k);
+    ck_assert_ptr_eq(S.g.waitq[0].tail, &w[2]->k);
+    sim_cancel(&S, w[0], 5);
+    sim_cancel(&S, w[2], 5);
+    ck_assert_uint_eq(S.g.waitq[0].n, 0);
+    ck_assert_ptr_null(S.g.waitq[0].head);
+    ck_assert_ptr_null(S.g.waitq[0].tail);
+    ck_assert_uint_eq(S.n_wakes, 0); /* none was woken: nothing to hand on */
+    gov_call_fini(&w[0]->k, 6);      /* idempotent */
+    sim_fini(&S);
+}
+END_TEST
+
+/* ===================================================================== */
+/* Outcomes, backend, counters                                           */
+/* ===================================================================== */
+
+START_TEST(test_gov__fail_fast_rejected_at_once)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    p.breaker_failures = 1;
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *c = sim_add(&S, 0, &pol);
+    script_push(c, rep_http(1, 401, NULL));
+    sim_run_all(&S);
+    check_result(c, GOV_UPSTREAM_REJECTED);
+    ck_assert_uint_eq(c->seen, 1);
+    ck_assert_uint_eq(c->k.fails, 0);
+    ck_assert_int_eq(S.g.sources[0].breaker.state, BREAKER_CLOSED);
+    ck_assert_uint_eq(S.g.sources[0].in_flight, 0);
+    sim_fini(&S);
+}
+END_TEST
+
+/* An attempt that ended because the call was cancelled reports
+ * `cancelled`, not upstream_rejected (outcome.h), is not the source's
+ * failure, and frees a half-open probe. */
+START_TEST(test_gov__cancelled_outcome_reports_cancelled)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *c = sim_add(&S, 0, &pol);
+    script_push(c, rep_reason(3, REASON_CANCELLED));
+    sim_run_all(&S);
+    check_result(c, GOV_CANCELLED);
+    ck_assert_uint_eq(c->seen, 1);
+    ck_assert_uint_eq(S.g.sources[0].failures, 0);
+    ck_assert_uint_eq(S.g.sources[0].in_flight, 0);
+    ck_assert_near(c->stalled_at_done, 0);
+    sim_fini(&S);
+
+    /* As the half-open probe. */
+    struct gov_policy once = pol;
+    once.max_attempts = 1;
+    p.breaker_failures = 1;
+    p.breaker_cooldown_s = 10;
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *f = sim_add(&S, 0, &once);
+    script_push(f, rep_http(1, 503, NULL));
+    c = sim_add(&S, 11, &pol);
+    script_push(c, rep_reason(1, REASON_CANCELLED));
+    sim_run_all(&S);
+    check_result(c, GOV_CANCELLED);
+    ck_assert_int_eq(S.g.sources[0].breaker.state, BREAKER_HALF_OPEN);
+    ck_assert(!S.g.sources[0].breaker.probe_busy);
+    sim_fini(&S);
+}
+END_TEST
+
+struct fake_backend {
+    int age_rc, mark_rc;
+    unsigned marks, reads;
+};
+
+static int fake_mark(void *ud, const char *scope, double now)
+{
+    struct fake_backend *b = ud;
+
+    (void)scope;
+    (void)now;
+    b->marks++;
+    return b->mark_rc;
+}
+
+static int fake_age(void *ud, const char *scope, double now, double *age_s)
+{
+    struct fake_backend *b = ud;
+
+    (void)scope;
+    (void)now;
+    b->reads++;
+    *age_s = INFINITY;
+    return b->age_rc;
+}
+
+/* Progress reads fail closed; progress writes only count their failures. */
+START_TEST(test_gov__backend_read_fails_closed_write_counted)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+    struct fake_backend fb = {.age_rc = -1};
+    struct gov_backend be = {.progress_mark = fake_mark, .progress_age = fake_age, .ud = &fb};
+    struct gov g;
+    struct gov_call k;
+    struct gov_decision d;
+    struct outcome ok;
+
+    ck_assert_int_eq(gov_init(&g, &p, 1, 1, &be, NULL, NULL, NULL, 0), 0);
+    ck_assert_ptr_null(g.progress);
+    ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 0, 0, 0), 0);
+    gov_call_step(&k, 0, &d);
+    ck_assert_int_eq(d.action, GOV_DONE);
+    ck_assert_int_eq(d.result, GOV_BACKEND_UNAVAILABLE);
+    ck_assert_uint_eq(g.sources[0].in_flight, 0);
+    ck_assert_uint_eq(g.sources[0].attempts, 0);
+    gov_call_fini(&k, 0);
+
+    fb.age_rc = 0;
+    fb.mark_rc = -1;
+    ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 0, 0, 0), 0);
+    gov_call_step(&k, 0, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    outcome_from_http(&ok, 200, NULL, 0);
+    gov_call_on_outcome(&k, 1, &ok, -1, &d);
+    ck_assert_int_eq(d.result, GOV_OK);
+    ck_assert_uint_eq(fb.marks, 1);
+    ck_assert_uint_eq(g.backend_write_errors, 1);
+    gov_call_fini(&k, 1);
+    gov_fini(&g);
+}
+END_TEST
+
+START_TEST(test_gov__stats_counters)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    p.max_concurrency = 1;
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *a = sim_add(&S, 0, &pol);
+    script_push(a, rep_http(1, 429, NULL));
+    script_push(a, rep_http(1, 503, NULL));
+    script_push(a, rep_http(1, 200, NULL));
+    struct sim_call *b = sim_add(&S, 0.5, &pol);
+    script_push(b, rep_http(1, 401, NULL));
+    sim_run(&S, 0.5);
+    ck_assert_uint_eq(S.g.waitq[0].n, 1); /* calls waiting */
+    sim_run_all(&S);
+    check_result(a, GOV_OK);
+    check_result(b, GOV_UPSTREAM_REJECTED);
+    ck_assert_near(b->att_at[0], 1); /* woken by the release of A's 429 */
+    const struct gov_source *s = &S.g.sources[0];
+    ck_assert_uint_eq(s->attempts, 4);
+    ck_assert_uint_eq(s->successes, 1);
+    ck_assert_uint_eq(s->failures, 2); /* the 503 and the 401 */
+    ck_assert_uint_eq(s->rate_limited, 1);
+    ck_assert_uint_eq(s->in_flight, 0);
+    ck_assert_uint_eq(S.g.decisions, S.steps);
+    ck_assert_uint_eq(S.g.waits, S.step_waits);
+    ck_assert_uint_ge(S.g.waits, 1);
+    ck_assert_uint_eq(S.g.wakes, S.n_wakes);
+    ck_assert_uint_ge(S.g.wakes, 1);
+    ck_assert_uint_eq(S.g.backend_write_errors, 0);
+    ck_assert_uint_eq(S.g.waitq[0].n, 0);
+    ck_assert_uint_eq(progress_count(S.g.progress), 1);
+    sim_fini(&S);
+}
+END_TEST
+
+START_TEST(test_gov__call_init_rejects_unknown_capability)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+    struct gov g;
+    struct gov_call k;
+
+    ck_assert_int_eq(gov_init(&g, &p, 1, 2, NULL, NULL, NULL, NULL, 0), 0);
+    ck_assert_int_eq(gov_call_init(&k, &g, 2, "x", &pol, 0, 0, 0), -1);
+    gov_call_fini(&k, 0); /* safe on a call whose init failed */
+    ck_assert_int_eq(gov_call_init(&k, &g, 1, "x", &pol, 0, 0, 0), 0);
+    gov_call_fini(&k, 0);
+    gov_fini(&g);
+}
+END_TEST
+
+START_TEST(test_gov__names_stable)
+{
+    ck_assert_str_eq(gov_result_name(GOV_OK), "ok");
+    ck_assert_str_eq(gov_result_name(GOV_STALLED), "stalled");
+    ck_assert_str_eq(gov_result_name(GOV_RETRY_EXHAUSTED), "retry_exhausted");
+    ck_assert_str_eq(gov_result_name(GOV_UPSTREAM_REJECTED), "upstream_rejected");
+    ck_assert_str_eq(gov_result_name(GOV_DEADLINE_EXCEEDED), "deadline_exceeded");
+    ck_assert_str_eq(gov_result_name(GOV_BACKEND_UNAVAILABLE), "backend_unavailable");
+    ck_assert_str_eq(gov_result_name(GOV_CANCELLED), "cancelled");
+    ck_assert_str_eq(gov_call_state_name(GOV_CALL_IDLE), "idle");
+    ck_assert_str_eq(gov_call_state_name(GOV_CALL_WAITING), "waiting");
+    ck_assert_str_eq(gov_call_state_name(GOV_CALL_ATTEMPTING), "attempting");
+    ck_assert_str_eq(gov_call_state_name(GOV_CALL_BACKOFF), "backoff");
+    ck_assert_str_eq(gov_call_state_name(GOV_CALL_DONE), "done");
+}
+END_TEST
+
+Suite *gov_suite(void)
+{
+    Suite *s = suite_create("gov");
+    TCase *tc = tcase_create("core");
+
+    /* DESIGN 3.1 consequences 1-8 */
+    tcase_add_test(tc, test_gov__timeout_does_not_exhaust_stall_budget);
+    tcase_add_test(tc, test_gov__attempt_time_alone_never_stalls);
+    tcase_add_test(tc, test_gov__pure_waiting_stalls_when_window_spent);
+    tcase_add_test(tc, test_gov__all_429_exempt_ends_stalled);
+    tcase_add_test(tc, test_gov__all_429_not_exempt_retry_exhausted);
+    tcase_add_test(tc, test_gov__queueing_gateway_stalls_after_one_attempt);
+    tcase_add_test(tc, test_gov__quadrant_neither_exceeded_waits);
+    tcase_add_test(tc, test_gov__quadrant_stale_scope_only_waits);
+    tcase_add_test(tc, test_gov__quadrant_local_exceeded_fresh_progress_waits);
+    tcase_add_test(tc, test_gov__quadrant_both_exceeded_stalls);
+    tcase_add_test(tc, test_gov__quadrant_never_progressed_counts_as_stale);
+    tcase_add_test(tc, test_gov__concurrent_calls_separate_stall_clocks);
+    tcase_add_test(tc, test_gov__cancel_inside_attempt_releases_permit);
+    tcase_add_test(tc, test_gov__cancel_frees_half_open_probe);
+    /* admission */
+    tcase_add_test(tc, test_gov__breaker_cycle_in_the_loop);
+    tcase_add_test(tc, test_gov__half_open_admits_exactly_one_probe);
+    tcase_add_test(tc, test_gov__failover_when_breaker_open);
+    tcase_add_test(tc, test_gov__aimd_decrease_on_429_and_timeouts_only);
+    tcase_add_test(tc, test_gov__permits_min_of_max_concurrency_and_aimd);
+    tcase_add_test(tc, test_gov__pacer_min_interval);
+    tcase_add_test(tc, test_gov__rpm_limit_queues);
+    tcase_add_test(tc, test_gov__tokens_reserved_and_reconciled);
+    /* selection */
+    tcase_add_test(tc, test_gov__selection_lower_priority_tier_first);
+    tcase_add_test(tc, test_gov__selection_weighted_toward_less_loaded);
+    tcase_add_test(tc, test_gov__selection_skips_source_failed_by_this_call);
+    tcase_add_test(tc, test_gov__selection_failed_source_used_when_only_one);
+    /* backoff, Retry-After, deadline */
+    tcase_add_test(tc, test_gov__backoff_doubles_capped_with_jitter);
+    tcase_add_test(tc, test_gov__retry_after_longer_than_backoff_wins);
+    tcase_add_test(tc, test_gov__backoff_longer_than_retry_after_wins);
+    tcase_add_test(tc, test_gov__error_carries_retry_after_estimate);
+    tcase_add_test(tc, test_gov__deadline_exceeded_while_waiting);
+    tcase_add_test(tc, test_gov__deadline_caps_backoff);
+    tcase_add_test(tc, test_gov__deadline_passed_during_attempt);
+    /* waiting */
+    tcase_add_test(tc, test_gov__fifo_wake_order_on_release);
+    tcase_add_test(tc, test_gov__simultaneous_releases_wake_distinct_waiters);
+    tcase_add_test(tc, test_gov__woken_waiter_leaving_passes_wake_on);
+    tcase_add_test(tc, test_gov__fini_while_waiting_leaves_the_queue);
+    /* outcomes, backend, counters */
+    tcase_add_test(tc, test_gov__fail_fast_rejected_at_once);
+    tcase_add_test(tc, test_gov__cancelled_outcome_reports_cancelled);
+    tcase_add_test(tc, test_gov__backend_read_fails_closed_write_counted);
+    tcase_add_test(tc, test_gov__stats_counters);
+    tcase_add_test(tc, test_gov__call_init_rejects_unknown_capability);
+    tcase_add_test(tc, test_gov__names_stable);
+    suite_add_tcase(s, tc);
+    return s;
+}
