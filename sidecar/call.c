@@ -116,14 +116,17 @@ static void call_reply_failure(struct call *k, const struct attempt_result *r)
     bool fail_fast = r->outcome.kind == OUTCOME_FAIL_FAST;
     const char *reason = outcome_reason_name(r->outcome.reason);
 
-    if (k->stream && r->events > 0) {
-        code = PGW_STREAM_INTERRUPTED;
-        snprintf(msg, sizeof(msg), "stream from %s interrupted after %u events: %s", k->src->name,
-                 r->events, r->detail);
-    } else if (r->deadline_exceeded) {
+    /* The caller's own deadline_s wins over stream_interrupted: nothing
+     * failed, the call ran out of the time it was given (retrying it whole,
+     * as stream_interrupted suggests, would only hit the same deadline). */
+    if (r->deadline_exceeded) {
         code = PGW_DEADLINE_EXCEEDED;
         snprintf(msg, sizeof(msg), "deadline_s reached after %.3fs: %s", call_elapsed(k),
                  r->detail);
+    } else if (k->stream && r->events > 0) {
+        code = PGW_STREAM_INTERRUPTED;
+        snprintf(msg, sizeof(msg), "stream from %s interrupted after %u events: %s", k->src->name,
+                 r->events, r->detail);
     } else if (fail_fast) {
         code = PGW_UPSTREAM_REJECTED;
         snprintf(msg, sizeof(msg), "%s rejected the request with HTTP %d", k->src->name,
@@ -283,9 +286,13 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     msgpack_sbuffer_destroy(&sb);
     c->srv->stats.chunks_relayed++;
 
-    /* Relay now; the flush may find the client gone, which cancels this
-     * call (deferred by the engine: we are inside curl). */
+    /* Relay now. The flush may find the client gone: conn_close() then
+     * aborts every call of the connection, this one included, so `k` is
+     * freed (its attempt is only marked cancelled: we are inside curl) and
+     * must not be touched. `c` itself is freed later, by the reaper. */
     conn_flush(c);
+    if (c->closed)
+        return -1;
     if (!k->paused && c->out_len - c->out_off > c->srv->cfg->max_write_queue_bytes) {
         k->paused = true;
         attempt_pause(a);

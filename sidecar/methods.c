@@ -89,13 +89,15 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
 
     const struct upstream_stats *us = upstream_get_stats(c->srv->up);
     rpc_pack_str(pk, "upstream");
-    msgpack_pack_map(pk, 11);
+    msgpack_pack_map(pk, 13);
     pack_kv_u64(pk, "attempts_started", us->attempts_started);
     pack_kv_u64(pk, "attempts_done", us->attempts_done);
     pack_kv_u64(pk, "attempts_cancelled", us->attempts_cancelled);
     pack_kv_u64(pk, "attempts_active", us->attempts_active);
+    pack_kv_u64(pk, "dns_lookups", us->dns_lookups);
     pack_kv_u64(pk, "dns_abandoned", us->dns_abandoned);
     pack_kv_u64(pk, "dns_busy", us->dns_busy);
+    pack_kv_u64(pk, "dns_waits", us->dns_waits);
     for (int i = ATTEMPT_RESOLVING; i < ATTEMPT_DONE; i++) {
         char key[40];
         snprintf(key, sizeof(key), "timeouts_%s", attempt_phase_name((enum attempt_phase)i));

@@ -34,9 +34,11 @@
 
 struct dns_host {
     struct dns_host *next;
-    uint32_t resolving;           /* attempts of ours currently resolving it */
+    uint32_t lookups;             /* lookups started for our attempts, still running */
     uint32_t orphans;             /* lookups abandoned within the orphan TTL */
     double orphans_until;
+    struct attempt *waiters;      /* attempts waiting for a lookup slot, FIFO */
+    struct attempt **waiters_tail;
     char name[];
 };
 
@@ -51,6 +53,7 @@ struct upstream {
     ev_timer timer_w;
     ev_prepare prepare_w;
     int in_curl;
+    bool admit_pending;           /* a lookup slot freed while attempts wait for one */
     uint32_t max_lookups_per_host;
     struct attempt *active;       /* doubly linked */
     struct attempt *deferred;     /* attempts with pending operations (singly linked) */
@@ -74,7 +77,11 @@ struct attempt {
     double connect_s, ttft_s, idle_s, total_s, deadline_at;
     ev_timer deadline_w;
     struct dns_host *dns;         /* NULL for IP literals */
-    bool counted_resolving;
+    bool in_lookup;               /* a lookup of ours runs for it (counted in dns->lookups) */
+    bool lookup_wait;             /* the cap refused its lookup: wait for a slot */
+    bool lookup_refused;          /* the cap refused its lookup: fail (resolver hangs) */
+    bool dns_waiting;             /* parked on dns->waiters, out of the multi */
+    struct attempt *next_waiter;
 
     int status;
     char retry_after[96];
@@ -89,7 +96,6 @@ struct attempt {
 
     bool cancelled;               /* owner cancelled: no hooks, free at next safe point */
     bool want_pause, want_resume, curl_paused;
-    bool refused_dns_busy;        /* fails from the prepare pass */
     char errbuf[CURL_ERROR_SIZE];
 };
 
@@ -128,6 +134,7 @@ static struct dns_host *dns_host_get(struct upstream *up, const char *name)
     if (!h)
         return NULL;
     memcpy(h->name, name, n + 1);
+    h->waiters_tail = &h->waiters;
     h->next = up->hosts;
     up->hosts = h;
     return h;
@@ -159,19 +166,74 @@ static struct dns_host *dns_host_for_url(struct upstream *up, const char *url)
     return h;
 }
 
-static uint32_t dns_host_load(struct dns_host *h, double now)
+/* Lookups of `h` abandoned within the last UPSTREAM_ORPHAN_TTL_S. */
+static uint32_t dns_host_orphans(struct dns_host *h, double now)
 {
     if (h->orphans && now >= h->orphans_until)
         h->orphans = 0;
-    return h->resolving + h->orphans;
+    return h->orphans;
 }
 
-static void attempt_leave_resolving(struct attempt *a)
+/* The attempt's lookup ended: answered (the resolver thread is done), or
+ * abandoned (torn down mid-lookup: the detached thread lingers, so it keeps
+ * counting against the cap for the orphan TTL). Either way its slot is free
+ * for the attempts waiting on this host; they are re-added from the prepare
+ * pass, since this may run inside a curl callback. */
+static void dns_lookup_end(struct attempt *a, bool abandoned)
 {
-    if (a->counted_resolving) {
-        a->counted_resolving = false;
-        a->dns->resolving--;
+    struct upstream *up = a->up;
+    struct dns_host *h = a->dns;
+
+    if (!a->in_lookup)
+        return;
+    a->in_lookup = false;
+    h->lookups--;
+    if (abandoned) {
+        up->stats.dns_abandoned++;
+        h->orphans = dns_host_orphans(h, ev_now(up->loop)) + 1;
+        h->orphans_until = ev_now(up->loop) + UPSTREAM_ORPHAN_TTL_S;
     }
+    if (h->waiters) {
+        up->admit_pending = true;
+        ev_prepare_start(up->loop, &up->prepare_w);
+    }
+}
+
+/* Parks an attempt whose lookup the cap refused while live lookups of its
+ * host run: out of the multi, deadline timer still armed. */
+static void dns_wait(struct attempt *a)
+{
+    struct upstream *up = a->up;
+    struct dns_host *h = a->dns;
+
+    curl_multi_remove_handle(up->multi, a->easy);
+    a->errbuf[0] = '\0';
+    a->dns_waiting = true;
+    a->next_waiter = NULL;
+    *h->waiters_tail = a;
+    h->waiters_tail = &a->next_waiter;
+    up->stats.dns_waits++;
+    /* The slot may have freed before we got here. */
+    up->admit_pending = true;
+    ev_prepare_start(up->loop, &up->prepare_w);
+}
+
+static void dns_unwait(struct attempt *a)
+{
+    struct dns_host *h = a->dns;
+
+    if (!a->dns_waiting)
+        return;
+    for (struct attempt **pp = &h->waiters; *pp; pp = &(*pp)->next_waiter) {
+        if (*pp == a) {
+            *pp = a->next_waiter;
+            if (h->waiters_tail == &a->next_waiter)
+                h->waiters_tail = pp;
+            break;
+        }
+    }
+    a->next_waiter = NULL;
+    a->dns_waiting = false;
 }
 
 /* --- deadlines ------------------------------------------------------- */
@@ -229,7 +291,7 @@ static void attempt_set_phase(struct attempt *a, enum attempt_phase p)
     if (p <= a->phase)
         return;
     if (a->phase == ATTEMPT_RESOLVING)
-        attempt_leave_resolving(a);
+        dns_lookup_end(a, false);   /* the name resolved */
     a->phase = p;
     attempt_arm(a);
 }
@@ -273,12 +335,8 @@ static void attempt_detach(struct attempt *a)
 {
     struct upstream *up = a->up;
 
-    if (a->phase == ATTEMPT_RESOLVING && a->dns && a->easy) {
-        up->stats.dns_abandoned++;
-        a->dns->orphans++;
-        a->dns->orphans_until = ev_now(up->loop) + UPSTREAM_ORPHAN_TTL_S;
-    }
-    attempt_leave_resolving(a);
+    dns_lookup_end(a, true);
+    dns_unwait(a);
     ev_timer_stop(up->loop, &a->deadline_w);
     if (a->easy) {
         /* CURLOPT_QUICK_EXIT: a resolver thread still in getaddrinfo is
@@ -345,8 +403,14 @@ static void attempt_on_deadline(struct ev_loop *loop, ev_timer *w, int revents)
         switch (a->phase) {
         case ATTEMPT_RESOLVING:
             reason = REASON_DNS_TIMEOUT;
-            snprintf(detail, sizeof(detail), "name resolution exceeded connect_timeout_s (%gs)",
-                     a->connect_s);
+            if (a->dns_waiting)
+                snprintf(detail, sizeof(detail),
+                         "name resolution exceeded connect_timeout_s (%gs) waiting for one of "
+                         "the %u lookups in progress",
+                         a->connect_s, a->up->max_lookups_per_host);
+            else
+                snprintf(detail, sizeof(detail),
+                         "name resolution exceeded connect_timeout_s (%gs)", a->connect_s);
             break;
         case ATTEMPT_CONNECTING:
             reason = REASON_CONNECT_TIMEOUT;
@@ -382,6 +446,41 @@ static void attempt_on_deadline(struct ev_loop *loop, ev_timer *w, int revents)
 }
 
 /* --- curl callbacks -------------------------------------------------- */
+
+/* CURLOPT_RESOLVER_START_FUNCTION: curl is about to start a real lookup —
+ * the name is not in its DNS cache — i.e. one more resolver thread. The
+ * per-host cap applies here, so cache hits and reused connections are never
+ * refused (a burst of calls to a healthy host must not be). Over the cap
+ * the resolve is refused (the transfer ends with COULDNT_RESOLVE_HOST and
+ * upstream_on_done_msg acts on the flag): the attempt waits for a slot when
+ * only live lookups fill the cap — they answer or time out soon, and the
+ * answer is then in the cache — and fails at once when lookups of this host
+ * were abandoned recently (its resolver is known to hang). Behind a proxy
+ * this counts the proxy's lookup against the URL's host: still a bound. */
+static int attempt_on_resolver_start(void *resolver_state, void *reserved, void *ud)
+{
+    struct attempt *a = ud;
+    struct dns_host *h = a->dns;
+    (void)resolver_state;
+    (void)reserved;
+
+    if (a->cancelled)
+        return 1;
+    if (!h || a->in_lookup)
+        return 0;
+    uint32_t orphans = dns_host_orphans(h, ev_now(a->up->loop));
+    if (h->lookups + orphans >= a->up->max_lookups_per_host) {
+        if (orphans > 0)
+            a->lookup_refused = true;
+        else
+            a->lookup_wait = true;
+        return 1;
+    }
+    h->lookups++;
+    a->in_lookup = true;
+    a->up->stats.dns_lookups++;
+    return 0;
+}
 
 static int attempt_on_sockopt(void *ud, curl_socket_t fd, curlsocktype purpose)
 {
@@ -458,6 +557,8 @@ static int attempt_on_sse_event(const struct sse_event *ev, void *ud)
 {
     struct attempt *a = ud;
 
+    if (a->cancelled)
+        return -1;   /* cancelled by an earlier event's hook: deliver no more */
     if (sse_data_is_done(ev)) {
         a->terminal_seen = true;
         return 0;
@@ -532,6 +633,24 @@ static void upstream_on_done_msg(CURL *easy, CURLcode rc)
         attempt_free(a);
         return;
     }
+    if (a->lookup_wait) {
+        a->lookup_wait = false;
+        dns_wait(a);
+        return;
+    }
+    if (a->lookup_refused) {
+        char detail[sizeof(r.detail)];
+        snprintf(detail, sizeof(detail),
+                 "too many lookups of %s in progress or recently abandoned "
+                 "(max_dns_lookups_per_host %u)",
+                 a->dns->name, a->up->max_lookups_per_host);
+        a->up->stats.dns_busy++;
+        result_transient(&r, REASON_DNS_FAILED, detail);
+        attempt_finish(a, &r);
+        return;
+    }
+    if (rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_RESOLVE_PROXY)
+        dns_lookup_end(a, false);   /* the resolver answered: its thread is done */
     memset(&r, 0, sizeof(r));
     r.outcome.retry_after_s = -1;
     r.http_status = a->status;
@@ -672,8 +791,28 @@ static int upstream_timer_cb(CURLM *multi, long timeout_ms, void *userp)
     return 0;
 }
 
+/* A lookup slot freed: hands every waiting attempt of that host back to
+ * curl. Its lookup then hits the DNS cache, or passes through the cap in
+ * attempt_on_resolver_start again (and waits again, or fails). One at a
+ * time from the list head: a failure's on_done may cancel other waiters. */
+static void upstream_admit_waiters(struct upstream *up)
+{
+    for (struct dns_host *h = up->hosts; h; h = h->next) {
+        while (h->waiters && h->lookups < up->max_lookups_per_host) {
+            struct attempt *a = h->waiters;
+            dns_unwait(a);
+            if (curl_multi_add_handle(up->multi, a->easy) != CURLM_OK) {
+                struct attempt_result r;
+                result_transient(&r, REASON_DNS_FAILED,
+                                 "cannot restart the transfer after waiting for a lookup");
+                attempt_finish(a, &r);
+            }
+        }
+    }
+}
+
 /* Runs before the loop sleeps: applies cancels, pauses, resumes and
- * refusals that could not be applied inside curl's callbacks. */
+ * re-admissions that could not be applied inside curl's callbacks. */
 static void upstream_on_prepare(struct ev_loop *loop, ev_prepare *w, int revents)
 {
     struct upstream *up = w->data;
@@ -687,16 +826,6 @@ static void upstream_on_prepare(struct ev_loop *loop, ev_prepare *w, int revents
         if (a->cancelled) {
             attempt_detach(a);
             attempt_free(a);
-            continue;
-        }
-        if (a->refused_dns_busy) {
-            struct attempt_result r;
-            char detail[160];
-            snprintf(detail, sizeof(detail),
-                     "too many lookups of %s in progress (max_dns_lookups_per_host %u)",
-                     a->dns->name, up->max_lookups_per_host);
-            result_transient(&r, REASON_DNS_FAILED, detail);
-            attempt_finish(a, &r);
             continue;
         }
         if (a->want_pause && !a->curl_paused && a->easy) {
@@ -713,6 +842,10 @@ static void upstream_on_prepare(struct ev_loop *loop, ev_prepare *w, int revents
             up->in_curl--;
             upstream_drain(up);
         }
+    }
+    if (up->admit_pending) {
+        up->admit_pending = false;
+        upstream_admit_waiters(up);
     }
 }
 
@@ -814,6 +947,8 @@ static int attempt_setup(struct attempt *a, const struct attempt_spec *spec)
     curl_easy_setopt(e, CURLOPT_SOCKOPTDATA, a);
     curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, attempt_on_prereq);
     curl_easy_setopt(e, CURLOPT_PREREQDATA, a);
+    curl_easy_setopt(e, CURLOPT_RESOLVER_START_FUNCTION, attempt_on_resolver_start);
+    curl_easy_setopt(e, CURLOPT_RESOLVER_START_DATA, a);
     curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
     curl_easy_setopt(e, CURLOPT_ACCEPT_ENCODING, "");
     /* Backstops only: our own timers fire first. */
@@ -862,22 +997,9 @@ struct attempt *attempt_start(struct upstream *up, struct attempt_spec *spec,
         attempt_free(a);
         return NULL;
     }
+    /* The lookup cap is applied when curl actually starts a lookup
+     * (attempt_on_resolver_start), not here: most attempts never need one. */
     a->dns = dns_host_for_url(up, spec->url);
-    if (a->dns) {
-        if (dns_host_load(a->dns, now) >= up->max_lookups_per_host) {
-            /* Refuse without spawning one more resolver thread; reported
-             * asynchronously. The DNS cache may hold the name, but we cannot
-             * ask it without risking a lookup. */
-            up->stats.dns_busy++;
-            curl_easy_cleanup(a->easy);
-            a->easy = NULL;
-            a->refused_dns_busy = true;
-            upstream_defer(a);
-            return a;
-        }
-        a->dns->resolving++;
-        a->counted_resolving = true;
-    }
     attempt_arm(a);
     if (curl_multi_add_handle(up->multi, a->easy) != CURLM_OK) {
         attempt_detach(a);

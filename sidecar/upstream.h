@@ -25,11 +25,19 @@
  * thread and, when a transfer is removed mid-lookup, would join that thread
  * (a hung getaddrinfo froze the loop for the whole lookup). CURLOPT_QUICK_EXIT
  * makes it detach instead; each such abandoned lookup is counted
- * (dns_abandoned), and at most max_dns_lookups_per_host attempts per host
- * may be resolving at once (lookups abandoned in the last
- * UPSTREAM_ORPHAN_TTL_S count against it too); over that, an attempt fails
- * at once as a transient `dns_busy` outcome instead of spawning one more
- * thread. The multi handle's DNS cache (60 s) serves repeated lookups.
+ * (dns_abandoned). The multi handle's DNS cache (60 s) serves repeated
+ * lookups, and reused connections need none, so the cap below counts real
+ * lookups only (curl's resolver-start hook), never attempts:
+ *
+ *   at most max_dns_lookups_per_host lookups per host run at once, lookups
+ *   abandoned in the last UPSTREAM_ORPHAN_TTL_S included. Over that:
+ *   - if lookups of the host were abandoned recently (its resolver hangs),
+ *     the attempt fails at once: transient, reason dns_failed, "too many
+ *     lookups ..." (dns_busy);
+ *   - else (only live lookups fill the cap, e.g. a burst of calls to a name
+ *     not yet cached) it waits, without a thread, for one of them to end
+ *     and then usually finds the name in the cache (dns_waits). The wait is
+ *     inside connect_timeout_s (a dns_timeout when it expires).
  */
 #ifndef POLYGW_UPSTREAM_H
 #define POLYGW_UPSTREAM_H
@@ -47,8 +55,10 @@ struct attempt;
 struct upstream_stats {
     uint64_t attempts_started, attempts_done, attempts_cancelled;
     uint64_t attempts_active;
+    uint64_t dns_lookups;          /* lookups started (DNS cache misses) */
     uint64_t dns_abandoned;        /* lookups left running in a detached thread */
-    uint64_t dns_busy;             /* attempts refused by the per-host lookup cap */
+    uint64_t dns_busy;             /* attempts failed by the per-host lookup cap */
+    uint64_t dns_waits;            /* times an attempt waited for a lookup slot */
     uint64_t timeouts[6];          /* by enum attempt_phase at expiry */
 };
 
@@ -87,9 +97,12 @@ struct attempt_result {
 /* Hooks run on the loop thread. on_event gets one SSE event's `data` (NUL-
  * terminated; the terminal "[DONE]" is not delivered); returning non-zero
  * aborts the attempt (it then ends as cancelled: on_done is NOT called).
- * on_event may pause the stream with attempt_pause(); it must not call
- * attempt_cancel() (return non-zero instead). on_done is called once, outside
- * any libcurl callback; it may start new attempts and cancel others. */
+ * on_event may pause the stream with attempt_pause(). It should return
+ * non-zero rather than cancel its own attempt; if attempt_cancel() does run
+ * inside it (e.g. relaying the event found the client gone, and the client's
+ * calls were torn down), the cancel is deferred until curl unwinds and no
+ * further event is delivered. on_done is called once, outside any libcurl
+ * callback; it may start new attempts and cancel others. */
 struct attempt_hooks {
     int (*on_event)(struct attempt *a, const char *data, size_t len, void *ud);
     void (*on_done)(struct attempt *a, const struct attempt_result *r, void *ud);
@@ -103,8 +116,9 @@ void upstream_free(struct upstream *up);
 const struct upstream_stats *upstream_get_stats(const struct upstream *up);
 
 /* Starts an attempt. Takes spec->body even on failure. Returns the attempt,
- * or NULL when it cannot even be set up (out of memory); a dns_busy refusal
- * is reported through on_done later, never synchronously (STYLE rule 5). */
+ * or NULL when it cannot even be set up (out of memory); every other end,
+ * a lookup-cap refusal included, is reported through on_done later, never
+ * synchronously (STYLE rule 5). */
 struct attempt *attempt_start(struct upstream *up, struct attempt_spec *spec,
                               const struct attempt_hooks *hooks, void *ud);
 
