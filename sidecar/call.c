@@ -1,18 +1,29 @@
 /*
- * call.c — the `call` method: one client request to a capability, driven
- * through attempts on the upstream engine, answered with the result, a
- * stream of chunk notifications, or a typed error.
+ * call.c — the `call` method: one client request to a capability, run by
+ * the governed loop (src/gov.h) over attempts on the upstream engine, and
+ * answered with the result, a stream of chunk notifications, or a typed
+ * error (DESIGN.md 3.6).
  *
- * Until the governance core lands, a call makes one attempt on the first
- * source of its capability; the attempt's outcome is mapped to the typed
- * errors of DESIGN.md 3.6 here. The governed loop will replace
- * call_run_attempt()'s single shot, not the mapping.
+ * The loop, per call:
+ *
+ *   call_start ─> call_step ─┬─ ATTEMPT(source) ─> attempt_start ─> call_on_attempt_done
+ *                   ^        │                                           │ gov_call_on_outcome
+ *                   │        ├─ WAIT(wake_at) ─> wake_w timer ───────────┤ (DONE / WAIT)
+ *                   │        │     or on_wake (a permit was released) ───┤
+ *                   └────────┴───────────────────────────────────────────┘
+ *                            └─ DONE ─> reply
+ *
+ * Governance decides; this file only acts, maps outcomes to typed errors,
+ * and adds two rules the core cannot know: a stream that fails after its
+ * first relayed event ends the call with `stream_interrupted` (no silent
+ * replay of partial output), and the call's own deadline_s wins over it.
  *
  * Lifetime: a call belongs to its connection's list from dispatch until it
  * is answered (call_end). If the client disconnects, every call of the
  * connection is cancelled at once: the attempt is torn down (closing its
- * upstream connection) and nothing is answered. `cancel` answers the call
- * with `cancelled` immediately, then tears it down the same way.
+ * upstream connection), its permit released, and nothing is answered.
+ * `cancel` answers the call with `cancelled` immediately, then tears it
+ * down the same way.
  *
  * Streams: each SSE event is transcoded and queued to the client as
  * [2, "chunk", [msgid, event]]. When the client's write queue passes
@@ -27,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "governor.h"
 #include "log.h"
 #include "transcode.h"
 #include "upstream.h"
@@ -37,13 +49,22 @@ struct call {
     uint32_t msgid;
     bool stream;
     const struct config_capability *cap;
-    const struct config_source *src;
+    const struct config_source *src; /* the current (or last) attempt's source */
     struct attempt *attempt;
     double started;
-    uint32_t attempts;
     bool paused;
+    struct gov_call g;               /* the governed loop's state */
+    ev_timer wake_w;                 /* WAIT / backoff */
+    msgpack_sbuffer body;            /* the client's body, packed (kept for retries) */
+    struct transcode_buf json;       /* its JSON for `json_model` */
+    const char *json_model;          /* model override `json` was made with */
+    bool json_ready;
     msgpack_sbuffer usage;           /* last `usage` map seen in a stream, packed */
 };
+
+static void call_step(struct call *k);
+static void call_act(struct call *k, const struct gov_decision *d,
+                     const struct attempt_result *last);
 
 static void call_unlink(struct call *k)
 {
@@ -59,13 +80,19 @@ static void call_unlink(struct call *k)
     c->srv->stats.in_flight--;
 }
 
-/* Ends a call whose response (if any) has been queued. */
+/* Ends a call whose response (if any) has been queued: releases whatever
+ * the governed loop still holds (a cancelled attempt's permit and probe),
+ * which may wake other waiting calls. */
 static void call_end(struct call *k)
 {
     struct server *srv = k->conn->srv;
 
+    ev_timer_stop(srv->loop, &k->wake_w);
+    gov_call_fini(&k->g, ev_now(srv->loop));
     call_unlink(k);
     msgpack_sbuffer_destroy(&k->usage);
+    msgpack_sbuffer_destroy(&k->body);
+    transcode_buf_fini(&k->json);
     free(k);
     server_on_request_done(srv);
 }
@@ -108,88 +135,187 @@ static void pack_upstream_body(msgpack_packer *pk, const char *body, size_t len)
     msgpack_sbuffer_destroy(&sb);
 }
 
-static void call_reply_failure(struct call *k, const struct attempt_result *r)
+static enum pgw_code gov_code(enum gov_result r)
+{
+    switch (r) {
+    case GOV_OK: return PGW_OK;
+    case GOV_STALLED: return PGW_STALLED;
+    case GOV_RETRY_EXHAUSTED: return PGW_RETRY_EXHAUSTED;
+    case GOV_UPSTREAM_REJECTED: return PGW_UPSTREAM_REJECTED;
+    case GOV_DEADLINE_EXCEEDED: return PGW_DEADLINE_EXCEEDED;
+    case GOV_BACKEND_UNAVAILABLE: return PGW_BACKEND_UNAVAILABLE;
+    case GOV_CANCELLED: return PGW_CANCELLED;
+    }
+    return PGW_INTERNAL;
+}
+
+/* Packs the `sources` list of an error: every source the call tried, with
+ * its attempts and the reason of its last one. */
+static void pack_sources(msgpack_packer *pk, const struct call *k, const struct attempt_result *last)
+{
+    const struct config *cfg = k->conn->srv->cfg;
+    uint32_t n = 0;
+
+    for (size_t i = 0; i < cfg->n_sources; i++)
+        n += k->g.notes[i].tried;
+    msgpack_pack_array(pk, n);
+    for (size_t i = 0; i < cfg->n_sources; i++) {
+        const struct gov_source_note *note = &k->g.notes[i];
+        bool is_last = last && &cfg->sources[i] == k->src;
+        if (!note->tried)
+            continue;
+        msgpack_pack_map(pk, 3 + (note->status ? 1 : 0) + (is_last ? 1 : 0));
+        pack_kv_str(pk, "name", cfg->sources[i].name);
+        pack_kv_str(pk, "reason", outcome_reason_name((enum outcome_reason)note->reason));
+        rpc_pack_str(pk, "attempts");
+        msgpack_pack_uint32(pk, note->attempts);
+        if (note->status) {
+            rpc_pack_str(pk, "status");
+            msgpack_pack_int(pk, note->status);
+        }
+        if (is_last)
+            pack_kv_str(pk, "detail", last->detail);
+    }
+}
+
+/* The error answer. `last` is the attempt that just ended, if any (it
+ * carries the upstream status and body of a rejection). */
+static void call_reply_error(struct call *k, enum pgw_code code, double retry_after_s,
+                             const struct attempt_result *last)
 {
     msgpack_packer *pk = &k->conn->pk;
-    enum pgw_code code;
-    char msg[320];
-    bool fail_fast = r->outcome.kind == OUTCOME_FAIL_FAST;
-    const char *reason = outcome_reason_name(r->outcome.reason);
+    double now = ev_now(k->conn->srv->loop);
+    double stalled = gov_call_stalled_s(&k->g, now);
+    const char *src = k->src ? k->src->name : "-";
+    const char *reason = last ? outcome_reason_name(last->outcome.reason) : "none";
+    const char *detail = last ? last->detail : "";
+    bool rejected = code == PGW_UPSTREAM_REJECTED && last;
+    char msg[400];
 
-    /* The caller's own deadline_s wins over stream_interrupted: nothing
-     * failed, the call ran out of the time it was given (retrying it whole,
-     * as stream_interrupted suggests, would only hit the same deadline). */
-    if (r->deadline_exceeded) {
-        code = PGW_DEADLINE_EXCEEDED;
-        snprintf(msg, sizeof(msg), "deadline_s reached after %.3fs: %s", call_elapsed(k),
-                 r->detail);
-    } else if (k->stream && r->events > 0) {
-        code = PGW_STREAM_INTERRUPTED;
-        snprintf(msg, sizeof(msg), "stream from %s interrupted after %u events: %s", k->src->name,
-                 r->events, r->detail);
-    } else if (fail_fast) {
-        code = PGW_UPSTREAM_REJECTED;
-        snprintf(msg, sizeof(msg), "%s rejected the request with HTTP %d", k->src->name,
-                 r->http_status);
-    } else {
-        code = PGW_RETRY_EXHAUSTED;
-        snprintf(msg, sizeof(msg), "%u attempt(s) failed; last on %s: %s: %s", k->attempts,
-                 k->src->name, reason, r->detail);
+    switch (code) {
+    case PGW_STALLED:
+        snprintf(msg, sizeof(msg),
+                 "scope '%s' made no progress and this call waited %.3fs without a runnable "
+                 "source (stall_window_s %g); last attempt: %s: %s",
+                 k->g.scope, stalled, k->g.pol.stall_window_s, last ? src : "none", reason);
+        break;
+    case PGW_RETRY_EXHAUSTED:
+        snprintf(msg, sizeof(msg), "%u attempt(s) failed; last on %s: %s: %.160s",
+                 k->g.attempts, src, reason, detail);
+        break;
+    case PGW_UPSTREAM_REJECTED:
+        snprintf(msg, sizeof(msg), "%s rejected the request with HTTP %d", src,
+                 last ? last->http_status : 0);
+        break;
+    case PGW_DEADLINE_EXCEEDED:
+        snprintf(msg, sizeof(msg), "deadline_s reached after %.3fs (%u attempt(s)); %.160s",
+                 now - k->started, k->g.attempts, detail);
+        break;
+    case PGW_STREAM_INTERRUPTED:
+        snprintf(msg, sizeof(msg), "stream from %s interrupted after %u events: %s: %.160s", src,
+                 last ? last->events : 0, reason, detail);
+        break;
+    case PGW_BACKEND_UNAVAILABLE:
+        snprintf(msg, sizeof(msg), "the state backend could not answer for scope '%s'",
+                 k->g.scope);
+        break;
+    default:
+        snprintf(msg, sizeof(msg), "%s", pgw_code_name(code));
+        break;
     }
-    size_t extra = 3 + (r->outcome.retry_after_s >= 0 ? 1 : 0) + (r->http_status ? 1 : 0) +
-                   (fail_fast ? 1 : 0);
+    bool status = last && last->http_status;
+    size_t extra = 4 + (status ? 1 : 0) + (rejected ? 1 : 0);
     rpc_pack_error_begin(pk, k->msgid, code, msg, extra);
     rpc_pack_str(pk, "attempts");
-    msgpack_pack_uint32(pk, k->attempts);
-    pack_kv_double(pk, "stalled_s", 0.0);
-    if (r->outcome.retry_after_s >= 0)
-        pack_kv_double(pk, "retry_after_s", r->outcome.retry_after_s);
-    if (r->http_status) {
+    msgpack_pack_uint32(pk, k->g.attempts);
+    pack_kv_double(pk, "stalled_s", stalled);
+    pack_kv_double(pk, "retry_after_s", retry_after_s >= 0 ? retry_after_s : 0);
+    if (status) {
+        /* The last attempt's HTTP status (per-source ones are in `sources`). */
         rpc_pack_str(pk, "status");
-        msgpack_pack_int(pk, r->http_status);
+        msgpack_pack_int(pk, last->http_status);
     }
-    if (fail_fast) {
+    if (rejected) {
         rpc_pack_str(pk, "upstream_body");
-        pack_upstream_body(pk, r->body, r->body_len);
+        pack_upstream_body(pk, last->body, last->body_len);
     }
     rpc_pack_str(pk, "sources");
-    msgpack_pack_array(pk, 1);
-    msgpack_pack_map(pk, 3);
-    pack_kv_str(pk, "name", k->src->name);
-    pack_kv_str(pk, "reason", reason);
-    pack_kv_str(pk, "detail", r->detail);
+    pack_sources(pk, k, last);
     rpc_pack_error_end(pk);
     conn_response_done(k->conn, code);
 }
 
-/* A success: the plain body (transcoded) or, for a stream, the summary. */
-static void call_reply_success(struct call *k, const struct attempt_result *r)
+/* total_tokens of a usage map, or -1. */
+static double usage_tokens(const msgpack_object *usage)
+{
+    const msgpack_object *t = rpc_map_get(usage, "total_tokens");
+    double v;
+    return t && rpc_as_double(t, &v) && v >= 0 ? v : -1;
+}
+
+/* A success: the plain body (already transcoded into `body`) or, for a
+ * stream, the summary. */
+static void call_reply_success(struct call *k, const msgpack_sbuffer *body,
+                               const msgpack_object *usage)
 {
     msgpack_packer *pk = &k->conn->pk;
+    double now = ev_now(k->conn->srv->loop);
+
+    rpc_pack_result_begin(pk, k->msgid);
+    msgpack_pack_map(pk, 4 + (body ? 1 : 0) + (usage ? 1 : 0));
+    if (body) {
+        rpc_pack_str(pk, "body");
+        pack_raw(pk, body->data, body->size);
+    }
+    pack_kv_str(pk, "source", k->src->name);
+    rpc_pack_str(pk, "attempts");
+    msgpack_pack_uint32(pk, k->g.attempts);
+    pack_kv_double(pk, "elapsed_s", now - k->started);
+    pack_kv_double(pk, "stalled_s", gov_call_stalled_s(&k->g, now));
+    if (usage) {
+        rpc_pack_str(pk, "usage");
+        msgpack_pack_object(pk, *usage);
+    }
+    conn_response_done(k->conn, PGW_OK);
+}
+
+static void call_finish(struct call *k)
+{
+    struct conn *c = k->conn;
+    call_end(k);
+    conn_flush(c);
+}
+
+static void call_on_attempt_done(struct attempt *a, const struct attempt_result *r, void *ud)
+{
+    struct call *k = ud;
+    struct attempt_result res = *r;
+    double now = ev_now(k->conn->srv->loop);
     msgpack_sbuffer body;
     msgpack_packer bpk;
     msgpack_unpacked up;
     const msgpack_object *usage = NULL;
+    struct gov_decision d;
     char err[200];
+    (void)a;
 
+    k->attempt = NULL;
     msgpack_sbuffer_init(&body);
     msgpack_unpacked_init(&up);
-    if (!k->stream) {
+
+    /* A plain success must be JSON; if not, it is a transient failure the
+     * loop may retry, not a success. */
+    if (res.outcome.kind == OUTCOME_SUCCESS && !k->stream) {
         msgpack_packer_init(&bpk, &body, msgpack_sbuffer_write);
-        if (transcode_json_to_msgpack(r->body ? r->body : "", r->body_len, &bpk, err,
+        if (transcode_json_to_msgpack(res.body ? res.body : "", res.body_len, &bpk, err,
                                       sizeof(err)) < 0) {
-            struct attempt_result bad = *r;
-            bad.outcome.kind = OUTCOME_TRANSIENT;
-            bad.outcome.reason = REASON_BAD_RESPONSE;
-            snprintf(bad.detail, sizeof(bad.detail), "reply is not JSON: %.130s", err);
-            msgpack_sbuffer_destroy(&body);
-            msgpack_unpacked_destroy(&up);
-            call_reply_failure(k, &bad);
-            return;
-        }
-        if (msgpack_unpack_next(&up, body.data, body.size, NULL) == MSGPACK_UNPACK_SUCCESS)
+            outcome_from_reason(&res.outcome, REASON_BAD_RESPONSE);
+            res.outcome.http_status = res.http_status;
+            snprintf(res.detail, sizeof(res.detail), "reply is not JSON: %.130s", err);
+        } else if (msgpack_unpack_next(&up, body.data, body.size, NULL) == MSGPACK_UNPACK_SUCCESS) {
             usage = rpc_map_get(&up.data, "usage");
-    } else if (k->usage.size > 0 &&
+        }
+    } else if (res.outcome.kind == OUTCOME_SUCCESS && k->usage.size > 0 &&
                msgpack_unpack_next(&up, k->usage.data, k->usage.size, NULL) ==
                    MSGPACK_UNPACK_SUCCESS) {
         usage = &up.data;
@@ -197,45 +323,32 @@ static void call_reply_success(struct call *k, const struct attempt_result *r)
     if (usage && usage->type != MSGPACK_OBJECT_MAP)
         usage = NULL;
 
-    rpc_pack_result_begin(pk, k->msgid);
-    msgpack_pack_map(pk, 4 + (k->stream ? 0 : 1) + (usage ? 1 : 0));
-    if (!k->stream) {
-        rpc_pack_str(pk, "body");
-        pack_raw(pk, body.data, body.size);
+    log_at(res.outcome.kind == OUTCOME_SUCCESS ? LOG_DEBUG : LOG_INFO, "attempt ended", "conn",
+           LOG_U, (unsigned long long)k->conn->id, "msgid", LOG_U, (unsigned long long)k->msgid,
+           "source", LOG_S, k->src->name, "attempt", LOG_U, (unsigned long long)k->g.attempts,
+           "outcome", LOG_S, outcome_kind_name(res.outcome.kind), "reason", LOG_S,
+           outcome_reason_name(res.outcome.reason), "status", LOG_I, (long long)res.http_status,
+           "phase", LOG_S, attempt_phase_name(res.phase), "elapsed_s", LOG_F, res.elapsed_s, NULL);
+
+    gov_call_on_outcome(&k->g, now, &res.outcome, usage ? usage_tokens(usage) : -1, &d);
+
+    if (res.outcome.kind != OUTCOME_SUCCESS && res.deadline_exceeded) {
+        /* The caller's own deadline_s wins over stream_interrupted: nothing
+         * failed, the call ran out of the time it was given. */
+        call_reply_error(k, PGW_DEADLINE_EXCEEDED, d.retry_after_s, &res);
+        call_finish(k);
+    } else if (res.outcome.kind != OUTCOME_SUCCESS && k->stream && res.events > 0) {
+        /* Partial output was relayed: never replay it silently. */
+        call_reply_error(k, PGW_STREAM_INTERRUPTED, d.retry_after_s, &res);
+        call_finish(k);
+    } else if (d.action == GOV_DONE && d.result == GOV_OK) {
+        call_reply_success(k, k->stream ? NULL : &body, usage);
+        call_finish(k);
+    } else {
+        call_act(k, &d, &res);
     }
-    pack_kv_str(pk, "source", k->src->name);
-    rpc_pack_str(pk, "attempts");
-    msgpack_pack_uint32(pk, k->attempts);
-    pack_kv_double(pk, "elapsed_s", call_elapsed(k));
-    pack_kv_double(pk, "stalled_s", 0.0);
-    if (usage) {
-        rpc_pack_str(pk, "usage");
-        msgpack_pack_object(pk, *usage);
-    }
-    conn_response_done(k->conn, PGW_OK);
     msgpack_unpacked_destroy(&up);
     msgpack_sbuffer_destroy(&body);
-}
-
-static void call_on_attempt_done(struct attempt *a, const struct attempt_result *r, void *ud)
-{
-    struct call *k = ud;
-    (void)a;
-
-    k->attempt = NULL;
-    log_at(r->outcome.kind == OUTCOME_SUCCESS ? LOG_DEBUG : LOG_INFO, "attempt ended", "conn",
-           LOG_U, (unsigned long long)k->conn->id, "msgid", LOG_U, (unsigned long long)k->msgid,
-           "source", LOG_S, k->src->name, "outcome", LOG_S, outcome_kind_name(r->outcome.kind),
-           "reason", LOG_S, outcome_reason_name(r->outcome.reason), "status", LOG_I,
-           (long long)r->http_status, "phase", LOG_S, attempt_phase_name(r->phase), "elapsed_s",
-           LOG_F, r->elapsed_s, NULL);
-    if (r->outcome.kind == OUTCOME_SUCCESS)
-        call_reply_success(k, r);
-    else
-        call_reply_failure(k, r);
-    struct conn *c = k->conn;
-    call_end(k);
-    conn_flush(c);
 }
 
 /* One stream event: transcode, remember usage, relay as a chunk. Returns 1
@@ -314,6 +427,154 @@ static struct call *call_find(struct conn *c, uint32_t msgid)
     return NULL;
 }
 
+/* The JSON body for a source: made once per distinct model override (the
+ * common case is one transcode per call, however many attempts). */
+static int call_prepare_json(struct call *k, const char *model, char *why, size_t whylen)
+{
+    msgpack_unpacked up;
+    int rc;
+
+    if (k->json_ready && (k->json_model == model ||
+                          (k->json_model && model && strcmp(k->json_model, model) == 0)))
+        return 0;
+    msgpack_unpacked_init(&up);
+    if (msgpack_unpack_next(&up, k->body.data, k->body.size, NULL) != MSGPACK_UNPACK_SUCCESS) {
+        msgpack_unpacked_destroy(&up);
+        snprintf(why, whylen, "internal: stored body unreadable");
+        return -1;
+    }
+    struct transcode_override ov = {
+        .model = model,
+        /* The `stream` parameter decides; a body's own "stream" key must not
+         * make the upstream stream while we expect one JSON reply. */
+        .stream = k->stream                          ? TRANSCODE_STREAM_TRUE
+                  : rpc_map_get(&up.data, "stream") ? TRANSCODE_STREAM_FALSE
+                                                    : TRANSCODE_STREAM_KEEP,
+    };
+    transcode_buf_reset(&k->json);
+    rc = transcode_msgpack_to_json(&up.data, &k->json, &ov, "body", why, whylen);
+    msgpack_unpacked_destroy(&up);
+    if (rc < 0)
+        return rc;
+    k->json_model = model;
+    k->json_ready = true;
+    return 0;
+}
+
+static void call_on_wake_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    call_step(w->data);
+}
+
+void call_on_gov_wake(struct gov_call *g, void *ud)
+{
+    struct call *k = g->ud;
+    struct server *srv = ud;
+
+    /* Never step inside the core's own call: schedule for this loop turn. */
+    ev_timer_stop(srv->loop, &k->wake_w);
+    ev_timer_set(&k->wake_w, 0., 0.);
+    ev_timer_start(srv->loop, &k->wake_w);
+}
+
+void call_on_breaker(const struct gov *g, size_t source, enum breaker_state from,
+                     enum breaker_state to, double now, void *ud)
+{
+    (void)ud;
+    (void)now;
+    log_at(to == BREAKER_OPEN ? LOG_WARN : LOG_INFO, "breaker", "source", LOG_S,
+           g->sources[source].p.name, "from", LOG_S, breaker_state_name(from), "to", LOG_S,
+           breaker_state_name(to), "cooldown_s", LOG_F, g->sources[source].breaker.cooldown_s,
+           NULL);
+}
+
+/* Starts the attempt the loop chose. */
+static void call_run_attempt(struct call *k, size_t source)
+{
+    struct server *srv = k->conn->srv;
+    const struct config *cfg = srv->cfg;
+    const struct config_source *src = &cfg->sources[source];
+    char why[300], url[CONFIG_URL_MAX + 256 + 1];
+
+    k->src = src;
+    if (call_prepare_json(k, src->model, why, sizeof(why)) < 0) {
+        /* The body was checked at call_start and only the (validated)
+         * model differs between sources; call_end releases the reservation. */
+        conn_reply_error(k->conn, k->msgid, PGW_BAD_REQUEST, why);
+        call_finish(k);
+        return;
+    }
+    char *json = malloc(k->json.len + 1);
+    if (!json) {
+        conn_reply_error(k->conn, k->msgid, PGW_INTERNAL, "out of memory");
+        call_finish(k);
+        return;
+    }
+    memcpy(json, k->json.data, k->json.len + 1);
+    snprintf(url, sizeof(url), "%s%s", src->base_url, k->cap->path);
+    struct attempt_spec as = {
+        .url = url,
+        .api_key = src->api_key,
+        .body = json,
+        .body_len = k->json.len,
+        .stream = k->stream,
+        .connect_timeout_s = src->connect_timeout_s,
+        .ttft_timeout_s = src->ttft_timeout_s,
+        .idle_timeout_s = src->idle_timeout_s,
+        .timeout_s = src->timeout_s,
+        .deadline_at = k->g.deadline_at,
+        .max_response_bytes = cfg->max_message_bytes,
+    };
+    k->paused = false;
+    msgpack_sbuffer_clear(&k->usage);
+    k->attempt = attempt_start(srv->up, &as, &call_hooks, k);
+    if (!k->attempt) {
+        conn_reply_error(k->conn, k->msgid, PGW_INTERNAL, "cannot start the upstream request");
+        call_finish(k);
+    }
+}
+
+static void call_act(struct call *k, const struct gov_decision *d, const struct attempt_result *last)
+{
+    struct server *srv = k->conn->srv;
+
+    switch (d->action) {
+    case GOV_ATTEMPT:
+        call_run_attempt(k, d->source);
+        return;
+    case GOV_WAIT: {
+        double in = d->wake_at - ev_now(srv->loop);
+        ev_timer_stop(srv->loop, &k->wake_w);
+        ev_timer_set(&k->wake_w, in > 0 ? in : 0., 0.);
+        ev_timer_start(srv->loop, &k->wake_w);
+        return;
+    }
+    case GOV_DONE:
+        call_reply_error(k, gov_code(d->result), d->retry_after_s, last);
+        call_finish(k);
+        return;
+    }
+}
+
+static void call_step(struct call *k)
+{
+    struct gov_decision d;
+
+    gov_call_step(&k->g, ev_now(k->conn->srv->loop), &d);
+    call_act(k, &d, NULL);
+}
+
+/* max_tokens / max_completion_tokens of the body, 0 when absent. */
+static uint64_t body_max_tokens(const msgpack_object *body)
+{
+    const msgpack_object *m = rpc_map_get(body, "max_completion_tokens");
+    if (!m)
+        m = rpc_map_get(body, "max_tokens");
+    return m && m->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? m->via.u64 : 0;
+}
+
 void call_start(struct conn *c, const struct rpc_msg *m)
 {
     enum { P_CAP, P_BODY, P_STREAM, P_SCOPE, P_TASK, P_DEADLINE, P_N };
@@ -326,8 +587,10 @@ void call_start(struct conn *c, const struct rpc_msg *m)
         [P_DEADLINE] = {"deadline_s", RPC_T_NUMBER | RPC_T_NIL, false},
     };
     const msgpack_object *p[P_N];
-    const struct config *cfg = c->srv->cfg;
-    char why[300];
+    struct server *srv = c->srv;
+    const struct config *cfg = srv->cfg;
+    double now = ev_now(srv->loop);
+    char why[300], scope[CONFIG_NAME_MAX * 4];
     double deadline_s = 0;
 
     if (rpc_bind(m->params, spec, P_N, p, why, sizeof(why)) < 0) {
@@ -340,16 +603,24 @@ void call_start(struct conn *c, const struct rpc_msg *m)
                          "parameter 'deadline_s': expected a positive number of seconds");
         return;
     }
+    if (p[P_SCOPE] && (p[P_SCOPE]->via.str.size == 0 ||
+                       rpc_str_copy(p[P_SCOPE], scope, sizeof(scope)) < 0 ||
+                       memchr(scope, '\0', p[P_SCOPE]->via.str.size))) {
+        snprintf(why, sizeof(why), "parameter 'scope': expected 1 to %zu bytes without NUL",
+                 sizeof(scope) - 1);
+        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
+        return;
+    }
     const msgpack_object *capo = p[P_CAP];
     int ci = config_find_capability(cfg, capo->via.str.ptr, capo->via.str.size);
-    const struct config_source *src = NULL;
+    const struct config_source *first = NULL;
     for (size_t i = 0; ci >= 0 && i < cfg->n_sources; i++) {
         if (cfg->sources[i].capability_index == (size_t)ci) {
-            src = &cfg->sources[i];
+            first = &cfg->sources[i];
             break;
         }
     }
-    if (!src) {
+    if (!first) {
         char name[65];
         rpc_quote_client_str(capo->via.str.ptr, capo->via.str.size, sizeof(name) - 1, name);
         snprintf(why, sizeof(why), ci < 0 ? "unknown capability '%s'"
@@ -358,64 +629,53 @@ void call_start(struct conn *c, const struct rpc_msg *m)
         return;
     }
 
-    bool stream = p[P_STREAM] && p[P_STREAM]->via.boolean;
-    struct transcode_override ov = {
-        .model = src->model,
-        /* The `stream` parameter decides; a body's own "stream" key must not
-         * make the upstream stream while we expect one JSON reply. */
-        .stream = stream                               ? TRANSCODE_STREAM_TRUE
-                  : rpc_map_get(p[P_BODY], "stream") ? TRANSCODE_STREAM_FALSE
-                                                     : TRANSCODE_STREAM_KEEP,
-    };
-    struct transcode_buf json;
-    transcode_buf_init(&json);
-    if (transcode_msgpack_to_json(p[P_BODY], &json, &ov, "body", why, sizeof(why)) < 0) {
-        transcode_buf_fini(&json);
-        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
-        return;
-    }
-
     struct call *k = calloc(1, sizeof(*k));
     if (!k) {
-        transcode_buf_fini(&json);
         conn_reply_error(c, m->msgid, PGW_INTERNAL, "out of memory");
         return;
     }
     k->conn = c;
     k->msgid = m->msgid;
-    k->stream = stream;
+    k->stream = p[P_STREAM] && p[P_STREAM]->via.boolean;
     k->cap = &cfg->capabilities[ci];
-    k->src = src;
-    k->started = ev_now(c->srv->loop);
+    k->started = now;
     msgpack_sbuffer_init(&k->usage);
+    msgpack_sbuffer_init(&k->body);
+    transcode_buf_init(&k->json);
+    ev_init(&k->wake_w, call_on_wake_timer);
+    k->wake_w.data = k;
+
+    /* Keep the body (the frame it came in dies after dispatch) and check it
+     * can be sent at all before anything is reserved. */
+    msgpack_packer bpk;
+    msgpack_packer_init(&bpk, &k->body, msgpack_sbuffer_write);
+    int rc = msgpack_pack_object(&bpk, *p[P_BODY]);
+    if (rc == 0)
+        rc = call_prepare_json(k, first->model, why, sizeof(why));
+    struct gov_policy pol;
+    governor_policy(cfg, (size_t)ci, &pol);
+    if (rc == 0)
+        rc = gov_call_init(&k->g, &srv->gov, (uint32_t)ci, p[P_SCOPE] ? scope : k->cap->name,
+                           &pol, deadline_s > 0 ? now + deadline_s : 0,
+                           governor_estimate_tokens(k->json.len, body_max_tokens(p[P_BODY])), now);
+    if (rc < 0) {
+        conn_reply_error(c, m->msgid, rc == TRANSCODE_EINVALID ? PGW_BAD_REQUEST : PGW_INTERNAL,
+                         rc == TRANSCODE_EINVALID ? why : "out of memory");
+        msgpack_sbuffer_destroy(&k->usage);
+        msgpack_sbuffer_destroy(&k->body);
+        transcode_buf_fini(&k->json);
+        free(k);
+        return;
+    }
+    k->g.ud = k;
+    k->src = first;
     k->next = c->calls;
     if (c->calls)
         c->calls->prev = k;
     c->calls = k;
     c->in_flight++;
-    c->srv->stats.in_flight++;
-
-    char url[2048];
-    snprintf(url, sizeof(url), "%s%s", src->base_url, k->cap->path);
-    struct attempt_spec as = {
-        .url = url,
-        .api_key = src->api_key,
-        .body = json.data,
-        .body_len = json.len,
-        .stream = stream,
-        .connect_timeout_s = src->connect_timeout_s,
-        .ttft_timeout_s = src->ttft_timeout_s,
-        .idle_timeout_s = src->idle_timeout_s,
-        .timeout_s = src->timeout_s,
-        .deadline_at = deadline_s > 0 ? k->started + deadline_s : 0,
-        .max_response_bytes = cfg->max_message_bytes,
-    };
-    k->attempts = 1;
-    k->attempt = attempt_start(c->srv->up, &as, &call_hooks, k);
-    if (!k->attempt) {
-        conn_reply_error(c, m->msgid, PGW_INTERNAL, "cannot start the upstream request");
-        call_end(k);
-    }
+    srv->stats.in_flight++;
+    call_step(k);
 }
 
 /* Tears down the call's attempt and frees the call without answering. */
@@ -443,8 +703,8 @@ int call_cancel(struct conn *c, uint32_t msgid)
     snprintf(msg, sizeof(msg), "cancelled by the client after %.3fs", call_elapsed(k));
     rpc_pack_error_begin(&c->pk, msgid, PGW_CANCELLED, msg, 2);
     rpc_pack_str(&c->pk, "attempts");
-    msgpack_pack_uint32(&c->pk, k->attempts);
-    pack_kv_double(&c->pk, "stalled_s", 0.0);
+    msgpack_pack_uint32(&c->pk, k->g.attempts);
+    pack_kv_double(&c->pk, "stalled_s", gov_call_stalled_s(&k->g, ev_now(c->srv->loop)));
     rpc_pack_error_end(&c->pk);
     conn_response_done(c, PGW_CANCELLED);
     call_abort(k);
@@ -457,7 +717,7 @@ void call_fail_all(struct conn *c, enum pgw_code code, const char *message)
         struct call *k = c->calls;
         rpc_pack_error_begin(&c->pk, k->msgid, code, message, 1);
         rpc_pack_str(&c->pk, "attempts");
-        msgpack_pack_uint32(&c->pk, k->attempts);
+        msgpack_pack_uint32(&c->pk, k->g.attempts);
         rpc_pack_error_end(&c->pk);
         conn_response_done(c, code);
         call_abort(k);

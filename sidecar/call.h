@@ -23,6 +23,12 @@ void call_fail_all(struct conn *c, enum pgw_code code, const char *message);
 /* The client is gone: tear every call down without answering. */
 void call_abort_all(struct conn *c);
 
+/* gov hooks (see gov.h): a released permit wakes a waiting call (scheduled,
+ * never stepped synchronously); breaker transitions are logged. */
+void call_on_gov_wake(struct gov_call *g, void *ud);
+void call_on_breaker(const struct gov *g, size_t source, enum breaker_state from,
+                     enum breaker_state to, double now, void *ud);
+
 /* The connection's write queue drained: resume paused streams. */
 void call_on_drained(struct conn *c);
 

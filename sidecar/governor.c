@@ -16,10 +16,8 @@ static double governor_rand(void *ud)
     return (double)((*s * 2685821657736338717ULL) >> 11) / 9007199254740992.0;
 }
 
-static uint64_t governor_seed;
-
 int governor_init(struct gov *g, const struct config *cfg, const struct gov_hooks *hooks,
-                  double now, char *err, size_t errlen)
+                  uint64_t *rand_state, double now, char *err, size_t errlen)
 {
     struct timespec ts;
     struct gov_source_params *p = calloc(cfg->n_sources ? cfg->n_sources : 1, sizeof(*p));
@@ -50,11 +48,11 @@ int governor_init(struct gov *g, const struct config *cfg, const struct gov_hook
         };
     }
     clock_gettime(CLOCK_REALTIME, &ts);
-    governor_seed = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 40);
-    if (!governor_seed)
-        governor_seed = 0x9e3779b97f4a7c15ULL;
+    *rand_state = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 40);
+    if (!*rand_state)
+        *rand_state = 0x9e3779b97f4a7c15ULL;
     int rc = gov_init(g, p, cfg->n_sources, cfg->n_capabilities, NULL, governor_rand,
-                      &governor_seed, hooks, now);
+                      rand_state, hooks, now);
     free(p);
     if (rc < 0)
         snprintf(err, errlen, "out of memory initialising the governance core");

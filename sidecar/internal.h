@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "codes.h"
+#include "gov.h"
 #include "config.h"
 #include "frame.h"
 #include "rpc.h"
@@ -60,6 +61,8 @@ struct server {
     struct conn *dead;            /* closed, waiting for the reaper */
     struct server_stats stats;
     struct upstream *up;          /* the HTTP engine */
+    struct gov gov;               /* the governance core */
+    uint64_t rand_state;          /* jitter generator */
 };
 
 /* server.c */

@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "call.h"
+#include "governor.h"
 #include "log.h"
 #include "upstream.h"
 
@@ -405,7 +406,20 @@ int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, ch
         srv->socket_path = NULL;
         return -1;
     }
+    const struct gov_hooks hooks = {
+        .on_wake = call_on_gov_wake,
+        .on_breaker = call_on_breaker,
+        .ud = srv,
+    };
+    if (governor_init(&srv->gov, cfg, &hooks, &srv->rand_state, ev_now(loop), err, errlen) < 0) {
+        upstream_free(srv->up);
+        srv->up = NULL;
+        free(srv->socket_path);
+        srv->socket_path = NULL;
+        return -1;
+    }
     if (server_listen(srv, err, errlen) < 0) {
+        gov_fini(&srv->gov);
         upstream_free(srv->up);
         srv->up = NULL;
         free(srv->socket_path);
@@ -460,5 +474,6 @@ void server_fini(struct server *srv)
     if (srv->spare_fd >= 0)
         close(srv->spare_fd);
     upstream_free(srv->up);
+    gov_fini(&srv->gov);
     free(srv->socket_path);
 }

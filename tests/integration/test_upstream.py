@@ -43,12 +43,17 @@ DNS_CAP = 4          # SERVER_DNS_LOOKUPS_PER_HOST: lookups per host at once
 EARLY = 0.05
 LATE = 0.15
 
-# Generous by default, so that only the timeout under test can fire.
-LONG = {"timeout_s": 10, "connect_timeout_s": 5, "ttft_timeout_s": 5, "idle_timeout_s": 5}
+# Generous by default, so that only the timeout under test can fire, and
+# with admission wide open (no AIMD ramp-up, no breaker) so that the engine
+# sees every call at once.
+LONG = {"timeout_s": 10, "connect_timeout_s": 5, "ttft_timeout_s": 5, "idle_timeout_s": 5,
+        "max_concurrency": 256, "aimd": {"initial": 256}, "breaker": {"failures": 100000}}
 
 
 # --------------------------------------------------------------- helpers
 def yaml_value(v):
+    if isinstance(v, dict):
+        return "{%s}" % ", ".join("%s: %s" % (k, yaml_value(x)) for k, x in v.items())
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
@@ -69,12 +74,21 @@ def source(name, capability, base_url, key=True, **kw):
     return "\n".join(lines)
 
 
-def config(sources, capabilities=None, grace=2, listen=None, log_level="info"):
+# These tests pin the engine: one attempt per call, so every deadline and
+# classification is seen directly. The governed loop (retries, backoff,
+# stall budget) has its own tests in test_governance.py.
+ENGINE_DEFAULTS = {"max_attempts": 1, "stall_window_s": 60, "backoff_base_s": 0.05,
+                   "backoff_max_s": 0.1}
+
+
+def config(sources, capabilities=None, grace=2, listen=None, log_level="info", defaults=None):
     """The YAML text of a sidecar config with these sources (see source());
     `listen` adds keys to the listen section."""
     out = ["listen:", '  mode: "0660"']
     out.extend("  %s: %s" % (k, yaml_value(v)) for k, v in (listen or {}).items())
     out.append("server:\n  log_level: %s\n  shutdown_grace_s: %s" % (log_level, yaml_value(grace)))
+    out.append("defaults:")
+    out.extend("  %s: %s" % (k, yaml_value(v)) for k, v in (defaults or ENGINE_DEFAULTS).items())
     if capabilities:
         out.append("capabilities:")
         for name, keys in capabilities.items():
@@ -1051,21 +1065,24 @@ def test_upstream__pipelined_calls_answer_out_of_order(make_sidecar, up):
 
 # --------------------------------------------------------------- HTTP errors
 def test_upstream__429_carries_retry_after(make_sidecar, up):
-    sc = start(make_sidecar, [source("a", "chat", up.url)])
+    # Not exempt here, so one 429 uses the single attempt of the budget (the
+    # exempt case, which waits in the stall budget, is a governance test).
+    sc = start(make_sidecar, [source("a", "chat", up.url)],
+               capabilities={"chat": {"exempt_429": False}})
     c = sc.connect()
     err, res, _ = call(c, "chat", chat(mock={"status": 429, "retry_after": 7}))
-    # One attempt until the governed loop lands; then an exempt 429 on chat
-    # may end as `stalled` instead.
-    assert res is None and err["code"] in ("retry_exhausted", "stalled"), err
+    assert res is None and err["code"] == "retry_exhausted", err
     assert err["retry_after_s"] == 7
     assert err["status"] == 429 and reason(err) == "http_429"
     # HTTP-date form
     date = email.utils.formatdate(time.time() + 30, usegmt=True)
     err, res, _ = call(c, "chat", chat(mock={"status": 429, "retry_after": date}))
     assert 27 <= err["retry_after_s"] <= 31, err
-    # without the header: no retry_after_s
+    # without the header: the sidecar's own estimate, which still honours
+    # the Retry-After this source sent on the previous call
     err, res, _ = call(c, "chat", chat(mock={"status": 429}))
-    assert "retry_after_s" not in err and err["status"] == 429
+    assert err["status"] == 429 and reason(err) == "http_429"
+    assert 25 <= err["retry_after_s"] <= 31, err
 
 
 @pytest.mark.parametrize("status,etype", [(400, "invalid_request_error"),
