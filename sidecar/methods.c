@@ -10,6 +10,7 @@
 
 #include "call.h"
 #include "log.h"
+#include "progress.h"
 #include "upstream.h"
 
 typedef void method_fn(struct conn *c, const struct rpc_msg *m);
@@ -18,6 +19,81 @@ static void pack_kv_u64(msgpack_packer *pk, const char *k, uint64_t v)
 {
     rpc_pack_str(pk, k);
     msgpack_pack_uint64(pk, v);
+}
+
+static void pack_kv_double(msgpack_packer *pk, const char *k, double v)
+{
+    rpc_pack_str(pk, k);
+    msgpack_pack_double(pk, v);
+}
+
+/* A bucket's level, or nil when it is unlimited. */
+static void pack_kv_bucket(msgpack_packer *pk, const char *k, struct bucket *b, double now)
+{
+    rpc_pack_str(pk, k);
+    if (bucket_is_unlimited(b))
+        msgpack_pack_nil(pk);
+    else
+        msgpack_pack_double(pk, bucket_level(b, now));
+}
+
+struct scope_iter {
+    msgpack_packer *pk;
+    double now;
+};
+
+static void pack_scope(const char *scope, double last_at, void *ud)
+{
+    struct scope_iter *it = ud;
+    rpc_pack_str(it->pk, scope);
+    msgpack_pack_map(it->pk, 1);
+    pack_kv_double(it->pk, "progress_age_s", it->now - last_at);
+}
+
+/* `sources`, `scopes` and `calls_waiting`: the governance state. A scope
+ * that never succeeded is absent (its progress age is +inf). */
+static void pack_governance(msgpack_packer *pk, struct server *srv)
+{
+    struct gov *g = &srv->gov;
+    double now = ev_now(srv->loop);
+    uint64_t waiting = 0;
+
+    rpc_pack_str(pk, "sources");
+    msgpack_pack_array(pk, g->n_sources);
+    for (size_t i = 0; i < g->n_sources; i++) {
+        struct gov_source *s = &g->sources[i];
+        double next = breaker_next_admit(&s->breaker, now);
+        uint32_t limit = aimd_permits(&s->aimd);
+        if (limit > s->p.max_concurrency)
+            limit = s->p.max_concurrency;
+        msgpack_pack_map(pk, 15);
+        rpc_pack_str(pk, "name");
+        rpc_pack_str(pk, s->p.name);
+        rpc_pack_str(pk, "capability");
+        rpc_pack_str(pk, srv->cfg->capabilities[s->p.capability].name);
+        pack_kv_u64(pk, "in_flight", s->in_flight);
+        pack_kv_u64(pk, "limit", limit);
+        pack_kv_double(pk, "aimd_limit", s->aimd.limit);
+        rpc_pack_str(pk, "breaker");
+        rpc_pack_str(pk, breaker_state_name(s->breaker.state));
+        pack_kv_double(pk, "next_probe_in_s", next > now && next < 1e300 ? next - now : 0);
+        pack_kv_bucket(pk, "rpm_level", &s->rpm, now);
+        pack_kv_bucket(pk, "tpm_level", &s->tpm, now);
+        pack_kv_bucket(pk, "daily_tokens_level", &s->daily, now);
+        pack_kv_u64(pk, "attempts", s->attempts);
+        pack_kv_u64(pk, "successes", s->successes);
+        pack_kv_u64(pk, "failures", s->failures);
+        pack_kv_u64(pk, "rate_limited", s->rate_limited);
+        pack_kv_u64(pk, "breaker_opened", s->breaker.opened_total);
+    }
+    rpc_pack_str(pk, "scopes");
+    struct scope_iter it = {pk, now};
+    msgpack_pack_map(pk, g->progress ? progress_count(g->progress) : 0);
+    if (g->progress)
+        progress_foreach(g->progress, pack_scope, &it);
+    for (size_t i = 0; i < g->n_capabilities; i++)
+        waiting += g->waitq[i].n;
+    pack_kv_u64(pk, "calls_waiting", waiting);
 }
 
 /* Binds `params` against `spec`; on failure answers bad_request and returns -1. */
@@ -53,7 +129,7 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
     if (bind_or_reply(c, m, NULL, 0, NULL) < 0)
         return;
     rpc_pack_result_begin(pk, m->msgid);
-    msgpack_pack_map(pk, 7);
+    msgpack_pack_map(pk, 10);
 
     rpc_pack_str(pk, "version");
     rpc_pack_str(pk, PGW_VERSION);
@@ -103,6 +179,8 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
         snprintf(key, sizeof(key), "timeouts_%s", attempt_phase_name((enum attempt_phase)i));
         pack_kv_u64(pk, key, us->timeouts[i]);
     }
+
+    pack_governance(pk, c->srv);
     conn_response_done(c, PGW_OK);
 }
 

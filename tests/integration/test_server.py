@@ -426,3 +426,25 @@ def test_cli__demo_config_is_valid():
     demo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy", "polygw.yaml")
     r = _run(["--check-config", demo])
     assert r.returncode == 0, r.stderr
+
+
+def test_server__stats_shows_governance_state_never_keys(make_sidecar):
+    key = "sk-secret-stats-0123456789"
+    cfg = ('listen:\n  mode: "0660"\n'
+           'sources:\n'
+           '  - name: only\n    capability: chat\n    base_url: http://127.0.0.1:9/v1\n'
+           '    api_key_env: PGW_STATS_KEY\n    limits: {rpm: 100}\n')
+    sc = make_sidecar(config_text=cfg, env={"PGW_STATS_KEY": key})
+    c = sc.connect()
+    err, st = c.request("stats")
+    assert err is None
+    src = st["sources"]
+    assert [s["name"] for s in src] == ["only"]
+    s = src[0]
+    assert s["capability"] == "chat" and s["breaker"] == "closed"
+    assert s["in_flight"] == 0 and s["limit"] >= 1 and s["rpm_level"] == 100
+    assert s["tpm_level"] is None  # unlimited
+    assert st["calls_waiting"] == 0 and st["scopes"] == {}
+    blob = msgpack.packb(st)
+    assert key.encode() not in blob
+    assert key not in sc.logs()
