@@ -106,7 +106,7 @@ $(MOCK): $(call obj,$(MOCK_SRC))
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS)
 
-$(BUILD)/bench/%: $(BUILD)/obj/tests/bench/%.o $(LIBA)
+$(BUILD)/bench/%: $(BUILD)/obj/tests/bench/%.o $(LIBA) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS) -lpthread
@@ -147,6 +147,10 @@ unit_tests: $(UNIT)
 bench: deps
 	$(Q)$(MAKE) --no-print-directory all
 	sh tests/bench/run.sh $(BUILD)
+	@echo "## Admission cost (src/gov.c, ns per decision, best of 5)"
+	$(BUILD)/bench/admission
+	@echo "## Calls waiting for a permit"
+	/usr/bin/python3 tests/bench/waiting_cpu.py $(BUILD) 1000 3
 
 install: $(DAEMON) $(CTL) $(LIBA) $(LIBSO)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig \
