@@ -584,6 +584,49 @@ END_TEST
 
 /* A 1 MiB frame through a 16-byte initial buffer, in 64 KiB reads via
  * reserve/commit; a frame kept from before must survive the buffer moving. */
+/* A frame of many one-byte values: msgpack-c would spend 24 bytes on each,
+ * so the reader caps values per frame at max(1024, max_bytes / 4) and
+ * reports more as too large — a byte limit alone would let a 16 MiB frame
+ * of nils cost ~400 MB decoded. */
+START_TEST(test_frame__value_count_capped)
+{
+    struct frame_reader r;
+    msgpack_unpacked u;
+    const size_t max = 64 * 1024;          /* cap: 16384 values */
+    size_t n_ok = max / 4 - 1;             /* the array itself is one value */
+    unsigned char *blob = malloc(5 + max);
+
+    ck_assert(blob != NULL);
+    msgpack_unpacked_init(&u);
+    /* array32 of n_ok nils: within the cap */
+    blob[0] = 0xdd;
+    blob[1] = (unsigned char)(n_ok >> 24);
+    blob[2] = (unsigned char)(n_ok >> 16);
+    blob[3] = (unsigned char)(n_ok >> 8);
+    blob[4] = (unsigned char)n_ok;
+    memset(blob + 5, 0xc0, n_ok);
+    ck_assert_int_eq(frame_reader_init(&r, max, 0), 0);
+    ck_assert_int_eq(frame_reader_feed(&r, blob, 5 + n_ok), 0);
+    ck_assert_int_eq(frame_reader_next(&r, &u, NULL), 1);
+    ck_assert_uint_eq(u.data.via.array.size, n_ok);
+    frame_reader_fini(&r);
+
+    /* one more value: over the cap, though far under the byte limit */
+    size_t n_bad = n_ok + 1;
+    blob[1] = (unsigned char)(n_bad >> 24);
+    blob[2] = (unsigned char)(n_bad >> 16);
+    blob[3] = (unsigned char)(n_bad >> 8);
+    blob[4] = (unsigned char)n_bad;
+    memset(blob + 5, 0xc0, n_bad);
+    ck_assert_int_eq(frame_reader_init(&r, max, 0), 0);
+    ck_assert_int_eq(frame_reader_feed(&r, blob, 5 + n_bad), 0);
+    ck_assert_int_eq(frame_reader_next(&r, &u, NULL), FRAME_ETOO_LARGE);
+    frame_reader_fini(&r);
+    msgpack_unpacked_destroy(&u);
+    free(blob);
+}
+END_TEST
+
 START_TEST(test_frame__buffer_growth_1mib)
 {
     struct buf big, small;
@@ -787,6 +830,7 @@ Suite *frame_suite(void)
     tcase_add_test(tc, test_frame__depth_33_rejected);
     tcase_add_test(tc, test_frame__wide_is_not_deep);
     tcase_add_test(tc, test_frame__buffer_growth_1mib);
+    tcase_add_test(tc, test_frame__value_count_capped);
     tcase_add_test(tc, test_frame__pending_and_empty_feed);
     tcase_add_test(tc, test_frame__strerror);
     tcase_add_test(tc, test_frame__agrees_with_msgpack_c);
