@@ -179,7 +179,11 @@ static void pack_sources(msgpack_packer *pk, const struct call *k, const struct 
 }
 
 /* The error answer. `last` is the attempt that just ended, if any (it
- * carries the upstream status and body of a rejection). */
+ * carries the upstream status and body of a rejection). A verdict reached
+ * at the top of the loop (stalled, deadline_exceeded after a backoff) has no
+ * `last`, but the call may have made attempts: their last one is described
+ * from the governed loop's note on that source, so that a call stalled by
+ * a run of 429s does not claim it never attempted anything. */
 static void call_reply_error(struct call *k, enum pgw_code code, double retry_after_s,
                              const struct attempt_result *last)
 {
@@ -187,7 +191,13 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
     double now = ev_now(k->conn->srv->loop);
     double stalled = gov_call_stalled_s(&k->g, now);
     const char *src = k->src ? k->src->name : "-";
-    const char *reason = last ? outcome_reason_name(last->outcome.reason) : "none";
+    const struct gov_source_note *note =
+        !last && k->g.attempts > 0 && k->src ? &k->g.notes[k->src - k->conn->srv->cfg->sources]
+                                             : NULL;
+    const char *reason = last   ? outcome_reason_name(last->outcome.reason)
+                         : note ? outcome_reason_name((enum outcome_reason)note->reason)
+                                : "none";
+    int http_status = last ? last->http_status : note ? note->status : 0;
     const char *detail = last ? last->detail : "";
     bool rejected = code == PGW_UPSTREAM_REJECTED && last;
     char msg[400];
@@ -195,9 +205,10 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
     switch (code) {
     case PGW_STALLED:
         snprintf(msg, sizeof(msg),
-                 "scope '%s' made no progress and this call waited %.3fs without a runnable "
-                 "source (stall_window_s %g); last attempt: %s: %s",
-                 k->g.scope, stalled, k->g.pol.stall_window_s, last ? src : "none", reason);
+                 "scope '%s' made no progress and this call spent %.3fs waiting, backing off "
+                 "or rate-limited (stall_window_s %g); %u attempt(s), last: %s: %s",
+                 k->g.scope, stalled, k->g.pol.stall_window_s, k->g.attempts,
+                 last || note ? src : "none", reason);
         break;
     case PGW_RETRY_EXHAUSTED:
         snprintf(msg, sizeof(msg), "%u attempt(s) failed; last on %s: %s: %.160s",
@@ -223,7 +234,7 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
         snprintf(msg, sizeof(msg), "%s", pgw_code_name(code));
         break;
     }
-    bool status = last && last->http_status;
+    bool status = http_status != 0;
     size_t extra = 4 + (status ? 1 : 0) + (rejected ? 1 : 0);
     rpc_pack_error_begin(pk, k->msgid, code, msg, extra);
     rpc_pack_str(pk, "attempts");
@@ -233,7 +244,7 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
     if (status) {
         /* The last attempt's HTTP status (per-source ones are in `sources`). */
         rpc_pack_str(pk, "status");
-        msgpack_pack_int(pk, last->http_status);
+        msgpack_pack_int(pk, http_status);
     }
     if (rejected) {
         rpc_pack_str(pk, "upstream_body");

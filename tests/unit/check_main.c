@@ -21,6 +21,7 @@ int main(void)
         bucket_suite,
         progress_suite,
         gov_suite,
+        task_suite,
     };
     SRunner *sr = srunner_create(NULL);
 

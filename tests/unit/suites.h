@@ -17,5 +17,6 @@ Suite *aimd_suite(void);
 Suite *bucket_suite(void);
 Suite *progress_suite(void);
 Suite *gov_suite(void);
+Suite *task_suite(void);
 
 #endif
