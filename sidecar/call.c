@@ -40,6 +40,8 @@
 
 #include "governor.h"
 #include "log.h"
+#include "task.h"
+#include "tasks.h"
 #include "transcode.h"
 #include "upstream.h"
 
@@ -60,6 +62,8 @@ struct call {
     const char *json_model;          /* model override `json` was made with */
     bool json_ready;
     msgpack_sbuffer usage;           /* last `usage` map seen in a stream, packed */
+    struct task *task;               /* the task it belongs to, or NULL */
+    struct call *tprev, *tnext;      /* the task's calls (head in task->ud) */
 };
 
 static void call_step(struct call *k);
@@ -83,10 +87,25 @@ static void call_unlink(struct call *k)
 /* Ends a call whose response (if any) has been queued: releases whatever
  * the governed loop still holds (a cancelled attempt's permit and probe),
  * which may wake other waiting calls. */
+static void call_task_unlink(struct call *k)
+{
+    if (!k->task)
+        return;
+    if (k->tprev)
+        k->tprev->tnext = k->tnext;
+    else
+        k->task->ud = k->tnext;
+    if (k->tnext)
+        k->tnext->tprev = k->tprev;
+    k->task = NULL;
+    k->tprev = k->tnext = NULL;
+}
+
 static void call_end(struct call *k)
 {
     struct server *srv = k->conn->srv;
 
+    call_task_unlink(k);
     ev_timer_stop(srv->loop, &k->wake_w);
     gov_call_fini(&k->g, ev_now(srv->loop));
     call_unlink(k);
@@ -640,6 +659,22 @@ void call_start(struct conn *c, const struct rpc_msg *m)
         return;
     }
 
+    /* A call naming a task runs only while the task runs. */
+    struct task *task = NULL;
+    if (p[P_TASK]) {
+        char id[TASK_ID_MAX + 1];
+        if (p[P_TASK]->via.str.size == 0 || rpc_str_copy(p[P_TASK], id, sizeof(id)) < 0 ||
+            memchr(id, '\0', p[P_TASK]->via.str.size)) {
+            snprintf(why, sizeof(why), "parameter 'task_id': expected 1 to %d bytes without NUL",
+                     TASK_ID_MAX);
+            conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
+            return;
+        }
+        task = tasks_admit_call(c, m->msgid, id);
+        if (!task)
+            return;
+    }
+
     struct call *k = calloc(1, sizeof(*k));
     if (!k) {
         conn_reply_error(c, m->msgid, PGW_INTERNAL, "out of memory");
@@ -680,6 +715,13 @@ void call_start(struct conn *c, const struct rpc_msg *m)
     }
     k->g.ud = k;
     k->src = first;
+    if (task) {
+        k->task = task;
+        k->tnext = task->ud;
+        if (k->tnext)
+            k->tnext->tprev = k;
+        task->ud = k;
+    }
     k->next = c->calls;
     if (c->calls)
         c->calls->prev = k;
@@ -749,4 +791,27 @@ void call_on_drained(struct conn *c)
             attempt_resume(k->attempt);
         }
     }
+}
+
+void call_fail_task(struct task *t, enum pgw_code code, const char *message)
+{
+    while (t->ud) {
+        struct call *k = t->ud;
+        struct conn *c = k->conn;
+        rpc_pack_error_begin(&c->pk, k->msgid, code, message, 3);
+        rpc_pack_str(&c->pk, "attempts");
+        msgpack_pack_uint32(&c->pk, k->g.attempts);
+        pack_kv_double(&c->pk, "stalled_s", gov_call_stalled_s(&k->g, ev_now(c->srv->loop)));
+        pack_kv_str(&c->pk, "reason", task_reason(t));
+        rpc_pack_error_end(&c->pk);
+        conn_response_done(c, code);
+        call_abort(k); /* unlinks k from t */
+        conn_flush(c);
+    }
+}
+
+void call_forget_task(struct task *t)
+{
+    while (t->ud)
+        call_task_unlink(t->ud);
 }

@@ -29,6 +29,14 @@ void call_on_gov_wake(struct gov_call *g, void *ud);
 void call_on_breaker(const struct gov *g, size_t source, enum breaker_state from,
                      enum breaker_state to, double now, void *ud);
 
+/* A task stop or watchdog expiry: answers every call of task `t` with
+ * `code` (task_stopped / watchdog_timeout) and tears them down at once. */
+struct task;
+void call_fail_task(struct task *t, enum pgw_code code, const char *message);
+
+/* Task `t` is being freed: its calls forget it. */
+void call_forget_task(struct task *t);
+
 /* The connection's write queue drained: resume paused streams. */
 void call_on_drained(struct conn *c);
 

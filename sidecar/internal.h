@@ -20,6 +20,7 @@
 struct conn;
 struct call;
 struct upstream;
+struct task_reg;
 
 /* Counters shown by `stats`. All monotonically increasing except `*_open`
  * and `in_flight`. */
@@ -63,6 +64,8 @@ struct server {
     struct upstream *up;          /* the HTTP engine */
     struct gov gov;               /* the governance core */
     uint64_t rand_state;          /* jitter generator */
+    struct task_reg *tasks;       /* task states (src/task.h) */
+    ev_timer task_w;              /* the watchdog / task expiry timer */
 };
 
 /* server.c */

@@ -11,6 +11,7 @@
 #include "call.h"
 #include "log.h"
 #include "progress.h"
+#include "tasks.h"
 #include "upstream.h"
 
 typedef void method_fn(struct conn *c, const struct rpc_msg *m);
@@ -129,7 +130,7 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
     if (bind_or_reply(c, m, NULL, 0, NULL) < 0)
         return;
     rpc_pack_result_begin(pk, m->msgid);
-    msgpack_pack_map(pk, 10);
+    msgpack_pack_map(pk, 11);
 
     rpc_pack_str(pk, "version");
     rpc_pack_str(pk, PGW_VERSION);
@@ -181,6 +182,7 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
     }
 
     pack_governance(pk, c->srv);
+    tasks_pack_stats(pk, c->srv);
     conn_response_done(c, PGW_OK);
 }
 
@@ -190,6 +192,14 @@ static const struct {
 } method_table[] = {
     {"ping", method_ping},
     {"call", call_start},
+    {"task.start", tasks_start},
+    {"task.stop", tasks_stop},
+    {"task.guard", tasks_guard},
+    {"task.node_begin", tasks_node_begin},
+    {"task.node_end", tasks_node_end},
+    {"task.finish", tasks_finish},
+    {"task.get", tasks_get},
+    {"task.list", tasks_list},
     {"stats", method_stats},
 };
 

@@ -38,6 +38,7 @@
 
 #include "call.h"
 #include "governor.h"
+#include "tasks.h"
 #include "log.h"
 #include "upstream.h"
 
@@ -418,7 +419,16 @@ int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, ch
         srv->socket_path = NULL;
         return -1;
     }
+    if (tasks_init(srv, err, errlen) < 0) {
+        gov_fini(&srv->gov);
+        upstream_free(srv->up);
+        srv->up = NULL;
+        free(srv->socket_path);
+        srv->socket_path = NULL;
+        return -1;
+    }
     if (server_listen(srv, err, errlen) < 0) {
+        tasks_fini(srv);
         gov_fini(&srv->gov);
         upstream_free(srv->up);
         srv->up = NULL;
@@ -473,6 +483,7 @@ void server_fini(struct server *srv)
     ev_signal_stop(srv->loop, &srv->sigint_w);
     if (srv->spare_fd >= 0)
         close(srv->spare_fd);
+    tasks_fini(srv);
     upstream_free(srv->up);
     gov_fini(&srv->gov);
     free(srv->socket_path);

@@ -1,0 +1,38 @@
+/*
+ * tasks.h — the task methods (DESIGN.md 3.5, PROTOCOL.md 4.4) on top of the
+ * task registry (src/task.h), and the watchdog timer.
+ *
+ * The registry holds task states; the sidecar adds what only it can do:
+ * a stop or a watchdog expiry ends the task's in-flight calls at once
+ * (they answer task_stopped / watchdog_timeout and their upstream
+ * connections close), and one ev_timer follows task_next_deadline().
+ */
+#ifndef POLYGW_TASKS_H
+#define POLYGW_TASKS_H
+
+#include "internal.h"
+
+struct task;
+
+int tasks_init(struct server *srv, char *err, size_t errlen);
+void tasks_fini(struct server *srv);
+
+/* Method handlers (methods.c's table). Each answers exactly once. */
+void tasks_start(struct conn *c, const struct rpc_msg *m);
+void tasks_stop(struct conn *c, const struct rpc_msg *m);
+void tasks_guard(struct conn *c, const struct rpc_msg *m);
+void tasks_node_begin(struct conn *c, const struct rpc_msg *m);
+void tasks_node_end(struct conn *c, const struct rpc_msg *m);
+void tasks_finish(struct conn *c, const struct rpc_msg *m);
+void tasks_get(struct conn *c, const struct rpc_msg *m);
+void tasks_list(struct conn *c, const struct rpc_msg *m);
+
+/* For `call`: checks that task `id` is running. Returns the task, or NULL
+ * after answering the request with the task's error (task_stopped,
+ * watchdog_timeout, bad_request for an unknown one). */
+struct task *tasks_admit_call(struct conn *c, uint32_t msgid, const char *id);
+
+/* The `tasks` section of `stats`. */
+void tasks_pack_stats(msgpack_packer *pk, struct server *srv);
+
+#endif /* POLYGW_TASKS_H */
