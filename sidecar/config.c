@@ -12,9 +12,10 @@
  *                duplicate keys, wrong types and out-of-range values are
  *                rejected here; every key that is set records its line, which
  *                is how later passes know "set here" from "inherited".
- *   3. validate: cross-field rules and inheritance (defaults <- capability
- *                <- source), then the secrets pass (environment / key files),
- *                which runs last so that an invalid file never causes I/O.
+ *   3. validate: cross-field rules and inheritance (defaults <- capability;
+ *                a source takes its capability's policy whole), then the
+ *                secrets pass (environment / key files), which runs last so
+ *                that an invalid file never causes I/O.
  *
  * Secret hygiene: the loader never quotes a string value in a message, only
  * numbers, key names, source/capability names and the key file's path (which
@@ -107,6 +108,10 @@ enum field_type {
                    * a NULL key ends a table */
     FT_CUSTOM,    /* `walk` handles the value */
     FT_REJECT,    /* key is known but forbidden: `why` */
+    FT_MISPLACED, /* key is known but belongs at another level: the walk only
+                   * records its line (whatever the value, even null), and the
+                   * validation pass rejects it with a hint that needs context
+                   * the walk does not have yet (e.g. the source's capability) */
 };
 
 #define F_MIN_OPEN 1u /* bound is exclusive: value > min */
@@ -767,8 +772,9 @@ static const struct field backend_table[] = {
     END
 };
 
-/* Offsets relative to struct config_policy; included by defaults,
- * capabilities and sources. policy_inherit() iterates this table. */
+/* Offsets relative to struct config_policy; included by defaults and
+ * capabilities. policy_inherit() and check_source_policy() iterate this
+ * table. */
 static const struct field policy_table[] = {
     NUM("max_attempts", FT_U32, FID_MAX_ATTEMPTS,
         OFF(struct config_policy, max_attempts), 1, 1000, 0),
@@ -826,6 +832,24 @@ static const struct field pacer_table[] = {
     END
 };
 
+/* The policy keys again, as they appear in a source: known (so the message
+ * is not "unknown key") but refused by check_source_policy(). A call's
+ * budgets are taken from its capability only (governor_policy()), because one
+ * call may try every source of its capability; a per-source value would be
+ * silently ignored. Keep in step with policy_table (test_config checks every
+ * key). */
+#define MISPLACED(k, id) { .key = (k), .type = FT_MISPLACED, .fid = (id) }
+static const struct field source_policy_table[] = {
+    MISPLACED("max_attempts", FID_MAX_ATTEMPTS),
+    MISPLACED("stall_window_s", FID_STALL_WINDOW),
+    MISPLACED("backoff_base_s", FID_BACKOFF_BASE),
+    MISPLACED("backoff_max_s", FID_BACKOFF_MAX),
+    MISPLACED("poll_interval_s", FID_POLL_INTERVAL),
+    MISPLACED("node_timeout_s", FID_NODE_TIMEOUT),
+    END
+};
+#undef MISPLACED
+
 #define SRC(m) OFF(struct src_stage, src.m)
 static const struct field source_table[] = {
     TYPED("name", FT_NAME, FID_NAME, SRC(name)),
@@ -851,7 +875,7 @@ static const struct field source_table[] = {
     SECTION("breaker", FID_BREAKER, SRC(breaker), breaker_table),
     SECTION("limits", FID_LIMITS, SRC(limits), limits_table),
     SECTION("pacer", FID_PACER, SRC(pacer_min_interval_ms), pacer_table),
-    { .key = "policy", .type = FT_INCLUDE, .off = SRC(policy), .sub = policy_table },
+    { .key = "policy", .type = FT_INCLUDE, .sub = source_policy_table },
     END
 };
 #undef SRC
@@ -1037,6 +1061,10 @@ static int set_field(struct loader *l, const struct field *f, char *slot,
 
     if (f->type == FT_REJECT)
         return fail_here(l, key->line, "%s", f->why);
+    if (f->type == FT_MISPLACED) {
+        lines[f->fid] = key->line;
+        return 0;
+    }
     if (f->type == FT_CUSTOM) {
         if ((rc = f->walk(l, v)) == 0)
             lines[f->fid] = v->line;
@@ -1144,6 +1172,7 @@ static int set_field(struct loader *l, const struct field *f, char *slot,
     case FT_INCLUDE:
     case FT_CUSTOM:
     case FT_REJECT:
+    case FT_MISPLACED:
         break;                               /* handled above / by field_find */
     }
     lines[f->fid] = v->line;
@@ -1341,6 +1370,26 @@ static int check_policy(struct loader *l, const char *prefix, unsigned entity_li
                        FID_BACKOFF_MAX, "backoff_max_s", p->backoff_max_s, "inherited");
 }
 
+/* Refuses any policy key written in source `i` (recorded by the walk as
+ * FT_MISPLACED), naming the levels where it takes effect. Reports the first
+ * one in file order. */
+static int check_source_policy(struct loader *l, size_t i)
+{
+    const struct src_stage *st = &l->srcs[i];
+    const struct field *first = NULL;
+    char path[CONFIG_PATH_MAX];
+
+    for (const struct field *f = policy_table; f->key; f++)
+        if (st->line[f->fid] && (!first || st->line[f->fid] < st->line[first->fid]))
+            first = f;
+    if (!first)
+        return 0;
+    snprintf(path, sizeof(path), "sources[%zu].%s", i, first->key);
+    return fail_at(l, st->line[first->fid], path, "not a per-source key: a call's budgets "
+                   "span every source of its capability; set it under defaults or "
+                   "capabilities.%s", st->src.capability);
+}
+
 static int validate_top(struct loader *l)
 {
     struct config *cfg = l->cfg;
@@ -1424,9 +1473,9 @@ static int validate_source(struct loader *l, size_t i)
     }
     s->capability_index = (size_t)idx;
 
-    policy_inherit(&s->policy, st->line, &l->cfg->capabilities[idx].policy);
-    if ((rc = check_policy(l, prefix, st->map_line, st->line, &s->policy)) < 0)
+    if ((rc = check_source_policy(l, i)) < 0)
         return rc;
+    s->policy = l->cfg->capabilities[idx].policy;   /* a copy, for readers of sources */
 
     snprintf(path, sizeof(path), "%s.aimd", prefix);
     if ((rc = check_order(l, path, st->map_line, st->line,
@@ -1439,12 +1488,23 @@ static int validate_source(struct loader *l, size_t i)
                           FID_BREAKER_MAX_COOLDOWN, "max_cooldown_s",
                           s->breaker.max_cooldown_s, "default")) < 0)
         return rc;
-    /* DESIGN 3.1: kept as a conservative guard under the two-budget model. */
-    if ((rc = check_order(l, prefix, st->map_line, st->line,
-                          FID_TTFT_TIMEOUT, "ttft_timeout_s", s->ttft_timeout_s, "default",
-                          FID_STALL_WINDOW, "stall_window_s", s->policy.stall_window_s,
-                          "inherited")) < 0)
-        return rc;
+    /* DESIGN 3.1: kept as a conservative guard under the two-budget model.
+     * The window is the capability's, so the message says which capability
+     * and where its value comes from: that is where a fix may go. */
+    if (s->ttft_timeout_s > s->policy.stall_window_s) {
+        const struct cap_stage *c = &l->caps[idx];  /* parallel to cfg->capabilities */
+        unsigned line = st->line[FID_TTFT_TIMEOUT] ? st->line[FID_TTFT_TIMEOUT] : st->map_line;
+        const char *origin = c->line[FID_STALL_WINDOW] ? ""
+                             : l->line[FID_STALL_WINDOW] ? ", inherited from defaults"
+                                                         : ", default";
+        char a[32], b[32];
+
+        snprintf(path, sizeof(path), "%s.ttft_timeout_s", prefix);
+        return fail_at(l, line, path, "must be <= stall_window_s (%s, capabilities.%s%s), "
+                       "got %s%s", fmt_num(b, sizeof(b), s->policy.stall_window_s),
+                       c->cap.name, origin, fmt_num(a, sizeof(a), s->ttft_timeout_s),
+                       st->line[FID_TTFT_TIMEOUT] ? "" : " (default)");
+    }
 
     if (st->key_env && st->key_file) {
         snprintf(path, sizeof(path), "%s.api_key_file", prefix);

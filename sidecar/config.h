@@ -9,8 +9,9 @@
  *   "deploy/polygw.yaml:23: sources[1].aimd.decrease: must be in (0, 1), got 1.5"
  *   "deploy/polygw.yaml:7:3: YAML syntax error: did not find expected key (...)"
  * Unknown keys, wrong types, negative or impossible values, unknown
- * capabilities, duplicate source names, and stall_window_s below a source's
- * ttft_timeout_s are rejected.
+ * capabilities, duplicate source names, policy keys written in a source
+ * (see struct config_policy), and a source's ttft_timeout_s above its
+ * capability's stall_window_s are rejected.
  *
  * Secrets: a source's API key is read from the environment variable named by
  * `api_key_env` or from the file named by `api_key_file` at load time. The key
@@ -51,8 +52,11 @@ enum log_level { LOG_DEBUG = 0, LOG_INFO, LOG_WARN, LOG_ERROR };
 
 enum backend_kind { BACKEND_MEMORY = 0, BACKEND_REDIS };
 
-/* Governance knobs that `defaults:` sets, and that capabilities and sources
- * may override (each level inherits what it does not set). */
+/* Governance knobs that `defaults:` sets and that each capability may
+ * override (a capability inherits what it does not set). They are per call,
+ * and one call may try every source of its capability, so a source cannot
+ * set them: a policy key in a source is rejected ("not a per-source key"),
+ * and the governed loop reads config_capability.policy only. */
 struct config_policy {
     uint32_t max_attempts;     /* >= 1 */
     double stall_window_s;     /* > 0 */
@@ -80,7 +84,8 @@ struct config_capability {
     char name[CONFIG_NAME_MAX];
     bool exempt_429;
     char path[256];            /* upstream path, e.g. "/chat/completions" */
-    struct config_policy policy;
+    struct config_policy policy; /* defaults <- capability: what every call of
+                                  * this capability is governed by */
 };
 
 struct config_source {
@@ -103,7 +108,9 @@ struct config_source {
     struct config_breaker breaker;
     struct config_limits limits;
     uint32_t pacer_min_interval_ms;
-    struct config_policy policy; /* defaults <- capability <- source */
+    struct config_policy policy; /* copy of capabilities[capability_index].policy
+                                  * (never set per source); kept for readers
+                                  * that have only the source at hand */
 };
 
 struct config {

@@ -239,11 +239,10 @@ START_TEST(test_config__inheritance)
     struct config *cfg = expect_ok(
         "defaults: { max_attempts: 5, backoff_max_s: 120 }\n"
         "capabilities:\n"
-        "  embedding: { stall_window_s: 900, backoff_base_s: 4 }\n"
+        "  embedding: { stall_window_s: 900, backoff_base_s: 4, max_attempts: 7,\n"
+        "               node_timeout_s: 30 }\n"
         SRC0
-        SRC1
-        "    max_attempts: 7\n"
-        "    node_timeout_s: 30\n");
+        SRC1);
     int chat = config_find_capability(cfg, "chat", 4);
     int emb = config_find_capability(cfg, "embedding", 9);
     ck_assert_int_eq(chat, 0);
@@ -255,22 +254,18 @@ START_TEST(test_config__inheritance)
     ck_assert_double_eq(cfg->defaults.stall_window_s, 300);
     /* capability <- defaults */
     const struct config_policy *pe = &cfg->capabilities[emb].policy;
-    ck_assert_uint_eq(pe->max_attempts, 5);
+    ck_assert_uint_eq(pe->max_attempts, 7);
     ck_assert_double_eq(pe->stall_window_s, 900);
     ck_assert_double_eq(pe->backoff_base_s, 4);
     ck_assert_double_eq(pe->backoff_max_s, 120);
+    ck_assert_double_eq(pe->poll_interval_s, 1);
+    ck_assert_double_eq(pe->node_timeout_s, 30);
     ck_assert_mem_eq(&cfg->capabilities[chat].policy, &cfg->defaults, sizeof(cfg->defaults));
-    /* source <- capability <- defaults */
-    const struct config_policy *pa = &cfg->sources[0].policy;
-    ck_assert_mem_eq(pa, &cfg->capabilities[chat].policy, sizeof(*pa));
-    const struct config_policy *pb = &cfg->sources[1].policy;
+    /* source: a copy of its capability's policy, whole */
+    ck_assert_uint_eq(cfg->sources[0].capability_index, (size_t)chat);
+    ck_assert_mem_eq(&cfg->sources[0].policy, &cfg->capabilities[chat].policy, sizeof(*pe));
     ck_assert_uint_eq(cfg->sources[1].capability_index, (size_t)emb);
-    ck_assert_uint_eq(pb->max_attempts, 7);
-    ck_assert_double_eq(pb->node_timeout_s, 30);
-    ck_assert_double_eq(pb->stall_window_s, 900);
-    ck_assert_double_eq(pb->backoff_base_s, 4);
-    ck_assert_double_eq(pb->backoff_max_s, 120);
-    ck_assert_double_eq(pb->poll_interval_s, 1);
+    ck_assert_mem_eq(&cfg->sources[1].policy, pe, sizeof(*pe));
     config_free(cfg);
 }
 END_TEST
@@ -382,7 +377,8 @@ END_TEST
 
 START_TEST(test_config__stall_equal_ttft_ok)
 {
-    struct config *cfg = expect_ok(SRC0 "    stall_window_s: 60\n    ttft_timeout_s: 60\n");
+    struct config *cfg = expect_ok("capabilities: { chat: { stall_window_s: 60 } }\n"
+                                   SRC0 "    ttft_timeout_s: 60\n");
     config_free(cfg);
 }
 END_TEST
@@ -708,8 +704,8 @@ START_TEST(test_config__max_attempts_zero)
 {
     expect_reject("defaults: { max_attempts: 0 }\n", 1, "defaults.max_attempts",
                   "must be in [1, 1000], got 0");
-    expect_reject(SRC0 "    max_attempts: -1\n", 5, "sources[0].max_attempts",
-                  "must be in [1, 1000], got -1");
+    expect_reject("capabilities:\n  chat: { max_attempts: -1 }\n", 2,
+                  "capabilities.chat.max_attempts", "must be in [1, 1000], got -1");
 }
 END_TEST
 
@@ -744,8 +740,12 @@ START_TEST(test_config__timeouts_not_positive)
         { "connect_timeout_s", "must be > 0, got 0", "must be > 0, got -3" },
         { "ttft_timeout_s", "must be > 0, got 0", "must be > 0, got -3" },
         { "idle_timeout_s", "must be > 0, got 0", "must be > 0, got -3" },
+    };
+    /* Policy keys live in defaults and capabilities (never in a source). */
+    static const struct { const char *key, *zero, *neg; } policy[] = {
         { "stall_window_s", "must be > 0, got 0", "must be > 0, got -3" },
         { "backoff_base_s", "must be > 0, got 0", "must be > 0, got -3" },
+        { "backoff_max_s", "must be > 0, got 0", "must be > 0, got -3" },
         { "node_timeout_s", "must be > 0, got 0", "must be > 0, got -3" },
         { "poll_interval_s", "must be in (0, 3600], got 0", "must be in (0, 3600], got -3" },
     };
@@ -756,6 +756,15 @@ START_TEST(test_config__timeouts_not_positive)
         expect_reject(yaml, 5, path, cases[i].zero);
         snprintf(yaml, sizeof(yaml), SRC0 "    %s: -3\n", cases[i].key);
         expect_reject(yaml, 5, path, cases[i].neg);
+    }
+    for (size_t i = 0; i < sizeof(policy) / sizeof(policy[0]); i++) {
+        char yaml[512], path[64];
+        snprintf(yaml, sizeof(yaml), "defaults:\n  %s: 0\n", policy[i].key);
+        snprintf(path, sizeof(path), "defaults.%s", policy[i].key);
+        expect_reject(yaml, 2, path, policy[i].zero);
+        snprintf(yaml, sizeof(yaml), "capabilities:\n  ocr:\n    %s: -3\n", policy[i].key);
+        snprintf(path, sizeof(path), "capabilities.ocr.%s", policy[i].key);
+        expect_reject(yaml, 3, path, policy[i].neg);
     }
     expect_reject(SRC0 "    timeout_s: 31536001\n", 5, "sources[0].timeout_s",
                   "must be <= 31536000, got 31536001");
@@ -801,7 +810,8 @@ START_TEST(test_config__backoff_max_below_base)
     expect_reject("capabilities:\n  chat:\n    backoff_base_s: 100\n", 3,
                   "capabilities.chat.backoff_base_s",
                   "must be <= backoff_max_s (60, inherited), got 100");
-    expect_reject(SRC0 "    backoff_max_s: 1\n", 5, "sources[0].backoff_max_s",
+    expect_reject("capabilities:\n  vision:\n    path: /v\n    backoff_max_s: 1\n", 4,
+                  "capabilities.vision.backoff_max_s",
                   "must be >= backoff_base_s (2, inherited), got 1");
 }
 END_TEST
@@ -1044,23 +1054,69 @@ END_TEST
 
 START_TEST(test_config__stall_below_ttft)
 {
-    /* Set on the source itself. */
-    expect_reject(SRC0 "    ttft_timeout_s: 60\n    stall_window_s: 30\n", 6,
-                  "sources[0].stall_window_s", "must be >= ttft_timeout_s (60), got 30");
-    /* Source ttft raised above the inherited window. */
+    /* The source's ttft against its capability's window, wherever that is set. */
+    expect_reject("capabilities: { chat: { stall_window_s: 30 } }\n"
+                  SRC0 "    ttft_timeout_s: 45\n", 6, "sources[0].ttft_timeout_s",
+                  "must be <= stall_window_s (30, capabilities.chat), got 45");
     expect_reject(SRC0 "    ttft_timeout_s: 400\n", 5, "sources[0].ttft_timeout_s",
-                  "must be <= stall_window_s (300, inherited), got 400");
+                  "must be <= stall_window_s (300, capabilities.chat, default), got 400");
+    /* Only the source's own capability counts: chat's large window does not
+     * cover an embedding source. */
+    expect_reject("capabilities: { chat: { stall_window_s: 900 } }\n"
+                  SRC0 SRC1 "    ttft_timeout_s: 400\n", 9, "sources[1].ttft_timeout_s",
+                  "must be <= stall_window_s (300, capabilities.embedding, default), got 400");
+    config_free(expect_ok("capabilities: { chat: { stall_window_s: 900 } }\n"
+                          SRC0 "    ttft_timeout_s: 400\n"));
 }
 END_TEST
 
 START_TEST(test_config__stall_below_ttft_inherited)
 {
-    /* Both inherited: defaults.stall_window_s 30 < default ttft 60. */
+    /* Default ttft (60) against a window from defaults, or from the capability. */
     expect_reject("defaults: { stall_window_s: 30 }\n" SRC0, 3, "sources[0].ttft_timeout_s",
-                  "must be <= stall_window_s (30, inherited), got 60");
+                  "must be <= stall_window_s (30, capabilities.chat, inherited from "
+                  "defaults), got 60 (default)");
     expect_reject("capabilities: { embedding: { stall_window_s: 50 } }\n" SRC0 SRC1, 6,
                   "sources[1].ttft_timeout_s",
-                  "must be <= stall_window_s (50, inherited), got 60");
+                  "must be <= stall_window_s (50, capabilities.embedding), got 60 (default)");
+    /* A capability's own window beats a smaller one in defaults. */
+    config_free(expect_ok("defaults: { stall_window_s: 30 }\n"
+                          "capabilities: { chat: { stall_window_s: 60 } }\n" SRC0));
+}
+END_TEST
+
+/* Every policy key is refused in a source, whatever its value (even empty,
+ * even out of range), with a hint naming the source's own capability. */
+START_TEST(test_config__source_policy_key_rejected)
+{
+    static const char *const keys[] = { "max_attempts", "stall_window_s", "backoff_base_s",
+                                        "backoff_max_s", "poll_interval_s", "node_timeout_s" };
+    static const char *const values[] = { "2", "0", "-1", "", "fast", "{ a: 1 }" };
+
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        char yaml[512], path[64], reason[256];
+        snprintf(path, sizeof(path), "sources[1].%s", keys[i]);
+        snprintf(reason, sizeof(reason), "not a per-source key: a call's budgets span every "
+                 "source of its capability; set it under defaults or capabilities.embedding");
+        for (size_t j = 0; j < sizeof(values) / sizeof(values[0]); j++) {
+            snprintf(yaml, sizeof(yaml), SRC0 SRC1 "    %s: %s\n", keys[i], values[j]);
+            expect_reject(yaml, 8, path, reason);
+        }
+        /* The key may come before the capability in the source's map. */
+        snprintf(yaml, sizeof(yaml),
+                 "capabilities: { vision: { path: /v } }\n"
+                 "sources:\n  - { %s: 5, name: v, capability: vision, base_url: \"http://h\" }\n",
+                 keys[i]);
+        snprintf(path, sizeof(path), "sources[0].%s", keys[i]);
+        expect_reject(yaml, 3, path, "set it under defaults or capabilities.vision");
+    }
+    /* Full message; with several, the first in file order is reported. */
+    char err[CONFIG_ERR_MAX];
+    ck_assert_ptr_null(parse(SRC0 "    node_timeout_s: 30\n    max_attempts: 2\n",
+                             err, sizeof(err)));
+    ck_assert_str_eq(err, "t.yaml:5: sources[0].node_timeout_s: not a per-source key: a "
+                     "call's budgets span every source of its capability; set it under "
+                     "defaults or capabilities.chat");
 }
 END_TEST
 
@@ -1279,6 +1335,7 @@ Suite *config_suite(void)
     tcase_add_test(tc, test_config__name_bad_chars);
     tcase_add_test(tc, test_config__stall_below_ttft);
     tcase_add_test(tc, test_config__stall_below_ttft_inherited);
+    tcase_add_test(tc, test_config__source_policy_key_rejected);
     /* Secrets */
     tcase_add_test(tc, test_config__api_key_inline);
     tcase_add_test(tc, test_config__api_key_env_and_file);
