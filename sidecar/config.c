@@ -72,6 +72,7 @@ struct ynode {
 enum fid {
     FID_NONE = 0,
     FID_LISTEN, FID_SERVER, FID_BACKEND, FID_DEFAULTS, FID_CAPABILITIES, FID_SOURCES,
+    FID_TASKS, FID_TASK_TTL, FID_MAX_TASKS,
     FID_SOCKET, FID_MODE, FID_MAX_MESSAGE_BYTES, FID_MAX_CONNECTIONS,
     FID_MAX_INFLIGHT, FID_MAX_WRITE_QUEUE,
     FID_LOG_LEVEL, FID_SHUTDOWN_GRACE,
@@ -765,6 +766,13 @@ static const struct field server_table[] = {
     END
 };
 
+static const struct field tasks_table[] = {
+    NUM("ttl_s", FT_DOUBLE, FID_TASK_TTL, OFF(struct config, task_ttl_s), 0, DURATION_MAX_S,
+        F_MIN_OPEN),
+    NUM("max_tasks", FT_U32, FID_MAX_TASKS, OFF(struct config, max_tasks), 1, 10000000, 0),
+    END
+};
+
 static const struct field backend_table[] = {
     TYPED("kind", FT_BACKEND, FID_KIND, OFF(struct config, backend)),
     STR("url", FID_URL, OFF(struct config, redis_url), check_redis_url),
@@ -887,6 +895,7 @@ static const struct field top_table[] = {
     SECTION("listen", FID_LISTEN, 0, listen_table),
     SECTION("server", FID_SERVER, 0, server_table),
     SECTION("backend", FID_BACKEND, 0, backend_table),
+    SECTION("tasks", FID_TASKS, 0, tasks_table),
     SECTION("defaults", FID_DEFAULTS, OFF(struct config, defaults), policy_table),
     { .key = "capabilities", .type = FT_CUSTOM, .fid = FID_CAPABILITIES,
       .walk = walk_capabilities },
@@ -920,6 +929,8 @@ static int config_set_defaults(struct config *cfg)
     cfg->max_write_queue_bytes = 0;           /* 2 x max_message_bytes, in validate */
     cfg->log_level = LOG_INFO;
     cfg->shutdown_grace_s = 10;
+    cfg->task_ttl_s = 86400;
+    cfg->max_tasks = 65536;
     cfg->backend = BACKEND_MEMORY;
     cfg->defaults = (struct config_policy){
         .max_attempts = 3, .stall_window_s = 300, .backoff_base_s = 2,

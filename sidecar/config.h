@@ -130,6 +130,10 @@ struct config {
     enum log_level log_level;  /* default info */
     double shutdown_grace_s;   /* default 10 */
 
+    /* tasks: */
+    double task_ttl_s;         /* finished (or idle running) tasks are forgotten after this; default 86400 */
+    uint32_t max_tasks;        /* task states held at most; default 65536 */
+
     /* backend: */
     enum backend_kind backend;
     char *redis_url;           /* owned, backend redis only: redis://... or unix://...;

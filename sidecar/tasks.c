@@ -100,6 +100,8 @@ int tasks_init(struct server *srv, char *err, size_t errlen)
 
     task_config_defaults(&tc);
     tc.node_timeout_s = srv->cfg->defaults.node_timeout_s;
+    tc.ttl_s = srv->cfg->task_ttl_s;
+    tc.max_tasks = srv->cfg->max_tasks;
     tc.hash_seed = srv->rand_state ^ 0x5bd1e9955bd1e995ULL;
     srv->tasks = task_reg_new(&tc, &hooks, err, errlen);
     if (!srv->tasks)

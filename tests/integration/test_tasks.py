@@ -158,6 +158,23 @@ def test_tasks__node_scopes_and_finish(make_sidecar, up):
     assert err["code"] == "bad_request" and "already succeeded" in err["message"]
 
 
+def test_tasks__finished_tasks_expire_after_ttl(make_sidecar, up):
+    sc = make_sidecar(config_text=config(up, "tasks: {ttl_s: 0.3, max_tasks: 3}\n"))
+    c = sc.connect()
+    for i in range(3):
+        assert c.request("task.start", {"task_id": "e%d" % i})[0] is None
+    err, _ = c.request("task.start", {"task_id": "e3"})
+    assert err["code"] == "overloaded", err
+    c.request("task.finish", {"task_id": "e0", "ok": True})
+    assert c.request("task.get", {"task_id": "e0"})[1]["state"] == "succeeded"
+    time.sleep(0.5)
+    err, _ = c.request("task.get", {"task_id": "e0"})
+    assert err["code"] == "bad_request" and "unknown task" in err["message"]
+    st = c.request("stats")[1]["tasks"]
+    assert st["expired"] >= 1
+    assert c.request("task.start", {"task_id": "e3"})[0] is None  # room again
+
+
 def test_tasks__many_tasks_bounded(make_sidecar, up):
     sc = make_sidecar(config_text=config(up))
     c = sc.connect()

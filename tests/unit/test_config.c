@@ -912,6 +912,22 @@ START_TEST(test_config__log_level_invalid)
 }
 END_TEST
 
+START_TEST(test_config__tasks_section)
+{
+    struct config *cfg = expect_ok("listen: { mode: \"0660\" }\n");
+    ck_assert_double_eq(cfg->task_ttl_s, 86400);
+    ck_assert_uint_eq(cfg->max_tasks, 65536);
+    config_free(cfg);
+    cfg = expect_ok("tasks: { ttl_s: 3600, max_tasks: 100 }\n");
+    ck_assert_double_eq(cfg->task_ttl_s, 3600);
+    ck_assert_uint_eq(cfg->max_tasks, 100);
+    config_free(cfg);
+    expect_reject("tasks:\n  ttl_s: 0\n", 2, "tasks.ttl_s", "must be > 0");
+    expect_reject("tasks:\n  max_tasks: 0\n", 2, "tasks.max_tasks", "must be >= 1");
+    expect_reject("tasks:\n  ttl: 5\n", 2, "tasks.ttl", "unknown key");
+}
+END_TEST
+
 START_TEST(test_config__backend_kind_invalid)
 {
     expect_reject("backend: { kind: etcd }\n", 1, "backend.kind", "must be memory or redis");
@@ -1318,6 +1334,7 @@ Suite *config_suite(void)
     tcase_add_test(tc, test_config__socket_path);
     tcase_add_test(tc, test_config__log_level_invalid);
     tcase_add_test(tc, test_config__backend_kind_invalid);
+    tcase_add_test(tc, test_config__tasks_section);
     tcase_add_test(tc, test_config__backend_redis_without_url);
     tcase_add_test(tc, test_config__backend_memory_with_url);
     tcase_add_test(tc, test_config__backend_url_scheme);
