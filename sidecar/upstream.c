@@ -32,6 +32,14 @@
 #define UPSTREAM_BACKSTOP_MS 2000
 #define UPSTREAM_EPS 1e-4
 
+/* Easy handles kept for reuse: creating one costs several allocations and
+ * the protocol handler set-up on every attempt. */
+#define UPSTREAM_POOL_MAX 256
+/* Idle connections the multi handle may keep. libcurl's default (4 x the
+ * handles currently added) shrinks as attempts end, closing warm keep-alive
+ * connections to sources under load; we add and remove a handle per attempt. */
+#define UPSTREAM_MAX_IDLE_CONNECTIONS 4096L
+
 struct dns_host {
     struct dns_host *next;
     uint32_t lookups;             /* lookups started for our attempts, still running */
@@ -59,6 +67,8 @@ struct upstream {
     struct attempt *deferred;     /* attempts with pending operations (singly linked) */
     struct dns_host *hosts;
     struct upstream_stats stats;
+    CURL *pool[UPSTREAM_POOL_MAX]; /* reset easy handles of completed transfers */
+    size_t n_pool;
 };
 
 struct attempt {
@@ -67,6 +77,7 @@ struct attempt {
     struct attempt *next_deferred;
     bool on_deferred;
     CURL *easy;
+    bool recycle;                 /* the transfer completed: the handle may be reused */
     struct curl_slist *headers;
     char *req_body;
     struct attempt_hooks hooks;
@@ -342,7 +353,12 @@ static void attempt_detach(struct attempt *a)
         /* CURLOPT_QUICK_EXIT: a resolver thread still in getaddrinfo is
          * detached here instead of joined, so this never blocks. */
         curl_multi_remove_handle(up->multi, a->easy);
-        curl_easy_cleanup(a->easy);
+        if (a->recycle && up->n_pool < UPSTREAM_POOL_MAX) {
+            curl_easy_reset(a->easy);
+            up->pool[up->n_pool++] = a->easy;
+        } else {
+            curl_easy_cleanup(a->easy);
+        }
         a->easy = NULL;
     }
 }
@@ -654,6 +670,7 @@ static void upstream_on_done_msg(CURL *easy, CURLcode rc)
     memset(&r, 0, sizeof(r));
     r.outcome.retry_after_s = -1;
     r.http_status = a->status;
+    a->recycle = rc == CURLE_OK;
     switch (rc) {
     case CURLE_OK:
         if (a->status < 200 || a->status >= 300) {
@@ -881,6 +898,7 @@ struct upstream *upstream_new(struct ev_loop *loop, uint32_t max_dns_lookups_per
     curl_multi_setopt(up->multi, CURLMOPT_TIMERFUNCTION, upstream_timer_cb);
     curl_multi_setopt(up->multi, CURLMOPT_TIMERDATA, up);
     curl_multi_setopt(up->multi, CURLMOPT_PIPELINING, (long)CURLPIPE_MULTIPLEX);
+    curl_multi_setopt(up->multi, CURLMOPT_MAXCONNECTS, UPSTREAM_MAX_IDLE_CONNECTIONS);
     return up;
 }
 
@@ -900,13 +918,15 @@ void upstream_free(struct upstream *up)
     }
     ev_timer_stop(up->loop, &up->timer_w);
     ev_prepare_stop(up->loop, &up->prepare_w);
+    while (up->n_pool)
+        curl_easy_cleanup(up->pool[--up->n_pool]);
     curl_multi_cleanup(up->multi);
     free(up);
 }
 
 static int attempt_setup(struct attempt *a, const struct attempt_spec *spec)
 {
-    CURL *e = a->easy = curl_easy_init();
+    CURL *e = a->easy = a->up->n_pool ? a->up->pool[--a->up->n_pool] : curl_easy_init();
 
     if (!e)
         return -1;

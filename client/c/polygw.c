@@ -1626,3 +1626,307 @@ char *pgw_object_to_json(const msgpack_object *o, int flags)
     }
     return b.p;
 }
+
+/* ---------------------------------------------------------------------
+ * public API: tasks (PROTOCOL.md §4.4)
+ *
+ * Thin wrappers over pgw_request(): each packs its named parameters and
+ * reads what it needs from the answer. No state is kept in the client:
+ * the task lives in the sidecar, so a task may be driven from several
+ * connections (or processes) at once.
+ */
+
+/* One named parameter of a task request. Optional ones are left out by the
+ * caller, never sent as nil or as a default (PROTOCOL.md §2.2). */
+struct tparam {
+    const char *name;
+    enum { TP_STR, TP_BOOL, TP_NUM } type;
+    const char *s;
+    bool b;
+    double d;
+};
+
+static int check_name(const char *what, const char *s, struct pgw_error *err)
+{
+    if (!s || !*s)
+        return err_set(err, PGW_E_INVALID, "%s must be a non-empty string", what);
+    return 0;
+}
+
+/* Sends `method` with params [{p...}] and waits (request_timeout_s). A
+ * sidecar without the task methods says unknown_method: say so plainly. */
+static int task_request(struct pgw_client *c, const char *method, const struct tparam *p,
+                        size_t n, struct pgw_result **out, struct pgw_error *err)
+{
+    struct wbuf w = { .oom = false };
+    msgpack_packer pk;
+    int rc;
+
+    msgpack_sbuffer_init(&w.sb);
+    msgpack_packer_init(&pk, &w, wbuf_write);
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_map(&pk, n);
+    for (size_t i = 0; i < n; i++) {
+        rpc_pack_str(&pk, p[i].name);
+        switch (p[i].type) {
+        case TP_STR: rpc_pack_str(&pk, p[i].s); break;
+        case TP_BOOL: p[i].b ? msgpack_pack_true(&pk) : msgpack_pack_false(&pk); break;
+        case TP_NUM: msgpack_pack_double(&pk, p[i].d); break;
+        }
+    }
+    if (w.oom) {
+        msgpack_sbuffer_destroy(&w.sb);
+        if (out)
+            *out = NULL;
+        return err_set(err, PGW_E_NOMEM, "out of memory packing %s", method);
+    }
+    rc = pgw_request(c, method, w.sb.data, w.sb.size, 0, out, err);
+    msgpack_sbuffer_destroy(&w.sb);
+    if (rc == PGW_E_REMOTE && err && err->code == PGW_UNKNOWN_METHOD) {
+        char was[sizeof(err->message)];
+        memcpy(was, err->message, sizeof(was));
+        snprintf(err->message, sizeof(err->message),
+                 "tasks are not supported by this sidecar (%s: %.400s)", method, was);
+    }
+    return rc;
+}
+
+/* task_request() for methods whose result must be a map; *out as there. */
+static int task_request_map(struct pgw_client *c, const char *method, const struct tparam *p,
+                            size_t n, struct pgw_result **out, struct pgw_error *err)
+{
+    struct pgw_result *r = NULL;
+    int rc = task_request(c, method, p, n, &r, err);
+
+    if (rc == 0 && r->obj->type != MSGPACK_OBJECT_MAP) {
+        rc = err_set(err, PGW_E_PROTOCOL, "%s result is a %s, not a map", method,
+                     rpc_type_name(r->obj));
+        pgw_result_free(r);
+        r = NULL;
+    }
+    if (out)
+        *out = r;
+    else
+        pgw_result_free(r);
+    return rc;
+}
+
+/* Copies a str object into buf (cap >= 1), cut at a UTF-8 boundary. */
+static void copy_str_utf8(const msgpack_object *o, char *buf, size_t cap)
+{
+    const unsigned char *s = (const unsigned char *)o->via.str.ptr;
+    size_t n = o->via.str.size;
+
+    if (n > cap - 1) {
+        n = cap - 1;
+        while (n > 0 && (s[n] & 0xc0) == 0x80) /* s[n] continues a cut sequence */
+            n--;
+    }
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+}
+
+static bool get_str(const msgpack_object *map, const char *key, char *buf, size_t cap)
+{
+    const msgpack_object *v = rpc_map_get(map, key);
+    if (!v || v->type != MSGPACK_OBJECT_STR)
+        return false;
+    copy_str_utf8(v, buf, cap);
+    return true;
+}
+
+bool pgw_task_from_object(const msgpack_object *o, struct pgw_task *t)
+{
+    static const char *const states[] = { NULL, "running", "succeeded", "failed" };
+    const msgpack_object *v;
+    double d;
+
+    if (!t)
+        return false;
+    memset(t, 0, sizeof(*t));
+    t->started_at = t->updated_at = -1;
+    t->runs = -1;
+    if (!o || o->type != MSGPACK_OBJECT_MAP || !get_str(o, "task_id", t->task_id, sizeof(t->task_id)) ||
+        !get_str(o, "state", t->state_name, sizeof(t->state_name))) {
+        memset(t, 0, sizeof(*t));
+        t->started_at = t->updated_at = -1;
+        t->runs = -1;
+        return false;
+    }
+    t->state = PGW_TASK_STATE_OTHER;
+    for (int i = PGW_TASK_RUNNING; i <= PGW_TASK_FAILED; i++) {
+        if (strcmp(t->state_name, states[i]) == 0)
+            t->state = (enum pgw_task_state)i;
+    }
+    get_str(o, "reason_kind", t->reason_kind, sizeof(t->reason_kind));
+    get_str(o, "reason", t->reason, sizeof(t->reason));
+    get_str(o, "node", t->node, sizeof(t->node));
+    if ((v = rpc_map_get(o, "started_at")) && rpc_as_double(v, &d) && isfinite(d))
+        t->started_at = d;
+    if ((v = rpc_map_get(o, "updated_at")) && rpc_as_double(v, &d) && isfinite(d))
+        t->updated_at = d;
+    if ((v = rpc_map_get(o, "runs")) && v->type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
+        v->via.u64 <= INT64_MAX)
+        t->runs = (int64_t)v->via.u64;
+    return true;
+}
+
+int pgw_task_start(struct pgw_client *c, const char *task_id, struct pgw_result **out,
+                   struct pgw_error *err)
+{
+    struct tparam p[] = { { .name = "task_id", .type = TP_STR, .s = task_id } };
+    int rc;
+
+    if (out)
+        *out = NULL;
+    err_clear(err);
+    if ((rc = check_name("task_id", task_id, err)) < 0)
+        return rc;
+    return task_request_map(c, "task.start", p, 1, out, err);
+}
+
+int pgw_task_stop(struct pgw_client *c, const char *task_id, const char *reason,
+                  struct pgw_error *err)
+{
+    struct tparam p[] = {
+        { .name = "task_id", .type = TP_STR, .s = task_id },
+        { .name = "reason", .type = TP_STR, .s = reason },
+    };
+    int rc;
+
+    err_clear(err);
+    if ((rc = check_name("task_id", task_id, err)) < 0)
+        return rc;
+    if (!reason)
+        return err_set(err, PGW_E_INVALID, "reason must not be NULL");
+    return task_request(c, "task.stop", p, 2, NULL, err);
+}
+
+int pgw_task_guard(struct pgw_client *c, const char *task_id, struct pgw_error *err)
+{
+    struct tparam p[] = { { .name = "task_id", .type = TP_STR, .s = task_id } };
+    int rc;
+
+    err_clear(err);
+    if ((rc = check_name("task_id", task_id, err)) < 0)
+        return rc;
+    return task_request(c, "task.guard", p, 1, NULL, err);
+}
+
+int pgw_task_node_begin(struct pgw_client *c, const char *task_id, const char *node,
+                        double timeout_s, double *armed_timeout_s, struct pgw_error *err)
+{
+    struct tparam p[] = {
+        { .name = "task_id", .type = TP_STR, .s = task_id },
+        { .name = "node", .type = TP_STR, .s = node },
+        { .name = "timeout_s", .type = TP_NUM, .d = timeout_s },
+    };
+    struct pgw_result *r = NULL;
+    int rc;
+
+    if (armed_timeout_s)
+        *armed_timeout_s = -1;
+    err_clear(err);
+    if ((rc = check_name("task_id", task_id, err)) < 0 || (rc = check_name("node", node, err)) < 0)
+        return rc;
+    if (isnan(timeout_s) || isinf(timeout_s))
+        return err_set(err, PGW_E_INVALID, "timeout_s must be finite, got %g", timeout_s);
+    rc = task_request_map(c, "task.node_begin", p, timeout_s > 0 ? 3 : 2, &r, err);
+    if (rc == 0 && armed_timeout_s) {
+        const msgpack_object *v = rpc_map_get(r->obj, "timeout_s");
+        double d;
+        if (v && rpc_as_double(v, &d) && d >= 0)
+            *armed_timeout_s = d;
+    }
+    pgw_result_free(r);
+    return rc;
+}
+
+int pgw_task_node_end(struct pgw_client *c, const char *task_id, const char *node,
+                      struct pgw_error *err)
+{
+    struct tparam p[] = {
+        { .name = "task_id", .type = TP_STR, .s = task_id },
+        { .name = "node", .type = TP_STR, .s = node },
+    };
+    int rc;
+
+    err_clear(err);
+    if ((rc = check_name("task_id", task_id, err)) < 0 || (rc = check_name("node", node, err)) < 0)
+        return rc;
+    return task_request(c, "task.node_end", p, 2, NULL, err);
+}
+
+int pgw_task_finish(struct pgw_client *c, const char *task_id, bool ok, const char *reason,
+                    struct pgw_error *err)
+{
+    struct tparam p[] = {
+        { .name = "task_id", .type = TP_STR, .s = task_id },
+        { .name = "ok", .type = TP_BOOL, .b = ok },
+        { .name = "reason", .type = TP_STR, .s = reason },
+    };
+    int rc;
+
+    err_clear(err);
+    if ((rc = check_name("task_id", task_id, err)) < 0)
+        return rc;
+    return task_request(c, "task.finish", p, reason ? 3 : 2, NULL, err);
+}
+
+int pgw_task_get(struct pgw_client *c, const char *task_id, struct pgw_result **out,
+                 struct pgw_error *err)
+{
+    struct tparam p[] = { { .name = "task_id", .type = TP_STR, .s = task_id } };
+    int rc;
+
+    if (out)
+        *out = NULL;
+    err_clear(err);
+    if ((rc = check_name("task_id", task_id, err)) < 0)
+        return rc;
+    return task_request_map(c, "task.get", p, 1, out, err);
+}
+
+int pgw_task_list(struct pgw_client *c, const char *state, struct pgw_result **out,
+                  struct pgw_error *err)
+{
+    struct tparam p[] = { { .name = "state", .type = TP_STR, .s = state } };
+    int rc;
+
+    if (out)
+        *out = NULL;
+    err_clear(err);
+    if (state && (rc = check_name("state", state, err)) < 0)
+        return rc;
+    return task_request_map(c, "task.list", p, state ? 1 : 0, out, err);
+}
+
+int pgw_task_node(struct pgw_client *c, const char *task_id, const char *node, double timeout_s,
+                  pgw_task_node_fn *fn, void *ud, struct pgw_error *err)
+{
+    struct pgw_error local, end_err;
+    int rc;
+
+    if (!err)
+        err = &local; /* fn always gets somewhere to say why */
+    err_clear(err);
+    if (!fn)
+        return err_set(err, PGW_E_INVALID, "fn must not be NULL");
+    if ((rc = check_name("task_id", task_id, err)) < 0 || (rc = check_name("node", node, err)) < 0)
+        return rc;
+    if ((rc = pgw_task_guard(c, task_id, err)) < 0 ||
+        (rc = pgw_task_node_begin(c, task_id, node, timeout_s, NULL, err)) < 0)
+        return rc;
+
+    err_clear(err);
+    int frc = fn(ud, err);
+    if (frc != 0) {
+        /* The first failure wins. After a stop or a watchdog expiry the
+         * sidecar refuses node_end anyway: skip the round trip. */
+        bool over = err->code == PGW_TASK_STOPPED || err->code == PGW_WATCHDOG_TIMEOUT;
+        if (!over && !pgw_is_broken(c))
+            (void)pgw_task_node_end(c, task_id, node, &end_err);
+        return frc;
+    }
+    return pgw_task_node_end(c, task_id, node, err);
+}

@@ -278,6 +278,140 @@ int pgw_forget(struct pgw_client *c, uint32_t msgid);
  * (or no longer) in flight is harmless. */
 int pgw_cancel(struct pgw_client *c, uint32_t msgid, struct pgw_error *err);
 
+/* --- tasks (DESIGN.md §3.5, PROTOCOL.md §4.4) ------------------------ *
+ *
+ * A task is a unit of client work (an agent run, a pipeline) named by a
+ * client-chosen task_id. The sidecar keeps its state; the client marks
+ * node boundaries and checks the state there:
+ *
+ *     pgw_task_start(c, "run-42", NULL, &err);
+ *     for each step:
+ *         rc = pgw_task_node(c, "run-42", "summarise", 0, step_fn, &step, &err);
+ *         if (rc < 0) break;       // task_stopped / watchdog_timeout: stop the work
+ *     pgw_task_finish(c, "run-42", rc == 0, rc == 0 ? NULL : err.message, &err);
+ *
+ * and names the task in its calls (pgw_call_options.task_id), so that a
+ * `task.stop` or a watchdog expiry ends those calls at once with
+ * task_stopped / watchdog_timeout.
+ *
+ * Every function below sends one request (pgw_task_node: up to three) and
+ * waits at most request_timeout_s for each answer. They validate their
+ * arguments first (PGW_E_INVALID, nothing sent: NULL or empty task_id or
+ * node, NULL reason, a NaN/infinite timeout) and return 0, PGW_E_REMOTE
+ * (err->code is the sidecar's code), or a local code, like pgw_request().
+ * Sidecar codes to expect:
+ *   task_stopped       the task was stopped (task.stop), or is not running;
+ *                      err->message carries the reason
+ *   watchdog_timeout   the watchdog failed the task (a node overran)
+ *   bad_request        unknown or expired task_id (or a bad parameter)
+ *   unknown_method     the sidecar predates tasks: err->message then reads
+ *                      "tasks are not supported by this sidecar (...)"
+ * Strings are borrowed; not callable from a pgw callback (PGW_E_INVALID). */
+
+/* A task's state, parsed from the sidecar's task map by
+ * pgw_task_from_object(). Plain data. Strings are NUL-terminated and cut
+ * at a UTF-8 boundary when longer than their buffer (the sidecar bounds
+ * ids and node names to 128 bytes and reasons to 512). */
+enum pgw_task_state {
+    PGW_TASK_STATE_OTHER = 0, /* a state this library does not know: see state_name */
+    PGW_TASK_RUNNING,
+    PGW_TASK_SUCCEEDED,
+    PGW_TASK_FAILED,
+};
+
+struct pgw_task {
+    char task_id[129];
+    enum pgw_task_state state;
+    char state_name[24];  /* wire name: "running", "succeeded", "failed", ... */
+    char reason_kind[24]; /* why it failed: "stopped", "watchdog", "error"; "" when absent */
+    char reason[513];     /* "" when absent */
+    char node[129];       /* the node in progress; "" when none */
+    double started_at;    /* Unix seconds of the current run; -1 when absent */
+    double updated_at;    /* Unix seconds of the last state change; -1 when absent */
+    int64_t runs;         /* how many times the id was started; -1 when absent */
+};
+
+/* Fills *task from a task map (the result of pgw_task_start/get, or one
+ * element of task.list's `tasks`). Borrows `o`. Keys this library does not
+ * know are ignored. Returns false (and *task cleared) when `o` is not a
+ * map or lacks a string task_id or state; NULL arguments are false. */
+bool pgw_task_from_object(const msgpack_object *o, struct pgw_task *task);
+
+/* `task.start {task_id}`: marks the task running. A running task is
+ * returned unchanged; a succeeded or failed/error one starts a new run
+ * (`runs` + 1); a stopped or watchdog-failed one is refused with
+ * task_stopped / watchdog_timeout, so a worker that missed a stop cannot
+ * undo it. `out` as pgw_request(): on success the task map (parse it with
+ * pgw_task_from_object()); may be NULL. */
+int pgw_task_start(struct pgw_client *c, const char *task_id, struct pgw_result **out,
+                   struct pgw_error *err);
+
+/* `task.stop {task_id, reason}`: fails a running task with reason_kind
+ * "stopped" and `reason` (non-NULL; "" allowed), and the sidecar ends the
+ * task's calls in flight with task_stopped. A task that is not running is
+ * refused and unchanged: task_stopped (stopped before: the first reason
+ * stays), watchdog_timeout, or bad_request (finished, or unknown). Read
+ * the task back with pgw_task_get(). */
+int pgw_task_stop(struct pgw_client *c, const char *task_id, const char *reason,
+                  struct pgw_error *err);
+
+/* `task.guard {task_id}`: 0 when the task is running; otherwise
+ * PGW_E_REMOTE with err->code PGW_TASK_STOPPED or PGW_WATCHDOG_TIMEOUT
+ * and the reason in err->message. Call it at safe points (node
+ * boundaries), where stopping leaves your own state consistent. */
+int pgw_task_guard(struct pgw_client *c, const char *task_id, struct pgw_error *err);
+
+/* `task.node_begin {task_id, node, timeout_s?}`: arms the watchdog for
+ * `node`. timeout_s > 0 is the node's deadline in seconds; <= 0 sends no
+ * timeout and the sidecar picks it (3 × the node name's recent p99 once it
+ * has enough samples, else its node_timeout_s). *armed_timeout_s (may be
+ * NULL) receives the deadline actually armed, -1 when unknown. Beginning a
+ * node while another is in progress replaces it (nodes do not nest). */
+int pgw_task_node_begin(struct pgw_client *c, const char *task_id, const char *node,
+                        double timeout_s, double *armed_timeout_s, struct pgw_error *err);
+
+/* `task.node_end {task_id, node}`: disarms the watchdog for `node`; the
+ * node's duration feeds the learned timeout of its name. */
+int pgw_task_node_end(struct pgw_client *c, const char *task_id, const char *node,
+                      struct pgw_error *err);
+
+/* `task.finish {task_id, ok, reason?}`: the running task succeeded (ok) or
+ * failed (reason_kind "error"); `reason` may be NULL (not sent). Refused
+ * like pgw_task_stop() when the task is not running. */
+int pgw_task_finish(struct pgw_client *c, const char *task_id, bool ok, const char *reason,
+                    struct pgw_error *err);
+
+/* `task.get {task_id}`: `out` as pgw_task_start(). */
+int pgw_task_get(struct pgw_client *c, const char *task_id, struct pgw_result **out,
+                 struct pgw_error *err);
+
+/* `task.list {state?}`: `state` NULL for all tasks, else "running",
+ * "succeeded" or "failed" (sent as given; the sidecar judges it). `out` as
+ * pgw_request(): on success a map whose `tasks` is an array of task maps. */
+int pgw_task_list(struct pgw_client *c, const char *state, struct pgw_result **out,
+                  struct pgw_error *err);
+
+/* The work of a node scope. `err` is never NULL and is cleared before the
+ * call: return 0 on success, or a non-zero code of your choice and describe
+ * the failure in `err` (passing `err` to a pgw_* call does both). */
+typedef int pgw_task_node_fn(void *ud, struct pgw_error *err);
+
+/* A node scope, the C analogue of Python's `with task.node(...)`:
+ *   1. pgw_task_guard(task_id): a stopped task runs no further node;
+ *   2. pgw_task_node_begin(task_id, node, timeout_s, NULL);
+ *   3. fn(ud, err) — unlike the callbacks above, fn runs with nothing of
+ *      this scope in flight, so it may use `c` freely (pgw_call with
+ *      .task_id = task_id is the point); it must not pgw_close(c);
+ *   4. pgw_task_node_end(task_id, node) — also when fn failed, except when
+ *      fn's error is task_stopped / watchdog_timeout (the node is over on
+ *      the sidecar's side) or the connection is broken.
+ * Returns the first failure and leaves its description in `err`: 1 or 2's
+ * (fn is then not called), else fn's return value and error, else 4's.
+ * So a stop while fn's call is in flight surfaces as fn's pgw_call
+ * failing with task_stopped. `fn` must not be NULL (PGW_E_INVALID). */
+int pgw_task_node(struct pgw_client *c, const char *task_id, const char *node, double timeout_s,
+                  pgw_task_node_fn *fn, void *ud, struct pgw_error *err);
+
 /* --- results and msgpack/JSON helpers -------------------------------- */
 
 /* The result object (or, when pgw_result_is_error(), the error map).

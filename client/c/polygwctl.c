@@ -38,6 +38,9 @@ struct ctl {
     const char *scope;
     const char *task;
     double deadline_s;
+    const char *state;  /* tasks --state */
+    const char *reason; /* task stop/finish --reason */
+    int finish_ok;      /* task finish: 1 --ok, 0 --failed, -1 unset */
 };
 
 static void usage(FILE *f)
@@ -61,13 +64,26 @@ static void usage(FILE *f)
         "                            PARAMS?] with PARAMS as for raw, sends them all on one\n"
         "                            connection, then prints one JSON line per answer:\n"
         "                            {\"index\":I,\"method\":M,\"result\":R} or {...\"error\":E}\n"
+        "  tasks [--state S]         the sidecar's tasks as a table, most recently updated\n"
+        "                            first: TASK_ID STATE REASON_KIND NODE AGE REASON\n"
+        "                            (S: running, succeeded or failed)\n"
+        "  task start ID             start (or restart) task ID; prints the task\n"
+        "  task stop ID --reason TEXT\n"
+        "                            stop task ID: its calls in flight end at once with\n"
+        "                            task_stopped; prints the task\n"
+        "  task finish ID --ok|--failed [--reason TEXT]\n"
+        "                            mark task ID succeeded or failed; prints the task\n"
+        "  task get ID               print task ID (times as UTC with their age)\n"
+        "  task guard ID             print 'running' and exit 0 when task ID is running,\n"
+        "                            else exit 1 with the error (task_stopped: REASON)\n"
         "\n"
         "Options (anywhere on the line):\n"
         "  -s, --socket PATH   sidecar socket (default: $POLYGW_SOCKET, then\n"
         "                      " PGW_DEFAULT_SOCKET ")\n"
         "  -t, --timeout S     stop waiting after S seconds (default 30; call: 3600);\n"
         "                      a timed-out call is cancelled\n"
-        "  -j, --json          JSON output for ping, stats and call\n"
+        "  -j, --json          JSON output for ping, stats, call, tasks and task: the\n"
+        "                      sidecar's result as it came\n"
         "  -q, --quiet         no summary line for call\n"
         "  -h, --help          this help\n"
         "  -V, --version       print the version\n"
@@ -80,6 +96,10 @@ static void usage(FILE *f)
         "      --deadline S    sidecar-side deadline for the whole call, seconds\n"
         "batch:\n"
         "      --unordered     print answers as they complete, not in input order\n"
+        "tasks, task:\n"
+        "      --state S       tasks: only those in state S\n"
+        "      --reason TEXT   task stop (required), task finish: why\n"
+        "      --ok, --failed  task finish: how the task ended (one is required)\n"
         "\n"
         "Errors are printed to stderr as\n"
         "  error: CODE: MESSAGE (retry_after_s=S attempts=N stalled_s=S status=N)\n"
@@ -88,7 +108,8 @@ static void usage(FILE *f)
         "\n"
         "Exit status:\n"
         "  0  success\n"
-        "  1  the sidecar answered with an error (code printed)\n"
+        "  1  the sidecar answered with an error (code printed), e.g. task_stopped,\n"
+        "     or unknown_method from a sidecar without tasks\n"
         "  2  usage error: bad command, option, argument or JSON\n"
         "  3  cannot connect, I/O or protocol error, or timeout\n",
         f);
@@ -257,7 +278,9 @@ static int prepare_body(const char *arg, char **out)
 static int connect_or_report(const struct ctl *o, struct pgw_client **c)
 {
     struct pgw_error err;
-    int rc = pgw_connect(o->socket, NULL, c, &err);
+    /* --timeout also bounds the helpers that take no timeout (task.*). */
+    struct pgw_options opt = { .request_timeout_s = o->timeout_s };
+    int rc = pgw_connect(o->socket, &opt, c, &err);
     if (rc < 0)
         print_error(&err);
     return rc;
@@ -478,7 +501,76 @@ static void flatten(struct rows *rs, const char *prefix, const msgpack_object *o
     rows_add(rs, strdup(prefix ? prefix : "(value)"), val);
 }
 
-static int print_table(const msgpack_object *o)
+/* Control characters (a newline in a reason, an escape sequence) would
+ * break a table or the terminal: show them as '?'. */
+static void sanitize(char *s)
+{
+    for (; *s; s++) {
+        if ((unsigned char)*s < 0x20 || *s == 0x7f)
+            *s = '?';
+    }
+}
+
+/* Display width of UTF-8 text, in code points (good enough for alignment). */
+static size_t text_width(const char *s)
+{
+    size_t w = 0;
+    for (; *s; s++)
+        w += ((unsigned char)*s & 0xc0) != 0x80;
+    return w;
+}
+
+static double wall_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* "45s", "4m05s", "3h07m", "2d03h": how long ago `at` (Unix s) was. */
+static void format_age(double at, char *buf, size_t cap)
+{
+    double a = wall_s() - at;
+    long long s = a > 0 ? (long long)a : 0;
+
+    if (s < 60)
+        snprintf(buf, cap, "%llds", s);
+    else if (s < 3600)
+        snprintf(buf, cap, "%lldm%02llds", s / 60, s % 60);
+    else if (s < 86400)
+        snprintf(buf, cap, "%lldh%02lldm", s / 3600, s % 3600 / 60);
+    else
+        snprintf(buf, cap, "%lldd%02lldh", s / 86400, s % 86400 / 3600);
+}
+
+/* A "*_at" row's number (Unix s) as "2024-11-30T05:50:01Z (12s ago)". */
+static char *format_time(const char *val)
+{
+    char *end, age[32], iso[32];
+    struct tm tm;
+    double at = strtod(val, &end);
+
+    if (end == val || *end || !isfinite(at) || at < 0 || at > 253402300799.0)
+        return NULL;
+    time_t t = (time_t)at;
+    if (!gmtime_r(&t, &tm) || !strftime(iso, sizeof(iso), "%Y-%m-%dT%H:%M:%SZ", &tm))
+        return NULL;
+    format_age(at, age, sizeof(age));
+    char *s = malloc(strlen(iso) + strlen(age) + 8);
+    if (s)
+        sprintf(s, "%s (%s ago)", iso, age);
+    return s;
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/* Two columns, key and value, values aligned. With `times`, numeric
+ * "*_at" values are Unix times shown as UTC with their age. */
+static int print_table(const msgpack_object *o, bool times)
 {
     struct rows rs = { 0 };
     size_t w = 0;
@@ -492,6 +584,13 @@ static int print_table(const msgpack_object *o)
         for (size_t i = 0; i < rs.n; i++) {
             size_t l = strlen(rs.v[i].key);
             w = l > w ? l : w;
+            char *t = times && ends_with(rs.v[i].key, "_at") ? format_time(rs.v[i].val) : NULL;
+            if (t) {
+                free(rs.v[i].val);
+                rs.v[i].val = t;
+            }
+            sanitize(rs.v[i].key);
+            sanitize(rs.v[i].val);
         }
         for (size_t i = 0; i < rs.n; i++)
             printf("%-*s  %s\n", (int)w, rs.v[i].key, rs.v[i].val);
@@ -517,7 +616,7 @@ static int cmd_stats(const struct ctl *o, struct pgw_client *c)
     } else if (o->json || pgw_result_object(res)->type != MSGPACK_OBJECT_MAP) {
         print_json(pgw_result_object(res), PGW_JSON_PRETTY);
     } else {
-        rc = print_table(pgw_result_object(res)) == EXIT_OK ? 0 : PGW_E_NOMEM;
+        rc = print_table(pgw_result_object(res), false) == EXIT_OK ? 0 : PGW_E_NOMEM;
     }
     pgw_result_free(res);
     return exit_for(rc);
@@ -635,6 +734,190 @@ static int cmd_raw(const struct ctl *o, struct pgw_client *c, const char *method
         print_error(&err);
     pgw_result_free(res);
     return exit_for(rc);
+}
+
+/* ---------------------------------------------------------------------
+ * tasks, task
+ */
+
+/* One row of the tasks table: the parsed task, sanitised for printing. */
+struct task_row {
+    struct pgw_task t;
+    char age[32];
+};
+
+static int task_row_cmp(const void *a, const void *b)
+{
+    const struct pgw_task *x = &((const struct task_row *)a)->t;
+    const struct pgw_task *y = &((const struct task_row *)b)->t;
+    if (x->updated_at != y->updated_at)
+        return x->updated_at < y->updated_at ? 1 : -1; /* most recent first */
+    return strcmp(x->task_id, y->task_id);
+}
+
+static const char *or_dash(const char *s)
+{
+    return s[0] ? s : "-";
+}
+
+/* Prints `s` left-aligned in a column of `w` code points, then two spaces. */
+static void print_cell(const char *s, size_t w)
+{
+    size_t n = text_width(s);
+    fputs(s, stdout);
+    for (; n < w + 2; n++)
+        putchar(' ');
+}
+
+static int print_tasks(const msgpack_object *r)
+{
+    static const char *const head[] = { "TASK_ID", "STATE", "REASON_KIND", "NODE", "AGE",
+                                        "REASON" };
+    const msgpack_object *a = pgw_object_get(r, "tasks");
+    size_t n = 0, bad = 0, w[5];
+
+    if (!a || a->type != MSGPACK_OBJECT_ARRAY) {
+        fputs("polygwctl: task.list answered without a 'tasks' array\n", stderr);
+        return EXIT_TRANSPORT;
+    }
+    struct task_row *rows = calloc(a->via.array.size ? a->via.array.size : 1, sizeof(*rows));
+    if (!rows) {
+        fputs("polygwctl: out of memory\n", stderr);
+        return EXIT_TRANSPORT;
+    }
+    for (uint32_t i = 0; i < a->via.array.size; i++) {
+        struct task_row *row = &rows[n];
+        if (!pgw_task_from_object(&a->via.array.ptr[i], &row->t)) {
+            bad++;
+            continue;
+        }
+        if (row->t.updated_at >= 0)
+            format_age(row->t.updated_at, row->age, sizeof(row->age));
+        sanitize(row->t.task_id);
+        sanitize(row->t.state_name);
+        sanitize(row->t.reason_kind);
+        sanitize(row->t.node);
+        sanitize(row->t.reason);
+        n++;
+    }
+    qsort(rows, n, sizeof(*rows), task_row_cmp);
+    for (int k = 0; k < 5; k++)
+        w[k] = strlen(head[k]);
+    for (size_t i = 0; i < n; i++) {
+        const char *cell[5] = { rows[i].t.task_id, rows[i].t.state_name,
+                                or_dash(rows[i].t.reason_kind), or_dash(rows[i].t.node),
+                                or_dash(rows[i].age) };
+        for (int k = 0; k < 5; k++) {
+            size_t l = text_width(cell[k]);
+            w[k] = l > w[k] ? l : w[k];
+        }
+    }
+    for (int k = 0; k < 5; k++)
+        print_cell(head[k], w[k]);
+    puts(head[5]);
+    for (size_t i = 0; i < n; i++) {
+        print_cell(rows[i].t.task_id, w[0]);
+        print_cell(rows[i].t.state_name, w[1]);
+        print_cell(or_dash(rows[i].t.reason_kind), w[2]);
+        print_cell(or_dash(rows[i].t.node), w[3]);
+        print_cell(or_dash(rows[i].age), w[4]);
+        puts(or_dash(rows[i].t.reason));
+    }
+    free(rows);
+    if (bad)
+        fprintf(stderr, "polygwctl: %zu malformed task entr%s skipped\n", bad,
+                bad == 1 ? "y" : "ies");
+    return EXIT_OK;
+}
+
+static int cmd_tasks(const struct ctl *o, struct pgw_client *c)
+{
+    struct pgw_error err;
+    struct pgw_result *res;
+    int rc = pgw_task_list(c, o->state, &res, &err);
+
+    if (rc < 0) {
+        print_error(&err);
+        if (o->json && res)
+            print_json(pgw_result_object(res), PGW_JSON_PRETTY);
+        pgw_result_free(res);
+        return exit_for(rc);
+    }
+    int ex = EXIT_OK;
+    if (o->json)
+        print_json(pgw_result_object(res), PGW_JSON_PRETTY);
+    else
+        ex = print_tasks(pgw_result_object(res));
+    pgw_result_free(res);
+    return ex;
+}
+
+/* Prints a task map: as JSON, or as key/value rows with readable times. */
+static int print_task(const struct ctl *o, const struct pgw_result *res)
+{
+    if (o->json) {
+        print_json(pgw_result_object(res), PGW_JSON_PRETTY);
+        return EXIT_OK;
+    }
+    return print_table(pgw_result_object(res), true);
+}
+
+/* The error of a failed task request: the message, and with --json the
+ * sidecar's error map on stdout (guard, stop and finish do not keep it:
+ * then {code, message}). Frees `res`. */
+static int task_failed(const struct ctl *o, int rc, const struct pgw_error *err,
+                       struct pgw_result *res)
+{
+    print_error(err);
+    if (o->json && res) {
+        print_json(pgw_result_object(res), PGW_JSON_PRETTY);
+    } else if (o->json && rc == PGW_E_REMOTE) {
+        char *code = json_of_str(err->code_name), *msg = json_of_str(err->message);
+        if (code && msg)
+            printf("{\n  \"code\": %s,\n  \"message\": %s\n}\n", code, msg);
+        free(code);
+        free(msg);
+    }
+    pgw_result_free(res);
+    return exit_for(rc);
+}
+
+static int cmd_task(const struct ctl *o, struct pgw_client *c, const char *sub, const char *id)
+{
+    struct pgw_error err;
+    struct pgw_result *res = NULL;
+    int rc;
+
+    if (strcmp(sub, "guard") == 0) {
+        if ((rc = pgw_task_guard(c, id, &err)) < 0)
+            return task_failed(o, rc, &err, NULL);
+        puts(o->json ? "{}" : "running");
+        return EXIT_OK;
+    }
+    if (strcmp(sub, "start") == 0)
+        rc = pgw_task_start(c, id, &res, &err);
+    else if (strcmp(sub, "get") == 0)
+        rc = pgw_task_get(c, id, &res, &err);
+    else if (strcmp(sub, "stop") == 0)
+        rc = pgw_task_stop(c, id, o->reason, &err);
+    else
+        rc = pgw_task_finish(c, id, o->finish_ok == 1, o->reason, &err);
+    if (rc < 0)
+        return task_failed(o, rc, &err, res);
+    if (!res) {
+        /* stop and finish report success only: read the task back to show
+         * what the sidecar now holds (after a race, the winner's reason). */
+        if ((rc = pgw_task_get(c, id, &res, &err)) < 0) {
+            fprintf(stderr, "polygwctl: task %s: %s done, but reading it back failed:\n", id,
+                    sub);
+            print_error(&err);
+            pgw_result_free(res);
+            return EXIT_OK; /* the action itself succeeded */
+        }
+    }
+    int ex = print_task(o, res);
+    pgw_result_free(res);
+    return ex;
 }
 
 /* ---------------------------------------------------------------------
@@ -851,7 +1134,8 @@ static int read_batch(struct batch *b)
  * main
  */
 
-enum { OPT_STREAM = 256, OPT_SCOPE, OPT_TASK, OPT_DEADLINE, OPT_UNORDERED };
+enum { OPT_STREAM = 256, OPT_SCOPE, OPT_TASK, OPT_DEADLINE, OPT_UNORDERED, OPT_STATE, OPT_REASON,
+       OPT_OK, OPT_FAILED };
 
 int main(int argc, char **argv)
 {
@@ -868,10 +1152,14 @@ int main(int argc, char **argv)
         { "task", required_argument, NULL, OPT_TASK },
         { "deadline", required_argument, NULL, OPT_DEADLINE },
         { "unordered", no_argument, NULL, OPT_UNORDERED },
+        { "state", required_argument, NULL, OPT_STATE },
+        { "reason", required_argument, NULL, OPT_REASON },
+        { "ok", no_argument, NULL, OPT_OK },
+        { "failed", no_argument, NULL, OPT_FAILED },
         { NULL, 0, NULL, 0 },
     };
-    struct ctl o = { 0 };
-    bool call_opts = false;
+    struct ctl o = { .finish_ok = -1 };
+    bool call_opts = false, finish_twice = false;
     int ch;
 
     while ((ch = getopt_long(argc, argv, "s:t:jqhVb:", longopts, NULL)) != -1) {
@@ -895,6 +1183,19 @@ int main(int argc, char **argv)
             call_opts = true;
             break;
         case OPT_UNORDERED: o.unordered = true; break;
+        case OPT_STATE:
+            if (strcmp(optarg, "running") != 0 && strcmp(optarg, "succeeded") != 0 &&
+                strcmp(optarg, "failed") != 0)
+                return usage_error("--state: expected running, succeeded or failed, got '%s'",
+                                   optarg);
+            o.state = optarg;
+            break;
+        case OPT_REASON: o.reason = optarg; break;
+        case OPT_OK:
+        case OPT_FAILED:
+            finish_twice |= o.finish_ok != -1 && o.finish_ok != (ch == OPT_OK);
+            o.finish_ok = ch == OPT_OK;
+            break;
         default: fputs("try 'polygwctl --help'\n", stderr); return EXIT_USAGE;
         }
     }
@@ -909,6 +1210,15 @@ int main(int argc, char **argv)
                            "not '%s'", cmd);
     if (strcmp(cmd, "batch") != 0 && o.unordered)
         return usage_error("--unordered is for 'batch', not '%s'", cmd);
+    if (strcmp(cmd, "tasks") != 0 && o.state)
+        return usage_error("--state is for 'tasks', not '%s'", cmd);
+    const char *sub = strcmp(cmd, "task") == 0 && nargs >= 1 ? args[0] : "";
+    char what[64]; /* "task stop", "ping": for messages */
+    snprintf(what, sizeof(what), "%s%s%.40s", cmd, sub[0] ? " " : "", sub);
+    if (o.reason && strcmp(sub, "stop") != 0 && strcmp(sub, "finish") != 0)
+        return usage_error("--reason is for 'task stop' and 'task finish', not '%s'", what);
+    if (o.finish_ok != -1 && strcmp(sub, "finish") != 0)
+        return usage_error("--ok and --failed are for 'task finish', not '%s'", what);
     if (strcmp(cmd, "ping") == 0 || strcmp(cmd, "stats") == 0 || strcmp(cmd, "batch") == 0) {
         if (nargs != 0)
             return usage_error("'%s' takes no arguments", cmd);
@@ -920,6 +1230,19 @@ int main(int argc, char **argv)
     } else if (strcmp(cmd, "raw") == 0) {
         if (nargs < 1 || nargs > 2)
             return usage_error("%s", "usage: raw METHOD [PARAMS_JSON]");
+    } else if (strcmp(cmd, "tasks") == 0) {
+        if (nargs != 0)
+            return usage_error("%s", "usage: tasks [--state running|succeeded|failed] [--json]");
+    } else if (strcmp(cmd, "task") == 0) {
+        if (strcmp(sub, "start") != 0 && strcmp(sub, "stop") != 0 && strcmp(sub, "get") != 0 &&
+            strcmp(sub, "finish") != 0 && strcmp(sub, "guard") != 0)
+            return usage_error("%s", "usage: task start|stop|finish|get|guard ID ...");
+        if (nargs != 2 || !args[1][0])
+            return usage_error("usage: task %s ID (one non-empty task id)", sub);
+        if (strcmp(sub, "stop") == 0 && !o.reason)
+            return usage_error("%s", "task stop: --reason TEXT is required");
+        if (strcmp(sub, "finish") == 0 && (o.finish_ok == -1 || finish_twice))
+            return usage_error("%s", "task finish: exactly one of --ok and --failed is required");
     } else {
         return usage_error("unknown command '%s'", cmd);
     }
@@ -952,6 +1275,10 @@ int main(int argc, char **argv)
         rc = cmd_call(&o, c, args[0], body);
     else if (strcmp(cmd, "raw") == 0)
         rc = cmd_raw(&o, c, args[0], params, plen);
+    else if (strcmp(cmd, "tasks") == 0)
+        rc = cmd_tasks(&o, c);
+    else if (strcmp(cmd, "task") == 0)
+        rc = cmd_task(&o, c, sub, args[1]);
     else
         rc = cmd_batch(&o, c, &b);
     pgw_close(c);

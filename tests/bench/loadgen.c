@@ -76,6 +76,7 @@
 #include <jansson.h>
 #include <msgpack.h>
 
+#include "bench_hist.h"
 #include "frame.h"
 #include "rpc.h"
 
@@ -99,89 +100,6 @@ static uint64_t clock_ns(clockid_t id)
 static uint64_t mono_ns(void)
 {
     return clock_ns(CLOCK_MONOTONIC);
-}
-
-/* ------------------------------------------------------------ histogram */
-
-#define HIST_SUB_BITS 7
-#define HIST_SUB (1u << HIST_SUB_BITS)
-#define HIST_MAX_BITS 40              /* values clamp at 2^40 ns, about 18 minutes */
-#define HIST_BUCKETS ((HIST_MAX_BITS - HIST_SUB_BITS + 1) * HIST_SUB)
-
-struct lg_hist {
-    uint64_t counts[HIST_BUCKETS];
-    uint64_t n;
-    uint64_t min_ns, max_ns;
-    double sum_ns;
-};
-
-static unsigned hist_index(uint64_t v)
-{
-    if (v >= (UINT64_C(1) << HIST_MAX_BITS))
-        v = (UINT64_C(1) << HIST_MAX_BITS) - 1;
-    if (v < HIST_SUB)
-        return (unsigned)v;
-    unsigned msb = 63u - (unsigned)__builtin_clzll(v);
-    unsigned shift = msb - HIST_SUB_BITS;
-    return (shift + 1) * HIST_SUB + (unsigned)((v >> shift) - HIST_SUB);
-}
-
-/* Midpoint of bucket `i`, in ns. */
-static double hist_value(unsigned i)
-{
-    if (i < HIST_SUB)
-        return (double)i;
-    unsigned shift = i / HIST_SUB - 1;
-    uint64_t lo = (uint64_t)(HIST_SUB + i % HIST_SUB) << shift;
-    return (double)lo + (double)((UINT64_C(1) << shift) - 1) / 2.0;
-}
-
-static void hist_record(struct lg_hist *h, uint64_t v)
-{
-    h->counts[hist_index(v)]++;
-    if (h->n == 0 || v < h->min_ns)
-        h->min_ns = v;
-    if (v > h->max_ns)
-        h->max_ns = v;
-    h->n++;
-    h->sum_ns += (double)v;
-}
-
-static void hist_merge(struct lg_hist *into, const struct lg_hist *h)
-{
-    if (h->n == 0)
-        return;
-    for (unsigned i = 0; i < HIST_BUCKETS; i++)
-        into->counts[i] += h->counts[i];
-    if (into->n == 0 || h->min_ns < into->min_ns)
-        into->min_ns = h->min_ns;
-    if (h->max_ns > into->max_ns)
-        into->max_ns = h->max_ns;
-    into->n += h->n;
-    into->sum_ns += h->sum_ns;
-}
-
-/* The value at percentile `p` (0 < p <= 100) in ns, clamped to [min, max]. */
-static double hist_percentile(const struct lg_hist *h, double p)
-{
-    if (h->n == 0)
-        return 0.0;
-    uint64_t rank = (uint64_t)ceil(p / 100.0 * (double)h->n);
-    if (rank < 1)
-        rank = 1;
-    uint64_t seen = 0;
-    for (unsigned i = 0; i < HIST_BUCKETS; i++) {
-        seen += h->counts[i];
-        if (seen >= rank) {
-            double v = hist_value(i);
-            if (v < (double)h->min_ns)
-                v = (double)h->min_ns;
-            if (v > (double)h->max_ns)
-                v = (double)h->max_ns;
-            return v;
-        }
-    }
-    return (double)h->max_ns;
 }
 
 /* ------------------------------------------------------------ run state */
@@ -245,7 +163,7 @@ struct lg_thread {
     uint64_t cpu_ns;                  /* this thread's CPU time in the measured phase */
     uint64_t warm_errors;
     struct lg_counts cnt;
-    struct lg_hist hist;
+    struct bench_hist hist;
     char first_error[160];
 };
 
@@ -835,7 +753,7 @@ static int parse_double(const char *s, double lo, double hi, double *out)
 
 struct lg_result {
     struct lg_counts cnt;
-    struct lg_hist hist;
+    struct bench_hist hist;
     uint64_t warm_errors;
     double elapsed_s;
     double cpu_pct;                   /* generator CPU, % of one core per thread */
@@ -860,7 +778,7 @@ static void json_str(FILE *f, const char *s)
 static void lg_report_json(FILE *f, const struct lg_opts *o, const struct lg_result *r)
 {
     const struct lg_counts *c = &r->cnt;
-    const struct lg_hist *h = &r->hist;
+    const struct bench_hist *h = &r->hist;
     double rps = r->elapsed_s > 0 ? (double)c->ok / r->elapsed_s : 0.0;
 
     fputs("{\"socket\":", f);
@@ -897,7 +815,7 @@ static void lg_report_json(FILE *f, const struct lg_opts *o, const struct lg_res
 static void lg_report_text(FILE *f, const struct lg_opts *o, const struct lg_result *r)
 {
     const struct lg_counts *c = &r->cnt;
-    const struct lg_hist *h = &r->hist;
+    const struct bench_hist *h = &r->hist;
 
     fprintf(f, "loadgen: %s method=%s clients=%u pipeline=%u threads=%u\n", o->socket,
             o->method, o->clients, o->pipeline, o->threads);

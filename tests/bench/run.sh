@@ -1,28 +1,45 @@
 #!/bin/sh
-# run.sh BUILD_DIR — polygw benchmark seed (see tests/bench/README.md).
+# run.sh BUILD_DIR — polygw benchmarks (see tests/bench/README.md).
 #
-# Starts the echo server (the floor) and the sidecar, drives `ping` against
-# both with loadgen at 1, 16 and 64 clients, and prints a Markdown table whose
-# ratio columns compare each sidecar row with the echo row of the same client
-# count in this same run. The table also goes to BUILD_DIR/bench/results.md.
-# Both servers run for the whole script; only one is loaded at a time.
+# Three sections, each compared with a floor measured in this same run:
+#
+#  ping    the echo server (the floor) and the sidecar (deploy config), `ping`
+#          driven by loadgen at 1, 16 and 64 clients; ratios vs echo.
+#  call    the mock upstream and a second sidecar with a generated config
+#          whose one chat source points at the mock (governance on, limits
+#          too generous to bite). At 1 and 64 clients: curlgen sends the chat
+#          request straight to the mock with libcurl (the floor), loadgen
+#          sends the same body as a `call` through the sidecar; Δp50, Δp99
+#          and the throughput ratio vs direct.
+#  memory  the same sidecar with the mock delaying every answer: 1,000 calls
+#          held in flight, the sidecar's RSS before and during, KiB per call,
+#          and the in-flight count from `polygwctl stats` as proof.
+#
+# Tables are printed and written to BUILD_DIR/bench/results.md (one file per
+# run, all sections). Only one target is loaded at a time.
 #
 # Environment (all optional):
 #   BENCH_DURATION  seconds per run (default 2)
-#   BENCH_REPS      runs per cell, alternating echo/sidecar order (default 5:
-#                   30 runs of 2 s, about 75 s); the table shows each cell's
-#                   fastest run, the notes every run and the medians
-#   BENCH_WARMUP    untimed requests before each run (default 2000)
-#   BENCH_CLIENTS   client counts (default "1 16 64")
-#   BENCH_PIPELINE  requests in flight per client (default 1: closed loop);
-#                   e.g. 16 amortises syscalls, so the server's per-request
-#                   work dominates
-#   BENCH_CONFIG    sidecar config (default deploy/polygw.yaml)
-#   BENCH_PIN       1 (default): pin servers to CPU 0 and loadgen to CPU 1 when
-#                   taskset exists and there are >= 2 CPUs; 0: no pinning
+#   BENCH_REPS      runs per cell, alternating the order of the two targets
+#                   (default 5); each table shows the fastest run of a cell,
+#                   the notes every run and the medians
+#   BENCH_WARMUP    untimed requests before each ping run (default 2000)
+#   BENCH_CLIENTS   ping client counts (default "1 16 64")
+#   BENCH_PIPELINE  ping requests in flight per client (default 1: closed loop)
+#   BENCH_CONFIG    sidecar config for the ping section (default deploy/polygw.yaml)
+#   BENCH_PIN       1 (default): pin servers (echo, sidecars, mock) to CPU 0 and
+#                   the generators to CPU 1 when taskset exists and there are
+#                   >= 2 CPUs; 0: no pinning
+#   BENCH_SECTIONS  which sections to run (default "ping call memory")
+#   BENCH_CALL_CLIENTS  call client counts (default "1 64")
+#   BENCH_CALL_WARMUP   untimed requests before each call run (default 2000)
+#   BENCH_BODY      the chat request body, JSON (default: a two-message chat)
+#   BENCH_MEM_CALLS     calls held in flight (default 1000)
+#   BENCH_MEM_DELAY_MS  how long the mock holds each of them (default 3000)
 #
 # Exit status: 0 when every row that ran had no errors (skipped sidecar rows
-# included), 1 otherwise, 2 when the echo server or loadgen is missing.
+# included), 1 otherwise, 2 when a tool a requested section needs is missing
+# or a setting is invalid.
 set -u
 
 BUILD=${1:-build}
@@ -33,15 +50,35 @@ CLIENTS=${BENCH_CLIENTS:-"1 16 64"}
 PIPELINE=${BENCH_PIPELINE:-1}
 CONFIG=${BENCH_CONFIG:-deploy/polygw.yaml}
 PIN=${BENCH_PIN:-1}
+SECTIONS=${BENCH_SECTIONS:-"ping call memory"}
+CALL_CLIENTS=${BENCH_CALL_CLIENTS:-"1 64"}
+CALL_WARMUP=${BENCH_CALL_WARMUP:-2000}
+BODY=${BENCH_BODY:-'{"model":"gpt-4o-mini","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Hello, how are you today?"}]}'}
+MEM_CALLS=${BENCH_MEM_CALLS:-1000}
+MEM_DELAY_MS=${BENCH_MEM_DELAY_MS:-3000}
 
 LOADGEN=$BUILD/bench/loadgen
 ECHO=$BUILD/bench/echo_server
+CURLGEN=$BUILD/bench/curlgen
+MOCK=$BUILD/mock_upstream
 POLYGW=$BUILD/polygw
+CTL=$BUILD/polygwctl
 RESULTS=$BUILD/bench/results.md
 
 say() { printf 'bench: %s\n' "$*" >&2; }
 
-for b in "$LOADGEN" "$ECHO"; do
+has_section() {
+    case " $SECTIONS " in *" $1 "*) return 0 ;; esac
+    return 1
+}
+
+for s in $SECTIONS; do
+    case $s in ping|call|memory) ;; *) say "BENCH_SECTIONS: unknown section '$s'"; exit 2 ;; esac
+done
+NEED="$LOADGEN"
+if has_section ping; then NEED="$NEED $ECHO"; fi
+if has_section call || has_section memory; then NEED="$NEED $CURLGEN $MOCK"; fi
+for b in $NEED; do
     if [ ! -x "$b" ]; then
         say "missing $b (build it with: make $b)"
         exit 2
@@ -50,18 +87,42 @@ done
 case $DUR in ''|*[!0-9.]*) say "BENCH_DURATION must be a number of seconds"; exit 2 ;; esac
 case $REPS in ''|*[!0-9]*|0) say "BENCH_REPS must be a positive integer"; exit 2 ;; esac
 case $PIPELINE in ''|*[!0-9]*|0) say "BENCH_PIPELINE must be a positive integer"; exit 2 ;; esac
+case $CALL_WARMUP in ''|*[!0-9]*) say "BENCH_CALL_WARMUP must be an integer"; exit 2 ;; esac
+case $MEM_CALLS in ''|*[!0-9]*|0) say "BENCH_MEM_CALLS must be a positive integer"; exit 2 ;; esac
+case $MEM_DELAY_MS in ''|*[!0-9]*) say "BENCH_MEM_DELAY_MS must be an integer"; exit 2 ;; esac
+if [ "$MEM_DELAY_MS" -lt 1500 ]; then
+    say "BENCH_MEM_DELAY_MS must be >= 1500 (the calls must stay in flight while RSS is read)"
+    exit 2
+fi
+case $BODY in '{'*'}') ;; *) say "BENCH_BODY must be a JSON object"; exit 2 ;; esac
 LOADAVG=$(cut -d ' ' -f 1-3 /proc/loadavg 2>/dev/null || echo unknown)
-# shellcheck disable=SC2086
-EST=$(echo $CLIENTS | awk -v r="$REPS" -v d="$DUR" '{ printf "%d", r * NF * 2 * (d + 0.4) }')
-if [ "$EST" -gt 110 ]; then
-    say "warning: about $EST s of runs; the default settings stay under 2 minutes"
+
+# Rough duration of the runs, to warn before a long wait.
+EST=0
+if has_section ping; then
+    # shellcheck disable=SC2086
+    EST=$(echo $CLIENTS | awk -v r="$REPS" -v d="$DUR" -v e="$EST" '{ printf "%d", e + r * NF * 2 * (d + 0.4) }')
+fi
+if has_section call; then
+    # shellcheck disable=SC2086
+    EST=$(echo $CALL_CLIENTS | awk -v r="$REPS" -v d="$DUR" -v e="$EST" '{ printf "%d", e + r * NF * 2 * (d + 0.9) }')
+fi
+if has_section memory; then
+    EST=$((EST + MEM_DELAY_MS / 1000 + 4))
+fi
+if [ "$EST" -gt 200 ]; then
+    say "warning: about $EST s of runs; the default settings stay near 2.5 minutes"
 fi
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/polygw-bench.XXXXXX") || exit 2
 ECHO_SOCK=$TMP/echo.sock
 PGW_SOCK=$TMP/polygw.sock
+CALL_SOCK=$TMP/polygw-call.sock
 ECHO_PID=
 PGW_PID=
+MOCK_PID=
+CALL_PID=
+MEM_LG_PID=
 
 # Stops what we started (by pid: TERM, then KILL after ~3 s) and removes the
 # sockets and scratch files. Runs on every exit path, including ^C.
@@ -80,6 +141,9 @@ stop_pid() {
 # shellcheck disable=SC2317  # invoked by trap
 cleanup() {
     trap - EXIT INT TERM HUP
+    stop_pid "$MEM_LG_PID"
+    stop_pid "$CALL_PID"
+    stop_pid "$MOCK_PID"
     stop_pid "$PGW_PID"
     stop_pid "$ECHO_PID"
     rm -rf "$TMP"
@@ -93,6 +157,9 @@ nap() { sleep 0.1 2>/dev/null || sleep 1; }
 
 # CPU placement: on a 2-core machine the generator and the server would
 # otherwise fight for the same core at random; pinning makes rows comparable.
+# Every server (echo, sidecars, mock) gets CPU 0, every generator CPU 1: in
+# the call section the sidecar therefore shares its core with the mock, as a
+# reverse proxy benchmarked on a 2-core box does.
 NCPU=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
 PIN_SRV=
 PIN_LG=
@@ -100,14 +167,22 @@ PIN_NOTE="none"
 if [ "$PIN" = 1 ] && [ "$NCPU" -ge 2 ] && command -v taskset >/dev/null 2>&1; then
     PIN_SRV="taskset -c 0"
     PIN_LG="taskset -c 1"
-    PIN_NOTE="servers on CPU 0, loadgen on CPU 1 (taskset)"
+    PIN_NOTE="servers (echo, sidecars, mock) on CPU 0, generators (loadgen, curlgen) on CPU 1 (taskset)"
 fi
-# A wedged loadgen must not stretch the run: its own alarm is generous
-# (duration + 40 s), `timeout` is tighter when available.
-# --foreground keeps loadgen in our process group, so ^C reaches it at once.
+# A wedged generator must not stretch the run: its own alarm is generous
+# (duration + timeout + 30 s), `timeout` is tighter when available.
+# --foreground keeps it in our process group, so ^C reaches it at once.
 TIMEOUT=
+TIMEOUT_MEM=
 if timeout --foreground 1 true >/dev/null 2>&1; then
     TIMEOUT="timeout --foreground -k 1 $(awk -v d="$DUR" 'BEGIN { printf "%d", d + 12 }')"
+    TIMEOUT_MEM="timeout --foreground -k 1 $((MEM_DELAY_MS / 1000 + 20))"
+fi
+# curl(1) is optional: it reads the mock's counters and request records
+# (connections opened per row, the same-request check, in-progress calls).
+HAVE_CURL=0
+if command -v curl >/dev/null 2>&1; then
+    HAVE_CURL=1
 fi
 
 # wait_ready PID SOCKET: until the server answers one ping (10 s at most).
@@ -125,91 +200,32 @@ wait_ready() {
     return 1
 }
 
-# field JSON KEY: a scalar from loadgen's flat one-line JSON.
+# field JSON KEY: a scalar from a flat one-line JSON object (loadgen's,
+# curlgen's, the mock's stats).
 field() {
     printf '%s\n' "$1" | sed -n "s/.*\"$2\":\"\{0,1\}\([^,\"}]*\).*/\1/p"
 }
 
-# --- servers -------------------------------------------------------------
-
-# shellcheck disable=SC2086
-$PIN_SRV "$ECHO" --socket "$ECHO_SOCK" >"$TMP/echo.out" 2>"$TMP/echo.err" &
-ECHO_PID=$!
-if ! wait_ready "$ECHO_PID" "$ECHO_SOCK"; then
-    say "echo server did not start:"
-    cat "$TMP/echo.err" >&2
-    exit 1
-fi
-
-SIDECAR=1
-SKIP_WHY=
-if [ ! -x "$POLYGW" ]; then
-    SIDECAR=0
-    SKIP_WHY="$POLYGW is not built"
-elif [ ! -f "$CONFIG" ]; then
-    SIDECAR=0
-    SKIP_WHY="$CONFIG does not exist"
-else
-    # shellcheck disable=SC2086
-    $PIN_SRV "$POLYGW" --config "$CONFIG" --socket "$PGW_SOCK" --log-level warn \
-        >"$TMP/polygw.out" 2>"$TMP/polygw.err" &
-    PGW_PID=$!
-    if ! wait_ready "$PGW_PID" "$PGW_SOCK"; then
-        SIDECAR=0
-        if kill -0 "$PGW_PID" 2>/dev/null; then
-            SKIP_WHY="the sidecar did not answer ping within 10 s"
-        else
-            SKIP_WHY="the sidecar exited at start-up"
-        fi
-        SKIP_WHY="$SKIP_WHY: $(tail -n 3 "$TMP/polygw.err" | tr '\n' ' ' | sed 's/ $//')"
-        stop_pid "$PGW_PID"
-        PGW_PID=
-    fi
-fi
-if [ $SIDECAR = 0 ]; then
-    say "SKIPPING sidecar rows: $SKIP_WHY"
-fi
-
-# --- rows ----------------------------------------------------------------
-
-# run_row TARGET SOCKET CLIENTS: prints loadgen's JSON line (empty on failure).
-run_row() {
-    say "rep $rep/$REPS: $1, $3 client(s), ${DUR} s ..."
-    # shellcheck disable=SC2086
-    $TIMEOUT $PIN_LG "$LOADGEN" --socket "$2" --clients "$3" --duration "$DUR" \
-        --pipeline "$PIPELINE" --warmup "$WARMUP" --timeout-ms 2000 --method ping --json \
-        2>>"$TMP/loadgen.err"
+# first_error JSON: the generators' first_error string (the last key of
+# their line; it may hold quotes and commas, which field() would cut).
+first_error() {
+    printf '%s\n' "$1" | sed -n 's/.*"first_error":"\(.*\)"}$/\1/p' | sed 's/\\"/"/g'
 }
 
-# Server CPU over a row, from /proc (utime + stime; the comm field of our
-# binaries has no spaces) and /proc/uptime for the wall clock.
+# Server CPU over a row, from /proc (utime + stime of every thread; the comm
+# field of our binaries has no spaces) and /proc/uptime for the wall clock.
 CLK_TCK=$(getconf CLK_TCK 2>/dev/null || echo 100)
 proc_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
 uptime_s() { cut -d ' ' -f 1 /proc/uptime 2>/dev/null || echo 0; }
-
-# measure TARGET SOCKET CLIENTS SERVER_PID: one run, appended to
-# $TMP/raw.TARGET.CLIENTS as "rps p50 p99 p999 errors resp_bytes lg_cpu% srv_cpu%".
-measure() {
-    w0=$(uptime_s)
-    c0=$(proc_ticks "$4")
-    j=$(run_row "$1" "$2" "$3")
-    c1=$(proc_ticks "$4")
-    w1=$(uptime_s)
-    if [ -z "$(field "$j" rps)" ]; then
-        STATUS=1
-        echo "- $1, clients=$3, rep $rep: loadgen failed (see its stderr)" >>"$NOTES"
-        return
-    fi
-    srv=$(awk -v c="$((c1 - c0))" -v t="$CLK_TCK" -v a="$w0" -v b="$w1" \
-        'BEGIN { if (b > a) printf "%.0f", c / t / (b - a) * 100; else printf "0" }')
-    echo "$(field "$j" rps) $(field "$j" p50_us) $(field "$j" p99_us) $(field "$j" p999_us)" \
-        "$(field "$j" errors) $(field "$j" resp_bytes_avg) $(field "$j" cpu_pct) $srv" \
-        >>"$TMP/raw.$1.$3"
-    if [ "$(field "$j" errors)" != 0 ]; then
-        STATUS=1
-        echo "- $1, clients=$3, rep $rep: $(field "$j" errors) errors, first: $(field "$j" first_error)" \
-            >>"$NOTES"
-    fi
+# pct TICKS T0 T1: TICKS as % of one core over [T0, T1] seconds.
+pct() {
+    awk -v c="$1" -v t="$CLK_TCK" -v a="$2" -v b="$3" \
+        'BEGIN { if (b > a) printf "%.0f", c / t / (b - a) * 100; else printf "0" }'
+}
+# us_per TICKS N: TICKS as µs of CPU per request over N requests.
+us_per() {
+    awk -v c="$1" -v t="$CLK_TCK" -v n="$2" \
+        'BEGIN { if (n > 0) printf "%.1f", c / t * 1e6 / n; else printf "n/a" }'
 }
 
 # best FILE COLUMN: COLUMN of the run with the highest req/s. On a shared
@@ -230,26 +246,617 @@ median() {
               else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
-NOTES=$TMP/notes
-: >"$NOTES"
 STATUS=0
 
-# Repetitions alternate the order of the two targets so that slow drifts of
-# the machine (other load, frequency) do not favour one of them.
-rep=1
-while [ "$rep" -le "$REPS" ]; do
-    for n in $CLIENTS; do
-        if [ $((rep % 2)) = 1 ] || [ $SIDECAR = 0 ]; then order="echo sidecar"; else order="sidecar echo"; fi
-        for target in $order; do
-            if [ "$target" = echo ]; then
-                measure echo "$ECHO_SOCK" "$n" "$ECHO_PID"
-            elif [ $SIDECAR = 1 ]; then
-                measure sidecar "$PGW_SOCK" "$n" "$PGW_PID"
+# ========================================================================
+# ping: sidecar vs the echo floor
+# ========================================================================
+
+# run_row TARGET SOCKET CLIENTS: prints loadgen's JSON line (empty on failure).
+run_row() {
+    say "rep $rep/$REPS: ping $1, $3 client(s), ${DUR} s ..."
+    # shellcheck disable=SC2086
+    $TIMEOUT $PIN_LG "$LOADGEN" --socket "$2" --clients "$3" --duration "$DUR" \
+        --pipeline "$PIPELINE" --warmup "$WARMUP" --timeout-ms 2000 --method ping --json \
+        2>>"$TMP/loadgen.err"
+}
+
+# measure TARGET SOCKET CLIENTS SERVER_PID: one run, appended to
+# $TMP/raw.TARGET.CLIENTS as "rps p50 p99 p999 errors resp_bytes lg_cpu% srv_cpu%".
+measure() {
+    w0=$(uptime_s)
+    c0=$(proc_ticks "$4")
+    j=$(run_row "$1" "$2" "$3")
+    c1=$(proc_ticks "$4")
+    w1=$(uptime_s)
+    if [ -z "$(field "$j" rps)" ]; then
+        STATUS=1
+        echo "- $1, clients=$3, rep $rep: loadgen failed (see its stderr)" >>"$NOTES"
+        return
+    fi
+    srv=$(pct "$((c1 - c0))" "$w0" "$w1")
+    echo "$(field "$j" rps) $(field "$j" p50_us) $(field "$j" p99_us) $(field "$j" p999_us)" \
+        "$(field "$j" errors) $(field "$j" resp_bytes_avg) $(field "$j" cpu_pct) $srv" \
+        >>"$TMP/raw.$1.$3"
+    if [ "$(field "$j" errors)" != 0 ]; then
+        STATUS=1
+        echo "- $1, clients=$3, rep $rep: $(field "$j" errors) errors, first: $(first_error "$j")" \
+            >>"$NOTES"
+    fi
+}
+
+ping_section() {
+    NOTES=$TMP/ping.notes
+    : >"$NOTES"
+
+    # shellcheck disable=SC2086
+    $PIN_SRV "$ECHO" --socket "$ECHO_SOCK" >"$TMP/echo.out" 2>"$TMP/echo.err" &
+    ECHO_PID=$!
+    if ! wait_ready "$ECHO_PID" "$ECHO_SOCK"; then
+        say "echo server did not start:"
+        cat "$TMP/echo.err" >&2
+        exit 1
+    fi
+
+    SIDECAR=1
+    SKIP_WHY=
+    if [ ! -x "$POLYGW" ]; then
+        SIDECAR=0
+        SKIP_WHY="$POLYGW is not built"
+    elif [ ! -f "$CONFIG" ]; then
+        SIDECAR=0
+        SKIP_WHY="$CONFIG does not exist"
+    else
+        # shellcheck disable=SC2086
+        $PIN_SRV "$POLYGW" --config "$CONFIG" --socket "$PGW_SOCK" --log-level warn \
+            >"$TMP/polygw.out" 2>"$TMP/polygw.err" &
+        PGW_PID=$!
+        if ! wait_ready "$PGW_PID" "$PGW_SOCK"; then
+            SIDECAR=0
+            if kill -0 "$PGW_PID" 2>/dev/null; then
+                SKIP_WHY="the sidecar did not answer ping within 10 s"
+            else
+                SKIP_WHY="the sidecar exited at start-up"
+            fi
+            SKIP_WHY="$SKIP_WHY: $(tail -n 3 "$TMP/polygw.err" | tr '\n' ' ' | sed 's/ $//')"
+            stop_pid "$PGW_PID"
+            PGW_PID=
+        fi
+    fi
+    if [ $SIDECAR = 0 ]; then
+        say "SKIPPING ping sidecar rows: $SKIP_WHY"
+    fi
+
+    # Repetitions alternate the order of the two targets so that slow drifts
+    # of the machine (other load, frequency) do not favour one of them.
+    rep=1
+    while [ "$rep" -le "$REPS" ]; do
+        for n in $CLIENTS; do
+            if [ $((rep % 2)) = 1 ] || [ $SIDECAR = 0 ]; then order="echo sidecar"; else order="sidecar echo"; fi
+            for target in $order; do
+                if [ "$target" = echo ]; then
+                    measure echo "$ECHO_SOCK" "$n" "$ECHO_PID"
+                elif [ $SIDECAR = 1 ]; then
+                    measure sidecar "$PGW_SOCK" "$n" "$PGW_PID"
+                fi
+            done
+        done
+        rep=$((rep + 1))
+    done
+    # The call section starts its own servers: free the cores and memory.
+    stop_pid "$PGW_PID"
+    PGW_PID=
+    stop_pid "$ECHO_PID"
+    ECHO_PID=
+
+    {
+        echo "## ping: sidecar vs echo floor"
+        echo
+        echo "- each cell: the fastest of $REPS runs of ${DUR} s (each after ${WARMUP} warm-up requests), $PIPELINE request(s) in flight per client (1 = closed loop), 1 loadgen thread; sidecar config $CONFIG"
+        echo
+        echo "| target | clients | req/s | p50 µs | p99 µs | p99.9 µs | ratio vs echo (req/s) | Δp50 vs echo |"
+        echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+        for n in $CLIENTS; do
+            e=$TMP/raw.echo.$n
+            s=$TMP/raw.sidecar.$n
+            e_rps=
+            e_p50=
+            if [ -s "$e" ]; then
+                e_rps=$(best "$e" 1)
+                e_p50=$(best "$e" 2)
+                echo "| echo | $n | $e_rps | $e_p50 | $(best "$e" 3) | $(best "$e" 4) | 1.00 | — |"
+            else
+                echo "| echo | $n | failed | | | | | |"
+            fi
+            if [ $SIDECAR = 0 ]; then
+                echo "| sidecar | $n | skipped | | | | | |"
+            elif [ -s "$s" ]; then
+                s_rps=$(best "$s" 1)
+                s_p50=$(best "$s" 2)
+                ratio=$(awk -v a="$s_rps" -v b="${e_rps:-0}" \
+                    'BEGIN { if (b > 0) printf "%.2f", a / b; else printf "n/a" }')
+                dp50=$(awk -v a="$s_p50" -v b="${e_p50:-0}" \
+                    'BEGIN { if (b > 0) printf "%+.1f µs (%+.0f%%)", a - b, (a - b) * 100 / b;
+                             else printf "n/a" }')
+                echo "| sidecar | $n | $s_rps | $s_p50 | $(best "$s" 3) | $(best "$s" 4) | $ratio | $dp50 |"
+            else
+                echo "| sidecar | $n | failed | | | | | |"
             fi
         done
+        echo
+        if [ $SIDECAR = 0 ]; then
+            echo "- sidecar rows skipped: $SKIP_WHY"
+        fi
+        cat "$NOTES"
+        busy=0
+        for n in $CLIENTS; do
+            for target in echo sidecar; do
+                f=$TMP/raw.$target.$n
+                [ -s "$f" ] || continue
+                srv=$(median "$f" 8)
+                lg=$(median "$f" 7)
+                echo "- $target, clients=$n: req/s per run $(cut -d ' ' -f 1 "$f" | tr '\n' ' ' | sed 's/ $//')" \
+                    "(median $(median "$f" 1), p50 median $(median "$f" 2) µs) |" \
+                    "median CPU: server ${srv}%, loadgen ${lg}% |" \
+                    "response $(median "$f" 6) B"
+                # With 16+ clients one side should saturate its core.
+                if [ "$n" -ge 16 ] && awk -v a="$srv" -v b="$lg" 'BEGIN { exit !(a < 70 && b < 70) }'; then
+                    busy=1
+                fi
+            done
+        done
+        if [ $busy = 1 ]; then
+            echo "- **WARNING: at 16+ clients neither the server nor loadgen used 70% of"
+            echo "  its core: other processes were competing for the CPUs. Treat these"
+            echo "  numbers as noise and rerun on a quiet machine.**"
+        fi
+        echo "- ratio = sidecar req/s ÷ echo req/s at the same client count (1.00 = no overhead);"
+        echo "  Δp50 = sidecar p50 − echo p50. Latencies are round trips measured by loadgen."
+        echo "  CPU is % of one core over the run (server: from /proc, warm-up included)."
+        echo "  A server near 100% is the bottleneck (the ratio then compares per-request"
+        echo "  costs); loadgen near 100% means the generator limits the row."
+        echo
+    } >"$TMP/ping.md"
+}
+
+# ========================================================================
+# call: sidecar vs the same request sent straight to the mock
+# ========================================================================
+
+MOCK_PORT=
+MOCK_URL=
+CALL_UP=0
+CALL_SKIP_WHY=
+
+# mock_get PATH: the mock's answer to GET PATH (one line), empty without curl(1).
+mock_get() {
+    [ $HAVE_CURL = 1 ] || return 0
+    curl -s --max-time 2 "http://127.0.0.1:$MOCK_PORT$1" 2>/dev/null
+}
+
+# Starts the mock and the call sidecar (shared by the call and memory
+# sections). Sets CALL_UP=1, or CALL_SKIP_WHY; exits if the mock cannot start.
+start_call_servers() {
+    # 1,000 held calls cost the sidecar a client slot, an upstream socket and
+    # a curl handle each, and the mock a socket each: make room when allowed.
+    need=$((MEM_CALLS * 2 + 256))
+    # shellcheck disable=SC3045  # ulimit -n: dash and bash both have it
+    nofile=$(ulimit -n 2>/dev/null || echo unlimited)
+    if [ "$nofile" != unlimited ] && [ "$nofile" -lt "$need" ]; then
+        # shellcheck disable=SC3045
+        ulimit -n "$need" 2>/dev/null || say "cannot raise the open-file limit to $need (it is $nofile)"
+    fi
+
+    # shellcheck disable=SC2086
+    $PIN_SRV "$MOCK" --port 0 --host 127.0.0.1 >"$TMP/mock.out" 2>"$TMP/mock.err" &
+    MOCK_PID=$!
+    i=0
+    while [ $i -lt 100 ] && [ -z "$MOCK_PORT" ]; do
+        kill -0 "$MOCK_PID" 2>/dev/null || break
+        MOCK_PORT=$(sed -n 's/^LISTENING \([0-9][0-9]*\)$/\1/p' "$TMP/mock.out" 2>/dev/null)
+        [ -n "$MOCK_PORT" ] || nap
+        i=$((i + 1))
     done
-    rep=$((rep + 1))
-done
+    if [ -z "$MOCK_PORT" ]; then
+        say "the mock upstream did not start:"
+        cat "$TMP/mock.err" >&2
+        exit 1
+    fi
+    MOCK_URL=http://127.0.0.1:$MOCK_PORT/v1/chat/completions
+
+    if [ ! -x "$POLYGW" ]; then
+        CALL_SKIP_WHY="$POLYGW is not built"
+        return
+    fi
+    # Governance on, never limiting: one chat source, concurrency and the
+    # adaptive limit far above what the benchmark opens, a breaker that
+    # never opens, no request or token quotas.
+    cat >"$TMP/bench.yaml" <<EOF
+# Generated by tests/bench/run.sh: the call benchmark's sidecar.
+listen:
+  mode: "0660"
+server:
+  log_level: warn
+backend:
+  kind: memory
+sources:
+  - name: bench-chat
+    capability: chat
+    base_url: http://127.0.0.1:$MOCK_PORT/v1
+    max_concurrency: 1024
+    aimd: { initial: 1024, min: 1 }
+    breaker: { failures: 1000000 }
+    limits: { rpm: 0, tpm: 0, daily_tokens: 0 }
+EOF
+    # shellcheck disable=SC2086
+    $PIN_SRV "$POLYGW" --config "$TMP/bench.yaml" --socket "$CALL_SOCK" --log-level warn \
+        >"$TMP/polygw-call.out" 2>"$TMP/polygw-call.err" &
+    CALL_PID=$!
+    if ! wait_ready "$CALL_PID" "$CALL_SOCK"; then
+        if kill -0 "$CALL_PID" 2>/dev/null; then
+            CALL_SKIP_WHY="the sidecar did not answer ping within 10 s"
+        else
+            CALL_SKIP_WHY="the sidecar exited at start-up"
+        fi
+        CALL_SKIP_WHY="$CALL_SKIP_WHY: $(tail -n 3 "$TMP/polygw-call.err" | tr '\n' ' ' | sed 's/ $//')"
+        stop_pid "$CALL_PID"
+        CALL_PID=
+        return
+    fi
+    # One real call end to end before anything is timed.
+    j=$("$LOADGEN" --socket "$CALL_SOCK" --method call --params-json "$PARAMS" \
+        --requests 1 --timeout-ms 5000 --json 2>>"$TMP/loadgen.err")
+    if [ "$(field "$j" ok)" != 1 ]; then
+        CALL_SKIP_WHY="a first call through the sidecar failed: $(first_error "$j")"
+        stop_pid "$CALL_PID"
+        CALL_PID=
+        return
+    fi
+    CALL_UP=1
+}
+
+PARAMS="[{\"capability\":\"chat\",\"body\":$BODY}]"
+
+# Compares what reached the mock from each path (headers and body of the
+# newest request record): the ratio is only fair if they are the same bytes.
+same_request_check() {
+    [ $HAVE_CURL = 1 ] && [ $CALL_UP = 1 ] || return 0
+    "$CURLGEN" --url "$MOCK_URL" --body-json "$BODY" --requests 1 >/dev/null 2>&1
+    d=$(mock_get /_mock/last)
+    "$LOADGEN" --socket "$CALL_SOCK" --method call --params-json "$PARAMS" --requests 1 \
+        >/dev/null 2>&1
+    s=$(mock_get /_mock/last)
+    hd=$(printf '%s\n' "$d" | sed -n 's/.*"headers":\({[^}]*}\).*/\1/p')
+    hs=$(printf '%s\n' "$s" | sed -n 's/.*"headers":\({[^}]*}\).*/\1/p')
+    bd=$(printf '%s\n' "$d" | sed -n 's/.*"body":\(".*"\),"body_bytes".*/\1/p')
+    bs=$(printf '%s\n' "$s" | sed -n 's/.*"body":\(".*"\),"body_bytes".*/\1/p')
+    if [ -n "$hd" ] && [ "$hd" = "$hs" ] && [ -n "$bd" ] && [ "$bd" = "$bs" ]; then
+        echo "- same request: both paths reached the mock with identical headers and body ($(field "$d" body_bytes) bytes): $hd" \
+            >>"$CNOTES"
+    else
+        {
+            echo "- **same request check FAILED: the two paths sent different requests; the comparison is not like for like.**"
+            echo "  direct: headers $hd body $bd"
+            echo "  sidecar: headers $hs body $bs"
+        } >>"$CNOTES"
+    fi
+}
+
+# measure_call PATH CLIENTS: one run, appended to $TMP/call.PATH.CLIENTS as
+# "rps p50 p99 p999 errors resp_bytes gen_cpu% mock_cpu% sidecar_cpu%
+#  mock_us/req sidecar_us/req upstream_conns_opened gen_us/req".
+measure_call() {
+    say "rep $rep/$REPS: call $1, $2 client(s), ${DUR} s ..."
+    a0=$(field "$(mock_get /_mock/stats)" accepted_connections)
+    w0=$(uptime_s)
+    m0=$(proc_ticks "$MOCK_PID")
+    s0=0
+    [ "$1" = direct ] || s0=$(proc_ticks "$CALL_PID")
+    if [ "$1" = direct ]; then
+        # shellcheck disable=SC2086
+        j=$($TIMEOUT $PIN_LG "$CURLGEN" --url "$MOCK_URL" --body-json "$BODY" --clients "$2" \
+            --duration "$DUR" --warmup "$CALL_WARMUP" --timeout-ms 5000 --json \
+            2>>"$TMP/loadgen.err")
+    else
+        # shellcheck disable=SC2086
+        j=$($TIMEOUT $PIN_LG "$LOADGEN" --socket "$CALL_SOCK" --method call \
+            --params-json "$PARAMS" --clients "$2" --duration "$DUR" --warmup "$CALL_WARMUP" \
+            --timeout-ms 5000 --json 2>>"$TMP/loadgen.err")
+    fi
+    m1=$(proc_ticks "$MOCK_PID")
+    s1=0
+    [ "$1" = direct ] || s1=$(proc_ticks "$CALL_PID")
+    w1=$(uptime_s)
+    a1=$(field "$(mock_get /_mock/stats)" accepted_connections)
+    if [ -z "$(field "$j" rps)" ]; then
+        STATUS=1
+        echo "- $1, clients=$2, rep $rep: the generator failed (see its stderr)" >>"$CNOTES"
+        return
+    fi
+    # Shell variables are global: never reuse the callers' loop variables.
+    nreq=$(($(field "$j" ok) + CALL_WARMUP))
+    conns=n/a
+    if [ -n "$a0" ] && [ -n "$a1" ]; then conns=$((a1 - a0)); fi
+    sc=n/a
+    su=n/a
+    if [ "$1" != direct ]; then
+        sc=$(pct "$((s1 - s0))" "$w0" "$w1")
+        su=$(us_per "$((s1 - s0))" "$nreq")
+    fi
+    echo "$(field "$j" rps) $(field "$j" p50_us) $(field "$j" p99_us) $(field "$j" p999_us)" \
+        "$(field "$j" errors) $(field "$j" resp_bytes_avg) $(field "$j" cpu_pct)" \
+        "$(pct "$((m1 - m0))" "$w0" "$w1") $sc $(us_per "$((m1 - m0))" "$nreq") $su $conns" \
+        "$(awk -v c="$(field "$j" cpu_pct)" -v r="$(field "$j" rps)" 'BEGIN { if (r > 0) printf "%.1f", c * 1e4 / r; else printf "n/a" }')" \
+        >>"$TMP/call.$1.$2"
+    if [ "$(field "$j" errors)" != 0 ] || [ "$(field "$j" warmup_errors)" != 0 ]; then
+        STATUS=1
+        echo "- $1, clients=$2, rep $rep: $(field "$j" errors) errors ($(field "$j" warmup_errors) in warm-up), first: $(first_error "$j")" \
+            >>"$CNOTES"
+    fi
+}
+
+call_section() {
+    CNOTES=$TMP/call.notes
+    : >"$CNOTES"
+    if [ $CALL_UP = 1 ]; then
+        same_request_check
+    else
+        say "SKIPPING call sidecar rows: $CALL_SKIP_WHY"
+    fi
+    rep=1
+    while [ "$rep" -le "$REPS" ]; do
+        for n in $CALL_CLIENTS; do
+            if [ $((rep % 2)) = 1 ] || [ $CALL_UP = 0 ]; then order="direct sidecar"; else order="sidecar direct"; fi
+            for p in $order; do
+                if [ "$p" = direct ]; then
+                    measure_call direct "$n"
+                elif [ $CALL_UP = 1 ]; then
+                    measure_call sidecar "$n"
+                fi
+            done
+        done
+        rep=$((rep + 1))
+    done
+    # Proof that governance ran and never limited: the source's counters.
+    if [ $CALL_UP = 1 ]; then
+        st=$(ctl_stats)
+        if [ -n "$(stat "$st" sources attempts)" ]; then
+            echo "- governance after the rows (polygwctl stats): source $(stat "$st" sources name):" \
+                "attempts $(stat "$st" sources attempts), successes $(stat "$st" sources successes)," \
+                "failures $(stat "$st" sources failures), rate_limited $(stat "$st" sources rate_limited)," \
+                "breaker $(stat "$st" sources breaker) (opened $(stat "$st" sources breaker_opened) times)," \
+                "limit $(stat "$st" sources limit); calls waiting now $(stat "$st" - calls_waiting)" >>"$CNOTES"
+        elif [ -n "$st" ]; then
+            echo "- governance: this build's stats have no per-source state to show" >>"$CNOTES"
+        fi
+    fi
+
+    {
+        echo "## call: sidecar vs the same request sent directly to the mock (libcurl)"
+        echo
+        echo "- each cell: the fastest of $REPS runs of ${DUR} s (each after ${CALL_WARMUP} warm-up requests), closed loop (1 request in flight per client)"
+        echo "- direct: curlgen (libcurl multi, keep-alive) → mock; sidecar: loadgen \`call\` → polygw (governance on: 1 chat source, max_concurrency 1024, aimd initial 1024, no quotas) → libcurl → mock"
+        echo "- request body ($(printf '%s' "$BODY" | wc -c | tr -d ' ') bytes): \`$BODY\`"
+        echo
+        echo "| path | clients | req/s | p50 µs | p99 µs | Δp50 vs direct µs | Δp99 vs direct µs | throughput ratio |"
+        echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+        for n in $CALL_CLIENTS; do
+            d=$TMP/call.direct.$n
+            s=$TMP/call.sidecar.$n
+            d_rps=
+            d_p50=
+            d_p99=
+            if [ -s "$d" ]; then
+                d_rps=$(best "$d" 1)
+                d_p50=$(best "$d" 2)
+                d_p99=$(best "$d" 3)
+                echo "| direct | $n | $d_rps | $d_p50 | $d_p99 | — | — | 1.00 |"
+            else
+                echo "| direct | $n | failed | | | | | |"
+            fi
+            if [ $CALL_UP = 0 ]; then
+                echo "| sidecar | $n | skipped | | | | | |"
+            elif [ -s "$s" ]; then
+                s_rps=$(best "$s" 1)
+                s_p50=$(best "$s" 2)
+                s_p99=$(best "$s" 3)
+                echo "| sidecar | $n | $s_rps | $s_p50 | $s_p99 |" \
+                    "$(awk -v a="$s_p50" -v b="${d_p50:-}" 'BEGIN { if (b != "") printf "%+.1f", a - b; else printf "n/a" }') |" \
+                    "$(awk -v a="$s_p99" -v b="${d_p99:-}" 'BEGIN { if (b != "") printf "%+.1f", a - b; else printf "n/a" }') |" \
+                    "$(awk -v a="$s_rps" -v b="${d_rps:-0}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else printf "n/a" }') |"
+            else
+                echo "| sidecar | $n | failed | | | | | |"
+            fi
+        done
+        echo
+        if [ $CALL_UP = 0 ]; then
+            echo "- sidecar rows skipped: $CALL_SKIP_WHY"
+        fi
+        cat "$CNOTES"
+        for n in $CALL_CLIENTS; do
+            for p in direct sidecar; do
+                f=$TMP/call.$p.$n
+                [ -s "$f" ] || continue
+                line="- $p, clients=$n: req/s per run $(cut -d ' ' -f 1 "$f" | tr '\n' ' ' | sed 's/ $//')"
+                line="$line (median $(median "$f" 1), p50 median $(median "$f" 2) µs, p99 median $(median "$f" 3) µs) |"
+                line="$line median CPU: mock $(median "$f" 8)% ($(median "$f" 10) µs/req)"
+                if [ "$p" = sidecar ]; then
+                    line="$line, sidecar $(median "$f" 9)% ($(median "$f" 11) µs/req)"
+                fi
+                line="$line, generator $(median "$f" 7)% ($(median "$f" 13) µs/req) | upstream connections opened per run (warm-up included): $(cut -d ' ' -f 12 "$f" | tr '\n' ' ' | sed 's/ $//')"
+                echo "$line | response $(median "$f" 6) B"
+            done
+        done
+        # The targets of issue 3, against this run's fastest cells.
+        if [ -s "$TMP/call.direct.1" ] && [ -s "$TMP/call.sidecar.1" ]; then
+            dp50=$(awk -v a="$(best "$TMP/call.sidecar.1" 2)" -v b="$(best "$TMP/call.direct.1" 2)" 'BEGIN { printf "%.1f", a - b }')
+            dp99=$(awk -v a="$(best "$TMP/call.sidecar.1" 3)" -v b="$(best "$TMP/call.direct.1" 3)" 'BEGIN { printf "%.1f", a - b }')
+            echo "- target (issue 3), 1 client: the sidecar adds ${dp50} µs at p50 (target ≤ 30; nginx as a plain reverse proxy adds ~39, Portkey ~1200)" \
+                "and ${dp99} µs at p99 (target < 100): $(awk -v a="$dp50" -v b="$dp99" 'BEGIN { print (a <= 30 && b < 100) ? "**met**" : "**not met**" }')"
+        fi
+        if [ -s "$TMP/call.sidecar.64" ]; then
+            s64=$(best "$TMP/call.sidecar.64" 1)
+            echo "- target (issue 3), 64 clients: the sidecar served $s64 req/s (nginx ~53000 on this machine class, Portkey ~650):" \
+                "$(awk -v a="$s64" 'BEGIN { printf "%.0f%% of nginx", a * 100 / 53000 }')" \
+                "— but read it against the direct row of this run ($( [ -s "$TMP/call.direct.64" ] && best "$TMP/call.direct.64" 1 || echo n/a) req/s):" \
+                "the sidecar shares CPU 0 with the mock, and at 1e6 ÷ (sidecar µs/req) it could serve about" \
+                "$(awk -v u="$(median "$TMP/call.sidecar.64" 11)" 'BEGIN { if (u + 0 > 0) printf "%.0f", 1e6 / u; else printf "n/a" }') req/s on a core of its own"
+        fi
+        echo "- Δ = sidecar − direct at the same client count, from each cell's fastest run;"
+        echo "  throughput ratio = sidecar req/s ÷ direct req/s. Both generators run on CPU 1,"
+        echo "  the mock (and in sidecar rows the sidecar too) on CPU 0. µs/req = the process's"
+        echo "  CPU time (/proc, warm-up included) ÷ requests it served; it does not depend on"
+        echo "  which side saturated (generator µs/req: measured phase only). A generator near"
+        echo "  100% limits its row: the direct floor at 64 clients is usually curlgen-bound"
+        echo "  (libcurl is not cheap for its client either), so compare µs/req as well as req/s."
+        echo "  Upstream connections opened: new TCP connections the mock accepted during the run;"
+        echo "  a warm keep-alive pool opens none (direct: curlgen opens one per client in its warm-up)."
+        echo
+    } >"$TMP/call.md"
+}
+
+# ========================================================================
+# memory: RSS per call in flight
+# ========================================================================
+
+rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status" 2>/dev/null; }
+
+# ctl_stats: the call sidecar's `polygwctl stats --json` (pretty-printed,
+# two spaces per level), empty when polygwctl is missing or fails.
+ctl_stats() {
+    [ -x "$CTL" ] || return 0
+    "$CTL" --socket "$CALL_SOCK" --timeout 2 stats --json 2>/dev/null
+}
+
+# stat STATS SECTION KEY: the scalar KEY inside top-level SECTION (its first
+# occurrence, nested objects included; `-` = a top-level key), quotes
+# stripped; empty when absent. Keys repeat across sections (`in_flight` is in
+# `requests` and in every source), hence the section.
+stat() {
+    printf '%s\n' "$1" | awk -v sec="$2" -v key="$3" '
+        sec == "-" && index($0, "  \"" key "\": ") == 1 { insec = 1 }
+        sec != "-" && index($0, "  \"" sec "\": ") == 1 { insec = 1; next }
+        insec && /^  []}]/ { exit }
+        insec && index($0, "\"" key "\": ") {
+            v = $0; sub(/^[^:]*: */, "", v); sub(/,$/, "", v); gsub(/"/, "", v)
+            print v; exit
+        }'
+}
+
+memory_section() {
+    MNOTES=$TMP/mem.notes
+    : >"$MNOTES"
+    {
+        echo "## memory per call in flight"
+        echo
+    } >"$TMP/mem.md"
+    if [ $CALL_UP = 0 ]; then
+        echo "- skipped: $CALL_SKIP_WHY" >>"$TMP/mem.md"
+        say "SKIPPING memory section: $CALL_SKIP_WHY"
+        return
+    fi
+    say "memory: $MEM_CALLS calls held ${MEM_DELAY_MS} ms by the mock ..."
+    # 50 connections (like 50 application processes), each with up to
+    # ceil(N / 50) calls outstanding: well under the sidecar's default of
+    # 1024 in flight per connection.
+    mc=50
+    [ "$MEM_CALLS" -ge 50 ] || mc=$MEM_CALLS
+    md=$(((MEM_CALLS + mc - 1) / mc))
+    # The delay rides in the body (`"mock"` key, forwarded as-is by the
+    # sidecar): no mock state to set or reset.
+    slow_body=$(printf '%s' "$BODY" | sed "s/^{/{\"mock\":{\"delay_ms\":$MEM_DELAY_MS},/")
+    slow_params="[{\"capability\":\"chat\",\"body\":$slow_body}]"
+
+    sleep 0.5 2>/dev/null || sleep 1
+    idle=$(rss_kib "$CALL_PID")
+    idle_inflight=$(stat "$(ctl_stats)" requests in_flight)
+    # shellcheck disable=SC2086
+    $TIMEOUT_MEM $PIN_LG "$LOADGEN" --socket "$CALL_SOCK" --method call \
+        --params-json "$slow_params" --clients "$mc" --pipeline "$md" --requests "$MEM_CALLS" \
+        --duration 10 --timeout-ms $((MEM_DELAY_MS + 10000)) --json \
+        >"$TMP/mem.json" 2>>"$TMP/loadgen.err" &
+    MEM_LG_PID=$!
+
+    # Wait for every call to be in flight (at most until the mock would
+    # start answering), then sample RSS three times and keep the largest.
+    t_start=$(uptime_s)
+    t_end=$(awk -v u="$t_start" -v d="$MEM_DELAY_MS" 'BEGIN { printf "%.2f", u + d / 1000 - 0.8 }')
+    inflight=
+    while :; do
+        inflight=$(stat "$(ctl_stats)" requests in_flight)
+        [ -n "$inflight" ] && [ "$inflight" -ge "$MEM_CALLS" ] && break
+        awk -v u="$(uptime_s)" -v e="$t_end" 'BEGIN { exit !(u >= e) }' && break
+        kill -0 "$MEM_LG_PID" 2>/dev/null || break
+        nap
+    done
+    ramp=$(awk -v u="$(uptime_s)" -v a="$t_start" 'BEGIN { printf "%.1f", u - a }')
+    peak=0
+    k=0
+    while [ $k -lt 3 ]; do
+        r=$(rss_kib "$CALL_PID")
+        if [ -n "$r" ] && [ "$r" -gt "$peak" ]; then peak=$r; fi
+        k=$((k + 1))
+        [ $k -lt 3 ] && nap
+    done
+    st=$(ctl_stats)
+    inflight2=$(stat "$st" requests in_flight)
+    active=$(stat "$st" upstream attempts_active)
+    at_mock=$(field "$(mock_get /_mock/stats)" in_progress)
+    wait "$MEM_LG_PID" 2>/dev/null
+    MEM_LG_PID=
+    j=$(cat "$TMP/mem.json" 2>/dev/null)
+    sleep 0.3 2>/dev/null || sleep 1
+    after=$(rss_kib "$CALL_PID")
+    after_inflight=$(stat "$(ctl_stats)" requests in_flight)
+
+    per=n/a
+    if [ -n "$idle" ] && [ "$peak" -gt 0 ]; then
+        per=$(awk -v a="$peak" -v b="$idle" -v n="$MEM_CALLS" 'BEGIN { printf "%.1f", (a - b) / n }')
+    fi
+    {
+        echo "- $MEM_CALLS calls through the sidecar ($mc connections × $md outstanding), each held ${MEM_DELAY_MS} ms by the mock (\`\"mock\":{\"delay_ms\":$MEM_DELAY_MS}\` in the body); RSS = VmRSS of the sidecar from /proc"
+        echo
+        echo "| calls opened | in flight (polygwctl stats) | upstream attempts active | in progress at the mock | RSS idle KiB | RSS in flight KiB | KiB per call | RSS after KiB |"
+        echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
+        echo "| $MEM_CALLS | ${inflight2:-n/a} | ${active:-n/a} | ${at_mock:-n/a} | ${idle:-n/a} | $peak | $per | ${after:-n/a} |"
+        echo
+        echo "- KiB per call = (RSS in flight − RSS idle) ÷ $MEM_CALLS. Idle = just before the held calls (after the call rows when they ran);"
+        echo "  in flight = the largest of 3 samples taken once \`requests.in_flight\` reached $MEM_CALLS (${ramp} s after the start);"
+        echo "  after = 0.3 s after the last answer (in flight then: ${after_inflight:-n/a}; idle before: ${idle_inflight:-n/a})."
+        echo "  It includes everything the calls cost the process: request frames, call and attempt state, curl handles and"
+        echo "  buffers, and the upstream connections' user-space state (kernel socket buffers are not in RSS)."
+    } >>"$TMP/mem.md"
+    if [ -z "$inflight2" ] || [ "$inflight2" -lt "$MEM_CALLS" ]; then
+        echo "- **WARNING: fewer than $MEM_CALLS calls were in flight when RSS was read (${inflight2:-unknown}); KiB per call overstates nothing but is not per in-flight call.**" >>"$TMP/mem.md"
+    fi
+    if [ "$(field "$j" ok)" != "$MEM_CALLS" ] || [ "$(field "$j" errors)" != 0 ]; then
+        STATUS=1
+        echo "- the held calls did not all succeed: ok $(field "$j" ok), errors $(field "$j" errors), first: $(first_error "$j")" >>"$TMP/mem.md"
+    else
+        echo "- all $MEM_CALLS held calls then completed ok (latency p50 $(awk -v u="$(field "$j" p50_us)" 'BEGIN { printf "%.3f", u / 1e6 }') s, max $(awk -v u="$(field "$j" max_us)" 'BEGIN { printf "%.3f", u / 1e6 }') s)." >>"$TMP/mem.md"
+    fi
+    echo >>"$TMP/mem.md"
+}
+
+# ========================================================================
+# run
+# ========================================================================
+
+: >"$TMP/ping.md"
+: >"$TMP/call.md"
+: >"$TMP/mem.md"
+if has_section ping; then
+    ping_section
+fi
+if has_section call || has_section memory; then
+    start_call_servers
+fi
+if has_section call; then
+    call_section
+fi
+if has_section memory; then
+    memory_section
+fi
 
 OUT=$TMP/results.md
 CPU_MODEL=$(sed -n 's/^model name[[:space:]]*:[[:space:]]*//p' /proc/cpuinfo 2>/dev/null | head -n 1)
@@ -258,79 +865,18 @@ if [ "$REV" != uncommitted ] && ! git diff --quiet HEAD -- 2>/dev/null; then
     REV="$REV+local changes"
 fi
 {
-    echo "## polygw benchmark: ping, sidecar vs echo floor"
+    echo "# polygw benchmark"
     echo
     echo "- date: $(date -u '+%Y-%m-%d %H:%M:%SZ'), revision: $REV"
     echo "- machine: $(uname -srm), ${NCPU} CPU(s), ${CPU_MODEL:-unknown CPU}, load average before the run: $LOADAVG"
     echo "- placement: $PIN_NOTE"
-    echo "- each cell: the fastest of $REPS runs of ${DUR} s (each after ${WARMUP} warm-up requests), $PIPELINE request(s) in flight per client (1 = closed loop), 1 loadgen thread"
-    echo "- command: BENCH_DURATION=$DUR BENCH_REPS=$REPS BENCH_WARMUP=$WARMUP BENCH_PIPELINE=$PIPELINE BENCH_CLIENTS=\"$CLIENTS\" sh tests/bench/run.sh $BUILD (\`make bench\` = the defaults)"
+    echo "- command: BENCH_DURATION=$DUR BENCH_REPS=$REPS BENCH_WARMUP=$WARMUP BENCH_PIPELINE=$PIPELINE BENCH_CLIENTS=\"$CLIENTS\" BENCH_SECTIONS=\"$SECTIONS\" BENCH_CALL_CLIENTS=\"$CALL_CLIENTS\" BENCH_CALL_WARMUP=$CALL_WARMUP BENCH_MEM_CALLS=$MEM_CALLS BENCH_MEM_DELAY_MS=$MEM_DELAY_MS sh tests/bench/run.sh $BUILD (\`make bench\` = the defaults)"
     echo
-    echo "| target | clients | req/s | p50 µs | p99 µs | p99.9 µs | ratio vs echo (req/s) | Δp50 vs echo |"
-    echo "|---|---:|---:|---:|---:|---:|---:|---:|"
-    for n in $CLIENTS; do
-        e=$TMP/raw.echo.$n
-        s=$TMP/raw.sidecar.$n
-        e_rps=
-        e_p50=
-        if [ -s "$e" ]; then
-            e_rps=$(best "$e" 1)
-            e_p50=$(best "$e" 2)
-            echo "| echo | $n | $e_rps | $e_p50 | $(best "$e" 3) | $(best "$e" 4) | 1.00 | — |"
-        else
-            echo "| echo | $n | failed | | | | | |"
-        fi
-        if [ $SIDECAR = 0 ]; then
-            echo "| sidecar | $n | skipped | | | | | |"
-        elif [ -s "$s" ]; then
-            s_rps=$(best "$s" 1)
-            s_p50=$(best "$s" 2)
-            ratio=$(awk -v a="$s_rps" -v b="${e_rps:-0}" \
-                'BEGIN { if (b > 0) printf "%.2f", a / b; else printf "n/a" }')
-            dp50=$(awk -v a="$s_p50" -v b="${e_p50:-0}" \
-                'BEGIN { if (b > 0) printf "%+.1f µs (%+.0f%%)", a - b, (a - b) * 100 / b;
-                         else printf "n/a" }')
-            echo "| sidecar | $n | $s_rps | $s_p50 | $(best "$s" 3) | $(best "$s" 4) | $ratio | $dp50 |"
-        else
-            echo "| sidecar | $n | failed | | | | | |"
-        fi
-    done
-    echo
-    if [ $SIDECAR = 0 ]; then
-        echo "- sidecar rows skipped: $SKIP_WHY"
-    fi
-    cat "$NOTES"
-    busy=0
-    for n in $CLIENTS; do
-        for target in echo sidecar; do
-            f=$TMP/raw.$target.$n
-            [ -s "$f" ] || continue
-            srv=$(median "$f" 8)
-            lg=$(median "$f" 7)
-            echo "- $target, clients=$n: req/s per run $(cut -d ' ' -f 1 "$f" | tr '\n' ' ' | sed 's/ $//')" \
-                "(median $(median "$f" 1), p50 median $(median "$f" 2) µs) |" \
-                "median CPU: server ${srv}%, loadgen ${lg}% |" \
-                "response $(median "$f" 6) B"
-            # With 16+ clients one side should saturate its core.
-            if [ "$n" -ge 16 ] && awk -v a="$srv" -v b="$lg" 'BEGIN { exit !(a < 70 && b < 70) }'; then
-                busy=1
-            fi
-        done
-    done
-    if [ $busy = 1 ]; then
-        echo "- **WARNING: at 16+ clients neither the server nor loadgen used 70% of"
-        echo "  its core: other processes were competing for the CPUs. Treat these"
-        echo "  numbers as noise and rerun on a quiet machine.**"
-    fi
-    echo "- ratio = sidecar req/s ÷ echo req/s at the same client count (1.00 = no overhead);"
-    echo "  Δp50 = sidecar p50 − echo p50. Latencies are round trips measured by loadgen."
-    echo "  CPU is % of one core over the run (server: from /proc, warm-up included)."
-    echo "  A server near 100% is the bottleneck (the ratio then compares per-request"
-    echo "  costs); loadgen near 100% means the generator limits the row."
+    cat "$TMP/ping.md" "$TMP/call.md" "$TMP/mem.md"
 } >"$OUT"
 
 if [ -s "$TMP/loadgen.err" ]; then
-    say "loadgen stderr:"
+    say "generator stderr:"
     cat "$TMP/loadgen.err" >&2
 fi
 mkdir -p "$BUILD/bench"
