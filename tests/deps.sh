@@ -7,6 +7,12 @@ PKGS="build-essential pkg-config libev-dev libmsgpack-dev libyaml-dev libcurl4-o
 libjansson-dev libhiredis-dev check redis-server python3 python3-msgpack python3-pytest \
 libclang-rt-14-dev"
 
+# The Node client's tests need node >= 18 and npm; Debian 12's are fine,
+# a newer one already on the machine is kept.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    PKGS="$PKGS nodejs npm"
+fi
+
 missing=""
 for p in $PKGS; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -63,6 +63,7 @@ class Sidecar:
         self.expected_rc = 0  # what the fixture's teardown requires
 
     def start(self, wait=True):
+        self.returncode = None  # a restarted sidecar is stopped and checked again
         self.log = open(self.log_path, "ab")
         env = sanitizer_env()
         if self.env:

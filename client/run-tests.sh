@@ -1,0 +1,95 @@
+#!/bin/sh
+# client/run-tests.sh BUILD_DIR
+#
+# Runs the Python and Node client tests against the real sidecar and mock
+# upstream in BUILD_DIR (e.g. build/asan): the Python tests with Debian's
+# /usr/bin/python3 (python3-msgpack, python3-pytest), then `npm ci` from the
+# committed lockfile (skipped when node_modules already matches it, so an
+# offline machine that installed once keeps working) and `node --test`.
+# Prints each runner's summary and a combined last line; exits non-zero on
+# any failure.
+set -u
+
+if [ $# -ne 1 ] || [ ! -d "$1" ]; then
+    echo "usage: $0 BUILD_DIR   (a directory holding polygw and mock_upstream)" >&2
+    exit 2
+fi
+BUILD=$(cd "$1" && pwd)
+HERE=$(cd "$(dirname "$0")" && pwd)
+for bin in polygw mock_upstream; do
+    if [ ! -x "$BUILD/$bin" ]; then
+        echo "$0: $BUILD/$bin not found (run make first)" >&2
+        exit 2
+    fi
+done
+
+export POLYGW_BUILD="$BUILD"
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+unset POLYGW_SOCKET
+
+TMP=$(mktemp -d /tmp/pgw-client-tests.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT INT TERM
+status=0
+
+# run NAME CMD...: runs CMD with its output shown and kept in $TMP/NAME.log
+run() {
+    name=$1
+    shift
+    { "$@"; echo $? > "$TMP/$name.rc"; } 2>&1 | tee "$TMP/$name.log"
+    rc=$(cat "$TMP/$name.rc" 2>/dev/null || echo 1)
+    [ "$rc" -eq 0 ] || status=1
+    return "$rc"
+}
+
+echo "== client/python: /usr/bin/python3 -m pytest"
+(cd "$HERE/python" && run python /usr/bin/python3 -m pytest -q -p no:cacheprovider -rs tests)
+[ "$(cat "$TMP/python.rc" 2>/dev/null || echo 1)" -eq 0 ] || status=1
+
+echo "== client/node: npm ci"
+cd "$HERE/node" || exit 1
+# node_modules is in sync when npm's own record of what it installed
+# (node_modules/.package-lock.json) lists every package of the lockfile at
+# the same version and integrity.
+in_sync() {
+    node -e '
+        const fs = require("fs");
+        const lock = JSON.parse(fs.readFileSync("package-lock.json", "utf8")).packages;
+        const have = JSON.parse(fs.readFileSync("node_modules/.package-lock.json", "utf8")).packages;
+        for (const [p, v] of Object.entries(lock)) {
+            if (p === "") continue;
+            const h = have[p];
+            if (!h || h.version !== v.version || (v.integrity && h.integrity !== v.integrity)) process.exit(1);
+        }
+    ' 2>/dev/null
+}
+if in_sync; then
+    echo "node_modules matches package-lock.json: npm ci skipped"
+elif ! npm ci --no-audit --no-fund --prefer-offline; then
+    echo "$0: npm ci failed" >&2
+    status=1
+fi
+
+echo "== client/node: node --test"
+run node node --test --test-reporter=spec test/*.test.js
+
+# Summary: each runner's own closing lines, then one combined line.
+echo "== client tests summary"
+py_line=$(grep -E '^[0-9]+ (passed|failed)|(passed|failed|error).* in [0-9.]+s' "$TMP/python.log" | tail -1)
+echo "python: ${py_line:-no pytest summary}"
+grep -E '^. (tests|pass|fail|skipped|cancelled) [0-9]+' "$TMP/node.log" | sed 's/^. /node:   /'
+count() { # count WORD TEXT: the number before WORD in TEXT, or 0
+    n=$(printf '%s\n' "$2" | grep -oE "[0-9]+ $1" | head -1 | cut -d' ' -f1)
+    echo "${n:-0}"
+}
+node_n() { # node_n KEY: the number of the spec reporter's "ℹ KEY N" line, or 0
+    n=$(grep -E "^. $1 [0-9]+" "$TMP/node.log" | tail -1 | awk '{print $3}')
+    echo "${n:-0}"
+}
+passed=$(( $(count passed "$py_line") + $(node_n pass) ))
+failed=$(( $(count failed "$py_line") + $(count error "$py_line") + $(node_n fail) + $(node_n cancelled) ))
+skipped=$(( $(count skipped "$py_line") + $(node_n skipped) ))
+[ "$failed" -eq 0 ] || status=1
+[ "$passed" -gt 0 ] || status=1
+echo "clients: $passed passed, $failed failed, $skipped skipped"
+exit $status
