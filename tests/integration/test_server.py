@@ -449,3 +449,13 @@ def test_server__stats_shows_governance_state_never_keys(make_sidecar):
     blob = msgpack.packb(st)
     assert key.encode() not in blob
     assert key not in sc.logs()
+
+
+def test_cli__redis_backend_refused_not_silently_ignored(workdir):
+    cfg = os.path.join(workdir, "redis.yaml")
+    with open(cfg, "w") as f:
+        f.write('backend: {kind: redis, url: "redis://127.0.0.1:6379/0"}\n')
+    r = _run(["--config", cfg, "--socket", os.path.join(workdir, "r.sock")])
+    assert r.returncode == 1
+    assert "redis is not supported" in r.stderr
+    assert not os.path.exists(os.path.join(workdir, "r.sock"))
