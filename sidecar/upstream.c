@@ -39,6 +39,12 @@
  * handles currently added) shrinks as attempts end, closing warm keep-alive
  * connections to sources under load; we add and remove a handle per attempt. */
 #define UPSTREAM_MAX_IDLE_CONNECTIONS 4096L
+/* Entries of each per-engine cache below. URLs and keys come from the
+ * configuration, so a handful is the norm; the bound only keeps reloads
+ * that keep changing them from growing the caches: past it, attempts build
+ * their own (the slower path, same result). */
+#define UPSTREAM_CACHE_MAX 64
+#define HEADER_AUTH "Authorization: Bearer "
 
 struct dns_host {
     struct dns_host *next;
@@ -48,6 +54,24 @@ struct dns_host {
     struct attempt *waiters;      /* attempts waiting for a lookup slot, FIFO */
     struct attempt **waiters_tail;
     char name[];
+};
+
+/* What dns_host_for_url() found for one URL: parsing it with curl's URL
+ * API costs several allocations per attempt, and the answer never changes. */
+struct url_host {
+    struct url_host *next;
+    struct dns_host *dns;         /* NULL: an IP literal */
+    char url[];
+};
+
+/* Request headers for one (stream, api_key) pair, shared by every attempt
+ * that sends them: building the list costs 4-5 allocations per attempt and
+ * curl only reads it. Found by the text of the Authorization line, so the
+ * key itself is not kept a second time. */
+struct header_set {
+    struct header_set *next;
+    bool stream;
+    struct curl_slist *headers;
 };
 
 struct usock {
@@ -66,6 +90,10 @@ struct upstream {
     struct attempt *active;       /* doubly linked */
     struct attempt *deferred;     /* attempts with pending operations (singly linked) */
     struct dns_host *hosts;
+    struct url_host *urls;
+    size_t n_urls;
+    struct header_set *header_sets;
+    size_t n_header_sets;
     struct upstream_stats stats;
     CURL *pool[UPSTREAM_POOL_MAX]; /* reset easy handles of completed transfers */
     size_t n_pool;
@@ -78,7 +106,8 @@ struct attempt {
     bool on_deferred;
     CURL *easy;
     bool recycle;                 /* the transfer completed: the handle may be reused */
-    struct curl_slist *headers;
+    struct curl_slist *headers;   /* a cached header_set's, or owned_headers */
+    struct curl_slist *owned_headers;
     char *req_body;
     struct attempt_hooks hooks;
     void *ud;
@@ -151,14 +180,17 @@ static struct dns_host *dns_host_get(struct upstream *up, const char *name)
     return h;
 }
 
-/* The host part of `url` when it is a name (not an IP literal), else NULL. */
-static struct dns_host *dns_host_for_url(struct upstream *up, const char *url)
+/* The host part of `url` when it is a name (not an IP literal), else NULL.
+ * *known is set when that answer is final: false when the URL could not be
+ * parsed or memory ran out, so that a caller caching it asks again. */
+static struct dns_host *dns_host_for_url(struct upstream *up, const char *url, bool *known)
 {
     char *host = NULL;
     struct dns_host *h = NULL;
     CURLU *u = curl_url();
     unsigned char tmp[sizeof(struct in6_addr)];
 
+    *known = false;
     if (!u)
         return NULL;
     if (curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK &&
@@ -171,9 +203,32 @@ static struct dns_host *dns_host_for_url(struct upstream *up, const char *url)
         }
         if (!literal)
             h = dns_host_get(up, host);
+        *known = literal || h;
     }
     curl_free(host);
     curl_url_cleanup(u);
+    return h;
+}
+
+/* dns_host_for_url() through the engine's URL cache. */
+static struct dns_host *dns_host_for_url_cached(struct upstream *up, const char *url)
+{
+    for (struct url_host *u = up->urls; u; u = u->next) {
+        if (strcmp(u->url, url) == 0)
+            return u->dns;
+    }
+    bool known;
+    struct dns_host *h = dns_host_for_url(up, url, &known);
+    size_t n = strlen(url);
+    struct url_host *u =
+        known && up->n_urls < UPSTREAM_CACHE_MAX ? malloc(sizeof(*u) + n + 1) : NULL;
+    if (u) {
+        u->dns = h;
+        memcpy(u->url, url, n + 1);
+        u->next = up->urls;
+        up->urls = u;
+        up->n_urls++;
+    }
     return h;
 }
 
@@ -326,7 +381,7 @@ static void attempt_free(struct attempt *a)
         curl_multi_remove_handle(up->multi, a->easy);
         curl_easy_cleanup(a->easy);
     }
-    curl_slist_free_all(a->headers);
+    curl_slist_free_all(a->owned_headers);
     free(a->req_body);
     free(a->resp);
     if (a->sse_ready)
@@ -921,7 +976,89 @@ void upstream_free(struct upstream *up)
     while (up->n_pool)
         curl_easy_cleanup(up->pool[--up->n_pool]);
     curl_multi_cleanup(up->multi);
+    /* After the handles: a pooled one may still point at a header list. */
+    while (up->header_sets) {
+        struct header_set *hs = up->header_sets;
+        up->header_sets = hs->next;
+        for (struct curl_slist *l = hs->headers; l; l = l->next)
+            explicit_bzero(l->data, strlen(l->data));
+        curl_slist_free_all(hs->headers);
+        free(hs);
+    }
+    while (up->urls) {
+        struct url_host *u = up->urls;
+        up->urls = u->next;
+        free(u);
+    }
     free(up);
+}
+
+static struct curl_slist *headers_build(bool stream, const char *api_key)
+{
+    struct curl_slist *l = curl_slist_append(NULL, "Content-Type: application/json");
+    struct curl_slist *t;
+
+    if (!l)
+        return NULL;
+    if (!(t = curl_slist_append(l, stream ? "Accept: text/event-stream"
+                                          : "Accept: application/json")) ||
+        !(t = curl_slist_append(l, "Expect:"))) {
+        curl_slist_free_all(l);
+        return NULL;
+    }
+    if (api_key && api_key[0]) {
+        size_t n = strlen(api_key) + sizeof(HEADER_AUTH);
+        char *auth = malloc(n);
+        if (!auth) {
+            curl_slist_free_all(l);
+            return NULL;
+        }
+        snprintf(auth, n, HEADER_AUTH "%s", api_key);
+        t = curl_slist_append(l, auth);
+        explicit_bzero(auth, n);
+        free(auth);
+        if (!t) {
+            curl_slist_free_all(l);
+            return NULL;
+        }
+    }
+    return l;
+}
+
+/* The key a header list carries ("" for none): its 4th line, if any. */
+static const char *headers_key(const struct curl_slist *l)
+{
+    for (int i = 0; i < 3 && l; i++)
+        l = l->next;
+    return l ? l->data + sizeof(HEADER_AUTH) - 1 : "";
+}
+
+/* The header list for (stream, api_key): a cached one (borrowed: it lives
+ * as long as the engine) or, past the cache bound, a new one stored in
+ * *owned for the attempt to free. NULL when out of memory. */
+static struct curl_slist *upstream_headers(struct upstream *up, bool stream, const char *api_key,
+                                           struct curl_slist **owned)
+{
+    const char *key = api_key ? api_key : "";
+
+    for (struct header_set *hs = up->header_sets; hs; hs = hs->next) {
+        if (hs->stream == stream && strcmp(headers_key(hs->headers), key) == 0)
+            return hs->headers;
+    }
+    struct curl_slist *l = headers_build(stream, api_key);
+    if (!l)
+        return NULL;
+    struct header_set *hs = up->n_header_sets < UPSTREAM_CACHE_MAX ? malloc(sizeof(*hs)) : NULL;
+    if (!hs) {
+        *owned = l;
+        return l;
+    }
+    hs->stream = stream;
+    hs->headers = l;
+    hs->next = up->header_sets;
+    up->header_sets = hs;
+    up->n_header_sets++;
+    return l;
 }
 
 static int attempt_setup(struct attempt *a, const struct attempt_spec *spec)
@@ -930,23 +1067,7 @@ static int attempt_setup(struct attempt *a, const struct attempt_spec *spec)
 
     if (!e)
         return -1;
-    a->headers = curl_slist_append(a->headers, "Content-Type: application/json");
-    a->headers = curl_slist_append(a->headers, spec->stream ? "Accept: text/event-stream"
-                                                            : "Accept: application/json");
-    a->headers = curl_slist_append(a->headers, "Expect:");
-    if (spec->api_key && spec->api_key[0]) {
-        size_t n = strlen(spec->api_key) + sizeof("Authorization: Bearer ");
-        char *auth = malloc(n);
-        if (!auth)
-            return -1;
-        snprintf(auth, n, "Authorization: Bearer %s", spec->api_key);
-        struct curl_slist *h = curl_slist_append(a->headers, auth);
-        explicit_bzero(auth, n);
-        free(auth);
-        if (!h)
-            return -1;
-        a->headers = h;
-    }
+    a->headers = upstream_headers(a->up, spec->stream, spec->api_key, &a->owned_headers);
     if (!a->headers)
         return -1;
     curl_easy_setopt(e, CURLOPT_URL, spec->url);
@@ -1019,7 +1140,7 @@ struct attempt *attempt_start(struct upstream *up, struct attempt_spec *spec,
     }
     /* The lookup cap is applied when curl actually starts a lookup
      * (attempt_on_resolver_start), not here: most attempts never need one. */
-    a->dns = dns_host_for_url(up, spec->url);
+    a->dns = dns_host_for_url_cached(up, spec->url);
     attempt_arm(a);
     if (curl_multi_add_handle(up->multi, a->easy) != CURLM_OK) {
         attempt_detach(a);
