@@ -298,6 +298,24 @@ void rpc_pack_str(msgpack_packer *pk, const char *s)
     rpc_pack_strn(pk, s, strlen(s));
 }
 
+void rpc_pack_kv_str(msgpack_packer *pk, const char *key, const char *val)
+{
+    rpc_pack_str(pk, key);
+    rpc_pack_str(pk, val);
+}
+
+void rpc_pack_kv_u64(msgpack_packer *pk, const char *key, uint64_t val)
+{
+    rpc_pack_str(pk, key);
+    msgpack_pack_uint64(pk, val);
+}
+
+void rpc_pack_kv_double(msgpack_packer *pk, const char *key, double val)
+{
+    rpc_pack_str(pk, key);
+    msgpack_pack_double(pk, val);
+}
+
 void rpc_pack_request_begin(msgpack_packer *pk, uint32_t msgid, const char *method)
 {
     msgpack_pack_array(pk, 4);

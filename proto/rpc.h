@@ -100,6 +100,11 @@ const char *rpc_type_name(const msgpack_object *o);
 void rpc_pack_str(msgpack_packer *pk, const char *s);
 void rpc_pack_strn(msgpack_packer *pk, const char *s, size_t n);
 
+/* One key/value pair of a map whose header the caller already packed. */
+void rpc_pack_kv_str(msgpack_packer *pk, const char *key, const char *val);
+void rpc_pack_kv_u64(msgpack_packer *pk, const char *key, uint64_t val);
+void rpc_pack_kv_double(msgpack_packer *pk, const char *key, double val);
+
 /* [0, msgid, method, <caller packs params: an array>] */
 void rpc_pack_request_begin(msgpack_packer *pk, uint32_t msgid, const char *method);
 

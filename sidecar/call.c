@@ -116,18 +116,6 @@ static void call_end(struct call *k)
     server_on_request_done(srv);
 }
 
-static void pack_kv_str(msgpack_packer *pk, const char *k, const char *v)
-{
-    rpc_pack_str(pk, k);
-    rpc_pack_str(pk, v);
-}
-
-static void pack_kv_double(msgpack_packer *pk, const char *k, double v)
-{
-    rpc_pack_str(pk, k);
-    msgpack_pack_double(pk, v);
-}
-
 static double call_elapsed(const struct call *k)
 {
     return ev_now(k->conn->srv->loop) - k->started;
@@ -184,8 +172,8 @@ static void pack_sources(msgpack_packer *pk, const struct call *k, const struct 
         if (!note->tried)
             continue;
         msgpack_pack_map(pk, 3 + (note->status ? 1 : 0) + (is_last ? 1 : 0));
-        pack_kv_str(pk, "name", cfg->sources[i].name);
-        pack_kv_str(pk, "reason", outcome_reason_name((enum outcome_reason)note->reason));
+        rpc_pack_kv_str(pk, "name", cfg->sources[i].name);
+        rpc_pack_kv_str(pk, "reason", outcome_reason_name((enum outcome_reason)note->reason));
         rpc_pack_str(pk, "attempts");
         msgpack_pack_uint32(pk, note->attempts);
         if (note->status) {
@@ -193,7 +181,7 @@ static void pack_sources(msgpack_packer *pk, const struct call *k, const struct 
             msgpack_pack_int(pk, note->status);
         }
         if (is_last)
-            pack_kv_str(pk, "detail", last->detail);
+            rpc_pack_kv_str(pk, "detail", last->detail);
     }
 }
 
@@ -258,8 +246,8 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
     rpc_pack_error_begin(pk, k->msgid, code, msg, extra);
     rpc_pack_str(pk, "attempts");
     msgpack_pack_uint32(pk, k->g.attempts);
-    pack_kv_double(pk, "stalled_s", stalled);
-    pack_kv_double(pk, "retry_after_s", retry_after_s >= 0 ? retry_after_s : 0);
+    rpc_pack_kv_double(pk, "stalled_s", stalled);
+    rpc_pack_kv_double(pk, "retry_after_s", retry_after_s >= 0 ? retry_after_s : 0);
     if (status) {
         /* The last attempt's HTTP status (per-source ones are in `sources`). */
         rpc_pack_str(pk, "status");
@@ -297,11 +285,11 @@ static void call_reply_success(struct call *k, const msgpack_sbuffer *body,
         rpc_pack_str(pk, "body");
         pack_raw(pk, body->data, body->size);
     }
-    pack_kv_str(pk, "source", k->src->name);
+    rpc_pack_kv_str(pk, "source", k->src->name);
     rpc_pack_str(pk, "attempts");
     msgpack_pack_uint32(pk, k->g.attempts);
-    pack_kv_double(pk, "elapsed_s", now - k->started);
-    pack_kv_double(pk, "stalled_s", gov_call_stalled_s(&k->g, now));
+    rpc_pack_kv_double(pk, "elapsed_s", now - k->started);
+    rpc_pack_kv_double(pk, "stalled_s", gov_call_stalled_s(&k->g, now));
     if (usage) {
         rpc_pack_str(pk, "usage");
         msgpack_pack_object(pk, *usage);
@@ -757,7 +745,7 @@ int call_cancel(struct conn *c, uint32_t msgid)
     rpc_pack_error_begin(&c->pk, msgid, PGW_CANCELLED, msg, 2);
     rpc_pack_str(&c->pk, "attempts");
     msgpack_pack_uint32(&c->pk, k->g.attempts);
-    pack_kv_double(&c->pk, "stalled_s", gov_call_stalled_s(&k->g, ev_now(c->srv->loop)));
+    rpc_pack_kv_double(&c->pk, "stalled_s", gov_call_stalled_s(&k->g, ev_now(c->srv->loop)));
     rpc_pack_error_end(&c->pk);
     conn_response_done(c, PGW_CANCELLED);
     call_abort(k);
@@ -801,8 +789,8 @@ void call_fail_task(struct task *t, enum pgw_code code, const char *message)
         rpc_pack_error_begin(&c->pk, k->msgid, code, message, 3);
         rpc_pack_str(&c->pk, "attempts");
         msgpack_pack_uint32(&c->pk, k->g.attempts);
-        pack_kv_double(&c->pk, "stalled_s", gov_call_stalled_s(&k->g, ev_now(c->srv->loop)));
-        pack_kv_str(&c->pk, "reason", task_reason(t));
+        rpc_pack_kv_double(&c->pk, "stalled_s", gov_call_stalled_s(&k->g, ev_now(c->srv->loop)));
+        rpc_pack_kv_str(&c->pk, "reason", task_reason(t));
         rpc_pack_error_end(&c->pk);
         conn_response_done(c, code);
         call_abort(k); /* unlinks k from t */

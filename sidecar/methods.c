@@ -16,18 +16,6 @@
 
 typedef void method_fn(struct conn *c, const struct rpc_msg *m);
 
-static void pack_kv_u64(msgpack_packer *pk, const char *k, uint64_t v)
-{
-    rpc_pack_str(pk, k);
-    msgpack_pack_uint64(pk, v);
-}
-
-static void pack_kv_double(msgpack_packer *pk, const char *k, double v)
-{
-    rpc_pack_str(pk, k);
-    msgpack_pack_double(pk, v);
-}
-
 /* A bucket's level, or nil when it is unlimited. */
 static void pack_kv_bucket(msgpack_packer *pk, const char *k, struct bucket *b, double now)
 {
@@ -48,7 +36,7 @@ static void pack_scope(const char *scope, double last_at, void *ud)
     struct scope_iter *it = ud;
     rpc_pack_str(it->pk, scope);
     msgpack_pack_map(it->pk, 1);
-    pack_kv_double(it->pk, "progress_age_s", it->now - last_at);
+    rpc_pack_kv_double(it->pk, "progress_age_s", it->now - last_at);
 }
 
 /* `sources`, `scopes` and `calls_waiting`: the governance state. A scope
@@ -72,20 +60,20 @@ static void pack_governance(msgpack_packer *pk, struct server *srv)
         rpc_pack_str(pk, s->p.name);
         rpc_pack_str(pk, "capability");
         rpc_pack_str(pk, srv->cfg->capabilities[s->p.capability].name);
-        pack_kv_u64(pk, "in_flight", s->in_flight);
-        pack_kv_u64(pk, "limit", limit);
-        pack_kv_double(pk, "aimd_limit", s->aimd.limit);
+        rpc_pack_kv_u64(pk, "in_flight", s->in_flight);
+        rpc_pack_kv_u64(pk, "limit", limit);
+        rpc_pack_kv_double(pk, "aimd_limit", s->aimd.limit);
         rpc_pack_str(pk, "breaker");
         rpc_pack_str(pk, breaker_state_name(s->breaker.state));
-        pack_kv_double(pk, "next_probe_in_s", next > now && next < 1e300 ? next - now : 0);
+        rpc_pack_kv_double(pk, "next_probe_in_s", next > now && next < 1e300 ? next - now : 0);
         pack_kv_bucket(pk, "rpm_level", &s->rpm, now);
         pack_kv_bucket(pk, "tpm_level", &s->tpm, now);
         pack_kv_bucket(pk, "daily_tokens_level", &s->daily, now);
-        pack_kv_u64(pk, "attempts", s->attempts);
-        pack_kv_u64(pk, "successes", s->successes);
-        pack_kv_u64(pk, "failures", s->failures);
-        pack_kv_u64(pk, "rate_limited", s->rate_limited);
-        pack_kv_u64(pk, "breaker_opened", s->breaker.opened_total);
+        rpc_pack_kv_u64(pk, "attempts", s->attempts);
+        rpc_pack_kv_u64(pk, "successes", s->successes);
+        rpc_pack_kv_u64(pk, "failures", s->failures);
+        rpc_pack_kv_u64(pk, "rate_limited", s->rate_limited);
+        rpc_pack_kv_u64(pk, "breaker_opened", s->breaker.opened_total);
     }
     rpc_pack_str(pk, "scopes");
     struct scope_iter it = {pk, now};
@@ -94,7 +82,7 @@ static void pack_governance(msgpack_packer *pk, struct server *srv)
         progress_foreach(g->progress, pack_scope, &it);
     for (size_t i = 0; i < g->n_capabilities; i++)
         waiting += g->waitq[i].n;
-    pack_kv_u64(pk, "calls_waiting", waiting);
+    rpc_pack_kv_u64(pk, "calls_waiting", waiting);
 }
 
 /* Binds `params` against `spec`; on failure answers bad_request and returns -1. */
@@ -139,46 +127,46 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
 
     rpc_pack_str(pk, "connections");
     msgpack_pack_map(pk, 4);
-    pack_kv_u64(pk, "open", st->conns_open);
-    pack_kv_u64(pk, "accepted", st->conns_accepted);
-    pack_kv_u64(pk, "rejected", st->conns_rejected);
-    pack_kv_u64(pk, "accept_errors", st->accept_errors);
+    rpc_pack_kv_u64(pk, "open", st->conns_open);
+    rpc_pack_kv_u64(pk, "accepted", st->conns_accepted);
+    rpc_pack_kv_u64(pk, "rejected", st->conns_rejected);
+    rpc_pack_kv_u64(pk, "accept_errors", st->accept_errors);
 
     rpc_pack_str(pk, "requests");
     msgpack_pack_map(pk, 5);
     /* This request is answered right after: count it as served. */
-    pack_kv_u64(pk, "served", st->requests_served + 1);
-    pack_kv_u64(pk, "in_flight", st->in_flight);
-    pack_kv_u64(pk, "notifications_ignored", st->notifications_ignored);
-    pack_kv_u64(pk, "cancels", st->cancels);
-    pack_kv_u64(pk, "chunks_relayed", st->chunks_relayed);
+    rpc_pack_kv_u64(pk, "served", st->requests_served + 1);
+    rpc_pack_kv_u64(pk, "in_flight", st->in_flight);
+    rpc_pack_kv_u64(pk, "notifications_ignored", st->notifications_ignored);
+    rpc_pack_kv_u64(pk, "cancels", st->cancels);
+    rpc_pack_kv_u64(pk, "chunks_relayed", st->chunks_relayed);
 
     rpc_pack_str(pk, "rejected");
     msgpack_pack_map(pk, PGW_CODE_COUNT - 1);
     for (int i = 1; i < PGW_CODE_COUNT; i++)
-        pack_kv_u64(pk, pgw_code_name((enum pgw_code)i), st->rejected[i]);
+        rpc_pack_kv_u64(pk, pgw_code_name((enum pgw_code)i), st->rejected[i]);
 
     rpc_pack_str(pk, "io");
     msgpack_pack_map(pk, 3);
-    pack_kv_u64(pk, "bytes_in", st->bytes_in);
-    pack_kv_u64(pk, "bytes_out", st->bytes_out);
-    pack_kv_u64(pk, "read_pauses", st->read_pauses);
+    rpc_pack_kv_u64(pk, "bytes_in", st->bytes_in);
+    rpc_pack_kv_u64(pk, "bytes_out", st->bytes_out);
+    rpc_pack_kv_u64(pk, "read_pauses", st->read_pauses);
 
     const struct upstream_stats *us = upstream_get_stats(c->srv->up);
     rpc_pack_str(pk, "upstream");
     msgpack_pack_map(pk, 13);
-    pack_kv_u64(pk, "attempts_started", us->attempts_started);
-    pack_kv_u64(pk, "attempts_done", us->attempts_done);
-    pack_kv_u64(pk, "attempts_cancelled", us->attempts_cancelled);
-    pack_kv_u64(pk, "attempts_active", us->attempts_active);
-    pack_kv_u64(pk, "dns_lookups", us->dns_lookups);
-    pack_kv_u64(pk, "dns_abandoned", us->dns_abandoned);
-    pack_kv_u64(pk, "dns_busy", us->dns_busy);
-    pack_kv_u64(pk, "dns_waits", us->dns_waits);
+    rpc_pack_kv_u64(pk, "attempts_started", us->attempts_started);
+    rpc_pack_kv_u64(pk, "attempts_done", us->attempts_done);
+    rpc_pack_kv_u64(pk, "attempts_cancelled", us->attempts_cancelled);
+    rpc_pack_kv_u64(pk, "attempts_active", us->attempts_active);
+    rpc_pack_kv_u64(pk, "dns_lookups", us->dns_lookups);
+    rpc_pack_kv_u64(pk, "dns_abandoned", us->dns_abandoned);
+    rpc_pack_kv_u64(pk, "dns_busy", us->dns_busy);
+    rpc_pack_kv_u64(pk, "dns_waits", us->dns_waits);
     for (int i = ATTEMPT_RESOLVING; i < ATTEMPT_DONE; i++) {
         char key[40];
         snprintf(key, sizeof(key), "timeouts_%s", attempt_phase_name((enum attempt_phase)i));
-        pack_kv_u64(pk, key, us->timeouts[i]);
+        rpc_pack_kv_u64(pk, key, us->timeouts[i]);
     }
 
     pack_governance(pk, c->srv);

@@ -396,46 +396,26 @@ int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, ch
     srv->cfg = cfg;
     srv->listen_fd = -1;
     srv->spare_fd = -1;
-    srv->socket_path = strdup(cfg->socket_path);
-    if (!srv->socket_path) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    srv->up = upstream_new(loop, SERVER_DNS_LOOKUPS_PER_HOST, err, errlen);
-    if (!srv->up) {
-        free(srv->socket_path);
-        srv->socket_path = NULL;
-        return -1;
-    }
     const struct gov_hooks hooks = {
         .on_wake = call_on_gov_wake,
         .on_breaker = call_on_breaker,
         .ud = srv,
     };
-    if (governor_init(&srv->gov, cfg, &hooks, &srv->rand_state, ev_now(loop), err, errlen) < 0) {
-        upstream_free(srv->up);
-        srv->up = NULL;
-        free(srv->socket_path);
-        srv->socket_path = NULL;
+    srv->socket_path = strdup(cfg->socket_path);
+    if (!srv->socket_path) {
+        snprintf(err, errlen, "out of memory");
         return -1;
     }
-    if (tasks_init(srv, err, errlen) < 0) {
-        gov_fini(&srv->gov);
-        upstream_free(srv->up);
-        srv->up = NULL;
-        free(srv->socket_path);
-        srv->socket_path = NULL;
-        return -1;
-    }
-    if (server_listen(srv, err, errlen) < 0) {
-        tasks_fini(srv);
-        gov_fini(&srv->gov);
-        upstream_free(srv->up);
-        srv->up = NULL;
-        free(srv->socket_path);
-        srv->socket_path = NULL;
-        return -1;
-    }
+    /* Set up in dependency order; unwind in reverse on failure. */
+    srv->up = upstream_new(loop, SERVER_DNS_LOOKUPS_PER_HOST, err, errlen);
+    if (!srv->up)
+        goto fail_up;
+    if (governor_init(&srv->gov, cfg, &hooks, &srv->rand_state, ev_now(loop), err, errlen) < 0)
+        goto fail_gov;
+    if (tasks_init(srv, err, errlen) < 0)
+        goto fail_tasks;
+    if (server_listen(srv, err, errlen) < 0)
+        goto fail_listen;
     srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     srv->started_at = ev_now(loop);
 
@@ -449,6 +429,18 @@ int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, ch
     srv->accept_w.data = srv->accept_retry_w.data = srv->sigterm_w.data = srv;
     srv->sigint_w.data = srv->grace_w.data = srv->stop_w.data = srv->reap_w.data = srv;
     return 0;
+
+fail_listen:
+    tasks_fini(srv);
+fail_tasks:
+    gov_fini(&srv->gov);
+fail_gov:
+    upstream_free(srv->up);
+    srv->up = NULL;
+fail_up:
+    free(srv->socket_path);
+    srv->socket_path = NULL;
+    return -1;
 }
 
 void server_start(struct server *srv)

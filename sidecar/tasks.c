@@ -122,18 +122,6 @@ void tasks_fini(struct server *srv)
 
 /* --- wire helpers ---------------------------------------------------- */
 
-static void pack_kv_str(msgpack_packer *pk, const char *k, const char *v)
-{
-    rpc_pack_str(pk, k);
-    rpc_pack_str(pk, v);
-}
-
-static void pack_kv_double(msgpack_packer *pk, const char *k, double v)
-{
-    rpc_pack_str(pk, k);
-    msgpack_pack_double(pk, v);
-}
-
 static void pack_task(msgpack_packer *pk, const struct server *srv, const struct task *t)
 {
     bool failed = t->state == TASK_FAILED;
@@ -141,16 +129,16 @@ static void pack_task(msgpack_packer *pk, const struct server *srv, const struct
     double updated = t->ended_at > 0 ? t->ended_at : t->last_active_at;
 
     msgpack_pack_map(pk, 5 + (failed ? 1 : 0) + (reason ? 1 : 0) + (t->node ? 1 : 0));
-    pack_kv_str(pk, "task_id", t->id);
-    pack_kv_str(pk, "state", task_state_name(t->state));
+    rpc_pack_kv_str(pk, "task_id", t->id);
+    rpc_pack_kv_str(pk, "state", task_state_name(t->state));
     if (failed)
-        pack_kv_str(pk, "reason_kind", task_reason_kind_name(t->reason_kind));
+        rpc_pack_kv_str(pk, "reason_kind", task_reason_kind_name(t->reason_kind));
     if (reason)
-        pack_kv_str(pk, "reason", t->reason);
+        rpc_pack_kv_str(pk, "reason", t->reason);
     if (t->node)
-        pack_kv_str(pk, "node", t->node);
-    pack_kv_double(pk, "started_at", unix_time(srv, t->started_at));
-    pack_kv_double(pk, "updated_at", unix_time(srv, updated));
+        rpc_pack_kv_str(pk, "node", t->node);
+    rpc_pack_kv_double(pk, "started_at", unix_time(srv, t->started_at));
+    rpc_pack_kv_double(pk, "updated_at", unix_time(srv, updated));
     rpc_pack_str(pk, "runs");
     msgpack_pack_uint64(pk, t->runs);
 }
@@ -214,8 +202,8 @@ static void reply_task_error(struct conn *c, uint32_t msgid, int rc, const char 
     bool with_reason = (code == PGW_TASK_STOPPED || code == PGW_WATCHDOG_TIMEOUT) && t;
     rpc_pack_error_begin(&c->pk, msgid, code, msg, with_reason ? 2 : 0);
     if (with_reason) {
-        pack_kv_str(&c->pk, "reason", task_reason(t));
-        pack_kv_str(&c->pk, "reason_kind", task_reason_kind_name(t->reason_kind));
+        rpc_pack_kv_str(&c->pk, "reason", task_reason(t));
+        rpc_pack_kv_str(&c->pk, "reason_kind", task_reason_kind_name(t->reason_kind));
     }
     rpc_pack_error_end(&c->pk);
     conn_response_done(c, code);
@@ -368,8 +356,8 @@ void tasks_node_begin(struct conn *c, const struct rpc_msg *m)
     tasks_rearm(c->srv);
     rpc_pack_result_begin(&c->pk, m->msgid);
     msgpack_pack_map(&c->pk, 2);
-    pack_kv_double(&c->pk, "timeout_s", t->node_timeout_s);
-    pack_kv_str(&c->pk, "timeout_source", task_timeout_src_name(t->node_timeout_src));
+    rpc_pack_kv_double(&c->pk, "timeout_s", t->node_timeout_s);
+    rpc_pack_kv_str(&c->pk, "timeout_source", task_timeout_src_name(t->node_timeout_src));
     conn_response_done(c, PGW_OK);
 }
 
@@ -396,7 +384,7 @@ void tasks_node_end(struct conn *c, const struct rpc_msg *m)
     tasks_rearm(c->srv);
     rpc_pack_result_begin(&c->pk, m->msgid);
     msgpack_pack_map(&c->pk, 1);
-    pack_kv_double(&c->pk, "elapsed_s", now - begun);
+    rpc_pack_kv_double(&c->pk, "elapsed_s", now - begun);
     conn_response_done(c, PGW_OK);
 }
 
