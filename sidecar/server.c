@@ -28,6 +28,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,19 +125,55 @@ static int claim_path(const char *path, struct sockaddr_un *sa, char *err, size_
 }
 
 /* Adopts a socket passed by systemd, if any. Returns the fd or -1. */
-static int inherited_socket(void)
+/* Adopts the socket passed by systemd, if any (sd_listen_fds(3) protocol:
+ * LISTEN_PID is ours and LISTEN_FDS >= 1; the first fd is 3). Returns the
+ * fd, -1 when nothing was passed, or -2 (with err) when fd 3 is not a
+ * listening Unix stream socket: a broken unit must fail loudly, not spin
+ * on accept() or trip the event loop. Extra fds are closed-on-exec. */
+static int inherited_socket(char *err, size_t errlen)
 {
     const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS");
+    long n;
 
-    if (!pid || !fds || strtol(pid, NULL, 10) != (long)getpid() || strtol(fds, NULL, 10) < 1)
+    if (!pid || !fds || strtol(pid, NULL, 10) != (long)getpid() ||
+        (n = strtol(fds, NULL, 10)) < 1)
         return -1;
     unsetenv("LISTEN_PID");
     unsetenv("LISTEN_FDS");
     unsetenv("LISTEN_FDNAMES");
+    for (long i = 1; i < n && i < 1024; i++)
+        fcntl(3 + (int)i, F_SETFD, FD_CLOEXEC);
+
     int fd = 3; /* SD_LISTEN_FDS_START */
+    struct stat st;
+    struct sockaddr_un sa;
+    socklen_t salen = sizeof(sa);
+    int type = 0, listening = 0;
+    socklen_t len = sizeof(int);
+    if (fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode) ||
+        getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) < 0 || type != SOCK_STREAM ||
+        (len = sizeof(int), getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len)) < 0 ||
+        !listening || getsockname(fd, (struct sockaddr *)&sa, &salen) < 0 ||
+        sa.sun_family != AF_UNIX) {
+        snprintf(err, errlen,
+                 "LISTEN_FDS is set but fd 3 is not a listening Unix stream socket; "
+                 "check the .socket unit (ListenStream= a path)");
+        return -2;
+    }
     fcntl(fd, F_SETFD, FD_CLOEXEC);
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
     return fd;
+}
+
+/* The path a passed socket is bound to, for logs (empty when unnamed). */
+static void inherited_path(int fd, char *buf, size_t cap)
+{
+    struct sockaddr_un sa;
+    socklen_t len = sizeof(sa);
+
+    buf[0] = '\0';
+    if (getsockname(fd, (struct sockaddr *)&sa, &len) == 0 && len > offsetof(struct sockaddr_un, sun_path))
+        snprintf(buf, cap, "%.*s", (int)(len - offsetof(struct sockaddr_un, sun_path)), sa.sun_path);
 }
 
 static int server_listen(struct server *srv, char *err, size_t errlen)
@@ -144,11 +181,23 @@ static int server_listen(struct server *srv, char *err, size_t errlen)
     const char *path = srv->cfg->socket_path;
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
 
-    int fd = inherited_socket();
+    int fd = inherited_socket(err, errlen);
+    if (fd == -2)
+        return -1;
     if (fd >= 0) {
+        char real[sizeof(sa.sun_path) + 1];
         srv->listen_fd = fd;
         srv->owns_socket_file = false;
-        log_at(LOG_INFO, "using socket passed by systemd", "fd", LOG_I, (long long)fd, NULL);
+        inherited_path(fd, real, sizeof(real));
+        if (real[0]) {
+            char *p = strdup(real);
+            if (p) {
+                free(srv->socket_path);
+                srv->socket_path = p;
+            }
+        }
+        log_at(LOG_INFO, "using socket passed by systemd", "fd", LOG_I, (long long)fd, "socket",
+               LOG_S, real, NULL);
         return 0;
     }
     if (strlen(path) >= sizeof(sa.sun_path)) {
@@ -266,8 +315,14 @@ static void server_on_accept(struct ev_loop *loop, ev_io *w, int revents)
                 return;
             }
             if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                /* Anything else is not going away by itself: back off
+                 * rather than spin on a level-triggered watcher. */
                 srv->stats.accept_errors++;
-                log_at(LOG_WARN, "accept failed", "error", LOG_S, strerror(errno), NULL);
+                log_at(LOG_WARN, "accept failed; pausing accept", "error", LOG_S, strerror(errno),
+                       "pause_s", LOG_F, SERVER_ACCEPT_PAUSE_S, NULL);
+                ev_io_stop(srv->loop, &srv->accept_w);
+                ev_timer_set(&srv->accept_retry_w, SERVER_ACCEPT_PAUSE_S, 0.);
+                ev_timer_start(srv->loop, &srv->accept_retry_w);
             }
             return;
         }
