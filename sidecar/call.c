@@ -87,6 +87,19 @@ static void call_unlink(struct call *k)
 /* Ends a call whose response (if any) has been queued: releases whatever
  * the governed loop still holds (a cancelled attempt's permit and probe),
  * which may wake other waiting calls. */
+/* The only place `paused` changes, so the connection's count stays exact
+ * (it lets a drained connection skip scanning its calls). */
+static void call_set_paused(struct call *k, bool paused)
+{
+    if (k->paused == paused)
+        return;
+    k->paused = paused;
+    if (paused)
+        k->conn->paused_calls++;
+    else
+        k->conn->paused_calls--;
+}
+
 static void call_task_unlink(struct call *k)
 {
     if (!k->task)
@@ -106,6 +119,7 @@ static void call_end(struct call *k)
     struct server *srv = k->conn->srv;
 
     call_task_unlink(k);
+    call_set_paused(k, false);
     ev_timer_stop(srv->loop, &k->wake_w);
     gov_call_fini(&k->g, ev_now(srv->loop));
     call_unlink(k);
@@ -425,7 +439,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     if (c->closed)
         return -1;
     if (!k->paused && c->out_len - c->out_off > c->srv->cfg->max_write_queue_bytes) {
-        k->paused = true;
+        call_set_paused(k, true);
         attempt_pause(a);
     }
     return terminal;
@@ -545,7 +559,7 @@ static void call_run_attempt(struct call *k, size_t source)
         .deadline_at = k->g.deadline_at,
         .max_response_bytes = cfg->max_message_bytes,
     };
-    k->paused = false;
+    call_set_paused(k, false);
     msgpack_sbuffer_clear(&k->usage);
     k->attempt = attempt_start(srv->up, &as, &call_hooks, k);
     if (!k->attempt) {
@@ -775,7 +789,7 @@ void call_on_drained(struct conn *c)
 {
     for (struct call *k = c->calls; k; k = k->next) {
         if (k->paused && k->attempt) {
-            k->paused = false;
+            call_set_paused(k, false);
             attempt_resume(k->attempt);
         }
     }

@@ -173,7 +173,8 @@ static void conn_apply_backpressure(struct conn *c)
             c->reading = true;
             ev_io_start(c->srv->loop, &c->rio);
         }
-        call_on_drained(c);
+        if (c->paused_calls)
+            call_on_drained(c);
     }
 }
 

@@ -95,6 +95,7 @@ struct conn {
     size_t out_len, out_off, out_cap;
     uint32_t in_flight;
     struct call *calls;           /* calls in flight (call.c) */
+    uint32_t paused_calls;        /* of which streams paused for back-pressure */
     bool reading;                 /* rio active */
     bool read_paused;             /* paused because the write queue is full */
     bool closing;                 /* no more input; close once `out` is flushed */
