@@ -141,6 +141,7 @@ test: deps
 	    build/asan/unit_tests
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	    POLYGW_BUILD=$(CURDIR)/build/asan /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration
+	/usr/bin/python3 -m pytest -q -p no:cacheprovider tests/redis
 	sh client/run-tests.sh build/asan
 
 unit_tests: $(UNIT)

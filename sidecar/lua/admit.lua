@@ -53,6 +53,9 @@ Steps and why:
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 
+-- Lua's default number->string conversion keeps only 14 digits.
+local function num(x) return string.format('%.17g', x) end
+
 local K_BRK, K_LEASES = KEYS[1], KEYS[2]
 local lease_id = ARGV[1]
 local max_conc = tonumber(ARGV[2]) or 0
@@ -67,16 +70,12 @@ local buckets = {
 }
 
 -- 1. expired leases
-redis.call('ZREMRANGEBYSCORE', K_LEASES, '-inf', now)
+redis.call('ZREMRANGEBYSCORE', K_LEASES, '-inf', num(now))
 
-local reason, retry_at, unknown = nil, 0, false
+local reason, retry_at = nil, 0
 local function refuse(r, at)
     if not reason then reason = r end
-    if at then
-        if at > retry_at then retry_at = at end
-    else
-        unknown = true
-    end
+    if at and at > retry_at then retry_at = at end
 end
 
 -- 2. breaker
@@ -121,13 +120,12 @@ for _, bk in ipairs(buckets) do
 end
 
 if reason then
-    if unknown and retry_at == 0 then retry_at = 0 end
     return { 0, reason, math.ceil(retry_at) }
 end
 
 -- admitted: lease, probe ownership and withdrawals together
 local expiry = now + lease_ttl
-redis.call('ZADD', K_LEASES, expiry, lease_id)
+redis.call('ZADD', K_LEASES, num(expiry), lease_id)
 local last = redis.call('ZRANGE', K_LEASES, -1, -1, 'WITHSCORES')
 redis.call('PEXPIREAT', K_LEASES, math.ceil(tonumber(last[2])) + 1000)
 
@@ -138,7 +136,7 @@ end
 for _, bk in ipairs(buckets) do
     if bk.cap > 0 and bk.win > 0 then
         local lvl = bk.level - bk.cost
-        redis.call('HSET', bk.key, 'level', lvl, 'ts', now)
+        redis.call('HSET', bk.key, 'level', num(lvl), 'ts', num(now))
         local to_full = (bk.cap - lvl) * bk.win / bk.cap
         redis.call('PEXPIRE', bk.key, math.ceil(to_full) + 1000)
     end

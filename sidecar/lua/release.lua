@@ -1,0 +1,155 @@
+--[[
+release.lua — ends an attempt admitted by admit.lua: frees its lease,
+reconciles the token buckets with the real usage, records the breaker verdict.
+
+Same keys as admit.lua, all with the source's hash tag (one slot); time from
+Redis' TIME. Milliseconds throughout.
+
+KEYS[1]  {p:source:N}:breaker  HASH  consec, open_until, cooldown, probe, opened
+KEYS[2]  {p:source:N}:leases   ZSET  lease_id -> expiry
+KEYS[3]  {p:source:N}:rpm      HASH  (unused: a request is one request; kept so
+                                     admit and release take the same KEYS)
+KEYS[4]  {p:source:N}:tpm      HASH  level, ts
+KEYS[5]  {p:source:N}:daily    HASH  level, ts
+
+ARGV[1]  lease_id
+ARGV[2]  verdict           success | failure | neutral
+                           failure = a transient failure (counts for the breaker);
+                           neutral = 429 / cancel / fail-fast: no verdict
+ARGV[3]  est_tokens        what admit.lua reserved
+ARGV[4]  used_tokens       real usage; negative = unknown (the estimate stands)
+ARGV[5]  tpm               capacity, 0 = unlimited   (as given to admit.lua)
+ARGV[6]  tpm_window_ms
+ARGV[7]  daily             capacity, 0 = unlimited
+ARGV[8]  daily_window_ms
+ARGV[9]  failures          consecutive transient failures that open the breaker
+                           (0 = breaker disabled)
+ARGV[10] cooldown_ms       base cool-down
+ARGV[11] max_cooldown_ms   cap of the doubling
+
+Returns  {lease_removed (0/1), breaker_state, was_probe (0/1)}
+         breaker_state: closed | open | half_open (after this release)
+
+Steps and why:
+ 1. ZREM the lease: the permit is free for every sidecar at once. 0 means the
+    lease had already expired (the sidecar was too slow to renew); the rest
+    still applies, since the tokens were taken.
+ 2. Reconcile (src/bucket.h bucket_adjust): delta = used - est. delta < 0
+    gives tokens back, never above capacity; delta > 0 takes more, possibly
+    into debt (negative level), which delays later admissions so the limit
+    holds over time even when estimates are low.
+ 3. Breaker (src/breaker.h): was_probe = this lease owns the half-open probe.
+    success: consecutive failures reset; a probe's success closes the breaker
+             and resets the cool-down to the base.
+    failure: closed -> consec + 1, at `failures` the breaker opens for the
+             current cool-down; a failed probe doubles the cool-down (up to
+             max) and reopens; a straggler's failure while open/half-open
+             (not the probe) changes nothing.
+    neutral: a probe frees its slot without a verdict.
+ The breaker key gets a long TTL (max(24 h, 2 x max cool-down)) refreshed on
+ each write so forgotten sources do not leak keys.
+]]
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local function num(x) return string.format('%.17g', x) end
+
+local K_BRK, K_LEASES = KEYS[1], KEYS[2]
+local lease_id = ARGV[1]
+local verdict = ARGV[2]
+local est = tonumber(ARGV[3]) or 0
+local used = tonumber(ARGV[4]) or -1
+local failures = tonumber(ARGV[9]) or 0
+local base_cd = tonumber(ARGV[10]) or 0
+local max_cd = tonumber(ARGV[11]) or base_cd
+if max_cd < base_cd then max_cd = base_cd end
+-- Validated before any write: a script error does not roll back earlier writes.
+if verdict ~= 'success' and verdict ~= 'failure' and verdict ~= 'neutral' then
+    return redis.error_reply('release.lua: verdict must be success, failure or neutral')
+end
+
+-- 1. lease
+local removed = redis.call('ZREM', K_LEASES, lease_id)
+
+-- 2. reconcile
+if used >= 0 and used ~= est then
+    local delta = used - est
+    local bks = {
+        { key = KEYS[4], cap = tonumber(ARGV[5]) or 0, win = tonumber(ARGV[6]) or 0 },
+        { key = KEYS[5], cap = tonumber(ARGV[7]) or 0, win = tonumber(ARGV[8]) or 0 },
+    }
+    for _, bk in ipairs(bks) do
+        if bk.cap > 0 and bk.win > 0 then
+            local v = redis.call('HMGET', bk.key, 'level', 'ts')
+            local lvl, ts = tonumber(v[1]), tonumber(v[2])
+            if not lvl then
+                lvl = bk.cap
+            elseif ts and now > ts then
+                lvl = math.min(bk.cap, lvl + (now - ts) * bk.cap / bk.win)
+            end
+            lvl = math.min(bk.cap, lvl - delta)
+            redis.call('HSET', bk.key, 'level', num(lvl), 'ts', num(now))
+            redis.call('PEXPIRE', bk.key, math.ceil((bk.cap - lvl) * bk.win / bk.cap) + 1000)
+        end
+    end
+end
+
+-- 3. breaker
+local b = redis.call('HMGET', K_BRK, 'open_until', 'probe', 'consec', 'cooldown')
+local open_until = tonumber(b[1]) or 0
+local was_probe = (b[2] and b[2] == lease_id) and 1 or 0
+local consec = tonumber(b[3]) or 0
+local cd = tonumber(b[4]) or base_cd
+local wrote = false
+
+local function open_for(c)
+    open_until = now + c
+    redis.call('HSET', K_BRK, 'open_until', num(open_until), 'cooldown', num(c), 'consec', 0)
+    redis.call('HDEL', K_BRK, 'probe')
+    redis.call('HINCRBY', K_BRK, 'opened', 1)
+    wrote = true
+end
+
+if verdict == 'success' then
+    if was_probe == 1 then
+        open_until = 0
+        redis.call('HSET', K_BRK, 'open_until', 0, 'consec', 0, 'cooldown', num(base_cd))
+        redis.call('HDEL', K_BRK, 'probe')
+        wrote = true
+    elseif consec ~= 0 then
+        redis.call('HSET', K_BRK, 'consec', 0)
+        wrote = true
+    end
+elseif verdict == 'failure' then
+    if failures > 0 then
+        if open_until == 0 then
+            consec = consec + 1
+            if consec >= failures then
+                open_for(cd)
+            else
+                redis.call('HSET', K_BRK, 'consec', consec)
+                wrote = true
+            end
+        elseif was_probe == 1 then
+            open_for(math.min(cd * 2, max_cd))
+        end
+        -- else: a straggler admitted before the breaker opened; already open
+    end
+elseif verdict == 'neutral' then
+    if was_probe == 1 then
+        redis.call('HDEL', K_BRK, 'probe')
+        wrote = true
+    end
+end
+
+if wrote then
+    local ttl = 86400000
+    if 2 * max_cd > ttl then ttl = 2 * max_cd end
+    redis.call('PEXPIRE', K_BRK, math.ceil(ttl))
+end
+
+local state = 'closed'
+if open_until > 0 then
+    state = (now < open_until) and 'open' or 'half_open'
+end
+return { removed, state, was_probe }

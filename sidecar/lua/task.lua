@@ -1,0 +1,121 @@
+--[[
+task.lua — shared task states with TTL (DESIGN.md 3.5; the memory semantics
+of src/task.h, minus node watchdogs, which stay local to the sidecar that
+armed them).
+
+KEYS[1]  {p:task:ID}   HASH  state (running|succeeded|failed),
+                             kind ('' | stopped | watchdog | error),
+                             reason, runs, started_at, ended_at (ms, Redis clock)
+ARGV[1]  op        start | stop | watchdog | finish | guard | get
+ARGV[2]  task_id   the ID (published by stop/watchdog)
+ARGV[3]  ttl_s     key TTL (EXPIRE) set by every write; default 86400
+ARGV[4]  reason    stop/watchdog/finish; truncated to 512 bytes at a UTF-8 boundary
+ARGV[5]  ok        finish: 1 = succeeded, 0 = failed/error
+ARGV[6]  channel   stop/watchdog: pub/sub channel, "<prefix>:task-stop"
+
+Returns  {code, state, kind, reason, runs, started_at_ms, ended_at_ms}
+         code: ok | not_found | running | stopped | watchdog | finished
+         (src/task.h's TASK_E_* names). On an error nothing changes; the
+         other fields describe the task when one exists, else {'not_found'}.
+
+Transitions (as in task.h):
+  start    absent / finished -> running (a restart: runs + 1, reason cleared,
+           started_at = now); running -> error 'running'.
+  stop     running -> failed/stopped (reason default "stopped"), PUBLISH the id
+           on `channel` so every sidecar cancels the task's calls at once;
+           already stopped -> error 'stopped' and the FIRST reason is kept;
+           watchdog -> 'watchdog'; succeeded or failed/error -> 'finished'.
+  watchdog like stop with kind watchdog (a node deadline passed on the sidecar
+           that armed it; the others learn it through the same channel and
+           read the kind with get).
+  finish   running -> succeeded (ok=1, reason kept if given) or failed/error.
+  guard    running -> ok and the TTL restarts (activity); else the error code.
+  get      a read: no TTL change.
+TTL: every write re-arms EXPIRE ttl_s: a finished task is forgotten ttl_s
+after it ended, a running one after ttl_s without activity (start, guard).
+PUBLISH inside a script is allowed and replicated with it.
+]]
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local K = KEYS[1]
+local op, id = ARGV[1], ARGV[2] or ''
+local ttl = tonumber(ARGV[3]) or 86400
+if ttl <= 0 then ttl = 86400 end
+ttl = math.ceil(ttl)
+
+local function trunc(s)
+    s = s or ''
+    if #s <= 512 then return s end
+    local n = 512
+    -- byte n+1 is the first one cut: if it continues a character, cut before it
+    while n > 0 do
+        local c = s:byte(n + 1)
+        if c < 0x80 or c >= 0xC0 then break end
+        n = n - 1
+    end
+    return s:sub(1, n)
+end
+
+local function reply(code)
+    local v = redis.call('HMGET', K, 'state', 'kind', 'reason', 'runs', 'started_at', 'ended_at')
+    if not v[1] then return { code } end
+    return { code, v[1], v[2] or '', v[3] or '', tonumber(v[4]) or 0,
+             tonumber(v[5]) or 0, tonumber(v[6]) or 0 }
+end
+
+local state = redis.call('HGET', K, 'state')
+
+local function not_running_code()
+    if state == 'failed' then
+        local kind = redis.call('HGET', K, 'kind')
+        if kind == 'stopped' then return 'stopped' end
+        if kind == 'watchdog' then return 'watchdog' end
+    end
+    return 'finished'
+end
+
+if op == 'get' then
+    if not state then return { 'not_found' } end
+    return reply('ok')
+elseif op == 'start' then
+    if state == 'running' then return reply('running') end
+    redis.call('HSET', K, 'state', 'running', 'kind', '', 'reason', '',
+               'started_at', now, 'ended_at', 0)
+    redis.call('HINCRBY', K, 'runs', 1)
+    redis.call('EXPIRE', K, ttl)
+    return reply('ok')
+end
+
+-- every other op needs an existing task
+if op ~= 'stop' and op ~= 'watchdog' and op ~= 'finish' and op ~= 'guard' then
+    return redis.error_reply('task.lua: unknown op')
+end
+if not state then return { 'not_found' } end
+if state ~= 'running' then return reply(not_running_code()) end
+
+if op == 'guard' then
+    redis.call('EXPIRE', K, ttl)
+    return reply('ok')
+elseif op == 'stop' or op == 'watchdog' then
+    local kind = (op == 'stop') and 'stopped' or 'watchdog'
+    local reason = trunc(ARGV[4])
+    if reason == '' then reason = kind end
+    redis.call('HSET', K, 'state', 'failed', 'kind', kind, 'reason', reason, 'ended_at', now)
+    redis.call('EXPIRE', K, ttl)
+    if ARGV[6] and ARGV[6] ~= '' then
+        redis.call('PUBLISH', ARGV[6], id)
+    end
+    return reply('ok')
+else -- finish
+    local reason = trunc(ARGV[4])
+    if ARGV[5] == '1' then
+        redis.call('HSET', K, 'state', 'succeeded', 'kind', '', 'reason', reason, 'ended_at', now)
+    else
+        if reason == '' then reason = 'error' end
+        redis.call('HSET', K, 'state', 'failed', 'kind', 'error', 'reason', reason, 'ended_at', now)
+    end
+    redis.call('EXPIRE', K, ttl)
+    return reply('ok')
+end
