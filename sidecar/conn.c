@@ -272,8 +272,10 @@ static void conn_on_frame(struct conn *c, const msgpack_object *o)
         return;
     }
     if (call_is_in_flight(c, m.msgid)) {
+        /* Two responses with one msgid could not be told apart by any
+         * client: the stream of this connection can no longer be trusted. */
         snprintf(buf, sizeof(buf), "msgid %u is already in flight on this connection", m.msgid);
-        conn_reply_error(c, m.msgid, PGW_BAD_REQUEST, buf);
+        conn_fail(c, PGW_BAD_REQUEST, buf);
         return;
     }
     if (c->in_flight >= c->srv->cfg->max_inflight_per_connection) {

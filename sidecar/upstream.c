@@ -458,6 +458,8 @@ static void attempt_on_deadline(struct ev_loop *loop, ev_timer *w, int revents)
     char detail[160];
     (void)revents;
 
+    if (a->cancelled)
+        return; /* freed by the prepare pass; its owner is gone */
     if (now + UPSTREAM_EPS < d) {
         attempt_arm(a);
         return;
@@ -675,6 +677,16 @@ static size_t attempt_on_write(char *p, size_t size, size_t nmemb, void *ud)
 
     if (a->cancelled)
         return CURL_WRITEFUNC_ERROR;
+    if (a->want_pause && !a->curl_paused) {
+        /* A pause asked for by an earlier event of this same read pass:
+         * refuse this buffer now (curl keeps it and hands it back on
+         * resume) instead of relaying up to a whole read pass more to a
+         * client that is not reading. */
+        a->want_pause = false;
+        a->curl_paused = true;
+        attempt_arm(a);
+        return CURL_WRITEFUNC_PAUSE;
+    }
     attempt_on_activity(a);
     if (a->stream && a->is_sse && a->status >= 200 && a->status < 300) {
         if (!a->sse_ready) {
@@ -1158,6 +1170,8 @@ void attempt_cancel(struct attempt *a)
         return;
     a->cancelled = true;
     up->stats.attempts_cancelled++;
+    /* From here on no hook may run: the owner may free its state at once. */
+    ev_timer_stop(up->loop, &a->deadline_w);
     if (up->in_curl > 0) {
         upstream_defer(a);
         return;

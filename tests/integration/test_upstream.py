@@ -1181,3 +1181,21 @@ def test_upstream__stats_counters_move(make_sidecar, up):
     assert st["attempts_active"] == 0
     assert st["timeouts_sent"] == 1
     assert st["dns_abandoned"] == 0
+
+
+def test_upstream__duplicate_inflight_msgid_is_a_connection_error(make_sidecar, up):
+    """Two responses with one msgid could not be told apart: reusing the msgid
+    of a call still in flight closes the connection with a fatal bad_request,
+    cancelling the call (its upstream connection closes too)."""
+    sc = start(make_sidecar, [source("a", "chat", up.url)])
+    c = sc.connect()
+    c.send([0, 7, "call", [{"capability": "chat", "body": chat(mock={"delay_ms": 5000})}]])
+    assert wait_until(lambda: up.stats()["in_progress"] == 1)
+    c.send([0, 7, "ping", []])
+    msgs = c.expect_eof(timeout=3)
+    assert len(msgs) == 1 and msgs[0][0] == 2 and msgs[0][1] == "error", msgs
+    assert msgs[0][2][0]["code"] == "bad_request"
+    assert "already in flight" in msgs[0][2][0]["message"]
+    assert wait_until(lambda: up.stats()["open_connections"] == 0)
+    # other connections are unaffected
+    assert sc.connect().request("ping")[0] is None
