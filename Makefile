@@ -72,7 +72,7 @@ MOCK       := $(BUILD)/mock_upstream
 BENCH_BINS := $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 SHIMS      := $(patsubst tests/shim/%.c,$(BUILD)/shim/%.so,$(SHIM_SRC))
 
-.PHONY: all deps run test unit integration bench install clean check-deps
+.PHONY: all deps run test unit integration bench install clean check-deps fuzz fuzz-replay
 all: $(DAEMON) $(CTL) $(LIBA) $(LIBSO) $(MOCK) $(BENCH_BINS) $(SHIMS)
 
 $(BUILD)/obj/%.o: %.c
@@ -118,6 +118,63 @@ $(BUILD)/shim/%.so: tests/shim/%.c
 	@$(if $(Q),echo "  SHIM    $@")
 	$(Q)$(CC) -std=gnu11 -D_GNU_SOURCE -fPIC -shared $(WARN) -O2 -g -o $@ $< -ldl -lpthread
 
+# libFuzzer targets (tests/fuzz/fuzz_<name>.c). `make fuzz` builds each with
+# clang into $(BUILD)/fuzz/<name>, compiling the library sources it needs in
+# (no gcc objects), and runs it for FUZZ_SECONDS over $(BUILD)/fuzz/corpus/<name>
+# plus the committed tests/fuzz/corpus/<name>. `make test` only replays the
+# committed corpus through a gcc-built driver (fuzz-replay), no clang needed.
+FUZZ_TARGETS := frame transcode sse retry_after config
+FUZZ_SECONDS ?= 60
+FUZZ_CC      ?= clang
+FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/transcode.c sidecar/config.c
+FUZZ_CFLAGS  := $(filter-out $(CFLAGS),$(ALL_CFLAGS)) -fsanitize=fuzzer,address,undefined -g -O1 \
+                -fno-sanitize-recover=undefined
+FUZZ_BINS    := $(addprefix $(BUILD)/fuzz/,$(FUZZ_TARGETS))
+FUZZ_REPLAY  := $(addprefix $(BUILD)/fuzz-replay/,$(FUZZ_TARGETS))
+FUZZ_REPLAY_OBJ := $(call obj,tests/fuzz/replay_main.c $(FUZZ_TARGETS:%=tests/fuzz/fuzz_%.c))
+.SECONDARY: $(FUZZ_REPLAY_OBJ)
+
+$(BUILD)/fuzz/%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRC)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  FUZZCC  $@")
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^ $(PKG_LIBS)
+
+$(BUILD)/fuzz-replay/%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(BUILD)/obj/tests/fuzz/replay_main.o \
+                        $(SIDECAR_OBJ) $(CORE_OBJ) $(PROTO_OBJ)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS)
+
+fuzz:
+	@command -v $(FUZZ_CC) >/dev/null 2>&1 || { \
+	    echo "fuzz: installing clang"; S=; [ "$$(id -u)" = 0 ] || S=sudo; \
+	    DEBIAN_FRONTEND=noninteractive $$S apt-get install -y -qq --no-install-recommends clang \
+	        libclang-rt-14-dev; }
+	$(Q)$(MAKE) --no-print-directory $(FUZZ_BINS)
+	@mkdir -p $(FUZZ_TARGETS:%=$(BUILD)/fuzz/corpus/%) $(BUILD)/fuzz/artifacts
+	@cp proto/vectors/*.msgpack $(BUILD)/fuzz/corpus/frame/
+	@cp proto/vectors/*.msgpack $(BUILD)/fuzz/corpus/transcode/
+	@cp deploy/polygw.yaml $(BUILD)/fuzz/corpus/config/
+	@printf '{"model":"m","messages":[{"role":"user","content":"hi\\u00e9"}],"t":0.5,"n":-3}' \
+	    > $(BUILD)/fuzz/corpus/transcode/inline-json
+	@printf '\000: c\r\nevent: e\ndata: {"a":1}\ndata\rid: 7\nretry: 100\n\ndata: [DONE]\n\n' \
+	    > $(BUILD)/fuzz/corpus/sse/inline-sse
+	@printf '120' > $(BUILD)/fuzz/corpus/retry_after/inline-delta
+	@printf 'Sunday, 06-Nov-94 08:49:37 GMT' > $(BUILD)/fuzz/corpus/retry_after/inline-rfc850
+	@failed=; for t in $(FUZZ_TARGETS); do \
+	    echo "== fuzz $$t ($(FUZZ_SECONDS) s)"; \
+	    $(BUILD)/fuzz/$$t -max_total_time=$(FUZZ_SECONDS) -detect_leaks=1 -print_final_stats=1 \
+	        -artifact_prefix=$(BUILD)/fuzz/artifacts/$$t- \
+	        $(BUILD)/fuzz/corpus/$$t tests/fuzz/corpus/$$t || failed="$$failed $$t"; \
+	done; [ -z "$$failed" ] || { echo "fuzz: crashes in:$$failed (see $(BUILD)/fuzz/artifacts)"; exit 1; }
+
+fuzz-replay: $(FUZZ_REPLAY)
+	@for t in $(FUZZ_TARGETS); do \
+	    printf '  REPLAY  %-12s ' $$t; \
+	    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	        $(BUILD)/fuzz-replay/$$t tests/fuzz/corpus/$$t/* || exit 1; \
+	done
+
 # ---------------------------------------------------------------------------
 # Set-up, run, test
 
@@ -143,6 +200,7 @@ test: deps
 	    POLYGW_BUILD=$(CURDIR)/build/asan /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration
 	/usr/bin/python3 -m pytest -q -p no:cacheprovider tests/redis
 	sh client/run-tests.sh build/asan
+	$(Q)$(MAKE) --no-print-directory BUILD=build/asan SAN=1 fuzz-replay
 
 unit_tests: $(UNIT)
 
@@ -170,3 +228,4 @@ clean:
 	rm -rf build
 
 -include $(ALL_OBJ:.o=.d)
+-include $(FUZZ_REPLAY_OBJ:.o=.d)

@@ -184,7 +184,9 @@ enum { STR_BAD_UTF8 = -100 }; /* put_json_string's own outcome, never returned f
 static int put_json_string(struct transcode_buf *b, const char *s, size_t n, size_t *bad_at)
 {
     static const char hex[] = "0123456789abcdef";
-    const unsigned char *p = (const unsigned char *)s, *end = p + n, *run = p;
+    /* msgpack-c may give an empty string a NULL ptr: NULL + 0 and
+     * memcpy(.., NULL, 0) are undefined behaviour, so point at "" instead. */
+    const unsigned char *p = (const unsigned char *)(n ? s : ""), *end = p + n, *run = p;
 
     if (buf_room(b, n + 2) < 0)
         return TRANSCODE_ENOMEM;

@@ -1,0 +1,17 @@
+/*
+ * fuzz_config.c — libFuzzer target: YAML text -> config_parse() -> config_free().
+ */
+#include "config.h"
+
+#include <stdint.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    char err[512];
+    struct config *cfg = config_parse((const char *)data, size, "fuzz", err, sizeof(err));
+
+    config_free(cfg);
+    return 0;
+}
