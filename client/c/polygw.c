@@ -1711,6 +1711,25 @@ static int task_request_map(struct pgw_client *c, const char *method, const stru
     return rc;
 }
 
+/* A task request whose one parameter is task_id, checked here first. With
+ * want_map the result must be a map (task_request_map), else any result is
+ * accepted (task_request). *out is NULL on every failure. */
+static int task_id_request(struct pgw_client *c, const char *method, const char *task_id,
+                           bool want_map, struct pgw_result **out, struct pgw_error *err)
+{
+    struct tparam p[] = { { .name = "task_id", .type = TP_STR, .s = task_id } };
+    int rc;
+
+    if (out)
+        *out = NULL;
+    err_clear(err);
+    if ((rc = check_name("task_id", task_id, err)) < 0)
+        return rc;
+    if (want_map)
+        return task_request_map(c, method, p, 1, out, err);
+    return task_request(c, method, p, 1, out, err);
+}
+
 /* Copies a str object into buf (cap >= 1), cut at a UTF-8 boundary. */
 static void copy_str_utf8(const msgpack_object *o, char *buf, size_t cap)
 {
@@ -1774,15 +1793,7 @@ bool pgw_task_from_object(const msgpack_object *o, struct pgw_task *t)
 int pgw_task_start(struct pgw_client *c, const char *task_id, struct pgw_result **out,
                    struct pgw_error *err)
 {
-    struct tparam p[] = { { .name = "task_id", .type = TP_STR, .s = task_id } };
-    int rc;
-
-    if (out)
-        *out = NULL;
-    err_clear(err);
-    if ((rc = check_name("task_id", task_id, err)) < 0)
-        return rc;
-    return task_request_map(c, "task.start", p, 1, out, err);
+    return task_id_request(c, "task.start", task_id, true, out, err);
 }
 
 int pgw_task_stop(struct pgw_client *c, const char *task_id, const char *reason,
@@ -1804,13 +1815,7 @@ int pgw_task_stop(struct pgw_client *c, const char *task_id, const char *reason,
 
 int pgw_task_guard(struct pgw_client *c, const char *task_id, struct pgw_error *err)
 {
-    struct tparam p[] = { { .name = "task_id", .type = TP_STR, .s = task_id } };
-    int rc;
-
-    err_clear(err);
-    if ((rc = check_name("task_id", task_id, err)) < 0)
-        return rc;
-    return task_request(c, "task.guard", p, 1, NULL, err);
+    return task_id_request(c, "task.guard", task_id, false, NULL, err);
 }
 
 int pgw_task_node_begin(struct pgw_client *c, const char *task_id, const char *node,
@@ -1876,15 +1881,7 @@ int pgw_task_finish(struct pgw_client *c, const char *task_id, bool ok, const ch
 int pgw_task_get(struct pgw_client *c, const char *task_id, struct pgw_result **out,
                  struct pgw_error *err)
 {
-    struct tparam p[] = { { .name = "task_id", .type = TP_STR, .s = task_id } };
-    int rc;
-
-    if (out)
-        *out = NULL;
-    err_clear(err);
-    if ((rc = check_name("task_id", task_id, err)) < 0)
-        return rc;
-    return task_request_map(c, "task.get", p, 1, out, err);
+    return task_id_request(c, "task.get", task_id, true, out, err);
 }
 
 int pgw_task_list(struct pgw_client *c, const char *state, struct pgw_result **out,

@@ -325,6 +325,19 @@ static int params_from_json(const char *json, size_t len, char **out, size_t *ou
     return 0;
 }
 
+/* The error of a failed request: the message on stderr, and with --json
+ * the sidecar's error map (when one came) on stdout. Frees `res`; returns
+ * the exit status. */
+static int request_failed(const struct ctl *o, int rc, const struct pgw_error *err,
+                          struct pgw_result *res)
+{
+    print_error(err);
+    if (o->json && res)
+        print_json(pgw_result_object(res), PGW_JSON_PRETTY);
+    pgw_result_free(res);
+    return exit_for(rc);
+}
+
 /* ---------------------------------------------------------------------
  * ping
  */
@@ -344,11 +357,7 @@ static int cmd_ping(const struct ctl *o, struct pgw_client *c)
         rc = pgw_ping(c, o->timeout_s, version, sizeof(version), &uptime_s, &err);
     long long rtt_us = llround((mono_s() - t0) * 1e6);
     if (rc < 0) {
-        print_error(&err);
-        if (o->json && res)
-            print_json(pgw_result_object(res), PGW_JSON_PRETTY);
-        pgw_result_free(res);
-        return exit_for(rc);
+        return request_failed(o, rc, &err, res);
     }
     if (!o->json) {
         printf("pong version=%s uptime=%.1fs rtt=%lldus\n", version[0] ? version : "?", uptime_s,
@@ -609,15 +618,12 @@ static int cmd_stats(const struct ctl *o, struct pgw_client *c)
     struct pgw_result *res;
     int rc = pgw_stats(c, o->timeout_s, &res, &err);
 
-    if (rc < 0) {
-        print_error(&err);
-        if (o->json && res)
-            print_json(pgw_result_object(res), PGW_JSON_PRETTY);
-    } else if (o->json || pgw_result_object(res)->type != MSGPACK_OBJECT_MAP) {
+    if (rc < 0)
+        return request_failed(o, rc, &err, res);
+    if (o->json || pgw_result_object(res)->type != MSGPACK_OBJECT_MAP)
         print_json(pgw_result_object(res), PGW_JSON_PRETTY);
-    } else {
+    else
         rc = print_table(pgw_result_object(res), false) == EXIT_OK ? 0 : PGW_E_NOMEM;
-    }
     pgw_result_free(res);
     return exit_for(rc);
 }
@@ -681,11 +687,7 @@ static int cmd_call(const struct ctl *o, struct pgw_client *c, const char *capab
 
     int rc = pgw_call(c, capability, body, &opt, &res, &err);
     if (rc < 0) {
-        print_error(&err);
-        if (o->json && res)
-            print_json(pgw_result_object(res), PGW_JSON_PRETTY);
-        pgw_result_free(res);
-        return exit_for(rc);
+        return request_failed(o, rc, &err, res);
     }
     const msgpack_object *r = pgw_result_object(res);
     if (o->json) {
@@ -837,11 +839,7 @@ static int cmd_tasks(const struct ctl *o, struct pgw_client *c)
     int rc = pgw_task_list(c, o->state, &res, &err);
 
     if (rc < 0) {
-        print_error(&err);
-        if (o->json && res)
-            print_json(pgw_result_object(res), PGW_JSON_PRETTY);
-        pgw_result_free(res);
-        return exit_for(rc);
+        return request_failed(o, rc, &err, res);
     }
     int ex = EXIT_OK;
     if (o->json)
@@ -868,17 +866,14 @@ static int print_task(const struct ctl *o, const struct pgw_result *res)
 static int task_failed(const struct ctl *o, int rc, const struct pgw_error *err,
                        struct pgw_result *res)
 {
+    if (!o->json || res || rc != PGW_E_REMOTE)
+        return request_failed(o, rc, err, res);
     print_error(err);
-    if (o->json && res) {
-        print_json(pgw_result_object(res), PGW_JSON_PRETTY);
-    } else if (o->json && rc == PGW_E_REMOTE) {
-        char *code = json_of_str(err->code_name), *msg = json_of_str(err->message);
-        if (code && msg)
-            printf("{\n  \"code\": %s,\n  \"message\": %s\n}\n", code, msg);
-        free(code);
-        free(msg);
-    }
-    pgw_result_free(res);
+    char *code = json_of_str(err->code_name), *msg = json_of_str(err->message);
+    if (code && msg)
+        printf("{\n  \"code\": %s,\n  \"message\": %s\n}\n", code, msg);
+    free(code);
+    free(msg);
     return exit_for(rc);
 }
 

@@ -72,7 +72,7 @@
 #include <curl/curl.h>
 #include <jansson.h>
 
-#include "bench_hist.h"
+#include "bench_common.h"
 
 #define CG_HARD_CAP_S 120
 #define CG_DEFAULT_DURATION_S 5.0
@@ -82,18 +82,6 @@
     "{\"model\":\"gpt-4o-mini\",\"messages\":[{\"role\":\"system\",\"content\":" \
     "\"You are a helpful assistant.\"},{\"role\":\"user\",\"content\":" \
     "\"Hello, how are you today?\"}]}"
-
-static uint64_t clock_ns(clockid_t id)
-{
-    struct timespec ts;
-    clock_gettime(id, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static uint64_t mono_ns(void)
-{
-    return clock_ns(CLOCK_MONOTONIC);
-}
 
 /* ------------------------------------------------------------ run state */
 
@@ -635,48 +623,7 @@ static char *cg_load_body(const char *body_json, const char *body_file, size_t *
     return s;
 }
 
-static int parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    if (!s || *s == '-' || *s == '\0')
-        return -1;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
-}
-
-static int parse_double(const char *s, double lo, double hi, double *out)
-{
-    char *end;
-    errno = 0;
-    if (!s || *s == '\0')
-        return -1;
-    double v = strtod(s, &end);
-    if (errno || *end || !(v >= lo && v <= hi))
-        return -1;
-    *out = v;
-    return 0;
-}
-
 /* ------------------------------------------------------------- report */
-
-static void json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            fprintf(f, "\\%c", ch);
-        else if (ch < 0x20)
-            fprintf(f, "\\u%04x", ch);
-        else
-            fputc(ch, f);
-    }
-    fputc('"', f);
-}
 
 static void cg_report_json(FILE *f, const struct cg *g, double elapsed_s, double cpu_pct)
 {
@@ -696,16 +643,7 @@ static void cg_report_json(FILE *f, const struct cg *g, double elapsed_s, double
             ",\"err_body\":%" PRIu64 ",\"warmup_errors\":%" PRIu64 ",\"new_connections\":%" PRIu64,
             c->err_transport, c->err_timeout, c->err_http, c->err_body, g->warm_errors,
             c->new_conns);
-    fprintf(f, ",\"rps\":%.1f", elapsed_s > 0 ? (double)c->ok / elapsed_s : 0.0);
-    fprintf(f,
-            ",\"min_us\":%.2f,\"mean_us\":%.2f,\"p50_us\":%.2f,\"p90_us\":%.2f,\"p99_us\":%.2f"
-            ",\"p999_us\":%.2f,\"max_us\":%.2f",
-            (double)h->min_ns / 1e3, h->n ? h->sum_ns / (double)h->n / 1e3 : 0.0,
-            hist_percentile(h, 50) / 1e3, hist_percentile(h, 90) / 1e3,
-            hist_percentile(h, 99) / 1e3, hist_percentile(h, 99.9) / 1e3,
-            (double)h->max_ns / 1e3);
-    fprintf(f, ",\"resp_bytes_avg\":%.1f", c->ok ? (double)c->resp_bytes / (double)c->ok : 0.0);
-    fprintf(f, ",\"cpu_pct\":%.1f", cpu_pct);
+    bench_report_json_perf(f, h, c->ok, c->resp_bytes, elapsed_s, cpu_pct);
     fputs(",\"first_error\":", f);
     json_str(f, g->first_error);
     fputs("}\n", f);
@@ -725,13 +663,7 @@ static void cg_report_text(FILE *f, const struct cg *g, double elapsed_s, double
             c->err_body, g->warm_errors);
     if (g->first_error[0])
         fprintf(f, "  first err  %s\n", g->first_error);
-    fprintf(f, "  elapsed    %.3f s\n", elapsed_s);
-    fprintf(f, "  throughput %.1f req/s\n", elapsed_s > 0 ? (double)c->ok / elapsed_s : 0.0);
-    fprintf(f, "  latency µs min %.1f  mean %.1f  p50 %.1f  p90 %.1f  p99 %.1f  p99.9 %.1f  max %.1f\n",
-            (double)h->min_ns / 1e3, h->n ? h->sum_ns / (double)h->n / 1e3 : 0.0,
-            hist_percentile(h, 50) / 1e3, hist_percentile(h, 90) / 1e3,
-            hist_percentile(h, 99) / 1e3, hist_percentile(h, 99.9) / 1e3,
-            (double)h->max_ns / 1e3);
+    bench_report_text_perf(f, h, c->ok, elapsed_s);
     fprintf(f, "  response   %.1f body bytes on average\n",
             c->ok ? (double)c->resp_bytes / (double)c->ok : 0.0);
     fprintf(f, "  conns      %" PRIu64 " opened while measuring (0 = every request reused one)\n",
@@ -740,15 +672,6 @@ static void cg_report_text(FILE *f, const struct cg *g, double elapsed_s, double
 }
 
 /* --------------------------------------------------------------- main */
-
-static void cg_on_alarm(int sig)
-{
-    static const char msg[] = "curlgen: hard time cap reached, aborting\n";
-    (void)sig;
-    ssize_t w = write(STDERR_FILENO, msg, sizeof(msg) - 1);
-    (void)w;
-    _exit(3);
-}
 
 static void usage(FILE *f)
 {
@@ -772,47 +695,36 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-    struct cg_opts o = { .clients = 1, .timeout_ms = 10000, .max_body_bytes = 16u << 20 };
+    struct cg_opts o = { .max_body_bytes = 16u << 20 };
     const char *body_json = NULL, *body_file = NULL;
-    bool have_duration = false;
+    struct bench_opts b;
     char err[256];
 
+    bench_opts_init(&b);
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        uint64_t u;
-        int bad = 0;
-
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        int r = bench_opts_parse(&b, "curlgen", argc, argv, &i, CG_MAX_CLIENTS, CG_HARD_CAP_S);
+        if (r == BENCH_OPT_HELP) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(a, "--json")) {
-            o.json = true;
+        }
+        if (r != BENCH_OPT_OWN) {
+            if (r == BENCH_OPT_BAD)
+                return 2;
             continue;
-        } else if (!v) {
-            bad = 1;
-        } else if (!strcmp(a, "--url")) {
+        }
+        const char *a = argv[i], *v = argv[i + 1];
+        uint64_t u = 0;
+        int bad = 0;
+
+        if (!strcmp(a, "--url")) {
             o.url = v;
         } else if (!strcmp(a, "--body-json")) {
             body_json = v;
         } else if (!strcmp(a, "--body-file")) {
             body_file = v;
-        } else if (!strcmp(a, "--clients")) {
-            bad = parse_u64(v, 1, CG_MAX_CLIENTS, &u);
-            o.clients = (unsigned)u;
-        } else if (!strcmp(a, "--requests")) {
-            bad = parse_u64(v, 1, UINT64_C(1) << 40, &o.total);
-        } else if (!strcmp(a, "--warmup")) {
-            bad = parse_u64(v, 0, UINT64_C(1) << 32, &o.warmup);
-        } else if (!strcmp(a, "--timeout-ms")) {
-            bad = parse_u64(v, 1, UINT64_C(1000) * CG_HARD_CAP_S, &u);
-            o.timeout_ms = (long)u;
         } else if (!strcmp(a, "--max-body-bytes")) {
             bad = parse_u64(v, 64, UINT64_C(1) << 30, &u);
             o.max_body_bytes = (size_t)u;
-        } else if (!strcmp(a, "--duration")) {
-            bad = parse_double(v, 0.001, 1e9, &o.duration_s);
-            have_duration = true;
         } else {
             fprintf(stderr, "curlgen: unknown option %s\n", a);
             usage(stderr);
@@ -832,18 +744,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "curlgen: --body-json and --body-file are exclusive\n");
         return 2;
     }
-    if (!have_duration)
-        o.duration_s = o.total ? CG_HARD_CAP_S : CG_DEFAULT_DURATION_S;
-    if (o.duration_s > CG_HARD_CAP_S) {
-        fprintf(stderr, "curlgen: --duration capped at %d s\n", CG_HARD_CAP_S);
-        o.duration_s = CG_HARD_CAP_S;
-    }
+    bench_opts_finish(&b, "curlgen", CG_DEFAULT_DURATION_S, CG_HARD_CAP_S);
+    o.clients = b.clients;
+    o.total = b.total;
+    o.duration_s = b.duration_s;
+    o.warmup = b.warmup;
+    o.timeout_ms = (long)b.timeout_ms;
+    o.json = b.json;
 
-    signal(SIGPIPE, SIG_IGN);
-    signal(SIGALRM, cg_on_alarm);
-    /* Whatever happens (a wedged upstream during warmup or drain), the
-     * process is gone a bounded time after it started. */
-    alarm((unsigned)ceil(o.duration_s) + (unsigned)(o.timeout_ms / 1000) + 30u);
+    bench_arm_hard_cap("curlgen: hard time cap reached, aborting\n", o.duration_s, b.timeout_ms);
 
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
         fprintf(stderr, "curlgen: curl_global_init failed\n");

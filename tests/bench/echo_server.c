@@ -38,6 +38,7 @@
 #include <ev.h>
 #include <msgpack.h>
 
+#include "bench_common.h"
 #include "frame.h"
 #include "rpc.h"
 
@@ -143,26 +144,7 @@ static void echo_on_reap(struct ev_loop *loop, ev_prepare *w, int revents)
 
 static int out_reserve(struct echo_conn *c, size_t n)
 {
-    if (c->out_off > 0 && c->out_off == c->out_len)
-        c->out_off = c->out_len = 0;
-    if (c->out_len + n <= c->out_cap)
-        return 0;
-    if (c->out_off > 0) {
-        memmove(c->out, c->out + c->out_off, c->out_len - c->out_off);
-        c->out_len -= c->out_off;
-        c->out_off = 0;
-        if (c->out_len + n <= c->out_cap)
-            return 0;
-    }
-    size_t cap = c->out_cap ? c->out_cap : 4096;
-    while (cap < c->out_len + n)
-        cap *= 2;
-    char *p = realloc(c->out, cap);
-    if (!p)
-        return -1;
-    c->out = p;
-    c->out_cap = cap;
-    return 0;
+    return bench_out_reserve(&c->out, &c->out_len, &c->out_off, &c->out_cap, n);
 }
 
 /* Writes what is buffered; arms the write watcher only when the kernel
@@ -206,32 +188,6 @@ static void put_be64(unsigned char *p, uint64_t v)
         p[i] = (unsigned char)(v & 0xff);
         v >>= 8;
     }
-}
-
-/* The smallest msgpack encoding of an unsigned msgid, as any packer emits. */
-static size_t pack_msgid(unsigned char *p, uint32_t id)
-{
-    if (id < 0x80) {
-        p[0] = (unsigned char)id;
-        return 1;
-    }
-    if (id <= 0xff) {
-        p[0] = 0xcc;
-        p[1] = (unsigned char)id;
-        return 2;
-    }
-    if (id <= 0xffff) {
-        p[0] = 0xcd;
-        p[1] = (unsigned char)(id >> 8);
-        p[2] = (unsigned char)id;
-        return 3;
-    }
-    p[0] = 0xce;
-    p[1] = (unsigned char)(id >> 24);
-    p[2] = (unsigned char)(id >> 16);
-    p[3] = (unsigned char)(id >> 8);
-    p[4] = (unsigned char)id;
-    return 5;
 }
 
 static int echo_reply(struct echo_conn *c, uint32_t msgid)

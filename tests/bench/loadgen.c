@@ -76,7 +76,7 @@
 #include <jansson.h>
 #include <msgpack.h>
 
-#include "bench_hist.h"
+#include "bench_common.h"
 #include "frame.h"
 #include "rpc.h"
 
@@ -87,20 +87,6 @@
 #define LG_MAX_THREADS 64
 #define LG_READ_CHUNK 65536
 #define LG_TICK_MS 20                 /* epoll timeout: how often timeouts are checked */
-
-/* ---------------------------------------------------------------- clock */
-
-static uint64_t clock_ns(clockid_t id)
-{
-    struct timespec ts;
-    clock_gettime(id, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static uint64_t mono_ns(void)
-{
-    return clock_ns(CLOCK_MONOTONIC);
-}
 
 /* ------------------------------------------------------------ run state */
 
@@ -202,26 +188,7 @@ static void lg_counts_add(struct lg_counts *into, const struct lg_counts *c)
 
 static int out_reserve(struct lg_conn *c, size_t n)
 {
-    if (c->out_off > 0 && c->out_off == c->out_len)
-        c->out_off = c->out_len = 0;
-    if (c->out_len + n <= c->out_cap)
-        return 0;
-    if (c->out_off > 0) {
-        memmove(c->out, c->out + c->out_off, c->out_len - c->out_off);
-        c->out_len -= c->out_off;
-        c->out_off = 0;
-        if (c->out_len + n <= c->out_cap)
-            return 0;
-    }
-    size_t cap = c->out_cap ? c->out_cap : 4096;
-    while (cap < c->out_len + n)
-        cap *= 2;
-    char *p = realloc(c->out, cap);
-    if (!p)
-        return -1;
-    c->out = p;
-    c->out_cap = cap;
-    return 0;
+    return bench_out_reserve(&c->out, &c->out_len, &c->out_off, &c->out_cap, n);
 }
 
 static void lg_conn_kill(struct lg_thread *t, struct lg_conn *c, const char *why)
@@ -268,33 +235,6 @@ static void lg_flush(struct lg_thread *t, struct lg_conn *c)
     }
     c->out_off = c->out_len = 0;
     lg_set_out_interest(t, c, false);
-}
-
-/* The smallest msgpack encoding of an unsigned msgid, as a real client's
- * packer would emit it. */
-static size_t pack_msgid(unsigned char *p, uint32_t id)
-{
-    if (id < 0x80) {
-        p[0] = (unsigned char)id;
-        return 1;
-    }
-    if (id <= 0xff) {
-        p[0] = 0xcc;
-        p[1] = (unsigned char)id;
-        return 2;
-    }
-    if (id <= 0xffff) {
-        p[0] = 0xcd;
-        p[1] = (unsigned char)(id >> 8);
-        p[2] = (unsigned char)id;
-        return 3;
-    }
-    p[0] = 0xce;
-    p[1] = (unsigned char)(id >> 24);
-    p[2] = (unsigned char)(id >> 16);
-    p[3] = (unsigned char)(id >> 8);
-    p[4] = (unsigned char)id;
-    return 5;
 }
 
 /* Hands out one request: from the warmup budget, or in the measured phase
@@ -723,32 +663,6 @@ static int lg_build_tail(const char *method, const char *params_hex, const char 
     return 0;
 }
 
-static int parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    if (!s || *s == '-' || *s == '\0')
-        return -1;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
-}
-
-static int parse_double(const char *s, double lo, double hi, double *out)
-{
-    char *end;
-    errno = 0;
-    if (!s || *s == '\0')
-        return -1;
-    double v = strtod(s, &end);
-    if (errno || *end || !(v >= lo && v <= hi))
-        return -1;
-    *out = v;
-    return 0;
-}
-
 /* ------------------------------------------------------------- report */
 
 struct lg_result {
@@ -760,26 +674,10 @@ struct lg_result {
     char first_error[160];
 };
 
-static void json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            fprintf(f, "\\%c", ch);
-        else if (ch < 0x20)
-            fprintf(f, "\\u%04x", ch);
-        else
-            fputc(ch, f);
-    }
-    fputc('"', f);
-}
-
 static void lg_report_json(FILE *f, const struct lg_opts *o, const struct lg_result *r)
 {
     const struct lg_counts *c = &r->cnt;
     const struct bench_hist *h = &r->hist;
-    double rps = r->elapsed_s > 0 ? (double)c->ok / r->elapsed_s : 0.0;
 
     fputs("{\"socket\":", f);
     json_str(f, o->socket);
@@ -797,16 +695,7 @@ static void lg_report_json(FILE *f, const struct lg_opts *o, const struct lg_res
             ",\"notifications\":%" PRIu64,
             c->err_rpc, c->err_msgid, c->err_proto, c->err_timeout, c->err_conn, r->warm_errors,
             c->notifications);
-    fprintf(f, ",\"rps\":%.1f", rps);
-    fprintf(f,
-            ",\"min_us\":%.2f,\"mean_us\":%.2f,\"p50_us\":%.2f,\"p90_us\":%.2f,\"p99_us\":%.2f"
-            ",\"p999_us\":%.2f,\"max_us\":%.2f",
-            (double)h->min_ns / 1e3, h->n ? h->sum_ns / (double)h->n / 1e3 : 0.0,
-            hist_percentile(h, 50) / 1e3, hist_percentile(h, 90) / 1e3,
-            hist_percentile(h, 99) / 1e3, hist_percentile(h, 99.9) / 1e3,
-            (double)h->max_ns / 1e3);
-    fprintf(f, ",\"resp_bytes_avg\":%.1f", c->ok ? (double)c->resp_bytes / (double)c->ok : 0.0);
-    fprintf(f, ",\"cpu_pct\":%.1f", r->cpu_pct);
+    bench_report_json_perf(f, h, c->ok, c->resp_bytes, r->elapsed_s, r->cpu_pct);
     fputs(",\"first_error\":", f);
     json_str(f, r->first_error);
     fputs("}\n", f);
@@ -826,13 +715,7 @@ static void lg_report_text(FILE *f, const struct lg_opts *o, const struct lg_res
             c->err_timeout, c->err_conn, r->warm_errors);
     if (r->first_error[0])
         fprintf(f, "  first err  %s\n", r->first_error);
-    fprintf(f, "  elapsed    %.3f s\n", r->elapsed_s);
-    fprintf(f, "  throughput %.1f req/s\n", r->elapsed_s > 0 ? (double)c->ok / r->elapsed_s : 0.0);
-    fprintf(f, "  latency µs min %.1f  mean %.1f  p50 %.1f  p90 %.1f  p99 %.1f  p99.9 %.1f  max %.1f\n",
-            (double)h->min_ns / 1e3, h->n ? h->sum_ns / (double)h->n / 1e3 : 0.0,
-            hist_percentile(h, 50) / 1e3, hist_percentile(h, 90) / 1e3,
-            hist_percentile(h, 99) / 1e3, hist_percentile(h, 99.9) / 1e3,
-            (double)h->max_ns / 1e3);
+    bench_report_text_perf(f, h, c->ok, r->elapsed_s);
     fprintf(f, "  response   %.1f bytes on average\n",
             c->ok ? (double)c->resp_bytes / (double)c->ok : 0.0);
     fprintf(f, "  loadgen    %.0f%% CPU per thread (near 100: the generator is the bottleneck)\n",
@@ -840,15 +723,6 @@ static void lg_report_text(FILE *f, const struct lg_opts *o, const struct lg_res
 }
 
 /* --------------------------------------------------------------- main */
-
-static void lg_on_alarm(int sig)
-{
-    static const char msg[] = "loadgen: hard time cap reached, aborting\n";
-    (void)sig;
-    ssize_t w = write(STDERR_FILENO, msg, sizeof(msg) - 1);
-    (void)w;
-    _exit(3);
-}
 
 static void usage(FILE *f)
 {
@@ -875,28 +749,29 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
     struct lg_opts o = {
-        .clients = 1, .pipeline = 1, .threads = 1, .method = "ping",
-        .timeout_ns = UINT64_C(10000) * 1000000u, .max_frame_bytes = 16u << 20,
+        .pipeline = 1, .threads = 1, .method = "ping", .max_frame_bytes = 16u << 20,
     };
     const char *params_hex = NULL, *params_json = NULL, *params_file = NULL;
-    bool have_duration = false;
+    struct bench_opts b;
     char err[256];
 
+    bench_opts_init(&b);
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        uint64_t u;
-        int bad = 0;
-
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        int r = bench_opts_parse(&b, "loadgen", argc, argv, &i, LG_MAX_CLIENTS, LG_HARD_CAP_S);
+        if (r == BENCH_OPT_HELP) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(a, "--json")) {
-            o.json = true;
+        }
+        if (r != BENCH_OPT_OWN) {
+            if (r == BENCH_OPT_BAD)
+                return 2;
             continue;
-        } else if (!v) {
-            bad = 1;
-        } else if (!strcmp(a, "--socket")) {
+        }
+        const char *a = argv[i], *v = argv[i + 1];
+        uint64_t u = 0;
+        int bad = 0;
+
+        if (!strcmp(a, "--socket")) {
             o.socket = v;
         } else if (!strcmp(a, "--method")) {
             o.method = v;
@@ -906,28 +781,15 @@ int main(int argc, char **argv)
             params_file = v;
         } else if (!strcmp(a, "--params-json")) {
             params_json = v;
-        } else if (!strcmp(a, "--clients")) {
-            bad = parse_u64(v, 1, LG_MAX_CLIENTS, &u);
-            o.clients = (unsigned)u;
         } else if (!strcmp(a, "--pipeline")) {
             bad = parse_u64(v, 1, LG_MAX_PIPELINE, &u);
             o.pipeline = (unsigned)u;
         } else if (!strcmp(a, "--threads")) {
             bad = parse_u64(v, 1, LG_MAX_THREADS, &u);
             o.threads = (unsigned)u;
-        } else if (!strcmp(a, "--requests")) {
-            bad = parse_u64(v, 1, UINT64_C(1) << 40, &o.total);
-        } else if (!strcmp(a, "--warmup")) {
-            bad = parse_u64(v, 0, UINT64_C(1) << 32, &o.warmup);
-        } else if (!strcmp(a, "--timeout-ms")) {
-            bad = parse_u64(v, 1, UINT64_C(1000) * LG_HARD_CAP_S, &u);
-            o.timeout_ns = u * 1000000u;
         } else if (!strcmp(a, "--max-frame-bytes")) {
             bad = parse_u64(v, 64, UINT64_C(1) << 30, &u);
             o.max_frame_bytes = (size_t)u;
-        } else if (!strcmp(a, "--duration")) {
-            bad = parse_double(v, 0.001, 1e9, &o.duration_s);
-            have_duration = true;
         } else {
             fprintf(stderr, "loadgen: unknown option %s\n", a);
             usage(stderr);
@@ -947,12 +809,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "loadgen: --params-hex, --params-json and --params-file are exclusive\n");
         return 2;
     }
-    if (!have_duration)
-        o.duration_s = o.total ? LG_HARD_CAP_S : LG_DEFAULT_DURATION_S;
-    if (o.duration_s > LG_HARD_CAP_S) {
-        fprintf(stderr, "loadgen: --duration capped at %d s\n", LG_HARD_CAP_S);
-        o.duration_s = LG_HARD_CAP_S;
-    }
+    bench_opts_finish(&b, "loadgen", LG_DEFAULT_DURATION_S, LG_HARD_CAP_S);
+    o.clients = b.clients;
+    o.total = b.total;
+    o.duration_s = b.duration_s;
+    o.warmup = b.warmup;
+    o.timeout_ns = b.timeout_ms * 1000000u;
+    o.json = b.json;
     if (o.threads > o.clients)
         o.threads = o.clients;
 
@@ -964,11 +827,7 @@ int main(int argc, char **argv)
         return 2;
     }
 
-    signal(SIGPIPE, SIG_IGN);
-    signal(SIGALRM, lg_on_alarm);
-    /* Whatever happens (a wedged server during warmup or drain), the
-     * process is gone a bounded time after it started. */
-    alarm((unsigned)ceil(o.duration_s) + (unsigned)(o.timeout_ns / 1000000000u) + 30u);
+    bench_arm_hard_cap("loadgen: hard time cap reached, aborting\n", o.duration_s, b.timeout_ms);
 
     struct lg_shared sh = { .o = &o, .req_tail = (const unsigned char *)tail.data,
                             .req_tail_len = tail.size };

@@ -8,7 +8,7 @@ import select
 from . import errors
 from .protocol import (MSGID_MAX, NOTIFICATION, RESPONSE, FrameError, FrameReader,
                        NotRpcError, decode_frame, pack_notification, pack_request,
-                       parse_message)
+                       parse_message, socket_path)
 
 RETRY_LATER_CODES = frozenset(("stalled", "retry_exhausted", "backend_unavailable",
                                "overloaded", "shutting_down"))
@@ -27,6 +27,18 @@ def peer_hung_up(fd):
         return bool(p.poll(0))
     except (OSError, ValueError):
         return True
+
+
+def init_settings(client, path, connect_timeout_s, request_timeout_s, call_timeout_s,
+                  cancel_timeout_s, max_message_bytes):
+    """Sets the settings Client and AsyncClient share, the socket path
+    resolved (``$POLYGW_SOCKET``, then the default)."""
+    client.socket_path = socket_path(path)
+    client.connect_timeout_s = connect_timeout_s
+    client.request_timeout_s = request_timeout_s
+    client.call_timeout_s = call_timeout_s
+    client.cancel_timeout_s = cancel_timeout_s
+    client.max_message_bytes = max_message_bytes
 
 
 def call_params(capability, body, stream=False, task_id=None, deadline_s=None, scope=None):

@@ -6,9 +6,9 @@ import asyncio
 import contextlib
 
 from . import errors
-from ._core import Session, call_params, peer_hung_up
+from ._core import Session, call_params, init_settings, peer_hung_up
 from .client import _reason
-from .protocol import DEFAULT_MAX_MESSAGE_BYTES, socket_path
+from .protocol import DEFAULT_MAX_MESSAGE_BYTES
 
 __all__ = ["AsyncClient", "AsyncCallStream", "AsyncTask"]
 
@@ -41,12 +41,8 @@ class AsyncClient:
     def __init__(self, socket_path=None, *, connect_timeout_s=5.0, request_timeout_s=30.0,
                  call_timeout_s=3600.0, cancel_timeout_s=5.0,
                  max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES):
-        self.socket_path = _resolve(socket_path)
-        self.connect_timeout_s = connect_timeout_s
-        self.request_timeout_s = request_timeout_s
-        self.call_timeout_s = call_timeout_s
-        self.cancel_timeout_s = cancel_timeout_s
-        self.max_message_bytes = max_message_bytes
+        init_settings(self, socket_path, connect_timeout_s, request_timeout_s, call_timeout_s,
+                      cancel_timeout_s, max_message_bytes)
         self._conn = None
         self._connecting = None
         self._closed = False
@@ -248,10 +244,6 @@ class AsyncClient:
     async def tasks(self, state=None):
         res = await self.request("task.list", {"state": state} if state is not None else None)
         return res.get("tasks", []) if isinstance(res, dict) else []
-
-
-def _resolve(path):
-    return socket_path(path)
 
 
 class AsyncCallStream:
