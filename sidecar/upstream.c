@@ -12,8 +12,10 @@
  * `in_curl` counts how deep we are inside curl; attempt_cancel() there only
  * marks the attempt (its next write callback fails the transfer) and the
  * engine's ev_prepare pass removes and frees it before the loop sleeps.
- * Pause/resume are applied in the same pass, since unpausing can run the
- * write callback synchronously.
+ * A pause takes effect in the write callback itself (it refuses the next
+ * buffer with CURL_WRITEFUNC_PAUSE: no byte reaches us without one);
+ * resume is applied in the prepare pass, since unpausing can run the write
+ * callback synchronously.
  */
 #include "upstream.h"
 
@@ -912,11 +914,7 @@ static void upstream_on_prepare(struct ev_loop *loop, ev_prepare *w, int revents
             attempt_free(a);
             continue;
         }
-        if (a->want_pause && !a->curl_paused && a->easy) {
-            a->want_pause = false;
-            a->curl_paused = true;
-            curl_easy_pause(a->easy, CURLPAUSE_RECV);
-        } else if (a->want_resume && a->curl_paused && a->easy) {
+        if (a->want_resume && a->curl_paused && a->easy) {
             a->want_resume = false;
             a->curl_paused = false;
             a->last_activity = ev_now(loop);
@@ -1182,11 +1180,10 @@ void attempt_cancel(struct attempt *a)
 
 void attempt_pause(struct attempt *a)
 {
+    /* Applied by the next write callback (see attempt_on_write). */
     a->want_resume = false;
-    if (!a->curl_paused) {
+    if (!a->curl_paused)
         a->want_pause = true;
-        upstream_defer(a);
-    }
 }
 
 void attempt_resume(struct attempt *a)

@@ -126,8 +126,9 @@ struct attempt *attempt_start(struct upstream *up, struct attempt_spec *spec,
  * no hook runs afterwards. Safe from any callback except on_event. */
 void attempt_cancel(struct attempt *a);
 
-/* Flow control for streams whose client is slow: while paused, no more
- * bytes are read from the upstream and the idle deadline does not run. */
+/* Flow control for streams whose client is slow: once paused (at the next
+ * buffer curl delivers), no more bytes are read from the upstream and the
+ * idle deadline does not run; a silent upstream still times out. */
 void attempt_pause(struct attempt *a);
 void attempt_resume(struct attempt *a);
 
