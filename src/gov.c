@@ -91,8 +91,9 @@ int gov_init(struct gov *g, const struct gov_source_params *srcs, size_t n, size
                   s->p.aimd_increase, s->p.aimd_decrease);
         breaker_init(&s->breaker, s->p.breaker_failures, s->p.breaker_cooldown_s,
                      s->p.breaker_max_cooldown_s);
-        bucket_init(&s->rpm, (double)s->p.rpm, 60.0, now);
-        bucket_init(&s->tpm, (double)s->p.tpm, 60.0, now);
+        double window = s->p.window_s > 0 ? s->p.window_s : 60.0;
+        bucket_init(&s->rpm, (double)s->p.rpm, window, now);
+        bucket_init(&s->tpm, (double)s->p.tpm, window, now);
         bucket_init(&s->daily, (double)s->p.daily_tokens, 86400.0, now);
         s->last_start = -INFINITY;
     }
@@ -388,10 +389,74 @@ static void gov_call_done(struct gov_call *k, double now, enum gov_result r,
     d->retry_after_s = r == GOV_OK ? 0 : gov_retry_after(k, now);
 }
 
+/* Nothing runnable: wait in FIFO order, holding nothing, until `next_at`
+ * (the earliest known availability), the stall verdict, or the deadline.
+ * `age` is the scope's progress age, or NAN when not known yet. */
+static void gov_call_park(struct gov_call *k, double now, double stalled, double age,
+                          double next_at, struct gov_decision *d)
+{
+    double window = k->pol.stall_window_s;
+    double verdict_at = now + (window - stalled);
+
+    if (isfinite(age))
+        verdict_at = fmax(verdict_at, now + (window - age));
+    verdict_at += GOV_EPS;
+    double wake = fmin(next_at, verdict_at);
+    if (k->deadline_at > 0)
+        wake = fmin(wake, k->deadline_at);
+    if (wake <= now)
+        wake = now + GOV_EPS;
+    waitq_push(k);
+    k->woken = false; /* it looked: the next release wakes it again */
+    k->gov->waits++;
+    k->state = GOV_CALL_WAITING;
+    k->wake_at = wake;
+    d->action = GOV_WAIT;
+    d->wake_at = wake;
+}
+
+/* The verdicts at the top of the loop: deadline, backend, stall. Returns
+ * true when one ended the call (d is DONE) or the call must wait for the
+ * progress age (d is WAIT); else *stalled and *age (NAN = not known yet)
+ * are set for the rest of the step. */
+static bool gov_call_verdicts(struct gov_call *k, double now, double *stalled, double *age,
+                              struct gov_decision *d)
+{
+    struct gov *g = k->gov;
+
+    if (k->deadline_at > 0 && now >= k->deadline_at) {
+        gov_call_done(k, now, GOV_DEADLINE_EXCEEDED, d);
+        return true;
+    }
+    /* The stall verdict: both the call's own non-productive time and the
+     * scope's progress age beyond the window. */
+    *stalled = stall_clock_stalled_s(&k->clock, now);
+    int rc = g->backend.progress_age(g->backend.ud, k->scope, now, age);
+    if (rc < 0) {
+        gov_call_done(k, now, GOV_BACKEND_UNAVAILABLE, d);
+        return true;
+    }
+    double window = k->pol.stall_window_s;
+    if (rc > 0) {
+        *age = NAN;
+        if (*stalled > window) {
+            /* Due, but the age is being fetched: never stall on a guess. */
+            gov_call_park(k, now, *stalled, NAN, now + GOV_PENDING_RECHECK_S, d);
+            return true;
+        }
+        return false;
+    }
+    if (*stalled > window && *age > window) {
+        gov_call_done(k, now, GOV_STALLED, d);
+        return true;
+    }
+    return false;
+}
+
 void gov_call_step(struct gov_call *k, double now, struct gov_decision *d)
 {
     struct gov *g = k->gov;
-    double age, next_at;
+    double stalled, age, next_at;
 
     memset(d, 0, sizeof(*d));
     g->decisions++;
@@ -401,22 +466,8 @@ void gov_call_step(struct gov_call *k, double now, struct gov_decision *d)
         d->source = k->source;
         return;
     }
-    if (k->deadline_at > 0 && now >= k->deadline_at) {
-        gov_call_done(k, now, GOV_DEADLINE_EXCEEDED, d);
+    if (gov_call_verdicts(k, now, &stalled, &age, d))
         return;
-    }
-    /* The stall verdict: both the call's own non-productive time and the
-     * scope's progress age beyond the window. */
-    double stalled = stall_clock_stalled_s(&k->clock, now);
-    if (g->backend.progress_age(g->backend.ud, k->scope, now, &age) < 0) {
-        gov_call_done(k, now, GOV_BACKEND_UNAVAILABLE, d);
-        return;
-    }
-    double window = k->pol.stall_window_s;
-    if (stalled > window && age > window) {
-        gov_call_done(k, now, GOV_STALLED, d);
-        return;
-    }
 
     long pick = gov_pick(g, k, now, &next_at);
     if (pick >= 0) {
@@ -431,6 +482,7 @@ void gov_call_step(struct gov_call *k, double now, struct gov_decision *d)
         bucket_take(&s->rpm, 1, now);
         bucket_take(&s->tpm, k->est_tokens, now);
         bucket_take(&s->daily, k->est_tokens, now);
+        k->prev_last_start = s->last_start;
         s->last_start = now;
         k->attempts++;
         k->notes[pick].tried = true;
@@ -441,25 +493,70 @@ void gov_call_step(struct gov_call *k, double now, struct gov_decision *d)
         d->source = (size_t)pick;
         return;
     }
+    gov_call_park(k, now, stalled, age, next_at, d);
+}
 
-    /* Nothing runnable: wait in FIFO order, holding nothing, until the
-     * earliest known availability, the stall verdict, or the deadline. */
-    double verdict_at = now + (window - stalled);
-    if (isfinite(age))
-        verdict_at = fmax(verdict_at, now + (window - age));
-    verdict_at += GOV_EPS;
-    double wake = fmin(next_at, verdict_at);
-    if (k->deadline_at > 0)
-        wake = fmin(wake, k->deadline_at);
-    if (wake <= now)
-        wake = now + GOV_EPS;
-    waitq_push(k);
-    k->woken = false; /* it looked: the next release wakes it again */
-    g->waits++;
-    k->state = GOV_CALL_WAITING;
-    k->wake_at = wake;
-    d->action = GOV_WAIT;
-    d->wake_at = wake;
+/* Gives back what the last step reserved for an attempt that was never
+ * sent (gov_call_refused, gov_call_abandon). Its time is stalled time. */
+static void gov_call_unreserve(struct gov_call *k, double now)
+{
+    struct gov_source *s = &k->gov->sources[k->source];
+    struct gov_source_note *note = &k->notes[k->source];
+
+    stall_clock_attempt_end(&k->clock, now, true);
+    gov_call_release(k);
+    breaker_on_neutral(&s->breaker, k->probe);
+    k->probe = false;
+    if (s->attempts > 0)
+        s->attempts--;
+    bucket_adjust(&s->rpm, -1, now);
+    bucket_adjust(&s->tpm, -k->est_tokens, now);
+    bucket_adjust(&s->daily, -k->est_tokens, now);
+    s->last_start = k->prev_last_start;
+    if (k->attempts > 0)
+        k->attempts--;
+    if (note->attempts > 0)
+        note->attempts--;
+    if (note->attempts == 0 && note->reason == REASON_NONE && note->status == 0)
+        note->tried = false;
+    k->state = GOV_CALL_BACKOFF;
+}
+
+void gov_call_refused(struct gov_call *k, double now, double retry_at, struct gov_decision *d)
+{
+    double stalled, age;
+
+    memset(d, 0, sizeof(*d));
+    if (k->state != GOV_CALL_ATTEMPTING) {
+        gov_call_step(k, now, d);
+        return;
+    }
+    gov_call_unreserve(k, now);
+    k->gov->decisions++;
+    if (gov_call_verdicts(k, now, &stalled, &age, d))
+        return;
+    if (!(retry_at > now) || !isfinite(retry_at)) {
+        double p = k->pol.poll_interval_s > 0 ? k->pol.poll_interval_s : 1.0;
+        retry_at = now + p * (0.5 + 0.5 * gov_rand(k->gov));
+    } else {
+        struct gov_source *s = &k->gov->sources[k->source];
+        if (retry_at > s->retry_after_until)
+            s->retry_after_until = retry_at; /* for the error's retry_after_s */
+    }
+    gov_call_park(k, now, stalled, age, retry_at, d);
+}
+
+void gov_call_abandon(struct gov_call *k, double now, enum gov_result r, struct gov_decision *d)
+{
+    memset(d, 0, sizeof(*d));
+    if (k->state == GOV_CALL_ATTEMPTING)
+        gov_call_unreserve(k, now);
+    if (k->state != GOV_CALL_DONE)
+        gov_call_done(k, now, r, d);
+    else {
+        d->action = GOV_DONE;
+        d->result = r;
+    }
 }
 
 static bool reason_is_timeout(enum outcome_reason r)

@@ -70,6 +70,7 @@ struct gov_source_params {
     uint32_t breaker_failures;
     double breaker_cooldown_s, breaker_max_cooldown_s;
     uint64_t rpm, tpm, daily_tokens;          /* 0 = unlimited */
+    double window_s;                          /* of rpm and tpm; 0 = 60 */
     double pacer_min_interval_s;
 };
 
@@ -78,6 +79,7 @@ struct gov_policy {
     uint32_t max_attempts;
     double stall_window_s;
     double backoff_base_s, backoff_max_s;
+    double poll_interval_s;  /* shared backend: re-poll period when no retry time is known */
     bool exempt_429;
 };
 
@@ -93,8 +95,14 @@ struct gov_source {
 };
 
 /* Progress reads and writes go through this interface (the memory store by
- * default; a shared backend later). A read that fails makes the call fail
- * closed with GOV_BACKEND_UNAVAILABLE; a failed write is only counted. */
+ * default; the sidecar's Redis cache when the backend is shared). A read
+ * returns 0 with the age, -1 when the backend cannot answer (the call fails
+ * closed with GOV_BACKEND_UNAVAILABLE), or 1 when the age is not known yet
+ * (a shared backend is fetching it): the call then acts as if the scope had
+ * made no progress only where that cannot end it — it never stalls on an
+ * unknown age, it waits GOV_PENDING_RECHECK_S and looks again. A failed
+ * write is only counted. */
+#define GOV_PENDING_RECHECK_S 0.005
 struct gov_backend {
     int (*progress_mark)(void *ud, const char *scope, double now);
     int (*progress_age)(void *ud, const char *scope, double now, double *age_s);
@@ -144,6 +152,7 @@ struct gov_call {
     uint32_t fails, attempts;
     size_t source;           /* ATTEMPTING: the source in use */
     bool probe;              /* ATTEMPTING: holds the breaker's half-open probe */
+    double prev_last_start;  /* ATTEMPTING: the pacer's value before this pick */
     double wake_at;
     double retry_after_hint; /* last Retry-After seen (seconds, < 0 none) */
     struct gov_source_note *notes; /* owned, one per source */
@@ -197,6 +206,25 @@ void gov_call_step(struct gov_call *k, double now, struct gov_decision *d);
  * is REASON_CANCELLED) or GOV_WAIT (backoff). */
 void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o,
                          double actual_tokens, struct gov_decision *d);
+
+/* Shared admission (DESIGN 3.2 with a shared backend): the sidecar asks the
+ * backend to confirm the attempt the last step reserved, before anything is
+ * sent upstream.
+ *
+ * gov_call_refused: the backend refused it. Everything the step reserved is
+ * given back as if the source had not been picked (permit, buckets, pacer,
+ * probe, the attempt counts), the time since the step is charged to the
+ * stall budget, and the call waits — decision GOV_WAIT, or GOV_DONE when a
+ * verdict is due — until `retry_at` (absolute; when not after `now` or not
+ * finite, no time is known and the call re-polls after poll_interval_s
+ * scaled by a jitter in [0.5, 1.0)), its stall verdict or its deadline.
+ * Refusals wake no other waiter: a chain of refusals must not spin.
+ *
+ * gov_call_abandon: the backend could not answer (or the call must end for
+ * a reason found outside the loop): the reservation is given back the same
+ * way and the call ends with `r`. */
+void gov_call_refused(struct gov_call *k, double now, double retry_at, struct gov_decision *d);
+void gov_call_abandon(struct gov_call *k, double now, enum gov_result r, struct gov_decision *d);
 
 /* Current stalled seconds of the call. */
 double gov_call_stalled_s(const struct gov_call *k, double now);

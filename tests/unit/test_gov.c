@@ -1723,6 +1723,200 @@ START_TEST(test_gov__backend_read_fails_closed_write_counted)
 }
 END_TEST
 
+
+/* --- shared admission (propose/confirm) ----------------------------- */
+
+struct shared_fake {
+    int age_rc;
+    double age;
+};
+
+static int shared_fake_age(void *ud, const char *scope, double now, double *age_s)
+{
+    struct shared_fake *b = ud;
+
+    (void)scope;
+    (void)now;
+    *age_s = b->age;
+    return b->age_rc;
+}
+
+static int shared_fake_mark(void *ud, const char *scope, double now)
+{
+    (void)ud;
+    (void)scope;
+    (void)now;
+    return 0;
+}
+
+/* A refusal gives back everything the step reserved, charges the time
+ * since the step to the stall budget, and waits until the retry time. */
+START_TEST(test_gov__refused_gives_back_and_waits)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+    struct gov g;
+    struct gov_call k;
+    struct gov_decision d;
+
+    p.rpm = 10;
+    p.pacer_min_interval_s = 10;
+    ck_assert_int_eq(gov_init(&g, &p, 1, 1, NULL, NULL, NULL, NULL, 0), 0);
+    ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 0, 100, 0), 0);
+    gov_call_step(&k, 0, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    ck_assert_uint_eq(g.sources[0].in_flight, 1);
+    ck_assert_near(bucket_level(&g.sources[0].rpm, 0), 9);
+
+    gov_call_refused(&k, 0.5, 3.0, &d);
+    ck_assert_int_eq(d.action, GOV_WAIT);
+    ck_assert_near(d.wake_at, 3.0);
+    ck_assert_int_eq(k.state, GOV_CALL_WAITING);
+    ck_assert_uint_eq(g.sources[0].in_flight, 0);
+    ck_assert_uint_eq(g.sources[0].attempts, 0);
+    ck_assert_uint_eq(k.attempts, 0);
+    ck_assert(!k.notes[0].tried);
+    ck_assert_near(bucket_level(&g.sources[0].rpm, 0.5), 10);
+    ck_assert_near(gov_call_stalled_s(&k, 0.5), 0.5); /* the wait for the verdict */
+    ck_assert_uint_eq(g.waitq[0].n, 1);
+
+    /* The pacer was given back too: the next step may pick at once. */
+    gov_call_step(&k, 3.0, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    ck_assert_uint_eq(k.attempts, 1);
+    ck_assert_uint_eq(g.waitq[0].n, 0);
+    gov_call_fini(&k, 3.0);
+    ck_assert_uint_eq(g.sources[0].in_flight, 0);
+    gov_fini(&g);
+}
+END_TEST
+
+/* With no retry time known, the call re-polls after poll_interval_s scaled
+ * by the jitter in [0.5, 1.0). */
+START_TEST(test_gov__refused_without_time_polls_with_jitter)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+    struct gov g;
+    struct gov_call k;
+    struct gov_decision d;
+
+    pol.poll_interval_s = 2;
+    ck_assert_int_eq(gov_init(&g, &p, 1, 1, NULL, NULL, NULL, NULL, 0), 0); /* rand: 0.5 */
+    ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 0, 0, 0), 0);
+    gov_call_step(&k, 1, &d);
+    gov_call_refused(&k, 1, NAN, &d);
+    ck_assert_int_eq(d.action, GOV_WAIT);
+    ck_assert_near(d.wake_at, 1 + 2 * 0.75);
+    gov_call_step(&k, d.wake_at, &d);
+    gov_call_refused(&k, k.wake_at, 0 /* in the past: unknown */, &d);
+    ck_assert_near(d.wake_at, 2.5 + 1.5);
+    gov_call_fini(&k, 4);
+    gov_fini(&g);
+}
+END_TEST
+
+/* A refusal past the stall window ends the call stalled (the scope never
+ * progressed); past the deadline, deadline_exceeded. */
+START_TEST(test_gov__refused_reaches_verdicts)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+    struct gov g;
+    struct gov_call k;
+    struct gov_decision d;
+
+    pol.stall_window_s = 1;
+    ck_assert_int_eq(gov_init(&g, &p, 1, 1, NULL, NULL, NULL, NULL, 0), 0);
+    ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 0, 0, 0), 0);
+    gov_call_step(&k, 0, &d);
+    gov_call_refused(&k, 1.5, 5, &d);
+    ck_assert_int_eq(d.action, GOV_DONE);
+    ck_assert_int_eq(d.result, GOV_STALLED);
+    ck_assert_uint_eq(g.sources[0].in_flight, 0);
+    gov_call_fini(&k, 1.5);
+
+    pol.stall_window_s = 300;
+    ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 2, 0, 0), 0);
+    gov_call_step(&k, 0, &d);
+    gov_call_refused(&k, 1, 5, &d);
+    ck_assert_int_eq(d.action, GOV_WAIT);
+    ck_assert_near(d.wake_at, 2); /* the deadline comes first */
+    gov_call_step(&k, 2, &d);
+    ck_assert_int_eq(d.result, GOV_DEADLINE_EXCEEDED);
+    gov_call_fini(&k, 2);
+    gov_fini(&g);
+}
+END_TEST
+
+/* The backend could not answer: the reservation is given back and the
+ * call ends backend_unavailable. */
+START_TEST(test_gov__abandon_fails_closed)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+    struct gov g;
+    struct gov_call k;
+    struct gov_decision d;
+
+    ck_assert_int_eq(gov_init(&g, &p, 1, 1, NULL, NULL, NULL, NULL, 0), 0);
+    ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 0, 0, 0), 0);
+    gov_call_step(&k, 0, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    gov_call_abandon(&k, 0.2, GOV_BACKEND_UNAVAILABLE, &d);
+    ck_assert_int_eq(d.action, GOV_DONE);
+    ck_assert_int_eq(d.result, GOV_BACKEND_UNAVAILABLE);
+    ck_assert_uint_eq(g.sources[0].in_flight, 0);
+    ck_assert_uint_eq(k.attempts, 0);
+    gov_call_fini(&k, 0.2);
+    ck_assert_uint_eq(g.sources[0].in_flight, 0);
+    gov_fini(&g);
+}
+END_TEST
+
+/* An age not known yet (a shared backend fetching it) never stalls a call:
+ * it proceeds while no verdict depends on it, and waits a recheck when one
+ * does; once known, the verdict is the usual one. */
+START_TEST(test_gov__pending_age_never_stalls)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+    struct shared_fake fb = {.age_rc = 1};
+    struct gov_backend be = {.progress_mark = shared_fake_mark, .progress_age = shared_fake_age,
+                             .ud = &fb};
+    struct gov g;
+    struct gov_call k;
+    struct gov_decision d;
+
+    pol.stall_window_s = 1;
+    ck_assert_int_eq(gov_init(&g, &p, 1, 1, &be, NULL, NULL, NULL, 0), 0);
+    ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 0, 0, 0), 0);
+    gov_call_step(&k, 0, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT); /* not due: the age does not matter */
+    gov_call_refused(&k, 0.5, 10, &d);
+    ck_assert_int_eq(d.action, GOV_WAIT);
+    ck_assert_just_after(d.wake_at, 1.0); /* the earliest possible verdict */
+    gov_call_step(&k, d.wake_at, &d);
+    ck_assert_int_eq(d.action, GOV_WAIT); /* due, age unknown: recheck */
+    ck_assert_near(d.wake_at, k.wake_at);
+    ck_assert(d.wake_at - 1.0 <= GOV_PENDING_RECHECK_S + VERDICT_EPS);
+    fb.age_rc = 0;
+    fb.age = 0.2; /* fresh progress elsewhere: not stalled, it tries again */
+    double t = d.wake_at;
+    gov_call_step(&k, t, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    gov_call_refused(&k, t, 10, &d);
+    ck_assert_int_eq(d.action, GOV_WAIT);
+    ck_assert_just_after(d.wake_at, t + 0.8); /* when that progress is a window old */
+    fb.age = INFINITY;
+    gov_call_step(&k, d.wake_at, &d);
+    ck_assert_int_eq(d.action, GOV_DONE);
+    ck_assert_int_eq(d.result, GOV_STALLED);
+    gov_call_fini(&k, d.wake_at);
+    gov_fini(&g);
+}
+END_TEST
+
 START_TEST(test_gov__stats_counters)
 {
     struct gov_source_params p = src_params("a");
@@ -1845,6 +2039,11 @@ Suite *gov_suite(void)
     tcase_add_test(tc, test_gov__cancelled_outcome_reports_cancelled);
     tcase_add_test(tc, test_gov__backend_read_fails_closed_write_counted);
     tcase_add_test(tc, test_gov__stats_counters);
+    tcase_add_test(tc, test_gov__refused_gives_back_and_waits);
+    tcase_add_test(tc, test_gov__refused_without_time_polls_with_jitter);
+    tcase_add_test(tc, test_gov__refused_reaches_verdicts);
+    tcase_add_test(tc, test_gov__abandon_fails_closed);
+    tcase_add_test(tc, test_gov__pending_age_never_stalls);
     tcase_add_test(tc, test_gov__call_init_rejects_unknown_capability);
     tcase_add_test(tc, test_gov__names_stable);
     suite_add_tcase(s, tc);
