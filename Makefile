@@ -56,12 +56,19 @@ SHIM_SRC    := $(wildcard tests/shim/*.c)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 
+# The Redis scripts are compiled in (sidecar/redis.c): one generated file
+# defines rds_script_src[] and rds_script_name[] in enum rds_script order.
+LUA_NAMES := admit release renew progress task
+LUA_SRC   := $(LUA_NAMES:%=sidecar/lua/%.lua)
+LUA_GEN   := $(BUILD)/gen/lua_scripts.c
+LUA_OBJ   := $(BUILD)/obj/gen/lua_scripts.o
+
 PROTO_OBJ   := $(call obj,$(PROTO_SRC))
 CORE_OBJ    := $(call obj,$(CORE_SRC))
-SIDECAR_OBJ := $(call obj,$(SIDECAR_SRC))
+SIDECAR_OBJ := $(call obj,$(SIDECAR_SRC)) $(LUA_OBJ)
 CLIENT_OBJ  := $(call obj,$(CLIENT_SRC))
 ALL_OBJ     := $(call obj,$(PROTO_SRC) $(CORE_SRC) $(SIDECAR_SRC) sidecar/main.c \
-                 $(CLIENT_SRC) client/c/polygwctl.c $(UNIT_SRC) $(MOCK_SRC) $(BENCH_SRC))
+                 $(CLIENT_SRC) client/c/polygwctl.c $(UNIT_SRC) $(MOCK_SRC) $(BENCH_SRC)) $(LUA_OBJ)
 
 DAEMON     := $(BUILD)/polygw
 CTL        := $(BUILD)/polygwctl
@@ -76,6 +83,28 @@ SHIMS      := $(patsubst tests/shim/%.c,$(BUILD)/shim/%.so,$(SHIM_SRC))
 all: $(DAEMON) $(CTL) $(LIBA) $(LIBSO) $(MOCK) $(BENCH_BINS) $(SHIMS)
 
 $(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(ALL_CFLAGS) -MMD -MP -c $< -o $@
+
+# Each script line becomes a C string literal (backslash, quote and ? escaped).
+$(LUA_GEN): $(LUA_SRC)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  GEN     $@")
+	$(Q){ echo '/* Generated from sidecar/lua/ by the Makefile: do not edit. */'; \
+	  echo '#include "redis.h"'; \
+	  echo 'extern const char *const rds_script_src[RDS_N_SCRIPTS];'; \
+	  echo 'extern const char *const rds_script_name[RDS_N_SCRIPTS];'; \
+	  echo 'const char *const rds_script_src[RDS_N_SCRIPTS] = {'; \
+	  for f in $(LUA_SRC); do \
+	    sed -e 's/\\/\\\\/g' -e 's/["?]/\\&/g' -e 's/^/    "/' -e 's/$$/\\n"/' $$f || exit 1; echo '    ,'; \
+	  done; \
+	  echo '};'; \
+	  echo 'const char *const rds_script_name[RDS_N_SCRIPTS] = {'; \
+	  for n in $(LUA_NAMES); do echo "    \"$$n\","; done; \
+	  echo '};'; } > $@.tmp && mv $@.tmp $@
+
+$(LUA_OBJ): $(LUA_GEN)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(ALL_CFLAGS) -MMD -MP -c $< -o $@

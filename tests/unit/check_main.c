@@ -22,6 +22,7 @@ int main(void)
         progress_suite,
         gov_suite,
         task_suite,
+        redis_url_suite,
     };
     SRunner *sr = srunner_create(NULL);
 

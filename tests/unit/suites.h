@@ -18,5 +18,6 @@ Suite *bucket_suite(void);
 Suite *progress_suite(void);
 Suite *gov_suite(void);
 Suite *task_suite(void);
+Suite *redis_url_suite(void);
 
 #endif

@@ -1,0 +1,125 @@
+/*
+ * redis.h — the Redis adapter: hiredis's async API on the sidecar's libev
+ * loop, with what hiredis 0.14 leaves to its user.
+ *
+ *  - Two connections: one for commands (scripts), one subscribed to the
+ *    configured pub/sub channels. Each connects in the background; nothing
+ *    blocks the loop (host names are resolved off the loop, the TCP/unix
+ *    connect is non-blocking, AUTH and SELECT are pipelined behind it).
+ *  - Every round trip is bounded by `command_timeout_s` (hiredis 0.14 has no
+ *    async timeouts: each command carries its own timer). A command that
+ *    times out fails at once; its connection is then considered sick and is
+ *    dropped and re-made, because hiredis cannot skip an unanswered reply.
+ *  - Reconnection with exponential backoff (reconnect_min_s doubling up to
+ *    reconnect_max_s) and jitter in [0.5, 1.0] of each delay.
+ *  - The Lua scripts of sidecar/lua/ are compiled into the binary, loaded
+ *    with SCRIPT LOAD on every (re)connect, called with EVALSHA; a NOSCRIPT
+ *    reply (the server lost its script cache: restart, SCRIPT FLUSH,
+ *    fail-over) is retried once with EVAL, inside the same timeout.
+ *
+ * Callback contract: rds_eval() returns 0 and later calls `cb` exactly once
+ * (with the reply, or with NULL and a reason: "timeout", "not connected",
+ * "connection lost", the Redis error text, "closed" from rds_free), or
+ * returns -1 at once and never calls `cb` (not connected, out of memory).
+ * Callbacks never run inside rds_eval().
+ *
+ * The URL may hold a password: it is never logged, returned or shown in
+ * stats (only host:port or the socket path is).
+ */
+#ifndef POLYGW_REDIS_H
+#define POLYGW_REDIS_H
+
+#include <ev.h>
+#include <hiredis/hiredis.h>
+#include <msgpack.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct rds;
+
+enum rds_script { RDS_ADMIT, RDS_RELEASE, RDS_RENEW, RDS_PROGRESS, RDS_TASK, RDS_N_SCRIPTS };
+
+/* Where to connect, parsed from a URL:
+ *   redis://[[user]:password@]host[:port][/db]     (host may be [v6addr])
+ *   unix:///path/to/socket[?db=N][&password=P]
+ * Port defaults to 6379, db to 0. */
+struct rds_addr {
+    char host[256];          /* host name or address; empty for unix */
+    int port;
+    char path[108];          /* unix socket path; empty for tcp */
+    char password[256];      /* empty = no AUTH */
+    int db;
+};
+
+/* Returns 0, or -1 with a reason in `err` that never contains the password. */
+int rds_parse_url(const char *url, struct rds_addr *out, char *err, size_t errlen);
+
+struct rds_opts {
+    const char *url;
+    double command_timeout_s;       /* bounds each round trip and each connect */
+    double reconnect_min_s;         /* first reconnect delay (before jitter) */
+    double reconnect_max_s;         /* cap of the doubling */
+    const char *const *channels;    /* subscribed on the second connection */
+    size_t n_channels;
+};
+
+struct rds_hooks {
+    /* The command connection is ready (AUTH, SELECT, scripts loaded) / lost.
+     * `why` is a short reason without secrets. */
+    void (*on_up)(struct rds *r, void *ud);
+    void (*on_down)(struct rds *r, const char *why, void *ud);
+    /* The subscriber is subscribed to every channel / lost its subscription
+     * (messages published meanwhile are lost: re-check what they carry). */
+    void (*on_subscribed)(struct rds *r, void *ud);
+    void (*on_unsubscribed)(struct rds *r, void *ud);
+    /* A message on channel opts.channels[channel]. `msg` is not NUL-terminated. */
+    void (*on_message)(struct rds *r, size_t channel, const char *msg, size_t len, void *ud);
+    void *ud;
+};
+
+typedef void rds_cb(const redisReply *reply, const char *err, void *ud);
+
+/* Starts connecting (in the background) and returns the adapter, or NULL
+ * with a reason (bad URL, out of memory). Options and hooks are copied;
+ * the URL and channel names too. */
+struct rds *rds_new(struct ev_loop *loop, const struct rds_opts *opts,
+                    const struct rds_hooks *hooks, char *err, size_t errlen);
+
+/* Fails every pending command with "closed" and frees everything. NULL ok. */
+void rds_free(struct rds *r);
+
+/* Is the command connection ready? */
+bool rds_up(const struct rds *r);
+bool rds_subscribed(const struct rds *r);
+
+/* EVALSHA script `s` with `nkeys` keys followed by the other arguments:
+ * argv[0 .. nkeys-1] are the KEYS, argv[nkeys .. argc-1] the ARGV
+ * (argvlen[i] bytes each; argvlen NULL = NUL-terminated strings). */
+int rds_eval(struct rds *r, enum rds_script s, int nkeys, int argc, const char **argv,
+             const size_t *argvlen, rds_cb *cb, void *ud);
+
+/* Any other command (e.g. PUBLISH, TIME), same contract. */
+int rds_command(struct rds *r, int argc, const char **argv, const size_t *argvlen, rds_cb *cb,
+                void *ud);
+
+/* Redis' clock minus the loop's (ev_now), in seconds, sampled with TIME at
+ * each connect and every 60 s while up (half the round trip subtracted);
+ * add it to an ev_now() value to get Redis time. NAN until first sampled. */
+double rds_clock_offset(const struct rds *r);
+
+struct rds_stats {
+    uint64_t connects, disconnects, connect_failures;
+    uint64_t commands, replies, errors, timeouts, noscript_reloads, rejected_not_connected;
+    uint64_t messages;
+    uint64_t pending;               /* commands sent and not yet answered */
+    double rtt_sum_s, rtt_max_s;    /* over `replies` */
+};
+const struct rds_stats *rds_get_stats(const struct rds *r);
+
+/* Packs the `backend` map of `stats`: kind, state (up / connecting / down),
+ * subscribed, address (host:port or path; never the password), the
+ * counters, rtt_avg_ms / rtt_max_ms, last_error, next_retry_in_s. */
+void rds_pack_stats(const struct rds *r, msgpack_packer *pk);
+
+#endif /* POLYGW_REDIS_H */
