@@ -22,6 +22,7 @@
  * must be absolute, so a pasted key is rejected before it could be echoed).
  */
 #include "config.h"
+#include "redis.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -76,7 +77,7 @@ enum fid {
     FID_SOCKET, FID_MODE, FID_MAX_MESSAGE_BYTES, FID_MAX_CONNECTIONS,
     FID_MAX_INFLIGHT, FID_MAX_WRITE_QUEUE,
     FID_LOG_LEVEL, FID_SHUTDOWN_GRACE,
-    FID_KIND, FID_URL, FID_PREFIX,
+    FID_KIND, FID_URL, FID_PREFIX, FID_COMMAND_TIMEOUT, FID_LEASE_TTL,
     FID_MAX_ATTEMPTS, FID_STALL_WINDOW, FID_BACKOFF_BASE, FID_BACKOFF_MAX,
     FID_POLL_INTERVAL, FID_NODE_TIMEOUT,
     FID_EXEMPT_429, FID_PATH,
@@ -85,7 +86,7 @@ enum fid {
     FID_CONNECT_TIMEOUT, FID_TTFT_TIMEOUT, FID_IDLE_TIMEOUT, FID_MAX_CONCURRENCY,
     FID_AIMD, FID_AIMD_INITIAL, FID_AIMD_MIN, FID_AIMD_INCREASE, FID_AIMD_DECREASE,
     FID_BREAKER, FID_BREAKER_FAILURES, FID_BREAKER_COOLDOWN, FID_BREAKER_MAX_COOLDOWN,
-    FID_LIMITS, FID_RPM, FID_TPM, FID_DAILY_TOKENS,
+    FID_LIMITS, FID_RPM, FID_TPM, FID_DAILY_TOKENS, FID_WINDOW,
     FID_PACER, FID_PACER_MIN_INTERVAL,
     FID_COUNT
 };
@@ -673,6 +674,12 @@ static int check_redis_url(struct loader *l, const struct ynode *v, char *s)
         return fail_here(l, v->line, "must start with redis:// or unix://");
     if (has_space_or_ctl(s))
         return fail_here(l, v->line, "must not contain spaces or control characters");
+    struct rds_addr addr;
+    char why[200];
+    int rc = rds_parse_url(s, &addr, why, sizeof(why));
+    explicit_bzero(&addr, sizeof(addr)); /* it may hold the password */
+    if (rc < 0)
+        return fail_here(l, v->line, "%s", why);
     return 0;
 }
 
@@ -777,6 +784,10 @@ static const struct field backend_table[] = {
     TYPED("kind", FT_BACKEND, FID_KIND, OFF(struct config, backend)),
     STR("url", FID_URL, OFF(struct config, redis_url), check_redis_url),
     STR("prefix", FID_PREFIX, OFF(struct config, redis_prefix), check_prefix),
+    NUM("command_timeout_s", FT_DOUBLE, FID_COMMAND_TIMEOUT,
+        OFF(struct config, redis_command_timeout_s), 0, 60, F_MIN_OPEN),
+    NUM("lease_ttl_s", FT_DOUBLE, FID_LEASE_TTL, OFF(struct config, redis_lease_ttl_s), 0,
+        86400, F_MIN_OPEN),
     END
 };
 
@@ -832,6 +843,8 @@ static const struct field limits_table[] = {
     NUM("tpm", FT_U64, FID_TPM, OFF(struct config_limits, tpm), 0, (double)INT64_MAX, 0),
     NUM("daily_tokens", FT_U64, FID_DAILY_TOKENS, OFF(struct config_limits, daily_tokens),
         0, (double)INT64_MAX, 0),
+    NUM("window_s", FT_DOUBLE, FID_WINDOW, OFF(struct config_limits, window_s), 0, 86400,
+        F_MIN_OPEN),
     END
 };
 
@@ -932,6 +945,8 @@ static int config_set_defaults(struct config *cfg)
     cfg->task_ttl_s = 86400;
     cfg->max_tasks = 65536;
     cfg->backend = BACKEND_MEMORY;
+    cfg->redis_command_timeout_s = 1;
+    cfg->redis_lease_ttl_s = 30;
     cfg->defaults = (struct config_policy){
         .max_attempts = 3, .stall_window_s = 300, .backoff_base_s = 2,
         .backoff_max_s = 60, .poll_interval_s = 1, .node_timeout_s = 600,
@@ -951,6 +966,7 @@ static void source_set_defaults(struct config_source *s)
     s->aimd = (struct config_aimd){ .initial = 4, .min = 1, .increase = 1, .decrease = 0.5 };
     s->breaker = (struct config_breaker){ .failures = 5, .cooldown_s = 30,
                                           .max_cooldown_s = 300 };
+    s->limits.window_s = 60;
 }
 
 static void source_fini(struct config_source *s)
@@ -1416,10 +1432,25 @@ static int validate_top(struct loader *l)
     }
     if (cfg->backend == BACKEND_REDIS && !cfg->redis_url)
         return fail_at(l, l->line[FID_KIND], "backend.url", "is required when kind is redis");
-    if (cfg->backend == BACKEND_MEMORY && l->line[FID_URL])
-        return fail_at(l, l->line[FID_URL], "backend.url", "only valid with kind: redis");
-    if (cfg->backend == BACKEND_MEMORY && l->line[FID_PREFIX])
-        return fail_at(l, l->line[FID_PREFIX], "backend.prefix", "only valid with kind: redis");
+    static const struct { int fid; const char *key; } redis_only[] = {
+        {FID_URL, "backend.url"},
+        {FID_PREFIX, "backend.prefix"},
+        {FID_COMMAND_TIMEOUT, "backend.command_timeout_s"},
+        {FID_LEASE_TTL, "backend.lease_ttl_s"},
+    };
+    for (size_t i = 0; cfg->backend == BACKEND_MEMORY && i < sizeof(redis_only) / sizeof(*redis_only);
+         i++) {
+        if (l->line[redis_only[i].fid])
+            return fail_at(l, l->line[redis_only[i].fid], redis_only[i].key,
+                           "only valid with kind: redis");
+    }
+    if (cfg->redis_lease_ttl_s < 3 * cfg->redis_command_timeout_s)
+        return fail_at(l, l->line[FID_LEASE_TTL] ? l->line[FID_LEASE_TTL] : l->line[FID_KIND],
+                       "backend.lease_ttl_s",
+                       "must be >= 3 x backend.command_timeout_s (%s), got %s: leases are "
+                       "renewed every lease_ttl_s / 3",
+                       fmt_num(a, sizeof(a), 3 * cfg->redis_command_timeout_s),
+                       fmt_num(b, sizeof(b), cfg->redis_lease_ttl_s));
     return check_policy(l, "defaults", l->line[FID_DEFAULTS], l->line, &cfg->defaults);
 }
 

@@ -78,6 +78,7 @@ struct config_breaker {
 
 struct config_limits {
     uint64_t rpm, tpm, daily_tokens; /* 0 = unlimited */
+    double window_s;                 /* rpm/tpm window; default 60 */
 };
 
 struct config_capability {
@@ -139,6 +140,8 @@ struct config {
     char *redis_url;           /* owned, backend redis only: redis://... or unix://...;
                                 * may hold a password: never print, wiped on free */
     char *redis_prefix;        /* owned, default "polygw", [A-Za-z0-9_.:{}-]{1,63} */
+    double redis_command_timeout_s; /* bounds every Redis round trip; default 1 */
+    double redis_lease_ttl_s;  /* a dead sidecar's permits return after this; default 30 */
 
     struct config_policy defaults;
 

@@ -451,11 +451,13 @@ def test_server__stats_shows_governance_state_never_keys(make_sidecar):
     assert key not in sc.logs()
 
 
-def test_cli__redis_backend_refused_not_silently_ignored(workdir):
+def test_cli__redis_backend_bad_url_refused_without_echoing_password(workdir):
     cfg = os.path.join(workdir, "redis.yaml")
     with open(cfg, "w") as f:
-        f.write('backend: {kind: redis, url: "redis://127.0.0.1:6379/0"}\n')
-    r = _run(["--config", cfg, "--socket", os.path.join(workdir, "r.sock")])
-    assert r.returncode == 1
-    assert "redis is not supported" in r.stderr
+        f.write('backend: {kind: redis, url: "redis://:s3cret-pw@127.0.0.1:99999/0"}\n')
+    for args in (["--check-config", cfg], ["--config", cfg, "--socket", os.path.join(workdir, "r.sock")]):
+        r = _run(args)
+        assert r.returncode == 1
+        assert "redis.yaml:1: backend.url:" in r.stderr and "port" in r.stderr
+        assert "s3cret-pw" not in r.stderr + r.stdout
     assert not os.path.exists(os.path.join(workdir, "r.sock"))

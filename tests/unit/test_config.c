@@ -947,6 +947,26 @@ START_TEST(test_config__backend_memory_with_url)
     expect_reject("backend: { url: redis://h }\n", 1, "backend.url",
                   "only valid with kind: redis");
     expect_reject("backend: { prefix: p }\n", 1, "backend.prefix", "only valid with kind: redis");
+    expect_reject("backend: { command_timeout_s: 1 }\n", 1, "backend.command_timeout_s",
+                  "only valid with kind: redis");
+    expect_reject("backend: { lease_ttl_s: 9 }\n", 1, "backend.lease_ttl_s",
+                  "only valid with kind: redis");
+}
+END_TEST
+
+START_TEST(test_config__backend_redis_url_and_timeouts)
+{
+    expect_reject("backend: { kind: redis, url: \"redis://:" SECRET "@h:99999\" }\n", 1,
+                  "backend.url", "bad port");
+    expect_reject("backend: { kind: redis, url: \"redis://:" SECRET "@:6379\" }\n", 1,
+                  "backend.url", "host");
+    expect_reject("backend:\n  kind: redis\n  url: redis://h\n  command_timeout_s: 2\n"
+                  "  lease_ttl_s: 5\n", 5, "backend.lease_ttl_s",
+                  "must be >= 3 x backend.command_timeout_s (6), got 5");
+    expect_reject("backend: { kind: redis, url: redis://h, command_timeout_s: 0 }\n", 1,
+                  "backend.command_timeout_s", "");
+    expect_reject("sources:\n  - { name: a, capability: chat, base_url: \"http://h\",\n"
+                  "      limits: { window_s: 0 } }\n", 3, "sources[0].limits.window_s", "");
 }
 END_TEST
 
@@ -1338,6 +1358,7 @@ Suite *config_suite(void)
     tcase_add_test(tc, test_config__backend_redis_without_url);
     tcase_add_test(tc, test_config__backend_memory_with_url);
     tcase_add_test(tc, test_config__backend_url_scheme);
+    tcase_add_test(tc, test_config__backend_redis_url_and_timeouts);
     tcase_add_test(tc, test_config__custom_capability_without_path);
     tcase_add_test(tc, test_config__capability_path_invalid);
     tcase_add_test(tc, test_config__capability_name_invalid);
