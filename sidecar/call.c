@@ -40,6 +40,7 @@
 
 #include "governor.h"
 #include "log.h"
+#include "shared.h"
 #include "task.h"
 #include "tasks.h"
 #include "transcode.h"
@@ -53,6 +54,9 @@ struct call {
     const struct config_capability *cap;
     const struct config_source *src; /* the current (or last) attempt's source */
     struct attempt *attempt;
+    struct shared_admit *admit;      /* shared backend: admission asked, not answered */
+    struct shared_lease *lease;      /* shared backend: the attempt's fleet permit */
+    char backend_why[64];            /* why the backend could not admit, for the error */
     double started;
     bool paused;
     struct gov_call g;               /* the governed loop's state */
@@ -63,10 +67,17 @@ struct call {
     bool json_ready;
     msgpack_sbuffer usage;           /* last `usage` map seen in a stream, packed */
     struct task *task;               /* the task it belongs to, or NULL */
+    struct task_wait *task_wait;     /* shared backend: its task is being checked */
     struct call *tprev, *tnext;      /* the task's calls (head in task->ud) */
 };
 
 static void call_step(struct call *k);
+
+/* A call naming a task this sidecar does not hold waits for Redis' answer. */
+struct task_wait {
+    struct call *k;                  /* NULL once the call is gone */
+    char id[TASK_ID_MAX + 1];
+};
 static void call_act(struct call *k, const struct gov_decision *d,
                      const struct attempt_result *last);
 
@@ -100,6 +111,17 @@ static void call_set_paused(struct call *k, bool paused)
         k->conn->paused_calls--;
 }
 
+/* The task's calls: a list headed by task->ud. */
+static void call_task_link(struct call *k, struct task *t)
+{
+    k->task = t;
+    k->tprev = NULL;
+    k->tnext = t->ud;
+    if (k->tnext)
+        k->tnext->tprev = k;
+    t->ud = k;
+}
+
 static void call_task_unlink(struct call *k)
 {
     if (!k->task)
@@ -118,6 +140,15 @@ static void call_end(struct call *k)
 {
     struct server *srv = k->conn->srv;
 
+    if (k->task_wait)
+        k->task_wait->k = NULL;
+    k->task_wait = NULL;
+    if (k->admit)
+        shared_admit_detach(k->admit);
+    if (k->lease)
+        shared_release(srv->shared, k->lease, SHARED_NEUTRAL, -1);
+    k->admit = NULL;
+    k->lease = NULL;
     call_task_unlink(k);
     call_set_paused(k, false);
     ev_timer_stop(srv->loop, &k->wake_w);
@@ -248,8 +279,8 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
                  last ? last->events : 0, reason, detail);
         break;
     case PGW_BACKEND_UNAVAILABLE:
-        snprintf(msg, sizeof(msg), "the state backend could not answer for scope '%s'",
-                 k->g.scope);
+        snprintf(msg, sizeof(msg), "the state backend could not answer for scope '%s': %s",
+                 k->g.scope, k->backend_why[0] ? k->backend_why : "not connected");
         break;
     default:
         snprintf(msg, sizeof(msg), "%s", pgw_code_name(code));
@@ -362,6 +393,17 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
            outcome_reason_name(res.outcome.reason), "status", LOG_I, (long long)res.http_status,
            "phase", LOG_S, attempt_phase_name(res.phase), "elapsed_s", LOG_F, res.elapsed_s, NULL);
 
+    if (k->lease) {
+        /* Sent before the outcome is applied, so that a success's progress
+         * mark (gov_call_on_outcome) leaves in the same write. */
+        enum shared_verdict v = res.outcome.kind == OUTCOME_SUCCESS     ? SHARED_SUCCESS
+                                : res.outcome.kind == OUTCOME_TRANSIENT ? SHARED_FAILURE
+                                                                        : SHARED_NEUTRAL;
+        if (res.outcome.reason == REASON_CANCELLED)
+            v = SHARED_NEUTRAL;
+        shared_release(k->conn->srv->shared, k->lease, v, usage ? usage_tokens(usage) : -1);
+        k->lease = NULL;
+    }
     gov_call_on_outcome(&k->g, now, &res.outcome, usage ? usage_tokens(usage) : -1, &d);
 
     if (res.outcome.kind != OUTCOME_SUCCESS && res.deadline_exceeded) {
@@ -568,13 +610,49 @@ static void call_run_attempt(struct call *k, size_t source)
     }
 }
 
+/* The shared backend answered the admission of the reserved attempt. */
+static void call_on_admit(void *ud, int rc, struct shared_lease *lease, double retry_at,
+                          const char *why)
+{
+    struct call *k = ud;
+    struct server *srv = k->conn->srv;
+    double now = ev_now(srv->loop);
+    struct gov_decision d;
+
+    k->admit = NULL;
+    if (rc > 0) {
+        k->lease = lease;
+        call_run_attempt(k, k->g.source);
+        return;
+    }
+    if (rc == 0) {
+        log_at(LOG_DEBUG, "fleet admission refused", "source", LOG_S,
+               srv->cfg->sources[k->g.source].name, "check", LOG_S, why, NULL);
+        gov_call_refused(&k->g, now, retry_at, &d);
+    } else {
+        log_at(LOG_WARN, "backend could not admit (failing closed)", "error", LOG_S, why, NULL);
+        snprintf(k->backend_why, sizeof(k->backend_why), "%s", why);
+        gov_call_abandon(&k->g, now, GOV_BACKEND_UNAVAILABLE, &d);
+    }
+    call_act(k, &d, NULL);
+}
+
 static void call_act(struct call *k, const struct gov_decision *d, const struct attempt_result *last)
 {
     struct server *srv = k->conn->srv;
 
     switch (d->action) {
     case GOV_ATTEMPT:
-        call_run_attempt(k, d->source);
+        if (!srv->shared) {
+            call_run_attempt(k, d->source);
+            return;
+        }
+        k->admit = shared_admit(srv->shared, d->source, k->g.est_tokens, call_on_admit, k);
+        if (!k->admit) {
+            struct gov_decision fail;
+            gov_call_abandon(&k->g, ev_now(srv->loop), GOV_BACKEND_UNAVAILABLE, &fail);
+            call_act(k, &fail, NULL);
+        }
         return;
     case GOV_WAIT: {
         double in = d->wake_at - ev_now(srv->loop);
@@ -594,8 +672,30 @@ static void call_step(struct call *k)
 {
     struct gov_decision d;
 
+    if (k->admit || k->attempt || k->task_wait)
+        return; /* a late timer, or the call is waiting for the backend */
     gov_call_step(&k->g, ev_now(k->conn->srv->loop), &d);
     call_act(k, &d, NULL);
+}
+
+/* Redis answered whether the task of a call runs (shared backend). */
+static void call_on_task_checked(void *ud, struct task *t, int rc, const char *reason,
+                                 const char *kind)
+{
+    struct task_wait *tw = ud;
+    struct call *k = tw->k;
+
+    if (k) {
+        k->task_wait = NULL;
+        if (t) {
+            call_task_link(k, t);
+            call_step(k);
+        } else {
+            tasks_reply_error(k->conn, k->msgid, rc, tw->id, reason, kind);
+            call_finish(k);
+        }
+    }
+    free(tw);
 }
 
 /* max_tokens / max_completion_tokens of the body, 0 when absent. */
@@ -663,6 +763,7 @@ void call_start(struct conn *c, const struct rpc_msg *m)
 
     /* A call naming a task runs only while the task runs. */
     struct task *task = NULL;
+    struct task_wait *tw = NULL;
     if (p[P_TASK]) {
         char id[TASK_ID_MAX + 1];
         if (p[P_TASK]->via.str.size == 0 || rpc_str_copy(p[P_TASK], id, sizeof(id)) < 0 ||
@@ -672,14 +773,24 @@ void call_start(struct conn *c, const struct rpc_msg *m)
             conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
             return;
         }
-        task = tasks_admit_call(c, m->msgid, id);
-        if (!task)
-            return;
+        if (srv->shared && !task_get(srv->tasks, id)) {
+            tw = calloc(1, sizeof(*tw));
+            if (!tw) {
+                conn_reply_error(c, m->msgid, PGW_INTERNAL, "out of memory");
+                return;
+            }
+            memcpy(tw->id, id, sizeof(tw->id));
+        } else {
+            task = tasks_admit_call(c, m->msgid, id);
+            if (!task)
+                return;
+        }
     }
 
     struct call *k = calloc(1, sizeof(*k));
     if (!k) {
         conn_reply_error(c, m->msgid, PGW_INTERNAL, "out of memory");
+        free(tw);
         return;
     }
     k->conn = c;
@@ -713,23 +824,25 @@ void call_start(struct conn *c, const struct rpc_msg *m)
         msgpack_sbuffer_destroy(&k->body);
         transcode_buf_fini(&k->json);
         free(k);
+        free(tw);
         return;
     }
     k->g.ud = k;
     k->src = first;
-    if (task) {
-        k->task = task;
-        k->tnext = task->ud;
-        if (k->tnext)
-            k->tnext->tprev = k;
-        task->ud = k;
-    }
+    if (task)
+        call_task_link(k, task);
     k->next = c->calls;
     if (c->calls)
         c->calls->prev = k;
     c->calls = k;
     c->in_flight++;
     srv->stats.in_flight++;
+    if (tw) {
+        tw->k = k;
+        k->task_wait = tw;
+        tasks_guard_remote(srv, tw->id, call_on_task_checked, tw);
+        return;
+    }
     call_step(k);
 }
 

@@ -1,6 +1,7 @@
 /* governor.c — see governor.h. */
 #include "governor.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -16,9 +17,11 @@ static double governor_rand(void *ud)
     return (double)((*s * 2685821657736338717ULL) >> 11) / 9007199254740992.0;
 }
 
-int governor_init(struct gov *g, const struct config *cfg, const struct gov_hooks *hooks,
-                  uint64_t *rand_state, double now, char *err, size_t errlen)
+int governor_init(struct gov *g, const struct config *cfg, const struct gov_backend *backend,
+                  const struct gov_hooks *hooks, uint64_t *rand_state, double now, char *err,
+                  size_t errlen)
 {
+    bool shared = cfg->backend == BACKEND_REDIS;
     struct timespec ts;
     struct gov_source_params *p = calloc(cfg->n_sources ? cfg->n_sources : 1, sizeof(*p));
 
@@ -44,14 +47,22 @@ int governor_init(struct gov *g, const struct config *cfg, const struct gov_hook
             .rpm = s->limits.rpm,
             .tpm = s->limits.tpm,
             .daily_tokens = s->limits.daily_tokens,
+            .window_s = s->limits.window_s,
             .pacer_min_interval_s = s->pacer_min_interval_ms / 1000.0,
         };
+        if (shared) {
+            /* The buckets and the breaker are the fleet's, enforced by the
+             * backend's scripts; locally only the permits (AIMD, the local
+             * share of max_concurrency) and the pacer remain. */
+            p[i].rpm = p[i].tpm = p[i].daily_tokens = 0;
+            p[i].breaker_failures = UINT32_MAX;
+        }
     }
     clock_gettime(CLOCK_REALTIME, &ts);
     *rand_state = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 40);
     if (!*rand_state)
         *rand_state = 0x9e3779b97f4a7c15ULL;
-    int rc = gov_init(g, p, cfg->n_sources, cfg->n_capabilities, NULL, governor_rand,
+    int rc = gov_init(g, p, cfg->n_sources, cfg->n_capabilities, backend, governor_rand,
                       rand_state, hooks, now);
     free(p);
     if (rc < 0)
@@ -67,6 +78,7 @@ void governor_policy(const struct config *cfg, size_t cap, struct gov_policy *po
         .stall_window_s = c->policy.stall_window_s,
         .backoff_base_s = c->policy.backoff_base_s,
         .backoff_max_s = c->policy.backoff_max_s,
+        .poll_interval_s = c->policy.poll_interval_s,
         .exempt_429 = c->exempt_429,
     };
 }

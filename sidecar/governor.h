@@ -13,10 +13,13 @@
 #include "gov.h"
 
 /* Initialises `g` for `cfg` (borrowed: source names point into it, so it
- * must outlive `g`). `rand_state` (borrowed, outlives `g`) is seeded here
+ * must outlive `g`). `backend` is the progress backend (NULL: memory).
+ * With a shared backend the rate buckets and the breaker are left to it
+ * (locally unlimited). `rand_state` (borrowed, outlives `g`) is seeded here
  * and holds the jitter generator's state. Returns 0, or -1 with `err` (out of memory). */
-int governor_init(struct gov *g, const struct config *cfg, const struct gov_hooks *hooks,
-                  uint64_t *rand_state, double now, char *err, size_t errlen);
+int governor_init(struct gov *g, const struct config *cfg, const struct gov_backend *backend,
+                  const struct gov_hooks *hooks, uint64_t *rand_state, double now, char *err,
+                  size_t errlen);
 
 /* The budgets of a call on capability `cap`. */
 void governor_policy(const struct config *cfg, size_t cap, struct gov_policy *pol);

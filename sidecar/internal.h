@@ -21,6 +21,7 @@ struct conn;
 struct call;
 struct upstream;
 struct task_reg;
+struct shared;
 
 /* Counters shown by `stats`. All monotonically increasing except `*_open`
  * and `in_flight`. */
@@ -63,6 +64,7 @@ struct server {
     struct server_stats stats;
     struct upstream *up;          /* the HTTP engine */
     struct gov gov;               /* the governance core */
+    struct shared *shared;        /* the Redis backend's state, NULL with memory */
     uint64_t rand_state;          /* jitter generator */
     struct task_reg *tasks;       /* task states (src/task.h) */
     ev_timer task_w;              /* the watchdog / task expiry timer */

@@ -98,13 +98,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "polygw: %s\n", err);
         return 1;
     }
-    if (cfg->backend == BACKEND_REDIS) {
-        /* Never run a fleet's limits on local state by surprise. */
-        fprintf(stderr, "polygw: %s: backend.kind redis is not supported by this version; "
-                        "use kind: memory\n", config_path);
-        config_free(cfg);
-        return 1;
-    }
     if (socket_path) {
         char *p = strdup(socket_path);
         if (!p) {

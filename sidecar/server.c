@@ -41,6 +41,7 @@
 #include "governor.h"
 #include "tasks.h"
 #include "log.h"
+#include "shared.h"
 #include "upstream.h"
 
 #define SERVER_ACCEPT_PAUSE_S 0.1
@@ -465,7 +466,10 @@ int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, ch
     srv->up = upstream_new(loop, SERVER_DNS_LOOKUPS_PER_HOST, err, errlen);
     if (!srv->up)
         goto fail_up;
-    if (governor_init(&srv->gov, cfg, &hooks, &srv->rand_state, ev_now(loop), err, errlen) < 0)
+    if (shared_init(srv, err, errlen) < 0)
+        goto fail_shared;
+    if (governor_init(&srv->gov, cfg, srv->shared ? shared_gov_backend(srv->shared) : NULL,
+                      &hooks, &srv->rand_state, ev_now(loop), err, errlen) < 0)
         goto fail_gov;
     if (tasks_init(srv, err, errlen) < 0)
         goto fail_tasks;
@@ -490,6 +494,8 @@ fail_listen:
 fail_tasks:
     gov_fini(&srv->gov);
 fail_gov:
+    shared_fini(srv);
+fail_shared:
     upstream_free(srv->up);
     srv->up = NULL;
 fail_up:
@@ -530,6 +536,7 @@ void server_fini(struct server *srv)
     ev_signal_stop(srv->loop, &srv->sigint_w);
     if (srv->spare_fd >= 0)
         close(srv->spare_fd);
+    shared_fini(srv); /* its last callbacks may still touch the task registry */
     tasks_fini(srv);
     upstream_free(srv->up);
     gov_fini(&srv->gov);

@@ -18,9 +18,18 @@
 
 #include "call.h"
 #include "log.h"
+#include "shared.h"
 #include "task.h"
 
 #define TASKS_ID_BUF (TASK_ID_MAX + 1)
+#define TASKS_E_BACKEND (-1000)     /* the shared backend could not answer */
+
+/* Operations on the shared backend (see "the shared backend" below). */
+enum tasks_op { TOP_START, TOP_STOP, TOP_GUARD, TOP_FINISH, TOP_GET, TOP_NODE_BEGIN, TOP_SYNC,
+                TOP_WATCHDOG };
+static void tasks_remote(struct server *srv, struct conn *c, uint32_t msgid, enum tasks_op op,
+                         const char *id, const char *reason, bool ok, tasks_guard_cb *cb,
+                         void *cb_ud);
 
 /* Monotonic loop time -> Unix seconds. */
 static double unix_time(const struct server *srv, double t)
@@ -60,7 +69,8 @@ static void hook_watchdog(struct task *t, double now, void *ud)
            "reason", LOG_S, task_reason(t), NULL);
     snprintf(msg, sizeof(msg), "task '%s' failed by the watchdog: %s", t->id, task_reason(t));
     call_fail_task(t, PGW_WATCHDOG_TIMEOUT, msg);
-    (void)srv;
+    if (srv->shared) /* the fleet learns it through the stop channel */
+        tasks_remote(srv, NULL, 0, TOP_WATCHDOG, t->id, task_reason(t), false, NULL, NULL);
 }
 
 static void hook_watchdog_after_stop(struct task *t, double now, void *ud)
@@ -150,27 +160,30 @@ static void reply_task(struct conn *c, uint32_t msgid, const struct task *t)
     conn_response_done(c, PGW_OK);
 }
 
-/* Answers a registry error for task `id` (t: the task when known). */
-static void reply_task_error(struct conn *c, uint32_t msgid, int rc, const char *id,
-                             const struct task *t)
+/* Answers a registry error for task `id`; `state`, `reason`, `kind` (may
+ * be NULL) and `node` describe the task when it is known. */
+static void reply_task_error_s(struct conn *c, uint32_t msgid, int rc, const char *id,
+                               const char *state, const char *reason, const char *kind,
+                               const char *node)
 {
     char msg[TASK_REASON_MAX + TASK_ID_MAX + 96];
     enum pgw_code code = PGW_BAD_REQUEST;
+    bool known = state != NULL;
 
+    if (!reason)
+        reason = "";
     switch (rc) {
     case TASK_E_STOPPED:
         code = PGW_TASK_STOPPED;
-        snprintf(msg, sizeof(msg), "task '%s' was stopped: %s", id, t ? task_reason(t) : "");
+        snprintf(msg, sizeof(msg), "task '%s' was stopped: %s", id, reason);
         break;
     case TASK_E_WATCHDOG:
         code = PGW_WATCHDOG_TIMEOUT;
-        snprintf(msg, sizeof(msg), "task '%s' failed by the watchdog: %s", id,
-                 t ? task_reason(t) : "");
+        snprintf(msg, sizeof(msg), "task '%s' failed by the watchdog: %s", id, reason);
         break;
     case TASK_E_FINISHED:
-        snprintf(msg, sizeof(msg), "task '%s' already %s%s%s", id,
-                 t ? task_state_name(t->state) : "finished", t && t->reason ? ": " : "",
-                 t && t->reason ? t->reason : "");
+        snprintf(msg, sizeof(msg), "task '%s' already %s%s%s", id, known ? state : "finished",
+                 *reason ? ": " : "", reason);
         break;
     case TASK_E_NOT_FOUND:
         snprintf(msg, sizeof(msg), "unknown task '%s' (never started, or expired)", id);
@@ -183,7 +196,7 @@ static void reply_task_error(struct conn *c, uint32_t msgid, int rc, const char 
         break;
     case TASK_E_NODE_MISMATCH:
         snprintf(msg, sizeof(msg), "task '%s' is in node '%s', not the one named", id,
-                 t && t->node ? t->node : "");
+                 node ? node : "");
         break;
     case TASK_E_FULL:
         code = PGW_OVERLOADED;
@@ -194,19 +207,42 @@ static void reply_task_error(struct conn *c, uint32_t msgid, int rc, const char 
                  "invalid task parameters (task_id and node: 1 to %d bytes; timeout_s > 0)",
                  TASK_ID_MAX);
         break;
+    case TASKS_E_BACKEND:
+        code = PGW_BACKEND_UNAVAILABLE;
+        snprintf(msg, sizeof(msg), "the state backend could not answer for task '%s'%s%s", id,
+                 *reason ? ": " : "", reason);
+        break;
     default:
         code = PGW_INTERNAL;
         snprintf(msg, sizeof(msg), "task registry error: %s", task_err_name(rc));
         break;
     }
-    bool with_reason = (code == PGW_TASK_STOPPED || code == PGW_WATCHDOG_TIMEOUT) && t;
+    bool with_reason = (code == PGW_TASK_STOPPED || code == PGW_WATCHDOG_TIMEOUT) && known;
     rpc_pack_error_begin(&c->pk, msgid, code, msg, with_reason ? 2 : 0);
     if (with_reason) {
-        rpc_pack_kv_str(&c->pk, "reason", task_reason(t));
-        rpc_pack_kv_str(&c->pk, "reason_kind", task_reason_kind_name(t->reason_kind));
+        rpc_pack_kv_str(&c->pk, "reason", reason);
+        rpc_pack_kv_str(&c->pk, "reason_kind", kind ? kind : "");
     }
     rpc_pack_error_end(&c->pk);
     conn_response_done(c, code);
+}
+
+void tasks_reply_error(struct conn *c, uint32_t msgid, int rc, const char *id,
+                       const char *reason, const char *kind)
+{
+    reply_task_error_s(c, msgid, rc, id, reason ? "failed" : NULL, reason, kind, NULL);
+}
+
+/* Answers a registry error for task `id` (t: the task when known). */
+static void reply_task_error(struct conn *c, uint32_t msgid, int rc, const char *id,
+                             const struct task *t)
+{
+    if (!t) {
+        reply_task_error_s(c, msgid, rc, id, NULL, NULL, NULL, NULL);
+        return;
+    }
+    reply_task_error_s(c, msgid, rc, id, task_state_name(t->state), task_reason(t),
+                       task_reason_kind_name(t->reason_kind), t->node);
 }
 
 /* Binds params; copies task_id (and node) into NUL-terminated buffers. */
@@ -247,6 +283,268 @@ static void copy_reason(const msgpack_object *o, char *buf, size_t cap)
     rpc_quote_client_str(o->via.str.ptr, o->via.str.size, cap - 1, buf);
 }
 
+/* --- the shared backend (Redis) ----------------------------------------
+ *
+ * With a shared backend, Redis holds the task states (task.lua) and the
+ * local registry is this sidecar's copy of the tasks it works with: it
+ * arms node watchdogs and links in-flight calls. start, stop, finish, get
+ * and guard go to Redis first and the local copy is brought in line with
+ * the answer (a remote stop ends the local calls); node.begin imports a
+ * task started elsewhere; node.end and list are local. A stop anywhere is
+ * published on P:task-stop: each sidecar re-reads the task and ends its
+ * calls. */
+
+static const char *const top_lua[] = {"start", "stop",  "guard", "finish",
+                                     "get",   "guard", "get",   "watchdog"};
+
+struct tasks_req {
+    struct server *srv;
+    uint64_t conn_id;              /* 0: no client waits (a sync) */
+    uint32_t msgid;
+    enum tasks_op op;
+    bool ok;                       /* finish */
+    double timeout_s;              /* node.begin */
+    tasks_guard_cb *cb;            /* calls naming a task unknown here */
+    void *cb_ud;
+    char id[TASKS_ID_BUF], node[TASKS_ID_BUF], reason[TASK_REASON_MAX + 1];
+};
+
+/* A task as task.lua describes it. */
+struct rtask {
+    int rc;                        /* TASK_OK or a TASK_E_* code */
+    bool exists;
+    const char *state, *kind, *reason;
+    long long runs, started_ms, ended_ms;
+};
+
+static int rtask_code(const char *code)
+{
+    static const struct { const char *name; int rc; } codes[] = {
+        {"ok", TASK_OK}, {"not_found", TASK_E_NOT_FOUND}, {"running", TASK_E_RUNNING},
+        {"stopped", TASK_E_STOPPED}, {"watchdog", TASK_E_WATCHDOG},
+        {"finished", TASK_E_FINISHED},
+    };
+    for (size_t i = 0; i < sizeof(codes) / sizeof(*codes); i++)
+        if (strcmp(code, codes[i].name) == 0)
+            return codes[i].rc;
+    return TASKS_E_BACKEND;
+}
+
+static bool rtask_parse(const redisReply *r, struct rtask *t)
+{
+    memset(t, 0, sizeof(*t));
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
+        r->element[0]->type != REDIS_REPLY_STRING)
+        return false;
+    t->rc = rtask_code(r->element[0]->str);
+    if (r->elements < 7)
+        return r->elements == 1;
+    for (int i = 1; i <= 3; i++)
+        if (r->element[i]->type != REDIS_REPLY_STRING)
+            return false;
+    for (int i = 4; i <= 6; i++)
+        if (r->element[i]->type != REDIS_REPLY_INTEGER)
+            return false;
+    t->exists = true;
+    t->state = r->element[1]->str;
+    t->kind = r->element[2]->str;
+    t->reason = r->element[3]->str;
+    t->runs = r->element[4]->integer;
+    t->started_ms = r->element[5]->integer;
+    t->ended_ms = r->element[6]->integer;
+    return true;
+}
+
+static void pack_rtask(msgpack_packer *pk, const char *id, const struct rtask *rt,
+                       const struct task *local)
+{
+    bool failed = strcmp(rt->state, "failed") == 0;
+    bool reason = rt->reason[0] != '\0';
+    const char *node = local && local->state == TASK_RUNNING ? local->node : NULL;
+    long long updated = rt->ended_ms > 0 ? rt->ended_ms : rt->started_ms;
+
+    msgpack_pack_map(pk, 5 + (failed ? 1 : 0) + (reason ? 1 : 0) + (node ? 1 : 0));
+    rpc_pack_kv_str(pk, "task_id", id);
+    rpc_pack_kv_str(pk, "state", rt->state);
+    if (failed)
+        rpc_pack_kv_str(pk, "reason_kind", rt->kind);
+    if (reason)
+        rpc_pack_kv_str(pk, "reason", rt->reason);
+    if (node)
+        rpc_pack_kv_str(pk, "node", node);
+    rpc_pack_kv_double(pk, "started_at", shared_unix_s(rt->started_ms));
+    rpc_pack_kv_double(pk, "updated_at", shared_unix_s(updated));
+    rpc_pack_str(pk, "runs");
+    msgpack_pack_uint64(pk, rt->runs > 0 ? (uint64_t)rt->runs : 0);
+}
+
+/* Brings the local copy of task `id` in line with Redis' `rt`: imports a
+ * running task, and ends a local running one that was stopped, failed by
+ * a watchdog or finished elsewhere (its calls end at once). */
+static void tasks_sync(struct server *srv, const char *id, const struct rtask *rt)
+{
+    double now = ev_now(srv->loop);
+    struct task *t = task_get(srv->tasks, id);
+    char msg[TASK_REASON_MAX + TASK_ID_MAX + 64];
+
+    if (!rt->exists)
+        return;
+    if (strcmp(rt->state, "running") == 0) {
+        if (!t || t->state != TASK_RUNNING) {
+            if (t && t->state == TASK_FAILED && t->reason_kind != TASK_ERROR)
+                return; /* a local stop is final; Redis learns it from our own stop */
+            task_start(srv->tasks, id, now, &t);
+        }
+    } else if (t && t->state == TASK_RUNNING) {
+        bool watchdog = strcmp(rt->kind, "watchdog") == 0;
+        if (strcmp(rt->state, "failed") == 0 && (watchdog || strcmp(rt->kind, "stopped") == 0)) {
+            task_stop(srv->tasks, id, rt->reason, now, &t);
+            log_at(LOG_INFO, "task stopped elsewhere in the fleet", "task_id", LOG_S, id,
+                   "kind", LOG_S, rt->kind, "reason", LOG_S, rt->reason, NULL);
+            snprintf(msg, sizeof(msg), watchdog ? "task '%s' failed by the watchdog: %s"
+                                                : "task '%s' was stopped: %s", id, rt->reason);
+            call_fail_task(t, watchdog ? PGW_WATCHDOG_TIMEOUT : PGW_TASK_STOPPED, msg);
+        } else {
+            task_finish(srv->tasks, id, strcmp(rt->state, "succeeded") == 0, rt->reason, now,
+                        &t);
+        }
+    }
+    tasks_rearm(srv);
+}
+
+static struct conn *tasks_find_conn(struct server *srv, uint64_t id)
+{
+    for (struct conn *c = srv->conns; c; c = c->next)
+        if (c->id == id && !c->closed)
+            return c;
+    return NULL;
+}
+
+static void node_begin_local(struct conn *c, uint32_t msgid, const char *id, const char *node,
+                             double timeout_s);
+
+static void tasks_on_reply(const redisReply *r, const char *err, void *ud)
+{
+    struct tasks_req *q = ud;
+    struct server *srv = q->srv;
+    struct rtask rt;
+    bool parsed = rtask_parse(r, &rt);
+
+    if (!parsed) {
+        rt.rc = TASKS_E_BACKEND;
+        if (r && r->type == REDIS_REPLY_ERROR)
+            err = "error reply from task.lua";
+    }
+    if (rt.exists)
+        tasks_sync(srv, q->id, &rt);
+    if (q->op == TOP_SYNC || q->op == TOP_WATCHDOG) {
+        free(q);
+        return;
+    }
+    if (q->cb) {
+        struct task *t = rt.rc == TASK_OK ? task_get(srv->tasks, q->id) : NULL;
+        if (rt.rc == TASK_OK && !t)
+            rt.rc = TASK_E_FULL; /* running, but no room to hold it here */
+        q->cb(q->cb_ud, t, rt.rc, rt.exists ? rt.reason : err, rt.exists ? rt.kind : NULL);
+        free(q);
+        return;
+    }
+    srv->stats.in_flight--;
+    struct conn *c = tasks_find_conn(srv, q->conn_id);
+    if (c) {
+        bool idempotent = q->op == TOP_START && rt.rc == TASK_E_RUNNING;
+        if (rt.rc != TASK_OK && !idempotent) {
+            reply_task_error_s(c, q->msgid, rt.rc, q->id, rt.exists ? rt.state : NULL,
+                               rt.exists ? rt.reason : err, rt.exists ? rt.kind : NULL, NULL);
+        } else if (q->op == TOP_NODE_BEGIN) {
+            node_begin_local(c, q->msgid, q->id, q->node, q->timeout_s);
+        } else if (q->op == TOP_GUARD) {
+            rpc_pack_result_begin(&c->pk, q->msgid);
+            msgpack_pack_map(&c->pk, 0);
+            conn_response_done(c, PGW_OK);
+        } else {
+            rpc_pack_result_begin(&c->pk, q->msgid);
+            pack_rtask(&c->pk, q->id, &rt, task_get(srv->tasks, q->id));
+            conn_response_done(c, PGW_OK);
+        }
+        conn_flush(c);
+    }
+    free(q);
+    server_on_request_done(srv);
+}
+
+/* Sends `op` for task `id` to Redis; the answer (or a sync) completes in
+ * tasks_on_reply. With a client, answers backend_unavailable at once when
+ * the request cannot be sent. */
+static void tasks_remote(struct server *srv, struct conn *c, uint32_t msgid, enum tasks_op op,
+                         const char *id, const char *reason, bool ok, tasks_guard_cb *cb,
+                         void *cb_ud)
+{
+    struct tasks_req *q = calloc(1, sizeof(*q));
+
+    if (q) {
+        *q = (struct tasks_req){.srv = srv, .conn_id = c ? c->id : 0, .msgid = msgid, .op = op,
+                                .ok = ok, .cb = cb, .cb_ud = cb_ud};
+        snprintf(q->id, sizeof(q->id), "%s", id);
+        snprintf(q->reason, sizeof(q->reason), "%s", reason ? reason : "");
+    }
+    if (q && shared_task(srv->shared, top_lua[op], id, q->reason, ok, tasks_on_reply, q) == 0) {
+        if (c && !cb)
+            srv->stats.in_flight++;
+        return;
+    }
+    free(q);
+    if (cb)
+        cb(cb_ud, NULL, TASKS_E_BACKEND, "not connected", NULL);
+    else if (c)
+        reply_task_error_s(c, msgid, TASKS_E_BACKEND, id, NULL, "not connected", NULL, NULL);
+}
+
+/* As tasks_remote for node.begin, which needs its parameters kept. */
+static void tasks_remote_node_begin(struct conn *c, uint32_t msgid, const char *id,
+                                    const char *node, double timeout_s)
+{
+    struct server *srv = c->srv;
+    struct tasks_req *q = calloc(1, sizeof(*q));
+
+    if (q) {
+        *q = (struct tasks_req){.srv = srv, .conn_id = c->id, .msgid = msgid,
+                                .op = TOP_NODE_BEGIN, .timeout_s = timeout_s};
+        snprintf(q->id, sizeof(q->id), "%s", id);
+        snprintf(q->node, sizeof(q->node), "%s", node);
+    }
+    if (q && shared_task(srv->shared, "guard", id, "", false, tasks_on_reply, q) == 0) {
+        srv->stats.in_flight++;
+        return;
+    }
+    free(q);
+    reply_task_error_s(c, msgid, TASKS_E_BACKEND, id, NULL, "not connected", NULL, NULL);
+}
+
+void tasks_on_remote_stop(struct server *srv, const char *id)
+{
+    struct task *t = task_get(srv->tasks, id);
+
+    if (t && t->state == TASK_RUNNING)
+        tasks_remote(srv, NULL, 0, TOP_SYNC, id, NULL, false, NULL, NULL);
+}
+
+static int resync_one(struct task *t, void *ud)
+{
+    tasks_remote(ud, NULL, 0, TOP_SYNC, t->id, NULL, false, NULL, NULL);
+    return 0;
+}
+
+void tasks_on_resubscribed(struct server *srv)
+{
+    task_foreach(srv->tasks, TASK_F_RUNNING, resync_one, srv);
+}
+
+void tasks_guard_remote(struct server *srv, const char *id, tasks_guard_cb *cb, void *ud)
+{
+    tasks_remote(srv, NULL, 0, TOP_GUARD, id, NULL, false, cb, ud);
+}
+
 /* --- methods --------------------------------------------------------- */
 
 void tasks_start(struct conn *c, const struct rpc_msg *m)
@@ -259,6 +557,10 @@ void tasks_start(struct conn *c, const struct rpc_msg *m)
 
     if (bind_task(c, m, spec, 1, p, id, NULL) < 0)
         return;
+    if (srv->shared) {
+        tasks_remote(srv, c, m->msgid, TOP_START, id, NULL, false, NULL, NULL);
+        return;
+    }
     /* Stopped and watchdog-failed tasks stay refused: a stop must not be
      * undone by a worker that did not notice it. */
     t = task_get(srv->tasks, id);
@@ -296,6 +598,11 @@ void tasks_stop(struct conn *c, const struct rpc_msg *m)
     if (bind_task(c, m, spec, 2, p, id, NULL) < 0)
         return;
     copy_reason(p[1], reason, sizeof(reason));
+    if (srv->shared) {
+        /* Redis publishes the stop; the local calls end in tasks_sync. */
+        tasks_remote(srv, c, m->msgid, TOP_STOP, id, reason, false, NULL, NULL);
+        return;
+    }
     int rc = task_stop(srv->tasks, id, reason, ev_now(srv->loop), &t);
     if (rc < 0) {
         reply_task_error(c, m->msgid, rc, id, t);
@@ -319,6 +626,11 @@ void tasks_guard(struct conn *c, const struct rpc_msg *m)
     if (bind_task(c, m, spec, 1, p, id, NULL) < 0)
         return;
     int rc = task_guard(c->srv->tasks, id, ev_now(c->srv->loop), &t);
+    if (c->srv->shared && (rc == TASK_OK || rc == TASK_E_NOT_FOUND)) {
+        /* Running here (or unknown here): Redis has the fleet's answer. */
+        tasks_remote(c->srv, c, m->msgid, TOP_GUARD, id, NULL, false, NULL, NULL);
+        return;
+    }
     if (rc < 0) {
         reply_task_error(c, m->msgid, rc, id, t);
         return;
@@ -326,6 +638,24 @@ void tasks_guard(struct conn *c, const struct rpc_msg *m)
     tasks_rearm(c->srv);
     rpc_pack_result_begin(&c->pk, m->msgid);
     msgpack_pack_map(&c->pk, 0);
+    conn_response_done(c, PGW_OK);
+}
+
+static void node_begin_local(struct conn *c, uint32_t msgid, const char *id, const char *node,
+                             double timeout_s)
+{
+    struct task *t = NULL;
+    int rc = task_node_begin(c->srv->tasks, id, node, timeout_s, ev_now(c->srv->loop), &t);
+
+    if (rc < 0) {
+        reply_task_error(c, msgid, rc, id, t);
+        return;
+    }
+    tasks_rearm(c->srv);
+    rpc_pack_result_begin(&c->pk, msgid);
+    msgpack_pack_map(&c->pk, 2);
+    rpc_pack_kv_double(&c->pk, "timeout_s", t->node_timeout_s);
+    rpc_pack_kv_str(&c->pk, "timeout_source", task_timeout_src_name(t->node_timeout_src));
     conn_response_done(c, PGW_OK);
 }
 
@@ -339,7 +669,6 @@ void tasks_node_begin(struct conn *c, const struct rpc_msg *m)
     const msgpack_object *p[3];
     char id[TASKS_ID_BUF], node[TASKS_ID_BUF];
     double timeout_s = 0;
-    struct task *t = NULL;
 
     if (bind_task(c, m, spec, 3, p, id, node) < 0)
         return;
@@ -348,17 +677,12 @@ void tasks_node_begin(struct conn *c, const struct rpc_msg *m)
                          "parameter 'timeout_s': expected a positive number of seconds");
         return;
     }
-    int rc = task_node_begin(c->srv->tasks, id, node, timeout_s, ev_now(c->srv->loop), &t);
-    if (rc < 0) {
-        reply_task_error(c, m->msgid, rc, id, t);
+    if (c->srv->shared && !task_get(c->srv->tasks, id)) {
+        /* Started on another sidecar (or before a restart): import it. */
+        tasks_remote_node_begin(c, m->msgid, id, node, timeout_s);
         return;
     }
-    tasks_rearm(c->srv);
-    rpc_pack_result_begin(&c->pk, m->msgid);
-    msgpack_pack_map(&c->pk, 2);
-    rpc_pack_kv_double(&c->pk, "timeout_s", t->node_timeout_s);
-    rpc_pack_kv_str(&c->pk, "timeout_source", task_timeout_src_name(t->node_timeout_src));
-    conn_response_done(c, PGW_OK);
+    node_begin_local(c, m->msgid, id, node, timeout_s);
 }
 
 void tasks_node_end(struct conn *c, const struct rpc_msg *m)
@@ -402,6 +726,10 @@ void tasks_finish(struct conn *c, const struct rpc_msg *m)
     if (bind_task(c, m, spec, 3, p, id, NULL) < 0)
         return;
     copy_reason(p[2], reason, sizeof(reason));
+    if (c->srv->shared) {
+        tasks_remote(c->srv, c, m->msgid, TOP_FINISH, id, reason, p[1]->via.boolean, NULL, NULL);
+        return;
+    }
     int rc = task_finish(c->srv->tasks, id, p[1]->via.boolean, reason, ev_now(c->srv->loop), &t);
     if (rc < 0) {
         reply_task_error(c, m->msgid, rc, id, t);
@@ -419,6 +747,10 @@ void tasks_get(struct conn *c, const struct rpc_msg *m)
 
     if (bind_task(c, m, spec, 1, p, id, NULL) < 0)
         return;
+    if (c->srv->shared) {
+        tasks_remote(c->srv, c, m->msgid, TOP_GET, id, NULL, false, NULL, NULL);
+        return;
+    }
     struct task *t = task_get(c->srv->tasks, id);
     if (!t) {
         reply_task_error(c, m->msgid, TASK_E_NOT_FOUND, id, NULL);

@@ -32,6 +32,25 @@ void tasks_list(struct conn *c, const struct rpc_msg *m);
  * watchdog_timeout, bad_request for an unknown one). */
 struct task *tasks_admit_call(struct conn *c, uint32_t msgid, const char *id);
 
+/* Shared backend, for a call naming a task this sidecar does not hold:
+ * asks Redis whether it runs (importing it here when it does). `cb` runs
+ * once — possibly before this returns, when the backend is not connected —
+ * with the local task (rc TASK_OK) or NULL, a TASK_E_* code (or the
+ * backend's failure) and the task's reason and reason kind when known. */
+typedef void tasks_guard_cb(void *ud, struct task *t, int rc, const char *reason,
+                            const char *kind);
+void tasks_guard_remote(struct server *srv, const char *id, tasks_guard_cb *cb, void *ud);
+/* Answers request `msgid` with the error for `rc` from tasks_guard_cb. */
+void tasks_reply_error(struct conn *c, uint32_t msgid, int rc, const char *id,
+                       const char *reason, const char *kind);
+
+/* Shared backend: task `id` was stopped (or failed by a watchdog) on some
+ * sidecar; end its calls here. */
+void tasks_on_remote_stop(struct server *srv, const char *id);
+/* Shared backend: the stop channel is listened to again after a gap;
+ * re-read the running tasks that have calls here. */
+void tasks_on_resubscribed(struct server *srv);
+
 /* The `tasks` section of `stats`. */
 void tasks_pack_stats(msgpack_packer *pk, struct server *srv);
 

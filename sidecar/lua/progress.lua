@@ -4,6 +4,9 @@ progress.lua — per-scope progress for the stall verdict (DESIGN.md 3.1).
 KEYS[1]  {p:scope:NAME}:progress   STRING  Redis time (ms) of the scope's last success
 ARGV[1]  op        mark | age
 ARGV[2]  ttl_ms    mark only; default 3600000 (1 h)
+ARGV[3]  channel   mark only, optional: PUBLISH ARGV[4] (the scope's name) there,
+                   so every sidecar's progress cache learns the mark at once
+ARGV[4]  scope     mark only, with ARGV[3]
 
 Returns  mark: the time recorded (ms, Redis clock)
          age:  ms since the last mark (>= 0), or -1 when the key is absent
@@ -26,6 +29,9 @@ if op == 'mark' then
     local ttl = tonumber(ARGV[2]) or 3600000
     if ttl <= 0 then ttl = 3600000 end
     redis.call('SET', KEYS[1], string.format('%d', now), 'PX', math.floor(ttl))
+    if ARGV[3] and ARGV[3] ~= '' then
+        redis.call('PUBLISH', ARGV[3], ARGV[4] or '')
+    end
     return now
 elseif op == 'age' then
     local v = tonumber(redis.call('GET', KEYS[1]) or '')

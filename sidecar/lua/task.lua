@@ -19,8 +19,9 @@ Returns  {code, state, kind, reason, runs, started_at_ms, ended_at_ms}
          other fields describe the task when one exists, else {'not_found'}.
 
 Transitions (as in task.h):
-  start    absent / finished -> running (a restart: runs + 1, reason cleared,
-           started_at = now); running -> error 'running'.
+  start    absent / succeeded / failed by error -> running (a restart: runs + 1,
+           reason cleared, started_at = now); running -> error 'running';
+           stopped / watchdog -> error 'stopped' / 'watchdog' (final).
   stop     running -> failed/stopped (reason default "stopped"), PUBLISH the id
            on `channel` so every sidecar cancels the task's calls at once;
            already stopped -> error 'stopped' and the FIRST reason is kept;
@@ -81,6 +82,12 @@ if op == 'get' then
     return reply('ok')
 elseif op == 'start' then
     if state == 'running' then return reply('running') end
+    -- A stop (or a watchdog verdict) is final: a worker that did not notice
+    -- it must not undo it by starting the task again (the sidecar's wire rule).
+    if state == 'failed' then
+        local code = not_running_code()
+        if code ~= 'finished' then return reply(code) end
+    end
     redis.call('HSET', K, 'state', 'running', 'kind', '', 'reason', '',
                'started_at', now, 'ended_at', 0)
     redis.call('HINCRBY', K, 'runs', 1)

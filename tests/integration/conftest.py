@@ -5,12 +5,14 @@ Every test drives the real `polygw` binary (from $POLYGW_BUILD, default
 socket. A sidecar that exits non-zero, or prints a sanitizer report, fails
 the test that owned it.
 """
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 
 import msgpack
@@ -234,3 +236,69 @@ def make_sidecar(workdir):
 @pytest.fixture
 def sidecar(make_sidecar):
     return make_sidecar()
+
+
+# ------------------------------------------------- helpers shared by the tests
+def yaml_value(v):
+    """A Python value as a YAML flow value (maps, booleans, numbers, strings)."""
+    if isinstance(v, dict):
+        return "{%s}" % ", ".join("%s: %s" % (k, yaml_value(x)) for k, x in v.items())
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return json.dumps(str(v))          # a JSON string is a valid YAML scalar
+
+
+class Pending:
+    """A call on its own connection, answered in a background thread, so a
+    test can run several calls at once and know when each one ended.
+    `elapsed` is from just before the request was sent to the answer."""
+
+    def __init__(self, sc, capability, body, timeout=10.0, **params):
+        self.conn = sc.connect(timeout=timeout)
+        self.timeout = timeout
+        self.err = self.res = self.exc = None
+        self.t_end = None
+        self.done = threading.Event()
+        p = {"capability": capability, "body": body}
+        p.update(params)
+        self.t0 = time.monotonic()
+        self.msgid = self.conn.request_async("call", p)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        try:
+            msg = self.conn.wait_response(self.msgid, self.timeout)
+            self.t_end = time.monotonic()
+            self.err, self.res = msg[2], msg[3]
+        except Exception as e:  # reported by wait()
+            self.exc = e
+        self.done.set()
+
+    @property
+    def elapsed(self):
+        return self.t_end - self.t0
+
+    def answered(self):
+        return self.done.is_set()
+
+    def wait(self, timeout=5.0):
+        assert self.done.wait(timeout), "call %d not answered within %ss" % (self.msgid, timeout)
+        if self.exc:
+            raise self.exc
+        return self.err, self.res
+
+    def cancel(self):
+        self.conn.send([2, "cancel", [self.msgid]])
+
+    @property
+    def code(self):
+        return None if self.err is None else self.err.get("code")
+
+    def close(self):
+        try:
+            self.conn.close()
+        except OSError:
+            pass

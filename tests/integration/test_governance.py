@@ -42,6 +42,7 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest import Pending, yaml_value  # noqa: E402
 from mock import MockUpstream  # noqa: E402
 
 EARLY = 0.02
@@ -64,16 +65,6 @@ HOLD = {"hang": "after_headers"}
 
 
 # --------------------------------------------------------------- helpers
-def yaml_value(v):
-    if isinstance(v, dict):
-        return "{%s}" % ", ".join("%s: %s" % (k, yaml_value(x)) for k, x in v.items())
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    return json.dumps(str(v))          # a JSON string is a valid YAML scalar
-
-
 def source(name, capability, base_url, **kw):
     item = {"name": name, "capability": capability, "base_url": base_url}
     item.update(SOURCE_DEFAULTS)
@@ -124,50 +115,6 @@ def call(c, capability, body, timeout=5.0, **params):
     t0 = time.monotonic()
     msg = c.wait_response(c.request_async("call", p), timeout)
     return msg[2], msg[3], time.monotonic() - t0
-
-
-class Pending:
-    """A call on its own connection, answered in a background thread, so a
-    test can run several calls at once and know when each one ended.
-    `elapsed` is from just before the request was sent to the answer."""
-
-    def __init__(self, sc, capability, body, timeout=10.0, **params):
-        self.conn = sc.connect(timeout=timeout)
-        self.timeout = timeout
-        self.err = self.res = self.exc = None
-        self.t_end = None
-        self.done = threading.Event()
-        p = {"capability": capability, "body": body}
-        p.update(params)
-        self.t0 = time.monotonic()
-        self.msgid = self.conn.request_async("call", p)
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self):
-        try:
-            msg = self.conn.wait_response(self.msgid, self.timeout)
-            self.t_end = time.monotonic()
-            self.err, self.res = msg[2], msg[3]
-        except Exception as e:  # reported by wait()
-            self.exc = e
-        self.done.set()
-
-    @property
-    def elapsed(self):
-        return self.t_end - self.t0
-
-    def answered(self):
-        return self.done.is_set()
-
-    def wait(self, timeout=5.0):
-        assert self.done.wait(timeout), "call %d not answered within %ss" % (self.msgid, timeout)
-        if self.exc:
-            raise self.exc
-        return self.err, self.res
-
-    def cancel(self):
-        self.conn.send([2, "cancel", [self.msgid]])
 
 
 def assert_at(what, elapsed, lo, hi=None):

@@ -29,7 +29,7 @@ import msgpack
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import BUILD  # noqa: E402
+from conftest import BUILD, yaml_value  # noqa: E402
 from mock import MockUpstream  # noqa: E402
 
 KEY_ENV = "POLYGW_TEST_KEY"
@@ -51,16 +51,6 @@ LONG = {"timeout_s": 10, "connect_timeout_s": 5, "ttft_timeout_s": 5, "idle_time
 
 
 # --------------------------------------------------------------- helpers
-def yaml_value(v):
-    if isinstance(v, dict):
-        return "{%s}" % ", ".join("%s: %s" % (k, yaml_value(x)) for k, x in v.items())
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    return json.dumps(str(v))          # a JSON string is a valid YAML scalar
-
-
 def source(name, capability, base_url, key=True, **kw):
     """One `sources:` item: the long timeouts of LONG unless overridden."""
     item = {"name": name, "capability": capability, "base_url": base_url}

@@ -26,21 +26,26 @@ def test_lifecycle(scripts, conn):
     assert r[:4] == ["stopped", "failed", "stopped", "user pressed stop"]
     assert task(scripts, "t1", "guard")[0] == "stopped"
     assert task(scripts, "t1", "finish", ok=1)[0] == "stopped"
-    # a new run of the same id
-    r = task(scripts, "t1", "start")
-    assert r[:5] == ["ok", "running", "", "", 2] and r[6] == 0
-    r = task(scripts, "t1", "finish", ok=1, reason="done")
+    # a stop is final: starting again is refused, the state unchanged
+    assert task(scripts, "t1", "start")[:4] == ["stopped", "failed", "stopped", "user pressed stop"]
+    # a finished task may run again under the same id
+    task(scripts, "t1b", "start")
+    r = task(scripts, "t1b", "finish", ok=1, reason="done")
     assert r[:4] == ["ok", "succeeded", "", "done"]
-    assert task(scripts, "t1", "stop")[0] == "finished"
-    assert task(scripts, "t1", "guard")[0] == "finished"
+    r = task(scripts, "t1b", "start")
+    assert r[:5] == ["ok", "running", "", "", 2] and r[6] == 0
+    task(scripts, "t1b", "finish", ok=1)
+    assert task(scripts, "t1b", "stop")[0] == "finished"
+    assert task(scripts, "t1b", "guard")[0] == "finished"
 
 
 def test_finish_failed_and_watchdog(scripts):
     task(scripts, "t2", "start")
     assert task(scripts, "t2", "finish", ok=0)[:4] == ["ok", "failed", "error", "error"]
     assert task(scripts, "t2", "stop")[0] == "finished"
-    task(scripts, "t2", "start")
+    task(scripts, "t2", "start")   # failed by error: may run again
     assert task(scripts, "t2", "stop")[:4] == ["ok", "failed", "stopped", "stopped"]
+    assert task(scripts, "t2", "start")[0] == "stopped"
     task(scripts, "t3", "start")
     r = task(scripts, "t3", "watchdog", reason="node plan exceeded 3s")
     assert r[:4] == ["ok", "failed", "watchdog", "node plan exceeded 3s"]

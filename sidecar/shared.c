@@ -1,0 +1,718 @@
+/*
+ * shared.c — the Redis backend's governance glue (see shared.h).
+ *
+ * Keys (tests/redis/README.md): {P:source:N}:breaker|leases|rpm|tpm|daily,
+ * {P:scope:S}:progress, {P:task:ID}; channels P:task-stop and P:progress.
+ * Every script touches the keys of one hash tag.
+ */
+#include "shared.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "redis.h"
+#include "tasks.h"
+
+#define SHARED_SCOPES 4096          /* cache slots (power of two) */
+#define SHARED_PROGRESS_TTL_MS 3600000
+#define SHARED_RECONNECT_MIN_S 0.05
+#define SHARED_RECONNECT_MAX_S 5.0
+#define SHARED_KEY_MAX 512
+
+enum { CH_TASK_STOP, CH_PROGRESS, CH_COUNT };
+
+struct shared_lease {
+    struct shared_lease *prev, *next;   /* the source's live leases */
+    size_t source;
+    bool probe;
+    bool live;                          /* linked */
+    double est_tokens;
+    char id[48];
+};
+
+struct shared_admit {
+    struct shared *sh;
+    struct shared_lease *lease;
+    shared_admit_cb *cb;
+    void *ud;                           /* NULL once detached */
+};
+
+enum scope_state { SCOPE_EMPTY, SCOPE_UNKNOWN, SCOPE_FETCHING, SCOPE_KNOWN };
+
+struct scope_slot {
+    char *name;
+    double last_at;                     /* SCOPE_KNOWN: loop time, -INF = never */
+    unsigned char state;
+};
+
+struct source_keys {
+    char breaker[SHARED_KEY_MAX], leases[SHARED_KEY_MAX], rpm[SHARED_KEY_MAX],
+        tpm[SHARED_KEY_MAX], daily[SHARED_KEY_MAX];
+    struct shared_lease *live;
+    size_t n_live;
+    char breaker_state[12];             /* the fleet breaker as last seen */
+};
+
+struct shared {
+    struct server *srv;
+    struct rds *rds;
+    struct gov_backend backend;
+    char sidecar_id[17];
+    unsigned long long lease_seq;
+    char *channel[CH_COUNT];
+    struct source_keys *src;            /* one per configured source */
+    struct scope_slot *scopes;          /* open addressing */
+    size_t n_scopes;
+    uint32_t epoch;                     /* bumped when the cache is dropped */
+    ev_timer renew_w;
+    /* counters */
+    unsigned long long admits, admitted, refused[6], admit_errors, releases, write_errors,
+        leases_lost, progress_fetches, renewals;
+};
+
+static const char *const refusal_names[6] = {"breaker", "concurrency", "rpm", "tpm", "daily",
+                                             "other"};
+
+/* --- helpers ----------------------------------------------------------- */
+
+static void fmt_num(char *buf, size_t len, double v)
+{
+    snprintf(buf, len, "%.0f", v);
+}
+
+static bool reply_is_int(const redisReply *r, long long *v)
+{
+    if (!r)
+        return false;
+    if (r->type == REDIS_REPLY_INTEGER) {
+        *v = r->integer;
+        return true;
+    }
+    if (r->type == REDIS_REPLY_STRING) {
+        char *end;
+        *v = strtoll(r->str, &end, 10);
+        return end != r->str;
+    }
+    return false;
+}
+
+static void count_write_error(struct shared *sh, const char *what, const char *err)
+{
+    sh->write_errors++;
+    log_at(LOG_WARN, "backend write failed (counted; state self-heals by TTL)", "op", LOG_S,
+           what, "error", LOG_S, err ? err : "bad reply", NULL);
+}
+
+/* --- progress cache ---------------------------------------------------- */
+
+static uint64_t hash_str(const char *s)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    return h;
+}
+
+static void scopes_clear(struct shared *sh)
+{
+    for (size_t i = 0; i < SHARED_SCOPES; i++) {
+        free(sh->scopes[i].name);
+        sh->scopes[i] = (struct scope_slot){0};
+    }
+    sh->n_scopes = 0;
+    sh->epoch++;
+}
+
+/* The slot of `scope`, created when absent (NULL when out of memory). A
+ * full table is dropped whole: every scope then reads unknown and is
+ * fetched again — the safe direction. */
+static struct scope_slot *scope_slot(struct shared *sh, const char *scope)
+{
+    size_t mask = SHARED_SCOPES - 1;
+    size_t i = (size_t)hash_str(scope) & mask;
+
+    for (size_t n = 0; n < SHARED_SCOPES; n++, i = (i + 1) & mask) {
+        struct scope_slot *s = &sh->scopes[i];
+        if (s->state == SCOPE_EMPTY)
+            break;
+        if (strcmp(s->name, scope) == 0)
+            return s;
+    }
+    if (sh->n_scopes >= SHARED_SCOPES * 3 / 4) {
+        scopes_clear(sh);
+        i = (size_t)hash_str(scope) & mask;
+    }
+    while (sh->scopes[i].state != SCOPE_EMPTY)
+        i = (i + 1) & mask;
+    char *name = strdup(scope);
+    if (!name)
+        return NULL;
+    sh->scopes[i] = (struct scope_slot){.name = name, .state = SCOPE_UNKNOWN};
+    sh->n_scopes++;
+    return &sh->scopes[i];
+}
+
+static void progress_key(const struct shared *sh, const char *scope, char *key, size_t len)
+{
+    snprintf(key, len, "{%s:scope:%s}:progress", sh->srv->cfg->redis_prefix, scope);
+}
+
+struct fetch {
+    struct shared *sh;
+    uint32_t epoch;
+    char scope[];
+};
+
+static void on_progress_fetched(const redisReply *r, const char *err, void *ud)
+{
+    struct fetch *f = ud;
+    struct shared *sh = f->sh;
+    long long age_ms;
+
+    if (f->epoch == sh->epoch) {
+        struct scope_slot *s = scope_slot(sh, f->scope);
+        if (s && s->state == SCOPE_FETCHING) {
+            if (reply_is_int(r, &age_ms)) {
+                double now = ev_now(sh->srv->loop);
+                s->state = SCOPE_KNOWN;
+                s->last_at = age_ms < 0 ? -INFINITY : now - (double)age_ms / 1000.0;
+            } else {
+                s->state = SCOPE_UNKNOWN; /* read again at the next step */
+                log_at(LOG_WARN, "progress read failed", "scope", LOG_S, f->scope, "error",
+                       LOG_S, err ? err : "bad reply", NULL);
+            }
+        }
+    }
+    free(f);
+}
+
+static int be_progress_age(void *ud, const char *scope, double now, double *age)
+{
+    struct shared *sh = ud;
+
+    if (!rds_subscribed(sh->rds) || !rds_up(sh->rds))
+        return -1; /* marks may be missed: fail closed */
+    struct scope_slot *s = scope_slot(sh, scope);
+    if (!s)
+        return -1;
+    if (s->state == SCOPE_KNOWN) {
+        *age = now - s->last_at;
+        if (*age < 0)
+            *age = 0;
+        if (*age * 1000.0 >= SHARED_PROGRESS_TTL_MS)
+            *age = INFINITY; /* the key expired in Redis: "never" */
+        return 0;
+    }
+    if (s->state == SCOPE_FETCHING)
+        return 1;
+    size_t n = strlen(scope);
+    struct fetch *f = malloc(sizeof(*f) + n + 1);
+    if (!f)
+        return -1;
+    f->sh = sh;
+    f->epoch = sh->epoch;
+    memcpy(f->scope, scope, n + 1);
+    char key[SHARED_KEY_MAX];
+    progress_key(sh, scope, key, sizeof(key));
+    const char *argv[] = {key, "age"};
+    if (rds_eval(sh->rds, RDS_PROGRESS, 1, 2, argv, NULL, on_progress_fetched, f) < 0) {
+        free(f);
+        return -1;
+    }
+    sh->progress_fetches++;
+    s->state = SCOPE_FETCHING;
+    return 1;
+}
+
+static void on_mark_done(const redisReply *r, const char *err, void *ud)
+{
+    long long v;
+    if (!reply_is_int(r, &v))
+        count_write_error(ud, "progress mark", err);
+}
+
+static int be_progress_mark(void *ud, const char *scope, double now)
+{
+    struct shared *sh = ud;
+    struct scope_slot *s = scope_slot(sh, scope);
+    char key[SHARED_KEY_MAX], ttl[24];
+
+    if (s) {
+        s->state = SCOPE_KNOWN;
+        s->last_at = now;
+    }
+    progress_key(sh, scope, key, sizeof(key));
+    fmt_num(ttl, sizeof(ttl), SHARED_PROGRESS_TTL_MS);
+    const char *argv[] = {key, "mark", ttl, sh->channel[CH_PROGRESS], scope};
+    if (rds_eval(sh->rds, RDS_PROGRESS, 1, 5, argv, NULL, on_mark_done, sh) < 0) {
+        count_write_error(sh, "progress mark", "not connected");
+        return -1;
+    }
+    return 0;
+}
+
+/* --- leases ------------------------------------------------------------ */
+
+static void lease_link(struct shared *sh, struct shared_lease *l)
+{
+    struct source_keys *k = &sh->src[l->source];
+    l->prev = NULL;
+    l->next = k->live;
+    if (k->live)
+        k->live->prev = l;
+    k->live = l;
+    k->n_live++;
+    l->live = true;
+}
+
+static void lease_unlink(struct shared *sh, struct shared_lease *l)
+{
+    struct source_keys *k = &sh->src[l->source];
+    if (!l->live)
+        return;
+    if (l->prev)
+        l->prev->next = l->next;
+    else
+        k->live = l->next;
+    if (l->next)
+        l->next->prev = l->prev;
+    k->n_live--;
+    l->live = false;
+}
+
+struct release_ctx {
+    struct shared *sh;
+    size_t source;
+};
+
+/* The fleet breaker as one release left it: logged when it changed. */
+static void note_breaker(struct shared *sh, size_t source, const char *state)
+{
+    struct source_keys *k = &sh->src[source];
+
+    if (strcmp(k->breaker_state, state) == 0)
+        return;
+    log_at(strcmp(state, "open") == 0 ? LOG_WARN : LOG_INFO, "fleet breaker", "source", LOG_S,
+           sh->srv->cfg->sources[source].name, "from", LOG_S, k->breaker_state, "to", LOG_S,
+           state, NULL);
+    snprintf(k->breaker_state, sizeof(k->breaker_state), "%s", state);
+}
+
+static void on_released(const redisReply *r, const char *err, void *ud)
+{
+    struct release_ctx *rc = ud;
+
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 3)
+        count_write_error(rc->sh, "release", err);
+    else if (r->element[1]->type == REDIS_REPLY_STRING && r->element[1]->len < 12)
+        note_breaker(rc->sh, rc->source, r->element[1]->str);
+    free(rc);
+}
+
+static const char *verdict_name(enum shared_verdict v)
+{
+    return v == SHARED_SUCCESS ? "success" : v == SHARED_FAILURE ? "failure" : "neutral";
+}
+
+void shared_release(struct shared *sh, struct shared_lease *l, enum shared_verdict v,
+                    double used_tokens)
+{
+    const struct config_source *src = &sh->srv->cfg->sources[l->source];
+    struct source_keys *k = &sh->src[l->source];
+    char est[32], used[32], tpm[32], win[32], daily[32], fails[16], cool[32], maxcool[32];
+
+    lease_unlink(sh, l);
+    sh->releases++;
+    fmt_num(est, sizeof(est), ceil(l->est_tokens));
+    fmt_num(used, sizeof(used), used_tokens < 0 ? -1 : ceil(used_tokens));
+    fmt_num(tpm, sizeof(tpm), (double)src->limits.tpm);
+    fmt_num(win, sizeof(win), src->limits.window_s * 1000.0);
+    fmt_num(daily, sizeof(daily), (double)src->limits.daily_tokens);
+    fmt_num(fails, sizeof(fails), src->breaker.failures);
+    fmt_num(cool, sizeof(cool), src->breaker.cooldown_s * 1000.0);
+    fmt_num(maxcool, sizeof(maxcool), src->breaker.max_cooldown_s * 1000.0);
+    const char *argv[] = {k->breaker, k->leases, k->rpm,      k->tpm, k->daily, l->id,
+                          verdict_name(v), est, used,         tpm,    win,      daily,
+                          "86400000", fails, cool,            maxcool};
+    struct release_ctx *rc = malloc(sizeof(*rc));
+    if (rc)
+        *rc = (struct release_ctx){sh, l->source};
+    if (!rc || rds_eval(sh->rds, RDS_RELEASE, 5, 16, argv, NULL, on_released, rc) < 0) {
+        count_write_error(sh, "release", rc ? "not connected" : "out of memory");
+        free(rc);
+    }
+    free(l);
+}
+
+bool shared_lease_is_probe(const struct shared_lease *l)
+{
+    return l->probe;
+}
+
+static int refusal_index(const char *why)
+{
+    for (int i = 0; i < 5; i++)
+        if (strcmp(why, refusal_names[i]) == 0)
+            return i;
+    return 5;
+}
+
+static void on_admitted(const redisReply *r, const char *err, void *ud)
+{
+    struct shared_admit *a = ud;
+    struct shared *sh = a->sh;
+    struct shared_lease *l = a->lease;
+    long long ok = -1, v = 0;
+
+    if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 3)
+        reply_is_int(r->element[0], &ok);
+    if (ok == 1) {
+        sh->admitted++;
+        reply_is_int(r->element[2], &v);
+        l->probe = v == 1;
+        lease_link(sh, l);
+        if (a->ud)
+            a->cb(a->ud, 1, l, NAN, "admitted");
+        else
+            shared_release(sh, l, SHARED_NEUTRAL, -1); /* the call is gone */
+    } else if (ok == 0 && r->element[1]->type == REDIS_REPLY_STRING) {
+        const char *why = r->element[1]->str;
+        double retry_at = NAN, off = rds_clock_offset(sh->rds);
+        sh->refused[refusal_index(why)]++;
+        if (strcmp(why, "breaker") == 0)
+            note_breaker(sh, l->source, "open");
+        if (reply_is_int(r->element[2], &v) && v > 0 && isfinite(off))
+            retry_at = (double)v / 1000.0 - off;
+        if (a->ud)
+            a->cb(a->ud, 0, NULL, retry_at, why);
+        free(l);
+    } else {
+        sh->admit_errors++;
+        if (a->ud)
+            a->cb(a->ud, -1, NULL, NAN, err ? err : "unexpected reply from admit.lua");
+        free(l);
+    }
+    free(a);
+}
+
+struct shared_admit *shared_admit(struct shared *sh, size_t source, double est_tokens,
+                                  shared_admit_cb *cb, void *ud)
+{
+    const struct config *cfg = sh->srv->cfg;
+    const struct config_source *src = &cfg->sources[source];
+    struct source_keys *k = &sh->src[source];
+    char conc[16], ttl[32], rpm[32], win[32], tpm[32], daily[32], est[32];
+    struct shared_admit *a = malloc(sizeof(*a));
+    struct shared_lease *l = calloc(1, sizeof(*l));
+
+    if (!a || !l || !rds_up(sh->rds)) {
+        free(a);
+        free(l);
+        return NULL;
+    }
+    l->source = source;
+    l->est_tokens = est_tokens;
+    snprintf(l->id, sizeof(l->id), "%s:%llu", sh->sidecar_id, ++sh->lease_seq);
+    *a = (struct shared_admit){.sh = sh, .lease = l, .cb = cb, .ud = ud};
+    fmt_num(conc, sizeof(conc), src->max_concurrency);
+    fmt_num(ttl, sizeof(ttl), cfg->redis_lease_ttl_s * 1000.0);
+    fmt_num(rpm, sizeof(rpm), (double)src->limits.rpm);
+    fmt_num(win, sizeof(win), src->limits.window_s * 1000.0);
+    fmt_num(tpm, sizeof(tpm), (double)src->limits.tpm);
+    fmt_num(daily, sizeof(daily), (double)src->limits.daily_tokens);
+    fmt_num(est, sizeof(est), ceil(est_tokens));
+    const char *argv[] = {k->breaker, k->leases, k->rpm, k->tpm, k->daily, l->id, conc, ttl,
+                          rpm,        win,       tpm,    win,    daily,    "86400000", est};
+    sh->admits++;
+    if (rds_eval(sh->rds, RDS_ADMIT, 5, 15, argv, NULL, on_admitted, a) < 0) {
+        free(a);
+        free(l);
+        return NULL;
+    }
+    return a;
+}
+
+void shared_admit_detach(struct shared_admit *a)
+{
+    a->ud = NULL;
+}
+
+/* Renewal: every lease_ttl_s / 3, one renew.lua per source with leases. */
+static void on_renewed(const redisReply *r, const char *err, void *ud)
+{
+    struct shared *sh = ud;
+
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
+        count_write_error(sh, "renew", err);
+        return;
+    }
+    sh->renewals++;
+    const redisReply *lost = r->element[1];
+    for (size_t i = 0; lost->type == REDIS_REPLY_ARRAY && i < lost->elements; i++) {
+        sh->leases_lost++;
+        log_at(LOG_WARN, "lease expired while its attempt ran (Redis unreachable for longer "
+               "than lease_ttl_s?); the attempt runs on without a fleet permit",
+               "lease", LOG_S, lost->element[i]->type == REDIS_REPLY_STRING
+                                   ? lost->element[i]->str : "?", NULL);
+    }
+}
+
+static void renew_all(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct shared *sh = w->data;
+    char ttl[32];
+    (void)loop;
+    (void)revents;
+
+    if (!rds_up(sh->rds))
+        return;
+    fmt_num(ttl, sizeof(ttl), sh->srv->cfg->redis_lease_ttl_s * 1000.0);
+    for (size_t i = 0; i < sh->srv->cfg->n_sources; i++) {
+        struct source_keys *k = &sh->src[i];
+        if (!k->n_live)
+            continue;
+        const char **argv = malloc((k->n_live + 2) * sizeof(*argv));
+        if (!argv)
+            continue;
+        size_t n = 0;
+        argv[n++] = k->leases;
+        argv[n++] = ttl;
+        for (struct shared_lease *l = k->live; l; l = l->next)
+            argv[n++] = l->id;
+        if (rds_eval(sh->rds, RDS_RENEW, 1, (int)n, argv, NULL, on_renewed, sh) < 0)
+            count_write_error(sh, "renew", "not connected");
+        free(argv);
+    }
+}
+
+/* --- tasks ------------------------------------------------------------- */
+
+int shared_task(struct shared *sh, const char *op, const char *id, const char *reason, bool ok,
+                shared_task_cb *cb, void *ud)
+{
+    char key[SHARED_KEY_MAX], ttl[32];
+
+    snprintf(key, sizeof(key), "{%s:task:%s}", sh->srv->cfg->redis_prefix, id);
+    fmt_num(ttl, sizeof(ttl), ceil(sh->srv->cfg->task_ttl_s));
+    const char *argv[] = {key, op, id, ttl, reason ? reason : "", ok ? "1" : "0",
+                          sh->channel[CH_TASK_STOP]};
+    return rds_eval(sh->rds, RDS_TASK, 1, 7, argv, NULL, cb, ud);
+}
+
+double shared_unix_s(long long ms)
+{
+    return (double)ms / 1000.0;
+}
+
+/* --- connection events ------------------------------------------------- */
+
+static void on_up(struct rds *r, void *ud)
+{
+    (void)r;
+    (void)ud;
+}
+
+static void on_down(struct rds *r, const char *why, void *ud)
+{
+    (void)r;
+    (void)why;
+    (void)ud;
+}
+
+static void on_subscribed(struct rds *r, void *ud)
+{
+    struct shared *sh = ud;
+    (void)r;
+    /* Stops published while we were not listening are lost: re-check. */
+    tasks_on_resubscribed(sh->srv);
+}
+
+static void on_unsubscribed(struct rds *r, void *ud)
+{
+    struct shared *sh = ud;
+    (void)r;
+    scopes_clear(sh); /* marks may be missed from now on */
+}
+
+static void on_message(struct rds *r, size_t channel, const char *msg, size_t len, void *ud)
+{
+    struct shared *sh = ud;
+    char buf[SHARED_KEY_MAX];
+    (void)r;
+
+    if (len >= sizeof(buf) || memchr(msg, '\0', len))
+        return;
+    memcpy(buf, msg, len);
+    buf[len] = '\0';
+    if (channel == CH_PROGRESS) {
+        struct scope_slot *s = scope_slot(sh, buf);
+        if (s) {
+            s->state = SCOPE_KNOWN;
+            s->last_at = ev_now(sh->srv->loop);
+        }
+    } else if (channel == CH_TASK_STOP) {
+        tasks_on_remote_stop(sh->srv, buf);
+    }
+}
+
+/* --- set-up ------------------------------------------------------------ */
+
+int shared_init(struct server *srv, char *err, size_t errlen)
+{
+    const struct config *cfg = srv->cfg;
+    unsigned char rnd[8];
+
+    srv->shared = NULL;
+    if (cfg->backend != BACKEND_REDIS)
+        return 0;
+    struct shared *sh = calloc(1, sizeof(*sh));
+    if (!sh)
+        goto oom;
+    srv->shared = sh;
+    sh->srv = srv;
+    sh->src = calloc(cfg->n_sources ? cfg->n_sources : 1, sizeof(*sh->src));
+    sh->scopes = calloc(SHARED_SCOPES, sizeof(*sh->scopes));
+    if (!sh->src || !sh->scopes)
+        goto oom;
+    for (size_t i = 0; i < CH_COUNT; i++) {
+        static const char *const names[CH_COUNT] = {"task-stop", "progress"};
+        size_t n = strlen(cfg->redis_prefix) + strlen(names[i]) + 2;
+        sh->channel[i] = malloc(n);
+        if (!sh->channel[i])
+            goto oom;
+        snprintf(sh->channel[i], n, "%s:%s", cfg->redis_prefix, names[i]);
+    }
+    for (size_t i = 0; i < cfg->n_sources; i++) {
+        struct source_keys *k = &sh->src[i];
+        const char *p = cfg->redis_prefix, *n = cfg->sources[i].name;
+        snprintf(k->breaker, sizeof(k->breaker), "{%s:source:%s}:breaker", p, n);
+        snprintf(k->leases, sizeof(k->leases), "{%s:source:%s}:leases", p, n);
+        snprintf(k->rpm, sizeof(k->rpm), "{%s:source:%s}:rpm", p, n);
+        snprintf(k->tpm, sizeof(k->tpm), "{%s:source:%s}:tpm", p, n);
+        snprintf(k->daily, sizeof(k->daily), "{%s:source:%s}:daily", p, n);
+        snprintf(k->breaker_state, sizeof(k->breaker_state), "closed");
+    }
+    if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
+        unsigned long long x = (unsigned long long)getpid() ^ (unsigned long long)(ev_time() * 1e6);
+        memcpy(rnd, &x, sizeof(rnd));
+    }
+    for (size_t i = 0; i < sizeof(rnd); i++)
+        snprintf(sh->sidecar_id + 2 * i, 3, "%02x", rnd[i]);
+    sh->backend = (struct gov_backend){
+        .progress_mark = be_progress_mark,
+        .progress_age = be_progress_age,
+        .ud = sh,
+    };
+    const struct rds_opts opts = {
+        .url = cfg->redis_url,
+        .command_timeout_s = cfg->redis_command_timeout_s,
+        .reconnect_min_s = SHARED_RECONNECT_MIN_S,
+        .reconnect_max_s = SHARED_RECONNECT_MAX_S,
+        .channels = (const char *const *)sh->channel,
+        .n_channels = CH_COUNT,
+    };
+    const struct rds_hooks hooks = {
+        .on_up = on_up,
+        .on_down = on_down,
+        .on_subscribed = on_subscribed,
+        .on_unsubscribed = on_unsubscribed,
+        .on_message = on_message,
+        .ud = sh,
+    };
+    sh->rds = rds_new(srv->loop, &opts, &hooks, err, errlen);
+    if (!sh->rds) {
+        shared_fini(srv);
+        return -1;
+    }
+    ev_timer_init(&sh->renew_w, renew_all, cfg->redis_lease_ttl_s / 3,
+                  cfg->redis_lease_ttl_s / 3);
+    sh->renew_w.data = sh;
+    ev_timer_start(srv->loop, &sh->renew_w);
+    log_at(LOG_INFO, "redis backend", "prefix", LOG_S, cfg->redis_prefix, "sidecar_id", LOG_S,
+           sh->sidecar_id, NULL);
+    return 0;
+oom:
+    snprintf(err, errlen, "out of memory");
+    shared_fini(srv);
+    return -1;
+}
+
+void shared_fini(struct server *srv)
+{
+    struct shared *sh = srv->shared;
+
+    if (!sh)
+        return;
+    ev_timer_stop(srv->loop, &sh->renew_w);
+    rds_free(sh->rds); /* fails pending admits: their leases are freed */
+    for (size_t i = 0; sh->src && i < srv->cfg->n_sources; i++) {
+        while (sh->src[i].live) {
+            struct shared_lease *l = sh->src[i].live;
+            lease_unlink(sh, l);
+            free(l);
+        }
+    }
+    if (sh->scopes)
+        scopes_clear(sh);
+    free(sh->scopes);
+    free(sh->src);
+    for (size_t i = 0; i < CH_COUNT; i++)
+        free(sh->channel[i]);
+    free(sh);
+    srv->shared = NULL;
+}
+
+const struct gov_backend *shared_gov_backend(struct shared *sh)
+{
+    return &sh->backend;
+}
+
+bool shared_up(const struct shared *sh)
+{
+    return rds_up(sh->rds);
+}
+
+unsigned long long shared_commands(const struct shared *sh)
+{
+    return (unsigned long long)rds_get_stats(sh->rds)->commands;
+}
+
+void shared_pack_stats(struct shared *sh, msgpack_packer *pk)
+{
+    size_t live = 0;
+
+    for (size_t i = 0; i < sh->srv->cfg->n_sources; i++)
+        live += sh->src[i].n_live;
+    rpc_pack_str(pk, "backend");
+    rds_pack_stats(sh->rds, pk);
+    rpc_pack_str(pk, "shared");
+    msgpack_pack_map(pk, 13);
+    rpc_pack_kv_str(pk, "sidecar_id", sh->sidecar_id);
+    rpc_pack_str(pk, "sources");
+    msgpack_pack_map(pk, sh->srv->cfg->n_sources);
+    for (size_t i = 0; i < sh->srv->cfg->n_sources; i++) {
+        rpc_pack_str(pk, sh->srv->cfg->sources[i].name);
+        msgpack_pack_map(pk, 2);
+        rpc_pack_kv_str(pk, "breaker", sh->src[i].breaker_state);
+        rpc_pack_kv_u64(pk, "leases_live", sh->src[i].n_live);
+    }
+    rpc_pack_kv_u64(pk, "admits", sh->admits);
+    rpc_pack_kv_u64(pk, "admitted", sh->admitted);
+    rpc_pack_str(pk, "refused");
+    msgpack_pack_map(pk, 6);
+    for (int i = 0; i < 6; i++)
+        rpc_pack_kv_u64(pk, refusal_names[i], sh->refused[i]);
+    rpc_pack_kv_u64(pk, "admit_errors", sh->admit_errors);
+    rpc_pack_kv_u64(pk, "releases", sh->releases);
+    rpc_pack_kv_u64(pk, "write_errors", sh->write_errors);
+    rpc_pack_kv_u64(pk, "leases_live", live);
+    rpc_pack_kv_u64(pk, "leases_lost", sh->leases_lost);
+    rpc_pack_kv_u64(pk, "renewals", sh->renewals);
+    rpc_pack_kv_u64(pk, "progress_fetches", sh->progress_fetches);
+    rpc_pack_kv_u64(pk, "scopes_cached", sh->n_scopes);
+}

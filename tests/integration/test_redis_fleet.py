@@ -1,0 +1,619 @@
+"""The Redis backend end to end (issue "Redis backend", Done-when list): real
+polygw binaries sharing one real redis-server (same url, same prefix; a
+unique prefix per test), the real mock upstream, real sockets, real time
+scaled down (limits.window_s, stall windows of 1 s, lease TTLs of 1.5 s).
+
+  1. rpm is the fleet's:            test_fleet__rpm_limit_holds_across_sidecars
+  2. max_concurrency is the fleet's: test_fleet__max_concurrency_holds_across_sidecars
+  3. progress crosses sidecars:     test_fleet__progress_elsewhere_keeps_a_call_waiting
+  4. task.stop crosses sidecars:    test_fleet__task_stop_on_one_sidecar_ends_a_call_on_another
+  5. Redis dies and comes back:     test_fleet__redis_killed_fails_closed_then_recovers
+     Redis hangs (SIGSTOP):         test_fleet__frozen_redis_answers_backend_unavailable_within_command_timeout
+  6. a dead sidecar's permits:      test_fleet__killed_sidecars_lease_expires_after_ttl
+  7. config and unreachable Redis:  test_fleet__bad_url_rejected_unreachable_redis_fails_closed
+  8. stats and secrets:             test_fleet__stats_show_the_backend_never_the_password
+
+Timing bounds follow test_governance.py: an event the sidecar schedules at T
+after the call was sent is asserted in [T - EARLY, T + LATE]. EARLY is
+rounding only (the client's clock starts first). LATE is larger here (0.3 s)
+than in the single-sidecar tests: besides the ASan + UBSan build on a shared
+2-core machine, a fleet decision crosses Redis (a script round trip, and for
+progress and task stops a pub/sub hop to another sidecar). Run with
+`pytest -s` to see a `timing:` line per case.
+
+Only 127.0.0.1 is used; every wait and every loop here is bounded.
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import msgpack
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest import POLYGW, sanitizer_env  # noqa: E402
+from mock import MockUpstream  # noqa: E402
+from redis_fixture import (FleetRedis, Pending, chat, fleet_config, free_port,  # noqa: E402
+                           source, stats, unique_prefix, wait_backend, wait_until)
+
+EARLY = 0.02
+LATE = 0.3
+NO_PROXY = {"no_proxy": "*", "NO_PROXY": "*"}   # a proxy must not capture the loopback mock
+
+
+# ---------------------------------------------------------------- helpers
+def assert_at(what, elapsed, lo, hi=None, late=LATE):
+    """lo - EARLY <= elapsed <= hi + late (hi defaults to lo)."""
+    hi = lo if hi is None else hi
+    print("timing: %-52s elapsed %.3fs  expected [%.3f, %.3f]  late %+4.0f ms"
+          % (what, elapsed, lo, hi, (elapsed - hi) * 1000))
+    assert lo - EARLY <= elapsed <= hi + late, \
+        "%s: after %.3fs, expected %.3f-%.3fs" % (what, elapsed, lo, hi)
+
+
+def start_fleet(make_sidecar, n, cfg):
+    """n sidecars, each with its own directory, socket and log, one config
+    (same url, same prefix); returns them once each one's backend is up."""
+    fleet = [make_sidecar(config_text=cfg, subdir="sc%d" % i, env=NO_PROXY) for i in range(n)]
+    for sc in fleet:
+        wait_backend(sc)
+    return fleet
+
+
+def shared_sum(fleet, *path):
+    """Sum over the fleet of stats.shared[path...]."""
+    total = 0
+    for sc in fleet:
+        v = stats(sc)["shared"]
+        for p in path:
+            v = v[p]
+        total += v
+    return total
+
+
+def call(sc, body, timeout=5.0, **params):
+    """One call on a new connection: (error, result, elapsed)."""
+    c = sc.connect(timeout=timeout)
+    try:
+        p = {"capability": "chat", "body": body}
+        p.update(params)
+        t0 = time.monotonic()
+        err, res = c.request("call", p, timeout=timeout)
+        return err, res, time.monotonic() - t0
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def redis_srv():
+    srv = FleetRedis().start()
+    yield srv
+    srv.cleanup()
+
+
+@pytest.fixture
+def up():
+    with MockUpstream() as m:
+        yield m
+
+
+# Test functions take (redis_srv, up, make_sidecar) in this order: fixtures
+# are torn down in reverse, so the sidecars stop (and are checked for a clean
+# exit) while Redis and the mock are still there.
+
+
+# ------------------------------------------------------------- 1. rpm
+def test_fleet__rpm_limit_holds_across_sidecars(redis_srv, up, make_sidecar):
+    """Three sidecars share source `a` with rpm 6 per window_s 1 (a bucket of
+    6 refilled at 6/s; max_concurrency high). 18 calls at once, 6 through
+    each sidecar: the fleet's bucket admits the first 6 at once and then 6
+    per second — never the 18 that three local buckets would allow. The
+    others are refused by the fleet, wait (stall window 10 s, far away) and
+    succeed as the bucket refills; none hangs.
+
+    Asserted on the mock's request counter, sampled every ~10 ms: at every
+    sample t, requests(t) <= 6 + 6/s x (t - t0), t0 taken before the first
+    call was sent (the bucket's clock starts at its first take, later)."""
+    n_rpm, win, total = 6, 1.0, 18
+    rate = n_rpm / win
+    cfg = fleet_config(redis_srv.url(), unique_prefix(),
+                       [source("a", "chat", up.url, limits={"rpm": n_rpm, "window_s": win})],
+                       stall_window_s=10)
+    fleet = start_fleet(make_sidecar, 3, cfg)
+
+    t0 = time.monotonic()
+    calls = [Pending(fleet[i % 3], "chat", chat("r%d" % i), timeout=15) for i in range(total)]
+    samples = []
+    deadline = t0 + 10
+    while time.monotonic() < deadline and not all(k.answered() for k in calls):
+        n = up.stats()["requests"]
+        samples.append((time.monotonic(), n))
+        time.sleep(0.01)
+    for k in calls:
+        err, res = k.wait(1)
+        assert err is None, err
+        assert res["source"] == "a" and res["attempts"] == 1, res
+    assert up.stats()["requests"] == total
+
+    over = [(round(t - t0, 3), n) for t, n in samples if n > n_rpm + rate * (t - t0 + EARLY)]
+    assert not over, "the fleet exceeded rpm %d per %.1fs: (t, requests) %r" % (n_rpm, win, over)
+    first_full = next((t - t0 for t, n in samples if n >= n_rpm), None)
+    assert first_full is not None and first_full < win / 2, \
+        "the full bucket was not spent at once: %r" % samples[:20]
+    print("timing: fleet rpm: %d requests after %.3fs (bucket spent)" % (n_rpm, first_full))
+    ends = sorted(k.t_end - t0 for k in calls)
+    # The 18th admission needs 12 refilled tokens: >= 2 s after the first take.
+    assert_at("fleet rpm: last of %d calls" % total, ends[-1], (total - n_rpm) / rate,
+              late=1.0)
+    assert shared_sum(fleet, "refused", "rpm") > 0
+    assert shared_sum(fleet, "admitted") == total
+
+
+# ----------------------------------------------------- 2. max_concurrency
+def test_fleet__max_concurrency_holds_across_sidecars(redis_srv, up, make_sidecar):
+    """max_concurrency 2 is the fleet's: 6 calls at once, 2 through each of
+    three sidecars, each reply delayed 0.5 s by the mock. At most 2 requests
+    are ever in progress at the mock (3 sidecars with local permits would
+    allow 6), so the calls run in three waves of 2; all complete."""
+    delay = 0.5
+    cfg = fleet_config(redis_srv.url(), unique_prefix(),
+                       [source("a", "chat", up.url, max_concurrency=2)], stall_window_s=10)
+    fleet = start_fleet(make_sidecar, 3, cfg)
+    up.set_default({"delay_ms": int(delay * 1000)})
+
+    t0 = time.monotonic()
+    calls = [Pending(fleet[i % 3], "chat", chat("c%d" % i), timeout=15) for i in range(6)]
+    high, deadline = 0, t0 + 8
+    while time.monotonic() < deadline and not all(k.answered() for k in calls):
+        high = max(high, up.stats()["in_progress"])
+        time.sleep(0.005)
+    for k in calls:
+        err, res = k.wait(1)
+        assert err is None, err
+    st = up.stats()
+    assert st["requests"] == 6 and st["in_progress"] == 0, st
+    print("timing: fleet concurrency: high-water mark %d in flight at the mock" % high)
+    assert high == 2, "max_concurrency 2 across the fleet, %d in flight at once" % high
+    assert_at("fleet concurrency 2: 6 calls of 0.5 s (3 waves)",
+              max(k.t_end for k in calls) - t0, 3 * delay, late=1.0)
+    assert shared_sum(fleet, "refused", "concurrency") > 0
+    assert shared_sum(fleet, "leases_live") == 0
+
+
+# ------------------------------------------------- 3. progress across
+def _feed_progress(sc, until, scope, every):
+    """Successful calls through `sc` in `scope`, one every `every` seconds,
+    until `until`. Returns (count, (send time, answer time) of the last)."""
+    c = sc.connect()
+    n, last = 0, (None, None)
+    try:
+        while time.monotonic() < until:
+            t_send = time.monotonic()
+            err, res = c.request("call", {"capability": "chat", "body": chat("feed"),
+                                          "scope": scope})
+            assert err is None, err
+            n += 1
+            last = (t_send, time.monotonic())
+            time.sleep(every)
+    finally:
+        c.close()
+    return n, last
+
+
+def test_fleet__progress_elsewhere_keeps_a_call_waiting(redis_srv, up, make_sidecar):
+    """DESIGN 3.1 case 6 across sidecars ("local window exceeded, scope
+    fresh"). Chat (exempt_429) with stall_window_s 1. On sidecar B, a call
+    in scope S gets 429 + Retry-After 0.2 on every attempt: all its time is
+    stall time, its own window is spent after 1 s. Meanwhile calls in S
+    succeed through sidecar A every 0.3 s, so S's progress age (shared
+    through Redis) stays below the window: B's call keeps trying and is NOT
+    stalled for three windows. Once A stops, B's call ends `stalled` one
+    window after the last success in S. Beside it, the same call on B in a
+    scope that never progressed anywhere ends `stalled` after about the
+    window."""
+    w, retry_after = 1.0, 0.2
+    cfg = fleet_config(redis_srv.url(), unique_prefix(),
+                       [source("a", "chat", up.url, ttft_timeout_s=w)],
+                       capabilities={"chat": {"exempt_429": True}}, stall_window_s=w,
+                       backoff_base_s=0.05, backoff_max_s=0.1, max_attempts=3)
+    a, b = start_fleet(make_sidecar, 2, cfg)
+    busy = {"status": 429, "retry_after": retry_after}
+
+    patient = Pending(b, "chat", chat("patient", mock=busy), scope="S", timeout=15)
+    lonely = Pending(b, "chat", chat("lonely", mock=busy), scope="L", timeout=15)
+    n, (t_sent, t_answered) = _feed_progress(a, patient.t0 + 3 * w, "S", 0.3)
+    assert n >= 6, n
+
+    err, _ = lonely.wait(1)
+    assert err["code"] == "stalled", err
+    assert err["attempts"] >= 2 and err["stalled_s"] > w, err
+    # The verdict comes at the top of the loop: after a 429 and its 0.2 s sleep.
+    assert_at("no progress anywhere -> stalled", lonely.elapsed, w, w + retry_after + 0.05)
+    assert not patient.answered(), \
+        "B's call ended although A made progress in its scope: %r" % (patient.err,)
+
+    err, res = patient.wait(w + 2)
+    assert res is None and err["code"] == "stalled", err
+    assert err["stalled_s"] > 3 * w and err["attempts"] >= 6, err
+    # The progress mark is made between A's last send and answer; B learns it
+    # by pub/sub and re-checks after each 429 + 0.2 s.
+    assert_at("A stops -> B stalled one window after the last progress",
+              patient.t_end - t_sent, w, w + (t_answered - t_sent) + retry_after + 0.05)
+    st = up.stats()
+    assert st["by_status"].get("429", 0) == err["attempts"] + lonely.err["attempts"], st
+    assert st["by_status"].get("200", 0) == n, st
+
+
+# ------------------------------------------------ 4. task.stop across
+def test_fleet__task_stop_on_one_sidecar_ends_a_call_on_another(redis_srv, up, make_sidecar):
+    """A task started on sidecar B; B's call in it hangs at the mock.
+    task.stop sent to sidecar A ends B's call within 100 ms with
+    `task_stopped` (and the reason), and closes its upstream connection.
+    Afterwards task.guard fails with `task_stopped` on both sidecars, and a
+    new call naming the task is refused on A without reaching the mock."""
+    tid = "fleet-job-1"
+    cfg = fleet_config(redis_srv.url(), unique_prefix(),
+                       [source("a", "chat", up.url, ttft_timeout_s=8)], stall_window_s=10)
+    a, b = start_fleet(make_sidecar, 2, cfg)
+    cb, ca = b.connect(), a.connect()
+    err, t = cb.request("task.start", {"task_id": tid})
+    assert err is None and t["state"] == "running" and t["task_id"] == tid, (err, t)
+
+    hung = Pending(b, "chat", chat(mock={"hang": "before_headers"}), task_id=tid, timeout=10)
+    assert wait_until(lambda: up.stats()["in_progress"] == 1, 3), up.stats()
+    t0 = time.monotonic()
+    err, t = ca.request("task.stop", {"task_id": tid, "reason": "stopped from A"})
+    assert err is None, err
+    assert t["state"] == "failed" and t["reason_kind"] == "stopped", t
+    err, res = hung.wait(2)
+    dt = hung.t_end - t0
+    print("timing: task.stop on A -> call on B ended after %.1f ms" % (dt * 1000))
+    assert res is None and err["code"] == "task_stopped", err
+    assert "stopped from A" in err["message"], err
+    assert dt < 0.1, "B's call ended %.3fs after task.stop on A" % dt
+    up.wait_stats(lambda s: s["in_progress"] == 0 and s["aborted_by_peer"] >= 1, timeout=2)
+
+    for name, c in (("A", ca), ("B", cb)):
+        err, res = c.request("task.guard", {"task_id": tid})
+        assert res is None and err is not None, (name, res)
+        assert err["code"] == "task_stopped" and err.get("reason") == "stopped from A", (name, err)
+    before = up.stats()["requests"]
+    err, res, _ = call(a, chat(), task_id=tid)
+    assert res is None and err["code"] == "task_stopped", err
+    assert up.stats()["requests"] == before
+    ca.close()
+    cb.close()
+
+
+# ----------------------------------------------------- 5. Redis killed
+class Load:
+    """Calls in a loop through every sidecar (`per_sidecar` connections
+    each), recording (sidecar, send time, end time, code or None)."""
+
+    def __init__(self, fleet, per_sidecar=2, pause=0.02, timeout=5.0):
+        self.records = []
+        self.lock = threading.Lock()
+        self.stop_ev = threading.Event()
+        self.pause = pause
+        self.timeout = timeout
+        self.threads = [threading.Thread(target=self._run, args=(i, sc), daemon=True)
+                        for i, sc in enumerate(fleet) for _ in range(per_sidecar)]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, i, sc):
+        c = sc.connect(timeout=self.timeout)
+        try:
+            while not self.stop_ev.is_set():
+                t_send = time.monotonic()
+                try:
+                    err, _ = c.request("call", {"capability": "chat", "body": chat()},
+                                       timeout=self.timeout)
+                    code = None if err is None else err["code"]
+                except socket.timeout:
+                    code = "HANG"
+                except Exception as e:  # the sidecar closed the connection, or crashed
+                    code = "EXC %r" % (e,)
+                with self.lock:
+                    self.records.append((i, t_send, time.monotonic(), code))
+                if code is not None and (code == "HANG" or code.startswith("EXC")):
+                    return
+                time.sleep(self.pause)
+        finally:
+            c.close()
+
+    def snapshot(self):
+        with self.lock:
+            return list(self.records)
+
+    def stop(self):
+        self.stop_ev.set()
+        for t in self.threads:
+            t.join(self.timeout + 2)
+            assert not t.is_alive(), "a load thread did not finish"
+
+
+def test_fleet__redis_killed_fails_closed_then_recovers(redis_srv, up, make_sidecar):
+    """Three sidecars under load (2 callers each, replies delayed 30 ms);
+    redis-server is SIGKILLed. Calls sent while it is down end with
+    `backend_unavailable` within command_timeout_s (0.5 s) — never admitted
+    blind, never hung — no sidecar crashes, `ping` works and
+    stats.backend.state is not "up". redis-server restarted on the same
+    port: every sidecar serves calls again within a few seconds, without
+    being restarted, and stops cleanly at the end."""
+    ct = 0.5
+    cfg = fleet_config(redis_srv.url(), unique_prefix(), [source("a", "chat", up.url)],
+                       backend={"command_timeout_s": ct, "lease_ttl_s": 3}, stall_window_s=5)
+    fleet = start_fleet(make_sidecar, 3, cfg)
+    up.set_default({"delay_ms": 30})
+    load = Load(fleet)
+    try:
+        assert wait_until(lambda: all(sum(1 for r in load.snapshot() if r[0] == i and r[3] is None)
+                                      >= 2 for i in range(3)), 5), load.snapshot()[-10:]
+        t_kill = time.monotonic()
+        redis_srv.kill()
+        t_killed = time.monotonic()
+        time.sleep(1.0)
+        for sc in fleet:
+            assert sc.proc.poll() is None, "polygw died with Redis:\n" + sc.logs()[-3000:]
+            c = sc.connect()
+            err, res = c.request("ping")
+            c.close()
+            assert err is None and res["version"], err
+            st = stats(sc)
+            assert st["backend"]["kind"] == "redis", st["backend"]
+            assert st["backend"]["state"] != "up", st["backend"]
+            assert st["rejected"].get("backend_unavailable", 0) > 0, st["rejected"]
+
+        t_restart = time.monotonic()
+        redis_srv.restart()
+        t_restarted = time.monotonic()
+
+        def recovered():
+            recs = load.snapshot()
+            return all(any(r[0] == i and r[1] >= t_restarted and r[3] is None for r in recs)
+                       for i in range(3))
+        ok = wait_until(recovered, 6, interval=0.02)
+        t_ok = time.monotonic()
+        assert ok, "not every sidecar served a call within 6 s of Redis' restart"
+        time.sleep(0.2)
+    finally:
+        load.stop()
+    recs = load.snapshot()
+    first_ok = [min(r[2] for r in recs if r[0] == i and r[1] >= t_restarted and r[3] is None)
+                - t_restarted for i in range(3)]
+    print("timing: redis restart took %.3fs; sidecars served again after %s s (all by %.3fs)"
+          % (t_restarted - t_restart, ["%.3f" % x for x in first_ok], t_ok - t_restarted))
+
+    bad = [r for r in recs if r[3] not in (None, "backend_unavailable")]
+    assert not bad, "unexpected outcomes: %r" % bad[:10]
+    slow = [(r[0], round(r[1] - t_kill, 3), round(r[2] - r[1], 3), r[3]) for r in recs
+            if r[2] - r[1] > ct + LATE]
+    assert not slow, "calls slower than command_timeout_s %.1f: %r" % (ct, slow[:10])
+    down = [r for r in recs if r[1] >= t_killed and r[2] <= t_restart]
+    assert all(r[3] == "backend_unavailable" for r in down), \
+        "admitted while Redis was down: %r" % [r for r in down if r[3] is not None][:10]
+    for i in range(3):
+        n = sum(1 for r in down if r[0] == i)
+        assert n >= 3, "sidecar %d: only %d calls while Redis was down" % (i, n)
+    longest = max(r[2] - r[1] for r in down)
+    print("timing: while Redis was down: %d calls, longest %.3fs (command_timeout_s %.1f)"
+          % (len(down), longest, ct))
+    for sc in fleet:
+        b = wait_backend(sc)
+        assert b["kind"] == "redis", b
+        assert sc.proc.poll() is None
+
+
+def test_fleet__frozen_redis_answers_backend_unavailable_within_command_timeout(
+        redis_srv, up, make_sidecar):
+    """The case the command timeout exists for: redis-server SIGSTOPped keeps
+    its connections open and answers nothing (a hung or partitioned Redis;
+    a SIGKILLed one is noticed at once by the closed connection). A call's
+    admission then fails with `backend_unavailable` at command_timeout_s
+    (0.5 s) — not before, not much later, never hung — and so does a task
+    method. Calls after that also end within the timeout. SIGCONT: the
+    sidecars serve calls again within a few seconds."""
+    ct = 0.5
+    cfg = fleet_config(redis_srv.url(), unique_prefix(), [source("a", "chat", up.url)],
+                       backend={"command_timeout_s": ct, "lease_ttl_s": 3}, stall_window_s=5)
+    fleet = start_fleet(make_sidecar, 2, cfg)
+    for sc in fleet:
+        err, _, _ = call(sc, chat())
+        assert err is None, err
+    redis_srv.freeze()
+    try:
+        first = [Pending(sc, "chat", chat(), timeout=5) for sc in fleet]
+        c = fleet[0].connect()
+        t0 = time.monotonic()
+        err, res = c.request("task.guard", {"task_id": "frozen"}, timeout=5)
+        t_guard = time.monotonic() - t0
+        c.close()
+        for k in first:
+            err_k, res_k = k.wait(ct + 2)
+            assert res_k is None and err_k["code"] == "backend_unavailable", err_k
+            assert err_k.get("attempts", 0) == 0, err_k
+            assert_at("frozen Redis: admission -> backend_unavailable", k.elapsed, ct)
+            k.close()
+        assert res is None and err["code"] == "backend_unavailable", err
+        assert t_guard <= ct + LATE, "task.guard answered after %.3fs" % t_guard
+        t_end = time.monotonic() + 1.0
+        n = 0
+        while time.monotonic() < t_end:
+            for sc in fleet:
+                err, res, elapsed = call(sc, chat())
+                assert res is None and err["code"] == "backend_unavailable", err
+                assert elapsed <= ct + LATE, "backend_unavailable after %.3fs" % elapsed
+                n += 1
+            time.sleep(0.05)
+        print("timing: frozen Redis: %d more calls, each within command_timeout_s" % n)
+        for sc in fleet:
+            assert sc.proc.poll() is None
+            assert stats(sc)["backend"]["state"] != "up"
+        assert up.stats()["requests"] == len(fleet)
+    finally:
+        redis_srv.thaw()
+    t_thaw = time.monotonic()
+    for sc in fleet:
+        assert wait_until(lambda: call(sc, chat())[0] is None, 6, interval=0.05), \
+            "no recovery after SIGCONT:\n" + sc.logs()[-3000:]
+    print("timing: frozen Redis thawed: fleet served again after %.3fs"
+          % (time.monotonic() - t_thaw))
+
+
+# ------------------------------------------------ 6. lease of the dead
+def test_fleet__killed_sidecars_lease_expires_after_ttl(redis_srv, up, make_sidecar):
+    """Source with max_concurrency 1 (fleet-wide), lease_ttl_s 1.5 (renewed
+    every 0.5 s), command_timeout_s 0.3. Sidecar A's call hangs at the mock
+    holding the only lease; B is refused meanwhile. A is SIGKILLed: nobody
+    releases the lease, so B's next call waits until it expires — between
+    TTL - one renew period (1.0 s) and TTL (1.5 s) after the kill — and then
+    succeeds (B re-polls every poll_interval_s 0.1)."""
+    ttl = 1.5
+    cfg = fleet_config(redis_srv.url(), unique_prefix(),
+                       [source("a", "chat", up.url, max_concurrency=1, ttft_timeout_s=8)],
+                       backend={"command_timeout_s": 0.3, "lease_ttl_s": ttl},
+                       stall_window_s=10, poll_interval_s=0.1)
+    a, b = start_fleet(make_sidecar, 2, cfg)
+    holder = Pending(a, "chat", chat(mock={"hang": "before_headers"}), timeout=10)
+    assert wait_until(lambda: up.stats()["in_progress"] == 1, 3), up.stats()
+    assert stats(a)["shared"]["leases_live"] == 1
+    # The lease holds fleet-wide while A lives.
+    err, res, elapsed = call(b, chat(), deadline_s=0.4)
+    assert res is None and err["code"] == "deadline_exceeded" and err["attempts"] == 0, err
+    assert up.stats()["requests"] == 1
+
+    a.expected_rc = -signal.SIGKILL   # the fixture's clean-exit check expects this death
+    t_kill = time.monotonic()
+    a.send_signal(signal.SIGKILL)
+    a.proc.wait(5)
+    patient = Pending(b, "chat", chat("after the lease"), timeout=10)
+    time.sleep(0.9)
+    assert not patient.answered(), \
+        "B admitted %.3fs after A's death, before its lease could expire: %r" % (
+            patient.t_end - t_kill, (patient.err, patient.res))
+    err, res = patient.wait(ttl + 2)
+    assert err is None, err
+    assert res["attempts"] == 1
+    assert_at("lease of a killed sidecar expires", patient.t_end - t_kill, ttl - ttl / 3, ttl + 0.1)
+    assert stats(b)["shared"]["refused"]["concurrency"] >= 2
+    up.wait_stats(lambda s: s["in_progress"] == 0 and s["requests"] == 2, timeout=2)
+    assert holder.done.wait(2) and holder.exc is not None   # its sidecar died
+    holder.close()
+
+
+# ----------------------------------------------- 7. config, unreachable
+def _run(args, timeout=20):
+    r = subprocess.run([POLYGW] + args, capture_output=True, text=True, timeout=timeout,
+                       env=sanitizer_env())
+    return r.returncode, r.stdout + r.stderr
+
+
+def test_fleet__bad_url_rejected_unreachable_redis_fails_closed(up, make_sidecar, workdir):
+    """A URL with an impossible port is rejected by --check-config and at
+    start-up, with a message naming backend.url and never the password in
+    it. lease_ttl_s < 3 x command_timeout_s is rejected. A well-formed URL
+    where nothing listens: the sidecar starts, `ping` works, calls fail
+    closed with `backend_unavailable` at once (no attempt), stats say the
+    backend is not up."""
+    pw = "Hunter2-redis-pw-7c1"
+    bad = os.path.join(workdir, "bad.yaml")
+    with open(bad, "w") as f:
+        f.write(fleet_config("redis://:%s@127.0.0.1:99999/0" % pw, unique_prefix(),
+                             [source("a", "chat", up.url)]))
+    rc, out = _run(["--check-config", bad])
+    print("check-config:", out.strip())
+    assert rc != 0, out
+    assert "backend.url" in out and "port" in out, out
+    assert pw not in out
+    sock = os.path.join(workdir, "bad.sock")
+    rc, out = _run(["--config", bad, "--socket", sock])
+    assert rc != 0, out
+    assert "backend.url" in out and pw not in out, out
+    assert not os.path.exists(sock)
+
+    ttl = os.path.join(workdir, "ttl.yaml")
+    with open(ttl, "w") as f:
+        f.write(fleet_config("redis://127.0.0.1:6379/0", unique_prefix(),
+                             [source("a", "chat", up.url)],
+                             backend={"command_timeout_s": 1, "lease_ttl_s": 2}))
+    rc, out = _run(["--check-config", ttl])
+    assert rc != 0 and "lease_ttl_s" in out, out
+
+    ct = 0.5
+    port = free_port()   # nothing listens there
+    sc = make_sidecar(config_text=fleet_config(
+        "redis://127.0.0.1:%d/0" % port, unique_prefix(), [source("a", "chat", up.url)],
+        backend={"command_timeout_s": ct, "lease_ttl_s": 3}), env=NO_PROXY)
+    c = sc.connect()
+    err, res = c.request("ping")
+    assert err is None and res["version"], err
+    time.sleep(0.3)   # a few reconnect attempts
+    for _ in range(3):
+        err, res, elapsed = call(sc, chat())
+        assert res is None and err["code"] == "backend_unavailable", err
+        assert err.get("attempts", 0) == 0, err
+        assert elapsed < ct + LATE, "backend_unavailable after %.3fs" % elapsed
+    b = stats(sc)["backend"]
+    assert b["kind"] == "redis" and b["state"] != "up", b
+    assert up.stats()["requests"] == 0
+    c.close()
+
+
+# --------------------------------------------------- 8. stats, secrets
+PASSWORD = "pgw-Redis-Pw-4f9c2e"
+
+
+@pytest.fixture
+def redis_pw():
+    srv = FleetRedis(password=PASSWORD).start()
+    yield srv
+    srv.cleanup()
+
+
+def test_fleet__stats_show_the_backend_never_the_password(redis_pw, up, make_sidecar):
+    """redis-server with --requirepass; the password only in the URL. AUTH
+    works (calls succeed, the fleet's keys appear under the prefix), `stats`
+    has backend {kind: redis, state: up}, and the password appears neither
+    in stats nor in the sidecar's log (debug level). A sidecar given a wrong
+    password is not up, fails calls closed, and leaks neither password."""
+    prefix = unique_prefix()
+    src = [source("a", "chat", up.url)]
+    sc = make_sidecar(config_text=fleet_config(redis_pw.url(), prefix, src, log_level="debug"),
+                      subdir="good", env=NO_PROXY)
+    b = wait_backend(sc)
+    assert b["kind"] == "redis" and b["state"] == "up", b
+    for _ in range(2):
+        err, res, _ = call(sc, chat())
+        assert err is None and res["source"] == "a", err
+    r = redis_pw.client()
+    try:
+        keys = wait_until(lambda: r.call("KEYS", "*%s*" % prefix), 2)
+    finally:
+        r.close()
+    assert keys, "no key under prefix %s in Redis" % prefix
+    st = stats(sc)
+    assert st["backend"]["kind"] == "redis" and st["backend"]["state"] == "up", st["backend"]
+    assert st["shared"]["admitted"] >= 2, st["shared"]
+    assert PASSWORD.encode() not in msgpack.packb(st, use_bin_type=True)
+
+    wrong = "Wrong-" + PASSWORD[::-1]
+    sc2 = make_sidecar(config_text=fleet_config(redis_pw.url(password=wrong), unique_prefix(), src,
+                                                log_level="debug"), subdir="wrong", env=NO_PROXY)
+    time.sleep(0.3)
+    err, res, elapsed = call(sc2, chat())
+    assert res is None and err["code"] == "backend_unavailable", err
+    st2 = stats(sc2)
+    assert st2["backend"]["state"] != "up", st2["backend"]
+    blob = msgpack.packb(st2, use_bin_type=True)
+    assert wrong.encode() not in blob and PASSWORD.encode() not in blob
+    assert up.stats()["requests"] == 2
+
+    for s in (sc, sc2):
+        s.stop()
+        logs = s.logs()
+        assert PASSWORD not in logs and wrong not in logs, "password in the log:\n" + logs
