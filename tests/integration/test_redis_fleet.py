@@ -289,6 +289,47 @@ def test_fleet__task_stop_on_one_sidecar_ends_a_call_on_another(redis_srv, up, m
     cb.close()
 
 
+def test_fleet__task_states_survive_a_sidecar_restart(redis_srv, up, make_sidecar):
+    """Task states live in Redis: a sidecar restarted (new process, empty
+    memory) still knows them. A stop is final there too (task.start is
+    refused), a running task's calls are admitted (the task is imported),
+    and node watchdogs work on a task started before the restart."""
+    cfg = fleet_config(redis_srv.url(), unique_prefix(), [source("a", "chat", up.url)],
+                       stall_window_s=10)
+    (a,) = start_fleet(make_sidecar, 1, cfg)
+    c = a.connect()
+    for tid in ("keep-running", "to-stop"):
+        err, _ = c.request("task.start", {"task_id": tid})
+        assert err is None, err
+    err, _ = c.request("task.stop", {"task_id": "to-stop", "reason": "before restart"})
+    assert err is None, err
+    c.close()
+    a.stop()
+
+    (b,) = start_fleet(make_sidecar, 1, cfg)
+    c = b.connect()
+    err, t = c.request("task.get", {"task_id": "keep-running"})
+    assert err is None and t["state"] == "running" and t["runs"] == 1, (err, t)
+    err, t = c.request("task.get", {"task_id": "to-stop"})
+    assert err is None and t["state"] == "failed" and t["reason_kind"] == "stopped", (err, t)
+    assert t["reason"] == "before restart", t
+    err, _ = c.request("task.start", {"task_id": "to-stop"})
+    assert err is not None and err["code"] == "task_stopped", err
+    err, _ = c.request("task.guard", {"task_id": "to-stop"})
+    assert err is not None and err["code"] == "task_stopped", err
+    err, res, _ = call(b, chat(), task_id="keep-running")
+    assert err is None and res["body"]["choices"], err
+    err, res = c.request("task.node_begin",
+                         {"task_id": "keep-running", "node": "plan", "timeout_s": 0.3})
+    assert err is None and res["timeout_source"] == "explicit", err
+    # The watchdog armed here fails the task fleet-wide.
+    assert wait_until(lambda: c.request("task.get", {"task_id": "keep-running"})[1]["state"]
+                      == "failed", 3)
+    err, t = c.request("task.get", {"task_id": "keep-running"})
+    assert t["reason_kind"] == "watchdog", t
+    c.close()
+
+
 # ----------------------------------------------------- 5. Redis killed
 class Load:
     """Calls in a loop through every sidecar (`per_sidecar` connections
