@@ -23,6 +23,12 @@
 #define SHARED_RECONNECT_MIN_S 0.05
 #define SHARED_RECONNECT_MAX_S 5.0
 #define SHARED_KEY_MAX 512
+/* A scope's progress marks are sent at most once per this interval by each
+ * sidecar; a success inside it is sent when it ends. Other sidecars' view of
+ * the age is then late by at most this much (stall windows are seconds to
+ * minutes), and a busy scope costs one script every 100 ms instead of one per
+ * call (with its pub/sub echo to every sidecar). */
+#define SHARED_MARK_COALESCE_S 0.1
 
 enum { CH_TASK_STOP, CH_PROGRESS, CH_COUNT };
 
@@ -47,7 +53,9 @@ enum scope_state { SCOPE_EMPTY, SCOPE_UNKNOWN, SCOPE_FETCHING, SCOPE_KNOWN };
 struct scope_slot {
     char *name;
     double last_at;                     /* SCOPE_KNOWN: loop time, -INF = never */
+    double sent_at;                     /* when this sidecar last sent a mark */
     unsigned char state;
+    bool dirty;                         /* a success not sent yet (coalesced) */
 };
 
 struct source_keys {
@@ -69,10 +77,12 @@ struct shared {
     struct scope_slot *scopes;          /* open addressing */
     size_t n_scopes;
     uint32_t epoch;                     /* bumped when the cache is dropped */
+    size_t n_dirty;                     /* scopes with a coalesced mark to send */
+    ev_timer mark_w;                    /* sends them */
     ev_timer renew_w;
     /* counters */
     unsigned long long admits, admitted, refused[6], admit_errors, releases, write_errors,
-        leases_lost, progress_fetches, renewals;
+        leases_lost, progress_fetches, renewals, marks_sent, marks_coalesced;
 };
 
 static const char *const refusal_names[6] = {"breaker", "concurrency", "rpm", "tpm", "daily",
@@ -118,8 +128,11 @@ static uint64_t hash_str(const char *s)
     return h;
 }
 
+static void marks_flush(struct shared *sh);
+
 static void scopes_clear(struct shared *sh)
 {
+    marks_flush(sh); /* coalesced successes are not lost with the cache */
     for (size_t i = 0; i < SHARED_SCOPES; i++) {
         free(sh->scopes[i].name);
         sh->scopes[i] = (struct scope_slot){0};
@@ -152,7 +165,8 @@ static struct scope_slot *scope_slot(struct shared *sh, const char *scope)
     char *name = strdup(scope);
     if (!name)
         return NULL;
-    sh->scopes[i] = (struct scope_slot){.name = name, .state = SCOPE_UNKNOWN};
+    sh->scopes[i] = (struct scope_slot){.name = name, .state = SCOPE_UNKNOWN,
+                                        .sent_at = -INFINITY};
     sh->n_scopes++;
     return &sh->scopes[i];
 }
@@ -236,22 +250,66 @@ static void on_mark_done(const redisReply *r, const char *err, void *ud)
         count_write_error(ud, "progress mark", err);
 }
 
+static int send_mark(struct shared *sh, const char *scope)
+{
+    char key[SHARED_KEY_MAX], ttl[24];
+
+    progress_key(sh, scope, key, sizeof(key));
+    fmt_num(ttl, sizeof(ttl), SHARED_PROGRESS_TTL_MS);
+    const char *argv[] = {key, "mark", ttl, sh->channel[CH_PROGRESS], scope};
+    sh->marks_sent++;
+    if (rds_eval(sh->rds, RDS_PROGRESS, 1, 5, argv, NULL, on_mark_done, sh) < 0) {
+        count_write_error(sh, "progress mark", "not connected");
+        return -1;
+    }
+    return 0;
+}
+
+static void marks_flush(struct shared *sh)
+{
+    double now = ev_now(sh->srv->loop);
+
+    ev_timer_stop(sh->srv->loop, &sh->mark_w);
+    for (size_t i = 0; sh->n_dirty > 0 && i < SHARED_SCOPES; i++) {
+        struct scope_slot *s = &sh->scopes[i];
+        if (s->state == SCOPE_EMPTY || !s->dirty)
+            continue;
+        s->dirty = false;
+        s->sent_at = now;
+        sh->n_dirty--;
+        send_mark(sh, s->name);
+    }
+    sh->n_dirty = 0;
+}
+
+static void on_mark_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    marks_flush(w->data);
+}
+
 static int be_progress_mark(void *ud, const char *scope, double now)
 {
     struct shared *sh = ud;
     struct scope_slot *s = scope_slot(sh, scope);
-    char key[SHARED_KEY_MAX], ttl[24];
 
-    if (s) {
-        s->state = SCOPE_KNOWN;
-        s->last_at = now;
+    if (!s)
+        return send_mark(sh, scope);
+    s->state = SCOPE_KNOWN;
+    s->last_at = now;
+    if (now - s->sent_at >= SHARED_MARK_COALESCE_S) {
+        s->sent_at = now;
+        return send_mark(sh, scope);
     }
-    progress_key(sh, scope, key, sizeof(key));
-    fmt_num(ttl, sizeof(ttl), SHARED_PROGRESS_TTL_MS);
-    const char *argv[] = {key, "mark", ttl, sh->channel[CH_PROGRESS], scope};
-    if (rds_eval(sh->rds, RDS_PROGRESS, 1, 5, argv, NULL, on_mark_done, sh) < 0) {
-        count_write_error(sh, "progress mark", "not connected");
-        return -1;
+    sh->marks_coalesced++;
+    if (!s->dirty) {
+        s->dirty = true;
+        sh->n_dirty++;
+        if (!ev_is_active(&sh->mark_w)) {
+            ev_timer_set(&sh->mark_w, SHARED_MARK_COALESCE_S, 0.);
+            ev_timer_start(sh->srv->loop, &sh->mark_w);
+        }
     }
     return 0;
 }
@@ -629,6 +687,8 @@ int shared_init(struct server *srv, char *err, size_t errlen)
         shared_fini(srv);
         return -1;
     }
+    ev_init(&sh->mark_w, on_mark_timer);
+    sh->mark_w.data = sh;
     ev_timer_init(&sh->renew_w, renew_all, cfg->redis_lease_ttl_s / 3,
                   cfg->redis_lease_ttl_s / 3);
     sh->renew_w.data = sh;
@@ -649,7 +709,10 @@ void shared_fini(struct server *srv)
     if (!sh)
         return;
     ev_timer_stop(srv->loop, &sh->renew_w);
-    rds_free(sh->rds); /* fails pending admits: their leases are freed */
+    ev_timer_stop(srv->loop, &sh->mark_w);
+    sh->n_dirty = 0; /* a coalesced mark (< 100 ms old) is not worth a write at exit */
+    rds_free(sh->rds);
+    sh->rds = NULL; /* fails pending admits: their leases are freed */
     for (size_t i = 0; sh->src && i < srv->cfg->n_sources; i++) {
         while (sh->src[i].live) {
             struct shared_lease *l = sh->src[i].live;
@@ -691,8 +754,10 @@ void shared_pack_stats(struct shared *sh, msgpack_packer *pk)
     rpc_pack_str(pk, "backend");
     rds_pack_stats(sh->rds, pk);
     rpc_pack_str(pk, "shared");
-    msgpack_pack_map(pk, 13);
+    msgpack_pack_map(pk, 15);
     rpc_pack_kv_str(pk, "sidecar_id", sh->sidecar_id);
+    rpc_pack_kv_u64(pk, "marks_sent", sh->marks_sent);
+    rpc_pack_kv_u64(pk, "marks_coalesced", sh->marks_coalesced);
     rpc_pack_str(pk, "sources");
     msgpack_pack_map(pk, sh->srv->cfg->n_sources);
     for (size_t i = 0; i < sh->srv->cfg->n_sources; i++) {
