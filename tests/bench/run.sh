@@ -1,7 +1,7 @@
 #!/bin/sh
 # run.sh BUILD_DIR — polygw benchmarks (see tests/bench/README.md).
 #
-# Three sections, each compared with a floor measured in this same run:
+# Four sections, each compared with a floor measured in this same run:
 #
 #  ping    the echo server (the floor) and the sidecar (deploy config), `ping`
 #          driven by loadgen at 1, 16 and 64 clients; ratios vs echo.
@@ -14,6 +14,14 @@
 #  memory  the same sidecar with the mock delaying every answer: 1,000 calls
 #          held in flight, the sidecar's RSS before and during, KiB per call,
 #          and the in-flight count from `polygwctl stats` as proof.
+#  redis   a redis-server of its own (free 127.0.0.1 port, no persistence)
+#          and a third sidecar identical to the call one but with
+#          `backend: {kind: redis}`; `call` through the memory sidecar (the
+#          floor) and the redis one, alternately, at 1 and 16 clients: Δp50,
+#          Δp99, throughput ratio, and the Redis traffic per call seen from
+#          both ends (sidecar `stats`, redis-server INFO), the command RTT and
+#          redis-server's CPU per call. Skipped with a note without
+#          redis-server.
 #
 # Tables are printed and written to BUILD_DIR/bench/results.md (one file per
 # run, all sections). Only one target is loaded at a time.
@@ -30,12 +38,18 @@
 #   BENCH_PIN       1 (default): pin servers (echo, sidecars, mock) to CPU 0 and
 #                   the generators to CPU 1 when taskset exists and there are
 #                   >= 2 CPUs; 0: no pinning
-#   BENCH_SECTIONS  which sections to run (default "ping call memory")
+#   BENCH_SECTIONS  which sections to run (default "ping call memory redis")
 #   BENCH_CALL_CLIENTS  call client counts (default "1 64")
 #   BENCH_CALL_WARMUP   untimed requests before each call run (default 2000)
 #   BENCH_BODY      the chat request body, JSON (default: a two-message chat)
 #   BENCH_MEM_CALLS     calls held in flight (default 1000)
 #   BENCH_MEM_DELAY_MS  how long the mock holds each of them (default 3000)
+#   BENCH_REDIS_CLIENTS redis section client counts (default "1 16")
+#   BENCH_REDIS_WARMUP  untimed calls before each redis-section run (default 500)
+#   BENCH_REDIS_SERVER  the redis-server binary (default: redis-server in PATH)
+#   BENCH_REDIS_CPU     the CPU redis-server is pinned to when pinning (default
+#                       1, beside the generator: Redis is normally another
+#                       host's work; 0 puts it with the servers)
 #
 # Exit status: 0 when every row that ran had no errors (skipped sidecar rows
 # included), 1 otherwise, 2 when a tool a requested section needs is missing
@@ -50,12 +64,16 @@ CLIENTS=${BENCH_CLIENTS:-"1 16 64"}
 PIPELINE=${BENCH_PIPELINE:-1}
 CONFIG=${BENCH_CONFIG:-deploy/polygw.yaml}
 PIN=${BENCH_PIN:-1}
-SECTIONS=${BENCH_SECTIONS:-"ping call memory"}
+SECTIONS=${BENCH_SECTIONS:-"ping call memory redis"}
 CALL_CLIENTS=${BENCH_CALL_CLIENTS:-"1 64"}
 CALL_WARMUP=${BENCH_CALL_WARMUP:-2000}
 BODY=${BENCH_BODY:-'{"model":"gpt-4o-mini","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Hello, how are you today?"}]}'}
 MEM_CALLS=${BENCH_MEM_CALLS:-1000}
 MEM_DELAY_MS=${BENCH_MEM_DELAY_MS:-3000}
+REDIS_CLIENTS=${BENCH_REDIS_CLIENTS:-"1 16"}
+REDIS_WARMUP=${BENCH_REDIS_WARMUP:-500}
+REDIS_SERVER=${BENCH_REDIS_SERVER:-redis-server}
+REDIS_CPU=${BENCH_REDIS_CPU:-1}
 
 LOADGEN=$BUILD/bench/loadgen
 ECHO=$BUILD/bench/echo_server
@@ -73,11 +91,12 @@ has_section() {
 }
 
 for s in $SECTIONS; do
-    case $s in ping|call|memory) ;; *) say "BENCH_SECTIONS: unknown section '$s'"; exit 2 ;; esac
+    case $s in ping|call|memory|redis) ;; *) say "BENCH_SECTIONS: unknown section '$s'"; exit 2 ;; esac
 done
 NEED="$LOADGEN"
 if has_section ping; then NEED="$NEED $ECHO"; fi
 if has_section call || has_section memory; then NEED="$NEED $CURLGEN $MOCK"; fi
+if has_section redis; then NEED="$NEED $MOCK"; fi
 for b in $NEED; do
     if [ ! -x "$b" ]; then
         say "missing $b (build it with: make $b)"
@@ -90,6 +109,11 @@ case $PIPELINE in ''|*[!0-9]*|0) say "BENCH_PIPELINE must be a positive integer"
 case $CALL_WARMUP in ''|*[!0-9]*) say "BENCH_CALL_WARMUP must be an integer"; exit 2 ;; esac
 case $MEM_CALLS in ''|*[!0-9]*|0) say "BENCH_MEM_CALLS must be a positive integer"; exit 2 ;; esac
 case $MEM_DELAY_MS in ''|*[!0-9]*) say "BENCH_MEM_DELAY_MS must be an integer"; exit 2 ;; esac
+case $REDIS_WARMUP in ''|*[!0-9]*) say "BENCH_REDIS_WARMUP must be an integer"; exit 2 ;; esac
+case $REDIS_CPU in ''|*[!0-9]*) say "BENCH_REDIS_CPU must be a CPU number"; exit 2 ;; esac
+for n in $CALL_CLIENTS $REDIS_CLIENTS; do
+    case $n in ''|*[!0-9]*|0) say "BENCH_CALL_CLIENTS / BENCH_REDIS_CLIENTS: '$n' is not a positive integer"; exit 2 ;; esac
+done
 if [ "$MEM_DELAY_MS" -lt 1500 ]; then
     say "BENCH_MEM_DELAY_MS must be >= 1500 (the calls must stay in flight while RSS is read)"
     exit 2
@@ -110,19 +134,26 @@ fi
 if has_section memory; then
     EST=$((EST + MEM_DELAY_MS / 1000 + 4))
 fi
-if [ "$EST" -gt 200 ]; then
-    say "warning: about $EST s of runs; the default settings stay near 2.5 minutes"
+if has_section redis; then
+    # shellcheck disable=SC2086
+    EST=$(echo $REDIS_CLIENTS | awk -v r="$REPS" -v d="$DUR" -v e="$EST" '{ printf "%d", e + 3 + r * NF * 2 * (d + 0.8) }')
+fi
+if [ "$EST" -gt 260 ]; then
+    say "warning: about $EST s of runs; the default settings stay near 3 minutes"
 fi
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/polygw-bench.XXXXXX") || exit 2
 ECHO_SOCK=$TMP/echo.sock
 PGW_SOCK=$TMP/polygw.sock
 CALL_SOCK=$TMP/polygw-call.sock
+RCALL_SOCK=$TMP/polygw-redis.sock
 ECHO_PID=
 PGW_PID=
 MOCK_PID=
 CALL_PID=
 MEM_LG_PID=
+RCALL_PID=
+REDIS_PID=
 
 # Stops what we started (by pid: TERM, then KILL after ~3 s) and removes the
 # sockets and scratch files. Runs on every exit path, including ^C.
@@ -142,6 +173,8 @@ stop_pid() {
 cleanup() {
     trap - EXIT INT TERM HUP
     stop_pid "$MEM_LG_PID"
+    stop_pid "$RCALL_PID"
+    stop_pid "$REDIS_PID"
     stop_pid "$CALL_PID"
     stop_pid "$MOCK_PID"
     stop_pid "$PGW_PID"
@@ -168,6 +201,18 @@ if [ "$PIN" = 1 ] && [ "$NCPU" -ge 2 ] && command -v taskset >/dev/null 2>&1; th
     PIN_SRV="taskset -c 0"
     PIN_LG="taskset -c 1"
     PIN_NOTE="servers (echo, sidecars, mock) on CPU 0, generators (loadgen, curlgen) on CPU 1 (taskset)"
+fi
+# redis-server stands for a Redis on another host: by default it gets the
+# generators' core (loadgen uses little of it in the redis rows), so that
+# CPU 0 carries the same processes in memory and redis rows.
+PIN_REDIS=
+if [ -n "$PIN_SRV" ] && has_section redis; then
+    if [ "$REDIS_CPU" -ge "$NCPU" ]; then
+        say "BENCH_REDIS_CPU=$REDIS_CPU: this machine has $NCPU CPU(s)"
+        exit 2
+    fi
+    PIN_REDIS="taskset -c $REDIS_CPU"
+    PIN_NOTE="$PIN_NOTE, redis-server on CPU $REDIS_CPU"
 fi
 # A wedged generator must not stretch the run: its own alarm is generous
 # (duration + timeout + 30 s), `timeout` is tighter when available.
@@ -542,39 +587,49 @@ same_request_check() {
     fi
 }
 
-# measure_call PATH CLIENTS: one run, appended to $TMP/call.PATH.CLIENTS as
+# measure_call PATH CLIENTS [SOCKET PID PREFIX NOTES WARMUP]: one run,
+# appended to PREFIX.PATH.CLIENTS (default $TMP/call.PATH.CLIENTS) as
 # "rps p50 p99 p999 errors resp_bytes gen_cpu% mock_cpu% sidecar_cpu%
 #  mock_us/req sidecar_us/req upstream_conns_opened gen_us/req".
+# PATH direct = curlgen → mock; any other PATH = loadgen `call` → the sidecar
+# at SOCKET (default the call sidecar), PID (its pid). Sets $nreq (calls
+# served, warm-up included) for the redis section.
 measure_call() {
+    mc_sock=${3:-$CALL_SOCK}
+    mc_pid=${4:-$CALL_PID}
+    mc_out=${5:-$TMP/call}
+    mc_notes=${6:-$CNOTES}
+    mc_warm=${7:-$CALL_WARMUP}
+    nreq=0
     say "rep $rep/$REPS: call $1, $2 client(s), ${DUR} s ..."
     a0=$(field "$(mock_get /_mock/stats)" accepted_connections)
     w0=$(uptime_s)
     m0=$(proc_ticks "$MOCK_PID")
     s0=0
-    [ "$1" = direct ] || s0=$(proc_ticks "$CALL_PID")
+    [ "$1" = direct ] || s0=$(proc_ticks "$mc_pid")
     if [ "$1" = direct ]; then
         # shellcheck disable=SC2086
         j=$($TIMEOUT $PIN_LG "$CURLGEN" --url "$MOCK_URL" --body-json "$BODY" --clients "$2" \
-            --duration "$DUR" --warmup "$CALL_WARMUP" --timeout-ms 5000 --json \
+            --duration "$DUR" --warmup "$mc_warm" --timeout-ms 5000 --json \
             2>>"$TMP/loadgen.err")
     else
         # shellcheck disable=SC2086
-        j=$($TIMEOUT $PIN_LG "$LOADGEN" --socket "$CALL_SOCK" --method call \
-            --params-json "$PARAMS" --clients "$2" --duration "$DUR" --warmup "$CALL_WARMUP" \
+        j=$($TIMEOUT $PIN_LG "$LOADGEN" --socket "$mc_sock" --method call \
+            --params-json "$PARAMS" --clients "$2" --duration "$DUR" --warmup "$mc_warm" \
             --timeout-ms 5000 --json 2>>"$TMP/loadgen.err")
     fi
     m1=$(proc_ticks "$MOCK_PID")
     s1=0
-    [ "$1" = direct ] || s1=$(proc_ticks "$CALL_PID")
+    [ "$1" = direct ] || s1=$(proc_ticks "$mc_pid")
     w1=$(uptime_s)
     a1=$(field "$(mock_get /_mock/stats)" accepted_connections)
     if [ -z "$(field "$j" rps)" ]; then
         STATUS=1
-        echo "- $1, clients=$2, rep $rep: the generator failed (see its stderr)" >>"$CNOTES"
+        echo "- $1, clients=$2, rep $rep: the generator failed (see its stderr)" >>"$mc_notes"
         return
     fi
     # Shell variables are global: never reuse the callers' loop variables.
-    nreq=$(($(field "$j" ok) + CALL_WARMUP))
+    nreq=$(($(field "$j" ok) + mc_warm))
     conns=n/a
     if [ -n "$a0" ] && [ -n "$a1" ]; then conns=$((a1 - a0)); fi
     sc=n/a
@@ -587,11 +642,11 @@ measure_call() {
         "$(field "$j" errors) $(field "$j" resp_bytes_avg) $(field "$j" cpu_pct)" \
         "$(pct "$((m1 - m0))" "$w0" "$w1") $sc $(us_per "$((m1 - m0))" "$nreq") $su $conns" \
         "$(awk -v c="$(field "$j" cpu_pct)" -v r="$(field "$j" rps)" 'BEGIN { if (r > 0) printf "%.1f", c * 1e4 / r; else printf "n/a" }')" \
-        >>"$TMP/call.$1.$2"
+        >>"$mc_out.$1.$2"
     if [ "$(field "$j" errors)" != 0 ] || [ "$(field "$j" warmup_errors)" != 0 ]; then
         STATUS=1
         echo "- $1, clients=$2, rep $rep: $(field "$j" errors) errors ($(field "$j" warmup_errors) in warm-up), first: $(first_error "$j")" \
-            >>"$CNOTES"
+            >>"$mc_notes"
     fi
 }
 
@@ -721,11 +776,12 @@ call_section() {
 
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status" 2>/dev/null; }
 
-# ctl_stats: the call sidecar's `polygwctl stats --json` (pretty-printed,
-# two spaces per level), empty when polygwctl is missing or fails.
+# ctl_stats [SOCKET]: the call sidecar's (or SOCKET's) `polygwctl stats
+# --json` (pretty-printed, two spaces per level), empty when polygwctl is
+# missing or fails.
 ctl_stats() {
     [ -x "$CTL" ] || return 0
-    "$CTL" --socket "$CALL_SOCK" --timeout 2 stats --json 2>/dev/null
+    "$CTL" --socket "${1:-$CALL_SOCK}" --timeout 2 stats --json 2>/dev/null
 }
 
 # stat STATS SECTION KEY: the scalar KEY inside top-level SECTION (its first
@@ -839,16 +895,432 @@ memory_section() {
 }
 
 # ========================================================================
+# redis: the same call with the shared (Redis) backend
+# ========================================================================
+
+REDIS_PORT=
+REDIS_SKIP_WHY=
+RCALL_SKIP_WHY=
+RCLI=
+RTIMEOUT=
+RPREFIX=
+
+# redis_info: our redis-server's `INFO all` (CRs stripped); empty without
+# redis-cli or when it does not answer within 5 s.
+redis_info() {
+    [ -n "$RCLI" ] || return 0
+    # shellcheck disable=SC2086
+    $RTIMEOUT "$RCLI" -h 127.0.0.1 -p "$REDIS_PORT" INFO all 2>/dev/null | tr -d '\r'
+}
+
+# rinfo INFO KEY [FIELD]: an integer of INFO, `KEY:N`, or FIELD (default
+# calls) of a `cmdstat_*` line (0 when the command never ran); empty
+# without INFO.
+rinfo() {
+    [ -n "$1" ] || return 0
+    case $2 in
+    cmdstat_*)
+        v=$(printf '%s\n' "$1" | awk -F '[:,]' -v k="$2" -v f="${3:-calls}=" '
+            $1 == k { for (i = 2; i <= NF; i++) if (index($i, f) == 1) { print substr($i, length(f) + 1); exit } }')
+        echo "${v:-0}"
+        ;;
+    *) printf '%s\n' "$1" | sed -n "s/^$2:\([0-9]*\)\$/\1/p" ;;
+    esac
+}
+
+# dlt A B [MINUS]: B − A − MINUS as an integer, n/a when either is empty.
+dlt() {
+    if [ -n "$1" ] && [ -n "$2" ]; then
+        awk -v a="$1" -v b="$2" -v m="${3:-0}" 'BEGIN { printf "%.0f", b - a - m }'
+    else
+        printf 'n/a'
+    fi
+}
+
+# rtt_sum STATS: the sidecar's summed Redis command RTT in ms
+# (rtt_avg_ms × replies), n/a without a backend section.
+rtt_sum() {
+    ra=$(stat "$1" backend rtt_avg_ms)
+    rr=$(stat "$1" backend replies)
+    if [ -n "$ra" ] && [ -n "$rr" ]; then
+        awk -v a="$ra" -v r="$rr" 'BEGIN { printf "%.6f", a * r }'
+    else
+        printf 'n/a'
+    fi
+}
+
+# xsum FILE COLUMN: COLUMN summed over the runs of a cell; n/a when a run
+# lacks it.
+xsum() {
+    awk -v c="$2" '{ if ($c == "n/a" || $c == "") bad = 1; else s += $c }
+        END { if (bad || NR == 0) print "n/a"; else printf "%.6f\n", s }' "$1"
+}
+
+# div A B [SCALE [FORMAT]]: A × SCALE ÷ B, n/a when either is n/a or B is 0.
+div() {
+    awk -v a="$1" -v b="$2" -v k="${3:-1}" -v f="${4:-%.2f}" 'BEGIN {
+        if (a == "n/a" || b == "n/a" || a == "" || b == "" || b + 0 <= 0) print "n/a";
+        else printf f "\n", a * k / b }'
+}
+
+# start_redis: a redis-server of our own on a free 127.0.0.1 port (tried
+# at random in 20000-31999, below Linux's ephemeral range, until one binds),
+# no RDB, no AOF, its files in $TMP/redis. Sets REDIS_PID and REDIS_PORT, or
+# REDIS_SKIP_WHY and returns 1.
+start_redis() {
+    mkdir -p "$TMP/redis"
+    try=0
+    while [ $try -lt 8 ]; do
+        try=$((try + 1))
+        rnd=$(od -An -N2 -tu2 /dev/urandom 2>/dev/null | tr -d ' ')
+        [ -n "$rnd" ] || rnd=$(($$ * 31 + try * 977))
+        port=$((20000 + rnd % 12000))
+        # shellcheck disable=SC2086
+        $PIN_REDIS "$REDIS_SERVER" --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+            --dir "$TMP/redis" --daemonize no >"$TMP/redis.out" 2>&1 &
+        REDIS_PID=$!
+        i=0
+        while [ $i -lt 50 ]; do
+            if grep -q 'Ready to accept connections' "$TMP/redis.out" 2>/dev/null; then
+                REDIS_PORT=$port
+                return 0
+            fi
+            kill -0 "$REDIS_PID" 2>/dev/null || break
+            nap
+            i=$((i + 1))
+        done
+        stop_pid "$REDIS_PID"
+        REDIS_PID=
+        grep -q -i 'address already in use' "$TMP/redis.out" 2>/dev/null || break
+    done
+    REDIS_SKIP_WHY="redis-server did not start: $(tail -n 2 "$TMP/redis.out" 2>/dev/null | tr '\n' ' ' | sed 's/ $//')"
+    return 1
+}
+
+# start_redis_sidecar: the call sidecar's config ($TMP/bench.yaml) with its
+# `backend: {kind: memory}` replaced by our Redis, under a prefix of its own;
+# waits for the backend to be up and one call to succeed. Sets RCALL_PID, or
+# RCALL_SKIP_WHY and returns 1.
+start_redis_sidecar() {
+    RPREFIX="polygw-bench-$$-$REDIS_PORT"
+    awk -v url="redis://127.0.0.1:$REDIS_PORT/0" -v pfx="$RPREFIX" '
+        /^# Generated by/ { print "# Generated by tests/bench/run.sh: the redis section'\''s sidecar (the call one, redis backend)."; next }
+        $0 == "  kind: memory" {
+            print "  kind: redis"; print "  url: \"" url "\""; print "  prefix: \"" pfx "\""
+            print "  command_timeout_s: 1"; print "  lease_ttl_s: 30"; next
+        }
+        { print }' "$TMP/bench.yaml" >"$TMP/bench-redis.yaml"
+    if ! grep -q '^  kind: redis$' "$TMP/bench-redis.yaml"; then
+        RCALL_SKIP_WHY="could not derive the redis config from $TMP/bench.yaml"
+        return 1
+    fi
+    # shellcheck disable=SC2086
+    $PIN_SRV "$POLYGW" --config "$TMP/bench-redis.yaml" --socket "$RCALL_SOCK" --log-level warn \
+        >"$TMP/polygw-redis.out" 2>"$TMP/polygw-redis.err" &
+    RCALL_PID=$!
+    if ! wait_ready "$RCALL_PID" "$RCALL_SOCK"; then
+        if kill -0 "$RCALL_PID" 2>/dev/null; then
+            RCALL_SKIP_WHY="the redis sidecar did not answer ping within 10 s"
+        else
+            RCALL_SKIP_WHY="the redis sidecar exited at start-up"
+        fi
+        RCALL_SKIP_WHY="$RCALL_SKIP_WHY: $(tail -n 3 "$TMP/polygw-redis.err" | tr '\n' ' ' | sed 's/ $//')"
+        stop_pid "$RCALL_PID"
+        RCALL_PID=
+        return 1
+    fi
+    # The backend connects in the background: give it 5 s to be up (when
+    # polygwctl is there to tell), then one real call, retried for 3 s.
+    i=0
+    while [ -x "$CTL" ] && [ $i -lt 50 ]; do
+        [ "$(stat "$(ctl_stats "$RCALL_SOCK")" backend state)" = up ] && break
+        nap
+        i=$((i + 1))
+    done
+    i=0
+    while :; do
+        j=$("$LOADGEN" --socket "$RCALL_SOCK" --method call --params-json "$PARAMS" \
+            --requests 1 --timeout-ms 5000 --json 2>>"$TMP/loadgen.err")
+        [ "$(field "$j" ok)" = 1 ] && return 0
+        i=$((i + 1))
+        [ $i -lt 10 ] || break
+        sleep 0.3 2>/dev/null || sleep 1
+    done
+    RCALL_SKIP_WHY="a first call through the redis sidecar failed: $(first_error "$j") (backend state: $(stat "$(ctl_stats "$RCALL_SOCK")" backend state), last_error: $(stat "$(ctl_stats "$RCALL_SOCK")" backend last_error))"
+    stop_pid "$RCALL_PID"
+    RCALL_PID=
+    return 1
+}
+
+# measure_redis_row BACKEND CLIENTS: one measure_call through the memory
+# sidecar (the floor) or the redis one, appended to
+# $TMP/redis.BACKEND.CLIENTS, and what it cost in Redis traffic to
+# $TMP/redis.x.BACKEND.CLIENTS as "calls commands replies rtt_sum_ms admits
+# admitted releases evalsha redis_cmds redis_reads redis_ticks
+# backend_errors backend_timeouts admit_errors write_errors
+# backend_unavailable pubsub_messages script_usec" (deltas over the run, warm-up
+# included; the INFO read and command around it are subtracted).
+measure_redis_row() {
+    if [ "$1" = memory ]; then
+        r_sock=$CALL_SOCK
+        r_pid=$CALL_PID
+    else
+        r_sock=$RCALL_SOCK
+        r_pid=$RCALL_PID
+    fi
+    r_f=$TMP/redis.$1.$2
+    r_l0=0
+    [ -f "$r_f" ] && r_l0=$(wc -l <"$r_f" | tr -d ' ')
+    r_st0=$(ctl_stats "$r_sock")
+    r_in0=$(redis_info)
+    r_t0=$(proc_ticks "$REDIS_PID")
+    measure_call "$1" "$2" "$r_sock" "$r_pid" "$TMP/redis" "$RNOTES" "$REDIS_WARMUP"
+    r_t1=$(proc_ticks "$REDIS_PID")
+    r_in1=$(redis_info)
+    r_st1=$(ctl_stats "$r_sock")
+    r_l1=0
+    [ -f "$r_f" ] && r_l1=$(wc -l <"$r_f" | tr -d ' ')
+    [ "$r_l1" -gt "$r_l0" ] || return 0
+    r_line="$nreq"
+    for k in commands replies; do
+        r_line="$r_line $(dlt "$(stat "$r_st0" backend $k)" "$(stat "$r_st1" backend $k)")"
+    done
+    r_rs0=$(rtt_sum "$r_st0")
+    r_rs1=$(rtt_sum "$r_st1")
+    r_line="$r_line $(awk -v a="$r_rs0" -v b="$r_rs1" 'BEGIN { if (a == "n/a" || b == "n/a") print "n/a"; else printf "%.6f", b - a }')"
+    for k in admits admitted releases; do
+        r_line="$r_line $(dlt "$(stat "$r_st0" shared $k)" "$(stat "$r_st1" shared $k)")"
+    done
+    # EVALSHA, plus EVAL (what a NOSCRIPT reload sends).
+    r_e0=
+    r_e1=
+    if [ -n "$r_in0" ] && [ -n "$r_in1" ]; then
+        r_e0=$(($(rinfo "$r_in0" cmdstat_evalsha) + $(rinfo "$r_in0" cmdstat_eval)))
+        r_e1=$(($(rinfo "$r_in1" cmdstat_evalsha) + $(rinfo "$r_in1" cmdstat_eval)))
+    fi
+    r_line="$r_line $(dlt "$r_e0" "$r_e1")"
+    # One INFO (its command and its read) falls inside each delta.
+    r_line="$r_line $(dlt "$(rinfo "$r_in0" total_commands_processed)" "$(rinfo "$r_in1" total_commands_processed)" 1)"
+    r_line="$r_line $(dlt "$(rinfo "$r_in0" total_reads_processed)" "$(rinfo "$r_in1" total_reads_processed)" 1)"
+    r_line="$r_line $((r_t1 - r_t0))"
+    for k in errors timeouts; do
+        r_line="$r_line $(dlt "$(stat "$r_st0" backend $k)" "$(stat "$r_st1" backend $k)")"
+    done
+    for k in admit_errors write_errors; do
+        r_line="$r_line $(dlt "$(stat "$r_st0" shared $k)" "$(stat "$r_st1" shared $k)")"
+    done
+    r_line="$r_line $(dlt "$(stat "$r_st0" rejected backend_unavailable)" "$(stat "$r_st1" rejected backend_unavailable)")"
+    r_line="$r_line $(dlt "$(stat "$r_st0" backend messages)" "$(stat "$r_st1" backend messages)")"
+    # Time redis-server spent inside the scripts (commandstats usec).
+    r_u0=
+    r_u1=
+    if [ -n "$r_in0" ] && [ -n "$r_in1" ]; then
+        r_u0=$(($(rinfo "$r_in0" cmdstat_evalsha usec) + $(rinfo "$r_in0" cmdstat_eval usec)))
+        r_u1=$(($(rinfo "$r_in1" cmdstat_evalsha usec) + $(rinfo "$r_in1" cmdstat_eval usec)))
+    fi
+    r_line="$r_line $(dlt "$r_u0" "$r_u1")"
+    echo "$r_line" >>"$TMP/redis.x.$1.$2"
+}
+
+redis_section() {
+    RNOTES=$TMP/redis.notes
+    : >"$RNOTES"
+    {
+        echo "## redis: the same call with the shared (Redis) backend vs the memory backend"
+        echo
+    } >"$TMP/redis.md"
+    why=
+    if [ $CALL_UP = 0 ]; then
+        why=$CALL_SKIP_WHY
+    elif ! command -v "$REDIS_SERVER" >/dev/null 2>&1; then
+        why="$REDIS_SERVER not found (install redis-server or set BENCH_REDIS_SERVER)"
+    elif ! start_redis; then
+        why=$REDIS_SKIP_WHY
+    else
+        # redis-cli (next to redis-server first) reads the server's own counters.
+        RCLI=$(dirname "$(command -v "$REDIS_SERVER")")/redis-cli
+        [ -x "$RCLI" ] || RCLI=$(command -v redis-cli 2>/dev/null)
+        if [ -n "$TIMEOUT" ]; then RTIMEOUT="timeout --foreground -k 1 5"; fi
+        if ! start_redis_sidecar; then
+            why=$RCALL_SKIP_WHY
+        fi
+    fi
+    if [ -n "$why" ]; then
+        stop_pid "$REDIS_PID"
+        REDIS_PID=
+        {
+            echo "- skipped: $why"
+            echo
+        } >>"$TMP/redis.md"
+        say "SKIPPING redis section: $why"
+        return
+    fi
+    RVERSION=$(redis_info | sed -n 's/^redis_version:\(.*\)$/\1/p')
+    [ -n "$RVERSION" ] || RVERSION=$("$REDIS_SERVER" --version 2>/dev/null | sed -n 's/.* v=\([^ ]*\).*/\1/p')
+
+    rep=1
+    while [ "$rep" -le "$REPS" ]; do
+        for n in $REDIS_CLIENTS; do
+            if [ $((rep % 2)) = 1 ]; then order="memory redis"; else order="redis memory"; fi
+            for p in $order; do
+                measure_redis_row "$p" "$n"
+            done
+        done
+        rep=$((rep + 1))
+    done
+    st=$(ctl_stats "$RCALL_SOCK")
+    if [ -n "$(stat "$st" backend state)" ]; then
+        echo "- redis sidecar after the rows (polygwctl stats): backend $(stat "$st" backend state), commands $(stat "$st" backend commands), replies $(stat "$st" backend replies), pending $(stat "$st" backend pending), errors $(stat "$st" backend errors), timeouts $(stat "$st" backend timeouts), noscript_reloads $(stat "$st" backend noscript_reloads), rtt_max_ms $(stat "$st" backend rtt_max_ms | awk '{ printf "%.2f", $1 }'); shared: admits $(stat "$st" shared admits), admitted $(stat "$st" shared admitted), releases $(stat "$st" shared releases), leases_live $(stat "$st" shared leases_live), leases_lost $(stat "$st" shared leases_lost), progress_fetches $(stat "$st" shared progress_fetches); source attempts $(stat "$st" sources attempts), rate_limited $(stat "$st" sources rate_limited), breaker $(stat "$st" sources breaker); calls waiting $(stat "$st" - calls_waiting)" >>"$RNOTES"
+    fi
+    # Free CPU 0 and the port.
+    stop_pid "$RCALL_PID"
+    RCALL_PID=
+    stop_pid "$REDIS_PID"
+    REDIS_PID=
+
+    lo=
+    for n in $REDIS_CLIENTS; do
+        if [ -z "$lo" ] || [ "$n" -lt "$lo" ]; then lo=$n; fi
+    done
+    {
+        echo "- each cell: the fastest of $REPS runs of ${DUR} s (each after ${REDIS_WARMUP} warm-up calls), closed loop, loadgen \`call\` with the call section's body; the two backends alternate"
+        echo "- memory: the call section's sidecar (\`backend: {kind: memory}\`); redis: a second sidecar with the same config but \`backend: {kind: redis, url: redis://127.0.0.1:$REDIS_PORT/0, prefix: $RPREFIX, command_timeout_s: 1, lease_ttl_s: 30}\`, against a redis-server $RVERSION of this run's own (\`--save '' --appendonly no\`), same mock"
+        echo
+        echo "| backend | clients | req/s | p50 µs | p99 µs | Δp50 vs memory µs | Δp99 vs memory µs | throughput ratio | sidecar CPU µs/call |"
+        echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        for n in $REDIS_CLIENTS; do
+            mf=$TMP/redis.memory.$n
+            rf=$TMP/redis.redis.$n
+            m_rps=
+            m_p50=
+            m_p99=
+            if [ -s "$mf" ]; then
+                m_rps=$(best "$mf" 1)
+                m_p50=$(best "$mf" 2)
+                m_p99=$(best "$mf" 3)
+                echo "| memory | $n | $m_rps | $m_p50 | $m_p99 | — | — | 1.00 | $(median "$mf" 11) |"
+            else
+                echo "| memory | $n | failed | | | | | | |"
+            fi
+            if [ -s "$rf" ]; then
+                r_rps=$(best "$rf" 1)
+                r_p50=$(best "$rf" 2)
+                r_p99=$(best "$rf" 3)
+                echo "| redis | $n | $r_rps | $r_p50 | $r_p99 |" \
+                    "$(awk -v a="$r_p50" -v b="${m_p50:-}" 'BEGIN { if (b != "") printf "%+.1f", a - b; else printf "n/a" }') |" \
+                    "$(awk -v a="$r_p99" -v b="${m_p99:-}" 'BEGIN { if (b != "") printf "%+.1f", a - b; else printf "n/a" }') |" \
+                    "$(awk -v a="$r_rps" -v b="${m_rps:-0}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else printf "n/a" }') |" \
+                    "$(median "$rf" 11) |"
+            else
+                echo "| redis | $n | failed | | | | | | |"
+            fi
+        done
+        echo
+        echo "Redis traffic of the redis sidecar (all runs of a cell, warm-up included):"
+        echo
+        echo "| clients | calls | backend commands / call | shared admits / call | awaited round trips / admitted attempt | EVALSHA / call (redis-server) | commands run by redis-server / call | redis-server reads / call | command RTT avg ms | script time µs/call (redis-server) | redis-server CPU µs/call |"
+        echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        for n in $REDIS_CLIENTS; do
+            xf=$TMP/redis.x.redis.$n
+            if [ ! -s "$xf" ]; then
+                echo "| $n | failed | | | | | | | | | |"
+                continue
+            fi
+            calls=$(xsum "$xf" 1)
+            echo "| $n | $(printf '%.0f' "$calls") | $(div "$(xsum "$xf" 2)" "$calls") | $(div "$(xsum "$xf" 5)" "$calls")" \
+                "| $(div "$(xsum "$xf" 5)" "$(xsum "$xf" 6)" 1 %.3f) | $(div "$(xsum "$xf" 8)" "$calls")" \
+                "| $(div "$(xsum "$xf" 9)" "$calls" 1 %.1f) | $(div "$(xsum "$xf" 10)" "$calls")" \
+                "| $(div "$(xsum "$xf" 4)" "$(xsum "$xf" 3)" 1 %.3f) | $(div "$(xsum "$xf" 18)" "$calls" 1 %.1f)" \
+                "| $(div "$(xsum "$xf" 11)" "$calls" "$(awk -v t="$CLK_TCK" 'BEGIN { printf "%.6f", 1e6 / t }')" %.1f) |"
+        done
+        echo
+        cat "$RNOTES"
+        bad=0
+        for n in $REDIS_CLIENTS; do
+            for b in memory redis; do
+                f=$TMP/redis.$b.$n
+                [ -s "$f" ] || continue
+                line="- $b, clients=$n: req/s per run $(cut -d ' ' -f 1 "$f" | tr '\n' ' ' | sed 's/ $//')"
+                line="$line (median $(median "$f" 1), p50 median $(median "$f" 2) µs, p99 median $(median "$f" 3) µs) |"
+                line="$line median CPU: mock $(median "$f" 8)% ($(median "$f" 10) µs/req), sidecar $(median "$f" 9)% ($(median "$f" 11) µs/req)"
+                line="$line, loadgen $(median "$f" 7)% ($(median "$f" 13) µs/req)"
+                xf=$TMP/redis.x.$b.$n
+                if [ -s "$xf" ]; then
+                    rticks=$(xsum "$xf" 11)
+                    line="$line, redis-server $(div "$rticks" "$(xsum "$xf" 1)" "$(awk -v t="$CLK_TCK" 'BEGIN { printf "%.6f", 1e6 / t }')" %.1f) µs/call"
+                    if [ "$b" = redis ]; then
+                        e=$(awk '{ for (c = 12; c <= 16; c++) if ($c != "n/a") s[c] += $c }
+                            END { printf "%d %d %d %d %d", s[12], s[13], s[14], s[15], s[16] }' "$xf")
+                        line="$line | backend errors, timeouts, admit_errors, write_errors, backend_unavailable: $e"
+                        line="$line | pub/sub messages received per call: $(div "$(xsum "$xf" 17)" "$(xsum "$xf" 1)")"
+                        case $e in "0 0 0 0 0") ;; *) bad=1 ;; esac
+                    fi
+                fi
+                echo "$line | upstream connections opened per run: $(cut -d ' ' -f 12 "$f" | tr '\n' ' ' | sed 's/ $//')"
+            done
+            # Against the call section's direct floor, when it has this client count.
+            if [ -s "$TMP/call.direct.$n" ]; then
+                dp=$(best "$TMP/call.direct.$n" 2)
+                echo "- vs the direct floor (call section, same run), clients=$n: p50 direct $dp µs; memory $(awk -v a="$(best "$TMP/redis.memory.$n" 2 2>/dev/null)" -v b="$dp" 'BEGIN { if (a != "") printf "%+.1f", a - b; else printf "n/a" }') µs, redis $(awk -v a="$(best "$TMP/redis.redis.$n" 2 2>/dev/null)" -v b="$dp" 'BEGIN { if (a != "") printf "%+.1f", a - b; else printf "n/a" }') µs"
+            fi
+        done
+        if [ $bad = 1 ]; then
+            STATUS=1
+            echo "- **WARNING: the redis sidecar counted backend errors, timeouts or failed writes during the rows (above): some calls or their releases did not go through Redis cleanly.**"
+        fi
+        # The target: at most two Redis round trips per admitted attempt.
+        x_all=$TMP/redis.xall
+        : >"$x_all"
+        for n in $REDIS_CLIENTS; do
+            cat "$TMP/redis.x.redis.$n" >>"$x_all" 2>/dev/null
+        done
+        if [ -s "$x_all" ]; then
+            aw=$(div "$(xsum "$x_all" 5)" "$(xsum "$x_all" 6)" 1 %.3f)
+            cpa=$(div "$(xsum "$x_all" 2)" "$(xsum "$x_all" 6)" 1 %.3f)
+            after=$(awk -v a="$cpa" -v b="$aw" 'BEGIN { if (a == "n/a" || b == "n/a") print "n/a"; else printf "%.3f", a - b }')
+            rd=n/a
+            if [ -s "$TMP/redis.x.redis.$lo" ]; then
+                rd=$(div "$(xsum "$TMP/redis.x.redis.$lo" 10)" "$(xsum "$TMP/redis.x.redis.$lo" 1)")
+            fi
+            verdict=$(awk -v a="$aw" -v r="$rd" 'BEGIN {
+                if (a == "n/a") { print "**not measured**"; exit }
+                ok = (a <= 1.01) && (r == "n/a" || r <= 2.05)
+                print ok ? "**met**" : "**not met**" }')
+            echo "- target: at most two Redis round trips per admitted attempt. Awaited before the upstream request: $aw (shared admits ÷ admitted: admit.lua);" \
+                "sent after it without being awaited: $after command(s) per admitted attempt (backend commands ÷ admitted = $cpa in all; release.lua + progress.lua mark, written together)." \
+                "From redis-server's side, at $lo client(s) it processed $rd socket reads per call (every round trip needs at least one; more concurrency batches several calls into one read): $verdict"
+        fi
+        echo "- Δ = redis − memory at the same client count, from each cell's fastest run; throughput ratio = redis req/s ÷ memory req/s."
+        if [ -n "$PIN_REDIS" ]; then
+            echo "  Both sidecars and the mock run on CPU 0, loadgen and redis-server on CPU $REDIS_CPU: CPU 0 carries the same work in both"
+            echo "  rows except the sidecar's own Redis client work, while Redis stands for a service on another host (minus the network)."
+        else
+            echo "  Not pinned: the sidecars, the mock, loadgen and redis-server share the machine's cores as the scheduler places them."
+        fi
+        echo "  Traffic columns: backend commands / call = the sidecar's \`backend.commands\` delta ÷ calls (loadgen's ok + warm-up);"
+        echo "  awaited round trips = \`shared.admits\` ÷ \`shared.admitted\` (every admit.lua is awaited before the upstream request);"
+        echo "  EVALSHA / call, commands run / call (scripts' inner commands included) and reads / call come from redis-server's"
+        echo "  \`INFO all\` (commandstats, total_commands_processed, total_reads_processed); script time = commandstats usec of EVALSHA"
+        echo "  (and EVAL) ÷ calls: Redis' own time inside the Lua scripts, on the one thread every sidecar of a fleet shares."
+        echo "  Command RTT = Σ RTT ÷ replies over the runs, as the sidecar measures it: from handing a command to hiredis to"
+        echo "  running its reply callback (its own event-loop delays included; the pipelined release/progress commands weigh"
+        echo "  as much as the awaited admits). CPU µs = /proc utime + stime ÷ calls (redis-server's includes its idle timers)."
+        echo
+    } >>"$TMP/redis.md"
+}
+
+# ========================================================================
 # run
 # ========================================================================
 
 : >"$TMP/ping.md"
 : >"$TMP/call.md"
 : >"$TMP/mem.md"
+: >"$TMP/redis.md"
 if has_section ping; then
     ping_section
 fi
-if has_section call || has_section memory; then
+if has_section call || has_section memory || has_section redis; then
     start_call_servers
 fi
 if has_section call; then
@@ -856,6 +1328,9 @@ if has_section call; then
 fi
 if has_section memory; then
     memory_section
+fi
+if has_section redis; then
+    redis_section
 fi
 
 OUT=$TMP/results.md
@@ -870,9 +1345,9 @@ fi
     echo "- date: $(date -u '+%Y-%m-%d %H:%M:%SZ'), revision: $REV"
     echo "- machine: $(uname -srm), ${NCPU} CPU(s), ${CPU_MODEL:-unknown CPU}, load average before the run: $LOADAVG"
     echo "- placement: $PIN_NOTE"
-    echo "- command: BENCH_DURATION=$DUR BENCH_REPS=$REPS BENCH_WARMUP=$WARMUP BENCH_PIPELINE=$PIPELINE BENCH_CLIENTS=\"$CLIENTS\" BENCH_SECTIONS=\"$SECTIONS\" BENCH_CALL_CLIENTS=\"$CALL_CLIENTS\" BENCH_CALL_WARMUP=$CALL_WARMUP BENCH_MEM_CALLS=$MEM_CALLS BENCH_MEM_DELAY_MS=$MEM_DELAY_MS sh tests/bench/run.sh $BUILD (\`make bench\` = the defaults)"
+    echo "- command: BENCH_DURATION=$DUR BENCH_REPS=$REPS BENCH_WARMUP=$WARMUP BENCH_PIPELINE=$PIPELINE BENCH_CLIENTS=\"$CLIENTS\" BENCH_SECTIONS=\"$SECTIONS\" BENCH_CALL_CLIENTS=\"$CALL_CLIENTS\" BENCH_CALL_WARMUP=$CALL_WARMUP BENCH_MEM_CALLS=$MEM_CALLS BENCH_MEM_DELAY_MS=$MEM_DELAY_MS BENCH_REDIS_CLIENTS=\"$REDIS_CLIENTS\" BENCH_REDIS_WARMUP=$REDIS_WARMUP sh tests/bench/run.sh $BUILD (\`make bench\` = the defaults)"
     echo
-    cat "$TMP/ping.md" "$TMP/call.md" "$TMP/mem.md"
+    cat "$TMP/ping.md" "$TMP/call.md" "$TMP/mem.md" "$TMP/redis.md"
 } >"$OUT"
 
 if [ -s "$TMP/loadgen.err" ]; then
