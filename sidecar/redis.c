@@ -13,8 +13,9 @@
  *     │                                                    every handshake  │
  *     │                                                    reply OK         ▼
  *     └──── conn_fail(): any failed step, connect_w expiring, a command  ◀── UP
- *           timeout, an error reply in the handshake, hiredis dropping
- *           the link. Then retry_w after the backoff delay.
+ *           timeout, an error reply in the handshake, an unanswered
+ *           subscriber ping, hiredis dropping the link. Then retry_w after
+ *           the backoff delay.
  *
  * connect_w bounds RESOLVING + CONNECTING by command_timeout_s and is
  * re-armed once for HANDSHAKE: AUTH (if a password), SELECT (if db != 0),
@@ -23,6 +24,38 @@
  * n-th failure in a row waits reconnect_min_s * 2^(n-1), capped at
  * reconnect_max_s, times a jitter in [0.5, 1); reaching UP resets n. The
  * hooks on_down / on_unsubscribed fire on UP -> DOWN only.
+ *
+ * Subscriber liveness. A subscriber only reads, so a link that died without
+ * a FIN or RST (a NAT or load-balancer idle timeout, a partition) looks fine
+ * until TCP keepalive gives up, or for ever if the server hangs (a
+ * SIGSTOPped server's kernel still answers keepalives), and messages
+ * published meanwhile are lost. While UP, ping_w sends a ping every
+ * RDS_PING_EVERY (see there) and gives it command_timeout_s to be answered,
+ * like any command; no answer in time goes through conn_fail() ("subscriber
+ * ping timeout"), which sends the subscriber through backoff, reconnect and
+ * SUBSCRIBE, firing on_unsubscribed and later on_subscribed.
+ *   The ping is not PING: in RESP2 a subscribed connection answers PING with
+ * the multi-bulk ["pong", arg], and hiredis 0.14 cannot route it. Its
+ * redisAsyncCommand() queues the PING callback on ac->sub.invalid, which
+ * only a non-array reply (an error) shifts; the pong is an array, so
+ * __redisGetSubscribeCallback() takes it for a pattern reply ('p' of "pong"
+ * = the psubscribe variant), looks `arg` up in ac->sub.patterns, finds
+ * nothing and leaves the callback of the previous reply in that read (a
+ * channel's) or none. The PING callback never runs and stays queued until
+ * the context is freed: one leaked record per ping (hiredis issue #351,
+ * fixed upstream by PR #1027, long after 0.14). So the ping is a SUBSCRIBE to the first channel, which
+ * we already are subscribed to: Redis answers ["subscribe", channel, count]
+ * and changes nothing; hiredis replaces that channel's dict entry with the
+ * same callback (sub_on_reply, no privdata) and routes the confirmation to
+ * it by channel name, as any confirmation. In UP, with a ping out, a
+ * "subscribe" confirmation is its answer (the handshake's are all in by
+ * then, and nothing else subscribes). One ping at a time: no record, no
+ * privdata, nothing to free.
+ *   Stats: pings are internal round trips, like the handshake and TIME, so
+ * they are not in `commands`, `replies`, `pending` or the RTT, which stay
+ * the application's commands (shared.c reads `commands` as "calls that
+ * reached Redis"). An unanswered ping counts in `timeouts`, as a TIME
+ * timeout does, and its drop in `disconnects`, with last_error saying so.
  *
  * A command record (struct cmd) has two owners: hiredis, from the moment it
  * accepts the command until it calls back (with a reply, or with NULL when
@@ -81,6 +114,16 @@ extern const char *const rds_script_src[RDS_N_SCRIPTS];
 extern const char *const rds_script_name[RDS_N_SCRIPTS];
 
 #define RDS_TIME_EVERY_S 60.0
+/* The subscriber's ping period, from one answer to the next ping. Twice
+ * command_timeout_s: the link's death is noticed within RDS_PING_EVERY +
+ * command_timeout_s = 3 x command_timeout_s (3 s with the default 1 s), the
+ * same order as the command connection, whose users wait at most
+ * command_timeout_s; and each ping costs Redis one no-op SUBSCRIBE per 2
+ * timeouts per sidecar (a fleet of 100 with 1 s: 50 a second, nothing).
+ * The 1 s floor keeps a small timeout (0.3 s in tests) from becoming a
+ * busy poll. The traffic also keeps NAT and load-balancer idle timers (tens
+ * of seconds at least) from expiring in the first place. */
+#define RDS_PING_EVERY(timeout_s) fmax(1.0, 2.0 * (timeout_s))
 #define RDS_ERR_MAX 128
 #define RDS_SHA_LEN 40
 /* Lookup threads alive in the process, abandoned ones included: with a
@@ -144,6 +187,8 @@ struct rconn {
     unsigned setup_left;            /* handshake replies still awaited */
     size_t subs_left;               /* subscribe confirmations still awaited */
     bool time_inflight;             /* a periodic TIME sample is out */
+    bool ping_out;                  /* subscriber: a ping is out, ping_w is its deadline */
+    ev_timer ping_w;                /* subscriber, UP only: the next ping, or its deadline */
     const char *soon_why;           /* connect_w was set to fire at once for this reason */
     struct cmd *live;               /* sent and unanswered */
 };
@@ -755,6 +800,8 @@ static struct cmd *conn_detach(struct rconn *cn, bool hiredis_frees)
     for (struct cmd *c = list; c; c = c->next)
         c->cn = NULL;
     cn->time_inflight = false;
+    ev_timer_stop(r->loop, &cn->ping_w);
+    cn->ping_out = false;
     cn->setup_left = 0;
     cn->subs_left = 0;
     cn->soon_why = NULL;
@@ -840,8 +887,13 @@ static void conn_up(struct rconn *cn)
         ev_timer_start(r->loop, &r->time_w);
         if (r->hooks.on_up)
             r->hooks.on_up(r, r->hooks.ud);
-    } else if (r->hooks.on_subscribed) {
-        r->hooks.on_subscribed(r, r->hooks.ud);
+    } else {
+        cn->ping_out = false;
+        ev_timer_stop(r->loop, &cn->ping_w);
+        ev_timer_set(&cn->ping_w, RDS_PING_EVERY(r->timeout_s), 0.);
+        ev_timer_start(r->loop, &cn->ping_w);
+        if (r->hooks.on_subscribed)
+            r->hooks.on_subscribed(r, r->hooks.ud);
     }
 }
 
@@ -907,9 +959,46 @@ static void sub_on_reply(redisAsyncContext *ac, void *reply_, void *privdata)
                 break;
             }
         }
-    } else if (strcasecmp(kind->str, "subscribe") == 0 && cn->subs_left > 0) {
-        cn->subs_left--;
-        conn_check_ready(cn);
+    } else if (strcasecmp(kind->str, "subscribe") == 0) {
+        if (cn->subs_left > 0) {
+            cn->subs_left--;
+            conn_check_ready(cn);
+        } else if (cn->state == RC_UP && cn->ping_out) {
+            /* The ping's answer: the next one in RDS_PING_EVERY. */
+            cn->ping_out = false;
+            ev_timer_stop(r->loop, &cn->ping_w);
+            ev_timer_set(&cn->ping_w, RDS_PING_EVERY(r->timeout_s), 0.);
+            ev_timer_start(r->loop, &cn->ping_w);
+        }
+    }
+    rds_leave(r);
+}
+
+/* ping_w: sends the subscriber's ping, or finds it unanswered (see the top
+ * comment). */
+static void sub_on_ping(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct rconn *cn = w->data;
+    struct rds *r = cn->r;
+
+    (void)loop;
+    (void)revents;
+    if (cn->state != RC_UP || r->closing)
+        return;
+    rds_enter(r);
+    if (cn->ping_out) {
+        r->stats.timeouts++;
+        conn_fail(cn, "subscriber ping timeout", false);
+    } else {
+        const char *argv[] = {"SUBSCRIBE", r->channels[0]};
+        const size_t lens[] = {9, r->channel_len[0]};
+        if (redisAsyncCommandArgv(cn->ac, sub_on_reply, NULL, 2, argv, lens) != REDIS_OK) {
+            conn_fail(cn, "cannot send the subscriber ping", false);
+        } else {
+            cn->ping_out = true;
+            ev_timer_set(&cn->ping_w, r->timeout_s, 0.);
+            ev_timer_start(r->loop, &cn->ping_w);
+        }
     }
     rds_leave(r);
 }
@@ -1308,6 +1397,8 @@ struct rds *rds_new(struct ev_loop *loop, const struct rds_opts *opts,
         cn->connect_w.data = cn;
         ev_timer_init(&cn->retry_w, conn_on_retry, 0., 0.);
         cn->retry_w.data = cn;
+        ev_timer_init(&cn->ping_w, sub_on_ping, 0., 0.);
+        cn->ping_w.data = cn;
     }
     if (rds_parse_url(opts->url, &r->addr, perr, sizeof(perr)) < 0) {
         set_err(err, errlen, "redis URL: %s", perr);

@@ -10,6 +10,11 @@
  *    async timeouts: each command carries its own timer). A command that
  *    times out fails at once; its connection is then considered sick and is
  *    dropped and re-made, because hiredis cannot skip an unanswered reply.
+ *  - The subscriber is checked every max(1 s, 2 x command_timeout_s) (a
+ *    repeated SUBSCRIBE: hiredis 0.14 cannot route a PING's answer on a
+ *    subscribed connection) and dropped when the answer is late, so a
+ *    silently dead link (NAT or load-balancer idle timeout, partition,
+ *    frozen server) is noticed within 3 x command_timeout_s.
  *  - Reconnection with exponential backoff (reconnect_min_s doubling up to
  *    reconnect_max_s) and jitter in [0.5, 1.0] of each delay.
  *  - The Lua scripts of sidecar/lua/ are compiled into the binary, loaded
