@@ -288,6 +288,22 @@ static void gov_wake(struct gov *g, uint32_t cap)
     }
 }
 
+/* A permit a refused call reserved went back: wake the first waiter that
+ * waits for a permit (not one that waits for the backend, which a refusal
+ * would only refuse again: a chain of refusals must not spin). */
+static void gov_wake_permit(struct gov *g, uint32_t cap)
+{
+    struct gov_call *k = g->waitq[cap].head;
+
+    while (k && (k->woken || !k->waits_permit))
+        k = k->wq_next;
+    if (k && g->hooks.on_wake) {
+        k->woken = true;
+        g->wakes++;
+        g->hooks.on_wake(k, g->hooks.ud);
+    }
+}
+
 /* The call leaves the FIFO for good (done or cancelled). A wake-up it got
  * and never used goes to the next waiter, for the same reason. */
 static void waitq_leave(struct gov_call *k)
@@ -401,6 +417,8 @@ static void gov_call_park(struct gov_call *k, double now, double stalled, double
     if (isfinite(age))
         verdict_at = fmax(verdict_at, now + (window - age));
     verdict_at += GOV_EPS;
+    if (verdict_at <= now && isnan(age))
+        verdict_at = INFINITY; /* due, but the age is not known: next_at rechecks */
     double wake = fmin(next_at, verdict_at);
     if (k->deadline_at > 0)
         wake = fmin(wake, k->deadline_at);
@@ -408,6 +426,7 @@ static void gov_call_park(struct gov_call *k, double now, double stalled, double
         wake = now + GOV_EPS;
     waitq_push(k);
     k->woken = false; /* it looked: the next release wakes it again */
+    k->waits_permit = isinf(next_at) && next_at > 0;
     k->gov->waits++;
     k->state = GOV_CALL_WAITING;
     k->wake_at = wake;
@@ -483,6 +502,7 @@ void gov_call_step(struct gov_call *k, double now, struct gov_decision *d)
         bucket_take(&s->tpm, k->est_tokens, now);
         bucket_take(&s->daily, k->est_tokens, now);
         k->prev_last_start = s->last_start;
+        k->picked_at = now;
         s->last_start = now;
         k->attempts++;
         k->notes[pick].tried = true;
@@ -512,7 +532,8 @@ static void gov_call_unreserve(struct gov_call *k, double now)
     bucket_adjust(&s->rpm, -1, now);
     bucket_adjust(&s->tpm, -k->est_tokens, now);
     bucket_adjust(&s->daily, -k->est_tokens, now);
-    s->last_start = k->prev_last_start;
+    if (s->last_start == k->picked_at)
+        s->last_start = k->prev_last_start; /* unless another call started since */
     if (k->attempts > 0)
         k->attempts--;
     if (note->attempts > 0)
@@ -520,6 +541,7 @@ static void gov_call_unreserve(struct gov_call *k, double now)
     if (note->attempts == 0 && note->reason == REASON_NONE && note->status == 0)
         note->tried = false;
     k->state = GOV_CALL_BACKOFF;
+    gov_wake_permit(k->gov, k->capability);
 }
 
 void gov_call_refused(struct gov_call *k, double now, double retry_at, struct gov_decision *d)

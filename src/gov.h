@@ -153,12 +153,14 @@ struct gov_call {
     size_t source;           /* ATTEMPTING: the source in use */
     bool probe;              /* ATTEMPTING: holds the breaker's half-open probe */
     double prev_last_start;  /* ATTEMPTING: the pacer's value before this pick */
+    double picked_at;        /* ATTEMPTING: when this pick set the pacer */
     double wake_at;
     double retry_after_hint; /* last Retry-After seen (seconds, < 0 none) */
     struct gov_source_note *notes; /* owned, one per source */
     struct gov_call *wq_prev, *wq_next;
     bool queued;
     bool woken;              /* on_wake fired, the call has not stepped since */
+    bool waits_permit;       /* WAITING for a permit release (not for a time) */
     void *ud;                /* the owner's */
 };
 
@@ -218,7 +220,8 @@ void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o
  * verdict is due — until `retry_at` (absolute; when not after `now` or not
  * finite, no time is known and the call re-polls after poll_interval_s
  * scaled by a jitter in [0.5, 1.0)), its stall verdict or its deadline.
- * Refusals wake no other waiter: a chain of refusals must not spin.
+ * The permit it gives back wakes the first waiter that waits for a permit,
+ * never one that waits after a refusal: a chain of refusals cannot spin.
  *
  * gov_call_abandon: the backend could not answer (or the call must end for
  * a reason found outside the loop): the reservation is given back the same

@@ -1896,10 +1896,12 @@ START_TEST(test_gov__pending_age_never_stalls)
     gov_call_refused(&k, 0.5, 10, &d);
     ck_assert_int_eq(d.action, GOV_WAIT);
     ck_assert_just_after(d.wake_at, 1.0); /* the earliest possible verdict */
+    double due = d.wake_at;
+    gov_call_step(&k, due, &d);
+    ck_assert_int_eq(d.action, GOV_WAIT); /* due, age unknown: recheck, never spin */
+    ck_assert_near(d.wake_at, due + GOV_PENDING_RECHECK_S);
     gov_call_step(&k, d.wake_at, &d);
-    ck_assert_int_eq(d.action, GOV_WAIT); /* due, age unknown: recheck */
-    ck_assert_near(d.wake_at, k.wake_at);
-    ck_assert(d.wake_at - 1.0 <= GOV_PENDING_RECHECK_S + VERDICT_EPS);
+    ck_assert_near(d.wake_at, due + 2 * GOV_PENDING_RECHECK_S);
     fb.age_rc = 0;
     fb.age = 0.2; /* fresh progress elsewhere: not stalled, it tries again */
     double t = d.wake_at;
@@ -1913,6 +1915,90 @@ START_TEST(test_gov__pending_age_never_stalls)
     ck_assert_int_eq(d.action, GOV_DONE);
     ck_assert_int_eq(d.result, GOV_STALLED);
     gov_call_fini(&k, d.wake_at);
+    gov_fini(&g);
+}
+END_TEST
+
+
+struct wake_log {
+    struct gov_call *woken[8];
+    size_t n;
+};
+
+static void log_wake(struct gov_call *k, void *ud)
+{
+    struct wake_log *w = ud;
+    if (w->n < 8)
+        w->woken[w->n++] = k;
+}
+
+/* The permit a refused call gives back wakes a call waiting for a permit,
+ * not one waiting after a refusal; the pacer is given back only when no
+ * other call started since. */
+START_TEST(test_gov__refusal_wakes_permit_waiters_only)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+    struct wake_log wl = {0};
+    struct gov_hooks hooks = {.on_wake = log_wake, .ud = &wl};
+    struct gov g;
+    struct gov_call a, b, c;
+    struct gov_decision d;
+
+    p.max_concurrency = 1;
+    p.aimd_initial = 1;
+    ck_assert_int_eq(gov_init(&g, &p, 1, 1, NULL, NULL, NULL, &hooks, 0), 0);
+    ck_assert_int_eq(gov_call_init(&a, &g, 0, "chat", &pol, 0, 0, 0), 0);
+    ck_assert_int_eq(gov_call_init(&b, &g, 0, "chat", &pol, 0, 0, 0), 0);
+    ck_assert_int_eq(gov_call_init(&c, &g, 0, "chat", &pol, 0, 0, 0), 0);
+    gov_call_step(&a, 0, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    gov_call_step(&b, 0, &d); /* no permit: waits for one */
+    ck_assert_int_eq(d.action, GOV_WAIT);
+    ck_assert(b.waits_permit);
+    gov_call_refused(&a, 0.1, 5, &d); /* a waits for the backend now */
+    ck_assert(!a.waits_permit);
+    ck_assert_uint_eq(wl.n, 1);
+    ck_assert_ptr_eq(wl.woken[0], &b);
+    gov_call_step(&b, 0.1, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    gov_call_step(&c, 0.1, &d);
+    ck_assert(c.waits_permit);
+    gov_call_refused(&b, 0.2, 5, &d); /* wakes c, never a */
+    ck_assert_uint_eq(wl.n, 2);
+    ck_assert_ptr_eq(wl.woken[1], &c);
+    gov_call_step(&c, 0.2, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    gov_call_refused(&c, 0.3, 5, &d); /* nobody waits for a permit */
+    ck_assert_uint_eq(wl.n, 2);
+    gov_call_fini(&a, 1);
+    gov_call_fini(&b, 1);
+    gov_call_fini(&c, 1);
+    gov_fini(&g);
+
+    /* The pacer: a refused pick gives its start back only if it is still
+     * the last one. */
+    p = src_params("a");
+    p.pacer_min_interval_s = 10;
+    ck_assert_int_eq(gov_init(&g, &p, 1, 1, NULL, NULL, NULL, NULL, 0), 0);
+    ck_assert_int_eq(gov_call_init(&a, &g, 0, "chat", &pol, 0, 0, 0), 0);
+    ck_assert_int_eq(gov_call_init(&b, &g, 0, "chat", &pol, 0, 0, 0), 0);
+    gov_call_step(&a, 20, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    gov_call_refused(&a, 20.1, 25, &d);
+    gov_call_step(&b, 20.1, &d); /* the pacer was given back */
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    ck_assert_near(g.sources[0].last_start, 20.1);
+    gov_call_step(&a, 31, &d); /* a picks while b's attempt runs */
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    gov_call_fini(&b, 41);
+    ck_assert_int_eq(gov_call_init(&b, &g, 0, "chat", &pol, 0, 0, 41), 0);
+    gov_call_step(&b, 41, &d); /* another start during a's admission */
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    gov_call_refused(&a, 41.5, 60, &d);
+    ck_assert_near(g.sources[0].last_start, 41); /* b's start stands */
+    gov_call_fini(&b, 42);
+    gov_call_fini(&a, 32);
     gov_fini(&g);
 }
 END_TEST
@@ -2044,6 +2130,7 @@ Suite *gov_suite(void)
     tcase_add_test(tc, test_gov__refused_reaches_verdicts);
     tcase_add_test(tc, test_gov__abandon_fails_closed);
     tcase_add_test(tc, test_gov__pending_age_never_stalls);
+    tcase_add_test(tc, test_gov__refusal_wakes_permit_waiters_only);
     tcase_add_test(tc, test_gov__call_init_rejects_unknown_capability);
     tcase_add_test(tc, test_gov__names_stable);
     suite_add_tcase(s, tc);
