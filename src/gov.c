@@ -156,6 +156,10 @@ bool gov_source_runnable(struct gov *g, size_t i, double cost, double now, doubl
         ok = false;
         at = fmax(at, bucket_available_at(&s->daily, cost, now));
     }
+    if (s->gate_until > now) {
+        ok = false;
+        at = fmax(at, s->gate_until); /* INFINITY while one call asks */
+    }
     double pace = s->last_start + s->p.pacer_min_interval_s;
     if (s->p.pacer_min_interval_s > 0 && now < pace) {
         ok = false;
@@ -501,6 +505,10 @@ void gov_call_step(struct gov_call *k, double now, struct gov_decision *d)
         bucket_take(&s->rpm, 1, now);
         bucket_take(&s->tpm, k->est_tokens, now);
         bucket_take(&s->daily, k->est_tokens, now);
+        if (s->gate_until > 0) {
+            s->gate_until = INFINITY; /* the gate's time came: this call asks alone */
+            s->gate_holder = k;
+        }
         k->prev_last_start = s->last_start;
         k->picked_at = now;
         s->last_start = now;
@@ -514,6 +522,24 @@ void gov_call_step(struct gov_call *k, double now, struct gov_decision *d)
         return;
     }
     gov_call_park(k, now, stalled, age, next_at, d);
+}
+
+/* Opens the source's gate if `k` holds it, waking the next waiter. */
+static void gov_gate_open(struct gov_call *k)
+{
+    struct gov_source *s = &k->gov->sources[k->source];
+
+    if (s->gate_holder != k)
+        return;
+    s->gate_holder = NULL;
+    s->gate_until = 0;
+    gov_wake(k->gov, k->capability);
+}
+
+void gov_call_confirmed(struct gov_call *k)
+{
+    if (k->gov && k->state == GOV_CALL_ATTEMPTING)
+        gov_gate_open(k);
 }
 
 /* Gives back what the last step reserved for an attempt that was never
@@ -553,26 +579,34 @@ void gov_call_refused(struct gov_call *k, double now, double retry_at, struct go
         gov_call_step(k, now, d);
         return;
     }
+    struct gov_source *s = &k->gov->sources[k->source];
+    double p = k->pol.poll_interval_s > 0 ? k->pol.poll_interval_s : 1.0;
+    if (!(retry_at > now) || !isfinite(retry_at)) {
+        retry_at = now + p * (0.5 + 0.5 * gov_rand(k->gov));
+    } else {
+        if (retry_at > s->retry_after_until)
+            s->retry_after_until = retry_at; /* for the error's retry_after_s */
+        /* Every sidecar got the same time: spread them, or each refill
+         * wakes the whole fleet for one token. */
+        retry_at += 0.5 * p * gov_rand(k->gov);
+    }
+    /* Gate the source until then: one local call asks at a time. */
+    s->gate_until = retry_at;
+    s->gate_holder = NULL;
     gov_call_unreserve(k, now);
     k->gov->decisions++;
     if (gov_call_verdicts(k, now, &stalled, &age, d))
         return;
-    if (!(retry_at > now) || !isfinite(retry_at)) {
-        double p = k->pol.poll_interval_s > 0 ? k->pol.poll_interval_s : 1.0;
-        retry_at = now + p * (0.5 + 0.5 * gov_rand(k->gov));
-    } else {
-        struct gov_source *s = &k->gov->sources[k->source];
-        if (retry_at > s->retry_after_until)
-            s->retry_after_until = retry_at; /* for the error's retry_after_s */
-    }
     gov_call_park(k, now, stalled, age, retry_at, d);
 }
 
 void gov_call_abandon(struct gov_call *k, double now, enum gov_result r, struct gov_decision *d)
 {
     memset(d, 0, sizeof(*d));
-    if (k->state == GOV_CALL_ATTEMPTING)
+    if (k->state == GOV_CALL_ATTEMPTING) {
+        gov_gate_open(k);
         gov_call_unreserve(k, now);
+    }
     if (k->state != GOV_CALL_DONE)
         gov_call_done(k, now, r, d);
     else {
@@ -599,6 +633,7 @@ void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o
         gov_call_step(k, now, d);
         return;
     }
+    gov_gate_open(k); /* only if it was never confirmed */
     /* Account the attempt: an exempt 429 consumed no retry budget, so all
      * of its time goes back to the stall budget (the refund rule). */
     stall_clock_attempt_end(&k->clock, now, exempt);
@@ -686,6 +721,7 @@ void gov_call_fini(struct gov_call *k, double now)
         /* Cancelled inside an attempt: its time is accounted as productive
          * and its permit (and probe) released at once. */
         struct gov_source *s = &k->gov->sources[k->source];
+        gov_gate_open(k);
         stall_clock_attempt_end(&k->clock, now, false);
         gov_call_release(k);
         breaker_on_neutral(&s->breaker, k->probe);

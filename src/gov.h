@@ -91,6 +91,12 @@ struct gov_source {
     struct bucket rpm, tpm, daily;
     double last_start;                         /* pacer */
     double retry_after_until;                  /* last Retry-After hint, for estimates */
+    /* Shared backend: after a refusal the source is gated until the
+     * backend's retry time; then one call at a time asks (gate_until =
+     * INFINITY while `gate_holder` is being admitted), so the waiters of a
+     * sidecar do not all ask for the same token. 0 = no gate. */
+    double gate_until;
+    struct gov_call *gate_holder;
     uint64_t attempts, successes, failures, rate_limited;
 };
 
@@ -217,16 +223,26 @@ void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o
  * given back as if the source had not been picked (permit, buckets, pacer,
  * probe, the attempt counts), the time since the step is charged to the
  * stall budget, and the call waits — decision GOV_WAIT, or GOV_DONE when a
- * verdict is due — until `retry_at` (absolute; when not after `now` or not
- * finite, no time is known and the call re-polls after poll_interval_s
- * scaled by a jitter in [0.5, 1.0)), its stall verdict or its deadline.
+ * verdict is due — until `retry_at` plus a jitter in [0, poll_interval_s / 2)
+ * (absolute; when not after `now` or not finite, no time is known and the
+ * call re-polls after poll_interval_s scaled by a jitter in [0.5, 1.0)), its
+ * stall verdict or its deadline.
  * The permit it gives back wakes the first waiter that waits for a permit,
  * never one that waits after a refusal: a chain of refusals cannot spin.
+ *
+ * A refusal also gates the source until that retry time: then the first
+ * call to pick it asks alone, the others wait for gov_call_confirmed (the
+ * gate opens, the next waiter asks) or a new refusal (a new gate time), so
+ * a sidecar sends about one admission per available token, not one per
+ * waiter.
  *
  * gov_call_abandon: the backend could not answer (or the call must end for
  * a reason found outside the loop): the reservation is given back the same
  * way and the call ends with `r`. */
 void gov_call_refused(struct gov_call *k, double now, double retry_at, struct gov_decision *d);
+/* The backend admitted the reserved attempt: the source's gate (if this
+ * call held it) opens and the next waiter may ask at once. */
+void gov_call_confirmed(struct gov_call *k);
 void gov_call_abandon(struct gov_call *k, double now, enum gov_result r, struct gov_decision *d);
 
 /* Current stalled seconds of the call. */

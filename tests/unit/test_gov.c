@@ -1770,7 +1770,7 @@ START_TEST(test_gov__refused_gives_back_and_waits)
 
     gov_call_refused(&k, 0.5, 3.0, &d);
     ck_assert_int_eq(d.action, GOV_WAIT);
-    ck_assert_near(d.wake_at, 3.0);
+    ck_assert_near(d.wake_at, 3.0 + 0.5 * 1.0 * 0.5); /* + jitter: poll_interval (1) / 2 x rand (0.5) */
     ck_assert_int_eq(k.state, GOV_CALL_WAITING);
     ck_assert_uint_eq(g.sources[0].in_flight, 0);
     ck_assert_uint_eq(g.sources[0].attempts, 0);
@@ -1780,12 +1780,13 @@ START_TEST(test_gov__refused_gives_back_and_waits)
     ck_assert_near(gov_call_stalled_s(&k, 0.5), 0.5); /* the wait for the verdict */
     ck_assert_uint_eq(g.waitq[0].n, 1);
 
-    /* The pacer was given back too: the next step may pick at once. */
-    gov_call_step(&k, 3.0, &d);
+    /* The pacer was given back too: at the retry time it picks at once. */
+    double at = d.wake_at;
+    gov_call_step(&k, at, &d);
     ck_assert_int_eq(d.action, GOV_ATTEMPT);
     ck_assert_uint_eq(k.attempts, 1);
     ck_assert_uint_eq(g.waitq[0].n, 0);
-    gov_call_fini(&k, 3.0);
+    gov_call_fini(&k, at);
     ck_assert_uint_eq(g.sources[0].in_flight, 0);
     gov_fini(&g);
 }
@@ -1903,11 +1904,9 @@ START_TEST(test_gov__pending_age_never_stalls)
     gov_call_step(&k, d.wake_at, &d);
     ck_assert_near(d.wake_at, due + 2 * GOV_PENDING_RECHECK_S);
     fb.age_rc = 0;
-    fb.age = 0.2; /* fresh progress elsewhere: not stalled, it tries again */
+    fb.age = 0.2; /* fresh progress elsewhere: not stalled, waits for the retry time */
     double t = d.wake_at;
     gov_call_step(&k, t, &d);
-    ck_assert_int_eq(d.action, GOV_ATTEMPT);
-    gov_call_refused(&k, t, 10, &d);
     ck_assert_int_eq(d.action, GOV_WAIT);
     ck_assert_just_after(d.wake_at, t + 0.8); /* when that progress is a window old */
     fb.age = INFINITY;
@@ -1960,16 +1959,20 @@ START_TEST(test_gov__refusal_wakes_permit_waiters_only)
     ck_assert(!a.waits_permit);
     ck_assert_uint_eq(wl.n, 1);
     ck_assert_ptr_eq(wl.woken[0], &b);
-    gov_call_step(&b, 0.1, &d);
+    gov_call_step(&b, 0.1, &d); /* woken: it now waits for the gate, on a timer */
+    ck_assert_int_eq(d.action, GOV_WAIT);
+    ck_assert_near(d.wake_at, 5.25);
+    ck_assert(!b.waits_permit);
+    gov_call_step(&b, 5.25, &d);
     ck_assert_int_eq(d.action, GOV_ATTEMPT);
-    gov_call_step(&c, 0.1, &d);
+    gov_call_step(&c, 5.25, &d); /* b asks alone: c waits, without a timer */
     ck_assert(c.waits_permit);
-    gov_call_refused(&b, 0.2, 5, &d); /* wakes c, never a */
+    gov_call_refused(&b, 5.3, 9, &d); /* wakes c, never a */
     ck_assert_uint_eq(wl.n, 2);
     ck_assert_ptr_eq(wl.woken[1], &c);
-    gov_call_step(&c, 0.2, &d);
+    gov_call_step(&c, 9.25, &d);
     ck_assert_int_eq(d.action, GOV_ATTEMPT);
-    gov_call_refused(&c, 0.3, 5, &d); /* nobody waits for a permit */
+    gov_call_refused(&c, 9.3, 12, &d); /* nobody waits for a permit */
     ck_assert_uint_eq(wl.n, 2);
     gov_call_fini(&a, 1);
     gov_call_fini(&b, 1);
@@ -1985,20 +1988,65 @@ START_TEST(test_gov__refusal_wakes_permit_waiters_only)
     ck_assert_int_eq(gov_call_init(&b, &g, 0, "chat", &pol, 0, 0, 0), 0);
     gov_call_step(&a, 20, &d);
     ck_assert_int_eq(d.action, GOV_ATTEMPT);
-    gov_call_refused(&a, 20.1, 25, &d);
-    gov_call_step(&b, 20.1, &d); /* the pacer was given back */
+    gov_call_refused(&a, 20.1, 25, &d); /* gated until 25.25 */
+    gov_call_step(&b, 25.25, &d); /* the pacer was given back (else: until 30) */
     ck_assert_int_eq(d.action, GOV_ATTEMPT);
-    ck_assert_near(g.sources[0].last_start, 20.1);
-    gov_call_step(&a, 31, &d); /* a picks while b's attempt runs */
+    gov_call_confirmed(&b);
+    ck_assert_near(g.sources[0].last_start, 25.25);
+    gov_call_step(&a, 36, &d); /* a picks while b's attempt runs */
     ck_assert_int_eq(d.action, GOV_ATTEMPT);
-    gov_call_fini(&b, 41);
-    ck_assert_int_eq(gov_call_init(&b, &g, 0, "chat", &pol, 0, 0, 41), 0);
-    gov_call_step(&b, 41, &d); /* another start during a's admission */
+    gov_call_fini(&b, 46.5);
+    ck_assert_int_eq(gov_call_init(&b, &g, 0, "chat", &pol, 0, 0, 46.5), 0);
+    gov_call_step(&b, 46.5, &d); /* another start during a's admission */
     ck_assert_int_eq(d.action, GOV_ATTEMPT);
-    gov_call_refused(&a, 41.5, 60, &d);
-    ck_assert_near(g.sources[0].last_start, 41); /* b's start stands */
-    gov_call_fini(&b, 42);
+    gov_call_refused(&a, 47, 60, &d);
+    ck_assert_near(g.sources[0].last_start, 46.5); /* b's start stands */
+    gov_call_fini(&b, 47);
     gov_call_fini(&a, 32);
+    gov_fini(&g);
+}
+END_TEST
+
+
+/* After a refusal the source is gated: until the retry time nobody picks
+ * it; then one call asks alone; its confirmation opens the gate and wakes
+ * the next waiter. */
+START_TEST(test_gov__refusal_gates_the_source_one_asks_at_a_time)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+    struct wake_log wl = {0};
+    struct gov_hooks hooks = {.on_wake = log_wake, .ud = &wl};
+    struct gov g;
+    struct gov_call a, b;
+    struct gov_decision d;
+
+    pol.poll_interval_s = 0.2;
+    ck_assert_int_eq(gov_init(&g, &p, 1, 1, NULL, NULL, NULL, &hooks, 0), 0); /* rand 0.5 */
+    ck_assert_int_eq(gov_call_init(&a, &g, 0, "chat", &pol, 0, 0, 0), 0);
+    ck_assert_int_eq(gov_call_init(&b, &g, 0, "chat", &pol, 0, 0, 0), 0);
+    gov_call_step(&a, 0, &d);
+    gov_call_refused(&a, 0.1, 2.0, &d);
+    double gate = 2.0 + 0.5 * 0.2 * 0.5;
+    ck_assert_near(d.wake_at, gate);
+    gov_call_step(&b, 0.5, &d); /* gated: waits for the same time */
+    ck_assert_int_eq(d.action, GOV_WAIT);
+    ck_assert_near(d.wake_at, gate);
+    gov_call_step(&b, gate, &d); /* b is first at the gate: it asks alone */
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    ck_assert(isinf(g.sources[0].gate_until));
+    gov_call_step(&a, gate, &d); /* a waits for b's answer, no timer */
+    ck_assert_int_eq(d.action, GOV_WAIT);
+    ck_assert(isinf(d.wake_at) || d.wake_at > 100);
+    size_t n = wl.n;
+    gov_call_confirmed(&b); /* admitted: the gate opens, a is woken */
+    ck_assert_near(g.sources[0].gate_until, 0);
+    ck_assert_uint_eq(wl.n, n + 1);
+    ck_assert_ptr_eq(wl.woken[n], &a);
+    gov_call_step(&a, gate, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    gov_call_fini(&a, 3);
+    gov_call_fini(&b, 3);
     gov_fini(&g);
 }
 END_TEST
@@ -2131,6 +2179,7 @@ Suite *gov_suite(void)
     tcase_add_test(tc, test_gov__abandon_fails_closed);
     tcase_add_test(tc, test_gov__pending_age_never_stalls);
     tcase_add_test(tc, test_gov__refusal_wakes_permit_waiters_only);
+    tcase_add_test(tc, test_gov__refusal_gates_the_source_one_asks_at_a_time);
     tcase_add_test(tc, test_gov__call_init_rejects_unknown_capability);
     tcase_add_test(tc, test_gov__names_stable);
     suite_add_tcase(s, tc);
