@@ -622,6 +622,7 @@ static void call_on_admit(void *ud, int rc, struct shared_lease *lease, double r
     k->admit = NULL;
     if (rc > 0) {
         k->lease = lease;
+        gov_call_confirmed(&k->g);
         call_run_attempt(k, k->g.source);
         return;
     }
@@ -773,7 +774,8 @@ void call_start(struct conn *c, const struct rpc_msg *m)
             conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
             return;
         }
-        if (srv->shared && !task_get(srv->tasks, id)) {
+        if (srv->shared && !tasks_held_running(srv, id)) {
+            /* Not held here, or a copy that may be stale: ask Redis. */
             tw = calloc(1, sizeof(*tw));
             if (!tw) {
                 conn_reply_error(c, m->msgid, PGW_INTERNAL, "out of memory");

@@ -22,6 +22,7 @@ struct call;
 struct upstream;
 struct task_reg;
 struct shared;
+struct tasks_req;
 
 /* Counters shown by `stats`. All monotonically increasing except `*_open`
  * and `in_flight`. */
@@ -68,6 +69,8 @@ struct server {
     uint64_t rand_state;          /* jitter generator */
     struct task_reg *tasks;       /* task states (src/task.h) */
     ev_timer task_w;              /* the watchdog / task expiry timer */
+    struct tasks_req *task_retry, *task_retry_tail; /* verdicts to send when Redis is back */
+    size_t task_retry_n;
 };
 
 /* server.c */

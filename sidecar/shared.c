@@ -2,7 +2,7 @@
  * shared.c — the Redis backend's governance glue (see shared.h).
  *
  * Keys (tests/redis/README.md): {P:source:N}:breaker|leases|rpm|tpm|daily,
- * {P:scope:S}:progress, {P:task:ID}; channels P:task-stop and P:progress.
+ * {P:scope:S}:progress, {P:task:ID}; channels P:task-end and P:progress.
  * Every script touches the keys of one hash tag.
  */
 #include "shared.h"
@@ -48,12 +48,16 @@ struct shared_admit {
     void *ud;                           /* NULL once detached */
 };
 
-enum scope_state { SCOPE_EMPTY, SCOPE_UNKNOWN, SCOPE_FETCHING, SCOPE_KNOWN };
+/* A scope's progress age in the cache: UNKNOWN (fetch it), FETCHING, KNOWN,
+ * or FAILED (the read failed: reads fail closed until failed_at + the command
+ * timeout, then fetch again — a persistent error never loops). */
+enum scope_state { SCOPE_EMPTY, SCOPE_UNKNOWN, SCOPE_FETCHING, SCOPE_KNOWN, SCOPE_FAILED };
 
 struct scope_slot {
     char *name;
     double last_at;                     /* SCOPE_KNOWN: loop time, -INF = never */
     double sent_at;                     /* when this sidecar last sent a mark */
+    double failed_at;                   /* SCOPE_FAILED: when */
     unsigned char state;
     bool dirty;                         /* a success not sent yet (coalesced) */
 };
@@ -78,11 +82,14 @@ struct shared {
     size_t n_scopes;
     uint32_t epoch;                     /* bumped when the cache is dropped */
     size_t n_dirty;                     /* scopes with a coalesced mark to send */
+    bool resync;                        /* re-read the running tasks when up */
+    unsigned long long resyncs;
     ev_timer mark_w;                    /* sends them */
     ev_timer renew_w;
     /* counters */
     unsigned long long admits, admitted, refused[6], admit_errors, releases, write_errors,
-        leases_lost, progress_fetches, renewals, marks_sent, marks_coalesced;
+        leases_lost, progress_fetches, progress_read_errors, renewals, marks_sent,
+        marks_coalesced;
 };
 
 static const char *const refusal_names[6] = {"breaker", "concurrency", "rpm", "tpm", "daily",
@@ -141,6 +148,22 @@ static void scopes_clear(struct shared *sh)
     sh->epoch++;
 }
 
+/* The slot of `scope`, or NULL. */
+static struct scope_slot *scope_find(struct shared *sh, const char *scope)
+{
+    size_t mask = SHARED_SCOPES - 1;
+    size_t i = (size_t)hash_str(scope) & mask;
+
+    for (size_t n = 0; n < SHARED_SCOPES; n++, i = (i + 1) & mask) {
+        struct scope_slot *s = &sh->scopes[i];
+        if (s->state == SCOPE_EMPTY)
+            return NULL;
+        if (strcmp(s->name, scope) == 0)
+            return s;
+    }
+    return NULL;
+}
+
 /* The slot of `scope`, created when absent (NULL when out of memory). A
  * full table is dropped whole: every scope then reads unknown and is
  * fetched again — the safe direction. */
@@ -189,16 +212,18 @@ static void on_progress_fetched(const redisReply *r, const char *err, void *ud)
     long long age_ms;
 
     if (f->epoch == sh->epoch) {
-        struct scope_slot *s = scope_slot(sh, f->scope);
+        struct scope_slot *s = scope_find(sh, f->scope);
         if (s && s->state == SCOPE_FETCHING) {
+            double now = ev_now(sh->srv->loop);
             if (reply_is_int(r, &age_ms)) {
-                double now = ev_now(sh->srv->loop);
                 s->state = SCOPE_KNOWN;
                 s->last_at = age_ms < 0 ? -INFINITY : now - (double)age_ms / 1000.0;
             } else {
-                s->state = SCOPE_UNKNOWN; /* read again at the next step */
-                log_at(LOG_WARN, "progress read failed", "scope", LOG_S, f->scope, "error",
-                       LOG_S, err ? err : "bad reply", NULL);
+                s->state = SCOPE_FAILED;
+                s->failed_at = now;
+                sh->progress_read_errors++;
+                log_at(LOG_WARN, "progress read failed (calls of the scope fail closed)", "scope",
+                       LOG_S, f->scope, "error", LOG_S, err ? err : "bad reply", NULL);
             }
         }
     }
@@ -224,6 +249,11 @@ static int be_progress_age(void *ud, const char *scope, double now, double *age)
     }
     if (s->state == SCOPE_FETCHING)
         return 1;
+    if (s->state == SCOPE_FAILED) {
+        if (now - s->failed_at < sh->srv->cfg->redis_command_timeout_s)
+            return -1;
+        s->state = SCOPE_UNKNOWN;
+    }
     size_t n = strlen(scope);
     struct fetch *f = malloc(sizeof(*f) + n + 1);
     if (!f)
@@ -569,10 +599,30 @@ double shared_unix_s(long long ms)
 
 /* --- connection events ------------------------------------------------- */
 
+/* Task stops published while this sidecar could not listen or could not
+ * act on them are lost: once both connections are up again, re-read the
+ * running tasks held here. */
+static void maybe_resync(struct shared *sh)
+{
+    if (!sh->resync || !rds_up(sh->rds) || !rds_subscribed(sh->rds))
+        return;
+    sh->resync = false;
+    sh->resyncs++;
+    tasks_on_resubscribed(sh->srv);
+}
+
+void shared_request_resync(struct shared *sh)
+{
+    sh->resync = true;
+    maybe_resync(sh);
+}
+
 static void on_up(struct rds *r, void *ud)
 {
+    struct shared *sh = ud;
     (void)r;
-    (void)ud;
+    tasks_on_backend_up(sh->srv);
+    maybe_resync(sh);
 }
 
 static void on_down(struct rds *r, const char *why, void *ud)
@@ -584,10 +634,8 @@ static void on_down(struct rds *r, const char *why, void *ud)
 
 static void on_subscribed(struct rds *r, void *ud)
 {
-    struct shared *sh = ud;
     (void)r;
-    /* Stops published while we were not listening are lost: re-check. */
-    tasks_on_resubscribed(sh->srv);
+    shared_request_resync(ud);
 }
 
 static void on_unsubscribed(struct rds *r, void *ud)
@@ -608,8 +656,9 @@ static void on_message(struct rds *r, size_t channel, const char *msg, size_t le
     memcpy(buf, msg, len);
     buf[len] = '\0';
     if (channel == CH_PROGRESS) {
-        struct scope_slot *s = scope_slot(sh, buf);
-        if (s) {
+        /* Only scopes this sidecar works with: the cache is not the fleet's. */
+        struct scope_slot *s = scope_find(sh, buf);
+        if (s) { /* the freshest news: a fetch in flight is then ignored */
             s->state = SCOPE_KNOWN;
             s->last_at = ev_now(sh->srv->loop);
         }
@@ -638,7 +687,7 @@ int shared_init(struct server *srv, char *err, size_t errlen)
     if (!sh->src || !sh->scopes)
         goto oom;
     for (size_t i = 0; i < CH_COUNT; i++) {
-        static const char *const names[CH_COUNT] = {"task-stop", "progress"};
+        static const char *const names[CH_COUNT] = {"task-end", "progress"};
         size_t n = strlen(cfg->redis_prefix) + strlen(names[i]) + 2;
         sh->channel[i] = malloc(n);
         if (!sh->channel[i])
@@ -702,6 +751,31 @@ oom:
     return -1;
 }
 
+static void drain_timeout(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)w;
+    (void)revents;
+}
+
+/* At exit: the releases of the calls just ended (and any other write) are
+ * only queued in hiredis; let them out, bounded by the command timeout, so
+ * a restart does not hold the fleet's permits (or its half-open probe) for
+ * lease_ttl_s. */
+static void shared_drain(struct shared *sh)
+{
+    struct ev_loop *loop = sh->srv->loop;
+    ev_timer guard;
+
+    if (!sh->rds || !rds_up(sh->rds) || rds_get_stats(sh->rds)->pending == 0)
+        return;
+    ev_timer_init(&guard, drain_timeout, sh->srv->cfg->redis_command_timeout_s, 0.);
+    ev_timer_start(loop, &guard);
+    while (ev_is_active(&guard) && rds_up(sh->rds) && rds_get_stats(sh->rds)->pending > 0)
+        ev_run(loop, EVRUN_ONCE);
+    ev_timer_stop(loop, &guard);
+}
+
 void shared_fini(struct server *srv)
 {
     struct shared *sh = srv->shared;
@@ -711,6 +785,7 @@ void shared_fini(struct server *srv)
     ev_timer_stop(srv->loop, &sh->renew_w);
     ev_timer_stop(srv->loop, &sh->mark_w);
     sh->n_dirty = 0; /* a coalesced mark (< 100 ms old) is not worth a write at exit */
+    shared_drain(sh);
     rds_free(sh->rds);
     sh->rds = NULL; /* fails pending admits: their leases are freed */
     for (size_t i = 0; sh->src && i < srv->cfg->n_sources; i++) {
@@ -754,8 +829,9 @@ void shared_pack_stats(struct shared *sh, msgpack_packer *pk)
     rpc_pack_str(pk, "backend");
     rds_pack_stats(sh->rds, pk);
     rpc_pack_str(pk, "shared");
-    msgpack_pack_map(pk, 15);
+    msgpack_pack_map(pk, 16);
     rpc_pack_kv_str(pk, "sidecar_id", sh->sidecar_id);
+    rpc_pack_kv_u64(pk, "progress_read_errors", sh->progress_read_errors);
     rpc_pack_kv_u64(pk, "marks_sent", sh->marks_sent);
     rpc_pack_kv_u64(pk, "marks_coalesced", sh->marks_coalesced);
     rpc_pack_str(pk, "sources");

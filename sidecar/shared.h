@@ -23,7 +23,7 @@
  *    published; an unknown scope is fetched once (the loop waits for it
  *    only when a stall verdict depends on it); the cache is dropped when
  *    the subscription is lost, and reads fail closed until it is back.
- *  - Task operations and the task-stop channel (used by tasks.c).
+ *  - Task operations and the task-end channel (used by tasks.c).
  */
 #ifndef POLYGW_SHARED_H
 #define POLYGW_SHARED_H
@@ -79,6 +79,9 @@ int shared_task(struct shared *sh, const char *op, const char *id, const char *r
 double shared_unix_s(long long ms);
 
 bool shared_up(const struct shared *sh);
+/* A task update could not be sent: re-read every running task held here
+ * once the backend is back (now, if it is). */
+void shared_request_resync(struct shared *sh);
 
 /* The `backend` map of `stats`. */
 void shared_pack_stats(struct shared *sh, msgpack_packer *pk);

@@ -30,6 +30,9 @@ enum tasks_op { TOP_START, TOP_STOP, TOP_GUARD, TOP_FINISH, TOP_GET, TOP_NODE_BE
 static void tasks_remote(struct server *srv, struct conn *c, uint32_t msgid, enum tasks_op op,
                          const char *id, const char *reason, bool ok, tasks_guard_cb *cb,
                          void *cb_ud);
+struct tasks_req;
+static void tasks_retry_later(struct server *srv, struct tasks_req *q);
+static void tasks_retry_free(struct server *srv);
 
 /* Monotonic loop time -> Unix seconds. */
 static double unix_time(const struct server *srv, double t)
@@ -123,6 +126,7 @@ int tasks_init(struct server *srv, char *err, size_t errlen)
 
 void tasks_fini(struct server *srv)
 {
+    tasks_retry_free(srv);
     if (!srv->tasks)
         return;
     ev_timer_stop(srv->loop, &srv->task_w);
@@ -291,7 +295,7 @@ static void copy_reason(const msgpack_object *o, char *buf, size_t cap)
  * and guard go to Redis first and the local copy is brought in line with
  * the answer (a remote stop ends the local calls); node.begin imports a
  * task started elsewhere; node.end and list are local. A stop anywhere is
- * published on P:task-stop: each sidecar re-reads the task and ends its
+ * published on P:task-end: each sidecar re-reads the task and ends its
  * calls. */
 
 static const char *const top_lua[] = {"start", "stop",  "guard", "finish",
@@ -299,6 +303,7 @@ static const char *const top_lua[] = {"start", "stop",  "guard", "finish",
 
 struct tasks_req {
     struct server *srv;
+    struct tasks_req *next;        /* the retry list */
     uint64_t conn_id;              /* 0: no client waits (a sync) */
     uint32_t msgid;
     enum tasks_op op;
@@ -378,16 +383,18 @@ static void pack_rtask(msgpack_packer *pk, const char *id, const struct rtask *r
     msgpack_pack_uint64(pk, rt->runs > 0 ? (uint64_t)rt->runs : 0);
 }
 
-/* Brings the local copy of task `id` in line with Redis' `rt`: imports a
- * running task, and ends a local running one that was stopped, failed by
- * a watchdog or finished elsewhere (its calls end at once). */
-static void tasks_sync(struct server *srv, const char *id, const struct rtask *rt)
+/* Brings the local copy of task `id` in line with Redis' `rt`: a copy held
+ * here that runs is restarted, or ended when the task was stopped, failed
+ * by a watchdog or finished elsewhere (a stop ends its calls at once). A
+ * task not held here is imported only with `import` (this sidecar is about
+ * to work with it: start, node.begin, a call naming it). */
+static void tasks_sync(struct server *srv, const char *id, const struct rtask *rt, bool import)
 {
     double now = ev_now(srv->loop);
     struct task *t = task_get(srv->tasks, id);
     char msg[TASK_REASON_MAX + TASK_ID_MAX + 64];
 
-    if (!rt->exists)
+    if (!rt->exists || (!t && !import))
         return;
     if (strcmp(rt->state, "running") == 0) {
         if (!t || t->state != TASK_RUNNING) {
@@ -436,9 +443,14 @@ static void tasks_on_reply(const redisReply *r, const char *err, void *ud)
             err = "error reply from task.lua";
     }
     if (rt.exists)
-        tasks_sync(srv, q->id, &rt);
+        tasks_sync(srv, q->id, &rt, q->cb || q->op == TOP_START || q->op == TOP_NODE_BEGIN);
     if (q->op == TOP_SYNC || q->op == TOP_WATCHDOG) {
-        free(q);
+        if (!parsed && q->op == TOP_WATCHDOG)
+            tasks_retry_later(srv, q); /* the fleet must learn the verdict */
+        else if (!parsed)
+            shared_request_resync(srv->shared);
+        if (parsed || q->op != TOP_WATCHDOG)
+            free(q);
         return;
     }
     if (q->cb) {
@@ -452,6 +464,7 @@ static void tasks_on_reply(const redisReply *r, const char *err, void *ud)
     srv->stats.in_flight--;
     struct conn *c = tasks_find_conn(srv, q->conn_id);
     if (c) {
+        c->in_flight--;
         bool idempotent = q->op == TOP_START && rt.rc == TASK_E_RUNNING;
         if (rt.rc != TASK_OK && !idempotent) {
             reply_task_error_s(c, q->msgid, rt.rc, q->id, rt.exists ? rt.state : NULL,
@@ -489,11 +502,19 @@ static void tasks_remote(struct server *srv, struct conn *c, uint32_t msgid, enu
         snprintf(q->reason, sizeof(q->reason), "%s", reason ? reason : "");
     }
     if (q && shared_task(srv->shared, top_lua[op], id, q->reason, ok, tasks_on_reply, q) == 0) {
-        if (c && !cb)
+        if (c && !cb) {
             srv->stats.in_flight++;
+            c->in_flight++;
+        }
+        return;
+    }
+    if (q && op == TOP_WATCHDOG) {
+        tasks_retry_later(srv, q);
         return;
     }
     free(q);
+    if (op == TOP_SYNC)
+        shared_request_resync(srv->shared);
     if (cb)
         cb(cb_ud, NULL, TASKS_E_BACKEND, "not connected", NULL);
     else if (c)
@@ -515,6 +536,7 @@ static void tasks_remote_node_begin(struct conn *c, uint32_t msgid, const char *
     }
     if (q && shared_task(srv->shared, "guard", id, "", false, tasks_on_reply, q) == 0) {
         srv->stats.in_flight++;
+        c->in_flight++;
         return;
     }
     free(q);
@@ -523,10 +545,62 @@ static void tasks_remote_node_begin(struct conn *c, uint32_t msgid, const char *
 
 void tasks_on_remote_stop(struct server *srv, const char *id)
 {
-    struct task *t = task_get(srv->tasks, id);
+    /* Even for a task not held here: an import may be in flight, and this
+     * read is answered after it (one connection, replies in order). */
+    tasks_remote(srv, NULL, 0, TOP_SYNC, id, NULL, false, NULL, NULL);
+}
 
-    if (t && t->state == TASK_RUNNING)
-        tasks_remote(srv, NULL, 0, TOP_SYNC, id, NULL, false, NULL, NULL);
+/* Watchdog verdicts that could not reach Redis, sent again when it is back
+ * (bounded: beyond TASKS_RETRY_MAX the oldest are dropped, logged). */
+#define TASKS_RETRY_MAX 4096
+
+static void tasks_retry_later(struct server *srv, struct tasks_req *q)
+{
+    q->next = NULL;
+    if (srv->task_retry_tail)
+        srv->task_retry_tail->next = q;
+    else
+        srv->task_retry = q;
+    srv->task_retry_tail = q;
+    if (++srv->task_retry_n > TASKS_RETRY_MAX) {
+        struct tasks_req *old = srv->task_retry;
+        srv->task_retry = old->next;
+        srv->task_retry_n--;
+        log_at(LOG_ERROR, "watchdog verdict dropped: the backend was unreachable too long",
+               "task_id", LOG_S, old->id, NULL);
+        free(old);
+    }
+}
+
+static void tasks_retry_free(struct server *srv)
+{
+    while (srv->task_retry) {
+        struct tasks_req *q = srv->task_retry;
+        srv->task_retry = q->next;
+        free(q);
+    }
+    srv->task_retry_tail = NULL;
+    srv->task_retry_n = 0;
+}
+
+void tasks_on_backend_up(struct server *srv)
+{
+    struct tasks_req *list = srv->task_retry;
+
+    srv->task_retry = srv->task_retry_tail = NULL;
+    srv->task_retry_n = 0;
+    while (list) {
+        struct tasks_req *q = list;
+        list = q->next;
+        tasks_remote(srv, NULL, 0, q->op, q->id, q->reason, q->ok, NULL, NULL);
+        free(q);
+    }
+}
+
+bool tasks_held_running(struct server *srv, const char *id)
+{
+    struct task *t = task_get(srv->tasks, id);
+    return t && t->state == TASK_RUNNING;
 }
 
 static int resync_one(struct task *t, void *ud)
@@ -625,12 +699,13 @@ void tasks_guard(struct conn *c, const struct rpc_msg *m)
 
     if (bind_task(c, m, spec, 1, p, id, NULL) < 0)
         return;
-    int rc = task_guard(c->srv->tasks, id, ev_now(c->srv->loop), &t);
-    if (c->srv->shared && (rc == TASK_OK || rc == TASK_E_NOT_FOUND)) {
-        /* Running here (or unknown here): Redis has the fleet's answer. */
+    if (c->srv->shared) {
+        /* Redis has the fleet's answer; a copy held here may be stale. */
+        task_guard(c->srv->tasks, id, ev_now(c->srv->loop), &t); /* activity, if held */
         tasks_remote(c->srv, c, m->msgid, TOP_GUARD, id, NULL, false, NULL, NULL);
         return;
     }
+    int rc = task_guard(c->srv->tasks, id, ev_now(c->srv->loop), &t);
     if (rc < 0) {
         reply_task_error(c, m->msgid, rc, id, t);
         return;

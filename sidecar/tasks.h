@@ -47,9 +47,15 @@ void tasks_reply_error(struct conn *c, uint32_t msgid, int rc, const char *id,
 /* Shared backend: task `id` was stopped (or failed by a watchdog) on some
  * sidecar; end its calls here. */
 void tasks_on_remote_stop(struct server *srv, const char *id);
-/* Shared backend: the stop channel is listened to again after a gap;
- * re-read the running tasks that have calls here. */
+/* Shared backend: the stop channel is listened to again after a gap (or a
+ * task update could not be sent); re-read the running tasks held here. */
 void tasks_on_resubscribed(struct server *srv);
+/* Shared backend: the command connection is up again: send the watchdog
+ * verdicts that could not be sent. */
+void tasks_on_backend_up(struct server *srv);
+/* Shared backend, for `call`: is task `id` held here and running? (Any
+ * other local state may be stale: ask Redis.) */
+bool tasks_held_running(struct server *srv, const char *id);
 
 /* The `tasks` section of `stats`. */
 void tasks_pack_stats(msgpack_packer *pk, struct server *srv);

@@ -11,7 +11,7 @@ ARGV[2]  task_id   the ID (published by stop/watchdog)
 ARGV[3]  ttl_s     key TTL (EXPIRE) set by every write; default 86400
 ARGV[4]  reason    stop/watchdog/finish; truncated to 512 bytes at a UTF-8 boundary
 ARGV[5]  ok        finish: 1 = succeeded, 0 = failed/error
-ARGV[6]  channel   stop/watchdog: pub/sub channel, "<prefix>:task-stop"
+ARGV[6]  channel   stop/watchdog/finish: pub/sub channel, "<prefix>:task-end"
 
 Returns  {code, state, kind, reason, runs, started_at_ms, ended_at_ms}
          code: ok | not_found | running | stopped | watchdog | finished
@@ -29,7 +29,8 @@ Transitions (as in task.h):
   watchdog like stop with kind watchdog (a node deadline passed on the sidecar
            that armed it; the others learn it through the same channel and
            read the kind with get).
-  finish   running -> succeeded (ok=1, reason kept if given) or failed/error.
+  finish   running -> succeeded (ok=1, reason kept if given) or failed/error;
+           PUBLISH the id on `channel` too (sidecars holding a copy update it).
   guard    running -> ok and the TTL restarts (activity); else the error code.
   get      a read: no TTL change.
 TTL: every write re-arms EXPIRE ttl_s: a finished task is forgotten ttl_s
@@ -124,5 +125,8 @@ else -- finish
         redis.call('HSET', K, 'state', 'failed', 'kind', 'error', 'reason', reason, 'ended_at', now)
     end
     redis.call('EXPIRE', K, ttl)
+    if ARGV[6] and ARGV[6] ~= '' then
+        redis.call('PUBLISH', ARGV[6], id)   -- sidecars holding a copy update it
+    end
     return reply('ok')
 end

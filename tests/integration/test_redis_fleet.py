@@ -658,3 +658,171 @@ def test_fleet__stats_show_the_backend_never_the_password(redis_pw, up, make_sid
         s.stop()
         logs = s.logs()
         assert PASSWORD not in logs and wrong not in logs, "password in the log:\n" + logs
+
+
+# ------------------------------------------ failure paths found in review
+TASK_LUA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "sidecar", "lua", "task.lua")
+
+
+def test_fleet__progress_read_error_fails_closed(redis_srv, up, make_sidecar):
+    """The scope's progress key holds the wrong type, so progress.lua's read
+    answers an error. A call past its stall window needs that age: it must
+    end `backend_unavailable` (fail closed) within about the window plus the
+    command timeout — not retry the read in a loop for ever."""
+    prefix = unique_prefix()
+    w = 0.5
+    cfg = fleet_config(redis_srv.url(), prefix, [source("a", "chat", up.url, ttft_timeout_s=w)],
+                       capabilities={"chat": {"exempt_429": True}}, stall_window_s=w,
+                       backend={"command_timeout_s": 0.3, "lease_ttl_s": 30})
+    (a,) = start_fleet(make_sidecar, 1, cfg)
+    redis_srv.client().call("HSET", "{%s:scope:X}:progress" % prefix, "f", "1")
+    p = Pending(a, "chat", chat(mock={"status": 429, "retry_after": 0.05}), scope="X",
+                timeout=6)
+    err, res = p.wait(4)
+    assert res is None and err["code"] == "backend_unavailable", err
+    # A failed progress read fails the call closed at its next step (DESIGN
+    # 3.2), at the latest when its stall verdict needs the age.
+    assert_at("call with an unreadable progress age", p.elapsed, 0, w + 0.3)
+    s = stats(a)["shared"]
+    assert s["progress_fetches"] <= 5 and s["progress_read_errors"] >= 1, s
+    assert a.logs().count("progress read failed") <= 5
+    p.close()
+
+
+def test_fleet__graceful_stop_releases_leases(redis_srv, up, make_sidecar):
+    """SIGTERM with a call hung upstream: the call is answered, and the
+    sidecar's lease is released before it exits (not left to expire after
+    lease_ttl_s, holding the fleet's permit meanwhile)."""
+    prefix = unique_prefix()
+    cfg = fleet_config(redis_srv.url(), prefix, [source("a", "chat", up.url, ttft_timeout_s=8)],
+                       stall_window_s=10)
+    cfg = cfg.replace("shutdown_grace_s: 2", "shutdown_grace_s: 0.2")
+    (a,) = start_fleet(make_sidecar, 1, cfg)
+    hung = Pending(a, "chat", chat(mock={"hang": "before_headers"}), timeout=10)
+    assert wait_until(lambda: up.stats()["in_progress"] == 1, 3)
+    r = redis_srv.client()
+    key = "{%s:source:a}:leases" % prefix
+    assert r.call("ZCARD", key) == 1
+    a.stop()
+    err, _ = hung.wait(2)
+    assert err["code"] == "shutting_down", err
+    assert r.call("ZCARD", key) == 0, r.call("ZRANGE", key, 0, -1, "WITHSCORES")
+    hung.close()
+
+
+def test_fleet__stop_during_a_backend_gap_still_ends_the_call(redis_srv, up, make_sidecar):
+    """A task is stopped in Redis while this sidecar can neither subscribe
+    nor run scripts; the subscriber comes back before the command
+    connection. Once both are back, the task's hung call ends
+    `task_stopped` and a new call naming it is refused."""
+    prefix = unique_prefix()
+    tid = "t-gap"
+    cfg = fleet_config(redis_srv.url(), prefix, [source("a", "chat", up.url, ttft_timeout_s=8)],
+                       stall_window_s=10, backend={"command_timeout_s": 0.3, "lease_ttl_s": 30})
+    (b,) = start_fleet(make_sidecar, 1, cfg)
+    cb = b.connect()
+    err, _ = cb.request("task.start", {"task_id": tid})
+    assert err is None, err
+    hung = Pending(b, "chat", chat(mock={"hang": "before_headers"}), task_id=tid, timeout=15)
+    assert wait_until(lambda: up.stats()["in_progress"] == 1, 3)
+    adm = redis_srv.client()
+    adm.call("ACL", "SETUSER", "admin", "on", "nopass", "~*", "&*", "+@all")
+    adm.call("AUTH", "admin", "x")
+    adm.call("ACL", "SETUSER", "default", "-@scripting", "-@pubsub")
+    adm.call("CLIENT", "KILL", "USER", "default")
+    assert wait_until(lambda: stats(b)["backend"]["state"] != "up", 3)
+    src = open(TASK_LUA).read()
+    r = adm.call("EVAL", src, "1", "{%s:task:%s}" % (prefix, tid), "stop", tid, "86400",
+                 "stopped during the gap", "0", prefix + ":task-end")
+    assert r[0] == "ok", r
+    adm.call("ACL", "SETUSER", "default", "+@pubsub")      # the subscriber first
+    time.sleep(0.8)
+    assert not hung.answered()
+    adm.call("ACL", "SETUSER", "default", "+@scripting")   # then the command connection
+    err, res = hung.wait(5)
+    assert res is None and err["code"] == "task_stopped", err
+    assert "stopped during the gap" in err["message"], err
+    before = up.stats()["requests"]
+    err, res, _ = call(b, chat(), task_id=tid)
+    assert res is None and err["code"] == "task_stopped", err
+    assert up.stats()["requests"] == before
+    cb.close()
+    hung.close()
+
+
+def test_fleet__task_run_again_elsewhere_is_seen_here(redis_srv, up, make_sidecar):
+    """Started and finished on A, started again (run 2) on B: A must not
+    answer from its stale copy — a call naming the task runs on A, guard
+    passes, get shows run 2. Finishing it on B updates A's copy."""
+    tid = "t-rerun"
+    cfg = fleet_config(redis_srv.url(), unique_prefix(), [source("a", "chat", up.url)],
+                       stall_window_s=10)
+    a, b = start_fleet(make_sidecar, 2, cfg)
+    ca, cb = a.connect(), b.connect()
+    assert ca.request("task.start", {"task_id": tid})[0] is None
+    assert ca.request("task.finish", {"task_id": tid, "ok": True})[0] is None
+    err, t = cb.request("task.start", {"task_id": tid})
+    assert err is None and t["runs"] == 2, (err, t)
+    err, res, _ = call(a, chat(), task_id=tid)
+    assert err is None, err
+    assert ca.request("task.guard", {"task_id": tid}) == (None, {})
+    err, t = ca.request("task.get", {"task_id": tid})
+    assert err is None and t["state"] == "running" and t["runs"] == 2, (err, t)
+    assert cb.request("task.finish", {"task_id": tid, "ok": False, "reason": "B gave up"})[0] \
+        is None
+    # A's copy (imported by the call) learns the finish through the channel.
+    assert wait_until(lambda: not any(x["task_id"] == tid and x["state"] == "running"
+                                      for x in ca.request("task.list", {})[1]["tasks"]), 2)
+    err, res, _ = call(a, chat(), task_id=tid)
+    assert res is None and err["code"] == "bad_request" and "failed" in err["message"], err
+    ca.close()
+    cb.close()
+
+
+def test_fleet__task_requests_count_against_the_connection_limit(redis_srv, up, make_sidecar):
+    """Task requests waiting for Redis are in flight like calls: past
+    max_inflight_per_connection they are refused `overloaded`, not queued
+    without bound."""
+    cfg = fleet_config(redis_srv.url(), unique_prefix(), [source("a", "chat", up.url)],
+                       stall_window_s=10)
+    cfg = cfg.replace('listen:\n  mode: "0660"',
+                      'listen:\n  mode: "0660"\n  max_inflight_per_connection: 2')
+    (a,) = start_fleet(make_sidecar, 1, cfg)
+    c = a.connect()
+    redis_srv.freeze()
+    try:
+        ids = [c.request_async("task.get", {"task_id": "x%d" % i}) for i in range(50)]
+        codes = {}
+        for i in ids:
+            m = c.wait_response(i, 5)
+            code = m[2]["code"] if m[2] else "ok"
+            codes[code] = codes.get(code, 0) + 1
+    finally:
+        redis_srv.thaw()
+    assert codes.get("overloaded", 0) == 48, codes
+    assert codes.get("backend_unavailable", 0) + codes.get("bad_request", 0) == 2, codes
+    c.close()
+
+
+def test_fleet__waiters_for_a_refill_do_not_stampede(redis_srv, up, make_sidecar):
+    """60 calls over 3 sidecars for a bucket of 5 per second: after a refusal
+    a sidecar's waiters ask one at a time (the source is gated until the
+    backend's retry time, jittered across the fleet), so admissions stay a
+    small multiple of the calls (measured ~3.6 per call) instead of growing
+    with the number of waiters per token (~27 per call without the gate)."""
+    cfg = fleet_config(redis_srv.url(), unique_prefix(),
+                       [source("a", "chat", up.url, limits={"rpm": 5, "window_s": 1})],
+                       stall_window_s=30)
+    fleet = start_fleet(make_sidecar, 3, cfg)
+    calls = [Pending(fleet[i % 3], "chat", chat(), timeout=30) for i in range(60)]
+    for k in calls:
+        err, _ = k.wait(30)
+        assert err is None, err
+        k.close()
+    admits = shared_sum(fleet, "admits")
+    admitted = shared_sum(fleet, "admitted")
+    print("60 calls at 5/s: %d admissions for %d admitted (%.1f per call)"
+          % (admits, admitted, admits / admitted))
+    assert admitted == 60
+    assert admits <= 60 * 8, admits

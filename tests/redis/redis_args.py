@@ -37,7 +37,7 @@ def progress(s, scope, op, ttl=None):
     return s.run("progress", [scope_key(scope)], [op] + ([ttl] if ttl is not None else []))
 
 
-def task(s, tid, op, ttl=86400, reason="", ok=0, channel="pgw:task-stop"):
+def task(s, tid, op, ttl=86400, reason="", ok=0, channel="pgw:task-end"):
     return s.run("task", [task_key(tid)], [op, tid, ttl, reason, ok, channel])
 
 

@@ -79,7 +79,7 @@ def test_ttl_and_expiry(scripts, conn):
 
 
 def test_stop_publishes_to_subscribers(scripts, conn, redis_server):
-    channel = "pgw:task-stop"
+    channel = "pgw:task-end"
     sub = subprocess.Popen(["redis-cli", "-h", "127.0.0.1", "-p", str(redis_server.port),
                             "SUBSCRIBE", channel],
                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -92,15 +92,16 @@ def test_stop_publishes_to_subscribers(scripts, conn, redis_server):
         assert task(scripts, "job-42", "stop", reason="r1")[0] == "ok"
         assert task(scripts, "job-42", "stop", reason="r2")[0] == "stopped"   # no 2nd publish
         task(scripts, "job-43", "start")
-        task(scripts, "job-43", "finish", ok=1)                               # no publish
+        task(scripts, "job-43", "finish", ok=1)                               # publishes
+        task(scripts, "job-43", "finish", ok=1)                               # no 2nd publish
         task(scripts, "job-44", "start")
         task(scripts, "job-44", "watchdog")
 
         lines, buf = [], b""
         fd = sub.stdout.fileno()
         deadline = time.monotonic() + 5
-        # subscribe confirmation (3 lines) + two messages (3 lines each)
-        while len(lines) < 9 and time.monotonic() < deadline:
+        # subscribe confirmation (3 lines) + three messages (3 lines each)
+        while len(lines) < 12 and time.monotonic() < deadline:
             ready, _, _ = select.select([fd], [], [], 0.1)
             if ready:
                 chunk = os.read(fd, 4096)
@@ -115,6 +116,7 @@ def test_stop_publishes_to_subscribers(scripts, conn, redis_server):
         extra = os.read(fd, 4096).decode() if ready else ""
         assert lines == ["subscribe", channel, "1",
                          "message", channel, "job-42",
+                         "message", channel, "job-43",
                          "message", channel, "job-44"], lines
         assert extra == ""
     finally:

@@ -214,7 +214,7 @@ static void never_cb(const redisReply *reply, const char *err, void *ud)
 
 static struct rds *new_rds(struct ev_loop *loop, const char *url, char *err, size_t errlen)
 {
-    static const char *const channels[] = {"p:task-stop", "p:progress"};
+    static const char *const channels[] = {"p:task-end", "p:progress"};
     const struct rds_opts opts = {
         .url = url,
         .command_timeout_s = 0.2,
