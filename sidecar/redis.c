@@ -91,6 +91,7 @@
 #include <ctype.h>
 #include <hiredis/adapters/libev.h>
 #include <hiredis/async.h>
+#include <hiredis/sds.h>
 #include <limits.h>
 #include <math.h>
 #include <netdb.h>
@@ -207,6 +208,7 @@ struct rds {
     char sha[RDS_N_SCRIPTS][RDS_SHA_LEN + 1];
     double clock_offset;
     ev_timer time_w;
+    ev_prepare flush_w;             /* writes queued commands before the loop polls */
     uint64_t rng;
     unsigned depth;                 /* our frames on the stack (see the top comment) */
     bool closing;
@@ -588,7 +590,30 @@ static int cmd_send(struct rconn *cn, struct cmd *c, int argc, const char **argv
     c->sent_at = ev_time();
     c->sent_now = ev_now(cn->r->loop);
     cmd_link(cn, c);
+    if (!ev_is_active(&cn->r->flush_w))
+        ev_prepare_start(cn->r->loop, &cn->r->flush_w);
     return 0;
+}
+
+/* Before the loop polls: write what the commands of this loop turn queued
+ * (all of them in one write per connection, as the write watcher would one
+ * turn later). The adapter's write watcher was started by hiredis and is
+ * stopped again by a complete write, both before libev applies watcher
+ * changes to epoll: no epoll_ctl and no extra loop turn per command. */
+static void rds_on_flush(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+    struct rds *r = w->data;
+    (void)revents;
+
+    ev_prepare_stop(loop, w);
+    rds_enter(r);
+    for (int k = 0; k < RC_N && !r->closing; k++) {
+        struct rconn *cn = &r->conn[k];
+        if ((cn->state == RC_HANDSHAKE || cn->state == RC_UP) && cn->ac &&
+            sdslen(cn->ac->c.obuf) > 0)
+            redisAsyncHandleWrite(cn->ac); /* an error detaches cn (conn_on_disconnect) */
+    }
+    rds_leave(r);
 }
 
 static void cmd_start_timer(struct rds *r, struct cmd *c)
@@ -1330,6 +1355,7 @@ static void time_on_tick(struct ev_loop *loop, ev_timer *w, int revents)
 static void rds_teardown(struct rds *r)
 {
     ev_timer_stop(r->loop, &r->time_w);
+    ev_prepare_stop(r->loop, &r->flush_w);
     for (int k = 0; k < RC_N; k++) {
         struct rconn *cn = &r->conn[k];
         ev_timer_stop(r->loop, &cn->retry_w);
@@ -1387,6 +1413,8 @@ struct rds *rds_new(struct ev_loop *loop, const struct rds_opts *opts,
         return NULL;
     }
     ev_timer_init(&r->time_w, time_on_tick, RDS_TIME_EVERY_S, RDS_TIME_EVERY_S);
+    ev_prepare_init(&r->flush_w, rds_on_flush);
+    r->flush_w.data = r;
     r->time_w.data = r;
     for (int k = 0; k < RC_N; k++) {
         struct rconn *cn = &r->conn[k];
