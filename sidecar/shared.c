@@ -68,6 +68,11 @@ struct source_keys {
     struct shared_lease *live;
     size_t n_live;
     char breaker_state[12];             /* the fleet breaker as last seen */
+    /* The scripts' constant arguments, formatted once. */
+    char a_conc[24], a_ttl[24], a_rpm[24], a_win[24], a_tpm[24], a_daily[24], a_fails[24],
+        a_cool[24], a_maxcool[24];
+    size_t index;                       /* in sh->src: a release's context */
+    struct shared *sh;
 };
 
 struct shared {
@@ -97,9 +102,13 @@ static const char *const refusal_names[6] = {"breaker", "concurrency", "rpm", "t
 
 /* --- helpers ----------------------------------------------------------- */
 
+/* A whole number as the scripts read it (tonumber). */
 static void fmt_num(char *buf, size_t len, double v)
 {
-    snprintf(buf, len, "%.0f", v);
+    if (fabs(v) < 9e15)
+        snprintf(buf, len, "%lld", (long long)v);
+    else
+        snprintf(buf, len, "%.0f", v);
 }
 
 static bool reply_is_int(const redisReply *r, long long *v)
@@ -373,11 +382,6 @@ static void lease_unlink(struct shared *sh, struct shared_lease *l)
     l->live = false;
 }
 
-struct release_ctx {
-    struct shared *sh;
-    size_t source;
-};
-
 /* The fleet breaker as one release left it: logged when it changed. */
 static void note_breaker(struct shared *sh, size_t source, const char *state)
 {
@@ -393,13 +397,13 @@ static void note_breaker(struct shared *sh, size_t source, const char *state)
 
 static void on_released(const redisReply *r, const char *err, void *ud)
 {
-    struct release_ctx *rc = ud;
+    struct source_keys *k = ud;
+    struct shared *sh = k->sh;
 
     if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 3)
-        count_write_error(rc->sh, "release", err);
+        count_write_error(sh, "release", err);
     else if (r->element[1]->type == REDIS_REPLY_STRING && r->element[1]->len < 12)
-        note_breaker(rc->sh, rc->source, r->element[1]->str);
-    free(rc);
+        note_breaker(sh, k->index, r->element[1]->str);
 }
 
 static const char *verdict_name(enum shared_verdict v)
@@ -410,30 +414,18 @@ static const char *verdict_name(enum shared_verdict v)
 void shared_release(struct shared *sh, struct shared_lease *l, enum shared_verdict v,
                     double used_tokens)
 {
-    const struct config_source *src = &sh->srv->cfg->sources[l->source];
     struct source_keys *k = &sh->src[l->source];
-    char est[32], used[32], tpm[32], win[32], daily[32], fails[16], cool[32], maxcool[32];
+    char est[32], used[32];
 
     lease_unlink(sh, l);
     sh->releases++;
     fmt_num(est, sizeof(est), ceil(l->est_tokens));
     fmt_num(used, sizeof(used), used_tokens < 0 ? -1 : ceil(used_tokens));
-    fmt_num(tpm, sizeof(tpm), (double)src->limits.tpm);
-    fmt_num(win, sizeof(win), src->limits.window_s * 1000.0);
-    fmt_num(daily, sizeof(daily), (double)src->limits.daily_tokens);
-    fmt_num(fails, sizeof(fails), src->breaker.failures);
-    fmt_num(cool, sizeof(cool), src->breaker.cooldown_s * 1000.0);
-    fmt_num(maxcool, sizeof(maxcool), src->breaker.max_cooldown_s * 1000.0);
-    const char *argv[] = {k->breaker, k->leases, k->rpm,      k->tpm, k->daily, l->id,
-                          verdict_name(v), est, used,         tpm,    win,      daily,
-                          "86400000", fails, cool,            maxcool};
-    struct release_ctx *rc = malloc(sizeof(*rc));
-    if (rc)
-        *rc = (struct release_ctx){sh, l->source};
-    if (!rc || rds_eval(sh->rds, RDS_RELEASE, 5, 16, argv, NULL, on_released, rc) < 0) {
-        count_write_error(sh, "release", rc ? "not connected" : "out of memory");
-        free(rc);
-    }
+    const char *argv[] = {k->breaker, k->leases, k->rpm,     k->tpm,    k->daily, l->id,
+                          verdict_name(v), est,  used,       k->a_tpm,  k->a_win, k->a_daily,
+                          "86400000", k->a_fails, k->a_cool, k->a_maxcool};
+    if (rds_eval(sh->rds, RDS_RELEASE, 5, 16, argv, NULL, on_released, k) < 0)
+        count_write_error(sh, "release", "not connected");
     free(l);
 }
 
@@ -491,10 +483,8 @@ static void on_admitted(const redisReply *r, const char *err, void *ud)
 struct shared_admit *shared_admit(struct shared *sh, size_t source, double est_tokens,
                                   shared_admit_cb *cb, void *ud)
 {
-    const struct config *cfg = sh->srv->cfg;
-    const struct config_source *src = &cfg->sources[source];
     struct source_keys *k = &sh->src[source];
-    char conc[16], ttl[32], rpm[32], win[32], tpm[32], daily[32], est[32];
+    char est[32];
     struct shared_admit *a = malloc(sizeof(*a));
     struct shared_lease *l = calloc(1, sizeof(*l));
 
@@ -507,15 +497,10 @@ struct shared_admit *shared_admit(struct shared *sh, size_t source, double est_t
     l->est_tokens = est_tokens;
     snprintf(l->id, sizeof(l->id), "%s:%llu", sh->sidecar_id, ++sh->lease_seq);
     *a = (struct shared_admit){.sh = sh, .lease = l, .cb = cb, .ud = ud};
-    fmt_num(conc, sizeof(conc), src->max_concurrency);
-    fmt_num(ttl, sizeof(ttl), cfg->redis_lease_ttl_s * 1000.0);
-    fmt_num(rpm, sizeof(rpm), (double)src->limits.rpm);
-    fmt_num(win, sizeof(win), src->limits.window_s * 1000.0);
-    fmt_num(tpm, sizeof(tpm), (double)src->limits.tpm);
-    fmt_num(daily, sizeof(daily), (double)src->limits.daily_tokens);
     fmt_num(est, sizeof(est), ceil(est_tokens));
-    const char *argv[] = {k->breaker, k->leases, k->rpm, k->tpm, k->daily, l->id, conc, ttl,
-                          rpm,        win,       tpm,    win,    daily,    "86400000", est};
+    const char *argv[] = {k->breaker, k->leases, k->rpm,   k->tpm,     k->daily,
+                          l->id,      k->a_conc, k->a_ttl, k->a_rpm,   k->a_win,
+                          k->a_tpm,   k->a_win,  k->a_daily, "86400000", est};
     sh->admits++;
     if (rds_eval(sh->rds, RDS_ADMIT, 5, 15, argv, NULL, on_admitted, a) < 0) {
         free(a);
@@ -703,6 +688,18 @@ int shared_init(struct server *srv, char *err, size_t errlen)
         snprintf(k->tpm, sizeof(k->tpm), "{%s:source:%s}:tpm", p, n);
         snprintf(k->daily, sizeof(k->daily), "{%s:source:%s}:daily", p, n);
         snprintf(k->breaker_state, sizeof(k->breaker_state), "closed");
+        const struct config_source *src = &cfg->sources[i];
+        k->index = i;
+        k->sh = sh;
+        fmt_num(k->a_conc, sizeof(k->a_conc), src->max_concurrency);
+        fmt_num(k->a_ttl, sizeof(k->a_ttl), cfg->redis_lease_ttl_s * 1000.0);
+        fmt_num(k->a_rpm, sizeof(k->a_rpm), (double)src->limits.rpm);
+        fmt_num(k->a_win, sizeof(k->a_win), src->limits.window_s * 1000.0);
+        fmt_num(k->a_tpm, sizeof(k->a_tpm), (double)src->limits.tpm);
+        fmt_num(k->a_daily, sizeof(k->a_daily), (double)src->limits.daily_tokens);
+        fmt_num(k->a_fails, sizeof(k->a_fails), src->breaker.failures);
+        fmt_num(k->a_cool, sizeof(k->a_cool), src->breaker.cooldown_s * 1000.0);
+        fmt_num(k->a_maxcool, sizeof(k->a_maxcool), src->breaker.max_cooldown_s * 1000.0);
     }
     if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
         unsigned long long x = (unsigned long long)getpid() ^ (unsigned long long)(ev_time() * 1e6);
