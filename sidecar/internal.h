@@ -70,6 +70,7 @@ struct server {
     struct task_reg *tasks;       /* task states (src/task.h) */
     ev_timer task_w;              /* the watchdog / task expiry timer */
     struct tasks_req *task_retry, *task_retry_tail; /* verdicts to send when Redis is back */
+    struct tasks_req *task_pending; /* task requests a client waits for (Redis) */
     size_t task_retry_n;
 };
 

@@ -388,6 +388,8 @@ static void server_stop(struct server *srv, const char *why)
         ev_break(srv->loop, EVBREAK_ALL);
         return;
     }
+    tasks_fail_pending(srv, PGW_SHUTTING_DOWN,
+                       "the sidecar shut down before the state backend answered");
     for (struct conn *c = srv->conns, *next; c; c = next) {
         next = c->next;
         call_fail_all(c, PGW_SHUTTING_DOWN, "the sidecar shut down before the call finished");

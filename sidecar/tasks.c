@@ -304,6 +304,8 @@ static const char *const top_lua[] = {"start", "stop",  "guard", "finish",
 struct tasks_req {
     struct server *srv;
     struct tasks_req *next;        /* the retry list */
+    struct tasks_req *pprev, *pnext; /* srv->task_pending: a client waits for it */
+    bool answered;                 /* answered early (shutting_down): drop the reply */
     uint64_t conn_id;              /* 0: no client waits (a sync) */
     uint32_t msgid;
     enum tasks_op op;
@@ -430,6 +432,46 @@ static struct conn *tasks_find_conn(struct server *srv, uint64_t id)
 static void node_begin_local(struct conn *c, uint32_t msgid, const char *id, const char *node,
                              double timeout_s);
 
+/* Client requests waiting for Redis, so that a stopping server can answer
+ * them (tasks_fail_pending). */
+static void pending_link(struct tasks_req *q)
+{
+    struct server *srv = q->srv;
+    q->pprev = NULL;
+    q->pnext = srv->task_pending;
+    if (q->pnext)
+        q->pnext->pprev = q;
+    srv->task_pending = q;
+    srv->stats.in_flight++;
+}
+
+static void pending_unlink(struct tasks_req *q)
+{
+    struct server *srv = q->srv;
+    if (q->pprev)
+        q->pprev->pnext = q->pnext;
+    else if (srv->task_pending == q)
+        srv->task_pending = q->pnext;
+    if (q->pnext)
+        q->pnext->pprev = q->pprev;
+    q->pprev = q->pnext = NULL;
+}
+
+void tasks_fail_pending(struct server *srv, enum pgw_code code, const char *message)
+{
+    while (srv->task_pending) {
+        struct tasks_req *q = srv->task_pending;
+        struct conn *c = tasks_find_conn(srv, q->conn_id);
+        pending_unlink(q);
+        q->answered = true; /* the reply, when it comes, only frees q */
+        srv->stats.in_flight--;
+        if (c) {
+            c->in_flight--;
+            conn_reply_error(c, q->msgid, code, message);
+        }
+    }
+}
+
 static void tasks_on_reply(const redisReply *r, const char *err, void *ud)
 {
     struct tasks_req *q = ud;
@@ -461,6 +503,11 @@ static void tasks_on_reply(const redisReply *r, const char *err, void *ud)
         free(q);
         return;
     }
+    if (q->answered) {
+        free(q);
+        return;
+    }
+    pending_unlink(q);
     srv->stats.in_flight--;
     struct conn *c = tasks_find_conn(srv, q->conn_id);
     if (c) {
@@ -503,7 +550,7 @@ static void tasks_remote(struct server *srv, struct conn *c, uint32_t msgid, enu
     }
     if (q && shared_task(srv->shared, top_lua[op], id, q->reason, ok, tasks_on_reply, q) == 0) {
         if (c && !cb) {
-            srv->stats.in_flight++;
+            pending_link(q);
             c->in_flight++;
         }
         return;
@@ -535,7 +582,7 @@ static void tasks_remote_node_begin(struct conn *c, uint32_t msgid, const char *
         snprintf(q->node, sizeof(q->node), "%s", node);
     }
     if (q && shared_task(srv->shared, "guard", id, "", false, tasks_on_reply, q) == 0) {
-        srv->stats.in_flight++;
+        pending_link(q);
         c->in_flight++;
         return;
     }

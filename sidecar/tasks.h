@@ -57,6 +57,10 @@ void tasks_on_backend_up(struct server *srv);
  * other local state may be stale: ask Redis.) */
 bool tasks_held_running(struct server *srv, const char *id);
 
+/* Shared backend, server stopping: answers every task request still
+ * waiting for Redis with `code` (their replies are then dropped). */
+void tasks_fail_pending(struct server *srv, enum pgw_code code, const char *message);
+
 /* The `tasks` section of `stats`. */
 void tasks_pack_stats(msgpack_packer *pk, struct server *srv);
 

@@ -826,3 +826,30 @@ def test_fleet__waiters_for_a_refill_do_not_stampede(redis_srv, up, make_sidecar
           % (admits, admitted, admits / admitted))
     assert admitted == 60
     assert admits <= 60 * 8, admits
+
+
+def test_fleet__stopping_answers_task_requests_waiting_for_redis(redis_srv, up, make_sidecar):
+    """SIGTERM while task requests wait for a frozen Redis: once the grace
+    period is over they are answered `shutting_down` (not dropped with the
+    connection), and the sidecar exits cleanly."""
+    cfg = fleet_config(redis_srv.url(), unique_prefix(), [source("a", "chat", up.url)],
+                       stall_window_s=10, backend={"command_timeout_s": 5, "lease_ttl_s": 30})
+    cfg = cfg.replace("shutdown_grace_s: 2", "shutdown_grace_s: 0.2")
+    (a,) = start_fleet(make_sidecar, 1, cfg)
+    c = a.connect()
+    redis_srv.freeze()
+    try:
+        ids = [c.request_async("task.get", {"task_id": "t%d" % i}) for i in range(3)]
+        time.sleep(0.1)
+        t0 = time.monotonic()
+        a.send_signal(signal.SIGTERM)
+        for i in ids:
+            m = c.wait_response(i, 3)
+            assert m[2] is not None and m[2]["code"] == "shutting_down", m
+        assert time.monotonic() - t0 < 1.5
+    finally:
+        redis_srv.thaw()
+    # At exit the sidecar lets its last Redis writes out (bounded by the
+    # command timeout): with Redis back it exits at once.
+    assert a.proc.wait(timeout=6) == 0
+    c.close()
