@@ -23,6 +23,7 @@ struct upstream;
 struct task_reg;
 struct shared;
 struct tasks_req;
+struct tasks_resync;
 
 /* Counters shown by `stats`. All monotonically increasing except `*_open`
  * and `in_flight`. */
@@ -71,6 +72,7 @@ struct server {
     ev_timer task_w;              /* the watchdog / task expiry timer */
     struct tasks_req *task_retry, *task_retry_tail; /* verdicts to send when Redis is back */
     struct tasks_req *task_pending; /* task requests a client waits for (Redis) */
+    struct tasks_resync *resync;  /* running tasks being re-read after a gap */
     size_t task_retry_n;
 };
 

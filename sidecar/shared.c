@@ -826,8 +826,9 @@ void shared_pack_stats(struct shared *sh, msgpack_packer *pk)
     rpc_pack_str(pk, "backend");
     rds_pack_stats(sh->rds, pk);
     rpc_pack_str(pk, "shared");
-    msgpack_pack_map(pk, 16);
+    msgpack_pack_map(pk, 17);
     rpc_pack_kv_str(pk, "sidecar_id", sh->sidecar_id);
+    rpc_pack_kv_u64(pk, "resyncs", sh->resyncs);
     rpc_pack_kv_u64(pk, "progress_read_errors", sh->progress_read_errors);
     rpc_pack_kv_u64(pk, "marks_sent", sh->marks_sent);
     rpc_pack_kv_u64(pk, "marks_coalesced", sh->marks_coalesced);

@@ -33,6 +33,9 @@ static void tasks_remote(struct server *srv, struct conn *c, uint32_t msgid, enu
 struct tasks_req;
 static void tasks_retry_later(struct server *srv, struct tasks_req *q);
 static void tasks_retry_free(struct server *srv);
+static void resync_free(struct server *srv);
+static void resync_done(struct server *srv);
+static void tasks_on_reply(const redisReply *r, const char *err, void *ud);
 
 /* Monotonic loop time -> Unix seconds. */
 static double unix_time(const struct server *srv, double t)
@@ -127,6 +130,7 @@ int tasks_init(struct server *srv, char *err, size_t errlen)
 void tasks_fini(struct server *srv)
 {
     tasks_retry_free(srv);
+    resync_free(srv);
     if (!srv->tasks)
         return;
     ev_timer_stop(srv->loop, &srv->task_w);
@@ -306,6 +310,7 @@ struct tasks_req {
     struct tasks_req *next;        /* the retry list */
     struct tasks_req *pprev, *pnext; /* srv->task_pending: a client waits for it */
     bool answered;                 /* answered early (shutting_down): drop the reply */
+    bool resync;                   /* part of a paced resync (tasks_on_resubscribed) */
     uint64_t conn_id;              /* 0: no client waits (a sync) */
     uint32_t msgid;
     enum tasks_op op;
@@ -486,6 +491,11 @@ static void tasks_on_reply(const redisReply *r, const char *err, void *ud)
     }
     if (rt.exists)
         tasks_sync(srv, q->id, &rt, q->cb || q->op == TOP_START || q->op == TOP_NODE_BEGIN);
+    if (q->resync) {
+        free(q);
+        resync_done(srv); /* a failed read: the connection drop brings a new resync */
+        return;
+    }
     if (q->op == TOP_SYNC || q->op == TOP_WATCHDOG) {
         if (!parsed && q->op == TOP_WATCHDOG)
             tasks_retry_later(srv, q); /* the fleet must learn the verdict */
@@ -650,15 +660,91 @@ bool tasks_held_running(struct server *srv, const char *id)
     return t && t->state == TASK_RUNNING;
 }
 
-static int resync_one(struct task *t, void *ud)
+/* A resync re-reads every running task held here, at most
+ * TASKS_RESYNC_WINDOW at a time: tens of thousands of reads sent at once
+ * would outlast the command timeout, drop the connection, and start the
+ * resync over. */
+#define TASKS_RESYNC_WINDOW 128
+
+struct tasks_resync {
+    char **ids;
+    size_t n, next, inflight;
+};
+
+static void resync_free(struct server *srv)
 {
-    tasks_remote(ud, NULL, 0, TOP_SYNC, t->id, NULL, false, NULL, NULL);
+    struct tasks_resync *rs = srv->resync;
+
+    if (!rs)
+        return;
+    for (size_t i = rs->next; i < rs->n; i++)
+        free(rs->ids[i]);
+    free(rs->ids);
+    free(rs);
+    srv->resync = NULL;
+}
+
+static void resync_pump(struct server *srv)
+{
+    struct tasks_resync *rs = srv->resync;
+
+    while (rs && rs->inflight < TASKS_RESYNC_WINDOW && rs->next < rs->n) {
+        char *id = rs->ids[rs->next++];
+        struct tasks_req *q = calloc(1, sizeof(*q));
+        if (q) {
+            *q = (struct tasks_req){.srv = srv, .op = TOP_SYNC, .resync = true};
+            snprintf(q->id, sizeof(q->id), "%s", id);
+        }
+        free(id);
+        if (!q || shared_task(srv->shared, "get", q->id, "", false, tasks_on_reply, q) < 0) {
+            free(q);
+            resync_free(srv);
+            shared_request_resync(srv->shared); /* all over again once it is back */
+            return;
+        }
+        rs->inflight++;
+    }
+    if (rs && rs->next == rs->n && rs->inflight == 0)
+        resync_free(srv);
+}
+
+/* A read of a resync came back (or failed): send the next. */
+static void resync_done(struct server *srv)
+{
+    if (srv->resync && srv->resync->inflight > 0)
+        srv->resync->inflight--;
+    resync_pump(srv);
+}
+
+static int resync_collect(struct task *t, void *ud)
+{
+    struct tasks_resync *rs = ud;
+    char *id = strdup(t->id);
+
+    if (!id)
+        return -1;
+    rs->ids[rs->n++] = id;
     return 0;
 }
 
 void tasks_on_resubscribed(struct server *srv)
 {
-    task_foreach(srv->tasks, TASK_F_RUNNING, resync_one, srv);
+    size_t running = task_reg_stats(srv->tasks)->running;
+    struct tasks_resync *rs = calloc(1, sizeof(*rs));
+
+    resync_free(srv); /* a resync in progress starts over */
+    if (rs)
+        rs->ids = calloc(running ? running : 1, sizeof(*rs->ids));
+    if (!rs || !rs->ids) {
+        free(rs);
+        log_at(LOG_ERROR, "out of memory: running tasks not re-read after a backend gap", NULL);
+        return;
+    }
+    srv->resync = rs;
+    task_foreach(srv->tasks, TASK_F_RUNNING, resync_collect, rs);
+    log_at(LOG_INFO, "re-reading the running tasks after a backend gap", "tasks", LOG_U,
+           (unsigned long long)rs->n, NULL);
+    resync_pump(srv);
 }
 
 void tasks_guard_remote(struct server *srv, const char *id, tasks_guard_cb *cb, void *ud)

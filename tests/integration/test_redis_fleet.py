@@ -853,3 +853,63 @@ def test_fleet__stopping_answers_task_requests_waiting_for_redis(redis_srv, up, 
     # command timeout): with Redis back it exits at once.
     assert a.proc.wait(timeout=6) == 0
     c.close()
+
+
+def test_fleet__scripts_reloaded_after_script_flush(redis_srv, up, make_sidecar):
+    """Redis lost its script cache (SCRIPT FLUSH, as after a restart or a
+    fail-over): the next calls still work — NOSCRIPT is answered by one EVAL
+    of the compiled-in source — and the reload is counted."""
+    cfg = fleet_config(redis_srv.url(), unique_prefix(), [source("a", "chat", up.url)])
+    (a,) = start_fleet(make_sidecar, 1, cfg)
+    assert call(a, chat())[0] is None
+    redis_srv.client().call("SCRIPT", "FLUSH")
+    for _ in range(3):
+        err, res, _ = call(a, chat())
+        assert err is None, err
+    assert stats(a)["backend"]["noscript_reloads"] >= 1
+
+
+def test_fleet__a_long_call_keeps_its_lease(redis_srv, up, make_sidecar):
+    """A call that runs longer than lease_ttl_s keeps its fleet permit (its
+    lease is renewed every lease_ttl_s / 3): with max_concurrency 1, a call
+    on B waits for A's 2.5 s call to finish, not for the 1.2 s TTL."""
+    cfg = fleet_config(redis_srv.url(), unique_prefix(),
+                       [source("a", "chat", up.url, max_concurrency=1, ttft_timeout_s=8,
+                               aimd={"initial": 1, "min": 1})],
+                       stall_window_s=10, backend={"command_timeout_s": 0.3, "lease_ttl_s": 1.2})
+    a, b = start_fleet(make_sidecar, 2, cfg)
+    long_call = Pending(a, "chat", chat(mock={"delay_ms": 2500}), timeout=10)
+    assert wait_until(lambda: up.stats()["in_progress"] == 1, 3)
+    t0 = time.monotonic()
+    err, res, elapsed = call(b, chat(), timeout=10)
+    assert err is None, err
+    err, _ = long_call.wait(5)
+    assert err is None, err
+    assert_at("B's call behind A's renewed lease", time.monotonic() - t0, 2.4, 2.5 + 0.5)
+    assert shared_sum([a], "renewals") >= 2
+    assert shared_sum([a], "leases_lost") == 0
+    long_call.close()
+
+
+def test_fleet__breaker_opened_by_one_sidecar_holds_for_all(redis_srv, up, make_sidecar):
+    """Transient failures seen through A open the source's breaker for the
+    fleet: B's call is refused (`breaker`) until the cool-down, then it is the
+    half-open probe and its success closes the breaker."""
+    cfg = fleet_config(redis_srv.url(), unique_prefix(),
+                       [source("a", "chat", up.url,
+                               breaker={"failures": 2, "cooldown_s": 1, "max_cooldown_s": 4})],
+                       stall_window_s=10, max_attempts=1)
+    a, b = start_fleet(make_sidecar, 2, cfg)
+    for _ in range(2):
+        err, _, _ = call(a, chat(mock={"status": 500}))
+        assert err is not None and err["code"] == "retry_exhausted", err
+    opened = time.monotonic()
+    before = up.stats()["requests"]
+    err, res, _ = call(b, chat(), timeout=5)
+    assert err is None, err
+    assert_at("B's call after the fleet breaker's cool-down", time.monotonic() - opened, 1.0,
+              1.0 + 0.3)
+    assert up.stats()["requests"] == before + 1   # nothing sent while open
+    s = stats(b)["shared"]
+    assert s["refused"]["breaker"] >= 1 and s["sources"]["a"]["breaker"] == "closed", s
+    assert stats(a)["shared"]["sources"]["a"]["breaker"] == "open"  # as A last saw it
