@@ -104,7 +104,9 @@ bool rds_subscribed(const struct rds *r);
 int rds_eval(struct rds *r, enum rds_script s, int nkeys, int argc, const char **argv,
              const size_t *argvlen, rds_cb *cb, void *ud);
 
-/* Any other command (e.g. PUBLISH, TIME), same contract. */
+/* Any other command (e.g. PUBLISH, TIME), same contract. SUBSCRIBE,
+ * PSUBSCRIBE, (P)UNSUBSCRIBE and MONITOR are refused (-1): they would change
+ * the command connection's mode under hiredis. */
 int rds_command(struct rds *r, int argc, const char **argv, const size_t *argvlen, rds_cb *cb,
                 void *ud);
 
