@@ -77,7 +77,7 @@ enum fid {
     FID_SOCKET, FID_MODE, FID_MAX_MESSAGE_BYTES, FID_MAX_CONNECTIONS,
     FID_MAX_INFLIGHT, FID_MAX_WRITE_QUEUE,
     FID_LOG_LEVEL, FID_SHUTDOWN_GRACE,
-    FID_KIND, FID_URL, FID_PREFIX, FID_COMMAND_TIMEOUT, FID_LEASE_TTL,
+    FID_KIND, FID_URL, FID_URL_ENV, FID_PREFIX, FID_COMMAND_TIMEOUT, FID_LEASE_TTL,
     FID_MAX_ATTEMPTS, FID_STALL_WINDOW, FID_BACKOFF_BASE, FID_BACKOFF_MAX,
     FID_POLL_INTERVAL, FID_NODE_TIMEOUT,
     FID_EXEMPT_429, FID_PATH,
@@ -667,20 +667,25 @@ static int check_http_url(struct loader *l, const struct ynode *v, char *s)
     return 0;
 }
 
+/* Why `s` is not a usable Redis URL, or NULL. The URL may carry a
+ * password: the reason never echoes it. */
+static const char *redis_url_problem(const char *s, char *why, size_t whylen)
+{
+    if (strncmp(s, "redis://", 8) != 0 && strncmp(s, "unix://", 7) != 0)
+        return "must start with redis:// or unix://";
+    if (has_space_or_ctl(s))
+        return "must not contain spaces or control characters";
+    struct rds_addr addr;
+    int rc = rds_parse_url(s, &addr, why, whylen);
+    explicit_bzero(&addr, sizeof(addr)); /* it may hold the password */
+    return rc < 0 ? why : NULL;
+}
+
 static int check_redis_url(struct loader *l, const struct ynode *v, char *s)
 {
-    /* The URL may carry a password: never echo it. */
-    if (strncmp(s, "redis://", 8) != 0 && strncmp(s, "unix://", 7) != 0)
-        return fail_here(l, v->line, "must start with redis:// or unix://");
-    if (has_space_or_ctl(s))
-        return fail_here(l, v->line, "must not contain spaces or control characters");
-    struct rds_addr addr;
     char why[200];
-    int rc = rds_parse_url(s, &addr, why, sizeof(why));
-    explicit_bzero(&addr, sizeof(addr)); /* it may hold the password */
-    if (rc < 0)
-        return fail_here(l, v->line, "%s", why);
-    return 0;
+    const char *problem = redis_url_problem(s, why, sizeof(why));
+    return problem ? fail_here(l, v->line, "%s", problem) : 0;
 }
 
 static int check_prefix(struct loader *l, const struct ynode *v, char *s)
@@ -783,6 +788,7 @@ static const struct field tasks_table[] = {
 static const struct field backend_table[] = {
     TYPED("kind", FT_BACKEND, FID_KIND, OFF(struct config, backend)),
     STR("url", FID_URL, OFF(struct config, redis_url), check_redis_url),
+    STR("url_env", FID_URL_ENV, OFF(struct config, redis_url_env), check_env_name),
     STR("prefix", FID_PREFIX, OFF(struct config, redis_prefix), check_prefix),
     NUM("command_timeout_s", FT_DOUBLE, FID_COMMAND_TIMEOUT,
         OFF(struct config, redis_command_timeout_s), 0, 60, F_MIN_OPEN),
@@ -1430,10 +1436,15 @@ static int validate_top(struct loader *l)
                        fmt_num(a, sizeof(a), (double)cfg->max_message_bytes),
                        fmt_num(b, sizeof(b), (double)cfg->max_write_queue_bytes));
     }
-    if (cfg->backend == BACKEND_REDIS && !cfg->redis_url)
-        return fail_at(l, l->line[FID_KIND], "backend.url", "is required when kind is redis");
+    if (cfg->backend == BACKEND_REDIS && !cfg->redis_url && !cfg->redis_url_env)
+        return fail_at(l, l->line[FID_KIND], "backend.url",
+                       "is required when kind is redis (or backend.url_env)");
+    if (cfg->redis_url && cfg->redis_url_env)
+        return fail_at(l, l->line[FID_URL_ENV], "backend.url_env",
+                       "cannot be combined with backend.url; choose one");
     static const struct { int fid; const char *key; } redis_only[] = {
         {FID_URL, "backend.url"},
+        {FID_URL_ENV, "backend.url_env"},
         {FID_PREFIX, "backend.prefix"},
         {FID_COMMAND_TIMEOUT, "backend.command_timeout_s"},
         {FID_LEASE_TTL, "backend.lease_ttl_s"},
@@ -1668,6 +1679,31 @@ static int load_key(struct loader *l, size_t i)
                           "the key in the environment");
 }
 
+/* backend.url_env: the URL (it may hold a password) from the environment,
+ * in the secrets pass like the API keys. */
+static int load_redis_url(struct loader *l)
+{
+    struct config *cfg = l->cfg;
+    char why[200];
+
+    if (!cfg->redis_url_env)
+        return 0;
+    const char *val = getenv(cfg->redis_url_env);
+    if (!val || !*val)
+        return fail_at(l, l->line[FID_URL_ENV], "backend.url_env",
+                       "the environment variable named here is not set or is empty");
+    const char *problem = redis_url_problem(val, why, sizeof(why));
+    if (problem)
+        return fail_at(l, l->line[FID_URL_ENV], "backend.url_env",
+                       "the URL in the environment: %s", problem);
+    if (strlen(val) >= CONFIG_URL_MAX)
+        return fail_at(l, l->line[FID_URL_ENV], "backend.url_env",
+                       "the URL in the environment is longer than %d characters",
+                       CONFIG_URL_MAX - 1);
+    cfg->redis_url = strdup(val);
+    return cfg->redis_url ? 0 : fail_nomem(l);
+}
+
 static int validate(struct loader *l)
 {
     int rc;
@@ -1682,6 +1718,8 @@ static int validate(struct loader *l)
     for (size_t i = 0; i < l->n_srcs; i++)
         if ((rc = load_key(l, i)) < 0)
             return rc;
+    if ((rc = load_redis_url(l)) < 0)
+        return rc;
     if (l->n_srcs) {
         l->cfg->sources = calloc(l->n_srcs, sizeof(*l->cfg->sources));
         if (!l->cfg->sources)
@@ -1831,6 +1869,7 @@ void config_free(struct config *cfg)
         explicit_bzero(cfg->redis_url, strlen(cfg->redis_url)); /* may hold a password */
         free(cfg->redis_url);
     }
+    free(cfg->redis_url_env);
     free(cfg->redis_prefix);
     free(cfg->socket_path);
     free(cfg->path);

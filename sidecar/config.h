@@ -139,6 +139,7 @@ struct config {
     enum backend_kind backend;
     char *redis_url;           /* owned, backend redis only: redis://... or unix://...;
                                 * may hold a password: never print, wiped on free */
+    char *redis_url_env;       /* owned: the variable redis_url was read from, or NULL */
     char *redis_prefix;        /* owned, default "polygw", [A-Za-z0-9_.:{}-]{1,63} */
     double redis_command_timeout_s; /* bounds every Redis round trip; default 1 */
     double redis_lease_ttl_s;  /* a dead sidecar's permits return after this; default 30 */

@@ -970,6 +970,29 @@ START_TEST(test_config__backend_redis_url_and_timeouts)
 }
 END_TEST
 
+/* backend.url_env: the URL (it may hold a password) from the environment,
+ * like the API keys; exactly one of url and url_env. */
+START_TEST(test_config__backend_redis_url_from_env)
+{
+    setenv("POLYGW_TEST_REDIS", "redis://:" SECRET "@127.0.0.1:6390/2", 1);
+    struct config *cfg = expect_ok("backend: { kind: redis, url_env: POLYGW_TEST_REDIS }\n");
+    ck_assert_str_eq(cfg->redis_url, "redis://:" SECRET "@127.0.0.1:6390/2");
+    config_free(cfg);
+    expect_reject("backend: { kind: redis, url: redis://h, url_env: POLYGW_TEST_REDIS }\n", 1,
+                  "backend.url_env", "cannot be combined with backend.url");
+    expect_reject("backend: { url_env: POLYGW_TEST_REDIS }\n", 1, "backend.url_env",
+                  "only valid with kind: redis");
+    setenv("POLYGW_TEST_REDIS", "redis://:" SECRET "@127.0.0.1:0", 1);
+    expect_reject("backend:\n  kind: redis\n  url_env: POLYGW_TEST_REDIS\n", 3,
+                  "backend.url_env", "the URL in the environment: bad port");
+    unsetenv("POLYGW_TEST_REDIS");
+    expect_reject("backend: { kind: redis, url_env: POLYGW_TEST_REDIS }\n", 1,
+                  "backend.url_env", "not set or is empty");
+    expect_reject("backend: { kind: redis, url_env: \"redis://h\" }\n", 1, "backend.url_env",
+                  "must be the name of an environment variable");
+}
+END_TEST
+
 START_TEST(test_config__backend_url_scheme)
 {
     expect_reject("backend: { kind: redis, url: \"http://:" SECRET "@h\" }\n", 1, "backend.url",
@@ -1359,6 +1382,7 @@ Suite *config_suite(void)
     tcase_add_test(tc, test_config__backend_memory_with_url);
     tcase_add_test(tc, test_config__backend_url_scheme);
     tcase_add_test(tc, test_config__backend_redis_url_and_timeouts);
+    tcase_add_test(tc, test_config__backend_redis_url_from_env);
     tcase_add_test(tc, test_config__custom_capability_without_path);
     tcase_add_test(tc, test_config__capability_path_invalid);
     tcase_add_test(tc, test_config__capability_name_invalid);
