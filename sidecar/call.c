@@ -629,7 +629,9 @@ static void call_on_admit(void *ud, int rc, struct shared_lease *lease, double r
     if (rc == 0) {
         log_at(LOG_DEBUG, "fleet admission refused", "source", LOG_S,
                srv->cfg->sources[k->g.source].name, "check", LOG_S, why, NULL);
-        gov_call_refused(&k->g, now, retry_at, &d);
+        /* A token-bucket refusal depends on this call's size: no gate. */
+        bool gate = strcmp(why, "tpm") != 0 && strcmp(why, "daily") != 0;
+        gov_call_refused(&k->g, now, retry_at, gate, &d);
     } else {
         log_at(LOG_WARN, "backend could not admit (failing closed)", "error", LOG_S, why, NULL);
         snprintf(k->backend_why, sizeof(k->backend_why), "%s", why);

@@ -73,6 +73,7 @@ struct server {
     struct tasks_req *task_retry, *task_retry_tail; /* verdicts to send when Redis is back */
     struct tasks_req *task_pending; /* task requests a client waits for (Redis) */
     struct tasks_resync *resync;  /* running tasks being re-read after a gap */
+    size_t task_imports;          /* Redis reads that may import a task, in flight */
     size_t task_retry_n;
 };
 

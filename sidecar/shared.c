@@ -29,6 +29,7 @@
  * minutes), and a busy scope costs one script every 100 ms instead of one per
  * call (with its pub/sub echo to every sidecar). */
 #define SHARED_MARK_COALESCE_S 0.1
+#define SHARED_RETRY_LATER_S 1.0        /* failed task updates are retried after */
 
 enum { CH_TASK_STOP, CH_PROGRESS, CH_COUNT };
 
@@ -90,6 +91,7 @@ struct shared {
     bool resync;                        /* re-read the running tasks when up */
     unsigned long long resyncs;
     ev_timer mark_w;                    /* sends them */
+    ev_timer later_w;                   /* shared_retry_later */
     ev_timer renew_w;
     /* counters */
     unsigned long long admits, admitted, refused[6], admit_errors, releases, write_errors,
@@ -602,6 +604,30 @@ void shared_request_resync(struct shared *sh)
     maybe_resync(sh);
 }
 
+/* A task update failed while the connections may still be up (a timeout
+ * or an error reply): try again in a while, not at once (a persistent error
+ * must not loop), and at the latest when the connections come back. */
+static void on_later(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct shared *sh = w->data;
+    (void)loop;
+    (void)revents;
+    if (!rds_up(sh->rds))
+        return; /* on_up does it */
+    tasks_on_backend_up(sh->srv);
+    maybe_resync(sh);
+}
+
+void shared_retry_later(struct shared *sh, bool resync)
+{
+    if (resync)
+        sh->resync = true;
+    if (!ev_is_active(&sh->later_w)) {
+        ev_timer_set(&sh->later_w, SHARED_RETRY_LATER_S, 0.);
+        ev_timer_start(sh->srv->loop, &sh->later_w);
+    }
+}
+
 static void on_up(struct rds *r, void *ud)
 {
     struct shared *sh = ud;
@@ -735,6 +761,8 @@ int shared_init(struct server *srv, char *err, size_t errlen)
     }
     ev_init(&sh->mark_w, on_mark_timer);
     sh->mark_w.data = sh;
+    ev_init(&sh->later_w, on_later);
+    sh->later_w.data = sh;
     ev_timer_init(&sh->renew_w, renew_all, cfg->redis_lease_ttl_s / 3,
                   cfg->redis_lease_ttl_s / 3);
     sh->renew_w.data = sh;
@@ -781,10 +809,13 @@ void shared_fini(struct server *srv)
         return;
     ev_timer_stop(srv->loop, &sh->renew_w);
     ev_timer_stop(srv->loop, &sh->mark_w);
+    ev_timer_stop(srv->loop, &sh->later_w);
     sh->n_dirty = 0; /* a coalesced mark (< 100 ms old) is not worth a write at exit */
     shared_drain(sh);
-    rds_free(sh->rds);
-    sh->rds = NULL; /* fails pending admits: their leases are freed */
+    rds_free(sh->rds); /* fails what is pending: its callbacks may arm timers */
+    sh->rds = NULL;
+    ev_timer_stop(srv->loop, &sh->later_w);
+    ev_timer_stop(srv->loop, &sh->mark_w); /* fails pending admits: their leases are freed */
     for (size_t i = 0; sh->src && i < srv->cfg->n_sources; i++) {
         while (sh->src[i].live) {
             struct shared_lease *l = sh->src[i].live;

@@ -82,6 +82,10 @@ bool shared_up(const struct shared *sh);
 /* A task update could not be sent: re-read every running task held here
  * once the backend is back (now, if it is). */
 void shared_request_resync(struct shared *sh);
+/* A task update failed while the connections may be up: retry the
+ * watchdog verdicts (and, with `resync`, the resync) in a second, and at
+ * the latest when the connections come back. */
+void shared_retry_later(struct shared *sh, bool resync);
 
 /* The `backend` map of `stats`. */
 void shared_pack_stats(struct shared *sh, msgpack_packer *pk);

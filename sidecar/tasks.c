@@ -34,7 +34,7 @@ struct tasks_req;
 static void tasks_retry_later(struct server *srv, struct tasks_req *q);
 static void tasks_retry_free(struct server *srv);
 static void resync_free(struct server *srv);
-static void resync_done(struct server *srv);
+static void resync_done(struct server *srv, unsigned gen);
 static void tasks_on_reply(const redisReply *r, const char *err, void *ud);
 
 /* Monotonic loop time -> Unix seconds. */
@@ -311,6 +311,7 @@ struct tasks_req {
     struct tasks_req *pprev, *pnext; /* srv->task_pending: a client waits for it */
     bool answered;                 /* answered early (shutting_down): drop the reply */
     bool resync;                   /* part of a paced resync (tasks_on_resubscribed) */
+    unsigned resync_gen;           /* of which resync */
     uint64_t conn_id;              /* 0: no client waits (a sync) */
     uint32_t msgid;
     enum tasks_op op;
@@ -489,20 +490,27 @@ static void tasks_on_reply(const redisReply *r, const char *err, void *ud)
         if (r && r->type == REDIS_REPLY_ERROR)
             err = "error reply from task.lua";
     }
+    bool import = q->cb || q->op == TOP_START || q->op == TOP_NODE_BEGIN;
+    if (import && srv->task_imports > 0)
+        srv->task_imports--;
     if (rt.exists)
-        tasks_sync(srv, q->id, &rt, q->cb || q->op == TOP_START || q->op == TOP_NODE_BEGIN);
+        tasks_sync(srv, q->id, &rt, import);
     if (q->resync) {
+        if (!parsed) /* that task may have been stopped: read them all again */
+            shared_retry_later(srv->shared, true);
+        resync_done(srv, q->resync_gen);
         free(q);
-        resync_done(srv); /* a failed read: the connection drop brings a new resync */
         return;
     }
     if (q->op == TOP_SYNC || q->op == TOP_WATCHDOG) {
-        if (!parsed && q->op == TOP_WATCHDOG)
+        if (!parsed && q->op == TOP_WATCHDOG) {
             tasks_retry_later(srv, q); /* the fleet must learn the verdict */
-        else if (!parsed)
-            shared_request_resync(srv->shared);
-        if (parsed || q->op != TOP_WATCHDOG)
-            free(q);
+            shared_retry_later(srv->shared, false);
+            return;
+        }
+        if (!parsed)
+            shared_retry_later(srv->shared, true);
+        free(q);
         return;
     }
     if (q->cb) {
@@ -559,6 +567,8 @@ static void tasks_remote(struct server *srv, struct conn *c, uint32_t msgid, enu
         snprintf(q->reason, sizeof(q->reason), "%s", reason ? reason : "");
     }
     if (q && shared_task(srv->shared, top_lua[op], id, q->reason, ok, tasks_on_reply, q) == 0) {
+        if (cb || op == TOP_START)
+            srv->task_imports++;
         if (c && !cb) {
             pending_link(q);
             c->in_flight++;
@@ -571,7 +581,7 @@ static void tasks_remote(struct server *srv, struct conn *c, uint32_t msgid, enu
     }
     free(q);
     if (op == TOP_SYNC)
-        shared_request_resync(srv->shared);
+        shared_retry_later(srv->shared, true);
     if (cb)
         cb(cb_ud, NULL, TASKS_E_BACKEND, "not connected", NULL);
     else if (c)
@@ -592,6 +602,7 @@ static void tasks_remote_node_begin(struct conn *c, uint32_t msgid, const char *
         snprintf(q->node, sizeof(q->node), "%s", node);
     }
     if (q && shared_task(srv->shared, "guard", id, "", false, tasks_on_reply, q) == 0) {
+        srv->task_imports++;
         pending_link(q);
         c->in_flight++;
         return;
@@ -602,9 +613,19 @@ static void tasks_remote_node_begin(struct conn *c, uint32_t msgid, const char *
 
 void tasks_on_remote_stop(struct server *srv, const char *id)
 {
-    /* Even for a task not held here: an import may be in flight, and this
-     * read is answered after it (one connection, replies in order). */
-    tasks_remote(srv, NULL, 0, TOP_SYNC, id, NULL, false, NULL, NULL);
+    /* A task not held here matters only if an import of it may be in
+     * flight: this read is then answered after it (one connection, replies
+     * in order). */
+    if (task_get(srv->tasks, id) || srv->task_imports > 0)
+        tasks_remote(srv, NULL, 0, TOP_SYNC, id, NULL, false, NULL, NULL);
+}
+
+bool tasks_is_pending(struct conn *c, uint32_t msgid)
+{
+    for (struct tasks_req *q = c->srv->task_pending; q; q = q->pnext)
+        if (q->conn_id == c->id && q->msgid == msgid)
+            return true;
+    return false;
 }
 
 /* Watchdog verdicts that could not reach Redis, sent again when it is back
@@ -669,7 +690,10 @@ bool tasks_held_running(struct server *srv, const char *id)
 struct tasks_resync {
     char **ids;
     size_t n, next, inflight;
+    unsigned gen;                  /* reads of an older resync do not count */
 };
+
+static unsigned resync_gen_counter;
 
 static void resync_free(struct server *srv)
 {
@@ -692,14 +716,15 @@ static void resync_pump(struct server *srv)
         char *id = rs->ids[rs->next++];
         struct tasks_req *q = calloc(1, sizeof(*q));
         if (q) {
-            *q = (struct tasks_req){.srv = srv, .op = TOP_SYNC, .resync = true};
+            *q = (struct tasks_req){.srv = srv, .op = TOP_SYNC, .resync = true,
+                                    .resync_gen = rs->gen};
             snprintf(q->id, sizeof(q->id), "%s", id);
         }
         free(id);
         if (!q || shared_task(srv->shared, "get", q->id, "", false, tasks_on_reply, q) < 0) {
             free(q);
             resync_free(srv);
-            shared_request_resync(srv->shared); /* all over again once it is back */
+            shared_retry_later(srv->shared, true); /* all over again, later */
             return;
         }
         rs->inflight++;
@@ -709,9 +734,11 @@ static void resync_pump(struct server *srv)
 }
 
 /* A read of a resync came back (or failed): send the next. */
-static void resync_done(struct server *srv)
+static void resync_done(struct server *srv, unsigned gen)
 {
-    if (srv->resync && srv->resync->inflight > 0)
+    if (!srv->resync || srv->resync->gen != gen)
+        return;
+    if (srv->resync->inflight > 0)
         srv->resync->inflight--;
     resync_pump(srv);
 }
@@ -740,6 +767,7 @@ void tasks_on_resubscribed(struct server *srv)
         log_at(LOG_ERROR, "out of memory: running tasks not re-read after a backend gap", NULL);
         return;
     }
+    rs->gen = ++resync_gen_counter;
     srv->resync = rs;
     task_foreach(srv->tasks, TASK_F_RUNNING, resync_collect, rs);
     log_at(LOG_INFO, "re-reading the running tasks after a backend gap", "tasks", LOG_U,

@@ -61,6 +61,9 @@ bool tasks_held_running(struct server *srv, const char *id);
  * waiting for Redis with `code` (their replies are then dropped). */
 void tasks_fail_pending(struct server *srv, enum pgw_code code, const char *message);
 
+/* Is a task request with `msgid` waiting for Redis on connection `c`? */
+bool tasks_is_pending(struct conn *c, uint32_t msgid);
+
 /* The `tasks` section of `stats`. */
 void tasks_pack_stats(msgpack_packer *pk, struct server *srv);
 

@@ -538,8 +538,12 @@ static void gov_gate_open(struct gov_call *k)
 
 void gov_call_confirmed(struct gov_call *k)
 {
-    if (k->gov && k->state == GOV_CALL_ATTEMPTING)
-        gov_gate_open(k);
+    if (!k->gov || k->state != GOV_CALL_ATTEMPTING)
+        return;
+    if (k->gov->sources[k->source].gate_holder == k)
+        gov_gate_open(k); /* wakes the next waiter */
+    else
+        gov_wake(k->gov, k->capability); /* each admission lets the next one ask */
 }
 
 /* Gives back what the last step reserved for an attempt that was never
@@ -570,7 +574,8 @@ static void gov_call_unreserve(struct gov_call *k, double now)
     gov_wake_permit(k->gov, k->capability);
 }
 
-void gov_call_refused(struct gov_call *k, double now, double retry_at, struct gov_decision *d)
+void gov_call_refused(struct gov_call *k, double now, double retry_at, bool gate,
+                      struct gov_decision *d)
 {
     double stalled, age;
 
@@ -590,9 +595,13 @@ void gov_call_refused(struct gov_call *k, double now, double retry_at, struct go
          * wakes the whole fleet for one token. */
         retry_at += 0.5 * p * gov_rand(k->gov);
     }
-    /* Gate the source until then: one local call asks at a time. */
-    s->gate_until = retry_at;
-    s->gate_holder = NULL;
+    if (gate) {
+        /* Gate the source until then: one local call asks at a time. */
+        s->gate_until = retry_at;
+        s->gate_holder = NULL;
+    } else if (s->gate_holder == k) {
+        gov_gate_open(k); /* this refusal says nothing about smaller calls */
+    }
     gov_call_unreserve(k, now);
     k->gov->decisions++;
     if (gov_call_verdicts(k, now, &stalled, &age, d))

@@ -230,18 +230,21 @@ void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o
  * The permit it gives back wakes the first waiter that waits for a permit,
  * never one that waits after a refusal: a chain of refusals cannot spin.
  *
- * A refusal also gates the source until that retry time: then the first
- * call to pick it asks alone, the others wait for gov_call_confirmed (the
- * gate opens, the next waiter asks) or a new refusal (a new gate time), so
- * a sidecar sends about one admission per available token, not one per
- * waiter.
+ * With `gate`, the refusal also gates the source until that retry time:
+ * then the first call to pick it asks alone, the others wait for
+ * gov_call_confirmed (each admission wakes the next waiter) or a new
+ * refusal (a new gate time), so a sidecar sends about one admission per
+ * available token, not one per waiter. The caller gates only on refusals
+ * that hold for every call (breaker, concurrency, request rate), not on
+ * ones that depend on this call's size (token buckets).
  *
  * gov_call_abandon: the backend could not answer (or the call must end for
  * a reason found outside the loop): the reservation is given back the same
  * way and the call ends with `r`. */
-void gov_call_refused(struct gov_call *k, double now, double retry_at, struct gov_decision *d);
+void gov_call_refused(struct gov_call *k, double now, double retry_at, bool gate,
+                      struct gov_decision *d);
 /* The backend admitted the reserved attempt: the source's gate (if this
- * call held it) opens and the next waiter may ask at once. */
+ * call held it) opens, and the next waiter may ask at once. */
 void gov_call_confirmed(struct gov_call *k);
 void gov_call_abandon(struct gov_call *k, double now, enum gov_result r, struct gov_decision *d);
 

@@ -913,3 +913,59 @@ def test_fleet__breaker_opened_by_one_sidecar_holds_for_all(redis_srv, up, make_
     s = stats(b)["shared"]
     assert s["refused"]["breaker"] >= 1 and s["sources"]["a"]["breaker"] == "closed", s
     assert stats(a)["shared"]["sources"]["a"]["breaker"] == "open"  # as A last saw it
+
+
+def test_fleet__all_waiters_go_when_the_fleet_frees_permits(redis_srv, up, make_sidecar):
+    """B holds the fleet's 4 permits for 2 s; A's 4 calls of 3 s wait (the
+    source is gated after the refusals). When B's calls end, every one of
+    A's calls is admitted — each admission lets the next waiter ask — so
+    all of them end about 2 + 3 s after B started, not one wave later."""
+    cfg = fleet_config(redis_srv.url(), unique_prefix(),
+                       [source("a", "chat", up.url, max_concurrency=4, ttft_timeout_s=8)],
+                       stall_window_s=30, poll_interval_s=0.2)
+    a, b = start_fleet(make_sidecar, 2, cfg)
+    t0 = time.monotonic()
+    held = [Pending(b, "chat", chat("b%d" % i, mock={"delay_ms": 2000}), timeout=20)
+            for i in range(4)]
+    assert wait_until(lambda: up.stats()["in_progress"] == 4, 3)
+    waiting = [Pending(a, "chat", chat("a%d" % i, mock={"delay_ms": 3000}), timeout=20)
+               for i in range(4)]
+    for k in held + waiting:
+        err, _ = k.wait(20)
+        assert err is None, err
+        k.close()
+    last = max(k.t_end for k in waiting) - t0
+    assert_at("the last of A's calls", last, 5.0, 5.0 + 0.5)
+    assert stats(a)["shared"]["refused"]["concurrency"] >= 1
+
+
+def test_fleet__a_large_call_refused_on_tokens_does_not_block_small_ones(redis_srv, up,
+                                                                        make_sidecar):
+    """A token-bucket refusal depends on the call's size: a large call that
+    must wait for tokens does not hold up a small call the fleet can admit
+    now (the source is not gated for it)."""
+    cfg = fleet_config(redis_srv.url(), unique_prefix(),
+                       [source("a", "chat", up.url, limits={"tpm": 1000, "window_s": 10},
+                               ttft_timeout_s=9)],
+                       stall_window_s=30)
+    a, b = start_fleet(make_sidecar, 2, cfg)
+
+    def body(text, max_tokens, mock=None):
+        x = chat(text, mock=mock)
+        x["max_tokens"] = max_tokens
+        return x
+
+    hold = Pending(b, "chat", body("hold", 500, mock={"delay_ms": 8000}), timeout=30)
+    assert wait_until(lambda: up.stats()["in_progress"] == 1, 3)
+    big = Pending(a, "chat", body("big", 900), timeout=30)  # ~480 tokens left: refused
+    assert wait_until(lambda: stats(a)["shared"]["refused"]["tpm"] >= 1, 3)
+    err, res, elapsed = call(a, body("small", 10), timeout=10)
+    assert err is None, err
+    assert elapsed < 0.5, "a small call waited %.2fs behind a large one" % elapsed
+    big.cancel()
+    err, _ = big.wait(3)
+    assert err["code"] == "cancelled", err
+    err, _ = hold.wait(15)
+    assert err is None, err
+    big.close()
+    hold.close()

@@ -1768,7 +1768,7 @@ START_TEST(test_gov__refused_gives_back_and_waits)
     ck_assert_uint_eq(g.sources[0].in_flight, 1);
     ck_assert_near(bucket_level(&g.sources[0].rpm, 0), 9);
 
-    gov_call_refused(&k, 0.5, 3.0, &d);
+    gov_call_refused(&k, 0.5, 3.0, true, &d);
     ck_assert_int_eq(d.action, GOV_WAIT);
     ck_assert_near(d.wake_at, 3.0 + 0.5 * 1.0 * 0.5); /* + jitter: poll_interval (1) / 2 x rand (0.5) */
     ck_assert_int_eq(k.state, GOV_CALL_WAITING);
@@ -1806,11 +1806,11 @@ START_TEST(test_gov__refused_without_time_polls_with_jitter)
     ck_assert_int_eq(gov_init(&g, &p, 1, 1, NULL, NULL, NULL, NULL, 0), 0); /* rand: 0.5 */
     ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 0, 0, 0), 0);
     gov_call_step(&k, 1, &d);
-    gov_call_refused(&k, 1, NAN, &d);
+    gov_call_refused(&k, 1, NAN, true, &d);
     ck_assert_int_eq(d.action, GOV_WAIT);
     ck_assert_near(d.wake_at, 1 + 2 * 0.75);
     gov_call_step(&k, d.wake_at, &d);
-    gov_call_refused(&k, k.wake_at, 0 /* in the past: unknown */, &d);
+    gov_call_refused(&k, k.wake_at, 0 /* in the past: unknown */, true, &d);
     ck_assert_near(d.wake_at, 2.5 + 1.5);
     gov_call_fini(&k, 4);
     gov_fini(&g);
@@ -1831,7 +1831,7 @@ START_TEST(test_gov__refused_reaches_verdicts)
     ck_assert_int_eq(gov_init(&g, &p, 1, 1, NULL, NULL, NULL, NULL, 0), 0);
     ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 0, 0, 0), 0);
     gov_call_step(&k, 0, &d);
-    gov_call_refused(&k, 1.5, 5, &d);
+    gov_call_refused(&k, 1.5, 5, true, &d);
     ck_assert_int_eq(d.action, GOV_DONE);
     ck_assert_int_eq(d.result, GOV_STALLED);
     ck_assert_uint_eq(g.sources[0].in_flight, 0);
@@ -1840,7 +1840,7 @@ START_TEST(test_gov__refused_reaches_verdicts)
     pol.stall_window_s = 300;
     ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 2, 0, 0), 0);
     gov_call_step(&k, 0, &d);
-    gov_call_refused(&k, 1, 5, &d);
+    gov_call_refused(&k, 1, 5, true, &d);
     ck_assert_int_eq(d.action, GOV_WAIT);
     ck_assert_near(d.wake_at, 2); /* the deadline comes first */
     gov_call_step(&k, 2, &d);
@@ -1894,7 +1894,7 @@ START_TEST(test_gov__pending_age_never_stalls)
     ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 0, 0, 0), 0);
     gov_call_step(&k, 0, &d);
     ck_assert_int_eq(d.action, GOV_ATTEMPT); /* not due: the age does not matter */
-    gov_call_refused(&k, 0.5, 10, &d);
+    gov_call_refused(&k, 0.5, 10, true, &d);
     ck_assert_int_eq(d.action, GOV_WAIT);
     ck_assert_just_after(d.wake_at, 1.0); /* the earliest possible verdict */
     double due = d.wake_at;
@@ -1955,7 +1955,7 @@ START_TEST(test_gov__refusal_wakes_permit_waiters_only)
     gov_call_step(&b, 0, &d); /* no permit: waits for one */
     ck_assert_int_eq(d.action, GOV_WAIT);
     ck_assert(b.waits_permit);
-    gov_call_refused(&a, 0.1, 5, &d); /* a waits for the backend now */
+    gov_call_refused(&a, 0.1, 5, true, &d); /* a waits for the backend now */
     ck_assert(!a.waits_permit);
     ck_assert_uint_eq(wl.n, 1);
     ck_assert_ptr_eq(wl.woken[0], &b);
@@ -1967,12 +1967,12 @@ START_TEST(test_gov__refusal_wakes_permit_waiters_only)
     ck_assert_int_eq(d.action, GOV_ATTEMPT);
     gov_call_step(&c, 5.25, &d); /* b asks alone: c waits, without a timer */
     ck_assert(c.waits_permit);
-    gov_call_refused(&b, 5.3, 9, &d); /* wakes c, never a */
+    gov_call_refused(&b, 5.3, 9, true, &d); /* wakes c, never a */
     ck_assert_uint_eq(wl.n, 2);
     ck_assert_ptr_eq(wl.woken[1], &c);
     gov_call_step(&c, 9.25, &d);
     ck_assert_int_eq(d.action, GOV_ATTEMPT);
-    gov_call_refused(&c, 9.3, 12, &d); /* nobody waits for a permit */
+    gov_call_refused(&c, 9.3, 12, true, &d); /* nobody waits for a permit */
     ck_assert_uint_eq(wl.n, 2);
     gov_call_fini(&a, 1);
     gov_call_fini(&b, 1);
@@ -1988,7 +1988,7 @@ START_TEST(test_gov__refusal_wakes_permit_waiters_only)
     ck_assert_int_eq(gov_call_init(&b, &g, 0, "chat", &pol, 0, 0, 0), 0);
     gov_call_step(&a, 20, &d);
     ck_assert_int_eq(d.action, GOV_ATTEMPT);
-    gov_call_refused(&a, 20.1, 25, &d); /* gated until 25.25 */
+    gov_call_refused(&a, 20.1, 25, true, &d); /* gated until 25.25 */
     gov_call_step(&b, 25.25, &d); /* the pacer was given back (else: until 30) */
     ck_assert_int_eq(d.action, GOV_ATTEMPT);
     gov_call_confirmed(&b);
@@ -1999,7 +1999,7 @@ START_TEST(test_gov__refusal_wakes_permit_waiters_only)
     ck_assert_int_eq(gov_call_init(&b, &g, 0, "chat", &pol, 0, 0, 46.5), 0);
     gov_call_step(&b, 46.5, &d); /* another start during a's admission */
     ck_assert_int_eq(d.action, GOV_ATTEMPT);
-    gov_call_refused(&a, 47, 60, &d);
+    gov_call_refused(&a, 47, 60, true, &d);
     ck_assert_near(g.sources[0].last_start, 46.5); /* b's start stands */
     gov_call_fini(&b, 47);
     gov_call_fini(&a, 32);
@@ -2026,7 +2026,7 @@ START_TEST(test_gov__refusal_gates_the_source_one_asks_at_a_time)
     ck_assert_int_eq(gov_call_init(&a, &g, 0, "chat", &pol, 0, 0, 0), 0);
     ck_assert_int_eq(gov_call_init(&b, &g, 0, "chat", &pol, 0, 0, 0), 0);
     gov_call_step(&a, 0, &d);
-    gov_call_refused(&a, 0.1, 2.0, &d);
+    gov_call_refused(&a, 0.1, 2.0, true, &d);
     double gate = 2.0 + 0.5 * 0.2 * 0.5;
     ck_assert_near(d.wake_at, gate);
     gov_call_step(&b, 0.5, &d); /* gated: waits for the same time */
@@ -2047,6 +2047,54 @@ START_TEST(test_gov__refusal_gates_the_source_one_asks_at_a_time)
     ck_assert_int_eq(d.action, GOV_ATTEMPT);
     gov_call_fini(&a, 3);
     gov_call_fini(&b, 3);
+    gov_fini(&g);
+}
+END_TEST
+
+
+/* Each admission lets the next waiter ask (a chain, not one wake-up per
+ * gate); a refusal that depends on the call's size gates nothing. */
+START_TEST(test_gov__gate_chain_and_size_refusals)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+    struct wake_log wl = {0};
+    struct gov_hooks hooks = {.on_wake = log_wake, .ud = &wl};
+    struct gov g;
+    struct gov_call k[4];
+    struct gov_decision d;
+
+    p.max_concurrency = 16;
+    p.aimd_initial = 16;
+    ck_assert_int_eq(gov_init(&g, &p, 1, 1, NULL, NULL, NULL, &hooks, 0), 0);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(gov_call_init(&k[i], &g, 0, "chat", &pol, 0, 0, 0), 0);
+    gov_call_step(&k[0], 0, &d);
+    gov_call_refused(&k[0], 0, 1, true, &d); /* gate at 1.25 */
+    gov_call_step(&k[0], 1.25, &d);          /* k0 holds the gate */
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    for (int i = 1; i < 4; i++) {
+        gov_call_step(&k[i], 1.25, &d);      /* parked behind it, no timer */
+        ck_assert_int_eq(d.action, GOV_WAIT);
+    }
+    wl.n = 0;
+    gov_call_confirmed(&k[0]);               /* wakes k1 */
+    ck_assert_uint_eq(wl.n, 1);
+    ck_assert_ptr_eq(wl.woken[0], &k[1]);
+    gov_call_step(&k[1], 1.3, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    gov_call_confirmed(&k[1]);               /* not the holder: still wakes k2 */
+    ck_assert_uint_eq(wl.n, 2);
+    ck_assert_ptr_eq(wl.woken[1], &k[2]);
+    gov_call_step(&k[2], 1.3, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    /* A token-bucket refusal of k2 (its size) does not gate: k3 asks. */
+    gov_call_refused(&k[2], 1.4, 30, false, &d);
+    ck_assert_near(g.sources[0].gate_until, 0);
+    gov_call_step(&k[3], 1.4, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    for (int i = 0; i < 4; i++)
+        gov_call_fini(&k[i], 2);
     gov_fini(&g);
 }
 END_TEST
@@ -2180,6 +2228,7 @@ Suite *gov_suite(void)
     tcase_add_test(tc, test_gov__pending_age_never_stalls);
     tcase_add_test(tc, test_gov__refusal_wakes_permit_waiters_only);
     tcase_add_test(tc, test_gov__refusal_gates_the_source_one_asks_at_a_time);
+    tcase_add_test(tc, test_gov__gate_chain_and_size_refusals);
     tcase_add_test(tc, test_gov__call_init_rejects_unknown_capability);
     tcase_add_test(tc, test_gov__names_stable);
     suite_add_tcase(s, tc);
