@@ -11,6 +11,7 @@
 
 #include "internal.h"
 #include "log.h"
+#include "redis.h"
 
 #define DEFAULT_CONFIG "/etc/polygw/polygw.yaml"
 
@@ -87,8 +88,19 @@ int main(int argc, char **argv)
             fprintf(stderr, "polygw: %s\n", err);
             return 1;
         }
-        printf("%s: ok (%zu capabilities, %zu sources)\n", check_path, cfg->n_capabilities,
-               cfg->n_sources);
+        char backend[512] = "memory backend";
+        struct rds_addr a;
+        if (cfg->backend == BACKEND_REDIS &&
+            rds_parse_url(cfg->redis_url, &a, err, sizeof(err)) == 0) {
+            if (a.path[0])
+                snprintf(backend, sizeof(backend), "redis backend at %s, not contacted", a.path);
+            else
+                snprintf(backend, sizeof(backend), "redis backend at %s:%d, not contacted", a.host,
+                         a.port);
+        }
+        explicit_bzero(&a, sizeof(a)); /* it held the password */
+        printf("%s: ok (%zu capabilities, %zu sources, %s)\n", check_path, cfg->n_capabilities,
+               cfg->n_sources, backend);
         config_free(cfg);
         return 0;
     }

@@ -412,7 +412,14 @@ def test_cli__check_config(workdir):
         f.write("listen:\n  mode: \"0660\"\n")
     r = _run(["--check-config", good])
     assert r.returncode == 0, r.stderr
-    assert "ok" in r.stdout
+    assert "ok" in r.stdout and "memory backend" in r.stdout
+    # A Redis backend is validated, never contacted (nothing listens on port 1).
+    with open(good, "w") as f:
+        f.write('backend: {kind: redis, url: "redis://:s3cret@127.0.0.1:1/3"}\n')
+    r = _run(["--check-config", good])
+    assert r.returncode == 0, r.stderr
+    assert "redis backend at 127.0.0.1:1, not contacted" in r.stdout
+    assert "s3cret" not in r.stdout + r.stderr
     bad = os.path.join(workdir, "bad.yaml")
     with open(bad, "w") as f:
         f.write("listen:\n  mode: \"0660\"\n  sokcet: /tmp/x\n")
