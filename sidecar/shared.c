@@ -238,6 +238,7 @@ static void on_progress_fetched(const redisReply *r, const char *err, void *ud)
             }
         }
     }
+    gov_progress_known(&sh->srv->gov, f->scope); /* its waiters look again */
     free(f);
 }
 
@@ -670,8 +671,11 @@ static void on_message(struct rds *r, size_t channel, const char *msg, size_t le
         /* Only scopes this sidecar works with: the cache is not the fleet's. */
         struct scope_slot *s = scope_find(sh, buf);
         if (s) { /* the freshest news: a fetch in flight is then ignored */
+            bool was_fetching = s->state == SCOPE_FETCHING;
             s->state = SCOPE_KNOWN;
             s->last_at = ev_now(sh->srv->loop);
+            if (was_fetching)
+                gov_progress_known(&sh->srv->gov, buf);
         }
     } else if (channel == CH_TASK_STOP) {
         tasks_on_remote_stop(sh->srv, buf);

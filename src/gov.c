@@ -308,6 +308,22 @@ static void gov_wake_permit(struct gov *g, uint32_t cap)
     }
 }
 
+void gov_progress_known(struct gov *g, const char *scope)
+{
+    for (size_t c = 0; c < g->n_capabilities; c++) {
+        for (struct gov_call *k = g->waitq[c].head; k; k = k->wq_next) {
+            if (!k->waits_age || k->woken || strcmp(k->scope, scope) != 0)
+                continue;
+            k->waits_age = false;
+            if (g->hooks.on_wake) {
+                k->woken = true;
+                g->wakes++;
+                g->hooks.on_wake(k, g->hooks.ud);
+            }
+        }
+    }
+}
+
 /* The call leaves the FIFO for good (done or cancelled). A wake-up it got
  * and never used goes to the next waiter, for the same reason. */
 static void waitq_leave(struct gov_call *k)
@@ -431,6 +447,7 @@ static void gov_call_park(struct gov_call *k, double now, double stalled, double
     waitq_push(k);
     k->woken = false; /* it looked: the next release wakes it again */
     k->waits_permit = isinf(next_at) && next_at > 0;
+    k->waits_age = false;
     k->gov->waits++;
     k->state = GOV_CALL_WAITING;
     k->wake_at = wake;
@@ -465,6 +482,7 @@ static bool gov_call_verdicts(struct gov_call *k, double now, double *stalled, d
         if (*stalled > window) {
             /* Due, but the age is being fetched: never stall on a guess. */
             gov_call_park(k, now, *stalled, NAN, now + GOV_PENDING_RECHECK_S, d);
+            k->waits_age = true;
             return true;
         }
         return false;

@@ -106,9 +106,10 @@ struct gov_source {
  * closed with GOV_BACKEND_UNAVAILABLE), or 1 when the age is not known yet
  * (a shared backend is fetching it): the call then acts as if the scope had
  * made no progress only where that cannot end it — it never stalls on an
- * unknown age, it waits GOV_PENDING_RECHECK_S and looks again. A failed
+ * unknown age, it waits until the backend calls gov_progress_known() for
+ * the scope (or GOV_PENDING_RECHECK_S, a safety net) and looks again. A failed
  * write is only counted. */
-#define GOV_PENDING_RECHECK_S 0.005
+#define GOV_PENDING_RECHECK_S 0.25
 struct gov_backend {
     int (*progress_mark)(void *ud, const char *scope, double now);
     int (*progress_age)(void *ud, const char *scope, double now, double *age_s);
@@ -167,6 +168,7 @@ struct gov_call {
     bool queued;
     bool woken;              /* on_wake fired, the call has not stepped since */
     bool waits_permit;       /* WAITING for a permit release (not for a time) */
+    bool waits_age;          /* WAITING for its scope's progress age to be known */
     void *ud;                /* the owner's */
 };
 
@@ -247,6 +249,10 @@ void gov_call_refused(struct gov_call *k, double now, double retry_at, bool gate
  * call held it) opens, and the next waiter may ask at once. */
 void gov_call_confirmed(struct gov_call *k);
 void gov_call_abandon(struct gov_call *k, double now, enum gov_result r, struct gov_decision *d);
+
+/* The backend now knows (or failed to read) the progress age of `scope`:
+ * the calls waiting for it look again (through on_wake). */
+void gov_progress_known(struct gov *g, const char *scope);
 
 /* Current stalled seconds of the call. */
 double gov_call_stalled_s(const struct gov_call *k, double now);

@@ -1901,8 +1901,13 @@ START_TEST(test_gov__pending_age_never_stalls)
     gov_call_step(&k, due, &d);
     ck_assert_int_eq(d.action, GOV_WAIT); /* due, age unknown: recheck, never spin */
     ck_assert_near(d.wake_at, due + GOV_PENDING_RECHECK_S);
-    gov_call_step(&k, d.wake_at, &d);
+    ck_assert(k.waits_age);
+    gov_progress_known(&g, "other"); /* another scope: not woken */
+    ck_assert(k.waits_age);
+    gov_call_step(&k, d.wake_at, &d); /* the safety net: still unknown, waits again */
     ck_assert_near(d.wake_at, due + 2 * GOV_PENDING_RECHECK_S);
+    gov_progress_known(&g, "chat"); /* the backend has it: the call looks again */
+    ck_assert(!k.waits_age);
     fb.age_rc = 0;
     fb.age = 0.2; /* fresh progress elsewhere: not stalled, waits for the retry time */
     double t = d.wake_at;
