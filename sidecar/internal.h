@@ -105,6 +105,7 @@ struct conn {
     uint32_t in_flight;
     struct call *calls;           /* calls in flight (call.c) */
     uint32_t paused_calls;        /* of which streams paused for back-pressure */
+    uint32_t tasks_pending;       /* of which task requests waiting for Redis */
     bool reading;                 /* rio active */
     bool read_paused;             /* paused because the write queue is full */
     bool closing;                 /* no more input; close once `out` is flushed */

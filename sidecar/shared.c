@@ -30,6 +30,7 @@
  * call (with its pub/sub echo to every sidecar). */
 #define SHARED_MARK_COALESCE_S 0.1
 #define SHARED_RETRY_LATER_S 1.0        /* failed task updates are retried after */
+#define SHARED_RETRY_LATER_MAX_S 60.0
 
 enum { CH_TASK_STOP, CH_PROGRESS, CH_COUNT };
 
@@ -92,6 +93,8 @@ struct shared {
     unsigned long long resyncs;
     ev_timer mark_w;                    /* sends them */
     ev_timer later_w;                   /* shared_retry_later */
+    double later_delay;
+    bool closing;                       /* shared_fini: no new work */
     ev_timer renew_w;
     /* counters */
     unsigned long long admits, admitted, refused[6], admit_errors, releases, write_errors,
@@ -108,7 +111,7 @@ static const char *const refusal_names[6] = {"breaker", "concurrency", "rpm", "t
 static void fmt_num(char *buf, size_t len, double v)
 {
     if (fabs(v) < 9e15)
-        snprintf(buf, len, "%lld", (long long)v);
+        snprintf(buf, len, "%lld", llround(v));
     else
         snprintf(buf, len, "%.0f", v);
 }
@@ -613,26 +616,37 @@ static void on_later(struct ev_loop *loop, ev_timer *w, int revents)
     struct shared *sh = w->data;
     (void)loop;
     (void)revents;
-    if (!rds_up(sh->rds))
+    if (sh->closing || !rds_up(sh->rds))
         return; /* on_up does it */
+    /* Failing again and again (an error reply, not a lost connection)
+     * backs off: 1 s doubling to 60 s, reset by a reconnection. */
+    sh->later_delay = fmin(sh->later_delay * 2, SHARED_RETRY_LATER_MAX_S);
     tasks_on_backend_up(sh->srv);
     maybe_resync(sh);
 }
 
 void shared_retry_later(struct shared *sh, bool resync)
 {
+    if (sh->closing)
+        return;
     if (resync)
         sh->resync = true;
     if (!ev_is_active(&sh->later_w)) {
-        ev_timer_set(&sh->later_w, SHARED_RETRY_LATER_S, 0.);
+        ev_timer_set(&sh->later_w, sh->later_delay, 0.);
         ev_timer_start(sh->srv->loop, &sh->later_w);
     }
+}
+
+bool shared_closing(const struct shared *sh)
+{
+    return sh->closing;
 }
 
 static void on_up(struct rds *r, void *ud)
 {
     struct shared *sh = ud;
     (void)r;
+    sh->later_delay = SHARED_RETRY_LATER_S;
     tasks_on_backend_up(sh->srv);
     maybe_resync(sh);
 }
@@ -767,6 +781,7 @@ int shared_init(struct server *srv, char *err, size_t errlen)
     sh->mark_w.data = sh;
     ev_init(&sh->later_w, on_later);
     sh->later_w.data = sh;
+    sh->later_delay = SHARED_RETRY_LATER_S;
     ev_timer_init(&sh->renew_w, renew_all, cfg->redis_lease_ttl_s / 3,
                   cfg->redis_lease_ttl_s / 3);
     sh->renew_w.data = sh;
@@ -814,9 +829,10 @@ void shared_fini(struct server *srv)
     ev_timer_stop(srv->loop, &sh->renew_w);
     ev_timer_stop(srv->loop, &sh->mark_w);
     ev_timer_stop(srv->loop, &sh->later_w);
+    sh->closing = true; /* the drain below lets writes out; it starts nothing new */
     sh->n_dirty = 0; /* a coalesced mark (< 100 ms old) is not worth a write at exit */
     shared_drain(sh);
-    rds_free(sh->rds); /* fails what is pending: its callbacks may arm timers */
+    rds_free(sh->rds); /* fails what is pending (admissions: their leases are freed) */
     sh->rds = NULL;
     ev_timer_stop(srv->loop, &sh->later_w);
     ev_timer_stop(srv->loop, &sh->mark_w); /* fails pending admits: their leases are freed */

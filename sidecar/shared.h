@@ -86,6 +86,8 @@ void shared_request_resync(struct shared *sh);
  * watchdog verdicts (and, with `resync`, the resync) in a second, and at
  * the latest when the connections come back. */
 void shared_retry_later(struct shared *sh, bool resync);
+/* shared_fini has begun: start no new Redis work. */
+bool shared_closing(const struct shared *sh);
 
 /* The `backend` map of `stats`. */
 void shared_pack_stats(struct shared *sh, msgpack_packer *pk);

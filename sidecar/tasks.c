@@ -473,6 +473,7 @@ void tasks_fail_pending(struct server *srv, enum pgw_code code, const char *mess
         srv->stats.in_flight--;
         if (c) {
             c->in_flight--;
+            c->tasks_pending--;
             conn_reply_error(c, q->msgid, code, message);
         }
     }
@@ -530,6 +531,7 @@ static void tasks_on_reply(const redisReply *r, const char *err, void *ud)
     struct conn *c = tasks_find_conn(srv, q->conn_id);
     if (c) {
         c->in_flight--;
+        c->tasks_pending--;
         bool idempotent = q->op == TOP_START && rt.rc == TASK_E_RUNNING;
         if (rt.rc != TASK_OK && !idempotent) {
             reply_task_error_s(c, q->msgid, rt.rc, q->id, rt.exists ? rt.state : NULL,
@@ -572,6 +574,7 @@ static void tasks_remote(struct server *srv, struct conn *c, uint32_t msgid, enu
         if (c && !cb) {
             pending_link(q);
             c->in_flight++;
+            c->tasks_pending++;
         }
         return;
     }
@@ -605,6 +608,7 @@ static void tasks_remote_node_begin(struct conn *c, uint32_t msgid, const char *
         srv->task_imports++;
         pending_link(q);
         c->in_flight++;
+        c->tasks_pending++;
         return;
     }
     free(q);
@@ -622,6 +626,8 @@ void tasks_on_remote_stop(struct server *srv, const char *id)
 
 bool tasks_is_pending(struct conn *c, uint32_t msgid)
 {
+    if (!c->tasks_pending)
+        return false; /* the common case: no scan */
     for (struct tasks_req *q = c->srv->task_pending; q; q = q->pnext)
         if (q->conn_id == c->id && q->msgid == msgid)
             return true;
@@ -711,6 +717,11 @@ static void resync_free(struct server *srv)
 static void resync_pump(struct server *srv)
 {
     struct tasks_resync *rs = srv->resync;
+
+    if (rs && shared_closing(srv->shared)) {
+        resync_free(srv); /* exiting: the replies in flight only free their requests */
+        return;
+    }
 
     while (rs && rs->inflight < TASKS_RESYNC_WINDOW && rs->next < rs->n) {
         char *id = rs->ids[rs->next++];

@@ -551,17 +551,19 @@ static void gov_gate_open(struct gov_call *k)
         return;
     s->gate_holder = NULL;
     s->gate_until = 0;
-    gov_wake(k->gov, k->capability);
+    gov_wake_permit(k->gov, k->capability); /* those parked behind the gate */
 }
 
 void gov_call_confirmed(struct gov_call *k)
 {
     if (!k->gov || k->state != GOV_CALL_ATTEMPTING)
         return;
+    /* Each admission lets the next call parked behind the gate ask (not a
+     * call waiting for its own retry time: it would only be refused again). */
     if (k->gov->sources[k->source].gate_holder == k)
-        gov_gate_open(k); /* wakes the next waiter */
+        gov_gate_open(k);
     else
-        gov_wake(k->gov, k->capability); /* each admission lets the next one ask */
+        gov_wake_permit(k->gov, k->capability);
 }
 
 /* Gives back what the last step reserved for an attempt that was never

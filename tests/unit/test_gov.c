@@ -2083,6 +2083,7 @@ START_TEST(test_gov__gate_chain_and_size_refusals)
         ck_assert_int_eq(d.action, GOV_WAIT);
     }
     wl.n = 0;
+    size_t n;
     gov_call_confirmed(&k[0]);               /* wakes k1 */
     ck_assert_uint_eq(wl.n, 1);
     ck_assert_ptr_eq(wl.woken[0], &k[1]);
@@ -2098,6 +2099,11 @@ START_TEST(test_gov__gate_chain_and_size_refusals)
     ck_assert_near(g.sources[0].gate_until, 0);
     gov_call_step(&k[3], 1.4, &d);
     ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    /* k3's admission does not wake k2, which waits for its own retry time
+     * (it would only be refused again). */
+    n = wl.n;
+    gov_call_confirmed(&k[3]);
+    ck_assert_uint_eq(wl.n, n);
     for (int i = 0; i < 4; i++)
         gov_call_fini(&k[i], 2);
     gov_fini(&g);
