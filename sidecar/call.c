@@ -146,7 +146,7 @@ static void call_end(struct call *k)
     if (k->admit)
         shared_admit_detach(k->admit);
     if (k->lease)
-        shared_release(srv->shared, k->lease, SHARED_NEUTRAL, -1);
+        shared_release(srv->shared, k->lease, NULL, -1);
     k->admit = NULL;
     k->lease = NULL;
     call_task_unlink(k);
@@ -393,18 +393,12 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
            outcome_reason_name(res.outcome.reason), "status", LOG_I, (long long)res.http_status,
            "phase", LOG_S, attempt_phase_name(res.phase), "elapsed_s", LOG_F, res.elapsed_s, NULL);
 
+    double used = usage ? usage_tokens(usage) : -1;
     if (k->lease) {
-        /* Sent before the outcome is applied, so that a success's progress
-         * mark (gov_call_on_outcome) leaves in the same write. */
-        enum shared_verdict v = res.outcome.kind == OUTCOME_SUCCESS     ? SHARED_SUCCESS
-                                : res.outcome.kind == OUTCOME_TRANSIENT ? SHARED_FAILURE
-                                                                        : SHARED_NEUTRAL;
-        if (res.outcome.reason == REASON_CANCELLED)
-            v = SHARED_NEUTRAL;
-        shared_release(k->conn->srv->shared, k->lease, v, usage ? usage_tokens(usage) : -1);
+        shared_release(k->conn->srv->shared, k->lease, &res.outcome, used);
         k->lease = NULL;
     }
-    gov_call_on_outcome(&k->g, now, &res.outcome, usage ? usage_tokens(usage) : -1, &d);
+    gov_call_on_outcome(&k->g, now, &res.outcome, used, &d);
 
     if (res.outcome.kind != OUTCOME_SUCCESS && res.deadline_exceeded) {
         /* The caller's own deadline_s wins over stream_interrupted: nothing

@@ -115,6 +115,7 @@ void conn_close(struct conn *c, const char *why)
     ev_timer_stop(loop, &c->linger_w);
     /* The client is gone: nothing it asked for may keep running. */
     call_abort_all(c);
+    tasks_fail_pending(c, PGW_OK, NULL);
     close(c->fd);
     c->fd = -1;
     log_at(LOG_DEBUG, "connection closed", "conn", LOG_U, (unsigned long long)c->id,

@@ -71,7 +71,6 @@ struct server {
     struct task_reg *tasks;       /* task states (src/task.h) */
     ev_timer task_w;              /* the watchdog / task expiry timer */
     struct tasks_req *task_retry, *task_retry_tail; /* verdicts to send when Redis is back */
-    struct tasks_req *task_pending; /* task requests a client waits for (Redis) */
     struct tasks_resync *resync;  /* running tasks being re-read after a gap */
     size_t task_imports;          /* Redis reads that may import a task, in flight */
     size_t task_retry_n;
@@ -105,7 +104,7 @@ struct conn {
     uint32_t in_flight;
     struct call *calls;           /* calls in flight (call.c) */
     uint32_t paused_calls;        /* of which streams paused for back-pressure */
-    uint32_t tasks_pending;       /* of which task requests waiting for Redis */
+    struct tasks_req *tasks;      /* task requests waiting for Redis (tasks.c) */
     bool reading;                 /* rio active */
     bool read_paused;             /* paused because the write queue is full */
     bool closing;                 /* no more input; close once `out` is flushed */

@@ -242,24 +242,29 @@ static int hexval(int ch)
     return ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
 }
 
-/* Percent-decodes s[0..n) into out[cap]; -1 on a malformed or NUL escape,
- * -2 when it does not fit. */
-static int pct_decode(const char *s, size_t n, char *out, size_t cap)
+/* Percent-decodes s[0..n) into out[cap] (the URL's `what`); -1 with a
+ * reason on a malformed or NUL escape, or when it does not fit. The
+ * reason never quotes the text (it may be the password). */
+static int pct_decode(const char *s, size_t n, char *out, size_t cap, const char *what,
+                      char *err, size_t errlen)
 {
     size_t j = 0;
 
     for (size_t i = 0; i < n; i++) {
         int ch = (unsigned char)s[i];
         if (ch == '%') {
-            if (n - i < 3 || hexval(s[i + 1]) < 0 || hexval(s[i + 2]) < 0)
+            if (n - i < 3 || hexval(s[i + 1]) < 0 || hexval(s[i + 2]) < 0 ||
+                hexval(s[i + 1]) * 16 + hexval(s[i + 2]) == 0) {
+                set_err(err, errlen, "bad percent-encoding in the %s (%%XX, not %%00)", what);
                 return -1;
+            }
             ch = hexval(s[i + 1]) * 16 + hexval(s[i + 2]);
-            if (ch == 0)
-                return -1;
             i += 2;
         }
-        if (j + 1 >= cap)
-            return -2;
+        if (j + 1 >= cap) {
+            set_err(err, errlen, "%s too long (max %zu bytes)", what, cap - 1);
+            return -1;
+        }
         out[j++] = (char)ch;
     }
     out[j] = '\0';
@@ -287,16 +292,7 @@ static int parse_uint(const char *s, size_t n, long long max, long long *v)
 static int parse_password(const char *s, size_t n, struct rds_addr *out, char *err,
                           size_t errlen)
 {
-    int rc = pct_decode(s, n, out->password, sizeof(out->password));
-    if (rc == -1) {
-        set_err(err, errlen, "bad percent-encoding in the password (%%XX, not %%00)");
-        return -1;
-    }
-    if (rc == -2) {
-        set_err(err, errlen, "password too long (max %zu bytes)", sizeof(out->password) - 1);
-        return -1;
-    }
-    return 0;
+    return pct_decode(s, n, out->password, sizeof(out->password), "password", err, errlen);
 }
 
 static int parse_db(const char *s, size_t n, struct rds_addr *out, char *err, size_t errlen)
@@ -419,15 +415,8 @@ static int parse_unix(const char *s, struct rds_addr *out, char *err, size_t err
         return -1;
     }
     size_t n = strcspn(s, "?");
-    int rc = pct_decode(s, n, out->path, sizeof(out->path));
-    if (rc == -1) {
-        set_err(err, errlen, "bad percent-encoding in the socket path");
+    if (pct_decode(s, n, out->path, sizeof(out->path), "socket path", err, errlen) < 0)
         return -1;
-    }
-    if (rc == -2) {
-        set_err(err, errlen, "socket path too long (max %zu bytes)", sizeof(out->path) - 1);
-        return -1;
-    }
     out->port = 0;
     if (!s[n])
         return 0;

@@ -388,10 +388,10 @@ static void server_stop(struct server *srv, const char *why)
         ev_break(srv->loop, EVBREAK_ALL);
         return;
     }
-    tasks_fail_pending(srv, PGW_SHUTTING_DOWN,
-                       "the sidecar shut down before the state backend answered");
     for (struct conn *c = srv->conns, *next; c; c = next) {
         next = c->next;
+        tasks_fail_pending(c, PGW_SHUTTING_DOWN,
+                           "the sidecar shut down before the state backend answered");
         call_fail_all(c, PGW_SHUTTING_DOWN, "the sidecar shut down before the call finished");
         conn_close_after_flush(c);
     }

@@ -32,12 +32,11 @@
 #define SHARED_RETRY_LATER_S 1.0        /* failed task updates are retried after */
 #define SHARED_RETRY_LATER_MAX_S 60.0
 
-enum { CH_TASK_STOP, CH_PROGRESS, CH_COUNT };
+enum { CH_TASK_END, CH_PROGRESS, CH_COUNT };
 
 struct shared_lease {
     struct shared_lease *prev, *next;   /* the source's live leases */
     size_t source;
-    bool probe;
     bool live;                          /* linked */
     double est_tokens;
     char id[48];
@@ -162,50 +161,45 @@ static void scopes_clear(struct shared *sh)
     sh->epoch++;
 }
 
+/* The slot holding `scope`, or the empty slot where it would go (linear
+ * probing; the table never fills: scope_slot clears it at 3/4). */
+static struct scope_slot *scope_probe(struct shared *sh, const char *scope)
+{
+    size_t mask = SHARED_SCOPES - 1;
+
+    for (size_t i = (size_t)hash_str(scope) & mask;; i = (i + 1) & mask) {
+        struct scope_slot *s = &sh->scopes[i];
+        if (s->state == SCOPE_EMPTY || strcmp(s->name, scope) == 0)
+            return s;
+    }
+}
+
 /* The slot of `scope`, or NULL. */
 static struct scope_slot *scope_find(struct shared *sh, const char *scope)
 {
-    size_t mask = SHARED_SCOPES - 1;
-    size_t i = (size_t)hash_str(scope) & mask;
-
-    for (size_t n = 0; n < SHARED_SCOPES; n++, i = (i + 1) & mask) {
-        struct scope_slot *s = &sh->scopes[i];
-        if (s->state == SCOPE_EMPTY)
-            return NULL;
-        if (strcmp(s->name, scope) == 0)
-            return s;
-    }
-    return NULL;
+    struct scope_slot *s = scope_probe(sh, scope);
+    return s->state == SCOPE_EMPTY ? NULL : s;
 }
 
 /* The slot of `scope`, created when absent (NULL when out of memory). A
- * full table is dropped whole: every scope then reads unknown and is
+ * table 3/4 full is dropped whole: every scope then reads unknown and is
  * fetched again — the safe direction. */
 static struct scope_slot *scope_slot(struct shared *sh, const char *scope)
 {
-    size_t mask = SHARED_SCOPES - 1;
-    size_t i = (size_t)hash_str(scope) & mask;
+    struct scope_slot *s = scope_probe(sh, scope);
 
-    for (size_t n = 0; n < SHARED_SCOPES; n++, i = (i + 1) & mask) {
-        struct scope_slot *s = &sh->scopes[i];
-        if (s->state == SCOPE_EMPTY)
-            break;
-        if (strcmp(s->name, scope) == 0)
-            return s;
-    }
+    if (s->state != SCOPE_EMPTY)
+        return s;
     if (sh->n_scopes >= SHARED_SCOPES * 3 / 4) {
         scopes_clear(sh);
-        i = (size_t)hash_str(scope) & mask;
+        s = scope_probe(sh, scope);
     }
-    while (sh->scopes[i].state != SCOPE_EMPTY)
-        i = (i + 1) & mask;
     char *name = strdup(scope);
     if (!name)
         return NULL;
-    sh->scopes[i] = (struct scope_slot){.name = name, .state = SCOPE_UNKNOWN,
-                                        .sent_at = -INFINITY};
+    *s = (struct scope_slot){.name = name, .state = SCOPE_UNKNOWN, .sent_at = -INFINITY};
     sh->n_scopes++;
-    return &sh->scopes[i];
+    return s;
 }
 
 static void progress_key(const struct shared *sh, const char *scope, char *key, size_t len)
@@ -412,12 +406,17 @@ static void on_released(const redisReply *r, const char *err, void *ud)
         note_breaker(sh, k->index, r->element[1]->str);
 }
 
-static const char *verdict_name(enum shared_verdict v)
+/* release.lua's verdict: a transient failure counts for the breaker; a
+ * 429, a rejection or a cancel does not (src/breaker.h). */
+static const char *verdict_name(const struct outcome *o)
 {
-    return v == SHARED_SUCCESS ? "success" : v == SHARED_FAILURE ? "failure" : "neutral";
+    if (!o || o->reason == REASON_CANCELLED)
+        return "neutral";
+    return o->kind == OUTCOME_SUCCESS ? "success" : o->kind == OUTCOME_TRANSIENT ? "failure"
+                                                                                 : "neutral";
 }
 
-void shared_release(struct shared *sh, struct shared_lease *l, enum shared_verdict v,
+void shared_release(struct shared *sh, struct shared_lease *l, const struct outcome *o,
                     double used_tokens)
 {
     struct source_keys *k = &sh->src[l->source];
@@ -428,16 +427,11 @@ void shared_release(struct shared *sh, struct shared_lease *l, enum shared_verdi
     fmt_num(est, sizeof(est), ceil(l->est_tokens));
     fmt_num(used, sizeof(used), used_tokens < 0 ? -1 : ceil(used_tokens));
     const char *argv[] = {k->breaker, k->leases, k->rpm,     k->tpm,    k->daily, l->id,
-                          verdict_name(v), est,  used,       k->a_tpm,  k->a_win, k->a_daily,
+                          verdict_name(o), est,  used,       k->a_tpm,  k->a_win, k->a_daily,
                           "86400000", k->a_fails, k->a_cool, k->a_maxcool};
     if (rds_eval(sh->rds, RDS_RELEASE, 5, 16, argv, NULL, on_released, k) < 0)
         count_write_error(sh, "release", "not connected");
     free(l);
-}
-
-bool shared_lease_is_probe(const struct shared_lease *l)
-{
-    return l->probe;
 }
 
 static int refusal_index(const char *why)
@@ -458,14 +452,12 @@ static void on_admitted(const redisReply *r, const char *err, void *ud)
     if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 3)
         reply_is_int(r->element[0], &ok);
     if (ok == 1) {
-        sh->admitted++;
-        reply_is_int(r->element[2], &v);
-        l->probe = v == 1;
+        sh->admitted++; /* the probe flag (element 2) is release.lua's business */
         lease_link(sh, l);
         if (a->ud)
             a->cb(a->ud, 1, l, NAN, "admitted");
         else
-            shared_release(sh, l, SHARED_NEUTRAL, -1); /* the call is gone */
+            shared_release(sh, l, NULL, -1); /* the call is gone */
     } else if (ok == 0 && r->element[1]->type == REDIS_REPLY_STRING) {
         const char *why = r->element[1]->str;
         double retry_at = NAN, off = rds_clock_offset(sh->rds);
@@ -579,7 +571,7 @@ int shared_task(struct shared *sh, const char *op, const char *id, const char *r
     snprintf(key, sizeof(key), "{%s:task:%s}", sh->srv->cfg->redis_prefix, id);
     fmt_num(ttl, sizeof(ttl), ceil(sh->srv->cfg->task_ttl_s));
     const char *argv[] = {key, op, id, ttl, reason ? reason : "", ok ? "1" : "0",
-                          sh->channel[CH_TASK_STOP]};
+                          sh->channel[CH_TASK_END]};
     return rds_eval(sh->rds, RDS_TASK, 1, 7, argv, NULL, cb, ud);
 }
 
@@ -691,8 +683,8 @@ static void on_message(struct rds *r, size_t channel, const char *msg, size_t le
             if (was_fetching)
                 gov_progress_known(&sh->srv->gov, buf);
         }
-    } else if (channel == CH_TASK_STOP) {
-        tasks_on_remote_stop(sh->srv, buf);
+    } else if (channel == CH_TASK_END) {
+        tasks_on_task_end(sh->srv, buf);
     }
 }
 
@@ -856,16 +848,6 @@ void shared_fini(struct server *srv)
 const struct gov_backend *shared_gov_backend(struct shared *sh)
 {
     return &sh->backend;
-}
-
-bool shared_up(const struct shared *sh)
-{
-    return rds_up(sh->rds);
-}
-
-unsigned long long shared_commands(const struct shared *sh)
-{
-    return (unsigned long long)rds_get_stats(sh->rds)->commands;
 }
 
 void shared_pack_stats(struct shared *sh, msgpack_packer *pk)

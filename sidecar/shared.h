@@ -33,6 +33,7 @@
 #include <stddef.h>
 
 #include "gov.h"
+#include "outcome.h"
 #include "internal.h"
 
 struct shared;
@@ -61,11 +62,11 @@ struct shared_admit *shared_admit(struct shared *sh, size_t source, double est_t
  * granted meanwhile is released at once. */
 void shared_admit_detach(struct shared_admit *a);
 
-enum shared_verdict { SHARED_SUCCESS, SHARED_FAILURE, SHARED_NEUTRAL };
-/* Ends the lease's attempt (frees `lease`). `used_tokens` < 0 = unknown. */
-void shared_release(struct shared *sh, struct shared_lease *lease, enum shared_verdict v,
+/* Ends the lease's attempt (frees `lease`) with the breaker verdict of its
+ * outcome `o` (NULL: none — the attempt was cancelled or never ran) and the
+ * real token usage (< 0 unknown). */
+void shared_release(struct shared *sh, struct shared_lease *lease, const struct outcome *o,
                     double used_tokens);
-bool shared_lease_is_probe(const struct shared_lease *lease);
 
 /* Task operations (task.lua): op is start, stop, watchdog, finish, guard or
  * get. `cb` gets the reply array {code, state, kind, reason, runs,
@@ -78,7 +79,6 @@ int shared_task(struct shared *sh, const char *op, const char *id, const char *r
  * and the host's are assumed close; used only for display). */
 double shared_unix_s(long long ms);
 
-bool shared_up(const struct shared *sh);
 /* A task update could not be sent: re-read every running task held here
  * once the backend is back (now, if it is). */
 void shared_request_resync(struct shared *sh);
@@ -91,7 +91,5 @@ bool shared_closing(const struct shared *sh);
 
 /* The `backend` map of `stats`. */
 void shared_pack_stats(struct shared *sh, msgpack_packer *pk);
-/* Commands sent to Redis so far (benchmarks). */
-unsigned long long shared_commands(const struct shared *sh);
 
 #endif /* POLYGW_SHARED_H */

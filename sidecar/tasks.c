@@ -27,10 +27,10 @@
 /* Operations on the shared backend (see "the shared backend" below). */
 enum tasks_op { TOP_START, TOP_STOP, TOP_GUARD, TOP_FINISH, TOP_GET, TOP_NODE_BEGIN, TOP_SYNC,
                 TOP_WATCHDOG };
-static void tasks_remote(struct server *srv, struct conn *c, uint32_t msgid, enum tasks_op op,
-                         const char *id, const char *reason, bool ok, tasks_guard_cb *cb,
-                         void *cb_ud);
 struct tasks_req;
+static struct tasks_req *tasks_remote(struct server *srv, struct conn *c, uint32_t msgid,
+                                      enum tasks_op op, const char *id, const char *reason,
+                                      bool ok, tasks_guard_cb *cb, void *cb_ud);
 static void tasks_retry_later(struct server *srv, struct tasks_req *q);
 static void tasks_retry_free(struct server *srv);
 static void resync_free(struct server *srv);
@@ -308,11 +308,10 @@ static const char *const top_lua[] = {"start", "stop",  "guard", "finish",
 struct tasks_req {
     struct server *srv;
     struct tasks_req *next;        /* the retry list */
-    struct tasks_req *pprev, *pnext; /* srv->task_pending: a client waits for it */
-    bool answered;                 /* answered early (shutting_down): drop the reply */
+    struct conn *conn;             /* the client waiting for it; NULL: none, or gone */
+    struct tasks_req *cprev, *cnext; /* conn->tasks */
     bool resync;                   /* part of a paced resync (tasks_on_resubscribed) */
     unsigned resync_gen;           /* of which resync */
-    uint64_t conn_id;              /* 0: no client waits (a sync) */
     uint32_t msgid;
     enum tasks_op op;
     bool ok;                       /* finish */
@@ -321,6 +320,13 @@ struct tasks_req {
     void *cb_ud;
     char id[TASKS_ID_BUF], node[TASKS_ID_BUF], reason[TASK_REASON_MAX + 1];
 };
+
+/* Does the answer to `q` import the task here (this sidecar is about to
+ * work with it: start, node.begin, a call naming it)? */
+static bool tasks_req_imports(const struct tasks_req *q)
+{
+    return q->cb || q->op == TOP_START || q->op == TOP_NODE_BEGIN;
+}
 
 /* A task as task.lua describes it. */
 struct rtask {
@@ -427,55 +433,51 @@ static void tasks_sync(struct server *srv, const char *id, const struct rtask *r
     tasks_rearm(srv);
 }
 
-static struct conn *tasks_find_conn(struct server *srv, uint64_t id)
-{
-    for (struct conn *c = srv->conns; c; c = c->next)
-        if (c->id == id && !c->closed)
-            return c;
-    return NULL;
-}
-
 static void node_begin_local(struct conn *c, uint32_t msgid, const char *id, const char *node,
                              double timeout_s);
 
-/* Client requests waiting for Redis, so that a stopping server can answer
- * them (tasks_fail_pending). */
-static void pending_link(struct tasks_req *q)
+/* A client request waiting for Redis belongs to its connection, like a
+ * call: it counts as in flight there, and ends with it (pending_drop). */
+static void pending_link(struct tasks_req *q, struct conn *c)
 {
-    struct server *srv = q->srv;
-    q->pprev = NULL;
-    q->pnext = srv->task_pending;
-    if (q->pnext)
-        q->pnext->pprev = q;
-    srv->task_pending = q;
-    srv->stats.in_flight++;
+    q->conn = c;
+    q->cprev = NULL;
+    q->cnext = c->tasks;
+    if (q->cnext)
+        q->cnext->cprev = q;
+    c->tasks = q;
+    c->in_flight++;
+    c->srv->stats.in_flight++;
 }
 
+/* The request no longer waits on its connection (answered, or the
+ * connection is gone): its reply, when it comes, only frees it. */
 static void pending_unlink(struct tasks_req *q)
 {
-    struct server *srv = q->srv;
-    if (q->pprev)
-        q->pprev->pnext = q->pnext;
-    else if (srv->task_pending == q)
-        srv->task_pending = q->pnext;
-    if (q->pnext)
-        q->pnext->pprev = q->pprev;
-    q->pprev = q->pnext = NULL;
+    struct conn *c = q->conn;
+
+    if (!c)
+        return;
+    if (q->cprev)
+        q->cprev->cnext = q->cnext;
+    else
+        c->tasks = q->cnext;
+    if (q->cnext)
+        q->cnext->cprev = q->cprev;
+    q->cprev = q->cnext = NULL;
+    q->conn = NULL;
+    c->in_flight--;
+    c->srv->stats.in_flight--;
 }
 
-void tasks_fail_pending(struct server *srv, enum pgw_code code, const char *message)
+void tasks_fail_pending(struct conn *c, enum pgw_code code, const char *message)
 {
-    while (srv->task_pending) {
-        struct tasks_req *q = srv->task_pending;
-        struct conn *c = tasks_find_conn(srv, q->conn_id);
+    while (c->tasks) {
+        struct tasks_req *q = c->tasks;
         pending_unlink(q);
-        q->answered = true; /* the reply, when it comes, only frees q */
-        srv->stats.in_flight--;
-        if (c) {
-            c->in_flight--;
-            c->tasks_pending--;
+        if (code != PGW_OK)
             conn_reply_error(c, q->msgid, code, message);
-        }
+        server_on_request_done(c->srv);
     }
 }
 
@@ -491,7 +493,7 @@ static void tasks_on_reply(const redisReply *r, const char *err, void *ud)
         if (r && r->type == REDIS_REPLY_ERROR)
             err = "error reply from task.lua";
     }
-    bool import = q->cb || q->op == TOP_START || q->op == TOP_NODE_BEGIN;
+    bool import = tasks_req_imports(q);
     if (import && srv->task_imports > 0)
         srv->task_imports--;
     if (rt.exists)
@@ -522,65 +524,58 @@ static void tasks_on_reply(const redisReply *r, const char *err, void *ud)
         free(q);
         return;
     }
-    if (q->answered) {
+    struct conn *c = q->conn;
+    if (!c) { /* answered already, or the client is gone */
         free(q);
         return;
     }
     pending_unlink(q);
-    srv->stats.in_flight--;
-    struct conn *c = tasks_find_conn(srv, q->conn_id);
-    if (c) {
-        c->in_flight--;
-        c->tasks_pending--;
-        bool idempotent = q->op == TOP_START && rt.rc == TASK_E_RUNNING;
-        if (rt.rc != TASK_OK && !idempotent) {
-            reply_task_error_s(c, q->msgid, rt.rc, q->id, rt.exists ? rt.state : NULL,
-                               rt.exists ? rt.reason : err, rt.exists ? rt.kind : NULL, NULL);
-        } else if (q->op == TOP_NODE_BEGIN) {
-            node_begin_local(c, q->msgid, q->id, q->node, q->timeout_s);
-        } else if (q->op == TOP_GUARD) {
-            rpc_pack_result_begin(&c->pk, q->msgid);
-            msgpack_pack_map(&c->pk, 0);
-            conn_response_done(c, PGW_OK);
-        } else {
-            rpc_pack_result_begin(&c->pk, q->msgid);
-            pack_rtask(&c->pk, q->id, &rt, task_get(srv->tasks, q->id));
-            conn_response_done(c, PGW_OK);
-        }
-        conn_flush(c);
+    bool idempotent = q->op == TOP_START && rt.rc == TASK_E_RUNNING;
+    if (rt.rc != TASK_OK && !idempotent) {
+        reply_task_error_s(c, q->msgid, rt.rc, q->id, rt.exists ? rt.state : NULL,
+                           rt.exists ? rt.reason : err, rt.exists ? rt.kind : NULL, NULL);
+    } else if (q->op == TOP_NODE_BEGIN) {
+        node_begin_local(c, q->msgid, q->id, q->node, q->timeout_s);
+    } else if (q->op == TOP_GUARD) {
+        rpc_pack_result_begin(&c->pk, q->msgid);
+        msgpack_pack_map(&c->pk, 0);
+        conn_response_done(c, PGW_OK);
+    } else {
+        rpc_pack_result_begin(&c->pk, q->msgid);
+        pack_rtask(&c->pk, q->id, &rt, task_get(srv->tasks, q->id));
+        conn_response_done(c, PGW_OK);
     }
+    conn_flush(c);
     free(q);
     server_on_request_done(srv);
 }
 
 /* Sends `op` for task `id` to Redis; the answer (or a sync) completes in
  * tasks_on_reply. With a client, answers backend_unavailable at once when
- * the request cannot be sent. */
-static void tasks_remote(struct server *srv, struct conn *c, uint32_t msgid, enum tasks_op op,
-                         const char *id, const char *reason, bool ok, tasks_guard_cb *cb,
-                         void *cb_ud)
+ * the request cannot be sent. Returns the request sent (its reply comes
+ * later, never inside this call), or NULL. */
+static struct tasks_req *tasks_remote(struct server *srv, struct conn *c, uint32_t msgid,
+                                      enum tasks_op op, const char *id, const char *reason,
+                                      bool ok, tasks_guard_cb *cb, void *cb_ud)
 {
     struct tasks_req *q = calloc(1, sizeof(*q));
 
     if (q) {
-        *q = (struct tasks_req){.srv = srv, .conn_id = c ? c->id : 0, .msgid = msgid, .op = op,
-                                .ok = ok, .cb = cb, .cb_ud = cb_ud};
+        *q = (struct tasks_req){.srv = srv, .msgid = msgid, .op = op, .ok = ok, .cb = cb,
+                                .cb_ud = cb_ud};
         snprintf(q->id, sizeof(q->id), "%s", id);
         snprintf(q->reason, sizeof(q->reason), "%s", reason ? reason : "");
     }
     if (q && shared_task(srv->shared, top_lua[op], id, q->reason, ok, tasks_on_reply, q) == 0) {
-        if (cb || op == TOP_START)
+        if (tasks_req_imports(q))
             srv->task_imports++;
-        if (c && !cb) {
-            pending_link(q);
-            c->in_flight++;
-            c->tasks_pending++;
-        }
-        return;
+        if (c && !cb)
+            pending_link(q, c);
+        return q;
     }
     if (q && op == TOP_WATCHDOG) {
         tasks_retry_later(srv, q);
-        return;
+        return NULL;
     }
     free(q);
     if (op == TOP_SYNC)
@@ -589,33 +584,23 @@ static void tasks_remote(struct server *srv, struct conn *c, uint32_t msgid, enu
         cb(cb_ud, NULL, TASKS_E_BACKEND, "not connected", NULL);
     else if (c)
         reply_task_error_s(c, msgid, TASKS_E_BACKEND, id, NULL, "not connected", NULL, NULL);
+    return NULL;
 }
 
-/* As tasks_remote for node.begin, which needs its parameters kept. */
+/* node.begin of a task not held here: a guard that imports it, then the
+ * local node.begin (tasks_on_reply) with the parameters kept here. */
 static void tasks_remote_node_begin(struct conn *c, uint32_t msgid, const char *id,
                                     const char *node, double timeout_s)
 {
-    struct server *srv = c->srv;
-    struct tasks_req *q = calloc(1, sizeof(*q));
-
+    struct tasks_req *q =
+        tasks_remote(c->srv, c, msgid, TOP_NODE_BEGIN, id, NULL, false, NULL, NULL);
     if (q) {
-        *q = (struct tasks_req){.srv = srv, .conn_id = c->id, .msgid = msgid,
-                                .op = TOP_NODE_BEGIN, .timeout_s = timeout_s};
-        snprintf(q->id, sizeof(q->id), "%s", id);
         snprintf(q->node, sizeof(q->node), "%s", node);
+        q->timeout_s = timeout_s;
     }
-    if (q && shared_task(srv->shared, "guard", id, "", false, tasks_on_reply, q) == 0) {
-        srv->task_imports++;
-        pending_link(q);
-        c->in_flight++;
-        c->tasks_pending++;
-        return;
-    }
-    free(q);
-    reply_task_error_s(c, msgid, TASKS_E_BACKEND, id, NULL, "not connected", NULL, NULL);
 }
 
-void tasks_on_remote_stop(struct server *srv, const char *id)
+void tasks_on_task_end(struct server *srv, const char *id)
 {
     /* A task not held here matters only if an import of it may be in
      * flight: this read is then answered after it (one connection, replies
@@ -626,10 +611,8 @@ void tasks_on_remote_stop(struct server *srv, const char *id)
 
 bool tasks_is_pending(struct conn *c, uint32_t msgid)
 {
-    if (!c->tasks_pending)
-        return false; /* the common case: no scan */
-    for (struct tasks_req *q = c->srv->task_pending; q; q = q->pnext)
-        if (q->conn_id == c->id && q->msgid == msgid)
+    for (struct tasks_req *q = c->tasks; q; q = q->cnext)
+        if (q->msgid == msgid)
             return true;
     return false;
 }
@@ -924,8 +907,9 @@ void tasks_node_begin(struct conn *c, const struct rpc_msg *m)
                          "parameter 'timeout_s': expected a positive number of seconds");
         return;
     }
-    if (c->srv->shared && !task_get(c->srv->tasks, id)) {
-        /* Started on another sidecar (or before a restart): import it. */
+    if (c->srv->shared && !tasks_held_running(c->srv, id)) {
+        /* Started on another sidecar (or before a restart), or a copy here
+         * that may be stale: Redis decides, and a running task is imported. */
         tasks_remote_node_begin(c, m->msgid, id, node, timeout_s);
         return;
     }

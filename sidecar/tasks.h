@@ -44,9 +44,10 @@ void tasks_guard_remote(struct server *srv, const char *id, tasks_guard_cb *cb, 
 void tasks_reply_error(struct conn *c, uint32_t msgid, int rc, const char *id,
                        const char *reason, const char *kind);
 
-/* Shared backend: task `id` was stopped (or failed by a watchdog) on some
- * sidecar; end its calls here. */
-void tasks_on_remote_stop(struct server *srv, const char *id);
+/* Shared backend: task `id` was stopped, failed by a watchdog or finished
+ * on some sidecar (P:task-end): bring the copy held here in line (a stop
+ * ends its calls here). */
+void tasks_on_task_end(struct server *srv, const char *id);
 /* Shared backend: the stop channel is listened to again after a gap (or a
  * task update could not be sent); re-read the running tasks held here. */
 void tasks_on_resubscribed(struct server *srv);
@@ -57,9 +58,10 @@ void tasks_on_backend_up(struct server *srv);
  * other local state may be stale: ask Redis.) */
 bool tasks_held_running(struct server *srv, const char *id);
 
-/* Shared backend, server stopping: answers every task request still
- * waiting for Redis with `code` (their replies are then dropped). */
-void tasks_fail_pending(struct server *srv, enum pgw_code code, const char *message);
+/* Shared backend: the task requests of `c` still waiting for Redis are
+ * answered with `code` (PGW_OK: not answered — the client is gone); their
+ * replies are then dropped. */
+void tasks_fail_pending(struct conn *c, enum pgw_code code, const char *message);
 
 /* Is a task request with `msgid` waiting for Redis on connection `c`? */
 bool tasks_is_pending(struct conn *c, uint32_t msgid);

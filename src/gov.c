@@ -274,6 +274,26 @@ static void waitq_remove(struct gov_call *k)
     k->wq_prev = k->wq_next = NULL;
 }
 
+static void gov_wake_call(struct gov *g, struct gov_call *k)
+{
+    if (!g->hooks.on_wake)
+        return;
+    k->woken = true;
+    g->wakes++;
+    g->hooks.on_wake(k, g->hooks.ud);
+}
+
+/* The first waiter of `cap` not already woken (and, with `permit_only`,
+ * waiting for a permit), or NULL. */
+static struct gov_call *gov_first_waiter(struct gov *g, uint32_t cap, bool permit_only)
+{
+    struct gov_call *k = g->waitq[cap].head;
+
+    while (k && (k->woken || (permit_only && !k->waits_permit)))
+        k = k->wq_next;
+    return k;
+}
+
 /* A permit of capability `cap` was released: wake the first waiter that is
  * not already woken. Waking the head every time would lose wake-ups when
  * several permits are released before any waiter runs (two attempts ending
@@ -281,15 +301,9 @@ static void waitq_remove(struct gov_call *k)
  * would sleep until its stall verdict with a permit free. */
 static void gov_wake(struct gov *g, uint32_t cap)
 {
-    struct gov_call *k = g->waitq[cap].head;
-
-    while (k && k->woken)
-        k = k->wq_next;
-    if (k && g->hooks.on_wake) {
-        k->woken = true;
-        g->wakes++;
-        g->hooks.on_wake(k, g->hooks.ud);
-    }
+    struct gov_call *k = gov_first_waiter(g, cap, false);
+    if (k)
+        gov_wake_call(g, k);
 }
 
 /* A permit a refused call reserved went back: wake the first waiter that
@@ -297,28 +311,18 @@ static void gov_wake(struct gov *g, uint32_t cap)
  * would only refuse again: a chain of refusals must not spin). */
 static void gov_wake_permit(struct gov *g, uint32_t cap)
 {
-    struct gov_call *k = g->waitq[cap].head;
-
-    while (k && (k->woken || !k->waits_permit))
-        k = k->wq_next;
-    if (k && g->hooks.on_wake) {
-        k->woken = true;
-        g->wakes++;
-        g->hooks.on_wake(k, g->hooks.ud);
-    }
+    struct gov_call *k = gov_first_waiter(g, cap, true);
+    if (k)
+        gov_wake_call(g, k);
 }
 
 void gov_progress_known(struct gov *g, const char *scope)
 {
     for (size_t c = 0; c < g->n_capabilities; c++) {
         for (struct gov_call *k = g->waitq[c].head; k; k = k->wq_next) {
-            if (!k->waits_age || k->woken || strcmp(k->scope, scope) != 0)
-                continue;
-            k->waits_age = false;
-            if (g->hooks.on_wake) {
-                k->woken = true;
-                g->wakes++;
-                g->hooks.on_wake(k, g->hooks.ud);
+            if (k->waits_age && !k->woken && strcmp(k->scope, scope) == 0) {
+                k->waits_age = false;
+                gov_wake_call(g, k);
             }
         }
     }
