@@ -82,6 +82,14 @@ class PendingCall:
         self.error = error
         self.result = result
 
+    def abandon(self):
+        """Its stream object was dropped unread. No locks here (this may run
+        inside any thread at any time, from __del__): only mark it; the
+        reader sends `cancel` at the call's next chunk."""
+        if not self.done:
+            self.abandoned = True
+            self.events.clear()
+
 
 class Session:
     """The protocol state of one connection (one socket)."""

@@ -300,9 +300,8 @@ class AsyncCallStream:
 
     def __del__(self):
         call = getattr(self, "_call", None)
-        if call is not None and not call.done:
-            call.abandoned = True
-            call.events.clear()
+        if call is not None:
+            call.abandon()
 
 
 class AsyncTask:

@@ -358,12 +358,9 @@ class CallStream:
             self.cancel()
 
     def __del__(self):
-        # No locks here (this may run inside any thread at any time): mark
-        # it; the reader sends `cancel` at the call's next chunk.
         call = getattr(self, "_call", None)
-        if call is not None and not call.done:
-            call.abandoned = True
-            call.events.clear()
+        if call is not None:
+            call.abandon()
 
 
 class Task:
