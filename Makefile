@@ -58,7 +58,11 @@ obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 
 # The Redis scripts are compiled in (sidecar/redis.c): one generated file
 # defines rds_script_src[] and rds_script_name[] in enum rds_script order.
+# Each entry is a whole script as EVAL takes it: the shared prelude
+# (LUA_LIB) followed by the script (tests/redis/redis_support.py loads
+# them the same way).
 LUA_NAMES := admit release renew progress task
+LUA_LIB   := sidecar/lua/lib.lua
 LUA_SRC   := $(LUA_NAMES:%=sidecar/lua/%.lua)
 LUA_GEN   := $(BUILD)/gen/lua_scripts.c
 LUA_OBJ   := $(BUILD)/obj/gen/lua_scripts.o
@@ -87,8 +91,9 @@ $(BUILD)/obj/%.o: %.c
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(ALL_CFLAGS) -MMD -MP -c $< -o $@
 
-# Each script line becomes a C string literal (backslash, quote and ? escaped).
-$(LUA_GEN): $(LUA_SRC)
+# Each line of LUA_LIB + the script becomes a C string literal (backslash,
+# quote and ? escaped).
+$(LUA_GEN): $(LUA_LIB) $(LUA_SRC)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  GEN     $@")
 	$(Q){ echo '/* Generated from sidecar/lua/ by the Makefile: do not edit. */'; \
@@ -97,7 +102,7 @@ $(LUA_GEN): $(LUA_SRC)
 	  echo 'extern const char *const rds_script_name[RDS_N_SCRIPTS];'; \
 	  echo 'const char *const rds_script_src[RDS_N_SCRIPTS] = {'; \
 	  for f in $(LUA_SRC); do \
-	    sed -e 's/\\/\\\\/g' -e 's/["?]/\\&/g' -e 's/^/    "/' -e 's/$$/\\n"/' $$f || exit 1; echo '    ,'; \
+	    sed -e 's/\\/\\\\/g' -e 's/["?]/\\&/g' -e 's/^/    "/' -e 's/$$/\\n"/' $(LUA_LIB) $$f || exit 1; echo '    ,'; \
 	  done; \
 	  echo '};'; \
 	  echo 'const char *const rds_script_name[RDS_N_SCRIPTS] = {'; \

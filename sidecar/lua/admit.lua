@@ -50,11 +50,8 @@ Steps and why:
  full, identical); the leases key expires after its last lease.
 ]]
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-
--- Lua's default number->string conversion keeps only 14 digits.
-local function num(x) return string.format('%.17g', x) end
+-- time_ms, num, bucket_level and bucket_store come from lib.lua (prepended).
+local now = time_ms(redis.call('TIME'))
 
 local K_BRK, K_LEASES = KEYS[1], KEYS[2]
 local lease_id = ARGV[1]
@@ -103,16 +100,9 @@ end
 -- 4. buckets
 for _, bk in ipairs(buckets) do
     if bk.cap > 0 and bk.win > 0 then
-        local v = redis.call('HMGET', bk.key, 'level', 'ts')
-        local lvl, ts = tonumber(v[1]), tonumber(v[2])
-        if not lvl then
-            lvl = bk.cap
-        elseif ts and now > ts then
-            lvl = math.min(bk.cap, lvl + (now - ts) * bk.cap / bk.win)
-        end
-        bk.level = lvl
+        bk.level = bucket_level(bk.key, bk.cap, bk.win, now)
         local need = bk.cost < bk.cap and bk.cost or bk.cap
-        local missing = need - lvl
+        local missing = need - bk.level
         if missing > 1e-9 then
             refuse(bk.name, now + missing * bk.win / bk.cap)
         end
@@ -135,10 +125,7 @@ end
 
 for _, bk in ipairs(buckets) do
     if bk.cap > 0 and bk.win > 0 then
-        local lvl = bk.level - bk.cost
-        redis.call('HSET', bk.key, 'level', num(lvl), 'ts', num(now))
-        local to_full = (bk.cap - lvl) * bk.win / bk.cap
-        redis.call('PEXPIRE', bk.key, math.ceil(to_full) + 1000)
+        bucket_store(bk.key, bk.cap, bk.win, bk.level - bk.cost, now)
     end
 end
 

@@ -21,8 +21,8 @@ scopes) and means "no progress for an hour" == "never", as in memory when a
 scope is evicted.
 ]]
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- time_ms_floor comes from lib.lua (prepended): whole ms, as stored.
+local now = time_ms_floor(redis.call('TIME'))
 local op = ARGV[1]
 
 if op == 'mark' then

@@ -50,9 +50,8 @@ Steps and why:
  each write so forgotten sources do not leak keys.
 ]]
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-local function num(x) return string.format('%.17g', x) end
+-- time_ms, num, bucket_level and bucket_store come from lib.lua (prepended).
+local now = time_ms(redis.call('TIME'))
 
 local K_BRK, K_LEASES = KEYS[1], KEYS[2]
 local lease_id = ARGV[1]
@@ -80,16 +79,8 @@ if used >= 0 and used ~= est then
     }
     for _, bk in ipairs(bks) do
         if bk.cap > 0 and bk.win > 0 then
-            local v = redis.call('HMGET', bk.key, 'level', 'ts')
-            local lvl, ts = tonumber(v[1]), tonumber(v[2])
-            if not lvl then
-                lvl = bk.cap
-            elseif ts and now > ts then
-                lvl = math.min(bk.cap, lvl + (now - ts) * bk.cap / bk.win)
-            end
-            lvl = math.min(bk.cap, lvl - delta)
-            redis.call('HSET', bk.key, 'level', num(lvl), 'ts', num(now))
-            redis.call('PEXPIRE', bk.key, math.ceil((bk.cap - lvl) * bk.win / bk.cap) + 1000)
+            local lvl = bucket_level(bk.key, bk.cap, bk.win, now)
+            bucket_store(bk.key, bk.cap, bk.win, math.min(bk.cap, lvl - delta), now)
         end
     end
 end

@@ -17,9 +17,8 @@ with attempts in flight. Expired leases are removed first so they cannot be
 renewed. One source per call keeps the script on one hash slot.
 ]]
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-local function num(x) return string.format('%.17g', x) end
+-- time_ms and num come from lib.lua (prepended).
+local now = time_ms(redis.call('TIME'))
 
 local K = KEYS[1]
 local ttl = tonumber(ARGV[1]) or 0

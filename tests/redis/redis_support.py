@@ -2,7 +2,9 @@
 127.0.0.1 port, and a minimal RESP2 client (standard library only).
 
 Scripts are loaded once (SCRIPT LOAD) and called by SHA, reloaded on
-NOSCRIPT — the same protocol the C wiring will use.
+NOSCRIPT — the same protocol the C wiring will use. Each is loaded as the
+sidecar embeds it (Makefile, $(BUILD)/gen/lua_scripts.c): sidecar/lua/lib.lua,
+the shared prelude, followed by the script (script_source()).
 """
 import os
 import shutil
@@ -17,6 +19,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LUA_DIR = os.path.join(ROOT, "sidecar", "lua")
 SCRIPTS = ("admit", "release", "renew", "progress", "task")
+LUA_LIB = os.path.join(LUA_DIR, "lib.lua")
 PREFIX = "pgw"
 
 
@@ -82,6 +85,15 @@ class Resp:
         return self.read()
 
 
+def script_source(name):
+    """The full text of script NAME as Redis runs it: the prelude then the
+    script, concatenated as the Makefile does."""
+    with open(LUA_LIB) as f:
+        lib = f.read()
+    with open(os.path.join(LUA_DIR, name + ".lua")) as f:
+        return lib + f.read()
+
+
 def hash_tag(key):
     """The part of a key Redis Cluster hashes (the {...} tag when non-empty)."""
     s = key.find("{")
@@ -116,8 +128,7 @@ class Scripts:
         self.sha = {}
         self.calls = []   # (script, keys) for the one-slot test
         for name in SCRIPTS:
-            with open(os.path.join(LUA_DIR, name + ".lua")) as f:
-                self.src[name] = f.read()
+            self.src[name] = script_source(name)
 
     def run(self, name, keys, args):
         tags = {hash_tag(k) for k in keys}

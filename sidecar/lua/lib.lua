@@ -1,0 +1,48 @@
+--[[
+lib.lua — helpers shared by the scripts of sidecar/lua/. Not a script itself:
+it is prepended to each one, so every script is sent to Redis (SCRIPT LOAD,
+EVAL) as the text of lib.lua followed by the script's own. The Makefile does
+it when it embeds the scripts ($(BUILD)/gen/lua_scripts.c: rds_script_src[]
+holds those full texts) and tests/redis/redis_support.py when it loads them;
+anything else that sends a script must do the same. Everything here is local
+to the script it is prepended to; a script that needs none of it is unaffected.
+]]
+
+-- The reply of redis.call('TIME') ({seconds, microseconds}) in milliseconds,
+-- the microseconds kept as a fraction (leases, buckets, breaker times).
+local function time_ms(t)
+    return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+end
+
+-- The same in whole milliseconds, the microseconds floored (times a script
+-- stores or returns as integers: progress marks, task timestamps).
+local function time_ms_floor(t)
+    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- A number as an argument to Redis: Lua's default number->string conversion
+-- keeps only 14 digits.
+local function num(x) return string.format('%.17g', x) end
+
+-- Token buckets (src/bucket.h): a HASH of level, ts (ms); absent = full. The
+-- level refills at cap / win per ms, capped at cap; it may be negative (debt).
+
+-- bucket_level: the level of the bucket at KEY at time NOW, refilled since
+-- its ts (cap > 0 and win > 0).
+local function bucket_level(key, cap, win, now)
+    local v = redis.call('HMGET', key, 'level', 'ts')
+    local lvl, ts = tonumber(v[1]), tonumber(v[2])
+    if not lvl then
+        lvl = cap
+    elseif ts and now > ts then
+        lvl = math.min(cap, lvl + (now - ts) * cap / win)
+    end
+    return lvl
+end
+
+-- bucket_store: records level LVL at time NOW; the key expires when the
+-- bucket would be full again (absent = full, identical), plus 1 s.
+local function bucket_store(key, cap, win, lvl, now)
+    redis.call('HSET', key, 'level', num(lvl), 'ts', num(now))
+    redis.call('PEXPIRE', key, math.ceil((cap - lvl) * win / cap) + 1000)
+end
