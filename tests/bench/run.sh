@@ -291,6 +291,11 @@ median() {
               else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
+# per_run FILE COLUMN: COLUMN of every run of a cell, in run order, on one line.
+per_run() {
+    cut -d ' ' -f "$2" "$1" | tr '\n' ' ' | sed 's/ $//'
+}
+
 STATUS=0
 
 # ========================================================================
@@ -440,7 +445,7 @@ ping_section() {
                 [ -s "$f" ] || continue
                 srv=$(median "$f" 8)
                 lg=$(median "$f" 7)
-                echo "- $target, clients=$n: req/s per run $(cut -d ' ' -f 1 "$f" | tr '\n' ' ' | sed 's/ $//')" \
+                echo "- $target, clients=$n: req/s per run $(per_run "$f" 1)" \
                     "(median $(median "$f" 1), p50 median $(median "$f" 2) µs) |" \
                     "median CPU: server ${srv}%, loadgen ${lg}% |" \
                     "response $(median "$f" 6) B"
@@ -650,6 +655,64 @@ measure_call() {
     fi
 }
 
+# Shared by the call and redis sections, which compare two paths of the same
+# call: rows of a cell's table (its fastest run) and the start of its note.
+
+# floor_row NAME CLIENTS FILE [CPU_COLUMN]: the table row of the cell the
+# next vs_row compares with (Δ —, ratio 1.00), from FILE's fastest run; with
+# CPU_COLUMN, one more cell: that column's median. Sets floor_rps, floor_p50
+# and floor_p99 (empty when the cell has no run).
+floor_row() {
+    floor_rps=
+    floor_p50=
+    floor_p99=
+    fr_cpu=
+    if [ -s "$3" ]; then
+        floor_rps=$(best "$3" 1)
+        floor_p50=$(best "$3" 2)
+        floor_p99=$(best "$3" 3)
+        [ -z "${4:-}" ] || fr_cpu=" $(median "$3" "$4") |"
+        echo "| $1 | $2 | $floor_rps | $floor_p50 | $floor_p99 | — | — | 1.00 |$fr_cpu"
+    else
+        [ -z "${4:-}" ] || fr_cpu=" |"
+        echo "| $1 | $2 | failed | | | | | |$fr_cpu"
+    fi
+}
+
+# vs_row NAME CLIENTS FILE [CPU_COLUMN]: the row of a cell against the last
+# floor_row: Δp50 and Δp99 (n/a without a floor) and the throughput ratio;
+# CPU_COLUMN as in floor_row.
+vs_row() {
+    vr_cpu=
+    if [ -s "$3" ]; then
+        vr_rps=$(best "$3" 1)
+        vr_p50=$(best "$3" 2)
+        vr_p99=$(best "$3" 3)
+        [ -z "${4:-}" ] || vr_cpu=" $(median "$3" "$4") |"
+        echo "| $1 | $2 | $vr_rps | $vr_p50 | $vr_p99 |" \
+            "$(awk -v a="$vr_p50" -v b="${floor_p50:-}" 'BEGIN { if (b != "") printf "%+.1f", a - b; else printf "n/a" }') |" \
+            "$(awk -v a="$vr_p99" -v b="${floor_p99:-}" 'BEGIN { if (b != "") printf "%+.1f", a - b; else printf "n/a" }') |" \
+            "$(awk -v a="$vr_rps" -v b="${floor_rps:-0}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else printf "n/a" }') |$vr_cpu"
+    else
+        [ -z "${4:-}" ] || vr_cpu=" |"
+        echo "| $1 | $2 | failed | | | | | |$vr_cpu"
+    fi
+}
+
+# cell_note PATH CLIENTS FILE GENERATOR: the start of a cell's note, without
+# a newline (each section adds fields): every run's req/s, the medians of
+# req/s, p50 and p99, and the median CPU of the mock, of the sidecar (every
+# PATH but direct) and of the generator, labelled GENERATOR.
+cell_note() {
+    cn="- $1, clients=$2: req/s per run $(per_run "$3" 1)"
+    cn="$cn (median $(median "$3" 1), p50 median $(median "$3" 2) µs, p99 median $(median "$3" 3) µs) |"
+    cn="$cn median CPU: mock $(median "$3" 8)% ($(median "$3" 10) µs/req)"
+    if [ "$1" != direct ]; then
+        cn="$cn, sidecar $(median "$3" 9)% ($(median "$3" 11) µs/req)"
+    fi
+    printf '%s' "$cn, $4 $(median "$3" 7)% ($(median "$3" 13) µs/req)"
+}
+
 call_section() {
     CNOTES=$TMP/call.notes
     : >"$CNOTES"
@@ -696,31 +759,11 @@ call_section() {
         echo "| path | clients | req/s | p50 µs | p99 µs | Δp50 vs direct µs | Δp99 vs direct µs | throughput ratio |"
         echo "|---|---:|---:|---:|---:|---:|---:|---:|"
         for n in $CALL_CLIENTS; do
-            d=$TMP/call.direct.$n
-            s=$TMP/call.sidecar.$n
-            d_rps=
-            d_p50=
-            d_p99=
-            if [ -s "$d" ]; then
-                d_rps=$(best "$d" 1)
-                d_p50=$(best "$d" 2)
-                d_p99=$(best "$d" 3)
-                echo "| direct | $n | $d_rps | $d_p50 | $d_p99 | — | — | 1.00 |"
-            else
-                echo "| direct | $n | failed | | | | | |"
-            fi
+            floor_row direct "$n" "$TMP/call.direct.$n"
             if [ $CALL_UP = 0 ]; then
                 echo "| sidecar | $n | skipped | | | | | |"
-            elif [ -s "$s" ]; then
-                s_rps=$(best "$s" 1)
-                s_p50=$(best "$s" 2)
-                s_p99=$(best "$s" 3)
-                echo "| sidecar | $n | $s_rps | $s_p50 | $s_p99 |" \
-                    "$(awk -v a="$s_p50" -v b="${d_p50:-}" 'BEGIN { if (b != "") printf "%+.1f", a - b; else printf "n/a" }') |" \
-                    "$(awk -v a="$s_p99" -v b="${d_p99:-}" 'BEGIN { if (b != "") printf "%+.1f", a - b; else printf "n/a" }') |" \
-                    "$(awk -v a="$s_rps" -v b="${d_rps:-0}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else printf "n/a" }') |"
             else
-                echo "| sidecar | $n | failed | | | | | |"
+                vs_row sidecar "$n" "$TMP/call.sidecar.$n"
             fi
         done
         echo
@@ -732,14 +775,8 @@ call_section() {
             for p in direct sidecar; do
                 f=$TMP/call.$p.$n
                 [ -s "$f" ] || continue
-                line="- $p, clients=$n: req/s per run $(cut -d ' ' -f 1 "$f" | tr '\n' ' ' | sed 's/ $//')"
-                line="$line (median $(median "$f" 1), p50 median $(median "$f" 2) µs, p99 median $(median "$f" 3) µs) |"
-                line="$line median CPU: mock $(median "$f" 8)% ($(median "$f" 10) µs/req)"
-                if [ "$p" = sidecar ]; then
-                    line="$line, sidecar $(median "$f" 9)% ($(median "$f" 11) µs/req)"
-                fi
-                line="$line, generator $(median "$f" 7)% ($(median "$f" 13) µs/req) | upstream connections opened per run (warm-up included): $(cut -d ' ' -f 12 "$f" | tr '\n' ' ' | sed 's/ $//')"
-                echo "$line | response $(median "$f" 6) B"
+                echo "$(cell_note "$p" "$n" "$f" generator) | upstream connections opened per run (warm-up included): $(per_run "$f" 12)" \
+                    "| response $(median "$f" 6) B"
             done
         done
         # The targets of issue 3, against this run's fastest cells.
@@ -1189,31 +1226,8 @@ redis_section() {
         echo "| backend | clients | req/s | p50 µs | p99 µs | Δp50 vs memory µs | Δp99 vs memory µs | throughput ratio | sidecar CPU µs/call |"
         echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
         for n in $REDIS_CLIENTS; do
-            mf=$TMP/redis.memory.$n
-            rf=$TMP/redis.redis.$n
-            m_rps=
-            m_p50=
-            m_p99=
-            if [ -s "$mf" ]; then
-                m_rps=$(best "$mf" 1)
-                m_p50=$(best "$mf" 2)
-                m_p99=$(best "$mf" 3)
-                echo "| memory | $n | $m_rps | $m_p50 | $m_p99 | — | — | 1.00 | $(median "$mf" 11) |"
-            else
-                echo "| memory | $n | failed | | | | | | |"
-            fi
-            if [ -s "$rf" ]; then
-                r_rps=$(best "$rf" 1)
-                r_p50=$(best "$rf" 2)
-                r_p99=$(best "$rf" 3)
-                echo "| redis | $n | $r_rps | $r_p50 | $r_p99 |" \
-                    "$(awk -v a="$r_p50" -v b="${m_p50:-}" 'BEGIN { if (b != "") printf "%+.1f", a - b; else printf "n/a" }') |" \
-                    "$(awk -v a="$r_p99" -v b="${m_p99:-}" 'BEGIN { if (b != "") printf "%+.1f", a - b; else printf "n/a" }') |" \
-                    "$(awk -v a="$r_rps" -v b="${m_rps:-0}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else printf "n/a" }') |" \
-                    "$(median "$rf" 11) |"
-            else
-                echo "| redis | $n | failed | | | | | | |"
-            fi
+            floor_row memory "$n" "$TMP/redis.memory.$n" 11
+            vs_row redis "$n" "$TMP/redis.redis.$n" 11
         done
         echo
         echo "Redis traffic of the redis sidecar (all runs of a cell, warm-up included):"
@@ -1240,10 +1254,7 @@ redis_section() {
             for b in memory redis; do
                 f=$TMP/redis.$b.$n
                 [ -s "$f" ] || continue
-                line="- $b, clients=$n: req/s per run $(cut -d ' ' -f 1 "$f" | tr '\n' ' ' | sed 's/ $//')"
-                line="$line (median $(median "$f" 1), p50 median $(median "$f" 2) µs, p99 median $(median "$f" 3) µs) |"
-                line="$line median CPU: mock $(median "$f" 8)% ($(median "$f" 10) µs/req), sidecar $(median "$f" 9)% ($(median "$f" 11) µs/req)"
-                line="$line, loadgen $(median "$f" 7)% ($(median "$f" 13) µs/req)"
+                line=$(cell_note "$b" "$n" "$f" loadgen)
                 xf=$TMP/redis.x.$b.$n
                 if [ -s "$xf" ]; then
                     rticks=$(xsum "$xf" 11)
@@ -1256,7 +1267,7 @@ redis_section() {
                         case $e in "0 0 0 0 0") ;; *) bad=1 ;; esac
                     fi
                 fi
-                echo "$line | upstream connections opened per run: $(cut -d ' ' -f 12 "$f" | tr '\n' ' ' | sed 's/ $//')"
+                echo "$line | upstream connections opened per run: $(per_run "$f" 12)"
             done
             # Against the call section's direct floor, when it has this client count.
             if [ -s "$TMP/call.direct.$n" ]; then
