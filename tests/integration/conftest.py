@@ -18,6 +18,8 @@ import time
 import msgpack
 import pytest
 
+from mock import MockUpstream
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.environ.get("POLYGW_BUILD", os.path.join(ROOT, "build"))
 POLYGW = os.path.join(BUILD, "polygw")
@@ -43,7 +45,41 @@ def sanitizer_env():
     return env
 
 
-class Sidecar:
+class PolygwProcess:
+    """What every way of running polygw shares: `proc` (a Popen, or None
+    before the start), its output in the file `log` open at `log_path`, and
+    `returncode` once stopped."""
+
+    def logs(self):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def stop(self, sig=signal.SIGTERM, timeout=15.0):
+        """Stops polygw and returns its exit code (asserting nothing)."""
+        if self.proc is None or self.returncode is not None:
+            return self.returncode
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            self.returncode = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.returncode = self.proc.wait()
+            raise AssertionError("polygw did not exit within %ss of %s:\n%s" % (timeout, sig, self.logs()))
+        finally:
+            self.log.close()
+        return self.returncode
+
+    def assert_clean(self):
+        text = self.logs()
+        for marker in SANITIZER_MARKERS:
+            assert marker not in text, "sanitizer report in polygw output:\n" + text
+
+
+class Sidecar(PolygwProcess):
     """One polygw process with its own config, socket and log file."""
 
     def __init__(self, workdir, config_text=None, listen_extra="", extra="", log_level="info",
@@ -91,36 +127,8 @@ class Sidecar:
                 time.sleep(0.02)
         raise AssertionError("polygw did not start listening:\n" + self.logs())
 
-    def logs(self):
-        try:
-            with open(self.log_path, "rb") as f:
-                return f.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
-
     def send_signal(self, sig):
         self.proc.send_signal(sig)
-
-    def stop(self, sig=signal.SIGTERM, timeout=15.0):
-        """Stops the sidecar and returns its exit code (asserting nothing)."""
-        if self.proc is None or self.returncode is not None:
-            return self.returncode
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            self.returncode = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.returncode = self.proc.wait()
-            raise AssertionError("polygw did not exit within %ss of %s:\n%s" % (timeout, sig, self.logs()))
-        finally:
-            self.log.close()
-        return self.returncode
-
-    def assert_clean(self):
-        text = self.logs()
-        for marker in SANITIZER_MARKERS:
-            assert marker not in text, "sanitizer report in polygw output:\n" + text
 
     def connect(self, **kw):
         return Conn(self.sock, **kw)
@@ -238,6 +246,20 @@ def sidecar(make_sidecar):
     return make_sidecar()
 
 
+@pytest.fixture
+def up():
+    """A mock upstream (tests/mock_upstream), checked at teardown like a sidecar."""
+    with MockUpstream() as m:
+        yield m
+
+
+@pytest.fixture
+def up2():
+    """A second mock upstream."""
+    with MockUpstream() as m:
+        yield m
+
+
 # ------------------------------------------------- helpers shared by the tests
 def yaml_value(v):
     """A Python value as a YAML flow value (maps, booleans, numbers, strings)."""
@@ -248,6 +270,63 @@ def yaml_value(v):
     if isinstance(v, (int, float)):
         return repr(v)
     return json.dumps(str(v))          # a JSON string is a valid YAML scalar
+
+
+def yaml_section(name, keys):
+    """The lines of a top-level section `name:` with one `key: value` a line."""
+    return ["%s:" % name] + ["  %s: %s" % (k, yaml_value(v)) for k, v in keys.items()]
+
+
+def source_yaml(name, capability, base_url, defaults, **kw):
+    """One `sources:` list item: `defaults` (each test file has its own),
+    then `kw`, which overrides them."""
+    item = {"name": name, "capability": capability, "base_url": base_url}
+    item.update(defaults)
+    item.update(kw)
+    return "\n".join(("  - %s: %s" if i == 0 else "    %s: %s") % (k, yaml_value(v))
+                     for i, (k, v) in enumerate(item.items()))
+
+
+def config_yaml(sources, defaults, capabilities=None, backend=None, listen=None,
+                log_level="info", grace=2):
+    """The YAML text of a sidecar config: `sources` are source_yaml() items,
+    `defaults`, `capabilities` and `backend` are maps (no section where
+    None), `listen` adds keys to the listen section."""
+    out = yaml_section("listen", dict({"mode": "0660"}, **(listen or {})))
+    out.append("server:\n  log_level: %s\n  shutdown_grace_s: %s" % (log_level, yaml_value(grace)))
+    if backend:
+        out.extend(yaml_section("backend", backend))
+    out.extend(yaml_section("defaults", defaults))
+    if capabilities:
+        out.extend(yaml_section("capabilities", capabilities))
+    out.append("sources:")
+    out.extend(sources)
+    return "\n".join(out) + "\n"
+
+
+def chat(text="hello", mock=None, model="m", **extra):
+    """A chat completions body; `mock` scripts the mock upstream's answer."""
+    body = {"model": model, "messages": [{"role": "user", "content": text}]}
+    if mock is not None:
+        body["mock"] = mock
+    body.update(extra)
+    return body
+
+
+def call(c, capability, body, timeout=5.0, **params):
+    """One call on connection `c`; returns (error, result, elapsed seconds
+    seen by the client)."""
+    p = {"capability": capability, "body": body}
+    p.update(params)
+    t0 = time.monotonic()
+    msg = c.wait_response(c.request_async("call", p), timeout)
+    return msg[2], msg[3], time.monotonic() - t0
+
+
+def cpu_seconds(pid):
+    """User + system CPU time a process has used so far."""
+    fields = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Pending:

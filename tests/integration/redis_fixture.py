@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # Appended, not prepended: tests/redis has a conftest.py of its own, which
 # must never shadow this directory's.
 sys.path.append(os.path.join(os.path.dirname(HERE), "redis"))
-from conftest import Pending, yaml_value  # noqa: E402,F401  (Pending is re-exported)
+from conftest import Pending, chat, config_yaml, source_yaml  # noqa: E402,F401  (re-exported)
 from redis_support import RedisError, RedisServer, Resp, free_port  # noqa: E402
 
 __all__ = ["FleetRedis", "RedisError", "Resp", "free_port", "unique_prefix", "fleet_config",
@@ -138,41 +138,21 @@ SOURCE_DEFAULTS = {"timeout_s": 30, "connect_timeout_s": 2, "ttft_timeout_s": 5,
 
 
 def source(name, capability, base_url, **kw):
-    item = {"name": name, "capability": capability, "base_url": base_url}
-    item.update(SOURCE_DEFAULTS)
-    item.update(kw)
-    return "\n".join(("  - %s: %s" if i == 0 else "    %s: %s") % (k, yaml_value(v))
-                     for i, (k, v) in enumerate(item.items()))
+    return source_yaml(name, capability, base_url, SOURCE_DEFAULTS, **kw)
 
 
 def fleet_config(url, prefix, sources, backend=None, capabilities=None, log_level="info",
-                 **defaults):
+                 grace=2, listen=None, **defaults):
     """A sidecar config on the Redis backend. `backend` adds keys to the
-    backend map (command_timeout_s, lease_ttl_s)."""
+    backend map (command_timeout_s, lease_ttl_s), `listen` to the listen
+    section; `grace` is server.shutdown_grace_s."""
     b = {"kind": "redis", "url": url, "prefix": prefix}
     b.update(backend or {})
     d = {"max_attempts": 3, "stall_window_s": 10, "backoff_base_s": 0.05, "backoff_max_s": 0.1,
          "poll_interval_s": 0.1}
     d.update(defaults)
-    out = ['listen:\n  mode: "0660"',
-           "server:\n  log_level: %s\n  shutdown_grace_s: 2" % log_level,
-           "backend:"]
-    out.extend("  %s: %s" % (k, yaml_value(v)) for k, v in b.items())
-    out.append("defaults:")
-    out.extend("  %s: %s" % (k, yaml_value(v)) for k, v in d.items())
-    if capabilities:
-        out.append("capabilities:")
-        out.extend("  %s: %s" % (k, yaml_value(v)) for k, v in capabilities.items())
-    out.append("sources:")
-    out.extend(sources)
-    return "\n".join(out) + "\n"
-
-
-def chat(text="hello", mock=None):
-    body = {"model": "m", "messages": [{"role": "user", "content": text}]}
-    if mock is not None:
-        body["mock"] = mock
-    return body
+    return config_yaml(sources, d, capabilities, backend=b, listen=listen, log_level=log_level,
+                       grace=grace)
 
 
 # ------------------------------------------------------------------- calls

@@ -27,12 +27,14 @@ Methods of the fake:
   anything else                       unknown_method
 Frames over LIMIT bytes get a fatal too_large, like the real sidecar.
 """
+import functools
 import json
 import os
 import re
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -40,12 +42,10 @@ import time
 import msgpack
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BUILD = os.environ.get("POLYGW_BUILD", os.path.join(ROOT, "build"))
-CTL = os.path.join(BUILD, "polygwctl")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest import BUILD, ROOT, SANITIZER_MARKERS, POLYGWCTL as CTL, sanitizer_env  # noqa: E402
 
 LIMIT = 1 << 20
-SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
 
 STATS = {
     "uptime_s": 12.5,
@@ -355,12 +355,9 @@ def fake(tmp):
 
 
 def env_for(extra=None):
-    env = dict(os.environ)
+    env = sanitizer_env()
     env.pop("POLYGW_SOCKET", None)
-    env.setdefault("ASAN_OPTIONS", "detect_leaks=1")
-    env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
-    if extra:
-        env.update(extra)
+    env.update(extra or {})
     return env
 
 
@@ -766,6 +763,21 @@ def kv(stdout):
     return dict(re.split(r"\s{2,}", line, maxsplit=1) for line in stdout.splitlines())
 
 
+def stop_then_guard(run, task_id, reason):
+    """`task stop --reason` prints the task failed and stopped with that
+    reason; a `task guard` after it exits 1 naming the reason. `run(*args)`
+    runs polygwctl against a sidecar (the fake here, the real one in
+    test_ctl_tasks_real.py); returns the guard's CompletedProcess."""
+    p = run("task", "stop", task_id, "--reason", reason)
+    assert p.returncode == 0, p.stderr
+    d = kv(p.stdout)
+    assert (d["state"], d["reason_kind"], d["reason"]) == ("failed", "stopped", reason)
+    p = run("task", "guard", task_id)
+    assert p.returncode == 1
+    assert p.stderr == "error: task_stopped: task '%s' was stopped: %s\n" % (task_id, reason)
+    return p
+
+
 def test_help_mentions_task_commands():
     p = ctl(None, "--help")
     for word in ("tasks [--state S]", "task start ID", "task stop ID --reason TEXT",
@@ -894,15 +906,7 @@ def test_task_stop_then_guard(fake):
     ctl(fake, "task", "start", "run-2")
     p = ctl(fake, "task", "guard", "run-2")
     assert p.returncode == 0 and p.stdout == "running\n"
-    p = ctl(fake, "task", "stop", "run-2", "--reason", "operator: wrong input file")
-    assert p.returncode == 0, p.stderr
-    d = kv(p.stdout)
-    assert (d["state"], d["reason_kind"], d["reason"]) == \
-        ("failed", "stopped", "operator: wrong input file")
-    p = ctl(fake, "task", "guard", "run-2")
-    assert p.returncode == 1
-    assert p.stderr == ("error: task_stopped: task 'run-2' was stopped: "
-                        "operator: wrong input file\n")
+    p = stop_then_guard(functools.partial(ctl, fake), "run-2", "operator: wrong input file")
     assert p.stdout == ""
     # stopping again is refused, and the first reason stays
     p = ctl(fake, "task", "stop", "run-2", "--reason", "second")

@@ -7,6 +7,7 @@ messages, exit codes, and that `task stop` really ends a call hung in the
 upstream. Every test skips, saying why, when the sidecar answers
 `unknown_method` to `task.start` (a sidecar that predates tasks).
 """
+import functools
 import json
 import os
 import re
@@ -18,8 +19,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import POLYGWCTL, sanitizer_env  # noqa: E402
-from mock import MockUpstream  # noqa: E402
-from test_ctl import build_taskdrv, check_clean, kv, table  # noqa: E402
+from test_ctl import (build_taskdrv, check_clean, drv as run_taskdrv, kv,  # noqa: E402
+                      stop_then_guard, table)
 
 NODE_TIMEOUT_S = 123  # defaults.node_timeout_s: what node_begin arms without a timeout
 
@@ -42,12 +43,6 @@ sources:
 
 # The mock sends the headers at once, then nothing: the call stays in flight.
 HOLD = {"hang": "after_headers"}
-
-
-@pytest.fixture
-def up():
-    with MockUpstream() as m:
-        yield m
 
 
 @pytest.fixture
@@ -92,16 +87,7 @@ def test_real_start_stop_guard(sc):
     p = run(sc, "task", "guard", "job-1")
     assert (p.returncode, p.stdout) == (0, "running\n")
 
-    p = run(sc, "task", "stop", "job-1", "--reason", "operator: wrong input file")
-    assert p.returncode == 0, p.stderr
-    d = kv(p.stdout)
-    assert (d["state"], d["reason_kind"], d["reason"]) == \
-        ("failed", "stopped", "operator: wrong input file")
-
-    p = run(sc, "task", "guard", "job-1")
-    assert p.returncode == 1
-    assert p.stderr == ("error: task_stopped: task 'job-1' was stopped: "
-                        "operator: wrong input file\n")
+    stop_then_guard(functools.partial(run, sc), "job-1", "operator: wrong input file")
     # stopping twice is refused and keeps the first reason
     p = run(sc, "task", "stop", "job-1", "--reason", "second")
     assert p.returncode == 1 and p.stderr.startswith("error: task_stopped: ")
@@ -209,15 +195,7 @@ def test_real_watchdog_shows_in_tasks(sc, tmp_path):
 
 
 def test_real_lib_node_scope(sc, up, tmp_path):
-    exe = build_taskdrv(str(tmp_path))
-
-    def drv(*args):
-        p = subprocess.run([exe, sc.sock] + list(args), capture_output=True, text=True,
-                           env=sanitizer_env(), timeout=20)
-        check_clean(p.stderr)
-        assert p.returncode == 0, (p.stdout, p.stderr)
-        return p.stdout
-
+    drv = functools.partial(run_taskdrv, build_taskdrv(str(tmp_path)), sc.sock)
     assert run(sc, "task", "start", "lib").returncode == 0
     # explicit and default deadlines as armed by the sidecar
     assert drv("begin", "lib", "n1", "2.5") == "begin rc=0 code=ok msg=\narmed=2.5\n"

@@ -42,8 +42,7 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import Pending, yaml_value  # noqa: E402
-from mock import MockUpstream  # noqa: E402
+from conftest import Pending, call, chat, config_yaml, cpu_seconds, source_yaml  # noqa: E402
 
 EARLY = 0.02
 LATE = 0.25
@@ -66,39 +65,15 @@ HOLD = {"hang": "after_headers"}
 
 # --------------------------------------------------------------- helpers
 def source(name, capability, base_url, **kw):
-    item = {"name": name, "capability": capability, "base_url": base_url}
-    item.update(SOURCE_DEFAULTS)
-    item.update(kw)
-    lines = ["  - %s: %s" % (k, yaml_value(v)) if i == 0 else "    %s: %s" % (k, yaml_value(v))
-             for i, (k, v) in enumerate(item.items())]
-    return "\n".join(lines)
-
-
-def config(sources, defaults, capabilities=None):
-    out = ['listen:\n  mode: "0660"', "server:\n  log_level: info\n  shutdown_grace_s: 2",
-           "defaults:"]
-    out.extend("  %s: %s" % (k, yaml_value(v)) for k, v in defaults.items())
-    if capabilities:
-        out.append("capabilities:")
-        out.extend("  %s: %s" % (k, yaml_value(v)) for k, v in capabilities.items())
-    out.append("sources:")
-    out.extend(sources)
-    return "\n".join(out) + "\n"
+    return source_yaml(name, capability, base_url, SOURCE_DEFAULTS, **kw)
 
 
 def start(make_sidecar, sources, capabilities=None, **defaults):
     d = {"max_attempts": 3, "stall_window_s": 5, "backoff_base_s": 0.05, "backoff_max_s": 0.1}
     d.update(defaults)
     # A proxy from the environment must not capture the loopback mock.
-    return make_sidecar(config_text=config(sources, d, capabilities),
+    return make_sidecar(config_text=config_yaml(sources, d, capabilities),
                         env={"no_proxy": "*", "NO_PROXY": "*"})
-
-
-def chat(text="hello", mock=None):
-    body = {"model": "m", "messages": [{"role": "user", "content": text}]}
-    if mock is not None:
-        body["mock"] = mock
-    return body
 
 
 def embed(text="hello", mock=None):
@@ -106,15 +81,6 @@ def embed(text="hello", mock=None):
     if mock is not None:
         body["mock"] = mock
     return body
-
-
-def call(c, capability, body, timeout=5.0, **params):
-    """One call; returns (error, result, elapsed seconds seen by the client)."""
-    p = {"capability": capability, "body": body}
-    p.update(params)
-    t0 = time.monotonic()
-    msg = c.wait_response(c.request_async("call", p), timeout)
-    return msg[2], msg[3], time.monotonic() - t0
 
 
 def assert_at(what, elapsed, lo, hi=None):
@@ -148,23 +114,6 @@ def sleep_until(t):
     left = t - time.monotonic()
     if left > 0:
         time.sleep(left)
-
-
-def cpu_seconds(pid):
-    fields = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@pytest.fixture
-def up():
-    with MockUpstream() as m:
-        yield m
-
-
-@pytest.fixture
-def up2():
-    with MockUpstream() as m:
-        yield m
 
 
 # ------------------------------------------- stall budget vs retry budget

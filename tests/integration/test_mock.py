@@ -7,23 +7,12 @@ Run: /usr/bin/python3 -m pytest -q tests/integration/test_mock.py
 
 import http.client
 import json
-import os
 import socket
-import sys
 import time
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mock import MockUpstream  # noqa: E402
-
 CHAT = "/v1/chat/completions"
-
-
-@pytest.fixture
-def up():
-    with MockUpstream() as m:
-        yield m
 
 
 def chat_body(text="hello", **extra):

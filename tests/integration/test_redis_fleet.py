@@ -35,8 +35,7 @@ import msgpack
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import POLYGW, sanitizer_env  # noqa: E402
-from mock import MockUpstream  # noqa: E402
+from conftest import POLYGW, call as call_on, sanitizer_env  # noqa: E402
 from redis_fixture import (FleetRedis, Pending, chat, fleet_config, free_port,  # noqa: E402
                            source, stats, unique_prefix, wait_backend, wait_until)
 
@@ -76,14 +75,10 @@ def shared_sum(fleet, *path):
 
 
 def call(sc, body, timeout=5.0, **params):
-    """One call on a new connection: (error, result, elapsed)."""
+    """One `chat` call on a new connection: (error, result, elapsed)."""
     c = sc.connect(timeout=timeout)
     try:
-        p = {"capability": "chat", "body": body}
-        p.update(params)
-        t0 = time.monotonic()
-        err, res = c.request("call", p, timeout=timeout)
-        return err, res, time.monotonic() - t0
+        return call_on(c, "chat", body, timeout, **params)
     finally:
         c.close()
 
@@ -93,12 +88,6 @@ def redis_srv():
     srv = FleetRedis().start()
     yield srv
     srv.cleanup()
-
-
-@pytest.fixture
-def up():
-    with MockUpstream() as m:
-        yield m
 
 
 # Test functions take (redis_srv, up, make_sidecar) in this order: fixtures
@@ -696,8 +685,7 @@ def test_fleet__graceful_stop_releases_leases(redis_srv, up, make_sidecar):
     lease_ttl_s, holding the fleet's permit meanwhile)."""
     prefix = unique_prefix()
     cfg = fleet_config(redis_srv.url(), prefix, [source("a", "chat", up.url, ttft_timeout_s=8)],
-                       stall_window_s=10)
-    cfg = cfg.replace("shutdown_grace_s: 2", "shutdown_grace_s: 0.2")
+                       stall_window_s=10, grace=0.2)
     (a,) = start_fleet(make_sidecar, 1, cfg)
     hung = Pending(a, "chat", chat(mock={"hang": "before_headers"}), timeout=10)
     assert wait_until(lambda: up.stats()["in_progress"] == 1, 3)
@@ -785,9 +773,7 @@ def test_fleet__task_requests_count_against_the_connection_limit(redis_srv, up, 
     max_inflight_per_connection they are refused `overloaded`, not queued
     without bound."""
     cfg = fleet_config(redis_srv.url(), unique_prefix(), [source("a", "chat", up.url)],
-                       stall_window_s=10)
-    cfg = cfg.replace('listen:\n  mode: "0660"',
-                      'listen:\n  mode: "0660"\n  max_inflight_per_connection: 2')
+                       stall_window_s=10, listen={"max_inflight_per_connection": 2})
     (a,) = start_fleet(make_sidecar, 1, cfg)
     c = a.connect()
     redis_srv.freeze()
@@ -833,8 +819,8 @@ def test_fleet__stopping_answers_task_requests_waiting_for_redis(redis_srv, up, 
     period is over they are answered `shutting_down` (not dropped with the
     connection), and the sidecar exits cleanly."""
     cfg = fleet_config(redis_srv.url(), unique_prefix(), [source("a", "chat", up.url)],
-                       stall_window_s=10, backend={"command_timeout_s": 5, "lease_ttl_s": 30})
-    cfg = cfg.replace("shutdown_grace_s: 2", "shutdown_grace_s: 0.2")
+                       stall_window_s=10, backend={"command_timeout_s": 5, "lease_ttl_s": 30},
+                       grace=0.2)
     (a,) = start_fleet(make_sidecar, 1, cfg)
     c = a.connect()
     redis_srv.freeze()

@@ -13,7 +13,7 @@ import time
 import msgpack
 import pytest
 
-from conftest import POLYGW, Conn, Sidecar, sanitizer_env
+from conftest import POLYGW, Conn, Sidecar, cpu_seconds, sanitizer_env
 
 
 def pack(obj):
@@ -358,11 +358,6 @@ def test_server__max_connections(make_sidecar):
     assert_alive(sc)
 
 
-def _cpu_seconds(pid):
-    fields = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def test_server__fd_exhaustion_does_not_spin(make_sidecar):
     def low_fds():
         resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))
@@ -379,9 +374,9 @@ def test_server__fd_exhaustion_does_not_spin(make_sidecar):
             continue
         conns.append(s)
     time.sleep(0.3)
-    cpu0 = _cpu_seconds(sc.proc.pid)
+    cpu0 = cpu_seconds(sc.proc.pid)
     time.sleep(1.0)
-    cpu1 = _cpu_seconds(sc.proc.pid)
+    cpu1 = cpu_seconds(sc.proc.pid)
     assert cpu1 - cpu0 < 0.3, "sidecar burned %.2fs CPU in 1s at EMFILE" % (cpu1 - cpu0)
     for s in conns:
         s.close()

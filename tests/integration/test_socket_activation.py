@@ -16,7 +16,6 @@ non-inheritable (PEP 446), so the child gets only stdio and the dup2'd fd 3.
 """
 import json
 import os
-import signal
 import socket
 import stat
 import subprocess
@@ -24,7 +23,7 @@ import time
 
 import pytest
 
-from conftest import BASE_CONFIG, POLYGW, SANITIZER_MARKERS, Conn, sanitizer_env
+from conftest import BASE_CONFIG, POLYGW, SANITIZER_MARKERS, Conn, PolygwProcess, sanitizer_env
 
 ACTIVATED_MSG = "using socket passed by systemd"
 # LISTEN_PID is set to the shell's pid, which exec hands on to polygw.
@@ -47,7 +46,7 @@ def systemd_socket(path, mode=0o640):
     return s
 
 
-class Activated:
+class Activated(PolygwProcess):
     """A polygw started the way systemd starts a socket-activated service."""
 
     def __init__(self, workdir, listen_sock, config, socket_arg, listen_pid="self", name="polygw"):
@@ -72,10 +71,6 @@ class Activated:
                                      preexec_fn=preexec, close_fds=False)
         self.returncode = None
 
-    def logs(self):
-        with open(self.log_path, "rb") as f:
-            return f.read().decode("utf-8", "replace")
-
     def log_records(self):
         out = []
         for line in self.logs().splitlines():
@@ -95,25 +90,6 @@ class Activated:
                 raise AssertionError("polygw exited early (%s):\n%s" % (self.proc.returncode, self.logs()))
             time.sleep(0.02)
         raise AssertionError("no %r in the log within %ss:\n%s" % (msg, timeout, self.logs()))
-
-    def stop(self, timeout=15.0):
-        if self.returncode is None:
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.returncode = self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.returncode = self.proc.wait()
-                raise AssertionError("polygw did not exit within %ss of SIGTERM:\n%s" % (timeout, self.logs()))
-            finally:
-                self.log.close()
-        return self.returncode
-
-    def assert_clean(self):
-        text = self.logs()
-        for marker in SANITIZER_MARKERS:
-            assert marker not in text, "sanitizer report in polygw output:\n" + text
 
 
 @pytest.fixture

@@ -1,13 +1,6 @@
 """Tasks through the real sidecar: cooperative stop that reaches inside a
 hung call, node guards, the watchdog, and bounded task state."""
-import os
-import sys
 import time
-
-import pytest
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mock import MockUpstream  # noqa: E402
 
 
 def config(up, extra=""):
@@ -18,12 +11,6 @@ def config(up, extra=""):
             "sources:\n  - name: a\n    capability: chat\n    base_url: %s\n"
             "    timeout_s: 100\n    ttft_timeout_s: 100\n    idle_timeout_s: 100\n"
             "    max_concurrency: 64\n    aimd: {initial: 64}\n" % up.url)
-
-
-@pytest.fixture
-def up():
-    with MockUpstream() as m:
-        yield m
 
 
 def body(text="hi", mock=None):

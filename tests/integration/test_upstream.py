@@ -29,8 +29,7 @@ import msgpack
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import BUILD, yaml_value  # noqa: E402
-from mock import MockUpstream  # noqa: E402
+from conftest import BUILD, call, chat as chat_body, config_yaml, source_yaml  # noqa: E402
 
 KEY_ENV = "POLYGW_TEST_KEY"
 KEY = "sk-test-upstream-0123456789"
@@ -53,15 +52,8 @@ LONG = {"timeout_s": 10, "connect_timeout_s": 5, "ttft_timeout_s": 5, "idle_time
 # --------------------------------------------------------------- helpers
 def source(name, capability, base_url, key=True, **kw):
     """One `sources:` item: the long timeouts of LONG unless overridden."""
-    item = {"name": name, "capability": capability, "base_url": base_url}
-    if key:
-        item["api_key_env"] = KEY_ENV
-    for k, v in LONG.items():
-        item[k] = v
-    item.update(kw)
-    lines = ["  - %s: %s" % (k, yaml_value(v)) if i == 0 else "    %s: %s" % (k, yaml_value(v))
-             for i, (k, v) in enumerate(item.items())]
-    return "\n".join(lines)
+    defaults = {"api_key_env": KEY_ENV, **LONG} if key else LONG
+    return source_yaml(name, capability, base_url, defaults, **kw)
 
 
 # These tests pin the engine: one attempt per call, so every deadline and
@@ -69,24 +61,6 @@ def source(name, capability, base_url, key=True, **kw):
 # stall budget) has its own tests in test_governance.py.
 ENGINE_DEFAULTS = {"max_attempts": 1, "stall_window_s": 60, "backoff_base_s": 0.05,
                    "backoff_max_s": 0.1}
-
-
-def config(sources, capabilities=None, grace=2, listen=None, log_level="info", defaults=None):
-    """The YAML text of a sidecar config with these sources (see source());
-    `listen` adds keys to the listen section."""
-    out = ["listen:", '  mode: "0660"']
-    out.extend("  %s: %s" % (k, yaml_value(v)) for k, v in (listen or {}).items())
-    out.append("server:\n  log_level: %s\n  shutdown_grace_s: %s" % (log_level, yaml_value(grace)))
-    out.append("defaults:")
-    out.extend("  %s: %s" % (k, yaml_value(v)) for k, v in (defaults or ENGINE_DEFAULTS).items())
-    if capabilities:
-        out.append("capabilities:")
-        for name, keys in capabilities.items():
-            out.append("  %s: {%s}" % (name, ", ".join("%s: %s" % (k, yaml_value(v))
-                                                       for k, v in keys.items())))
-    out.append("sources:")
-    out.extend(sources)
-    return "\n".join(out) + "\n"
 
 
 def shim_env(hang_s=60):
@@ -116,24 +90,12 @@ def start(make_sidecar, sources, capabilities=None, grace=2, shim=False, listen=
     if shim:
         assert os.path.exists(SHIM), "DNS shim not built: %s (run make)" % SHIM
         env.update(shim_env())
-    return make_sidecar(config_text=config(sources, capabilities, grace, listen), env=env, **kw)
+    return make_sidecar(config_text=config_yaml(sources, ENGINE_DEFAULTS, capabilities,
+                                                listen=listen, grace=grace), env=env, **kw)
 
 
 def chat(text="hello", mock=None, **extra):
-    body = {"model": "client-model", "messages": [{"role": "user", "content": text}]}
-    if mock is not None:
-        body["mock"] = mock
-    body.update(extra)
-    return body
-
-
-def call(c, capability, body, timeout=5.0, **params):
-    """One call; returns (error, result, elapsed seconds seen by the client)."""
-    p = {"capability": capability, "body": body}
-    p.update(params)
-    t0 = time.monotonic()
-    msg = c.wait_response(c.request_async("call", p), timeout)
-    return msg[2], msg[3], time.monotonic() - t0
+    return chat_body(text, mock, model="client-model", **extra)
 
 
 def call_stream(c, capability, body, timeout=5.0, **params):
@@ -228,18 +190,6 @@ class FullBacklog:
         for s in self.fill:
             s.close()
         self.ls.close()
-
-
-@pytest.fixture
-def up():
-    with MockUpstream() as m:
-        yield m
-
-
-@pytest.fixture
-def up2():
-    with MockUpstream() as m:
-        yield m
 
 
 @pytest.fixture

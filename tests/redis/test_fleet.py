@@ -88,11 +88,21 @@ def _racer(port, body, errors):
         c.close()
 
 
+def _race(port, body, n=3):
+    """Runs body(Scripts) on n connections ("sidecars") at once; none may fail."""
+    errors = []
+    threads = [threading.Thread(target=_racer, args=(port, body, errors)) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not errors, errors
+
+
 def test_three_sidecars_never_exceed_max_concurrency(redis_server, conn):
     limit = 3
     lock = threading.Lock()
     state = {"held": 0, "max": 0, "admitted": 0, "refused": 0}
-    errors = []
     end = time.monotonic() + 1.0
 
     def body(s):
@@ -124,13 +134,7 @@ def test_three_sidecars_never_exceed_max_concurrency(redis_server, conn):
                 state["held"] -= 1
             release(s, "race", lease)
 
-    threads = [threading.Thread(target=_racer, args=(redis_server.port, body, errors))
-               for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert not errors, errors
+    _race(redis_server.port, body)
     assert state["max"] == limit and state["held"] == 0, state   # reached, never exceeded
     assert state["refused"] > 0 and state["admitted"] > limit, state
     assert conn.call("ZCARD", source_keys("race")[1]) == 0
@@ -139,7 +143,6 @@ def test_three_sidecars_never_exceed_max_concurrency(redis_server, conn):
 def test_three_sidecars_never_exceed_rpm(redis_server, conn):
     rpm = 20                                       # per 60 s: < 0.5 token refills in the test
     counts = []
-    errors = []
     lock = threading.Lock()
     end = time.monotonic() + 0.6
 
@@ -157,11 +160,5 @@ def test_three_sidecars_never_exceed_rpm(redis_server, conn):
         with lock:
             counts.append(n)
 
-    threads = [threading.Thread(target=_racer, args=(redis_server.port, body, errors))
-               for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert not errors, errors
+    _race(redis_server.port, body)
     assert sum(counts) == rpm, counts
