@@ -38,11 +38,7 @@ after it ended, a running one after ttl_s without activity (start, guard).
 PUBLISH inside a script is allowed and replicated with it.
 ]]
 
--- Whole ms: lib.lua's time_ms_floor, written out because this script must
--- also run without the prelude (tests/integration/test_redis_fleet.py EVALs
--- the file as it is).
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = time_ms_floor(redis.call('TIME'))
 
 local K = KEYS[1]
 local op, id = ARGV[1], ARGV[2] or ''

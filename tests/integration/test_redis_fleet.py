@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import POLYGW, call as call_on, sanitizer_env  # noqa: E402
 from redis_fixture import (FleetRedis, Pending, chat, fleet_config, free_port,  # noqa: E402
                            source, stats, unique_prefix, wait_backend, wait_until)
+from redis_support import script_source  # noqa: E402  (on the path via redis_fixture)
 
 EARLY = 0.02
 LATE = 0.3
@@ -650,8 +651,6 @@ def test_fleet__stats_show_the_backend_never_the_password(redis_pw, up, make_sid
 
 
 # ------------------------------------------ failure paths found in review
-TASK_LUA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "sidecar", "lua", "task.lua")
 
 
 def test_fleet__progress_read_error_fails_closed(redis_srv, up, make_sidecar):
@@ -720,7 +719,7 @@ def test_fleet__stop_during_a_backend_gap_still_ends_the_call(redis_srv, up, mak
     adm.call("ACL", "SETUSER", "default", "-@scripting", "-@pubsub")
     adm.call("CLIENT", "KILL", "USER", "default")
     assert wait_until(lambda: stats(b)["backend"]["state"] != "up", 3)
-    src = open(TASK_LUA).read()
+    src = script_source("task")  # the prelude and the script, as the sidecar sends it
     r = adm.call("EVAL", src, "1", "{%s:task:%s}" % (prefix, tid), "stop", tid, "86400",
                  "stopped during the gap", "0", prefix + ":task-end")
     assert r[0] == "ok", r
