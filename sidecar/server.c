@@ -41,6 +41,7 @@
 #include "governor.h"
 #include "tasks.h"
 #include "log.h"
+#include "metrics.h"
 #include "shared.h"
 #include "upstream.h"
 
@@ -460,9 +461,10 @@ int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, ch
         .ud = srv,
     };
     srv->socket_path = strdup(cfg->socket_path);
-    if (!srv->socket_path) {
+    srv->metrics = metrics_new(cfg);
+    if (!srv->socket_path || !srv->metrics) {
         snprintf(err, errlen, "out of memory");
-        return -1;
+        goto fail_up;
     }
     /* Set up in dependency order; unwind in reverse on failure. */
     srv->up = upstream_new(loop, SERVER_DNS_LOOKUPS_PER_HOST, err, errlen);
@@ -501,6 +503,8 @@ fail_shared:
     upstream_free(srv->up);
     srv->up = NULL;
 fail_up:
+    metrics_free(srv->metrics);
+    srv->metrics = NULL;
     free(srv->socket_path);
     srv->socket_path = NULL;
     return -1;
@@ -542,5 +546,6 @@ void server_fini(struct server *srv)
     tasks_fini(srv);
     upstream_free(srv->up);
     gov_fini(&srv->gov);
+    metrics_free(srv->metrics);
     free(srv->socket_path);
 }

@@ -850,6 +850,16 @@ const struct gov_backend *shared_gov_backend(struct shared *sh)
     return &sh->backend;
 }
 
+const struct rds *shared_rds(const struct shared *sh)
+{
+    return sh->rds;
+}
+
+const char *shared_breaker_state(const struct shared *sh, size_t source)
+{
+    return sh->src[source].breaker_state;
+}
+
 void shared_pack_stats(struct shared *sh, msgpack_packer *pk)
 {
     size_t live = 0;
