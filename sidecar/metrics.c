@@ -302,7 +302,7 @@ void metrics_on_attempt(struct metrics *m, size_t source, const struct attempt_r
     struct metrics_source *s = &m->src[source];
     enum outcome_reason reason = r->outcome.reason;
     s->attempts[reason == REASON_CANCELLED ? (int)OUT_CANCELLED : (int)r->outcome.kind]++;
-    if (reason != REASON_NONE && (int)reason < OUTCOME_REASON_COUNT)
+    if (reason != REASON_NONE && reason != REASON_CANCELLED && (int)reason < OUTCOME_REASON_COUNT)
         s->reasons[reason]++;
     metrics_hist_observe(&s->duration, r->elapsed_s);
     if (r->ttft_s >= 0)
@@ -406,7 +406,7 @@ static void render_server(struct metrics_text *t, struct server *srv)
                    st->requests_served);
     for (int i = 1; i < PGW_CODE_COUNT; i++)
         codes[i] = pgw_code_name((enum pgw_code)i);
-    render_by(t, "polygw_errors_total", "counter",
+    render_by(t, "polygw_error_responses_total", "counter",
               "Error responses and notifications sent on the socket, every method, by code.",
               "code", codes + 1, st->rejected + 1, PGW_CODE_COUNT - 1);
     render_one_u64(t, "polygw_stream_chunks_total", "counter", "Stream events relayed to clients.",
@@ -677,16 +677,16 @@ static void render_tasks(struct metrics_text *t, struct server *srv)
                    ts->started);
     render_one_u64(t, "polygw_tasks_succeeded_total", "counter", "Tasks finished ok.",
                    ts->succeeded_total);
-    render_one_u64(t, "polygw_task_stops_total", "counter",
+    render_one_u64(t, "polygw_tasks_stopped_total", "counter",
                    "Tasks stopped by a user (task.stop): ordinary exits, not hangs.",
                    ts->failed_total[TASK_STOPPED]);
-    render_one_u64(t, "polygw_task_watchdog_fired_total", "counter",
+    render_one_u64(t, "polygw_task_watchdog_firings_total", "counter",
                    "Tasks failed by a node watchdog (a node ran past its timeout).",
                    ts->failed_total[TASK_WATCHDOG]);
     render_one_u64(t, "polygw_task_watchdog_after_stop_total", "counter",
                    "Node deadlines that passed on a task already stopped (not firings).",
                    ts->watchdog_after_stop);
-    render_one_u64(t, "polygw_task_errors_total", "counter",
+    render_one_u64(t, "polygw_tasks_client_failed_total", "counter",
                    "Tasks finished failed by their client.", ts->failed_total[TASK_ERROR]);
     render_one_u64(t, "polygw_tasks_expired_total", "counter",
                    "Tasks forgotten after task_ttl_s (finished, or running and idle).",

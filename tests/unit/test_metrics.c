@@ -143,7 +143,7 @@ static size_t check_exposition(const char *text)
         char name[160];
         snprintf(name, sizeof(name), "%.*s", (int)(p - buf), buf);
         ck_assert_msg(is_name(name, strlen(name)), "bad name: %s", buf);
-        char labels[512] = "", le[64] = "";
+        char labels[512] = "", le[256] = "";
         if (*p == '{') {
             p++;
             while (*p != '}') {
@@ -435,8 +435,8 @@ START_TEST(test_metrics__fresh_server_renders_every_family)
         "polygw_source_concurrency_limit", "polygw_source_breaker_state",
         "polygw_source_bucket_level", "polygw_calls_waiting", "polygw_calls_total",
         "polygw_call_duration_seconds", "polygw_call_ttft_seconds", "polygw_call_stalled_seconds",
-        "polygw_upstream_ttft_seconds", "polygw_tasks", "polygw_task_watchdog_fired_total",
-        "polygw_task_stops_total", "polygw_upstream_dns_abandoned_total",
+        "polygw_upstream_ttft_seconds", "polygw_tasks", "polygw_task_watchdog_firings_total",
+        "polygw_tasks_stopped_total", "polygw_upstream_dns_abandoned_total",
         "polygw_connections_open", "polygw_connections_accepted_total",
         "polygw_connections_refused_total", "polygw_backend_up"};
     for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++) {
