@@ -14,7 +14,6 @@ Only 127.0.0.1 is used; every wait and loop is bounded.
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -100,15 +99,6 @@ def promtool_check(text):
                        text=True, timeout=30)
     assert p.returncode == 0 and not p.stdout.strip() and not p.stderr.strip(), \
         "promtool check metrics: rc %s\n%s%s" % (p.returncode, p.stdout, p.stderr)
-
-
-def wait_until(pred, timeout=3.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return pred()
 
 
 # --------------------------------------------------------------- tests
