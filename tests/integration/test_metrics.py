@@ -20,7 +20,6 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import (POLYGWCTL, Pending, call, chat, config_yaml, sanitizer_env,  # noqa: E402
