@@ -14,15 +14,21 @@
 #include "task.h"
 #include "upstream.h"
 
+/* Each bound twice, as a double and as text (the unit tests check that
+ * the two agree). */
 const struct metrics_buckets metrics_buckets_latency_s = {
     18,
     {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
      600},
+    {"0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5",
+     "10", "30", "60", "120", "300", "600"},
 };
 
 const struct metrics_buckets metrics_buckets_rtt_s = {
     14,
     {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5},
+    {"0.0001", "0.00025", "0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1",
+     "0.25", "0.5", "1", "2.5"},
 };
 
 /* ------------------------------------------------------------------ */
@@ -101,6 +107,10 @@ static void text_escaped(struct metrics_text *t, const char *s, bool quote)
 {
     const char *run = s;
 
+    if (!strpbrk(s, quote ? "\\\n\"" : "\\\n")) {
+        text_puts(t, s);
+        return;
+    }
     for (; *s; s++) {
         const char *esc = *s == '\\'           ? "\\\\"
                           : *s == '\n'         ? "\\n"
@@ -127,6 +137,19 @@ static void format_double(char *buf, size_t cap, double v)
         if (strtod(buf, NULL) != v)
             snprintf(buf, cap, "%.17g", v);
     }
+}
+
+/* Decimal digits of `v` into buf (>= 21 bytes); snprintf costs more than
+ * the rest of a sample line. */
+static const char *format_u64(char *buf, size_t cap, uint64_t v)
+{
+    char *p = buf + cap - 1;
+    *p = '\0';
+    do {
+        *--p = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    return p;
 }
 
 /* {a="x",b="y"[,extra="z"]}, nothing when there is no label at all. */
@@ -193,8 +216,7 @@ void metrics_text_sample_u64(struct metrics_text *t, const char *name,
                              const struct metrics_label *labels, size_t n_labels, uint64_t v)
 {
     char buf[24];
-    snprintf(buf, sizeof(buf), "%llu", (unsigned long long)v);
-    text_line(t, name, "", labels, n_labels, NULL, NULL, buf);
+    text_line(t, name, "", labels, n_labels, NULL, NULL, format_u64(buf, sizeof(buf), v));
 }
 
 void metrics_text_hist(struct metrics_text *t, const char *name,
@@ -205,18 +227,19 @@ void metrics_text_hist(struct metrics_text *t, const char *name,
     uint64_t cum = 0;
 
     for (size_t i = 0; i <= h->b->n; i++) {
+        const char *bound = i == h->b->n ? "+Inf" : h->b->le_text[i];
         cum += h->bucket[i];
-        if (i < h->b->n)
+        if (!bound) {
             format_double(le, sizeof(le), h->b->le[i]);
-        else
-            snprintf(le, sizeof(le), "+Inf");
-        snprintf(val, sizeof(val), "%llu", (unsigned long long)cum);
-        text_line(t, name, "_bucket", labels, n_labels, "le", le, val);
+            bound = le;
+        }
+        text_line(t, name, "_bucket", labels, n_labels, "le", bound,
+                  format_u64(val, sizeof(val), cum));
     }
     format_double(val, sizeof(val), h->sum);
     text_line(t, name, "_sum", labels, n_labels, NULL, NULL, val);
-    snprintf(val, sizeof(val), "%llu", (unsigned long long)h->count);
-    text_line(t, name, "_count", labels, n_labels, NULL, NULL, val);
+    text_line(t, name, "_count", labels, n_labels, NULL, NULL,
+              format_u64(val, sizeof(val), h->count));
 }
 
 char *metrics_text_take(struct metrics_text *t, size_t *len)

@@ -35,10 +35,13 @@ struct attempt_result;
 
 /* Upper bounds of a histogram's buckets (`le`), ascending and finite; the
  * +Inf bucket is implicit. Static tables, shared by every histogram of a
- * family. */
+ * family. `le_text`, when given, is each bound as written (the shortest
+ * form that reads back as the double; saves formatting every bucket of
+ * every series at each rendering); NULL entries are formatted. */
 struct metrics_buckets {
     size_t n;
     double le[METRICS_HIST_MAX];
+    const char *le_text[METRICS_HIST_MAX];
 };
 
 /* 1 ms .. 600 s: call and attempt durations, TTFT, stall time. */

@@ -221,7 +221,7 @@ static size_t check_exposition(const char *text)
 
 START_TEST(test_metrics__hist_buckets_cumulative)
 {
-    static const struct metrics_buckets b = {3, {0.1, 1, 10}};
+    static const struct metrics_buckets b = {.n = 3, .le = {0.1, 1, 10}};
     struct metrics_hist h;
     struct metrics_text t;
     const double obs[] = {0.05, 0.1, 0.5, 0.7, 2, 100, 1e9};
@@ -267,7 +267,7 @@ END_TEST
 
 START_TEST(test_metrics__hist_labels_and_le)
 {
-    static const struct metrics_buckets b = {2, {0.0025, 600}};
+    static const struct metrics_buckets b = {.n = 2, .le = {0.0025, 600}};
     struct metrics_hist h;
     struct metrics_text t;
     const struct metrics_label l[] = {{"source", "a"}, {"capability", "chat"}};
@@ -283,6 +283,37 @@ START_TEST(test_metrics__hist_labels_and_le)
     assert_has_line(s, "y_sum{source=\"a\",capability=\"chat\"} 0.001");
     assert_has_line(s, "y_count{source=\"a\",capability=\"chat\"} 1");
     free(s);
+}
+END_TEST
+
+/* The layouts' bound texts are the bounds, written as the writer would. */
+START_TEST(test_metrics__bucket_texts_match_bounds)
+{
+    const struct metrics_buckets *layouts[] = {&metrics_buckets_latency_s, &metrics_buckets_rtt_s};
+
+    for (size_t k = 0; k < 2; k++) {
+        struct metrics_buckets bare = *layouts[k];
+        struct metrics_hist a, b;
+        struct metrics_text t;
+
+        ck_assert_uint_le(bare.n, METRICS_HIST_MAX);
+        for (size_t i = 0; i < bare.n; i++) {
+            ck_assert_ptr_nonnull(bare.le_text[i]);
+            ck_assert_msg(strtod(bare.le_text[i], NULL) == bare.le[i], "%s", bare.le_text[i]);
+            ck_assert(i == 0 || bare.le[i - 1] < bare.le[i]);
+            bare.le_text[i] = NULL;
+        }
+        metrics_hist_init(&a, layouts[k]);
+        metrics_hist_init(&b, &bare);
+        metrics_text_init(&t);
+        metrics_text_hist(&t, "h", NULL, 0, &a);
+        char *with = take(&t);
+        metrics_text_hist(&t, "h", NULL, 0, &b);
+        char *without = take(&t);
+        ck_assert_str_eq(with, without);
+        free(with);
+        free(without);
+    }
 }
 END_TEST
 
@@ -534,6 +565,7 @@ Suite *metrics_suite(void)
     tcase_add_test(tc, test_metrics__hist_buckets_cumulative);
     tcase_add_test(tc, test_metrics__hist_ignores_nan_clamps_negative);
     tcase_add_test(tc, test_metrics__hist_labels_and_le);
+    tcase_add_test(tc, test_metrics__bucket_texts_match_bounds);
     tcase_add_test(tc, test_metrics__label_values_escaped);
     tcase_add_test(tc, test_metrics__values_read_back_exactly);
     tcase_add_test(tc, test_metrics__take_empty_and_reuse);
