@@ -87,13 +87,13 @@ static bool text_reserve(struct metrics_text *t, size_t n)
     return true;
 }
 
+/* The NUL is written once, by metrics_text_take (text_reserve keeps room). */
 static void text_put(struct metrics_text *t, const char *s, size_t n)
 {
-    if (!text_reserve(t, n))
+    if (t->len + n + 1 > t->cap && !text_reserve(t, n))
         return;
     memcpy(t->data + t->len, s, n);
     t->len += n;
-    t->data[t->len] = '\0';
 }
 
 static void text_puts(struct metrics_text *t, const char *s)
@@ -251,6 +251,8 @@ char *metrics_text_take(struct metrics_text *t, size_t *len)
         out = NULL;
     } else if (!out) {
         out = strdup("");
+    } else {
+        out[t->len] = '\0';
     }
     *len = out ? t->len : 0;
     memset(t, 0, sizeof(*t));
@@ -282,6 +284,7 @@ struct metrics {
     const struct config *cfg;
     struct metrics_source *src;
     struct metrics_capability *cap;
+    size_t last_len;               /* of the last rendering: the next one's first size */
 };
 
 struct metrics *metrics_new(const struct config *cfg)
@@ -758,11 +761,13 @@ char *metrics_render(struct server *srv, size_t *len)
     struct metrics_text t;
 
     metrics_text_init(&t);
+    text_reserve(&t, srv->metrics->last_len + srv->metrics->last_len / 8);
     render_server(&t, srv);
     render_sources(&t, srv);
     render_capabilities(&t, srv);
     render_upstream(&t, srv);
     render_tasks(&t, srv);
     render_backend(&t, srv);
+    srv->metrics->last_len = t.len;
     return metrics_text_take(&t, len);
 }

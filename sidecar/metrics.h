@@ -70,7 +70,7 @@ void metrics_hist_observe(struct metrics_hist *h, double v);
  */
 
 struct metrics_text {
-    char *data;          /* owned, NUL-terminated when non-NULL */
+    char *data;          /* owned; NUL-terminated by metrics_text_take */
     size_t len, cap;
     bool oom;            /* an append failed: the text is incomplete */
 };
