@@ -20,11 +20,15 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pytest
+
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import (POLYGWCTL, Pending, call, chat, config_yaml, sanitizer_env,  # noqa: E402
                       source_yaml)
 from prometheus_fixture import Prometheus  # noqa: E402
+from redis_fixture import FleetRedis, fleet_config, unique_prefix, wait_backend  # noqa: E402
+from redis_fixture import source as fleet_source  # noqa: E402
 
 SOURCE_DEFAULTS = {"timeout_s": 5, "connect_timeout_s": 2, "ttft_timeout_s": 0.3,
                    "idle_timeout_s": 5, "max_concurrency": 64, "aimd": {"initial": 64},
@@ -337,3 +341,54 @@ def test_metrics__scraped_by_a_real_prometheus(make_sidecar, up):
         assert bridge.scrapes >= 2
     finally:
         bridge.close()
+
+
+@pytest.fixture
+def redis_srv():
+    srv = FleetRedis().start()
+    yield srv
+    srv.cleanup()
+
+
+def test_metrics__redis_backend(redis_srv, up, make_sidecar):
+    """With backend redis: the Redis families appear, round trips are
+    counted as the adapter counts them, the breaker is the fleet's; with
+    Redis killed, calls fail closed and the failures show."""
+    cfg = fleet_config(redis_srv.url(), unique_prefix(), [fleet_source("a", "chat", up.url)],
+                       backend={"command_timeout_s": 0.3, "lease_ttl_s": 3})
+    sc = make_sidecar(config_text=cfg, env={"no_proxy": "*", "NO_PROXY": "*"})
+    wait_backend(sc, up=True)
+    c = sc.connect()
+    for text in ("r1", "r2"):
+        assert call(c, "chat", chat(text))[0] is None
+    text = metrics_text(sc)
+    promtool_check(text)
+    m = parse(text)
+    v = lambda name, **kw: value(m, name, **kw)  # noqa: E731
+    st = c.request("stats")[1]["backend"]
+    assert v("polygw_backend_up", kind="redis") == 1
+    assert v("polygw_redis_subscribed") == 1
+    # Two admitted attempts: at least their admit and release round trips.
+    assert 4 <= v("polygw_redis_round_trip_seconds_count") <= v("polygw_redis_commands_total")
+    assert v("polygw_redis_round_trip_seconds_count") <= st["replies"]
+    assert v("polygw_redis_round_trip_seconds_bucket", le="+Inf") == \
+        v("polygw_redis_round_trip_seconds_count")
+    assert v("polygw_redis_failures_total", kind="timeout") == 0
+    assert v("polygw_redis_failures_total", kind="not_connected") == 0
+    assert v("polygw_redis_connects_total") >= 2  # commands and subscriber
+    assert v("polygw_source_breaker_state", source="a", capability="chat", state="closed") == 1
+    assert not [k for k in m if k[0] in ("polygw_source_breaker_opened_total",
+                                         "polygw_source_bucket_level")]
+    assert v("polygw_calls_total", capability="chat", code="ok") == 2
+
+    redis_srv.kill()
+    err, _, _ = call(c, "chat", chat("down"))
+    assert err["code"] == "backend_unavailable", err
+    wait_backend(sc, up=False)
+    m = parse(metrics_text(sc))
+    assert value(m, "polygw_backend_up", kind="redis") == 0
+    assert value(m, "polygw_calls_total", capability="chat", code="backend_unavailable") == 1
+    assert value(m, "polygw_redis_disconnects_total") >= 1
+    assert value(m, "polygw_redis_failures_total", kind="not_connected") + \
+        value(m, "polygw_redis_failures_total", kind="timeout") >= 1
+    redis_srv.restart()
