@@ -724,7 +724,8 @@ static void render_tasks(struct metrics_text *t, struct server *srv)
 static void render_backend(struct metrics_text *t, struct server *srv)
 {
     const struct rds *r = srv->shared ? shared_rds(srv->shared) : NULL;
-    static const char *const kinds[] = {"reply", "timeout", "not_connected"};
+    static const char *const kinds[] = {"reply", "timeout", "connection_lost", "not_connected"};
+    static const char *const results[] = {"admitted", "refused", "error"};
     const char *kind = r ? "redis" : "memory";
     uint64_t up = r ? rds_up(r) : 1;
 
@@ -734,7 +735,10 @@ static void render_backend(struct metrics_text *t, struct server *srv)
     if (!r)
         return;
     const struct rds_stats *s = rds_get_stats(r);
-    const uint64_t failures[] = {s->errors, s->timeouts, s->rejected_not_connected};
+    const uint64_t failures[] = {s->errors, s->timeouts, s->lost, s->rejected_not_connected};
+    struct shared_counts sc;
+    shared_get_counts(srv->shared, &sc);
+    const uint64_t admissions[] = {sc.admitted, sc.refused, sc.admit_errors};
     render_one_u64(t, "polygw_redis_commands_total", "counter", "Redis commands sent.",
                    s->commands);
     metrics_text_family(t, "polygw_redis_round_trip_seconds", "histogram",
@@ -742,8 +746,8 @@ static void render_backend(struct metrics_text *t, struct server *srv)
     metrics_text_hist(t, "polygw_redis_round_trip_seconds", NULL, 0, &s->rtt);
     render_by(t, "polygw_redis_failures_total", "counter",
               "Redis commands that failed, by kind: reply (an error reply), timeout "
-              "(command_timeout_s), not_connected (refused at once).", "kind", kinds, failures,
-              3);
+              "(command_timeout_s), connection_lost (their connection dropped first), "
+              "not_connected (refused at once).", "kind", kinds, failures, 4);
     render_one_u64(t, "polygw_redis_pending_commands", "gauge",
                    "Redis commands sent, not answered.", s->pending);
     render_one_u64(t, "polygw_redis_connects_total", "counter", "Redis connections made.",
@@ -754,6 +758,16 @@ static void render_backend(struct metrics_text *t, struct server *srv)
                    "Redis connects that failed.", s->connect_failures);
     render_one_u64(t, "polygw_redis_subscribed", "gauge",
                    "1 while the pub/sub connection listens to every channel.", rds_subscribed(r));
+    render_by(t, "polygw_fleet_admissions_total", "counter",
+              "Fleet admissions (admit.lua) answered, by result: admitted, refused (a fleet "
+              "limit or breaker), error (no verdict: the call failed closed).", "result",
+              results, admissions, 3);
+    render_one_u64(t, "polygw_fleet_write_errors_total", "counter",
+                   "Writes to the fleet state that failed (release, progress mark, lease "
+                   "renewal): logged and counted, never surfaced to calls.", sc.write_errors);
+    render_one_u64(t, "polygw_fleet_leases_lost_total", "counter",
+                   "Leases of attempts in flight found expired in Redis at renewal.",
+                   sc.leases_lost);
 }
 
 char *metrics_render(struct server *srv, size_t *len)

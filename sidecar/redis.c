@@ -877,6 +877,8 @@ static void conn_fail(struct rconn *cn, const char *why, bool hiredis_frees)
                    LOG_F, delay, NULL);
     }
 
+    for (const struct cmd *c = list; c; c = c->next)
+        r->stats.lost++;
     fail_list(r, list, "connection lost");
     if (!was_up || r->closing)
         return;

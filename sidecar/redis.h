@@ -121,6 +121,7 @@ struct rds_stats {
     uint64_t connects, disconnects, connect_failures;
     uint64_t commands, replies, errors, timeouts, noscript_reloads, rejected_not_connected;
     uint64_t messages;
+    uint64_t lost;                  /* commands failed because their connection was lost */
     uint64_t pending;               /* commands sent and not yet answered */
     double rtt_sum_s, rtt_max_s;    /* over `replies` */
     struct metrics_hist rtt;        /* of `replies` */

@@ -352,8 +352,9 @@ def redis_srv():
 
 def test_metrics__redis_backend(redis_srv, up, make_sidecar):
     """With backend redis: the Redis families appear, round trips are
-    counted as the adapter counts them, the breaker is the fleet's; with
-    Redis killed, calls fail closed and the failures show."""
+    counted as the adapter counts them, the breaker is the fleet's. Redis
+    frozen (SIGSTOP): the admission times out, the call fails closed, and
+    the timeout, the failed admission and the lost connection show."""
     cfg = fleet_config(redis_srv.url(), unique_prefix(), [fleet_source("a", "chat", up.url)],
                        backend={"command_timeout_s": 0.3, "lease_ttl_s": 3})
     sc = make_sidecar(config_text=cfg, env={"no_proxy": "*", "NO_PROXY": "*"})
@@ -365,30 +366,37 @@ def test_metrics__redis_backend(redis_srv, up, make_sidecar):
     promtool_check(text)
     m = parse(text)
     v = lambda name, **kw: value(m, name, **kw)  # noqa: E731
-    st = c.request("stats")[1]["backend"]
+    st = c.request("stats")[1]
     assert v("polygw_backend_up", kind="redis") == 1
     assert v("polygw_redis_subscribed") == 1
     # Two admitted attempts: at least their admit and release round trips.
     assert 4 <= v("polygw_redis_round_trip_seconds_count") <= v("polygw_redis_commands_total")
-    assert v("polygw_redis_round_trip_seconds_count") <= st["replies"]
+    assert v("polygw_redis_round_trip_seconds_count") <= st["backend"]["replies"]
     assert v("polygw_redis_round_trip_seconds_bucket", le="+Inf") == \
         v("polygw_redis_round_trip_seconds_count")
-    assert v("polygw_redis_failures_total", kind="timeout") == 0
-    assert v("polygw_redis_failures_total", kind="not_connected") == 0
+    for kind in ("reply", "timeout", "connection_lost", "not_connected"):
+        assert v("polygw_redis_failures_total", kind=kind) == 0
     assert v("polygw_redis_connects_total") >= 2  # commands and subscriber
+    assert v("polygw_fleet_admissions_total", result="admitted") == 2 == st["shared"]["admitted"]
+    assert v("polygw_fleet_admissions_total", result="error") == 0
     assert v("polygw_source_breaker_state", source="a", capability="chat", state="closed") == 1
     assert not [k for k in m if k[0] in ("polygw_source_breaker_opened_total",
                                          "polygw_source_bucket_level")]
     assert v("polygw_calls_total", capability="chat", code="ok") == 2
 
-    redis_srv.kill()
-    err, _, _ = call(c, "chat", chat("down"))
-    assert err["code"] == "backend_unavailable", err
-    wait_backend(sc, up=False)
-    m = parse(metrics_text(sc))
-    assert value(m, "polygw_backend_up", kind="redis") == 0
+    redis_srv.freeze()
+    try:
+        err, _, _ = call(c, "chat", chat("frozen"))
+        assert err["code"] == "backend_unavailable", err
+        text = metrics_text(sc)
+    finally:
+        redis_srv.thaw()
+    promtool_check(text)
+    m = parse(text)
     assert value(m, "polygw_calls_total", capability="chat", code="backend_unavailable") == 1
+    assert value(m, "polygw_fleet_admissions_total", result="error") == 1
+    assert value(m, "polygw_redis_failures_total", kind="timeout") >= 1
+    # A timed-out command makes the adapter drop and re-make its connection.
     assert value(m, "polygw_redis_disconnects_total") >= 1
-    assert value(m, "polygw_redis_failures_total", kind="not_connected") + \
-        value(m, "polygw_redis_failures_total", kind="timeout") >= 1
-    redis_srv.restart()
+    wait_backend(sc, up=True)
+    assert call(c, "chat", chat("back"))[0] is None
