@@ -29,6 +29,7 @@ from conftest import (POLYGWCTL, Pending, call, chat, config_yaml, sanitizer_env
 from prometheus_fixture import Prometheus  # noqa: E402
 from redis_fixture import FleetRedis, fleet_config, unique_prefix, wait_backend  # noqa: E402
 from redis_fixture import source as fleet_source  # noqa: E402
+from test_upstream import HANG_HOST, SHIM, shim_env  # noqa: E402  (the DNS shim's set-up)
 
 SOURCE_DEFAULTS = {"timeout_s": 5, "connect_timeout_s": 2, "ttft_timeout_s": 0.3,
                    "idle_timeout_s": 5, "max_concurrency": 64, "aimd": {"initial": 64},
@@ -400,3 +401,28 @@ def test_metrics__redis_backend(redis_srv, up, make_sidecar):
     assert value(m, "polygw_redis_disconnects_total") >= 1
     wait_backend(sc, up=True)
     assert call(c, "chat", chat("back"))[0] is None
+
+
+def test_metrics__dns_lookup_abandoned(make_sidecar, up):
+    """A source whose host name never resolves (the LD_PRELOAD shim of
+    tests/shim/dnshang.c hangs its getaddrinfo): the attempt ends at its
+    connect deadline, the lookup is abandoned (its thread detached), and the
+    metrics say so."""
+    assert os.path.exists(SHIM), "DNS shim not built: %s (run make)" % SHIM
+    sources = [source_yaml("h", "chat", "http://%s:1/v1" % HANG_HOST, SOURCE_DEFAULTS,
+                           connect_timeout_s=0.3)]
+    env = {"no_proxy": "*", "NO_PROXY": "*"}
+    env.update(shim_env())
+    sc = make_sidecar(config_text=config_yaml(sources, dict(POLICY, max_attempts=1)), env=env)
+    c = sc.connect()
+    err, _, _ = call(c, "chat", chat("dns"))
+    assert err["code"] == "retry_exhausted" and err["sources"][0]["reason"] == "dns_timeout", err
+    m = parse(metrics_text(sc))
+    h = dict(source="h", capability="chat")
+    assert value(m, "polygw_upstream_dns_lookups_total") == 1
+    assert value(m, "polygw_upstream_dns_abandoned_total") == 1
+    assert value(m, "polygw_upstream_timeouts_total", phase="resolving") == 1
+    assert value(m, "polygw_upstream_attempt_failures_total", reason="dns_timeout", **h) == 1
+    assert value(m, "polygw_upstream_attempts_total", outcome="transient", **h) == 1
+    assert value(m, "polygw_upstream_ttft_seconds_count", **h) == 0  # never got a byte
+    assert value(m, "polygw_calls_total", capability="chat", code="retry_exhausted") == 1
