@@ -138,6 +138,8 @@ def test_metrics__counts_what_the_calls_caused(make_sidecar, up):
     up.wait_stats(lambda s: s["in_progress"] == 1, timeout=3)
     assert c.request("task.stop", {"task_id": "t-stop", "reason": "user"})[0] is None
     assert held.wait()[0]["code"] == "task_stopped"
+    # A call naming the stopped task is refused before it starts.
+    assert call(c, "chat", chat("late"), task_id="t-stop")[0]["code"] == "task_stopped"
 
     # A task failed by its node watchdog while its call holds an attempt.
     assert c.request("task.start", {"task_id": "t-dog"})[0] is None
@@ -155,19 +157,19 @@ def test_metrics__counts_what_the_calls_caused(make_sidecar, up):
     # Calls by capability and code; the duration histogram counts every one.
     assert v("polygw_calls_total", capability="chat", code="ok") == 3
     assert v("polygw_calls_total", capability="chat", code="stalled") == 1
-    assert v("polygw_calls_total", capability="chat", code="task_stopped") == 1
+    assert v("polygw_calls_total", capability="chat", code="task_stopped") == 2
     assert v("polygw_calls_total", capability="chat", code="watchdog_timeout") == 1
     assert v("polygw_calls_total", capability="embedding", code="ok") == 1
     assert v("polygw_calls_total", capability="embedding", code="retry_exhausted") == 1
     assert ("polygw_calls_total", (("capability", "chat"), ("code", "retry_exhausted"))) not in m
-    assert v("polygw_call_duration_seconds_count", capability="chat") == 6
-    assert v("polygw_call_duration_seconds_bucket", capability="chat", le="+Inf") == 6
+    assert v("polygw_call_duration_seconds_count", capability="chat") == 7
+    assert v("polygw_call_duration_seconds_bucket", capability="chat", le="+Inf") == 7
     assert v("polygw_call_duration_seconds_count", capability="embedding") == 2
     assert v("polygw_call_ttft_seconds_count", capability="chat") == 1  # the stream
     # The stalled call spent more than the window charged to the stall budget.
     stalled = v("polygw_call_stalled_seconds_sum", capability="chat")
     assert POLICY["stall_window_s"] <= stalled < 5, stalled
-    assert v("polygw_call_stalled_seconds_count", capability="chat") == 6
+    assert v("polygw_call_stalled_seconds_count", capability="chat") == 7
     assert v("polygw_calls_in_flight", capability="chat") == 0
     assert v("polygw_calls_waiting", capability="chat") == 0
 
