@@ -11,7 +11,8 @@ removed when it stops.
         prom.query('up{job="polygw"}')   # -> [({labels}, value), ...]
 
 stop() (and leaving the `with` block) sends SIGTERM, waits for a clean exit
-(up to 15 s, then SIGKILL, which fails the stop) and removes the directory.
+(up to 15 s, then SIGKILL, which fails the stop) and removes the directory;
+leaving the block also asserts exit code 0.
 Only 127.0.0.1 is used; every wait is bounded.
 """
 import json
@@ -167,7 +168,10 @@ class Prometheus:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        self.stop()
+        text = self.logs()
+        rc = self.stop()
+        if exc_type is None:
+            assert rc == 0, "prometheus exited with %s:\n%s" % (rc, text)
 
     # ------------------------------------------------------------ HTTP API
     @property
