@@ -23,6 +23,16 @@
  *     stalled_s > stall_window_s  AND  progress_age(scope) > stall_window_s
  * with progress_age = +INF for a scope that never succeeded.
  *
+ * Retry-After: a hint holds back the source that sent it, for this call
+ * only, until the hinted time (the call tries another source meanwhile).
+ * It lengthens a backoff at most up to the stall verdict time; and when
+ * every source of the capability is held back past the time the verdict
+ * would land without new progress, and the scope shows none within the
+ * window (progress age > stall_window_s), the call ends `stalled` at once
+ * with retry_after_s = the earliest hinted time: no attempt could happen
+ * before its verdict. A recent progress keeps it waiting, as always, but
+ * never past the verdict time that progress allows nor the hint.
+ *
  * Waiting (3.4): a call that finds nothing runnable joins its capability's
  * FIFO and sleeps until the earliest known availability (breaker half-open,
  * bucket refill, pacer), its stall verdict or its deadline. A released
@@ -145,6 +155,7 @@ struct gov_source_note {
     uint8_t reason;          /* enum outcome_reason of the last attempt */
     bool tried;
     int status;
+    double retry_at;         /* its last Retry-After for this call (absolute; 0 = none) */
 };
 
 struct gov_call {
@@ -162,7 +173,6 @@ struct gov_call {
     double prev_last_start;  /* ATTEMPTING: the pacer's value before this pick */
     double picked_at;        /* ATTEMPTING: when this pick set the pacer */
     double wake_at;
-    double retry_after_hint; /* last Retry-After seen (seconds, < 0 none) */
     struct gov_source_note *notes; /* owned, one per source */
     struct gov_call *wq_prev, *wq_next;
     bool queued;
