@@ -271,8 +271,8 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
                  last ? last->http_status : 0);
         break;
     case PGW_DEADLINE_EXCEEDED:
-        snprintf(msg, sizeof(msg), "deadline_s reached after %.3fs (%u attempt(s)); %.160s",
-                 now - k->started, k->g.attempts, detail);
+        snprintf(msg, sizeof(msg), "deadline_s reached after %.3fs (%u attempt(s))%s%.160s",
+                 now - k->started, k->g.attempts, detail[0] ? "; " : "", detail);
         break;
     case PGW_STREAM_INTERRUPTED:
         snprintf(msg, sizeof(msg), "stream from %s interrupted after %u events: %s: %.160s", src,
