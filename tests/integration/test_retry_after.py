@@ -4,7 +4,7 @@ the real mock upstream answering 429 / 503 with the header, real time.
 A Retry-After holds back the source that sent it, for that call only. When
 it holds back every source of the capability past the time the call's stall
 verdict would land, and the scope made no progress within stall_window_s,
-the call ends `stalled` at once (proto/PROTOCOL.md, section 6.1) with the
+the call ends `stalled` at once (proto/PROTOCOL.md, section 6.1.1) with the
 hint in `retry_after_s` (clamped to 86400 s, a day); a recent progress keeps
 it waiting, up to the verdict. A retry-later error never says
 `retry_after_s: 0`.
