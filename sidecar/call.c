@@ -256,6 +256,17 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
 
     switch (code) {
     case PGW_STALLED:
+        if (stalled <= k->g.pol.stall_window_s) {
+            /* Ended before its window was spent: Retry-After held back every
+             * source past the verdict (gov.h). */
+            snprintf(msg, sizeof(msg),
+                     "scope '%s' made no progress and Retry-After holds back every source for "
+                     "%.0fs, past what is left of stall_window_s %g (%.3fs spent); %u "
+                     "attempt(s), last: %s: %s",
+                     k->g.scope, retry_after_s, k->g.pol.stall_window_s, stalled,
+                     k->g.attempts, last || note ? src : "none", reason);
+            break;
+        }
         snprintf(msg, sizeof(msg),
                  "scope '%s' made no progress and this call spent %.3fs waiting, backing off "
                  "or rate-limited (stall_window_s %g); %u attempt(s), last: %s: %s",

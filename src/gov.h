@@ -223,7 +223,10 @@ void gov_call_step(struct gov_call *k, double now, struct gov_decision *d);
 /* The attempt chosen by the last step ended with `o`. `actual_tokens` is
  * the real usage (< 0 unknown) to reconcile the token buckets. The decision
  * is GOV_DONE (success: GOV_OK; or an error — GOV_CANCELLED when the reason
- * is REASON_CANCELLED) or GOV_WAIT (backoff). */
+ * is REASON_CANCELLED, GOV_STALLED when a Retry-After makes the verdict
+ * certain, see above) or GOV_WAIT (the backoff, lengthened by Retry-After up
+ * to the verdict time). Reads the progress age only when a Retry-After
+ * outlasts the backoff. */
 void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o,
                          double actual_tokens, struct gov_decision *d);
 

@@ -73,6 +73,8 @@ def test_retry_after__long_hint_ends_within_the_stall_window(make_sidecar, up, c
     assert err["attempts"] == 1 and up.stats()["requests"] == 1, err
     assert err["status"] == status, err
     assert want - 2 <= err["retry_after_s"] <= want, err
+    assert "Retry-After holds back every source for %.0fs" % err["retry_after_s"] \
+        in err["message"], err["message"]
 
 
 def test_retry_after__last_counted_attempt_is_retry_exhausted(make_sidecar, up):
