@@ -622,13 +622,15 @@ static void render_capabilities(struct metrics_text *t, struct server *srv)
     uint64_t v[cfg->n_capabilities ? cfg->n_capabilities : 1];
     struct metrics_label l[2];
 
+    /* Every code a call of a known capability can end with is shown from
+     * the start, so that rate() and increase() see its first call. */
     metrics_text_family(t, "polygw_calls_total", "counter",
-                        "Calls answered, by capability and result code (ok, or the error code; "
-                        "series other than ok appear with their first call).");
+                        "Calls answered, by capability and result code (ok, or the error code).");
     for (size_t i = 0; i < cfg->n_capabilities; i++) {
         l[0] = L("capability", cfg->capabilities[i].name);
         for (int c = 0; c < PGW_CODE_COUNT; c++) {
-            if (c != PGW_OK && !m->cap[i].calls[c])
+            if ((c == PGW_UNKNOWN_METHOD || c == PGW_UNKNOWN_CAPABILITY || c == PGW_TOO_LARGE) &&
+                !m->cap[i].calls[c])
                 continue;
             l[1] = L("code", pgw_code_name((enum pgw_code)c));
             metrics_text_sample_u64(t, "polygw_calls_total", l, 2, m->cap[i].calls[c]);

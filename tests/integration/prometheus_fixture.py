@@ -6,9 +6,11 @@ removed when it stops.
 
     from prometheus_fixture import Prometheus
 
-    with Prometheus("127.0.0.1:8088", metrics_path="/metrics") as prom:
+    with Prometheus("127.0.0.1:8088", metrics_path="/metrics",
+                    rule_files=["deploy/prometheus/polygw-rules.yml"]) as prom:
         prom.wait_for('polygw_calls_total{code="ok"}', lambda r: r and r[0][1] == 3)
         prom.query('up{job="polygw"}')   # -> [({labels}, value), ...]
+        prom.rules(); prom.alerts()      # rule groups with their health, active alerts
 
 stop() (and leaving the `with` block) sends SIGTERM, waits for a clean exit
 (up to 15 s, then SIGKILL, which fails the stop) and removes the directory;
@@ -34,6 +36,7 @@ global:
   scrape_interval: {interval}
   scrape_timeout: {interval}
   evaluation_interval: {interval}
+rule_files: {rule_files}
 scrape_configs:
   - job_name: {job}
     metrics_path: {path}
@@ -60,8 +63,11 @@ class Prometheus:
     """One prometheus process scraping `target` ("host:port") at `metrics_path`."""
 
     def __init__(self, target, metrics_path="/metrics", job="polygw", scrape_interval_s=1,
-                 binary=None, start=True, start_timeout=30.0):
+                 rule_files=(), binary=None, start=True, start_timeout=30.0):
+        """`rule_files`: paths of rule files to load (copied into the
+        temporary directory); rules are evaluated every scrape interval."""
         self.target = target
+        self.rule_files = list(rule_files)
         self.metrics_path = metrics_path
         self.job = job
         self.interval_s = scrape_interval_s
@@ -81,10 +87,15 @@ class Prometheus:
             raise FileNotFoundError("prometheus not found: %s (tests/deps.sh installs the "
                                     "Debian package)" % self.binary)
         self.dir = tempfile.mkdtemp(prefix="pgwprom")
+        rules = []
+        for i, path in enumerate(self.rule_files):
+            rules.append("rules-%d.yml" % i)
+            shutil.copyfile(path, os.path.join(self.dir, rules[-1]))
         with open(os.path.join(self.dir, "prometheus.yml"), "w") as f:
             f.write(CONFIG.format(interval="%gs" % self.interval_s, job=json.dumps(self.job),
                                   path=json.dumps(self.metrics_path),
-                                  target=json.dumps(self.target)))
+                                  target=json.dumps(self.target),
+                                  rule_files=json.dumps(rules)))
         # The port is free when picked; another process could take it before
         # prometheus binds, so a start that fails to listen is retried.
         last = ""
@@ -197,6 +208,14 @@ class Prometheus:
         if data["resultType"] == "scalar":
             return [({}, float(data["result"][1]))]
         raise RuntimeError("unexpected result type %s for %s" % (data["resultType"], expr))
+
+    def rules(self):
+        """The rule groups, each with its rules' health and last error."""
+        return self.api("rules")["groups"]
+
+    def alerts(self):
+        """The alerts pending or firing."""
+        return self.api("alerts")["alerts"]
 
     def targets(self):
         """The active targets with their health, last error and last scrape."""

@@ -161,7 +161,8 @@ def test_metrics__counts_what_the_calls_caused(make_sidecar, up):
     assert v("polygw_calls_total", capability="chat", code="watchdog_timeout") == 1
     assert v("polygw_calls_total", capability="embedding", code="ok") == 1
     assert v("polygw_calls_total", capability="embedding", code="retry_exhausted") == 1
-    assert ("polygw_calls_total", (("capability", "chat"), ("code", "retry_exhausted"))) not in m
+    assert v("polygw_calls_total", capability="chat", code="retry_exhausted") == 0
+    assert v("polygw_calls_total", capability="embedding", code="stalled") == 0
     assert v("polygw_call_duration_seconds_count", capability="chat") == 7
     assert v("polygw_call_duration_seconds_bucket", capability="chat", le="+Inf") == 7
     assert v("polygw_call_duration_seconds_count", capability="embedding") == 2
@@ -312,14 +313,28 @@ class MetricsBridge:
         self.thread.join(5)
 
 
+RULES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                     "deploy", "prometheus", "polygw-rules.yml")
+
+
+def test_metrics__rules_file_is_valid():
+    p = subprocess.run(["promtool", "check", "rules", RULES], capture_output=True, text=True,
+                       timeout=30)
+    assert p.returncode == 0 and "SUCCESS" in p.stdout, p.stdout + p.stderr
+
+
 def test_metrics__scraped_by_a_real_prometheus(make_sidecar, up):
+    """Prometheus scrapes the exposition every second and finds the calls
+    the test caused; the rules of deploy/prometheus evaluate on it, and the
+    stall alert goes pending on the stalled call."""
     sc = start(make_sidecar, up)
     c = sc.connect()
     for i in range(3):
         assert call(c, "chat", chat("p%d" % i))[0] is None
     bridge = MetricsBridge(sc)
     try:
-        with Prometheus(bridge.target, metrics_path="/metrics", scrape_interval_s=1) as prom:
+        with Prometheus(bridge.target, metrics_path="/metrics", scrape_interval_s=1,
+                        rule_files=[RULES]) as prom:
             ok = 'polygw_calls_total{job="polygw",capability="chat",code="ok"}'
             r = prom.wait_for(ok, lambda r: len(r) == 1 and r[0][1] == 3, timeout=20)
             assert r[0][0]["instance"] == bridge.target
@@ -341,6 +356,15 @@ def test_metrics__scraped_by_a_real_prometheus(make_sidecar, up):
             assert len(q) == 1 and 0 <= q[0][1] <= 5, q
             assert prom.query('polygw_upstream_attempts_total{source="a",'
                               'outcome="rate_limited"}')[0][1] == up.stats()["by_status"]["429"]
+            # The stalled call, scraped after a 0, raises the stall alert.
+            prom.wait_for('ALERTS{alertname="PolygwCallsStalled",capability="chat"}',
+                          lambda r: len(r) == 1 and r[0][0]["alertstate"] == "pending",
+                          timeout=20)
+            prom.wait_for('polygw:upstream_attempts:rate5m{source="a",outcome="success"}',
+                          lambda r: len(r) == 1 and r[0][1] > 0, timeout=20)
+            rules = [r for g in prom.rules() for r in g["rules"]]
+            assert len(rules) == 9 and all(r["health"] == "ok" for r in rules), rules
+            assert not [a for a in prom.alerts() if a["labels"]["alertname"] != "PolygwCallsStalled"]
         assert bridge.scrapes >= 2
     finally:
         bridge.close()

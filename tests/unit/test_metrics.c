@@ -545,7 +545,9 @@ START_TEST(test_metrics__events_land_in_their_slots)
     assert_has_line(s, "polygw_calls_total{capability=\"chat\",code=\"ok\"} 0");
     assert_has_line(s, "polygw_calls_total{capability=\"chat\",code=\"stalled\"} 1");
     assert_has_line(s, "polygw_calls_total{capability=\"chat\",code=\"task_stopped\"} 1");
-    ck_assert_ptr_null(strstr(s, "polygw_calls_total{capability=\"chat\",code=\"retry_exhausted\"}"));
+    assert_has_line(s, "polygw_calls_total{capability=\"chat\",code=\"retry_exhausted\"} 0");
+    ck_assert_ptr_null(strstr(s, "polygw_calls_total{capability=\"chat\",code=\"unknown_method\"}"));
+    ck_assert_ptr_null(strstr(s, "polygw_calls_total{capability=\"chat\",code=\"too_large\"}"));
     assert_has_line(s, "polygw_calls_in_flight{capability=\"chat\"} 1");
     assert_has_line(s, "polygw_call_duration_seconds_count{capability=\"chat\"} 2");
     assert_has_line(s, "polygw_call_duration_seconds_sum{capability=\"chat\"} 2");
