@@ -294,7 +294,8 @@ bench: deps
 
 install: $(DAEMON) $(CTL) $(LIBA) $(LIBSO)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig \
-	    $(DESTDIR)$(PREFIX)/include/polygw $(DESTDIR)$(PREFIX)/share/man/man8
+	    $(DESTDIR)$(PREFIX)/include/polygw $(DESTDIR)$(PREFIX)/share/man/man8 \
+	    $(DESTDIR)$(PREFIX)/share/man/man1
 	install -m 755 $(DAEMON) $(CTL) $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 $(LIBA) $(DESTDIR)$(PREFIX)/lib/
 	install -m 755 $(LIBSO) $(DESTDIR)$(PREFIX)/lib/libpolygw.so.0
@@ -303,6 +304,7 @@ install: $(DAEMON) $(CTL) $(LIBA) $(LIBSO)
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' client/c/polygw.pc.in \
 	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/polygw.pc
 	install -m 644 docs/polygw.8 $(DESTDIR)$(PREFIX)/share/man/man8/
+	install -m 644 docs/polygwctl.1 $(DESTDIR)$(PREFIX)/share/man/man1/
 
 clean:
 	rm -rf build
