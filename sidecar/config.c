@@ -1445,8 +1445,10 @@ static const char *near_key(const struct field *t, const char *key, size_t len, 
         }
         if (t->type == FT_REJECT || t->type == FT_MISPLACED)
             continue;
-        size_t kl = strlen(t->key), d = edit_distance(key, len, t->key, kl);
-        size_t most = kl <= 4 ? 1 : kl <= 8 ? 2 : 3;
+        size_t kl = strlen(t->key), most = kl <= 4 ? 1 : kl <= 8 ? 2 : 3;
+        if (len > kl + most || kl > len + most)
+            continue;                       /* the length alone is too far off */
+        size_t d = edit_distance(key, len, t->key, kl);
         if (d <= most && d < *best_d) {
             *best_d = d;
             best = t->key;
