@@ -291,6 +291,8 @@ bench: deps
 	$(BUILD)/bench/admission
 	@echo "## Calls waiting for a permit"
 	/usr/bin/python3 tests/bench/waiting_cpu.py $(BUILD) 1000 3
+	@echo "## Config load time against its size"
+	/usr/bin/python3 tests/bench/config_load.py $(BUILD)
 
 install: $(DAEMON) $(CTL) $(LIBA) $(LIBSO)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig \
