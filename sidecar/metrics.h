@@ -1,7 +1,7 @@
 /*
  * metrics.h — the sidecar's Prometheus metrics: counters and fixed-bucket
  * histograms updated where events happen, gauges read from the live state
- * at render time, and a writer for the text exposition format 0.0.4.
+ * at render time, written in the text exposition format 0.0.4 (src/prom.h).
  * Every family is listed, with its labels and meaning, in docs/METRICS.md.
  *
  * Hot path. Every label set is resolved to a slot when the registry is
@@ -9,7 +9,7 @@
  * indexed like cfg->sources and cfg->capabilities), so an observation is an
  * array index and an add: no lookup, no allocation, no lock (the daemon is
  * single-threaded; all functions here run on the loop thread). A histogram
- * observation scans at most METRICS_HIST_MAX bounds.
+ * observation scans at most PROM_HIST_MAX bounds.
  *
  * Rendering allocates one growing buffer and returns it; it is the only
  * part that allocates after metrics_new().
@@ -23,89 +23,10 @@
 
 #include "codes.h"
 #include "config.h"
+#include "prom.h"
 
 struct server;
 struct attempt_result;
-
-/* ------------------------------------------------------------------
- * Histograms
- */
-
-#define METRICS_HIST_MAX 20
-
-/* Upper bounds of a histogram's buckets (`le`), ascending and finite; the
- * +Inf bucket is implicit. Static tables, shared by every histogram of a
- * family. `le_text`, when given, is each bound as written (the shortest
- * form that reads back as the double; saves formatting every bucket of
- * every series at each rendering); NULL entries are formatted. */
-struct metrics_buckets {
-    size_t n;
-    double le[METRICS_HIST_MAX];
-    const char *le_text[METRICS_HIST_MAX];
-};
-
-/* 1 ms .. 600 s: call and attempt durations, TTFT, stall time. */
-extern const struct metrics_buckets metrics_buckets_latency_s;
-/* 100 µs .. 2.5 s: Redis round trips. */
-extern const struct metrics_buckets metrics_buckets_rtt_s;
-
-/* Counts are kept per bucket (not cumulative; bucket[b->n] is above the
- * last bound) and made cumulative when written. */
-struct metrics_hist {
-    const struct metrics_buckets *b; /* borrowed, static */
-    uint64_t bucket[METRICS_HIST_MAX + 1];
-    uint64_t count;
-    double sum;
-};
-
-/* Empties `h` with bucket layout `b` (borrowed for h's life). */
-void metrics_hist_init(struct metrics_hist *h, const struct metrics_buckets *b);
-/* Counts `v` in the first bucket whose bound is >= v (Prometheus' `le`).
- * NaN is ignored; negative values count as 0 (durations measured on a
- * clock that may be adjusted by a hair). */
-void metrics_hist_observe(struct metrics_hist *h, double v);
-
-/* ------------------------------------------------------------------
- * Text exposition writer (format 0.0.4)
- */
-
-struct metrics_text {
-    char *data;          /* owned; NUL-terminated by metrics_text_take */
-    size_t len, cap;
-    bool oom;            /* an append failed: the text is incomplete */
-};
-
-struct metrics_label {
-    const char *name;    /* [a-zA-Z_][a-zA-Z0-9_]*, never "le" (written by _hist) */
-    const char *value;   /* any UTF-8; escaped when written; NULL = "" */
-};
-
-void metrics_text_init(struct metrics_text *t);
-void metrics_text_fini(struct metrics_text *t);
-
-/* "# HELP name help" (help escaped: backslash and newline) and
- * "# TYPE name type" (counter, gauge, histogram). Call once per family,
- * before its samples. */
-void metrics_text_family(struct metrics_text *t, const char *name, const char *type,
-                         const char *help);
-/* One sample line: name{labels} value. Values are written so that they
- * parse back to the same double ("+Inf", "-Inf", "NaN" for non-finite). */
-void metrics_text_sample(struct metrics_text *t, const char *name,
-                         const struct metrics_label *labels, size_t n_labels, double v);
-void metrics_text_sample_u64(struct metrics_text *t, const char *name,
-                             const struct metrics_label *labels, size_t n_labels, uint64_t v);
-/* A histogram's series: name_bucket{labels,le="…"} cumulative up to
- * le="+Inf" (== count), name_sum, name_count. */
-void metrics_text_hist(struct metrics_text *t, const char *name,
-                       const struct metrics_label *labels, size_t n_labels,
-                       const struct metrics_hist *h);
-/* Hands the text over: returns it (owned, NUL-terminated) with *len set,
- * or NULL when an append failed; `t` is empty afterwards either way. */
-char *metrics_text_take(struct metrics_text *t, size_t *len);
-
-/* ------------------------------------------------------------------
- * The registry
- */
 
 struct metrics;
 

@@ -41,7 +41,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "metrics.h"
+#include "prom.h"
 
 struct rds;
 
@@ -124,7 +124,7 @@ struct rds_stats {
     uint64_t lost;                  /* commands failed because their connection was lost */
     uint64_t pending;               /* commands sent and not yet answered */
     double rtt_sum_s, rtt_max_s;    /* over `replies` */
-    struct metrics_hist rtt;        /* of `replies` */
+    struct prom_hist rtt;        /* of `replies` */
 };
 const struct rds_stats *rds_get_stats(const struct rds *r);
 
