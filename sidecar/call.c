@@ -69,6 +69,7 @@ struct call {
     bool json_ready;
     msgpack_sbuffer usage;           /* last `usage` map seen in a stream, packed */
     char event_error[96];            /* why the attempt's stream was refused, or "" */
+    uint32_t relayed;                /* chunks of the attempt relayed to the client */
     struct task *task;               /* the task it belongs to, or NULL */
     struct task_wait *task_wait;     /* shared backend: its task is being checked */
     struct call *tprev, *tnext;      /* the task's calls (head in task->ud) */
@@ -441,6 +442,7 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
     msgpack_unpacked_init(&up);
     if (k->event_error[0] && res.outcome.reason == REASON_BAD_RESPONSE)
         snprintf(res.detail, sizeof(res.detail), "%s", k->event_error);
+    res.events = k->relayed; /* the engine also counts an event the hook refused */
     relay_text_inplace(k->conn->srv, res.detail, sizeof(res.detail));
 
     /* A plain success must be JSON that fits in a response frame; if not,
@@ -559,6 +561,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     pack_raw(&c->pk, sb.data, sb.size);
     msgpack_sbuffer_destroy(&sb);
     c->srv->stats.chunks_relayed++;
+    k->relayed++;
 
     /* Relay now. The flush may find the client gone: conn_close() then
      * aborts every call of the connection, this one included, so `k` is
@@ -691,6 +694,7 @@ static void call_run_attempt(struct call *k, size_t source)
     call_set_paused(k, false);
     msgpack_sbuffer_clear(&k->usage);
     k->event_error[0] = '\0';
+    k->relayed = 0;
     k->attempt = attempt_start(srv->up, &as, &call_hooks, k);
     if (!k->attempt) {
         conn_reply_error(k->conn, k->msgid, PGW_INTERNAL, "cannot start the upstream request");
