@@ -174,21 +174,12 @@ def test_hostile__invalid_utf8_in_an_error_body(sc, up, status):
     assert err["upstream_body"] == '{"error":{"message":"bad \ufffd"}}'
 
 
-def test_hostile__long_invalid_error_body_is_cut_on_a_character(sc, up):
+def test_hostile__long_error_body_is_cut_on_a_character(sc, up):
     c = sc.connect()
-    body = "é".encode() * 3000 + b"\xff"        # 6001 bytes: cut to at most 4 KiB
+    body = b"x" + "é".encode() * 3000        # 6001 bytes; byte 4096 is inside an "é"
     err, _, _ = call(c, "chat", chat(mock=raw(body, "text/plain", 403)))
     ub = err["upstream_body"]
-    assert ub == "é" * 2048 and len(ub.encode()) == 4096
-
-
-def test_hostile__invalid_utf8_in_a_plain_reply_is_a_clear_error(sc, up):
-    c = sc.connect()
-    err, _, _ = call(c, "chat", chat(mock=raw(b"\xff\xfe{not json", "application/json")))
-    assert err["code"] == "retry_exhausted"
-    assert err["sources"][0]["reason"] == "bad_response"
-    err, res = c.request("ping")
-    assert err is None
+    assert ub == "x" + "é" * 2047 and len(ub.encode()) == 4095
 
 
 # ------------------------------------------------------------ echoed keys
