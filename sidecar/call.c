@@ -230,6 +230,8 @@ static void relay_text_inplace(struct server *srv, char *buf, size_t cap)
     struct transcode_buf clean, valid;
     size_t n = strnlen(buf, cap);
 
+    if (n == 0)
+        return;
     transcode_buf_init(&clean);
     transcode_buf_init(&valid);
     if (redact_copy(srv->redact, buf, n, &clean) < 0 ||

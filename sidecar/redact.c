@@ -49,7 +49,8 @@ struct redact *redact_new(const char *const *secrets, size_t n)
         memcpy(r->s[r->n].p, k, len);
         r->s[r->n++].n = len;
     }
-    qsort(r->s, r->n, sizeof(*r->s), by_length_desc);
+    if (r->n > 1)
+        qsort(r->s, r->n, sizeof(*r->s), by_length_desc);
     r->min_len = r->n ? r->s[r->n - 1].n : 0;
     return r;
 }

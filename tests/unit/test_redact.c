@@ -50,6 +50,11 @@ START_TEST(test_redact__no_secrets_is_a_copy)
     ck_assert_ptr_nonnull(r);
     check_copy(r, "anything " KEY, "anything " KEY, 0);
     redact_free(r);
+    /* So are zero secrets, and a NULL redactor. */
+    r = redact_new(NULL, 0);
+    ck_assert_ptr_nonnull(r);
+    check_copy(r, "anything " KEY, "anything " KEY, 0);
+    redact_free(r);
     /* A NULL redactor is the same. */
     transcode_buf_init(&out);
     ck_assert_int_eq(redact_copy(NULL, "abc", 3, &out), 0);
