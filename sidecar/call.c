@@ -176,33 +176,23 @@ static void pack_raw(msgpack_packer *pk, const char *data, size_t len)
     pk->callback(pk->data, data, len);
 }
 
-/* Upstream bytes reach the client only through the two functions below:
+/* Upstream bytes reach the client only through the functions below:
  * every secret the sidecar sent is scrubbed (redact.h), text is made valid
  * UTF-8, and JSON nests no deeper than the protocol lets a relayed value
  * nest (RPC_RELAYED_MAX_DEPTH), so a hostile reply can neither leak a key
  * nor make a frame the client's reader must refuse. */
 
-/* Transcodes an upstream JSON text into `pk`. The raw text is scrubbed
- * before parsing (so a parse error's excerpt cannot quote a key) and every
- * decoded string after it (an echo may be written with JSON escapes).
+/* Transcodes an upstream JSON text into `pk`, scrubbing every decoded
+ * string (which also catches an echo written with JSON escapes). A parse
+ * error's message may quote a short excerpt of the input: callers put it
+ * only in a detail, which relay_text_inplace() scrubs.
  * Returns as transcode_json_to_msgpack(). */
 static int relay_json(struct server *srv, const char *json, size_t len, msgpack_packer *pk,
                       char *err, size_t errlen)
 {
     const struct transcode_j2m opt = {RPC_RELAYED_MAX_DEPTH, redact_on_str, srv->redact};
-    struct transcode_buf clean;
-    int rc;
 
-    transcode_buf_init(&clean);
-    if (redact_hit(srv->redact, json, len)) {
-        if (redact_copy(srv->redact, json, len, &clean) < 0)
-            return TRANSCODE_ENOMEM;
-        json = clean.data;
-        len = clean.len;
-    }
-    rc = transcode_json_to_msgpack(json, len, pk, &opt, err, errlen);
-    transcode_buf_fini(&clean);
-    return rc;
+    return transcode_json_to_msgpack(json, len, pk, &opt, err, errlen);
 }
 
 /* Packs upstream text as a str: scrubbed, invalid UTF-8 replaced with
@@ -445,7 +435,6 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
     if (k->event_error[0] && res.outcome.reason == REASON_BAD_RESPONSE)
         snprintf(res.detail, sizeof(res.detail), "%s", k->event_error);
     res.events = k->relayed; /* the engine also counts an event the hook refused */
-    relay_text_inplace(k->conn->srv, res.detail, sizeof(res.detail));
 
     /* A plain success must be JSON that fits in a response frame; if not,
      * it is a transient failure the loop may retry, not a success. */
@@ -470,6 +459,7 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
                    MSGPACK_UNPACK_SUCCESS) {
         usage = &up.data;
     }
+    relay_text_inplace(k->conn->srv, res.detail, sizeof(res.detail));
     if (usage && usage->type != MSGPACK_OBJECT_MAP)
         usage = NULL;
 
