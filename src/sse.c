@@ -281,6 +281,11 @@ bool sse_parser_is_idle(const struct sse_parser *p)
     return p->line.len == 0 && !p->block_open;
 }
 
+size_t sse_parser_buffered(const struct sse_parser *p)
+{
+    return p->line.len + p->data.len + p->event.len;
+}
+
 bool sse_data_is_done(const struct sse_event *ev)
 {
     const char *s = ev->data;

@@ -596,6 +596,23 @@ START_TEST(test_sse__null_callback)
 }
 END_TEST
 
+START_TEST(test_sse__buffered_counts_the_pending_event)
+{
+    struct sse_parser p;
+
+    ck_assert_int_eq(sse_parser_init(&p, 1024), 0);
+    ck_assert_uint_eq(sse_parser_buffered(&p), 0);
+    ck_assert_int_eq(sse_parser_feed(&p, "id: 7\nevent: e\ndata: abc", 24, NULL, NULL), 0);
+    /* event name "e", the unterminated line "data: abc"; the id is not counted */
+    ck_assert_uint_eq(sse_parser_buffered(&p), 1 + 9);
+    ck_assert_int_eq(sse_parser_feed(&p, "\ndata: de\n", 10, NULL, NULL), 0);
+    ck_assert_uint_eq(sse_parser_buffered(&p), 1 + 4 + 3);   /* "abc\n" "de\n" */
+    ck_assert_int_eq(sse_parser_feed(&p, "\n", 1, NULL, NULL), 0);
+    ck_assert_uint_eq(sse_parser_buffered(&p), 0);
+    sse_parser_fini(&p);
+}
+END_TEST
+
 START_TEST(test_sse__init_rejects_zero)
 {
     struct sse_parser p;
@@ -705,6 +722,7 @@ Suite *sse_suite(void)
     tcase_add_test(tc, test_sse__too_large_is_sticky);
     tcase_add_test(tc, test_sse__callback_abort);
     tcase_add_test(tc, test_sse__null_callback);
+    tcase_add_test(tc, test_sse__buffered_counts_the_pending_event);
     tcase_add_test(tc, test_sse__init_rejects_zero);
     tcase_add_test(tc, test_sse__random_chunks_long_stream);
     suite_add_tcase(s, tc);
