@@ -156,6 +156,51 @@ def test_bounds__replies_to_a_client_that_does_not_read_are_bounded(make_sidecar
     assert err is None
 
 
+def test_bounds__a_transfer_held_for_a_client_that_does_not_read_ends_at_timeout_s(
+        make_sidecar, up):
+    """Transfers paused because their client does not read still end at
+    timeout_s, as `cancelled` (the client held them up, not the source: no
+    breaker failure, no retry), and their idle deadline does not run while
+    paused. The answers that were ready are delivered intact."""
+    src = dict(SOURCE, timeout_s=2, idle_timeout_s=0.5, ttft_timeout_s=1,
+               breaker={"failures": 2, "cooldown_s": 60})
+    sc = make_sidecar(config_text=config_yaml(
+        [source_yaml("a", "chat", up.url, src)], DEFAULTS,
+        listen={"max_message_bytes": MAX_MESSAGE}), env={"no_proxy": "*", "NO_PROXY": "*"})
+    hog = sc.connect(timeout=30)
+    hog.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    ids = {}
+    for i in range(8):
+        body = chat(big_reply_text(i), mock={"content_repeat": REPLY_BYTES})
+        ids[hog.request_async("call", {"capability": "chat", "body": body})] = i
+    other = sc.connect(timeout=10)
+    assert wait_until(lambda: up.stats()["requests"] == 8, 5)
+    t0 = time.monotonic()
+    assert wait_until(lambda: other.request("stats")[1]["requests"]["in_flight"] == 0, 6)
+    assert time.monotonic() - t0 > 1.5          # held until timeout_s, not the idle deadline
+    # Everything ended while the client read nothing; now it reads.
+    answers = {}
+    while len(answers) < 8:
+        msg = hog.recv_msg(30)
+        assert msg is not None and msg[0] == 1 and msg[1] in ids and msg[1] not in answers, msg
+        answers[msg[1]] = msg
+    ok = [m for m in answers.values() if m[2] is None]
+    held = [m for m in answers.values() if m[2] is not None]
+    for m in ok:
+        assert m[3]["body"]["choices"][0]["message"]["content"] == expected_content(ids[m[1]])
+    assert ok and len(held) >= 4, (len(ok), [m[2] for m in held])
+    for m in held:
+        assert m[2]["code"] == "cancelled", m[2]
+        assert m[2]["attempts"] == 1
+        detail = m[2]["sources"][0]["detail"]
+        assert "timeout_s" in detail and "not reading" in detail, detail
+    st = other.request("stats")[1]
+    src_st = st["sources"][0] if isinstance(st["sources"], list) else st["sources"]["a"]
+    assert src_st["breaker"] == "closed", src_st
+    err, res, _ = call(other, "chat", chat("after"), timeout=5)
+    assert err is None, err
+
+
 # ------------------------------------------------------- partial frames
 def partial_frame(n_bytes, claimed):
     """The first n_bytes of a request frame whose str payload claims
