@@ -88,6 +88,19 @@ def expected_content(i):
     return (t * (REPLY_BYTES // len(t) + 1))[:REPLY_BYTES]
 
 
+def pipeline_big_calls(sc, n):
+    """A connection with a tiny receive buffer that sends n calls with
+    REPLY_BYTES answers (and reads nothing yet). Returns it and
+    {msgid: i}."""
+    hog = sc.connect(timeout=30)
+    hog.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    ids = {}
+    for i in range(n):
+        body = chat(big_reply_text(i), mock={"content_repeat": REPLY_BYTES})
+        ids[hog.request_async("call", {"capability": "chat", "body": body})] = i
+    return hog, ids
+
+
 def test_bounds__replies_to_a_client_that_does_not_read_are_bounded(make_sidecar, up):
     """40 pipelined calls with 3.5 MB answers on one connection that does not
     read: the sidecar holds about max_write_queue_bytes (2 x max_message_bytes)
@@ -100,12 +113,7 @@ def test_bounds__replies_to_a_client_that_does_not_read_are_bounded(make_sidecar
     assert err is None, err
     base_hwm = status_kb(pid, "VmHWM")
 
-    hog = sc.connect(timeout=30)
-    hog.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    ids = {}
-    for i in range(40):
-        body = chat(big_reply_text(i), mock={"content_repeat": REPLY_BYTES})
-        ids[hog.request_async("call", {"capability": "chat", "body": body})] = i
+    hog, ids = pipeline_big_calls(sc, 40)
     assert wait_until(lambda: up.stats()["requests"] == 41, 20), up.stats()
 
     # Let it settle: until the sidecar's peak has not grown for a second.
@@ -167,12 +175,7 @@ def test_bounds__a_transfer_held_for_a_client_that_does_not_read_ends_at_timeout
     sc = make_sidecar(config_text=config_yaml(
         [source_yaml("a", "chat", up.url, src)], DEFAULTS,
         listen={"max_message_bytes": MAX_MESSAGE}), env={"no_proxy": "*", "NO_PROXY": "*"})
-    hog = sc.connect(timeout=30)
-    hog.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    ids = {}
-    for i in range(8):
-        body = chat(big_reply_text(i), mock={"content_repeat": REPLY_BYTES})
-        ids[hog.request_async("call", {"capability": "chat", "body": body})] = i
+    hog, ids = pipeline_big_calls(sc, 8)
     other = sc.connect(timeout=10)
     assert wait_until(lambda: up.stats()["requests"] == 8, 5)
     t0 = time.monotonic()
