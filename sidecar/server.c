@@ -499,6 +499,14 @@ int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, ch
         goto fail_gov;
     if (tasks_init(srv, err, errlen) < 0)
         goto fail_tasks;
+    /* Armed before the socket exists: a client that can connect may also
+     * send SIGTERM, and that must be a clean shutdown, never the default
+     * kill that leaves the socket file behind. */
+    ev_signal_init(&srv->sigterm_w, server_on_signal, SIGTERM);
+    ev_signal_init(&srv->sigint_w, server_on_signal, SIGINT);
+    srv->sigterm_w.data = srv->sigint_w.data = srv;
+    ev_signal_start(loop, &srv->sigterm_w);
+    ev_signal_start(loop, &srv->sigint_w);
     if (server_listen(srv, err, errlen) < 0)
         goto fail_listen;
     srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -506,16 +514,16 @@ int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, ch
 
     ev_io_init(&srv->accept_w, server_on_accept, srv->listen_fd, EV_READ);
     ev_init(&srv->accept_retry_w, server_on_accept_retry);
-    ev_signal_init(&srv->sigterm_w, server_on_signal, SIGTERM);
-    ev_signal_init(&srv->sigint_w, server_on_signal, SIGINT);
     ev_init(&srv->grace_w, server_on_grace);
     ev_timer_init(&srv->stop_w, server_on_stop_timeout, SERVER_STOP_FLUSH_S, 0.);
     ev_prepare_init(&srv->reap_w, server_on_reap);
-    srv->accept_w.data = srv->accept_retry_w.data = srv->sigterm_w.data = srv;
-    srv->sigint_w.data = srv->grace_w.data = srv->stop_w.data = srv->reap_w.data = srv;
+    srv->accept_w.data = srv->accept_retry_w.data = srv;
+    srv->grace_w.data = srv->stop_w.data = srv->reap_w.data = srv;
     return 0;
 
 fail_listen:
+    ev_signal_stop(loop, &srv->sigterm_w);
+    ev_signal_stop(loop, &srv->sigint_w);
     tasks_fini(srv);
 fail_tasks:
     gov_fini(&srv->gov);
@@ -533,8 +541,6 @@ fail_up:
 void server_start(struct server *srv)
 {
     ev_io_start(srv->loop, &srv->accept_w);
-    ev_signal_start(srv->loop, &srv->sigterm_w);
-    ev_signal_start(srv->loop, &srv->sigint_w);
     char mode[8];
     snprintf(mode, sizeof(mode), "%04o", (unsigned)srv->cfg->socket_mode);
     log_at(LOG_INFO, "listening", "socket", LOG_S, srv->socket_path, "mode", LOG_S,
