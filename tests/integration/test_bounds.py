@@ -88,17 +88,31 @@ def expected_content(i):
     return (t * (REPLY_BYTES // len(t) + 1))[:REPLY_BYTES]
 
 
-def pipeline_big_calls(sc, n):
+def pipeline_big_calls(sc, n, stream=False):
     """A connection with a tiny receive buffer that sends n calls with
-    REPLY_BYTES answers (and reads nothing yet). Returns it and
-    {msgid: i}."""
+    REPLY_BYTES answers (and reads nothing yet); a stream's answer is one
+    event of that size. Returns it and {msgid: i}."""
     hog = sc.connect(timeout=30)
     hog.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     ids = {}
     for i in range(n):
-        body = chat(big_reply_text(i), mock={"content_repeat": REPLY_BYTES})
-        ids[hog.request_async("call", {"capability": "chat", "body": body})] = i
+        mock = {"content_repeat": REPLY_BYTES, "stream_events": 1}
+        body = chat(big_reply_text(i), mock=mock, stream=stream)
+        p = {"capability": "chat", "body": body, "stream": stream}
+        ids[hog.request_async("call", p)] = i
     return hog, ids
+
+
+def settled_hwm_growth(pid, base_kb):
+    """VmHWM growth in MiB once it has not grown for a second."""
+    last, since = status_kb(pid, "VmHWM"), time.monotonic()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and time.monotonic() - since < 1.0:
+        time.sleep(0.05)
+        now = status_kb(pid, "VmHWM")
+        if now != last:
+            last, since = now, time.monotonic()
+    return (last - base_kb) / 1024.0
 
 
 def test_bounds__replies_to_a_client_that_does_not_read_are_bounded(make_sidecar, up):
@@ -116,19 +130,11 @@ def test_bounds__replies_to_a_client_that_does_not_read_are_bounded(make_sidecar
     hog, ids = pipeline_big_calls(sc, 40)
     assert wait_until(lambda: up.stats()["requests"] == 41, 20), up.stats()
 
-    # Let it settle: until the sidecar's peak has not grown for a second.
-    last, since = status_kb(pid, "VmHWM"), time.monotonic()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and time.monotonic() - since < 1.0:
-        time.sleep(0.05)
-        now = status_kb(pid, "VmHWM")
-        if now != last:
-            last, since = now, time.monotonic()
+    held_mib = settled_hwm_growth(pid, base_hwm)
     # Meanwhile another client is served at once.
     err, res, dt = call(other, "chat", chat("meanwhile"), timeout=10)
     assert err is None and res["body"]["choices"][0]["message"]["content"] == "meanwhile", err
     assert dt < 2.0, dt
-    held_mib = (status_kb(pid, "VmHWM") - base_hwm) / 1024.0
     ratio = held_mib * MIB / MAX_MESSAGE
     print("\nnon-reading client: VmHWM grew %.1f MiB = %.2f x max_message_bytes "
           "(40 replies = %.0f MiB); VmRSS %d MiB"
@@ -164,6 +170,40 @@ def test_bounds__replies_to_a_client_that_does_not_read_are_bounded(make_sidecar
     assert up.stats()["in_progress"] == 0
     err, res = hog.request("ping")
     assert err is None
+
+
+def test_bounds__stream_events_to_a_client_that_does_not_read_are_bounded(make_sidecar, up):
+    """The same for streams whose events are large: partial events being
+    received count against the budget with the queued chunks, so 12
+    pipelined streams of one 3.5 MB event each are held to about the
+    budget, and every chunk arrives once the client reads."""
+    sc = start(make_sidecar, up, {"max_message_bytes": MAX_MESSAGE})
+    pid = sc.proc.pid
+    other = sc.connect(timeout=10)
+    assert call(other, "chat", chat("warm-up"), timeout=10)[0] is None
+    base_hwm = status_kb(pid, "VmHWM")
+    hog, ids = pipeline_big_calls(sc, 12, stream=True)
+    assert wait_until(lambda: up.stats()["requests"] == 13, 20), up.stats()
+    held_mib = settled_hwm_growth(pid, base_hwm)
+    ratio = held_mib * MIB / MAX_MESSAGE
+    print("\nnon-reading stream client: VmHWM grew %.1f MiB = %.2f x max_message_bytes "
+          "(12 events = %.0f MiB)" % (held_mib, ratio, 12 * REPLY_BYTES / MIB))
+    assert ratio < 5.0, "held %.1f MiB for a client that does not read" % held_mib
+    assert other.request("stats")[1]["requests"]["in_flight"] > 6
+    text = {m: [] for m in ids}
+    done = set()
+    while len(done) < 12:
+        msg = hog.recv_msg(60)
+        assert msg is not None, "EOF after %d answers" % len(done)
+        if msg[0] == 2:
+            assert msg[1] == "chunk" and msg[2][0] in ids and msg[2][0] not in done, msg[:2]
+            ev = msg[2][1]
+            if ev["choices"]:
+                text[msg[2][0]].append(ev["choices"][0]["delta"].get("content") or "")
+            continue
+        assert msg[0] == 1 and msg[1] in ids and msg[1] not in done and msg[2] is None, msg
+        done.add(msg[1])
+        assert "".join(text[msg[1]]) == expected_content(ids[msg[1]])
 
 
 def test_bounds__a_transfer_held_for_a_client_that_does_not_read_ends_at_timeout_s(

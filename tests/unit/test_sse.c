@@ -596,6 +596,13 @@ START_TEST(test_sse__null_callback)
 }
 END_TEST
 
+static int count_cb(const struct sse_event *ev, void *ud)
+{
+    (void)ev;
+    ++*(size_t *)ud;
+    return 0;
+}
+
 START_TEST(test_sse__buffered_counts_the_pending_event)
 {
     struct sse_parser p;
@@ -609,6 +616,24 @@ START_TEST(test_sse__buffered_counts_the_pending_event)
     ck_assert_uint_eq(sse_parser_buffered(&p), 1 + 4 + 3);   /* "abc\n" "de\n" */
     ck_assert_int_eq(sse_parser_feed(&p, "\n", 1, NULL, NULL), 0);
     ck_assert_uint_eq(sse_parser_buffered(&p), 0);
+    sse_parser_fini(&p);
+
+    /* One large event, split across feeds: once dispatched, its buffers
+     * are given back (a long stream does not keep its largest event). */
+    static char big[200000];
+    size_t got = 0;
+    memset(big, 'x', sizeof(big));
+    memcpy(big, "data: ", 6);
+    ck_assert_int_eq(sse_parser_init(&p, sizeof(big)), 0);
+    for (size_t off = 0; off < sizeof(big); off += 16384) {
+        size_t n = sizeof(big) - off < 16384 ? sizeof(big) - off : 16384;
+        ck_assert_int_eq(sse_parser_feed(&p, big + off, n, NULL, NULL), 0);
+    }
+    ck_assert_uint_eq(sse_parser_buffered(&p), sizeof(big));
+    ck_assert_int_eq(sse_parser_feed(&p, "\n\n", 2, count_cb, &got), 0);
+    ck_assert_uint_eq(got, 1);
+    ck_assert_uint_eq(sse_parser_buffered(&p), 0);
+    ck_assert_uint_eq(p.line.cap + p.data.cap, 0);
     sse_parser_fini(&p);
 }
 END_TEST
