@@ -28,11 +28,12 @@ DEFAULTS = {"max_attempts": 1, "stall_window_s": 120, "backoff_base_s": 0.05,
             "backoff_max_s": 0.1}
 
 
-def start(make_sidecar, up, listen, **kw):
+def start(make_sidecar, up, listen, source=SOURCE, **kw):
+    """A sidecar with one chat source on the mock `up` (or on a closed port)."""
     env = {"ASAN_OPTIONS": os.environ.get("ASAN_OPTIONS", "detect_leaks=1") +
            ":quarantine_size_mb=0", "no_proxy": "*", "NO_PROXY": "*"}
-    srcs = [source_yaml("a", "chat", up.url, SOURCE)] if up else \
-        [source_yaml("a", "chat", "http://127.0.0.1:9/v1", SOURCE)]
+    url = up.url if up else "http://127.0.0.1:9/v1"
+    srcs = [source_yaml("a", "chat", url, source)]
     return make_sidecar(config_text=config_yaml(srcs, DEFAULTS, listen=listen), env=env, **kw)
 
 
@@ -41,10 +42,6 @@ def status_kb(pid, field):
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise AssertionError("no %s in /proc/%d/status" % (field, pid))
-
-
-def pack(obj):
-    return msgpack.packb(obj, use_bin_type=True)
 
 
 def wait_until(pred, timeout, interval=0.02):
@@ -214,9 +211,7 @@ def test_bounds__a_transfer_held_for_a_client_that_does_not_read_ends_at_timeout
     paused. The answers that were ready are delivered intact."""
     src = dict(SOURCE, timeout_s=2, idle_timeout_s=0.5, ttft_timeout_s=1,
                breaker={"failures": 2, "cooldown_s": 60})
-    sc = make_sidecar(config_text=config_yaml(
-        [source_yaml("a", "chat", up.url, src)], DEFAULTS,
-        listen={"max_message_bytes": MAX_MESSAGE}), env={"no_proxy": "*", "NO_PROXY": "*"})
+    sc = start(make_sidecar, up, {"max_message_bytes": MAX_MESSAGE}, source=src)
     hog, ids = pipeline_big_calls(sc, 8)
     other = sc.connect(timeout=10)
     assert wait_until(lambda: up.stats()["requests"] == 8, 5)
