@@ -25,6 +25,7 @@ int main(void)
         redis_url_suite,
         prom_suite,
         metrics_suite,
+        redact_suite,
     };
     SRunner *sr = srunner_create(NULL);
 
