@@ -5,7 +5,8 @@
 # upstream in BUILD_DIR (e.g. build/asan): the Python tests with Debian's
 # /usr/bin/python3 (python3-msgpack, python3-pytest), then `npm ci` from the
 # committed lockfile (skipped when node_modules already matches it, so an
-# offline machine that installed once keeps working) and `node --test`.
+# offline machine that installed once keeps working) and `node --test`, then
+# the agent-graph example (docs/examples/agent-graph/run.sh).
 # Prints each runner's summary and a combined last line; exits non-zero on
 # any failure.
 set -u
@@ -73,6 +74,19 @@ fi
 echo "== client/node: node --test"
 run node node --test --test-reporter=spec test/*.test.js
 
+# The agent-graph example (docs/AGENT-GRAPHS.md) end to end: it must stop,
+# resume and finish.
+echo "== docs/examples/agent-graph: run.sh"
+EXAMPLE="$HERE/../docs/examples/agent-graph"
+example=failed
+if run example env BUILD="$BUILD" sh "$EXAMPLE/run.sh" &&
+    grep -q "GraphStoppedError kind=stopped node=build_skeleton" "$TMP/example.log" &&
+    grep -q "task essay-1#2: succeeded" "$TMP/example.log"; then
+    example=ok
+else
+    status=1
+fi
+
 # Summary: each runner's own closing lines, then one combined line.
 echo "== client tests summary"
 py_line=$(grep -E '^[0-9]+ (passed|failed)|(passed|failed|error).* in [0-9.]+s' "$TMP/python.log" | tail -1)
@@ -91,5 +105,6 @@ failed=$(( $(count failed "$py_line") + $(count error "$py_line") + $(node_n fai
 skipped=$(( $(count skipped "$py_line") + $(node_n skipped) ))
 [ "$failed" -eq 0 ] || status=1
 [ "$passed" -gt 0 ] || status=1
+echo "example: $example"
 echo "clients: $passed passed, $failed failed, $skipped skipped"
 exit $status
