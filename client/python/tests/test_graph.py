@@ -219,3 +219,34 @@ def test_failures_stay_failures_and_nodes_need_a_task(runner, up):
 
     with pytest.raises(RuntimeError, match="no current task"):
         lonely({})
+
+
+def test_node_block_keeps_a_finished_body_and_the_scope_reports_a_late_stop(sidecar, up):
+    with polygw.Client(sidecar.sock) as c:
+        done = False
+        with pytest.raises(polygw.GraphStoppedError) as ei:
+            with task_scope(c.task("blk#1")):
+                with node("only", timeout_s=5) as n:
+                    assert n.watchdog == {"timeout_s": 5.0, "timeout_source": "explicit"}
+                    assert n.call("chat", chat("x"))["attempts"] == 1
+                    c.task("blk#1").stop("late")    # the body is done: node_end is refused
+                done = True                         # ... and the block still completed
+        assert done
+        assert (ei.value.kind, ei.value.node, ei.value.reason) == ("stopped", None, "late")
+
+
+def test_async_node_block_and_the_scope_reports_a_late_stop(sidecar, up):
+    async def main():
+        async with polygw.AsyncClient(sidecar.sock) as c:
+            with pytest.raises(polygw.GraphStoppedError) as ei:
+                async with task_scope(c.task("ablk#1")):
+                    async with node("only") as n:
+                        assert n.watchdog["timeout_source"] == "default"
+                        await n.call("chat", chat("x"))
+                        await c.task("ablk#1").stop("late")
+                    blocks.append("only")
+            return ei.value
+    blocks = []
+    err = asyncio.run(main())
+    assert blocks == ["only"], "the finished block raised at node_end"
+    assert (err.kind, err.node, err.reason) == ("stopped", None, "late")
