@@ -43,6 +43,9 @@ export function governed<S, U>(
   options?: { timeoutS?: number },
 ): (state: S, config: GraphConfig) => Promise<U>;
 
+/** A LangGraph retryOn that never retries a stopped or watchdog-failed task's node; `base` decides the rest. */
+export function retryUnlessStopped(base?: (e: unknown) => boolean): (e: unknown) => boolean;
+
 /** config with thread_id and polygw_task_id set. */
 export function taskConfig<C extends GraphConfig>(
   config: C | undefined,

@@ -125,6 +125,17 @@ export function governed(client, name, fn, { timeoutS } = {}) {
   };
 }
 
+/**
+ * A `retryOn` for LangGraph retry policies that never retries a node of a
+ * stopped or watchdog-failed task (it would only raise again, after the
+ * policy's backoff); `base` decides for every other error.
+ *
+ *   .addNode("plan", governed(...), { retryPolicy: { maxAttempts: 3, retryOn: retryUnlessStopped() } })
+ */
+export function retryUnlessStopped(base = () => true) {
+  return (e) => !(e instanceof TaskNotRunningError) && base(e);
+}
+
 /** `config` with the thread id and the task id where governed nodes look for them. */
 export function taskConfig(config = {}, { threadId, taskId }) {
   const configurable = { ...config.configurable, [TASK_KEY]: taskId };

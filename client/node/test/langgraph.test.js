@@ -10,7 +10,9 @@ import { test } from "node:test";
 import { Annotation, END, MemorySaver, START, StateGraph } from "@langchain/langgraph";
 
 import * as pgw from "../index.js";
-import { GraphStoppedError, TASK_HEADER, governed, runGraph, taskConfig } from "polygw/langgraph"; // this package's subpath export
+import {
+  GraphStoppedError, TASK_HEADER, governed, retryUnlessStopped, runGraph, taskConfig,
+} from "polygw/langgraph"; // this package's subpath export
 import { BUILD, chat, withSidecar } from "./helpers.js";
 
 const STOP_TO_CLOSE_MS = 100; // task.stop -> the upstream connection of the call in flight closed
@@ -307,6 +309,41 @@ test("taskConfig puts the ids where governed nodes read them; stream() works wit
       });
       assert.deepEqual(nodes, NODES);
       assert.equal((await client.task("s#1").get()).state, "succeeded");
+    } finally {
+      await client.close();
+    }
+  }));
+
+test("a retry policy with retryUnlessStopped does not retry a stopped node; other errors are retried", BOUNDED, () =>
+  withSidecar({}, async (sc, up) => {
+    const client = new pgw.Client(sc.sock);
+    try {
+      let bodies = 0;
+      const retryPolicy = { maxAttempts: 3, initialInterval: 400, jitter: false, logWarning: false, retryOn: retryUnlessStopped() };
+      const graph = new StateGraph(State)
+        .addNode("plan", governed(client, "plan", async (state, config, node) => {
+          bodies++;
+          const res = await node.call("chat", chat("p"));
+          return { outline: res.body.choices[0].message.content };
+        }), { retryPolicy })
+        .addEdge(START, "plan").addEdge("plan", END)
+        .compile({ checkpointer: new MemorySaver() });
+
+      await script(up, [HANG]);
+      const run = rejection(runGraph(client, graph, { topic: "t" }, { threadId: "r", taskId: "r#1" }));
+      await hung(up, 1);
+      const t0 = Date.now();
+      await client.task("r#1").stop("stop");
+      const err = await run;
+      assert.ok(err instanceof GraphStoppedError, String(err));
+      assert.ok(Date.now() - t0 < retryPolicy.initialInterval, `retried: ended ${Date.now() - t0} ms after the stop`);
+      assert.equal(bodies, 1);
+
+      // a transient failure of the node's own is retried by the same policy
+      await script(up, [{ status: 400 }, {}]);
+      const done = await runGraph(client, graph, { topic: "t" }, { threadId: "r2", taskId: "r2#1" });
+      assert.equal(done.outline, "p");
+      assert.equal(bodies, 3);
     } finally {
       await client.close();
     }
