@@ -13,7 +13,7 @@ import * as pgw from "../index.js";
 import {
   GraphStoppedError, TASK_HEADER, governed, retryUnlessStopped, runGraph, taskConfig,
 } from "polygw/langgraph"; // this package's subpath export
-import { BUILD, chat, withSidecar } from "./helpers.js";
+import { BUILD, Mock, RedisServer, Sidecar, chat, configText, sleep, withSidecar } from "./helpers.js";
 
 const STOP_TO_CLOSE_MS = 100; // task.stop -> the upstream connection of the call in flight closed
 const NODES = ["plan", "build_skeleton", "write"];
@@ -31,7 +31,7 @@ const State = Annotation.Root({
  * `timeouts[node]` is the node's own watchdog timeout. `seen` records each
  * node body's runs and its watchdog (task.node_begin's answer).
  */
-function makeGraph(client, { hooks = {}, timeouts = {} } = {}) {
+function makeGraph(client, { hooks = {}, timeouts = {}, checkpointer = new MemorySaver() } = {}) {
   const seen = { runs: { plan: 0, build_skeleton: 0, write: 0 }, watchdog: {} };
   const step = (name, key, prompt) => governed(client, name, async (state, config, node) => {
     seen.runs[name]++;
@@ -48,8 +48,8 @@ function makeGraph(client, { hooks = {}, timeouts = {} } = {}) {
     .addEdge("plan", "build_skeleton")
     .addEdge("build_skeleton", "write")
     .addEdge("write", END)
-    .compile({ checkpointer: new MemorySaver() });
-  return { graph, seen };
+    .compile({ checkpointer });
+  return { graph, seen, checkpointer };
 }
 
 const script = (up, queue) => up.control("POST", "/_mock/script", queue);
@@ -353,3 +353,63 @@ test("a retry policy with retryUnlessStopped does not retry a stopped node; othe
       await client.close();
     }
   }));
+
+/** Until `client`'s sidecar says its Redis backend is up and subscribed. */
+async function backendUp(client) {
+  for (let i = 0; i < 250; i++) {
+    const b = (await client.stats()).backend;
+    if (b?.state === "up" && b.subscribed !== false) return;
+    await sleep(20);
+  }
+  assert.fail("the Redis backend did not come up");
+}
+
+test("Redis backend: a stop sent to another sidecar ends the run; the resume runs through that sidecar",
+  BOUNDED, async (t) => {
+    const redis = await RedisServer.start();
+    if (!redis) {
+      t.skip("redis-server not installed (make deps installs it)");
+      return;
+    }
+    const up = await Mock.start();
+    const fleet = [];
+    try {
+      const cfg = configText(up.url, { backend: { kind: "redis", url: redis.url, prefix: `pgwlg${process.pid}` } });
+      for (let i = 0; i < 2; i++) fleet.push(await Sidecar.start(cfg));
+      const [a, b] = fleet.map((sc) => new pgw.Client(sc.sock));
+      try {
+        await backendUp(a);
+        await backendUp(b);
+        const { graph, seen, checkpointer } = makeGraph(a);
+        await script(up, [{}, HANG, {}, {}]);
+        const run = rejection(runGraph(a, graph, { topic: "fleet" }, { threadId: "f", taskId: "f#1" }));
+        await hung(up, 2);
+        const t0 = Date.now();
+        await b.task("f#1").stop("stopped elsewhere");
+        const err = await run;
+        const st = await closed(up);
+        assert.ok(err instanceof GraphStoppedError && err.kind === "stopped", String(err));
+        assert.equal(err.node, "build_skeleton");
+        assert.equal(err.reason, "stopped elsewhere");
+        assert.ok(st.last_abort_at_ms - t0 < STOP_TO_CLOSE_MS,
+          `upstream closed ${st.last_abort_at_ms - t0} ms after the stop at the other sidecar`);
+        t.diagnostic(`stop at sidecar B -> A's upstream call closed after ${(st.last_abort_at_ms - t0).toFixed(1)} ms`);
+        assert.equal((await a.task("f#1").get()).reason_kind, "stopped");
+
+        // another worker, whose nodes talk to sidecar B, resumes the thread from the same checkpointer
+        const viaB = makeGraph(b, { checkpointer });
+        const done = await runGraph(b, viaB.graph, null, { threadId: "f", taskId: "f#2" });
+        assert.equal(done.text, "text from skeleton for outline of fleet");
+        assert.deepEqual(seen.runs, { plan: 1, build_skeleton: 1, write: 0 });
+        assert.deepEqual(viaB.seen.runs, { plan: 0, build_skeleton: 1, write: 1 });
+        assert.equal((await a.task("f#2").get()).state, "succeeded", "sidecar A sees B's task in Redis");
+      } finally {
+        await a.close();
+        await b.close();
+      }
+    } finally {
+      for (const sc of fleet) await sc.finish();
+      await up.stop();
+      await redis.finish();
+    }
+  });
