@@ -140,7 +140,8 @@ export function configText(upUrl, { defaults = {}, source = {}, grace = 0.5, bac
 
 /** One polygw process with its own temp dir, config, socket and log. */
 export class Sidecar {
-  constructor(config) {
+  constructor(config, args = []) {
+    this.args = args; // more command-line arguments
     this.dir = fs.mkdtempSync(path.join(os.tmpdir(), "pgwjs")); // short: socket paths max 107 bytes
     this.sock = path.join(this.dir, "polygw.sock");
     this.configPath = path.join(this.dir, "polygw.yaml");
@@ -149,15 +150,15 @@ export class Sidecar {
     this.proc = null;
   }
 
-  static async start(config) {
-    const sc = new Sidecar(config);
+  static async start(config, args) {
+    const sc = new Sidecar(config, args);
     await sc.start();
     return sc;
   }
 
   async start() {
     const log = fs.openSync(this.logPath, "a");
-    this.proc = spawn(path.join(BUILD, "polygw"), ["--config", this.configPath, "--socket", this.sock],
+    this.proc = spawn(path.join(BUILD, "polygw"), ["--config", this.configPath, "--socket", this.sock, ...this.args],
       { stdio: ["ignore", log, log], env: sanitizerEnv() });
     fs.closeSync(log);
     const deadline = Date.now() + 10000;
@@ -268,7 +269,8 @@ export class RedisServer {
   }
 }
 
-function freePort() {
+/** A TCP port free on 127.0.0.1 a moment ago. */
+export function freePort() {
   return new Promise((resolve, reject) => {
     const srv = net.createServer();
     srv.once("error", reject);

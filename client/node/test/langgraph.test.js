@@ -3,17 +3,18 @@
 // A three-node graph (plan -> build_skeleton -> write), each node one chat
 // call; the mock's script decides which call hangs.
 import assert from "node:assert/strict";
-import { execFile } from "node:child_process";
+import { execFile, spawnSync } from "node:child_process";
 import path from "node:path";
 import { test } from "node:test";
 
 import { Annotation, END, MemorySaver, START, StateGraph } from "@langchain/langgraph";
+import { ChatOpenAI } from "@langchain/openai";
 
 import * as pgw from "../index.js";
 import {
   GraphStoppedError, TASK_HEADER, governed, retryUnlessStopped, runGraph, taskConfig,
 } from "polygw/langgraph"; // this package's subpath export
-import { BUILD, Mock, RedisServer, Sidecar, chat, configText, sleep, withSidecar } from "./helpers.js";
+import { BUILD, Mock, RedisServer, Sidecar, chat, configText, freePort, sleep, withSidecar } from "./helpers.js";
 
 const STOP_TO_CLOSE_MS = 100; // task.stop -> the upstream connection of the call in flight closed
 const NODES = ["plan", "build_skeleton", "write"];
@@ -31,14 +32,16 @@ const State = Annotation.Root({
  * `timeouts[node]` is the node's own watchdog timeout. `seen` records each
  * node body's runs and its watchdog (task.node_begin's answer).
  */
-function makeGraph(client, { hooks = {}, timeouts = {}, checkpointer = new MemorySaver() } = {}) {
+const askPolygw = async (node, prompt) => (await node.call("chat", chat(prompt))).body.choices[0].message.content;
+
+function makeGraph(client, { hooks = {}, timeouts = {}, checkpointer = new MemorySaver(), ask = askPolygw } = {}) {
   const seen = { runs: { plan: 0, build_skeleton: 0, write: 0 }, watchdog: {} };
   const step = (name, key, prompt) => governed(client, name, async (state, config, node) => {
     seen.runs[name]++;
     seen.watchdog[name] = node.watchdog;
-    const res = await node.call("chat", chat(prompt(state)));
+    const text = await ask(node, prompt(state), config);
     if (hooks[name]) await hooks[name](state, node);
-    return { [key]: res.body.choices[0].message.content };
+    return { [key]: text };
   }, { timeoutS: timeouts[name] });
   const graph = new StateGraph(State)
     .addNode("plan", step("plan", "outline", (s) => `outline of ${s.topic}`))
@@ -411,5 +414,56 @@ test("Redis backend: a stop sent to another sidecar ends the run; the resume run
       for (const sc of fleet) await sc.finish();
       await up.stop();
       await redis.finish();
+    }
+  });
+
+// The HTTP front (OpenAI-compatible endpoints, `--http-listen`), where this sidecar has one.
+const help = spawnSync(path.join(BUILD, "polygw"), ["--help"], { encoding: "utf8" });
+const HTTP_FRONT = `${help.stdout}${help.stderr}`.includes("--http-listen");
+
+test("HTTP front: ChatOpenAI pointed at polygw, the task in X-Polygw-Task, stopped by the HTTP task endpoint",
+  { ...BOUNDED, skip: HTTP_FRONT ? false : "this sidecar has no HTTP front (--http-listen)" }, async (t) => {
+    const up = await Mock.start();
+    let sc;
+    try {
+      const port = await freePort();
+      sc = await Sidecar.start(configText(up.url), ["--http-listen", `127.0.0.1:${port}`]);
+      const base = `http://127.0.0.1:${port}`;
+      const client = new pgw.Client(sc.sock);
+      try {
+        const llm = new ChatOpenAI({ model: "m", apiKey: "unused", configuration: { baseURL: `${base}/v1` } });
+        const { graph, seen } = makeGraph(client, {
+          ask: async (node, prompt, config) => (await llm.invoke([{ role: "user", content: prompt }],
+            { ...config, options: { headers: node.headers } })).content,
+        });
+
+        await script(up, [{}, HANG, {}, {}]);
+        const run = rejection(runGraph(client, graph, { topic: "http" }, { threadId: "h", taskId: "h#1" }));
+        await hung(up, 2);
+        const t0 = Date.now();
+        const res = await fetch(`${base}/polygw/v1/tasks/${encodeURIComponent("h#1")}/stop`, {
+          method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ reason: "stop over HTTP" }),
+        });
+        assert.equal(res.status, 200, await res.text());
+        const err = await run;
+        const st = await closed(up);
+        assert.ok(err instanceof GraphStoppedError, String(err));
+        assert.equal(err.kind, "stopped");
+        assert.equal(err.node, "build_skeleton");
+        assert.equal(err.reason, "stop over HTTP");
+        assert.ok(!(err.cause instanceof pgw.PolygwError), "the node saw the SDK's own error");
+        assert.ok(st.last_abort_at_ms - t0 < STOP_TO_CLOSE_MS, `upstream closed ${st.last_abort_at_ms - t0} ms after the stop`);
+        t.diagnostic(`HTTP: stop -> upstream closed after ${(st.last_abort_at_ms - t0).toFixed(1)} ms; the SDK saw ${err.cause?.constructor?.name} ${err.cause?.status}`);
+        assert.deepEqual(seen.runs, { plan: 1, build_skeleton: 1, write: 0 });
+        await assertResumes(client, graph, seen, "h", "h#2");
+      } finally {
+        await client.close();
+      }
+    } finally {
+      try {
+        if (sc) await sc.finish();
+      } finally {
+        await up.stop();
+      }
     }
   });
