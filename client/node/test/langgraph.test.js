@@ -7,7 +7,7 @@ import { execFile, spawnSync } from "node:child_process";
 import path from "node:path";
 import { test } from "node:test";
 
-import { Annotation, END, MemorySaver, START, StateGraph } from "@langchain/langgraph";
+import { Annotation, Command, END, MemorySaver, START, StateGraph, interrupt } from "@langchain/langgraph";
 import { ChatOpenAI } from "@langchain/openai";
 
 import * as pgw from "../index.js";
@@ -223,6 +223,28 @@ test("a node's own error for a stopped call is still the stop; a real failure st
       // a governed node run without a task id says so
       await assert.rejects(graph.invoke({ topic: "t" }, { configurable: { thread_id: "n" } }),
         /no task id in config\.configurable\.polygw_task_id/);
+    } finally {
+      await client.close();
+    }
+  }));
+
+test("an interrupt() inside a governed node is LangGraph's, not a stop: the same task resumes it", BOUNDED, () =>
+  withSidecar({}, async (sc, up) => {
+    const client = new pgw.Client(sc.sock);
+    try {
+      const { graph, seen } = makeGraph(client, {
+        hooks: { build_skeleton: () => assert.equal(interrupt("approve the skeleton?"), "approved") },
+      });
+      const paused = await runGraph(client, graph, { topic: "i" }, { threadId: "i", taskId: "i#1" });
+      assert.equal(paused.__interrupt__?.[0]?.value, "approve the skeleton?");
+      assert.equal((await client.task("i#1").get()).state, "succeeded");
+      const done = await runGraph(client, graph, new Command({ resume: "approved" }), { threadId: "i", taskId: "i#1" });
+      assert.equal(done.text, "text from skeleton for outline of i");
+      assert.deepEqual(seen.runs, { plan: 1, build_skeleton: 2, write: 1 }); // LangGraph re-runs an interrupted node
+      const info = await client.task("i#1").get();
+      assert.equal(info.state, "succeeded");
+      assert.equal(info.runs, 2);
+      assert.equal((await up.stats()).requests, 4);
     } finally {
       await client.close();
     }
