@@ -205,6 +205,24 @@ def test_watchdog_fails_a_hung_node_and_the_next_run_is_unaffected(runner, up):
     assert_resumes(runner, thread, "wd#2")
 
 
+def test_learned_watchdog_after_20_runs(runner, up):
+    """Without timeout_s: defaults.node_timeout_s (600 s) until the node name
+    has 20 durations, then 3 x their p99, never below 1 s."""
+    for i in range(20):
+        assert runner.run(new_thread("h%d" % i), "h%d#1" % i)["next"] == 3
+    up.script([{}, HANG])
+    run = runner.submit(new_thread("learned"), "learned#1")
+    hung(up, 62)
+    t0 = time.monotonic()
+    err = run.exception(timeout=10)
+    waited = time.monotonic() - t0
+    assert isinstance(err, polygw.GraphStoppedError), repr(err)
+    assert (err.kind, err.node) == ("watchdog", "build_skeleton")
+    assert "exceeded 1" in err.reason, err.reason
+    assert 0.7 < waited < 1.5, "watchdog after %.3f s, want the learned 1 s" % waited
+    closed(up)
+
+
 def test_failures_stay_failures_and_nodes_need_a_task(runner, up):
     up.script([{}, {"status": 400}])
     err = runner.submit(new_thread("f"), "f#1").exception(timeout=10)
