@@ -250,6 +250,29 @@ test("an interrupt() inside a governed node is LangGraph's, not a stop: the same
     }
   }));
 
+test("parallel branches of one task share its watchdog slot and still complete", BOUNDED, () =>
+  withSidecar({}, async (sc, up) => {
+    const client = new pgw.Client(sc.sock);
+    try {
+      // a and b run in the same superstep: b's node_begin replaces a's, b ends
+      // first, and a's node_end finds no node in progress (bad_request)
+      const branch = (name, key) => governed(client, name, async (state, config, node) => {
+        const res = await node.call("chat", chat(name));
+        return { [key]: res.body.choices[0].message.content };
+      });
+      const graph = new StateGraph(State)
+        .addNode("a", branch("a", "outline")).addNode("b", branch("b", "skeleton"))
+        .addEdge(START, "a").addEdge(START, "b").addEdge("a", END).addEdge("b", END)
+        .compile({ checkpointer: new MemorySaver() });
+      await script(up, [{ delay_ms: 100 }, {}]);
+      const done = await runGraph(client, graph, { topic: "p" }, { threadId: "p", taskId: "p#1" });
+      assert.deepEqual([done.outline, done.skeleton].sort(), ["a", "b"]);
+      assert.equal((await client.task("p#1").get()).state, "succeeded");
+    } finally {
+      await client.close();
+    }
+  }));
+
 /** Runs the graph as a fresh thread to the end; resolves to its final state. */
 async function runClean(client, graph, id) {
   const done = await runGraph(client, graph, { topic: id }, { threadId: id, taskId: `${id}#1` });
