@@ -268,3 +268,23 @@ def test_async_node_block_and_the_scope_reports_a_late_stop(sidecar, up):
     err = asyncio.run(main())
     assert blocks == ["only"], "the finished block raised at node_end"
     assert (err.kind, err.node, err.reason) == ("stopped", None, "late")
+
+
+def test_async_parallel_nodes_of_one_task_complete(sidecar, up):
+    """Two nodes of one task at once (asyncio.gather): the second node_begin
+    replaces the first, so one node_end finds no node in progress -- a
+    finished node still returns its result."""
+    @node("a")
+    async def a():
+        return (await current_node().call("chat", chat("a", delay_ms=100)))["attempts"]
+
+    @node("b")
+    async def b():
+        return (await current_node().call("chat", chat("b")))["attempts"]
+
+    async def main():
+        async with polygw.AsyncClient(sidecar.sock) as c:
+            async with task_scope(c.task("par#1")):
+                got = await asyncio.gather(a(), b())
+            return got, (await c.task("par#1").get())["state"]
+    assert asyncio.run(main()) == ([1, 1], "succeeded")
