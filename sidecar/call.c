@@ -75,6 +75,7 @@ struct call {
     struct task_wait *task_wait;     /* shared backend: its task is being checked */
     struct call *tprev, *tnext;      /* the task's calls (head in task->ud) */
     enum pgw_code code;              /* how it was answered (PGW_CANCELLED: not answered) */
+    char app[CONFIG_NAME_MAX];       /* who is calling: the connection's app or `app` */
 };
 
 static void call_step(struct call *k);
@@ -493,6 +494,7 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
 
     log_at(res.outcome.kind == OUTCOME_SUCCESS ? LOG_DEBUG : LOG_INFO, "attempt ended", "conn",
            LOG_U, (unsigned long long)k->conn->id, "msgid", LOG_U, (unsigned long long)k->msgid,
+           "app", LOG_S, k->app,
            "source", LOG_S, k->src->name, "attempt", LOG_U, (unsigned long long)k->g.attempts,
            "outcome", LOG_S, outcome_kind_name(res.outcome.kind), "reason", LOG_S,
            outcome_reason_name(res.outcome.reason), "status", LOG_I, (long long)res.http_status,
@@ -742,13 +744,14 @@ static void call_on_admit(void *ud, int rc, struct shared_lease *lease, double r
         return;
     }
     if (rc == 0) {
-        log_at(LOG_DEBUG, "fleet admission refused", "source", LOG_S,
+        log_at(LOG_DEBUG, "fleet admission refused", "app", LOG_S, k->app, "source", LOG_S,
                srv->cfg->sources[k->g.source].name, "check", LOG_S, why, NULL);
         /* A token-bucket refusal depends on this call's size: no gate. */
         bool gate = strcmp(why, "tpm") != 0 && strcmp(why, "daily") != 0;
         gov_call_refused(&k->g, now, retry_at, gate, &d);
     } else {
-        log_at(LOG_WARN, "backend could not admit (failing closed)", "error", LOG_S, why, NULL);
+        log_at(LOG_WARN, "backend could not admit (failing closed)", "app", LOG_S, k->app, "error",
+               LOG_S, why, NULL);
         snprintf(k->backend_why, sizeof(k->backend_why), "%s", why);
         gov_call_abandon(&k->g, now, GOV_BACKEND_UNAVAILABLE, &d);
     }
@@ -827,7 +830,7 @@ static uint64_t body_max_tokens(const msgpack_object *body)
 
 void call_start(struct conn *c, const struct rpc_msg *m)
 {
-    enum { P_CAP, P_BODY, P_STREAM, P_SCOPE, P_TASK, P_DEADLINE, P_N };
+    enum { P_CAP, P_BODY, P_STREAM, P_SCOPE, P_TASK, P_DEADLINE, P_APP, P_N };
     static const struct rpc_param spec[P_N] = {
         [P_CAP] = {"capability", RPC_T_STR, true},
         [P_BODY] = {"body", RPC_T_MAP, true},
@@ -835,6 +838,7 @@ void call_start(struct conn *c, const struct rpc_msg *m)
         [P_SCOPE] = {"scope", RPC_T_STR | RPC_T_NIL, false},
         [P_TASK] = {"task_id", RPC_T_STR | RPC_T_NIL, false},
         [P_DEADLINE] = {"deadline_s", RPC_T_NUMBER | RPC_T_NIL, false},
+        [P_APP] = {"app", RPC_T_STR | RPC_T_NIL, false},
     };
     const msgpack_object *p[P_N];
     struct server *srv = c->srv;
@@ -858,6 +862,12 @@ void call_start(struct conn *c, const struct rpc_msg *m)
                        memchr(scope, '\0', p[P_SCOPE]->via.str.size))) {
         snprintf(why, sizeof(why), "parameter 'scope': expected 1 to %zu bytes without NUL",
                  sizeof(scope) - 1);
+        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
+        return;
+    }
+    const struct config_app *app = conn_app(c);
+    if (p[P_APP] && !(app = conn_declare_app(c, p[P_APP]->via.str.ptr, p[P_APP]->via.str.size,
+                                             why, sizeof(why)))) {
         conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
         return;
     }
@@ -900,7 +910,7 @@ void call_start(struct conn *c, const struct rpc_msg *m)
             }
             memcpy(tw->id, id, sizeof(tw->id));
         } else {
-            task = tasks_admit_call(c, m->msgid, id);
+            task = tasks_admit_call(c, m->msgid, id, app);
             if (!task) {
                 metrics_on_call_refused(srv->metrics, (size_t)ci, c->last_code);
                 return;
@@ -917,6 +927,7 @@ void call_start(struct conn *c, const struct rpc_msg *m)
     k->conn = c;
     k->msgid = m->msgid;
     k->stream = p[P_STREAM] && p[P_STREAM]->via.boolean;
+    snprintf(k->app, sizeof(k->app), "%s", app->name);
     k->cap = &cfg->capabilities[ci];
     k->started = now;
     msgpack_sbuffer_init(&k->usage);

@@ -101,6 +101,7 @@ enum fid {
     FID_BREAKER, FID_BREAKER_FAILURES, FID_BREAKER_COOLDOWN, FID_BREAKER_MAX_COOLDOWN,
     FID_LIMITS, FID_RPM, FID_TPM, FID_DAILY_TOKENS, FID_WINDOW,
     FID_PACER, FID_PACER_MIN_INTERVAL,
+    FID_APPS, FID_UIDS, FID_GIDS, FID_ALLOW_DECLARED, FID_ADMIN,
     FID_COUNT
 };
 
@@ -117,6 +118,7 @@ enum field_type {
     FT_MODE,      /* uint32_t permission bits, octal digits */
     FT_LOGLEVEL,  /* enum log_level */
     FT_BACKEND,   /* enum backend_kind */
+    FT_IDS,       /* struct config_ids: a list of uids/gids (integers) */
     FT_SECTION,   /* nested map described by `sub`, same base + off */
     FT_INCLUDE,   /* `sub`'s keys belong to this map too, at base + off; its
                    * `key` is only a label (never matched), non-NULL because
@@ -266,6 +268,13 @@ struct src_stage {
     unsigned line[FID_COUNT];
 };
 
+struct app_stage {
+    struct config_app app;
+    bool bad;                  /* not a map: no rule applies to it */
+    unsigned map_line;
+    unsigned line[FID_COUNT];
+};
+
 struct loader {
     const char *name;          /* file name for messages */
     config_report_fn *report;  /* may be NULL */
@@ -281,6 +290,8 @@ struct loader {
     size_t n_caps, cap_caps;
     struct src_stage *srcs;
     size_t n_srcs;
+    struct app_stage *apps;
+    size_t n_apps;
     char path[CONFIG_PATH_MAX];
     size_t path_len;
     /* The list element being walked, for hints: FID_SOURCES with "[3]",
@@ -1080,8 +1091,21 @@ static const struct field source_table[] = {
 };
 #undef SRC
 
+#define APP(m) OFF(struct app_stage, app.m)
+static const struct field app_table[] = {
+    TYPED("name", FT_NAME, FID_NAME, APP(name)),
+    TYPED("uids", FT_IDS, FID_UIDS, APP(uids)),
+    TYPED("gids", FT_IDS, FID_GIDS, APP(gids)),
+    TYPED("allow_declared", FT_BOOL, FID_ALLOW_DECLARED, APP(allow_declared)),
+    TYPED("admin", FT_BOOL, FID_ADMIN, APP(admin)),
+    NUM("weight", FT_DOUBLE, FID_WEIGHT, APP(weight), 0, 1e6, F_MIN_OPEN),
+    END
+};
+#undef APP
+
 static int walk_capabilities(struct loader *l, const struct ynode *v);
 static int walk_sources(struct loader *l, const struct ynode *v);
+static int walk_apps(struct loader *l, const struct ynode *v);
 
 static const struct field top_table[] = {
     SECTION("listen", FID_LISTEN, 0, listen_table),
@@ -1093,6 +1117,8 @@ static const struct field top_table[] = {
       .walk = walk_capabilities, .sub = capability_table, .each = ".NAME" },
     { .key = "sources", .type = FT_CUSTOM, .fid = FID_SOURCES, .walk = walk_sources,
       .sub = source_table, .each = "[i]" },
+    { .key = "apps", .type = FT_CUSTOM, .fid = FID_APPS, .walk = walk_apps,
+      .sub = app_table, .each = "[i]" },
     END
 };
 
@@ -1379,6 +1405,29 @@ static int set_field(struct loader *l, const struct field *f, char *slot,
         else
             return fail_here(l, v->line, "must be memory or redis");
         break;
+    case FT_IDS: {
+        struct config_ids *ids = (struct config_ids *)slot;
+        if (v->kind != YN_SEQ)
+            return fail_type(l, v, "a list of numeric ids");
+        uint32_t *arr = calloc(v->n_kids ? v->n_kids : 1, sizeof(*arr));
+        if (!arr)
+            return fail_nomem(l);
+        for (size_t k = 0; k < v->n_kids; k++) {
+            const struct ynode *e = v->kids[k];
+            if (e->kind != YN_SCALAR || text_int(e, &i) <= 0 || i < 0 || i >= 4294967295LL) {
+                free(arr);
+                size_t old = path_push_index(l, k);
+                rc = fail_here(l, e->line, "expected a numeric uid or gid (0 .. 4294967294)");
+                path_pop(l, old);
+                return rc;
+            }
+            arr[k] = (uint32_t)i;
+        }
+        free(ids->v);
+        ids->v = arr;
+        ids->n = v->n_kids;
+        break;
+    }
     case FT_INCLUDE:
     case FT_CUSTOM:
     case FT_REJECT:
@@ -1641,6 +1690,43 @@ static int walk_sources(struct loader *l, const struct ynode *v)
             l->elem_fid = FID_SOURCES;
             snprintf(l->elem, sizeof(l->elem), "[%zu]", i);
             rc = walk_map(l, item, source_table, (char *)s, s->line);
+            l->elem_fid = FID_NONE;
+        }
+        path_pop(l, old);
+        if (rc == -ENOMEM)
+            return rc;
+    }
+    return 0;
+}
+
+/* apps: [ { name, uids, gids, allow_declared, admin, weight }, ... ] */
+static int walk_apps(struct loader *l, const struct ynode *v)
+{
+    if (ynode_is_null(v))
+        return 0;
+    if (v->kind != YN_SEQ)
+        return fail_type(l, v, "a list of apps");
+    if (v->n_kids == 0)
+        return 0;
+    l->apps = calloc(v->n_kids, sizeof(*l->apps));
+    if (!l->apps)
+        return fail_nomem(l);
+    for (size_t i = 0; i < v->n_kids; i++) {
+        const struct ynode *item = v->kids[i];
+        struct app_stage *a = &l->apps[i];
+        int rc = 0;
+
+        l->n_apps = i + 1;
+        a->app.weight = 1;
+        a->map_line = item->line;
+        size_t old = path_push_index(l, i);
+        if (item->kind != YN_MAP) {
+            fail_type(l, item, "a map");
+            a->bad = true;
+        } else {
+            l->elem_fid = FID_APPS;
+            snprintf(l->elem, sizeof(l->elem), "[%zu]", i);
+            rc = walk_map(l, item, app_table, (char *)a, a->line);
             l->elem_fid = FID_NONE;
         }
         path_pop(l, old);
@@ -2044,6 +2130,93 @@ static int load_redis_url(struct loader *l)
     return cfg->redis_url ? 0 : fail_nomem(l);
 }
 
+static void app_fini(struct config_app *a)
+{
+    free(a->uids.v);
+    free(a->gids.v);
+    memset(a, 0, sizeof(*a));
+}
+
+/* An id of `ids` (of app i) already claimed by an earlier app, reported. */
+static void check_ids_unique(struct loader *l, size_t i, bool gids)
+{
+    const struct app_stage *a = &l->apps[i];
+    const struct config_ids *ids = gids ? &a->app.gids : &a->app.uids;
+    char path[32];
+
+    for (size_t k = 0; k < ids->n; k++) {
+        for (size_t j = 0; j <= i; j++) {
+            const struct config_ids *o = gids ? &l->apps[j].app.gids : &l->apps[j].app.uids;
+            size_t end = j == i ? k : o->n;
+            size_t m = 0;
+            while (m < end && o->v[m] != ids->v[k])
+                m++;
+            if (m == end)
+                continue;
+            snprintf(path, sizeof(path), "apps[%zu].%s", i, gids ? "gids" : "uids");
+            fail_at(l, a->line[gids ? FID_GIDS : FID_UIDS], path,
+                    "%s %u is already listed by app '%s'", gids ? "gid" : "uid",
+                    (unsigned)ids->v[k], l->apps[j].app.name);
+            return;
+        }
+    }
+}
+
+/* Names present and unique; a uid or gid in one app only. Linear in the
+ * number of ids per pair of apps: the table is small (one entry per
+ * application of the host). */
+static int validate_apps(struct loader *l)
+{
+    bool have_default = false;
+    char path[32];
+
+    for (size_t i = 0; i < l->n_apps; i++) {
+        struct app_stage *a = &l->apps[i];
+        if (a->bad)
+            continue;
+        snprintf(path, sizeof(path), "apps[%zu]", i);
+        if (!a->line[FID_NAME]) {
+            fail_at(l, a->map_line, path, "name: is required");
+            continue;
+        }
+        if (line_is_bad(a->line[FID_NAME]))
+            continue;
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(l->apps[j].app.name, a->app.name) == 0) {
+                snprintf(path, sizeof(path), "apps[%zu].name", i);
+                fail_at(l, a->line[FID_NAME], path, "duplicate app name '%s' (first at line %u)",
+                        a->app.name, l->apps[j].line[FID_NAME] & ~LINE_BAD);
+                break;
+            }
+        if (strcmp(a->app.name, CONFIG_DEFAULT_APP) == 0) {
+            have_default = true;
+            if (a->app.uids.n || a->app.gids.n)
+                fail_at(l, a->line[FID_UIDS] ? a->line[FID_UIDS] : a->line[FID_GIDS], path,
+                        "the default app is every caller no other app claims: it "
+                        "takes no uids or gids");
+        }
+        check_ids_unique(l, i, false);
+        check_ids_unique(l, i, true);
+    }
+    if (l->n_errors)
+        return 0;
+    size_t n = l->n_apps + (have_default ? 0 : 1);
+    l->cfg->apps = calloc(n, sizeof(*l->cfg->apps));
+    if (!l->cfg->apps)
+        return fail_nomem(l);
+    for (size_t i = 0; i < l->n_apps; i++) {
+        l->cfg->apps[i] = l->apps[i].app;                  /* ownership moves */
+        memset(&l->apps[i].app, 0, sizeof(l->apps[i].app));
+    }
+    if (!have_default) {
+        struct config_app *d = &l->cfg->apps[n - 1];
+        snprintf(d->name, sizeof(d->name), "%s", CONFIG_DEFAULT_APP);
+        d->weight = 1;
+    }
+    l->cfg->n_apps = n;
+    return 0;
+}
+
 static int validate(struct loader *l)
 {
     int rc;
@@ -2055,6 +2228,8 @@ static int validate(struct loader *l)
         return fail_nomem(l);
     for (size_t i = 0; i < l->n_srcs; i++)
         validate_source(l, i);
+    if ((rc = validate_apps(l)) < 0)
+        return rc;
     if (l->n_errors)
         return -EINVAL;                     /* no I/O for a file that is invalid */
     for (size_t i = 0; i < l->n_srcs; i++)
@@ -2088,6 +2263,9 @@ static void loader_fini(struct loader *l)
         free(l->srcs[i].key_file);
     }
     free(l->srcs);
+    for (size_t i = 0; i < l->n_apps; i++)
+        app_fini(&l->apps[i].app);
+    free(l->apps);
     free(l->caps);
     name_index_fini(&l->keys);
     name_index_fini(&l->cap_ix);
@@ -2246,6 +2424,9 @@ void config_free(struct config *cfg)
     for (size_t i = 0; i < cfg->n_sources; i++)
         source_fini(&cfg->sources[i]);
     free(cfg->sources);
+    for (size_t i = 0; i < cfg->n_apps; i++)
+        app_fini(&cfg->apps[i]);
+    free(cfg->apps);
     free(cfg->capabilities);
     if (cfg->redis_url) {
         explicit_bzero(cfg->redis_url, strlen(cfg->redis_url)); /* may hold a password */
@@ -2280,4 +2461,37 @@ int config_parse_log_level(const char *s)
         if (strcmp(s, names[i]) == 0)
             return (int)levels[i];
     return -1;
+}
+
+const struct config_app *config_find_app(const struct config *cfg, const char *name)
+{
+    for (size_t i = 0; i < cfg->n_apps; i++)
+        if (strcmp(cfg->apps[i].name, name) == 0)
+            return &cfg->apps[i];
+    return NULL;
+}
+
+static bool ids_have(const struct config_ids *ids, uint32_t id)
+{
+    for (size_t i = 0; i < ids->n; i++)
+        if (ids->v[i] == id)
+            return true;
+    return false;
+}
+
+const struct config_app *config_app_for_peer(const struct config *cfg, uint32_t uid,
+                                             uint32_t gid)
+{
+    const struct config_app *by_gid = NULL, *dflt = NULL;
+
+    for (size_t i = 0; i < cfg->n_apps; i++) {
+        const struct config_app *a = &cfg->apps[i];
+        if (ids_have(&a->uids, uid))
+            return a;
+        if (!by_gid && ids_have(&a->gids, gid))
+            by_gid = a;
+        if (strcmp(a->name, CONFIG_DEFAULT_APP) == 0)
+            dflt = a;
+    }
+    return by_gid ? by_gid : dflt;
 }

@@ -118,6 +118,28 @@ struct config_source {
                                   * that have only the source at hand */
 };
 
+/* An application (docs/APPS.md): who is calling. A connection is this app
+ * when the peer's uid (SO_PEERCRED, vouched for by the kernel) is in `uids`,
+ * else when its gid is in `gids`; a uid or gid names at most one app. */
+struct config_ids {
+    uint32_t *v;               /* owned */
+    size_t n;
+};
+
+struct config_app {
+    char name[CONFIG_NAME_MAX];
+    struct config_ids uids, gids;
+    bool allow_declared;       /* its callers may name another (non-admin) app in
+                                * `hello` or a call's `app` */
+    bool admin;                /* may read and stop every app's tasks, sees every
+                                * app in `stats` */
+    double weight;             /* > 0, default 1 */
+};
+
+/* The app every caller no entry claims is. Always present in cfg->apps
+ * (implicitly, with the defaults, when the file does not list it). */
+#define CONFIG_DEFAULT_APP "default"
+
 struct config {
     char *path;                /* owned copy of the file name, for messages */
 
@@ -159,6 +181,9 @@ struct config {
     size_t n_capabilities;
     struct config_source *sources;          /* owned array */
     size_t n_sources;
+    struct config_app *apps;                /* owned array, file order; `default`
+                                             * last when not listed */
+    size_t n_apps;                          /* >= 1 */
 };
 
 /* Receives each error of a load, in the order found (the walk in file
@@ -200,6 +225,14 @@ void config_free(struct config *cfg);
 /* Index into cfg->capabilities of the capability named `name` (`len` bytes,
  * exact match, need not be NUL-terminated), or -1. */
 int config_find_capability(const struct config *cfg, const char *name, size_t len);
+
+/* The app named `name` (NUL-terminated), or NULL. */
+const struct config_app *config_find_app(const struct config *cfg, const char *name);
+
+/* The app of a peer with credentials `uid`, `gid`: the entry listing the
+ * uid, else the one listing the gid, else `default`. Never NULL. */
+const struct config_app *config_app_for_peer(const struct config *cfg, uint32_t uid,
+                                             uint32_t gid);
 
 /* "debug", "info", "warn", "error" -> level; returns -1 for anything else. */
 int config_parse_log_level(const char *s);

@@ -123,6 +123,12 @@ struct conn {
     bool closed;                  /* fd closed, awaiting free */
     bool oom;                     /* an append failed: close */
     enum pgw_code last_code;      /* of the last response queued (conn_response_done) */
+    /* Who is calling (docs/APPS.md): the peer's credentials, read once at
+     * accept from the kernel (SO_PEERCRED), never from the client. */
+    bool peer_known;              /* false: the kernel gave none (then `default`) */
+    uint32_t peer_uid, peer_gid, peer_pid;
+    char peer_app[CONFIG_NAME_MAX]; /* the app the credentials resolve to */
+    char app[CONFIG_NAME_MAX];    /* the connection's app: peer_app, or one `hello` declared */
 };
 
 struct conn *conn_new(struct server *srv, int fd);
@@ -143,6 +149,15 @@ void conn_reply_error(struct conn *c, uint32_t msgid, enum pgw_code code, const 
 void conn_fail(struct conn *c, enum pgw_code code, const char *message);
 /* Call after packing a complete response into c->pk. */
 void conn_response_done(struct conn *c, enum pgw_code code);
+/* The connection's app in the current config (never NULL: an app removed by
+ * a reload reads as `default`). */
+const struct config_app *conn_app(const struct conn *c);
+/* May connection `c` act as the app named by the `len` bytes at `name`
+ * (borrowed, client input)? Its own app always; another configured app only
+ * when its own allows declared names, and never an admin app unless its own
+ * is admin. Returns the app, or NULL with the reason in `why`. */
+const struct config_app *conn_declare_app(const struct conn *c, const char *name, size_t len,
+                                          char *why, size_t whylen);
 
 /* methods.c */
 /* Handles one request. Either answers before returning (packing into

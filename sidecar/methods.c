@@ -113,6 +113,51 @@ static void method_ping(struct conn *c, const struct rpc_msg *m)
     conn_response_done(c, PGW_OK);
 }
 
+/* The caller's identity as `hello` and `stats` show it. */
+static void pack_identity(msgpack_packer *pk, const struct conn *c)
+{
+    const struct config_app *a = conn_app(c);
+
+    msgpack_pack_map(pk, 6);
+    rpc_pack_kv_str(pk, "app", a->name);
+    rpc_pack_kv_str(pk, "peer_app", c->peer_app);
+    rpc_pack_str(pk, "admin");
+    a->admin ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
+    rpc_pack_str(pk, "uid");
+    c->peer_known ? msgpack_pack_uint32(pk, c->peer_uid) : msgpack_pack_nil(pk);
+    rpc_pack_str(pk, "gid");
+    c->peer_known ? msgpack_pack_uint32(pk, c->peer_gid) : msgpack_pack_nil(pk);
+    rpc_pack_str(pk, "pid");
+    c->peer_known ? msgpack_pack_uint32(pk, c->peer_pid) : msgpack_pack_nil(pk);
+}
+
+/* `hello`: says who the connection is and, with `app`, declares another
+ * app for the rest of the connection (see conn_declare_app for who may). */
+static void method_hello(struct conn *c, const struct rpc_msg *m)
+{
+    static const struct rpc_param spec[] = {{"app", RPC_T_STR | RPC_T_NIL, false}};
+    const msgpack_object *p[1];
+    char why[200];
+
+    if (bind_or_reply(c, m, spec, 1, p) < 0)
+        return;
+    if (p[0]) {
+        const struct config_app *a =
+            conn_declare_app(c, p[0]->via.str.ptr, p[0]->via.str.size, why, sizeof(why));
+        if (!a) {
+            conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
+            return;
+        }
+        if (strcmp(a->name, c->app) != 0)
+            log_at(LOG_INFO, "app declared", "conn", LOG_U, (unsigned long long)c->id, "app",
+                   LOG_S, a->name, "peer_app", LOG_S, c->peer_app, NULL);
+        snprintf(c->app, sizeof(c->app), "%s", a->name);
+    }
+    rpc_pack_result_begin(&c->pk, m->msgid);
+    pack_identity(&c->pk, c);
+    conn_response_done(c, PGW_OK);
+}
+
 static void method_stats(struct conn *c, const struct rpc_msg *m)
 {
     const struct server_stats *st = &c->srv->stats;
@@ -121,12 +166,15 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
     if (bind_or_reply(c, m, NULL, 0, NULL) < 0)
         return;
     rpc_pack_result_begin(pk, m->msgid);
-    msgpack_pack_map(pk, c->srv->shared ? 13 : 12);
+    msgpack_pack_map(pk, c->srv->shared ? 14 : 13);
 
     rpc_pack_str(pk, "version");
     rpc_pack_str(pk, PGW_VERSION);
     rpc_pack_str(pk, "uptime_s");
     msgpack_pack_double(pk, server_uptime_s(c->srv));
+
+    rpc_pack_str(pk, "caller");
+    pack_identity(pk, c);
 
     rpc_pack_str(pk, "connections");
     msgpack_pack_map(pk, 6);
@@ -212,6 +260,7 @@ static const struct {
     method_fn *fn;
 } method_table[] = {
     {"ping", method_ping},
+    {"hello", method_hello},
     {"call", call_start},
     {"task.start", tasks_start},
     {"task.stop", tasks_stop},

@@ -776,6 +776,32 @@ void tasks_guard_remote(struct server *srv, const char *id, tasks_guard_cb *cb, 
 
 /* --- methods --------------------------------------------------------- */
 
+/* Ownership (docs/APPS.md): a task belongs to the app that started it, or
+ * that first named it when it was started elsewhere (imported from the
+ * backend). Another app gets exactly the answer for a task that does not
+ * exist, so it learns nothing about it (not even that it was stopped); an
+ * admin app sees every task. Returns true when `t` is `app`'s (claiming it
+ * when unclaimed). */
+static bool task_is_visible(struct task *t, const struct config_app *app)
+{
+    if (!t)
+        return true;
+    if (!t->app[0])
+        snprintf(t->app, sizeof(t->app), "%s", app->name);
+    return app->admin || strcmp(t->app, app->name) == 0;
+}
+
+/* True (after answering "unknown task") when task `id` is held here and
+ * belongs to another app than `app`. */
+static bool task_is_foreign(struct conn *c, uint32_t msgid, const char *id,
+                            const struct config_app *app)
+{
+    if (task_is_visible(task_get(c->srv->tasks, id), app))
+        return false;
+    reply_task_error(c, msgid, TASK_E_NOT_FOUND, id, NULL);
+    return true;
+}
+
 void tasks_start(struct conn *c, const struct rpc_msg *m)
 {
     static const struct rpc_param spec[] = {{"task_id", RPC_T_STR, true}};
@@ -784,7 +810,7 @@ void tasks_start(struct conn *c, const struct rpc_msg *m)
     struct server *srv = c->srv;
     struct task *t = NULL;
 
-    if (bind_task(c, m, spec, 1, p, id, NULL) < 0)
+    if (bind_task(c, m, spec, 1, p, id, NULL) < 0 || task_is_foreign(c, m->msgid, id, conn_app(c)))
         return;
     if (srv->shared) {
         tasks_remote(srv, c, m->msgid, TOP_START, id, NULL, false, NULL, NULL);
@@ -809,6 +835,8 @@ void tasks_start(struct conn *c, const struct rpc_msg *m)
         reply_task_error(c, m->msgid, rc, id, t);
         return;
     }
+    if (!t->app[0])
+        snprintf(t->app, sizeof(t->app), "%s", conn_app(c)->name);
     tasks_rearm(srv);
     reply_task(c, m->msgid, t);
 }
@@ -824,7 +852,7 @@ void tasks_stop(struct conn *c, const struct rpc_msg *m)
     struct server *srv = c->srv;
     struct task *t = NULL;
 
-    if (bind_task(c, m, spec, 2, p, id, NULL) < 0)
+    if (bind_task(c, m, spec, 2, p, id, NULL) < 0 || task_is_foreign(c, m->msgid, id, conn_app(c)))
         return;
     copy_reason(p[1], reason, sizeof(reason));
     if (srv->shared) {
@@ -837,7 +865,8 @@ void tasks_stop(struct conn *c, const struct rpc_msg *m)
         reply_task_error(c, m->msgid, rc, id, t);
         return;
     }
-    log_at(LOG_INFO, "task stopped", "task_id", LOG_S, id, "reason", LOG_S, task_reason(t), NULL);
+    log_at(LOG_INFO, "task stopped", "task_id", LOG_S, id, "app", LOG_S, t->app, "by", LOG_S,
+           conn_app(c)->name, "reason", LOG_S, task_reason(t), NULL);
     /* Answer the stop first, then end its calls at once. */
     reply_task(c, m->msgid, t);
     snprintf(msg, sizeof(msg), "task '%s' was stopped: %s", id, task_reason(t));
@@ -852,7 +881,7 @@ void tasks_guard(struct conn *c, const struct rpc_msg *m)
     char id[TASKS_ID_BUF];
     struct task *t = NULL;
 
-    if (bind_task(c, m, spec, 1, p, id, NULL) < 0)
+    if (bind_task(c, m, spec, 1, p, id, NULL) < 0 || task_is_foreign(c, m->msgid, id, conn_app(c)))
         return;
     if (c->srv->shared) {
         /* Redis has the fleet's answer; a copy held here may be stale. */
@@ -900,7 +929,7 @@ void tasks_node_begin(struct conn *c, const struct rpc_msg *m)
     char id[TASKS_ID_BUF], node[TASKS_ID_BUF];
     double timeout_s = 0;
 
-    if (bind_task(c, m, spec, 3, p, id, node) < 0)
+    if (bind_task(c, m, spec, 3, p, id, node) < 0 || task_is_foreign(c, m->msgid, id, conn_app(c)))
         return;
     if (p[2] && (!rpc_as_double(p[2], &timeout_s) || !(timeout_s > 0) || !isfinite(timeout_s))) {
         conn_reply_error(c, m->msgid, PGW_BAD_REQUEST,
@@ -927,7 +956,7 @@ void tasks_node_end(struct conn *c, const struct rpc_msg *m)
     struct task *t = NULL;
     double now = ev_now(c->srv->loop);
 
-    if (bind_task(c, m, spec, 2, p, id, node) < 0)
+    if (bind_task(c, m, spec, 2, p, id, node) < 0 || task_is_foreign(c, m->msgid, id, conn_app(c)))
         return;
     t = task_get(c->srv->tasks, id);
     double begun = t && t->node ? t->node_begun_at : now;
@@ -954,7 +983,7 @@ void tasks_finish(struct conn *c, const struct rpc_msg *m)
     char id[TASKS_ID_BUF], reason[TASK_REASON_MAX + 1];
     struct task *t = NULL;
 
-    if (bind_task(c, m, spec, 3, p, id, NULL) < 0)
+    if (bind_task(c, m, spec, 3, p, id, NULL) < 0 || task_is_foreign(c, m->msgid, id, conn_app(c)))
         return;
     copy_reason(p[2], reason, sizeof(reason));
     if (c->srv->shared) {
@@ -976,7 +1005,7 @@ void tasks_get(struct conn *c, const struct rpc_msg *m)
     const msgpack_object *p[1];
     char id[TASKS_ID_BUF];
 
-    if (bind_task(c, m, spec, 1, p, id, NULL) < 0)
+    if (bind_task(c, m, spec, 1, p, id, NULL) < 0 || task_is_foreign(c, m->msgid, id, conn_app(c)))
         return;
     if (c->srv->shared) {
         tasks_remote(c->srv, c, m->msgid, TOP_GET, id, NULL, false, NULL, NULL);
@@ -993,6 +1022,7 @@ void tasks_get(struct conn *c, const struct rpc_msg *m)
 struct list_ctx {
     struct server *srv;
     msgpack_packer *pk;
+    const struct config_app *app;   /* lists only what it may see */
     size_t n;
     bool counting;
 };
@@ -1000,6 +1030,8 @@ struct list_ctx {
 static int list_one(struct task *t, void *ud)
 {
     struct list_ctx *lc = ud;
+    if (!lc->app->admin && strcmp(t->app, lc->app->name) != 0)
+        return 0;
     if (lc->counting)
         lc->n++;
     else
@@ -1031,7 +1063,7 @@ void tasks_list(struct conn *c, const struct rpc_msg *m)
             return;
         }
     }
-    struct list_ctx lc = {c->srv, &c->pk, 0, true};
+    struct list_ctx lc = {c->srv, &c->pk, conn_app(c), 0, true};
     task_foreach(c->srv->tasks, filter, list_one, &lc);
     rpc_pack_result_begin(&c->pk, m->msgid);
     msgpack_pack_map(&c->pk, 1);
@@ -1042,9 +1074,12 @@ void tasks_list(struct conn *c, const struct rpc_msg *m)
     conn_response_done(c, PGW_OK);
 }
 
-struct task *tasks_admit_call(struct conn *c, uint32_t msgid, const char *id)
+struct task *tasks_admit_call(struct conn *c, uint32_t msgid, const char *id,
+                              const struct config_app *app)
 {
     struct task *t = NULL;
+    if (task_is_foreign(c, msgid, id, app))
+        return NULL;
     int rc = task_guard(c->srv->tasks, id, ev_now(c->srv->loop), &t);
 
     if (rc < 0) {

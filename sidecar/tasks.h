@@ -27,10 +27,12 @@ void tasks_finish(struct conn *c, const struct rpc_msg *m);
 void tasks_get(struct conn *c, const struct rpc_msg *m);
 void tasks_list(struct conn *c, const struct rpc_msg *m);
 
-/* For `call`: checks that task `id` is running. Returns the task, or NULL
+/* For `call` by `app` (borrowed): checks that task `id` is running and
+ * visible to `app` (its own, or `app` is admin). Returns the task, or NULL
  * after answering the request with the task's error (task_stopped,
- * watchdog_timeout, bad_request for an unknown one). */
-struct task *tasks_admit_call(struct conn *c, uint32_t msgid, const char *id);
+ * watchdog_timeout, bad_request for an unknown or another app's one). */
+struct task *tasks_admit_call(struct conn *c, uint32_t msgid, const char *id,
+                              const struct config_app *app);
 
 /* Shared backend, for a call naming a task this sidecar does not hold:
  * asks Redis whether it runs (importing it here when it does). `cb` runs

@@ -155,6 +155,8 @@ struct task {
     uint64_t runs;                  /* task_start successes for this id */
     uint64_t guards, nodes_begun, nodes_ended;
     void *ud;                       /* the owner's (the sidecar's call list) */
+    char app[64];                   /* the application it belongs to ("" = not
+                                     * claimed yet); the registry only stores it */
     /* Private. */
     struct task *hnext;             /* hash chain */
     struct task *prev, *next;       /* all tasks, in creation order */

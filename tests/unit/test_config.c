@@ -1569,6 +1569,61 @@ START_TEST(test_config__many_entries)
 }
 END_TEST
 
+/* ------------------------------------------------------------------------ */
+/* Apps                                                                     */
+
+START_TEST(test_config__apps_default_is_implicit)
+{
+    struct config *cfg = expect_ok(SRC0);
+    ck_assert_uint_eq(cfg->n_apps, 1);
+    ck_assert_str_eq(cfg->apps[0].name, "default");
+    ck_assert_str_eq(config_app_for_peer(cfg, 1000, 1000)->name, "default");
+    config_free(cfg);
+}
+END_TEST
+
+START_TEST(test_config__apps_resolve_uid_then_gid)
+{
+    struct config *cfg = expect_ok("apps:\n"
+                                   "  - {name: web, uids: [1001, 1002], weight: 3}\n"
+                                   "  - {name: batch, gids: [2000], allow_declared: true}\n"
+                                   "  - {name: ops, uids: [0], admin: true}\n"
+                                   SRC0);
+    ck_assert_uint_eq(cfg->n_apps, 4);
+    ck_assert_str_eq(config_app_for_peer(cfg, 1002, 2000)->name, "web"); /* uid wins */
+    ck_assert_str_eq(config_app_for_peer(cfg, 1500, 2000)->name, "batch");
+    ck_assert_str_eq(config_app_for_peer(cfg, 1500, 2001)->name, "default");
+    ck_assert(config_find_app(cfg, "ops")->admin);
+    ck_assert(config_find_app(cfg, "batch")->allow_declared);
+    ck_assert(!config_find_app(cfg, "web")->allow_declared);
+    ck_assert_double_eq(config_find_app(cfg, "web")->weight, 3);
+    ck_assert_double_eq(config_find_app(cfg, "default")->weight, 1);
+    ck_assert_ptr_null(config_find_app(cfg, "nope"));
+    config_free(cfg);
+}
+END_TEST
+
+START_TEST(test_config__apps_rejected)
+{
+    expect_reject("apps:\n  - {name: a, uids: [1]}\n  - {name: b, uids: [2, 1]}\n"
+                  SRC0, 3, "apps[1].uids", "uid 1 is already listed by app 'a'");
+    expect_reject("apps:\n  - {name: a, gids: [5, 5]}\n" SRC0, 2, "apps[0].gids",
+                  "gid 5 is already listed by app 'a'");
+    expect_reject("apps:\n  - {name: a}\n  - {name: a}\n" SRC0, 3, "apps[1].name",
+                  "duplicate app name 'a'");
+    expect_reject("apps:\n  - {uids: [1]}\n" SRC0, 2, "apps[0]", "name: is required");
+    expect_reject("apps:\n  - {name: a, uids: [-1]}\n" SRC0, 2, "apps[0].uids[0]",
+                  "expected a numeric uid or gid");
+    expect_reject("apps:\n  - {name: a, uids: 7}\n" SRC0, 2, "apps[0].uids",
+                  "expected a list of numeric ids");
+    expect_reject("apps:\n  - {name: default, uids: [7]}\n" SRC0, 2, "apps[0]",
+                  "takes no uids or gids");
+    expect_reject("apps:\n  - {name: a, weight: 0}\n" SRC0, 2, "apps[0].weight",
+                  "must be > 0");
+    expect_reject("apps:\n  - {name: a, token: x}\n" SRC0, 2, "", "unknown key");
+}
+END_TEST
+
 Suite *config_suite(void)
 {
     Suite *s = suite_create("config");
@@ -1677,6 +1732,10 @@ Suite *config_suite(void)
     tcase_add_test(tc, test_config__rejected_value_one_error);
     tcase_add_test(tc, test_config__load_fifo_refused);
     tcase_add_test(tc, test_config__many_entries);
+    /* Apps */
+    tcase_add_test(tc, test_config__apps_default_is_implicit);
+    tcase_add_test(tc, test_config__apps_resolve_uid_then_gid);
+    tcase_add_test(tc, test_config__apps_rejected);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,0 +1,187 @@
+"""Applications through the real sidecar: the app of a connection comes
+from the peer's uid (SO_PEERCRED), declared names are refused unless the
+config allows them, and one app cannot see or stop another app's tasks."""
+import grp
+import os
+import pwd
+import socket
+import subprocess
+
+import msgpack
+import pytest
+
+from conftest import Conn
+
+USERS = ("pgwapp_a", "pgwapp_b", "pgwapp_c", "pgwapp_x")
+GROUP = "pgwapp"
+
+
+def ensure_users():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create test users and switch to them")
+    try:
+        grp.getgrnam(GROUP)
+    except KeyError:
+        subprocess.run(["groupadd", "--system", GROUP], check=True)
+    for u in USERS:
+        try:
+            pwd.getpwnam(u)
+        except KeyError:
+            subprocess.run(["useradd", "--system", "--no-create-home", "--user-group",
+                            "--shell", "/usr/sbin/nologin", u], check=True)
+    return {u: pwd.getpwnam(u) for u in USERS}, grp.getgrnam(GROUP).gr_gid
+
+
+def connect_as(sc, pw, sock_gid):
+    """A Conn whose socket was connect()ed by a process running as user
+    `pw` (so the kernel records that user's credentials); the descriptor is
+    handed back over SCM_RIGHTS."""
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:                                   # child: drop to the user, connect
+        code = 1
+        try:
+            parent.close()
+            os.setgroups([sock_gid])
+            os.setgid(pw.pw_gid)
+            os.setuid(pw.pw_uid)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(sc.sock)
+            socket.send_fds(child, [b"x"], [s.fileno()])
+            code = 0
+        finally:
+            os._exit(code)
+    child.close()
+    try:
+        parent.settimeout(5)
+        _, fds, _, _ = socket.recv_fds(parent, 1, 1)
+    finally:
+        parent.close()
+        os.waitpid(pid, 0)
+    assert fds, "the child could not connect"
+    c = Conn.__new__(Conn)            # Conn() would connect as root: fill it in by hand
+    c.sock = socket.socket(fileno=fds[0])
+    c.sock.settimeout(5)
+    c.unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+    c.next_id = 1
+    c.backlog = []
+    return c
+
+
+def config(users, up_url):
+    a, b, c = users["pgwapp_a"], users["pgwapp_b"], users["pgwapp_c"]
+    return ('listen:\n  mode: "0660"\n'
+            "server: {log_level: debug, shutdown_grace_s: 2}\n"
+            "defaults: {max_attempts: 1}\n"
+            "apps:\n"
+            "  - {name: svc-a, uids: [%d]}\n"
+            "  - {name: svc-b, uids: [%d], weight: 3}\n"
+            "  - {name: proxy, uids: [%d], allow_declared: true}\n"
+            "  - {name: ops, uids: [0], admin: true}\n"
+            "sources:\n  - name: s\n    capability: chat\n    base_url: %s\n"
+            % (a.pw_uid, b.pw_uid, c.pw_uid, up_url))
+
+
+@pytest.fixture
+def apps(make_sidecar, up):
+    users, gid = ensure_users()
+    sc = make_sidecar(config_text=config(users, up.url))
+    os.chmod(sc.dir, 0o711)
+    os.chown(sc.sock, 0, gid)
+    return sc, users, gid
+
+
+def hello(c, **p):
+    return c.request("hello", p or None)
+
+
+def test_apps__identity_follows_the_peer_uid(apps):
+    sc, users, gid = apps
+    seen = {}
+    for u in USERS:
+        c = connect_as(sc, users[u], gid)
+        err, res = hello(c)
+        assert err is None, err
+        assert res["uid"] == users[u].pw_uid and res["gid"] == users[u].pw_gid
+        seen[u] = res["app"]
+        c.close()
+    assert seen == {"pgwapp_a": "svc-a", "pgwapp_b": "svc-b", "pgwapp_c": "proxy",
+                    "pgwapp_x": "default"}
+    err, res = hello(sc.connect())            # root
+    assert err is None and res["app"] == "ops" and res["admin"] is True
+    err, st = connect_as(sc, users["pgwapp_b"], gid).request("stats")
+    assert err is None and st["caller"]["app"] == "svc-b"
+
+
+def test_apps__declared_name_refused_unless_allowed(apps):
+    sc, users, gid = apps
+    a = connect_as(sc, users["pgwapp_a"], gid)
+    err, _ = hello(a, app="svc-b")
+    assert err["code"] == "bad_request" and "may not declare" in err["message"]
+    err, res = hello(a)
+    assert err is None and res["app"] == "svc-a"  # unchanged by the refusal
+    err, res = hello(a, app="svc-a")              # its own name is fine
+    assert err is None and res["app"] == "svc-a"
+    x = connect_as(sc, users["pgwapp_x"], gid)    # default does not allow it either
+    err, _ = hello(x, app="svc-a")
+    assert err["code"] == "bad_request"
+    # a call's own `app` is checked the same way
+    msg = a.wait_response(a.request_async("call", {"capability": "chat", "app": "svc-b",
+                                                   "body": {"messages": []}}))
+    assert msg[2]["code"] == "bad_request" and "may not declare" in msg[2]["message"]
+
+    p = connect_as(sc, users["pgwapp_c"], gid)    # proxy: allow_declared
+    err, res = hello(p, app="svc-b")
+    assert err is None and res["app"] == "svc-b" and res["peer_app"] == "proxy"
+    err, _ = hello(p, app="ops")                  # never an admin app
+    assert err["code"] == "bad_request" and "admin" in err["message"]
+    err, _ = hello(p, app="nobody")
+    assert err["code"] == "bad_request" and "unknown app" in err["message"]
+
+
+def test_apps__call_logs_name_the_app(apps, up):
+    sc, users, gid = apps
+    b = connect_as(sc, users["pgwapp_b"], gid)
+    msg = b.wait_response(b.request_async("call", {
+        "capability": "chat",
+        "body": {"messages": [{"role": "user", "content": "x"}], "mock": {"status": 500}}}))
+    assert msg[2] is not None
+    lines = [l for l in sc.logs().splitlines() if '"attempt ended"' in l]
+    assert lines and '"app":"svc-b"' in lines[-1], lines
+
+
+def test_apps__tasks_belong_to_their_app(apps):
+    sc, users, gid = apps
+    a = connect_as(sc, users["pgwapp_a"], gid)
+    b = connect_as(sc, users["pgwapp_b"], gid)
+    assert a.request("task.start", {"task_id": "job-1"})[0] is None
+    unknown, _ = b.request("task.get", {"task_id": "never-started"})
+    assert unknown["code"] == "bad_request"
+    for method, p in (("task.stop", {"reason": "mine now"}), ("task.guard", {}),
+                      ("task.get", {}), ("task.finish", {"ok": True}),
+                      ("task.node_begin", {"node": "n"}), ("task.start", {})):
+        err, _ = b.request(method, dict(p, task_id="job-1"))
+        assert err is not None and err["code"] == "bad_request", (method, err)
+        # the same answer as for a task that never existed
+        assert err["message"] == unknown["message"].replace("never-started", "job-1"), \
+            (method, err)
+    err, lst = b.request("task.list")
+    assert err is None and lst["tasks"] == []
+    msg = b.wait_response(b.request_async("call", {"capability": "chat", "task_id": "job-1",
+                                                   "body": {"messages": []}}))
+    assert msg[2]["code"] == "bad_request" and "unknown task" in msg[2]["message"]
+    # still running for its owner
+    err, t = a.request("task.guard", {"task_id": "job-1"})
+    assert err is None
+    err, lst = a.request("task.list")
+    assert [t["task_id"] for t in lst["tasks"]] == ["job-1"]
+    # B's stop after A's is still not told that it was stopped
+    admin = sc.connect()
+    err, t = admin.request("task.get", {"task_id": "job-1"})
+    assert err is None and t["state"] == "running"
+    err, t = admin.request("task.stop", {"task_id": "job-1", "reason": "ops"})
+    assert err is None and t["state"] == "failed"
+    err, _ = b.request("task.guard", {"task_id": "job-1"})
+    assert err["code"] == "bad_request" and "unknown task" in err["message"]
+    err, _ = a.request("task.guard", {"task_id": "job-1"})
+    assert err["code"] == "task_stopped"
