@@ -961,6 +961,7 @@ void call_start(struct conn *c, const struct rpc_msg *m)
         return;
     }
     k->g.ud = k;
+    gov_call_set_app(&k->g, (uint32_t)(app - cfg->apps));
     k->src = first;
     k->code = PGW_CANCELLED;
     metrics_on_call_start(srv->metrics, (size_t)ci);

@@ -65,6 +65,17 @@ int governor_init(struct gov *g, const struct config *cfg, const struct gov_back
     int rc = gov_init(g, p, cfg->n_sources, cfg->n_capabilities, backend, governor_rand,
                       rand_state, hooks, now);
     free(p);
+    if (rc == 0 && cfg->n_apps > 0) {
+        /* Fair queueing between the apps, by their weights (cfg->apps order). */
+        double *w = calloc(cfg->n_apps, sizeof(*w));
+        for (size_t i = 0; w && i < cfg->n_apps; i++)
+            w[i] = cfg->apps[i].weight;
+        if (!w || gov_set_apps(g, w, cfg->n_apps) < 0) {
+            gov_fini(g);
+            rc = -1;
+        }
+        free(w);
+    }
     if (rc < 0)
         snprintf(err, errlen, "out of memory initialising the governance core");
     return rc;

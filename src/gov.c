@@ -105,8 +105,52 @@ fail:
     return -1;
 }
 
+int gov_set_apps(struct gov *g, const double *weights, size_t n)
+{
+    double *w = calloc(n + 1, sizeof(*w));
+    double **fin = calloc(g->n_capabilities ? g->n_capabilities : 1, sizeof(*fin));
+    bool ok = w && fin;
+
+    for (size_t c = 0; ok && c < g->n_capabilities; c++)
+        ok = (fin[c] = calloc(n + 1, sizeof(**fin))) != NULL;
+    if (!ok) {
+        for (size_t c = 0; fin && c < g->n_capabilities; c++)
+            free(fin[c]);
+        free(fin);
+        free(w);
+        return -1;
+    }
+    for (size_t i = 0; i <= n; i++)
+        w[i] = i < n && weights[i] > 0 && isfinite(weights[i]) ? weights[i] : 1.0;
+    for (size_t c = 0; c < g->n_capabilities; c++) {
+        struct gov_waitq *q = &g->waitq[c];
+        for (size_t i = 0; i <= n; i++)
+            fin[c][i] = q->vtime;
+        free(q->app_finish);
+        q->app_finish = fin[c];
+    }
+    free(fin);
+    free(g->app_weight);
+    g->app_weight = w;
+    g->n_apps = n;
+    return 0;
+}
+
+void gov_call_set_app(struct gov_call *k, uint32_t app)
+{
+    k->app = app;
+}
+
+static void gov_free_apps(struct gov *g)
+{
+    for (size_t c = 0; g->waitq && c < g->n_capabilities; c++)
+        free(g->waitq[c].app_finish);
+    free(g->app_weight);
+}
+
 void gov_fini(struct gov *g)
 {
+    gov_free_apps(g);
     free(g->sources);
     free(g->waitq);
     progress_store_free(g->progress);
@@ -247,18 +291,36 @@ static long gov_pick(struct gov *g, const struct gov_call *k, double now, double
 
 /* --- waiting --------------------------------------------------------- */
 
+/* Enters the queue at its start tag (see the header): after every waiter
+ * tagged at or before it. The scan runs from the tail, so an app's own
+ * arrivals (tagged last) cost O(1) and another app's call passes at most
+ * the waiters it overtakes. */
 static void waitq_push(struct gov_call *k)
 {
-    struct gov_waitq *q = &k->gov->waitq[k->capability];
+    struct gov *g = k->gov;
+    struct gov_waitq *q = &g->waitq[k->capability];
     if (k->queued)
         return;
-    k->wq_prev = q->tail;
-    k->wq_next = NULL;
-    if (q->tail)
-        q->tail->wq_next = k;
+    if (q->app_finish) {
+        size_t a = k->app < g->n_apps ? k->app : g->n_apps;
+        k->vstart = fmax(q->vtime, q->app_finish[a]);
+        q->app_finish[a] = k->vstart + 1.0 / g->app_weight[a];
+    } else {
+        k->vstart = q->vtime;          /* one app: FIFO */
+    }
+    struct gov_call *after = q->tail;
+    while (after && after->vstart > k->vstart)
+        after = after->wq_prev;
+    k->wq_prev = after;
+    k->wq_next = after ? after->wq_next : q->head;
+    if (k->wq_next)
+        k->wq_next->wq_prev = k;
+    else
+        q->tail = k;
+    if (after)
+        after->wq_next = k;
     else
         q->head = k;
-    q->tail = k;
     q->n++;
     k->queued = true;
 }
@@ -573,6 +635,8 @@ void gov_call_step(struct gov_call *k, double now, struct gov_decision *d)
     long pick = gov_pick(g, k, now, &next_at);
     if (pick >= 0) {
         struct gov_source *s = &g->sources[pick];
+        if (k->queued && k->vstart > g->waitq[k->capability].vtime)
+            g->waitq[k->capability].vtime = k->vstart;
         waitq_remove(k);
         k->woken = false;
         k->source = (size_t)pick;

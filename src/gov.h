@@ -40,6 +40,16 @@
  * (so two releases before any waiter ran wake two of them); a woken waiter
  * that leaves the queue without using its wake-up (cancelled, deadline,
  * stall verdict) hands it on to the next one.
+ *
+ * Fair queueing across apps (start-time fair queueing): a call entering a
+ * wait queue gets a start tag max(V, F[app]) and moves its app's finish
+ * tag F[app] to start + 1 / weight[app]; V is the start tag of the last
+ * waiter admitted from that queue. The queue is kept in tag order (ties in
+ * arrival order), so the wake-up rules above apply unchanged: within an app
+ * calls stay FIFO; apps that all keep calls waiting are admitted in
+ * proportion to their weights; and an app arriving with one call is served
+ * right after the waiters tagged before V, not after another app's backlog.
+ * Tags only order waiters: a call's stall time is its own, as before.
  */
 #ifndef POLYGW_GOV_H
 #define POLYGW_GOV_H
@@ -175,6 +185,8 @@ struct gov_call {
     double wake_at;
     struct gov_source_note *notes; /* owned, one per source */
     struct gov_call *wq_prev, *wq_next;
+    uint32_t app;            /* gov_call_set_app; 0 by default */
+    double vstart;           /* its start tag while queued */
     bool queued;
     bool woken;              /* on_wake fired, the call has not stepped since */
     bool waits_permit;       /* WAITING for a permit release (not for a time) */
@@ -186,7 +198,14 @@ struct gov {
     struct gov_source *sources;
     size_t n_sources;
     size_t n_capabilities;
-    struct gov_waitq { struct gov_call *head, *tail; size_t n; } *waitq;
+    struct gov_waitq {
+        struct gov_call *head, *tail;
+        size_t n;
+        double vtime;                  /* V: start tag of the last waiter admitted */
+        double *app_finish;            /* F[app], n_apps + 1 of them (owned) */
+    } *waitq;
+    double *app_weight;                /* n_apps + 1 (owned); the last: unknown apps */
+    size_t n_apps;
     struct gov_backend backend;
     struct progress_store *progress;   /* the memory backend, when used */
     gov_rand_fn *rand;
@@ -202,6 +221,17 @@ int gov_init(struct gov *g, const struct gov_source_params *srcs, size_t n, size
              const struct gov_backend *backend, gov_rand_fn *rand, void *rand_ud,
              const struct gov_hooks *hooks, double now);
 void gov_fini(struct gov *g);
+
+/* Sets the weights (each > 0 and finite; others read as 1) of apps
+ * 0 .. n - 1 for fair queueing; an app index >= n shares one extra slot
+ * of weight 1. Without it every call is app 0, weight 1: plain FIFO. Call
+ * with no call waiting (at set-up). Returns 0 or -1 (out of memory; the
+ * previous weights stay). */
+int gov_set_apps(struct gov *g, const double *weights, size_t n);
+
+/* The app a call belongs to, for fair queueing; call after gov_call_init
+ * and before the first step. */
+void gov_call_set_app(struct gov_call *k, uint32_t app);
 
 /* Starts a call. `scope` is copied (NULL: no progress tracking possible — the
  * caller passes the capability's name by default). Returns 0, or -1 when out

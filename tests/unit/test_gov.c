@@ -2439,6 +2439,186 @@ START_TEST(test_gov__names_stable)
 }
 END_TEST
 
+/* --- fair queueing across apps --------------------------------------- */
+
+/* A driver of its own for hundreds of calls on one source with 2 permits:
+ * every service time the oldest attempt succeeds, its permit wakes the next
+ * waiter, and the woken calls step "now" (as the sidecar's zero-delay timer
+ * would). Admissions are logged by app. */
+#define FQ_MAX 640
+
+struct fq {
+    struct gov g;
+    struct gov_call k[FQ_MAX];
+    uint32_t app[FQ_MAX];
+    size_t n;
+    struct gov_call *woken[FQ_MAX];
+    size_t n_woken;
+    struct gov_call *running[2];
+    size_t n_running;
+    uint32_t admitted_app[FQ_MAX];
+    size_t admitted_idx[FQ_MAX];
+    size_t n_admitted;
+    double now;
+};
+
+static void fq_on_wake(struct gov_call *k, void *ud)
+{
+    struct fq *f = ud;
+    ck_assert_uint_lt(f->n_woken, FQ_MAX);
+    f->woken[f->n_woken++] = k;
+}
+
+static void fq_init(struct fq *f, const double *weights, size_t n_apps)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_hooks h = {.on_wake = fq_on_wake, .ud = f};
+
+    memset(f, 0, sizeof(*f));
+    p.max_concurrency = 2;
+    p.aimd_initial = p.aimd_min = 2;
+    ck_assert_int_eq(gov_init(&f->g, &p, 1, 1, NULL, NULL, NULL, &h, 0), 0);
+    ck_assert_int_eq(gov_set_apps(&f->g, weights, n_apps), 0);
+}
+
+static void fq_admit(struct fq *f, struct gov_call *k)
+{
+    ck_assert_uint_lt(f->n_running, 2);
+    f->running[f->n_running++] = k;
+    size_t i = (size_t)(k - f->k);
+    f->admitted_app[f->n_admitted] = f->app[i];
+    f->admitted_idx[f->n_admitted++] = i;
+}
+
+/* A new call of `app` steps: admitted or parked. */
+static void fq_arrive(struct fq *f, uint32_t app)
+{
+    struct gov_policy pol = pol_chat();
+    struct gov_decision d;
+    struct gov_call *k = &f->k[f->n];
+
+    ck_assert_uint_lt(f->n, FQ_MAX);
+    pol.stall_window_s = 1e9; /* waiting never ends these calls */
+    f->app[f->n++] = app;
+    ck_assert_int_eq(gov_call_init(k, &f->g, 0, "s", &pol, 0, 0, f->now), 0);
+    gov_call_set_app(k, app);
+    gov_call_step(k, f->now, &d);
+    if (d.action == GOV_ATTEMPT)
+        fq_admit(f, k);
+    else
+        ck_assert_int_eq(d.action, GOV_WAIT);
+}
+
+/* One service time passes: the oldest attempt succeeds and the woken
+ * waiters step. */
+static void fq_serve_one(struct fq *f)
+{
+    struct outcome o;
+    struct gov_decision d;
+
+    ck_assert_uint_gt(f->n_running, 0);
+    f->now += 1;
+    struct gov_call *done = f->running[0];
+    f->running[0] = f->running[1];
+    f->n_running--;
+    outcome_from_http(&o, 200, NULL, 0);
+    gov_call_on_outcome(done, f->now, &o, -1, &d);
+    ck_assert_int_eq(d.action, GOV_DONE);
+    gov_call_fini(done, f->now);
+    for (size_t i = 0; i < f->n_woken; i++) {
+        gov_call_step(f->woken[i], f->now, &d);
+        if (d.action == GOV_ATTEMPT)
+            fq_admit(f, f->woken[i]);
+    }
+    f->n_woken = 0;
+}
+
+static void fq_fini(struct fq *f)
+{
+    for (size_t i = 0; i < f->n; i++)
+        gov_call_fini(&f->k[i], f->now);
+    gov_fini(&f->g);
+}
+
+START_TEST(test_gov__fair_queue_weights_3_to_1)
+{
+    static struct fq f;
+    const double w[2] = {3, 1};
+
+    fq_init(&f, w, 2);
+    /* The worst order for a FIFO: every call of app 0 ahead of app 1's. */
+    for (int i = 0; i < 320; i++)
+        fq_arrive(&f, 0);
+    for (int i = 0; i < 320; i++)
+        fq_arrive(&f, 1);
+    while (f.n_admitted < 402)
+        fq_serve_one(&f);
+    size_t per_app[2] = {0, 0};
+    for (size_t i = 2; i < 402; i++)     /* the 400 admitted from the queue */
+        per_app[f.admitted_app[i]]++;
+    double ratio = (double)per_app[0] / (double)per_app[1];
+    ck_assert_msg(fabs(ratio - 3.0) <= 0.3, "admitted %zu:%zu (ratio %.3f)", per_app[0],
+                  per_app[1], ratio);
+    /* FIFO within each app. */
+    size_t last[2] = {0, 0};
+    bool seen[2] = {false, false};
+    for (size_t i = 0; i < f.n_admitted; i++) {
+        uint32_t a = f.admitted_app[i];
+        ck_assert_msg(!seen[a] || f.admitted_idx[i] > last[a], "app %u out of order", a);
+        seen[a] = true;
+        last[a] = f.admitted_idx[i];
+    }
+    fq_fini(&f);
+}
+END_TEST
+
+START_TEST(test_gov__fair_queue_single_call_not_behind_backlog)
+{
+    static struct fq f;
+    const double w[2] = {1, 1};
+
+    fq_init(&f, w, 2);
+    for (int i = 0; i < 202; i++)        /* 2 running, 200 waiting */
+        fq_arrive(&f, 0);
+    for (int i = 0; i < 10; i++)
+        fq_serve_one(&f);
+    for (int i = 0; i < 10; i++)         /* app 0 keeps its 200 waiting */
+        fq_arrive(&f, 0);
+    size_t before = f.n_admitted;
+    double arrived = f.now;
+    fq_arrive(&f, 1);
+    ck_assert_uint_eq(f.n_admitted, before); /* no permit free: it waits */
+    while (f.n_admitted == before || f.admitted_app[f.n_admitted - 1] != 1) {
+        ck_assert_uint_lt(f.n_admitted, before + 3);
+        fq_serve_one(&f);
+    }
+    /* Admitted at the very next release: within one service time. */
+    ck_assert_uint_eq(f.n_admitted, before + 1);
+    ck_assert_double_le(f.now - arrived, 1.0);
+    fq_fini(&f);
+}
+END_TEST
+
+START_TEST(test_gov__fair_queue_without_apps_is_fifo)
+{
+    static struct fq f;
+    struct gov_source_params p = src_params("a");
+    struct gov_hooks h = {.on_wake = fq_on_wake, .ud = &f};
+
+    memset(&f, 0, sizeof(f));
+    p.max_concurrency = 2;
+    p.aimd_initial = p.aimd_min = 2;
+    ck_assert_int_eq(gov_init(&f.g, &p, 1, 1, NULL, NULL, NULL, &h, 0), 0);
+    for (int i = 0; i < 40; i++)
+        fq_arrive(&f, (uint32_t)(i % 3)); /* apps are ignored without gov_set_apps */
+    while (f.n_admitted < 40)
+        fq_serve_one(&f);
+    for (size_t i = 0; i < 40; i++)
+        ck_assert_uint_eq(f.admitted_idx[i], i);
+    fq_fini(&f);
+}
+END_TEST
+
 Suite *gov_suite(void)
 {
     Suite *s = suite_create("gov");
@@ -2509,6 +2689,9 @@ Suite *gov_suite(void)
     tcase_add_test(tc, test_gov__gate_chain_and_size_refusals);
     tcase_add_test(tc, test_gov__call_init_rejects_unknown_capability);
     tcase_add_test(tc, test_gov__names_stable);
+    tcase_add_test(tc, test_gov__fair_queue_weights_3_to_1);
+    tcase_add_test(tc, test_gov__fair_queue_single_call_not_behind_backlog);
+    tcase_add_test(tc, test_gov__fair_queue_without_apps_is_fifo);
     suite_add_tcase(s, tc);
     return s;
 }
