@@ -301,6 +301,8 @@ bench: deps
 	/usr/bin/python3 tests/bench/waiting_cpu.py $(BUILD) 1000 3
 	@echo "## Config load time against its size"
 	/usr/bin/python3 tests/bench/config_load.py $(BUILD)
+	@echo "## Fair queueing between apps"
+	/usr/bin/python3 tests/bench/apps_fairness.py $(BUILD) 200 20
 
 install: $(DAEMON) $(CTL) $(LIBA) $(LIBSO)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig \

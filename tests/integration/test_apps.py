@@ -6,6 +6,7 @@ import os
 import pwd
 import socket
 import subprocess
+import sys
 
 import msgpack
 import pytest
@@ -185,3 +186,38 @@ def test_apps__tasks_belong_to_their_app(apps):
     assert err["code"] == "bad_request" and "unknown task" in err["message"]
     err, _ = a.request("task.guard", {"task_id": "job-1"})
     assert err["code"] == "task_stopped"
+
+
+# ------------------------------------------------------------ fair queueing
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+from apps_fairness import fair_config, measure_shares, measure_single  # noqa: E402
+
+
+def fair_sidecar(make_sidecar, up, wa, wb):
+    users, gid = ensure_users()
+    sc = make_sidecar(config_text=fair_config(up.url, [
+        "{name: svc-a, uids: [%d], weight: %d}" % (users["pgwapp_a"].pw_uid, wa),
+        "{name: svc-b, uids: [%d], weight: %d}" % (users["pgwapp_b"].pw_uid, wb)]))
+    os.chmod(sc.dir, 0o711)
+    os.chown(sc.sock, 0, gid)
+    a = connect_as(sc, users["pgwapp_a"], gid)
+    b = connect_as(sc, users["pgwapp_b"], gid)
+    assert hello(a)[1]["app"] == "svc-a" and hello(b)[1]["app"] == "svc-b"
+    return sc, a, b
+
+
+def test_apps__single_call_not_behind_another_apps_backlog(make_sidecar, up):
+    sc, a, b = fair_sidecar(make_sidecar, up, 1, 1)
+    ctl = sc.connect()
+    # 50 ms a call, 2 permits: FIFO would answer B after A's 200 waiting calls (5 s).
+    before, outstanding = measure_single(a.sock, b.sock, lambda: ctl.request("stats")[1],
+                                         200, 50)
+    assert before <= 4, "B answered after %d of A's answers" % before
+    assert outstanding >= 190
+
+
+def test_apps__weights_3_to_1_share_the_permits(make_sidecar, up):
+    sc, a, b = fair_sidecar(make_sidecar, up, 3, 1)
+    na, nb = measure_shares(a.sock, b.sock, 400, 10)
+    assert na + nb == 400
+    assert 2.7 <= na / nb <= 3.3, "shares %d:%d" % (na, nb)
