@@ -880,6 +880,12 @@ void call_start(struct conn *c, const struct rpc_msg *m)
             break;
         }
     }
+    if (ci >= 0 && app->capabilities && !app->capabilities[ci]) {
+        snprintf(why, sizeof(why), "capability '%s' is not allowed for app '%s'",
+                 cfg->capabilities[ci].name, app->name);
+        conn_reply_error(c, m->msgid, PGW_UNKNOWN_CAPABILITY, why);
+        return;
+    }
     if (!first) {
         char name[65];
         rpc_quote_client_str(capo->via.str.ptr, capo->via.str.size, sizeof(name) - 1, name);

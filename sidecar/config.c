@@ -101,7 +101,7 @@ enum fid {
     FID_BREAKER, FID_BREAKER_FAILURES, FID_BREAKER_COOLDOWN, FID_BREAKER_MAX_COOLDOWN,
     FID_LIMITS, FID_RPM, FID_TPM, FID_DAILY_TOKENS, FID_WINDOW,
     FID_PACER, FID_PACER_MIN_INTERVAL,
-    FID_APPS, FID_UIDS, FID_GIDS, FID_ALLOW_DECLARED, FID_ADMIN,
+    FID_APPS, FID_UIDS, FID_GIDS, FID_ALLOW_DECLARED, FID_ADMIN, FID_APP_CAPS,
     FID_COUNT
 };
 
@@ -119,6 +119,7 @@ enum field_type {
     FT_LOGLEVEL,  /* enum log_level */
     FT_BACKEND,   /* enum backend_kind */
     FT_IDS,       /* struct config_ids: a list of uids/gids (integers) */
+    FT_NODE,      /* const struct ynode *: kept for the validation pass */
     FT_SECTION,   /* nested map described by `sub`, same base + off */
     FT_INCLUDE,   /* `sub`'s keys belong to this map too, at base + off; its
                    * `key` is only a label (never matched), non-NULL because
@@ -270,6 +271,7 @@ struct src_stage {
 
 struct app_stage {
     struct config_app app;
+    const struct ynode *caps;  /* `capabilities` (the tree outlives validation) */
     bool bad;                  /* not a map: no rule applies to it */
     unsigned map_line;
     unsigned line[FID_COUNT];
@@ -1099,6 +1101,9 @@ static const struct field app_table[] = {
     TYPED("allow_declared", FT_BOOL, FID_ALLOW_DECLARED, APP(allow_declared)),
     TYPED("admin", FT_BOOL, FID_ADMIN, APP(admin)),
     NUM("weight", FT_DOUBLE, FID_WEIGHT, APP(weight), 0, 1e6, F_MIN_OPEN),
+    NUM("max_concurrency", FT_U32, FID_MAX_CONCURRENCY, APP(max_concurrency), 1, 1e6, 0),
+    SECTION("limits", FID_LIMITS, APP(limits), limits_table),
+    TYPED("capabilities", FT_NODE, FID_APP_CAPS, OFF(struct app_stage, caps)),
     END
 };
 #undef APP
@@ -1428,6 +1433,11 @@ static int set_field(struct loader *l, const struct field *f, char *slot,
         ids->n = v->n_kids;
         break;
     }
+    case FT_NODE:
+        if (v->kind != YN_SEQ)
+            return fail_type(l, v, "a list of capability names");
+        *(const struct ynode **)slot = v;
+        break;
     case FT_INCLUDE:
     case FT_CUSTOM:
     case FT_REJECT:
@@ -1718,6 +1728,7 @@ static int walk_apps(struct loader *l, const struct ynode *v)
 
         l->n_apps = i + 1;
         a->app.weight = 1;
+        a->app.limits.window_s = 60;
         a->map_line = item->line;
         size_t old = path_push_index(l, i);
         if (item->kind != YN_MAP) {
@@ -2134,6 +2145,7 @@ static void app_fini(struct config_app *a)
 {
     free(a->uids.v);
     free(a->gids.v);
+    free(a->capabilities);
     memset(a, 0, sizeof(*a));
 }
 
@@ -2142,7 +2154,7 @@ static void check_ids_unique(struct loader *l, size_t i, bool gids)
 {
     const struct app_stage *a = &l->apps[i];
     const struct config_ids *ids = gids ? &a->app.gids : &a->app.uids;
-    char path[32];
+    char path[64];
 
     for (size_t k = 0; k < ids->n; k++) {
         for (size_t j = 0; j <= i; j++) {
@@ -2162,13 +2174,36 @@ static void check_ids_unique(struct loader *l, size_t i, bool gids)
     }
 }
 
+/* apps[i].capabilities: each a known capability. Returns -1 only when out
+ * of memory (a bad name is reported). */
+static int app_resolve_caps(struct loader *l, size_t i)
+{
+    struct app_stage *a = &l->apps[i];
+    char path[64];
+
+    a->app.capabilities = calloc(l->cfg->n_capabilities, sizeof(bool));
+    if (!a->app.capabilities)
+        return -1;
+    for (size_t k = 0; k < a->caps->n_kids; k++) {
+        const struct ynode *e = a->caps->kids[k];
+        int ci = e->kind == YN_SCALAR ? config_find_capability(l->cfg, e->text, e->len) : -1;
+        if (ci < 0) {
+            snprintf(path, sizeof(path), "apps[%zu].capabilities[%zu]", i, k);
+            fail_at(l, e->line, path, "not a configured capability");
+            continue;
+        }
+        a->app.capabilities[ci] = true;
+    }
+    return 0;
+}
+
 /* Names present and unique; a uid or gid in one app only. Linear in the
  * number of ids per pair of apps: the table is small (one entry per
  * application of the host). */
 static int validate_apps(struct loader *l)
 {
     bool have_default = false;
-    char path[32];
+    char path[64];
 
     for (size_t i = 0; i < l->n_apps; i++) {
         struct app_stage *a = &l->apps[i];
@@ -2197,6 +2232,8 @@ static int validate_apps(struct loader *l)
         }
         check_ids_unique(l, i, false);
         check_ids_unique(l, i, true);
+        if (a->caps && app_resolve_caps(l, i) < 0)
+            return fail_nomem(l);
     }
     if (l->n_errors)
         return 0;
@@ -2212,6 +2249,7 @@ static int validate_apps(struct loader *l)
         struct config_app *d = &l->cfg->apps[n - 1];
         snprintf(d->name, sizeof(d->name), "%s", CONFIG_DEFAULT_APP);
         d->weight = 1;
+        d->limits.window_s = 60;
     }
     l->cfg->n_apps = n;
     return 0;

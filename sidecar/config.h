@@ -134,6 +134,9 @@ struct config_app {
     bool admin;                /* may read and stop every app's tasks, sees every
                                 * app in `stats` */
     double weight;             /* > 0, default 1 */
+    uint32_t max_concurrency;  /* its attempts in flight at most; 0 (default) = unlimited */
+    struct config_limits limits; /* its own rpm/tpm/daily_tokens on top of the sources' */
+    bool *capabilities;        /* owned, n_capabilities flags, or NULL = every capability */
 };
 
 /* The app every caller no entry claims is. Always present in cfg->apps

@@ -66,11 +66,18 @@ int governor_init(struct gov *g, const struct config *cfg, const struct gov_back
                       rand_state, hooks, now);
     free(p);
     if (rc == 0 && cfg->n_apps > 0) {
-        /* Fair queueing between the apps, by their weights (cfg->apps order). */
-        double *w = calloc(cfg->n_apps, sizeof(*w));
-        for (size_t i = 0; w && i < cfg->n_apps; i++)
-            w[i] = cfg->apps[i].weight;
-        if (!w || gov_set_apps(g, w, cfg->n_apps) < 0) {
+        /* Fair queueing between the apps and their own limits (cfg->apps
+         * order). With Redis these limits are this sidecar's, not the fleet's. */
+        struct gov_app_params *w = calloc(cfg->n_apps, sizeof(*w));
+        for (size_t i = 0; w && i < cfg->n_apps; i++) {
+            const struct config_app *a = &cfg->apps[i];
+            w[i] = (struct gov_app_params){
+                .weight = a->weight, .max_concurrency = a->max_concurrency,
+                .rpm = a->limits.rpm, .tpm = a->limits.tpm,
+                .daily_tokens = a->limits.daily_tokens, .window_s = a->limits.window_s,
+            };
+        }
+        if (!w || gov_set_apps(g, w, cfg->n_apps, now) < 0) {
             gov_fini(g);
             rc = -1;
         }

@@ -105,9 +105,9 @@ fail:
     return -1;
 }
 
-int gov_set_apps(struct gov *g, const double *weights, size_t n)
+int gov_set_apps(struct gov *g, const struct gov_app_params *apps, size_t n, double now)
 {
-    double *w = calloc(n + 1, sizeof(*w));
+    struct gov_app *w = calloc(n + 1, sizeof(*w));
     double **fin = calloc(g->n_capabilities ? g->n_capabilities : 1, sizeof(*fin));
     bool ok = w && fin;
 
@@ -120,8 +120,17 @@ int gov_set_apps(struct gov *g, const double *weights, size_t n)
         free(w);
         return -1;
     }
-    for (size_t i = 0; i <= n; i++)
-        w[i] = i < n && weights[i] > 0 && isfinite(weights[i]) ? weights[i] : 1.0;
+    for (size_t i = 0; i <= n; i++) {
+        struct gov_app *a = &w[i];
+        if (i < n)
+            a->p = apps[i];
+        if (!(a->p.weight > 0) || !isfinite(a->p.weight))
+            a->p.weight = 1.0;
+        double window = a->p.window_s > 0 ? a->p.window_s : 60.0;
+        bucket_init(&a->rpm, (double)a->p.rpm, window, now);
+        bucket_init(&a->tpm, (double)a->p.tpm, window, now);
+        bucket_init(&a->daily, (double)a->p.daily_tokens, 86400.0, now);
+    }
     for (size_t c = 0; c < g->n_capabilities; c++) {
         struct gov_waitq *q = &g->waitq[c];
         for (size_t i = 0; i <= n; i++)
@@ -130,10 +139,63 @@ int gov_set_apps(struct gov *g, const double *weights, size_t n)
         q->app_finish = fin[c];
     }
     free(fin);
-    free(g->app_weight);
-    g->app_weight = w;
+    free(g->apps);
+    g->apps = w;
     g->n_apps = n;
     return 0;
+}
+
+/* Can the request, tpm and daily buckets take one request of `cost`
+ * tokens now? When not, *at is raised to when they all could. */
+static bool gov_buckets_admit(struct bucket *rpm, struct bucket *tpm, struct bucket *daily,
+                              double cost, double now, double *at)
+{
+    bool ok = true;
+
+    if (!bucket_can_take(rpm, 1, now)) {
+        ok = false;
+        *at = fmax(*at, bucket_available_at(rpm, 1, now));
+    }
+    if (!bucket_can_take(tpm, cost, now)) {
+        ok = false;
+        *at = fmax(*at, bucket_available_at(tpm, cost, now));
+    }
+    if (!bucket_can_take(daily, cost, now)) {
+        ok = false;
+        *at = fmax(*at, bucket_available_at(daily, cost, now));
+    }
+    return ok;
+}
+
+/* The call's app, or NULL without gov_set_apps. */
+static struct gov_app *gov_call_app(const struct gov_call *k)
+{
+    const struct gov *g = k->gov;
+    if (!g->apps)
+        return NULL;
+    return &g->apps[k->app < g->n_apps ? k->app : g->n_apps];
+}
+
+/* Can the call's app take one more attempt of `cost` tokens now? When not,
+ * *available_at is when it could (INFINITY: when one of its calls ends). */
+static bool gov_app_runnable(struct gov_app *a, double cost, double now, double *available_at)
+{
+    double at = now;
+    bool ok = true;
+
+    if (a->p.max_concurrency > 0 && a->in_flight >= a->p.max_concurrency) {
+        ok = false;
+        at = INFINITY;
+    }
+    if (!gov_buckets_admit(&a->rpm, &a->tpm, &a->daily, cost, now, &at))
+        ok = false;
+    *available_at = at;
+    return ok;
+}
+
+static bool gov_app_is_full(const struct gov_app *a)
+{
+    return a && a->p.max_concurrency > 0 && a->in_flight >= a->p.max_concurrency;
 }
 
 void gov_call_set_app(struct gov_call *k, uint32_t app)
@@ -145,7 +207,7 @@ static void gov_free_apps(struct gov *g)
 {
     for (size_t c = 0; g->waitq && c < g->n_capabilities; c++)
         free(g->waitq[c].app_finish);
-    free(g->app_weight);
+    free(g->apps);
 }
 
 void gov_fini(struct gov *g)
@@ -188,18 +250,8 @@ bool gov_source_runnable(struct gov *g, size_t i, double cost, double now, doubl
         ok = false;
         at = INFINITY; /* until a permit is released */
     }
-    if (!bucket_can_take(&s->rpm, 1, now)) {
+    if (!gov_buckets_admit(&s->rpm, &s->tpm, &s->daily, cost, now, &at))
         ok = false;
-        at = fmax(at, bucket_available_at(&s->rpm, 1, now));
-    }
-    if (!bucket_can_take(&s->tpm, cost, now)) {
-        ok = false;
-        at = fmax(at, bucket_available_at(&s->tpm, cost, now));
-    }
-    if (!bucket_can_take(&s->daily, cost, now)) {
-        ok = false;
-        at = fmax(at, bucket_available_at(&s->daily, cost, now));
-    }
     if (s->gate_until > now) {
         ok = false;
         at = fmax(at, s->gate_until); /* INFINITY while one call asks */
@@ -304,7 +356,7 @@ static void waitq_push(struct gov_call *k)
     if (q->app_finish) {
         size_t a = k->app < g->n_apps ? k->app : g->n_apps;
         k->vstart = fmax(q->vtime, q->app_finish[a]);
-        q->app_finish[a] = k->vstart + 1.0 / g->app_weight[a];
+        q->app_finish[a] = k->vstart + 1.0 / g->apps[a].p.weight;
     } else {
         k->vstart = q->vtime;          /* one app: FIFO */
     }
@@ -358,9 +410,24 @@ static struct gov_call *gov_first_waiter(struct gov *g, uint32_t cap, bool permi
 {
     struct gov_call *k = g->waitq[cap].head;
 
-    while (k && (k->woken || (permit_only && !k->waits_permit)))
+    while (k && (k->woken || (permit_only && !k->waits_permit) || k->waits_app ||
+                 gov_app_is_full(gov_call_app(k))))
         k = k->wq_next;
     return k;
+}
+
+/* An app dropped below its max_concurrency: its first waiter (in any
+ * capability) may run again. */
+static void gov_wake_app(struct gov *g, uint32_t app)
+{
+    for (size_t c = 0; c < g->n_capabilities; c++) {
+        for (struct gov_call *k = g->waitq[c].head; k; k = k->wq_next) {
+            if (!k->woken && !k->waits_app && k->app == app) {
+                gov_wake_call(g, k);
+                return;
+            }
+        }
+    }
 }
 
 /* A permit of capability `cap` was released: wake the first waiter that is
@@ -456,8 +523,17 @@ double gov_backoff_s(const struct gov_policy *pol, uint32_t n, double r)
 static void gov_call_release(struct gov_call *k)
 {
     struct gov_source *s = &k->gov->sources[k->source];
+    struct gov_app *a = gov_call_app(k);
     if (s->in_flight > 0)
         s->in_flight--;
+    if (a && k->holds_app) {
+        bool was_full = gov_app_is_full(a);
+        k->holds_app = false;
+        if (a->in_flight > 0)
+            a->in_flight--;
+        if (was_full)
+            gov_wake_app(k->gov, k->app);
+    }
 }
 
 /* Best estimate of when the capability can serve the call again, in
@@ -570,6 +646,7 @@ static void gov_call_park(struct gov_call *k, double now, double stalled, double
     k->woken = false; /* it looked: the next release wakes it again */
     k->waits_permit = isinf(next_at) && next_at > 0;
     k->waits_age = false;
+    k->waits_app = false;
     k->gov->waits++;
     k->state = GOV_CALL_WAITING;
     k->wake_at = wake;
@@ -632,9 +709,26 @@ void gov_call_step(struct gov_call *k, double now, struct gov_decision *d)
     if (gov_call_verdicts(k, now, &stalled, &age, d))
         return;
 
+    struct gov_app *app = gov_call_app(k);
+    double app_at;
+    if (app && !gov_app_runnable(app, k->est_tokens, now, &app_at)) {
+        /* Its app's own limits hold it back, whatever the sources say. */
+        app->limited++;
+        gov_call_park(k, now, stalled, age, app_at, d);
+        k->waits_app = isfinite(app_at);
+        return;
+    }
     long pick = gov_pick(g, k, now, &next_at);
     if (pick >= 0) {
         struct gov_source *s = &g->sources[pick];
+        if (app) {
+            app->in_flight++;
+            app->admitted++;
+            k->holds_app = true;
+            bucket_take(&app->rpm, 1, now);
+            bucket_take(&app->tpm, k->est_tokens, now);
+            bucket_take(&app->daily, k->est_tokens, now);
+        }
         if (k->queued && k->vstart > g->waitq[k->capability].vtime)
             g->waitq[k->capability].vtime = k->vstart;
         waitq_remove(k);
@@ -706,6 +800,14 @@ static void gov_call_unreserve(struct gov_call *k, double now)
     bucket_adjust(&s->rpm, -1, now);
     bucket_adjust(&s->tpm, -k->est_tokens, now);
     bucket_adjust(&s->daily, -k->est_tokens, now);
+    struct gov_app *app = gov_call_app(k);
+    if (app) {
+        bucket_adjust(&app->rpm, -1, now);
+        bucket_adjust(&app->tpm, -k->est_tokens, now);
+        bucket_adjust(&app->daily, -k->est_tokens, now);
+        if (app->admitted > 0)
+            app->admitted--;
+    }
     if (s->last_start == k->picked_at)
         s->last_start = k->prev_last_start; /* unless another call started since */
     if (k->attempts > 0)
@@ -792,8 +894,13 @@ void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o
     stall_clock_attempt_end(&k->clock, now, exempt);
     gov_call_release(k);
     if (actual_tokens >= 0) {
+        struct gov_app *app = gov_call_app(k);
         bucket_adjust(&s->tpm, actual_tokens - k->est_tokens, now);
         bucket_adjust(&s->daily, actual_tokens - k->est_tokens, now);
+        if (app) {
+            bucket_adjust(&app->tpm, actual_tokens - k->est_tokens, now);
+            bucket_adjust(&app->daily, actual_tokens - k->est_tokens, now);
+        }
     }
     k->notes[k->source].reason = (uint8_t)o->reason;
     k->notes[k->source].status = o->http_status;

@@ -50,6 +50,14 @@
  * proportion to their weights; and an app arriving with one call is served
  * right after the waiters tagged before V, not after another app's backlog.
  * Tags only order waiters: a call's stall time is its own, as before.
+ *
+ * Per-app limits (gov_set_apps) come on top of the sources': an app at its
+ * max_concurrency, or whose rpm/tpm/daily bucket cannot take the call,
+ * waits like a call that finds no source runnable (a permit wait, or until
+ * the bucket refills). A released permit skips the waiters whose app is at
+ * its max_concurrency or that wait for their app's bucket, so it is never
+ * lost on a call that cannot use it; an app dropping below its
+ * max_concurrency wakes its own first waiter, in any capability.
  */
 #ifndef POLYGW_GOV_H
 #define POLYGW_GOV_H
@@ -101,6 +109,21 @@ struct gov_policy {
     double backoff_base_s, backoff_max_s;
     double poll_interval_s;  /* shared backend: re-poll period when no retry time is known */
     bool exempt_429;
+};
+
+/* Static parameters of one app (fair queueing and per-app limits). */
+struct gov_app_params {
+    double weight;                            /* > 0; else 1 */
+    uint32_t max_concurrency;                 /* 0 = unlimited */
+    uint64_t rpm, tpm, daily_tokens;          /* 0 = unlimited */
+    double window_s;                          /* of rpm and tpm; 0 = 60 */
+};
+
+struct gov_app {
+    struct gov_app_params p;
+    uint32_t in_flight;
+    struct bucket rpm, tpm, daily;
+    uint64_t admitted, limited;               /* attempts admitted; steps its limits held back */
 };
 
 struct gov_source {
@@ -187,6 +210,8 @@ struct gov_call {
     struct gov_call *wq_prev, *wq_next;
     uint32_t app;            /* gov_call_set_app; 0 by default */
     double vstart;           /* its start tag while queued */
+    bool waits_app;          /* WAITING for its app's bucket to refill */
+    bool holds_app;          /* ATTEMPTING: counted in its app's in_flight */
     bool queued;
     bool woken;              /* on_wake fired, the call has not stepped since */
     bool waits_permit;       /* WAITING for a permit release (not for a time) */
@@ -204,7 +229,7 @@ struct gov {
         double vtime;                  /* V: start tag of the last waiter admitted */
         double *app_finish;            /* F[app], n_apps + 1 of them (owned) */
     } *waitq;
-    double *app_weight;                /* n_apps + 1 (owned); the last: unknown apps */
+    struct gov_app *apps;              /* n_apps + 1 (owned); the last: unknown apps */
     size_t n_apps;
     struct gov_backend backend;
     struct progress_store *progress;   /* the memory backend, when used */
@@ -222,12 +247,12 @@ int gov_init(struct gov *g, const struct gov_source_params *srcs, size_t n, size
              const struct gov_hooks *hooks, double now);
 void gov_fini(struct gov *g);
 
-/* Sets the weights (each > 0 and finite; others read as 1) of apps
- * 0 .. n - 1 for fair queueing; an app index >= n shares one extra slot
- * of weight 1. Without it every call is app 0, weight 1: plain FIFO. Call
- * with no call waiting (at set-up). Returns 0 or -1 (out of memory; the
- * previous weights stay). */
-int gov_set_apps(struct gov *g, const double *weights, size_t n);
+/* Sets the parameters (copied) of apps 0 .. n - 1 for fair queueing and
+ * per-app limits; an app index >= n shares one extra slot of weight 1,
+ * unlimited. Without it every call is app 0, weight 1, unlimited: plain
+ * FIFO. Call at set-up, with no call in flight or waiting. Returns 0 or -1
+ * (out of memory; the previous apps stay). */
+int gov_set_apps(struct gov *g, const struct gov_app_params *apps, size_t n, double now);
 
 /* The app a call belongs to, for fair queueing; call after gov_call_init
  * and before the first step. */

@@ -7,6 +7,7 @@ import pwd
 import socket
 import subprocess
 import sys
+import time
 
 import msgpack
 import pytest
@@ -221,3 +222,36 @@ def test_apps__weights_3_to_1_share_the_permits(make_sidecar, up):
     na, nb = measure_shares(a.sock, b.sock, 400, 10)
     assert na + nb == 400
     assert 2.7 <= na / nb <= 3.3, "shares %d:%d" % (na, nb)
+
+
+# ------------------------------------------------------------ per-app limits
+def test_apps__per_app_max_concurrency_and_capabilities(make_sidecar, up):
+    users, gid = ensure_users()
+    sc = make_sidecar(config_text=fair_config(up.url, [
+        "{name: svc-a, uids: [%d], max_concurrency: 1}" % users["pgwapp_a"].pw_uid,
+        "{name: svc-b, uids: [%d], capabilities: [chat]}" % users["pgwapp_b"].pw_uid]))
+    os.chmod(sc.dir, 0o711)
+    os.chown(sc.sock, 0, gid)
+    a = connect_as(sc, users["pgwapp_a"], gid)
+    b = connect_as(sc, users["pgwapp_b"], gid)
+    body = {"messages": [{"role": "user", "content": "x"}], "mock": {"delay_ms": 300}}
+    ids = [a.request_async("call", {"capability": "chat", "body": body}) for _ in range(3)]
+    deadline = time.monotonic() + 5
+    while up.stats()["in_progress"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    assert up.stats()["in_progress"] == 1       # the source has 2 permits; svc-a may use 1
+    bid = b.request_async("call", {"capability": "chat", "body": body})
+    deadline = time.monotonic() + 5
+    while up.stats()["in_progress"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert up.stats()["in_progress"] == 2       # svc-b takes the other permit at once
+    assert b.wait_response(bid, 5)[2] is None
+    t0 = time.monotonic()
+    for i in ids:
+        assert a.wait_response(i, 5)[2] is None
+    assert time.monotonic() - t0 >= 0.45        # svc-a's 3 calls ran one after another
+    msg = b.wait_response(b.request_async("call", {"capability": "embedding",
+                                                   "body": {"input": "x"}}), 5)
+    assert msg[2]["code"] == "unknown_capability" and "not allowed for app 'svc-b'" \
+        in msg[2]["message"]

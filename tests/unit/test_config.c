@@ -1599,6 +1599,23 @@ START_TEST(test_config__apps_resolve_uid_then_gid)
     ck_assert_double_eq(config_find_app(cfg, "web")->weight, 3);
     ck_assert_double_eq(config_find_app(cfg, "default")->weight, 1);
     ck_assert_ptr_null(config_find_app(cfg, "nope"));
+    ck_assert_ptr_null(config_find_app(cfg, "web")->capabilities);
+    ck_assert_uint_eq(config_find_app(cfg, "web")->max_concurrency, 0);
+    config_free(cfg);
+
+    cfg = expect_ok("apps:\n"
+                    "  - name: web\n"
+                    "    max_concurrency: 4\n"
+                    "    limits: {rpm: 60, daily_tokens: 1000000}\n"
+                    "    capabilities: [embedding]\n" SRC0);
+    const struct config_app *w = config_find_app(cfg, "web");
+    ck_assert_uint_eq(w->max_concurrency, 4);
+    ck_assert_uint_eq(w->limits.rpm, 60);
+    ck_assert_uint_eq(w->limits.tpm, 0);
+    ck_assert_uint_eq(w->limits.daily_tokens, 1000000);
+    ck_assert_double_eq(w->limits.window_s, 60);
+    ck_assert(w->capabilities[config_find_capability(cfg, "embedding", 9)]);
+    ck_assert(!w->capabilities[config_find_capability(cfg, "chat", 4)]);
     config_free(cfg);
 }
 END_TEST
@@ -1621,6 +1638,12 @@ START_TEST(test_config__apps_rejected)
     expect_reject("apps:\n  - {name: a, weight: 0}\n" SRC0, 2, "apps[0].weight",
                   "must be > 0");
     expect_reject("apps:\n  - {name: a, token: x}\n" SRC0, 2, "", "unknown key");
+    expect_reject("apps:\n  - {name: a, capabilities: [chat, vision]}\n" SRC0, 2,
+                  "apps[0].capabilities[1]", "not a configured capability");
+    expect_reject("apps:\n  - {name: a, capabilities: chat}\n" SRC0, 2, "apps[0].capabilities",
+                  "expected a list of capability names");
+    expect_reject("apps:\n  - {name: a, max_concurrency: 0}\n" SRC0, 2,
+                  "apps[0].max_concurrency", "must be");
 }
 END_TEST
 

@@ -2469,7 +2469,7 @@ static void fq_on_wake(struct gov_call *k, void *ud)
     f->woken[f->n_woken++] = k;
 }
 
-static void fq_init(struct fq *f, const double *weights, size_t n_apps)
+static void fq_init_apps(struct fq *f, const struct gov_app_params *apps, size_t n_apps)
 {
     struct gov_source_params p = src_params("a");
     struct gov_hooks h = {.on_wake = fq_on_wake, .ud = f};
@@ -2478,7 +2478,16 @@ static void fq_init(struct fq *f, const double *weights, size_t n_apps)
     p.max_concurrency = 2;
     p.aimd_initial = p.aimd_min = 2;
     ck_assert_int_eq(gov_init(&f->g, &p, 1, 1, NULL, NULL, NULL, &h, 0), 0);
-    ck_assert_int_eq(gov_set_apps(&f->g, weights, n_apps), 0);
+    ck_assert_int_eq(gov_set_apps(&f->g, apps, n_apps, 0), 0);
+}
+
+static void fq_init(struct fq *f, const double *weights, size_t n_apps)
+{
+    struct gov_app_params a[4] = {{0}};
+
+    for (size_t i = 0; i < n_apps; i++)
+        a[i].weight = weights[i];
+    fq_init_apps(f, a, n_apps);
 }
 
 static void fq_admit(struct fq *f, struct gov_call *k)
@@ -2619,6 +2628,65 @@ START_TEST(test_gov__fair_queue_without_apps_is_fifo)
 }
 END_TEST
 
+/* An app at its max_concurrency waits while another app's calls use the
+ * source's free permit; its own calls resume as its attempts end. */
+START_TEST(test_gov__app_max_concurrency_holds)
+{
+    static struct fq f;
+    const struct gov_app_params apps[2] = {{.weight = 1, .max_concurrency = 1}, {.weight = 1}};
+
+    fq_init_apps(&f, apps, 2);
+    for (int i = 0; i < 20; i++)
+        fq_arrive(&f, 0);
+    ck_assert_uint_eq(f.n_admitted, 1);      /* the source has 2 permits: the app allows 1 */
+    ck_assert_uint_eq(f.g.apps[0].in_flight, 1);
+    fq_arrive(&f, 1);                         /* the free permit goes to app 1 at once */
+    ck_assert_uint_eq(f.n_admitted, 2);
+    ck_assert_uint_eq(f.admitted_app[1], 1);
+    while (f.n_admitted < 21) {
+        ck_assert_uint_le(f.g.apps[0].in_flight, 1);
+        fq_serve_one(&f);
+    }
+    ck_assert_uint_le(f.g.apps[0].in_flight, 1);
+    fq_fini(&f);
+}
+END_TEST
+
+/* An app's rpm: its 4th call within the window waits for the refill (on
+ * the fake clock), while another app is not held back. */
+START_TEST(test_gov__app_rpm_holds)
+{
+    static struct fq f;
+    const struct gov_app_params apps[2] = {{.weight = 1, .rpm = 3, .window_s = 60},
+                                           {.weight = 1}};
+    struct gov_decision d;
+
+    fq_init_apps(&f, apps, 2);
+    for (int i = 0; i < 3; i++) {
+        fq_arrive(&f, 0);
+        while (f.n_running)
+            fq_serve_one(&f);
+    }
+    ck_assert_uint_eq(f.n_admitted, 3);
+    fq_arrive(&f, 0);
+    struct gov_call *held = &f.k[f.n - 1];
+    ck_assert_uint_eq(f.n_admitted, 3);       /* over its rpm: waits */
+    ck_assert(held->waits_app);
+    double wake = held->wake_at;
+    ck_assert_double_gt(wake, f.now);
+    ck_assert_double_le(wake, f.now + 60.0 / 3 + 1e-9);
+    fq_arrive(&f, 1);                         /* another app is not limited */
+    ck_assert_uint_eq(f.n_admitted, 4);
+    while (f.n_running)
+        fq_serve_one(&f);                     /* the release does not wake the held call */
+    ck_assert(!held->woken);
+    f.now = wake;
+    gov_call_step(held, f.now, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    fq_fini(&f);
+}
+END_TEST
+
 Suite *gov_suite(void)
 {
     Suite *s = suite_create("gov");
@@ -2692,6 +2760,8 @@ Suite *gov_suite(void)
     tcase_add_test(tc, test_gov__fair_queue_weights_3_to_1);
     tcase_add_test(tc, test_gov__fair_queue_single_call_not_behind_backlog);
     tcase_add_test(tc, test_gov__fair_queue_without_apps_is_fifo);
+    tcase_add_test(tc, test_gov__app_max_concurrency_holds);
+    tcase_add_test(tc, test_gov__app_rpm_holds);
     suite_add_tcase(s, tc);
     return s;
 }
