@@ -131,6 +131,37 @@ static void pack_identity(msgpack_packer *pk, const struct conn *c)
     c->peer_known ? msgpack_pack_uint32(pk, c->peer_pid) : msgpack_pack_nil(pk);
 }
 
+/* `apps`: each app's admission figures from the governance core; only the
+ * caller's own unless it is admin. Sources are shared infrastructure: every
+ * caller sees them (`sources`), as it sees the limits that hold its calls. */
+static void pack_apps(msgpack_packer *pk, const struct conn *c)
+{
+    struct gov *g = &c->srv->gov;
+    const struct config *cfg = c->srv->cfg;
+    const struct config_app *me = conn_app(c);
+    double now = ev_now(c->srv->loop);
+    size_t n = 0;
+
+    for (size_t i = 0; g->apps && i < g->n_apps && i < cfg->n_apps; i++)
+        n += me->admin || &cfg->apps[i] == me;
+    rpc_pack_str(pk, "apps");
+    msgpack_pack_array(pk, (uint32_t)n);
+    for (size_t i = 0; g->apps && i < g->n_apps && i < cfg->n_apps; i++) {
+        struct gov_app *a = &g->apps[i];
+        if (!me->admin && &cfg->apps[i] != me)
+            continue;
+        msgpack_pack_map(pk, 8);
+        rpc_pack_kv_str(pk, "name", cfg->apps[i].name);
+        rpc_pack_kv_double(pk, "weight", a->p.weight);
+        rpc_pack_kv_u64(pk, "in_flight", a->in_flight);
+        rpc_pack_kv_u64(pk, "admitted", a->admitted);
+        rpc_pack_kv_u64(pk, "limited", a->limited);
+        pack_kv_bucket(pk, "rpm_level", &a->rpm, now);
+        pack_kv_bucket(pk, "tpm_level", &a->tpm, now);
+        pack_kv_bucket(pk, "daily_tokens_level", &a->daily, now);
+    }
+}
+
 /* `hello`: says who the connection is and, with `app`, declares another
  * app for the rest of the connection (see conn_declare_app for who may). */
 static void method_hello(struct conn *c, const struct rpc_msg *m)
@@ -166,7 +197,7 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
     if (bind_or_reply(c, m, NULL, 0, NULL) < 0)
         return;
     rpc_pack_result_begin(pk, m->msgid);
-    msgpack_pack_map(pk, c->srv->shared ? 14 : 13);
+    msgpack_pack_map(pk, c->srv->shared ? 15 : 14);
 
     rpc_pack_str(pk, "version");
     rpc_pack_str(pk, PGW_VERSION);
@@ -175,6 +206,7 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
 
     rpc_pack_str(pk, "caller");
     pack_identity(pk, c);
+    pack_apps(pk, c);
 
     rpc_pack_str(pk, "connections");
     msgpack_pack_map(pk, 6);

@@ -113,6 +113,11 @@ def test_apps__identity_follows_the_peer_uid(apps):
     assert err is None and res["app"] == "ops" and res["admin"] is True
     err, st = connect_as(sc, users["pgwapp_b"], gid).request("stats")
     assert err is None and st["caller"]["app"] == "svc-b"
+    assert [x["name"] for x in st["apps"]] == ["svc-b"]      # its own figures only
+    assert st["apps"][0]["weight"] == 3
+    assert [s["name"] for s in st["sources"]] == ["s"]        # sources are shared
+    err, st = sc.connect().request("stats")                   # admin: every app
+    assert [x["name"] for x in st["apps"]] == ["svc-a", "svc-b", "proxy", "ops", "default"]
 
 
 def test_apps__declared_name_refused_unless_allowed(apps):
