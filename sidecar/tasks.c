@@ -146,8 +146,11 @@ static void pack_task(msgpack_packer *pk, const struct server *srv, const struct
     bool reason = t->reason && t->reason[0];
     double updated = t->ended_at > 0 ? t->ended_at : t->last_active_at;
 
-    msgpack_pack_map(pk, 5 + (failed ? 1 : 0) + (reason ? 1 : 0) + (t->node ? 1 : 0));
+    msgpack_pack_map(pk, 5 + (failed ? 1 : 0) + (reason ? 1 : 0) + (t->node ? 1 : 0) +
+                             (t->app[0] ? 1 : 0));
     rpc_pack_kv_str(pk, "task_id", t->id);
+    if (t->app[0])
+        rpc_pack_kv_str(pk, "app", t->app);
     rpc_pack_kv_str(pk, "state", task_state_name(t->state));
     if (failed)
         rpc_pack_kv_str(pk, "reason_kind", task_reason_kind_name(t->reason_kind));
@@ -780,13 +783,14 @@ void tasks_guard_remote(struct server *srv, const char *id, tasks_guard_cb *cb, 
  * that first named it when it was started elsewhere (imported from the
  * backend). Another app gets exactly the answer for a task that does not
  * exist, so it learns nothing about it (not even that it was stopped); an
- * admin app sees every task. Returns true when `t` is `app`'s (claiming it
- * when unclaimed). */
+ * admin app sees every task (and never claims one: an operator looking at
+ * an imported task must not take it from its app). Returns true when `t`
+ * is `app`'s (claiming it when unclaimed). */
 static bool task_is_visible(struct task *t, const struct config_app *app)
 {
     if (!t)
         return true;
-    if (!t->app[0])
+    if (!t->app[0] && !app->admin)
         snprintf(t->app, sizeof(t->app), "%s", app->name);
     return app->admin || strcmp(t->app, app->name) == 0;
 }

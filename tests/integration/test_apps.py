@@ -185,7 +185,7 @@ def test_apps__tasks_belong_to_their_app(apps):
     # B's stop after A's is still not told that it was stopped
     admin = sc.connect()
     err, t = admin.request("task.get", {"task_id": "job-1"})
-    assert err is None and t["state"] == "running"
+    assert err is None and t["state"] == "running" and t["app"] == "svc-a"
     err, t = admin.request("task.stop", {"task_id": "job-1", "reason": "ops"})
     assert err is None and t["state"] == "failed"
     err, _ = b.request("task.guard", {"task_id": "job-1"})
