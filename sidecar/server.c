@@ -37,11 +37,11 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "call.h"
 #include "governor.h"
 #include "tasks.h"
 #include "log.h"
-#include "shared.h"
 #include "upstream.h"
 
 #define SERVER_ACCEPT_PAUSE_S 0.1
@@ -446,8 +446,63 @@ static void server_on_stop_timeout(struct ev_loop *loop, ev_timer *w, int revent
     ev_break(loop, EVBREAK_ALL);
 }
 
+/* Backend hooks: events the backend reports go to the task layer and the
+ * governance core; the backend itself knows neither. */
+static void server_on_task_ended(void *ud, const char *id)
+{
+    tasks_on_task_ended(ud, id);
+}
+
+static void server_on_resync(void *ud)
+{
+    tasks_on_resubscribed(ud);
+}
+
+static void server_on_backend_up(void *ud)
+{
+    tasks_on_backend_up(ud);
+}
+
+static void server_on_progress_known(void *ud, const char *scope)
+{
+    struct server *srv = ud;
+    gov_progress_known(&srv->gov, scope);
+}
+
+static struct backend *server_backend_new(struct server *srv, const struct backend_hooks *hooks,
+                                          char *err, size_t errlen)
+{
+    if (srv->cfg->backend == BACKEND_REDIS)
+        return backend_redis_new(srv->loop, srv->cfg, hooks, err, errlen);
+    struct backend *be = backend_memory_new(srv->loop, srv->tasks);
+    if (!be)
+        snprintf(err, errlen, "out of memory");
+    return be;
+}
+
 int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, char *err,
                 size_t errlen)
+{
+    return server_init_with(srv, loop, cfg, server_backend_new, err, errlen);
+}
+
+/* Tears down what server_init_with set up, in reverse order. The backend
+ * goes before the task registry: its last answers (the drain at exit)
+ * still bring task copies in line. */
+static void server_fini_parts(struct server *srv)
+{
+    gov_fini(&srv->gov);
+    backend_free(srv->backend);
+    srv->backend = NULL;
+    tasks_fini(srv);
+    upstream_free(srv->up);
+    srv->up = NULL;
+    free(srv->socket_path);
+    srv->socket_path = NULL;
+}
+
+int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cfg,
+                     server_backend_fn *backend_new, char *err, size_t errlen)
 {
     memset(srv, 0, sizeof(*srv));
     srv->loop = loop;
@@ -459,24 +514,35 @@ int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, ch
         .on_breaker = call_on_breaker,
         .ud = srv,
     };
+    const struct backend_hooks be_hooks = {
+        .on_task_ended = server_on_task_ended,
+        .on_resync = server_on_resync,
+        .on_up = server_on_backend_up,
+        .on_progress_known = server_on_progress_known,
+        .ud = srv,
+    };
     srv->socket_path = strdup(cfg->socket_path);
-    if (!srv->socket_path) {
+    /* Set up in dependency order; server_fini_parts unwinds in reverse
+     * (gov_fini, backend_free, tasks_fini and upstream_free accept a part
+     * never set up). */
+    if (!srv->socket_path)
         snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    /* Set up in dependency order; unwind in reverse on failure. */
-    srv->up = upstream_new(loop, SERVER_DNS_LOOKUPS_PER_HOST, err, errlen);
-    if (!srv->up)
-        goto fail_up;
-    if (shared_init(srv, err, errlen) < 0)
-        goto fail_shared;
-    if (governor_init(&srv->gov, cfg, srv->shared ? shared_gov_backend(srv->shared) : NULL,
-                      &hooks, &srv->rand_state, ev_now(loop), err, errlen) < 0)
-        goto fail_gov;
-    if (tasks_init(srv, err, errlen) < 0)
-        goto fail_tasks;
-    if (server_listen(srv, err, errlen) < 0)
-        goto fail_listen;
+    else if (!(srv->up = upstream_new(loop, SERVER_DNS_LOOKUPS_PER_HOST, err, errlen)))
+        ;
+    else if (tasks_init(srv, err, errlen) < 0)
+        ;
+    else if (!(srv->backend = backend_new(srv, &be_hooks, err, errlen)))
+        ;
+    else if (governor_init(&srv->gov, cfg, srv->backend->ops->progress(srv->backend), &hooks,
+                           &srv->rand_state, ev_now(loop), err, errlen) < 0)
+        ;
+    else if (server_listen(srv, err, errlen) < 0)
+        ;
+    else
+        goto ok;
+    server_fini_parts(srv);
+    return -1;
+ok:
     srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     srv->started_at = ev_now(loop);
 
@@ -490,20 +556,6 @@ int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, ch
     srv->accept_w.data = srv->accept_retry_w.data = srv->sigterm_w.data = srv;
     srv->sigint_w.data = srv->grace_w.data = srv->stop_w.data = srv->reap_w.data = srv;
     return 0;
-
-fail_listen:
-    tasks_fini(srv);
-fail_tasks:
-    gov_fini(&srv->gov);
-fail_gov:
-    shared_fini(srv);
-fail_shared:
-    upstream_free(srv->up);
-    srv->up = NULL;
-fail_up:
-    free(srv->socket_path);
-    srv->socket_path = NULL;
-    return -1;
 }
 
 void server_start(struct server *srv)
@@ -538,9 +590,5 @@ void server_fini(struct server *srv)
     ev_signal_stop(srv->loop, &srv->sigint_w);
     if (srv->spare_fd >= 0)
         close(srv->spare_fd);
-    shared_fini(srv); /* its last callbacks may still touch the task registry */
-    tasks_fini(srv);
-    upstream_free(srv->up);
-    gov_fini(&srv->gov);
-    free(srv->socket_path);
+    server_fini_parts(srv);
 }
