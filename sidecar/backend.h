@@ -167,6 +167,11 @@ struct backend *backend_redis_new(struct ev_loop *loop, const struct config *cfg
  * Strings borrow from `t`. */
 void backend_task_describe(struct backend_task *bt, const struct task *t, struct ev_loop *loop);
 
+/* release.lua's breaker verdict of an attempt's outcome `o` (NULL: none):
+ * "success", "failure" for a transient failure, "neutral" for a 429, a
+ * rejection or a cancel, which the breaker does not count (src/breaker.h). */
+const char *backend_verdict_name(const struct outcome *o);
+
 /* Dispatch helpers: the caller's view of the table. */
 static inline int backend_admit(struct backend *be, size_t source, double est_tokens,
                                 struct backend_lease **lease, backend_admit_cb *cb, void *ud,

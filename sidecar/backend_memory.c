@@ -18,25 +18,6 @@ struct backend_memory {
     struct task_reg *tasks;       /* borrowed */
 };
 
-void backend_task_describe(struct backend_task *bt, const struct task *t, struct ev_loop *loop)
-{
-    /* Loop time -> Unix seconds as this host sees them. */
-    double off = ev_time() - ev_now(loop);
-    double updated = t->ended_at > 0 ? t->ended_at : t->last_active_at;
-
-    *bt = (struct backend_task){
-        .rc = TASK_OK,
-        .exists = true,
-        .state = task_state_name(t->state),
-        .kind = t->state == TASK_FAILED ? task_reason_kind_name(t->reason_kind) : "",
-        .reason = task_reason(t),
-        .node = t->node,
-        .runs = t->runs,
-        .started_at_s = t->started_at + off,
-        .updated_at_s = updated + off,
-    };
-}
-
 static int mem_admit(struct backend *be, size_t source, double est_tokens,
                      struct backend_lease **lease, backend_admit_cb *cb, void *ud,
                      struct backend_admit **pending)

@@ -435,16 +435,6 @@ static void on_released(const redisReply *r, const char *err, void *ud)
         note_breaker(sh, k->index, r->element[1]->str);
 }
 
-/* release.lua's verdict: a transient failure counts for the breaker; a
- * 429, a rejection or a cancel does not (src/breaker.h). */
-static const char *verdict_name(const struct outcome *o)
-{
-    if (!o || o->reason == REASON_CANCELLED)
-        return "neutral";
-    return o->kind == OUTCOME_SUCCESS ? "success" : o->kind == OUTCOME_TRANSIENT ? "failure"
-                                                                                 : "neutral";
-}
-
 static void redis_release(struct backend *be, struct backend_lease *l, const struct outcome *o,
                           double used_tokens)
 {
@@ -457,7 +447,7 @@ static void redis_release(struct backend *be, struct backend_lease *l, const str
     fmt_num(est, sizeof(est), ceil(l->est_tokens));
     fmt_num(used, sizeof(used), used_tokens < 0 ? -1 : ceil(used_tokens));
     const char *argv[] = {k->breaker, k->leases, k->rpm,     k->tpm,    k->daily, l->id,
-                          verdict_name(o), est,  used,       k->a_tpm,  k->a_win, k->a_daily,
+                          backend_verdict_name(o), est,  used,       k->a_tpm,  k->a_win, k->a_daily,
                           "86400000", k->a_fails, k->a_cool, k->a_maxcool};
     if (rds_eval(sh->rds, RDS_RELEASE, 5, 16, argv, NULL, on_released, k) < 0)
         count_write_error(sh, "release", "not connected");
@@ -938,7 +928,7 @@ static void drain_timeout(struct ev_loop *loop, ev_timer *w, int revents)
  * only queued in hiredis; let them out, bounded by the command timeout, so
  * a restart does not hold the fleet's permits (or its half-open probe) for
  * lease_ttl_s. */
-static void shared_drain(struct shared *sh)
+static void redis_drain(struct shared *sh)
 {
     struct ev_loop *loop = sh->loop;
     ev_timer guard;
@@ -962,7 +952,7 @@ static void redis_free(struct backend *be)
     ev_timer_stop(sh->loop, &sh->later_w);
     sh->closing = true; /* the drain below lets writes out; it starts nothing new */
     sh->n_dirty = 0; /* a coalesced mark (< 100 ms old) is not worth a write at exit */
-    shared_drain(sh);
+    redis_drain(sh);
     rds_free(sh->rds); /* fails what is pending (admissions: their leases are freed) */
     sh->rds = NULL;
     ev_timer_stop(sh->loop, &sh->later_w);

@@ -19,5 +19,7 @@ Suite *progress_suite(void);
 Suite *gov_suite(void);
 Suite *task_suite(void);
 Suite *redis_url_suite(void);
+Suite *tasks_suite(void);
+Suite *call_suite(void);
 
 #endif
