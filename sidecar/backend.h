@@ -23,6 +23,12 @@
  * (a task ended elsewhere, the channels are back after a gap, the command
  * connection is up again, a progress age is known), so no implementation
  * calls into tasks.c or the core: the server wires the hooks.
+ *
+ * Lifetime: the server owns the backend. It is built after the task
+ * registry (the memory backend borrows it) and before the core (which takes
+ * its progress interface), and freed in reverse: after the core, before the
+ * registry, since the answers the Redis drain still delivers at exit bring
+ * task copies in line. One event loop, one thread.
  */
 #ifndef POLYGW_BACKEND_H
 #define POLYGW_BACKEND_H
@@ -122,9 +128,6 @@ struct backend_ops {
      * -1: not sent. */
     int (*task)(struct backend *be, enum backend_task_op op, const char *id, const char *reason,
                 bool ok, struct backend_task *now_bt, backend_task_cb *cb, void *ud);
-    /* A task update could not be sent: hooks.on_resync once the backend
-     * can answer (now, when it can). */
-    void (*request_resync)(struct backend *be);
     /* A task update failed while the backend may be up: hooks.on_up (and,
      * with `resync`, hooks.on_resync) in a while (backing off while it
      * keeps failing), and at the latest when the connection comes back. */

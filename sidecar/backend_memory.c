@@ -103,11 +103,6 @@ static int mem_task(struct backend *be, enum backend_task_op op, const char *id,
     return 1;
 }
 
-static void mem_noop(struct backend *be)
-{
-    (void)be;
-}
-
 static void mem_retry_later(struct backend *be, bool resync)
 {
     (void)be;
@@ -146,7 +141,6 @@ static const struct backend_ops memory_ops = {
     .admit_detach = mem_admit_detach,
     .release = mem_release,
     .task = mem_task,
-    .request_resync = mem_noop,
     .retry_later = mem_retry_later,
     .is_closing = mem_is_closing,
     .progress = mem_progress,
