@@ -509,6 +509,7 @@ int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cf
     srv->cfg = cfg;
     srv->listen_fd = -1;
     srv->spare_fd = -1;
+    governor_seed(&srv->rand_state); /* before tasks_init draws its hash seed */
     const struct gov_hooks hooks = {
         .on_wake = call_on_gov_wake,
         .on_breaker = call_on_breaker,
