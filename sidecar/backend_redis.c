@@ -119,9 +119,9 @@ struct shared {
     bool resync;                        /* re-read the running tasks when up */
     unsigned long long resyncs;
     ev_timer mark_w;                    /* sends them */
-    ev_timer later_w;                   /* shared_retry_later */
+    ev_timer later_w;                   /* retry_later */
     double later_delay;
-    bool closing;                       /* shared_fini: no new work */
+    bool closing;                       /* redis_free: no new work */
     ev_timer renew_w;
     /* counters */
     unsigned long long admits, admitted, refused[6], admit_errors, releases, write_errors,

@@ -122,6 +122,27 @@ START_TEST(test_tasks__backend_unavailable)
 }
 END_TEST
 
+START_TEST(test_tasks__stop_sent_during_a_gap_is_refused)
+{
+    struct harness h;
+    struct reply r;
+    int cl = start_with_task(&h);
+
+    call_in_task(&h, cl, 2, "t1");
+    /* The backend is unreachable: the stop is not recorded, so it must not
+     * be half-applied here either; the client is told to retry. */
+    h.fb->down = true;
+    harness_task(&h, cl, 3, "task.stop", "t1", "abort");
+    ck_assert(harness_recv(&h, cl, &r, WAIT_S));
+    ck_assert_uint_eq(r.msgid, 3);
+    ck_assert_str_eq(r.code, "backend_unavailable");
+    ck_assert(tasks_held_running(&h.srv, "t1"));
+    ck_assert(!harness_recv(&h, cl, &r, 0.05)); /* the call still waits */
+    ck_assert_uint_eq(h.srv.stats.in_flight, 1);
+    harness_stop(&h);
+}
+END_TEST
+
 START_TEST(test_tasks__stop_during_a_gap_is_found_by_the_resync)
 {
     struct harness h;
@@ -316,6 +337,7 @@ Suite *tasks_suite(void)
     tcase_add_test(tc, test_tasks__answer_waits_for_the_record);
     tcase_add_test(tc, test_tasks__stop_answers_then_ends_the_calls);
     tcase_add_test(tc, test_tasks__backend_unavailable);
+    tcase_add_test(tc, test_tasks__stop_sent_during_a_gap_is_refused);
     tcase_add_test(tc, test_tasks__stop_during_a_gap_is_found_by_the_resync);
     tcase_add_test(tc, test_tasks__resync_is_paced);
     tcase_add_test(tc, test_tasks__resync_read_failed_asks_again);
