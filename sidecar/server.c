@@ -522,28 +522,23 @@ int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cf
         .on_progress_known = server_on_progress_known,
         .ud = srv,
     };
-    srv->socket_path = strdup(cfg->socket_path);
     /* Set up in dependency order; server_fini_parts unwinds in reverse
-     * (gov_fini, backend_free, tasks_fini and upstream_free accept a part
-     * never set up). */
-    if (!srv->socket_path)
+     * (each part's fini accepts a part never set up). */
+    srv->socket_path = strdup(cfg->socket_path);
+    if (!srv->socket_path) {
         snprintf(err, errlen, "out of memory");
-    else if (!(srv->up = upstream_new(loop, SERVER_DNS_LOOKUPS_PER_HOST, err, errlen)))
-        ;
-    else if (tasks_init(srv, err, errlen) < 0)
-        ;
-    else if (!(srv->backend = backend_new(srv, &be_hooks, err, errlen)))
-        ;
-    else if (governor_init(&srv->gov, cfg, srv->backend->ops->progress(srv->backend), &hooks,
-                           &srv->rand_state, ev_now(loop), err, errlen) < 0)
-        ;
-    else if (server_listen(srv, err, errlen) < 0)
-        ;
-    else
-        goto ok;
-    server_fini_parts(srv);
-    return -1;
-ok:
+        goto fail;
+    }
+    srv->up = upstream_new(loop, SERVER_DNS_LOOKUPS_PER_HOST, err, errlen);
+    if (!srv->up || tasks_init(srv, err, errlen) < 0)
+        goto fail;
+    srv->backend = backend_new(srv, &be_hooks, err, errlen);
+    if (!srv->backend)
+        goto fail;
+    if (governor_init(&srv->gov, cfg, srv->backend->ops->progress(srv->backend), &hooks,
+                      &srv->rand_state, ev_now(loop), err, errlen) < 0 ||
+        server_listen(srv, err, errlen) < 0)
+        goto fail;
     srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     srv->started_at = ev_now(loop);
 
@@ -557,6 +552,9 @@ ok:
     srv->accept_w.data = srv->accept_retry_w.data = srv->sigterm_w.data = srv;
     srv->sigint_w.data = srv->grace_w.data = srv->stop_w.data = srv->reap_w.data = srv;
     return 0;
+fail:
+    server_fini_parts(srv);
+    return -1;
 }
 
 void server_start(struct server *srv)
