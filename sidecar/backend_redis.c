@@ -69,7 +69,7 @@ struct backend_lease {
 };
 
 struct backend_admit {
-    struct shared *sh;
+    struct backend_redis *sh;
     struct backend_lease *lease;
     backend_admit_cb *cb;
     void *ud;                           /* NULL once detached */
@@ -99,10 +99,10 @@ struct source_keys {
     char a_conc[24], a_ttl[24], a_rpm[24], a_win[24], a_tpm[24], a_daily[24], a_fails[24],
         a_cool[24], a_maxcool[24];
     size_t index;                       /* in sh->src: a release's context */
-    struct shared *sh;
+    struct backend_redis *sh;
 };
 
-struct shared {
+struct backend_redis {
     struct backend be;                  /* first: the table's view */
     struct ev_loop *loop;
     const struct config *cfg;           /* borrowed */
@@ -159,7 +159,7 @@ static bool reply_is_int(const redisReply *r, long long *v)
     return false;
 }
 
-static void count_write_error(struct shared *sh, const char *what, const char *err)
+static void count_write_error(struct backend_redis *sh, const char *what, const char *err)
 {
     sh->write_errors++;
     log_at(LOG_WARN, "backend write failed (counted; state self-heals by TTL)", "op", LOG_S,
@@ -176,9 +176,9 @@ static uint64_t hash_str(const char *s)
     return h;
 }
 
-static void marks_flush(struct shared *sh);
+static void marks_flush(struct backend_redis *sh);
 
-static void scopes_clear(struct shared *sh)
+static void scopes_clear(struct backend_redis *sh)
 {
     marks_flush(sh); /* coalesced successes are not lost with the cache */
     for (size_t i = 0; i < SHARED_SCOPES; i++) {
@@ -191,7 +191,7 @@ static void scopes_clear(struct shared *sh)
 
 /* The slot holding `scope`, or the empty slot where it would go (linear
  * probing; the table never fills: scope_slot clears it at 3/4). */
-static struct scope_slot *scope_probe(struct shared *sh, const char *scope)
+static struct scope_slot *scope_probe(struct backend_redis *sh, const char *scope)
 {
     size_t mask = SHARED_SCOPES - 1;
 
@@ -203,7 +203,7 @@ static struct scope_slot *scope_probe(struct shared *sh, const char *scope)
 }
 
 /* The slot of `scope`, or NULL. */
-static struct scope_slot *scope_find(struct shared *sh, const char *scope)
+static struct scope_slot *scope_find(struct backend_redis *sh, const char *scope)
 {
     struct scope_slot *s = scope_probe(sh, scope);
     return s->state == SCOPE_EMPTY ? NULL : s;
@@ -212,7 +212,7 @@ static struct scope_slot *scope_find(struct shared *sh, const char *scope)
 /* The slot of `scope`, created when absent (NULL when out of memory). A
  * table 3/4 full is dropped whole: every scope then reads unknown and is
  * fetched again — the safe direction. */
-static struct scope_slot *scope_slot(struct shared *sh, const char *scope)
+static struct scope_slot *scope_slot(struct backend_redis *sh, const char *scope)
 {
     struct scope_slot *s = scope_probe(sh, scope);
 
@@ -230,13 +230,13 @@ static struct scope_slot *scope_slot(struct shared *sh, const char *scope)
     return s;
 }
 
-static void progress_key(const struct shared *sh, const char *scope, char *key, size_t len)
+static void progress_key(const struct backend_redis *sh, const char *scope, char *key, size_t len)
 {
     snprintf(key, len, "{%s:scope:%s}:progress", sh->cfg->redis_prefix, scope);
 }
 
 struct fetch {
-    struct shared *sh;
+    struct backend_redis *sh;
     uint32_t epoch;
     char scope[];
 };
@@ -244,7 +244,7 @@ struct fetch {
 static void on_progress_fetched(const redisReply *r, const char *err, void *ud)
 {
     struct fetch *f = ud;
-    struct shared *sh = f->sh;
+    struct backend_redis *sh = f->sh;
     long long age_ms;
 
     if (f->epoch == sh->epoch) {
@@ -270,7 +270,7 @@ static void on_progress_fetched(const redisReply *r, const char *err, void *ud)
 
 static int be_progress_age(void *ud, const char *scope, double now, double *age)
 {
-    struct shared *sh = ud;
+    struct backend_redis *sh = ud;
 
     if (!rds_subscribed(sh->rds) || !rds_up(sh->rds))
         return -1; /* marks may be missed: fail closed */
@@ -318,7 +318,7 @@ static void on_mark_done(const redisReply *r, const char *err, void *ud)
         count_write_error(ud, "progress mark", err);
 }
 
-static int send_mark(struct shared *sh, const char *scope)
+static int send_mark(struct backend_redis *sh, const char *scope)
 {
     char key[SHARED_KEY_MAX], ttl[24];
 
@@ -333,7 +333,7 @@ static int send_mark(struct shared *sh, const char *scope)
     return 0;
 }
 
-static void marks_flush(struct shared *sh)
+static void marks_flush(struct backend_redis *sh)
 {
     double now = ev_now(sh->loop);
 
@@ -359,7 +359,7 @@ static void on_mark_timer(struct ev_loop *loop, ev_timer *w, int revents)
 
 static int be_progress_mark(void *ud, const char *scope, double now)
 {
-    struct shared *sh = ud;
+    struct backend_redis *sh = ud;
     struct scope_slot *s = scope_slot(sh, scope);
 
     if (!s)
@@ -384,7 +384,7 @@ static int be_progress_mark(void *ud, const char *scope, double now)
 
 /* --- leases ------------------------------------------------------------ */
 
-static void lease_link(struct shared *sh, struct backend_lease *l)
+static void lease_link(struct backend_redis *sh, struct backend_lease *l)
 {
     struct source_keys *k = &sh->src[l->source];
     l->prev = NULL;
@@ -396,7 +396,7 @@ static void lease_link(struct shared *sh, struct backend_lease *l)
     l->live = true;
 }
 
-static void lease_unlink(struct shared *sh, struct backend_lease *l)
+static void lease_unlink(struct backend_redis *sh, struct backend_lease *l)
 {
     struct source_keys *k = &sh->src[l->source];
     if (!l->live)
@@ -412,7 +412,7 @@ static void lease_unlink(struct shared *sh, struct backend_lease *l)
 }
 
 /* The fleet breaker as one release left it: logged when it changed. */
-static void note_breaker(struct shared *sh, size_t source, const char *state)
+static void note_breaker(struct backend_redis *sh, size_t source, const char *state)
 {
     struct source_keys *k = &sh->src[source];
 
@@ -427,7 +427,7 @@ static void note_breaker(struct shared *sh, size_t source, const char *state)
 static void on_released(const redisReply *r, const char *err, void *ud)
 {
     struct source_keys *k = ud;
-    struct shared *sh = k->sh;
+    struct backend_redis *sh = k->sh;
 
     if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 3)
         count_write_error(sh, "release", err);
@@ -438,7 +438,7 @@ static void on_released(const redisReply *r, const char *err, void *ud)
 static void redis_release(struct backend *be, struct backend_lease *l, const struct outcome *o,
                           double used_tokens)
 {
-    struct shared *sh = (struct shared *)be;
+    struct backend_redis *sh = (struct backend_redis *)be;
     struct source_keys *k = &sh->src[l->source];
     char est[32], used[32];
 
@@ -465,7 +465,7 @@ static int refusal_index(const char *why)
 static void on_admitted(const redisReply *r, const char *err, void *ud)
 {
     struct backend_admit *a = ud;
-    struct shared *sh = a->sh;
+    struct backend_redis *sh = a->sh;
     struct backend_lease *l = a->lease;
     long long ok = -1, v = 0;
 
@@ -502,7 +502,7 @@ static int redis_admit(struct backend *be, size_t source, double est_tokens,
                        struct backend_lease **lease, backend_admit_cb *cb, void *ud,
                        struct backend_admit **pending)
 {
-    struct shared *sh = (struct shared *)be;
+    struct backend_redis *sh = (struct backend_redis *)be;
     struct source_keys *k = &sh->src[source];
     char est[32];
     struct backend_admit *a = malloc(sizeof(*a));
@@ -542,7 +542,7 @@ static void redis_admit_detach(struct backend *be, struct backend_admit *a)
 /* Renewal: every lease_ttl_s / 3, one renew.lua per source with leases. */
 static void on_renewed(const redisReply *r, const char *err, void *ud)
 {
-    struct shared *sh = ud;
+    struct backend_redis *sh = ud;
 
     if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
         count_write_error(sh, "renew", err);
@@ -561,7 +561,7 @@ static void on_renewed(const redisReply *r, const char *err, void *ud)
 
 static void renew_all(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    struct shared *sh = w->data;
+    struct backend_redis *sh = w->data;
     char ttl[32];
     (void)loop;
     (void)revents;
@@ -661,7 +661,7 @@ static int redis_task(struct backend *be, enum backend_task_op op, const char *i
                       const char *reason, bool ok, struct backend_task *now_bt,
                       backend_task_cb *cb, void *ud)
 {
-    struct shared *sh = (struct shared *)be;
+    struct backend_redis *sh = (struct backend_redis *)be;
     char key[SHARED_KEY_MAX], ttl[32];
     struct task_op *q = malloc(sizeof(*q));
     (void)now_bt;
@@ -687,7 +687,7 @@ static int redis_task(struct backend *be, enum backend_task_op op, const char *i
 /* Task stops published while this sidecar could not listen or could not
  * act on them are lost: once both connections are up again, re-read the
  * running tasks held here. */
-static void maybe_resync(struct shared *sh)
+static void maybe_resync(struct backend_redis *sh)
 {
     if (!sh->resync || sh->closing || !rds_up(sh->rds) || !rds_subscribed(sh->rds))
         return;
@@ -702,7 +702,7 @@ static void maybe_resync(struct shared *sh)
  * must not loop), and at the latest when the connections come back. */
 static void on_later(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    struct shared *sh = w->data;
+    struct backend_redis *sh = w->data;
     (void)loop;
     (void)revents;
     if (sh->closing || !rds_up(sh->rds))
@@ -717,7 +717,7 @@ static void on_later(struct ev_loop *loop, ev_timer *w, int revents)
 
 static void redis_retry_later(struct backend *be, bool resync)
 {
-    struct shared *sh = (struct shared *)be;
+    struct backend_redis *sh = (struct backend_redis *)be;
 
     if (sh->closing)
         return;
@@ -731,12 +731,12 @@ static void redis_retry_later(struct backend *be, bool resync)
 
 static bool redis_is_closing(const struct backend *be)
 {
-    return ((const struct shared *)be)->closing;
+    return ((const struct backend_redis *)be)->closing;
 }
 
 static void on_up(struct rds *r, void *ud)
 {
-    struct shared *sh = ud;
+    struct backend_redis *sh = ud;
     (void)r;
     sh->later_delay = SHARED_RETRY_LATER_S;
     if (sh->closing)
@@ -755,7 +755,7 @@ static void on_down(struct rds *r, const char *why, void *ud)
 
 static void on_subscribed(struct rds *r, void *ud)
 {
-    struct shared *sh = ud;
+    struct backend_redis *sh = ud;
     (void)r;
     sh->resync = true;
     maybe_resync(sh);
@@ -763,14 +763,14 @@ static void on_subscribed(struct rds *r, void *ud)
 
 static void on_unsubscribed(struct rds *r, void *ud)
 {
-    struct shared *sh = ud;
+    struct backend_redis *sh = ud;
     (void)r;
     scopes_clear(sh); /* marks may be missed from now on */
 }
 
 static void on_message(struct rds *r, size_t channel, const char *msg, size_t len, void *ud)
 {
-    struct shared *sh = ud;
+    struct backend_redis *sh = ud;
     char buf[SHARED_KEY_MAX];
     (void)r;
 
@@ -800,7 +800,7 @@ static void redis_free(struct backend *be);
 
 static const struct gov_backend *redis_progress(struct backend *be)
 {
-    return &((struct shared *)be)->progress;
+    return &((struct backend_redis *)be)->progress;
 }
 
 static void redis_pack_stats(struct backend *be, msgpack_packer *pk);
@@ -823,7 +823,7 @@ struct backend *backend_redis_new(struct ev_loop *loop, const struct config *cfg
                                   const struct backend_hooks *hooks, char *err, size_t errlen)
 {
     unsigned char rnd[8];
-    struct shared *sh = calloc(1, sizeof(*sh));
+    struct backend_redis *sh = calloc(1, sizeof(*sh));
 
     if (!sh) {
         snprintf(err, errlen, "out of memory");
@@ -928,7 +928,7 @@ static void drain_timeout(struct ev_loop *loop, ev_timer *w, int revents)
  * only queued in hiredis; let them out, bounded by the command timeout, so
  * a restart does not hold the fleet's permits (or its half-open probe) for
  * lease_ttl_s. */
-static void redis_drain(struct shared *sh)
+static void redis_drain(struct backend_redis *sh)
 {
     struct ev_loop *loop = sh->loop;
     ev_timer guard;
@@ -944,7 +944,7 @@ static void redis_drain(struct shared *sh)
 
 static void redis_free(struct backend *be)
 {
-    struct shared *sh = (struct shared *)be;
+    struct backend_redis *sh = (struct backend_redis *)be;
     const struct config *cfg = sh->cfg;
 
     ev_timer_stop(sh->loop, &sh->renew_w);
@@ -975,7 +975,7 @@ static void redis_free(struct backend *be)
 
 static void redis_pack_stats(struct backend *be, msgpack_packer *pk)
 {
-    struct shared *sh = (struct shared *)be;
+    struct backend_redis *sh = (struct backend_redis *)be;
     size_t live = 0;
 
     for (size_t i = 0; i < sh->cfg->n_sources; i++)
