@@ -25,6 +25,7 @@ int main(void)
         redis_url_suite,
         tasks_suite,
         call_suite,
+        backend_memory_suite,
     };
     SRunner *sr = srunner_create(NULL);
 

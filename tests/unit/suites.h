@@ -21,5 +21,6 @@ Suite *task_suite(void);
 Suite *redis_url_suite(void);
 Suite *tasks_suite(void);
 Suite *call_suite(void);
+Suite *backend_memory_suite(void);
 
 #endif
