@@ -53,10 +53,10 @@ START_TEST(test_call__refused_waits_for_the_retry_time)
     double retry_at = ev_now(h.loop) + 0.3;
     fake_answer_admit(h.fb, 0, 0, retry_at, "concurrency");
     /* Asks again at the retry time (plus a jitter under poll_interval_s / 2),
-     * not before. */
+     * not before (the upper bound leaves room for a loaded machine). */
     ck_assert(harness_wait_ops(&h, FAKE_ADMIT, -1, 2, WAIT_S));
     double asked = h.fb->ops[fake_find(h.fb, FAKE_ADMIT, -1, NULL, 1)].asked_at;
-    ck_assert_msg(asked >= retry_at - 0.001 && asked <= retry_at + 0.025 + 0.1,
+    ck_assert_msg(asked >= retry_at - 0.001 && asked <= retry_at + 0.025 + 0.5,
                   "asked again %.3f s after the retry time", asked - retry_at);
     ck_assert(!harness_recv(&h, cl, &r, 0.0));
     fake_answer_admit(h.fb, fake_find(h.fb, FAKE_ADMIT, -1, NULL, 1), -1, NAN, "timeout");
