@@ -17,7 +17,9 @@
  * operation either answers at once (returns 1, the answer in an out
  * parameter, the callback never runs), will answer later (returns 0, the
  * callback runs exactly once from the event loop, never inside the call),
- * or cannot be sent (returns -1, the callback never runs).
+ * or cannot be sent (returns -1, the callback never runs). Operations may
+ * be called from inside any callback, the backend's own answers and hooks
+ * included (a call releases its lease from its admission's answer).
  *
  * Events the backend learns by itself go up through struct backend_hooks
  * (a task ended elsewhere, the channels are back after a gap, the command
