@@ -42,6 +42,7 @@
 #include "governor.h"
 #include "tasks.h"
 #include "log.h"
+#include "redact.h"
 #include "upstream.h"
 
 #define SERVER_ACCEPT_PAUSE_S 0.1
@@ -480,6 +481,21 @@ static struct backend *server_backend_new(struct server *srv, const struct backe
     return be;
 }
 
+/* Every key the sources send, for scrubbing replies (redact.h). */
+static int server_redact_init(struct server *srv)
+{
+    const struct config *cfg = srv->cfg;
+    const char **keys = calloc(cfg->n_sources ? cfg->n_sources : 1, sizeof(*keys));
+
+    if (!keys)
+        return -1;
+    for (size_t i = 0; i < cfg->n_sources; i++)
+        keys[i] = cfg->sources[i].api_key;
+    srv->redact = redact_new(keys, cfg->n_sources);
+    free(keys);
+    return srv->redact ? 0 : -1;
+}
+
 int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, char *err,
                 size_t errlen)
 {
@@ -497,6 +513,8 @@ static void server_fini_parts(struct server *srv)
     tasks_fini(srv);
     upstream_free(srv->up);
     srv->up = NULL;
+    redact_free(srv->redact);
+    srv->redact = NULL;
     free(srv->socket_path);
     srv->socket_path = NULL;
 }
@@ -526,6 +544,10 @@ int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cf
      * (each part's fini accepts a part never set up). */
     srv->socket_path = strdup(cfg->socket_path);
     if (!srv->socket_path) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    if (server_redact_init(srv) < 0) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }

@@ -26,6 +26,7 @@ int main(void)
         tasks_suite,
         call_suite,
         backend_memory_suite,
+        redact_suite,
     };
     SRunner *sr = srunner_create(NULL);
 

@@ -22,5 +22,6 @@ Suite *redis_url_suite(void);
 Suite *tasks_suite(void);
 Suite *call_suite(void);
 Suite *backend_memory_suite(void);
+Suite *redact_suite(void);
 
 #endif
