@@ -167,6 +167,21 @@ struct backend *backend_memory_new(struct ev_loop *loop, struct task_reg *tasks)
 struct backend *backend_redis_new(struct ev_loop *loop, const struct config *cfg,
                                   const struct backend_hooks *hooks, char *err, size_t errlen);
 
+/* For metrics, the Redis implementation's own state: its command adapter
+ * (NULL when `be` is not the Redis backend), source `source`'s fleet
+ * breaker as last seen ("closed", "open", "half_open"; NULL: not Redis,
+ * the local breaker decides), and its counters (zero when not Redis):
+ * admissions admitted, refused (any check) and failed (no verdict: an error
+ * or no answer in time), writes (release, progress, renewal) that failed,
+ * leases found expired. Borrowed, valid until backend_free. */
+struct rds;
+struct backend_redis_counts {
+    uint64_t admitted, refused, admit_errors, write_errors, leases_lost;
+};
+const struct rds *backend_redis_rds(const struct backend *be);
+const char *backend_redis_breaker_state(const struct backend *be, size_t source);
+void backend_redis_get_counts(const struct backend *be, struct backend_redis_counts *out);
+
 /* `t` described as a record (the memory backend's view; the tasks layer
  * packs its own copies with it): wall-clock times from the loop's `loop`.
  * Strings borrow from `t`. */

@@ -973,6 +973,41 @@ static void redis_free(struct backend *be)
     free(sh);
 }
 
+/* --- for metrics (backend.h) ------------------------------------------ */
+
+/* The Redis instance behind `be`, or NULL when `be` is another backend. */
+static const struct backend_redis *as_redis(const struct backend *be)
+{
+    return be && be->ops == &redis_ops ? (const struct backend_redis *)be : NULL;
+}
+
+const struct rds *backend_redis_rds(const struct backend *be)
+{
+    const struct backend_redis *sh = as_redis(be);
+    return sh ? sh->rds : NULL;
+}
+
+const char *backend_redis_breaker_state(const struct backend *be, size_t source)
+{
+    const struct backend_redis *sh = as_redis(be);
+    return sh ? sh->src[source].breaker_state : NULL;
+}
+
+void backend_redis_get_counts(const struct backend *be, struct backend_redis_counts *out)
+{
+    const struct backend_redis *sh = as_redis(be);
+
+    *out = (struct backend_redis_counts){0};
+    if (!sh)
+        return;
+    *out = (struct backend_redis_counts){.admitted = sh->admitted,
+                                         .admit_errors = sh->admit_errors,
+                                         .write_errors = sh->write_errors,
+                                         .leases_lost = sh->leases_lost};
+    for (size_t i = 0; i < sizeof(sh->refused) / sizeof(sh->refused[0]); i++)
+        out->refused += sh->refused[i];
+}
+
 static void redis_pack_stats(struct backend *be, msgpack_packer *pk)
 {
     struct backend_redis *sh = (struct backend_redis *)be;

@@ -45,6 +45,7 @@
 #include "governor.h"
 #include "tasks.h"
 #include "log.h"
+#include "metrics.h"
 #include "redact.h"
 #include "upstream.h"
 
@@ -537,6 +538,8 @@ static void server_fini_parts(struct server *srv)
     tasks_fini(srv);
     upstream_free(srv->up);
     srv->up = NULL;
+    metrics_free(srv->metrics); /* last: the parts above count into it until freed */
+    srv->metrics = NULL;
     redact_free(srv->redact);
     srv->redact = NULL;
     free(srv->socket_path);
@@ -567,7 +570,8 @@ int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cf
     /* Set up in dependency order; server_fini_parts unwinds in reverse
      * (each part's fini accepts a part never set up). */
     srv->socket_path = strdup(cfg->socket_path);
-    if (!srv->socket_path) {
+    srv->metrics = metrics_new(cfg);
+    if (!srv->socket_path || !srv->metrics) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }

@@ -26,6 +26,8 @@ int main(void)
         tasks_suite,
         call_suite,
         backend_memory_suite,
+        prom_suite,
+        metrics_suite,
         redact_suite,
     };
     SRunner *sr = srunner_create(NULL);
