@@ -521,6 +521,34 @@ static void render_backend(struct prom_text *t, struct server *srv)
                    sc.leases_lost);
 }
 
+/* Per app (labels resolved from cfg->apps, the governance core's slots):
+ * read at render time, nothing is counted on the hot path. */
+static void render_apps(struct prom_text *t, struct server *srv)
+{
+    const struct gov *g = &srv->gov;
+    const struct config *cfg = srv->cfg;
+    size_t n = g->apps && g->n_apps <= cfg->n_apps ? g->n_apps : 0;
+    static const struct {
+        const char *name, *type, *help;
+    } fam[] = {
+        {"polygw_app_in_flight", "gauge", "Attempts of the app holding a permit now."},
+        {"polygw_app_attempts_admitted_total", "counter",
+         "Attempts admitted for the app (its limits and a source's)."},
+        {"polygw_app_limited_total", "counter",
+         "Times the app's own limits (max_concurrency, rpm, tpm, daily_tokens) held a call back."},
+    };
+
+    for (size_t f = 0; f < sizeof(fam) / sizeof(fam[0]); f++) {
+        prom_text_family(t, fam[f].name, fam[f].type, fam[f].help);
+        for (size_t i = 0; i < n; i++) {
+            const struct gov_app *a = &g->apps[i];
+            struct prom_label l = L("app", cfg->apps[i].name);
+            uint64_t v = f == 0 ? a->in_flight : f == 1 ? a->admitted : a->limited;
+            prom_text_sample_u64(t, fam[f].name, &l, 1, v);
+        }
+    }
+}
+
 char *metrics_render(struct server *srv, size_t *len)
 {
     struct prom_text t;
@@ -532,6 +560,7 @@ char *metrics_render(struct server *srv, size_t *len)
     render_capabilities(&t, srv);
     render_upstream(&t, srv);
     render_tasks(&t, srv);
+    render_apps(&t, srv);
     render_backend(&t, srv);
     srv->metrics->last_len = t.len;
     return prom_text_take(&t, len);

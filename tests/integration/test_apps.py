@@ -260,3 +260,12 @@ def test_apps__per_app_max_concurrency_and_capabilities(make_sidecar, up):
                                                    "body": {"input": "x"}}), 5)
     assert msg[2]["code"] == "unknown_capability" and "not allowed for app 'svc-b'" \
         in msg[2]["message"]
+    err, res = sc.connect().request("metrics")
+    assert err is None
+    lines = res["text"].splitlines()
+    assert 'polygw_app_attempts_admitted_total{app="svc-a"} 3' in lines
+    assert 'polygw_app_attempts_admitted_total{app="svc-b"} 1' in lines
+    assert 'polygw_app_in_flight{app="svc-a"} 0' in lines
+    limited = [l for l in lines if l.startswith('polygw_app_limited_total{app="svc-a"}')]
+    assert limited and int(limited[0].split()[-1]) >= 2   # its 2nd and 3rd call waited
+    assert 'polygw_app_limited_total{app="svc-b"} 0' in lines
