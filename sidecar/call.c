@@ -18,20 +18,28 @@
  * first relayed event ends the call with `stream_interrupted` (no silent
  * replay of partial output), and the call's own deadline_s wins over it.
  *
- * Lifetime: a call belongs to its connection's list from dispatch until it
- * is answered (call_end). If the client disconnects, every call of the
- * connection is cancelled at once: the attempt is torn down (closing its
- * upstream connection), its permit released, and nothing is answered.
- * `cancel` answers the call with `cancelled` immediately, then tears it
- * down the same way.
+ * Front ends. The answer goes to a sink (call.h): the msgpack-RPC
+ * connection or the HTTP one. This file builds one front-end-neutral
+ * answer — the reply's JSON and msgpack forms, each stream event's, or the
+ * error object of proto/PROTOCOL.md — and the sink writes it in its own
+ * protocol. The body arrives as msgpack (transcoded to JSON per source
+ * model) or as JSON text (sent as it is unless a source sets `model`).
  *
- * Streams: each SSE event is transcoded and queued to the client as
- * [2, "chunk", [msgid, event]]. When the client's write queue passes
- * max_write_queue_bytes the upstream transfer is paused (curl stops
- * reading, TCP pushes back on the upstream) and resumed when it drains, so a
- * slow client never makes us buffer an unbounded stream.
+ * Lifetime: a call belongs to its sink's list from call_begin until it is
+ * answered (call_end). If the client disconnects, every call of the sink
+ * is cancelled at once: the attempt is torn down (closing its upstream
+ * connection), its permit released, and nothing is answered. `cancel`
+ * answers the call with `cancelled` immediately, then tears it down the
+ * same way.
+ *
+ * Streams: each SSE event is transcoded and handed to the sink. When the
+ * sink's write queue is full (it says so) the upstream transfer is paused
+ * (curl stops reading, TCP pushes back on the upstream) and resumed when it
+ * drains, so a slow client never makes us buffer an unbounded stream.
  */
 #include "call.h"
+
+#include "internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -47,9 +55,10 @@
 #include "upstream.h"
 
 struct call {
-    struct conn *conn;
-    struct call *prev, *next;        /* conn->calls */
-    uint32_t msgid;
+    struct call_sink *sink;
+    struct server *srv;
+    struct call *prev, *next;        /* sink->calls */
+    uint32_t msgid;                  /* the sink's id for it */
     bool stream;
     const struct config_capability *cap;
     const struct config_source *src; /* the current (or last) attempt's source */
@@ -61,7 +70,9 @@ struct call {
     bool paused;
     struct gov_call g;               /* the governed loop's state */
     ev_timer wake_w;                 /* WAIT / backoff */
-    msgpack_sbuffer body;            /* the client's body, packed (kept for retries) */
+    msgpack_sbuffer body;            /* the client's msgpack body, packed (kept for retries) */
+    struct transcode_buf raw;        /* or its JSON body, as it came */
+    bool body_is_json;
     struct transcode_buf json;       /* its JSON for `json_model` */
     const char *json_model;          /* model override `json` was made with */
     bool json_ready;
@@ -83,16 +94,16 @@ static void call_act(struct call *k, const struct gov_decision *d,
 
 static void call_unlink(struct call *k)
 {
-    struct conn *c = k->conn;
+    struct call_sink *s = k->sink;
 
     if (k->prev)
         k->prev->next = k->next;
     else
-        c->calls = k->next;
+        s->calls = k->next;
     if (k->next)
         k->next->prev = k->prev;
-    c->in_flight--;
-    c->srv->stats.in_flight--;
+    s->n_calls--;
+    k->srv->stats.in_flight--;
 }
 
 /* Ends a call whose response (if any) has been queued: releases whatever
@@ -106,9 +117,9 @@ static void call_set_paused(struct call *k, bool paused)
         return;
     k->paused = paused;
     if (paused)
-        k->conn->paused_calls++;
+        k->sink->paused_calls++;
     else
-        k->conn->paused_calls--;
+        k->sink->paused_calls--;
 }
 
 /* The task's calls: a list headed by task->ud. */
@@ -138,7 +149,7 @@ static void call_task_unlink(struct call *k)
 
 static void call_end(struct call *k)
 {
-    struct server *srv = k->conn->srv;
+    struct server *srv = k->srv;
 
     if (k->task_wait)
         k->task_wait->k = NULL;
@@ -156,6 +167,7 @@ static void call_end(struct call *k)
     call_unlink(k);
     msgpack_sbuffer_destroy(&k->usage);
     msgpack_sbuffer_destroy(&k->body);
+    transcode_buf_fini(&k->raw);
     transcode_buf_fini(&k->json);
     free(k);
     server_on_request_done(srv);
@@ -163,7 +175,7 @@ static void call_end(struct call *k)
 
 static double call_elapsed(const struct call *k)
 {
-    return ev_now(k->conn->srv->loop) - k->started;
+    return ev_now(k->srv->loop) - k->started;
 }
 
 /* Appends pre-packed msgpack bytes to a packer. */
@@ -205,7 +217,7 @@ static enum pgw_code gov_code(enum gov_result r)
  * its attempts and the reason of its last one. */
 static void pack_sources(msgpack_packer *pk, const struct call *k, const struct attempt_result *last)
 {
-    const struct config *cfg = k->conn->srv->cfg;
+    const struct config *cfg = k->srv->cfg;
     uint32_t n = 0;
 
     for (size_t i = 0; i < cfg->n_sources; i++)
@@ -236,15 +248,45 @@ static void pack_sources(msgpack_packer *pk, const struct call *k, const struct 
  * `last`, but the call may have made attempts: their last one is described
  * from the governed loop's note on that source, so that a call stalled by
  * a run of 429s does not claim it never attempted anything. */
+/* Scratch packer for an error object, handed to the sink by call_error_done. */
+struct call_errbuf {
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+};
+
+static msgpack_packer *call_error_begin(struct call_errbuf *e, enum pgw_code code,
+                                        const char *message, size_t n_extra)
+{
+    msgpack_sbuffer_init(&e->sb);
+    msgpack_packer_init(&e->pk, &e->sb, msgpack_sbuffer_write);
+    rpc_pack_error_map(&e->pk, code, message, n_extra);
+    return &e->pk;
+}
+
+static void call_error_done(struct call *k, struct call_errbuf *e, enum pgw_code code)
+{
+    k->sink->ops->on_error(k->sink, k->msgid, code, e->sb.data, e->sb.size);
+    msgpack_sbuffer_destroy(&e->sb);
+}
+
+/* An error with no extra fields. */
+static void call_reply_plain_error(struct call *k, enum pgw_code code, const char *message)
+{
+    struct call_errbuf e;
+    call_error_begin(&e, code, message, 0);
+    call_error_done(k, &e, code);
+}
+
 static void call_reply_error(struct call *k, enum pgw_code code, double retry_after_s,
                              const struct attempt_result *last)
 {
-    msgpack_packer *pk = &k->conn->pk;
-    double now = ev_now(k->conn->srv->loop);
+    struct call_errbuf e;
+    msgpack_packer *pk;
+    double now = ev_now(k->srv->loop);
     double stalled = gov_call_stalled_s(&k->g, now);
     const char *src = k->src ? k->src->name : "-";
     const struct gov_source_note *note =
-        !last && k->g.attempts > 0 && k->src ? &k->g.notes[k->src - k->conn->srv->cfg->sources]
+        !last && k->g.attempts > 0 && k->src ? &k->g.notes[k->src - k->srv->cfg->sources]
                                              : NULL;
     const char *reason = last   ? outcome_reason_name(last->outcome.reason)
                          : note ? outcome_reason_name((enum outcome_reason)note->reason)
@@ -288,7 +330,7 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
     }
     bool status = http_status != 0;
     size_t extra = 4 + (status ? 1 : 0) + (rejected ? 1 : 0);
-    rpc_pack_error_begin(pk, k->msgid, code, msg, extra);
+    pk = call_error_begin(&e, code, msg, extra);
     rpc_pack_str(pk, "attempts");
     msgpack_pack_uint32(pk, k->g.attempts);
     rpc_pack_kv_double(pk, "stalled_s", stalled);
@@ -304,8 +346,7 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
     }
     rpc_pack_str(pk, "sources");
     pack_sources(pk, k, last);
-    rpc_pack_error_end(pk);
-    conn_response_done(k->conn, code);
+    call_error_done(k, &e, code);
 }
 
 /* total_tokens of a usage map, or -1. */
@@ -316,44 +357,57 @@ static double usage_tokens(const msgpack_object *usage)
     return t && rpc_as_double(t, &v) && v >= 0 ? v : -1;
 }
 
-/* A success: the plain body (already transcoded into `body`) or, for a
- * stream, the summary. */
-static void call_reply_success(struct call *k, const msgpack_sbuffer *body,
-                               const msgpack_object *usage)
+static void call_info_fill(const struct call *k, struct call_info *ci)
 {
-    msgpack_packer *pk = &k->conn->pk;
-    double now = ev_now(k->conn->srv->loop);
+    double now = ev_now(k->srv->loop);
 
-    rpc_pack_result_begin(pk, k->msgid);
-    msgpack_pack_map(pk, 4 + (body ? 1 : 0) + (usage ? 1 : 0));
+    ci->source = k->src && k->g.attempts > 0 ? k->src->name : "-";
+    ci->attempts = k->g.attempts;
+    ci->elapsed_s = now - k->started;
+    ci->stalled_s = gov_call_stalled_s(&k->g, now);
+}
+
+/* A success: the plain body (`json` as received, `body` its msgpack form)
+ * or, for a stream, the summary. */
+static void call_reply_success(struct call *k, const struct attempt_result *r,
+                               const msgpack_sbuffer *body, const msgpack_object *usage)
+{
+    struct call_info ci;
+    struct call_body b = {0};
+    msgpack_sbuffer us;
+
+    call_info_fill(k, &ci);
+    ci.source = k->src->name;
+    msgpack_sbuffer_init(&us);
     if (body) {
-        rpc_pack_str(pk, "body");
-        pack_raw(pk, body->data, body->size);
+        b.json = r->body ? r->body : "";
+        b.json_len = r->body_len;
+        b.mp = body->data;
+        b.mp_len = body->size;
     }
-    rpc_pack_kv_str(pk, "source", k->src->name);
-    rpc_pack_str(pk, "attempts");
-    msgpack_pack_uint32(pk, k->g.attempts);
-    rpc_pack_kv_double(pk, "elapsed_s", now - k->started);
-    rpc_pack_kv_double(pk, "stalled_s", gov_call_stalled_s(&k->g, now));
     if (usage) {
-        rpc_pack_str(pk, "usage");
-        msgpack_pack_object(pk, *usage);
+        msgpack_packer upk;
+        msgpack_packer_init(&upk, &us, msgpack_sbuffer_write);
+        msgpack_pack_object(&upk, *usage);
+        b.usage = us.data;
+        b.usage_len = us.size;
     }
-    conn_response_done(k->conn, PGW_OK);
+    k->sink->ops->on_result(k->sink, k->msgid, &ci, &b);
+    msgpack_sbuffer_destroy(&us);
 }
 
 static void call_finish(struct call *k)
 {
-    struct conn *c = k->conn;
+    struct call_sink *s = k->sink;
     call_end(k);
-    conn_flush(c);
+    s->ops->flush(s);
 }
 
 static void call_on_attempt_done(struct attempt *a, const struct attempt_result *r, void *ud)
 {
     struct call *k = ud;
     struct attempt_result res = *r;
-    double now = ev_now(k->conn->srv->loop);
+    double now = ev_now(k->srv->loop);
     msgpack_sbuffer body;
     msgpack_packer bpk;
     msgpack_unpacked up;
@@ -386,8 +440,8 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
     if (usage && usage->type != MSGPACK_OBJECT_MAP)
         usage = NULL;
 
-    log_at(res.outcome.kind == OUTCOME_SUCCESS ? LOG_DEBUG : LOG_INFO, "attempt ended", "conn",
-           LOG_U, (unsigned long long)k->conn->id, "msgid", LOG_U, (unsigned long long)k->msgid,
+    log_at(res.outcome.kind == OUTCOME_SUCCESS ? LOG_DEBUG : LOG_INFO, "attempt ended", "call",
+           LOG_U, (unsigned long long)k->msgid, "msgid", LOG_U, (unsigned long long)k->msgid,
            "source", LOG_S, k->src->name, "attempt", LOG_U, (unsigned long long)k->g.attempts,
            "outcome", LOG_S, outcome_kind_name(res.outcome.kind), "reason", LOG_S,
            outcome_reason_name(res.outcome.reason), "status", LOG_I, (long long)res.http_status,
@@ -395,7 +449,7 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
 
     double used = usage ? usage_tokens(usage) : -1;
     if (k->lease) {
-        shared_release(k->conn->srv->shared, k->lease, &res.outcome, used);
+        shared_release(k->srv->shared, k->lease, &res.outcome, used);
         k->lease = NULL;
     }
     gov_call_on_outcome(&k->g, now, &res.outcome, used, &d);
@@ -410,7 +464,7 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
         call_reply_error(k, PGW_STREAM_INTERRUPTED, d.retry_after_s, &res);
         call_finish(k);
     } else if (d.action == GOV_DONE && d.result == GOV_OK) {
-        call_reply_success(k, k->stream ? NULL : &body, usage);
+        call_reply_success(k, &res, k->stream ? NULL : &body, usage);
         call_finish(k);
     } else {
         call_act(k, &d, &res);
@@ -425,7 +479,8 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
 static int call_on_event(struct attempt *a, const char *data, size_t len, void *ud)
 {
     struct call *k = ud;
-    struct conn *c = k->conn;
+    struct server *srv = k->srv;
+    struct call_info ci;
     msgpack_sbuffer sb;
     msgpack_packer tmp;
     msgpack_unpacked up;
@@ -460,21 +515,18 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     }
     msgpack_unpacked_destroy(&up);
 
-    rpc_pack_notify_begin(&c->pk, "chunk");
-    msgpack_pack_array(&c->pk, 2);
-    msgpack_pack_uint32(&c->pk, k->msgid);
-    pack_raw(&c->pk, sb.data, sb.size);
-    msgpack_sbuffer_destroy(&sb);
-    c->srv->stats.chunks_relayed++;
+    srv->stats.chunks_relayed++;
+    call_info_fill(k, &ci);
+    ci.source = k->src->name;
 
-    /* Relay now. The flush may find the client gone: conn_close() then
-     * aborts every call of the connection, this one included, so `k` is
-     * freed (its attempt is only marked cancelled: we are inside curl) and
-     * must not be touched. `c` itself is freed later, by the reaper. */
-    conn_flush(c);
-    if (c->closed)
+    /* Relay now. The sink may find the client gone: it then aborts every
+     * call it holds, this one included, so `k` is freed (its attempt is
+     * only marked cancelled: we are inside curl) and must not be touched. */
+    int rc = k->sink->ops->on_chunk(k->sink, k->msgid, &ci, data, len, sb.data, sb.size);
+    msgpack_sbuffer_destroy(&sb);
+    if (rc < 0)
         return -1;
-    if (!k->paused && c->out_len - c->out_off > c->srv->cfg->max_write_queue_bytes) {
+    if (rc > 0 && !k->paused) {
         call_set_paused(k, true);
         attempt_pause(a);
     }
@@ -486,9 +538,9 @@ static const struct attempt_hooks call_hooks = {
     .on_done = call_on_attempt_done,
 };
 
-static struct call *call_find(struct conn *c, uint32_t msgid)
+static struct call *call_find(struct call_sink *s, uint32_t msgid)
 {
-    for (struct call *k = c->calls; k; k = k->next) {
+    for (struct call *k = s->calls; k; k = k->next) {
         if (k->msgid == msgid)
             return k;
     }
@@ -505,6 +557,19 @@ static int call_prepare_json(struct call *k, const char *model, char *why, size_
     if (k->json_ready && (k->json_model == model ||
                           (k->json_model && model && strcmp(k->json_model, model) == 0)))
         return 0;
+    if (k->body_is_json && !model) {
+        k->json_ready = false; /* sent as it came (call_body_text) */
+        k->json_model = NULL;
+        return 0;
+    }
+    if (k->body_is_json && k->body.size == 0) {
+        /* A source rewrites `model`: the one case a JSON body is re-made,
+         * through the msgpack form that the override rules are written for. */
+        msgpack_packer bpk;
+        msgpack_packer_init(&bpk, &k->body, msgpack_sbuffer_write);
+        if (transcode_json_to_msgpack(k->raw.data, k->raw.len, &bpk, why, whylen) < 0)
+            return TRANSCODE_EINVALID;
+    }
     msgpack_unpacked_init(&up);
     if (msgpack_unpack_next(&up, k->body.data, k->body.size, NULL) != MSGPACK_UNPACK_SUCCESS) {
         msgpack_unpacked_destroy(&up);
@@ -559,9 +624,21 @@ void call_on_breaker(const struct gov *g, size_t source, enum breaker_state from
 }
 
 /* Starts the attempt the loop chose. */
+/* The JSON text to send for the current source (call_prepare_json made it). */
+static void call_body_text(const struct call *k, const char **text, size_t *len)
+{
+    if (k->body_is_json && !k->json_ready) {
+        *text = k->raw.data;
+        *len = k->raw.len;
+    } else {
+        *text = k->json.data;
+        *len = k->json.len;
+    }
+}
+
 static void call_run_attempt(struct call *k, size_t source)
 {
-    struct server *srv = k->conn->srv;
+    struct server *srv = k->srv;
     const struct config *cfg = srv->cfg;
     const struct config_source *src = &cfg->sources[source];
     char why[300], url[CONFIG_URL_MAX + 256 + 1];
@@ -570,23 +647,27 @@ static void call_run_attempt(struct call *k, size_t source)
     if (call_prepare_json(k, src->model, why, sizeof(why)) < 0) {
         /* The body was checked at call_start and only the (validated)
          * model differs between sources; call_end releases the reservation. */
-        conn_reply_error(k->conn, k->msgid, PGW_BAD_REQUEST, why);
+        call_reply_plain_error(k, PGW_BAD_REQUEST, why);
         call_finish(k);
         return;
     }
-    char *json = malloc(k->json.len + 1);
+    const char *text;
+    size_t text_len;
+    call_body_text(k, &text, &text_len);
+    char *json = malloc(text_len + 1);
     if (!json) {
-        conn_reply_error(k->conn, k->msgid, PGW_INTERNAL, "out of memory");
+        call_reply_plain_error(k, PGW_INTERNAL, "out of memory");
         call_finish(k);
         return;
     }
-    memcpy(json, k->json.data, k->json.len + 1);
+    memcpy(json, text, text_len);
+    json[text_len] = '\0';
     snprintf(url, sizeof(url), "%s%s", src->base_url, k->cap->path);
     struct attempt_spec as = {
         .url = url,
         .api_key = src->api_key,
         .body = json,
-        .body_len = k->json.len,
+        .body_len = text_len,
         .stream = k->stream,
         .connect_timeout_s = src->connect_timeout_s,
         .ttft_timeout_s = src->ttft_timeout_s,
@@ -599,7 +680,7 @@ static void call_run_attempt(struct call *k, size_t source)
     msgpack_sbuffer_clear(&k->usage);
     k->attempt = attempt_start(srv->up, &as, &call_hooks, k);
     if (!k->attempt) {
-        conn_reply_error(k->conn, k->msgid, PGW_INTERNAL, "cannot start the upstream request");
+        call_reply_plain_error(k, PGW_INTERNAL, "cannot start the upstream request");
         call_finish(k);
     }
 }
@@ -609,7 +690,7 @@ static void call_on_admit(void *ud, int rc, struct shared_lease *lease, double r
                           const char *why)
 {
     struct call *k = ud;
-    struct server *srv = k->conn->srv;
+    struct server *srv = k->srv;
     double now = ev_now(srv->loop);
     struct gov_decision d;
 
@@ -636,7 +717,7 @@ static void call_on_admit(void *ud, int rc, struct shared_lease *lease, double r
 
 static void call_act(struct call *k, const struct gov_decision *d, const struct attempt_result *last)
 {
-    struct server *srv = k->conn->srv;
+    struct server *srv = k->srv;
 
     switch (d->action) {
     case GOV_ATTEMPT:
@@ -671,7 +752,7 @@ static void call_step(struct call *k)
 
     if (k->admit || k->attempt || k->task_wait)
         return; /* a late timer, or the call is waiting for the backend */
-    gov_call_step(&k->g, ev_now(k->conn->srv->loop), &d);
+    gov_call_step(&k->g, ev_now(k->srv->loop), &d);
     call_act(k, &d, NULL);
 }
 
@@ -688,60 +769,46 @@ static void call_on_task_checked(void *ud, struct task *t, int rc, const char *r
             call_task_link(k, t);
             call_step(k);
         } else {
-            tasks_reply_error(k->conn, k->msgid, rc, tw->id, reason, kind);
+            struct call_errbuf e;
+            msgpack_sbuffer_init(&e.sb);
+            msgpack_packer_init(&e.pk, &e.sb, msgpack_sbuffer_write);
+            call_error_done(k, &e, tasks_pack_error(&e.pk, rc, tw->id, reason, kind));
             call_finish(k);
         }
     }
     free(tw);
 }
 
-/* max_tokens / max_completion_tokens of the body, 0 when absent. */
-static uint64_t body_max_tokens(const msgpack_object *body)
+/* Refuses call `id` before it started (nothing is held yet). */
+static void call_refuse(struct call_sink *s, uint32_t id, enum pgw_code code, const char *message)
 {
-    const msgpack_object *m = rpc_map_get(body, "max_completion_tokens");
-    if (!m)
-        m = rpc_map_get(body, "max_tokens");
-    return m && m->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? m->via.u64 : 0;
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    rpc_pack_error_map(&pk, code, message, 0);
+    s->ops->on_error(s, id, code, sb.data, sb.size);
+    msgpack_sbuffer_destroy(&sb);
 }
 
-void call_start(struct conn *c, const struct rpc_msg *m)
+static void call_free_unstarted(struct call *k)
 {
-    enum { P_CAP, P_BODY, P_STREAM, P_SCOPE, P_TASK, P_DEADLINE, P_N };
-    static const struct rpc_param spec[P_N] = {
-        [P_CAP] = {"capability", RPC_T_STR, true},
-        [P_BODY] = {"body", RPC_T_MAP, true},
-        [P_STREAM] = {"stream", RPC_T_BOOL | RPC_T_NIL, false},
-        [P_SCOPE] = {"scope", RPC_T_STR | RPC_T_NIL, false},
-        [P_TASK] = {"task_id", RPC_T_STR | RPC_T_NIL, false},
-        [P_DEADLINE] = {"deadline_s", RPC_T_NUMBER | RPC_T_NIL, false},
-    };
-    const msgpack_object *p[P_N];
-    struct server *srv = c->srv;
+    msgpack_sbuffer_destroy(&k->usage);
+    msgpack_sbuffer_destroy(&k->body);
+    transcode_buf_fini(&k->raw);
+    transcode_buf_fini(&k->json);
+    free(k);
+}
+
+void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
+{
+    struct server *srv = s->srv;
     const struct config *cfg = srv->cfg;
     double now = ev_now(srv->loop);
-    char why[300], scope[CONFIG_NAME_MAX * 4];
-    double deadline_s = 0;
+    char why[300];
 
-    if (rpc_bind(m->params, spec, P_N, p, why, sizeof(why)) < 0) {
-        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
-        return;
-    }
-    if (p[P_DEADLINE] && (!rpc_as_double(p[P_DEADLINE], &deadline_s) || !(deadline_s > 0) ||
-                          !isfinite(deadline_s))) {
-        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST,
-                         "parameter 'deadline_s': expected a positive number of seconds");
-        return;
-    }
-    if (p[P_SCOPE] && (p[P_SCOPE]->via.str.size == 0 ||
-                       rpc_str_copy(p[P_SCOPE], scope, sizeof(scope)) < 0 ||
-                       memchr(scope, '\0', p[P_SCOPE]->via.str.size))) {
-        snprintf(why, sizeof(why), "parameter 'scope': expected 1 to %zu bytes without NUL",
-                 sizeof(scope) - 1);
-        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
-        return;
-    }
-    const msgpack_object *capo = p[P_CAP];
-    int ci = config_find_capability(cfg, capo->via.str.ptr, capo->via.str.size);
+    int ci = config_find_capability(cfg, r->capability, r->capability_len);
     const struct config_source *first = NULL;
     for (size_t i = 0; ci >= 0 && i < cfg->n_sources; i++) {
         if (cfg->sources[i].capability_index == (size_t)ci) {
@@ -751,35 +818,35 @@ void call_start(struct conn *c, const struct rpc_msg *m)
     }
     if (!first) {
         char name[65];
-        rpc_quote_client_str(capo->via.str.ptr, capo->via.str.size, sizeof(name) - 1, name);
+        rpc_quote_client_str(r->capability, r->capability_len, sizeof(name) - 1, name);
         snprintf(why, sizeof(why), ci < 0 ? "unknown capability '%s'"
                                           : "capability '%s' has no source configured", name);
-        conn_reply_error(c, m->msgid, PGW_UNKNOWN_CAPABILITY, why);
+        call_refuse(s, id, PGW_UNKNOWN_CAPABILITY, why);
         return;
     }
 
     /* A call naming a task runs only while the task runs. */
     struct task *task = NULL;
     struct task_wait *tw = NULL;
-    if (p[P_TASK]) {
-        char id[TASK_ID_MAX + 1];
-        if (p[P_TASK]->via.str.size == 0 || rpc_str_copy(p[P_TASK], id, sizeof(id)) < 0 ||
-            memchr(id, '\0', p[P_TASK]->via.str.size)) {
-            snprintf(why, sizeof(why), "parameter 'task_id': expected 1 to %d bytes without NUL",
-                     TASK_ID_MAX);
-            conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
-            return;
-        }
-        if (srv->shared && !tasks_held_running(srv, id)) {
+    if (r->task_id) {
+        if (srv->shared && !tasks_held_running(srv, r->task_id)) {
             /* Not held here, or a copy that may be stale: ask Redis. */
             tw = calloc(1, sizeof(*tw));
             if (!tw) {
-                conn_reply_error(c, m->msgid, PGW_INTERNAL, "out of memory");
+                call_refuse(s, id, PGW_INTERNAL, "out of memory");
                 return;
             }
-            memcpy(tw->id, id, sizeof(tw->id));
+            snprintf(tw->id, sizeof(tw->id), "%s", r->task_id);
         } else {
-            task = tasks_admit_call(c, m->msgid, id);
+            msgpack_sbuffer sb;
+            msgpack_packer pk;
+            enum pgw_code code = PGW_INTERNAL;
+            msgpack_sbuffer_init(&sb);
+            msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+            task = tasks_admit_call(srv, r->task_id, &pk, &code);
+            if (!task)
+                s->ops->on_error(s, id, code, sb.data, sb.size);
+            msgpack_sbuffer_destroy(&sb);
             if (!task)
                 return;
         }
@@ -787,41 +854,54 @@ void call_start(struct conn *c, const struct rpc_msg *m)
 
     struct call *k = calloc(1, sizeof(*k));
     if (!k) {
-        conn_reply_error(c, m->msgid, PGW_INTERNAL, "out of memory");
+        call_refuse(s, id, PGW_INTERNAL, "out of memory");
         free(tw);
         return;
     }
-    k->conn = c;
-    k->msgid = m->msgid;
-    k->stream = p[P_STREAM] && p[P_STREAM]->via.boolean;
+    k->sink = s;
+    k->srv = srv;
+    k->msgid = id;
+    k->stream = r->stream;
     k->cap = &cfg->capabilities[ci];
     k->started = now;
     msgpack_sbuffer_init(&k->usage);
     msgpack_sbuffer_init(&k->body);
+    transcode_buf_init(&k->raw);
     transcode_buf_init(&k->json);
     ev_init(&k->wake_w, call_on_wake_timer);
     k->wake_w.data = k;
 
-    /* Keep the body (the frame it came in dies after dispatch) and check it
-     * can be sent at all before anything is reserved. */
-    msgpack_packer bpk;
-    msgpack_packer_init(&bpk, &k->body, msgpack_sbuffer_write);
-    int rc = msgpack_pack_object(&bpk, *p[P_BODY]);
+    /* Keep the body (the request it came in dies after this call) and check
+     * it can be sent at all before anything is reserved. */
+    int rc;
+    if (r->json) {
+        k->body_is_json = true;
+        rc = transcode_buf_reserve(&k->raw, r->json_len);
+        if (rc == 0) {
+            memcpy(k->raw.data, r->json, r->json_len);
+            k->raw.len = r->json_len;
+            k->raw.data[k->raw.len] = '\0';
+        }
+    } else {
+        msgpack_packer bpk;
+        msgpack_packer_init(&bpk, &k->body, msgpack_sbuffer_write);
+        rc = msgpack_pack_object(&bpk, *r->mp);
+    }
     if (rc == 0)
         rc = call_prepare_json(k, first->model, why, sizeof(why));
+    const char *text;
+    size_t text_len;
+    call_body_text(k, &text, &text_len);
     struct gov_policy pol;
     governor_policy(cfg, (size_t)ci, &pol);
     if (rc == 0)
-        rc = gov_call_init(&k->g, &srv->gov, (uint32_t)ci, p[P_SCOPE] ? scope : k->cap->name,
-                           &pol, deadline_s > 0 ? now + deadline_s : 0,
-                           governor_estimate_tokens(k->json.len, body_max_tokens(p[P_BODY])), now);
+        rc = gov_call_init(&k->g, &srv->gov, (uint32_t)ci, r->scope ? r->scope : k->cap->name,
+                           &pol, r->deadline_s > 0 ? now + r->deadline_s : 0,
+                           governor_estimate_tokens(text_len, r->max_tokens), now);
     if (rc < 0) {
-        conn_reply_error(c, m->msgid, rc == TRANSCODE_EINVALID ? PGW_BAD_REQUEST : PGW_INTERNAL,
-                         rc == TRANSCODE_EINVALID ? why : "out of memory");
-        msgpack_sbuffer_destroy(&k->usage);
-        msgpack_sbuffer_destroy(&k->body);
-        transcode_buf_fini(&k->json);
-        free(k);
+        call_refuse(s, id, rc == TRANSCODE_EINVALID ? PGW_BAD_REQUEST : PGW_INTERNAL,
+                    rc == TRANSCODE_EINVALID ? why : "out of memory");
+        call_free_unstarted(k);
         free(tw);
         return;
     }
@@ -829,11 +909,11 @@ void call_start(struct conn *c, const struct rpc_msg *m)
     k->src = first;
     if (task)
         call_task_link(k, task);
-    k->next = c->calls;
-    if (c->calls)
-        c->calls->prev = k;
-    c->calls = k;
-    c->in_flight++;
+    k->next = s->calls;
+    if (s->calls)
+        s->calls->prev = k;
+    s->calls = k;
+    s->n_calls++;
     srv->stats.in_flight++;
     if (tw) {
         tw->k = k;
@@ -854,51 +934,51 @@ static void call_abort(struct call *k)
     call_end(k);
 }
 
-bool call_is_in_flight(struct conn *c, uint32_t msgid)
+bool call_is_in_flight(struct call_sink *s, uint32_t msgid)
 {
-    return call_find(c, msgid) != NULL;
+    return call_find(s, msgid) != NULL;
 }
 
-int call_cancel(struct conn *c, uint32_t msgid)
+int call_cancel(struct call_sink *s, uint32_t msgid)
 {
-    struct call *k = call_find(c, msgid);
+    struct call *k = call_find(s, msgid);
 
     if (!k)
         return -1;
     char msg[96];
+    struct call_errbuf e;
     snprintf(msg, sizeof(msg), "cancelled by the client after %.3fs", call_elapsed(k));
-    rpc_pack_error_begin(&c->pk, msgid, PGW_CANCELLED, msg, 2);
-    rpc_pack_str(&c->pk, "attempts");
-    msgpack_pack_uint32(&c->pk, k->g.attempts);
-    rpc_pack_kv_double(&c->pk, "stalled_s", gov_call_stalled_s(&k->g, ev_now(c->srv->loop)));
-    rpc_pack_error_end(&c->pk);
-    conn_response_done(c, PGW_CANCELLED);
+    msgpack_packer *pk = call_error_begin(&e, PGW_CANCELLED, msg, 2);
+    rpc_pack_str(pk, "attempts");
+    msgpack_pack_uint32(pk, k->g.attempts);
+    rpc_pack_kv_double(pk, "stalled_s", gov_call_stalled_s(&k->g, ev_now(k->srv->loop)));
+    call_error_done(k, &e, PGW_CANCELLED);
     call_abort(k);
     return 0;
 }
 
-void call_fail_all(struct conn *c, enum pgw_code code, const char *message)
+void call_fail_all(struct call_sink *s, enum pgw_code code, const char *message)
 {
-    while (c->calls) {
-        struct call *k = c->calls;
-        rpc_pack_error_begin(&c->pk, k->msgid, code, message, 1);
-        rpc_pack_str(&c->pk, "attempts");
-        msgpack_pack_uint32(&c->pk, k->g.attempts);
-        rpc_pack_error_end(&c->pk);
-        conn_response_done(c, code);
+    while (s->calls) {
+        struct call *k = s->calls;
+        struct call_errbuf e;
+        msgpack_packer *pk = call_error_begin(&e, code, message, 1);
+        rpc_pack_str(pk, "attempts");
+        msgpack_pack_uint32(pk, k->g.attempts);
+        call_error_done(k, &e, code);
         call_abort(k);
     }
 }
 
-void call_abort_all(struct conn *c)
+void call_abort_all(struct call_sink *s)
 {
-    while (c->calls)
-        call_abort(c->calls);
+    while (s->calls)
+        call_abort(s->calls);
 }
 
-void call_on_drained(struct conn *c)
+void call_on_drained(struct call_sink *s)
 {
-    for (struct call *k = c->calls; k; k = k->next) {
+    for (struct call *k = s->calls; k; k = k->next) {
         if (k->paused && k->attempt) {
             call_set_paused(k, false);
             attempt_resume(k->attempt);
@@ -910,16 +990,16 @@ void call_fail_task(struct task *t, enum pgw_code code, const char *message)
 {
     while (t->ud) {
         struct call *k = t->ud;
-        struct conn *c = k->conn;
-        rpc_pack_error_begin(&c->pk, k->msgid, code, message, 3);
-        rpc_pack_str(&c->pk, "attempts");
-        msgpack_pack_uint32(&c->pk, k->g.attempts);
-        rpc_pack_kv_double(&c->pk, "stalled_s", gov_call_stalled_s(&k->g, ev_now(c->srv->loop)));
-        rpc_pack_kv_str(&c->pk, "reason", task_reason(t));
-        rpc_pack_error_end(&c->pk);
-        conn_response_done(c, code);
+        struct call_sink *s = k->sink;
+        struct call_errbuf e;
+        msgpack_packer *pk = call_error_begin(&e, code, message, 3);
+        rpc_pack_str(pk, "attempts");
+        msgpack_pack_uint32(pk, k->g.attempts);
+        rpc_pack_kv_double(pk, "stalled_s", gov_call_stalled_s(&k->g, ev_now(k->srv->loop)));
+        rpc_pack_kv_str(pk, "reason", task_reason(t));
+        call_error_done(k, &e, code);
         call_abort(k); /* unlinks k from t */
-        conn_flush(c);
+        s->ops->flush(s);
     }
 }
 

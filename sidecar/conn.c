@@ -24,7 +24,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "call.h"
+#include "callrpc.h"
 #include "tasks.h"
 #include "log.h"
 
@@ -86,6 +86,7 @@ struct conn *conn_new(struct server *srv, int fd)
     c->fd = fd;
     msgpack_unpacked_init(&c->frame);
     msgpack_packer_init(&c->pk, c, conn_append);
+    callrpc_sink_init(&c->sink, srv);
     ev_io_init(&c->rio, conn_on_read, fd, EV_READ);
     ev_io_init(&c->wio, conn_on_write, fd, EV_WRITE);
     ev_init(&c->linger_w, conn_on_linger);
@@ -114,7 +115,7 @@ void conn_close(struct conn *c, const char *why)
     ev_io_stop(loop, &c->wio);
     ev_timer_stop(loop, &c->linger_w);
     /* The client is gone: nothing it asked for may keep running. */
-    call_abort_all(c);
+    call_abort_all(&c->sink);
     tasks_fail_pending(c, PGW_OK, NULL);
     close(c->fd);
     c->fd = -1;
@@ -175,8 +176,8 @@ static void conn_apply_backpressure(struct conn *c)
             c->reading = true;
             ev_io_start(c->srv->loop, &c->rio);
         }
-        if (c->paused_calls)
-            call_on_drained(c);
+        if (c->sink.paused_calls)
+            call_on_drained(&c->sink);
     }
 }
 
@@ -273,14 +274,14 @@ static void conn_on_frame(struct conn *c, const msgpack_object *o)
         conn_reply_error(c, m.msgid, PGW_SHUTTING_DOWN, "the sidecar is shutting down");
         return;
     }
-    if (call_is_in_flight(c, m.msgid) || tasks_is_pending(c, m.msgid)) {
+    if (call_is_in_flight(&c->sink, m.msgid) || tasks_is_pending(c, m.msgid)) {
         /* Two responses with one msgid could not be told apart by any
          * client: the stream of this connection can no longer be trusted. */
         snprintf(buf, sizeof(buf), "msgid %u is already in flight on this connection", m.msgid);
         conn_fail(c, PGW_BAD_REQUEST, buf);
         return;
     }
-    if (c->in_flight >= c->srv->cfg->max_inflight_per_connection) {
+    if (c->in_flight + c->sink.n_calls >= c->srv->cfg->max_inflight_per_connection) {
         snprintf(buf, sizeof(buf), "too many requests in flight on this connection (limit %u)",
                  c->srv->cfg->max_inflight_per_connection);
         conn_reply_error(c, m.msgid, PGW_OVERLOADED, buf);

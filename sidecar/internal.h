@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "call.h"
 #include "codes.h"
 #include "gov.h"
 #include "config.h"
@@ -101,9 +102,8 @@ struct conn {
     msgpack_packer pk;            /* packs straight into `out` */
     char *out;                    /* write queue: bytes [out_off, out_len) pending */
     size_t out_len, out_off, out_cap;
-    uint32_t in_flight;
-    struct call *calls;           /* calls in flight (call.c) */
-    uint32_t paused_calls;        /* of which streams paused for back-pressure */
+    uint32_t in_flight;           /* task requests in flight (calls: sink.n_calls) */
+    struct call_sink sink;        /* its calls in flight (call.c, callrpc.c) */
     struct tasks_req *tasks;      /* task requests waiting for Redis (tasks.c) */
     bool reading;                 /* rio active */
     bool read_paused;             /* paused because the write queue is full */

@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "call.h"
+#include "callrpc.h"
 #include "log.h"
 #include "progress.h"
 #include "shared.h"
@@ -188,7 +188,7 @@ static const struct {
     method_fn *fn;
 } method_table[] = {
     {"ping", method_ping},
-    {"call", call_start},
+    {"call", callrpc_start},
     {"task.start", tasks_start},
     {"task.stop", tasks_stop},
     {"task.guard", tasks_guard},
@@ -222,7 +222,7 @@ void methods_notify(struct conn *c, const struct rpc_msg *m)
         m->params->via.array.size == 1 &&
         m->params->via.array.ptr[0].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
         m->params->via.array.ptr[0].via.u64 <= UINT32_MAX) {
-        if (call_cancel(c, (uint32_t)m->params->via.array.ptr[0].via.u64) == 0) {
+        if (call_cancel(&c->sink, (uint32_t)m->params->via.array.ptr[0].via.u64) == 0) {
             c->srv->stats.cancels++;
             return;
         }

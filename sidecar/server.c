@@ -392,7 +392,7 @@ static void server_stop(struct server *srv, const char *why)
         next = c->next;
         tasks_fail_pending(c, PGW_SHUTTING_DOWN,
                            "the sidecar shut down before the state backend answered");
-        call_fail_all(c, PGW_SHUTTING_DOWN, "the sidecar shut down before the call finished");
+        call_fail_all(&c->sink, PGW_SHUTTING_DOWN, "the sidecar shut down before the call finished");
         conn_close_after_flush(c);
     }
 }

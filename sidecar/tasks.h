@@ -28,9 +28,10 @@ void tasks_get(struct conn *c, const struct rpc_msg *m);
 void tasks_list(struct conn *c, const struct rpc_msg *m);
 
 /* For `call`: checks that task `id` is running. Returns the task, or NULL
- * after answering the request with the task's error (task_stopped,
- * watchdog_timeout, bad_request for an unknown one). */
-struct task *tasks_admit_call(struct conn *c, uint32_t msgid, const char *id);
+ * after packing the task's error object (task_stopped, watchdog_timeout,
+ * bad_request for an unknown one) into `err` and its code into *code. */
+struct task *tasks_admit_call(struct server *srv, const char *id, msgpack_packer *err,
+                              enum pgw_code *code);
 
 /* Shared backend, for a call naming a task this sidecar does not hold:
  * asks Redis whether it runs (importing it here when it does). `cb` runs
@@ -40,9 +41,9 @@ struct task *tasks_admit_call(struct conn *c, uint32_t msgid, const char *id);
 typedef void tasks_guard_cb(void *ud, struct task *t, int rc, const char *reason,
                             const char *kind);
 void tasks_guard_remote(struct server *srv, const char *id, tasks_guard_cb *cb, void *ud);
-/* Answers request `msgid` with the error for `rc` from tasks_guard_cb. */
-void tasks_reply_error(struct conn *c, uint32_t msgid, int rc, const char *id,
-                       const char *reason, const char *kind);
+/* Packs the error object for `rc` from tasks_guard_cb; returns its code. */
+enum pgw_code tasks_pack_error(msgpack_packer *pk, int rc, const char *id, const char *reason,
+                               const char *kind);
 
 /* Shared backend: task `id` was stopped, failed by a watchdog or finished
  * on some sidecar (P:task-end): bring the copy held here in line (a stop
