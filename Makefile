@@ -27,10 +27,11 @@ else
 Q := @
 endif
 
-# libev ships no .pc file on Debian 12; every other library comes from pkg-config.
+# libev and libhttp-parser ship no .pc file on Debian 12; every other library
+# comes from pkg-config.
 PKGS      := msgpack yaml-0.1 libcurl jansson hiredis
 PKG_CFLAGS = $(shell $(PKG_CONFIG) --cflags $(PKGS) 2>/dev/null)
-PKG_LIBS   = $(shell $(PKG_CONFIG) --libs $(PKGS) 2>/dev/null) -lev -lm
+PKG_LIBS   = $(shell $(PKG_CONFIG) --libs $(PKGS) 2>/dev/null) -lev -lhttp_parser -lm
 CHECK_LIBS = $(shell $(PKG_CONFIG) --libs check 2>/dev/null)
 
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \

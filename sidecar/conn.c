@@ -35,6 +35,31 @@ static void conn_on_read(struct ev_loop *loop, ev_io *w, int revents);
 static void conn_on_write(struct ev_loop *loop, ev_io *w, int revents);
 static void conn_on_linger(struct ev_loop *loop, ev_timer *w, int revents);
 
+int conn_queue_reserve(char **buf, size_t *off, size_t *len, size_t *cap, size_t n)
+{
+    if (*off > 0 && *off == *len)
+        *off = *len = 0;
+    if (*len + n <= *cap)
+        return 0;
+    /* Reclaim the written prefix before growing. */
+    if (*off > 0) {
+        memmove(*buf, *buf + *off, *len - *off);
+        *len -= *off;
+        *off = 0;
+        if (*len + n <= *cap)
+            return 0;
+    }
+    size_t c = *cap ? *cap : 4096;
+    while (c < *len + n)
+        c *= 2;
+    char *p = realloc(*buf, c);
+    if (!p)
+        return -1;
+    *buf = p;
+    *cap = c;
+    return 0;
+}
+
 /* msgpack_packer write callback: append to the write queue. */
 static int conn_append(void *data, const char *buf, size_t len)
 {
@@ -42,35 +67,17 @@ static int conn_append(void *data, const char *buf, size_t len)
 
     if (c->oom)
         return -1;
-    if (c->out_off > 0 && c->out_off == c->out_len) {
-        c->out_off = c->out_len = 0;
-    }
-    if (c->out_len + len > c->out_cap) {
-        /* Reclaim the written prefix before growing. */
-        if (c->out_off > 0) {
-            memmove(c->out, c->out + c->out_off, c->out_len - c->out_off);
-            c->out_len -= c->out_off;
-            c->out_off = 0;
-        }
-        if (c->out_len + len > c->out_cap) {
-            size_t cap = c->out_cap ? c->out_cap : 4096;
-            while (cap < c->out_len + len)
-                cap *= 2;
-            char *p = realloc(c->out, cap);
-            if (!p) {
-                c->oom = true;
-                return -1;
-            }
-            c->out = p;
-            c->out_cap = cap;
-        }
+    if (conn_queue_reserve(&c->out, &c->out_off, &c->out_len, &c->out_cap, len) < 0) {
+        c->oom = true;
+        return -1;
     }
     memcpy(c->out + c->out_len, buf, len);
     c->out_len += len;
     return 0;
 }
 
-struct conn *conn_new(struct server *srv, int fd)
+/* What both kinds of connection share; fd -1 for a bridge. */
+static struct conn *conn_alloc(struct server *srv, int fd)
 {
     static uint64_t next_id = 1;
     struct conn *c = calloc(1, sizeof(*c));
@@ -87,12 +94,32 @@ struct conn *conn_new(struct server *srv, int fd)
     msgpack_unpacked_init(&c->frame);
     msgpack_packer_init(&c->pk, c, conn_append);
     callrpc_sink_init(&c->sink, srv);
+    return c;
+}
+
+struct conn *conn_new(struct server *srv, int fd)
+{
+    struct conn *c = conn_alloc(srv, fd);
+
+    if (!c)
+        return NULL;
     ev_io_init(&c->rio, conn_on_read, fd, EV_READ);
     ev_io_init(&c->wio, conn_on_write, fd, EV_WRITE);
     ev_init(&c->linger_w, conn_on_linger);
     c->rio.data = c->wio.data = c->linger_w.data = c;
     ev_io_start(srv->loop, &c->rio);
     c->reading = true;
+    return c;
+}
+
+struct conn *conn_new_bridge(struct server *srv, conn_bridge_fn *fn, void *ud)
+{
+    struct conn *c = conn_alloc(srv, -1);
+
+    if (!c)
+        return NULL;
+    c->bridge = fn;
+    c->bridge_ud = ud;
     return c;
 }
 
@@ -185,6 +212,14 @@ void conn_flush(struct conn *c)
 {
     if (c->closed)
         return;
+    if (c->bridge) {
+        size_t off = c->out_off, n = c->out_len - c->out_off;
+        c->out_off = c->out_len = 0;
+        if (n && !c->oom)
+            c->bridge(c->bridge_ud, c->out + off, n);
+        c->oom = false;
+        return;
+    }
     if (c->oom) {
         conn_close(c, "out of memory queueing a reply");
         return;

@@ -89,6 +89,9 @@ void shared_retry_later(struct shared *sh, bool resync);
 /* shared_fini has begun: start no new Redis work. */
 bool shared_closing(const struct shared *sh);
 
+/* Is the command connection to Redis up (readiness)? */
+bool shared_is_up(const struct shared *sh);
+
 /* The `backend` map of `stats`. */
 void shared_pack_stats(struct shared *sh, msgpack_packer *pk);
 
