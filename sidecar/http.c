@@ -369,7 +369,7 @@ struct hc_err {
 
 static const char internal_error_json[] =
     "{\"error\":{\"message\":\"internal\",\"type\":\"server_error\",\"code\":\"internal\","
-    "\"param\":null}}";
+    "\"param\":null,\"polygw\":{}}}";
 
 /* Makes the answer for the error object `map` (packed {code, message,
  * ...}): an OpenAI-shaped error, or the upstream's own for a rejection.
@@ -977,11 +977,18 @@ static void route_call(struct http_conn *c, const char *path, size_t len)
     char scope[CONFIG_NAME_MAX * 4];
     json_error_t je;
 
+    /* Two capabilities may share an upstream path: the first one that has
+     * a source serves it. */
     for (size_t i = 0; i < cfg->n_capabilities; i++) {
-        if (path_is(path + 3, len - 3, cfg->capabilities[i].path)) {
+        if (!path_is(path + 3, len - 3, cfg->capabilities[i].path))
+            continue;
+        bool served = false;
+        for (size_t j = 0; j < cfg->n_sources && !served; j++)
+            served = cfg->sources[j].capability_index == i;
+        if (!cap || served)
             cap = &cfg->capabilities[i];
+        if (served)
             break;
-        }
     }
     if (!cap) {
         char quoted[129];
@@ -1007,9 +1014,10 @@ static void route_call(struct http_conn *c, const char *path, size_t len)
     if (!mt)
         mt = json_object_get(root, "max_tokens");
     bool stream = json_is_true(st);
+    bool stream_ok = !st || json_is_boolean(st) || json_is_null(st);
     json_int_t max_tokens = json_is_integer(mt) ? json_integer_value(mt) : 0;
     json_decref(root);
-    if (st && !json_is_boolean(st) && !json_is_null(st)) {
+    if (!stream_ok) {
         hc_error(c, 400, PGW_BAD_REQUEST, "'stream' must be a boolean");
         return;
     }
@@ -1490,7 +1498,8 @@ static void http_reject(struct http_server *hs, int fd)
 {
     static const char body[] =
         "{\"error\":{\"message\":\"too many HTTP connections (http.max_connections)\","
-        "\"type\":\"service_unavailable_error\",\"code\":\"overloaded\",\"param\":null}}";
+        "\"type\":\"service_unavailable_error\",\"code\":\"overloaded\",\"param\":null,"
+        "\"polygw\":{}}}";
     char buf[512];
     int n = snprintf(buf, sizeof(buf),
                      "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
