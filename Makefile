@@ -235,6 +235,7 @@ test: deps
 	    POLYGW_BUILD=$(CURDIR)/build/asan /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration
 	/usr/bin/python3 -m pytest -q -p no:cacheprovider tests/redis
 	sh client/run-tests.sh build/asan
+	sh tests/http/run-tests.sh build/asan
 	$(Q)$(MAKE) --no-print-directory BUILD=build/asan SAN=1 fuzz-replay
 
 unit_tests: $(UNIT)
