@@ -47,6 +47,7 @@
 #include <string.h>
 
 #include "governor.h"
+#include "jscan.h"
 #include "log.h"
 #include "shared.h"
 #include "task.h"
@@ -77,6 +78,7 @@ struct call {
     const char *json_model;          /* model override `json` was made with */
     bool json_ready;
     msgpack_sbuffer usage;           /* last `usage` map seen in a stream, packed */
+    double stream_tokens;            /* its total_tokens (-1: none), for a JSON-only sink */
     struct task *task;               /* the task it belongs to, or NULL */
     struct task_wait *task_wait;     /* shared backend: its task is being checked */
     struct call *tprev, *tnext;      /* the task's calls (head in task->ud) */
@@ -349,6 +351,50 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
     call_error_done(k, &e, code);
 }
 
+/* What governance needs of a JSON reply or event, found without a tree
+ * (for a sink that takes JSON only): usage.total_tokens (-1 when absent)
+ * and whether a choice has a finish_reason. */
+struct json_facts {
+    double tokens;
+    bool has_usage;
+    bool terminal;
+};
+
+static int usage_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    double *tokens = ud, t;
+    if (strcmp(key, "total_tokens") == 0 && jscan_number(v, &t) && t >= 0)
+        *tokens = t;
+    return 0;
+}
+
+static int finish_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    if (strcmp(key, "finish_reason") == 0 && v->type != JSCAN_NULL)
+        *(bool *)ud = true;
+    return 0;
+}
+
+static int choice_element(void *ud, const struct jscan_value *v)
+{
+    if (v->type == JSCAN_OBJECT)
+        jscan_object(v->p, v->len, finish_member, ud, NULL);
+    return 0;
+}
+
+static int facts_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    struct json_facts *f = ud;
+    if (strcmp(key, "usage") == 0 && v->type == JSCAN_OBJECT) {
+        f->has_usage = true;
+        f->tokens = -1;
+        jscan_object(v->p, v->len, usage_member, &f->tokens, NULL);
+    } else if (strcmp(key, "choices") == 0 && v->type == JSCAN_ARRAY) {
+        jscan_array(v->p, v->len, choice_element, &f->terminal, NULL);
+    }
+    return 0;
+}
+
 /* total_tokens of a usage map, or -1. */
 static double usage_tokens(const msgpack_object *usage)
 {
@@ -414,6 +460,8 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
     const msgpack_object *usage = NULL;
     struct gov_decision d;
     char err[200];
+    bool json_only = !k->sink->ops->wants_msgpack;
+    double json_tokens = -1;
     (void)a;
 
     k->attempt = NULL;
@@ -422,7 +470,19 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
 
     /* A plain success must be JSON; if not, it is a transient failure the
      * loop may retry, not a success. */
-    if (res.outcome.kind == OUTCOME_SUCCESS && !k->stream) {
+    if (res.outcome.kind == OUTCOME_SUCCESS && json_only) {
+        struct json_facts f = {-1, false, false};
+        size_t at = 0;
+        if (k->stream)
+            json_tokens = k->stream_tokens;
+        else if (jscan_object(res.body ? res.body : "", res.body_len, facts_member, &f, &at) == -1) {
+            outcome_from_reason(&res.outcome, REASON_BAD_RESPONSE);
+            res.outcome.http_status = res.http_status;
+            snprintf(res.detail, sizeof(res.detail), "reply is not JSON (at byte %zu)", at);
+        } else {
+            json_tokens = f.tokens;
+        }
+    } else if (res.outcome.kind == OUTCOME_SUCCESS && !k->stream) {
         msgpack_packer_init(&bpk, &body, msgpack_sbuffer_write);
         if (transcode_json_to_msgpack(res.body ? res.body : "", res.body_len, &bpk, err,
                                       sizeof(err)) < 0) {
@@ -447,7 +507,7 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
            outcome_reason_name(res.outcome.reason), "status", LOG_I, (long long)res.http_status,
            "phase", LOG_S, attempt_phase_name(res.phase), "elapsed_s", LOG_F, res.elapsed_s, NULL);
 
-    double used = usage ? usage_tokens(usage) : -1;
+    double used = json_only ? json_tokens : usage ? usage_tokens(usage) : -1;
     if (k->lease) {
         shared_release(k->srv->shared, k->lease, &res.outcome, used);
         k->lease = NULL;
@@ -488,7 +548,14 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
 
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&tmp, &sb, msgpack_sbuffer_write);
-    if (transcode_json_to_msgpack(data, len, &tmp, NULL, 0) < 0) {
+    if (!k->sink->ops->wants_msgpack) {
+        struct json_facts f = {-1, false, false};
+        if (jscan_object(data, len, facts_member, &f, NULL) == 0) {
+            if (f.has_usage)
+                k->stream_tokens = f.tokens;
+            terminal = f.terminal;
+        }
+    } else if (transcode_json_to_msgpack(data, len, &tmp, NULL, 0) < 0) {
         /* A non-JSON event is relayed as {"data": "<text>"} rather than lost. */
         msgpack_sbuffer_clear(&sb);
         msgpack_pack_map(&tmp, 1);
@@ -496,7 +563,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
         rpc_pack_strn(&tmp, data, len);
     }
     msgpack_unpacked_init(&up);
-    if (msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS) {
+    if (sb.size && msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS) {
         const msgpack_object *usage = rpc_map_get(&up.data, "usage");
         const msgpack_object *choices = rpc_map_get(&up.data, "choices");
         if (usage && usage->type == MSGPACK_OBJECT_MAP) {
@@ -678,6 +745,7 @@ static void call_run_attempt(struct call *k, size_t source)
     };
     call_set_paused(k, false);
     msgpack_sbuffer_clear(&k->usage);
+    k->stream_tokens = -1;
     k->attempt = attempt_start(srv->up, &as, &call_hooks, k);
     if (!k->attempt) {
         call_reply_plain_error(k, PGW_INTERNAL, "cannot start the upstream request");

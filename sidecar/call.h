@@ -34,7 +34,8 @@ struct call_info {
 /* A success. For a plain call, `json` is the upstream's reply as it came
  * (NUL-terminated) and `mp` the same as msgpack; both are NULL for a
  * stream, whose events went through on_chunk. `usage` is the reply's (or
- * the stream's last) usage map, packed, or NULL. */
+ * the stream's last) usage map, packed, or NULL. `mp` and `usage` are made
+ * only for a sink whose ops set wants_msgpack (else NULL). */
 struct call_body {
     const char *json;
     size_t json_len;
@@ -47,7 +48,8 @@ struct call_body {
 /* Every hook runs on the loop thread and answers call `id` of sink `s`.
  *   on_chunk   one stream event: `json` is its data as the upstream sent it
  *              (NUL-terminated), `mp` its msgpack form (a map; an event
- *              that is not JSON comes as {"data": text}). Returns 0 to go
+ *              that is not JSON comes as {"data": text}; NULL/0 unless
+ *              wants_msgpack). Returns 0 to go
  *              on, 1 when the sink's write queue is full (the upstream is
  *              paused until call_on_drained()), or -1 when relaying found
  *              the client gone: the sink then has aborted all its calls,
@@ -69,6 +71,10 @@ struct call_sink_ops {
     void (*on_error)(struct call_sink *s, uint32_t id, enum pgw_code code, const char *map,
                      size_t map_len);
     void (*flush)(struct call_sink *s);
+    /* The sink writes msgpack: transcode replies and events for it. A
+     * JSON-only sink is spared that (governance reads what it needs from
+     * the JSON text, sidecar/jscan.h). */
+    bool wants_msgpack;
 };
 
 /* Embedded in a front end's connection; zero it, then set ops and srv. */

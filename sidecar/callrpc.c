@@ -92,6 +92,7 @@ static const struct call_sink_ops rpc_sink_ops = {
     .on_result = rpc_on_result,
     .on_error = rpc_on_error,
     .flush = rpc_flush,
+    .wants_msgpack = true,
 };
 
 void callrpc_sink_init(struct call_sink *s, struct server *srv)

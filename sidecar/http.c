@@ -36,7 +36,6 @@
 
 #include <errno.h>
 #include <http_parser.h>
-#include <jansson.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -52,6 +51,7 @@
 
 #include "call.h"
 #include "internal.h"
+#include "jscan.h"
 #include "log.h"
 #include "shared.h"
 #include "task.h"
@@ -969,13 +969,40 @@ static int hc_check_json_body(struct http_conn *c, bool optional)
     return 0;
 }
 
+/* What the front end reads of a request body (the rest is the upstream's). */
+struct body_facts {
+    bool stream, seen_stream;
+    uint64_t max_tokens;
+    bool completion_tokens;      /* max_completion_tokens wins over max_tokens */
+};
+
+static int body_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    struct body_facts *f = ud;
+    double d;
+
+    if (strcmp(key, "stream") == 0) {
+        /* It decides how the answer is framed: one, and a boolean. */
+        if (f->seen_stream || (v->type != JSCAN_TRUE && v->type != JSCAN_FALSE &&
+                               v->type != JSCAN_NULL))
+            return 1;
+        f->seen_stream = true;
+        f->stream = v->type == JSCAN_TRUE;
+    } else if ((strcmp(key, "max_completion_tokens") == 0 ||
+                (strcmp(key, "max_tokens") == 0 && !f->completion_tokens)) &&
+               jscan_number(v, &d) && d >= 0 && d < 1e15 && d == floor(d)) {
+        f->max_tokens = (uint64_t)d;
+        f->completion_tokens |= key[4] == 'c';
+    }
+    return 0;
+}
+
 static void route_call(struct http_conn *c, const char *path, size_t len)
 {
     struct server *srv = c->hs->srv;
     const struct config *cfg = srv->cfg;
     const struct config_capability *cap = NULL;
     char scope[CONFIG_NAME_MAX * 4];
-    json_error_t je;
 
     /* Two capabilities may share an upstream path: the first one that has
      * a source serves it. */
@@ -998,37 +1025,28 @@ static void route_call(struct http_conn *c, const char *path, size_t len)
     }
     if (hc_check_json_body(c, false) < 0)
         return;
-    json_t *root = json_loadb(c->body ? c->body : "", c->body_len, JSON_REJECT_DUPLICATES, &je);
-    if (!root) {
-        hc_error(c, 400, PGW_BAD_REQUEST, "body is not valid JSON: %s (at byte %d)", je.text,
-                 je.position);
+    struct body_facts bf = {0};
+    size_t at = 0;
+    int rc = jscan_object(c->body ? c->body : "", c->body_len, body_member, &bf, &at);
+    if (rc == -1) {
+        hc_error(c, 400, PGW_BAD_REQUEST, "body is not valid JSON (at byte %zu)", at);
         return;
     }
-    if (!json_is_object(root)) {
-        json_decref(root);
+    if (rc == -2) {
         hc_error(c, 400, PGW_BAD_REQUEST, "body must be a JSON object");
         return;
     }
-    json_t *st = json_object_get(root, "stream");
-    json_t *mt = json_object_get(root, "max_completion_tokens");
-    if (!mt)
-        mt = json_object_get(root, "max_tokens");
-    bool stream = json_is_true(st);
-    bool stream_ok = !st || json_is_boolean(st) || json_is_null(st);
-    json_int_t max_tokens = json_is_integer(mt) ? json_integer_value(mt) : 0;
-    json_decref(root);
-    if (!stream_ok) {
-        hc_error(c, 400, PGW_BAD_REQUEST, "'stream' must be a boolean");
+    if (rc > 0) {
+        hc_error(c, 400, PGW_BAD_REQUEST, "'stream' must be one boolean");
         return;
     }
-
     struct call_req r = {
         .capability = cap->name,
         .capability_len = strlen(cap->name),
         .json = c->body,
         .json_len = c->body_len,
-        .stream = stream,
-        .max_tokens = max_tokens > 0 ? (uint64_t)max_tokens : 0,
+        .stream = bf.stream,
+        .max_tokens = bf.max_tokens,
     };
     if (c->req.present[H_DEADLINE]) {
         char *end;
@@ -1119,17 +1137,6 @@ static const struct {
     {"finish", "task.finish", tasks_finish},
 };
 
-static int hexval(char ch)
-{
-    if (ch >= '0' && ch <= '9')
-        return ch - '0';
-    if (ch >= 'a' && ch <= 'f')
-        return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F')
-        return ch - 'A' + 10;
-    return -1;
-}
-
 /* Percent-decodes s[0..n) into out (cap bytes with the NUL). -1 when
  * malformed, empty, too long, or holding a NUL or '/'. */
 static int pct_decode(const char *s, size_t n, char *out, size_t cap)
@@ -1138,7 +1145,8 @@ static int pct_decode(const char *s, size_t n, char *out, size_t cap)
     for (size_t i = 0; i < n; i++) {
         unsigned ch = (unsigned char)s[i];
         if (ch == '%') {
-            int hi = i + 2 < n ? hexval(s[i + 1]) : -1, lo = i + 2 < n ? hexval(s[i + 2]) : -1;
+            int hi = i + 2 < n ? jscan_hexval(s[i + 1]) : -1;
+            int lo = i + 2 < n ? jscan_hexval(s[i + 2]) : -1;
             if (hi < 0 || lo < 0)
                 return -1;
             ch = (unsigned)(hi * 16 + lo);

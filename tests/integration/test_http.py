@@ -60,7 +60,7 @@ class Front:
         if body is not None:
             if not any(h.lower().startswith("content-type") for h in headers):
                 cmd += ["-H", "Content-Type: application/json"]
-            cmd += ["--data-binary", body if isinstance(body, str) else json.dumps(body)]
+            cmd += ["--data-binary", body if isinstance(body, (str, bytes)) else json.dumps(body)]
         if method:
             cmd += ["-X", method]
         cmd += list(extra)
@@ -365,7 +365,8 @@ def test_http__upstream_rejected_keeps_upstream_status_and_body(front, up):
 def test_http__invalid_json_is_400(front, up):
     f = front()
     for raw, what in (('{"model": ', "not valid JSON"), ("[1, 2]", "JSON object"),
-                      ('{"stream": "yes"}', "boolean"), ('{"a":1,"a":2}', "not valid JSON")):
+                      ('{"stream": "yes"}', "boolean"), ('{"stream":false,"stream":true}', "one"),
+                      (b'{"a":"\xff"}', "not valid JSON"), ('{"a":"\\u12"}', "not valid JSON"), ('{"a":1} x', "not valid JSON")):
         status, hdrs, body = f.curl("/v1/chat/completions", raw)
         err = assert_error(status, hdrs, body, 400, "bad_request")
         assert what in err["message"], err
