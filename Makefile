@@ -158,10 +158,10 @@ $(BUILD)/shim/%.so: tests/shim/%.c
 # (no gcc objects), and runs it for FUZZ_SECONDS over $(BUILD)/fuzz/corpus/<name>
 # plus the committed tests/fuzz/corpus/<name>. `make test` only replays the
 # committed corpus through a gcc-built driver (fuzz-replay), no clang needed.
-FUZZ_TARGETS := frame transcode sse retry_after config
+FUZZ_TARGETS := frame transcode sse retry_after config jscan
 FUZZ_SECONDS ?= 60
 FUZZ_CC      ?= clang
-FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/transcode.c sidecar/config.c
+FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/transcode.c sidecar/config.c sidecar/jscan.c
 FUZZ_CFLAGS  := $(filter-out $(CFLAGS),$(ALL_CFLAGS)) -fsanitize=fuzzer,address,undefined -g -O1 \
                 -fno-sanitize-recover=undefined
 FUZZ_BINS    := $(addprefix $(BUILD)/fuzz/,$(FUZZ_TARGETS))

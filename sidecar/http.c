@@ -1256,8 +1256,12 @@ out:
 }
 
 /* The route table: `path` is matched exactly, or as a prefix when it ends
- * in '/'. The first row whose path matches decides; a path that matches
- * with another method only is 405. */
+ * in '/'. The first row whose method and path match decides; a path that
+ * matches with another method only is 405, no match 404. A route answers
+ * at once (hc_reply, hc_error), or starts a call or a task request that
+ * answers later through the sink or the bridge. A new endpoint is one row
+ * and one route_fn, e.g. GET /metrics: a route_fn that hc_reply()s
+ * metrics_render()'s text as "text/plain; version=0.0.4". */
 static const struct {
     enum http_method method;
     const char *path;
