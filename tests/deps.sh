@@ -4,8 +4,10 @@
 set -eu
 
 PKGS="build-essential pkg-config libev-dev libmsgpack-dev libyaml-dev libcurl4-openssl-dev \
-libjansson-dev libhiredis-dev libhttp-parser-dev check redis-server python3 python3-msgpack python3-pytest \
+libjansson-dev libhiredis-dev check redis-server python3 python3-msgpack python3-pytest \
 libclang-rt-14-dev"
+# The HTTP front end's parser (linked as -lhttp_parser), and curl for its tests.
+PKGS="$PKGS libhttp-parser-dev curl"
 
 # The Node client's tests need node >= 18 and npm; Debian 12's are fine,
 # a newer one already on the machine is kept.
