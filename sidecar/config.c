@@ -91,7 +91,7 @@ enum fid {
     FID_PACER, FID_PACER_MIN_INTERVAL,
     FID_HTTP, FID_HTTP_SOCKET, FID_HTTP_LISTEN, FID_HTTP_ALLOW_REMOTE, FID_HTTP_MAX_BODY,
     FID_HTTP_MAX_HEADER, FID_HTTP_MAX_CONNECTIONS, FID_HTTP_HEADER_TIMEOUT,
-    FID_HTTP_BODY_TIMEOUT, FID_HTTP_KEEPALIVE_TIMEOUT,
+    FID_HTTP_BODY_TIMEOUT, FID_HTTP_KEEPALIVE_TIMEOUT, FID_HTTP_SEND_TIMEOUT,
     FID_COUNT
 };
 
@@ -801,6 +801,8 @@ static const struct field http_table[] = {
         OFF(struct config, http_body_timeout_s), 0, 3600, F_MIN_OPEN),
     NUM("keepalive_timeout_s", FT_DOUBLE, FID_HTTP_KEEPALIVE_TIMEOUT,
         OFF(struct config, http_keepalive_timeout_s), 0, 86400, F_MIN_OPEN),
+    NUM("send_timeout_s", FT_DOUBLE, FID_HTTP_SEND_TIMEOUT,
+        OFF(struct config, http_send_timeout_s), 0, 3600, F_MIN_OPEN),
     END
 };
 
@@ -993,6 +995,7 @@ static int config_set_defaults(struct config *cfg)
     cfg->http_header_timeout_s = 10;
     cfg->http_body_timeout_s = 60;
     cfg->http_keepalive_timeout_s = 75;
+    cfg->http_send_timeout_s = 60;
     cfg->defaults = (struct config_policy){
         .max_attempts = 3, .stall_window_s = 300, .backoff_base_s = 2,
         .backoff_max_s = 60, .poll_interval_s = 1, .node_timeout_s = 600,

@@ -138,6 +138,8 @@ struct config {
     double http_header_timeout_s;  /* request line + headers must arrive within; default 10 */
     double http_body_timeout_s;    /* the body must arrive within; default 60 */
     double http_keepalive_timeout_s; /* an idle connection is closed after; default 75 */
+    double http_send_timeout_s;    /* an answer's queued bytes not taken for this long close
+                                    * the connection (and cancel its call); default 60 */
 
     /* server: */
     enum log_level log_level;  /* default info */

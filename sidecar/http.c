@@ -10,6 +10,10 @@
  *    └──────────── answer queued, keep-alive ────────────────────────────────────┘
  *                  answer queued, close: CLOSING (flush, bounded by a linger timer)
  *
+ * While SERVING, the timer runs only when answer bytes wait for the client
+ * (send_timeout_s between writes): a client that stops reading a stream is
+ * closed and its call cancelled, rather than holding a paused upstream.
+ *
  * Bad input is answered and the connection closed, since the byte stream
  * can no longer be trusted: an unparsable request 400, a request line and
  * headers over http.max_header_bytes 431, a URL over HTTP_URL_MAX 414, a
@@ -631,6 +635,7 @@ static void hc_on_timer(struct ev_loop *loop, ev_timer *w, int revents)
         hc_close(c, "linger timeout");
         break;
     case HC_SERVING:
+        hc_close(c, "send timeout");
         break;
     }
 }
@@ -1406,10 +1411,12 @@ static void hc_flush(struct http_conn *c)
         hc_close(c, "out of memory queueing an answer");
         return;
     }
+    bool progress = false;
     while (c->out_off < c->out_len) {
         ssize_t n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
         if (n > 0) {
             c->out_off += (size_t)n;
+            progress = true;
             continue;
         }
         if (n < 0 && errno == EINTR)
@@ -1427,8 +1434,16 @@ static void hc_flush(struct http_conn *c)
             hc_close(c, "answered, closing");
             return;
         }
-    } else if (!ev_is_active(&c->wio)) {
-        ev_io_start(c->hs->srv->loop, &c->wio);
+        if (c->phase == HC_SERVING)
+            hc_arm(c, 0);
+    } else {
+        if (!ev_is_active(&c->wio))
+            ev_io_start(c->hs->srv->loop, &c->wio);
+        /* A client that takes nothing of an answer for send_timeout_s is
+         * gone in all but name (the timer runs between writes, as nginx's
+         * send_timeout). */
+        if (c->phase == HC_SERVING && (progress || !ev_is_active(&c->phase_w)))
+            hc_arm(c, c->hs->srv->cfg->http_send_timeout_s);
     }
     if (out_queued(c) <= limit / 2 && c->sink.paused_calls)
         call_on_drained(&c->sink);

@@ -754,3 +754,23 @@ def test_http__command_line_overrides(make_sidecar, workdir, up):
     f = Front(sc, port, hsock)
     assert f.curl("/healthz", unix=True)[0] == 200
     assert f.curl("/healthz")[0] == 200
+
+
+def test_http__stream_reader_that_stops_reading_is_closed(front, up):
+    f = front(http={"send_timeout_s": 1},
+              listen={"max_message_bytes": 65536, "max_write_queue_bytes": 65536},
+              sources=[source_yaml("m1", "chat", up.url, dict(FAST, timeout_s=60, idle_timeout_s=60))])
+    s = f.raw()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    body = json.dumps(chat("x" * 2000, stream=True, mock={"stream_events": 100000}))
+    s.sendall(("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               "Content-Length: %d\r\n\r\n%s" % (len(body), body)).encode())
+    # Never read: the sidecar's queue fills, the upstream is paused, and
+    # after send_timeout_s without progress the connection and its call end.
+    up.wait_stats(lambda st: st["in_progress"] == 1, timeout=5)
+    t0 = time.monotonic()
+    up.wait_stats(lambda st: st["aborted_by_peer"] == 1 and st["open_connections"] == 0,
+                  timeout=5)
+    assert time.monotonic() - t0 < 4  # the attempt's own timeout_s (60) did not do it
+    assert f.curl("/healthz")[0] == 200
+    s.close()
