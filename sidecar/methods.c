@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "callrpc.h"
+#include "http.h"
 #include "log.h"
 #include "progress.h"
 #include "shared.h"
@@ -118,8 +119,9 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
 
     if (bind_or_reply(c, m, NULL, 0, NULL) < 0)
         return;
+    const struct http_stats *hst = http_get_stats(c->srv->http);
     rpc_pack_result_begin(pk, m->msgid);
-    msgpack_pack_map(pk, c->srv->shared ? 13 : 12);
+    msgpack_pack_map(pk, (c->srv->shared ? 13 : 12) + (hst ? 1 : 0));
 
     rpc_pack_str(pk, "version");
     rpc_pack_str(pk, PGW_VERSION);
@@ -170,6 +172,22 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
         rpc_pack_kv_u64(pk, key, us->timeouts[i]);
     }
 
+    if (hst) {
+        /* The HTTP front end, when it is configured. */
+        rpc_pack_str(pk, "http");
+        msgpack_pack_map(pk, 11);
+        rpc_pack_kv_u64(pk, "open", hst->conns_open);
+        rpc_pack_kv_u64(pk, "accepted", hst->conns_accepted);
+        rpc_pack_kv_u64(pk, "rejected", hst->conns_rejected);
+        rpc_pack_kv_u64(pk, "requests", hst->requests);
+        static const char *const classes[] = {"responses_1xx", "responses_2xx",
+                                              "responses_3xx", "responses_4xx",
+                                              "responses_5xx"};
+        for (int i = 1; i <= 5; i++)
+            rpc_pack_kv_u64(pk, classes[i - 1], hst->responses[i]);
+        rpc_pack_kv_u64(pk, "timeouts", hst->timeouts);
+        rpc_pack_kv_u64(pk, "bad_requests", hst->bad_requests);
+    }
     pack_governance(pk, c->srv);
     tasks_pack_stats(pk, c->srv);
     if (c->srv->shared) {

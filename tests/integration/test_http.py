@@ -774,3 +774,29 @@ def test_http__stream_reader_that_stops_reading_is_closed(front, up):
     assert time.monotonic() - t0 < 4  # the attempt's own timeout_s (60) did not do it
     assert f.curl("/healthz")[0] == 200
     s.close()
+
+
+def test_http__stats_count_the_http_front(front, up):
+    f = front()
+    assert f.curl("/healthz")[0] == 200
+    assert f.curl("/v1/chat/completions", chat("x"))[0] == 200
+    assert f.curl("/nothing")[0] == 404
+    bad = f.raw()
+    bad.sendall(b"NOT HTTP\r\n\r\n")
+    assert read_response(bad)[0] == 400
+    bad.close()
+    c = f.sc.connect()
+    deadline = time.monotonic() + 3
+    while True:
+        err, st = c.request("stats")
+        assert err is None
+        h = st["http"]
+        if h["open"] == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert h["open"] == 0
+    assert h["accepted"] >= 4 and h["rejected"] == 0
+    assert h["requests"] == 3  # the unparsable one never became a request
+    assert h["responses_2xx"] == 2 and h["responses_4xx"] == 2
+    assert h["bad_requests"] == 1 and h["timeouts"] == 0
+    c.close()
