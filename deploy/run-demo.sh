@@ -24,6 +24,8 @@ if "$BUILD/mock_upstream" --port 18080 > "$BUILD/run/mock.out" 2> "$BUILD/run/mo
     fi
 fi
 
+# The client examples of README.md read these two variables; printed with
+# absolute paths so the line works from any directory of a second shell.
 cat <<MSG
 polygw demo
   socket:   $SOCK
@@ -32,6 +34,8 @@ polygw demo
   or:       $BUILD/polygwctl --socket $SOCK call chat --body '{"messages":[{"role":"user","content":"hello"}]}'
   or HTTP:  curl --unix-socket $HTTP_SOCK http://polygw/v1/chat/completions \\
               -H 'Content-Type: application/json' -d '{"messages":[{"role":"user","content":"hello"}]}'
+  python:   in another shell, paste this line, then the README's Python example:
+            export POLYGW_SOCKET=$SOCK PYTHONPATH=$(pwd)/client/python
   stop:     Ctrl-C
 MSG
 "$BUILD/polygw" --config deploy/polygw.yaml --socket "$SOCK" --http-socket "$HTTP_SOCK"

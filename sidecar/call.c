@@ -300,6 +300,17 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
 
     switch (code) {
     case PGW_STALLED:
+        if (stalled <= k->g.pol.stall_window_s) {
+            /* Ended before its window was spent: Retry-After held back every
+             * source past the verdict (gov.h). */
+            snprintf(msg, sizeof(msg),
+                     "scope '%s' made no progress and Retry-After holds back every source for "
+                     "%.0fs, past what is left of stall_window_s %g (%.3fs spent); %u "
+                     "attempt(s), last: %s: %s",
+                     k->g.scope, retry_after_s, k->g.pol.stall_window_s, stalled,
+                     k->g.attempts, last || note ? src : "none", reason);
+            break;
+        }
         snprintf(msg, sizeof(msg),
                  "scope '%s' made no progress and this call spent %.3fs waiting, backing off "
                  "or rate-limited (stall_window_s %g); %u attempt(s), last: %s: %s",
@@ -315,8 +326,8 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
                  last ? last->http_status : 0);
         break;
     case PGW_DEADLINE_EXCEEDED:
-        snprintf(msg, sizeof(msg), "deadline_s reached after %.3fs (%u attempt(s)); %.160s",
-                 now - k->started, k->g.attempts, detail);
+        snprintf(msg, sizeof(msg), "deadline_s reached after %.3fs (%u attempt(s))%s%.160s",
+                 now - k->started, k->g.attempts, detail[0] ? "; " : "", detail);
         break;
     case PGW_STREAM_INTERRUPTED:
         snprintf(msg, sizeof(msg), "stream from %s interrupted after %u events: %s: %.160s", src,

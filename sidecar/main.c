@@ -36,7 +36,8 @@ static void usage(FILE *out)
             "      --http-listen HOST:PORT\n"
             "                          serve it on TCP too (overrides http.listen; loopback\n"
             "                          unless http.allow_remote is true)\n"
-            "      --check-config FILE validate FILE, print the verdict, exit 0 if valid, 1 if not\n"
+            "      --check-config FILE validate FILE, print every error (FILE:LINE: KEY: REASON)\n"
+            "                          or the verdict; exit 0 if valid, 1 if not\n"
             "  -V, --version           print the version and exit\n"
             "  -h, --help              print this help and exit\n"
             "\n"
@@ -46,6 +47,30 @@ static void usage(FILE *out)
             "\n"
             "Exit status: 0 clean exit or valid config; 1 bad config or start-up failure;\n"
             "2 usage error.\n");
+}
+
+/* Each configuration error on its own line, FILE:LINE: KEY: REASON first
+ * (the form editors and CI annotate), counted in *arg. */
+static void print_config_error(void *arg, const char *msg)
+{
+    size_t *n = arg;
+
+    (*n)++;
+    fprintf(stderr, "%s\n", msg);
+}
+
+/* Loads `path`, printing every error and then one verdict line when it is
+ * invalid. */
+static struct config *load_config(const char *path)
+{
+    char err[CONFIG_ERR_MAX];
+    size_t n = 0;
+    struct config *cfg = config_load_report(path, print_config_error, &n, err, sizeof(err));
+
+    if (!cfg)
+        fprintf(stderr, "polygw: %s: invalid configuration (%zu error%s)\n", path, n,
+                n == 1 ? "" : "s");
+    return cfg;
 }
 
 int main(int argc, char **argv)
@@ -93,11 +118,9 @@ int main(int argc, char **argv)
     }
 
     if (check_path) {
-        struct config *cfg = config_load(check_path, err, sizeof(err));
-        if (!cfg) {
-            fprintf(stderr, "polygw: %s\n", err);
+        struct config *cfg = load_config(check_path);
+        if (!cfg)
             return 1;
-        }
         char backend[512] = "memory backend";
         struct rds_addr a;
         if (cfg->backend == BACKEND_REDIS &&
@@ -115,11 +138,9 @@ int main(int argc, char **argv)
         return 0;
     }
 
-    struct config *cfg = config_load(config_path, err, sizeof(err));
-    if (!cfg) {
-        fprintf(stderr, "polygw: %s\n", err);
+    struct config *cfg = load_config(config_path);
+    if (!cfg)
         return 1;
-    }
     if (socket_path) {
         char *p = strdup(socket_path);
         if (!p) {

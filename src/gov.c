@@ -189,11 +189,18 @@ static long gov_pick(struct gov *g, const struct gov_call *k, double now, double
         return -1;
     }
     for (size_t i = 0; i < n; i++) {
-        double at;
+        double at, hint_at = k->notes[i].retry_at;
         ok[i] = 0;
         if (g->sources[i].p.capability != k->capability)
             continue;
-        if (!gov_source_runnable(g, i, k->est_tokens, now, &at)) {
+        bool run = gov_source_runnable(g, i, k->est_tokens, now, &at);
+        if (hint_at > now) {
+            /* Its Retry-After holds it back for this call (not for others:
+             * a hint answers one request, and may be pessimistic). */
+            at = run ? hint_at : fmax(at, hint_at);
+            run = false;
+        }
+        if (!run) {
             if (at < next)
                 next = at;
             continue;
@@ -363,7 +370,6 @@ int gov_call_init(struct gov_call *k, struct gov *g, uint32_t capability, const 
         k->pol.max_attempts = 1;
     k->deadline_at = deadline_at;
     k->est_tokens = est_tokens > 0 ? est_tokens : 0;
-    k->retry_after_hint = -1;
     k->state = GOV_CALL_IDLE;
     stall_clock_init(&k->clock, now);
     return 0;
@@ -392,7 +398,10 @@ static void gov_call_release(struct gov_call *k)
         s->in_flight--;
 }
 
-/* Best estimate of when the capability can serve again, in seconds. */
+/* Best estimate of when the capability can serve the call again, in
+ * seconds: the earliest source, each at the latest of its admission gates
+ * (breaker, buckets, pacer; a permit wait counts as one base backoff), its
+ * last Retry-After and the call's own Retry-After from it. */
 static double gov_retry_after(struct gov_call *k, double now)
 {
     struct gov *g = k->gov;
@@ -406,17 +415,20 @@ static double gov_retry_after(struct gov_call *k, double now)
         gov_source_runnable(g, i, k->est_tokens, now, &at);
         if (!isfinite(at))
             at = now + k->pol.backoff_base_s; /* waiting for a permit: soon */
-        if (s->retry_after_until > at)
-            at = s->retry_after_until;
+        at = fmax(at, fmax(s->retry_after_until, k->notes[i].retry_at));
         if (at < best)
             best = at;
     }
     if (!isfinite(best))
         return k->pol.backoff_base_s;
     double ra = best - now;
-    if (k->retry_after_hint > ra)
-        ra = k->retry_after_hint;
     return ra > 0 ? ra : 0;
+}
+
+/* The results a client should retry later (pgw_code_is_retry_later()). */
+static bool gov_result_is_retry_later(enum gov_result r)
+{
+    return r == GOV_STALLED || r == GOV_RETRY_EXHAUSTED || r == GOV_BACKEND_UNAVAILABLE;
 }
 
 static void gov_call_done(struct gov_call *k, double now, enum gov_result r,
@@ -427,6 +439,54 @@ static void gov_call_done(struct gov_call *k, double now, enum gov_result r,
     d->action = GOV_DONE;
     d->result = r;
     d->retry_after_s = r == GOV_OK ? 0 : gov_retry_after(k, now);
+    if (gov_result_is_retry_later(r) && !(d->retry_after_s > 0)) {
+        /* Nothing gates the sources: the hint is the backoff this call
+         * would have slept next, never "at once" into the same overload. */
+        d->retry_after_s = gov_backoff_s(&k->pol, k->fails > 0 ? k->fails : 1, gov_rand(k->gov));
+    }
+}
+
+/* When the stall verdict lands if the scope makes no new progress: both
+ * the call's stalled time and the scope's progress age (NAN: not known,
+ * only the former counts) past the window, strictly. */
+static double gov_call_verdict_at(const struct gov_call *k, double now, double stalled,
+                                  double age)
+{
+    double window = k->pol.stall_window_s;
+    double at = now + (window - stalled);
+
+    if (isfinite(age))
+        at = fmax(at, now + (window - age));
+    return at + GOV_EPS;
+}
+
+/* The earliest time this call's Retry-After hints let it try a source of
+ * its capability (`now` when one of them holds none). */
+static double gov_call_hint_until(const struct gov_call *k, double now)
+{
+    const struct gov *g = k->gov;
+    double until = INFINITY;
+
+    for (size_t i = 0; i < g->n_sources; i++) {
+        if (g->sources[i].p.capability != k->capability)
+            continue;
+        double at = k->notes[i].retry_at;
+        until = fmin(until, at > now ? at : now);
+    }
+    return isfinite(until) ? until : now;
+}
+
+/* Is the stall verdict certain already? It is when the call's Retry-After
+ * hints hold back every source until after the verdict would land, and the
+ * scope shows no progress within the window that could postpone it (an
+ * unknown age never ends a call). Waiting could then only end in the same
+ * `stalled`, later. */
+static bool gov_call_hint_outlives(const struct gov_call *k, double now, double stalled,
+                                   double age)
+{
+    if (!(age > k->pol.stall_window_s))
+        return false;
+    return gov_call_hint_until(k, now) > gov_call_verdict_at(k, now, stalled, age);
 }
 
 /* Nothing runnable: wait in FIFO order, holding nothing, until `next_at`
@@ -435,12 +495,8 @@ static void gov_call_done(struct gov_call *k, double now, enum gov_result r,
 static void gov_call_park(struct gov_call *k, double now, double stalled, double age,
                           double next_at, struct gov_decision *d)
 {
-    double window = k->pol.stall_window_s;
-    double verdict_at = now + (window - stalled);
+    double verdict_at = gov_call_verdict_at(k, now, stalled, age);
 
-    if (isfinite(age))
-        verdict_at = fmax(verdict_at, now + (window - age));
-    verdict_at += GOV_EPS;
     if (verdict_at <= now && isnan(age))
         verdict_at = INFINITY; /* due, but the age is not known: next_at rechecks */
     double wake = fmin(next_at, verdict_at);
@@ -491,7 +547,7 @@ static bool gov_call_verdicts(struct gov_call *k, double now, double *stalled, d
         }
         return false;
     }
-    if (*stalled > window && *age > window) {
+    if ((*stalled > window && *age > window) || gov_call_hint_outlives(k, now, *stalled, *age)) {
         gov_call_done(k, now, GOV_STALLED, d);
         return true;
     }
@@ -707,10 +763,8 @@ void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o
         s->rate_limited++;
         aimd_on_decrease(&s->aimd);
         breaker_on_neutral(&s->breaker, k->probe); /* a 429 never trips the breaker */
-        if (o->retry_after_s >= 0) {
-            k->retry_after_hint = o->retry_after_s;
+        if (o->retry_after_s >= 0)
             s->retry_after_until = now + o->retry_after_s;
-        }
         if (!exempt)
             k->fails++;
         break;
@@ -719,11 +773,11 @@ void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o
         if (reason_is_timeout((enum outcome_reason)o->reason))
             aimd_on_decrease(&s->aimd);
         breaker_on_failure(&s->breaker, k->probe, now, gov_on_breaker, g);
-        if (o->retry_after_s >= 0)
-            k->retry_after_hint = o->retry_after_s;
         k->fails++;
         break;
     }
+    if (o->retry_after_s >= 0)
+        k->notes[k->source].retry_at = now + o->retry_after_s;
     gov_wake(g, k->capability);
     if (!exempt && k->fails >= k->pol.max_attempts) {
         gov_call_done(k, now, GOV_RETRY_EXHAUSTED, d);
@@ -734,10 +788,22 @@ void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o
         gov_call_done(k, now, GOV_DEADLINE_EXCEEDED, d);
         return;
     }
-    double sleep = gov_backoff_s(&k->pol, k->fails > 0 ? k->fails : 1, gov_rand(g));
-    if (o->retry_after_s >= 0 && o->retry_after_s > sleep)
-        sleep = o->retry_after_s;
-    double wake = now + sleep;
+    double wake = now + gov_backoff_s(&k->pol, k->fails > 0 ? k->fails : 1, gov_rand(g));
+    double hint_at = gov_call_hint_until(k, now);
+    if (hint_at > wake) {
+        /* Retry-After holds back every source beyond the backoff. That
+         * wait is stall time like any other: it never outlasts the
+         * verdict (re-checked then), and it does not begin when the
+         * verdict is certain already. */
+        double stalled = stall_clock_stalled_s(&k->clock, now), age;
+        if (g->backend.progress_age(g->backend.ud, k->scope, now, &age) != 0)
+            age = NAN; /* the step at wake time reads it again, and fails closed */
+        if (gov_call_hint_outlives(k, now, stalled, age)) {
+            gov_call_done(k, now, GOV_STALLED, d);
+            return;
+        }
+        wake = fmax(wake, fmin(hint_at, gov_call_verdict_at(k, now, stalled, age)));
+    }
     if (k->deadline_at > 0 && wake > k->deadline_at)
         wake = k->deadline_at;
     k->wake_at = wake;

@@ -23,6 +23,16 @@
  *     stalled_s > stall_window_s  AND  progress_age(scope) > stall_window_s
  * with progress_age = +INF for a scope that never succeeded.
  *
+ * Retry-After: a hint holds back the source that sent it, for this call
+ * only, until the hinted time (the call tries another source meanwhile).
+ * It lengthens a backoff at most up to the stall verdict time; and when
+ * every source of the capability is held back past the time the verdict
+ * would land without new progress, and the scope shows none within the
+ * window (progress age > stall_window_s), the call ends `stalled` at once
+ * with retry_after_s = the earliest hinted time: no attempt could happen
+ * before its verdict. A recent progress keeps it waiting, as always, but
+ * never past the verdict time that progress allows nor the hint.
+ *
  * Waiting (3.4): a call that finds nothing runnable joins its capability's
  * FIFO and sleeps until the earliest known availability (breaker half-open,
  * bucket refill, pacer), its stall verdict or its deadline. A released
@@ -145,6 +155,7 @@ struct gov_source_note {
     uint8_t reason;          /* enum outcome_reason of the last attempt */
     bool tried;
     int status;
+    double retry_at;         /* its last Retry-After for this call (absolute; 0 = none) */
 };
 
 struct gov_call {
@@ -162,7 +173,6 @@ struct gov_call {
     double prev_last_start;  /* ATTEMPTING: the pacer's value before this pick */
     double picked_at;        /* ATTEMPTING: when this pick set the pacer */
     double wake_at;
-    double retry_after_hint; /* last Retry-After seen (seconds, < 0 none) */
     struct gov_source_note *notes; /* owned, one per source */
     struct gov_call *wq_prev, *wq_next;
     bool queued;
@@ -213,7 +223,10 @@ void gov_call_step(struct gov_call *k, double now, struct gov_decision *d);
 /* The attempt chosen by the last step ended with `o`. `actual_tokens` is
  * the real usage (< 0 unknown) to reconcile the token buckets. The decision
  * is GOV_DONE (success: GOV_OK; or an error — GOV_CANCELLED when the reason
- * is REASON_CANCELLED) or GOV_WAIT (backoff). */
+ * is REASON_CANCELLED, GOV_STALLED when a Retry-After makes the verdict
+ * certain, see above) or GOV_WAIT (the backoff, lengthened by Retry-After up
+ * to the verdict time). Reads the progress age only when a Retry-After
+ * outlasts the backoff. */
 void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o,
                          double actual_tokens, struct gov_decision *d);
 

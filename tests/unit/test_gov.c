@@ -1723,6 +1723,265 @@ START_TEST(test_gov__backend_read_fails_closed_write_counted)
 }
 END_TEST
 
+/* --- Retry-After against the stall budget ---------------------------- */
+
+/* Unix time 2026-12-01, for HTTP-date hints. */
+#define NOW_UNIX 1796083200.0
+
+/* The call ended with `want` after `seen` attempts, at `done_at`, saying
+ * to come back in `retry_after_s`. */
+static void check_ended(const struct sim_call *c, enum gov_result want, uint32_t seen,
+                        double done_at, double retry_after_s)
+{
+    check_result(c, want);
+    ck_assert_uint_eq(c->seen, seen);
+    ck_assert_near(c->done_at, done_at);
+    ck_assert_near(c->retry_after_s, retry_after_s);
+}
+
+/* A long Retry-After (delta seconds, the clamp's worth of delta, an
+ * HTTP-date in 2099), on an exempt and on a counted capability, from a
+ * 429 and from a 503: with one source and a scope that never made
+ * progress, no attempt can happen before the verdict, so the call ends
+ * `stalled` as the attempt ends, carrying the hint (clamped to a day). */
+START_TEST(test_gov__long_retry_after_stalls_at_once)
+{
+    static const struct {
+        int status;
+        const char *hint;
+        double want;
+    } cases[] = {
+        {429, "3600", 3600},
+        {429, "31536000", OUTCOME_RETRY_AFTER_MAX_S},
+        {429, "Thu, 01 Jan 2099 00:00:00 GMT", OUTCOME_RETRY_AFTER_MAX_S},
+        {503, "3600", 3600},
+        {503, "Thu, 01 Jan 2099 00:00:00 GMT", OUTCOME_RETRY_AFTER_MAX_S},
+    };
+    struct gov_source_params p = src_params("a");
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        for (int exempt = 0; exempt <= 1; exempt++) {
+            struct gov_policy pol = pol_chat();
+            pol.stall_window_s = 2;
+            pol.exempt_429 = exempt;
+            sim_init(&S, &p, 1, 1);
+            struct sim_call *c = sim_add(&S, 0, &pol);
+            struct reply r = {.duration_s = 0.25, .tokens = -1};
+            outcome_from_http(&r.o, cases[i].status, cases[i].hint, NOW_UNIX);
+            script_push(c, r);
+            script_push(c, rep_http(0.25, 200, NULL));
+            sim_run_all(&S);
+            check_ended(c, GOV_STALLED, 1, 0.25, cases[i].want);
+            sim_fini(&S);
+        }
+    }
+}
+END_TEST
+
+/* A counted 429 that also spends the last attempt is retry_exhausted, at
+ * once, with the hint. */
+START_TEST(test_gov__long_retry_after_last_attempt_exhausted)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    pol.stall_window_s = 2;
+    pol.exempt_429 = false;
+    pol.max_attempts = 2;
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *c = sim_add(&S, 0, &pol);
+    script_push(c, rep_http(0.25, 503, NULL));  /* fails 1, backoff 1 s */
+    script_push(c, rep_http(0.25, 429, "3600"));
+    sim_run_all(&S);
+    check_ended(c, GOV_RETRY_EXHAUSTED, 2, 1.5, 3600);
+    sim_fini(&S);
+}
+END_TEST
+
+/* The hint exceeds what is left of the window, but the scope made progress
+ * within it: the call waits (the scope is being served), though only until
+ * its verdict, re-checked then — never until the hint itself. */
+START_TEST(test_gov__long_retry_after_recent_progress_waits_until_verdict)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    pol.stall_window_s = 10;
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *pc = sim_add(&S, 0, &pol);
+    script_push(pc, rep_http(1, 200, NULL));     /* progress at 1 */
+    struct sim_call *w = sim_add(&S, 1.5, &pol);
+    script_push(w, rep_http(0.5, 429, "3600"));  /* at 2: stalled 0.5, age 1 */
+    sim_run(&S, 2);
+    ck_assert(!w->done);
+    ck_assert_int_eq(w->d.action, GOV_WAIT);
+    /* Verdict time: 2 + max(10 - 0.5, 10 - 1). */
+    ck_assert_just_after(w->d.wake_at, 11.5);
+    sim_run_all(&S);
+    check_result(w, GOV_STALLED);
+    ck_assert_just_after(w->done_at, 11.5);
+    ck_assert_uint_eq(w->seen, 1);
+    ck_assert(fabs(w->retry_after_s - (3602 - w->done_at)) < 1e-6);
+    sim_fini(&S);
+}
+END_TEST
+
+/* Progress that goes on keeps the call waiting, verdict by verdict, up to
+ * the hint: then it attempts again. */
+START_TEST(test_gov__retry_after_with_ongoing_progress_waits_for_hint)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    pol.stall_window_s = 10;
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *p1 = sim_add(&S, 0, &pol);
+    script_push(p1, rep_http(1, 200, NULL));     /* progress at 1 */
+    struct sim_call *p2 = sim_add(&S, 9, &pol);
+    script_push(p2, rep_http(1, 200, NULL));     /* and at 10 */
+    struct sim_call *w = sim_add(&S, 1.5, &pol);
+    script_push(w, rep_http(0.5, 429, "15"));    /* held back until 17 */
+    script_push(w, rep_http(0.5, 200, NULL));
+    sim_run(&S, 2);
+    ck_assert_just_after(w->d.wake_at, 11.5);
+    sim_run(&S, 12);
+    ck_assert(!w->done);
+    ck_assert_int_eq(w->d.action, GOV_WAIT);
+    ck_assert_near(w->d.wake_at, 17);            /* the hint, before the verdict at 20 */
+    sim_run_all(&S);
+    check_result(w, GOV_OK);
+    ck_assert_uint_eq(w->seen, 2);
+    ck_assert_near(w->att_at[1], 17);
+    sim_fini(&S);
+}
+END_TEST
+
+/* A hint shorter than what is left of the window is honoured as before. */
+START_TEST(test_gov__retry_after_within_window_is_waited)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    pol.stall_window_s = 10;
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *c = sim_add(&S, 0, &pol);
+    script_push(c, rep_http(0.5, 429, "8"));     /* stalled 0.5 + 8 < 10 */
+    script_push(c, rep_http(0.5, 200, NULL));
+    sim_run_all(&S);
+    check_result(c, GOV_OK);
+    ck_assert_near(c->att_at[1], 8.5);
+    sim_fini(&S);
+}
+END_TEST
+
+/* The hint holds back only the source that sent it: the call goes on to
+ * another source after its backoff, and does not stall while one serves. */
+START_TEST(test_gov__retry_after_holds_back_only_its_source)
+{
+    struct gov_source_params p[2] = {src_params("a"), src_params("b")};
+    struct gov_policy pol = pol_chat();
+
+    pol.stall_window_s = 2;
+    sim_init(&S, p, 2, 1);
+    struct sim_call *c = sim_add(&S, 0, &pol);
+    script_push(c, rep_http(0.25, 429, "3600"));
+    script_push(c, rep_http(0.25, 200, NULL));
+    sim_run_all(&S);
+    check_result(c, GOV_OK);
+    ck_assert_uint_eq(c->seen, 2);
+    ck_assert_uint_eq(c->att_source[0], 0);
+    ck_assert_uint_eq(c->att_source[1], 1);
+    ck_assert_near(c->att_at[1], 1.25);          /* the 1 s backoff only */
+    sim_fini(&S);
+
+    /* Both answer with a long hint: stalled at the second, with the
+     * earliest of the two. */
+    sim_init(&S, p, 2, 1);
+    c = sim_add(&S, 0, &pol);
+    script_push(c, rep_http(0.25, 429, "3600"));
+    script_push(c, rep_http(0.25, 429, "600"));
+    sim_run_all(&S);
+    check_ended(c, GOV_STALLED, 2, 1.5, 600);
+    sim_fini(&S);
+}
+END_TEST
+
+/* An unknown progress age (a shared backend still fetching it) never ends
+ * a call: the long hint makes it wait for the age, not stall on a guess. */
+START_TEST(test_gov__long_retry_after_unknown_age_waits)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+    struct fake_backend fb = {.age_rc = 0};
+    struct gov_backend be = {.progress_mark = fake_mark, .progress_age = fake_age, .ud = &fb};
+    struct gov g;
+    struct gov_call k;
+    struct gov_decision d;
+    struct outcome o;
+
+    pol.stall_window_s = 2;
+    ck_assert_int_eq(gov_init(&g, &p, 1, 1, &be, NULL, NULL, NULL, 0), 0);
+    ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 0, 0, 0), 0);
+    gov_call_step(&k, 0, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    fb.age_rc = 1;
+    outcome_from_http(&o, 429, "3600", 0);
+    gov_call_on_outcome(&k, 0.25, &o, -1, &d);
+    ck_assert_int_eq(d.action, GOV_WAIT);
+    ck_assert(d.wake_at > 0.25 && d.wake_at <= 2.25 + VERDICT_EPS);
+    gov_call_step(&k, d.wake_at, &d);
+    ck_assert_int_eq(d.action, GOV_WAIT);        /* still not known */
+    fb.age_rc = 0;                               /* known: +INF */
+    gov_call_step(&k, d.wake_at, &d);
+    ck_assert_int_eq(d.action, GOV_DONE);
+    ck_assert_int_eq(d.result, GOV_STALLED);
+    ck_assert(d.retry_after_s > 3597 && d.retry_after_s < 3600);
+    gov_call_fini(&k, 3);
+    gov_fini(&g);
+}
+END_TEST
+
+/* A retry-later answer never says "at once": 429s without Retry-After end
+ * `stalled` (or `retry_exhausted`) with the next backoff as the hint, and
+ * a backend that cannot answer says the same. */
+START_TEST(test_gov__retry_later_hint_never_zero)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+
+    pol.stall_window_s = 5;
+    sim_init(&S, &p, 1, 1);
+    struct sim_call *c = sim_add(&S, 0, &pol);
+    script_push(c, rep_http(0.5, 429, NULL));
+    sim_run_all(&S);
+    check_result(c, GOV_STALLED);
+    ck_assert_near(c->retry_after_s, 1);         /* backoff(1) x 0.5 */
+    sim_fini(&S);
+
+    pol.exempt_429 = false;
+    sim_init(&S, &p, 1, 1);
+    c = sim_add(&S, 0, &pol);
+    script_push(c, rep_http(0.5, 429, NULL));
+    sim_run_all(&S);
+    check_result(c, GOV_RETRY_EXHAUSTED);
+    ck_assert_near(c->retry_after_s, 4);         /* backoff(3) x 0.5 */
+    sim_fini(&S);
+
+    struct fake_backend fb = {.age_rc = -1};
+    struct gov_backend be = {.progress_mark = fake_mark, .progress_age = fake_age, .ud = &fb};
+    struct gov g;
+    struct gov_call k;
+    struct gov_decision d;
+    ck_assert_int_eq(gov_init(&g, &p, 1, 1, &be, NULL, NULL, NULL, 0), 0);
+    ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 0, 0, 0), 0);
+    gov_call_step(&k, 0, &d);
+    ck_assert_int_eq(d.result, GOV_BACKEND_UNAVAILABLE);
+    ck_assert(d.retry_after_s > 0);
+    gov_call_fini(&k, 0);
+    gov_fini(&g);
+}
+END_TEST
+
 
 /* --- shared admission (propose/confirm) ----------------------------- */
 
@@ -2222,6 +2481,14 @@ Suite *gov_suite(void)
     tcase_add_test(tc, test_gov__deadline_exceeded_while_waiting);
     tcase_add_test(tc, test_gov__deadline_caps_backoff);
     tcase_add_test(tc, test_gov__deadline_passed_during_attempt);
+    tcase_add_test(tc, test_gov__long_retry_after_stalls_at_once);
+    tcase_add_test(tc, test_gov__long_retry_after_last_attempt_exhausted);
+    tcase_add_test(tc, test_gov__long_retry_after_recent_progress_waits_until_verdict);
+    tcase_add_test(tc, test_gov__retry_after_with_ongoing_progress_waits_for_hint);
+    tcase_add_test(tc, test_gov__retry_after_within_window_is_waited);
+    tcase_add_test(tc, test_gov__retry_after_holds_back_only_its_source);
+    tcase_add_test(tc, test_gov__long_retry_after_unknown_age_waits);
+    tcase_add_test(tc, test_gov__retry_later_hint_never_zero);
     /* waiting */
     tcase_add_test(tc, test_gov__fifo_wake_order_on_release);
     tcase_add_test(tc, test_gov__simultaneous_releases_wake_distinct_waiters);
