@@ -1,7 +1,7 @@
 /*
  * conn.c — one client connection: read frames, dispatch, queue replies.
  *
- * Input is bounded three ways (STYLE rule 12): the frame reader caps each
+ * Input is bounded three ways: the frame reader caps each
  * message at max_message_bytes (claimed sizes included), a read event
  * reads at most CONN_READ_CHUNK bytes so one busy client cannot starve the
  * others, and requests in flight per connection are capped.
@@ -14,7 +14,7 @@
  *
  * Freeing: conn_close() only closes the fd and moves the connection to the
  * server's dead list; the server's ev_prepare watcher frees it after the
- * current callbacks have unwound (STYLE rule 7).
+ * current callbacks have unwound.
  */
 #include "internal.h"
 
