@@ -305,6 +305,9 @@ def test_http__readyz_with_dead_redis_is_503(front, up):
     status, hdrs, body = f.curl("/v1/chat/completions", chat("x"))
     assert_error(status, hdrs, body, 503, "backend_unavailable")
     assert "retry-after" in hdrs
+    # So do task requests, which go to Redis.
+    status, hdrs, body = f.curl("/polygw/v1/tasks/t1/start", method="POST")
+    assert_error(status, hdrs, body, 503, "backend_unavailable")
 
 
 def test_http__metrics_not_served_yet(front):
@@ -800,3 +803,55 @@ def test_http__stats_count_the_http_front(front, up):
     assert h["responses_2xx"] == 2 and h["responses_4xx"] == 2
     assert h["bad_requests"] == 1 and h["timeouts"] == 0
     c.close()
+
+
+def test_http__task_endpoints_across_a_redis_fleet(make_sidecar, up, workdir):
+    """Two sidecars sharing Redis, each with its HTTP front: a task started
+    over HTTP on B, B's HTTP call in it hung at the mock; stopping it over
+    HTTP on A (a task request that waits for Redis, then answers) ends B's
+    call with 409 task_stopped and closes its upstream connection."""
+    from redis_fixture import FleetRedis, fleet_config
+    redis = FleetRedis().start()
+    try:
+        prefix = "pgwhttp%d" % os.getpid()
+        fronts = []
+        for name in ("a", "b"):
+            port = free_port()
+            text = fleet_config(redis.url(), prefix, [source_yaml("m1", "chat", up.url, FAST)]) + \
+                http_section(listen="127.0.0.1:%d" % port)
+            sc = make_sidecar(config_text=text, subdir=name, env={"no_proxy": "*", "NO_PROXY": "*"})
+            f = Front(sc, port, None)
+            deadline = time.monotonic() + 10
+            while True:  # ready = listening and Redis up
+                try:
+                    if f.curl("/readyz", timeout=2)[0] == 200:
+                        break
+                except Exception:
+                    pass
+                assert time.monotonic() < deadline, "sidecar %s never ready" % name
+                time.sleep(0.05)
+            fronts.append(f)
+        a, b = fronts
+        status, _, body = b.curl("/polygw/v1/tasks/fleet-job/start", method="POST")
+        assert status == 200 and json.loads(body)["state"] == "running", body
+        pending = {}
+        t = threading.Thread(target=lambda: pending.update(r=b.curl(
+            "/v1/chat/completions", chat("x", mock={"hang": "before_headers"}),
+            headers=["X-Polygw-Task: fleet-job"])))
+        t.start()
+        up.wait_stats(lambda st: st["in_progress"] == 1, timeout=5)
+        status, _, body = a.curl("/polygw/v1/tasks/fleet-job/stop", {"reason": "stopped on A"})
+        assert status == 200 and json.loads(body)["reason_kind"] == "stopped", body
+        t.join(5)
+        err = assert_error(*pending["r"], 409, "task_stopped")
+        assert err["polygw"]["reason"] == "stopped on A"
+        up.wait_stats(lambda st: st["aborted_by_peer"] == 1 and st["open_connections"] == 0,
+                      timeout=3)
+        assert_error(*a.curl("/polygw/v1/tasks/fleet-job/guard", method="POST"), 409,
+                     "task_stopped")
+        status, _, body = a.curl("/polygw/v1/tasks/fleet-job")
+        assert status == 200 and json.loads(body)["reason"] == "stopped on A"
+        for f in fronts:
+            assert f.sc.stop() == 0
+    finally:
+        redis.cleanup()
