@@ -42,6 +42,7 @@
 #include "internal.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,7 @@
 #include "governor.h"
 #include "jscan.h"
 #include "log.h"
+#include "redact.h"
 #include "shared.h"
 #include "task.h"
 #include "tasks.h"
@@ -79,6 +81,8 @@ struct call {
     bool json_ready;
     msgpack_sbuffer usage;           /* last `usage` map seen in a stream, packed */
     double stream_tokens;            /* its total_tokens (-1: none), for a JSON-only sink */
+    char event_error[96];            /* why the attempt's stream was refused, or "" */
+    uint32_t relayed;                /* chunks of the attempt relayed to the client */
     struct task *task;               /* the task it belongs to, or NULL */
     struct task_wait *task_wait;     /* shared backend: its task is being checked */
     struct call *tprev, *tnext;      /* the task's calls (head in task->ud) */
@@ -186,18 +190,138 @@ static void pack_raw(msgpack_packer *pk, const char *data, size_t len)
     pk->callback(pk->data, data, len);
 }
 
-/* Packs a JSON text as msgpack when it parses, else as a (bounded) string. */
-static void pack_upstream_body(msgpack_packer *pk, const char *body, size_t len)
+/* Upstream bytes reach the client only through the functions below:
+ * every secret the sidecar sent is scrubbed (redact.h), text is made valid
+ * UTF-8, and JSON nests no deeper than the protocol lets a relayed value
+ * nest (RPC_RELAYED_MAX_DEPTH), so a hostile reply can neither leak a key
+ * nor make a frame the client's reader must refuse. */
+
+/* Transcodes an upstream JSON text into `pk`, scrubbing every decoded
+ * string (which also catches an echo written with JSON escapes). A parse
+ * error's message may quote a short excerpt of the input: callers put it
+ * only in a detail, which relay_text_inplace() scrubs.
+ * Returns as transcode_json_to_msgpack(). */
+static int relay_json(struct server *srv, const char *json, size_t len, msgpack_packer *pk,
+                      char *err, size_t errlen)
+{
+    const struct transcode_j2m opt = {RPC_RELAYED_MAX_DEPTH, redact_on_str, srv->redact};
+
+    return transcode_json_to_msgpack(json, len, pk, &opt, err, errlen);
+}
+
+/* Packs upstream text as a str: scrubbed, invalid UTF-8 replaced with
+ * U+FFFD, cut to at most `max` bytes on a character boundary. */
+static void relay_text(struct server *srv, msgpack_packer *pk, const char *s, size_t n,
+                       size_t max)
+{
+    struct transcode_buf clean, valid;
+
+    transcode_buf_init(&clean);
+    transcode_buf_init(&valid);
+    if (redact_copy(srv->redact, s, n, &clean) < 0 ||
+        transcode_utf8_repair(clean.data, clean.len, &valid) < 0)
+        rpc_pack_str(pk, "(upstream text dropped: out of memory)");
+    else
+        rpc_pack_strn(pk, valid.data, transcode_utf8_cut(valid.data, valid.len, max));
+    transcode_buf_fini(&clean);
+    transcode_buf_fini(&valid);
+}
+
+/* The same for a NUL-terminated text kept in buf[cap] (an error detail or
+ * message that quotes upstream or curl text): rewritten in place. */
+static void relay_text_inplace(struct server *srv, char *buf, size_t cap)
+{
+    struct transcode_buf clean, valid;
+    size_t n = strnlen(buf, cap);
+
+    if (n == 0)
+        return;
+    transcode_buf_init(&clean);
+    transcode_buf_init(&valid);
+    if (redact_copy(srv->redact, buf, n, &clean) < 0 ||
+        transcode_utf8_repair(clean.data, clean.len, &valid) < 0) {
+        snprintf(buf, cap, "(detail dropped: out of memory)");
+    } else {
+        n = transcode_utf8_cut(valid.data, valid.len, cap - 1);
+        memcpy(buf, valid.data, n);
+        buf[n] = '\0';
+    }
+    transcode_buf_fini(&clean);
+    transcode_buf_fini(&valid);
+}
+
+/* True when some source sends a key (there is something to scrub). */
+static bool secrets_configured(const struct config *cfg)
+{
+    for (size_t i = 0; i < cfg->n_sources; i++)
+        if (cfg->sources[i].api_key)
+            return true;
+    return false;
+}
+
+/* For a sink that takes JSON only: upstream text as it is relayed, with
+ * every secret scrubbed as relay_json() scrubs it for msgpack. A plain echo
+ * is replaced in the text, which stays byte for byte otherwise. JSON that
+ * could spell a secret with escapes (\u, \/) is decoded, scrubbed and
+ * written again, when a key is configured at all. Text that is not JSON
+ * (a stream's odd event) is also made valid UTF-8. Returns `s` itself when
+ * nothing changed, else out->data (*n updated). */
+static const char *relay_json_text(struct server *srv, const char *s, size_t *n, bool is_json,
+                                   struct transcode_buf *out)
+{
+    struct transcode_buf clean;
+
+    if (is_json && secrets_configured(srv->cfg) &&
+        (memmem(s, *n, "\\u", 2) || memmem(s, *n, "\\/", 2))) {
+        msgpack_sbuffer sb;
+        msgpack_packer pk;
+        msgpack_unpacked up;
+        const struct transcode_j2m opt = {TRANSCODE_MAX_DEPTH, redact_on_str, srv->redact};
+        int rc = -1;
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        msgpack_unpacked_init(&up);
+        if (transcode_json_to_msgpack(s, *n, &pk, &opt, NULL, 0) == 0 &&
+            msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS)
+            rc = transcode_msgpack_to_json(&up.data, out, NULL, NULL, NULL, 0);
+        msgpack_unpacked_destroy(&up);
+        msgpack_sbuffer_destroy(&sb);
+        if (rc == 0) {
+            *n = out->len;
+            return out->data;
+        }
+        transcode_buf_reset(out); /* not transcodable (e.g. a huge integer): as text */
+    }
+    if (is_json && !redact_hit(srv->redact, s, *n))
+        return s;
+    transcode_buf_init(&clean);
+    long hits = redact_copy(srv->redact, s, *n, is_json ? out : &clean);
+    if (hits >= 0 && !is_json)
+        hits = transcode_utf8_repair(clean.data, clean.len, out) < 0 ? -1 : hits;
+    transcode_buf_fini(&clean);
+    if (hits < 0) {
+        static const char dropped[] = "\"(upstream text dropped: out of memory)\"";
+        *n = sizeof(dropped) - 1;
+        return dropped;
+    }
+    *n = out->len;
+    return out->data;
+}
+
+/* Packs an upstream error body as msgpack when it is JSON that fits, else
+ * as a string of at most 4 KiB. */
+static void pack_upstream_body(struct server *srv, msgpack_packer *pk, const char *body,
+                               size_t len)
 {
     msgpack_sbuffer sb;
     msgpack_packer tmp;
 
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&tmp, &sb, msgpack_sbuffer_write);
-    if (len > 0 && transcode_json_to_msgpack(body, len, &tmp, NULL, 0) == 0)
+    if (len > 0 && relay_json(srv, body, len, &tmp, NULL, 0) == 0)
         pack_raw(pk, sb.data, sb.size);
     else
-        rpc_pack_strn(pk, body ? body : "", len > 4096 ? 4096 : len);
+        relay_text(srv, pk, body ? body : "", len, 4096);
     msgpack_sbuffer_destroy(&sb);
 }
 
@@ -341,6 +465,7 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
         snprintf(msg, sizeof(msg), "%s", pgw_code_name(code));
         break;
     }
+    relay_text_inplace(k->srv, msg, sizeof(msg)); /* %.160s may cut a character */
     bool status = http_status != 0;
     size_t extra = 4 + (status ? 1 : 0) + (rejected ? 1 : 0);
     pk = call_error_begin(&e, code, msg, extra);
@@ -355,7 +480,7 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
     }
     if (rejected) {
         rpc_pack_str(pk, "upstream_body");
-        pack_upstream_body(pk, last->body, last->body_len);
+        pack_upstream_body(k->srv, pk, last->body, last->body_len);
     }
     rpc_pack_str(pk, "sources");
     pack_sources(pk, k, last);
@@ -432,13 +557,16 @@ static void call_reply_success(struct call *k, const struct attempt_result *r,
     struct call_info ci;
     struct call_body b = {0};
     msgpack_sbuffer us;
+    struct transcode_buf scrubbed;
 
     call_info_fill(k, &ci);
     ci.source = k->src->name;
     msgpack_sbuffer_init(&us);
-    if (body) {
-        b.json = r->body ? r->body : "";
+    transcode_buf_init(&scrubbed);
+    if (body && !k->sink->ops->wants_msgpack) {
         b.json_len = r->body_len;
+        b.json = relay_json_text(k->srv, r->body ? r->body : "", &b.json_len, true, &scrubbed);
+    } else if (body) {
         b.mp = body->data;
         b.mp_len = body->size;
     }
@@ -451,6 +579,7 @@ static void call_reply_success(struct call *k, const struct attempt_result *r,
     }
     k->sink->ops->on_result(k->sink, k->msgid, &ci, &b);
     msgpack_sbuffer_destroy(&us);
+    transcode_buf_fini(&scrubbed);
 }
 
 static void call_finish(struct call *k)
@@ -478,6 +607,9 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
     k->attempt = NULL;
     msgpack_sbuffer_init(&body);
     msgpack_unpacked_init(&up);
+    if (k->event_error[0] && res.outcome.reason == REASON_BAD_RESPONSE)
+        snprintf(res.detail, sizeof(res.detail), "%s", k->event_error);
+    res.events = k->relayed; /* the engine also counts an event the hook refused */
 
     /* A plain success must be JSON; if not, it is a transient failure the
      * loop may retry, not a success. */
@@ -495,11 +627,17 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
         }
     } else if (res.outcome.kind == OUTCOME_SUCCESS && !k->stream) {
         msgpack_packer_init(&bpk, &body, msgpack_sbuffer_write);
-        if (transcode_json_to_msgpack(res.body ? res.body : "", res.body_len, &bpk, err,
-                                      sizeof(err)) < 0) {
+        int rc = relay_json(k->srv, res.body ? res.body : "", res.body_len, &bpk, err,
+                            sizeof(err));
+        if (rc < 0) {
             outcome_from_reason(&res.outcome, REASON_BAD_RESPONSE);
             res.outcome.http_status = res.http_status;
-            snprintf(res.detail, sizeof(res.detail), "reply is not JSON: %.130s", err);
+            if (rc == TRANSCODE_ETOO_DEEP)
+                snprintf(res.detail, sizeof(res.detail),
+                         "reply nests deeper than the %d levels a relayed value may have",
+                         RPC_RELAYED_MAX_DEPTH);
+            else
+                snprintf(res.detail, sizeof(res.detail), "reply is not JSON: %.130s", err);
         } else if (msgpack_unpack_next(&up, body.data, body.size, NULL) == MSGPACK_UNPACK_SUCCESS) {
             usage = rpc_map_get(&up.data, "usage");
         }
@@ -508,6 +646,7 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
                    MSGPACK_UNPACK_SUCCESS) {
         usage = &up.data;
     }
+    relay_text_inplace(k->srv, res.detail, sizeof(res.detail));
     if (usage && usage->type != MSGPACK_OBJECT_MAP)
         usage = NULL;
 
@@ -555,23 +694,41 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     msgpack_sbuffer sb;
     msgpack_packer tmp;
     msgpack_unpacked up;
-    int terminal = 0;
+    struct transcode_buf scrubbed;
+    const char *text = data;
+    size_t text_len = len;
+    int terminal = 0, rc;
 
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&tmp, &sb, msgpack_sbuffer_write);
+    transcode_buf_init(&scrubbed);
     if (!k->sink->ops->wants_msgpack) {
         struct json_facts f = {-1, false, false};
-        if (jscan_object(data, len, facts_member, &f, NULL) == 0) {
-            if (f.has_usage)
-                k->stream_tokens = f.tokens;
-            terminal = f.terminal;
-        }
-    } else if (transcode_json_to_msgpack(data, len, &tmp, NULL, 0) < 0) {
+        int is_json = jscan_object(data, len, facts_member, &f, NULL) != -1;
+        if (is_json && f.has_usage)
+            k->stream_tokens = f.tokens;
+        terminal = f.terminal;
+        text = relay_json_text(srv, data, &text_len, is_json, &scrubbed);
+        rc = 0;
+    } else {
+        rc = relay_json(srv, data, len, &tmp, NULL, 0);
+    }
+    if (rc == TRANSCODE_ETOO_DEEP) {
+        /* Valid JSON, but no client could read the chunk: a bad_response
+         * (upstream.c ends the attempt when the hook refuses an event). */
+        snprintf(k->event_error, sizeof(k->event_error),
+                 "stream event nests deeper than the %d levels a relayed value may have",
+                 RPC_RELAYED_MAX_DEPTH);
+        msgpack_sbuffer_destroy(&sb);
+        transcode_buf_fini(&scrubbed);
+        return -1;
+    }
+    if (rc < 0) {
         /* A non-JSON event is relayed as {"data": "<text>"} rather than lost. */
         msgpack_sbuffer_clear(&sb);
         msgpack_pack_map(&tmp, 1);
         rpc_pack_str(&tmp, "data");
-        rpc_pack_strn(&tmp, data, len);
+        relay_text(srv, &tmp, data, len, SIZE_MAX);
     }
     msgpack_unpacked_init(&up);
     if (sb.size && msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS) {
@@ -594,14 +751,16 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     msgpack_unpacked_destroy(&up);
 
     srv->stats.chunks_relayed++;
+    k->relayed++;
     call_info_fill(k, &ci);
     ci.source = k->src->name;
 
     /* Relay now. The sink may find the client gone: it then aborts every
      * call it holds, this one included, so `k` is freed (its attempt is
      * only marked cancelled: we are inside curl) and must not be touched. */
-    int rc = k->sink->ops->on_chunk(k->sink, k->msgid, &ci, data, len, sb.data, sb.size);
+    rc = k->sink->ops->on_chunk(k->sink, k->msgid, &ci, text, text_len, sb.data, sb.size);
     msgpack_sbuffer_destroy(&sb);
+    transcode_buf_fini(&scrubbed);
     if (rc < 0)
         return -1;
     if (rc > 0 && !k->paused) {
@@ -645,7 +804,7 @@ static int call_prepare_json(struct call *k, const char *model, char *why, size_
          * through the msgpack form that the override rules are written for. */
         msgpack_packer bpk;
         msgpack_packer_init(&bpk, &k->body, msgpack_sbuffer_write);
-        if (transcode_json_to_msgpack(k->raw.data, k->raw.len, &bpk, why, whylen) < 0)
+        if (transcode_json_to_msgpack(k->raw.data, k->raw.len, &bpk, NULL, why, whylen) < 0)
             return TRANSCODE_EINVALID;
     }
     msgpack_unpacked_init(&up);
@@ -757,6 +916,8 @@ static void call_run_attempt(struct call *k, size_t source)
     call_set_paused(k, false);
     msgpack_sbuffer_clear(&k->usage);
     k->stream_tokens = -1;
+    k->event_error[0] = '\0';
+    k->relayed = 0;
     k->attempt = attempt_start(srv->up, &as, &call_hooks, k);
     if (!k->attempt) {
         call_reply_plain_error(k, PGW_INTERNAL, "cannot start the upstream request");

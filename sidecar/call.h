@@ -31,11 +31,11 @@ struct call_info {
     double elapsed_s, stalled_s;
 };
 
-/* A success. For a plain call, `json` is the upstream's reply as it came
- * (NUL-terminated) and `mp` the same as msgpack; both are NULL for a
- * stream, whose events went through on_chunk. `usage` is the reply's (or
- * the stream's last) usage map, packed, or NULL. `mp` and `usage` are made
- * only for a sink whose ops set wants_msgpack (else NULL). */
+/* A success. For a plain call, a sink that wants msgpack gets the reply as
+ * msgpack in `mp` (and `usage`, the reply's or the stream's last usage
+ * map, packed, or NULL); a JSON-only sink gets it as JSON text in `json`:
+ * the upstream's bytes, with any secret scrubbed (not NUL-terminated).
+ * Both are NULL for a stream, whose events went through on_chunk. */
 struct call_body {
     const char *json;
     size_t json_len;
@@ -46,8 +46,8 @@ struct call_body {
 };
 
 /* Every hook runs on the loop thread and answers call `id` of sink `s`.
- *   on_chunk   one stream event: `json` is its data as the upstream sent it
- *              (NUL-terminated), `mp` its msgpack form (a map; an event
+ *   on_chunk   one stream event: `json` is its data as the upstream sent it,
+ *              secrets scrubbed (not NUL-terminated), `mp` its msgpack form (a map; an event
  *              that is not JSON comes as {"data": text}; NULL/0 unless
  *              wants_msgpack). Returns 0 to go
  *              on, 1 when the sink's write queue is full (the upstream is

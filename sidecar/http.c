@@ -1213,7 +1213,7 @@ static void route_task(struct http_conn *c, const char *path, size_t len)
     const msgpack_object *bo = NULL;
     if (c->body_len > 0) {
         msgpack_packer_init(&pk, &body, msgpack_sbuffer_write);
-        if (transcode_json_to_msgpack(c->body, c->body_len, &pk, why, sizeof(why)) < 0) {
+        if (transcode_json_to_msgpack(c->body, c->body_len, &pk, NULL, why, sizeof(why)) < 0) {
             hc_error(c, 400, PGW_BAD_REQUEST, "body is not valid JSON: %s", why);
             goto out;
         }

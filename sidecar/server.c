@@ -42,6 +42,7 @@
 #include "http.h"
 #include "tasks.h"
 #include "log.h"
+#include "redact.h"
 #include "shared.h"
 #include "upstream.h"
 
@@ -465,6 +466,21 @@ static void server_on_stop_timeout(struct ev_loop *loop, ev_timer *w, int revent
     ev_break(loop, EVBREAK_ALL);
 }
 
+/* Every key the sources send, for scrubbing replies (redact.h). */
+static int server_redact_init(struct server *srv)
+{
+    const struct config *cfg = srv->cfg;
+    const char **keys = calloc(cfg->n_sources ? cfg->n_sources : 1, sizeof(*keys));
+
+    if (!keys)
+        return -1;
+    for (size_t i = 0; i < cfg->n_sources; i++)
+        keys[i] = cfg->sources[i].api_key;
+    srv->redact = redact_new(keys, cfg->n_sources);
+    free(keys);
+    return srv->redact ? 0 : -1;
+}
+
 int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, char *err,
                 size_t errlen)
 {
@@ -482,6 +498,10 @@ int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, ch
     if (!srv->socket_path) {
         snprintf(err, errlen, "out of memory");
         return -1;
+    }
+    if (server_redact_init(srv) < 0) {
+        snprintf(err, errlen, "out of memory");
+        goto fail_up;
     }
     /* Set up in dependency order; unwind in reverse on failure. */
     srv->up = upstream_new(loop, SERVER_DNS_LOOKUPS_PER_HOST, err, errlen);
@@ -525,6 +545,8 @@ fail_shared:
     upstream_free(srv->up);
     srv->up = NULL;
 fail_up:
+    redact_free(srv->redact);
+    srv->redact = NULL;
     free(srv->socket_path);
     srv->socket_path = NULL;
     return -1;
@@ -569,5 +591,6 @@ void server_fini(struct server *srv)
     tasks_fini(srv);
     upstream_free(srv->up);
     gov_fini(&srv->gov);
+    redact_free(srv->redact);
     free(srv->socket_path);
 }

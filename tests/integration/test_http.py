@@ -148,7 +148,7 @@ def is_closed(s, timeout=3.0):
 @pytest.fixture
 def front(make_sidecar, up, workdir):
     """Factory: front(sources=..., http=..., **config kw) -> Front."""
-    def factory(sources=None, http=None, defaults=None, preexec_fn=None, **kw):
+    def factory(sources=None, http=None, defaults=None, preexec_fn=None, env=None, **kw):
         port = free_port()
         hsock = os.path.join(workdir, "http.sock")
         if sources is None:
@@ -158,7 +158,7 @@ def front(make_sidecar, up, workdir):
              "body_timeout_s": 2, "keepalive_timeout_s": 30}
         h.update(http or {})
         text = config_yaml(sources, defaults or DEFAULTS, **kw) + http_section(**h)
-        sc = make_sidecar(config_text=text, preexec_fn=preexec_fn)
+        sc = make_sidecar(config_text=text, preexec_fn=preexec_fn, env=env)
         f = Front(sc, port, hsock)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
@@ -855,3 +855,44 @@ def test_http__task_endpoints_across_a_redis_fleet(make_sidecar, up, workdir):
             assert f.sc.stop() == 0
     finally:
         redis.cleanup()
+
+
+def test_http__echoed_keys_are_scrubbed(front, up):
+    """An upstream that echoes the key it was sent — in an error body, a
+    reply (also spelled with JSON escapes), a stream event, a non-JSON
+    event — never gets it to the HTTP client: every answer says
+    "[redacted]" where the key was."""
+    from test_hostile_replies import KEY, KEY_ENV, MARKER, USAGE, compact, finish_event, raw, sse
+    src = dict(FAST, api_key_env=KEY_ENV)
+    f = front(sources=[source_yaml("m1", "chat", up.url, src)],
+              env={KEY_ENV: KEY, "no_proxy": "*", "NO_PROXY": "*"})
+    seen = []
+
+    def ask(body):
+        r = f.curl("/v1/chat/completions", body)
+        seen.append(r[2])
+        return r
+    status, _, body = ask(chat(mock={"status": 401, "error_message": "bad key {{authorization}}"}))
+    assert status == 401
+    assert json.loads(body)["error"]["message"] == "bad key Bearer " + MARKER
+    assert up.last()["authorization"] == "Bearer " + KEY  # it really was echoed
+
+    escaped = "".join("\\u%04x" % ord(ch) for ch in KEY)
+    reply = ('{"choices":[{"index":0,"message":{"role":"assistant","content":'
+             '"you sent {{authorization}} and %s"},"finish_reason":"stop"}],"usage":%s}'
+             % (escaped, compact(USAGE)))
+    status, _, body = ask(chat(mock=raw(reply.encode())))
+    assert status == 200, body
+    content = json.loads(body)["choices"][0]["message"]["content"]
+    assert content == "you sent Bearer %s and %s" % (MARKER, MARKER), content
+
+    events = sse('{"choices":[{"index":0,"delta":{"content":"{{authorization}}"},'
+                 '"finish_reason":null}]}', b"raw {{authorization}} \xff", finish_event())
+    status, _, body = ask(chat(stream=True, mock=raw(events, "text/event-stream")))
+    assert status == 200
+    data = [line[6:] for line in body.split("\n") if line.startswith("data: ")]
+    assert json.loads(data[0])["choices"][0]["delta"]["content"] == "Bearer " + MARKER
+    assert data[1] == "raw Bearer %s \ufffd" % MARKER
+    assert data[-1] == "[DONE]"
+    for text in seen:
+        assert KEY not in text and escaped not in text
