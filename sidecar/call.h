@@ -23,6 +23,7 @@
 struct server;
 struct call;
 struct call_sink;
+struct upstream_budget;
 
 /* What an answer says about its call (all borrowed for the hook only). */
 struct call_info {
@@ -77,10 +78,13 @@ struct call_sink_ops {
     bool wants_msgpack;
 };
 
-/* Embedded in a front end's connection; zero it, then set ops and srv. */
+/* Embedded in a front end's connection; zero it, then set ops, srv and
+ * budget. */
 struct call_sink {
     const struct call_sink_ops *ops;
     struct server *srv;
+    struct upstream_budget *budget; /* the client's byte budget for its attempts
+                                     * (upstream.h), or NULL */
     struct call *calls;            /* in flight (owned by call.c) */
     uint32_t n_calls;
     uint32_t paused_calls;         /* of which streams paused for back-pressure */

@@ -95,11 +95,12 @@ static const struct call_sink_ops rpc_sink_ops = {
     .wants_msgpack = true,
 };
 
-void callrpc_sink_init(struct call_sink *s, struct server *srv)
+void callrpc_sink_init(struct call_sink *s, struct server *srv, struct upstream_budget *budget)
 {
     memset(s, 0, sizeof(*s));
     s->ops = &rpc_sink_ops;
     s->srv = srv;
+    s->budget = budget;
 }
 
 /* max_tokens / max_completion_tokens of the body, 0 when absent. */

@@ -8,8 +8,9 @@
 
 #include "internal.h"
 
-/* Sets up the sink embedded in a connection (conn_new). */
-void callrpc_sink_init(struct call_sink *s, struct server *srv);
+/* Sets up the sink embedded in a connection (conn_new); `budget` is the
+ * connection's (borrowed). */
+void callrpc_sink_init(struct call_sink *s, struct server *srv, struct upstream_budget *budget);
 
 /* The `call` method: validates its parameters and starts the call;
  * answers bad_request / unknown_capability at once when it cannot start. */

@@ -61,6 +61,7 @@
 #include "task.h"
 #include "tasks.h"
 #include "transcode.h"
+#include "upstream.h"
 
 #define HTTP_READ_CHUNK (64 * 1024)
 #define HTTP_IN_MAX (1024 * 1024)  /* unparsed input held while a request is served */
@@ -113,6 +114,7 @@ struct http_conn {
     ev_timer next_w;               /* zero delay: parse pipelined input after a call */
     http_parser parser;
     struct call_sink sink;
+    struct upstream_budget budget; /* unsent output + replies its call is receiving */
     struct conn *bridge;           /* task endpoints, made on first use */
     enum hc_phase phase;
     bool reading, closed, oom;
@@ -169,6 +171,7 @@ static void out_add(struct http_conn *c, const void *p, size_t n)
         return;
     memcpy(c->out + c->out_len, p, n);
     c->out_len += n;
+    c->budget.held = c->out_len - c->out_off;
 }
 
 static void out_str(struct http_conn *c, const char *s)
@@ -197,6 +200,7 @@ __attribute__((format(printf, 2, 3))) static void out_printf(struct http_conn *c
     vsnprintf(c->out + c->out_len, (size_t)n + 1, fmt, ap);
     va_end(ap);
     c->out_len += (size_t)n;
+    c->budget.held = c->out_len - c->out_off;
 }
 
 static size_t out_queued(const struct http_conn *c)
@@ -1445,6 +1449,8 @@ static void hc_flush(struct http_conn *c)
         if (c->phase == HC_SERVING && (progress || !ev_is_active(&c->phase_w)))
             hc_arm(c, c->hs->srv->cfg->http_send_timeout_s);
     }
+    c->budget.held = out_queued(c);
+    upstream_budget_on_drained(&c->budget);
     if (out_queued(c) <= limit / 2 && c->sink.paused_calls)
         call_on_drained(&c->sink);
 }
@@ -1597,6 +1603,8 @@ static void http_on_accept(struct ev_loop *loop, ev_io *w, int revents)
         c->parser.data = c;
         c->sink.ops = &http_sink_ops;
         c->sink.srv = hs->srv;
+        c->sink.budget = &c->budget;
+        upstream_budget_init(&c->budget, cfg->max_write_queue_bytes);
         ev_io_init(&c->rio, hc_on_read, fd, EV_READ);
         ev_io_init(&c->wio, hc_on_write, fd, EV_WRITE);
         ev_init(&c->phase_w, hc_on_timer);
