@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -92,11 +93,15 @@ def parse_response(out):
         return status, hdrs, rest
 
 
+_LEFTOVER = weakref.WeakKeyDictionary()  # socket -> bytes read past the last response
+
+
 def read_response(s, timeout=10):
     """One full response from a raw socket: (status, headers, body bytes).
-    Handles Content-Length and chunked bodies."""
+    Handles Content-Length and chunked bodies; bytes of the next response
+    read with this one are kept for the next call."""
     s.settimeout(timeout)
-    buf = b""
+    buf = _LEFTOVER.pop(s, b"")
     while b"\r\n\r\n" not in buf:
         d = s.recv(65536)
         if not d:
@@ -116,6 +121,7 @@ def read_response(s, timeout=10):
             if not d:
                 raise EOFError("short body")
             buf += d
+        _LEFTOVER[s] = buf[n:]
         return status, hdrs, buf[:n]
     body = b""
     while True:
@@ -128,6 +134,7 @@ def read_response(s, timeout=10):
         body += buf[:size]
         buf = buf[size + 2:]
         if size == 0:
+            _LEFTOVER[s] = buf
             return status, hdrs, body
 
 
@@ -534,6 +541,7 @@ def test_http__keepalive_and_pipelining(front, up):
                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                "Transfer-Encoding: chunked\r\n\r\n" + chunked +
                "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n").encode())
+    time.sleep(0.5)  # all three answers are queued: they arrive together
     r1, r2, r3 = read_response(s), read_response(s), read_response(s)
     assert r1[0] == 200 and json.loads(r1[2]) == {"status": "ok"}
     assert r2[0] == 200 and json.loads(r2[2])["choices"][0]["message"]["content"] == "piped"
