@@ -275,7 +275,7 @@ def test_http__stream_relays_events_as_they_arrive(front, up):
     total = time.monotonic() - t0
     # 4 content events + finish, 300 ms apart: the first one arrived long
     # before the upstream finished.
-    assert first < 0.5 and total >= 1.1, (first, total)
+    assert first < 0.8 and total >= 1.1, (first, total)
     head = buf.split(b"\r\n\r\n", 1)[0].decode().lower()
     assert "content-type: text/event-stream" in head
     assert "transfer-encoding: chunked" in head
@@ -626,7 +626,7 @@ def test_http__slowloris_headers_time_out_and_others_are_served(front, up):
         # Meanwhile a normal client is served at once.
         t1 = time.monotonic()
         assert f.curl("/healthz")[0] == 200
-        assert time.monotonic() - t1 < 0.5
+        assert time.monotonic() - t1 < 1.0
         if time.monotonic() - t0 > 5:
             break
     assert got.startswith(b"HTTP/1.1 408"), got
@@ -676,7 +676,7 @@ def test_http__2000_idle_keepalive_connections(front, up):
         status, _, body = f.curl("/v1/chat/completions", chat("still fast"))
         elapsed = time.monotonic() - t0
         assert status == 200 and json.loads(body)["choices"][0]["message"]["content"] == "still fast"
-        assert elapsed < 1.0, elapsed
+        assert elapsed < 2.0, elapsed
         # All idle connections are still open and usable.
         for s in idle[:: n // 20]:
             s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
