@@ -6,7 +6,7 @@
  *
  * The loop, per call:
  *
- *   call_start ─> call_step ─┬─ ATTEMPT(source) ─> attempt_start ─> call_on_attempt_done
+ *   call_begin ─> call_step ─┬─ ATTEMPT(source) ─> attempt_start ─> call_on_attempt_done
  *                   ^        │                                           │ gov_call_on_outcome
  *                   │        ├─ WAIT(wake_at) ─> wake_w timer ───────────┤ (DONE / WAIT)
  *                   │        │     or on_wake (a permit was released) ───┤
@@ -618,7 +618,8 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
         size_t at = 0;
         if (k->stream)
             json_tokens = k->stream_tokens;
-        else if (jscan_object(res.body ? res.body : "", res.body_len, facts_member, &f, &at) == -1) {
+        else if (jscan_object(res.body ? res.body : "", res.body_len, facts_member, &f, &at) ==
+                 -1) {
             outcome_from_reason(&res.outcome, REASON_BAD_RESPONSE);
             res.outcome.http_status = res.http_status;
             snprintf(res.detail, sizeof(res.detail), "reply is not JSON (at byte %zu)", at);

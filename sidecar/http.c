@@ -257,7 +257,9 @@ static void hc_head(struct http_conn *c, int status, const char *ctype, long lon
     else if (http10)
         out_str(c, "Connection: keep-alive\r\n");
     if (ci)
-        out_printf(c, "X-Polygw-Source: %s\r\nX-Polygw-Attempts: %u\r\nX-Polygw-Stalled-S: %.3f\r\n",
+        out_printf(c,
+                   "X-Polygw-Source: %s\r\nX-Polygw-Attempts: %u\r\n"
+                   "X-Polygw-Stalled-S: %.3f\r\n",
                    ci->source, ci->attempts, ci->stalled_s);
     if (extra)
         out_str(c, extra);
@@ -596,7 +598,8 @@ static void hc_reject_input(struct http_conn *c, enum http_errno e)
         status = e == HPE_HEADER_OVERFLOW ? 431 : 400;
     switch (status) {
     case 431:
-        hc_error(c, 431, PGW_TOO_LARGE, "request line and headers exceed http.max_header_bytes (%zu)",
+        hc_error(c, 431, PGW_TOO_LARGE,
+                 "request line and headers exceed http.max_header_bytes (%zu)",
                  cfg->http_max_header_bytes);
         break;
     case 413:
@@ -1462,7 +1465,8 @@ static void hc_on_write(struct ev_loop *loop, ev_io *w, int revents)
     (void)revents;
     hc_flush(c);
     if (!c->closed && c->phase != HC_CLOSING && !c->reading &&
-        c->in_len - c->in_off < HTTP_IN_MAX && out_queued(c) <= c->hs->srv->cfg->max_write_queue_bytes)
+        c->in_len - c->in_off < HTTP_IN_MAX &&
+        out_queued(c) <= c->hs->srv->cfg->max_write_queue_bytes)
         hc_set_reading(c, true);
 }
 
@@ -1682,7 +1686,8 @@ static int http_make_models(struct http_server *hs)
     for (size_t i = 0; i < cfg->n_sources; i++) {
         bool dup = false;
         for (size_t j = 0; cfg->sources[i].model && j < i; j++)
-            dup |= cfg->sources[j].model && strcmp(cfg->sources[j].model, cfg->sources[i].model) == 0;
+            dup |= cfg->sources[j].model &&
+                   strcmp(cfg->sources[j].model, cfg->sources[i].model) == 0;
         n += cfg->sources[i].model && !dup;
     }
     msgpack_sbuffer_init(&sb);
@@ -1821,7 +1826,8 @@ void http_stop(struct http_server *hs)
     hs->stopping = true;
     for (struct http_conn *c = hs->conns, *next; c; c = next) {
         next = c->next;
-        call_fail_all(&c->sink, PGW_SHUTTING_DOWN, "the sidecar shut down before the call finished");
+        call_fail_all(&c->sink, PGW_SHUTTING_DOWN,
+                      "the sidecar shut down before the call finished");
         if (c->bridge) {
             tasks_fail_pending(c->bridge, PGW_SHUTTING_DOWN,
                                "the sidecar shut down before the state backend answered");
