@@ -1,8 +1,8 @@
 /*
- * call.c — the `call` method: one client request to a capability, run by
- * the governed loop (src/gov.h) over attempts on the upstream engine, and
- * answered with the result, a stream of chunk notifications, or a typed
- * error (DESIGN.md 3.6).
+ * call.c — a call: one client request to a capability, run by the
+ * governed loop (src/gov.h) over attempts on the upstream engine, and
+ * answered — through the sink of whichever front end took it — with the
+ * result, a stream of events, or a typed error (DESIGN.md 3.6).
  *
  * The loop, per call:
  *
