@@ -29,6 +29,7 @@ struct tasks_resync;
 struct http_server;
 
 typedef void conn_bridge_fn(void *ud, const char *data, size_t len);
+struct metrics;
 
 /* Counters shown by `stats`. All monotonically increasing except `*_open`
  * and `in_flight`. */
@@ -84,6 +85,7 @@ struct server {
     struct tasks_resync *resync;  /* running tasks being re-read after a gap */
     size_t task_imports;          /* Redis reads that may import a task, in flight */
     size_t task_retry_n;
+    struct metrics *metrics;      /* counters and histograms (metrics.h) */
     struct redact *redact;        /* the sources' keys, scrubbed from relayed replies */
 };
 
@@ -133,6 +135,7 @@ struct conn {
     bool oom;                     /* an append failed: close */
     conn_bridge_fn *bridge;       /* no socket: output goes here (conn_new_bridge) */
     void *bridge_ud;
+    enum pgw_code last_code;      /* of the last response queued (conn_response_done) */
 };
 
 struct conn *conn_new(struct server *srv, int fd);
