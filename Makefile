@@ -160,7 +160,7 @@ $(BUILD)/shim/%.so: tests/shim/%.c
 FUZZ_TARGETS := frame transcode sse retry_after config
 FUZZ_SECONDS ?= 60
 FUZZ_CC      ?= clang
-FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/transcode.c sidecar/config.c
+FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/transcode.c sidecar/config.c sidecar/dialect.c
 FUZZ_CFLAGS  := $(filter-out $(CFLAGS),$(ALL_CFLAGS)) -fsanitize=fuzzer,address,undefined -g -O1 \
                 -fno-sanitize-recover=undefined
 FUZZ_BINS    := $(addprefix $(BUILD)/fuzz/,$(FUZZ_TARGETS))

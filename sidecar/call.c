@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dialect.h"
 #include "governor.h"
 #include "log.h"
 #include "shared.h"
@@ -45,6 +46,12 @@
 #include "tasks.h"
 #include "transcode.h"
 #include "upstream.h"
+
+/* How the client's body is sent to a source (call_prepare_json). */
+enum body_form {
+    BODY_AS_IS,          /* the body as the client sent it */
+    BODY_STREAM_USAGE,   /* + stream_options.include_usage (OpenAI dialect streams) */
+};
 
 struct call {
     struct conn *conn;
@@ -62,10 +69,13 @@ struct call {
     struct gov_call g;               /* the governed loop's state */
     ev_timer wake_w;                 /* WAIT / backoff */
     msgpack_sbuffer body;            /* the client's body, packed (kept for retries) */
-    struct transcode_buf json;       /* its JSON for `json_model` */
+    struct transcode_buf json;       /* its JSON for `json_model` and `json_form` */
     const char *json_model;          /* model override `json` was made with */
+    enum body_form json_form;        /* what `json` was made for */
     bool json_ready;
-    msgpack_sbuffer usage;           /* last `usage` map seen in a stream, packed */
+    enum body_form form;             /* the current attempt's */
+    msgpack_sbuffer usage;           /* the `usage` map for the result, packed */
+    struct dialect_usage tokens;     /* the current attempt's token counts */
     struct task *task;               /* the task it belongs to, or NULL */
     struct task_wait *task_wait;     /* shared backend: its task is being checked */
     struct call *tprev, *tnext;      /* the task's calls (head in task->ud) */
@@ -319,12 +329,38 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
     conn_response_done(k->conn, code);
 }
 
-/* total_tokens of a usage map, or -1. */
-static double usage_tokens(const msgpack_object *usage)
+static const struct dialect *call_dialect(const struct call *k)
 {
-    const msgpack_object *t = rpc_map_get(usage, "total_tokens");
-    double v;
-    return t && rpc_as_double(t, &v) && v >= 0 ? v : -1;
+    return dialect_get(k->src->kind);
+}
+
+/* Keeps `usage` (borrowed) as the result's usage map. */
+static void call_keep_usage(struct call *k, const msgpack_object *usage)
+{
+    msgpack_packer upk;
+    msgpack_sbuffer_clear(&k->usage);
+    msgpack_packer_init(&upk, &k->usage, msgpack_sbuffer_write);
+    msgpack_pack_object(&upk, *usage);
+}
+
+/* The result's usage map from the running counts, in OpenAI's names, for
+ * streams whose upstream spreads them over several events (Anthropic). */
+static void call_keep_token_counts(struct call *k)
+{
+    msgpack_packer upk;
+    int64_t v[3] = {k->tokens.prompt, k->tokens.completion, dialect_usage_total(&k->tokens)};
+    static const char *const names[3] = {"prompt_tokens", "completion_tokens", "total_tokens"};
+    uint32_t n = 0;
+
+    for (int i = 0; i < 3; i++)
+        n += v[i] >= 0;
+    msgpack_sbuffer_clear(&k->usage);
+    msgpack_packer_init(&upk, &k->usage, msgpack_sbuffer_write);
+    msgpack_pack_map(&upk, n);
+    for (int i = 0; i < 3; i++) {
+        if (v[i] >= 0)
+            rpc_pack_kv_u64(&upk, names[i], (uint64_t)v[i]);
+    }
 }
 
 /* A success: the plain body (already transcoded into `body`) or, for a
@@ -388,6 +424,7 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
             snprintf(res.detail, sizeof(res.detail), "reply is not JSON: %.130s", err);
         } else if (msgpack_unpack_next(&up, body.data, body.size, NULL) == MSGPACK_UNPACK_SUCCESS) {
             usage = rpc_map_get(&up.data, "usage");
+            call_dialect(k)->scan_usage(usage, &k->tokens);
         }
     } else if (res.outcome.kind == OUTCOME_SUCCESS && k->usage.size > 0 &&
                msgpack_unpack_next(&up, k->usage.data, k->usage.size, NULL) ==
@@ -404,7 +441,7 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
            outcome_reason_name(res.outcome.reason), "status", LOG_I, (long long)res.http_status,
            "phase", LOG_S, attempt_phase_name(res.phase), "elapsed_s", LOG_F, res.elapsed_s, NULL);
 
-    double used = usage ? usage_tokens(usage) : -1;
+    double used = res.outcome.kind == OUTCOME_SUCCESS ? (double)dialect_usage_total(&k->tokens) : -1;
     if (k->lease) {
         shared_release(k->conn->srv->shared, k->lease, &res.outcome, used);
         k->lease = NULL;
@@ -430,17 +467,19 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
     msgpack_sbuffer_destroy(&body);
 }
 
-/* One stream event: transcode, remember usage, relay as a chunk. Returns 1
- * when the event carries a finish_reason (the stream's terminal event for
- * upstreams that send no [DONE]), 0 to go on, -1 to abort. */
+/* One stream event: transcode, count its tokens, relay it as a chunk
+ * (unless it is the usage-only chunk polygw asked for itself). Returns 1
+ * when it is the stream's terminal event (for upstreams that send no
+ * [DONE]), 0 to go on, -1 to abort (an error event: attempt_fail_stream). */
 static int call_on_event(struct attempt *a, const char *data, size_t len, void *ud)
 {
     struct call *k = ud;
     struct conn *c = k->conn;
+    const struct dialect *d = call_dialect(k);
     msgpack_sbuffer sb;
     msgpack_packer tmp;
     msgpack_unpacked up;
-    int terminal = 0;
+    struct dialect_event ev = {0};
 
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&tmp, &sb, msgpack_sbuffer_write);
@@ -453,23 +492,28 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     }
     msgpack_unpacked_init(&up);
     if (msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS) {
+        d->scan_event(&up.data, &ev);
+        dialect_usage_merge(&k->tokens, &ev.usage);
         const msgpack_object *usage = rpc_map_get(&up.data, "usage");
-        const msgpack_object *choices = rpc_map_get(&up.data, "choices");
-        if (usage && usage->type == MSGPACK_OBJECT_MAP) {
-            msgpack_packer upk;
-            msgpack_sbuffer_clear(&k->usage);
-            msgpack_packer_init(&upk, &k->usage, msgpack_sbuffer_write);
-            msgpack_pack_object(&upk, *usage);
-        }
-        if (choices && choices->type == MSGPACK_OBJECT_ARRAY) {
-            for (uint32_t i = 0; i < choices->via.array.size; i++) {
-                const msgpack_object *fr = rpc_map_get(&choices->via.array.ptr[i], "finish_reason");
-                if (fr && fr->type != MSGPACK_OBJECT_NIL)
-                    terminal = 1;
-            }
-        }
+        if (d->stream_usage && usage && usage->type == MSGPACK_OBJECT_MAP)
+            call_keep_usage(k, usage);
+        else if (ev.usage.prompt >= 0 || ev.usage.completion >= 0 || ev.usage.total >= 0)
+            call_keep_token_counts(k);
     }
     msgpack_unpacked_destroy(&up);
+    if (ev.error) {
+        char detail[120];
+        snprintf(detail, sizeof(detail), "the upstream's stream reported %s", ev.error_type);
+        msgpack_sbuffer_destroy(&sb);
+        attempt_fail_stream(a, ev.transient ? REASON_HTTP_5XX : REASON_HTTP_4XX, ev.transient,
+                            detail);
+        return -1;
+    }
+    if (ev.usage_only && k->form == BODY_STREAM_USAGE) {
+        /* The client did not ask for it: polygw did, to count tokens. */
+        msgpack_sbuffer_destroy(&sb);
+        return ev.terminal;
+    }
 
     rpc_pack_notify_begin(&c->pk, "chunk");
     msgpack_pack_array(&c->pk, 2);
@@ -489,7 +533,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
         call_set_paused(k, true);
         attempt_pause(a);
     }
-    return terminal;
+    return ev.terminal;
 }
 
 static const struct attempt_hooks call_hooks = {
@@ -506,36 +550,86 @@ static struct call *call_find(struct conn *c, uint32_t msgid)
     return NULL;
 }
 
-/* The JSON body for a source: made once per distinct model override (the
- * common case is one transcode per call, however many attempts). */
-static int call_prepare_json(struct call *k, const char *model, char *why, size_t whylen)
+/* How source `src` takes this call's body. */
+static enum body_form call_body_form(const struct call *k, const struct config_source *src,
+                                     const msgpack_object *body)
 {
-    msgpack_unpacked up;
+    if (k->stream && src->stream_usage && dialect_get(src->kind)->stream_usage &&
+        !rpc_map_get(body, "stream_options"))
+        return BODY_STREAM_USAGE;
+    return BODY_AS_IS;
+}
+
+/* `body` (a map, borrowed) with one more top-level member,
+ * "stream_options": {"include_usage": true}, packed into `out`. */
+static void pack_with_stream_usage(const msgpack_object *body, msgpack_sbuffer *out)
+{
+    msgpack_packer pk;
+
+    msgpack_packer_init(&pk, out, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, body->via.map.size + 1);
+    for (uint32_t i = 0; i < body->via.map.size; i++) {
+        msgpack_pack_object(&pk, body->via.map.ptr[i].key);
+        msgpack_pack_object(&pk, body->via.map.ptr[i].val);
+    }
+    rpc_pack_str(&pk, "stream_options");
+    msgpack_pack_map(&pk, 1);
+    rpc_pack_str(&pk, "include_usage");
+    msgpack_pack_true(&pk);
+}
+
+/* The JSON body for a source: made once per distinct (model override,
+ * form); the common case is one transcode per call, however many
+ * attempts. */
+static int call_prepare_json(struct call *k, const struct config_source *src, char *why,
+                             size_t whylen)
+{
+    const char *model = src->model;
+    msgpack_unpacked up, alt;
+    msgpack_sbuffer altbuf;
+    const msgpack_object *body;
     int rc;
 
-    if (k->json_ready && (k->json_model == model ||
-                          (k->json_model && model && strcmp(k->json_model, model) == 0)))
-        return 0;
     msgpack_unpacked_init(&up);
     if (msgpack_unpack_next(&up, k->body.data, k->body.size, NULL) != MSGPACK_UNPACK_SUCCESS) {
         msgpack_unpacked_destroy(&up);
         snprintf(why, whylen, "internal: stored body unreadable");
         return -1;
     }
+    enum body_form form = call_body_form(k, src, &up.data);
+    k->form = form;
+    if (k->json_ready && k->json_form == form &&
+        (k->json_model == model || (k->json_model && model && strcmp(k->json_model, model) == 0))) {
+        msgpack_unpacked_destroy(&up);
+        return 0;
+    }
+    body = &up.data;
+    msgpack_sbuffer_init(&altbuf);
+    msgpack_unpacked_init(&alt);
+    if (form == BODY_STREAM_USAGE) {
+        pack_with_stream_usage(body, &altbuf);
+        if (msgpack_unpack_next(&alt, altbuf.data, altbuf.size, NULL) == MSGPACK_UNPACK_SUCCESS)
+            body = &alt.data;
+    }
     struct transcode_override ov = {
         .model = model,
         /* The `stream` parameter decides; a body's own "stream" key must not
          * make the upstream stream while we expect one JSON reply. */
-        .stream = k->stream                          ? TRANSCODE_STREAM_TRUE
-                  : rpc_map_get(&up.data, "stream") ? TRANSCODE_STREAM_FALSE
-                                                    : TRANSCODE_STREAM_KEEP,
+        .stream = k->stream                     ? TRANSCODE_STREAM_TRUE
+                  : rpc_map_get(body, "stream") ? TRANSCODE_STREAM_FALSE
+                                                : TRANSCODE_STREAM_KEEP,
     };
     transcode_buf_reset(&k->json);
-    rc = transcode_msgpack_to_json(&up.data, &k->json, &ov, "body", why, whylen);
+    rc = transcode_msgpack_to_json(body, &k->json, &ov, "body", why, whylen);
+    msgpack_unpacked_destroy(&alt);
+    msgpack_sbuffer_destroy(&altbuf);
     msgpack_unpacked_destroy(&up);
-    if (rc < 0)
+    if (rc < 0) {
+        k->json_ready = false;
         return rc;
+    }
     k->json_model = model;
+    k->json_form = form;
     k->json_ready = true;
     return 0;
 }
@@ -575,10 +669,10 @@ static void call_run_attempt(struct call *k, size_t source)
     struct server *srv = k->conn->srv;
     const struct config *cfg = srv->cfg;
     const struct config_source *src = &cfg->sources[source];
-    char why[300], url[CONFIG_URL_MAX + 256 + 1];
+    char why[300];
 
     k->src = src;
-    if (call_prepare_json(k, src->model, why, sizeof(why)) < 0) {
+    if (call_prepare_json(k, src, why, sizeof(why)) < 0) {
         /* The body was checked at call_start and only the (validated)
          * model differs between sources; call_end releases the reservation. */
         conn_reply_error(k->conn, k->msgid, PGW_BAD_REQUEST, why);
@@ -592,10 +686,23 @@ static void call_run_attempt(struct call *k, size_t source)
         return;
     }
     memcpy(json, k->json.data, k->json.len + 1);
-    snprintf(url, sizeof(url), "%s%s", src->base_url, k->cap->path);
+    /* The built-in chat path is each dialect's own (Anthropic: /messages);
+     * a path set in the configuration is used as written. */
+    const char *path = k->cap->path;
+    if (strcmp(k->cap->name, "chat") == 0 && strcmp(path, "/chat/completions") == 0)
+        path = dialect_get(src->kind)->chat_path;
+    size_t url_len = strlen(src->base_url) + strlen(path) + strlen(src->req_query) + 1;
+    char *url = malloc(url_len);
+    if (!url) {
+        free(json);
+        conn_reply_error(k->conn, k->msgid, PGW_INTERNAL, "out of memory");
+        call_finish(k);
+        return;
+    }
+    snprintf(url, url_len, "%s%s%s", src->base_url, path, src->req_query);
     struct attempt_spec as = {
         .url = url,
-        .api_key = src->api_key,
+        .headers = (const char *const *)src->req_headers,
         .body = json,
         .body_len = k->json.len,
         .stream = k->stream,
@@ -608,7 +715,10 @@ static void call_run_attempt(struct call *k, size_t source)
     };
     call_set_paused(k, false);
     msgpack_sbuffer_clear(&k->usage);
+    k->tokens = (struct dialect_usage){-1, -1, -1};
     k->attempt = attempt_start(srv->up, &as, &call_hooks, k);
+    explicit_bzero(url, url_len); /* auth_query puts the key in it */
+    free(url);
     if (!k->attempt) {
         conn_reply_error(k->conn, k->msgid, PGW_INTERNAL, "cannot start the upstream request");
         call_finish(k);
@@ -819,7 +929,7 @@ void call_start(struct conn *c, const struct rpc_msg *m)
     msgpack_packer_init(&bpk, &k->body, msgpack_sbuffer_write);
     int rc = msgpack_pack_object(&bpk, *p[P_BODY]);
     if (rc == 0)
-        rc = call_prepare_json(k, first->model, why, sizeof(why));
+        rc = call_prepare_json(k, first, why, sizeof(why));
     struct gov_policy pol;
     governor_policy(cfg, (size_t)ci, &pol);
     if (rc == 0)
