@@ -241,3 +241,55 @@ def test_providers__redirect_to_another_host_never_carries_the_key(make_sidecar,
     assert err["status"] == 307
     assert up2.stats()["requests"] == 0
     assert KEY not in json.dumps(err) and KEY not in sc.logs()
+
+
+# ------------------------------------------------------ real stream usage
+def test_providers__openai_stream_asks_for_usage_and_hides_the_extra_chunk(make_sidecar, up):
+    """OpenAI reports a stream's usage only when asked (usage_if_asked):
+    polygw asks, uses the real figure, and does not relay the extra
+    usage-only chunk the client never asked for."""
+    sc = start(make_sidecar, source("oa", up.url))
+    mock = {"usage_if_asked": True, "usage": {"prompt_tokens": 4321, "completion_tokens": 5}}
+    chunks, err, res = stream_call(sc.connect(), "chat", chat("abcd", mock=mock))
+    assert err is None, err
+    assert res["usage"] == {"prompt_tokens": 4321, "completion_tokens": 5, "total_tokens": 4326}
+    assert all(ch["choices"] for ch in chunks), chunks
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert up.last()["json"]["stream_options"] == {"include_usage": True}
+
+
+def test_providers__client_that_asks_for_usage_gets_the_chunk(make_sidecar, up):
+    sc = start(make_sidecar, source("oa", up.url))
+    chunks, err, res = stream_call(sc.connect(), "chat",
+                                   chat("abcd", mock={"usage_if_asked": True},
+                                        stream_options={"include_usage": True}))
+    assert err is None, err
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == res["usage"]
+
+
+def test_providers__stream_usage_false_sends_no_stream_options(make_sidecar, up):
+    sc = start(make_sidecar, source("vllm", up.url, stream_usage=False))
+    chunks, err, res = stream_call(sc.connect(), "chat",
+                                   chat("abcd", mock={"usage": {"prompt_tokens": 9,
+                                                                "completion_tokens": 1}}))
+    assert err is None, err
+    assert "stream_options" not in up.last()["json"]
+    assert res["usage"]["total_tokens"] == 10   # vLLM style: on the finish chunk
+
+
+def test_providers__tpm_admits_by_the_real_stream_usage(make_sidecar, up):
+    """The first stream really used 5000 tokens (its estimate is ~20): the
+    tpm bucket is empty afterwards, so the second call is not admitted
+    before its deadline. Counting the estimate instead would admit it."""
+    sc = start(make_sidecar, source("oa", up.url, limits={"tpm": 5000, "window_s": 3600}))
+    c = sc.connect()
+    big = {"usage_if_asked": True, "usage": {"prompt_tokens": 4990, "completion_tokens": 10}}
+    chunks, err, res = stream_call(c, "chat", chat("first", mock=big))
+    assert err is None, err
+    assert res["usage"]["total_tokens"] == 5000
+    err, stats = c.request("stats")
+    src = stats["sources"][0]
+    assert src["tokens_used"] == 5000 and src["tpm_level"] < 100, src
+    err, res, elapsed = call(c, "chat", chat("second"), deadline_s=1.0)
+    assert err is not None and err["code"] in ("deadline_exceeded", "stalled"), (err, res)
+    assert up.stats()["requests"] == 1

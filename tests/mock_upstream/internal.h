@@ -112,6 +112,7 @@ struct behave {
     json_t *headers;             /* object of string values or NULL */
     long long dims;              /* embedding dimensions, -1 = default */
     const char *stream_error;    /* Anthropic stream: end with this error event */
+    bool usage_if_asked;         /* OpenAI: stream usage only with include_usage */
 };
 
 void behave_init(struct behave *b);

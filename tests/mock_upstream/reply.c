@@ -482,7 +482,7 @@ void reply_stream_fill(struct conn *c, bool all)
             if (!c->b.no_done) {
                 chunk_prefix(sc, s);
                 buf_adds(sc, ",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]");
-                if (!s->include_usage) {
+                if (!s->include_usage && !c->b.usage_if_asked) {
                     buf_add(sc, ",", 1);
                     usage_json(sc, s->prompt_tokens, s->completion_tokens, s->total_tokens);
                 }
