@@ -4,7 +4,9 @@
 #   make deps       install missing Debian packages (apt-get, non-interactive)
 #   make run        build and start the sidecar with deploy/polygw.yaml
 #   make test       normal build with -Werror, then an ASan+UBSan build that
-#                   runs the Check unit tests and the integration tests
+#                   runs every suite (tests/run-suites.sh: unit, integration,
+#                   redis, clients, fuzz replay, clang fuzz build); the last
+#                   line is "N passed, N failed"
 #   make bench      benchmarks under tests/bench/ (not part of make test)
 #   make install    PREFIX=/usr/local DESTDIR=
 #
@@ -83,7 +85,7 @@ MOCK       := $(BUILD)/mock_upstream
 BENCH_BINS := $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 SHIMS      := $(patsubst tests/shim/%.c,$(BUILD)/shim/%.so,$(SHIM_SRC))
 
-.PHONY: all deps run test unit integration bench install clean check-deps fuzz fuzz-replay
+.PHONY: all deps run test unit integration bench install clean check-deps fuzz fuzz-replay fuzz-build
 all: $(DAEMON) $(CTL) $(LIBA) $(LIBSO) $(MOCK) $(BENCH_BINS) $(SHIMS)
 
 $(BUILD)/obj/%.o: %.c
@@ -140,6 +142,9 @@ $(MOCK): $(call obj,$(MOCK_SRC))
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS)
 
+# Reached only through this pattern, the bench objects would be intermediate
+# files, deleted (and echoed as `rm ...`) at the end of every build.
+.SECONDARY: $(call obj,$(BENCH_SRC))
 $(BUILD)/bench/%: $(BUILD)/obj/tests/bench/%.o $(LIBA) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
@@ -153,25 +158,48 @@ $(BUILD)/shim/%.so: tests/shim/%.c
 	$(Q)$(CC) -std=gnu11 -D_GNU_SOURCE -fPIC -shared $(WARN) -O2 -g -o $@ $< -ldl -lpthread
 
 # libFuzzer targets (tests/fuzz/fuzz_<name>.c). `make fuzz` builds each with
-# clang into $(BUILD)/fuzz/<name>, compiling the library sources it needs in
-# (no gcc objects), and runs it for FUZZ_SECONDS over $(BUILD)/fuzz/corpus/<name>
-# plus the committed tests/fuzz/corpus/<name>. `make test` only replays the
-# committed corpus through a gcc-built driver (fuzz-replay), no clang needed.
+# clang into $(BUILD)/fuzz/<name> from clang objects of the library sources
+# ($(BUILD)/fuzz/obj/, no gcc objects) and runs it in two passes: FUZZ_SECONDS
+# over $(BUILD)/fuzz/corpus/<name> plus the committed tests/fuzz/corpus/<name>,
+# then FUZZ_LARGE_SECONDS with length control off and inputs up to
+# FUZZ_MAX_LEN bytes over $(BUILD)/fuzz/corpus-large/<name>, seeded with
+# megabyte inputs by tests/fuzz/large_seeds.py (frames, replies and configs
+# are that big in practice; libFuzzer alone grows inputs slowly).
+# `make fuzz-build` only builds them and runs each over its committed corpus
+# once (`make test` does that when clang is installed, so they cannot rot);
+# `make fuzz-replay` replays the committed corpus through a gcc-built driver.
 FUZZ_TARGETS := frame transcode sse retry_after config
 FUZZ_SECONDS ?= 60
+FUZZ_LARGE_SECONDS ?= $(FUZZ_SECONDS)
+FUZZ_MAX_LEN ?= 4194304
 FUZZ_CC      ?= clang
-FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/transcode.c sidecar/config.c sidecar/dialect.c
-FUZZ_CFLAGS  := $(filter-out $(CFLAGS),$(ALL_CFLAGS)) -fsanitize=fuzzer,address,undefined -g -O1 \
-                -fno-sanitize-recover=undefined
+# config.c checks Redis URLs with redis.c's parser, which brings the log
+# module and the compiled-in Lua scripts along.
+FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/transcode.c sidecar/config.c sidecar/redis.c \
+                sidecar/log.c sidecar/dialect.c
+FUZZ_OBJ     := $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(FUZZ_LIB_SRC)) $(BUILD)/fuzz/obj/gen/lua_scripts.o
+FUZZ_MAIN_OBJ := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/obj/tests/fuzz/fuzz_%.o)
+FUZZ_CFLAGS  := $(filter-out $(CFLAGS),$(ALL_CFLAGS)) -fsanitize=fuzzer-no-link,address,undefined \
+                -g -O1 -fno-sanitize-recover=undefined
+FUZZ_LDFLAGS := -fsanitize=fuzzer,address,undefined
 FUZZ_BINS    := $(addprefix $(BUILD)/fuzz/,$(FUZZ_TARGETS))
 FUZZ_REPLAY  := $(addprefix $(BUILD)/fuzz-replay/,$(FUZZ_TARGETS))
 FUZZ_REPLAY_OBJ := $(call obj,tests/fuzz/replay_main.c $(FUZZ_TARGETS:%=tests/fuzz/fuzz_%.c))
-.SECONDARY: $(FUZZ_REPLAY_OBJ)
+.SECONDARY: $(FUZZ_REPLAY_OBJ) $(FUZZ_MAIN_OBJ) $(FUZZ_OBJ)
 
-$(BUILD)/fuzz/%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRC)
+$(BUILD)/fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  FUZZCC  $@")
-	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^ $(PKG_LIBS)
+	@$(if $(Q),echo "  FUZZCC  $<")
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/fuzz/obj/gen/lua_scripts.o: $(LUA_GEN)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  FUZZCC  $<")
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/fuzz/%: $(BUILD)/fuzz/obj/tests/fuzz/fuzz_%.o $(FUZZ_OBJ)
+	@$(if $(Q),echo "  FUZZLD  $@")
+	$(Q)$(FUZZ_CC) $(FUZZ_LDFLAGS) -o $@ $^ $(PKG_LIBS)
 
 $(BUILD)/fuzz-replay/%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(BUILD)/obj/tests/fuzz/replay_main.o \
                         $(SIDECAR_OBJ) $(CORE_OBJ) $(PROTO_OBJ)
@@ -182,8 +210,8 @@ $(BUILD)/fuzz-replay/%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(BUILD)/obj/tests/fuzz
 fuzz:
 	@command -v $(FUZZ_CC) >/dev/null 2>&1 || { \
 	    echo "fuzz: installing clang"; S=; [ "$$(id -u)" = 0 ] || S=sudo; \
-	    DEBIAN_FRONTEND=noninteractive $$S apt-get install -y -qq --no-install-recommends clang \
-	        libclang-rt-14-dev; }
+	    DEBIAN_FRONTEND=noninteractive $$S apt-get install -y -qq --no-install-recommends \
+	        -o DPkg::Lock::Timeout=600 clang libclang-rt-14-dev; }
 	$(Q)$(MAKE) --no-print-directory $(FUZZ_BINS)
 	@mkdir -p $(FUZZ_TARGETS:%=$(BUILD)/fuzz/corpus/%) $(BUILD)/fuzz/artifacts
 	@cp proto/vectors/*.msgpack $(BUILD)/fuzz/corpus/frame/
@@ -195,19 +223,41 @@ fuzz:
 	    > $(BUILD)/fuzz/corpus/sse/inline-sse
 	@printf '120' > $(BUILD)/fuzz/corpus/retry_after/inline-delta
 	@printf 'Sunday, 06-Nov-94 08:49:37 GMT' > $(BUILD)/fuzz/corpus/retry_after/inline-rfc850
+	@/usr/bin/python3 tests/fuzz/large_seeds.py $(BUILD)/fuzz/corpus-large $(FUZZ_MAX_LEN)
 	@failed=; for t in $(FUZZ_TARGETS); do \
 	    echo "== fuzz $$t ($(FUZZ_SECONDS) s)"; \
 	    $(BUILD)/fuzz/$$t -max_total_time=$(FUZZ_SECONDS) -detect_leaks=1 -print_final_stats=1 \
 	        -artifact_prefix=$(BUILD)/fuzz/artifacts/$$t- \
 	        $(BUILD)/fuzz/corpus/$$t tests/fuzz/corpus/$$t || failed="$$failed $$t"; \
+	    echo "== fuzz $$t, large inputs up to $(FUZZ_MAX_LEN) bytes ($(FUZZ_LARGE_SECONDS) s)"; \
+	    $(BUILD)/fuzz/$$t -max_total_time=$(FUZZ_LARGE_SECONDS) -len_control=0 \
+	        -max_len=$(FUZZ_MAX_LEN) -timeout=60 -rss_limit_mb=4096 -detect_leaks=1 \
+	        -print_final_stats=1 -artifact_prefix=$(BUILD)/fuzz/artifacts/$$t-large- \
+	        $(BUILD)/fuzz/corpus-large/$$t $(BUILD)/fuzz/corpus/$$t tests/fuzz/corpus/$$t \
+	        || failed="$$failed $$t(large)"; \
 	done; [ -z "$$failed" ] || { echo "fuzz: crashes in:$$failed (see $(BUILD)/fuzz/artifacts)"; exit 1; }
 
+# Builds every target and runs each once over its committed corpus: proves
+# they link and start, in seconds. Ends with "N passed, N failed" (targets).
+fuzz-build:
+	$(Q)$(MAKE) --no-print-directory $(FUZZ_BINS)
+	@pass=0; fail=0; for t in $(FUZZ_TARGETS); do \
+	    if $(BUILD)/fuzz/$$t -runs=0 tests/fuzz/corpus/$$t > $(BUILD)/fuzz/$$t.smoke.log 2>&1; then \
+	        pass=$$((pass + 1)); printf '  FUZZOK  %s\n' $$t; \
+	    else fail=$$((fail + 1)); printf '  FUZZBAD %s (see %s)\n' $$t $(BUILD)/fuzz/$$t.smoke.log; fi; \
+	done; echo "fuzz targets: $$pass passed, $$fail failed"; [ $$fail -eq 0 ]
+
+# Every target over its committed corpus, going on after a failure; the
+# last line counts inputs replayed cleanly and targets that failed.
 fuzz-replay: $(FUZZ_REPLAY)
-	@for t in $(FUZZ_TARGETS); do \
+	@pass=0; fail=0; for t in $(FUZZ_TARGETS); do \
 	    printf '  REPLAY  %-12s ' $$t; \
-	    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	        $(BUILD)/fuzz-replay/$$t tests/fuzz/corpus/$$t/* || exit 1; \
-	done
+	    if out=$$(ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	              $(BUILD)/fuzz-replay/$$t tests/fuzz/corpus/$$t/* 2>&1); then \
+	        echo "$$out"; n=$$(echo "$$out" | sed -n 's/^replayed \([0-9]*\) input.*/\1/p'); \
+	        pass=$$((pass + $${n:-0})); \
+	    else echo "FAILED"; echo "$$out"; fail=$$((fail + 1)); fi; \
+	done; echo "fuzz replay: $$pass passed, $$fail failed"; [ $$fail -eq 0 ]
 
 # ---------------------------------------------------------------------------
 # Set-up, run, test
@@ -225,16 +275,12 @@ unit: $(UNIT)
 integration: all
 	POLYGW_BUILD=$(CURDIR)/$(BUILD) /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration
 
+# The suites themselves (their list is in tests/run-suites.sh) run one after
+# another, past failures, and end on one "N passed, N failed" line.
 test: deps
 	$(Q)$(MAKE) --no-print-directory all
 	$(Q)$(MAKE) --no-print-directory BUILD=build/asan SAN=1 all $(notdir $(UNIT))
-	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	    build/asan/unit_tests
-	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	    POLYGW_BUILD=$(CURDIR)/build/asan /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration
-	/usr/bin/python3 -m pytest -q -p no:cacheprovider tests/redis
-	sh client/run-tests.sh build/asan
-	$(Q)$(MAKE) --no-print-directory BUILD=build/asan SAN=1 fuzz-replay
+	@sh tests/run-suites.sh
 
 unit_tests: $(UNIT)
 
@@ -245,10 +291,13 @@ bench: deps
 	$(BUILD)/bench/admission
 	@echo "## Calls waiting for a permit"
 	/usr/bin/python3 tests/bench/waiting_cpu.py $(BUILD) 1000 3
+	@echo "## Config load time against its size"
+	/usr/bin/python3 tests/bench/config_load.py $(BUILD)
 
 install: $(DAEMON) $(CTL) $(LIBA) $(LIBSO)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig \
-	    $(DESTDIR)$(PREFIX)/include/polygw $(DESTDIR)$(PREFIX)/share/man/man8
+	    $(DESTDIR)$(PREFIX)/include/polygw $(DESTDIR)$(PREFIX)/share/man/man8 \
+	    $(DESTDIR)$(PREFIX)/share/man/man1
 	install -m 755 $(DAEMON) $(CTL) $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 $(LIBA) $(DESTDIR)$(PREFIX)/lib/
 	install -m 755 $(LIBSO) $(DESTDIR)$(PREFIX)/lib/libpolygw.so.0
@@ -257,9 +306,11 @@ install: $(DAEMON) $(CTL) $(LIBA) $(LIBSO)
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' client/c/polygw.pc.in \
 	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/polygw.pc
 	install -m 644 docs/polygw.8 $(DESTDIR)$(PREFIX)/share/man/man8/
+	install -m 644 docs/polygwctl.1 $(DESTDIR)$(PREFIX)/share/man/man1/
 
 clean:
 	rm -rf build
 
 -include $(ALL_OBJ:.o=.d)
 -include $(FUZZ_REPLAY_OBJ:.o=.d)
+-include $(FUZZ_OBJ:.o=.d) $(FUZZ_MAIN_OBJ:.o=.d)

@@ -23,12 +23,16 @@ if "$BUILD/mock_upstream" --port 18080 > "$BUILD/run/mock.out" 2> "$BUILD/run/mo
     fi
 fi
 
+# The client examples of README.md read these two variables; printed with
+# absolute paths so the line works from any directory of a second shell.
 cat <<MSG
 polygw demo
   socket:   $SOCK
   config:   deploy/polygw.yaml (memory backend; sources -> mock upstream on 127.0.0.1:18080)
   try:      $BUILD/polygwctl --socket $SOCK ping
   or:       $BUILD/polygwctl --socket $SOCK call chat --body '{"messages":[{"role":"user","content":"hello"}]}'
+  python:   in another shell, paste this line, then the README's Python example:
+            export POLYGW_SOCKET=$SOCK PYTHONPATH=$(pwd)/client/python
   stop:     Ctrl-C
 MSG
 "$BUILD/polygw" --config deploy/polygw.yaml --socket "$SOCK"

@@ -2,20 +2,30 @@
  * config.c — YAML configuration loader (contract in config.h, reference in
  * docs/CONFIG.md).
  *
- * Three passes, each returning at the first failure:
+ * Three passes:
  *
  *   1. tree:     libyaml events -> a small owned node tree (struct ynode).
  *                Syntax errors, anchors/aliases, tags, several documents and
- *                excessive nesting are rejected here.
+ *                excessive nesting are rejected here, and end the load: the
+ *                tree is incomplete. Repeated keys are marked (dup_line).
  *   2. walk:     the tree is matched against static tables of `struct field`
- *                (key, type, bounds, destination offset). Unknown keys,
- *                duplicate keys, wrong types and out-of-range values are
- *                rejected here; every key that is set records its line, which
- *                is how later passes know "set here" from "inherited".
+ *                (key, type, bounds, destination offset). Unknown keys (with
+ *                a suggestion), duplicate keys, wrong types and out-of-range
+ *                values are rejected here; every key that is set records its
+ *                line, which is how later passes know "set here" from
+ *                "inherited". A rejected value is recorded as set but bad
+ *                (LINE_BAD), and the walk goes on with the next key.
  *   3. validate: cross-field rules and inheritance (defaults <- capability;
- *                a source takes its capability's policy whole), then the
- *                secrets pass (environment / key files), which runs last so
- *                that an invalid file never causes I/O.
+ *                a source takes its capability's policy whole), skipping
+ *                every rule that involves a bad value (its error is already
+ *                reported); then, only if nothing was rejected, the secrets
+ *                pass (environment / key files), so that an invalid file
+ *                never causes I/O.
+ *
+ * Every error is reported (config_report_fn), in the order found; the first
+ * also goes to the caller's `err`. Lookups by name (duplicate keys, duplicate
+ * source names, a source's capability) go through hash indexes, so a load
+ * costs time linear in the size of the file.
  *
  * Secret hygiene: the loader never quotes a string value in a message, only
  * numbers, key names, source/capability names and the key file's path (which
@@ -60,6 +70,8 @@ struct ynode {
     enum ynode_kind kind;
     bool plain;
     unsigned line, col;        /* 1-based */
+    unsigned dup_line;         /* a map key repeating an earlier key of the
+                                * same map: that key's line; else 0 */
     char *text;
     size_t len;
     struct ynode **kids;
@@ -126,6 +138,8 @@ struct loader;
 
 struct field {
     const char *key;
+    const char *each;          /* FT_CUSTOM with `sub`: how one element's key
+                                * path reads in a hint ("[i]", ".NAME") */
     enum field_type type;
     enum fid fid;
     size_t off;
@@ -136,6 +150,104 @@ struct field {
     int (*walk)(struct loader *l, const struct ynode *v);
     const char *why;
 };
+
+/* lines[fid] of a key whose value was rejected: it counts as written (no
+ * "is required", no inheritance follows), but the rules that compare it with
+ * other values skip it. Line numbers stay far below this bit (a file is at
+ * most CONFIG_FILE_MAX bytes). */
+#define LINE_BAD 0x80000000u
+
+static bool line_is_bad(unsigned line)
+{
+    return (line & LINE_BAD) != 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Name index                                                               */
+
+/* Open addressing over positions in some array of names (map keys, sources,
+ * capabilities); `name_at_fn` reads the name at a position. At least half
+ * the slots stay free, so a probe always ends. */
+typedef const char *name_at_fn(const void *set, size_t pos, size_t *len);
+
+struct name_index {
+    uint32_t *slot;            /* owned; position + 1, 0 = free */
+    size_t mask;               /* slots in use - 1 (a power of two) */
+    size_t cap;                /* slots allocated */
+};
+
+static uint64_t name_hash(const char *s, size_t len)
+{
+    uint64_t h = 14695981039346656037ull;            /* FNV-1a */
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Empties the index, sized for up to `n` names. Reuses the memory it has
+ * and clears only the slots this use needs, so many small uses in a row
+ * (one per map) cost no more than their total size. */
+static int name_index_reset(struct name_index *ix, size_t n)
+{
+    size_t want = 16;
+
+    if (n > UINT32_MAX / 4)
+        return -ENOMEM;
+    while (want < 2 * n)
+        want *= 2;
+    if (want > ix->cap) {
+        uint32_t *slot = calloc(want, sizeof(*slot));
+        if (!slot)
+            return -ENOMEM;
+        free(ix->slot);
+        ix->slot = slot;
+        ix->cap = want;
+    } else {
+        memset(ix->slot, 0, want * sizeof(*ix->slot));
+    }
+    ix->mask = want - 1;
+    return 0;
+}
+
+static void name_index_fini(struct name_index *ix)
+{
+    free(ix->slot);
+    memset(ix, 0, sizeof(*ix));
+}
+
+/* Position of the name equal to `s` (`len` bytes), or SIZE_MAX; *free_slot
+ * (may be NULL) gets the slot where it would go. */
+static size_t name_index_find(const struct name_index *ix, const char *s, size_t len,
+                              name_at_fn *at, const void *set, size_t *free_slot)
+{
+    for (size_t i = (size_t)name_hash(s, len) & ix->mask;; i = (i + 1) & ix->mask) {
+        uint32_t v = ix->slot[i];
+        size_t n;
+
+        if (!v) {
+            if (free_slot)
+                *free_slot = i;
+            return SIZE_MAX;
+        }
+        const char *t = at(set, v - 1, &n);
+        if (n == len && memcmp(t, s, len) == 0)
+            return v - 1;
+    }
+}
+
+/* Adds the name at position `pos` unless an equal one is there: returns the
+ * earlier one's position, or SIZE_MAX when `pos` was added. At most the `n`
+ * of the last reset may be added. */
+static size_t name_index_add(struct name_index *ix, size_t pos, name_at_fn *at, const void *set)
+{
+    size_t len, slot;
+    const char *s = at(set, pos, &len);
+    size_t prev = name_index_find(ix, s, len, at, set, &slot);
+
+    if (prev == SIZE_MAX)
+        ix->slot[slot] = (uint32_t)pos + 1;
+    return prev;
+}
 
 /* ------------------------------------------------------------------------ */
 /* Loader state (one per config_parse call, on its stack)                   */
@@ -149,6 +261,7 @@ struct cap_stage {
 
 struct src_stage {
     struct config_source src;
+    bool bad;                  /* not a map: no rule applies to it */
     char *key_env;             /* owned; name of the variable holding the key */
     char *key_file;            /* owned; absolute path of the key file */
     char *accepts;             /* owned; `accepts:` as written */
@@ -158,6 +271,9 @@ struct src_stage {
 
 struct loader {
     const char *name;          /* file name for messages */
+    config_report_fn *report;  /* may be NULL */
+    void *report_arg;
+    size_t n_errors;
     const char *input;         /* the YAML text (borrowed), for syntax hints */
     size_t input_len;
     char *err;
@@ -170,51 +286,74 @@ struct loader {
     size_t n_srcs;
     char path[CONFIG_PATH_MAX];
     size_t path_len;
+    /* The list element being walked, for hints: FID_SOURCES with "[3]",
+     * FID_CAPABILITIES with ".vision", or FID_NONE. */
+    enum fid elem_fid;
+    char elem[CONFIG_NAME_MAX + 8];
+    struct name_index keys;    /* one map's keys at a time (tree_mark_dups) */
+    struct name_index cap_ix;  /* over caps (validate) */
+    struct name_index src_ix;  /* over srcs (validate) */
 };
 
 /* ------------------------------------------------------------------------ */
 /* Messages                                                                 */
 
-static void err_vappend(struct loader *l, size_t *used, const char *fmt, va_list ap)
+/* One message being formatted; CONFIG_ERR_MAX bytes hold any of them. */
+struct msg {
+    char text[CONFIG_ERR_MAX];
+    size_t used;
+};
+
+static void msg_vappend(struct msg *m, const char *fmt, va_list ap)
 {
-    if (!l->err || l->errlen == 0 || *used >= l->errlen - 1)
+    if (m->used >= sizeof(m->text) - 1)
         return;
-    int k = vsnprintf(l->err + *used, l->errlen - *used, fmt, ap);
+    int k = vsnprintf(m->text + m->used, sizeof(m->text) - m->used, fmt, ap);
     if (k > 0)
-        *used += (size_t)k;
-    if (*used > l->errlen - 1)
-        *used = l->errlen - 1;
+        m->used += (size_t)k;
+    if (m->used > sizeof(m->text) - 1)
+        m->used = sizeof(m->text) - 1;
 }
 
-__attribute__((format(printf, 3, 4)))
-static void err_append(struct loader *l, size_t *used, const char *fmt, ...)
+__attribute__((format(printf, 2, 3)))
+static void msg_append(struct msg *m, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    err_vappend(l, used, fmt, ap);
+    msg_vappend(m, fmt, ap);
     va_end(ap);
 }
 
-/* "NAME[:LINE]: [PATH: ]reason". Returns -EINVAL so callers can
- * `return fail_at(...)`. Only the first failure is ever reported. */
+/* Reports a finished message: to the report hook, and the first one of the
+ * load into the caller's `err`. Returns -EINVAL. */
+static int emit(struct loader *l, const struct msg *m)
+{
+    if (l->n_errors++ == 0 && l->err && l->errlen)
+        snprintf(l->err, l->errlen, "%s", m->text);
+    if (l->report)
+        l->report(l->report_arg, m->text);
+    return -EINVAL;
+}
+
+/* "NAME[:LINE]: [PATH: ]reason" (LINE_BAD is ignored). Returns -EINVAL so
+ * callers can `return fail_at(...)`; the load goes on where it can. */
 __attribute__((format(printf, 4, 5)))
 static int fail_at(struct loader *l, unsigned line, const char *path, const char *fmt, ...)
 {
-    size_t used = 0;
+    struct msg m = { .used = 0 };
     va_list ap;
 
-    if (l->err && l->errlen)
-        l->err[0] = '\0';
+    line &= ~LINE_BAD;
     if (line)
-        err_append(l, &used, "%s:%u: ", l->name, line);
+        msg_append(&m, "%s:%u: ", l->name, line);
     else
-        err_append(l, &used, "%s: ", l->name);
+        msg_append(&m, "%s: ", l->name);
     if (path && *path)
-        err_append(l, &used, "%s: ", path);
+        msg_append(&m, "%s: ", path);
     va_start(ap, fmt);
-    err_vappend(l, &used, fmt, ap);
+    msg_vappend(&m, fmt, ap);
     va_end(ap);
-    return -EINVAL;
+    return emit(l, &m);
 }
 
 /* Same, at the current key path of the walk. */
@@ -300,7 +439,7 @@ static int ynode_append(struct ynode *parent, struct ynode *kid)
 
 static int fail_yaml(struct loader *l, const yaml_parser_t *p)
 {
-    size_t used = 0;
+    struct msg m = { .used = 0 };
 
     switch (p->error) {
     case YAML_MEMORY_ERROR:
@@ -310,16 +449,14 @@ static int fail_yaml(struct loader *l, const yaml_parser_t *p)
         return fail_at(l, 0, NULL, "invalid input at byte %zu: %s", p->problem_offset,
                        p->problem ? p->problem : "unreadable");
     default:
-        if (l->err && l->errlen)
-            l->err[0] = '\0';
-        err_append(l, &used, "%s:%zu:%zu: YAML syntax error: %s", l->name,
+        msg_append(&m, "%s:%zu:%zu: YAML syntax error: %s", l->name,
                    p->problem_mark.line + 1, p->problem_mark.column + 1,
                    p->problem ? p->problem : "unknown problem");
         if (p->context)
-            err_append(l, &used, " (%s at line %zu)", p->context, p->context_mark.line + 1);
+            msg_append(&m, " (%s at line %zu)", p->context, p->context_mark.line + 1);
         if (p->problem_mark.index < l->input_len && l->input[p->problem_mark.index] == '\t')
-            err_append(l, &used, "; YAML indentation must use spaces, not tabs");
-        return -EINVAL;
+            msg_append(&m, "; YAML indentation must use spaces, not tabs");
+        return emit(l, &m);
     }
 }
 
@@ -327,6 +464,35 @@ static int tree_next(struct loader *l, yaml_parser_t *p, yaml_event_t *ev)
 {
     if (!yaml_parser_parse(p, ev))
         return fail_yaml(l, p);
+    return 0;
+}
+
+static const char *map_key_at(const void *set, size_t pos, size_t *len)
+{
+    const struct ynode *k = ((const struct ynode *)set)->kids[2 * pos];
+    *len = k->len;
+    return k->text;
+}
+
+/* Marks each key of `map` that repeats an earlier one (dup_line) for the
+ * walk to report with its key path. Keys that are not scalars are left to
+ * the walk ("map keys must be plain strings"). */
+static int tree_mark_dups(struct loader *l, struct ynode *map)
+{
+    size_t n = map->n_kids / 2;
+
+    if (n < 2)
+        return 0;
+    if (name_index_reset(&l->keys, n) < 0)
+        return fail_nomem(l);
+    for (size_t i = 0; i < n; i++) {
+        struct ynode *k = map->kids[2 * i];
+        if (k->kind != YN_SCALAR)
+            continue;
+        size_t prev = name_index_add(&l->keys, i, map_key_at, map);
+        if (prev != SIZE_MAX)
+            k->dup_line = map->kids[2 * prev]->line;
+    }
     return 0;
 }
 
@@ -426,6 +592,8 @@ static int tree_node(struct loader *l, yaml_parser_t *p, yaml_event_t *ev,
             goto fail;
         }
     }
+    if (n->kind == YN_MAP && (rc = tree_mark_dups(l, n)) < 0)
+        goto fail;
     *out = n;
     return 0;
 fail:
@@ -963,8 +1131,9 @@ static const struct field top_table[] = {
     SECTION("tasks", FID_TASKS, 0, tasks_table),
     SECTION("defaults", FID_DEFAULTS, OFF(struct config, defaults), policy_table),
     { .key = "capabilities", .type = FT_CUSTOM, .fid = FID_CAPABILITIES,
-      .walk = walk_capabilities },
-    { .key = "sources", .type = FT_CUSTOM, .fid = FID_SOURCES, .walk = walk_sources },
+      .walk = walk_capabilities, .sub = capability_table, .each = ".NAME" },
+    { .key = "sources", .type = FT_CUSTOM, .fid = FID_SOURCES, .walk = walk_sources,
+      .sub = source_table, .each = "[i]" },
     END
 };
 
@@ -980,6 +1149,7 @@ static const struct {
     { "embedding", false, "/embeddings" },
     { "ocr", false, "/ocr" },
 };
+#define N_BUILTIN_CAPS (sizeof(builtin_caps) / sizeof(builtin_caps[0]))
 
 static int config_set_defaults(struct config *cfg)
 {
@@ -1304,20 +1474,135 @@ static int map_key(struct loader *l, const struct ynode *map, size_t i, const st
 
     if (k->kind != YN_SCALAR || strlen(k->text) != k->len)
         return fail_here(l, k->line, "map keys must be plain strings");
-    for (size_t j = 0; j < i; j++) {
-        const struct ynode *prev = map->kids[2 * j];
-        if (prev->kind == YN_SCALAR && prev->len == k->len &&
-            memcmp(prev->text, k->text, k->len) == 0) {
-            size_t old = path_push_key(l, k->text, k->len);
-            int rc = fail_here(l, k->line, "duplicate key (first set at line %u)", prev->line);
-            path_pop(l, old);
-            return rc;
-        }
+    if (k->dup_line) {
+        size_t old = path_push_key(l, k->text, k->len);
+        int rc = fail_here(l, k->line, "duplicate key (first set at line %u)", k->dup_line);
+        path_pop(l, old);
+        return rc;
     }
     *key = k;
     return 0;
 }
 
+/* Optimal string alignment distance between two keys, ignoring case
+ * (insertions, deletions, substitutions and swaps of neighbours each count
+ * 1); SIZE_MAX when either is longer than a name may be. */
+static size_t edit_distance(const char *a, size_t la, const char *b, size_t lb)
+{
+    unsigned char d[CONFIG_NAME_MAX + 1][CONFIG_NAME_MAX + 1];
+
+    if (la > CONFIG_NAME_MAX || lb > CONFIG_NAME_MAX)
+        return SIZE_MAX;
+    for (size_t i = 0; i <= la; i++)
+        d[i][0] = (unsigned char)i;
+    for (size_t j = 0; j <= lb; j++)
+        d[0][j] = (unsigned char)j;
+    for (size_t i = 1; i <= la; i++) {
+        for (size_t j = 1; j <= lb; j++) {
+            int ca = tolower((unsigned char)a[i - 1]), cb = tolower((unsigned char)b[j - 1]);
+            unsigned v = d[i - 1][j - 1] + (ca != cb);
+            if (d[i - 1][j] + 1u < v)
+                v = d[i - 1][j] + 1u;
+            if (d[i][j - 1] + 1u < v)
+                v = d[i][j - 1] + 1u;
+            if (i > 1 && j > 1 && ca == tolower((unsigned char)b[j - 2]) &&
+                tolower((unsigned char)a[i - 2]) == cb && d[i - 2][j - 2] + 1u < v)
+                v = d[i - 2][j - 2] + 1u;
+            d[i][j] = (unsigned char)v;
+        }
+    }
+    return d[la][lb];
+}
+
+/* The key of table `t` (or of a table it includes) nearest to `key`, if it
+ * is near enough to be a typo of it: 1 edit for short keys, 2 up to 8
+ * characters, 3 beyond. Forbidden and misplaced keys are never suggested. */
+static const char *near_key(const struct field *t, const char *key, size_t len, size_t *best_d)
+{
+    const char *best = NULL;
+
+    for (; t->key; t++) {
+        if (t->type == FT_INCLUDE) {
+            const char *k = near_key(t->sub, key, len, best_d);
+            if (k)
+                best = k;
+            continue;
+        }
+        if (t->type == FT_REJECT || t->type == FT_MISPLACED)
+            continue;
+        size_t kl = strlen(t->key), most = kl <= 4 ? 1 : kl <= 8 ? 2 : 3;
+        if (len > kl + most || kl > len + most)
+            continue;                       /* the length alone is too far off */
+        size_t d = edit_distance(key, len, t->key, kl);
+        if (d <= most && d < *best_d) {
+            *best_d = d;
+            best = t->key;
+        }
+    }
+    return best;
+}
+
+/* Appends to `m`, joined by " or ", the key path of every place other than
+ * the table `here` where `key` is a key: "listen.socket",
+ * "sources[0].breaker.failures" (the element being walked stands in for
+ * "[i]" / ".NAME" when the place is inside it). `at` is the path of table
+ * `t`, `in_here` whether `t` belongs to `here`. Returns how many. */
+static unsigned key_elsewhere(const struct loader *l, const struct field *t, const char *at,
+                              const struct field *here, bool in_here, const char *key,
+                              size_t len, struct msg *m, unsigned found)
+{
+    char sub[CONFIG_PATH_MAX];
+
+    for (; t->key; t++) {
+        const char *each = t->fid == l->elem_fid && l->elem_fid ? l->elem : t->each;
+
+        switch (t->type) {
+        case FT_INCLUDE:
+            found = key_elsewhere(l, t->sub, at, here, in_here, key, len, m, found);
+            continue;
+        case FT_SECTION:
+            snprintf(sub, sizeof(sub), "%s%s%s", at, *at ? "." : "", t->key);
+            found = key_elsewhere(l, t->sub, sub, here, t->sub == here, key, len, m, found);
+            break;
+        case FT_CUSTOM:
+            if (!t->sub)
+                break;
+            snprintf(sub, sizeof(sub), "%s%s%s%s", at, *at ? "." : "", t->key, each);
+            found = key_elsewhere(l, t->sub, sub, here, t->sub == here, key, len, m, found);
+            break;
+        case FT_REJECT:
+        case FT_MISPLACED:
+            continue;
+        default:
+            break;
+        }
+        if (in_here || strlen(t->key) != len || memcmp(t->key, key, len) != 0)
+            continue;
+        msg_append(m, "%s%s%s%s", found ? " or " : "", at, *at ? "." : "", t->key);
+        found++;
+    }
+    return found;
+}
+
+/* "unknown key", and a hint: where else the key is known (a misplaced key,
+ * e.g. server.socket for listen.socket), or else the nearest key of this
+ * map (a typo). */
+static int fail_unknown(struct loader *l, const struct field *table, const struct ynode *key)
+{
+    struct msg hint = { .used = 0 };
+    size_t d = SIZE_MAX;
+    const char *near;
+
+    if (key_elsewhere(l, top_table, "", table, table == top_table, key->text, key->len,
+                      &hint, 0))
+        return fail_here(l, key->line, "unknown key; did you mean %s?", hint.text);
+    if ((near = near_key(table, key->text, key->len, &d)))
+        return fail_here(l, key->line, "unknown key; did you mean %s?", near);
+    return fail_here(l, key->line, "unknown key");
+}
+
+/* Walks every pair of `map`; a pair that fails is reported and the walk goes
+ * on. Returns 0, or -ENOMEM (which ends the load). */
 static int walk_map(struct loader *l, const struct ynode *map, const struct field *table,
                     char *base, unsigned *lines)
 {
@@ -1327,27 +1612,20 @@ static int walk_map(struct loader *l, const struct ynode *map, const struct fiel
         size_t off = 0, old;
         int rc;
 
-        if ((rc = map_key(l, map, i, &key)) < 0)
-            return rc;
+        if (map_key(l, map, i, &key) < 0)
+            continue;
         old = path_push_key(l, key->text, key->len);
         f = field_find(table, key->text, key->len, &off);
-        if (!f)
-            rc = fail_here(l, key->line, "unknown key");
-        else
-            rc = set_field(l, f, base + off, key, v, lines);
+        if (!f) {
+            rc = fail_unknown(l, table, key);
+        } else if ((rc = set_field(l, f, base + off, key, v, lines)) == -EINVAL && f->fid) {
+            lines[f->fid] = v->line | LINE_BAD;
+        }
         path_pop(l, old);
-        if (rc < 0)
+        if (rc == -ENOMEM)
             return rc;
     }
     return 0;
-}
-
-static struct cap_stage *cap_find(struct loader *l, const char *name, size_t len)
-{
-    for (size_t i = 0; i < l->n_caps; i++)
-        if (strlen(l->caps[i].cap.name) == len && memcmp(l->caps[i].cap.name, name, len) == 0)
-            return &l->caps[i];
-    return NULL;
 }
 
 static struct cap_stage *cap_add(struct loader *l, const char *name, size_t len)
@@ -1367,7 +1645,9 @@ static struct cap_stage *cap_add(struct loader *l, const char *name, size_t len)
     return c;
 }
 
-/* capabilities: { NAME: { exempt_429, path, <policy keys> } | null, ... } */
+/* capabilities: { NAME: { exempt_429, path, <policy keys> } | null, ... }
+ * A name is either a built-in (its entry is updated) or new: a repeated key
+ * never reaches here (map_key), so only the built-ins need a lookup. */
 static int walk_capabilities(struct loader *l, const struct ynode *v)
 {
     if (ynode_is_null(v))
@@ -1376,30 +1656,36 @@ static int walk_capabilities(struct loader *l, const struct ynode *v)
         return fail_type(l, v, "a map of capability names");
     for (size_t i = 0; i < v->n_kids / 2; i++) {
         const struct ynode *key, *body = v->kids[2 * i + 1];
-        struct cap_stage *c;
-        int rc;
+        struct cap_stage *c = NULL;
+        int rc = 0;
 
-        if ((rc = map_key(l, v, i, &key)) < 0)
-            return rc;
+        if (map_key(l, v, i, &key) < 0)
+            continue;
         size_t old = path_push_key(l, key->text, key->len);
-        if ((rc = check_name(l, key->line, key->text, key->len)) < 0)
-            goto out;
-        c = cap_find(l, key->text, key->len);
+        if (check_name(l, key->line, key->text, key->len) < 0)
+            goto next;
+        for (size_t b = 0; b < N_BUILTIN_CAPS && !c; b++)
+            if (strlen(l->caps[b].cap.name) == key->len &&
+                memcmp(l->caps[b].cap.name, key->text, key->len) == 0)
+                c = &l->caps[b];
         if (!c && !(c = cap_add(l, key->text, key->len))) {
             rc = fail_nomem(l);
-            goto out;
+            goto next;
         }
         c->map_line = key->line;
         if (ynode_is_null(body))
-            goto out;
+            goto next;
         if (body->kind != YN_MAP) {
-            rc = fail_type(l, body, "a map");
-            goto out;
+            fail_type(l, body, "a map");
+            goto next;
         }
+        l->elem_fid = FID_CAPABILITIES;
+        snprintf(l->elem, sizeof(l->elem), ".%s", c->cap.name);
         rc = walk_map(l, body, capability_table, (char *)c, c->line);
-out:
+        l->elem_fid = FID_NONE;
+next:
         path_pop(l, old);
-        if (rc < 0)
+        if (rc == -ENOMEM)
             return rc;
     }
     return 0;
@@ -1420,18 +1706,23 @@ static int walk_sources(struct loader *l, const struct ynode *v)
     for (size_t i = 0; i < v->n_kids; i++) {
         const struct ynode *item = v->kids[i];
         struct src_stage *s = &l->srcs[i];
-        int rc;
+        int rc = 0;
 
         l->n_srcs = i + 1;
         source_set_defaults(&s->src);
         s->map_line = item->line;
         size_t old = path_push_index(l, i);
-        if (item->kind != YN_MAP)
-            rc = fail_type(l, item, "a map");
-        else
+        if (item->kind != YN_MAP) {
+            fail_type(l, item, "a map");
+            s->bad = true;
+        } else {
+            l->elem_fid = FID_SOURCES;
+            snprintf(l->elem, sizeof(l->elem), "[%zu]", i);
             rc = walk_map(l, item, source_table, (char *)s, s->line);
+            l->elem_fid = FID_NONE;
+        }
         path_pop(l, old);
-        if (rc < 0)
+        if (rc == -ENOMEM)
             return rc;
     }
     return 0;
@@ -1577,19 +1868,23 @@ static size_t policy_field_size(const struct field *f)
 }
 
 /* Every policy key not set at this level (lines[] == 0) takes the parent's
- * effective value. */
-static void policy_inherit(struct config_policy *dst, const unsigned *lines,
-                           const struct config_policy *parent)
+ * effective value, and its badness: a value inherited from a rejected one
+ * is not compared with anything either. */
+static void policy_inherit(struct config_policy *dst, unsigned *lines,
+                           const struct config_policy *parent, const unsigned *parent_lines)
 {
     for (const struct field *f = policy_table; f->key; f++)
-        if (!lines[f->fid])
+        if (!lines[f->fid]) {
             memcpy((char *)dst + f->off, (const char *)parent + f->off, policy_field_size(f));
+            lines[f->fid] = parent_lines[f->fid] & LINE_BAD;
+        }
 }
 
 /* Enforces lo <= hi for two keys of one entity. The message points at the
  * key that was set here (hi first, it is usually the one being tuned) and
  * says where the other value came from when it was not set here:
- * `lo_note` / `hi_note` ("default", "inherited"). */
+ * `lo_note` / `hi_note` ("default", "inherited"). Skipped when either value
+ * was rejected. */
 static int check_order(struct loader *l, const char *prefix, unsigned entity_line,
                        const unsigned *lines,
                        enum fid lo_fid, const char *lo_key, double lo, const char *lo_note,
@@ -1597,7 +1892,7 @@ static int check_order(struct loader *l, const char *prefix, unsigned entity_lin
 {
     char path[CONFIG_PATH_MAX], a[32], b[32];
 
-    if (lo <= hi)
+    if (lo <= hi || line_is_bad(lines[lo_fid] | lines[hi_fid]))
         return 0;
     fmt_num(a, sizeof(a), lo);
     fmt_num(b, sizeof(b), hi);
@@ -1619,45 +1914,50 @@ static int check_policy(struct loader *l, const char *prefix, unsigned entity_li
                        FID_BACKOFF_MAX, "backoff_max_s", p->backoff_max_s, "inherited");
 }
 
-/* Refuses any policy key written in source `i` (recorded by the walk as
- * FT_MISPLACED), naming the levels where it takes effect. Reports the first
- * one in file order. */
-static int check_source_policy(struct loader *l, size_t i)
+/* Refuses every policy key written in source `i` (recorded by the walk as
+ * FT_MISPLACED), in file order, naming the levels where it takes effect. */
+static void check_source_policy(struct loader *l, size_t i)
 {
     const struct src_stage *st = &l->srcs[i];
-    const struct field *first = NULL;
     char path[CONFIG_PATH_MAX];
+    unsigned after = 0;
 
-    for (const struct field *f = policy_table; f->key; f++)
-        if (st->line[f->fid] && (!first || st->line[f->fid] < st->line[first->fid]))
-            first = f;
-    if (!first)
-        return 0;
-    snprintf(path, sizeof(path), "sources[%zu].%s", i, first->key);
-    return fail_at(l, st->line[first->fid], path, "not a per-source key: a call's budgets "
-                   "span every source of its capability; set it under defaults or "
-                   "capabilities.%s", st->src.capability);
+    for (;;) {
+        const struct field *next = NULL;
+        for (const struct field *f = policy_table; f->key; f++)
+            if (st->line[f->fid] > after && (!next || st->line[f->fid] < st->line[next->fid]))
+                next = f;
+        if (!next)
+            return;
+        after = st->line[next->fid];
+        snprintf(path, sizeof(path), "sources[%zu].%s", i, next->key);
+        fail_at(l, after, path, "not a per-source key: a call's budgets span every source "
+                "of its capability; set it under defaults or capabilities.%s",
+                st->src.capability);
+    }
 }
 
-static int validate_top(struct loader *l)
+static void validate_top(struct loader *l)
 {
     struct config *cfg = l->cfg;
+    const unsigned *line = l->line;
     char a[32], b[32];
 
-    if (!l->line[FID_MAX_WRITE_QUEUE]) {
+    if (!line[FID_MAX_WRITE_QUEUE]) {
         cfg->max_write_queue_bytes = 2 * cfg->max_message_bytes;
-    } else if (cfg->max_write_queue_bytes < cfg->max_message_bytes) {
-        return fail_at(l, l->line[FID_MAX_WRITE_QUEUE], "listen.max_write_queue_bytes",
-                       "must be >= listen.max_message_bytes (%s), got %s",
-                       fmt_num(a, sizeof(a), (double)cfg->max_message_bytes),
-                       fmt_num(b, sizeof(b), (double)cfg->max_write_queue_bytes));
+    } else if (cfg->max_write_queue_bytes < cfg->max_message_bytes &&
+               !line_is_bad(line[FID_MAX_WRITE_QUEUE] | line[FID_MAX_MESSAGE_BYTES])) {
+        fail_at(l, line[FID_MAX_WRITE_QUEUE], "listen.max_write_queue_bytes",
+                "must be >= listen.max_message_bytes (%s), got %s",
+                fmt_num(a, sizeof(a), (double)cfg->max_message_bytes),
+                fmt_num(b, sizeof(b), (double)cfg->max_write_queue_bytes));
     }
-    if (cfg->backend == BACKEND_REDIS && !cfg->redis_url && !cfg->redis_url_env)
-        return fail_at(l, l->line[FID_KIND], "backend.url",
-                       "is required when kind is redis (or backend.url_env)");
-    if (cfg->redis_url && cfg->redis_url_env)
-        return fail_at(l, l->line[FID_URL_ENV], "backend.url_env",
-                       "cannot be combined with backend.url; choose one");
+    if (cfg->backend == BACKEND_REDIS && !line[FID_URL] && !line[FID_URL_ENV])
+        fail_at(l, line[FID_KIND], "backend.url",
+                "is required when kind is redis (or backend.url_env)");
+    if (line[FID_URL] && line[FID_URL_ENV])
+        fail_at(l, line[FID_URL_ENV], "backend.url_env",
+                "cannot be combined with backend.url; choose one");
     static const struct { int fid; const char *key; } redis_only[] = {
         {FID_URL, "backend.url"},
         {FID_URL_ENV, "backend.url_env"},
@@ -1665,36 +1965,56 @@ static int validate_top(struct loader *l)
         {FID_COMMAND_TIMEOUT, "backend.command_timeout_s"},
         {FID_LEASE_TTL, "backend.lease_ttl_s"},
     };
-    for (size_t i = 0; cfg->backend == BACKEND_MEMORY && i < sizeof(redis_only) / sizeof(*redis_only);
+    /* With a rejected kind, nobody knows which backend was meant. */
+    for (size_t i = 0; cfg->backend == BACKEND_MEMORY && !line_is_bad(line[FID_KIND]) &&
+                       i < sizeof(redis_only) / sizeof(*redis_only);
          i++) {
-        if (l->line[redis_only[i].fid])
-            return fail_at(l, l->line[redis_only[i].fid], redis_only[i].key,
-                           "only valid with kind: redis");
+        if (line[redis_only[i].fid])
+            fail_at(l, line[redis_only[i].fid], redis_only[i].key,
+                    "only valid with kind: redis");
     }
-    if (cfg->redis_lease_ttl_s < 3 * cfg->redis_command_timeout_s)
-        return fail_at(l, l->line[FID_LEASE_TTL] ? l->line[FID_LEASE_TTL] : l->line[FID_KIND],
-                       "backend.lease_ttl_s",
-                       "must be >= 3 x backend.command_timeout_s (%s), got %s: leases are "
-                       "renewed every lease_ttl_s / 3",
-                       fmt_num(a, sizeof(a), 3 * cfg->redis_command_timeout_s),
-                       fmt_num(b, sizeof(b), cfg->redis_lease_ttl_s));
-    return check_policy(l, "defaults", l->line[FID_DEFAULTS], l->line, &cfg->defaults);
+    if (cfg->redis_lease_ttl_s < 3 * cfg->redis_command_timeout_s &&
+        !line_is_bad(line[FID_LEASE_TTL] | line[FID_COMMAND_TIMEOUT]))
+        fail_at(l, line[FID_LEASE_TTL] ? line[FID_LEASE_TTL] : line[FID_KIND],
+                "backend.lease_ttl_s",
+                "must be >= 3 x backend.command_timeout_s (%s), got %s: leases are "
+                "renewed every lease_ttl_s / 3",
+                fmt_num(a, sizeof(a), 3 * cfg->redis_command_timeout_s),
+                fmt_num(b, sizeof(b), cfg->redis_lease_ttl_s));
+    check_policy(l, "defaults", line[FID_DEFAULTS], line, &cfg->defaults);
+}
+
+static const char *cap_name_at(const void *set, size_t pos, size_t *len)
+{
+    const char *name = ((const struct cap_stage *)set)[pos].cap.name;
+    *len = strlen(name);
+    return name;
+}
+
+static const char *src_name_at(const void *set, size_t pos, size_t *len)
+{
+    const char *name = ((const struct src_stage *)set)[pos].src.name;
+    *len = strlen(name);
+    return name;
 }
 
 static int validate_capabilities(struct loader *l)
 {
     char prefix[16 + CONFIG_NAME_MAX];        /* "capabilities.NAME" */
-    int rc;
 
+    if (name_index_reset(&l->cap_ix, l->n_caps) < 0)
+        return fail_nomem(l);
     for (size_t i = 0; i < l->n_caps; i++) {
         struct cap_stage *c = &l->caps[i];
         snprintf(prefix, sizeof(prefix), "capabilities.%s", c->cap.name);
-        policy_inherit(&c->cap.policy, c->line, &l->cfg->defaults);
-        if ((rc = check_policy(l, prefix, c->map_line, c->line, &c->cap.policy)) < 0)
-            return rc;
+        policy_inherit(&c->cap.policy, c->line, &l->cfg->defaults, l->line);
+        /* Values both inherited were checked (and reported) under defaults. */
+        if (c->line[FID_BACKOFF_BASE] || c->line[FID_BACKOFF_MAX])
+            check_policy(l, prefix, c->map_line, c->line, &c->cap.policy);
         if (!c->builtin && !c->line[FID_PATH])
-            return fail_at(l, c->map_line, prefix, "path: is required for a custom "
-                           "capability (built-ins are chat, embedding, ocr)");
+            fail_at(l, c->map_line, prefix, "path: is required for a custom "
+                    "capability (built-ins are chat, embedding, ocr)");
+        (void)name_index_add(&l->cap_ix, i, cap_name_at, l->caps); /* names are unique */
     }
     l->cfg->capabilities = calloc(l->n_caps, sizeof(*l->cfg->capabilities));
     if (!l->cfg->capabilities)
@@ -1705,7 +2025,9 @@ static int validate_capabilities(struct loader *l)
     return 0;
 }
 
-/* kind, its version keys, auth_header / auth_query and accepts. */
+/* kind, its version keys, auth_header / auth_query and accepts; the first
+ * failure among them is reported. Skipped when `kind` itself was rejected:
+ * every rule here depends on it. */
 static int validate_dialect(struct loader *l, size_t i, const char *prefix)
 {
     struct src_stage *st = &l->srcs[i];
@@ -1713,7 +2035,9 @@ static int validate_dialect(struct loader *l, size_t i, const char *prefix)
     const char *kind = dialect_get(s->kind)->name;
     char path[CONFIG_PATH_MAX];
 
-    if (s->kind == DIALECT_AZURE && !s->api_version) {
+    if (line_is_bad(st->line[FID_SRC_KIND]))
+        return 0;
+    if (s->kind == DIALECT_AZURE && !st->line[FID_API_VERSION]) {
         snprintf(path, sizeof(path), "%s.api_version", prefix);
         return fail_at(l, st->line[FID_SRC_KIND], path, "is required with kind: azure "
                        "(e.g. \"2024-10-21\"; sent as the api-version query parameter)");
@@ -1759,82 +2083,87 @@ static int validate_dialect(struct loader *l, size_t i, const char *prefix)
     return 0;
 }
 
-static int validate_source(struct loader *l, size_t i)
+/* The rules of one source; each failure is reported, and the rules that
+ * need a value that is missing or was rejected are skipped. */
+static void validate_source(struct loader *l, size_t i)
 {
     struct src_stage *st = &l->srcs[i];
     struct config_source *s = &st->src;
+    const unsigned *line = st->line;
     char prefix[32], path[CONFIG_PATH_MAX];   /* "sources[N]" */
-    int rc, idx;
+    const struct cap_stage *c = NULL;
 
+    if (st->bad)
+        return;
     snprintf(prefix, sizeof(prefix), "sources[%zu]", i);
-#define REQUIRE(fid, key)                                                          \
-    do {                                                                           \
-        if (!st->line[fid]) {                                                      \
-            snprintf(path, sizeof(path), "%s.%s", prefix, key);                    \
-            return fail_at(l, st->map_line, path, "is required");                  \
-        }                                                                          \
-    } while (0)
-    REQUIRE(FID_NAME, "name");
-    REQUIRE(FID_CAPABILITY, "capability");
-    REQUIRE(FID_BASE_URL, "base_url");
-#undef REQUIRE
-
-    for (size_t j = 0; j < i; j++)
-        if (strcmp(l->srcs[j].src.name, s->name) == 0) {
-            snprintf(path, sizeof(path), "%s.name", prefix);
-            return fail_at(l, st->line[FID_NAME], path,
-                           "duplicate source name '%s' (first used by sources[%zu])",
-                           s->name, j);
+    static const struct { enum fid fid; const char *key; } required[] = {
+        {FID_NAME, "name"}, {FID_CAPABILITY, "capability"}, {FID_BASE_URL, "base_url"},
+    };
+    for (size_t k = 0; k < sizeof(required) / sizeof(required[0]); k++)
+        if (!line[required[k].fid]) {
+            snprintf(path, sizeof(path), "%s.%s", prefix, required[k].key);
+            fail_at(l, st->map_line, path, "is required");
         }
 
-    idx = config_find_capability(l->cfg, s->capability, strlen(s->capability));
-    if (idx < 0) {
-        snprintf(path, sizeof(path), "%s.capability", prefix);
-        return fail_at(l, st->line[FID_CAPABILITY], path,
-                       "unknown capability '%s' (not chat, embedding, ocr, nor listed "
-                       "under capabilities:)", s->capability);
+    if (line[FID_NAME] && !line_is_bad(line[FID_NAME])) {
+        size_t j = name_index_add(&l->src_ix, i, src_name_at, l->srcs);
+        if (j != SIZE_MAX) {
+            snprintf(path, sizeof(path), "%s.name", prefix);
+            fail_at(l, line[FID_NAME], path,
+                    "duplicate source name '%s' (first used by sources[%zu])", s->name, j);
+        }
     }
-    s->capability_index = (size_t)idx;
 
-    if ((rc = check_source_policy(l, i)) < 0)
-        return rc;
-    s->policy = l->cfg->capabilities[idx].policy;   /* a copy, for readers of sources */
+    if (line[FID_CAPABILITY] && !line_is_bad(line[FID_CAPABILITY])) {
+        size_t idx = name_index_find(&l->cap_ix, s->capability, strlen(s->capability),
+                                     cap_name_at, l->caps, NULL);
+        if (idx == SIZE_MAX) {
+            snprintf(path, sizeof(path), "%s.capability", prefix);
+            fail_at(l, line[FID_CAPABILITY], path,
+                    "unknown capability '%s' (not chat, embedding, ocr, nor listed "
+                    "under capabilities:)", s->capability);
+        } else {
+            s->capability_index = idx;
+            c = &l->caps[idx];                /* parallel to cfg->capabilities */
+            s->policy = c->cap.policy;        /* a copy, for readers of sources */
+        }
+    }
+
+    check_source_policy(l, i);
 
     snprintf(path, sizeof(path), "%s.aimd", prefix);
-    if ((rc = check_order(l, path, st->map_line, st->line,
-                          FID_AIMD_MIN, "min", s->aimd.min, "default",
-                          FID_AIMD_INITIAL, "initial", s->aimd.initial, "default")) < 0)
-        return rc;
+    check_order(l, path, st->map_line, line,
+                FID_AIMD_MIN, "min", s->aimd.min, "default",
+                FID_AIMD_INITIAL, "initial", s->aimd.initial, "default");
     snprintf(path, sizeof(path), "%s.breaker", prefix);
-    if ((rc = check_order(l, path, st->map_line, st->line,
-                          FID_BREAKER_COOLDOWN, "cooldown_s", s->breaker.cooldown_s, "default",
-                          FID_BREAKER_MAX_COOLDOWN, "max_cooldown_s",
-                          s->breaker.max_cooldown_s, "default")) < 0)
-        return rc;
+    check_order(l, path, st->map_line, line,
+                FID_BREAKER_COOLDOWN, "cooldown_s", s->breaker.cooldown_s, "default",
+                FID_BREAKER_MAX_COOLDOWN, "max_cooldown_s", s->breaker.max_cooldown_s,
+                "default");
     /* DESIGN 3.1: kept as a conservative guard under the two-budget model.
      * The window is the capability's, so the message says which capability
      * and where its value comes from: that is where a fix may go. */
-    if (s->ttft_timeout_s > s->policy.stall_window_s) {
-        const struct cap_stage *c = &l->caps[idx];  /* parallel to cfg->capabilities */
-        unsigned line = st->line[FID_TTFT_TIMEOUT] ? st->line[FID_TTFT_TIMEOUT] : st->map_line;
+    if (c && s->ttft_timeout_s > s->policy.stall_window_s &&
+        !line_is_bad(line[FID_TTFT_TIMEOUT] | c->line[FID_STALL_WINDOW])) {
+        unsigned at = line[FID_TTFT_TIMEOUT] ? line[FID_TTFT_TIMEOUT] : st->map_line;
         const char *origin = c->line[FID_STALL_WINDOW] ? ""
                              : l->line[FID_STALL_WINDOW] ? ", inherited from defaults"
                                                          : ", default";
         char a[32], b[32];
 
         snprintf(path, sizeof(path), "%s.ttft_timeout_s", prefix);
-        return fail_at(l, line, path, "must be <= stall_window_s (%s, capabilities.%s%s), "
-                       "got %s%s", fmt_num(b, sizeof(b), s->policy.stall_window_s),
-                       c->cap.name, origin, fmt_num(a, sizeof(a), s->ttft_timeout_s),
-                       st->line[FID_TTFT_TIMEOUT] ? "" : " (default)");
+        fail_at(l, at, path, "must be <= stall_window_s (%s, capabilities.%s%s), got %s%s",
+                fmt_num(b, sizeof(b), s->policy.stall_window_s), c->cap.name, origin,
+                fmt_num(a, sizeof(a), s->ttft_timeout_s),
+                line[FID_TTFT_TIMEOUT] ? "" : " (default)");
     }
 
-    if (st->key_env && st->key_file) {
+    if (line[FID_API_KEY_ENV] && line[FID_API_KEY_FILE]) {
         snprintf(path, sizeof(path), "%s.api_key_file", prefix);
-        return fail_at(l, st->line[FID_API_KEY_FILE], path,
-                       "cannot be combined with api_key_env; choose one");
+        fail_at(l, line[FID_API_KEY_FILE], path,
+                "cannot be combined with api_key_env; choose one");
     }
-    return validate_dialect(l, i, prefix);
+    validate_dialect(l, i, prefix);
 }
 
 /* Checks a key just read (env or file), after trailing whitespace was
@@ -2069,7 +2398,9 @@ static int load_source_extras(struct loader *l, size_t i)
             rc = read_secret_file(l, h->value_file, h->line, path, "value", &h->value);
         }
     }
-    if (rc == 0 && (build_query(s) < 0 || build_headers(s) < 0))
+    /* Built only for a load that will succeed: a header whose value did
+     * not load has none to send. */
+    if (rc == 0 && l->n_errors == 0 && (build_query(s) < 0 || build_headers(s) < 0))
         rc = fail_nomem(l);
     return rc;
 }
@@ -2121,18 +2452,22 @@ static int validate(struct loader *l)
 {
     int rc;
 
-    if ((rc = validate_top(l)) < 0)
-        return rc;
+    validate_top(l);
     if ((rc = validate_capabilities(l)) < 0)
         return rc;
+    if (name_index_reset(&l->src_ix, l->n_srcs) < 0)
+        return fail_nomem(l);
     for (size_t i = 0; i < l->n_srcs; i++)
-        if ((rc = validate_source(l, i)) < 0)
-            return rc;
+        validate_source(l, i);
+    if (l->n_errors)
+        return -EINVAL;                     /* no I/O for a file that is invalid */
     for (size_t i = 0; i < l->n_srcs; i++)
-        if ((rc = load_key(l, i)) < 0 || (rc = load_source_extras(l, i)) < 0)
+        if ((rc = load_key(l, i)) == -ENOMEM || (rc = load_source_extras(l, i)) == -ENOMEM)
             return rc;
-    if ((rc = load_redis_url(l)) < 0)
+    if ((rc = load_redis_url(l)) == -ENOMEM)
         return rc;
+    if (l->n_errors)
+        return -EINVAL;
     if (l->n_srcs) {
         l->cfg->sources = calloc(l->n_srcs, sizeof(*l->cfg->sources));
         if (!l->cfg->sources)
@@ -2159,10 +2494,14 @@ static void loader_fini(struct loader *l)
     }
     free(l->srcs);
     free(l->caps);
+    name_index_fini(&l->keys);
+    name_index_fini(&l->cap_ix);
+    name_index_fini(&l->src_ix);
 }
 
-struct config *config_parse(const char *yaml, size_t len, const char *name,
-                            char *err, size_t errlen)
+struct config *config_parse_report(const char *yaml, size_t len, const char *name,
+                                   config_report_fn *report, void *arg,
+                                   char *err, size_t errlen)
 {
     struct loader l;
     struct ynode *root = NULL;
@@ -2170,6 +2509,8 @@ struct config *config_parse(const char *yaml, size_t len, const char *name,
 
     memset(&l, 0, sizeof(l));
     l.name = name ? name : "<config>";
+    l.report = report;
+    l.report_arg = arg;
     l.err = err;
     l.errlen = errlen;
     if (err && errlen)
@@ -2180,7 +2521,7 @@ struct config *config_parse(const char *yaml, size_t len, const char *name,
         fail_nomem(&l);
         goto fail;
     }
-    for (size_t i = 0; i < sizeof(builtin_caps) / sizeof(builtin_caps[0]); i++) {
+    for (size_t i = 0; i < N_BUILTIN_CAPS; i++) {
         struct cap_stage *c = cap_add(&l, builtin_caps[i].name, strlen(builtin_caps[i].name));
         if (!c) {
             fail_nomem(&l);
@@ -2204,7 +2545,7 @@ struct config *config_parse(const char *yaml, size_t len, const char *name,
     }
     if ((rc = walk_map(&l, root, top_table, (char *)l.cfg, l.line)) < 0)
         goto fail;
-    if ((rc = validate(&l)) < 0)
+    if ((rc = validate(&l)) < 0 || l.n_errors)
         goto fail;
     ynode_free(root);
     loader_fini(&l);
@@ -2216,9 +2557,27 @@ fail:
     return NULL;
 }
 
-struct config *config_load(const char *path, char *err, size_t errlen)
+struct config *config_parse(const char *yaml, size_t len, const char *name,
+                            char *err, size_t errlen)
 {
-    struct loader l = { .name = path ? path : "<null>", .err = err, .errlen = errlen };
+    return config_parse_report(yaml, len, name, NULL, NULL, err, errlen);
+}
+
+static const char *file_kind(mode_t mode)
+{
+    return S_ISDIR(mode)    ? "a directory"
+           : S_ISFIFO(mode) ? "a FIFO"
+           : S_ISSOCK(mode) ? "a socket"
+           : S_ISCHR(mode)  ? "a character device"
+           : S_ISBLK(mode)  ? "a block device"
+                            : "not a regular file";
+}
+
+struct config *config_load_report(const char *path, config_report_fn *report, void *arg,
+                                  char *err, size_t errlen)
+{
+    struct loader l = { .name = path ? path : "<null>", .report = report, .report_arg = arg,
+                        .err = err, .errlen = errlen };
     struct config *cfg = NULL;
     char ebuf[128];
     struct stat sb;
@@ -2230,13 +2589,22 @@ struct config *config_load(const char *path, char *err, size_t errlen)
         fail_at(&l, 0, NULL, "no configuration file given");
         return NULL;
     }
-    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (err && errlen)
+        err[0] = '\0';
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer (it would hang
+     * start-up and --check-config); it is refused below. Reads of a regular
+     * file ignore the flag. */
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd < 0) {
         fail_at(&l, 0, NULL, "cannot open: %s", strerror_r(errno, ebuf, sizeof(ebuf)));
         return NULL;
     }
-    if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
-        fail_at(&l, 0, NULL, "not a regular file");
+    if (fstat(fd, &sb) < 0) {
+        fail_at(&l, 0, NULL, "cannot stat: %s", strerror_r(errno, ebuf, sizeof(ebuf)));
+        goto out;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        fail_at(&l, 0, NULL, "not a regular file (%s)", file_kind(sb.st_mode));
         goto out;
     }
     if (sb.st_size > (off_t)CONFIG_FILE_MAX) {
@@ -2261,7 +2629,7 @@ struct config *config_load(const char *path, char *err, size_t errlen)
         got += (size_t)k;
     }
     buf[got] = '\0';
-    cfg = config_parse(buf, got, path, err, errlen);
+    cfg = config_parse_report(buf, got, path, report, arg, err, errlen);
 out:
     if (buf) {
         explicit_bzero(buf, got);
@@ -2269,6 +2637,11 @@ out:
     }
     close(fd);
     return cfg;
+}
+
+struct config *config_load(const char *path, char *err, size_t errlen)
+{
+    return config_load_report(path, NULL, NULL, err, errlen);
 }
 
 void config_free(struct config *cfg)

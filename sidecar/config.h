@@ -8,10 +8,14 @@
  * the file, the line (when known), the key path and the reason, e.g.
  *   "deploy/polygw.yaml:23: sources[1].aimd.decrease: must be in (0, 1), got 1.5"
  *   "deploy/polygw.yaml:7:3: YAML syntax error: did not find expected key (...)"
- * Unknown keys, wrong types, negative or impossible values, unknown
+ * Unknown keys (with a hint: where else the key is known, or the nearest
+ * key of that map), wrong types, negative or impossible values, unknown
  * capabilities, duplicate source names, policy keys written in a source
  * (see struct config_policy), and a source's ttft_timeout_s above its
- * capability's stall_window_s are rejected.
+ * capability's stall_window_s are rejected. Every error in the file is
+ * found in one load (a YAML syntax error ends it: the parser cannot go on);
+ * a rule that compares a rejected value is skipped, so one mistake makes one
+ * message. Time is linear in the size of the file.
  *
  * Secrets: a source's API key is read from the environment variable named by
  * `api_key_env` or from the file named by `api_key_file` at load time. The key
@@ -192,14 +196,27 @@ struct config {
     size_t n_sources;
 };
 
-/* Parses and validates `path` (borrowed; a regular file of at most 16 MiB).
- * Returns a new config (owned by the caller, who frees it with config_free),
- * or NULL with the first reason in `err` (always NUL-terminated when
- * errlen > 0; `err` may be NULL). Reads environment variables and key files
- * for API keys, only once everything else validated. Touches no global state
- * except reading the environment; never prints, never exits; safe to call
- * again for a reload while the old config is in use. */
+/* Receives each error of a load, in the order found (the walk in file
+ * order, then the cross-field rules, then the secrets), as one line
+ * "FILE[:LINE]: [KEY.PATH: ]REASON" without a newline. `msg` is borrowed:
+ * valid only during the call. Called synchronously from inside the load;
+ * must not call the loader again. */
+typedef void config_report_fn(void *arg, const char *msg);
+
+/* Parses and validates `path` (borrowed; a regular file of at most 16 MiB:
+ * a FIFO, device or directory is refused at once, never read). Returns a
+ * new config (owned by the caller, who frees it with config_free), or NULL
+ * with the first reason in `err` (always NUL-terminated when errlen > 0;
+ * `err` may be NULL). Reads environment variables and key files for API
+ * keys, only once everything else validated. Touches no global state except
+ * reading the environment; never prints, never exits; safe to call again for
+ * a reload while the old config is in use. */
 struct config *config_load(const char *path, char *err, size_t errlen);
+
+/* config_load that also hands every error to `report` (may be NULL), with
+ * `arg` (borrowed). */
+struct config *config_load_report(const char *path, config_report_fn *report, void *arg,
+                                  char *err, size_t errlen);
 
 /* Same, from an in-memory YAML document of `len` bytes (borrowed, need not
  * be NUL-terminated); `name` (borrowed, NULL = "<config>") is used in messages
@@ -207,6 +224,9 @@ struct config *config_load(const char *path, char *err, size_t errlen);
  * disk. */
 struct config *config_parse(const char *yaml, size_t len, const char *name,
                             char *err, size_t errlen);
+struct config *config_parse_report(const char *yaml, size_t len, const char *name,
+                                   config_report_fn *report, void *arg,
+                                   char *err, size_t errlen);
 
 /* Frees everything, wiping the API keys (and the Redis URL) first. NULL is
  * a no-op. */

@@ -31,7 +31,8 @@ static void usage(FILE *out)
             "  -c, --config FILE       configuration file (default " DEFAULT_CONFIG ")\n"
             "  -s, --socket PATH       listen on PATH instead of listen.socket\n"
             "  -l, --log-level LEVEL   debug, info, warn or error (overrides server.log_level)\n"
-            "      --check-config FILE validate FILE, print the verdict, exit 0 if valid, 1 if not\n"
+            "      --check-config FILE validate FILE, print every error (FILE:LINE: KEY: REASON)\n"
+            "                          or the verdict; exit 0 if valid, 1 if not\n"
             "  -V, --version           print the version and exit\n"
             "  -h, --help              print this help and exit\n"
             "\n"
@@ -41,6 +42,30 @@ static void usage(FILE *out)
             "\n"
             "Exit status: 0 clean exit or valid config; 1 bad config or start-up failure;\n"
             "2 usage error.\n");
+}
+
+/* Each configuration error on its own line, FILE:LINE: KEY: REASON first
+ * (the form editors and CI annotate), counted in *arg. */
+static void print_config_error(void *arg, const char *msg)
+{
+    size_t *n = arg;
+
+    (*n)++;
+    fprintf(stderr, "%s\n", msg);
+}
+
+/* Loads `path`, printing every error and then one verdict line when it is
+ * invalid. */
+static struct config *load_config(const char *path)
+{
+    char err[CONFIG_ERR_MAX];
+    size_t n = 0;
+    struct config *cfg = config_load_report(path, print_config_error, &n, err, sizeof(err));
+
+    if (!cfg)
+        fprintf(stderr, "polygw: %s: invalid configuration (%zu error%s)\n", path, n,
+                n == 1 ? "" : "s");
+    return cfg;
 }
 
 int main(int argc, char **argv)
@@ -83,11 +108,9 @@ int main(int argc, char **argv)
     }
 
     if (check_path) {
-        struct config *cfg = config_load(check_path, err, sizeof(err));
-        if (!cfg) {
-            fprintf(stderr, "polygw: %s\n", err);
+        struct config *cfg = load_config(check_path);
+        if (!cfg)
             return 1;
-        }
         char backend[512] = "memory backend";
         struct rds_addr a;
         if (cfg->backend == BACKEND_REDIS &&
@@ -105,11 +128,9 @@ int main(int argc, char **argv)
         return 0;
     }
 
-    struct config *cfg = config_load(config_path, err, sizeof(err));
-    if (!cfg) {
-        fprintf(stderr, "polygw: %s\n", err);
+    struct config *cfg = load_config(config_path);
+    if (!cfg)
         return 1;
-    }
     if (socket_path) {
         char *p = strdup(socket_path);
         if (!p) {

@@ -5,7 +5,7 @@ set -eu
 
 PKGS="build-essential pkg-config libev-dev libmsgpack-dev libyaml-dev libcurl4-openssl-dev \
 libjansson-dev libhiredis-dev check redis-server python3 python3-msgpack python3-pytest \
-libclang-rt-14-dev"
+clang libclang-rt-14-dev"
 
 # The Node client's tests need node >= 18 and npm; Debian 12's are fine,
 # a newer one already on the machine is kept.
@@ -28,7 +28,59 @@ if [ "$(id -u)" != 0 ]; then
     SUDO=sudo
 fi
 export DEBIAN_FRONTEND=noninteractive
+
+# Another apt or dpkg (unattended-upgrades on a fresh VM, cloud-init) may
+# hold the package locks: wait for it, saying who it is, instead of failing.
+# apt-get install waits by itself with DPkg::Lock::Timeout; apt-get update
+# does not wait for the lists lock, hence the loop below.
+LOCK_WAIT_S=${DEPS_LOCK_WAIT_S:-600}
+LOCKS="/var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock \
+/var/cache/apt/archives/lock"
+
+# lock_holder: "FILE, held by process PID (NAME)" for the first lock of
+# LOCKS some process holds (apt and dpkg take fcntl locks: /proc/locks
+# lists them by inode); fails when none is held.
+lock_holder() {
+    for f in $LOCKS; do
+        ino=$(stat -c %i "$f" 2>/dev/null) || continue
+        pid=$(awk -v ino="$ino" '{ o = ($2 == "->"); n = split($(6 + o), d, ":");
+                                   if (n == 3 && d[3] == ino) { print $(5 + o); exit } }' \
+              /proc/locks 2>/dev/null)
+        if [ -n "$pid" ]; then
+            echo "$f, held by process $pid ($(cat "/proc/$pid/comm" 2>/dev/null || echo '?'))"
+            return 0
+        fi
+    done
+    return 1
+}
+
+wait_for_locks() {
+    waited=0
+    said=""
+    while held=$(lock_holder); do
+        if [ "$held" != "$said" ]; then
+            echo "deps: waiting for another package manager to finish: $held" \
+                 "(up to ${LOCK_WAIT_S}s in all)"
+            said=$held
+        fi
+        if [ "$waited" -ge "$LOCK_WAIT_S" ]; then
+            echo "deps: gave up waiting after ${LOCK_WAIT_S}s: $held" >&2
+            return 1
+        fi
+        sleep 2
+        waited=$((waited + 2))
+    done
+}
+
+APT_WAIT="-o DPkg::Lock::Timeout=$LOCK_WAIT_S"
 # A fresh machine has empty package lists; refresh them once before installing.
-$SUDO apt-get update -qq
+for try in 1 2 3; do
+    wait_for_locks
+    # shellcheck disable=SC2086
+    $SUDO apt-get $APT_WAIT update -qq && break
+    [ "$try" -lt 3 ] || exit 1
+    echo "deps: apt-get update failed (try $try of 3); trying again"
+done
+wait_for_locks
 # shellcheck disable=SC2086
-$SUDO apt-get install -y -qq --no-install-recommends $missing
+$SUDO apt-get $APT_WAIT install -y -qq --no-install-recommends $missing

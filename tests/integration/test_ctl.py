@@ -786,6 +786,25 @@ def test_help_mentions_task_commands():
         assert word in p.stdout, word
 
 
+def test_man_page_covers_help():
+    """docs/polygwctl.1 documents every command, subcommand, option and exit
+    status that `polygwctl --help` lists, and the environment variable."""
+    help_text = ctl(None, "--help").stdout
+    man = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs",
+                            "polygwctl.1")).read()
+    man = man.replace("\\-", "-").replace("\\fB", "").replace("\\fR", "").replace("\\fI", "")
+    options = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*|-[a-zA-Z])\b", help_text))
+    assert {"--socket", "--body", "--unordered", "--ok", "-t"} <= options, options
+    commands = set(re.findall(r"^  (ping|stats|call|raw|batch|tasks|task \w+)\b", help_text, re.M))
+    assert len(commands) == 11, commands
+    for word in sorted(options | commands):
+        assert re.search(r"(?<![\w-])%s(?![\w-])" % re.escape(word).replace(r"\ ", r"\s+"),
+                         man), "%s is not in docs/polygwctl.1" % word
+    for status in re.findall(r"^  ([0-9])  ", help_text, re.M):
+        assert re.search(r"^\.TP\n%s\n" % status, man, re.M), "exit status %s" % status
+    assert "POLYGW_SOCKET" in man and ".SH EXAMPLES" in man
+
+
 @pytest.mark.parametrize("args", [
     ["tasks", "extra"],
     ["tasks", "--state", "bogus"],

@@ -386,8 +386,8 @@ def test_server__fd_exhaustion_does_not_spin(make_sidecar):
     assert st["connections"]["accept_errors"] >= 1
 
 
-def _run(args, **kw):
-    return subprocess.run([POLYGW] + args, capture_output=True, text=True, timeout=20,
+def _run(args, timeout=20, **kw):
+    return subprocess.run([POLYGW] + args, capture_output=True, text=True, timeout=timeout,
                           env=sanitizer_env(), **kw)
 
 
@@ -423,6 +423,60 @@ def test_cli__check_config(workdir):
     assert bad in r.stderr and "sokcet" in r.stderr
     r = _run(["--check-config", os.path.join(workdir, "missing.yaml")])
     assert r.returncode == 1 and "missing.yaml" in r.stderr
+
+
+def test_cli__config_fifo_refused_promptly(workdir):
+    """A FIFO as the config path (nobody writes to it) is refused at once,
+    by --check-config and at start-up, like /dev/null and directories:
+    never opened in a way that waits for a writer."""
+    fifo = os.path.join(workdir, "polygw.yaml")
+    os.mkfifo(fifo, 0o600)
+    sock = os.path.join(workdir, "fifo.sock")
+    for args in (["--check-config", fifo], ["--config", fifo, "--socket", sock]):
+        t0 = time.monotonic()
+        try:
+            r = _run(args, timeout=10)
+        except subprocess.TimeoutExpired:
+            pytest.fail("%s hung on a FIFO" % " ".join(args))
+        elapsed = time.monotonic() - t0
+        assert r.returncode == 1, (args, r.stderr)
+        assert fifo + ": not a regular file (a FIFO)" in r.stderr, r.stderr
+        assert elapsed < 5, "took %.1fs" % elapsed
+    assert not os.path.exists(sock)
+    for other, kind in (("/dev/null", "a character device"), (workdir, "a directory")):
+        r = _run(["--check-config", other])
+        assert r.returncode == 1 and "%s: not a regular file (%s)" % (other, kind) in r.stderr
+
+
+def test_cli__check_config_reports_every_error_with_hints(workdir):
+    """--check-config and start-up list every error of the file, one per
+    line as FILE:LINE: KEY: REASON, with a hint for a misplaced or mistyped
+    key, then one verdict line; exit 1."""
+    bad = os.path.join(workdir, "bad.yaml")
+    with open(bad, "w") as f:
+        f.write("server:\n"
+                "  socket: /tmp/x.sock\n"
+                "  log_level: loud\n"
+                "sources:\n"
+                "  - name: a\n"
+                "    capability: chat\n"
+                "    base_url: http://127.0.0.1:9\n"
+                "    timeout: 5\n"
+                "  - name: a\n"
+                "    capability: chat\n"
+                "    base_url: http://127.0.0.1:9\n")
+    want = ["%s:2: server.socket: unknown key; did you mean listen.socket?" % bad,
+            "%s:3: server.log_level: must be one of debug, info, warn, error" % bad,
+            "%s:8: sources[0].timeout: unknown key; did you mean timeout_s?" % bad,
+            "%s:9: sources[1].name: duplicate source name 'a' (first used by sources[0])" % bad,
+            "polygw: %s: invalid configuration (4 errors)" % bad]
+    sock = os.path.join(workdir, "bad.sock")
+    for args in (["--check-config", bad], ["--config", bad, "--socket", sock]):
+        r = _run(args)
+        assert r.returncode == 1, r.stderr
+        assert r.stderr.splitlines() == want, r.stderr
+        assert r.stdout == ""
+    assert not os.path.exists(sock)
 
 
 def test_cli__demo_config_is_valid():

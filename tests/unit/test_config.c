@@ -2,7 +2,8 @@
  *
  * Most tests feed config_parse() an inline document named "t.yaml" and check
  * either the loaded values or that the first error names the file, the line,
- * the key path and the reason. Secrets tests use setenv() (each test runs in
+ * the key path and the reason; config_parse_report() tests check the whole
+ * list of errors. Secrets tests use setenv() (each test runs in
  * its own fork) and mkstemp() key files. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -1427,6 +1428,235 @@ START_TEST(test_config__header_value_env_unset_never_quoted)
 }
 END_TEST
 
+/* ------------------------------------------------------------------------ */
+/* Every error, hints, no cascades, scale                                   */
+
+/* The messages config_parse_report() handed out, one per line. */
+struct report {
+    char text[16384];
+    size_t used;
+    unsigned n;
+};
+
+static void collect(void *arg, const char *msg)
+{
+    struct report *r = arg;
+    int k = snprintf(r->text + r->used, sizeof(r->text) - r->used, "%s\n", msg);
+
+    ck_assert_int_gt(k, 0);
+    ck_assert_uint_lt(r->used + (size_t)k, sizeof(r->text));
+    r->used += (size_t)k;
+    r->n++;
+}
+
+/* Parses `yaml` with a report hook; asserts it is rejected and that `err`
+ * holds the first reported message. */
+static void report_all(const char *yaml, struct report *r)
+{
+    char err[CONFIG_ERR_MAX];
+
+    memset(r, 0, sizeof(*r));
+    struct config *cfg = config_parse_report(yaml, strlen(yaml), "t.yaml", collect, r, err,
+                                             sizeof(err));
+    if (cfg)
+        config_free(cfg);
+    ck_assert_msg(cfg == NULL, "accepted:\n%s", yaml);
+    ck_assert_uint_ge(r->n, 1);
+    ck_assert_msg(strncmp(r->text, err, strlen(err)) == 0 && r->text[strlen(err)] == '\n',
+                  "err '%s' is not the first report:\n%s", err, r->text);
+}
+
+START_TEST(test_config__reports_every_error)
+{
+    static const char doc[] =
+        "listen:\n"                                        /* 1 */
+        "  mode: \"0660\"\n"                               /* 2 */
+        "  sokcet: /tmp/x\n"                               /* 3 */
+        "server:\n"                                        /* 4 */
+        "  log_level: loud\n"                              /* 5 */
+        "defaults: { max_attempts: 0, backoff_base_s: 90 }\n" /* 6 */
+        "sources:\n"                                       /* 7 */
+        "  - name: a\n"                                    /* 8 */
+        "    capability: chat\n"                           /* 9 */
+        "    base_url: http://h\n"                         /* 10 */
+        "    weight: 0\n"                                  /* 11 */
+        "    max_attempts: 2\n"                            /* 12 */
+        "  - name: a\n"                                    /* 13 */
+        "    capability: vision\n"                         /* 14 */
+        "    base_url: ftp://h\n"                          /* 15 */
+        "    weight: 1\n"                                  /* 16 */
+        "    weight: 2\n";                                 /* 17 */
+    struct report r;
+
+    report_all(doc, &r);
+    ck_assert_str_eq(r.text,
+        "t.yaml:3: listen.sokcet: unknown key; did you mean socket?\n"
+        "t.yaml:5: server.log_level: must be one of debug, info, warn, error\n"
+        "t.yaml:6: defaults.max_attempts: must be in [1, 1000], got 0\n"
+        "t.yaml:11: sources[0].weight: must be > 0, got 0\n"
+        "t.yaml:15: sources[1].base_url: must start with http:// or https://\n"
+        "t.yaml:17: sources[1].weight: duplicate key (first set at line 16)\n"
+        "t.yaml:6: defaults.backoff_base_s: must be <= backoff_max_s (60, inherited), got 90\n"
+        "t.yaml:12: sources[0].max_attempts: not a per-source key: a call's budgets span "
+        "every source of its capability; set it under defaults or capabilities.chat\n"
+        "t.yaml:13: sources[1].name: duplicate source name 'a' (first used by sources[0])\n"
+        "t.yaml:14: sources[1].capability: unknown capability 'vision' (not chat, embedding, "
+        "ocr, nor listed under capabilities:)\n");
+    ck_assert_uint_eq(r.n, 10);
+
+    /* A YAML syntax error ends the load: nothing after it can be read. */
+    report_all("server: { log_level: loud }\nlisten: [a\n", &r);
+    ck_assert_uint_eq(r.n, 1);
+    ck_assert_ptr_nonnull(strstr(r.text, "YAML syntax error"));
+}
+END_TEST
+
+START_TEST(test_config__unknown_key_hints)
+{
+    /* A key of another section: where it belongs. */
+    expect_reject("server:\n  socket: /tmp/s\n", 2, "server.socket",
+                  "unknown key; did you mean listen.socket?");
+    expect_reject("listen: { kind: redis }\n", 1, "listen.kind",
+                  "unknown key; did you mean backend.kind or sources[i].kind?");
+    expect_reject("max_attempts: 3\n", 1, "max_attempts", "unknown key; did you mean "
+                  "defaults.max_attempts or capabilities.NAME.max_attempts?");
+    expect_reject("defaults: { path: /x }\n", 1, "defaults.path",
+                  "unknown key; did you mean capabilities.NAME.path?");
+    expect_reject("timeout_s: 3\n", 1, "timeout_s", "did you mean sources[i].timeout_s?");
+    /* ... inside the element being walked: its own index or name. */
+    expect_reject(SRC0 SRC1 "    aimd: { failures: 3 }\n", 8, "sources[1].aimd.failures",
+                  "unknown key; did you mean sources[1].breaker.failures?");
+    expect_reject("capabilities: { vision: { path: /v, tasks: {} } }\n", 1,
+                  "capabilities.vision.tasks", "unknown key; did you mean tasks?");
+    expect_reject("listen: { ttl_s: 5 }\n", 1, "listen.ttl_s", "did you mean tasks.ttl_s?");
+    /* A typo: the nearest key of the same map (case, swaps, a missing suffix). */
+    expect_reject("listen:\n  sokcet: /x\n", 2, "listen.sokcet", "unknown key; did you mean socket?");
+    expect_reject("listen: { Mode: \"0600\" }\n", 1, "listen.Mode", "did you mean mode?");
+    expect_reject(SRC0 "    timeout: 5\n", 5, "sources[0].timeout",
+                  "unknown key; did you mean timeout_s?");
+    expect_reject(SRC0 "    breker: {}\n", 5, "sources[0].breker", "did you mean breaker?");
+    expect_reject("capabilities: { chat: { max_attempt: 2 } }\n", 1,
+                  "capabilities.chat.max_attempt", "did you mean max_attempts?");
+    expect_reject("source:\n  - {}\n", 1, "source", "unknown key; did you mean sources?");
+    /* Nothing near: no hint; forbidden or misplaced keys are never suggested. */
+    char err[CONFIG_ERR_MAX];
+    ck_assert_ptr_null(parse("listen:\n  colour: blue\n", err, sizeof(err)));
+    ck_assert_str_eq(err, "t.yaml:2: listen.colour: unknown key");
+    ck_assert_ptr_null(parse(SRC0 "    apikey: x\n", err, sizeof(err)));
+    ck_assert_str_eq(err, "t.yaml:5: sources[0].apikey: unknown key");
+    ck_assert_ptr_null(parse(SRC0 "    max_attempt: 2\n", err, sizeof(err)));
+    ck_assert_str_eq(err, "t.yaml:5: sources[0].max_attempt: unknown key");
+}
+END_TEST
+
+/* A rejected value is one error: no "is required", no rule comparing it
+ * (or what inherits it) with other values follows. */
+START_TEST(test_config__rejected_value_one_error)
+{
+    static const char *const docs[] = {
+        /* the name is rejected: not also "is required" nor a duplicate */
+        "sources:\n  - { name: \"bad name\", capability: chat, base_url: \"http://h\" }\n",
+        /* the capability is rejected: not also "unknown capability" */
+        "sources:\n  - { name: a, capability: \"x y\", base_url: \"http://h\" }\n",
+        /* a rejected kind: the Redis keys are not "only valid with kind: redis" */
+        "backend: { kind: redsi, url: \"redis://h:1/0\", prefix: p }\n",
+        /* a rejected aimd.min is not compared with initial */
+        SRC0 "    aimd: { min: -1 }\n",
+        /* a rejected backoff_max_s, inherited by every capability */
+        "defaults: { backoff_max_s: -1, backoff_base_s: 5 }\n",
+        /* a rejected stall window is not compared with the sources' ttft */
+        "defaults: { stall_window_s: fast }\n" SRC0 "    ttft_timeout_s: 100\n",
+        "capabilities: { chat: { stall_window_s: 0 } }\n" SRC0,
+        /* a source that is not a map: no "is required" */
+        "sources:\n  - 5\n",
+        /* a base_url of the wrong type still counts as written */
+        "sources:\n  - { name: a, capability: chat, base_url: [x] }\n",
+    };
+    struct report r;
+
+    for (size_t i = 0; i < sizeof(docs) / sizeof(docs[0]); i++) {
+        report_all(docs[i], &r);
+        ck_assert_msg(r.n == 1, "doc %zu: %u errors:\n%s", i, r.n, r.text);
+    }
+}
+END_TEST
+
+START_TEST(test_config__load_fifo_refused)
+{
+    char dir[] = "/tmp/polygw-test-fifo-XXXXXX", fifo[64], err[CONFIG_ERR_MAX], want[128];
+
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(fifo, sizeof(fifo), "%s/polygw.yaml", dir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    /* Nobody writes: opening it for reading must not wait for a writer. */
+    struct config *cfg = config_load(fifo, err, sizeof(err));
+    ck_assert_ptr_null(cfg);
+    snprintf(want, sizeof(want), "%s: not a regular file (a FIFO)", fifo);
+    ck_assert_str_eq(err, want);
+    unlink(fifo);
+    rmdir(dir);
+
+    ck_assert_ptr_null(config_load("/dev/null", err, sizeof(err)));
+    ck_assert_str_eq(err, "/dev/null: not a regular file (a character device)");
+    ck_assert_ptr_null(config_load("/tmp", err, sizeof(err)));
+    ck_assert_str_eq(err, "/tmp: not a regular file (a directory)");
+}
+END_TEST
+
+/* Many capabilities and sources: the indexes find every duplicate and every
+ * capability across their resizes (the scaling itself is measured by
+ * tests/bench/config_load.py, not asserted). */
+START_TEST(test_config__many_entries)
+{
+    enum { N = 3000 };
+    size_t cap = (size_t)N * 160 + 512, used = 0;
+    char *doc = malloc(cap);
+    struct report r;
+
+    ck_assert_ptr_nonnull(doc);
+#define PUT(...) (used += (size_t)snprintf(doc + used, cap - used, __VA_ARGS__))
+    PUT("capabilities:\n");
+    for (int i = 0; i < N; i++)
+        PUT("  c%d: { path: /c%d }\n", i, i);
+    PUT("sources:\n");
+    for (int i = 0; i < N; i++)
+        PUT("  - { name: s%d, capability: c%d, base_url: \"http://h\" }\n", i, N - 1 - i);
+    ck_assert_uint_lt(used, cap);
+    struct config *cfg = expect_ok(doc);
+    ck_assert_uint_eq(cfg->n_capabilities, N + 3);
+    ck_assert_uint_eq(cfg->n_sources, N);
+    for (size_t i = 0; i < N; i++) {
+        const struct config_source *s = &cfg->sources[i];
+        ck_assert_str_eq(cfg->capabilities[s->capability_index].name, s->capability);
+        ck_assert_uint_eq(s->capability_index, 3 + (N - 1 - i));
+    }
+    config_free(cfg);
+
+    /* One repeated capability key, one repeated source name, one unknown
+     * capability, at the far ends. */
+    PUT("  - { name: s7, capability: c0, base_url: \"http://h\" }\n");
+    PUT("  - { name: t, capability: c%d, base_url: \"http://h\" }\n", N);
+    PUT("  - { name: u, capability: c1, base_url: \"http://h\" }\n");
+    char *dup = malloc(used + 64);
+    ck_assert_ptr_nonnull(dup);
+    int k = snprintf(dup, used + 64, "capabilities:\n  c1: { path: /x }\n%s",
+                     doc + strlen("capabilities:\n"));
+    ck_assert_int_gt(k, 0);
+    report_all(dup, &r);
+    char want[512];
+    snprintf(want, sizeof(want),
+             "t.yaml:%d: capabilities.c1: duplicate key (first set at line 2)\n"
+             "t.yaml:%d: sources[%d].name: duplicate source name 's7' (first used by sources[7])\n"
+             "t.yaml:%d: sources[%d].capability: unknown capability 'c%d' (not chat, "
+             "embedding, ocr, nor listed under capabilities:)\n",
+             4, 2 * N + 4, N, 2 * N + 5, N + 1, N);
+    ck_assert_str_eq(r.text, want);
+#undef PUT
+    free(dup);
+    free(doc);
+}
+END_TEST
+
 Suite *config_suite(void)
 {
     Suite *s = suite_create("config");
@@ -1536,6 +1766,12 @@ Suite *config_suite(void)
     tcase_add_test(tc, test_config__auth_header_and_auth_query);
     tcase_add_test(tc, test_config__bad_kind_accepts_and_headers);
     tcase_add_test(tc, test_config__header_value_env_unset_never_quoted);
+    /* Every error, hints, scale */
+    tcase_add_test(tc, test_config__reports_every_error);
+    tcase_add_test(tc, test_config__unknown_key_hints);
+    tcase_add_test(tc, test_config__rejected_value_one_error);
+    tcase_add_test(tc, test_config__load_fifo_refused);
+    tcase_add_test(tc, test_config__many_entries);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -124,7 +124,18 @@ def test_sync_stalled_is_retry_later(make_sidecar, up):
             assert e.sources[0]["reason"] == "http_429"
 
 
-def test_sync_keyboard_interrupt_cancels_and_closes_upstream(sidecar, up):
+@pytest.fixture
+def sigint_raises():
+    """Python's own SIGINT handler (KeyboardInterrupt) for the test's
+    duration: a process started in the background (`nohup make test &`, some
+    CI runners) inherits SIGINT as ignored, and Python then never installs
+    it."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def test_sync_keyboard_interrupt_cancels_and_closes_upstream(sidecar, up, sigint_raises):
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("SIGINT reaches only the main thread")
     with polygw.Client(sidecar.sock) as c:

@@ -1,0 +1,97 @@
+#!/usr/bin/python3
+"""Megabyte seeds for the large-input pass of `make fuzz`.
+
+    tests/fuzz/large_seeds.py OUT_DIR [MAX_LEN]
+
+Writes OUT_DIR/<target>/seed-large-* for every target in tests/fuzz: inputs
+of the sizes the sidecar meets in practice (multi-megabyte frames, replies,
+streams and configs), each at most MAX_LEN bytes (default 4 MiB), in the
+input format of its target (see the header of tests/fuzz/fuzz_<target>.c).
+libFuzzer, even with -len_control=0, grows inputs only a little per
+mutation, so without these a run explores the big sizes barely at all.
+Deterministic: the same files every time.
+"""
+import json
+import os
+import sys
+
+import msgpack
+
+MIB = 1 << 20
+
+
+def call_frame(content):
+    return msgpack.packb([0, 1, "call", [{"capability": "chat", "body": {
+        "model": "m", "messages": [{"role": "user", "content": content}]}}]], use_bin_type=True)
+
+
+def seeds(max_len):
+    big = max_len * 3 // 4
+    out = {}
+
+    # frame: byte 0 picks the split point, then the client's byte stream.
+    out["frame"] = {
+        "one-huge-call": b"\x80" + call_frame("x" * big),
+        "many-pings": b"\x40" + msgpack.packb([0, 7, "ping", []]) * (big // 12),
+        "huge-array-header": b"\x10" + b"\xdd\xff\xff\xff\xff" + b"\xc0" * (big // 2),
+    }
+
+    # transcode: the same bytes are tried as upstream JSON and as msgpack.
+    n_items = big // 40
+    out["transcode"] = {
+        "json-long-string": json.dumps({"choices": [{"message": {
+            "content": "\u00e9a\\" * (big // 12)}}]}).encode(),
+        "json-wide-array": json.dumps({"data": [{"i": i, "f": i / 7.0} for i in range(n_items)]},
+                                      separators=(",", ":")).encode()[:max_len],
+        "msgpack-huge-call": call_frame("y" * big),
+    }
+
+    # sse: byte 0 seeds the chunk sizes, then the stream.
+    event = b'data: {"choices":[{"delta":{"content":"tok"}}]}\n\n'
+    out["sse"] = {
+        "many-events": b"\x05" + event * (big // len(event)) + b"data: [DONE]\n\n",
+        "one-huge-line": b"\x09" + b"data: " + b"z" * big + b"\n\n",
+        "huge-comment-run": b"\x11" + b": keep-alive\n" * (big // 13) + event,
+    }
+
+    # retry_after: one header value.
+    out["retry_after"] = {
+        "long-digits": b"9" * big,
+        "padded-delta": b" " * big + b"120",
+    }
+
+    # config: a YAML document.
+    lines = ["capabilities:"]
+    n = 1
+    while True:
+        lines.append("  c%d: { path: /c%d, max_attempts: 2 }" % (n, n))
+        lines.append("  - { name: s%d, capability: c%d, base_url: \"http://127.0.0.1:1\" }"
+                     % (n, n))
+        if sum(len(s) + 1 for s in lines) > big:
+            break
+        n += 1
+    caps = [l for l in lines[1:] if not l.startswith("  -")]
+    srcs = [l for l in lines[1:] if l.startswith("  -")]
+    doc = "\n".join(["capabilities:"] + caps + ["sources:"] + srcs) + "\n"
+    out["config"] = {
+        "many-sources": doc.encode(),
+        "long-scalar": ("listen: { socket: \"%s\" }\n" % ("s" * big)).encode(),
+    }
+    return out
+
+
+def main():
+    if len(sys.argv) not in (2, 3):
+        sys.exit(__doc__)
+    root = sys.argv[1]
+    max_len = int(sys.argv[2]) if len(sys.argv) == 3 else 4 * MIB
+    for target, files in seeds(max_len).items():
+        d = os.path.join(root, target)
+        os.makedirs(d, exist_ok=True)
+        for name, data in files.items():
+            with open(os.path.join(d, "seed-large-" + name), "wb") as f:
+                f.write(data[:max_len])
+
+
+if __name__ == "__main__":
+    main()
