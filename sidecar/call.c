@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "convert.h"
 #include "dialect.h"
 #include "governor.h"
 #include "log.h"
@@ -51,6 +52,8 @@
 enum body_form {
     BODY_AS_IS,          /* the body as the client sent it */
     BODY_STREAM_USAGE,   /* + stream_options.include_usage (OpenAI dialect streams) */
+    BODY_TO_ANTHROPIC,   /* an OpenAI chat body converted (accepts: openai), and the
+                          * answer converted back (convert.h) */
 };
 
 struct call {
@@ -76,6 +79,9 @@ struct call {
     enum body_form form;             /* the current attempt's */
     msgpack_sbuffer usage;           /* the `usage` map for the result, packed */
     struct dialect_usage tokens;     /* the current attempt's token counts */
+    uint32_t relayed;                /* chunks the current attempt relayed */
+    bool client_usage;               /* the body asks for stream_options.include_usage */
+    struct convert_stream conv;      /* BODY_TO_ANTHROPIC streams */
     struct task *task;               /* the task it belongs to, or NULL */
     struct task_wait *task_wait;     /* shared backend: its task is being checked */
     struct call *tprev, *tnext;      /* the task's calls (head in task->ud) */
@@ -363,6 +369,30 @@ static void call_keep_token_counts(struct call *k)
     }
 }
 
+/* Replaces the Messages reply in `body` (unpacked in `up`) by the
+ * chat.completion it stands for (the client sent an OpenAI body); returns
+ * the new body's usage (in `up`). */
+static const msgpack_object *call_convert_reply(struct call *k, msgpack_sbuffer *body,
+                                                msgpack_unpacked *up)
+{
+    msgpack_sbuffer conv;
+    msgpack_packer cpk;
+
+    msgpack_sbuffer_init(&conv);
+    msgpack_packer_init(&cpk, &conv, msgpack_sbuffer_write);
+    if (convert_chat_reply(&up->data, (int64_t)ev_now(k->conn->srv->loop), &cpk) < 0) {
+        msgpack_sbuffer_destroy(&conv);
+        return rpc_map_get(&up->data, "usage");
+    }
+    msgpack_sbuffer_destroy(body);
+    *body = conv;
+    msgpack_unpacked_destroy(up);
+    msgpack_unpacked_init(up);
+    if (msgpack_unpack_next(up, body->data, body->size, NULL) != MSGPACK_UNPACK_SUCCESS)
+        return NULL;
+    return rpc_map_get(&up->data, "usage");
+}
+
 /* A success: the plain body (already transcoded into `body`) or, for a
  * stream, the summary. */
 static void call_reply_success(struct call *k, const msgpack_sbuffer *body,
@@ -425,6 +455,8 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
         } else if (msgpack_unpack_next(&up, body.data, body.size, NULL) == MSGPACK_UNPACK_SUCCESS) {
             usage = rpc_map_get(&up.data, "usage");
             call_dialect(k)->scan_usage(usage, &k->tokens);
+            if (k->form == BODY_TO_ANTHROPIC)
+                usage = call_convert_reply(k, &body, &up);
         }
     } else if (res.outcome.kind == OUTCOME_SUCCESS && k->usage.size > 0 &&
                msgpack_unpack_next(&up, k->usage.data, k->usage.size, NULL) ==
@@ -453,7 +485,7 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
          * failed, the call ran out of the time it was given. */
         call_reply_error(k, PGW_DEADLINE_EXCEEDED, d.retry_after_s, &res);
         call_finish(k);
-    } else if (res.outcome.kind != OUTCOME_SUCCESS && k->stream && res.events > 0) {
+    } else if (res.outcome.kind != OUTCOME_SUCCESS && k->stream && k->relayed > 0) {
         /* Partial output was relayed: never replay it silently. */
         call_reply_error(k, PGW_STREAM_INTERRUPTED, d.retry_after_s, &res);
         call_finish(k);
@@ -514,6 +546,24 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
         msgpack_sbuffer_destroy(&sb);
         return ev.terminal;
     }
+    if (k->form == BODY_TO_ANTHROPIC) {
+        /* Relayed as the OpenAI chunk it stands for, if any. */
+        msgpack_sbuffer conv;
+        msgpack_packer cpk;
+        msgpack_sbuffer_init(&conv);
+        msgpack_packer_init(&cpk, &conv, msgpack_sbuffer_write);
+        msgpack_unpacked_init(&up);
+        int made = msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS &&
+                   convert_chat_event(&k->conv, &up.data, &cpk);
+        msgpack_unpacked_destroy(&up);
+        msgpack_sbuffer_destroy(&sb);
+        sb = conv;
+        if (!made) {
+            msgpack_sbuffer_destroy(&sb);
+            return ev.terminal;
+        }
+    }
+    k->relayed++;
 
     rpc_pack_notify_begin(&c->pk, "chunk");
     msgpack_pack_array(&c->pk, 2);
@@ -554,6 +604,8 @@ static struct call *call_find(struct conn *c, uint32_t msgid)
 static enum body_form call_body_form(const struct call *k, const struct config_source *src,
                                      const msgpack_object *body)
 {
+    if (src->accepts_openai)
+        return BODY_TO_ANTHROPIC;
     if (k->stream && src->stream_usage && dialect_get(src->kind)->stream_usage &&
         !rpc_map_get(body, "stream_options"))
         return BODY_STREAM_USAGE;
@@ -608,9 +660,19 @@ static int call_prepare_json(struct call *k, const struct config_source *src, ch
     msgpack_unpacked_init(&alt);
     if (form == BODY_STREAM_USAGE) {
         pack_with_stream_usage(body, &altbuf);
-        if (msgpack_unpack_next(&alt, altbuf.data, altbuf.size, NULL) == MSGPACK_UNPACK_SUCCESS)
-            body = &alt.data;
+    } else if (form == BODY_TO_ANTHROPIC) {
+        msgpack_packer apk;
+        msgpack_packer_init(&apk, &altbuf, msgpack_sbuffer_write);
+        if (convert_chat_request(body, &apk, why, whylen) < 0) {
+            msgpack_sbuffer_destroy(&altbuf);
+            msgpack_unpacked_destroy(&up);
+            k->json_ready = false;
+            return TRANSCODE_EINVALID;
+        }
     }
+    if (altbuf.size > 0 &&
+        msgpack_unpack_next(&alt, altbuf.data, altbuf.size, NULL) == MSGPACK_UNPACK_SUCCESS)
+        body = &alt.data;
     struct transcode_override ov = {
         .model = model,
         /* The `stream` parameter decides; a body's own "stream" key must not
@@ -716,6 +778,8 @@ static void call_run_attempt(struct call *k, size_t source)
     call_set_paused(k, false);
     msgpack_sbuffer_clear(&k->usage);
     k->tokens = (struct dialect_usage){-1, -1, -1};
+    k->relayed = 0;
+    convert_stream_init(&k->conv, (int64_t)ev_now(srv->loop), k->client_usage);
     k->attempt = attempt_start(srv->up, &as, &call_hooks, k);
     explicit_bzero(url, url_len); /* auth_query puts the key in it */
     free(url);
@@ -915,6 +979,9 @@ void call_start(struct conn *c, const struct rpc_msg *m)
     k->conn = c;
     k->msgid = m->msgid;
     k->stream = p[P_STREAM] && p[P_STREAM]->via.boolean;
+    const msgpack_object *so = rpc_map_get(rpc_map_get(p[P_BODY], "stream_options"),
+                                           "include_usage");
+    k->client_usage = so && so->type == MSGPACK_OBJECT_BOOLEAN && so->via.boolean;
     k->cap = &cfg->capabilities[ci];
     k->started = now;
     msgpack_sbuffer_init(&k->usage);

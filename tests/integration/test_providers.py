@@ -293,3 +293,94 @@ def test_providers__tpm_admits_by_the_real_stream_usage(make_sidecar, up):
     err, res, elapsed = call(c, "chat", chat("second"), deadline_s=1.0)
     assert err is not None and err["code"] in ("deadline_exceeded", "stalled"), (err, res)
     assert up.stats()["requests"] == 1
+
+
+# --------------------------------------- accepts: openai, cross-dialect failover
+def mixed(make_sidecar, anth, azure, anth_first=True):
+    """A chat capability with an Anthropic source that accepts OpenAI bodies
+    and an Azure source, in the given priority order."""
+    anth.require_auth("anthropic", KEY)
+    azure.require_auth("azure", KEY)
+    a = source("claude", anth.url, kind="anthropic", accepts="openai", model="claude-test",
+               priority=0 if anth_first else 1)
+    z = source("azure", azure_url(azure), kind="azure", api_version="2024-10-21",
+               priority=1 if anth_first else 0)
+    return start(make_sidecar, a, z)
+
+
+def openai_chat(text, **extra):
+    body = {"model": "gpt-4o", "messages": [{"role": "system", "content": "Be brief."},
+                                            {"role": "user", "content": text}]}
+    body.update(extra)
+    return body
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_providers__anthropic_down_azure_serves_openai_format(make_sidecar, up, up2, stream):
+    up.set_default({"status": 529})
+    sc = mixed(make_sidecar, up, up2, anth_first=True)
+    c = sc.connect()
+    if stream:
+        chunks, err, res = stream_call(c, "chat", openai_chat("via azure"))
+        assert err is None, err
+        assert "".join(ch["choices"][0]["delta"].get("content", "") for ch in chunks
+                       if ch["choices"]) == "via azure"
+        assert all(ch["object"] == "chat.completion.chunk" for ch in chunks)
+    else:
+        err, res, _ = call(c, "chat", openai_chat("via azure"))
+        assert err is None, err
+        assert res["body"]["object"] == "chat.completion"
+        assert res["body"]["choices"][0]["message"]["content"] == "via azure"
+    assert res["source"] == "azure" and res["attempts"] == 2
+    assert up.stats()["by_status"] == {"529": 1}
+    # What Anthropic was sent: the converted body.
+    sent = up.last()["json"]
+    assert up.last()["path"] == "/v1/messages"
+    assert sent["system"] == "Be brief." and sent["model"] == "claude-test"
+    assert sent["messages"] == [{"role": "user", "content": "via azure"}]
+    assert sent["max_tokens"] == 4096 and "stream_options" not in sent
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_providers__azure_down_anthropic_serves_openai_format(make_sidecar, up, up2, stream):
+    up2.set_default({"status": 503})
+    up.set_default({"usage": {"prompt_tokens": 30, "completion_tokens": 4}})
+    sc = mixed(make_sidecar, up, up2, anth_first=False)
+    c = sc.connect()
+    if stream:
+        chunks, err, res = stream_call(c, "chat", openai_chat("via claude", max_tokens=77))
+        assert err is None, err
+        assert all(ch["object"] == "chat.completion.chunk" for ch in chunks)
+        assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+        text = "".join(ch["choices"][0]["delta"].get("content", "") for ch in chunks)
+        assert text == "via claude"
+        assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+        assert up.last()["json"]["stream"] is True
+    else:
+        err, res, _ = call(c, "chat", openai_chat("via claude", max_tokens=77))
+        assert err is None, err
+        body = res["body"]
+        assert body["object"] == "chat.completion"
+        assert body["choices"][0]["message"] == {"role": "assistant", "content": "via claude"}
+        assert body["choices"][0]["finish_reason"] == "stop"
+        assert body["usage"] == {"prompt_tokens": 30, "completion_tokens": 4, "total_tokens": 34}
+    assert res["source"] == "claude" and res["attempts"] == 2
+    assert res["usage"] == {"prompt_tokens": 30, "completion_tokens": 4, "total_tokens": 34}
+    assert up.last()["json"]["max_tokens"] == 77
+    assert up2.stats()["by_status"] == {"503": 1}
+
+
+def test_providers__converted_stream_usage_chunk_only_when_asked(make_sidecar, up):
+    sc = start(make_sidecar, source("claude", up.url, kind="anthropic", accepts="openai"))
+    chunks, err, res = stream_call(sc.connect(), "chat",
+                                   openai_chat("u", stream_options={"include_usage": True}))
+    assert err is None, err
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == res["usage"]
+    assert "stream_options" not in up.last()["json"]
+
+
+def test_providers__unconvertible_body_is_bad_request(make_sidecar, up):
+    sc = start(make_sidecar, source("claude", up.url, kind="anthropic", accepts="openai"))
+    err, _, _ = call(sc.connect(), "chat", openai_chat("x", tools=[{"type": "function"}]))
+    assert err["code"] == "bad_request" and "body.tools" in err["message"]
+    assert up.stats()["requests"] == 0

@@ -24,6 +24,7 @@ int main(void)
         task_suite,
         redis_url_suite,
         dialect_suite,
+        convert_suite,
     };
     SRunner *sr = srunner_create(NULL);
 

@@ -20,5 +20,6 @@ Suite *gov_suite(void);
 Suite *task_suite(void);
 Suite *redis_url_suite(void);
 Suite *dialect_suite(void);
+Suite *convert_suite(void);
 
 #endif
