@@ -74,6 +74,7 @@ struct server {
     struct tasks_resync *resync;  /* running tasks being re-read after a gap */
     size_t task_imports;          /* Redis reads that may import a task, in flight */
     size_t task_retry_n;
+    struct redact *redact;        /* the sources' keys, scrubbed from relayed replies */
 };
 
 /* server.c */

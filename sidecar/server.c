@@ -41,6 +41,7 @@
 #include "governor.h"
 #include "tasks.h"
 #include "log.h"
+#include "redact.h"
 #include "shared.h"
 #include "upstream.h"
 
@@ -446,6 +447,31 @@ static void server_on_stop_timeout(struct ev_loop *loop, ev_timer *w, int revent
     ev_break(loop, EVBREAK_ALL);
 }
 
+/* Every key the sources send, for scrubbing replies (redact.h). */
+static int server_redact_init(struct server *srv)
+{
+    const struct config *cfg = srv->cfg;
+    size_t n = 0, max = cfg->n_sources;
+
+    for (size_t i = 0; i < cfg->n_sources; i++)
+        max += cfg->sources[i].n_headers;
+    const char **keys = calloc(max ? max : 1, sizeof(*keys));
+    if (!keys)
+        return -1;
+    for (size_t i = 0; i < cfg->n_sources; i++) {
+        const struct config_source *s = &cfg->sources[i];
+        keys[n++] = s->api_key;
+        /* Header values read from the environment or a file are secrets
+         * too (a literal `value` is in the file for anyone to read). */
+        for (size_t j = 0; j < s->n_headers; j++)
+            if (s->headers[j].value_env || s->headers[j].value_file)
+                keys[n++] = s->headers[j].value;
+    }
+    srv->redact = redact_new(keys, n);
+    free(keys);
+    return srv->redact ? 0 : -1;
+}
+
 int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, char *err,
                 size_t errlen)
 {
@@ -463,6 +489,10 @@ int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, ch
     if (!srv->socket_path) {
         snprintf(err, errlen, "out of memory");
         return -1;
+    }
+    if (server_redact_init(srv) < 0) {
+        snprintf(err, errlen, "out of memory");
+        goto fail_up;
     }
     /* Set up in dependency order; unwind in reverse on failure. */
     srv->up = upstream_new(loop, SERVER_DNS_LOOKUPS_PER_HOST, err, errlen);
@@ -501,6 +531,8 @@ fail_shared:
     upstream_free(srv->up);
     srv->up = NULL;
 fail_up:
+    redact_free(srv->redact);
+    srv->redact = NULL;
     free(srv->socket_path);
     srv->socket_path = NULL;
     return -1;
@@ -542,5 +574,6 @@ void server_fini(struct server *srv)
     tasks_fini(srv);
     upstream_free(srv->up);
     gov_fini(&srv->gov);
+    redact_free(srv->redact);
     free(srv->socket_path);
 }

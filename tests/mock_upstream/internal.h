@@ -102,8 +102,9 @@ struct behave {
     long long stream_events;     /* -1 = default */
     long long stream_interval_ms;
     bool no_done;
-    const char *body;            /* raw body override */
+    const char *body;            /* raw body override (hex digits when body_hex) */
     size_t body_len;
+    bool body_hex;               /* `body_hex`: body is the bytes spelled in hex */
     const char *content_type;
     const char *content;         /* reply text override */
     size_t content_len;

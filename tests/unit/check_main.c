@@ -25,6 +25,7 @@ int main(void)
         redis_url_suite,
         dialect_suite,
         convert_suite,
+        redact_suite,
     };
     SRunner *sr = srunner_create(NULL);
 

@@ -31,7 +31,7 @@ static const msgpack_object *to_msgpack(json_t *j, msgpack_sbuffer *sb, msgpack_
     msgpack_packer pk;
     msgpack_sbuffer_init(sb);
     msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
-    ck_assert_int_eq(transcode_json_to_msgpack(text, strlen(text), &pk, NULL, 0), 0);
+    ck_assert_int_eq(transcode_json_to_msgpack(text, strlen(text), &pk, NULL, NULL, 0), 0);
     free(text);
     msgpack_unpacked_init(up);
     ck_assert(msgpack_unpack_next(up, sb->data, sb->size, NULL) == MSGPACK_UNPACK_SUCCESS);

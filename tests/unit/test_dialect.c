@@ -19,7 +19,7 @@ static const msgpack_object *parse(struct parsed *p, const char *json)
     msgpack_packer pk;
     msgpack_sbuffer_init(&p->sb);
     msgpack_packer_init(&pk, &p->sb, msgpack_sbuffer_write);
-    ck_assert_int_eq(transcode_json_to_msgpack(json, strlen(json), &pk, NULL, 0), 0);
+    ck_assert_int_eq(transcode_json_to_msgpack(json, strlen(json), &pk, NULL, NULL, 0), 0);
     msgpack_unpacked_init(&p->up);
     ck_assert(msgpack_unpack_next(&p->up, p->sb.data, p->sb.size, NULL) == MSGPACK_UNPACK_SUCCESS);
     return &p->up.data;
