@@ -384,3 +384,21 @@ def test_providers__unconvertible_body_is_bad_request(make_sidecar, up):
     err, _, _ = call(sc.connect(), "chat", openai_chat("x", tools=[{"type": "function"}]))
     assert err["code"] == "bad_request" and "body.tools" in err["message"]
     assert up.stats()["requests"] == 0
+
+
+# ------------------------------------------------------------- retry hints
+def test_providers__retry_after_ms_is_the_retry_delay(make_sidecar, up):
+    up.script([{"status": 429, "headers": {"retry-after-ms": "400"}}, {}])
+    sc = start(make_sidecar, source("oa", up.url))
+    err, res, elapsed = call(sc.connect(), "chat", chat())
+    assert err is None, err
+    assert res["attempts"] == 2
+    assert elapsed >= 0.4, elapsed     # backoff_max_s is 0.1: the hint set the wait
+
+
+def test_providers__x_should_retry_false_is_not_retried(make_sidecar, up, up2):
+    up.set_default({"status": 503, "headers": {"x-should-retry": "false"}})
+    sc = start(make_sidecar, source("a", up.url, priority=0), source("b", up2.url, priority=1))
+    err, _, _ = call(sc.connect(), "chat", chat())
+    assert err["code"] == "upstream_rejected" and err["status"] == 503
+    assert err["attempts"] == 1 and up2.stats()["requests"] == 0
