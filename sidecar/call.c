@@ -821,8 +821,10 @@ static void call_run_attempt(struct call *k, size_t source)
 
     k->src = src;
     if (call_prepare_json(k, src, why, sizeof(why)) < 0) {
-        /* The body was checked at call_start and only the (validated)
-         * model differs between sources; call_end releases the reservation. */
+        /* The body was checked at call_start for the first source; another
+         * source differs by its (validated) model, or takes the body
+         * converted (accepts: openai), which may refuse what the first
+         * took (tools, images). call_end releases the reservation. */
         conn_reply_error(k->conn, k->msgid, PGW_BAD_REQUEST, why);
         call_finish(k);
         return;
