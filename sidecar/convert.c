@@ -46,13 +46,21 @@ static bool in_list(const msgpack_object *k, const char *const *list, size_t n)
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 
+/* msgpack_sbuffer_write without the empty write, which msgpack-c turns
+ * into pointer arithmetic on NULL when the buffer is still empty. */
+static void sb_put(msgpack_sbuffer *out, const char *p, size_t n)
+{
+    if (n > 0)
+        msgpack_sbuffer_write(out, p, n);
+}
+
 /* Appends the text of an OpenAI message content (a string, or an array of
  * {type: "text", text} parts) to `out`, parts joined by "\n". Returns 0, or
  * -1 for anything else (image parts, audio, ...). */
 static int content_text(const msgpack_object *c, msgpack_sbuffer *out)
 {
     if (c->type == MSGPACK_OBJECT_STR) {
-        msgpack_sbuffer_write(out, c->via.str.ptr, c->via.str.size);
+        sb_put(out, c->via.str.ptr, c->via.str.size);
         return 0;
     }
     if (c->type == MSGPACK_OBJECT_NIL)
@@ -65,8 +73,8 @@ static int content_text(const msgpack_object *c, msgpack_sbuffer *out)
         if (!rpc_str_is(rpc_map_get(part, "type"), "text") || !t || t->type != MSGPACK_OBJECT_STR)
             return -1;
         if (i > 0)
-            msgpack_sbuffer_write(out, "\n", 1);
-        msgpack_sbuffer_write(out, t->via.str.ptr, t->via.str.size);
+            sb_put(out, "\n", 1);
+        sb_put(out, t->via.str.ptr, t->via.str.size);
     }
     return 0;
 }
@@ -89,7 +97,7 @@ static int scan_messages(const msgpack_object *msgs, msgpack_sbuffer *system, ui
                         "an Anthropic source (send them to an OpenAI-dialect source)");
         if (rpc_str_is(role, "system") || rpc_str_is(role, "developer")) {
             if (system->size > 0)
-                msgpack_sbuffer_write(system, "\n\n", 2);
+                sb_put(system, "\n\n", 2);
             if (!content || content_text(content, system) < 0)
                 return fail(err, errlen, "%s", "body.messages: a system message must be text");
             continue;
@@ -276,7 +284,7 @@ int convert_chat_reply(const msgpack_object *msg, int64_t created, msgpack_packe
         const msgpack_object *b = &content->via.array.ptr[i];
         const msgpack_object *t = rpc_map_get(b, "text");
         if (rpc_str_is(rpc_map_get(b, "type"), "text") && t && t->type == MSGPACK_OBJECT_STR)
-            msgpack_sbuffer_write(&text, t->via.str.ptr, t->via.str.size);
+            sb_put(&text, t->via.str.ptr, t->via.str.size);
     }
     msgpack_pack_map(pk, 6);
     rpc_pack_str(pk, "id");
