@@ -402,3 +402,20 @@ def test_providers__x_should_retry_false_is_not_retried(make_sidecar, up, up2):
     err, _, _ = call(sc.connect(), "chat", chat())
     assert err["code"] == "upstream_rejected" and err["status"] == 503
     assert err["attempts"] == 1 and up2.stats()["requests"] == 0
+
+
+# ------------------------------------------------------ secrets in replies
+def test_providers__echoed_x_api_key_and_header_secret_are_redacted(make_sidecar, up):
+    """An upstream that echoes the x-api-key it got, or a secret header
+    (value_env), has them replaced in what the client sees; a literal
+    header value is not a secret and passes."""
+    up.set_default({"status": 401, "error_message": "bad key {{header:x-api-key}} / "
+                                                    "{{header:x-org}} / {{header:x-team}}"})
+    sc = start(make_sidecar, source("claude", up.url, kind="anthropic",
+                                    headers=[{"name": "X-Org", "value_env": "POLYGW_TEST_ORG"},
+                                             {"name": "X-Team", "value": "search"}]))
+    err, _, _ = call(sc.connect(), "chat", anthropic_body())
+    assert err["code"] == "upstream_rejected"
+    msg = err["upstream_body"]["error"]["message"]
+    assert msg == "bad key [redacted] / [redacted] / search", msg
+    assert KEY not in json.dumps(err) and "org-from-env" not in json.dumps(err)

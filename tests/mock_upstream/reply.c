@@ -198,35 +198,42 @@ static void reply_anthropic_error(struct conn *c, int status, const char *type, 
     reply_fixed(c, status, "application/json", sc->p, sc->len);
 }
 
-#define ECHO_AUTH "{{authorization}}"
+static const char *head_get(const struct conn *c, const char *name, size_t *vlen);
 
-/* Appends s[0..n) to b with each ECHO_AUTH replaced by the value of the
- * request's Authorization header (nothing when it has none): a script can
- * make the mock echo the key it was sent, as some providers do. */
+/* Appends s[0..n) to b with each {{authorization}} replaced by the value of
+ * the request's Authorization header, and each {{header:NAME}} by that of
+ * header NAME (nothing when the request has none): a script can make the
+ * mock echo the key it was sent, as some providers do. */
 static void add_expanded(struct conn *c, struct buf *b, const char *s, size_t n)
 {
-    const char *auth = NULL, *head = c->in.p, *end = c->in.p + c->head_len;
-    size_t alen = 0, k = sizeof(ECHO_AUTH) - 1;
+    const char *e = s + n, *hit;
 
-    for (const char *l = head; l && l < end;) {
-        const char *le = memmem(l, (size_t)(end - l), "\r\n", 2);
-        if (!le)
-            break;
-        if ((size_t)(le - l) > 14 && !strncasecmp(l, "authorization:", 14)) {
-            auth = l + 14;
-            while (auth < le && (*auth == ' ' || *auth == '\t'))
-                auth++;
-            alen = (size_t)(le - auth);
+    while ((hit = memmem(s, (size_t)(e - s), "{{", 2))) {
+        const char *name = hit + 2;
+        const char *close = memmem(name, (size_t)(e - name), "}}", 2);
+        size_t nl = close ? (size_t)(close - name) : 0;
+        char hname[64];
+        if (nl > 7 && !memcmp(name, "header:", 7)) {
+            name += 7;
+            nl -= 7;
+        } else if (!(nl == 13 && !memcmp(name, "authorization", 13))) {
+            nl = 0;
         }
-        l = le + 2;
-    }
-    for (const char *e = s + n, *hit; (hit = memmem(s, (size_t)(e - s), ECHO_AUTH, k));) {
+        if (nl == 0 || nl >= sizeof(hname)) {
+            buf_add(b, s, (size_t)(hit + 2 - s)); /* not a placeholder: kept as is */
+            s = hit + 2;
+            continue;
+        }
+        memcpy(hname, name, nl);
+        hname[nl] = '\0';
         buf_add(b, s, (size_t)(hit - s));
-        buf_add(b, auth, alen);
-        s = hit + k;
-        n = (size_t)(e - s);
+        size_t vl = 0;
+        const char *v = head_get(c, hname, &vl);
+        if (v)
+            buf_add(b, v, vl);
+        s = close + 2;
     }
-    buf_add(b, s, n);
+    buf_add(b, s, (size_t)(e - s));
 }
 
 /* A scripted error status, with the behaviour's pacing kept. */
