@@ -290,6 +290,10 @@ def test_providers__tpm_admits_by_the_real_stream_usage(make_sidecar, up):
     err, stats = c.request("stats")
     src = stats["sources"][0]
     assert src["tokens_used"] == 5000 and src["tpm_level"] < 100, src
+    err, res = c.request("metrics")
+    assert err is None, err
+    want = 'polygw_source_tokens_total{source="oa",capability="chat"} 5000'
+    assert want in res["text"].splitlines(), res["text"]
     err, res, elapsed = call(c, "chat", chat("second"), deadline_s=1.0)
     assert err is not None and err["code"] in ("deadline_exceeded", "stalled"), (err, res)
     assert up.stats()["requests"] == 1

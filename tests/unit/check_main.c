@@ -25,6 +25,8 @@ int main(void)
         redis_url_suite,
         dialect_suite,
         convert_suite,
+        prom_suite,
+        metrics_suite,
         redact_suite,
     };
     SRunner *sr = srunner_create(NULL);

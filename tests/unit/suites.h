@@ -21,6 +21,8 @@ Suite *task_suite(void);
 Suite *redis_url_suite(void);
 Suite *dialect_suite(void);
 Suite *convert_suite(void);
+Suite *prom_suite(void);
+Suite *metrics_suite(void);
 Suite *redact_suite(void);
 
 #endif
