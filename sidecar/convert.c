@@ -24,17 +24,27 @@ static int fail(char *err, size_t errlen, const char *fmt, const char *what)
 
 /* Keys refused: they change what the reply is, and a Messages upstream
  * would answer something else. */
-static const char *const refused_keys[] = {"tools", "functions", "tool_choice", "function_call",
-                                           "response_format", "audio", "modalities",
-                                           "prediction"};
+static const char *const refused_keys[] = { "tools",         "functions",       "tool_choice",
+                                            "function_call", "response_format", "audio",
+                                            "modalities",    "prediction" };
 /* OpenAI-only knobs that Messages has no word for and that do not change
  * what a plain text reply means. */
-static const char *const dropped_keys[] = {"n", "user", "seed", "presence_penalty",
-                                           "frequency_penalty", "logit_bias", "logprobs",
-                                           "top_logprobs", "stream_options", "store",
-                                           "parallel_tool_calls", "service_tier",
-                                           "max_completion_tokens", "max_tokens", "messages",
-                                           "stop"};
+static const char *const dropped_keys[] = { "n",
+                                            "user",
+                                            "seed",
+                                            "presence_penalty",
+                                            "frequency_penalty",
+                                            "logit_bias",
+                                            "logprobs",
+                                            "top_logprobs",
+                                            "stream_options",
+                                            "store",
+                                            "parallel_tool_calls",
+                                            "service_tier",
+                                            "max_completion_tokens",
+                                            "max_tokens",
+                                            "messages",
+                                            "stop" };
 
 static bool in_list(const msgpack_object *k, const char *const *list, size_t n)
 {
@@ -93,7 +103,8 @@ static int scan_messages(const msgpack_object *msgs, msgpack_sbuffer *system, ui
         msgpack_sbuffer scratch;
 
         if (rpc_map_get(m, "tool_calls") || rpc_map_get(m, "function_call"))
-            return fail(err, errlen, "%s", "body.messages: tool calls cannot be converted for "
+            return fail(err, errlen, "%s",
+                        "body.messages: tool calls cannot be converted for "
                         "an Anthropic source (send them to an OpenAI-dialect source)");
         if (rpc_str_is(role, "system") || rpc_str_is(role, "developer")) {
             if (system->size > 0)
@@ -103,13 +114,15 @@ static int scan_messages(const msgpack_object *msgs, msgpack_sbuffer *system, ui
             continue;
         }
         if (!rpc_str_is(role, "user") && !rpc_str_is(role, "assistant"))
-            return fail(err, errlen, "%s", "body.messages: only system, developer, user and "
+            return fail(err, errlen, "%s",
+                        "body.messages: only system, developer, user and "
                         "assistant messages can be converted for an Anthropic source");
         msgpack_sbuffer_init(&scratch);
         int rc = content ? content_text(content, &scratch) : -1;
         msgpack_sbuffer_destroy(&scratch);
         if (rc < 0)
-            return fail(err, errlen, "%s", "body.messages: only text content can be converted "
+            return fail(err, errlen, "%s",
+                        "body.messages: only text content can be converted "
                         "for an Anthropic source");
         (*turns)++;
     }
@@ -145,8 +158,7 @@ static void pack_messages(const msgpack_object *msgs, uint32_t turns, msgpack_pa
     }
 }
 
-int convert_chat_request(const msgpack_object *body, msgpack_packer *pk, char *err,
-                         size_t errlen)
+int convert_chat_request(const msgpack_object *body, msgpack_packer *pk, char *err, size_t errlen)
 {
     msgpack_sbuffer system;
     uint32_t turns, n = 0;
@@ -160,8 +172,10 @@ int convert_chat_request(const msgpack_object *body, msgpack_packer *pk, char *e
         char name[40];
         if (in_list(k, refused_keys, N_OF(refused_keys)) && v->type != MSGPACK_OBJECT_NIL) {
             rpc_quote_client_str(k->via.str.ptr, k->via.str.size, sizeof(name) - 1, name);
-            return fail(err, errlen, "body.%s: cannot be converted for an Anthropic source "
-                        "(send it to a source of its own dialect)", name);
+            return fail(err, errlen,
+                        "body.%s: cannot be converted for an Anthropic source "
+                        "(send it to a source of its own dialect)",
+                        name);
         }
         if (key_is(k, "n") && !(v->type == MSGPACK_OBJECT_POSITIVE_INTEGER && v->via.u64 == 1) &&
             v->type != MSGPACK_OBJECT_NIL)
@@ -179,12 +193,13 @@ int convert_chat_request(const msgpack_object *body, msgpack_packer *pk, char *e
     if (!maxt || maxt->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
         maxt = rpc_map_get(body, "max_tokens");
     const msgpack_object *stop = rpc_map_get(body, "stop");
-    bool has_stop = stop && (stop->type == MSGPACK_OBJECT_STR ||
-                             (stop->type == MSGPACK_OBJECT_ARRAY && stop->via.array.size > 0));
+    bool has_stop = stop &&
+        (stop->type == MSGPACK_OBJECT_STR ||
+         (stop->type == MSGPACK_OBJECT_ARRAY && stop->via.array.size > 0));
 
     for (uint32_t i = 0; i < body->via.map.size; i++)
         n += !in_list(&body->via.map.ptr[i].key, dropped_keys, N_OF(dropped_keys)) &&
-             !in_list(&body->via.map.ptr[i].key, refused_keys, N_OF(refused_keys));
+            !in_list(&body->via.map.ptr[i].key, refused_keys, N_OF(refused_keys));
     n += 2 + (system.size > 0) + has_stop; /* messages, max_tokens */
 
     msgpack_pack_map(pk, n);
@@ -237,8 +252,8 @@ static int64_t count(const msgpack_object *map, const char *key)
 {
     const msgpack_object *v = rpc_map_get(map, key);
     return v && v->type == MSGPACK_OBJECT_POSITIVE_INTEGER && v->via.u64 <= INT64_MAX
-               ? (int64_t)v->via.u64
-               : -1;
+        ? (int64_t)v->via.u64
+        : -1;
 }
 
 /* Anthropic's input count, cache reads and writes included. */
@@ -279,8 +294,8 @@ int convert_chat_reply(const msgpack_object *msg, int64_t created, msgpack_packe
     if (msg->type != MSGPACK_OBJECT_MAP)
         return CONVERT_EUNSUPPORTED;
     msgpack_sbuffer_init(&text);
-    for (uint32_t i = 0; content && content->type == MSGPACK_OBJECT_ARRAY &&
-                         i < content->via.array.size; i++) {
+    for (uint32_t i = 0;
+         content && content->type == MSGPACK_OBJECT_ARRAY && i < content->via.array.size; i++) {
         const msgpack_object *b = &content->via.array.ptr[i];
         const msgpack_object *t = rpc_map_get(b, "text");
         if (rpc_str_is(rpc_map_get(b, "type"), "text") && t && t->type == MSGPACK_OBJECT_STR)

@@ -49,8 +49,7 @@ enum {
  * Returns 0, or CONVERT_EUNSUPPORTED with a NUL-terminated reason naming the
  * key ("body.tools: tool calls cannot be converted ...") in err (may be NULL);
  * `pk` may then have received part of a value: discard it. */
-int convert_chat_request(const msgpack_object *body, msgpack_packer *pk, char *err,
-                         size_t errlen);
+int convert_chat_request(const msgpack_object *body, msgpack_packer *pk, char *err, size_t errlen);
 
 /* Packs the chat.completion for Messages reply `msg` into `pk`. `created` is
  * the Unix time to report. Returns 0, or CONVERT_EUNSUPPORTED when `msg` is

@@ -56,7 +56,8 @@ static void openai_scan_event(const msgpack_object *ev, struct dialect_event *ou
                 out->terminal = true;
         }
         /* The extra chunk stream_options.include_usage asks for. */
-        out->usage_only = choices->via.array.size == 0 && usage && usage->type == MSGPACK_OBJECT_MAP;
+        out->usage_only =
+            choices->via.array.size == 0 && usage && usage->type == MSGPACK_OBJECT_MAP;
     }
     const msgpack_object *err = rpc_map_get(ev, "error");
     if (err && err->type == MSGPACK_OBJECT_MAP) {
@@ -91,8 +92,8 @@ static void anthropic_scan_usage(const msgpack_object *usage, struct dialect_usa
 /* Error types Anthropic documents as worth retrying. */
 static bool anthropic_error_is_transient(const char *type)
 {
-    static const char *const transient[] = {"overloaded_error", "api_error", "rate_limit_error",
-                                            "timeout_error"};
+    static const char *const transient[] = { "overloaded_error", "api_error", "rate_limit_error",
+                                             "timeout_error" };
     for (size_t i = 0; i < sizeof(transient) / sizeof(transient[0]); i++)
         if (strcmp(type, transient[i]) == 0)
             return true;

@@ -28,7 +28,7 @@
 #include "outcome.h"
 
 enum dialect_kind {
-    DIALECT_OPENAI = 0,   /* default; also vLLM, Ollama, Groq, Gemini's OpenAI endpoint ... */
+    DIALECT_OPENAI = 0, /* default; also vLLM, Ollama, Groq, Gemini's OpenAI endpoint ... */
     DIALECT_AZURE,
     DIALECT_ANTHROPIC,
     DIALECT_COUNT
@@ -41,12 +41,12 @@ struct dialect_usage {
 
 /* What one stream event (its `data`, parsed) means. */
 struct dialect_event {
-    bool terminal;          /* the stream's last event (finish_reason, message_stop) */
-    bool usage_only;        /* nothing for the client but token counts (OpenAI's
-                             * include_usage chunk: "choices": []) */
-    bool error;             /* the upstream reported a failure inside the stream */
-    bool transient;         /* ... and it is worth retrying (overloaded, api_error) */
-    char error_type[48];    /* e.g. "overloaded_error"; printable ASCII */
+    bool terminal;              /* the stream's last event (finish_reason, message_stop) */
+    bool usage_only;            /* nothing for the client but token counts (OpenAI's
+                                 * include_usage chunk: "choices": []) */
+    bool error;                 /* the upstream reported a failure inside the stream */
+    bool transient;             /* ... and it is worth retrying (overloaded, api_error) */
+    char error_type[48];        /* e.g. "overloaded_error"; printable ASCII */
     struct dialect_usage usage; /* counts carried by this event, -1 where absent */
 };
 
@@ -82,10 +82,10 @@ int64_t dialect_usage_total(const struct dialect_usage *u);
 /* Retry hints beside Retry-After, as the OpenAI and Anthropic APIs send
  * them. Each value borrowed, NUL-terminated, "" when absent. */
 struct dialect_hints {
-    const char *retry_after_ms;   /* "retry-after-ms: 1500" */
-    const char *should_retry;     /* "x-should-retry: true|false" */
-    const char *reset_requests;   /* "x-ratelimit-reset-requests: 1s" (OpenAI: 6m0s, 20ms) */
-    const char *reset_tokens;     /* "x-ratelimit-reset-tokens: ..." */
+    const char *retry_after_ms; /* "retry-after-ms: 1500" */
+    const char *should_retry;   /* "x-should-retry: true|false" */
+    const char *reset_requests; /* "x-ratelimit-reset-requests: 1s" (OpenAI: 6m0s, 20ms) */
+    const char *reset_tokens;   /* "x-ratelimit-reset-tokens: ..." */
 };
 
 /* Refines an outcome already classified from the HTTP status:

@@ -21,7 +21,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static const struct transcode_j2m relayed = {.max_depth = RPC_RELAYED_MAX_DEPTH};
+static const struct transcode_j2m relayed = { .max_depth = RPC_RELAYED_MAX_DEPTH };
 
 /* The packed output must be one value that transcodes to JSON. */
 static void check_output(const msgpack_sbuffer *sb)

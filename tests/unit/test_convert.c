@@ -65,7 +65,7 @@ struct io {
     msgpack_sbuffer in, out;
     msgpack_unpacked up;
     msgpack_packer pk;
-    const msgpack_object *obj;      /* the input */
+    const msgpack_object *obj; /* the input */
 };
 
 static void io_begin(struct io *io, json_t *in)
@@ -86,7 +86,8 @@ START_TEST(test_convert__request_vectors)
 {
     json_t *v = vectors(), *c;
     size_t i;
-    json_array_foreach(json_object_get(v, "request"), i, c) {
+    json_array_foreach(json_object_get(v, "request"), i, c)
+    {
         const char *name = json_string_value(json_object_get(c, "name"));
         struct io io;
         char err[256] = "";
@@ -95,8 +96,8 @@ START_TEST(test_convert__request_vectors)
         json_t *want_err = json_object_get(c, "error");
         if (want_err) {
             ck_assert_msg(rc == CONVERT_EUNSUPPORTED, "%s: accepted", name);
-            ck_assert_msg(strstr(err, json_string_value(want_err)) != NULL, "%s: reason '%s'",
-                          name, err);
+            ck_assert_msg(strstr(err, json_string_value(want_err)) != NULL, "%s: reason '%s'", name,
+                          err);
         } else {
             ck_assert_msg(rc == 0, "%s: refused: %s", name, err);
             expect_json(name, &io.out, json_object_get(c, "out"));
@@ -112,7 +113,8 @@ START_TEST(test_convert__reply_vectors)
 {
     json_t *v = vectors(), *c;
     size_t i;
-    json_array_foreach(json_object_get(v, "reply"), i, c) {
+    json_array_foreach(json_object_get(v, "reply"), i, c)
+    {
         struct io io;
         io_begin(&io, json_object_get(c, "in"));
         ck_assert_int_eq(convert_chat_reply(io.obj, CREATED, &io.pk), 0);
@@ -129,13 +131,15 @@ START_TEST(test_convert__stream_vectors)
 {
     json_t *v = vectors(), *c;
     size_t i;
-    json_array_foreach(json_object_get(v, "stream"), i, c) {
+    json_array_foreach(json_object_get(v, "stream"), i, c)
+    {
         const char *name = json_string_value(json_object_get(c, "name"));
         json_t *outs = json_object_get(c, "out"), *ev;
         struct convert_stream st;
         size_t j, made = 0;
         convert_stream_init(&st, CREATED, json_is_true(json_object_get(c, "include_usage")));
-        json_array_foreach(json_object_get(c, "in"), j, ev) {
+        json_array_foreach(json_object_get(c, "in"), j, ev)
+        {
             struct io io;
             io_begin(&io, ev);
             if (convert_chat_event(&st, io.obj, &io.pk)) {
@@ -158,7 +162,7 @@ START_TEST(test_convert__reply_not_a_map)
 {
     msgpack_sbuffer out;
     msgpack_packer pk;
-    msgpack_object nil = {.type = MSGPACK_OBJECT_NIL};
+    msgpack_object nil = { .type = MSGPACK_OBJECT_NIL };
     msgpack_sbuffer_init(&out);
     msgpack_packer_init(&pk, &out, msgpack_sbuffer_write);
     ck_assert_int_eq(convert_chat_reply(&nil, CREATED, &pk), CONVERT_EUNSUPPORTED);
@@ -173,8 +177,8 @@ START_TEST(test_convert__long_id_and_model_truncated_safely)
     char big[600];
     memset(big, 'x', sizeof(big) - 1);
     big[sizeof(big) - 1] = '\0';
-    json_t *ev = json_pack("{s:s,s:{s:s,s:s}}", "type", "message_start", "message", "id", big,
-                           "model", big);
+    json_t *ev =
+        json_pack("{s:s,s:{s:s,s:s}}", "type", "message_start", "message", "id", big, "model", big);
     struct io io;
     struct convert_stream st;
     convert_stream_init(&st, CREATED, false);

@@ -62,15 +62,19 @@ START_TEST(test_dialect__openai_events)
          &ev);
     ck_assert(!ev.terminal && !ev.usage_only && !ev.error);
     ck_assert_int_eq(ev.usage.total, -1);
-    scan(DIALECT_OPENAI, "{\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}],"
-                         "\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4,"
-                         "\"total_tokens\":7}}", &ev);
+    scan(DIALECT_OPENAI,
+         "{\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}],"
+         "\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4,"
+         "\"total_tokens\":7}}",
+         &ev);
     ck_assert(ev.terminal && !ev.usage_only);
     ck_assert_int_eq(ev.usage.prompt, 3);
     ck_assert_int_eq(ev.usage.total, 7);
     /* The include_usage chunk: nothing but usage. */
-    scan(DIALECT_AZURE, "{\"choices\":[],\"usage\":{\"prompt_tokens\":5000,"
-                        "\"completion_tokens\":1,\"total_tokens\":5001}}", &ev);
+    scan(DIALECT_AZURE,
+         "{\"choices\":[],\"usage\":{\"prompt_tokens\":5000,"
+         "\"completion_tokens\":1,\"total_tokens\":5001}}",
+         &ev);
     ck_assert(ev.usage_only && !ev.terminal);
     ck_assert_int_eq(ev.usage.total, 5001);
     scan(DIALECT_OPENAI, "{\"error\":{\"type\":\"server_error\",\"message\":\"x\"}}", &ev);
@@ -82,19 +86,25 @@ END_TEST
 START_TEST(test_dialect__anthropic_events)
 {
     struct dialect_event ev;
-    struct dialect_usage acc = {-1, -1, -1};
+    struct dialect_usage acc = { -1, -1, -1 };
 
-    scan(DIALECT_ANTHROPIC, "{\"type\":\"message_start\",\"message\":{\"usage\":"
-                            "{\"input_tokens\":20,\"cache_read_input_tokens\":5,"
-                            "\"output_tokens\":1}}}", &ev);
+    scan(DIALECT_ANTHROPIC,
+         "{\"type\":\"message_start\",\"message\":{\"usage\":"
+         "{\"input_tokens\":20,\"cache_read_input_tokens\":5,"
+         "\"output_tokens\":1}}}",
+         &ev);
     ck_assert(!ev.terminal && !ev.error);
     ck_assert_int_eq(ev.usage.prompt, 25);
     dialect_usage_merge(&acc, &ev.usage);
-    scan(DIALECT_ANTHROPIC, "{\"type\":\"content_block_delta\",\"index\":0,"
-                            "\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}", &ev);
+    scan(DIALECT_ANTHROPIC,
+         "{\"type\":\"content_block_delta\",\"index\":0,"
+         "\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}",
+         &ev);
     ck_assert(!ev.terminal && ev.usage.prompt == -1 && ev.usage.completion == -1);
-    scan(DIALECT_ANTHROPIC, "{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":"
-                            "\"end_turn\"},\"usage\":{\"output_tokens\":9}}", &ev);
+    scan(DIALECT_ANTHROPIC,
+         "{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":"
+         "\"end_turn\"},\"usage\":{\"output_tokens\":9}}",
+         &ev);
     ck_assert(!ev.terminal);
     dialect_usage_merge(&acc, &ev.usage);
     ck_assert_int_eq(acc.prompt, 25);
@@ -102,8 +112,10 @@ START_TEST(test_dialect__anthropic_events)
     ck_assert_int_eq(dialect_usage_total(&acc), 34);
     scan(DIALECT_ANTHROPIC, "{\"type\":\"message_stop\"}", &ev);
     ck_assert(ev.terminal);
-    scan(DIALECT_ANTHROPIC, "{\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\","
-                            "\"message\":\"Overloaded\"}}", &ev);
+    scan(DIALECT_ANTHROPIC,
+         "{\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\","
+         "\"message\":\"Overloaded\"}}",
+         &ev);
     ck_assert(ev.error && ev.transient);
     ck_assert_str_eq(ev.error_type, "overloaded_error");
     scan(DIALECT_ANTHROPIC, "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\"}}",
@@ -119,8 +131,8 @@ START_TEST(test_dialect__plain_usage)
 {
     struct parsed p;
     struct dialect_usage u;
-    dialect_get(DIALECT_ANTHROPIC)->scan_usage(
-        parse(&p, "{\"input_tokens\":10,\"output_tokens\":4}"), &u);
+    dialect_get(DIALECT_ANTHROPIC)
+        ->scan_usage(parse(&p, "{\"input_tokens\":10,\"output_tokens\":4}"), &u);
     ck_assert_int_eq(dialect_usage_total(&u), 14);
     parsed_fini(&p);
     dialect_get(DIALECT_OPENAI)->scan_usage(parse(&p, "{\"prompt_tokens\":2}"), &u);
@@ -162,45 +174,45 @@ static struct outcome http(int status)
 START_TEST(test_dialect__retry_hints)
 {
     struct outcome o = http(429);
-    struct dialect_hints h = {"1500", "", "", ""};
+    struct dialect_hints h = { "1500", "", "", "" };
     dialect_apply_hints(&o, &h);
     ck_assert(fabs(o.retry_after_s - 1.5) < 1e-9);
 
     o = http(429);
-    h = (struct dialect_hints){"", "", "2s", "1m0s"};
+    h = (struct dialect_hints){ "", "", "2s", "1m0s" };
     dialect_apply_hints(&o, &h);
     ck_assert(fabs(o.retry_after_s - 60) < 1e-9);
 
     /* Retry-After wins over both. */
     outcome_from_http(&o, 429, "3", 0);
-    h = (struct dialect_hints){"1500", "", "9s", ""};
+    h = (struct dialect_hints){ "1500", "", "9s", "" };
     dialect_apply_hints(&o, &h);
     ck_assert(fabs(o.retry_after_s - 3) < 1e-9);
 
     /* Reset headers are about rate limits only. */
     o = http(503);
-    h = (struct dialect_hints){"", "", "9s", ""};
+    h = (struct dialect_hints){ "", "", "9s", "" };
     dialect_apply_hints(&o, &h);
     ck_assert(o.retry_after_s < 0);
 
     o = http(400);
-    h = (struct dialect_hints){"", "true", "", ""};
+    h = (struct dialect_hints){ "", "true", "", "" };
     dialect_apply_hints(&o, &h);
     ck_assert_int_eq(o.kind, OUTCOME_TRANSIENT);
 
     o = http(529);
-    h = (struct dialect_hints){"100", "false", "", ""};
+    h = (struct dialect_hints){ "100", "false", "", "" };
     dialect_apply_hints(&o, &h);
     ck_assert_int_eq(o.kind, OUTCOME_FAIL_FAST);
     ck_assert(o.retry_after_s < 0);
 
     o = http(200);
-    h = (struct dialect_hints){"100", "false", "", ""};
+    h = (struct dialect_hints){ "100", "false", "", "" };
     dialect_apply_hints(&o, &h);
     ck_assert_int_eq(o.kind, OUTCOME_SUCCESS);
 
     o = http(429);
-    h = (struct dialect_hints){"-5", "", "soon", ""};
+    h = (struct dialect_hints){ "-5", "", "soon", "" };
     dialect_apply_hints(&o, &h);
     ck_assert(o.retry_after_s < 0);
 }
