@@ -11,6 +11,8 @@ sidecar sent exactly what the provider expects.
 """
 import json
 import os
+import socket
+import subprocess
 import sys
 import time
 
@@ -423,3 +425,81 @@ def test_providers__echoed_x_api_key_and_header_secret_are_redacted(make_sidecar
     msg = err["upstream_body"]["error"]["message"]
     assert msg == "bad key [redacted] / [redacted] / search", msg
     assert KEY not in json.dumps(err) and "org-from-env" not in json.dumps(err)
+
+
+# ------------------------------------------------------------ HTTP front end
+def http_front(make_sidecar, *sources):
+    """A sidecar with the HTTP front end on a free loopback port; returns
+    (sidecar, base URL)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    text = config_yaml(list(sources), DEFAULTS) + 'http:\n  listen: "127.0.0.1:%d"\n' % port
+    sc = make_sidecar(config_text=text, env=ENV)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.02)
+    return sc, "http://127.0.0.1:%d" % port
+
+
+def curl(url, body):
+    """(HTTP status, body text) of one POST with curl."""
+    out = subprocess.run(["curl", "-s", "-N", "--max-time", "15", "-w", "\n%{http_code}",
+                          "-H", "Content-Type: application/json", "--data-binary",
+                          json.dumps(body), url], capture_output=True, timeout=20).stdout.decode()
+    text, _, status = out.rpartition("\n")
+    return int(status), text
+
+
+def sse_data(text):
+    return [line[6:] for line in text.split("\n") if line.startswith("data: ")]
+
+
+def test_providers__http_openai_stream_counts_real_tokens_and_hides_usage_chunk(make_sidecar, up):
+    sc, base = http_front(make_sidecar, source("oa", up.url))
+    status, text = curl(base + "/v1/chat/completions", chat("abc", stream=True, mock={
+        "usage_if_asked": True, "usage": {"prompt_tokens": 700, "completion_tokens": 2}}))
+    assert status == 200, text
+    data = sse_data(text)
+    assert data[-1] == "[DONE]"
+    assert all(json.loads(d)["choices"] for d in data[:-1]), data
+    assert up.last()["json"]["stream_options"] == {"include_usage": True}
+    err, stats = sc.connect().request("stats")
+    assert stats["sources"][0]["tokens_used"] == 702
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_providers__http_accepts_openai_answers_openai(make_sidecar, up, stream):
+    up.require_auth("anthropic", KEY)
+    sc, base = http_front(make_sidecar, source("claude", up.url, kind="anthropic",
+                                                accepts="openai", model="claude-test"))
+    status, text = curl(base + "/v1/chat/completions", openai_chat("converted", stream=stream))
+    assert status == 200, text
+    if stream:
+        data = sse_data(text)
+        assert data[-1] == "[DONE]"
+        chunks = [json.loads(d) for d in data[:-1]]
+        assert all(ch["object"] == "chat.completion.chunk" for ch in chunks)
+        assert "".join(ch["choices"][0]["delta"].get("content", "") for ch in chunks) == "converted"
+        assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    else:
+        reply = json.loads(text)
+        assert reply["object"] == "chat.completion"
+        assert reply["choices"][0]["message"]["content"] == "converted"
+    assert up.last()["path"] == "/v1/messages" and up.last()["json"]["system"] == "Be brief."
+
+
+def test_providers__http_messages_path_speaks_anthropic_sse(make_sidecar, up):
+    sc, base = http_front(make_sidecar, source("claude", up.url, kind="anthropic"))
+    status, text = curl(base + "/v1/messages", anthropic_body("sse", stream=True))
+    assert status == 200, text
+    names = [line[7:] for line in text.split("\n") if line.startswith("event: ")]
+    assert names[0] == "message_start" and names[-1] == "message_stop", names
+    assert "[DONE]" not in sse_data(text)
+    status, text = curl(base + "/v1/chat/completions", chat())
+    assert status == 404   # this chat capability is served at /v1/messages
