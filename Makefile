@@ -173,11 +173,8 @@ FUZZ_SECONDS ?= 60
 FUZZ_LARGE_SECONDS ?= $(FUZZ_SECONDS)
 FUZZ_MAX_LEN ?= 4194304
 FUZZ_CC      ?= clang
-# config.c checks Redis URLs with redis.c's parser, which brings the log
-# module and the compiled-in Lua scripts along.
-FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/transcode.c sidecar/config.c sidecar/redis.c \
-                sidecar/log.c
-FUZZ_OBJ     := $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(FUZZ_LIB_SRC)) $(BUILD)/fuzz/obj/gen/lua_scripts.o
+FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/transcode.c sidecar/config.c sidecar/redis_url.c
+FUZZ_OBJ     := $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(FUZZ_LIB_SRC))
 FUZZ_MAIN_OBJ := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/obj/tests/fuzz/fuzz_%.o)
 FUZZ_CFLAGS  := $(filter-out $(CFLAGS),$(ALL_CFLAGS)) -fsanitize=fuzzer-no-link,address,undefined \
                 -g -O1 -fno-sanitize-recover=undefined
@@ -188,11 +185,6 @@ FUZZ_REPLAY_OBJ := $(call obj,tests/fuzz/replay_main.c $(FUZZ_TARGETS:%=tests/fu
 .SECONDARY: $(FUZZ_REPLAY_OBJ) $(FUZZ_MAIN_OBJ) $(FUZZ_OBJ)
 
 $(BUILD)/fuzz/obj/%.o: %.c
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  FUZZCC  $<")
-	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
-
-$(BUILD)/fuzz/obj/gen/lua_scripts.o: $(LUA_GEN)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  FUZZCC  $<")
 	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@

@@ -32,7 +32,7 @@
  * must be absolute, so a pasted key is rejected before it could be echoed).
  */
 #include "config.h"
-#include "redis.h"
+#include "redis_url.h"
 
 #include <ctype.h>
 #include <errno.h>
