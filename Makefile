@@ -38,7 +38,7 @@ CHECK_LIBS = $(shell $(PKG_CONFIG) --libs check 2>/dev/null)
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
         -Wpointer-arith -Wformat=2 -Wno-format-nonliteral
 ALL_CFLAGS := -std=gnu11 -fPIC -D_GNU_SOURCE -DPGW_VERSION='"$(VERSION)"' \
-              -I. -Iproto -Isrc -Isidecar -Iclient/c $(WARN) $(PKG_CFLAGS) $(CFLAGS)
+              -I. -Ilib -Iproto -Isrc -Isidecar -Iclient/c $(WARN) $(PKG_CFLAGS) $(CFLAGS)
 ALL_LDFLAGS := $(LDFLAGS)
 
 ifeq ($(SAN),1)
@@ -47,7 +47,10 @@ ALL_CFLAGS  += $(SANFLAGS) -O1
 ALL_LDFLAGS += $(SANFLAGS)
 endif
 
-PROTO_SRC   := $(wildcard proto/*.c)
+# lib/ (buffer, list, UTF-8, JSON writer) depends on libc alone and is
+# linked wherever proto/ is: the daemon, libpolygw, the tests and tools.
+LIB_SRC     := $(wildcard lib/*.c)
+PROTO_SRC   := $(wildcard proto/*.c) $(LIB_SRC)
 CORE_SRC    := $(wildcard src/*.c)
 SIDECAR_SRC := $(filter-out sidecar/main.c,$(wildcard sidecar/*.c))
 CLIENT_SRC  := client/c/polygw.c
@@ -138,7 +141,7 @@ $(UNIT): $(call obj,$(UNIT_SRC)) $(SIDECAR_OBJ) $(CORE_OBJ) $(PROTO_OBJ) $(CLIEN
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS) $(CHECK_LIBS)
 
-$(MOCK): $(call obj,$(MOCK_SRC))
+$(MOCK): $(call obj,$(MOCK_SRC) $(LIB_SRC))
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS)
 

@@ -32,6 +32,7 @@
  * slow client never makes us buffer an unbounded stream.
  */
 #include "call.h"
+#include "dlist.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -47,6 +48,7 @@
 #include "tasks.h"
 #include "transcode.h"
 #include "upstream.h"
+#include "utf8.h"
 
 struct call {
     struct conn *conn;
@@ -64,7 +66,7 @@ struct call {
     struct gov_call g;               /* the governed loop's state */
     ev_timer wake_w;                 /* WAIT / backoff */
     msgpack_sbuffer body;            /* the client's body, packed (kept for retries) */
-    struct transcode_buf json;       /* its JSON for `json_model` */
+    struct strbuf json;       /* its JSON for `json_model` */
     const char *json_model;          /* model override `json` was made with */
     bool json_ready;
     msgpack_sbuffer usage;           /* last `usage` map seen in a stream, packed */
@@ -89,12 +91,7 @@ static void call_unlink(struct call *k)
 {
     struct conn *c = k->conn;
 
-    if (k->prev)
-        k->prev->next = k->next;
-    else
-        c->calls = k->next;
-    if (k->next)
-        k->next->prev = k->prev;
+    DLIST_UNLINK(c->calls, k, prev, next);
     c->in_flight--;
     c->srv->stats.in_flight--;
 }
@@ -119,23 +116,14 @@ static void call_set_paused(struct call *k, bool paused)
 static void call_task_link(struct call *k, struct task *t)
 {
     k->task = t;
-    k->tprev = NULL;
-    k->tnext = t->ud;
-    if (k->tnext)
-        k->tnext->tprev = k;
-    t->ud = k;
+    DLIST_PUSH(t->ud, k, tprev, tnext);
 }
 
 static void call_task_unlink(struct call *k)
 {
     if (!k->task)
         return;
-    if (k->tprev)
-        k->tprev->tnext = k->tnext;
-    else
-        k->task->ud = k->tnext;
-    if (k->tnext)
-        k->tnext->tprev = k->tprev;
+    DLIST_UNLINK(k->task->ud, k, tprev, tnext);
     k->task = NULL;
     k->tprev = k->tnext = NULL;
 }
@@ -160,7 +148,7 @@ static void call_end(struct call *k)
     call_unlink(k);
     msgpack_sbuffer_destroy(&k->usage);
     msgpack_sbuffer_destroy(&k->body);
-    transcode_buf_fini(&k->json);
+    strbuf_fini(&k->json);
     free(k);
     server_on_request_done(srv);
 }
@@ -200,40 +188,40 @@ static int relay_json(struct server *srv, const char *json, size_t len, msgpack_
 static void relay_text(struct server *srv, msgpack_packer *pk, const char *s, size_t n,
                        size_t max)
 {
-    struct transcode_buf clean, valid;
+    struct strbuf clean, valid;
 
-    transcode_buf_init(&clean);
-    transcode_buf_init(&valid);
+    strbuf_init(&clean);
+    strbuf_init(&valid);
     if (redact_copy(srv->redact, s, n, &clean) < 0 ||
-        transcode_utf8_repair(clean.data, clean.len, &valid) < 0)
+        utf8_repair(clean.data, clean.len, &valid) < 0)
         rpc_pack_str(pk, "(upstream text dropped: out of memory)");
     else
-        rpc_pack_strn(pk, valid.data, transcode_utf8_cut(valid.data, valid.len, max));
-    transcode_buf_fini(&clean);
-    transcode_buf_fini(&valid);
+        rpc_pack_strn(pk, valid.data, utf8_cut(valid.data, valid.len, max));
+    strbuf_fini(&clean);
+    strbuf_fini(&valid);
 }
 
 /* The same for a NUL-terminated text kept in buf[cap] (an error detail or
  * message that quotes upstream or curl text): rewritten in place. */
 static void relay_text_inplace(struct server *srv, char *buf, size_t cap)
 {
-    struct transcode_buf clean, valid;
+    struct strbuf clean, valid;
     size_t n = strnlen(buf, cap);
 
     if (n == 0)
         return;
-    transcode_buf_init(&clean);
-    transcode_buf_init(&valid);
+    strbuf_init(&clean);
+    strbuf_init(&valid);
     if (redact_copy(srv->redact, buf, n, &clean) < 0 ||
-        transcode_utf8_repair(clean.data, clean.len, &valid) < 0) {
+        utf8_repair(clean.data, clean.len, &valid) < 0) {
         snprintf(buf, cap, "(detail dropped: out of memory)");
     } else {
-        n = transcode_utf8_cut(valid.data, valid.len, cap - 1);
+        n = utf8_cut(valid.data, valid.len, cap - 1);
         memcpy(buf, valid.data, n);
         buf[n] = '\0';
     }
-    transcode_buf_fini(&clean);
-    transcode_buf_fini(&valid);
+    strbuf_fini(&clean);
+    strbuf_fini(&valid);
 }
 
 /* Packs an upstream error body as msgpack when it is JSON that fits, else
@@ -618,7 +606,7 @@ static int call_prepare_json(struct call *k, const char *model, char *why, size_
                   : rpc_map_get(&up.data, "stream") ? TRANSCODE_STREAM_FALSE
                                                     : TRANSCODE_STREAM_KEEP,
     };
-    transcode_buf_reset(&k->json);
+    strbuf_reset(&k->json);
     rc = transcode_msgpack_to_json(&up.data, &k->json, &ov, "body", why, whylen);
     msgpack_unpacked_destroy(&up);
     if (rc < 0)
@@ -900,7 +888,7 @@ void call_start(struct conn *c, const struct rpc_msg *m)
     k->started = now;
     msgpack_sbuffer_init(&k->usage);
     msgpack_sbuffer_init(&k->body);
-    transcode_buf_init(&k->json);
+    strbuf_init(&k->json);
     ev_init(&k->wake_w, call_on_wake_timer);
     k->wake_w.data = k;
 
@@ -922,7 +910,7 @@ void call_start(struct conn *c, const struct rpc_msg *m)
                          rc == TRANSCODE_EINVALID ? why : "out of memory");
         msgpack_sbuffer_destroy(&k->usage);
         msgpack_sbuffer_destroy(&k->body);
-        transcode_buf_fini(&k->json);
+        strbuf_fini(&k->json);
         free(k);
         free(tw);
         return;
@@ -931,10 +919,7 @@ void call_start(struct conn *c, const struct rpc_msg *m)
     k->src = first;
     if (task)
         call_task_link(k, task);
-    k->next = c->calls;
-    if (c->calls)
-        c->calls->prev = k;
-    c->calls = k;
+    DLIST_PUSH(c->calls, k, prev, next);
     c->in_flight++;
     srv->stats.in_flight++;
     if (tw) {

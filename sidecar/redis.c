@@ -86,6 +86,7 @@
  * one returns (STYLE rule 7); after user code we check `closing`.
  */
 #include "redis.h"
+#include "dlist.h"
 
 #include <arpa/inet.h>
 #include <hiredis/adapters/libev.h>
@@ -299,11 +300,7 @@ static void cmd_on_timeout(struct ev_loop *loop, ev_timer *w, int revents);
 static void cmd_link(struct rconn *cn, struct cmd *c)
 {
     c->cn = cn;
-    c->prev = NULL;
-    c->next = cn->live;
-    if (cn->live)
-        cn->live->prev = c;
-    cn->live = c;
+    DLIST_PUSH(cn->live, c, prev, next);
 }
 
 static void cmd_unlink(struct cmd *c)
@@ -312,13 +309,7 @@ static void cmd_unlink(struct cmd *c)
 
     if (!cn)
         return;
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        cn->live = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    c->prev = c->next = NULL;
+    DLIST_UNLINK(cn->live, c, prev, next);
     c->cn = NULL;
 }
 

@@ -37,6 +37,7 @@
  * refused fit; the write callback decides again (and may pause again).
  */
 #include "upstream.h"
+#include "dlist.h"
 
 #include <arpa/inet.h>
 #include <curl/curl.h>
@@ -257,11 +258,7 @@ void upstream_budget_on_drained(struct upstream_budget *b)
 static void budget_join(struct attempt *a, struct upstream_budget *b)
 {
     a->budget = b;
-    a->bprev = NULL;
-    a->bnext = b->members;
-    if (b->members)
-        b->members->bprev = a;
-    b->members = a;
+    DLIST_PUSH(b->members, a, bprev, bnext);
 }
 
 /* Uncharges and unlinks `a` (ended or cancelled). Idempotent. */
@@ -273,13 +270,7 @@ static void budget_leave(struct attempt *a)
         return;
     b->received -= a->charged;
     a->charged = 0;
-    if (a->bprev)
-        a->bprev->bnext = a->bnext;
-    else
-        b->members = a->bnext;
-    if (a->bnext)
-        a->bnext->bprev = a->bprev;
-    a->bprev = a->bnext = NULL;
+    DLIST_UNLINK(b->members, a, bprev, bnext);
     if (a->budget_blocked) {
         a->budget_blocked = false;
         b->blocked--;

@@ -32,6 +32,7 @@
  * freed by main.c's ev_prepare reaper, never under one of its own callbacks.
  */
 #include "internal.h"
+#include "dlist.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -142,13 +143,7 @@ void conn_close(struct conn *c, bool by_peer)
     m->st.tcp_open--;
     conn_release_answer(c);
     /* unlink from the live list, push on the dead list */
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        m->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    c->prev = NULL;
+    DLIST_UNLINK(m->conns, c, prev, next);
     c->next = m->dead;
     m->dead = c;
     c->state = CONN_CLOSED;
