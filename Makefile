@@ -43,7 +43,8 @@ ALL_LDFLAGS := $(LDFLAGS)
 
 ifeq ($(SAN),1)
 SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-ALL_CFLAGS  += $(SANFLAGS) -O1
+# PGW_CHECK_PACKING: every queued reply is parsed back (sidecar/conn.c).
+ALL_CFLAGS  += $(SANFLAGS) -O1 -DPGW_CHECK_PACKING
 ALL_LDFLAGS += $(SANFLAGS)
 endif
 

@@ -284,6 +284,59 @@ static void pack_sources(msgpack_packer *pk, const struct call *k, const struct 
     }
 }
 
+/* What a call's error carries beyond code and message (PROTOCOL.md §6.1):
+ * attempts, stalled_s and sources always; the others where they apply. */
+struct call_error {
+    double retry_after_s;              /* < 0: absent (no estimate) */
+    int http_status;                   /* 0: absent */
+    const struct attempt_result *last; /* the attempt that just ended, or NULL */
+    bool upstream_body;                /* relay last's body */
+    const char *reason;                /* a task stop's reason, or NULL */
+};
+
+/* The one packer of a call's error response. The map's size is counted
+ * from the same table that decides which fields are packed. */
+static void call_pack_error(struct call *k, enum pgw_code code, const char *msg,
+                            const struct call_error *e)
+{
+    enum { F_ATTEMPTS, F_STALLED, F_RETRY, F_STATUS, F_BODY, F_REASON, F_SOURCES, F_N };
+    const bool on[F_N] = {
+        [F_ATTEMPTS] = true,
+        [F_STALLED] = true,
+        [F_RETRY] = e->retry_after_s >= 0,
+        [F_STATUS] = e->http_status != 0,
+        [F_BODY] = e->upstream_body && e->last,
+        [F_REASON] = e->reason != NULL,
+        [F_SOURCES] = true,
+    };
+    msgpack_packer *pk = &k->conn->pk;
+    size_t n = 0;
+
+    for (size_t i = 0; i < F_N; i++)
+        n += on[i];
+    rpc_pack_error_begin(pk, k->msgid, code, msg, n);
+    rpc_pack_str(pk, "attempts");
+    msgpack_pack_uint32(pk, k->g.attempts);
+    rpc_pack_kv_double(pk, "stalled_s", gov_call_stalled_s(&k->g, ev_now(k->conn->srv->loop)));
+    if (on[F_RETRY])
+        rpc_pack_kv_double(pk, "retry_after_s", e->retry_after_s);
+    if (on[F_STATUS]) {
+        /* The last attempt's HTTP status (per-source ones are in `sources`). */
+        rpc_pack_str(pk, "status");
+        msgpack_pack_int(pk, e->http_status);
+    }
+    if (on[F_BODY]) {
+        rpc_pack_str(pk, "upstream_body");
+        pack_upstream_body(k->conn->srv, pk, e->last->body, e->last->body_len);
+    }
+    if (on[F_REASON])
+        rpc_pack_kv_str(pk, "reason", e->reason);
+    rpc_pack_str(pk, "sources");
+    pack_sources(pk, k, e->last);
+    rpc_pack_error_end(pk);
+    conn_response_done(k->conn, code);
+}
+
 /* The error answer. `last` is the attempt that just ended, if any (it
  * carries the upstream status and body of a rejection). A verdict reached
  * at the top of the loop (stalled, deadline_exceeded after a backoff) has no
@@ -293,7 +346,6 @@ static void pack_sources(msgpack_packer *pk, const struct call *k, const struct 
 static void call_reply_error(struct call *k, enum pgw_code code, double retry_after_s,
                              const struct attempt_result *last)
 {
-    msgpack_packer *pk = &k->conn->pk;
     double now = ev_now(k->conn->srv->loop);
     double stalled = gov_call_stalled_s(&k->g, now);
     const char *src = k->src ? k->src->name : "-";
@@ -352,26 +404,13 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
         break;
     }
     relay_text_inplace(k->conn->srv, msg, sizeof(msg)); /* %.160s may cut a character */
-    bool status = http_status != 0;
-    size_t extra = 4 + (status ? 1 : 0) + (rejected ? 1 : 0);
-    rpc_pack_error_begin(pk, k->msgid, code, msg, extra);
-    rpc_pack_str(pk, "attempts");
-    msgpack_pack_uint32(pk, k->g.attempts);
-    rpc_pack_kv_double(pk, "stalled_s", stalled);
-    rpc_pack_kv_double(pk, "retry_after_s", retry_after_s >= 0 ? retry_after_s : 0);
-    if (status) {
-        /* The last attempt's HTTP status (per-source ones are in `sources`). */
-        rpc_pack_str(pk, "status");
-        msgpack_pack_int(pk, http_status);
-    }
-    if (rejected) {
-        rpc_pack_str(pk, "upstream_body");
-        pack_upstream_body(k->conn->srv, pk, last->body, last->body_len);
-    }
-    rpc_pack_str(pk, "sources");
-    pack_sources(pk, k, last);
-    rpc_pack_error_end(pk);
-    conn_response_done(k->conn, code);
+    const struct call_error e = {
+        .retry_after_s = retry_after_s >= 0 ? retry_after_s : 0,
+        .http_status = http_status,
+        .last = last,
+        .upstream_body = rejected,
+    };
+    call_pack_error(k, code, msg, &e);
 }
 
 /* total_tokens of a usage map, or -1. */
@@ -954,12 +993,7 @@ int call_cancel(struct conn *c, uint32_t msgid)
         return -1;
     char msg[96];
     snprintf(msg, sizeof(msg), "cancelled by the client after %.3fs", call_elapsed(k));
-    rpc_pack_error_begin(&c->pk, msgid, PGW_CANCELLED, msg, 2);
-    rpc_pack_str(&c->pk, "attempts");
-    msgpack_pack_uint32(&c->pk, k->g.attempts);
-    rpc_pack_kv_double(&c->pk, "stalled_s", gov_call_stalled_s(&k->g, ev_now(c->srv->loop)));
-    rpc_pack_error_end(&c->pk);
-    conn_response_done(c, PGW_CANCELLED);
+    call_pack_error(k, PGW_CANCELLED, msg, &(struct call_error){.retry_after_s = -1});
     call_abort(k);
     return 0;
 }
@@ -968,11 +1002,7 @@ void call_fail_all(struct conn *c, enum pgw_code code, const char *message)
 {
     while (c->calls) {
         struct call *k = c->calls;
-        rpc_pack_error_begin(&c->pk, k->msgid, code, message, 1);
-        rpc_pack_str(&c->pk, "attempts");
-        msgpack_pack_uint32(&c->pk, k->g.attempts);
-        rpc_pack_error_end(&c->pk);
-        conn_response_done(c, code);
+        call_pack_error(k, code, message, &(struct call_error){.retry_after_s = -1});
         call_abort(k);
     }
 }
@@ -998,13 +1028,8 @@ void call_fail_task(struct task *t, enum pgw_code code, const char *message)
     while (t->ud) {
         struct call *k = t->ud;
         struct conn *c = k->conn;
-        rpc_pack_error_begin(&c->pk, k->msgid, code, message, 3);
-        rpc_pack_str(&c->pk, "attempts");
-        msgpack_pack_uint32(&c->pk, k->g.attempts);
-        rpc_pack_kv_double(&c->pk, "stalled_s", gov_call_stalled_s(&k->g, ev_now(c->srv->loop)));
-        rpc_pack_kv_str(&c->pk, "reason", task_reason(t));
-        rpc_pack_error_end(&c->pk);
-        conn_response_done(c, code);
+        call_pack_error(k, code, message,
+                        &(struct call_error){.retry_after_s = -1, .reason = task_reason(t)});
         call_abort(k); /* unlinks k from t */
         conn_flush(c);
     }

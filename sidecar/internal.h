@@ -110,6 +110,7 @@ struct conn {
     msgpack_packer pk;            /* packs straight into `out` */
     char *out;                    /* write queue: bytes [out_off, out_len) pending */
     size_t out_len, out_off, out_cap;
+    size_t out_unchecked;         /* PGW_CHECK_PACKING: bytes queued since the last check */
     struct upstream_budget budget; /* unsent output + replies being received */
     uint32_t in_flight;
     struct call *calls;           /* calls in flight (call.c) */
