@@ -177,7 +177,8 @@ FUZZ_SECONDS ?= 60
 FUZZ_LARGE_SECONDS ?= $(FUZZ_SECONDS)
 FUZZ_MAX_LEN ?= 4194304
 FUZZ_CC      ?= clang
-FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/transcode.c sidecar/config.c sidecar/redis_url.c
+FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/transcode.c sidecar/config.c sidecar/redis_url.c \
+                sidecar/yamltree.c sidecar/name_index.c
 FUZZ_OBJ     := $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(FUZZ_LIB_SRC))
 FUZZ_MAIN_OBJ := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/obj/tests/fuzz/fuzz_%.o)
 FUZZ_CFLAGS  := $(filter-out $(CFLAGS),$(ALL_CFLAGS)) -fsanitize=fuzzer-no-link,address,undefined \

@@ -81,12 +81,26 @@
  * only mark the records; the callers are failed from onDisconnect, which
  * knows the reason.
  *
+ * hiredis 0.14 work-arounds, each marked "hiredis 0.14:" where it lives,
+ * to delete on an upgrade to hiredis >= 1.1:
+ *  - per-command timers (cmd_start_timer, cmd_on_timeout): 1.0 has
+ *    redisAsyncSetTimeout();
+ *  - the connect and handshake bound (connect_w, conn_on_connect_timeout):
+ *    1.0 has redisOptions.connect_timeout (the handshake bound stays);
+ *  - the subscriber ping as a repeated SUBSCRIBE (sub_on_ping, sub_send,
+ *    the "Subscriber liveness" paragraph): a plain PING from PR #1027 (1.1);
+ *  - conn_detach(hiredis_frees): 1.0 runs onConnect and onDisconnect under
+ *    REDIS_IN_CALLBACK, so redisAsyncFree() becomes safe there.
+ * The host-name lookup off the loop (redis_resolve.c) is not one: every
+ * hiredis resolves synchronously inside redisAsyncConnect().
+ *
  * User code (command callbacks, hooks) may call rds_free(). `depth` counts
  * our frames on the stack, and the memory is released when the outermost
  * one returns (STYLE rule 7); after user code we check `closing`.
  */
 #include "redis.h"
 #include "dlist.h"
+#include "redis_resolve.h"
 
 #include <arpa/inet.h>
 #include <hiredis/adapters/libev.h>
@@ -95,9 +109,7 @@
 #include <limits.h>
 #include <math.h>
 #include <netdb.h>
-#include <pthread.h>
 #include <signal.h>
-#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -127,34 +139,9 @@ extern const char *const rds_script_name[RDS_N_SCRIPTS];
 #define RDS_PING_EVERY(timeout_s) fmax(1.0, 2.0 * (timeout_s))
 #define RDS_ERR_MAX 128
 #define RDS_SHA_LEN 40
-/* Lookup threads alive in the process, abandoned ones included: with a
- * resolver that hangs, each retry would otherwise leave one more thread
- * blocked in getaddrinfo(). Past the cap an attempt fails at once. */
-#define RDS_MAX_LOOKUPS 8
-
-static atomic_int rds_lookups;
-
 enum rconn_kind { RC_CMD, RC_SUB, RC_N };
 enum rconn_state { RC_DOWN, RC_RESOLVING, RC_CONNECTING, RC_HANDSHAKE, RC_UP };
 enum cmd_kind { CMD_USER, CMD_AUTH, CMD_SELECT, CMD_LOAD, CMD_TIME };
-
-/* One lookup of the host name on a detached thread. Shared by the thread
- * and the loop (two references); the loop gives up its reference when it
- * gets the answer or abandons the attempt (timeout, rds_free), the thread
- * when it is done, and the last one frees. The thread signals the loop only
- * while holding `mu` and only if the loop still wants the answer, so after
- * resolve_abandon() it never touches the loop or the watcher again. */
-struct resolve {
-    pthread_mutex_t mu;
-    int refs;
-    bool abandoned;                 /* the loop no longer wants the answer */
-    struct ev_loop *loop;
-    ev_async done_w;
-    struct rconn *cn;               /* loop side only */
-    int rc;                         /* getaddrinfo()'s, 0 = addr is set */
-    char addr[INET6_ADDRSTRLEN];
-    char host[256];
-};
 
 struct cmd {
     struct cmd *prev, *next;        /* the connection's live list */
@@ -181,7 +168,7 @@ struct rconn {
     enum rconn_kind kind;
     enum rconn_state state;
     redisAsyncContext *ac;          /* NULL unless CONNECTING, HANDSHAKE or UP */
-    struct resolve *res;            /* RESOLVING only */
+    struct rds_resolve *res;        /* RESOLVING only */
     ev_timer connect_w;
     ev_timer retry_w;
     unsigned failures;              /* failed attempts in a row: the backoff exponent */
@@ -349,6 +336,7 @@ static void rds_on_flush(struct ev_loop *loop, ev_prepare *w, int revents)
     rds_leave(r);
 }
 
+/* hiredis 0.14: no async command timeout of its own. */
 static void cmd_start_timer(struct rds *r, struct cmd *c)
 {
     ev_set_cb(&c->timer_w, cmd_on_timeout);
@@ -388,87 +376,16 @@ static void fail_list(struct rds *r, struct cmd *list, const char *why)
     }
 }
 
-/* --- resolver thread ------------------------------------------------- */
-
-static void resolve_destroy(struct resolve *res)
-{
-    pthread_mutex_destroy(&res->mu);
-    free(res);
-}
-
-static void *resolve_main(void *arg)
-{
-    struct resolve *res = arg;
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
-    char addr[INET6_ADDRSTRLEN] = "";
-
-    int rc = getaddrinfo(res->host, NULL, &hints, &ai);
-    if (rc == 0) {
-        /* IPv4 first, as hiredis' own resolution does. */
-        const struct addrinfo *pick = NULL;
-        for (const struct addrinfo *a = ai; a && !pick; a = a->ai_next)
-            if (a->ai_family == AF_INET)
-                pick = a;
-        for (const struct addrinfo *a = ai; a && !pick; a = a->ai_next)
-            if (a->ai_family == AF_INET6)
-                pick = a;
-        if (!pick)
-            rc = EAI_FAMILY;
-        else if (pick->ai_family == AF_INET)
-            inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)pick->ai_addr)->sin_addr,
-                      addr, sizeof(addr));
-        else
-            inet_ntop(AF_INET6,
-                      &((const struct sockaddr_in6 *)(const void *)pick->ai_addr)->sin6_addr, addr,
-                      sizeof(addr));
-        freeaddrinfo(ai);
-    }
-
-    pthread_mutex_lock(&res->mu);
-    res->rc = rc;
-    memcpy(res->addr, addr, sizeof(addr));
-    if (!res->abandoned)
-        ev_async_send(res->loop, &res->done_w);
-    bool last = --res->refs == 0;
-    pthread_mutex_unlock(&res->mu);
-    if (last)
-        resolve_destroy(res);
-    atomic_fetch_sub(&rds_lookups, 1);
-    return NULL;
-}
-
-/* Drops the loop's reference. The watcher is stopped under the mutex, so
- * the thread can no longer be inside ev_async_send() on it. */
-static void resolve_abandon(struct resolve *res)
-{
-    pthread_mutex_lock(&res->mu);
-    res->abandoned = true;
-    ev_async_stop(res->loop, &res->done_w);
-    bool last = --res->refs == 0;
-    pthread_mutex_unlock(&res->mu);
-    if (last)
-        resolve_destroy(res);
-}
+/* --- host-name lookup (redis_resolve.h) ------------------------------ */
 
 static void conn_connect(struct rconn *cn, const char *ip);
 
-static void resolve_on_done(struct ev_loop *loop, ev_async *w, int revents)
+static void conn_on_resolved(int rc, const char *addr, void *ud)
 {
-    struct resolve *res = w->data;
-    struct rconn *cn = res->cn;
+    struct rconn *cn = ud;
     struct rds *r = cn->r;
-    char addr[INET6_ADDRSTRLEN];
-    int rc;
 
-    (void)loop;
-    (void)revents;
-    pthread_mutex_lock(&res->mu);
-    rc = res->rc;
-    memcpy(addr, res->addr, sizeof(addr));
-    pthread_mutex_unlock(&res->mu);
     cn->res = NULL;
-    resolve_abandon(res);
-
     rds_enter(r);
     if (rc != 0) {
         char why[RDS_ERR_MAX];
@@ -478,56 +395,6 @@ static void resolve_on_done(struct ev_loop *loop, ev_async *w, int revents)
         conn_connect(cn, addr);
     }
     rds_leave(r);
-}
-
-/* Returns 0, -1 (out of resources) or -2 (too many lookups in flight). */
-static int resolve_start(struct rconn *cn)
-{
-    struct rds *r = cn->r;
-    struct resolve *res;
-    pthread_attr_t attr;
-    pthread_t tid;
-    sigset_t all, old;
-
-    if (atomic_fetch_add(&rds_lookups, 1) >= RDS_MAX_LOOKUPS) {
-        atomic_fetch_sub(&rds_lookups, 1);
-        return -2;
-    }
-    res = calloc(1, sizeof(*res));
-    if (!res || pthread_mutex_init(&res->mu, NULL) != 0) {
-        free(res);
-        atomic_fetch_sub(&rds_lookups, 1);
-        return -1;
-    }
-    res->refs = 2;
-    res->loop = r->loop;
-    res->cn = cn;
-    snprintf(res->host, sizeof(res->host), "%s", r->addr.host);
-    ev_async_init(&res->done_w, resolve_on_done);
-    res->done_w.data = res;
-    ev_async_start(r->loop, &res->done_w);
-
-    if (pthread_attr_init(&attr) != 0) {
-        ev_async_stop(r->loop, &res->done_w);
-        resolve_destroy(res);
-        atomic_fetch_sub(&rds_lookups, 1);
-        return -1;
-    }
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    /* The thread inherits a full signal mask: signals stay with the loop. */
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int rc = pthread_create(&tid, &attr, resolve_main, res);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    pthread_attr_destroy(&attr);
-    if (rc != 0) {
-        ev_async_stop(r->loop, &res->done_w);
-        resolve_destroy(res);
-        atomic_fetch_sub(&rds_lookups, 1);
-        return -1;
-    }
-    cn->res = res;
-    return 0;
 }
 
 /* --- connection state machine ---------------------------------------- */
@@ -543,7 +410,8 @@ static void conn_set_state(struct rconn *cn, enum rconn_state to)
 
 /* Ends the connection or the attempt: no timer, no lookup, no context (ours
  * is freed unless hiredis is freeing it), and returns the live list for
- * fail_list(). Runs no user code. */
+ * fail_list(). Runs no user code. hiredis 0.14: `hiredis_frees` (see the
+ * top comment). */
 static struct cmd *conn_detach(struct rconn *cn, bool hiredis_frees)
 {
     struct rds *r = cn->r;
@@ -551,7 +419,7 @@ static struct cmd *conn_detach(struct rconn *cn, bool hiredis_frees)
 
     ev_timer_stop(r->loop, &cn->connect_w);
     if (cn->res) {
-        resolve_abandon(cn->res);
+        rds_resolve_abandon(cn->res);
         cn->res = NULL;
     }
     cn->live = NULL;
@@ -733,7 +601,7 @@ static void sub_on_reply(redisAsyncContext *ac, void *reply_, void *privdata)
 }
 
 /* ping_w: sends the subscriber's ping, or finds it unanswered (see the top
- * comment). */
+ * comment). hiredis 0.14: the ping is a SUBSCRIBE. */
 static void sub_on_ping(struct ev_loop *loop, ev_timer *w, int revents)
 {
     struct rconn *cn = w->data;
@@ -898,7 +766,7 @@ static void conn_attempt(struct rconn *cn)
         return;
     }
     conn_set_state(cn, RC_RESOLVING);
-    int rc = resolve_start(cn);
+    int rc = rds_resolve_start(r->loop, r->addr.host, conn_on_resolved, cn, &cn->res);
     if (rc == -2)
         conn_fail(cn, "too many host-name lookups in flight (is the resolver hanging?)", false);
     else if (rc < 0)
@@ -918,6 +786,7 @@ static void conn_on_retry(struct ev_loop *loop, ev_timer *w, int revents)
     rds_leave(r);
 }
 
+/* hiredis 0.14: no connect timeout of its own. */
 static void conn_on_connect_timeout(struct ev_loop *loop, ev_timer *w, int revents)
 {
     struct rconn *cn = w->data;
