@@ -600,7 +600,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     conn_flush(c);
     if (c->closed)
         return -1;
-    if (!k->paused && c->out_len - c->out_off > c->srv->cfg->max_write_queue_bytes) {
+    if (!k->paused && c->out.len - c->out_off > c->srv->cfg->max_write_queue_bytes) {
         call_set_paused(k, true);
         attempt_pause(a);
     }

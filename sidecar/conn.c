@@ -56,33 +56,21 @@ static int conn_append(void *data, const char *buf, size_t len)
 
     if (c->oom)
         return -1;
-    if (c->out_off > 0 && c->out_off == c->out_len) {
-        c->out_off = c->out_len = 0;
+    if (c->out_off > 0 && c->out_off == c->out.len) {
+        c->out_off = c->out.len = 0;
     }
-    if (c->out_len + len > c->out_cap) {
-        /* Reclaim the written prefix before growing. */
-        if (c->out_off > 0) {
-            memmove(c->out, c->out + c->out_off, c->out_len - c->out_off);
-            c->out_len -= c->out_off;
-            c->out_off = 0;
-        }
-        if (c->out_len + len > c->out_cap) {
-            size_t cap = c->out_cap ? c->out_cap : 4096;
-            while (cap < c->out_len + len)
-                cap *= 2;
-            char *p = realloc(c->out, cap);
-            if (!p) {
-                c->oom = true;
-                return -1;
-            }
-            c->out = p;
-            c->out_cap = cap;
-        }
+    /* Reclaim the written prefix before growing. */
+    if (c->out_off > 0 && c->out.cap - c->out.len <= len) {
+        memmove(c->out.data, c->out.data + c->out_off, c->out.len - c->out_off);
+        c->out.len -= c->out_off;
+        c->out_off = 0;
     }
-    memcpy(c->out + c->out_len, buf, len);
-    c->out_len += len;
+    if (strbuf_put(&c->out, buf, len) < 0) {
+        c->oom = true;
+        return -1;
+    }
     c->out_unchecked += len;
-    c->budget.held = c->out_len - c->out_off;
+    c->budget.held = c->out.len - c->out_off;
     return 0;
 }
 
@@ -122,7 +110,7 @@ void conn_free(struct conn *c)
 {
     msgpack_unpacked_destroy(&c->frame);
     frame_reader_fini(&c->reader);
-    free(c->out);
+    strbuf_fini(&c->out);
     free(c);
 }
 
@@ -163,7 +151,7 @@ void conn_close_after_flush(struct conn *c)
         return;
     c->closing = true;
     conn_stop_reading(c);
-    if (c->out_len == c->out_off) {
+    if (c->out.len == c->out_off) {
         conn_close(c, "flushed");
         return;
     }
@@ -206,7 +194,7 @@ static void conn_on_idle(struct ev_loop *loop, ev_timer *w, int revents)
  * Streams paused by their call (call.c) follow the unsent output alone. */
 static void conn_apply_backpressure(struct conn *c)
 {
-    size_t queued = c->out_len - c->out_off;
+    size_t queued = c->out.len - c->out_off;
     size_t pending = queued + c->budget.received;
     size_t limit = c->srv->cfg->max_write_queue_bytes;
 
@@ -240,9 +228,9 @@ static void conn_check_packing(struct conn *c)
     size_t n = c->out_unchecked;
 
     c->out_unchecked = 0;
-    if (c->oom || n == 0 || n > c->out_len - c->out_off)
+    if (c->oom || n == 0 || n > c->out.len - c->out_off)
         return;
-    if (rpc_check_messages(c->out + c->out_len - n, n, why, sizeof(why)) < 0) {
+    if (rpc_check_messages(c->out.data + c->out.len - n, n, why, sizeof(why)) < 0) {
         fprintf(stderr, "polygw: conn %llu packed a malformed message: %s\n",
                 (unsigned long long)c->id, why);
         abort();
@@ -264,8 +252,8 @@ void conn_flush(struct conn *c)
         conn_close(c, "out of memory queueing a reply");
         return;
     }
-    while (c->out_off < c->out_len) {
-        ssize_t n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
+    while (c->out_off < c->out.len) {
+        ssize_t n = send(c->fd, c->out.data + c->out_off, c->out.len - c->out_off, MSG_NOSIGNAL);
         if (n > 0) {
             c->out_off += (size_t)n;
             c->srv->stats.bytes_out += (uint64_t)n;
@@ -279,13 +267,10 @@ void conn_flush(struct conn *c)
         conn_close(c, "write failed");
         return;
     }
-    if (c->out_off == c->out_len) {
-        c->out_off = c->out_len = 0;
-        if (c->out_cap > CONN_KEEP_BUFFER_BYTES) {
-            free(c->out);
-            c->out = NULL;
-            c->out_cap = 0;
-        }
+    if (c->out_off == c->out.len) {
+        c->out_off = c->out.len = 0;
+        if (c->out.cap > CONN_KEEP_BUFFER_BYTES)
+            strbuf_fini(&c->out);
         ev_io_stop(c->srv->loop, &c->wio);
         if (c->closing) {
             conn_close(c, "flushed");
@@ -294,7 +279,7 @@ void conn_flush(struct conn *c)
     } else if (!ev_is_active(&c->wio)) {
         ev_io_start(c->srv->loop, &c->wio);
     }
-    c->budget.held = c->out_len - c->out_off;
+    c->budget.held = c->out.len - c->out_off;
     upstream_budget_on_drained(&c->budget);
     conn_apply_backpressure(c);
 }

@@ -16,6 +16,7 @@
 #include "config.h"
 #include "frame.h"
 #include "rpc.h"
+#include "strbuf.h"
 #include "upstream.h"
 
 struct conn;
@@ -108,8 +109,8 @@ struct conn {
     size_t input_bytes;           /* its share of srv->input_bytes */
     msgpack_unpacked frame;
     msgpack_packer pk;            /* packs straight into `out` */
-    char *out;                    /* write queue: bytes [out_off, out_len) pending */
-    size_t out_len, out_off, out_cap;
+    struct strbuf out;            /* write queue: bytes [out_off, out.len) pending */
+    size_t out_off;
     size_t out_unchecked;         /* PGW_CHECK_PACKING: bytes queued since the last check */
     struct upstream_budget budget; /* unsent output + replies being received */
     uint32_t in_flight;
