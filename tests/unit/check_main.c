@@ -24,6 +24,9 @@ int main(void)
         task_suite,
         redis_url_suite,
         redact_suite,
+        lib_suite,
+        yamltree_suite,
+        redis_resolve_suite,
     };
     SRunner *sr = srunner_create(NULL);
 

@@ -20,5 +20,8 @@ Suite *gov_suite(void);
 Suite *task_suite(void);
 Suite *redis_url_suite(void);
 Suite *redact_suite(void);
+Suite *lib_suite(void);
+Suite *yamltree_suite(void);
+Suite *redis_resolve_suite(void);
 
 #endif
