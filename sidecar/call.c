@@ -42,6 +42,7 @@
 
 #include "governor.h"
 #include "log.h"
+#include "metrics.h"
 #include "redact.h"
 #include "shared.h"
 #include "task.h"
@@ -75,6 +76,7 @@ struct call {
     struct task *task;               /* the task it belongs to, or NULL */
     struct task_wait *task_wait;     /* shared backend: its task is being checked */
     struct call *tprev, *tnext;      /* the task's calls (head in task->ud) */
+    enum pgw_code code;              /* how it was answered (PGW_CANCELLED: not answered) */
 };
 
 static void call_step(struct call *k);
@@ -128,6 +130,22 @@ static void call_task_unlink(struct call *k)
     k->tprev = k->tnext = NULL;
 }
 
+static double call_elapsed(const struct call *k)
+{
+    return ev_now(k->conn->srv->loop) - k->started;
+}
+
+/* Indexes of the call's capability and current source (metrics slots). */
+static size_t call_cap(const struct call *k)
+{
+    return (size_t)(k->cap - k->conn->srv->cfg->capabilities);
+}
+
+static size_t call_source(const struct call *k)
+{
+    return (size_t)(k->src - k->conn->srv->cfg->sources);
+}
+
 static void call_end(struct call *k)
 {
     struct server *srv = k->conn->srv;
@@ -144,6 +162,8 @@ static void call_end(struct call *k)
     call_task_unlink(k);
     call_set_paused(k, false);
     ev_timer_stop(srv->loop, &k->wake_w);
+    metrics_on_call_end(srv->metrics, call_cap(k), k->code,
+                        call_elapsed(k), gov_call_stalled_s(&k->g, ev_now(srv->loop)));
     gov_call_fini(&k->g, ev_now(srv->loop));
     call_unlink(k);
     msgpack_sbuffer_destroy(&k->usage);
@@ -151,11 +171,6 @@ static void call_end(struct call *k)
     strbuf_fini(&k->json);
     free(k);
     server_on_request_done(srv);
-}
-
-static double call_elapsed(const struct call *k)
-{
-    return ev_now(k->conn->srv->loop) - k->started;
 }
 
 /* Appends pre-packed msgpack bytes to a packer. */
@@ -447,9 +462,11 @@ static void call_reply_success(struct call *k, const msgpack_sbuffer *body,
     conn_response_done(k->conn, PGW_OK);
 }
 
+/* Ends a call just answered (the response is the connection's last). */
 static void call_finish(struct call *k)
 {
     struct conn *c = k->conn;
+    k->code = c->last_code;
     call_end(k);
     conn_flush(c);
 }
@@ -508,6 +525,7 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
            outcome_reason_name(res.outcome.reason), "status", LOG_I, (long long)res.http_status,
            "phase", LOG_S, attempt_phase_name(res.phase), "elapsed_s", LOG_F, res.elapsed_s, NULL);
 
+    metrics_on_attempt(k->conn->srv->metrics, call_source(k), &res);
     double used = usage ? usage_tokens(usage) : -1;
     if (k->lease) {
         shared_release(k->conn->srv->shared, k->lease, &res.outcome, used);
@@ -591,7 +609,8 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     pack_raw(&c->pk, sb.data, sb.size);
     msgpack_sbuffer_destroy(&sb);
     c->srv->stats.chunks_relayed++;
-    k->relayed++;
+    if (k->relayed++ == 0) /* a stream is never retried after its first event */
+        metrics_on_call_first_event(c->srv->metrics, call_cap(k), call_elapsed(k));
 
     /* Relay now. The flush may find the client gone: conn_close() then
      * aborts every call of the connection, this one included, so `k` is
@@ -909,8 +928,10 @@ void call_start(struct conn *c, const struct rpc_msg *m)
             memcpy(tw->id, id, sizeof(tw->id));
         } else {
             task = tasks_admit_call(c, m->msgid, id);
-            if (!task)
+            if (!task) {
+                metrics_on_call_refused(srv->metrics, (size_t)ci, c->last_code);
                 return;
+            }
         }
     }
 
@@ -947,6 +968,7 @@ void call_start(struct conn *c, const struct rpc_msg *m)
     if (rc < 0) {
         conn_reply_error(c, m->msgid, rc == TRANSCODE_EINVALID ? PGW_BAD_REQUEST : PGW_INTERNAL,
                          rc == TRANSCODE_EINVALID ? why : "out of memory");
+        metrics_on_call_refused(srv->metrics, (size_t)ci, c->last_code);
         msgpack_sbuffer_destroy(&k->usage);
         msgpack_sbuffer_destroy(&k->body);
         strbuf_fini(&k->json);
@@ -956,6 +978,8 @@ void call_start(struct conn *c, const struct rpc_msg *m)
     }
     k->g.ud = k;
     k->src = first;
+    k->code = PGW_CANCELLED;
+    metrics_on_call_start(srv->metrics, (size_t)ci);
     if (task)
         call_task_link(k, task);
     DLIST_PUSH(c->calls, k, prev, next);
@@ -974,6 +998,7 @@ void call_start(struct conn *c, const struct rpc_msg *m)
 static void call_abort(struct call *k)
 {
     if (k->attempt) {
+        metrics_on_attempt_cancelled(k->conn->srv->metrics, call_source(k));
         attempt_cancel(k->attempt);
         k->attempt = NULL;
     }
@@ -1003,6 +1028,7 @@ void call_fail_all(struct conn *c, enum pgw_code code, const char *message)
     while (c->calls) {
         struct call *k = c->calls;
         call_pack_error(k, code, message, &(struct call_error){.retry_after_s = -1});
+        k->code = code;
         call_abort(k);
     }
 }
@@ -1030,6 +1056,7 @@ void call_fail_task(struct task *t, enum pgw_code code, const char *message)
         struct conn *c = k->conn;
         call_pack_error(k, code, message,
                         &(struct call_error){.retry_after_s = -1, .reason = task_reason(t)});
+        k->code = code;
         call_abort(k); /* unlinks k from t */
         conn_flush(c);
     }

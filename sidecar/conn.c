@@ -297,6 +297,7 @@ void conn_response_done(struct conn *c, enum pgw_code code)
 
     c->last_activity = ev_now(srv->loop);
     srv->stats.requests_served++;
+    c->last_code = code;
     if (code != PGW_OK)
         srv->stats.rejected[code]++;
 }

@@ -26,6 +26,7 @@ struct task_reg;
 struct shared;
 struct tasks_req;
 struct tasks_resync;
+struct metrics;
 
 /* Counters shown by `stats`. All monotonically increasing except `*_open`
  * and `in_flight`. */
@@ -80,6 +81,7 @@ struct server {
     struct tasks_resync *resync;  /* running tasks being re-read after a gap */
     size_t task_imports;          /* Redis reads that may import a task, in flight */
     size_t task_retry_n;
+    struct metrics *metrics;      /* counters and histograms (metrics.h) */
     struct redact *redact;        /* the sources' keys, scrubbed from relayed replies */
 };
 
@@ -122,6 +124,7 @@ struct conn {
     bool closing;                 /* no more input; close once `out` is flushed */
     bool closed;                  /* fd closed, awaiting free */
     bool oom;                     /* an append failed: close */
+    enum pgw_code last_code;      /* of the last response queued (conn_response_done) */
 };
 
 struct conn *conn_new(struct server *srv, int fd);
