@@ -17,24 +17,24 @@
 
 #include <stddef.h>
 
-#define DLIST_PUSH(head, e, prev, next)                                                    \
-    do {                                                                                   \
-        (e)->prev = NULL;                                                                  \
-        (e)->next = (head);                                                                \
-        if ((e)->next)                                                                     \
-            (e)->next->prev = (e);                                                         \
-        (head) = (e);                                                                      \
+#define DLIST_PUSH(head, e, prev, next) \
+    do {                                \
+        (e)->prev = NULL;               \
+        (e)->next = (head);             \
+        if ((e)->next)                  \
+            (e)->next->prev = (e);      \
+        (head) = (e);                   \
     } while (0)
 
-#define DLIST_UNLINK(head, e, prev, next)                                                  \
-    do {                                                                                   \
-        if ((e)->prev)                                                                     \
-            (e)->prev->next = (e)->next;                                                   \
-        else                                                                               \
-            (head) = (e)->next;                                                            \
-        if ((e)->next)                                                                     \
-            (e)->next->prev = (e)->prev;                                                   \
-        (e)->prev = (e)->next = NULL;                                                      \
+#define DLIST_UNLINK(head, e, prev, next) \
+    do {                                  \
+        if ((e)->prev)                    \
+            (e)->prev->next = (e)->next;  \
+        else                              \
+            (head) = (e)->next;           \
+        if ((e)->next)                    \
+            (e)->next->prev = (e)->prev;  \
+        (e)->prev = (e)->next = NULL;     \
     } while (0)
 
 #endif /* POLYGW_DLIST_H */

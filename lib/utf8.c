@@ -62,7 +62,7 @@ size_t utf8_cut(const char *s, size_t n, size_t max)
 
 long utf8_repair(const char *s, size_t n, struct strbuf *out)
 {
-    static const char fffd[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
+    static const char fffd[3] = { (char)0xEF, (char)0xBF, (char)0xBD };
     const unsigned char *p = (const unsigned char *)(n ? s : ""), *end = p + n, *run = p;
     size_t start = out->len;
     long bad = 0;

@@ -9,7 +9,7 @@
 
 static uint64_t name_hash(const char *s, size_t len)
 {
-    uint64_t h = 14695981039346656037ull;            /* FNV-1a */
+    uint64_t h = 14695981039346656037ull; /* FNV-1a */
     for (size_t i = 0; i < len; i++)
         h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
     return h;
@@ -43,8 +43,8 @@ void name_index_fini(struct name_index *ix)
     memset(ix, 0, sizeof(*ix));
 }
 
-size_t name_index_find(const struct name_index *ix, const char *s, size_t len,
-                              name_at_fn *at, const void *set, size_t *free_slot)
+size_t name_index_find(const struct name_index *ix, const char *s, size_t len, name_at_fn *at,
+                       const void *set, size_t *free_slot)
 {
     for (size_t i = (size_t)name_hash(s, len) & ix->mask;; i = (i + 1) & ix->mask) {
         uint32_t v = ix->slot[i];

@@ -15,9 +15,9 @@
 typedef const char *name_at_fn(const void *set, size_t pos, size_t *len);
 
 struct name_index {
-    uint32_t *slot;            /* owned; position + 1, 0 = free */
-    size_t mask;               /* slots in use - 1 (a power of two) */
-    size_t cap;                /* slots allocated */
+    uint32_t *slot; /* owned; position + 1, 0 = free */
+    size_t mask;    /* slots in use - 1 (a power of two) */
+    size_t cap;     /* slots allocated */
 };
 
 /* Empties the index, sized for up to `n` names. Reuses the memory it has

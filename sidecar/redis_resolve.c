@@ -26,12 +26,12 @@ static atomic_int lookups;
 struct rds_resolve {
     pthread_mutex_t mu;
     int refs;
-    bool abandoned;                 /* the loop no longer wants the answer */
+    bool abandoned; /* the loop no longer wants the answer */
     struct ev_loop *loop;
     ev_async done_w;
-    rds_resolve_fn *cb;             /* loop side only */
+    rds_resolve_fn *cb; /* loop side only */
     void *ud;
-    int rc;                         /* getaddrinfo()'s, 0 = addr is set */
+    int rc; /* getaddrinfo()'s, 0 = addr is set */
     char addr[INET6_ADDRSTRLEN];
     char host[256];
 };
@@ -45,7 +45,7 @@ static void resolve_destroy(struct rds_resolve *res)
 static void *resolve_main(void *arg)
 {
     struct rds_resolve *res = arg;
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *ai = NULL;
     char addr[INET6_ADDRSTRLEN] = "";
 
     int rc = getaddrinfo(res->host, NULL, &hints, &ai);

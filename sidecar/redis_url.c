@@ -36,8 +36,8 @@ static int hexval(int ch)
 /* Percent-decodes s[0..n) into out[cap] (the URL's `what`); -1 with a
  * reason on a malformed or NUL escape, or when it does not fit. The
  * reason never quotes the text (it may be the password). */
-static int pct_decode(const char *s, size_t n, char *out, size_t cap, const char *what,
-                      char *err, size_t errlen)
+static int pct_decode(const char *s, size_t n, char *out, size_t cap, const char *what, char *err,
+                      size_t errlen)
 {
     size_t j = 0;
 
@@ -80,8 +80,7 @@ static int parse_uint(const char *s, size_t n, long long max, long long *v)
     return 0;
 }
 
-static int parse_password(const char *s, size_t n, struct rds_addr *out, char *err,
-                          size_t errlen)
+static int parse_password(const char *s, size_t n, struct rds_addr *out, char *err, size_t errlen)
 {
     return pct_decode(s, n, out->password, sizeof(out->password), "password", err, errlen);
 }
@@ -112,8 +111,9 @@ static int parse_tcp(const char *s, struct rds_addr *out, char *err, size_t errl
         }
         size_t ulen = (size_t)(colon - s);
         if (ulen && !(ulen == 7 && strncmp(s, "default", 7) == 0)) {
-            set_err(err, errlen, "user names other than 'default' are not supported "
-                                 "(use redis://:password@host)");
+            set_err(err, errlen,
+                    "user names other than 'default' are not supported "
+                    "(use redis://:password@host)");
             return -1;
         }
         if (parse_password(colon + 1, (size_t)(at - colon - 1), out, err, errlen) < 0)

@@ -15,10 +15,10 @@
  *   unix:///path/to/socket[?db=N][&password=P]
  * Port defaults to 6379, db to 0. */
 struct rds_addr {
-    char host[256];          /* host name or address; empty for unix */
+    char host[256]; /* host name or address; empty for unix */
     int port;
-    char path[108];          /* unix socket path; empty for tcp */
-    char password[256];      /* empty = no AUTH */
+    char path[108];     /* unix socket path; empty for tcp */
+    char password[256]; /* empty = no AUTH */
     int db;
 };
 

@@ -19,11 +19,11 @@
 
 /* One parse. */
 struct yt {
-    const char *input;         /* the YAML text (borrowed), for syntax hints */
+    const char *input; /* the YAML text (borrowed), for syntax hints */
     size_t input_len;
     unsigned max_depth;
     struct yamltree_error *err;
-    struct name_index keys;    /* one map's keys at a time (tree_mark_dups) */
+    struct name_index keys; /* one map's keys at a time (tree_mark_dups) */
 };
 
 static void yt_vappend(struct yt *t, const char *fmt, va_list ap)
@@ -34,7 +34,7 @@ static void yt_vappend(struct yt *t, const char *fmt, va_list ap)
         vsnprintf(t->err->text + used, sizeof(t->err->text) - used, fmt, ap);
 }
 
-__attribute__((format(printf, 2, 3)))
+static void yt_append(struct yt *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void yt_append(struct yt *t, const char *fmt, ...)
 {
     va_list ap;
@@ -45,7 +45,8 @@ static void yt_append(struct yt *t, const char *fmt, ...)
 
 /* Records the parse's error (the first one only: the parse stops there).
  * Returns -EINVAL. */
-__attribute__((format(printf, 4, 5)))
+static int yt_fail(struct yt *t, unsigned line, unsigned col, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 static int yt_fail(struct yt *t, unsigned line, unsigned col, const char *fmt, ...)
 {
     va_list ap;
@@ -154,8 +155,8 @@ static int tree_mark_dups(struct yt *t, struct ynode *map)
 }
 
 /* Builds the node that starts with `ev` (taken: always deleted). */
-static int tree_node(struct yt *t, yaml_parser_t *p, yaml_event_t *ev,
-                     unsigned depth, struct ynode **out)
+static int tree_node(struct yt *t, yaml_parser_t *p, yaml_event_t *ev, unsigned depth,
+                     struct ynode **out)
 {
     unsigned line = (unsigned)ev->start_mark.line + 1;
     const yaml_char_t *anchor = NULL, *tag = NULL;
@@ -182,7 +183,8 @@ static int tree_node(struct yt *t, yaml_parser_t *p, yaml_event_t *ev,
         break;
     case YAML_ALIAS_EVENT:
         yaml_event_delete(ev);
-        return yt_fail(t, line, 0, "YAML aliases (*name) are not supported; "
+        return yt_fail(t, line, 0,
+                       "YAML aliases (*name) are not supported; "
                        "write the value out");
     default:
         yaml_event_delete(ev);
@@ -190,7 +192,8 @@ static int tree_node(struct yt *t, yaml_parser_t *p, yaml_event_t *ev,
     }
     if (anchor) {
         yaml_event_delete(ev);
-        return yt_fail(t, line, 0, "YAML anchors (&name) are not supported; "
+        return yt_fail(t, line, 0,
+                       "YAML anchors (&name) are not supported; "
                        "write the value out");
     }
     if (tag) {
@@ -275,21 +278,21 @@ int yamltree_parse(const char *yaml, size_t len, unsigned max_depth, struct ynod
         return yt_nomem(t);
     yaml_parser_set_input_string(&p, (const unsigned char *)yaml, len);
 
-    if ((rc = tree_next(t, &p, &ev)) < 0)        /* STREAM-START */
+    if ((rc = tree_next(t, &p, &ev)) < 0) /* STREAM-START */
         goto out;
     yaml_event_delete(&ev);
     if ((rc = tree_next(t, &p, &ev)) < 0)
         goto out;
     if (ev.type == YAML_STREAM_END_EVENT) {
         yaml_event_delete(&ev);
-        goto out;                                 /* no document at all */
+        goto out; /* no document at all */
     }
-    yaml_event_delete(&ev);                       /* DOCUMENT-START */
+    yaml_event_delete(&ev); /* DOCUMENT-START */
     if ((rc = tree_next(t, &p, &ev)) < 0)
         goto out;
     if ((rc = tree_node(t, &p, &ev, 0, &n)) < 0)
         goto out;
-    if ((rc = tree_next(t, &p, &ev)) < 0)        /* DOCUMENT-END */
+    if ((rc = tree_next(t, &p, &ev)) < 0) /* DOCUMENT-END */
         goto out;
     yaml_event_delete(&ev);
     if ((rc = tree_next(t, &p, &ev)) < 0)
@@ -370,7 +373,7 @@ int ynode_int(const struct ynode *n, int64_t *out)
 
 int ynode_float(const struct ynode *n, double *out)
 {
-    static const char *const infs[] = { ".inf", ".Inf", ".INF", "+.inf", "+.Inf",
+    static const char *const infs[] = { ".inf",  ".Inf",  ".INF",  "+.inf", "+.Inf",
                                         "+.INF", "-.inf", "-.Inf", "-.INF", NULL };
     static const char *const nans[] = { ".nan", ".NaN", ".NAN", NULL };
     const char *c;
@@ -425,9 +428,12 @@ const char *ynode_what(const struct ynode *n)
 {
     double d;
     switch (n->kind) {
-    case YN_MAP: return "a map";
-    case YN_SEQ: return "a list";
-    case YN_SCALAR: break;
+    case YN_MAP:
+        return "a map";
+    case YN_SEQ:
+        return "a list";
+    case YN_SCALAR:
+        break;
     }
     if (!n->plain)
         return "a string";

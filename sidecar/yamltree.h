@@ -25,8 +25,8 @@ enum ynode_kind { YN_SCALAR, YN_MAP, YN_SEQ };
 struct ynode {
     enum ynode_kind kind;
     bool plain;
-    unsigned line, col;        /* 1-based */
-    unsigned dup_line;         /* a map key repeating an earlier key of the
+    unsigned line, col; /* 1-based */
+    unsigned dup_line;  /* a map key repeating an earlier key of the
                                 * same map: that key's line; else 0 */
     char *text;
     size_t len;
@@ -55,8 +55,8 @@ void ynode_free(struct ynode *n);
 
 /* Scalar resolution, YAML 1.2 core schema, plain scalars only (a quoted
  * scalar is always a string). */
-bool ynode_is_null(const struct ynode *n);            /* NULL, ~, null, empty */
-int ynode_bool(const struct ynode *n);                /* 1, 0, or -1: not a boolean */
+bool ynode_is_null(const struct ynode *n); /* NULL, ~, null, empty */
+int ynode_bool(const struct ynode *n);     /* 1, 0, or -1: not a boolean */
 
 /* [-+]?[0-9]+ | 0o[0-7]+ | 0x[0-9a-fA-F]+ ; 1 = ok, 0 = not an integer,
  * -1 = an integer that does not fit in int64_t. */

@@ -64,17 +64,26 @@ END_TEST
 
 START_TEST(test_lib__utf8_validates_cuts_and_repairs)
 {
-    const unsigned char ok[] = "\xE2\x82\xAC", overlong[] = "\xC0\xAF", surrogate[] = "\xED\xA0\x80";
+    const unsigned char ok[] = "\xE2\x82\xAC", overlong[] = "\xC0\xAF",
+                        surrogate[] = "\xED\xA0\x80";
     struct strbuf b = { 0 };
 
     ck_assert_uint_eq(utf8_seq_len(ok, ok + 3), 3);
     ck_assert_uint_eq(utf8_seq_len(ok, ok + 2), 0); /* cut short */
     ck_assert_uint_eq(utf8_seq_len(overlong, overlong + 2), 0);
     ck_assert_uint_eq(utf8_seq_len(surrogate, surrogate + 3), 0);
-    ck_assert_uint_eq(utf8_bad_len((const unsigned char *)"\xE2\x82" "A", ok + 3), 2);
+    ck_assert_uint_eq(utf8_bad_len((const unsigned char *)"\xE2\x82"
+                                                          "A",
+                                   ok + 3),
+                      2);
     ck_assert_uint_eq(utf8_cut("a\xE2\x82\xAC", 4, 3), 1);
-    ck_assert_int_eq(utf8_repair("a\xFF" "b\xE2\x82", 5, &b), 2);
-    ck_assert_str_eq(b.data, "a\xEF\xBF\xBD" "b\xEF\xBF\xBD");
+    ck_assert_int_eq(utf8_repair("a\xFF"
+                                 "b\xE2\x82",
+                                 5, &b),
+                     2);
+    ck_assert_str_eq(b.data,
+                     "a\xEF\xBF\xBD"
+                     "b\xEF\xBF\xBD");
     strbuf_fini(&b);
 }
 END_TEST
@@ -120,11 +129,11 @@ START_TEST(test_lib__jsonw_floats_ignore_a_comma_locale)
     for (size_t i = 0; i < n; i++)
         snprintf(expect[i], sizeof(expect[i]), "%s", jsonw_text(&b, samples[i], false));
     ck_assert_ptr_nonnull(mkdtemp(dir));
-    snprintf(cmd, sizeof(cmd), "localedef -i de_DE -f UTF-8 %s/de_DE.UTF-8 >/dev/null 2>&1",
-             dir);
+    snprintf(cmd, sizeof(cmd), "localedef -i de_DE -f UTF-8 %s/de_DE.UTF-8 >/dev/null 2>&1", dir);
     if (system(cmd) != 0) {
-        fprintf(stderr, "test_lib__jsonw_floats_ignore_a_comma_locale: no localedef or no "
-                        "de_DE source: comma locale not checked\n");
+        fprintf(stderr,
+                "test_lib__jsonw_floats_ignore_a_comma_locale: no localedef or no "
+                "de_DE source: comma locale not checked\n");
     } else {
         setenv("LOCPATH", dir, 1);
         ck_assert_ptr_nonnull(setlocale(LC_NUMERIC, "de_DE.UTF-8"));
