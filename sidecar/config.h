@@ -37,6 +37,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "log.h"
+
 #define CONFIG_NAME_MAX 64   /* names: [A-Za-z0-9_.-]{1,63} */
 
 /* An `err` buffer of this size never truncates a message (unless the file
@@ -51,8 +53,6 @@
 /* base_url is shorter than this, capability paths shorter than 256, so
  * base_url + path always fits in CONFIG_URL_MAX + 256 bytes. */
 #define CONFIG_URL_MAX 1024
-
-enum log_level { LOG_DEBUG = 0, LOG_INFO, LOG_WARN, LOG_ERROR };
 
 enum backend_kind { BACKEND_MEMORY = 0, BACKEND_REDIS };
 

@@ -1,7 +1,10 @@
 /*
- * buf.c — growable byte buffers and JSON string escaping for the mock.
+ * buf.c — the mock's use of lib/strbuf (out of memory aborts: see main.c)
+ * and its JSON string escaping.
  */
 #include "internal.h"
+
+#include "jsonw.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -27,69 +30,58 @@ char *mock_xstrndup(const char *s, size_t n)
     return d;
 }
 
-void buf_reserve(struct buf *b, size_t extra)
+static void buf_oom(size_t extra)
 {
-    if (b->cap - b->len >= extra && b->p)
-        return;
-    size_t need = b->len + extra;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < need)
-        cap *= 2;
-    b->p = mock_xrealloc(b->p, cap);
-    b->cap = cap;
+    fprintf(stderr, "mock_upstream: out of memory (%zu more bytes)\n", extra);
+    abort();
 }
 
-void buf_add(struct buf *b, const void *p, size_t n)
+void buf_reserve(struct strbuf *b, size_t extra)
 {
-    if (!n)
-        return;
-    buf_reserve(b, n);
-    memcpy(b->p + b->len, p, n);
-    b->len += n;
+    if (strbuf_reserve(b, extra) < 0)
+        buf_oom(extra);
 }
 
-void buf_adds(struct buf *b, const char *s)
+void buf_add(struct strbuf *b, const void *p, size_t n)
+{
+    if (strbuf_put(b, p, n) < 0)
+        buf_oom(n);
+}
+
+void buf_adds(struct strbuf *b, const char *s)
 {
     buf_add(b, s, strlen(s));
 }
 
-void buf_addf(struct buf *b, const char *fmt, ...)
+void buf_addf(struct strbuf *b, const char *fmt, ...)
 {
     va_list ap;
     buf_reserve(b, 64);
     va_start(ap, fmt);
-    int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+    int n = vsnprintf(b->data + b->len, b->cap - b->len, fmt, ap);
     va_end(ap);
     if (n < 0)
         return;
     if ((size_t)n >= b->cap - b->len) {
         buf_reserve(b, (size_t)n + 1);
         va_start(ap, fmt);
-        vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+        vsnprintf(b->data + b->len, b->cap - b->len, fmt, ap);
         va_end(ap);
     }
     b->len += (size_t)n;
 }
 
-void buf_add_ll(struct buf *b, long long v)
+void buf_add_ll(struct strbuf *b, long long v)
 {
-    char tmp[24];
-    char *e = tmp + sizeof tmp, *q = e;
-    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
-    do {
-        *--q = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
-    if (v < 0)
-        *--q = '-';
-    buf_add(b, q, (size_t)(e - q));
+    if (jsonw_i64(b, v) < 0)
+        buf_oom(20);
 }
 
-void buf_add_json_str(struct buf *b, const char *s, size_t n)
+void buf_add_json_str(struct strbuf *b, const char *s, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
     buf_reserve(b, n + 2);
-    b->p[b->len++] = '"';
+    b->data[b->len++] = '"';
     size_t run = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)s[i];
@@ -119,19 +111,14 @@ void buf_add_json_str(struct buf *b, const char *s, size_t n)
     buf_add(b, "\"", 1);
 }
 
-void buf_trim(struct buf *b, size_t keep_cap)
+void buf_trim(struct strbuf *b, size_t keep_cap)
 {
-    if (b->cap > keep_cap) {
-        free(b->p);
-        b->p = NULL;
-        b->cap = 0;
-    }
+    if (b->cap > keep_cap)
+        strbuf_fini(b);
     b->len = 0;
 }
 
-void buf_fini(struct buf *b)
+void buf_fini(struct strbuf *b)
 {
-    free(b->p);
-    b->p = NULL;
-    b->len = b->cap = 0;
+    strbuf_fini(b);
 }

@@ -32,6 +32,7 @@
  * freed by main.c's ev_prepare reaper, never under one of its own callbacks.
  */
 #include "internal.h"
+#include "dlist.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -144,13 +145,7 @@ void conn_close(struct conn *c, bool by_peer)
     m->st.tcp_open--;
     conn_release_answer(c);
     /* unlink from the live list, push on the dead list */
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        m->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    c->prev = NULL;
+    DLIST_UNLINK(m->conns, c, prev, next);
     c->next = m->dead;
     m->dead = c;
     c->state = CONN_CLOSED;
@@ -200,7 +195,7 @@ static int hexval(char ch)
  * needed, or an HTTP error status. */
 static int conn_parse_head(struct conn *c)
 {
-    const char *p = c->in.p;
+    const char *p = c->in.data;
     size_t n = c->in.len;
     size_t from = c->scan > 3 ? c->scan - 3 : 0;
     const char *e = n > from ? memmem(p + from, n - from, "\r\n\r\n", 4) : NULL;
@@ -306,7 +301,7 @@ static int conn_parse_body(struct conn *c, size_t *total)
         *total = c->head_len + cl;
         return 1;
     }
-    const char *p = c->in.p;
+    const char *p = c->in.data;
     size_t n = c->in.len;
     if (n > c->head_len + 2 * (size_t)MOCK_MAX_BODY_BYTES)
         return 413;                    /* absurd framing overhead */
@@ -385,7 +380,7 @@ static void conn_consume(struct conn *c, size_t n)
         buf_trim(&c->in, 1u << 20);
         return;
     }
-    memmove(c->in.p, c->in.p + n, c->in.len - n);
+    memmove(c->in.data, c->in.data + n, c->in.len - n);
     c->in.len -= n;
 }
 
@@ -414,7 +409,7 @@ static void conn_fail(struct conn *c, int status)
 static void conn_dispatch(struct conn *c, const char *body, size_t blen)
 {
     struct mock *m = c->m;
-    const char *p = c->in.p;
+    const char *p = c->in.data;
     const char *meth = p + c->meth_off;
     size_t mlen = c->meth_len;
     const char *target = p + c->target_off;
@@ -474,7 +469,7 @@ static void conn_drive(struct conn *c)
         int r;
         if (!c->head_len) {
             size_t skip = 0;          /* stray CRLFs between requests */
-            while (skip < c->in.len && (c->in.p[skip] == '\r' || c->in.p[skip] == '\n'))
+            while (skip < c->in.len && (c->in.data[skip] == '\r' || c->in.data[skip] == '\n'))
                 skip++;
             if (skip)
                 conn_consume(c, skip);
@@ -508,9 +503,9 @@ static void conn_drive(struct conn *c)
             return;
         }
         if (c->chunked)
-            conn_dispatch(c, c->cbody.p ? c->cbody.p : "", c->cbody.len);
+            conn_dispatch(c, c->cbody.data ? c->cbody.data : "", c->cbody.len);
         else
-            conn_dispatch(c, c->in.p + c->head_len, total - c->head_len);
+            conn_dispatch(c, c->in.data + c->head_len, total - c->head_len);
         if (c->state == CONN_CLOSED)
             return;
         conn_consume(c, total);
@@ -600,7 +595,7 @@ static int conn_flush(struct conn *c)
         }
         if (n == 0)
             break;
-        ssize_t w = send(c->fd, c->out.p + c->out_off, n, MSG_NOSIGNAL);
+        ssize_t w = send(c->fd, c->out.data + c->out_off, n, MSG_NOSIGNAL);
         if (w < 0) {
             if (errno == EINTR)
                 continue;
@@ -773,8 +768,8 @@ static void conn_read(struct conn *c)
             return;
         }
         buf_reserve(&c->in, 16384);
-        size_t space = c->in.cap - c->in.len;
-        ssize_t r = recv(c->fd, c->in.p + c->in.len, space, 0);
+        size_t space = c->in.cap - c->in.len - 1; /* strbuf keeps a byte for a NUL */
+        ssize_t r = recv(c->fd, c->in.data + c->in.len, space, 0);
         if (r == 0) {
             conn_close(c, true);
             return;

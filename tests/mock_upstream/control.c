@@ -89,7 +89,7 @@ static json_t *lossy_string(const char *p, size_t n)
 
 static json_t *record_json(const struct mock_record *r)
 {
-    const char *p = r->data.p;
+    const char *p = r->data.data;
     const char *end = p + r->head_len - 2;
     const char *eol = memmem(p, r->head_len, "\r\n", 2);
     const char *sp1 = memchr(p, ' ', (size_t)(eol - p));

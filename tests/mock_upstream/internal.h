@@ -23,6 +23,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "strbuf.h"
+
 #define MOCK_MAX_HEAD_BYTES   (64u * 1024u)          /* request line + headers -> 431 */
 #define MOCK_MAX_BODY_BYTES   (64u * 1024u * 1024u)  /* request body -> 413 */
 #define MOCK_PIPELINE_BYTES   (256u * 1024u)  /* read-ahead while answering, then pause */
@@ -33,12 +35,9 @@
 
 /* ---------------------------------------------------------------- buf.c */
 
-/* A growable byte buffer. Zero-initialised = empty. Never NUL-terminated
- * unless the caller adds one. */
-struct buf {
-    char *p;
-    size_t len, cap;
-};
+/* Byte buffers are lib/strbuf.h's (zero-initialised = empty); the buf_*
+ * functions below abort when memory runs out, as the rest of the mock
+ * does. */
 
 /* realloc that aborts on failure (see the file comment). */
 void *mock_xrealloc(void *p, size_t n);
@@ -46,18 +45,18 @@ void *mock_xrealloc(void *p, size_t n);
 char *mock_xstrndup(const char *s, size_t n);
 
 /* Makes room for `extra` more bytes after len. */
-void buf_reserve(struct buf *b, size_t extra);
-void buf_add(struct buf *b, const void *p, size_t n);
-void buf_adds(struct buf *b, const char *s);
-void buf_addf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void buf_add_ll(struct buf *b, long long v);
+void buf_reserve(struct strbuf *b, size_t extra);
+void buf_add(struct strbuf *b, const void *p, size_t n);
+void buf_adds(struct strbuf *b, const char *s);
+void buf_addf(struct strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void buf_add_ll(struct strbuf *b, long long v);
 /* Appends s[0..n) as a quoted JSON string. s must be UTF-8 (control
  * characters, quote and backslash are escaped; other bytes pass through). */
-void buf_add_json_str(struct buf *b, const char *s, size_t n);
+void buf_add_json_str(struct strbuf *b, const char *s, size_t n);
 /* Frees the storage when it grew beyond keep_cap (a one-off large request
  * must not pin memory forever); otherwise only empties it. */
-void buf_trim(struct buf *b, size_t keep_cap);
-void buf_fini(struct buf *b);
+void buf_trim(struct strbuf *b, size_t keep_cap);
+void buf_fini(struct strbuf *b);
 
 /* --------------------------------------------------------------- scan.c */
 
@@ -169,20 +168,20 @@ struct conn {
     int peek_tries;
 
     /* input */
-    struct buf in;
+    struct strbuf in;
     size_t scan;                 /* where to resume looking for CRLFCRLF */
     size_t head_len;             /* 0 = head not complete yet */
     size_t meth_off, meth_len, target_off, target_len;
     int minor;
     long long content_length;    /* -1 = none */
     bool chunked, expect_continue, sent_continue, req_keep_alive;
-    struct buf cbody;            /* de-chunked request body */
+    struct strbuf cbody;            /* de-chunked request body */
     size_t cpos, crem;
     int cstate;
     bool reading_paused;
 
     /* current answer */
-    struct buf out;
+    struct strbuf out;
     size_t out_off;
     size_t head_left;            /* head bytes at out_off not yet written */
     bool resp_active, head_done, keep_alive, chunked_out;
@@ -193,7 +192,7 @@ struct conn {
     json_t *beh_json;            /* owns b's strings */
     json_t *req_json;            /* parsed request body (strings used by stream) */
     struct reply_stream st;
-    struct buf repeated;         /* chat text made by content_repeat (st.text may point here) */
+    struct strbuf repeated;         /* chat text made by content_repeat (st.text may point here) */
 
     unsigned long long req_id;   /* X-Mock-Request, completion ids */
     bool linger;                 /* close via CONN_LINGER (input left unread) */
@@ -247,7 +246,7 @@ struct mock_path_count {
 };
 
 struct mock_record {
-    struct buf data;             /* head bytes then (maybe truncated) body */
+    struct strbuf data;             /* head bytes then (maybe truncated) body */
     size_t head_len, body_len, body_total;
 };
 
@@ -285,7 +284,7 @@ struct mock {
     unsigned long long paths_overflow;
     struct mock_record hist[MOCK_HISTORY];
     size_t hist_next, hist_count;
-    struct buf scratch;          /* reused by reply generation */
+    struct strbuf scratch;          /* reused by reply generation */
 };
 
 #endif /* POLYGW_MOCK_UPSTREAM_INTERNAL_H */

@@ -76,7 +76,7 @@ static void apply_usage(const struct behave *b, long long *pt, long long *ct, lo
  * close-delimited framing either way. */
 static void reply_head(struct conn *c, int status, const char *ctype, long long clen)
 {
-    struct buf *o = &c->out;
+    struct strbuf *o = &c->out;
     size_t start = o->len;
     bool close_framed = c->b.no_length || (clen < 0 && c->minor == 0);
     c->status = status;
@@ -144,7 +144,7 @@ static const char *error_type_of(int status)
 
 static void reply_error_json(struct conn *c, int status, const char *type, const char *msg)
 {
-    struct buf *sc = &c->m->scratch;
+    struct strbuf *sc = &c->m->scratch;
     sc->len = 0;
     buf_adds(sc, "{\"error\":{\"message\":");
     buf_add_json_str(sc, msg, strlen(msg));
@@ -155,7 +155,7 @@ static void reply_error_json(struct conn *c, int status, const char *type, const
                  : status == 401 ? "\"invalid_api_key\""
                                  : "null");
     buf_adds(sc, "}}");
-    reply_fixed(c, status, "application/json", sc->p, sc->len);
+    reply_fixed(c, status, "application/json", sc->data, sc->len);
 }
 
 void reply_error(struct conn *c, int status, const char *type, const char *msg)
@@ -171,9 +171,9 @@ void reply_error(struct conn *c, int status, const char *type, const char *msg)
 /* Appends s[0..n) to b with each ECHO_AUTH replaced by the value of the
  * request's Authorization header (nothing when it has none): a script can
  * make the mock echo the key it was sent, as some providers do. */
-static void add_expanded(struct conn *c, struct buf *b, const char *s, size_t n)
+static void add_expanded(struct conn *c, struct strbuf *b, const char *s, size_t n)
 {
-    const char *auth = NULL, *head = c->in.p, *end = c->in.p + c->head_len;
+    const char *auth = NULL, *head = c->in.data, *end = c->in.data + c->head_len;
     size_t alen = 0, k = sizeof(ECHO_AUTH) - 1;
 
     for (const char *l = head; l && l < end;) {
@@ -201,21 +201,21 @@ static void add_expanded(struct conn *c, struct buf *b, const char *s, size_t n)
 static void reply_status(struct conn *c, int status)
 {
     char msg[128];
-    struct buf em = {0};
+    struct strbuf em = {0};
     snprintf(msg, sizeof msg, "mock: scripted %d %s", status, reply_reason(status));
     if (c->b.error_message) {
         add_expanded(c, &em, c->b.error_message, strlen(c->b.error_message));
         buf_add(&em, "", 1);
     }
     reply_error_json(c, status, c->b.error_type ? c->b.error_type : error_type_of(status),
-                     c->b.error_message ? em.p : msg);
+                     c->b.error_message ? em.data : msg);
     buf_fini(&em);
 }
 
 /* The raw `body` (or `body_hex`) of a behaviour, expanded. */
 static void reply_raw(struct conn *c, int status)
 {
-    struct buf *sc = &c->m->scratch, raw = {0};
+    struct strbuf *sc = &c->m->scratch, raw = {0};
     const char *p = c->b.body;
     size_t n = c->b.body_len;
 
@@ -226,13 +226,13 @@ static void reply_raw(struct conn *c, int status)
             char ch = (char)v;
             buf_add(&raw, &ch, 1);
         }
-        p = raw.p;
+        p = raw.data;
         n = raw.len;
     }
     sc->len = 0;
     add_expanded(c, sc, p, n);
     buf_fini(&raw);
-    reply_fixed(c, status, c->b.content_type ? c->b.content_type : "application/json", sc->p,
+    reply_fixed(c, status, c->b.content_type ? c->b.content_type : "application/json", sc->data,
                 sc->len);
 }
 
@@ -258,14 +258,14 @@ static void text_of(json_t *content, const char **text, size_t *tlen, size_t *by
     }
 }
 
-static void chunk_prefix(struct buf *sc, const struct reply_stream *s)
+static void chunk_prefix(struct strbuf *sc, const struct reply_stream *s)
 {
     buf_addf(sc, "data: {\"id\":\"chatcmpl-mock-%llu\",\"object\":\"chat.completion.chunk\","
                  "\"created\":%lld,\"model\":", s->id, s->created);
     buf_add_json_str(sc, s->model, s->model_len);
 }
 
-static void usage_json(struct buf *sc, long long pt, long long ct, long long tt)
+static void usage_json(struct strbuf *sc, long long pt, long long ct, long long tt)
 {
     buf_adds(sc, "\"usage\":{\"prompt_tokens\":");
     buf_add_ll(sc, pt);
@@ -276,7 +276,7 @@ static void usage_json(struct buf *sc, long long pt, long long ct, long long tt)
     buf_add(sc, "}", 1);
 }
 
-static void chat_body(struct buf *sc, unsigned long long id, long long created)
+static void chat_body(struct strbuf *sc, unsigned long long id, long long created)
 {
     buf_adds(sc, "{\"id\":\"chatcmpl-mock-");
     buf_add_ll(sc, (long long)id);
@@ -309,7 +309,7 @@ static void stream_emit(struct conn *c, const char *p, size_t n)
 void reply_stream_fill(struct conn *c, bool all)
 {
     struct reply_stream *s = &c->st;
-    struct buf *sc = &c->m->scratch;
+    struct strbuf *sc = &c->m->scratch;
     while (!s->done) {
         sc->len = 0;
         if (s->next < s->events) {
@@ -339,7 +339,7 @@ void reply_stream_fill(struct conn *c, bool all)
             }
             s->done = true;
         }
-        stream_emit(c, sc->p, sc->len);
+        stream_emit(c, sc->data, sc->len);
         if (s->done && c->chunked_out)
             buf_add(&c->out, "0\r\n\r\n", 5);
         if (!all)
@@ -370,14 +370,14 @@ static void reply_chat(struct conn *c, json_t *req, int status)
     if (c->b.content_repeat > 0 && tlen > 0) {
         /* Large replies from a small request: the text again and again,
          * cut at exactly content_repeat bytes. */
-        struct buf *r = &c->repeated;
+        struct strbuf *r = &c->repeated;
         size_t want = (size_t)c->b.content_repeat;
         r->len = 0;
         buf_reserve(r, want);
         while (r->len + tlen <= want)
             buf_add(r, text, tlen);
         buf_add(r, text, want - r->len);
-        text = r->p;
+        text = r->data;
         tlen = r->len;
     }
     long long pt = tokens_of(prompt_bytes), ct = tokens_of(tlen), tt;
@@ -405,7 +405,7 @@ static void reply_chat(struct conn *c, json_t *req, int status)
         return;
     }
 
-    struct buf *sc = &c->m->scratch;
+    struct strbuf *sc = &c->m->scratch;
     sc->len = 0;
     chat_body(sc, c->req_id, created);
     buf_add_json_str(sc, mstr, mlen);
@@ -414,7 +414,7 @@ static void reply_chat(struct conn *c, json_t *req, int status)
     buf_adds(sc, "},\"finish_reason\":\"stop\"}],");
     usage_json(sc, pt, ct, tt);
     buf_add(sc, "}", 1);
-    reply_fixed(c, status, "application/json", sc->p, sc->len);
+    reply_fixed(c, status, "application/json", sc->data, sc->len);
 }
 
 /* The benchmark fast path (see scan.c): same answer as reply_chat, built
@@ -425,7 +425,7 @@ static bool reply_chat_fast(struct conn *c, const char *body, size_t len)
     struct scan_chat r;
     if (scan_chat(body, len, &r) != 0)
         return false;
-    struct buf *sc = &c->m->scratch;
+    struct strbuf *sc = &c->m->scratch;
     size_t text_bytes = r.echo_len ? r.echo_decoded : 10;
     sc->len = 0;
     chat_body(sc, c->req_id, (long long)time(NULL));
@@ -445,7 +445,7 @@ static bool reply_chat_fast(struct conn *c, const char *body, size_t len)
     usage_json(sc, tokens_of(r.prompt_bytes), tokens_of(text_bytes),
                tokens_of(r.prompt_bytes) + tokens_of(text_bytes));
     buf_add(sc, "}", 1);
-    reply_fixed(c, 200, "application/json", sc->p, sc->len);
+    reply_fixed(c, 200, "application/json", sc->data, sc->len);
     return true;
 }
 
@@ -490,11 +490,11 @@ static unsigned long long input_seed(json_t *in, size_t index, size_t *bytes)
     return fnv1a(h, &index, sizeof index);
 }
 
-static void base64_add(struct buf *b, const unsigned char *p, size_t n)
+static void base64_add(struct strbuf *b, const unsigned char *p, size_t n)
 {
     static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     buf_reserve(b, (n + 2) / 3 * 4);
-    char *o = b->p + b->len;
+    char *o = b->data + b->len;
     size_t i = 0;
     for (; i + 2 < n; i += 3) {
         unsigned v = (unsigned)p[i] << 16 | (unsigned)p[i + 1] << 8 | p[i + 2];
@@ -510,7 +510,7 @@ static void base64_add(struct buf *b, const unsigned char *p, size_t n)
         *o++ = i + 1 < n ? tab[(v >> 6) & 63] : '=';
         *o++ = '=';
     }
-    b->len = (size_t)(o - b->p);
+    b->len = (size_t)(o - b->data);
 }
 
 static void reply_embeddings(struct conn *c, json_t *req, int status)
@@ -538,7 +538,7 @@ static void reply_embeddings(struct conn *c, json_t *req, int status)
     bool b64 = fmt && !strcmp(fmt, "base64");
     json_t *model = json_object_get(req, "model");
 
-    struct buf *sc = &c->m->scratch;
+    struct strbuf *sc = &c->m->scratch;
     sc->len = 0;
     buf_adds(sc, "{\"object\":\"list\",\"data\":[");
     size_t prompt_bytes = 0;
@@ -570,7 +570,7 @@ static void reply_embeddings(struct conn *c, json_t *req, int status)
     long long pt = tokens_of(prompt_bytes), tt;
     apply_usage(&c->b, &pt, NULL, &tt);
     buf_addf(sc, ",\"usage\":{\"prompt_tokens\":%lld,\"total_tokens\":%lld}}", pt, tt);
-    reply_fixed(c, status, "application/json", sc->p, sc->len);
+    reply_fixed(c, status, "application/json", sc->data, sc->len);
 }
 
 /* ------------------------------------------------------------------- ocr */
@@ -591,7 +591,7 @@ static void reply_ocr(struct conn *c, json_t *req, int status, size_t body_len)
     long long pt = tokens_of(body_len), ct = tokens_of(tlen), tt;
     apply_usage(&c->b, &pt, &ct, &tt);
 
-    struct buf *sc = &c->m->scratch;
+    struct strbuf *sc = &c->m->scratch;
     sc->len = 0;
     buf_addf(sc, "{\"id\":\"ocr-mock-%llu\",\"object\":\"ocr\",\"model\":", c->req_id);
     if (json_is_string(model))
@@ -604,7 +604,7 @@ static void reply_ocr(struct conn *c, json_t *req, int status, size_t body_len)
     buf_add_json_str(sc, text, tlen);
     buf_addf(sc, "}],\"usage\":{\"prompt_tokens\":%lld,\"completion_tokens\":%lld,"
                  "\"total_tokens\":%lld,\"pages_processed\":1}}", pt, ct, tt);
-    reply_fixed(c, status, "application/json", sc->p, sc->len);
+    reply_fixed(c, status, "application/json", sc->data, sc->len);
 }
 
 /* ------------------------------------------------------------------ entry */
