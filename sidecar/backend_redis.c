@@ -31,6 +31,7 @@
  * keys of one hash tag.
  */
 #include "backend.h"
+#include "dlist.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -387,11 +388,7 @@ static int be_progress_mark(void *ud, const char *scope, double now)
 static void lease_link(struct backend_redis *sh, struct backend_lease *l)
 {
     struct source_keys *k = &sh->src[l->source];
-    l->prev = NULL;
-    l->next = k->live;
-    if (k->live)
-        k->live->prev = l;
-    k->live = l;
+    DLIST_PUSH(k->live, l, prev, next);
     k->n_live++;
     l->live = true;
 }
@@ -401,12 +398,7 @@ static void lease_unlink(struct backend_redis *sh, struct backend_lease *l)
     struct source_keys *k = &sh->src[l->source];
     if (!l->live)
         return;
-    if (l->prev)
-        l->prev->next = l->next;
-    else
-        k->live = l->next;
-    if (l->next)
-        l->next->prev = l->prev;
+    DLIST_UNLINK(k->live, l, prev, next);
     k->n_live--;
     l->live = false;
 }

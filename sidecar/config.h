@@ -38,6 +38,7 @@
 #include <stdint.h>
 
 #include "dialect.h"
+#include "log.h"
 
 #define CONFIG_NAME_MAX 64   /* names: [A-Za-z0-9_.-]{1,63} */
 
@@ -53,8 +54,6 @@
 /* base_url is shorter than this, capability paths shorter than 256, so
  * base_url + path always fits in CONFIG_URL_MAX + 256 bytes. */
 #define CONFIG_URL_MAX 1024
-
-enum log_level { LOG_DEBUG = 0, LOG_INFO, LOG_WARN, LOG_ERROR };
 
 enum backend_kind { BACKEND_MEMORY = 0, BACKEND_REDIS };
 

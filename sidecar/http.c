@@ -374,7 +374,7 @@ struct hc_err {
     const char *ctype;
     const char *body;              /* into json, or into up (a raw upstream body) */
     size_t len;
-    struct transcode_buf json;
+    struct strbuf json;
     msgpack_unpacked up;
 };
 
@@ -395,7 +395,7 @@ static void hc_err_make(struct http_conn *c, int status, enum pgw_code code, con
     bool have_attempts = false;
     const msgpack_object *upstream_body = NULL, *message = NULL;
 
-    transcode_buf_init(&e->json);
+    strbuf_init(&e->json);
     msgpack_unpacked_init(&e->up);
     e->ctype = "application/json";
     e->body = internal_error_json;
@@ -448,7 +448,7 @@ static void hc_err_make(struct http_conn *c, int status, enum pgw_code code, con
             e->len = e->json.len;
             return;
         }
-        transcode_buf_reset(&e->json);
+        strbuf_reset(&e->json);
     }
     msgpack_sbuffer sb;
     msgpack_packer pk;
@@ -495,7 +495,7 @@ static void hc_err_make(struct http_conn *c, int status, enum pgw_code code, con
 
 static void hc_err_fini(struct hc_err *e)
 {
-    transcode_buf_fini(&e->json);
+    strbuf_fini(&e->json);
     msgpack_unpacked_destroy(&e->up);
 }
 
@@ -1145,8 +1145,8 @@ static void hc_on_bridge(void *ud, const char *data, size_t len)
     } else {
         const msgpack_object *err = &up.data.via.array.ptr[2];
         const msgpack_object *res = &up.data.via.array.ptr[3];
-        struct transcode_buf json;
-        transcode_buf_init(&json);
+        struct strbuf json;
+        strbuf_init(&json);
         if (err->type == MSGPACK_OBJECT_MAP) {
             const msgpack_object *code = rpc_map_get(err, "code");
             int cd = code && code->type == MSGPACK_OBJECT_STR
@@ -1164,7 +1164,7 @@ static void hc_on_bridge(void *ud, const char *data, size_t len)
         } else {
             hc_error(c, 500, PGW_INTERNAL, "task answer cannot be written as JSON");
         }
-        transcode_buf_fini(&json);
+        strbuf_fini(&json);
     }
     msgpack_unpacked_destroy(&up);
     hc_response_done(c);
@@ -1717,7 +1717,7 @@ static int http_make_models(struct http_server *hs)
     msgpack_sbuffer sb;
     msgpack_packer pk;
     msgpack_unpacked up;
-    struct transcode_buf json;
+    struct strbuf json;
     uint32_t n = 0;
     int rc = -1;
 
@@ -1749,15 +1749,15 @@ static int http_make_models(struct http_server *hs)
         rpc_pack_kv_str(&pk, "capability", s->capability);
     }
     msgpack_unpacked_init(&up);
-    transcode_buf_init(&json);
+    strbuf_init(&json);
     if (msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS &&
         transcode_msgpack_to_json(&up.data, &json, NULL, NULL, NULL, 0) == 0) {
         hs->models_json = json.data; /* taken */
         hs->models_len = json.len;
-        transcode_buf_init(&json);
+        strbuf_init(&json);
         rc = 0;
     }
-    transcode_buf_fini(&json);
+    strbuf_fini(&json);
     msgpack_unpacked_destroy(&up);
     msgpack_sbuffer_destroy(&sb);
     return rc;

@@ -81,23 +81,35 @@
  * only mark the records; the callers are failed from onDisconnect, which
  * knows the reason.
  *
+ * hiredis 0.14 work-arounds, each marked "hiredis 0.14:" where it lives,
+ * to delete on an upgrade to hiredis >= 1.1:
+ *  - per-command timers (cmd_start_timer, cmd_on_timeout): 1.0 has
+ *    redisAsyncSetTimeout();
+ *  - the connect and handshake bound (connect_w, conn_on_connect_timeout):
+ *    1.0 has redisOptions.connect_timeout (the handshake bound stays);
+ *  - the subscriber ping as a repeated SUBSCRIBE (sub_on_ping, sub_send,
+ *    the "Subscriber liveness" paragraph): a plain PING from PR #1027 (1.1);
+ *  - conn_detach(hiredis_frees): 1.0 runs onConnect and onDisconnect under
+ *    REDIS_IN_CALLBACK, so redisAsyncFree() becomes safe there.
+ * The host-name lookup off the loop (redis_resolve.c) is not one: every
+ * hiredis resolves synchronously inside redisAsyncConnect().
+ *
  * User code (command callbacks, hooks) may call rds_free(). `depth` counts
  * our frames on the stack, and the memory is released when the outermost
  * one returns; after user code we check `closing`.
  */
 #include "redis.h"
+#include "dlist.h"
+#include "redis_resolve.h"
 
 #include <arpa/inet.h>
-#include <ctype.h>
 #include <hiredis/adapters/libev.h>
 #include <hiredis/async.h>
 #include <hiredis/sds.h>
 #include <limits.h>
 #include <math.h>
 #include <netdb.h>
-#include <pthread.h>
 #include <signal.h>
-#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -127,34 +139,9 @@ extern const char *const rds_script_name[RDS_N_SCRIPTS];
 #define RDS_PING_EVERY(timeout_s) fmax(1.0, 2.0 * (timeout_s))
 #define RDS_ERR_MAX 128
 #define RDS_SHA_LEN 40
-/* Lookup threads alive in the process, abandoned ones included: with a
- * resolver that hangs, each retry would otherwise leave one more thread
- * blocked in getaddrinfo(). Past the cap an attempt fails at once. */
-#define RDS_MAX_LOOKUPS 8
-
-static atomic_int rds_lookups;
-
 enum rconn_kind { RC_CMD, RC_SUB, RC_N };
 enum rconn_state { RC_DOWN, RC_RESOLVING, RC_CONNECTING, RC_HANDSHAKE, RC_UP };
 enum cmd_kind { CMD_USER, CMD_AUTH, CMD_SELECT, CMD_LOAD, CMD_TIME };
-
-/* One lookup of the host name on a detached thread. Shared by the thread
- * and the loop (two references); the loop gives up its reference when it
- * gets the answer or abandons the attempt (timeout, rds_free), the thread
- * when it is done, and the last one frees. The thread signals the loop only
- * while holding `mu` and only if the loop still wants the answer, so after
- * resolve_abandon() it never touches the loop or the watcher again. */
-struct resolve {
-    pthread_mutex_t mu;
-    int refs;
-    bool abandoned;                 /* the loop no longer wants the answer */
-    struct ev_loop *loop;
-    ev_async done_w;
-    struct rconn *cn;               /* loop side only */
-    int rc;                         /* getaddrinfo()'s, 0 = addr is set */
-    char addr[INET6_ADDRSTRLEN];
-    char host[256];
-};
 
 struct cmd {
     struct cmd *prev, *next;        /* the connection's live list */
@@ -181,7 +168,7 @@ struct rconn {
     enum rconn_kind kind;
     enum rconn_state state;
     redisAsyncContext *ac;          /* NULL unless CONNECTING, HANDSHAKE or UP */
-    struct resolve *res;            /* RESOLVING only */
+    struct rds_resolve *res;        /* RESOLVING only */
     ev_timer connect_w;
     ev_timer retry_w;
     unsigned failures;              /* failed attempts in a row: the backoff exponent */
@@ -230,252 +217,6 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
-}
-
-/* --- URL ------------------------------------------------------------- */
-
-static int hexval(int ch)
-{
-    if (ch >= '0' && ch <= '9')
-        return ch - '0';
-    ch = tolower(ch);
-    return ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
-}
-
-/* Percent-decodes s[0..n) into out[cap] (the URL's `what`); -1 with a
- * reason on a malformed or NUL escape, or when it does not fit. The
- * reason never quotes the text (it may be the password). */
-static int pct_decode(const char *s, size_t n, char *out, size_t cap, const char *what,
-                      char *err, size_t errlen)
-{
-    size_t j = 0;
-
-    for (size_t i = 0; i < n; i++) {
-        int ch = (unsigned char)s[i];
-        if (ch == '%') {
-            if (n - i < 3 || hexval(s[i + 1]) < 0 || hexval(s[i + 2]) < 0 ||
-                hexval(s[i + 1]) * 16 + hexval(s[i + 2]) == 0) {
-                set_err(err, errlen, "bad percent-encoding in the %s (%%XX, not %%00)", what);
-                return -1;
-            }
-            ch = hexval(s[i + 1]) * 16 + hexval(s[i + 2]);
-            i += 2;
-        }
-        if (j + 1 >= cap) {
-            set_err(err, errlen, "%s too long (max %zu bytes)", what, cap - 1);
-            return -1;
-        }
-        out[j++] = (char)ch;
-    }
-    out[j] = '\0';
-    return 0;
-}
-
-/* Parses a decimal number made only of digits, at most `max`. */
-static int parse_uint(const char *s, size_t n, long long max, long long *v)
-{
-    long long x = 0;
-
-    if (n == 0)
-        return -1;
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] < '0' || s[i] > '9')
-            return -1;
-        x = x * 10 + (s[i] - '0');
-        if (x > max)
-            return -1;
-    }
-    *v = x;
-    return 0;
-}
-
-static int parse_password(const char *s, size_t n, struct rds_addr *out, char *err,
-                          size_t errlen)
-{
-    return pct_decode(s, n, out->password, sizeof(out->password), "password", err, errlen);
-}
-
-static int parse_db(const char *s, size_t n, struct rds_addr *out, char *err, size_t errlen)
-{
-    long long v;
-
-    if (parse_uint(s, n, INT_MAX, &v) < 0) {
-        set_err(err, errlen, "bad db (expected a number 0..%d)", INT_MAX);
-        return -1;
-    }
-    out->db = (int)v;
-    return 0;
-}
-
-/* redis://[[user]:password@]host[:port][/db]. The user info ends at the
- * LAST '@', so an unencoded '@' or '/' in the password still works. */
-static int parse_tcp(const char *s, struct rds_addr *out, char *err, size_t errlen)
-{
-    const char *at = strrchr(s, '@'), *p = s;
-
-    if (at) {
-        const char *colon = memchr(s, ':', (size_t)(at - s));
-        if (!colon) {
-            set_err(err, errlen, "the part before '@' must be [user]:password");
-            return -1;
-        }
-        size_t ulen = (size_t)(colon - s);
-        if (ulen && !(ulen == 7 && strncmp(s, "default", 7) == 0)) {
-            set_err(err, errlen, "user names other than 'default' are not supported "
-                                 "(use redis://:password@host)");
-            return -1;
-        }
-        if (parse_password(colon + 1, (size_t)(at - colon - 1), out, err, errlen) < 0)
-            return -1;
-        p = at + 1;
-    }
-
-    size_t hlen;
-    if (*p == '[') {
-        const char *close = strchr(p, ']');
-        if (!close) {
-            set_err(err, errlen, "unterminated '[' in the host");
-            return -1;
-        }
-        hlen = (size_t)(close - p - 1);
-        if (hlen == 0) {
-            set_err(err, errlen, "empty host");
-            return -1;
-        }
-        unsigned char tmp[sizeof(struct in6_addr)];
-        if (hlen >= sizeof(out->host)) {
-            set_err(err, errlen, "bad IPv6 address in the host");
-            return -1;
-        }
-        memcpy(out->host, p + 1, hlen);
-        out->host[hlen] = '\0';
-        if (inet_pton(AF_INET6, out->host, tmp) != 1) {
-            set_err(err, errlen, "bad IPv6 address in the host");
-            return -1;
-        }
-        p = close + 1;
-        if (*p && *p != ':' && *p != '/') {
-            set_err(err, errlen, "unexpected characters after the host");
-            return -1;
-        }
-    } else {
-        hlen = strcspn(p, ":/");
-        if (hlen == 0) {
-            set_err(err, errlen, "empty host");
-            return -1;
-        }
-        if (hlen >= sizeof(out->host)) {
-            set_err(err, errlen, "host too long (max %zu bytes)", sizeof(out->host) - 1);
-            return -1;
-        }
-        for (size_t i = 0; i < hlen; i++) {
-            unsigned char ch = (unsigned char)p[i];
-            if (!isalnum(ch) && ch != '-' && ch != '.' && ch != '_') {
-                set_err(err, errlen, "bad character in the host (letters, digits, '-', '.', '_')");
-                return -1;
-            }
-        }
-        memcpy(out->host, p, hlen);
-        out->host[hlen] = '\0';
-        p += hlen;
-    }
-
-    if (*p == ':') {
-        size_t n = strcspn(++p, "/");
-        long long v;
-        if (parse_uint(p, n, 65535, &v) < 0 || v == 0) {
-            set_err(err, errlen, "bad port (expected 1..65535)");
-            return -1;
-        }
-        out->port = (int)v;
-        p += n;
-    }
-    if (*p == '/') {
-        size_t n = strlen(++p);
-        size_t digits = strspn(p, "0123456789");
-        if (n && digits == 0) {
-            set_err(err, errlen, "bad db (expected a number 0..%d)", INT_MAX);
-            return -1;
-        }
-        if (digits && parse_db(p, digits, out, err, errlen) < 0)
-            return -1;
-        if (digits < n) {
-            set_err(err, errlen, "unexpected characters after the db number");
-            return -1;
-        }
-    }
-    return 0;
-}
-
-/* unix:///path/to/socket[?db=N][&password=P] (parameters in any order). */
-static int parse_unix(const char *s, struct rds_addr *out, char *err, size_t errlen)
-{
-    if (*s != '/') {
-        set_err(err, errlen, "the socket path must be absolute (unix:///path)");
-        return -1;
-    }
-    size_t n = strcspn(s, "?");
-    if (pct_decode(s, n, out->path, sizeof(out->path), "socket path", err, errlen) < 0)
-        return -1;
-    out->port = 0;
-    if (!s[n])
-        return 0;
-
-    bool have_db = false, have_pw = false;
-    const char *p = s + n + 1;
-    for (;;) {
-        size_t len = strcspn(p, "&");
-        if (len > 3 && strncmp(p, "db=", 3) == 0) {
-            if (have_db) {
-                set_err(err, errlen, "db given twice");
-                return -1;
-            }
-            have_db = true;
-            if (parse_db(p + 3, len - 3, out, err, errlen) < 0)
-                return -1;
-        } else if (len >= 9 && strncmp(p, "password=", 9) == 0) {
-            if (have_pw) {
-                set_err(err, errlen, "password given twice");
-                return -1;
-            }
-            have_pw = true;
-            if (parse_password(p + 9, len - 9, out, err, errlen) < 0)
-                return -1;
-        } else {
-            /* The text is not echoed: it could be a mistyped password. */
-            set_err(err, errlen, "bad query parameter (expected db=N or password=P)");
-            return -1;
-        }
-        if (!p[len])
-            return 0;
-        p += len + 1;
-    }
-}
-
-int rds_parse_url(const char *url, struct rds_addr *out, char *err, size_t errlen)
-{
-    int rc;
-
-    memset(out, 0, sizeof(*out));
-    out->port = 6379;
-    if (!url) {
-        set_err(err, errlen, "no URL");
-        return -1;
-    }
-    if (strncasecmp(url, "redis://", 8) == 0)
-        rc = parse_tcp(url + 8, out, err, errlen);
-    else if (strncasecmp(url, "unix://", 7) == 0)
-        rc = parse_unix(url + 7, out, err, errlen);
-    else if (strncasecmp(url, "rediss://", 9) == 0) {
-        set_err(err, errlen, "TLS (rediss://) is not supported");
-        rc = -1;
-    } else {
-        set_err(err, errlen, "unsupported scheme (expected redis:// or unix://)");
-        rc = -1;
-    }
-    if (rc < 0)
-        explicit_bzero(out, sizeof(*out));
-    return rc;
 }
 
 /* --- small helpers --------------------------------------------------- */
@@ -546,11 +287,7 @@ static void cmd_on_timeout(struct ev_loop *loop, ev_timer *w, int revents);
 static void cmd_link(struct rconn *cn, struct cmd *c)
 {
     c->cn = cn;
-    c->prev = NULL;
-    c->next = cn->live;
-    if (cn->live)
-        cn->live->prev = c;
-    cn->live = c;
+    DLIST_PUSH(cn->live, c, prev, next);
 }
 
 static void cmd_unlink(struct cmd *c)
@@ -559,13 +296,7 @@ static void cmd_unlink(struct cmd *c)
 
     if (!cn)
         return;
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        cn->live = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    c->prev = c->next = NULL;
+    DLIST_UNLINK(cn->live, c, prev, next);
     c->cn = NULL;
 }
 
@@ -605,6 +336,7 @@ static void rds_on_flush(struct ev_loop *loop, ev_prepare *w, int revents)
     rds_leave(r);
 }
 
+/* hiredis 0.14: no async command timeout of its own. */
 static void cmd_start_timer(struct rds *r, struct cmd *c)
 {
     ev_set_cb(&c->timer_w, cmd_on_timeout);
@@ -644,87 +376,16 @@ static void fail_list(struct rds *r, struct cmd *list, const char *why)
     }
 }
 
-/* --- resolver thread ------------------------------------------------- */
-
-static void resolve_destroy(struct resolve *res)
-{
-    pthread_mutex_destroy(&res->mu);
-    free(res);
-}
-
-static void *resolve_main(void *arg)
-{
-    struct resolve *res = arg;
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
-    char addr[INET6_ADDRSTRLEN] = "";
-
-    int rc = getaddrinfo(res->host, NULL, &hints, &ai);
-    if (rc == 0) {
-        /* IPv4 first, as hiredis' own resolution does. */
-        const struct addrinfo *pick = NULL;
-        for (const struct addrinfo *a = ai; a && !pick; a = a->ai_next)
-            if (a->ai_family == AF_INET)
-                pick = a;
-        for (const struct addrinfo *a = ai; a && !pick; a = a->ai_next)
-            if (a->ai_family == AF_INET6)
-                pick = a;
-        if (!pick)
-            rc = EAI_FAMILY;
-        else if (pick->ai_family == AF_INET)
-            inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)pick->ai_addr)->sin_addr,
-                      addr, sizeof(addr));
-        else
-            inet_ntop(AF_INET6,
-                      &((const struct sockaddr_in6 *)(const void *)pick->ai_addr)->sin6_addr, addr,
-                      sizeof(addr));
-        freeaddrinfo(ai);
-    }
-
-    pthread_mutex_lock(&res->mu);
-    res->rc = rc;
-    memcpy(res->addr, addr, sizeof(addr));
-    if (!res->abandoned)
-        ev_async_send(res->loop, &res->done_w);
-    bool last = --res->refs == 0;
-    pthread_mutex_unlock(&res->mu);
-    if (last)
-        resolve_destroy(res);
-    atomic_fetch_sub(&rds_lookups, 1);
-    return NULL;
-}
-
-/* Drops the loop's reference. The watcher is stopped under the mutex, so
- * the thread can no longer be inside ev_async_send() on it. */
-static void resolve_abandon(struct resolve *res)
-{
-    pthread_mutex_lock(&res->mu);
-    res->abandoned = true;
-    ev_async_stop(res->loop, &res->done_w);
-    bool last = --res->refs == 0;
-    pthread_mutex_unlock(&res->mu);
-    if (last)
-        resolve_destroy(res);
-}
+/* --- host-name lookup (redis_resolve.h) ------------------------------ */
 
 static void conn_connect(struct rconn *cn, const char *ip);
 
-static void resolve_on_done(struct ev_loop *loop, ev_async *w, int revents)
+static void conn_on_resolved(int rc, const char *addr, void *ud)
 {
-    struct resolve *res = w->data;
-    struct rconn *cn = res->cn;
+    struct rconn *cn = ud;
     struct rds *r = cn->r;
-    char addr[INET6_ADDRSTRLEN];
-    int rc;
 
-    (void)loop;
-    (void)revents;
-    pthread_mutex_lock(&res->mu);
-    rc = res->rc;
-    memcpy(addr, res->addr, sizeof(addr));
-    pthread_mutex_unlock(&res->mu);
     cn->res = NULL;
-    resolve_abandon(res);
-
     rds_enter(r);
     if (rc != 0) {
         char why[RDS_ERR_MAX];
@@ -734,56 +395,6 @@ static void resolve_on_done(struct ev_loop *loop, ev_async *w, int revents)
         conn_connect(cn, addr);
     }
     rds_leave(r);
-}
-
-/* Returns 0, -1 (out of resources) or -2 (too many lookups in flight). */
-static int resolve_start(struct rconn *cn)
-{
-    struct rds *r = cn->r;
-    struct resolve *res;
-    pthread_attr_t attr;
-    pthread_t tid;
-    sigset_t all, old;
-
-    if (atomic_fetch_add(&rds_lookups, 1) >= RDS_MAX_LOOKUPS) {
-        atomic_fetch_sub(&rds_lookups, 1);
-        return -2;
-    }
-    res = calloc(1, sizeof(*res));
-    if (!res || pthread_mutex_init(&res->mu, NULL) != 0) {
-        free(res);
-        atomic_fetch_sub(&rds_lookups, 1);
-        return -1;
-    }
-    res->refs = 2;
-    res->loop = r->loop;
-    res->cn = cn;
-    snprintf(res->host, sizeof(res->host), "%s", r->addr.host);
-    ev_async_init(&res->done_w, resolve_on_done);
-    res->done_w.data = res;
-    ev_async_start(r->loop, &res->done_w);
-
-    if (pthread_attr_init(&attr) != 0) {
-        ev_async_stop(r->loop, &res->done_w);
-        resolve_destroy(res);
-        atomic_fetch_sub(&rds_lookups, 1);
-        return -1;
-    }
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    /* The thread inherits a full signal mask: signals stay with the loop. */
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int rc = pthread_create(&tid, &attr, resolve_main, res);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    pthread_attr_destroy(&attr);
-    if (rc != 0) {
-        ev_async_stop(r->loop, &res->done_w);
-        resolve_destroy(res);
-        atomic_fetch_sub(&rds_lookups, 1);
-        return -1;
-    }
-    cn->res = res;
-    return 0;
 }
 
 /* --- connection state machine ---------------------------------------- */
@@ -799,7 +410,8 @@ static void conn_set_state(struct rconn *cn, enum rconn_state to)
 
 /* Ends the connection or the attempt: no timer, no lookup, no context (ours
  * is freed unless hiredis is freeing it), and returns the live list for
- * fail_list(). Runs no user code. */
+ * fail_list(). Runs no user code. hiredis 0.14: `hiredis_frees` (see the
+ * top comment). */
 static struct cmd *conn_detach(struct rconn *cn, bool hiredis_frees)
 {
     struct rds *r = cn->r;
@@ -807,7 +419,7 @@ static struct cmd *conn_detach(struct rconn *cn, bool hiredis_frees)
 
     ev_timer_stop(r->loop, &cn->connect_w);
     if (cn->res) {
-        resolve_abandon(cn->res);
+        rds_resolve_abandon(cn->res);
         cn->res = NULL;
     }
     cn->live = NULL;
@@ -991,7 +603,7 @@ static void sub_on_reply(redisAsyncContext *ac, void *reply_, void *privdata)
 }
 
 /* ping_w: sends the subscriber's ping, or finds it unanswered (see the top
- * comment). */
+ * comment). hiredis 0.14: the ping is a SUBSCRIBE. */
 static void sub_on_ping(struct ev_loop *loop, ev_timer *w, int revents)
 {
     struct rconn *cn = w->data;
@@ -1156,7 +768,7 @@ static void conn_attempt(struct rconn *cn)
         return;
     }
     conn_set_state(cn, RC_RESOLVING);
-    int rc = resolve_start(cn);
+    int rc = rds_resolve_start(r->loop, r->addr.host, conn_on_resolved, cn, &cn->res);
     if (rc == -2)
         conn_fail(cn, "too many host-name lookups in flight (is the resolver hanging?)", false);
     else if (rc < 0)
@@ -1176,6 +788,7 @@ static void conn_on_retry(struct ev_loop *loop, ev_timer *w, int revents)
     rds_leave(r);
 }
 
+/* hiredis 0.14: no connect timeout of its own. */
 static void conn_on_connect_timeout(struct ev_loop *loop, ev_timer *w, int revents)
 {
     struct rconn *cn = w->data;

@@ -42,25 +42,11 @@
 #include <stdint.h>
 
 #include "prom.h"
+#include "redis_url.h"
 
 struct rds;
 
 enum rds_script { RDS_ADMIT, RDS_RELEASE, RDS_RENEW, RDS_PROGRESS, RDS_TASK, RDS_N_SCRIPTS };
-
-/* Where to connect, parsed from a URL:
- *   redis://[[user]:password@]host[:port][/db]     (host may be [v6addr])
- *   unix:///path/to/socket[?db=N][&password=P]
- * Port defaults to 6379, db to 0. */
-struct rds_addr {
-    char host[256];          /* host name or address; empty for unix */
-    int port;
-    char path[108];          /* unix socket path; empty for tcp */
-    char password[256];      /* empty = no AUTH */
-    int db;
-};
-
-/* Returns 0, or -1 with a reason in `err` that never contains the password. */
-int rds_parse_url(const char *url, struct rds_addr *out, char *err, size_t errlen);
 
 struct rds_opts {
     const char *url;

@@ -32,6 +32,9 @@ int main(void)
         metrics_suite,
         redact_suite,
         jscan_suite,
+        lib_suite,
+        yamltree_suite,
+        redis_resolve_suite,
     };
     SRunner *sr = srunner_create(NULL);
 

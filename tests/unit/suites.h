@@ -28,5 +28,8 @@ Suite *prom_suite(void);
 Suite *metrics_suite(void);
 Suite *redact_suite(void);
 Suite *jscan_suite(void);
+Suite *lib_suite(void);
+Suite *yamltree_suite(void);
+Suite *redis_resolve_suite(void);
 
 #endif

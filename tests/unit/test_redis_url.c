@@ -15,6 +15,7 @@
 
 #include "log.h"
 #include "redis.h"
+#include "redis_url.h"
 #include "suites.h"
 
 #define SECRET "s3cr3t-TOPSECRET"
