@@ -63,6 +63,52 @@ START_TEST(test_redis_url__tcp_forms)
 }
 END_TEST
 
+/* rediss:// is the same URL over TLS; an ACL user goes with its password
+ * ("default" is no user: plain AUTH password). */
+START_TEST(test_redis_url__tls_and_acl_user)
+{
+    struct rds_addr a;
+    char err[256] = "";
+
+    ck_assert_int_eq(rds_parse_url("rediss://bob:" SECRET "@cache.example:6380/2", &a, err,
+                                   sizeof(err)), 0);
+    ck_assert(a.tls);
+    ck_assert_str_eq(a.user, "bob");
+    ck_assert_str_eq(a.password, SECRET);
+    ck_assert_str_eq(a.host, "cache.example");
+    ck_assert_int_eq(a.port, 6380);
+    ck_assert_int_eq(a.db, 2);
+    ck_assert_int_eq(rds_parse_url("redis://default:pw@h", &a, err, sizeof(err)), 0);
+    ck_assert(!a.tls);
+    ck_assert_str_eq(a.user, "");
+    ck_assert_int_eq(rds_parse_url("redis://a%40b:pw@h", &a, err, sizeof(err)), 0);
+    ck_assert_str_eq(a.user, "a@b");
+}
+END_TEST
+
+/* A sentinel's address: the port is required, nothing but host:port. */
+START_TEST(test_redis_url__sentinel_hostport)
+{
+    char host[256], err[128];
+    int port = 0;
+
+    ck_assert_int_eq(rds_parse_hostport("10.0.0.7:26379", host, sizeof(host), &port, err,
+                                        sizeof(err)), 0);
+    ck_assert_str_eq(host, "10.0.0.7");
+    ck_assert_int_eq(port, 26379);
+    ck_assert_int_eq(rds_parse_hostport("[::1]:5000", host, sizeof(host), &port, err,
+                                        sizeof(err)), 0);
+    ck_assert_str_eq(host, "::1");
+    ck_assert_int_eq(port, 5000);
+    static const char *const bad[] = {"h", "h:", "[::1]", "h:0", "h:70000", "a:b@h:1",
+                                      "h:1/0", "", ":1"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        ck_assert_msg(rds_parse_hostport(bad[i], host, sizeof(host), &port, err, sizeof(err)) ==
+                          -1,
+                      "accepted %s", bad[i]);
+}
+END_TEST
+
 START_TEST(test_redis_url__ipv6)
 {
     expect_ok("redis://[::1]", "::1", 6379, "", "", 0);
@@ -102,7 +148,7 @@ START_TEST(test_redis_url__bad_scheme)
     expect_reject("http://:" SECRET "@h", "unsupported scheme");
     expect_reject("redis:/h", "unsupported scheme");
     expect_reject("", "unsupported scheme");
-    expect_reject("rediss://:" SECRET "@h", "TLS");
+    expect_reject("rediss:/:" SECRET "@h", "unsupported scheme");
     expect_reject(NULL, "no URL");
 }
 END_TEST
@@ -157,7 +203,7 @@ END_TEST
 START_TEST(test_redis_url__bad_userinfo)
 {
     expect_reject("redis://" SECRET "@h", "[user]:password");
-    expect_reject("redis://bob:" SECRET "@h", "user names");
+    expect_reject("redis://bob%zz:" SECRET "@h", "percent-encoding in the user name");
     expect_reject("redis://:" SECRET "%zz@h", "percent-encoding");
     expect_reject("redis://:" SECRET "%4@h", "percent-encoding");
     expect_reject("redis://:" SECRET "%00@h", "percent-encoding");
@@ -349,7 +395,7 @@ START_TEST(test_redis_url__not_connected)
     ck_assert_int_eq(rds_eval(r, RDS_ADMIT, 3, 2, argv, NULL, never_cb, NULL), -1);
 
     read_stats(r, &v);
-    ck_assert_uint_eq(v.n_keys, 19);
+    ck_assert_uint_eq(v.n_keys, 20);
     ck_assert(v.all_keys_unique);
     ck_assert_str_eq(v.address, "/nonexistent/polygw-test.sock");
     ck_assert_uint_eq(v.rejected, 2);
@@ -413,6 +459,8 @@ Suite *redis_url_suite(void)
     tcase_add_test(tc, test_redis_url__password_decoding);
     tcase_add_test(tc, test_redis_url__unix_forms);
     tcase_add_test(tc, test_redis_url__bad_scheme);
+    tcase_add_test(tc, test_redis_url__tls_and_acl_user);
+    tcase_add_test(tc, test_redis_url__sentinel_hostport);
     tcase_add_test(tc, test_redis_url__bad_host);
     tcase_add_test(tc, test_redis_url__bad_port);
     tcase_add_test(tc, test_redis_url__bad_db);

@@ -1,0 +1,259 @@
+"""Real Redis topologies on loopback for the fleet tests: a Sentinel set
+(one primary, one replica, N redis-sentinels) and a TLS redis-server with
+a CA and certificates made by `openssl` for the test.
+
+Every process gets a free 127.0.0.1 port and a temp directory, and is
+SIGKILLed at cleanup; every wait is bounded.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+
+import pytest
+
+from redis_fixture import RedisError, Resp, free_port, wait_until
+
+
+def _need(exe, pkg):
+    if not shutil.which(exe):
+        pytest.skip("%s not installed (make deps installs %s)" % (exe, pkg))
+
+
+class Proc:
+    """One redis-server or redis-sentinel on its own port and directory."""
+
+    def __init__(self, base, name, argv_tail, port=None, conf=None, ready=None):
+        self.name = name
+        self.dir = os.path.join(base, name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.port = port or free_port()
+        self.argv_tail = argv_tail
+        self.conf = conf
+        self.ready = ready
+        self.proc = None
+
+    def start(self, timeout=5.0):
+        log = open(os.path.join(self.dir, "log"), "a")
+        argv = list(self.argv_tail(self))
+        try:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                         cwd=self.dir)
+        finally:
+            log.close()
+        ok = wait_until(lambda: self.proc.poll() is None and self._answers(), timeout, 0.02)
+        if not ok:
+            raise RuntimeError("%s did not start: %s" % (self.name, self.logs()[-2000:]))
+        return self
+
+    def _answers(self):
+        if self.ready:
+            return self.ready(self)
+        try:
+            c = Resp(self.port, timeout=1)
+            try:
+                return c.call("PING") == "PONG"
+            finally:
+                c.close()
+        except (OSError, RedisError):
+            return False
+
+    def client(self, timeout=2.0):
+        return Resp(self.port, timeout=timeout)
+
+    def call(self, *args):
+        c = self.client()
+        try:
+            return c.call(*args)
+        finally:
+            c.close()
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(5)
+
+    def logs(self):
+        try:
+            with open(os.path.join(self.dir, "log")) as f:
+                return f.read()
+        except OSError:
+            return ""
+
+
+def _server_argv(port, d, extra=()):
+    return [shutil.which("redis-server"), "--port", str(port), "--bind", "127.0.0.1",
+            "--save", "", "--appendonly", "no", "--daemonize", "no", "--dir", d] + list(extra)
+
+
+class SentinelSet:
+    """A primary, a replica of it, and `n` sentinels monitoring it as
+    `master` with quorum `quorum`, down-after-milliseconds `down_after_ms`,
+    failover-timeout `failover_timeout_ms`."""
+
+    def __init__(self, n=3, quorum=2, master="mymaster", down_after_ms=1000,
+                 failover_timeout_ms=3000, server_extra=(), sentinel_lines=()):
+        _need("redis-server", "redis-server")
+        _need("redis-sentinel", "redis-sentinel")
+        self.base = tempfile.mkdtemp(prefix="pgw-sentinel-")
+        self.master = master
+        self.server_extra = list(server_extra)
+        self.primary = Proc(self.base, "primary",
+                            lambda p: _server_argv(p.port, p.dir, self.server_extra))
+        self.replica = Proc(self.base, "replica",
+                            lambda p: _server_argv(p.port, p.dir, self.server_extra + [
+                                "--replicaof", "127.0.0.1", str(self.primary.port)]))
+        self.sentinels = []
+        for i in range(n):
+            s = Proc(self.base, "sentinel%d" % i, self._sentinel_argv)
+            s.quorum, s.down_after_ms, s.failover_timeout_ms = (quorum, down_after_ms,
+                                                                failover_timeout_ms)
+            s.lines = list(sentinel_lines)
+            self.sentinels.append(s)
+
+    def _sentinel_argv(self, s):
+        conf = os.path.join(s.dir, "sentinel.conf")
+        if not os.path.exists(conf):   # a sentinel rewrites its own file: written once
+            with open(conf, "w") as f:
+                f.write("port %d\nbind 127.0.0.1\ndaemonize no\ndir %s\n" % (s.port, s.dir))
+                f.write("sentinel monitor %s 127.0.0.1 %d %d\n"
+                        % (self.master, self.primary.port, s.quorum))
+                f.write("sentinel down-after-milliseconds %s %d\n" % (self.master, s.down_after_ms))
+                f.write("sentinel failover-timeout %s %d\n" % (self.master, s.failover_timeout_ms))
+                f.write("sentinel parallel-syncs %s 1\n" % self.master)
+                for line in s.lines:
+                    f.write(line + "\n")
+        return [shutil.which("redis-sentinel"), conf]
+
+    def start(self, timeout=15.0):
+        self.primary.start()
+        self.replica.start()
+        for s in self.sentinels:
+            s.start()
+        n = len(self.sentinels)
+
+        def settled():
+            for s in self.sentinels:
+                try:
+                    m = self._master_info(s)
+                except (OSError, RedisError):
+                    return False
+                if int(m.get("num-other-sentinels", 0)) != n - 1 or int(m.get("num-slaves", 0)) < 1:
+                    return False
+            return self._replica_synced()
+        if not wait_until(settled, timeout, 0.1):
+            raise RuntimeError("the sentinels did not find each other and the replica in %ss"
+                               % timeout)
+        return self
+
+    def _replica_synced(self):
+        role = self.replica.call("ROLE")
+        return role[0] == "slave" and role[3] == "connected"
+
+    def _master_info(self, s):
+        flat = s.call("SENTINEL", "MASTER", self.master)
+        return dict(zip(flat[0::2], flat[1::2]))
+
+    def addresses(self):
+        return ["127.0.0.1:%d" % s.port for s in self.sentinels]
+
+    def primary_port(self, s=None):
+        """The primary's port as sentinel `s` (default the first alive) names it."""
+        for s in ([s] if s else self.sentinels):
+            if s.proc and s.proc.poll() is None:
+                try:
+                    return int(s.call("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master)[1])
+                except (OSError, RedisError):
+                    continue
+        return None
+
+    def cleanup(self):
+        for p in self.sentinels + [self.replica, self.primary]:
+            p.kill()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+# ------------------------------------------------------------------- TLS
+def _openssl(*args, cwd):
+    subprocess.run(["openssl"] + list(args), cwd=cwd, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.PIPE, timeout=30)
+
+
+class Certs:
+    """A CA, a server certificate for `names` (DNS names and IP
+    addresses) signed by it, a client certificate, and an unrelated CA:
+    all PEM files in one temp directory."""
+
+    def __init__(self, names=("localhost", "127.0.0.1")):
+        _need("openssl", "openssl")
+        self.dir = tempfile.mkdtemp(prefix="pgw-certs-")
+        d = self.dir
+        for ca in ("ca", "other-ca"):
+            _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                     "-subj", "/CN=polygw test %s" % ca, "-keyout", ca + ".key", "-out",
+                     ca + ".crt", cwd=d)
+        san = ",".join(("IP:%s" if n.replace(".", "").isdigit() else "DNS:%s") % n
+                       for n in names)
+        with open(os.path.join(d, "server.ext"), "w") as f:
+            f.write("subjectAltName=%s\nextendedKeyUsage=serverAuth\n" % san)
+        with open(os.path.join(d, "client.ext"), "w") as f:
+            f.write("extendedKeyUsage=clientAuth\n")
+        for who in ("server", "client"):
+            _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=%s" % who,
+                     "-keyout", who + ".key", "-out", who + ".csr", cwd=d)
+            _openssl("x509", "-req", "-in", who + ".csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                     "-CAcreateserial", "-days", "2", "-extfile", who + ".ext",
+                     "-out", who + ".crt", cwd=d)
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def cleanup(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class TlsRedis:
+    """redis-server with TLS only (`--port 0`), the server certificate of
+    `certs`; `auth_clients` asks for a client certificate."""
+
+    def __init__(self, certs, auth_clients=False, extra=()):
+        _need("redis-server", "redis-server")
+        self.certs = certs
+        self.base = tempfile.mkdtemp(prefix="pgw-tls-redis-")
+        tls = ["--port", "0", "--tls-port", None, "--tls-cert-file", certs.path("server.crt"),
+               "--tls-key-file", certs.path("server.key"), "--tls-ca-cert-file",
+               certs.path("ca.crt"), "--tls-auth-clients", "yes" if auth_clients else "no"]
+        self.proc = Proc(self.base, "redis", self._argv, ready=self._ready)
+        self.tls = tls
+        self.extra = list(extra)
+
+    def _argv(self, p):
+        tls = [str(p.port) if a is None else a for a in self.tls]
+        argv = _server_argv(p.port, p.dir, self.extra)
+        i = argv.index("--port")
+        del argv[i:i + 2]
+        return argv + tls
+
+    def _ready(self, p):
+        r = subprocess.run(self.cli() + ["PING"], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, timeout=5)
+        return r.stdout.strip() == b"PONG"
+
+    def cli(self):
+        c = self.certs
+        return ["redis-cli", "-h", "127.0.0.1", "-p", str(self.proc.port), "--tls",
+                "--cacert", c.path("ca.crt"), "--cert", c.path("client.crt"),
+                "--key", c.path("client.key")]
+
+    @property
+    def port(self):
+        return self.proc.port
+
+    def start(self):
+        self.proc.start()
+        return self
+
+    def cleanup(self):
+        self.proc.kill()
+        shutil.rmtree(self.base, ignore_errors=True)
