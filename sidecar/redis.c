@@ -1425,6 +1425,8 @@ static void conn_on_connect_timeout(struct ev_loop *loop, ev_timer *w, int reven
 
     (void)loop;
     (void)revents;
+    if (!why && cn->tls && !rtls_is_open(cn->tls))
+        why = "TLS handshake timeout (does the server speak TLS on this port?)";
     if (!why)
         why = cn->state == RC_RESOLVING    ? "timeout resolving the host"
               : cn->state == RC_CONNECTING ? "connect timeout"

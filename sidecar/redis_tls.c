@@ -479,6 +479,11 @@ void rtls_free(struct rtls *t)
     free(t);
 }
 
+bool rtls_is_open(const struct rtls *t)
+{
+    return t && t->state == RT_OPEN;
+}
+
 const char *rtls_error(const struct rtls *t)
 {
     return t && t->err[0] ? t->err : NULL;

@@ -24,6 +24,7 @@
 #define POLYGW_REDIS_TLS_H
 
 #include <ev.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 struct rtls_opts {
@@ -58,5 +59,8 @@ void rtls_free(struct rtls *t);
 /* Why the bridge gave up (connect error, handshake or verification failure,
  * TLS error, the server closing), or NULL while it works. No secrets. */
 const char *rtls_error(const struct rtls *t);
+
+/* Is the TLS session established (handshake done, not failed)? */
+bool rtls_is_open(const struct rtls *t);
 
 #endif /* POLYGW_REDIS_TLS_H */
