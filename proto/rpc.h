@@ -21,6 +21,15 @@
 #include <stdint.h>
 
 #include "codes.h"
+#include "frame.h"
+
+/* The deepest value the sidecar may carry where it relays upstream data:
+ * a result's body and usage ([1, msgid, nil, {body: v}]), an error's
+ * upstream_body ([1, msgid, {upstream_body: v}, nil]) and a chunk's event
+ * ([2, "chunk", [msgid, v]]) each sit inside two containers, so `v` may
+ * nest this many levels for the whole message to stay within
+ * FRAME_MAX_DEPTH — the limit every reader of the protocol enforces. */
+#define RPC_RELAYED_MAX_DEPTH (FRAME_MAX_DEPTH - 2)
 
 enum rpc_type { RPC_REQUEST = 0, RPC_RESPONSE = 1, RPC_NOTIFY = 2 };
 

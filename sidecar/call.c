@@ -34,12 +34,14 @@
 #include "call.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "governor.h"
 #include "log.h"
+#include "redact.h"
 #include "shared.h"
 #include "task.h"
 #include "tasks.h"
@@ -66,6 +68,8 @@ struct call {
     const char *json_model;          /* model override `json` was made with */
     bool json_ready;
     msgpack_sbuffer usage;           /* last `usage` map seen in a stream, packed */
+    char event_error[96];            /* why the attempt's stream was refused, or "" */
+    uint32_t relayed;                /* chunks of the attempt relayed to the client */
     struct task *task;               /* the task it belongs to, or NULL */
     struct task_wait *task_wait;     /* shared backend: its task is being checked */
     struct call *tprev, *tnext;      /* the task's calls (head in task->ud) */
@@ -172,18 +176,80 @@ static void pack_raw(msgpack_packer *pk, const char *data, size_t len)
     pk->callback(pk->data, data, len);
 }
 
-/* Packs a JSON text as msgpack when it parses, else as a (bounded) string. */
-static void pack_upstream_body(msgpack_packer *pk, const char *body, size_t len)
+/* Upstream bytes reach the client only through the functions below:
+ * every secret the sidecar sent is scrubbed (redact.h), text is made valid
+ * UTF-8, and JSON nests no deeper than the protocol lets a relayed value
+ * nest (RPC_RELAYED_MAX_DEPTH), so a hostile reply can neither leak a key
+ * nor make a frame the client's reader must refuse. */
+
+/* Transcodes an upstream JSON text into `pk`, scrubbing every decoded
+ * string (which also catches an echo written with JSON escapes). A parse
+ * error's message may quote a short excerpt of the input: callers put it
+ * only in a detail, which relay_text_inplace() scrubs.
+ * Returns as transcode_json_to_msgpack(). */
+static int relay_json(struct server *srv, const char *json, size_t len, msgpack_packer *pk,
+                      char *err, size_t errlen)
+{
+    const struct transcode_j2m opt = {RPC_RELAYED_MAX_DEPTH, redact_on_str, srv->redact};
+
+    return transcode_json_to_msgpack(json, len, pk, &opt, err, errlen);
+}
+
+/* Packs upstream text as a str: scrubbed, invalid UTF-8 replaced with
+ * U+FFFD, cut to at most `max` bytes on a character boundary. */
+static void relay_text(struct server *srv, msgpack_packer *pk, const char *s, size_t n,
+                       size_t max)
+{
+    struct transcode_buf clean, valid;
+
+    transcode_buf_init(&clean);
+    transcode_buf_init(&valid);
+    if (redact_copy(srv->redact, s, n, &clean) < 0 ||
+        transcode_utf8_repair(clean.data, clean.len, &valid) < 0)
+        rpc_pack_str(pk, "(upstream text dropped: out of memory)");
+    else
+        rpc_pack_strn(pk, valid.data, transcode_utf8_cut(valid.data, valid.len, max));
+    transcode_buf_fini(&clean);
+    transcode_buf_fini(&valid);
+}
+
+/* The same for a NUL-terminated text kept in buf[cap] (an error detail or
+ * message that quotes upstream or curl text): rewritten in place. */
+static void relay_text_inplace(struct server *srv, char *buf, size_t cap)
+{
+    struct transcode_buf clean, valid;
+    size_t n = strnlen(buf, cap);
+
+    if (n == 0)
+        return;
+    transcode_buf_init(&clean);
+    transcode_buf_init(&valid);
+    if (redact_copy(srv->redact, buf, n, &clean) < 0 ||
+        transcode_utf8_repair(clean.data, clean.len, &valid) < 0) {
+        snprintf(buf, cap, "(detail dropped: out of memory)");
+    } else {
+        n = transcode_utf8_cut(valid.data, valid.len, cap - 1);
+        memcpy(buf, valid.data, n);
+        buf[n] = '\0';
+    }
+    transcode_buf_fini(&clean);
+    transcode_buf_fini(&valid);
+}
+
+/* Packs an upstream error body as msgpack when it is JSON that fits, else
+ * as a string of at most 4 KiB. */
+static void pack_upstream_body(struct server *srv, msgpack_packer *pk, const char *body,
+                               size_t len)
 {
     msgpack_sbuffer sb;
     msgpack_packer tmp;
 
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&tmp, &sb, msgpack_sbuffer_write);
-    if (len > 0 && transcode_json_to_msgpack(body, len, &tmp, NULL, 0) == 0)
+    if (len > 0 && relay_json(srv, body, len, &tmp, NULL, 0) == 0)
         pack_raw(pk, sb.data, sb.size);
     else
-        rpc_pack_strn(pk, body ? body : "", len > 4096 ? 4096 : len);
+        relay_text(srv, pk, body ? body : "", len, 4096);
     msgpack_sbuffer_destroy(&sb);
 }
 
@@ -297,6 +363,7 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
         snprintf(msg, sizeof(msg), "%s", pgw_code_name(code));
         break;
     }
+    relay_text_inplace(k->conn->srv, msg, sizeof(msg)); /* %.160s may cut a character */
     bool status = http_status != 0;
     size_t extra = 4 + (status ? 1 : 0) + (rejected ? 1 : 0);
     rpc_pack_error_begin(pk, k->msgid, code, msg, extra);
@@ -311,7 +378,7 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
     }
     if (rejected) {
         rpc_pack_str(pk, "upstream_body");
-        pack_upstream_body(pk, last->body, last->body_len);
+        pack_upstream_body(k->conn->srv, pk, last->body, last->body_len);
     }
     rpc_pack_str(pk, "sources");
     pack_sources(pk, k, last);
@@ -376,16 +443,25 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
     k->attempt = NULL;
     msgpack_sbuffer_init(&body);
     msgpack_unpacked_init(&up);
+    if (k->event_error[0] && res.outcome.reason == REASON_BAD_RESPONSE)
+        snprintf(res.detail, sizeof(res.detail), "%s", k->event_error);
+    res.events = k->relayed; /* the engine also counts an event the hook refused */
 
-    /* A plain success must be JSON; if not, it is a transient failure the
-     * loop may retry, not a success. */
+    /* A plain success must be JSON that fits in a response frame; if not,
+     * it is a transient failure the loop may retry, not a success. */
     if (res.outcome.kind == OUTCOME_SUCCESS && !k->stream) {
         msgpack_packer_init(&bpk, &body, msgpack_sbuffer_write);
-        if (transcode_json_to_msgpack(res.body ? res.body : "", res.body_len, &bpk, err,
-                                      sizeof(err)) < 0) {
+        int rc = relay_json(k->conn->srv, res.body ? res.body : "", res.body_len, &bpk, err,
+                            sizeof(err));
+        if (rc < 0) {
             outcome_from_reason(&res.outcome, REASON_BAD_RESPONSE);
             res.outcome.http_status = res.http_status;
-            snprintf(res.detail, sizeof(res.detail), "reply is not JSON: %.130s", err);
+            if (rc == TRANSCODE_ETOO_DEEP)
+                snprintf(res.detail, sizeof(res.detail),
+                         "reply nests deeper than the %d levels a relayed value may have",
+                         RPC_RELAYED_MAX_DEPTH);
+            else
+                snprintf(res.detail, sizeof(res.detail), "reply is not JSON: %.130s", err);
         } else if (msgpack_unpack_next(&up, body.data, body.size, NULL) == MSGPACK_UNPACK_SUCCESS) {
             usage = rpc_map_get(&up.data, "usage");
         }
@@ -394,6 +470,7 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
                    MSGPACK_UNPACK_SUCCESS) {
         usage = &up.data;
     }
+    relay_text_inplace(k->conn->srv, res.detail, sizeof(res.detail));
     if (usage && usage->type != MSGPACK_OBJECT_MAP)
         usage = NULL;
 
@@ -444,12 +521,22 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
 
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&tmp, &sb, msgpack_sbuffer_write);
-    if (transcode_json_to_msgpack(data, len, &tmp, NULL, 0) < 0) {
+    int rc = relay_json(c->srv, data, len, &tmp, NULL, 0);
+    if (rc == TRANSCODE_ETOO_DEEP) {
+        /* Valid JSON, but no client could read the chunk: a bad_response
+         * (upstream.c ends the attempt when the hook refuses an event). */
+        snprintf(k->event_error, sizeof(k->event_error),
+                 "stream event nests deeper than the %d levels a relayed value may have",
+                 RPC_RELAYED_MAX_DEPTH);
+        msgpack_sbuffer_destroy(&sb);
+        return -1;
+    }
+    if (rc < 0) {
         /* A non-JSON event is relayed as {"data": "<text>"} rather than lost. */
         msgpack_sbuffer_clear(&sb);
         msgpack_pack_map(&tmp, 1);
         rpc_pack_str(&tmp, "data");
-        rpc_pack_strn(&tmp, data, len);
+        relay_text(c->srv, &tmp, data, len, SIZE_MAX);
     }
     msgpack_unpacked_init(&up);
     if (msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS) {
@@ -477,6 +564,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     pack_raw(&c->pk, sb.data, sb.size);
     msgpack_sbuffer_destroy(&sb);
     c->srv->stats.chunks_relayed++;
+    k->relayed++;
 
     /* Relay now. The flush may find the client gone: conn_close() then
      * aborts every call of the connection, this one included, so `k` is
@@ -605,9 +693,12 @@ static void call_run_attempt(struct call *k, size_t source)
         .timeout_s = src->timeout_s,
         .deadline_at = k->g.deadline_at,
         .max_response_bytes = cfg->max_message_bytes,
+        .budget = &k->conn->budget,
     };
     call_set_paused(k, false);
     msgpack_sbuffer_clear(&k->usage);
+    k->event_error[0] = '\0';
+    k->relayed = 0;
     k->attempt = attempt_start(srv->up, &as, &call_hooks, k);
     if (!k->attempt) {
         conn_reply_error(k->conn, k->msgid, PGW_INTERNAL, "cannot start the upstream request");

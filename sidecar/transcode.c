@@ -95,40 +95,100 @@ static inline int buf_putc(struct transcode_buf *b, char c)
 /* ------------------------------------------------------------------------
  * UTF-8 */
 
+/* The length of the sequence a non-ASCII lead byte starts (0 when it can
+ * start none: a continuation byte, C0, C1, F5..FF) and the range its second
+ * byte must lie in, which rules out overlong forms (E0 80..9F, F0 80..8F),
+ * surrogates (ED A0..BF) and code points above U+10FFFF (F4 90..). */
+static size_t utf8_lead(unsigned char c, unsigned char *lo, unsigned char *hi)
+{
+    *lo = 0x80;
+    *hi = 0xBF;
+    if (c == 0xE0)
+        *lo = 0xA0;
+    else if (c == 0xED)
+        *hi = 0x9F;
+    else if (c == 0xF0)
+        *lo = 0x90;
+    else if (c == 0xF4)
+        *hi = 0x8F;
+    return c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+}
+
 /* Length of the valid UTF-8 sequence starting with the non-ASCII byte at
- * p[0], or 0 when it is invalid: a stray continuation byte, an overlong
- * form (C0, C1, E0 80..9F, F0 80..8F), a surrogate (ED A0..BF), a code point
- * above U+10FFFF (F4 90.., F5..FF), or a sequence cut short by `end`. */
+ * p[0], or 0 when it is invalid (see utf8_lead) or cut short by `end`. */
 static size_t utf8_seq_len(const unsigned char *p, const unsigned char *end)
 {
-    unsigned char c = p[0];
-    size_t n;
-    unsigned char lo = 0x80, hi = 0xBF;
+    unsigned char lo, hi;
+    size_t n = utf8_lead(p[0], &lo, &hi);
 
-    if (c >= 0xC2 && c <= 0xDF)
-        n = 2;
-    else if (c >= 0xE0 && c <= 0xEF)
-        n = 3;
-    else if (c >= 0xF0 && c <= 0xF4)
-        n = 4;
-    else
-        return 0;
-    if ((size_t)(end - p) < n)
-        return 0;
-    if (c == 0xE0)
-        lo = 0xA0;
-    else if (c == 0xED)
-        hi = 0x9F;
-    else if (c == 0xF0)
-        lo = 0x90;
-    else if (c == 0xF4)
-        hi = 0x8F;
-    if (p[1] < lo || p[1] > hi)
+    if (n == 0 || (size_t)(end - p) < n || p[1] < lo || p[1] > hi)
         return 0;
     for (size_t i = 2; i < n; i++)
         if ((p[i] & 0xC0) != 0x80)
             return 0;
     return n;
+}
+
+/* Length of the maximal subpart at p[0] when it starts no valid sequence:
+ * the lead byte and the continuation bytes that could still have completed
+ * a sequence (so "\xE2\x82A" is one bad subpart of 2 bytes, then 'A').
+ * Always at least 1. */
+static size_t utf8_bad_len(const unsigned char *p, const unsigned char *end)
+{
+    unsigned char lo, hi;
+    size_t n = utf8_lead(p[0], &lo, &hi), i;
+
+    if (n == 0 || end - p < 2 || p[1] < lo || p[1] > hi)
+        return 1;
+    for (i = 2; i < n && p + i < end && (p[i] & 0xC0) == 0x80; i++)
+        ;
+    return i;
+}
+
+long transcode_utf8_repair(const char *s, size_t n, struct transcode_buf *out)
+{
+    static const char fffd[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
+    const unsigned char *p = (const unsigned char *)(n ? s : ""), *end = p + n, *run = p;
+    size_t start = out->len;
+    long bad = 0;
+
+    if (buf_room(out, n) < 0)
+        return TRANSCODE_ENOMEM;
+    while (p < end) {
+        if (*p < 0x80) {
+            p++;
+            continue;
+        }
+        size_t k = utf8_seq_len(p, end);
+        if (k) {
+            p += k;
+            continue;
+        }
+        if (buf_put(out, run, (size_t)(p - run)) < 0 || buf_put(out, fffd, 3) < 0) {
+            out->len = start;
+            return TRANSCODE_ENOMEM;
+        }
+        bad++;
+        p += utf8_bad_len(p, end);
+        run = p;
+    }
+    if (buf_put(out, run, (size_t)(p - run)) < 0) {
+        out->len = start;
+        return TRANSCODE_ENOMEM;
+    }
+    out->data[out->len] = '\0';
+    return bad;
+}
+
+size_t transcode_utf8_cut(const char *s, size_t n, size_t max)
+{
+    if (n <= max)
+        return n;
+    /* Back over continuation bytes to the start of the character that
+     * would be split. */
+    while (max > 0 && ((unsigned char)s[max] & 0xC0) == 0x80)
+        max--;
+    return max;
 }
 
 /* Byte classes for the string writer: 0 copies as is, 1 needs an escape,
@@ -663,47 +723,59 @@ int transcode_msgpack_to_json(const msgpack_object *o, struct transcode_buf *out
 /* ------------------------------------------------------------------------
  * JSON -> msgpack */
 
-static int j2m_value(const json_t *v, msgpack_packer *pk, unsigned depth, struct errw *w)
+struct j2m {
+    msgpack_packer *pk;
+    unsigned max_depth;
+    transcode_str_fn *on_str;
+    void *ud;
+};
+
+static int j2m_str(const struct j2m *cx, const char *s, size_t n)
 {
+    if (cx->on_str && cx->on_str(cx->ud, &s, &n) < 0)
+        return TRANSCODE_ENOMEM;
+    return msgpack_pack_str(cx->pk, n) || msgpack_pack_str_body(cx->pk, s, n) ? TRANSCODE_ENOMEM
+                                                                              : 0;
+}
+
+static int j2m_value(const struct j2m *cx, const json_t *v, unsigned depth, struct errw *w)
+{
+    msgpack_packer *pk = cx->pk;
     int rc = 0;
 
     switch (json_typeof(v)) {
     case JSON_OBJECT: {
-        if (depth >= TRANSCODE_MAX_DEPTH)
+        if (depth >= cx->max_depth)
             goto too_deep;
         if (msgpack_pack_map(pk, json_object_size(v)) != 0)
             return TRANSCODE_ENOMEM;
         /* json_object_iter walks members in insertion order (jansson >= 2.8). */
         for (void *it = json_object_iter((json_t *)v); it;
              it = json_object_iter_next((json_t *)v, it)) {
-            size_t klen = json_object_iter_key_len(it);
-            if (msgpack_pack_str(pk, klen) != 0 ||
-                msgpack_pack_str_body(pk, json_object_iter_key(it), klen) != 0)
-                return TRANSCODE_ENOMEM;
-            rc = j2m_value(json_object_iter_value(it), pk, depth + 1, w);
+            rc = j2m_str(cx, json_object_iter_key(it), json_object_iter_key_len(it));
+            if (rc < 0)
+                return rc;
+            rc = j2m_value(cx, json_object_iter_value(it), depth + 1, w);
             if (rc < 0)
                 return rc;
         }
         return 0;
     }
     case JSON_ARRAY: {
-        if (depth >= TRANSCODE_MAX_DEPTH)
+        if (depth >= cx->max_depth)
             goto too_deep;
         size_t n = json_array_size(v);
         if (msgpack_pack_array(pk, n) != 0)
             return TRANSCODE_ENOMEM;
         for (size_t i = 0; i < n; i++) {
-            rc = j2m_value(json_array_get(v, i), pk, depth + 1, w);
+            rc = j2m_value(cx, json_array_get(v, i), depth + 1, w);
             if (rc < 0)
                 return rc;
         }
         return 0;
     }
-    case JSON_STRING: {
-        size_t n = json_string_length(v);
-        rc = msgpack_pack_str(pk, n) || msgpack_pack_str_body(pk, json_string_value(v), n);
-        break;
-    }
+    case JSON_STRING:
+        return j2m_str(cx, json_string_value(v), json_string_length(v));
     case JSON_INTEGER:
         rc = msgpack_pack_int64(pk, (int64_t)json_integer_value(v));
         break;
@@ -723,15 +795,23 @@ static int j2m_value(const json_t *v, msgpack_packer *pk, unsigned depth, struct
     return rc ? TRANSCODE_ENOMEM : 0;
 
 too_deep:
-    errw_printf(w, "JSON nested deeper than %d levels", TRANSCODE_MAX_DEPTH);
-    return TRANSCODE_EINVALID;
+    errw_printf(w, "JSON nested deeper than %u levels", cx->max_depth);
+    return TRANSCODE_ETOO_DEEP;
 }
 
-int transcode_json_to_msgpack(const char *json, size_t len, msgpack_packer *pk, char *err,
-                              size_t errlen)
+int transcode_json_to_msgpack(const char *json, size_t len, msgpack_packer *pk,
+                              const struct transcode_j2m *opt, char *err, size_t errlen)
 {
+    struct j2m cx = {pk, TRANSCODE_MAX_DEPTH, NULL, NULL};
     struct errw w;
     json_error_t je;
+
+    if (opt) {
+        if (opt->max_depth > 0 && opt->max_depth < TRANSCODE_MAX_DEPTH)
+            cx.max_depth = opt->max_depth;
+        cx.on_str = opt->on_str;
+        cx.ud = opt->ud;
+    }
 
     errw_init(&w, err, errlen);
     /* DECODE_ANY: SSE data and replies are objects, but nothing here needs
@@ -756,7 +836,7 @@ int transcode_json_to_msgpack(const char *json, size_t len, msgpack_packer *pk, 
             errw_printf(&w, " (integers must fit in int64, numbers in a double)");
         return TRANSCODE_EINVALID;
     }
-    int rc = j2m_value(root, pk, 0, &w);
+    int rc = j2m_value(&cx, root, 0, &w);
     if (rc == TRANSCODE_ENOMEM)
         errw_printf(&w, "out of memory (msgpack write failed)");
     json_decref(root);

@@ -5,7 +5,9 @@
  * speaks JSON. transcode_msgpack_to_json() writes the request body as JSON
  * text (applying the source's overrides on the way), and
  * transcode_json_to_msgpack() turns a JSON reply, or one SSE event's JSON
- * data, back into msgpack.
+ * data, back into msgpack, within a depth the caller chooses and through an
+ * optional rewrite of every string (the sidecar scrubs secrets there).
+ * transcode_utf8_repair() makes any upstream text valid UTF-8.
  *
  * Type mapping (both directions):
  *   nil <-> null, bool <-> true/false, str <-> string (UTF-8, validated),
@@ -30,14 +32,17 @@
 #include <stddef.h>
 
 /* Containers nested deeper than this are rejected in both directions: the
- * outermost map or array is level 1, so "[[1]]" has depth 2.
- * Note: msgpack-c's own unpacker stops at 32 levels (proto/frame.h), so a
- * body arriving from a client is always well inside this bound. */
+ * outermost map or array is level 1, so "[[1]]" has depth 2. It is the
+ * transcoder's own bound; a JSON reply is held to the (smaller) depth its
+ * caller passes, the one left for it inside the message that carries it.
+ * msgpack-c's own unpacker stops at 32 levels (proto/frame.h), so a body
+ * arriving from a client is always well inside this bound. */
 #define TRANSCODE_MAX_DEPTH 64
 
 enum {
     TRANSCODE_EINVALID = -1, /* the input has no faithful translation; err says where and why */
     TRANSCODE_ENOMEM = -2,   /* an allocation failed (or the msgpack packer's write failed) */
+    TRANSCODE_ETOO_DEEP = -3, /* valid JSON, but nested deeper than the caller allows */
 };
 
 /* A growable byte buffer. Zero-initialised is the same as
@@ -108,6 +113,20 @@ int transcode_msgpack_to_json(const msgpack_object *o, struct transcode_buf *out
                               const struct transcode_override *ov, const char *root,
                               char *err, size_t errlen);
 
+/* Rewrites one string (a value or an object key) of a JSON reply before it
+ * is packed: on entry *s and *n are the decoded string (valid UTF-8, borrowed);
+ * the hook may point them at other text, which must stay valid until the
+ * next call of the hook or the end of the transcode. Returns 0, or
+ * TRANSCODE_ENOMEM to fail the transcode. */
+typedef int transcode_str_fn(void *ud, const char **s, size_t *n);
+
+struct transcode_j2m {
+    unsigned max_depth;        /* containers allowed, 1..TRANSCODE_MAX_DEPTH; 0 means
+                                * TRANSCODE_MAX_DEPTH; deeper is TRANSCODE_ETOO_DEEP */
+    transcode_str_fn *on_str;  /* NULL: strings are packed as parsed */
+    void *ud;                  /* passed to on_str */
+};
+
 /* Parses `len` bytes of JSON text (any value at the top level, no NUL
  * terminator needed) with jansson and packs it into `pk` as one msgpack
  * value.
@@ -116,6 +135,7 @@ int transcode_msgpack_to_json(const msgpack_object *o, struct transcode_buf *out
  *          the first occurrence (jansson's behaviour); the output map has
  *          unique keys. Object key order is kept otherwise.
  *   pk     borrowed; its write callback receives the value.
+ *   opt    borrowed, may be NULL (TRANSCODE_MAX_DEPTH, no string hook).
  *   err    may be NULL; on failure receives a short NUL-terminated message in
  *          printable ASCII (never more than a 20-byte excerpt of the input):
  *          "invalid JSON at line 1, column 1: invalid token near '<'".
@@ -126,10 +146,24 @@ int transcode_msgpack_to_json(const msgpack_object *o, struct transcode_buf *out
  * fallback. Numbers with a fraction or an exponent become float64; those
  * overflowing a double (1e400) are rejected.
  * Returns 0; TRANSCODE_EINVALID (not JSON, trailing garbage, integer out of
- * range, nesting deeper than TRANSCODE_MAX_DEPTH); TRANSCODE_ENOMEM
- * (allocation or a failed pk write). After a failure `pk` may have received
- * part of the value: discard what it wrote. */
-int transcode_json_to_msgpack(const char *json, size_t len, msgpack_packer *pk, char *err,
-                              size_t errlen);
+ * range); TRANSCODE_ETOO_DEEP (valid JSON nested deeper than opt->max_depth);
+ * TRANSCODE_ENOMEM (allocation, a failed pk write, or on_str's). After a
+ * failure `pk` may have received part of the value: discard what it wrote. */
+int transcode_json_to_msgpack(const char *json, size_t len, msgpack_packer *pk,
+                              const struct transcode_j2m *opt, char *err, size_t errlen);
+
+/* Appends s[0..n) to `out` as valid UTF-8: each maximal invalid subsequence
+ * (a stray continuation byte, an overlong or surrogate form, a code point
+ * above U+10FFFF, a sequence cut short) becomes one U+FFFD, as Unicode
+ * recommends and as Python's and WHATWG's decoders do; valid text
+ * (NUL bytes included) is copied unchanged. `s` is borrowed, may be NULL
+ * when n is 0. Returns the number of replacements made, or TRANSCODE_ENOMEM
+ * with `out` unchanged. */
+long transcode_utf8_repair(const char *s, size_t n, struct transcode_buf *out);
+
+/* The length of the longest prefix of s[0..n), at most `max` bytes, that
+ * does not end inside a multi-byte character (for cutting valid UTF-8
+ * text to a size). */
+size_t transcode_utf8_cut(const char *s, size_t n, size_t max);
 
 #endif /* POLYGW_TRANSCODE_H */

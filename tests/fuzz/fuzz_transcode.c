@@ -1,15 +1,21 @@
 /*
  * fuzz_transcode.c — libFuzzer target for sidecar/transcode.c.
  *
- *   1. The input as upstream JSON -> transcode_json_to_msgpack(). When that
- *      succeeds, the msgpack is written back as JSON and parsed again: the
- *      round trip must succeed and give byte-identical msgpack (every value
- *      jansson accepts is representable, floats print round-trippably).
+ *   1. The input as upstream JSON -> transcode_json_to_msgpack(), with the
+ *      depth the sidecar relays (RPC_RELAYED_MAX_DEPTH). When that succeeds,
+ *      the msgpack must be readable by msgpack-c's own (32-level) unpacker,
+ *      is written back as JSON and parsed again: the round trip must
+ *      succeed and give byte-identical msgpack (every value jansson accepts
+ *      is representable, floats print round-trippably).
  *   2. The input as client msgpack: every frame a frame_reader returns (as
  *      the sidecar would decode a request) -> transcode_msgpack_to_json(),
  *      with and without the model/stream overrides.
+ *   3. The input as upstream text -> transcode_utf8_repair(): the output is
+ *      valid UTF-8 (repairing it again changes nothing), and valid input
+ *      comes back unchanged.
  */
 #include "frame.h"
+#include "rpc.h"
 #include "transcode.h"
 
 #include <stdint.h>
@@ -17,6 +23,8 @@
 #include <string.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static const struct transcode_j2m relayed = {.max_depth = RPC_RELAYED_MAX_DEPTH};
 
 static void json_side(const uint8_t *data, size_t size)
 {
@@ -35,7 +43,7 @@ static void json_side(const uint8_t *data, size_t size)
     msgpack_unpacked_init(&u);
     transcode_buf_init(&json);
 
-    if (transcode_json_to_msgpack((const char *)data, size, &pk1, err, sizeof(err)) != 0)
+    if (transcode_json_to_msgpack((const char *)data, size, &pk1, &relayed, err, sizeof(err)) != 0)
         goto out;
     if (msgpack_unpack_next(&u, sb1.data, sb1.size, &off) != MSGPACK_UNPACK_SUCCESS ||
         off != sb1.size)
@@ -45,7 +53,7 @@ static void json_side(const uint8_t *data, size_t size)
         goto out;
     if (rc != 0)
         abort(); /* JSON -> msgpack -> JSON must always be representable */
-    rc = transcode_json_to_msgpack(json.data, json.len, &pk2, err, sizeof(err));
+    rc = transcode_json_to_msgpack(json.data, json.len, &pk2, &relayed, err, sizeof(err));
     if (rc == TRANSCODE_ENOMEM)
         goto out;
     if (rc != 0 || sb1.size != sb2.size || memcmp(sb1.data, sb2.data, sb1.size) != 0)
@@ -86,9 +94,30 @@ static void msgpack_side(const uint8_t *data, size_t size)
     frame_reader_fini(&r);
 }
 
+static void text_side(const uint8_t *data, size_t size)
+{
+    struct transcode_buf once, twice;
+
+    transcode_buf_init(&once);
+    transcode_buf_init(&twice);
+    long bad = transcode_utf8_repair((const char *)data, size, &once);
+    long again = bad >= 0 ? transcode_utf8_repair(once.data, once.len, &twice) : 0;
+    if (bad >= 0 && again != TRANSCODE_ENOMEM) {
+        if (again != 0 || twice.len != once.len || memcmp(twice.data, once.data, once.len) != 0)
+            abort(); /* the output of a repair is valid UTF-8 */
+        if (bad == 0 && (once.len != size || memcmp(once.data, data, size) != 0))
+            abort(); /* valid text is copied unchanged */
+        if (once.len < size)
+            abort(); /* a U+FFFD (3 bytes) replaces at most 3 bytes */
+    }
+    transcode_buf_fini(&once);
+    transcode_buf_fini(&twice);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     json_side(data, size);
     msgpack_side(data, size);
+    text_side(data, size);
     return 0;
 }

@@ -149,6 +149,14 @@ int behave_parse(struct behave *b, json_t *obj, char *err, size_t errlen)
                 return fail(b, err, errlen, key, "must be a string");
             b->body = json_string_value(v);
             b->body_len = json_string_length(v);
+        } else if (!strcmp(key, "body_hex")) {
+            const char *h = json_string_value(v);
+            size_t hn = json_string_length(v);
+            if (!h || hn % 2 || strspn(h, "0123456789abcdefABCDEF") != hn)
+                return fail(b, err, errlen, key, "must be a string of hex digit pairs");
+            b->body = h;
+            b->body_len = hn;
+            b->body_hex = true;
         } else if (!strcmp(key, "content_type")) {
             if (!json_is_string(v) || !is_header_text(json_string_value(v), json_string_length(v)))
                 return fail(b, err, errlen, key, "must be a string without CR/LF/NUL");
@@ -158,6 +166,9 @@ int behave_parse(struct behave *b, json_t *obj, char *err, size_t errlen)
                 return fail(b, err, errlen, key, "must be a string");
             b->content = json_string_value(v);
             b->content_len = json_string_length(v);
+        } else if (!strcmp(key, "content_repeat")) {
+            if (get_int(v, 1LL << 30, &b->content_repeat))
+                return fail(b, err, errlen, key, "must be an integer in [0, 1073741824]");
         } else if (!strcmp(key, "error_message")) {
             if (!json_is_string(v))
                 return fail(b, err, errlen, key, "must be a string");

@@ -102,11 +102,13 @@ struct behave {
     long long stream_events;     /* -1 = default */
     long long stream_interval_ms;
     bool no_done;
-    const char *body;            /* raw body override */
+    const char *body;            /* raw body override (hex digits when body_hex) */
     size_t body_len;
+    bool body_hex;               /* `body_hex`: body is the bytes spelled in hex */
     const char *content_type;
     const char *content;         /* reply text override */
     size_t content_len;
+    long long content_repeat;    /* chat: repeat the text to this many bytes, 0 = off */
     const char *error_message, *error_type;
     json_t *usage;               /* object or NULL */
     json_t *headers;             /* object of string values or NULL */
@@ -191,6 +193,7 @@ struct conn {
     json_t *beh_json;            /* owns b's strings */
     json_t *req_json;            /* parsed request body (strings used by stream) */
     struct reply_stream st;
+    struct buf repeated;         /* chat text made by content_repeat (st.text may point here) */
 
     unsigned long long req_id;   /* X-Mock-Request, completion ids */
     bool linger;                 /* close via CONN_LINGER (input left unread) */

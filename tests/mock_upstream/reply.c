@@ -14,6 +14,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #define DEFAULT_STREAM_EVENTS 4
@@ -165,13 +166,74 @@ void reply_error(struct conn *c, int status, const char *type, const char *msg)
     reply_error_json(c, status, type, msg);
 }
 
+#define ECHO_AUTH "{{authorization}}"
+
+/* Appends s[0..n) to b with each ECHO_AUTH replaced by the value of the
+ * request's Authorization header (nothing when it has none): a script can
+ * make the mock echo the key it was sent, as some providers do. */
+static void add_expanded(struct conn *c, struct buf *b, const char *s, size_t n)
+{
+    const char *auth = NULL, *head = c->in.p, *end = c->in.p + c->head_len;
+    size_t alen = 0, k = sizeof(ECHO_AUTH) - 1;
+
+    for (const char *l = head; l && l < end;) {
+        const char *le = memmem(l, (size_t)(end - l), "\r\n", 2);
+        if (!le)
+            break;
+        if ((size_t)(le - l) > 14 && !strncasecmp(l, "authorization:", 14)) {
+            auth = l + 14;
+            while (auth < le && (*auth == ' ' || *auth == '\t'))
+                auth++;
+            alen = (size_t)(le - auth);
+        }
+        l = le + 2;
+    }
+    for (const char *e = s + n, *hit; (hit = memmem(s, (size_t)(e - s), ECHO_AUTH, k));) {
+        buf_add(b, s, (size_t)(hit - s));
+        buf_add(b, auth, alen);
+        s = hit + k;
+        n = (size_t)(e - s);
+    }
+    buf_add(b, s, n);
+}
+
 /* A scripted error status, with the behaviour's pacing kept. */
 static void reply_status(struct conn *c, int status)
 {
     char msg[128];
+    struct buf em = {0};
     snprintf(msg, sizeof msg, "mock: scripted %d %s", status, reply_reason(status));
+    if (c->b.error_message) {
+        add_expanded(c, &em, c->b.error_message, strlen(c->b.error_message));
+        buf_add(&em, "", 1);
+    }
     reply_error_json(c, status, c->b.error_type ? c->b.error_type : error_type_of(status),
-                     c->b.error_message ? c->b.error_message : msg);
+                     c->b.error_message ? em.p : msg);
+    buf_fini(&em);
+}
+
+/* The raw `body` (or `body_hex`) of a behaviour, expanded. */
+static void reply_raw(struct conn *c, int status)
+{
+    struct buf *sc = &c->m->scratch, raw = {0};
+    const char *p = c->b.body;
+    size_t n = c->b.body_len;
+
+    if (c->b.body_hex) {
+        for (size_t i = 0; i < n; i += 2) {
+            unsigned v;
+            sscanf(p + i, "%2x", &v);
+            char ch = (char)v;
+            buf_add(&raw, &ch, 1);
+        }
+        p = raw.p;
+        n = raw.len;
+    }
+    sc->len = 0;
+    add_expanded(c, sc, p, n);
+    buf_fini(&raw);
+    reply_fixed(c, status, c->b.content_type ? c->b.content_type : "application/json", sc->p,
+                sc->len);
 }
 
 /* ------------------------------------------------------------------ chat */
@@ -304,6 +366,19 @@ static void reply_chat(struct conn *c, json_t *req, int status)
     } else if (echo && echo_len) {
         text = echo;
         tlen = echo_len;
+    }
+    if (c->b.content_repeat > 0 && tlen > 0) {
+        /* Large replies from a small request: the text again and again,
+         * cut at exactly content_repeat bytes. */
+        struct buf *r = &c->repeated;
+        size_t want = (size_t)c->b.content_repeat;
+        r->len = 0;
+        buf_reserve(r, want);
+        while (r->len + tlen <= want)
+            buf_add(r, text, tlen);
+        buf_add(r, text, want - r->len);
+        text = r->p;
+        tlen = r->len;
     }
     long long pt = tokens_of(prompt_bytes), ct = tokens_of(tlen), tt;
     apply_usage(&c->b, &pt, &ct, &tt);
@@ -561,8 +636,7 @@ void reply_api(struct conn *c, enum mock_endpoint ep, const char *body, size_t l
     }
     int status = c->b.status ? c->b.status : 200;
     if (c->b.body) {
-        reply_fixed(c, status, c->b.content_type ? c->b.content_type : "application/json",
-                    c->b.body, c->b.body_len);
+        reply_raw(c, status);
         return;
     }
     if (status >= 300) {

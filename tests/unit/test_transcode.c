@@ -72,7 +72,7 @@ static void check_roundtrip(struct mp *m, const struct transcode_override *ov, c
     ck_assert_str_eq(out.data, want);
     ck_assert_uint_eq(out.len, strlen(want));
     mp_init(&back);
-    ck_assert_msg(transcode_json_to_msgpack(out.data, out.len, &back.pk, err, sizeof(err)) == 0,
+    ck_assert_msg(transcode_json_to_msgpack(out.data, out.len, &back.pk, NULL, err, sizeof(err)) == 0,
                   "j2m failed: %s", err);
     ck_assert_uint_eq(back.sb.size, m->sb.size);
     ck_assert_mem_eq(back.sb.data, m->sb.data, m->sb.size);
@@ -113,7 +113,7 @@ static void check_j2m(const char *json, const char *want, size_t n)
     char err[ERRLEN];
 
     mp_init(&m);
-    ck_assert_msg(transcode_json_to_msgpack(json, strlen(json), &m.pk, err, sizeof(err)) == 0,
+    ck_assert_msg(transcode_json_to_msgpack(json, strlen(json), &m.pk, NULL, err, sizeof(err)) == 0,
                   "j2m(%s) failed: %s", json, err);
     ck_assert_uint_eq(m.sb.size, n);
     ck_assert_mem_eq(m.sb.data, want, n);
@@ -137,7 +137,7 @@ static void check_j2m_fails(const char *json, size_t len, const char *prefix, co
     char err[ERRLEN];
 
     mp_init(&m);
-    ck_assert_int_eq(transcode_json_to_msgpack(json, len, &m.pk, err, sizeof(err)),
+    ck_assert_int_eq(transcode_json_to_msgpack(json, len, &m.pk, NULL, err, sizeof(err)),
                      TRANSCODE_EINVALID);
     ck_assert_msg(strncmp(err, prefix, strlen(prefix)) == 0, "err '%s' lacks prefix '%s'", err,
                   prefix);
@@ -376,7 +376,7 @@ START_TEST(test_transcode__floats_roundtrip_bit_exact)
         ck_assert_uint_le(out.len, 24);
         struct mp back;
         mp_init(&back);
-        ck_assert_int_eq(transcode_json_to_msgpack(out.data, out.len, &back.pk, err, ERRLEN), 0);
+        ck_assert_int_eq(transcode_json_to_msgpack(out.data, out.len, &back.pk, NULL, err, ERRLEN), 0);
         ck_assert_uint_eq(back.sb.size, m.sb.size);
         ck_assert_msg(memcmp(back.sb.data, m.sb.data, m.sb.size) == 0, "%.17g -> %s", v[i],
                       out.data);
@@ -513,7 +513,7 @@ START_TEST(test_transcode__float32_prints_shortest_for_float)
 
     /* ... and comes back as the float64 the digits mean. */
     mp_init(&m);
-    ck_assert_int_eq(transcode_json_to_msgpack("[0.1]", 5, &m.pk, err, ERRLEN), 0);
+    ck_assert_int_eq(transcode_json_to_msgpack("[0.1]", 5, &m.pk, NULL, err, ERRLEN), 0);
     msgpack_unpacked_init(&u);
     ck_assert_int_eq(msgpack_unpack_next(&u, m.sb.data, m.sb.size, NULL), MSGPACK_UNPACK_SUCCESS);
     ck_assert_int_eq(u.data.via.array.ptr[0].type, MSGPACK_OBJECT_FLOAT64);
@@ -1066,7 +1066,7 @@ START_TEST(test_transcode__json_reply_roundtrip)
     char err[ERRLEN];
 
     mp_init(&m);
-    ck_assert_int_eq(transcode_json_to_msgpack(reply, strlen(reply), &m.pk, err, ERRLEN), 0);
+    ck_assert_int_eq(transcode_json_to_msgpack(reply, strlen(reply), &m.pk, NULL, err, ERRLEN), 0);
     check_roundtrip(&m, NULL, canonical);
     mp_fini(&m);
 }
@@ -1106,7 +1106,7 @@ START_TEST(test_transcode__json_not_nul_terminated)
     char err[ERRLEN];
 
     mp_init(&m);
-    ck_assert_int_eq(transcode_json_to_msgpack("[1,2]garbage", 5, &m.pk, err, ERRLEN), 0);
+    ck_assert_int_eq(transcode_json_to_msgpack("[1,2]garbage", 5, &m.pk, NULL, err, ERRLEN), 0);
     ck_assert_uint_eq(m.sb.size, 3);
     ck_assert_mem_eq(m.sb.data, "\x92\x01\x02", 3);
     mp_fini(&m);
@@ -1152,9 +1152,9 @@ START_TEST(test_transcode__json_invalid_input)
     check_j2m_fails("{\"a\\u0000b\":1}", 14, "invalid JSON at line 1, column ", "NUL byte");
     /* A tiny err buffer, and none at all. */
     mp_init(&m);
-    ck_assert_int_eq(transcode_json_to_msgpack("x", 1, &m.pk, err, 8), TRANSCODE_EINVALID);
+    ck_assert_int_eq(transcode_json_to_msgpack("x", 1, &m.pk, NULL, err, 8), TRANSCODE_EINVALID);
     ck_assert_str_eq(err, "invalid");
-    ck_assert_int_eq(transcode_json_to_msgpack("x", 1, &m.pk, NULL, 0), TRANSCODE_EINVALID);
+    ck_assert_int_eq(transcode_json_to_msgpack("x", 1, &m.pk, NULL, NULL, 0), TRANSCODE_EINVALID);
     mp_fini(&m);
 }
 END_TEST
@@ -1182,8 +1182,8 @@ START_TEST(test_transcode__depth_limit_json)
     want[sizeof(want) - 1] = (char)0x90;
     check_j2m(ok, want, sizeof(want));
     mp_init(&m);
-    ck_assert_int_eq(transcode_json_to_msgpack(deep, strlen(deep), &m.pk, err, ERRLEN),
-                     TRANSCODE_EINVALID);
+    ck_assert_int_eq(transcode_json_to_msgpack(deep, strlen(deep), &m.pk, NULL, err, ERRLEN),
+                     TRANSCODE_ETOO_DEEP);
     ck_assert_str_eq(err, "JSON nested deeper than 64 levels");
     mp_fini(&m);
     check_j2m_fails(very, strlen(very), "invalid JSON at line 1, column ", "depth");
@@ -1215,15 +1215,187 @@ START_TEST(test_transcode__json_packer_failure)
         size_t left = budget;
 
         msgpack_packer_init(&pk, &left, failing_write);
-        ck_assert_int_eq(transcode_json_to_msgpack(json, strlen(json), &pk, err, ERRLEN),
+        ck_assert_int_eq(transcode_json_to_msgpack(json, strlen(json), &pk, NULL, err, ERRLEN),
                          TRANSCODE_ENOMEM);
         ck_assert_str_eq(err, "out of memory (msgpack write failed)");
     }
     msgpack_packer pk;
     size_t left = 29;
     msgpack_packer_init(&pk, &left, failing_write);
-    ck_assert_int_eq(transcode_json_to_msgpack(json, strlen(json), &pk, err, ERRLEN), 0);
+    ck_assert_int_eq(transcode_json_to_msgpack(json, strlen(json), &pk, NULL, err, ERRLEN), 0);
     ck_assert_uint_eq(left, 0);
+}
+END_TEST
+
+/* ---- UTF-8 repair, caller depth, string hook ---------------------------- */
+
+START_TEST(test_transcode__utf8_repair)
+{
+    /* Expected outputs are what Python's bytes.decode("utf-8", "replace")
+     * gives: one U+FFFD per maximal invalid subpart. */
+    static const struct {
+        const char *in;
+        size_t len;
+        const char *want;
+        long bad;
+    } cases[] = {
+        {"plain ascii", 11, "plain ascii", 0},
+        {"", 0, "", 0},
+        {"a\0b", 3, "a\0b", 0},
+        {"\xf0\x9f\x98\x80 \xc3\xa9", 7, "\xf0\x9f\x98\x80 \xc3\xa9", 0},
+        {"\xff\xfe", 2, "\xef\xbf\xbd\xef\xbf\xbd", 2},
+        {"x\xffy", 3, "x\xef\xbf\xbdy", 1},
+        {"a\xe2\x82", 3, "a\xef\xbf\xbd", 1},          /* cut short at the end */
+        {"\xe2\x82" "A", 3, "\xef\xbf\xbd" "A", 1},     /* cut short by ASCII */
+        {"\xed\xa0\x80", 3, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd", 3}, /* surrogate */
+        {"\xc0\xaf", 2, "\xef\xbf\xbd\xef\xbf\xbd", 2}, /* overlong */
+        {"\xf4\x90\x80\x80", 4, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd", 4},
+        {"\xf0\x9f\x98x", 4, "\xef\xbf\xbdx", 1},
+        {"\x80\x80", 2, "\xef\xbf\xbd\xef\xbf\xbd", 2}, /* stray continuations */
+    };
+    struct transcode_buf out;
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        /* Only the NUL case has a NUL inside: its length is its input's. */
+        size_t wlen = memchr(cases[i].in, '\0', cases[i].len) ? cases[i].len
+                                                               : strlen(cases[i].want);
+        transcode_buf_init(&out);
+        ck_assert_int_eq(transcode_utf8_repair(cases[i].in, cases[i].len, &out), cases[i].bad);
+        ck_assert_msg(out.len == wlen && memcmp(out.data, cases[i].want, wlen) == 0,
+                      "case %zu: got %zu bytes", i, out.len);
+        ck_assert_int_eq(out.data[out.len], '\0');
+        /* Repairing repaired text changes nothing. */
+        struct transcode_buf again;
+        transcode_buf_init(&again);
+        ck_assert_int_eq(transcode_utf8_repair(out.data, out.len, &again), 0);
+        ck_assert_uint_eq(again.len, out.len);
+        transcode_buf_fini(&again);
+        transcode_buf_fini(&out);
+    }
+    /* Appends to what the buffer holds. */
+    transcode_buf_init(&out);
+    transcode_utf8_repair("ab", 2, &out);
+    transcode_utf8_repair("\xff", 1, &out);
+    ck_assert_str_eq(out.data, "ab\xef\xbf\xbd");
+    transcode_buf_fini(&out);
+}
+END_TEST
+
+START_TEST(test_transcode__utf8_cut)
+{
+    static const char s[] = "ab\xc3\xa9\xf0\x9f\x98\x80";  /* a b é 😀 */
+
+    ck_assert_uint_eq(transcode_utf8_cut(s, 8, 100), 8);
+    ck_assert_uint_eq(transcode_utf8_cut(s, 8, 8), 8);
+    ck_assert_uint_eq(transcode_utf8_cut(s, 8, 7), 4);
+    ck_assert_uint_eq(transcode_utf8_cut(s, 8, 5), 4);
+    ck_assert_uint_eq(transcode_utf8_cut(s, 8, 4), 4);
+    ck_assert_uint_eq(transcode_utf8_cut(s, 8, 3), 2);
+    ck_assert_uint_eq(transcode_utf8_cut(s, 8, 0), 0);
+}
+END_TEST
+
+static char *nested_objects(unsigned levels)
+{
+    char *s = malloc(6 * levels + 2);
+    size_t n = 0;
+
+    for (unsigned i = 0; i < levels; i++)
+        n += (size_t)sprintf(s + n, "{\"a\":");
+    s[n++] = '1';
+    for (unsigned i = 0; i < levels; i++)
+        s[n++] = '}';
+    s[n] = '\0';
+    return s;
+}
+
+START_TEST(test_transcode__depth_limit_from_caller)
+{
+    const struct transcode_j2m opt = {.max_depth = 30};
+    char err[ERRLEN];
+
+    for (int maps = 0; maps <= 1; maps++) {
+        char *ok = maps ? nested_objects(30) : nested_json(30);
+        char *deep = maps ? nested_objects(31) : nested_json(31);
+        struct mp m;
+        msgpack_unpacked u;
+
+        mp_init(&m);
+        ck_assert_int_eq(transcode_json_to_msgpack(ok, strlen(ok), &m.pk, &opt, err, ERRLEN), 0);
+        /* What was packed is readable by msgpack-c's 32-level unpacker
+         * even inside two more containers. */
+        msgpack_unpacked_init(&u);
+        ck_assert_int_eq(msgpack_unpack_next(&u, m.sb.data, m.sb.size, NULL),
+                         MSGPACK_UNPACK_SUCCESS);
+        msgpack_unpacked_destroy(&u);
+        mp_fini(&m);
+        mp_init(&m);
+        ck_assert_int_eq(transcode_json_to_msgpack(deep, strlen(deep), &m.pk, &opt, err, ERRLEN),
+                         TRANSCODE_ETOO_DEEP);
+        ck_assert_str_eq(err, "JSON nested deeper than 30 levels");
+        mp_fini(&m);
+        free(ok);
+        free(deep);
+    }
+    /* 0, and anything above the transcoder's own bound, mean that bound. */
+    char *j = nested_json(TRANSCODE_MAX_DEPTH + 1);
+    const struct transcode_j2m zero = {0}, big = {.max_depth = 1000};
+    struct mp m;
+    mp_init(&m);
+    ck_assert_int_eq(transcode_json_to_msgpack(j, strlen(j), &m.pk, &zero, err, ERRLEN),
+                     TRANSCODE_ETOO_DEEP);
+    ck_assert_int_eq(transcode_json_to_msgpack(j, strlen(j), &m.pk, &big, err, ERRLEN),
+                     TRANSCODE_ETOO_DEEP);
+    mp_fini(&m);
+    free(j);
+}
+END_TEST
+
+/* Upper-cases every string; counts calls; fails on "boom". */
+static int upper_hook(void *ud, const char **s, size_t *n)
+{
+    static char buf[64];
+    int *calls = ud;
+
+    (*calls)++;
+    if (*n == 4 && memcmp(*s, "boom", 4) == 0)
+        return TRANSCODE_ENOMEM;
+    ck_assert_uint_lt(*n, sizeof(buf));
+    for (size_t i = 0; i < *n; i++)
+        buf[i] = (char)((*s)[i] >= 'a' && (*s)[i] <= 'z' ? (*s)[i] - 32 : (*s)[i]);
+    *s = buf;
+    return 0;
+}
+
+START_TEST(test_transcode__string_hook_sees_keys_and_values)
+{
+    static const char json[] = "{\"key\":[\"value\",1,{\"k2\":\"v\\u0032\"}]}";
+    int calls = 0;
+    const struct transcode_j2m opt = {.on_str = upper_hook, .ud = &calls};
+    struct mp m, want;
+    char err[ERRLEN];
+
+    mp_init(&m);
+    ck_assert_int_eq(transcode_json_to_msgpack(json, strlen(json), &m.pk, &opt, err, ERRLEN), 0);
+    ck_assert_int_eq(calls, 4);
+    mp_init(&want);
+    msgpack_pack_map(&want.pk, 1);
+    pstr(&want.pk, "KEY");
+    msgpack_pack_array(&want.pk, 3);
+    pstr(&want.pk, "VALUE");
+    msgpack_pack_int(&want.pk, 1);
+    msgpack_pack_map(&want.pk, 1);
+    pstr(&want.pk, "K2");
+    pstr(&want.pk, "V2");             /* the hook sees the decoded string */
+    ck_assert_uint_eq(m.sb.size, want.sb.size);
+    ck_assert_mem_eq(m.sb.data, want.sb.data, want.sb.size);
+    mp_fini(&m);
+    mp_fini(&want);
+
+    mp_init(&m);
+    ck_assert_int_eq(transcode_json_to_msgpack("[\"ok\",\"boom\"]", 13, &m.pk, &opt, err, ERRLEN),
+                     TRANSCODE_ENOMEM);
+    mp_fini(&m);
 }
 END_TEST
 
@@ -1270,6 +1442,10 @@ Suite *transcode_suite(void)
     tcase_add_test(tc, test_transcode__json_invalid_input);
     tcase_add_test(tc, test_transcode__depth_limit_json);
     tcase_add_test(tc, test_transcode__json_packer_failure);
+    tcase_add_test(tc, test_transcode__utf8_repair);
+    tcase_add_test(tc, test_transcode__utf8_cut);
+    tcase_add_test(tc, test_transcode__depth_limit_from_caller);
+    tcase_add_test(tc, test_transcode__string_hook_sees_keys_and_values);
     suite_add_tcase(s, tc);
     return s;
 }
