@@ -4,8 +4,9 @@
  * command timeouts, reconnection with backoff, the embedded scripts and
  * their NOSCRIPT fallback. redis.h holds the contract.
  *
- * Each of the two connections (commands, subscriber) runs this machine; it
- * changes state only in conn_set_state():
+ * Each connection (commands, subscriber, and with sentinels a third one to
+ * the sentinel whose turn it is) runs this machine; it changes state only
+ * in conn_set_state():
  *
  *             retry_w                  ev_async            onConnect(OK)
  *    DOWN ────────────▶ RESOLVING ─────────────▶ CONNECTING ─────────────▶ HANDSHAKE
@@ -24,6 +25,23 @@
  * n-th failure in a row waits reconnect_min_s * 2^(n-1), capped at
  * reconnect_max_s, times a jitter in [0.5, 1); reaching UP resets n. The
  * hooks on_down / on_unsubscribed fire on UP -> DOWN only.
+ *
+ * Sentinel. The sentinel connection's handshake is AUTH (the sentinels'
+ * own credentials), SENTINEL get-master-addr-by-name and SUBSCRIBE
+ * +switch-master, pipelined; UP means subscribed, and it is pinged like the
+ * subscriber. Its answer goes to primary_set(), which is also where a
+ * +switch-master lands: a new address drops the data connections and
+ * starts them at once. The data connections' handshake gains ROLE; they
+ * have no target until the first answer (conn_target). A data connection
+ * that fails (ROLE not master included) re-asks through sen_refresh(),
+ * which re-makes the sentinel link without backoff: the subscribed link
+ * cannot send the question again. A sentinel that fails passes the turn
+ * to the next one, at once; a whole round that fails backs off.
+ *
+ * TLS (redis_tls.h): conn_connect() slides the bridge under the context
+ * before it is attached; conn_detach() frees it with the context. Its
+ * failure reaches us as an ordinary EOF, and conn_fail() then prefers the
+ * bridge's reason.
  *
  * Subscriber liveness. A subscriber only reads, so a link that died without
  * a FIN or RST (a NAT or load-balancer idle timeout, a partition) looks fine
@@ -83,7 +101,7 @@
  *
  * User code (command callbacks, hooks) may call rds_free(). `depth` counts
  * our frames on the stack, and the memory is released when the outermost
- * one returns (STYLE rule 7); after user code we check `closing`.
+ * one returns; after user code we check `closing`.
  */
 #include "redis.h"
 
