@@ -202,3 +202,22 @@ def test_acl__user_and_password_from_the_environment(acl_redis, up, make_sidecar
     assert res is None and err["code"] == "backend_unavailable", err
     everything = repr(stats(sc)) + sc.logs()
     assert wrong not in everything and ACL_PW not in everything
+
+
+def test_tls__unreadable_ca_file_stops_the_start_up(certs, up, workdir):
+    """A CA file that is not a certificate: the sidecar refuses to start,
+    naming the file (the config is valid; the file is read at start-up),
+    and leaves no socket behind."""
+    from test_redis_fleet import _run
+    bogus = os.path.join(workdir, "not-a-ca.pem")
+    with open(bogus, "w") as f:
+        f.write("not a certificate\n")
+    cfg = os.path.join(workdir, "tls.yaml")
+    with open(cfg, "w") as f:
+        f.write(fleet_config("rediss://localhost:6380/0", unique_prefix(),
+                             [source("a", "chat", up.url)], backend={"tls": {"ca_file": bogus}}))
+    sock = os.path.join(workdir, "tls.sock")
+    rc, out = _run(["--config", cfg, "--socket", sock])
+    assert rc != 0, out
+    assert "cannot load the CA file %s" % bogus in out, out
+    assert not os.path.exists(sock)

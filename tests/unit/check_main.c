@@ -23,6 +23,7 @@ int main(void)
         gov_suite,
         task_suite,
         redis_url_suite,
+        redis_tls_suite,
         redact_suite,
     };
     SRunner *sr = srunner_create(NULL);

@@ -19,6 +19,7 @@ Suite *progress_suite(void);
 Suite *gov_suite(void);
 Suite *task_suite(void);
 Suite *redis_url_suite(void);
+Suite *redis_tls_suite(void);
 Suite *redact_suite(void);
 
 #endif
