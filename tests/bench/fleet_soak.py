@@ -18,7 +18,7 @@ Redis command round trip (the sidecars' stats), redis-server CPU (INFO cpu
 before and after: % of one core and µs per admitted attempt), and the
 limited source's admitted attempts against the bound.
 
-    tests/bench/fleet_soak.py BUILD_DIR [--sidecars 8] [--duration 60]
+    tests/bench/fleet_soak.py BUILD_DIR [--sidecars 8] [--duration 60] [--tls]
 """
 import argparse
 import json
@@ -32,6 +32,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 sys.path.append(os.path.join(HERE, "..", "redis"))
+from fleet_topology import Certs, TlsRedis  # noqa: E402
 from mock import MockUpstream  # noqa: E402
 from redis_support import RedisServer, Resp  # noqa: E402
 
@@ -57,31 +58,36 @@ def rpc(sock_path, method, params=None, timeout=5.0):
         s.close()
 
 
-def redis_cpu_s(port):
-    c = Resp(port)
-    try:
-        info = c.call("INFO", "cpu")
-    finally:
-        c.close()
+def redis_cpu_s(redis):
+    if isinstance(redis, TlsRedis):
+        info = subprocess.run(redis.cli() + ["INFO", "cpu"], stdout=subprocess.PIPE,
+                              timeout=10).stdout.decode()
+    else:
+        c = Resp(redis.port)
+        try:
+            info = c.call("INFO", "cpu")
+        finally:
+            c.close()
     kv = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
     return float(kv["used_cpu_sys"]) + float(kv["used_cpu_user"])
 
 
-def config(d, i, redis_port, prefix, open_url, limited_url, rpm, window):
+def config(d, i, redis_url, prefix, open_url, limited_url, rpm, window):
     path = os.path.join(d, "sc%d.yaml" % i)
     src = ("    max_concurrency: 1024\n    aimd: { initial: 1024, min: 1024 }\n"
            "    breaker: { failures: 1000000 }\n    timeout_s: 30\n    ttft_timeout_s: 30\n")
     with open(path, "w") as f:
         f.write('listen:\n  mode: "0600"\n'
                 "server: { log_level: warn, shutdown_grace_s: 2 }\n"
-                "backend: { kind: redis, url: \"redis://127.0.0.1:%d/0\", prefix: %s,"
-                " command_timeout_s: 1, lease_ttl_s: 30 }\n"
+                "backend: { kind: redis, url: \"%s\", prefix: %s,"
+                " command_timeout_s: 1, lease_ttl_s: 30%s }\n"
                 "defaults: { stall_window_s: 3600, poll_interval_s: 0.2 }\n"
                 "sources:\n"
                 "  - name: open\n    capability: embedding\n    base_url: %s\n%s"
                 "  - name: limited\n    capability: chat\n    base_url: %s\n%s"
                 "    limits: { rpm: %d, window_s: %s }\n"
-                % (redis_port, prefix, open_url, src, limited_url, src, rpm, window))
+                % (redis_url[0], prefix, redis_url[1], open_url, src, limited_url, src, rpm,
+                   window))
     return path
 
 
@@ -94,6 +100,8 @@ def main():
     ap.add_argument("--limited-clients", type=int, default=1)
     ap.add_argument("--rpm", type=int, default=600)
     ap.add_argument("--window", type=float, default=60.0)
+    ap.add_argument("--tls", action="store_true",
+                    help="Redis over TLS only (certificates made with openssl)")
     a = ap.parse_args()
     build = os.path.abspath(a.build)
     polygw, loadgen = os.path.join(build, "polygw"), os.path.join(build, "bench", "loadgen")
@@ -105,13 +113,19 @@ def main():
     os.environ["POLYGW_BUILD"] = build
     d = tempfile.mkdtemp(prefix="pgw-soak-", dir="/tmp")
     procs, gens = [], []
-    redis = RedisServer().start()
+    certs = Certs() if a.tls else None
+    redis = TlsRedis(certs).start() if a.tls else RedisServer().start()
+    if a.tls:
+        url = ("rediss://localhost:%d/0" % redis.port,
+               ", tls: { ca_file: \"%s\" }" % certs.path("ca.crt"))
+    else:
+        url = ("redis://127.0.0.1:%d/0" % redis.port, "")
     try:
         with MockUpstream() as up_open, MockUpstream() as up_lim:
             prefix = "soak%d" % os.getpid()
             socks = []
             for i in range(a.sidecars):
-                cfg = config(d, i, redis.port, prefix, up_open.url, up_lim.url, a.rpm, a.window)
+                cfg = config(d, i, url, prefix, up_open.url, up_lim.url, a.rpm, a.window)
                 sock = os.path.join(d, "sc%d.sock" % i)
                 log = open(os.path.join(d, "sc%d.log" % i), "w")
                 procs.append(subprocess.Popen([polygw, "--config", cfg, "--socket", sock],
@@ -134,7 +148,7 @@ def main():
 
             body = {"model": "m", "input": "soak"}
             chat = {"model": "m", "messages": [{"role": "user", "content": "soak"}]}
-            cpu0 = redis_cpu_s(redis.port)
+            cpu0 = redis_cpu_s(redis)
             t0 = time.monotonic()
             for sock in socks:
                 for cap, b, n in (("embedding", body, a.open_clients),
@@ -151,7 +165,7 @@ def main():
                 out, _ = g.communicate(timeout=a.duration + 180)
                 results.append((cap, json.loads(out.decode().strip().splitlines()[-1])))
             t1 = time.monotonic()
-            cpu1 = redis_cpu_s(redis.port)
+            cpu1 = redis_cpu_s(redis)
             elapsed = t1 - t0
             n_open = up_open.stats()["requests"]
             n_lim = up_lim.stats()["requests"]
@@ -170,7 +184,11 @@ def main():
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
-        redis.stop()
+        if a.tls:
+            redis.cleanup()
+            certs.cleanup()
+        else:
+            redis.stop()
         shutil.rmtree(d, ignore_errors=True)
 
     opened = [r for cap, r in results if cap == "embedding"]
@@ -184,12 +202,12 @@ def main():
     attempts = n_open + n_lim
     rate = a.rpm / a.window
     bound = a.rpm + rate * elapsed
-    print("| sidecars | seconds | admitted attempts/s | open calls ok | call p50 ms | call p99 ms "
+    print("| sidecars | Redis | seconds | admitted attempts/s | open calls ok | call p50 ms | call p99 ms "
           "| Redis RTT avg / max ms | redis-server CPU % of a core | redis-server CPU µs / attempt "
           "| limited: admitted / bound (capacity + rate x time) | errors |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    print("| %d | %.1f | %.0f | %d | %.2f | %.2f | %.2f / %.1f | %.0f | %.1f | %d / %.0f (%.3f) | %d |"
-          % (a.sidecars, elapsed, attempts / elapsed, ok_open, p50 / 1e3, p99 / 1e3,
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| %d | %s | %.1f | %.0f | %d | %.2f | %.2f | %.2f / %.1f | %.0f | %.1f | %d / %.0f (%.3f) | %d |"
+          % (a.sidecars, "TLS" if a.tls else "plain", elapsed, attempts / elapsed, ok_open, p50 / 1e3, p99 / 1e3,
              sum(x[0] for x in rtt) / len(rtt), max(x[1] for x in rtt), 100 * cpu / elapsed,
              1e6 * cpu / attempts if attempts else 0, n_lim, bound, n_lim / bound, errors))
     print("\nlimited source: rpm %d per %gs window (capacity %d, %.2f/s) across the fleet; "
