@@ -8,6 +8,8 @@ SIGKILLed at cleanup; every wait is bounded.
 import os
 import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import tempfile
 
@@ -21,10 +23,22 @@ def _need(exe, pkg):
         pytest.skip("%s not installed (make deps installs %s)" % (exe, pkg))
 
 
-class Proc:
-    """One redis-server or redis-sentinel on its own port and directory."""
+class TlsResp(Resp):
+    """Resp over TLS, verifying the server against the test CA."""
 
-    def __init__(self, base, name, argv_tail, port=None, conf=None, ready=None):
+    def __init__(self, port, cafile, timeout=5.0):
+        ctx = ssl.create_default_context(cafile=cafile)
+        raw = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.sock = ctx.wrap_socket(raw, server_hostname="localhost")
+        self.buf = b""
+
+
+class Proc:
+    """One redis-server or redis-sentinel on its own port and directory;
+    `certs` (a Certs) when it speaks TLS only, `password` when it wants AUTH."""
+
+    def __init__(self, base, name, argv_tail, port=None, conf=None, ready=None, certs=None,
+                 password=None):
         self.name = name
         self.dir = os.path.join(base, name)
         os.makedirs(self.dir, exist_ok=True)
@@ -32,6 +46,8 @@ class Proc:
         self.argv_tail = argv_tail
         self.conf = conf
         self.ready = ready
+        self.certs = certs
+        self.password = password
         self.proc = None
 
     def start(self, timeout=5.0):
@@ -51,16 +67,20 @@ class Proc:
         if self.ready:
             return self.ready(self)
         try:
-            c = Resp(self.port, timeout=1)
+            c = self.client(timeout=1)
             try:
                 return c.call("PING") == "PONG"
             finally:
                 c.close()
-        except (OSError, RedisError):
+        except (OSError, RedisError, ssl.SSLError):
             return False
 
     def client(self, timeout=2.0):
-        return Resp(self.port, timeout=timeout)
+        c = TlsResp(self.port, self.certs.path("ca.crt"), timeout) if self.certs else \
+            Resp(self.port, timeout=timeout)
+        if self.password:
+            c.call("AUTH", self.password)
+        return c
 
     def call(self, *args):
         c = self.client()
@@ -82,9 +102,22 @@ class Proc:
             return ""
 
 
-def _server_argv(port, d, extra=()):
-    return [shutil.which("redis-server"), "--port", str(port), "--bind", "127.0.0.1",
-            "--save", "", "--appendonly", "no", "--daemonize", "no", "--dir", d] + list(extra)
+def _server_argv(port, d, extra=(), certs=None):
+    listen = ["--port", str(port)] if not certs else \
+        ["--port", "0", "--tls-port", str(port)] + _tls_args(certs, "--")
+    return [shutil.which("redis-server")] + listen + [
+        "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no",
+        "--dir", d] + list(extra)
+
+
+def _tls_args(certs, dash):
+    """TLS settings for a server or sentinel, as arguments or config lines."""
+    kv = [("tls-cert-file", certs.path("server.crt")), ("tls-key-file", certs.path("server.key")),
+          ("tls-ca-cert-file", certs.path("ca.crt")), ("tls-replication", "yes"),
+          ("tls-auth-clients", "no")]
+    if dash:
+        return [x for k, v in kv for x in ("--" + k, v)]
+    return ["%s %s" % (k, v) for k, v in kv]
 
 
 class SentinelSet:
@@ -93,20 +126,27 @@ class SentinelSet:
     failover-timeout `failover_timeout_ms`."""
 
     def __init__(self, n=3, quorum=2, master="mymaster", down_after_ms=1000,
-                 failover_timeout_ms=3000, server_extra=(), sentinel_lines=()):
+                 failover_timeout_ms=3000, server_extra=(), sentinel_lines=(), certs=None,
+                 sentinel_password=None):
         _need("redis-server", "redis-server")
         _need("redis-sentinel", "redis-sentinel")
         self.base = tempfile.mkdtemp(prefix="pgw-sentinel-")
         self.master = master
+        self.certs = certs
         self.server_extra = list(server_extra)
         self.primary = Proc(self.base, "primary",
-                            lambda p: _server_argv(p.port, p.dir, self.server_extra))
+                            lambda p: _server_argv(p.port, p.dir, self.server_extra, certs),
+                            certs=certs)
         self.replica = Proc(self.base, "replica",
                             lambda p: _server_argv(p.port, p.dir, self.server_extra + [
-                                "--replicaof", "127.0.0.1", str(self.primary.port)]))
+                                "--replicaof", "127.0.0.1", str(self.primary.port)], certs),
+                            certs=certs)
         self.sentinels = []
+        if sentinel_password:   # the sentinels use it with each other too
+            sentinel_lines = list(sentinel_lines) + ["requirepass %s" % sentinel_password]
         for i in range(n):
-            s = Proc(self.base, "sentinel%d" % i, self._sentinel_argv)
+            s = Proc(self.base, "sentinel%d" % i, self._sentinel_argv, certs=certs,
+                     password=sentinel_password)
             s.quorum, s.down_after_ms, s.failover_timeout_ms = (quorum, down_after_ms,
                                                                 failover_timeout_ms)
             s.lines = list(sentinel_lines)
@@ -116,7 +156,12 @@ class SentinelSet:
         conf = os.path.join(s.dir, "sentinel.conf")
         if not os.path.exists(conf):   # a sentinel rewrites its own file: written once
             with open(conf, "w") as f:
-                f.write("port %d\nbind 127.0.0.1\ndaemonize no\ndir %s\n" % (s.port, s.dir))
+                if self.certs:
+                    f.write("port 0\ntls-port %d\n%s\n" % (s.port,
+                                                          "\n".join(_tls_args(self.certs, ""))))
+                else:
+                    f.write("port %d\n" % s.port)
+                f.write("bind 127.0.0.1\ndaemonize no\ndir %s\n" % s.dir)
                 f.write("sentinel monitor %s 127.0.0.1 %d %d\n"
                         % (self.master, self.primary.port, s.quorum))
                 f.write("sentinel down-after-milliseconds %s %d\n" % (self.master, s.down_after_ms))
@@ -137,7 +182,7 @@ class SentinelSet:
             for s in self.sentinels:
                 try:
                     m = self._master_info(s)
-                except (OSError, RedisError):
+                except (OSError, RedisError, ssl.SSLError):
                     return False
                 if int(m.get("num-other-sentinels", 0)) != n - 1 or int(m.get("num-slaves", 0)) < 1:
                     return False
@@ -164,7 +209,7 @@ class SentinelSet:
             if s.proc and s.proc.poll() is None:
                 try:
                     return int(s.call("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master)[1])
-                except (OSError, RedisError):
+                except (OSError, RedisError, ssl.SSLError):
                     continue
         return None
 

@@ -215,3 +215,55 @@ def test_failover__no_sentinel_answers_fails_closed_then_recovers(sentinels, up,
     err, res, _ = call_on(c, "chat", chat(), 5)
     assert err is None, err
     c.close()
+
+
+def test_failover__tls_everywhere_and_sentinel_auth(up, make_sidecar):
+    """Primary, replica and sentinels speak TLS only (certificates made by
+    openssl for the test) and the sentinels want a password of their own.
+    With backend.tls (the CA) and sentinel_password_env the sidecar asks the
+    sentinels over TLS, authenticates, reaches the primary over TLS (the
+    address the sentinels give, 127.0.0.1, checked against the certificate's
+    IP address), and follows a failover. A wrong sentinel password keeps the
+    backend down with the sentinel's refusal, never the password."""
+    from fleet_topology import Certs
+    certs = Certs(names=("localhost", "127.0.0.1"))
+    pw = "sentinel-Pa55-TOPSECRET"
+    topo = SentinelSet(n=3, quorum=2, down_after_ms=DOWN_AFTER_MS,
+                       failover_timeout_ms=FAILOVER_TIMEOUT_MS, certs=certs,
+                       sentinel_password=pw)
+    try:
+        topo.start()
+        backend = sentinel_backend(topo, tls={"ca_file": certs.path("ca.crt")},
+                                   sentinel_password_env="PGW_SENTINEL_PW")
+        cfg = fleet_config(None, unique_prefix(), [source("a", "chat", up.url)], backend=backend)
+        sc = make_sidecar(config_text=cfg, subdir="tls", env=dict(NO_PROXY, PGW_SENTINEL_PW=pw))
+        b = wait_backend(sc, timeout=8)
+        assert b["tls"] is True and b["address"] == "127.0.0.1:%d" % topo.primary.port, b
+        c = sc.connect()
+        err, res, _ = call_on(c, "chat", chat(), 5)
+        assert err is None, err
+
+        topo.primary.kill()
+        t_kill = time.monotonic()
+        deadline = t_kill + 15
+        while time.monotonic() < deadline:
+            err, res, _ = call_on(c, "chat", chat(), 5)
+            if err is None and stats(sc)["backend"]["address"].endswith(":%d" % topo.replica.port):
+                break
+            assert err is None or err["code"] == "backend_unavailable", err
+            time.sleep(0.05)
+        assert err is None, "no service %.1fs after the kill: %r" % (time.monotonic() - t_kill,
+                                                                      err)
+        print("failover over TLS: served again %.3fs after the kill" % (time.monotonic() - t_kill))
+        c.close()
+
+        bad = make_sidecar(config_text=cfg, subdir="badpw",
+                           env=dict(NO_PROXY, PGW_SENTINEL_PW="wrong-" + pw))
+        b = wait_until(lambda: (lambda b: b if "AUTH refused" in b["last_error"] else None)(
+            stats(bad)["backend"]), 5, interval=0.05)
+        assert b and b["state"] != "up" and b["sentinel_state"] != "up", stats(bad)["backend"]
+        everything = repr(stats(bad)) + bad.logs() + sc.logs()
+        assert pw not in everything
+    finally:
+        topo.cleanup()
+        certs.cleanup()
