@@ -2202,6 +2202,7 @@ static int load_redis_secrets(struct loader *l)
 {
     struct config *cfg = l->cfg;
     int rc;
+    const size_t pw_max = sizeof(((struct rds_addr *)0)->password) - 1;
 
     if ((rc = load_redis_secret(l, FID_PASSWORD_ENV, FID_PASSWORD_FILE, cfg->redis_password_env,
                                 cfg->redis_password_file, "password", &cfg->redis_password)) ==
@@ -2212,6 +2213,15 @@ static int load_redis_secrets(struct loader *l)
                                 cfg->redis_sentinel_password_file, "sentinel_password",
                                 &cfg->redis_sentinel_password)) == -ENOMEM)
         return rc;
+    if (cfg->redis_password && strlen(cfg->redis_password) > pw_max)
+        return fail_at(l, l->line[FID_PASSWORD_ENV] | l->line[FID_PASSWORD_FILE],
+                       cfg->redis_password_env ? "backend.password_env" : "backend.password_file",
+                       "the password is longer than %zu bytes", pw_max);
+    if (cfg->redis_sentinel_password && strlen(cfg->redis_sentinel_password) > pw_max)
+        return fail_at(l, l->line[FID_SENTINEL_PASSWORD_ENV] | l->line[FID_SENTINEL_PASSWORD_FILE],
+                       cfg->redis_sentinel_password_env ? "backend.sentinel_password_env"
+                                                        : "backend.sentinel_password_file",
+                       "the password is longer than %zu bytes", pw_max);
     if (cfg->redis_tls && cfg->redis_url && strncasecmp(cfg->redis_url, "rediss://", 9) != 0)
         return fail_at(l, l->line[FID_TLS], "backend.tls",
                        "needs a rediss:// URL (TLS is what the scheme asks for)");

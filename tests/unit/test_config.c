@@ -1093,6 +1093,12 @@ START_TEST(test_config__backend_password_env)
     expect_reject("backend: { kind: redis, url: \"redis://:x@h\", "
                   "password_env: PGW_TEST_REDIS_PW }\n", 1, "backend.password_env",
                   "the URL holds a password too");
+    char longpw[300];
+    memset(longpw, 'p', sizeof(longpw) - 1);
+    longpw[sizeof(longpw) - 1] = '\0';
+    setenv("PGW_TEST_REDIS_PW", longpw, 1);
+    expect_reject("backend: { kind: redis, url: redis://h, password_env: PGW_TEST_REDIS_PW }\n",
+                  1, "backend.password_env", "longer than 255 bytes");
     unsetenv("PGW_TEST_REDIS_PW");
     expect_reject("backend: { kind: redis, url: redis://h, password_env: PGW_TEST_REDIS_PW }\n",
                   1, "backend.password_env", "not set or is empty");
