@@ -174,6 +174,12 @@ static void rtls_close_fds(struct rtls *t)
 {
     ev_io_stop(t->loop, &t->tcp_w);
     ev_io_stop(t->loop, &t->plain_w);
+    /* One try at a close_notify, so the server logs a clean close rather
+     * than an unexpected EOF; nothing waits for its answer. */
+    if (t->state == RT_OPEN && t->tcp >= 0) {
+        SSL_shutdown(t->ssl);
+        ERR_clear_error();
+    }
     if (t->plain >= 0)
         close(t->plain);
     if (t->tcp >= 0)

@@ -19,6 +19,9 @@
  * Failures are not reported through callbacks: the bridge records a reason
  * (rtls_error) and closes its end of the socketpair, so hiredis sees the
  * connection end the ordinary way and its owner reads the reason then.
+ *
+ * Writes to a peer that has gone raise SIGPIPE: the process must ignore it
+ * (the daemon does, in main).
  */
 #ifndef POLYGW_REDIS_TLS_H
 #define POLYGW_REDIS_TLS_H
