@@ -302,3 +302,110 @@ class TlsRedis:
     def cleanup(self):
         self.proc.kill()
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+# ---------------------------------------------------------- a fake sentinel
+class FakeSentinel:
+    """A scriptable stand-in for redis-sentinel, speaking just what a client
+    uses: AUTH, PING, SENTINEL get-master-addr-by-name (answering `primary`,
+    a (host, port) or None for "unknown master"), SUBSCRIBE. publish()
+    sends a pub/sub message to every subscriber. Counts the questions."""
+
+    def __init__(self, master="mymaster"):
+        import socketserver
+        import threading
+        self.master = master
+        self.primary = None
+        self.asked = 0
+        self.subscribers = []
+        self.lock = threading.Lock()
+        self.send_lock = threading.Lock()   # one frame at a time on any socket
+        fake = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self):
+                f = self.request.makefile("rb")
+                try:
+                    while True:
+                        args = fake._read_command(f)
+                        if args is None:
+                            return
+                        reply = fake._answer(self.request, args)
+                        with fake.send_lock:
+                            self.request.sendall(reply)
+                except (OSError, ValueError):
+                    return
+                finally:
+                    with fake.lock:
+                        if self.request in fake.subscribers:
+                            fake.subscribers.remove(self.request)
+
+        class Server(socketserver.ThreadingTCPServer):
+            allow_reuse_address = True
+            daemon_threads = True
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def _read_command(f):
+        line = f.readline()
+        if not line:
+            return None
+        if not line.startswith(b"*"):
+            raise ValueError("not a RESP array")
+        args = []
+        for _ in range(int(line[1:])):
+            n = int(f.readline()[1:])
+            args.append(f.read(n + 2)[:-2].decode())
+        return args
+
+    @staticmethod
+    def _bulk(s):
+        s = str(s).encode()
+        return b"$%d\r\n%s\r\n" % (len(s), s)
+
+    def _answer(self, sock, args):
+        cmd = args[0].upper()
+        if cmd == "AUTH":
+            return b"+OK\r\n"
+        if cmd == "PING":
+            return b"+PONG\r\n"
+        if cmd == "SENTINEL" and len(args) == 3 and args[1].lower() == "get-master-addr-by-name":
+            with self.lock:
+                self.asked += 1
+                p = self.primary if args[2] == self.master else None
+            if not p:
+                return b"*-1\r\n"
+            return b"*2\r\n" + self._bulk(p[0]) + self._bulk(p[1])
+        if cmd == "SUBSCRIBE":
+            with self.lock:
+                if sock not in self.subscribers:
+                    self.subscribers.append(sock)
+            return b"".join(b"*3\r\n" + self._bulk("subscribe") + self._bulk(ch) + b":1\r\n"
+                            for ch in args[1:])
+        return b"-ERR unknown command\r\n"
+
+    def publish(self, channel, msg):
+        frame = b"*3\r\n" + self._bulk("message") + self._bulk(channel) + self._bulk(msg)
+        with self.lock:
+            subs = list(self.subscribers)
+        for s in subs:
+            try:
+                with self.send_lock:
+                    s.sendall(frame)
+            except OSError:
+                pass
+        return len(subs)
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+        with self.lock:
+            for s in self.subscribers:
+                try:
+                    s.close()
+                except OSError:
+                    pass

@@ -267,3 +267,69 @@ def test_failover__tls_everywhere_and_sentinel_auth(up, make_sidecar):
     finally:
         topo.cleanup()
         certs.cleanup()
+
+
+def test_failover__role_checked_and_switch_followed_with_a_scripted_sentinel(up, make_sidecar):
+    """A scripted sentinel (fleet_topology.FakeSentinel) in front of two real
+    redis-servers, A and its replica B, drives each rule in turn:
+    - it names B: the sidecar checks ROLE, refuses the replica ("not a
+      primary"), fails closed, and asks again at its backoff pace, not in a
+      busy loop;
+    - it names A: the sidecar finds it by itself on its next question;
+    - a +switch-master for another master name changes nothing;
+    - B promoted and +switch-master naming it: the sidecar moves to B at
+      once (stats.backend.address, primary_changes) and serves calls there."""
+    from fleet_topology import FakeSentinel
+    from redis_fixture import FleetRedis
+    a = FleetRedis().start()
+    b = FleetRedis(extra=["--replicaof", "127.0.0.1", str(a.port)]).start()
+    fake = FakeSentinel()
+    try:
+        fake.primary = ("127.0.0.1", b.port)
+        backend = {"sentinels": ["127.0.0.1:%d" % fake.port], "master_name": "mymaster",
+                   "command_timeout_s": CT, "lease_ttl_s": 3}
+        cfg = fleet_config(None, unique_prefix(), [source("a", "chat", up.url)], backend=backend)
+        sc = make_sidecar(config_text=cfg, env=NO_PROXY)
+        st = wait_until(lambda: (lambda x: x if "not a primary (ROLE: slave)" in x["last_error"]
+                                 else None)(stats(sc)["backend"]), 5, interval=0.05)
+        assert st and st["state"] != "up", stats(sc)["backend"]
+        c = sc.connect()
+        err, res, _ = call_on(c, "chat", chat(), 5)
+        assert res is None and err["code"] == "backend_unavailable", err
+        asked0 = fake.asked
+        time.sleep(2.0)
+        asked = fake.asked - asked0
+        print("scripted sentinel: asked %d times in 2 s while it named a replica" % asked)
+        assert 2 <= asked <= 30, asked   # re-asked, at the data connections' backoff
+
+        fake.primary = ("127.0.0.1", a.port)
+        st = wait_backend(sc, timeout=8)
+        assert st["address"] == "127.0.0.1:%d" % a.port, st
+        changes = st["primary_changes"]
+        err, res, _ = call_on(c, "chat", chat(), 5)
+        assert err is None, err
+
+        assert fake.publish("+switch-master", "othermaster 127.0.0.1 %d 127.0.0.1 %d"
+                            % (a.port, b.port)) >= 1
+        time.sleep(0.3)
+        st = stats(sc)["backend"]
+        assert st["address"] == "127.0.0.1:%d" % a.port and st["state"] == "up", st
+
+        assert b.client().call("REPLICAOF", "NO", "ONE") == "OK"
+        fake.primary = ("127.0.0.1", b.port)
+        t0 = time.monotonic()
+        fake.publish("+switch-master", "mymaster 127.0.0.1 %d 127.0.0.1 %d" % (a.port, b.port))
+        st = wait_until(lambda: (lambda x: x if x["address"].endswith(":%d" % b.port)
+                                 and x["state"] == "up" and x.get("subscribed") else None)(
+            stats(sc)["backend"]), 3, interval=0.01)
+        assert st, stats(sc)["backend"]
+        print("scripted sentinel: on +switch-master up on the new primary after %.1f ms"
+              % ((time.monotonic() - t0) * 1000))
+        assert st["primary_changes"] == changes + 1, st
+        err, res, _ = call_on(c, "chat", chat(), 5)
+        assert err is None, err
+        c.close()
+    finally:
+        fake.close()
+        b.cleanup()
+        a.cleanup()
