@@ -68,7 +68,8 @@ def test_failover__primary_killed_the_fleet_follows_the_promoted_replica(
       exceed capacity + rate x elapsed + one capacity: the lost writes
       cost at most one window of the limit. The measured excess is printed.
     - task.stop sent to one sidecar afterwards ends a call in that task on
-      another (the pub/sub moved to the new primary too)."""
+      another (the pub/sub moved to the new primary too), and task.guard
+      on every sidecar answers task_stopped."""
     cap, win = 20, 10.0
     rate = cap / win
     cfg = fleet_config(None, unique_prefix(),
@@ -174,6 +175,11 @@ def test_failover__primary_killed_the_fleet_follows_the_promoted_replica(
     print("failover: task.stop on sidecar 2 ended sidecar 1's call after %.1f ms"
           % ((hung.t_end - t_stop) * 1000))
     assert hung.t_end - t_stop < 0.5
+    for i, sc in enumerate(fleet):   # every sidecar knows the stop
+        c = sc.connect()
+        err, res = c.request("task.guard", {"task_id": tid})
+        c.close()
+        assert res is None and err["code"] == "task_stopped", (i, err)
     ca.close()
     cb.close()
 
