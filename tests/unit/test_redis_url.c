@@ -303,6 +303,7 @@ struct stats_view {
     bool subscribed;
     uint64_t rejected, connect_failures;
     bool all_keys_unique;
+    char sentinel[64], sentinel_state[16];
 };
 
 static void read_stats(const struct rds *r, struct stats_view *v)
@@ -348,6 +349,10 @@ static void read_stats(const struct rds *r, struct stats_view *v)
             v->rejected = val->via.u64;
         else if (KEY_IS("connect_failures"))
             v->connect_failures = val->via.u64;
+        else if (KEY_IS("sentinel"))
+            COPY_STR(v->sentinel);
+        else if (KEY_IS("sentinel_state"))
+            COPY_STR(v->sentinel_state);
 #undef KEY_IS
 #undef COPY_STR
     }
@@ -414,6 +419,54 @@ END_TEST
 
 /* Freed before the first attempt, during a host-name lookup (its thread
  * must not touch the freed adapter), and while a TCP connect is pending. */
+/* Sentinels that refuse the connection: each is tried in turn, the data
+ * connections wait for a primary (no attempt, nothing to admit with), the
+ * stats say so, and the sentinels' password shows nowhere. */
+START_TEST(test_redis_url__sentinels_unreachable)
+{
+    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+    static const char *const channels[] = {"p:task-end"};
+    static const char *const sentinels[] = {"127.0.0.1:1", "127.0.0.1:2"};
+    char err[256];
+    struct stats_view v;
+    struct rds_opts opts = {
+        .sentinels = sentinels, .n_sentinels = 2, .master_name = "mymaster",
+        .sentinel_password = SECRET, .password = SECRET,
+        .command_timeout_s = 0.2, .reconnect_min_s = 0.01, .reconnect_max_s = 0.05,
+        .channels = channels, .n_channels = 1,
+    };
+
+    log_threshold = LOG_ERROR;
+    struct rds *r = rds_new(loop, &opts, NULL, err, sizeof(err));
+    ck_assert_msg(r != NULL, "%s", err);
+    run_for(loop, 0.15);
+    read_stats(r, &v); /* also checks that SECRET is not in it */
+    ck_assert_uint_eq(v.n_keys, 24);
+    ck_assert(v.all_keys_unique);
+    ck_assert_str_eq(v.address, "unknown (asking the sentinels)");
+    ck_assert_str_eq(v.state, "down");
+    ck_assert_str_ne(v.sentinel_state, "up");
+    ck_assert_msg(strstr(v.sentinel, "127.0.0.1:"), "%s", v.sentinel);
+    ck_assert_uint_ge(v.connect_failures, 2); /* both sentinels, in turn */
+    ck_assert(!rds_up(r));
+    rds_free(r);
+
+    opts.url = "redis://h";
+    ck_assert_ptr_null(rds_new(loop, &opts, NULL, err, sizeof(err)));
+    ck_assert_msg(strstr(err, "either a URL or sentinels"), "%s", err);
+    opts.url = NULL;
+    opts.master_name = NULL;
+    ck_assert_ptr_null(rds_new(loop, &opts, NULL, err, sizeof(err)));
+    ck_assert_msg(strstr(err, "master name"), "%s", err);
+    opts.master_name = "m";
+    static const char *const bad[] = {"127.0.0.1:1", "h"};
+    opts.sentinels = bad;
+    ck_assert_ptr_null(rds_new(loop, &opts, NULL, err, sizeof(err)));
+    ck_assert_msg(strstr(err, "sentinel 1: expected host:port"), "%s", err);
+    ev_loop_destroy(loop);
+}
+END_TEST
+
 START_TEST(test_redis_url__free_early)
 {
     struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
@@ -470,6 +523,7 @@ Suite *redis_url_suite(void)
     tcase_add_test(tc, test_redis_url__new_rejects);
     tcase_add_test(tc, test_redis_url__not_connected);
     tcase_add_test(tc, test_redis_url__free_early);
+    tcase_add_test(tc, test_redis_url__sentinels_unreachable);
     suite_add_tcase(s, tc);
     return s;
 }
