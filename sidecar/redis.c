@@ -34,9 +34,10 @@
  * starts them at once. The data connections' handshake gains ROLE; they
  * have no target until the first answer (conn_target). A data connection
  * that fails (ROLE not master included) re-asks through sen_refresh(),
- * which re-makes the sentinel link without backoff: the subscribed link
- * cannot send the question again. A sentinel that fails passes the turn
- * to the next one, at once; a whole round that fails backs off.
+ * which re-makes the sentinel link to the next sentinel without backoff:
+ * the subscribed link cannot send the question again. A sentinel that
+ * fails passes the turn to the next one, at once; a whole round that fails
+ * backs off.
  *
  * TLS (redis_tls.h): conn_connect() slides the bridge under the context
  * before it is attached; conn_detach() frees it with the context. Its
@@ -1095,7 +1096,9 @@ static void primary_set(struct rds *r, const char *host, int port, const char *h
 }
 
 /* A data connection failed: ask the sentinels again, on a fresh link (the
- * subscribed one cannot send commands). This is how a missed
+ * subscribed one cannot send commands), and the next sentinel in turn, so
+ * one cut off from the others (still naming a primary that is gone, and
+ * never announcing the switch) cannot hold us. This is how a missed
  * +switch-master is made up for, and how a ROLE that is not master is
  * acted on. While the sentinels still name a dead primary (before they
  * fail over), each failed retry of the data connections asks once more:
@@ -1109,6 +1112,7 @@ static void sen_refresh(struct rds *r)
         return;
     struct cmd *list = conn_detach(cn, false);
     conn_set_state(cn, RC_DOWN);
+    r->sen_next = (r->sen_next + 1) % r->n_sentinels;
     fail_list(r, list, "re-asking the sentinels"); /* handshake records only: no user code */
     ev_timer_set(&cn->retry_w, 0., 0.);
     ev_timer_start(r->loop, &cn->retry_w);

@@ -339,3 +339,34 @@ def test_failover__role_checked_and_switch_followed_with_a_scripted_sentinel(up,
         fake.close()
         b.cleanup()
         a.cleanup()
+
+
+def test_failover__a_stale_sentinel_cannot_hold_the_fleet(up, make_sidecar):
+    """Two scripted sentinels: the first, cut off from the others, still
+    names a primary that is gone (a port where nothing listens); the
+    second names the live one. The first answers, so the sidecar follows
+    it; but each failed connection to the dead primary asks the *next*
+    sentinel, so the sidecar reaches the live primary within a few
+    backoff steps instead of retrying the dead one for ever."""
+    from fleet_topology import FakeSentinel
+    from redis_fixture import FleetRedis, free_port
+    live = FleetRedis().start()
+    stale, good = FakeSentinel(), FakeSentinel()
+    try:
+        stale.primary = ("127.0.0.1", free_port())
+        good.primary = ("127.0.0.1", live.port)
+        backend = {"sentinels": ["127.0.0.1:%d" % stale.port, "127.0.0.1:%d" % good.port],
+                   "master_name": "mymaster", "command_timeout_s": CT, "lease_ttl_s": 3}
+        cfg = fleet_config(None, unique_prefix(), [source("a", "chat", up.url)], backend=backend)
+        sc = make_sidecar(config_text=cfg, env=NO_PROXY)
+        st = wait_backend(sc, timeout=5)
+        assert st["address"] == "127.0.0.1:%d" % live.port, st
+        assert stale.asked >= 1 and good.asked >= 1, (stale.asked, good.asked)
+        c = sc.connect()
+        err, res, _ = call_on(c, "chat", chat(), 5)
+        c.close()
+        assert err is None, err
+    finally:
+        stale.close()
+        good.close()
+        live.cleanup()
