@@ -85,7 +85,8 @@ MOCK       := $(BUILD)/mock_upstream
 BENCH_BINS := $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 SHIMS      := $(patsubst tests/shim/%.c,$(BUILD)/shim/%.so,$(SHIM_SRC))
 
-.PHONY: all deps run test unit integration bench install clean check-deps fuzz fuzz-replay fuzz-build
+.PHONY: all deps run test unit integration bench install clean check-deps fuzz fuzz-replay fuzz-build \
+        check-docs format format-check
 all: $(DAEMON) $(CTL) $(LIBA) $(LIBSO) $(MOCK) $(BENCH_BINS) $(SHIMS)
 
 $(BUILD)/obj/%.o: %.c
@@ -149,6 +150,12 @@ $(BUILD)/bench/%: $(BUILD)/obj/tests/bench/%.o $(LIBA) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS) -lpthread
+
+# The metrics bench renders a real server's metrics: it links the sidecar.
+$(BUILD)/bench/metrics: $(BUILD)/obj/tests/bench/metrics.o $(SIDECAR_OBJ) $(CORE_OBJ) $(PROTO_OBJ)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS)
 
 # LD_PRELOAD shims for tests (e.g. a getaddrinfo that hangs). Never
 # sanitized: the ASan runtime must stay first in the library order.
@@ -284,11 +291,27 @@ test: deps
 
 unit_tests: $(UNIT)
 
+# Every section reference (docs/DESIGN.md §3.1, PROTOCOL §4.4, …) and relative
+# Markdown link points at something that exists.
+check-docs:
+	/usr/bin/python3 tests/check_docs.py
+
+# clang-format (Debian's clang-format package) with the committed
+# .clang-format, over every tracked C file.
+FORMAT_SRC = $(shell git ls-files '*.c' '*.h' 2>/dev/null)
+CLANG_FORMAT ?= clang-format
+format:
+	$(CLANG_FORMAT) -i $(FORMAT_SRC)
+format-check:
+	$(CLANG_FORMAT) --dry-run --Werror $(FORMAT_SRC) && echo "format-check: $(words $(FORMAT_SRC)) files formatted"
+
 bench: deps
 	$(Q)$(MAKE) --no-print-directory all
 	sh tests/bench/run.sh $(BUILD)
 	@echo "## Admission cost (src/gov.c, ns per decision, best of 5)"
 	$(BUILD)/bench/admission
+	@echo "## Metrics: observation and rendering cost (sidecar/metrics.c, best of 5)"
+	$(BUILD)/bench/metrics
 	@echo "## Calls waiting for a permit"
 	/usr/bin/python3 tests/bench/waiting_cpu.py $(BUILD) 1000 3
 	@echo "## Config load time against its size"

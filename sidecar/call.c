@@ -2,7 +2,7 @@
  * call.c — the `call` method: one client request to a capability, run by
  * the governed loop (src/gov.h) over attempts on the upstream engine, and
  * answered with the result, a stream of chunk notifications, or a typed
- * error (DESIGN.md 3.6).
+ * error (docs/DESIGN.md §3.6).
  *
  * The loop, per call:
  *
@@ -39,10 +39,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "governor.h"
 #include "log.h"
+#include "metrics.h"
 #include "redact.h"
-#include "shared.h"
 #include "task.h"
 #include "tasks.h"
 #include "transcode.h"
@@ -56,8 +57,8 @@ struct call {
     const struct config_capability *cap;
     const struct config_source *src; /* the current (or last) attempt's source */
     struct attempt *attempt;
-    struct shared_admit *admit;      /* shared backend: admission asked, not answered */
-    struct shared_lease *lease;      /* shared backend: the attempt's fleet permit */
+    struct backend_admit *admit;     /* admission asked, not answered yet */
+    struct backend_lease *lease;     /* the attempt's fleet permit, when the backend has one */
     char backend_why[64];            /* why the backend could not admit, for the error */
     double started;
     bool paused;
@@ -71,13 +72,14 @@ struct call {
     char event_error[96];            /* why the attempt's stream was refused, or "" */
     uint32_t relayed;                /* chunks of the attempt relayed to the client */
     struct task *task;               /* the task it belongs to, or NULL */
-    struct task_wait *task_wait;     /* shared backend: its task is being checked */
+    struct task_wait *task_wait;     /* its task is being checked by the backend */
     struct call *tprev, *tnext;      /* the task's calls (head in task->ud) */
+    enum pgw_code code;              /* how it was answered (PGW_CANCELLED: not answered) */
 };
 
 static void call_step(struct call *k);
 
-/* A call naming a task this sidecar does not hold waits for Redis' answer. */
+/* A call naming a task not held running here waits for the record's answer. */
 struct task_wait {
     struct call *k;                  /* NULL once the call is gone */
     char id[TASK_ID_MAX + 1];
@@ -140,6 +142,22 @@ static void call_task_unlink(struct call *k)
     k->tprev = k->tnext = NULL;
 }
 
+static double call_elapsed(const struct call *k)
+{
+    return ev_now(k->conn->srv->loop) - k->started;
+}
+
+/* Indexes of the call's capability and current source (metrics slots). */
+static size_t call_cap(const struct call *k)
+{
+    return (size_t)(k->cap - k->conn->srv->cfg->capabilities);
+}
+
+static size_t call_source(const struct call *k)
+{
+    return (size_t)(k->src - k->conn->srv->cfg->sources);
+}
+
 static void call_end(struct call *k)
 {
     struct server *srv = k->conn->srv;
@@ -148,14 +166,16 @@ static void call_end(struct call *k)
         k->task_wait->k = NULL;
     k->task_wait = NULL;
     if (k->admit)
-        shared_admit_detach(k->admit);
+        backend_admit_detach(srv->backend, k->admit);
     if (k->lease)
-        shared_release(srv->shared, k->lease, NULL, -1);
+        backend_release(srv->backend, k->lease, NULL, -1);
     k->admit = NULL;
     k->lease = NULL;
     call_task_unlink(k);
     call_set_paused(k, false);
     ev_timer_stop(srv->loop, &k->wake_w);
+    metrics_on_call_end(srv->metrics, call_cap(k), k->code,
+                        call_elapsed(k), gov_call_stalled_s(&k->g, ev_now(srv->loop)));
     gov_call_fini(&k->g, ev_now(srv->loop));
     call_unlink(k);
     msgpack_sbuffer_destroy(&k->usage);
@@ -163,11 +183,6 @@ static void call_end(struct call *k)
     transcode_buf_fini(&k->json);
     free(k);
     server_on_request_done(srv);
-}
-
-static double call_elapsed(const struct call *k)
-{
-    return ev_now(k->conn->srv->loop) - k->started;
 }
 
 /* Appends pre-packed msgpack bytes to a packer. */
@@ -420,9 +435,11 @@ static void call_reply_success(struct call *k, const msgpack_sbuffer *body,
     conn_response_done(k->conn, PGW_OK);
 }
 
+/* Ends a call just answered (the response is the connection's last). */
 static void call_finish(struct call *k)
 {
     struct conn *c = k->conn;
+    k->code = c->last_code;
     call_end(k);
     conn_flush(c);
 }
@@ -481,9 +498,10 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
            outcome_reason_name(res.outcome.reason), "status", LOG_I, (long long)res.http_status,
            "phase", LOG_S, attempt_phase_name(res.phase), "elapsed_s", LOG_F, res.elapsed_s, NULL);
 
+    metrics_on_attempt(k->conn->srv->metrics, call_source(k), &res);
     double used = usage ? usage_tokens(usage) : -1;
     if (k->lease) {
-        shared_release(k->conn->srv->shared, k->lease, &res.outcome, used);
+        backend_release(k->conn->srv->backend, k->lease, &res.outcome, used);
         k->lease = NULL;
     }
     gov_call_on_outcome(&k->g, now, &res.outcome, used, &d);
@@ -564,7 +582,8 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     pack_raw(&c->pk, sb.data, sb.size);
     msgpack_sbuffer_destroy(&sb);
     c->srv->stats.chunks_relayed++;
-    k->relayed++;
+    if (k->relayed++ == 0) /* a stream is never retried after its first event */
+        metrics_on_call_first_event(c->srv->metrics, call_cap(k), call_elapsed(k));
 
     /* Relay now. The flush may find the client gone: conn_close() then
      * aborts every call of the connection, this one included, so `k` is
@@ -706,8 +725,8 @@ static void call_run_attempt(struct call *k, size_t source)
     }
 }
 
-/* The shared backend answered the admission of the reserved attempt. */
-static void call_on_admit(void *ud, int rc, struct shared_lease *lease, double retry_at,
+/* The backend answered the admission of the reserved attempt later. */
+static void call_on_admit(void *ud, int rc, struct backend_lease *lease, double retry_at,
                           const char *why)
 {
     struct call *k = ud;
@@ -741,18 +760,20 @@ static void call_act(struct call *k, const struct gov_decision *d, const struct 
     struct server *srv = k->conn->srv;
 
     switch (d->action) {
-    case GOV_ATTEMPT:
-        if (!srv->shared) {
+    case GOV_ATTEMPT: {
+        /* Admitted at once (the local step decided: memory), later
+         * (call_on_admit), or not sent: fail closed. */
+        int rc = backend_admit(srv->backend, d->source, k->g.est_tokens, &k->lease,
+                               call_on_admit, k, &k->admit);
+        if (rc > 0) {
             call_run_attempt(k, d->source);
-            return;
-        }
-        k->admit = shared_admit(srv->shared, d->source, k->g.est_tokens, call_on_admit, k);
-        if (!k->admit) {
+        } else if (rc < 0) {
             struct gov_decision fail;
             gov_call_abandon(&k->g, ev_now(srv->loop), GOV_BACKEND_UNAVAILABLE, &fail);
             call_act(k, &fail, NULL);
         }
         return;
+    }
     case GOV_WAIT: {
         double in = d->wake_at - ev_now(srv->loop);
         ev_timer_stop(srv->loop, &k->wake_w);
@@ -777,9 +798,8 @@ static void call_step(struct call *k)
     call_act(k, &d, NULL);
 }
 
-/* Redis answered whether the task of a call runs (shared backend). */
-static void call_on_task_checked(void *ud, struct task *t, int rc, const char *reason,
-                                 const char *kind)
+/* The record answered whether the task of a call runs. */
+static void call_on_task_checked(void *ud, struct task *t, const struct backend_task *bt)
 {
     struct task_wait *tw = ud;
     struct call *k = tw->k;
@@ -790,7 +810,7 @@ static void call_on_task_checked(void *ud, struct task *t, int rc, const char *r
             call_task_link(k, t);
             call_step(k);
         } else {
-            tasks_reply_error(k->conn, k->msgid, rc, tw->id, reason, kind);
+            tasks_reply_error(k->conn, k->msgid, tw->id, bt);
             call_finish(k);
         }
     }
@@ -872,8 +892,9 @@ void call_start(struct conn *c, const struct rpc_msg *m)
             conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
             return;
         }
-        if (srv->shared && !tasks_held_running(srv, id)) {
-            /* Not held here, or a copy that may be stale: ask Redis. */
+        if (!tasks_held_running(srv, id)) {
+            /* Not held running here, or a copy that may be stale: ask the
+             * record. */
             tw = calloc(1, sizeof(*tw));
             if (!tw) {
                 conn_reply_error(c, m->msgid, PGW_INTERNAL, "out of memory");
@@ -882,8 +903,10 @@ void call_start(struct conn *c, const struct rpc_msg *m)
             memcpy(tw->id, id, sizeof(tw->id));
         } else {
             task = tasks_admit_call(c, m->msgid, id);
-            if (!task)
+            if (!task) {
+                metrics_on_call_refused(srv->metrics, (size_t)ci, c->last_code);
                 return;
+            }
         }
     }
 
@@ -920,6 +943,7 @@ void call_start(struct conn *c, const struct rpc_msg *m)
     if (rc < 0) {
         conn_reply_error(c, m->msgid, rc == TRANSCODE_EINVALID ? PGW_BAD_REQUEST : PGW_INTERNAL,
                          rc == TRANSCODE_EINVALID ? why : "out of memory");
+        metrics_on_call_refused(srv->metrics, (size_t)ci, c->last_code);
         msgpack_sbuffer_destroy(&k->usage);
         msgpack_sbuffer_destroy(&k->body);
         transcode_buf_fini(&k->json);
@@ -929,6 +953,8 @@ void call_start(struct conn *c, const struct rpc_msg *m)
     }
     k->g.ud = k;
     k->src = first;
+    k->code = PGW_CANCELLED;
+    metrics_on_call_start(srv->metrics, (size_t)ci);
     if (task)
         call_task_link(k, task);
     k->next = c->calls;
@@ -950,6 +976,7 @@ void call_start(struct conn *c, const struct rpc_msg *m)
 static void call_abort(struct call *k)
 {
     if (k->attempt) {
+        metrics_on_attempt_cancelled(k->conn->srv->metrics, call_source(k));
         attempt_cancel(k->attempt);
         k->attempt = NULL;
     }
@@ -988,6 +1015,7 @@ void call_fail_all(struct conn *c, enum pgw_code code, const char *message)
         msgpack_pack_uint32(&c->pk, k->g.attempts);
         rpc_pack_error_end(&c->pk);
         conn_response_done(c, code);
+        k->code = code;
         call_abort(k);
     }
 }
@@ -1020,6 +1048,7 @@ void call_fail_task(struct task *t, enum pgw_code code, const char *message)
         rpc_pack_kv_str(&c->pk, "reason", task_reason(t));
         rpc_pack_error_end(&c->pk);
         conn_response_done(c, code);
+        k->code = code;
         call_abort(k); /* unlinks k from t */
         conn_flush(c);
     }

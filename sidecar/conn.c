@@ -23,7 +23,7 @@
  *
  * Freeing: conn_close() only closes the fd and moves the connection to the
  * server's dead list; the server's ev_prepare watcher frees it after the
- * current callbacks have unwound (STYLE rule 7).
+ * current callbacks have unwound.
  */
 #include "internal.h"
 
@@ -282,6 +282,7 @@ void conn_response_done(struct conn *c, enum pgw_code code)
 
     c->last_activity = ev_now(srv->loop);
     srv->stats.requests_served++;
+    c->last_code = code;
     if (code != PGW_OK)
         srv->stats.rejected[code]++;
 }

@@ -6,12 +6,14 @@
 #include "internal.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "call.h"
 #include "log.h"
+#include "metrics.h"
 #include "progress.h"
-#include "shared.h"
+#include "backend.h"
 #include "tasks.h"
 #include "upstream.h"
 
@@ -119,7 +121,7 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
     if (bind_or_reply(c, m, NULL, 0, NULL) < 0)
         return;
     rpc_pack_result_begin(pk, m->msgid);
-    msgpack_pack_map(pk, c->srv->shared ? 13 : 12);
+    msgpack_pack_map(pk, 11 + c->srv->backend->ops->stats_keys);
 
     rpc_pack_str(pk, "version");
     rpc_pack_str(pk, PGW_VERSION);
@@ -174,14 +176,27 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
 
     pack_governance(pk, c->srv);
     tasks_pack_stats(pk, c->srv);
-    if (c->srv->shared) {
-        shared_pack_stats(c->srv->shared, pk); /* `backend` and `shared` */
-    } else {
-        rpc_pack_str(pk, "backend");
-        msgpack_pack_map(pk, 2);
-        rpc_pack_kv_str(pk, "kind", "memory");
-        rpc_pack_kv_str(pk, "state", "up");
+    c->srv->backend->ops->pack_stats(c->srv->backend, pk); /* `backend` (and its own) */
+    conn_response_done(c, PGW_OK);
+}
+
+/* `metrics`: the Prometheus text exposition, as the HTTP front serves it. */
+static void method_metrics(struct conn *c, const struct rpc_msg *m)
+{
+    size_t len;
+
+    if (bind_or_reply(c, m, NULL, 0, NULL) < 0)
+        return;
+    char *text = metrics_render(c->srv, &len);
+    if (!text) {
+        conn_reply_error(c, m->msgid, PGW_INTERNAL, "out of memory rendering the metrics");
+        return;
     }
+    rpc_pack_result_begin(&c->pk, m->msgid);
+    msgpack_pack_map(&c->pk, 1);
+    rpc_pack_str(&c->pk, "text");
+    rpc_pack_strn(&c->pk, text, len);
+    free(text);
     conn_response_done(c, PGW_OK);
 }
 
@@ -200,6 +215,7 @@ static const struct {
     {"task.get", tasks_get},
     {"task.list", tasks_list},
     {"stats", method_stats},
+    {"metrics", method_metrics},
 };
 
 void methods_dispatch(struct conn *c, const struct rpc_msg *m)

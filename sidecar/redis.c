@@ -72,7 +72,7 @@
  * privdata, nothing to free.
  *   Stats: pings are internal round trips, like the handshake and TIME, so
  * they are not in `commands`, `replies`, `pending` or the RTT, which stay
- * the application's commands (shared.c reads `commands` as "calls that
+ * the application's commands (backend_redis.c reads `commands` as "calls that
  * reached Redis"). An unanswered ping counts in `timeouts`, as a TIME
  * timeout does, and its drop in `disconnects`, with last_error saying so.
  *
@@ -984,6 +984,8 @@ static void conn_fail(struct rconn *cn, const char *why, bool hiredis_frees)
             sen_refresh(r);
     }
 
+    for (const struct cmd *c = list; c; c = c->next)
+        r->stats.lost++;
     fail_list(r, list, "connection lost");
     if (!was_up || r->closing)
         return;
@@ -1557,6 +1559,7 @@ static void user_reply(struct rds *r, struct cmd *c, const redisReply *reply)
     void *ud = c->ud;
     r->stats.replies++;
     r->stats.rtt_sum_s += rtt;
+    prom_hist_observe(&r->stats.rtt, rtt);
     if (rtt > r->stats.rtt_max_s)
         r->stats.rtt_max_s = rtt;
     if (is_err)
@@ -1767,6 +1770,7 @@ struct rds *rds_new(struct ev_loop *loop, const struct rds_opts *opts,
         set_err(err, errlen, "out of memory");
         return NULL;
     }
+    prom_hist_init(&r->stats.rtt, &prom_buckets_rtt_s);
     ev_timer_init(&r->time_w, time_on_tick, RDS_TIME_EVERY_S, RDS_TIME_EVERY_S);
     ev_prepare_init(&r->flush_w, rds_on_flush);
     r->flush_w.data = r;

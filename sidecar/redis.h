@@ -52,6 +52,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "prom.h"
 #include "redis_tls.h"
 
 struct rds;
@@ -153,8 +154,10 @@ struct rds_stats {
     uint64_t primary_changes;       /* sentinel: a new primary address was learnt */
     uint64_t commands, replies, errors, timeouts, noscript_reloads, rejected_not_connected;
     uint64_t messages;
+    uint64_t lost;                  /* commands failed because their connection was lost */
     uint64_t pending;               /* commands sent and not yet answered */
     double rtt_sum_s, rtt_max_s;    /* over `replies` */
+    struct prom_hist rtt;        /* of `replies` */
 };
 const struct rds_stats *rds_get_stats(const struct rds *r);
 

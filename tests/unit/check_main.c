@@ -24,6 +24,11 @@ int main(void)
         task_suite,
         redis_url_suite,
         redis_tls_suite,
+        tasks_suite,
+        call_suite,
+        backend_memory_suite,
+        prom_suite,
+        metrics_suite,
         redact_suite,
     };
     SRunner *sr = srunner_create(NULL);

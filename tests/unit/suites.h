@@ -20,6 +20,11 @@ Suite *gov_suite(void);
 Suite *task_suite(void);
 Suite *redis_url_suite(void);
 Suite *redis_tls_suite(void);
+Suite *tasks_suite(void);
+Suite *call_suite(void);
+Suite *backend_memory_suite(void);
+Suite *prom_suite(void);
+Suite *metrics_suite(void);
 Suite *redact_suite(void);
 
 #endif
