@@ -985,7 +985,8 @@ static void conn_fail(struct rconn *cn, const char *why, bool hiredis_frees)
     }
 
     for (const struct cmd *c = list; c; c = c->next)
-        r->stats.lost++;
+        if (c->kind == CMD_USER) /* like `commands`: the handshake is not counted */
+            r->stats.lost++;
     fail_list(r, list, "connection lost");
     if (!was_up || r->closing)
         return;

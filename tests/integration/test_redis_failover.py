@@ -8,6 +8,7 @@ limits"; these tests check those bounds. Only 127.0.0.1 is used; every
 wait and loop is bounded (the failover test takes about 15 s).
 """
 import os
+import re
 import sys
 import threading
 import time
@@ -19,6 +20,7 @@ from conftest import Pending, call as call_on  # noqa: E402
 from fleet_topology import SentinelSet  # noqa: E402
 from redis_fixture import (chat, fleet_config, free_port, source, stats, unique_prefix,  # noqa: E402
                            wait_backend, wait_until)
+from test_metrics import metrics_text  # noqa: E402
 from test_redis_fleet import Load  # noqa: E402
 
 NO_PROXY = {"no_proxy": "*", "NO_PROXY": "*"}
@@ -158,6 +160,8 @@ def test_failover__primary_killed_the_fleet_follows_the_promoted_replica(
         b = wait_backend(sc)
         assert b["address"] == "127.0.0.1:%d" % sentinels.replica.port, b
         assert b["primary_changes"] >= 1, b
+        m = re.search(r"^polygw_redis_primary_changes_total (\d+)$", metrics_text(sc), re.M)
+        assert m and int(m.group(1)) == b["primary_changes"], m
 
     # task.stop crosses the fleet on the new primary.
     tid = "after-failover"
