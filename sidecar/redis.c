@@ -1967,6 +1967,11 @@ const struct rds_stats *rds_get_stats(const struct rds *r)
     return &r->stats;
 }
 
+const char *rds_last_error(const struct rds *r)
+{
+    return r->last_error;
+}
+
 void rds_pack_stats(const struct rds *r, msgpack_packer *pk)
 {
     const struct rds_stats *s = &r->stats;

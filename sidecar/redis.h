@@ -161,6 +161,10 @@ struct rds_stats {
 };
 const struct rds_stats *rds_get_stats(const struct rds *r);
 
+/* Why the last connection or attempt failed ("" if none yet): short, never
+ * a password (see rds_reason in redis.c). Borrowed until the next failure. */
+const char *rds_last_error(const struct rds *r);
+
 /* Packs the `backend` map of `stats`: kind, state (up / connecting / down),
  * subscribed, address (host:port or path; never the password), tls, the
  * counters, rtt_avg_ms / rtt_max_ms, last_error, next_retry_in_s; with

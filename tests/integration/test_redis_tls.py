@@ -8,17 +8,20 @@ refused server shows in stats.backend (state, last_error) and the log,
 and calls end with backend_unavailable. Only 127.0.0.1 is used; every wait
 is bounded.
 """
+import json
 import os
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import call as call_on  # noqa: E402
 from fleet_topology import Certs, TlsRedis  # noqa: E402
-from redis_fixture import (FleetRedis, Resp, chat, fleet_config, source, stats,  # noqa: E402
-                           unique_prefix, wait_backend, wait_until)
+from redis_fixture import (FleetRedis, Resp, chat, fleet_config, free_port, source,  # noqa: E402
+                           stats, unique_prefix, wait_backend, wait_until)
 
 NO_PROXY = {"no_proxy": "*", "NO_PROXY": "*"}
 
@@ -46,10 +49,13 @@ def one_call(sc):
         c.close()
 
 
-def tls_sidecar(make_sidecar, up, url, tls, **backend):
+def tls_sidecar(make_sidecar, up, url, tls, http=None, **backend):
+    """`http`: the lines of an http section (its HTTP front), or None."""
     b = {"tls": tls, "command_timeout_s": 0.5, "lease_ttl_s": 3}
     b.update(backend)
     cfg = fleet_config(url, unique_prefix(), [source("a", "chat", up.url)], backend=b)
+    if http:
+        cfg += "http:\n" + http
     return make_sidecar(config_text=cfg, env=NO_PROXY)
 
 
@@ -110,20 +116,33 @@ def test_tls__client_certificate_and_ip_address(certs, up, make_sidecar):
 def test_tls__unverified_server_is_refused(certs, tls_redis, up, make_sidecar, case):
     """A CA that did not sign the server's certificate, or a server_name
     the certificate does not carry: the connection is refused with the
-    verification error in stats.backend.last_error and in the log, calls
-    end with backend_unavailable, and nothing reaches the upstream."""
+    verification error in stats.backend.last_error, in the log and in the
+    HTTP front's /readyz (503, the reason), calls end with
+    backend_unavailable, and nothing reaches the upstream."""
     tls = {"ca_file": certs.path("other-ca.crt")} if case == "wrong_ca" else \
         {"ca_file": certs.path("ca.crt"), "server_name": "wrong.example"}
     # OpenSSL names an unknown root by how the server sent its chain.
     want = ("unable to get local issuer certificate", "self-signed certificate in certificate chain") \
         if case == "wrong_ca" else ("hostname mismatch",)
-    sc = tls_sidecar(make_sidecar, up, "rediss://localhost:%d/0" % tls_redis.port, tls)
+    port = free_port()
+    sc = tls_sidecar(make_sidecar, up, "rediss://localhost:%d/0" % tls_redis.port, tls,
+                     http='  listen: "127.0.0.1:%d"\n' % port)
     b = wait_refused(sc, "certificate verify failed")
     assert any(w in b["last_error"] for w in want), b
     err, res = one_call(sc)
     assert res is None and err["code"] == "backend_unavailable", err
     assert up.stats()["requests"] == 0
     assert any(w in sc.logs() for w in want)
+    # The HTTP front's readiness says so too, with the reason.
+    try:
+        urllib.request.urlopen("http://127.0.0.1:%d/readyz" % port, timeout=5)
+        assert False, "/readyz answered 200 with the server refused"
+    except urllib.error.HTTPError as e:
+        assert e.code == 503, e.code
+        ready = json.loads(e.read().decode())
+    assert ready["status"] == "not_ready" and ready["reason"] == "redis unreachable", ready
+    assert "certificate verify failed" in ready["detail"], ready
+    assert any(w in ready["detail"] for w in want), ready
 
 
 def test_tls__plain_redis_behind_rediss_is_refused(up, make_sidecar):
