@@ -33,7 +33,7 @@ endif
 
 # libev and libhttp-parser ship no .pc file on Debian 12; every other library
 # comes from pkg-config.
-PKGS      := msgpack yaml-0.1 libcurl jansson hiredis
+PKGS      := msgpack yaml-0.1 libcurl jansson hiredis openssl
 PKG_CFLAGS = $(shell $(PKG_CONFIG) --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell $(PKG_CONFIG) --libs $(PKGS) 2>/dev/null) -lev -lhttp_parser -lm
 CHECK_LIBS = $(shell $(PKG_CONFIG) --libs check 2>/dev/null)

@@ -883,8 +883,23 @@ struct backend *backend_redis_new(struct ev_loop *loop, const struct config *cfg
         .progress_age = be_progress_age,
         .ud = sh,
     };
+    const struct rtls_opts tls = {
+        .ca_file = cfg->redis_tls_ca_file,
+        .cert_file = cfg->redis_tls_cert_file,
+        .key_file = cfg->redis_tls_key_file,
+        .server_name = cfg->redis_tls_server_name,
+    };
     const struct rds_opts opts = {
         .url = cfg->redis_url,
+        .sentinels = (const char *const *)cfg->redis_sentinels,
+        .n_sentinels = cfg->n_redis_sentinels,
+        .master_name = cfg->redis_master_name,
+        .db = (int)cfg->redis_db,
+        .username = cfg->redis_username,
+        .password = cfg->redis_password,
+        .sentinel_username = cfg->redis_sentinel_username,
+        .sentinel_password = cfg->redis_sentinel_password,
+        .tls = cfg->redis_tls ? &tls : NULL,
         .command_timeout_s = cfg->redis_command_timeout_s,
         .reconnect_min_s = SHARED_RECONNECT_MIN_S,
         .reconnect_max_s = SHARED_RECONNECT_MAX_S,

@@ -71,6 +71,9 @@ enum fid {
     FID_MAX_BUFFERED_INPUT, FID_LISTEN_IDLE_TIMEOUT,
     FID_LOG_LEVEL, FID_SHUTDOWN_GRACE,
     FID_KIND, FID_URL, FID_URL_ENV, FID_PREFIX, FID_COMMAND_TIMEOUT, FID_LEASE_TTL,
+    FID_SENTINELS, FID_MASTER_NAME, FID_DB, FID_USERNAME, FID_PASSWORD_ENV, FID_PASSWORD_FILE,
+    FID_SENTINEL_USERNAME, FID_SENTINEL_PASSWORD_ENV, FID_SENTINEL_PASSWORD_FILE,
+    FID_TLS, FID_TLS_CA_FILE, FID_TLS_CERT_FILE, FID_TLS_KEY_FILE, FID_TLS_SERVER_NAME,
     FID_MAX_ATTEMPTS, FID_STALL_WINDOW, FID_BACKOFF_BASE, FID_BACKOFF_MAX,
     FID_POLL_INTERVAL, FID_NODE_TIMEOUT,
     FID_EXEMPT_429, FID_PATH,
@@ -354,8 +357,9 @@ static int check_http_url(struct loader *l, const struct ynode *v, char *s)
  * password: the reason never echoes it. */
 static const char *redis_url_problem(const char *s, char *why, size_t whylen)
 {
-    if (strncmp(s, "redis://", 8) != 0 && strncmp(s, "unix://", 7) != 0)
-        return "must start with redis:// or unix://";
+    if (strncmp(s, "redis://", 8) != 0 && strncmp(s, "rediss://", 9) != 0 &&
+        strncmp(s, "unix://", 7) != 0)
+        return "must start with redis://, rediss:// or unix://";
     if (has_space_or_ctl(s))
         return "must not contain spaces or control characters";
     struct rds_addr addr;
@@ -369,6 +373,16 @@ static int check_redis_url(struct loader *l, const struct ynode *v, char *s)
     char why[200];
     const char *problem = redis_url_problem(s, why, sizeof(why));
     return problem ? fail_here(l, v->line, "%s", problem) : 0;
+}
+
+/* An ACL user name, a sentinel master name, a TLS server name: one word. */
+static int check_word(struct loader *l, const struct ynode *v, char *s)
+{
+    if (!*s || strlen(s) > 127)
+        return fail_here(l, v->line, "must be 1 to 127 characters");
+    if (has_space_or_ctl(s))
+        return fail_here(l, v->line, "must not contain spaces or control characters");
+    return 0;
 }
 
 static int check_prefix(struct loader *l, const struct ynode *v, char *s)
@@ -533,6 +547,17 @@ static const struct field tasks_table[] = {
     END
 };
 
+static int walk_sentinels(struct loader *l, const struct ynode *v);
+
+static const struct field backend_tls_table[] = {
+    STR("ca_file", FID_TLS_CA_FILE, OFF(struct config, redis_tls_ca_file), check_key_path),
+    STR("cert_file", FID_TLS_CERT_FILE, OFF(struct config, redis_tls_cert_file), check_key_path),
+    STR("key_file", FID_TLS_KEY_FILE, OFF(struct config, redis_tls_key_file), check_key_path),
+    STR("server_name", FID_TLS_SERVER_NAME, OFF(struct config, redis_tls_server_name),
+        check_word),
+    END
+};
+
 static const struct field backend_table[] = {
     TYPED("kind", FT_BACKEND, FID_KIND, OFF(struct config, backend)),
     STR("url", FID_URL, OFF(struct config, redis_url), check_redis_url),
@@ -542,8 +567,24 @@ static const struct field backend_table[] = {
         OFF(struct config, redis_command_timeout_s), 0, 60, F_MIN_OPEN),
     NUM("lease_ttl_s", FT_DOUBLE, FID_LEASE_TTL, OFF(struct config, redis_lease_ttl_s), 0,
         86400, F_MIN_OPEN),
+    { .key = "sentinels", .type = FT_CUSTOM, .fid = FID_SENTINELS, .walk = walk_sentinels },
+    STR("master_name", FID_MASTER_NAME, OFF(struct config, redis_master_name), check_word),
+    NUM("db", FT_U32, FID_DB, OFF(struct config, redis_db), 0, INT32_MAX, 0),
+    STR("username", FID_USERNAME, OFF(struct config, redis_username), check_word),
+    STR("password_env", FID_PASSWORD_ENV, OFF(struct config, redis_password_env),
+        check_env_name),
+    STR("password_file", FID_PASSWORD_FILE, OFF(struct config, redis_password_file),
+        check_key_path),
+    STR("sentinel_username", FID_SENTINEL_USERNAME,
+        OFF(struct config, redis_sentinel_username), check_word),
+    STR("sentinel_password_env", FID_SENTINEL_PASSWORD_ENV,
+        OFF(struct config, redis_sentinel_password_env), check_env_name),
+    STR("sentinel_password_file", FID_SENTINEL_PASSWORD_FILE,
+        OFF(struct config, redis_sentinel_password_file), check_key_path),
+    SECTION("tls", FID_TLS, 0, backend_tls_table),
     END
 };
+
 
 /* Offsets relative to struct config_policy; included by defaults and
  * capabilities. policy_inherit() and check_source_policy() iterate this
@@ -1184,6 +1225,40 @@ static int walk_map(struct loader *l, const struct ynode *map, const struct fiel
     return 0;
 }
 
+/* backend.sentinels: ["host:port", ...], 1 to 16 of them. */
+static int walk_sentinels(struct loader *l, const struct ynode *v)
+{
+    struct config *cfg = l->cfg;
+    char why[128], host[256];
+    int port;
+
+    if (ynode_is_null(v))
+        return 0;
+    if (v->kind != YN_SEQ || v->n_kids == 0 || v->n_kids > 16)
+        return fail_type(l, v, "a list of 1 to 16 \"host:port\" strings");
+    cfg->redis_sentinels = calloc(v->n_kids, sizeof(*cfg->redis_sentinels));
+    if (!cfg->redis_sentinels)
+        return fail_nomem(l);
+    for (size_t i = 0; i < v->n_kids; i++) {
+        const struct ynode *item = v->kids[i];
+        const char *s;
+        size_t old = path_push_index(l, i);
+        int rc = get_string(l, item, &s);
+        if (rc == 0 && rds_parse_hostport(s, host, sizeof(host), &port, why, sizeof(why)) < 0)
+            rc = fail_here(l, item->line, "%s", why);
+        for (size_t j = 0; rc == 0 && j < cfg->n_redis_sentinels; j++)
+            if (strcmp(cfg->redis_sentinels[j], s) == 0)
+                rc = fail_here(l, item->line, "repeats sentinel %zu", j);
+        if (rc == 0 && !(cfg->redis_sentinels[cfg->n_redis_sentinels] = strdup(s)))
+            rc = fail_nomem(l);
+        path_pop(l, old);
+        if (rc < 0)
+            return rc;
+        cfg->n_redis_sentinels++;
+    }
+    return 0;
+}
+
 static struct cap_stage *cap_add(struct loader *l, const char *name, size_t len)
 {
     if (l->n_caps == l->cap_caps) {
@@ -1493,6 +1568,50 @@ static void check_source_policy(struct loader *l, size_t i)
     }
 }
 
+/* The sentinel, credential and TLS keys of the backend section. */
+static void validate_redis_auth(struct loader *l)
+{
+    static const struct { int fid; const char *key; } sentinel_only[] = {
+        {FID_MASTER_NAME, "backend.master_name"},
+        {FID_DB, "backend.db"},
+        {FID_SENTINEL_USERNAME, "backend.sentinel_username"},
+        {FID_SENTINEL_PASSWORD_ENV, "backend.sentinel_password_env"},
+        {FID_SENTINEL_PASSWORD_FILE, "backend.sentinel_password_file"},
+    };
+    const unsigned *line = l->line;
+
+    if (line[FID_SENTINELS] && !line[FID_MASTER_NAME])
+        fail_at(l, line[FID_SENTINELS], "backend.master_name",
+                "is required with backend.sentinels (the name the sentinels monitor)");
+    for (size_t i = 0; !line[FID_SENTINELS] && i < sizeof(sentinel_only) / sizeof(*sentinel_only);
+         i++)
+        if (line[sentinel_only[i].fid])
+            fail_at(l, line[sentinel_only[i].fid], sentinel_only[i].key,
+                    "only valid with backend.sentinels%s",
+                    sentinel_only[i].fid == FID_DB ? " (a URL carries its db: redis://host/N)"
+                                                   : "");
+    if (line[FID_PASSWORD_ENV] && line[FID_PASSWORD_FILE])
+        fail_at(l, line[FID_PASSWORD_FILE], "backend.password_file",
+                "cannot be combined with backend.password_env; choose one");
+    if (line[FID_SENTINEL_PASSWORD_ENV] && line[FID_SENTINEL_PASSWORD_FILE])
+        fail_at(l, line[FID_SENTINEL_PASSWORD_FILE], "backend.sentinel_password_file",
+                "cannot be combined with backend.sentinel_password_env; choose one");
+    if (line[FID_USERNAME] && !line[FID_PASSWORD_ENV] && !line[FID_PASSWORD_FILE])
+        fail_at(l, line[FID_USERNAME], "backend.username",
+                "needs backend.password_env or backend.password_file (a user in the URL "
+                "goes with the URL's password)");
+    if (line[FID_SENTINEL_USERNAME] && !line[FID_SENTINEL_PASSWORD_ENV] &&
+        !line[FID_SENTINEL_PASSWORD_FILE])
+        fail_at(l, line[FID_SENTINEL_USERNAME], "backend.sentinel_username",
+                "needs backend.sentinel_password_env or backend.sentinel_password_file");
+    if (!line[FID_TLS_CERT_FILE] != !line[FID_TLS_KEY_FILE])
+        fail_at(l, line[FID_TLS_CERT_FILE] ? line[FID_TLS_CERT_FILE] : line[FID_TLS_KEY_FILE],
+                line[FID_TLS_CERT_FILE] ? "backend.tls.key_file" : "backend.tls.cert_file",
+                "is required with backend.tls.%s (a client certificate needs both)",
+                line[FID_TLS_CERT_FILE] ? "cert_file" : "key_file");
+    l->cfg->redis_tls = line[FID_TLS] != 0;
+}
+
 static void validate_top(struct loader *l)
 {
     struct config *cfg = l->cfg;
@@ -1522,18 +1641,29 @@ static void validate_top(struct loader *l)
         if (config_check_http_listen(cfg, why, sizeof(why)) < 0)
             fail_at(l, line[FID_HTTP_LISTEN], "http.listen", "%s", why);
     }
-    if (cfg->backend == BACKEND_REDIS && !line[FID_URL] && !line[FID_URL_ENV])
+    if (cfg->backend == BACKEND_REDIS && !line[FID_URL] && !line[FID_URL_ENV] &&
+        !line[FID_SENTINELS])
         fail_at(l, line[FID_KIND], "backend.url",
-                "is required when kind is redis (or backend.url_env)");
+                "is required when kind is redis (or backend.url_env, or backend.sentinels)");
     if (line[FID_URL] && line[FID_URL_ENV])
         fail_at(l, line[FID_URL_ENV], "backend.url_env",
                 "cannot be combined with backend.url; choose one");
+    if (line[FID_SENTINELS] && (line[FID_URL] || line[FID_URL_ENV]))
+        fail_at(l, line[FID_SENTINELS], "backend.sentinels",
+                "cannot be combined with backend.%s; choose one (the sentinels name the "
+                "primary)", line[FID_URL] ? "url" : "url_env");
+    validate_redis_auth(l);
     static const struct { int fid; const char *key; } redis_only[] = {
         {FID_URL, "backend.url"},
         {FID_URL_ENV, "backend.url_env"},
         {FID_PREFIX, "backend.prefix"},
         {FID_COMMAND_TIMEOUT, "backend.command_timeout_s"},
         {FID_LEASE_TTL, "backend.lease_ttl_s"},
+        {FID_SENTINELS, "backend.sentinels"},
+        {FID_USERNAME, "backend.username"},
+        {FID_PASSWORD_ENV, "backend.password_env"},
+        {FID_PASSWORD_FILE, "backend.password_file"},
+        {FID_TLS, "backend.tls"},
     };
     /* With a rejected kind, nobody knows which backend was meant. */
     for (size_t i = 0; cfg->backend == BACKEND_MEMORY && !line_is_bad(line[FID_KIND]) &&
@@ -1553,6 +1683,7 @@ static void validate_top(struct loader *l)
                 fmt_num(b, sizeof(b), cfg->redis_lease_ttl_s));
     check_policy(l, "defaults", line[FID_DEFAULTS], line, &cfg->defaults);
 }
+
 
 static const char *cap_name_at(const void *set, size_t pos, size_t *len)
 {
@@ -2018,6 +2149,71 @@ static int load_redis_url(struct loader *l)
     return cfg->redis_url ? 0 : fail_nomem(l);
 }
 
+/* A Redis password from the environment or a file, in the secrets pass;
+ * and, with the URL known, the rule that TLS with a URL means rediss://. */
+static int load_redis_secret(struct loader *l, int fid_env, int fid_file, const char *env,
+                             const char *file, const char *key, char **out)
+{
+    char path[64];
+
+    if (file) {
+        snprintf(path, sizeof(path), "backend.%s_file", key);
+        return read_secret_file(l, file, l->line[fid_file], path, "password", out);
+    }
+    if (!env)
+        return 0;
+    snprintf(path, sizeof(path), "backend.%s_env", key);
+    const char *val = getenv(env);
+    if (!val || !*val)
+        return fail_at(l, l->line[fid_env], path,
+                       "the environment variable named here is not set or is empty");
+    if (!(*out = strdup(val)))
+        return fail_nomem(l);
+    return check_key_text(l, l->line[fid_env], path, *out, "the password in the environment");
+}
+
+static int load_redis_secrets(struct loader *l)
+{
+    struct config *cfg = l->cfg;
+    int rc;
+    const size_t pw_max = sizeof(((struct rds_addr *)0)->password) - 1;
+
+    if ((rc = load_redis_secret(l, FID_PASSWORD_ENV, FID_PASSWORD_FILE, cfg->redis_password_env,
+                                cfg->redis_password_file, "password", &cfg->redis_password)) ==
+        -ENOMEM)
+        return rc;
+    if ((rc = load_redis_secret(l, FID_SENTINEL_PASSWORD_ENV, FID_SENTINEL_PASSWORD_FILE,
+                                cfg->redis_sentinel_password_env,
+                                cfg->redis_sentinel_password_file, "sentinel_password",
+                                &cfg->redis_sentinel_password)) == -ENOMEM)
+        return rc;
+    if (cfg->redis_password && strlen(cfg->redis_password) > pw_max)
+        return fail_at(l, l->line[FID_PASSWORD_ENV] | l->line[FID_PASSWORD_FILE],
+                       cfg->redis_password_env ? "backend.password_env" : "backend.password_file",
+                       "the password is longer than %zu bytes", pw_max);
+    if (cfg->redis_sentinel_password && strlen(cfg->redis_sentinel_password) > pw_max)
+        return fail_at(l, l->line[FID_SENTINEL_PASSWORD_ENV] | l->line[FID_SENTINEL_PASSWORD_FILE],
+                       cfg->redis_sentinel_password_env ? "backend.sentinel_password_env"
+                                                        : "backend.sentinel_password_file",
+                       "the password is longer than %zu bytes", pw_max);
+    if (cfg->redis_tls && cfg->redis_url && strncasecmp(cfg->redis_url, "rediss://", 9) != 0)
+        return fail_at(l, l->line[FID_TLS], "backend.tls",
+                       "needs a rediss:// URL (TLS is what the scheme asks for)");
+    if (cfg->redis_password && cfg->redis_url) {
+        struct rds_addr addr;
+        char why[200];
+        bool both = rds_parse_url(cfg->redis_url, &addr, why, sizeof(why)) == 0 &&
+                    addr.password[0];
+        explicit_bzero(&addr, sizeof(addr));
+        if (both)
+            return fail_at(l, l->line[FID_PASSWORD_ENV] | l->line[FID_PASSWORD_FILE],
+                           cfg->redis_password_env ? "backend.password_env"
+                                                   : "backend.password_file",
+                           "the URL holds a password too; keep one of them");
+    }
+    return 0;
+}
+
 static int validate(struct loader *l)
 {
     int rc;
@@ -2035,6 +2231,8 @@ static int validate(struct loader *l)
         if ((rc = load_key(l, i)) == -ENOMEM || (rc = load_source_extras(l, i)) == -ENOMEM)
             return rc;
     if ((rc = load_redis_url(l)) == -ENOMEM)
+        return rc;
+    if ((rc = load_redis_secrets(l)) == -ENOMEM)
         return rc;
     if (l->n_errors)
         return -EINVAL;
@@ -2238,6 +2436,27 @@ void config_free(struct config *cfg)
     }
     free(cfg->redis_url_env);
     free(cfg->redis_prefix);
+    for (size_t i = 0; i < cfg->n_redis_sentinels; i++)
+        free(cfg->redis_sentinels[i]);
+    free(cfg->redis_sentinels);
+    free(cfg->redis_master_name);
+    free(cfg->redis_username);
+    char *const secrets[] = {cfg->redis_password, cfg->redis_sentinel_password};
+    for (size_t i = 0; i < sizeof(secrets) / sizeof(secrets[0]); i++) {
+        if (secrets[i]) {
+            explicit_bzero(secrets[i], strlen(secrets[i]));
+            free(secrets[i]);
+        }
+    }
+    free(cfg->redis_password_env);
+    free(cfg->redis_password_file);
+    free(cfg->redis_sentinel_username);
+    free(cfg->redis_sentinel_password_env);
+    free(cfg->redis_sentinel_password_file);
+    free(cfg->redis_tls_ca_file);
+    free(cfg->redis_tls_cert_file);
+    free(cfg->redis_tls_key_file);
+    free(cfg->redis_tls_server_name);
     free(cfg->socket_path);
     free(cfg->http_socket);
     free(cfg->http_listen);

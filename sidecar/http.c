@@ -58,6 +58,7 @@
 #include "jscan.h"
 #include "log.h"
 #include "metrics.h"
+#include "redis.h"
 #include "backend.h"
 #include "task.h"
 #include "tasks.h"
@@ -934,7 +935,7 @@ static void route_readyz(struct http_conn *c, const char *path, size_t len)
 {
     struct server *srv = c->hs->srv;
     const char *why = NULL;
-    char body[160];
+    char body[400];
     (void)path;
     (void)len;
 
@@ -949,7 +950,25 @@ static void route_readyz(struct http_conn *c, const char *path, size_t len)
         hc_reply(c, 200, "application/json", ok, sizeof(ok) - 1, NULL, NULL);
         return;
     }
-    int n = snprintf(body, sizeof(body), "{\"status\":\"not_ready\",\"reason\":\"%s\"}", why);
+    int n = snprintf(body, sizeof(body), "{\"status\":\"not_ready\",\"reason\":\"%s\"", why);
+    /* Redis' own reason (a refused TLS certificate, WRONGPASS, ...) as
+     * `detail`, JSON-escaped: it says what to fix. It never holds a
+     * password. */
+    const struct rds *r = backend_redis_rds(srv->backend);
+    const char *detail = r && strcmp(why, "redis unreachable") == 0 ? rds_last_error(r) : "";
+    bool has_detail = *detail != '\0';
+    if (has_detail)
+        n += snprintf(body + n, sizeof(body) - (size_t)n, ",\"detail\":\"");
+    for (; *detail && (size_t)n < sizeof(body) - 16; detail++) {
+        unsigned char ch = (unsigned char)*detail;
+        if (ch == '"' || ch == '\\')
+            n += snprintf(body + n, sizeof(body) - (size_t)n, "\\%c", ch);
+        else if (ch < 0x20)
+            n += snprintf(body + n, sizeof(body) - (size_t)n, "\\u%04x", ch);
+        else
+            body[n++] = (char)ch;
+    }
+    n += snprintf(body + n, sizeof(body) - (size_t)n, has_detail ? "\"}" : "}");
     hc_reply(c, 503, "application/json", body, (size_t)n, NULL, "Retry-After: 1\r\n");
 }
 

@@ -3,6 +3,8 @@
  */
 #include "redis_url.h"
 
+#define RDS_ERR_MAX 128 /* as redis.c: room for one reason */
+
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <limits.h>
@@ -36,8 +38,8 @@ static int hexval(int ch)
 /* Percent-decodes s[0..n) into out[cap] (the URL's `what`); -1 with a
  * reason on a malformed or NUL escape, or when it does not fit. The
  * reason never quotes the text (it may be the password). */
-static int pct_decode(const char *s, size_t n, char *out, size_t cap, const char *what, char *err,
-                      size_t errlen)
+static int pct_decode(const char *s, size_t n, char *out, size_t cap, const char *what,
+                      char *err, size_t errlen)
 {
     size_t j = 0;
 
@@ -80,7 +82,8 @@ static int parse_uint(const char *s, size_t n, long long max, long long *v)
     return 0;
 }
 
-static int parse_password(const char *s, size_t n, struct rds_addr *out, char *err, size_t errlen)
+static int parse_password(const char *s, size_t n, struct rds_addr *out, char *err,
+                          size_t errlen)
 {
     return pct_decode(s, n, out->password, sizeof(out->password), "password", err, errlen);
 }
@@ -110,12 +113,10 @@ static int parse_tcp(const char *s, struct rds_addr *out, char *err, size_t errl
             return -1;
         }
         size_t ulen = (size_t)(colon - s);
-        if (ulen && !(ulen == 7 && strncmp(s, "default", 7) == 0)) {
-            set_err(err, errlen,
-                    "user names other than 'default' are not supported "
-                    "(use redis://:password@host)");
+        if (pct_decode(s, ulen, out->user, sizeof(out->user), "user name", err, errlen) < 0)
             return -1;
-        }
+        if (strcmp(out->user, "default") == 0)
+            out->user[0] = '\0';
         if (parse_password(colon + 1, (size_t)(at - colon - 1), out, err, errlen) < 0)
             return -1;
         p = at + 1;
@@ -258,13 +259,42 @@ int rds_parse_url(const char *url, struct rds_addr *out, char *err, size_t errle
     else if (strncasecmp(url, "unix://", 7) == 0)
         rc = parse_unix(url + 7, out, err, errlen);
     else if (strncasecmp(url, "rediss://", 9) == 0) {
-        set_err(err, errlen, "TLS (rediss://) is not supported");
-        rc = -1;
+        out->tls = true;
+        rc = parse_tcp(url + 9, out, err, errlen);
     } else {
-        set_err(err, errlen, "unsupported scheme (expected redis:// or unix://)");
+        set_err(err, errlen, "unsupported scheme (expected redis://, rediss:// or unix://)");
         rc = -1;
     }
     if (rc < 0)
         explicit_bzero(out, sizeof(*out));
     return rc;
+}
+
+int rds_parse_hostport(const char *s, char *host, size_t hostcap, int *port, char *err,
+                       size_t errlen)
+{
+    struct rds_addr a;
+    char why[RDS_ERR_MAX];
+
+    if (!s || !*s || strchr(s, '@') || strchr(s, '/')) {
+        set_err(err, errlen, "expected host:port");
+        return -1;
+    }
+    const char *colon = strrchr(s, ':');
+    if (!colon || colon[1] == '\0' || (s[0] == '[' && colon < strchr(s, ']'))) {
+        set_err(err, errlen, "expected host:port (the port is required)");
+        return -1;
+    }
+    memset(&a, 0, sizeof(a));
+    if (parse_tcp(s, &a, why, sizeof(why)) < 0) {
+        set_err(err, errlen, "%s", why);
+        return -1;
+    }
+    if (strlen(a.host) >= hostcap) {
+        set_err(err, errlen, "host too long");
+        return -1;
+    }
+    snprintf(host, hostcap, "%s", a.host);
+    *port = a.port;
+    return 0;
 }

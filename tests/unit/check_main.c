@@ -25,6 +25,7 @@ int main(void)
         redis_url_suite,
         dialect_suite,
         convert_suite,
+        redis_tls_suite,
         tasks_suite,
         call_suite,
         backend_memory_suite,
