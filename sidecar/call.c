@@ -50,6 +50,7 @@
 #include "governor.h"
 #include "jscan.h"
 #include "log.h"
+#include "metrics.h"
 #include "redact.h"
 #include "shared.h"
 #include "task.h"
@@ -86,6 +87,7 @@ struct call {
     struct task *task;               /* the task it belongs to, or NULL */
     struct task_wait *task_wait;     /* shared backend: its task is being checked */
     struct call *tprev, *tnext;      /* the task's calls (head in task->ud) */
+    enum pgw_code code;              /* how it was answered (PGW_CANCELLED: not answered) */
 };
 
 static void call_step(struct call *k);
@@ -153,6 +155,22 @@ static void call_task_unlink(struct call *k)
     k->tprev = k->tnext = NULL;
 }
 
+static double call_elapsed(const struct call *k)
+{
+    return ev_now(k->srv->loop) - k->started;
+}
+
+/* Indexes of the call's capability and current source (metrics slots). */
+static size_t call_cap(const struct call *k)
+{
+    return (size_t)(k->cap - k->srv->cfg->capabilities);
+}
+
+static size_t call_source(const struct call *k)
+{
+    return (size_t)(k->src - k->srv->cfg->sources);
+}
+
 static void call_end(struct call *k)
 {
     struct server *srv = k->srv;
@@ -169,6 +187,8 @@ static void call_end(struct call *k)
     call_task_unlink(k);
     call_set_paused(k, false);
     ev_timer_stop(srv->loop, &k->wake_w);
+    metrics_on_call_end(srv->metrics, call_cap(k), k->code,
+                        call_elapsed(k), gov_call_stalled_s(&k->g, ev_now(srv->loop)));
     gov_call_fini(&k->g, ev_now(srv->loop));
     call_unlink(k);
     msgpack_sbuffer_destroy(&k->usage);
@@ -177,11 +197,6 @@ static void call_end(struct call *k)
     transcode_buf_fini(&k->json);
     free(k);
     server_on_request_done(srv);
-}
-
-static double call_elapsed(const struct call *k)
-{
-    return ev_now(k->srv->loop) - k->started;
 }
 
 /* Appends pre-packed msgpack bytes to a packer. */
@@ -393,6 +408,7 @@ static void call_error_done(struct call *k, struct call_errbuf *e, enum pgw_code
 {
     k->sink->ops->on_error(k->sink, k->msgid, code, e->sb.data, e->sb.size);
     msgpack_sbuffer_destroy(&e->sb);
+    k->code = code;
 }
 
 /* An error with no extra fields. */
@@ -578,10 +594,13 @@ static void call_reply_success(struct call *k, const struct attempt_result *r,
         b.usage_len = us.size;
     }
     k->sink->ops->on_result(k->sink, k->msgid, &ci, &b);
+    k->code = PGW_OK;
     msgpack_sbuffer_destroy(&us);
     transcode_buf_fini(&scrubbed);
 }
 
+/* Ends a call just answered (call_error_done or call_reply_success set
+ * its code), and flushes its sink. */
 static void call_finish(struct call *k)
 {
     struct call_sink *s = k->sink;
@@ -658,6 +677,7 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
            outcome_reason_name(res.outcome.reason), "status", LOG_I, (long long)res.http_status,
            "phase", LOG_S, attempt_phase_name(res.phase), "elapsed_s", LOG_F, res.elapsed_s, NULL);
 
+    metrics_on_attempt(k->srv->metrics, call_source(k), &res);
     double used = json_only ? json_tokens : usage ? usage_tokens(usage) : -1;
     if (k->lease) {
         shared_release(k->srv->shared, k->lease, &res.outcome, used);
@@ -752,7 +772,8 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     msgpack_unpacked_destroy(&up);
 
     srv->stats.chunks_relayed++;
-    k->relayed++;
+    if (k->relayed++ == 0) /* a stream is never retried after its first event */
+        metrics_on_call_first_event(srv->metrics, call_cap(k), call_elapsed(k));
     call_info_fill(k, &ci);
     ci.source = k->src->name;
 
@@ -1089,8 +1110,10 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
             if (!task)
                 s->ops->on_error(s, id, code, sb.data, sb.size);
             msgpack_sbuffer_destroy(&sb);
-            if (!task)
+            if (!task) {
+                metrics_on_call_refused(srv->metrics, (size_t)ci, code);
                 return;
+            }
         }
     }
 
@@ -1143,12 +1166,16 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     if (rc < 0) {
         call_refuse(s, id, rc == TRANSCODE_EINVALID ? PGW_BAD_REQUEST : PGW_INTERNAL,
                     rc == TRANSCODE_EINVALID ? why : "out of memory");
+        metrics_on_call_refused(srv->metrics, (size_t)ci,
+                                rc == TRANSCODE_EINVALID ? PGW_BAD_REQUEST : PGW_INTERNAL);
         call_free_unstarted(k);
         free(tw);
         return;
     }
     k->g.ud = k;
     k->src = first;
+    k->code = PGW_CANCELLED;
+    metrics_on_call_start(srv->metrics, (size_t)ci);
     if (task)
         call_task_link(k, task);
     k->next = s->calls;
@@ -1170,6 +1197,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
 static void call_abort(struct call *k)
 {
     if (k->attempt) {
+        metrics_on_attempt_cancelled(k->srv->metrics, call_source(k));
         attempt_cancel(k->attempt);
         k->attempt = NULL;
     }

@@ -27,6 +27,7 @@ struct shared;
 struct tasks_req;
 struct tasks_resync;
 struct http_server;
+struct metrics;
 
 typedef void conn_bridge_fn(void *ud, const char *data, size_t len);
 
@@ -84,6 +85,7 @@ struct server {
     struct tasks_resync *resync;  /* running tasks being re-read after a gap */
     size_t task_imports;          /* Redis reads that may import a task, in flight */
     size_t task_retry_n;
+    struct metrics *metrics;      /* counters and histograms (metrics.h) */
     struct redact *redact;        /* the sources' keys, scrubbed from relayed replies */
 };
 

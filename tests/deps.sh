@@ -8,6 +8,8 @@ libjansson-dev libhiredis-dev check redis-server python3 python3-msgpack python3
 clang libclang-rt-14-dev"
 # The HTTP front end's parser (linked as -lhttp_parser), and curl for its tests.
 PKGS="$PKGS libhttp-parser-dev curl"
+# The metrics tests scrape with a real Prometheus and lint with promtool.
+PKGS="$PKGS prometheus"
 
 # The Node client's tests need node >= 18 and npm; Debian 12's are fine,
 # a newer one already on the machine is kept.
