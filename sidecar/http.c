@@ -57,6 +57,7 @@
 #include "internal.h"
 #include "jscan.h"
 #include "log.h"
+#include "metrics.h"
 #include "shared.h"
 #include "task.h"
 #include "tasks.h"
@@ -950,6 +951,23 @@ static void route_readyz(struct http_conn *c, const char *path, size_t len)
     hc_reply(c, 503, "application/json", body, (size_t)n, NULL, "Retry-After: 1\r\n");
 }
 
+/* GET /metrics: the Prometheus text exposition (docs/METRICS.md), rendered
+ * on each scrape. */
+static void route_metrics(struct http_conn *c, const char *path, size_t len)
+{
+    size_t n;
+    (void)path;
+    (void)len;
+
+    char *text = metrics_render(c->hs->srv, &n);
+    if (!text) {
+        hc_error(c, 500, PGW_INTERNAL, "out of memory rendering the metrics");
+        return;
+    }
+    hc_reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, n, NULL, NULL);
+    free(text);
+}
+
 static void route_models(struct http_conn *c, const char *path, size_t len)
 {
     (void)path;
@@ -1272,8 +1290,7 @@ out:
  * matches with another method only is 405, no match 404. A route answers
  * at once (hc_reply, hc_error), or starts a call or a task request that
  * answers later through the sink or the bridge. A new endpoint is one row
- * and one route_fn, e.g. GET /metrics: a route_fn that hc_reply()s
- * metrics_render()'s text as "text/plain; version=0.0.4". */
+ * and one route_fn. */
 static const struct {
     enum http_method method;
     const char *path;
@@ -1281,6 +1298,7 @@ static const struct {
 } routes[] = {
     {HTTP_GET, "/healthz", route_healthz},
     {HTTP_GET, "/readyz", route_readyz},
+    {HTTP_GET, "/metrics", route_metrics},
     {HTTP_GET, "/v1/models", route_models},
     {HTTP_GET, "/polygw/v1/tasks/", route_task},
     {HTTP_POST, "/polygw/v1/tasks/", route_task},

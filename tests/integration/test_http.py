@@ -317,8 +317,14 @@ def test_http__readyz_with_dead_redis_is_503(front, up):
     assert_error(status, hdrs, body, 503, "backend_unavailable")
 
 
-def test_http__metrics_not_served_yet(front):
-    assert front().curl("/metrics")[0] == 404
+def test_http__metrics_is_the_prometheus_exposition(front):
+    f = front()
+    assert f.curl("/v1/chat/completions", {"model": "m", "messages": []})[0] == 200
+    for unix in (False, True):
+        status, hdrs, body = f.curl("/metrics", unix=unix)
+        assert status == 200 and hdrs["content-type"].startswith("text/plain; version=0.0.4")
+        assert 'polygw_calls_total{capability="chat",code="ok"} 1\n' in body, body[:2000]
+    assert f.curl("/metrics", method="POST", body="{}")[0] == 405
 
 
 # ------------------------------------------------------- error mapping
