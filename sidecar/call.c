@@ -2,7 +2,7 @@
  * call.c — a call: one client request to a capability, run by the
  * governed loop (src/gov.h) over attempts on the upstream engine, and
  * answered — through the sink of whichever front end took it — with the
- * result, a stream of events, or a typed error (DESIGN.md 3.6).
+ * result, a stream of events, or a typed error (docs/DESIGN.md §3.6).
  *
  * The loop, per call:
  *
@@ -47,12 +47,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "governor.h"
 #include "jscan.h"
 #include "log.h"
 #include "metrics.h"
 #include "redact.h"
-#include "shared.h"
 #include "task.h"
 #include "tasks.h"
 #include "transcode.h"
@@ -67,8 +67,8 @@ struct call {
     const struct config_capability *cap;
     const struct config_source *src; /* the current (or last) attempt's source */
     struct attempt *attempt;
-    struct shared_admit *admit;      /* shared backend: admission asked, not answered */
-    struct shared_lease *lease;      /* shared backend: the attempt's fleet permit */
+    struct backend_admit *admit;     /* admission asked, not answered yet */
+    struct backend_lease *lease;     /* the attempt's fleet permit, when the backend has one */
     char backend_why[64];            /* why the backend could not admit, for the error */
     double started;
     bool paused;
@@ -85,14 +85,14 @@ struct call {
     char event_error[96];            /* why the attempt's stream was refused, or "" */
     uint32_t relayed;                /* chunks of the attempt relayed to the client */
     struct task *task;               /* the task it belongs to, or NULL */
-    struct task_wait *task_wait;     /* shared backend: its task is being checked */
+    struct task_wait *task_wait;     /* its task is being checked by the backend */
     struct call *tprev, *tnext;      /* the task's calls (head in task->ud) */
     enum pgw_code code;              /* how it was answered (PGW_CANCELLED: not answered) */
 };
 
 static void call_step(struct call *k);
 
-/* A call naming a task this sidecar does not hold waits for Redis' answer. */
+/* A call naming a task not held running here waits for the record's answer. */
 struct task_wait {
     struct call *k;                  /* NULL once the call is gone */
     char id[TASK_ID_MAX + 1];
@@ -179,9 +179,9 @@ static void call_end(struct call *k)
         k->task_wait->k = NULL;
     k->task_wait = NULL;
     if (k->admit)
-        shared_admit_detach(k->admit);
+        backend_admit_detach(srv->backend, k->admit);
     if (k->lease)
-        shared_release(srv->shared, k->lease, NULL, -1);
+        backend_release(srv->backend, k->lease, NULL, -1);
     k->admit = NULL;
     k->lease = NULL;
     call_task_unlink(k);
@@ -406,9 +406,9 @@ static msgpack_packer *call_error_begin(struct call_errbuf *e, enum pgw_code cod
 
 static void call_error_done(struct call *k, struct call_errbuf *e, enum pgw_code code)
 {
+    k->code = code; /* what the call ended with, for metrics */
     k->sink->ops->on_error(k->sink, k->msgid, code, e->sb.data, e->sb.size);
     msgpack_sbuffer_destroy(&e->sb);
-    k->code = code;
 }
 
 /* An error with no extra fields. */
@@ -593,14 +593,13 @@ static void call_reply_success(struct call *k, const struct attempt_result *r,
         b.usage = us.data;
         b.usage_len = us.size;
     }
-    k->sink->ops->on_result(k->sink, k->msgid, &ci, &b);
     k->code = PGW_OK;
+    k->sink->ops->on_result(k->sink, k->msgid, &ci, &b);
     msgpack_sbuffer_destroy(&us);
     transcode_buf_fini(&scrubbed);
 }
 
-/* Ends a call just answered (call_error_done or call_reply_success set
- * its code), and flushes its sink. */
+/* Ends a call just answered (the response is the connection's last). */
 static void call_finish(struct call *k)
 {
     struct call_sink *s = k->sink;
@@ -680,7 +679,7 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
     metrics_on_attempt(k->srv->metrics, call_source(k), &res);
     double used = json_only ? json_tokens : usage ? usage_tokens(usage) : -1;
     if (k->lease) {
-        shared_release(k->srv->shared, k->lease, &res.outcome, used);
+        backend_release(k->srv->backend, k->lease, &res.outcome, used);
         k->lease = NULL;
     }
     gov_call_on_outcome(&k->g, now, &res.outcome, used, &d);
@@ -948,8 +947,8 @@ static void call_run_attempt(struct call *k, size_t source)
     }
 }
 
-/* The shared backend answered the admission of the reserved attempt. */
-static void call_on_admit(void *ud, int rc, struct shared_lease *lease, double retry_at,
+/* The backend answered the admission of the reserved attempt later. */
+static void call_on_admit(void *ud, int rc, struct backend_lease *lease, double retry_at,
                           const char *why)
 {
     struct call *k = ud;
@@ -983,18 +982,20 @@ static void call_act(struct call *k, const struct gov_decision *d, const struct 
     struct server *srv = k->srv;
 
     switch (d->action) {
-    case GOV_ATTEMPT:
-        if (!srv->shared) {
+    case GOV_ATTEMPT: {
+        /* Admitted at once (the local step decided: memory), later
+         * (call_on_admit), or not sent: fail closed. */
+        int rc = backend_admit(srv->backend, d->source, k->g.est_tokens, &k->lease,
+                               call_on_admit, k, &k->admit);
+        if (rc > 0) {
             call_run_attempt(k, d->source);
-            return;
-        }
-        k->admit = shared_admit(srv->shared, d->source, k->g.est_tokens, call_on_admit, k);
-        if (!k->admit) {
+        } else if (rc < 0) {
             struct gov_decision fail;
             gov_call_abandon(&k->g, ev_now(srv->loop), GOV_BACKEND_UNAVAILABLE, &fail);
             call_act(k, &fail, NULL);
         }
         return;
+    }
     case GOV_WAIT: {
         double in = d->wake_at - ev_now(srv->loop);
         ev_timer_stop(srv->loop, &k->wake_w);
@@ -1019,9 +1020,8 @@ static void call_step(struct call *k)
     call_act(k, &d, NULL);
 }
 
-/* Redis answered whether the task of a call runs (shared backend). */
-static void call_on_task_checked(void *ud, struct task *t, int rc, const char *reason,
-                                 const char *kind)
+/* The record answered whether the task of a call runs. */
+static void call_on_task_checked(void *ud, struct task *t, const struct backend_task *bt)
 {
     struct task_wait *tw = ud;
     struct call *k = tw->k;
@@ -1035,7 +1035,7 @@ static void call_on_task_checked(void *ud, struct task *t, int rc, const char *r
             struct call_errbuf e;
             msgpack_sbuffer_init(&e.sb);
             msgpack_packer_init(&e.pk, &e.sb, msgpack_sbuffer_write);
-            call_error_done(k, &e, tasks_pack_error(&e.pk, rc, tw->id, reason, kind));
+            call_error_done(k, &e, tasks_pack_error(&e.pk, tw->id, bt));
             call_finish(k);
         }
     }
@@ -1092,8 +1092,9 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     struct task *task = NULL;
     struct task_wait *tw = NULL;
     if (r->task_id) {
-        if (srv->shared && !tasks_held_running(srv, r->task_id)) {
-            /* Not held here, or a copy that may be stale: ask Redis. */
+        if (!tasks_held_running(srv, r->task_id)) {
+            /* Not held running here, or a copy that may be stale: ask the
+             * record. */
             tw = calloc(1, sizeof(*tw));
             if (!tw) {
                 call_refuse(s, id, PGW_INTERNAL, "out of memory");
@@ -1107,11 +1108,12 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
             msgpack_sbuffer_init(&sb);
             msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
             task = tasks_admit_call(srv, r->task_id, &pk, &code);
-            if (!task)
+            if (!task) {
                 s->ops->on_error(s, id, code, sb.data, sb.size);
+                metrics_on_call_refused(srv->metrics, (size_t)ci, code);
+            }
             msgpack_sbuffer_destroy(&sb);
             if (!task) {
-                metrics_on_call_refused(srv->metrics, (size_t)ci, code);
                 return;
             }
         }
@@ -1164,10 +1166,9 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
                            &pol, r->deadline_s > 0 ? now + r->deadline_s : 0,
                            governor_estimate_tokens(text_len, r->max_tokens), now);
     if (rc < 0) {
-        call_refuse(s, id, rc == TRANSCODE_EINVALID ? PGW_BAD_REQUEST : PGW_INTERNAL,
-                    rc == TRANSCODE_EINVALID ? why : "out of memory");
-        metrics_on_call_refused(srv->metrics, (size_t)ci,
-                                rc == TRANSCODE_EINVALID ? PGW_BAD_REQUEST : PGW_INTERNAL);
+        enum pgw_code code = rc == TRANSCODE_EINVALID ? PGW_BAD_REQUEST : PGW_INTERNAL;
+        call_refuse(s, id, code, rc == TRANSCODE_EINVALID ? why : "out of memory");
+        metrics_on_call_refused(srv->metrics, (size_t)ci, code);
         call_free_unstarted(k);
         free(tw);
         return;

@@ -58,7 +58,7 @@
 #include "jscan.h"
 #include "log.h"
 #include "metrics.h"
-#include "shared.h"
+#include "backend.h"
 #include "task.h"
 #include "tasks.h"
 #include "transcode.h"
@@ -940,7 +940,7 @@ static void route_readyz(struct http_conn *c, const char *path, size_t len)
         why = "shutting down";
     else if (srv->listen_fd < 0 || (c->hs->lis[0].fd < 0 && c->hs->lis[1].fd < 0))
         why = "not listening";
-    else if (srv->shared && !shared_is_up(srv->shared))
+    else if (!srv->backend->ops->is_up(srv->backend))
         why = "redis unreachable";
     if (!why) {
         static const char ok[] = "{\"status\":\"ready\"}";
@@ -951,28 +951,26 @@ static void route_readyz(struct http_conn *c, const char *path, size_t len)
     hc_reply(c, 503, "application/json", body, (size_t)n, NULL, "Retry-After: 1\r\n");
 }
 
-/* GET /metrics: the Prometheus text exposition (docs/METRICS.md), rendered
- * on each scrape. */
+static void route_models(struct http_conn *c, const char *path, size_t len)
+{
+    (void)path;
+    (void)len;
+    hc_reply(c, 200, "application/json", c->hs->models_json, c->hs->models_len, NULL, NULL);
+}
+
 static void route_metrics(struct http_conn *c, const char *path, size_t len)
 {
     size_t n;
+    char *text = metrics_render(c->hs->srv, &n);
     (void)path;
     (void)len;
 
-    char *text = metrics_render(c->hs->srv, &n);
     if (!text) {
         hc_error(c, 500, PGW_INTERNAL, "out of memory rendering the metrics");
         return;
     }
     hc_reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, n, NULL, NULL);
     free(text);
-}
-
-static void route_models(struct http_conn *c, const char *path, size_t len)
-{
-    (void)path;
-    (void)len;
-    hc_reply(c, 200, "application/json", c->hs->models_json, c->hs->models_len, NULL, NULL);
 }
 
 /* True for application/json, with or without parameters. */
@@ -1298,8 +1296,8 @@ static const struct {
 } routes[] = {
     {HTTP_GET, "/healthz", route_healthz},
     {HTTP_GET, "/readyz", route_readyz},
-    {HTTP_GET, "/metrics", route_metrics},
     {HTTP_GET, "/v1/models", route_models},
+    {HTTP_GET, "/metrics", route_metrics},
     {HTTP_GET, "/polygw/v1/tasks/", route_task},
     {HTTP_POST, "/polygw/v1/tasks/", route_task},
     {HTTP_POST, "/v1/", route_call},

@@ -23,13 +23,13 @@ struct conn;
 struct call;
 struct upstream;
 struct task_reg;
-struct shared;
+struct backend;
 struct tasks_req;
 struct tasks_resync;
 struct http_server;
-struct metrics;
 
 typedef void conn_bridge_fn(void *ud, const char *data, size_t len);
+struct metrics;
 
 /* Counters shown by `stats`. All monotonically increasing except `*_open`
  * and `in_flight`. */
@@ -77,21 +77,31 @@ struct server {
     struct upstream *up;          /* the HTTP engine */
     struct http_server *http;     /* the HTTP front end (http.h), NULL when not configured */
     struct gov gov;               /* the governance core */
-    struct shared *shared;        /* the Redis backend's state, NULL with memory */
+    struct backend *backend;      /* the state backend (backend.h): memory or Redis */
     uint64_t rand_state;          /* jitter generator */
     struct task_reg *tasks;       /* task states (src/task.h) */
     ev_timer task_w;              /* the watchdog / task expiry timer */
-    struct tasks_req *task_retry, *task_retry_tail; /* verdicts to send when Redis is back */
+    struct tasks_req *task_retry, *task_retry_tail; /* verdicts to send when the backend is back */
     struct tasks_resync *resync;  /* running tasks being re-read after a gap */
-    size_t task_imports;          /* Redis reads that may import a task, in flight */
+    size_t task_imports;          /* backend reads that may import a task, in flight */
     size_t task_retry_n;
     struct metrics *metrics;      /* counters and histograms (metrics.h) */
     struct redact *redact;        /* the sources' keys, scrubbed from relayed replies */
 };
 
 /* server.c */
+struct backend_hooks;
 int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg,
                 char *err, size_t errlen);
+/* Builds the state backend of `srv` once srv->tasks exists, with `hooks`
+ * (copied; the backend reports its events through them). Returns the
+ * backend, or NULL with `err`. */
+typedef struct backend *server_backend_fn(struct server *srv, const struct backend_hooks *hooks,
+                                          char *err, size_t errlen);
+/* server_init with the backend `backend_new` builds instead of the one
+ * cfg->backend names (the unit tests' fake backend). */
+int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cfg,
+                     server_backend_fn *backend_new, char *err, size_t errlen);
 void server_start(struct server *srv);
 void server_fini(struct server *srv);
 void server_begin_shutdown(struct server *srv, const char *why);
@@ -127,7 +137,7 @@ struct conn {
     struct upstream_budget budget; /* unsent output + replies being received */
     uint32_t in_flight;           /* task requests in flight (calls: sink.n_calls) */
     struct call_sink sink;        /* its calls in flight (call.c, callrpc.c) */
-    struct tasks_req *tasks;      /* task requests waiting for Redis (tasks.c) */
+    struct tasks_req *tasks;      /* task requests waiting for the backend (tasks.c) */
     bool reading;                 /* rio active */
     bool read_paused;             /* paused because its budget is spent */
     bool closing;                 /* no more input; close once `out` is flushed */

@@ -12,7 +12,7 @@
  * LOG_U unsigned long long, LOG_F double. Never pass a secret.
  *
  * The threshold is process-wide (set once at start-up, changed on reload);
- * the governance core never logs: it reports through hooks (STYLE rule 11).
+ * the governance core never logs: it reports through hooks.
  */
 #ifndef POLYGW_LOG_H
 #define POLYGW_LOG_H

@@ -14,7 +14,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "progress.h"
-#include "shared.h"
+#include "backend.h"
 #include "tasks.h"
 #include "upstream.h"
 
@@ -123,7 +123,7 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
         return;
     const struct http_stats *hst = http_get_stats(c->srv->http);
     rpc_pack_result_begin(pk, m->msgid);
-    msgpack_pack_map(pk, (c->srv->shared ? 13 : 12) + (hst ? 1 : 0));
+    msgpack_pack_map(pk, 11 + c->srv->backend->ops->stats_keys + (hst ? 1 : 0));
 
     rpc_pack_str(pk, "version");
     rpc_pack_str(pk, PGW_VERSION);
@@ -194,14 +194,7 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
     }
     pack_governance(pk, c->srv);
     tasks_pack_stats(pk, c->srv);
-    if (c->srv->shared) {
-        shared_pack_stats(c->srv->shared, pk); /* `backend` and `shared` */
-    } else {
-        rpc_pack_str(pk, "backend");
-        msgpack_pack_map(pk, 2);
-        rpc_pack_kv_str(pk, "kind", "memory");
-        rpc_pack_kv_str(pk, "state", "up");
-    }
+    c->srv->backend->ops->pack_stats(c->srv->backend, pk); /* `backend` (and its own) */
     conn_response_done(c, PGW_OK);
 }
 

@@ -53,7 +53,7 @@
  * privdata, nothing to free.
  *   Stats: pings are internal round trips, like the handshake and TIME, so
  * they are not in `commands`, `replies`, `pending` or the RTT, which stay
- * the application's commands (shared.c reads `commands` as "calls that
+ * the application's commands (backend_redis.c reads `commands` as "calls that
  * reached Redis"). An unanswered ping counts in `timeouts`, as a TIME
  * timeout does, and its drop in `disconnects`, with last_error saying so.
  *
@@ -83,7 +83,7 @@
  *
  * User code (command callbacks, hooks) may call rds_free(). `depth` counts
  * our frames on the stack, and the memory is released when the outermost
- * one returns (STYLE rule 7); after user code we check `closing`.
+ * one returns; after user code we check `closing`.
  */
 #include "redis.h"
 

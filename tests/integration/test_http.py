@@ -9,6 +9,7 @@ import json
 import os
 import resource
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -317,14 +318,21 @@ def test_http__readyz_with_dead_redis_is_503(front, up):
     assert_error(status, hdrs, body, 503, "backend_unavailable")
 
 
-def test_http__metrics_is_the_prometheus_exposition(front):
+def test_http__metrics_count_http_calls(front, up, workdir):
     f = front()
-    assert f.curl("/v1/chat/completions", {"model": "m", "messages": []})[0] == 200
-    for unix in (False, True):
-        status, hdrs, body = f.curl("/metrics", unix=unix)
-        assert status == 200 and hdrs["content-type"].startswith("text/plain; version=0.0.4")
-        assert 'polygw_calls_total{capability="chat",code="ok"} 1\n' in body, body[:2000]
-    assert f.curl("/metrics", method="POST", body="{}")[0] == 405
+    assert f.curl("/v1/chat/completions", chat("x"))[0] == 200
+    assert f.curl("/v1/chat/completions", chat("x", mock={"status": 403}))[0] == 403
+    status, hdrs, body = f.curl("/metrics", unix=True)
+    assert status == 200
+    assert hdrs["content-type"].startswith("text/plain; version=0.0.4")
+    lines = [l for l in body.splitlines() if l.startswith("polygw_calls_total{")]
+    assert any('code="ok"' in l and 'capability="chat"' in l and l.endswith(" 1") for l in lines), lines
+    assert any('code="upstream_rejected"' in l and l.endswith(" 1") for l in lines), lines
+    promtool = shutil.which("promtool")
+    if promtool:
+        r = subprocess.run([promtool, "check", "metrics"], input=body.encode(), capture_output=True,
+                           timeout=20)
+        assert r.returncode == 0, r.stdout + r.stderr
 
 
 # ------------------------------------------------------- error mapping
