@@ -10,6 +10,9 @@ clang libclang-rt-14-dev locales redis-sentinel openssl libssl-dev"
 PKGS="$PKGS libhttp-parser-dev curl"
 # The metrics tests scrape with a real Prometheus and lint with promtool.
 PKGS="$PKGS prometheus"
+# The bench's http section: nginx (the reverse proxy polygw is compared
+# with) and wrk (the generator); perf for the profiles of tests/bench/profiles.
+PKGS="$PKGS nginx-light wrk linux-perf"
 
 # The Node client's tests need node >= 18 and npm; Debian 12's are fine,
 # a newer one already on the machine is kept.
