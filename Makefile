@@ -11,6 +11,7 @@
 #   make install    PREFIX=/usr/local DESTDIR=
 #
 # Variables: BUILD (output dir), SAN=1 (sanitizers), V=1 (full commands),
+# DEBUG_HOOKS=1 (test-only methods; the default when SAN=1),
 # CFLAGS/LDFLAGS are the user's and are added to, never replaced.
 
 BUILD   ?= build
@@ -30,7 +31,7 @@ Q := @
 endif
 
 # libev ships no .pc file on Debian 12; every other library comes from pkg-config.
-PKGS      := msgpack yaml-0.1 libcurl jansson hiredis
+PKGS      := msgpack yaml-0.1 libcurl jansson hiredis libsystemd
 PKG_CFLAGS = $(shell $(PKG_CONFIG) --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell $(PKG_CONFIG) --libs $(PKGS) 2>/dev/null) -lev -lm
 CHECK_LIBS = $(shell $(PKG_CONFIG) --libs check 2>/dev/null)
@@ -40,6 +41,13 @@ WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes 
 ALL_CFLAGS := -std=gnu11 -fPIC -D_GNU_SOURCE -DPGW_VERSION='"$(VERSION)"' \
               -I. -Iproto -Isrc -Isidecar -Iclient/c $(WARN) $(PKG_CFLAGS) $(CFLAGS)
 ALL_LDFLAGS := $(LDFLAGS)
+
+# Test hooks (the debug.wedge method, docs/OPERATIONS.md): on in the
+# sanitizer build the tests use, never in a release build.
+DEBUG_HOOKS ?= $(SAN)
+ifeq ($(DEBUG_HOOKS),1)
+ALL_CFLAGS += -DPGW_DEBUG_HOOKS
+endif
 
 ifeq ($(SAN),1)
 SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined

@@ -16,6 +16,7 @@
 #include "config.h"
 #include "frame.h"
 #include "rpc.h"
+#include "sdnotify.h"
 
 struct conn;
 struct call;
@@ -75,6 +76,7 @@ struct server {
     size_t task_imports;          /* Redis reads that may import a task, in flight */
     size_t task_retry_n;
     struct redact *redact;        /* the sources' keys, scrubbed from relayed replies */
+    struct sdnotify notify;       /* readiness and watchdog for the service manager */
 };
 
 /* server.c */
@@ -85,6 +87,8 @@ void server_fini(struct server *srv);
 void server_begin_shutdown(struct server *srv, const char *why);
 /* A connection finished closing (fd closed): unlink it and queue its free. */
 void server_on_conn_closed(struct server *srv, struct conn *c);
+/* The Redis backend is connected: the daemon may now report itself ready. */
+void server_on_backend_up(struct server *srv);
 /* A request was answered; lets a draining server notice when all are done. */
 void server_on_request_done(struct server *srv);
 double server_uptime_s(const struct server *srv);

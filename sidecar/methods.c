@@ -7,6 +7,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "call.h"
 #include "log.h"
@@ -183,10 +184,52 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
     conn_response_done(c, PGW_OK);
 }
 
+#ifdef PGW_DEBUG_HOOKS
+/* Test hook, compiled only into debug builds (make DEBUG_HOOKS=1, the
+ * default with SAN=1): blocks the event loop for `seconds` (at most 30) as
+ * a wedged callback would, so a test can check that the watchdog keep-alive
+ * stops. Answers once the loop runs again. Never in a release build. */
+#define METHODS_WEDGE_MAX_S 30.0
+static void method_debug_wedge(struct conn *c, const struct rpc_msg *m)
+{
+    static const struct rpc_param spec[] = {{"seconds", RPC_T_NUMBER, true}};
+    const msgpack_object *p[1];
+    double s = 0;
+
+    if (bind_or_reply(c, m, spec, 1, p) < 0)
+        return;
+    if (!rpc_as_double(p[0], &s) || !(s >= 0 && s <= METHODS_WEDGE_MAX_S)) {
+        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, "params.seconds: must be in [0, 30]");
+        return;
+    }
+    log_at(LOG_WARN, "debug.wedge: blocking the event loop", "seconds", LOG_F, s, NULL);
+    struct timespec end, now;
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    end.tv_sec += (time_t)s;
+    end.tv_nsec += (long)((s - (double)(time_t)s) * 1e9);
+    if (end.tv_nsec >= 1000000000L) {
+        end.tv_sec++;
+        end.tv_nsec -= 1000000000L;
+    }
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &end, NULL) != 0) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec > end.tv_sec || (now.tv_sec == end.tv_sec && now.tv_nsec >= end.tv_nsec))
+            break;
+    }
+    ev_now_update(c->srv->loop);
+    rpc_pack_result_begin(&c->pk, m->msgid);
+    msgpack_pack_true(&c->pk);
+    conn_response_done(c, PGW_OK);
+}
+#endif
+
 static const struct {
     const char *name;
     method_fn *fn;
 } method_table[] = {
+#ifdef PGW_DEBUG_HOOKS
+    {"debug.wedge", method_debug_wedge},
+#endif
     {"ping", method_ping},
     {"call", call_start},
     {"task.start", tasks_start},

@@ -35,6 +35,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 #include "call.h"
@@ -126,43 +127,25 @@ static int claim_path(const char *path, struct sockaddr_un *sa, char *err, size_
     return 0;
 }
 
-/* Adopts a socket passed by systemd, if any. Returns the fd or -1. */
-/* Adopts the socket passed by systemd, if any (sd_listen_fds(3) protocol:
- * LISTEN_PID is ours and LISTEN_FDS >= 1; the first fd is 3). Returns the
- * fd, -1 when nothing was passed, or -2 (with err) when fd 3 is not a
- * listening Unix stream socket: a broken unit must fail loudly, not spin
- * on accept() or trip the event loop. Extra fds are closed-on-exec. */
+/* Adopts the socket passed by systemd, if any (sd_listen_fds(3): LISTEN_PID
+ * is ours and LISTEN_FDS >= 1; the first fd is 3; the variables are unset
+ * and every passed fd is made close-on-exec). Returns the fd, -1 when
+ * nothing was passed, or -2 (with err) when fd 3 is not a listening Unix
+ * stream socket: a broken unit must fail loudly, not spin on accept() or
+ * trip the event loop. */
 static int inherited_socket(char *err, size_t errlen)
 {
-    const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS");
-    long n;
+    int n = sd_listen_fds(1);
 
-    if (!pid || !fds || strtol(pid, NULL, 10) != (long)getpid() ||
-        (n = strtol(fds, NULL, 10)) < 1)
+    if (n < 1)
         return -1;
-    unsetenv("LISTEN_PID");
-    unsetenv("LISTEN_FDS");
-    unsetenv("LISTEN_FDNAMES");
-    for (long i = 1; i < n && i < 1024; i++)
-        fcntl(3 + (int)i, F_SETFD, FD_CLOEXEC);
-
-    int fd = 3; /* SD_LISTEN_FDS_START */
-    struct stat st;
-    struct sockaddr_un sa;
-    socklen_t salen = sizeof(sa);
-    int type = 0, listening = 0;
-    socklen_t len = sizeof(int);
-    if (fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode) ||
-        getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) < 0 || type != SOCK_STREAM ||
-        (len = sizeof(int), getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len)) < 0 ||
-        !listening || getsockname(fd, (struct sockaddr *)&sa, &salen) < 0 ||
-        sa.sun_family != AF_UNIX) {
+    int fd = SD_LISTEN_FDS_START;
+    if (sd_is_socket_unix(fd, SOCK_STREAM, 1, NULL, 0) <= 0) {
         snprintf(err, errlen,
                  "LISTEN_FDS is set but fd 3 is not a listening Unix stream socket; "
                  "check the .socket unit (ListenStream= a path)");
         return -2;
     }
-    fcntl(fd, F_SETFD, FD_CLOEXEC);
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
     return fd;
 }
@@ -408,6 +391,7 @@ void server_begin_shutdown(struct server *srv, const char *why)
 {
     if (srv->state != SERVER_RUNNING)
         return;
+    sdnotify_stopping(&srv->notify, why);
     server_set_state(srv, SERVER_DRAINING, why);
     server_stop_listening(srv);
     if (srv->stats.in_flight == 0) {
@@ -470,6 +454,7 @@ int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, ch
     srv->cfg = cfg;
     srv->listen_fd = -1;
     srv->spare_fd = -1;
+    sdnotify_init(&srv->notify, loop);
     const struct gov_hooks hooks = {
         .on_wake = call_on_gov_wake,
         .on_breaker = call_on_breaker,
@@ -528,6 +513,24 @@ fail_up:
     return -1;
 }
 
+/* READY=1 once the socket accepts and, with the Redis backend, Redis is
+ * connected: a unit ordered After= this one may start using it at once. */
+static void server_maybe_ready(struct server *srv)
+{
+    char status[160];
+
+    if (srv->state != SERVER_RUNNING || srv->listen_fd < 0 || !ev_is_active(&srv->accept_w))
+        return;
+    snprintf(status, sizeof(status), "serving %zu sources (%s backend)", srv->cfg->n_sources,
+             srv->shared ? "redis" : "memory");
+    sdnotify_ready(&srv->notify, status);
+}
+
+void server_on_backend_up(struct server *srv)
+{
+    server_maybe_ready(srv);
+}
+
 void server_start(struct server *srv)
 {
     ev_io_start(srv->loop, &srv->accept_w);
@@ -539,6 +542,10 @@ void server_start(struct server *srv)
            srv->owns_socket_file ? mode : "systemd", "max_message_bytes", LOG_U,
            (unsigned long long)srv->cfg->max_message_bytes, "pid", LOG_I, (long long)getpid(),
            NULL);
+    sdnotify_start(&srv->notify);
+    /* The Redis link connects from the loop: server_on_backend_up says when. */
+    if (!srv->shared)
+        server_maybe_ready(srv);
 }
 
 void server_fini(struct server *srv)
@@ -556,6 +563,7 @@ void server_fini(struct server *srv)
     ev_timer_stop(srv->loop, &srv->grace_w);
     ev_timer_stop(srv->loop, &srv->stop_w);
     ev_prepare_stop(srv->loop, &srv->reap_w);
+    sdnotify_stop(&srv->notify);
     ev_signal_stop(srv->loop, &srv->sigterm_w);
     ev_signal_stop(srv->loop, &srv->sigint_w);
     if (srv->spare_fd >= 0)

@@ -615,6 +615,7 @@ static void on_later(struct ev_loop *loop, ev_timer *w, int revents)
     sh->later_delay = fmin(sh->later_delay * 2, SHARED_RETRY_LATER_MAX_S);
     tasks_on_backend_up(sh->srv);
     maybe_resync(sh);
+    server_on_backend_up(sh->srv);
 }
 
 void shared_retry_later(struct shared *sh, bool resync)
@@ -641,6 +642,7 @@ static void on_up(struct rds *r, void *ud)
     sh->later_delay = SHARED_RETRY_LATER_S;
     tasks_on_backend_up(sh->srv);
     maybe_resync(sh);
+    server_on_backend_up(sh->srv);
 }
 
 static void on_down(struct rds *r, const char *why, void *ud)

@@ -5,7 +5,7 @@ set -eu
 
 PKGS="build-essential pkg-config libev-dev libmsgpack-dev libyaml-dev libcurl4-openssl-dev \
 libjansson-dev libhiredis-dev check redis-server python3 python3-msgpack python3-pytest \
-clang libclang-rt-14-dev"
+clang libclang-rt-14-dev libsystemd-dev"
 
 # The Node client's tests need node >= 18 and npm; Debian 12's are fine,
 # a newer one already on the machine is kept.
