@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "access.h"
 #include "governor.h"
 #include "log.h"
 #include "redact.h"
@@ -73,6 +74,14 @@ struct call {
     struct task *task;               /* the task it belongs to, or NULL */
     struct task_wait *task_wait;     /* shared backend: its task is being checked */
     struct call *tprev, *tnext;      /* the task's calls (head in task->ud) */
+    /* For the access log (access.h). */
+    bool answered;                   /* a response was queued */
+    enum pgw_code code;              /* ... with this code */
+    int last_status;                 /* the last attempt's HTTP status */
+    double ttft_s;                   /* NAN until a chunk is relayed */
+    double tokens;                   /* usage.total_tokens of the answer, NAN */
+    long long peer_pid, peer_uid;
+    char task_id[TASK_ID_MAX + 1];   /* "" when the call names none */
 };
 
 static void call_step(struct call *k);
@@ -140,10 +149,44 @@ static void call_task_unlink(struct call *k)
     k->tprev = k->tnext = NULL;
 }
 
+static void call_log(const struct call *k)
+{
+    const struct server *srv = k->conn->srv;
+    double now = ev_now(srv->loop);
+    const struct access_entry e = {
+        .conn = k->conn->id,
+        .msgid = k->msgid,
+        .capability = k->cap->name,
+        .scope = k->g.scope,
+        .source = k->g.attempts > 0 && k->src ? k->src->name : NULL,
+        .task = k->task_id[0] ? k->task_id : NULL,
+        .peer_pid = k->peer_pid,
+        .peer_uid = k->peer_uid,
+        .answered = k->answered,
+        .code = k->code,
+        .stream = k->stream,
+        .attempts = k->g.attempts,
+        .status = k->last_status,
+        .elapsed_s = now - k->started,
+        .stalled_s = gov_call_stalled_s(&k->g, now),
+        .ttft_s = k->ttft_s,
+        .tokens = k->tokens,
+    };
+    access_log_write(srv->cfg, &e);
+}
+
+/* Every answered call comes here once, right after its response was queued. */
+static void call_set_answered(struct call *k, enum pgw_code code)
+{
+    k->answered = true;
+    k->code = code;
+}
+
 static void call_end(struct call *k)
 {
     struct server *srv = k->conn->srv;
 
+    call_log(k);
     if (k->task_wait)
         k->task_wait->k = NULL;
     k->task_wait = NULL;
@@ -423,6 +466,7 @@ static void call_reply_success(struct call *k, const msgpack_sbuffer *body,
 static void call_finish(struct call *k)
 {
     struct conn *c = k->conn;
+    call_set_answered(k, c->last_code);
     call_end(k);
     conn_flush(c);
 }
@@ -482,6 +526,8 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
            "phase", LOG_S, attempt_phase_name(res.phase), "elapsed_s", LOG_F, res.elapsed_s, NULL);
 
     double used = usage ? usage_tokens(usage) : -1;
+    k->last_status = res.http_status;
+    k->tokens = used >= 0 ? used : NAN;
     if (k->lease) {
         shared_release(k->conn->srv->shared, k->lease, &res.outcome, used);
         k->lease = NULL;
@@ -565,6 +611,8 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     msgpack_sbuffer_destroy(&sb);
     c->srv->stats.chunks_relayed++;
     k->relayed++;
+    if (isnan(k->ttft_s))
+        k->ttft_s = ev_now(c->srv->loop) - k->started;
 
     /* Relay now. The flush may find the client gone: conn_close() then
      * aborts every call of the connection, this one included, so `k` is
@@ -805,6 +853,43 @@ static uint64_t body_max_tokens(const msgpack_object *body)
     return m && m->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? m->via.u64 : 0;
 }
 
+/* A call refused before it reached the governed loop: logged with what is
+ * known of it (the capability and task as the client wrote them, quoted). */
+static void call_log_refused(struct conn *c, const struct rpc_msg *m, const msgpack_object *cap,
+                             const msgpack_object *task, enum pgw_code code)
+{
+    char capname[CONFIG_NAME_MAX + 8], taskname[TASK_ID_MAX + 8];
+    struct access_entry e = {
+        .conn = c->id,
+        .msgid = m->msgid,
+        .answered = true,
+        .code = code,
+        .elapsed_s = 0,
+        .stalled_s = 0,
+        .ttft_s = NAN,
+        .tokens = NAN,
+    };
+
+    if (cap && cap->type == MSGPACK_OBJECT_STR) {
+        rpc_quote_client_str(cap->via.str.ptr, cap->via.str.size, sizeof(capname) - 1, capname);
+        e.capability = capname;
+    }
+    if (task && task->type == MSGPACK_OBJECT_STR) {
+        rpc_quote_client_str(task->via.str.ptr, task->via.str.size, sizeof(taskname) - 1,
+                             taskname);
+        e.task = taskname;
+    }
+    access_peer(c->fd, &e.peer_pid, &e.peer_uid);
+    access_log_write(c->srv->cfg, &e);
+}
+
+static void call_refuse(struct conn *c, const struct rpc_msg *m, const msgpack_object *cap,
+                        const msgpack_object *task, enum pgw_code code, const char *why)
+{
+    conn_reply_error(c, m->msgid, code, why);
+    call_log_refused(c, m, cap, task, code);
+}
+
 void call_start(struct conn *c, const struct rpc_msg *m)
 {
     enum { P_CAP, P_BODY, P_STREAM, P_SCOPE, P_TASK, P_DEADLINE, P_N };
@@ -824,12 +909,12 @@ void call_start(struct conn *c, const struct rpc_msg *m)
     double deadline_s = 0;
 
     if (rpc_bind(m->params, spec, P_N, p, why, sizeof(why)) < 0) {
-        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
+        call_refuse(c, m, NULL, NULL, PGW_BAD_REQUEST, why);
         return;
     }
     if (p[P_DEADLINE] && (!rpc_as_double(p[P_DEADLINE], &deadline_s) || !(deadline_s > 0) ||
                           !isfinite(deadline_s))) {
-        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST,
+        call_refuse(c, m, p[P_CAP], p[P_TASK], PGW_BAD_REQUEST,
                          "parameter 'deadline_s': expected a positive number of seconds");
         return;
     }
@@ -838,7 +923,7 @@ void call_start(struct conn *c, const struct rpc_msg *m)
                        memchr(scope, '\0', p[P_SCOPE]->via.str.size))) {
         snprintf(why, sizeof(why), "parameter 'scope': expected 1 to %zu bytes without NUL",
                  sizeof(scope) - 1);
-        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
+        call_refuse(c, m, p[P_CAP], p[P_TASK], PGW_BAD_REQUEST, why);
         return;
     }
     const msgpack_object *capo = p[P_CAP];
@@ -855,7 +940,7 @@ void call_start(struct conn *c, const struct rpc_msg *m)
         rpc_quote_client_str(capo->via.str.ptr, capo->via.str.size, sizeof(name) - 1, name);
         snprintf(why, sizeof(why), ci < 0 ? "unknown capability '%s'"
                                           : "capability '%s' has no source configured", name);
-        conn_reply_error(c, m->msgid, PGW_UNKNOWN_CAPABILITY, why);
+        call_refuse(c, m, p[P_CAP], p[P_TASK], PGW_UNKNOWN_CAPABILITY, why);
         return;
     }
 
@@ -868,27 +953,29 @@ void call_start(struct conn *c, const struct rpc_msg *m)
             memchr(id, '\0', p[P_TASK]->via.str.size)) {
             snprintf(why, sizeof(why), "parameter 'task_id': expected 1 to %d bytes without NUL",
                      TASK_ID_MAX);
-            conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
+            call_refuse(c, m, p[P_CAP], p[P_TASK], PGW_BAD_REQUEST, why);
             return;
         }
         if (srv->shared && !tasks_held_running(srv, id)) {
             /* Not held here, or a copy that may be stale: ask Redis. */
             tw = calloc(1, sizeof(*tw));
             if (!tw) {
-                conn_reply_error(c, m->msgid, PGW_INTERNAL, "out of memory");
+                call_refuse(c, m, p[P_CAP], p[P_TASK], PGW_INTERNAL, "out of memory");
                 return;
             }
             memcpy(tw->id, id, sizeof(tw->id));
         } else {
             task = tasks_admit_call(c, m->msgid, id);
-            if (!task)
+            if (!task) {
+                call_log_refused(c, m, p[P_CAP], p[P_TASK], c->last_code);
                 return;
+            }
         }
     }
 
     struct call *k = calloc(1, sizeof(*k));
     if (!k) {
-        conn_reply_error(c, m->msgid, PGW_INTERNAL, "out of memory");
+        call_refuse(c, m, p[P_CAP], p[P_TASK], PGW_INTERNAL, "out of memory");
         free(tw);
         return;
     }
@@ -897,6 +984,10 @@ void call_start(struct conn *c, const struct rpc_msg *m)
     k->stream = p[P_STREAM] && p[P_STREAM]->via.boolean;
     k->cap = &cfg->capabilities[ci];
     k->started = now;
+    k->ttft_s = k->tokens = NAN;
+    access_peer(c->fd, &k->peer_pid, &k->peer_uid);
+    if (p[P_TASK])
+        rpc_str_copy(p[P_TASK], k->task_id, sizeof(k->task_id));
     msgpack_sbuffer_init(&k->usage);
     msgpack_sbuffer_init(&k->body);
     transcode_buf_init(&k->json);
@@ -917,8 +1008,9 @@ void call_start(struct conn *c, const struct rpc_msg *m)
                            &pol, deadline_s > 0 ? now + deadline_s : 0,
                            governor_estimate_tokens(k->json.len, body_max_tokens(p[P_BODY])), now);
     if (rc < 0) {
-        conn_reply_error(c, m->msgid, rc == TRANSCODE_EINVALID ? PGW_BAD_REQUEST : PGW_INTERNAL,
-                         rc == TRANSCODE_EINVALID ? why : "out of memory");
+        call_refuse(c, m, p[P_CAP], p[P_TASK],
+                    rc == TRANSCODE_EINVALID ? PGW_BAD_REQUEST : PGW_INTERNAL,
+                    rc == TRANSCODE_EINVALID ? why : "out of memory");
         msgpack_sbuffer_destroy(&k->usage);
         msgpack_sbuffer_destroy(&k->body);
         transcode_buf_fini(&k->json);
@@ -974,6 +1066,7 @@ int call_cancel(struct conn *c, uint32_t msgid)
     rpc_pack_kv_double(&c->pk, "stalled_s", gov_call_stalled_s(&k->g, ev_now(c->srv->loop)));
     rpc_pack_error_end(&c->pk);
     conn_response_done(c, PGW_CANCELLED);
+    call_set_answered(k, PGW_CANCELLED);
     call_abort(k);
     return 0;
 }
@@ -987,6 +1080,7 @@ void call_fail_all(struct conn *c, enum pgw_code code, const char *message)
         msgpack_pack_uint32(&c->pk, k->g.attempts);
         rpc_pack_error_end(&c->pk);
         conn_response_done(c, code);
+        call_set_answered(k, code);
         call_abort(k);
     }
 }
@@ -1019,6 +1113,7 @@ void call_fail_task(struct task *t, enum pgw_code code, const char *message)
         rpc_pack_kv_str(&c->pk, "reason", task_reason(t));
         rpc_pack_error_end(&c->pk);
         conn_response_done(c, code);
+        call_set_answered(k, code);
         call_abort(k); /* unlinks k from t */
         conn_flush(c);
     }

@@ -100,6 +100,7 @@ enum fid {
     FID_BREAKER, FID_BREAKER_FAILURES, FID_BREAKER_COOLDOWN, FID_BREAKER_MAX_COOLDOWN,
     FID_LIMITS, FID_RPM, FID_TPM, FID_DAILY_TOKENS, FID_WINDOW,
     FID_PACER, FID_PACER_MIN_INTERVAL,
+    FID_ACCESS_LOG,
     FID_COUNT
 };
 
@@ -943,6 +944,7 @@ static const struct field server_table[] = {
     TYPED("log_level", FT_LOGLEVEL, FID_LOG_LEVEL, OFF(struct config, log_level)),
     NUM("shutdown_grace_s", FT_DOUBLE, FID_SHUTDOWN_GRACE,
         OFF(struct config, shutdown_grace_s), 0, 3600, 0),
+    TYPED("access_log", FT_BOOL, FID_ACCESS_LOG, OFF(struct config, access_log)),
     END
 };
 
@@ -1118,6 +1120,7 @@ static int config_set_defaults(struct config *cfg)
     cfg->max_write_queue_bytes = 0;           /* 2 x max_message_bytes, in validate */
     cfg->log_level = LOG_INFO;
     cfg->shutdown_grace_s = 10;
+    cfg->access_log = true;
     cfg->task_ttl_s = 86400;
     cfg->max_tasks = 65536;
     cfg->backend = BACKEND_MEMORY;

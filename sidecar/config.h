@@ -134,6 +134,7 @@ struct config {
     /* server: */
     enum log_level log_level;  /* default info */
     double shutdown_grace_s;   /* default 10 */
+    bool access_log;           /* one info line per finished call; default true */
 
     /* tasks: */
     double task_ttl_s;         /* finished (or idle running) tasks are forgotten after this; default 86400 */

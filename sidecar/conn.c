@@ -227,6 +227,7 @@ void conn_response_done(struct conn *c, enum pgw_code code)
     struct server *srv = c->srv;
 
     srv->stats.requests_served++;
+    c->last_code = code;
     if (code != PGW_OK)
         srv->stats.rejected[code]++;
 }

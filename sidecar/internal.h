@@ -115,6 +115,7 @@ struct conn {
     bool closing;                 /* no more input; close once `out` is flushed */
     bool closed;                  /* fd closed, awaiting free */
     bool oom;                     /* an append failed: close */
+    enum pgw_code last_code;      /* code of the last response queued */
 };
 
 struct conn *conn_new(struct server *srv, int fd);

@@ -184,6 +184,37 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
     conn_response_done(c, PGW_OK);
 }
 
+/* `log.level {level?}`: the process-wide log threshold, changed at run time
+ * when `level` is given (debug, info, warn, error). Answers {level,
+ * previous}. The change itself is always logged, whatever the levels. */
+static void method_log_level(struct conn *c, const struct rpc_msg *m)
+{
+    static const struct rpc_param spec[] = {{"level", RPC_T_STR | RPC_T_NIL, false}};
+    const msgpack_object *p[1];
+    enum log_level prev = log_threshold;
+    char name[16];
+
+    if (bind_or_reply(c, m, spec, 1, p) < 0)
+        return;
+    if (p[0]) {
+        int lv = rpc_str_copy(p[0], name, sizeof(name)) < 0 ? -1 : config_parse_log_level(name);
+        if (lv < 0) {
+            conn_reply_error(c, m->msgid, PGW_BAD_REQUEST,
+                             "params.level: expected debug, info, warn or error");
+            return;
+        }
+        log_threshold = (enum log_level)lv;
+        log_event(LOG_INFO, "log level changed", "from", LOG_S, log_level_name(prev), "to",
+                  LOG_S, log_level_name(log_threshold), "conn", LOG_U,
+                  (unsigned long long)c->id, NULL);
+    }
+    rpc_pack_result_begin(&c->pk, m->msgid);
+    msgpack_pack_map(&c->pk, 2);
+    rpc_pack_kv_str(&c->pk, "level", log_level_name(log_threshold));
+    rpc_pack_kv_str(&c->pk, "previous", log_level_name(prev));
+    conn_response_done(c, PGW_OK);
+}
+
 #ifdef PGW_DEBUG_HOOKS
 /* Test hook, compiled only into debug builds (make DEBUG_HOOKS=1, the
  * default with SAN=1): blocks the event loop for `seconds` (at most 30) as
@@ -241,6 +272,7 @@ static const struct {
     {"task.get", tasks_get},
     {"task.list", tasks_list},
     {"stats", method_stats},
+    {"log.level", method_log_level},
 };
 
 void methods_dispatch(struct conn *c, const struct rpc_msg *m)
