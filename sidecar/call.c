@@ -82,6 +82,7 @@ struct call {
     double tokens;                   /* usage.total_tokens of the answer, NAN */
     long long peer_pid, peer_uid;
     char task_id[TASK_ID_MAX + 1];   /* "" when the call names none */
+    struct gov_source_note *reconf_notes; /* a reload in progress: the new notes */
 };
 
 static void call_step(struct call *k);
@@ -930,7 +931,7 @@ void call_start(struct conn *c, const struct rpc_msg *m)
     int ci = config_find_capability(cfg, capo->via.str.ptr, capo->via.str.size);
     const struct config_source *first = NULL;
     for (size_t i = 0; ci >= 0 && i < cfg->n_sources; i++) {
-        if (cfg->sources[i].capability_index == (size_t)ci) {
+        if (cfg->sources[i].capability_index == (size_t)ci && !cfg->sources[i].retired) {
             first = &cfg->sources[i];
             break;
         }
@@ -1123,4 +1124,56 @@ void call_forget_task(struct task *t)
 {
     while (t->ud)
         call_task_unlink(t->ud);
+}
+
+bool call_uses_source(const struct server *srv, size_t i)
+{
+    const struct config_source *src = &srv->cfg->sources[i];
+
+    for (const struct conn *c = srv->conns; c; c = c->next)
+        for (const struct call *k = c->calls; k; k = k->next)
+            if (k->src == src)
+                return true;
+    return false;
+}
+
+void call_reconf_abort(struct server *srv)
+{
+    for (struct conn *c = srv->conns; c; c = c->next)
+        for (struct call *k = c->calls; k; k = k->next) {
+            free(k->reconf_notes);
+            k->reconf_notes = NULL;
+        }
+}
+
+int call_reconf_prepare(struct server *srv, const struct gov_reconf *r)
+{
+    for (struct conn *c = srv->conns; c; c = c->next)
+        for (struct call *k = c->calls; k; k = k->next)
+            if (gov_call_reconf_prepare(&k->g, r, &k->reconf_notes) < 0) {
+                call_reconf_abort(srv);
+                return -1;
+            }
+    return 0;
+}
+
+void call_reconf_commit(struct server *srv, const struct gov_reconf *r, const struct config *cfg)
+{
+    const struct config *old = srv->cfg;
+
+    for (struct conn *c = srv->conns; c; c = c->next)
+        for (struct call *k = c->calls; k; k = k->next) {
+            gov_call_reconf_commit(&k->g, r, k->reconf_notes);
+            k->reconf_notes = NULL;
+            k->cap = &cfg->capabilities[k->cap - old->capabilities];
+            size_t i = (size_t)(k->src - old->sources);
+            k->src = i < r->n_old && r->to[i] >= 0 ? &cfg->sources[r->to[i]] : NULL;
+            /* json_model pointed into the old configuration's strings. */
+            k->json_ready = false;
+            k->json_model = NULL;
+            /* A call waiting for a source may now have a new one: let it
+             * look (one in backoff keeps its backoff). */
+            if (k->g.state == GOV_CALL_WAITING && !k->admit && !k->task_wait)
+                call_on_gov_wake(&k->g, srv);
+        }
 }

@@ -40,4 +40,18 @@ void call_forget_task(struct task *t);
 /* The connection's write queue drained: resume paused streams. */
 void call_on_drained(struct conn *c);
 
+/* Reload (reload.c): every live call moves to the new configuration at
+ * one point of the loop. call_uses_source: does some call still name
+ * cfg->sources[i] as its last source? call_reconf_prepare allocates each
+ * call's notes in the new source order (-1: out of memory, nothing kept);
+ * call_reconf_abort undoes it; call_reconf_commit (after gov_reconf_commit,
+ * cannot fail) installs them and repoints each call's capability and
+ * source into `cfg` (the new one, not yet srv->cfg) by `r`'s index map.
+ * Capabilities keep their indices across a reload. */
+bool call_uses_source(const struct server *srv, size_t i);
+struct gov_reconf;
+int call_reconf_prepare(struct server *srv, const struct gov_reconf *r);
+void call_reconf_abort(struct server *srv);
+void call_reconf_commit(struct server *srv, const struct gov_reconf *r, const struct config *cfg);
+
 #endif /* POLYGW_CALL_H */

@@ -1156,6 +1156,7 @@ static void source_fini(struct config_source *s)
     }
     free(s->base_url);
     free(s->model);
+    free(s->api_key_file);
     memset(s, 0, sizeof(*s));
 }
 
@@ -2058,6 +2059,8 @@ static int validate(struct loader *l)
         for (size_t i = 0; i < l->n_srcs; i++) {
             l->cfg->sources[i] = l->srcs[i].src;       /* ownership moves */
             memset(&l->srcs[i].src, 0, sizeof(l->srcs[i].src));
+            l->cfg->sources[i].api_key_file = l->srcs[i].key_file;
+            l->srcs[i].key_file = NULL;
         }
         l->cfg->n_sources = l->n_srcs;
     }

@@ -104,6 +104,10 @@ struct config_source {
                                 * stripped, no control characters, at most
                                 * CONFIG_API_KEY_MAX bytes; never print;
                                 * wiped by config_free */
+    char *api_key_file;        /* owned: the absolute path api_key was read from,
+                                * or NULL (watched for rotation, reload.h) */
+    bool retired;              /* never set by the loader: a source a reload
+                                * removed while it was in use (reload.h) */
     char *model;               /* owned, NULL = keep body.model */
     int32_t priority;          /* lower tier is tried first */
     double weight;             /* > 0 */

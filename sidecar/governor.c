@@ -17,18 +17,10 @@ static double governor_rand(void *ud)
     return (double)((*s * 2685821657736338717ULL) >> 11) / 9007199254740992.0;
 }
 
-int governor_init(struct gov *g, const struct config *cfg, const struct gov_backend *backend,
-                  const struct gov_hooks *hooks, uint64_t *rand_state, double now, char *err,
-                  size_t errlen)
+void governor_source_params(const struct config *cfg, struct gov_source_params *p)
 {
     bool shared = cfg->backend == BACKEND_REDIS;
-    struct timespec ts;
-    struct gov_source_params *p = calloc(cfg->n_sources ? cfg->n_sources : 1, sizeof(*p));
 
-    if (!p) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
     for (size_t i = 0; i < cfg->n_sources; i++) {
         const struct config_source *s = &cfg->sources[i];
         p[i] = (struct gov_source_params){
@@ -49,6 +41,7 @@ int governor_init(struct gov *g, const struct config *cfg, const struct gov_back
             .daily_tokens = s->limits.daily_tokens,
             .window_s = s->limits.window_s,
             .pacer_min_interval_s = s->pacer_min_interval_ms / 1000.0,
+            .retired = s->retired,
         };
         if (shared) {
             /* The buckets and the breaker are the fleet's, enforced by the
@@ -58,6 +51,20 @@ int governor_init(struct gov *g, const struct config *cfg, const struct gov_back
             p[i].breaker_failures = UINT32_MAX;
         }
     }
+}
+
+int governor_init(struct gov *g, const struct config *cfg, const struct gov_backend *backend,
+                  const struct gov_hooks *hooks, uint64_t *rand_state, double now, char *err,
+                  size_t errlen)
+{
+    struct timespec ts;
+    struct gov_source_params *p = calloc(cfg->n_sources ? cfg->n_sources : 1, sizeof(*p));
+
+    if (!p) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    governor_source_params(cfg, p);
     clock_gettime(CLOCK_REALTIME, &ts);
     *rand_state = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 40);
     if (!*rand_state)

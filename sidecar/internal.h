@@ -25,6 +25,7 @@ struct task_reg;
 struct shared;
 struct tasks_req;
 struct tasks_resync;
+struct keywatch;
 
 /* Counters shown by `stats`. All monotonically increasing except `*_open`
  * and `in_flight`. */
@@ -41,6 +42,7 @@ struct server_stats {
     uint64_t read_pauses;         /* times a connection stopped being read (write queue full) */
     uint64_t bytes_in, bytes_out;
     uint64_t rejected[PGW_CODE_COUNT]; /* error responses/notifications sent, by code */
+    uint64_t reloads_ok, reloads_failed; /* configuration reloads (reload.h) */
 };
 
 /* Lifecycle:  RUNNING --SIGTERM/SIGINT--> DRAINING --in-flight done or grace
@@ -49,7 +51,8 @@ enum server_state { SERVER_RUNNING, SERVER_DRAINING, SERVER_STOPPING };
 
 struct server {
     struct ev_loop *loop;
-    struct config *cfg;           /* borrowed from main */
+    struct config *cfg;           /* main's at start; a reload replaces it (main
+                                   * frees srv->cfg at exit) */
     enum server_state state;
     int listen_fd;                /* -1 once closed */
     bool owns_socket_file;        /* false under socket activation */
@@ -77,6 +80,15 @@ struct server {
     size_t task_retry_n;
     struct redact *redact;        /* the sources' keys, scrubbed from relayed replies */
     struct sdnotify notify;       /* readiness and watchdog for the service manager */
+    /* Reload (reload.h). cfg is owned by the server once a reload swapped it. */
+    const char *config_path;      /* borrowed from main: the file reloads read */
+    const char *socket_override;  /* borrowed: --socket, applied to every reload; NULL */
+    bool log_level_override;      /* --log-level given: reloads keep the level */
+    char reload_error[CONFIG_ERR_MAX]; /* the last failed reload's reason, or "" */
+    char **old_keys;              /* owned: keys of earlier configurations, still redacted */
+    size_t n_old_keys;
+    ev_signal sighup_w;
+    struct keywatch *keywatch;    /* key-file watch, NULL when no key comes from a file */
 };
 
 /* server.c */
@@ -87,6 +99,9 @@ void server_fini(struct server *srv);
 void server_begin_shutdown(struct server *srv, const char *why);
 /* A connection finished closing (fd closed): unlink it and queue its free. */
 void server_on_conn_closed(struct server *srv, struct conn *c);
+/* READY=1 when the socket accepts and, with Redis, Redis is connected (once;
+ * again after a reload). */
+void server_notify_ready(struct server *srv);
 /* The Redis backend is connected: the daemon may now report itself ready. */
 void server_on_backend_up(struct server *srv);
 /* A request was answered; lets a draining server notice when all are done. */

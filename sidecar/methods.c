@@ -12,6 +12,7 @@
 #include "call.h"
 #include "log.h"
 #include "progress.h"
+#include "reload.h"
 #include "shared.h"
 #include "tasks.h"
 #include "upstream.h"
@@ -57,9 +58,14 @@ static void pack_governance(msgpack_packer *pk, struct server *srv)
         uint32_t limit = aimd_permits(&s->aimd);
         if (limit > s->p.max_concurrency)
             limit = s->p.max_concurrency;
-        msgpack_pack_map(pk, 15);
+        msgpack_pack_map(pk, 15 + (s->p.retired ? 1 : 0));
         rpc_pack_str(pk, "name");
         rpc_pack_str(pk, s->p.name);
+        if (s->p.retired) /* removed by a reload, still in use */
+        {
+            rpc_pack_str(pk, "retired");
+            msgpack_pack_true(pk);
+        }
         rpc_pack_str(pk, "capability");
         rpc_pack_str(pk, srv->cfg->capabilities[s->p.capability].name);
         rpc_pack_kv_u64(pk, "in_flight", s->in_flight);
@@ -120,7 +126,7 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
     if (bind_or_reply(c, m, NULL, 0, NULL) < 0)
         return;
     rpc_pack_result_begin(pk, m->msgid);
-    msgpack_pack_map(pk, c->srv->shared ? 13 : 12);
+    msgpack_pack_map(pk, c->srv->shared ? 14 : 13);
 
     rpc_pack_str(pk, "version");
     rpc_pack_str(pk, PGW_VERSION);
@@ -171,6 +177,12 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
         rpc_pack_kv_u64(pk, key, us->timeouts[i]);
     }
 
+    rpc_pack_str(pk, "reload");
+    msgpack_pack_map(pk, 3);
+    rpc_pack_kv_u64(pk, "succeeded", st->reloads_ok);
+    rpc_pack_kv_u64(pk, "failed", st->reloads_failed);
+    rpc_pack_kv_str(pk, "last_error", c->srv->reload_error);
+
     pack_governance(pk, c->srv);
     tasks_pack_stats(pk, c->srv);
     if (c->srv->shared) {
@@ -213,6 +225,59 @@ static void method_log_level(struct conn *c, const struct rpc_msg *m)
     rpc_pack_kv_str(&c->pk, "level", log_level_name(log_threshold));
     rpc_pack_kv_str(&c->pk, "previous", log_level_name(prev));
     conn_response_done(c, PGW_OK);
+}
+
+/* The errors of an invalid file, for config.reload's answer. */
+#define METHODS_RELOAD_ERRORS_MAX 32
+struct reload_errors {
+    char *msg[METHODS_RELOAD_ERRORS_MAX];
+    size_t n, dropped;
+};
+
+static void collect_reload_error(void *arg, const char *msg)
+{
+    struct reload_errors *e = arg;
+
+    if (e->n < METHODS_RELOAD_ERRORS_MAX && (e->msg[e->n] = strdup(msg)))
+        e->n++;
+    else
+        e->dropped++;
+}
+
+/* `config.reload`: reloads the configuration file (reload.h). Answers the
+ * summary, or bad_request with every error of the file in `errors`. */
+static void method_config_reload(struct conn *c, const struct rpc_msg *m)
+{
+    struct reload_errors e = {.n = 0};
+    struct reload_summary sum;
+    char err[CONFIG_ERR_MAX];
+
+    if (bind_or_reply(c, m, NULL, 0, NULL) < 0)
+        return;
+    if (reload_run(c->srv, "config.reload", collect_reload_error, &e, &sum, err,
+                   sizeof(err)) == 0) {
+        rpc_pack_result_begin(&c->pk, m->msgid);
+        msgpack_pack_map(&c->pk, 5);
+        rpc_pack_kv_u64(&c->pk, "sources", sum.sources);
+        rpc_pack_kv_u64(&c->pk, "added", sum.added);
+        rpc_pack_kv_u64(&c->pk, "removed", sum.removed);
+        rpc_pack_kv_u64(&c->pk, "retired_in_use", sum.retired);
+        rpc_pack_kv_u64(&c->pk, "reloads", c->srv->stats.reloads_ok);
+        conn_response_done(c, PGW_OK);
+        return;
+    }
+    enum pgw_code code = c->srv->state != SERVER_RUNNING ? PGW_SHUTTING_DOWN
+                         : strcmp(err, "out of memory") == 0 ? PGW_INTERNAL
+                                                              : PGW_BAD_REQUEST;
+    rpc_pack_error_begin(&c->pk, m->msgid, code, err, 1);
+    rpc_pack_str(&c->pk, "errors");
+    msgpack_pack_array(&c->pk, e.n);
+    for (size_t i = 0; i < e.n; i++) {
+        rpc_pack_str(&c->pk, e.msg[i]);
+        free(e.msg[i]);
+    }
+    rpc_pack_error_end(&c->pk);
+    conn_response_done(c, code);
 }
 
 #ifdef PGW_DEBUG_HOOKS
@@ -273,6 +338,7 @@ static const struct {
     {"task.list", tasks_list},
     {"stats", method_stats},
     {"log.level", method_log_level},
+    {"config.reload", method_config_reload},
 };
 
 void methods_dispatch(struct conn *c, const struct rpc_msg *m)

@@ -23,6 +23,8 @@
  *      +--> STOPPING: (all answered, or grace over: the rest are answered
  *                     `shutting_down`) flush replies for at most 2 s,
  *                     close connections, ev_break.
+ *
+ * SIGHUP reloads the configuration while RUNNING (reload.h).
  */
 #include "internal.h"
 
@@ -43,6 +45,8 @@
 #include "tasks.h"
 #include "log.h"
 #include "redact.h"
+#include "keywatch.h"
+#include "reload.h"
 #include "shared.h"
 #include "upstream.h"
 
@@ -413,6 +417,14 @@ static void server_on_signal(struct ev_loop *loop, ev_signal *w, int revents)
         server_stop(srv, "second signal");
 }
 
+static void server_on_sighup(struct ev_loop *loop, ev_signal *w, int revents)
+{
+    char err[CONFIG_ERR_MAX];
+    (void)loop;
+    (void)revents;
+    reload_run(w->data, "SIGHUP", NULL, NULL, NULL, err, sizeof(err)); /* it logs the outcome */
+}
+
 static void server_on_grace(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop;
@@ -489,6 +501,8 @@ int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, ch
     ev_init(&srv->accept_retry_w, server_on_accept_retry);
     ev_signal_init(&srv->sigterm_w, server_on_signal, SIGTERM);
     ev_signal_init(&srv->sigint_w, server_on_signal, SIGINT);
+    ev_signal_init(&srv->sighup_w, server_on_sighup, SIGHUP);
+    srv->sighup_w.data = srv;
     ev_init(&srv->grace_w, server_on_grace);
     ev_timer_init(&srv->stop_w, server_on_stop_timeout, SERVER_STOP_FLUSH_S, 0.);
     ev_prepare_init(&srv->reap_w, server_on_reap);
@@ -515,7 +529,7 @@ fail_up:
 
 /* READY=1 once the socket accepts and, with the Redis backend, Redis is
  * connected: a unit ordered After= this one may start using it at once. */
-static void server_maybe_ready(struct server *srv)
+void server_notify_ready(struct server *srv)
 {
     char status[160];
 
@@ -528,7 +542,7 @@ static void server_maybe_ready(struct server *srv)
 
 void server_on_backend_up(struct server *srv)
 {
-    server_maybe_ready(srv);
+    server_notify_ready(srv);
 }
 
 void server_start(struct server *srv)
@@ -536,6 +550,7 @@ void server_start(struct server *srv)
     ev_io_start(srv->loop, &srv->accept_w);
     ev_signal_start(srv->loop, &srv->sigterm_w);
     ev_signal_start(srv->loop, &srv->sigint_w);
+    ev_signal_start(srv->loop, &srv->sighup_w);
     char mode[8];
     snprintf(mode, sizeof(mode), "%04o", (unsigned)srv->cfg->socket_mode);
     log_at(LOG_INFO, "listening", "socket", LOG_S, srv->socket_path, "mode", LOG_S,
@@ -543,9 +558,10 @@ void server_start(struct server *srv)
            (unsigned long long)srv->cfg->max_message_bytes, "pid", LOG_I, (long long)getpid(),
            NULL);
     sdnotify_start(&srv->notify);
+    srv->keywatch = keywatch_new(srv);
     /* The Redis link connects from the loop: server_on_backend_up says when. */
     if (!srv->shared)
-        server_maybe_ready(srv);
+        server_notify_ready(srv);
 }
 
 void server_fini(struct server *srv)
@@ -566,6 +582,10 @@ void server_fini(struct server *srv)
     sdnotify_stop(&srv->notify);
     ev_signal_stop(srv->loop, &srv->sigterm_w);
     ev_signal_stop(srv->loop, &srv->sigint_w);
+    ev_signal_stop(srv->loop, &srv->sighup_w);
+    keywatch_free(srv->keywatch);
+    srv->keywatch = NULL;
+    reload_fini(srv);
     if (srv->spare_fd >= 0)
         close(srv->spare_fd);
     shared_fini(srv); /* its last callbacks may still touch the task registry */

@@ -78,6 +78,9 @@ static void usage(FILE *f)
         "                            else exit 1 with the error (task_stopped: REASON)\n"
         "  log-level [LEVEL]         print the sidecar's log level, or set it (debug,\n"
         "                            info, warn, error) until the next restart or reload\n"
+        "  reload                    reload the sidecar's configuration file (as SIGHUP);\n"
+        "                            an invalid file changes nothing: its errors are\n"
+        "                            printed and the exit status is 1\n"
         "\n"
         "Options (anywhere on the line):\n"
         "  -s, --socket PATH   sidecar socket (default: $POLYGW_SOCKET, then\n"
@@ -769,11 +772,42 @@ static void print_kv_line(const msgpack_object *r)
     putchar('\n');
 }
 
-/* `log.level`: prints "level=L previous=P" (or the result as JSON). */
-static int cmd_log_level(const struct ctl *o, struct pgw_client *c, const char *level)
+/* A request whose result is a flat map: printed as "k=v ..." (or as JSON);
+ * an error also prints the `errors` list it may carry, one a line (the
+ * errors of an invalid configuration file). */
+static int cmd_flat(const struct ctl *o, struct pgw_client *c, const char *method,
+                    const char *params, size_t plen)
 {
     struct pgw_error err;
     struct pgw_result *res = NULL;
+    int rc = pgw_request(c, method, params, plen, o->timeout_s, &res, &err);
+
+    if (rc < 0) {
+        const msgpack_object *m = res ? pgw_result_object(res) : NULL;
+        for (uint32_t i = 0; !o->json && m && m->type == MSGPACK_OBJECT_MAP && i < m->via.map.size;
+             i++) {
+            const msgpack_object *k = &m->via.map.ptr[i].key, *v = &m->via.map.ptr[i].val;
+            if (k->type != MSGPACK_OBJECT_STR || k->via.str.size != 6 ||
+                memcmp(k->via.str.ptr, "errors", 6) != 0 || v->type != MSGPACK_OBJECT_ARRAY)
+                continue;
+            for (uint32_t j = 0; j < v->via.array.size; j++)
+                if (v->via.array.ptr[j].type == MSGPACK_OBJECT_STR)
+                    fprintf(stderr, "%.*s\n", (int)v->via.array.ptr[j].via.str.size,
+                            v->via.array.ptr[j].via.str.ptr);
+        }
+        return request_failed(o, rc, &err, res);
+    }
+    if (o->json)
+        print_json(pgw_result_object(res), PGW_JSON_PRETTY);
+    else
+        print_kv_line(pgw_result_object(res));
+    pgw_result_free(res);
+    return EXIT_OK;
+}
+
+/* `log.level`: prints "level=L previous=P". */
+static int cmd_log_level(const struct ctl *o, struct pgw_client *c, const char *level)
+{
     char json[64], *params = NULL;
     size_t plen = 0;
     int rc;
@@ -783,16 +817,9 @@ static int cmd_log_level(const struct ctl *o, struct pgw_client *c, const char *
         if ((rc = params_from_json(json, strlen(json), &params, &plen)) != EXIT_OK)
             return rc;
     }
-    rc = pgw_request(c, "log.level", params, plen, o->timeout_s, &res, &err);
+    rc = cmd_flat(o, c, "log.level", params, plen);
     free(params);
-    if (rc < 0)
-        return request_failed(o, rc, &err, res);
-    if (o->json)
-        print_json(pgw_result_object(res), PGW_JSON_PRETTY);
-    else
-        print_kv_line(pgw_result_object(res));
-    pgw_result_free(res);
-    return EXIT_OK;
+    return rc;
 }
 
 /* ---------------------------------------------------------------------
@@ -1295,6 +1322,9 @@ int main(int argc, char **argv)
             return usage_error("%s", "task stop: --reason TEXT is required");
         if (strcmp(sub, "finish") == 0 && (o.finish_ok == -1 || finish_twice))
             return usage_error("%s", "task finish: exactly one of --ok and --failed is required");
+    } else if (strcmp(cmd, "reload") == 0) {
+        if (nargs != 0)
+            return usage_error("%s", "'reload' takes no arguments");
     } else if (strcmp(cmd, "log-level") == 0) {
         if (nargs > 1)
             return usage_error("%s", "usage: log-level [debug|info|warn|error]");
@@ -1338,6 +1368,8 @@ int main(int argc, char **argv)
         rc = cmd_tasks(&o, c);
     else if (strcmp(cmd, "task") == 0)
         rc = cmd_task(&o, c, sub, args[1]);
+    else if (strcmp(cmd, "reload") == 0)
+        rc = cmd_flat(&o, c, "config.reload", NULL, 0);
     else if (strcmp(cmd, "log-level") == 0)
         rc = cmd_log_level(&o, c, nargs == 1 ? args[0] : NULL);
     else
