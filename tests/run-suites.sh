@@ -131,6 +131,8 @@ stage "redis (pytest)"                 pytest  $PYTEST tests/redis
 stage "clients (python + node, ASan)"  summary sh client/run-tests.sh build/asan
 stage "fuzz replay (ASan)"             summary make --no-print-directory BUILD=build/asan SAN=1 fuzz-replay
 stage_if "command -v clang" "fuzz targets (clang build)" summary make --no-print-directory fuzz-build
+# shellcheck disable=SC2086
+stage "debian packages (make deb, dpkg)" pytest  $PYTEST tests/deb
 
 echo
 echo "=== summary ($(($(date +%s) - T0))s)"
