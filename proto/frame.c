@@ -17,12 +17,28 @@ int frame_reader_init(struct frame_reader *r, size_t max_bytes, size_t initial_b
 
 void frame_reader_fini(struct frame_reader *r)
 {
+    if (r->up.buffer)   /* NULL after a failed frame_reader_trim() */
+        msgpack_unpacker_destroy(&r->up);
+}
+
+int frame_reader_trim(struct frame_reader *r, size_t keep_bytes)
+{
+    if (!r->up.buffer || r->up.used != r->up.off || r->up.used + r->up.free <= keep_bytes)
+        return 0;
+    /* msgpack-c's unpacker points into itself, so it is rebuilt in place. */
     msgpack_unpacker_destroy(&r->up);
+    memset(&r->up, 0, sizeof(r->up));
+    if (!msgpack_unpacker_init(&r->up, FRAME_DEFAULT_INITIAL)) {
+        memset(&r->up, 0, sizeof(r->up));
+        r->error = FRAME_ENOMEM;
+        return FRAME_ENOMEM;
+    }
+    return 0;
 }
 
 int frame_reader_reserve(struct frame_reader *r, size_t want, char **buf, size_t *cap)
 {
-    if (!msgpack_unpacker_reserve_buffer(&r->up, want))
+    if (!r->up.buffer || !msgpack_unpacker_reserve_buffer(&r->up, want))
         return FRAME_ENOMEM;
     *buf = msgpack_unpacker_buffer(&r->up);
     *cap = msgpack_unpacker_buffer_capacity(&r->up);
@@ -50,7 +66,7 @@ int frame_reader_feed(struct frame_reader *r, const void *data, size_t len)
 
 size_t frame_reader_pending(const struct frame_reader *r)
 {
-    return r->up.used - r->up.off;
+    return r->up.buffer ? r->up.used - r->up.off : 0;
 }
 
 const char *frame_strerror(int err)

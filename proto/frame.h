@@ -94,6 +94,14 @@ int frame_reader_next(struct frame_reader *r, msgpack_unpacked *out, size_t *fra
 /* Bytes buffered but not yet returned as frames. */
 size_t frame_reader_pending(const struct frame_reader *r);
 
+/* Gives back a buffer that grew past `keep_bytes` (for a large frame) once
+ * nothing is pending, so a reader does not hold its largest frame's size
+ * for ever. Objects of earlier frames stay valid (they hold a reference).
+ * Returns 0 (also when there was nothing to do) or FRAME_ENOMEM: the reader
+ * is then failed (every later call returns FRAME_ENOMEM) but still safe to
+ * fini. */
+int frame_reader_trim(struct frame_reader *r, size_t keep_bytes);
+
 /* A short static description of a FRAME_E* code. */
 const char *frame_strerror(int err);
 

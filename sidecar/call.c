@@ -742,6 +742,7 @@ static void call_run_attempt(struct call *k, size_t source)
         .timeout_s = src->timeout_s,
         .deadline_at = k->g.deadline_at,
         .max_response_bytes = cfg->max_message_bytes,
+        .budget = &k->conn->budget,
     };
     call_set_paused(k, false);
     msgpack_sbuffer_clear(&k->usage);

@@ -88,6 +88,7 @@ enum fid {
     FID_TASKS, FID_TASK_TTL, FID_MAX_TASKS,
     FID_SOCKET, FID_MODE, FID_MAX_MESSAGE_BYTES, FID_MAX_CONNECTIONS,
     FID_MAX_INFLIGHT, FID_MAX_WRITE_QUEUE,
+    FID_MAX_BUFFERED_INPUT, FID_LISTEN_IDLE_TIMEOUT,
     FID_LOG_LEVEL, FID_SHUTDOWN_GRACE,
     FID_KIND, FID_URL, FID_URL_ENV, FID_PREFIX, FID_COMMAND_TIMEOUT, FID_LEASE_TTL,
     FID_MAX_ATTEMPTS, FID_STALL_WINDOW, FID_BACKOFF_BASE, FID_BACKOFF_MAX,
@@ -937,6 +938,10 @@ static const struct field listen_table[] = {
         OFF(struct config, max_inflight_per_connection), 1, 1048576, 0),
     NUM("max_write_queue_bytes", FT_SIZE, FID_MAX_WRITE_QUEUE,
         OFF(struct config, max_write_queue_bytes), 1024, 68719476736.0, 0),
+    NUM("max_buffered_input_bytes", FT_SIZE, FID_MAX_BUFFERED_INPUT,
+        OFF(struct config, max_buffered_input_bytes), 1024, 68719476736.0, 0),
+    NUM("idle_timeout_s", FT_DOUBLE, FID_LISTEN_IDLE_TIMEOUT,
+        OFF(struct config, idle_timeout_s), 0, DURATION_MAX_S, 0),
     END
 };
 
@@ -1118,6 +1123,8 @@ static int config_set_defaults(struct config *cfg)
     cfg->max_connections = 1024;
     cfg->max_inflight_per_connection = 1024;
     cfg->max_write_queue_bytes = 0;           /* 2 x max_message_bytes, in validate */
+    cfg->max_buffered_input_bytes = 0;        /* 4 x max_message_bytes, in validate */
+    cfg->idle_timeout_s = 0;                  /* off */
     cfg->log_level = LOG_INFO;
     cfg->shutdown_grace_s = 10;
     cfg->access_log = true;
@@ -1739,6 +1746,15 @@ static void validate_top(struct loader *l)
                 "must be >= listen.max_message_bytes (%s), got %s",
                 fmt_num(a, sizeof(a), (double)cfg->max_message_bytes),
                 fmt_num(b, sizeof(b), (double)cfg->max_write_queue_bytes));
+    }
+    if (!line[FID_MAX_BUFFERED_INPUT]) {
+        cfg->max_buffered_input_bytes = 4 * cfg->max_message_bytes;
+    } else if (cfg->max_buffered_input_bytes < cfg->max_message_bytes &&
+               !line_is_bad(line[FID_MAX_BUFFERED_INPUT] | line[FID_MAX_MESSAGE_BYTES])) {
+        fail_at(l, line[FID_MAX_BUFFERED_INPUT], "listen.max_buffered_input_bytes",
+                "must be >= listen.max_message_bytes (%s), got %s",
+                fmt_num(a, sizeof(a), (double)cfg->max_message_bytes),
+                fmt_num(b, sizeof(b), (double)cfg->max_buffered_input_bytes));
     }
     if (cfg->backend == BACKEND_REDIS && !line[FID_URL] && !line[FID_URL_ENV])
         fail_at(l, line[FID_KIND], "backend.url",

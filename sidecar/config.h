@@ -134,6 +134,9 @@ struct config {
     uint32_t max_connections;  /* default 1024 */
     uint32_t max_inflight_per_connection; /* default 1024 */
     size_t max_write_queue_bytes;         /* per connection; default 2 x max_message_bytes */
+    size_t max_buffered_input_bytes;      /* partial frames, all connections; default
+                                           * 4 x max_message_bytes, >= max_message_bytes */
+    double idle_timeout_s;     /* close connections idle this long; 0 (default) = never */
 
     /* server: */
     enum log_level log_level;  /* default info */

@@ -1,16 +1,25 @@
 /*
  * conn.c — one client connection: read frames, dispatch, queue replies.
  *
- * Input is bounded three ways (STYLE rule 12): the frame reader caps each
- * message at max_message_bytes (claimed sizes included), a read event
- * reads at most CONN_READ_CHUNK bytes so one busy client cannot starve the
- * others, and requests in flight per connection are capped.
+ * Input is bounded four ways: the frame reader caps each message at
+ * max_message_bytes (claimed sizes included), a read event reads at most
+ * CONN_READ_CHUNK bytes so one busy client cannot starve the others,
+ * requests in flight per connection are capped, and the partial frames of
+ * all connections together are capped at max_buffered_input_bytes: past
+ * it, the connection holding the most is refused (`overloaded`). A reader
+ * buffer that grew for a large frame is given back once it is empty.
  *
- * Output goes into one contiguous queue per connection. When a client does
- * not read its replies and the queue passes max_write_queue_bytes, we stop
- * reading its requests (so it cannot make us produce more) until the queue
- * drains below half of that; memory per connection is therefore bounded by
- * the limit plus the replies to requests already in flight.
+ * Output: every connection has a byte budget (upstream.h) of
+ * max_write_queue_bytes, spent by its unsent replies (one contiguous
+ * queue) and by the reply bodies its calls are still receiving. Transfers
+ * that would overspend it are paused, and while it is spent we stop
+ * reading the connection's requests (so it cannot make us produce more)
+ * until it falls below half; both resume as the client reads. So what a
+ * client that does not read costs is bounded by max_write_queue_bytes (2 x
+ * max_message_bytes by default), however many calls it pipelines.
+ *
+ * Idle connections: with listen.idle_timeout_s, a connection with nothing
+ * in flight that neither sent nor received a byte for that long is closed.
  *
  * Freeing: conn_close() only closes the fd and moves the connection to the
  * server's dead list; the server's ev_prepare watcher frees it after the
@@ -30,10 +39,14 @@
 
 #define CONN_READ_CHUNK (64 * 1024)
 #define CONN_LINGER_S 2.0 /* how long a closing connection may take to flush */
+/* Buffers larger than this are freed once empty rather than kept: a
+ * connection that once carried a large message must not hold its size. */
+#define CONN_KEEP_BUFFER_BYTES (4 * CONN_READ_CHUNK)
 
 static void conn_on_read(struct ev_loop *loop, ev_io *w, int revents);
 static void conn_on_write(struct ev_loop *loop, ev_io *w, int revents);
 static void conn_on_linger(struct ev_loop *loop, ev_timer *w, int revents);
+static void conn_on_idle(struct ev_loop *loop, ev_timer *w, int revents);
 
 /* msgpack_packer write callback: append to the write queue. */
 static int conn_append(void *data, const char *buf, size_t len)
@@ -67,6 +80,7 @@ static int conn_append(void *data, const char *buf, size_t len)
     }
     memcpy(c->out + c->out_len, buf, len);
     c->out_len += len;
+    c->budget.held = c->out_len - c->out_off;
     return 0;
 }
 
@@ -89,9 +103,16 @@ struct conn *conn_new(struct server *srv, int fd)
     ev_io_init(&c->rio, conn_on_read, fd, EV_READ);
     ev_io_init(&c->wio, conn_on_write, fd, EV_WRITE);
     ev_init(&c->linger_w, conn_on_linger);
-    c->rio.data = c->wio.data = c->linger_w.data = c;
+    ev_init(&c->idle_w, conn_on_idle);
+    c->rio.data = c->wio.data = c->linger_w.data = c->idle_w.data = c;
+    upstream_budget_init(&c->budget, srv->cfg->max_write_queue_bytes);
+    c->last_activity = ev_now(srv->loop);
     ev_io_start(srv->loop, &c->rio);
     c->reading = true;
+    if (srv->cfg->idle_timeout_s > 0) {
+        ev_timer_set(&c->idle_w, srv->cfg->idle_timeout_s, 0.);
+        ev_timer_start(srv->loop, &c->idle_w);
+    }
     return c;
 }
 
@@ -113,6 +134,9 @@ void conn_close(struct conn *c, const char *why)
     ev_io_stop(loop, &c->rio);
     ev_io_stop(loop, &c->wio);
     ev_timer_stop(loop, &c->linger_w);
+    ev_timer_stop(loop, &c->idle_w);
+    c->srv->input_bytes -= c->input_bytes;
+    c->input_bytes = 0;
     /* The client is gone: nothing it asked for may keep running. */
     call_abort_all(c);
     tasks_fail_pending(c, PGW_OK, NULL);
@@ -155,29 +179,51 @@ static void conn_on_linger(struct ev_loop *loop, ev_timer *w, int revents)
     conn_close(w->data, "linger timeout");
 }
 
-/* Read back-pressure: pause above the limit, resume below half of it. */
+/* Lazy: activity only moves the idle deadline later, so the timer checks
+ * again when it fires. A connection with a request in flight is never
+ * idle; its answer restarts the clock. */
+static void conn_on_idle(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct conn *c = w->data;
+    double idle_s = c->srv->cfg->idle_timeout_s;
+    double left = c->last_activity + idle_s - ev_now(loop);
+    (void)revents;
+
+    if (c->in_flight > 0 || c->tasks)
+        left = idle_s;
+    if (left > 0) {
+        ev_timer_set(w, left, 0.);
+        ev_timer_start(loop, w);
+        return;
+    }
+    c->srv->stats.conns_idle_closed++;
+    conn_close(c, "idle timeout");
+}
+
+/* Read back-pressure: pause above the budget, resume below half of it.
+ * Streams paused by their call (call.c) follow the unsent output alone. */
 static void conn_apply_backpressure(struct conn *c)
 {
     size_t queued = c->out_len - c->out_off;
+    size_t pending = queued + c->budget.received;
     size_t limit = c->srv->cfg->max_write_queue_bytes;
 
     if (c->closing || c->closed)
         return;
-    if (c->reading && queued > limit) {
+    if (c->reading && pending > limit) {
         conn_stop_reading(c);
         c->read_paused = true;
         c->srv->stats.read_pauses++;
         log_at(LOG_DEBUG, "connection read paused", "conn", LOG_U, (unsigned long long)c->id,
-               "queued_bytes", LOG_U, (unsigned long long)queued, NULL);
-    } else if (queued <= limit / 2) {
-        if (c->read_paused) {
-            c->read_paused = false;
-            c->reading = true;
-            ev_io_start(c->srv->loop, &c->rio);
-        }
-        if (c->paused_calls)
-            call_on_drained(c);
+               "queued_bytes", LOG_U, (unsigned long long)queued, "receiving_bytes", LOG_U,
+               (unsigned long long)c->budget.received, NULL);
+    } else if (pending <= limit / 2 && c->read_paused) {
+        c->read_paused = false;
+        c->reading = true;
+        ev_io_start(c->srv->loop, &c->rio);
     }
+    if (queued <= limit / 2 && c->paused_calls)
+        call_on_drained(c);
 }
 
 void conn_flush(struct conn *c)
@@ -193,6 +239,7 @@ void conn_flush(struct conn *c)
         if (n > 0) {
             c->out_off += (size_t)n;
             c->srv->stats.bytes_out += (uint64_t)n;
+            c->last_activity = ev_now(c->srv->loop);
             continue;
         }
         if (n < 0 && errno == EINTR)
@@ -204,6 +251,11 @@ void conn_flush(struct conn *c)
     }
     if (c->out_off == c->out_len) {
         c->out_off = c->out_len = 0;
+        if (c->out_cap > CONN_KEEP_BUFFER_BYTES) {
+            free(c->out);
+            c->out = NULL;
+            c->out_cap = 0;
+        }
         ev_io_stop(c->srv->loop, &c->wio);
         if (c->closing) {
             conn_close(c, "flushed");
@@ -212,6 +264,8 @@ void conn_flush(struct conn *c)
     } else if (!ev_is_active(&c->wio)) {
         ev_io_start(c->srv->loop, &c->wio);
     }
+    c->budget.held = c->out_len - c->out_off;
+    upstream_budget_on_drained(&c->budget);
     conn_apply_backpressure(c);
 }
 
@@ -226,6 +280,7 @@ void conn_response_done(struct conn *c, enum pgw_code code)
 {
     struct server *srv = c->srv;
 
+    c->last_activity = ev_now(srv->loop);
     srv->stats.requests_served++;
     c->last_code = code;
     if (code != PGW_OK)
@@ -290,6 +345,38 @@ static void conn_on_frame(struct conn *c, const msgpack_object *o)
     methods_dispatch(c, &m);
 }
 
+/* Counts c's partial frame in the server's total; past
+ * max_buffered_input_bytes the connection holding the most is refused
+ * (it may be another one): it stops being read and its share is dropped
+ * from the total at once. */
+static void conn_account_input(struct conn *c)
+{
+    struct server *srv = c->srv;
+    size_t held = c->closing || c->closed ? 0 : frame_reader_pending(&c->reader);
+    size_t cap = srv->cfg->max_buffered_input_bytes;
+
+    srv->input_bytes = srv->input_bytes - c->input_bytes + held;
+    c->input_bytes = held;
+    while (srv->input_bytes > cap) {
+        struct conn *v = NULL;
+        for (struct conn *o = srv->conns; o; o = o->next) {
+            if (!o->closing && (!v || o->input_bytes > v->input_bytes))
+                v = o;
+        }
+        if (!v || v->input_bytes == 0)
+            break;
+        char msg[200];
+        snprintf(msg, sizeof(msg),
+                 "the sidecar holds %zu bytes of unfinished messages (max_buffered_input_bytes "
+                 "%zu); this connection held the most, %zu: retry later",
+                 srv->input_bytes, cap, v->input_bytes);
+        srv->input_bytes -= v->input_bytes;
+        v->input_bytes = 0;
+        srv->stats.input_refusals++;
+        conn_fail(v, PGW_OVERLOADED, msg);
+    }
+}
+
 static void conn_on_read(struct ev_loop *loop, ev_io *w, int revents)
 {
     struct conn *c = w->data;
@@ -318,6 +405,7 @@ static void conn_on_read(struct ev_loop *loop, ev_io *w, int revents)
     }
     frame_reader_commit(&c->reader, (size_t)n);
     c->srv->stats.bytes_in += (uint64_t)n;
+    c->last_activity = ev_now(loop);
 
     while (!c->closing && !c->closed &&
            (rc = frame_reader_next(&c->reader, &c->frame, NULL)) == 1)
@@ -339,5 +427,10 @@ static void conn_on_read(struct ev_loop *loop, ev_io *w, int revents)
     /* Drop the last frame's zone now rather than holding it until the next read. */
     msgpack_unpacked_destroy(&c->frame);
     msgpack_unpacked_init(&c->frame);
+    conn_account_input(c);
+    if (!c->closed && frame_reader_trim(&c->reader, CONN_KEEP_BUFFER_BYTES) < 0) {
+        conn_close(c, "out of memory reading");
+        return;
+    }
     conn_flush(c);
 }

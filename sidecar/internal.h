@@ -17,6 +17,7 @@
 #include "frame.h"
 #include "rpc.h"
 #include "sdnotify.h"
+#include "upstream.h"
 
 struct conn;
 struct call;
@@ -33,6 +34,8 @@ struct server_stats {
     uint64_t conns_open;
     uint64_t conns_accepted;
     uint64_t conns_rejected;      /* closed at accept: max_connections, fd exhaustion */
+    uint64_t conns_idle_closed;   /* closed by listen.idle_timeout_s */
+    uint64_t input_refusals;      /* connections refused by max_buffered_input_bytes */
     uint64_t accept_errors;
     uint64_t requests_served;     /* responses sent, success or error */
     uint64_t in_flight;           /* requests accepted and not yet answered */
@@ -58,8 +61,10 @@ struct server {
     bool owns_socket_file;        /* false under socket activation */
     char *socket_path;            /* owned */
     int spare_fd;                 /* kept open to survive EMFILE (see server.c) */
+    size_t input_bytes;           /* partial frames buffered, all connections */
     ev_io accept_w;
     ev_timer accept_retry_w;      /* re-arms accept after fd exhaustion */
+    ev_tstamp fd_warned_at;       /* last fd exhaustion warning (rate-limited) */
     ev_signal sigterm_w, sigint_w;
     ev_timer grace_w;             /* DRAINING -> STOPPING deadline */
     ev_timer stop_w;              /* STOPPING: bound on flushing replies */
@@ -116,17 +121,21 @@ struct conn {
     int fd;
     ev_io rio, wio;
     ev_timer linger_w;            /* bounds close-after-flush */
+    ev_timer idle_w;              /* listen.idle_timeout_s (lazy: re-checks when it fires) */
+    ev_tstamp last_activity;      /* a byte read or written, a request answered */
     struct frame_reader reader;
+    size_t input_bytes;           /* its share of srv->input_bytes */
     msgpack_unpacked frame;
     msgpack_packer pk;            /* packs straight into `out` */
     char *out;                    /* write queue: bytes [out_off, out_len) pending */
     size_t out_len, out_off, out_cap;
+    struct upstream_budget budget; /* unsent output + replies being received */
     uint32_t in_flight;
     struct call *calls;           /* calls in flight (call.c) */
     uint32_t paused_calls;        /* of which streams paused for back-pressure */
     struct tasks_req *tasks;      /* task requests waiting for Redis (tasks.c) */
     bool reading;                 /* rio active */
-    bool read_paused;             /* paused because the write queue is full */
+    bool read_paused;             /* paused because its budget is spent */
     bool closing;                 /* no more input; close once `out` is flushed */
     bool closed;                  /* fd closed, awaiting free */
     bool oom;                     /* an append failed: close */
@@ -141,7 +150,8 @@ void conn_close(struct conn *c, const char *why);
  * timer). Used after a fatal protocol error and at shutdown. */
 void conn_close_after_flush(struct conn *c);
 /* Writes as much pending output as the socket takes now, arming the write
- * watcher for the rest; applies read back-pressure. */
+ * watcher for the rest; applies read back-pressure and lets the
+ * connection's paused transfers go on as its budget frees. */
 void conn_flush(struct conn *c);
 void conn_free(struct conn *c);
 /* Sends an error response for `msgid` and counts it. */

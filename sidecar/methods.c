@@ -134,11 +134,13 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
     msgpack_pack_double(pk, server_uptime_s(c->srv));
 
     rpc_pack_str(pk, "connections");
-    msgpack_pack_map(pk, 4);
+    msgpack_pack_map(pk, 6);
     rpc_pack_kv_u64(pk, "open", st->conns_open);
     rpc_pack_kv_u64(pk, "accepted", st->conns_accepted);
     rpc_pack_kv_u64(pk, "rejected", st->conns_rejected);
     rpc_pack_kv_u64(pk, "accept_errors", st->accept_errors);
+    rpc_pack_kv_u64(pk, "idle_closed", st->conns_idle_closed);
+    rpc_pack_kv_u64(pk, "input_refused", st->input_refusals);
 
     rpc_pack_str(pk, "requests");
     msgpack_pack_map(pk, 5);

@@ -62,6 +62,10 @@ static void restart_only(const struct config *o, const struct config *n, char *b
         note_restart(buf, cap, "listen.max_inflight_per_connection");
     if (o->max_write_queue_bytes != n->max_write_queue_bytes)
         note_restart(buf, cap, "listen.max_write_queue_bytes");
+    if (o->max_buffered_input_bytes != n->max_buffered_input_bytes)
+        note_restart(buf, cap, "listen.max_buffered_input_bytes");
+    if (o->idle_timeout_s != n->idle_timeout_s)
+        note_restart(buf, cap, "listen.idle_timeout_s");
     if (o->backend != n->backend)
         note_restart(buf, cap, "backend.kind");
     if (!str_eq(o->redis_url, n->redis_url))

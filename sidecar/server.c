@@ -11,9 +11,12 @@
  *
  * fd exhaustion. accept() failing with EMFILE/ENFILE leaves the connection
  * in the backlog, so a level-triggered watcher would fire again at once and
- * spin at 100% CPU. We keep one spare fd open: on EMFILE we close it, accept
- * and immediately close the pending connection (the client sees EOF rather
- * than a hang), reopen the spare, and pause accepting for a short while.
+ * spin at 100% CPU, while the clients wait. We keep one spare fd open: on
+ * EMFILE we close it, and on the descriptor that frees accept every waiting
+ * connection in turn, send it an `overloaded` notification and close it, so
+ * each client is refused at once; then the spare is reopened. Only if it
+ * cannot be (another thread took the descriptor) do we pause accepting for
+ * SERVER_ACCEPT_PAUSE_S rather than spin.
  *
  * Shutdown (SIGTERM/SIGINT):
  *
@@ -53,6 +56,8 @@
 #define SERVER_ACCEPT_PAUSE_S 0.1
 #define SERVER_STOP_FLUSH_S 2.0
 #define SERVER_ACCEPT_BATCH 64
+#define SERVER_SHED_BATCH 1024     /* refusals per loop turn at the fd limit */
+#define SERVER_FD_WARN_EVERY_S 10.0
 #define SERVER_DNS_LOOKUPS_PER_HOST 4
 
 static const char *state_name(enum server_state s)
@@ -246,46 +251,62 @@ static void server_on_accept_retry(struct ev_loop *loop, ev_timer *w, int revent
         ev_io_start(loop, &srv->accept_w);
 }
 
-/* EMFILE/ENFILE: shed one pending connection with the spare fd and pause. */
-static void server_on_fd_exhaustion(struct server *srv)
-{
-    srv->stats.accept_errors++;
-    if (srv->spare_fd >= 0) {
-        close(srv->spare_fd);
-        srv->spare_fd = -1;
-        int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd >= 0) {
-            close(fd);
-            srv->stats.conns_rejected++;
-        }
-        srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    }
-    log_at(LOG_WARN, "out of file descriptors; pausing accept", "pause_s", LOG_F,
-           SERVER_ACCEPT_PAUSE_S, NULL);
-    ev_io_stop(srv->loop, &srv->accept_w);
-    ev_timer_set(&srv->accept_retry_w, SERVER_ACCEPT_PAUSE_S, 0.);
-    ev_timer_start(srv->loop, &srv->accept_retry_w);
-}
-
-/* Over max_connections: tell the client why, then close. Best effort: the
+/* Tells a client it cannot be served, then closes. Best effort: the
  * message is tiny and the socket buffer is empty, so one send suffices. */
-static void server_reject(struct server *srv, int fd)
+static void server_reject(struct server *srv, int fd, const char *message)
 {
-    char buf[128];
     msgpack_sbuffer sb;
     msgpack_packer pk;
 
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    snprintf(buf, sizeof(buf), "too many connections (max_connections %u)",
-             srv->cfg->max_connections);
-    rpc_pack_fatal(&pk, PGW_OVERLOADED, buf);
+    rpc_pack_fatal(&pk, PGW_OVERLOADED, message);
     ssize_t n = send(fd, sb.data, sb.size, MSG_NOSIGNAL | MSG_DONTWAIT);
     (void)n;
     msgpack_sbuffer_destroy(&sb);
     close(fd);
     srv->stats.conns_rejected++;
     srv->stats.rejected[PGW_OVERLOADED]++;
+}
+
+/* EMFILE/ENFILE: refuse the whole backlog on the spare's descriptor (see
+ * the top of the file). The listener stays armed: a client arriving later
+ * is refused the same way, at once. */
+static void server_on_fd_exhaustion(struct server *srv)
+{
+    unsigned shed = 0;
+
+    srv->stats.accept_errors++;
+    if (srv->spare_fd >= 0) {
+        close(srv->spare_fd);
+        srv->spare_fd = -1;
+        for (int i = 0; i < SERVER_SHED_BATCH; i++) {
+            int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (fd < 0) {
+                if (errno == EINTR || errno == ECONNABORTED)
+                    continue;
+                break;
+            }
+            server_reject(srv, fd, "the sidecar is out of file descriptors; retry later");
+            shed++;
+        }
+        srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    double now = ev_now(srv->loop);
+    if (srv->spare_fd >= 0) {
+        if (now - srv->fd_warned_at >= SERVER_FD_WARN_EVERY_S) {
+            srv->fd_warned_at = now;
+            log_at(LOG_WARN, "out of file descriptors; refusing new connections", "refused",
+                   LOG_U, (unsigned long long)shed, "open", LOG_U,
+                   (unsigned long long)srv->stats.conns_open, NULL);
+        }
+        return;
+    }
+    log_at(LOG_WARN, "out of file descriptors and no spare; pausing accept", "pause_s", LOG_F,
+           SERVER_ACCEPT_PAUSE_S, NULL);
+    ev_io_stop(srv->loop, &srv->accept_w);
+    ev_timer_set(&srv->accept_retry_w, SERVER_ACCEPT_PAUSE_S, 0.);
+    ev_timer_start(srv->loop, &srv->accept_retry_w);
 }
 
 static void server_on_accept(struct ev_loop *loop, ev_io *w, int revents)
@@ -316,7 +337,10 @@ static void server_on_accept(struct ev_loop *loop, ev_io *w, int revents)
             return;
         }
         if (srv->stats.conns_open >= srv->cfg->max_connections) {
-            server_reject(srv, fd);
+            char buf[96];
+            snprintf(buf, sizeof(buf), "too many connections (max_connections %u)",
+                     srv->cfg->max_connections);
+            server_reject(srv, fd, buf);
             continue;
         }
         struct conn *c = conn_new(srv, fd);
@@ -492,6 +516,16 @@ int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, ch
         goto fail_gov;
     if (tasks_init(srv, err, errlen) < 0)
         goto fail_tasks;
+    /* Armed before the socket exists: a client that can connect may also
+     * send SIGTERM, and that must be a clean shutdown, never the default
+     * kill that leaves the socket file behind. */
+    ev_signal_init(&srv->sigterm_w, server_on_signal, SIGTERM);
+    ev_signal_init(&srv->sigint_w, server_on_signal, SIGINT);
+    ev_signal_init(&srv->sighup_w, server_on_sighup, SIGHUP); /* a reload, never a kill */
+    srv->sigterm_w.data = srv->sigint_w.data = srv->sighup_w.data = srv;
+    ev_signal_start(loop, &srv->sigterm_w);
+    ev_signal_start(loop, &srv->sigint_w);
+    ev_signal_start(loop, &srv->sighup_w);
     if (server_listen(srv, err, errlen) < 0)
         goto fail_listen;
     srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -499,18 +533,17 @@ int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, ch
 
     ev_io_init(&srv->accept_w, server_on_accept, srv->listen_fd, EV_READ);
     ev_init(&srv->accept_retry_w, server_on_accept_retry);
-    ev_signal_init(&srv->sigterm_w, server_on_signal, SIGTERM);
-    ev_signal_init(&srv->sigint_w, server_on_signal, SIGINT);
-    ev_signal_init(&srv->sighup_w, server_on_sighup, SIGHUP);
-    srv->sighup_w.data = srv;
     ev_init(&srv->grace_w, server_on_grace);
     ev_timer_init(&srv->stop_w, server_on_stop_timeout, SERVER_STOP_FLUSH_S, 0.);
     ev_prepare_init(&srv->reap_w, server_on_reap);
-    srv->accept_w.data = srv->accept_retry_w.data = srv->sigterm_w.data = srv;
-    srv->sigint_w.data = srv->grace_w.data = srv->stop_w.data = srv->reap_w.data = srv;
+    srv->accept_w.data = srv->accept_retry_w.data = srv;
+    srv->grace_w.data = srv->stop_w.data = srv->reap_w.data = srv;
     return 0;
 
 fail_listen:
+    ev_signal_stop(loop, &srv->sigterm_w);
+    ev_signal_stop(loop, &srv->sigint_w);
+    ev_signal_stop(loop, &srv->sighup_w);
     tasks_fini(srv);
 fail_tasks:
     gov_fini(&srv->gov);
@@ -548,9 +581,6 @@ void server_on_backend_up(struct server *srv)
 void server_start(struct server *srv)
 {
     ev_io_start(srv->loop, &srv->accept_w);
-    ev_signal_start(srv->loop, &srv->sigterm_w);
-    ev_signal_start(srv->loop, &srv->sigint_w);
-    ev_signal_start(srv->loop, &srv->sighup_w);
     char mode[8];
     snprintf(mode, sizeof(mode), "%04o", (unsigned)srv->cfg->socket_mode);
     log_at(LOG_INFO, "listening", "socket", LOG_S, srv->socket_path, "mode", LOG_S,

@@ -16,6 +16,25 @@
  * buffer with CURL_WRITEFUNC_PAUSE: no byte reaches us without one);
  * resume is applied in the prepare pass, since unpausing can run the write
  * callback synchronously.
+ *
+ * Budgets (upstream.h). An attempt charged to a budget accounts the
+ * response bytes it holds (`charged`: a plain body so far, or a stream's
+ * partial event) and asks before taking each buffer. A budget full of
+ * partial bodies, none of which may grow, would wait for ever even once its
+ * client has read everything; so one member, the `front` (the one holding
+ * the most), keeps room to finish a maximal reply:
+ *
+ *   front:   held + received + n <= limit, or held == 0 (the client has
+ *            read everything: it may always finish)
+ *   others:  held + received + n + (max_resp - front.charged) <= limit
+ *
+ * With limit >= max_resp (the configuration guarantees it) the front of
+ * plain bodies therefore always fits once `held` drains, the limit is never
+ * exceeded for them, and when the front ends the next largest member
+ * inherits the room. A stream's event may outgrow that room; the held == 0
+ * rule keeps it moving, at the cost of at most one event over the limit.
+ * A paused member resumes when a budget change lets the buffer it was
+ * refused fit; the write callback decides again (and may pause again).
  */
 #include "upstream.h"
 
@@ -137,7 +156,15 @@ struct attempt {
     bool terminal_seen;
 
     bool cancelled;               /* owner cancelled: no hooks, free at next safe point */
-    bool want_pause, want_resume, curl_paused;
+    bool owner_paused;            /* attempt_pause() in effect */
+    bool want_resume, curl_paused;
+    double paused_at;             /* when curl_paused was set */
+
+    struct upstream_budget *budget; /* NULL: none, or left (ended, cancelled) */
+    struct attempt *bprev, *bnext;  /* budget->members */
+    size_t charged;               /* bytes counted in budget->received */
+    bool budget_blocked;          /* paused by the budget (counted in blocked) */
+    size_t blocked_n;             /* the buffer size it was refused */
     char errbuf[CURL_ERROR_SIZE];
 };
 
@@ -161,6 +188,130 @@ static void upstream_defer(struct attempt *a)
         a->up->deferred = a;
     }
     ev_prepare_start(a->up->loop, &a->up->prepare_w);
+}
+
+/* --- budgets (see the top of the file) ------------------------------ */
+
+void upstream_budget_init(struct upstream_budget *b, size_t limit)
+{
+    memset(b, 0, sizeof(*b));
+    b->limit = limit;
+}
+
+/* The member holding the most, or NULL when none holds anything (the next
+ * one to take bytes becomes the front). */
+static void budget_pick_front(struct upstream_budget *b)
+{
+    b->front = NULL;
+    b->front_stale = false;
+    for (struct attempt *m = b->members; m; m = m->bnext) {
+        if (m->charged > 0 && (!b->front || m->charged > b->front->charged))
+            b->front = m;
+    }
+}
+
+/* Whether `n` more bytes for `a` keep the budget's rule. With `claim`, an
+ * `a` that finds no front becomes it (a probe only pretends). */
+static bool budget_fits(struct attempt *a, size_t n, bool claim)
+{
+    struct upstream_budget *b = a->budget;
+    size_t used = b->held + b->received;
+
+    /* Room for any member to finish a maximal reply besides: the common
+     * case needs no front at all. */
+    if (used + n + a->max_resp <= b->limit)
+        return true;
+    if (b->front_stale)
+        budget_pick_front(b);
+    if (!b->front && claim)
+        b->front = a;
+    const struct attempt *f = b->front;
+    if (!f || f == a)
+        return used + n <= b->limit || b->held == 0;
+    size_t room = f->charged < f->max_resp ? f->max_resp - f->charged : 0;
+    return used + n + room <= b->limit;
+}
+
+/* Resumes the members paused by the budget that now fit. */
+static void budget_kick(struct upstream_budget *b)
+{
+    if (!b->blocked)
+        return;
+    for (struct attempt *m = b->members; m; m = m->bnext) {
+        if (!m->budget_blocked || !budget_fits(m, m->blocked_n, false))
+            continue;
+        m->budget_blocked = false;
+        b->blocked--;
+        if (!m->owner_paused && m->curl_paused) {
+            m->want_resume = true;
+            upstream_defer(m);
+        }
+    }
+}
+
+void upstream_budget_on_drained(struct upstream_budget *b)
+{
+    budget_kick(b);
+}
+
+static void budget_join(struct attempt *a, struct upstream_budget *b)
+{
+    a->budget = b;
+    a->bprev = NULL;
+    a->bnext = b->members;
+    if (b->members)
+        b->members->bprev = a;
+    b->members = a;
+}
+
+/* Uncharges and unlinks `a` (ended or cancelled). Idempotent. */
+static void budget_leave(struct attempt *a)
+{
+    struct upstream_budget *b = a->budget;
+
+    if (!b)
+        return;
+    b->received -= a->charged;
+    a->charged = 0;
+    if (a->bprev)
+        a->bprev->bnext = a->bnext;
+    else
+        b->members = a->bnext;
+    if (a->bnext)
+        a->bnext->bprev = a->bprev;
+    a->bprev = a->bnext = NULL;
+    if (a->budget_blocked) {
+        a->budget_blocked = false;
+        b->blocked--;
+    }
+    a->budget = NULL;
+    if (b->front == a) {
+        b->front = NULL;
+        b->front_stale = true;
+    }
+    budget_kick(b);
+}
+
+/* `a` now holds `charged` bytes. A front that shrinks (a stream's event
+ * went out) is only marked stale: finding the new one is a scan, done when
+ * a tight budget needs it. */
+static void budget_charge(struct attempt *a, size_t charged)
+{
+    struct upstream_budget *b = a->budget;
+    size_t old = a->charged;
+
+    if (!b)
+        return;
+    b->received = b->received - old + charged;
+    a->charged = charged;
+    if (charged >= old) {
+        if (!b->front_stale && charged > 0 && (!b->front || charged > b->front->charged))
+            b->front = a;
+        return;
+    }
+    if (b->front == a)
+        b->front_stale = true;
+    budget_kick(b);
 }
 
 /* --- DNS bookkeeping ------------------------------------------------- */
@@ -324,7 +475,7 @@ static double attempt_next_deadline(const struct attempt *a)
         break;
     case ATTEMPT_RECEIVING:
         if (a->stream) {
-            if (a->sent_at + a->ttft_s < d)
+            if (!a->curl_paused && a->sent_at + a->ttft_s < d)
                 d = a->sent_at + a->ttft_s;
         } else if (!a->curl_paused && a->last_activity + a->idle_s < d) {
             d = a->last_activity + a->idle_s;
@@ -378,6 +529,7 @@ static void attempt_free(struct attempt *a)
             }
         }
     }
+    budget_leave(a);
     ev_timer_stop(up->loop, &a->deadline_w);
     if (a->easy) {
         curl_multi_remove_handle(up->multi, a->easy);
@@ -405,6 +557,7 @@ static void attempt_detach(struct attempt *a)
 
     dns_lookup_end(a, true);
     dns_unwait(a);
+    budget_leave(a);
     ev_timer_stop(up->loop, &a->deadline_w);
     if (a->easy) {
         /* CURLOPT_QUICK_EXIT: a resolver thread still in getaddrinfo is
@@ -512,8 +665,18 @@ static void attempt_on_deadline(struct ev_loop *loop, ev_timer *w, int revents)
             break;
         }
     }
-    a->up->stats.timeouts[a->phase]++;
-    result_transient(&r, reason, detail);
+    if (a->curl_paused) {
+        /* Only timeout_s or the call's deadline run while paused (see
+         * attempt_pause): the client, not the source, held it up. */
+        char why[sizeof(r.detail)];
+        snprintf(why, sizeof(why), "%.80s, paused for %.1fs: the client is not reading its replies",
+                 detail, now - a->paused_at);
+        result_transient(&r, REASON_CANCELLED, why);
+        outcome_from_reason(&r.outcome, REASON_CANCELLED);
+    } else {
+        a->up->stats.timeouts[a->phase]++;
+        result_transient(&r, reason, detail);
+    }
     r.deadline_exceeded = a->deadline_at > 0 && now + UPSTREAM_EPS >= a->deadline_at;
     r.http_status = a->status;
     r.outcome.http_status = a->status;
@@ -672,34 +835,55 @@ static bool resp_append(struct attempt *a, const char *p, size_t n)
     return true;
 }
 
+/* Refuses this buffer: curl keeps it and hands it back on resume. */
+static size_t attempt_refuse(struct attempt *a, bool by_budget, size_t n)
+{
+    a->curl_paused = true;
+    a->paused_at = ev_now(a->up->loop);
+    if (by_budget) {
+        a->budget_blocked = true;
+        a->blocked_n = n;
+        a->budget->blocked++;
+    }
+    attempt_arm(a);
+    return CURL_WRITEFUNC_PAUSE;
+}
+
 static size_t attempt_on_write(char *p, size_t size, size_t nmemb, void *ud)
 {
     struct attempt *a = ud;
     size_t n = size * nmemb;
+    bool sse = a->stream && a->is_sse && a->status >= 200 && a->status < 300;
 
     if (a->cancelled)
         return CURL_WRITEFUNC_ERROR;
-    if (a->want_pause && !a->curl_paused) {
-        /* A pause asked for by an earlier event of this same read pass:
-         * refuse this buffer now (curl keeps it and hands it back on
-         * resume) instead of relaying up to a whole read pass more to a
-         * client that is not reading. */
-        a->want_pause = false;
-        a->curl_paused = true;
-        attempt_arm(a);
-        return CURL_WRITEFUNC_PAUSE;
+    /* A pause asked for by an earlier event of this same read pass applies
+     * to this buffer already, instead of relaying up to a whole read pass
+     * more to a client that is not reading. */
+    if (a->owner_paused)
+        return attempt_refuse(a, false, n);
+    if (!sse && a->resp_len + n > a->max_resp) {
+        /* Before the budget: a body that can never fit must fail, not wait. */
+        a->resp_too_large = true;
+        return CURL_WRITEFUNC_ERROR;
     }
+    if (a->budget && n > 0 && !budget_fits(a, n, true))
+        return attempt_refuse(a, true, n);
     attempt_on_activity(a);
-    if (a->stream && a->is_sse && a->status >= 200 && a->status < 300) {
+    if (sse) {
         if (!a->sse_ready) {
             sse_parser_init(&a->sse, a->max_resp);
             a->sse_ready = true;
         }
         if (sse_parser_feed(&a->sse, p, n, attempt_on_sse_event, a) != 0 || a->cancelled)
             return CURL_WRITEFUNC_ERROR;
+        budget_charge(a, sse_parser_buffered(&a->sse));
         return n;
     }
-    return resp_append(a, p, n) ? n : CURL_WRITEFUNC_ERROR;
+    if (!resp_append(a, p, n))
+        return CURL_WRITEFUNC_ERROR;
+    budget_charge(a, a->resp_len);
+    return n;
 }
 
 /* --- multi glue ------------------------------------------------------ */
@@ -914,10 +1098,15 @@ static void upstream_on_prepare(struct ev_loop *loop, ev_prepare *w, int revents
             attempt_free(a);
             continue;
         }
-        if (a->want_resume && a->curl_paused && a->easy) {
+        if (a->want_resume && a->curl_paused && a->easy && !a->owner_paused &&
+            !a->budget_blocked) {
+            double now = ev_now(loop);
             a->want_resume = false;
             a->curl_paused = false;
-            a->last_activity = ev_now(loop);
+            /* The first-event clock of a stream stood still while paused. */
+            if (a->phase == ATTEMPT_RECEIVING && a->stream)
+                a->sent_at += now - a->paused_at;
+            a->last_activity = now;
             attempt_arm(a);
             up->in_curl++;
             curl_easy_pause(a->easy, CURLPAUSE_CONT);
@@ -1135,6 +1324,8 @@ struct attempt *attempt_start(struct upstream *up, struct attempt_spec *spec,
     a->total_s = spec->timeout_s;
     a->deadline_at = spec->deadline_at;
     a->max_resp = spec->max_response_bytes;
+    if (spec->budget)
+        budget_join(a, spec->budget);
     ev_init(&a->deadline_w, attempt_on_deadline);
     a->deadline_w.data = a;
     a->next = up->active;
@@ -1168,8 +1359,10 @@ void attempt_cancel(struct attempt *a)
         return;
     a->cancelled = true;
     up->stats.attempts_cancelled++;
-    /* From here on no hook may run: the owner may free its state at once. */
+    /* From here on no hook may run: the owner may free its state at once,
+     * its budget included. */
     ev_timer_stop(up->loop, &a->deadline_w);
+    budget_leave(a);
     if (up->in_curl > 0) {
         upstream_defer(a);
         return;
@@ -1181,15 +1374,14 @@ void attempt_cancel(struct attempt *a)
 void attempt_pause(struct attempt *a)
 {
     /* Applied by the next write callback (see attempt_on_write). */
+    a->owner_paused = true;
     a->want_resume = false;
-    if (!a->curl_paused)
-        a->want_pause = true;
 }
 
 void attempt_resume(struct attempt *a)
 {
-    a->want_pause = false;
-    if (a->curl_paused) {
+    a->owner_paused = false;
+    if (a->curl_paused && !a->budget_blocked) {
         a->want_resume = true;
         upstream_defer(a);
     }

@@ -52,6 +52,29 @@
 struct upstream;
 struct attempt;
 
+/* A byte budget shared by the attempts answering one client (its
+ * connection): `held` is what the owner keeps for that client (replies
+ * queued and not read yet), `received` what its attempts have buffered of
+ * responses still arriving (a plain body, a stream's partial event). An
+ * attempt whose next buffer would take held + received past `limit` is
+ * paused — curl stops reading its socket and TCP pushes back on the
+ * upstream — until the total falls again. Which attempt may go on first
+ * (so that a full budget never deadlocks) is described in upstream.c.
+ *
+ * Embedded in its owner and set up with upstream_budget_init(); the owner
+ * writes `held` and calls upstream_budget_on_drained() after lowering it.
+ * Every attempt charged to a budget must have ended or been cancelled
+ * before the budget goes away (cancelling uncharges at once). */
+struct upstream_budget {
+    size_t limit;                  /* set by the owner */
+    size_t held;                   /* set by the owner */
+    size_t received;               /* read-only: bytes charged by attempts */
+    struct attempt *members;       /* private: attempts charged to it */
+    struct attempt *front;         /* private: the member with the most bytes */
+    bool front_stale;              /* private: `front` must be looked for again */
+    uint32_t blocked;              /* private: members paused by the budget */
+};
+
 struct upstream_stats {
     uint64_t attempts_started, attempts_done, attempts_cancelled;
     uint64_t attempts_active;
@@ -80,6 +103,7 @@ struct attempt_spec {
     double connect_timeout_s, ttft_timeout_s, idle_timeout_s, timeout_s;
     double deadline_at;            /* absolute ev_now() time bounding the call; 0 = none */
     size_t max_response_bytes;     /* larger plain bodies / events fail the attempt */
+    struct upstream_budget *budget; /* borrowed, may be NULL: the client's byte budget */
 };
 
 struct attempt_result {
@@ -127,10 +151,24 @@ struct attempt *attempt_start(struct upstream *up, struct attempt_spec *spec,
 void attempt_cancel(struct attempt *a);
 
 /* Flow control for streams whose client is slow: once paused (at the next
- * buffer curl delivers), no more bytes are read from the upstream and the
- * idle deadline does not run; a silent upstream still times out. */
+ * buffer curl delivers), no more bytes are read from the upstream. A budget
+ * pauses attempts the same way by itself.
+ *
+ * While an attempt is paused for its client (by either), the idle and
+ * first-event deadlines do not run — the upstream is not silent, we are not
+ * reading it — but timeout_s and the call's deadline do: nothing waits for
+ * a client for ever. An attempt that reaches one of those while paused ends
+ * with REASON_CANCELLED (detail: the client did not read its replies), not
+ * a timeout: it is no verdict on the source (no breaker failure, no retry).
+ * Both are safe from any callback; resuming happens before the loop sleeps. */
 void attempt_pause(struct attempt *a);
 void attempt_resume(struct attempt *a);
+
+/* Sets up an empty budget of `limit` bytes. */
+void upstream_budget_init(struct upstream_budget *b, size_t limit);
+/* The owner lowered `held`: resumes the paused members that now fit. Cheap
+ * when none is paused; safe from any callback. */
+void upstream_budget_on_drained(struct upstream_budget *b);
 
 const char *attempt_phase_name(enum attempt_phase p);
 

@@ -5,6 +5,9 @@
 #include <string.h>
 
 #define SSE_BUF_MIN 128
+/* An empty buffer larger than this is freed rather than kept: one large
+ * event must not cost its size for the rest of a long stream. */
+#define SSE_BUF_KEEP (64 * 1024)
 
 static const unsigned char sse_bom[3] = {0xEF, 0xBB, 0xBF};
 
@@ -64,6 +67,17 @@ static int buf_append(struct sse_buf *b, const char *s, size_t n)
     return 0;
 }
 
+/* Empties the buffer, giving its memory back when it grew large. */
+static void buf_clear(struct sse_buf *b)
+{
+    b->len = 0;
+    if (b->cap > SSE_BUF_KEEP) {
+        free(b->p);
+        b->p = NULL;
+        b->cap = 0;
+    }
+}
+
 static int buf_set(struct sse_buf *b, const char *s, size_t n)
 {
     b->len = 0;
@@ -89,7 +103,7 @@ static int dispatch(struct sse_parser *p, sse_event_fn *cb, void *ud)
 
     p->block_open = false;
     if (p->data.len == 0) {
-        p->event.len = 0;
+        buf_clear(&p->event);
         return 0;
     }
     p->data.len--;                   /* the '\n' after the last data line */
@@ -108,8 +122,8 @@ static int dispatch(struct sse_parser *p, sse_event_fn *cb, void *ud)
     ev.retry_ms = p->retry_ms;
     if (cb != NULL)
         rc = cb(&ev, ud);
-    p->data.len = 0;
-    p->event.len = 0;
+    buf_clear(&p->data);
+    buf_clear(&p->event);
     return rc;
 }
 
@@ -225,7 +239,7 @@ static int scan(struct sse_parser *p, const char *s, size_t n, sse_event_fn *cb,
             }
         }
         rc = process_line(p, line, llen, cb, ud);
-        p->line.len = 0;
+        buf_clear(&p->line);
         if (rc != 0)
             return rc;
     }
@@ -279,6 +293,11 @@ bool sse_parser_is_idle(const struct sse_parser *p)
     if (!p->bom_done && p->bom_matched > 0)
         return false;
     return p->line.len == 0 && !p->block_open;
+}
+
+size_t sse_parser_buffered(const struct sse_parser *p)
+{
+    return p->line.len + p->data.len + p->event.len;
 }
 
 bool sse_data_is_done(const struct sse_event *ev)

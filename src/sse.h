@@ -121,6 +121,10 @@ int sse_parser_feed(struct sse_parser *p, const char *data, size_t len, sse_even
  * Comment lines alone do not make the parser busy. */
 bool sse_parser_is_idle(const struct sse_parser *p);
 
+/* Bytes of the pending event held: its unterminated line, data and event
+ * name (the persistent last event ID is not counted). */
+size_t sse_parser_buffered(const struct sse_parser *p);
+
 /* True when the event's data is the OpenAI-style terminal marker "[DONE]"
  * (surrounding ASCII spaces/tabs tolerated). */
 bool sse_data_is_done(const struct sse_event *ev);

@@ -166,6 +166,9 @@ int behave_parse(struct behave *b, json_t *obj, char *err, size_t errlen)
                 return fail(b, err, errlen, key, "must be a string");
             b->content = json_string_value(v);
             b->content_len = json_string_length(v);
+        } else if (!strcmp(key, "content_repeat")) {
+            if (get_int(v, 1LL << 30, &b->content_repeat))
+                return fail(b, err, errlen, key, "must be an integer in [0, 1073741824]");
         } else if (!strcmp(key, "error_message")) {
             if (!json_is_string(v))
                 return fail(b, err, errlen, key, "must be a string");

@@ -159,6 +159,7 @@ void conn_free(struct conn *c)
     buf_fini(&c->in);
     buf_fini(&c->cbody);
     buf_fini(&c->out);
+    buf_fini(&c->repeated);
     free(c);
 }
 

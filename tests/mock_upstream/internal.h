@@ -108,6 +108,7 @@ struct behave {
     const char *content_type;
     const char *content;         /* reply text override */
     size_t content_len;
+    long long content_repeat;    /* chat: repeat the text to this many bytes, 0 = off */
     const char *error_message, *error_type;
     json_t *usage;               /* object or NULL */
     json_t *headers;             /* object of string values or NULL */
@@ -192,6 +193,7 @@ struct conn {
     json_t *beh_json;            /* owns b's strings */
     json_t *req_json;            /* parsed request body (strings used by stream) */
     struct reply_stream st;
+    struct buf repeated;         /* chat text made by content_repeat (st.text may point here) */
 
     unsigned long long req_id;   /* X-Mock-Request, completion ids */
     bool linger;                 /* close via CONN_LINGER (input left unread) */

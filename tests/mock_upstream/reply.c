@@ -367,6 +367,19 @@ static void reply_chat(struct conn *c, json_t *req, int status)
         text = echo;
         tlen = echo_len;
     }
+    if (c->b.content_repeat > 0 && tlen > 0) {
+        /* Large replies from a small request: the text again and again,
+         * cut at exactly content_repeat bytes. */
+        struct buf *r = &c->repeated;
+        size_t want = (size_t)c->b.content_repeat;
+        r->len = 0;
+        buf_reserve(r, want);
+        while (r->len + tlen <= want)
+            buf_add(r, text, tlen);
+        buf_add(r, text, want - r->len);
+        text = r->p;
+        tlen = r->len;
+    }
     long long pt = tokens_of(prompt_bytes), ct = tokens_of(tlen), tt;
     apply_usage(&c->b, &pt, &ct, &tt);
     long long created = (long long)time(NULL);

@@ -866,6 +866,37 @@ START_TEST(test_config__write_queue_below_message)
 }
 END_TEST
 
+START_TEST(test_config__connection_bounds)
+{
+    /* Defaults: a cap on partial input of four maximal messages; no idle
+     * timeout (long-lived clients keep one connection between calls). */
+    struct config *cfg = expect_ok(SRC0);
+    ck_assert_uint_eq(cfg->max_buffered_input_bytes, 4 * 16777216);
+    ck_assert_double_eq(cfg->idle_timeout_s, 0);
+    config_free(cfg);
+    cfg = expect_ok("listen: { max_message_bytes: 4096 }\n" SRC0);
+    ck_assert_uint_eq(cfg->max_buffered_input_bytes, 16384);
+    config_free(cfg);
+    cfg = expect_ok("listen:\n  max_message_bytes: 4096\n  max_buffered_input_bytes: 4096\n"
+                    "  idle_timeout_s: 2.5\n" SRC0);
+    ck_assert_uint_eq(cfg->max_buffered_input_bytes, 4096);
+    ck_assert_double_eq(cfg->idle_timeout_s, 2.5);
+    config_free(cfg);
+
+    expect_reject("listen:\n  max_message_bytes: 4096\n  max_buffered_input_bytes: 4095\n", 3,
+                  "listen.max_buffered_input_bytes",
+                  "must be >= listen.max_message_bytes (4096), got 4095");
+    expect_reject("listen: { max_buffered_input_bytes: 1.5 }\n", 1,
+                  "listen.max_buffered_input_bytes", "integer");
+    expect_reject("listen: { idle_timeout_s: -1 }\n", 1, "listen.idle_timeout_s",
+                  "must be >= 0, got -1");
+    expect_reject("listen: { idle_timeout_s: 31536001 }\n", 1, "listen.idle_timeout_s",
+                  "must be <= 31536000");
+    expect_reject("listen: { idle_timeout_s: \"30\" }\n", 1, "listen.idle_timeout_s",
+                  "expected a number");
+}
+END_TEST
+
 START_TEST(test_config__mode_invalid_octal)
 {
     expect_reject("listen: { mode: \"0689\" }\n", 1, "listen.mode",
@@ -1601,6 +1632,7 @@ Suite *config_suite(void)
     tcase_add_test(tc, test_config__concurrency_zero);
     tcase_add_test(tc, test_config__max_message_bytes_range);
     tcase_add_test(tc, test_config__write_queue_below_message);
+    tcase_add_test(tc, test_config__connection_bounds);
     tcase_add_test(tc, test_config__mode_invalid_octal);
     tcase_add_test(tc, test_config__mode_too_large);
     tcase_add_test(tc, test_config__mode_other_writable);

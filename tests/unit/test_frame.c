@@ -702,6 +702,48 @@ START_TEST(test_frame__pending_and_empty_feed)
 }
 END_TEST
 
+START_TEST(test_frame__trim_gives_back_a_grown_buffer)
+{
+    struct frame_reader r;
+    msgpack_unpacked u;
+    struct buf b;
+    static char big[600000];
+
+    memset(big, 'x', sizeof(big));
+    buf_init(&b);
+    msgpack_pack_array(&b.pk, 1);
+    msgpack_pack_str(&b.pk, sizeof(big));
+    msgpack_pack_str_body(&b.pk, big, sizeof(big));
+    ck_assert_int_eq(frame_reader_init(&r, MIB, 0), 0);
+    msgpack_unpacked_init(&u);
+    ck_assert_int_eq(frame_reader_feed(&r, b.sb.data, b.sb.size - 1), 0);
+    /* Something is pending: nothing to give back. */
+    ck_assert_int_eq(frame_reader_trim(&r, 65536), 0);
+    ck_assert_uint_eq(frame_reader_pending(&r), b.sb.size - 1);
+    ck_assert_int_eq(frame_reader_feed(&r, b.sb.data + b.sb.size - 1, 1), 0);
+    ck_assert_int_eq(next(&r, &u, NULL), 1);
+    ck_assert_uint_ge(msgpack_unpacker_buffer_capacity(&r.up) + r.up.used, sizeof(big));
+    ck_assert_int_eq(frame_reader_trim(&r, 65536), 0);
+    ck_assert_uint_le(r.up.used + r.up.free, 65536);
+    /* The frame taken before the trim is still readable, and the reader
+     * goes on with the next frames. */
+    ck_assert_uint_eq(u.data.via.array.ptr[0].via.str.size, sizeof(big));
+    ck_assert_int_eq(memcmp(u.data.via.array.ptr[0].via.str.ptr, big, sizeof(big)), 0);
+    ck_assert_int_eq(frame_reader_feed(&r, b.sb.data, b.sb.size), 0);
+    ck_assert_int_eq(next(&r, &u, NULL), 1);
+    ck_assert_int_eq(frame_reader_feed(&r, "\x94\x00\x01\xa4ping\x90", 9), 0);
+    ck_assert_int_eq(next(&r, &u, NULL), 1);
+    ck_assert_uint_eq(u.data.via.array.size, 4);
+    /* A small buffer is kept. */
+    size_t cap = r.up.used + r.up.free;
+    ck_assert_int_eq(frame_reader_trim(&r, 4 * MIB), 0);
+    ck_assert_uint_eq(r.up.used + r.up.free, cap);
+    msgpack_unpacked_destroy(&u);
+    frame_reader_fini(&r);
+    buf_fini(&b);
+}
+END_TEST
+
 START_TEST(test_frame__strerror)
 {
     const int codes[] = {FRAME_EMALFORMED, FRAME_ETOO_LARGE, FRAME_ETOO_DEEP, FRAME_ENOMEM};
@@ -832,6 +874,7 @@ Suite *frame_suite(void)
     tcase_add_test(tc, test_frame__buffer_growth_1mib);
     tcase_add_test(tc, test_frame__value_count_capped);
     tcase_add_test(tc, test_frame__pending_and_empty_feed);
+    tcase_add_test(tc, test_frame__trim_gives_back_a_grown_buffer);
     tcase_add_test(tc, test_frame__strerror);
     tcase_add_test(tc, test_frame__agrees_with_msgpack_c);
     suite_add_tcase(s, tc);

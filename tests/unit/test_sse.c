@@ -596,6 +596,48 @@ START_TEST(test_sse__null_callback)
 }
 END_TEST
 
+static int count_cb(const struct sse_event *ev, void *ud)
+{
+    (void)ev;
+    ++*(size_t *)ud;
+    return 0;
+}
+
+START_TEST(test_sse__buffered_counts_the_pending_event)
+{
+    struct sse_parser p;
+
+    ck_assert_int_eq(sse_parser_init(&p, 1024), 0);
+    ck_assert_uint_eq(sse_parser_buffered(&p), 0);
+    ck_assert_int_eq(sse_parser_feed(&p, "id: 7\nevent: e\ndata: abc", 24, NULL, NULL), 0);
+    /* event name "e", the unterminated line "data: abc"; the id is not counted */
+    ck_assert_uint_eq(sse_parser_buffered(&p), 1 + 9);
+    ck_assert_int_eq(sse_parser_feed(&p, "\ndata: de\n", 10, NULL, NULL), 0);
+    ck_assert_uint_eq(sse_parser_buffered(&p), 1 + 4 + 3);   /* "abc\n" "de\n" */
+    ck_assert_int_eq(sse_parser_feed(&p, "\n", 1, NULL, NULL), 0);
+    ck_assert_uint_eq(sse_parser_buffered(&p), 0);
+    sse_parser_fini(&p);
+
+    /* One large event, split across feeds: once dispatched, its buffers
+     * are given back (a long stream does not keep its largest event). */
+    static char big[200000];
+    size_t got = 0;
+    memset(big, 'x', sizeof(big));
+    memcpy(big, "data: ", 6);
+    ck_assert_int_eq(sse_parser_init(&p, sizeof(big)), 0);
+    for (size_t off = 0; off < sizeof(big); off += 16384) {
+        size_t n = sizeof(big) - off < 16384 ? sizeof(big) - off : 16384;
+        ck_assert_int_eq(sse_parser_feed(&p, big + off, n, NULL, NULL), 0);
+    }
+    ck_assert_uint_eq(sse_parser_buffered(&p), sizeof(big));
+    ck_assert_int_eq(sse_parser_feed(&p, "\n\n", 2, count_cb, &got), 0);
+    ck_assert_uint_eq(got, 1);
+    ck_assert_uint_eq(sse_parser_buffered(&p), 0);
+    ck_assert_uint_eq(p.line.cap + p.data.cap, 0);
+    sse_parser_fini(&p);
+}
+END_TEST
+
 START_TEST(test_sse__init_rejects_zero)
 {
     struct sse_parser p;
@@ -705,6 +747,7 @@ Suite *sse_suite(void)
     tcase_add_test(tc, test_sse__too_large_is_sticky);
     tcase_add_test(tc, test_sse__callback_abort);
     tcase_add_test(tc, test_sse__null_callback);
+    tcase_add_test(tc, test_sse__buffered_counts_the_pending_event);
     tcase_add_test(tc, test_sse__init_rejects_zero);
     tcase_add_test(tc, test_sse__random_chunks_long_stream);
     suite_add_tcase(s, tc);
