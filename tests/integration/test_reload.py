@@ -367,3 +367,41 @@ def test_reload__key_file_gone_keeps_the_running_key(make_sidecar, up, workdir):
         f.write("sk-back-4444")
     wait_key(sc, c, up, "sk-back-4444")
     c.close()
+
+
+def test_reload__redis_backend_reloads_keys_and_refuses_fleet_changes(make_sidecar, up, workdir):
+    """With Redis the fleet's scripts hold the limits: a reload may rotate a
+    key or re-weight a source, not add one or change its rpm."""
+    from redis_fixture import FleetRedis, fleet_config, source, unique_prefix, wait_backend
+    r = FleetRedis().start()
+    try:
+        prefix = unique_prefix()
+        kf = key_file(workdir, "sk-redis-1")
+
+        def cfg(*extra, **kw):
+            return fleet_config(r.url(), prefix,
+                                [source("s1", "chat", up.url, api_key_file=kf, **kw)] + list(extra))
+        sc = make_sidecar(config_text=cfg())
+        wait_backend(sc)
+        c = sc.connect()
+        assert call(c, "chat", chat("a"))[0] is None
+        assert up.last()["authorization"] == "Bearer sk-redis-1"
+        with open(kf, "w") as f:
+            f.write("sk-redis-2")
+        wait_key(sc, c, up, "sk-redis-2")
+        with open(sc.config, "w") as f:
+            f.write(cfg(weight=3))
+        err, res = c.request("config.reload")
+        assert err is None and res["sources"] == 1, err
+        for text, what in [(cfg(source("s2", "chat", up.url)), "sources (added or removed"),
+                           (cfg(limits={"rpm": 5}), "s1 max_concurrency/limits/breaker")]:
+            with open(sc.config, "w") as f:
+                f.write(text)
+            err, _ = c.request("config.reload")
+            assert err["code"] == "bad_request" and what in err["message"], err
+            assert "need a restart" in err["message"]
+        assert [s["name"] for s in stats(sc)["sources"]] == ["s1"]
+        assert call(c, "chat", chat("b"))[0] is None
+        c.close()
+    finally:
+        r.stop()
