@@ -783,18 +783,12 @@ static int cmd_flat(const struct ctl *o, struct pgw_client *c, const char *metho
     int rc = pgw_request(c, method, params, plen, o->timeout_s, &res, &err);
 
     if (rc < 0) {
-        const msgpack_object *m = res ? pgw_result_object(res) : NULL;
-        for (uint32_t i = 0; !o->json && m && m->type == MSGPACK_OBJECT_MAP && i < m->via.map.size;
-             i++) {
-            const msgpack_object *k = &m->via.map.ptr[i].key, *v = &m->via.map.ptr[i].val;
-            if (k->type != MSGPACK_OBJECT_STR || k->via.str.size != 6 ||
-                memcmp(k->via.str.ptr, "errors", 6) != 0 || v->type != MSGPACK_OBJECT_ARRAY)
-                continue;
-            for (uint32_t j = 0; j < v->via.array.size; j++)
-                if (v->via.array.ptr[j].type == MSGPACK_OBJECT_STR)
-                    fprintf(stderr, "%.*s\n", (int)v->via.array.ptr[j].via.str.size,
-                            v->via.array.ptr[j].via.str.ptr);
-        }
+        const msgpack_object *v = res ? pgw_object_get(pgw_result_object(res), "errors") : NULL;
+        for (uint32_t j = 0; !o->json && v && v->type == MSGPACK_OBJECT_ARRAY &&
+                             j < v->via.array.size; j++)
+            if (v->via.array.ptr[j].type == MSGPACK_OBJECT_STR)
+                fprintf(stderr, "%.*s\n", (int)v->via.array.ptr[j].via.str.size,
+                        v->via.array.ptr[j].via.str.ptr);
         return request_failed(o, rc, &err, res);
     }
     if (o->json)

@@ -185,6 +185,7 @@ def test_reload__invalid_file_changes_nothing_and_is_reported(make_sidecar, up):
     r = subprocess.run([POLYGWCTL, "--socket", sc.sock, "reload"], capture_output=True, text=True,
                        timeout=10)
     assert r.returncode == 1 and "invalid configuration" in r.stderr, r
+    assert all(e + "\n" in r.stderr for e in err["errors"]), r.stderr   # each on its own line
     assert stats(sc)["reload"]["failed"] == 3
     # Fixed: the method reloads, and polygwctl says so.
     with open(sc.config, "w") as f:
