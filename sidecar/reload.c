@@ -1,7 +1,6 @@
 /* reload.c — see reload.h. */
 #include "reload.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -191,8 +190,9 @@ static struct redact *make_redact(const struct config_source *slots, size_t n, c
     return r;
 }
 
-/* Loads and checks the new file; on success *out is the new configuration
- * (sources not yet rearranged). */
+/* Loads the file and checks what a reload cannot change. Returns the new
+ * configuration (owned; its sources not yet arranged into slots), or NULL
+ * with err. */
 static struct config *load_new(struct reload_ctx *x, char *err, size_t errlen)
 {
     struct server *srv = x->srv;
@@ -282,7 +282,6 @@ static int reload_apply(struct reload_ctx *x, struct reload_summary *sum, char *
     for (size_t j = 0; j < n->n_sources; j++) {
         from[j] = find_source(o, &n->sources[j]);
         sum->added += from[j] < 0;
-        sum->kept += from[j] >= 0;
     }
     size_t s = n->n_sources;
     for (size_t i = 0; i < o->n_sources; i++) {

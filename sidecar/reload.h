@@ -38,7 +38,8 @@
 
 /* What a successful reload did, for the method's answer and the log. */
 struct reload_summary {
-    size_t sources, added, removed, retired, kept;
+    size_t sources, added, removed; /* in the new file; added and removed by name */
+    size_t retired;                 /* removed but still in use (reload.h rule 3) */
 };
 
 /* Reloads srv->config_path (see above). `trigger` (borrowed) names the
