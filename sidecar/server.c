@@ -566,7 +566,8 @@ void server_notify_ready(struct server *srv)
 {
     char status[160];
 
-    if (srv->state != SERVER_RUNNING || srv->listen_fd < 0 || !ev_is_active(&srv->accept_w))
+    if (srv->state != SERVER_RUNNING || srv->listen_fd < 0 || !ev_is_active(&srv->accept_w) ||
+        (srv->shared && !shared_is_up(srv->shared)))
         return;
     snprintf(status, sizeof(status), "serving %zu sources (%s backend)", srv->cfg->n_sources,
              srv->shared ? "redis" : "memory");
@@ -590,8 +591,7 @@ void server_start(struct server *srv)
     sdnotify_start(&srv->notify);
     srv->keywatch = keywatch_new(srv);
     /* The Redis link connects from the loop: server_on_backend_up says when. */
-    if (!srv->shared)
-        server_notify_ready(srv);
+    server_notify_ready(srv);
 }
 
 void server_fini(struct server *srv)

@@ -635,6 +635,11 @@ bool shared_closing(const struct shared *sh)
     return sh->closing;
 }
 
+bool shared_is_up(const struct shared *sh)
+{
+    return sh->rds && rds_up(sh->rds);
+}
+
 static void on_up(struct rds *r, void *ud)
 {
     struct shared *sh = ud;

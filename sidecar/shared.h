@@ -88,6 +88,8 @@ void shared_request_resync(struct shared *sh);
 void shared_retry_later(struct shared *sh, bool resync);
 /* shared_fini has begun: start no new Redis work. */
 bool shared_closing(const struct shared *sh);
+/* Connected to Redis (what READY=1 waits for). */
+bool shared_is_up(const struct shared *sh);
 
 /* The `backend` map of `stats`. */
 void shared_pack_stats(struct shared *sh, msgpack_packer *pk);

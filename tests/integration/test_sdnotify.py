@@ -188,6 +188,10 @@ def test_sdnotify__ready_waits_for_redis(workdir, manager, notified, up):
         sc = notified(config_text=cfg)
         sc.wait_accepts()
         assert manager.wait_for("READY", 1.0) is None, "READY=1 before Redis was up"
+        # A reload meanwhile does not make it ready either.
+        sc.proc.send_signal(signal.SIGHUP)
+        assert manager.wait_for("RELOADING", 5.0) is not None, manager.got
+        assert manager.wait_for("READY", 0.5) is None, "READY=1 after a reload, Redis down"
         t_up = time.monotonic()
         r.restart()
         m = manager.wait_for("READY", 10.0)
