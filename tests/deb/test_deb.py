@@ -231,6 +231,10 @@ def test_deb__installed_daemon_serves_a_call_with_the_packaged_config():
         assert mock.stats()["requests"] == 1
         if CLIENT:
             assert run(CLIENT, sc.path).stdout.strip() == "version=0.1.0"
+        # The packaged (release) build has no test hooks.
+        r = run("/usr/bin/polygwctl", "--socket", sc.path, "raw", "debug.wedge", '{"seconds":0}',
+                check=False)
+        assert r.returncode == 1 and "unknown_method" in r.stderr, (r.stdout, r.stderr)
         # The access log reached the service's stderr (the journal, under systemd).
         log = open(sc.log_path).read()
         assert '"msg":"call"' in log and '"code":"ok"' in log, log
