@@ -1,20 +1,35 @@
 #!/bin/sh
-# client/run-tests.sh BUILD_DIR
+# client/run-tests.sh BUILD_DIR [all|clients|graphs]
 #
 # Runs the Python and Node client tests against the real sidecar and mock
 # upstream in BUILD_DIR (e.g. build/asan): the Python tests with Debian's
 # /usr/bin/python3 (python3-msgpack, python3-pytest), then `npm ci` from the
 # committed lockfile (skipped when node_modules already matches it, so an
-# offline machine that installed once keeps working) and `node --test`.
+# offline machine that installed once keeps working) and `node --test`, then
+# the agent-graph example (docs/examples/agent-graph/run.sh).
+#
+# The second argument selects: `all` (the default) every test; `clients`
+# all but the agent-graph ones; `graphs` only those (polygw.graph's and
+# polygw/langgraph's tests, and the example) -- tests/run-suites.sh runs
+# the last two as stages of their own.
 # Prints each runner's summary and a combined last line; exits non-zero on
 # any failure.
 set -u
 
-if [ $# -ne 1 ] || [ ! -d "$1" ]; then
-    echo "usage: $0 BUILD_DIR   (a directory holding polygw and mock_upstream)" >&2
+SELECT=${2:-all}
+if [ $# -lt 1 ] || [ $# -gt 2 ] || [ ! -d "$1" ] ||
+    { [ "$SELECT" != all ] && [ "$SELECT" != clients ] && [ "$SELECT" != graphs ]; }; then
+    echo "usage: $0 BUILD_DIR [all|clients|graphs]   (BUILD_DIR holds polygw and mock_upstream)" >&2
     exit 2
 fi
 BUILD=$(cd "$1" && pwd)
+GRAPH_PY=tests/test_graph.py
+GRAPH_JS=test/langgraph.test.js
+case $SELECT in
+all) PY_TESTS="tests" ;;
+clients) PY_TESTS="tests --ignore=$GRAPH_PY" ;;
+graphs) PY_TESTS="$GRAPH_PY" ;;
+esac
 HERE=$(cd "$(dirname "$0")" && pwd)
 for bin in polygw mock_upstream; do
     if [ ! -x "$BUILD/$bin" ]; then
@@ -43,7 +58,8 @@ run() {
 }
 
 echo "== client/python: /usr/bin/python3 -m pytest"
-(cd "$HERE/python" && run python /usr/bin/python3 -m pytest -q -p no:cacheprovider -rs tests)
+# shellcheck disable=SC2086
+(cd "$HERE/python" && run python /usr/bin/python3 -m pytest -q -p no:cacheprovider -rs $PY_TESTS)
 [ "$(cat "$TMP/python.rc" 2>/dev/null || echo 1)" -eq 0 ] || status=1
 
 echo "== client/node: npm ci"
@@ -71,7 +87,31 @@ elif ! npm ci --no-audit --no-fund --prefer-offline; then
 fi
 
 echo "== client/node: node --test"
-run node node --test --test-reporter=spec test/*.test.js
+NODE_TESTS=""
+for f in test/*.test.js; do
+    case $SELECT in
+    clients) [ "$f" = "$GRAPH_JS" ] || NODE_TESTS="$NODE_TESTS $f" ;;
+    graphs) [ "$f" != "$GRAPH_JS" ] || NODE_TESTS="$NODE_TESTS $f" ;;
+    *) NODE_TESTS="$NODE_TESTS $f" ;;
+    esac
+done
+# shellcheck disable=SC2086
+run node node --test --test-reporter=spec $NODE_TESTS
+
+# The agent-graph example (docs/AGENT-GRAPHS.md) end to end: it must stop,
+# resume and finish.
+example=skipped
+if [ "$SELECT" != clients ]; then
+    echo "== docs/examples/agent-graph: run.sh"
+    example=failed
+    if run example env BUILD="$BUILD" sh "$HERE/../docs/examples/agent-graph/run.sh" &&
+        grep -q "GraphStoppedError kind=stopped node=build_skeleton" "$TMP/example.log" &&
+        grep -q "task essay-1#2: succeeded" "$TMP/example.log"; then
+        example=ok
+    else
+        status=1
+    fi
+fi
 
 # Summary: each runner's own closing lines, then one combined line.
 echo "== client tests summary"
@@ -89,7 +129,12 @@ node_n() { # node_n KEY: the number of the spec reporter's "ℹ KEY N" line, or 
 passed=$(( $(count passed "$py_line") + $(node_n pass) ))
 failed=$(( $(count failed "$py_line") + $(count error "$py_line") + $(node_n fail) + $(node_n cancelled) ))
 skipped=$(( $(count skipped "$py_line") + $(node_n skipped) ))
+case $example in
+ok) passed=$((passed + 1)) ;;
+failed) failed=$((failed + 1)) ;;
+esac
 [ "$failed" -eq 0 ] || status=1
 [ "$passed" -gt 0 ] || status=1
-echo "clients: $passed passed, $failed failed, $skipped skipped"
+echo "example: $example"
+echo "$SELECT: $passed passed, $failed failed, $skipped skipped"
 exit $status

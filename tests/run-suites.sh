@@ -128,7 +128,8 @@ stage "unit (Check, ASan+UBSan)"       check   env "$ASAN" "$UBSAN" build/asan/u
 stage "integration (pytest, ASan)"     pytest  env "$ASAN" "$UBSAN" "$ASAN_BUILD" $PYTEST tests/integration
 # shellcheck disable=SC2086
 stage "redis (pytest)"                 pytest  $PYTEST tests/redis
-stage "clients (python + node, ASan)"  summary sh client/run-tests.sh build/asan
+stage "clients (python + node, ASan)"  summary sh client/run-tests.sh build/asan clients
+stage "agent graphs (ASan)"            summary sh client/run-tests.sh build/asan graphs
 stage "fuzz replay (ASan)"             summary make --no-print-directory BUILD=build/asan SAN=1 fuzz-replay
 stage_if "command -v clang" "fuzz targets (clang build)" summary make --no-print-directory fuzz-build
 # shellcheck disable=SC2086

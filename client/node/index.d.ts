@@ -133,6 +133,12 @@ export class CallStream implements AsyncIterableIterator<{ [key: string]: Value 
   cancel(): Promise<void>;
 }
 
+/** task.node_begin's answer: the watchdog deadline armed for the node. */
+export interface NodeWatchdog {
+  timeout_s: number;
+  timeout_source: "explicit" | "learned" | "default";
+}
+
 export class Task {
   constructor(client: Client, taskId: string);
   readonly client: Client;
@@ -141,7 +147,7 @@ export class Task {
   stop(reason: string): Promise<TaskInfo>;
   /** Rejects with TaskStoppedError / WatchdogTimeoutError unless the task is running. */
   guard(): Promise<void>;
-  nodeBegin(node: string, options?: { timeoutS?: number }): Promise<{ timeout_s: number }>;
+  nodeBegin(node: string, options?: { timeoutS?: number }): Promise<NodeWatchdog>;
   nodeEnd(node: string): Promise<{ elapsed_s: number }>;
   finish(ok?: boolean, reason?: string): Promise<TaskInfo>;
   get(): Promise<TaskInfo>;
@@ -200,6 +206,24 @@ export class DeadlineExceededError extends PolygwError {}
 export class CancelledError extends PolygwError {}
 export class TaskStoppedError extends TaskNotRunningError {}
 export class WatchdogTimeoutError extends TaskNotRunningError {}
+/**
+ * A graph run ended because its task was stopped (kind "stopped") or failed by
+ * the watchdog (kind "watchdog"), whatever error the node saw (polygw/langgraph).
+ */
+export class GraphStoppedError extends TaskNotRunningError {
+  constructor(message?: string, options?: {
+    code?: string; data?: object; cause?: unknown; taskId?: string | null; threadId?: string | null; node?: string | null;
+  });
+  readonly kind: "stopped" | "watchdog";
+  readonly taskId: string | null;
+  readonly threadId: string | null;
+  /** The node it ended in; null when it ended after the last node (or at task.start). */
+  readonly node: string | null;
+  /** The sidecar's reason (the stop's reason, or "node X exceeded Ys"). */
+  readonly reason: string | null;
+  /** `e` as a GraphStoppedError when it is a TaskStoppedError / WatchdogTimeoutError, else null. */
+  static from(e: unknown, where?: { taskId?: string | null; threadId?: string | null; node?: string | null }): GraphStoppedError | null;
+}
 export class StreamInterruptedError extends PolygwError {}
 export class BadRequestError extends PolygwError {}
 export class UnknownMethodError extends PolygwError {}

@@ -8,7 +8,7 @@ export { Client, CallStream, Task } from "./lib/client.js";
 export {
   PolygwError, RetryLaterError, TaskNotRunningError,
   StalledError, RetryExhaustedError, BackendUnavailableError, OverloadedError, ShuttingDownError,
-  UpstreamRejectedError, DeadlineExceededError, CancelledError, TaskStoppedError,
+  UpstreamRejectedError, DeadlineExceededError, CancelledError, TaskStoppedError, GraphStoppedError,
   WatchdogTimeoutError, StreamInterruptedError, BadRequestError, UnknownMethodError,
   UnknownCapabilityError, TooLargeError, InternalError, TasksNotSupportedError,
   ConnectionLostError, ConnectFailedError, ProtocolError, ClientTimeoutError,

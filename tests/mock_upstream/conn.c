@@ -131,8 +131,10 @@ void conn_close(struct conn *c, bool by_peer)
         m->st.closed++;
         if (by_peer) {
             m->st.closed_by_peer++;
-            if (c->in_progress)
+            if (c->in_progress) {
                 m->st.aborted_by_peer++;
+                m->st.last_abort_s = ev_time();
+            }
         }
     }
     if (c->in_progress) {

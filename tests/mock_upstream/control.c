@@ -180,6 +180,7 @@ static void control_stats(struct conn *c)
     json_object_set_new(o, "closed_connections", json_integer((json_int_t)m->st.closed));
     json_object_set_new(o, "closed_by_peer", json_integer((json_int_t)m->st.closed_by_peer));
     json_object_set_new(o, "aborted_by_peer", json_integer((json_int_t)m->st.aborted_by_peer));
+    json_object_set_new(o, "last_abort_at_ms", json_real(m->st.last_abort_s * 1000.0));
     json_object_set_new(o, "in_progress", json_integer((json_int_t)m->st.in_progress));
     json_object_set_new(o, "queue_len", json_integer((json_int_t)json_array_size(m->queue)));
     json_object_set_new(o, "has_default", json_boolean(m->dflt != NULL));
@@ -297,6 +298,7 @@ static void control_reset(struct conn *c, const char *body, size_t blen)
     m->dflt = NULL;
     m->st.requests = m->st.accepted = m->st.closed = 0;
     m->st.closed_by_peer = m->st.aborted_by_peer = 0;
+    m->st.last_abort_s = 0;
     m->st.tcp_accepted = m->st.control_requests = 0;
     memset(m->by_status, 0, sizeof m->by_status);
     paths_clear(m);

@@ -263,6 +263,7 @@ struct mock_stats {
     unsigned long long open;           /* gauge: API connections open */
     unsigned long long tcp_open;       /* gauge: all connections open */
     unsigned long long in_progress;    /* gauge: API requests not fully answered */
+    double last_abort_s;               /* Unix time of the latest aborted_by_peer, 0 = none */
 };
 
 struct mock {

@@ -6,7 +6,8 @@
 //   │   ├── StalledError, RetryExhaustedError, BackendUnavailableError
 //   │   └── OverloadedError, ShuttingDownError
 //   ├── TaskNotRunningError        the call's task is not running
-//   │   └── TaskStoppedError, WatchdogTimeoutError
+//   │   ├── TaskStoppedError, WatchdogTimeoutError
+//   │   └── GraphStoppedError      a graph's task ended at a node (polygw/langgraph)
 //   ├── UpstreamRejectedError, DeadlineExceededError, CancelledError,
 //   │   StreamInterruptedError, BadRequestError, UnknownCapabilityError,
 //   │   TooLargeError, InternalError (also any code this client does not know)
@@ -55,6 +56,39 @@ export class DeadlineExceededError extends PolygwError { static code = "deadline
 export class CancelledError extends PolygwError { static code = "cancelled"; }
 export class TaskStoppedError extends TaskNotRunningError { static code = "task_stopped"; }
 export class WatchdogTimeoutError extends TaskNotRunningError { static code = "watchdog_timeout"; }
+
+/**
+ * A graph run ended because its task was stopped (`kind` "stopped": task.stop,
+ * an ordinary exit) or failed by the watchdog (`kind` "watchdog": a node ran
+ * past its deadline), whatever error the node itself saw. Not a failure of
+ * the graph: its checkpoint holds every node that completed, and a new task
+ * can resume it. `node` is the node it ended in (null when it ended after
+ * the last node), `reason` the sidecar's reason, `cause` the error seen.
+ */
+export class GraphStoppedError extends TaskNotRunningError {
+  constructor(message = "", { code, data, cause, taskId = null, threadId = null, node = null } = {}) {
+    super(message, { code, data, cause });
+    this.kind = this.code === "watchdog_timeout" ? "watchdog" : "stopped";
+    this.taskId = taskId;
+    this.threadId = threadId;
+    this.node = node;
+    this.reason = typeof this.data.reason === "string" ? this.data.reason : null;
+  }
+
+  /**
+   * `e` as a GraphStoppedError when it is the task's own verdict
+   * (TaskStoppedError / WatchdogTimeoutError); null otherwise.
+   */
+  static from(e, where = {}) {
+    if (e instanceof GraphStoppedError) return e;
+    if (!(e instanceof TaskStoppedError || e instanceof WatchdogTimeoutError)) return null;
+    const at = where.node == null ? "after its last node" : `at node ${where.node}`;
+    const what = e.code === "watchdog_timeout" ? "failed by the watchdog" : "stopped";
+    const why = typeof e.data.reason === "string" && e.data.reason ? `: ${e.data.reason}` : "";
+    return new GraphStoppedError(`task ${where.taskId ?? "?"} ${what} ${at}${why}`,
+      { code: e.code, data: e.data, cause: e, ...where });
+  }
+}
 export class StreamInterruptedError extends PolygwError { static code = "stream_interrupted"; }
 export class BadRequestError extends PolygwError { static code = "bad_request"; }
 export class UnknownMethodError extends PolygwError { static code = "unknown_method"; }

@@ -128,8 +128,10 @@ const yaml = (v) => (typeof v === "object" && v !== null
   : typeof v === "string" ? JSON.stringify(v) : String(v));
 
 /** A sidecar config whose one chat source "a" is the mock. */
-export function configText(upUrl, { defaults = {}, source = {}, grace = 0.5 } = {}) {
-  const lines = ["listen:", '  mode: "0660"', "server:", "  log_level: info", `  shutdown_grace_s: ${grace}`, "defaults:"];
+export function configText(upUrl, { defaults = {}, source = {}, grace = 0.5, backend } = {}) {
+  const lines = ["listen:", '  mode: "0660"', "server:", "  log_level: info", `  shutdown_grace_s: ${grace}`];
+  if (backend) lines.push(`backend: ${yaml(backend)}`);
+  lines.push("defaults:");
   for (const [k, v] of Object.entries({ ...DEFAULTS, ...defaults })) lines.push(`  ${k}: ${yaml(v)}`);
   lines.push("sources:", "  - name: a", "    capability: chat", `    base_url: ${upUrl}`);
   for (const [k, v] of Object.entries({ ...SOURCE, ...source })) lines.push(`    ${k}: ${yaml(v)}`);
@@ -138,7 +140,8 @@ export function configText(upUrl, { defaults = {}, source = {}, grace = 0.5 } = 
 
 /** One polygw process with its own temp dir, config, socket and log. */
 export class Sidecar {
-  constructor(config) {
+  constructor(config, args = []) {
+    this.args = args; // more command-line arguments
     this.dir = fs.mkdtempSync(path.join(os.tmpdir(), "pgwjs")); // short: socket paths max 107 bytes
     this.sock = path.join(this.dir, "polygw.sock");
     this.configPath = path.join(this.dir, "polygw.yaml");
@@ -147,15 +150,15 @@ export class Sidecar {
     this.proc = null;
   }
 
-  static async start(config) {
-    const sc = new Sidecar(config);
+  static async start(config, args) {
+    const sc = new Sidecar(config, args);
     await sc.start();
     return sc;
   }
 
   async start() {
     const log = fs.openSync(this.logPath, "a");
-    this.proc = spawn(path.join(BUILD, "polygw"), ["--config", this.configPath, "--socket", this.sock],
+    this.proc = spawn(path.join(BUILD, "polygw"), ["--config", this.configPath, "--socket", this.sock, ...this.args],
       { stdio: ["ignore", log, log], env: sanitizerEnv() });
     fs.closeSync(log);
     const deadline = Date.now() + 10000;
@@ -223,4 +226,67 @@ export function chat(text = "hello", mock) {
   const body = { model: "m", messages: [{ role: "user", content: text }] };
   if (mock) body.mock = mock;
   return body;
+}
+
+/**
+ * A private redis-server on a free loopback port (no persistence), for the
+ * Redis backend; null when redis-server is not installed.
+ */
+export class RedisServer {
+  static async start() {
+    const exe = ["/usr/bin/redis-server", "/usr/local/bin/redis-server"].find((p) => fs.existsSync(p));
+    if (!exe) return null;
+    const r = new RedisServer();
+    r.dir = fs.mkdtempSync(path.join(os.tmpdir(), "pgwredis"));
+    for (let attempt = 0; attempt < 5; attempt++) {
+      r.port = await freePort();
+      r.proc = spawn(exe, ["--port", String(r.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        "--daemonize", "no", "--dir", r.dir], { stdio: "ignore" });
+      const deadline = Date.now() + 5000;
+      while (Date.now() < deadline && r.proc.exitCode === null) {
+        if (await redisPing(r.port)) return r;
+        await sleep(20);
+      }
+      await r.stop(); // port race or slow start: another port
+    }
+    throw new Error("redis-server did not start");
+  }
+
+  get url() {
+    return `redis://127.0.0.1:${this.port}/0`;
+  }
+
+  async stop() {
+    if (this.proc && this.proc.exitCode === null && this.proc.signalCode === null) {
+      this.proc.kill("SIGTERM");
+      await waitExit(this.proc, 5000);
+    }
+  }
+
+  async finish() {
+    await this.stop();
+    fs.rmSync(this.dir, { recursive: true, force: true });
+  }
+}
+
+/** A TCP port free on 127.0.0.1 a moment ago. */
+export function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer();
+    srv.once("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+function redisPing(port) {
+  return new Promise((resolve) => {
+    const s = net.createConnection({ host: "127.0.0.1", port });
+    const timer = setTimeout(() => { s.destroy(); resolve(false); }, 1000);
+    s.once("connect", () => s.write("PING\r\n"));
+    s.once("data", (d) => { clearTimeout(timer); s.destroy(); resolve(d.toString().startsWith("+PONG")); });
+    s.once("error", () => { clearTimeout(timer); resolve(false); });
+  });
 }

@@ -11,7 +11,8 @@ proto/PROTOCOL.md): no retries, limits or other governance happen here.
                                 "messages": [{"role": "user", "content": "Say hi"}]})
         print(res["body"]["choices"][0]["message"]["content"])
 
-See README.md for streaming, cancellation, tasks and errors.
+See README.md for streaming, cancellation, tasks and errors, and
+polygw.graph for agent-graph nodes governed by a task (stop and resume).
 """
 
 from .aio import AsyncCallStream, AsyncClient, AsyncTask

@@ -6,7 +6,8 @@ client finds on its own (connection lost, connect failed, protocol, timeout).
     │   ├── StalledError, RetryExhaustedError, BackendUnavailableError
     │   └── OverloadedError, ShuttingDownError
     ├── TaskNotRunningError      the call's task is not running
-    │   └── TaskStoppedError, WatchdogTimeoutError
+    │   ├── TaskStoppedError, WatchdogTimeoutError
+    │   └── GraphStoppedError    a graph's task ended at a node (polygw.graph)
     ├── UpstreamRejectedError, DeadlineExceededError, CancelledError,
     │   StreamInterruptedError, BadRequestError, UnknownCapabilityError,
     │   TooLargeError, InternalError (also any code this client does not know)
@@ -22,7 +23,8 @@ is cancelled).
 __all__ = [
     "PolygwError", "RetryLaterError", "TaskNotRunningError",
     "StalledError", "RetryExhaustedError", "UpstreamRejectedError", "DeadlineExceededError",
-    "CancelledError", "TaskStoppedError", "WatchdogTimeoutError", "StreamInterruptedError",
+    "CancelledError", "TaskStoppedError", "WatchdogTimeoutError", "GraphStoppedError",
+    "StreamInterruptedError",
     "BackendUnavailableError", "BadRequestError", "UnknownMethodError",
     "UnknownCapabilityError", "TooLargeError", "OverloadedError", "ShuttingDownError",
     "InternalError", "TasksNotSupportedError",
@@ -130,6 +132,41 @@ TaskStoppedError = _define("TaskStoppedError", "task_stopped", TaskNotRunningErr
                            "The call's task was stopped (task.stop) or is not running.")
 WatchdogTimeoutError = _define("WatchdogTimeoutError", "watchdog_timeout", TaskNotRunningError,
                                "The call's task was failed by the watchdog.")
+
+
+class GraphStoppedError(TaskNotRunningError):
+    """A graph run ended because its task was stopped (``kind`` "stopped":
+    task.stop, an ordinary exit) or failed by the watchdog (``kind``
+    "watchdog": a node ran past its deadline), whatever error the node itself
+    saw (polygw.graph). Not a failure of the graph: every node that completed
+    is done, and a new task can resume it. ``node`` is the node it ended in
+    (None after the last node), ``reason`` the sidecar's reason; the error
+    the node saw is ``__cause__``."""
+
+    def __init__(self, message="", code=None, data=None, task_id=None, node=None):
+        super().__init__(message, code=code, data=data)
+        self.kind = "watchdog" if self.code == "watchdog_timeout" else "stopped"
+        self.task_id = task_id
+        self.node = node
+        reason = self.data.get("reason")
+        self.reason = reason if isinstance(reason, str) else None
+
+    @classmethod
+    def from_error(cls, exc, task_id=None, node=None):
+        """`exc` as a GraphStoppedError when it is the task's own verdict
+        (TaskStoppedError / WatchdogTimeoutError), else None."""
+        if isinstance(exc, GraphStoppedError):
+            return exc
+        if not isinstance(exc, (TaskStoppedError, WatchdogTimeoutError)):
+            return None
+        what = "failed by the watchdog" if exc.code == "watchdog_timeout" else "stopped"
+        at = "after its last node" if node is None else "at node %s" % node
+        reason = exc.data.get("reason")
+        why = ": %s" % reason if isinstance(reason, str) and reason else ""
+        return cls("task %s %s %s%s" % (task_id, what, at, why), code=exc.code, data=exc.data,
+                   task_id=task_id, node=node)
+
+
 StreamInterruptedError = _define("StreamInterruptedError", "stream_interrupted", PolygwError,
                                  "A stream failed after its first chunk was relayed.")
 BadRequestError = _define("BadRequestError", "bad_request", PolygwError,

@@ -30,3 +30,27 @@ async function main(): Promise<void> {
   await c.close();
 }
 void main();
+
+// polygw/langgraph (self-reference through the package's exports)
+import { GraphStoppedError, governed, runGraph, taskConfig, TASK_HEADER } from "polygw/langgraph";
+
+async function graphs(c: Client): Promise<void> {
+  type S = { topic: string; outline?: string };
+  const plan = governed(c, "plan", async (state: S, config, node) => {
+    const r = await node.call("chat", { messages: [{ role: "user", content: state.topic }] }, { deadlineS: 30 });
+    const h: string = node.headers[TASK_HEADER];
+    console.log(node.watchdog.timeout_source, node.threadId, config.configurable?.thread_id, h);
+    return { outline: String(r.body) };
+  }, { timeoutS: 120 });
+  const graph = { invoke: async (input: unknown, config?: unknown) => ({ input, config, plan }) };
+  try {
+    await runGraph(c, graph, { topic: "t" }, { threadId: "doc", taskId: "doc#1" });
+  } catch (e) {
+    if (e instanceof GraphStoppedError) {
+      const k: "stopped" | "watchdog" = e.kind;
+      console.log(k, e.node, e.reason, e.taskId, e.threadId);
+    }
+  }
+  console.log(taskConfig({ recursionLimit: 5 }, { threadId: "doc", taskId: "doc#2" }).configurable?.polygw_task_id);
+}
+void graphs;
