@@ -83,6 +83,7 @@ struct call {
     long long peer_pid, peer_uid;
     char task_id[TASK_ID_MAX + 1];   /* "" when the call names none */
     struct gov_source_note *reconf_notes; /* a reload in progress: the new notes */
+    struct call *all_prev, *all_next; /* srv->calls_all: every call, for a reload */
 };
 
 static void call_step(struct call *k);
@@ -98,6 +99,13 @@ static void call_act(struct call *k, const struct gov_decision *d,
 static void call_unlink(struct call *k)
 {
     struct conn *c = k->conn;
+
+    if (k->all_prev)
+        k->all_prev->all_next = k->all_next;
+    else
+        c->srv->calls_all = k->all_next;
+    if (k->all_next)
+        k->all_next->all_prev = k->all_prev;
 
     if (k->prev)
         k->prev->next = k->next;
@@ -1028,6 +1036,10 @@ void call_start(struct conn *c, const struct rpc_msg *m)
     if (c->calls)
         c->calls->prev = k;
     c->calls = k;
+    k->all_next = srv->calls_all;
+    if (srv->calls_all)
+        srv->calls_all->all_prev = k;
+    srv->calls_all = k;
     c->in_flight++;
     srv->stats.in_flight++;
     if (tw) {
@@ -1131,30 +1143,27 @@ bool call_uses_source(const struct server *srv, size_t i)
 {
     const struct config_source *src = &srv->cfg->sources[i];
 
-    for (const struct conn *c = srv->conns; c; c = c->next)
-        for (const struct call *k = c->calls; k; k = k->next)
-            if (k->src == src)
-                return true;
+    for (const struct call *k = srv->calls_all; k; k = k->all_next)
+        if (k->src == src)
+            return true;
     return false;
 }
 
 void call_reconf_abort(struct server *srv)
 {
-    for (struct conn *c = srv->conns; c; c = c->next)
-        for (struct call *k = c->calls; k; k = k->next) {
-            free(k->reconf_notes);
-            k->reconf_notes = NULL;
-        }
+    for (struct call *k = srv->calls_all; k; k = k->all_next) {
+        free(k->reconf_notes);
+        k->reconf_notes = NULL;
+    }
 }
 
 int call_reconf_prepare(struct server *srv, const struct gov_reconf *r)
 {
-    for (struct conn *c = srv->conns; c; c = c->next)
-        for (struct call *k = c->calls; k; k = k->next)
-            if (gov_call_reconf_prepare(&k->g, r, &k->reconf_notes) < 0) {
-                call_reconf_abort(srv);
-                return -1;
-            }
+    for (struct call *k = srv->calls_all; k; k = k->all_next)
+        if (gov_call_reconf_prepare(&k->g, r, &k->reconf_notes) < 0) {
+            call_reconf_abort(srv);
+            return -1;
+        }
     return 0;
 }
 
@@ -1162,19 +1171,18 @@ void call_reconf_commit(struct server *srv, const struct gov_reconf *r, const st
 {
     const struct config *old = srv->cfg;
 
-    for (struct conn *c = srv->conns; c; c = c->next)
-        for (struct call *k = c->calls; k; k = k->next) {
-            gov_call_reconf_commit(&k->g, r, k->reconf_notes);
-            k->reconf_notes = NULL;
-            k->cap = &cfg->capabilities[k->cap - old->capabilities];
-            size_t i = (size_t)(k->src - old->sources);
-            k->src = i < r->n_old && r->to[i] >= 0 ? &cfg->sources[r->to[i]] : NULL;
-            /* json_model pointed into the old configuration's strings. */
-            k->json_ready = false;
-            k->json_model = NULL;
-            /* A call waiting for a source may now have a new one: let it
-             * look (one in backoff keeps its backoff). */
-            if (k->g.state == GOV_CALL_WAITING && !k->admit && !k->task_wait)
-                call_on_gov_wake(&k->g, srv);
-        }
+    for (struct call *k = srv->calls_all; k; k = k->all_next) {
+        gov_call_reconf_commit(&k->g, r, k->reconf_notes);
+        k->reconf_notes = NULL;
+        k->cap = &cfg->capabilities[k->cap - old->capabilities];
+        size_t i = (size_t)(k->src - old->sources);
+        k->src = i < r->n_old && r->to[i] >= 0 ? &cfg->sources[r->to[i]] : NULL;
+        /* json_model pointed into the old configuration's strings. */
+        k->json_ready = false;
+        k->json_model = NULL;
+        /* A call waiting for a source may now have a new one: let it look
+         * (one in backoff keeps its backoff). */
+        if (k->g.state == GOV_CALL_WAITING && !k->admit && !k->task_wait)
+            call_on_gov_wake(&k->g, srv);
+    }
 }

@@ -94,6 +94,7 @@ struct server {
     size_t n_old_keys;
     ev_signal sighup_w;
     struct keywatch *keywatch;    /* key-file watch, NULL when no key comes from a file */
+    struct call *calls_all;       /* every call in flight, whatever its front end (call.c) */
 };
 
 /* server.c */
