@@ -162,6 +162,12 @@ $(BUILD)/bench/%: $(BUILD)/obj/tests/bench/%.o $(LIBA) $(CORE_OBJ)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS) -lpthread
 
+# The metrics bench renders a real server's metrics: it links the sidecar.
+$(BUILD)/bench/metrics: $(BUILD)/obj/tests/bench/metrics.o $(SIDECAR_OBJ) $(CORE_OBJ) $(PROTO_OBJ)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS)
+
 # LD_PRELOAD shims for tests (e.g. a getaddrinfo that hangs). Never
 # sanitized: the ASan runtime must stay first in the library order.
 $(BUILD)/shim/%.so: tests/shim/%.c
@@ -301,6 +307,8 @@ bench: deps
 	sh tests/bench/run.sh $(BUILD)
 	@echo "## Admission cost (src/gov.c, ns per decision, best of 5)"
 	$(BUILD)/bench/admission
+	@echo "## Metrics: observation and rendering cost (sidecar/metrics.c, best of 5)"
+	$(BUILD)/bench/metrics
 	@echo "## Calls waiting for a permit"
 	/usr/bin/python3 tests/bench/waiting_cpu.py $(BUILD) 1000 3
 	@echo "## Config load time against its size"

@@ -42,6 +42,7 @@
 #include "access.h"
 #include "governor.h"
 #include "log.h"
+#include "metrics.h"
 #include "redact.h"
 #include "shared.h"
 #include "task.h"
@@ -76,7 +77,6 @@ struct call {
     struct call *tprev, *tnext;      /* the task's calls (head in task->ud) */
     /* For the access log (access.h). */
     bool answered;                   /* a response was queued */
-    enum pgw_code code;              /* ... with this code */
     int last_status;                 /* the last attempt's HTTP status */
     double ttft_s;                   /* NAN until a chunk is relayed */
     double tokens;                   /* usage.total_tokens of the answer, NAN */
@@ -84,6 +84,7 @@ struct call {
     char task_id[TASK_ID_MAX + 1];   /* "" when the call names none */
     struct gov_source_note *reconf_notes; /* a reload in progress: the new notes */
     struct call *all_prev, *all_next; /* srv->calls_all: every call, for a reload */
+    enum pgw_code code;              /* how it was answered (PGW_CANCELLED: not answered) */
 };
 
 static void call_step(struct call *k);
@@ -191,6 +192,22 @@ static void call_set_answered(struct call *k, enum pgw_code code)
     k->code = code;
 }
 
+static double call_elapsed(const struct call *k)
+{
+    return ev_now(k->conn->srv->loop) - k->started;
+}
+
+/* Indexes of the call's capability and current source (metrics slots). */
+static size_t call_cap(const struct call *k)
+{
+    return (size_t)(k->cap - k->conn->srv->cfg->capabilities);
+}
+
+static size_t call_source(const struct call *k)
+{
+    return (size_t)(k->src - k->conn->srv->cfg->sources);
+}
+
 static void call_end(struct call *k)
 {
     struct server *srv = k->conn->srv;
@@ -208,6 +225,8 @@ static void call_end(struct call *k)
     call_task_unlink(k);
     call_set_paused(k, false);
     ev_timer_stop(srv->loop, &k->wake_w);
+    metrics_on_call_end(srv->metrics, call_cap(k), k->code,
+                        call_elapsed(k), gov_call_stalled_s(&k->g, ev_now(srv->loop)));
     gov_call_fini(&k->g, ev_now(srv->loop));
     call_unlink(k);
     msgpack_sbuffer_destroy(&k->usage);
@@ -215,11 +234,6 @@ static void call_end(struct call *k)
     transcode_buf_fini(&k->json);
     free(k);
     server_on_request_done(srv);
-}
-
-static double call_elapsed(const struct call *k)
-{
-    return ev_now(k->conn->srv->loop) - k->started;
 }
 
 /* Appends pre-packed msgpack bytes to a packer. */
@@ -472,6 +486,7 @@ static void call_reply_success(struct call *k, const msgpack_sbuffer *body,
     conn_response_done(k->conn, PGW_OK);
 }
 
+/* Ends a call just answered (the response is the connection's last). */
 static void call_finish(struct call *k)
 {
     struct conn *c = k->conn;
@@ -534,6 +549,7 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
            outcome_reason_name(res.outcome.reason), "status", LOG_I, (long long)res.http_status,
            "phase", LOG_S, attempt_phase_name(res.phase), "elapsed_s", LOG_F, res.elapsed_s, NULL);
 
+    metrics_on_attempt(k->conn->srv->metrics, call_source(k), &res);
     double used = usage ? usage_tokens(usage) : -1;
     k->last_status = res.http_status;
     k->tokens = used >= 0 ? used : NAN;
@@ -619,7 +635,8 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     pack_raw(&c->pk, sb.data, sb.size);
     msgpack_sbuffer_destroy(&sb);
     c->srv->stats.chunks_relayed++;
-    k->relayed++;
+    if (k->relayed++ == 0) /* a stream is never retried after its first event */
+        metrics_on_call_first_event(c->srv->metrics, call_cap(k), call_elapsed(k));
     if (isnan(k->ttft_s))
         k->ttft_s = ev_now(c->srv->loop) - k->started;
 
@@ -978,6 +995,7 @@ void call_start(struct conn *c, const struct rpc_msg *m)
             task = tasks_admit_call(c, m->msgid, id);
             if (!task) {
                 call_log_refused(c, m, p[P_CAP], p[P_TASK], c->last_code);
+                metrics_on_call_refused(srv->metrics, (size_t)ci, c->last_code);
                 return;
             }
         }
@@ -1021,6 +1039,7 @@ void call_start(struct conn *c, const struct rpc_msg *m)
         call_refuse(c, m, p[P_CAP], p[P_TASK],
                     rc == TRANSCODE_EINVALID ? PGW_BAD_REQUEST : PGW_INTERNAL,
                     rc == TRANSCODE_EINVALID ? why : "out of memory");
+        metrics_on_call_refused(srv->metrics, (size_t)ci, c->last_code);
         msgpack_sbuffer_destroy(&k->usage);
         msgpack_sbuffer_destroy(&k->body);
         transcode_buf_fini(&k->json);
@@ -1030,6 +1049,8 @@ void call_start(struct conn *c, const struct rpc_msg *m)
     }
     k->g.ud = k;
     k->src = first;
+    k->code = PGW_CANCELLED;
+    metrics_on_call_start(srv->metrics, (size_t)ci);
     if (task)
         call_task_link(k, task);
     k->next = c->calls;
@@ -1055,6 +1076,7 @@ void call_start(struct conn *c, const struct rpc_msg *m)
 static void call_abort(struct call *k)
 {
     if (k->attempt) {
+        metrics_on_attempt_cancelled(k->conn->srv->metrics, call_source(k));
         attempt_cancel(k->attempt);
         k->attempt = NULL;
     }

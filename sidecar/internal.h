@@ -27,6 +27,7 @@ struct shared;
 struct tasks_req;
 struct tasks_resync;
 struct keywatch;
+struct metrics;
 
 /* Counters shown by `stats`. All monotonically increasing except `*_open`
  * and `in_flight`. */
@@ -83,6 +84,7 @@ struct server {
     struct tasks_resync *resync;  /* running tasks being re-read after a gap */
     size_t task_imports;          /* Redis reads that may import a task, in flight */
     size_t task_retry_n;
+    struct metrics *metrics;      /* counters and histograms (metrics.h) */
     struct redact *redact;        /* the sources' keys, scrubbed from relayed replies */
     struct sdnotify notify;       /* readiness and watchdog for the service manager */
     /* Reload (reload.h). cfg is owned by the server once a reload swapped it. */
@@ -140,7 +142,7 @@ struct conn {
     bool closing;                 /* no more input; close once `out` is flushed */
     bool closed;                  /* fd closed, awaiting free */
     bool oom;                     /* an append failed: close */
-    enum pgw_code last_code;      /* code of the last response queued */
+    enum pgw_code last_code;      /* of the last response queued (conn_response_done) */
 };
 
 struct conn *conn_new(struct server *srv, int fd);

@@ -6,11 +6,13 @@
 #include "internal.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "call.h"
 #include "log.h"
+#include "metrics.h"
 #include "progress.h"
 #include "reload.h"
 #include "shared.h"
@@ -320,6 +322,25 @@ static void method_debug_wedge(struct conn *c, const struct rpc_msg *m)
     conn_response_done(c, PGW_OK);
 }
 #endif
+/* `metrics`: the Prometheus text exposition, as the HTTP front serves it. */
+static void method_metrics(struct conn *c, const struct rpc_msg *m)
+{
+    size_t len;
+
+    if (bind_or_reply(c, m, NULL, 0, NULL) < 0)
+        return;
+    char *text = metrics_render(c->srv, &len);
+    if (!text) {
+        conn_reply_error(c, m->msgid, PGW_INTERNAL, "out of memory rendering the metrics");
+        return;
+    }
+    rpc_pack_result_begin(&c->pk, m->msgid);
+    msgpack_pack_map(&c->pk, 1);
+    rpc_pack_str(&c->pk, "text");
+    rpc_pack_strn(&c->pk, text, len);
+    free(text);
+    conn_response_done(c, PGW_OK);
+}
 
 static const struct {
     const char *name;
@@ -341,6 +362,7 @@ static const struct {
     {"stats", method_stats},
     {"log.level", method_log_level},
     {"config.reload", method_config_reload},
+    {"metrics", method_metrics},
 };
 
 void methods_dispatch(struct conn *c, const struct rpc_msg *m)

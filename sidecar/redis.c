@@ -877,6 +877,8 @@ static void conn_fail(struct rconn *cn, const char *why, bool hiredis_frees)
                    LOG_F, delay, NULL);
     }
 
+    for (const struct cmd *c = list; c; c = c->next)
+        r->stats.lost++;
     fail_list(r, list, "connection lost");
     if (!was_up || r->closing)
         return;
@@ -1262,6 +1264,7 @@ static void user_reply(struct rds *r, struct cmd *c, const redisReply *reply)
     void *ud = c->ud;
     r->stats.replies++;
     r->stats.rtt_sum_s += rtt;
+    prom_hist_observe(&r->stats.rtt, rtt);
     if (rtt > r->stats.rtt_max_s)
         r->stats.rtt_max_s = rtt;
     if (is_err)
@@ -1401,6 +1404,7 @@ struct rds *rds_new(struct ev_loop *loop, const struct rds_opts *opts,
         set_err(err, errlen, "out of memory");
         return NULL;
     }
+    prom_hist_init(&r->stats.rtt, &prom_buckets_rtt_s);
     ev_timer_init(&r->time_w, time_on_tick, RDS_TIME_EVERY_S, RDS_TIME_EVERY_S);
     ev_prepare_init(&r->flush_w, rds_on_flush);
     r->flush_w.data = r;

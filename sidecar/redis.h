@@ -41,6 +41,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "prom.h"
+
 struct rds;
 
 enum rds_script { RDS_ADMIT, RDS_RELEASE, RDS_RENEW, RDS_PROGRESS, RDS_TASK, RDS_N_SCRIPTS };
@@ -119,8 +121,10 @@ struct rds_stats {
     uint64_t connects, disconnects, connect_failures;
     uint64_t commands, replies, errors, timeouts, noscript_reloads, rejected_not_connected;
     uint64_t messages;
+    uint64_t lost;                  /* commands failed because their connection was lost */
     uint64_t pending;               /* commands sent and not yet answered */
     double rtt_sum_s, rtt_max_s;    /* over `replies` */
+    struct prom_hist rtt;        /* of `replies` */
 };
 const struct rds_stats *rds_get_stats(const struct rds *r);
 

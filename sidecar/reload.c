@@ -9,6 +9,7 @@
 #include "governor.h"
 #include "keywatch.h"
 #include "log.h"
+#include "metrics.h"
 #include "redact.h"
 
 /* Keys of earlier configurations kept in the redactor: an attempt started
@@ -315,6 +316,12 @@ static int reload_apply(struct reload_ctx *x, struct reload_summary *sum, char *
         gov_reconf_abort(&r);
         goto oom_keys;
     }
+    struct metrics_reconf mr = {NULL, NULL};
+    if (srv->metrics && metrics_reconf_prepare(srv->metrics, &view, from, &mr) < 0) {
+        call_reconf_abort(srv);
+        gov_reconf_abort(&r);
+        goto oom_keys;
+    }
 
     /* The swap: nothing below can fail. */
     gov_reconf_commit(&srv->gov, &r);
@@ -323,6 +330,8 @@ static int reload_apply(struct reload_ctx *x, struct reload_summary *sum, char *
     n->n_sources = n_slots;
     call_reconf_commit(srv, &r, n);
     gov_reconf_finish(&r);
+    if (srv->metrics)
+        metrics_reconf_commit(srv->metrics, n, &mr);
     for (size_t i = 0; i < o->n_sources; i++)
         if (keep[i] && !from_has(from, n_slots - n_ret, (long)i))
             /* moved into a retired slot */

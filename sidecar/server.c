@@ -47,6 +47,7 @@
 #include "governor.h"
 #include "tasks.h"
 #include "log.h"
+#include "metrics.h"
 #include "redact.h"
 #include "keywatch.h"
 #include "reload.h"
@@ -497,9 +498,10 @@ int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, ch
         .ud = srv,
     };
     srv->socket_path = strdup(cfg->socket_path);
-    if (!srv->socket_path) {
+    srv->metrics = metrics_new(cfg);
+    if (!srv->socket_path || !srv->metrics) {
         snprintf(err, errlen, "out of memory");
-        return -1;
+        goto fail_up;
     }
     if (server_redact_init(srv) < 0) {
         snprintf(err, errlen, "out of memory");
@@ -553,6 +555,8 @@ fail_shared:
     upstream_free(srv->up);
     srv->up = NULL;
 fail_up:
+    metrics_free(srv->metrics);
+    srv->metrics = NULL;
     redact_free(srv->redact);
     srv->redact = NULL;
     free(srv->socket_path);
@@ -622,6 +626,7 @@ void server_fini(struct server *srv)
     tasks_fini(srv);
     upstream_free(srv->up);
     gov_fini(&srv->gov);
+    metrics_free(srv->metrics);
     redact_free(srv->redact);
     free(srv->socket_path);
 }

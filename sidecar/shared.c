@@ -857,6 +857,26 @@ const struct gov_backend *shared_gov_backend(struct shared *sh)
     return &sh->backend;
 }
 
+const struct rds *shared_rds(const struct shared *sh)
+{
+    return sh->rds;
+}
+
+const char *shared_breaker_state(const struct shared *sh, size_t source)
+{
+    return sh->src[source].breaker_state;
+}
+
+void shared_get_counts(const struct shared *sh, struct shared_counts *out)
+{
+    *out = (struct shared_counts){.admitted = sh->admitted,
+                                  .admit_errors = sh->admit_errors,
+                                  .write_errors = sh->write_errors,
+                                  .leases_lost = sh->leases_lost};
+    for (size_t i = 0; i < sizeof(sh->refused) / sizeof(sh->refused[0]); i++)
+        out->refused += sh->refused[i];
+}
+
 void shared_pack_stats(struct shared *sh, msgpack_packer *pk)
 {
     size_t live = 0;

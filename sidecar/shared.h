@@ -36,6 +36,7 @@
 #include "outcome.h"
 #include "internal.h"
 
+struct rds;
 struct shared;
 struct shared_lease;
 struct shared_admit;
@@ -90,6 +91,19 @@ void shared_retry_later(struct shared *sh, bool resync);
 bool shared_closing(const struct shared *sh);
 /* Connected to Redis (what READY=1 waits for). */
 bool shared_is_up(const struct shared *sh);
+
+/* For metrics: the Redis adapter, and source `source`'s fleet breaker as
+ * last seen ("closed", "open", "half_open"). Borrowed, valid until
+ * shared_fini. */
+const struct rds *shared_rds(const struct shared *sh);
+const char *shared_breaker_state(const struct shared *sh, size_t source);
+/* For metrics: fleet admissions admitted, refused (any check) and
+ * failed (no verdict: an error or no answer in time); writes (release,
+ * progress, renewal) that failed; leases found expired. */
+struct shared_counts {
+    uint64_t admitted, refused, admit_errors, write_errors, leases_lost;
+};
+void shared_get_counts(const struct shared *sh, struct shared_counts *out);
 
 /* The `backend` map of `stats`. */
 void shared_pack_stats(struct shared *sh, msgpack_packer *pk);

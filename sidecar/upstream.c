@@ -135,6 +135,7 @@ struct attempt {
     bool stream;
     enum attempt_phase phase;
     double started, sent_at, last_activity;
+    double first_at;              /* first byte (plain) / event (stream); 0 = none yet */
     double connect_s, ttft_s, idle_s, total_s, deadline_at;
     ev_timer deadline_w;
     struct dns_host *dns;         /* NULL for IP literals */
@@ -512,6 +513,8 @@ static void attempt_set_phase(struct attempt *a, enum attempt_phase p)
     if (a->phase == ATTEMPT_RESOLVING)
         dns_lookup_end(a, false);   /* the name resolved */
     a->phase = p;
+    if (p == (a->stream ? ATTEMPT_STREAMING : ATTEMPT_RECEIVING))
+        a->first_at = ev_now(a->up->loop);
     attempt_arm(a);
 }
 
@@ -580,6 +583,7 @@ static void attempt_finish(struct attempt *a, struct attempt_result *r)
     r->phase = a->phase;
     r->events = a->events;
     r->elapsed_s = ev_now(up->loop) - a->started;
+    r->ttft_s = a->first_at > 0 ? a->first_at - a->sent_at : -1;
     if (!r->body) {
         r->body = a->resp;
         r->body_len = a->resp_len;

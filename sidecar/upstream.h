@@ -115,6 +115,8 @@ struct attempt_result {
     uint32_t events;               /* stream events delivered */
     bool deadline_exceeded;        /* the call's deadline (not the attempt's) ended it */
     double elapsed_s;
+    double ttft_s;                 /* request sent -> first byte (plain) or first event
+                                    * (stream); -1 when none arrived */
     char detail[160];              /* human detail, e.g. curl's error text */
 };
 

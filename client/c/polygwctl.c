@@ -54,6 +54,9 @@ static void usage(FILE *f)
         "  ping                      check the sidecar: pong version=X uptime=Ys rtt=Zus\n"
         "  stats                     the sidecar's statistics, nested keys flattened\n"
         "                            (connections.open  3)\n"
+        "  metrics                   the Prometheus text exposition of the sidecar's\n"
+        "                            counters, gauges and histograms, as is (pipe it to\n"
+        "                            promtool, or serve it to a scraper)\n"
         "  call CAPABILITY --body JSON\n"
         "                            one governed call; prints the upstream body as JSON\n"
         "                            (stdout) and a summary line (stderr)\n"
@@ -87,8 +90,8 @@ static void usage(FILE *f)
         "                      " PGW_DEFAULT_SOCKET ")\n"
         "  -t, --timeout S     stop waiting after S seconds (default 30; call: 3600);\n"
         "                      a timed-out call is cancelled\n"
-        "  -j, --json          JSON output for ping, stats, call, tasks and task: the\n"
-        "                      sidecar's result as it came\n"
+        "  -j, --json          JSON output for ping, stats, metrics, call, tasks and\n"
+        "                      task: the sidecar's result as it came\n"
         "  -q, --quiet         no summary line for call\n"
         "  -h, --help          this help\n"
         "  -V, --version       print the version\n"
@@ -629,6 +632,28 @@ static int cmd_stats(const struct ctl *o, struct pgw_client *c)
         print_json(pgw_result_object(res), PGW_JSON_PRETTY);
     else
         rc = print_table(pgw_result_object(res), false) == EXIT_OK ? 0 : PGW_E_NOMEM;
+    pgw_result_free(res);
+    return exit_for(rc);
+}
+
+/* The `metrics` result's `text`, written out unchanged. */
+static int cmd_metrics(const struct ctl *o, struct pgw_client *c)
+{
+    struct pgw_error err;
+    struct pgw_result *res;
+    int rc = pgw_request(c, "metrics", NULL, 0, o->timeout_s, &res, &err);
+
+    if (rc < 0)
+        return request_failed(o, rc, &err, res);
+    const msgpack_object *text = pgw_object_get(pgw_result_object(res), "text");
+    if (o->json) {
+        print_json(pgw_result_object(res), PGW_JSON_PRETTY);
+    } else if (text && text->type == MSGPACK_OBJECT_STR) {
+        fwrite(text->via.str.ptr, 1, text->via.str.size, stdout);
+    } else {
+        fputs("polygwctl: the sidecar's metrics result has no text\n", stderr);
+        rc = PGW_E_PROTOCOL;
+    }
     pgw_result_free(res);
     return exit_for(rc);
 }
@@ -1292,7 +1317,8 @@ int main(int argc, char **argv)
         return usage_error("--reason is for 'task stop' and 'task finish', not '%s'", what);
     if (o.finish_ok != -1 && strcmp(sub, "finish") != 0)
         return usage_error("--ok and --failed are for 'task finish', not '%s'", what);
-    if (strcmp(cmd, "ping") == 0 || strcmp(cmd, "stats") == 0 || strcmp(cmd, "batch") == 0) {
+    if (strcmp(cmd, "ping") == 0 || strcmp(cmd, "stats") == 0 || strcmp(cmd, "metrics") == 0 ||
+        strcmp(cmd, "batch") == 0) {
         if (nargs != 0)
             return usage_error("'%s' takes no arguments", cmd);
     } else if (strcmp(cmd, "call") == 0) {
@@ -1354,6 +1380,8 @@ int main(int argc, char **argv)
         rc = cmd_ping(&o, c);
     else if (strcmp(cmd, "stats") == 0)
         rc = cmd_stats(&o, c);
+    else if (strcmp(cmd, "metrics") == 0)
+        rc = cmd_metrics(&o, c);
     else if (strcmp(cmd, "call") == 0)
         rc = cmd_call(&o, c, args[0], body);
     else if (strcmp(cmd, "raw") == 0)

@@ -795,8 +795,9 @@ def test_man_page_covers_help():
     man = man.replace("\\-", "-").replace("\\fB", "").replace("\\fR", "").replace("\\fI", "")
     options = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*|-[a-zA-Z])\b", help_text))
     assert {"--socket", "--body", "--unordered", "--ok", "-t"} <= options, options
-    commands = set(re.findall(r"^  (ping|stats|call|raw|batch|tasks|task \w+)\b", help_text, re.M))
-    assert len(commands) == 11, commands
+    commands = set(re.findall(r"^  (ping|stats|metrics|call|raw|batch|tasks|task \w+)\b", help_text,
+                              re.M))
+    assert len(commands) == 12, commands
     for word in sorted(options | commands):
         assert re.search(r"(?<![\w-])%s(?![\w-])" % re.escape(word).replace(r"\ ", r"\s+"),
                          man), "%s is not in docs/polygwctl.1" % word

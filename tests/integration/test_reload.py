@@ -53,14 +53,18 @@ def wait_log(sc, msg, n=1, timeout=5.0):
     raise AssertionError("no %d x %r in the log:\n%s" % (n, msg, sc.logs()[-4000:]))
 
 
-def stats(sc):
+def stats(sc, method="stats"):
     c = sc.connect()
     try:
-        err, res = c.request("stats")
+        err, res = c.request(method)
     finally:
         c.close()
     assert err is None, err
     return res
+
+
+def metrics(sc):
+    return stats(sc, "metrics")["text"]
 
 
 class Load:
@@ -156,6 +160,16 @@ def test_reload__sighup_under_load_adds_a_source_and_lowers_rpm(make_sidecar, up
     assert st["reload"] == {"succeeded": 1, "failed": 0, "last_error": ""}
     assert [s["name"] for s in st["sources"]] == ["s1", "s2"]
     assert st["requests"]["in_flight"] == 0
+    # The metrics follow: the reload counted, the new source's series there,
+    # s1's counters carried over (not restarted at zero).
+    text = metrics(sc)
+    assert 'polygw_config_reloads_total{result="succeeded"} 1' in text, text[-2000:]
+    s1_ok = [l for l in text.splitlines() if l.startswith("polygw_upstream_attempts_total{")
+             and 'source="s1"' in l and 'outcome="success"' in l]
+    s2_ok = [l for l in text.splitlines() if l.startswith("polygw_upstream_attempts_total{")
+             and 'source="s2"' in l and 'outcome="success"' in l]
+    assert len(s1_ok) == 1 and float(s1_ok[0].split()[-1]) >= before, s1_ok
+    assert len(s2_ok) == 1 and float(s2_ok[0].split()[-1]) > 20, s2_ok
 
 
 def test_reload__invalid_file_changes_nothing_and_is_reported(make_sidecar, up):
@@ -431,6 +445,7 @@ def test_reload__storm_of_reloads_under_load_loses_nothing(make_sidecar, up, up2
                 conn.close()
                 assert err is None, err
             time.sleep(0.05)
+            assert "polygw_upstream_attempts_total" in metrics(sc)   # renders the new sources
         oks = wait_log(sc, "configuration reloaded", n=30)
     finally:
         sent = load.finish()

@@ -23,6 +23,8 @@ int main(void)
         gov_suite,
         task_suite,
         redis_url_suite,
+        prom_suite,
+        metrics_suite,
         redact_suite,
     };
     SRunner *sr = srunner_create(NULL);

@@ -19,6 +19,8 @@ Suite *progress_suite(void);
 Suite *gov_suite(void);
 Suite *task_suite(void);
 Suite *redis_url_suite(void);
+Suite *prom_suite(void);
+Suite *metrics_suite(void);
 Suite *redact_suite(void);
 
 #endif

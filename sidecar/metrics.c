@@ -1,0 +1,594 @@
+/* metrics.c — see metrics.h; the families are documented in docs/METRICS.md. */
+#include "metrics.h"
+
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "redis.h"
+#include "shared.h"
+#include "task.h"
+#include "upstream.h"
+
+/* Attempt outcomes: enum outcome_kind, then the ones torn down. */
+enum { OUT_CANCELLED = OUTCOME_FAIL_FAST + 1, OUT_COUNT };
+static const char *const outcome_names[OUT_COUNT] = {"success", "rate_limited", "transient",
+                                                     "fail_fast", "cancelled"};
+
+struct metrics_source {
+    uint64_t attempts[OUT_COUNT];
+    uint64_t reasons[OUTCOME_REASON_COUNT];
+    struct prom_hist duration, ttft;
+};
+
+struct metrics_capability {
+    uint64_t calls[PGW_CODE_COUNT];
+    uint64_t in_flight;
+    struct prom_hist duration, ttft, stalled;
+};
+
+struct metrics {
+    const struct config *cfg;
+    struct metrics_source *src;
+    struct metrics_capability *cap;
+    size_t last_len;               /* of the last rendering: the next one's first size */
+};
+
+static void source_init(struct metrics_source *s)
+{
+    prom_hist_init(&s->duration, &prom_buckets_latency_s);
+    prom_hist_init(&s->ttft, &prom_buckets_latency_s);
+}
+
+static void capability_init(struct metrics_capability *c)
+{
+    prom_hist_init(&c->duration, &prom_buckets_latency_s);
+    prom_hist_init(&c->ttft, &prom_buckets_latency_s);
+    prom_hist_init(&c->stalled, &prom_buckets_latency_s);
+}
+
+struct metrics *metrics_new(const struct config *cfg)
+{
+    struct metrics *m = calloc(1, sizeof(*m));
+
+    if (!m)
+        return NULL;
+    m->cfg = cfg;
+    m->src = calloc(cfg->n_sources ? cfg->n_sources : 1, sizeof(*m->src));
+    m->cap = calloc(cfg->n_capabilities ? cfg->n_capabilities : 1, sizeof(*m->cap));
+    if (!m->src || !m->cap) {
+        metrics_free(m);
+        return NULL;
+    }
+    for (size_t i = 0; i < cfg->n_sources; i++)
+        source_init(&m->src[i]);
+    for (size_t i = 0; i < cfg->n_capabilities; i++)
+        capability_init(&m->cap[i]);
+    return m;
+}
+
+int metrics_reconf_prepare(const struct metrics *m, const struct config *cfg, const long *from,
+                           struct metrics_reconf *r)
+{
+    r->src = calloc(cfg->n_sources ? cfg->n_sources : 1, sizeof(*r->src));
+    r->cap = calloc(cfg->n_capabilities ? cfg->n_capabilities : 1, sizeof(*r->cap));
+    if (!r->src || !r->cap) {
+        metrics_reconf_abort(r);
+        return -1;
+    }
+    for (size_t j = 0; j < cfg->n_sources; j++) {
+        if (from[j] >= 0 && (size_t)from[j] < m->cfg->n_sources)
+            r->src[j] = m->src[from[j]];
+        else
+            source_init(&r->src[j]);
+    }
+    for (size_t i = 0; i < cfg->n_capabilities; i++) {
+        if (i < m->cfg->n_capabilities)
+            r->cap[i] = m->cap[i];
+        else
+            capability_init(&r->cap[i]);
+    }
+    return 0;
+}
+
+void metrics_reconf_commit(struct metrics *m, const struct config *cfg, struct metrics_reconf *r)
+{
+    free(m->src);
+    free(m->cap);
+    m->src = r->src;
+    m->cap = r->cap;
+    m->cfg = cfg;
+    r->src = NULL;
+    r->cap = NULL;
+}
+
+void metrics_reconf_abort(struct metrics_reconf *r)
+{
+    free(r->src);
+    free(r->cap);
+    r->src = NULL;
+    r->cap = NULL;
+}
+
+void metrics_free(struct metrics *m)
+{
+    if (!m)
+        return;
+    free(m->src);
+    free(m->cap);
+    free(m);
+}
+
+void metrics_on_attempt(struct metrics *m, size_t source, const struct attempt_result *r)
+{
+    if (source >= m->cfg->n_sources)
+        return;
+    struct metrics_source *s = &m->src[source];
+    enum outcome_reason reason = r->outcome.reason;
+    s->attempts[reason == REASON_CANCELLED ? (int)OUT_CANCELLED : (int)r->outcome.kind]++;
+    if (reason != REASON_NONE && reason != REASON_CANCELLED && (int)reason < OUTCOME_REASON_COUNT)
+        s->reasons[reason]++;
+    prom_hist_observe(&s->duration, r->elapsed_s);
+    if (r->ttft_s >= 0)
+        prom_hist_observe(&s->ttft, r->ttft_s);
+}
+
+void metrics_on_attempt_cancelled(struct metrics *m, size_t source)
+{
+    if (source < m->cfg->n_sources)
+        m->src[source].attempts[OUT_CANCELLED]++;
+}
+
+void metrics_on_call_start(struct metrics *m, size_t cap)
+{
+    if (cap < m->cfg->n_capabilities)
+        m->cap[cap].in_flight++;
+}
+
+void metrics_on_call_end(struct metrics *m, size_t cap, enum pgw_code code, double duration_s,
+                         double stalled_s)
+{
+    if (cap >= m->cfg->n_capabilities)
+        return;
+    struct metrics_capability *c = &m->cap[cap];
+    if (c->in_flight)
+        c->in_flight--;
+    c->calls[(unsigned)code < PGW_CODE_COUNT ? code : PGW_INTERNAL]++;
+    prom_hist_observe(&c->duration, duration_s);
+    prom_hist_observe(&c->stalled, stalled_s);
+}
+
+void metrics_on_call_refused(struct metrics *m, size_t cap, enum pgw_code code)
+{
+    metrics_on_call_start(m, cap);
+    metrics_on_call_end(m, cap, code, 0, 0);
+}
+
+void metrics_on_call_first_event(struct metrics *m, size_t cap, double ttft_s)
+{
+    if (cap < m->cfg->n_capabilities)
+        prom_hist_observe(&m->cap[cap].ttft, ttft_s);
+}
+
+/* ------------------------------------------------------------------
+ * Rendering
+ */
+
+#define L(n, v) ((struct prom_label){(n), (v)})
+
+/* A family of one unlabelled series. */
+static void render_one(struct prom_text *t, const char *name, const char *type,
+                       const char *help, double v)
+{
+    prom_text_family(t, name, type, help);
+    prom_text_sample(t, name, NULL, 0, v);
+}
+
+static void render_one_u64(struct prom_text *t, const char *name, const char *type,
+                           const char *help, uint64_t v)
+{
+    prom_text_family(t, name, type, help);
+    prom_text_sample_u64(t, name, NULL, 0, v);
+}
+
+/* A family whose series are labelled by one label taking `n` values. */
+static void render_by(struct prom_text *t, const char *name, const char *type,
+                      const char *help, const char *label, const char *const *values,
+                      const uint64_t *v, size_t n)
+{
+    prom_text_family(t, name, type, help);
+    for (size_t i = 0; i < n; i++) {
+        struct prom_label l = L(label, values[i]);
+        prom_text_sample_u64(t, name, &l, 1, v[i]);
+    }
+}
+
+static void render_server(struct prom_text *t, struct server *srv)
+{
+    const struct server_stats *st = &srv->stats;
+    const char *codes[PGW_CODE_COUNT];
+    struct prom_label l = L("version", PGW_VERSION);
+
+    prom_text_family(t, "polygw_build_info", "gauge", "Always 1; the version of this sidecar.");
+    prom_text_sample(t, "polygw_build_info", &l, 1, 1);
+    render_one(t, "polygw_start_time_seconds", "gauge", "When the sidecar started (Unix time).",
+               srv->started_at);
+    render_one_u64(t, "polygw_connections_open", "gauge", "Client connections open on the socket.",
+                   st->conns_open);
+    render_one_u64(t, "polygw_connections_accepted_total", "counter",
+                   "Client connections accepted.", st->conns_accepted);
+    render_one_u64(t, "polygw_connections_refused_total", "counter",
+                   "Client connections closed at accept (max_connections, out of file "
+                   "descriptors).", st->conns_rejected);
+    render_one_u64(t, "polygw_accept_errors_total", "counter", "accept() failures on the socket.",
+                   st->accept_errors);
+    render_one_u64(t, "polygw_requests_in_flight", "gauge",
+                   "Requests accepted on the socket and not answered yet (calls and task "
+                   "requests).", st->in_flight);
+    render_one_u64(t, "polygw_responses_total", "counter",
+                   "Responses sent on the socket, successes and errors, every method.",
+                   st->requests_served);
+    for (int i = 1; i < PGW_CODE_COUNT; i++)
+        codes[i] = pgw_code_name((enum pgw_code)i);
+    render_by(t, "polygw_error_responses_total", "counter",
+              "Error responses and notifications sent on the socket, every method, by code.",
+              "code", codes + 1, st->rejected + 1, PGW_CODE_COUNT - 1);
+    render_one_u64(t, "polygw_stream_chunks_total", "counter", "Stream events relayed to clients.",
+                   st->chunks_relayed);
+    render_one_u64(t, "polygw_received_bytes_total", "counter",
+                   "Bytes read from client connections.", st->bytes_in);
+    render_one_u64(t, "polygw_sent_bytes_total", "counter", "Bytes written to client connections.",
+                   st->bytes_out);
+    static const char *const reload_results[] = {"succeeded", "failed"};
+    const uint64_t reloads[] = {st->reloads_ok, st->reloads_failed};
+    render_by(t, "polygw_config_reloads_total", "counter",
+              "Configuration reloads (SIGHUP, config.reload, a changed key file) by result; a "
+              "failed one changed nothing.",
+              "result", reload_results, reloads, 2);
+}
+
+/* ---- one series (or histogram) per source, labelled source and capability */
+
+static void source_labels(const struct config *cfg, size_t i, struct prom_label *l)
+{
+    l[0] = L("source", cfg->sources[i].name);
+    l[1] = L("capability", cfg->capabilities[cfg->sources[i].capability_index].name);
+}
+
+typedef double source_value_fn(struct server *srv, size_t i);
+
+static double src_in_flight(struct server *srv, size_t i)
+{
+    return srv->gov.sources[i].in_flight;
+}
+
+static double src_concurrency_limit(struct server *srv, size_t i)
+{
+    const struct gov_source *s = &srv->gov.sources[i];
+    uint32_t limit = aimd_permits(&s->aimd);
+    return limit < s->p.max_concurrency ? limit : s->p.max_concurrency;
+}
+
+static double src_aimd_limit(struct server *srv, size_t i)
+{
+    return srv->gov.sources[i].aimd.limit;
+}
+
+static double src_breaker_opened(struct server *srv, size_t i)
+{
+    return (double)srv->gov.sources[i].breaker.opened_total;
+}
+
+static const struct {
+    const char *name, *type, *help;
+    source_value_fn *fn;
+    bool local_only; /* meaningless with the Redis backend (the fleet's) */
+} source_families[] = {
+    {"polygw_source_in_flight", "gauge", "Attempts holding a permit of the source.",
+     src_in_flight, false},
+    {"polygw_source_concurrency_limit", "gauge",
+     "Permits the source grants now: min(max_concurrency, floor(AIMD limit)).",
+     src_concurrency_limit, false},
+    {"polygw_source_aimd_limit", "gauge", "The source's AIMD concurrency limit.", src_aimd_limit,
+     false},
+    {"polygw_source_breaker_opened_total", "counter", "Times the source's breaker opened.",
+     src_breaker_opened, true},
+};
+
+static void render_source_hist(struct prom_text *t, struct server *srv, const char *name,
+                               const char *help, size_t offset)
+{
+    struct prom_label l[2];
+
+    prom_text_family(t, name, "histogram", help);
+    for (size_t i = 0; i < srv->cfg->n_sources; i++) {
+        source_labels(srv->cfg, i, l);
+        prom_text_hist(t, name, l, 2,
+                          (const struct prom_hist *)((const char *)&srv->metrics->src[i] +
+                                                        offset));
+    }
+}
+
+/* The rate buckets that are limited (with the Redis backend the buckets
+ * are the fleet's, in Redis, and none is local). */
+static void render_buckets(struct prom_text *t, struct server *srv, const char *name,
+                           const char *help, bool capacity)
+{
+    static const char *const names[] = {"rpm", "tpm", "daily_tokens"};
+    double now = ev_now(srv->loop);
+    struct prom_label l[3];
+
+    prom_text_family(t, name, "gauge", help);
+    for (size_t i = 0; i < srv->cfg->n_sources; i++) {
+        struct gov_source *s = &srv->gov.sources[i];
+        struct bucket *b[] = {&s->rpm, &s->tpm, &s->daily};
+        source_labels(srv->cfg, i, l);
+        for (int k = 0; k < 3; k++) {
+            if (bucket_is_unlimited(b[k]))
+                continue;
+            l[2] = L("bucket", names[k]);
+            prom_text_sample(t, name, l, 3, capacity ? b[k]->capacity : bucket_level(b[k], now));
+        }
+    }
+}
+
+static void render_sources(struct prom_text *t, struct server *srv)
+{
+    const struct config *cfg = srv->cfg;
+    const struct metrics *m = srv->metrics;
+    struct prom_label l[3];
+
+    prom_text_family(t, "polygw_upstream_attempts_total", "counter",
+                        "Upstream attempts by source and outcome (success, rate_limited, "
+                        "transient, fail_fast, cancelled).");
+    for (size_t i = 0; i < cfg->n_sources; i++) {
+        source_labels(cfg, i, l);
+        for (int o = 0; o < OUT_COUNT; o++) {
+            l[2] = L("outcome", outcome_names[o]);
+            prom_text_sample_u64(t, "polygw_upstream_attempts_total", l, 3,
+                                    m->src[i].attempts[o]);
+        }
+    }
+    prom_text_family(t, "polygw_upstream_attempt_failures_total", "counter",
+                        "Upstream attempts that did not succeed, by source and reason (series "
+                        "appear with their first failure).");
+    for (size_t i = 0; i < cfg->n_sources; i++) {
+        source_labels(cfg, i, l);
+        for (int r = 1; r < OUTCOME_REASON_COUNT; r++) {
+            if (!m->src[i].reasons[r])
+                continue;
+            l[2] = L("reason", outcome_reason_name((enum outcome_reason)r));
+            prom_text_sample_u64(t, "polygw_upstream_attempt_failures_total", l, 3,
+                                    m->src[i].reasons[r]);
+        }
+    }
+    render_source_hist(t, srv, "polygw_upstream_attempt_duration_seconds",
+                       "Duration of upstream attempts that ended (not torn down), by source.",
+                       offsetof(struct metrics_source, duration));
+    render_source_hist(t, srv, "polygw_upstream_ttft_seconds",
+                       "From request sent to the first response byte (plain) or first event "
+                       "(stream), by source.",
+                       offsetof(struct metrics_source, ttft));
+
+    for (size_t f = 0; f < sizeof(source_families) / sizeof(source_families[0]); f++) {
+        if (source_families[f].local_only && srv->shared)
+            continue;
+        prom_text_family(t, source_families[f].name, source_families[f].type,
+                            source_families[f].help);
+        for (size_t i = 0; i < cfg->n_sources; i++) {
+            source_labels(cfg, i, l);
+            prom_text_sample(t, source_families[f].name, l, 2, source_families[f].fn(srv, i));
+        }
+    }
+    prom_text_family(t, "polygw_source_breaker_state", "gauge",
+                        "1 for the breaker's current state (closed, open, half_open), 0 for the "
+                        "others; with the Redis backend, the fleet breaker as last seen.");
+    for (size_t i = 0; i < cfg->n_sources; i++) {
+        const char *cur = srv->shared ? shared_breaker_state(srv->shared, i)
+                                      : breaker_state_name(srv->gov.sources[i].breaker.state);
+        source_labels(cfg, i, l);
+        for (int s = BREAKER_CLOSED; s <= BREAKER_HALF_OPEN; s++) {
+            const char *name = breaker_state_name((enum breaker_state)s);
+            l[2] = L("state", name);
+            prom_text_sample_u64(t, "polygw_source_breaker_state", l, 3,
+                                    strcmp(cur, name) == 0);
+        }
+    }
+    render_buckets(t, srv, "polygw_source_bucket_level",
+                   "Tokens left in the source's rate buckets (rpm: requests, tpm and "
+                   "daily_tokens: tokens; negative while in debt). Limited buckets only.",
+                   false);
+    render_buckets(t, srv, "polygw_source_bucket_capacity",
+                   "Capacity of the source's rate buckets. Limited buckets only.", true);
+}
+
+/* ---- one series (or histogram) per capability */
+
+static void render_cap_hist(struct prom_text *t, struct server *srv, const char *name,
+                            const char *help, size_t offset)
+{
+    struct prom_label l;
+
+    prom_text_family(t, name, "histogram", help);
+    for (size_t i = 0; i < srv->cfg->n_capabilities; i++) {
+        l = L("capability", srv->cfg->capabilities[i].name);
+        prom_text_hist(t, name, &l, 1,
+                          (const struct prom_hist *)((const char *)&srv->metrics->cap[i] +
+                                                        offset));
+    }
+}
+
+static void render_capabilities(struct prom_text *t, struct server *srv)
+{
+    const struct config *cfg = srv->cfg;
+    const struct metrics *m = srv->metrics;
+    const char *caps[cfg->n_capabilities ? cfg->n_capabilities : 1];
+    uint64_t v[cfg->n_capabilities ? cfg->n_capabilities : 1];
+    struct prom_label l[2];
+
+    /* Every code a call of a known capability can end with is shown from
+     * the start, so that rate() and increase() see its first call. */
+    prom_text_family(t, "polygw_calls_total", "counter",
+                        "Calls answered, by capability and result code (ok, or the error code).");
+    for (size_t i = 0; i < cfg->n_capabilities; i++) {
+        l[0] = L("capability", cfg->capabilities[i].name);
+        for (int c = 0; c < PGW_CODE_COUNT; c++) {
+            if ((c == PGW_UNKNOWN_METHOD || c == PGW_UNKNOWN_CAPABILITY || c == PGW_TOO_LARGE) &&
+                !m->cap[i].calls[c])
+                continue;
+            l[1] = L("code", pgw_code_name((enum pgw_code)c));
+            prom_text_sample_u64(t, "polygw_calls_total", l, 2, m->cap[i].calls[c]);
+        }
+    }
+    for (size_t i = 0; i < cfg->n_capabilities; i++) {
+        caps[i] = cfg->capabilities[i].name;
+        v[i] = m->cap[i].in_flight;
+    }
+    render_by(t, "polygw_calls_in_flight", "gauge", "Calls in the governed loop, by capability.",
+              "capability", caps, v, cfg->n_capabilities);
+    for (size_t i = 0; i < cfg->n_capabilities; i++)
+        v[i] = i < srv->gov.n_capabilities ? srv->gov.waitq[i].n : 0;
+    render_by(t, "polygw_calls_waiting", "gauge",
+              "Calls waiting for a permit (nothing runnable), by capability.", "capability", caps,
+              v, cfg->n_capabilities);
+    render_cap_hist(t, srv, "polygw_call_duration_seconds",
+                    "From a call's arrival to its answer, every result, by capability.",
+                    offsetof(struct metrics_capability, duration));
+    render_cap_hist(t, srv, "polygw_call_ttft_seconds",
+                    "Streaming calls: from the call's arrival to its first event relayed to the "
+                    "client (waiting and retries included), by capability.",
+                    offsetof(struct metrics_capability, ttft));
+    render_cap_hist(t, srv, "polygw_call_stalled_seconds",
+                    "Time each answered call spent charged to the stall budget (waiting for a "
+                    "permit, rate limits, backoff, exempt 429 attempts), by capability.",
+                    offsetof(struct metrics_capability, stalled));
+}
+
+static void render_upstream(struct prom_text *t, struct server *srv)
+{
+    const struct upstream_stats *us = upstream_get_stats(srv->up);
+    const char *phases[ATTEMPT_DONE];
+
+    render_one_u64(t, "polygw_upstream_attempts_active", "gauge",
+                   "Upstream HTTP requests open now.", us->attempts_active);
+    render_one_u64(t, "polygw_upstream_dns_lookups_total", "counter",
+                   "Name lookups started (DNS cache misses).", us->dns_lookups);
+    render_one_u64(t, "polygw_upstream_dns_abandoned_total", "counter",
+                   "Name lookups abandoned while still running (their attempt ended first; "
+                   "the resolver thread was detached).", us->dns_abandoned);
+    render_one_u64(t, "polygw_upstream_dns_refused_total", "counter",
+                   "Attempts failed at once by the per-host lookup cap (the host's resolver "
+                   "hangs).", us->dns_busy);
+    render_one_u64(t, "polygw_upstream_dns_waits_total", "counter",
+                   "Times an attempt waited for a lookup slot of its host.", us->dns_waits);
+    for (int i = ATTEMPT_RESOLVING; i < ATTEMPT_DONE; i++)
+        phases[i] = attempt_phase_name((enum attempt_phase)i);
+    render_by(t, "polygw_upstream_timeouts_total", "counter",
+              "Attempts ended by one of the sidecar's deadlines, by the phase they were in.",
+              "phase", phases, us->timeouts, ATTEMPT_DONE);
+}
+
+static void render_tasks(struct prom_text *t, struct server *srv)
+{
+    const struct task_stats *ts = task_reg_stats(srv->tasks);
+    struct prom_label l[2];
+
+    prom_text_family(t, "polygw_tasks", "gauge",
+                        "Tasks held, by state (running, succeeded, failed) and, when failed, "
+                        "reason_kind (stopped, watchdog, error).");
+    l[0] = L("state", "running");
+    prom_text_sample_u64(t, "polygw_tasks", l, 1, ts->running);
+    l[0] = L("state", "succeeded");
+    prom_text_sample_u64(t, "polygw_tasks", l, 1, ts->succeeded);
+    l[0] = L("state", "failed");
+    for (int k = TASK_STOPPED; k < TASK_REASON_KIND_COUNT; k++) {
+        l[1] = L("reason_kind", task_reason_kind_name((enum task_reason_kind)k));
+        prom_text_sample_u64(t, "polygw_tasks", l, 2, ts->failed[k]);
+    }
+    render_one_u64(t, "polygw_tasks_started_total", "counter", "task.start that started a task.",
+                   ts->started);
+    render_one_u64(t, "polygw_tasks_succeeded_total", "counter", "Tasks finished ok.",
+                   ts->succeeded_total);
+    render_one_u64(t, "polygw_tasks_stopped_total", "counter",
+                   "Tasks stopped by a user (task.stop): ordinary exits, not hangs.",
+                   ts->failed_total[TASK_STOPPED]);
+    render_one_u64(t, "polygw_task_watchdog_firings_total", "counter",
+                   "Tasks failed by a node watchdog (a node ran past its timeout).",
+                   ts->failed_total[TASK_WATCHDOG]);
+    render_one_u64(t, "polygw_task_watchdog_after_stop_total", "counter",
+                   "Node deadlines that passed on a task already stopped (not firings).",
+                   ts->watchdog_after_stop);
+    render_one_u64(t, "polygw_tasks_client_failed_total", "counter",
+                   "Tasks finished failed by their client.", ts->failed_total[TASK_ERROR]);
+    render_one_u64(t, "polygw_tasks_expired_total", "counter",
+                   "Tasks forgotten after task_ttl_s (finished, or running and idle).",
+                   ts->expired + ts->expired_running);
+    render_one_u64(t, "polygw_tasks_rejected_total", "counter",
+                   "task.start refused: max_tasks held.", ts->rejected_full);
+}
+
+static void render_backend(struct prom_text *t, struct server *srv)
+{
+    const struct rds *r = srv->shared ? shared_rds(srv->shared) : NULL;
+    static const char *const kinds[] = {"reply", "timeout", "connection_lost", "not_connected"};
+    static const char *const results[] = {"admitted", "refused", "error"};
+    const char *kind = r ? "redis" : "memory";
+    uint64_t up = r ? rds_up(r) : 1;
+
+    render_by(t, "polygw_backend_up", "gauge",
+              "1 when the state backend can answer (memory: always; Redis: the command "
+              "connection is ready).", "kind", &kind, &up, 1);
+    if (!r)
+        return;
+    const struct rds_stats *s = rds_get_stats(r);
+    const uint64_t failures[] = {s->errors, s->timeouts, s->lost, s->rejected_not_connected};
+    struct shared_counts sc;
+    shared_get_counts(srv->shared, &sc);
+    const uint64_t admissions[] = {sc.admitted, sc.refused, sc.admit_errors};
+    render_one_u64(t, "polygw_redis_commands_total", "counter", "Redis commands sent.",
+                   s->commands);
+    prom_text_family(t, "polygw_redis_round_trip_seconds", "histogram",
+                        "Round trips of answered Redis commands (error replies included).");
+    prom_text_hist(t, "polygw_redis_round_trip_seconds", NULL, 0, &s->rtt);
+    render_by(t, "polygw_redis_failures_total", "counter",
+              "Redis commands that failed, by kind: reply (an error reply), timeout "
+              "(command_timeout_s), connection_lost (their connection dropped first), "
+              "not_connected (refused at once).", "kind", kinds, failures, 4);
+    render_one_u64(t, "polygw_redis_pending_commands", "gauge",
+                   "Redis commands sent, not answered.", s->pending);
+    render_one_u64(t, "polygw_redis_connects_total", "counter", "Redis connections made.",
+                   s->connects);
+    render_one_u64(t, "polygw_redis_disconnects_total", "counter", "Redis connections lost.",
+                   s->disconnects);
+    render_one_u64(t, "polygw_redis_connect_failures_total", "counter",
+                   "Redis connects that failed.", s->connect_failures);
+    render_one_u64(t, "polygw_redis_subscribed", "gauge",
+                   "1 while the pub/sub connection listens to every channel.", rds_subscribed(r));
+    render_by(t, "polygw_fleet_admissions_total", "counter",
+              "Fleet admissions (admit.lua) answered, by result: admitted, refused (a fleet "
+              "limit or breaker), error (no verdict: the call failed closed).", "result",
+              results, admissions, 3);
+    render_one_u64(t, "polygw_fleet_write_errors_total", "counter",
+                   "Writes to the fleet state that failed (release, progress mark, lease "
+                   "renewal): logged and counted, never surfaced to calls.", sc.write_errors);
+    render_one_u64(t, "polygw_fleet_leases_lost_total", "counter",
+                   "Leases of attempts in flight found expired in Redis at renewal.",
+                   sc.leases_lost);
+}
+
+char *metrics_render(struct server *srv, size_t *len)
+{
+    struct prom_text t;
+
+    prom_text_init(&t);
+    prom_text_reserve(&t, srv->metrics->last_len + srv->metrics->last_len / 8);
+    render_server(&t, srv);
+    render_sources(&t, srv);
+    render_capabilities(&t, srv);
+    render_upstream(&t, srv);
+    render_tasks(&t, srv);
+    render_backend(&t, srv);
+    srv->metrics->last_len = t.len;
+    return prom_text_take(&t, len);
+}
