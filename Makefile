@@ -97,7 +97,8 @@ MOCK       := $(BUILD)/mock_upstream
 BENCH_BINS := $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 SHIMS      := $(patsubst tests/shim/%.c,$(BUILD)/shim/%.so,$(SHIM_SRC))
 
-.PHONY: all deps run test unit integration bench install clean check-deps fuzz fuzz-replay fuzz-build deb
+.PHONY: all deps run test unit integration bench install clean check-deps fuzz fuzz-replay fuzz-build \
+        check-docs format format-check deb
 all: $(DAEMON) $(CTL) $(LIBA) $(LIBSO) $(MOCK) $(BENCH_BINS) $(SHIMS)
 
 $(BUILD)/obj/%.o: %.c
@@ -301,6 +302,20 @@ test: deps
 	@sh tests/run-suites.sh
 
 unit_tests: $(UNIT)
+
+# Every section reference (docs/DESIGN.md §3.1, PROTOCOL §4.4, …) and relative
+# Markdown link points at something that exists.
+check-docs:
+	/usr/bin/python3 tests/check_docs.py
+
+# clang-format (Debian's clang-format package) with the committed
+# .clang-format, over every tracked C file.
+FORMAT_SRC = $(shell git ls-files '*.c' '*.h' 2>/dev/null)
+CLANG_FORMAT ?= clang-format
+format:
+	$(CLANG_FORMAT) -i $(FORMAT_SRC)
+format-check:
+	$(CLANG_FORMAT) --dry-run --Werror $(FORMAT_SRC) && echo "format-check: $(words $(FORMAT_SRC)) files formatted"
 
 bench: deps
 	$(Q)$(MAKE) --no-print-directory all

@@ -2,7 +2,7 @@
  * call.c — the `call` method: one client request to a capability, run by
  * the governed loop (src/gov.h) over attempts on the upstream engine, and
  * answered with the result, a stream of chunk notifications, or a typed
- * error (DESIGN.md 3.6).
+ * error (docs/DESIGN.md §3.6).
  *
  * The loop, per call:
  *

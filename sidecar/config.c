@@ -1886,7 +1886,7 @@ static void validate_source(struct loader *l, size_t i)
                 FID_BREAKER_COOLDOWN, "cooldown_s", s->breaker.cooldown_s, "default",
                 FID_BREAKER_MAX_COOLDOWN, "max_cooldown_s", s->breaker.max_cooldown_s,
                 "default");
-    /* DESIGN 3.1: kept as a conservative guard under the two-budget model.
+    /* docs/DESIGN.md §3.1: kept as a conservative guard under the two-budget model.
      * The window is the capability's, so the message says which capability
      * and where its value comes from: that is where a fix may go. */
     if (c && s->ttft_timeout_s > s->policy.stall_window_s &&

@@ -1,5 +1,5 @@
 /*
- * config.h — the sidecar's YAML configuration (DESIGN.md section 5,
+ * config.h — the sidecar's YAML configuration (docs/DESIGN.md §5,
  * docs/CONFIG.md is the reference).
  *
  * config_load() parses a file into a fresh, fully-owned struct config and

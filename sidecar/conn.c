@@ -23,7 +23,7 @@
  *
  * Freeing: conn_close() only closes the fd and moves the connection to the
  * server's dead list; the server's ev_prepare watcher frees it after the
- * current callbacks have unwound (STYLE rule 7).
+ * current callbacks have unwound.
  */
 #include "internal.h"
 

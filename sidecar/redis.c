@@ -83,7 +83,7 @@
  *
  * User code (command callbacks, hooks) may call rds_free(). `depth` counts
  * our frames on the stack, and the memory is released when the outermost
- * one returns (STYLE rule 7); after user code we check `closing`.
+ * one returns; after user code we check `closing`.
  */
 #include "redis.h"
 

@@ -1,6 +1,6 @@
 /*
  * shared.h — governance state shared by a fleet of sidecars through Redis
- * (`backend: {kind: redis}`; DESIGN.md 3.2, 3.5; key schema and the split
+ * (`backend: {kind: redis}`; docs/DESIGN.md §3.2, 3.5; key schema and the split
  * between shared and local state in tests/redis/README.md).
  *
  * What it adds to the local governed loop (src/gov.h):

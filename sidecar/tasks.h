@@ -1,5 +1,5 @@
 /*
- * tasks.h — the task methods (DESIGN.md 3.5, PROTOCOL.md 4.4) on top of the
+ * tasks.h — the task methods (docs/DESIGN.md §3.5, PROTOCOL.md 4.4) on top of the
  * task registry (src/task.h), and the watchdog timer.
  *
  * The registry holds task states; the sidecar adds what only it can do:

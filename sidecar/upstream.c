@@ -2,7 +2,7 @@
  * upstream.c — libcurl multi on libev, and attempts with hard deadlines.
  * See upstream.h for the phases, the deadlines and the DNS rules.
  *
- * Glue (STYLE rule 8): one ev_timer for CURLMOPT_TIMERFUNCTION (0 ms means
+ * Glue: one ev_timer for CURLMOPT_TIMERFUNCTION (0 ms means
  * "soon": the timer fires on the next loop iteration, we never call back
  * into curl from its own callback), one ev_io per socket attached with
  * curl_multi_assign, and curl_multi_info_read drained after every

@@ -9,7 +9,7 @@
  * or silently when its owner calls attempt_cancel(). After on_done returns
  * the engine frees the attempt; the owner must drop its pointer.
  *
- * Deadlines (all relative to the attempt's phases, DESIGN.md 3.3):
+ * Deadlines (all relative to the attempt's phases, docs/DESIGN.md §3.3):
  *
  *   RESOLVING --opensocket--> CONNECTING --prereq--> SENT --first byte--> RECEIVING
  *   \______ connect_timeout_s ________/  \_ ttft_timeout_s _/ \_ idle_timeout_s
@@ -144,7 +144,7 @@ const struct upstream_stats *upstream_get_stats(const struct upstream *up);
 /* Starts an attempt. Takes spec->body even on failure. Returns the attempt,
  * or NULL when it cannot even be set up (out of memory); every other end,
  * a lookup-cap refusal included, is reported through on_done later, never
- * synchronously (STYLE rule 5). */
+ * synchronously. */
 struct attempt *attempt_start(struct upstream *up, struct attempt_spec *spec,
                               const struct attempt_hooks *hooks, void *ud);
 

@@ -1,6 +1,6 @@
 /*
  * aimd.h — additive-increase / multiplicative-decrease concurrency limit
- * of one source (DESIGN.md 3.2):
+ * of one source (docs/DESIGN.md §3.2):
  *
  *   success          limit += increase / limit      (about +increase per RTT window)
  *   429 or timeout   limit  = max(min, limit * decrease)

@@ -1,5 +1,5 @@
 /*
- * breaker.h — a per-source circuit breaker (DESIGN.md 3.2).
+ * breaker.h — a per-source circuit breaker (docs/DESIGN.md §3.2).
  *
  *            `failures` consecutive                 cooldown over
  *   CLOSED ---- transient failures ----> OPEN ---------------------> HALF_OPEN

@@ -1,6 +1,6 @@
 /*
  * gov.h — the governance core: sources with their admission state, and the
- * governed loop of one call as an explicit state machine (DESIGN.md 3.1,
+ * governed loop of one call as an explicit state machine (docs/DESIGN.md §3.1,
  * 3.2, 3.4). No I/O and no clock reads: every input carries `now`
  * (seconds, monotonic), every random draw comes from the injected source,
  * and every output says what the caller must do next and when.
@@ -15,7 +15,7 @@
  *   call states:  IDLE ──step──> WAITING ──step──> ATTEMPTING ──outcome──> BACKOFF ──step──> …
  *                                                     └──────────────────> DONE
  *
- * Budgets (DESIGN 3.1): `fails` counts attempts that consumed the retry
+ * Budgets (docs/DESIGN.md §3.1): `fails` counts attempts that consumed the retry
  * budget (transient failures; 429s too when the capability is not
  * exempt); the stall clock charges everything that is not a real attempt,
  * and the whole of an exempt 429 attempt, to the stall budget. The stall
@@ -233,7 +233,7 @@ void gov_call_step(struct gov_call *k, double now, struct gov_decision *d);
 void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o,
                          double actual_tokens, struct gov_decision *d);
 
-/* Shared admission (DESIGN 3.2 with a shared backend): the sidecar asks the
+/* Shared admission (docs/DESIGN.md §3.2 with a shared backend): the sidecar asks the
  * backend to confirm the attempt the last step reserved, before anything is
  * sent upstream.
  *

@@ -1,9 +1,9 @@
 /*
  * outcome.h — how one attempt ended, classified for the governed loop
- * (DESIGN.md 3.1): the `kind` drives the loop, the `reason` is the detail that
+ * (docs/DESIGN.md §3.1): the `kind` drives the loop, the `reason` is the detail that
  * goes into logs, stats and an error's `sources[].reason`.
  *
- *   kind           loop action (DESIGN 3.1)
+ *   kind           loop action (docs/DESIGN.md §3.1)
  *   success        mark progress, return the result
  *   rate_limited   429: exempt (no fails++) or transient, per capability policy
  *   transient      fails++, breaker failure, back off and retry

@@ -1,5 +1,5 @@
 /*
- * progress.h — per-scope progress for the stall verdict (DESIGN.md 3.1),
+ * progress.h — per-scope progress for the stall verdict (docs/DESIGN.md §3.1),
  * the memory implementation of the progress half of the backend interface.
  *
  * A scope's progress age is the time since any call in it last succeeded;

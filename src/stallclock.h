@@ -1,5 +1,5 @@
 /*
- * stallclock.h — the per-call stall clock of DESIGN.md 3.1.
+ * stallclock.h — the per-call stall clock of docs/DESIGN.md §3.1.
  *
  * Every second of a call is charged to exactly one budget: time inside a
  * real attempt that consumes the retry budget is "productive" (governed by

@@ -1,6 +1,6 @@
 /*
  * task.h — the task registry: cooperative stop, node guards and the
- * watchdog (DESIGN.md 3.5, issue 5), the memory implementation of the task
+ * watchdog (docs/DESIGN.md §3.5, issue 5), the memory implementation of the task
  * half of the backend interface. No I/O and no clock reads: every input
  * carries `now` (seconds on the caller's monotonic clock), and
  * task_next_deadline() says when task_on_timer() must run next, so the
@@ -25,7 +25,7 @@
  *  - task_start on a RUNNING task is refused with TASK_E_RUNNING: two
  *    workers silently sharing one id would share one node deadline and one
  *    stop. On a finished task it starts a new run of the same record ("resume
- *    from the checkpoint", seed note 003): state RUNNING, reason cleared,
+ *    from the checkpoint"): state RUNNING, reason cleared,
  *    started_at = now, `runs` + 1, any armed node dropped (no watchdog, no
  *    sample). The task pointer (and its `ud`) stays the same.
  *  - An operation that needs a RUNNING task and finds a finished one fails
@@ -100,7 +100,7 @@
 #define TASK_NODE_MIN_SAMPLES 20    /* before that, node_timeout_s applies */
 #define TASK_LEARNED_FACTOR 3.0     /* learned timeout = factor × p99 */
 
-/* Return codes. The sidecar maps them to typed errors (DESIGN.md 3.6). */
+/* Return codes. The sidecar maps them to typed errors (docs/DESIGN.md §3.6). */
 enum task_err {
     TASK_OK = 0,
     TASK_E_INVALID = -1,       /* bad id, node name, timeout or config */

@@ -131,6 +131,7 @@ stage "redis (pytest)"                 pytest  $PYTEST tests/redis
 stage "clients (python + node, ASan)"  summary sh client/run-tests.sh build/asan clients
 stage "agent graphs (ASan)"            summary sh client/run-tests.sh build/asan graphs
 stage "fuzz replay (ASan)"             summary make --no-print-directory BUILD=build/asan SAN=1 fuzz-replay
+stage "documentation references"      exit    /usr/bin/python3 tests/check_docs.py
 stage_if "command -v clang" "fuzz targets (clang build)" summary make --no-print-directory fuzz-build
 # shellcheck disable=SC2086
 stage "debian packages (make deb, dpkg)" pytest  $PYTEST tests/deb

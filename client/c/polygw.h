@@ -1,7 +1,7 @@
 /*
  * polygw.h — libpolygw, the C client of the polygw sidecar.
  *
- * The sidecar speaks msgpack-RPC over a Unix stream socket (DESIGN.md §4,
+ * The sidecar speaks msgpack-RPC over a Unix stream socket (docs/DESIGN.md §4,
  * proto/PROTOCOL.md). This library connects, sends requests, relays stream
  * chunks, and turns every failure into a typed `struct pgw_error`.
  *
@@ -25,7 +25,7 @@
  * Callbacks (pgw_chunk_fn, pgw_start_fn) run on the calling thread, inside
  * whichever blocking function of this client is reading the socket at the
  * time — for a pipelined client that may be the wait for another request.
- * (House rule 5 says callbacks never run inside the registering call; a
+ * (Elsewhere in polygw callbacks never run inside the registering call; a
  * blocking client cannot honour that for streaming, so the rule here is the
  * weaker one below.) From a callback you may call pgw_cancel(),
  * pgw_set_chunk_handler(), pgw_is_broken(), pgw_in_flight() and the pure
@@ -278,7 +278,7 @@ int pgw_forget(struct pgw_client *c, uint32_t msgid);
  * (or no longer) in flight is harmless. */
 int pgw_cancel(struct pgw_client *c, uint32_t msgid, struct pgw_error *err);
 
-/* --- tasks (DESIGN.md §3.5, PROTOCOL.md §4.4) ------------------------ *
+/* --- tasks (docs/DESIGN.md §3.5, PROTOCOL.md §4.4) ------------------------ *
  *
  * A task is a unit of client work (an agent run, a pipeline) named by a
  * client-chosen task_id. The sidecar keeps its state; the client marks

@@ -1,5 +1,5 @@
 --[[
-admit.lua — one atomic admission of an attempt on a source (DESIGN.md 3.2).
+admit.lua — one atomic admission of an attempt on a source (docs/DESIGN.md §3.2).
 
 All KEYS share the source's hash tag {<prefix>:source:<NAME>} (one slot; works
 unchanged on Redis Cluster). Time is Redis' own clock (TIME), never an

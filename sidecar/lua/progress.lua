@@ -1,5 +1,5 @@
 --[[
-progress.lua — per-scope progress for the stall verdict (DESIGN.md 3.1).
+progress.lua — per-scope progress for the stall verdict (docs/DESIGN.md §3.1).
 
 KEYS[1]  {p:scope:NAME}:progress   STRING  Redis time (ms) of the scope's last success
 ARGV[1]  op        mark | age

@@ -1,5 +1,5 @@
 --[[
-task.lua — shared task states with TTL (DESIGN.md 3.5; the memory semantics
+task.lua — shared task states with TTL (docs/DESIGN.md §3.5; the memory semantics
 of src/task.h, minus node watchdogs, which stay local to the sidecar that
 armed them).
 

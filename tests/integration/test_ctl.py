@@ -1,6 +1,6 @@
 """polygwctl (and through it libpolygw) against a scripted fake sidecar.
 
-The fake speaks the wire protocol of DESIGN.md section 4 from a Python
+The fake speaks the wire protocol of docs/DESIGN.md §4 from a Python
 thread, so these tests pin the client's side of the contract — output
 formats, exit codes, streaming as it arrives, typed errors, the fatal
 `error` notification, timeouts that cancel, late and out-of-order answers,

@@ -1,5 +1,5 @@
 """polygwctl's task commands and libpolygw's task helpers against the REAL
-sidecar (PROTOCOL.md 4.4, DESIGN.md 3.5).
+sidecar (PROTOCOL.md 4.4, docs/DESIGN.md §3.5).
 
 test_ctl.py pins the client's side with a fake sidecar; this file checks that
 the client and the real `polygw` agree: shapes of the task map, error codes and

@@ -1,11 +1,11 @@
-"""The governed loop (DESIGN.md 3.1-3.4, issue 4) end to end: the real
+"""The governed loop (docs/DESIGN.md §3.1-3.4, issue 4) end to end: the real
 sidecar, the real mock upstream, real sockets, real time scaled down to
 windows of 0.3-1 s. The unit tests (tests/unit, fake clock) pin the same
 rules exactly; these prove that the sidecar drives the core the way the core
 expects: wake-ups, timers, permits, refunds and typed errors on the wire.
 
 Each test asserts the error code, the number of requests the mock saw and
-the elapsed time seen by the client. The numbered cases of DESIGN 3.1
+the elapsed time seen by the client. The numbered cases of docs/DESIGN.md §3.1
 ("consequences that tests must pin") are named in the test docstrings.
 
 Timing bounds. An event scheduled by the sidecar at time T after the call
@@ -50,7 +50,7 @@ LATE = 0.25
 # Sources start from these: quick failure detection, admission wide open
 # (no AIMD ramp-up, a breaker that never opens) so that only the rule under
 # test limits a call. ttft_timeout_s must be <= the effective stall window
-# (a config rule, DESIGN 3.1), so every window below is >= 0.3 s.
+# (a config rule, docs/DESIGN.md §3.1), so every window below is >= 0.3 s.
 SOURCE_DEFAULTS = {"timeout_s": 5, "connect_timeout_s": 2, "ttft_timeout_s": 0.3,
                    "idle_timeout_s": 5, "max_concurrency": 256, "aimd": {"initial": 256},
                    "breaker": {"failures": 100000}}
@@ -118,7 +118,7 @@ def sleep_until(t):
 
 # ------------------------------------------- stall budget vs retry budget
 def test_governance__timeout_equal_to_stall_window_leaves_the_retry_budget(make_sidecar, up):
-    """DESIGN 3.1 case 1: stall_window_s == timeout_s == ttft_timeout_s. The
+    """docs/DESIGN.md §3.1 case 1: stall_window_s == timeout_s == ttft_timeout_s. The
     first attempt hangs until timeout_s (a transient failure); that time is
     charged to the retry budget, not the stall budget, so the second attempt
     runs and succeeds — the call is not `stalled`."""
@@ -140,7 +140,7 @@ def test_governance__timeout_equal_to_stall_window_leaves_the_retry_budget(make_
 
 
 def test_governance__attempt_time_alone_never_stalls(make_sidecar, up):
-    """DESIGN 3.1 case 2: one attempt that takes several stall windows (a
+    """docs/DESIGN.md §3.1 case 2: one attempt that takes several stall windows (a
     body trickled over ~0.8 s, window 0.3 s, scope never progressed) is
     productive time: the call succeeds with stalled_s ~ 0."""
     w = 0.3
@@ -158,7 +158,7 @@ def test_governance__attempt_time_alone_never_stalls(make_sidecar, up):
 
 
 def test_governance__pure_waiting_stalls_at_the_window_and_not_before(make_sidecar, up):
-    """DESIGN 3.1 cases 3 and 7. A source with one permit, held by a call
+    """docs/DESIGN.md §3.1 cases 3 and 7. A source with one permit, held by a call
     whose upstream never finishes; the scope never succeeded (progress age
     +inf). A second call finds nothing runnable and waits: `stalled` once its
     own window is spent — not before, and with no attempt. A third call that
@@ -193,7 +193,7 @@ def test_governance__pure_waiting_stalls_at_the_window_and_not_before(make_sidec
 
 # ------------------------------------------------------- 429 saturation
 def test_governance__all_429_chat_ends_stalled_not_in_an_endless_loop(make_sidecar, up):
-    """DESIGN 3.1 case 4, exempt capability (chat). Every request gets a 429:
+    """docs/DESIGN.md §3.1 case 4, exempt capability (chat). Every request gets a 429:
     no attempt consumes the retry budget (more requests than max_attempts
     2), every 429 attempt and backoff is stall time, so the call ends
     `stalled` at the window plus at most one backoff, after a finite number
@@ -225,7 +225,7 @@ def test_governance__all_429_chat_ends_stalled_not_in_an_endless_loop(make_sidec
 
 
 def test_governance__all_429_embedding_exhausts_max_attempts(make_sidecar, up):
-    """DESIGN 3.1 case 4, non-exempt capability (embedding): a 429 is a
+    """docs/DESIGN.md §3.1 case 4, non-exempt capability (embedding): a 429 is a
     transient failure, so the call ends `retry_exhausted` after exactly
     max_attempts requests (well inside the stall window)."""
     sc = start(make_sidecar, [source("e", "embedding", up.url)], stall_window_s=0.5,
@@ -240,7 +240,7 @@ def test_governance__all_429_embedding_exhausts_max_attempts(make_sidecar, up):
 
 
 def test_governance__queueing_gateway_stalls_after_one_attempt(make_sidecar, up):
-    """DESIGN 3.1 case 5, the bug of the seed note (section 3.6): a gateway
+    """docs/DESIGN.md §3.1 case 5: a gateway
     holds each request for most of timeout_s, then answers 429. timeout =
     stall window = T = 0.6 s, hold 0.45 s, backoff [0.2, 0.4). The exempt
     429 attempt is refunded to the stall budget, so after one attempt and
@@ -295,7 +295,7 @@ def _feed_progress(sc, until, scope="shared", every=0.05):
 
 
 def test_governance__local_window_exceeded_scope_fresh_keeps_waiting(make_sidecar, up):
-    """DESIGN 3.1 case 6 (and 7). B waits for the embedding permit in scope
+    """docs/DESIGN.md §3.1 case 6 (and 7). B waits for the embedding permit in scope
     "shared" far beyond its own 0.4 s window, because chat calls in the same
     scope keep succeeding (progress age < window): it is not stalled, and
     when the permit is released it runs and succeeds. Beside it, the same
@@ -325,7 +325,7 @@ def test_governance__local_window_exceeded_scope_fresh_keeps_waiting(make_sideca
 
 
 def test_governance__progress_stops_then_stalled_one_window_later(make_sidecar, up):
-    """DESIGN 3.1 case 6, the other side: B has exceeded its own window
+    """docs/DESIGN.md §3.1 case 6, the other side: B has exceeded its own window
     while the scope progressed; once the progress stops, B ends `stalled`
     exactly when the scope's progress age passes the window — one window
     after the last success in the scope."""
@@ -389,7 +389,7 @@ def test_governance__breaker_open_fails_over_then_half_open_probe(make_sidecar, 
 
 
 def test_governance__retry_avoids_the_source_that_failed_this_call(make_sidecar, up, up2):
-    """DESIGN 3.2: a retry skips a source that failed this same call when
+    """docs/DESIGN.md §3.2: a retry skips a source that failed this same call when
     another is runnable, even a lower tier; the next call starts on a again."""
     sc = start(make_sidecar, [source("a", "chat", up.url, priority=0),
                               source("b", "chat", up2.url, priority=1)], max_attempts=2)

@@ -195,7 +195,7 @@ def _feed_progress(sc, until, scope, every):
 
 
 def test_fleet__progress_elsewhere_keeps_a_call_waiting(redis_srv, up, make_sidecar):
-    """DESIGN 3.1 case 6 across sidecars ("local window exceeded, scope
+    """docs/DESIGN.md §3.1 case 6 across sidecars ("local window exceeded, scope
     fresh"). Chat (exempt_429) with stall_window_s 1. On sidecar B, a call
     in scope S gets 429 + Retry-After 0.2 on every attempt: all its time is
     stall time, its own window is spent after 1 s. Meanwhile calls in S
@@ -673,8 +673,8 @@ def test_fleet__progress_read_error_fails_closed(redis_srv, up, make_sidecar):
                 timeout=6)
     err, res = p.wait(4)
     assert res is None and err["code"] == "backend_unavailable", err
-    # A failed progress read fails the call closed at its next step (DESIGN
-    # 3.2), at the latest when its stall verdict needs the age.
+    # A failed progress read fails the call closed at its next step (docs/DESIGN.md
+    # §3.2), at the latest when its stall verdict needs the age.
     assert_at("call with an unreadable progress age", p.elapsed, 0, w + 0.3)
     s = stats(a)["shared"]
     assert s["progress_fetches"] <= 5 and s["progress_read_errors"] >= 1, s

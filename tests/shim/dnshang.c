@@ -2,14 +2,14 @@
  * dnshang.c — an LD_PRELOAD shim that makes name resolution misbehave on
  * purpose, so the integration tests can prove that a hung getaddrinfo never
  * blocks the sidecar's loop nor outlives the attempt's connect deadline
- * (DESIGN.md 3.3; issue 3).
+ * (docs/DESIGN.md §3.3; issue 3).
  *
  * Environment (read once, at the first call):
  *
  *   POLYGW_TEST_DNS_HANG    comma-separated node names whose lookup blocks
  *                           for POLYGW_TEST_DNS_HANG_S seconds (default 60),
  *                           then fails with EAI_AGAIN — a resolver that
- *                           never answers, as in the seed note.
+ *                           never answers.
  *   POLYGW_TEST_DNS_MAP     comma-separated `name=address` pairs resolved at
  *                           once to that numeric address (so a test can use
  *                           a real-looking host name that reaches the

@@ -155,7 +155,7 @@ END_TEST
 
 START_TEST(test_config__full_example)
 {
-    /* DESIGN.md section 5, verbatim except the key variable. */
+    /* A full example configuration, with the key from a variable. */
     setenv("POLYGW_TEST_KEY", SECRET, 1);
     struct config *cfg = expect_ok(
         "listen:   { socket: /run/polygw/polygw.sock, mode: \"0660\", max_message_bytes: 16777216 }\n"

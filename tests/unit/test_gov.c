@@ -1,4 +1,4 @@
-/* test_gov.c — the governed loop of DESIGN.md 3.1–3.4, always on a fake
+/* test_gov.c — the governed loop of docs/DESIGN.md §3.1–3.4, always on a fake
  * clock and with a scripted random source.
  *
  * The simulation driver below plays the sidecar: each call has a scripted
@@ -394,7 +394,7 @@ static double scope_age(struct sim *s, const char *scope)
 }
 
 /* ===================================================================== */
-/* The consequences DESIGN 3.1 says tests must pin                       */
+/* The consequences docs/DESIGN.md §3.1 says tests must pin                       */
 /* ===================================================================== */
 
 /* 1. One attempt that runs past the window and times out does not exhaust
@@ -561,7 +561,7 @@ START_TEST(test_gov__all_429_not_exempt_retry_exhausted)
 }
 END_TEST
 
-/* 5. The queueing gateway of the seed note: each attempt held the full
+/* 5. The queueing gateway: each attempt held the full
  * timeout_s, then 429; timeout = stall = 300 s, backoff base 2 s, rng 0.
  * The refund makes it one attempt and about 301 s, not 301 attempts and
  * 25 hours. */
@@ -2625,7 +2625,7 @@ Suite *gov_suite(void)
     Suite *s = suite_create("gov");
     TCase *tc = tcase_create("core");
 
-    /* DESIGN 3.1 consequences 1-8 */
+    /* docs/DESIGN.md §3.1 consequences 1-8 */
     tcase_add_test(tc, test_gov__timeout_does_not_exhaust_stall_budget);
     tcase_add_test(tc, test_gov__attempt_time_alone_never_stalls);
     tcase_add_test(tc, test_gov__pure_waiting_stalls_when_window_spent);

@@ -1,4 +1,4 @@
-/* test_task.c — the task registry of DESIGN.md 3.5 / issue 5: cooperative
+/* test_task.c — the task registry of docs/DESIGN.md §3.5 / issue 5: cooperative
  * stop, guards, node deadlines, the watchdog, TTL expiry and the memory
  * bounds. Time is a plain `double` advanced by hand; hooks are recorded
  * into a `struct rec` so every event can be asserted. */

@@ -313,7 +313,7 @@ export class CallStream {
 const NOT_RUNNING = [errors.TaskNotRunningError, errors.ConnectionLostError, errors.ConnectFailedError];
 
 /**
- * A task (PROTOCOL §4.4, DESIGN §3.5) seen from the client:
+ * A task (PROTOCOL §4.4, docs/DESIGN.md §3.5) seen from the client:
  *
  *   await client.task("run-42").run(async (task) => {
  *     await task.node("build_skeleton", async () => {     // guard + node_begin ... node_end

@@ -364,7 +364,7 @@ class CallStream:
 
 
 class Task:
-    """A task (PROTOCOL §4.4, DESIGN §3.5) seen from the client.
+    """A task (PROTOCOL §4.4, docs/DESIGN.md §3.5) seen from the client.
 
     As a context manager it starts the task on entry and finishes it on exit
     (``ok`` unless an exception escapes; a task already stopped or failed by
