@@ -14,11 +14,11 @@ void access_log_write(const struct config *cfg, const struct access_entry *e)
               (unsigned long long)e->msgid, "capability", LOG_S, e->capability, "scope", LOG_S,
               e->scope, "source", LOG_S, e->source, "task", LOG_S, e->task, "peer_pid", LOG_N,
               e->peer_pid, "peer_uid", LOG_N, e->peer_uid, "code", LOG_S,
-              e->answered ? pgw_code_name(e->code) : "client_gone", "stream", LOG_B,
-              (int)e->stream, "attempts", LOG_U, (unsigned long long)e->attempts, "status",
-              LOG_N, (long long)(e->status > 0 ? e->status : -1), "elapsed_s", LOG_F,
-              e->elapsed_s, "stalled_s", LOG_F, e->stalled_s, "ttft_s", LOG_F, e->ttft_s,
-              "tokens", LOG_F, e->tokens, NULL);
+              e->answered ? pgw_code_name(e->code) : "client_gone", "stream", LOG_B, (int)e->stream,
+              "attempts", LOG_U, (unsigned long long)e->attempts, "status", LOG_N,
+              (long long)(e->status > 0 ? e->status : -1), "elapsed_s", LOG_F, e->elapsed_s,
+              "stalled_s", LOG_F, e->stalled_s, "ttft_s", LOG_F, e->ttft_s, "tokens", LOG_F,
+              e->tokens, NULL);
 }
 
 void access_peer(int fd, long long *pid, long long *uid)

@@ -24,17 +24,17 @@ struct access_entry {
     uint32_t msgid;
     const char *capability;
     const char *scope;
-    const char *source;      /* the last attempt's source; NULL: no attempt */
+    const char *source; /* the last attempt's source; NULL: no attempt */
     const char *task;
     long long peer_pid, peer_uid; /* from SO_PEERCRED; -1 unknown */
-    bool answered;           /* false: the client went away first */
-    enum pgw_code code;      /* the answer; meaningful when answered */
+    bool answered;                /* false: the client went away first */
+    enum pgw_code code;           /* the answer; meaningful when answered */
     bool stream;
     uint32_t attempts;
-    int status;              /* the last attempt's HTTP status; 0 none */
+    int status; /* the last attempt's HTTP status; 0 none */
     double elapsed_s, stalled_s;
-    double ttft_s;           /* streams: call start -> first chunk relayed */
-    double tokens;           /* usage.total_tokens of the answer */
+    double ttft_s; /* streams: call start -> first chunk relayed */
+    double tokens; /* usage.total_tokens of the answer */
 };
 
 /* Writes the entry when cfg->access_log is on and the level admits info.

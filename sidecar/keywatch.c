@@ -13,14 +13,14 @@
 #include "reload.h"
 
 #define KEYWATCH_DEBOUNCE_S 0.1
-#define KEYWATCH_MASK                                                                      \
+#define KEYWATCH_MASK \
     (IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_ATTRIB)
 
 /* One watched directory and the key file names in it. */
 struct kw_dir {
     int wd;
-    char *path;       /* owned */
-    char **names;     /* owned base names */
+    char *path;   /* owned */
+    char **names; /* owned base names */
     size_t n_names;
 };
 
@@ -64,14 +64,16 @@ static int watch_file(struct keywatch *kw, const char *file)
             return -1;
         kw->dirs = nd;
         d = &kw->dirs[kw->n_dirs];
-        *d = (struct kw_dir){.wd = -1, .path = strndup(file, dlen)};
+        *d = (struct kw_dir){ .wd = -1, .path = strndup(file, dlen) };
         if (!d->path)
             return -1;
         kw->n_dirs++;
         d->wd = inotify_add_watch(kw->fd, d->path, KEYWATCH_MASK);
         if (d->wd < 0) {
-            log_at(LOG_WARN, "cannot watch a key file's directory; the key is re-read on SIGHUP "
-                   "only", "dir", LOG_S, d->path, "error", LOG_S, strerror(errno), NULL);
+            log_at(LOG_WARN,
+                   "cannot watch a key file's directory; the key is re-read on SIGHUP "
+                   "only",
+                   "dir", LOG_S, d->path, "error", LOG_S, strerror(errno), NULL);
             return -1;
         }
     }

@@ -198,8 +198,8 @@ static struct config *load_new(struct reload_ctx *x, char *err, size_t errlen)
 {
     struct server *srv = x->srv;
     char first[CONFIG_ERR_MAX], why[768];
-    struct config *n = config_load_report(srv->config_path, on_config_error, x, first,
-                                          sizeof(first));
+    struct config *n =
+        config_load_report(srv->config_path, on_config_error, x, first, sizeof(first));
 
     if (!n) {
         snprintf(err, errlen, "%s: invalid configuration (%zu error%s), nothing changed: %s",
@@ -236,8 +236,7 @@ static bool from_has(const long *from, size_t n, long i)
     return false;
 }
 
-static int reload_apply(struct reload_ctx *x, struct reload_summary *sum, char *err,
-                        size_t errlen)
+static int reload_apply(struct reload_ctx *x, struct reload_summary *sum, char *err, size_t errlen)
 {
     struct server *srv = x->srv;
     struct config *o = srv->cfg;
@@ -316,7 +315,7 @@ static int reload_apply(struct reload_ctx *x, struct reload_summary *sum, char *
         gov_reconf_abort(&r);
         goto oom_keys;
     }
-    struct metrics_reconf mr = {NULL, NULL};
+    struct metrics_reconf mr = { NULL, NULL };
     if (srv->metrics && metrics_reconf_prepare(srv->metrics, &view, from, &mr) < 0) {
         call_reconf_abort(srv);
         gov_reconf_abort(&r);
@@ -384,7 +383,7 @@ fail:
 int reload_run(struct server *srv, const char *trigger, config_report_fn *report, void *arg,
                struct reload_summary *sum, char *err, size_t errlen)
 {
-    struct reload_ctx x = {.srv = srv, .report = report, .arg = arg};
+    struct reload_ctx x = { .srv = srv, .report = report, .arg = arg };
     struct reload_summary tmp;
 
     if (!sum)
@@ -398,17 +397,16 @@ int reload_run(struct server *srv, const char *trigger, config_report_fn *report
     if (rc < 0) {
         srv->stats.reloads_failed++;
         snprintf(srv->reload_error, sizeof(srv->reload_error), "%s", err);
-        log_at(LOG_ERROR, "reload failed; the running configuration is unchanged", "trigger",
-               LOG_S, trigger, "error", LOG_S, err, NULL);
+        log_at(LOG_ERROR, "reload failed; the running configuration is unchanged", "trigger", LOG_S,
+               trigger, "error", LOG_S, err, NULL);
     } else {
         srv->stats.reloads_ok++;
         srv->reload_error[0] = '\0';
         keywatch_refresh(srv->keywatch);
         log_at(LOG_INFO, "configuration reloaded", "trigger", LOG_S, trigger, "config", LOG_S,
-               srv->config_path, "sources", LOG_U, (unsigned long long)sum->sources, "added",
-               LOG_U, (unsigned long long)sum->added, "removed", LOG_U,
-               (unsigned long long)sum->removed, "retired_in_use", LOG_U,
-               (unsigned long long)sum->retired, NULL);
+               srv->config_path, "sources", LOG_U, (unsigned long long)sum->sources, "added", LOG_U,
+               (unsigned long long)sum->added, "removed", LOG_U, (unsigned long long)sum->removed,
+               "retired_in_use", LOG_U, (unsigned long long)sum->retired, NULL);
     }
     server_notify_ready(srv);
     return rc;

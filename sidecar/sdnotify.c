@@ -12,8 +12,7 @@ static void send_state(const char *state)
 {
     int rc = sd_notify(0, state);
     if (rc < 0)
-        log_at(LOG_WARN, "cannot notify the service manager", "errno", LOG_I, (long long)-rc,
-               NULL);
+        log_at(LOG_WARN, "cannot notify the service manager", "errno", LOG_I, (long long)-rc, NULL);
 }
 
 static void on_watchdog(struct ev_loop *loop, ev_timer *w, int revents)
@@ -28,7 +27,7 @@ void sdnotify_init(struct sdnotify *n, struct ev_loop *loop)
 {
     uint64_t usec = 0;
 
-    *n = (struct sdnotify){.loop = loop};
+    *n = (struct sdnotify){ .loop = loop };
     if (sd_watchdog_enabled(0, &usec) > 0 && usec > 0)
         n->watchdog_interval_s = (double)usec / 2e6;
     ev_init(&n->watchdog_w, on_watchdog);
