@@ -40,11 +40,11 @@
 #include <string.h>
 
 #include "access.h"
+#include "backend.h"
 #include "governor.h"
 #include "log.h"
 #include "metrics.h"
 #include "redact.h"
-#include "shared.h"
 #include "task.h"
 #include "tasks.h"
 #include "transcode.h"
@@ -58,8 +58,8 @@ struct call {
     const struct config_capability *cap;
     const struct config_source *src; /* the current (or last) attempt's source */
     struct attempt *attempt;
-    struct shared_admit *admit;      /* shared backend: admission asked, not answered */
-    struct shared_lease *lease;      /* shared backend: the attempt's fleet permit */
+    struct backend_admit *admit;     /* admission asked, not answered yet */
+    struct backend_lease *lease;     /* the attempt's fleet permit, when the backend has one */
     char backend_why[64];            /* why the backend could not admit, for the error */
     double started;
     bool paused;
@@ -73,7 +73,7 @@ struct call {
     char event_error[96];            /* why the attempt's stream was refused, or "" */
     uint32_t relayed;                /* chunks of the attempt relayed to the client */
     struct task *task;               /* the task it belongs to, or NULL */
-    struct task_wait *task_wait;     /* shared backend: its task is being checked */
+    struct task_wait *task_wait;     /* its task is being checked by the backend */
     struct call *tprev, *tnext;      /* the task's calls (head in task->ud) */
     /* For the access log (access.h). */
     bool answered;                   /* a response was queued */
@@ -89,7 +89,7 @@ struct call {
 
 static void call_step(struct call *k);
 
-/* A call naming a task this sidecar does not hold waits for Redis' answer. */
+/* A call naming a task not held running here waits for the record's answer. */
 struct task_wait {
     struct call *k;                  /* NULL once the call is gone */
     char id[TASK_ID_MAX + 1];
@@ -217,9 +217,9 @@ static void call_end(struct call *k)
         k->task_wait->k = NULL;
     k->task_wait = NULL;
     if (k->admit)
-        shared_admit_detach(k->admit);
+        backend_admit_detach(srv->backend, k->admit);
     if (k->lease)
-        shared_release(srv->shared, k->lease, NULL, -1);
+        backend_release(srv->backend, k->lease, NULL, -1);
     k->admit = NULL;
     k->lease = NULL;
     call_task_unlink(k);
@@ -554,7 +554,7 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
     k->last_status = res.http_status;
     k->tokens = used >= 0 ? used : NAN;
     if (k->lease) {
-        shared_release(k->conn->srv->shared, k->lease, &res.outcome, used);
+        backend_release(k->conn->srv->backend, k->lease, &res.outcome, used);
         k->lease = NULL;
     }
     gov_call_on_outcome(&k->g, now, &res.outcome, used, &d);
@@ -780,8 +780,8 @@ static void call_run_attempt(struct call *k, size_t source)
     }
 }
 
-/* The shared backend answered the admission of the reserved attempt. */
-static void call_on_admit(void *ud, int rc, struct shared_lease *lease, double retry_at,
+/* The backend answered the admission of the reserved attempt later. */
+static void call_on_admit(void *ud, int rc, struct backend_lease *lease, double retry_at,
                           const char *why)
 {
     struct call *k = ud;
@@ -815,18 +815,20 @@ static void call_act(struct call *k, const struct gov_decision *d, const struct 
     struct server *srv = k->conn->srv;
 
     switch (d->action) {
-    case GOV_ATTEMPT:
-        if (!srv->shared) {
+    case GOV_ATTEMPT: {
+        /* Admitted at once (the local step decided: memory), later
+         * (call_on_admit), or not sent: fail closed. */
+        int rc = backend_admit(srv->backend, d->source, k->g.est_tokens, &k->lease,
+                               call_on_admit, k, &k->admit);
+        if (rc > 0) {
             call_run_attempt(k, d->source);
-            return;
-        }
-        k->admit = shared_admit(srv->shared, d->source, k->g.est_tokens, call_on_admit, k);
-        if (!k->admit) {
+        } else if (rc < 0) {
             struct gov_decision fail;
             gov_call_abandon(&k->g, ev_now(srv->loop), GOV_BACKEND_UNAVAILABLE, &fail);
             call_act(k, &fail, NULL);
         }
         return;
+    }
     case GOV_WAIT: {
         double in = d->wake_at - ev_now(srv->loop);
         ev_timer_stop(srv->loop, &k->wake_w);
@@ -851,9 +853,8 @@ static void call_step(struct call *k)
     call_act(k, &d, NULL);
 }
 
-/* Redis answered whether the task of a call runs (shared backend). */
-static void call_on_task_checked(void *ud, struct task *t, int rc, const char *reason,
-                                 const char *kind)
+/* The record answered whether the task of a call runs. */
+static void call_on_task_checked(void *ud, struct task *t, const struct backend_task *bt)
 {
     struct task_wait *tw = ud;
     struct call *k = tw->k;
@@ -864,7 +865,7 @@ static void call_on_task_checked(void *ud, struct task *t, int rc, const char *r
             call_task_link(k, t);
             call_step(k);
         } else {
-            tasks_reply_error(k->conn, k->msgid, rc, tw->id, reason, kind);
+            tasks_reply_error(k->conn, k->msgid, tw->id, bt);
             call_finish(k);
         }
     }
@@ -983,8 +984,9 @@ void call_start(struct conn *c, const struct rpc_msg *m)
             call_refuse(c, m, p[P_CAP], p[P_TASK], PGW_BAD_REQUEST, why);
             return;
         }
-        if (srv->shared && !tasks_held_running(srv, id)) {
-            /* Not held here, or a copy that may be stale: ask Redis. */
+        if (!tasks_held_running(srv, id)) {
+            /* Not held running here, or a copy that may be stale: ask the
+             * record. */
             tw = calloc(1, sizeof(*tw));
             if (!tw) {
                 call_refuse(c, m, p[P_CAP], p[P_TASK], PGW_INTERNAL, "out of memory");

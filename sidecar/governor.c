@@ -17,6 +17,16 @@ static double governor_rand(void *ud)
     return (double)((*s * 2685821657736338717ULL) >> 11) / 9007199254740992.0;
 }
 
+void governor_seed(uint64_t *rand_state)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    *rand_state = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 40);
+    if (!*rand_state)
+        *rand_state = 0x9e3779b97f4a7c15ULL;
+}
+
 void governor_source_params(const struct config *cfg, struct gov_source_params *p)
 {
     bool shared = cfg->backend == BACKEND_REDIS;
@@ -57,7 +67,6 @@ int governor_init(struct gov *g, const struct config *cfg, const struct gov_back
                   const struct gov_hooks *hooks, uint64_t *rand_state, double now, char *err,
                   size_t errlen)
 {
-    struct timespec ts;
     struct gov_source_params *p = calloc(cfg->n_sources ? cfg->n_sources : 1, sizeof(*p));
 
     if (!p) {
@@ -65,10 +74,6 @@ int governor_init(struct gov *g, const struct config *cfg, const struct gov_back
         return -1;
     }
     governor_source_params(cfg, p);
-    clock_gettime(CLOCK_REALTIME, &ts);
-    *rand_state = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 40);
-    if (!*rand_state)
-        *rand_state = 0x9e3779b97f4a7c15ULL;
     int rc = gov_init(g, p, cfg->n_sources, cfg->n_capabilities, backend, governor_rand,
                       rand_state, hooks, now);
     free(p);

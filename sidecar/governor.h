@@ -15,11 +15,16 @@
 /* Initialises `g` for `cfg` (borrowed: source names point into it, so it
  * must outlive `g`). `backend` is the progress backend (NULL: memory).
  * With a shared backend the rate buckets and the breaker are left to it
- * (locally unlimited). `rand_state` (borrowed, outlives `g`) is seeded here
- * and holds the jitter generator's state. Returns 0, or -1 with `err` (out of memory). */
+ * (locally unlimited). `rand_state` (borrowed, outlives `g`, seeded by
+ * governor_seed) holds the jitter generator's state. Returns 0, or -1 with
+ * `err` (out of memory). */
 int governor_init(struct gov *g, const struct config *cfg, const struct gov_backend *backend,
                   const struct gov_hooks *hooks, uint64_t *rand_state, double now, char *err,
                   size_t errlen);
+
+/* Seeds the process's random state (the jitter generator; the task
+ * registry's hash seed is drawn from it too) from the clock and the pid. */
+void governor_seed(uint64_t *rand_state);
 
 /* The core's parameters of every source of `cfg`, in order, into
  * p[0..cfg->n_sources) (names borrowed from cfg). */

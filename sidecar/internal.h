@@ -23,7 +23,7 @@ struct conn;
 struct call;
 struct upstream;
 struct task_reg;
-struct shared;
+struct backend;
 struct tasks_req;
 struct tasks_resync;
 struct keywatch;
@@ -76,13 +76,13 @@ struct server {
     struct server_stats stats;
     struct upstream *up;          /* the HTTP engine */
     struct gov gov;               /* the governance core */
-    struct shared *shared;        /* the Redis backend's state, NULL with memory */
+    struct backend *backend;      /* the state backend (backend.h): memory or Redis */
     uint64_t rand_state;          /* jitter generator */
     struct task_reg *tasks;       /* task states (src/task.h) */
     ev_timer task_w;              /* the watchdog / task expiry timer */
-    struct tasks_req *task_retry, *task_retry_tail; /* verdicts to send when Redis is back */
+    struct tasks_req *task_retry, *task_retry_tail; /* verdicts to send when the backend is back */
     struct tasks_resync *resync;  /* running tasks being re-read after a gap */
-    size_t task_imports;          /* Redis reads that may import a task, in flight */
+    size_t task_imports;          /* backend reads that may import a task, in flight */
     size_t task_retry_n;
     struct metrics *metrics;      /* counters and histograms (metrics.h) */
     struct redact *redact;        /* the sources' keys, scrubbed from relayed replies */
@@ -100,8 +100,18 @@ struct server {
 };
 
 /* server.c */
+struct backend_hooks;
 int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg,
                 char *err, size_t errlen);
+/* Builds the state backend of `srv` once srv->tasks exists, with `hooks`
+ * (copied; the backend reports its events through them). Returns the
+ * backend, or NULL with `err`. */
+typedef struct backend *server_backend_fn(struct server *srv, const struct backend_hooks *hooks,
+                                          char *err, size_t errlen);
+/* server_init with the backend `backend_new` builds instead of the one
+ * cfg->backend names (the unit tests' fake backend). */
+int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cfg,
+                     server_backend_fn *backend_new, char *err, size_t errlen);
 void server_start(struct server *srv);
 void server_fini(struct server *srv);
 void server_begin_shutdown(struct server *srv, const char *why);
@@ -110,8 +120,6 @@ void server_on_conn_closed(struct server *srv, struct conn *c);
 /* READY=1 when the socket accepts and, with Redis, Redis is connected (once;
  * again after a reload). */
 void server_notify_ready(struct server *srv);
-/* The Redis backend is connected: the daemon may now report itself ready. */
-void server_on_backend_up(struct server *srv);
 /* A request was answered; lets a draining server notice when all are done. */
 void server_on_request_done(struct server *srv);
 double server_uptime_s(const struct server *srv);
@@ -136,7 +144,7 @@ struct conn {
     uint32_t in_flight;
     struct call *calls;           /* calls in flight (call.c) */
     uint32_t paused_calls;        /* of which streams paused for back-pressure */
-    struct tasks_req *tasks;      /* task requests waiting for Redis (tasks.c) */
+    struct tasks_req *tasks;      /* task requests waiting for the backend (tasks.c) */
     bool reading;                 /* rio active */
     bool read_paused;             /* paused because its budget is spent */
     bool closing;                 /* no more input; close once `out` is flushed */

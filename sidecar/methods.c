@@ -14,8 +14,8 @@
 #include "log.h"
 #include "metrics.h"
 #include "progress.h"
+#include "backend.h"
 #include "reload.h"
-#include "shared.h"
 #include "tasks.h"
 #include "upstream.h"
 
@@ -128,7 +128,7 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
     if (bind_or_reply(c, m, NULL, 0, NULL) < 0)
         return;
     rpc_pack_result_begin(pk, m->msgid);
-    msgpack_pack_map(pk, c->srv->shared ? 14 : 13);
+    msgpack_pack_map(pk, 12 + c->srv->backend->ops->stats_keys); /* 11 + reload */
 
     rpc_pack_str(pk, "version");
     rpc_pack_str(pk, PGW_VERSION);
@@ -189,14 +189,7 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
 
     pack_governance(pk, c->srv);
     tasks_pack_stats(pk, c->srv);
-    if (c->srv->shared) {
-        shared_pack_stats(c->srv->shared, pk); /* `backend` and `shared` */
-    } else {
-        rpc_pack_str(pk, "backend");
-        msgpack_pack_map(pk, 2);
-        rpc_pack_kv_str(pk, "kind", "memory");
-        rpc_pack_kv_str(pk, "state", "up");
-    }
+    c->srv->backend->ops->pack_stats(c->srv->backend, pk); /* `backend` (and its own) */
     conn_response_done(c, PGW_OK);
 }
 

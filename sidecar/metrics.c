@@ -7,7 +7,7 @@
 
 #include "internal.h"
 #include "redis.h"
-#include "shared.h"
+#include "backend.h"
 #include "task.h"
 #include "upstream.h"
 
@@ -372,7 +372,7 @@ static void render_sources(struct prom_text *t, struct server *srv)
                        offsetof(struct metrics_source, ttft));
 
     for (size_t f = 0; f < sizeof(source_families) / sizeof(source_families[0]); f++) {
-        if (source_families[f].local_only && srv->shared)
+        if (source_families[f].local_only && backend_redis_rds(srv->backend))
             continue;
         prom_text_family(t, source_families[f].name, source_families[f].type,
                             source_families[f].help);
@@ -385,8 +385,9 @@ static void render_sources(struct prom_text *t, struct server *srv)
                         "1 for the breaker's current state (closed, open, half_open), 0 for the "
                         "others; with the Redis backend, the fleet breaker as last seen.");
     for (size_t i = 0; i < cfg->n_sources; i++) {
-        const char *cur = srv->shared ? shared_breaker_state(srv->shared, i)
-                                      : breaker_state_name(srv->gov.sources[i].breaker.state);
+        const char *cur = backend_redis_breaker_state(srv->backend, i);
+        if (!cur)
+            cur = breaker_state_name(srv->gov.sources[i].breaker.state);
         source_labels(cfg, i, l);
         for (int s = BREAKER_CLOSED; s <= BREAKER_HALF_OPEN; s++) {
             const char *name = breaker_state_name((enum breaker_state)s);
@@ -530,7 +531,7 @@ static void render_tasks(struct prom_text *t, struct server *srv)
 
 static void render_backend(struct prom_text *t, struct server *srv)
 {
-    const struct rds *r = srv->shared ? shared_rds(srv->shared) : NULL;
+    const struct rds *r = backend_redis_rds(srv->backend);
     static const char *const kinds[] = {"reply", "timeout", "connection_lost", "not_connected"};
     static const char *const results[] = {"admitted", "refused", "error"};
     const char *kind = r ? "redis" : "memory";
@@ -543,8 +544,8 @@ static void render_backend(struct prom_text *t, struct server *srv)
         return;
     const struct rds_stats *s = rds_get_stats(r);
     const uint64_t failures[] = {s->errors, s->timeouts, s->lost, s->rejected_not_connected};
-    struct shared_counts sc;
-    shared_get_counts(srv->shared, &sc);
+    struct backend_redis_counts sc;
+    backend_redis_get_counts(srv->backend, &sc);
     const uint64_t admissions[] = {sc.admitted, sc.refused, sc.admit_errors};
     render_one_u64(t, "polygw_redis_commands_total", "counter", "Redis commands sent.",
                    s->commands);

@@ -53,7 +53,7 @@
  * privdata, nothing to free.
  *   Stats: pings are internal round trips, like the handshake and TIME, so
  * they are not in `commands`, `replies`, `pending` or the RTT, which stay
- * the application's commands (shared.c reads `commands` as "calls that
+ * the application's commands (backend_redis.c reads `commands` as "calls that
  * reached Redis"). An unanswered ping counts in `timeouts`, as a TIME
  * timeout does, and its drop in `disconnects`, with last_error saying so.
  *

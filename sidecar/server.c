@@ -43,6 +43,7 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "call.h"
 #include "governor.h"
 #include "tasks.h"
@@ -50,8 +51,8 @@
 #include "metrics.h"
 #include "redact.h"
 #include "keywatch.h"
+#include "redis.h"
 #include "reload.h"
-#include "shared.h"
 #include "upstream.h"
 
 #define SERVER_ACCEPT_PAUSE_S 0.1
@@ -468,6 +469,41 @@ static void server_on_stop_timeout(struct ev_loop *loop, ev_timer *w, int revent
     ev_break(loop, EVBREAK_ALL);
 }
 
+/* Backend hooks: events the backend reports go to the task layer and the
+ * governance core; the backend itself knows neither. */
+static void server_on_task_ended(void *ud, const char *id)
+{
+    tasks_on_task_ended(ud, id);
+}
+
+static void server_on_resync(void *ud)
+{
+    tasks_on_resubscribed(ud);
+}
+
+static void server_on_backend_up(void *ud)
+{
+    tasks_on_backend_up(ud);
+    server_notify_ready(ud); /* READY=1 waits for Redis */
+}
+
+static void server_on_progress_known(void *ud, const char *scope)
+{
+    struct server *srv = ud;
+    gov_progress_known(&srv->gov, scope);
+}
+
+static struct backend *server_backend_new(struct server *srv, const struct backend_hooks *hooks,
+                                          char *err, size_t errlen)
+{
+    if (srv->cfg->backend == BACKEND_REDIS)
+        return backend_redis_new(srv->loop, srv->cfg, hooks, err, errlen);
+    struct backend *be = backend_memory_new(srv->loop, srv->tasks);
+    if (!be)
+        snprintf(err, errlen, "out of memory");
+    return be;
+}
+
 /* Every key the sources send, for scrubbing replies (redact.h). */
 static int server_redact_init(struct server *srv)
 {
@@ -486,38 +522,71 @@ static int server_redact_init(struct server *srv)
 int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, char *err,
                 size_t errlen)
 {
+    return server_init_with(srv, loop, cfg, server_backend_new, err, errlen);
+}
+
+/* Tears down what server_init_with set up, in reverse order. The backend
+ * goes before the task registry: its last answers (the drain at exit)
+ * still bring task copies in line. */
+static void server_fini_parts(struct server *srv)
+{
+    gov_fini(&srv->gov);
+    backend_free(srv->backend);
+    srv->backend = NULL;
+    tasks_fini(srv);
+    upstream_free(srv->up);
+    srv->up = NULL;
+    metrics_free(srv->metrics); /* last: the parts above count into it until freed */
+    srv->metrics = NULL;
+    redact_free(srv->redact);
+    srv->redact = NULL;
+    free(srv->socket_path);
+    srv->socket_path = NULL;
+}
+
+int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cfg,
+                     server_backend_fn *backend_new, char *err, size_t errlen)
+{
     memset(srv, 0, sizeof(*srv));
     srv->loop = loop;
     srv->cfg = cfg;
     srv->listen_fd = -1;
     srv->spare_fd = -1;
     sdnotify_init(&srv->notify, loop);
+    governor_seed(&srv->rand_state); /* before tasks_init draws its hash seed */
     const struct gov_hooks hooks = {
         .on_wake = call_on_gov_wake,
         .on_breaker = call_on_breaker,
         .ud = srv,
     };
+    const struct backend_hooks be_hooks = {
+        .on_task_ended = server_on_task_ended,
+        .on_resync = server_on_resync,
+        .on_up = server_on_backend_up,
+        .on_progress_known = server_on_progress_known,
+        .ud = srv,
+    };
+    /* Set up in dependency order; server_fini_parts unwinds in reverse
+     * (each part's fini accepts a part never set up). */
     srv->socket_path = strdup(cfg->socket_path);
     srv->metrics = metrics_new(cfg);
     if (!srv->socket_path || !srv->metrics) {
         snprintf(err, errlen, "out of memory");
-        goto fail_up;
+        goto fail;
     }
     if (server_redact_init(srv) < 0) {
         snprintf(err, errlen, "out of memory");
-        goto fail_up;
+        goto fail;
     }
-    /* Set up in dependency order; unwind in reverse on failure. */
     srv->up = upstream_new(loop, SERVER_DNS_LOOKUPS_PER_HOST, err, errlen);
-    if (!srv->up)
-        goto fail_up;
-    if (shared_init(srv, err, errlen) < 0)
-        goto fail_shared;
-    if (governor_init(&srv->gov, cfg, srv->shared ? shared_gov_backend(srv->shared) : NULL,
-                      &hooks, &srv->rand_state, ev_now(loop), err, errlen) < 0)
-        goto fail_gov;
-    if (tasks_init(srv, err, errlen) < 0)
-        goto fail_tasks;
+    if (!srv->up || tasks_init(srv, err, errlen) < 0)
+        goto fail;
+    srv->backend = backend_new(srv, &be_hooks, err, errlen);
+    if (!srv->backend)
+        goto fail;
+    if (governor_init(&srv->gov, cfg, srv->backend->ops->progress(srv->backend), &hooks,
+                      &srv->rand_state, ev_now(loop), err, errlen) < 0)
+        goto fail;
     /* Armed before the socket exists: a client that can connect may also
      * send SIGTERM, and that must be a clean shutdown, never the default
      * kill that leaves the socket file behind. */
@@ -529,7 +598,7 @@ int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, ch
     ev_signal_start(loop, &srv->sigint_w);
     ev_signal_start(loop, &srv->sighup_w);
     if (server_listen(srv, err, errlen) < 0)
-        goto fail_listen;
+        goto fail;
     srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     srv->started_at = ev_now(loop);
 
@@ -541,26 +610,11 @@ int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, ch
     srv->accept_w.data = srv->accept_retry_w.data = srv;
     srv->grace_w.data = srv->stop_w.data = srv->reap_w.data = srv;
     return 0;
-
-fail_listen:
-    ev_signal_stop(loop, &srv->sigterm_w);
+fail:
+    ev_signal_stop(loop, &srv->sigterm_w); /* a no-op when never started */
     ev_signal_stop(loop, &srv->sigint_w);
     ev_signal_stop(loop, &srv->sighup_w);
-    tasks_fini(srv);
-fail_tasks:
-    gov_fini(&srv->gov);
-fail_gov:
-    shared_fini(srv);
-fail_shared:
-    upstream_free(srv->up);
-    srv->up = NULL;
-fail_up:
-    metrics_free(srv->metrics);
-    srv->metrics = NULL;
-    redact_free(srv->redact);
-    srv->redact = NULL;
-    free(srv->socket_path);
-    srv->socket_path = NULL;
+    server_fini_parts(srv);
     return -1;
 }
 
@@ -570,17 +624,16 @@ void server_notify_ready(struct server *srv)
 {
     char status[160];
 
-    if (srv->state != SERVER_RUNNING || srv->listen_fd < 0 || !ev_is_active(&srv->accept_w) ||
-        (srv->shared && !shared_is_up(srv->shared)))
+    if (srv->state != SERVER_RUNNING || srv->listen_fd < 0 || !ev_is_active(&srv->accept_w))
         return;
+    if (srv->cfg->backend == BACKEND_REDIS) {
+        const struct rds *r = backend_redis_rds(srv->backend);
+        if (!r || !rds_up(r))
+            return;
+    }
     snprintf(status, sizeof(status), "serving %zu sources (%s backend)", srv->cfg->n_sources,
-             srv->shared ? "redis" : "memory");
+             srv->backend->ops->name);
     sdnotify_ready(&srv->notify, status);
-}
-
-void server_on_backend_up(struct server *srv)
-{
-    server_notify_ready(srv);
 }
 
 void server_start(struct server *srv)
@@ -594,7 +647,7 @@ void server_start(struct server *srv)
            NULL);
     sdnotify_start(&srv->notify);
     srv->keywatch = keywatch_new(srv);
-    /* The Redis link connects from the loop: server_on_backend_up says when. */
+    /* The Redis link connects from the loop: its on_up hook says when. */
     server_notify_ready(srv);
 }
 
@@ -622,11 +675,5 @@ void server_fini(struct server *srv)
     reload_fini(srv);
     if (srv->spare_fd >= 0)
         close(srv->spare_fd);
-    shared_fini(srv); /* its last callbacks may still touch the task registry */
-    tasks_fini(srv);
-    upstream_free(srv->up);
-    gov_fini(&srv->gov);
-    metrics_free(srv->metrics);
-    redact_free(srv->redact);
-    free(srv->socket_path);
+    server_fini_parts(srv);
 }

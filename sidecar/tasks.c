@@ -16,32 +16,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "call.h"
 #include "log.h"
-#include "shared.h"
 #include "task.h"
 
 #define TASKS_ID_BUF (TASK_ID_MAX + 1)
-#define TASKS_E_BACKEND (-1000)     /* the shared backend could not answer */
 
-/* Operations on the shared backend (see "the shared backend" below). */
+/* Operations on the backend's record (see "the backend's record" below). */
 enum tasks_op { TOP_START, TOP_STOP, TOP_GUARD, TOP_FINISH, TOP_GET, TOP_NODE_BEGIN, TOP_SYNC,
                 TOP_WATCHDOG };
 struct tasks_req;
-static struct tasks_req *tasks_remote(struct server *srv, struct conn *c, uint32_t msgid,
-                                      enum tasks_op op, const char *id, const char *reason,
-                                      bool ok, tasks_guard_cb *cb, void *cb_ud);
+static struct tasks_req *tasks_req_new(struct server *srv, uint32_t msgid, enum tasks_op op,
+                                       const char *id, const char *reason, bool ok);
+static void tasks_send(struct server *srv, struct tasks_req *q, struct conn *c);
 static void tasks_retry_later(struct server *srv, struct tasks_req *q);
 static void tasks_retry_free(struct server *srv);
 static void resync_free(struct server *srv);
 static void resync_done(struct server *srv, unsigned gen);
-static void tasks_on_reply(const redisReply *r, const char *err, void *ud);
-
-/* Monotonic loop time -> Unix seconds. */
-static double unix_time(const struct server *srv, double t)
-{
-    return ev_time() - (ev_now(srv->loop) - t);
-}
 
 static void tasks_rearm(struct server *srv)
 {
@@ -75,8 +67,13 @@ static void hook_watchdog(struct task *t, double now, void *ud)
            "reason", LOG_S, task_reason(t), NULL);
     snprintf(msg, sizeof(msg), "task '%s' failed by the watchdog: %s", t->id, task_reason(t));
     call_fail_task(t, PGW_WATCHDOG_TIMEOUT, msg);
-    if (srv->shared) /* the fleet learns it through the stop channel */
-        tasks_remote(srv, NULL, 0, TOP_WATCHDOG, t->id, task_reason(t), false, NULL, NULL);
+    /* The record learns it (a fleet, through its stop channel). */
+    struct tasks_req *q = tasks_req_new(srv, 0, TOP_WATCHDOG, t->id, task_reason(t), false);
+    if (q)
+        tasks_send(srv, q, NULL);
+    else
+        log_at(LOG_ERROR, "out of memory: watchdog verdict not recorded", "task_id", LOG_S,
+               t->id, NULL);
 }
 
 static void hook_watchdog_after_stop(struct task *t, double now, void *ud)
@@ -140,32 +137,30 @@ void tasks_fini(struct server *srv)
 
 /* --- wire helpers ---------------------------------------------------- */
 
-static void pack_task(msgpack_packer *pk, const struct server *srv, const struct task *t)
+/* The task map of the wire (PROTOCOL.md 4.4) for record `bt` of task `id`;
+ * `local`, the copy held here (may be NULL), names the current node when
+ * the record does not. */
+static void pack_task(msgpack_packer *pk, const char *id, const struct backend_task *bt,
+                      const struct task *local)
 {
-    bool failed = t->state == TASK_FAILED;
-    bool reason = t->reason && t->reason[0];
-    double updated = t->ended_at > 0 ? t->ended_at : t->last_active_at;
+    bool failed = strcmp(bt->state, "failed") == 0;
+    bool reason = bt->reason[0] != '\0';
+    const char *node = bt->node ? bt->node
+                                : local && local->state == TASK_RUNNING ? local->node : NULL;
 
-    msgpack_pack_map(pk, 5 + (failed ? 1 : 0) + (reason ? 1 : 0) + (t->node ? 1 : 0));
-    rpc_pack_kv_str(pk, "task_id", t->id);
-    rpc_pack_kv_str(pk, "state", task_state_name(t->state));
+    msgpack_pack_map(pk, 5 + (failed ? 1 : 0) + (reason ? 1 : 0) + (node ? 1 : 0));
+    rpc_pack_kv_str(pk, "task_id", id);
+    rpc_pack_kv_str(pk, "state", bt->state);
     if (failed)
-        rpc_pack_kv_str(pk, "reason_kind", task_reason_kind_name(t->reason_kind));
+        rpc_pack_kv_str(pk, "reason_kind", bt->kind);
     if (reason)
-        rpc_pack_kv_str(pk, "reason", t->reason);
-    if (t->node)
-        rpc_pack_kv_str(pk, "node", t->node);
-    rpc_pack_kv_double(pk, "started_at", unix_time(srv, t->started_at));
-    rpc_pack_kv_double(pk, "updated_at", unix_time(srv, updated));
+        rpc_pack_kv_str(pk, "reason", bt->reason);
+    if (node)
+        rpc_pack_kv_str(pk, "node", node);
+    rpc_pack_kv_double(pk, "started_at", bt->started_at_s);
+    rpc_pack_kv_double(pk, "updated_at", bt->updated_at_s);
     rpc_pack_str(pk, "runs");
-    msgpack_pack_uint64(pk, t->runs);
-}
-
-static void reply_task(struct conn *c, uint32_t msgid, const struct task *t)
-{
-    rpc_pack_result_begin(&c->pk, msgid);
-    pack_task(&c->pk, c->srv, t);
-    conn_response_done(c, PGW_OK);
+    msgpack_pack_uint64(pk, bt->runs);
 }
 
 /* Answers a registry error for task `id`; `state`, `reason`, `kind` (may
@@ -215,7 +210,7 @@ static void reply_task_error_s(struct conn *c, uint32_t msgid, int rc, const cha
                  "invalid task parameters (task_id and node: 1 to %d bytes; timeout_s > 0)",
                  TASK_ID_MAX);
         break;
-    case TASKS_E_BACKEND:
+    case BACKEND_E_UNAVAILABLE:
         code = PGW_BACKEND_UNAVAILABLE;
         snprintf(msg, sizeof(msg), "the state backend could not answer for task '%s'%s%s", id,
                  *reason ? ": " : "", reason);
@@ -235,10 +230,13 @@ static void reply_task_error_s(struct conn *c, uint32_t msgid, int rc, const cha
     conn_response_done(c, code);
 }
 
-void tasks_reply_error(struct conn *c, uint32_t msgid, int rc, const char *id,
-                       const char *reason, const char *kind)
+void tasks_reply_error(struct conn *c, uint32_t msgid, const char *id,
+                       const struct backend_task *bt)
 {
-    reply_task_error_s(c, msgid, rc, id, reason ? "failed" : NULL, reason, kind, NULL);
+    if (bt->exists)
+        reply_task_error_s(c, msgid, bt->rc, id, bt->state, bt->reason, bt->kind, NULL);
+    else
+        reply_task_error_s(c, msgid, bt->rc, id, NULL, bt->err, NULL, NULL);
 }
 
 /* Answers a registry error for task `id` (t: the task when known). */
@@ -291,19 +289,27 @@ static void copy_reason(const msgpack_object *o, char *buf, size_t cap)
     rpc_quote_client_str(o->via.str.ptr, o->via.str.size, cap - 1, buf);
 }
 
-/* --- the shared backend (Redis) ----------------------------------------
+/* --- the backend's record -----------------------------------------------
  *
- * With a shared backend, Redis holds the task states (task.lua) and the
- * local registry is this sidecar's copy of the tasks it works with: it
- * arms node watchdogs and links in-flight calls. start, stop, finish, get
- * and guard go to Redis first and the local copy is brought in line with
- * the answer (a remote stop ends the local calls); node.begin imports a
- * task started elsewhere; node.end and list are local. A stop anywhere is
- * published on P:task-end: each sidecar re-reads the task and ends its
- * calls. */
+ * The backend holds the task record (backend.h): with the memory backend
+ * it is the local registry itself, with Redis it is task.lua's, and the
+ * local registry is this sidecar's copy of the tasks it works with (it arms
+ * node watchdogs and links in-flight calls). start, stop, finish, get and
+ * guard go to the record first and the local copy is brought in line with
+ * the answer (tasks_sync: a no-op when the copy is the record); a stop or
+ * watchdog verdict then ends the local calls (tasks_end_calls, after the
+ * answer). node.begin of a task not held running asks the record first (a
+ * guard that imports it); node.end and list are local. A stop anywhere is
+ * reported by the backend (hooks.on_task_ended): the task is re-read, and
+ * the calls held here end. */
 
-static const char *const top_lua[] = {"start", "stop",  "guard", "finish",
-                                     "get",   "guard", "get",   "watchdog"};
+/* The backend operation of each request. */
+static const enum backend_task_op top_backend[] = {
+    [TOP_START] = BACKEND_TASK_START,   [TOP_STOP] = BACKEND_TASK_STOP,
+    [TOP_GUARD] = BACKEND_TASK_GUARD,   [TOP_FINISH] = BACKEND_TASK_FINISH,
+    [TOP_GET] = BACKEND_TASK_GET,       [TOP_NODE_BEGIN] = BACKEND_TASK_GUARD,
+    [TOP_SYNC] = BACKEND_TASK_GET,      [TOP_WATCHDOG] = BACKEND_TASK_WATCHDOG,
+};
 
 struct tasks_req {
     struct server *srv;
@@ -328,116 +334,65 @@ static bool tasks_req_imports(const struct tasks_req *q)
     return q->cb || q->op == TOP_START || q->op == TOP_NODE_BEGIN;
 }
 
-/* A task as task.lua describes it. */
-struct rtask {
-    int rc;                        /* TASK_OK or a TASK_E_* code */
-    bool exists;
-    const char *state, *kind, *reason;
-    long long runs, started_ms, ended_ms;
-};
-
-static int rtask_code(const char *code)
-{
-    static const struct { const char *name; int rc; } codes[] = {
-        {"ok", TASK_OK}, {"not_found", TASK_E_NOT_FOUND}, {"running", TASK_E_RUNNING},
-        {"stopped", TASK_E_STOPPED}, {"watchdog", TASK_E_WATCHDOG},
-        {"finished", TASK_E_FINISHED},
-    };
-    for (size_t i = 0; i < sizeof(codes) / sizeof(*codes); i++)
-        if (strcmp(code, codes[i].name) == 0)
-            return codes[i].rc;
-    return TASKS_E_BACKEND;
-}
-
-static bool rtask_parse(const redisReply *r, struct rtask *t)
-{
-    memset(t, 0, sizeof(*t));
-    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
-        r->element[0]->type != REDIS_REPLY_STRING)
-        return false;
-    t->rc = rtask_code(r->element[0]->str);
-    if (r->elements < 7)
-        return r->elements == 1;
-    for (int i = 1; i <= 3; i++)
-        if (r->element[i]->type != REDIS_REPLY_STRING)
-            return false;
-    for (int i = 4; i <= 6; i++)
-        if (r->element[i]->type != REDIS_REPLY_INTEGER)
-            return false;
-    t->exists = true;
-    t->state = r->element[1]->str;
-    t->kind = r->element[2]->str;
-    t->reason = r->element[3]->str;
-    t->runs = r->element[4]->integer;
-    t->started_ms = r->element[5]->integer;
-    t->ended_ms = r->element[6]->integer;
-    return true;
-}
-
-static void pack_rtask(msgpack_packer *pk, const char *id, const struct rtask *rt,
-                       const struct task *local)
-{
-    bool failed = strcmp(rt->state, "failed") == 0;
-    bool reason = rt->reason[0] != '\0';
-    const char *node = local && local->state == TASK_RUNNING ? local->node : NULL;
-    long long updated = rt->ended_ms > 0 ? rt->ended_ms : rt->started_ms;
-
-    msgpack_pack_map(pk, 5 + (failed ? 1 : 0) + (reason ? 1 : 0) + (node ? 1 : 0));
-    rpc_pack_kv_str(pk, "task_id", id);
-    rpc_pack_kv_str(pk, "state", rt->state);
-    if (failed)
-        rpc_pack_kv_str(pk, "reason_kind", rt->kind);
-    if (reason)
-        rpc_pack_kv_str(pk, "reason", rt->reason);
-    if (node)
-        rpc_pack_kv_str(pk, "node", node);
-    rpc_pack_kv_double(pk, "started_at", shared_unix_s(rt->started_ms));
-    rpc_pack_kv_double(pk, "updated_at", shared_unix_s(updated));
-    rpc_pack_str(pk, "runs");
-    msgpack_pack_uint64(pk, rt->runs > 0 ? (uint64_t)rt->runs : 0);
-}
-
-/* Brings the local copy of task `id` in line with Redis' `rt`: a copy held
- * here that runs is restarted, or ended when the task was stopped, failed
- * by a watchdog or finished elsewhere (a stop ends its calls at once). A
- * task not held here is imported only with `import` (this sidecar is about
- * to work with it: start, node.begin, a call naming it). */
-static void tasks_sync(struct server *srv, const char *id, const struct rtask *rt, bool import)
+/* Brings the local copy of task `id` in line with the record `bt`: a copy
+ * held here that runs is restarted, or ended when the task was stopped,
+ * failed by a watchdog or finished elsewhere. A task not held here is
+ * imported only with `import` (this sidecar is about to work with it:
+ * start, node.begin, a call naming it). */
+static void tasks_sync(struct server *srv, const char *id, const struct backend_task *bt,
+                       bool import)
 {
     double now = ev_now(srv->loop);
     struct task *t = task_get(srv->tasks, id);
-    char msg[TASK_REASON_MAX + TASK_ID_MAX + 64];
 
-    if (!rt->exists || (!t && !import))
+    if (!bt->exists || (!t && !import))
         return;
-    if (strcmp(rt->state, "running") == 0) {
+    if (strcmp(bt->state, "running") == 0) {
         if (!t || t->state != TASK_RUNNING) {
             if (t && t->state == TASK_FAILED && t->reason_kind != TASK_ERROR)
-                return; /* a local stop is final; Redis learns it from our own stop */
+                return; /* a local stop is final; the record learns it from our own stop */
             task_start(srv->tasks, id, now, &t);
         }
     } else if (t && t->state == TASK_RUNNING) {
-        bool watchdog = strcmp(rt->kind, "watchdog") == 0;
-        if (strcmp(rt->state, "failed") == 0 && (watchdog || strcmp(rt->kind, "stopped") == 0)) {
-            task_stop(srv->tasks, id, rt->reason, now, &t);
+        bool watchdog = strcmp(bt->kind, "watchdog") == 0;
+        if (strcmp(bt->state, "failed") == 0 && (watchdog || strcmp(bt->kind, "stopped") == 0)) {
+            task_stop(srv->tasks, id, bt->reason, now, &t);
             log_at(LOG_INFO, "task stopped elsewhere in the fleet", "task_id", LOG_S, id,
-                   "kind", LOG_S, rt->kind, "reason", LOG_S, rt->reason, NULL);
-            snprintf(msg, sizeof(msg), watchdog ? "task '%s' failed by the watchdog: %s"
-                                                : "task '%s' was stopped: %s", id, rt->reason);
-            call_fail_task(t, watchdog ? PGW_WATCHDOG_TIMEOUT : PGW_TASK_STOPPED, msg);
+                   "kind", LOG_S, bt->kind, "reason", LOG_S, bt->reason, NULL);
         } else {
-            task_finish(srv->tasks, id, strcmp(rt->state, "succeeded") == 0, rt->reason, now,
+            task_finish(srv->tasks, id, strcmp(bt->state, "succeeded") == 0, bt->reason, now,
                         &t);
         }
     }
     tasks_rearm(srv);
 }
 
+/* The record says task `id` was stopped or failed by a watchdog: the calls
+ * of the copy held here end at once, answered with the record's error
+ * (task_stopped / watchdog_timeout) and their upstream connections closed.
+ * A no-op when they ended already. */
+static void tasks_end_calls(struct server *srv, const char *id, const struct backend_task *bt)
+{
+    char msg[TASK_REASON_MAX + TASK_ID_MAX + 64];
+
+    if (!bt->exists || strcmp(bt->state, "failed") != 0)
+        return;
+    bool watchdog = strcmp(bt->kind, "watchdog") == 0;
+    if (!watchdog && strcmp(bt->kind, "stopped") != 0)
+        return;
+    struct task *t = task_get(srv->tasks, id);
+    if (!t || t->state == TASK_RUNNING || !t->ud)
+        return;
+    snprintf(msg, sizeof(msg), watchdog ? "task '%s' failed by the watchdog: %s"
+                                        : "task '%s' was stopped: %s", id, bt->reason);
+    call_fail_task(t, watchdog ? PGW_WATCHDOG_TIMEOUT : PGW_TASK_STOPPED, msg);
+}
+
 static void node_begin_local(struct conn *c, uint32_t msgid, const char *id, const char *node,
                              double timeout_s);
 
-/* A client request waiting for Redis belongs to its connection, like a
- * call: it counts as in flight there, and ends with it (pending_drop). */
+/* A client request waiting for the backend belongs to its connection, like
+ * a call: it counts as in flight there, and ends with it (pending_drop). */
 static void pending_link(struct tasks_req *q, struct conn *c)
 {
     q->conn = c;
@@ -481,132 +436,163 @@ void tasks_fail_pending(struct conn *c, enum pgw_code code, const char *message)
     }
 }
 
-static void tasks_on_reply(const redisReply *r, const char *err, void *ud)
+/* Answers the client of `q` with record `bt`. */
+static void tasks_reply(struct conn *c, const struct tasks_req *q, const struct backend_task *bt)
 {
-    struct tasks_req *q = ud;
-    struct server *srv = q->srv;
-    struct rtask rt;
-    bool parsed = rtask_parse(r, &rt);
+    bool idempotent = q->op == TOP_START && bt->rc == TASK_E_RUNNING;
 
-    if (!parsed) {
-        rt.rc = TASKS_E_BACKEND;
-        if (r && r->type == REDIS_REPLY_ERROR)
-            err = "error reply from task.lua";
+    if (bt->rc != TASK_OK && !idempotent) {
+        tasks_reply_error(c, q->msgid, q->id, bt);
+        return;
     }
+    if (q->op == TOP_STOP)
+        log_at(LOG_INFO, "task stopped", "task_id", LOG_S, q->id, "reason", LOG_S, bt->reason,
+               NULL);
+    if (q->op == TOP_NODE_BEGIN) {
+        node_begin_local(c, q->msgid, q->id, q->node, q->timeout_s);
+        return;
+    }
+    rpc_pack_result_begin(&c->pk, q->msgid);
+    if (q->op == TOP_GUARD)
+        msgpack_pack_map(&c->pk, 0);
+    else
+        pack_task(&c->pk, q->id, bt, task_get(c->srv->tasks, q->id));
+    conn_response_done(c, PGW_OK);
+}
+
+/* The record answered `q` with `bt` (`later`: from the event loop, not
+ * inside tasks_send). Takes `q`. */
+static void tasks_answer(struct tasks_req *q, const struct backend_task *bt, bool later)
+{
+    struct server *srv = q->srv;
     bool import = tasks_req_imports(q);
-    if (import && srv->task_imports > 0)
+    bool failed = bt->rc == BACKEND_E_UNAVAILABLE;
+
+    if (later && import && srv->task_imports > 0)
         srv->task_imports--;
-    if (rt.exists)
-        tasks_sync(srv, q->id, &rt, import);
+    if (bt->exists)
+        tasks_sync(srv, q->id, bt, import);
     if (q->resync) {
-        if (!parsed) /* that task may have been stopped: read them all again */
-            shared_retry_later(srv->shared, true);
+        if (failed) /* that task may have been stopped: read them all again */
+            srv->backend->ops->retry_later(srv->backend, true);
+        tasks_end_calls(srv, q->id, bt);
         resync_done(srv, q->resync_gen);
         free(q);
         return;
     }
-    if (q->op == TOP_SYNC || q->op == TOP_WATCHDOG) {
-        if (!parsed && q->op == TOP_WATCHDOG) {
-            tasks_retry_later(srv, q); /* the fleet must learn the verdict */
-            shared_retry_later(srv->shared, false);
-            return;
-        }
-        if (!parsed)
-            shared_retry_later(srv->shared, true);
-        free(q);
+    if (q->op == TOP_WATCHDOG && failed) {
+        tasks_retry_later(srv, q); /* the fleet must learn the verdict */
+        srv->backend->ops->retry_later(srv->backend, false);
         return;
     }
+    if (q->op == TOP_SYNC && failed)
+        srv->backend->ops->retry_later(srv->backend, true);
     if (q->cb) {
-        struct task *t = rt.rc == TASK_OK ? task_get(srv->tasks, q->id) : NULL;
-        if (rt.rc == TASK_OK && !t)
-            rt.rc = TASK_E_FULL; /* running, but no room to hold it here */
-        q->cb(q->cb_ud, t, rt.rc, rt.exists ? rt.reason : err, rt.exists ? rt.kind : NULL);
-        free(q);
-        return;
+        struct backend_task r = *bt;
+        struct task *t = r.rc == TASK_OK ? task_get(srv->tasks, q->id) : NULL;
+        if (r.rc == TASK_OK && !t)
+            r.rc = TASK_E_FULL; /* running, but no room to hold it here */
+        q->cb(q->cb_ud, t, &r);
+    } else if (q->conn) {
+        struct conn *c = q->conn;
+        if (later)
+            pending_unlink(q);
+        else
+            q->conn = NULL; /* answered inside its dispatch: never linked */
+        tasks_reply(c, q, bt);
+        if (later) {
+            conn_flush(c);
+            server_on_request_done(srv);
+        }
     }
-    struct conn *c = q->conn;
-    if (!c) { /* answered already, or the client is gone */
-        free(q);
-        return;
-    }
-    pending_unlink(q);
-    bool idempotent = q->op == TOP_START && rt.rc == TASK_E_RUNNING;
-    if (rt.rc != TASK_OK && !idempotent) {
-        reply_task_error_s(c, q->msgid, rt.rc, q->id, rt.exists ? rt.state : NULL,
-                           rt.exists ? rt.reason : err, rt.exists ? rt.kind : NULL, NULL);
-    } else if (q->op == TOP_NODE_BEGIN) {
-        node_begin_local(c, q->msgid, q->id, q->node, q->timeout_s);
-    } else if (q->op == TOP_GUARD) {
-        rpc_pack_result_begin(&c->pk, q->msgid);
-        msgpack_pack_map(&c->pk, 0);
-        conn_response_done(c, PGW_OK);
-    } else {
-        rpc_pack_result_begin(&c->pk, q->msgid);
-        pack_rtask(&c->pk, q->id, &rt, task_get(srv->tasks, q->id));
-        conn_response_done(c, PGW_OK);
-    }
-    conn_flush(c);
+    /* Answered first (a stop's client hears of it before its calls do). */
+    tasks_end_calls(srv, q->id, bt);
     free(q);
-    server_on_request_done(srv);
 }
 
-/* Sends `op` for task `id` to Redis; the answer (or a sync) completes in
- * tasks_on_reply. With a client, answers backend_unavailable at once when
- * the request cannot be sent. Returns the request sent (its reply comes
- * later, never inside this call), or NULL. */
-static struct tasks_req *tasks_remote(struct server *srv, struct conn *c, uint32_t msgid,
-                                      enum tasks_op op, const char *id, const char *reason,
-                                      bool ok, tasks_guard_cb *cb, void *cb_ud)
+static void tasks_on_answer(void *ud, const struct backend_task *bt)
+{
+    tasks_answer(ud, bt, true);
+}
+
+/* A request for `op` on task `id`, or NULL when out of memory. */
+static struct tasks_req *tasks_req_new(struct server *srv, uint32_t msgid, enum tasks_op op,
+                                       const char *id, const char *reason, bool ok)
 {
     struct tasks_req *q = calloc(1, sizeof(*q));
 
-    if (q) {
-        *q = (struct tasks_req){.srv = srv, .msgid = msgid, .op = op, .ok = ok, .cb = cb,
-                                .cb_ud = cb_ud};
-        snprintf(q->id, sizeof(q->id), "%s", id);
-        snprintf(q->reason, sizeof(q->reason), "%s", reason ? reason : "");
+    if (!q)
+        return NULL;
+    *q = (struct tasks_req){.srv = srv, .msgid = msgid, .op = op, .ok = ok};
+    snprintf(q->id, sizeof(q->id), "%s", id);
+    snprintf(q->reason, sizeof(q->reason), "%s", reason ? reason : "");
+    return q;
+}
+
+/* Sends `q` (taken) to the backend; it completes in tasks_answer, now or
+ * from the event loop, with client `c` (NULL: none) waiting on it. When it
+ * cannot be sent: the client (or q->cb) gets backend_unavailable at once,
+ * a watchdog verdict waits for the backend to be back, a sync asks for a
+ * resync. */
+static void tasks_send(struct server *srv, struct tasks_req *q, struct conn *c)
+{
+    struct backend_task bt;
+    int rc = backend_task(srv->backend, top_backend[q->op], q->id, q->reason, q->ok, &bt,
+                          tasks_on_answer, q);
+
+    if (rc > 0) {
+        if (c && !q->cb)
+            q->conn = c; /* answered before dispatch returns: not in flight */
+        tasks_answer(q, &bt, false);
+        return;
     }
-    if (q && shared_task(srv->shared, top_lua[op], id, q->reason, ok, tasks_on_reply, q) == 0) {
+    if (rc == 0) {
         if (tasks_req_imports(q))
             srv->task_imports++;
-        if (c && !cb)
+        if (c && !q->cb)
             pending_link(q, c);
-        return q;
+        return;
     }
-    if (q && op == TOP_WATCHDOG) {
+    if (q->op == TOP_WATCHDOG) {
         tasks_retry_later(srv, q);
-        return NULL;
+        return;
     }
-    free(q);
-    if (op == TOP_SYNC)
-        shared_retry_later(srv->shared, true);
-    if (cb)
-        cb(cb_ud, NULL, TASKS_E_BACKEND, "not connected", NULL);
+    if (q->op == TOP_SYNC)
+        srv->backend->ops->retry_later(srv->backend, true);
+    bt = (struct backend_task){.rc = BACKEND_E_UNAVAILABLE, .err = "not connected"};
+    if (q->cb)
+        q->cb(q->cb_ud, NULL, &bt);
     else if (c)
-        reply_task_error_s(c, msgid, TASKS_E_BACKEND, id, NULL, "not connected", NULL, NULL);
-    return NULL;
+        tasks_reply_error(c, q->msgid, q->id, &bt);
+    free(q);
 }
 
-/* node.begin of a task not held here: a guard that imports it, then the
- * local node.begin (tasks_on_reply) with the parameters kept here. */
-static void tasks_remote_node_begin(struct conn *c, uint32_t msgid, const char *id,
-                                    const char *node, double timeout_s)
+/* Sends `op` for task `id` on behalf of request `msgid` of client `c`;
+ * answers internal when out of memory. */
+static void tasks_remote(struct conn *c, uint32_t msgid, enum tasks_op op, const char *id,
+                         const char *reason, bool ok)
 {
-    struct tasks_req *q =
-        tasks_remote(c->srv, c, msgid, TOP_NODE_BEGIN, id, NULL, false, NULL, NULL);
-    if (q) {
-        snprintf(q->node, sizeof(q->node), "%s", node);
-        q->timeout_s = timeout_s;
+    struct tasks_req *q = tasks_req_new(c->srv, msgid, op, id, reason, ok);
+
+    if (!q) {
+        conn_reply_error(c, msgid, PGW_INTERNAL, "out of memory");
+        return;
     }
+    tasks_send(c->srv, q, c);
 }
 
-void tasks_on_task_end(struct server *srv, const char *id)
+void tasks_on_task_ended(struct server *srv, const char *id)
 {
     /* A task not held here matters only if an import of it may be in
      * flight: this read is then answered after it (one connection, replies
      * in order). */
-    if (task_get(srv->tasks, id) || srv->task_imports > 0)
-        tasks_remote(srv, NULL, 0, TOP_SYNC, id, NULL, false, NULL, NULL);
+    if (!task_get(srv->tasks, id) && srv->task_imports == 0)
+        return;
+    struct tasks_req *q = tasks_req_new(srv, 0, TOP_SYNC, id, NULL, false);
+    if (q)
+        tasks_send(srv, q, NULL);
+    else
+        srv->backend->ops->retry_later(srv->backend, true);
 }
 
 bool tasks_is_pending(struct conn *c, uint32_t msgid)
@@ -617,8 +603,8 @@ bool tasks_is_pending(struct conn *c, uint32_t msgid)
     return false;
 }
 
-/* Watchdog verdicts that could not reach Redis, sent again when it is back
- * (bounded: beyond TASKS_RETRY_MAX the oldest are dropped, logged). */
+/* Watchdog verdicts that could not reach the backend, sent again when it is
+ * back (bounded: beyond TASKS_RETRY_MAX the oldest are dropped, logged). */
 #define TASKS_RETRY_MAX 4096
 
 static void tasks_retry_later(struct server *srv, struct tasks_req *q)
@@ -659,8 +645,8 @@ void tasks_on_backend_up(struct server *srv)
     while (list) {
         struct tasks_req *q = list;
         list = q->next;
-        tasks_remote(srv, NULL, 0, q->op, q->id, q->reason, q->ok, NULL, NULL);
-        free(q);
+        q->next = NULL;
+        tasks_send(srv, q, NULL);
     }
 }
 
@@ -680,6 +666,7 @@ struct tasks_resync {
     char **ids;
     size_t n, next, inflight;
     unsigned gen;                  /* reads of an older resync do not count */
+    bool pumping;                  /* inside resync_pump: an answer only counts */
 };
 
 static unsigned resync_gen_counter;
@@ -701,29 +688,37 @@ static void resync_pump(struct server *srv)
 {
     struct tasks_resync *rs = srv->resync;
 
-    if (rs && shared_closing(srv->shared)) {
+    if (rs && srv->backend->ops->is_closing(srv->backend)) {
         resync_free(srv); /* exiting: the replies in flight only free their requests */
         return;
     }
-
-    while (rs && rs->inflight < TASKS_RESYNC_WINDOW && rs->next < rs->n) {
+    if (!rs)
+        return;
+    rs->pumping = true;
+    while (rs->inflight < TASKS_RESYNC_WINDOW && rs->next < rs->n) {
         char *id = rs->ids[rs->next++];
-        struct tasks_req *q = calloc(1, sizeof(*q));
-        if (q) {
-            *q = (struct tasks_req){.srv = srv, .op = TOP_SYNC, .resync = true,
-                                    .resync_gen = rs->gen};
-            snprintf(q->id, sizeof(q->id), "%s", id);
-        }
+        struct tasks_req *q = tasks_req_new(srv, 0, TOP_SYNC, id, NULL, false);
         free(id);
-        if (!q || shared_task(srv->shared, "get", q->id, "", false, tasks_on_reply, q) < 0) {
+        if (q) {
+            q->resync = true;
+            q->resync_gen = rs->gen;
+        }
+        struct backend_task bt;
+        int rc = q ? backend_task(srv->backend, BACKEND_TASK_GET, q->id, "", false, &bt,
+                                  tasks_on_answer, q)
+                   : -1;
+        if (rc < 0) {
             free(q);
             resync_free(srv);
-            shared_retry_later(srv->shared, true); /* all over again, later */
+            srv->backend->ops->retry_later(srv->backend, true); /* all over again, later */
             return;
         }
         rs->inflight++;
+        if (rc > 0)
+            tasks_answer(q, &bt, false); /* counts itself done (rs stays: pumping) */
     }
-    if (rs && rs->next == rs->n && rs->inflight == 0)
+    rs->pumping = false;
+    if (rs->next == rs->n && rs->inflight == 0)
         resync_free(srv);
 }
 
@@ -734,7 +729,8 @@ static void resync_done(struct server *srv, unsigned gen)
         return;
     if (srv->resync->inflight > 0)
         srv->resync->inflight--;
-    resync_pump(srv);
+    if (!srv->resync->pumping)
+        resync_pump(srv);
 }
 
 static int resync_collect(struct task *t, void *ud)
@@ -771,7 +767,16 @@ void tasks_on_resubscribed(struct server *srv)
 
 void tasks_guard_remote(struct server *srv, const char *id, tasks_guard_cb *cb, void *ud)
 {
-    tasks_remote(srv, NULL, 0, TOP_GUARD, id, NULL, false, cb, ud);
+    struct tasks_req *q = tasks_req_new(srv, 0, TOP_GUARD, id, NULL, false);
+
+    if (!q) {
+        const struct backend_task bt = {.rc = BACKEND_E_UNAVAILABLE, .err = "out of memory"};
+        cb(ud, NULL, &bt);
+        return;
+    }
+    q->cb = cb;
+    q->cb_ud = ud;
+    tasks_send(srv, q, NULL);
 }
 
 /* --- methods --------------------------------------------------------- */
@@ -781,36 +786,10 @@ void tasks_start(struct conn *c, const struct rpc_msg *m)
     static const struct rpc_param spec[] = {{"task_id", RPC_T_STR, true}};
     const msgpack_object *p[1];
     char id[TASKS_ID_BUF];
-    struct server *srv = c->srv;
-    struct task *t = NULL;
 
     if (bind_task(c, m, spec, 1, p, id, NULL) < 0)
         return;
-    if (srv->shared) {
-        tasks_remote(srv, c, m->msgid, TOP_START, id, NULL, false, NULL, NULL);
-        return;
-    }
-    /* Stopped and watchdog-failed tasks stay refused: a stop must not be
-     * undone by a worker that did not notice it. */
-    t = task_get(srv->tasks, id);
-    if (t && t->state == TASK_FAILED &&
-        (t->reason_kind == TASK_STOPPED || t->reason_kind == TASK_WATCHDOG)) {
-        reply_task_error(c, m->msgid, t->reason_kind == TASK_STOPPED ? TASK_E_STOPPED
-                                                                     : TASK_E_WATCHDOG,
-                         id, t);
-        return;
-    }
-    int rc = task_start(srv->tasks, id, ev_now(srv->loop), &t);
-    if (rc == TASK_E_RUNNING && t) {
-        reply_task(c, m->msgid, t); /* idempotent */
-        return;
-    }
-    if (rc < 0) {
-        reply_task_error(c, m->msgid, rc, id, t);
-        return;
-    }
-    tasks_rearm(srv);
-    reply_task(c, m->msgid, t);
+    tasks_remote(c, m->msgid, TOP_START, id, NULL, false);
 }
 
 void tasks_stop(struct conn *c, const struct rpc_msg *m)
@@ -820,29 +799,12 @@ void tasks_stop(struct conn *c, const struct rpc_msg *m)
         {"reason", RPC_T_STR | RPC_T_NIL, false},
     };
     const msgpack_object *p[2];
-    char id[TASKS_ID_BUF], reason[TASK_REASON_MAX + 1], msg[TASK_REASON_MAX + TASK_ID_MAX + 64];
-    struct server *srv = c->srv;
-    struct task *t = NULL;
+    char id[TASKS_ID_BUF], reason[TASK_REASON_MAX + 1];
 
     if (bind_task(c, m, spec, 2, p, id, NULL) < 0)
         return;
     copy_reason(p[1], reason, sizeof(reason));
-    if (srv->shared) {
-        /* Redis publishes the stop; the local calls end in tasks_sync. */
-        tasks_remote(srv, c, m->msgid, TOP_STOP, id, reason, false, NULL, NULL);
-        return;
-    }
-    int rc = task_stop(srv->tasks, id, reason, ev_now(srv->loop), &t);
-    if (rc < 0) {
-        reply_task_error(c, m->msgid, rc, id, t);
-        return;
-    }
-    log_at(LOG_INFO, "task stopped", "task_id", LOG_S, id, "reason", LOG_S, task_reason(t), NULL);
-    /* Answer the stop first, then end its calls at once. */
-    reply_task(c, m->msgid, t);
-    snprintf(msg, sizeof(msg), "task '%s' was stopped: %s", id, task_reason(t));
-    call_fail_task(t, PGW_TASK_STOPPED, msg);
-    tasks_rearm(srv);
+    tasks_remote(c, m->msgid, TOP_STOP, id, reason, false);
 }
 
 void tasks_guard(struct conn *c, const struct rpc_msg *m)
@@ -854,21 +816,10 @@ void tasks_guard(struct conn *c, const struct rpc_msg *m)
 
     if (bind_task(c, m, spec, 1, p, id, NULL) < 0)
         return;
-    if (c->srv->shared) {
-        /* Redis has the fleet's answer; a copy held here may be stale. */
-        task_guard(c->srv->tasks, id, ev_now(c->srv->loop), &t); /* activity, if held */
-        tasks_remote(c->srv, c, m->msgid, TOP_GUARD, id, NULL, false, NULL, NULL);
-        return;
-    }
-    int rc = task_guard(c->srv->tasks, id, ev_now(c->srv->loop), &t);
-    if (rc < 0) {
-        reply_task_error(c, m->msgid, rc, id, t);
-        return;
-    }
-    tasks_rearm(c->srv);
-    rpc_pack_result_begin(&c->pk, m->msgid);
-    msgpack_pack_map(&c->pk, 0);
-    conn_response_done(c, PGW_OK);
+    /* Activity on the copy held here, if any; the record answers (a copy
+     * may be stale). */
+    task_guard(c->srv->tasks, id, ev_now(c->srv->loop), &t);
+    tasks_remote(c, m->msgid, TOP_GUARD, id, NULL, false);
 }
 
 static void node_begin_local(struct conn *c, uint32_t msgid, const char *id, const char *node,
@@ -907,10 +858,18 @@ void tasks_node_begin(struct conn *c, const struct rpc_msg *m)
                          "parameter 'timeout_s': expected a positive number of seconds");
         return;
     }
-    if (c->srv->shared && !tasks_held_running(c->srv, id)) {
+    if (!tasks_held_running(c->srv, id)) {
         /* Started on another sidecar (or before a restart), or a copy here
-         * that may be stale: Redis decides, and a running task is imported. */
-        tasks_remote_node_begin(c, m->msgid, id, node, timeout_s);
+         * that may be stale: the record decides, and a running task is
+         * imported; then the node begins here (tasks_reply). */
+        struct tasks_req *q = tasks_req_new(c->srv, m->msgid, TOP_NODE_BEGIN, id, NULL, false);
+        if (!q) {
+            conn_reply_error(c, m->msgid, PGW_INTERNAL, "out of memory");
+            return;
+        }
+        snprintf(q->node, sizeof(q->node), "%s", node);
+        q->timeout_s = timeout_s;
+        tasks_send(c->srv, q, c);
         return;
     }
     node_begin_local(c, m->msgid, id, node, timeout_s);
@@ -952,22 +911,11 @@ void tasks_finish(struct conn *c, const struct rpc_msg *m)
     };
     const msgpack_object *p[3];
     char id[TASKS_ID_BUF], reason[TASK_REASON_MAX + 1];
-    struct task *t = NULL;
 
     if (bind_task(c, m, spec, 3, p, id, NULL) < 0)
         return;
     copy_reason(p[2], reason, sizeof(reason));
-    if (c->srv->shared) {
-        tasks_remote(c->srv, c, m->msgid, TOP_FINISH, id, reason, p[1]->via.boolean, NULL, NULL);
-        return;
-    }
-    int rc = task_finish(c->srv->tasks, id, p[1]->via.boolean, reason, ev_now(c->srv->loop), &t);
-    if (rc < 0) {
-        reply_task_error(c, m->msgid, rc, id, t);
-        return;
-    }
-    tasks_rearm(c->srv);
-    reply_task(c, m->msgid, t);
+    tasks_remote(c, m->msgid, TOP_FINISH, id, reason, p[1]->via.boolean);
 }
 
 void tasks_get(struct conn *c, const struct rpc_msg *m)
@@ -978,16 +926,7 @@ void tasks_get(struct conn *c, const struct rpc_msg *m)
 
     if (bind_task(c, m, spec, 1, p, id, NULL) < 0)
         return;
-    if (c->srv->shared) {
-        tasks_remote(c->srv, c, m->msgid, TOP_GET, id, NULL, false, NULL, NULL);
-        return;
-    }
-    struct task *t = task_get(c->srv->tasks, id);
-    if (!t) {
-        reply_task_error(c, m->msgid, TASK_E_NOT_FOUND, id, NULL);
-        return;
-    }
-    reply_task(c, m->msgid, t);
+    tasks_remote(c, m->msgid, TOP_GET, id, NULL, false);
 }
 
 struct list_ctx {
@@ -1000,10 +939,14 @@ struct list_ctx {
 static int list_one(struct task *t, void *ud)
 {
     struct list_ctx *lc = ud;
-    if (lc->counting)
+    struct backend_task bt;
+
+    if (lc->counting) {
         lc->n++;
-    else
-        pack_task(lc->pk, lc->srv, t);
+        return 0;
+    }
+    backend_task_describe(&bt, t, lc->srv->loop);
+    pack_task(lc->pk, t->id, &bt, t);
     return 0;
 }
 

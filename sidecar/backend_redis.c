@@ -1,11 +1,36 @@
 /*
- * shared.c — the Redis backend's governance glue (see shared.h).
+ * backend_redis.c — the Redis backend (see backend.h): governance state
+ * shared by a fleet of sidecars (`backend: {kind: redis}`; docs/DESIGN.md
+ * §3.2, §3.5, §6; key schema and the split between shared and local state
+ * in tests/redis/README.md).
  *
- * Keys (tests/redis/README.md): {P:source:N}:breaker|leases|rpm|tpm|daily,
- * {P:scope:S}:progress, {P:task:ID}; channels P:task-end and P:progress.
- * Every script touches the keys of one hash tag.
+ *  - Admission is propose/confirm. The local step picks a source with the
+ *    local rules (AIMD permits, pacer) and reserves it; admit asks
+ *    admit.lua (one round trip) for the fleet's verdict: breaker, the
+ *    fleet-wide max_concurrency as leases, RPM/TPM/daily buckets. Admitted:
+ *    the attempt runs holding a lease. Refused: the caller gives the
+ *    reservation back and waits until the retry time (or re-polls). No
+ *    answer within the command timeout: backend_unavailable.
+ *  - Release: release.lua frees the lease, reconciles the token buckets and
+ *    records the breaker verdict. Failures of these writes are logged and
+ *    counted: a lease that was not released expires by its TTL.
+ *  - Leases of attempts in flight are renewed every lease_ttl_s / 3, so
+ *    only a dead sidecar's permits expire.
+ *  - Progress ages come from a cache kept exact by pub/sub: every mark is
+ *    published; an unknown scope is fetched once (the loop waits for it
+ *    only when a stall verdict depends on it; hooks.on_progress_known says
+ *    when it is known); the cache is dropped when the subscription is lost,
+ *    and reads fail closed until it is back.
+ *  - Task operations run task.lua; a stop, watchdog verdict or finish is
+ *    published on P:task-end (hooks.on_task_ended on every sidecar). Lost
+ *    channel messages or failed updates lead to hooks.on_resync once both
+ *    connections are up; hooks.on_up asks for the verdicts not sent.
+ *
+ * Keys: {P:source:N}:breaker|leases|rpm|tpm|daily, {P:scope:S}:progress,
+ * {P:task:ID}; channels P:task-end and P:progress. Every script touches the
+ * keys of one hash tag.
  */
-#include "shared.h"
+#include "backend.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -16,7 +41,8 @@
 
 #include "log.h"
 #include "redis.h"
-#include "tasks.h"
+#include "rpc.h"
+#include "task.h"
 
 #define SHARED_SCOPES 4096          /* cache slots (power of two) */
 #define SHARED_PROGRESS_TTL_MS 3600000
@@ -34,18 +60,18 @@
 
 enum { CH_TASK_END, CH_PROGRESS, CH_COUNT };
 
-struct shared_lease {
-    struct shared_lease *prev, *next;   /* the source's live leases */
+struct backend_lease {
+    struct backend_lease *prev, *next;   /* the source's live leases */
     size_t source;
     bool live;                          /* linked */
     double est_tokens;
     char id[48];
 };
 
-struct shared_admit {
-    struct shared *sh;
-    struct shared_lease *lease;
-    shared_admit_cb *cb;
+struct backend_admit {
+    struct backend_redis *sh;
+    struct backend_lease *lease;
+    backend_admit_cb *cb;
     void *ud;                           /* NULL once detached */
 };
 
@@ -66,20 +92,22 @@ struct scope_slot {
 struct source_keys {
     char breaker[SHARED_KEY_MAX], leases[SHARED_KEY_MAX], rpm[SHARED_KEY_MAX],
         tpm[SHARED_KEY_MAX], daily[SHARED_KEY_MAX];
-    struct shared_lease *live;
+    struct backend_lease *live;
     size_t n_live;
     char breaker_state[12];             /* the fleet breaker as last seen */
     /* The scripts' constant arguments, formatted once. */
     char a_conc[24], a_ttl[24], a_rpm[24], a_win[24], a_tpm[24], a_daily[24], a_fails[24],
         a_cool[24], a_maxcool[24];
     size_t index;                       /* in sh->src: a release's context */
-    struct shared *sh;
+    struct backend_redis *sh;
 };
 
-struct shared {
-    struct server *srv;
+struct backend_redis {
+    struct backend be;                  /* first: the table's view */
+    struct ev_loop *loop;
+    const struct config *cfg;           /* borrowed */
     struct rds *rds;
-    struct gov_backend backend;
+    struct gov_backend progress;
     char sidecar_id[17];
     unsigned long long lease_seq;
     char *channel[CH_COUNT];
@@ -91,9 +119,9 @@ struct shared {
     bool resync;                        /* re-read the running tasks when up */
     unsigned long long resyncs;
     ev_timer mark_w;                    /* sends them */
-    ev_timer later_w;                   /* shared_retry_later */
+    ev_timer later_w;                   /* retry_later */
     double later_delay;
-    bool closing;                       /* shared_fini: no new work */
+    bool closing;                       /* redis_free: no new work */
     ev_timer renew_w;
     /* counters */
     unsigned long long admits, admitted, refused[6], admit_errors, releases, write_errors,
@@ -131,7 +159,7 @@ static bool reply_is_int(const redisReply *r, long long *v)
     return false;
 }
 
-static void count_write_error(struct shared *sh, const char *what, const char *err)
+static void count_write_error(struct backend_redis *sh, const char *what, const char *err)
 {
     sh->write_errors++;
     log_at(LOG_WARN, "backend write failed (counted; state self-heals by TTL)", "op", LOG_S,
@@ -148,9 +176,9 @@ static uint64_t hash_str(const char *s)
     return h;
 }
 
-static void marks_flush(struct shared *sh);
+static void marks_flush(struct backend_redis *sh);
 
-static void scopes_clear(struct shared *sh)
+static void scopes_clear(struct backend_redis *sh)
 {
     marks_flush(sh); /* coalesced successes are not lost with the cache */
     for (size_t i = 0; i < SHARED_SCOPES; i++) {
@@ -163,7 +191,7 @@ static void scopes_clear(struct shared *sh)
 
 /* The slot holding `scope`, or the empty slot where it would go (linear
  * probing; the table never fills: scope_slot clears it at 3/4). */
-static struct scope_slot *scope_probe(struct shared *sh, const char *scope)
+static struct scope_slot *scope_probe(struct backend_redis *sh, const char *scope)
 {
     size_t mask = SHARED_SCOPES - 1;
 
@@ -175,7 +203,7 @@ static struct scope_slot *scope_probe(struct shared *sh, const char *scope)
 }
 
 /* The slot of `scope`, or NULL. */
-static struct scope_slot *scope_find(struct shared *sh, const char *scope)
+static struct scope_slot *scope_find(struct backend_redis *sh, const char *scope)
 {
     struct scope_slot *s = scope_probe(sh, scope);
     return s->state == SCOPE_EMPTY ? NULL : s;
@@ -184,7 +212,7 @@ static struct scope_slot *scope_find(struct shared *sh, const char *scope)
 /* The slot of `scope`, created when absent (NULL when out of memory). A
  * table 3/4 full is dropped whole: every scope then reads unknown and is
  * fetched again — the safe direction. */
-static struct scope_slot *scope_slot(struct shared *sh, const char *scope)
+static struct scope_slot *scope_slot(struct backend_redis *sh, const char *scope)
 {
     struct scope_slot *s = scope_probe(sh, scope);
 
@@ -202,13 +230,13 @@ static struct scope_slot *scope_slot(struct shared *sh, const char *scope)
     return s;
 }
 
-static void progress_key(const struct shared *sh, const char *scope, char *key, size_t len)
+static void progress_key(const struct backend_redis *sh, const char *scope, char *key, size_t len)
 {
-    snprintf(key, len, "{%s:scope:%s}:progress", sh->srv->cfg->redis_prefix, scope);
+    snprintf(key, len, "{%s:scope:%s}:progress", sh->cfg->redis_prefix, scope);
 }
 
 struct fetch {
-    struct shared *sh;
+    struct backend_redis *sh;
     uint32_t epoch;
     char scope[];
 };
@@ -216,13 +244,13 @@ struct fetch {
 static void on_progress_fetched(const redisReply *r, const char *err, void *ud)
 {
     struct fetch *f = ud;
-    struct shared *sh = f->sh;
+    struct backend_redis *sh = f->sh;
     long long age_ms;
 
     if (f->epoch == sh->epoch) {
         struct scope_slot *s = scope_find(sh, f->scope);
         if (s && s->state == SCOPE_FETCHING) {
-            double now = ev_now(sh->srv->loop);
+            double now = ev_now(sh->loop);
             if (reply_is_int(r, &age_ms)) {
                 s->state = SCOPE_KNOWN;
                 s->last_at = age_ms < 0 ? -INFINITY : now - (double)age_ms / 1000.0;
@@ -235,13 +263,14 @@ static void on_progress_fetched(const redisReply *r, const char *err, void *ud)
             }
         }
     }
-    gov_progress_known(&sh->srv->gov, f->scope); /* its waiters look again */
+    if (!sh->closing && sh->be.hooks.on_progress_known) /* its waiters look again */
+        sh->be.hooks.on_progress_known(sh->be.hooks.ud, f->scope);
     free(f);
 }
 
 static int be_progress_age(void *ud, const char *scope, double now, double *age)
 {
-    struct shared *sh = ud;
+    struct backend_redis *sh = ud;
 
     if (!rds_subscribed(sh->rds) || !rds_up(sh->rds))
         return -1; /* marks may be missed: fail closed */
@@ -259,7 +288,7 @@ static int be_progress_age(void *ud, const char *scope, double now, double *age)
     if (s->state == SCOPE_FETCHING)
         return 1;
     if (s->state == SCOPE_FAILED) {
-        if (now - s->failed_at < sh->srv->cfg->redis_command_timeout_s)
+        if (now - s->failed_at < sh->cfg->redis_command_timeout_s)
             return -1;
         s->state = SCOPE_UNKNOWN;
     }
@@ -289,7 +318,7 @@ static void on_mark_done(const redisReply *r, const char *err, void *ud)
         count_write_error(ud, "progress mark", err);
 }
 
-static int send_mark(struct shared *sh, const char *scope)
+static int send_mark(struct backend_redis *sh, const char *scope)
 {
     char key[SHARED_KEY_MAX], ttl[24];
 
@@ -304,11 +333,11 @@ static int send_mark(struct shared *sh, const char *scope)
     return 0;
 }
 
-static void marks_flush(struct shared *sh)
+static void marks_flush(struct backend_redis *sh)
 {
-    double now = ev_now(sh->srv->loop);
+    double now = ev_now(sh->loop);
 
-    ev_timer_stop(sh->srv->loop, &sh->mark_w);
+    ev_timer_stop(sh->loop, &sh->mark_w);
     for (size_t i = 0; sh->n_dirty > 0 && i < SHARED_SCOPES; i++) {
         struct scope_slot *s = &sh->scopes[i];
         if (s->state == SCOPE_EMPTY || !s->dirty)
@@ -330,7 +359,7 @@ static void on_mark_timer(struct ev_loop *loop, ev_timer *w, int revents)
 
 static int be_progress_mark(void *ud, const char *scope, double now)
 {
-    struct shared *sh = ud;
+    struct backend_redis *sh = ud;
     struct scope_slot *s = scope_slot(sh, scope);
 
     if (!s)
@@ -347,7 +376,7 @@ static int be_progress_mark(void *ud, const char *scope, double now)
         sh->n_dirty++;
         if (!ev_is_active(&sh->mark_w)) {
             ev_timer_set(&sh->mark_w, SHARED_MARK_COALESCE_S, 0.);
-            ev_timer_start(sh->srv->loop, &sh->mark_w);
+            ev_timer_start(sh->loop, &sh->mark_w);
         }
     }
     return 0;
@@ -355,7 +384,7 @@ static int be_progress_mark(void *ud, const char *scope, double now)
 
 /* --- leases ------------------------------------------------------------ */
 
-static void lease_link(struct shared *sh, struct shared_lease *l)
+static void lease_link(struct backend_redis *sh, struct backend_lease *l)
 {
     struct source_keys *k = &sh->src[l->source];
     l->prev = NULL;
@@ -367,7 +396,7 @@ static void lease_link(struct shared *sh, struct shared_lease *l)
     l->live = true;
 }
 
-static void lease_unlink(struct shared *sh, struct shared_lease *l)
+static void lease_unlink(struct backend_redis *sh, struct backend_lease *l)
 {
     struct source_keys *k = &sh->src[l->source];
     if (!l->live)
@@ -383,14 +412,14 @@ static void lease_unlink(struct shared *sh, struct shared_lease *l)
 }
 
 /* The fleet breaker as one release left it: logged when it changed. */
-static void note_breaker(struct shared *sh, size_t source, const char *state)
+static void note_breaker(struct backend_redis *sh, size_t source, const char *state)
 {
     struct source_keys *k = &sh->src[source];
 
     if (strcmp(k->breaker_state, state) == 0)
         return;
     log_at(strcmp(state, "open") == 0 ? LOG_WARN : LOG_INFO, "fleet breaker", "source", LOG_S,
-           sh->srv->cfg->sources[source].name, "from", LOG_S, k->breaker_state, "to", LOG_S,
+           sh->cfg->sources[source].name, "from", LOG_S, k->breaker_state, "to", LOG_S,
            state, NULL);
     snprintf(k->breaker_state, sizeof(k->breaker_state), "%s", state);
 }
@@ -398,7 +427,7 @@ static void note_breaker(struct shared *sh, size_t source, const char *state)
 static void on_released(const redisReply *r, const char *err, void *ud)
 {
     struct source_keys *k = ud;
-    struct shared *sh = k->sh;
+    struct backend_redis *sh = k->sh;
 
     if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 3)
         count_write_error(sh, "release", err);
@@ -406,19 +435,10 @@ static void on_released(const redisReply *r, const char *err, void *ud)
         note_breaker(sh, k->index, r->element[1]->str);
 }
 
-/* release.lua's verdict: a transient failure counts for the breaker; a
- * 429, a rejection or a cancel does not (src/breaker.h). */
-static const char *verdict_name(const struct outcome *o)
+static void redis_release(struct backend *be, struct backend_lease *l, const struct outcome *o,
+                          double used_tokens)
 {
-    if (!o || o->reason == REASON_CANCELLED)
-        return "neutral";
-    return o->kind == OUTCOME_SUCCESS ? "success" : o->kind == OUTCOME_TRANSIENT ? "failure"
-                                                                                 : "neutral";
-}
-
-void shared_release(struct shared *sh, struct shared_lease *l, const struct outcome *o,
-                    double used_tokens)
-{
+    struct backend_redis *sh = (struct backend_redis *)be;
     struct source_keys *k = &sh->src[l->source];
     char est[32], used[32];
 
@@ -427,7 +447,7 @@ void shared_release(struct shared *sh, struct shared_lease *l, const struct outc
     fmt_num(est, sizeof(est), ceil(l->est_tokens));
     fmt_num(used, sizeof(used), used_tokens < 0 ? -1 : ceil(used_tokens));
     const char *argv[] = {k->breaker, k->leases, k->rpm,     k->tpm,    k->daily, l->id,
-                          verdict_name(o), est,  used,       k->a_tpm,  k->a_win, k->a_daily,
+                          backend_verdict_name(o), est,  used,       k->a_tpm,  k->a_win, k->a_daily,
                           "86400000", k->a_fails, k->a_cool, k->a_maxcool};
     if (rds_eval(sh->rds, RDS_RELEASE, 5, 16, argv, NULL, on_released, k) < 0)
         count_write_error(sh, "release", "not connected");
@@ -444,9 +464,9 @@ static int refusal_index(const char *why)
 
 static void on_admitted(const redisReply *r, const char *err, void *ud)
 {
-    struct shared_admit *a = ud;
-    struct shared *sh = a->sh;
-    struct shared_lease *l = a->lease;
+    struct backend_admit *a = ud;
+    struct backend_redis *sh = a->sh;
+    struct backend_lease *l = a->lease;
     long long ok = -1, v = 0;
 
     if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 3)
@@ -457,7 +477,7 @@ static void on_admitted(const redisReply *r, const char *err, void *ud)
         if (a->ud)
             a->cb(a->ud, 1, l, NAN, "admitted");
         else
-            shared_release(sh, l, NULL, -1); /* the call is gone */
+            redis_release(&sh->be, l, NULL, -1); /* the call is gone */
     } else if (ok == 0 && r->element[1]->type == REDIS_REPLY_STRING) {
         const char *why = r->element[1]->str;
         double retry_at = NAN, off = rds_clock_offset(sh->rds);
@@ -478,23 +498,27 @@ static void on_admitted(const redisReply *r, const char *err, void *ud)
     free(a);
 }
 
-struct shared_admit *shared_admit(struct shared *sh, size_t source, double est_tokens,
-                                  shared_admit_cb *cb, void *ud)
+static int redis_admit(struct backend *be, size_t source, double est_tokens,
+                       struct backend_lease **lease, backend_admit_cb *cb, void *ud,
+                       struct backend_admit **pending)
 {
+    struct backend_redis *sh = (struct backend_redis *)be;
     struct source_keys *k = &sh->src[source];
     char est[32];
-    struct shared_admit *a = malloc(sizeof(*a));
-    struct shared_lease *l = calloc(1, sizeof(*l));
+    struct backend_admit *a = malloc(sizeof(*a));
+    struct backend_lease *l = calloc(1, sizeof(*l));
 
-    if (!a || !l || !rds_up(sh->rds)) {
+    *lease = NULL;
+    *pending = NULL;
+    if (!a || !l || sh->closing || !rds_up(sh->rds)) {
         free(a);
         free(l);
-        return NULL;
+        return -1;
     }
     l->source = source;
     l->est_tokens = est_tokens;
     snprintf(l->id, sizeof(l->id), "%s:%llu", sh->sidecar_id, ++sh->lease_seq);
-    *a = (struct shared_admit){.sh = sh, .lease = l, .cb = cb, .ud = ud};
+    *a = (struct backend_admit){.sh = sh, .lease = l, .cb = cb, .ud = ud};
     fmt_num(est, sizeof(est), ceil(est_tokens));
     const char *argv[] = {k->breaker, k->leases, k->rpm,   k->tpm,     k->daily,
                           l->id,      k->a_conc, k->a_ttl, k->a_rpm,   k->a_win,
@@ -503,20 +527,22 @@ struct shared_admit *shared_admit(struct shared *sh, size_t source, double est_t
     if (rds_eval(sh->rds, RDS_ADMIT, 5, 15, argv, NULL, on_admitted, a) < 0) {
         free(a);
         free(l);
-        return NULL;
+        return -1;
     }
-    return a;
+    *pending = a;
+    return 0;
 }
 
-void shared_admit_detach(struct shared_admit *a)
+static void redis_admit_detach(struct backend *be, struct backend_admit *a)
 {
+    (void)be;
     a->ud = NULL;
 }
 
 /* Renewal: every lease_ttl_s / 3, one renew.lua per source with leases. */
 static void on_renewed(const redisReply *r, const char *err, void *ud)
 {
-    struct shared *sh = ud;
+    struct backend_redis *sh = ud;
 
     if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
         count_write_error(sh, "renew", err);
@@ -535,15 +561,15 @@ static void on_renewed(const redisReply *r, const char *err, void *ud)
 
 static void renew_all(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    struct shared *sh = w->data;
+    struct backend_redis *sh = w->data;
     char ttl[32];
     (void)loop;
     (void)revents;
 
     if (!rds_up(sh->rds))
         return;
-    fmt_num(ttl, sizeof(ttl), sh->srv->cfg->redis_lease_ttl_s * 1000.0);
-    for (size_t i = 0; i < sh->srv->cfg->n_sources; i++) {
+    fmt_num(ttl, sizeof(ttl), sh->cfg->redis_lease_ttl_s * 1000.0);
+    for (size_t i = 0; i < sh->cfg->n_sources; i++) {
         struct source_keys *k = &sh->src[i];
         if (!k->n_live)
             continue;
@@ -553,7 +579,7 @@ static void renew_all(struct ev_loop *loop, ev_timer *w, int revents)
         size_t n = 0;
         argv[n++] = k->leases;
         argv[n++] = ttl;
-        for (struct shared_lease *l = k->live; l; l = l->next)
+        for (struct backend_lease *l = k->live; l; l = l->next)
             argv[n++] = l->id;
         if (rds_eval(sh->rds, RDS_RENEW, 1, (int)n, argv, NULL, on_renewed, sh) < 0)
             count_write_error(sh, "renew", "not connected");
@@ -563,21 +589,97 @@ static void renew_all(struct ev_loop *loop, ev_timer *w, int revents)
 
 /* --- tasks ------------------------------------------------------------- */
 
-int shared_task(struct shared *sh, const char *op, const char *id, const char *reason, bool ok,
-                shared_task_cb *cb, void *ud)
-{
-    char key[SHARED_KEY_MAX], ttl[32];
+static const char *const task_lua_op[] = {
+    [BACKEND_TASK_START] = "start", [BACKEND_TASK_STOP] = "stop",
+    [BACKEND_TASK_GUARD] = "guard", [BACKEND_TASK_FINISH] = "finish",
+    [BACKEND_TASK_GET] = "get",     [BACKEND_TASK_WATCHDOG] = "watchdog",
+};
 
-    snprintf(key, sizeof(key), "{%s:task:%s}", sh->srv->cfg->redis_prefix, id);
-    fmt_num(ttl, sizeof(ttl), ceil(sh->srv->cfg->task_ttl_s));
-    const char *argv[] = {key, op, id, ttl, reason ? reason : "", ok ? "1" : "0",
-                          sh->channel[CH_TASK_END]};
-    return rds_eval(sh->rds, RDS_TASK, 1, 7, argv, NULL, cb, ud);
+struct task_op {
+    backend_task_cb *cb;
+    void *ud;
+};
+
+static int task_code(const char *code)
+{
+    static const struct { const char *name; int rc; } codes[] = {
+        {"ok", TASK_OK}, {"not_found", TASK_E_NOT_FOUND}, {"running", TASK_E_RUNNING},
+        {"stopped", TASK_E_STOPPED}, {"watchdog", TASK_E_WATCHDOG},
+        {"finished", TASK_E_FINISHED},
+    };
+    for (size_t i = 0; i < sizeof(codes) / sizeof(*codes); i++)
+        if (strcmp(code, codes[i].name) == 0)
+            return codes[i].rc;
+    return BACKEND_E_UNAVAILABLE;
 }
 
-double shared_unix_s(long long ms)
+/* task.lua's reply {code, state, kind, reason, runs, started_at_ms,
+ * ended_at_ms} (or {code} alone when there is no record). Redis' clock and
+ * the host's are assumed close: the times are only displayed. */
+static bool task_parse(const redisReply *r, struct backend_task *bt)
 {
-    return (double)ms / 1000.0;
+    *bt = (struct backend_task){.rc = BACKEND_E_UNAVAILABLE};
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
+        r->element[0]->type != REDIS_REPLY_STRING)
+        return false;
+    bt->rc = task_code(r->element[0]->str);
+    if (r->elements < 7)
+        return r->elements == 1;
+    for (int i = 1; i <= 3; i++)
+        if (r->element[i]->type != REDIS_REPLY_STRING)
+            return false;
+    for (int i = 4; i <= 6; i++)
+        if (r->element[i]->type != REDIS_REPLY_INTEGER)
+            return false;
+    long long started = r->element[5]->integer, ended = r->element[6]->integer;
+    bt->exists = true;
+    bt->state = r->element[1]->str;
+    bt->kind = r->element[2]->str;
+    bt->reason = r->element[3]->str;
+    bt->runs = r->element[4]->integer > 0 ? (uint64_t)r->element[4]->integer : 0;
+    bt->started_at_s = (double)started / 1000.0;
+    bt->updated_at_s = (double)(ended > 0 ? ended : started) / 1000.0;
+    return true;
+}
+
+static void on_task_reply(const redisReply *r, const char *err, void *ud)
+{
+    struct task_op op = *(struct task_op *)ud;
+    struct backend_task bt;
+
+    free(ud);
+    if (!task_parse(r, &bt)) {
+        /* A parsed reply with an unknown code is as good as none. */
+        bt = (struct backend_task){.rc = BACKEND_E_UNAVAILABLE, .err = err};
+        if (r && r->type == REDIS_REPLY_ERROR)
+            bt.err = "error reply from task.lua";
+    }
+    op.cb(op.ud, &bt);
+}
+
+static int redis_task(struct backend *be, enum backend_task_op op, const char *id,
+                      const char *reason, bool ok, struct backend_task *now_bt,
+                      backend_task_cb *cb, void *ud)
+{
+    struct backend_redis *sh = (struct backend_redis *)be;
+    char key[SHARED_KEY_MAX], ttl[32];
+    struct task_op *q = malloc(sizeof(*q));
+    (void)now_bt;
+
+    if (!q || sh->closing) {
+        free(q);
+        return -1;
+    }
+    *q = (struct task_op){.cb = cb, .ud = ud};
+    snprintf(key, sizeof(key), "{%s:task:%s}", sh->cfg->redis_prefix, id);
+    fmt_num(ttl, sizeof(ttl), ceil(sh->cfg->task_ttl_s));
+    const char *argv[] = {key, task_lua_op[op], id, ttl, reason ? reason : "", ok ? "1" : "0",
+                          sh->channel[CH_TASK_END]};
+    if (rds_eval(sh->rds, RDS_TASK, 1, 7, argv, NULL, on_task_reply, q) < 0) {
+        free(q);
+        return -1;
+    }
+    return 0;
 }
 
 /* --- connection events ------------------------------------------------- */
@@ -585,19 +687,14 @@ double shared_unix_s(long long ms)
 /* Task stops published while this sidecar could not listen or could not
  * act on them are lost: once both connections are up again, re-read the
  * running tasks held here. */
-static void maybe_resync(struct shared *sh)
+static void maybe_resync(struct backend_redis *sh)
 {
-    if (!sh->resync || !rds_up(sh->rds) || !rds_subscribed(sh->rds))
+    if (!sh->resync || sh->closing || !rds_up(sh->rds) || !rds_subscribed(sh->rds))
         return;
     sh->resync = false;
     sh->resyncs++;
-    tasks_on_resubscribed(sh->srv);
-}
-
-void shared_request_resync(struct shared *sh)
-{
-    sh->resync = true;
-    maybe_resync(sh);
+    if (sh->be.hooks.on_resync)
+        sh->be.hooks.on_resync(sh->be.hooks.ud);
 }
 
 /* A task update failed while the connections may still be up (a timeout
@@ -605,7 +702,7 @@ void shared_request_resync(struct shared *sh)
  * must not loop), and at the latest when the connections come back. */
 static void on_later(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    struct shared *sh = w->data;
+    struct backend_redis *sh = w->data;
     (void)loop;
     (void)revents;
     if (sh->closing || !rds_up(sh->rds))
@@ -613,41 +710,40 @@ static void on_later(struct ev_loop *loop, ev_timer *w, int revents)
     /* Failing again and again (an error reply, not a lost connection)
      * backs off: 1 s doubling to 60 s, reset by a reconnection. */
     sh->later_delay = fmin(sh->later_delay * 2, SHARED_RETRY_LATER_MAX_S);
-    tasks_on_backend_up(sh->srv);
+    if (sh->be.hooks.on_up)
+        sh->be.hooks.on_up(sh->be.hooks.ud);
     maybe_resync(sh);
-    server_on_backend_up(sh->srv);
 }
 
-void shared_retry_later(struct shared *sh, bool resync)
+static void redis_retry_later(struct backend *be, bool resync)
 {
+    struct backend_redis *sh = (struct backend_redis *)be;
+
     if (sh->closing)
         return;
     if (resync)
         sh->resync = true;
     if (!ev_is_active(&sh->later_w)) {
         ev_timer_set(&sh->later_w, sh->later_delay, 0.);
-        ev_timer_start(sh->srv->loop, &sh->later_w);
+        ev_timer_start(sh->loop, &sh->later_w);
     }
 }
 
-bool shared_closing(const struct shared *sh)
+static bool redis_is_closing(const struct backend *be)
 {
-    return sh->closing;
-}
-
-bool shared_is_up(const struct shared *sh)
-{
-    return sh->rds && rds_up(sh->rds);
+    return ((const struct backend_redis *)be)->closing;
 }
 
 static void on_up(struct rds *r, void *ud)
 {
-    struct shared *sh = ud;
+    struct backend_redis *sh = ud;
     (void)r;
     sh->later_delay = SHARED_RETRY_LATER_S;
-    tasks_on_backend_up(sh->srv);
+    if (sh->closing)
+        return;
+    if (sh->be.hooks.on_up)
+        sh->be.hooks.on_up(sh->be.hooks.ud);
     maybe_resync(sh);
-    server_on_backend_up(sh->srv);
 }
 
 static void on_down(struct rds *r, const char *why, void *ud)
@@ -659,24 +755,26 @@ static void on_down(struct rds *r, const char *why, void *ud)
 
 static void on_subscribed(struct rds *r, void *ud)
 {
+    struct backend_redis *sh = ud;
     (void)r;
-    shared_request_resync(ud);
+    sh->resync = true;
+    maybe_resync(sh);
 }
 
 static void on_unsubscribed(struct rds *r, void *ud)
 {
-    struct shared *sh = ud;
+    struct backend_redis *sh = ud;
     (void)r;
     scopes_clear(sh); /* marks may be missed from now on */
 }
 
 static void on_message(struct rds *r, size_t channel, const char *msg, size_t len, void *ud)
 {
-    struct shared *sh = ud;
+    struct backend_redis *sh = ud;
     char buf[SHARED_KEY_MAX];
     (void)r;
 
-    if (len >= sizeof(buf) || memchr(msg, '\0', len))
+    if (sh->closing || len >= sizeof(buf) || memchr(msg, '\0', len))
         return;
     memcpy(buf, msg, len);
     buf[len] = '\0';
@@ -686,30 +784,61 @@ static void on_message(struct rds *r, size_t channel, const char *msg, size_t le
         if (s) { /* the freshest news: a fetch in flight is then ignored */
             bool was_fetching = s->state == SCOPE_FETCHING;
             s->state = SCOPE_KNOWN;
-            s->last_at = ev_now(sh->srv->loop);
-            if (was_fetching)
-                gov_progress_known(&sh->srv->gov, buf);
+            s->last_at = ev_now(sh->loop);
+            if (was_fetching && sh->be.hooks.on_progress_known)
+                sh->be.hooks.on_progress_known(sh->be.hooks.ud, buf);
         }
     } else if (channel == CH_TASK_END) {
-        tasks_on_task_end(sh->srv, buf);
+        if (sh->be.hooks.on_task_ended)
+            sh->be.hooks.on_task_ended(sh->be.hooks.ud, buf);
     }
 }
 
 /* --- set-up ------------------------------------------------------------ */
 
-int shared_init(struct server *srv, char *err, size_t errlen)
-{
-    const struct config *cfg = srv->cfg;
-    unsigned char rnd[8];
+static void redis_free(struct backend *be);
 
-    srv->shared = NULL;
-    if (cfg->backend != BACKEND_REDIS)
-        return 0;
-    struct shared *sh = calloc(1, sizeof(*sh));
-    if (!sh)
-        goto oom;
-    srv->shared = sh;
-    sh->srv = srv;
+static const struct gov_backend *redis_progress(struct backend *be)
+{
+    return &((struct backend_redis *)be)->progress;
+}
+
+static void redis_pack_stats(struct backend *be, msgpack_packer *pk);
+
+static const struct backend_ops redis_ops = {
+    .name = "redis",
+    .admit = redis_admit,
+    .admit_detach = redis_admit_detach,
+    .release = redis_release,
+    .task = redis_task,
+    .retry_later = redis_retry_later,
+    .is_closing = redis_is_closing,
+    .progress = redis_progress,
+    .stats_keys = 2,
+    .pack_stats = redis_pack_stats,
+    .free = redis_free,
+};
+
+struct backend *backend_redis_new(struct ev_loop *loop, const struct config *cfg,
+                                  const struct backend_hooks *hooks, char *err, size_t errlen)
+{
+    unsigned char rnd[8];
+    struct backend_redis *sh = calloc(1, sizeof(*sh));
+
+    if (!sh) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    sh->be.ops = &redis_ops;
+    sh->be.hooks = *hooks;
+    sh->loop = loop;
+    sh->cfg = cfg;
+    ev_init(&sh->mark_w, on_mark_timer);
+    sh->mark_w.data = sh;
+    ev_init(&sh->later_w, on_later);
+    sh->later_w.data = sh;
+    ev_init(&sh->renew_w, renew_all);
+    sh->renew_w.data = sh;
     sh->src = calloc(cfg->n_sources ? cfg->n_sources : 1, sizeof(*sh->src));
     sh->scopes = calloc(SHARED_SCOPES, sizeof(*sh->scopes));
     if (!sh->src || !sh->scopes)
@@ -750,7 +879,7 @@ int shared_init(struct server *srv, char *err, size_t errlen)
     }
     for (size_t i = 0; i < sizeof(rnd); i++)
         snprintf(sh->sidecar_id + 2 * i, 3, "%02x", rnd[i]);
-    sh->backend = (struct gov_backend){
+    sh->progress = (struct gov_backend){
         .progress_mark = be_progress_mark,
         .progress_age = be_progress_age,
         .ud = sh,
@@ -763,7 +892,7 @@ int shared_init(struct server *srv, char *err, size_t errlen)
         .channels = (const char *const *)sh->channel,
         .n_channels = CH_COUNT,
     };
-    const struct rds_hooks hooks = {
+    const struct rds_hooks rhooks = {
         .on_up = on_up,
         .on_down = on_down,
         .on_subscribed = on_subscribed,
@@ -771,27 +900,21 @@ int shared_init(struct server *srv, char *err, size_t errlen)
         .on_message = on_message,
         .ud = sh,
     };
-    sh->rds = rds_new(srv->loop, &opts, &hooks, err, errlen);
+    sh->rds = rds_new(loop, &opts, &rhooks, err, errlen);
     if (!sh->rds) {
-        shared_fini(srv);
-        return -1;
+        redis_free(&sh->be);
+        return NULL;
     }
-    ev_init(&sh->mark_w, on_mark_timer);
-    sh->mark_w.data = sh;
-    ev_init(&sh->later_w, on_later);
-    sh->later_w.data = sh;
     sh->later_delay = SHARED_RETRY_LATER_S;
-    ev_timer_init(&sh->renew_w, renew_all, cfg->redis_lease_ttl_s / 3,
-                  cfg->redis_lease_ttl_s / 3);
-    sh->renew_w.data = sh;
-    ev_timer_start(srv->loop, &sh->renew_w);
+    ev_timer_set(&sh->renew_w, cfg->redis_lease_ttl_s / 3, cfg->redis_lease_ttl_s / 3);
+    ev_timer_start(loop, &sh->renew_w);
     log_at(LOG_INFO, "redis backend", "prefix", LOG_S, cfg->redis_prefix, "sidecar_id", LOG_S,
            sh->sidecar_id, NULL);
-    return 0;
+    return &sh->be;
 oom:
     snprintf(err, errlen, "out of memory");
-    shared_fini(srv);
-    return -1;
+    redis_free(&sh->be);
+    return NULL;
 }
 
 static void drain_timeout(struct ev_loop *loop, ev_timer *w, int revents)
@@ -805,39 +928,38 @@ static void drain_timeout(struct ev_loop *loop, ev_timer *w, int revents)
  * only queued in hiredis; let them out, bounded by the command timeout, so
  * a restart does not hold the fleet's permits (or its half-open probe) for
  * lease_ttl_s. */
-static void shared_drain(struct shared *sh)
+static void redis_drain(struct backend_redis *sh)
 {
-    struct ev_loop *loop = sh->srv->loop;
+    struct ev_loop *loop = sh->loop;
     ev_timer guard;
 
     if (!sh->rds || !rds_up(sh->rds) || rds_get_stats(sh->rds)->pending == 0)
         return;
-    ev_timer_init(&guard, drain_timeout, sh->srv->cfg->redis_command_timeout_s, 0.);
+    ev_timer_init(&guard, drain_timeout, sh->cfg->redis_command_timeout_s, 0.);
     ev_timer_start(loop, &guard);
     while (ev_is_active(&guard) && rds_up(sh->rds) && rds_get_stats(sh->rds)->pending > 0)
         ev_run(loop, EVRUN_ONCE);
     ev_timer_stop(loop, &guard);
 }
 
-void shared_fini(struct server *srv)
+static void redis_free(struct backend *be)
 {
-    struct shared *sh = srv->shared;
+    struct backend_redis *sh = (struct backend_redis *)be;
+    const struct config *cfg = sh->cfg;
 
-    if (!sh)
-        return;
-    ev_timer_stop(srv->loop, &sh->renew_w);
-    ev_timer_stop(srv->loop, &sh->mark_w);
-    ev_timer_stop(srv->loop, &sh->later_w);
+    ev_timer_stop(sh->loop, &sh->renew_w);
+    ev_timer_stop(sh->loop, &sh->mark_w);
+    ev_timer_stop(sh->loop, &sh->later_w);
     sh->closing = true; /* the drain below lets writes out; it starts nothing new */
     sh->n_dirty = 0; /* a coalesced mark (< 100 ms old) is not worth a write at exit */
-    shared_drain(sh);
+    redis_drain(sh);
     rds_free(sh->rds); /* fails what is pending (admissions: their leases are freed) */
     sh->rds = NULL;
-    ev_timer_stop(srv->loop, &sh->later_w);
-    ev_timer_stop(srv->loop, &sh->mark_w); /* fails pending admits: their leases are freed */
-    for (size_t i = 0; sh->src && i < srv->cfg->n_sources; i++) {
+    ev_timer_stop(sh->loop, &sh->later_w);
+    ev_timer_stop(sh->loop, &sh->mark_w);
+    for (size_t i = 0; sh->src && i < cfg->n_sources; i++) {
         while (sh->src[i].live) {
-            struct shared_lease *l = sh->src[i].live;
+            struct backend_lease *l = sh->src[i].live;
             lease_unlink(sh, l);
             free(l);
         }
@@ -849,39 +971,55 @@ void shared_fini(struct server *srv)
     for (size_t i = 0; i < CH_COUNT; i++)
         free(sh->channel[i]);
     free(sh);
-    srv->shared = NULL;
 }
 
-const struct gov_backend *shared_gov_backend(struct shared *sh)
+/* --- for metrics (backend.h) ------------------------------------------ */
+
+/* The Redis instance behind `be`, or NULL when `be` is another backend. */
+static const struct backend_redis *as_redis(const struct backend *be)
 {
-    return &sh->backend;
+    return be && be->ops == &redis_ops ? (const struct backend_redis *)be : NULL;
 }
 
-const struct rds *shared_rds(const struct shared *sh)
+void backend_redis_rebind(struct backend *be, const struct config *cfg)
 {
-    return sh->rds;
+    if (be && be->ops == &redis_ops)
+        ((struct backend_redis *)be)->cfg = cfg;
 }
 
-const char *shared_breaker_state(const struct shared *sh, size_t source)
+const struct rds *backend_redis_rds(const struct backend *be)
 {
-    return sh->src[source].breaker_state;
+    const struct backend_redis *sh = as_redis(be);
+    return sh ? sh->rds : NULL;
 }
 
-void shared_get_counts(const struct shared *sh, struct shared_counts *out)
+const char *backend_redis_breaker_state(const struct backend *be, size_t source)
 {
-    *out = (struct shared_counts){.admitted = sh->admitted,
-                                  .admit_errors = sh->admit_errors,
-                                  .write_errors = sh->write_errors,
-                                  .leases_lost = sh->leases_lost};
+    const struct backend_redis *sh = as_redis(be);
+    return sh ? sh->src[source].breaker_state : NULL;
+}
+
+void backend_redis_get_counts(const struct backend *be, struct backend_redis_counts *out)
+{
+    const struct backend_redis *sh = as_redis(be);
+
+    *out = (struct backend_redis_counts){0};
+    if (!sh)
+        return;
+    *out = (struct backend_redis_counts){.admitted = sh->admitted,
+                                         .admit_errors = sh->admit_errors,
+                                         .write_errors = sh->write_errors,
+                                         .leases_lost = sh->leases_lost};
     for (size_t i = 0; i < sizeof(sh->refused) / sizeof(sh->refused[0]); i++)
         out->refused += sh->refused[i];
 }
 
-void shared_pack_stats(struct shared *sh, msgpack_packer *pk)
+static void redis_pack_stats(struct backend *be, msgpack_packer *pk)
 {
+    struct backend_redis *sh = (struct backend_redis *)be;
     size_t live = 0;
 
-    for (size_t i = 0; i < sh->srv->cfg->n_sources; i++)
+    for (size_t i = 0; i < sh->cfg->n_sources; i++)
         live += sh->src[i].n_live;
     rpc_pack_str(pk, "backend");
     rds_pack_stats(sh->rds, pk);
@@ -893,9 +1031,9 @@ void shared_pack_stats(struct shared *sh, msgpack_packer *pk)
     rpc_pack_kv_u64(pk, "marks_sent", sh->marks_sent);
     rpc_pack_kv_u64(pk, "marks_coalesced", sh->marks_coalesced);
     rpc_pack_str(pk, "sources");
-    msgpack_pack_map(pk, sh->srv->cfg->n_sources);
-    for (size_t i = 0; i < sh->srv->cfg->n_sources; i++) {
-        rpc_pack_str(pk, sh->srv->cfg->sources[i].name);
+    msgpack_pack_map(pk, sh->cfg->n_sources);
+    for (size_t i = 0; i < sh->cfg->n_sources; i++) {
+        rpc_pack_str(pk, sh->cfg->sources[i].name);
         msgpack_pack_map(pk, 2);
         rpc_pack_kv_str(pk, "breaker", sh->src[i].breaker_state);
         rpc_pack_kv_u64(pk, "leases_live", sh->src[i].n_live);

@@ -1,0 +1,35 @@
+/*
+ * backend.c — what every backend implementation shares (see backend.h):
+ * a local task described as a record, and the breaker verdict of an
+ * attempt's outcome.
+ */
+#include "backend.h"
+
+#include "task.h"
+
+void backend_task_describe(struct backend_task *bt, const struct task *t, struct ev_loop *loop)
+{
+    /* Loop time -> Unix seconds as this host sees them. */
+    double off = ev_time() - ev_now(loop);
+    double updated = t->ended_at > 0 ? t->ended_at : t->last_active_at;
+
+    *bt = (struct backend_task){
+        .rc = TASK_OK,
+        .exists = true,
+        .state = task_state_name(t->state),
+        .kind = t->state == TASK_FAILED ? task_reason_kind_name(t->reason_kind) : "",
+        .reason = task_reason(t),
+        .node = t->node,
+        .runs = t->runs,
+        .started_at_s = t->started_at + off,
+        .updated_at_s = updated + off,
+    };
+}
+
+const char *backend_verdict_name(const struct outcome *o)
+{
+    if (!o || o->reason == REASON_CANCELLED)
+        return "neutral";
+    return o->kind == OUTCOME_SUCCESS ? "success" : o->kind == OUTCOME_TRANSIENT ? "failure"
+                                                                                 : "neutral";
+}

@@ -1,0 +1,232 @@
+/*
+ * backend.h — the state backend: one table of operations with two
+ * implementations (docs/DESIGN.md §2 and §6; `backend:` in docs/CONFIG.md).
+ *
+ *   memory (backend_memory.c)  the state is this sidecar's: admission is
+ *                              the local governed loop's, the task record is
+ *                              the local registry (src/task.h), progress is
+ *                              the core's own store. Every answer is
+ *                              immediate.
+ *   redis  (backend_redis.c)   the state is the fleet's, in Redis: admission
+ *                              asks admit.lua for a lease, the task record is
+ *                              task.lua's, progress ages come from a cache
+ *                              kept exact by pub/sub. Answers come later.
+ *
+ * The callers (call.c for admission and leases, tasks.c for the task
+ * operations, the core for progress) never ask which one they hold: an
+ * operation either answers at once (returns 1, the answer in an out
+ * parameter, the callback never runs), will answer later (returns 0, the
+ * callback runs exactly once from the event loop, never inside the call),
+ * or cannot be sent (returns -1, the callback never runs). Operations may
+ * be called from inside any callback, the backend's own answers and hooks
+ * included (a call releases its lease from its admission's answer).
+ *
+ * Events the backend learns by itself go up through struct backend_hooks
+ * (a task ended elsewhere, the channels are back after a gap, the command
+ * connection is up again, a progress age is known), so no implementation
+ * calls into tasks.c or the core: the server wires the hooks.
+ *
+ * Lifetime: the server owns the backend. It is built after the task
+ * registry (the memory backend borrows it) and before the core (which takes
+ * its progress interface), and freed in reverse: after the core, before the
+ * registry, since the answers the Redis drain still delivers at exit bring
+ * task copies in line. One event loop, one thread.
+ */
+#ifndef POLYGW_BACKEND_H
+#define POLYGW_BACKEND_H
+
+#include <ev.h>
+#include <msgpack.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "gov.h"
+#include "outcome.h"
+
+struct backend;
+struct backend_lease;     /* an attempt's fleet permit (implementation's) */
+struct backend_admit;     /* an admission not answered yet */
+struct task;
+struct task_reg;
+
+/* The task error code for "the backend could not answer" (next to the
+ * TASK_E_* codes of src/task.h). */
+#define BACKEND_E_UNAVAILABLE (-1000)
+
+/* Task operations. WATCHDOG records the verdict of a node watchdog that
+ * fired here (the local registry failed the task already). */
+enum backend_task_op { BACKEND_TASK_START, BACKEND_TASK_STOP, BACKEND_TASK_GUARD,
+                       BACKEND_TASK_FINISH, BACKEND_TASK_GET, BACKEND_TASK_WATCHDOG };
+
+/* A task as the backend's record describes it, after an operation. */
+struct backend_task {
+    int rc;                       /* TASK_OK, a TASK_E_* code, or BACKEND_E_UNAVAILABLE */
+    bool exists;                  /* the fields below describe the record */
+    const char *state;            /* "running", "succeeded", "failed" */
+    const char *kind;             /* failed: "stopped", "watchdog", "error"; else "" */
+    const char *reason;           /* "" when none */
+    const char *node;             /* the current node when the record has one, else NULL */
+    uint64_t runs;
+    double started_at_s;          /* Unix seconds */
+    double updated_at_s;          /* Unix seconds */
+    const char *err;              /* BACKEND_E_UNAVAILABLE: why (may be NULL) */
+};
+
+/* Admission answered later: rc 1 admitted (`lease` is the caller's until
+ * backend_release), 0 refused (`retry_at` in loop time, NAN when no time is
+ * known; `why` is the first failing check: breaker, concurrency, rpm, tpm,
+ * daily or other), -1 the backend could not answer (`why`). */
+typedef void backend_admit_cb(void *ud, int rc, struct backend_lease *lease, double retry_at,
+                              const char *why);
+/* A task operation answered later. `bt` and its strings are valid during
+ * the call only. */
+typedef void backend_task_cb(void *ud, const struct backend_task *bt);
+
+/* Events reported upward. Each runs from the event loop, never inside a
+ * backend operation; any may be NULL; none runs once backend_free has begun
+ * (the callbacks of operations in flight still do: the drain at exit
+ * delivers their answers). */
+struct backend_hooks {
+    /* Task `id` was stopped, failed by a watchdog or finished on some
+     * sidecar: bring a copy held here in line (a read that may import it). */
+    void (*on_task_ended)(void *ud, const char *id);
+    /* Task ends may have been missed (the channel was lost, or an update
+     * could not be sent): re-read the running tasks held here. */
+    void (*on_resync)(void *ud);
+    /* The command connection is up again (or a retry is due): send the
+     * watchdog verdicts that could not be sent. */
+    void (*on_up)(void *ud);
+    /* The progress age of `scope` is known (or failed to read): the calls
+     * waiting for it look again (gov_progress_known). */
+    void (*on_progress_known)(void *ud, const char *scope);
+    void *ud;
+};
+
+struct backend_ops {
+    const char *name;             /* "memory", "redis" */
+
+    /* Admission of the attempt the governed loop reserved on `source`,
+     * estimated at `est_tokens`. 1: admitted now (*lease may stay NULL: no
+     * fleet permit to release); 0: *pending is the request, `cb` runs
+     * later; -1: not sent (not connected): fail closed. */
+    int (*admit)(struct backend *be, size_t source, double est_tokens,
+                 struct backend_lease **lease, backend_admit_cb *cb, void *ud,
+                 struct backend_admit **pending);
+    /* The caller is gone before the answer: `cb` will not run, and a lease
+     * granted meanwhile is released at once. */
+    void (*admit_detach)(struct backend *be, struct backend_admit *a);
+    /* Ends the lease's attempt (takes `lease`) with the breaker verdict of
+     * its outcome `o` (NULL: none — cancelled or never ran) and the real
+     * token usage (< 0 unknown). Failures are counted, never reported: a
+     * lease not released expires by its TTL. */
+    void (*release)(struct backend *be, struct backend_lease *lease, const struct outcome *o,
+                    double used_tokens);
+
+    /* Task operation `op` on task `id` (borrowed, 1..TASK_ID_MAX bytes);
+     * `reason` (stop, finish, watchdog) and `ok` (finish). 1: answered in
+     * *now_bt (valid until the next registry change); 0: `cb` runs later;
+     * -1: not sent. */
+    int (*task)(struct backend *be, enum backend_task_op op, const char *id, const char *reason,
+                bool ok, struct backend_task *now_bt, backend_task_cb *cb, void *ud);
+    /* A task update failed while the backend may be up: hooks.on_up (and,
+     * with `resync`, hooks.on_resync) in a while (backing off while it
+     * keeps failing), and at the latest when the connection comes back. */
+    void (*retry_later)(struct backend *be, bool resync);
+    /* backend_free has begun: start no new work. */
+    bool (*is_closing)(const struct backend *be);
+
+    /* The progress interface for gov_init (NULL: the core's own store). */
+    const struct gov_backend *(*progress)(struct backend *be);
+
+    /* `stats`: packs `stats_keys` key/value pairs of the top-level map
+     * ("backend", and the implementation's own section). */
+    unsigned stats_keys;
+    void (*pack_stats)(struct backend *be, msgpack_packer *pk);
+
+    /* Lets the writes in flight out (bounded), then frees everything;
+     * pending admissions and task operations are failed or dropped. */
+    void (*free)(struct backend *be);
+};
+
+/* Every implementation's instance begins with this. */
+struct backend {
+    const struct backend_ops *ops;
+    struct backend_hooks hooks;
+};
+
+/* The memory backend over the task registry `tasks` (borrowed; outlives the
+ * backend). `loop` gives the clock for wall-clock times. Returns NULL when
+ * out of memory. */
+struct backend *backend_memory_new(struct ev_loop *loop, struct task_reg *tasks);
+
+/* The Redis backend for `cfg` (borrowed, outlives it); starts connecting in
+ * the background. `hooks` are copied. Returns NULL with `err` on a bad URL
+ * or out of memory. */
+struct backend *backend_redis_new(struct ev_loop *loop, const struct config *cfg,
+                                  const struct backend_hooks *hooks, char *err, size_t errlen);
+
+/* For metrics, the Redis implementation's own state: its command adapter
+ * (NULL when `be` is not the Redis backend), source `source`'s fleet
+ * breaker as last seen ("closed", "open", "half_open"; NULL: not Redis,
+ * the local breaker decides), and its counters (zero when not Redis):
+ * admissions admitted, refused (any check) and failed (no verdict: an error
+ * or no answer in time), writes (release, progress, renewal) that failed,
+ * leases found expired. Borrowed, valid until backend_free. */
+struct rds;
+struct backend_redis_counts {
+    uint64_t admitted, refused, admit_errors, write_errors, leases_lost;
+};
+const struct rds *backend_redis_rds(const struct backend *be);
+const char *backend_redis_breaker_state(const struct backend *be, size_t source);
+void backend_redis_get_counts(const struct backend *be, struct backend_redis_counts *out);
+/* A reload swapped the configuration: the Redis backend borrows `cfg` from
+ * now on. Only for a configuration whose backend section and sources
+ * (names, order, fleet-enforced settings) are those the backend was made
+ * with (reload.h refuses any other); a no-op for another backend. */
+void backend_redis_rebind(struct backend *be, const struct config *cfg);
+
+/* `t` described as a record (the memory backend's view; the tasks layer
+ * packs its own copies with it): wall-clock times from the loop's `loop`.
+ * Strings borrow from `t`. */
+void backend_task_describe(struct backend_task *bt, const struct task *t, struct ev_loop *loop);
+
+/* release.lua's breaker verdict of an attempt's outcome `o` (NULL: none):
+ * "success", "failure" for a transient failure, "neutral" for a 429, a
+ * rejection or a cancel, which the breaker does not count (src/breaker.h). */
+const char *backend_verdict_name(const struct outcome *o);
+
+/* Dispatch helpers: the caller's view of the table. */
+static inline int backend_admit(struct backend *be, size_t source, double est_tokens,
+                                struct backend_lease **lease, backend_admit_cb *cb, void *ud,
+                                struct backend_admit **pending)
+{
+    return be->ops->admit(be, source, est_tokens, lease, cb, ud, pending);
+}
+
+static inline void backend_admit_detach(struct backend *be, struct backend_admit *a)
+{
+    be->ops->admit_detach(be, a);
+}
+
+static inline void backend_release(struct backend *be, struct backend_lease *lease,
+                                   const struct outcome *o, double used_tokens)
+{
+    be->ops->release(be, lease, o, used_tokens);
+}
+
+static inline int backend_task(struct backend *be, enum backend_task_op op, const char *id,
+                               const char *reason, bool ok, struct backend_task *now_bt,
+                               backend_task_cb *cb, void *ud)
+{
+    return be->ops->task(be, op, id, reason, ok, now_bt, cb, ud);
+}
+
+static inline void backend_free(struct backend *be)
+{
+    if (be)
+        be->ops->free(be);
+}
+
+#endif /* POLYGW_BACKEND_H */

@@ -1,0 +1,162 @@
+/*
+ * backend_memory.c — the memory backend (see backend.h): this sidecar is
+ * the whole fleet. Admission is the local governed loop's (the step that
+ * reserved the attempt already decided), there are no leases, progress is
+ * the core's own store, and the task record is the local registry itself,
+ * so every task operation applies to it and answers at once.
+ */
+#include "backend.h"
+
+#include <stdlib.h>
+
+#include "rpc.h"
+#include "task.h"
+
+struct backend_memory {
+    struct backend be;            /* first: the table's view */
+    struct ev_loop *loop;
+    struct task_reg *tasks;       /* borrowed */
+};
+
+static int mem_admit(struct backend *be, size_t source, double est_tokens,
+                     struct backend_lease **lease, backend_admit_cb *cb, void *ud,
+                     struct backend_admit **pending)
+{
+    (void)be;
+    (void)source;
+    (void)est_tokens;
+    (void)cb;
+    (void)ud;
+    *lease = NULL;
+    *pending = NULL;
+    return 1;
+}
+
+static void mem_admit_detach(struct backend *be, struct backend_admit *a)
+{
+    (void)be;
+    (void)a;
+}
+
+static void mem_release(struct backend *be, struct backend_lease *lease, const struct outcome *o,
+                        double used_tokens)
+{
+    (void)be;
+    (void)lease;
+    (void)o;
+    (void)used_tokens;
+}
+
+/* The code an operation needing a RUNNING task gets from `t`'s state. */
+static int state_code(const struct task *t)
+{
+    if (!t)
+        return TASK_E_NOT_FOUND;
+    if (t->state == TASK_RUNNING)
+        return TASK_OK;
+    if (t->state == TASK_FAILED && t->reason_kind == TASK_STOPPED)
+        return TASK_E_STOPPED;
+    if (t->state == TASK_FAILED && t->reason_kind == TASK_WATCHDOG)
+        return TASK_E_WATCHDOG;
+    return TASK_E_FINISHED;
+}
+
+static int mem_task(struct backend *be, enum backend_task_op op, const char *id,
+                    const char *reason, bool ok, struct backend_task *bt, backend_task_cb *cb,
+                    void *ud)
+{
+    struct backend_memory *m = (struct backend_memory *)be;
+    double now = ev_now(m->loop);
+    struct task *t = task_get(m->tasks, id);
+    int rc = TASK_OK;
+    (void)cb;
+    (void)ud;
+
+    switch (op) {
+    case BACKEND_TASK_START:
+        /* Stopped and watchdog-failed tasks stay refused: a stop must not
+         * be undone by a worker that did not notice it. */
+        rc = state_code(t);
+        if (rc != TASK_E_STOPPED && rc != TASK_E_WATCHDOG)
+            rc = task_start(m->tasks, id, now, &t);
+        break;
+    case BACKEND_TASK_STOP:
+        rc = task_stop(m->tasks, id, reason, now, &t);
+        break;
+    case BACKEND_TASK_GUARD: /* the caller records the activity on its copy: this one */
+        rc = state_code(t);
+        break;
+    case BACKEND_TASK_FINISH:
+        rc = task_finish(m->tasks, id, ok, reason, now, &t);
+        break;
+    case BACKEND_TASK_GET:
+        rc = state_code(t) == TASK_E_NOT_FOUND ? TASK_E_NOT_FOUND : TASK_OK;
+        break;
+    case BACKEND_TASK_WATCHDOG: /* the registry failed it already */
+        break;
+    }
+    if (t)
+        backend_task_describe(bt, t, m->loop);
+    else
+        *bt = (struct backend_task){.exists = false};
+    bt->rc = rc;
+    return 1;
+}
+
+static void mem_retry_later(struct backend *be, bool resync)
+{
+    (void)be;
+    (void)resync;
+}
+
+static bool mem_is_closing(const struct backend *be)
+{
+    (void)be;
+    return false;
+}
+
+static const struct gov_backend *mem_progress(struct backend *be)
+{
+    (void)be;
+    return NULL;
+}
+
+static void mem_pack_stats(struct backend *be, msgpack_packer *pk)
+{
+    (void)be;
+    rpc_pack_str(pk, "backend");
+    msgpack_pack_map(pk, 2);
+    rpc_pack_kv_str(pk, "kind", "memory");
+    rpc_pack_kv_str(pk, "state", "up");
+}
+
+static void mem_free(struct backend *be)
+{
+    free(be);
+}
+
+static const struct backend_ops memory_ops = {
+    .name = "memory",
+    .admit = mem_admit,
+    .admit_detach = mem_admit_detach,
+    .release = mem_release,
+    .task = mem_task,
+    .retry_later = mem_retry_later,
+    .is_closing = mem_is_closing,
+    .progress = mem_progress,
+    .stats_keys = 1,
+    .pack_stats = mem_pack_stats,
+    .free = mem_free,
+};
+
+struct backend *backend_memory_new(struct ev_loop *loop, struct task_reg *tasks)
+{
+    struct backend_memory *m = calloc(1, sizeof(*m));
+
+    if (!m)
+        return NULL;
+    m->be.ops = &memory_ops;
+    m->loop = loop;
+    m->tasks = tasks;
+    return &m->be;
+}
