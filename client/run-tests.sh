@@ -64,25 +64,7 @@ echo "== client/python: /usr/bin/python3 -m pytest"
 
 echo "== client/node: npm ci"
 cd "$HERE/node" || exit 1
-# node_modules is in sync when npm's own record of what it installed
-# (node_modules/.package-lock.json) lists every package of the lockfile at
-# the same version and integrity.
-in_sync() {
-    node -e '
-        const fs = require("fs");
-        const lock = JSON.parse(fs.readFileSync("package-lock.json", "utf8")).packages;
-        const have = JSON.parse(fs.readFileSync("node_modules/.package-lock.json", "utf8")).packages;
-        for (const [p, v] of Object.entries(lock)) {
-            if (p === "") continue;
-            const h = have[p];
-            if (!h || h.version !== v.version || (v.integrity && h.integrity !== v.integrity)) process.exit(1);
-        }
-    ' 2>/dev/null
-}
-if in_sync; then
-    echo "node_modules matches package-lock.json: npm ci skipped"
-elif ! npm ci --no-audit --no-fund --prefer-offline; then
-    echo "$0: npm ci failed" >&2
+if ! sh "$HERE/../tests/npm-sync.sh" "$HERE/node"; then
     status=1
 fi
 

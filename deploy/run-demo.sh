@@ -5,6 +5,7 @@
 set -eu
 BUILD=${1:-build}
 SOCK="$(pwd)/$BUILD/run/polygw.sock"
+HTTP_SOCK="$(pwd)/$BUILD/run/http.sock"
 mkdir -p "$BUILD/run"
 
 MOCK_PID=""
@@ -31,8 +32,10 @@ polygw demo
   config:   deploy/polygw.yaml (memory backend; sources -> mock upstream on 127.0.0.1:18080)
   try:      $BUILD/polygwctl --socket $SOCK ping
   or:       $BUILD/polygwctl --socket $SOCK call chat --body '{"messages":[{"role":"user","content":"hello"}]}'
+  or HTTP:  curl --unix-socket $HTTP_SOCK http://polygw/v1/chat/completions \\
+              -H 'Content-Type: application/json' -d '{"messages":[{"role":"user","content":"hello"}]}'
   python:   in another shell, paste this line, then the README's Python example:
             export POLYGW_SOCKET=$SOCK PYTHONPATH=$(pwd)/client/python
   stop:     Ctrl-C
 MSG
-"$BUILD/polygw" --config deploy/polygw.yaml --socket "$SOCK"
+"$BUILD/polygw" --config deploy/polygw.yaml --socket "$SOCK" --http-socket "$HTTP_SOCK"

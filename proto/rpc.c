@@ -332,8 +332,8 @@ void rpc_pack_result_begin(msgpack_packer *pk, uint32_t msgid)
     msgpack_pack_nil(pk);
 }
 
-static void pack_error_map(msgpack_packer *pk, enum pgw_code code, const char *message,
-                           size_t n_extra)
+void rpc_pack_error_map(msgpack_packer *pk, enum pgw_code code, const char *message,
+                        size_t n_extra)
 {
     msgpack_pack_map(pk, 2 + n_extra);
     rpc_pack_str(pk, "code");
@@ -348,7 +348,7 @@ void rpc_pack_error_begin(msgpack_packer *pk, uint32_t msgid, enum pgw_code code
     msgpack_pack_array(pk, 4);
     msgpack_pack_uint8(pk, RPC_RESPONSE);
     msgpack_pack_uint32(pk, msgid);
-    pack_error_map(pk, code, message, n_extra);
+    rpc_pack_error_map(pk, code, message, n_extra);
 }
 
 void rpc_pack_error_end(msgpack_packer *pk)
@@ -373,5 +373,5 @@ void rpc_pack_fatal(msgpack_packer *pk, enum pgw_code code, const char *message)
 {
     rpc_pack_notify_begin(pk, "error");
     msgpack_pack_array(pk, 1);
-    pack_error_map(pk, code, message, 0);
+    rpc_pack_error_map(pk, code, message, 0);
 }

@@ -126,6 +126,11 @@ void rpc_pack_error_begin(msgpack_packer *pk, uint32_t msgid, enum pgw_code code
                           const char *message, size_t n_extra);
 void rpc_pack_error_end(msgpack_packer *pk);
 
+/* The error object alone: {code, message, <caller packs n_extra pairs>}
+ * (what rpc_pack_error_begin() puts in a response). */
+void rpc_pack_error_map(msgpack_packer *pk, enum pgw_code code, const char *message,
+                        size_t n_extra);
+
 /* A complete error response with no extra fields. */
 void rpc_pack_error(msgpack_packer *pk, uint32_t msgid, enum pgw_code code, const char *message);
 

@@ -136,6 +136,9 @@ struct backend_ops {
     void (*retry_later)(struct backend *be, bool resync);
     /* backend_free has begun: start no new work. */
     bool (*is_closing)(const struct backend *be);
+    /* Can it answer now (readiness, /readyz)? The memory backend always
+     * can; the Redis one while its command connection is up. */
+    bool (*is_up)(const struct backend *be);
 
     /* The progress interface for gov_init (NULL: the core's own store). */
     const struct gov_backend *(*progress)(struct backend *be);

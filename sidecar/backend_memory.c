@@ -135,6 +135,12 @@ static void mem_free(struct backend *be)
     free(be);
 }
 
+static bool mem_is_up(const struct backend *be)
+{
+    (void)be;
+    return true;
+}
+
 static const struct backend_ops memory_ops = {
     .name = "memory",
     .admit = mem_admit,
@@ -143,6 +149,7 @@ static const struct backend_ops memory_ops = {
     .task = mem_task,
     .retry_later = mem_retry_later,
     .is_closing = mem_is_closing,
+    .is_up = mem_is_up,
     .progress = mem_progress,
     .stats_keys = 1,
     .pack_stats = mem_pack_stats,

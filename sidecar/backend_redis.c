@@ -805,6 +805,12 @@ static const struct gov_backend *redis_progress(struct backend *be)
 
 static void redis_pack_stats(struct backend *be, msgpack_packer *pk);
 
+static bool redis_is_up(const struct backend *be)
+{
+    const struct backend_redis *sh = (const struct backend_redis *)be;
+    return !sh->closing && rds_up(sh->rds);
+}
+
 static const struct backend_ops redis_ops = {
     .name = "redis",
     .admit = redis_admit,
@@ -813,6 +819,7 @@ static const struct backend_ops redis_ops = {
     .task = redis_task,
     .retry_later = redis_retry_later,
     .is_closing = redis_is_closing,
+    .is_up = redis_is_up,
     .progress = redis_progress,
     .stats_keys = 2,
     .pack_stats = redis_pack_stats,

@@ -1,12 +1,12 @@
 /*
- * call.c — the `call` method: one client request to a capability, run by
- * the governed loop (src/gov.h) over attempts on the upstream engine, and
- * answered with the result, a stream of chunk notifications, or a typed
- * error (docs/DESIGN.md §3.6).
+ * call.c — a call: one client request to a capability, run by the
+ * governed loop (src/gov.h) over attempts on the upstream engine, and
+ * answered — through the sink of whichever front end took it — with the
+ * result, a stream of events, or a typed error (docs/DESIGN.md §3.6).
  *
  * The loop, per call:
  *
- *   call_start ─> call_step ─┬─ ATTEMPT(source) ─> attempt_start ─> call_on_attempt_done
+ *   call_begin ─> call_step ─┬─ ATTEMPT(source) ─> attempt_start ─> call_on_attempt_done
  *                   ^        │                                           │ gov_call_on_outcome
  *                   │        ├─ WAIT(wake_at) ─> wake_w timer ───────────┤ (DONE / WAIT)
  *                   │        │     or on_wake (a permit was released) ───┤
@@ -18,20 +18,28 @@
  * first relayed event ends the call with `stream_interrupted` (no silent
  * replay of partial output), and the call's own deadline_s wins over it.
  *
- * Lifetime: a call belongs to its connection's list from dispatch until it
- * is answered (call_end). If the client disconnects, every call of the
- * connection is cancelled at once: the attempt is torn down (closing its
- * upstream connection), its permit released, and nothing is answered.
- * `cancel` answers the call with `cancelled` immediately, then tears it
- * down the same way.
+ * Front ends. The answer goes to a sink (call.h): the msgpack-RPC
+ * connection or the HTTP one. This file builds one front-end-neutral
+ * answer — the reply's JSON and msgpack forms, each stream event's, or the
+ * error object of proto/PROTOCOL.md — and the sink writes it in its own
+ * protocol. The body arrives as msgpack (transcoded to JSON per source
+ * model) or as JSON text (sent as it is unless a source sets `model`).
  *
- * Streams: each SSE event is transcoded and queued to the client as
- * [2, "chunk", [msgid, event]]. When the client's write queue passes
- * max_write_queue_bytes the upstream transfer is paused (curl stops
- * reading, TCP pushes back on the upstream) and resumed when it drains, so a
- * slow client never makes us buffer an unbounded stream.
+ * Lifetime: a call belongs to its sink's list from call_begin until it is
+ * answered (call_end). If the client disconnects, every call of the sink
+ * is cancelled at once: the attempt is torn down (closing its upstream
+ * connection), its permit released, and nothing is answered. `cancel`
+ * answers the call with `cancelled` immediately, then tears it down the
+ * same way.
+ *
+ * Streams: each SSE event is transcoded and handed to the sink. When the
+ * sink's write queue is full (it says so) the upstream transfer is paused
+ * (curl stops reading, TCP pushes back on the upstream) and resumed when it
+ * drains, so a slow client never makes us buffer an unbounded stream.
  */
 #include "call.h"
+
+#include "internal.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -42,6 +50,7 @@
 #include "access.h"
 #include "backend.h"
 #include "governor.h"
+#include "jscan.h"
 #include "log.h"
 #include "metrics.h"
 #include "redact.h"
@@ -51,9 +60,10 @@
 #include "upstream.h"
 
 struct call {
-    struct conn *conn;
-    struct call *prev, *next;        /* conn->calls */
-    uint32_t msgid;
+    struct call_sink *sink;
+    struct server *srv;
+    struct call *prev, *next;        /* sink->calls */
+    uint32_t msgid;                  /* the sink's id for it */
     bool stream;
     const struct config_capability *cap;
     const struct config_source *src; /* the current (or last) attempt's source */
@@ -65,26 +75,28 @@ struct call {
     bool paused;
     struct gov_call g;               /* the governed loop's state */
     ev_timer wake_w;                 /* WAIT / backoff */
-    msgpack_sbuffer body;            /* the client's body, packed (kept for retries) */
+    msgpack_sbuffer body;            /* the client's msgpack body, packed (kept for retries) */
+    struct transcode_buf raw;        /* or its JSON body, as it came */
+    bool body_is_json;
     struct transcode_buf json;       /* its JSON for `json_model` */
     const char *json_model;          /* model override `json` was made with */
     bool json_ready;
     msgpack_sbuffer usage;           /* last `usage` map seen in a stream, packed */
+    double stream_tokens;            /* its total_tokens (-1: none), for a JSON-only sink */
     char event_error[96];            /* why the attempt's stream was refused, or "" */
     uint32_t relayed;                /* chunks of the attempt relayed to the client */
     struct task *task;               /* the task it belongs to, or NULL */
     struct task_wait *task_wait;     /* its task is being checked by the backend */
     struct call *tprev, *tnext;      /* the task's calls (head in task->ud) */
+    enum pgw_code code;              /* how it was answered (PGW_CANCELLED: not answered) */
     /* For the access log (access.h). */
     bool answered;                   /* a response was queued */
     int last_status;                 /* the last attempt's HTTP status */
     double ttft_s;                   /* NAN until a chunk is relayed */
     double tokens;                   /* usage.total_tokens of the answer, NAN */
-    long long peer_pid, peer_uid;
     char task_id[TASK_ID_MAX + 1];   /* "" when the call names none */
     struct gov_source_note *reconf_notes; /* a reload in progress: the new notes */
     struct call *all_prev, *all_next; /* srv->calls_all: every call, for a reload */
-    enum pgw_code code;              /* how it was answered (PGW_CANCELLED: not answered) */
 };
 
 static void call_step(struct call *k);
@@ -99,23 +111,23 @@ static void call_act(struct call *k, const struct gov_decision *d,
 
 static void call_unlink(struct call *k)
 {
-    struct conn *c = k->conn;
+    struct call_sink *s = k->sink;
 
     if (k->all_prev)
         k->all_prev->all_next = k->all_next;
     else
-        c->srv->calls_all = k->all_next;
+        k->srv->calls_all = k->all_next;
     if (k->all_next)
         k->all_next->all_prev = k->all_prev;
 
     if (k->prev)
         k->prev->next = k->next;
     else
-        c->calls = k->next;
+        s->calls = k->next;
     if (k->next)
         k->next->prev = k->prev;
-    c->in_flight--;
-    c->srv->stats.in_flight--;
+    s->n_calls--;
+    k->srv->stats.in_flight--;
 }
 
 /* Ends a call whose response (if any) has been queued: releases whatever
@@ -129,9 +141,9 @@ static void call_set_paused(struct call *k, bool paused)
         return;
     k->paused = paused;
     if (paused)
-        k->conn->paused_calls++;
+        k->sink->paused_calls++;
     else
-        k->conn->paused_calls--;
+        k->sink->paused_calls--;
 }
 
 /* The task's calls: a list headed by task->ud. */
@@ -159,19 +171,35 @@ static void call_task_unlink(struct call *k)
     k->tprev = k->tnext = NULL;
 }
 
+static double call_elapsed(const struct call *k)
+{
+    return ev_now(k->srv->loop) - k->started;
+}
+
+/* Indexes of the call's capability and current source (metrics slots). */
+static size_t call_cap(const struct call *k)
+{
+    return (size_t)(k->cap - k->srv->cfg->capabilities);
+}
+
+static size_t call_source(const struct call *k)
+{
+    return (size_t)(k->src - k->srv->cfg->sources);
+}
+
 static void call_log(const struct call *k)
 {
-    const struct server *srv = k->conn->srv;
+    const struct server *srv = k->srv;
     double now = ev_now(srv->loop);
     const struct access_entry e = {
-        .conn = k->conn->id,
+        .conn = k->sink->conn_id,
         .msgid = k->msgid,
         .capability = k->cap->name,
         .scope = k->g.scope,
         .source = k->g.attempts > 0 && k->src ? k->src->name : NULL,
         .task = k->task_id[0] ? k->task_id : NULL,
-        .peer_pid = k->peer_pid,
-        .peer_uid = k->peer_uid,
+        .peer_pid = k->sink->peer_pid,
+        .peer_uid = k->sink->peer_uid,
         .answered = k->answered,
         .code = k->code,
         .stream = k->stream,
@@ -185,32 +213,9 @@ static void call_log(const struct call *k)
     access_log_write(srv->cfg, &e);
 }
 
-/* Every answered call comes here once, right after its response was queued. */
-static void call_set_answered(struct call *k, enum pgw_code code)
-{
-    k->answered = true;
-    k->code = code;
-}
-
-static double call_elapsed(const struct call *k)
-{
-    return ev_now(k->conn->srv->loop) - k->started;
-}
-
-/* Indexes of the call's capability and current source (metrics slots). */
-static size_t call_cap(const struct call *k)
-{
-    return (size_t)(k->cap - k->conn->srv->cfg->capabilities);
-}
-
-static size_t call_source(const struct call *k)
-{
-    return (size_t)(k->src - k->conn->srv->cfg->sources);
-}
-
 static void call_end(struct call *k)
 {
-    struct server *srv = k->conn->srv;
+    struct server *srv = k->srv;
 
     call_log(k);
     if (k->task_wait)
@@ -231,6 +236,7 @@ static void call_end(struct call *k)
     call_unlink(k);
     msgpack_sbuffer_destroy(&k->usage);
     msgpack_sbuffer_destroy(&k->body);
+    transcode_buf_fini(&k->raw);
     transcode_buf_fini(&k->json);
     free(k);
     server_on_request_done(srv);
@@ -302,6 +308,64 @@ static void relay_text_inplace(struct server *srv, char *buf, size_t cap)
     transcode_buf_fini(&valid);
 }
 
+/* True when some source sends a key (there is something to scrub). */
+static bool secrets_configured(const struct config *cfg)
+{
+    for (size_t i = 0; i < cfg->n_sources; i++)
+        if (cfg->sources[i].api_key)
+            return true;
+    return false;
+}
+
+/* For a sink that takes JSON only: upstream text as it is relayed, with
+ * every secret scrubbed as relay_json() scrubs it for msgpack. A plain echo
+ * is replaced in the text, which stays byte for byte otherwise. JSON that
+ * could spell a secret with escapes (\u, \/) is decoded, scrubbed and
+ * written again, when a key is configured at all. Text that is not JSON
+ * (a stream's odd event) is also made valid UTF-8. Returns `s` itself when
+ * nothing changed, else out->data (*n updated). */
+static const char *relay_json_text(struct server *srv, const char *s, size_t *n, bool is_json,
+                                   struct transcode_buf *out)
+{
+    struct transcode_buf clean;
+
+    if (is_json && secrets_configured(srv->cfg) &&
+        (memmem(s, *n, "\\u", 2) || memmem(s, *n, "\\/", 2))) {
+        msgpack_sbuffer sb;
+        msgpack_packer pk;
+        msgpack_unpacked up;
+        const struct transcode_j2m opt = {TRANSCODE_MAX_DEPTH, redact_on_str, srv->redact};
+        int rc = -1;
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        msgpack_unpacked_init(&up);
+        if (transcode_json_to_msgpack(s, *n, &pk, &opt, NULL, 0) == 0 &&
+            msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS)
+            rc = transcode_msgpack_to_json(&up.data, out, NULL, NULL, NULL, 0);
+        msgpack_unpacked_destroy(&up);
+        msgpack_sbuffer_destroy(&sb);
+        if (rc == 0) {
+            *n = out->len;
+            return out->data;
+        }
+        transcode_buf_reset(out); /* not transcodable (e.g. a huge integer): as text */
+    }
+    if (is_json && !redact_hit(srv->redact, s, *n))
+        return s;
+    transcode_buf_init(&clean);
+    long hits = redact_copy(srv->redact, s, *n, is_json ? out : &clean);
+    if (hits >= 0 && !is_json)
+        hits = transcode_utf8_repair(clean.data, clean.len, out) < 0 ? -1 : hits;
+    transcode_buf_fini(&clean);
+    if (hits < 0) {
+        static const char dropped[] = "\"(upstream text dropped: out of memory)\"";
+        *n = sizeof(dropped) - 1;
+        return dropped;
+    }
+    *n = out->len;
+    return out->data;
+}
+
 /* Packs an upstream error body as msgpack when it is JSON that fits, else
  * as a string of at most 4 KiB. */
 static void pack_upstream_body(struct server *srv, msgpack_packer *pk, const char *body,
@@ -337,7 +401,7 @@ static enum pgw_code gov_code(enum gov_result r)
  * its attempts and the reason of its last one. */
 static void pack_sources(msgpack_packer *pk, const struct call *k, const struct attempt_result *last)
 {
-    const struct config *cfg = k->conn->srv->cfg;
+    const struct config *cfg = k->srv->cfg;
     uint32_t n = 0;
 
     for (size_t i = 0; i < cfg->n_sources; i++)
@@ -368,15 +432,47 @@ static void pack_sources(msgpack_packer *pk, const struct call *k, const struct 
  * `last`, but the call may have made attempts: their last one is described
  * from the governed loop's note on that source, so that a call stalled by
  * a run of 429s does not claim it never attempted anything. */
+/* Scratch packer for an error object, handed to the sink by call_error_done. */
+struct call_errbuf {
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+};
+
+static msgpack_packer *call_error_begin(struct call_errbuf *e, enum pgw_code code,
+                                        const char *message, size_t n_extra)
+{
+    msgpack_sbuffer_init(&e->sb);
+    msgpack_packer_init(&e->pk, &e->sb, msgpack_sbuffer_write);
+    rpc_pack_error_map(&e->pk, code, message, n_extra);
+    return &e->pk;
+}
+
+static void call_error_done(struct call *k, struct call_errbuf *e, enum pgw_code code)
+{
+    k->code = code; /* what the call ended with, for metrics and the access log */
+    k->answered = true;
+    k->sink->ops->on_error(k->sink, k->msgid, code, e->sb.data, e->sb.size);
+    msgpack_sbuffer_destroy(&e->sb);
+}
+
+/* An error with no extra fields. */
+static void call_reply_plain_error(struct call *k, enum pgw_code code, const char *message)
+{
+    struct call_errbuf e;
+    call_error_begin(&e, code, message, 0);
+    call_error_done(k, &e, code);
+}
+
 static void call_reply_error(struct call *k, enum pgw_code code, double retry_after_s,
                              const struct attempt_result *last)
 {
-    msgpack_packer *pk = &k->conn->pk;
-    double now = ev_now(k->conn->srv->loop);
+    struct call_errbuf e;
+    msgpack_packer *pk;
+    double now = ev_now(k->srv->loop);
     double stalled = gov_call_stalled_s(&k->g, now);
     const char *src = k->src ? k->src->name : "-";
     const struct gov_source_note *note =
-        !last && k->g.attempts > 0 && k->src ? &k->g.notes[k->src - k->conn->srv->cfg->sources]
+        !last && k->g.attempts > 0 && k->src ? &k->g.notes[k->src - k->srv->cfg->sources]
                                              : NULL;
     const char *reason = last   ? outcome_reason_name(last->outcome.reason)
                          : note ? outcome_reason_name((enum outcome_reason)note->reason)
@@ -429,10 +525,10 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
         snprintf(msg, sizeof(msg), "%s", pgw_code_name(code));
         break;
     }
-    relay_text_inplace(k->conn->srv, msg, sizeof(msg)); /* %.160s may cut a character */
+    relay_text_inplace(k->srv, msg, sizeof(msg)); /* %.160s may cut a character */
     bool status = http_status != 0;
     size_t extra = 4 + (status ? 1 : 0) + (rejected ? 1 : 0);
-    rpc_pack_error_begin(pk, k->msgid, code, msg, extra);
+    pk = call_error_begin(&e, code, msg, extra);
     rpc_pack_str(pk, "attempts");
     msgpack_pack_uint32(pk, k->g.attempts);
     rpc_pack_kv_double(pk, "stalled_s", stalled);
@@ -444,12 +540,55 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
     }
     if (rejected) {
         rpc_pack_str(pk, "upstream_body");
-        pack_upstream_body(k->conn->srv, pk, last->body, last->body_len);
+        pack_upstream_body(k->srv, pk, last->body, last->body_len);
     }
     rpc_pack_str(pk, "sources");
     pack_sources(pk, k, last);
-    rpc_pack_error_end(pk);
-    conn_response_done(k->conn, code);
+    call_error_done(k, &e, code);
+}
+
+/* What governance needs of a JSON reply or event, found without a tree
+ * (for a sink that takes JSON only): usage.total_tokens (-1 when absent)
+ * and whether a choice has a finish_reason. */
+struct json_facts {
+    double tokens;
+    bool has_usage;
+    bool terminal;
+};
+
+static int usage_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    double *tokens = ud, t;
+    if (strcmp(key, "total_tokens") == 0 && jscan_number(v, &t) && t >= 0)
+        *tokens = t;
+    return 0;
+}
+
+static int finish_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    if (strcmp(key, "finish_reason") == 0 && v->type != JSCAN_NULL)
+        *(bool *)ud = true;
+    return 0;
+}
+
+static int choice_element(void *ud, const struct jscan_value *v)
+{
+    if (v->type == JSCAN_OBJECT)
+        jscan_object(v->p, v->len, finish_member, ud, NULL);
+    return 0;
+}
+
+static int facts_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    struct json_facts *f = ud;
+    if (strcmp(key, "usage") == 0 && v->type == JSCAN_OBJECT) {
+        f->has_usage = true;
+        f->tokens = -1;
+        jscan_object(v->p, v->len, usage_member, &f->tokens, NULL);
+    } else if (strcmp(key, "choices") == 0 && v->type == JSCAN_ARRAY) {
+        jscan_array(v->p, v->len, choice_element, &f->terminal, NULL);
+    }
+    return 0;
 }
 
 /* total_tokens of a usage map, or -1. */
@@ -460,52 +599,72 @@ static double usage_tokens(const msgpack_object *usage)
     return t && rpc_as_double(t, &v) && v >= 0 ? v : -1;
 }
 
-/* A success: the plain body (already transcoded into `body`) or, for a
- * stream, the summary. */
-static void call_reply_success(struct call *k, const msgpack_sbuffer *body,
-                               const msgpack_object *usage)
+static void call_info_fill(const struct call *k, struct call_info *ci)
 {
-    msgpack_packer *pk = &k->conn->pk;
-    double now = ev_now(k->conn->srv->loop);
+    double now = ev_now(k->srv->loop);
 
-    rpc_pack_result_begin(pk, k->msgid);
-    msgpack_pack_map(pk, 4 + (body ? 1 : 0) + (usage ? 1 : 0));
-    if (body) {
-        rpc_pack_str(pk, "body");
-        pack_raw(pk, body->data, body->size);
+    ci->source = k->src && k->g.attempts > 0 ? k->src->name : "-";
+    ci->attempts = k->g.attempts;
+    ci->elapsed_s = now - k->started;
+    ci->stalled_s = gov_call_stalled_s(&k->g, now);
+}
+
+/* A success: the plain body (`json` as received, `body` its msgpack form)
+ * or, for a stream, the summary. */
+static void call_reply_success(struct call *k, const struct attempt_result *r,
+                               const msgpack_sbuffer *body, const msgpack_object *usage)
+{
+    struct call_info ci;
+    struct call_body b = {0};
+    msgpack_sbuffer us;
+    struct transcode_buf scrubbed;
+
+    call_info_fill(k, &ci);
+    ci.source = k->src->name;
+    msgpack_sbuffer_init(&us);
+    transcode_buf_init(&scrubbed);
+    if (body && !k->sink->ops->wants_msgpack) {
+        b.json_len = r->body_len;
+        b.json = relay_json_text(k->srv, r->body ? r->body : "", &b.json_len, true, &scrubbed);
+    } else if (body) {
+        b.mp = body->data;
+        b.mp_len = body->size;
     }
-    rpc_pack_kv_str(pk, "source", k->src->name);
-    rpc_pack_str(pk, "attempts");
-    msgpack_pack_uint32(pk, k->g.attempts);
-    rpc_pack_kv_double(pk, "elapsed_s", now - k->started);
-    rpc_pack_kv_double(pk, "stalled_s", gov_call_stalled_s(&k->g, now));
     if (usage) {
-        rpc_pack_str(pk, "usage");
-        msgpack_pack_object(pk, *usage);
+        msgpack_packer upk;
+        msgpack_packer_init(&upk, &us, msgpack_sbuffer_write);
+        msgpack_pack_object(&upk, *usage);
+        b.usage = us.data;
+        b.usage_len = us.size;
     }
-    conn_response_done(k->conn, PGW_OK);
+    k->code = PGW_OK;
+    k->answered = true;
+    k->sink->ops->on_result(k->sink, k->msgid, &ci, &b);
+    msgpack_sbuffer_destroy(&us);
+    transcode_buf_fini(&scrubbed);
 }
 
 /* Ends a call just answered (the response is the connection's last). */
 static void call_finish(struct call *k)
 {
-    struct conn *c = k->conn;
-    call_set_answered(k, c->last_code);
+    struct call_sink *s = k->sink;
     call_end(k);
-    conn_flush(c);
+    s->ops->flush(s);
 }
 
 static void call_on_attempt_done(struct attempt *a, const struct attempt_result *r, void *ud)
 {
     struct call *k = ud;
     struct attempt_result res = *r;
-    double now = ev_now(k->conn->srv->loop);
+    double now = ev_now(k->srv->loop);
     msgpack_sbuffer body;
     msgpack_packer bpk;
     msgpack_unpacked up;
     const msgpack_object *usage = NULL;
     struct gov_decision d;
     char err[200];
+    bool json_only = !k->sink->ops->wants_msgpack;
+    double json_tokens = -1;
     (void)a;
 
     k->attempt = NULL;
@@ -515,11 +674,24 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
         snprintf(res.detail, sizeof(res.detail), "%s", k->event_error);
     res.events = k->relayed; /* the engine also counts an event the hook refused */
 
-    /* A plain success must be JSON that fits in a response frame; if not,
-     * it is a transient failure the loop may retry, not a success. */
-    if (res.outcome.kind == OUTCOME_SUCCESS && !k->stream) {
+    /* A plain success must be JSON; if not, it is a transient failure the
+     * loop may retry, not a success. */
+    if (res.outcome.kind == OUTCOME_SUCCESS && json_only) {
+        struct json_facts f = {-1, false, false};
+        size_t at = 0;
+        if (k->stream)
+            json_tokens = k->stream_tokens;
+        else if (jscan_object(res.body ? res.body : "", res.body_len, facts_member, &f, &at) ==
+                 -1) {
+            outcome_from_reason(&res.outcome, REASON_BAD_RESPONSE);
+            res.outcome.http_status = res.http_status;
+            snprintf(res.detail, sizeof(res.detail), "reply is not JSON (at byte %zu)", at);
+        } else {
+            json_tokens = f.tokens;
+        }
+    } else if (res.outcome.kind == OUTCOME_SUCCESS && !k->stream) {
         msgpack_packer_init(&bpk, &body, msgpack_sbuffer_write);
-        int rc = relay_json(k->conn->srv, res.body ? res.body : "", res.body_len, &bpk, err,
+        int rc = relay_json(k->srv, res.body ? res.body : "", res.body_len, &bpk, err,
                             sizeof(err));
         if (rc < 0) {
             outcome_from_reason(&res.outcome, REASON_BAD_RESPONSE);
@@ -538,23 +710,23 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
                    MSGPACK_UNPACK_SUCCESS) {
         usage = &up.data;
     }
-    relay_text_inplace(k->conn->srv, res.detail, sizeof(res.detail));
+    relay_text_inplace(k->srv, res.detail, sizeof(res.detail));
     if (usage && usage->type != MSGPACK_OBJECT_MAP)
         usage = NULL;
 
-    log_at(res.outcome.kind == OUTCOME_SUCCESS ? LOG_DEBUG : LOG_INFO, "attempt ended", "conn",
-           LOG_U, (unsigned long long)k->conn->id, "msgid", LOG_U, (unsigned long long)k->msgid,
+    log_at(res.outcome.kind == OUTCOME_SUCCESS ? LOG_DEBUG : LOG_INFO, "attempt ended", "call",
+           LOG_U, (unsigned long long)k->msgid, "msgid", LOG_U, (unsigned long long)k->msgid,
            "source", LOG_S, k->src->name, "attempt", LOG_U, (unsigned long long)k->g.attempts,
            "outcome", LOG_S, outcome_kind_name(res.outcome.kind), "reason", LOG_S,
            outcome_reason_name(res.outcome.reason), "status", LOG_I, (long long)res.http_status,
            "phase", LOG_S, attempt_phase_name(res.phase), "elapsed_s", LOG_F, res.elapsed_s, NULL);
 
-    metrics_on_attempt(k->conn->srv->metrics, call_source(k), &res);
-    double used = usage ? usage_tokens(usage) : -1;
+    metrics_on_attempt(k->srv->metrics, call_source(k), &res);
+    double used = json_only ? json_tokens : usage ? usage_tokens(usage) : -1;
     k->last_status = res.http_status;
     k->tokens = used >= 0 ? used : NAN;
     if (k->lease) {
-        backend_release(k->conn->srv->backend, k->lease, &res.outcome, used);
+        backend_release(k->srv->backend, k->lease, &res.outcome, used);
         k->lease = NULL;
     }
     gov_call_on_outcome(&k->g, now, &res.outcome, used, &d);
@@ -569,7 +741,7 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
         call_reply_error(k, PGW_STREAM_INTERRUPTED, d.retry_after_s, &res);
         call_finish(k);
     } else if (d.action == GOV_DONE && d.result == GOV_OK) {
-        call_reply_success(k, k->stream ? NULL : &body, usage);
+        call_reply_success(k, &res, k->stream ? NULL : &body, usage);
         call_finish(k);
     } else {
         call_act(k, &d, &res);
@@ -584,15 +756,30 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
 static int call_on_event(struct attempt *a, const char *data, size_t len, void *ud)
 {
     struct call *k = ud;
-    struct conn *c = k->conn;
+    struct server *srv = k->srv;
+    struct call_info ci;
     msgpack_sbuffer sb;
     msgpack_packer tmp;
     msgpack_unpacked up;
-    int terminal = 0;
+    struct transcode_buf scrubbed;
+    const char *text = data;
+    size_t text_len = len;
+    int terminal = 0, rc;
 
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&tmp, &sb, msgpack_sbuffer_write);
-    int rc = relay_json(c->srv, data, len, &tmp, NULL, 0);
+    transcode_buf_init(&scrubbed);
+    if (!k->sink->ops->wants_msgpack) {
+        struct json_facts f = {-1, false, false};
+        int is_json = jscan_object(data, len, facts_member, &f, NULL) != -1;
+        if (is_json && f.has_usage)
+            k->stream_tokens = f.tokens;
+        terminal = f.terminal;
+        text = relay_json_text(srv, data, &text_len, is_json, &scrubbed);
+        rc = 0;
+    } else {
+        rc = relay_json(srv, data, len, &tmp, NULL, 0);
+    }
     if (rc == TRANSCODE_ETOO_DEEP) {
         /* Valid JSON, but no client could read the chunk: a bad_response
          * (upstream.c ends the attempt when the hook refuses an event). */
@@ -600,6 +787,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
                  "stream event nests deeper than the %d levels a relayed value may have",
                  RPC_RELAYED_MAX_DEPTH);
         msgpack_sbuffer_destroy(&sb);
+        transcode_buf_fini(&scrubbed);
         return -1;
     }
     if (rc < 0) {
@@ -607,10 +795,10 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
         msgpack_sbuffer_clear(&sb);
         msgpack_pack_map(&tmp, 1);
         rpc_pack_str(&tmp, "data");
-        relay_text(c->srv, &tmp, data, len, SIZE_MAX);
+        relay_text(srv, &tmp, data, len, SIZE_MAX);
     }
     msgpack_unpacked_init(&up);
-    if (msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS) {
+    if (sb.size && msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS) {
         const msgpack_object *usage = rpc_map_get(&up.data, "usage");
         const msgpack_object *choices = rpc_map_get(&up.data, "choices");
         if (usage && usage->type == MSGPACK_OBJECT_MAP) {
@@ -629,25 +817,23 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     }
     msgpack_unpacked_destroy(&up);
 
-    rpc_pack_notify_begin(&c->pk, "chunk");
-    msgpack_pack_array(&c->pk, 2);
-    msgpack_pack_uint32(&c->pk, k->msgid);
-    pack_raw(&c->pk, sb.data, sb.size);
-    msgpack_sbuffer_destroy(&sb);
-    c->srv->stats.chunks_relayed++;
+    srv->stats.chunks_relayed++;
     if (k->relayed++ == 0) /* a stream is never retried after its first event */
-        metrics_on_call_first_event(c->srv->metrics, call_cap(k), call_elapsed(k));
+        metrics_on_call_first_event(srv->metrics, call_cap(k), call_elapsed(k));
     if (isnan(k->ttft_s))
-        k->ttft_s = ev_now(c->srv->loop) - k->started;
+        k->ttft_s = call_elapsed(k);
+    call_info_fill(k, &ci);
+    ci.source = k->src->name;
 
-    /* Relay now. The flush may find the client gone: conn_close() then
-     * aborts every call of the connection, this one included, so `k` is
-     * freed (its attempt is only marked cancelled: we are inside curl) and
-     * must not be touched. `c` itself is freed later, by the reaper. */
-    conn_flush(c);
-    if (c->closed)
+    /* Relay now. The sink may find the client gone: it then aborts every
+     * call it holds, this one included, so `k` is freed (its attempt is
+     * only marked cancelled: we are inside curl) and must not be touched. */
+    rc = k->sink->ops->on_chunk(k->sink, k->msgid, &ci, text, text_len, sb.data, sb.size);
+    msgpack_sbuffer_destroy(&sb);
+    transcode_buf_fini(&scrubbed);
+    if (rc < 0)
         return -1;
-    if (!k->paused && c->out_len - c->out_off > c->srv->cfg->max_write_queue_bytes) {
+    if (rc > 0 && !k->paused) {
         call_set_paused(k, true);
         attempt_pause(a);
     }
@@ -659,9 +845,9 @@ static const struct attempt_hooks call_hooks = {
     .on_done = call_on_attempt_done,
 };
 
-static struct call *call_find(struct conn *c, uint32_t msgid)
+static struct call *call_find(struct call_sink *s, uint32_t msgid)
 {
-    for (struct call *k = c->calls; k; k = k->next) {
+    for (struct call *k = s->calls; k; k = k->next) {
         if (k->msgid == msgid)
             return k;
     }
@@ -678,6 +864,19 @@ static int call_prepare_json(struct call *k, const char *model, char *why, size_
     if (k->json_ready && (k->json_model == model ||
                           (k->json_model && model && strcmp(k->json_model, model) == 0)))
         return 0;
+    if (k->body_is_json && !model) {
+        k->json_ready = false; /* sent as it came (call_body_text) */
+        k->json_model = NULL;
+        return 0;
+    }
+    if (k->body_is_json && k->body.size == 0) {
+        /* A source rewrites `model`: the one case a JSON body is re-made,
+         * through the msgpack form that the override rules are written for. */
+        msgpack_packer bpk;
+        msgpack_packer_init(&bpk, &k->body, msgpack_sbuffer_write);
+        if (transcode_json_to_msgpack(k->raw.data, k->raw.len, &bpk, NULL, why, whylen) < 0)
+            return TRANSCODE_EINVALID;
+    }
     msgpack_unpacked_init(&up);
     if (msgpack_unpack_next(&up, k->body.data, k->body.size, NULL) != MSGPACK_UNPACK_SUCCESS) {
         msgpack_unpacked_destroy(&up);
@@ -732,9 +931,21 @@ void call_on_breaker(const struct gov *g, size_t source, enum breaker_state from
 }
 
 /* Starts the attempt the loop chose. */
+/* The JSON text to send for the current source (call_prepare_json made it). */
+static void call_body_text(const struct call *k, const char **text, size_t *len)
+{
+    if (k->body_is_json && !k->json_ready) {
+        *text = k->raw.data;
+        *len = k->raw.len;
+    } else {
+        *text = k->json.data;
+        *len = k->json.len;
+    }
+}
+
 static void call_run_attempt(struct call *k, size_t source)
 {
-    struct server *srv = k->conn->srv;
+    struct server *srv = k->srv;
     const struct config *cfg = srv->cfg;
     const struct config_source *src = &cfg->sources[source];
     char why[300], url[CONFIG_URL_MAX + 256 + 1];
@@ -743,23 +954,27 @@ static void call_run_attempt(struct call *k, size_t source)
     if (call_prepare_json(k, src->model, why, sizeof(why)) < 0) {
         /* The body was checked at call_start and only the (validated)
          * model differs between sources; call_end releases the reservation. */
-        conn_reply_error(k->conn, k->msgid, PGW_BAD_REQUEST, why);
+        call_reply_plain_error(k, PGW_BAD_REQUEST, why);
         call_finish(k);
         return;
     }
-    char *json = malloc(k->json.len + 1);
+    const char *text;
+    size_t text_len;
+    call_body_text(k, &text, &text_len);
+    char *json = malloc(text_len + 1);
     if (!json) {
-        conn_reply_error(k->conn, k->msgid, PGW_INTERNAL, "out of memory");
+        call_reply_plain_error(k, PGW_INTERNAL, "out of memory");
         call_finish(k);
         return;
     }
-    memcpy(json, k->json.data, k->json.len + 1);
+    memcpy(json, text, text_len);
+    json[text_len] = '\0';
     snprintf(url, sizeof(url), "%s%s", src->base_url, k->cap->path);
     struct attempt_spec as = {
         .url = url,
         .api_key = src->api_key,
         .body = json,
-        .body_len = k->json.len,
+        .body_len = text_len,
         .stream = k->stream,
         .connect_timeout_s = src->connect_timeout_s,
         .ttft_timeout_s = src->ttft_timeout_s,
@@ -767,15 +982,16 @@ static void call_run_attempt(struct call *k, size_t source)
         .timeout_s = src->timeout_s,
         .deadline_at = k->g.deadline_at,
         .max_response_bytes = cfg->max_message_bytes,
-        .budget = &k->conn->budget,
+        .budget = k->sink->budget,
     };
     call_set_paused(k, false);
     msgpack_sbuffer_clear(&k->usage);
+    k->stream_tokens = -1;
     k->event_error[0] = '\0';
     k->relayed = 0;
     k->attempt = attempt_start(srv->up, &as, &call_hooks, k);
     if (!k->attempt) {
-        conn_reply_error(k->conn, k->msgid, PGW_INTERNAL, "cannot start the upstream request");
+        call_reply_plain_error(k, PGW_INTERNAL, "cannot start the upstream request");
         call_finish(k);
     }
 }
@@ -785,7 +1001,7 @@ static void call_on_admit(void *ud, int rc, struct backend_lease *lease, double 
                           const char *why)
 {
     struct call *k = ud;
-    struct server *srv = k->conn->srv;
+    struct server *srv = k->srv;
     double now = ev_now(srv->loop);
     struct gov_decision d;
 
@@ -812,7 +1028,7 @@ static void call_on_admit(void *ud, int rc, struct backend_lease *lease, double 
 
 static void call_act(struct call *k, const struct gov_decision *d, const struct attempt_result *last)
 {
-    struct server *srv = k->conn->srv;
+    struct server *srv = k->srv;
 
     switch (d->action) {
     case GOV_ATTEMPT: {
@@ -849,7 +1065,7 @@ static void call_step(struct call *k)
 
     if (k->admit || k->attempt || k->task_wait)
         return; /* a late timer, or the call is waiting for the backend */
-    gov_call_step(&k->g, ev_now(k->conn->srv->loop), &d);
+    gov_call_step(&k->g, ev_now(k->srv->loop), &d);
     call_act(k, &d, NULL);
 }
 
@@ -865,97 +1081,76 @@ static void call_on_task_checked(void *ud, struct task *t, const struct backend_
             call_task_link(k, t);
             call_step(k);
         } else {
-            tasks_reply_error(k->conn, k->msgid, tw->id, bt);
+            struct call_errbuf e;
+            msgpack_sbuffer_init(&e.sb);
+            msgpack_packer_init(&e.pk, &e.sb, msgpack_sbuffer_write);
+            call_error_done(k, &e, tasks_pack_error(&e.pk, tw->id, bt));
             call_finish(k);
         }
     }
     free(tw);
 }
 
-/* max_tokens / max_completion_tokens of the body, 0 when absent. */
-static uint64_t body_max_tokens(const msgpack_object *body)
-{
-    const msgpack_object *m = rpc_map_get(body, "max_completion_tokens");
-    if (!m)
-        m = rpc_map_get(body, "max_tokens");
-    return m && m->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? m->via.u64 : 0;
-}
-
 /* A call refused before it reached the governed loop: logged with what is
  * known of it (the capability and task as the client wrote them, quoted). */
-static void call_log_refused(struct conn *c, const struct rpc_msg *m, const msgpack_object *cap,
-                             const msgpack_object *task, enum pgw_code code)
+static void call_log_refused(struct call_sink *s, uint32_t id, const struct call_req *r,
+                             enum pgw_code code)
 {
     char capname[CONFIG_NAME_MAX + 8], taskname[TASK_ID_MAX + 8];
     struct access_entry e = {
-        .conn = c->id,
-        .msgid = m->msgid,
+        .conn = s->conn_id,
+        .msgid = id,
+        .peer_pid = s->peer_pid,
+        .peer_uid = s->peer_uid,
         .answered = true,
         .code = code,
-        .elapsed_s = 0,
-        .stalled_s = 0,
         .ttft_s = NAN,
         .tokens = NAN,
     };
 
-    if (cap && cap->type == MSGPACK_OBJECT_STR) {
-        rpc_quote_client_str(cap->via.str.ptr, cap->via.str.size, sizeof(capname) - 1, capname);
+    if (r->capability) {
+        rpc_quote_client_str(r->capability, r->capability_len, sizeof(capname) - 1, capname);
         e.capability = capname;
     }
-    if (task && task->type == MSGPACK_OBJECT_STR) {
-        rpc_quote_client_str(task->via.str.ptr, task->via.str.size, sizeof(taskname) - 1,
-                             taskname);
+    if (r->task_id) {
+        rpc_quote_client_str(r->task_id, strlen(r->task_id), sizeof(taskname) - 1, taskname);
         e.task = taskname;
     }
-    access_peer(c->fd, &e.peer_pid, &e.peer_uid);
-    access_log_write(c->srv->cfg, &e);
+    access_log_write(s->srv->cfg, &e);
 }
 
-static void call_refuse(struct conn *c, const struct rpc_msg *m, const msgpack_object *cap,
-                        const msgpack_object *task, enum pgw_code code, const char *why)
+/* Refuses call `id` before it started (nothing is held yet). */
+static void call_refuse(struct call_sink *s, uint32_t id, const struct call_req *r,
+                        enum pgw_code code, const char *message)
 {
-    conn_reply_error(c, m->msgid, code, why);
-    call_log_refused(c, m, cap, task, code);
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    rpc_pack_error_map(&pk, code, message, 0);
+    s->ops->on_error(s, id, code, sb.data, sb.size);
+    msgpack_sbuffer_destroy(&sb);
+    call_log_refused(s, id, r, code);
 }
 
-void call_start(struct conn *c, const struct rpc_msg *m)
+static void call_free_unstarted(struct call *k)
 {
-    enum { P_CAP, P_BODY, P_STREAM, P_SCOPE, P_TASK, P_DEADLINE, P_N };
-    static const struct rpc_param spec[P_N] = {
-        [P_CAP] = {"capability", RPC_T_STR, true},
-        [P_BODY] = {"body", RPC_T_MAP, true},
-        [P_STREAM] = {"stream", RPC_T_BOOL | RPC_T_NIL, false},
-        [P_SCOPE] = {"scope", RPC_T_STR | RPC_T_NIL, false},
-        [P_TASK] = {"task_id", RPC_T_STR | RPC_T_NIL, false},
-        [P_DEADLINE] = {"deadline_s", RPC_T_NUMBER | RPC_T_NIL, false},
-    };
-    const msgpack_object *p[P_N];
-    struct server *srv = c->srv;
+    msgpack_sbuffer_destroy(&k->usage);
+    msgpack_sbuffer_destroy(&k->body);
+    transcode_buf_fini(&k->raw);
+    transcode_buf_fini(&k->json);
+    free(k);
+}
+
+void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
+{
+    struct server *srv = s->srv;
     const struct config *cfg = srv->cfg;
     double now = ev_now(srv->loop);
-    char why[300], scope[CONFIG_NAME_MAX * 4];
-    double deadline_s = 0;
+    char why[300];
 
-    if (rpc_bind(m->params, spec, P_N, p, why, sizeof(why)) < 0) {
-        call_refuse(c, m, NULL, NULL, PGW_BAD_REQUEST, why);
-        return;
-    }
-    if (p[P_DEADLINE] && (!rpc_as_double(p[P_DEADLINE], &deadline_s) || !(deadline_s > 0) ||
-                          !isfinite(deadline_s))) {
-        call_refuse(c, m, p[P_CAP], p[P_TASK], PGW_BAD_REQUEST,
-                         "parameter 'deadline_s': expected a positive number of seconds");
-        return;
-    }
-    if (p[P_SCOPE] && (p[P_SCOPE]->via.str.size == 0 ||
-                       rpc_str_copy(p[P_SCOPE], scope, sizeof(scope)) < 0 ||
-                       memchr(scope, '\0', p[P_SCOPE]->via.str.size))) {
-        snprintf(why, sizeof(why), "parameter 'scope': expected 1 to %zu bytes without NUL",
-                 sizeof(scope) - 1);
-        call_refuse(c, m, p[P_CAP], p[P_TASK], PGW_BAD_REQUEST, why);
-        return;
-    }
-    const msgpack_object *capo = p[P_CAP];
-    int ci = config_find_capability(cfg, capo->via.str.ptr, capo->via.str.size);
+    int ci = config_find_capability(cfg, r->capability, r->capability_len);
     const struct config_source *first = NULL;
     for (size_t i = 0; ci >= 0 && i < cfg->n_sources; i++) {
         if (cfg->sources[i].capability_index == (size_t)ci && !cfg->sources[i].retired) {
@@ -965,39 +1160,40 @@ void call_start(struct conn *c, const struct rpc_msg *m)
     }
     if (!first) {
         char name[65];
-        rpc_quote_client_str(capo->via.str.ptr, capo->via.str.size, sizeof(name) - 1, name);
+        rpc_quote_client_str(r->capability, r->capability_len, sizeof(name) - 1, name);
         snprintf(why, sizeof(why), ci < 0 ? "unknown capability '%s'"
                                           : "capability '%s' has no source configured", name);
-        call_refuse(c, m, p[P_CAP], p[P_TASK], PGW_UNKNOWN_CAPABILITY, why);
+        call_refuse(s, id, r, PGW_UNKNOWN_CAPABILITY, why);
         return;
     }
 
     /* A call naming a task runs only while the task runs. */
     struct task *task = NULL;
     struct task_wait *tw = NULL;
-    if (p[P_TASK]) {
-        char id[TASK_ID_MAX + 1];
-        if (p[P_TASK]->via.str.size == 0 || rpc_str_copy(p[P_TASK], id, sizeof(id)) < 0 ||
-            memchr(id, '\0', p[P_TASK]->via.str.size)) {
-            snprintf(why, sizeof(why), "parameter 'task_id': expected 1 to %d bytes without NUL",
-                     TASK_ID_MAX);
-            call_refuse(c, m, p[P_CAP], p[P_TASK], PGW_BAD_REQUEST, why);
-            return;
-        }
-        if (!tasks_held_running(srv, id)) {
+    if (r->task_id) {
+        if (!tasks_held_running(srv, r->task_id)) {
             /* Not held running here, or a copy that may be stale: ask the
              * record. */
             tw = calloc(1, sizeof(*tw));
             if (!tw) {
-                call_refuse(c, m, p[P_CAP], p[P_TASK], PGW_INTERNAL, "out of memory");
+                call_refuse(s, id, r, PGW_INTERNAL, "out of memory");
                 return;
             }
-            memcpy(tw->id, id, sizeof(tw->id));
+            snprintf(tw->id, sizeof(tw->id), "%s", r->task_id);
         } else {
-            task = tasks_admit_call(c, m->msgid, id);
+            msgpack_sbuffer sb;
+            msgpack_packer pk;
+            enum pgw_code code = PGW_INTERNAL;
+            msgpack_sbuffer_init(&sb);
+            msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+            task = tasks_admit_call(srv, r->task_id, &pk, &code);
             if (!task) {
-                call_log_refused(c, m, p[P_CAP], p[P_TASK], c->last_code);
-                metrics_on_call_refused(srv->metrics, (size_t)ci, c->last_code);
+                s->ops->on_error(s, id, code, sb.data, sb.size);
+                metrics_on_call_refused(srv->metrics, (size_t)ci, code);
+                call_log_refused(s, id, r, code);
+            }
+            msgpack_sbuffer_destroy(&sb);
+            if (!task) {
                 return;
             }
         }
@@ -1005,47 +1201,58 @@ void call_start(struct conn *c, const struct rpc_msg *m)
 
     struct call *k = calloc(1, sizeof(*k));
     if (!k) {
-        call_refuse(c, m, p[P_CAP], p[P_TASK], PGW_INTERNAL, "out of memory");
+        call_refuse(s, id, r, PGW_INTERNAL, "out of memory");
         free(tw);
         return;
     }
-    k->conn = c;
-    k->msgid = m->msgid;
-    k->stream = p[P_STREAM] && p[P_STREAM]->via.boolean;
+    k->sink = s;
+    k->srv = srv;
+    k->msgid = id;
+    k->stream = r->stream;
     k->cap = &cfg->capabilities[ci];
     k->started = now;
     k->ttft_s = k->tokens = NAN;
-    access_peer(c->fd, &k->peer_pid, &k->peer_uid);
-    if (p[P_TASK])
-        rpc_str_copy(p[P_TASK], k->task_id, sizeof(k->task_id));
+    if (r->task_id)
+        snprintf(k->task_id, sizeof(k->task_id), "%s", r->task_id);
     msgpack_sbuffer_init(&k->usage);
     msgpack_sbuffer_init(&k->body);
+    transcode_buf_init(&k->raw);
     transcode_buf_init(&k->json);
     ev_init(&k->wake_w, call_on_wake_timer);
     k->wake_w.data = k;
 
-    /* Keep the body (the frame it came in dies after dispatch) and check it
-     * can be sent at all before anything is reserved. */
-    msgpack_packer bpk;
-    msgpack_packer_init(&bpk, &k->body, msgpack_sbuffer_write);
-    int rc = msgpack_pack_object(&bpk, *p[P_BODY]);
+    /* Keep the body (the request it came in dies after this call) and check
+     * it can be sent at all before anything is reserved. */
+    int rc;
+    if (r->json) {
+        k->body_is_json = true;
+        rc = transcode_buf_reserve(&k->raw, r->json_len);
+        if (rc == 0) {
+            memcpy(k->raw.data, r->json, r->json_len);
+            k->raw.len = r->json_len;
+            k->raw.data[k->raw.len] = '\0';
+        }
+    } else {
+        msgpack_packer bpk;
+        msgpack_packer_init(&bpk, &k->body, msgpack_sbuffer_write);
+        rc = msgpack_pack_object(&bpk, *r->mp);
+    }
     if (rc == 0)
         rc = call_prepare_json(k, first->model, why, sizeof(why));
+    const char *text;
+    size_t text_len;
+    call_body_text(k, &text, &text_len);
     struct gov_policy pol;
     governor_policy(cfg, (size_t)ci, &pol);
     if (rc == 0)
-        rc = gov_call_init(&k->g, &srv->gov, (uint32_t)ci, p[P_SCOPE] ? scope : k->cap->name,
-                           &pol, deadline_s > 0 ? now + deadline_s : 0,
-                           governor_estimate_tokens(k->json.len, body_max_tokens(p[P_BODY])), now);
+        rc = gov_call_init(&k->g, &srv->gov, (uint32_t)ci, r->scope ? r->scope : k->cap->name,
+                           &pol, r->deadline_s > 0 ? now + r->deadline_s : 0,
+                           governor_estimate_tokens(text_len, r->max_tokens), now);
     if (rc < 0) {
-        call_refuse(c, m, p[P_CAP], p[P_TASK],
-                    rc == TRANSCODE_EINVALID ? PGW_BAD_REQUEST : PGW_INTERNAL,
-                    rc == TRANSCODE_EINVALID ? why : "out of memory");
-        metrics_on_call_refused(srv->metrics, (size_t)ci, c->last_code);
-        msgpack_sbuffer_destroy(&k->usage);
-        msgpack_sbuffer_destroy(&k->body);
-        transcode_buf_fini(&k->json);
-        free(k);
+        enum pgw_code code = rc == TRANSCODE_EINVALID ? PGW_BAD_REQUEST : PGW_INTERNAL;
+        call_refuse(s, id, r, code, rc == TRANSCODE_EINVALID ? why : "out of memory");
+        metrics_on_call_refused(srv->metrics, (size_t)ci, code);
+        call_free_unstarted(k);
         free(tw);
         return;
     }
@@ -1055,15 +1262,15 @@ void call_start(struct conn *c, const struct rpc_msg *m)
     metrics_on_call_start(srv->metrics, (size_t)ci);
     if (task)
         call_task_link(k, task);
-    k->next = c->calls;
-    if (c->calls)
-        c->calls->prev = k;
-    c->calls = k;
+    k->next = s->calls;
+    if (s->calls)
+        s->calls->prev = k;
+    s->calls = k;
+    s->n_calls++;
     k->all_next = srv->calls_all;
     if (srv->calls_all)
         srv->calls_all->all_prev = k;
     srv->calls_all = k;
-    c->in_flight++;
     srv->stats.in_flight++;
     if (tw) {
         tw->k = k;
@@ -1078,60 +1285,58 @@ void call_start(struct conn *c, const struct rpc_msg *m)
 static void call_abort(struct call *k)
 {
     if (k->attempt) {
-        metrics_on_attempt_cancelled(k->conn->srv->metrics, call_source(k));
+        metrics_on_attempt_cancelled(k->srv->metrics, call_source(k));
         attempt_cancel(k->attempt);
         k->attempt = NULL;
     }
     call_end(k);
 }
 
-bool call_is_in_flight(struct conn *c, uint32_t msgid)
+bool call_is_in_flight(struct call_sink *s, uint32_t msgid)
 {
-    return call_find(c, msgid) != NULL;
+    return call_find(s, msgid) != NULL;
 }
 
-int call_cancel(struct conn *c, uint32_t msgid)
+int call_cancel(struct call_sink *s, uint32_t msgid)
 {
-    struct call *k = call_find(c, msgid);
+    struct call *k = call_find(s, msgid);
 
     if (!k)
         return -1;
     char msg[96];
+    struct call_errbuf e;
     snprintf(msg, sizeof(msg), "cancelled by the client after %.3fs", call_elapsed(k));
-    rpc_pack_error_begin(&c->pk, msgid, PGW_CANCELLED, msg, 2);
-    rpc_pack_str(&c->pk, "attempts");
-    msgpack_pack_uint32(&c->pk, k->g.attempts);
-    rpc_pack_kv_double(&c->pk, "stalled_s", gov_call_stalled_s(&k->g, ev_now(c->srv->loop)));
-    rpc_pack_error_end(&c->pk);
-    conn_response_done(c, PGW_CANCELLED);
-    call_set_answered(k, PGW_CANCELLED);
+    msgpack_packer *pk = call_error_begin(&e, PGW_CANCELLED, msg, 2);
+    rpc_pack_str(pk, "attempts");
+    msgpack_pack_uint32(pk, k->g.attempts);
+    rpc_pack_kv_double(pk, "stalled_s", gov_call_stalled_s(&k->g, ev_now(k->srv->loop)));
+    call_error_done(k, &e, PGW_CANCELLED);
     call_abort(k);
     return 0;
 }
 
-void call_fail_all(struct conn *c, enum pgw_code code, const char *message)
+void call_fail_all(struct call_sink *s, enum pgw_code code, const char *message)
 {
-    while (c->calls) {
-        struct call *k = c->calls;
-        rpc_pack_error_begin(&c->pk, k->msgid, code, message, 1);
-        rpc_pack_str(&c->pk, "attempts");
-        msgpack_pack_uint32(&c->pk, k->g.attempts);
-        rpc_pack_error_end(&c->pk);
-        conn_response_done(c, code);
-        call_set_answered(k, code);
+    while (s->calls) {
+        struct call *k = s->calls;
+        struct call_errbuf e;
+        msgpack_packer *pk = call_error_begin(&e, code, message, 1);
+        rpc_pack_str(pk, "attempts");
+        msgpack_pack_uint32(pk, k->g.attempts);
+        call_error_done(k, &e, code);
         call_abort(k);
     }
 }
 
-void call_abort_all(struct conn *c)
+void call_abort_all(struct call_sink *s)
 {
-    while (c->calls)
-        call_abort(c->calls);
+    while (s->calls)
+        call_abort(s->calls);
 }
 
-void call_on_drained(struct conn *c)
+void call_on_drained(struct call_sink *s)
 {
-    for (struct call *k = c->calls; k; k = k->next) {
+    for (struct call *k = s->calls; k; k = k->next) {
         if (k->paused && k->attempt) {
             call_set_paused(k, false);
             attempt_resume(k->attempt);
@@ -1143,17 +1348,16 @@ void call_fail_task(struct task *t, enum pgw_code code, const char *message)
 {
     while (t->ud) {
         struct call *k = t->ud;
-        struct conn *c = k->conn;
-        rpc_pack_error_begin(&c->pk, k->msgid, code, message, 3);
-        rpc_pack_str(&c->pk, "attempts");
-        msgpack_pack_uint32(&c->pk, k->g.attempts);
-        rpc_pack_kv_double(&c->pk, "stalled_s", gov_call_stalled_s(&k->g, ev_now(c->srv->loop)));
-        rpc_pack_kv_str(&c->pk, "reason", task_reason(t));
-        rpc_pack_error_end(&c->pk);
-        conn_response_done(c, code);
-        call_set_answered(k, code);
+        struct call_sink *s = k->sink;
+        struct call_errbuf e;
+        msgpack_packer *pk = call_error_begin(&e, code, message, 3);
+        rpc_pack_str(pk, "attempts");
+        msgpack_pack_uint32(pk, k->g.attempts);
+        rpc_pack_kv_double(pk, "stalled_s", gov_call_stalled_s(&k->g, ev_now(k->srv->loop)));
+        rpc_pack_kv_str(pk, "reason", task_reason(t));
+        call_error_done(k, &e, code);
         call_abort(k); /* unlinks k from t */
-        conn_flush(c);
+        s->ops->flush(s);
     }
 }
 

@@ -1,27 +1,135 @@
 /*
- * call.h — the `call` method and the calls in flight on a connection.
+ * call.h — a `call`: one request to a capability, run by the governed loop
+ * over attempts on the upstream engine, whichever front end it came from.
+ *
+ * The front ends (the msgpack-RPC connection in callrpc.c, the HTTP
+ * connection in http.c) each embed a `struct call_sink` and implement its
+ * ops; this module never knows which one it answers. A sink owns the list
+ * of its calls in flight: the front end tears them down when its client
+ * goes away (call_abort_all) and resumes paused streams when its write
+ * queue drains (call_on_drained).
  */
 #ifndef POLYGW_CALL_H
 #define POLYGW_CALL_H
 
-#include "internal.h"
+#include <msgpack.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
-/* Validates a `call` request and starts it; answers bad_request /
- * unknown_capability at once when it cannot start. */
-void call_start(struct conn *c, const struct rpc_msg *m);
+#include "codes.h"
+#include "gov.h"
 
-/* True when a call with this msgid is in flight on `c`. */
-bool call_is_in_flight(struct conn *c, uint32_t msgid);
+struct server;
+struct call;
+struct call_sink;
+struct upstream_budget;
 
-/* `cancel` notification: answers the call `cancelled` and tears its attempt
- * down at once. Returns -1 when no call with that msgid is in flight. */
-int call_cancel(struct conn *c, uint32_t msgid);
+/* What an answer says about its call (all borrowed for the hook only). */
+struct call_info {
+    const char *source;            /* the current or last attempt's source, "-" before any */
+    uint32_t attempts;
+    double elapsed_s, stalled_s;
+};
 
-/* Answers every call of `c` with `code` and tears them down (shutdown). */
-void call_fail_all(struct conn *c, enum pgw_code code, const char *message);
+/* A success. For a plain call, a sink that wants msgpack gets the reply as
+ * msgpack in `mp` (and `usage`, the reply's or the stream's last usage
+ * map, packed, or NULL); a JSON-only sink gets it as JSON text in `json`:
+ * the upstream's bytes, with any secret scrubbed (not NUL-terminated).
+ * Both are NULL for a stream, whose events went through on_chunk. */
+struct call_body {
+    const char *json;
+    size_t json_len;
+    const char *mp;
+    size_t mp_len;
+    const char *usage;
+    size_t usage_len;
+};
 
-/* The client is gone: tear every call down without answering. */
-void call_abort_all(struct conn *c);
+/* Every hook runs on the loop thread and answers call `id` of sink `s`.
+ *   on_chunk   one stream event: `json` is its data as the upstream sent it,
+ *              secrets scrubbed (not NUL-terminated), `mp` its msgpack form (a map; an event
+ *              that is not JSON comes as {"data": text}; NULL/0 unless
+ *              wants_msgpack). Returns 0 to go
+ *              on, 1 when the sink's write queue is full (the upstream is
+ *              paused until call_on_drained()), or -1 when relaying found
+ *              the client gone: the sink then has aborted all its calls,
+ *              this one included.
+ *   on_result  the call succeeded; exactly once, then no other hook.
+ *   on_error   the call failed (or was refused before it started: then
+ *              possibly before call_begin returns); `map` is the packed
+ *              error object {code, message, ...} of proto/PROTOCOL.md;
+ *              exactly once, then no other hook.
+ *   flush      the call ended after its answer was queued: write it out.
+ *              May find the client gone and abort the sink's other calls.
+ * on_result / on_error must only queue: they run while the call is still
+ * linked. */
+struct call_sink_ops {
+    int (*on_chunk)(struct call_sink *s, uint32_t id, const struct call_info *ci,
+                    const char *json, size_t json_len, const char *mp, size_t mp_len);
+    void (*on_result)(struct call_sink *s, uint32_t id, const struct call_info *ci,
+                      const struct call_body *b);
+    void (*on_error)(struct call_sink *s, uint32_t id, enum pgw_code code, const char *map,
+                     size_t map_len);
+    void (*flush)(struct call_sink *s);
+    /* The sink writes msgpack: transcode replies and events for it. A
+     * JSON-only sink is spared that (governance reads what it needs from
+     * the JSON text, sidecar/jscan.h). */
+    bool wants_msgpack;
+};
+
+/* Embedded in a front end's connection; zero it, then set ops, srv and
+ * budget. */
+struct call_sink {
+    const struct call_sink_ops *ops;
+    struct server *srv;
+    struct upstream_budget *budget; /* the client's byte budget for its attempts
+                                     * (upstream.h), or NULL */
+    struct call *calls;            /* in flight (owned by call.c) */
+    uint32_t n_calls;
+    uint32_t paused_calls;         /* of which streams paused for back-pressure */
+    /* For the access log (access.h), set by the front end (zero: unknown). */
+    uint64_t conn_id;              /* the connection's id in other log lines */
+    long long peer_pid, peer_uid;  /* the peer as the kernel reports it (SO_PEERCRED);
+                                    * pid <= 0: unknown */
+};
+
+/* A request, as a front end parsed it. The body is either a msgpack map
+ * (`mp`: transcoded to JSON per source, the msgpack-RPC front end) or JSON
+ * text (`json`: sent upstream as it is unless a source overrides `model`,
+ * the HTTP front end; it must be a JSON object). All borrowed for the call
+ * to call_begin only. */
+struct call_req {
+    const char *capability;
+    size_t capability_len;
+    const msgpack_object *mp;
+    const char *json;
+    size_t json_len;
+    bool stream;
+    const char *scope;             /* NUL-terminated, NULL = the capability's */
+    const char *task_id;           /* NUL-terminated, NULL = none */
+    double deadline_s;             /* > 0, or 0 = none */
+    uint64_t max_tokens;           /* the body's max_(completion_)tokens, 0 = absent */
+};
+
+/* Starts call `id` of sink `s` (an id unique among the sink's calls in
+ * flight: call_find() and call_cancel() use it). When it cannot start
+ * (unknown capability, a task that does not run, a body that cannot be
+ * sent) it answers through on_error before returning. */
+void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r);
+
+/* True when call `id` is in flight on `s`. */
+bool call_is_in_flight(struct call_sink *s, uint32_t id);
+
+/* The client cancelled call `id`: answers it `cancelled` and tears its
+ * attempt down at once. Returns -1 when no such call is in flight. */
+int call_cancel(struct call_sink *s, uint32_t id);
+
+/* Answers every call of `s` with `code` and tears them down (shutdown). */
+void call_fail_all(struct call_sink *s, enum pgw_code code, const char *message);
+
+/* The client is gone: tear every call of `s` down without answering. */
+void call_abort_all(struct call_sink *s);
 
 /* gov hooks (see gov.h): a released permit wakes a waiting call (scheduled,
  * never stepped synchronously); breaker transitions are logged. */
@@ -37,8 +145,8 @@ void call_fail_task(struct task *t, enum pgw_code code, const char *message);
 /* Task `t` is being freed: its calls forget it. */
 void call_forget_task(struct task *t);
 
-/* The connection's write queue drained: resume paused streams. */
-void call_on_drained(struct conn *c);
+/* The sink's write queue drained: resume its paused streams. */
+void call_on_drained(struct call_sink *s);
 
 /* Reload (reload.c): every live call moves to the new configuration at
  * one point of the loop. call_uses_source: does some call still name
@@ -50,6 +158,7 @@ void call_on_drained(struct conn *c);
  * Capabilities keep their indices across a reload. */
 bool call_uses_source(const struct server *srv, size_t i);
 struct gov_reconf;
+struct config;
 int call_reconf_prepare(struct server *srv, const struct gov_reconf *r);
 void call_reconf_abort(struct server *srv);
 void call_reconf_commit(struct server *srv, const struct gov_reconf *r, const struct config *cfg);

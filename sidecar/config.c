@@ -34,6 +34,7 @@
 #include "config.h"
 #include "redis.h"
 
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -102,6 +103,9 @@ enum fid {
     FID_LIMITS, FID_RPM, FID_TPM, FID_DAILY_TOKENS, FID_WINDOW,
     FID_PACER, FID_PACER_MIN_INTERVAL,
     FID_ACCESS_LOG,
+    FID_HTTP, FID_HTTP_SOCKET, FID_HTTP_LISTEN, FID_HTTP_ALLOW_REMOTE, FID_HTTP_MAX_BODY,
+    FID_HTTP_MAX_HEADER, FID_HTTP_MAX_CONNECTIONS, FID_HTTP_HEADER_TIMEOUT,
+    FID_HTTP_BODY_TIMEOUT, FID_HTTP_KEEPALIVE_TIMEOUT, FID_HTTP_SEND_TIMEOUT,
     FID_COUNT
 };
 
@@ -914,6 +918,16 @@ static int check_name(struct loader *l, unsigned line, const char *s, size_t len
     return 0;
 }
 
+static int check_hostport(struct loader *l, const struct ynode *v, char *s)
+{
+    char why[160];
+    struct config_addr a;
+
+    if (config_parse_addr(s, &a, why, sizeof(why)) < 0)
+        return fail_here(l, v->line, "%s", why);
+    return 0;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Tables                                                                   */
 
@@ -942,6 +956,27 @@ static const struct field listen_table[] = {
         OFF(struct config, max_buffered_input_bytes), 1024, 68719476736.0, 0),
     NUM("idle_timeout_s", FT_DOUBLE, FID_LISTEN_IDLE_TIMEOUT,
         OFF(struct config, idle_timeout_s), 0, DURATION_MAX_S, 0),
+    END
+};
+
+static const struct field http_table[] = {
+    STR("socket", FID_HTTP_SOCKET, OFF(struct config, http_socket), check_socket),
+    STR("listen", FID_HTTP_LISTEN, OFF(struct config, http_listen), check_hostport),
+    TYPED("allow_remote", FT_BOOL, FID_HTTP_ALLOW_REMOTE, OFF(struct config, http_allow_remote)),
+    NUM("max_body_bytes", FT_SIZE, FID_HTTP_MAX_BODY, OFF(struct config, http_max_body_bytes),
+        1024, 1073741824.0, 0),
+    NUM("max_header_bytes", FT_SIZE, FID_HTTP_MAX_HEADER,
+        OFF(struct config, http_max_header_bytes), 1024, 1048576, 0),
+    NUM("max_connections", FT_U32, FID_HTTP_MAX_CONNECTIONS,
+        OFF(struct config, http_max_connections), 1, 1048576, 0),
+    NUM("header_timeout_s", FT_DOUBLE, FID_HTTP_HEADER_TIMEOUT,
+        OFF(struct config, http_header_timeout_s), 0, 3600, F_MIN_OPEN),
+    NUM("body_timeout_s", FT_DOUBLE, FID_HTTP_BODY_TIMEOUT,
+        OFF(struct config, http_body_timeout_s), 0, 3600, F_MIN_OPEN),
+    NUM("keepalive_timeout_s", FT_DOUBLE, FID_HTTP_KEEPALIVE_TIMEOUT,
+        OFF(struct config, http_keepalive_timeout_s), 0, 86400, F_MIN_OPEN),
+    NUM("send_timeout_s", FT_DOUBLE, FID_HTTP_SEND_TIMEOUT,
+        OFF(struct config, http_send_timeout_s), 0, 3600, F_MIN_OPEN),
     END
 };
 
@@ -1090,6 +1125,7 @@ static const struct field top_table[] = {
     SECTION("server", FID_SERVER, 0, server_table),
     SECTION("backend", FID_BACKEND, 0, backend_table),
     SECTION("tasks", FID_TASKS, 0, tasks_table),
+    SECTION("http", FID_HTTP, 0, http_table),
     SECTION("defaults", FID_DEFAULTS, OFF(struct config, defaults), policy_table),
     { .key = "capabilities", .type = FT_CUSTOM, .fid = FID_CAPABILITIES,
       .walk = walk_capabilities, .sub = capability_table, .each = ".NAME" },
@@ -1133,6 +1169,13 @@ static int config_set_defaults(struct config *cfg)
     cfg->backend = BACKEND_MEMORY;
     cfg->redis_command_timeout_s = 1;
     cfg->redis_lease_ttl_s = 30;
+    cfg->http_max_body_bytes = 16777216;
+    cfg->http_max_header_bytes = 32768;
+    cfg->http_max_connections = 1024;
+    cfg->http_header_timeout_s = 10;
+    cfg->http_body_timeout_s = 60;
+    cfg->http_keepalive_timeout_s = 75;
+    cfg->http_send_timeout_s = 60;
     cfg->defaults = (struct config_policy){
         .max_attempts = 3, .stall_window_s = 300, .backoff_base_s = 2,
         .backoff_max_s = 60, .poll_interval_s = 1, .node_timeout_s = 600,
@@ -1756,6 +1799,11 @@ static void validate_top(struct loader *l)
                 fmt_num(a, sizeof(a), (double)cfg->max_message_bytes),
                 fmt_num(b, sizeof(b), (double)cfg->max_buffered_input_bytes));
     }
+    if (cfg->http_listen && !line_is_bad(line[FID_HTTP_LISTEN] | line[FID_HTTP_ALLOW_REMOTE])) {
+        char why[200];
+        if (config_check_http_listen(cfg, why, sizeof(why)) < 0)
+            fail_at(l, line[FID_HTTP_LISTEN], "http.listen", "%s", why);
+    }
     if (cfg->backend == BACKEND_REDIS && !line[FID_URL] && !line[FID_URL_ENV])
         fail_at(l, line[FID_KIND], "backend.url",
                 "is required when kind is redis (or backend.url_env)");
@@ -2260,8 +2308,83 @@ void config_free(struct config *cfg)
     free(cfg->redis_url_env);
     free(cfg->redis_prefix);
     free(cfg->socket_path);
+    free(cfg->http_socket);
+    free(cfg->http_listen);
     free(cfg->path);
     free(cfg);
+}
+
+int config_parse_addr(const char *s, struct config_addr *a, char *why, size_t whylen)
+{
+    const char *colon;
+    size_t hlen;
+
+    memset(a, 0, sizeof(*a));
+    if (s[0] == '[') {
+        const char *end = strchr(s, ']');
+        if (!end || end[1] != ':') {
+            snprintf(why, whylen, "expected HOST:PORT ([ADDR]:PORT for IPv6)");
+            return -1;
+        }
+        hlen = (size_t)(end - s - 1);
+        colon = end + 1;
+        if (hlen >= sizeof(a->host)) {
+            snprintf(why, whylen, "host longer than %zu characters", sizeof(a->host) - 1);
+            return -1;
+        }
+        memcpy(a->host, s + 1, hlen);
+        a->ipv6 = true;
+    } else {
+        colon = strrchr(s, ':');
+        if (!colon || colon == s || memchr(s, ':', (size_t)(colon - s))) {
+            snprintf(why, whylen, "expected HOST:PORT ([ADDR]:PORT for IPv6)");
+            return -1;
+        }
+        hlen = (size_t)(colon - s);
+        if (hlen >= sizeof(a->host)) {
+            snprintf(why, whylen, "host longer than %zu characters", sizeof(a->host) - 1);
+            return -1;
+        }
+        memcpy(a->host, s, hlen);
+    }
+    char *end;
+    errno = 0;
+    unsigned long port = strtoul(colon + 1, &end, 10);
+    if (!colon[1] || *end || errno || port > 65535 || !isdigit((unsigned char)colon[1])) {
+        snprintf(why, whylen, "port must be a number from 0 to 65535");
+        return -1;
+    }
+    a->port = (uint16_t)port;
+    unsigned char buf[16];
+    if (strcmp(a->host, "localhost") == 0) {
+        snprintf(a->host, sizeof(a->host), "127.0.0.1");
+        a->loopback = true;
+    } else if (!a->ipv6 && inet_pton(AF_INET, a->host, buf) == 1) {
+        a->loopback = buf[0] == 127;
+    } else if (a->ipv6 && inet_pton(AF_INET6, a->host, buf) == 1) {
+        static const unsigned char lo6[16] = {[15] = 1};
+        a->loopback = memcmp(buf, lo6, 16) == 0;
+    } else {
+        snprintf(why, whylen, "host must be a numeric IP address or localhost (no name lookup "
+                 "at start-up)");
+        return -1;
+    }
+    return 0;
+}
+
+int config_check_http_listen(const struct config *cfg, char *why, size_t whylen)
+{
+    struct config_addr a;
+
+    if (config_parse_addr(cfg->http_listen, &a, why, whylen) < 0)
+        return -1;
+    if (!a.loopback && !cfg->http_allow_remote) {
+        snprintf(why, whylen, "%s is not a loopback address: any host that reaches it spends "
+                 "this host's API keys; set http.allow_remote: true to mean it",
+                 cfg->http_listen);
+        return -1;
+    }
+    return 0;
 }
 
 int config_find_capability(const struct config *cfg, const char *name, size_t len)

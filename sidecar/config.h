@@ -138,6 +138,20 @@ struct config {
                                            * 4 x max_message_bytes, >= max_message_bytes */
     double idle_timeout_s;     /* close connections idle this long; 0 (default) = never */
 
+    /* http: (docs/HTTP.md) */
+    char *http_socket;         /* owned; HTTP over this Unix socket (mode: socket_mode), or NULL */
+    char *http_listen;         /* owned; "HOST:PORT" for TCP, or NULL; loopback unless
+                                * http_allow_remote (config_check_http_listen) */
+    bool http_allow_remote;
+    size_t http_max_body_bytes;   /* request bodies larger get 413; default 16 MiB */
+    size_t http_max_header_bytes; /* request line + headers larger get 431; default 32 KiB */
+    uint32_t http_max_connections; /* default 1024 */
+    double http_header_timeout_s;  /* request line + headers must arrive within; default 10 */
+    double http_body_timeout_s;    /* the body must arrive within; default 60 */
+    double http_keepalive_timeout_s; /* an idle connection is closed after; default 75 */
+    double http_send_timeout_s;    /* an answer's queued bytes not taken for this long close
+                                    * the connection (and cancel its call); default 60 */
+
     /* server: */
     enum log_level log_level;  /* default info */
     double shutdown_grace_s;   /* default 10 */
@@ -205,6 +219,23 @@ void config_free(struct config *cfg);
 /* Index into cfg->capabilities of the capability named `name` (`len` bytes,
  * exact match, need not be NUL-terminated), or -1. */
 int config_find_capability(const struct config *cfg, const char *name, size_t len);
+
+/* A TCP listen address, "HOST:PORT" or "[ADDR]:PORT": HOST is a numeric
+ * IPv4/IPv6 address or "localhost" (which becomes 127.0.0.1). */
+struct config_addr {
+    char host[64];
+    uint16_t port;             /* 0 = any free port */
+    bool ipv6;
+    bool loopback;             /* 127.0.0.0/8 or ::1 */
+};
+
+/* Parses `s` (borrowed). Returns 0, or -1 with a reason in `why`. */
+int config_parse_addr(const char *s, struct config_addr *a, char *why, size_t whylen);
+
+/* Checks cfg->http_listen (set): parses, and refuses a non-loopback
+ * address unless http_allow_remote. Returns 0, or -1 with `why`. For a
+ * value set after config_load (--http-listen). */
+int config_check_http_listen(const struct config *cfg, char *why, size_t whylen);
 
 /* "debug", "info", "warn", "error" -> level; returns -1 for anything else. */
 int config_parse_log_level(const char *s);

@@ -33,7 +33,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "call.h"
+#include "access.h"
+#include "callrpc.h"
 #include "tasks.h"
 #include "log.h"
 
@@ -48,6 +49,31 @@ static void conn_on_write(struct ev_loop *loop, ev_io *w, int revents);
 static void conn_on_linger(struct ev_loop *loop, ev_timer *w, int revents);
 static void conn_on_idle(struct ev_loop *loop, ev_timer *w, int revents);
 
+int conn_queue_reserve(char **buf, size_t *off, size_t *len, size_t *cap, size_t n)
+{
+    if (*off > 0 && *off == *len)
+        *off = *len = 0;
+    if (*len + n <= *cap)
+        return 0;
+    /* Reclaim the written prefix before growing. */
+    if (*off > 0) {
+        memmove(*buf, *buf + *off, *len - *off);
+        *len -= *off;
+        *off = 0;
+        if (*len + n <= *cap)
+            return 0;
+    }
+    size_t c = *cap ? *cap : 4096;
+    while (c < *len + n)
+        c *= 2;
+    char *p = realloc(*buf, c);
+    if (!p)
+        return -1;
+    *buf = p;
+    *cap = c;
+    return 0;
+}
+
 /* msgpack_packer write callback: append to the write queue. */
 static int conn_append(void *data, const char *buf, size_t len)
 {
@@ -55,28 +81,9 @@ static int conn_append(void *data, const char *buf, size_t len)
 
     if (c->oom)
         return -1;
-    if (c->out_off > 0 && c->out_off == c->out_len) {
-        c->out_off = c->out_len = 0;
-    }
-    if (c->out_len + len > c->out_cap) {
-        /* Reclaim the written prefix before growing. */
-        if (c->out_off > 0) {
-            memmove(c->out, c->out + c->out_off, c->out_len - c->out_off);
-            c->out_len -= c->out_off;
-            c->out_off = 0;
-        }
-        if (c->out_len + len > c->out_cap) {
-            size_t cap = c->out_cap ? c->out_cap : 4096;
-            while (cap < c->out_len + len)
-                cap *= 2;
-            char *p = realloc(c->out, cap);
-            if (!p) {
-                c->oom = true;
-                return -1;
-            }
-            c->out = p;
-            c->out_cap = cap;
-        }
+    if (conn_queue_reserve(&c->out, &c->out_off, &c->out_len, &c->out_cap, len) < 0) {
+        c->oom = true;
+        return -1;
     }
     memcpy(c->out + c->out_len, buf, len);
     c->out_len += len;
@@ -84,7 +91,8 @@ static int conn_append(void *data, const char *buf, size_t len)
     return 0;
 }
 
-struct conn *conn_new(struct server *srv, int fd)
+/* What both kinds of connection share; fd -1 for a bridge. */
+static struct conn *conn_alloc(struct server *srv, int fd)
 {
     static uint64_t next_id = 1;
     struct conn *c = calloc(1, sizeof(*c));
@@ -100,12 +108,35 @@ struct conn *conn_new(struct server *srv, int fd)
     c->fd = fd;
     msgpack_unpacked_init(&c->frame);
     msgpack_packer_init(&c->pk, c, conn_append);
+    upstream_budget_init(&c->budget, srv->cfg->max_write_queue_bytes);
+    callrpc_sink_init(&c->sink, srv, &c->budget);
+    c->sink.conn_id = c->id;
+    access_peer(fd, &c->sink.peer_pid, &c->sink.peer_uid);
+    return c;
+}
+
+struct conn *conn_new_bridge(struct server *srv, conn_bridge_fn *fn, void *ud)
+{
+    struct conn *c = conn_alloc(srv, -1);
+
+    if (!c)
+        return NULL;
+    c->bridge = fn;
+    c->bridge_ud = ud;
+    return c;
+}
+
+struct conn *conn_new(struct server *srv, int fd)
+{
+    struct conn *c = conn_alloc(srv, fd);
+
+    if (!c)
+        return NULL;
     ev_io_init(&c->rio, conn_on_read, fd, EV_READ);
     ev_io_init(&c->wio, conn_on_write, fd, EV_WRITE);
     ev_init(&c->linger_w, conn_on_linger);
     ev_init(&c->idle_w, conn_on_idle);
     c->rio.data = c->wio.data = c->linger_w.data = c->idle_w.data = c;
-    upstream_budget_init(&c->budget, srv->cfg->max_write_queue_bytes);
     c->last_activity = ev_now(srv->loop);
     ev_io_start(srv->loop, &c->rio);
     c->reading = true;
@@ -138,7 +169,7 @@ void conn_close(struct conn *c, const char *why)
     c->srv->input_bytes -= c->input_bytes;
     c->input_bytes = 0;
     /* The client is gone: nothing it asked for may keep running. */
-    call_abort_all(c);
+    call_abort_all(&c->sink);
     tasks_fail_pending(c, PGW_OK, NULL);
     close(c->fd);
     c->fd = -1;
@@ -189,7 +220,7 @@ static void conn_on_idle(struct ev_loop *loop, ev_timer *w, int revents)
     double left = c->last_activity + idle_s - ev_now(loop);
     (void)revents;
 
-    if (c->in_flight > 0 || c->tasks)
+    if (c->in_flight > 0 || c->sink.n_calls > 0 || c->tasks)
         left = idle_s;
     if (left > 0) {
         ev_timer_set(w, left, 0.);
@@ -222,14 +253,23 @@ static void conn_apply_backpressure(struct conn *c)
         c->reading = true;
         ev_io_start(c->srv->loop, &c->rio);
     }
-    if (queued <= limit / 2 && c->paused_calls)
-        call_on_drained(c);
+    if (queued <= limit / 2 && c->sink.paused_calls)
+        call_on_drained(&c->sink);
 }
 
 void conn_flush(struct conn *c)
 {
     if (c->closed)
         return;
+    if (c->bridge) {
+        size_t off = c->out_off, n = c->out_len - c->out_off;
+        c->out_off = c->out_len = 0;
+        c->budget.held = 0;
+        if (n && !c->oom)
+            c->bridge(c->bridge_ud, c->out + off, n);
+        c->oom = false;
+        return;
+    }
     if (c->oom) {
         conn_close(c, "out of memory queueing a reply");
         return;
@@ -282,7 +322,6 @@ void conn_response_done(struct conn *c, enum pgw_code code)
 
     c->last_activity = ev_now(srv->loop);
     srv->stats.requests_served++;
-    c->last_code = code;
     if (code != PGW_OK)
         srv->stats.rejected[code]++;
 }
@@ -329,14 +368,14 @@ static void conn_on_frame(struct conn *c, const msgpack_object *o)
         conn_reply_error(c, m.msgid, PGW_SHUTTING_DOWN, "the sidecar is shutting down");
         return;
     }
-    if (call_is_in_flight(c, m.msgid) || tasks_is_pending(c, m.msgid)) {
+    if (call_is_in_flight(&c->sink, m.msgid) || tasks_is_pending(c, m.msgid)) {
         /* Two responses with one msgid could not be told apart by any
          * client: the stream of this connection can no longer be trusted. */
         snprintf(buf, sizeof(buf), "msgid %u is already in flight on this connection", m.msgid);
         conn_fail(c, PGW_BAD_REQUEST, buf);
         return;
     }
-    if (c->in_flight >= c->srv->cfg->max_inflight_per_connection) {
+    if (c->in_flight + c->sink.n_calls >= c->srv->cfg->max_inflight_per_connection) {
         snprintf(buf, sizeof(buf), "too many requests in flight on this connection (limit %u)",
                  c->srv->cfg->max_inflight_per_connection);
         conn_reply_error(c, m.msgid, PGW_OVERLOADED, buf);

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "call.h"
 #include "codes.h"
 #include "gov.h"
 #include "config.h"
@@ -27,6 +28,9 @@ struct backend;
 struct tasks_req;
 struct tasks_resync;
 struct keywatch;
+struct http_server;
+
+typedef void conn_bridge_fn(void *ud, const char *data, size_t len);
 struct metrics;
 
 /* Counters shown by `stats`. All monotonically increasing except `*_open`
@@ -75,6 +79,7 @@ struct server {
     struct conn *dead;            /* closed, waiting for the reaper */
     struct server_stats stats;
     struct upstream *up;          /* the HTTP engine */
+    struct http_server *http;     /* the HTTP front end (http.h), NULL when not configured */
     struct gov gov;               /* the governance core */
     struct backend *backend;      /* the state backend (backend.h): memory or Redis */
     uint64_t rand_state;          /* jitter generator */
@@ -90,6 +95,7 @@ struct server {
     /* Reload (reload.h). cfg is owned by the server once a reload swapped it. */
     const char *config_path;      /* borrowed from main: the file reloads read */
     const char *socket_override;  /* borrowed: --socket, applied to every reload; NULL */
+    const char *http_socket_override, *http_listen_override; /* --http-socket, --http-listen */
     bool log_level_override;      /* --log-level given: reloads keep the level */
     char reload_error[CONFIG_ERR_MAX]; /* the last failed reload's reason, or "" */
     char **old_keys;              /* owned: keys of earlier configurations, still redacted */
@@ -120,6 +126,13 @@ void server_on_conn_closed(struct server *srv, struct conn *c);
 /* READY=1 when the socket accepts and, with Redis, Redis is connected (once;
  * again after a reload). */
 void server_notify_ready(struct server *srv);
+/* A front end closed a connection: a stopping server ends the loop once
+ * none is left. */
+void server_on_front_closed(struct server *srv);
+/* Creates the Unix socket `path` (its parent directory when missing, a
+ * stale socket replaced, a live one refused) with permission bits `mode`
+ * and listens on it. Returns the non-blocking fd, or -1 with err. */
+int server_bind_unix(const char *path, uint32_t mode, char *err, size_t errlen);
 /* A request was answered; lets a draining server notice when all are done. */
 void server_on_request_done(struct server *srv);
 double server_uptime_s(const struct server *srv);
@@ -141,19 +154,25 @@ struct conn {
     char *out;                    /* write queue: bytes [out_off, out_len) pending */
     size_t out_len, out_off, out_cap;
     struct upstream_budget budget; /* unsent output + replies being received */
-    uint32_t in_flight;
-    struct call *calls;           /* calls in flight (call.c) */
-    uint32_t paused_calls;        /* of which streams paused for back-pressure */
+    uint32_t in_flight;           /* task requests in flight (calls: sink.n_calls) */
+    struct call_sink sink;        /* its calls in flight (call.c, callrpc.c) */
     struct tasks_req *tasks;      /* task requests waiting for the backend (tasks.c) */
     bool reading;                 /* rio active */
     bool read_paused;             /* paused because its budget is spent */
     bool closing;                 /* no more input; close once `out` is flushed */
     bool closed;                  /* fd closed, awaiting free */
     bool oom;                     /* an append failed: close */
-    enum pgw_code last_code;      /* of the last response queued (conn_response_done) */
+    conn_bridge_fn *bridge;       /* no socket: output goes here (conn_new_bridge) */
+    void *bridge_ud;
 };
 
 struct conn *conn_new(struct server *srv, int fd);
+/* A connection without a socket, for another front end that reuses the
+ * method handlers (the HTTP task endpoints): every conn_flush() hands the
+ * queued bytes (whole msgpack-RPC messages) to `fn` and drops them. It is
+ * in no server list: its owner answers its pending requests at shutdown
+ * (tasks_fail_pending) and frees it with conn_free(), never conn_close(). */
+struct conn *conn_new_bridge(struct server *srv, conn_bridge_fn *fn, void *ud);
 /* Closes now (drops unsent output). Idempotent; safe inside callbacks: the
  * memory is freed later by the server's reaper. */
 void conn_close(struct conn *c, const char *why);
@@ -165,6 +184,10 @@ void conn_close_after_flush(struct conn *c);
  * connection's paused transfers go on as its budget frees. */
 void conn_flush(struct conn *c);
 void conn_free(struct conn *c);
+/* A write queue's bytes [*off, *len) of buf[*cap]: makes room for `n` more
+ * at *len, reclaiming the written prefix before growing. Returns 0, or -1
+ * (out of memory, the queue unchanged). Shared by the front ends. */
+int conn_queue_reserve(char **buf, size_t *off, size_t *len, size_t *cap, size_t n);
 /* Sends an error response for `msgid` and counts it. */
 void conn_reply_error(struct conn *c, uint32_t msgid, enum pgw_code code, const char *message);
 /* Sends the fatal error notification, counts it, and closes after flush. */

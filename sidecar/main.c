@@ -20,6 +20,7 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "Usage: polygw [--config FILE] [--socket PATH] [--log-level LEVEL]\n"
+            "              [--http-socket PATH] [--http-listen HOST:PORT]\n"
             "       polygw --check-config FILE\n"
             "       polygw --version | --help\n"
             "\n"
@@ -32,6 +33,10 @@ static void usage(FILE *out)
             "  -c, --config FILE       configuration file (default " DEFAULT_CONFIG ")\n"
             "  -s, --socket PATH       listen on PATH instead of listen.socket\n"
             "  -l, --log-level LEVEL   debug, info, warn or error (overrides server.log_level)\n"
+            "      --http-socket PATH  serve the HTTP front end on PATH (overrides http.socket)\n"
+            "      --http-listen HOST:PORT\n"
+            "                          serve it on TCP too (overrides http.listen; loopback\n"
+            "                          unless http.allow_remote is true)\n"
             "      --check-config FILE validate FILE, print every error (FILE:LINE: KEY: REASON)\n"
             "                          or the verdict; exit 0 if valid, 1 if not\n"
             "  -V, --version           print the version and exit\n"
@@ -77,11 +82,14 @@ int main(int argc, char **argv)
         {"socket", required_argument, NULL, 's'},
         {"log-level", required_argument, NULL, 'l'},
         {"check-config", required_argument, NULL, 'C'},
+        {"http-socket", required_argument, NULL, 'H'},
+        {"http-listen", required_argument, NULL, 'T'},
         {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *config_path = DEFAULT_CONFIG, *socket_path = NULL, *check_path = NULL;
+    const char *http_socket = NULL, *http_listen = NULL;
     int log_level = -1, opt;
     char err[1024];
 
@@ -90,6 +98,8 @@ int main(int argc, char **argv)
         case 'c': config_path = optarg; break;
         case 's': socket_path = optarg; break;
         case 'C': check_path = optarg; break;
+        case 'H': http_socket = optarg; break;
+        case 'T': http_listen = optarg; break;
         case 'l':
             log_level = config_parse_log_level(optarg);
             if (log_level < 0) {
@@ -142,6 +152,29 @@ int main(int argc, char **argv)
         free(cfg->socket_path);
         cfg->socket_path = p;
     }
+    if (http_socket || http_listen) {
+        char *ps = http_socket ? strdup(http_socket) : NULL;
+        char *pl = http_listen ? strdup(http_listen) : NULL;
+        if ((http_socket && !ps) || (http_listen && !pl)) {
+            free(ps);
+            free(pl);
+            config_free(cfg);
+            return 1;
+        }
+        if (ps) {
+            free(cfg->http_socket);
+            cfg->http_socket = ps;
+        }
+        if (pl) {
+            free(cfg->http_listen);
+            cfg->http_listen = pl;
+            if (config_check_http_listen(cfg, err, sizeof(err)) < 0) {
+                fprintf(stderr, "polygw: --http-listen: %s\n", err);
+                config_free(cfg);
+                return 1;
+            }
+        }
+    }
     log_threshold = log_level >= 0 ? (enum log_level)log_level : cfg->log_level;
 
     /* Writes to a vanished peer must fail with EPIPE, not kill us. */
@@ -172,6 +205,8 @@ int main(int argc, char **argv)
            (unsigned long long)cfg->n_sources, NULL);
     srv.config_path = config_path;
     srv.socket_override = socket_path;
+    srv.http_socket_override = http_socket;
+    srv.http_listen_override = http_listen;
     srv.log_level_override = log_level >= 0;
     server_start(&srv);
     ev_run(loop, 0);

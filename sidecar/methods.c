@@ -10,7 +10,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "call.h"
+#include "callrpc.h"
+#include "http.h"
 #include "log.h"
 #include "metrics.h"
 #include "progress.h"
@@ -127,8 +128,9 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
 
     if (bind_or_reply(c, m, NULL, 0, NULL) < 0)
         return;
+    const struct http_stats *hst = http_get_stats(c->srv->http);
     rpc_pack_result_begin(pk, m->msgid);
-    msgpack_pack_map(pk, 12 + c->srv->backend->ops->stats_keys); /* 11 + reload */
+    msgpack_pack_map(pk, 12 + c->srv->backend->ops->stats_keys + (hst ? 1 : 0)); /* + reload */
 
     rpc_pack_str(pk, "version");
     rpc_pack_str(pk, PGW_VERSION);
@@ -187,6 +189,22 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
     rpc_pack_kv_u64(pk, "failed", st->reloads_failed);
     rpc_pack_kv_str(pk, "last_error", c->srv->reload_error);
 
+    if (hst) {
+        /* The HTTP front end, when it is configured. */
+        rpc_pack_str(pk, "http");
+        msgpack_pack_map(pk, 11);
+        rpc_pack_kv_u64(pk, "open", hst->conns_open);
+        rpc_pack_kv_u64(pk, "accepted", hst->conns_accepted);
+        rpc_pack_kv_u64(pk, "rejected", hst->conns_rejected);
+        rpc_pack_kv_u64(pk, "requests", hst->requests);
+        static const char *const classes[] = {"responses_1xx", "responses_2xx",
+                                              "responses_3xx", "responses_4xx",
+                                              "responses_5xx"};
+        for (int i = 1; i <= 5; i++)
+            rpc_pack_kv_u64(pk, classes[i - 1], hst->responses[i]);
+        rpc_pack_kv_u64(pk, "timeouts", hst->timeouts);
+        rpc_pack_kv_u64(pk, "bad_requests", hst->bad_requests);
+    }
     pack_governance(pk, c->srv);
     tasks_pack_stats(pk, c->srv);
     c->srv->backend->ops->pack_stats(c->srv->backend, pk); /* `backend` (and its own) */
@@ -343,7 +361,7 @@ static const struct {
     {"debug.wedge", method_debug_wedge},
 #endif
     {"ping", method_ping},
-    {"call", call_start},
+    {"call", callrpc_start},
     {"task.start", tasks_start},
     {"task.stop", tasks_stop},
     {"task.guard", tasks_guard},
@@ -380,7 +398,7 @@ void methods_notify(struct conn *c, const struct rpc_msg *m)
         m->params->via.array.size == 1 &&
         m->params->via.array.ptr[0].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
         m->params->via.array.ptr[0].via.u64 <= UINT32_MAX) {
-        if (call_cancel(c, (uint32_t)m->params->via.array.ptr[0].via.u64) == 0) {
+        if (call_cancel(&c->sink, (uint32_t)m->params->via.array.ptr[0].via.u64) == 0) {
             c->srv->stats.cancels++;
             return;
         }

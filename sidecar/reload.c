@@ -77,6 +77,20 @@ static void restart_only(const struct config *o, const struct config *n, char *b
         note_restart(buf, cap, "backend.command_timeout_s");
     if (o->redis_lease_ttl_s != n->redis_lease_ttl_s)
         note_restart(buf, cap, "backend.lease_ttl_s");
+    if (!str_eq(o->http_socket, n->http_socket))
+        note_restart(buf, cap, "http.socket");
+    if (!str_eq(o->http_listen, n->http_listen))
+        note_restart(buf, cap, "http.listen");
+    if (o->http_allow_remote != n->http_allow_remote)
+        note_restart(buf, cap, "http.allow_remote");
+    if (o->http_max_body_bytes != n->http_max_body_bytes ||
+        o->http_max_header_bytes != n->http_max_header_bytes ||
+        o->http_max_connections != n->http_max_connections ||
+        o->http_header_timeout_s != n->http_header_timeout_s ||
+        o->http_body_timeout_s != n->http_body_timeout_s ||
+        o->http_keepalive_timeout_s != n->http_keepalive_timeout_s ||
+        o->http_send_timeout_s != n->http_send_timeout_s)
+        note_restart(buf, cap, "http (bounds and timeouts)");
     if (o->task_ttl_s != n->task_ttl_s)
         note_restart(buf, cap, "tasks.ttl_s");
     if (o->max_tasks != n->max_tasks)
@@ -207,15 +221,26 @@ static struct config *load_new(struct reload_ctx *x, char *err, size_t errlen)
                  srv->config_path, x->n_errors, x->n_errors == 1 ? "" : "s", first);
         return NULL;
     }
-    if (srv->socket_override) {
-        char *p = strdup(srv->socket_override);
+    /* The command line's overrides win over the file, as at start-up. */
+    struct {
+        const char *value;
+        char **slot;
+    } over[] = {
+        {srv->socket_override, &n->socket_path},
+        {srv->http_socket_override, &n->http_socket},
+        {srv->http_listen_override, &n->http_listen},
+    };
+    for (size_t i = 0; i < sizeof(over) / sizeof(over[0]); i++) {
+        if (!over[i].value)
+            continue;
+        char *p = strdup(over[i].value);
         if (!p) {
             config_free(n);
             snprintf(err, errlen, "out of memory");
             return NULL;
         }
-        free(n->socket_path);
-        n->socket_path = p;
+        free(*over[i].slot);
+        *over[i].slot = p;
     }
     restart_only(srv->cfg, n, why, sizeof(why));
     if (!why[0] && n->backend == BACKEND_REDIS)

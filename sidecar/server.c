@@ -46,6 +46,7 @@
 #include "backend.h"
 #include "call.h"
 #include "governor.h"
+#include "http.h"
 #include "tasks.h"
 #include "log.h"
 #include "metrics.h"
@@ -172,6 +173,44 @@ static void inherited_path(int fd, char *buf, size_t cap)
         snprintf(buf, cap, "%.*s", (int)(len - offsetof(struct sockaddr_un, sun_path)), sa.sun_path);
 }
 
+int server_bind_unix(const char *path, uint32_t mode, char *err, size_t errlen)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+
+    if (strlen(path) >= sizeof(sa.sun_path)) {
+        snprintf(err, errlen, "socket path too long (%zu bytes, max %zu): %s", strlen(path),
+                 sizeof(sa.sun_path) - 1, path);
+        return -1;
+    }
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    make_parent_dir(path);
+    if (claim_path(path, &sa, err, errlen) < 0)
+        return -1;
+
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "socket: %s", strerror(errno));
+        return -1;
+    }
+    /* The file never exists with wider permissions than configured. */
+    mode_t old = umask(0777 & ~mode);
+    int rc = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+    int saved = errno;
+    umask(old);
+    if (rc < 0) {
+        snprintf(err, errlen, "bind %s: %s", path, strerror(saved));
+        close(fd);
+        return -1;
+    }
+    if (chmod(path, mode) < 0 || listen(fd, 511) < 0) {
+        snprintf(err, errlen, "listen %s: %s", path, strerror(errno));
+        close(fd);
+        unlink(path);
+        return -1;
+    }
+    return fd;
+}
+
 static int server_listen(struct server *srv, char *err, size_t errlen)
 {
     const char *path = srv->cfg->socket_path;
@@ -196,37 +235,9 @@ static int server_listen(struct server *srv, char *err, size_t errlen)
                LOG_S, real, NULL);
         return 0;
     }
-    if (strlen(path) >= sizeof(sa.sun_path)) {
-        snprintf(err, errlen, "socket path too long (%zu bytes, max %zu): %s", strlen(path),
-                 sizeof(sa.sun_path) - 1, path);
+    fd = server_bind_unix(path, srv->cfg->socket_mode, err, errlen);
+    if (fd < 0)
         return -1;
-    }
-    memcpy(sa.sun_path, path, strlen(path) + 1);
-    make_parent_dir(path);
-    if (claim_path(path, &sa, err, errlen) < 0)
-        return -1;
-
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        snprintf(err, errlen, "socket: %s", strerror(errno));
-        return -1;
-    }
-    /* The file never exists with wider permissions than configured. */
-    mode_t old = umask(0777 & ~srv->cfg->socket_mode);
-    int rc = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
-    int saved = errno;
-    umask(old);
-    if (rc < 0) {
-        snprintf(err, errlen, "bind %s: %s", path, strerror(saved));
-        close(fd);
-        return -1;
-    }
-    if (chmod(path, srv->cfg->socket_mode) < 0 || listen(fd, 511) < 0) {
-        snprintf(err, errlen, "listen %s: %s", path, strerror(errno));
-        close(fd);
-        unlink(path);
-        return -1;
-    }
     srv->listen_fd = fd;
     srv->owns_socket_file = true;
     return 0;
@@ -374,7 +385,12 @@ void server_on_conn_closed(struct server *srv, struct conn *c)
     srv->dead = c;
     srv->stats.conns_open--;
     ev_prepare_start(srv->loop, &srv->reap_w);
-    if (srv->state == SERVER_STOPPING && !srv->conns)
+    server_on_front_closed(srv);
+}
+
+void server_on_front_closed(struct server *srv)
+{
+    if (srv->state == SERVER_STOPPING && !srv->conns && !http_has_conns(srv->http))
         ev_break(srv->loop, EVBREAK_ALL);
 }
 
@@ -398,15 +414,16 @@ static void server_stop(struct server *srv, const char *why)
     server_set_state(srv, SERVER_STOPPING, why);
     ev_timer_stop(srv->loop, &srv->grace_w);
     ev_timer_start(srv->loop, &srv->stop_w);
-    if (!srv->conns) {
+    if (!srv->conns && !http_has_conns(srv->http)) {
         ev_break(srv->loop, EVBREAK_ALL);
         return;
     }
+    http_stop(srv->http);
     for (struct conn *c = srv->conns, *next; c; c = next) {
         next = c->next;
         tasks_fail_pending(c, PGW_SHUTTING_DOWN,
                            "the sidecar shut down before the state backend answered");
-        call_fail_all(c, PGW_SHUTTING_DOWN, "the sidecar shut down before the call finished");
+        call_fail_all(&c->sink, PGW_SHUTTING_DOWN, "the sidecar shut down before the call finished");
         conn_close_after_flush(c);
     }
 }
@@ -424,6 +441,7 @@ void server_begin_shutdown(struct server *srv, const char *why)
     sdnotify_stopping(&srv->notify, why);
     server_set_state(srv, SERVER_DRAINING, why);
     server_stop_listening(srv);
+    http_stop_listening(srv->http);
     if (srv->stats.in_flight == 0) {
         server_stop(srv, "nothing in flight");
         return;
@@ -466,6 +484,7 @@ static void server_on_stop_timeout(struct ev_loop *loop, ev_timer *w, int revent
         next = c->next;
         conn_close(c, "shutdown");
     }
+    http_close_all(srv->http);
     ev_break(loop, EVBREAK_ALL);
 }
 
@@ -599,6 +618,11 @@ int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cf
     ev_signal_start(loop, &srv->sighup_w);
     if (server_listen(srv, err, errlen) < 0)
         goto fail;
+    srv->http = http_new(srv, err, errlen);
+    if (!srv->http && (cfg->http_socket || cfg->http_listen)) {
+        server_stop_listening(srv);
+        goto fail;
+    }
     srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     srv->started_at = ev_now(loop);
 
@@ -639,6 +663,7 @@ void server_notify_ready(struct server *srv)
 void server_start(struct server *srv)
 {
     ev_io_start(srv->loop, &srv->accept_w);
+    http_start(srv->http);
     char mode[8];
     snprintf(mode, sizeof(mode), "%04o", (unsigned)srv->cfg->socket_mode);
     log_at(LOG_INFO, "listening", "socket", LOG_S, srv->socket_path, "mode", LOG_S,
@@ -654,6 +679,8 @@ void server_start(struct server *srv)
 void server_fini(struct server *srv)
 {
     server_stop_listening(srv);
+    http_free(srv->http);
+    srv->http = NULL;
     for (struct conn *c = srv->conns, *next; c; c = next) {
         next = c->next;
         conn_close(c, "exit");

@@ -165,9 +165,12 @@ static void pack_task(msgpack_packer *pk, const char *id, const struct backend_t
 
 /* Answers a registry error for task `id`; `state`, `reason`, `kind` (may
  * be NULL) and `node` describe the task when it is known. */
-static void reply_task_error_s(struct conn *c, uint32_t msgid, int rc, const char *id,
-                               const char *state, const char *reason, const char *kind,
-                               const char *node)
+/* Packs the error object for a registry error of task `id`; `state`,
+ * `reason`, `kind` (may be NULL) and `node` describe the task when it is
+ * known. Returns its code. */
+static enum pgw_code pack_task_error(msgpack_packer *pk, int rc, const char *id,
+                                     const char *state, const char *reason, const char *kind,
+                                     const char *node)
 {
     char msg[TASK_REASON_MAX + TASK_ID_MAX + 96];
     enum pgw_code code = PGW_BAD_REQUEST;
@@ -221,11 +224,23 @@ static void reply_task_error_s(struct conn *c, uint32_t msgid, int rc, const cha
         break;
     }
     bool with_reason = (code == PGW_TASK_STOPPED || code == PGW_WATCHDOG_TIMEOUT) && known;
-    rpc_pack_error_begin(&c->pk, msgid, code, msg, with_reason ? 2 : 0);
+    rpc_pack_error_map(pk, code, msg, with_reason ? 2 : 0);
     if (with_reason) {
-        rpc_pack_kv_str(&c->pk, "reason", reason);
-        rpc_pack_kv_str(&c->pk, "reason_kind", kind ? kind : "");
+        rpc_pack_kv_str(pk, "reason", reason);
+        rpc_pack_kv_str(pk, "reason_kind", kind ? kind : "");
     }
+    return code;
+}
+
+/* Answers request `msgid` with a registry error (see pack_task_error). */
+static void reply_task_error_s(struct conn *c, uint32_t msgid, int rc, const char *id,
+                               const char *state, const char *reason, const char *kind,
+                               const char *node)
+{
+    msgpack_pack_array(&c->pk, 4);
+    msgpack_pack_uint8(&c->pk, RPC_RESPONSE);
+    msgpack_pack_uint32(&c->pk, msgid);
+    enum pgw_code code = pack_task_error(&c->pk, rc, id, state, reason, kind, node);
     rpc_pack_error_end(&c->pk);
     conn_response_done(c, code);
 }
@@ -237,6 +252,13 @@ void tasks_reply_error(struct conn *c, uint32_t msgid, const char *id,
         reply_task_error_s(c, msgid, bt->rc, id, bt->state, bt->reason, bt->kind, NULL);
     else
         reply_task_error_s(c, msgid, bt->rc, id, NULL, bt->err, NULL, NULL);
+}
+
+enum pgw_code tasks_pack_error(msgpack_packer *pk, const char *id, const struct backend_task *bt)
+{
+    if (bt->exists)
+        return pack_task_error(pk, bt->rc, id, bt->state, bt->reason, bt->kind, NULL);
+    return pack_task_error(pk, bt->rc, id, NULL, bt->err, NULL, NULL);
 }
 
 /* Answers a registry error for task `id` (t: the task when known). */
@@ -985,13 +1007,16 @@ void tasks_list(struct conn *c, const struct rpc_msg *m)
     conn_response_done(c, PGW_OK);
 }
 
-struct task *tasks_admit_call(struct conn *c, uint32_t msgid, const char *id)
+struct task *tasks_admit_call(struct server *srv, const char *id, msgpack_packer *err,
+                              enum pgw_code *code)
 {
     struct task *t = NULL;
-    int rc = task_guard(c->srv->tasks, id, ev_now(c->srv->loop), &t);
+    int rc = task_guard(srv->tasks, id, ev_now(srv->loop), &t);
 
     if (rc < 0) {
-        reply_task_error(c, msgid, rc, id, t);
+        *code = t ? pack_task_error(err, rc, id, task_state_name(t->state), task_reason(t),
+                                    task_reason_kind_name(t->reason_kind), t->node)
+                  : pack_task_error(err, rc, id, NULL, NULL, NULL, NULL);
         return NULL;
     }
     return t;

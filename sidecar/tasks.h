@@ -36,9 +36,10 @@ void tasks_get(struct conn *c, const struct rpc_msg *m);
 void tasks_list(struct conn *c, const struct rpc_msg *m);
 
 /* For `call`: checks that task `id` is running. Returns the task, or NULL
- * after answering the request with the task's error (task_stopped,
- * watchdog_timeout, bad_request for an unknown one). */
-struct task *tasks_admit_call(struct conn *c, uint32_t msgid, const char *id);
+ * after packing the task's error object (task_stopped, watchdog_timeout,
+ * bad_request for an unknown one) into `err` and its code into *code. */
+struct task *tasks_admit_call(struct server *srv, const char *id, msgpack_packer *err,
+                              enum pgw_code *code);
 
 /* For a call naming a task not held running here: asks the record whether
  * it runs (importing it here when it does). `cb` runs once — possibly
@@ -52,6 +53,9 @@ void tasks_guard_remote(struct server *srv, const char *id, tasks_guard_cb *cb, 
  * task `id`. */
 void tasks_reply_error(struct conn *c, uint32_t msgid, const char *id,
                        const struct backend_task *bt);
+/* Packs the error object of record `bt` (bt->rc < 0) for task `id` into
+ * `pk` (either front end's error); returns its code. */
+enum pgw_code tasks_pack_error(msgpack_packer *pk, const char *id, const struct backend_task *bt);
 
 /* Backend hooks (backend.h), run from the event loop. Task `id` was
  * stopped, failed by a watchdog or finished on some sidecar: bring the

@@ -7,6 +7,8 @@ set -eu
 PKGS="build-essential pkg-config libev-dev libmsgpack-dev libyaml-dev libcurl4-openssl-dev \
 libjansson-dev libhiredis-dev check redis-server python3 python3-msgpack python3-pytest \
 clang libclang-rt-14-dev libsystemd-dev python3-yaml"
+# The HTTP front end's parser (linked as -lhttp_parser), and curl for its tests.
+PKGS="$PKGS libhttp-parser-dev curl"
 # The metrics tests scrape with a real Prometheus and lint with promtool.
 PKGS="$PKGS prometheus"
 

@@ -77,6 +77,16 @@ def seeds(max_len):
         "many-sources": doc.encode(),
         "long-scalar": ("listen: { socket: \"%s\" }\n" % ("s" * big)).encode(),
     }
+
+    # jscan: one JSON text, a request body or a reply as the HTTP front sees it.
+    request = {"model": "m", "stream": True,
+               "messages": [{"role": "user", "content": "x\u00e9" * (big // 16)}],
+               "logit_bias": {str(i): i % 7 for i in range(big // 32)}}
+    out["jscan"] = {
+        "huge-request": json.dumps(request).encode()[:big],
+        "many-members": ("{" + ",".join('"k%d":[%d]' % (i, i) for i in range(big // 16))
+                         + "}").encode(),
+    }
     return out
 
 

@@ -465,7 +465,7 @@ def test_cli__check_config_reports_every_error_with_hints(workdir):
                 "  - name: a\n"
                 "    capability: chat\n"
                 "    base_url: http://127.0.0.1:9\n")
-    want = ["%s:2: server.socket: unknown key; did you mean listen.socket?" % bad,
+    want = ["%s:2: server.socket: unknown key; did you mean listen.socket or http.socket?" % bad,
             "%s:3: server.log_level: must be one of debug, info, warn, error" % bad,
             "%s:8: sources[0].timeout: unknown key; did you mean timeout_s?" % bad,
             "%s:9: sources[1].name: duplicate source name 'a' (first used by sources[0])" % bad,

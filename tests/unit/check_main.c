@@ -29,6 +29,7 @@ int main(void)
         prom_suite,
         metrics_suite,
         redact_suite,
+        jscan_suite,
     };
     SRunner *sr = srunner_create(NULL);
 

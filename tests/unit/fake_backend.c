@@ -101,6 +101,11 @@ static bool fake_is_closing(const struct backend *be)
     return ((const struct fake_backend *)be)->closing;
 }
 
+static bool fake_is_up(const struct backend *be)
+{
+    return !((const struct fake_backend *)be)->down;
+}
+
 static const struct gov_backend *fake_progress(struct backend *be)
 {
     (void)be;
@@ -144,6 +149,7 @@ static const struct backend_ops fake_ops = {
     .task = fake_task,
     .retry_later = fake_retry_later,
     .is_closing = fake_is_closing,
+    .is_up = fake_is_up,
     .progress = fake_progress,
     .stats_keys = 1,
     .pack_stats = fake_pack_stats,

@@ -25,5 +25,6 @@ Suite *backend_memory_suite(void);
 Suite *prom_suite(void);
 Suite *metrics_suite(void);
 Suite *redact_suite(void);
+Suite *jscan_suite(void);
 
 #endif

@@ -1345,6 +1345,73 @@ START_TEST(test_config__error_never_contains_key)
 }
 END_TEST
 
+START_TEST(test_config__http_section)
+{
+    struct config *cfg = expect_ok("listen: {}\n");
+    ck_assert_ptr_null(cfg->http_socket);
+    ck_assert_ptr_null(cfg->http_listen);
+    ck_assert(!cfg->http_allow_remote);
+    ck_assert_uint_eq(cfg->http_max_body_bytes, 16777216);
+    ck_assert_uint_eq(cfg->http_max_header_bytes, 32768);
+    ck_assert_uint_eq(cfg->http_max_connections, 1024);
+    ck_assert(cfg->http_header_timeout_s == 10 && cfg->http_body_timeout_s == 60);
+    ck_assert(cfg->http_keepalive_timeout_s == 75 && cfg->http_send_timeout_s == 60);
+    config_free(cfg);
+
+    cfg = expect_ok("http:\n  socket: /run/p/http.sock\n  listen: \"[::1]:8088\"\n"
+                    "  max_body_bytes: 4096\n  header_timeout_s: 0.5\n");
+    ck_assert_str_eq(cfg->http_socket, "/run/p/http.sock");
+    ck_assert_str_eq(cfg->http_listen, "[::1]:8088");
+    ck_assert_uint_eq(cfg->http_max_body_bytes, 4096);
+    config_free(cfg);
+    cfg = expect_ok("http: { listen: \"localhost:0\" }\n");
+    config_free(cfg);
+    cfg = expect_ok("http: { listen: \"10.0.0.5:80\", allow_remote: true }\n");
+    config_free(cfg);
+
+    expect_reject("http:\n  listen: \"0.0.0.0:8088\"\n", 2, "http.listen",
+                  "not a loopback address");
+    expect_reject("http:\n  listen: \"[::]:8088\"\n", 2, "http.listen", "allow_remote");
+    expect_reject("http:\n  listen: \"8088\"\n", 2, "http.listen", "expected HOST:PORT");
+    expect_reject("http:\n  listen: \"127.0.0.1:99999\"\n", 2, "http.listen",
+                  "port must be a number");
+    expect_reject("http:\n  listen: \"127.0.0.1:\"\n", 2, "http.listen", "port must be");
+    expect_reject("http:\n  listen: \"api.example.com:80\"\n", 2, "http.listen",
+                  "numeric IP address");
+    expect_reject("http:\n  listen: \"::1:80\"\n", 2, "http.listen", "[ADDR]:PORT");
+    expect_reject("http: { max_body_bytes: 10 }\n", 1, "http.max_body_bytes", "1024");
+    expect_reject("http: { header_timeout_s: 0 }\n", 1, "http.header_timeout_s", "");
+    expect_reject("http: { allow_remote: yes }\n", 1, "http.allow_remote", "boolean");
+    expect_reject("http: { sockett: /x }\n", 1, "http.sockett", "unknown key");
+}
+END_TEST
+
+START_TEST(test_config__http_listen_check)
+{
+    struct config_addr a;
+    char why[200];
+    ck_assert_int_eq(config_parse_addr("127.1.2.3:1", &a, why, sizeof(why)), 0);
+    ck_assert(a.loopback && !a.ipv6 && a.port == 1);
+    ck_assert_int_eq(config_parse_addr("[::1]:65535", &a, why, sizeof(why)), 0);
+    ck_assert(a.loopback && a.ipv6 && a.port == 65535);
+    ck_assert_int_eq(config_parse_addr("[fe80::1]:5", &a, why, sizeof(why)), 0);
+    ck_assert(!a.loopback);
+    ck_assert_int_eq(config_parse_addr("128.0.0.1:5", &a, why, sizeof(why)), 0);
+    ck_assert(!a.loopback);
+    ck_assert_int_eq(config_parse_addr("[::1]5", &a, why, sizeof(why)), -1);
+    ck_assert_int_eq(config_parse_addr("1.2.3.4:-1", &a, why, sizeof(why)), -1);
+
+    /* What --http-listen does after the file is loaded. */
+    struct config *cfg = expect_ok("listen: {}\n");
+    cfg->http_listen = strdup("192.168.1.1:80");
+    ck_assert_int_eq(config_check_http_listen(cfg, why, sizeof(why)), -1);
+    ck_assert_ptr_nonnull(strstr(why, "allow_remote"));
+    cfg->http_allow_remote = true;
+    ck_assert_int_eq(config_check_http_listen(cfg, why, sizeof(why)), 0);
+    config_free(cfg);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------ */
 /* Every error, hints, no cascades, scale                                   */
 
@@ -1432,7 +1499,7 @@ START_TEST(test_config__unknown_key_hints)
 {
     /* A key of another section: where it belongs. */
     expect_reject("server:\n  socket: /tmp/s\n", 2, "server.socket",
-                  "unknown key; did you mean listen.socket?");
+                  "unknown key; did you mean listen.socket or http.socket?");
     expect_reject("listen: { kind: redis }\n", 1, "listen.kind",
                   "unknown key; did you mean backend.kind?");
     expect_reject("max_attempts: 3\n", 1, "max_attempts", "unknown key; did you mean "
@@ -1676,6 +1743,8 @@ Suite *config_suite(void)
     tcase_add_test(tc, test_config__api_key_file_empty);
     tcase_add_test(tc, test_config__api_key_file_unreadable_permissions);
     tcase_add_test(tc, test_config__error_never_contains_key);
+    tcase_add_test(tc, test_config__http_section);
+    tcase_add_test(tc, test_config__http_listen_check);
     /* Every error, hints, scale */
     tcase_add_test(tc, test_config__reports_every_error);
     tcase_add_test(tc, test_config__unknown_key_hints);

@@ -1,0 +1,166 @@
+/*
+ * callrpc.c — `call` over msgpack-RPC (see callrpc.h). The sink packs
+ * straight into its connection's write queue; a stream's chunk is flushed
+ * at once, and the upstream is paused while the queue holds more than
+ * max_write_queue_bytes.
+ */
+#include "callrpc.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "call.h"
+#include "task.h"
+
+static struct conn *sink_conn(struct call_sink *s)
+{
+    return (struct conn *)((char *)s - offsetof(struct conn, sink));
+}
+
+/* Appends pre-packed msgpack bytes to a packer. */
+static void pack_raw(msgpack_packer *pk, const char *data, size_t len)
+{
+    pk->callback(pk->data, data, len);
+}
+
+static int rpc_on_chunk(struct call_sink *s, uint32_t id, const struct call_info *ci,
+                        const char *json, size_t json_len, const char *mp, size_t mp_len)
+{
+    struct conn *c = sink_conn(s);
+    (void)ci;
+    (void)json;
+    (void)json_len;
+
+    rpc_pack_notify_begin(&c->pk, "chunk");
+    msgpack_pack_array(&c->pk, 2);
+    msgpack_pack_uint32(&c->pk, id);
+    pack_raw(&c->pk, mp, mp_len);
+    /* The flush may find the client gone: conn_close() then aborts every
+     * call of the connection. `c` itself is freed later, by the reaper. */
+    conn_flush(c);
+    if (c->closed)
+        return -1;
+    return c->out_len - c->out_off > c->srv->cfg->max_write_queue_bytes ? 1 : 0;
+}
+
+static void rpc_on_result(struct call_sink *s, uint32_t id, const struct call_info *ci,
+                          const struct call_body *b)
+{
+    struct conn *c = sink_conn(s);
+    msgpack_packer *pk = &c->pk;
+
+    rpc_pack_result_begin(pk, id);
+    msgpack_pack_map(pk, 4 + (b->mp ? 1 : 0) + (b->usage ? 1 : 0));
+    if (b->mp) {
+        rpc_pack_str(pk, "body");
+        pack_raw(pk, b->mp, b->mp_len);
+    }
+    rpc_pack_kv_str(pk, "source", ci->source);
+    rpc_pack_str(pk, "attempts");
+    msgpack_pack_uint32(pk, ci->attempts);
+    rpc_pack_kv_double(pk, "elapsed_s", ci->elapsed_s);
+    rpc_pack_kv_double(pk, "stalled_s", ci->stalled_s);
+    if (b->usage) {
+        rpc_pack_str(pk, "usage");
+        pack_raw(pk, b->usage, b->usage_len);
+    }
+    conn_response_done(c, PGW_OK);
+}
+
+static void rpc_on_error(struct call_sink *s, uint32_t id, enum pgw_code code, const char *map,
+                         size_t map_len)
+{
+    struct conn *c = sink_conn(s);
+
+    msgpack_pack_array(&c->pk, 4);
+    msgpack_pack_uint8(&c->pk, RPC_RESPONSE);
+    msgpack_pack_uint32(&c->pk, id);
+    pack_raw(&c->pk, map, map_len);
+    rpc_pack_error_end(&c->pk);
+    conn_response_done(c, code);
+}
+
+static void rpc_flush(struct call_sink *s)
+{
+    conn_flush(sink_conn(s));
+}
+
+static const struct call_sink_ops rpc_sink_ops = {
+    .on_chunk = rpc_on_chunk,
+    .on_result = rpc_on_result,
+    .on_error = rpc_on_error,
+    .flush = rpc_flush,
+    .wants_msgpack = true,
+};
+
+void callrpc_sink_init(struct call_sink *s, struct server *srv, struct upstream_budget *budget)
+{
+    memset(s, 0, sizeof(*s));
+    s->ops = &rpc_sink_ops;
+    s->srv = srv;
+    s->budget = budget;
+}
+
+/* max_tokens / max_completion_tokens of the body, 0 when absent. */
+static uint64_t body_max_tokens(const msgpack_object *body)
+{
+    const msgpack_object *m = rpc_map_get(body, "max_completion_tokens");
+    if (!m)
+        m = rpc_map_get(body, "max_tokens");
+    return m && m->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? m->via.u64 : 0;
+}
+
+void callrpc_start(struct conn *c, const struct rpc_msg *m)
+{
+    enum { P_CAP, P_BODY, P_STREAM, P_SCOPE, P_TASK, P_DEADLINE, P_N };
+    static const struct rpc_param spec[P_N] = {
+        [P_CAP] = {"capability", RPC_T_STR, true},
+        [P_BODY] = {"body", RPC_T_MAP, true},
+        [P_STREAM] = {"stream", RPC_T_BOOL | RPC_T_NIL, false},
+        [P_SCOPE] = {"scope", RPC_T_STR | RPC_T_NIL, false},
+        [P_TASK] = {"task_id", RPC_T_STR | RPC_T_NIL, false},
+        [P_DEADLINE] = {"deadline_s", RPC_T_NUMBER | RPC_T_NIL, false},
+    };
+    const msgpack_object *p[P_N];
+    char why[300], scope[CONFIG_NAME_MAX * 4], id[TASK_ID_MAX + 1];
+    double deadline_s = 0;
+
+    if (rpc_bind(m->params, spec, P_N, p, why, sizeof(why)) < 0) {
+        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
+        return;
+    }
+    if (p[P_DEADLINE] && (!rpc_as_double(p[P_DEADLINE], &deadline_s) || !(deadline_s > 0) ||
+                          !isfinite(deadline_s))) {
+        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST,
+                         "parameter 'deadline_s': expected a positive number of seconds");
+        return;
+    }
+    if (p[P_SCOPE] && (p[P_SCOPE]->via.str.size == 0 ||
+                       rpc_str_copy(p[P_SCOPE], scope, sizeof(scope)) < 0 ||
+                       memchr(scope, '\0', p[P_SCOPE]->via.str.size))) {
+        snprintf(why, sizeof(why), "parameter 'scope': expected 1 to %zu bytes without NUL",
+                 sizeof(scope) - 1);
+        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
+        return;
+    }
+    if (p[P_TASK] && (p[P_TASK]->via.str.size == 0 || rpc_str_copy(p[P_TASK], id, sizeof(id)) < 0 ||
+                      memchr(id, '\0', p[P_TASK]->via.str.size))) {
+        snprintf(why, sizeof(why), "parameter 'task_id': expected 1 to %d bytes without NUL",
+                 TASK_ID_MAX);
+        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
+        return;
+    }
+    struct call_req r = {
+        .capability = p[P_CAP]->via.str.ptr,
+        .capability_len = p[P_CAP]->via.str.size,
+        .mp = p[P_BODY],
+        .stream = p[P_STREAM] && p[P_STREAM]->via.boolean,
+        .scope = p[P_SCOPE] ? scope : NULL,
+        .task_id = p[P_TASK] ? id : NULL,
+        .deadline_s = deadline_s,
+        .max_tokens = body_max_tokens(p[P_BODY]),
+    };
+    call_begin(&c->sink, m->msgid, &r);
+}

@@ -1,0 +1,19 @@
+/*
+ * callrpc.h — the msgpack-RPC front end of `call` (proto/PROTOCOL.md): the
+ * `call` method's parameters, and the sink that answers with a response,
+ * [2, "chunk", [msgid, event]] notifications, or an error response.
+ */
+#ifndef POLYGW_CALLRPC_H
+#define POLYGW_CALLRPC_H
+
+#include "internal.h"
+
+/* Sets up the sink embedded in a connection (conn_new); `budget` is the
+ * connection's (borrowed). */
+void callrpc_sink_init(struct call_sink *s, struct server *srv, struct upstream_budget *budget);
+
+/* The `call` method: validates its parameters and starts the call;
+ * answers bad_request / unknown_capability at once when it cannot start. */
+void callrpc_start(struct conn *c, const struct rpc_msg *m);
+
+#endif /* POLYGW_CALLRPC_H */

@@ -1,0 +1,1893 @@
+/*
+ * http.c — the HTTP/1.1 front end (see http.h and docs/HTTP.md).
+ *
+ * A connection goes through these phases, each bounded by the one phase
+ * timer (the call itself is bounded by its own deadlines):
+ *
+ *   IDLE ──first byte──> HEAD ──headers complete──> BODY ──message complete──> SERVING
+ *    ^  keepalive_timeout_s   header_timeout_s (408)    body_timeout_s (408)      │
+ *    │  (header_timeout_s on a new connection)                                   │
+ *    └──────────── answer queued, keep-alive ────────────────────────────────────┘
+ *                  answer queued, close: CLOSING (flush, bounded by a linger timer)
+ *
+ * While SERVING, the timer runs only when answer bytes wait for the client
+ * (send_timeout_s between writes): a client that stops reading a stream is
+ * closed and its call cancelled, rather than holding a paused upstream.
+ *
+ * Bad input is answered and the connection closed, since the byte stream
+ * can no longer be trusted: an unparsable request 400, a request line and
+ * headers over http.max_header_bytes 431, a URL over HTTP_URL_MAX 414, a
+ * body over http.max_body_bytes 413 (refused at the headers when it has a
+ * Content-Length, so Expect: 100-continue clients never send it).
+ * Well-formed requests that are wrong (unknown path, invalid JSON, wrong
+ * content type) get their status and the connection stays usable.
+ *
+ * Pipelining: the parser pauses at the end of each request; bytes after it
+ * stay in the input buffer (at most HTTP_IN_MAX: reading stops above it)
+ * until the answer is queued. A call's answer is queued from call.c's
+ * hooks, so the next request is parsed from a zero-delay timer, never
+ * inside them.
+ *
+ * A client that disconnects (EOF, reset, a failed write) aborts its call
+ * at once: call_abort_all() cancels the attempt and closes its upstream
+ * connection, as the msgpack `cancel` does.
+ *
+ * Freeing follows conn.c: http_conn_close() closes the fd and queues the
+ * connection on the dead list; an ev_prepare pass frees it after the
+ * callbacks on the stack have unwound.
+ */
+#include "http.h"
+
+#include <errno.h>
+#include <http_parser.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "call.h"
+#include "internal.h"
+#include "jscan.h"
+#include "log.h"
+#include "metrics.h"
+#include "backend.h"
+#include "task.h"
+#include "tasks.h"
+#include "transcode.h"
+#include "upstream.h"
+
+#define HTTP_READ_CHUNK (64 * 1024)
+#define HTTP_IN_MAX (1024 * 1024)  /* unparsed input held while a request is served */
+#define HTTP_URL_MAX 2048          /* longer request targets get 414 */
+#define HTTP_VAL_MAX 256           /* longest value kept of a header we read */
+#define HTTP_LINGER_S 2.0          /* how long a closing connection may take to flush */
+#define HTTP_ACCEPT_BATCH 64
+#define HTTP_ACCEPT_PAUSE_S 0.1
+
+/* The request headers polygw reads; every other one is only counted. */
+enum hdr { H_NONE = -1, H_CTYPE, H_EXPECT, H_TASK, H_DEADLINE, H_SCOPE, H_SDK_RETRY, H_COUNT };
+static const char *const hdr_names[H_COUNT] = {
+    "content-type", "expect", "x-polygw-task", "x-polygw-deadline", "x-polygw-scope",
+    "x-polygw-sdk-retry",
+};
+
+struct http_req {
+    char url[HTTP_URL_MAX + 1];
+    size_t url_len;
+    bool url_over;
+    char field[24];                /* the header name being read (long names are not ours) */
+    size_t field_len;
+    bool field_over;
+    bool in_value;
+    enum hdr cur;
+    char val[H_COUNT][HTTP_VAL_MAX + 1];
+    size_t val_len[H_COUNT];
+    bool present[H_COUNT];
+    enum hdr over;                 /* a header of ours too long, or H_NONE */
+    size_t header_bytes;
+};
+
+enum hc_phase { HC_IDLE, HC_HEAD, HC_BODY, HC_SERVING, HC_CLOSING };
+
+struct http_listener {
+    int fd;                        /* -1 once closed */
+    bool is_unix;
+    ev_io w;
+    ev_timer retry_w;              /* re-arms accept after fd exhaustion */
+    struct http_server *hs;
+};
+
+struct http_conn {
+    struct http_server *hs;
+    struct http_conn *prev, *next;
+    uint64_t id;
+    int fd;
+    ev_io rio, wio;
+    ev_timer phase_w;              /* the current phase's deadline */
+    ev_timer next_w;               /* zero delay: parse pipelined input after a call */
+    http_parser parser;
+    struct call_sink sink;
+    struct upstream_budget budget; /* unsent output + replies its call is receiving */
+    struct conn *bridge;           /* task endpoints, made on first use */
+    enum hc_phase phase;
+    bool reading, closed, oom;
+    bool keep_alive;               /* of the request being served */
+    bool stream_open;              /* an SSE answer's head is sent */
+    bool sdk_retry;                /* X-Polygw-SDK-Retry: true */
+    int fail_status;               /* set by a parser callback that refused the input */
+    uint32_t seq;                  /* call ids */
+    char *in;                      /* bytes [in_off, in_len) not parsed yet */
+    size_t in_off, in_len, in_cap;
+    char *out;                     /* bytes [out_off, out_len) not written yet */
+    size_t out_off, out_len, out_cap;
+    char *body;
+    size_t body_len, body_cap;
+    struct http_req req;
+};
+
+struct http_server {
+    struct server *srv;
+    struct http_listener lis[2];   /* [0] Unix socket, [1] TCP */
+    char *socket_path;             /* owned; the socket file we created, or NULL */
+    int tcp_port;                  /* the bound port (http.listen may say 0) */
+    struct http_conn *conns, *dead;
+    ev_prepare reap_w;
+    bool stopping;                 /* STOPPING: answer, then close every connection */
+    char *models_json;             /* GET /v1/models, made once */
+    size_t models_len;
+    struct http_stats stats;
+};
+
+static http_parser_settings parser_settings;
+
+static void hc_process(struct http_conn *c);
+static void hc_flush(struct http_conn *c);
+static void hc_close(struct http_conn *c, const char *why);
+
+/* ------------------------------------------------------------------ */
+/* Output: one buffer per connection, answers written straight into it */
+
+static int out_reserve(struct http_conn *c, size_t n)
+{
+    if (c->oom)
+        return -1;
+    if (conn_queue_reserve(&c->out, &c->out_off, &c->out_len, &c->out_cap, n) < 0) {
+        c->oom = true;
+        return -1;
+    }
+    return 0;
+}
+
+static void out_add(struct http_conn *c, const void *p, size_t n)
+{
+    if (out_reserve(c, n) < 0)
+        return;
+    memcpy(c->out + c->out_len, p, n);
+    c->out_len += n;
+    c->budget.held = c->out_len - c->out_off;
+}
+
+static void out_str(struct http_conn *c, const char *s)
+{
+    out_add(c, s, strlen(s));
+}
+
+__attribute__((format(printf, 2, 3))) static void out_printf(struct http_conn *c,
+                                                             const char *fmt, ...)
+{
+    va_list ap;
+    char small[256];
+
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof(small), fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n < sizeof(small)) {
+        out_add(c, small, (size_t)n);
+        return;
+    }
+    if (out_reserve(c, (size_t)n + 1) < 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(c->out + c->out_len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    c->out_len += (size_t)n;
+    c->budget.held = c->out_len - c->out_off;
+}
+
+static size_t out_queued(const struct http_conn *c)
+{
+    return c->out_len - c->out_off;
+}
+
+static const char *status_text(int status)
+{
+    switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 413: return "Content Too Large";
+    case 414: return "URI Too Long";
+    case 415: return "Unsupported Media Type";
+    case 422: return "Unprocessable Content";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    default: return status < 300 ? "OK" : status < 500 ? "Client Error" : "Server Error";
+    }
+}
+
+/* The status line and headers. `len` >= 0 is a Content-Length; -1 is a
+ * body to the end (chunked for HTTP/1.1, close-delimited for 1.0). `ci`
+ * adds the X-Polygw-* call headers; `extra` is more header lines, each
+ * ending in CRLF. */
+static void hc_head(struct http_conn *c, int status, const char *ctype, long long len,
+                    const struct call_info *ci, const char *extra)
+{
+    bool http10 = c->parser.http_major == 1 && c->parser.http_minor == 0;
+
+    if (len < 0 && http10)
+        c->keep_alive = false;
+    if (c->hs->stopping || c->hs->srv->state != SERVER_RUNNING)
+        c->keep_alive = false;
+    out_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n", status, status_text(status), ctype);
+    if (len >= 0)
+        out_printf(c, "Content-Length: %lld\r\n", len);
+    else if (!http10)
+        out_str(c, "Transfer-Encoding: chunked\r\nCache-Control: no-cache\r\n");
+    if (!c->keep_alive)
+        out_str(c, "Connection: close\r\n");
+    else if (http10)
+        out_str(c, "Connection: keep-alive\r\n");
+    if (ci)
+        out_printf(c,
+                   "X-Polygw-Source: %s\r\nX-Polygw-Attempts: %u\r\n"
+                   "X-Polygw-Stalled-S: %.3f\r\n",
+                   ci->source, ci->attempts, ci->stalled_s);
+    if (extra)
+        out_str(c, extra);
+    out_str(c, "\r\n");
+    c->hs->stats.responses[status / 100 < 6 ? status / 100 : 5]++;
+}
+
+/* A complete answer with a body. */
+static void hc_reply(struct http_conn *c, int status, const char *ctype, const char *body,
+                     size_t len, const struct call_info *ci, const char *extra)
+{
+    hc_head(c, status, ctype, (long long)len, ci, extra);
+    out_add(c, body, len);
+}
+
+/* An SSE event: `event:` when named, then its data, one `data:` line per
+ * line of it. Written as one HTTP chunk. */
+static void hc_sse(struct http_conn *c, const char *event, const char *data, size_t len)
+{
+    size_t lines = 1;
+    for (size_t i = 0; i < len; i++)
+        lines += data[i] == '\n';
+    size_t n = (event ? strlen(event) + 8 : 0) + len + 7 * lines + 1;
+    bool chunked = !(c->parser.http_major == 1 && c->parser.http_minor == 0);
+
+    if (chunked)
+        out_printf(c, "%zx\r\n", n);
+    if (event) {
+        out_str(c, "event: ");
+        out_str(c, event);
+        out_str(c, "\n");
+    }
+    const char *p = data, *end = data + len;
+    for (;;) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        out_str(c, "data: ");
+        out_add(c, p, (size_t)((nl ? nl : end) - p));
+        out_str(c, "\n");
+        if (!nl)
+            break;
+        p = nl + 1;
+    }
+    out_str(c, "\n");
+    if (chunked)
+        out_str(c, "\r\n");
+}
+
+/* Ends a body of unknown length (chunked terminator, or the close). */
+static void hc_body_end(struct http_conn *c)
+{
+    if (!(c->parser.http_major == 1 && c->parser.http_minor == 0))
+        out_str(c, "0\r\n\r\n");
+    else
+        c->keep_alive = false;
+}
+
+/* ------------------------------------------------------------------ */
+/* Errors                                                              */
+
+/* The HTTP status for a polygw code (docs/HTTP.md has the table). */
+static int status_of(enum pgw_code code, int upstream_status)
+{
+    switch (code) {
+    case PGW_STALLED:
+    case PGW_RETRY_EXHAUSTED:
+    case PGW_BACKEND_UNAVAILABLE:
+    case PGW_OVERLOADED:
+    case PGW_SHUTTING_DOWN: return 503;
+    case PGW_DEADLINE_EXCEEDED: return 504;
+    case PGW_UPSTREAM_REJECTED:
+        return upstream_status >= 400 && upstream_status <= 599 ? upstream_status : 502;
+    case PGW_BAD_REQUEST: return 400;
+    case PGW_UNKNOWN_METHOD:
+    case PGW_UNKNOWN_CAPABILITY: return 404;
+    case PGW_TOO_LARGE: return 413;
+    case PGW_TASK_STOPPED:
+    case PGW_WATCHDOG_TIMEOUT: return 409;
+    case PGW_STREAM_INTERRUPTED: return 502;
+    default: return 500;
+    }
+}
+
+static const char *type_of(int status)
+{
+    switch (status) {
+    case 400:
+    case 413:
+    case 414:
+    case 415:
+    case 431: return "invalid_request_error";
+    case 404:
+    case 405: return "not_found_error";
+    case 408: return "timeout_error";
+    case 409: return "conflict_error";
+    case 503: return "service_unavailable_error";
+    case 504: return "timeout_error";
+    default: return status >= 500 ? "server_error" : "invalid_request_error";
+    }
+}
+
+/* The codes after which a client may try again later (Retry-After). */
+static bool code_is_retry_later(enum pgw_code code)
+{
+    return status_of(code, 0) == 503;
+}
+
+/* An error answer in the making: its status, headers and body. */
+struct hc_err {
+    int status;
+    char extra[512];               /* header lines */
+    const char *ctype;
+    const char *body;              /* into json, or into up (a raw upstream body) */
+    size_t len;
+    struct transcode_buf json;
+    msgpack_unpacked up;
+};
+
+static const char internal_error_json[] =
+    "{\"error\":{\"message\":\"internal\",\"type\":\"server_error\",\"code\":\"internal\","
+    "\"param\":null,\"polygw\":{}}}";
+
+/* Makes the answer for the error object `map` (packed {code, message,
+ * ...}): an OpenAI-shaped error, or the upstream's own for a rejection.
+ * `status` 0 means the code's status. Free with hc_err_fini. */
+static void hc_err_make(struct http_conn *c, int status, enum pgw_code code, const char *map,
+                        size_t len, struct hc_err *e)
+{
+    const msgpack_object *o = NULL;
+    double retry_after = 0, stalled = -1;
+    int64_t upstream_status = 0;
+    uint64_t attempts = 0;
+    bool have_attempts = false;
+    const msgpack_object *upstream_body = NULL, *message = NULL;
+
+    transcode_buf_init(&e->json);
+    msgpack_unpacked_init(&e->up);
+    e->ctype = "application/json";
+    e->body = internal_error_json;
+    e->len = sizeof(internal_error_json) - 1;
+    if (msgpack_unpack_next(&e->up, map, len, NULL) == MSGPACK_UNPACK_SUCCESS &&
+        e->up.data.type == MSGPACK_OBJECT_MAP)
+        o = &e->up.data;
+    if (o) {
+        const msgpack_object *v;
+        message = rpc_map_get(o, "message");
+        if ((v = rpc_map_get(o, "retry_after_s")))
+            rpc_as_double(v, &retry_after);
+        if ((v = rpc_map_get(o, "stalled_s")))
+            rpc_as_double(v, &stalled);
+        if ((v = rpc_map_get(o, "status")) && v->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+            upstream_status = (int64_t)v->via.u64;
+        if ((v = rpc_map_get(o, "attempts")) && v->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+            attempts = v->via.u64;
+            have_attempts = true;
+        }
+        upstream_body = rpc_map_get(o, "upstream_body");
+    }
+    e->status = status ? status : status_of(code, (int)upstream_status);
+
+    /* polygw has retried already: the SDKs must not multiply that, unless
+     * the client asked to let its SDK retry what is worth retrying. */
+    bool retry = c->sdk_retry && (code_is_retry_later(code) || code == PGW_DEADLINE_EXCEEDED);
+    size_t n = (size_t)snprintf(e->extra, sizeof(e->extra),
+                                "x-should-retry: %s\r\nX-Polygw-Code: %s\r\n",
+                                retry ? "true" : "false", pgw_code_name(code));
+    if (code_is_retry_later(code))
+        n += (size_t)snprintf(e->extra + n, sizeof(e->extra) - n, "Retry-After: %.0f\r\n",
+                              retry_after > 1 ? ceil(retry_after) : 1);
+    if (have_attempts)
+        n += (size_t)snprintf(e->extra + n, sizeof(e->extra) - n, "X-Polygw-Attempts: %llu\r\n",
+                              (unsigned long long)attempts);
+    if (stalled >= 0)
+        snprintf(e->extra + n, sizeof(e->extra) - n, "X-Polygw-Stalled-S: %.3f\r\n", stalled);
+
+    if (code == PGW_UPSTREAM_REJECTED && upstream_body) {
+        /* The upstream's own answer, as the SDK would have had it. */
+        if (upstream_body->type == MSGPACK_OBJECT_STR) {
+            e->ctype = "text/plain; charset=utf-8";
+            e->body = upstream_body->via.str.ptr;
+            e->len = upstream_body->via.str.size;
+            return;
+        }
+        if (transcode_msgpack_to_json(upstream_body, &e->json, NULL, NULL, NULL, 0) == 0) {
+            e->body = e->json.data;
+            e->len = e->json.len;
+            return;
+        }
+        transcode_buf_reset(&e->json);
+    }
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 1);
+    rpc_pack_str(&pk, "error");
+    msgpack_pack_map(&pk, 5);
+    rpc_pack_str(&pk, "message");
+    if (message)
+        msgpack_pack_object(&pk, *message);
+    else
+        rpc_pack_str(&pk, pgw_code_name(code));
+    rpc_pack_kv_str(&pk, "type", type_of(e->status));
+    rpc_pack_kv_str(&pk, "code", pgw_code_name(code));
+    rpc_pack_str(&pk, "param");
+    msgpack_pack_nil(&pk);
+    /* Everything else polygw knows (attempts, stalled_s, retry_after_s,
+     * sources...) under "polygw". */
+    rpc_pack_str(&pk, "polygw");
+    uint32_t keep = 0;
+    for (uint32_t i = 0; o && i < o->via.map.size; i++) {
+        const msgpack_object *k = &o->via.map.ptr[i].key;
+        keep += !rpc_str_is(k, "code") && !rpc_str_is(k, "message");
+    }
+    msgpack_pack_map(&pk, keep);
+    for (uint32_t i = 0; o && i < o->via.map.size; i++) {
+        const msgpack_object *k = &o->via.map.ptr[i].key;
+        if (rpc_str_is(k, "code") || rpc_str_is(k, "message"))
+            continue;
+        msgpack_pack_object(&pk, *k);
+        msgpack_pack_object(&pk, o->via.map.ptr[i].val);
+    }
+    msgpack_unpacked top;
+    msgpack_unpacked_init(&top);
+    if (msgpack_unpack_next(&top, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS &&
+        transcode_msgpack_to_json(&top.data, &e->json, NULL, NULL, NULL, 0) == 0) {
+        e->body = e->json.data;
+        e->len = e->json.len;
+    }
+    msgpack_unpacked_destroy(&top);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+static void hc_err_fini(struct hc_err *e)
+{
+    transcode_buf_fini(&e->json);
+    msgpack_unpacked_destroy(&e->up);
+}
+
+static void hc_send_error_map(struct http_conn *c, int status, enum pgw_code code,
+                              const char *map, size_t len)
+{
+    struct hc_err e;
+    hc_err_make(c, status, code, map, len, &e);
+    hc_reply(c, e.status, e.ctype, e.body, e.len, NULL, e.extra);
+    hc_err_fini(&e);
+}
+
+/* A locally made error: `status` 0 means the code's status. */
+__attribute__((format(printf, 4, 5))) static void hc_error(struct http_conn *c, int status,
+                                                           enum pgw_code code, const char *fmt,
+                                                           ...)
+{
+    char msg[400];
+    va_list ap;
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    rpc_pack_error_map(&pk, code, msg, 0);
+    hc_send_error_map(c, status, code, sb.data, sb.size);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+/* ------------------------------------------------------------------ */
+/* Phases                                                              */
+
+static void hc_arm(struct http_conn *c, double after_s)
+{
+    struct ev_loop *loop = c->hs->srv->loop;
+    ev_timer_stop(loop, &c->phase_w);
+    if (after_s > 0) {
+        ev_timer_set(&c->phase_w, after_s, 0.);
+        ev_timer_start(loop, &c->phase_w);
+    }
+}
+
+static void hc_set_reading(struct http_conn *c, bool on)
+{
+    if (c->reading == on || c->closed)
+        return;
+    c->reading = on;
+    if (on)
+        ev_io_start(c->hs->srv->loop, &c->rio);
+    else
+        ev_io_stop(c->hs->srv->loop, &c->rio);
+}
+
+/* No more input; close once the output is written (bounded). */
+static void hc_close_after_flush(struct http_conn *c)
+{
+    if (c->closed)
+        return;
+    c->phase = HC_CLOSING;
+    hc_set_reading(c, false);
+    if (out_queued(c) == 0) {
+        hc_close(c, "answered, closing");
+        return;
+    }
+    hc_arm(c, HTTP_LINGER_S);
+}
+
+/* The answer to the request being served is queued. */
+static void hc_response_done(struct http_conn *c)
+{
+    struct ev_loop *loop = c->hs->srv->loop;
+
+    c->stream_open = false;
+    c->body_len = 0;
+    if (c->phase == HC_CLOSING || c->closed)
+        return;
+    if (!c->keep_alive || c->hs->stopping) {
+        hc_close_after_flush(c);
+        return;
+    }
+    c->phase = HC_IDLE;
+    hc_arm(c, c->hs->srv->cfg->http_keepalive_timeout_s);
+    if (c->in_off < c->in_len && !ev_is_active(&c->next_w)) {
+        ev_timer_set(&c->next_w, 0., 0.);
+        ev_timer_start(loop, &c->next_w);
+    }
+}
+
+/* Input that cannot be parsed any further: answer and close. */
+static void hc_reject_input(struct http_conn *c, enum http_errno e)
+{
+    const struct config *cfg = c->hs->srv->cfg;
+    int status = c->fail_status;
+
+    c->hs->stats.bad_requests++;
+    c->keep_alive = false;
+    if (!status)
+        status = e == HPE_HEADER_OVERFLOW ? 431 : 400;
+    switch (status) {
+    case 431:
+        hc_error(c, 431, PGW_TOO_LARGE,
+                 "request line and headers exceed http.max_header_bytes (%zu)",
+                 cfg->http_max_header_bytes);
+        break;
+    case 413:
+        hc_error(c, 413, PGW_TOO_LARGE, "request body exceeds http.max_body_bytes (%zu)",
+                 cfg->http_max_body_bytes);
+        break;
+    case 414:
+        hc_error(c, 414, PGW_BAD_REQUEST, "request target longer than %d bytes", HTTP_URL_MAX);
+        break;
+    default:
+        hc_error(c, 400, PGW_BAD_REQUEST, "malformed HTTP request: %s",
+                 http_errno_description(e));
+        break;
+    }
+    hc_close_after_flush(c);
+}
+
+static void hc_on_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct http_conn *c = w->data;
+    (void)loop;
+    (void)revents;
+
+    switch (c->phase) {
+    case HC_HEAD:
+    case HC_BODY:
+        c->hs->stats.timeouts++;
+        c->keep_alive = false;
+        hc_error(c, 408, PGW_BAD_REQUEST, "the request %s did not arrive within %gs",
+                 c->phase == HC_HEAD ? "line and headers" : "body",
+                 c->phase == HC_HEAD ? c->hs->srv->cfg->http_header_timeout_s
+                                     : c->hs->srv->cfg->http_body_timeout_s);
+        hc_close_after_flush(c);
+        hc_flush(c);
+        break;
+    case HC_IDLE:
+        hc_close(c, "keep-alive timeout");
+        break;
+    case HC_CLOSING:
+        hc_close(c, "linger timeout");
+        break;
+    case HC_SERVING:
+        hc_close(c, "send timeout");
+        break;
+    }
+}
+
+static void hc_on_next(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct http_conn *c = w->data;
+    (void)loop;
+    (void)revents;
+    hc_process(c);
+    hc_flush(c);
+}
+
+/* ------------------------------------------------------------------ */
+/* Parser callbacks                                                    */
+
+static int hc_count_header(struct http_conn *c, size_t n)
+{
+    c->req.header_bytes += n;
+    if (c->req.header_bytes > c->hs->srv->cfg->http_max_header_bytes) {
+        c->fail_status = 431;
+        return -1;
+    }
+    return 0;
+}
+
+static int on_message_begin(http_parser *p)
+{
+    struct http_conn *c = p->data;
+
+    memset(&c->req.present, 0, sizeof(c->req.present));
+    memset(&c->req.val_len, 0, sizeof(c->req.val_len));
+    c->req.url_len = 0;
+    c->req.url_over = false;
+    c->req.field_len = 0;
+    c->req.field_over = false;
+    c->req.in_value = false;
+    c->req.cur = H_NONE;
+    c->req.over = H_NONE;
+    c->req.header_bytes = 0;
+    c->body_len = 0;
+    c->fail_status = 0;
+    c->phase = HC_HEAD;
+    hc_arm(c, c->hs->srv->cfg->http_header_timeout_s);
+    return 0;
+}
+
+static int on_url(http_parser *p, const char *at, size_t n)
+{
+    struct http_conn *c = p->data;
+
+    if (hc_count_header(c, n) < 0)
+        return -1;
+    if (c->req.url_len + n > HTTP_URL_MAX) {
+        c->req.url_over = true;
+        return 0;
+    }
+    memcpy(c->req.url + c->req.url_len, at, n);
+    c->req.url_len += n;
+    return 0;
+}
+
+static int on_header_field(http_parser *p, const char *at, size_t n)
+{
+    struct http_conn *c = p->data;
+    struct http_req *r = &c->req;
+
+    if (hc_count_header(c, n) < 0)
+        return -1;
+    if (r->in_value) {
+        r->in_value = false;
+        r->field_len = 0;
+        r->field_over = false;
+    }
+    if (r->field_len + n >= sizeof(r->field)) {
+        r->field_over = true;
+        return 0;
+    }
+    memcpy(r->field + r->field_len, at, n);
+    r->field_len += n;
+    return 0;
+}
+
+static int on_header_value(http_parser *p, const char *at, size_t n)
+{
+    struct http_conn *c = p->data;
+    struct http_req *r = &c->req;
+
+    if (hc_count_header(c, n) < 0)
+        return -1;
+    if (!r->in_value) {
+        r->in_value = true;
+        r->cur = H_NONE;
+        for (int i = 0; !r->field_over && i < H_COUNT; i++) {
+            if (strlen(hdr_names[i]) == r->field_len &&
+                strncasecmp(r->field, hdr_names[i], r->field_len) == 0) {
+                r->cur = (enum hdr)i;
+                /* A repeated header of ours: the last one wins, whole. */
+                r->val_len[i] = 0;
+                r->present[i] = true;
+                break;
+            }
+        }
+    }
+    if (r->cur == H_NONE)
+        return 0;
+    if (r->val_len[r->cur] + n > HTTP_VAL_MAX) {
+        r->over = r->cur;
+        return 0;
+    }
+    memcpy(r->val[r->cur] + r->val_len[r->cur], at, n);
+    r->val_len[r->cur] += n;
+    return 0;
+}
+
+static int on_headers_complete(http_parser *p)
+{
+    struct http_conn *c = p->data;
+    const struct config *cfg = c->hs->srv->cfg;
+
+    for (int i = 0; i < H_COUNT; i++)
+        c->req.val[i][c->req.val_len[i]] = '\0';
+    if (c->req.url_over) {
+        c->fail_status = 414;
+        return -1;
+    }
+    if (!(p->flags & F_CHUNKED) && p->content_length != ULLONG_MAX &&
+        p->content_length > cfg->http_max_body_bytes) {
+        c->fail_status = 413;
+        return -1;
+    }
+    if (c->req.present[H_EXPECT] && p->http_major == 1 && p->http_minor >= 1 &&
+        strcasecmp(c->req.val[H_EXPECT], "100-continue") == 0)
+        out_str(c, "HTTP/1.1 100 Continue\r\n\r\n");
+    c->phase = HC_BODY;
+    hc_arm(c, cfg->http_body_timeout_s);
+    return 0;
+}
+
+static int on_body(http_parser *p, const char *at, size_t n)
+{
+    struct http_conn *c = p->data;
+    size_t max = c->hs->srv->cfg->http_max_body_bytes;
+
+    if (c->body_len + n > max) {
+        c->fail_status = 413;
+        return -1;
+    }
+    if (c->body_len + n + 1 > c->body_cap) {
+        size_t cap = c->body_cap ? c->body_cap : 4096;
+        while (cap < c->body_len + n + 1)
+            cap *= 2;
+        char *b = realloc(c->body, cap);
+        if (!b) {
+            c->fail_status = 500;
+            return -1;
+        }
+        c->body = b;
+        c->body_cap = cap;
+    }
+    memcpy(c->body + c->body_len, at, n);
+    c->body_len += n;
+    return 0;
+}
+
+static int on_message_complete(http_parser *p)
+{
+    struct http_conn *c = p->data;
+
+    c->phase = HC_SERVING;
+    hc_arm(c, 0);
+    c->keep_alive = http_should_keep_alive(p) != 0;
+    http_parser_pause(p, 1);
+    return 0;
+}
+
+static http_parser_settings parser_settings = {
+    .on_message_begin = on_message_begin,
+    .on_url = on_url,
+    .on_header_field = on_header_field,
+    .on_header_value = on_header_value,
+    .on_headers_complete = on_headers_complete,
+    .on_body = on_body,
+    .on_message_complete = on_message_complete,
+};
+
+/* ------------------------------------------------------------------ */
+/* The call sink                                                       */
+
+static struct http_conn *sink_hc(struct call_sink *s)
+{
+    return (struct http_conn *)((char *)s - offsetof(struct http_conn, sink));
+}
+
+static void hc_stream_head(struct http_conn *c, const struct call_info *ci)
+{
+    hc_head(c, 200, "text/event-stream", -1, ci, NULL);
+    c->stream_open = true;
+}
+
+static int h_on_chunk(struct call_sink *s, uint32_t id, const struct call_info *ci,
+                      const char *json, size_t json_len, const char *mp, size_t mp_len)
+{
+    struct http_conn *c = sink_hc(s);
+    (void)id;
+    (void)mp;
+    (void)mp_len;
+
+    if (!c->stream_open)
+        hc_stream_head(c, ci);
+    hc_sse(c, NULL, json, json_len);
+    hc_flush(c);
+    if (c->closed)
+        return -1;
+    return out_queued(c) > c->hs->srv->cfg->max_write_queue_bytes ? 1 : 0;
+}
+
+static void h_on_result(struct call_sink *s, uint32_t id, const struct call_info *ci,
+                        const struct call_body *b)
+{
+    struct http_conn *c = sink_hc(s);
+    (void)id;
+
+    if (b->json) {
+        hc_reply(c, 200, "application/json", b->json, b->json_len, ci, NULL);
+    } else {
+        if (!c->stream_open)
+            hc_stream_head(c, ci);
+        hc_sse(c, NULL, "[DONE]", 6);
+        hc_body_end(c);
+    }
+    hc_response_done(c);
+}
+
+static void h_on_error(struct call_sink *s, uint32_t id, enum pgw_code code, const char *map,
+                       size_t map_len)
+{
+    struct http_conn *c = sink_hc(s);
+    (void)id;
+
+    if (c->stream_open) {
+        /* The status is long sent: the error becomes the stream's last
+         * event, the same JSON a plain answer would carry. */
+        struct hc_err e;
+        hc_err_make(c, 0, code, map, map_len, &e);
+        hc_sse(c, "error", e.body, e.len);
+        hc_err_fini(&e);
+        hc_body_end(c);
+    } else {
+        hc_send_error_map(c, 0, code, map, map_len);
+    }
+    hc_response_done(c);
+}
+
+static void h_flush(struct call_sink *s)
+{
+    hc_flush(sink_hc(s));
+}
+
+static const struct call_sink_ops http_sink_ops = {
+    .on_chunk = h_on_chunk,
+    .on_result = h_on_result,
+    .on_error = h_on_error,
+    .flush = h_flush,
+};
+
+/* ------------------------------------------------------------------ */
+/* Routes                                                              */
+
+typedef void route_fn(struct http_conn *c, const char *path, size_t len);
+
+static bool path_is(const char *path, size_t len, const char *s)
+{
+    return strlen(s) == len && memcmp(path, s, len) == 0;
+}
+
+static void route_healthz(struct http_conn *c, const char *path, size_t len)
+{
+    (void)path;
+    (void)len;
+    static const char ok[] = "{\"status\":\"ok\"}";
+    hc_reply(c, 200, "application/json", ok, sizeof(ok) - 1, NULL, NULL);
+}
+
+static void route_readyz(struct http_conn *c, const char *path, size_t len)
+{
+    struct server *srv = c->hs->srv;
+    const char *why = NULL;
+    char body[160];
+    (void)path;
+    (void)len;
+
+    if (srv->state != SERVER_RUNNING)
+        why = "shutting down";
+    else if (srv->listen_fd < 0 || (c->hs->lis[0].fd < 0 && c->hs->lis[1].fd < 0))
+        why = "not listening";
+    else if (!srv->backend->ops->is_up(srv->backend))
+        why = "redis unreachable";
+    if (!why) {
+        static const char ok[] = "{\"status\":\"ready\"}";
+        hc_reply(c, 200, "application/json", ok, sizeof(ok) - 1, NULL, NULL);
+        return;
+    }
+    int n = snprintf(body, sizeof(body), "{\"status\":\"not_ready\",\"reason\":\"%s\"}", why);
+    hc_reply(c, 503, "application/json", body, (size_t)n, NULL, "Retry-After: 1\r\n");
+}
+
+static void route_models(struct http_conn *c, const char *path, size_t len)
+{
+    (void)path;
+    (void)len;
+    hc_reply(c, 200, "application/json", c->hs->models_json, c->hs->models_len, NULL, NULL);
+}
+
+static void route_metrics(struct http_conn *c, const char *path, size_t len)
+{
+    size_t n;
+    char *text = metrics_render(c->hs->srv, &n);
+    (void)path;
+    (void)len;
+
+    if (!text) {
+        hc_error(c, 500, PGW_INTERNAL, "out of memory rendering the metrics");
+        return;
+    }
+    hc_reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, n, NULL, NULL);
+    free(text);
+}
+
+/* True for application/json, with or without parameters. */
+static bool ctype_is_json(const char *v)
+{
+    size_t n = strlen("application/json");
+    while (*v == ' ' || *v == '\t')
+        v++;
+    return strncasecmp(v, "application/json", n) == 0 &&
+           (v[n] == '\0' || v[n] == ';' || v[n] == ' ' || v[n] == '\t');
+}
+
+/* Checks a request's own JSON body: an object (unless `optional` and
+ * empty). Answers 415 / 400 and returns -1 when it is not. */
+static int hc_check_json_body(struct http_conn *c, bool optional)
+{
+    if (c->req.present[H_CTYPE] && !ctype_is_json(c->req.val[H_CTYPE]) &&
+        !(optional && c->body_len == 0)) {
+        char ct[65];
+        rpc_quote_client_str(c->req.val[H_CTYPE], c->req.val_len[H_CTYPE], sizeof(ct) - 1, ct);
+        hc_error(c, 415, PGW_BAD_REQUEST, "Content-Type must be application/json, got '%s'", ct);
+        return -1;
+    }
+    return 0;
+}
+
+/* What the front end reads of a request body (the rest is the upstream's). */
+struct body_facts {
+    bool stream, seen_stream;
+    uint64_t max_tokens;
+    bool completion_tokens;      /* max_completion_tokens wins over max_tokens */
+};
+
+static int body_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    struct body_facts *f = ud;
+    double d;
+
+    if (strcmp(key, "stream") == 0) {
+        /* It decides how the answer is framed: one, and a boolean. */
+        if (f->seen_stream || (v->type != JSCAN_TRUE && v->type != JSCAN_FALSE &&
+                               v->type != JSCAN_NULL))
+            return 1;
+        f->seen_stream = true;
+        f->stream = v->type == JSCAN_TRUE;
+    } else if ((strcmp(key, "max_completion_tokens") == 0 ||
+                (strcmp(key, "max_tokens") == 0 && !f->completion_tokens)) &&
+               jscan_number(v, &d) && d >= 0 && d < 1e15 && d == floor(d)) {
+        f->max_tokens = (uint64_t)d;
+        f->completion_tokens |= key[4] == 'c';
+    }
+    return 0;
+}
+
+static void route_call(struct http_conn *c, const char *path, size_t len)
+{
+    struct server *srv = c->hs->srv;
+    const struct config *cfg = srv->cfg;
+    const struct config_capability *cap = NULL;
+    char scope[CONFIG_NAME_MAX * 4];
+
+    /* Two capabilities may share an upstream path: the first one that has
+     * a source serves it. */
+    for (size_t i = 0; i < cfg->n_capabilities; i++) {
+        if (!path_is(path + 3, len - 3, cfg->capabilities[i].path))
+            continue;
+        bool served = false;
+        for (size_t j = 0; j < cfg->n_sources && !served; j++)
+            served = cfg->sources[j].capability_index == i;
+        if (!cap || served)
+            cap = &cfg->capabilities[i];
+        if (served)
+            break;
+    }
+    if (!cap) {
+        char quoted[129];
+        rpc_quote_client_str(path, len, sizeof(quoted) - 1, quoted);
+        hc_error(c, 404, PGW_UNKNOWN_CAPABILITY, "no capability is served at %s", quoted);
+        return;
+    }
+    if (hc_check_json_body(c, false) < 0)
+        return;
+    struct body_facts bf = {0};
+    size_t at = 0;
+    int rc = jscan_object(c->body ? c->body : "", c->body_len, body_member, &bf, &at);
+    if (rc == -1) {
+        hc_error(c, 400, PGW_BAD_REQUEST, "body is not valid JSON (at byte %zu)", at);
+        return;
+    }
+    if (rc == -2) {
+        hc_error(c, 400, PGW_BAD_REQUEST, "body must be a JSON object");
+        return;
+    }
+    if (rc > 0) {
+        hc_error(c, 400, PGW_BAD_REQUEST, "'stream' must be one boolean");
+        return;
+    }
+    struct call_req r = {
+        .capability = cap->name,
+        .capability_len = strlen(cap->name),
+        .json = c->body,
+        .json_len = c->body_len,
+        .stream = bf.stream,
+        .max_tokens = bf.max_tokens,
+    };
+    if (c->req.present[H_DEADLINE]) {
+        char *end;
+        double d = strtod(c->req.val[H_DEADLINE], &end);
+        if (end == c->req.val[H_DEADLINE] || *end || !(d > 0) || !isfinite(d)) {
+            hc_error(c, 400, PGW_BAD_REQUEST,
+                     "X-Polygw-Deadline: expected a positive number of seconds");
+            return;
+        }
+        r.deadline_s = d;
+    }
+    if (c->req.present[H_TASK]) {
+        if (c->req.val_len[H_TASK] == 0 || c->req.val_len[H_TASK] > TASK_ID_MAX) {
+            hc_error(c, 400, PGW_BAD_REQUEST, "X-Polygw-Task: expected 1 to %d bytes",
+                     TASK_ID_MAX);
+            return;
+        }
+        r.task_id = c->req.val[H_TASK];
+    }
+    if (c->req.present[H_SCOPE]) {
+        if (c->req.val_len[H_SCOPE] == 0 || c->req.val_len[H_SCOPE] >= sizeof(scope)) {
+            hc_error(c, 400, PGW_BAD_REQUEST, "X-Polygw-Scope: expected 1 to %zu bytes",
+                     sizeof(scope) - 1);
+            return;
+        }
+        memcpy(scope, c->req.val[H_SCOPE], c->req.val_len[H_SCOPE] + 1);
+        r.scope = scope;
+    }
+    c->stream_open = false;
+    call_begin(&c->sink, ++c->seq, &r);
+}
+
+/* A task method's answer, through the bridge connection: one msgpack-RPC
+ * response [1, msgid, error, result]. */
+static void hc_on_bridge(void *ud, const char *data, size_t len)
+{
+    struct http_conn *c = ud;
+    msgpack_unpacked up;
+
+    if (c->closed || c->phase != HC_SERVING)
+        return; /* the client is gone, or it was answered already */
+    msgpack_unpacked_init(&up);
+    if (msgpack_unpack_next(&up, data, len, NULL) != MSGPACK_UNPACK_SUCCESS ||
+        up.data.type != MSGPACK_OBJECT_ARRAY || up.data.via.array.size != 4) {
+        hc_error(c, 500, PGW_INTERNAL, "unreadable task answer");
+    } else {
+        const msgpack_object *err = &up.data.via.array.ptr[2];
+        const msgpack_object *res = &up.data.via.array.ptr[3];
+        struct transcode_buf json;
+        transcode_buf_init(&json);
+        if (err->type == MSGPACK_OBJECT_MAP) {
+            const msgpack_object *code = rpc_map_get(err, "code");
+            int cd = code && code->type == MSGPACK_OBJECT_STR
+                         ? pgw_code_from_name(code->via.str.ptr, code->via.str.size)
+                         : -1;
+            msgpack_sbuffer sb;
+            msgpack_packer pk;
+            msgpack_sbuffer_init(&sb);
+            msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+            msgpack_pack_object(&pk, *err);
+            hc_send_error_map(c, 0, cd > 0 ? (enum pgw_code)cd : PGW_INTERNAL, sb.data, sb.size);
+            msgpack_sbuffer_destroy(&sb);
+        } else if (transcode_msgpack_to_json(res, &json, NULL, NULL, NULL, 0) == 0) {
+            hc_reply(c, 200, "application/json", json.data, json.len, NULL, NULL);
+        } else {
+            hc_error(c, 500, PGW_INTERNAL, "task answer cannot be written as JSON");
+        }
+        transcode_buf_fini(&json);
+    }
+    msgpack_unpacked_destroy(&up);
+    hc_response_done(c);
+    hc_flush(c);
+}
+
+typedef void task_method_fn(struct conn *c, const struct rpc_msg *m);
+
+static const struct {
+    const char *op;                /* the last path segment; NULL = GET on the task */
+    const char *method;
+    task_method_fn *fn;
+} task_routes[] = {
+    {NULL, "task.get", tasks_get},
+    {"start", "task.start", tasks_start},
+    {"stop", "task.stop", tasks_stop},
+    {"guard", "task.guard", tasks_guard},
+    {"node_begin", "task.node_begin", tasks_node_begin},
+    {"node_end", "task.node_end", tasks_node_end},
+    {"finish", "task.finish", tasks_finish},
+};
+
+/* Percent-decodes s[0..n) into out (cap bytes with the NUL). -1 when
+ * malformed, empty, too long, or holding a NUL or '/'. */
+static int pct_decode(const char *s, size_t n, char *out, size_t cap)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned ch = (unsigned char)s[i];
+        if (ch == '%') {
+            int hi = i + 2 < n ? jscan_hexval(s[i + 1]) : -1;
+            int lo = i + 2 < n ? jscan_hexval(s[i + 2]) : -1;
+            if (hi < 0 || lo < 0)
+                return -1;
+            ch = (unsigned)(hi * 16 + lo);
+            i += 2;
+        }
+        if (ch == 0 || ch == '/' || o + 1 >= cap)
+            return -1;
+        out[o++] = (char)ch;
+    }
+    out[o] = '\0';
+    return o ? 0 : -1;
+}
+
+/* /polygw/v1/tasks/{id} and /polygw/v1/tasks/{id}/{op}. */
+static void route_task(struct http_conn *c, const char *path, size_t len)
+{
+    static const char prefix[] = "/polygw/v1/tasks/";
+    const char *rest = path + sizeof(prefix) - 1, *end = path + len;
+    const char *slash = memchr(rest, '/', (size_t)(end - rest));
+    const char *op = slash ? slash + 1 : NULL;
+    size_t op_len = slash ? (size_t)(end - op) : 0;
+    char id[TASK_ID_MAX + 1];
+    bool get = c->parser.method == HTTP_GET;
+    int ri = -1;
+
+    for (size_t i = 0; i < sizeof(task_routes) / sizeof(task_routes[0]); i++) {
+        if (get ? (!op && !task_routes[i].op)
+                : (op && task_routes[i].op && path_is(op, op_len, task_routes[i].op))) {
+            ri = (int)i;
+            break;
+        }
+    }
+    if (ri < 0) {
+        bool known = (!op && !get) || (op && get);
+        char quoted[129];
+        rpc_quote_client_str(path, len, sizeof(quoted) - 1, quoted);
+        hc_error(c, known ? 405 : 404, PGW_UNKNOWN_METHOD, "no task endpoint %s %s",
+                 http_method_str((enum http_method)c->parser.method), quoted);
+        return;
+    }
+    if (pct_decode(rest, (size_t)((slash ? slash : end) - rest), id, sizeof(id)) < 0) {
+        hc_error(c, 400, PGW_BAD_REQUEST, "task id: expected 1 to %d bytes (percent-encoded)",
+                 TASK_ID_MAX);
+        return;
+    }
+    if (hc_check_json_body(c, true) < 0)
+        return;
+
+    /* The body's keys become the method's named parameters, next to the
+     * task_id from the path. */
+    msgpack_sbuffer body, frame;
+    msgpack_packer pk;
+    msgpack_unpacked bup, fup;
+    char why[200];
+    msgpack_sbuffer_init(&body);
+    msgpack_sbuffer_init(&frame);
+    msgpack_unpacked_init(&bup);
+    msgpack_unpacked_init(&fup);
+    const msgpack_object *bo = NULL;
+    if (c->body_len > 0) {
+        msgpack_packer_init(&pk, &body, msgpack_sbuffer_write);
+        if (transcode_json_to_msgpack(c->body, c->body_len, &pk, NULL, why, sizeof(why)) < 0) {
+            hc_error(c, 400, PGW_BAD_REQUEST, "body is not valid JSON: %s", why);
+            goto out;
+        }
+        if (msgpack_unpack_next(&bup, body.data, body.size, NULL) != MSGPACK_UNPACK_SUCCESS ||
+            bup.data.type != MSGPACK_OBJECT_MAP) {
+            hc_error(c, 400, PGW_BAD_REQUEST, "body must be a JSON object");
+            goto out;
+        }
+        bo = &bup.data;
+    }
+    if (!c->bridge) {
+        c->bridge = conn_new_bridge(c->hs->srv, hc_on_bridge, c);
+        if (!c->bridge) {
+            hc_error(c, 500, PGW_INTERNAL, "out of memory");
+            goto out;
+        }
+    }
+    msgpack_packer_init(&pk, &frame, msgpack_sbuffer_write);
+    rpc_pack_request_begin(&pk, ++c->seq, task_routes[ri].method);
+    msgpack_pack_array(&pk, 1);
+    uint32_t n = 1;
+    for (uint32_t i = 0; bo && i < bo->via.map.size; i++)
+        n += !rpc_str_is(&bo->via.map.ptr[i].key, "task_id");
+    msgpack_pack_map(&pk, n);
+    rpc_pack_kv_str(&pk, "task_id", id);
+    for (uint32_t i = 0; bo && i < bo->via.map.size; i++) {
+        if (rpc_str_is(&bo->via.map.ptr[i].key, "task_id"))
+            continue;
+        msgpack_pack_object(&pk, bo->via.map.ptr[i].key);
+        msgpack_pack_object(&pk, bo->via.map.ptr[i].val);
+    }
+    struct rpc_msg m;
+    if (msgpack_unpack_next(&fup, frame.data, frame.size, NULL) != MSGPACK_UNPACK_SUCCESS ||
+        rpc_parse(&fup.data, &m, NULL) < 0) {
+        hc_error(c, 500, PGW_INTERNAL, "cannot build the task request");
+        goto out;
+    }
+    task_routes[ri].fn(c->bridge, &m);
+    conn_flush(c->bridge); /* an answer made at once comes out now (hc_on_bridge) */
+out:
+    msgpack_unpacked_destroy(&fup);
+    msgpack_unpacked_destroy(&bup);
+    msgpack_sbuffer_destroy(&frame);
+    msgpack_sbuffer_destroy(&body);
+}
+
+/* The route table: `path` is matched exactly, or as a prefix when it ends
+ * in '/'. The first row whose method and path match decides; a path that
+ * matches with another method only is 405, no match 404. A route answers
+ * at once (hc_reply, hc_error), or starts a call or a task request that
+ * answers later through the sink or the bridge. A new endpoint is one row
+ * and one route_fn. */
+static const struct {
+    enum http_method method;
+    const char *path;
+    route_fn *fn;
+} routes[] = {
+    {HTTP_GET, "/healthz", route_healthz},
+    {HTTP_GET, "/readyz", route_readyz},
+    {HTTP_GET, "/v1/models", route_models},
+    {HTTP_GET, "/metrics", route_metrics},
+    {HTTP_GET, "/polygw/v1/tasks/", route_task},
+    {HTTP_POST, "/polygw/v1/tasks/", route_task},
+    {HTTP_POST, "/v1/", route_call},
+};
+
+static bool route_matches(const char *rp, const char *path, size_t len)
+{
+    size_t n = strlen(rp);
+    if (rp[n - 1] == '/')
+        return len > n && memcmp(path, rp, n) == 0;
+    return path_is(path, len, rp);
+}
+
+static void hc_dispatch(struct http_conn *c)
+{
+    struct server *srv = c->hs->srv;
+    const char *path = c->req.url;
+    size_t len = c->req.url_len;
+    const char *q = memchr(path, '?', len);
+    bool other_method = false;
+
+    c->hs->stats.requests++;
+    c->req.url[c->req.url_len] = '\0';
+    c->sdk_retry = c->req.present[H_SDK_RETRY] && strcasecmp(c->req.val[H_SDK_RETRY], "true") == 0;
+    if (q)
+        len = (size_t)(q - path);
+    if (c->req.over != H_NONE) {
+        hc_error(c, 431, PGW_BAD_REQUEST, "header %s is longer than %d bytes",
+                 hdr_names[c->req.over], HTTP_VAL_MAX);
+        hc_response_done(c);
+        return;
+    }
+    if (srv->state != SERVER_RUNNING || c->hs->stopping) {
+        c->keep_alive = false;
+        hc_error(c, 503, PGW_SHUTTING_DOWN, "the sidecar is shutting down");
+        hc_response_done(c);
+        return;
+    }
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
+        if (!route_matches(routes[i].path, path, len))
+            continue;
+        if (routes[i].method != (enum http_method)c->parser.method) {
+            other_method = true;
+            continue;
+        }
+        routes[i].fn(c, path, len);
+        /* Answered at once, unless a call or a task request is in flight
+         * (those answer through the sink / the bridge). */
+        if (c->phase == HC_SERVING && c->sink.n_calls == 0 && !(c->bridge && c->bridge->tasks))
+            hc_response_done(c);
+        return;
+    }
+    char quoted[129];
+    rpc_quote_client_str(path, len, sizeof(quoted) - 1, quoted);
+    if (other_method)
+        hc_error(c, 405, PGW_UNKNOWN_METHOD, "%s is not allowed on %s",
+                 http_method_str((enum http_method)c->parser.method), quoted);
+    else
+        hc_error(c, 404, PGW_UNKNOWN_METHOD, "no endpoint %s", quoted);
+    hc_response_done(c);
+}
+
+/* ------------------------------------------------------------------ */
+/* Connection I/O                                                      */
+
+static void hc_process(struct http_conn *c)
+{
+    while (!c->closed && (c->phase == HC_IDLE || c->phase == HC_HEAD || c->phase == HC_BODY) &&
+           c->in_off < c->in_len) {
+        size_t n = http_parser_execute(&c->parser, &parser_settings, c->in + c->in_off,
+                                       c->in_len - c->in_off);
+        enum http_errno e = HTTP_PARSER_ERRNO(&c->parser);
+        c->in_off += n;
+        if (e == HPE_PAUSED) {
+            http_parser_pause(&c->parser, 0);
+            hc_dispatch(c);
+            continue;
+        }
+        if (e != HPE_OK) {
+            hc_reject_input(c, e);
+            break;
+        }
+    }
+    if (c->in_off == c->in_len)
+        c->in_off = c->in_len = 0;
+    if (!c->closed && c->phase != HC_CLOSING && c->in_len - c->in_off < HTTP_IN_MAX &&
+        out_queued(c) <= c->hs->srv->cfg->max_write_queue_bytes)
+        hc_set_reading(c, true);
+}
+
+static void hc_on_read(struct ev_loop *loop, ev_io *w, int revents)
+{
+    struct http_conn *c = w->data;
+    (void)loop;
+    (void)revents;
+
+    if (c->in_off > 0) {
+        memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
+        c->in_len -= c->in_off;
+        c->in_off = 0;
+    }
+    if (c->in_cap - c->in_len < HTTP_READ_CHUNK) {
+        size_t cap = c->in_len + HTTP_READ_CHUNK;
+        char *p = realloc(c->in, cap);
+        if (!p) {
+            hc_close(c, "out of memory reading");
+            return;
+        }
+        c->in = p;
+        c->in_cap = cap;
+    }
+    ssize_t n = recv(c->fd, c->in + c->in_len, HTTP_READ_CHUNK, 0);
+    if (n == 0) {
+        hc_close(c, "peer closed");
+        return;
+    }
+    if (n < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            hc_close(c, "read failed");
+        return;
+    }
+    c->in_len += (size_t)n;
+    if (c->in_len - c->in_off >= HTTP_IN_MAX)
+        hc_set_reading(c, false);
+    hc_process(c);
+    hc_flush(c);
+}
+
+static void hc_flush(struct http_conn *c)
+{
+    if (c->closed)
+        return;
+    if (c->oom) {
+        hc_close(c, "out of memory queueing an answer");
+        return;
+    }
+    bool progress = false;
+    while (c->out_off < c->out_len) {
+        ssize_t n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
+        if (n > 0) {
+            c->out_off += (size_t)n;
+            progress = true;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            break;
+        hc_close(c, "write failed");
+        return;
+    }
+    size_t limit = c->hs->srv->cfg->max_write_queue_bytes;
+    if (c->out_off == c->out_len) {
+        c->out_off = c->out_len = 0;
+        ev_io_stop(c->hs->srv->loop, &c->wio);
+        if (c->phase == HC_CLOSING) {
+            hc_close(c, "answered, closing");
+            return;
+        }
+        if (c->phase == HC_SERVING)
+            hc_arm(c, 0);
+    } else {
+        if (!ev_is_active(&c->wio))
+            ev_io_start(c->hs->srv->loop, &c->wio);
+        /* A client that takes nothing of an answer for send_timeout_s is
+         * gone in all but name (the timer runs between writes, as nginx's
+         * send_timeout). */
+        if (c->phase == HC_SERVING && (progress || !ev_is_active(&c->phase_w)))
+            hc_arm(c, c->hs->srv->cfg->http_send_timeout_s);
+    }
+    c->budget.held = out_queued(c);
+    upstream_budget_on_drained(&c->budget);
+    if (out_queued(c) <= limit / 2 && c->sink.paused_calls)
+        call_on_drained(&c->sink);
+}
+
+static void hc_on_write(struct ev_loop *loop, ev_io *w, int revents)
+{
+    struct http_conn *c = w->data;
+    (void)loop;
+    (void)revents;
+    hc_flush(c);
+    if (!c->closed && c->phase != HC_CLOSING && !c->reading &&
+        c->in_len - c->in_off < HTTP_IN_MAX &&
+        out_queued(c) <= c->hs->srv->cfg->max_write_queue_bytes)
+        hc_set_reading(c, true);
+}
+
+static void hc_close(struct http_conn *c, const char *why)
+{
+    struct http_server *hs = c->hs;
+    struct ev_loop *loop = hs->srv->loop;
+
+    if (c->closed)
+        return;
+    c->closed = true;
+    ev_io_stop(loop, &c->rio);
+    ev_io_stop(loop, &c->wio);
+    ev_timer_stop(loop, &c->phase_w);
+    ev_timer_stop(loop, &c->next_w);
+    /* The client is gone: nothing it asked for may keep running. */
+    call_abort_all(&c->sink);
+    if (c->bridge)
+        tasks_fail_pending(c->bridge, PGW_OK, NULL);
+    close(c->fd);
+    c->fd = -1;
+    log_at(LOG_DEBUG, "http connection closed", "conn", LOG_U, (unsigned long long)c->id,
+           "reason", LOG_S, why, NULL);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        hs->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    c->prev = NULL;
+    c->next = hs->dead;
+    hs->dead = c;
+    hs->stats.conns_open--;
+    ev_prepare_start(loop, &hs->reap_w);
+    server_on_front_closed(hs->srv);
+}
+
+static void hc_free(struct http_conn *c)
+{
+    if (c->bridge)
+        conn_free(c->bridge);
+    free(c->in);
+    free(c->out);
+    free(c->body);
+    free(c);
+}
+
+static void http_on_reap(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+    struct http_server *hs = w->data;
+    (void)revents;
+    while (hs->dead) {
+        struct http_conn *c = hs->dead;
+        hs->dead = c->next;
+        hc_free(c);
+    }
+    ev_prepare_stop(loop, w);
+}
+
+/* ------------------------------------------------------------------ */
+/* Listeners                                                           */
+
+/* Over http.max_connections: say why, then close. Best effort: the socket
+ * buffer of a new connection is empty, so one send suffices. */
+static void http_reject(struct http_server *hs, int fd)
+{
+    static const char body[] =
+        "{\"error\":{\"message\":\"too many HTTP connections (http.max_connections)\","
+        "\"type\":\"service_unavailable_error\",\"code\":\"overloaded\",\"param\":null,"
+        "\"polygw\":{}}}";
+    char buf[512];
+    int n = snprintf(buf, sizeof(buf),
+                     "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\nConnection: close\r\nx-should-retry: false\r\n"
+                     "X-Polygw-Code: overloaded\r\nRetry-After: 1\r\n\r\n%s",
+                     sizeof(body) - 1, body);
+    ssize_t w = send(fd, buf, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)w;
+    close(fd);
+    hs->stats.conns_rejected++;
+    hs->srv->stats.rejected[PGW_OVERLOADED]++;
+}
+
+static void http_on_accept_retry(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct http_listener *l = w->data;
+    (void)revents;
+    if (l->fd >= 0)
+        ev_io_start(loop, &l->w);
+}
+
+static void http_pause_accept(struct http_listener *l, const char *why)
+{
+    struct ev_loop *loop = l->hs->srv->loop;
+    log_at(LOG_WARN, "http accept failed; pausing accept", "error", LOG_S, why, "pause_s", LOG_F,
+           HTTP_ACCEPT_PAUSE_S, NULL);
+    ev_io_stop(loop, &l->w);
+    ev_timer_set(&l->retry_w, HTTP_ACCEPT_PAUSE_S, 0.);
+    ev_timer_start(loop, &l->retry_w);
+}
+
+static void http_on_accept(struct ev_loop *loop, ev_io *w, int revents)
+{
+    static uint64_t next_id = 1;
+    struct http_listener *l = w->data;
+    struct http_server *hs = l->hs;
+    const struct config *cfg = hs->srv->cfg;
+    (void)revents;
+
+    for (int i = 0; i < HTTP_ACCEPT_BATCH && l->fd >= 0; i++) {
+        int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                http_pause_accept(l, strerror(errno));
+            return;
+        }
+        if (hs->stats.conns_open >= cfg->http_max_connections) {
+            http_reject(hs, fd);
+            continue;
+        }
+        struct http_conn *c = calloc(1, sizeof(*c));
+        if (!c) {
+            close(fd);
+            hs->stats.conns_rejected++;
+            continue;
+        }
+        if (!l->is_unix) {
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        }
+        c->hs = hs;
+        c->id = next_id++;
+        c->fd = fd;
+        c->req.over = H_NONE;
+        http_parser_init(&c->parser, HTTP_REQUEST);
+        c->parser.data = c;
+        c->sink.ops = &http_sink_ops;
+        c->sink.srv = hs->srv;
+        c->sink.budget = &c->budget;
+        upstream_budget_init(&c->budget, cfg->max_write_queue_bytes);
+        ev_io_init(&c->rio, hc_on_read, fd, EV_READ);
+        ev_io_init(&c->wio, hc_on_write, fd, EV_WRITE);
+        ev_init(&c->phase_w, hc_on_timer);
+        ev_init(&c->next_w, hc_on_next);
+        c->rio.data = c->wio.data = c->phase_w.data = c->next_w.data = c;
+        c->next = hs->conns;
+        if (hs->conns)
+            hs->conns->prev = c;
+        hs->conns = c;
+        hs->stats.conns_open++;
+        hs->stats.conns_accepted++;
+        hc_set_reading(c, true);
+        hc_arm(c, cfg->http_header_timeout_s);
+        (void)loop;
+    }
+}
+
+static int http_listen_tcp(struct http_server *hs, char *err, size_t errlen)
+{
+    struct config_addr a;
+    char why[160];
+    struct sockaddr_storage ss;
+    socklen_t sl;
+
+    if (config_parse_addr(hs->srv->cfg->http_listen, &a, why, sizeof(why)) < 0) {
+        snprintf(err, errlen, "http.listen: %s", why);
+        return -1;
+    }
+    memset(&ss, 0, sizeof(ss));
+    if (a.ipv6) {
+        struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
+        s6->sin6_family = AF_INET6;
+        s6->sin6_port = htons(a.port);
+        inet_pton(AF_INET6, a.host, &s6->sin6_addr);
+        sl = sizeof(*s6);
+    } else {
+        struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
+        s4->sin_family = AF_INET;
+        s4->sin_port = htons(a.port);
+        inet_pton(AF_INET, a.host, &s4->sin_addr);
+        sl = sizeof(*s4);
+    }
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (fd < 0) {
+        snprintf(err, errlen, "http.listen: socket: %s", strerror(errno));
+        return -1;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (a.ipv6)
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+    if (bind(fd, (struct sockaddr *)&ss, sl) < 0 || listen(fd, 511) < 0) {
+        snprintf(err, errlen, "http.listen %s: %s", hs->srv->cfg->http_listen, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    sl = sizeof(ss);
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
+        hs->tcp_port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                       : ((struct sockaddr_in *)&ss)->sin_port);
+    return fd;
+}
+
+/* GET /v1/models: each distinct model the sources set, in config order. */
+static int http_make_models(struct http_server *hs)
+{
+    const struct config *cfg = hs->srv->cfg;
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    msgpack_unpacked up;
+    struct transcode_buf json;
+    uint32_t n = 0;
+    int rc = -1;
+
+    for (size_t i = 0; i < cfg->n_sources; i++) {
+        bool dup = false;
+        for (size_t j = 0; cfg->sources[i].model && j < i; j++)
+            dup |= cfg->sources[j].model &&
+                   strcmp(cfg->sources[j].model, cfg->sources[i].model) == 0;
+        n += cfg->sources[i].model && !dup;
+    }
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 2);
+    rpc_pack_kv_str(&pk, "object", "list");
+    rpc_pack_str(&pk, "data");
+    msgpack_pack_array(&pk, n);
+    for (size_t i = 0; i < cfg->n_sources; i++) {
+        const struct config_source *s = &cfg->sources[i];
+        bool dup = false;
+        for (size_t j = 0; s->model && j < i; j++)
+            dup |= cfg->sources[j].model && strcmp(cfg->sources[j].model, s->model) == 0;
+        if (!s->model || dup)
+            continue;
+        msgpack_pack_map(&pk, 5);
+        rpc_pack_kv_str(&pk, "id", s->model);
+        rpc_pack_kv_str(&pk, "object", "model");
+        rpc_pack_kv_u64(&pk, "created", 0);
+        rpc_pack_kv_str(&pk, "owned_by", s->name);
+        rpc_pack_kv_str(&pk, "capability", s->capability);
+    }
+    msgpack_unpacked_init(&up);
+    transcode_buf_init(&json);
+    if (msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS &&
+        transcode_msgpack_to_json(&up.data, &json, NULL, NULL, NULL, 0) == 0) {
+        hs->models_json = json.data; /* taken */
+        hs->models_len = json.len;
+        transcode_buf_init(&json);
+        rc = 0;
+    }
+    transcode_buf_fini(&json);
+    msgpack_unpacked_destroy(&up);
+    msgpack_sbuffer_destroy(&sb);
+    return rc;
+}
+
+static void http_listener_close(struct http_server *hs, struct http_listener *l)
+{
+    if (l->fd < 0)
+        return;
+    ev_io_stop(hs->srv->loop, &l->w);
+    ev_timer_stop(hs->srv->loop, &l->retry_w);
+    close(l->fd);
+    l->fd = -1;
+    if (l->is_unix && hs->socket_path && unlink(hs->socket_path) < 0 && errno != ENOENT)
+        log_at(LOG_WARN, "cannot remove socket file", "socket", LOG_S, hs->socket_path, "error",
+               LOG_S, strerror(errno), NULL);
+}
+
+struct http_server *http_new(struct server *srv, char *err, size_t errlen)
+{
+    const struct config *cfg = srv->cfg;
+
+    if (errlen)
+        err[0] = '\0';
+    if (!cfg->http_socket && !cfg->http_listen)
+        return NULL;
+    struct http_server *hs = calloc(1, sizeof(*hs));
+    if (!hs) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    hs->srv = srv;
+    ev_prepare_init(&hs->reap_w, http_on_reap);
+    hs->reap_w.data = hs;
+    for (int i = 0; i < 2; i++) {
+        hs->lis[i].fd = -1;
+        hs->lis[i].hs = hs;
+        hs->lis[i].is_unix = i == 0;
+    }
+    if (http_make_models(hs) < 0) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    if (cfg->http_socket) {
+        hs->lis[0].fd = server_bind_unix(cfg->http_socket, cfg->socket_mode, err, errlen);
+        if (hs->lis[0].fd < 0)
+            goto fail;
+        hs->socket_path = strdup(cfg->http_socket);
+        if (!hs->socket_path) {
+            snprintf(err, errlen, "out of memory");
+            goto fail;
+        }
+    }
+    if (cfg->http_listen && (hs->lis[1].fd = http_listen_tcp(hs, err, errlen)) < 0)
+        goto fail;
+    for (int i = 0; i < 2; i++) {
+        ev_io_init(&hs->lis[i].w, http_on_accept, hs->lis[i].fd, EV_READ);
+        ev_init(&hs->lis[i].retry_w, http_on_accept_retry);
+        hs->lis[i].w.data = hs->lis[i].retry_w.data = &hs->lis[i];
+    }
+    return hs;
+fail:
+    if (hs->lis[0].fd >= 0) {
+        close(hs->lis[0].fd);
+        if (hs->socket_path)
+            unlink(hs->socket_path);
+        else
+            unlink(cfg->http_socket);
+    }
+    free(hs->socket_path);
+    free(hs->models_json);
+    free(hs);
+    return NULL;
+}
+
+void http_start(struct http_server *hs)
+{
+    if (!hs)
+        return;
+    const struct config *cfg = hs->srv->cfg;
+    for (int i = 0; i < 2; i++)
+        if (hs->lis[i].fd >= 0)
+            ev_io_start(hs->srv->loop, &hs->lis[i].w);
+    char port[16];
+    snprintf(port, sizeof(port), "%d", hs->tcp_port);
+    log_at(LOG_INFO, "http listening", "socket", LOG_S, hs->socket_path ? hs->socket_path : "-",
+           "listen", LOG_S, cfg->http_listen ? cfg->http_listen : "-", "port", LOG_S,
+           cfg->http_listen ? port : "-", "max_body_bytes", LOG_U,
+           (unsigned long long)cfg->http_max_body_bytes, NULL);
+}
+
+void http_stop_listening(struct http_server *hs)
+{
+    if (!hs)
+        return;
+    for (int i = 0; i < 2; i++)
+        http_listener_close(hs, &hs->lis[i]);
+}
+
+void http_stop(struct http_server *hs)
+{
+    if (!hs)
+        return;
+    hs->stopping = true;
+    for (struct http_conn *c = hs->conns, *next; c; c = next) {
+        next = c->next;
+        call_fail_all(&c->sink, PGW_SHUTTING_DOWN,
+                      "the sidecar shut down before the call finished");
+        if (c->bridge) {
+            tasks_fail_pending(c->bridge, PGW_SHUTTING_DOWN,
+                               "the sidecar shut down before the state backend answered");
+            conn_flush(c->bridge);
+        }
+        if (!c->closed) {
+            c->keep_alive = false;
+            hc_close_after_flush(c);
+            hc_flush(c);
+        }
+    }
+}
+
+void http_close_all(struct http_server *hs)
+{
+    if (!hs)
+        return;
+    while (hs->conns)
+        hc_close(hs->conns, "shutdown");
+}
+
+bool http_has_conns(const struct http_server *hs)
+{
+    return hs && hs->conns;
+}
+
+const struct http_stats *http_get_stats(const struct http_server *hs)
+{
+    return hs ? &hs->stats : NULL;
+}
+
+void http_free(struct http_server *hs)
+{
+    if (!hs)
+        return;
+    http_stop_listening(hs);
+    http_close_all(hs);
+    while (hs->dead) {
+        struct http_conn *c = hs->dead;
+        hs->dead = c->next;
+        hc_free(c);
+    }
+    ev_prepare_stop(hs->srv->loop, &hs->reap_w);
+    free(hs->socket_path);
+    free(hs->models_json);
+    free(hs);
+}

@@ -1,0 +1,213 @@
+// polygw's HTTP front end (docs/HTTP.md) driven by the official OpenAI Node
+// SDK, against the real sidecar and the real mock upstream: chat,
+// streaming chat, embeddings, over TCP and over the Unix socket (undici
+// Agent with socketPath as the SDK's fetch dispatcher); a typed error is an
+// APIError carrying polygw's code after exactly one HTTP request; aborting
+// a request closes the upstream connection.
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import net from "node:net";
+import path from "node:path";
+import { test } from "node:test";
+
+import OpenAI from "openai";
+import { Agent, fetch as undiciFetch } from "undici";
+
+import { Mock, Sidecar, sleep } from "../../client/node/test/helpers.js";
+
+const SOURCE = "timeout_s: 20, connect_timeout_s: 5, ttft_timeout_s: 1, idle_timeout_s: 20, " +
+  "max_concurrency: 64, aimd: {initial: 64}, breaker: {failures: 100000}";
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.once("error", reject);
+    s.listen(0, "127.0.0.1", () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+function configText(upUrl, port, dir) {
+  return [
+    "listen:", '  mode: "0660"',
+    "server:", "  log_level: info", "  shutdown_grace_s: 0.5",
+    "defaults: {max_attempts: 2, stall_window_s: 1, backoff_base_s: 0.05, backoff_max_s: 0.1}",
+    "http:", `  socket: ${JSON.stringify(path.join(dir, "http.sock"))}`, `  listen: "127.0.0.1:${port}"`,
+    "sources:",
+    `  - {name: a, capability: chat, base_url: ${JSON.stringify(upUrl)}, ${SOURCE}}`,
+    `  - {name: e, capability: embedding, base_url: ${JSON.stringify(upUrl)}, model: emb-1, ${SOURCE}}`,
+    "",
+  ].join("\n");
+}
+
+async function canConnect(port) {
+  return new Promise((resolve) => {
+    const s = net.createConnection({ host: "127.0.0.1", port });
+    s.once("connect", () => { s.destroy(); resolve(true); });
+    s.once("error", () => resolve(false));
+  });
+}
+
+/** Per test: a mock, a sidecar with its HTTP front on TCP and on a Unix
+ * socket, and SDK clients for both; every fetch the SDKs make is counted. */
+async function withFront(fn) {
+  const up = await Mock.start();
+  let sc;
+  const agent = { closed: false };
+  try {
+    const port = await freePort();
+    sc = new Sidecar("");
+    fs.writeFileSync(sc.configPath, configText(up.url, port, sc.dir));
+    await sc.start();
+    while (!(await canConnect(port))) await sleep(20);
+    const fetches = { n: 0 };
+    const counting = (f) => (url, init) => { fetches.n++; return f(url, init); };
+    const tcp = new OpenAI({ apiKey: "unused-by-polygw", baseURL: `http://127.0.0.1:${port}/v1`,
+      maxRetries: 3, fetch: counting(globalThis.fetch) });
+    agent.unix = new Agent({ connect: { socketPath: path.join(sc.dir, "http.sock") } });
+    const unix = new OpenAI({ apiKey: "unused-by-polygw", baseURL: "http://polygw/v1", maxRetries: 3,
+      fetch: counting(undiciFetch), fetchOptions: { dispatcher: agent.unix } });
+    return await fn({ up, sc, tcp, unix, fetches, port });
+  } finally {
+    try {
+      if (agent.unix) await agent.unix.close();
+      if (sc) await sc.finish();
+    } finally {
+      await up.stop();
+    }
+  }
+}
+
+const chatBody = (text, mock, extra = {}) => ({
+  model: "m", messages: [{ role: "user", content: text }], ...(mock ? { mock } : {}), ...extra,
+});
+
+for (const via of ["tcp", "unix"]) {
+  test(`chat over ${via}`, () => withFront(async (f) => {
+    const client = f[via];
+    const { data, response } = await client.chat.completions
+      .create(chatBody(`hello over ${via}`)).withResponse();
+    assert.equal(data.choices[0].message.content, `hello over ${via}`);
+    assert.ok(data.usage.total_tokens > 0);
+    assert.equal(response.headers.get("x-polygw-source"), "a");
+    assert.equal(response.headers.get("x-polygw-attempts"), "1");
+    assert.equal(f.fetches.n, 1);
+    assert.equal((await f.up.last()).json.messages[0].content, `hello over ${via}`);
+  }));
+
+  test(`streaming chat over ${via}: chunks arrive before the upstream finishes`, () => withFront(async (f) => {
+    const t0 = Date.now();
+    const stream = await f[via].chat.completions.create(
+      chatBody("abcdefghijkl", { stream_events: 4, stream_interval_ms: 250 }, { stream: true }));
+    const seen = [];
+    for await (const chunk of stream) seen.push([Date.now() - t0, chunk]);
+    const tEnd = Date.now() - t0;
+    const text = seen.map(([, c]) => c.choices[0]?.delta?.content ?? "").join("");
+    assert.equal(text, "abcdefghijkl");
+    assert.ok(seen.length >= 5, `${seen.length} chunks`);
+    // 4 content events and the finish, 250 ms apart: the first came ~1 s
+    // before the end.
+    assert.ok(seen[0][0] < tEnd - 700, `first chunk at ${seen[0][0]} ms, end at ${tEnd} ms`);
+    assert.equal(seen.at(-1)[1].choices[0].finish_reason, "stop");
+  }));
+
+  test(`embeddings over ${via}`, () => withFront(async (f) => {
+    const res = await f[via].embeddings.create({ model: "any", input: ["a", "b", "c"] });
+    assert.equal(res.data.length, 3);
+    assert.equal(res.data[0].embedding.length, 8);
+    assert.equal((await f.up.last()).json.model, "emb-1");
+  }));
+}
+
+test("a typed error is an APIError with polygw's code, after one HTTP request", () => withFront(async (f) => {
+  await f.up.control("POST", "/_mock/script", { default: { status: 500 } });
+  await assert.rejects(f.tcp.embeddings.create({ model: "x", input: "a" }), (e) => {
+    assert.ok(e instanceof OpenAI.APIError, e);
+    assert.equal(e.status, 503);
+    assert.equal(e.code, "retry_exhausted");
+    assert.equal(e.headers.get("x-should-retry"), "false");
+    assert.equal(e.error.polygw.attempts, 2);
+    return true;
+  });
+  // maxRetries is 3, yet the SDK sent one request (x-should-retry: false);
+  // polygw made its own two attempts upstream.
+  assert.equal(f.fetches.n, 1);
+  assert.equal((await f.up.stats()).requests, 2);
+
+  f.fetches.n = 0;
+  await assert.rejects(f.unix.chat.completions.create(chatBody("x", { delay_ms: 3000 }),
+    { headers: { "X-Polygw-Deadline": "0.3" } }), (e) => {
+    assert.ok(e instanceof OpenAI.APIError);
+    assert.equal(e.status, 504);
+    assert.equal(e.code, "deadline_exceeded");
+    return true;
+  });
+  assert.equal(f.fetches.n, 1);
+}));
+
+test("stalled on a saturated upstream: APIError 503 stalled, one request", () => withFront(async (f) => {
+  await f.up.control("POST", "/_mock/script", { default: { status: 429, retry_after: 0 } });
+  await assert.rejects(f.tcp.chat.completions.create(chatBody("x")), (e) => {
+    assert.equal(e.status, 503);
+    assert.equal(e.code, "stalled");
+    assert.ok(Number(e.headers.get("retry-after")) >= 1);
+    return true;
+  });
+  assert.equal(f.fetches.n, 1);
+}));
+
+test("a stream failing after its first event throws the error event's APIError", () => withFront(async (f) => {
+  const stream = await f.tcp.chat.completions.create(chatBody("a b c d",
+    { stream_events: 4, stream_interval_ms: 50, close_after_bytes: 500 }, { stream: true }));
+  let chunks = 0;
+  await assert.rejects((async () => { for await (const _ of stream) chunks++; })(), (e) => {
+    assert.ok(e instanceof OpenAI.APIError, e);
+    assert.equal(e.code, "stream_interrupted");
+    return true;
+  });
+  assert.ok(chunks >= 1);
+}));
+
+for (const via of ["tcp", "unix"]) {
+  test(`a client abort over ${via} closes the upstream connection`, () => withFront(async (f) => {
+    const ac = new AbortController();
+    const p = f[via].chat.completions.create(chatBody("x", { hang: "before_headers" }), { signal: ac.signal });
+    await f.up.waitStats((s) => s.in_progress === 1, 5000);
+    const t0 = Date.now();
+    ac.abort();
+    await assert.rejects(p, (e) => e instanceof OpenAI.APIUserAbortError);
+    await f.up.waitStats((s) => s.aborted_by_peer === 1 && s.open_connections === 0, 2000);
+    assert.ok(Date.now() - t0 < 1000);
+    assert.equal(f.fetches.n, 1);
+  }));
+}
+
+test("a streaming abort closes the upstream connection", () => withFront(async (f) => {
+  const stream = await f.tcp.chat.completions.create(chatBody("x",
+    { stream_events: 1000, stream_interval_ms: 50 }, { stream: true }));
+  let n = 0;
+  for await (const _ of stream) {
+    if (++n === 3) break; // leaving the loop aborts the request
+  }
+  await f.up.waitStats((s) => s.aborted_by_peer === 1 && s.open_connections === 0, 2000);
+}));
+
+test("models lists the configured sources' models", () => withFront(async (f) => {
+  const page = await f.unix.models.list();
+  assert.deepEqual(page.data.map((m) => m.id), ["emb-1"]);
+}));
+
+test("X-Polygw-SDK-Retry: true lets the SDK retry what is worth retrying", () => withFront(async (f) => {
+  await f.up.control("POST", "/_mock/script", { default: { status: 500 } });
+  const retrying = new OpenAI({ apiKey: "unused-by-polygw", baseURL: `http://127.0.0.1:${f.port}/v1`,
+    maxRetries: 1, defaultHeaders: { "X-Polygw-SDK-Retry": "true" },
+    fetch: (url, init) => { f.fetches.n++; return globalThis.fetch(url, init); } });
+  await assert.rejects(retrying.embeddings.create({ model: "x", input: "a" }), (e) => {
+    assert.equal(e.code, "retry_exhausted");
+    return true;
+  });
+  assert.equal(f.fetches.n, 2); // the first request and the SDK's one retry
+  assert.equal((await f.up.stats()).requests, 4);
+}));
