@@ -8,7 +8,7 @@
  *     and files). Any error: nothing changes.
  *  2. Keys that cannot change under a running sidecar are compared, and a
  *     change refuses the whole reload ("needs a restart"), never applies
- *     half of it: the `listen` section, the `backend` section, the `tasks`
+ *     half of it: the `listen`, `http` and `backend` sections, the `tasks`
  *     section and defaults.node_timeout_s; capabilities may be added, not
  *     removed or reordered. With the Redis backend the sources' names,
  *     order and fleet-enforced settings (max_concurrency, limits, breaker)
