@@ -188,7 +188,7 @@ $(BUILD)/shim/%.so: tests/shim/%.c
 # `make fuzz-build` only builds them and runs each over its committed corpus
 # once (`make test` does that when clang is installed, so they cannot rot);
 # `make fuzz-replay` replays the committed corpus through a gcc-built driver.
-FUZZ_TARGETS := frame transcode sse retry_after config jscan
+FUZZ_TARGETS := frame transcode sse retry_after config convert jscan
 FUZZ_SECONDS ?= 60
 FUZZ_LARGE_SECONDS ?= $(FUZZ_SECONDS)
 FUZZ_MAX_LEN ?= 4194304
@@ -196,7 +196,7 @@ FUZZ_CC      ?= clang
 # config.c checks Redis URLs with redis.c's parser, which brings the log
 # module and the compiled-in Lua scripts along.
 FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/transcode.c sidecar/config.c sidecar/redis.c \
-                sidecar/log.c sidecar/jscan.c
+                sidecar/log.c sidecar/jscan.c sidecar/dialect.c sidecar/convert.c
 FUZZ_OBJ     := $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(FUZZ_LIB_SRC)) $(BUILD)/fuzz/obj/gen/lua_scripts.o
 FUZZ_MAIN_OBJ := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/obj/tests/fuzz/fuzz_%.o)
 FUZZ_CFLAGS  := $(filter-out $(CFLAGS),$(ALL_CFLAGS)) -fsanitize=fuzzer-no-link,address,undefined \

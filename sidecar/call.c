@@ -49,6 +49,8 @@
 
 #include "access.h"
 #include "backend.h"
+#include "convert.h"
+#include "dialect.h"
 #include "governor.h"
 #include "jscan.h"
 #include "log.h"
@@ -58,6 +60,14 @@
 #include "tasks.h"
 #include "transcode.h"
 #include "upstream.h"
+
+/* How the client's body is sent to a source (call_prepare_json). */
+enum body_form {
+    BODY_AS_IS,          /* the body as the client sent it */
+    BODY_STREAM_USAGE,   /* + stream_options.include_usage (OpenAI dialect streams) */
+    BODY_TO_ANTHROPIC,   /* an OpenAI chat body converted (accepts: openai), and the
+                          * answer converted back (convert.h) */
+};
 
 struct call {
     struct call_sink *sink;
@@ -78,11 +88,16 @@ struct call {
     msgpack_sbuffer body;            /* the client's msgpack body, packed (kept for retries) */
     struct transcode_buf raw;        /* or its JSON body, as it came */
     bool body_is_json;
-    struct transcode_buf json;       /* its JSON for `json_model` */
+    struct transcode_buf json;       /* its JSON for `json_model` and `json_form` */
     const char *json_model;          /* model override `json` was made with */
+    enum body_form json_form;        /* what `json` was made for */
     bool json_ready;
-    msgpack_sbuffer usage;           /* last `usage` map seen in a stream, packed */
-    double stream_tokens;            /* its total_tokens (-1: none), for a JSON-only sink */
+    enum body_form form;             /* the current attempt's */
+    bool has_stream_options;         /* the body has a top-level stream_options */
+    bool client_usage;               /* ... asking for include_usage */
+    msgpack_sbuffer usage;           /* the `usage` map for the result, packed */
+    struct dialect_usage tokens;     /* the current attempt's token counts */
+    struct convert_stream conv;      /* BODY_TO_ANTHROPIC streams */
     char event_error[96];            /* why the attempt's stream was refused, or "" */
     uint32_t relayed;                /* chunks of the attempt relayed to the client */
     struct task *task;               /* the task it belongs to, or NULL */
@@ -93,7 +108,7 @@ struct call {
     bool answered;                   /* a response was queued */
     int last_status;                 /* the last attempt's HTTP status */
     double ttft_s;                   /* NAN until a chunk is relayed */
-    double tokens;                   /* usage.total_tokens of the answer, NAN */
+    double used_tokens;              /* total tokens of the answer, NAN: unknown */
     char task_id[TASK_ID_MAX + 1];   /* "" when the call names none */
     struct gov_source_note *reconf_notes; /* a reload in progress: the new notes */
     struct call *all_prev, *all_next; /* srv->calls_all: every call, for a reload */
@@ -208,7 +223,7 @@ static void call_log(const struct call *k)
         .elapsed_s = now - k->started,
         .stalled_s = gov_call_stalled_s(&k->g, now),
         .ttft_s = k->ttft_s,
-        .tokens = k->tokens,
+        .tokens = k->used_tokens,
     };
     access_log_write(srv->cfg, &e);
 }
@@ -547,13 +562,17 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
     call_error_done(k, &e, code);
 }
 
-/* What governance needs of a JSON reply or event, found without a tree
- * (for a sink that takes JSON only): usage.total_tokens (-1 when absent)
- * and whether a choice has a finish_reason. */
+/* What governance needs of a JSON reply or event of an OpenAI-dialect
+ * upstream, found without a tree (for a sink that takes JSON only):
+ * usage.total_tokens (-1 when absent), whether a choice has a
+ * finish_reason, whether it is the usage-only chunk ("choices": []), and
+ * whether it reports an error. */
 struct json_facts {
     double tokens;
     bool has_usage;
     bool terminal;
+    bool empty_choices;
+    bool has_error;
 };
 
 static int usage_member(void *ud, const char *key, const struct jscan_value *v)
@@ -573,8 +592,10 @@ static int finish_member(void *ud, const char *key, const struct jscan_value *v)
 
 static int choice_element(void *ud, const struct jscan_value *v)
 {
+    struct json_facts *f = ud;
+    f->empty_choices = false;
     if (v->type == JSCAN_OBJECT)
-        jscan_object(v->p, v->len, finish_member, ud, NULL);
+        jscan_object(v->p, v->len, finish_member, &f->terminal, NULL);
     return 0;
 }
 
@@ -586,17 +607,92 @@ static int facts_member(void *ud, const char *key, const struct jscan_value *v)
         f->tokens = -1;
         jscan_object(v->p, v->len, usage_member, &f->tokens, NULL);
     } else if (strcmp(key, "choices") == 0 && v->type == JSCAN_ARRAY) {
-        jscan_array(v->p, v->len, choice_element, &f->terminal, NULL);
+        f->empty_choices = true;
+        jscan_array(v->p, v->len, choice_element, f, NULL);
+    } else if (strcmp(key, "error") == 0 && v->type == JSCAN_OBJECT) {
+        f->has_error = true;
     }
     return 0;
 }
 
-/* total_tokens of a usage map, or -1. */
-static double usage_tokens(const msgpack_object *usage)
+static const struct dialect *call_dialect(const struct call *k)
 {
-    const msgpack_object *t = rpc_map_get(usage, "total_tokens");
-    double v;
-    return t && rpc_as_double(t, &v) && v >= 0 ? v : -1;
+    return dialect_get(k->src->kind);
+}
+
+/* Events and replies of this attempt go through their msgpack form even
+ * for a JSON-only sink: the dialect's readers and the conversion need it.
+ * Only OpenAI-dialect answers relayed as they are take the jscan path. */
+static bool call_needs_tree(const struct call *k)
+{
+    return k->sink->ops->wants_msgpack || k->src->kind == DIALECT_ANTHROPIC;
+}
+
+/* Keeps `usage` (borrowed) as the result's usage map. */
+static void call_keep_usage(struct call *k, const msgpack_object *usage)
+{
+    msgpack_packer upk;
+    msgpack_sbuffer_clear(&k->usage);
+    msgpack_packer_init(&upk, &k->usage, msgpack_sbuffer_write);
+    msgpack_pack_object(&upk, *usage);
+}
+
+/* The result's usage map from the running counts, in OpenAI's names, for
+ * streams whose upstream spreads them over several events (Anthropic). */
+static void call_keep_token_counts(struct call *k)
+{
+    msgpack_packer upk;
+    int64_t v[3] = {k->tokens.prompt, k->tokens.completion, dialect_usage_total(&k->tokens)};
+    static const char *const names[3] = {"prompt_tokens", "completion_tokens", "total_tokens"};
+    uint32_t n = 0;
+
+    for (int i = 0; i < 3; i++)
+        n += v[i] >= 0;
+    msgpack_sbuffer_clear(&k->usage);
+    msgpack_packer_init(&upk, &k->usage, msgpack_sbuffer_write);
+    msgpack_pack_map(&upk, n);
+    for (int i = 0; i < 3; i++) {
+        if (v[i] >= 0)
+            rpc_pack_kv_u64(&upk, names[i], (uint64_t)v[i]);
+    }
+}
+
+/* Replaces the Messages reply in `body` (unpacked in `up`) by the
+ * chat.completion it stands for (the client sent an OpenAI body); returns
+ * the new body's usage (in `up`). */
+static const msgpack_object *call_convert_reply(struct call *k, msgpack_sbuffer *body,
+                                                msgpack_unpacked *up)
+{
+    msgpack_sbuffer conv;
+    msgpack_packer cpk;
+
+    msgpack_sbuffer_init(&conv);
+    msgpack_packer_init(&cpk, &conv, msgpack_sbuffer_write);
+    if (convert_chat_reply(&up->data, (int64_t)ev_now(k->srv->loop), &cpk) < 0) {
+        msgpack_sbuffer_destroy(&conv);
+        return rpc_map_get(&up->data, "usage");
+    }
+    msgpack_sbuffer_destroy(body);
+    *body = conv;
+    msgpack_unpacked_destroy(up);
+    msgpack_unpacked_init(up);
+    if (msgpack_unpack_next(up, body->data, body->size, NULL) != MSGPACK_UNPACK_SUCCESS)
+        return NULL;
+    return rpc_map_get(&up->data, "usage");
+}
+
+/* The JSON text of msgpack `mp` into `out` (for a JSON-only sink, after a
+ * conversion). Returns 0 or a TRANSCODE_* error. */
+static int call_json_of(const msgpack_sbuffer *mp, struct transcode_buf *out)
+{
+    msgpack_unpacked up;
+    int rc = -1;
+
+    msgpack_unpacked_init(&up);
+    if (msgpack_unpack_next(&up, mp->data, mp->size, NULL) == MSGPACK_UNPACK_SUCCESS)
+        rc = transcode_msgpack_to_json(&up.data, out, NULL, "reply", NULL, 0);
+    msgpack_unpacked_destroy(&up);
+    return rc;
 }
 
 static void call_info_fill(const struct call *k, struct call_info *ci)
@@ -607,10 +703,13 @@ static void call_info_fill(const struct call *k, struct call_info *ci)
     ci->attempts = k->g.attempts;
     ci->elapsed_s = now - k->started;
     ci->stalled_s = gov_call_stalled_s(&k->g, now);
+    /* Anthropic's own format reached the client (not converted). */
+    ci->anthropic = k->src && k->src->kind == DIALECT_ANTHROPIC && k->form != BODY_TO_ANTHROPIC;
 }
 
 /* A success: the plain body (`json` as received, `body` its msgpack form)
- * or, for a stream, the summary. */
+ * or, for a stream, the summary. A converted reply reaches a JSON-only
+ * sink as the JSON of `body`. */
 static void call_reply_success(struct call *k, const struct attempt_result *r,
                                const msgpack_sbuffer *body, const msgpack_object *usage)
 {
@@ -623,7 +722,11 @@ static void call_reply_success(struct call *k, const struct attempt_result *r,
     ci.source = k->src->name;
     msgpack_sbuffer_init(&us);
     transcode_buf_init(&scrubbed);
-    if (body && !k->sink->ops->wants_msgpack) {
+    if (body && !k->sink->ops->wants_msgpack && k->form == BODY_TO_ANTHROPIC &&
+        call_json_of(body, &scrubbed) == 0) {
+        b.json = scrubbed.data;      /* made from the scrubbed msgpack */
+        b.json_len = scrubbed.len;
+    } else if (body && !k->sink->ops->wants_msgpack) {
         b.json_len = r->body_len;
         b.json = relay_json_text(k->srv, r->body ? r->body : "", &b.json_len, true, &scrubbed);
     } else if (body) {
@@ -663,8 +766,6 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
     const msgpack_object *usage = NULL;
     struct gov_decision d;
     char err[200];
-    bool json_only = !k->sink->ops->wants_msgpack;
-    double json_tokens = -1;
     (void)a;
 
     k->attempt = NULL;
@@ -676,18 +777,15 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
 
     /* A plain success must be JSON; if not, it is a transient failure the
      * loop may retry, not a success. */
-    if (res.outcome.kind == OUTCOME_SUCCESS && json_only) {
-        struct json_facts f = {-1, false, false};
+    if (res.outcome.kind == OUTCOME_SUCCESS && !k->stream && !call_needs_tree(k)) {
+        struct json_facts f = {-1, false, false, false, false};
         size_t at = 0;
-        if (k->stream)
-            json_tokens = k->stream_tokens;
-        else if (jscan_object(res.body ? res.body : "", res.body_len, facts_member, &f, &at) ==
-                 -1) {
+        if (jscan_object(res.body ? res.body : "", res.body_len, facts_member, &f, &at) == -1) {
             outcome_from_reason(&res.outcome, REASON_BAD_RESPONSE);
             res.outcome.http_status = res.http_status;
             snprintf(res.detail, sizeof(res.detail), "reply is not JSON (at byte %zu)", at);
-        } else {
-            json_tokens = f.tokens;
+        } else if (f.has_usage) {
+            k->tokens.total = (int64_t)f.tokens;
         }
     } else if (res.outcome.kind == OUTCOME_SUCCESS && !k->stream) {
         msgpack_packer_init(&bpk, &body, msgpack_sbuffer_write);
@@ -704,6 +802,9 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
                 snprintf(res.detail, sizeof(res.detail), "reply is not JSON: %.130s", err);
         } else if (msgpack_unpack_next(&up, body.data, body.size, NULL) == MSGPACK_UNPACK_SUCCESS) {
             usage = rpc_map_get(&up.data, "usage");
+            call_dialect(k)->scan_usage(usage, &k->tokens);
+            if (k->form == BODY_TO_ANTHROPIC)
+                usage = call_convert_reply(k, &body, &up);
         }
     } else if (res.outcome.kind == OUTCOME_SUCCESS && k->usage.size > 0 &&
                msgpack_unpack_next(&up, k->usage.data, k->usage.size, NULL) ==
@@ -722,9 +823,9 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
            "phase", LOG_S, attempt_phase_name(res.phase), "elapsed_s", LOG_F, res.elapsed_s, NULL);
 
     metrics_on_attempt(k->srv->metrics, call_source(k), &res);
-    double used = json_only ? json_tokens : usage ? usage_tokens(usage) : -1;
+    double used = res.outcome.kind == OUTCOME_SUCCESS ? (double)dialect_usage_total(&k->tokens) : -1;
     k->last_status = res.http_status;
-    k->tokens = used >= 0 ? used : NAN;
+    k->used_tokens = used >= 0 ? used : NAN;
     if (k->lease) {
         backend_release(k->srv->backend, k->lease, &res.outcome, used);
         k->lease = NULL;
@@ -750,31 +851,60 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
     msgpack_sbuffer_destroy(&body);
 }
 
-/* One stream event: transcode, remember usage, relay as a chunk. Returns 1
- * when the event carries a finish_reason (the stream's terminal event for
- * upstreams that send no [DONE]), 0 to go on, -1 to abort. */
+/* An event of an OpenAI-dialect stream for a JSON-only sink, read with
+ * jscan. Returns what call_on_event returns when the event is not relayed
+ * (0 or 1), or 2 to relay it; `terminal` is set either way. */
+static int call_scan_json_event(struct call *k, struct attempt *a, const char *data, size_t len,
+                                bool *is_json, int *terminal)
+{
+    struct json_facts f = {-1, false, false, false, false};
+
+    *is_json = jscan_object(data, len, facts_member, &f, NULL) != -1;
+    *terminal = f.terminal;
+    if (*is_json && f.has_usage)
+        k->tokens.total = (int64_t)f.tokens;
+    if (*is_json && f.has_error) {
+        attempt_fail_stream(a, REASON_HTTP_5XX, true, "the upstream's stream reported an error");
+        return -1;
+    }
+    if (*is_json && f.has_usage && f.empty_choices && k->form == BODY_STREAM_USAGE)
+        return *terminal; /* polygw asked for it, the client did not */
+    return 2;
+}
+
+/* One stream event: transcode, count its tokens, relay it as a chunk
+ * (unless it is the usage-only chunk polygw asked for itself, or an event
+ * a converted stream has no chunk for). Returns 1 when it is the stream's
+ * terminal event (for upstreams that send no [DONE]), 0 to go on, -1 to
+ * abort (the client is gone, or an error event: attempt_fail_stream). */
 static int call_on_event(struct attempt *a, const char *data, size_t len, void *ud)
 {
     struct call *k = ud;
     struct server *srv = k->srv;
+    const struct dialect *d = call_dialect(k);
+    bool tree = call_needs_tree(k);
     struct call_info ci;
     msgpack_sbuffer sb;
     msgpack_packer tmp;
     msgpack_unpacked up;
     struct transcode_buf scrubbed;
+    struct dialect_event ev = {0};
     const char *text = data;
     size_t text_len = len;
+    char event_name[32] = "";
     int terminal = 0, rc;
 
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&tmp, &sb, msgpack_sbuffer_write);
     transcode_buf_init(&scrubbed);
-    if (!k->sink->ops->wants_msgpack) {
-        struct json_facts f = {-1, false, false};
-        int is_json = jscan_object(data, len, facts_member, &f, NULL) != -1;
-        if (is_json && f.has_usage)
-            k->stream_tokens = f.tokens;
-        terminal = f.terminal;
+    if (!tree) {
+        bool is_json;
+        rc = call_scan_json_event(k, a, data, len, &is_json, &terminal);
+        if (rc != 2) {
+            transcode_buf_fini(&scrubbed);
+            msgpack_sbuffer_destroy(&sb);
+            return rc;
+        }
         text = relay_json_text(srv, data, &text_len, is_json, &scrubbed);
         rc = 0;
     } else {
@@ -799,23 +929,70 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     }
     msgpack_unpacked_init(&up);
     if (sb.size && msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS) {
+        d->scan_event(&up.data, &ev);
+        terminal = ev.terminal;
+        dialect_usage_merge(&k->tokens, &ev.usage);
         const msgpack_object *usage = rpc_map_get(&up.data, "usage");
-        const msgpack_object *choices = rpc_map_get(&up.data, "choices");
-        if (usage && usage->type == MSGPACK_OBJECT_MAP) {
-            msgpack_packer upk;
-            msgpack_sbuffer_clear(&k->usage);
-            msgpack_packer_init(&upk, &k->usage, msgpack_sbuffer_write);
-            msgpack_pack_object(&upk, *usage);
-        }
-        if (choices && choices->type == MSGPACK_OBJECT_ARRAY) {
-            for (uint32_t i = 0; i < choices->via.array.size; i++) {
-                const msgpack_object *fr = rpc_map_get(&choices->via.array.ptr[i], "finish_reason");
-                if (fr && fr->type != MSGPACK_OBJECT_NIL)
-                    terminal = 1;
-            }
-        }
+        if (d->stream_usage && usage && usage->type == MSGPACK_OBJECT_MAP)
+            call_keep_usage(k, usage);
+        else if (ev.usage.prompt >= 0 || ev.usage.completion >= 0 || ev.usage.total >= 0)
+            call_keep_token_counts(k);
+        const msgpack_object *type = rpc_map_get(&up.data, "type");
+        if (type && type->type == MSGPACK_OBJECT_STR)
+            rpc_quote_client_str(type->via.str.ptr, type->via.str.size, sizeof(event_name) - 1,
+                                 event_name);
     }
     msgpack_unpacked_destroy(&up);
+    if (ev.error) {
+        char detail[120];
+        snprintf(detail, sizeof(detail), "the upstream's stream reported %s", ev.error_type);
+        msgpack_sbuffer_destroy(&sb);
+        transcode_buf_fini(&scrubbed);
+        attempt_fail_stream(a, ev.transient ? REASON_HTTP_5XX : REASON_HTTP_4XX, ev.transient,
+                            detail);
+        return -1;
+    }
+    if (tree && ev.usage_only && k->form == BODY_STREAM_USAGE) {
+        /* The client did not ask for it: polygw did, to count tokens. */
+        msgpack_sbuffer_destroy(&sb);
+        transcode_buf_fini(&scrubbed);
+        return terminal;
+    }
+    if (k->form == BODY_TO_ANTHROPIC) {
+        /* Relayed as the OpenAI chunk it stands for, if any. */
+        msgpack_sbuffer conv;
+        msgpack_packer cpk;
+        msgpack_sbuffer_init(&conv);
+        msgpack_packer_init(&cpk, &conv, msgpack_sbuffer_write);
+        msgpack_unpacked_init(&up);
+        int made = msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS &&
+                   convert_chat_event(&k->conv, &up.data, &cpk);
+        msgpack_unpacked_destroy(&up);
+        msgpack_sbuffer_destroy(&sb);
+        sb = conv;
+        if (!made) {
+            msgpack_sbuffer_destroy(&sb);
+            transcode_buf_fini(&scrubbed);
+            return terminal;
+        }
+        event_name[0] = '\0';
+    }
+    if (tree && !k->sink->ops->wants_msgpack) {
+        /* A JSON-only sink: the converted chunk's JSON, or the upstream's
+         * own text, scrubbed. */
+        if (k->form == BODY_TO_ANTHROPIC) {
+            if (call_json_of(&sb, &scrubbed) < 0) {
+                msgpack_sbuffer_destroy(&sb);
+                transcode_buf_fini(&scrubbed);
+                return -1;
+            }
+            text = scrubbed.data;
+            text_len = scrubbed.len;
+        } else {
+            text = relay_json_text(srv, data, &text_len, rc == 0, &scrubbed);
+        }
+        msgpack_sbuffer_clear(&sb); /* the sink does not want it */
+    }
 
     srv->stats.chunks_relayed++;
     if (k->relayed++ == 0) /* a stream is never retried after its first event */
@@ -824,11 +1001,13 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
         k->ttft_s = call_elapsed(k);
     call_info_fill(k, &ci);
     ci.source = k->src->name;
+    ci.event = event_name[0] ? event_name : NULL;
 
     /* Relay now. The sink may find the client gone: it then aborts every
      * call it holds, this one included, so `k` is freed (its attempt is
      * only marked cancelled: we are inside curl) and must not be touched. */
-    rc = k->sink->ops->on_chunk(k->sink, k->msgid, &ci, text, text_len, sb.data, sb.size);
+    rc = k->sink->ops->on_chunk(k->sink, k->msgid, &ci, text, text_len, sb.size ? sb.data : NULL,
+                                sb.size);
     msgpack_sbuffer_destroy(&sb);
     transcode_buf_fini(&scrubbed);
     if (rc < 0)
@@ -854,23 +1033,59 @@ static struct call *call_find(struct call_sink *s, uint32_t msgid)
     return NULL;
 }
 
-/* The JSON body for a source: made once per distinct model override (the
- * common case is one transcode per call, however many attempts). */
-static int call_prepare_json(struct call *k, const char *model, char *why, size_t whylen)
+/* How source `src` takes this call's body. */
+static enum body_form call_body_form(const struct call *k, const struct config_source *src)
 {
-    msgpack_unpacked up;
+    if (src->accepts_openai)
+        return BODY_TO_ANTHROPIC;
+    if (k->stream && src->stream_usage && dialect_get(src->kind)->stream_usage &&
+        !k->has_stream_options)
+        return BODY_STREAM_USAGE;
+    return BODY_AS_IS;
+}
+
+/* `body` (a map, borrowed) with one more top-level member,
+ * "stream_options": {"include_usage": true}, packed into `out`. */
+static void pack_with_stream_usage(const msgpack_object *body, msgpack_sbuffer *out)
+{
+    msgpack_packer pk;
+
+    msgpack_packer_init(&pk, out, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, body->via.map.size + 1);
+    for (uint32_t i = 0; i < body->via.map.size; i++) {
+        msgpack_pack_object(&pk, body->via.map.ptr[i].key);
+        msgpack_pack_object(&pk, body->via.map.ptr[i].val);
+    }
+    rpc_pack_str(&pk, "stream_options");
+    msgpack_pack_map(&pk, 1);
+    rpc_pack_str(&pk, "include_usage");
+    msgpack_pack_true(&pk);
+}
+
+/* The JSON body for a source: made once per distinct (model override,
+ * form); the common case is one transcode per call, however many
+ * attempts, and none for a JSON body sent as it came. */
+static int call_prepare_json(struct call *k, const struct config_source *src, char *why,
+                             size_t whylen)
+{
+    const char *model = src->model;
+    enum body_form form = call_body_form(k, src);
+    msgpack_unpacked up, alt;
+    msgpack_sbuffer altbuf;
+    const msgpack_object *body;
     int rc;
 
-    if (k->json_ready && (k->json_model == model ||
-                          (k->json_model && model && strcmp(k->json_model, model) == 0)))
+    k->form = form;
+    if (k->json_ready && k->json_form == form &&
+        (k->json_model == model || (k->json_model && model && strcmp(k->json_model, model) == 0)))
         return 0;
-    if (k->body_is_json && !model) {
+    if (k->body_is_json && !model && form == BODY_AS_IS) {
         k->json_ready = false; /* sent as it came (call_body_text) */
         k->json_model = NULL;
         return 0;
     }
     if (k->body_is_json && k->body.size == 0) {
-        /* A source rewrites `model`: the one case a JSON body is re-made,
+        /* A source rewrites the body: the one case a JSON body is re-made,
          * through the msgpack form that the override rules are written for. */
         msgpack_packer bpk;
         msgpack_packer_init(&bpk, &k->body, msgpack_sbuffer_write);
@@ -883,20 +1098,43 @@ static int call_prepare_json(struct call *k, const char *model, char *why, size_
         snprintf(why, whylen, "internal: stored body unreadable");
         return -1;
     }
+    body = &up.data;
+    msgpack_sbuffer_init(&altbuf);
+    msgpack_unpacked_init(&alt);
+    if (form == BODY_STREAM_USAGE) {
+        pack_with_stream_usage(body, &altbuf);
+    } else if (form == BODY_TO_ANTHROPIC) {
+        msgpack_packer apk;
+        msgpack_packer_init(&apk, &altbuf, msgpack_sbuffer_write);
+        if (convert_chat_request(body, &apk, why, whylen) < 0) {
+            msgpack_sbuffer_destroy(&altbuf);
+            msgpack_unpacked_destroy(&up);
+            k->json_ready = false;
+            return TRANSCODE_EINVALID;
+        }
+    }
+    if (altbuf.size > 0 &&
+        msgpack_unpack_next(&alt, altbuf.data, altbuf.size, NULL) == MSGPACK_UNPACK_SUCCESS)
+        body = &alt.data;
     struct transcode_override ov = {
         .model = model,
         /* The `stream` parameter decides; a body's own "stream" key must not
          * make the upstream stream while we expect one JSON reply. */
-        .stream = k->stream                          ? TRANSCODE_STREAM_TRUE
-                  : rpc_map_get(&up.data, "stream") ? TRANSCODE_STREAM_FALSE
-                                                    : TRANSCODE_STREAM_KEEP,
+        .stream = k->stream                     ? TRANSCODE_STREAM_TRUE
+                  : rpc_map_get(body, "stream") ? TRANSCODE_STREAM_FALSE
+                                                : TRANSCODE_STREAM_KEEP,
     };
     transcode_buf_reset(&k->json);
-    rc = transcode_msgpack_to_json(&up.data, &k->json, &ov, "body", why, whylen);
+    rc = transcode_msgpack_to_json(body, &k->json, &ov, "body", why, whylen);
+    msgpack_unpacked_destroy(&alt);
+    msgpack_sbuffer_destroy(&altbuf);
     msgpack_unpacked_destroy(&up);
-    if (rc < 0)
+    if (rc < 0) {
+        k->json_ready = false;
         return rc;
+    }
     k->json_model = model;
+    k->json_form = form;
     k->json_ready = true;
     return 0;
 }
@@ -948,12 +1186,14 @@ static void call_run_attempt(struct call *k, size_t source)
     struct server *srv = k->srv;
     const struct config *cfg = srv->cfg;
     const struct config_source *src = &cfg->sources[source];
-    char why[300], url[CONFIG_URL_MAX + 256 + 1];
+    char why[300];
 
     k->src = src;
-    if (call_prepare_json(k, src->model, why, sizeof(why)) < 0) {
-        /* The body was checked at call_start and only the (validated)
-         * model differs between sources; call_end releases the reservation. */
+    if (call_prepare_json(k, src, why, sizeof(why)) < 0) {
+        /* The body was checked at call_start for the first source; another
+         * source differs by its (validated) model, or takes the body
+         * converted (accepts: openai), which may refuse what the first
+         * took (tools, images). call_end releases the reservation. */
         call_reply_plain_error(k, PGW_BAD_REQUEST, why);
         call_finish(k);
         return;
@@ -969,10 +1209,23 @@ static void call_run_attempt(struct call *k, size_t source)
     }
     memcpy(json, text, text_len);
     json[text_len] = '\0';
-    snprintf(url, sizeof(url), "%s%s", src->base_url, k->cap->path);
+    /* The built-in chat path is each dialect's own (Anthropic: /messages);
+     * a path set in the configuration is used as written. */
+    const char *path = k->cap->path;
+    if (strcmp(k->cap->name, "chat") == 0 && strcmp(path, "/chat/completions") == 0)
+        path = dialect_get(src->kind)->chat_path;
+    size_t url_len = strlen(src->base_url) + strlen(path) + strlen(src->req_query) + 1;
+    char *url = malloc(url_len);
+    if (!url) {
+        free(json);
+        call_reply_plain_error(k, PGW_INTERNAL, "out of memory");
+        call_finish(k);
+        return;
+    }
+    snprintf(url, url_len, "%s%s%s", src->base_url, path, src->req_query);
     struct attempt_spec as = {
         .url = url,
-        .api_key = src->api_key,
+        .headers = (const char *const *)src->req_headers,
         .body = json,
         .body_len = text_len,
         .stream = k->stream,
@@ -986,10 +1239,13 @@ static void call_run_attempt(struct call *k, size_t source)
     };
     call_set_paused(k, false);
     msgpack_sbuffer_clear(&k->usage);
-    k->stream_tokens = -1;
+    k->tokens = (struct dialect_usage){-1, -1, -1};
+    convert_stream_init(&k->conv, (int64_t)ev_now(srv->loop), k->client_usage);
     k->event_error[0] = '\0';
     k->relayed = 0;
     k->attempt = attempt_start(srv->up, &as, &call_hooks, k);
+    explicit_bzero(url, url_len); /* auth_query puts the key in it */
+    free(url);
     if (!k->attempt) {
         call_reply_plain_error(k, PGW_INTERNAL, "cannot start the upstream request");
         call_finish(k);
@@ -1134,6 +1390,37 @@ static void call_refuse(struct call_sink *s, uint32_t id, const struct call_req 
     call_log_refused(s, id, r, code);
 }
 
+static int include_usage_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    if (strcmp(key, "include_usage") == 0)
+        *(bool *)ud = v->type == JSCAN_TRUE;
+    return 0;
+}
+
+static int stream_options_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    struct call *k = ud;
+    if (strcmp(key, "stream_options") == 0) {
+        k->has_stream_options = true;
+        if (v->type == JSCAN_OBJECT)
+            jscan_object(v->p, v->len, include_usage_member, &k->client_usage, NULL);
+    }
+    return 0;
+}
+
+/* Whether the body has stream_options and asks for include_usage. */
+static void call_scan_stream_options(struct call *k, const struct call_req *r)
+{
+    if (r->json) {
+        jscan_object(r->json, r->json_len, stream_options_member, k, NULL);
+        return;
+    }
+    const msgpack_object *so = rpc_map_get(r->mp, "stream_options");
+    const msgpack_object *iu = rpc_map_get(so, "include_usage");
+    k->has_stream_options = so != NULL;
+    k->client_usage = iu && iu->type == MSGPACK_OBJECT_BOOLEAN && iu->via.boolean;
+}
+
 static void call_free_unstarted(struct call *k)
 {
     msgpack_sbuffer_destroy(&k->usage);
@@ -1211,7 +1498,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     k->stream = r->stream;
     k->cap = &cfg->capabilities[ci];
     k->started = now;
-    k->ttft_s = k->tokens = NAN;
+    k->ttft_s = k->used_tokens = NAN;
     if (r->task_id)
         snprintf(k->task_id, sizeof(k->task_id), "%s", r->task_id);
     msgpack_sbuffer_init(&k->usage);
@@ -1237,8 +1524,9 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
         msgpack_packer_init(&bpk, &k->body, msgpack_sbuffer_write);
         rc = msgpack_pack_object(&bpk, *r->mp);
     }
+    call_scan_stream_options(k, r);
     if (rc == 0)
-        rc = call_prepare_json(k, first->model, why, sizeof(why));
+        rc = call_prepare_json(k, first, why, sizeof(why));
     const char *text;
     size_t text_len;
     call_body_text(k, &text, &text_len);

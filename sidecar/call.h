@@ -30,6 +30,11 @@ struct call_info {
     const char *source;            /* the current or last attempt's source, "-" before any */
     uint32_t attempts;
     double elapsed_s, stalled_s;
+    bool anthropic;                /* the answer is in Anthropic's Messages format (a
+                                    * kind: anthropic source, not converted): its stream
+                                    * events are named and it has no [DONE] */
+    const char *event;             /* on_chunk: the event's name (Anthropic: its "type"),
+                                    * or NULL */
 };
 
 /* A success. For a plain call, a sink that wants msgpack gets the reply as

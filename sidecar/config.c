@@ -103,6 +103,8 @@ enum fid {
     FID_LIMITS, FID_RPM, FID_TPM, FID_DAILY_TOKENS, FID_WINDOW,
     FID_PACER, FID_PACER_MIN_INTERVAL,
     FID_ACCESS_LOG,
+    FID_SRC_KIND, FID_API_VERSION, FID_ANTHROPIC_VERSION, FID_AUTH_HEADER, FID_AUTH_QUERY,
+    FID_HEADERS, FID_QUERY, FID_STREAM_USAGE, FID_ACCEPTS,
     FID_HTTP, FID_HTTP_SOCKET, FID_HTTP_LISTEN, FID_HTTP_ALLOW_REMOTE, FID_HTTP_MAX_BODY,
     FID_HTTP_MAX_HEADER, FID_HTTP_MAX_CONNECTIONS, FID_HTTP_HEADER_TIMEOUT,
     FID_HTTP_BODY_TIMEOUT, FID_HTTP_KEEPALIVE_TIMEOUT, FID_HTTP_SEND_TIMEOUT,
@@ -122,6 +124,7 @@ enum field_type {
     FT_MODE,      /* uint32_t permission bits, octal digits */
     FT_LOGLEVEL,  /* enum log_level */
     FT_BACKEND,   /* enum backend_kind */
+    FT_DIALECT,   /* enum dialect_kind */
     FT_SECTION,   /* nested map described by `sub`, same base + off */
     FT_INCLUDE,   /* `sub`'s keys belong to this map too, at base + off; its
                    * `key` is only a label (never matched), non-NULL because
@@ -267,6 +270,7 @@ struct src_stage {
     bool bad;                  /* not a map: no rule applies to it */
     char *key_env;             /* owned; name of the variable holding the key */
     char *key_file;            /* owned; absolute path of the key file */
+    char *accepts;             /* owned; `accepts:` as written */
     unsigned map_line;
     unsigned line[FID_COUNT];
 };
@@ -906,6 +910,36 @@ static int check_text(struct loader *l, const struct ynode *v, char *s)
     return 0;
 }
 
+/* An HTTP field name (RFC 9110 token). */
+static bool is_header_name(const char *s)
+{
+    if (!*s)
+        return false;
+    for (; *s; s++)
+        if (!isalnum((unsigned char)*s) && !strchr("!#$%&'*+-.^_`|~", *s))
+            return false;
+    return true;
+}
+
+static int check_header_name(struct loader *l, const struct ynode *v, char *s)
+{
+    if (!is_header_name(s))
+        return fail_here(l, v->line, "must be an HTTP header name (letters, digits and "
+                         "!#$%%&'*+-.^_`|~)");
+    return 0;
+}
+
+/* A query parameter name or value, percent-encoded when sent: any
+ * printable text. */
+static int check_query_text(struct loader *l, const struct ynode *v, char *s)
+{
+    if (!*s || strlen(s) > 1024)
+        return fail_here(l, v->line, "must be 1 to 1024 characters");
+    if (has_ctl(s, strlen(s)))
+        return fail_here(l, v->line, "must not contain control characters");
+    return 0;
+}
+
 static int check_name(struct loader *l, unsigned line, const char *s, size_t len)
 {
     if (len == 0)
@@ -1087,6 +1121,9 @@ static const struct field source_policy_table[] = {
 };
 #undef MISPLACED
 
+static int walk_headers(struct loader *l, const struct ynode *v);
+static int walk_query(struct loader *l, const struct ynode *v);
+
 #define SRC(m) OFF(struct src_stage, src.m)
 static const struct field source_table[] = {
     TYPED("name", FT_NAME, FID_NAME, SRC(name)),
@@ -1113,6 +1150,15 @@ static const struct field source_table[] = {
     SECTION("limits", FID_LIMITS, SRC(limits), limits_table),
     SECTION("pacer", FID_PACER, SRC(pacer_min_interval_ms), pacer_table),
     { .key = "policy", .type = FT_INCLUDE, .sub = source_policy_table },
+    TYPED("kind", FT_DIALECT, FID_SRC_KIND, SRC(kind)),
+    STR("api_version", FID_API_VERSION, SRC(api_version), check_query_text),
+    STR("anthropic_version", FID_ANTHROPIC_VERSION, SRC(anthropic_version), check_text),
+    STR("auth_header", FID_AUTH_HEADER, SRC(auth_header), check_header_name),
+    STR("auth_query", FID_AUTH_QUERY, SRC(auth_query), check_query_text),
+    { .key = "headers", .type = FT_CUSTOM, .fid = FID_HEADERS, .walk = walk_headers },
+    { .key = "query", .type = FT_CUSTOM, .fid = FID_QUERY, .walk = walk_query },
+    TYPED("stream_usage", FT_BOOL, FID_STREAM_USAGE, SRC(stream_usage)),
+    STR("accepts", FID_ACCEPTS, OFF(struct src_stage, accepts), check_text),
     END
 };
 #undef SRC
@@ -1196,6 +1242,8 @@ static void source_set_defaults(struct config_source *s)
     s->breaker = (struct config_breaker){ .failures = 5, .cooldown_s = 30,
                                           .max_cooldown_s = 300 };
     s->limits.window_s = 60;
+    s->kind = DIALECT_OPENAI;
+    s->stream_usage = true;
 }
 
 static void source_fini(struct config_source *s)
@@ -1207,6 +1255,34 @@ static void source_fini(struct config_source *s)
     free(s->base_url);
     free(s->model);
     free(s->api_key_file);
+    free(s->api_version);
+    free(s->anthropic_version);
+    free(s->auth_header);
+    free(s->auth_query);
+    for (size_t i = 0; i < s->n_headers; i++) {
+        struct config_header *h = &s->headers[i];
+        if (h->value)
+            explicit_bzero(h->value, strlen(h->value));
+        free(h->name);
+        free(h->value);
+        free(h->value_env);
+        free(h->value_file);
+    }
+    free(s->headers);
+    for (size_t i = 0; i < s->n_query; i++) {
+        free(s->query[i].name);
+        free(s->query[i].value);
+    }
+    free(s->query);
+    for (size_t i = 0; s->req_headers && s->req_headers[i]; i++) {
+        explicit_bzero(s->req_headers[i], strlen(s->req_headers[i]));
+        free(s->req_headers[i]);
+    }
+    free(s->req_headers);
+    if (s->req_query) {
+        explicit_bzero(s->req_query, strlen(s->req_query));
+        free(s->req_query);
+    }
     memset(s, 0, sizeof(*s));
 }
 
@@ -1426,6 +1502,15 @@ static int set_field(struct loader *l, const struct field *f, char *slot,
         else
             return fail_here(l, v->line, "must be memory or redis");
         break;
+    case FT_DIALECT: {
+        if ((rc = get_string(l, v, &s)) < 0)
+            return rc;
+        int k = dialect_from_name(s);
+        if (k < 0)
+            return fail_here(l, v->line, "must be openai, azure or anthropic");
+        *(enum dialect_kind *)slot = (enum dialect_kind)k;
+        break;
+    }
     case FT_INCLUDE:
     case FT_CUSTOM:
     case FT_REJECT:
@@ -1697,6 +1782,137 @@ static int walk_sources(struct loader *l, const struct ynode *v)
     return 0;
 }
 
+#define CONFIG_EXTRAS_MAX 32u /* headers: and query: entries per source */
+
+/* Headers polygw writes itself, or that would break the request framing. */
+static bool header_is_reserved(const char *name)
+{
+    static const char *const reserved[] = {"content-type", "content-length", "host",
+                                           "transfer-encoding", "expect", "accept",
+                                           "connection", "accept-encoding"};
+    for (size_t i = 0; i < sizeof(reserved) / sizeof(reserved[0]); i++)
+        if (strcasecmp(name, reserved[i]) == 0)
+            return true;
+    return false;
+}
+
+/* One `headers:` item: {name, value | value_env | value_file}. */
+static int walk_header(struct loader *l, const struct ynode *item, struct config_header *h)
+{
+    char **slots[4] = {&h->name, &h->value, &h->value_env, &h->value_file};
+    static const char *const keys[4] = {"name", "value", "value_env", "value_file"};
+    int rc;
+
+    h->line = item->line;
+    if (item->kind != YN_MAP)
+        return fail_type(l, item, "a map with name and value, value_env or value_file");
+    for (size_t i = 0; i < item->n_kids / 2; i++) {
+        const struct ynode *key, *v = item->kids[2 * i + 1];
+        const char *str;
+        size_t k;
+
+        if ((rc = map_key(l, item, i, &key)) < 0)
+            return rc;
+        size_t old = path_push_key(l, key->text, key->len);
+        for (k = 0; k < 4 && strcmp(key->text, keys[k]) != 0; k++)
+            ;
+        if (k == 4)
+            rc = fail_here(l, key->line, "unknown key (name, value, value_env, value_file)");
+        else if ((rc = get_string(l, v, &str)) == 0 && !(*slots[k] = strdup(str)))
+            rc = fail_nomem(l);
+        /* The value is never quoted: it may be a secret. */
+        if (rc == 0 && k == 0 && (!is_header_name(str) || header_is_reserved(str)))
+            rc = fail_here(l, v->line, is_header_name(str)
+                                           ? "is a header polygw sets itself"
+                                           : "must be an HTTP header name");
+        if (rc == 0 && k == 1 && has_ctl(str, strlen(str)))
+            rc = fail_here(l, v->line, "must not contain control characters");
+        if (rc == 0 && k == 2)
+            rc = check_env_name(l, v, *slots[k]);
+        if (rc == 0 && k == 3)
+            rc = check_key_path(l, v, *slots[k]);
+        path_pop(l, old);
+        if (rc < 0)
+            return rc;
+    }
+    int given = !!h->value + !!h->value_env + !!h->value_file;
+    if (!h->name)
+        return fail_here(l, item->line, "name: is required");
+    if (given != 1)
+        return fail_here(l, item->line, "needs exactly one of value, value_env, value_file");
+    return 0;
+}
+
+/* sources[i].headers: [ {name, value | value_env | value_file}, ... ] */
+static int walk_headers(struct loader *l, const struct ynode *v)
+{
+    struct config_source *s = &l->srcs[l->n_srcs - 1].src;
+    int rc;
+
+    if (ynode_is_null(v))
+        return 0;
+    if (v->kind != YN_SEQ)
+        return fail_type(l, v, "a list of {name, value} maps");
+    if (v->n_kids > CONFIG_EXTRAS_MAX)
+        return fail_here(l, v->line, "at most %u headers", CONFIG_EXTRAS_MAX);
+    if (v->n_kids == 0)
+        return 0;
+    if (!(s->headers = calloc(v->n_kids, sizeof(*s->headers))))
+        return fail_nomem(l);
+    for (size_t i = 0; i < v->n_kids; i++) {
+        s->n_headers = i + 1;
+        size_t old = path_push_index(l, i);
+        rc = walk_header(l, v->kids[i], &s->headers[i]);
+        for (size_t j = 0; rc == 0 && j < i; j++)
+            if (strcasecmp(s->headers[j].name, s->headers[i].name) == 0)
+                rc = fail_here(l, v->kids[i]->line, "header %s repeated (first at line %u)",
+                               s->headers[i].name, s->headers[j].line);
+        path_pop(l, old);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* sources[i].query: { name: value, ... } (strings, sent percent-encoded). */
+static int walk_query(struct loader *l, const struct ynode *v)
+{
+    struct config_source *s = &l->srcs[l->n_srcs - 1].src;
+    int rc;
+
+    if (ynode_is_null(v))
+        return 0;
+    if (v->kind != YN_MAP)
+        return fail_type(l, v, "a map of parameter names to values");
+    size_t n = v->n_kids / 2;
+    if (n > CONFIG_EXTRAS_MAX)
+        return fail_here(l, v->line, "at most %u parameters", CONFIG_EXTRAS_MAX);
+    if (n == 0)
+        return 0;
+    if (!(s->query = calloc(n, sizeof(*s->query))))
+        return fail_nomem(l);
+    for (size_t i = 0; i < n; i++) {
+        const struct ynode *key, *val = v->kids[2 * i + 1];
+        const char *str;
+
+        if ((rc = map_key(l, v, i, &key)) < 0)
+            return rc;
+        size_t old = path_push_key(l, key->text, key->len);
+        s->n_query = i + 1;
+        if (has_ctl(key->text, key->len) || key->len == 0)
+            rc = fail_here(l, key->line, "parameter names must be printable text");
+        else if ((rc = get_string(l, val, &str)) == 0 &&
+                 (!(s->query[i].name = strdup(key->text)) || !(s->query[i].value = strdup(str))))
+            rc = fail_nomem(l);
+        else if (rc == 0 && has_ctl(str, strlen(str)))
+            rc = fail_here(l, val->line, "must not contain control characters");
+        path_pop(l, old);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Validation pass                                                          */
 
@@ -1877,6 +2093,64 @@ static int validate_capabilities(struct loader *l)
     return 0;
 }
 
+/* kind, its version keys, auth_header / auth_query and accepts; the first
+ * failure among them is reported. Skipped when `kind` itself was rejected:
+ * every rule here depends on it. */
+static int validate_dialect(struct loader *l, size_t i, const char *prefix)
+{
+    struct src_stage *st = &l->srcs[i];
+    struct config_source *s = &st->src;
+    const char *kind = dialect_get(s->kind)->name;
+    char path[CONFIG_PATH_MAX];
+
+    if (line_is_bad(st->line[FID_SRC_KIND]))
+        return 0;
+    if (s->kind == DIALECT_AZURE && !st->line[FID_API_VERSION]) {
+        snprintf(path, sizeof(path), "%s.api_version", prefix);
+        return fail_at(l, st->line[FID_SRC_KIND], path, "is required with kind: azure "
+                       "(e.g. \"2024-10-21\"; sent as the api-version query parameter)");
+    }
+    if (s->kind != DIALECT_AZURE && st->line[FID_API_VERSION]) {
+        snprintf(path, sizeof(path), "%s.api_version", prefix);
+        return fail_at(l, st->line[FID_API_VERSION], path, "only valid with kind: azure");
+    }
+    if (s->kind != DIALECT_ANTHROPIC && st->line[FID_ANTHROPIC_VERSION]) {
+        snprintf(path, sizeof(path), "%s.anthropic_version", prefix);
+        return fail_at(l, st->line[FID_ANTHROPIC_VERSION], path,
+                       "only valid with kind: anthropic");
+    }
+    if (s->kind == DIALECT_ANTHROPIC && !s->anthropic_version &&
+        !(s->anthropic_version = strdup("2023-06-01")))
+        return fail_nomem(l);
+    if (s->auth_header && s->auth_query) {
+        snprintf(path, sizeof(path), "%s.auth_query", prefix);
+        return fail_at(l, st->line[FID_AUTH_QUERY], path,
+                       "cannot be combined with auth_header; choose one");
+    }
+    if (s->auth_header && header_is_reserved(s->auth_header)) {
+        snprintf(path, sizeof(path), "%s.auth_header", prefix);
+        return fail_at(l, st->line[FID_AUTH_HEADER], path, "is a header polygw sets itself");
+    }
+    if (s->kind == DIALECT_ANTHROPIC && st->line[FID_STREAM_USAGE]) {
+        snprintf(path, sizeof(path), "%s.stream_usage", prefix);
+        return fail_at(l, st->line[FID_STREAM_USAGE], path, "only valid with kind: openai or "
+                       "azure (Anthropic streams always carry usage)");
+    }
+    if (st->accepts) {
+        snprintf(path, sizeof(path), "%s.accepts", prefix);
+        if (strcmp(st->accepts, "openai") != 0)
+            return fail_at(l, st->line[FID_ACCEPTS], path, "must be openai");
+        if (s->kind != DIALECT_ANTHROPIC)
+            return fail_at(l, st->line[FID_ACCEPTS], path, "only valid with kind: anthropic "
+                           "(kind %s already takes OpenAI bodies)", kind);
+        if (strcmp(s->capability, "chat") != 0)
+            return fail_at(l, st->line[FID_ACCEPTS], path, "converts chat bodies only "
+                           "(capability is %s)", s->capability);
+        s->accepts_openai = true;
+    }
+    return 0;
+}
+
 /* The rules of one source; each failure is reported, and the rules that
  * need a value that is missing or was rejected are skipped. */
 static void validate_source(struct loader *l, size_t i)
@@ -1957,6 +2231,7 @@ static void validate_source(struct loader *l, size_t i)
         fail_at(l, line[FID_API_KEY_FILE], path,
                 "cannot be combined with api_key_env; choose one");
     }
+    validate_dialect(l, i, prefix);
 }
 
 /* Checks a key just read (env or file), after trailing whitespace was
@@ -1977,10 +2252,11 @@ static int check_key_text(struct loader *l, unsigned line, const char *path, cha
     return 0;
 }
 
-static int read_key_file(struct loader *l, struct src_stage *st, const char *path, char **out)
+/* Reads a secret from `file`; `what` names it in messages ("key", "value"). */
+static int read_secret_file(struct loader *l, const char *file, unsigned line, const char *path,
+                            const char *what, char **out)
 {
-    const char *file = st->key_file;
-    unsigned line = st->line[FID_API_KEY_FILE];
+    char what_in[48];
     char ebuf[128];
     struct stat sb;
     char *buf = NULL;
@@ -2033,7 +2309,8 @@ static int read_key_file(struct loader *l, struct src_stage *st, const char *pat
         rc = fail_at(l, line, path, "'%s' contains NUL bytes", file);
         goto out;
     }
-    if ((rc = check_key_text(l, line, path, buf, "the key in this file")) < 0)
+    snprintf(what_in, sizeof(what_in), "the %s in this file", what);
+    if ((rc = check_key_text(l, line, path, buf, what_in)) < 0)
         goto out;
     *out = strdup(buf);
     rc = *out ? 0 : fail_nomem(l);
@@ -2046,6 +2323,156 @@ out:
     return rc;
 }
 
+/* An environment variable holding a secret (the key, a header value). */
+static int read_secret_env(struct loader *l, const char *name, unsigned line, const char *path,
+                           const char *what, char **out)
+{
+    const char *val = getenv(name);
+    char what_in[48];
+    /* The variable's name is not quoted either (see check_env_name). */
+    if (!val || !*val)
+        return fail_at(l, line, path,
+                       "the environment variable named here is not set or is empty");
+    if (!(*out = strdup(val)))
+        return fail_nomem(l);
+    snprintf(what_in, sizeof(what_in), "the %s in the environment", what);
+    return check_key_text(l, line, path, *out, what_in);
+}
+
+/* A growing query string; it may hold the key, so it is wiped whenever it
+ * moves or is dropped. */
+struct qbuf {
+    char *p;
+    size_t len, cap;
+    int rc;
+};
+
+/* Appends s, percent-encoded (RFC 3986 unreserved characters pass) unless
+ * `raw`. */
+static void qbuf_add(struct qbuf *q, const char *s, bool raw)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    for (; *s && q->rc == 0; s++) {
+        if (q->len + 4 > q->cap) {
+            size_t ncap = q->cap ? q->cap * 2 : 128;
+            char *nb = malloc(ncap);
+            if (!nb) {
+                q->rc = -1;
+                return;
+            }
+            if (q->p) {
+                memcpy(nb, q->p, q->len);
+                explicit_bzero(q->p, q->cap);
+                free(q->p);
+            }
+            q->p = nb;
+            q->cap = ncap;
+        }
+        unsigned char c = (unsigned char)*s;
+        if (raw || isalnum(c) || strchr("-._~", c)) {
+            q->p[q->len++] = (char)c;
+        } else {
+            q->p[q->len++] = '%';
+            q->p[q->len++] = hex[c >> 4];
+            q->p[q->len++] = hex[c & 15];
+        }
+        q->p[q->len] = '\0';
+    }
+}
+
+static void qbuf_pair(struct qbuf *q, const char *name, const char *value)
+{
+    qbuf_add(q, q->len ? "&" : "?", true);
+    qbuf_add(q, name, false);
+    qbuf_add(q, "=", true);
+    qbuf_add(q, value, false);
+}
+
+/* The query string every request of source `s` carries: api-version (azure),
+ * query:, then the key with auth_query. */
+static int build_query(struct config_source *s)
+{
+    const struct dialect *d = dialect_get(s->kind);
+    struct qbuf q = {0};
+
+    if (d->version_query && s->api_version)
+        qbuf_pair(&q, d->version_query, s->api_version);
+    for (size_t i = 0; i < s->n_query; i++)
+        qbuf_pair(&q, s->query[i].name, s->query[i].value);
+    if (s->auth_query && s->api_key)
+        qbuf_pair(&q, s->auth_query, s->api_key);
+    if (q.rc == 0 && !q.p)
+        q.p = strdup("");
+    if (q.rc < 0 || !q.p) {
+        if (q.p) {
+            explicit_bzero(q.p, q.cap);
+            free(q.p);
+        }
+        return -1;
+    }
+    s->req_query = q.p;
+    return 0;
+}
+
+/* "Name: value"; returns owned (a secret when value is one). */
+static char *header_line(const char *name, const char *prefix, const char *value)
+{
+    size_t n = strlen(name) + strlen(prefix) + strlen(value) + 3;
+    char *line = malloc(n);
+    if (line)
+        snprintf(line, n, "%s: %s%s", name, prefix, value);
+    return line;
+}
+
+/* The header lines every request of source `s` carries. */
+static int build_headers(struct config_source *s)
+{
+    const struct dialect *d = dialect_get(s->kind);
+    size_t n = 0, max = s->n_headers + 3;
+
+    if (!(s->req_headers = calloc(max, sizeof(*s->req_headers))))
+        return -1;
+    if (s->api_key && !s->auth_query) {
+        if (s->auth_header)
+            s->req_headers[n++] = header_line(s->auth_header, "", s->api_key);
+        else
+            s->req_headers[n++] = header_line(d->key_header, d->key_prefix, s->api_key);
+        if (!s->req_headers[n - 1])
+            return -1;
+    }
+    if (d->version_header && s->anthropic_version &&
+        !(s->req_headers[n++] = header_line(d->version_header, "", s->anthropic_version)))
+        return -1;
+    for (size_t i = 0; i < s->n_headers; i++)
+        if (!(s->req_headers[n++] = header_line(s->headers[i].name, "", s->headers[i].value)))
+            return -1;
+    return 0;
+}
+
+/* Header values from value_env / value_file, then the request parts. */
+static int load_source_extras(struct loader *l, size_t i)
+{
+    struct config_source *s = &l->srcs[i].src;
+    char path[CONFIG_PATH_MAX];
+    int rc = 0;
+
+    for (size_t j = 0; j < s->n_headers && rc == 0; j++) {
+        struct config_header *h = &s->headers[j];
+        if (h->value_env) {
+            snprintf(path, sizeof(path), "sources[%zu].headers[%zu].value_env", i, j);
+            rc = read_secret_env(l, h->value_env, h->line, path, "value", &h->value);
+        } else if (h->value_file) {
+            snprintf(path, sizeof(path), "sources[%zu].headers[%zu].value_file", i, j);
+            rc = read_secret_file(l, h->value_file, h->line, path, "value", &h->value);
+        }
+    }
+    /* Built only for a load that will succeed: a header whose value did
+     * not load has none to send. */
+    if (rc == 0 && l->n_errors == 0 && (build_query(s) < 0 || build_headers(s) < 0))
+        rc = fail_nomem(l);
+    return rc;
+}
+
 /* The secrets pass: runs only once everything else is valid. */
 static int load_key(struct loader *l, size_t i)
 {
@@ -2054,21 +2481,14 @@ static int load_key(struct loader *l, size_t i)
 
     if (st->key_file) {
         snprintf(path, sizeof(path), "sources[%zu].api_key_file", i);
-        return read_key_file(l, st, path, &st->src.api_key);
+        return read_secret_file(l, st->key_file, st->line[FID_API_KEY_FILE], path, "key",
+                                &st->src.api_key);
     }
     if (!st->key_env)
         return 0;                           /* no key: no Authorization header */
     snprintf(path, sizeof(path), "sources[%zu].api_key_env", i);
-    const char *val = getenv(st->key_env);
-    /* The variable's name is not quoted either (see check_env_name). */
-    if (!val || !*val)
-        return fail_at(l, st->line[FID_API_KEY_ENV], path,
-                       "the environment variable named here is not set or is empty");
-    st->src.api_key = strdup(val);
-    if (!st->src.api_key)
-        return fail_nomem(l);
-    return check_key_text(l, st->line[FID_API_KEY_ENV], path, st->src.api_key,
-                          "the key in the environment");
+    return read_secret_env(l, st->key_env, st->line[FID_API_KEY_ENV], path, "key",
+                           &st->src.api_key);
 }
 
 /* backend.url_env: the URL (it may hold a password) from the environment,
@@ -2110,7 +2530,7 @@ static int validate(struct loader *l)
     if (l->n_errors)
         return -EINVAL;                     /* no I/O for a file that is invalid */
     for (size_t i = 0; i < l->n_srcs; i++)
-        if ((rc = load_key(l, i)) == -ENOMEM)
+        if ((rc = load_key(l, i)) == -ENOMEM || (rc = load_source_extras(l, i)) == -ENOMEM)
             return rc;
     if ((rc = load_redis_url(l)) == -ENOMEM)
         return rc;
@@ -2140,6 +2560,7 @@ static void loader_fini(struct loader *l)
         source_fini(&l->srcs[i].src);
         free(l->srcs[i].key_env);
         free(l->srcs[i].key_file);
+        free(l->srcs[i].accepts);
     }
     free(l->srcs);
     free(l->caps);

@@ -37,6 +37,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dialect.h"
+
 #define CONFIG_NAME_MAX 64   /* names: [A-Za-z0-9_.-]{1,63} */
 
 /* An `err` buffer of this size never truncates a message (unless the file
@@ -93,6 +95,22 @@ struct config_capability {
                                   * this capability is governed by */
 };
 
+/* One extra request header of a source (`headers:`). */
+struct config_header {
+    char *name;                /* owned; an HTTP token, not one polygw sets itself */
+    char *value;               /* owned; the literal `value`, or read from value_env /
+                                * value_file in the secrets pass: may be a secret,
+                                * never print; wiped by config_free */
+    char *value_env;           /* owned or NULL */
+    char *value_file;          /* owned or NULL */
+    unsigned line;
+};
+
+/* One extra query parameter of a source (`query:`). */
+struct config_param {
+    char *name, *value;        /* owned; printable, percent-encoded when sent */
+};
+
 struct config_source {
     char name[CONFIG_NAME_MAX];
     char capability[CONFIG_NAME_MAX];
@@ -120,6 +138,26 @@ struct config_source {
     struct config_policy policy; /* copy of capabilities[capability_index].policy
                                   * (never set per source); kept for readers
                                   * that have only the source at hand */
+
+    /* The upstream's dialect and how to authenticate (docs/CONFIG.md,
+     * "Providers"). */
+    enum dialect_kind kind;    /* default openai */
+    char *api_version;         /* owned; azure only, required there */
+    char *anthropic_version;   /* owned; anthropic only, default "2023-06-01" */
+    char *auth_header;         /* owned or NULL: send the key verbatim in this header */
+    char *auth_query;          /* owned or NULL: send the key as this query parameter */
+    bool stream_usage;         /* openai/azure streams ask for usage; default true */
+    bool accepts_openai;       /* anthropic: takes OpenAI chat bodies, converted */
+    struct config_header *headers; /* owned array */
+    size_t n_headers;
+    struct config_param *query;    /* owned array */
+    size_t n_query;
+    /* Built once everything is loaded, from the above and the key: */
+    char **req_headers;        /* owned, NULL-terminated "Name: value" lines sent with
+                                * every request (key, version, headers:); secret:
+                                * never print; wiped by config_free */
+    char *req_query;           /* owned; "" or "?name=value&..." appended to every
+                                * URL; holds the key with auth_query: never print */
 };
 
 struct config {

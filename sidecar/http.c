@@ -854,7 +854,8 @@ static int h_on_chunk(struct call_sink *s, uint32_t id, const struct call_info *
 
     if (!c->stream_open)
         hc_stream_head(c, ci);
-    hc_sse(c, NULL, json, json_len);
+    /* Anthropic's clients dispatch on the event name (message_start, ...). */
+    hc_sse(c, ci->anthropic ? ci->event : NULL, json, json_len);
     hc_flush(c);
     if (c->closed)
         return -1;
@@ -872,7 +873,8 @@ static void h_on_result(struct call_sink *s, uint32_t id, const struct call_info
     } else {
         if (!c->stream_open)
             hc_stream_head(c, ci);
-        hc_sse(c, NULL, "[DONE]", 6);
+        if (!ci->anthropic)
+            hc_sse(c, NULL, "[DONE]", 6); /* an Anthropic stream ended with message_stop */
         hc_body_end(c);
     }
     hc_response_done(c);
@@ -1025,6 +1027,26 @@ static int body_member(void *ud, const char *key, const struct jscan_value *v)
     return 0;
 }
 
+/* The path (after /v1) capability i is served at: its own, except that a
+ * chat capability whose sources speak Anthropic's Messages API natively
+ * (kind: anthropic without accepts: openai) is served at /messages, where
+ * Anthropic's clients send. */
+static const char *cap_http_path(const struct config *cfg, size_t i)
+{
+    const struct config_capability *cap = &cfg->capabilities[i];
+
+    if (strcmp(cap->name, "chat") != 0 || strcmp(cap->path, "/chat/completions") != 0)
+        return cap->path;
+    for (size_t j = 0; j < cfg->n_sources; j++) {
+        const struct config_source *src = &cfg->sources[j];
+        if (src->capability_index == i)
+            return src->kind == DIALECT_ANTHROPIC && !src->accepts_openai
+                       ? dialect_get(DIALECT_ANTHROPIC)->chat_path
+                       : cap->path;
+    }
+    return cap->path;
+}
+
 static void route_call(struct http_conn *c, const char *path, size_t len)
 {
     struct server *srv = c->hs->srv;
@@ -1035,7 +1057,7 @@ static void route_call(struct http_conn *c, const char *path, size_t len)
     /* Two capabilities may share an upstream path: the first one that has
      * a source serves it. */
     for (size_t i = 0; i < cfg->n_capabilities; i++) {
-        if (!path_is(path + 3, len - 3, cfg->capabilities[i].path))
+        if (!path_is(path + 3, len - 3, cap_http_path(cfg, i)))
             continue;
         bool served = false;
         for (size_t j = 0; j < cfg->n_sources && !served; j++)

@@ -96,9 +96,16 @@ void keywatch_refresh(struct keywatch *kw)
         return;
     dirs_clear(kw);
     const struct config *cfg = kw->srv->cfg;
-    for (size_t i = 0; i < cfg->n_sources; i++)
-        if (cfg->sources[i].api_key_file && !cfg->sources[i].retired)
-            watch_file(kw, cfg->sources[i].api_key_file);
+    for (size_t i = 0; i < cfg->n_sources; i++) {
+        const struct config_source *src = &cfg->sources[i];
+        if (src->retired)
+            continue;
+        if (src->api_key_file)
+            watch_file(kw, src->api_key_file);
+        for (size_t j = 0; j < src->n_headers; j++) /* header secrets rotate the same way */
+            if (src->headers[j].value_file)
+                watch_file(kw, src->headers[j].value_file);
+    }
     if (kw->n_dirs)
         log_at(LOG_DEBUG, "watching key files", "dirs", LOG_U, (unsigned long long)kw->n_dirs,
                NULL);

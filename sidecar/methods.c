@@ -61,7 +61,7 @@ static void pack_governance(msgpack_packer *pk, struct server *srv)
         uint32_t limit = aimd_permits(&s->aimd);
         if (limit > s->p.max_concurrency)
             limit = s->p.max_concurrency;
-        msgpack_pack_map(pk, 15 + (s->p.retired ? 1 : 0));
+        msgpack_pack_map(pk, 16 + (s->p.retired ? 1 : 0));
         rpc_pack_str(pk, "name");
         rpc_pack_str(pk, s->p.name);
         if (s->p.retired) /* removed by a reload, still in use */
@@ -85,6 +85,7 @@ static void pack_governance(msgpack_packer *pk, struct server *srv)
         rpc_pack_kv_u64(pk, "failures", s->failures);
         rpc_pack_kv_u64(pk, "rate_limited", s->rate_limited);
         rpc_pack_kv_u64(pk, "breaker_opened", s->breaker.opened_total);
+        rpc_pack_kv_u64(pk, "tokens_used", s->tokens_used);
     }
     rpc_pack_str(pk, "scopes");
     struct scope_iter it = {pk, now};

@@ -280,6 +280,11 @@ static double src_breaker_opened(struct server *srv, size_t i)
     return (double)srv->gov.sources[i].breaker.opened_total;
 }
 
+static double src_tokens(struct server *srv, size_t i)
+{
+    return (double)srv->gov.sources[i].tokens_used;
+}
+
 static const struct {
     const char *name, *type, *help;
     source_value_fn *fn;
@@ -294,6 +299,9 @@ static const struct {
      false},
     {"polygw_source_breaker_opened_total", "counter", "Times the source's breaker opened.",
      src_breaker_opened, true},
+    {"polygw_source_tokens_total", "counter",
+     "Tokens the upstream reported (its real usage) for successful calls of the source.",
+     src_tokens, false},
 };
 
 static void render_source_hist(struct prom_text *t, struct server *srv, const char *name,

@@ -142,11 +142,39 @@ static long find_source(const struct config *o, const struct config_source *s)
     return -1;
 }
 
+/* The secrets source `s` sends: its API key and the header values read from
+ * the environment or a file (a literal value is in the file for anyone to
+ * read). Fills out[] (room for 1 + s->n_headers), returns the count. */
+static size_t source_secrets(const struct config_source *s, const char **out)
+{
+    size_t n = 0;
+
+    if (s->api_key)
+        out[n++] = s->api_key;
+    for (size_t j = 0; j < s->n_headers; j++)
+        if ((s->headers[j].value_env || s->headers[j].value_file) && s->headers[j].value)
+            out[n++] = s->headers[j].value;
+    return n;
+}
+
+static size_t max_secrets(const struct config_source *s, size_t n)
+{
+    size_t m = 0;
+
+    for (size_t i = 0; i < n; i++)
+        m += 1 + s[i].n_headers;
+    return m;
+}
+
 static bool key_in(const char *key, const struct config_source *s, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         if (s[i].api_key && strcmp(s[i].api_key, key) == 0)
             return true;
+        for (size_t j = 0; j < s[i].n_headers; j++)
+            if (s[i].headers[j].value && strcmp(s[i].headers[j].value, key) == 0)
+                return true;
+    }
     return false;
 }
 
@@ -172,18 +200,22 @@ static int next_old_keys(const struct server *srv, const struct config_source *s
             out[k++] = srv->old_keys[i]; /* borrowed until commit */
     size_t borrowed = k;
     for (size_t i = 0; i < o->n_sources; i++) {
-        const char *key = o->sources[i].api_key;
-        bool seen = !key || key_in(key, slots, n);
-        for (size_t j = 0; !seen && j < k; j++)
-            seen = strcmp(out[j], key) == 0;
-        if (seen)
-            continue;
-        if (!(out[k] = strdup(key))) {
-            while (k > borrowed)
-                wipe_free(out[--k]);
-            return -1;
+        const char *sec[1 + o->sources[i].n_headers];
+        size_t ns = source_secrets(&o->sources[i], sec);
+        for (size_t q = 0; q < ns; q++) {
+            const char *key = sec[q];
+            bool seen = key_in(key, slots, n);
+            for (size_t j = 0; !seen && j < k; j++)
+                seen = strcmp(out[j], key) == 0;
+            if (seen)
+                continue;
+            if (!(out[k] = strdup(key))) {
+                while (k > borrowed)
+                    wipe_free(out[--k]);
+                return -1;
+            }
+            k++;
         }
-        k++;
     }
     *n_out = k;
     return (int)borrowed;
@@ -192,16 +224,17 @@ static int next_old_keys(const struct server *srv, const struct config_source *s
 static struct redact *make_redact(const struct config_source *slots, size_t n, char **old,
                                   size_t n_old)
 {
-    const char **keys = calloc(n + n_old + 1, sizeof(*keys));
+    const char **keys = calloc(max_secrets(slots, n) + n_old + 1, sizeof(*keys));
     struct redact *r;
+    size_t k = 0;
 
     if (!keys)
         return NULL;
     for (size_t i = 0; i < n; i++)
-        keys[i] = slots[i].api_key;
+        k += source_secrets(&slots[i], keys + k);
     for (size_t i = 0; i < n_old; i++)
-        keys[n + i] = old[i];
-    r = redact_new(keys, n + n_old);
+        keys[k++] = old[i];
+    r = redact_new(keys, k);
     free(keys);
     return r;
 }
@@ -301,7 +334,8 @@ static int reload_apply(struct reload_ctx *x, struct reload_summary *sum, char *
     slots = calloc(n_slots ? n_slots : 1, sizeof(*slots));
     params = calloc(n_slots ? n_slots : 1, sizeof(*params));
     from = calloc(n_slots ? n_slots : 1, sizeof(*from));
-    old_keys = calloc(srv->n_old_keys + o->n_sources + 1, sizeof(*old_keys));
+    old_keys = calloc(srv->n_old_keys + max_secrets(o->sources, o->n_sources) + 1,
+                      sizeof(*old_keys));
     if (!slots || !params || !from || !old_keys)
         goto oom;
     memcpy(slots, n->sources, n->n_sources * sizeof(*slots));

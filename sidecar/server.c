@@ -527,13 +527,23 @@ static struct backend *server_backend_new(struct server *srv, const struct backe
 static int server_redact_init(struct server *srv)
 {
     const struct config *cfg = srv->cfg;
-    const char **keys = calloc(cfg->n_sources ? cfg->n_sources : 1, sizeof(*keys));
+    size_t n = 0, max = cfg->n_sources;
 
+    for (size_t i = 0; i < cfg->n_sources; i++)
+        max += cfg->sources[i].n_headers;
+    const char **keys = calloc(max ? max : 1, sizeof(*keys));
     if (!keys)
         return -1;
-    for (size_t i = 0; i < cfg->n_sources; i++)
-        keys[i] = cfg->sources[i].api_key;
-    srv->redact = redact_new(keys, cfg->n_sources);
+    for (size_t i = 0; i < cfg->n_sources; i++) {
+        const struct config_source *s = &cfg->sources[i];
+        keys[n++] = s->api_key;
+        /* Header values read from the environment or a file are secrets
+         * too (a literal `value` is in the file for anyone to read). */
+        for (size_t j = 0; j < s->n_headers; j++)
+            if (s->headers[j].value_env || s->headers[j].value_file)
+                keys[n++] = s->headers[j].value;
+    }
+    srv->redact = redact_new(keys, n);
     free(keys);
     return srv->redact ? 0 : -1;
 }

@@ -47,6 +47,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "dialect.h"
 #include "sse.h"
 
 #define UPSTREAM_ORPHAN_TTL_S 30.0
@@ -65,7 +66,6 @@
  * that keep changing them from growing the caches: past it, attempts build
  * their own (the slower path, same result). */
 #define UPSTREAM_CACHE_MAX 64
-#define HEADER_AUTH "Authorization: Bearer "
 
 struct dns_host {
     struct dns_host *next;
@@ -85,10 +85,9 @@ struct url_host {
     char url[];
 };
 
-/* Request headers for one (stream, api_key) pair, shared by every attempt
- * that sends them: building the list costs 4-5 allocations per attempt and
- * curl only reads it. Found by the text of the Authorization line, so the
- * key itself is not kept a second time. */
+/* Request headers for one (stream, source headers) pair, shared by every
+ * attempt that sends them: building the list costs 4-5 allocations per
+ * attempt and curl only reads it. Found by comparing the lines. */
 struct header_set {
     struct header_set *next;
     bool stream;
@@ -147,6 +146,7 @@ struct attempt {
 
     int status;
     char retry_after[96];
+    char retry_after_ms[24], should_retry[8], reset_requests[24], reset_tokens[24];
     bool is_sse;
     char *resp;
     size_t resp_len, resp_cap, max_resp;
@@ -155,6 +155,9 @@ struct attempt {
     bool sse_ready;
     uint32_t events;
     bool terminal_seen;
+    bool stream_failed, fail_transient; /* attempt_fail_stream() from on_event */
+    enum outcome_reason fail_reason;
+    char fail_detail[160];
 
     bool cancelled;               /* owner cancelled: no hooks, free at next safe point */
     bool owner_paused;            /* attempt_pause() in effect */
@@ -520,6 +523,13 @@ static void attempt_set_phase(struct attempt *a, enum attempt_phase p)
 
 /* --- lifecycle ------------------------------------------------------- */
 
+/* Header lines carry keys: wiped before they are freed. */
+static void headers_wipe(struct curl_slist *l)
+{
+    for (; l; l = l->next)
+        explicit_bzero(l->data, strlen(l->data));
+}
+
 static void attempt_free(struct attempt *a)
 {
     struct upstream *up = a->up;
@@ -538,6 +548,7 @@ static void attempt_free(struct attempt *a)
         curl_multi_remove_handle(up->multi, a->easy);
         curl_easy_cleanup(a->easy);
     }
+    headers_wipe(a->owned_headers);
     curl_slist_free_all(a->owned_headers);
     free(a->req_body);
     free(a->resp);
@@ -785,10 +796,19 @@ static size_t attempt_on_header(char *line, size_t size, size_t nitems, void *ud
         /* A new status line (after 100 Continue, say) resets what we saw. */
         const char *sp = memchr(line, ' ', n);
         a->status = sp ? atoi(sp + 1) : 0;
-        a->retry_after[0] = '\0';
+        a->retry_after[0] = a->retry_after_ms[0] = a->should_retry[0] = '\0';
+        a->reset_requests[0] = a->reset_tokens[0] = '\0';
         a->is_sse = false;
     } else if (header_is(line, n, "retry-after", &v, &vlen)) {
         snprintf(a->retry_after, sizeof(a->retry_after), "%.*s", (int)vlen, v);
+    } else if (header_is(line, n, "retry-after-ms", &v, &vlen)) {
+        snprintf(a->retry_after_ms, sizeof(a->retry_after_ms), "%.*s", (int)vlen, v);
+    } else if (header_is(line, n, "x-should-retry", &v, &vlen)) {
+        snprintf(a->should_retry, sizeof(a->should_retry), "%.*s", (int)vlen, v);
+    } else if (header_is(line, n, "x-ratelimit-reset-requests", &v, &vlen)) {
+        snprintf(a->reset_requests, sizeof(a->reset_requests), "%.*s", (int)vlen, v);
+    } else if (header_is(line, n, "x-ratelimit-reset-tokens", &v, &vlen)) {
+        snprintf(a->reset_tokens, sizeof(a->reset_tokens), "%.*s", (int)vlen, v);
     } else if (header_is(line, n, "content-type", &v, &vlen)) {
         a->is_sse = vlen >= 17 && strncasecmp(v, "text/event-stream", 17) == 0;
     }
@@ -807,9 +827,11 @@ static int attempt_on_sse_event(const struct sse_event *ev, void *ud)
     }
     if (a->events == 0)
         attempt_set_phase(a, ATTEMPT_STREAMING);
-    a->events++;
     a->last_activity = ev_now(a->up->loop);
     int rc = a->hooks.on_event(a, ev->data, ev->data_len, a->ud);
+    if (a->stream_failed)
+        return -1;  /* an error event: not delivered, not counted */
+    a->events++;
     if (rc > 0) {
         a->terminal_seen = true;
         return 0;
@@ -934,12 +956,22 @@ static void upstream_on_done_msg(CURL *easy, CURLcode rc)
             clock_gettime(CLOCK_REALTIME, &ts);
             outcome_from_http(&r.outcome, a->status, a->retry_after[0] ? a->retry_after : NULL,
                               (double)ts.tv_sec + ts.tv_nsec / 1e9);
-            snprintf(r.detail, sizeof(r.detail), "upstream answered HTTP %d", a->status);
+            struct dialect_hints hints = {a->retry_after_ms, a->should_retry, a->reset_requests,
+                                          a->reset_tokens};
+            dialect_apply_hints(&r.outcome, &hints);
+            if (a->status >= 300 && a->status < 400)
+                snprintf(r.detail, sizeof(r.detail),
+                         "upstream answered HTTP %d, a redirect: polygw does not follow "
+                         "redirects, so the source's key is never sent to another location; "
+                         "fix base_url", a->status);
+            else
+                snprintf(r.detail, sizeof(r.detail), "upstream answered HTTP %d", a->status);
         } else if (a->stream && !a->is_sse) {
             result_transient(&r, REASON_BAD_RESPONSE, "expected text/event-stream");
         } else if (a->stream && !a->terminal_seen) {
             result_transient(&r, REASON_TRUNCATED,
-                             "stream ended without [DONE] or a finish_reason");
+                             "stream ended before its terminal event ([DONE], a finish_reason, "
+                             "message_stop)");
         } else {
             r.outcome.kind = OUTCOME_SUCCESS;
             r.outcome.reason = REASON_NONE;
@@ -958,10 +990,15 @@ static void upstream_on_done_msg(CURL *easy, CURLcode rc)
         result_transient(&r, REASON_TRUNCATED, a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
         break;
     case CURLE_WRITE_ERROR:
-        if (a->resp_too_large)
+        if (a->stream_failed) {
+            result_transient(&r, a->fail_reason, a->fail_detail);
+            if (!a->fail_transient)
+                r.outcome.kind = OUTCOME_FAIL_FAST;
+        } else if (a->resp_too_large) {
             result_transient(&r, REASON_BAD_RESPONSE, "response larger than max_message_bytes");
-        else
+        } else {
             result_transient(&r, REASON_BAD_RESPONSE, "malformed or oversized stream event");
+        }
         break;
     case CURLE_OPERATION_TIMEDOUT:
         result_transient(&r, a->phase <= ATTEMPT_CONNECTING ? REASON_CONNECT_TIMEOUT
@@ -1183,8 +1220,7 @@ void upstream_free(struct upstream *up)
     while (up->header_sets) {
         struct header_set *hs = up->header_sets;
         up->header_sets = hs->next;
-        for (struct curl_slist *l = hs->headers; l; l = l->next)
-            explicit_bzero(l->data, strlen(l->data));
+        headers_wipe(hs->headers);
         curl_slist_free_all(hs->headers);
         free(hs);
     }
@@ -1196,7 +1232,7 @@ void upstream_free(struct upstream *up)
     free(up);
 }
 
-static struct curl_slist *headers_build(bool stream, const char *api_key)
+static struct curl_slist *headers_build(bool stream, const char *const *extra)
 {
     struct curl_slist *l = curl_slist_append(NULL, "Content-Type: application/json");
     struct curl_slist *t;
@@ -1209,18 +1245,9 @@ static struct curl_slist *headers_build(bool stream, const char *api_key)
         curl_slist_free_all(l);
         return NULL;
     }
-    if (api_key && api_key[0]) {
-        size_t n = strlen(api_key) + sizeof(HEADER_AUTH);
-        char *auth = malloc(n);
-        if (!auth) {
-            curl_slist_free_all(l);
-            return NULL;
-        }
-        snprintf(auth, n, HEADER_AUTH "%s", api_key);
-        t = curl_slist_append(l, auth);
-        explicit_bzero(auth, n);
-        free(auth);
-        if (!t) {
+    for (size_t i = 0; extra && extra[i]; i++) {
+        if (!curl_slist_append(l, extra[i])) {
+            headers_wipe(l);
             curl_slist_free_all(l);
             return NULL;
         }
@@ -1228,27 +1255,30 @@ static struct curl_slist *headers_build(bool stream, const char *api_key)
     return l;
 }
 
-/* The key a header list carries ("" for none): its 4th line, if any. */
-static const char *headers_key(const struct curl_slist *l)
+/* True when list `l` is the one headers_build(stream, extra) makes: its
+ * first 3 lines are fixed, the rest must equal `extra` line by line. */
+static bool headers_match(const struct curl_slist *l, const char *const *extra)
 {
     for (int i = 0; i < 3 && l; i++)
         l = l->next;
-    return l ? l->data + sizeof(HEADER_AUTH) - 1 : "";
+    for (size_t i = 0; extra && extra[i]; i++, l = l->next) {
+        if (!l || strcmp(l->data, extra[i]) != 0)
+            return false;
+    }
+    return l == NULL;
 }
 
-/* The header list for (stream, api_key): a cached one (borrowed: it lives
+/* The header list for (stream, extra): a cached one (borrowed: it lives
  * as long as the engine) or, past the cache bound, a new one stored in
  * *owned for the attempt to free. NULL when out of memory. */
-static struct curl_slist *upstream_headers(struct upstream *up, bool stream, const char *api_key,
-                                           struct curl_slist **owned)
+static struct curl_slist *upstream_headers(struct upstream *up, bool stream,
+                                           const char *const *extra, struct curl_slist **owned)
 {
-    const char *key = api_key ? api_key : "";
-
     for (struct header_set *hs = up->header_sets; hs; hs = hs->next) {
-        if (hs->stream == stream && strcmp(headers_key(hs->headers), key) == 0)
+        if (hs->stream == stream && headers_match(hs->headers, extra))
             return hs->headers;
     }
-    struct curl_slist *l = headers_build(stream, api_key);
+    struct curl_slist *l = headers_build(stream, extra);
     if (!l)
         return NULL;
     struct header_set *hs = up->n_header_sets < UPSTREAM_CACHE_MAX ? malloc(sizeof(*hs)) : NULL;
@@ -1270,11 +1300,18 @@ static int attempt_setup(struct attempt *a, const struct attempt_spec *spec)
 
     if (!e)
         return -1;
-    a->headers = upstream_headers(a->up, spec->stream, spec->api_key, &a->owned_headers);
+    a->headers = upstream_headers(a->up, spec->stream, spec->headers, &a->owned_headers);
     if (!a->headers)
         return -1;
     curl_easy_setopt(e, CURLOPT_URL, spec->url);
     curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+    /* Never follow a redirect. The request carries the source's key, and on
+     * a redirect to another host libcurl drops only Authorization and Cookie
+     * (unless CURLOPT_UNRESTRICTED_AUTH): an api-key, x-api-key or
+     * x-goog-api-key line would be sent to whatever host Location names. A
+     * 3xx ends the attempt instead (upstream_on_done_msg says why). */
+    curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
+    curl_easy_setopt(e, CURLOPT_UNRESTRICTED_AUTH, 0L);
     curl_easy_setopt(e, CURLOPT_POST, 1L);
     curl_easy_setopt(e, CURLOPT_POSTFIELDS, a->req_body);
     curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)spec->body_len);
@@ -1373,6 +1410,15 @@ void attempt_cancel(struct attempt *a)
     }
     attempt_detach(a);
     attempt_free(a);
+}
+
+void attempt_fail_stream(struct attempt *a, enum outcome_reason reason, bool transient,
+                         const char *detail)
+{
+    a->stream_failed = true;
+    a->fail_reason = reason;
+    a->fail_transient = transient;
+    snprintf(a->fail_detail, sizeof(a->fail_detail), "%s", detail);
 }
 
 void attempt_pause(struct attempt *a)

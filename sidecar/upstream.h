@@ -95,8 +95,11 @@ enum attempt_phase {
 };
 
 struct attempt_spec {
-    const char *url;               /* borrowed for the call only (copied by curl) */
-    const char *api_key;           /* borrowed; NULL = no Authorization header */
+    const char *url;               /* borrowed for the call only (copied by curl); may
+                                    * hold a secret in its query: never logged */
+    const char *const *headers;    /* borrowed until the attempt ends, NULL-terminated
+                                    * "Name: value" lines (the source's key among them:
+                                    * never logged); NULL = none */
     char *body;                    /* takes: the JSON request body (malloc'd) */
     size_t body_len;
     bool stream;
@@ -164,6 +167,14 @@ void attempt_cancel(struct attempt *a);
  * a timeout: it is no verdict on the source (no breaker failure, no retry).
  * Both are safe from any callback; resuming happens before the loop sleeps. */
 void attempt_pause(struct attempt *a);
+
+/* From on_event only, which then returns -1: the event is an error the
+ * upstream reported inside its stream (Anthropic's `error` event, say).
+ * Instead of ending as cancelled, the attempt ends through on_done with
+ * `reason` (transient, or fail_fast when !transient) and `detail` (copied,
+ * at most 159 bytes kept); the event is not counted in `events`. */
+void attempt_fail_stream(struct attempt *a, enum outcome_reason reason, bool transient,
+                         const char *detail);
 void attempt_resume(struct attempt *a);
 
 /* Sets up an empty budget of `limit` bytes. */

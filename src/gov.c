@@ -872,6 +872,7 @@ void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o
     stall_clock_attempt_end(&k->clock, now, exempt);
     gov_call_release(k);
     if (actual_tokens >= 0) {
+        s->tokens_used += (uint64_t)actual_tokens;
         bucket_adjust(&s->tpm, actual_tokens - k->est_tokens, now);
         bucket_adjust(&s->daily, actual_tokens - k->est_tokens, now);
     }

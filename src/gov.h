@@ -111,6 +111,7 @@ struct gov_source {
     double gate_until;
     struct gov_call *gate_holder;
     uint64_t attempts, successes, failures, rate_limited;
+    uint64_t tokens_used;                      /* real usage reported by successes */
 };
 
 /* Progress reads and writes go through this interface (the memory store by

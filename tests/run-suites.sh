@@ -130,7 +130,7 @@ stage "integration (pytest, ASan)"     pytest  env "$ASAN" "$UBSAN" "$ASAN_BUILD
 stage "redis (pytest)"                 pytest  $PYTEST tests/redis
 stage "clients (python + node, ASan)"  summary sh client/run-tests.sh build/asan clients
 stage "agent graphs (ASan)"            summary sh client/run-tests.sh build/asan graphs
-stage "http (OpenAI Node SDK, ASan)"   summary sh tests/http/run-tests.sh build/asan
+stage "http (OpenAI + Anthropic SDKs)" summary sh tests/http/run-tests.sh build/asan
 stage "fuzz replay (ASan)"             summary make --no-print-directory BUILD=build/asan SAN=1 fuzz-replay
 stage "documentation references"      exit    /usr/bin/python3 tests/check_docs.py
 stage_if "command -v clang" "fuzz targets (clang build)" summary make --no-print-directory fuzz-build

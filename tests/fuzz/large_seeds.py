@@ -77,6 +77,18 @@ def seeds(max_len):
         "many-sources": doc.encode(),
         "long-scalar": ("listen: { socket: \"%s\" }\n" % ("s" * big)).encode(),
     }
+    # convert: an OpenAI chat body, a Messages reply, or a list of events.
+    turns = big // 60
+    out["convert"] = {
+        "many-turns": json.dumps({"messages": [
+            {"role": ("user", "assistant")[i % 2], "content": [{"type": "text", "text": "t%d" % i}]}
+            for i in range(turns)]}, separators=(",", ":")).encode()[:max_len],
+        "huge-reply": json.dumps({"content": [{"type": "text", "text": "w" * big}],
+                                  "usage": {"input_tokens": 1, "output_tokens": 2}}).encode(),
+        "many-events": json.dumps([{"type": "content_block_delta", "index": 0,
+                                    "delta": {"type": "text_delta", "text": "x"}}] * (big // 70),
+                                  separators=(",", ":")).encode()[:max_len],
+    }
 
     # jscan: one JSON text, a request body or a reply as the HTTP front sees it.
     request = {"model": "m", "stream": True,

@@ -2,6 +2,7 @@
 # tests/http/run-tests.sh BUILD_DIR
 #
 # The HTTP front end driven by the official OpenAI Node SDK (openai.test.js)
+# and the official Anthropic TypeScript SDK (anthropic.test.js)
 # against the real sidecar and mock upstream in BUILD_DIR (e.g. build/asan):
 # `npm ci` from the committed lockfile (tests/npm-sync.sh: skipped when
 # node_modules already matches it), then `node --test`. Its last line is
@@ -21,7 +22,7 @@ echo "== tests/http: node --test"
 LOG=$(mktemp /tmp/pgw-http-tests.XXXXXX)
 trap 'rm -f "$LOG"' EXIT INT TERM
 cd "$HERE" || exit 1
-node --test --test-reporter=spec openai.test.js 2>&1 | tee "$LOG"
+node --test --test-reporter=spec openai.test.js anthropic.test.js 2>&1 | tee "$LOG"
 n() { # n KEY: the spec reporter's "ℹ KEY N" count, or 0
     v=$(grep -E "^. $1 [0-9]+" "$LOG" | tail -1 | awk '{print $3}')
     echo "${v:-0}"

@@ -170,6 +170,14 @@ class MockUpstream:
         """Behaviour for every API request while the queue is empty; None clears it."""
         self._control("POST", "/_mock/script", {"default": behaviour})
 
+    def require_auth(self, dialect, key, name=None):
+        """Every API request must authenticate as `dialect` (openai, azure,
+        anthropic, gemini, query) with `key`; a wrong or missing one gets
+        that provider's own error. None as dialect lifts the check."""
+        auth = None if dialect is None else dict({"dialect": dialect, "key": key},
+                                                 **({"name": name} if name else {}))
+        self._control("POST", "/_mock/script", {"auth": auth})
+
     def stats(self):
         return self._control("GET", "/_mock/stats")
 

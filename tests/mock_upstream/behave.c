@@ -203,6 +203,14 @@ int behave_parse(struct behave *b, json_t *obj, char *err, size_t errlen)
                                 "names must be tokens and values strings without CR/LF/NUL");
             }
             b->headers = v;
+        } else if (!strcmp(key, "usage_if_asked")) {
+            if (!json_is_boolean(v))
+                return fail(b, err, errlen, key, "must be a boolean");
+            b->usage_if_asked = json_is_true(v);
+        } else if (!strcmp(key, "stream_error")) {
+            if (!json_is_string(v) || !is_token(json_string_value(v)))
+                return fail(b, err, errlen, key, "must be an error type such as overloaded_error");
+            b->stream_error = json_string_value(v);
         } else if (!strcmp(key, "dims")) {
             if (get_int(v, 65536, &b->dims) || b->dims < 1)
                 return fail(b, err, errlen, key, "must be an integer in [1, 65536]");

@@ -454,6 +454,8 @@ static void conn_dispatch(struct conn *c, const char *body, size_t blen)
         ep = EP_EMBEDDINGS;
     else if (ends_with(target, plen, "/ocr"))
         ep = EP_OCR;
+    else if (ends_with(target, plen, "/messages"))
+        ep = EP_MESSAGES;
     else {
         reply_error(c, 404, "not_found_error", "mock: unknown path");
         return;

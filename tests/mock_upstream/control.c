@@ -210,14 +210,45 @@ static int validate_list(json_t *list, const char *what, char *err, size_t errle
     return 0;
 }
 
+int control_auth_check(json_t *auth, char *err, size_t errlen)
+{
+    static const char *const dialects[] = {"openai", "azure", "anthropic", "gemini", "query"};
+    const char *k;
+    json_t *v;
+    bool known = false;
+
+    if (!json_is_object(auth)) {
+        snprintf(err, errlen, "must be an object {dialect, key, name?} or null");
+        return -1;
+    }
+    json_object_foreach(auth, k, v) {
+        if (strcmp(k, "dialect") && strcmp(k, "key") && strcmp(k, "name")) {
+            snprintf(err, errlen, "unknown key \"%s\" (dialect, key, name)", k);
+            return -1;
+        }
+        if (!json_is_string(v)) {
+            snprintf(err, errlen, "%s must be a string", k);
+            return -1;
+        }
+    }
+    const char *d = json_string_value(json_object_get(auth, "dialect"));
+    for (size_t i = 0; d && i < sizeof(dialects) / sizeof(dialects[0]); i++)
+        known = known || !strcmp(d, dialects[i]);
+    if (!known || !json_object_get(auth, "key")) {
+        snprintf(err, errlen, "needs dialect (openai, azure, anthropic, gemini, query) and key");
+        return -1;
+    }
+    return 0;
+}
+
 static void control_script(struct conn *c, const char *body, size_t blen)
 {
     struct mock *m = c->m;
     json_error_t jerr;
     char err[300];
     json_t *doc = json_loadb(body, blen, 0, &jerr);
-    json_t *queue = NULL, *append = NULL, *dflt = NULL;
-    bool set_dflt = false;
+    json_t *queue = NULL, *append = NULL, *dflt = NULL, *auth = NULL;
+    bool set_dflt = false, set_auth = false;
     if (!doc) {
         snprintf(err, sizeof err, "invalid JSON: %s", jerr.text);
         control_error(c, 400, err);
@@ -244,8 +275,16 @@ static void control_script(struct conn *c, const char *body, size_t blen)
                     snprintf(err, sizeof err, "default: %s", why);
                     goto bad;
                 }
+            } else if (!strcmp(k, "auth")) {
+                set_auth = true;
+                auth = json_is_null(v) ? NULL : v;
+                char why[200];
+                if (auth && control_auth_check(auth, why, sizeof why) != 0) {
+                    snprintf(err, sizeof err, "auth: %s", why);
+                    goto bad;
+                }
             } else {
-                snprintf(err, sizeof err, "unknown key \"%s\" (queue, append, default)", k);
+                snprintf(err, sizeof err, "unknown key \"%s\" (queue, append, default, auth)", k);
                 goto bad;
             }
         }
@@ -265,6 +304,10 @@ static void control_script(struct conn *c, const char *body, size_t blen)
     if (set_dflt) {
         json_decref(m->dflt);
         m->dflt = dflt ? json_incref(dflt) : NULL;
+    }
+    if (set_auth) {
+        json_decref(m->auth);
+        m->auth = auth ? json_incref(auth) : NULL;
     }
     json_decref(doc);
     reply_json(c, 200, json_pack("{s:b,s:I,s:b}", "ok", 1, "queue_len",
@@ -296,6 +339,8 @@ static void control_reset(struct conn *c, const char *body, size_t blen)
     json_array_clear(m->queue);
     json_decref(m->dflt);
     m->dflt = NULL;
+    json_decref(m->auth);
+    m->auth = NULL;
     m->st.requests = m->st.accepted = m->st.closed = 0;
     m->st.closed_by_peer = m->st.aborted_by_peer = 0;
     m->st.last_abort_s = 0;

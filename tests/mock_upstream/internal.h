@@ -113,6 +113,8 @@ struct behave {
     json_t *usage;               /* object or NULL */
     json_t *headers;             /* object of string values or NULL */
     long long dims;              /* embedding dimensions, -1 = default */
+    const char *stream_error;    /* Anthropic stream: end with this error event */
+    bool usage_if_asked;         /* OpenAI: stream usage only with include_usage */
 };
 
 void behave_init(struct behave *b);
@@ -130,6 +132,8 @@ bool behave_accept_pending(const struct mock *m);
 
 /* --------------------------------------------------------------- conn.c */
 
+enum mock_endpoint { EP_CHAT, EP_EMBEDDINGS, EP_OCR, EP_MESSAGES };
+
 enum conn_state {
     CONN_PEEK,         /* new connection while an accept-hang is scripted */
     CONN_READ,         /* reading / parsing a request */
@@ -146,6 +150,7 @@ enum conn_state {
 struct reply_stream {
     bool active, done;
     bool include_usage;          /* OpenAI shape: separate usage chunk */
+    bool anthropic;              /* Messages API events instead of chunks */
     long long events, next;
     long long interval_ms;
     const char *model;
@@ -193,6 +198,7 @@ struct conn {
     json_t *beh_json;            /* owns b's strings */
     json_t *req_json;            /* parsed request body (strings used by stream) */
     struct reply_stream st;
+    enum mock_endpoint ep;       /* of the current API request */
     struct buf repeated;         /* chat text made by content_repeat (st.text may point here) */
 
     unsigned long long req_id;   /* X-Mock-Request, completion ids */
@@ -216,7 +222,6 @@ void conn_hang(struct conn *c);
 
 /* -------------------------------------------------------------- reply.c */
 
-enum mock_endpoint { EP_CHAT, EP_EMBEDDINGS, EP_OCR };
 
 /* Answers an API request (counting already done). body is borrowed. */
 void reply_api(struct conn *c, enum mock_endpoint ep, const char *body, size_t len);
@@ -238,6 +243,8 @@ void control_record(struct mock *m, const char *head, size_t hlen, const char *b
 /* Counts an API request under its path. */
 void control_count_path(struct mock *m, const char *path, size_t plen);
 void control_fini(struct mock *m);
+/* Validates an `auth` object of /_mock/script; 0, or -1 with a reason. */
+int control_auth_check(json_t *auth, char *err, size_t errlen);
 
 /* --------------------------------------------------------------- main.c */
 
@@ -277,6 +284,7 @@ struct mock {
     struct conn *conns, *dead;
     json_t *queue;               /* array of behaviour objects */
     json_t *dflt;                /* object or NULL */
+    json_t *auth;                /* the auth every API request must carry, or NULL */
     unsigned long long next_id;
     struct mock_stats st;
     unsigned long long by_status[MOCK_MAX_STATUS];

@@ -211,6 +211,7 @@ int main(int argc, char **argv)
     close(m.lfd);
     json_decref(m.queue);
     json_decref(m.dflt);
+    json_decref(m.auth);
     control_fini(&m);
     buf_fini(&m.scratch);
     ev_loop_destroy(m.loop);

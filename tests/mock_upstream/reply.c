@@ -45,6 +45,7 @@ const char *reply_reason(int status)
     case 503: return "Service Unavailable";
     case 504: return "Gateway Timeout";
     case 505: return "HTTP Version Not Supported";
+    case 529: return "Overloaded";
     default: return "Status";
     }
 }
@@ -166,35 +167,73 @@ void reply_error(struct conn *c, int status, const char *type, const char *msg)
     reply_error_json(c, status, type, msg);
 }
 
-#define ECHO_AUTH "{{authorization}}"
+/* Anthropic's error body: {"type":"error","error":{"type","message"}}. */
+static const char *anthropic_error_type_of(int status)
+{
+    switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 413: return "request_too_large";
+    case 429: return "rate_limit_error";
+    case 529: return "overloaded_error";
+    default: return status >= 500 ? "api_error" : "invalid_request_error";
+    }
+}
 
-/* Appends s[0..n) to b with each ECHO_AUTH replaced by the value of the
- * request's Authorization header (nothing when it has none): a script can
- * make the mock echo the key it was sent, as some providers do. */
+static void anthropic_error_obj(struct buf *sc, const char *type, const char *msg)
+{
+    buf_adds(sc, "{\"type\":\"error\",\"error\":{\"type\":");
+    buf_add_json_str(sc, type, strlen(type));
+    buf_adds(sc, ",\"message\":");
+    buf_add_json_str(sc, msg, strlen(msg));
+    buf_adds(sc, "}}");
+}
+
+static void reply_anthropic_error(struct conn *c, int status, const char *type, const char *msg)
+{
+    struct buf *sc = &c->m->scratch;
+    sc->len = 0;
+    anthropic_error_obj(sc, type, msg);
+    reply_fixed(c, status, "application/json", sc->p, sc->len);
+}
+
+static const char *head_get(const struct conn *c, const char *name, size_t *vlen);
+
+/* Appends s[0..n) to b with each {{authorization}} replaced by the value of
+ * the request's Authorization header, and each {{header:NAME}} by that of
+ * header NAME (nothing when the request has none): a script can make the
+ * mock echo the key it was sent, as some providers do. */
 static void add_expanded(struct conn *c, struct buf *b, const char *s, size_t n)
 {
-    const char *auth = NULL, *head = c->in.p, *end = c->in.p + c->head_len;
-    size_t alen = 0, k = sizeof(ECHO_AUTH) - 1;
+    const char *e = s + n, *hit;
 
-    for (const char *l = head; l && l < end;) {
-        const char *le = memmem(l, (size_t)(end - l), "\r\n", 2);
-        if (!le)
-            break;
-        if ((size_t)(le - l) > 14 && !strncasecmp(l, "authorization:", 14)) {
-            auth = l + 14;
-            while (auth < le && (*auth == ' ' || *auth == '\t'))
-                auth++;
-            alen = (size_t)(le - auth);
+    while ((hit = memmem(s, (size_t)(e - s), "{{", 2))) {
+        const char *name = hit + 2;
+        const char *close = memmem(name, (size_t)(e - name), "}}", 2);
+        size_t nl = close ? (size_t)(close - name) : 0;
+        char hname[64];
+        if (nl > 7 && !memcmp(name, "header:", 7)) {
+            name += 7;
+            nl -= 7;
+        } else if (!(nl == 13 && !memcmp(name, "authorization", 13))) {
+            nl = 0;
         }
-        l = le + 2;
-    }
-    for (const char *e = s + n, *hit; (hit = memmem(s, (size_t)(e - s), ECHO_AUTH, k));) {
+        if (nl == 0 || nl >= sizeof(hname)) {
+            buf_add(b, s, (size_t)(hit + 2 - s)); /* not a placeholder: kept as is */
+            s = hit + 2;
+            continue;
+        }
+        memcpy(hname, name, nl);
+        hname[nl] = '\0';
         buf_add(b, s, (size_t)(hit - s));
-        buf_add(b, auth, alen);
-        s = hit + k;
-        n = (size_t)(e - s);
+        size_t vl = 0;
+        const char *v = head_get(c, hname, &vl);
+        if (v)
+            buf_add(b, v, vl);
+        s = close + 2;
     }
-    buf_add(b, s, n);
+    buf_add(b, s, (size_t)(e - s));
 }
 
 /* A scripted error status, with the behaviour's pacing kept. */
@@ -207,9 +246,135 @@ static void reply_status(struct conn *c, int status)
         add_expanded(c, &em, c->b.error_message, strlen(c->b.error_message));
         buf_add(&em, "", 1);
     }
-    reply_error_json(c, status, c->b.error_type ? c->b.error_type : error_type_of(status),
-                     c->b.error_message ? em.p : msg);
+    if (c->ep == EP_MESSAGES)
+        reply_anthropic_error(c, status,
+                              c->b.error_type ? c->b.error_type : anthropic_error_type_of(status),
+                              c->b.error_message ? em.p : status == 529 ? "Overloaded" : msg);
+    else
+        reply_error_json(c, status, c->b.error_type ? c->b.error_type : error_type_of(status),
+                         c->b.error_message ? em.p : msg);
     buf_fini(&em);
+}
+
+/* ------------------------------------------------------------------ auth */
+
+/* The value of request header `name` (case-insensitive), or NULL. */
+static const char *head_get(const struct conn *c, const char *name, size_t *vlen)
+{
+    const char *p = c->in.p, *end = c->in.p + c->head_len;
+    size_t n = strlen(name);
+    const char *line = memchr(p, '\n', (size_t)(end - p));
+    while (line && ++line < end) {
+        const char *eol = memchr(line, '\n', (size_t)(end - line));
+        if (!eol)
+            break;
+        if ((size_t)(eol - line) > n && !strncasecmp(line, name, n) && line[n] == ':') {
+            const char *v = line + n + 1, *ve = eol;
+            while (v < ve && (*v == ' ' || *v == '\t'))
+                v++;
+            while (ve > v && (ve[-1] == '\r' || ve[-1] == ' '))
+                ve--;
+            *vlen = (size_t)(ve - v);
+            return v;
+        }
+        line = eol;
+    }
+    return NULL;
+}
+
+/* The raw (still percent-encoded) value of query parameter `name`. */
+static const char *query_get(const struct conn *c, const char *name, size_t *vlen)
+{
+    const char *t = c->in.p + c->target_off, *end = t + c->target_len;
+    const char *q = memchr(t, '?', c->target_len);
+    size_t n = strlen(name);
+    while (q && q < end) {
+        q++;
+        const char *amp = memchr(q, '&', (size_t)(end - q));
+        const char *e = amp ? amp : end;
+        if ((size_t)(e - q) > n && !memcmp(q, name, n) && q[n] == '=') {
+            *vlen = (size_t)(e - q - (ptrdiff_t)n - 1);
+            return q + n + 1;
+        }
+        q = amp;
+    }
+    return NULL;
+}
+
+static bool same(const char *v, size_t vlen, const char *want)
+{
+    return v && vlen == strlen(want) && !memcmp(v, want, vlen);
+}
+
+/* Checks the request against /_mock/script's `auth` the way that provider
+ * does; answers with its real error shape and returns false on a mismatch. */
+static bool reply_check_auth(struct conn *c)
+{
+    json_t *auth = c->m->auth;
+    if (!auth)
+        return true;
+    const char *d = json_string_value(json_object_get(auth, "dialect"));
+    const char *key = json_string_value(json_object_get(auth, "key"));
+    const char *name = json_string_value(json_object_get(auth, "name"));
+    const char *v;
+    size_t vl = 0;
+
+    if (!strcmp(d, "openai")) {
+        char want[512];
+        snprintf(want, sizeof want, "Bearer %s", key);
+        v = head_get(c, "authorization", &vl);
+        if (same(v, vl, want))
+            return true;
+        reply_error_json(c, 401, "invalid_request_error",
+                         v ? "Incorrect API key provided. You can find your API key at "
+                             "https://platform.openai.com/account/api-keys."
+                           : "You didn't provide an API key. You need to provide your API key "
+                             "in an Authorization header using Bearer auth.");
+        return false;
+    }
+    if (!strcmp(d, "azure")) {
+        static const char denied[] =
+            "{\"error\":{\"code\":\"401\",\"message\":\"Access denied due to invalid "
+            "subscription key or wrong API endpoint. Make sure to provide a valid key for an "
+            "active subscription and use a correct regional API endpoint for your resource.\"}}";
+        static const char not_found[] =
+            "{\"error\":{\"code\":\"404\",\"message\":\"Resource not found\"}}";
+        v = head_get(c, "api-key", &vl);
+        if (!same(v, vl, key)) {
+            reply_fixed(c, 401, "application/json", denied, sizeof denied - 1);
+            return false;
+        }
+        if (!query_get(c, "api-version", &vl) || !vl) {
+            reply_fixed(c, 404, "application/json", not_found, sizeof not_found - 1);
+            return false;
+        }
+        return true;
+    }
+    if (!strcmp(d, "anthropic")) {
+        v = head_get(c, "x-api-key", &vl);
+        if (!same(v, vl, key)) {
+            reply_anthropic_error(c, 401, "authentication_error",
+                                  v ? "invalid x-api-key" : "x-api-key header is required");
+            return false;
+        }
+        if (!head_get(c, "anthropic-version", &vl) || !vl) {
+            reply_anthropic_error(c, 400, "invalid_request_error",
+                                  "anthropic-version: header is required");
+            return false;
+        }
+        return true;
+    }
+    if (!strcmp(d, "gemini"))
+        v = head_get(c, name ? name : "x-goog-api-key", &vl);
+    else
+        v = query_get(c, name ? name : "key", &vl);
+    if (same(v, vl, key))
+        return true;
+    static const char invalid[] =
+        "{\"error\":{\"code\":400,\"message\":\"API key not valid. Please pass a valid API "
+        "key.\",\"status\":\"INVALID_ARGUMENT\"}}";
+    reply_fixed(c, 400, "application/json", invalid, sizeof invalid - 1);
+    return false;
 }
 
 /* The raw `body` (or `body_hex`) of a behaviour, expanded. */
@@ -306,10 +471,71 @@ static void stream_emit(struct conn *c, const char *p, size_t n)
         buf_add(&c->out, "\r\n", 2);
 }
 
+static void sse_event(struct buf *sc, const char *name)
+{
+    buf_adds(sc, "event: ");
+    buf_adds(sc, name);
+    buf_adds(sc, "\ndata: ");
+}
+
+/* One step of a Messages API stream: message_start and content_block_start
+ * come with the first content delta; content_block_stop, message_delta
+ * (with the usage) and message_stop end it. */
+static void anthropic_stream_step(struct conn *c, struct buf *sc)
+{
+    struct reply_stream *s = &c->st;
+    if (s->next == 0) {
+        sse_event(sc, "message_start");
+        buf_addf(sc, "{\"type\":\"message_start\",\"message\":{\"id\":\"msg_mock_%llu\","
+                     "\"type\":\"message\",\"role\":\"assistant\",\"model\":", s->id);
+        buf_add_json_str(sc, s->model, s->model_len);
+        buf_addf(sc, ",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,"
+                     "\"usage\":{\"input_tokens\":%lld,\"output_tokens\":1}}}\n\n",
+                 s->prompt_tokens);
+        sse_event(sc, "content_block_start");
+        buf_adds(sc, "{\"type\":\"content_block_start\",\"index\":0,"
+                     "\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n");
+    }
+    if (s->next < s->events) {
+        size_t a = piece_bound(s, s->next), e = piece_bound(s, s->next + 1);
+        sse_event(sc, "content_block_delta");
+        buf_adds(sc, "{\"type\":\"content_block_delta\",\"index\":0,"
+                     "\"delta\":{\"type\":\"text_delta\",\"text\":");
+        buf_add_json_str(sc, s->text + a, e - a);
+        buf_adds(sc, "}}\n\n");
+        s->next++;
+        return;
+    }
+    if (c->b.stream_error) {
+        sse_event(sc, "error");
+        anthropic_error_obj(sc, c->b.stream_error, "Overloaded");
+        buf_adds(sc, "\n\n");
+    } else if (!c->b.no_done) {
+        sse_event(sc, "content_block_stop");
+        buf_adds(sc, "{\"type\":\"content_block_stop\",\"index\":0}\n\n");
+        sse_event(sc, "message_delta");
+        buf_addf(sc, "{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\","
+                     "\"stop_sequence\":null},\"usage\":{\"output_tokens\":%lld}}\n\n",
+                 s->completion_tokens);
+        sse_event(sc, "message_stop");
+        buf_adds(sc, "{\"type\":\"message_stop\"}\n\n");
+    }
+    s->done = true;
+}
+
 void reply_stream_fill(struct conn *c, bool all)
 {
     struct reply_stream *s = &c->st;
     struct buf *sc = &c->m->scratch;
+    while (!s->done && s->anthropic) {
+        sc->len = 0;
+        anthropic_stream_step(c, sc);
+        stream_emit(c, sc->p, sc->len);
+        if (s->done && c->chunked_out)
+            buf_add(&c->out, "0\r\n\r\n", 5);
+        if (!all)
+            return;
+    }
     while (!s->done) {
         sc->len = 0;
         if (s->next < s->events) {
@@ -324,7 +550,7 @@ void reply_stream_fill(struct conn *c, bool all)
             if (!c->b.no_done) {
                 chunk_prefix(sc, s);
                 buf_adds(sc, ",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]");
-                if (!s->include_usage) {
+                if (!s->include_usage && !c->b.usage_if_asked) {
                     buf_add(sc, ",", 1);
                     usage_json(sc, s->prompt_tokens, s->completion_tokens, s->total_tokens);
                 }
@@ -355,6 +581,12 @@ static void reply_chat(struct conn *c, json_t *req, int status)
     const char *echo = NULL;
     size_t echo_len = 0, prompt_bytes = 0, i;
     json_t *msg;
+    if (c->ep == EP_MESSAGES) {
+        /* The system prompt counts as prompt text but is never echoed. */
+        const char *sys = NULL;
+        size_t sys_len = 0;
+        text_of(json_object_get(req, "system"), &sys, &sys_len, &prompt_bytes);
+    }
     json_array_foreach(json_object_get(req, "messages"), i, msg)
         text_of(json_object_get(msg, "content"), &echo, &echo_len, &prompt_bytes);
 
@@ -389,6 +621,7 @@ static void reply_chat(struct conn *c, json_t *req, int status)
         s->active = true;
         s->include_usage =
             json_is_true(json_object_get(json_object_get(req, "stream_options"), "include_usage"));
+        s->anthropic = c->ep == EP_MESSAGES;
         s->events = c->b.stream_events >= 0 ? c->b.stream_events : DEFAULT_STREAM_EVENTS;
         s->interval_ms = c->b.stream_interval_ms;
         s->model = mstr;
@@ -407,6 +640,17 @@ static void reply_chat(struct conn *c, json_t *req, int status)
 
     struct buf *sc = &c->m->scratch;
     sc->len = 0;
+    if (c->ep == EP_MESSAGES) {
+        buf_addf(sc, "{\"id\":\"msg_mock_%llu\",\"type\":\"message\",\"role\":\"assistant\","
+                     "\"model\":", c->req_id);
+        buf_add_json_str(sc, mstr, mlen);
+        buf_adds(sc, ",\"content\":[{\"type\":\"text\",\"text\":");
+        buf_add_json_str(sc, text, tlen);
+        buf_addf(sc, "}],\"stop_reason\":\"end_turn\",\"stop_sequence\":null,"
+                     "\"usage\":{\"input_tokens\":%lld,\"output_tokens\":%lld}}", pt, ct);
+        reply_fixed(c, status, "application/json", sc->p, sc->len);
+        return;
+    }
     chat_body(sc, c->req_id, created);
     buf_add_json_str(sc, mstr, mlen);
     buf_adds(sc, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
@@ -611,6 +855,9 @@ static void reply_ocr(struct conn *c, json_t *req, int status, size_t body_len)
 
 void reply_api(struct conn *c, enum mock_endpoint ep, const char *body, size_t len)
 {
+    c->ep = ep;
+    if (!reply_check_auth(c))
+        return;
     if (ep == EP_CHAT && !json_array_size(c->m->queue) && !c->m->dflt &&
         reply_chat_fast(c, body, len))
         return;
@@ -648,7 +895,8 @@ void reply_api(struct conn *c, enum mock_endpoint ep, const char *body, size_t l
         return;
     }
     switch (ep) {
-    case EP_CHAT: reply_chat(c, req, status); break;
+    case EP_CHAT:
+    case EP_MESSAGES: reply_chat(c, req, status); break;
     case EP_EMBEDDINGS: reply_embeddings(c, req, status); break;
     case EP_OCR: reply_ocr(c, req, status, len); break;
     }

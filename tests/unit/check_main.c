@@ -23,6 +23,8 @@ int main(void)
         gov_suite,
         task_suite,
         redis_url_suite,
+        dialect_suite,
+        convert_suite,
         tasks_suite,
         call_suite,
         backend_memory_suite,

@@ -19,6 +19,8 @@ Suite *progress_suite(void);
 Suite *gov_suite(void);
 Suite *task_suite(void);
 Suite *redis_url_suite(void);
+Suite *dialect_suite(void);
+Suite *convert_suite(void);
 Suite *tasks_suite(void);
 Suite *call_suite(void);
 Suite *backend_memory_suite(void);

@@ -1345,6 +1345,125 @@ START_TEST(test_config__error_never_contains_key)
 }
 END_TEST
 
+/* ---------------------------------------------------------------- providers */
+
+START_TEST(test_config__kind_defaults_to_openai_bearer)
+{
+    setenv("PGW_T_KEY", SECRET, 1);
+    struct config *cfg = expect_ok(SRC0 "    api_key_env: PGW_T_KEY\n");
+    const struct config_source *s = &cfg->sources[0];
+    ck_assert_int_eq(s->kind, DIALECT_OPENAI);
+    ck_assert(s->stream_usage);
+    ck_assert_str_eq(s->req_headers[0], "Authorization: Bearer " SECRET);
+    ck_assert_ptr_null(s->req_headers[1]);
+    ck_assert_str_eq(s->req_query, "");
+    config_free(cfg);
+}
+END_TEST
+
+START_TEST(test_config__azure_key_header_and_api_version)
+{
+    setenv("PGW_T_KEY", SECRET, 1);
+    struct config *cfg = expect_ok(SRC0 "    kind: azure\n"
+                                        "    api_version: \"2024-10-21\"\n"
+                                        "    api_key_env: PGW_T_KEY\n"
+                                        "    query: {a b: \"x&y\"}\n");
+    const struct config_source *s = &cfg->sources[0];
+    ck_assert_int_eq(s->kind, DIALECT_AZURE);
+    ck_assert_str_eq(s->req_headers[0], "api-key: " SECRET);
+    ck_assert_str_eq(s->req_query, "?api-version=2024-10-21&a%20b=x%26y");
+    config_free(cfg);
+}
+END_TEST
+
+START_TEST(test_config__azure_requires_api_version)
+{
+    expect_reject(SRC0 "    kind: azure\n", 5, "sources[0].api_version",
+                  "is required with kind: azure");
+    expect_reject(SRC0 "    api_version: \"1\"\n", 5, "sources[0].api_version",
+                  "only valid with kind: azure");
+}
+END_TEST
+
+START_TEST(test_config__anthropic_version_default_and_headers)
+{
+    setenv("PGW_T_KEY", SECRET, 1);
+    setenv("PGW_T_ORG", "org-7", 1);
+    struct config *cfg = expect_ok(SRC0 "    kind: anthropic\n"
+                                        "    api_key_env: PGW_T_KEY\n"
+                                        "    accepts: openai\n"
+                                        "    headers:\n"
+                                        "      - {name: X-Org, value_env: PGW_T_ORG}\n"
+                                        "      - {name: anthropic-beta, value: tools-1}\n");
+    const struct config_source *s = &cfg->sources[0];
+    ck_assert_int_eq(s->kind, DIALECT_ANTHROPIC);
+    ck_assert(s->accepts_openai);
+    ck_assert_str_eq(s->req_headers[0], "x-api-key: " SECRET);
+    ck_assert_str_eq(s->req_headers[1], "anthropic-version: 2023-06-01");
+    ck_assert_str_eq(s->req_headers[2], "X-Org: org-7");
+    ck_assert_str_eq(s->req_headers[3], "anthropic-beta: tools-1");
+    ck_assert_ptr_null(s->req_headers[4]);
+    config_free(cfg);
+    expect_reject(SRC0 "    anthropic_version: \"2023-06-01\"\n", 5,
+                  "sources[0].anthropic_version", "only valid with kind: anthropic");
+    expect_reject(SRC0 "    kind: anthropic\n    stream_usage: false\n", 6,
+                  "sources[0].stream_usage", "only valid with kind: openai or azure");
+}
+END_TEST
+
+START_TEST(test_config__auth_header_and_auth_query)
+{
+    setenv("PGW_T_KEY", SECRET, 1);
+    struct config *cfg = expect_ok(SRC0 "    auth_header: x-goog-api-key\n"
+                                        "    api_key_env: PGW_T_KEY\n");
+    ck_assert_str_eq(cfg->sources[0].req_headers[0], "x-goog-api-key: " SECRET);
+    config_free(cfg);
+    setenv("PGW_T_KEY", "a+b/c", 1);
+    cfg = expect_ok(SRC0 "    auth_query: key\n    api_key_env: PGW_T_KEY\n");
+    ck_assert_ptr_null(cfg->sources[0].req_headers[0]);
+    ck_assert_str_eq(cfg->sources[0].req_query, "?key=a%2Bb%2Fc");
+    config_free(cfg);
+    expect_reject(SRC0 "    auth_header: x-k\n    auth_query: k\n", 6, "sources[0].auth_query",
+                  "cannot be combined with auth_header");
+    expect_reject(SRC0 "    auth_header: \"bad header\"\n", 5, "sources[0].auth_header",
+                  "must be an HTTP header name");
+    expect_reject(SRC0 "    auth_header: Content-Type\n", 5, "sources[0].auth_header",
+                  "is a header polygw sets itself");
+}
+END_TEST
+
+START_TEST(test_config__bad_kind_accepts_and_headers)
+{
+    expect_reject(SRC0 "    kind: gemini\n", 5, "sources[0].kind",
+                  "must be openai, azure or anthropic");
+    expect_reject(SRC0 "    accepts: openai\n", 5, "sources[0].accepts",
+                  "only valid with kind: anthropic");
+    expect_reject(SRC0 "    kind: anthropic\n    accepts: gemini\n", 6, "sources[0].accepts",
+                  "must be openai");
+    expect_reject(SRC0 "    headers: [{name: X-A}]\n", 5, "sources[0].headers[0]",
+                  "needs exactly one of value, value_env, value_file");
+    expect_reject(SRC0 "    headers: [{name: X-A, value: a, value_env: B}]\n", 5,
+                  "sources[0].headers[0]", "needs exactly one of");
+    expect_reject(SRC0 "    headers: [{name: Host, value: a}]\n", 5,
+                  "sources[0].headers[0].name", "is a header polygw sets itself");
+    expect_reject(SRC0 "    headers: [{name: X-A, value: a}, {name: x-a, value: b}]\n", 5,
+                  "sources[0].headers[1]", "header x-a repeated");
+    expect_reject(SRC0 "    headers: [{name: X-A, valu: a}]\n", 5,
+                  "sources[0].headers[0].valu", "unknown key");
+    expect_reject(SRC0 "    headers: {X-A: a}\n", 5, "sources[0].headers",
+                  "expected a list");
+    expect_reject(SRC0 "    query: [a]\n", 5, "sources[0].query", "expected a map");
+}
+END_TEST
+
+START_TEST(test_config__header_value_env_unset_never_quoted)
+{
+    unsetenv("PGW_T_NOPE");
+    expect_reject(SRC0 "    headers: [{name: X-A, value_env: PGW_T_NOPE}]\n", 5,
+                  "sources[0].headers[0].value_env", "is not set or is empty");
+}
+END_TEST
+
 START_TEST(test_config__http_section)
 {
     struct config *cfg = expect_ok("listen: {}\n");
@@ -1501,7 +1620,7 @@ START_TEST(test_config__unknown_key_hints)
     expect_reject("server:\n  socket: /tmp/s\n", 2, "server.socket",
                   "unknown key; did you mean listen.socket or http.socket?");
     expect_reject("listen: { kind: redis }\n", 1, "listen.kind",
-                  "unknown key; did you mean backend.kind?");
+                  "unknown key; did you mean backend.kind or sources[i].kind?");
     expect_reject("max_attempts: 3\n", 1, "max_attempts", "unknown key; did you mean "
                   "defaults.max_attempts or capabilities.NAME.max_attempts?");
     expect_reject("defaults: { path: /x }\n", 1, "defaults.path",
@@ -1751,6 +1870,14 @@ Suite *config_suite(void)
     tcase_add_test(tc, test_config__rejected_value_one_error);
     tcase_add_test(tc, test_config__load_fifo_refused);
     tcase_add_test(tc, test_config__many_entries);
+    /* Providers */
+    tcase_add_test(tc, test_config__kind_defaults_to_openai_bearer);
+    tcase_add_test(tc, test_config__azure_key_header_and_api_version);
+    tcase_add_test(tc, test_config__azure_requires_api_version);
+    tcase_add_test(tc, test_config__anthropic_version_default_and_headers);
+    tcase_add_test(tc, test_config__auth_header_and_auth_query);
+    tcase_add_test(tc, test_config__bad_kind_accepts_and_headers);
+    tcase_add_test(tc, test_config__header_value_env_unset_never_quoted);
     suite_add_tcase(s, tc);
     return s;
 }

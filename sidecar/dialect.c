@@ -1,0 +1,270 @@
+/*
+ * dialect.c — the dialect table and the readers of each dialect's events
+ * and token counts (contract in dialect.h).
+ */
+#include "dialect.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "rpc.h"
+
+static int64_t obj_count(const msgpack_object *map, const char *key)
+{
+    const msgpack_object *v = rpc_map_get(map, key);
+    if (v && v->type == MSGPACK_OBJECT_POSITIVE_INTEGER && v->via.u64 <= INT64_MAX)
+        return (int64_t)v->via.u64;
+    return -1;
+}
+
+static void usage_none(struct dialect_usage *u)
+{
+    u->prompt = u->completion = u->total = -1;
+}
+
+static void event_init(struct dialect_event *out)
+{
+    memset(out, 0, sizeof(*out));
+    usage_none(&out->usage);
+}
+
+/* --- OpenAI and Azure ------------------------------------------------ */
+
+static void openai_scan_usage(const msgpack_object *usage, struct dialect_usage *out)
+{
+    usage_none(out);
+    if (!usage || usage->type != MSGPACK_OBJECT_MAP)
+        return;
+    out->prompt = obj_count(usage, "prompt_tokens");
+    out->completion = obj_count(usage, "completion_tokens");
+    out->total = obj_count(usage, "total_tokens");
+}
+
+static void openai_scan_event(const msgpack_object *ev, struct dialect_event *out)
+{
+    const msgpack_object *choices = rpc_map_get(ev, "choices");
+    const msgpack_object *usage = rpc_map_get(ev, "usage");
+
+    event_init(out);
+    openai_scan_usage(usage, &out->usage);
+    if (choices && choices->type == MSGPACK_OBJECT_ARRAY) {
+        for (uint32_t i = 0; i < choices->via.array.size; i++) {
+            const msgpack_object *fr = rpc_map_get(&choices->via.array.ptr[i], "finish_reason");
+            if (fr && fr->type != MSGPACK_OBJECT_NIL)
+                out->terminal = true;
+        }
+        /* The extra chunk stream_options.include_usage asks for. */
+        out->usage_only =
+            choices->via.array.size == 0 && usage && usage->type == MSGPACK_OBJECT_MAP;
+    }
+    const msgpack_object *err = rpc_map_get(ev, "error");
+    if (err && err->type == MSGPACK_OBJECT_MAP) {
+        /* Some OpenAI-compatible servers (vLLM, OpenRouter) report a failure
+         * mid-stream as {"error": {...}}: it is their 5xx. */
+        const msgpack_object *t = rpc_map_get(err, "type");
+        out->error = out->transient = true;
+        snprintf(out->error_type, sizeof(out->error_type), "%s", "error");
+        if (t && t->type == MSGPACK_OBJECT_STR)
+            rpc_quote_client_str(t->via.str.ptr, t->via.str.size, sizeof(out->error_type) - 1,
+                                 out->error_type);
+    }
+}
+
+/* --- Anthropic ------------------------------------------------------- */
+
+/* Input counts, cache reads and writes included: all are billed input and
+ * count against the source's token limits. */
+static void anthropic_scan_usage(const msgpack_object *usage, struct dialect_usage *out)
+{
+    usage_none(out);
+    if (!usage || usage->type != MSGPACK_OBJECT_MAP)
+        return;
+    int64_t in = obj_count(usage, "input_tokens");
+    int64_t cw = obj_count(usage, "cache_creation_input_tokens");
+    int64_t cr = obj_count(usage, "cache_read_input_tokens");
+    if (in >= 0)
+        out->prompt = in + (cw > 0 ? cw : 0) + (cr > 0 ? cr : 0);
+    out->completion = obj_count(usage, "output_tokens");
+}
+
+/* Error types Anthropic documents as worth retrying. */
+static bool anthropic_error_is_transient(const char *type)
+{
+    static const char *const transient[] = { "overloaded_error", "api_error", "rate_limit_error",
+                                             "timeout_error" };
+    for (size_t i = 0; i < sizeof(transient) / sizeof(transient[0]); i++)
+        if (strcmp(type, transient[i]) == 0)
+            return true;
+    return false;
+}
+
+static void anthropic_scan_event(const msgpack_object *ev, struct dialect_event *out)
+{
+    const msgpack_object *type = rpc_map_get(ev, "type");
+
+    event_init(out);
+    if (!type || type->type != MSGPACK_OBJECT_STR)
+        return;
+    if (rpc_str_is(type, "message_start")) {
+        anthropic_scan_usage(rpc_map_get(rpc_map_get(ev, "message"), "usage"), &out->usage);
+    } else if (rpc_str_is(type, "message_delta")) {
+        anthropic_scan_usage(rpc_map_get(ev, "usage"), &out->usage);
+    } else if (rpc_str_is(type, "message_stop")) {
+        out->terminal = true;
+    } else if (rpc_str_is(type, "error")) {
+        const msgpack_object *t = rpc_map_get(rpc_map_get(ev, "error"), "type");
+        out->error = true;
+        snprintf(out->error_type, sizeof(out->error_type), "%s", "error");
+        if (t && t->type == MSGPACK_OBJECT_STR)
+            rpc_quote_client_str(t->via.str.ptr, t->via.str.size, sizeof(out->error_type) - 1,
+                                 out->error_type);
+        out->transient = anthropic_error_is_transient(out->error_type);
+    }
+}
+
+/* --- the table ------------------------------------------------------- */
+
+static const struct dialect dialects[DIALECT_COUNT] = {
+    [DIALECT_OPENAI] = {
+        .name = "openai",
+        .key_header = "Authorization",
+        .key_prefix = "Bearer ",
+        .chat_path = "/chat/completions",
+        .stream_usage = true,
+        .scan_event = openai_scan_event,
+        .scan_usage = openai_scan_usage,
+    },
+    [DIALECT_AZURE] = {
+        .name = "azure",
+        .key_header = "api-key",
+        .key_prefix = "",
+        .version_query = "api-version",
+        .chat_path = "/chat/completions",
+        .stream_usage = true,
+        .scan_event = openai_scan_event,
+        .scan_usage = openai_scan_usage,
+    },
+    [DIALECT_ANTHROPIC] = {
+        .name = "anthropic",
+        .key_header = "x-api-key",
+        .key_prefix = "",
+        .version_header = "anthropic-version",
+        .chat_path = "/messages",
+        .stream_usage = false,
+        .scan_event = anthropic_scan_event,
+        .scan_usage = anthropic_scan_usage,
+    },
+};
+
+const struct dialect *dialect_get(enum dialect_kind kind)
+{
+    return (unsigned)kind < DIALECT_COUNT ? &dialects[kind] : &dialects[DIALECT_OPENAI];
+}
+
+int dialect_from_name(const char *name)
+{
+    for (int i = 0; name && i < DIALECT_COUNT; i++)
+        if (strcmp(name, dialects[i].name) == 0)
+            return i;
+    return -1;
+}
+
+void dialect_usage_merge(struct dialect_usage *acc, const struct dialect_usage *ev)
+{
+    if (ev->prompt >= 0)
+        acc->prompt = ev->prompt;
+    if (ev->completion >= 0)
+        acc->completion = ev->completion;
+    if (ev->total >= 0)
+        acc->total = ev->total;
+}
+
+int64_t dialect_usage_total(const struct dialect_usage *u)
+{
+    if (u->total >= 0)
+        return u->total;
+    if (u->prompt < 0 && u->completion < 0)
+        return -1;
+    return (u->prompt > 0 ? u->prompt : 0) + (u->completion > 0 ? u->completion : 0);
+}
+
+/* --- retry hints ----------------------------------------------------- */
+
+int dialect_parse_duration(const char *s, double *out_s)
+{
+    double total = 0;
+    bool any = false;
+
+    if (!s)
+        return -1;
+    while (*s == ' ')
+        s++;
+    while (*s && *s != ' ') {
+        if (!(*s >= '0' && *s <= '9'))
+            return -1;
+        char *end;
+        double v = strtod(s, &end);
+        if (end == s || !(v >= 0))
+            return -1;
+        s = end;
+        if (s[0] == 'm' && s[1] == 's') {
+            v /= 1000;
+            s += 2;
+        } else if (s[0] == 'h') {
+            v *= 3600;
+            s++;
+        } else if (s[0] == 'm') {
+            v *= 60;
+            s++;
+        } else if (s[0] == 's') {
+            s++;
+        } else {
+            return -1;
+        }
+        total += v;
+        any = true;
+    }
+    while (*s == ' ')
+        s++;
+    if (!any || *s)
+        return -1;
+    *out_s = total;
+    return 0;
+}
+
+void dialect_apply_hints(struct outcome *o, const struct dialect_hints *h)
+{
+    double s, t;
+
+    if (o->kind == OUTCOME_SUCCESS)
+        return;
+    if (h->should_retry && strcasecmp(h->should_retry, "true") == 0 &&
+        o->kind == OUTCOME_FAIL_FAST && o->reason != REASON_CANCELLED)
+        o->kind = OUTCOME_TRANSIENT;
+    else if (h->should_retry && strcasecmp(h->should_retry, "false") == 0)
+        o->kind = OUTCOME_FAIL_FAST;
+    if (o->retry_after_s >= 0 || o->kind == OUTCOME_FAIL_FAST)
+        return;
+    if (h->retry_after_ms && h->retry_after_ms[0]) {
+        char *end;
+        double ms = strtod(h->retry_after_ms, &end);
+        while (*end == ' ')
+            end++;
+        if (end != h->retry_after_ms && !*end && ms >= 0 && h->retry_after_ms[0] != '-') {
+            s = ms / 1000;
+            o->retry_after_s = s < OUTCOME_RETRY_AFTER_MAX_S ? s : OUTCOME_RETRY_AFTER_MAX_S;
+            return;
+        }
+    }
+    if (o->reason != REASON_HTTP_429)
+        return;
+    s = -1;
+    if (h->reset_requests && dialect_parse_duration(h->reset_requests, &t) == 0)
+        s = t;
+    if (h->reset_tokens && dialect_parse_duration(h->reset_tokens, &t) == 0 && t > s)
+        s = t;
+    if (s >= 0)
+        o->retry_after_s = s < OUTCOME_RETRY_AFTER_MAX_S ? s : OUTCOME_RETRY_AFTER_MAX_S;
+}
