@@ -11,8 +11,10 @@
 #   make install    PREFIX=/usr/local DESTDIR= (SBINDIR, LIBDIR: the daemon's and
 #                   the library's directories, default PREFIX/bin and PREFIX/lib)
 #   make deb        Debian packages in build/deb/ (debian/), checked by lintian
+#   make compile_commands.json   $(BUILD)/compile_commands.json (needs bear)
 #
 # Variables: BUILD (output dir), SAN=1 (sanitizers), V=1 (full commands),
+# WERROR=1 (warnings are errors; make test sets it),
 # DEBUG_HOOKS=1 (test-only methods; the default when SAN=1),
 # CFLAGS/LDFLAGS are the user's and are added to, never replaced.
 
@@ -36,15 +38,21 @@ endif
 
 # libev and libhttp-parser ship no .pc file on Debian 12; every other library
 # comes from pkg-config.
-PKGS      := msgpack yaml-0.1 libcurl jansson hiredis libsystemd
+PKGS      := msgpack yaml-0.1 libcurl jansson hiredis openssl libsystemd
 PKG_CFLAGS = $(shell $(PKG_CONFIG) --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell $(PKG_CONFIG) --libs $(PKGS) 2>/dev/null) -lev -lhttp_parser -lm
 CHECK_LIBS = $(shell $(PKG_CONFIG) --libs check 2>/dev/null)
 
-WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+# Warnings are errors in `make test` and CI (WERROR=1, which they set), not
+# for someone building a release with a newer compiler that warns more.
+WERROR ?= 0
+WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
         -Wpointer-arith -Wformat=2 -Wno-format-nonliteral
+ifeq ($(WERROR),1)
+WARN += -Werror
+endif
 ALL_CFLAGS := -std=gnu11 -fPIC -D_GNU_SOURCE -DPGW_VERSION='"$(VERSION)"' \
-              -I. -Iproto -Isrc -Isidecar -Iclient/c $(WARN) $(PKG_CFLAGS) $(CFLAGS)
+              -I. -Ilib -Iproto -Isrc -Isidecar -Iclient/c $(WARN) $(PKG_CFLAGS) $(CFLAGS)
 ALL_LDFLAGS := $(LDFLAGS)
 
 # Test hooks (the debug.wedge method, docs/OPERATIONS.md): on in the
@@ -56,11 +64,15 @@ endif
 
 ifeq ($(SAN),1)
 SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-ALL_CFLAGS  += $(SANFLAGS) -O1
+# PGW_CHECK_PACKING: every queued reply is parsed back (sidecar/conn.c).
+ALL_CFLAGS  += $(SANFLAGS) -O1 -DPGW_CHECK_PACKING
 ALL_LDFLAGS += $(SANFLAGS)
 endif
 
-PROTO_SRC   := $(wildcard proto/*.c)
+# lib/ (buffer, list, UTF-8, JSON writer) depends on libc alone and is
+# linked wherever proto/ is: the daemon, libpolygw, the tests and tools.
+LIB_SRC     := $(wildcard lib/*.c)
+PROTO_SRC   := $(wildcard proto/*.c) $(LIB_SRC)
 CORE_SRC    := $(wildcard src/*.c)
 SIDECAR_SRC := $(filter-out sidecar/main.c,$(wildcard sidecar/*.c))
 CLIENT_SRC  := client/c/polygw.c
@@ -99,7 +111,7 @@ BENCH_BINS := $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 SHIMS      := $(patsubst tests/shim/%.c,$(BUILD)/shim/%.so,$(SHIM_SRC))
 
 .PHONY: all deps run test unit integration bench install clean check-deps fuzz fuzz-replay fuzz-build \
-        check-docs format format-check deb
+        check-docs format format-check fuzz-check-cc compile_commands.json deb
 all: $(DAEMON) $(CTL) $(LIBA) $(LIBSO) $(MOCK) $(BENCH_BINS) $(SHIMS)
 
 $(BUILD)/obj/%.o: %.c
@@ -152,7 +164,7 @@ $(UNIT): $(call obj,$(UNIT_SRC)) $(SIDECAR_OBJ) $(CORE_OBJ) $(PROTO_OBJ) $(CLIEN
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS) $(CHECK_LIBS)
 
-$(MOCK): $(call obj,$(MOCK_SRC))
+$(MOCK): $(call obj,$(MOCK_SRC) $(LIB_SRC))
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS)
 
@@ -193,11 +205,10 @@ FUZZ_SECONDS ?= 60
 FUZZ_LARGE_SECONDS ?= $(FUZZ_SECONDS)
 FUZZ_MAX_LEN ?= 4194304
 FUZZ_CC      ?= clang
-# config.c checks Redis URLs with redis.c's parser, which brings the log
-# module and the compiled-in Lua scripts along.
-FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/transcode.c sidecar/config.c sidecar/redis.c \
-                sidecar/log.c sidecar/jscan.c sidecar/dialect.c sidecar/convert.c
-FUZZ_OBJ     := $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(FUZZ_LIB_SRC)) $(BUILD)/fuzz/obj/gen/lua_scripts.o
+FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/transcode.c sidecar/config.c sidecar/redis_url.c \
+                sidecar/yamltree.c sidecar/name_index.c sidecar/jscan.c \
+                sidecar/dialect.c sidecar/convert.c
+FUZZ_OBJ     := $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(FUZZ_LIB_SRC))
 FUZZ_MAIN_OBJ := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/obj/tests/fuzz/fuzz_%.o)
 FUZZ_CFLAGS  := $(filter-out $(CFLAGS),$(ALL_CFLAGS)) -fsanitize=fuzzer-no-link,address,undefined \
                 -g -O1 -fno-sanitize-recover=undefined
@@ -212,11 +223,6 @@ $(BUILD)/fuzz/obj/%.o: %.c
 	@$(if $(Q),echo "  FUZZCC  $<")
 	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/fuzz/obj/gen/lua_scripts.o: $(LUA_GEN)
-	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  FUZZCC  $<")
-	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
-
 $(BUILD)/fuzz/%: $(BUILD)/fuzz/obj/tests/fuzz/fuzz_%.o $(FUZZ_OBJ)
 	@$(if $(Q),echo "  FUZZLD  $@")
 	$(Q)$(FUZZ_CC) $(FUZZ_LDFLAGS) -o $@ $^ $(PKG_LIBS)
@@ -227,11 +233,7 @@ $(BUILD)/fuzz-replay/%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(BUILD)/obj/tests/fuzz
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS)
 
-fuzz:
-	@command -v $(FUZZ_CC) >/dev/null 2>&1 || { \
-	    echo "fuzz: installing clang"; S=; [ "$$(id -u)" = 0 ] || S=sudo; \
-	    DEBIAN_FRONTEND=noninteractive $$S apt-get install -y -qq --no-install-recommends \
-	        -o DPkg::Lock::Timeout=600 clang libclang-rt-14-dev; }
+fuzz: fuzz-check-cc
 	$(Q)$(MAKE) --no-print-directory $(FUZZ_BINS)
 	@mkdir -p $(FUZZ_TARGETS:%=$(BUILD)/fuzz/corpus/%) $(BUILD)/fuzz/artifacts
 	@cp proto/vectors/*.msgpack $(BUILD)/fuzz/corpus/frame/
@@ -257,9 +259,15 @@ fuzz:
 	        || failed="$$failed $$t(large)"; \
 	done; [ -z "$$failed" ] || { echo "fuzz: crashes in:$$failed (see $(BUILD)/fuzz/artifacts)"; exit 1; }
 
+# Never installs anything (that is `make deps`): says what is missing.
+fuzz-check-cc:
+	@command -v $(FUZZ_CC) >/dev/null 2>&1 || { \
+	    echo "fuzz: $(FUZZ_CC) not found: install clang and libclang-rt-14-dev" \
+	         "(Debian: apt-get install clang libclang-rt-14-dev, or run make deps)" >&2; exit 1; }
+
 # Builds every target and runs each once over its committed corpus: proves
 # they link and start, in seconds. Ends with "N passed, N failed" (targets).
-fuzz-build:
+fuzz-build: fuzz-check-cc
 	$(Q)$(MAKE) --no-print-directory $(FUZZ_BINS)
 	@pass=0; fail=0; for t in $(FUZZ_TARGETS); do \
 	    if $(BUILD)/fuzz/$$t -runs=0 tests/fuzz/corpus/$$t > $(BUILD)/fuzz/$$t.smoke.log 2>&1; then \
@@ -296,7 +304,9 @@ integration: all
 	POLYGW_BUILD=$(CURDIR)/$(BUILD) /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration
 
 # The suites themselves (their list is in tests/run-suites.sh) run one after
-# another, past failures, and end on one "N passed, N failed" line.
+# another, past failures, and end on one "N passed, N failed" line. Every
+# build below it, the fuzz ones in run-suites.sh too, has -Werror.
+test: export WERROR := 1
 test: deps
 	$(Q)$(MAKE) --no-print-directory all
 	$(Q)$(MAKE) --no-print-directory BUILD=build/asan SAN=1 all $(notdir $(UNIT))
@@ -329,6 +339,16 @@ bench: deps
 	/usr/bin/python3 tests/bench/waiting_cpu.py $(BUILD) 1000 3
 	@echo "## Config load time against its size"
 	/usr/bin/python3 tests/bench/config_load.py $(BUILD)
+
+# For editors and clangd: every compile command of `all` and the unit
+# tests, recorded by bear(1) (Debian package bear) from a full rebuild
+# into $(BUILD)/cdb, written to $(BUILD)/compile_commands.json.
+compile_commands.json:
+	@command -v bear >/dev/null 2>&1 || { \
+	    echo "compile_commands.json: needs bear (Debian: apt-get install bear)" >&2; exit 1; }
+	$(Q)bear --output $(BUILD)/compile_commands.json -- \
+	    $(MAKE) --no-print-directory -B BUILD=$(BUILD)/cdb all $(notdir $(UNIT))
+	@echo "  wrote $(BUILD)/compile_commands.json"
 
 install: $(DAEMON) $(CTL) $(LIBA) $(LIBSO)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(SBINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \

@@ -375,3 +375,32 @@ void rpc_pack_fatal(msgpack_packer *pk, enum pgw_code code, const char *message)
     msgpack_pack_array(pk, 1);
     rpc_pack_error_map(pk, code, message, 0);
 }
+
+int rpc_check_messages(const char *p, size_t n, char *why, size_t whylen)
+{
+    msgpack_unpacked u;
+    size_t off = 0;
+    int rc = 0;
+
+    msgpack_unpacked_init(&u);
+    while (off < n && rc == 0) {
+        size_t at = off;
+        msgpack_unpack_return r = msgpack_unpack_next(&u, p, n, &off);
+        const msgpack_object *o = &u.data;
+        if (r != MSGPACK_UNPACK_SUCCESS && r != MSGPACK_UNPACK_EXTRA_BYTES) {
+            if (why && whylen)
+                snprintf(why, whylen, "bytes %zu..%zu: not a whole msgpack object", at, n);
+            rc = -1;
+        } else if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size < 3 ||
+                   o->via.array.size > 4 ||
+                   o->via.array.ptr[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+                   o->via.array.ptr[0].via.u64 > RPC_NOTIFY) {
+            if (why && whylen)
+                snprintf(why, whylen, "bytes %zu..%zu: a %s, not a message", at, off,
+                         rpc_type_name(o));
+            rc = -1;
+        }
+    }
+    msgpack_unpacked_destroy(&u);
+    return rc;
+}

@@ -142,4 +142,12 @@ void rpc_pack_notify_begin(msgpack_packer *pk, const char *method);
  * frame): [2, "error", [{code, message}]]. */
 void rpc_pack_fatal(msgpack_packer *pk, enum pgw_code code, const char *message);
 
+/* Checks that p[0..n) is a whole number of msgpack-RPC messages, each an
+ * array of 3 or 4 whose first element is a message type: a map header
+ * that promises more or fewer pairs than were packed after it leaves a
+ * stray object or a truncated tail, and fails here. For debug builds
+ * (the sidecar runs it on every write queue under PGW_CHECK_PACKING).
+ * Returns 0, or -1 with a reason in `why` (NULL allowed). */
+int rpc_check_messages(const char *p, size_t n, char *why, size_t whylen);
+
 #endif /* POLYGW_RPC_H */

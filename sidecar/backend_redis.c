@@ -31,6 +31,7 @@
  * keys of one hash tag.
  */
 #include "backend.h"
+#include "dlist.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -387,11 +388,7 @@ static int be_progress_mark(void *ud, const char *scope, double now)
 static void lease_link(struct backend_redis *sh, struct backend_lease *l)
 {
     struct source_keys *k = &sh->src[l->source];
-    l->prev = NULL;
-    l->next = k->live;
-    if (k->live)
-        k->live->prev = l;
-    k->live = l;
+    DLIST_PUSH(k->live, l, prev, next);
     k->n_live++;
     l->live = true;
 }
@@ -401,12 +398,7 @@ static void lease_unlink(struct backend_redis *sh, struct backend_lease *l)
     struct source_keys *k = &sh->src[l->source];
     if (!l->live)
         return;
-    if (l->prev)
-        l->prev->next = l->next;
-    else
-        k->live = l->next;
-    if (l->next)
-        l->next->prev = l->prev;
+    DLIST_UNLINK(k->live, l, prev, next);
     k->n_live--;
     l->live = false;
 }
@@ -891,8 +883,23 @@ struct backend *backend_redis_new(struct ev_loop *loop, const struct config *cfg
         .progress_age = be_progress_age,
         .ud = sh,
     };
+    const struct rtls_opts tls = {
+        .ca_file = cfg->redis_tls_ca_file,
+        .cert_file = cfg->redis_tls_cert_file,
+        .key_file = cfg->redis_tls_key_file,
+        .server_name = cfg->redis_tls_server_name,
+    };
     const struct rds_opts opts = {
         .url = cfg->redis_url,
+        .sentinels = (const char *const *)cfg->redis_sentinels,
+        .n_sentinels = cfg->n_redis_sentinels,
+        .master_name = cfg->redis_master_name,
+        .db = (int)cfg->redis_db,
+        .username = cfg->redis_username,
+        .password = cfg->redis_password,
+        .sentinel_username = cfg->redis_sentinel_username,
+        .sentinel_password = cfg->redis_sentinel_password,
+        .tls = cfg->redis_tls ? &tls : NULL,
         .command_timeout_s = cfg->redis_command_timeout_s,
         .reconnect_min_s = SHARED_RECONNECT_MIN_S,
         .reconnect_max_s = SHARED_RECONNECT_MAX_S,

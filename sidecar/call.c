@@ -38,6 +38,7 @@
  * drains, so a slow client never makes us buffer an unbounded stream.
  */
 #include "call.h"
+#include "dlist.h"
 
 #include "internal.h"
 
@@ -60,6 +61,7 @@
 #include "tasks.h"
 #include "transcode.h"
 #include "upstream.h"
+#include "utf8.h"
 
 /* How the client's body is sent to a source (call_prepare_json). */
 enum body_form {
@@ -86,9 +88,9 @@ struct call {
     struct gov_call g;               /* the governed loop's state */
     ev_timer wake_w;                 /* WAIT / backoff */
     msgpack_sbuffer body;            /* the client's msgpack body, packed (kept for retries) */
-    struct transcode_buf raw;        /* or its JSON body, as it came */
+    struct strbuf raw;        /* or its JSON body, as it came */
     bool body_is_json;
-    struct transcode_buf json;       /* its JSON for `json_model` and `json_form` */
+    struct strbuf json;       /* its JSON for `json_model` and `json_form` */
     const char *json_model;          /* model override `json` was made with */
     enum body_form json_form;        /* what `json` was made for */
     bool json_ready;
@@ -165,23 +167,14 @@ static void call_set_paused(struct call *k, bool paused)
 static void call_task_link(struct call *k, struct task *t)
 {
     k->task = t;
-    k->tprev = NULL;
-    k->tnext = t->ud;
-    if (k->tnext)
-        k->tnext->tprev = k;
-    t->ud = k;
+    DLIST_PUSH(t->ud, k, tprev, tnext);
 }
 
 static void call_task_unlink(struct call *k)
 {
     if (!k->task)
         return;
-    if (k->tprev)
-        k->tprev->tnext = k->tnext;
-    else
-        k->task->ud = k->tnext;
-    if (k->tnext)
-        k->tnext->tprev = k->tprev;
+    DLIST_UNLINK(k->task->ud, k, tprev, tnext);
     k->task = NULL;
     k->tprev = k->tnext = NULL;
 }
@@ -251,8 +244,8 @@ static void call_end(struct call *k)
     call_unlink(k);
     msgpack_sbuffer_destroy(&k->usage);
     msgpack_sbuffer_destroy(&k->body);
-    transcode_buf_fini(&k->raw);
-    transcode_buf_fini(&k->json);
+    strbuf_fini(&k->raw);
+    strbuf_fini(&k->json);
     free(k);
     server_on_request_done(srv);
 }
@@ -287,40 +280,40 @@ static int relay_json(struct server *srv, const char *json, size_t len, msgpack_
 static void relay_text(struct server *srv, msgpack_packer *pk, const char *s, size_t n,
                        size_t max)
 {
-    struct transcode_buf clean, valid;
+    struct strbuf clean, valid;
 
-    transcode_buf_init(&clean);
-    transcode_buf_init(&valid);
+    strbuf_init(&clean);
+    strbuf_init(&valid);
     if (redact_copy(srv->redact, s, n, &clean) < 0 ||
-        transcode_utf8_repair(clean.data, clean.len, &valid) < 0)
+        utf8_repair(clean.data, clean.len, &valid) < 0)
         rpc_pack_str(pk, "(upstream text dropped: out of memory)");
     else
-        rpc_pack_strn(pk, valid.data, transcode_utf8_cut(valid.data, valid.len, max));
-    transcode_buf_fini(&clean);
-    transcode_buf_fini(&valid);
+        rpc_pack_strn(pk, valid.data, utf8_cut(valid.data, valid.len, max));
+    strbuf_fini(&clean);
+    strbuf_fini(&valid);
 }
 
 /* The same for a NUL-terminated text kept in buf[cap] (an error detail or
  * message that quotes upstream or curl text): rewritten in place. */
 static void relay_text_inplace(struct server *srv, char *buf, size_t cap)
 {
-    struct transcode_buf clean, valid;
+    struct strbuf clean, valid;
     size_t n = strnlen(buf, cap);
 
     if (n == 0)
         return;
-    transcode_buf_init(&clean);
-    transcode_buf_init(&valid);
+    strbuf_init(&clean);
+    strbuf_init(&valid);
     if (redact_copy(srv->redact, buf, n, &clean) < 0 ||
-        transcode_utf8_repair(clean.data, clean.len, &valid) < 0) {
+        utf8_repair(clean.data, clean.len, &valid) < 0) {
         snprintf(buf, cap, "(detail dropped: out of memory)");
     } else {
-        n = transcode_utf8_cut(valid.data, valid.len, cap - 1);
+        n = utf8_cut(valid.data, valid.len, cap - 1);
         memcpy(buf, valid.data, n);
         buf[n] = '\0';
     }
-    transcode_buf_fini(&clean);
-    transcode_buf_fini(&valid);
+    strbuf_fini(&clean);
+    strbuf_fini(&valid);
 }
 
 /* True when some source sends a key (there is something to scrub). */
@@ -340,9 +333,9 @@ static bool secrets_configured(const struct config *cfg)
  * (a stream's odd event) is also made valid UTF-8. Returns `s` itself when
  * nothing changed, else out->data (*n updated). */
 static const char *relay_json_text(struct server *srv, const char *s, size_t *n, bool is_json,
-                                   struct transcode_buf *out)
+                                   struct strbuf *out)
 {
-    struct transcode_buf clean;
+    struct strbuf clean;
 
     if (is_json && secrets_configured(srv->cfg) &&
         (memmem(s, *n, "\\u", 2) || memmem(s, *n, "\\/", 2))) {
@@ -363,15 +356,15 @@ static const char *relay_json_text(struct server *srv, const char *s, size_t *n,
             *n = out->len;
             return out->data;
         }
-        transcode_buf_reset(out); /* not transcodable (e.g. a huge integer): as text */
+        strbuf_reset(out); /* not transcodable (e.g. a huge integer): as text */
     }
     if (is_json && !redact_hit(srv->redact, s, *n))
         return s;
-    transcode_buf_init(&clean);
+    strbuf_init(&clean);
     long hits = redact_copy(srv->redact, s, *n, is_json ? out : &clean);
     if (hits >= 0 && !is_json)
-        hits = transcode_utf8_repair(clean.data, clean.len, out) < 0 ? -1 : hits;
-    transcode_buf_fini(&clean);
+        hits = utf8_repair(clean.data, clean.len, out) < 0 ? -1 : hits;
+    strbuf_fini(&clean);
     if (hits < 0) {
         static const char dropped[] = "\"(upstream text dropped: out of memory)\"";
         *n = sizeof(dropped) - 1;
@@ -470,19 +463,67 @@ static void call_error_done(struct call *k, struct call_errbuf *e, enum pgw_code
     msgpack_sbuffer_destroy(&e->sb);
 }
 
-/* An error with no extra fields. */
+/* What a call's error carries beyond code and message (PROTOCOL.md §6.1):
+ * attempts, stalled_s and sources always; the others where they apply. */
+struct call_error {
+    double retry_after_s;              /* < 0: absent (no estimate) */
+    int http_status;                   /* 0: absent */
+    const struct attempt_result *last; /* the attempt that just ended, or NULL */
+    bool upstream_body;                /* relay last's body */
+    const char *reason;                /* a task stop's reason, or NULL */
+};
+
+/* The one packer of a call's error response. The map's size is counted
+ * from the same table that decides which fields are packed. */
+static void call_pack_error(struct call *k, enum pgw_code code, const char *msg,
+                            const struct call_error *e)
+{
+    enum { F_ATTEMPTS, F_STALLED, F_RETRY, F_STATUS, F_BODY, F_REASON, F_SOURCES, F_N };
+    const bool on[F_N] = {
+        [F_ATTEMPTS] = true,
+        [F_STALLED] = true,
+        [F_RETRY] = e->retry_after_s >= 0,
+        [F_STATUS] = e->http_status != 0,
+        [F_BODY] = e->upstream_body && e->last,
+        [F_REASON] = e->reason != NULL,
+        [F_SOURCES] = true,
+    };
+    struct call_errbuf eb;
+    size_t n = 0;
+
+    for (size_t i = 0; i < F_N; i++)
+        n += on[i];
+    msgpack_packer *pk = call_error_begin(&eb, code, msg, n);
+    rpc_pack_str(pk, "attempts");
+    msgpack_pack_uint32(pk, k->g.attempts);
+    rpc_pack_kv_double(pk, "stalled_s", gov_call_stalled_s(&k->g, ev_now(k->srv->loop)));
+    if (on[F_RETRY])
+        rpc_pack_kv_double(pk, "retry_after_s", e->retry_after_s);
+    if (on[F_STATUS]) {
+        /* The last attempt's HTTP status (per-source ones are in `sources`). */
+        rpc_pack_str(pk, "status");
+        msgpack_pack_int(pk, e->http_status);
+    }
+    if (on[F_BODY]) {
+        rpc_pack_str(pk, "upstream_body");
+        pack_upstream_body(k->srv, pk, e->last->body, e->last->body_len);
+    }
+    if (on[F_REASON])
+        rpc_pack_kv_str(pk, "reason", e->reason);
+    rpc_pack_str(pk, "sources");
+    pack_sources(pk, k, e->last);
+    call_error_done(k, &eb, code);
+}
+
+/* An error that carries no retry hint and no upstream reply. */
 static void call_reply_plain_error(struct call *k, enum pgw_code code, const char *message)
 {
-    struct call_errbuf e;
-    call_error_begin(&e, code, message, 0);
-    call_error_done(k, &e, code);
+    call_pack_error(k, code, message, &(struct call_error){.retry_after_s = -1});
 }
 
 static void call_reply_error(struct call *k, enum pgw_code code, double retry_after_s,
                              const struct attempt_result *last)
 {
-    struct call_errbuf e;
-    msgpack_packer *pk;
     double now = ev_now(k->srv->loop);
     double stalled = gov_call_stalled_s(&k->g, now);
     const char *src = k->src ? k->src->name : "-";
@@ -541,25 +582,13 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
         break;
     }
     relay_text_inplace(k->srv, msg, sizeof(msg)); /* %.160s may cut a character */
-    bool status = http_status != 0;
-    size_t extra = 4 + (status ? 1 : 0) + (rejected ? 1 : 0);
-    pk = call_error_begin(&e, code, msg, extra);
-    rpc_pack_str(pk, "attempts");
-    msgpack_pack_uint32(pk, k->g.attempts);
-    rpc_pack_kv_double(pk, "stalled_s", stalled);
-    rpc_pack_kv_double(pk, "retry_after_s", retry_after_s >= 0 ? retry_after_s : 0);
-    if (status) {
-        /* The last attempt's HTTP status (per-source ones are in `sources`). */
-        rpc_pack_str(pk, "status");
-        msgpack_pack_int(pk, http_status);
-    }
-    if (rejected) {
-        rpc_pack_str(pk, "upstream_body");
-        pack_upstream_body(k->srv, pk, last->body, last->body_len);
-    }
-    rpc_pack_str(pk, "sources");
-    pack_sources(pk, k, last);
-    call_error_done(k, &e, code);
+    const struct call_error ce = {
+        .retry_after_s = retry_after_s >= 0 ? retry_after_s : 0,
+        .http_status = http_status,
+        .last = last,
+        .upstream_body = rejected,
+    };
+    call_pack_error(k, code, msg, &ce);
 }
 
 /* What governance needs of a JSON reply or event of an OpenAI-dialect
@@ -683,7 +712,7 @@ static const msgpack_object *call_convert_reply(struct call *k, msgpack_sbuffer 
 
 /* The JSON text of msgpack `mp` into `out` (for a JSON-only sink, after a
  * conversion). Returns 0 or a TRANSCODE_* error. */
-static int call_json_of(const msgpack_sbuffer *mp, struct transcode_buf *out)
+static int call_json_of(const msgpack_sbuffer *mp, struct strbuf *out)
 {
     msgpack_unpacked up;
     int rc = -1;
@@ -716,12 +745,12 @@ static void call_reply_success(struct call *k, const struct attempt_result *r,
     struct call_info ci;
     struct call_body b = {0};
     msgpack_sbuffer us;
-    struct transcode_buf scrubbed;
+    struct strbuf scrubbed;
 
     call_info_fill(k, &ci);
     ci.source = k->src->name;
     msgpack_sbuffer_init(&us);
-    transcode_buf_init(&scrubbed);
+    strbuf_init(&scrubbed);
     if (body && !k->sink->ops->wants_msgpack && k->form == BODY_TO_ANTHROPIC &&
         call_json_of(body, &scrubbed) == 0) {
         b.json = scrubbed.data;      /* made from the scrubbed msgpack */
@@ -744,7 +773,7 @@ static void call_reply_success(struct call *k, const struct attempt_result *r,
     k->answered = true;
     k->sink->ops->on_result(k->sink, k->msgid, &ci, &b);
     msgpack_sbuffer_destroy(&us);
-    transcode_buf_fini(&scrubbed);
+    strbuf_fini(&scrubbed);
 }
 
 /* Ends a call just answered (the response is the connection's last). */
@@ -887,7 +916,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     msgpack_sbuffer sb;
     msgpack_packer tmp;
     msgpack_unpacked up;
-    struct transcode_buf scrubbed;
+    struct strbuf scrubbed;
     struct dialect_event ev = {0};
     const char *text = data;
     size_t text_len = len;
@@ -896,12 +925,12 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
 
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&tmp, &sb, msgpack_sbuffer_write);
-    transcode_buf_init(&scrubbed);
+    strbuf_init(&scrubbed);
     if (!tree) {
         bool is_json;
         rc = call_scan_json_event(k, a, data, len, &is_json, &terminal);
         if (rc != 2) {
-            transcode_buf_fini(&scrubbed);
+            strbuf_fini(&scrubbed);
             msgpack_sbuffer_destroy(&sb);
             return rc;
         }
@@ -917,7 +946,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
                  "stream event nests deeper than the %d levels a relayed value may have",
                  RPC_RELAYED_MAX_DEPTH);
         msgpack_sbuffer_destroy(&sb);
-        transcode_buf_fini(&scrubbed);
+        strbuf_fini(&scrubbed);
         return -1;
     }
     if (rc < 0) {
@@ -947,7 +976,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
         char detail[120];
         snprintf(detail, sizeof(detail), "the upstream's stream reported %s", ev.error_type);
         msgpack_sbuffer_destroy(&sb);
-        transcode_buf_fini(&scrubbed);
+        strbuf_fini(&scrubbed);
         attempt_fail_stream(a, ev.transient ? REASON_HTTP_5XX : REASON_HTTP_4XX, ev.transient,
                             detail);
         return -1;
@@ -955,7 +984,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     if (tree && ev.usage_only && k->form == BODY_STREAM_USAGE) {
         /* The client did not ask for it: polygw did, to count tokens. */
         msgpack_sbuffer_destroy(&sb);
-        transcode_buf_fini(&scrubbed);
+        strbuf_fini(&scrubbed);
         return terminal;
     }
     if (k->form == BODY_TO_ANTHROPIC) {
@@ -972,7 +1001,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
         sb = conv;
         if (!made) {
             msgpack_sbuffer_destroy(&sb);
-            transcode_buf_fini(&scrubbed);
+            strbuf_fini(&scrubbed);
             return terminal;
         }
         event_name[0] = '\0';
@@ -983,7 +1012,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
         if (k->form == BODY_TO_ANTHROPIC) {
             if (call_json_of(&sb, &scrubbed) < 0) {
                 msgpack_sbuffer_destroy(&sb);
-                transcode_buf_fini(&scrubbed);
+                strbuf_fini(&scrubbed);
                 return -1;
             }
             text = scrubbed.data;
@@ -1009,7 +1038,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     rc = k->sink->ops->on_chunk(k->sink, k->msgid, &ci, text, text_len, sb.size ? sb.data : NULL,
                                 sb.size);
     msgpack_sbuffer_destroy(&sb);
-    transcode_buf_fini(&scrubbed);
+    strbuf_fini(&scrubbed);
     if (rc < 0)
         return -1;
     if (rc > 0 && !k->paused) {
@@ -1124,7 +1153,7 @@ static int call_prepare_json(struct call *k, const struct config_source *src, ch
                   : rpc_map_get(body, "stream") ? TRANSCODE_STREAM_FALSE
                                                 : TRANSCODE_STREAM_KEEP,
     };
-    transcode_buf_reset(&k->json);
+    strbuf_reset(&k->json);
     rc = transcode_msgpack_to_json(body, &k->json, &ov, "body", why, whylen);
     msgpack_unpacked_destroy(&alt);
     msgpack_sbuffer_destroy(&altbuf);
@@ -1425,8 +1454,8 @@ static void call_free_unstarted(struct call *k)
 {
     msgpack_sbuffer_destroy(&k->usage);
     msgpack_sbuffer_destroy(&k->body);
-    transcode_buf_fini(&k->raw);
-    transcode_buf_fini(&k->json);
+    strbuf_fini(&k->raw);
+    strbuf_fini(&k->json);
     free(k);
 }
 
@@ -1503,8 +1532,8 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
         snprintf(k->task_id, sizeof(k->task_id), "%s", r->task_id);
     msgpack_sbuffer_init(&k->usage);
     msgpack_sbuffer_init(&k->body);
-    transcode_buf_init(&k->raw);
-    transcode_buf_init(&k->json);
+    strbuf_init(&k->raw);
+    strbuf_init(&k->json);
     ev_init(&k->wake_w, call_on_wake_timer);
     k->wake_w.data = k;
 
@@ -1513,7 +1542,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     int rc;
     if (r->json) {
         k->body_is_json = true;
-        rc = transcode_buf_reserve(&k->raw, r->json_len);
+        rc = strbuf_reserve(&k->raw, r->json_len);
         if (rc == 0) {
             memcpy(k->raw.data, r->json, r->json_len);
             k->raw.len = r->json_len;
@@ -1592,13 +1621,8 @@ int call_cancel(struct call_sink *s, uint32_t msgid)
     if (!k)
         return -1;
     char msg[96];
-    struct call_errbuf e;
     snprintf(msg, sizeof(msg), "cancelled by the client after %.3fs", call_elapsed(k));
-    msgpack_packer *pk = call_error_begin(&e, PGW_CANCELLED, msg, 2);
-    rpc_pack_str(pk, "attempts");
-    msgpack_pack_uint32(pk, k->g.attempts);
-    rpc_pack_kv_double(pk, "stalled_s", gov_call_stalled_s(&k->g, ev_now(k->srv->loop)));
-    call_error_done(k, &e, PGW_CANCELLED);
+    call_pack_error(k, PGW_CANCELLED, msg, &(struct call_error){.retry_after_s = -1});
     call_abort(k);
     return 0;
 }
@@ -1607,11 +1631,7 @@ void call_fail_all(struct call_sink *s, enum pgw_code code, const char *message)
 {
     while (s->calls) {
         struct call *k = s->calls;
-        struct call_errbuf e;
-        msgpack_packer *pk = call_error_begin(&e, code, message, 1);
-        rpc_pack_str(pk, "attempts");
-        msgpack_pack_uint32(pk, k->g.attempts);
-        call_error_done(k, &e, code);
+        call_pack_error(k, code, message, &(struct call_error){.retry_after_s = -1});
         call_abort(k);
     }
 }
@@ -1637,13 +1657,8 @@ void call_fail_task(struct task *t, enum pgw_code code, const char *message)
     while (t->ud) {
         struct call *k = t->ud;
         struct call_sink *s = k->sink;
-        struct call_errbuf e;
-        msgpack_packer *pk = call_error_begin(&e, code, message, 3);
-        rpc_pack_str(pk, "attempts");
-        msgpack_pack_uint32(pk, k->g.attempts);
-        rpc_pack_kv_double(pk, "stalled_s", gov_call_stalled_s(&k->g, ev_now(k->srv->loop)));
-        rpc_pack_kv_str(pk, "reason", task_reason(t));
-        call_error_done(k, &e, code);
+        call_pack_error(k, code, message,
+                        &(struct call_error){.retry_after_s = -1, .reason = task_reason(t)});
         call_abort(k); /* unlinks k from t */
         s->ops->flush(s);
     }

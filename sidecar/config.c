@@ -32,7 +32,9 @@
  * must be absolute, so a pasted key is rejected before it could be echoed).
  */
 #include "config.h"
-#include "redis.h"
+#include "name_index.h"
+#include "redis_url.h"
+#include "yamltree.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -49,35 +51,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include <yaml.h>
-
 #define CONFIG_FILE_MAX   (16u << 20) /* bytes of YAML accepted by config_load */
 #define CONFIG_DEPTH_MAX  32u         /* nesting; the schema itself needs 4 */
 #define CONFIG_KEY_MAX    65536u      /* bytes read from a key file (before trimming) */
 #define CONFIG_PATH_MAX   256u        /* key path buffer for messages */
 #define DURATION_MAX_S    31536000.0  /* one year: upper bound of every duration */
 #define SUN_PATH_MAX      (sizeof(((struct sockaddr_un *)0)->sun_path))
-
-/* ------------------------------------------------------------------------ */
-/* Node tree                                                                */
-
-enum ynode_kind { YN_SCALAR, YN_MAP, YN_SEQ };
-
-/* One YAML node. A map's kids alternate key, value. Scalar text is always
- * NUL-terminated (it may also contain NULs from "\0" escapes: `len` is the
- * truth). `plain` scalars are subject to null/bool/number resolution (YAML
- * 1.2 core schema); quoted ones are always strings. */
-struct ynode {
-    enum ynode_kind kind;
-    bool plain;
-    unsigned line, col;        /* 1-based */
-    unsigned dup_line;         /* a map key repeating an earlier key of the
-                                * same map: that key's line; else 0 */
-    char *text;
-    size_t len;
-    struct ynode **kids;
-    size_t n_kids, cap_kids;
-};
 
 /* ------------------------------------------------------------------------ */
 /* Field table                                                              */
@@ -92,6 +71,9 @@ enum fid {
     FID_MAX_BUFFERED_INPUT, FID_LISTEN_IDLE_TIMEOUT,
     FID_LOG_LEVEL, FID_SHUTDOWN_GRACE,
     FID_KIND, FID_URL, FID_URL_ENV, FID_PREFIX, FID_COMMAND_TIMEOUT, FID_LEASE_TTL,
+    FID_SENTINELS, FID_MASTER_NAME, FID_DB, FID_USERNAME, FID_PASSWORD_ENV, FID_PASSWORD_FILE,
+    FID_SENTINEL_USERNAME, FID_SENTINEL_PASSWORD_ENV, FID_SENTINEL_PASSWORD_FILE,
+    FID_TLS, FID_TLS_CA_FILE, FID_TLS_CERT_FILE, FID_TLS_KEY_FILE, FID_TLS_SERVER_NAME,
     FID_MAX_ATTEMPTS, FID_STALL_WINDOW, FID_BACKOFF_BASE, FID_BACKOFF_MAX,
     FID_POLL_INTERVAL, FID_NODE_TIMEOUT,
     FID_EXEMPT_429, FID_PATH,
@@ -169,93 +151,6 @@ static bool line_is_bad(unsigned line)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Name index                                                               */
-
-/* Open addressing over positions in some array of names (map keys, sources,
- * capabilities); `name_at_fn` reads the name at a position. At least half
- * the slots stay free, so a probe always ends. */
-typedef const char *name_at_fn(const void *set, size_t pos, size_t *len);
-
-struct name_index {
-    uint32_t *slot;            /* owned; position + 1, 0 = free */
-    size_t mask;               /* slots in use - 1 (a power of two) */
-    size_t cap;                /* slots allocated */
-};
-
-static uint64_t name_hash(const char *s, size_t len)
-{
-    uint64_t h = 14695981039346656037ull;            /* FNV-1a */
-    for (size_t i = 0; i < len; i++)
-        h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
-    return h;
-}
-
-/* Empties the index, sized for up to `n` names. Reuses the memory it has
- * and clears only the slots this use needs, so many small uses in a row
- * (one per map) cost no more than their total size. */
-static int name_index_reset(struct name_index *ix, size_t n)
-{
-    size_t want = 16;
-
-    if (n > UINT32_MAX / 4)
-        return -ENOMEM;
-    while (want < 2 * n)
-        want *= 2;
-    if (want > ix->cap) {
-        uint32_t *slot = calloc(want, sizeof(*slot));
-        if (!slot)
-            return -ENOMEM;
-        free(ix->slot);
-        ix->slot = slot;
-        ix->cap = want;
-    } else {
-        memset(ix->slot, 0, want * sizeof(*ix->slot));
-    }
-    ix->mask = want - 1;
-    return 0;
-}
-
-static void name_index_fini(struct name_index *ix)
-{
-    free(ix->slot);
-    memset(ix, 0, sizeof(*ix));
-}
-
-/* Position of the name equal to `s` (`len` bytes), or SIZE_MAX; *free_slot
- * (may be NULL) gets the slot where it would go. */
-static size_t name_index_find(const struct name_index *ix, const char *s, size_t len,
-                              name_at_fn *at, const void *set, size_t *free_slot)
-{
-    for (size_t i = (size_t)name_hash(s, len) & ix->mask;; i = (i + 1) & ix->mask) {
-        uint32_t v = ix->slot[i];
-        size_t n;
-
-        if (!v) {
-            if (free_slot)
-                *free_slot = i;
-            return SIZE_MAX;
-        }
-        const char *t = at(set, v - 1, &n);
-        if (n == len && memcmp(t, s, len) == 0)
-            return v - 1;
-    }
-}
-
-/* Adds the name at position `pos` unless an equal one is there: returns the
- * earlier one's position, or SIZE_MAX when `pos` was added. At most the `n`
- * of the last reset may be added. */
-static size_t name_index_add(struct name_index *ix, size_t pos, name_at_fn *at, const void *set)
-{
-    size_t len, slot;
-    const char *s = at(set, pos, &len);
-    size_t prev = name_index_find(ix, s, len, at, set, &slot);
-
-    if (prev == SIZE_MAX)
-        ix->slot[slot] = (uint32_t)pos + 1;
-    return prev;
-}
-
-/* ------------------------------------------------------------------------ */
 /* Loader state (one per config_parse call, on its stack)                   */
 
 struct cap_stage {
@@ -280,8 +175,6 @@ struct loader {
     config_report_fn *report;  /* may be NULL */
     void *report_arg;
     size_t n_errors;
-    const char *input;         /* the YAML text (borrowed), for syntax hints */
-    size_t input_len;
     char *err;
     size_t errlen;
     struct config *cfg;
@@ -296,7 +189,6 @@ struct loader {
      * FID_CAPABILITIES with ".vision", or FID_NONE. */
     enum fid elem_fid;
     char elem[CONFIG_NAME_MAX + 8];
-    struct name_index keys;    /* one map's keys at a time (tree_mark_dups) */
     struct name_index cap_ix;  /* over caps (validate) */
     struct name_index src_ix;  /* over srcs (validate) */
 };
@@ -411,389 +303,6 @@ static const char *fmt_num(char *buf, size_t len, double v)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Tree building                                                            */
-
-static void ynode_free(struct ynode *n)
-{
-    if (!n)
-        return;
-    for (size_t i = 0; i < n->n_kids; i++)
-        ynode_free(n->kids[i]);
-    free(n->kids);
-    if (n->text) {
-        /* The text may be a pasted secret (an inline api_key: is rejected,
-         * but it was read); do not leave it in freed memory. */
-        explicit_bzero(n->text, n->len);
-        free(n->text);
-    }
-    free(n);
-}
-
-static int ynode_append(struct ynode *parent, struct ynode *kid)
-{
-    if (parent->n_kids == parent->cap_kids) {
-        size_t cap = parent->cap_kids ? parent->cap_kids * 2 : 8;
-        struct ynode **k = realloc(parent->kids, cap * sizeof(*k));
-        if (!k)
-            return -ENOMEM;
-        parent->kids = k;
-        parent->cap_kids = cap;
-    }
-    parent->kids[parent->n_kids++] = kid;
-    return 0;
-}
-
-static int fail_yaml(struct loader *l, const yaml_parser_t *p)
-{
-    struct msg m = { .used = 0 };
-
-    switch (p->error) {
-    case YAML_MEMORY_ERROR:
-        return fail_nomem(l);
-    case YAML_READER_ERROR:
-        /* problem_value is the offending byte: never echoed. */
-        return fail_at(l, 0, NULL, "invalid input at byte %zu: %s", p->problem_offset,
-                       p->problem ? p->problem : "unreadable");
-    default:
-        msg_append(&m, "%s:%zu:%zu: YAML syntax error: %s", l->name,
-                   p->problem_mark.line + 1, p->problem_mark.column + 1,
-                   p->problem ? p->problem : "unknown problem");
-        if (p->context)
-            msg_append(&m, " (%s at line %zu)", p->context, p->context_mark.line + 1);
-        if (p->problem_mark.index < l->input_len && l->input[p->problem_mark.index] == '\t')
-            msg_append(&m, "; YAML indentation must use spaces, not tabs");
-        return emit(l, &m);
-    }
-}
-
-static int tree_next(struct loader *l, yaml_parser_t *p, yaml_event_t *ev)
-{
-    if (!yaml_parser_parse(p, ev))
-        return fail_yaml(l, p);
-    return 0;
-}
-
-static const char *map_key_at(const void *set, size_t pos, size_t *len)
-{
-    const struct ynode *k = ((const struct ynode *)set)->kids[2 * pos];
-    *len = k->len;
-    return k->text;
-}
-
-/* Marks each key of `map` that repeats an earlier one (dup_line) for the
- * walk to report with its key path. Keys that are not scalars are left to
- * the walk ("map keys must be plain strings"). */
-static int tree_mark_dups(struct loader *l, struct ynode *map)
-{
-    size_t n = map->n_kids / 2;
-
-    if (n < 2)
-        return 0;
-    if (name_index_reset(&l->keys, n) < 0)
-        return fail_nomem(l);
-    for (size_t i = 0; i < n; i++) {
-        struct ynode *k = map->kids[2 * i];
-        if (k->kind != YN_SCALAR)
-            continue;
-        size_t prev = name_index_add(&l->keys, i, map_key_at, map);
-        if (prev != SIZE_MAX)
-            k->dup_line = map->kids[2 * prev]->line;
-    }
-    return 0;
-}
-
-/* Builds the node that starts with `ev` (taken: always deleted). */
-static int tree_node(struct loader *l, yaml_parser_t *p, yaml_event_t *ev,
-                     unsigned depth, struct ynode **out)
-{
-    unsigned line = (unsigned)ev->start_mark.line + 1;
-    const yaml_char_t *anchor = NULL, *tag = NULL;
-    yaml_event_type_t end;
-    struct ynode *n;
-    int rc;
-
-    *out = NULL;
-    switch (ev->type) {
-    case YAML_SCALAR_EVENT:
-        anchor = ev->data.scalar.anchor;
-        tag = ev->data.scalar.tag;
-        end = YAML_NO_EVENT;
-        break;
-    case YAML_MAPPING_START_EVENT:
-        anchor = ev->data.mapping_start.anchor;
-        tag = ev->data.mapping_start.tag;
-        end = YAML_MAPPING_END_EVENT;
-        break;
-    case YAML_SEQUENCE_START_EVENT:
-        anchor = ev->data.sequence_start.anchor;
-        tag = ev->data.sequence_start.tag;
-        end = YAML_SEQUENCE_END_EVENT;
-        break;
-    case YAML_ALIAS_EVENT:
-        yaml_event_delete(ev);
-        return fail_at(l, line, NULL, "YAML aliases (*name) are not supported; "
-                       "write the value out");
-    default:
-        yaml_event_delete(ev);
-        return fail_at(l, line, NULL, "unexpected YAML event");
-    }
-    if (anchor) {
-        yaml_event_delete(ev);
-        return fail_at(l, line, NULL, "YAML anchors (&name) are not supported; "
-                       "write the value out");
-    }
-    if (tag) {
-        yaml_event_delete(ev);
-        return fail_at(l, line, NULL, "YAML tags (!tag, !!type) are not supported");
-    }
-    if (depth > CONFIG_DEPTH_MAX) {
-        yaml_event_delete(ev);
-        return fail_at(l, line, NULL, "nested deeper than %u levels", CONFIG_DEPTH_MAX);
-    }
-
-    n = calloc(1, sizeof(*n));
-    if (!n) {
-        yaml_event_delete(ev);
-        return fail_nomem(l);
-    }
-    n->line = line;
-    n->col = (unsigned)ev->start_mark.column + 1;
-
-    if (ev->type == YAML_SCALAR_EVENT) {
-        n->kind = YN_SCALAR;
-        n->plain = ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
-        n->len = ev->data.scalar.length;
-        n->text = malloc(n->len + 1);
-        if (!n->text) {
-            yaml_event_delete(ev);
-            ynode_free(n);
-            return fail_nomem(l);
-        }
-        memcpy(n->text, ev->data.scalar.value, n->len);
-        n->text[n->len] = '\0';
-        /* libyaml frees without wiping; clear its copy of a possible secret. */
-        explicit_bzero(ev->data.scalar.value, n->len);
-        yaml_event_delete(ev);
-        *out = n;
-        return 0;
-    }
-
-    n->kind = ev->type == YAML_MAPPING_START_EVENT ? YN_MAP : YN_SEQ;
-    yaml_event_delete(ev);
-    for (;;) {
-        yaml_event_t kev;
-        struct ynode *kid;
-
-        if ((rc = tree_next(l, p, &kev)) < 0)
-            goto fail;
-        if (kev.type == end) {
-            yaml_event_delete(&kev);
-            break;
-        }
-        if ((rc = tree_node(l, p, &kev, depth + 1, &kid)) < 0)
-            goto fail;
-        if (ynode_append(n, kid) < 0) {
-            ynode_free(kid);
-            rc = fail_nomem(l);
-            goto fail;
-        }
-    }
-    if (n->kind == YN_MAP && (rc = tree_mark_dups(l, n)) < 0)
-        goto fail;
-    *out = n;
-    return 0;
-fail:
-    ynode_free(n);
-    return rc;
-}
-
-static bool ynode_is_null(const struct ynode *n);
-
-/* Parses one YAML document into *root. An empty stream or a document that
- * is only a null yields *root == NULL (the caller reports "empty"). */
-static int tree_build(struct loader *l, const char *yaml, size_t len, struct ynode **root)
-{
-    yaml_parser_t p;
-    yaml_event_t ev;
-    struct ynode *n = NULL;
-    int rc;
-
-    *root = NULL;
-    l->input = yaml;
-    l->input_len = len;
-    if (!yaml_parser_initialize(&p))
-        return fail_nomem(l);
-    yaml_parser_set_input_string(&p, (const unsigned char *)yaml, len);
-
-    if ((rc = tree_next(l, &p, &ev)) < 0)        /* STREAM-START */
-        goto out;
-    yaml_event_delete(&ev);
-    if ((rc = tree_next(l, &p, &ev)) < 0)
-        goto out;
-    if (ev.type == YAML_STREAM_END_EVENT) {
-        yaml_event_delete(&ev);
-        goto out;                                 /* no document at all */
-    }
-    yaml_event_delete(&ev);                       /* DOCUMENT-START */
-    if ((rc = tree_next(l, &p, &ev)) < 0)
-        goto out;
-    if ((rc = tree_node(l, &p, &ev, 0, &n)) < 0)
-        goto out;
-    if ((rc = tree_next(l, &p, &ev)) < 0)        /* DOCUMENT-END */
-        goto out;
-    yaml_event_delete(&ev);
-    if ((rc = tree_next(l, &p, &ev)) < 0)
-        goto out;
-    if (ev.type != YAML_STREAM_END_EVENT) {
-        unsigned line = (unsigned)ev.start_mark.line + 1;
-        yaml_event_delete(&ev);
-        rc = fail_at(l, line, NULL, "only one YAML document is allowed");
-        goto out;
-    }
-    yaml_event_delete(&ev);
-    if (ynode_is_null(n)) {
-        ynode_free(n);
-        n = NULL;
-    }
-    *root = n;
-    n = NULL;
-out:
-    ynode_free(n);
-    yaml_parser_delete(&p);
-    return rc;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Scalar resolution (YAML 1.2 core schema, plain scalars only)             */
-
-static bool text_is(const struct ynode *n, const char *const *words)
-{
-    for (; *words; words++)
-        if (strlen(*words) == n->len && memcmp(*words, n->text, n->len) == 0)
-            return true;
-    return false;
-}
-
-static bool ynode_is_null(const struct ynode *n)
-{
-    static const char *const nulls[] = { "~", "null", "Null", "NULL", NULL };
-    return n && n->kind == YN_SCALAR && n->plain && (n->len == 0 || text_is(n, nulls));
-}
-
-static int ynode_bool(const struct ynode *n)
-{
-    static const char *const yes[] = { "true", "True", "TRUE", NULL };
-    static const char *const no[] = { "false", "False", "FALSE", NULL };
-    if (n->kind != YN_SCALAR || !n->plain)
-        return -1;
-    return text_is(n, yes) ? 1 : text_is(n, no) ? 0 : -1;
-}
-
-/* [-+]?[0-9]+ | 0o[0-7]+ | 0x[0-9a-fA-F]+ ; 1 = ok, 0 = not an integer,
- * -1 = an integer that does not fit in int64_t. */
-static int text_int(const struct ynode *n, int64_t *out)
-{
-    const char *s = n->text, *digits = s;
-    int base = 10;
-    char *end;
-
-    if (n->kind != YN_SCALAR || !n->plain || n->len == 0 || strlen(s) != n->len)
-        return 0;
-    if (s[0] == '0' && (s[1] == 'o' || s[1] == 'x')) {
-        base = s[1] == 'o' ? 8 : 16;
-        digits = s + 2;
-    } else if (s[0] == '-' || s[0] == '+') {
-        digits = s + 1;
-    }
-    if (!*digits)
-        return 0;
-    for (const char *c = digits; *c; c++)
-        if (!(base == 16 ? isxdigit((unsigned char)*c)
-                         : (*c >= '0' && *c <= (base == 8 ? '7' : '9'))))
-            return 0;
-    errno = 0;
-    long long v = strtoll(base == 10 ? s : digits, &end, base);
-    if (errno == ERANGE)
-        return -1;
-    *out = v;
-    return 1;
-}
-
-/* Integer or [-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)? or
- * [-+]?.inf / .nan; 1 = ok (may be non-finite), 0 = not a number. */
-static int text_float(const struct ynode *n, double *out)
-{
-    static const char *const infs[] = { ".inf", ".Inf", ".INF", "+.inf", "+.Inf",
-                                        "+.INF", "-.inf", "-.Inf", "-.INF", NULL };
-    static const char *const nans[] = { ".nan", ".NaN", ".NAN", NULL };
-    const char *c;
-    int64_t i;
-    int r;
-
-    if (n->kind != YN_SCALAR || !n->plain || n->len == 0 || strlen(n->text) != n->len)
-        return 0;
-    if ((r = text_int(n, &i)) != 0) {
-        if (r > 0) {
-            *out = (double)i;
-            return 1;
-        }
-    }
-    if (text_is(n, infs)) {
-        *out = n->text[0] == '-' ? -INFINITY : INFINITY;
-        return 1;
-    }
-    if (text_is(n, nans)) {
-        *out = NAN;
-        return 1;
-    }
-    c = n->text;
-    if (*c == '-' || *c == '+')
-        c++;
-    size_t int_digits = strspn(c, "0123456789");
-    c += int_digits;
-    size_t frac_digits = 0;
-    if (*c == '.') {
-        c++;
-        frac_digits = strspn(c, "0123456789");
-        c += frac_digits;
-    }
-    if (int_digits == 0 && frac_digits == 0)
-        return 0;
-    if (*c == 'e' || *c == 'E') {
-        c++;
-        if (*c == '-' || *c == '+')
-            c++;
-        size_t exp_digits = strspn(c, "0123456789");
-        if (exp_digits == 0)
-            return 0;
-        c += exp_digits;
-    }
-    if (*c)
-        return 0;
-    *out = strtod(n->text, NULL);
-    return 1;
-}
-
-static const char *ynode_what(const struct ynode *n)
-{
-    double d;
-    switch (n->kind) {
-    case YN_MAP: return "a map";
-    case YN_SEQ: return "a list";
-    case YN_SCALAR: break;
-    }
-    if (!n->plain)
-        return "a string";
-    if (ynode_is_null(n))
-        return "null";
-    if (ynode_bool(n) >= 0)
-        return "a boolean";
-    if (text_float(n, &d))
-        return "a number";
-    return "a string";
-}
-
-/* ------------------------------------------------------------------------ */
 /* String checks (FT_STR `check` hooks and helpers)                         */
 
 static bool has_ctl(const char *s, size_t len)
@@ -849,8 +358,9 @@ static int check_http_url(struct loader *l, const struct ynode *v, char *s)
  * password: the reason never echoes it. */
 static const char *redis_url_problem(const char *s, char *why, size_t whylen)
 {
-    if (strncmp(s, "redis://", 8) != 0 && strncmp(s, "unix://", 7) != 0)
-        return "must start with redis:// or unix://";
+    if (strncmp(s, "redis://", 8) != 0 && strncmp(s, "rediss://", 9) != 0 &&
+        strncmp(s, "unix://", 7) != 0)
+        return "must start with redis://, rediss:// or unix://";
     if (has_space_or_ctl(s))
         return "must not contain spaces or control characters";
     struct rds_addr addr;
@@ -864,6 +374,16 @@ static int check_redis_url(struct loader *l, const struct ynode *v, char *s)
     char why[200];
     const char *problem = redis_url_problem(s, why, sizeof(why));
     return problem ? fail_here(l, v->line, "%s", problem) : 0;
+}
+
+/* An ACL user name, a sentinel master name, a TLS server name: one word. */
+static int check_word(struct loader *l, const struct ynode *v, char *s)
+{
+    if (!*s || strlen(s) > 127)
+        return fail_here(l, v->line, "must be 1 to 127 characters");
+    if (has_space_or_ctl(s))
+        return fail_here(l, v->line, "must not contain spaces or control characters");
+    return 0;
 }
 
 static int check_prefix(struct loader *l, const struct ynode *v, char *s)
@@ -1029,6 +549,17 @@ static const struct field tasks_table[] = {
     END
 };
 
+static int walk_sentinels(struct loader *l, const struct ynode *v);
+
+static const struct field backend_tls_table[] = {
+    STR("ca_file", FID_TLS_CA_FILE, OFF(struct config, redis_tls_ca_file), check_key_path),
+    STR("cert_file", FID_TLS_CERT_FILE, OFF(struct config, redis_tls_cert_file), check_key_path),
+    STR("key_file", FID_TLS_KEY_FILE, OFF(struct config, redis_tls_key_file), check_key_path),
+    STR("server_name", FID_TLS_SERVER_NAME, OFF(struct config, redis_tls_server_name),
+        check_word),
+    END
+};
+
 static const struct field backend_table[] = {
     TYPED("kind", FT_BACKEND, FID_KIND, OFF(struct config, backend)),
     STR("url", FID_URL, OFF(struct config, redis_url), check_redis_url),
@@ -1038,8 +569,24 @@ static const struct field backend_table[] = {
         OFF(struct config, redis_command_timeout_s), 0, 60, F_MIN_OPEN),
     NUM("lease_ttl_s", FT_DOUBLE, FID_LEASE_TTL, OFF(struct config, redis_lease_ttl_s), 0,
         86400, F_MIN_OPEN),
+    { .key = "sentinels", .type = FT_CUSTOM, .fid = FID_SENTINELS, .walk = walk_sentinels },
+    STR("master_name", FID_MASTER_NAME, OFF(struct config, redis_master_name), check_word),
+    NUM("db", FT_U32, FID_DB, OFF(struct config, redis_db), 0, INT32_MAX, 0),
+    STR("username", FID_USERNAME, OFF(struct config, redis_username), check_word),
+    STR("password_env", FID_PASSWORD_ENV, OFF(struct config, redis_password_env),
+        check_env_name),
+    STR("password_file", FID_PASSWORD_FILE, OFF(struct config, redis_password_file),
+        check_key_path),
+    STR("sentinel_username", FID_SENTINEL_USERNAME,
+        OFF(struct config, redis_sentinel_username), check_word),
+    STR("sentinel_password_env", FID_SENTINEL_PASSWORD_ENV,
+        OFF(struct config, redis_sentinel_password_env), check_env_name),
+    STR("sentinel_password_file", FID_SENTINEL_PASSWORD_FILE,
+        OFF(struct config, redis_sentinel_password_file), check_key_path),
+    SECTION("tls", FID_TLS, 0, backend_tls_table),
     END
 };
+
 
 /* Offsets relative to struct config_policy; included by defaults and
  * capabilities. policy_inherit() and check_source_policy() iterate this
@@ -1325,7 +872,7 @@ static int fail_range(struct loader *l, const struct ynode *v, const struct fiel
                          f->flags & F_MIN_OPEN ? '(' : '[', lo, hi,
                          f->flags & F_MAX_OPEN ? ')' : ']', v->text);
     double d = 0;
-    text_float(v, &d);
+    ynode_float(v, &d);
     if (d < f->min || ((f->flags & F_MIN_OPEN) && d == f->min))
         return fail_here(l, v->line, "must be %s %s, got %s",
                          f->flags & F_MIN_OPEN ? ">" : ">=", lo, v->text);
@@ -1424,7 +971,7 @@ static int set_field(struct loader *l, const struct field *f, char *slot,
     case FT_I32:
     case FT_U64:
     case FT_SIZE:
-        rc = text_int(v, &i);
+        rc = ynode_int(v, &i);
         if (rc == 0)
             return fail_type(l, v, "an integer");
         if (rc < 0 || !in_range(f, (double)i))
@@ -1439,7 +986,7 @@ static int set_field(struct loader *l, const struct field *f, char *slot,
             *(size_t *)slot = (size_t)i;
         break;
     case FT_DOUBLE:
-        if (!text_float(v, &d))
+        if (!ynode_float(v, &d))
             return fail_type(l, v, "a number");
         if (!isfinite(d))
             return fail_here(l, v->line, "must be a finite number");
@@ -1678,6 +1225,40 @@ static int walk_map(struct loader *l, const struct ynode *map, const struct fiel
         path_pop(l, old);
         if (rc == -ENOMEM)
             return rc;
+    }
+    return 0;
+}
+
+/* backend.sentinels: ["host:port", ...], 1 to 16 of them. */
+static int walk_sentinels(struct loader *l, const struct ynode *v)
+{
+    struct config *cfg = l->cfg;
+    char why[128], host[256];
+    int port;
+
+    if (ynode_is_null(v))
+        return 0;
+    if (v->kind != YN_SEQ || v->n_kids == 0 || v->n_kids > 16)
+        return fail_type(l, v, "a list of 1 to 16 \"host:port\" strings");
+    cfg->redis_sentinels = calloc(v->n_kids, sizeof(*cfg->redis_sentinels));
+    if (!cfg->redis_sentinels)
+        return fail_nomem(l);
+    for (size_t i = 0; i < v->n_kids; i++) {
+        const struct ynode *item = v->kids[i];
+        const char *s;
+        size_t old = path_push_index(l, i);
+        int rc = get_string(l, item, &s);
+        if (rc == 0 && rds_parse_hostport(s, host, sizeof(host), &port, why, sizeof(why)) < 0)
+            rc = fail_here(l, item->line, "%s", why);
+        for (size_t j = 0; rc == 0 && j < cfg->n_redis_sentinels; j++)
+            if (strcmp(cfg->redis_sentinels[j], s) == 0)
+                rc = fail_here(l, item->line, "repeats sentinel %zu", j);
+        if (rc == 0 && !(cfg->redis_sentinels[cfg->n_redis_sentinels] = strdup(s)))
+            rc = fail_nomem(l);
+        path_pop(l, old);
+        if (rc < 0)
+            return rc;
+        cfg->n_redis_sentinels++;
     }
     return 0;
 }
@@ -1991,6 +1572,50 @@ static void check_source_policy(struct loader *l, size_t i)
     }
 }
 
+/* The sentinel, credential and TLS keys of the backend section. */
+static void validate_redis_auth(struct loader *l)
+{
+    static const struct { int fid; const char *key; } sentinel_only[] = {
+        {FID_MASTER_NAME, "backend.master_name"},
+        {FID_DB, "backend.db"},
+        {FID_SENTINEL_USERNAME, "backend.sentinel_username"},
+        {FID_SENTINEL_PASSWORD_ENV, "backend.sentinel_password_env"},
+        {FID_SENTINEL_PASSWORD_FILE, "backend.sentinel_password_file"},
+    };
+    const unsigned *line = l->line;
+
+    if (line[FID_SENTINELS] && !line[FID_MASTER_NAME])
+        fail_at(l, line[FID_SENTINELS], "backend.master_name",
+                "is required with backend.sentinels (the name the sentinels monitor)");
+    for (size_t i = 0; !line[FID_SENTINELS] && i < sizeof(sentinel_only) / sizeof(*sentinel_only);
+         i++)
+        if (line[sentinel_only[i].fid])
+            fail_at(l, line[sentinel_only[i].fid], sentinel_only[i].key,
+                    "only valid with backend.sentinels%s",
+                    sentinel_only[i].fid == FID_DB ? " (a URL carries its db: redis://host/N)"
+                                                   : "");
+    if (line[FID_PASSWORD_ENV] && line[FID_PASSWORD_FILE])
+        fail_at(l, line[FID_PASSWORD_FILE], "backend.password_file",
+                "cannot be combined with backend.password_env; choose one");
+    if (line[FID_SENTINEL_PASSWORD_ENV] && line[FID_SENTINEL_PASSWORD_FILE])
+        fail_at(l, line[FID_SENTINEL_PASSWORD_FILE], "backend.sentinel_password_file",
+                "cannot be combined with backend.sentinel_password_env; choose one");
+    if (line[FID_USERNAME] && !line[FID_PASSWORD_ENV] && !line[FID_PASSWORD_FILE])
+        fail_at(l, line[FID_USERNAME], "backend.username",
+                "needs backend.password_env or backend.password_file (a user in the URL "
+                "goes with the URL's password)");
+    if (line[FID_SENTINEL_USERNAME] && !line[FID_SENTINEL_PASSWORD_ENV] &&
+        !line[FID_SENTINEL_PASSWORD_FILE])
+        fail_at(l, line[FID_SENTINEL_USERNAME], "backend.sentinel_username",
+                "needs backend.sentinel_password_env or backend.sentinel_password_file");
+    if (!line[FID_TLS_CERT_FILE] != !line[FID_TLS_KEY_FILE])
+        fail_at(l, line[FID_TLS_CERT_FILE] ? line[FID_TLS_CERT_FILE] : line[FID_TLS_KEY_FILE],
+                line[FID_TLS_CERT_FILE] ? "backend.tls.key_file" : "backend.tls.cert_file",
+                "is required with backend.tls.%s (a client certificate needs both)",
+                line[FID_TLS_CERT_FILE] ? "cert_file" : "key_file");
+    l->cfg->redis_tls = line[FID_TLS] != 0;
+}
+
 static void validate_top(struct loader *l)
 {
     struct config *cfg = l->cfg;
@@ -2020,18 +1645,29 @@ static void validate_top(struct loader *l)
         if (config_check_http_listen(cfg, why, sizeof(why)) < 0)
             fail_at(l, line[FID_HTTP_LISTEN], "http.listen", "%s", why);
     }
-    if (cfg->backend == BACKEND_REDIS && !line[FID_URL] && !line[FID_URL_ENV])
+    if (cfg->backend == BACKEND_REDIS && !line[FID_URL] && !line[FID_URL_ENV] &&
+        !line[FID_SENTINELS])
         fail_at(l, line[FID_KIND], "backend.url",
-                "is required when kind is redis (or backend.url_env)");
+                "is required when kind is redis (or backend.url_env, or backend.sentinels)");
     if (line[FID_URL] && line[FID_URL_ENV])
         fail_at(l, line[FID_URL_ENV], "backend.url_env",
                 "cannot be combined with backend.url; choose one");
+    if (line[FID_SENTINELS] && (line[FID_URL] || line[FID_URL_ENV]))
+        fail_at(l, line[FID_SENTINELS], "backend.sentinels",
+                "cannot be combined with backend.%s; choose one (the sentinels name the "
+                "primary)", line[FID_URL] ? "url" : "url_env");
+    validate_redis_auth(l);
     static const struct { int fid; const char *key; } redis_only[] = {
         {FID_URL, "backend.url"},
         {FID_URL_ENV, "backend.url_env"},
         {FID_PREFIX, "backend.prefix"},
         {FID_COMMAND_TIMEOUT, "backend.command_timeout_s"},
         {FID_LEASE_TTL, "backend.lease_ttl_s"},
+        {FID_SENTINELS, "backend.sentinels"},
+        {FID_USERNAME, "backend.username"},
+        {FID_PASSWORD_ENV, "backend.password_env"},
+        {FID_PASSWORD_FILE, "backend.password_file"},
+        {FID_TLS, "backend.tls"},
     };
     /* With a rejected kind, nobody knows which backend was meant. */
     for (size_t i = 0; cfg->backend == BACKEND_MEMORY && !line_is_bad(line[FID_KIND]) &&
@@ -2051,6 +1687,7 @@ static void validate_top(struct loader *l)
                 fmt_num(b, sizeof(b), cfg->redis_lease_ttl_s));
     check_policy(l, "defaults", line[FID_DEFAULTS], line, &cfg->defaults);
 }
+
 
 static const char *cap_name_at(const void *set, size_t pos, size_t *len)
 {
@@ -2516,6 +2153,71 @@ static int load_redis_url(struct loader *l)
     return cfg->redis_url ? 0 : fail_nomem(l);
 }
 
+/* A Redis password from the environment or a file, in the secrets pass;
+ * and, with the URL known, the rule that TLS with a URL means rediss://. */
+static int load_redis_secret(struct loader *l, int fid_env, int fid_file, const char *env,
+                             const char *file, const char *key, char **out)
+{
+    char path[64];
+
+    if (file) {
+        snprintf(path, sizeof(path), "backend.%s_file", key);
+        return read_secret_file(l, file, l->line[fid_file], path, "password", out);
+    }
+    if (!env)
+        return 0;
+    snprintf(path, sizeof(path), "backend.%s_env", key);
+    const char *val = getenv(env);
+    if (!val || !*val)
+        return fail_at(l, l->line[fid_env], path,
+                       "the environment variable named here is not set or is empty");
+    if (!(*out = strdup(val)))
+        return fail_nomem(l);
+    return check_key_text(l, l->line[fid_env], path, *out, "the password in the environment");
+}
+
+static int load_redis_secrets(struct loader *l)
+{
+    struct config *cfg = l->cfg;
+    int rc;
+    const size_t pw_max = sizeof(((struct rds_addr *)0)->password) - 1;
+
+    if ((rc = load_redis_secret(l, FID_PASSWORD_ENV, FID_PASSWORD_FILE, cfg->redis_password_env,
+                                cfg->redis_password_file, "password", &cfg->redis_password)) ==
+        -ENOMEM)
+        return rc;
+    if ((rc = load_redis_secret(l, FID_SENTINEL_PASSWORD_ENV, FID_SENTINEL_PASSWORD_FILE,
+                                cfg->redis_sentinel_password_env,
+                                cfg->redis_sentinel_password_file, "sentinel_password",
+                                &cfg->redis_sentinel_password)) == -ENOMEM)
+        return rc;
+    if (cfg->redis_password && strlen(cfg->redis_password) > pw_max)
+        return fail_at(l, l->line[FID_PASSWORD_ENV] | l->line[FID_PASSWORD_FILE],
+                       cfg->redis_password_env ? "backend.password_env" : "backend.password_file",
+                       "the password is longer than %zu bytes", pw_max);
+    if (cfg->redis_sentinel_password && strlen(cfg->redis_sentinel_password) > pw_max)
+        return fail_at(l, l->line[FID_SENTINEL_PASSWORD_ENV] | l->line[FID_SENTINEL_PASSWORD_FILE],
+                       cfg->redis_sentinel_password_env ? "backend.sentinel_password_env"
+                                                        : "backend.sentinel_password_file",
+                       "the password is longer than %zu bytes", pw_max);
+    if (cfg->redis_tls && cfg->redis_url && strncasecmp(cfg->redis_url, "rediss://", 9) != 0)
+        return fail_at(l, l->line[FID_TLS], "backend.tls",
+                       "needs a rediss:// URL (TLS is what the scheme asks for)");
+    if (cfg->redis_password && cfg->redis_url) {
+        struct rds_addr addr;
+        char why[200];
+        bool both = rds_parse_url(cfg->redis_url, &addr, why, sizeof(why)) == 0 &&
+                    addr.password[0];
+        explicit_bzero(&addr, sizeof(addr));
+        if (both)
+            return fail_at(l, l->line[FID_PASSWORD_ENV] | l->line[FID_PASSWORD_FILE],
+                           cfg->redis_password_env ? "backend.password_env"
+                                                   : "backend.password_file",
+                           "the URL holds a password too; keep one of them");
+    }
+    return 0;
+}
+
 static int validate(struct loader *l)
 {
     int rc;
@@ -2533,6 +2235,8 @@ static int validate(struct loader *l)
         if ((rc = load_key(l, i)) == -ENOMEM || (rc = load_source_extras(l, i)) == -ENOMEM)
             return rc;
     if ((rc = load_redis_url(l)) == -ENOMEM)
+        return rc;
+    if ((rc = load_redis_secrets(l)) == -ENOMEM)
         return rc;
     if (l->n_errors)
         return -EINVAL;
@@ -2564,7 +2268,6 @@ static void loader_fini(struct loader *l)
     }
     free(l->srcs);
     free(l->caps);
-    name_index_fini(&l->keys);
     name_index_fini(&l->cap_ix);
     name_index_fini(&l->src_ix);
 }
@@ -2602,8 +2305,19 @@ struct config *config_parse_report(const char *yaml, size_t len, const char *nam
         snprintf(c->cap.path, sizeof(c->cap.path), "%s", builtin_caps[i].path);
     }
 
-    if ((rc = tree_build(&l, yaml ? yaml : "", yaml ? len : 0, &root)) < 0)
+    struct yamltree_error ye;
+    if ((rc = yamltree_parse(yaml ? yaml : "", yaml ? len : 0, CONFIG_DEPTH_MAX, &root,
+                             &ye)) < 0) {
+        if (ye.nomem)
+            fail_nomem(&l);
+        else if (ye.col) {
+            struct msg m = { .used = 0 };
+            msg_append(&m, "%s:%u:%u: %s", l.name, ye.line, ye.col, ye.text);
+            emit(&l, &m);
+        } else
+            fail_at(&l, ye.line, NULL, "%s", ye.text);
         goto fail;
+    }
     if (!root) {
         fail_at(&l, 0, NULL, "empty configuration (expected a map with listen, server, "
                 "backend, defaults, capabilities, sources)");
@@ -2728,6 +2442,27 @@ void config_free(struct config *cfg)
     }
     free(cfg->redis_url_env);
     free(cfg->redis_prefix);
+    for (size_t i = 0; i < cfg->n_redis_sentinels; i++)
+        free(cfg->redis_sentinels[i]);
+    free(cfg->redis_sentinels);
+    free(cfg->redis_master_name);
+    free(cfg->redis_username);
+    char *const secrets[] = {cfg->redis_password, cfg->redis_sentinel_password};
+    for (size_t i = 0; i < sizeof(secrets) / sizeof(secrets[0]); i++) {
+        if (secrets[i]) {
+            explicit_bzero(secrets[i], strlen(secrets[i]));
+            free(secrets[i]);
+        }
+    }
+    free(cfg->redis_password_env);
+    free(cfg->redis_password_file);
+    free(cfg->redis_sentinel_username);
+    free(cfg->redis_sentinel_password_env);
+    free(cfg->redis_sentinel_password_file);
+    free(cfg->redis_tls_ca_file);
+    free(cfg->redis_tls_cert_file);
+    free(cfg->redis_tls_key_file);
+    free(cfg->redis_tls_server_name);
     free(cfg->socket_path);
     free(cfg->http_socket);
     free(cfg->http_listen);

@@ -38,6 +38,7 @@
 #include <stdint.h>
 
 #include "dialect.h"
+#include "log.h"
 
 #define CONFIG_NAME_MAX 64   /* names: [A-Za-z0-9_.-]{1,63} */
 
@@ -53,8 +54,6 @@
 /* base_url is shorter than this, capability paths shorter than 256, so
  * base_url + path always fits in CONFIG_URL_MAX + 256 bytes. */
 #define CONFIG_URL_MAX 1024
-
-enum log_level { LOG_DEBUG = 0, LOG_INFO, LOG_WARN, LOG_ERROR };
 
 enum backend_kind { BACKEND_MEMORY = 0, BACKEND_REDIS };
 
@@ -207,6 +206,20 @@ struct config {
     char *redis_prefix;        /* owned, default "polygw", [A-Za-z0-9_.:{}-]{1,63} */
     double redis_command_timeout_s; /* bounds every Redis round trip; default 1 */
     double redis_lease_ttl_s;  /* a dead sidecar's permits return after this; default 30 */
+    char **redis_sentinels;    /* owned array of "host:port" (instead of a URL), or NULL */
+    size_t n_redis_sentinels;
+    char *redis_master_name;   /* owned; required with sentinels */
+    uint32_t redis_db;         /* with sentinels (a URL carries its own); default 0 */
+    char *redis_username;      /* owned ACL user, or NULL (the default user) */
+    char *redis_password;      /* owned, from password_env / password_file; wiped on free */
+    char *redis_password_env, *redis_password_file;  /* owned: where it was read from */
+    char *redis_sentinel_username; /* owned; the sentinels' own credentials */
+    char *redis_sentinel_password; /* owned, wiped on free */
+    char *redis_sentinel_password_env, *redis_sentinel_password_file;
+    bool redis_tls;            /* backend.tls given: TLS to the sentinels (with a URL,
+                                * rediss:// decides and backend.tls configures it) */
+    char *redis_tls_ca_file, *redis_tls_cert_file, *redis_tls_key_file; /* owned or NULL */
+    char *redis_tls_server_name; /* owned or NULL: the name to verify */
 
     struct config_policy defaults;
 

@@ -28,6 +28,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -87,6 +88,7 @@ static int conn_append(void *data, const char *buf, size_t len)
     }
     memcpy(c->out + c->out_len, buf, len);
     c->out_len += len;
+    c->out_unchecked += len;
     c->budget.held = c->out_len - c->out_off;
     return 0;
 }
@@ -257,10 +259,37 @@ static void conn_apply_backpressure(struct conn *c)
         call_on_drained(&c->sink);
 }
 
+#ifdef PGW_CHECK_PACKING
+/* Parses back what was queued since the last flush and aborts on a
+ * malformed message (a miscounted map, say), so the sanitizer build fails
+ * the test that packed it, instead of desynchronising a client. Debug builds
+ * only (the sanitizer build), like an assert. */
+static void conn_check_packing(struct conn *c)
+{
+    char why[128];
+    size_t n = c->out_unchecked;
+
+    c->out_unchecked = 0;
+    if (c->oom || n == 0 || n > c->out_len - c->out_off)
+        return;
+    if (rpc_check_messages(c->out + c->out_len - n, n, why, sizeof(why)) < 0) {
+        fprintf(stderr, "polygw: conn %llu packed a malformed message: %s\n",
+                (unsigned long long)c->id, why);
+        abort();
+    }
+}
+#else
+static void conn_check_packing(struct conn *c)
+{
+    c->out_unchecked = 0;
+}
+#endif
+
 void conn_flush(struct conn *c)
 {
     if (c->closed)
         return;
+    conn_check_packing(c);
     if (c->bridge) {
         size_t off = c->out_off, n = c->out_len - c->out_off;
         c->out_off = c->out_len = 0;

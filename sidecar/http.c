@@ -58,6 +58,7 @@
 #include "jscan.h"
 #include "log.h"
 #include "metrics.h"
+#include "redis.h"
 #include "backend.h"
 #include "task.h"
 #include "tasks.h"
@@ -374,7 +375,7 @@ struct hc_err {
     const char *ctype;
     const char *body;              /* into json, or into up (a raw upstream body) */
     size_t len;
-    struct transcode_buf json;
+    struct strbuf json;
     msgpack_unpacked up;
 };
 
@@ -395,7 +396,7 @@ static void hc_err_make(struct http_conn *c, int status, enum pgw_code code, con
     bool have_attempts = false;
     const msgpack_object *upstream_body = NULL, *message = NULL;
 
-    transcode_buf_init(&e->json);
+    strbuf_init(&e->json);
     msgpack_unpacked_init(&e->up);
     e->ctype = "application/json";
     e->body = internal_error_json;
@@ -448,7 +449,7 @@ static void hc_err_make(struct http_conn *c, int status, enum pgw_code code, con
             e->len = e->json.len;
             return;
         }
-        transcode_buf_reset(&e->json);
+        strbuf_reset(&e->json);
     }
     msgpack_sbuffer sb;
     msgpack_packer pk;
@@ -495,7 +496,7 @@ static void hc_err_make(struct http_conn *c, int status, enum pgw_code code, con
 
 static void hc_err_fini(struct hc_err *e)
 {
-    transcode_buf_fini(&e->json);
+    strbuf_fini(&e->json);
     msgpack_unpacked_destroy(&e->up);
 }
 
@@ -934,7 +935,7 @@ static void route_readyz(struct http_conn *c, const char *path, size_t len)
 {
     struct server *srv = c->hs->srv;
     const char *why = NULL;
-    char body[160];
+    char body[400];
     (void)path;
     (void)len;
 
@@ -949,7 +950,25 @@ static void route_readyz(struct http_conn *c, const char *path, size_t len)
         hc_reply(c, 200, "application/json", ok, sizeof(ok) - 1, NULL, NULL);
         return;
     }
-    int n = snprintf(body, sizeof(body), "{\"status\":\"not_ready\",\"reason\":\"%s\"}", why);
+    int n = snprintf(body, sizeof(body), "{\"status\":\"not_ready\",\"reason\":\"%s\"", why);
+    /* Redis' own reason (a refused TLS certificate, WRONGPASS, ...) as
+     * `detail`, JSON-escaped: it says what to fix. It never holds a
+     * password. */
+    const struct rds *r = backend_redis_rds(srv->backend);
+    const char *detail = r && strcmp(why, "redis unreachable") == 0 ? rds_last_error(r) : "";
+    bool has_detail = *detail != '\0';
+    if (has_detail)
+        n += snprintf(body + n, sizeof(body) - (size_t)n, ",\"detail\":\"");
+    for (; *detail && (size_t)n < sizeof(body) - 16; detail++) {
+        unsigned char ch = (unsigned char)*detail;
+        if (ch == '"' || ch == '\\')
+            n += snprintf(body + n, sizeof(body) - (size_t)n, "\\%c", ch);
+        else if (ch < 0x20)
+            n += snprintf(body + n, sizeof(body) - (size_t)n, "\\u%04x", ch);
+        else
+            body[n++] = (char)ch;
+    }
+    n += snprintf(body + n, sizeof(body) - (size_t)n, has_detail ? "\"}" : "}");
     hc_reply(c, 503, "application/json", body, (size_t)n, NULL, "Retry-After: 1\r\n");
 }
 
@@ -1145,8 +1164,8 @@ static void hc_on_bridge(void *ud, const char *data, size_t len)
     } else {
         const msgpack_object *err = &up.data.via.array.ptr[2];
         const msgpack_object *res = &up.data.via.array.ptr[3];
-        struct transcode_buf json;
-        transcode_buf_init(&json);
+        struct strbuf json;
+        strbuf_init(&json);
         if (err->type == MSGPACK_OBJECT_MAP) {
             const msgpack_object *code = rpc_map_get(err, "code");
             int cd = code && code->type == MSGPACK_OBJECT_STR
@@ -1164,7 +1183,7 @@ static void hc_on_bridge(void *ud, const char *data, size_t len)
         } else {
             hc_error(c, 500, PGW_INTERNAL, "task answer cannot be written as JSON");
         }
-        transcode_buf_fini(&json);
+        strbuf_fini(&json);
     }
     msgpack_unpacked_destroy(&up);
     hc_response_done(c);
@@ -1717,7 +1736,7 @@ static int http_make_models(struct http_server *hs)
     msgpack_sbuffer sb;
     msgpack_packer pk;
     msgpack_unpacked up;
-    struct transcode_buf json;
+    struct strbuf json;
     uint32_t n = 0;
     int rc = -1;
 
@@ -1749,15 +1768,15 @@ static int http_make_models(struct http_server *hs)
         rpc_pack_kv_str(&pk, "capability", s->capability);
     }
     msgpack_unpacked_init(&up);
-    transcode_buf_init(&json);
+    strbuf_init(&json);
     if (msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS &&
         transcode_msgpack_to_json(&up.data, &json, NULL, NULL, NULL, 0) == 0) {
         hs->models_json = json.data; /* taken */
         hs->models_len = json.len;
-        transcode_buf_init(&json);
+        strbuf_init(&json);
         rc = 0;
     }
-    transcode_buf_fini(&json);
+    strbuf_fini(&json);
     msgpack_unpacked_destroy(&up);
     msgpack_sbuffer_destroy(&sb);
     return rc;

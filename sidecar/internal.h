@@ -18,6 +18,7 @@
 #include "frame.h"
 #include "rpc.h"
 #include "sdnotify.h"
+#include "strbuf.h"
 #include "upstream.h"
 
 struct conn;
@@ -153,6 +154,7 @@ struct conn {
     msgpack_packer pk;            /* packs straight into `out` */
     char *out;                    /* write queue: bytes [out_off, out_len) pending */
     size_t out_len, out_off, out_cap;
+    size_t out_unchecked;         /* PGW_CHECK_PACKING: bytes queued since the last check */
     struct upstream_budget budget; /* unsent output + replies being received */
     uint32_t in_flight;           /* task requests in flight (calls: sink.n_calls) */
     struct call_sink sink;        /* its calls in flight (call.c, callrpc.c) */

@@ -20,7 +20,7 @@
 #ifndef POLYGW_LOG_H
 #define POLYGW_LOG_H
 
-#include "config.h"
+enum log_level { LOG_DEBUG = 0, LOG_INFO, LOG_WARN, LOG_ERROR };
 
 enum { LOG_S = 1, LOG_I, LOG_U, LOG_F, LOG_B, LOG_N };
 

@@ -132,6 +132,10 @@ int main(int argc, char **argv)
             else
                 snprintf(backend, sizeof(backend), "redis backend at %s:%d, not contacted", a.host,
                          a.port);
+        } else if (cfg->backend == BACKEND_REDIS && cfg->n_redis_sentinels) {
+            snprintf(backend, sizeof(backend),
+                     "redis backend: primary '%s' from %zu sentinels, not contacted",
+                     cfg->redis_master_name, cfg->n_redis_sentinels);
         }
         explicit_bzero(&a, sizeof(a)); /* it held the password */
         printf("%s: ok (%zu capabilities, %zu sources, %s)\n", check_path, cfg->n_capabilities,

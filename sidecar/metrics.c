@@ -572,6 +572,9 @@ static void render_backend(struct prom_text *t, struct server *srv)
                    s->disconnects);
     render_one_u64(t, "polygw_redis_connect_failures_total", "counter",
                    "Redis connects that failed.", s->connect_failures);
+    render_one_u64(t, "polygw_redis_primary_changes_total", "counter",
+                   "Sentinel: times the primary moved to a new address (0 without sentinels).",
+                   s->primary_changes);
     render_one_u64(t, "polygw_redis_subscribed", "gauge",
                    "1 while the pub/sub connection listens to every channel.", rds_subscribed(r));
     render_by(t, "polygw_fleet_admissions_total", "counter",

@@ -17,7 +17,7 @@ struct redact {
     struct secret *s;          /* longest first: the longest match wins a tie */
     size_t n;
     size_t min_len;            /* shortest secret; 0 when there are none */
-    struct transcode_buf scratch; /* redact_on_str's output */
+    struct strbuf scratch; /* redact_on_str's output */
 };
 
 static int by_length_desc(const void *a, const void *b)
@@ -68,7 +68,7 @@ void redact_free(struct redact *r)
      * secret's neighbours: wipe it too. */
     if (r->scratch.data)
         explicit_bzero(r->scratch.data, r->scratch.cap);
-    transcode_buf_fini(&r->scratch);
+    strbuf_fini(&r->scratch);
     free(r);
 }
 
@@ -91,13 +91,13 @@ static size_t find_from(const struct secret *k, const char *s, size_t n, size_t 
     return p ? (size_t)(p - s) : NONE;
 }
 
-long redact_copy(const struct redact *r, const char *s, size_t n, struct transcode_buf *out)
+long redact_copy(const struct redact *r, const char *s, size_t n, struct strbuf *out)
 {
     size_t stack_next[STACK_SECRETS];
     size_t nk = r ? r->n : 0, start = out->len, pos = 0;
     long hits = 0;
 
-    if (transcode_buf_reserve(out, n) < 0)
+    if (strbuf_reserve(out, n) < 0)
         return TRANSCODE_ENOMEM;
     if (n == 0 || !redact_hit(r, s, n)) {
         if (n)
@@ -123,7 +123,7 @@ long redact_copy(const struct redact *r, const char *s, size_t n, struct transco
             }
         }
         size_t upto = best == NONE ? n : at;
-        if (transcode_buf_reserve(out, upto - pos + sizeof(REDACT_MARKER)) < 0) {
+        if (strbuf_reserve(out, upto - pos + sizeof(REDACT_MARKER)) < 0) {
             out->len = start;
             hits = TRANSCODE_ENOMEM;
             break;
@@ -154,7 +154,7 @@ int redact_on_str(void *ud, const char **s, size_t *n)
 
     if (!redact_hit(r, *s, *n))
         return 0;
-    transcode_buf_reset(&r->scratch);
+    strbuf_reset(&r->scratch);
     if (redact_copy(r, *s, *n, &r->scratch) < 0)
         return TRANSCODE_ENOMEM;
     *s = r->scratch.data;

@@ -46,7 +46,7 @@ bool redact_hit(const struct redact *r, const char *s, size_t n);
  * REDACT_MARKER; at a position where several secrets start, the longest is
  * replaced. Returns the number of replacements, or TRANSCODE_ENOMEM with
  * `out` unchanged. `r` may be NULL (a plain copy). */
-long redact_copy(const struct redact *r, const char *s, size_t n, struct transcode_buf *out);
+long redact_copy(const struct redact *r, const char *s, size_t n, struct strbuf *out);
 
 /* A transcode_str_fn (ud: the struct redact): points *s and *n at a
  * redacted copy, valid until the next call, when the string holds a

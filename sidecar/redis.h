@@ -28,8 +28,19 @@
  * returns -1 at once and never calls `cb` (not connected, out of memory).
  * Callbacks never run inside rds_eval().
  *
+ * Sentinel (opts.sentinels): a third connection asks the sentinels in turn
+ * (SENTINEL get-master-addr-by-name), and stays subscribed to
+ * +switch-master on the one that answered. The command and subscriber
+ * connections go to the primary it names and check it with ROLE; when it
+ * moves (+switch-master, a ROLE that is not master, a lost primary) they
+ * are dropped and re-made at the new address. Until a primary is known
+ * they stay down (rds_up() is false: callers fail closed).
+ *
+ * TLS (rediss://, or opts.tls with sentinels): see redis_tls.h.
+ *
  * The URL may hold a password: it is never logged, returned or shown in
- * stats (only host:port or the socket path is).
+ * stats (only host:port or the socket path is); nor are opts.password and
+ * opts.sentinel_password.
  */
 #ifndef POLYGW_REDIS_H
 #define POLYGW_REDIS_H
@@ -42,28 +53,27 @@
 #include <stdint.h>
 
 #include "prom.h"
+#include "redis_url.h"
+#include "redis_tls.h"
 
 struct rds;
 
 enum rds_script { RDS_ADMIT, RDS_RELEASE, RDS_RENEW, RDS_PROGRESS, RDS_TASK, RDS_N_SCRIPTS };
 
-/* Where to connect, parsed from a URL:
- *   redis://[[user]:password@]host[:port][/db]     (host may be [v6addr])
- *   unix:///path/to/socket[?db=N][&password=P]
- * Port defaults to 6379, db to 0. */
-struct rds_addr {
-    char host[256];          /* host name or address; empty for unix */
-    int port;
-    char path[108];          /* unix socket path; empty for tcp */
-    char password[256];      /* empty = no AUTH */
-    int db;
-};
-
-/* Returns 0, or -1 with a reason in `err` that never contains the password. */
-int rds_parse_url(const char *url, struct rds_addr *out, char *err, size_t errlen);
-
 struct rds_opts {
-    const char *url;
+    const char *url;                /* one endpoint; or NULL with sentinels */
+    const char *const *sentinels;   /* "host:port" each (see rds_parse_hostport) */
+    size_t n_sentinels;
+    const char *master_name;        /* required with sentinels */
+    int db;                         /* with sentinels (the URL carries it otherwise) */
+    /* ACL credentials, replacing the URL's when `password` is non-NULL.
+     * `username` NULL or "" = the default user. The sentinel ones are sent
+     * to the sentinels only (they have users of their own). */
+    const char *username, *password;
+    const char *sentinel_username, *sentinel_password;
+    /* TLS settings; NULL = none. Required (may be all defaults) for TLS to
+     * the sentinels; a rediss:// URL uses them, or the defaults. */
+    const struct rtls_opts *tls;
     double command_timeout_s;       /* bounds each round trip and each connect */
     double reconnect_min_s;         /* first reconnect delay (before jitter) */
     double reconnect_max_s;         /* cap of the doubling */
@@ -119,6 +129,7 @@ double rds_clock_offset(const struct rds *r);
 
 struct rds_stats {
     uint64_t connects, disconnects, connect_failures;
+    uint64_t primary_changes;       /* sentinel: a new primary address was learnt */
     uint64_t commands, replies, errors, timeouts, noscript_reloads, rejected_not_connected;
     uint64_t messages;
     uint64_t lost;                  /* commands failed because their connection was lost */
@@ -128,9 +139,15 @@ struct rds_stats {
 };
 const struct rds_stats *rds_get_stats(const struct rds *r);
 
+/* Why the last connection or attempt failed ("" if none yet): short, never
+ * a password (see rds_reason in redis.c). Borrowed until the next failure. */
+const char *rds_last_error(const struct rds *r);
+
 /* Packs the `backend` map of `stats`: kind, state (up / connecting / down),
- * subscribed, address (host:port or path; never the password), the
- * counters, rtt_avg_ms / rtt_max_ms, last_error, next_retry_in_s. */
+ * subscribed, address (host:port or path; never the password), tls, the
+ * counters, rtt_avg_ms / rtt_max_ms, last_error, next_retry_in_s; with
+ * sentinels also sentinel (the one asked last), sentinel_state,
+ * master_name and primary_changes. */
 void rds_pack_stats(const struct rds *r, msgpack_packer *pk);
 
 #endif /* POLYGW_REDIS_H */

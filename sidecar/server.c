@@ -45,6 +45,7 @@
 
 #include "backend.h"
 #include "call.h"
+#include "dlist.h"
 #include "governor.h"
 #include "http.h"
 #include "tasks.h"
@@ -374,13 +375,7 @@ static void server_on_accept(struct ev_loop *loop, ev_io *w, int revents)
 
 void server_on_conn_closed(struct server *srv, struct conn *c)
 {
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        srv->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    c->prev = NULL;
+    DLIST_UNLINK(srv->conns, c, prev, next);
     c->next = srv->dead;
     srv->dead = c;
     srv->stats.conns_open--;

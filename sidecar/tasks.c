@@ -18,6 +18,7 @@
 
 #include "backend.h"
 #include "call.h"
+#include "dlist.h"
 #include "log.h"
 #include "task.h"
 
@@ -418,11 +419,7 @@ static void node_begin_local(struct conn *c, uint32_t msgid, const char *id, con
 static void pending_link(struct tasks_req *q, struct conn *c)
 {
     q->conn = c;
-    q->cprev = NULL;
-    q->cnext = c->tasks;
-    if (q->cnext)
-        q->cnext->cprev = q;
-    c->tasks = q;
+    DLIST_PUSH(c->tasks, q, cprev, cnext);
     c->in_flight++;
     c->srv->stats.in_flight++;
 }
@@ -435,13 +432,7 @@ static void pending_unlink(struct tasks_req *q)
 
     if (!c)
         return;
-    if (q->cprev)
-        q->cprev->cnext = q->cnext;
-    else
-        c->tasks = q->cnext;
-    if (q->cnext)
-        q->cnext->cprev = q->cprev;
-    q->cprev = q->cnext = NULL;
+    DLIST_UNLINK(c->tasks, q, cprev, cnext);
     q->conn = NULL;
     c->in_flight--;
     c->srv->stats.in_flight--;

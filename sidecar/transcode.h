@@ -7,7 +7,7 @@
  * transcode_json_to_msgpack() turns a JSON reply, or one SSE event's JSON
  * data, back into msgpack, within a depth the caller chooses and through an
  * optional rewrite of every string (the sidecar scrubs secrets there).
- * transcode_utf8_repair() makes any upstream text valid UTF-8.
+ * (lib/utf8.h repairs upstream text into valid UTF-8.)
  *
  * Type mapping (both directions):
  *   nil <-> null, bool <-> true/false, str <-> string (UTF-8, validated),
@@ -22,14 +22,15 @@
  *
  * Everything here is pure computation: no I/O, no globals, no clock. It is
  * safe to call from any callback and from several threads on distinct
- * buffers. Floats are formatted and parsed with snprintf/strtod, so the
- * process must keep the "C" LC_NUMERIC locale (it never calls setlocale).
+ * buffers. Floats are written the same in every locale (lib/jsonw.h).
  */
 #ifndef POLYGW_TRANSCODE_H
 #define POLYGW_TRANSCODE_H
 
 #include <msgpack.h>
 #include <stddef.h>
+
+#include "strbuf.h"
 
 /* Containers nested deeper than this are rejected in both directions: the
  * outermost map or array is level 1, so "[[1]]" has depth 2. It is the
@@ -44,31 +45,6 @@ enum {
     TRANSCODE_ENOMEM = -2,   /* an allocation failed (or the msgpack packer's write failed) */
     TRANSCODE_ETOO_DEEP = -3, /* valid JSON, but nested deeper than the caller allows */
 };
-
-/* A growable byte buffer. Zero-initialised is the same as
- * transcode_buf_init(). `data` is malloc'd and owned by the buffer; a caller
- * may take it (then re-init the buffer). After a successful transcode
- * `data[len]` is a NUL, so the text can also be used as a C string (JSON
- * text never contains a raw NUL: it is escaped as \u0000). */
-struct transcode_buf {
-    char *data;
-    size_t len;
-    size_t cap;
-};
-
-/* Makes `b` empty without allocating. */
-void transcode_buf_init(struct transcode_buf *b);
-
-/* Frees `b`'s memory and leaves it empty (init state). */
-void transcode_buf_fini(struct transcode_buf *b);
-
-/* Empties `b` but keeps its memory for reuse (the hot-path way to recycle a
- * buffer from one call to the next). */
-void transcode_buf_reset(struct transcode_buf *b);
-
-/* Makes room for at least `extra` more bytes after `len` (plus a NUL).
- * Returns 0, or TRANSCODE_ENOMEM with `b` unchanged. */
-int transcode_buf_reserve(struct transcode_buf *b, size_t extra);
 
 /* The stream override. Zero (KEEP) is the default so that a zeroed
  * `struct transcode_override` changes nothing. */
@@ -109,7 +85,7 @@ struct transcode_override {
  * Returns 0; TRANSCODE_EINVALID for a rejected value (list at the top of
  * this file); TRANSCODE_ENOMEM. On failure `out->len` is restored to its
  * value at entry (nothing partial is left behind). */
-int transcode_msgpack_to_json(const msgpack_object *o, struct transcode_buf *out,
+int transcode_msgpack_to_json(const msgpack_object *o, struct strbuf *out,
                               const struct transcode_override *ov, const char *root,
                               char *err, size_t errlen);
 
@@ -151,19 +127,5 @@ struct transcode_j2m {
  * failure `pk` may have received part of the value: discard what it wrote. */
 int transcode_json_to_msgpack(const char *json, size_t len, msgpack_packer *pk,
                               const struct transcode_j2m *opt, char *err, size_t errlen);
-
-/* Appends s[0..n) to `out` as valid UTF-8: each maximal invalid subsequence
- * (a stray continuation byte, an overlong or surrogate form, a code point
- * above U+10FFFF, a sequence cut short) becomes one U+FFFD, as Unicode
- * recommends and as Python's and WHATWG's decoders do; valid text
- * (NUL bytes included) is copied unchanged. `s` is borrowed, may be NULL
- * when n is 0. Returns the number of replacements made, or TRANSCODE_ENOMEM
- * with `out` unchanged. */
-long transcode_utf8_repair(const char *s, size_t n, struct transcode_buf *out);
-
-/* The length of the longest prefix of s[0..n), at most `max` bytes, that
- * does not end inside a multi-byte character (for cutting valid UTF-8
- * text to a size). */
-size_t transcode_utf8_cut(const char *s, size_t n, size_t max);
 
 #endif /* POLYGW_TRANSCODE_H */

@@ -37,6 +37,8 @@
  * refused fit; the write callback decides again (and may pause again).
  */
 #include "upstream.h"
+#include "dlist.h"
+#include "strbuf.h"
 
 #include <arpa/inet.h>
 #include <curl/curl.h>
@@ -148,8 +150,8 @@ struct attempt {
     char retry_after[96];
     char retry_after_ms[24], should_retry[8], reset_requests[24], reset_tokens[24];
     bool is_sse;
-    char *resp;
-    size_t resp_len, resp_cap, max_resp;
+    struct strbuf resp;             /* the body so far, NUL-terminated */
+    size_t max_resp;
     bool resp_too_large;
     struct sse_parser sse;
     bool sse_ready;
@@ -261,11 +263,7 @@ void upstream_budget_on_drained(struct upstream_budget *b)
 static void budget_join(struct attempt *a, struct upstream_budget *b)
 {
     a->budget = b;
-    a->bprev = NULL;
-    a->bnext = b->members;
-    if (b->members)
-        b->members->bprev = a;
-    b->members = a;
+    DLIST_PUSH(b->members, a, bprev, bnext);
 }
 
 /* Uncharges and unlinks `a` (ended or cancelled). Idempotent. */
@@ -277,13 +275,7 @@ static void budget_leave(struct attempt *a)
         return;
     b->received -= a->charged;
     a->charged = 0;
-    if (a->bprev)
-        a->bprev->bnext = a->bnext;
-    else
-        b->members = a->bnext;
-    if (a->bnext)
-        a->bnext->bprev = a->bprev;
-    a->bprev = a->bnext = NULL;
+    DLIST_UNLINK(b->members, a, bprev, bnext);
     if (a->budget_blocked) {
         a->budget_blocked = false;
         b->blocked--;
@@ -551,15 +543,10 @@ static void attempt_free(struct attempt *a)
     headers_wipe(a->owned_headers);
     curl_slist_free_all(a->owned_headers);
     free(a->req_body);
-    free(a->resp);
+    strbuf_fini(&a->resp);
     if (a->sse_ready)
         sse_parser_fini(&a->sse);
-    if (a->prev)
-        a->prev->next = a->next;
-    else if (up->active == a)
-        up->active = a->next;
-    if (a->next)
-        a->next->prev = a->prev;
+    DLIST_UNLINK(up->active, a, prev, next); /* on it since attempt_start() */
     up->stats.attempts_active--;
     free(a);
 }
@@ -596,8 +583,8 @@ static void attempt_finish(struct attempt *a, struct attempt_result *r)
     r->elapsed_s = ev_now(up->loop) - a->started;
     r->ttft_s = a->first_at > 0 ? a->first_at - a->sent_at : -1;
     if (!r->body) {
-        r->body = a->resp;
-        r->body_len = a->resp_len;
+        r->body = a->resp.data;
+        r->body_len = a->resp.len;
     }
     attempt_detach(a);
     a->phase = ATTEMPT_DONE;
@@ -841,23 +828,13 @@ static int attempt_on_sse_event(const struct sse_event *ev, void *ud)
 
 static bool resp_append(struct attempt *a, const char *p, size_t n)
 {
-    if (a->resp_len + n > a->max_resp) {
+    if (a->resp.len + n > a->max_resp) {
         a->resp_too_large = true;
         return false;
     }
-    if (a->resp_len + n + 1 > a->resp_cap) {
-        size_t cap = a->resp_cap ? a->resp_cap : 4096;
-        while (cap < a->resp_len + n + 1)
-            cap *= 2;
-        char *q = realloc(a->resp, cap);
-        if (!q)
-            return false;
-        a->resp = q;
-        a->resp_cap = cap;
-    }
-    memcpy(a->resp + a->resp_len, p, n);
-    a->resp_len += n;
-    a->resp[a->resp_len] = '\0';
+    if (strbuf_put(&a->resp, p, n) < 0)
+        return false;
+    strbuf_terminate(&a->resp);
     return true;
 }
 
@@ -888,7 +865,7 @@ static size_t attempt_on_write(char *p, size_t size, size_t nmemb, void *ud)
      * more to a client that is not reading. */
     if (a->owner_paused)
         return attempt_refuse(a, false, n);
-    if (!sse && a->resp_len + n > a->max_resp) {
+    if (!sse && a->resp.len + n > a->max_resp) {
         /* Before the budget: a body that can never fit must fail, not wait. */
         a->resp_too_large = true;
         return CURL_WRITEFUNC_ERROR;
@@ -908,7 +885,7 @@ static size_t attempt_on_write(char *p, size_t size, size_t nmemb, void *ud)
     }
     if (!resp_append(a, p, n))
         return CURL_WRITEFUNC_ERROR;
-    budget_charge(a, a->resp_len);
+    budget_charge(a, a->resp.len);
     return n;
 }
 
@@ -1369,10 +1346,7 @@ struct attempt *attempt_start(struct upstream *up, struct attempt_spec *spec,
         budget_join(a, spec->budget);
     ev_init(&a->deadline_w, attempt_on_deadline);
     a->deadline_w.data = a;
-    a->next = up->active;
-    if (up->active)
-        up->active->prev = a;
-    up->active = a;
+    DLIST_PUSH(up->active, a, prev, next);
     up->stats.attempts_active++;
     up->stats.attempts_started++;
 

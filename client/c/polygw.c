@@ -30,7 +30,6 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
-#include <locale.h>
 #include <math.h>
 #include <poll.h>
 #include <pthread.h>
@@ -44,7 +43,9 @@
 #include <unistd.h>
 
 #include "frame.h"
+#include "jsonw.h"
 #include "rpc.h"
+#include "utf8.h"
 
 #ifndef PGW_VERSION
 #define PGW_VERSION "0.0.0"
@@ -1382,31 +1383,16 @@ int pgw_json_to_msgpack(const char *json, size_t len, void **out, size_t *out_le
 
 /* --- msgpack → JSON --------------------------------------------------- */
 
+/* The JSON text being built; the first failed append sticks in `oom`. */
 struct jbuf {
-    char *p;
-    size_t n, cap;
+    struct strbuf b;
     bool oom;
 };
 
 static void jb_put(struct jbuf *b, const char *s, size_t n)
 {
-    if (b->oom)
-        return;
-    if (b->cap - b->n <= n) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap - b->n <= n)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
+    if (!b->oom && strbuf_put(&b->b, s, n) < 0)
+        b->oom = true;
 }
 
 static void jb_puts(struct jbuf *b, const char *s)
@@ -1421,96 +1407,35 @@ static void jb_newline(struct jbuf *b, int depth)
         jb_put(b, "  ", 2);
 }
 
-/* Length of the valid UTF-8 sequence at s (1..4), or 0 when invalid
- * (overlong forms, surrogates and code points above U+10FFFF included). */
-static size_t utf8_seq(const unsigned char *s, size_t n)
-{
-    unsigned char c = s[0];
-    if (c < 0x80)
-        return 1;
-    if (c < 0xc2 || c > 0xf4)
-        return 0;
-    size_t len = c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4;
-    if (n < len)
-        return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-    }
-    if ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] > 0x9f) || (c == 0xf0 && s[1] < 0x90) ||
-        (c == 0xf4 && s[1] > 0x8f))
-        return 0;
-    return len;
-}
-
+/* A sidecar only sends valid UTF-8; anything else is still shown, each
+ * invalid subpart as U+FFFD, rather than failing the whole conversion. */
 static void json_str(struct jbuf *b, const char *s, size_t n)
 {
-    const unsigned char *u = (const unsigned char *)s;
-    size_t i = 0, run = 0; /* run: start of the pending verbatim bytes */
+    size_t start = b->b.len, bad_at;
 
-    jb_put(b, "\"", 1);
-    while (i < n) {
-        const char *esc = NULL;
-        char tmp[8];
-        size_t len = utf8_seq(u + i, n - i);
-        if (len == 1) {
-            switch (u[i]) {
-            case '"': esc = "\\\""; break;
-            case '\\': esc = "\\\\"; break;
-            case '\n': esc = "\\n"; break;
-            case '\r': esc = "\\r"; break;
-            case '\t': esc = "\\t"; break;
-            case '\b': esc = "\\b"; break;
-            case '\f': esc = "\\f"; break;
-            default:
-                if (u[i] < 0x20) {
-                    snprintf(tmp, sizeof(tmp), "\\u%04x", u[i]);
-                    esc = tmp;
-                }
-            }
-        } else if (len == 0) {
-            esc = "\\ufffd";
-            len = 1;
-        }
-        if (esc) {
-            jb_put(b, s + run, i - run);
-            jb_puts(b, esc);
-            run = i + len;
-        }
-        i += len;
+    if (b->oom)
+        return;
+    int rc = jsonw_str(&b->b, s, n, &bad_at);
+    if (rc == JSONW_EBADUTF8) {
+        struct strbuf fixed = { 0 };
+        b->b.len = start;
+        rc = utf8_repair(s, n, &fixed) < 0 ? STRBUF_ENOMEM
+                                           : jsonw_str(&b->b, fixed.data, fixed.len, &bad_at);
+        strbuf_fini(&fixed);
     }
-    jb_put(b, s + run, n - run);
-    jb_put(b, "\"", 1);
+    if (rc < 0)
+        b->oom = true;
 }
 
 static void json_double(struct jbuf *b, double v, bool f32)
 {
-    char tmp[48];
-
-    if (!isfinite(v)) {
-        jb_puts(b, "null");
+    if (b->oom)
         return;
-    }
-    /* Shortest text that reads back to the same value. */
-    for (int prec = 1; prec <= (f32 ? 9 : 17); prec++) {
-        snprintf(tmp, sizeof(tmp), "%.*g", prec, v);
-        double back = strtod(tmp, NULL);
-        if (f32 ? (float)back == (float)v : back == v)
-            break;
-    }
-    /* printf follows LC_NUMERIC; JSON wants '.' whatever the caller's locale. */
-    const char *dp = localeconv()->decimal_point;
-    if (dp && dp[0] && strcmp(dp, ".") != 0) {
-        char *at = strstr(tmp, dp);
-        if (at) {
-            size_t dl = strlen(dp);
-            *at = '.';
-            memmove(at + 1, at + dl, strlen(at + dl) + 1);
-        }
-    }
-    if (!strpbrk(tmp, ".eE"))
-        strcat(tmp, ".0"); /* keep it a float for the reader */
-    jb_puts(b, tmp);
+    int rc = jsonw_double(&b->b, v, f32);
+    if (rc == JSONW_ENOTFINITE)
+        jb_puts(b, "null");
+    else if (rc < 0)
+        b->oom = true;
 }
 
 static void json_base64(struct jbuf *b, const char *s, size_t n)
@@ -1544,12 +1469,12 @@ static void json_value(struct jbuf *b, const msgpack_object *o, int flags, int d
     case MSGPACK_OBJECT_NIL: jb_puts(b, "null"); break;
     case MSGPACK_OBJECT_BOOLEAN: jb_puts(b, o->via.boolean ? "true" : "false"); break;
     case MSGPACK_OBJECT_POSITIVE_INTEGER:
-        snprintf(tmp, sizeof(tmp), "%" PRIu64, o->via.u64);
-        jb_puts(b, tmp);
+        if (!b->oom && jsonw_u64(&b->b, o->via.u64) < 0)
+            b->oom = true;
         break;
     case MSGPACK_OBJECT_NEGATIVE_INTEGER:
-        snprintf(tmp, sizeof(tmp), "%" PRId64, o->via.i64);
-        jb_puts(b, tmp);
+        if (!b->oom && jsonw_i64(&b->b, o->via.i64) < 0)
+            b->oom = true;
         break;
     case MSGPACK_OBJECT_FLOAT32: json_double(b, o->via.f64, true); break;
     case MSGPACK_OBJECT_FLOAT64: json_double(b, o->via.f64, false); break;
@@ -1598,8 +1523,8 @@ static void json_value(struct jbuf *b, const msgpack_object *o, int flags, int d
                 if (kb.oom)
                     b->oom = true;
                 else
-                    json_str(b, kb.p, kb.n);
-                free(kb.p);
+                    json_str(b, kb.b.data, kb.b.len);
+                strbuf_fini(&kb.b);
             }
             jb_puts(b, pretty ? ": " : ":");
             json_value(b, &o->via.map.ptr[i].val, flags, depth + 1);
@@ -1621,10 +1546,11 @@ char *pgw_object_to_json(const msgpack_object *o, int flags)
     else
         json_value(&b, o, flags, 0);
     if (b.oom) {
-        free(b.p);
+        strbuf_fini(&b.b);
         return NULL;
     }
-    return b.p;
+    strbuf_terminate(&b.b);
+    return b.b.data;
 }
 
 /* ---------------------------------------------------------------------
@@ -1733,15 +1659,10 @@ static int task_id_request(struct pgw_client *c, const char *method, const char 
 /* Copies a str object into buf (cap >= 1), cut at a UTF-8 boundary. */
 static void copy_str_utf8(const msgpack_object *o, char *buf, size_t cap)
 {
-    const unsigned char *s = (const unsigned char *)o->via.str.ptr;
-    size_t n = o->via.str.size;
+    size_t n = utf8_cut(o->via.str.ptr, o->via.str.size, cap - 1);
 
-    if (n > cap - 1) {
-        n = cap - 1;
-        while (n > 0 && (s[n] & 0xc0) == 0x80) /* s[n] continues a cut sequence */
-            n--;
-    }
-    memcpy(buf, s, n);
+    if (n)
+        memcpy(buf, o->via.str.ptr, n);
     buf[n] = '\0';
 }
 

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "polygw.h"
+#include "strbuf.h"
 
 #ifndef PGW_VERSION
 #define PGW_VERSION "0.0.0"
@@ -203,30 +204,20 @@ static double mono_s(void)
 /* Reads a whole stream into an owned NUL-terminated string. */
 static char *read_all(FILE *f)
 {
-    size_t n = 0, cap = 65536;
-    char *buf = malloc(cap);
+    struct strbuf b = { 0 };
+    char chunk[65536];
+    size_t n;
 
-    while (buf) {
-        n += fread(buf + n, 1, cap - n - 1, f);
-        if (ferror(f)) {
-            free(buf);
-            return NULL;
-        }
-        if (feof(f))
+    while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0) {
+        if (strbuf_put(&b, chunk, n) < 0)
             break;
-        if (cap - n - 1 == 0) {
-            char *p = realloc(buf, cap * 2);
-            if (!p) {
-                free(buf);
-                return NULL;
-            }
-            buf = p;
-            cap *= 2;
-        }
     }
-    if (buf)
-        buf[n] = '\0';
-    return buf;
+    if (n > 0 || ferror(f) || strbuf_reserve(&b, 0) < 0) {
+        strbuf_fini(&b);
+        return NULL;
+    }
+    strbuf_terminate(&b);
+    return b.data;
 }
 
 /* --body: literal JSON, @FILE, or - (stdin). Owned, or NULL with a message. */

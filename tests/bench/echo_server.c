@@ -39,6 +39,7 @@
 #include <msgpack.h>
 
 #include "bench_common.h"
+#include "dlist.h"
 #include "frame.h"
 #include "rpc.h"
 
@@ -85,22 +86,12 @@ struct echo_server {
 
 static void list_push(struct echo_conn **head, struct echo_conn *c)
 {
-    c->prev = NULL;
-    c->next = *head;
-    if (*head)
-        (*head)->prev = c;
-    *head = c;
+    DLIST_PUSH(*head, c, prev, next);
 }
 
 static void list_unlink(struct echo_conn **head, struct echo_conn *c)
 {
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        *head = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    c->prev = c->next = NULL;
+    DLIST_UNLINK(*head, c, prev, next);
 }
 
 /* Closes the socket at once but frees the struct only in the prepare pass:

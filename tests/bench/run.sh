@@ -1,7 +1,7 @@
 #!/bin/sh
 # run.sh BUILD_DIR — polygw benchmarks (see tests/bench/README.md).
 #
-# Four sections, each compared with a floor measured in this same run:
+# Five sections, each compared with a floor measured in this same run:
 #
 #  ping    the echo server (the floor) and the sidecar (deploy config), `ping`
 #          driven by loadgen at 1, 16 and 64 clients; ratios vs echo.
@@ -22,6 +22,12 @@
 #          both ends (sidecar `stats`, redis-server INFO), the command RTT and
 #          redis-server's CPU per call. Skipped with a note without
 #          redis-server.
+#  http    the same chat request sent by wrk straight to the mock (the
+#          floor), through polygw's HTTP front (a sidecar with the call
+#          config plus an `http` listener) and through nginx (one worker, a
+#          plain reverse proxy with a keepalive upstream pool; temp config,
+#          loopback ports): Δp50 and Δp99 vs direct at 1 client, req/s and
+#          the proxy's CPU µs per request at 64, polygw ÷ nginx.
 #
 # Tables are printed and written to BUILD_DIR/bench/results.md (one file per
 # run, all sections). Only one target is loaded at a time.
@@ -38,7 +44,7 @@
 #   BENCH_PIN       1 (default): pin servers (echo, sidecars, mock) to CPU 0 and
 #                   the generators to CPU 1 when taskset exists and there are
 #                   >= 2 CPUs; 0: no pinning
-#   BENCH_SECTIONS  which sections to run (default "ping call memory redis")
+#   BENCH_SECTIONS  which sections to run (default "ping call memory redis http")
 #   BENCH_CALL_CLIENTS  call client counts (default "1 64")
 #   BENCH_CALL_WARMUP   untimed requests before each call run (default 2000)
 #   BENCH_BODY      the chat request body, JSON (default: a two-message chat)
@@ -47,6 +53,9 @@
 #   BENCH_REDIS_CLIENTS redis section client counts (default "1 16")
 #   BENCH_REDIS_WARMUP  untimed calls before each redis-section run (default 500)
 #   BENCH_REDIS_SERVER  the redis-server binary (default: redis-server in PATH)
+#   BENCH_HTTP_CLIENTS  http section client counts (default "1 64"; the lowest
+#                       gives the added latency, the highest the CPU ratio)
+#   BENCH_WRK, BENCH_NGINX  the wrk and nginx binaries (default: in PATH)
 #   BENCH_REDIS_CPU     the CPU redis-server is pinned to when pinning (default
 #                       1, beside the generator: Redis is normally another
 #                       host's work; 0 puts it with the servers)
@@ -64,7 +73,7 @@ CLIENTS=${BENCH_CLIENTS:-"1 16 64"}
 PIPELINE=${BENCH_PIPELINE:-1}
 CONFIG=${BENCH_CONFIG:-deploy/polygw.yaml}
 PIN=${BENCH_PIN:-1}
-SECTIONS=${BENCH_SECTIONS:-"ping call memory redis"}
+SECTIONS=${BENCH_SECTIONS:-"ping call memory redis http"}
 CALL_CLIENTS=${BENCH_CALL_CLIENTS:-"1 64"}
 CALL_WARMUP=${BENCH_CALL_WARMUP:-2000}
 BODY=${BENCH_BODY:-'{"model":"gpt-4o-mini","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Hello, how are you today?"}]}'}
@@ -74,6 +83,11 @@ REDIS_CLIENTS=${BENCH_REDIS_CLIENTS:-"1 16"}
 REDIS_WARMUP=${BENCH_REDIS_WARMUP:-500}
 REDIS_SERVER=${BENCH_REDIS_SERVER:-redis-server}
 REDIS_CPU=${BENCH_REDIS_CPU:-1}
+HTTP_CLIENTS=${BENCH_HTTP_CLIENTS:-"1 64"}
+WRK=${BENCH_WRK:-wrk}
+NGINX=${BENCH_NGINX:-nginx}
+# wrk takes whole seconds.
+WRK_DUR=$(awk -v d="$DUR" 'BEGIN { n = int(d + 0.5); print n < 1 ? 1 : n }')
 
 LOADGEN=$BUILD/bench/loadgen
 ECHO=$BUILD/bench/echo_server
@@ -84,6 +98,8 @@ CTL=$BUILD/polygwctl
 RESULTS=$BUILD/bench/results.md
 
 say() { printf 'bench: %s\n' "$*" >&2; }
+# shellcheck source=tests/bench/call_config.sh
+. "$(dirname "$0")/call_config.sh"
 
 has_section() {
     case " $SECTIONS " in *" $1 "*) return 0 ;; esac
@@ -91,12 +107,13 @@ has_section() {
 }
 
 for s in $SECTIONS; do
-    case $s in ping|call|memory|redis) ;; *) say "BENCH_SECTIONS: unknown section '$s'"; exit 2 ;; esac
+    case $s in ping|call|memory|redis|http) ;; *) say "BENCH_SECTIONS: unknown section '$s'"; exit 2 ;; esac
 done
 NEED="$LOADGEN"
 if has_section ping; then NEED="$NEED $ECHO"; fi
 if has_section call || has_section memory; then NEED="$NEED $CURLGEN $MOCK"; fi
 if has_section redis; then NEED="$NEED $MOCK"; fi
+if has_section http; then NEED="$NEED $MOCK"; fi
 for b in $NEED; do
     if [ ! -x "$b" ]; then
         say "missing $b (build it with: make $b)"
@@ -111,9 +128,17 @@ case $MEM_CALLS in ''|*[!0-9]*|0) say "BENCH_MEM_CALLS must be a positive intege
 case $MEM_DELAY_MS in ''|*[!0-9]*) say "BENCH_MEM_DELAY_MS must be an integer"; exit 2 ;; esac
 case $REDIS_WARMUP in ''|*[!0-9]*) say "BENCH_REDIS_WARMUP must be an integer"; exit 2 ;; esac
 case $REDIS_CPU in ''|*[!0-9]*) say "BENCH_REDIS_CPU must be a CPU number"; exit 2 ;; esac
-for n in $CALL_CLIENTS $REDIS_CLIENTS; do
-    case $n in ''|*[!0-9]*|0) say "BENCH_CALL_CLIENTS / BENCH_REDIS_CLIENTS: '$n' is not a positive integer"; exit 2 ;; esac
+for n in $CALL_CLIENTS $REDIS_CLIENTS $HTTP_CLIENTS; do
+    case $n in ''|*[!0-9]*|0) say "BENCH_CALL_CLIENTS / BENCH_REDIS_CLIENTS / BENCH_HTTP_CLIENTS: '$n' is not a positive integer"; exit 2 ;; esac
 done
+if has_section http; then
+    for t in "$WRK" "$NGINX" curl python3; do
+        if ! command -v "$t" >/dev/null 2>&1; then
+            say "the http section needs $t (tests/deps.sh installs wrk, nginx-light and curl)"
+            exit 2
+        fi
+    done
+fi
 if [ "$MEM_DELAY_MS" -lt 1500 ]; then
     say "BENCH_MEM_DELAY_MS must be >= 1500 (the calls must stay in flight while RSS is read)"
     exit 2
@@ -137,6 +162,10 @@ fi
 if has_section redis; then
     # shellcheck disable=SC2086
     EST=$(echo $REDIS_CLIENTS | awk -v r="$REPS" -v d="$DUR" -v e="$EST" '{ printf "%d", e + 3 + r * NF * 2 * (d + 0.8) }')
+fi
+if has_section http; then
+    # shellcheck disable=SC2086
+    EST=$(echo $HTTP_CLIENTS | awk -v r="$REPS" -v d="$WRK_DUR" -v e="$EST" '{ printf "%d", e + 2 + r * NF * 3 * (d + 1.2) }')
 fi
 if [ "$EST" -gt 260 ]; then
     say "warning: about $EST s of runs; the default settings stay near 3 minutes"
@@ -173,6 +202,8 @@ stop_pid() {
 cleanup() {
     trap - EXIT INT TERM HUP
     stop_pid "$MEM_LG_PID"
+    stop_pid "$NGINX_PID"
+    stop_pid "$HTTP_PID"
     stop_pid "$RCALL_PID"
     stop_pid "$REDIS_PID"
     stop_pid "$CALL_PID"
@@ -518,26 +549,7 @@ start_call_servers() {
         CALL_SKIP_WHY="$POLYGW is not built"
         return
     fi
-    # Governance on, never limiting: one chat source, concurrency and the
-    # adaptive limit far above what the benchmark opens, a breaker that
-    # never opens, no request or token quotas.
-    cat >"$TMP/bench.yaml" <<EOF
-# Generated by tests/bench/run.sh: the call benchmark's sidecar.
-listen:
-  mode: "0660"
-server:
-  log_level: warn
-backend:
-  kind: memory
-sources:
-  - name: bench-chat
-    capability: chat
-    base_url: http://127.0.0.1:$MOCK_PORT/v1
-    max_concurrency: 1024
-    aimd: { initial: 1024, min: 1 }
-    breaker: { failures: 1000000 }
-    limits: { rpm: 0, tpm: 0, daily_tokens: 0 }
-EOF
+    call_config "$MOCK_PORT" >"$TMP/bench.yaml"
     # shellcheck disable=SC2086
     $PIN_SRV "$POLYGW" --config "$TMP/bench.yaml" --socket "$CALL_SOCK" --log-level warn \
         >"$TMP/polygw-call.out" 2>"$TMP/polygw-call.err" &
@@ -1321,6 +1333,260 @@ redis_section() {
 }
 
 # ========================================================================
+# http: polygw's HTTP front vs nginx, both proxying to the mock, one generator
+# ========================================================================
+
+HTTP_PID=
+NGINX_PID=
+HTTP_PORT=
+NGINX_PORT=
+
+# free_port: a free loopback TCP port (picked by the kernel, then released).
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# tree_ticks PID: "utime stime" of PID and of its children (nginx: master
+# and worker), in clock ticks.
+tree_ticks() {
+    # shellcheck disable=SC2046,SC2013  # pids: one word each
+    awk '{ u += $14; s += $15 } END { print u + 0, s + 0 }' "/proc/$1/stat" \
+        $(for tc in $(cat "/proc/$1/task/$1/children" 2>/dev/null); do echo "/proc/$tc/stat"; done) \
+        2>/dev/null
+}
+
+# wait_http PORT PID: until GET / on PORT answers at all (10 s at most).
+wait_http() {
+    i=0
+    while [ $i -lt 100 ]; do
+        kill -0 "$2" 2>/dev/null || return 1
+        curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$1/" && return 0
+        nap
+        i=$((i + 1))
+    done
+    return 1
+}
+
+# Starts the HTTP sidecar (the call section's config plus an `http` listener)
+# and nginx (one worker, keepalive upstream pool to the mock), both on the
+# servers' CPU. Sets HTTP_SKIP_WHY on failure.
+start_http_servers() {
+    HTTP_SKIP_WHY=
+    HTTP_PORT=$(free_port)
+    NGINX_PORT=$(free_port)
+    mkdir -p "$TMP/nginx"
+    cat "$TMP/bench.yaml" >"$TMP/bench-http.yaml"
+    printf 'http:\n  listen: 127.0.0.1:%s\n' "$HTTP_PORT" >>"$TMP/bench-http.yaml"
+    # shellcheck disable=SC2086
+    $PIN_SRV "$POLYGW" --config "$TMP/bench-http.yaml" --socket "$TMP/polygw-http.sock" \
+        --log-level warn >"$TMP/polygw-http.out" 2>"$TMP/polygw-http.err" &
+    HTTP_PID=$!
+    if ! wait_http "$HTTP_PORT" "$HTTP_PID"; then
+        HTTP_SKIP_WHY="the HTTP sidecar did not answer: $(tail -n 3 "$TMP/polygw-http.err" | tr '\n' ' ')"
+        return 1
+    fi
+    # A plain reverse proxy: HTTP/1.1 to a keepalive pool, no buffering to
+    # disk, no access log; every path under the prefix relative to $TMP.
+    cat >"$TMP/nginx/nginx.conf" <<NGX
+worker_processes 1;
+daemon off;
+pid $TMP/nginx/nginx.pid;
+error_log $TMP/nginx/error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    client_body_temp_path $TMP/nginx/body;
+    proxy_temp_path $TMP/nginx/proxy;
+    fastcgi_temp_path $TMP/nginx/fastcgi;
+    uwsgi_temp_path $TMP/nginx/uwsgi;
+    scgi_temp_path $TMP/nginx/scgi;
+    upstream mock { server 127.0.0.1:$MOCK_PORT; keepalive 128; }
+    server {
+        listen 127.0.0.1:$NGINX_PORT;
+        keepalive_requests 1000000;
+        location / {
+            proxy_pass http://mock;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+}
+NGX
+    # shellcheck disable=SC2086
+    $PIN_SRV "$NGINX" -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf" -e "$TMP/nginx/error.log" \
+        >"$TMP/nginx.out" 2>"$TMP/nginx.err" &
+    NGINX_PID=$!
+    if ! wait_http "$NGINX_PORT" "$NGINX_PID"; then
+        HTTP_SKIP_WHY="nginx did not start: $(tail -n 3 "$TMP/nginx/error.log" "$TMP/nginx.err" 2>/dev/null | tr '\n' ' ')"
+        return 1
+    fi
+    NGINX_VERSION=$("$NGINX" -v 2>&1 | sed 's/.*\///')
+    return 0
+}
+
+# The wrk script: POST the body, print one JSON line when done (latencies in
+# µs, non-2xx answers and socket errors counted as errors).
+write_wrk_script() {
+    {
+        echo "wrk.method = \"POST\""
+        echo "wrk.headers[\"Content-Type\"] = \"application/json\""
+        printf 'wrk.body = [==[%s]==]\n' "$BODY"
+        cat <<'LUA'
+done = function(summary, latency, requests)
+    local e = summary.errors
+    io.write(string.format('{"requests":%d,"rps":%.0f,"p50_us":%.1f,"p99_us":%.1f,"errors":%d}\n',
+        summary.requests, summary.requests / (summary.duration / 1e6),
+        latency:percentile(50), latency:percentile(99),
+        e.connect + e.read + e.write + e.status + e.timeout))
+end
+LUA
+    } >"$TMP/wrk.lua"
+}
+
+# measure_http PATH CLIENTS: one wrk run against PATH (direct = the mock,
+# polygw, nginx), appended to $TMP/http.PATH.CLIENTS as
+# "rps p50 p99 errors proxy_us/req proxy_user_us/req proxy_sys_us/req requests".
+measure_http() {
+    case $1 in
+        direct) mh_port=$MOCK_PORT; mh_pid= ;;
+        polygw) mh_port=$HTTP_PORT; mh_pid=$HTTP_PID ;;
+        nginx) mh_port=$NGINX_PORT; mh_pid=$NGINX_PID ;;
+    esac
+    mh_url=http://127.0.0.1:$mh_port/v1/chat/completions
+    say "rep $rep/$REPS: http $1, $2 client(s), ${WRK_DUR} s ..."
+    # Warm-up, untimed: connections open, caches warm.
+    # shellcheck disable=SC2086
+    $TIMEOUT $PIN_LG "$WRK" -t 1 -c "$2" -d 1s -s "$TMP/wrk.lua" "$mh_url" >/dev/null 2>>"$TMP/loadgen.err"
+    c0="0 0"
+    [ -z "$mh_pid" ] || c0=$(tree_ticks "$mh_pid")
+    # shellcheck disable=SC2086
+    j=$($TIMEOUT $PIN_LG "$WRK" -t 1 -c "$2" -d "${WRK_DUR}s" -s "$TMP/wrk.lua" "$mh_url" \
+        2>>"$TMP/loadgen.err" | grep '^{')
+    c1="0 0"
+    [ -z "$mh_pid" ] || c1=$(tree_ticks "$mh_pid")
+    if [ -z "$(field "$j" rps)" ]; then
+        STATUS=1
+        echo "- $1, clients=$2, rep $rep: wrk failed (see its stderr)" >>"$HNOTES"
+        return
+    fi
+    mh_us="n/a n/a n/a"
+    if [ -n "$mh_pid" ]; then
+        mh_u=$((${c1% *} - ${c0% *}))
+        mh_s=$((${c1#* } - ${c0#* }))
+        mh_n=$(field "$j" requests)
+        mh_us="$(us_per "$((mh_u + mh_s))" "$mh_n") $(us_per "$mh_u" "$mh_n") $(us_per "$mh_s" "$mh_n")"
+    fi
+    echo "$(field "$j" rps) $(field "$j" p50_us) $(field "$j" p99_us) $(field "$j" errors) $mh_us $(field "$j" requests)" \
+        >>"$TMP/http.$1.$2"
+    if [ "$(field "$j" errors)" != 0 ]; then
+        STATUS=1
+        echo "- $1, clients=$2, rep $rep: $(field "$j" errors) errors (socket errors or non-2xx)" >>"$HNOTES"
+    fi
+}
+
+http_section() {
+    HNOTES=$TMP/http.notes
+    : >"$HNOTES"
+    {
+        echo "## http: polygw's HTTP front vs nginx as a reverse proxy, same mock, same generator (wrk)"
+        echo
+    } >"$TMP/http.md"
+    why=
+    if [ $CALL_UP = 0 ]; then
+        why=$CALL_SKIP_WHY
+    elif ! start_http_servers; then
+        why=$HTTP_SKIP_WHY
+    fi
+    if [ -n "$why" ]; then
+        stop_pid "$NGINX_PID"
+        NGINX_PID=
+        stop_pid "$HTTP_PID"
+        HTTP_PID=
+        echo "- skipped: $why" >>"$TMP/http.md"
+        echo >>"$TMP/http.md"
+        say "SKIPPING http section: $why"
+        STATUS=1
+        return
+    fi
+    # The call section's sidecar is idle from here on: stop it, so that
+    # CPU 0 carries the mock and one proxy only.
+    stop_pid "$CALL_PID"
+    CALL_PID=
+    write_wrk_script
+    rep=1
+    while [ "$rep" -le "$REPS" ]; do
+        for n in $HTTP_CLIENTS; do
+            case $((rep % 3)) in
+                1) order="direct polygw nginx" ;;
+                2) order="nginx direct polygw" ;;
+                *) order="polygw nginx direct" ;;
+            esac
+            for p in $order; do
+                measure_http "$p" "$n"
+            done
+        done
+        rep=$((rep + 1))
+    done
+    stop_pid "$NGINX_PID"
+    NGINX_PID=
+    stop_pid "$HTTP_PID"
+    HTTP_PID=
+
+    lo=
+    hi=
+    for n in $HTTP_CLIENTS; do
+        if [ -z "$lo" ] || [ "$n" -lt "$lo" ]; then lo=$n; fi
+        if [ -z "$hi" ] || [ "$n" -gt "$hi" ]; then hi=$n; fi
+    done
+    {
+        echo "- each cell: the fastest of $REPS runs of ${WRK_DUR} s (each after 1 s of untimed warm-up), wrk $("$WRK" -v 2>&1 | sed -n 's/^wrk \([^ ]*\).*/\1/p') with 1 thread, closed loop (1 request in flight per connection); the three paths rotate"
+        echo "- direct: wrk → mock; polygw: wrk → polygw's HTTP front (\`POST /v1/chat/completions\`, governance on, the call section's config) → mock; nginx: wrk → nginx $NGINX_VERSION (1 worker, \`proxy_pass\` to an upstream with \`keepalive 128\`, HTTP/1.1, no access log) → mock"
+        echo
+        echo "| path | clients | req/s | p50 µs | p99 µs | Δp50 vs direct µs | Δp99 vs direct µs | throughput ratio | proxy CPU µs/req |"
+        echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        for n in $HTTP_CLIENTS; do
+            floor_row direct "$n" "$TMP/http.direct.$n" 5
+            vs_row polygw "$n" "$TMP/http.polygw.$n" 5
+            vs_row nginx "$n" "$TMP/http.nginx.$n" 5
+        done
+        echo
+        cat "$HNOTES"
+        for n in $HTTP_CLIENTS; do
+            for p in direct polygw nginx; do
+                f=$TMP/http.$p.$n
+                [ -s "$f" ] || continue
+                echo "- $p, clients=$n: req/s per run $(per_run "$f" 1) (median $(median "$f" 1), p50 median $(median "$f" 2) µs, p99 median $(median "$f" 3) µs)$( [ "$p" = direct ] || echo ", proxy CPU µs/req per run $(per_run "$f" 5) (median user $(median "$f" 6) + system $(median "$f" 7))")"
+            done
+        done
+        # The comparisons: added latency at the lowest client count, CPU per
+        # request at the highest, polygw against nginx.
+        ratio_cpu=n/a
+        if [ -s "$TMP/http.polygw.$hi" ] && [ -s "$TMP/http.nginx.$hi" ]; then
+            pu=$(median "$TMP/http.polygw.$hi" 5)
+            nu=$(median "$TMP/http.nginx.$hi" 5)
+            ratio_cpu=$(awk -v a="$pu" -v b="$nu" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
+            echo "- $hi clients: polygw CPU/req ÷ nginx CPU/req = $pu ÷ $nu = **$ratio_cpu** (target ≤ 1.00: $(awk -v r="$ratio_cpu" 'BEGIN { print (r != "n/a" && r <= 1) ? "met" : "not met" }'));" \
+                "req/s polygw ÷ nginx = $(awk -v a="$(best "$TMP/http.polygw.$hi" 1)" -v b="$(best "$TMP/http.nginx.$hi" 1)" 'BEGIN { printf "%.2f", a / b }')"
+        fi
+        if [ -s "$TMP/http.direct.$lo" ] && [ -s "$TMP/http.polygw.$lo" ] && [ -s "$TMP/http.nginx.$lo" ]; then
+            d50=$(best "$TMP/http.direct.$lo" 2)
+            d99=$(best "$TMP/http.direct.$lo" 3)
+            pa=$(awk -v a="$(best "$TMP/http.polygw.$lo" 2)" -v b="$d50" 'BEGIN { printf "%.1f", a - b }')
+            na=$(awk -v a="$(best "$TMP/http.nginx.$lo" 2)" -v b="$d50" 'BEGIN { printf "%.1f", a - b }')
+            pb=$(awk -v a="$(best "$TMP/http.polygw.$lo" 3)" -v b="$d99" 'BEGIN { printf "%.1f", a - b }')
+            nb=$(awk -v a="$(best "$TMP/http.nginx.$lo" 3)" -v b="$d99" 'BEGIN { printf "%.1f", a - b }')
+            echo "- $lo client(s): added p50 polygw $pa µs, nginx $na µs (polygw ÷ nginx $(awk -v a="$pa" -v b="$na" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'), target: within nginx's: $(awk -v a="$pa" -v b="$na" 'BEGIN { print (a <= b) ? "met" : "not met" }'));" \
+                "added p99 polygw $pb µs, nginx $nb µs"
+        fi
+        echo "- Δ = path − direct at the same client count (fastest runs); throughput ratio = path req/s ÷ direct req/s."
+        echo "  proxy CPU µs/req = utime + stime of the proxy process (/proc/PID/stat; nginx: master + worker) over the timed"
+        echo "  run ÷ the requests wrk completed in it, median of the runs. wrk on CPU 1; the mock and the proxy share CPU 0"
+        echo "  (one proxy runs at a time; the call section's sidecar is stopped first)."
+        echo
+    } >>"$TMP/http.md"
+}
+
+# ========================================================================
 # run
 # ========================================================================
 
@@ -1328,10 +1594,11 @@ redis_section() {
 : >"$TMP/call.md"
 : >"$TMP/mem.md"
 : >"$TMP/redis.md"
+: >"$TMP/http.md"
 if has_section ping; then
     ping_section
 fi
-if has_section call || has_section memory || has_section redis; then
+if has_section call || has_section memory || has_section redis || has_section http; then
     start_call_servers
 fi
 if has_section call; then
@@ -1342,6 +1609,9 @@ if has_section memory; then
 fi
 if has_section redis; then
     redis_section
+fi
+if has_section http; then
+    http_section
 fi
 
 OUT=$TMP/results.md
@@ -1356,9 +1626,9 @@ fi
     echo "- date: $(date -u '+%Y-%m-%d %H:%M:%SZ'), revision: $REV"
     echo "- machine: $(uname -srm), ${NCPU} CPU(s), ${CPU_MODEL:-unknown CPU}, load average before the run: $LOADAVG"
     echo "- placement: $PIN_NOTE"
-    echo "- command: BENCH_DURATION=$DUR BENCH_REPS=$REPS BENCH_WARMUP=$WARMUP BENCH_PIPELINE=$PIPELINE BENCH_CLIENTS=\"$CLIENTS\" BENCH_SECTIONS=\"$SECTIONS\" BENCH_CALL_CLIENTS=\"$CALL_CLIENTS\" BENCH_CALL_WARMUP=$CALL_WARMUP BENCH_MEM_CALLS=$MEM_CALLS BENCH_MEM_DELAY_MS=$MEM_DELAY_MS BENCH_REDIS_CLIENTS=\"$REDIS_CLIENTS\" BENCH_REDIS_WARMUP=$REDIS_WARMUP sh tests/bench/run.sh $BUILD (\`make bench\` = the defaults)"
+    echo "- command: BENCH_DURATION=$DUR BENCH_REPS=$REPS BENCH_WARMUP=$WARMUP BENCH_PIPELINE=$PIPELINE BENCH_CLIENTS=\"$CLIENTS\" BENCH_SECTIONS=\"$SECTIONS\" BENCH_CALL_CLIENTS=\"$CALL_CLIENTS\" BENCH_CALL_WARMUP=$CALL_WARMUP BENCH_MEM_CALLS=$MEM_CALLS BENCH_MEM_DELAY_MS=$MEM_DELAY_MS BENCH_REDIS_CLIENTS=\"$REDIS_CLIENTS\" BENCH_REDIS_WARMUP=$REDIS_WARMUP BENCH_HTTP_CLIENTS=\"$HTTP_CLIENTS\" sh tests/bench/run.sh $BUILD (\`make bench\` = the defaults)"
     echo
-    cat "$TMP/ping.md" "$TMP/call.md" "$TMP/mem.md" "$TMP/redis.md"
+    cat "$TMP/ping.md" "$TMP/call.md" "$TMP/mem.md" "$TMP/redis.md" "$TMP/http.md"
 } >"$OUT"
 
 if [ -s "$TMP/loadgen.err" ]; then

@@ -27,20 +27,20 @@ static const struct transcode_j2m relayed = { .max_depth = RPC_RELAYED_MAX_DEPTH
 static void check_output(const msgpack_sbuffer *sb)
 {
     msgpack_unpacked u;
-    struct transcode_buf json;
+    struct strbuf json;
     size_t off = 0;
 
     if (sb->size == 0)
         return;
     msgpack_unpacked_init(&u);
-    transcode_buf_init(&json);
+    strbuf_init(&json);
     if (msgpack_unpack_next(&u, sb->data, sb->size, &off) != MSGPACK_UNPACK_SUCCESS ||
         off != sb->size)
         abort();
     int rc = transcode_msgpack_to_json(&u.data, &json, NULL, "out", NULL, 0);
     if (rc != 0 && rc != TRANSCODE_ENOMEM)
         abort();
-    transcode_buf_fini(&json);
+    strbuf_fini(&json);
     msgpack_unpacked_destroy(&u);
 }
 

@@ -10,13 +10,14 @@
  *   2. The input as client msgpack: every frame a frame_reader returns (as
  *      the sidecar would decode a request) -> transcode_msgpack_to_json(),
  *      with and without the model/stream overrides.
- *   3. The input as upstream text -> transcode_utf8_repair(): the output is
+ *   3. The input as upstream text -> utf8_repair(): the output is
  *      valid UTF-8 (repairing it again changes nothing), and valid input
  *      comes back unchanged.
  */
 #include "frame.h"
 #include "rpc.h"
 #include "transcode.h"
+#include "utf8.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -31,7 +32,7 @@ static void json_side(const uint8_t *data, size_t size)
     msgpack_sbuffer sb1, sb2;
     msgpack_packer pk1, pk2;
     msgpack_unpacked u;
-    struct transcode_buf json;
+    struct strbuf json;
     char err[256];
     size_t off = 0;
     int rc;
@@ -41,7 +42,7 @@ static void json_side(const uint8_t *data, size_t size)
     msgpack_packer_init(&pk1, &sb1, msgpack_sbuffer_write);
     msgpack_packer_init(&pk2, &sb2, msgpack_sbuffer_write);
     msgpack_unpacked_init(&u);
-    transcode_buf_init(&json);
+    strbuf_init(&json);
 
     if (transcode_json_to_msgpack((const char *)data, size, &pk1, &relayed, err, sizeof(err)) != 0)
         goto out;
@@ -59,7 +60,7 @@ static void json_side(const uint8_t *data, size_t size)
     if (rc != 0 || sb1.size != sb2.size || memcmp(sb1.data, sb2.data, sb1.size) != 0)
         abort(); /* round trip changed the value */
 out:
-    transcode_buf_fini(&json);
+    strbuf_fini(&json);
     msgpack_unpacked_destroy(&u);
     msgpack_sbuffer_destroy(&sb1);
     msgpack_sbuffer_destroy(&sb2);
@@ -70,18 +71,18 @@ static void msgpack_side(const uint8_t *data, size_t size)
     static const struct transcode_override ov = {"fuzz-model", TRANSCODE_STREAM_TRUE};
     struct frame_reader r;
     msgpack_unpacked u;
-    struct transcode_buf json;
+    struct strbuf json;
     char err[256];
 
     if (frame_reader_init(&r, 1 << 16, 0) < 0)
         return;
     msgpack_unpacked_init(&u);
-    transcode_buf_init(&json);
+    strbuf_init(&json);
     if (frame_reader_feed(&r, data, size) == 0) {
         while (frame_reader_next(&r, &u, NULL) == 1) {
             size_t before;
 
-            transcode_buf_reset(&json);
+            strbuf_reset(&json);
             (void)transcode_msgpack_to_json(&u.data, &json, NULL, NULL, err, sizeof(err));
             before = json.len;
             if (transcode_msgpack_to_json(&u.data, &json, &ov, "body", err, sizeof(err)) != 0 &&
@@ -89,19 +90,19 @@ static void msgpack_side(const uint8_t *data, size_t size)
                 abort(); /* contract: nothing partial left behind */
         }
     }
-    transcode_buf_fini(&json);
+    strbuf_fini(&json);
     msgpack_unpacked_destroy(&u);
     frame_reader_fini(&r);
 }
 
 static void text_side(const uint8_t *data, size_t size)
 {
-    struct transcode_buf once, twice;
+    struct strbuf once, twice;
 
-    transcode_buf_init(&once);
-    transcode_buf_init(&twice);
-    long bad = transcode_utf8_repair((const char *)data, size, &once);
-    long again = bad >= 0 ? transcode_utf8_repair(once.data, once.len, &twice) : 0;
+    strbuf_init(&once);
+    strbuf_init(&twice);
+    long bad = utf8_repair((const char *)data, size, &once);
+    long again = bad >= 0 ? utf8_repair(once.data, once.len, &twice) : 0;
     if (bad >= 0 && again != TRANSCODE_ENOMEM) {
         if (again != 0 || twice.len != once.len || memcmp(twice.data, once.data, once.len) != 0)
             abort(); /* the output of a repair is valid UTF-8 */
@@ -110,8 +111,8 @@ static void text_side(const uint8_t *data, size_t size)
         if (once.len < size)
             abort(); /* a U+FFFD (3 bytes) replaces at most 3 bytes */
     }
-    transcode_buf_fini(&once);
-    transcode_buf_fini(&twice);
+    strbuf_fini(&once);
+    strbuf_fini(&twice);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

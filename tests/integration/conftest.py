@@ -265,7 +265,7 @@ def yaml_value(v):
     """A Python value as a YAML flow value (maps, booleans, numbers, strings)."""
     if isinstance(v, dict):
         return "{%s}" % ", ".join("%s: %s" % (k, yaml_value(x)) for k, x in v.items())
-    if isinstance(v, list):
+    if isinstance(v, (list, tuple)):
         return "[%s]" % ", ".join(yaml_value(x) for x in v)
     if isinstance(v, bool):
         return "true" if v else "false"

@@ -146,7 +146,9 @@ def fleet_config(url, prefix, sources, backend=None, capabilities=None, log_leve
     """A sidecar config on the Redis backend. `backend` adds keys to the
     backend map (command_timeout_s, lease_ttl_s), `listen` to the listen
     section; `grace` is server.shutdown_grace_s."""
-    b = {"kind": "redis", "url": url, "prefix": prefix}
+    b = {"kind": "redis", "prefix": prefix}
+    if url:   # None: the backend map names the endpoint (sentinels)
+        b["url"] = url
     b.update(backend or {})
     d = {"max_attempts": 3, "stall_window_s": 10, "backoff_base_s": 0.05, "backoff_max_s": 0.1,
          "poll_interval_s": 0.1}

@@ -1,7 +1,8 @@
 """Prometheus metrics (docs/METRICS.md) end to end: real calls through the
 real sidecar against the mock upstream, then the counters they caused, read
-with `polygwctl metrics` (the `metrics` method) and checked by `promtool
-check metrics`; and a real Prometheus server scraping the same text.
+with `polygwctl metrics` (the `metrics` method) and over the HTTP front's
+`GET /metrics`, checked by `promtool check metrics`; and a real Prometheus
+server scraping the HTTP front.
 
 Every count asserted is the one the test caused: successes, a 429
 saturation that ends `stalled`, an upstream 500 that exhausts the retry
@@ -14,11 +15,12 @@ Only 127.0.0.1 is used; every wait and loop is bounded.
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -26,7 +28,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import (POLYGWCTL, Pending, call, chat, config_yaml, sanitizer_env,  # noqa: E402
                       source_yaml)
-from prometheus_fixture import Prometheus  # noqa: E402
+from prometheus_fixture import Prometheus, free_port  # noqa: E402
 from redis_fixture import FleetRedis, fleet_config, unique_prefix, wait_backend  # noqa: E402
 from redis_fixture import source as fleet_source  # noqa: E402
 from test_upstream import HANG_HOST, SHIM, shim_env  # noqa: E402  (the DNS shim's set-up)
@@ -269,48 +271,41 @@ def test_metrics__polygwctl_metrics_forms(make_sidecar, up):
     assert p.returncode == 3
 
 
-class MetricsBridge:
-    """An HTTP endpoint that serves the sidecar's `metrics` method live on
-    each GET /metrics. It stands in for the sidecar's own HTTP front (the
-    `GET /metrics` route) until that lands; then the test scrapes it
-    directly."""
+def start_http(make_sidecar, up):
+    """A sidecar with its HTTP front on a free loopback port: (sidecar, "host:port")."""
+    port = free_port()
+    sources = [source_yaml("a", "chat", up.url, SOURCE_DEFAULTS)]
+    text = config_yaml(sources, POLICY) + "http:\n  listen: 127.0.0.1:%d\n" % port
+    sc = make_sidecar(config_text=text, env={"no_proxy": "*", "NO_PROXY": "*"})
+    target = "127.0.0.1:%d" % port
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return sc, target
+        except OSError:
+            assert time.monotonic() < deadline, "the HTTP front does not listen"
+            time.sleep(0.05)
 
-    def __init__(self, sc):
-        bridge = self
-        self.scrapes = 0
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                if self.path != "/metrics":
-                    self.send_error(404)
-                    return
-                conn = sc.connect()
-                try:
-                    err, res = conn.request("metrics")
-                finally:
-                    conn.close()
-                body = (res["text"] if err is None else "").encode()
-                bridge.scrapes += 1
-                self.send_response(200 if err is None else 500)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+def http_get(target, path):
+    """(status, content type, body text) of one GET over the HTTP front."""
+    with urllib.request.urlopen("http://%s%s" % (target, path), timeout=10) as r:
+        return r.status, r.headers.get("Content-Type"), r.read().decode()
 
-            def log_message(self, *args):
-                pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.target = "127.0.0.1:%d" % self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                                       daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(5)
+def http_chat(target, text):
+    """One chat call over the HTTP front; its status."""
+    body = json.dumps(chat(text)).encode()
+    req = urllib.request.Request("http://%s/v1/chat/completions" % target, data=body,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            r.read()
+            return r.status
+    except urllib.error.HTTPError as e:
+        e.read()
+        return e.code
 
 
 RULES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -323,51 +318,68 @@ def test_metrics__rules_file_is_valid():
     assert p.returncode == 0 and "SUCCESS" in p.stdout, p.stdout + p.stderr
 
 
+def test_metrics__served_over_http_and_valid(make_sidecar, up):
+    """GET /metrics on the HTTP front is the same exposition as the `metrics`
+    method, with the text format's content type, and promtool accepts it."""
+    sc, target = start_http(make_sidecar, up)
+    assert http_chat(target, "over http") == 200
+    assert call(sc.connect(), "chat", chat("over msgpack"))[0] is None
+    status, ctype, text = http_get(target, "/metrics")
+    assert status == 200 and ctype.startswith("text/plain; version=0.0.4"), (status, ctype)
+    promtool_check(text)
+    samples = parse(text)
+    assert value(samples, "polygw_calls_total", capability="chat", code="ok") == 2
+    assert value(samples, "polygw_upstream_attempts_total", source="a", capability="chat",
+                 outcome="success") == 2
+    # The same counters as the msgpack method reads.
+    via_rpc = parse(metrics_text(sc))
+    assert value(via_rpc, "polygw_calls_total", capability="chat", code="ok") == 2
+
+
 def test_metrics__scraped_by_a_real_prometheus(make_sidecar, up):
-    """Prometheus scrapes the exposition every second and finds the calls
-    the test caused; the rules of deploy/prometheus evaluate on it, and the
-    stall alert goes pending on the stalled call."""
-    sc = start(make_sidecar, up)
+    """Prometheus scrapes the HTTP front's GET /metrics every second and
+    finds the calls the test caused (over HTTP and over msgpack); the rules
+    of deploy/prometheus evaluate on it, and the stall alert goes pending on
+    the stalled call."""
+    sc, target = start_http(make_sidecar, up)
     c = sc.connect()
-    for i in range(3):
+    assert http_chat(target, "p0") == 200
+    for i in (1, 2):
         assert call(c, "chat", chat("p%d" % i))[0] is None
-    bridge = MetricsBridge(sc)
-    try:
-        with Prometheus(bridge.target, metrics_path="/metrics", scrape_interval_s=1,
-                        rule_files=[RULES]) as prom:
-            ok = 'polygw_calls_total{job="polygw",capability="chat",code="ok"}'
-            r = prom.wait_for(ok, lambda r: len(r) == 1 and r[0][1] == 3, timeout=20)
-            assert r[0][0]["instance"] == bridge.target
-            assert prom.query('up{job="polygw"}')[0][1] == 1
-            health = [t for t in prom.targets() if t["scrapePool"] == "polygw"]
-            assert health and health[0]["health"] == "up" and not health[0]["lastError"]
-            # Later calls reach Prometheus on a later scrape.
-            assert call(c, "chat", chat("late", mock={"status": 429}), scope="p429")[0]["code"] \
-                == "stalled"
-            assert call(c, "chat", chat("p3"))[0] is None
-            prom.wait_for(ok, lambda r: len(r) == 1 and r[0][1] == 4, timeout=20)
-            prom.wait_for('polygw_calls_total{capability="chat",code="stalled"}',
-                          lambda r: len(r) == 1 and r[0][1] == 1, timeout=20)
-            prom.wait_for('polygw_call_duration_seconds_count{capability="chat"}',
-                          lambda r: len(r) == 1 and r[0][1] == 5, timeout=20)
-            # A histogram Prometheus can compute quantiles from.
-            q = prom.query('histogram_quantile(0.5, polygw_call_duration_seconds_bucket'
-                           '{capability="chat"})')
-            assert len(q) == 1 and 0 <= q[0][1] <= 5, q
-            assert prom.query('polygw_upstream_attempts_total{source="a",'
-                              'outcome="rate_limited"}')[0][1] == up.stats()["by_status"]["429"]
-            # The stalled call, scraped after a 0, raises the stall alert.
-            prom.wait_for('ALERTS{alertname="PolygwCallsStalled",capability="chat"}',
-                          lambda r: len(r) == 1 and r[0][0]["alertstate"] == "pending",
-                          timeout=20)
-            prom.wait_for('polygw:upstream_attempts:rate5m{source="a",outcome="success"}',
-                          lambda r: len(r) == 1 and r[0][1] > 0, timeout=20)
-            rules = [r for g in prom.rules() for r in g["rules"]]
-            assert len(rules) == 9 and all(r["health"] == "ok" for r in rules), rules
-            assert not [a for a in prom.alerts() if a["labels"]["alertname"] != "PolygwCallsStalled"]
-        assert bridge.scrapes >= 2
-    finally:
-        bridge.close()
+    with Prometheus(target, metrics_path="/metrics", scrape_interval_s=1,
+                    rule_files=[RULES]) as prom:
+        ok = 'polygw_calls_total{job="polygw",capability="chat",code="ok"}'
+        r = prom.wait_for(ok, lambda r: len(r) == 1 and r[0][1] == 3, timeout=20)
+        assert r[0][0]["instance"] == target
+        assert prom.query('up{job="polygw"}')[0][1] == 1
+        health = [t for t in prom.targets() if t["scrapePool"] == "polygw"]
+        assert health and health[0]["health"] == "up" and not health[0]["lastError"]
+        # Later calls reach Prometheus on a later scrape.
+        assert call(c, "chat", chat("late", mock={"status": 429}), scope="p429")[0]["code"] \
+            == "stalled"
+        assert http_chat(target, "p3") == 200
+        prom.wait_for(ok, lambda r: len(r) == 1 and r[0][1] == 4, timeout=20)
+        prom.wait_for('polygw_calls_total{capability="chat",code="stalled"}',
+                      lambda r: len(r) == 1 and r[0][1] == 1, timeout=20)
+        prom.wait_for('polygw_call_duration_seconds_count{capability="chat"}',
+                      lambda r: len(r) == 1 and r[0][1] == 5, timeout=20)
+        # A histogram Prometheus can compute quantiles from.
+        q = prom.query('histogram_quantile(0.5, polygw_call_duration_seconds_bucket'
+                       '{capability="chat"})')
+        assert len(q) == 1 and 0 <= q[0][1] <= 5, q
+        assert prom.query('polygw_upstream_attempts_total{source="a",'
+                          'outcome="rate_limited"}')[0][1] == up.stats()["by_status"]["429"]
+        # The stalled call, scraped after a 0, raises the stall alert.
+        prom.wait_for('ALERTS{alertname="PolygwCallsStalled",capability="chat"}',
+                      lambda r: len(r) == 1 and r[0][0]["alertstate"] == "pending",
+                      timeout=20)
+        prom.wait_for('polygw:upstream_attempts:rate5m{source="a",outcome="success"}',
+                      lambda r: len(r) == 1 and r[0][1] > 0, timeout=20)
+        rules = [r for g in prom.rules() for r in g["rules"]]
+        assert len(rules) == 9 and all(r["health"] == "ok" for r in rules), rules
+        assert not [a for a in prom.alerts() if a["labels"]["alertname"] != "PolygwCallsStalled"]
+        # More than one scrape happened: Prometheus saw the counter move.
+        assert prom.query('changes(%s[1m])' % ok)[0][1] >= 1
 
 
 @pytest.fixture

@@ -51,6 +51,33 @@ def test_tasks__stop_ends_a_hung_call_within_50ms(make_sidecar, up):
     assert up.stats()["aborted_by_peer"] >= 1
 
 
+def test_tasks__call_errors_carry_the_same_fields_whatever_ends_them(make_sidecar, up):
+    # A task stop and a cancel end a call from outside the governed loop;
+    # their errors still describe the call like a loop verdict does
+    # (attempts, stalled_s, sources; PROTOCOL.md 6.1), and give no retry
+    # estimate.
+    sc = make_sidecar(config_text=config(up))
+    ctl = sc.connect()
+    assert ctl.request("task.start", {"task_id": "r"})[0] is None
+    c = sc.connect()
+    hung = body(mock={"delay_ms": 60000})
+    msgid = c.request_async("call", {"capability": "chat", "task_id": "r", "body": hung})
+    assert wait_until(lambda: up.stats()["in_progress"] == 1)
+    ctl.request("task.stop", {"task_id": "r", "reason": "halt"})
+    stopped = c.wait_response(msgid, 2)[2]
+    msgid = c.request_async("call", {"capability": "chat", "body": hung})
+    assert wait_until(lambda: up.stats()["in_progress"] == 1)
+    c.send([2, "cancel", [msgid]])
+    cancelled = c.wait_response(msgid, 2)[2]
+    assert stopped["code"] == "task_stopped" and stopped["reason"] == "halt", stopped
+    assert cancelled["code"] == "cancelled", cancelled
+    for err in (stopped, cancelled):
+        assert err["attempts"] == 1 and err["stalled_s"] >= 0, err
+        assert isinstance(err["sources"], list), err
+        assert all(s["name"] == "a" for s in err["sources"]), err
+        assert "retry_after_s" not in err, err
+
+
 def test_tasks__guard_after_stop_fails_with_reason(make_sidecar, up):
     sc = make_sidecar(config_text=config(up))
     c = sc.connect()

@@ -25,6 +25,7 @@ int main(void)
         redis_url_suite,
         dialect_suite,
         convert_suite,
+        redis_tls_suite,
         tasks_suite,
         call_suite,
         backend_memory_suite,
@@ -32,6 +33,9 @@ int main(void)
         metrics_suite,
         redact_suite,
         jscan_suite,
+        lib_suite,
+        yamltree_suite,
+        redis_resolve_suite,
     };
     SRunner *sr = srunner_create(NULL);
 

@@ -21,6 +21,7 @@ Suite *task_suite(void);
 Suite *redis_url_suite(void);
 Suite *dialect_suite(void);
 Suite *convert_suite(void);
+Suite *redis_tls_suite(void);
 Suite *tasks_suite(void);
 Suite *call_suite(void);
 Suite *backend_memory_suite(void);
@@ -28,5 +29,8 @@ Suite *prom_suite(void);
 Suite *metrics_suite(void);
 Suite *redact_suite(void);
 Suite *jscan_suite(void);
+Suite *lib_suite(void);
+Suite *yamltree_suite(void);
+Suite *redis_resolve_suite(void);
 
 #endif

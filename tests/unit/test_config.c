@@ -1033,9 +1033,80 @@ END_TEST
 START_TEST(test_config__backend_url_scheme)
 {
     expect_reject("backend: { kind: redis, url: \"http://:" SECRET "@h\" }\n", 1, "backend.url",
-                  "must start with redis:// or unix://");
+                  "must start with redis://, rediss:// or unix://");
     expect_reject("backend: { kind: redis, url: redis://h, prefix: \"a b\" }\n", 1,
                   "backend.prefix", "may contain only");
+}
+END_TEST
+
+/* Sentinels instead of a URL, credentials apart from it, TLS: the rules
+ * between them (each with the key at fault and its line). */
+START_TEST(test_config__backend_sentinels_auth_tls)
+{
+    struct config *cfg = expect_ok(
+        "backend:\n  kind: redis\n  sentinels: [\"10.0.0.1:26379\", \"s2:26379\"]\n"
+        "  master_name: mymaster\n  db: 2\n  tls: { ca_file: /etc/ca.pem }\n");
+    ck_assert_uint_eq(cfg->n_redis_sentinels, 2);
+    ck_assert_str_eq(cfg->redis_sentinels[1], "s2:26379");
+    ck_assert_str_eq(cfg->redis_master_name, "mymaster");
+    ck_assert_uint_eq(cfg->redis_db, 2);
+    ck_assert(cfg->redis_tls);
+    ck_assert_str_eq(cfg->redis_tls_ca_file, "/etc/ca.pem");
+    ck_assert_ptr_null(cfg->redis_url);
+    config_free(cfg);
+
+    expect_reject("backend: { kind: redis, url: redis://h, sentinels: [\"h:1\"], "
+                  "master_name: m }\n", 1, "backend.sentinels", "cannot be combined");
+    expect_reject("backend: { kind: redis, sentinels: [\"h:1\"] }\n", 1, "backend.master_name",
+                  "is required with backend.sentinels");
+    expect_reject("backend: { kind: redis, sentinels: [\"h\"], master_name: m }\n", 1,
+                  "backend.sentinels[0]", "port is required");
+    expect_reject("backend: { kind: redis, sentinels: [\"h:1\", \"h:1\"], master_name: m }\n",
+                  1, "backend.sentinels[1]", "repeats sentinel 0");
+    expect_reject("backend: { kind: redis, sentinels: [], master_name: m }\n", 1,
+                  "backend.sentinels", "a list of 1 to 16");
+    expect_reject("backend: { kind: redis, url: redis://h, master_name: m }\n", 1,
+                  "backend.master_name", "only valid with backend.sentinels");
+    expect_reject("backend: { kind: redis, url: redis://h, db: 1 }\n", 1, "backend.db",
+                  "a URL carries its db");
+    expect_reject("backend: { kind: redis, url: redis://h, password_env: A, "
+                  "password_file: /p }\n", 1, "backend.password_file", "cannot be combined");
+    expect_reject("backend: { kind: redis, url: redis://h, username: bob }\n", 1,
+                  "backend.username", "needs backend.password_env");
+    expect_reject("backend: { kind: redis, url: redis://h, tls: { cert_file: /c } }\n", 1,
+                  "backend.tls.key_file", "a client certificate needs both");
+    expect_reject("backend: { kind: redis, url: redis://h, tls: { ca_file: ca.pem } }\n", 1,
+                  "backend.tls.ca_file", "absolute path");
+    expect_reject("backend: { kind: redis, url: redis://h, tls: {} }\n", 1, "backend.tls",
+                  "needs a rediss:// URL");
+    expect_reject("backend: { kind: memory, tls: {} }\n", 1, "backend.tls",
+                  "only valid with kind: redis");
+}
+END_TEST
+
+/* The password from the environment: a URL that holds one too is refused,
+ * and neither message shows it. */
+START_TEST(test_config__backend_password_env)
+{
+    setenv("PGW_TEST_REDIS_PW", SECRET, 1);
+    struct config *cfg = expect_ok("backend: { kind: redis, url: rediss://h, username: bob, "
+                                   "password_env: PGW_TEST_REDIS_PW }\n");
+    ck_assert_str_eq(cfg->redis_password, SECRET);
+    ck_assert_str_eq(cfg->redis_username, "bob");
+    ck_assert(!cfg->redis_tls);
+    config_free(cfg);
+    expect_reject("backend: { kind: redis, url: \"redis://:x@h\", "
+                  "password_env: PGW_TEST_REDIS_PW }\n", 1, "backend.password_env",
+                  "the URL holds a password too");
+    char longpw[300];
+    memset(longpw, 'p', sizeof(longpw) - 1);
+    longpw[sizeof(longpw) - 1] = '\0';
+    setenv("PGW_TEST_REDIS_PW", longpw, 1);
+    expect_reject("backend: { kind: redis, url: redis://h, password_env: PGW_TEST_REDIS_PW }\n",
+                  1, "backend.password_env", "longer than 255 bytes");
+    unsetenv("PGW_TEST_REDIS_PW");
+    expect_reject("backend: { kind: redis, url: redis://h, password_env: PGW_TEST_REDIS_PW }\n",
+                  1, "backend.password_env", "not set or is empty");
 }
 END_TEST
 
@@ -1834,6 +1905,8 @@ Suite *config_suite(void)
     tcase_add_test(tc, test_config__backend_redis_without_url);
     tcase_add_test(tc, test_config__backend_memory_with_url);
     tcase_add_test(tc, test_config__backend_url_scheme);
+    tcase_add_test(tc, test_config__backend_sentinels_auth_tls);
+    tcase_add_test(tc, test_config__backend_password_env);
     tcase_add_test(tc, test_config__backend_redis_url_and_timeouts);
     tcase_add_test(tc, test_config__backend_redis_url_from_env);
     tcase_add_test(tc, test_config__custom_capability_without_path);

@@ -42,11 +42,11 @@ static const msgpack_object *to_msgpack(json_t *j, msgpack_sbuffer *sb, msgpack_
 static void expect_json(const char *name, const msgpack_sbuffer *sb, json_t *want)
 {
     msgpack_unpacked up;
-    struct transcode_buf out;
+    struct strbuf out;
     char err[200];
 
     msgpack_unpacked_init(&up);
-    transcode_buf_init(&out);
+    strbuf_init(&out);
     ck_assert(msgpack_unpack_next(&up, sb->data, sb->size, NULL) == MSGPACK_UNPACK_SUCCESS);
     ck_assert_int_eq(transcode_msgpack_to_json(&up.data, &out, NULL, "out", err, sizeof(err)), 0);
     json_t *got = json_loads(out.data, 0, NULL);
@@ -56,7 +56,7 @@ static void expect_json(const char *name, const msgpack_sbuffer *sb, json_t *wan
     free(w);
     free(g);
     json_decref(got);
-    transcode_buf_fini(&out);
+    strbuf_fini(&out);
     msgpack_unpacked_destroy(&up);
 }
 

@@ -15,6 +15,7 @@
 
 #include "log.h"
 #include "redis.h"
+#include "redis_url.h"
 #include "suites.h"
 
 #define SECRET "s3cr3t-TOPSECRET"
@@ -63,6 +64,52 @@ START_TEST(test_redis_url__tcp_forms)
 }
 END_TEST
 
+/* rediss:// is the same URL over TLS; an ACL user goes with its password
+ * ("default" is no user: plain AUTH password). */
+START_TEST(test_redis_url__tls_and_acl_user)
+{
+    struct rds_addr a;
+    char err[256] = "";
+
+    ck_assert_int_eq(rds_parse_url("rediss://bob:" SECRET "@cache.example:6380/2", &a, err,
+                                   sizeof(err)), 0);
+    ck_assert(a.tls);
+    ck_assert_str_eq(a.user, "bob");
+    ck_assert_str_eq(a.password, SECRET);
+    ck_assert_str_eq(a.host, "cache.example");
+    ck_assert_int_eq(a.port, 6380);
+    ck_assert_int_eq(a.db, 2);
+    ck_assert_int_eq(rds_parse_url("redis://default:pw@h", &a, err, sizeof(err)), 0);
+    ck_assert(!a.tls);
+    ck_assert_str_eq(a.user, "");
+    ck_assert_int_eq(rds_parse_url("redis://a%40b:pw@h", &a, err, sizeof(err)), 0);
+    ck_assert_str_eq(a.user, "a@b");
+}
+END_TEST
+
+/* A sentinel's address: the port is required, nothing but host:port. */
+START_TEST(test_redis_url__sentinel_hostport)
+{
+    char host[256], err[128];
+    int port = 0;
+
+    ck_assert_int_eq(rds_parse_hostport("10.0.0.7:26379", host, sizeof(host), &port, err,
+                                        sizeof(err)), 0);
+    ck_assert_str_eq(host, "10.0.0.7");
+    ck_assert_int_eq(port, 26379);
+    ck_assert_int_eq(rds_parse_hostport("[::1]:5000", host, sizeof(host), &port, err,
+                                        sizeof(err)), 0);
+    ck_assert_str_eq(host, "::1");
+    ck_assert_int_eq(port, 5000);
+    static const char *const bad[] = {"h", "h:", "[::1]", "h:0", "h:70000", "a:b@h:1",
+                                      "h:1/0", "", ":1"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        ck_assert_msg(rds_parse_hostport(bad[i], host, sizeof(host), &port, err, sizeof(err)) ==
+                          -1,
+                      "accepted %s", bad[i]);
+}
+END_TEST
+
 START_TEST(test_redis_url__ipv6)
 {
     expect_ok("redis://[::1]", "::1", 6379, "", "", 0);
@@ -102,7 +149,7 @@ START_TEST(test_redis_url__bad_scheme)
     expect_reject("http://:" SECRET "@h", "unsupported scheme");
     expect_reject("redis:/h", "unsupported scheme");
     expect_reject("", "unsupported scheme");
-    expect_reject("rediss://:" SECRET "@h", "TLS");
+    expect_reject("rediss:/:" SECRET "@h", "unsupported scheme");
     expect_reject(NULL, "no URL");
 }
 END_TEST
@@ -157,7 +204,7 @@ END_TEST
 START_TEST(test_redis_url__bad_userinfo)
 {
     expect_reject("redis://" SECRET "@h", "[user]:password");
-    expect_reject("redis://bob:" SECRET "@h", "user names");
+    expect_reject("redis://bob%zz:" SECRET "@h", "percent-encoding in the user name");
     expect_reject("redis://:" SECRET "%zz@h", "percent-encoding");
     expect_reject("redis://:" SECRET "%4@h", "percent-encoding");
     expect_reject("redis://:" SECRET "%00@h", "percent-encoding");
@@ -257,6 +304,7 @@ struct stats_view {
     bool subscribed;
     uint64_t rejected, connect_failures;
     bool all_keys_unique;
+    char sentinel[64], sentinel_state[16];
 };
 
 static void read_stats(const struct rds *r, struct stats_view *v)
@@ -302,6 +350,10 @@ static void read_stats(const struct rds *r, struct stats_view *v)
             v->rejected = val->via.u64;
         else if (KEY_IS("connect_failures"))
             v->connect_failures = val->via.u64;
+        else if (KEY_IS("sentinel"))
+            COPY_STR(v->sentinel);
+        else if (KEY_IS("sentinel_state"))
+            COPY_STR(v->sentinel_state);
 #undef KEY_IS
 #undef COPY_STR
     }
@@ -349,7 +401,7 @@ START_TEST(test_redis_url__not_connected)
     ck_assert_int_eq(rds_eval(r, RDS_ADMIT, 3, 2, argv, NULL, never_cb, NULL), -1);
 
     read_stats(r, &v);
-    ck_assert_uint_eq(v.n_keys, 19);
+    ck_assert_uint_eq(v.n_keys, 20);
     ck_assert(v.all_keys_unique);
     ck_assert_str_eq(v.address, "/nonexistent/polygw-test.sock");
     ck_assert_uint_eq(v.rejected, 2);
@@ -368,6 +420,54 @@ END_TEST
 
 /* Freed before the first attempt, during a host-name lookup (its thread
  * must not touch the freed adapter), and while a TCP connect is pending. */
+/* Sentinels that refuse the connection: each is tried in turn, the data
+ * connections wait for a primary (no attempt, nothing to admit with), the
+ * stats say so, and the sentinels' password shows nowhere. */
+START_TEST(test_redis_url__sentinels_unreachable)
+{
+    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+    static const char *const channels[] = {"p:task-end"};
+    static const char *const sentinels[] = {"127.0.0.1:1", "127.0.0.1:2"};
+    char err[256];
+    struct stats_view v;
+    struct rds_opts opts = {
+        .sentinels = sentinels, .n_sentinels = 2, .master_name = "mymaster",
+        .sentinel_password = SECRET, .password = SECRET,
+        .command_timeout_s = 0.2, .reconnect_min_s = 0.01, .reconnect_max_s = 0.05,
+        .channels = channels, .n_channels = 1,
+    };
+
+    log_threshold = LOG_ERROR;
+    struct rds *r = rds_new(loop, &opts, NULL, err, sizeof(err));
+    ck_assert_msg(r != NULL, "%s", err);
+    run_for(loop, 0.15);
+    read_stats(r, &v); /* also checks that SECRET is not in it */
+    ck_assert_uint_eq(v.n_keys, 24);
+    ck_assert(v.all_keys_unique);
+    ck_assert_str_eq(v.address, "unknown (asking the sentinels)");
+    ck_assert_str_eq(v.state, "down");
+    ck_assert_str_ne(v.sentinel_state, "up");
+    ck_assert_msg(strstr(v.sentinel, "127.0.0.1:"), "%s", v.sentinel);
+    ck_assert_uint_ge(v.connect_failures, 2); /* both sentinels, in turn */
+    ck_assert(!rds_up(r));
+    rds_free(r);
+
+    opts.url = "redis://h";
+    ck_assert_ptr_null(rds_new(loop, &opts, NULL, err, sizeof(err)));
+    ck_assert_msg(strstr(err, "either a URL or sentinels"), "%s", err);
+    opts.url = NULL;
+    opts.master_name = NULL;
+    ck_assert_ptr_null(rds_new(loop, &opts, NULL, err, sizeof(err)));
+    ck_assert_msg(strstr(err, "master name"), "%s", err);
+    opts.master_name = "m";
+    static const char *const bad[] = {"127.0.0.1:1", "h"};
+    opts.sentinels = bad;
+    ck_assert_ptr_null(rds_new(loop, &opts, NULL, err, sizeof(err)));
+    ck_assert_msg(strstr(err, "sentinel 1: expected host:port"), "%s", err);
+    ev_loop_destroy(loop);
+}
+END_TEST
+
 START_TEST(test_redis_url__free_early)
 {
     struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
@@ -413,6 +513,8 @@ Suite *redis_url_suite(void)
     tcase_add_test(tc, test_redis_url__password_decoding);
     tcase_add_test(tc, test_redis_url__unix_forms);
     tcase_add_test(tc, test_redis_url__bad_scheme);
+    tcase_add_test(tc, test_redis_url__tls_and_acl_user);
+    tcase_add_test(tc, test_redis_url__sentinel_hostport);
     tcase_add_test(tc, test_redis_url__bad_host);
     tcase_add_test(tc, test_redis_url__bad_port);
     tcase_add_test(tc, test_redis_url__bad_db);
@@ -422,6 +524,7 @@ Suite *redis_url_suite(void)
     tcase_add_test(tc, test_redis_url__new_rejects);
     tcase_add_test(tc, test_redis_url__not_connected);
     tcase_add_test(tc, test_redis_url__free_early);
+    tcase_add_test(tc, test_redis_url__sentinels_unreachable);
     suite_add_tcase(s, tc);
     return s;
 }

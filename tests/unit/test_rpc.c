@@ -812,6 +812,37 @@ START_TEST(test_rpc__code_names)
 }
 END_TEST
 
+/* An error packed with its declared extra-field count checks clean; one
+ * that declares a pair too many or too few does not, wherever it sits in
+ * the queue. */
+START_TEST(test_rpc__check_messages_catches_miscounted_maps)
+{
+    char why[128];
+
+    for (int delta = -1; delta <= 1; delta++) {
+        msgpack_sbuffer sb;
+        msgpack_packer pk;
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        rpc_pack_error(&pk, 1, PGW_INTERNAL, "first");
+        rpc_pack_error_begin(&pk, 2, PGW_STALLED, "second", (size_t)(2 + delta));
+        rpc_pack_kv_u64(&pk, "attempts", 3);
+        rpc_pack_kv_double(&pk, "stalled_s", 1.5);
+        rpc_pack_error_end(&pk);
+        rpc_pack_result_begin(&pk, 3);
+        msgpack_pack_nil(&pk);
+        int rc = rpc_check_messages(sb.data, sb.size, why, sizeof(why));
+        if (delta == 0)
+            ck_assert_msg(rc == 0, "%s", why);
+        else
+            ck_assert_msg(rc == -1, "miscount by %d not caught", delta);
+        msgpack_sbuffer_destroy(&sb);
+    }
+    ck_assert_int_eq(rpc_check_messages("\x93\x01", 2, NULL, 0), -1); /* truncated */
+    ck_assert_int_eq(rpc_check_messages("", 0, why, sizeof(why)), 0);
+}
+END_TEST
+
 Suite *rpc_suite(void)
 {
     Suite *s = suite_create("rpc");
@@ -839,6 +870,7 @@ Suite *rpc_suite(void)
     tcase_add_test(tc, test_rpc__writers_roundtrip);
     tcase_add_test(tc, test_rpc__error_codes_roundtrip);
     tcase_add_test(tc, test_rpc__code_names);
+    tcase_add_test(tc, test_rpc__check_messages_catches_miscounted_maps);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -11,6 +11,7 @@
 
 #include "suites.h"
 #include "transcode.h"
+#include "utf8.h"
 
 #define ERRLEN 512
 
@@ -46,7 +47,7 @@ static void pstr(msgpack_packer *pk, const char *s)
 
 /* Unpacks `n` bytes and transcodes them to JSON into `out` (appending). */
 static int m2j(const char *data, size_t n, const struct transcode_override *ov,
-               struct transcode_buf *out, char *err)
+               struct strbuf *out, char *err)
 {
     msgpack_unpacked u;
     size_t off = 0;
@@ -63,11 +64,11 @@ static int m2j(const char *data, size_t n, const struct transcode_override *ov,
  * exactly m's bytes. */
 static void check_roundtrip(struct mp *m, const struct transcode_override *ov, const char *want)
 {
-    struct transcode_buf out;
+    struct strbuf out;
     struct mp back;
     char err[ERRLEN];
 
-    transcode_buf_init(&out);
+    strbuf_init(&out);
     ck_assert_msg(m2j(m->sb.data, m->sb.size, ov, &out, err) == 0, "m2j failed: %s", err);
     ck_assert_str_eq(out.data, want);
     ck_assert_uint_eq(out.len, strlen(want));
@@ -77,33 +78,33 @@ static void check_roundtrip(struct mp *m, const struct transcode_override *ov, c
     ck_assert_uint_eq(back.sb.size, m->sb.size);
     ck_assert_mem_eq(back.sb.data, m->sb.data, m->sb.size);
     mp_fini(&back);
-    transcode_buf_fini(&out);
+    strbuf_fini(&out);
 }
 
 /* msgpack (m) with overrides -> JSON must equal `want`. */
 static void check_m2j(struct mp *m, const struct transcode_override *ov, const char *want)
 {
-    struct transcode_buf out;
+    struct strbuf out;
     char err[ERRLEN];
 
-    transcode_buf_init(&out);
+    strbuf_init(&out);
     ck_assert_msg(m2j(m->sb.data, m->sb.size, ov, &out, err) == 0, "m2j failed: %s", err);
     ck_assert_str_eq(out.data, want);
-    transcode_buf_fini(&out);
+    strbuf_fini(&out);
 }
 
 /* msgpack (m) -> JSON must fail with exactly `want_err`; out left empty. */
 static void check_m2j_fails(struct mp *m, const struct transcode_override *ov,
                             const char *want_err)
 {
-    struct transcode_buf out;
+    struct strbuf out;
     char err[ERRLEN];
 
-    transcode_buf_init(&out);
+    strbuf_init(&out);
     ck_assert_int_eq(m2j(m->sb.data, m->sb.size, ov, &out, err), TRANSCODE_EINVALID);
     ck_assert_str_eq(err, want_err);
     ck_assert_uint_eq(out.len, 0);
-    transcode_buf_fini(&out);
+    strbuf_fini(&out);
 }
 
 /* JSON -> msgpack must give exactly `want` (n bytes). */
@@ -152,24 +153,24 @@ static void check_j2m_fails(const char *json, size_t len, const char *prefix, co
 
 START_TEST(test_transcode__buf_lifecycle)
 {
-    struct transcode_buf b;
+    struct strbuf b;
 
-    transcode_buf_init(&b);
+    strbuf_init(&b);
     ck_assert_ptr_null(b.data);
-    ck_assert_int_eq(transcode_buf_reserve(&b, 5000), 0);
+    ck_assert_int_eq(strbuf_reserve(&b, 5000), 0);
     ck_assert_uint_gt(b.cap, 5000);
     ck_assert_uint_eq(b.len, 0);
     char *before = b.data;
     size_t cap = b.cap;
-    ck_assert_int_eq(transcode_buf_reserve(&b, SIZE_MAX - 8), TRANSCODE_ENOMEM);
+    ck_assert_int_eq(strbuf_reserve(&b, SIZE_MAX - 8), TRANSCODE_ENOMEM);
     ck_assert_ptr_eq(b.data, before);
     ck_assert_uint_eq(b.cap, cap);
-    transcode_buf_reset(&b);
+    strbuf_reset(&b);
     ck_assert_ptr_eq(b.data, before);
-    transcode_buf_fini(&b);
+    strbuf_fini(&b);
     ck_assert_ptr_null(b.data);
     ck_assert_uint_eq(b.cap, 0);
-    transcode_buf_fini(&b); /* idempotent */
+    strbuf_fini(&b); /* idempotent */
 }
 END_TEST
 
@@ -320,21 +321,21 @@ END_TEST
 START_TEST(test_transcode__uint64_above_int64_is_printed_exactly)
 {
     struct mp m;
-    struct transcode_buf out;
+    struct strbuf out;
     char err[ERRLEN];
 
     mp_init(&m);
     msgpack_pack_array(&m.pk, 2);
     msgpack_pack_uint64(&m.pk, UINT64_MAX);
     msgpack_pack_uint64(&m.pk, (uint64_t)INT64_MAX + 1);
-    transcode_buf_init(&out);
+    strbuf_init(&out);
     ck_assert_int_eq(m2j(m.sb.data, m.sb.size, NULL, &out, err), 0);
     ck_assert_str_eq(out.data, "[18446744073709551615,9223372036854775808]");
     /* The way back is limited to int64 (jansson): rejected, not rounded. */
     check_j2m_fails(out.data, out.len,
                     "number out of range in JSON at line 1, column 21: too big integer",
                     "int64");
-    transcode_buf_fini(&out);
+    strbuf_fini(&out);
     mp_fini(&m);
 }
 END_TEST
@@ -365,12 +366,12 @@ START_TEST(test_transcode__floats_roundtrip_bit_exact)
                                2.718281828459045, 1e23, 5e-300, 123456789012345680.0};
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
         struct mp m;
-        struct transcode_buf out;
+        struct strbuf out;
         char err[ERRLEN];
 
         mp_init(&m);
         msgpack_pack_double(&m.pk, v[i]);
-        transcode_buf_init(&out);
+        strbuf_init(&out);
         ck_assert_int_eq(m2j(m.sb.data, m.sb.size, NULL, &out, err), 0);
         ck_assert_msg(strchr(out.data, '.') || strchr(out.data, 'e'), "%s", out.data);
         ck_assert_uint_le(out.len, 24);
@@ -382,7 +383,7 @@ START_TEST(test_transcode__floats_roundtrip_bit_exact)
                       out.data);
         mp_fini(&back);
         mp_fini(&m);
-        transcode_buf_fini(&out);
+        strbuf_fini(&out);
     }
 }
 END_TEST
@@ -401,10 +402,10 @@ START_TEST(test_transcode__floats_random_roundtrip)
     /* Short decimals (the fast path), their neighbours, and random bit
      * patterns (the snprintf path) all parse back to the same bits. */
     uint64_t st = 0x9E3779B97F4A7C15ULL;
-    struct transcode_buf out;
+    struct strbuf out;
     char err[ERRLEN];
 
-    transcode_buf_init(&out);
+    strbuf_init(&out);
     for (int i = 0; i < 30000; i++) {
         uint64_t r = rnd(&st);
         double d;
@@ -422,14 +423,14 @@ START_TEST(test_transcode__floats_random_roundtrip)
             break;
         }
         msgpack_object o = {.type = MSGPACK_OBJECT_FLOAT64, .via.f64 = d};
-        transcode_buf_reset(&out);
+        strbuf_reset(&out);
         ck_assert_int_eq(transcode_msgpack_to_json(&o, &out, NULL, "v", err, sizeof(err)), 0);
         ck_assert_msg(strchr(out.data, '.') || strchr(out.data, 'e'), "%s", out.data);
         ck_assert_uint_le(out.len, 24);
         double back = strtod(out.data, NULL);
         ck_assert_msg(memcmp(&back, &d, sizeof(d)) == 0, "%.17g printed as %s", d, out.data);
     }
-    transcode_buf_fini(&out);
+    strbuf_fini(&out);
 }
 END_TEST
 
@@ -465,10 +466,10 @@ START_TEST(test_transcode__string_special_byte_at_every_offset)
 {
     static const char *const specials[] = {"\x00", "\x01", "\x1f", "\n", "\"", "\\",
                                            "\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80"};
-    struct transcode_buf out;
+    struct strbuf out;
     char err[ERRLEN];
 
-    transcode_buf_init(&out);
+    strbuf_init(&out);
     for (size_t si = 0; si < sizeof(specials) / sizeof(specials[0]); si++) {
         size_t sl = si < 1 ? 1 : strlen(specials[si]);
         for (size_t pos = 0; pos + sl <= 27; pos++) {
@@ -479,19 +480,19 @@ START_TEST(test_transcode__string_special_byte_at_every_offset)
             msgpack_object o = {.type = MSGPACK_OBJECT_STR};
             o.via.str.ptr = s;
             o.via.str.size = sizeof(s);
-            transcode_buf_reset(&out);
+            strbuf_reset(&out);
             ck_assert_int_eq(transcode_msgpack_to_json(&o, &out, NULL, "v", err, sizeof(err)), 0);
             ck_assert_str_eq(out.data, want);
             /* The same byte cut short must be caught at every offset too. */
             if (sl > 1) {
                 o.via.str.size = (uint32_t)(pos + sl - 1);
-                transcode_buf_reset(&out);
+                strbuf_reset(&out);
                 ck_assert_int_eq(transcode_msgpack_to_json(&o, &out, NULL, "v", err, sizeof(err)),
                                  TRANSCODE_EINVALID);
             }
         }
     }
-    transcode_buf_fini(&out);
+    strbuf_fini(&out);
 }
 END_TEST
 
@@ -553,22 +554,22 @@ END_TEST
 START_TEST(test_transcode__appends_to_existing_content)
 {
     struct mp m;
-    struct transcode_buf out;
+    struct strbuf out;
     char err[ERRLEN];
 
     mp_init(&m);
     msgpack_pack_array(&m.pk, 1);
     msgpack_pack_int64(&m.pk, 7);
-    transcode_buf_init(&out);
-    ck_assert_int_eq(transcode_buf_reserve(&out, 3), 0);
+    strbuf_init(&out);
+    ck_assert_int_eq(strbuf_reserve(&out, 3), 0);
     memcpy(out.data, "ab:", 3);
     out.len = 3;
     ck_assert_int_eq(m2j(m.sb.data, m.sb.size, NULL, &out, err), 0);
     ck_assert_str_eq(out.data, "ab:[7]");
-    transcode_buf_reset(&out);
+    strbuf_reset(&out);
     ck_assert_int_eq(m2j(m.sb.data, m.sb.size, NULL, &out, err), 0);
     ck_assert_str_eq(out.data, "[7]");
-    transcode_buf_fini(&out);
+    strbuf_fini(&out);
     mp_fini(&m);
 }
 END_TEST
@@ -921,7 +922,7 @@ END_TEST
 START_TEST(test_transcode__error_message_truncation_and_null_err)
 {
     struct mp m;
-    struct transcode_buf out;
+    struct strbuf out;
     char err[ERRLEN];
     msgpack_unpacked u;
 
@@ -931,7 +932,7 @@ START_TEST(test_transcode__error_message_truncation_and_null_err)
     msgpack_pack_bin(&m.pk, 0);
     msgpack_unpacked_init(&u);
     ck_assert_int_eq(msgpack_unpack_next(&u, m.sb.data, m.sb.size, NULL), MSGPACK_UNPACK_SUCCESS);
-    transcode_buf_init(&out);
+    strbuf_init(&out);
     /* "body[\"" is 6 bytes; 日 is 3: errlen 10 leaves room for 6+3 bytes
      * only, 12 for 6+3 and a 2-byte cut of the second 日, which must go. */
     for (size_t errlen = 1; errlen < 40; errlen++) {
@@ -952,7 +953,7 @@ START_TEST(test_transcode__error_message_truncation_and_null_err)
                      TRANSCODE_EINVALID);
     ck_assert_str_eq(err, "value[\"\xe6\x97\xa5\xe6\x97\xa5\"]: binary data cannot be sent as JSON");
     ck_assert_uint_eq(out.len, 0);
-    transcode_buf_fini(&out);
+    strbuf_fini(&out);
     msgpack_unpacked_destroy(&u);
     mp_fini(&m);
 }
@@ -961,7 +962,7 @@ END_TEST
 START_TEST(test_transcode__failure_restores_buffer)
 {
     struct mp m;
-    struct transcode_buf out;
+    struct strbuf out;
     char err[ERRLEN];
 
     mp_init(&m);
@@ -969,15 +970,15 @@ START_TEST(test_transcode__failure_restores_buffer)
     pstr(&m.pk, "a long enough string to have been written before the failure");
     msgpack_pack_int64(&m.pk, 1);
     msgpack_pack_double(&m.pk, NAN);
-    transcode_buf_init(&out);
-    ck_assert_int_eq(transcode_buf_reserve(&out, 6), 0);
+    strbuf_init(&out);
+    ck_assert_int_eq(strbuf_reserve(&out, 6), 0);
     memcpy(out.data, "prefix", 6);
     out.len = 6;
     ck_assert_int_eq(m2j(m.sb.data, m.sb.size, NULL, &out, err), TRANSCODE_EINVALID);
     ck_assert_str_eq(err, "body[2]: NaN cannot be sent as JSON");
     ck_assert_uint_eq(out.len, 6);
     ck_assert_str_eq(out.data, "prefix");
-    transcode_buf_fini(&out);
+    strbuf_fini(&out);
     mp_fini(&m);
 }
 END_TEST
@@ -1021,12 +1022,12 @@ static void free_nested(msgpack_object *o, int maps)
 START_TEST(test_transcode__depth_limit_msgpack)
 {
     for (int maps = 0; maps <= 1; maps++) {
-        struct transcode_buf out;
+        struct strbuf out;
         char err[ERRLEN], want[ERRLEN];
         msgpack_object *ok = nested(TRANSCODE_MAX_DEPTH, maps);
         msgpack_object *deep = nested(TRANSCODE_MAX_DEPTH + 1, maps);
 
-        transcode_buf_init(&out);
+        strbuf_init(&out);
         ck_assert_int_eq(transcode_msgpack_to_json(ok, &out, NULL, "body", err, sizeof(err)), 0);
         ck_assert_uint_eq(out.len, maps ? 64 * 6 + 4 : 64 * 2 + 4);
         ck_assert_int_eq(transcode_msgpack_to_json(deep, &out, NULL, "body", err, sizeof(err)),
@@ -1037,7 +1038,7 @@ START_TEST(test_transcode__depth_limit_msgpack)
             strcat(want, maps ? ".a" : "[0]");
         strcat(want, ": nested deeper than 64 levels");
         ck_assert_str_eq(err, want);
-        transcode_buf_fini(&out);
+        strbuf_fini(&out);
         free_nested(ok, maps);
         free_nested(deep, maps);
     }
@@ -1253,31 +1254,31 @@ START_TEST(test_transcode__utf8_repair)
         {"\xf0\x9f\x98x", 4, "\xef\xbf\xbdx", 1},
         {"\x80\x80", 2, "\xef\xbf\xbd\xef\xbf\xbd", 2}, /* stray continuations */
     };
-    struct transcode_buf out;
+    struct strbuf out;
 
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         /* Only the NUL case has a NUL inside: its length is its input's. */
         size_t wlen = memchr(cases[i].in, '\0', cases[i].len) ? cases[i].len
                                                                : strlen(cases[i].want);
-        transcode_buf_init(&out);
-        ck_assert_int_eq(transcode_utf8_repair(cases[i].in, cases[i].len, &out), cases[i].bad);
+        strbuf_init(&out);
+        ck_assert_int_eq(utf8_repair(cases[i].in, cases[i].len, &out), cases[i].bad);
         ck_assert_msg(out.len == wlen && memcmp(out.data, cases[i].want, wlen) == 0,
                       "case %zu: got %zu bytes", i, out.len);
         ck_assert_int_eq(out.data[out.len], '\0');
         /* Repairing repaired text changes nothing. */
-        struct transcode_buf again;
-        transcode_buf_init(&again);
-        ck_assert_int_eq(transcode_utf8_repair(out.data, out.len, &again), 0);
+        struct strbuf again;
+        strbuf_init(&again);
+        ck_assert_int_eq(utf8_repair(out.data, out.len, &again), 0);
         ck_assert_uint_eq(again.len, out.len);
-        transcode_buf_fini(&again);
-        transcode_buf_fini(&out);
+        strbuf_fini(&again);
+        strbuf_fini(&out);
     }
     /* Appends to what the buffer holds. */
-    transcode_buf_init(&out);
-    transcode_utf8_repair("ab", 2, &out);
-    transcode_utf8_repair("\xff", 1, &out);
+    strbuf_init(&out);
+    utf8_repair("ab", 2, &out);
+    utf8_repair("\xff", 1, &out);
     ck_assert_str_eq(out.data, "ab\xef\xbf\xbd");
-    transcode_buf_fini(&out);
+    strbuf_fini(&out);
 }
 END_TEST
 
@@ -1285,13 +1286,13 @@ START_TEST(test_transcode__utf8_cut)
 {
     static const char s[] = "ab\xc3\xa9\xf0\x9f\x98\x80";  /* a b é 😀 */
 
-    ck_assert_uint_eq(transcode_utf8_cut(s, 8, 100), 8);
-    ck_assert_uint_eq(transcode_utf8_cut(s, 8, 8), 8);
-    ck_assert_uint_eq(transcode_utf8_cut(s, 8, 7), 4);
-    ck_assert_uint_eq(transcode_utf8_cut(s, 8, 5), 4);
-    ck_assert_uint_eq(transcode_utf8_cut(s, 8, 4), 4);
-    ck_assert_uint_eq(transcode_utf8_cut(s, 8, 3), 2);
-    ck_assert_uint_eq(transcode_utf8_cut(s, 8, 0), 0);
+    ck_assert_uint_eq(utf8_cut(s, 8, 100), 8);
+    ck_assert_uint_eq(utf8_cut(s, 8, 8), 8);
+    ck_assert_uint_eq(utf8_cut(s, 8, 7), 4);
+    ck_assert_uint_eq(utf8_cut(s, 8, 5), 4);
+    ck_assert_uint_eq(utf8_cut(s, 8, 4), 4);
+    ck_assert_uint_eq(utf8_cut(s, 8, 3), 2);
+    ck_assert_uint_eq(utf8_cut(s, 8, 0), 0);
 }
 END_TEST
 

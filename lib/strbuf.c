@@ -1,0 +1,43 @@
+/*
+ * strbuf.c — the slow paths of strbuf.h.
+ */
+#include "strbuf.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+
+void strbuf_init(struct strbuf *b)
+{
+    b->data = NULL;
+    b->len = 0;
+    b->cap = 0;
+}
+
+void strbuf_fini(struct strbuf *b)
+{
+    free(b->data);
+    strbuf_init(b);
+}
+
+void strbuf_reset(struct strbuf *b)
+{
+    b->len = 0;
+    if (b->data)
+        b->data[0] = '\0';
+}
+
+int strbuf_grow(struct strbuf *b, size_t extra)
+{
+    if (extra > SIZE_MAX / 2 - b->len)
+        return STRBUF_ENOMEM;
+    size_t need = b->len + extra + 1; /* +1: room for the closing NUL */
+    size_t cap = b->cap ? b->cap : 1024;
+    while (cap < need)
+        cap *= 2;
+    char *p = realloc(b->data, cap);
+    if (!p)
+        return STRBUF_ENOMEM;
+    b->data = p;
+    b->cap = cap;
+    return 0;
+}

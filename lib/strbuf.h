@@ -1,0 +1,77 @@
+/*
+ * strbuf.h — a growable byte buffer that always keeps room for a closing
+ * NUL, so its text can be used as a C string once the writer puts one.
+ *
+ * Zero-initialised is the same as strbuf_init(). `data` is malloc'd and
+ * owned by the buffer; a caller may take it (then re-init the buffer).
+ * Growth is geometric, so appends are amortised O(1). Every appending call
+ * returns 0 or STRBUF_ENOMEM and leaves the buffer unchanged on failure.
+ * No I/O, no globals: safe from any callback and from several threads on
+ * distinct buffers.
+ */
+#ifndef POLYGW_STRBUF_H
+#define POLYGW_STRBUF_H
+
+#include <stddef.h>
+#include <string.h>
+
+enum { STRBUF_ENOMEM = -2 };
+
+struct strbuf {
+    char *data;
+    size_t len;
+    size_t cap;
+};
+
+/* Makes `b` empty without allocating. */
+void strbuf_init(struct strbuf *b);
+
+/* Frees `b`'s memory and leaves it empty (init state). */
+void strbuf_fini(struct strbuf *b);
+
+/* Empties `b` but keeps its memory for reuse (the hot-path way to recycle
+ * a buffer from one use to the next). */
+void strbuf_reset(struct strbuf *b);
+
+/* Slow path of strbuf_reserve(); not for direct use. */
+int strbuf_grow(struct strbuf *b, size_t extra);
+
+/* Makes room for at least `extra` more bytes after `len`, plus a NUL. */
+static inline int strbuf_reserve(struct strbuf *b, size_t extra)
+{
+    if (b->cap - b->len > extra) /* strict: keeps one byte for the NUL */
+        return 0;
+    return strbuf_grow(b, extra);
+}
+
+/* Appends n bytes of p (p may be NULL when n is 0). Does not write a NUL. */
+static inline int strbuf_put(struct strbuf *b, const void *p, size_t n)
+{
+    if (strbuf_reserve(b, n) < 0)
+        return STRBUF_ENOMEM;
+    if (n)
+        memcpy(b->data + b->len, p, n);
+    b->len += n;
+    return 0;
+}
+
+static inline int strbuf_putc(struct strbuf *b, char c)
+{
+    if (strbuf_reserve(b, 1) < 0)
+        return STRBUF_ENOMEM;
+    b->data[b->len++] = c;
+    return 0;
+}
+
+/* Appends a string literal (its length known at compile time). */
+#define strbuf_puts(b, lit) strbuf_put((b), (lit), sizeof(lit) - 1)
+
+/* Writes the NUL after the text (room for it is always there once the
+ * buffer has memory); a buffer that never allocated stays data == NULL. */
+static inline void strbuf_terminate(struct strbuf *b)
+{
+    if (b->data)
+        b->data[b->len] = '\0';
+}
+
+#endif /* POLYGW_STRBUF_H */

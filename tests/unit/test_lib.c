@@ -1,0 +1,189 @@
+/* test_lib.c — lib/: strbuf, dlist, utf8, jsonw. */
+#include <locale.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dlist.h"
+#include "jsonw.h"
+#include "strbuf.h"
+#include "suites.h"
+#include "utf8.h"
+
+START_TEST(test_lib__strbuf_grows_and_keeps_room_for_a_nul)
+{
+    struct strbuf b = { 0 };
+
+    for (int i = 0; i < 1000; i++)
+        ck_assert_int_eq(strbuf_puts(&b, "abc"), 0);
+    ck_assert_uint_eq(b.len, 3000);
+    ck_assert_uint_gt(b.cap, b.len);
+    strbuf_terminate(&b);
+    ck_assert_uint_eq(strlen(b.data), 3000);
+    /* A request that cannot be met leaves the buffer as it was. */
+    char *data = b.data;
+    ck_assert_int_eq(strbuf_reserve(&b, SIZE_MAX - 8), STRBUF_ENOMEM);
+    ck_assert_ptr_eq(b.data, data);
+    ck_assert_uint_eq(b.len, 3000);
+    strbuf_reset(&b);
+    ck_assert_uint_eq(b.len, 0);
+    ck_assert_str_eq(b.data, "");
+    strbuf_fini(&b);
+    ck_assert_ptr_null(b.data);
+    ck_assert_uint_eq(b.cap, 0);
+}
+END_TEST
+
+struct item {
+    struct item *prev, *next;
+    int v;
+};
+
+START_TEST(test_lib__dlist_push_and_unlink_anywhere)
+{
+    struct item it[3] = { { .v = 0 }, { .v = 1 }, { .v = 2 } }, *head = NULL;
+
+    for (int i = 0; i < 3; i++)
+        DLIST_PUSH(head, &it[i], prev, next);
+    ck_assert_ptr_eq(head, &it[2]); /* 2 1 0 */
+    DLIST_UNLINK(head, &it[1], prev, next);
+    ck_assert_ptr_eq(head, &it[2]);
+    ck_assert_ptr_eq(it[2].next, &it[0]);
+    ck_assert_ptr_eq(it[0].prev, &it[2]);
+    ck_assert_ptr_null(it[1].prev);
+    ck_assert_ptr_null(it[1].next);
+    DLIST_UNLINK(head, &it[2], prev, next);
+    ck_assert_ptr_eq(head, &it[0]);
+    ck_assert_ptr_null(it[0].prev);
+    DLIST_UNLINK(head, &it[0], prev, next);
+    ck_assert_ptr_null(head);
+}
+END_TEST
+
+START_TEST(test_lib__utf8_validates_cuts_and_repairs)
+{
+    const unsigned char ok[] = "\xE2\x82\xAC", overlong[] = "\xC0\xAF",
+                        surrogate[] = "\xED\xA0\x80";
+    struct strbuf b = { 0 };
+
+    ck_assert_uint_eq(utf8_seq_len(ok, ok + 3), 3);
+    ck_assert_uint_eq(utf8_seq_len(ok, ok + 2), 0); /* cut short */
+    ck_assert_uint_eq(utf8_seq_len(overlong, overlong + 2), 0);
+    ck_assert_uint_eq(utf8_seq_len(surrogate, surrogate + 3), 0);
+    ck_assert_uint_eq(utf8_bad_len((const unsigned char *)"\xE2\x82"
+                                                          "A",
+                                   ok + 3),
+                      2);
+    ck_assert_uint_eq(utf8_cut("a\xE2\x82\xAC", 4, 3), 1);
+    ck_assert_int_eq(utf8_repair("a\xFF"
+                                 "b\xE2\x82",
+                                 5, &b),
+                     2);
+    ck_assert_str_eq(b.data,
+                     "a\xEF\xBF\xBD"
+                     "b\xEF\xBF\xBD");
+    strbuf_fini(&b);
+}
+END_TEST
+
+static const char *jsonw_text(struct strbuf *b, double d, bool f32)
+{
+    strbuf_reset(b);
+    ck_assert_int_eq(jsonw_double(b, d, f32), 0);
+    strbuf_terminate(b);
+    return b->data;
+}
+
+/* Every double here needs the snprintf path (more than 6 decimals). */
+static const double samples[] = { 1.0 / 3, -2.5e-7, 1e300, 123456.0000001, 0.1 + 0.2 };
+
+START_TEST(test_lib__jsonw_floats_round_trip_with_a_point)
+{
+    struct strbuf b = { 0 };
+
+    ck_assert_str_eq(jsonw_text(&b, 1.0, false), "1.0");
+    ck_assert_str_eq(jsonw_text(&b, -0.0, false), "-0.0");
+    ck_assert_str_eq(jsonw_text(&b, 0.1, false), "0.1");
+    ck_assert_str_eq(jsonw_text(&b, 0.1f, true), "0.1");
+    ck_assert_str_eq(jsonw_text(&b, 0.1 + 0.2, false), "0.30000000000000004");
+    for (size_t i = 0; i < sizeof(samples) / sizeof(samples[0]); i++)
+        ck_assert(strtod(jsonw_text(&b, samples[i], false), NULL) == samples[i]);
+    ck_assert_int_eq(jsonw_double(&b, 1.0 / 0.0, false), JSONW_ENOTFINITE);
+    strbuf_fini(&b);
+}
+END_TEST
+
+/* libpolygw runs inside applications that may call setlocale(): a comma
+ * decimal point must not reach the JSON. The comma locale is compiled
+ * into a temporary directory with localedef from the locales package
+ * (tests/deps.sh installs it); without it the test says so and checks
+ * nothing more. */
+START_TEST(test_lib__jsonw_floats_ignore_a_comma_locale)
+{
+    char dir[] = "/tmp/polygw-locale-XXXXXX", cmd[256], expect[8][48];
+    struct strbuf b = { 0 };
+    size_t n = sizeof(samples) / sizeof(samples[0]);
+
+    for (size_t i = 0; i < n; i++)
+        snprintf(expect[i], sizeof(expect[i]), "%s", jsonw_text(&b, samples[i], false));
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(cmd, sizeof(cmd), "localedef -i de_DE -f UTF-8 %s/de_DE.UTF-8 >/dev/null 2>&1", dir);
+    if (system(cmd) != 0) {
+        fprintf(stderr,
+                "test_lib__jsonw_floats_ignore_a_comma_locale: no localedef or no "
+                "de_DE source: comma locale not checked\n");
+    } else {
+        setenv("LOCPATH", dir, 1);
+        ck_assert_ptr_nonnull(setlocale(LC_NUMERIC, "de_DE.UTF-8"));
+        ck_assert_str_eq(localeconv()->decimal_point, ",");
+        for (size_t i = 0; i < n; i++)
+            ck_assert_str_eq(jsonw_text(&b, samples[i], false), expect[i]);
+        ck_assert_str_eq(jsonw_text(&b, 2.5f, true), "2.5");
+        ck_assert_str_eq(jsonw_text(&b, (double)(1.0f / 3), true), "0.33333334");
+        setlocale(LC_NUMERIC, "C");
+    }
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+    strbuf_fini(&b);
+}
+END_TEST
+
+START_TEST(test_lib__jsonw_strings_escape_and_refuse_bad_utf8)
+{
+    struct strbuf b = { 0 };
+    size_t at = 0;
+
+    ck_assert_int_eq(jsonw_str(&b, "a\"\\\n\x01\xE2\x82\xAC", 8, &at), 0);
+    strbuf_terminate(&b);
+    ck_assert_str_eq(b.data, "\"a\\\"\\\\\\n\\u0001\xE2\x82\xAC\"");
+    strbuf_reset(&b);
+    ck_assert_int_eq(jsonw_str(&b, "abcdefghij\xC0", 11, &at), JSONW_EBADUTF8);
+    ck_assert_uint_eq(at, 10);
+    strbuf_reset(&b);
+    ck_assert_int_eq(jsonw_i64(&b, INT64_MIN), 0);
+    ck_assert_int_eq(jsonw_u64(&b, UINT64_MAX), 0);
+    strbuf_terminate(&b);
+    ck_assert_str_eq(b.data, "-922337203685477580818446744073709551615");
+    strbuf_fini(&b);
+}
+END_TEST
+
+Suite *lib_suite(void)
+{
+    Suite *s = suite_create("lib");
+    TCase *tc = tcase_create("core");
+    /* Megabyte inputs (and a locale compiled by localedef) under the
+     * sanitizers on a loaded machine take longer than Check's 4 s default. */
+    tcase_set_timeout(tc, 60);
+
+    tcase_add_test(tc, test_lib__strbuf_grows_and_keeps_room_for_a_nul);
+    tcase_add_test(tc, test_lib__dlist_push_and_unlink_anywhere);
+    tcase_add_test(tc, test_lib__utf8_validates_cuts_and_repairs);
+    tcase_add_test(tc, test_lib__jsonw_floats_round_trip_with_a_point);
+    tcase_add_test(tc, test_lib__jsonw_floats_ignore_a_comma_locale);
+    tcase_add_test(tc, test_lib__jsonw_strings_escape_and_refuse_bad_utf8);
+    suite_add_tcase(s, tc);
+    return s;
+}
