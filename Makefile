@@ -8,16 +8,21 @@
 #                   redis, clients, fuzz replay, clang fuzz build); the last
 #                   line is "N passed, N failed"
 #   make bench      benchmarks under tests/bench/ (not part of make test)
-#   make install    PREFIX=/usr/local DESTDIR=
+#   make install    PREFIX=/usr/local DESTDIR= (SBINDIR, LIBDIR: the daemon's and
+#                   the library's directories, default PREFIX/bin and PREFIX/lib)
+#   make deb        Debian packages in build/deb/ (debian/), checked by lintian
 #   make compile_commands.json   $(BUILD)/compile_commands.json (needs bear)
 #
 # Variables: BUILD (output dir), SAN=1 (sanitizers), V=1 (full commands),
 # WERROR=1 (warnings are errors; make test sets it),
+# DEBUG_HOOKS=1 (test-only methods; the default when SAN=1),
 # CFLAGS/LDFLAGS are the user's and are added to, never replaced.
 
 BUILD   ?= build
 SAN     ?= 0
 PREFIX  ?= /usr/local
+SBINDIR ?= $(PREFIX)/bin
+LIBDIR  ?= $(PREFIX)/lib
 DESTDIR ?=
 VERSION := 0.1.0
 
@@ -33,7 +38,7 @@ endif
 
 # libev and libhttp-parser ship no .pc file on Debian 12; every other library
 # comes from pkg-config.
-PKGS      := msgpack yaml-0.1 libcurl jansson hiredis openssl
+PKGS      := msgpack yaml-0.1 libcurl jansson hiredis openssl libsystemd
 PKG_CFLAGS = $(shell $(PKG_CONFIG) --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell $(PKG_CONFIG) --libs $(PKGS) 2>/dev/null) -lev -lhttp_parser -lm
 CHECK_LIBS = $(shell $(PKG_CONFIG) --libs check 2>/dev/null)
@@ -49,6 +54,13 @@ endif
 ALL_CFLAGS := -std=gnu11 -fPIC -D_GNU_SOURCE -DPGW_VERSION='"$(VERSION)"' \
               -I. -Ilib -Iproto -Isrc -Isidecar -Iclient/c $(WARN) $(PKG_CFLAGS) $(CFLAGS)
 ALL_LDFLAGS := $(LDFLAGS)
+
+# Test hooks (the debug.wedge method, docs/OPERATIONS.md): on in the
+# sanitizer build the tests use, never in a release build.
+DEBUG_HOOKS ?= $(SAN)
+ifeq ($(DEBUG_HOOKS),1)
+ALL_CFLAGS += -DPGW_DEBUG_HOOKS
+endif
 
 ifeq ($(SAN),1)
 SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -99,7 +111,7 @@ BENCH_BINS := $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 SHIMS      := $(patsubst tests/shim/%.c,$(BUILD)/shim/%.so,$(SHIM_SRC))
 
 .PHONY: all deps run test unit integration bench install clean check-deps fuzz fuzz-replay fuzz-build \
-        check-docs format format-check fuzz-check-cc compile_commands.json
+        check-docs format format-check fuzz-check-cc compile_commands.json deb
 all: $(DAEMON) $(CTL) $(LIBA) $(LIBSO) $(MOCK) $(BENCH_BINS) $(SHIMS)
 
 $(BUILD)/obj/%.o: %.c
@@ -341,18 +353,33 @@ compile_commands.json:
 	@echo "  wrote $(BUILD)/compile_commands.json"
 
 install: $(DAEMON) $(CTL) $(LIBA) $(LIBSO)
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig \
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(SBINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \
 	    $(DESTDIR)$(PREFIX)/include/polygw $(DESTDIR)$(PREFIX)/share/man/man8 \
 	    $(DESTDIR)$(PREFIX)/share/man/man1
-	install -m 755 $(DAEMON) $(CTL) $(DESTDIR)$(PREFIX)/bin/
-	install -m 644 $(LIBA) $(DESTDIR)$(PREFIX)/lib/
-	install -m 755 $(LIBSO) $(DESTDIR)$(PREFIX)/lib/libpolygw.so.0
-	ln -sf libpolygw.so.0 $(DESTDIR)$(PREFIX)/lib/libpolygw.so
+	install -m 755 $(DAEMON) $(DESTDIR)$(SBINDIR)/
+	install -m 755 $(CTL) $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 $(LIBA) $(DESTDIR)$(LIBDIR)/
+	install -m 644 $(LIBSO) $(DESTDIR)$(LIBDIR)/libpolygw.so.0
+	ln -sf libpolygw.so.0 $(DESTDIR)$(LIBDIR)/libpolygw.so
 	install -m 644 client/c/polygw.h proto/codes.h $(DESTDIR)$(PREFIX)/include/polygw/
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' client/c/polygw.pc.in \
-	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/polygw.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@VERSION@|$(VERSION)|g' \
+	    client/c/polygw.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/polygw.pc
 	install -m 644 docs/polygw.8 $(DESTDIR)$(PREFIX)/share/man/man8/
 	install -m 644 docs/polygwctl.1 $(DESTDIR)$(PREFIX)/share/man/man1/
+
+# Debian packages (debian/): polygw, libpolygw0 and libpolygw-dev, built by
+# dpkg-buildpackage in a copy of the tree under $(BUILD)/deb (its results
+# land next to that copy, not above the checkout), then checked by lintian.
+# Needs the packages of `sh tests/deps.sh deb`.
+DEB_DIR := $(BUILD)/deb
+deb:
+	@sh tests/deps.sh deb
+	rm -rf $(DEB_DIR) && mkdir -p $(DEB_DIR)/polygw-$(VERSION)
+	tar -cf - --exclude=./build --exclude=./.git --exclude=node_modules --exclude=__pycache__ \
+	    --exclude=.pytest_cache . | tar -xf - -C $(DEB_DIR)/polygw-$(VERSION)
+	cd $(DEB_DIR)/polygw-$(VERSION) && dpkg-buildpackage -us -uc -b
+	lintian --fail-on error,warning $(DEB_DIR)/*.changes | tee $(DEB_DIR)/lintian.txt
+	@ls $(DEB_DIR)/*.deb
 
 clean:
 	rm -rf build

@@ -184,6 +184,11 @@ struct backend_redis_counts {
 const struct rds *backend_redis_rds(const struct backend *be);
 const char *backend_redis_breaker_state(const struct backend *be, size_t source);
 void backend_redis_get_counts(const struct backend *be, struct backend_redis_counts *out);
+/* A reload swapped the configuration: the Redis backend borrows `cfg` from
+ * now on. Only for a configuration whose backend section and sources
+ * (names, order, fleet-enforced settings) are those the backend was made
+ * with (reload.h refuses any other); a no-op for another backend. */
+void backend_redis_rebind(struct backend *be, const struct config *cfg);
 
 /* `t` described as a record (the memory backend's view; the tasks layer
  * packs its own copies with it): wall-clock times from the loop's `loop`.

@@ -995,6 +995,12 @@ static const struct backend_redis *as_redis(const struct backend *be)
     return be && be->ops == &redis_ops ? (const struct backend_redis *)be : NULL;
 }
 
+void backend_redis_rebind(struct backend *be, const struct config *cfg)
+{
+    if (be && be->ops == &redis_ops)
+        ((struct backend_redis *)be)->cfg = cfg;
+}
+
 const struct rds *backend_redis_rds(const struct backend *be)
 {
     const struct backend_redis *sh = as_redis(be);

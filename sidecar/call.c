@@ -48,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "access.h"
 #include "backend.h"
 #include "convert.h"
 #include "dialect.h"
@@ -106,6 +107,14 @@ struct call {
     struct call *tprev, *tnext;      /* the task's calls (head in task->ud) */
     enum pgw_code code;              /* how it was answered (PGW_CANCELLED: not answered) */
     char app[CONFIG_NAME_MAX];       /* who is calling (call_req.app) */
+    /* For the access log (access.h). */
+    bool answered;                   /* a response was queued */
+    int last_status;                 /* the last attempt's HTTP status */
+    double ttft_s;                   /* NAN until a chunk is relayed */
+    double used_tokens;              /* total tokens of the answer, NAN: unknown */
+    char task_id[TASK_ID_MAX + 1];   /* "" when the call names none */
+    struct gov_source_note *reconf_notes; /* a reload in progress: the new notes */
+    struct call *all_prev, *all_next; /* srv->calls_all: every call, for a reload */
 };
 
 static void call_step(struct call *k);
@@ -121,6 +130,13 @@ static void call_act(struct call *k, const struct gov_decision *d,
 static void call_unlink(struct call *k)
 {
     struct call_sink *s = k->sink;
+
+    if (k->all_prev)
+        k->all_prev->all_next = k->all_next;
+    else
+        k->srv->calls_all = k->all_next;
+    if (k->all_next)
+        k->all_next->all_prev = k->all_prev;
 
     if (k->prev)
         k->prev->next = k->next;
@@ -180,10 +196,37 @@ static size_t call_source(const struct call *k)
     return (size_t)(k->src - k->srv->cfg->sources);
 }
 
+static void call_log(const struct call *k)
+{
+    const struct server *srv = k->srv;
+    double now = ev_now(srv->loop);
+    const struct access_entry e = {
+        .conn = k->sink->conn_id,
+        .msgid = k->msgid,
+        .capability = k->cap->name,
+        .scope = k->g.scope,
+        .source = k->g.attempts > 0 && k->src ? k->src->name : NULL,
+        .task = k->task_id[0] ? k->task_id : NULL,
+        .peer_pid = k->sink->peer_pid,
+        .peer_uid = k->sink->peer_uid,
+        .answered = k->answered,
+        .code = k->code,
+        .stream = k->stream,
+        .attempts = k->g.attempts,
+        .status = k->last_status,
+        .elapsed_s = now - k->started,
+        .stalled_s = gov_call_stalled_s(&k->g, now),
+        .ttft_s = k->ttft_s,
+        .tokens = k->used_tokens,
+    };
+    access_log_write(srv->cfg, &e);
+}
+
 static void call_end(struct call *k)
 {
     struct server *srv = k->srv;
 
+    call_log(k);
     if (k->task_wait)
         k->task_wait->k = NULL;
     k->task_wait = NULL;
@@ -415,7 +458,8 @@ static msgpack_packer *call_error_begin(struct call_errbuf *e, enum pgw_code cod
 
 static void call_error_done(struct call *k, struct call_errbuf *e, enum pgw_code code)
 {
-    k->code = code; /* what the call ended with, for metrics */
+    k->code = code; /* what the call ended with, for metrics and the access log */
+    k->answered = true;
     k->sink->ops->on_error(k->sink, k->msgid, code, e->sb.data, e->sb.size);
     msgpack_sbuffer_destroy(&e->sb);
 }
@@ -727,6 +771,7 @@ static void call_reply_success(struct call *k, const struct attempt_result *r,
         b.usage_len = us.size;
     }
     k->code = PGW_OK;
+    k->answered = true;
     k->sink->ops->on_result(k->sink, k->msgid, &ci, &b);
     msgpack_sbuffer_destroy(&us);
     strbuf_fini(&scrubbed);
@@ -810,6 +855,8 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
 
     metrics_on_attempt(k->srv->metrics, call_source(k), &res);
     double used = res.outcome.kind == OUTCOME_SUCCESS ? (double)dialect_usage_total(&k->tokens) : -1;
+    k->last_status = res.http_status;
+    k->used_tokens = used >= 0 ? used : NAN;
     if (k->lease) {
         backend_release(k->srv->backend, k->lease, &res.outcome, used);
         k->lease = NULL;
@@ -981,6 +1028,8 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     srv->stats.chunks_relayed++;
     if (k->relayed++ == 0) /* a stream is never retried after its first event */
         metrics_on_call_first_event(srv->metrics, call_cap(k), call_elapsed(k));
+    if (isnan(k->ttft_s))
+        k->ttft_s = call_elapsed(k);
     call_info_fill(k, &ci);
     ci.source = k->src->name;
     ci.event = event_name[0] ? event_name : NULL;
@@ -1330,8 +1379,37 @@ static void call_on_task_checked(void *ud, struct task *t, const struct backend_
     free(tw);
 }
 
+/* A call refused before it reached the governed loop: logged with what is
+ * known of it (the capability and task as the client wrote them, quoted). */
+static void call_log_refused(struct call_sink *s, uint32_t id, const struct call_req *r,
+                             enum pgw_code code)
+{
+    char capname[CONFIG_NAME_MAX + 8], taskname[TASK_ID_MAX + 8];
+    struct access_entry e = {
+        .conn = s->conn_id,
+        .msgid = id,
+        .peer_pid = s->peer_pid,
+        .peer_uid = s->peer_uid,
+        .answered = true,
+        .code = code,
+        .ttft_s = NAN,
+        .tokens = NAN,
+    };
+
+    if (r->capability) {
+        rpc_quote_client_str(r->capability, r->capability_len, sizeof(capname) - 1, capname);
+        e.capability = capname;
+    }
+    if (r->task_id) {
+        rpc_quote_client_str(r->task_id, strlen(r->task_id), sizeof(taskname) - 1, taskname);
+        e.task = taskname;
+    }
+    access_log_write(s->srv->cfg, &e);
+}
+
 /* Refuses call `id` before it started (nothing is held yet). */
-static void call_refuse(struct call_sink *s, uint32_t id, enum pgw_code code, const char *message)
+static void call_refuse(struct call_sink *s, uint32_t id, const struct call_req *r,
+                        enum pgw_code code, const char *message)
 {
     msgpack_sbuffer sb;
     msgpack_packer pk;
@@ -1341,6 +1419,7 @@ static void call_refuse(struct call_sink *s, uint32_t id, enum pgw_code code, co
     rpc_pack_error_map(&pk, code, message, 0);
     s->ops->on_error(s, id, code, sb.data, sb.size);
     msgpack_sbuffer_destroy(&sb);
+    call_log_refused(s, id, r, code);
 }
 
 static int include_usage_member(void *ud, const char *key, const struct jscan_value *v)
@@ -1395,12 +1474,12 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     if (ci >= 0 && app->capabilities && !app->capabilities[ci]) {
         snprintf(why, sizeof(why), "capability '%s' is not allowed for app '%s'",
                  cfg->capabilities[ci].name, app->name);
-        call_refuse(s, id, PGW_UNKNOWN_CAPABILITY, why);
+        call_refuse(s, id, r, PGW_UNKNOWN_CAPABILITY, why);
         return;
     }
     const struct config_source *first = NULL;
     for (size_t i = 0; ci >= 0 && i < cfg->n_sources; i++) {
-        if (cfg->sources[i].capability_index == (size_t)ci) {
+        if (cfg->sources[i].capability_index == (size_t)ci && !cfg->sources[i].retired) {
             first = &cfg->sources[i];
             break;
         }
@@ -1410,7 +1489,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
         rpc_quote_client_str(r->capability, r->capability_len, sizeof(name) - 1, name);
         snprintf(why, sizeof(why), ci < 0 ? "unknown capability '%s'"
                                           : "capability '%s' has no source configured", name);
-        call_refuse(s, id, PGW_UNKNOWN_CAPABILITY, why);
+        call_refuse(s, id, r, PGW_UNKNOWN_CAPABILITY, why);
         return;
     }
 
@@ -1423,7 +1502,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
              * record. */
             tw = calloc(1, sizeof(*tw));
             if (!tw) {
-                call_refuse(s, id, PGW_INTERNAL, "out of memory");
+                call_refuse(s, id, r, PGW_INTERNAL, "out of memory");
                 return;
             }
             snprintf(tw->id, sizeof(tw->id), "%s", r->task_id);
@@ -1437,6 +1516,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
             if (!task) {
                 s->ops->on_error(s, id, code, sb.data, sb.size);
                 metrics_on_call_refused(srv->metrics, (size_t)ci, code);
+                call_log_refused(s, id, r, code);
             }
             msgpack_sbuffer_destroy(&sb);
             if (!task) {
@@ -1447,7 +1527,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
 
     struct call *k = calloc(1, sizeof(*k));
     if (!k) {
-        call_refuse(s, id, PGW_INTERNAL, "out of memory");
+        call_refuse(s, id, r, PGW_INTERNAL, "out of memory");
         free(tw);
         return;
     }
@@ -1458,6 +1538,9 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     snprintf(k->app, sizeof(k->app), "%s", app->name);
     k->cap = &cfg->capabilities[ci];
     k->started = now;
+    k->ttft_s = k->used_tokens = NAN;
+    if (r->task_id)
+        snprintf(k->task_id, sizeof(k->task_id), "%s", r->task_id);
     msgpack_sbuffer_init(&k->usage);
     msgpack_sbuffer_init(&k->body);
     strbuf_init(&k->raw);
@@ -1495,7 +1578,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
                            governor_estimate_tokens(text_len, r->max_tokens), now);
     if (rc < 0) {
         enum pgw_code code = rc == TRANSCODE_EINVALID ? PGW_BAD_REQUEST : PGW_INTERNAL;
-        call_refuse(s, id, code, rc == TRANSCODE_EINVALID ? why : "out of memory");
+        call_refuse(s, id, r, code, rc == TRANSCODE_EINVALID ? why : "out of memory");
         metrics_on_call_refused(srv->metrics, (size_t)ci, code);
         call_free_unstarted(k);
         free(tw);
@@ -1513,6 +1596,10 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
         s->calls->prev = k;
     s->calls = k;
     s->n_calls++;
+    k->all_next = srv->calls_all;
+    if (srv->calls_all)
+        srv->calls_all->all_prev = k;
+    srv->calls_all = k;
     srv->stats.in_flight++;
     if (tw) {
         tw->k = k;
@@ -1593,4 +1680,52 @@ void call_forget_task(struct task *t)
 {
     while (t->ud)
         call_task_unlink(t->ud);
+}
+
+bool call_uses_source(const struct server *srv, size_t i)
+{
+    const struct config_source *src = &srv->cfg->sources[i];
+
+    for (const struct call *k = srv->calls_all; k; k = k->all_next)
+        if (k->src == src)
+            return true;
+    return false;
+}
+
+void call_reconf_abort(struct server *srv)
+{
+    for (struct call *k = srv->calls_all; k; k = k->all_next) {
+        free(k->reconf_notes);
+        k->reconf_notes = NULL;
+    }
+}
+
+int call_reconf_prepare(struct server *srv, const struct gov_reconf *r)
+{
+    for (struct call *k = srv->calls_all; k; k = k->all_next)
+        if (gov_call_reconf_prepare(&k->g, r, &k->reconf_notes) < 0) {
+            call_reconf_abort(srv);
+            return -1;
+        }
+    return 0;
+}
+
+void call_reconf_commit(struct server *srv, const struct gov_reconf *r, const struct config *cfg)
+{
+    const struct config *old = srv->cfg;
+
+    for (struct call *k = srv->calls_all; k; k = k->all_next) {
+        gov_call_reconf_commit(&k->g, r, k->reconf_notes);
+        k->reconf_notes = NULL;
+        k->cap = &cfg->capabilities[k->cap - old->capabilities];
+        size_t i = (size_t)(k->src - old->sources);
+        k->src = i < r->n_old && r->to[i] >= 0 ? &cfg->sources[r->to[i]] : NULL;
+        /* json_model pointed into the old configuration's strings. */
+        k->json_ready = false;
+        k->json_model = NULL;
+        /* A call waiting for a source may now have a new one: let it look
+         * (one in backoff keeps its backoff). */
+        if (k->g.state == GOV_CALL_WAITING && !k->admit && !k->task_wait)
+            call_on_gov_wake(&k->g, srv);
+    }
 }

@@ -93,6 +93,10 @@ struct call_sink {
     struct call *calls;            /* in flight (owned by call.c) */
     uint32_t n_calls;
     uint32_t paused_calls;         /* of which streams paused for back-pressure */
+    /* For the access log (access.h), set by the front end (zero: unknown). */
+    uint64_t conn_id;              /* the connection's id in other log lines */
+    long long peer_pid, peer_uid;  /* the peer as the kernel reports it (SO_PEERCRED);
+                                    * pid <= 0: unknown */
 };
 
 /* A request, as a front end parsed it. The body is either a msgpack map
@@ -150,5 +154,20 @@ void call_forget_task(struct task *t);
 
 /* The sink's write queue drained: resume its paused streams. */
 void call_on_drained(struct call_sink *s);
+
+/* Reload (reload.c): every live call moves to the new configuration at
+ * one point of the loop. call_uses_source: does some call still name
+ * cfg->sources[i] as its last source? call_reconf_prepare allocates each
+ * call's notes in the new source order (-1: out of memory, nothing kept);
+ * call_reconf_abort undoes it; call_reconf_commit (after gov_reconf_commit,
+ * cannot fail) installs them and repoints each call's capability and
+ * source into `cfg` (the new one, not yet srv->cfg) by `r`'s index map.
+ * Capabilities keep their indices across a reload. */
+bool call_uses_source(const struct server *srv, size_t i);
+struct gov_reconf;
+struct config;
+int call_reconf_prepare(struct server *srv, const struct gov_reconf *r);
+void call_reconf_abort(struct server *srv);
+void call_reconf_commit(struct server *srv, const struct gov_reconf *r, const struct config *cfg);
 
 #endif /* POLYGW_CALL_H */

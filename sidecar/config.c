@@ -84,6 +84,7 @@ enum fid {
     FID_BREAKER, FID_BREAKER_FAILURES, FID_BREAKER_COOLDOWN, FID_BREAKER_MAX_COOLDOWN,
     FID_LIMITS, FID_RPM, FID_TPM, FID_DAILY_TOKENS, FID_WINDOW,
     FID_PACER, FID_PACER_MIN_INTERVAL,
+    FID_ACCESS_LOG,
     FID_SRC_KIND, FID_API_VERSION, FID_ANTHROPIC_VERSION, FID_AUTH_HEADER, FID_AUTH_QUERY,
     FID_HEADERS, FID_QUERY, FID_STREAM_USAGE, FID_ACCEPTS,
     FID_HTTP, FID_HTTP_SOCKET, FID_HTTP_LISTEN, FID_HTTP_ALLOW_REMOTE, FID_HTTP_MAX_BODY,
@@ -550,6 +551,7 @@ static const struct field server_table[] = {
     TYPED("log_level", FT_LOGLEVEL, FID_LOG_LEVEL, OFF(struct config, log_level)),
     NUM("shutdown_grace_s", FT_DOUBLE, FID_SHUTDOWN_GRACE,
         OFF(struct config, shutdown_grace_s), 0, 3600, 0),
+    TYPED("access_log", FT_BOOL, FID_ACCESS_LOG, OFF(struct config, access_log)),
     END
 };
 
@@ -785,6 +787,7 @@ static int config_set_defaults(struct config *cfg)
     cfg->idle_timeout_s = 0;                  /* off */
     cfg->log_level = LOG_INFO;
     cfg->shutdown_grace_s = 10;
+    cfg->access_log = true;
     cfg->task_ttl_s = 86400;
     cfg->max_tasks = 65536;
     cfg->backend = BACKEND_MEMORY;
@@ -829,6 +832,7 @@ static void source_fini(struct config_source *s)
     }
     free(s->base_url);
     free(s->model);
+    free(s->api_key_file);
     free(s->api_version);
     free(s->anthropic_version);
     free(s->auth_header);
@@ -2456,6 +2460,8 @@ static int validate(struct loader *l)
         for (size_t i = 0; i < l->n_srcs; i++) {
             l->cfg->sources[i] = l->srcs[i].src;       /* ownership moves */
             memset(&l->srcs[i].src, 0, sizeof(l->srcs[i].src));
+            l->cfg->sources[i].api_key_file = l->srcs[i].key_file;
+            l->srcs[i].key_file = NULL;
         }
         l->cfg->n_sources = l->n_srcs;
     }

@@ -121,6 +121,10 @@ struct config_source {
                                 * stripped, no control characters, at most
                                 * CONFIG_API_KEY_MAX bytes; never print;
                                 * wiped by config_free */
+    char *api_key_file;        /* owned: the absolute path api_key was read from,
+                                * or NULL (watched for rotation, reload.h) */
+    bool retired;              /* never set by the loader: a source a reload
+                                * removed while it was in use (reload.h) */
     char *model;               /* owned, NULL = keep body.model */
     int32_t priority;          /* lower tier is tried first */
     double weight;             /* > 0 */
@@ -213,6 +217,7 @@ struct config {
     /* server: */
     enum log_level log_level;  /* default info */
     double shutdown_grace_s;   /* default 10 */
+    bool access_log;           /* one info line per finished call; default true */
 
     /* tasks: */
     double task_ttl_s;         /* finished (or idle running) tasks are forgotten after this; default 86400 */

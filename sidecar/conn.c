@@ -34,6 +34,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "access.h"
 #include "callrpc.h"
 #include "tasks.h"
 #include "log.h"
@@ -180,6 +181,8 @@ static struct conn *conn_alloc(struct server *srv, int fd)
     callrpc_sink_init(&c->sink, srv, &c->budget);
     snprintf(c->peer_app, sizeof(c->peer_app), "%s", CONFIG_DEFAULT_APP); /* until identified */
     memcpy(c->app, c->peer_app, sizeof(c->app));
+    c->sink.conn_id = c->id;
+    access_peer(fd, &c->sink.peer_pid, &c->sink.peer_uid);
     return c;
 }
 

@@ -27,17 +27,10 @@ void governor_seed(uint64_t *rand_state)
         *rand_state = 0x9e3779b97f4a7c15ULL;
 }
 
-int governor_init(struct gov *g, const struct config *cfg, const struct gov_backend *backend,
-                  const struct gov_hooks *hooks, uint64_t *rand_state, double now, char *err,
-                  size_t errlen)
+void governor_source_params(const struct config *cfg, struct gov_source_params *p)
 {
     bool shared = cfg->backend == BACKEND_REDIS;
-    struct gov_source_params *p = calloc(cfg->n_sources ? cfg->n_sources : 1, sizeof(*p));
 
-    if (!p) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
     for (size_t i = 0; i < cfg->n_sources; i++) {
         const struct config_source *s = &cfg->sources[i];
         p[i] = (struct gov_source_params){
@@ -58,6 +51,7 @@ int governor_init(struct gov *g, const struct config *cfg, const struct gov_back
             .daily_tokens = s->limits.daily_tokens,
             .window_s = s->limits.window_s,
             .pacer_min_interval_s = s->pacer_min_interval_ms / 1000.0,
+            .retired = s->retired,
         };
         if (shared) {
             /* The buckets and the breaker are the fleet's, enforced by the
@@ -67,6 +61,19 @@ int governor_init(struct gov *g, const struct config *cfg, const struct gov_back
             p[i].breaker_failures = UINT32_MAX;
         }
     }
+}
+
+int governor_init(struct gov *g, const struct config *cfg, const struct gov_backend *backend,
+                  const struct gov_hooks *hooks, uint64_t *rand_state, double now, char *err,
+                  size_t errlen)
+{
+    struct gov_source_params *p = calloc(cfg->n_sources ? cfg->n_sources : 1, sizeof(*p));
+
+    if (!p) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    governor_source_params(cfg, p);
     int rc = gov_init(g, p, cfg->n_sources, cfg->n_capabilities, backend, governor_rand,
                       rand_state, hooks, now);
     free(p);

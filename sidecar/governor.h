@@ -26,6 +26,10 @@ int governor_init(struct gov *g, const struct config *cfg, const struct gov_back
  * registry's hash seed is drawn from it too) from the clock and the pid. */
 void governor_seed(uint64_t *rand_state);
 
+/* The core's parameters of every source of `cfg`, in order, into
+ * p[0..cfg->n_sources) (names borrowed from cfg). */
+void governor_source_params(const struct config *cfg, struct gov_source_params *p);
+
 /* The budgets of a call on capability `cap`. */
 void governor_policy(const struct config *cfg, size_t cap, struct gov_policy *pol);
 

@@ -17,6 +17,7 @@
 #include "config.h"
 #include "frame.h"
 #include "rpc.h"
+#include "sdnotify.h"
 #include "strbuf.h"
 #include "upstream.h"
 
@@ -27,6 +28,7 @@ struct task_reg;
 struct backend;
 struct tasks_req;
 struct tasks_resync;
+struct keywatch;
 struct http_server;
 
 typedef void conn_bridge_fn(void *ud, const char *data, size_t len);
@@ -49,6 +51,7 @@ struct server_stats {
     uint64_t read_pauses;         /* times a connection stopped being read (write queue full) */
     uint64_t bytes_in, bytes_out;
     uint64_t rejected[PGW_CODE_COUNT]; /* error responses/notifications sent, by code */
+    uint64_t reloads_ok, reloads_failed; /* configuration reloads (reload.h) */
 };
 
 /* Lifecycle:  RUNNING --SIGTERM/SIGINT--> DRAINING --in-flight done or grace
@@ -57,7 +60,8 @@ enum server_state { SERVER_RUNNING, SERVER_DRAINING, SERVER_STOPPING };
 
 struct server {
     struct ev_loop *loop;
-    struct config *cfg;           /* borrowed from main */
+    struct config *cfg;           /* main's at start; a reload replaces it (main
+                                   * frees srv->cfg at exit) */
     enum server_state state;
     int listen_fd;                /* -1 once closed */
     bool owns_socket_file;        /* false under socket activation */
@@ -88,6 +92,18 @@ struct server {
     size_t task_retry_n;
     struct metrics *metrics;      /* counters and histograms (metrics.h) */
     struct redact *redact;        /* the sources' keys, scrubbed from relayed replies */
+    struct sdnotify notify;       /* readiness and watchdog for the service manager */
+    /* Reload (reload.h). cfg is owned by the server once a reload swapped it. */
+    const char *config_path;      /* borrowed from main: the file reloads read */
+    const char *socket_override;  /* borrowed: --socket, applied to every reload; NULL */
+    const char *http_socket_override, *http_listen_override; /* --http-socket, --http-listen */
+    bool log_level_override;      /* --log-level given: reloads keep the level */
+    char reload_error[CONFIG_ERR_MAX]; /* the last failed reload's reason, or "" */
+    char **old_keys;              /* owned: keys of earlier configurations, still redacted */
+    size_t n_old_keys;
+    ev_signal sighup_w;
+    struct keywatch *keywatch;    /* key-file watch, NULL when no key comes from a file */
+    struct call *calls_all;       /* every call in flight, whatever its front end (call.c) */
 };
 
 /* server.c */
@@ -108,6 +124,9 @@ void server_fini(struct server *srv);
 void server_begin_shutdown(struct server *srv, const char *why);
 /* A connection finished closing (fd closed): unlink it and queue its free. */
 void server_on_conn_closed(struct server *srv, struct conn *c);
+/* READY=1 when the socket accepts and, with Redis, Redis is connected (once;
+ * again after a reload). */
+void server_notify_ready(struct server *srv);
 /* A front end closed a connection: a stopping server ends the loop once
  * none is left. */
 void server_on_front_closed(struct server *srv);

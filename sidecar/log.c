@@ -93,6 +93,20 @@ void log_event(enum log_level lvl, const char *msg, ...)
         case LOG_S: put_json_str(&l, va_arg(ap, const char *)); break;
         case LOG_I: putf(&l, "%lld", va_arg(ap, long long)); break;
         case LOG_U: putf(&l, "%llu", va_arg(ap, unsigned long long)); break;
+        case LOG_B:
+            if (va_arg(ap, int))
+                put(&l, "true", 4);
+            else
+                put(&l, "false", 5);
+            break;
+        case LOG_N: {
+            long long v = va_arg(ap, long long);
+            if (v >= 0)
+                putf(&l, "%lld", v);
+            else
+                put(&l, "null", 4);
+            break;
+        }
         case LOG_F: {
             double d = va_arg(ap, double);
             if (isfinite(d))

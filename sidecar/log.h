@@ -9,17 +9,20 @@
  *   log_at(LOG_INFO, "listening", "socket", LOG_S, path, "mode", LOG_U, 0660ULL, NULL);
  *
  * Types: LOG_S const char * (JSON-escaped; NULL prints null), LOG_I long long,
- * LOG_U unsigned long long, LOG_F double. Never pass a secret.
+ * LOG_U unsigned long long, LOG_F double (NAN and infinities print null),
+ * LOG_B int (true/false), LOG_N long long that prints null when negative.
+ * Never pass a secret.
  *
- * The threshold is process-wide (set once at start-up, changed on reload);
- * the governance core never logs: it reports through hooks.
+ * The threshold is process-wide: set at start-up, changed at run time by the
+ * `log.level` method and on reload. The governance core never logs: it
+ * reports through hooks.
  */
 #ifndef POLYGW_LOG_H
 #define POLYGW_LOG_H
 
 enum log_level { LOG_DEBUG = 0, LOG_INFO, LOG_WARN, LOG_ERROR };
 
-enum { LOG_S = 1, LOG_I, LOG_U, LOG_F };
+enum { LOG_S = 1, LOG_I, LOG_U, LOG_F, LOG_B, LOG_N };
 
 extern enum log_level log_threshold;
 

@@ -44,7 +44,8 @@ static void usage(FILE *out)
             "\n"
             "Signals: SIGTERM/SIGINT stop accepting, let in-flight requests finish within\n"
             "server.shutdown_grace_s, answer the rest `shutting_down`, remove the socket\n"
-            "file and exit 0. Logs are JSON lines on stderr.\n"
+            "file and exit 0. SIGHUP reloads the configuration file (nothing changes if\n"
+            "it is invalid; see polygw(8)). Logs are JSON lines on stderr.\n"
             "\n"
             "Exit status: 0 clean exit or valid config; 1 bad config or start-up failure;\n"
             "2 usage error.\n");
@@ -206,11 +207,16 @@ int main(int argc, char **argv)
     log_at(LOG_INFO, "starting", "version", LOG_S, PGW_VERSION, "config", LOG_S, config_path,
            "backend", LOG_S, cfg->backend == BACKEND_REDIS ? "redis" : "memory", "sources", LOG_U,
            (unsigned long long)cfg->n_sources, NULL);
+    srv.config_path = config_path;
+    srv.socket_override = socket_path;
+    srv.http_socket_override = http_socket;
+    srv.http_listen_override = http_listen;
+    srv.log_level_override = log_level >= 0;
     server_start(&srv);
     ev_run(loop, 0);
     server_fini(&srv);
     log_at(LOG_INFO, "exited cleanly", NULL);
-    config_free(cfg);
+    config_free(srv.cfg); /* a reload may have replaced `cfg` */
     ev_loop_destroy(loop);
     return 0;
 }

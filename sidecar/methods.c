@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "callrpc.h"
 #include "http.h"
@@ -15,6 +16,7 @@
 #include "metrics.h"
 #include "progress.h"
 #include "backend.h"
+#include "reload.h"
 #include "tasks.h"
 #include "upstream.h"
 
@@ -59,9 +61,14 @@ static void pack_governance(msgpack_packer *pk, struct server *srv)
         uint32_t limit = aimd_permits(&s->aimd);
         if (limit > s->p.max_concurrency)
             limit = s->p.max_concurrency;
-        msgpack_pack_map(pk, 16);
+        msgpack_pack_map(pk, 16 + (s->p.retired ? 1 : 0));
         rpc_pack_str(pk, "name");
         rpc_pack_str(pk, s->p.name);
+        if (s->p.retired) /* removed by a reload, still in use */
+        {
+            rpc_pack_str(pk, "retired");
+            msgpack_pack_true(pk);
+        }
         rpc_pack_str(pk, "capability");
         rpc_pack_str(pk, srv->cfg->capabilities[s->p.capability].name);
         rpc_pack_kv_u64(pk, "in_flight", s->in_flight);
@@ -200,7 +207,7 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
         return;
     const struct http_stats *hst = http_get_stats(c->srv->http);
     rpc_pack_result_begin(pk, m->msgid);
-    msgpack_pack_map(pk, 13 + c->srv->backend->ops->stats_keys + (hst ? 1 : 0)); /* caller, apps */
+    msgpack_pack_map(pk, 14 + c->srv->backend->ops->stats_keys + (hst ? 1 : 0)); /* caller, apps, reload */
 
     rpc_pack_str(pk, "version");
     rpc_pack_str(pk, PGW_VERSION);
@@ -257,6 +264,12 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
         rpc_pack_kv_u64(pk, key, us->timeouts[i]);
     }
 
+    rpc_pack_str(pk, "reload");
+    msgpack_pack_map(pk, 3);
+    rpc_pack_kv_u64(pk, "succeeded", st->reloads_ok);
+    rpc_pack_kv_u64(pk, "failed", st->reloads_failed);
+    rpc_pack_kv_str(pk, "last_error", c->srv->reload_error);
+
     if (hst) {
         /* The HTTP front end, when it is configured. */
         rpc_pack_str(pk, "http");
@@ -279,6 +292,128 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
     conn_response_done(c, PGW_OK);
 }
 
+/* `log.level {level?}`: the process-wide log threshold, changed at run time
+ * when `level` is given (debug, info, warn, error). Answers {level,
+ * previous}. The change itself is always logged, whatever the levels. */
+static void method_log_level(struct conn *c, const struct rpc_msg *m)
+{
+    static const struct rpc_param spec[] = {{"level", RPC_T_STR | RPC_T_NIL, false}};
+    const msgpack_object *p[1];
+    enum log_level prev = log_threshold;
+    char name[16];
+
+    if (bind_or_reply(c, m, spec, 1, p) < 0)
+        return;
+    if (p[0]) {
+        int lv = rpc_str_copy(p[0], name, sizeof(name)) < 0 ? -1 : config_parse_log_level(name);
+        if (lv < 0) {
+            conn_reply_error(c, m->msgid, PGW_BAD_REQUEST,
+                             "params.level: expected debug, info, warn or error");
+            return;
+        }
+        log_threshold = (enum log_level)lv;
+        log_event(LOG_INFO, "log level changed", "from", LOG_S, log_level_name(prev), "to",
+                  LOG_S, log_level_name(log_threshold), "conn", LOG_U,
+                  (unsigned long long)c->id, NULL);
+    }
+    rpc_pack_result_begin(&c->pk, m->msgid);
+    msgpack_pack_map(&c->pk, 2);
+    rpc_pack_kv_str(&c->pk, "level", log_level_name(log_threshold));
+    rpc_pack_kv_str(&c->pk, "previous", log_level_name(prev));
+    conn_response_done(c, PGW_OK);
+}
+
+/* The errors of an invalid file, for config.reload's answer. */
+#define METHODS_RELOAD_ERRORS_MAX 32
+struct reload_errors {
+    char *msg[METHODS_RELOAD_ERRORS_MAX];
+    size_t n, dropped;
+};
+
+static void collect_reload_error(void *arg, const char *msg)
+{
+    struct reload_errors *e = arg;
+
+    if (e->n < METHODS_RELOAD_ERRORS_MAX && (e->msg[e->n] = strdup(msg)))
+        e->n++;
+    else
+        e->dropped++;
+}
+
+/* `config.reload`: reloads the configuration file (reload.h). Answers the
+ * summary, or bad_request with every error of the file in `errors`. */
+static void method_config_reload(struct conn *c, const struct rpc_msg *m)
+{
+    struct reload_errors e = {.n = 0};
+    struct reload_summary sum;
+    char err[CONFIG_ERR_MAX];
+
+    if (bind_or_reply(c, m, NULL, 0, NULL) < 0)
+        return;
+    if (reload_run(c->srv, "config.reload", collect_reload_error, &e, &sum, err,
+                   sizeof(err)) == 0) {
+        rpc_pack_result_begin(&c->pk, m->msgid);
+        msgpack_pack_map(&c->pk, 5);
+        rpc_pack_kv_u64(&c->pk, "sources", sum.sources);
+        rpc_pack_kv_u64(&c->pk, "added", sum.added);
+        rpc_pack_kv_u64(&c->pk, "removed", sum.removed);
+        rpc_pack_kv_u64(&c->pk, "retired_in_use", sum.retired);
+        rpc_pack_kv_u64(&c->pk, "reloads", c->srv->stats.reloads_ok);
+        conn_response_done(c, PGW_OK);
+        return;
+    }
+    enum pgw_code code = c->srv->state != SERVER_RUNNING ? PGW_SHUTTING_DOWN
+                         : strcmp(err, "out of memory") == 0 ? PGW_INTERNAL
+                                                              : PGW_BAD_REQUEST;
+    rpc_pack_error_begin(&c->pk, m->msgid, code, err, 1);
+    rpc_pack_str(&c->pk, "errors");
+    msgpack_pack_array(&c->pk, e.n);
+    for (size_t i = 0; i < e.n; i++) {
+        rpc_pack_str(&c->pk, e.msg[i]);
+        free(e.msg[i]);
+    }
+    rpc_pack_error_end(&c->pk);
+    conn_response_done(c, code);
+}
+
+#ifdef PGW_DEBUG_HOOKS
+/* Test hook, compiled only into debug builds (make DEBUG_HOOKS=1, the
+ * default with SAN=1): blocks the event loop for `seconds` (at most 30) as
+ * a wedged callback would, so a test can check that the watchdog keep-alive
+ * stops. Answers once the loop runs again. Never in a release build. */
+#define METHODS_WEDGE_MAX_S 30.0
+static void method_debug_wedge(struct conn *c, const struct rpc_msg *m)
+{
+    static const struct rpc_param spec[] = {{"seconds", RPC_T_NUMBER, true}};
+    const msgpack_object *p[1];
+    double s = 0;
+
+    if (bind_or_reply(c, m, spec, 1, p) < 0)
+        return;
+    if (!rpc_as_double(p[0], &s) || !(s >= 0 && s <= METHODS_WEDGE_MAX_S)) {
+        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, "params.seconds: must be in [0, 30]");
+        return;
+    }
+    log_at(LOG_WARN, "debug.wedge: blocking the event loop", "seconds", LOG_F, s, NULL);
+    struct timespec end, now;
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    end.tv_sec += (time_t)s;
+    end.tv_nsec += (long)((s - (double)(time_t)s) * 1e9);
+    if (end.tv_nsec >= 1000000000L) {
+        end.tv_sec++;
+        end.tv_nsec -= 1000000000L;
+    }
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &end, NULL) != 0) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec > end.tv_sec || (now.tv_sec == end.tv_sec && now.tv_nsec >= end.tv_nsec))
+            break;
+    }
+    ev_now_update(c->srv->loop);
+    rpc_pack_result_begin(&c->pk, m->msgid);
+    msgpack_pack_true(&c->pk);
+    conn_response_done(c, PGW_OK);
+}
+#endif
 /* `metrics`: the Prometheus text exposition, as the HTTP front serves it. */
 static void method_metrics(struct conn *c, const struct rpc_msg *m)
 {
@@ -303,6 +438,9 @@ static const struct {
     const char *name;
     method_fn *fn;
 } method_table[] = {
+#ifdef PGW_DEBUG_HOOKS
+    {"debug.wedge", method_debug_wedge},
+#endif
     {"ping", method_ping},
     {"hello", method_hello},
     {"call", callrpc_start},
@@ -315,6 +453,8 @@ static const struct {
     {"task.get", tasks_get},
     {"task.list", tasks_list},
     {"stats", method_stats},
+    {"log.level", method_log_level},
+    {"config.reload", method_config_reload},
     {"metrics", method_metrics},
 };
 

@@ -35,6 +35,19 @@ struct metrics {
     size_t last_len;               /* of the last rendering: the next one's first size */
 };
 
+static void source_init(struct metrics_source *s)
+{
+    prom_hist_init(&s->duration, &prom_buckets_latency_s);
+    prom_hist_init(&s->ttft, &prom_buckets_latency_s);
+}
+
+static void capability_init(struct metrics_capability *c)
+{
+    prom_hist_init(&c->duration, &prom_buckets_latency_s);
+    prom_hist_init(&c->ttft, &prom_buckets_latency_s);
+    prom_hist_init(&c->stalled, &prom_buckets_latency_s);
+}
+
 struct metrics *metrics_new(const struct config *cfg)
 {
     struct metrics *m = calloc(1, sizeof(*m));
@@ -48,16 +61,54 @@ struct metrics *metrics_new(const struct config *cfg)
         metrics_free(m);
         return NULL;
     }
-    for (size_t i = 0; i < cfg->n_sources; i++) {
-        prom_hist_init(&m->src[i].duration, &prom_buckets_latency_s);
-        prom_hist_init(&m->src[i].ttft, &prom_buckets_latency_s);
+    for (size_t i = 0; i < cfg->n_sources; i++)
+        source_init(&m->src[i]);
+    for (size_t i = 0; i < cfg->n_capabilities; i++)
+        capability_init(&m->cap[i]);
+    return m;
+}
+
+int metrics_reconf_prepare(const struct metrics *m, const struct config *cfg, const long *from,
+                           struct metrics_reconf *r)
+{
+    r->src = calloc(cfg->n_sources ? cfg->n_sources : 1, sizeof(*r->src));
+    r->cap = calloc(cfg->n_capabilities ? cfg->n_capabilities : 1, sizeof(*r->cap));
+    if (!r->src || !r->cap) {
+        metrics_reconf_abort(r);
+        return -1;
+    }
+    for (size_t j = 0; j < cfg->n_sources; j++) {
+        if (from[j] >= 0 && (size_t)from[j] < m->cfg->n_sources)
+            r->src[j] = m->src[from[j]];
+        else
+            source_init(&r->src[j]);
     }
     for (size_t i = 0; i < cfg->n_capabilities; i++) {
-        prom_hist_init(&m->cap[i].duration, &prom_buckets_latency_s);
-        prom_hist_init(&m->cap[i].ttft, &prom_buckets_latency_s);
-        prom_hist_init(&m->cap[i].stalled, &prom_buckets_latency_s);
+        if (i < m->cfg->n_capabilities)
+            r->cap[i] = m->cap[i];
+        else
+            capability_init(&r->cap[i]);
     }
-    return m;
+    return 0;
+}
+
+void metrics_reconf_commit(struct metrics *m, const struct config *cfg, struct metrics_reconf *r)
+{
+    free(m->src);
+    free(m->cap);
+    m->src = r->src;
+    m->cap = r->cap;
+    m->cfg = cfg;
+    r->src = NULL;
+    r->cap = NULL;
+}
+
+void metrics_reconf_abort(struct metrics_reconf *r)
+{
+    free(r->src);
+    free(r->cap);
+    r->src = NULL;
+    r->cap = NULL;
 }
 
 void metrics_free(struct metrics *m)
@@ -189,6 +240,12 @@ static void render_server(struct prom_text *t, struct server *srv)
                    "Bytes read from client connections.", st->bytes_in);
     render_one_u64(t, "polygw_sent_bytes_total", "counter", "Bytes written to client connections.",
                    st->bytes_out);
+    static const char *const reload_results[] = {"succeeded", "failed"};
+    const uint64_t reloads[] = {st->reloads_ok, st->reloads_failed};
+    render_by(t, "polygw_config_reloads_total", "counter",
+              "Configuration reloads (SIGHUP, config.reload, a changed key file) by result; a "
+              "failed one changed nothing.",
+              "result", reload_results, reloads, 2);
 }
 
 /* ---- one series (or histogram) per source, labelled source and capability */

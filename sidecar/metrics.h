@@ -35,6 +35,22 @@ struct metrics;
 struct metrics *metrics_new(const struct config *cfg);
 void metrics_free(struct metrics *m);
 
+/* A reload (reload.h) in two phases: prepare allocates the series in the
+ * new source order (new source j continues old source from[j], or starts
+ * at zero when from[j] < 0; capabilities keep their indices, new ones start
+ * at zero), commit installs them and borrows `cfg` (the new configuration)
+ * from then on; it cannot fail. abort frees what prepare made. */
+struct metrics_source;
+struct metrics_capability;
+struct metrics_reconf {
+    struct metrics_source *src;
+    struct metrics_capability *cap;
+};
+int metrics_reconf_prepare(const struct metrics *m, const struct config *cfg, const long *from,
+                           struct metrics_reconf *r);
+void metrics_reconf_commit(struct metrics *m, const struct config *cfg, struct metrics_reconf *r);
+void metrics_reconf_abort(struct metrics_reconf *r);
+
 /* An attempt on source `source` ended with `r` (its outcome, duration and
  * time to first byte or event). */
 void metrics_on_attempt(struct metrics *m, size_t source, const struct attempt_result *r);

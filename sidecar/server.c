@@ -26,6 +26,8 @@
  *      +--> STOPPING: (all answered, or grace over: the rest are answered
  *                     `shutting_down`) flush replies for at most 2 s,
  *                     close connections, ev_break.
+ *
+ * SIGHUP reloads the configuration while RUNNING (reload.h).
  */
 #include "internal.h"
 
@@ -38,6 +40,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -49,6 +52,9 @@
 #include "log.h"
 #include "metrics.h"
 #include "redact.h"
+#include "keywatch.h"
+#include "redis.h"
+#include "reload.h"
 #include "upstream.h"
 
 #define SERVER_ACCEPT_PAUSE_S 0.1
@@ -134,43 +140,25 @@ static int claim_path(const char *path, struct sockaddr_un *sa, char *err, size_
     return 0;
 }
 
-/* Adopts a socket passed by systemd, if any. Returns the fd or -1. */
-/* Adopts the socket passed by systemd, if any (sd_listen_fds(3) protocol:
- * LISTEN_PID is ours and LISTEN_FDS >= 1; the first fd is 3). Returns the
- * fd, -1 when nothing was passed, or -2 (with err) when fd 3 is not a
- * listening Unix stream socket: a broken unit must fail loudly, not spin
- * on accept() or trip the event loop. Extra fds are closed-on-exec. */
+/* Adopts the socket passed by systemd, if any (sd_listen_fds(3): LISTEN_PID
+ * is ours and LISTEN_FDS >= 1; the first fd is 3; the variables are unset
+ * and every passed fd is made close-on-exec). Returns the fd, -1 when
+ * nothing was passed, or -2 (with err) when fd 3 is not a listening Unix
+ * stream socket: a broken unit must fail loudly, not spin on accept() or
+ * trip the event loop. */
 static int inherited_socket(char *err, size_t errlen)
 {
-    const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS");
-    long n;
+    int n = sd_listen_fds(1);
 
-    if (!pid || !fds || strtol(pid, NULL, 10) != (long)getpid() ||
-        (n = strtol(fds, NULL, 10)) < 1)
+    if (n < 1)
         return -1;
-    unsetenv("LISTEN_PID");
-    unsetenv("LISTEN_FDS");
-    unsetenv("LISTEN_FDNAMES");
-    for (long i = 1; i < n && i < 1024; i++)
-        fcntl(3 + (int)i, F_SETFD, FD_CLOEXEC);
-
-    int fd = 3; /* SD_LISTEN_FDS_START */
-    struct stat st;
-    struct sockaddr_un sa;
-    socklen_t salen = sizeof(sa);
-    int type = 0, listening = 0;
-    socklen_t len = sizeof(int);
-    if (fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode) ||
-        getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) < 0 || type != SOCK_STREAM ||
-        (len = sizeof(int), getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len)) < 0 ||
-        !listening || getsockname(fd, (struct sockaddr *)&sa, &salen) < 0 ||
-        sa.sun_family != AF_UNIX) {
+    int fd = SD_LISTEN_FDS_START;
+    if (sd_is_socket_unix(fd, SOCK_STREAM, 1, NULL, 0) <= 0) {
         snprintf(err, errlen,
                  "LISTEN_FDS is set but fd 3 is not a listening Unix stream socket; "
                  "check the .socket unit (ListenStream= a path)");
         return -2;
     }
-    fcntl(fd, F_SETFD, FD_CLOEXEC);
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
     return fd;
 }
@@ -445,6 +433,7 @@ void server_begin_shutdown(struct server *srv, const char *why)
 {
     if (srv->state != SERVER_RUNNING)
         return;
+    sdnotify_stopping(&srv->notify, why);
     server_set_state(srv, SERVER_DRAINING, why);
     server_stop_listening(srv);
     http_stop_listening(srv->http);
@@ -465,6 +454,14 @@ static void server_on_signal(struct ev_loop *loop, ev_signal *w, int revents)
         server_begin_shutdown(srv, w->signum == SIGINT ? "SIGINT" : "SIGTERM");
     else
         server_stop(srv, "second signal");
+}
+
+static void server_on_sighup(struct ev_loop *loop, ev_signal *w, int revents)
+{
+    char err[CONFIG_ERR_MAX];
+    (void)loop;
+    (void)revents;
+    reload_run(w->data, "SIGHUP", NULL, NULL, NULL, err, sizeof(err)); /* it logs the outcome */
 }
 
 static void server_on_grace(struct ev_loop *loop, ev_timer *w, int revents)
@@ -501,6 +498,7 @@ static void server_on_resync(void *ud)
 static void server_on_backend_up(void *ud)
 {
     tasks_on_backend_up(ud);
+    server_notify_ready(ud); /* READY=1 waits for Redis */
 }
 
 static void server_on_progress_known(void *ud, const char *scope)
@@ -578,6 +576,7 @@ int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cf
     srv->cfg = cfg;
     srv->listen_fd = -1;
     srv->spare_fd = -1;
+    sdnotify_init(&srv->notify, loop);
     governor_seed(&srv->rand_state); /* before tasks_init draws its hash seed */
     const struct gov_hooks hooks = {
         .on_wake = call_on_gov_wake,
@@ -617,9 +616,11 @@ int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cf
      * kill that leaves the socket file behind. */
     ev_signal_init(&srv->sigterm_w, server_on_signal, SIGTERM);
     ev_signal_init(&srv->sigint_w, server_on_signal, SIGINT);
-    srv->sigterm_w.data = srv->sigint_w.data = srv;
+    ev_signal_init(&srv->sighup_w, server_on_sighup, SIGHUP); /* a reload, never a kill */
+    srv->sigterm_w.data = srv->sigint_w.data = srv->sighup_w.data = srv;
     ev_signal_start(loop, &srv->sigterm_w);
     ev_signal_start(loop, &srv->sigint_w);
+    ev_signal_start(loop, &srv->sighup_w);
     if (server_listen(srv, err, errlen) < 0)
         goto fail;
     srv->http = http_new(srv, err, errlen);
@@ -641,8 +642,27 @@ int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cf
 fail:
     ev_signal_stop(loop, &srv->sigterm_w); /* a no-op when never started */
     ev_signal_stop(loop, &srv->sigint_w);
+    ev_signal_stop(loop, &srv->sighup_w);
     server_fini_parts(srv);
     return -1;
+}
+
+/* READY=1 once the socket accepts and, with the Redis backend, Redis is
+ * connected: a unit ordered After= this one may start using it at once. */
+void server_notify_ready(struct server *srv)
+{
+    char status[160];
+
+    if (srv->state != SERVER_RUNNING || srv->listen_fd < 0 || !ev_is_active(&srv->accept_w))
+        return;
+    if (srv->cfg->backend == BACKEND_REDIS) {
+        const struct rds *r = backend_redis_rds(srv->backend);
+        if (!r || !rds_up(r))
+            return;
+    }
+    snprintf(status, sizeof(status), "serving %zu sources (%s backend)", srv->cfg->n_sources,
+             srv->backend->ops->name);
+    sdnotify_ready(&srv->notify, status);
 }
 
 void server_start(struct server *srv)
@@ -655,6 +675,10 @@ void server_start(struct server *srv)
            srv->owns_socket_file ? mode : "systemd", "max_message_bytes", LOG_U,
            (unsigned long long)srv->cfg->max_message_bytes, "pid", LOG_I, (long long)getpid(),
            NULL);
+    sdnotify_start(&srv->notify);
+    srv->keywatch = keywatch_new(srv);
+    /* The Redis link connects from the loop: its on_up hook says when. */
+    server_notify_ready(srv);
 }
 
 void server_fini(struct server *srv)
@@ -674,8 +698,13 @@ void server_fini(struct server *srv)
     ev_timer_stop(srv->loop, &srv->grace_w);
     ev_timer_stop(srv->loop, &srv->stop_w);
     ev_prepare_stop(srv->loop, &srv->reap_w);
+    sdnotify_stop(&srv->notify);
     ev_signal_stop(srv->loop, &srv->sigterm_w);
     ev_signal_stop(srv->loop, &srv->sigint_w);
+    ev_signal_stop(srv->loop, &srv->sighup_w);
+    keywatch_free(srv->keywatch);
+    srv->keywatch = NULL;
+    reload_fini(srv);
     if (srv->spare_fd >= 0)
         close(srv->spare_fd);
     server_fini_parts(srv);

@@ -59,6 +59,21 @@ static double gov_rand(struct gov *g)
 
 /* --- set-up ---------------------------------------------------------- */
 
+static void source_init(struct gov_source *s, const struct gov_source_params *p, double now)
+{
+    memset(s, 0, sizeof(*s));
+    s->p = *p;
+    aimd_init(&s->aimd, s->p.aimd_initial, s->p.aimd_min, (double)s->p.max_concurrency,
+              s->p.aimd_increase, s->p.aimd_decrease);
+    breaker_init(&s->breaker, s->p.breaker_failures, s->p.breaker_cooldown_s,
+                 s->p.breaker_max_cooldown_s);
+    double window = s->p.window_s > 0 ? s->p.window_s : 60.0;
+    bucket_init(&s->rpm, (double)s->p.rpm, window, now);
+    bucket_init(&s->tpm, (double)s->p.tpm, window, now);
+    bucket_init(&s->daily, (double)s->p.daily_tokens, 86400.0, now);
+    s->last_start = -INFINITY;
+}
+
 int gov_init(struct gov *g, const struct gov_source_params *srcs, size_t n, size_t n_caps,
              const struct gov_backend *backend, gov_rand_fn *rand, void *rand_ud,
              const struct gov_hooks *hooks, double now)
@@ -84,19 +99,8 @@ int gov_init(struct gov *g, const struct gov_source_params *srcs, size_t n, size
     g->rand_ud = rand_ud;
     if (hooks)
         g->hooks = *hooks;
-    for (size_t i = 0; i < n; i++) {
-        struct gov_source *s = &g->sources[i];
-        s->p = srcs[i];
-        aimd_init(&s->aimd, s->p.aimd_initial, s->p.aimd_min, (double)s->p.max_concurrency,
-                  s->p.aimd_increase, s->p.aimd_decrease);
-        breaker_init(&s->breaker, s->p.breaker_failures, s->p.breaker_cooldown_s,
-                     s->p.breaker_max_cooldown_s);
-        double window = s->p.window_s > 0 ? s->p.window_s : 60.0;
-        bucket_init(&s->rpm, (double)s->p.rpm, window, now);
-        bucket_init(&s->tpm, (double)s->p.tpm, window, now);
-        bucket_init(&s->daily, (double)s->p.daily_tokens, 86400.0, now);
-        s->last_start = -INFINITY;
-    }
+    for (size_t i = 0; i < n; i++)
+        source_init(&g->sources[i], &srcs[i], now);
     return 0;
 fail:
     free(g->sources);
@@ -219,6 +223,141 @@ void gov_fini(struct gov *g)
     memset(g, 0, sizeof(*g));
 }
 
+/* --- reconfiguration -------------------------------------------------- */
+
+/* A bucket under a new capacity/window: its level at `now`, clamped. */
+static void bucket_carry(struct bucket *b, struct bucket *old, double capacity, double window_s,
+                         double now)
+{
+    bool was_unlimited = bucket_is_unlimited(old);
+    double level = was_unlimited ? INFINITY : bucket_level(old, now);
+
+    bucket_init(b, capacity, window_s, now);
+    if (!bucket_is_unlimited(b) && !was_unlimited)
+        b->level = fmin(level, b->capacity);
+}
+
+/* Source `o`'s runtime state under parameters `p` (see gov.h). */
+static void source_carry(struct gov_source *s, const struct gov_source *o,
+                         const struct gov_source_params *p, double now)
+{
+    struct gov_source old = *o;
+    double window = p->window_s > 0 ? p->window_s : 60.0;
+
+    *s = old;
+    s->p = *p;
+    s->aimd.min = p->aimd_min;
+    s->aimd.max = (double)p->max_concurrency >= p->aimd_min ? (double)p->max_concurrency
+                                                            : p->aimd_min;
+    s->aimd.increase = p->aimd_increase;
+    s->aimd.decrease = p->aimd_decrease;
+    s->aimd.limit = fmin(fmax(old.aimd.limit, s->aimd.min), s->aimd.max);
+    s->breaker.failures = p->breaker_failures;
+    s->breaker.base_cooldown_s = p->breaker_cooldown_s;
+    s->breaker.max_cooldown_s = p->breaker_max_cooldown_s;
+    s->breaker.cooldown_s = fmin(fmax(old.breaker.cooldown_s, p->breaker_cooldown_s),
+                                 p->breaker_max_cooldown_s);
+    bucket_carry(&s->rpm, &old.rpm, (double)p->rpm, window, now);
+    bucket_carry(&s->tpm, &old.tpm, (double)p->tpm, window, now);
+    bucket_carry(&s->daily, &old.daily, (double)p->daily_tokens, 86400.0, now);
+}
+
+int gov_reconf_prepare(struct gov_reconf *r, const struct gov *g,
+                       const struct gov_source_params *srcs, const long *from, size_t n,
+                       size_t n_caps, double now)
+{
+    memset(r, 0, sizeof(*r));
+    if (n_caps < g->n_capabilities)
+        return -2;
+    r->n = n;
+    r->n_caps = n_caps;
+    r->n_old = g->n_sources;
+    r->sources = calloc(n ? n : 1, sizeof(*r->sources));
+    r->to = malloc((g->n_sources ? g->n_sources : 1) * sizeof(*r->to));
+    if (n_caps > g->n_capabilities)
+        r->waitq = calloc(n_caps, sizeof(*r->waitq));
+    if (!r->sources || !r->to || (n_caps > g->n_capabilities && !r->waitq)) {
+        gov_reconf_abort(r);
+        return -1;
+    }
+    for (size_t i = 0; i < g->n_sources; i++)
+        r->to[i] = -1;
+    for (size_t j = 0; j < n; j++) {
+        if (from[j] >= (long)g->n_sources || srcs[j].capability >= n_caps ||
+            (from[j] >= 0 && r->to[from[j]] >= 0)) {
+            gov_reconf_abort(r);
+            return -2;
+        }
+        if (from[j] >= 0) {
+            r->to[from[j]] = (long)j;
+            source_carry(&r->sources[j], &g->sources[from[j]], &srcs[j], now);
+        } else {
+            source_init(&r->sources[j], &srcs[j], now);
+        }
+    }
+    for (size_t i = 0; i < g->n_sources; i++) {
+        if (r->to[i] < 0 && g->sources[i].in_flight > 0) {
+            gov_reconf_abort(r);
+            return -2;
+        }
+    }
+    return 0;
+}
+
+void gov_reconf_commit(struct gov *g, struct gov_reconf *r)
+{
+    free(g->sources);
+    g->sources = r->sources;
+    g->n_sources = r->n;
+    r->sources = NULL;
+    if (r->waitq) {
+        memcpy(r->waitq, g->waitq, g->n_capabilities * sizeof(*g->waitq));
+        free(g->waitq);
+        g->waitq = r->waitq;
+        g->n_capabilities = r->n_caps;
+        r->waitq = NULL;
+    }
+}
+
+void gov_reconf_abort(struct gov_reconf *r)
+{
+    free(r->sources);
+    free(r->waitq);
+    gov_reconf_finish(r);
+}
+
+void gov_reconf_finish(struct gov_reconf *r)
+{
+    free(r->to);
+    r->to = NULL;
+    r->sources = NULL;
+    r->waitq = NULL;
+}
+
+int gov_call_reconf_prepare(const struct gov_call *k, const struct gov_reconf *r,
+                            struct gov_source_note **notes)
+{
+    *notes = calloc(r->n ? r->n : 1, sizeof(**notes));
+    if (!*notes)
+        return -1;
+    for (size_t i = 0; i < r->n_old; i++) {
+        if (r->to[i] >= 0)
+            (*notes)[r->to[i]] = k->notes[i];
+    }
+    return 0;
+}
+
+void gov_call_reconf_commit(struct gov_call *k, const struct gov_reconf *r,
+                            struct gov_source_note *notes)
+{
+    free(k->notes);
+    k->notes = notes;
+    if (k->source < r->n_old && r->to[k->source] >= 0)
+        k->source = (size_t)r->to[k->source];
+    else
+        k->source = 0; /* only meaningful while attempting, and then always continued */
+}
+
 /* --- admission ------------------------------------------------------- */
 
 static void gov_on_breaker(void *ud, const struct breaker *b, enum breaker_state from,
@@ -241,6 +380,11 @@ bool gov_source_runnable(struct gov *g, size_t i, double cost, double now, doubl
     struct gov_source *s = &g->sources[i];
     double at = now;
     bool ok = true;
+
+    if (s->p.retired) {
+        *available_at = INFINITY;
+        return false;
+    }
 
     if (!breaker_admits(&s->breaker, now, gov_on_breaker, g)) {
         ok = false;

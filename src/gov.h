@@ -100,6 +100,9 @@ struct gov_source_params {
     uint64_t rpm, tpm, daily_tokens;          /* 0 = unlimited */
     double window_s;                          /* of rpm and tpm; 0 = 60 */
     double pacer_min_interval_s;
+    bool retired;                             /* removed by a reconfiguration: never
+                                               * picked again; its attempts in flight
+                                               * finish on these parameters */
 };
 
 /* Budgets of one call (the capability's policy). */
@@ -322,6 +325,49 @@ void gov_call_abandon(struct gov_call *k, double now, enum gov_result r, struct 
 /* The backend now knows (or failed to read) the progress age of `scope`:
  * the calls waiting for it look again (through on_wake). */
 void gov_progress_known(struct gov *g, const char *scope);
+
+/* Reconfiguration (a reload) in two phases, so that a failure changes
+ * nothing: the prepare calls only allocate; the commits cannot fail.
+ *
+ *   gov_reconf_prepare(&r, g, srcs, from, n, n_caps, now)   the new sources
+ *   for each live call k: gov_call_reconf_prepare(k, &r, &notes[k])
+ *   ... any failure: gov_call_reconf_abort() each, gov_reconf_abort(&r)
+ *   gov_reconf_commit(g, &r); for each k: gov_call_reconf_commit(k, &r, notes[k])
+ *
+ * New source j continues current source from[j] (from[j] < 0: a new
+ * source, fresh state). A continued source keeps its runtime state under
+ * the new parameters: permits in flight, counters, pacer, breaker state
+ * (thresholds updated, the current cool-down clamped into the new range),
+ * AIMD limit clamped into [min, max_concurrency], and each bucket's level
+ * at `now` clamped to its new capacity (a bucket that was unlimited starts
+ * full; one that becomes unlimited is unlimited). Every current source in
+ * flight (in_flight > 0) must be continued by some new one (a removed source
+ * is continued as a `retired` one): the caller guarantees it, and
+ * gov_reconf_prepare returns -2 otherwise. n_caps must be >= the current
+ * number of capabilities (capabilities are only appended). Returns 0, -1
+ * out of memory, -2 bad arguments. */
+struct gov_reconf {
+    struct gov_source *sources;  /* owned until commit */
+    size_t n;
+    struct gov_waitq *waitq;     /* owned until commit; NULL when n_caps is unchanged */
+    size_t n_caps;
+    long *to;                    /* owned: current index -> new index, or -1 */
+    size_t n_old;
+};
+int gov_reconf_prepare(struct gov_reconf *r, const struct gov *g,
+                       const struct gov_source_params *srcs, const long *from, size_t n,
+                       size_t n_caps, double now);
+void gov_reconf_commit(struct gov *g, struct gov_reconf *r);
+void gov_reconf_abort(struct gov_reconf *r);
+/* The call's per-source notes in the new order (`*notes` returns owned). */
+int gov_call_reconf_prepare(const struct gov_call *k, const struct gov_reconf *r,
+                            struct gov_source_note **notes);
+/* Takes `notes`; remaps the source the call is attempting. Call it after
+ * gov_reconf_commit and before gov_reconf_finish. */
+void gov_call_reconf_commit(struct gov_call *k, const struct gov_reconf *r,
+                            struct gov_source_note *notes);
+/* Frees what the commit left (the index map). */
+void gov_reconf_finish(struct gov_reconf *r);
 
 /* Current stalled seconds of the call. */
 double gov_call_stalled_s(const struct gov_call *k, double now);

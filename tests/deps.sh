@@ -1,11 +1,13 @@
 #!/bin/sh
-# Install the Debian packages polygw builds, tests and benchmarks with, when missing.
+# Install the Debian packages polygw builds, tests and benchmarks with, when missing
+# (`deb` as argument: and those `make deb` needs).
 # Idempotent and quiet when everything is present; needs root (or sudo) otherwise.
 set -eu
 
 PKGS="build-essential pkg-config libev-dev libmsgpack-dev libyaml-dev libcurl4-openssl-dev \
 libjansson-dev libhiredis-dev check redis-server python3 python3-msgpack python3-pytest \
-clang libclang-rt-14-dev locales redis-sentinel openssl libssl-dev"
+clang libclang-rt-14-dev locales redis-sentinel openssl libssl-dev libsystemd-dev \
+python3-yaml"
 # The HTTP front end's parser (linked as -lhttp_parser), and curl for its tests.
 PKGS="$PKGS libhttp-parser-dev curl"
 # The metrics tests scrape with a real Prometheus and lint with promtool.
@@ -13,6 +15,12 @@ PKGS="$PKGS prometheus"
 # The bench's http section: nginx (the reverse proxy polygw is compared
 # with) and wrk (the generator); perf for the profiles of tests/bench/profiles.
 PKGS="$PKGS nginx-light wrk linux-perf"
+
+# `sh tests/deps.sh deb`: also what `make deb` needs (debian/control's
+# Build-Depends are all in PKGS already).
+if [ "${1:-}" = deb ]; then
+    PKGS="$PKGS debhelper dpkg-dev lintian fakeroot"
+fi
 
 # The Node client's tests need node >= 18 and npm; Debian 12's are fine,
 # a newer one already on the machine is kept.

@@ -134,6 +134,8 @@ stage "http (OpenAI + Anthropic SDKs)" summary sh tests/http/run-tests.sh build/
 stage "fuzz replay (ASan)"             summary make --no-print-directory BUILD=build/asan SAN=1 fuzz-replay
 stage "documentation references"      exit    /usr/bin/python3 tests/check_docs.py
 stage_if "command -v clang" "fuzz targets (clang build)" summary make --no-print-directory fuzz-build
+# shellcheck disable=SC2086
+stage "debian packages (make deb, dpkg)" pytest  $PYTEST tests/deb
 
 echo
 echo "=== summary ($(($(date +%s) - T0))s)"

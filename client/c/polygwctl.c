@@ -80,6 +80,11 @@ static void usage(FILE *f)
         "  task get ID               print task ID (times as UTC with their age)\n"
         "  task guard ID             print 'running' and exit 0 when task ID is running,\n"
         "                            else exit 1 with the error (task_stopped: REASON)\n"
+        "  log-level [LEVEL]         print the sidecar's log level, or set it (debug,\n"
+        "                            info, warn, error) until the next restart or reload\n"
+        "  reload                    reload the sidecar's configuration file (as SIGHUP);\n"
+        "                            an invalid file changes nothing: its errors are\n"
+        "                            printed and the exit status is 1\n"
         "\n"
         "Options (anywhere on the line):\n"
         "  -s, --socket PATH   sidecar socket (default: $POLYGW_SOCKET, then\n"
@@ -755,6 +760,79 @@ static int cmd_raw(const struct ctl *o, struct pgw_client *c, const char *method
 }
 
 /* ---------------------------------------------------------------------
+ * log-level
+ */
+
+/* A flat result map as one line "k=v k=v" (strings and numbers; nested
+ * values are skipped: --json shows everything). */
+static void print_kv_line(const msgpack_object *r)
+{
+    const char *sep = "";
+
+    for (uint32_t i = 0; r->type == MSGPACK_OBJECT_MAP && i < r->via.map.size; i++) {
+        const msgpack_object *k = &r->via.map.ptr[i].key, *v = &r->via.map.ptr[i].val;
+        if (k->type != MSGPACK_OBJECT_STR)
+            continue;
+        if (v->type == MSGPACK_OBJECT_STR)
+            printf("%s%.*s=%.*s", sep, (int)k->via.str.size, k->via.str.ptr,
+                   (int)v->via.str.size, v->via.str.ptr);
+        else if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+            printf("%s%.*s=%" PRIu64, sep, (int)k->via.str.size, k->via.str.ptr, v->via.u64);
+        else if (v->type == MSGPACK_OBJECT_BOOLEAN)
+            printf("%s%.*s=%s", sep, (int)k->via.str.size, k->via.str.ptr,
+                   v->via.boolean ? "true" : "false");
+        else
+            continue;
+        sep = " ";
+    }
+    putchar('\n');
+}
+
+/* A request whose result is a flat map: printed as "k=v ..." (or as JSON);
+ * an error also prints the `errors` list it may carry, one a line (the
+ * errors of an invalid configuration file). */
+static int cmd_flat(const struct ctl *o, struct pgw_client *c, const char *method,
+                    const char *params, size_t plen)
+{
+    struct pgw_error err;
+    struct pgw_result *res = NULL;
+    int rc = pgw_request(c, method, params, plen, o->timeout_s, &res, &err);
+
+    if (rc < 0) {
+        const msgpack_object *v = res ? pgw_object_get(pgw_result_object(res), "errors") : NULL;
+        for (uint32_t j = 0; !o->json && v && v->type == MSGPACK_OBJECT_ARRAY &&
+                             j < v->via.array.size; j++)
+            if (v->via.array.ptr[j].type == MSGPACK_OBJECT_STR)
+                fprintf(stderr, "%.*s\n", (int)v->via.array.ptr[j].via.str.size,
+                        v->via.array.ptr[j].via.str.ptr);
+        return request_failed(o, rc, &err, res);
+    }
+    if (o->json)
+        print_json(pgw_result_object(res), PGW_JSON_PRETTY);
+    else
+        print_kv_line(pgw_result_object(res));
+    pgw_result_free(res);
+    return EXIT_OK;
+}
+
+/* `log.level`: prints "level=L previous=P". */
+static int cmd_log_level(const struct ctl *o, struct pgw_client *c, const char *level)
+{
+    char json[64], *params = NULL;
+    size_t plen = 0;
+    int rc;
+
+    if (level) {
+        snprintf(json, sizeof(json), "{\"level\":\"%s\"}", level); /* checked by main */
+        if ((rc = params_from_json(json, strlen(json), &params, &plen)) != EXIT_OK)
+            return rc;
+    }
+    rc = cmd_flat(o, c, "log.level", params, plen);
+    free(params);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------
  * tasks, task
  */
 
@@ -1255,6 +1333,16 @@ int main(int argc, char **argv)
             return usage_error("%s", "task stop: --reason TEXT is required");
         if (strcmp(sub, "finish") == 0 && (o.finish_ok == -1 || finish_twice))
             return usage_error("%s", "task finish: exactly one of --ok and --failed is required");
+    } else if (strcmp(cmd, "reload") == 0) {
+        if (nargs != 0)
+            return usage_error("%s", "'reload' takes no arguments");
+    } else if (strcmp(cmd, "log-level") == 0) {
+        if (nargs > 1)
+            return usage_error("%s", "usage: log-level [debug|info|warn|error]");
+        if (nargs == 1 && strcmp(args[0], "debug") != 0 && strcmp(args[0], "info") != 0 &&
+            strcmp(args[0], "warn") != 0 && strcmp(args[0], "error") != 0)
+            return usage_error("log-level: expected debug, info, warn or error, got '%s'",
+                               args[0]);
     } else {
         return usage_error("unknown command '%s'", cmd);
     }
@@ -1293,6 +1381,10 @@ int main(int argc, char **argv)
         rc = cmd_tasks(&o, c);
     else if (strcmp(cmd, "task") == 0)
         rc = cmd_task(&o, c, sub, args[1]);
+    else if (strcmp(cmd, "reload") == 0)
+        rc = cmd_flat(&o, c, "config.reload", NULL, 0);
+    else if (strcmp(cmd, "log-level") == 0)
+        rc = cmd_log_level(&o, c, nargs == 1 ? args[0] : NULL);
     else
         rc = cmd_batch(&o, c, &b);
     pgw_close(c);

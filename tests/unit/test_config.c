@@ -87,6 +87,7 @@ START_TEST(test_config__minimal_defaults)
     ck_assert_uint_eq(cfg->max_write_queue_bytes, 2 * 16777216);
     ck_assert_int_eq(cfg->log_level, LOG_INFO);
     ck_assert_double_eq(cfg->shutdown_grace_s, 10);
+    ck_assert(cfg->access_log);
     ck_assert_int_eq(cfg->backend, BACKEND_MEMORY);
     ck_assert_ptr_null(cfg->redis_url);
     ck_assert_str_eq(cfg->redis_prefix, "polygw");
@@ -202,7 +203,7 @@ START_TEST(test_config__all_values_set)
         "  max_connections: 7\n"
         "  max_inflight_per_connection: 9\n"
         "  max_write_queue_bytes: 4096\n"
-        "server: { log_level: debug, shutdown_grace_s: 0 }\n"
+        "server: { log_level: debug, shutdown_grace_s: 0, access_log: false }\n"
         "backend: { kind: redis, url: \"redis://:pw@127.0.0.1:6379/0\", prefix: \"{pgw}:a\" }\n"
         SRC0
         "    model: m\n"
@@ -220,6 +221,7 @@ START_TEST(test_config__all_values_set)
     ck_assert_uint_eq(cfg->max_write_queue_bytes, 4096);
     ck_assert_int_eq(cfg->log_level, LOG_DEBUG);
     ck_assert_double_eq(cfg->shutdown_grace_s, 0);
+    ck_assert(!cfg->access_log);
     ck_assert_int_eq(cfg->backend, BACKEND_REDIS);
     ck_assert_str_eq(cfg->redis_url, "redis://:pw@127.0.0.1:6379/0");
     ck_assert_str_eq(cfg->redis_prefix, "{pgw}:a");
@@ -401,6 +403,8 @@ START_TEST(test_config__api_key_file)
     snprintf(yaml, sizeof(yaml), SRC0 "    api_key_file: %s\n", file);
     struct config *cfg = expect_ok(yaml);
     ck_assert_str_eq(cfg->sources[0].api_key, SECRET);
+    ck_assert_str_eq(cfg->sources[0].api_key_file, file); /* kept for the key watch */
+    ck_assert(!cfg->sources[0].retired);
     config_free(cfg);
     unlink(file);
 }
@@ -771,6 +775,7 @@ START_TEST(test_config__timeouts_not_positive)
                   "must be <= 31536000, got 31536001");
     expect_reject("server: { shutdown_grace_s: -1 }\n", 1, "server.shutdown_grace_s",
                   "must be in [0, 3600], got -1");
+    expect_reject("server: { access_log: 1 }\n", 1, "server.access_log", "expected a boolean");
 }
 END_TEST
 

@@ -2687,6 +2687,187 @@ START_TEST(test_gov__app_rpm_holds)
 }
 END_TEST
 
+/* --- reconfiguration (a reload) ---------------------------------------- */
+
+/* Applies srcs/from to g and to the live calls ks[0..nk). */
+static int reconf(struct gov *g, const struct gov_source_params *srcs, const long *from, size_t n,
+                  size_t n_caps, struct gov_call **ks, size_t nk, double now)
+{
+    struct gov_reconf r;
+    struct gov_source_note *notes[8];
+    int rc = gov_reconf_prepare(&r, g, srcs, from, n, n_caps, now);
+
+    if (rc < 0)
+        return rc;
+    for (size_t i = 0; i < nk; i++)
+        ck_assert_int_eq(gov_call_reconf_prepare(ks[i], &r, &notes[i]), 0);
+    gov_reconf_commit(g, &r);
+    for (size_t i = 0; i < nk; i++)
+        gov_call_reconf_commit(ks[i], &r, notes[i]);
+    gov_reconf_finish(&r);
+    return 0;
+}
+
+START_TEST(test_gov__reconf_bucket_keeps_level_clamped_to_new_capacity)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov g;
+    struct reply ok = rep_http(0, 200, NULL);
+    const long same[1] = {0};
+
+    p.rpm = 100; /* window 60 s: 100/60 per second */
+    ck_assert_int_eq(gov_init(&g, &p, 1, 1, NULL, NULL, NULL, NULL, 0), 0);
+    for (int i = 0; i < 30; i++)
+        attempt_once(&g, 0, &ok, 0);
+    ck_assert_near(bucket_level(&g.sources[0].rpm, 0), 70);
+    /* Raised: the level is kept, not refilled. */
+    p.rpm = 200;
+    ck_assert_int_eq(reconf(&g, &p, same, 1, 1, NULL, 0, 0), 0);
+    ck_assert_near(bucket_level(&g.sources[0].rpm, 0), 70);
+    ck_assert_near(g.sources[0].rpm.capacity, 200);
+    /* Lowered below the level: clamped to the new capacity; refills at the
+     * new rate (10 per 60 s). */
+    p.rpm = 10;
+    ck_assert_int_eq(reconf(&g, &p, same, 1, 1, NULL, 0, 0), 0);
+    ck_assert_near(bucket_level(&g.sources[0].rpm, 0), 10);
+    for (int i = 0; i < 10; i++)
+        attempt_once(&g, 0, &ok, 0);
+    double at;
+    ck_assert(!gov_source_runnable(&g, 0, 1, 0, &at));
+    ck_assert_near(at, 6);
+    /* Unlimited -> limited starts full; limited -> unlimited is unlimited. */
+    p.rpm = 0;
+    ck_assert_int_eq(reconf(&g, &p, same, 1, 1, NULL, 0, 0), 0);
+    ck_assert(bucket_is_unlimited(&g.sources[0].rpm));
+    p.rpm = 5;
+    ck_assert_int_eq(reconf(&g, &p, same, 1, 1, NULL, 0, 0), 0);
+    ck_assert_near(bucket_level(&g.sources[0].rpm, 0), 5);
+    gov_fini(&g);
+}
+END_TEST
+
+START_TEST(test_gov__reconf_aimd_and_breaker_keep_state_clamped)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov g;
+    const long same[1] = {0};
+
+    p.max_concurrency = 40;
+    p.aimd_initial = 30;
+    p.breaker_failures = 2;
+    ck_assert_int_eq(gov_init(&g, &p, 1, 1, NULL, NULL, NULL, NULL, 0), 0);
+    struct gov_source *s = &g.sources[0];
+    ck_assert_near(s->aimd.limit, 30);
+    s->attempts = 7;
+    breaker_on_failure(&s->breaker, false, 0, NULL, NULL);
+    breaker_on_failure(&s->breaker, false, 0, NULL, NULL);
+    ck_assert_int_eq(s->breaker.state, BREAKER_OPEN);
+    double open_until = s->breaker.open_until;
+    uint64_t attempts = s->attempts;
+    /* max_concurrency 10: the limit is clamped down; the open breaker stays
+     * open (same deadline), its cool-down clamped into the new range. */
+    p.max_concurrency = 10;
+    p.breaker_cooldown_s = 60;
+    p.breaker_max_cooldown_s = 120;
+    ck_assert_int_eq(reconf(&g, &p, same, 1, 1, NULL, 0, 1), 0);
+    s = &g.sources[0];
+    ck_assert_near(s->aimd.limit, 10);
+    ck_assert_near(s->aimd.max, 10);
+    ck_assert_int_eq(s->breaker.state, BREAKER_OPEN);
+    ck_assert_near(s->breaker.open_until, open_until);
+    ck_assert_near(s->breaker.cooldown_s, 60);
+    ck_assert_int_eq(s->attempts, attempts);
+    /* min above the limit: clamped up. */
+    p.max_concurrency = 40;
+    p.aimd_min = 20;
+    ck_assert_int_eq(reconf(&g, &p, same, 1, 1, NULL, 0, 1), 0);
+    ck_assert_near(g.sources[0].aimd.limit, 20);
+    gov_fini(&g);
+}
+END_TEST
+
+START_TEST(test_gov__reconf_retired_source_finishes_attempt_and_is_never_picked)
+{
+    struct gov_source_params p[2] = {src_params("a"), src_params("b")};
+    struct gov_policy pol = pol_chat();
+    struct gov g;
+    struct gov_call k, w;
+    struct gov_decision d;
+    struct reply ok = rep_http(0, 200, NULL);
+
+    p[1].priority = 1;
+    ck_assert_int_eq(gov_init(&g, p, 2, 1, NULL, NULL, NULL, NULL, 0), 0);
+    ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 0, 1, 0), 0);
+    gov_call_step(&k, 0, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    ck_assert_uint_eq(d.source, 0);
+    /* "a" is removed while k attempts on it: without continuing it, refused. */
+    const long only_b[1] = {1};
+    struct gov_call *ks[1] = {&k};
+    ck_assert_int_eq(reconf(&g, &p[1], only_b, 1, 1, ks, 1, 0), -2);
+    ck_assert_uint_eq(g.n_sources, 2); /* nothing changed */
+    /* New order: b, a (retired), and a new c. */
+    struct gov_source_params q[3] = {p[1], p[0], src_params("c")};
+    q[1].retired = true;
+    q[2].priority = 2;
+    const long from[3] = {1, 0, -1};
+    ck_assert_int_eq(reconf(&g, q, from, 3, 1, ks, 1, 0), 0);
+    ck_assert_uint_eq(k.source, 1);
+    ck_assert(k.notes[1].tried && k.notes[1].attempts == 1 && !k.notes[0].tried);
+    ck_assert_uint_eq(g.sources[1].in_flight, 1);
+    /* A new call never goes to the retired source, even with a permit free. */
+    ck_assert_int_eq(gov_call_init(&w, &g, 0, "chat", &pol, 0, 1, 0), 0);
+    gov_call_step(&w, 0, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    ck_assert_uint_eq(d.source, 0);
+    gov_call_on_outcome(&w, 0, &ok.o, -1, &d);
+    gov_call_fini(&w, 0);
+    /* The retired attempt ends normally; its permit comes back. */
+    gov_call_on_outcome(&k, 0, &ok.o, -1, &d);
+    ck_assert_int_eq(d.result, GOV_OK);
+    gov_call_fini(&k, 0);
+    ck_assert_uint_eq(g.sources[1].in_flight, 0);
+    ck_assert_uint_eq(g.sources[1].successes, 1);
+    ck_assert_uint_eq(g.sources[2].attempts, 0); /* fresh state for "c" */
+    gov_fini(&g);
+}
+END_TEST
+
+START_TEST(test_gov__reconf_appends_capabilities_keeps_waiters)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+    struct gov g;
+    struct gov_call k, w;
+    struct gov_decision d;
+    const long same[2] = {0, -1};
+
+    p.max_concurrency = 1;
+    p.aimd_initial = 1;
+    ck_assert_int_eq(gov_init(&g, &p, 1, 1, NULL, NULL, NULL, NULL, 0), 0);
+    ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 0, 1, 0), 0);
+    gov_call_step(&k, 0, &d);
+    ck_assert_int_eq(gov_call_init(&w, &g, 0, "chat", &pol, 0, 1, 0), 0);
+    gov_call_step(&w, 0, &d);
+    ck_assert_int_eq(d.action, GOV_WAIT); /* queued for the permit */
+    ck_assert_uint_eq(g.waitq[0].n, 1);
+    struct gov_source_params q[2] = {p, src_params("x")};
+    q[1].capability = 1;
+    struct gov_call *ks[2] = {&k, &w};
+    ck_assert_int_eq(reconf(&g, q, same, 2, 0, ks, 2, 0), -2); /* capabilities never shrink */
+    ck_assert_int_eq(reconf(&g, q, same, 2, 2, ks, 2, 0), 0);
+    ck_assert_uint_eq(g.n_capabilities, 2);
+    ck_assert_uint_eq(g.waitq[0].n, 1);
+    ck_assert_ptr_eq(g.waitq[0].head, &w);
+    gov_call_fini(&k, 0); /* the release wakes the waiter, as before */
+    gov_call_step(&w, 0, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    ck_assert_uint_eq(d.source, 0);
+    gov_call_fini(&w, 0);
+    gov_fini(&g);
+}
+END_TEST
+
 Suite *gov_suite(void)
 {
     Suite *s = suite_create("gov");
@@ -2762,6 +2943,11 @@ Suite *gov_suite(void)
     tcase_add_test(tc, test_gov__fair_queue_without_apps_is_fifo);
     tcase_add_test(tc, test_gov__app_max_concurrency_holds);
     tcase_add_test(tc, test_gov__app_rpm_holds);
+    /* reconfiguration */
+    tcase_add_test(tc, test_gov__reconf_bucket_keeps_level_clamped_to_new_capacity);
+    tcase_add_test(tc, test_gov__reconf_aimd_and_breaker_keep_state_clamped);
+    tcase_add_test(tc, test_gov__reconf_retired_source_finishes_attempt_and_is_never_picked);
+    tcase_add_test(tc, test_gov__reconf_appends_capabilities_keeps_waiters);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,0 +1,29 @@
+/*
+ * keywatch.h — reloads the configuration when a source's api_key_file
+ * changes, without a signal (docs/OPERATIONS.md §4).
+ *
+ * The directory of each key file is watched with inotify, not the file:
+ * a file replaced by rename (an editor, `install`, a secrets agent) or by a
+ * Kubernetes Secret volume (which swaps a `..data` symlink to a new
+ * directory, the file itself being a symlink through it) keeps no inode to
+ * watch. An event naming a key file's base name, or `..data`, arms a short
+ * debounce timer (several events of one update make one reload); when it
+ * fires the whole configuration is reloaded (reload.h), which re-reads
+ * every key. A reload that fails leaves the running keys in place and is
+ * logged; the next change (or SIGHUP) tries again.
+ */
+#ifndef POLYGW_KEYWATCH_H
+#define POLYGW_KEYWATCH_H
+
+#include "internal.h"
+
+/* Creates the watch for srv->cfg's key files (none is fine: it watches
+ * nothing until a reload adds one). Returns NULL (and logs why) when
+ * inotify is unavailable: key files are then re-read only on SIGHUP. */
+struct keywatch *keywatch_new(struct server *srv);
+void keywatch_free(struct keywatch *kw);
+/* Re-reads the list of key files from srv->cfg (after a reload). NULL-safe;
+ * safe inside the watch's own callbacks. */
+void keywatch_refresh(struct keywatch *kw);
+
+#endif /* POLYGW_KEYWATCH_H */
