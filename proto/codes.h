@@ -16,21 +16,21 @@
 
 enum pgw_code {
     PGW_OK = 0,
-    PGW_STALLED,              /* scope-level unavailability, retry later */
-    PGW_RETRY_EXHAUSTED,      /* scope-level unavailability, retry later */
-    PGW_UPSTREAM_REJECTED,    /* upstream said no (4xx); carries status + body */
-    PGW_DEADLINE_EXCEEDED,    /* the call's own deadline_s passed */
-    PGW_CANCELLED,            /* the client cancelled the call */
-    PGW_TASK_STOPPED,         /* the call's task was stopped */
-    PGW_WATCHDOG_TIMEOUT,     /* the call's task was failed by the watchdog */
-    PGW_STREAM_INTERRUPTED,   /* a stream failed after its first event */
-    PGW_BACKEND_UNAVAILABLE,  /* the state backend could not answer */
-    PGW_BAD_REQUEST,          /* malformed frame or wrong params */
+    PGW_STALLED,             /* scope-level unavailability, retry later */
+    PGW_RETRY_EXHAUSTED,     /* scope-level unavailability, retry later */
+    PGW_UPSTREAM_REJECTED,   /* upstream said no (4xx); carries status + body */
+    PGW_DEADLINE_EXCEEDED,   /* the call's own deadline_s passed */
+    PGW_CANCELLED,           /* the client cancelled the call */
+    PGW_TASK_STOPPED,        /* the call's task was stopped */
+    PGW_WATCHDOG_TIMEOUT,    /* the call's task was failed by the watchdog */
+    PGW_STREAM_INTERRUPTED,  /* a stream failed after its first event */
+    PGW_BACKEND_UNAVAILABLE, /* the state backend could not answer */
+    PGW_BAD_REQUEST,         /* malformed frame or wrong params */
     PGW_UNKNOWN_METHOD,
     PGW_UNKNOWN_CAPABILITY,
-    PGW_TOO_LARGE,            /* message over max_message_bytes */
-    PGW_OVERLOADED,           /* a sidecar limit (requests in flight) was hit */
-    PGW_SHUTTING_DOWN,        /* the sidecar is draining */
+    PGW_TOO_LARGE,     /* message over max_message_bytes */
+    PGW_OVERLOADED,    /* a sidecar limit (requests in flight) was hit */
+    PGW_SHUTTING_DOWN, /* the sidecar is draining */
     PGW_INTERNAL,
     PGW_CODE_COUNT
 };

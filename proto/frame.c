@@ -17,7 +17,7 @@ int frame_reader_init(struct frame_reader *r, size_t max_bytes, size_t initial_b
 
 void frame_reader_fini(struct frame_reader *r)
 {
-    if (r->up.buffer)   /* NULL after a failed frame_reader_trim() */
+    if (r->up.buffer) /* NULL after a failed frame_reader_trim() */
         msgpack_unpacker_destroy(&r->up);
 }
 
@@ -72,11 +72,16 @@ size_t frame_reader_pending(const struct frame_reader *r)
 const char *frame_strerror(int err)
 {
     switch (err) {
-    case FRAME_EMALFORMED: return "malformed msgpack";
-    case FRAME_ETOO_LARGE: return "message exceeds max_message_bytes";
-    case FRAME_ETOO_DEEP: return "message nests containers too deeply";
-    case FRAME_ENOMEM: return "out of memory";
-    default: return "unknown frame error";
+    case FRAME_EMALFORMED:
+        return "malformed msgpack";
+    case FRAME_ETOO_LARGE:
+        return "message exceeds max_message_bytes";
+    case FRAME_ETOO_DEEP:
+        return "message nests containers too deeply";
+    case FRAME_ENOMEM:
+        return "out of memory";
+    default:
+        return "unknown frame error";
     }
 }
 
@@ -117,35 +122,117 @@ static void scan_header(unsigned char b, unsigned *hl, unsigned *lenb, char *kin
     *kind = 's';
     if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3)
         return;
-    if (b >= 0x80 && b <= 0x8f) { *kind = 'm'; *fixlen = b & 0x0f; return; }
-    if (b >= 0x90 && b <= 0x9f) { *kind = 'a'; *fixlen = b & 0x0f; return; }
-    if (b >= 0xa0 && b <= 0xbf) { *kind = 'p'; *fixlen = b & 0x1f; return; }
+    if (b >= 0x80 && b <= 0x8f) {
+        *kind = 'm';
+        *fixlen = b & 0x0f;
+        return;
+    }
+    if (b >= 0x90 && b <= 0x9f) {
+        *kind = 'a';
+        *fixlen = b & 0x0f;
+        return;
+    }
+    if (b >= 0xa0 && b <= 0xbf) {
+        *kind = 'p';
+        *fixlen = b & 0x1f;
+        return;
+    }
     switch (b) {
-    case 0xc4: *kind = 'p'; *lenb = 1; break;             /* bin 8 */
-    case 0xc5: *kind = 'p'; *lenb = 2; break;             /* bin 16 */
-    case 0xc6: *kind = 'p'; *lenb = 4; break;             /* bin 32 */
-    case 0xc7: *kind = 'p'; *lenb = 1; *hl = 1; break;    /* ext 8 (+type byte) */
-    case 0xc8: *kind = 'p'; *lenb = 2; *hl = 1; break;    /* ext 16 */
-    case 0xc9: *kind = 'p'; *lenb = 4; *hl = 1; break;    /* ext 32 */
-    case 0xca: *hl = 5; break;                            /* float 32 */
-    case 0xcb: *hl = 9; break;                            /* float 64 */
-    case 0xcc: case 0xd0: *hl = 2; break;                 /* (u)int 8 */
-    case 0xcd: case 0xd1: *hl = 3; break;                 /* (u)int 16 */
-    case 0xce: case 0xd2: *hl = 5; break;                 /* (u)int 32 */
-    case 0xcf: case 0xd3: *hl = 9; break;                 /* (u)int 64 */
-    case 0xd4: *hl = 3; break;                            /* fixext 1 */
-    case 0xd5: *hl = 4; break;                            /* fixext 2 */
-    case 0xd6: *hl = 6; break;                            /* fixext 4 */
-    case 0xd7: *hl = 10; break;                           /* fixext 8 */
-    case 0xd8: *hl = 18; break;                           /* fixext 16 */
-    case 0xd9: *kind = 'p'; *lenb = 1; break;             /* str 8 */
-    case 0xda: *kind = 'p'; *lenb = 2; break;             /* str 16 */
-    case 0xdb: *kind = 'p'; *lenb = 4; break;             /* str 32 */
-    case 0xdc: *kind = 'a'; *lenb = 2; break;             /* array 16 */
-    case 0xdd: *kind = 'a'; *lenb = 4; break;             /* array 32 */
-    case 0xde: *kind = 'm'; *lenb = 2; break;             /* map 16 */
-    case 0xdf: *kind = 'm'; *lenb = 4; break;             /* map 32 */
-    default: *kind = 'x'; break;                          /* 0xc1: never used */
+    case 0xc4:
+        *kind = 'p';
+        *lenb = 1;
+        break; /* bin 8 */
+    case 0xc5:
+        *kind = 'p';
+        *lenb = 2;
+        break; /* bin 16 */
+    case 0xc6:
+        *kind = 'p';
+        *lenb = 4;
+        break; /* bin 32 */
+    case 0xc7:
+        *kind = 'p';
+        *lenb = 1;
+        *hl = 1;
+        break; /* ext 8 (+type byte) */
+    case 0xc8:
+        *kind = 'p';
+        *lenb = 2;
+        *hl = 1;
+        break; /* ext 16 */
+    case 0xc9:
+        *kind = 'p';
+        *lenb = 4;
+        *hl = 1;
+        break; /* ext 32 */
+    case 0xca:
+        *hl = 5;
+        break; /* float 32 */
+    case 0xcb:
+        *hl = 9;
+        break; /* float 64 */
+    case 0xcc:
+    case 0xd0:
+        *hl = 2;
+        break; /* (u)int 8 */
+    case 0xcd:
+    case 0xd1:
+        *hl = 3;
+        break; /* (u)int 16 */
+    case 0xce:
+    case 0xd2:
+        *hl = 5;
+        break; /* (u)int 32 */
+    case 0xcf:
+    case 0xd3:
+        *hl = 9;
+        break; /* (u)int 64 */
+    case 0xd4:
+        *hl = 3;
+        break; /* fixext 1 */
+    case 0xd5:
+        *hl = 4;
+        break; /* fixext 2 */
+    case 0xd6:
+        *hl = 6;
+        break; /* fixext 4 */
+    case 0xd7:
+        *hl = 10;
+        break; /* fixext 8 */
+    case 0xd8:
+        *hl = 18;
+        break; /* fixext 16 */
+    case 0xd9:
+        *kind = 'p';
+        *lenb = 1;
+        break; /* str 8 */
+    case 0xda:
+        *kind = 'p';
+        *lenb = 2;
+        break; /* str 16 */
+    case 0xdb:
+        *kind = 'p';
+        *lenb = 4;
+        break; /* str 32 */
+    case 0xdc:
+        *kind = 'a';
+        *lenb = 2;
+        break; /* array 16 */
+    case 0xdd:
+        *kind = 'a';
+        *lenb = 4;
+        break; /* array 32 */
+    case 0xde:
+        *kind = 'm';
+        *lenb = 2;
+        break; /* map 16 */
+    case 0xdf:
+        *kind = 'm';
+        *lenb = 4;
+        break; /* map 32 */
+    default:
+        *kind = 'x';
+        break; /* 0xc1: never used */
     }
     if (*lenb)
         *hl = 1 + *lenb + (b >= 0xc7 && b <= 0xc9 ? 1 : 0);

@@ -54,14 +54,14 @@ enum {
 struct frame_reader {
     msgpack_unpacker up;
     size_t max_bytes;
-    size_t scanned;                  /* validated bytes of the pending frame, from up.off */
-    uint64_t skip;                   /* payload bytes still to pass over */
-    unsigned depth;                  /* open containers */
-    uint64_t left[FRAME_MAX_DEPTH];  /* items still expected in each open container */
-    uint64_t items;                  /* values seen in the pending frame */
-    uint64_t max_items;              /* max_bytes / 4, at least 1024 */
-    bool done;                       /* a whole frame of `scanned` bytes is buffered */
-    int error;                       /* sticky FRAME_E* once failed, else 0 */
+    size_t scanned;                 /* validated bytes of the pending frame, from up.off */
+    uint64_t skip;                  /* payload bytes still to pass over */
+    unsigned depth;                 /* open containers */
+    uint64_t left[FRAME_MAX_DEPTH]; /* items still expected in each open container */
+    uint64_t items;                 /* values seen in the pending frame */
+    uint64_t max_items;             /* max_bytes / 4, at least 1024 */
+    bool done;                      /* a whole frame of `scanned` bytes is buffered */
+    int error;                      /* sticky FRAME_E* once failed, else 0 */
 };
 
 /* Initialises `r` for frames of at most `max_bytes` (> 0). The unpacker

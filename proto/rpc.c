@@ -84,7 +84,7 @@ bool rpc_str_is(const msgpack_object *o, const char *s)
 {
     size_t n = strlen(s);
     return o && o->type == MSGPACK_OBJECT_STR && o->via.str.size == n &&
-           memcmp(o->via.str.ptr, s, n) == 0;
+        memcmp(o->via.str.ptr, s, n) == 0;
 }
 
 int rpc_str_copy(const msgpack_object *o, char *buf, size_t cap)
@@ -110,46 +110,74 @@ const msgpack_object *rpc_map_get(const msgpack_object *map, const char *key)
 bool rpc_as_double(const msgpack_object *o, double *v)
 {
     switch (o->type) {
-    case MSGPACK_OBJECT_POSITIVE_INTEGER: *v = (double)o->via.u64; return true;
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER: *v = (double)o->via.i64; return true;
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        *v = (double)o->via.u64;
+        return true;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        *v = (double)o->via.i64;
+        return true;
     case MSGPACK_OBJECT_FLOAT32:
-    case MSGPACK_OBJECT_FLOAT64: *v = o->via.f64; return true;
-    default: return false;
+    case MSGPACK_OBJECT_FLOAT64:
+        *v = o->via.f64;
+        return true;
+    default:
+        return false;
     }
 }
 
 const char *rpc_type_name(const msgpack_object *o)
 {
     switch (o->type) {
-    case MSGPACK_OBJECT_NIL: return "nil";
-    case MSGPACK_OBJECT_BOOLEAN: return "boolean";
-    case MSGPACK_OBJECT_POSITIVE_INTEGER: return "integer";
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER: return "negative integer";
+    case MSGPACK_OBJECT_NIL:
+        return "nil";
+    case MSGPACK_OBJECT_BOOLEAN:
+        return "boolean";
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        return "integer";
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        return "negative integer";
     case MSGPACK_OBJECT_FLOAT32:
-    case MSGPACK_OBJECT_FLOAT64: return "float";
-    case MSGPACK_OBJECT_STR: return "string";
-    case MSGPACK_OBJECT_BIN: return "binary";
-    case MSGPACK_OBJECT_ARRAY: return "array";
-    case MSGPACK_OBJECT_MAP: return "map";
-    case MSGPACK_OBJECT_EXT: return "ext";
-    default: return "unknown";
+    case MSGPACK_OBJECT_FLOAT64:
+        return "float";
+    case MSGPACK_OBJECT_STR:
+        return "string";
+    case MSGPACK_OBJECT_BIN:
+        return "binary";
+    case MSGPACK_OBJECT_ARRAY:
+        return "array";
+    case MSGPACK_OBJECT_MAP:
+        return "map";
+    case MSGPACK_OBJECT_EXT:
+        return "ext";
+    default:
+        return "unknown";
     }
 }
 
 static unsigned type_bit(const msgpack_object *o)
 {
     switch (o->type) {
-    case MSGPACK_OBJECT_NIL: return RPC_T_NIL;
-    case MSGPACK_OBJECT_BOOLEAN: return RPC_T_BOOL;
-    case MSGPACK_OBJECT_POSITIVE_INTEGER: return RPC_T_UINT;
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER: return RPC_T_INT;
+    case MSGPACK_OBJECT_NIL:
+        return RPC_T_NIL;
+    case MSGPACK_OBJECT_BOOLEAN:
+        return RPC_T_BOOL;
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        return RPC_T_UINT;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        return RPC_T_INT;
     case MSGPACK_OBJECT_FLOAT32:
-    case MSGPACK_OBJECT_FLOAT64: return RPC_T_FLOAT;
-    case MSGPACK_OBJECT_STR: return RPC_T_STR;
-    case MSGPACK_OBJECT_BIN: return RPC_T_BIN;
-    case MSGPACK_OBJECT_ARRAY: return RPC_T_ARRAY;
-    case MSGPACK_OBJECT_MAP: return RPC_T_MAP;
-    default: return 0;
+    case MSGPACK_OBJECT_FLOAT64:
+        return RPC_T_FLOAT;
+    case MSGPACK_OBJECT_STR:
+        return RPC_T_STR;
+    case MSGPACK_OBJECT_BIN:
+        return RPC_T_BIN;
+    case MSGPACK_OBJECT_ARRAY:
+        return RPC_T_ARRAY;
+    case MSGPACK_OBJECT_MAP:
+        return RPC_T_MAP;
+    default:
+        return 0;
     }
 }
 
@@ -170,10 +198,14 @@ static size_t utf8_seq_len(const unsigned char *s, size_t n)
         len = 4;
     else
         return 0;
-    if (s[0] == 0xe0) lo = 0xa0;
-    if (s[0] == 0xed) hi = 0x9f;
-    if (s[0] == 0xf0) lo = 0x90;
-    if (s[0] == 0xf4) hi = 0x8f;
+    if (s[0] == 0xe0)
+        lo = 0xa0;
+    if (s[0] == 0xed)
+        hi = 0x9f;
+    if (s[0] == 0xf0)
+        lo = 0x90;
+    if (s[0] == 0xf4)
+        hi = 0x8f;
     if (n < len || s[1] < lo || s[1] > hi)
         return 0;
     for (size_t i = 2; i < len; i++) {
@@ -213,13 +245,20 @@ void rpc_quote_client_str(const char *s, size_t n, size_t max, char *out)
 
 static const char *types_wanted(unsigned t)
 {
-    if ((t & ~RPC_T_NIL) == RPC_T_NUMBER) return "number";
-    if ((t & ~RPC_T_NIL) == (RPC_T_UINT | RPC_T_FLOAT)) return "non-negative number";
-    if (t & RPC_T_STR) return "string";
-    if (t & RPC_T_MAP) return "map";
-    if (t & RPC_T_ARRAY) return "array";
-    if (t & RPC_T_BOOL) return "boolean";
-    if (t & RPC_T_UINT) return "non-negative integer";
+    if ((t & ~RPC_T_NIL) == RPC_T_NUMBER)
+        return "number";
+    if ((t & ~RPC_T_NIL) == (RPC_T_UINT | RPC_T_FLOAT))
+        return "non-negative number";
+    if (t & RPC_T_STR)
+        return "string";
+    if (t & RPC_T_MAP)
+        return "map";
+    if (t & RPC_T_ARRAY)
+        return "array";
+    if (t & RPC_T_BOOL)
+        return "boolean";
+    if (t & RPC_T_UINT)
+        return "non-negative integer";
     return "other type";
 }
 
@@ -332,8 +371,7 @@ void rpc_pack_result_begin(msgpack_packer *pk, uint32_t msgid)
     msgpack_pack_nil(pk);
 }
 
-void rpc_pack_error_map(msgpack_packer *pk, enum pgw_code code, const char *message,
-                        size_t n_extra)
+void rpc_pack_error_map(msgpack_packer *pk, enum pgw_code code, const char *message, size_t n_extra)
 {
     msgpack_pack_map(pk, 2 + n_extra);
     rpc_pack_str(pk, "code");

@@ -35,12 +35,12 @@ enum rpc_type { RPC_REQUEST = 0, RPC_RESPONSE = 1, RPC_NOTIFY = 2 };
 
 struct rpc_msg {
     enum rpc_type type;
-    uint32_t msgid;                /* request, response */
-    const char *method;            /* request, notification: not NUL-terminated */
+    uint32_t msgid;     /* request, response */
+    const char *method; /* request, notification: not NUL-terminated */
     uint32_t method_len;
-    const msgpack_object *params;  /* request, notification: any type (checked later) */
-    const msgpack_object *error;   /* response: nil or a map */
-    const msgpack_object *result;  /* response */
+    const msgpack_object *params; /* request, notification: any type (checked later) */
+    const msgpack_object *error;  /* response: nil or a map */
+    const msgpack_object *result; /* response */
 };
 
 /* Classifies a decoded frame. Returns 0 and fills *m, or -1 when the frame
@@ -79,8 +79,8 @@ int rpc_str_copy(const msgpack_object *o, char *buf, size_t cap);
 enum {
     RPC_T_NIL = 1 << 0,
     RPC_T_BOOL = 1 << 1,
-    RPC_T_UINT = 1 << 2,   /* non-negative integer */
-    RPC_T_INT = 1 << 3,    /* negative integer (use RPC_T_UINT|RPC_T_INT for any) */
+    RPC_T_UINT = 1 << 2, /* non-negative integer */
+    RPC_T_INT = 1 << 3,  /* negative integer (use RPC_T_UINT|RPC_T_INT for any) */
     RPC_T_FLOAT = 1 << 4,
     RPC_T_STR = 1 << 5,
     RPC_T_BIN = 1 << 6,

@@ -30,6 +30,7 @@ const char *backend_verdict_name(const struct outcome *o)
 {
     if (!o || o->reason == REASON_CANCELLED)
         return "neutral";
-    return o->kind == OUTCOME_SUCCESS ? "success" : o->kind == OUTCOME_TRANSIENT ? "failure"
-                                                                                 : "neutral";
+    return o->kind == OUTCOME_SUCCESS  ? "success"
+        : o->kind == OUTCOME_TRANSIENT ? "failure"
+                                       : "neutral";
 }

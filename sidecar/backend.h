@@ -46,8 +46,8 @@
 #include "outcome.h"
 
 struct backend;
-struct backend_lease;     /* an attempt's fleet permit (implementation's) */
-struct backend_admit;     /* an admission not answered yet */
+struct backend_lease; /* an attempt's fleet permit (implementation's) */
+struct backend_admit; /* an admission not answered yet */
 struct task;
 struct task_reg;
 
@@ -57,21 +57,27 @@ struct task_reg;
 
 /* Task operations. WATCHDOG records the verdict of a node watchdog that
  * fired here (the local registry failed the task already). */
-enum backend_task_op { BACKEND_TASK_START, BACKEND_TASK_STOP, BACKEND_TASK_GUARD,
-                       BACKEND_TASK_FINISH, BACKEND_TASK_GET, BACKEND_TASK_WATCHDOG };
+enum backend_task_op {
+    BACKEND_TASK_START,
+    BACKEND_TASK_STOP,
+    BACKEND_TASK_GUARD,
+    BACKEND_TASK_FINISH,
+    BACKEND_TASK_GET,
+    BACKEND_TASK_WATCHDOG
+};
 
 /* A task as the backend's record describes it, after an operation. */
 struct backend_task {
-    int rc;                       /* TASK_OK, a TASK_E_* code, or BACKEND_E_UNAVAILABLE */
-    bool exists;                  /* the fields below describe the record */
-    const char *state;            /* "running", "succeeded", "failed" */
-    const char *kind;             /* failed: "stopped", "watchdog", "error"; else "" */
-    const char *reason;           /* "" when none */
-    const char *node;             /* the current node when the record has one, else NULL */
+    int rc;             /* TASK_OK, a TASK_E_* code, or BACKEND_E_UNAVAILABLE */
+    bool exists;        /* the fields below describe the record */
+    const char *state;  /* "running", "succeeded", "failed" */
+    const char *kind;   /* failed: "stopped", "watchdog", "error"; else "" */
+    const char *reason; /* "" when none */
+    const char *node;   /* the current node when the record has one, else NULL */
     uint64_t runs;
-    double started_at_s;          /* Unix seconds */
-    double updated_at_s;          /* Unix seconds */
-    const char *err;              /* BACKEND_E_UNAVAILABLE: why (may be NULL) */
+    double started_at_s; /* Unix seconds */
+    double updated_at_s; /* Unix seconds */
+    const char *err;     /* BACKEND_E_UNAVAILABLE: why (may be NULL) */
 };
 
 /* Admission answered later: rc 1 admitted (`lease` is the caller's until
@@ -105,15 +111,14 @@ struct backend_hooks {
 };
 
 struct backend_ops {
-    const char *name;             /* "memory", "redis" */
+    const char *name; /* "memory", "redis" */
 
     /* Admission of the attempt the governed loop reserved on `source`,
      * estimated at `est_tokens`. 1: admitted now (*lease may stay NULL: no
      * fleet permit to release); 0: *pending is the request, `cb` runs
      * later; -1: not sent (not connected): fail closed. */
-    int (*admit)(struct backend *be, size_t source, double est_tokens,
-                 struct backend_lease **lease, backend_admit_cb *cb, void *ud,
-                 struct backend_admit **pending);
+    int (*admit)(struct backend *be, size_t source, double est_tokens, struct backend_lease **lease,
+                 backend_admit_cb *cb, void *ud, struct backend_admit **pending);
     /* The caller is gone before the answer: `cb` will not run, and a lease
      * granted meanwhile is released at once. */
     void (*admit_detach)(struct backend *be, struct backend_admit *a);

@@ -13,9 +13,9 @@
 #include "task.h"
 
 struct backend_memory {
-    struct backend be;            /* first: the table's view */
+    struct backend be; /* first: the table's view */
     struct ev_loop *loop;
-    struct task_reg *tasks;       /* borrowed */
+    struct task_reg *tasks; /* borrowed */
 };
 
 static int mem_admit(struct backend *be, size_t source, double est_tokens,
@@ -61,9 +61,8 @@ static int state_code(const struct task *t)
     return TASK_E_FINISHED;
 }
 
-static int mem_task(struct backend *be, enum backend_task_op op, const char *id,
-                    const char *reason, bool ok, struct backend_task *bt, backend_task_cb *cb,
-                    void *ud)
+static int mem_task(struct backend *be, enum backend_task_op op, const char *id, const char *reason,
+                    bool ok, struct backend_task *bt, backend_task_cb *cb, void *ud)
 {
     struct backend_memory *m = (struct backend_memory *)be;
     double now = ev_now(m->loop);
@@ -98,7 +97,7 @@ static int mem_task(struct backend *be, enum backend_task_op op, const char *id,
     if (t)
         backend_task_describe(bt, t, m->loop);
     else
-        *bt = (struct backend_task){.exists = false};
+        *bt = (struct backend_task){ .exists = false };
     bt->rc = rc;
     return 1;
 }

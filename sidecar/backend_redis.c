@@ -45,26 +45,26 @@
 #include "rpc.h"
 #include "task.h"
 
-#define SHARED_SCOPES 4096          /* cache slots (power of two) */
-#define SHARED_PROGRESS_TTL_MS 3600000
-#define SHARED_RECONNECT_MIN_S 0.05
-#define SHARED_RECONNECT_MAX_S 5.0
-#define SHARED_KEY_MAX 512
+#define SHARED_SCOPES            4096 /* cache slots (power of two) */
+#define SHARED_PROGRESS_TTL_MS   3600000
+#define SHARED_RECONNECT_MIN_S   0.05
+#define SHARED_RECONNECT_MAX_S   5.0
+#define SHARED_KEY_MAX           512
 /* A scope's progress marks are sent at most once per this interval by each
  * sidecar; a success inside it is sent when it ends. Other sidecars' view of
  * the age is then late by at most this much (stall windows are seconds to
  * minutes), and a busy scope costs one script every 100 ms instead of one per
  * call (with its pub/sub echo to every sidecar). */
-#define SHARED_MARK_COALESCE_S 0.1
-#define SHARED_RETRY_LATER_S 1.0        /* failed task updates are retried after */
+#define SHARED_MARK_COALESCE_S   0.1
+#define SHARED_RETRY_LATER_S     1.0 /* failed task updates are retried after */
 #define SHARED_RETRY_LATER_MAX_S 60.0
 
 enum { CH_TASK_END, CH_PROGRESS, CH_COUNT };
 
 struct backend_lease {
-    struct backend_lease *prev, *next;   /* the source's live leases */
+    struct backend_lease *prev, *next; /* the source's live leases */
     size_t source;
-    bool live;                          /* linked */
+    bool live; /* linked */
     double est_tokens;
     char id[48];
 };
@@ -73,7 +73,7 @@ struct backend_admit {
     struct backend_redis *sh;
     struct backend_lease *lease;
     backend_admit_cb *cb;
-    void *ud;                           /* NULL once detached */
+    void *ud; /* NULL once detached */
 };
 
 /* A scope's progress age in the cache: UNKNOWN (fetch it), FETCHING, KNOWN,
@@ -83,55 +83,54 @@ enum scope_state { SCOPE_EMPTY, SCOPE_UNKNOWN, SCOPE_FETCHING, SCOPE_KNOWN, SCOP
 
 struct scope_slot {
     char *name;
-    double last_at;                     /* SCOPE_KNOWN: loop time, -INF = never */
-    double sent_at;                     /* when this sidecar last sent a mark */
-    double failed_at;                   /* SCOPE_FAILED: when */
+    double last_at;   /* SCOPE_KNOWN: loop time, -INF = never */
+    double sent_at;   /* when this sidecar last sent a mark */
+    double failed_at; /* SCOPE_FAILED: when */
     unsigned char state;
-    bool dirty;                         /* a success not sent yet (coalesced) */
+    bool dirty; /* a success not sent yet (coalesced) */
 };
 
 struct source_keys {
-    char breaker[SHARED_KEY_MAX], leases[SHARED_KEY_MAX], rpm[SHARED_KEY_MAX],
-        tpm[SHARED_KEY_MAX], daily[SHARED_KEY_MAX];
+    char breaker[SHARED_KEY_MAX], leases[SHARED_KEY_MAX], rpm[SHARED_KEY_MAX], tpm[SHARED_KEY_MAX],
+        daily[SHARED_KEY_MAX];
     struct backend_lease *live;
     size_t n_live;
-    char breaker_state[12];             /* the fleet breaker as last seen */
+    char breaker_state[12]; /* the fleet breaker as last seen */
     /* The scripts' constant arguments, formatted once. */
     char a_conc[24], a_ttl[24], a_rpm[24], a_win[24], a_tpm[24], a_daily[24], a_fails[24],
         a_cool[24], a_maxcool[24];
-    size_t index;                       /* in sh->src: a release's context */
+    size_t index; /* in sh->src: a release's context */
     struct backend_redis *sh;
 };
 
 struct backend_redis {
-    struct backend be;                  /* first: the table's view */
+    struct backend be; /* first: the table's view */
     struct ev_loop *loop;
-    const struct config *cfg;           /* borrowed */
+    const struct config *cfg; /* borrowed */
     struct rds *rds;
     struct gov_backend progress;
     char sidecar_id[17];
     unsigned long long lease_seq;
     char *channel[CH_COUNT];
-    struct source_keys *src;            /* one per configured source */
-    struct scope_slot *scopes;          /* open addressing */
+    struct source_keys *src;   /* one per configured source */
+    struct scope_slot *scopes; /* open addressing */
     size_t n_scopes;
-    uint32_t epoch;                     /* bumped when the cache is dropped */
-    size_t n_dirty;                     /* scopes with a coalesced mark to send */
-    bool resync;                        /* re-read the running tasks when up */
+    uint32_t epoch; /* bumped when the cache is dropped */
+    size_t n_dirty; /* scopes with a coalesced mark to send */
+    bool resync;    /* re-read the running tasks when up */
     unsigned long long resyncs;
-    ev_timer mark_w;                    /* sends them */
-    ev_timer later_w;                   /* retry_later */
+    ev_timer mark_w;  /* sends them */
+    ev_timer later_w; /* retry_later */
     double later_delay;
-    bool closing;                       /* redis_free: no new work */
+    bool closing; /* redis_free: no new work */
     ev_timer renew_w;
     /* counters */
     unsigned long long admits, admitted, refused[6], admit_errors, releases, write_errors,
-        leases_lost, progress_fetches, progress_read_errors, renewals, marks_sent,
-        marks_coalesced;
+        leases_lost, progress_fetches, progress_read_errors, renewals, marks_sent, marks_coalesced;
 };
 
-static const char *const refusal_names[6] = {"breaker", "concurrency", "rpm", "tpm", "daily",
-                                             "other"};
+static const char *const refusal_names[6] = { "breaker", "concurrency", "rpm",
+                                              "tpm",     "daily",       "other" };
 
 /* --- helpers ----------------------------------------------------------- */
 
@@ -163,8 +162,8 @@ static bool reply_is_int(const redisReply *r, long long *v)
 static void count_write_error(struct backend_redis *sh, const char *what, const char *err)
 {
     sh->write_errors++;
-    log_at(LOG_WARN, "backend write failed (counted; state self-heals by TTL)", "op", LOG_S,
-           what, "error", LOG_S, err ? err : "bad reply", NULL);
+    log_at(LOG_WARN, "backend write failed (counted; state self-heals by TTL)", "op", LOG_S, what,
+           "error", LOG_S, err ? err : "bad reply", NULL);
 }
 
 /* --- progress cache ---------------------------------------------------- */
@@ -184,7 +183,7 @@ static void scopes_clear(struct backend_redis *sh)
     marks_flush(sh); /* coalesced successes are not lost with the cache */
     for (size_t i = 0; i < SHARED_SCOPES; i++) {
         free(sh->scopes[i].name);
-        sh->scopes[i] = (struct scope_slot){0};
+        sh->scopes[i] = (struct scope_slot){ 0 };
     }
     sh->n_scopes = 0;
     sh->epoch++;
@@ -226,7 +225,7 @@ static struct scope_slot *scope_slot(struct backend_redis *sh, const char *scope
     char *name = strdup(scope);
     if (!name)
         return NULL;
-    *s = (struct scope_slot){.name = name, .state = SCOPE_UNKNOWN, .sent_at = -INFINITY};
+    *s = (struct scope_slot){ .name = name, .state = SCOPE_UNKNOWN, .sent_at = -INFINITY };
     sh->n_scopes++;
     return s;
 }
@@ -302,7 +301,7 @@ static int be_progress_age(void *ud, const char *scope, double now, double *age)
     memcpy(f->scope, scope, n + 1);
     char key[SHARED_KEY_MAX];
     progress_key(sh, scope, key, sizeof(key));
-    const char *argv[] = {key, "age"};
+    const char *argv[] = { key, "age" };
     if (rds_eval(sh->rds, RDS_PROGRESS, 1, 2, argv, NULL, on_progress_fetched, f) < 0) {
         free(f);
         return -1;
@@ -325,7 +324,7 @@ static int send_mark(struct backend_redis *sh, const char *scope)
 
     progress_key(sh, scope, key, sizeof(key));
     fmt_num(ttl, sizeof(ttl), SHARED_PROGRESS_TTL_MS);
-    const char *argv[] = {key, "mark", ttl, sh->channel[CH_PROGRESS], scope};
+    const char *argv[] = { key, "mark", ttl, sh->channel[CH_PROGRESS], scope };
     sh->marks_sent++;
     if (rds_eval(sh->rds, RDS_PROGRESS, 1, 5, argv, NULL, on_mark_done, sh) < 0) {
         count_write_error(sh, "progress mark", "not connected");
@@ -411,8 +410,8 @@ static void note_breaker(struct backend_redis *sh, size_t source, const char *st
     if (strcmp(k->breaker_state, state) == 0)
         return;
     log_at(strcmp(state, "open") == 0 ? LOG_WARN : LOG_INFO, "fleet breaker", "source", LOG_S,
-           sh->cfg->sources[source].name, "from", LOG_S, k->breaker_state, "to", LOG_S,
-           state, NULL);
+           sh->cfg->sources[source].name, "from", LOG_S, k->breaker_state, "to", LOG_S, state,
+           NULL);
     snprintf(k->breaker_state, sizeof(k->breaker_state), "%s", state);
 }
 
@@ -438,9 +437,22 @@ static void redis_release(struct backend *be, struct backend_lease *l, const str
     sh->releases++;
     fmt_num(est, sizeof(est), ceil(l->est_tokens));
     fmt_num(used, sizeof(used), used_tokens < 0 ? -1 : ceil(used_tokens));
-    const char *argv[] = {k->breaker, k->leases, k->rpm,     k->tpm,    k->daily, l->id,
-                          backend_verdict_name(o), est,  used,       k->a_tpm,  k->a_win, k->a_daily,
-                          "86400000", k->a_fails, k->a_cool, k->a_maxcool};
+    const char *argv[] = { k->breaker,
+                           k->leases,
+                           k->rpm,
+                           k->tpm,
+                           k->daily,
+                           l->id,
+                           backend_verdict_name(o),
+                           est,
+                           used,
+                           k->a_tpm,
+                           k->a_win,
+                           k->a_daily,
+                           "86400000",
+                           k->a_fails,
+                           k->a_cool,
+                           k->a_maxcool };
     if (rds_eval(sh->rds, RDS_RELEASE, 5, 16, argv, NULL, on_released, k) < 0)
         count_write_error(sh, "release", "not connected");
     free(l);
@@ -510,11 +522,11 @@ static int redis_admit(struct backend *be, size_t source, double est_tokens,
     l->source = source;
     l->est_tokens = est_tokens;
     snprintf(l->id, sizeof(l->id), "%s:%llu", sh->sidecar_id, ++sh->lease_seq);
-    *a = (struct backend_admit){.sh = sh, .lease = l, .cb = cb, .ud = ud};
+    *a = (struct backend_admit){ .sh = sh, .lease = l, .cb = cb, .ud = ud };
     fmt_num(est, sizeof(est), ceil(est_tokens));
-    const char *argv[] = {k->breaker, k->leases, k->rpm,   k->tpm,     k->daily,
-                          l->id,      k->a_conc, k->a_ttl, k->a_rpm,   k->a_win,
-                          k->a_tpm,   k->a_win,  k->a_daily, "86400000", est};
+    const char *argv[] = { k->breaker, k->leases, k->rpm,     k->tpm,     k->daily,
+                           l->id,      k->a_conc, k->a_ttl,   k->a_rpm,   k->a_win,
+                           k->a_tpm,   k->a_win,  k->a_daily, "86400000", est };
     sh->admits++;
     if (rds_eval(sh->rds, RDS_ADMIT, 5, 15, argv, NULL, on_admitted, a) < 0) {
         free(a);
@@ -544,10 +556,11 @@ static void on_renewed(const redisReply *r, const char *err, void *ud)
     const redisReply *lost = r->element[1];
     for (size_t i = 0; lost->type == REDIS_REPLY_ARRAY && i < lost->elements; i++) {
         sh->leases_lost++;
-        log_at(LOG_WARN, "lease expired while its attempt ran (Redis unreachable for longer "
+        log_at(LOG_WARN,
+               "lease expired while its attempt ran (Redis unreachable for longer "
                "than lease_ttl_s?); the attempt runs on without a fleet permit",
-               "lease", LOG_S, lost->element[i]->type == REDIS_REPLY_STRING
-                                   ? lost->element[i]->str : "?", NULL);
+               "lease", LOG_S,
+               lost->element[i]->type == REDIS_REPLY_STRING ? lost->element[i]->str : "?", NULL);
     }
 }
 
@@ -594,10 +607,16 @@ struct task_op {
 
 static int task_code(const char *code)
 {
-    static const struct { const char *name; int rc; } codes[] = {
-        {"ok", TASK_OK}, {"not_found", TASK_E_NOT_FOUND}, {"running", TASK_E_RUNNING},
-        {"stopped", TASK_E_STOPPED}, {"watchdog", TASK_E_WATCHDOG},
-        {"finished", TASK_E_FINISHED},
+    static const struct {
+        const char *name;
+        int rc;
+    } codes[] = {
+        { "ok", TASK_OK },
+        { "not_found", TASK_E_NOT_FOUND },
+        { "running", TASK_E_RUNNING },
+        { "stopped", TASK_E_STOPPED },
+        { "watchdog", TASK_E_WATCHDOG },
+        { "finished", TASK_E_FINISHED },
     };
     for (size_t i = 0; i < sizeof(codes) / sizeof(*codes); i++)
         if (strcmp(code, codes[i].name) == 0)
@@ -610,7 +629,7 @@ static int task_code(const char *code)
  * the host's are assumed close: the times are only displayed. */
 static bool task_parse(const redisReply *r, struct backend_task *bt)
 {
-    *bt = (struct backend_task){.rc = BACKEND_E_UNAVAILABLE};
+    *bt = (struct backend_task){ .rc = BACKEND_E_UNAVAILABLE };
     if (!r || r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
         r->element[0]->type != REDIS_REPLY_STRING)
         return false;
@@ -642,7 +661,7 @@ static void on_task_reply(const redisReply *r, const char *err, void *ud)
     free(ud);
     if (!task_parse(r, &bt)) {
         /* A parsed reply with an unknown code is as good as none. */
-        bt = (struct backend_task){.rc = BACKEND_E_UNAVAILABLE, .err = err};
+        bt = (struct backend_task){ .rc = BACKEND_E_UNAVAILABLE, .err = err };
         if (r && r->type == REDIS_REPLY_ERROR)
             bt.err = "error reply from task.lua";
     }
@@ -650,8 +669,8 @@ static void on_task_reply(const redisReply *r, const char *err, void *ud)
 }
 
 static int redis_task(struct backend *be, enum backend_task_op op, const char *id,
-                      const char *reason, bool ok, struct backend_task *now_bt,
-                      backend_task_cb *cb, void *ud)
+                      const char *reason, bool ok, struct backend_task *now_bt, backend_task_cb *cb,
+                      void *ud)
 {
     struct backend_redis *sh = (struct backend_redis *)be;
     char key[SHARED_KEY_MAX], ttl[32];
@@ -662,11 +681,16 @@ static int redis_task(struct backend *be, enum backend_task_op op, const char *i
         free(q);
         return -1;
     }
-    *q = (struct task_op){.cb = cb, .ud = ud};
+    *q = (struct task_op){ .cb = cb, .ud = ud };
     snprintf(key, sizeof(key), "{%s:task:%s}", sh->cfg->redis_prefix, id);
     fmt_num(ttl, sizeof(ttl), ceil(sh->cfg->task_ttl_s));
-    const char *argv[] = {key, task_lua_op[op], id, ttl, reason ? reason : "", ok ? "1" : "0",
-                          sh->channel[CH_TASK_END]};
+    const char *argv[] = { key,
+                           task_lua_op[op],
+                           id,
+                           ttl,
+                           reason ? reason : "",
+                           ok ? "1" : "0",
+                           sh->channel[CH_TASK_END] };
     if (rds_eval(sh->rds, RDS_TASK, 1, 7, argv, NULL, on_task_reply, q) < 0) {
         free(q);
         return -1;
@@ -843,7 +867,7 @@ struct backend *backend_redis_new(struct ev_loop *loop, const struct config *cfg
     if (!sh->src || !sh->scopes)
         goto oom;
     for (size_t i = 0; i < CH_COUNT; i++) {
-        static const char *const names[CH_COUNT] = {"task-end", "progress"};
+        static const char *const names[CH_COUNT] = { "task-end", "progress" };
         size_t n = strlen(cfg->redis_prefix) + strlen(names[i]) + 2;
         sh->channel[i] = malloc(n);
         if (!sh->channel[i])
@@ -965,7 +989,7 @@ static void redis_free(struct backend *be)
     ev_timer_stop(sh->loop, &sh->mark_w);
     ev_timer_stop(sh->loop, &sh->later_w);
     sh->closing = true; /* the drain below lets writes out; it starts nothing new */
-    sh->n_dirty = 0; /* a coalesced mark (< 100 ms old) is not worth a write at exit */
+    sh->n_dirty = 0;    /* a coalesced mark (< 100 ms old) is not worth a write at exit */
     redis_drain(sh);
     rds_free(sh->rds); /* fails what is pending (admissions: their leases are freed) */
     sh->rds = NULL;
@@ -1017,13 +1041,13 @@ void backend_redis_get_counts(const struct backend *be, struct backend_redis_cou
 {
     const struct backend_redis *sh = as_redis(be);
 
-    *out = (struct backend_redis_counts){0};
+    *out = (struct backend_redis_counts){ 0 };
     if (!sh)
         return;
-    *out = (struct backend_redis_counts){.admitted = sh->admitted,
-                                         .admit_errors = sh->admit_errors,
-                                         .write_errors = sh->write_errors,
-                                         .leases_lost = sh->leases_lost};
+    *out = (struct backend_redis_counts){ .admitted = sh->admitted,
+                                          .admit_errors = sh->admit_errors,
+                                          .write_errors = sh->write_errors,
+                                          .leases_lost = sh->leases_lost };
     for (size_t i = 0; i < sizeof(sh->refused) / sizeof(sh->refused[0]); i++)
         out->refused += sh->refused[i];
 }

@@ -65,63 +65,63 @@
 
 /* How the client's body is sent to a source (call_prepare_json). */
 enum body_form {
-    BODY_AS_IS,          /* the body as the client sent it */
-    BODY_STREAM_USAGE,   /* + stream_options.include_usage (OpenAI dialect streams) */
-    BODY_TO_ANTHROPIC,   /* an OpenAI chat body converted (accepts: openai), and the
+    BODY_AS_IS,        /* the body as the client sent it */
+    BODY_STREAM_USAGE, /* + stream_options.include_usage (OpenAI dialect streams) */
+    BODY_TO_ANTHROPIC, /* an OpenAI chat body converted (accepts: openai), and the
                           * answer converted back (convert.h) */
 };
 
 struct call {
     struct call_sink *sink;
     struct server *srv;
-    struct call *prev, *next;        /* sink->calls */
-    uint32_t msgid;                  /* the sink's id for it */
+    struct call *prev, *next; /* sink->calls */
+    uint32_t msgid;           /* the sink's id for it */
     bool stream;
     const struct config_capability *cap;
     const struct config_source *src; /* the current (or last) attempt's source */
     struct attempt *attempt;
-    struct backend_admit *admit;     /* admission asked, not answered yet */
-    struct backend_lease *lease;     /* the attempt's fleet permit, when the backend has one */
-    char backend_why[64];            /* why the backend could not admit, for the error */
+    struct backend_admit *admit; /* admission asked, not answered yet */
+    struct backend_lease *lease; /* the attempt's fleet permit, when the backend has one */
+    char backend_why[64];        /* why the backend could not admit, for the error */
     double started;
     bool paused;
-    struct gov_call g;               /* the governed loop's state */
-    ev_timer wake_w;                 /* WAIT / backoff */
-    msgpack_sbuffer body;            /* the client's msgpack body, packed (kept for retries) */
-    struct strbuf raw;        /* or its JSON body, as it came */
+    struct gov_call g;    /* the governed loop's state */
+    ev_timer wake_w;      /* WAIT / backoff */
+    msgpack_sbuffer body; /* the client's msgpack body, packed (kept for retries) */
+    struct strbuf raw;    /* or its JSON body, as it came */
     bool body_is_json;
     struct strbuf json;       /* its JSON for `json_model` and `json_form` */
-    const char *json_model;          /* model override `json` was made with */
-    enum body_form json_form;        /* what `json` was made for */
+    const char *json_model;   /* model override `json` was made with */
+    enum body_form json_form; /* what `json` was made for */
     bool json_ready;
-    enum body_form form;             /* the current attempt's */
-    bool has_stream_options;         /* the body has a top-level stream_options */
-    bool client_usage;               /* ... asking for include_usage */
-    msgpack_sbuffer usage;           /* the `usage` map for the result, packed */
-    struct dialect_usage tokens;     /* the current attempt's token counts */
-    struct convert_stream conv;      /* BODY_TO_ANTHROPIC streams */
-    char event_error[96];            /* why the attempt's stream was refused, or "" */
-    uint32_t relayed;                /* chunks of the attempt relayed to the client */
-    struct task *task;               /* the task it belongs to, or NULL */
-    struct task_wait *task_wait;     /* its task is being checked by the backend */
-    struct call *tprev, *tnext;      /* the task's calls (head in task->ud) */
-    enum pgw_code code;              /* how it was answered (PGW_CANCELLED: not answered) */
-    char app[CONFIG_NAME_MAX];       /* who is calling (call_req.app) */
+    enum body_form form;         /* the current attempt's */
+    bool has_stream_options;     /* the body has a top-level stream_options */
+    bool client_usage;           /* ... asking for include_usage */
+    msgpack_sbuffer usage;       /* the `usage` map for the result, packed */
+    struct dialect_usage tokens; /* the current attempt's token counts */
+    struct convert_stream conv;  /* BODY_TO_ANTHROPIC streams */
+    char event_error[96];        /* why the attempt's stream was refused, or "" */
+    uint32_t relayed;            /* chunks of the attempt relayed to the client */
+    struct task *task;           /* the task it belongs to, or NULL */
+    struct task_wait *task_wait; /* its task is being checked by the backend */
+    struct call *tprev, *tnext;  /* the task's calls (head in task->ud) */
+    enum pgw_code code;          /* how it was answered (PGW_CANCELLED: not answered) */
+    char app[CONFIG_NAME_MAX];   /* who is calling (call_req.app) */
     /* For the access log (access.h). */
-    bool answered;                   /* a response was queued */
-    int last_status;                 /* the last attempt's HTTP status */
-    double ttft_s;                   /* NAN until a chunk is relayed */
-    double used_tokens;              /* total tokens of the answer, NAN: unknown */
-    char task_id[TASK_ID_MAX + 1];   /* "" when the call names none */
+    bool answered;                        /* a response was queued */
+    int last_status;                      /* the last attempt's HTTP status */
+    double ttft_s;                        /* NAN until a chunk is relayed */
+    double used_tokens;                   /* total tokens of the answer, NAN: unknown */
+    char task_id[TASK_ID_MAX + 1];        /* "" when the call names none */
     struct gov_source_note *reconf_notes; /* a reload in progress: the new notes */
-    struct call *all_prev, *all_next; /* srv->calls_all: every call, for a reload */
+    struct call *all_prev, *all_next;     /* srv->calls_all: every call, for a reload */
 };
 
 static void call_step(struct call *k);
 
 /* A call naming a task not held running here waits for the record's answer. */
 struct task_wait {
-    struct call *k;                  /* NULL once the call is gone */
+    struct call *k; /* NULL once the call is gone */
     char id[TASK_ID_MAX + 1];
 };
 static void call_act(struct call *k, const struct gov_decision *d,
@@ -239,8 +239,8 @@ static void call_end(struct call *k)
     call_task_unlink(k);
     call_set_paused(k, false);
     ev_timer_stop(srv->loop, &k->wake_w);
-    metrics_on_call_end(srv->metrics, call_cap(k), k->code,
-                        call_elapsed(k), gov_call_stalled_s(&k->g, ev_now(srv->loop)));
+    metrics_on_call_end(srv->metrics, call_cap(k), k->code, call_elapsed(k),
+                        gov_call_stalled_s(&k->g, ev_now(srv->loop)));
     gov_call_fini(&k->g, ev_now(srv->loop));
     call_unlink(k);
     msgpack_sbuffer_destroy(&k->usage);
@@ -271,15 +271,14 @@ static void pack_raw(msgpack_packer *pk, const char *data, size_t len)
 static int relay_json(struct server *srv, const char *json, size_t len, msgpack_packer *pk,
                       char *err, size_t errlen)
 {
-    const struct transcode_j2m opt = {RPC_RELAYED_MAX_DEPTH, redact_on_str, srv->redact};
+    const struct transcode_j2m opt = { RPC_RELAYED_MAX_DEPTH, redact_on_str, srv->redact };
 
     return transcode_json_to_msgpack(json, len, pk, &opt, err, errlen);
 }
 
 /* Packs upstream text as a str: scrubbed, invalid UTF-8 replaced with
  * U+FFFD, cut to at most `max` bytes on a character boundary. */
-static void relay_text(struct server *srv, msgpack_packer *pk, const char *s, size_t n,
-                       size_t max)
+static void relay_text(struct server *srv, msgpack_packer *pk, const char *s, size_t n, size_t max)
 {
     struct strbuf clean, valid;
 
@@ -343,7 +342,7 @@ static const char *relay_json_text(struct server *srv, const char *s, size_t *n,
         msgpack_sbuffer sb;
         msgpack_packer pk;
         msgpack_unpacked up;
-        const struct transcode_j2m opt = {TRANSCODE_MAX_DEPTH, redact_on_str, srv->redact};
+        const struct transcode_j2m opt = { TRANSCODE_MAX_DEPTH, redact_on_str, srv->redact };
         int rc = -1;
         msgpack_sbuffer_init(&sb);
         msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
@@ -377,8 +376,7 @@ static const char *relay_json_text(struct server *srv, const char *s, size_t *n,
 
 /* Packs an upstream error body as msgpack when it is JSON that fits, else
  * as a string of at most 4 KiB. */
-static void pack_upstream_body(struct server *srv, msgpack_packer *pk, const char *body,
-                               size_t len)
+static void pack_upstream_body(struct server *srv, msgpack_packer *pk, const char *body, size_t len)
 {
     msgpack_sbuffer sb;
     msgpack_packer tmp;
@@ -395,20 +393,28 @@ static void pack_upstream_body(struct server *srv, msgpack_packer *pk, const cha
 static enum pgw_code gov_code(enum gov_result r)
 {
     switch (r) {
-    case GOV_OK: return PGW_OK;
-    case GOV_STALLED: return PGW_STALLED;
-    case GOV_RETRY_EXHAUSTED: return PGW_RETRY_EXHAUSTED;
-    case GOV_UPSTREAM_REJECTED: return PGW_UPSTREAM_REJECTED;
-    case GOV_DEADLINE_EXCEEDED: return PGW_DEADLINE_EXCEEDED;
-    case GOV_BACKEND_UNAVAILABLE: return PGW_BACKEND_UNAVAILABLE;
-    case GOV_CANCELLED: return PGW_CANCELLED;
+    case GOV_OK:
+        return PGW_OK;
+    case GOV_STALLED:
+        return PGW_STALLED;
+    case GOV_RETRY_EXHAUSTED:
+        return PGW_RETRY_EXHAUSTED;
+    case GOV_UPSTREAM_REJECTED:
+        return PGW_UPSTREAM_REJECTED;
+    case GOV_DEADLINE_EXCEEDED:
+        return PGW_DEADLINE_EXCEEDED;
+    case GOV_BACKEND_UNAVAILABLE:
+        return PGW_BACKEND_UNAVAILABLE;
+    case GOV_CANCELLED:
+        return PGW_CANCELLED;
     }
     return PGW_INTERNAL;
 }
 
 /* Packs the `sources` list of an error: every source the call tried, with
  * its attempts and the reason of its last one. */
-static void pack_sources(msgpack_packer *pk, const struct call *k, const struct attempt_result *last)
+static void pack_sources(msgpack_packer *pk, const struct call *k,
+                         const struct attempt_result *last)
 {
     const struct config *cfg = k->srv->cfg;
     uint32_t n = 0;
@@ -519,7 +525,7 @@ static void call_pack_error(struct call *k, enum pgw_code code, const char *msg,
 /* An error that carries no retry hint and no upstream reply. */
 static void call_reply_plain_error(struct call *k, enum pgw_code code, const char *message)
 {
-    call_pack_error(k, code, message, &(struct call_error){.retry_after_s = -1});
+    call_pack_error(k, code, message, &(struct call_error){ .retry_after_s = -1 });
 }
 
 static void call_reply_error(struct call *k, enum pgw_code code, double retry_after_s,
@@ -529,11 +535,10 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
     double stalled = gov_call_stalled_s(&k->g, now);
     const char *src = k->src ? k->src->name : "-";
     const struct gov_source_note *note =
-        !last && k->g.attempts > 0 && k->src ? &k->g.notes[k->src - k->srv->cfg->sources]
-                                             : NULL;
-    const char *reason = last   ? outcome_reason_name(last->outcome.reason)
-                         : note ? outcome_reason_name((enum outcome_reason)note->reason)
-                                : "none";
+        !last && k->g.attempts > 0 && k->src ? &k->g.notes[k->src - k->srv->cfg->sources] : NULL;
+    const char *reason = last ? outcome_reason_name(last->outcome.reason)
+        : note                ? outcome_reason_name((enum outcome_reason)note->reason)
+                              : "none";
     int http_status = last ? last->http_status : note ? note->status : 0;
     const char *detail = last ? last->detail : "";
     bool rejected = code == PGW_UPSTREAM_REJECTED && last;
@@ -548,8 +553,8 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
                      "scope '%s' made no progress and Retry-After holds back every source for "
                      "%.0fs, past what is left of stall_window_s %g (%.3fs spent); %u "
                      "attempt(s), last: %s: %s",
-                     k->g.scope, retry_after_s, k->g.pol.stall_window_s, stalled,
-                     k->g.attempts, last || note ? src : "none", reason);
+                     k->g.scope, retry_after_s, k->g.pol.stall_window_s, stalled, k->g.attempts,
+                     last || note ? src : "none", reason);
             break;
         }
         snprintf(msg, sizeof(msg),
@@ -559,8 +564,8 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
                  last || note ? src : "none", reason);
         break;
     case PGW_RETRY_EXHAUSTED:
-        snprintf(msg, sizeof(msg), "%u attempt(s) failed; last on %s: %s: %.160s",
-                 k->g.attempts, src, reason, detail);
+        snprintf(msg, sizeof(msg), "%u attempt(s) failed; last on %s: %s: %.160s", k->g.attempts,
+                 src, reason, detail);
         break;
     case PGW_UPSTREAM_REJECTED:
         snprintf(msg, sizeof(msg), "%s rejected the request with HTTP %d", src,
@@ -672,8 +677,8 @@ static void call_keep_usage(struct call *k, const msgpack_object *usage)
 static void call_keep_token_counts(struct call *k)
 {
     msgpack_packer upk;
-    int64_t v[3] = {k->tokens.prompt, k->tokens.completion, dialect_usage_total(&k->tokens)};
-    static const char *const names[3] = {"prompt_tokens", "completion_tokens", "total_tokens"};
+    int64_t v[3] = { k->tokens.prompt, k->tokens.completion, dialect_usage_total(&k->tokens) };
+    static const char *const names[3] = { "prompt_tokens", "completion_tokens", "total_tokens" };
     uint32_t n = 0;
 
     for (int i = 0; i < 3; i++)
@@ -744,7 +749,7 @@ static void call_reply_success(struct call *k, const struct attempt_result *r,
                                const msgpack_sbuffer *body, const msgpack_object *usage)
 {
     struct call_info ci;
-    struct call_body b = {0};
+    struct call_body b = { 0 };
     msgpack_sbuffer us;
     struct strbuf scrubbed;
 
@@ -754,7 +759,7 @@ static void call_reply_success(struct call *k, const struct attempt_result *r,
     strbuf_init(&scrubbed);
     if (body && !k->sink->ops->wants_msgpack && k->form == BODY_TO_ANTHROPIC &&
         call_json_of(body, &scrubbed) == 0) {
-        b.json = scrubbed.data;      /* made from the scrubbed msgpack */
+        b.json = scrubbed.data; /* made from the scrubbed msgpack */
         b.json_len = scrubbed.len;
     } else if (body && !k->sink->ops->wants_msgpack) {
         b.json_len = r->body_len;
@@ -808,7 +813,7 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
     /* A plain success must be JSON; if not, it is a transient failure the
      * loop may retry, not a success. */
     if (res.outcome.kind == OUTCOME_SUCCESS && !k->stream && !call_needs_tree(k)) {
-        struct json_facts f = {-1, false, false, false, false};
+        struct json_facts f = { -1, false, false, false, false };
         size_t at = 0;
         if (jscan_object(res.body ? res.body : "", res.body_len, facts_member, &f, &at) == -1) {
             outcome_from_reason(&res.outcome, REASON_BAD_RESPONSE);
@@ -819,8 +824,7 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
         }
     } else if (res.outcome.kind == OUTCOME_SUCCESS && !k->stream) {
         msgpack_packer_init(&bpk, &body, msgpack_sbuffer_write);
-        int rc = relay_json(k->srv, res.body ? res.body : "", res.body_len, &bpk, err,
-                            sizeof(err));
+        int rc = relay_json(k->srv, res.body ? res.body : "", res.body_len, &bpk, err, sizeof(err));
         if (rc < 0) {
             outcome_from_reason(&res.outcome, REASON_BAD_RESPONSE);
             res.outcome.http_status = res.http_status;
@@ -846,15 +850,16 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
         usage = NULL;
 
     log_at(res.outcome.kind == OUTCOME_SUCCESS ? LOG_DEBUG : LOG_INFO, "attempt ended", "call",
-           LOG_U, (unsigned long long)k->msgid, "msgid", LOG_U, (unsigned long long)k->msgid,
-           "app", LOG_S, k->app,
-           "source", LOG_S, k->src->name, "attempt", LOG_U, (unsigned long long)k->g.attempts,
-           "outcome", LOG_S, outcome_kind_name(res.outcome.kind), "reason", LOG_S,
-           outcome_reason_name(res.outcome.reason), "status", LOG_I, (long long)res.http_status,
-           "phase", LOG_S, attempt_phase_name(res.phase), "elapsed_s", LOG_F, res.elapsed_s, NULL);
+           LOG_U, (unsigned long long)k->msgid, "msgid", LOG_U, (unsigned long long)k->msgid, "app",
+           LOG_S, k->app, "source", LOG_S, k->src->name, "attempt", LOG_U,
+           (unsigned long long)k->g.attempts, "outcome", LOG_S, outcome_kind_name(res.outcome.kind),
+           "reason", LOG_S, outcome_reason_name(res.outcome.reason), "status", LOG_I,
+           (long long)res.http_status, "phase", LOG_S, attempt_phase_name(res.phase), "elapsed_s",
+           LOG_F, res.elapsed_s, NULL);
 
     metrics_on_attempt(k->srv->metrics, call_source(k), &res);
-    double used = res.outcome.kind == OUTCOME_SUCCESS ? (double)dialect_usage_total(&k->tokens) : -1;
+    double used =
+        res.outcome.kind == OUTCOME_SUCCESS ? (double)dialect_usage_total(&k->tokens) : -1;
     k->last_status = res.http_status;
     k->used_tokens = used >= 0 ? used : NAN;
     if (k->lease) {
@@ -888,7 +893,7 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
 static int call_scan_json_event(struct call *k, struct attempt *a, const char *data, size_t len,
                                 bool *is_json, int *terminal)
 {
-    struct json_facts f = {-1, false, false, false, false};
+    struct json_facts f = { -1, false, false, false, false };
 
     *is_json = jscan_object(data, len, facts_member, &f, NULL) != -1;
     *terminal = f.terminal;
@@ -919,7 +924,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     msgpack_packer tmp;
     msgpack_unpacked up;
     struct strbuf scrubbed;
-    struct dialect_event ev = {0};
+    struct dialect_event ev = { 0 };
     const char *text = data;
     size_t text_len = len;
     char event_name[32] = "";
@@ -997,7 +1002,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
         msgpack_packer_init(&cpk, &conv, msgpack_sbuffer_write);
         msgpack_unpacked_init(&up);
         int made = msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS &&
-                   convert_chat_event(&k->conv, &up.data, &cpk);
+            convert_chat_event(&k->conv, &up.data, &cpk);
         msgpack_unpacked_destroy(&up);
         msgpack_sbuffer_destroy(&sb);
         sb = conv;
@@ -1151,9 +1156,9 @@ static int call_prepare_json(struct call *k, const struct config_source *src, ch
         .model = model,
         /* The `stream` parameter decides; a body's own "stream" key must not
          * make the upstream stream while we expect one JSON reply. */
-        .stream = k->stream                     ? TRANSCODE_STREAM_TRUE
-                  : rpc_map_get(body, "stream") ? TRANSCODE_STREAM_FALSE
-                                                : TRANSCODE_STREAM_KEEP,
+        .stream = k->stream               ? TRANSCODE_STREAM_TRUE
+            : rpc_map_get(body, "stream") ? TRANSCODE_STREAM_FALSE
+                                          : TRANSCODE_STREAM_KEEP,
     };
     strbuf_reset(&k->json);
     rc = transcode_msgpack_to_json(body, &k->json, &ov, "body", why, whylen);
@@ -1270,7 +1275,7 @@ static void call_run_attempt(struct call *k, size_t source)
     };
     call_set_paused(k, false);
     msgpack_sbuffer_clear(&k->usage);
-    k->tokens = (struct dialect_usage){-1, -1, -1};
+    k->tokens = (struct dialect_usage){ -1, -1, -1 };
     convert_stream_init(&k->conv, (int64_t)ev_now(srv->loop), k->client_usage);
     k->event_error[0] = '\0';
     k->relayed = 0;
@@ -1314,7 +1319,8 @@ static void call_on_admit(void *ud, int rc, struct backend_lease *lease, double 
     call_act(k, &d, NULL);
 }
 
-static void call_act(struct call *k, const struct gov_decision *d, const struct attempt_result *last)
+static void call_act(struct call *k, const struct gov_decision *d,
+                     const struct attempt_result *last)
 {
     struct server *srv = k->srv;
 
@@ -1322,8 +1328,8 @@ static void call_act(struct call *k, const struct gov_decision *d, const struct 
     case GOV_ATTEMPT: {
         /* Admitted at once (the local step decided: memory), later
          * (call_on_admit), or not sent: fail closed. */
-        int rc = backend_admit(srv->backend, d->source, k->g.est_tokens, &k->lease,
-                               call_on_admit, k, &k->admit);
+        int rc = backend_admit(srv->backend, d->source, k->g.est_tokens, &k->lease, call_on_admit,
+                               k, &k->admit);
         if (rc > 0) {
             call_run_attempt(k, d->source);
         } else if (rc < 0) {
@@ -1487,8 +1493,9 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     if (!first) {
         char name[65];
         rpc_quote_client_str(r->capability, r->capability_len, sizeof(name) - 1, name);
-        snprintf(why, sizeof(why), ci < 0 ? "unknown capability '%s'"
-                                          : "capability '%s' has no source configured", name);
+        snprintf(why, sizeof(why),
+                 ci < 0 ? "unknown capability '%s'" : "capability '%s' has no source configured",
+                 name);
         call_refuse(s, id, r, PGW_UNKNOWN_CAPABILITY, why);
         return;
     }
@@ -1573,8 +1580,8 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     struct gov_policy pol;
     governor_policy(cfg, (size_t)ci, &pol);
     if (rc == 0)
-        rc = gov_call_init(&k->g, &srv->gov, (uint32_t)ci, r->scope ? r->scope : k->cap->name,
-                           &pol, r->deadline_s > 0 ? now + r->deadline_s : 0,
+        rc = gov_call_init(&k->g, &srv->gov, (uint32_t)ci, r->scope ? r->scope : k->cap->name, &pol,
+                           r->deadline_s > 0 ? now + r->deadline_s : 0,
                            governor_estimate_tokens(text_len, r->max_tokens), now);
     if (rc < 0) {
         enum pgw_code code = rc == TRANSCODE_EINVALID ? PGW_BAD_REQUEST : PGW_INTERNAL;
@@ -1634,7 +1641,7 @@ int call_cancel(struct call_sink *s, uint32_t msgid)
         return -1;
     char msg[96];
     snprintf(msg, sizeof(msg), "cancelled by the client after %.3fs", call_elapsed(k));
-    call_pack_error(k, PGW_CANCELLED, msg, &(struct call_error){.retry_after_s = -1});
+    call_pack_error(k, PGW_CANCELLED, msg, &(struct call_error){ .retry_after_s = -1 });
     call_abort(k);
     return 0;
 }
@@ -1643,7 +1650,7 @@ void call_fail_all(struct call_sink *s, enum pgw_code code, const char *message)
 {
     while (s->calls) {
         struct call *k = s->calls;
-        call_pack_error(k, code, message, &(struct call_error){.retry_after_s = -1});
+        call_pack_error(k, code, message, &(struct call_error){ .retry_after_s = -1 });
         call_abort(k);
     }
 }
@@ -1670,7 +1677,7 @@ void call_fail_task(struct task *t, enum pgw_code code, const char *message)
         struct call *k = t->ud;
         struct call_sink *s = k->sink;
         call_pack_error(k, code, message,
-                        &(struct call_error){.retry_after_s = -1, .reason = task_reason(t)});
+                        &(struct call_error){ .retry_after_s = -1, .reason = task_reason(t) });
         call_abort(k); /* unlinks k from t */
         s->ops->flush(s);
     }

@@ -27,13 +27,13 @@ struct upstream_budget;
 
 /* What an answer says about its call (all borrowed for the hook only). */
 struct call_info {
-    const char *source;            /* the current or last attempt's source, "-" before any */
+    const char *source; /* the current or last attempt's source, "-" before any */
     uint32_t attempts;
     double elapsed_s, stalled_s;
-    bool anthropic;                /* the answer is in Anthropic's Messages format (a
+    bool anthropic;    /* the answer is in Anthropic's Messages format (a
                                     * kind: anthropic source, not converted): its stream
                                     * events are named and it has no [DONE] */
-    const char *event;             /* on_chunk: the event's name (Anthropic: its "type"),
+    const char *event; /* on_chunk: the event's name (Anthropic: its "type"),
                                     * or NULL */
 };
 
@@ -70,8 +70,8 @@ struct call_body {
  * on_result / on_error must only queue: they run while the call is still
  * linked. */
 struct call_sink_ops {
-    int (*on_chunk)(struct call_sink *s, uint32_t id, const struct call_info *ci,
-                    const char *json, size_t json_len, const char *mp, size_t mp_len);
+    int (*on_chunk)(struct call_sink *s, uint32_t id, const struct call_info *ci, const char *json,
+                    size_t json_len, const char *mp, size_t mp_len);
     void (*on_result)(struct call_sink *s, uint32_t id, const struct call_info *ci,
                       const struct call_body *b);
     void (*on_error)(struct call_sink *s, uint32_t id, enum pgw_code code, const char *map,
@@ -90,12 +90,12 @@ struct call_sink {
     struct server *srv;
     struct upstream_budget *budget; /* the client's byte budget for its attempts
                                      * (upstream.h), or NULL */
-    struct call *calls;            /* in flight (owned by call.c) */
+    struct call *calls;             /* in flight (owned by call.c) */
     uint32_t n_calls;
-    uint32_t paused_calls;         /* of which streams paused for back-pressure */
+    uint32_t paused_calls; /* of which streams paused for back-pressure */
     /* For the access log (access.h), set by the front end (zero: unknown). */
-    uint64_t conn_id;              /* the connection's id in other log lines */
-    long long peer_pid, peer_uid;  /* the peer as the kernel reports it (SO_PEERCRED);
+    uint64_t conn_id;             /* the connection's id in other log lines */
+    long long peer_pid, peer_uid; /* the peer as the kernel reports it (SO_PEERCRED);
                                     * pid <= 0: unknown */
 };
 
@@ -111,11 +111,11 @@ struct call_req {
     const char *json;
     size_t json_len;
     bool stream;
-    const char *scope;             /* NUL-terminated, NULL = the capability's */
-    const char *task_id;           /* NUL-terminated, NULL = none */
-    double deadline_s;             /* > 0, or 0 = none */
-    uint64_t max_tokens;           /* the body's max_(completion_)tokens, 0 = absent */
-    const struct config_app *app;  /* who is calling (borrowed from the server's config),
+    const char *scope;            /* NUL-terminated, NULL = the capability's */
+    const char *task_id;          /* NUL-terminated, NULL = none */
+    double deadline_s;            /* > 0, or 0 = none */
+    uint64_t max_tokens;          /* the body's max_(completion_)tokens, 0 = absent */
+    const struct config_app *app; /* who is calling (borrowed from the server's config),
                                     * NULL = `default` */
 };
 

@@ -116,13 +116,13 @@ void callrpc_start(struct conn *c, const struct rpc_msg *m)
 {
     enum { P_CAP, P_BODY, P_STREAM, P_SCOPE, P_TASK, P_DEADLINE, P_APP, P_N };
     static const struct rpc_param spec[P_N] = {
-        [P_CAP] = {"capability", RPC_T_STR, true},
-        [P_BODY] = {"body", RPC_T_MAP, true},
-        [P_STREAM] = {"stream", RPC_T_BOOL | RPC_T_NIL, false},
-        [P_SCOPE] = {"scope", RPC_T_STR | RPC_T_NIL, false},
-        [P_TASK] = {"task_id", RPC_T_STR | RPC_T_NIL, false},
-        [P_DEADLINE] = {"deadline_s", RPC_T_NUMBER | RPC_T_NIL, false},
-        [P_APP] = {"app", RPC_T_STR | RPC_T_NIL, false},
+        [P_CAP] = { "capability", RPC_T_STR, true },
+        [P_BODY] = { "body", RPC_T_MAP, true },
+        [P_STREAM] = { "stream", RPC_T_BOOL | RPC_T_NIL, false },
+        [P_SCOPE] = { "scope", RPC_T_STR | RPC_T_NIL, false },
+        [P_TASK] = { "task_id", RPC_T_STR | RPC_T_NIL, false },
+        [P_DEADLINE] = { "deadline_s", RPC_T_NUMBER | RPC_T_NIL, false },
+        [P_APP] = { "app", RPC_T_STR | RPC_T_NIL, false },
     };
     const msgpack_object *p[P_N];
     char why[300], scope[CONFIG_NAME_MAX * 4], id[TASK_ID_MAX + 1];
@@ -132,30 +132,33 @@ void callrpc_start(struct conn *c, const struct rpc_msg *m)
         conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
         return;
     }
-    if (p[P_DEADLINE] && (!rpc_as_double(p[P_DEADLINE], &deadline_s) || !(deadline_s > 0) ||
-                          !isfinite(deadline_s))) {
+    if (p[P_DEADLINE] &&
+        (!rpc_as_double(p[P_DEADLINE], &deadline_s) || !(deadline_s > 0) ||
+         !isfinite(deadline_s))) {
         conn_reply_error(c, m->msgid, PGW_BAD_REQUEST,
                          "parameter 'deadline_s': expected a positive number of seconds");
         return;
     }
-    if (p[P_SCOPE] && (p[P_SCOPE]->via.str.size == 0 ||
-                       rpc_str_copy(p[P_SCOPE], scope, sizeof(scope)) < 0 ||
-                       memchr(scope, '\0', p[P_SCOPE]->via.str.size))) {
+    if (p[P_SCOPE] &&
+        (p[P_SCOPE]->via.str.size == 0 || rpc_str_copy(p[P_SCOPE], scope, sizeof(scope)) < 0 ||
+         memchr(scope, '\0', p[P_SCOPE]->via.str.size))) {
         snprintf(why, sizeof(why), "parameter 'scope': expected 1 to %zu bytes without NUL",
                  sizeof(scope) - 1);
         conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
         return;
     }
-    if (p[P_TASK] && (p[P_TASK]->via.str.size == 0 || rpc_str_copy(p[P_TASK], id, sizeof(id)) < 0 ||
-                      memchr(id, '\0', p[P_TASK]->via.str.size))) {
+    if (p[P_TASK] &&
+        (p[P_TASK]->via.str.size == 0 || rpc_str_copy(p[P_TASK], id, sizeof(id)) < 0 ||
+         memchr(id, '\0', p[P_TASK]->via.str.size))) {
         snprintf(why, sizeof(why), "parameter 'task_id': expected 1 to %d bytes without NUL",
                  TASK_ID_MAX);
         conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
         return;
     }
     const struct config_app *app = conn_app(c);
-    if (p[P_APP] && !(app = conn_declare_app(c, p[P_APP]->via.str.ptr, p[P_APP]->via.str.size,
-                                             why, sizeof(why)))) {
+    if (p[P_APP] &&
+        !(app = conn_declare_app(c, p[P_APP]->via.str.ptr, p[P_APP]->via.str.size, why,
+                                 sizeof(why)))) {
         conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
         return;
     }

@@ -51,12 +51,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#define CONFIG_FILE_MAX   (16u << 20) /* bytes of YAML accepted by config_load */
-#define CONFIG_DEPTH_MAX  32u         /* nesting; the schema itself needs 4 */
-#define CONFIG_KEY_MAX    65536u      /* bytes read from a key file (before trimming) */
-#define CONFIG_PATH_MAX   256u        /* key path buffer for messages */
-#define DURATION_MAX_S    31536000.0  /* one year: upper bound of every duration */
-#define SUN_PATH_MAX      (sizeof(((struct sockaddr_un *)0)->sun_path))
+#define CONFIG_FILE_MAX  (16u << 20) /* bytes of YAML accepted by config_load */
+#define CONFIG_DEPTH_MAX 32u         /* nesting; the schema itself needs 4 */
+#define CONFIG_KEY_MAX   65536u      /* bytes read from a key file (before trimming) */
+#define CONFIG_PATH_MAX  256u        /* key path buffer for messages */
+#define DURATION_MAX_S   31536000.0  /* one year: upper bound of every duration */
+#define SUN_PATH_MAX     (sizeof(((struct sockaddr_un *)0)->sun_path))
 
 /* ------------------------------------------------------------------------ */
 /* Field table                                                              */
@@ -64,33 +64,110 @@
 /* Field ids: index of the per-entity `line[]` arrays (0 = not set here). */
 enum fid {
     FID_NONE = 0,
-    FID_LISTEN, FID_SERVER, FID_BACKEND, FID_DEFAULTS, FID_CAPABILITIES, FID_SOURCES,
-    FID_TASKS, FID_TASK_TTL, FID_MAX_TASKS,
-    FID_SOCKET, FID_MODE, FID_MAX_MESSAGE_BYTES, FID_MAX_CONNECTIONS,
-    FID_MAX_INFLIGHT, FID_MAX_WRITE_QUEUE,
-    FID_MAX_BUFFERED_INPUT, FID_LISTEN_IDLE_TIMEOUT,
-    FID_LOG_LEVEL, FID_SHUTDOWN_GRACE,
-    FID_KIND, FID_URL, FID_URL_ENV, FID_PREFIX, FID_COMMAND_TIMEOUT, FID_LEASE_TTL,
-    FID_SENTINELS, FID_MASTER_NAME, FID_DB, FID_USERNAME, FID_PASSWORD_ENV, FID_PASSWORD_FILE,
-    FID_SENTINEL_USERNAME, FID_SENTINEL_PASSWORD_ENV, FID_SENTINEL_PASSWORD_FILE,
-    FID_TLS, FID_TLS_CA_FILE, FID_TLS_CERT_FILE, FID_TLS_KEY_FILE, FID_TLS_SERVER_NAME,
-    FID_MAX_ATTEMPTS, FID_STALL_WINDOW, FID_BACKOFF_BASE, FID_BACKOFF_MAX,
-    FID_POLL_INTERVAL, FID_NODE_TIMEOUT,
-    FID_EXEMPT_429, FID_PATH,
-    FID_NAME, FID_CAPABILITY, FID_BASE_URL, FID_API_KEY, FID_API_KEY_ENV,
-    FID_API_KEY_FILE, FID_MODEL, FID_PRIORITY, FID_WEIGHT, FID_TIMEOUT,
-    FID_CONNECT_TIMEOUT, FID_TTFT_TIMEOUT, FID_IDLE_TIMEOUT, FID_MAX_CONCURRENCY,
-    FID_AIMD, FID_AIMD_INITIAL, FID_AIMD_MIN, FID_AIMD_INCREASE, FID_AIMD_DECREASE,
-    FID_BREAKER, FID_BREAKER_FAILURES, FID_BREAKER_COOLDOWN, FID_BREAKER_MAX_COOLDOWN,
-    FID_LIMITS, FID_RPM, FID_TPM, FID_DAILY_TOKENS, FID_WINDOW,
-    FID_PACER, FID_PACER_MIN_INTERVAL,
+    FID_LISTEN,
+    FID_SERVER,
+    FID_BACKEND,
+    FID_DEFAULTS,
+    FID_CAPABILITIES,
+    FID_SOURCES,
+    FID_TASKS,
+    FID_TASK_TTL,
+    FID_MAX_TASKS,
+    FID_SOCKET,
+    FID_MODE,
+    FID_MAX_MESSAGE_BYTES,
+    FID_MAX_CONNECTIONS,
+    FID_MAX_INFLIGHT,
+    FID_MAX_WRITE_QUEUE,
+    FID_MAX_BUFFERED_INPUT,
+    FID_LISTEN_IDLE_TIMEOUT,
+    FID_LOG_LEVEL,
+    FID_SHUTDOWN_GRACE,
+    FID_KIND,
+    FID_URL,
+    FID_URL_ENV,
+    FID_PREFIX,
+    FID_COMMAND_TIMEOUT,
+    FID_LEASE_TTL,
+    FID_SENTINELS,
+    FID_MASTER_NAME,
+    FID_DB,
+    FID_USERNAME,
+    FID_PASSWORD_ENV,
+    FID_PASSWORD_FILE,
+    FID_SENTINEL_USERNAME,
+    FID_SENTINEL_PASSWORD_ENV,
+    FID_SENTINEL_PASSWORD_FILE,
+    FID_TLS,
+    FID_TLS_CA_FILE,
+    FID_TLS_CERT_FILE,
+    FID_TLS_KEY_FILE,
+    FID_TLS_SERVER_NAME,
+    FID_MAX_ATTEMPTS,
+    FID_STALL_WINDOW,
+    FID_BACKOFF_BASE,
+    FID_BACKOFF_MAX,
+    FID_POLL_INTERVAL,
+    FID_NODE_TIMEOUT,
+    FID_EXEMPT_429,
+    FID_PATH,
+    FID_NAME,
+    FID_CAPABILITY,
+    FID_BASE_URL,
+    FID_API_KEY,
+    FID_API_KEY_ENV,
+    FID_API_KEY_FILE,
+    FID_MODEL,
+    FID_PRIORITY,
+    FID_WEIGHT,
+    FID_TIMEOUT,
+    FID_CONNECT_TIMEOUT,
+    FID_TTFT_TIMEOUT,
+    FID_IDLE_TIMEOUT,
+    FID_MAX_CONCURRENCY,
+    FID_AIMD,
+    FID_AIMD_INITIAL,
+    FID_AIMD_MIN,
+    FID_AIMD_INCREASE,
+    FID_AIMD_DECREASE,
+    FID_BREAKER,
+    FID_BREAKER_FAILURES,
+    FID_BREAKER_COOLDOWN,
+    FID_BREAKER_MAX_COOLDOWN,
+    FID_LIMITS,
+    FID_RPM,
+    FID_TPM,
+    FID_DAILY_TOKENS,
+    FID_WINDOW,
+    FID_PACER,
+    FID_PACER_MIN_INTERVAL,
     FID_ACCESS_LOG,
-    FID_SRC_KIND, FID_API_VERSION, FID_ANTHROPIC_VERSION, FID_AUTH_HEADER, FID_AUTH_QUERY,
-    FID_HEADERS, FID_QUERY, FID_STREAM_USAGE, FID_ACCEPTS,
-    FID_HTTP, FID_HTTP_SOCKET, FID_HTTP_LISTEN, FID_HTTP_ALLOW_REMOTE, FID_HTTP_MAX_BODY,
-    FID_HTTP_MAX_HEADER, FID_HTTP_MAX_CONNECTIONS, FID_HTTP_HEADER_TIMEOUT,
-    FID_HTTP_BODY_TIMEOUT, FID_HTTP_KEEPALIVE_TIMEOUT, FID_HTTP_SEND_TIMEOUT,
-    FID_APPS, FID_UIDS, FID_GIDS, FID_ALLOW_DECLARED, FID_ADMIN, FID_APP_CAPS,
+    FID_SRC_KIND,
+    FID_API_VERSION,
+    FID_ANTHROPIC_VERSION,
+    FID_AUTH_HEADER,
+    FID_AUTH_QUERY,
+    FID_HEADERS,
+    FID_QUERY,
+    FID_STREAM_USAGE,
+    FID_ACCEPTS,
+    FID_HTTP,
+    FID_HTTP_SOCKET,
+    FID_HTTP_LISTEN,
+    FID_HTTP_ALLOW_REMOTE,
+    FID_HTTP_MAX_BODY,
+    FID_HTTP_MAX_HEADER,
+    FID_HTTP_MAX_CONNECTIONS,
+    FID_HTTP_HEADER_TIMEOUT,
+    FID_HTTP_BODY_TIMEOUT,
+    FID_HTTP_KEEPALIVE_TIMEOUT,
+    FID_HTTP_SEND_TIMEOUT,
+    FID_APPS,
+    FID_UIDS,
+    FID_GIDS,
+    FID_ALLOW_DECLARED,
+    FID_ADMIN,
+    FID_APP_CAPS,
     FID_COUNT
 };
 
@@ -129,7 +206,7 @@ struct loader;
 
 struct field {
     const char *key;
-    const char *each;          /* FT_CUSTOM with `sub`: how one element's key
+    const char *each; /* FT_CUSTOM with `sub`: how one element's key
                                 * path reads in a hint ("[i]", ".NAME") */
     enum field_type type;
     enum fid fid;
@@ -165,31 +242,31 @@ struct cap_stage {
 
 struct src_stage {
     struct config_source src;
-    bool bad;                  /* not a map: no rule applies to it */
-    char *key_env;             /* owned; name of the variable holding the key */
-    char *key_file;            /* owned; absolute path of the key file */
-    char *accepts;             /* owned; `accepts:` as written */
+    bool bad;       /* not a map: no rule applies to it */
+    char *key_env;  /* owned; name of the variable holding the key */
+    char *key_file; /* owned; absolute path of the key file */
+    char *accepts;  /* owned; `accepts:` as written */
     unsigned map_line;
     unsigned line[FID_COUNT];
 };
 
 struct app_stage {
     struct config_app app;
-    const struct ynode *caps;  /* `capabilities` (the tree outlives validation) */
-    bool bad;                  /* not a map: no rule applies to it */
+    const struct ynode *caps; /* `capabilities` (the tree outlives validation) */
+    bool bad;                 /* not a map: no rule applies to it */
     unsigned map_line;
     unsigned line[FID_COUNT];
 };
 
 struct loader {
-    const char *name;          /* file name for messages */
-    config_report_fn *report;  /* may be NULL */
+    const char *name;         /* file name for messages */
+    config_report_fn *report; /* may be NULL */
     void *report_arg;
     size_t n_errors;
     char *err;
     size_t errlen;
     struct config *cfg;
-    unsigned line[FID_COUNT];  /* top level: listen, server, backend, defaults */
+    unsigned line[FID_COUNT]; /* top level: listen, server, backend, defaults */
     struct cap_stage *caps;
     size_t n_caps, cap_caps;
     struct src_stage *srcs;
@@ -202,8 +279,8 @@ struct loader {
      * FID_CAPABILITIES with ".vision", or FID_NONE. */
     enum fid elem_fid;
     char elem[CONFIG_NAME_MAX + 8];
-    struct name_index cap_ix;  /* over caps (validate) */
-    struct name_index src_ix;  /* over srcs (validate) */
+    struct name_index cap_ix; /* over caps (validate) */
+    struct name_index src_ix; /* over srcs (validate) */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -226,8 +303,7 @@ static void msg_vappend(struct msg *m, const char *fmt, va_list ap)
         m->used = sizeof(m->text) - 1;
 }
 
-__attribute__((format(printf, 2, 3)))
-static void msg_append(struct msg *m, const char *fmt, ...)
+__attribute__((format(printf, 2, 3))) static void msg_append(struct msg *m, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -248,8 +324,8 @@ static int emit(struct loader *l, const struct msg *m)
 
 /* "NAME[:LINE]: [PATH: ]reason" (LINE_BAD is ignored). Returns -EINVAL so
  * callers can `return fail_at(...)`; the load goes on where it can. */
-__attribute__((format(printf, 4, 5)))
-static int fail_at(struct loader *l, unsigned line, const char *path, const char *fmt, ...)
+__attribute__((format(printf, 4, 5))) static int fail_at(struct loader *l, unsigned line,
+                                                         const char *path, const char *fmt, ...)
 {
     struct msg m = { .used = 0 };
     va_list ap;
@@ -281,8 +357,8 @@ static int fail_nomem(struct loader *l)
 static size_t path_push_key(struct loader *l, const char *key, size_t len)
 {
     size_t old = l->path_len;
-    int k = snprintf(l->path + old, sizeof(l->path) - old, "%s%.*s",
-                     old ? "." : "", (int)(len > 64 ? 64 : len), key);
+    int k = snprintf(l->path + old, sizeof(l->path) - old, "%s%.*s", old ? "." : "",
+                     (int)(len > 64 ? 64 : len), key);
     l->path_len = k < 0 ? old : old + (size_t)k;
     if (l->path_len >= sizeof(l->path))
         l->path_len = sizeof(l->path) - 1;
@@ -350,9 +426,9 @@ static int check_socket(struct loader *l, const struct ynode *v, char *s)
  * base_url + capability path never doubles the slash. */
 static int check_http_url(struct loader *l, const struct ynode *v, char *s)
 {
-    size_t skip = strncasecmp(s, "http://", 7) == 0    ? 7
-                  : strncasecmp(s, "https://", 8) == 0 ? 8
-                                                       : 0;
+    size_t skip = strncasecmp(s, "http://", 7) == 0 ? 7
+        : strncasecmp(s, "https://", 8) == 0        ? 8
+                                                    : 0;
     if (!skip)
         return fail_here(l, v->line, "must start with http:// or https://");
     if (has_space_or_ctl(s))
@@ -415,11 +491,13 @@ static int check_prefix(struct loader *l, const struct ynode *v, char *s)
 static int check_env_name(struct loader *l, const struct ynode *v, char *s)
 {
     if (!*s || isdigit((unsigned char)*s) || strlen(s) > 255)
-        return fail_here(l, v->line, "must be the name of an environment variable "
+        return fail_here(l, v->line,
+                         "must be the name of an environment variable "
                          "([A-Za-z_][A-Za-z0-9_]*), not the key itself");
     for (; *s; s++)
         if (!isalnum((unsigned char)*s) && *s != '_')
-            return fail_here(l, v->line, "must be the name of an environment variable "
+            return fail_here(l, v->line,
+                             "must be the name of an environment variable "
                              "([A-Za-z_][A-Za-z0-9_]*), not the key itself");
     return 0;
 }
@@ -427,7 +505,8 @@ static int check_env_name(struct loader *l, const struct ynode *v, char *s)
 static int check_key_path(struct loader *l, const struct ynode *v, char *s)
 {
     if (s[0] != '/')
-        return fail_here(l, v->line, "must be an absolute path (the daemon's working "
+        return fail_here(l, v->line,
+                         "must be an absolute path (the daemon's working "
                          "directory is not meaningful)");
     if (has_ctl(s, strlen(s)) || strlen(s) >= PATH_MAX)
         return fail_here(l, v->line, "is not a usable path");
@@ -457,7 +536,8 @@ static bool is_header_name(const char *s)
 static int check_header_name(struct loader *l, const struct ynode *v, char *s)
 {
     if (!is_header_name(s))
-        return fail_here(l, v->line, "must be an HTTP header name (letters, digits and "
+        return fail_here(l, v->line,
+                         "must be an HTTP header name (letters, digits and "
                          "!#$%%&'*+-.^_`|~)");
     return 0;
 }
@@ -499,30 +579,43 @@ static int check_hostport(struct loader *l, const struct ynode *v, char *s)
 /* Tables                                                                   */
 
 #define OFF(type, member) offsetof(type, member)
-#define END { .key = NULL }
+#define END         \
+    {               \
+        .key = NULL \
+    }
 
-#define NUM(k, t, id, o, lo, hi, fl) \
-    { .key = (k), .type = (t), .fid = (id), .off = (o), .min = (lo), .max = (hi), .flags = (fl) }
-#define STR(k, id, o, chk) { .key = (k), .type = FT_STR, .fid = (id), .off = (o), .check = (chk) }
-#define TYPED(k, t, id, o) { .key = (k), .type = (t), .fid = (id), .off = (o) }
-#define SECTION(k, id, o, table) \
-    { .key = (k), .type = FT_SECTION, .fid = (id), .off = (o), .sub = (table) }
+#define NUM(k, t, id, o, lo, hi, fl)                                                              \
+    {                                                                                             \
+        .key = (k), .type = (t), .fid = (id), .off = (o), .min = (lo), .max = (hi), .flags = (fl) \
+    }
+#define STR(k, id, o, chk)                                                  \
+    {                                                                       \
+        .key = (k), .type = FT_STR, .fid = (id), .off = (o), .check = (chk) \
+    }
+#define TYPED(k, t, id, o)                               \
+    {                                                    \
+        .key = (k), .type = (t), .fid = (id), .off = (o) \
+    }
+#define SECTION(k, id, o, table)                                                \
+    {                                                                           \
+        .key = (k), .type = FT_SECTION, .fid = (id), .off = (o), .sub = (table) \
+    }
 
 static const struct field listen_table[] = {
     STR("socket", FID_SOCKET, OFF(struct config, socket_path), check_socket),
     TYPED("mode", FT_MODE, FID_MODE, OFF(struct config, socket_mode)),
-    NUM("max_message_bytes", FT_SIZE, FID_MAX_MESSAGE_BYTES,
-        OFF(struct config, max_message_bytes), 1024, 1073741824.0, 0),
-    NUM("max_connections", FT_U32, FID_MAX_CONNECTIONS,
-        OFF(struct config, max_connections), 1, 1048576, 0),
+    NUM("max_message_bytes", FT_SIZE, FID_MAX_MESSAGE_BYTES, OFF(struct config, max_message_bytes),
+        1024, 1073741824.0, 0),
+    NUM("max_connections", FT_U32, FID_MAX_CONNECTIONS, OFF(struct config, max_connections), 1,
+        1048576, 0),
     NUM("max_inflight_per_connection", FT_U32, FID_MAX_INFLIGHT,
         OFF(struct config, max_inflight_per_connection), 1, 1048576, 0),
     NUM("max_write_queue_bytes", FT_SIZE, FID_MAX_WRITE_QUEUE,
         OFF(struct config, max_write_queue_bytes), 1024, 68719476736.0, 0),
     NUM("max_buffered_input_bytes", FT_SIZE, FID_MAX_BUFFERED_INPUT,
         OFF(struct config, max_buffered_input_bytes), 1024, 68719476736.0, 0),
-    NUM("idle_timeout_s", FT_DOUBLE, FID_LISTEN_IDLE_TIMEOUT,
-        OFF(struct config, idle_timeout_s), 0, DURATION_MAX_S, 0),
+    NUM("idle_timeout_s", FT_DOUBLE, FID_LISTEN_IDLE_TIMEOUT, OFF(struct config, idle_timeout_s), 0,
+        DURATION_MAX_S, 0),
     END
 };
 
@@ -530,36 +623,34 @@ static const struct field http_table[] = {
     STR("socket", FID_HTTP_SOCKET, OFF(struct config, http_socket), check_socket),
     STR("listen", FID_HTTP_LISTEN, OFF(struct config, http_listen), check_hostport),
     TYPED("allow_remote", FT_BOOL, FID_HTTP_ALLOW_REMOTE, OFF(struct config, http_allow_remote)),
-    NUM("max_body_bytes", FT_SIZE, FID_HTTP_MAX_BODY, OFF(struct config, http_max_body_bytes),
-        1024, 1073741824.0, 0),
-    NUM("max_header_bytes", FT_SIZE, FID_HTTP_MAX_HEADER,
-        OFF(struct config, http_max_header_bytes), 1024, 1048576, 0),
+    NUM("max_body_bytes", FT_SIZE, FID_HTTP_MAX_BODY, OFF(struct config, http_max_body_bytes), 1024,
+        1073741824.0, 0),
+    NUM("max_header_bytes", FT_SIZE, FID_HTTP_MAX_HEADER, OFF(struct config, http_max_header_bytes),
+        1024, 1048576, 0),
     NUM("max_connections", FT_U32, FID_HTTP_MAX_CONNECTIONS,
         OFF(struct config, http_max_connections), 1, 1048576, 0),
     NUM("header_timeout_s", FT_DOUBLE, FID_HTTP_HEADER_TIMEOUT,
         OFF(struct config, http_header_timeout_s), 0, 3600, F_MIN_OPEN),
-    NUM("body_timeout_s", FT_DOUBLE, FID_HTTP_BODY_TIMEOUT,
-        OFF(struct config, http_body_timeout_s), 0, 3600, F_MIN_OPEN),
+    NUM("body_timeout_s", FT_DOUBLE, FID_HTTP_BODY_TIMEOUT, OFF(struct config, http_body_timeout_s),
+        0, 3600, F_MIN_OPEN),
     NUM("keepalive_timeout_s", FT_DOUBLE, FID_HTTP_KEEPALIVE_TIMEOUT,
         OFF(struct config, http_keepalive_timeout_s), 0, 86400, F_MIN_OPEN),
-    NUM("send_timeout_s", FT_DOUBLE, FID_HTTP_SEND_TIMEOUT,
-        OFF(struct config, http_send_timeout_s), 0, 3600, F_MIN_OPEN),
+    NUM("send_timeout_s", FT_DOUBLE, FID_HTTP_SEND_TIMEOUT, OFF(struct config, http_send_timeout_s),
+        0, 3600, F_MIN_OPEN),
     END
 };
 
 static const struct field server_table[] = {
     TYPED("log_level", FT_LOGLEVEL, FID_LOG_LEVEL, OFF(struct config, log_level)),
-    NUM("shutdown_grace_s", FT_DOUBLE, FID_SHUTDOWN_GRACE,
-        OFF(struct config, shutdown_grace_s), 0, 3600, 0),
-    TYPED("access_log", FT_BOOL, FID_ACCESS_LOG, OFF(struct config, access_log)),
-    END
+    NUM("shutdown_grace_s", FT_DOUBLE, FID_SHUTDOWN_GRACE, OFF(struct config, shutdown_grace_s), 0,
+        3600, 0),
+    TYPED("access_log", FT_BOOL, FID_ACCESS_LOG, OFF(struct config, access_log)), END
 };
 
 static const struct field tasks_table[] = {
     NUM("ttl_s", FT_DOUBLE, FID_TASK_TTL, OFF(struct config, task_ttl_s), 0, DURATION_MAX_S,
         F_MIN_OPEN),
-    NUM("max_tasks", FT_U32, FID_MAX_TASKS, OFF(struct config, max_tasks), 1, 10000000, 0),
-    END
+    NUM("max_tasks", FT_U32, FID_MAX_TASKS, OFF(struct config, max_tasks), 1, 10000000, 0), END
 };
 
 static int walk_sentinels(struct loader *l, const struct ynode *v);
@@ -568,8 +659,7 @@ static const struct field backend_tls_table[] = {
     STR("ca_file", FID_TLS_CA_FILE, OFF(struct config, redis_tls_ca_file), check_key_path),
     STR("cert_file", FID_TLS_CERT_FILE, OFF(struct config, redis_tls_cert_file), check_key_path),
     STR("key_file", FID_TLS_KEY_FILE, OFF(struct config, redis_tls_key_file), check_key_path),
-    STR("server_name", FID_TLS_SERVER_NAME, OFF(struct config, redis_tls_server_name),
-        check_word),
+    STR("server_name", FID_TLS_SERVER_NAME, OFF(struct config, redis_tls_server_name), check_word),
     END
 };
 
@@ -580,18 +670,17 @@ static const struct field backend_table[] = {
     STR("prefix", FID_PREFIX, OFF(struct config, redis_prefix), check_prefix),
     NUM("command_timeout_s", FT_DOUBLE, FID_COMMAND_TIMEOUT,
         OFF(struct config, redis_command_timeout_s), 0, 60, F_MIN_OPEN),
-    NUM("lease_ttl_s", FT_DOUBLE, FID_LEASE_TTL, OFF(struct config, redis_lease_ttl_s), 0,
-        86400, F_MIN_OPEN),
+    NUM("lease_ttl_s", FT_DOUBLE, FID_LEASE_TTL, OFF(struct config, redis_lease_ttl_s), 0, 86400,
+        F_MIN_OPEN),
     { .key = "sentinels", .type = FT_CUSTOM, .fid = FID_SENTINELS, .walk = walk_sentinels },
     STR("master_name", FID_MASTER_NAME, OFF(struct config, redis_master_name), check_word),
     NUM("db", FT_U32, FID_DB, OFF(struct config, redis_db), 0, INT32_MAX, 0),
     STR("username", FID_USERNAME, OFF(struct config, redis_username), check_word),
-    STR("password_env", FID_PASSWORD_ENV, OFF(struct config, redis_password_env),
-        check_env_name),
+    STR("password_env", FID_PASSWORD_ENV, OFF(struct config, redis_password_env), check_env_name),
     STR("password_file", FID_PASSWORD_FILE, OFF(struct config, redis_password_file),
         check_key_path),
-    STR("sentinel_username", FID_SENTINEL_USERNAME,
-        OFF(struct config, redis_sentinel_username), check_word),
+    STR("sentinel_username", FID_SENTINEL_USERNAME, OFF(struct config, redis_sentinel_username),
+        check_word),
     STR("sentinel_password_env", FID_SENTINEL_PASSWORD_ENV,
         OFF(struct config, redis_sentinel_password_env), check_env_name),
     STR("sentinel_password_file", FID_SENTINEL_PASSWORD_FILE,
@@ -605,25 +694,27 @@ static const struct field backend_table[] = {
  * capabilities. policy_inherit() and check_source_policy() iterate this
  * table. */
 static const struct field policy_table[] = {
-    NUM("max_attempts", FT_U32, FID_MAX_ATTEMPTS,
-        OFF(struct config_policy, max_attempts), 1, 1000, 0),
-    NUM("stall_window_s", FT_DOUBLE, FID_STALL_WINDOW,
-        OFF(struct config_policy, stall_window_s), 0, DURATION_MAX_S, F_MIN_OPEN),
-    NUM("backoff_base_s", FT_DOUBLE, FID_BACKOFF_BASE,
-        OFF(struct config_policy, backoff_base_s), 0, DURATION_MAX_S, F_MIN_OPEN),
-    NUM("backoff_max_s", FT_DOUBLE, FID_BACKOFF_MAX,
-        OFF(struct config_policy, backoff_max_s), 0, DURATION_MAX_S, F_MIN_OPEN),
-    NUM("poll_interval_s", FT_DOUBLE, FID_POLL_INTERVAL,
-        OFF(struct config_policy, poll_interval_s), 0, 3600, F_MIN_OPEN),
-    NUM("node_timeout_s", FT_DOUBLE, FID_NODE_TIMEOUT,
-        OFF(struct config_policy, node_timeout_s), 0, DURATION_MAX_S, F_MIN_OPEN),
+    NUM("max_attempts", FT_U32, FID_MAX_ATTEMPTS, OFF(struct config_policy, max_attempts), 1, 1000,
+        0),
+    NUM("stall_window_s", FT_DOUBLE, FID_STALL_WINDOW, OFF(struct config_policy, stall_window_s), 0,
+        DURATION_MAX_S, F_MIN_OPEN),
+    NUM("backoff_base_s", FT_DOUBLE, FID_BACKOFF_BASE, OFF(struct config_policy, backoff_base_s), 0,
+        DURATION_MAX_S, F_MIN_OPEN),
+    NUM("backoff_max_s", FT_DOUBLE, FID_BACKOFF_MAX, OFF(struct config_policy, backoff_max_s), 0,
+        DURATION_MAX_S, F_MIN_OPEN),
+    NUM("poll_interval_s", FT_DOUBLE, FID_POLL_INTERVAL, OFF(struct config_policy, poll_interval_s),
+        0, 3600, F_MIN_OPEN),
+    NUM("node_timeout_s", FT_DOUBLE, FID_NODE_TIMEOUT, OFF(struct config_policy, node_timeout_s), 0,
+        DURATION_MAX_S, F_MIN_OPEN),
     END
 };
 
 static const struct field capability_table[] = {
     TYPED("exempt_429", FT_BOOL, FID_EXEMPT_429, OFF(struct cap_stage, cap.exempt_429)),
     TYPED("path", FT_UPATH, FID_PATH, OFF(struct cap_stage, cap.path)),
-    { .key = "policy", .type = FT_INCLUDE, .off = OFF(struct cap_stage, cap.policy),
+    { .key = "policy",
+      .type = FT_INCLUDE,
+      .off = OFF(struct cap_stage, cap.policy),
       .sub = policy_table },
     END
 };
@@ -631,18 +722,17 @@ static const struct field capability_table[] = {
 static const struct field aimd_table[] = {
     NUM("initial", FT_DOUBLE, FID_AIMD_INITIAL, OFF(struct config_aimd, initial), 1, 1e6, 0),
     NUM("min", FT_DOUBLE, FID_AIMD_MIN, OFF(struct config_aimd, min), 1, 1e6, 0),
-    NUM("increase", FT_DOUBLE, FID_AIMD_INCREASE, OFF(struct config_aimd, increase),
-        0, 1e6, F_MIN_OPEN),
-    NUM("decrease", FT_DOUBLE, FID_AIMD_DECREASE, OFF(struct config_aimd, decrease),
-        0, 1, F_MIN_OPEN | F_MAX_OPEN),
+    NUM("increase", FT_DOUBLE, FID_AIMD_INCREASE, OFF(struct config_aimd, increase), 0, 1e6,
+        F_MIN_OPEN),
+    NUM("decrease", FT_DOUBLE, FID_AIMD_DECREASE, OFF(struct config_aimd, decrease), 0, 1,
+        F_MIN_OPEN | F_MAX_OPEN),
     END
 };
 
 static const struct field breaker_table[] = {
-    NUM("failures", FT_U32, FID_BREAKER_FAILURES, OFF(struct config_breaker, failures),
-        1, 1e6, 0),
-    NUM("cooldown_s", FT_DOUBLE, FID_BREAKER_COOLDOWN, OFF(struct config_breaker, cooldown_s),
-        0, DURATION_MAX_S, F_MIN_OPEN),
+    NUM("failures", FT_U32, FID_BREAKER_FAILURES, OFF(struct config_breaker, failures), 1, 1e6, 0),
+    NUM("cooldown_s", FT_DOUBLE, FID_BREAKER_COOLDOWN, OFF(struct config_breaker, cooldown_s), 0,
+        DURATION_MAX_S, F_MIN_OPEN),
     NUM("max_cooldown_s", FT_DOUBLE, FID_BREAKER_MAX_COOLDOWN,
         OFF(struct config_breaker, max_cooldown_s), 0, DURATION_MAX_S, F_MIN_OPEN),
     END
@@ -651,16 +741,15 @@ static const struct field breaker_table[] = {
 static const struct field limits_table[] = {
     NUM("rpm", FT_U64, FID_RPM, OFF(struct config_limits, rpm), 0, (double)INT64_MAX, 0),
     NUM("tpm", FT_U64, FID_TPM, OFF(struct config_limits, tpm), 0, (double)INT64_MAX, 0),
-    NUM("daily_tokens", FT_U64, FID_DAILY_TOKENS, OFF(struct config_limits, daily_tokens),
-        0, (double)INT64_MAX, 0),
+    NUM("daily_tokens", FT_U64, FID_DAILY_TOKENS, OFF(struct config_limits, daily_tokens), 0,
+        (double)INT64_MAX, 0),
     NUM("window_s", FT_DOUBLE, FID_WINDOW, OFF(struct config_limits, window_s), 0, 86400,
         F_MIN_OPEN),
     END
 };
 
 static const struct field pacer_table[] = {
-    NUM("min_interval_ms", FT_U32, FID_PACER_MIN_INTERVAL, 0, 0, 86400000, 0),
-    END
+    NUM("min_interval_ms", FT_U32, FID_PACER_MIN_INTERVAL, 0, 0, 86400000, 0), END
 };
 
 /* The policy keys again, as they appear in a source: known (so the message
@@ -669,16 +758,17 @@ static const struct field pacer_table[] = {
  * call may try every source of its capability; a per-source value would be
  * silently ignored. Keep in step with policy_table (test_config checks every
  * key). */
-#define MISPLACED(k, id) { .key = (k), .type = FT_MISPLACED, .fid = (id) }
-static const struct field source_policy_table[] = {
-    MISPLACED("max_attempts", FID_MAX_ATTEMPTS),
-    MISPLACED("stall_window_s", FID_STALL_WINDOW),
-    MISPLACED("backoff_base_s", FID_BACKOFF_BASE),
-    MISPLACED("backoff_max_s", FID_BACKOFF_MAX),
-    MISPLACED("poll_interval_s", FID_POLL_INTERVAL),
-    MISPLACED("node_timeout_s", FID_NODE_TIMEOUT),
-    END
-};
+#define MISPLACED(k, id)                              \
+    {                                                 \
+        .key = (k), .type = FT_MISPLACED, .fid = (id) \
+    }
+static const struct field source_policy_table[] = { MISPLACED("max_attempts", FID_MAX_ATTEMPTS),
+                                                    MISPLACED("stall_window_s", FID_STALL_WINDOW),
+                                                    MISPLACED("backoff_base_s", FID_BACKOFF_BASE),
+                                                    MISPLACED("backoff_max_s", FID_BACKOFF_MAX),
+                                                    MISPLACED("poll_interval_s", FID_POLL_INTERVAL),
+                                                    MISPLACED("node_timeout_s", FID_NODE_TIMEOUT),
+                                                    END };
 #undef MISPLACED
 
 static int walk_headers(struct loader *l, const struct ynode *v);
@@ -689,7 +779,9 @@ static const struct field source_table[] = {
     TYPED("name", FT_NAME, FID_NAME, SRC(name)),
     TYPED("capability", FT_NAME, FID_CAPABILITY, SRC(capability)),
     STR("base_url", FID_BASE_URL, SRC(base_url), check_http_url),
-    { .key = "api_key", .type = FT_REJECT, .fid = FID_API_KEY,
+    { .key = "api_key",
+      .type = FT_REJECT,
+      .fid = FID_API_KEY,
       .why = "inline API keys are not accepted; name an environment variable "
              "with api_key_env or a file with api_key_file" },
     STR("api_key_env", FID_API_KEY_ENV, OFF(struct src_stage, key_env), check_env_name),
@@ -698,12 +790,12 @@ static const struct field source_table[] = {
     NUM("priority", FT_I32, FID_PRIORITY, SRC(priority), -1e6, 1e6, 0),
     NUM("weight", FT_DOUBLE, FID_WEIGHT, SRC(weight), 0, 1e6, F_MIN_OPEN),
     NUM("timeout_s", FT_DOUBLE, FID_TIMEOUT, SRC(timeout_s), 0, DURATION_MAX_S, F_MIN_OPEN),
-    NUM("connect_timeout_s", FT_DOUBLE, FID_CONNECT_TIMEOUT, SRC(connect_timeout_s),
-        0, DURATION_MAX_S, F_MIN_OPEN),
-    NUM("ttft_timeout_s", FT_DOUBLE, FID_TTFT_TIMEOUT, SRC(ttft_timeout_s),
-        0, DURATION_MAX_S, F_MIN_OPEN),
-    NUM("idle_timeout_s", FT_DOUBLE, FID_IDLE_TIMEOUT, SRC(idle_timeout_s),
-        0, DURATION_MAX_S, F_MIN_OPEN),
+    NUM("connect_timeout_s", FT_DOUBLE, FID_CONNECT_TIMEOUT, SRC(connect_timeout_s), 0,
+        DURATION_MAX_S, F_MIN_OPEN),
+    NUM("ttft_timeout_s", FT_DOUBLE, FID_TTFT_TIMEOUT, SRC(ttft_timeout_s), 0, DURATION_MAX_S,
+        F_MIN_OPEN),
+    NUM("idle_timeout_s", FT_DOUBLE, FID_IDLE_TIMEOUT, SRC(idle_timeout_s), 0, DURATION_MAX_S,
+        F_MIN_OPEN),
     NUM("max_concurrency", FT_U32, FID_MAX_CONCURRENCY, SRC(max_concurrency), 1, 1e6, 0),
     SECTION("aimd", FID_AIMD, SRC(aimd), aimd_table),
     SECTION("breaker", FID_BREAKER, SRC(breaker), breaker_table),
@@ -742,21 +834,32 @@ static int walk_capabilities(struct loader *l, const struct ynode *v);
 static int walk_sources(struct loader *l, const struct ynode *v);
 static int walk_apps(struct loader *l, const struct ynode *v);
 
-static const struct field top_table[] = {
-    SECTION("listen", FID_LISTEN, 0, listen_table),
-    SECTION("server", FID_SERVER, 0, server_table),
-    SECTION("backend", FID_BACKEND, 0, backend_table),
-    SECTION("tasks", FID_TASKS, 0, tasks_table),
-    SECTION("http", FID_HTTP, 0, http_table),
-    SECTION("defaults", FID_DEFAULTS, OFF(struct config, defaults), policy_table),
-    { .key = "capabilities", .type = FT_CUSTOM, .fid = FID_CAPABILITIES,
-      .walk = walk_capabilities, .sub = capability_table, .each = ".NAME" },
-    { .key = "sources", .type = FT_CUSTOM, .fid = FID_SOURCES, .walk = walk_sources,
-      .sub = source_table, .each = "[i]" },
-    { .key = "apps", .type = FT_CUSTOM, .fid = FID_APPS, .walk = walk_apps,
-      .sub = app_table, .each = "[i]" },
-    END
-};
+static const struct field top_table[] = { SECTION("listen", FID_LISTEN, 0, listen_table),
+                                          SECTION("server", FID_SERVER, 0, server_table),
+                                          SECTION("backend", FID_BACKEND, 0, backend_table),
+                                          SECTION("tasks", FID_TASKS, 0, tasks_table),
+                                          SECTION("http", FID_HTTP, 0, http_table),
+                                          SECTION("defaults", FID_DEFAULTS,
+                                                  OFF(struct config, defaults), policy_table),
+                                          { .key = "capabilities",
+                                            .type = FT_CUSTOM,
+                                            .fid = FID_CAPABILITIES,
+                                            .walk = walk_capabilities,
+                                            .sub = capability_table,
+                                            .each = ".NAME" },
+                                          { .key = "sources",
+                                            .type = FT_CUSTOM,
+                                            .fid = FID_SOURCES,
+                                            .walk = walk_sources,
+                                            .sub = source_table,
+                                            .each = "[i]" },
+                                          { .key = "apps",
+                                            .type = FT_CUSTOM,
+                                            .fid = FID_APPS,
+                                            .walk = walk_apps,
+                                            .sub = app_table,
+                                            .each = "[i]" },
+                                          END };
 
 /* ------------------------------------------------------------------------ */
 /* Defaults                                                                 */
@@ -782,9 +885,9 @@ static int config_set_defaults(struct config *cfg)
     cfg->max_message_bytes = 16777216;
     cfg->max_connections = 1024;
     cfg->max_inflight_per_connection = 1024;
-    cfg->max_write_queue_bytes = 0;           /* 2 x max_message_bytes, in validate */
-    cfg->max_buffered_input_bytes = 0;        /* 4 x max_message_bytes, in validate */
-    cfg->idle_timeout_s = 0;                  /* off */
+    cfg->max_write_queue_bytes = 0;    /* 2 x max_message_bytes, in validate */
+    cfg->max_buffered_input_bytes = 0; /* 4 x max_message_bytes, in validate */
+    cfg->idle_timeout_s = 0;           /* off */
     cfg->log_level = LOG_INFO;
     cfg->shutdown_grace_s = 10;
     cfg->access_log = true;
@@ -801,8 +904,12 @@ static int config_set_defaults(struct config *cfg)
     cfg->http_keepalive_timeout_s = 75;
     cfg->http_send_timeout_s = 60;
     cfg->defaults = (struct config_policy){
-        .max_attempts = 3, .stall_window_s = 300, .backoff_base_s = 2,
-        .backoff_max_s = 60, .poll_interval_s = 1, .node_timeout_s = 600,
+        .max_attempts = 3,
+        .stall_window_s = 300,
+        .backoff_base_s = 2,
+        .backoff_max_s = 60,
+        .poll_interval_s = 1,
+        .node_timeout_s = 600,
     };
     return 0;
 }
@@ -817,8 +924,7 @@ static void source_set_defaults(struct config_source *s)
     s->idle_timeout_s = 60;
     s->max_concurrency = 16;
     s->aimd = (struct config_aimd){ .initial = 4, .min = 1, .increase = 1, .decrease = 0.5 };
-    s->breaker = (struct config_breaker){ .failures = 5, .cooldown_s = 30,
-                                          .max_cooldown_s = 300 };
+    s->breaker = (struct config_breaker){ .failures = 5, .cooldown_s = 30, .max_cooldown_s = 300 };
     s->limits.window_s = 60;
     s->kind = DIALECT_OPENAI;
     s->stream_usage = true;
@@ -907,8 +1013,8 @@ static int fail_range(struct loader *l, const struct ynode *v, const struct fiel
     if (d < f->min || ((f->flags & F_MIN_OPEN) && d == f->min))
         return fail_here(l, v->line, "must be %s %s, got %s",
                          f->flags & F_MIN_OPEN ? ">" : ">=", lo, v->text);
-    return fail_here(l, v->line, "must be %s %s, got %s",
-                     f->flags & F_MAX_OPEN ? "<" : "<=", hi, v->text);
+    return fail_here(l, v->line, "must be %s %s, got %s", f->flags & F_MAX_OPEN ? "<" : "<=", hi,
+                     v->text);
 }
 
 static bool in_range(const struct field *f, double d)
@@ -950,11 +1056,15 @@ static int parse_mode(struct loader *l, const struct ynode *v, uint32_t *out)
         return fail_here(l, v->line, "must be an octal permission mode such as \"0660\"");
     unsigned long m = strtoul(s, NULL, 8);
     if (m > 0777)
-        return fail_here(l, v->line, "must be at most 0777 (no setuid, setgid or sticky bits), "
-                         "got %s", v->text);
+        return fail_here(l, v->line,
+                         "must be at most 0777 (no setuid, setgid or sticky bits), "
+                         "got %s",
+                         v->text);
     if (m & 0002)
-        return fail_here(l, v->line, "must not be writable by others (%s would let any local "
-                         "user spend this host's API keys); use group permissions", v->text);
+        return fail_here(l, v->line,
+                         "must not be writable by others (%s would let any local "
+                         "user spend this host's API keys); use group permissions",
+                         v->text);
     *out = (uint32_t)m;
     return 0;
 }
@@ -962,8 +1072,8 @@ static int parse_mode(struct loader *l, const struct ynode *v, uint32_t *out)
 static int walk_map(struct loader *l, const struct ynode *map, const struct field *table,
                     char *base, unsigned *lines);
 
-static int set_field(struct loader *l, const struct field *f, char *slot,
-                     const struct ynode *key, const struct ynode *v, unsigned *lines)
+static int set_field(struct loader *l, const struct field *f, char *slot, const struct ynode *key,
+                     const struct ynode *v, unsigned *lines)
 {
     const char *s;
     int64_t i;
@@ -1121,7 +1231,7 @@ static int set_field(struct loader *l, const struct field *f, char *slot,
     case FT_CUSTOM:
     case FT_REJECT:
     case FT_MISPLACED:
-        break;                               /* handled above / by field_find */
+        break; /* handled above / by field_find */
     }
     lines[f->fid] = v->line;
     return 0;
@@ -1192,7 +1302,7 @@ static const char *near_key(const struct field *t, const char *key, size_t len, 
             continue;
         size_t kl = strlen(t->key), most = kl <= 4 ? 1 : kl <= 8 ? 2 : 3;
         if (len > kl + most || kl > len + most)
-            continue;                       /* the length alone is too far off */
+            continue; /* the length alone is too far off */
         size_t d = edit_distance(key, len, t->key, kl);
         if (d <= most && d < *best_d) {
             *best_d = d;
@@ -1208,8 +1318,8 @@ static const char *near_key(const struct field *t, const char *key, size_t len, 
  * "[i]" / ".NAME" when the place is inside it). `at` is the path of table
  * `t`, `in_here` whether `t` belongs to `here`. Returns how many. */
 static unsigned key_elsewhere(const struct loader *l, const struct field *t, const char *at,
-                              const struct field *here, bool in_here, const char *key,
-                              size_t len, struct msg *m, unsigned found)
+                              const struct field *here, bool in_here, const char *key, size_t len,
+                              struct msg *m, unsigned found)
 {
     char sub[CONFIG_PATH_MAX];
 
@@ -1253,8 +1363,7 @@ static int fail_unknown(struct loader *l, const struct field *table, const struc
     size_t d = SIZE_MAX;
     const char *near;
 
-    if (key_elsewhere(l, top_table, "", table, table == top_table, key->text, key->len,
-                      &hint, 0))
+    if (key_elsewhere(l, top_table, "", table, table == top_table, key->text, key->len, &hint, 0))
         return fail_here(l, key->line, "unknown key; did you mean %s?", hint.text);
     if ((near = near_key(table, key->text, key->len, &d)))
         return fail_here(l, key->line, "unknown key; did you mean %s?", near);
@@ -1377,7 +1486,7 @@ static int walk_capabilities(struct loader *l, const struct ynode *v)
         snprintf(l->elem, sizeof(l->elem), ".%s", c->cap.name);
         rc = walk_map(l, body, capability_table, (char *)c, c->line);
         l->elem_fid = FID_NONE;
-next:
+    next:
         path_pop(l, old);
         if (rc == -ENOMEM)
             return rc;
@@ -1465,9 +1574,9 @@ static int walk_apps(struct loader *l, const struct ynode *v)
 /* Headers polygw writes itself, or that would break the request framing. */
 static bool header_is_reserved(const char *name)
 {
-    static const char *const reserved[] = {"content-type", "content-length", "host",
-                                           "transfer-encoding", "expect", "accept",
-                                           "connection", "accept-encoding"};
+    static const char *const reserved[] = { "content-type",      "content-length", "host",
+                                            "transfer-encoding", "expect",         "accept",
+                                            "connection",        "accept-encoding" };
     for (size_t i = 0; i < sizeof(reserved) / sizeof(reserved[0]); i++)
         if (strcasecmp(name, reserved[i]) == 0)
             return true;
@@ -1477,8 +1586,8 @@ static bool header_is_reserved(const char *name)
 /* One `headers:` item: {name, value | value_env | value_file}. */
 static int walk_header(struct loader *l, const struct ynode *item, struct config_header *h)
 {
-    char **slots[4] = {&h->name, &h->value, &h->value_env, &h->value_file};
-    static const char *const keys[4] = {"name", "value", "value_env", "value_file"};
+    char **slots[4] = { &h->name, &h->value, &h->value_env, &h->value_file };
+    static const char *const keys[4] = { "name", "value", "value_env", "value_file" };
     int rc;
 
     h->line = item->line;
@@ -1500,9 +1609,9 @@ static int walk_header(struct loader *l, const struct ynode *item, struct config
             rc = fail_nomem(l);
         /* The value is never quoted: it may be a secret. */
         if (rc == 0 && k == 0 && (!is_header_name(str) || header_is_reserved(str)))
-            rc = fail_here(l, v->line, is_header_name(str)
-                                           ? "is a header polygw sets itself"
-                                           : "must be an HTTP header name");
+            rc = fail_here(l, v->line,
+                           is_header_name(str) ? "is a header polygw sets itself"
+                                               : "must be an HTTP header name");
         if (rc == 0 && k == 1 && has_ctl(str, strlen(str)))
             rc = fail_here(l, v->line, "must not contain control characters");
         if (rc == 0 && k == 2)
@@ -1618,9 +1727,9 @@ static void policy_inherit(struct config_policy *dst, unsigned *lines,
  * `lo_note` / `hi_note` ("default", "inherited"). Skipped when either value
  * was rejected. */
 static int check_order(struct loader *l, const char *prefix, unsigned entity_line,
-                       const unsigned *lines,
-                       enum fid lo_fid, const char *lo_key, double lo, const char *lo_note,
-                       enum fid hi_fid, const char *hi_key, double hi, const char *hi_note)
+                       const unsigned *lines, enum fid lo_fid, const char *lo_key, double lo,
+                       const char *lo_note, enum fid hi_fid, const char *hi_key, double hi,
+                       const char *hi_note)
 {
     char path[CONFIG_PATH_MAX], a[32], b[32];
 
@@ -1641,9 +1750,9 @@ static int check_order(struct loader *l, const char *prefix, unsigned entity_lin
 static int check_policy(struct loader *l, const char *prefix, unsigned entity_line,
                         const unsigned *lines, const struct config_policy *p)
 {
-    return check_order(l, prefix, entity_line, lines,
-                       FID_BACKOFF_BASE, "backoff_base_s", p->backoff_base_s, "inherited",
-                       FID_BACKOFF_MAX, "backoff_max_s", p->backoff_max_s, "inherited");
+    return check_order(l, prefix, entity_line, lines, FID_BACKOFF_BASE, "backoff_base_s",
+                       p->backoff_base_s, "inherited", FID_BACKOFF_MAX, "backoff_max_s",
+                       p->backoff_max_s, "inherited");
 }
 
 /* Refuses every policy key written in source `i` (recorded by the walk as
@@ -1663,7 +1772,8 @@ static void check_source_policy(struct loader *l, size_t i)
             return;
         after = st->line[next->fid];
         snprintf(path, sizeof(path), "sources[%zu].%s", i, next->key);
-        fail_at(l, after, path, "not a per-source key: a call's budgets span every source "
+        fail_at(l, after, path,
+                "not a per-source key: a call's budgets span every source "
                 "of its capability; set it under defaults or capabilities.%s",
                 st->src.capability);
     }
@@ -1672,12 +1782,15 @@ static void check_source_policy(struct loader *l, size_t i)
 /* The sentinel, credential and TLS keys of the backend section. */
 static void validate_redis_auth(struct loader *l)
 {
-    static const struct { int fid; const char *key; } sentinel_only[] = {
-        {FID_MASTER_NAME, "backend.master_name"},
-        {FID_DB, "backend.db"},
-        {FID_SENTINEL_USERNAME, "backend.sentinel_username"},
-        {FID_SENTINEL_PASSWORD_ENV, "backend.sentinel_password_env"},
-        {FID_SENTINEL_PASSWORD_FILE, "backend.sentinel_password_file"},
+    static const struct {
+        int fid;
+        const char *key;
+    } sentinel_only[] = {
+        { FID_MASTER_NAME, "backend.master_name" },
+        { FID_DB, "backend.db" },
+        { FID_SENTINEL_USERNAME, "backend.sentinel_username" },
+        { FID_SENTINEL_PASSWORD_ENV, "backend.sentinel_password_env" },
+        { FID_SENTINEL_PASSWORD_FILE, "backend.sentinel_password_file" },
     };
     const unsigned *line = l->line;
 
@@ -1752,27 +1865,30 @@ static void validate_top(struct loader *l)
     if (line[FID_SENTINELS] && (line[FID_URL] || line[FID_URL_ENV]))
         fail_at(l, line[FID_SENTINELS], "backend.sentinels",
                 "cannot be combined with backend.%s; choose one (the sentinels name the "
-                "primary)", line[FID_URL] ? "url" : "url_env");
+                "primary)",
+                line[FID_URL] ? "url" : "url_env");
     validate_redis_auth(l);
-    static const struct { int fid; const char *key; } redis_only[] = {
-        {FID_URL, "backend.url"},
-        {FID_URL_ENV, "backend.url_env"},
-        {FID_PREFIX, "backend.prefix"},
-        {FID_COMMAND_TIMEOUT, "backend.command_timeout_s"},
-        {FID_LEASE_TTL, "backend.lease_ttl_s"},
-        {FID_SENTINELS, "backend.sentinels"},
-        {FID_USERNAME, "backend.username"},
-        {FID_PASSWORD_ENV, "backend.password_env"},
-        {FID_PASSWORD_FILE, "backend.password_file"},
-        {FID_TLS, "backend.tls"},
+    static const struct {
+        int fid;
+        const char *key;
+    } redis_only[] = {
+        { FID_URL, "backend.url" },
+        { FID_URL_ENV, "backend.url_env" },
+        { FID_PREFIX, "backend.prefix" },
+        { FID_COMMAND_TIMEOUT, "backend.command_timeout_s" },
+        { FID_LEASE_TTL, "backend.lease_ttl_s" },
+        { FID_SENTINELS, "backend.sentinels" },
+        { FID_USERNAME, "backend.username" },
+        { FID_PASSWORD_ENV, "backend.password_env" },
+        { FID_PASSWORD_FILE, "backend.password_file" },
+        { FID_TLS, "backend.tls" },
     };
     /* With a rejected kind, nobody knows which backend was meant. */
     for (size_t i = 0; cfg->backend == BACKEND_MEMORY && !line_is_bad(line[FID_KIND]) &&
-                       i < sizeof(redis_only) / sizeof(*redis_only);
+         i < sizeof(redis_only) / sizeof(*redis_only);
          i++) {
         if (line[redis_only[i].fid])
-            fail_at(l, line[redis_only[i].fid], redis_only[i].key,
-                    "only valid with kind: redis");
+            fail_at(l, line[redis_only[i].fid], redis_only[i].key, "only valid with kind: redis");
     }
     if (cfg->redis_lease_ttl_s < 3 * cfg->redis_command_timeout_s &&
         !line_is_bad(line[FID_LEASE_TTL] | line[FID_COMMAND_TIMEOUT]))
@@ -1802,7 +1918,7 @@ static const char *src_name_at(const void *set, size_t pos, size_t *len)
 
 static int validate_capabilities(struct loader *l)
 {
-    char prefix[16 + CONFIG_NAME_MAX];        /* "capabilities.NAME" */
+    char prefix[16 + CONFIG_NAME_MAX]; /* "capabilities.NAME" */
 
     if (name_index_reset(&l->cap_ix, l->n_caps) < 0)
         return fail_nomem(l);
@@ -1814,7 +1930,8 @@ static int validate_capabilities(struct loader *l)
         if (c->line[FID_BACKOFF_BASE] || c->line[FID_BACKOFF_MAX])
             check_policy(l, prefix, c->map_line, c->line, &c->cap.policy);
         if (!c->builtin && !c->line[FID_PATH])
-            fail_at(l, c->map_line, prefix, "path: is required for a custom "
+            fail_at(l, c->map_line, prefix,
+                    "path: is required for a custom "
                     "capability (built-ins are chat, embedding, ocr)");
         (void)name_index_add(&l->cap_ix, i, cap_name_at, l->caps); /* names are unique */
     }
@@ -1841,7 +1958,8 @@ static int validate_dialect(struct loader *l, size_t i, const char *prefix)
         return 0;
     if (s->kind == DIALECT_AZURE && !st->line[FID_API_VERSION]) {
         snprintf(path, sizeof(path), "%s.api_version", prefix);
-        return fail_at(l, st->line[FID_SRC_KIND], path, "is required with kind: azure "
+        return fail_at(l, st->line[FID_SRC_KIND], path,
+                       "is required with kind: azure "
                        "(e.g. \"2024-10-21\"; sent as the api-version query parameter)");
     }
     if (s->kind != DIALECT_AZURE && st->line[FID_API_VERSION]) {
@@ -1850,8 +1968,7 @@ static int validate_dialect(struct loader *l, size_t i, const char *prefix)
     }
     if (s->kind != DIALECT_ANTHROPIC && st->line[FID_ANTHROPIC_VERSION]) {
         snprintf(path, sizeof(path), "%s.anthropic_version", prefix);
-        return fail_at(l, st->line[FID_ANTHROPIC_VERSION], path,
-                       "only valid with kind: anthropic");
+        return fail_at(l, st->line[FID_ANTHROPIC_VERSION], path, "only valid with kind: anthropic");
     }
     if (s->kind == DIALECT_ANTHROPIC && !s->anthropic_version &&
         !(s->anthropic_version = strdup("2023-06-01")))
@@ -1867,7 +1984,8 @@ static int validate_dialect(struct loader *l, size_t i, const char *prefix)
     }
     if (s->kind == DIALECT_ANTHROPIC && st->line[FID_STREAM_USAGE]) {
         snprintf(path, sizeof(path), "%s.stream_usage", prefix);
-        return fail_at(l, st->line[FID_STREAM_USAGE], path, "only valid with kind: openai or "
+        return fail_at(l, st->line[FID_STREAM_USAGE], path,
+                       "only valid with kind: openai or "
                        "azure (Anthropic streams always carry usage)");
     }
     if (st->accepts) {
@@ -1875,11 +1993,15 @@ static int validate_dialect(struct loader *l, size_t i, const char *prefix)
         if (strcmp(st->accepts, "openai") != 0)
             return fail_at(l, st->line[FID_ACCEPTS], path, "must be openai");
         if (s->kind != DIALECT_ANTHROPIC)
-            return fail_at(l, st->line[FID_ACCEPTS], path, "only valid with kind: anthropic "
-                           "(kind %s already takes OpenAI bodies)", kind);
+            return fail_at(l, st->line[FID_ACCEPTS], path,
+                           "only valid with kind: anthropic "
+                           "(kind %s already takes OpenAI bodies)",
+                           kind);
         if (strcmp(s->capability, "chat") != 0)
-            return fail_at(l, st->line[FID_ACCEPTS], path, "converts chat bodies only "
-                           "(capability is %s)", s->capability);
+            return fail_at(l, st->line[FID_ACCEPTS], path,
+                           "converts chat bodies only "
+                           "(capability is %s)",
+                           s->capability);
         s->accepts_openai = true;
     }
     return 0;
@@ -1892,14 +2014,19 @@ static void validate_source(struct loader *l, size_t i)
     struct src_stage *st = &l->srcs[i];
     struct config_source *s = &st->src;
     const unsigned *line = st->line;
-    char prefix[32], path[CONFIG_PATH_MAX];   /* "sources[N]" */
+    char prefix[32], path[CONFIG_PATH_MAX]; /* "sources[N]" */
     const struct cap_stage *c = NULL;
 
     if (st->bad)
         return;
     snprintf(prefix, sizeof(prefix), "sources[%zu]", i);
-    static const struct { enum fid fid; const char *key; } required[] = {
-        {FID_NAME, "name"}, {FID_CAPABILITY, "capability"}, {FID_BASE_URL, "base_url"},
+    static const struct {
+        enum fid fid;
+        const char *key;
+    } required[] = {
+        { FID_NAME, "name" },
+        { FID_CAPABILITY, "capability" },
+        { FID_BASE_URL, "base_url" },
     };
     for (size_t k = 0; k < sizeof(required) / sizeof(required[0]); k++)
         if (!line[required[k].fid]) {
@@ -1917,31 +2044,30 @@ static void validate_source(struct loader *l, size_t i)
     }
 
     if (line[FID_CAPABILITY] && !line_is_bad(line[FID_CAPABILITY])) {
-        size_t idx = name_index_find(&l->cap_ix, s->capability, strlen(s->capability),
-                                     cap_name_at, l->caps, NULL);
+        size_t idx = name_index_find(&l->cap_ix, s->capability, strlen(s->capability), cap_name_at,
+                                     l->caps, NULL);
         if (idx == SIZE_MAX) {
             snprintf(path, sizeof(path), "%s.capability", prefix);
             fail_at(l, line[FID_CAPABILITY], path,
                     "unknown capability '%s' (not chat, embedding, ocr, nor listed "
-                    "under capabilities:)", s->capability);
+                    "under capabilities:)",
+                    s->capability);
         } else {
             s->capability_index = idx;
-            c = &l->caps[idx];                /* parallel to cfg->capabilities */
-            s->policy = c->cap.policy;        /* a copy, for readers of sources */
+            c = &l->caps[idx];         /* parallel to cfg->capabilities */
+            s->policy = c->cap.policy; /* a copy, for readers of sources */
         }
     }
 
     check_source_policy(l, i);
 
     snprintf(path, sizeof(path), "%s.aimd", prefix);
-    check_order(l, path, st->map_line, line,
-                FID_AIMD_MIN, "min", s->aimd.min, "default",
+    check_order(l, path, st->map_line, line, FID_AIMD_MIN, "min", s->aimd.min, "default",
                 FID_AIMD_INITIAL, "initial", s->aimd.initial, "default");
     snprintf(path, sizeof(path), "%s.breaker", prefix);
-    check_order(l, path, st->map_line, line,
-                FID_BREAKER_COOLDOWN, "cooldown_s", s->breaker.cooldown_s, "default",
-                FID_BREAKER_MAX_COOLDOWN, "max_cooldown_s", s->breaker.max_cooldown_s,
-                "default");
+    check_order(l, path, st->map_line, line, FID_BREAKER_COOLDOWN, "cooldown_s",
+                s->breaker.cooldown_s, "default", FID_BREAKER_MAX_COOLDOWN, "max_cooldown_s",
+                s->breaker.max_cooldown_s, "default");
     /* docs/DESIGN.md §3.1: kept as a conservative guard under the two-budget model.
      * The window is the capability's, so the message says which capability
      * and where its value comes from: that is where a fix may go. */
@@ -1949,8 +2075,8 @@ static void validate_source(struct loader *l, size_t i)
         !line_is_bad(line[FID_TTFT_TIMEOUT] | c->line[FID_STALL_WINDOW])) {
         unsigned at = line[FID_TTFT_TIMEOUT] ? line[FID_TTFT_TIMEOUT] : st->map_line;
         const char *origin = c->line[FID_STALL_WINDOW] ? ""
-                             : l->line[FID_STALL_WINDOW] ? ", inherited from defaults"
-                                                         : ", default";
+            : l->line[FID_STALL_WINDOW]                ? ", inherited from defaults"
+                                                       : ", default";
         char a[32], b[32];
 
         snprintf(path, sizeof(path), "%s.ttft_timeout_s", prefix);
@@ -1962,8 +2088,7 @@ static void validate_source(struct loader *l, size_t i)
 
     if (line[FID_API_KEY_ENV] && line[FID_API_KEY_FILE]) {
         snprintf(path, sizeof(path), "%s.api_key_file", prefix);
-        fail_at(l, line[FID_API_KEY_FILE], path,
-                "cannot be combined with api_key_env; choose one");
+        fail_at(l, line[FID_API_KEY_FILE], path, "cannot be combined with api_key_env; choose one");
     }
     validate_dialect(l, i, prefix);
 }
@@ -1981,8 +2106,10 @@ static int check_key_text(struct loader *l, unsigned line, const char *path, cha
     if (len > CONFIG_API_KEY_MAX)
         return fail_at(l, line, path, "%s is longer than %d bytes", what, CONFIG_API_KEY_MAX);
     if (has_ctl(key, len))
-        return fail_at(l, line, path, "%s contains control characters (not usable in an "
-                       "HTTP header)", what);
+        return fail_at(l, line, path,
+                       "%s contains control characters (not usable in an "
+                       "HTTP header)",
+                       what);
     return 0;
 }
 
@@ -2065,8 +2192,7 @@ static int read_secret_env(struct loader *l, const char *name, unsigned line, co
     char what_in[48];
     /* The variable's name is not quoted either (see check_env_name). */
     if (!val || !*val)
-        return fail_at(l, line, path,
-                       "the environment variable named here is not set or is empty");
+        return fail_at(l, line, path, "the environment variable named here is not set or is empty");
     if (!(*out = strdup(val)))
         return fail_nomem(l);
     snprintf(what_in, sizeof(what_in), "the %s in the environment", what);
@@ -2127,7 +2253,7 @@ static void qbuf_pair(struct qbuf *q, const char *name, const char *value)
 static int build_query(struct config_source *s)
 {
     const struct dialect *d = dialect_get(s->kind);
-    struct qbuf q = {0};
+    struct qbuf q = { 0 };
 
     if (d->version_query && s->api_version)
         qbuf_pair(&q, d->version_query, s->api_version);
@@ -2219,7 +2345,7 @@ static int load_key(struct loader *l, size_t i)
                                 &st->src.api_key);
     }
     if (!st->key_env)
-        return 0;                           /* no key: no Authorization header */
+        return 0; /* no key: no Authorization header */
     snprintf(path, sizeof(path), "sources[%zu].api_key_env", i);
     return read_secret_env(l, st->key_env, st->line[FID_API_KEY_ENV], path, "key",
                            &st->src.api_key);
@@ -2240,8 +2366,8 @@ static int load_redis_url(struct loader *l)
                        "the environment variable named here is not set or is empty");
     const char *problem = redis_url_problem(val, why, sizeof(why));
     if (problem)
-        return fail_at(l, l->line[FID_URL_ENV], "backend.url_env",
-                       "the URL in the environment: %s", problem);
+        return fail_at(l, l->line[FID_URL_ENV], "backend.url_env", "the URL in the environment: %s",
+                       problem);
     if (strlen(val) >= CONFIG_URL_MAX)
         return fail_at(l, l->line[FID_URL_ENV], "backend.url_env",
                        "the URL in the environment is longer than %d characters",
@@ -2351,7 +2477,7 @@ static int validate_apps(struct loader *l)
     if (!l->cfg->apps)
         return fail_nomem(l);
     for (size_t i = 0; i < l->n_apps; i++) {
-        l->cfg->apps[i] = l->apps[i].app;                  /* ownership moves */
+        l->cfg->apps[i] = l->apps[i].app; /* ownership moves */
         memset(&l->apps[i].app, 0, sizeof(l->apps[i].app));
     }
     if (!have_default) {
@@ -2398,9 +2524,8 @@ static int load_redis_secrets(struct loader *l)
         -ENOMEM)
         return rc;
     if ((rc = load_redis_secret(l, FID_SENTINEL_PASSWORD_ENV, FID_SENTINEL_PASSWORD_FILE,
-                                cfg->redis_sentinel_password_env,
-                                cfg->redis_sentinel_password_file, "sentinel_password",
-                                &cfg->redis_sentinel_password)) == -ENOMEM)
+                                cfg->redis_sentinel_password_env, cfg->redis_sentinel_password_file,
+                                "sentinel_password", &cfg->redis_sentinel_password)) == -ENOMEM)
         return rc;
     if (cfg->redis_password && strlen(cfg->redis_password) > pw_max)
         return fail_at(l, l->line[FID_PASSWORD_ENV] | l->line[FID_PASSWORD_FILE],
@@ -2417,8 +2542,7 @@ static int load_redis_secrets(struct loader *l)
     if (cfg->redis_password && cfg->redis_url) {
         struct rds_addr addr;
         char why[200];
-        bool both = rds_parse_url(cfg->redis_url, &addr, why, sizeof(why)) == 0 &&
-                    addr.password[0];
+        bool both = rds_parse_url(cfg->redis_url, &addr, why, sizeof(why)) == 0 && addr.password[0];
         explicit_bzero(&addr, sizeof(addr));
         if (both)
             return fail_at(l, l->line[FID_PASSWORD_ENV] | l->line[FID_PASSWORD_FILE],
@@ -2443,7 +2567,7 @@ static int validate(struct loader *l)
     if ((rc = validate_apps(l)) < 0)
         return rc;
     if (l->n_errors)
-        return -EINVAL;                     /* no I/O for a file that is invalid */
+        return -EINVAL; /* no I/O for a file that is invalid */
     for (size_t i = 0; i < l->n_srcs; i++)
         if ((rc = load_key(l, i)) == -ENOMEM || (rc = load_source_extras(l, i)) == -ENOMEM)
             return rc;
@@ -2458,7 +2582,7 @@ static int validate(struct loader *l)
         if (!l->cfg->sources)
             return fail_nomem(l);
         for (size_t i = 0; i < l->n_srcs; i++) {
-            l->cfg->sources[i] = l->srcs[i].src;       /* ownership moves */
+            l->cfg->sources[i] = l->srcs[i].src; /* ownership moves */
             memset(&l->srcs[i].src, 0, sizeof(l->srcs[i].src));
             l->cfg->sources[i].api_key_file = l->srcs[i].key_file;
             l->srcs[i].key_file = NULL;
@@ -2489,8 +2613,7 @@ static void loader_fini(struct loader *l)
 }
 
 struct config *config_parse_report(const char *yaml, size_t len, const char *name,
-                                   config_report_fn *report, void *arg,
-                                   char *err, size_t errlen)
+                                   config_report_fn *report, void *arg, char *err, size_t errlen)
 {
     struct loader l;
     struct ynode *root = NULL;
@@ -2522,8 +2645,7 @@ struct config *config_parse_report(const char *yaml, size_t len, const char *nam
     }
 
     struct yamltree_error ye;
-    if ((rc = yamltree_parse(yaml ? yaml : "", yaml ? len : 0, CONFIG_DEPTH_MAX, &root,
-                             &ye)) < 0) {
+    if ((rc = yamltree_parse(yaml ? yaml : "", yaml ? len : 0, CONFIG_DEPTH_MAX, &root, &ye)) < 0) {
         if (ye.nomem)
             fail_nomem(&l);
         else if (ye.col) {
@@ -2535,7 +2657,8 @@ struct config *config_parse_report(const char *yaml, size_t len, const char *nam
         goto fail;
     }
     if (!root) {
-        fail_at(&l, 0, NULL, "empty configuration (expected a map with listen, server, "
+        fail_at(&l, 0, NULL,
+                "empty configuration (expected a map with listen, server, "
                 "backend, defaults, capabilities, sources)");
         goto fail;
     }
@@ -2557,27 +2680,30 @@ fail:
     return NULL;
 }
 
-struct config *config_parse(const char *yaml, size_t len, const char *name,
-                            char *err, size_t errlen)
+struct config *config_parse(const char *yaml, size_t len, const char *name, char *err,
+                            size_t errlen)
 {
     return config_parse_report(yaml, len, name, NULL, NULL, err, errlen);
 }
 
 static const char *file_kind(mode_t mode)
 {
-    return S_ISDIR(mode)    ? "a directory"
-           : S_ISFIFO(mode) ? "a FIFO"
-           : S_ISSOCK(mode) ? "a socket"
-           : S_ISCHR(mode)  ? "a character device"
-           : S_ISBLK(mode)  ? "a block device"
-                            : "not a regular file";
+    return S_ISDIR(mode) ? "a directory"
+        : S_ISFIFO(mode) ? "a FIFO"
+        : S_ISSOCK(mode) ? "a socket"
+        : S_ISCHR(mode)  ? "a character device"
+        : S_ISBLK(mode)  ? "a block device"
+                         : "not a regular file";
 }
 
-struct config *config_load_report(const char *path, config_report_fn *report, void *arg,
-                                  char *err, size_t errlen)
+struct config *config_load_report(const char *path, config_report_fn *report, void *arg, char *err,
+                                  size_t errlen)
 {
-    struct loader l = { .name = path ? path : "<null>", .report = report, .report_arg = arg,
-                        .err = err, .errlen = errlen };
+    struct loader l = { .name = path ? path : "<null>",
+                        .report = report,
+                        .report_arg = arg,
+                        .err = err,
+                        .errlen = errlen };
     struct config *cfg = NULL;
     char ebuf[128];
     struct stat sb;
@@ -2625,7 +2751,7 @@ struct config *config_load_report(const char *path, config_report_fn *report, vo
             goto out;
         }
         if (k == 0)
-            break;                          /* file shrank: parse what is there */
+            break; /* file shrank: parse what is there */
         got += (size_t)k;
     }
     buf[got] = '\0';
@@ -2666,7 +2792,7 @@ void config_free(struct config *cfg)
     free(cfg->redis_sentinels);
     free(cfg->redis_master_name);
     free(cfg->redis_username);
-    char *const secrets[] = {cfg->redis_password, cfg->redis_sentinel_password};
+    char *const secrets[] = { cfg->redis_password, cfg->redis_sentinel_password };
     for (size_t i = 0; i < sizeof(secrets) / sizeof(secrets[0]); i++) {
         if (secrets[i]) {
             explicit_bzero(secrets[i], strlen(secrets[i]));
@@ -2737,10 +2863,11 @@ int config_parse_addr(const char *s, struct config_addr *a, char *why, size_t wh
     } else if (!a->ipv6 && inet_pton(AF_INET, a->host, buf) == 1) {
         a->loopback = buf[0] == 127;
     } else if (a->ipv6 && inet_pton(AF_INET6, a->host, buf) == 1) {
-        static const unsigned char lo6[16] = {[15] = 1};
+        static const unsigned char lo6[16] = { [15] = 1 };
         a->loopback = memcmp(buf, lo6, 16) == 0;
     } else {
-        snprintf(why, whylen, "host must be a numeric IP address or localhost (no name lookup "
+        snprintf(why, whylen,
+                 "host must be a numeric IP address or localhost (no name lookup "
                  "at start-up)");
         return -1;
     }
@@ -2754,7 +2881,8 @@ int config_check_http_listen(const struct config *cfg, char *why, size_t whylen)
     if (config_parse_addr(cfg->http_listen, &a, why, whylen) < 0)
         return -1;
     if (!a.loopback && !cfg->http_allow_remote) {
-        snprintf(why, whylen, "%s is not a loopback address: any host that reaches it spends "
+        snprintf(why, whylen,
+                 "%s is not a loopback address: any host that reaches it spends "
                  "this host's API keys; set http.allow_remote: true to mean it",
                  cfg->http_listen);
         return -1;
@@ -2802,8 +2930,7 @@ static bool ids_have(const struct config_ids *ids, uint32_t id)
     return false;
 }
 
-const struct config_app *config_app_for_peer(const struct config *cfg, uint32_t uid,
-                                             uint32_t gid)
+const struct config_app *config_app_for_peer(const struct config *cfg, uint32_t uid, uint32_t gid)
 {
     const struct config_app *by_gid = NULL, *dflt = NULL;
 

@@ -40,7 +40,7 @@
 #include "dialect.h"
 #include "log.h"
 
-#define CONFIG_NAME_MAX 64   /* names: [A-Za-z0-9_.-]{1,63} */
+#define CONFIG_NAME_MAX 64 /* names: [A-Za-z0-9_.-]{1,63} */
 
 /* An `err` buffer of this size never truncates a message (unless the file
  * name itself is very long). */
@@ -63,12 +63,12 @@ enum backend_kind { BACKEND_MEMORY = 0, BACKEND_REDIS };
  * set them: a policy key in a source is rejected ("not a per-source key"),
  * and the governed loop reads config_capability.policy only. */
 struct config_policy {
-    uint32_t max_attempts;     /* >= 1 */
-    double stall_window_s;     /* > 0 */
-    double backoff_base_s;     /* > 0 */
-    double backoff_max_s;      /* >= backoff_base_s */
-    double poll_interval_s;    /* > 0 */
-    double node_timeout_s;     /* > 0 */
+    uint32_t max_attempts;  /* >= 1 */
+    double stall_window_s;  /* > 0 */
+    double backoff_base_s;  /* > 0 */
+    double backoff_max_s;   /* >= backoff_base_s */
+    double poll_interval_s; /* > 0 */
+    double node_timeout_s;  /* > 0 */
 };
 
 struct config_aimd {
@@ -76,9 +76,9 @@ struct config_aimd {
 };
 
 struct config_breaker {
-    uint32_t failures;         /* >= 1 */
-    double cooldown_s;         /* > 0 */
-    double max_cooldown_s;     /* >= cooldown_s */
+    uint32_t failures;     /* >= 1 */
+    double cooldown_s;     /* > 0 */
+    double max_cooldown_s; /* >= cooldown_s */
 };
 
 struct config_limits {
@@ -89,47 +89,47 @@ struct config_limits {
 struct config_capability {
     char name[CONFIG_NAME_MAX];
     bool exempt_429;
-    char path[256];            /* upstream path, e.g. "/chat/completions" */
+    char path[256];              /* upstream path, e.g. "/chat/completions" */
     struct config_policy policy; /* defaults <- capability: what every call of
                                   * this capability is governed by */
 };
 
 /* One extra request header of a source (`headers:`). */
 struct config_header {
-    char *name;                /* owned; an HTTP token, not one polygw sets itself */
-    char *value;               /* owned; the literal `value`, or read from value_env /
+    char *name;       /* owned; an HTTP token, not one polygw sets itself */
+    char *value;      /* owned; the literal `value`, or read from value_env /
                                 * value_file in the secrets pass: may be a secret,
                                 * never print; wiped by config_free */
-    char *value_env;           /* owned or NULL */
-    char *value_file;          /* owned or NULL */
+    char *value_env;  /* owned or NULL */
+    char *value_file; /* owned or NULL */
     unsigned line;
 };
 
 /* One extra query parameter of a source (`query:`). */
 struct config_param {
-    char *name, *value;        /* owned; printable, percent-encoded when sent */
+    char *name, *value; /* owned; printable, percent-encoded when sent */
 };
 
 struct config_source {
     char name[CONFIG_NAME_MAX];
     char capability[CONFIG_NAME_MAX];
-    size_t capability_index;   /* into config.capabilities */
-    char *base_url;            /* owned; http:// or https://, trailing '/' removed,
+    size_t capability_index; /* into config.capabilities */
+    char *base_url;          /* owned; http:// or https://, trailing '/' removed,
                                 * shorter than CONFIG_URL_MAX */
-    char *api_key;             /* owned secret, may be NULL (no key: send no
+    char *api_key;           /* owned secret, may be NULL (no key: send no
                                 * Authorization header); trailing whitespace
                                 * stripped, no control characters, at most
                                 * CONFIG_API_KEY_MAX bytes; never print;
                                 * wiped by config_free */
-    char *api_key_file;        /* owned: the absolute path api_key was read from,
+    char *api_key_file;      /* owned: the absolute path api_key was read from,
                                 * or NULL (watched for rotation, reload.h) */
-    bool retired;              /* never set by the loader: a source a reload
+    bool retired;            /* never set by the loader: a source a reload
                                 * removed while it was in use (reload.h) */
-    char *model;               /* owned, NULL = keep body.model */
-    int32_t priority;          /* lower tier is tried first */
-    double weight;             /* > 0 */
+    char *model;             /* owned, NULL = keep body.model */
+    int32_t priority;        /* lower tier is tried first */
+    double weight;           /* > 0 */
     double timeout_s, connect_timeout_s, ttft_timeout_s, idle_timeout_s; /* > 0 */
-    uint32_t max_concurrency;  /* >= 1 */
+    uint32_t max_concurrency;                                            /* >= 1 */
     struct config_aimd aimd;
     struct config_breaker breaker;
     struct config_limits limits;
@@ -140,22 +140,22 @@ struct config_source {
 
     /* The upstream's dialect and how to authenticate (docs/CONFIG.md,
      * "Providers"). */
-    enum dialect_kind kind;    /* default openai */
-    char *api_version;         /* owned; azure only, required there */
-    char *anthropic_version;   /* owned; anthropic only, default "2023-06-01" */
-    char *auth_header;         /* owned or NULL: send the key verbatim in this header */
-    char *auth_query;          /* owned or NULL: send the key as this query parameter */
-    bool stream_usage;         /* openai/azure streams ask for usage; default true */
-    bool accepts_openai;       /* anthropic: takes OpenAI chat bodies, converted */
+    enum dialect_kind kind;        /* default openai */
+    char *api_version;             /* owned; azure only, required there */
+    char *anthropic_version;       /* owned; anthropic only, default "2023-06-01" */
+    char *auth_header;             /* owned or NULL: send the key verbatim in this header */
+    char *auth_query;              /* owned or NULL: send the key as this query parameter */
+    bool stream_usage;             /* openai/azure streams ask for usage; default true */
+    bool accepts_openai;           /* anthropic: takes OpenAI chat bodies, converted */
     struct config_header *headers; /* owned array */
     size_t n_headers;
-    struct config_param *query;    /* owned array */
+    struct config_param *query; /* owned array */
     size_t n_query;
     /* Built once everything is loaded, from the above and the key: */
-    char **req_headers;        /* owned, NULL-terminated "Name: value" lines sent with
+    char **req_headers; /* owned, NULL-terminated "Name: value" lines sent with
                                 * every request (key, version, headers:); secret:
                                 * never print; wiped by config_free */
-    char *req_query;           /* owned; "" or "?name=value&..." appended to every
+    char *req_query;    /* owned; "" or "?name=value&..." appended to every
                                 * URL; holds the key with auth_query: never print */
 };
 
@@ -163,21 +163,21 @@ struct config_source {
  * when the peer's uid (SO_PEERCRED, vouched for by the kernel) is in `uids`,
  * else when its gid is in `gids`; a uid or gid names at most one app. */
 struct config_ids {
-    uint32_t *v;               /* owned */
+    uint32_t *v; /* owned */
     size_t n;
 };
 
 struct config_app {
     char name[CONFIG_NAME_MAX];
     struct config_ids uids, gids;
-    bool allow_declared;       /* its callers may name another (non-admin) app in
+    bool allow_declared;         /* its callers may name another (non-admin) app in
                                 * `hello` or a call's `app` */
-    bool admin;                /* may read and stop every app's tasks, sees every
+    bool admin;                  /* may read and stop every app's tasks, sees every
                                 * app in `stats` */
-    double weight;             /* > 0, default 1 */
-    uint32_t max_concurrency;  /* its attempts in flight at most; 0 (default) = unlimited */
+    double weight;               /* > 0, default 1 */
+    uint32_t max_concurrency;    /* its attempts in flight at most; 0 (default) = unlimited */
     struct config_limits limits; /* its own rpm/tpm/daily_tokens on top of the sources' */
-    bool *capabilities;        /* owned, n_capabilities flags, or NULL = every capability */
+    bool *capabilities;          /* owned, n_capabilities flags, or NULL = every capability */
 };
 
 /* The app every caller no entry claims is. Always present in cfg->apps
@@ -185,63 +185,64 @@ struct config_app {
 #define CONFIG_DEFAULT_APP "default"
 
 struct config {
-    char *path;                /* owned copy of the file name, for messages */
+    char *path; /* owned copy of the file name, for messages */
 
     /* listen: */
-    char *socket_path;         /* owned; shorter than sun_path */
-    uint32_t socket_mode;      /* e.g. 0660; given in YAML as octal digits, like chmod(1):
+    char *socket_path;        /* owned; shorter than sun_path */
+    uint32_t socket_mode;     /* e.g. 0660; given in YAML as octal digits, like chmod(1):
                                 * "0660" (recommended), 0660, 660, 0o660 all mean 0660;
                                 * at most 0777 and never writable by others */
-    size_t max_message_bytes;  /* 1 KiB .. 1 GiB, default 16 MiB */
-    uint32_t max_connections;  /* default 1024 */
+    size_t max_message_bytes; /* 1 KiB .. 1 GiB, default 16 MiB */
+    uint32_t max_connections; /* default 1024 */
     uint32_t max_inflight_per_connection; /* default 1024 */
     size_t max_write_queue_bytes;         /* per connection; default 2 x max_message_bytes */
     size_t max_buffered_input_bytes;      /* partial frames, all connections; default
                                            * 4 x max_message_bytes, >= max_message_bytes */
-    double idle_timeout_s;     /* close connections idle this long; 0 (default) = never */
+    double idle_timeout_s; /* close connections idle this long; 0 (default) = never */
 
     /* http: (docs/HTTP.md) */
-    char *http_socket;         /* owned; HTTP over this Unix socket (mode: socket_mode), or NULL */
-    char *http_listen;         /* owned; "HOST:PORT" for TCP, or NULL; loopback unless
+    char *http_socket; /* owned; HTTP over this Unix socket (mode: socket_mode), or NULL */
+    char *http_listen; /* owned; "HOST:PORT" for TCP, or NULL; loopback unless
                                 * http_allow_remote (config_check_http_listen) */
     bool http_allow_remote;
-    size_t http_max_body_bytes;   /* request bodies larger get 413; default 16 MiB */
-    size_t http_max_header_bytes; /* request line + headers larger get 431; default 32 KiB */
-    uint32_t http_max_connections; /* default 1024 */
-    double http_header_timeout_s;  /* request line + headers must arrive within; default 10 */
-    double http_body_timeout_s;    /* the body must arrive within; default 60 */
+    size_t http_max_body_bytes;      /* request bodies larger get 413; default 16 MiB */
+    size_t http_max_header_bytes;    /* request line + headers larger get 431; default 32 KiB */
+    uint32_t http_max_connections;   /* default 1024 */
+    double http_header_timeout_s;    /* request line + headers must arrive within; default 10 */
+    double http_body_timeout_s;      /* the body must arrive within; default 60 */
     double http_keepalive_timeout_s; /* an idle connection is closed after; default 75 */
-    double http_send_timeout_s;    /* an answer's queued bytes not taken for this long close
+    double http_send_timeout_s;      /* an answer's queued bytes not taken for this long close
                                     * the connection (and cancel its call); default 60 */
 
     /* server: */
-    enum log_level log_level;  /* default info */
-    double shutdown_grace_s;   /* default 10 */
-    bool access_log;           /* one info line per finished call; default true */
+    enum log_level log_level; /* default info */
+    double shutdown_grace_s;  /* default 10 */
+    bool access_log;          /* one info line per finished call; default true */
 
     /* tasks: */
-    double task_ttl_s;         /* finished (or idle running) tasks are forgotten after this; default 86400 */
-    uint32_t max_tasks;        /* task states held at most; default 65536 */
+    double
+        task_ttl_s; /* finished (or idle running) tasks are forgotten after this; default 86400 */
+    uint32_t max_tasks; /* task states held at most; default 65536 */
 
     /* backend: */
     enum backend_kind backend;
-    char *redis_url;           /* owned, backend redis only: redis://... or unix://...;
+    char *redis_url;                /* owned, backend redis only: redis://... or unix://...;
                                 * may hold a password: never print, wiped on free */
-    char *redis_url_env;       /* owned: the variable redis_url was read from, or NULL */
-    char *redis_prefix;        /* owned, default "polygw", [A-Za-z0-9_.:{}-]{1,63} */
+    char *redis_url_env;            /* owned: the variable redis_url was read from, or NULL */
+    char *redis_prefix;             /* owned, default "polygw", [A-Za-z0-9_.:{}-]{1,63} */
     double redis_command_timeout_s; /* bounds every Redis round trip; default 1 */
-    double redis_lease_ttl_s;  /* a dead sidecar's permits return after this; default 30 */
-    char **redis_sentinels;    /* owned array of "host:port" (instead of a URL), or NULL */
+    double redis_lease_ttl_s;       /* a dead sidecar's permits return after this; default 30 */
+    char **redis_sentinels;         /* owned array of "host:port" (instead of a URL), or NULL */
     size_t n_redis_sentinels;
-    char *redis_master_name;   /* owned; required with sentinels */
-    uint32_t redis_db;         /* with sentinels (a URL carries its own); default 0 */
-    char *redis_username;      /* owned ACL user, or NULL (the default user) */
-    char *redis_password;      /* owned, from password_env / password_file; wiped on free */
-    char *redis_password_env, *redis_password_file;  /* owned: where it was read from */
-    char *redis_sentinel_username; /* owned; the sentinels' own credentials */
-    char *redis_sentinel_password; /* owned, wiped on free */
+    char *redis_master_name; /* owned; required with sentinels */
+    uint32_t redis_db;       /* with sentinels (a URL carries its own); default 0 */
+    char *redis_username;    /* owned ACL user, or NULL (the default user) */
+    char *redis_password;    /* owned, from password_env / password_file; wiped on free */
+    char *redis_password_env, *redis_password_file; /* owned: where it was read from */
+    char *redis_sentinel_username;                  /* owned; the sentinels' own credentials */
+    char *redis_sentinel_password;                  /* owned, wiped on free */
     char *redis_sentinel_password_env, *redis_sentinel_password_file;
-    bool redis_tls;            /* backend.tls given: TLS to the sentinels (with a URL,
+    bool redis_tls; /* backend.tls given: TLS to the sentinels (with a URL,
                                 * rediss:// decides and backend.tls configures it) */
     char *redis_tls_ca_file, *redis_tls_cert_file, *redis_tls_key_file; /* owned or NULL */
     char *redis_tls_server_name; /* owned or NULL: the name to verify */
@@ -252,11 +253,11 @@ struct config {
                                              * first (always present), then custom
                                              * ones in file order */
     size_t n_capabilities;
-    struct config_source *sources;          /* owned array */
+    struct config_source *sources; /* owned array */
     size_t n_sources;
-    struct config_app *apps;                /* owned array, file order; `default`
+    struct config_app *apps; /* owned array, file order; `default`
                                              * last when not listed */
-    size_t n_apps;                          /* >= 1 */
+    size_t n_apps;           /* >= 1 */
 };
 
 /* Receives each error of a load, in the order found (the walk in file
@@ -278,18 +279,17 @@ struct config *config_load(const char *path, char *err, size_t errlen);
 
 /* config_load that also hands every error to `report` (may be NULL), with
  * `arg` (borrowed). */
-struct config *config_load_report(const char *path, config_report_fn *report, void *arg,
-                                  char *err, size_t errlen);
+struct config *config_load_report(const char *path, config_report_fn *report, void *arg, char *err,
+                                  size_t errlen);
 
 /* Same, from an in-memory YAML document of `len` bytes (borrowed, need not
  * be NUL-terminated); `name` (borrowed, NULL = "<config>") is used in messages
  * and in cfg->path in place of the file name. Key files are still read from
  * disk. */
-struct config *config_parse(const char *yaml, size_t len, const char *name,
-                            char *err, size_t errlen);
+struct config *config_parse(const char *yaml, size_t len, const char *name, char *err,
+                            size_t errlen);
 struct config *config_parse_report(const char *yaml, size_t len, const char *name,
-                                   config_report_fn *report, void *arg,
-                                   char *err, size_t errlen);
+                                   config_report_fn *report, void *arg, char *err, size_t errlen);
 
 /* Frees everything, wiping the API keys (and the Redis URL) first. NULL is
  * a no-op. */
@@ -304,16 +304,15 @@ const struct config_app *config_find_app(const struct config *cfg, const char *n
 
 /* The app of a peer with credentials `uid`, `gid`: the entry listing the
  * uid, else the one listing the gid, else `default`. Never NULL. */
-const struct config_app *config_app_for_peer(const struct config *cfg, uint32_t uid,
-                                             uint32_t gid);
+const struct config_app *config_app_for_peer(const struct config *cfg, uint32_t uid, uint32_t gid);
 
 /* A TCP listen address, "HOST:PORT" or "[ADDR]:PORT": HOST is a numeric
  * IPv4/IPv6 address or "localhost" (which becomes 127.0.0.1). */
 struct config_addr {
     char host[64];
-    uint16_t port;             /* 0 = any free port */
+    uint16_t port; /* 0 = any free port */
     bool ipv6;
-    bool loopback;             /* 127.0.0.0/8 or ::1 */
+    bool loopback; /* 127.0.0.0/8 or ::1 */
 };
 
 /* Parses `s` (borrowed). Returns 0, or -1 with a reason in `why`. */

@@ -39,8 +39,8 @@
 #include "tasks.h"
 #include "log.h"
 
-#define CONN_READ_CHUNK (64 * 1024)
-#define CONN_LINGER_S 2.0 /* how long a closing connection may take to flush */
+#define CONN_READ_CHUNK        (64 * 1024)
+#define CONN_LINGER_S          2.0 /* how long a closing connection may take to flush */
 /* Buffers larger than this are freed once empty rather than kept: a
  * connection that once carried a large message must not hold its size. */
 #define CONN_KEEP_BUFFER_BYTES (4 * CONN_READ_CHUNK)
@@ -114,9 +114,9 @@ static void conn_identify(struct conn *c)
     }
     snprintf(c->peer_app, sizeof(c->peer_app), "%s", a ? a->name : CONFIG_DEFAULT_APP);
     memcpy(c->app, c->peer_app, sizeof(c->app));
-    log_at(LOG_DEBUG, "connection accepted", "conn", LOG_U, (unsigned long long)c->id, "app",
-           LOG_S, c->app, "uid", LOG_I, c->peer_known ? (long long)c->peer_uid : -1LL, "pid",
-           LOG_I, c->peer_known ? (long long)c->peer_pid : -1LL, NULL);
+    log_at(LOG_DEBUG, "connection accepted", "conn", LOG_U, (unsigned long long)c->id, "app", LOG_S,
+           c->app, "uid", LOG_I, c->peer_known ? (long long)c->peer_uid : -1LL, "pid", LOG_I,
+           c->peer_known ? (long long)c->peer_pid : -1LL, NULL);
 }
 
 const struct config_app *conn_app(const struct conn *c)
@@ -145,8 +145,10 @@ const struct config_app *conn_declare_app(const struct conn *c, const char *name
     if (a && a == own)
         return a;
     if (!own || !own->allow_declared) {
-        snprintf(why, whylen, "app '%s' refused: this connection is app '%s' (from its uid) "
-                 "and may not declare another", quoted, own ? own->name : CONFIG_DEFAULT_APP);
+        snprintf(why, whylen,
+                 "app '%s' refused: this connection is app '%s' (from its uid) "
+                 "and may not declare another",
+                 quoted, own ? own->name : CONFIG_DEFAULT_APP);
         return NULL;
     }
     if (!a) {
@@ -245,8 +247,8 @@ void conn_close(struct conn *c, const char *why)
     tasks_fail_pending(c, PGW_OK, NULL);
     close(c->fd);
     c->fd = -1;
-    log_at(LOG_DEBUG, "connection closed", "conn", LOG_U, (unsigned long long)c->id,
-           "reason", LOG_S, why, NULL);
+    log_at(LOG_DEBUG, "connection closed", "conn", LOG_U, (unsigned long long)c->id, "reason",
+           LOG_S, why, NULL);
     server_on_conn_closed(c->srv, c);
 }
 
@@ -545,8 +547,7 @@ static void conn_on_read(struct ev_loop *loop, ev_io *w, int revents)
     c->srv->stats.bytes_in += (uint64_t)n;
     c->last_activity = ev_now(loop);
 
-    while (!c->closing && !c->closed &&
-           (rc = frame_reader_next(&c->reader, &c->frame, NULL)) == 1)
+    while (!c->closing && !c->closed && (rc = frame_reader_next(&c->reader, &c->frame, NULL)) == 1)
         conn_on_frame(c, &c->frame.data);
     if (!c->closing && !c->closed && rc < 0) {
         char msg[160];
@@ -557,9 +558,10 @@ static void conn_on_read(struct ev_loop *loop, ev_io *w, int revents)
             snprintf(msg, sizeof(msg), "message nests more than %d containers", FRAME_MAX_DEPTH);
         else
             snprintf(msg, sizeof(msg), "%s", frame_strerror(rc));
-        conn_fail(c, rc == FRAME_ETOO_LARGE ? PGW_TOO_LARGE
-                     : rc == FRAME_ENOMEM    ? PGW_INTERNAL
-                                             : PGW_BAD_REQUEST,
+        conn_fail(c,
+                  rc == FRAME_ETOO_LARGE   ? PGW_TOO_LARGE
+                      : rc == FRAME_ENOMEM ? PGW_INTERNAL
+                                           : PGW_BAD_REQUEST,
                   msg);
     }
     /* Drop the last frame's zone now rather than holding it until the next read. */

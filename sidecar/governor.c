@@ -74,8 +74,8 @@ int governor_init(struct gov *g, const struct config *cfg, const struct gov_back
         return -1;
     }
     governor_source_params(cfg, p);
-    int rc = gov_init(g, p, cfg->n_sources, cfg->n_capabilities, backend, governor_rand,
-                      rand_state, hooks, now);
+    int rc = gov_init(g, p, cfg->n_sources, cfg->n_capabilities, backend, governor_rand, rand_state,
+                      hooks, now);
     free(p);
     if (rc == 0 && cfg->n_apps > 0) {
         /* Fair queueing between the apps and their own limits (cfg->apps
@@ -84,9 +84,12 @@ int governor_init(struct gov *g, const struct config *cfg, const struct gov_back
         for (size_t i = 0; w && i < cfg->n_apps; i++) {
             const struct config_app *a = &cfg->apps[i];
             w[i] = (struct gov_app_params){
-                .weight = a->weight, .max_concurrency = a->max_concurrency,
-                .rpm = a->limits.rpm, .tpm = a->limits.tpm,
-                .daily_tokens = a->limits.daily_tokens, .window_s = a->limits.window_s,
+                .weight = a->weight,
+                .max_concurrency = a->max_concurrency,
+                .rpm = a->limits.rpm,
+                .tpm = a->limits.tpm,
+                .daily_tokens = a->limits.daily_tokens,
+                .window_s = a->limits.window_s,
             };
         }
         if (!w || gov_set_apps(g, w, cfg->n_apps, now) < 0) {

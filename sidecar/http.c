@@ -65,26 +65,26 @@
 #include "transcode.h"
 #include "upstream.h"
 
-#define HTTP_READ_CHUNK (64 * 1024)
-#define HTTP_IN_MAX (1024 * 1024)  /* unparsed input held while a request is served */
-#define HTTP_URL_MAX 2048          /* longer request targets get 414 */
-#define HTTP_VAL_MAX 256           /* longest value kept of a header we read */
-#define HTTP_LINGER_S 2.0          /* how long a closing connection may take to flush */
-#define HTTP_ACCEPT_BATCH 64
+#define HTTP_READ_CHUNK     (64 * 1024)
+#define HTTP_IN_MAX         (1024 * 1024) /* unparsed input held while a request is served */
+#define HTTP_URL_MAX        2048          /* longer request targets get 414 */
+#define HTTP_VAL_MAX        256           /* longest value kept of a header we read */
+#define HTTP_LINGER_S       2.0           /* how long a closing connection may take to flush */
+#define HTTP_ACCEPT_BATCH   64
 #define HTTP_ACCEPT_PAUSE_S 0.1
 
 /* The request headers polygw reads; every other one is only counted. */
 enum hdr { H_NONE = -1, H_CTYPE, H_EXPECT, H_TASK, H_DEADLINE, H_SCOPE, H_SDK_RETRY, H_COUNT };
 static const char *const hdr_names[H_COUNT] = {
-    "content-type", "expect", "x-polygw-task", "x-polygw-deadline", "x-polygw-scope",
-    "x-polygw-sdk-retry",
+    "content-type",      "expect",         "x-polygw-task",
+    "x-polygw-deadline", "x-polygw-scope", "x-polygw-sdk-retry",
 };
 
 struct http_req {
     char url[HTTP_URL_MAX + 1];
     size_t url_len;
     bool url_over;
-    char field[24];                /* the header name being read (long names are not ours) */
+    char field[24]; /* the header name being read (long names are not ours) */
     size_t field_len;
     bool field_over;
     bool in_value;
@@ -92,17 +92,17 @@ struct http_req {
     char val[H_COUNT][HTTP_VAL_MAX + 1];
     size_t val_len[H_COUNT];
     bool present[H_COUNT];
-    enum hdr over;                 /* a header of ours too long, or H_NONE */
+    enum hdr over; /* a header of ours too long, or H_NONE */
     size_t header_bytes;
 };
 
 enum hc_phase { HC_IDLE, HC_HEAD, HC_BODY, HC_SERVING, HC_CLOSING };
 
 struct http_listener {
-    int fd;                        /* -1 once closed */
+    int fd; /* -1 once closed */
     bool is_unix;
     ev_io w;
-    ev_timer retry_w;              /* re-arms accept after fd exhaustion */
+    ev_timer retry_w; /* re-arms accept after fd exhaustion */
     struct http_server *hs;
 };
 
@@ -112,22 +112,22 @@ struct http_conn {
     uint64_t id;
     int fd;
     ev_io rio, wio;
-    ev_timer phase_w;              /* the current phase's deadline */
-    ev_timer next_w;               /* zero delay: parse pipelined input after a call */
+    ev_timer phase_w; /* the current phase's deadline */
+    ev_timer next_w;  /* zero delay: parse pipelined input after a call */
     http_parser parser;
     struct call_sink sink;
     struct upstream_budget budget; /* unsent output + replies its call is receiving */
     struct conn *bridge;           /* task endpoints, made on first use */
     enum hc_phase phase;
     bool reading, closed, oom;
-    bool keep_alive;               /* of the request being served */
-    bool stream_open;              /* an SSE answer's head is sent */
-    bool sdk_retry;                /* X-Polygw-SDK-Retry: true */
-    int fail_status;               /* set by a parser callback that refused the input */
-    uint32_t seq;                  /* call ids */
-    char *in;                      /* bytes [in_off, in_len) not parsed yet */
+    bool keep_alive;  /* of the request being served */
+    bool stream_open; /* an SSE answer's head is sent */
+    bool sdk_retry;   /* X-Polygw-SDK-Retry: true */
+    int fail_status;  /* set by a parser callback that refused the input */
+    uint32_t seq;     /* call ids */
+    char *in;         /* bytes [in_off, in_len) not parsed yet */
     size_t in_off, in_len, in_cap;
-    char *out;                     /* bytes [out_off, out_len) not written yet */
+    char *out; /* bytes [out_off, out_len) not written yet */
     size_t out_off, out_len, out_cap;
     char *body;
     size_t body_len, body_cap;
@@ -136,13 +136,13 @@ struct http_conn {
 
 struct http_server {
     struct server *srv;
-    struct http_listener lis[2];   /* [0] Unix socket, [1] TCP */
-    char *socket_path;             /* owned; the socket file we created, or NULL */
-    int tcp_port;                  /* the bound port (http.listen may say 0) */
+    struct http_listener lis[2]; /* [0] Unix socket, [1] TCP */
+    char *socket_path;           /* owned; the socket file we created, or NULL */
+    int tcp_port;                /* the bound port (http.listen may say 0) */
     struct http_conn *conns, *dead;
     ev_prepare reap_w;
-    bool stopping;                 /* STOPPING: answer, then close every connection */
-    char *models_json;             /* GET /v1/models, made once */
+    bool stopping;     /* STOPPING: answer, then close every connection */
+    char *models_json; /* GET /v1/models, made once */
     size_t models_len;
     struct http_stats stats;
 };
@@ -181,8 +181,8 @@ static void out_str(struct http_conn *c, const char *s)
     out_add(c, s, strlen(s));
 }
 
-__attribute__((format(printf, 2, 3))) static void out_printf(struct http_conn *c,
-                                                             const char *fmt, ...)
+__attribute__((format(printf, 2, 3))) static void out_printf(struct http_conn *c, const char *fmt,
+                                                             ...)
 {
     va_list ap;
     char small[256];
@@ -213,26 +213,46 @@ static size_t out_queued(const struct http_conn *c)
 static const char *status_text(int status)
 {
     switch (status) {
-    case 100: return "Continue";
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 409: return "Conflict";
-    case 413: return "Content Too Large";
-    case 414: return "URI Too Long";
-    case 415: return "Unsupported Media Type";
-    case 422: return "Unprocessable Content";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 502: return "Bad Gateway";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    default: return status < 300 ? "OK" : status < 500 ? "Client Error" : "Server Error";
+    case 100:
+        return "Continue";
+    case 200:
+        return "OK";
+    case 400:
+        return "Bad Request";
+    case 401:
+        return "Unauthorized";
+    case 403:
+        return "Forbidden";
+    case 404:
+        return "Not Found";
+    case 405:
+        return "Method Not Allowed";
+    case 408:
+        return "Request Timeout";
+    case 409:
+        return "Conflict";
+    case 413:
+        return "Content Too Large";
+    case 414:
+        return "URI Too Long";
+    case 415:
+        return "Unsupported Media Type";
+    case 422:
+        return "Unprocessable Content";
+    case 429:
+        return "Too Many Requests";
+    case 431:
+        return "Request Header Fields Too Large";
+    case 500:
+        return "Internal Server Error";
+    case 502:
+        return "Bad Gateway";
+    case 503:
+        return "Service Unavailable";
+    case 504:
+        return "Gateway Timeout";
+    default:
+        return status < 300 ? "OK" : status < 500 ? "Client Error" : "Server Error";
     }
 }
 
@@ -329,18 +349,26 @@ static int status_of(enum pgw_code code, int upstream_status)
     case PGW_RETRY_EXHAUSTED:
     case PGW_BACKEND_UNAVAILABLE:
     case PGW_OVERLOADED:
-    case PGW_SHUTTING_DOWN: return 503;
-    case PGW_DEADLINE_EXCEEDED: return 504;
+    case PGW_SHUTTING_DOWN:
+        return 503;
+    case PGW_DEADLINE_EXCEEDED:
+        return 504;
     case PGW_UPSTREAM_REJECTED:
         return upstream_status >= 400 && upstream_status <= 599 ? upstream_status : 502;
-    case PGW_BAD_REQUEST: return 400;
+    case PGW_BAD_REQUEST:
+        return 400;
     case PGW_UNKNOWN_METHOD:
-    case PGW_UNKNOWN_CAPABILITY: return 404;
-    case PGW_TOO_LARGE: return 413;
+    case PGW_UNKNOWN_CAPABILITY:
+        return 404;
+    case PGW_TOO_LARGE:
+        return 413;
     case PGW_TASK_STOPPED:
-    case PGW_WATCHDOG_TIMEOUT: return 409;
-    case PGW_STREAM_INTERRUPTED: return 502;
-    default: return 500;
+    case PGW_WATCHDOG_TIMEOUT:
+        return 409;
+    case PGW_STREAM_INTERRUPTED:
+        return 502;
+    default:
+        return 500;
     }
 }
 
@@ -351,14 +379,21 @@ static const char *type_of(int status)
     case 413:
     case 414:
     case 415:
-    case 431: return "invalid_request_error";
+    case 431:
+        return "invalid_request_error";
     case 404:
-    case 405: return "not_found_error";
-    case 408: return "timeout_error";
-    case 409: return "conflict_error";
-    case 503: return "service_unavailable_error";
-    case 504: return "timeout_error";
-    default: return status >= 500 ? "server_error" : "invalid_request_error";
+    case 405:
+        return "not_found_error";
+    case 408:
+        return "timeout_error";
+    case 409:
+        return "conflict_error";
+    case 503:
+        return "service_unavailable_error";
+    case 504:
+        return "timeout_error";
+    default:
+        return status >= 500 ? "server_error" : "invalid_request_error";
     }
 }
 
@@ -371,9 +406,9 @@ static bool code_is_retry_later(enum pgw_code code)
 /* An error answer in the making: its status, headers and body. */
 struct hc_err {
     int status;
-    char extra[512];               /* header lines */
+    char extra[512]; /* header lines */
     const char *ctype;
-    const char *body;              /* into json, or into up (a raw upstream body) */
+    const char *body; /* into json, or into up (a raw upstream body) */
     size_t len;
     struct strbuf json;
     msgpack_unpacked up;
@@ -424,9 +459,9 @@ static void hc_err_make(struct http_conn *c, int status, enum pgw_code code, con
     /* polygw has retried already: the SDKs must not multiply that, unless
      * the client asked to let its SDK retry what is worth retrying. */
     bool retry = c->sdk_retry && (code_is_retry_later(code) || code == PGW_DEADLINE_EXCEEDED);
-    size_t n = (size_t)snprintf(e->extra, sizeof(e->extra),
-                                "x-should-retry: %s\r\nX-Polygw-Code: %s\r\n",
-                                retry ? "true" : "false", pgw_code_name(code));
+    size_t n =
+        (size_t)snprintf(e->extra, sizeof(e->extra), "x-should-retry: %s\r\nX-Polygw-Code: %s\r\n",
+                         retry ? "true" : "false", pgw_code_name(code));
     if (code_is_retry_later(code))
         n += (size_t)snprintf(e->extra + n, sizeof(e->extra) - n, "Retry-After: %.0f\r\n",
                               retry_after > 1 ? ceil(retry_after) : 1);
@@ -500,8 +535,8 @@ static void hc_err_fini(struct hc_err *e)
     msgpack_unpacked_destroy(&e->up);
 }
 
-static void hc_send_error_map(struct http_conn *c, int status, enum pgw_code code,
-                              const char *map, size_t len)
+static void hc_send_error_map(struct http_conn *c, int status, enum pgw_code code, const char *map,
+                              size_t len)
 {
     struct hc_err e;
     hc_err_make(c, status, code, map, len, &e);
@@ -511,8 +546,7 @@ static void hc_send_error_map(struct http_conn *c, int status, enum pgw_code cod
 
 /* A locally made error: `status` 0 means the code's status. */
 __attribute__((format(printf, 4, 5))) static void hc_error(struct http_conn *c, int status,
-                                                           enum pgw_code code, const char *fmt,
-                                                           ...)
+                                                           enum pgw_code code, const char *fmt, ...)
 {
     char msg[400];
     va_list ap;
@@ -612,8 +646,7 @@ static void hc_reject_input(struct http_conn *c, enum http_errno e)
         hc_error(c, 414, PGW_BAD_REQUEST, "request target longer than %d bytes", HTTP_URL_MAX);
         break;
     default:
-        hc_error(c, 400, PGW_BAD_REQUEST, "malformed HTTP request: %s",
-                 http_errno_description(e));
+        hc_error(c, 400, PGW_BAD_REQUEST, "malformed HTTP request: %s", http_errno_description(e));
         break;
     }
     hc_close_after_flush(c);
@@ -1001,7 +1034,7 @@ static bool ctype_is_json(const char *v)
     while (*v == ' ' || *v == '\t')
         v++;
     return strncasecmp(v, "application/json", n) == 0 &&
-           (v[n] == '\0' || v[n] == ';' || v[n] == ' ' || v[n] == '\t');
+        (v[n] == '\0' || v[n] == ';' || v[n] == ' ' || v[n] == '\t');
 }
 
 /* Checks a request's own JSON body: an object (unless `optional` and
@@ -1022,7 +1055,7 @@ static int hc_check_json_body(struct http_conn *c, bool optional)
 struct body_facts {
     bool stream, seen_stream;
     uint64_t max_tokens;
-    bool completion_tokens;      /* max_completion_tokens wins over max_tokens */
+    bool completion_tokens; /* max_completion_tokens wins over max_tokens */
 };
 
 static int body_member(void *ud, const char *key, const struct jscan_value *v)
@@ -1032,8 +1065,8 @@ static int body_member(void *ud, const char *key, const struct jscan_value *v)
 
     if (strcmp(key, "stream") == 0) {
         /* It decides how the answer is framed: one, and a boolean. */
-        if (f->seen_stream || (v->type != JSCAN_TRUE && v->type != JSCAN_FALSE &&
-                               v->type != JSCAN_NULL))
+        if (f->seen_stream ||
+            (v->type != JSCAN_TRUE && v->type != JSCAN_FALSE && v->type != JSCAN_NULL))
             return 1;
         f->seen_stream = true;
         f->stream = v->type == JSCAN_TRUE;
@@ -1060,8 +1093,8 @@ static const char *cap_http_path(const struct config *cfg, size_t i)
         const struct config_source *src = &cfg->sources[j];
         if (src->capability_index == i)
             return src->kind == DIALECT_ANTHROPIC && !src->accepts_openai
-                       ? dialect_get(DIALECT_ANTHROPIC)->chat_path
-                       : cap->path;
+                ? dialect_get(DIALECT_ANTHROPIC)->chat_path
+                : cap->path;
     }
     return cap->path;
 }
@@ -1094,7 +1127,7 @@ static void route_call(struct http_conn *c, const char *path, size_t len)
     }
     if (hc_check_json_body(c, false) < 0)
         return;
-    struct body_facts bf = {0};
+    struct body_facts bf = { 0 };
     size_t at = 0;
     int rc = jscan_object(c->body ? c->body : "", c->body_len, body_member, &bf, &at);
     if (rc == -1) {
@@ -1129,8 +1162,7 @@ static void route_call(struct http_conn *c, const char *path, size_t len)
     }
     if (c->req.present[H_TASK]) {
         if (c->req.val_len[H_TASK] == 0 || c->req.val_len[H_TASK] > TASK_ID_MAX) {
-            hc_error(c, 400, PGW_BAD_REQUEST, "X-Polygw-Task: expected 1 to %d bytes",
-                     TASK_ID_MAX);
+            hc_error(c, 400, PGW_BAD_REQUEST, "X-Polygw-Task: expected 1 to %d bytes", TASK_ID_MAX);
             return;
         }
         r.task_id = c->req.val[H_TASK];
@@ -1169,8 +1201,8 @@ static void hc_on_bridge(void *ud, const char *data, size_t len)
         if (err->type == MSGPACK_OBJECT_MAP) {
             const msgpack_object *code = rpc_map_get(err, "code");
             int cd = code && code->type == MSGPACK_OBJECT_STR
-                         ? pgw_code_from_name(code->via.str.ptr, code->via.str.size)
-                         : -1;
+                ? pgw_code_from_name(code->via.str.ptr, code->via.str.size)
+                : -1;
             msgpack_sbuffer sb;
             msgpack_packer pk;
             msgpack_sbuffer_init(&sb);
@@ -1193,17 +1225,17 @@ static void hc_on_bridge(void *ud, const char *data, size_t len)
 typedef void task_method_fn(struct conn *c, const struct rpc_msg *m);
 
 static const struct {
-    const char *op;                /* the last path segment; NULL = GET on the task */
+    const char *op; /* the last path segment; NULL = GET on the task */
     const char *method;
     task_method_fn *fn;
 } task_routes[] = {
-    {NULL, "task.get", tasks_get},
-    {"start", "task.start", tasks_start},
-    {"stop", "task.stop", tasks_stop},
-    {"guard", "task.guard", tasks_guard},
-    {"node_begin", "task.node_begin", tasks_node_begin},
-    {"node_end", "task.node_end", tasks_node_end},
-    {"finish", "task.finish", tasks_finish},
+    { NULL, "task.get", tasks_get },
+    { "start", "task.start", tasks_start },
+    { "stop", "task.stop", tasks_stop },
+    { "guard", "task.guard", tasks_guard },
+    { "node_begin", "task.node_begin", tasks_node_begin },
+    { "node_end", "task.node_end", tasks_node_end },
+    { "finish", "task.finish", tasks_finish },
 };
 
 /* Percent-decodes s[0..n) into out (cap bytes with the NUL). -1 when
@@ -1335,13 +1367,13 @@ static const struct {
     const char *path;
     route_fn *fn;
 } routes[] = {
-    {HTTP_GET, "/healthz", route_healthz},
-    {HTTP_GET, "/readyz", route_readyz},
-    {HTTP_GET, "/v1/models", route_models},
-    {HTTP_GET, "/metrics", route_metrics},
-    {HTTP_GET, "/polygw/v1/tasks/", route_task},
-    {HTTP_POST, "/polygw/v1/tasks/", route_task},
-    {HTTP_POST, "/v1/", route_call},
+    { HTTP_GET, "/healthz", route_healthz },
+    { HTTP_GET, "/readyz", route_readyz },
+    { HTTP_GET, "/v1/models", route_models },
+    { HTTP_GET, "/metrics", route_metrics },
+    { HTTP_GET, "/polygw/v1/tasks/", route_task },
+    { HTTP_POST, "/polygw/v1/tasks/", route_task },
+    { HTTP_POST, "/v1/", route_call },
 };
 
 static bool route_matches(const char *rp, const char *path, size_t len)
@@ -1545,8 +1577,8 @@ static void hc_close(struct http_conn *c, const char *why)
         tasks_fail_pending(c->bridge, PGW_OK, NULL);
     close(c->fd);
     c->fd = -1;
-    log_at(LOG_DEBUG, "http connection closed", "conn", LOG_U, (unsigned long long)c->id,
-           "reason", LOG_S, why, NULL);
+    log_at(LOG_DEBUG, "http connection closed", "conn", LOG_U, (unsigned long long)c->id, "reason",
+           LOG_S, why, NULL);
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -1725,7 +1757,7 @@ static int http_listen_tcp(struct http_server *hs, char *err, size_t errlen)
     sl = sizeof(ss);
     if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
         hs->tcp_port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                                       : ((struct sockaddr_in *)&ss)->sin_port);
+                                                      : ((struct sockaddr_in *)&ss)->sin_port);
     return fd;
 }
 
@@ -1743,8 +1775,8 @@ static int http_make_models(struct http_server *hs)
     for (size_t i = 0; i < cfg->n_sources; i++) {
         bool dup = false;
         for (size_t j = 0; cfg->sources[i].model && j < i; j++)
-            dup |= cfg->sources[j].model &&
-                   strcmp(cfg->sources[j].model, cfg->sources[i].model) == 0;
+            dup |=
+                cfg->sources[j].model && strcmp(cfg->sources[j].model, cfg->sources[i].model) == 0;
         n += cfg->sources[i].model && !dup;
     }
     msgpack_sbuffer_init(&sb);

@@ -25,10 +25,10 @@ struct http_server;
 /* Counters (for stats and metrics). */
 struct http_stats {
     uint64_t conns_open, conns_accepted, conns_rejected;
-    uint64_t requests;            /* requests parsed */
-    uint64_t responses[6];        /* by status class: [1] 1xx ... [5] 5xx */
-    uint64_t timeouts;            /* header or body phase expired (408) */
-    uint64_t bad_requests;        /* unparsable input (400, 413, 431) */
+    uint64_t requests;     /* requests parsed */
+    uint64_t responses[6]; /* by status class: [1] 1xx ... [5] 5xx */
+    uint64_t timeouts;     /* header or body phase expired (408) */
+    uint64_t bad_requests; /* unparsable input (400, 413, 431) */
 };
 
 /* Creates the front end and binds its listeners, when the config names

@@ -39,18 +39,18 @@ struct metrics;
 struct server_stats {
     uint64_t conns_open;
     uint64_t conns_accepted;
-    uint64_t conns_rejected;      /* closed at accept: max_connections, fd exhaustion */
-    uint64_t conns_idle_closed;   /* closed by listen.idle_timeout_s */
-    uint64_t input_refusals;      /* connections refused by max_buffered_input_bytes */
+    uint64_t conns_rejected;    /* closed at accept: max_connections, fd exhaustion */
+    uint64_t conns_idle_closed; /* closed by listen.idle_timeout_s */
+    uint64_t input_refusals;    /* connections refused by max_buffered_input_bytes */
     uint64_t accept_errors;
-    uint64_t requests_served;     /* responses sent, success or error */
-    uint64_t in_flight;           /* requests accepted and not yet answered */
+    uint64_t requests_served; /* responses sent, success or error */
+    uint64_t in_flight;       /* requests accepted and not yet answered */
     uint64_t notifications_ignored;
-    uint64_t chunks_relayed;      /* stream events sent to clients */
-    uint64_t cancels;             /* `cancel` notifications that ended a call */
-    uint64_t read_pauses;         /* times a connection stopped being read (write queue full) */
+    uint64_t chunks_relayed; /* stream events sent to clients */
+    uint64_t cancels;        /* `cancel` notifications that ended a call */
+    uint64_t read_pauses;    /* times a connection stopped being read (write queue full) */
     uint64_t bytes_in, bytes_out;
-    uint64_t rejected[PGW_CODE_COUNT]; /* error responses/notifications sent, by code */
+    uint64_t rejected[PGW_CODE_COUNT];   /* error responses/notifications sent, by code */
     uint64_t reloads_ok, reloads_failed; /* configuration reloads (reload.h) */
 };
 
@@ -60,56 +60,56 @@ enum server_state { SERVER_RUNNING, SERVER_DRAINING, SERVER_STOPPING };
 
 struct server {
     struct ev_loop *loop;
-    struct config *cfg;           /* main's at start; a reload replaces it (main
+    struct config *cfg; /* main's at start; a reload replaces it (main
                                    * frees srv->cfg at exit) */
     enum server_state state;
-    int listen_fd;                /* -1 once closed */
-    bool owns_socket_file;        /* false under socket activation */
-    char *socket_path;            /* owned */
-    int spare_fd;                 /* kept open to survive EMFILE (see server.c) */
-    size_t input_bytes;           /* partial frames buffered, all connections */
+    int listen_fd;         /* -1 once closed */
+    bool owns_socket_file; /* false under socket activation */
+    char *socket_path;     /* owned */
+    int spare_fd;          /* kept open to survive EMFILE (see server.c) */
+    size_t input_bytes;    /* partial frames buffered, all connections */
     ev_io accept_w;
-    ev_timer accept_retry_w;      /* re-arms accept after fd exhaustion */
-    ev_tstamp fd_warned_at;       /* last fd exhaustion warning (rate-limited) */
+    ev_timer accept_retry_w; /* re-arms accept after fd exhaustion */
+    ev_tstamp fd_warned_at;  /* last fd exhaustion warning (rate-limited) */
     ev_signal sigterm_w, sigint_w;
-    ev_timer grace_w;             /* DRAINING -> STOPPING deadline */
-    ev_timer stop_w;              /* STOPPING: bound on flushing replies */
-    ev_prepare reap_w;            /* frees closed connections outside callbacks */
+    ev_timer grace_w;  /* DRAINING -> STOPPING deadline */
+    ev_timer stop_w;   /* STOPPING: bound on flushing replies */
+    ev_prepare reap_w; /* frees closed connections outside callbacks */
     ev_tstamp started_at;
-    struct conn *conns;           /* open connections (doubly linked) */
-    struct conn *dead;            /* closed, waiting for the reaper */
+    struct conn *conns; /* open connections (doubly linked) */
+    struct conn *dead;  /* closed, waiting for the reaper */
     struct server_stats stats;
-    struct upstream *up;          /* the HTTP engine */
-    struct http_server *http;     /* the HTTP front end (http.h), NULL when not configured */
-    struct gov gov;               /* the governance core */
-    struct backend *backend;      /* the state backend (backend.h): memory or Redis */
-    uint64_t rand_state;          /* jitter generator */
-    struct task_reg *tasks;       /* task states (src/task.h) */
-    ev_timer task_w;              /* the watchdog / task expiry timer */
+    struct upstream *up;      /* the HTTP engine */
+    struct http_server *http; /* the HTTP front end (http.h), NULL when not configured */
+    struct gov gov;           /* the governance core */
+    struct backend *backend;  /* the state backend (backend.h): memory or Redis */
+    uint64_t rand_state;      /* jitter generator */
+    struct task_reg *tasks;   /* task states (src/task.h) */
+    ev_timer task_w;          /* the watchdog / task expiry timer */
     struct tasks_req *task_retry, *task_retry_tail; /* verdicts to send when the backend is back */
-    struct tasks_resync *resync;  /* running tasks being re-read after a gap */
-    size_t task_imports;          /* backend reads that may import a task, in flight */
+    struct tasks_resync *resync;                    /* running tasks being re-read after a gap */
+    size_t task_imports; /* backend reads that may import a task, in flight */
     size_t task_retry_n;
-    struct metrics *metrics;      /* counters and histograms (metrics.h) */
-    struct redact *redact;        /* the sources' keys, scrubbed from relayed replies */
-    struct sdnotify notify;       /* readiness and watchdog for the service manager */
+    struct metrics *metrics; /* counters and histograms (metrics.h) */
+    struct redact *redact;   /* the sources' keys, scrubbed from relayed replies */
+    struct sdnotify notify;  /* readiness and watchdog for the service manager */
     /* Reload (reload.h). cfg is owned by the server once a reload swapped it. */
-    const char *config_path;      /* borrowed from main: the file reloads read */
-    const char *socket_override;  /* borrowed: --socket, applied to every reload; NULL */
+    const char *config_path;     /* borrowed from main: the file reloads read */
+    const char *socket_override; /* borrowed: --socket, applied to every reload; NULL */
     const char *http_socket_override, *http_listen_override; /* --http-socket, --http-listen */
-    bool log_level_override;      /* --log-level given: reloads keep the level */
+    bool log_level_override;           /* --log-level given: reloads keep the level */
     char reload_error[CONFIG_ERR_MAX]; /* the last failed reload's reason, or "" */
-    char **old_keys;              /* owned: keys of earlier configurations, still redacted */
+    char **old_keys;                   /* owned: keys of earlier configurations, still redacted */
     size_t n_old_keys;
     ev_signal sighup_w;
-    struct keywatch *keywatch;    /* key-file watch, NULL when no key comes from a file */
-    struct call *calls_all;       /* every call in flight, whatever its front end (call.c) */
+    struct keywatch *keywatch; /* key-file watch, NULL when no key comes from a file */
+    struct call *calls_all;    /* every call in flight, whatever its front end (call.c) */
 };
 
 /* server.c */
 struct backend_hooks;
-int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg,
-                char *err, size_t errlen);
+int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, char *err,
+                size_t errlen);
 /* Builds the state backend of `srv` once srv->tasks exists, with `hooks`
  * (copied; the backend reports its events through them). Returns the
  * backend, or NULL with `err`. */
@@ -145,33 +145,33 @@ struct conn {
     uint64_t id;
     int fd;
     ev_io rio, wio;
-    ev_timer linger_w;            /* bounds close-after-flush */
-    ev_timer idle_w;              /* listen.idle_timeout_s (lazy: re-checks when it fires) */
-    ev_tstamp last_activity;      /* a byte read or written, a request answered */
+    ev_timer linger_w;       /* bounds close-after-flush */
+    ev_timer idle_w;         /* listen.idle_timeout_s (lazy: re-checks when it fires) */
+    ev_tstamp last_activity; /* a byte read or written, a request answered */
     struct frame_reader reader;
-    size_t input_bytes;           /* its share of srv->input_bytes */
+    size_t input_bytes; /* its share of srv->input_bytes */
     msgpack_unpacked frame;
-    msgpack_packer pk;            /* packs straight into `out` */
-    char *out;                    /* write queue: bytes [out_off, out_len) pending */
+    msgpack_packer pk; /* packs straight into `out` */
+    char *out;         /* write queue: bytes [out_off, out_len) pending */
     size_t out_len, out_off, out_cap;
-    size_t out_unchecked;         /* PGW_CHECK_PACKING: bytes queued since the last check */
+    size_t out_unchecked;          /* PGW_CHECK_PACKING: bytes queued since the last check */
     struct upstream_budget budget; /* unsent output + replies being received */
-    uint32_t in_flight;           /* task requests in flight (calls: sink.n_calls) */
-    struct call_sink sink;        /* its calls in flight (call.c, callrpc.c) */
-    struct tasks_req *tasks;      /* task requests waiting for the backend (tasks.c) */
-    bool reading;                 /* rio active */
-    bool read_paused;             /* paused because its budget is spent */
-    bool closing;                 /* no more input; close once `out` is flushed */
-    bool closed;                  /* fd closed, awaiting free */
-    bool oom;                     /* an append failed: close */
-    conn_bridge_fn *bridge;       /* no socket: output goes here (conn_new_bridge) */
+    uint32_t in_flight;            /* task requests in flight (calls: sink.n_calls) */
+    struct call_sink sink;         /* its calls in flight (call.c, callrpc.c) */
+    struct tasks_req *tasks;       /* task requests waiting for the backend (tasks.c) */
+    bool reading;                  /* rio active */
+    bool read_paused;              /* paused because its budget is spent */
+    bool closing;                  /* no more input; close once `out` is flushed */
+    bool closed;                   /* fd closed, awaiting free */
+    bool oom;                      /* an append failed: close */
+    conn_bridge_fn *bridge;        /* no socket: output goes here (conn_new_bridge) */
     void *bridge_ud;
     /* Who is calling (docs/APPS.md): the peer's credentials, read once at
      * accept from the kernel (SO_PEERCRED), never from the client. */
-    bool peer_known;              /* false: the kernel gave none (then `default`) */
+    bool peer_known; /* false: the kernel gave none (then `default`) */
     uint32_t peer_uid, peer_gid, peer_pid;
     char peer_app[CONFIG_NAME_MAX]; /* the app the credentials resolve to */
-    char app[CONFIG_NAME_MAX];    /* the connection's app: peer_app, or one `hello` declared */
+    char app[CONFIG_NAME_MAX];      /* the connection's app: peer_app, or one `hello` declared */
 };
 
 struct conn *conn_new(struct server *srv, int fd);

@@ -178,7 +178,7 @@ static int scan_container(struct scan *c, bool object)
         return 0;
     }
     for (;;) {
-        struct jscan_value key = {JSCAN_STRING, NULL, 0}, val;
+        struct jscan_value key = { JSCAN_STRING, NULL, 0 }, val;
         skip_ws(c);
         if (object) {
             if (c->p >= c->end || *c->p != '"')
@@ -226,13 +226,34 @@ static int scan_value(struct scan *c, struct jscan_value *v)
     if (c->p >= c->end)
         return -1;
     switch (*c->p) {
-    case '{': v->type = JSCAN_OBJECT; rc = scan_container(c, true); break;
-    case '[': v->type = JSCAN_ARRAY; rc = scan_container(c, false); break;
-    case '"': v->type = JSCAN_STRING; rc = scan_string(c); break;
-    case 't': v->type = JSCAN_TRUE; rc = scan_literal(c, "true", 4); break;
-    case 'f': v->type = JSCAN_FALSE; rc = scan_literal(c, "false", 5); break;
-    case 'n': v->type = JSCAN_NULL; rc = scan_literal(c, "null", 4); break;
-    default: v->type = JSCAN_NUMBER; rc = scan_number(c); break;
+    case '{':
+        v->type = JSCAN_OBJECT;
+        rc = scan_container(c, true);
+        break;
+    case '[':
+        v->type = JSCAN_ARRAY;
+        rc = scan_container(c, false);
+        break;
+    case '"':
+        v->type = JSCAN_STRING;
+        rc = scan_string(c);
+        break;
+    case 't':
+        v->type = JSCAN_TRUE;
+        rc = scan_literal(c, "true", 4);
+        break;
+    case 'f':
+        v->type = JSCAN_FALSE;
+        rc = scan_literal(c, "false", 5);
+        break;
+    case 'n':
+        v->type = JSCAN_NULL;
+        rc = scan_literal(c, "null", 4);
+        break;
+    default:
+        v->type = JSCAN_NUMBER;
+        rc = scan_number(c);
+        break;
     }
     v->p = start;
     v->len = (size_t)(c->p - start);
@@ -360,7 +381,7 @@ static int emit(struct scan *c, const struct jscan_value *top, jscan_member_fn *
     w.end = top->p + top->len - 1;
     w.depth = 1; /* nothing below is recorded */
     for (;;) {
-        struct jscan_value k = {JSCAN_STRING, NULL, 0}, v;
+        struct jscan_value k = { JSCAN_STRING, NULL, 0 }, v;
         skip_ws(&w);
         if (w.p >= w.end)
             return 0;

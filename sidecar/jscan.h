@@ -20,8 +20,15 @@
 
 #define JSCAN_MAX_DEPTH 64
 
-enum jscan_type { JSCAN_OBJECT, JSCAN_ARRAY, JSCAN_STRING, JSCAN_NUMBER, JSCAN_TRUE,
-                  JSCAN_FALSE, JSCAN_NULL };
+enum jscan_type {
+    JSCAN_OBJECT,
+    JSCAN_ARRAY,
+    JSCAN_STRING,
+    JSCAN_NUMBER,
+    JSCAN_TRUE,
+    JSCAN_FALSE,
+    JSCAN_NULL
+};
 
 /* A value: its bytes in the input (a string's include the quotes). */
 struct jscan_value {

@@ -13,10 +13,14 @@ enum log_level log_threshold = LOG_INFO;
 const char *log_level_name(enum log_level lvl)
 {
     switch (lvl) {
-    case LOG_DEBUG: return "debug";
-    case LOG_INFO: return "info";
-    case LOG_WARN: return "warn";
-    default: return "error";
+    case LOG_DEBUG:
+        return "debug";
+    case LOG_INFO:
+        return "info";
+    case LOG_WARN:
+        return "warn";
+    default:
+        return "error";
     }
 }
 
@@ -55,11 +59,21 @@ static void put_json_str(struct line *l, const char *s)
     put(l, "\"", 1);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         switch (*p) {
-        case '"': put(l, "\\\"", 2); break;
-        case '\\': put(l, "\\\\", 2); break;
-        case '\n': put(l, "\\n", 2); break;
-        case '\r': put(l, "\\r", 2); break;
-        case '\t': put(l, "\\t", 2); break;
+        case '"':
+            put(l, "\\\"", 2);
+            break;
+        case '\\':
+            put(l, "\\\\", 2);
+            break;
+        case '\n':
+            put(l, "\\n", 2);
+            break;
+        case '\r':
+            put(l, "\\r", 2);
+            break;
+        case '\t':
+            put(l, "\\t", 2);
+            break;
         default:
             if (*p < 0x20)
                 putf(l, "\\u%04x", *p);
@@ -72,7 +86,7 @@ static void put_json_str(struct line *l, const char *s)
 
 void log_event(enum log_level lvl, const char *msg, ...)
 {
-    struct line l = {.len = 0};
+    struct line l = { .len = 0 };
     struct timespec ts;
     struct tm tm;
     va_list ap;
@@ -80,8 +94,8 @@ void log_event(enum log_level lvl, const char *msg, ...)
     clock_gettime(CLOCK_REALTIME, &ts);
     gmtime_r(&ts.tv_sec, &tm);
     putf(&l, "{\"level\":\"%s\",\"ts\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"msg\":",
-         log_level_name(lvl), tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
-         tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+         log_level_name(lvl), tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+         tm.tm_sec, ts.tv_nsec / 1000000);
     put_json_str(&l, msg);
 
     va_start(ap, msg);
@@ -90,9 +104,15 @@ void log_event(enum log_level lvl, const char *msg, ...)
         put_json_str(&l, key);
         put(&l, ":", 1);
         switch (va_arg(ap, int)) {
-        case LOG_S: put_json_str(&l, va_arg(ap, const char *)); break;
-        case LOG_I: putf(&l, "%lld", va_arg(ap, long long)); break;
-        case LOG_U: putf(&l, "%llu", va_arg(ap, unsigned long long)); break;
+        case LOG_S:
+            put_json_str(&l, va_arg(ap, const char *));
+            break;
+        case LOG_I:
+            putf(&l, "%lld", va_arg(ap, long long));
+            break;
+        case LOG_U:
+            putf(&l, "%llu", va_arg(ap, unsigned long long));
+            break;
         case LOG_B:
             if (va_arg(ap, int))
                 put(&l, "true", 4);
@@ -115,7 +135,9 @@ void log_event(enum log_level lvl, const char *msg, ...)
                 put(&l, "null", 4);
             break;
         }
-        default: put(&l, "null", 4); break;
+        default:
+            put(&l, "null", 4);
+            break;
         }
     }
     va_end(ap);

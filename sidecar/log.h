@@ -26,10 +26,10 @@ enum { LOG_S = 1, LOG_I, LOG_U, LOG_F, LOG_B, LOG_N };
 
 extern enum log_level log_threshold;
 
-#define log_at(lvl, ...)                                                                 \
-    do {                                                                                 \
-        if ((lvl) >= log_threshold)                                                      \
-            log_event((lvl), __VA_ARGS__);                                               \
+#define log_at(lvl, ...)                   \
+    do {                                   \
+        if ((lvl) >= log_threshold)        \
+            log_event((lvl), __VA_ARGS__); \
     } while (0)
 
 /* Writes one line. `msg` is a constant event name or short sentence; the

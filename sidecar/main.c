@@ -78,15 +78,15 @@ static struct config *load_config(const char *path)
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"config", required_argument, NULL, 'c'},
-        {"socket", required_argument, NULL, 's'},
-        {"log-level", required_argument, NULL, 'l'},
-        {"check-config", required_argument, NULL, 'C'},
-        {"http-socket", required_argument, NULL, 'H'},
-        {"http-listen", required_argument, NULL, 'T'},
-        {"version", no_argument, NULL, 'V'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+        { "config", required_argument, NULL, 'c' },
+        { "socket", required_argument, NULL, 's' },
+        { "log-level", required_argument, NULL, 'l' },
+        { "check-config", required_argument, NULL, 'C' },
+        { "http-socket", required_argument, NULL, 'H' },
+        { "http-listen", required_argument, NULL, 'T' },
+        { "version", no_argument, NULL, 'V' },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
     };
     const char *config_path = DEFAULT_CONFIG, *socket_path = NULL, *check_path = NULL;
     const char *http_socket = NULL, *http_listen = NULL;
@@ -95,22 +95,39 @@ int main(int argc, char **argv)
 
     while ((opt = getopt_long(argc, argv, "c:s:l:Vh", opts, NULL)) != -1) {
         switch (opt) {
-        case 'c': config_path = optarg; break;
-        case 's': socket_path = optarg; break;
-        case 'C': check_path = optarg; break;
-        case 'H': http_socket = optarg; break;
-        case 'T': http_listen = optarg; break;
+        case 'c':
+            config_path = optarg;
+            break;
+        case 's':
+            socket_path = optarg;
+            break;
+        case 'C':
+            check_path = optarg;
+            break;
+        case 'H':
+            http_socket = optarg;
+            break;
+        case 'T':
+            http_listen = optarg;
+            break;
         case 'l':
             log_level = config_parse_log_level(optarg);
             if (log_level < 0) {
-                fprintf(stderr, "polygw: --log-level: expected debug, info, warn or error, got '%s'\n",
+                fprintf(stderr,
+                        "polygw: --log-level: expected debug, info, warn or error, got '%s'\n",
                         optarg);
                 return 2;
             }
             break;
-        case 'V': printf("polygw %s\n", PGW_VERSION); return 0;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        case 'V':
+            printf("polygw %s\n", PGW_VERSION);
+            return 0;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
         }
     }
     if (optind < argc) {

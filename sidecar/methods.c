@@ -88,7 +88,7 @@ static void pack_governance(msgpack_packer *pk, struct server *srv)
         rpc_pack_kv_u64(pk, "tokens_used", s->tokens_used);
     }
     rpc_pack_str(pk, "scopes");
-    struct scope_iter it = {pk, now};
+    struct scope_iter it = { pk, now };
     msgpack_pack_map(pk, g->progress ? progress_count(g->progress) : 0);
     if (g->progress)
         progress_foreach(g->progress, pack_scope, &it);
@@ -175,7 +175,7 @@ static void pack_apps(msgpack_packer *pk, const struct conn *c)
  * app for the rest of the connection (see conn_declare_app for who may). */
 static void method_hello(struct conn *c, const struct rpc_msg *m)
 {
-    static const struct rpc_param spec[] = {{"app", RPC_T_STR | RPC_T_NIL, false}};
+    static const struct rpc_param spec[] = { { "app", RPC_T_STR | RPC_T_NIL, false } };
     const msgpack_object *p[1];
     char why[200];
 
@@ -189,8 +189,8 @@ static void method_hello(struct conn *c, const struct rpc_msg *m)
             return;
         }
         if (strcmp(a->name, c->app) != 0)
-            log_at(LOG_INFO, "app declared", "conn", LOG_U, (unsigned long long)c->id, "app",
-                   LOG_S, a->name, "peer_app", LOG_S, c->peer_app, NULL);
+            log_at(LOG_INFO, "app declared", "conn", LOG_U, (unsigned long long)c->id, "app", LOG_S,
+                   a->name, "peer_app", LOG_S, c->peer_app, NULL);
         snprintf(c->app, sizeof(c->app), "%s", a->name);
     }
     rpc_pack_result_begin(&c->pk, m->msgid);
@@ -207,7 +207,8 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
         return;
     const struct http_stats *hst = http_get_stats(c->srv->http);
     rpc_pack_result_begin(pk, m->msgid);
-    msgpack_pack_map(pk, 14 + c->srv->backend->ops->stats_keys + (hst ? 1 : 0)); /* caller, apps, reload */
+    msgpack_pack_map(
+        pk, 14 + c->srv->backend->ops->stats_keys + (hst ? 1 : 0)); /* caller, apps, reload */
 
     rpc_pack_str(pk, "version");
     rpc_pack_str(pk, PGW_VERSION);
@@ -278,9 +279,8 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
         rpc_pack_kv_u64(pk, "accepted", hst->conns_accepted);
         rpc_pack_kv_u64(pk, "rejected", hst->conns_rejected);
         rpc_pack_kv_u64(pk, "requests", hst->requests);
-        static const char *const classes[] = {"responses_1xx", "responses_2xx",
-                                              "responses_3xx", "responses_4xx",
-                                              "responses_5xx"};
+        static const char *const classes[] = { "responses_1xx", "responses_2xx", "responses_3xx",
+                                               "responses_4xx", "responses_5xx" };
         for (int i = 1; i <= 5; i++)
             rpc_pack_kv_u64(pk, classes[i - 1], hst->responses[i]);
         rpc_pack_kv_u64(pk, "timeouts", hst->timeouts);
@@ -297,7 +297,7 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
  * previous}. The change itself is always logged, whatever the levels. */
 static void method_log_level(struct conn *c, const struct rpc_msg *m)
 {
-    static const struct rpc_param spec[] = {{"level", RPC_T_STR | RPC_T_NIL, false}};
+    static const struct rpc_param spec[] = { { "level", RPC_T_STR | RPC_T_NIL, false } };
     const msgpack_object *p[1];
     enum log_level prev = log_threshold;
     char name[16];
@@ -312,9 +312,8 @@ static void method_log_level(struct conn *c, const struct rpc_msg *m)
             return;
         }
         log_threshold = (enum log_level)lv;
-        log_event(LOG_INFO, "log level changed", "from", LOG_S, log_level_name(prev), "to",
-                  LOG_S, log_level_name(log_threshold), "conn", LOG_U,
-                  (unsigned long long)c->id, NULL);
+        log_event(LOG_INFO, "log level changed", "from", LOG_S, log_level_name(prev), "to", LOG_S,
+                  log_level_name(log_threshold), "conn", LOG_U, (unsigned long long)c->id, NULL);
     }
     rpc_pack_result_begin(&c->pk, m->msgid);
     msgpack_pack_map(&c->pk, 2);
@@ -344,14 +343,14 @@ static void collect_reload_error(void *arg, const char *msg)
  * summary, or bad_request with every error of the file in `errors`. */
 static void method_config_reload(struct conn *c, const struct rpc_msg *m)
 {
-    struct reload_errors e = {.n = 0};
+    struct reload_errors e = { .n = 0 };
     struct reload_summary sum;
     char err[CONFIG_ERR_MAX];
 
     if (bind_or_reply(c, m, NULL, 0, NULL) < 0)
         return;
-    if (reload_run(c->srv, "config.reload", collect_reload_error, &e, &sum, err,
-                   sizeof(err)) == 0) {
+    if (reload_run(c->srv, "config.reload", collect_reload_error, &e, &sum, err, sizeof(err)) ==
+        0) {
         rpc_pack_result_begin(&c->pk, m->msgid);
         msgpack_pack_map(&c->pk, 5);
         rpc_pack_kv_u64(&c->pk, "sources", sum.sources);
@@ -363,8 +362,8 @@ static void method_config_reload(struct conn *c, const struct rpc_msg *m)
         return;
     }
     enum pgw_code code = c->srv->state != SERVER_RUNNING ? PGW_SHUTTING_DOWN
-                         : strcmp(err, "out of memory") == 0 ? PGW_INTERNAL
-                                                              : PGW_BAD_REQUEST;
+        : strcmp(err, "out of memory") == 0              ? PGW_INTERNAL
+                                                         : PGW_BAD_REQUEST;
     rpc_pack_error_begin(&c->pk, m->msgid, code, err, 1);
     rpc_pack_str(&c->pk, "errors");
     msgpack_pack_array(&c->pk, e.n);
@@ -384,7 +383,7 @@ static void method_config_reload(struct conn *c, const struct rpc_msg *m)
 #define METHODS_WEDGE_MAX_S 30.0
 static void method_debug_wedge(struct conn *c, const struct rpc_msg *m)
 {
-    static const struct rpc_param spec[] = {{"seconds", RPC_T_NUMBER, true}};
+    static const struct rpc_param spec[] = { { "seconds", RPC_T_NUMBER, true } };
     const msgpack_object *p[1];
     double s = 0;
 
@@ -439,23 +438,23 @@ static const struct {
     method_fn *fn;
 } method_table[] = {
 #ifdef PGW_DEBUG_HOOKS
-    {"debug.wedge", method_debug_wedge},
+    { "debug.wedge", method_debug_wedge },
 #endif
-    {"ping", method_ping},
-    {"hello", method_hello},
-    {"call", callrpc_start},
-    {"task.start", tasks_start},
-    {"task.stop", tasks_stop},
-    {"task.guard", tasks_guard},
-    {"task.node_begin", tasks_node_begin},
-    {"task.node_end", tasks_node_end},
-    {"task.finish", tasks_finish},
-    {"task.get", tasks_get},
-    {"task.list", tasks_list},
-    {"stats", method_stats},
-    {"log.level", method_log_level},
-    {"config.reload", method_config_reload},
-    {"metrics", method_metrics},
+    { "ping", method_ping },
+    { "hello", method_hello },
+    { "call", callrpc_start },
+    { "task.start", tasks_start },
+    { "task.stop", tasks_stop },
+    { "task.guard", tasks_guard },
+    { "task.node_begin", tasks_node_begin },
+    { "task.node_end", tasks_node_end },
+    { "task.finish", tasks_finish },
+    { "task.get", tasks_get },
+    { "task.list", tasks_list },
+    { "stats", method_stats },
+    { "log.level", method_log_level },
+    { "config.reload", method_config_reload },
+    { "metrics", method_metrics },
 };
 
 void methods_dispatch(struct conn *c, const struct rpc_msg *m)

@@ -13,8 +13,8 @@
 
 /* Attempt outcomes: enum outcome_kind, then the ones torn down. */
 enum { OUT_CANCELLED = OUTCOME_FAIL_FAST + 1, OUT_COUNT };
-static const char *const outcome_names[OUT_COUNT] = {"success", "rate_limited", "transient",
-                                                     "fail_fast", "cancelled"};
+static const char *const outcome_names[OUT_COUNT] = { "success", "rate_limited", "transient",
+                                                      "fail_fast", "cancelled" };
 
 struct metrics_source {
     uint64_t attempts[OUT_COUNT];
@@ -32,7 +32,7 @@ struct metrics {
     const struct config *cfg;
     struct metrics_source *src;
     struct metrics_capability *cap;
-    size_t last_len;               /* of the last rendering: the next one's first size */
+    size_t last_len; /* of the last rendering: the next one's first size */
 };
 
 static void source_init(struct metrics_source *s)
@@ -175,11 +175,11 @@ void metrics_on_call_first_event(struct metrics *m, size_t cap, double ttft_s)
  * Rendering
  */
 
-#define L(n, v) ((struct prom_label){(n), (v)})
+#define L(n, v) ((struct prom_label){ (n), (v) })
 
 /* A family of one unlabelled series. */
-static void render_one(struct prom_text *t, const char *name, const char *type,
-                       const char *help, double v)
+static void render_one(struct prom_text *t, const char *name, const char *type, const char *help,
+                       double v)
 {
     prom_text_family(t, name, type, help);
     prom_text_sample(t, name, NULL, 0, v);
@@ -193,9 +193,8 @@ static void render_one_u64(struct prom_text *t, const char *name, const char *ty
 }
 
 /* A family whose series are labelled by one label taking `n` values. */
-static void render_by(struct prom_text *t, const char *name, const char *type,
-                      const char *help, const char *label, const char *const *values,
-                      const uint64_t *v, size_t n)
+static void render_by(struct prom_text *t, const char *name, const char *type, const char *help,
+                      const char *label, const char *const *values, const uint64_t *v, size_t n)
 {
     prom_text_family(t, name, type, help);
     for (size_t i = 0; i < n; i++) {
@@ -220,12 +219,14 @@ static void render_server(struct prom_text *t, struct server *srv)
                    "Client connections accepted.", st->conns_accepted);
     render_one_u64(t, "polygw_connections_refused_total", "counter",
                    "Client connections closed at accept (max_connections, out of file "
-                   "descriptors).", st->conns_rejected);
+                   "descriptors).",
+                   st->conns_rejected);
     render_one_u64(t, "polygw_accept_errors_total", "counter", "accept() failures on the socket.",
                    st->accept_errors);
     render_one_u64(t, "polygw_requests_in_flight", "gauge",
                    "Requests accepted on the socket and not answered yet (calls and task "
-                   "requests).", st->in_flight);
+                   "requests).",
+                   st->in_flight);
     render_one_u64(t, "polygw_responses_total", "counter",
                    "Responses sent on the socket, successes and errors, every method.",
                    st->requests_served);
@@ -240,8 +241,8 @@ static void render_server(struct prom_text *t, struct server *srv)
                    "Bytes read from client connections.", st->bytes_in);
     render_one_u64(t, "polygw_sent_bytes_total", "counter", "Bytes written to client connections.",
                    st->bytes_out);
-    static const char *const reload_results[] = {"succeeded", "failed"};
-    const uint64_t reloads[] = {st->reloads_ok, st->reloads_failed};
+    static const char *const reload_results[] = { "succeeded", "failed" };
+    const uint64_t reloads[] = { st->reloads_ok, st->reloads_failed };
     render_by(t, "polygw_config_reloads_total", "counter",
               "Configuration reloads (SIGHUP, config.reload, a changed key file) by result; a "
               "failed one changed nothing.",
@@ -290,18 +291,18 @@ static const struct {
     source_value_fn *fn;
     bool local_only; /* meaningless with the Redis backend (the fleet's) */
 } source_families[] = {
-    {"polygw_source_in_flight", "gauge", "Attempts holding a permit of the source.",
-     src_in_flight, false},
-    {"polygw_source_concurrency_limit", "gauge",
-     "Permits the source grants now: min(max_concurrency, floor(AIMD limit)).",
-     src_concurrency_limit, false},
-    {"polygw_source_aimd_limit", "gauge", "The source's AIMD concurrency limit.", src_aimd_limit,
-     false},
-    {"polygw_source_breaker_opened_total", "counter", "Times the source's breaker opened.",
-     src_breaker_opened, true},
-    {"polygw_source_tokens_total", "counter",
-     "Tokens the upstream reported (its real usage) for successful calls of the source.",
-     src_tokens, false},
+    { "polygw_source_in_flight", "gauge", "Attempts holding a permit of the source.", src_in_flight,
+      false },
+    { "polygw_source_concurrency_limit", "gauge",
+      "Permits the source grants now: min(max_concurrency, floor(AIMD limit)).",
+      src_concurrency_limit, false },
+    { "polygw_source_aimd_limit", "gauge", "The source's AIMD concurrency limit.", src_aimd_limit,
+      false },
+    { "polygw_source_breaker_opened_total", "counter", "Times the source's breaker opened.",
+      src_breaker_opened, true },
+    { "polygw_source_tokens_total", "counter",
+      "Tokens the upstream reported (its real usage) for successful calls of the source.",
+      src_tokens, false },
 };
 
 static void render_source_hist(struct prom_text *t, struct server *srv, const char *name,
@@ -313,8 +314,7 @@ static void render_source_hist(struct prom_text *t, struct server *srv, const ch
     for (size_t i = 0; i < srv->cfg->n_sources; i++) {
         source_labels(srv->cfg, i, l);
         prom_text_hist(t, name, l, 2,
-                          (const struct prom_hist *)((const char *)&srv->metrics->src[i] +
-                                                        offset));
+                       (const struct prom_hist *)((const char *)&srv->metrics->src[i] + offset));
     }
 }
 
@@ -323,14 +323,14 @@ static void render_source_hist(struct prom_text *t, struct server *srv, const ch
 static void render_buckets(struct prom_text *t, struct server *srv, const char *name,
                            const char *help, bool capacity)
 {
-    static const char *const names[] = {"rpm", "tpm", "daily_tokens"};
+    static const char *const names[] = { "rpm", "tpm", "daily_tokens" };
     double now = ev_now(srv->loop);
     struct prom_label l[3];
 
     prom_text_family(t, name, "gauge", help);
     for (size_t i = 0; i < srv->cfg->n_sources; i++) {
         struct gov_source *s = &srv->gov.sources[i];
-        struct bucket *b[] = {&s->rpm, &s->tpm, &s->daily};
+        struct bucket *b[] = { &s->rpm, &s->tpm, &s->daily };
         source_labels(srv->cfg, i, l);
         for (int k = 0; k < 3; k++) {
             if (bucket_is_unlimited(b[k]))
@@ -348,19 +348,18 @@ static void render_sources(struct prom_text *t, struct server *srv)
     struct prom_label l[3];
 
     prom_text_family(t, "polygw_upstream_attempts_total", "counter",
-                        "Upstream attempts by source and outcome (success, rate_limited, "
-                        "transient, fail_fast, cancelled).");
+                     "Upstream attempts by source and outcome (success, rate_limited, "
+                     "transient, fail_fast, cancelled).");
     for (size_t i = 0; i < cfg->n_sources; i++) {
         source_labels(cfg, i, l);
         for (int o = 0; o < OUT_COUNT; o++) {
             l[2] = L("outcome", outcome_names[o]);
-            prom_text_sample_u64(t, "polygw_upstream_attempts_total", l, 3,
-                                    m->src[i].attempts[o]);
+            prom_text_sample_u64(t, "polygw_upstream_attempts_total", l, 3, m->src[i].attempts[o]);
         }
     }
     prom_text_family(t, "polygw_upstream_attempt_failures_total", "counter",
-                        "Upstream attempts that did not succeed, by source and reason (series "
-                        "appear with their first failure).");
+                     "Upstream attempts that did not succeed, by source and reason (series "
+                     "appear with their first failure).");
     for (size_t i = 0; i < cfg->n_sources; i++) {
         source_labels(cfg, i, l);
         for (int r = 1; r < OUTCOME_REASON_COUNT; r++) {
@@ -368,7 +367,7 @@ static void render_sources(struct prom_text *t, struct server *srv)
                 continue;
             l[2] = L("reason", outcome_reason_name((enum outcome_reason)r));
             prom_text_sample_u64(t, "polygw_upstream_attempt_failures_total", l, 3,
-                                    m->src[i].reasons[r]);
+                                 m->src[i].reasons[r]);
         }
     }
     render_source_hist(t, srv, "polygw_upstream_attempt_duration_seconds",
@@ -383,15 +382,15 @@ static void render_sources(struct prom_text *t, struct server *srv)
         if (source_families[f].local_only && backend_redis_rds(srv->backend))
             continue;
         prom_text_family(t, source_families[f].name, source_families[f].type,
-                            source_families[f].help);
+                         source_families[f].help);
         for (size_t i = 0; i < cfg->n_sources; i++) {
             source_labels(cfg, i, l);
             prom_text_sample(t, source_families[f].name, l, 2, source_families[f].fn(srv, i));
         }
     }
     prom_text_family(t, "polygw_source_breaker_state", "gauge",
-                        "1 for the breaker's current state (closed, open, half_open), 0 for the "
-                        "others; with the Redis backend, the fleet breaker as last seen.");
+                     "1 for the breaker's current state (closed, open, half_open), 0 for the "
+                     "others; with the Redis backend, the fleet breaker as last seen.");
     for (size_t i = 0; i < cfg->n_sources; i++) {
         const char *cur = backend_redis_breaker_state(srv->backend, i);
         if (!cur)
@@ -400,8 +399,7 @@ static void render_sources(struct prom_text *t, struct server *srv)
         for (int s = BREAKER_CLOSED; s <= BREAKER_HALF_OPEN; s++) {
             const char *name = breaker_state_name((enum breaker_state)s);
             l[2] = L("state", name);
-            prom_text_sample_u64(t, "polygw_source_breaker_state", l, 3,
-                                    strcmp(cur, name) == 0);
+            prom_text_sample_u64(t, "polygw_source_breaker_state", l, 3, strcmp(cur, name) == 0);
         }
     }
     render_buckets(t, srv, "polygw_source_bucket_level",
@@ -423,8 +421,7 @@ static void render_cap_hist(struct prom_text *t, struct server *srv, const char 
     for (size_t i = 0; i < srv->cfg->n_capabilities; i++) {
         l = L("capability", srv->cfg->capabilities[i].name);
         prom_text_hist(t, name, &l, 1,
-                          (const struct prom_hist *)((const char *)&srv->metrics->cap[i] +
-                                                        offset));
+                       (const struct prom_hist *)((const char *)&srv->metrics->cap[i] + offset));
     }
 }
 
@@ -439,7 +436,7 @@ static void render_capabilities(struct prom_text *t, struct server *srv)
     /* Every code a call of a known capability can end with is shown from
      * the start, so that rate() and increase() see its first call. */
     prom_text_family(t, "polygw_calls_total", "counter",
-                        "Calls answered, by capability and result code (ok, or the error code).");
+                     "Calls answered, by capability and result code (ok, or the error code).");
     for (size_t i = 0; i < cfg->n_capabilities; i++) {
         l[0] = L("capability", cfg->capabilities[i].name);
         for (int c = 0; c < PGW_CODE_COUNT; c++) {
@@ -485,10 +482,12 @@ static void render_upstream(struct prom_text *t, struct server *srv)
                    "Name lookups started (DNS cache misses).", us->dns_lookups);
     render_one_u64(t, "polygw_upstream_dns_abandoned_total", "counter",
                    "Name lookups abandoned while still running (their attempt ended first; "
-                   "the resolver thread was detached).", us->dns_abandoned);
+                   "the resolver thread was detached).",
+                   us->dns_abandoned);
     render_one_u64(t, "polygw_upstream_dns_refused_total", "counter",
                    "Attempts failed at once by the per-host lookup cap (the host's resolver "
-                   "hangs).", us->dns_busy);
+                   "hangs).",
+                   us->dns_busy);
     render_one_u64(t, "polygw_upstream_dns_waits_total", "counter",
                    "Times an attempt waited for a lookup slot of its host.", us->dns_waits);
     for (int i = ATTEMPT_RESOLVING; i < ATTEMPT_DONE; i++)
@@ -504,8 +503,8 @@ static void render_tasks(struct prom_text *t, struct server *srv)
     struct prom_label l[2];
 
     prom_text_family(t, "polygw_tasks", "gauge",
-                        "Tasks held, by state (running, succeeded, failed) and, when failed, "
-                        "reason_kind (stopped, watchdog, error).");
+                     "Tasks held, by state (running, succeeded, failed) and, when failed, "
+                     "reason_kind (stopped, watchdog, error).");
     l[0] = L("state", "running");
     prom_text_sample_u64(t, "polygw_tasks", l, 1, ts->running);
     l[0] = L("state", "succeeded");
@@ -540,30 +539,32 @@ static void render_tasks(struct prom_text *t, struct server *srv)
 static void render_backend(struct prom_text *t, struct server *srv)
 {
     const struct rds *r = backend_redis_rds(srv->backend);
-    static const char *const kinds[] = {"reply", "timeout", "connection_lost", "not_connected"};
-    static const char *const results[] = {"admitted", "refused", "error"};
+    static const char *const kinds[] = { "reply", "timeout", "connection_lost", "not_connected" };
+    static const char *const results[] = { "admitted", "refused", "error" };
     const char *kind = r ? "redis" : "memory";
     uint64_t up = r ? rds_up(r) : 1;
 
     render_by(t, "polygw_backend_up", "gauge",
               "1 when the state backend can answer (memory: always; Redis: the command "
-              "connection is ready).", "kind", &kind, &up, 1);
+              "connection is ready).",
+              "kind", &kind, &up, 1);
     if (!r)
         return;
     const struct rds_stats *s = rds_get_stats(r);
-    const uint64_t failures[] = {s->errors, s->timeouts, s->lost, s->rejected_not_connected};
+    const uint64_t failures[] = { s->errors, s->timeouts, s->lost, s->rejected_not_connected };
     struct backend_redis_counts sc;
     backend_redis_get_counts(srv->backend, &sc);
-    const uint64_t admissions[] = {sc.admitted, sc.refused, sc.admit_errors};
+    const uint64_t admissions[] = { sc.admitted, sc.refused, sc.admit_errors };
     render_one_u64(t, "polygw_redis_commands_total", "counter", "Redis commands sent.",
                    s->commands);
     prom_text_family(t, "polygw_redis_round_trip_seconds", "histogram",
-                        "Round trips of answered Redis commands (error replies included).");
+                     "Round trips of answered Redis commands (error replies included).");
     prom_text_hist(t, "polygw_redis_round_trip_seconds", NULL, 0, &s->rtt);
     render_by(t, "polygw_redis_failures_total", "counter",
               "Redis commands that failed, by kind: reply (an error reply), timeout "
               "(command_timeout_s), connection_lost (their connection dropped first), "
-              "not_connected (refused at once).", "kind", kinds, failures, 4);
+              "not_connected (refused at once).",
+              "kind", kinds, failures, 4);
     render_one_u64(t, "polygw_redis_pending_commands", "gauge",
                    "Redis commands sent, not answered.", s->pending);
     render_one_u64(t, "polygw_redis_connects_total", "counter", "Redis connections made.",
@@ -579,11 +580,12 @@ static void render_backend(struct prom_text *t, struct server *srv)
                    "1 while the pub/sub connection listens to every channel.", rds_subscribed(r));
     render_by(t, "polygw_fleet_admissions_total", "counter",
               "Fleet admissions (admit.lua) answered, by result: admitted, refused (a fleet "
-              "limit or breaker), error (no verdict: the call failed closed).", "result",
-              results, admissions, 3);
+              "limit or breaker), error (no verdict: the call failed closed).",
+              "result", results, admissions, 3);
     render_one_u64(t, "polygw_fleet_write_errors_total", "counter",
                    "Writes to the fleet state that failed (release, progress mark, lease "
-                   "renewal): logged and counted, never surfaced to calls.", sc.write_errors);
+                   "renewal): logged and counted, never surfaced to calls.",
+                   sc.write_errors);
     render_one_u64(t, "polygw_fleet_leases_lost_total", "counter",
                    "Leases of attempts in flight found expired in Redis at renewal.",
                    sc.leases_lost);
@@ -599,11 +601,12 @@ static void render_apps(struct prom_text *t, struct server *srv)
     static const struct {
         const char *name, *type, *help;
     } fam[] = {
-        {"polygw_app_in_flight", "gauge", "Attempts of the app holding a permit now."},
-        {"polygw_app_attempts_admitted_total", "counter",
-         "Attempts admitted for the app (its limits and a source's)."},
-        {"polygw_app_limited_total", "counter",
-         "Times the app's own limits (max_concurrency, rpm, tpm, daily_tokens) held a call back."},
+        { "polygw_app_in_flight", "gauge", "Attempts of the app holding a permit now." },
+        { "polygw_app_attempts_admitted_total", "counter",
+          "Attempts admitted for the app (its limits and a source's)." },
+        { "polygw_app_limited_total", "counter",
+          "Times the app's own limits (max_concurrency, rpm, tpm, daily_tokens) held a call "
+          "back." },
     };
 
     for (size_t f = 0; f < sizeof(fam) / sizeof(fam[0]); f++) {

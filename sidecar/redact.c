@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define NONE SIZE_MAX
+#define NONE          SIZE_MAX
 #define STACK_SECRETS 16
 
 struct secret {
@@ -14,9 +14,9 @@ struct secret {
 };
 
 struct redact {
-    struct secret *s;          /* longest first: the longest match wins a tie */
+    struct secret *s; /* longest first: the longest match wins a tie */
     size_t n;
-    size_t min_len;            /* shortest secret; 0 when there are none */
+    size_t min_len;        /* shortest secret; 0 when there are none */
     struct strbuf scratch; /* redact_on_str's output */
 };
 
@@ -117,7 +117,7 @@ long redact_copy(const struct redact *r, const char *s, size_t n, struct strbuf 
     for (;;) {
         size_t best = NONE, at = NONE;
         for (size_t i = 0; i < nk; i++) {
-            if (next[i] < at) {       /* strict: a tie keeps the longer (earlier) */
+            if (next[i] < at) { /* strict: a tie keeps the longer (earlier) */
                 at = next[i];
                 best = i;
             }

@@ -146,7 +146,7 @@
 extern const char *const rds_script_src[RDS_N_SCRIPTS];
 extern const char *const rds_script_name[RDS_N_SCRIPTS];
 
-#define RDS_TIME_EVERY_S 60.0
+#define RDS_TIME_EVERY_S          60.0
 /* The subscriber's ping period, from one answer to the next ping. Twice
  * command_timeout_s: the link's death is noticed within RDS_PING_EVERY +
  * command_timeout_s = 3 x command_timeout_s (3 s with the default 1 s), the
@@ -157,8 +157,8 @@ extern const char *const rds_script_name[RDS_N_SCRIPTS];
  * busy poll. The traffic also keeps NAT and load-balancer idle timers (tens
  * of seconds at least) from expiring in the first place. */
 #define RDS_PING_EVERY(timeout_s) fmax(1.0, 2.0 * (timeout_s))
-#define RDS_ERR_MAX 128
-#define RDS_SHA_LEN 40
+#define RDS_ERR_MAX               128
+#define RDS_SHA_LEN               40
 enum rconn_kind { RC_CMD, RC_SUB, RC_SEN, RC_N };
 enum rconn_state { RC_DOWN, RC_RESOLVING, RC_CONNECTING, RC_HANDSHAKE, RC_UP };
 enum cmd_kind { CMD_USER, CMD_AUTH, CMD_SELECT, CMD_LOAD, CMD_TIME, CMD_MASTER, CMD_ROLE };
@@ -166,23 +166,23 @@ enum cmd_kind { CMD_USER, CMD_AUTH, CMD_SELECT, CMD_LOAD, CMD_TIME, CMD_MASTER, 
 /* The sentinels' event announcing a new primary:
  * "<master name> <old ip> <old port> <new ip> <new port>". */
 #define RDS_SWITCH_CHANNEL "+switch-master"
-#define RDS_MAX_SENTINELS 16
+#define RDS_MAX_SENTINELS  16
 
 struct cmd {
-    struct cmd *prev, *next;        /* the connection's live list */
-    struct rconn *cn;               /* NULL once off the live list */
+    struct cmd *prev, *next; /* the connection's live list */
+    struct rconn *cn;        /* NULL once off the live list */
     enum cmd_kind kind;
-    int script;                     /* CMD_USER: EVAL it on NOSCRIPT (-1: none); CMD_LOAD: which */
-    bool setup;                     /* handshake: no own timer, counted in setup_left */
-    bool done;                      /* the caller's side is over: no callback any more */
-    bool in_hiredis;                /* hiredis holds it as privdata */
-    bool retried;                   /* the EVAL fallback was sent */
+    int script;      /* CMD_USER: EVAL it on NOSCRIPT (-1: none); CMD_LOAD: which */
+    bool setup;      /* handshake: no own timer, counted in setup_left */
+    bool done;       /* the caller's side is over: no callback any more */
+    bool in_hiredis; /* hiredis holds it as privdata */
+    bool retried;    /* the EVAL fallback was sent */
     rds_cb *cb;
     void *ud;
     ev_timer timer_w;
-    double sent_at;                 /* ev_time(), for the round-trip time */
-    double sent_now;                /* ev_now(), for the clock offset */
-    int argc;                       /* EVALSHA's arguments, kept for the EVAL fallback */
+    double sent_at;  /* ev_time(), for the round-trip time */
+    double sent_now; /* ev_now(), for the clock offset */
+    int argc;        /* EVALSHA's arguments, kept for the EVAL fallback */
     const char **argv;
     size_t *argvlen;
     char nkeys[16];
@@ -192,23 +192,23 @@ struct rconn {
     struct rds *r;
     enum rconn_kind kind;
     enum rconn_state state;
-    char host[256];                 /* this attempt's target (see conn_target) */
+    char host[256]; /* this attempt's target (see conn_target) */
     int port;
-    bool numeric;                   /* host is an IP literal: no lookup */
-    char where[300];                /* host:port or the socket path, for logs */
-    redisAsyncContext *ac;          /* NULL unless CONNECTING, HANDSHAKE or UP */
-    struct rtls *tls;               /* the TLS bridge under ac, or NULL */
-    struct rds_resolve *res;        /* RESOLVING only */
+    bool numeric;            /* host is an IP literal: no lookup */
+    char where[300];         /* host:port or the socket path, for logs */
+    redisAsyncContext *ac;   /* NULL unless CONNECTING, HANDSHAKE or UP */
+    struct rtls *tls;        /* the TLS bridge under ac, or NULL */
+    struct rds_resolve *res; /* RESOLVING only */
     ev_timer connect_w;
     ev_timer retry_w;
-    unsigned failures;              /* failed attempts in a row: the backoff exponent */
-    unsigned setup_left;            /* handshake replies still awaited */
-    size_t subs_left;               /* subscribe confirmations still awaited */
-    bool time_inflight;             /* a periodic TIME sample is out */
-    bool ping_out;                  /* subscriber: a ping is out, ping_w is its deadline */
-    ev_timer ping_w;                /* subscriber, UP only: the next ping, or its deadline */
-    const char *soon_why;           /* connect_w was set to fire at once for this reason */
-    struct cmd *live;               /* sent and unanswered */
+    unsigned failures;    /* failed attempts in a row: the backoff exponent */
+    unsigned setup_left;  /* handshake replies still awaited */
+    size_t subs_left;     /* subscribe confirmations still awaited */
+    bool time_inflight;   /* a periodic TIME sample is out */
+    bool ping_out;        /* subscriber: a ping is out, ping_w is its deadline */
+    ev_timer ping_w;      /* subscriber, UP only: the next ping, or its deadline */
+    const char *soon_why; /* connect_w was set to fire at once for this reason */
+    struct cmd *live;     /* sent and unanswered */
 };
 
 struct sentinel {
@@ -218,18 +218,18 @@ struct sentinel {
 
 struct rds {
     struct ev_loop *loop;
-    struct rds_addr addr;           /* the URL's; with sentinels, the credentials and db */
-    char where[300];                /* the data address (host:port or path) for stats */
-    struct rtls_ctx *tls;           /* TLS to the data connections and sentinels, or NULL */
+    struct rds_addr addr; /* the URL's; with sentinels, the credentials and db */
+    char where[300];      /* the data address (host:port or path) for stats */
+    struct rtls_ctx *tls; /* TLS to the data connections and sentinels, or NULL */
     /* Sentinel mode (n_sentinels > 0): sentinel[sen_next] is asked next;
      * the primary is what the last answer or +switch-master said. */
     struct sentinel *sentinel;
     size_t n_sentinels, sen_next;
-    char sen_where[300];            /* the sentinel asked last, for stats */
+    char sen_where[300]; /* the sentinel asked last, for stats */
     char *master_name;
     char sen_user[128], sen_password[256];
     bool have_primary;
-    bool moving;                    /* in primary_set(): drops are not failures */
+    bool moving; /* in primary_set(): drops are not failures */
     char primary_host[256];
     int primary_port;
     double timeout_s, min_s, max_s;
@@ -241,9 +241,9 @@ struct rds {
     char sha[RDS_N_SCRIPTS][RDS_SHA_LEN + 1];
     double clock_offset;
     ev_timer time_w;
-    ev_prepare flush_w;             /* writes queued commands before the loop polls */
+    ev_prepare flush_w; /* writes queued commands before the loop polls */
     uint64_t rng;
-    unsigned depth;                 /* our frames on the stack (see the top comment) */
+    unsigned depth; /* our frames on the stack (see the top comment) */
     bool closing;
     struct rds_stats stats;
     char last_error[RDS_ERR_MAX];
@@ -278,11 +278,11 @@ static void format_where(char *out, size_t cap, const char *host, int port)
         snprintf(out, cap, "%s:%d", host, port);
 }
 
-static const char *const conn_names[RC_N] = {"command", "subscriber", "sentinel"};
+static const char *const conn_names[RC_N] = { "command", "subscriber", "sentinel" };
 
 static const char *state_name(enum rconn_state s)
 {
-    static const char *const names[] = {"down", "resolving", "connecting", "handshake", "up"};
+    static const char *const names[] = { "down", "resolving", "connecting", "handshake", "up" };
     return (unsigned)s < sizeof(names) / sizeof(names[0]) ? names[s] : "unknown";
 }
 
@@ -305,7 +305,7 @@ static void rds_leave(struct rds *r)
  * password is cut to its first word (the error code). */
 static void rds_reason(const struct rds *r, const char *why, char *out, size_t cap)
 {
-    const char *const secret[] = {r->addr.password, r->sen_password};
+    const char *const secret[] = { r->addr.password, r->sen_password };
 
     snprintf(out, cap, "%s", why && *why ? why : "unknown error");
     for (size_t i = 0; i < sizeof(secret) / sizeof(secret[0]); i++) {
@@ -538,7 +538,7 @@ static void conn_fail(struct rconn *cn, const char *why, bool hiredis_frees)
         return;
     bool was_up = cn->state == RC_UP;
     if (rtls_error(cn->tls))
-        why = rtls_error(cn->tls); /* what hiredis saw (EOF) only follows from it */
+        why = rtls_error(cn->tls);              /* what hiredis saw (EOF) only follows from it */
     rds_reason(r, why, reason, sizeof(reason)); /* `why` may live in the context */
     struct cmd *list = conn_detach(cn, hiredis_frees);
     conn_set_state(cn, RC_DOWN);
@@ -555,13 +555,13 @@ static void conn_fail(struct rconn *cn, const char *why, bool hiredis_frees)
         ev_timer_start(r->loop, &cn->retry_w);
         if (was_up)
             log_at(LOG_WARN, "redis connection lost", "conn", LOG_S, conn_names[cn->kind],
-                   "address", LOG_S, cn->where, "reason", LOG_S, reason, "retry_in_s", LOG_F,
-                   delay, NULL);
+                   "address", LOG_S, cn->where, "reason", LOG_S, reason, "retry_in_s", LOG_F, delay,
+                   NULL);
         else
-            log_at(cn->failures == 1 ? LOG_WARN : LOG_INFO, "redis connect failed", "conn",
-                   LOG_S, conn_names[cn->kind], "address", LOG_S, cn->where, "reason", LOG_S,
-                   reason, "failures", LOG_U, (unsigned long long)cn->failures, "retry_in_s",
-                   LOG_F, delay, NULL);
+            log_at(cn->failures == 1 ? LOG_WARN : LOG_INFO, "redis connect failed", "conn", LOG_S,
+                   conn_names[cn->kind], "address", LOG_S, cn->where, "reason", LOG_S, reason,
+                   "failures", LOG_U, (unsigned long long)cn->failures, "retry_in_s", LOG_F, delay,
+                   NULL);
         if (cn->kind == RC_SEN)
             r->sen_next = (r->sen_next + 1) % r->n_sentinels;
         else if (r->n_sentinels)
@@ -624,8 +624,8 @@ static void conn_fail_soon(struct rconn *cn, const char *why)
     ev_timer_start(r->loop, &cn->connect_w);
 }
 
-static int setup_send(struct rconn *cn, enum cmd_kind kind, int script, int argc,
-                      const char **argv, const size_t *argvlen)
+static int setup_send(struct rconn *cn, enum cmd_kind kind, int script, int argc, const char **argv,
+                      const size_t *argvlen)
 {
     struct cmd *c = cmd_new(cn->r, kind, 0);
 
@@ -744,7 +744,8 @@ static void sub_on_reply(redisAsyncContext *ac, void *reply_, void *privdata)
                reply->element[2]->type == REDIS_REPLY_STRING) {
         r->stats.messages++;
         for (size_t i = 0; i < r->n_channels; i++) {
-            if (r->channel_len[i] == chan->len && memcmp(r->channels[i], chan->str, chan->len) == 0) {
+            if (r->channel_len[i] == chan->len &&
+                memcmp(r->channels[i], chan->str, chan->len) == 0) {
                 if (r->hooks.on_message)
                     r->hooks.on_message(r, i, reply->element[2]->str, reply->element[2]->len,
                                         r->hooks.ud);
@@ -782,8 +783,9 @@ static void sub_on_ping(struct ev_loop *loop, ev_timer *w, int revents)
         r->stats.timeouts++;
         conn_fail(cn, "subscriber ping timeout", false);
     } else {
-        const char *argv[] = {"SUBSCRIBE", cn->kind == RC_SEN ? RDS_SWITCH_CHANNEL : r->channels[0]};
-        const size_t lens[] = {9, strlen(argv[1])};
+        const char *argv[] = { "SUBSCRIBE",
+                               cn->kind == RC_SEN ? RDS_SWITCH_CHANNEL : r->channels[0] };
+        const size_t lens[] = { 9, strlen(argv[1]) };
         if (redisAsyncCommandArgv(cn->ac, sub_on_reply, NULL, 2, argv, lens) != REDIS_OK) {
             conn_fail(cn, "cannot send the subscriber ping", false);
         } else {
@@ -800,7 +802,7 @@ static int sub_send(struct rconn *cn)
     struct rds *r = cn->r;
 
     if (cn->kind == RC_SEN) {
-        const char *argv[] = {"SUBSCRIBE", RDS_SWITCH_CHANNEL};
+        const char *argv[] = { "SUBSCRIBE", RDS_SWITCH_CHANNEL };
         if (redisAsyncCommandArgv(cn->ac, sub_on_reply, NULL, 2, argv, NULL) != REDIS_OK)
             return -1;
         cn->subs_left = 1;
@@ -844,16 +846,16 @@ static void conn_handshake(struct rconn *cn)
     const char *user = cn->kind == RC_SEN ? r->sen_user : r->addr.user;
     const char *pass = cn->kind == RC_SEN ? r->sen_password : r->addr.password;
     if (pass[0] && user[0]) {
-        const char *argv[] = {"AUTH", user, pass};
+        const char *argv[] = { "AUTH", user, pass };
         rc |= setup_send(cn, CMD_AUTH, -1, 3, argv, NULL);
     } else if (pass[0]) {
-        const char *argv[] = {"AUTH", pass};
+        const char *argv[] = { "AUTH", pass };
         rc |= setup_send(cn, CMD_AUTH, -1, 2, argv, NULL);
     }
     if (cn->kind == RC_SEN) {
         /* Then stay subscribed on the same link: hiredis routes the reply
          * of a command queued before SUBSCRIBE to its own callback. */
-        const char *argv[] = {"SENTINEL", "get-master-addr-by-name", r->master_name};
+        const char *argv[] = { "SENTINEL", "get-master-addr-by-name", r->master_name };
         rc |= setup_send(cn, CMD_MASTER, -1, 3, argv, NULL);
         if (rc == 0)
             rc = sub_send(cn);
@@ -862,21 +864,21 @@ static void conn_handshake(struct rconn *cn)
         return;
     }
     if (r->n_sentinels) {
-        const char *argv[] = {"ROLE"};
+        const char *argv[] = { "ROLE" };
         rc |= setup_send(cn, CMD_ROLE, -1, 1, argv, NULL);
     }
     if (r->addr.db != 0) {
         char db[16];
         snprintf(db, sizeof(db), "%d", r->addr.db);
-        const char *argv[] = {"SELECT", db};
+        const char *argv[] = { "SELECT", db };
         rc |= setup_send(cn, CMD_SELECT, -1, 2, argv, NULL);
     }
     if (cn->kind == RC_CMD) {
         for (int i = 0; i < RDS_N_SCRIPTS; i++) {
-            const char *argv[] = {"SCRIPT", "LOAD", rds_script_src[i]};
+            const char *argv[] = { "SCRIPT", "LOAD", rds_script_src[i] };
             rc |= setup_send(cn, CMD_LOAD, i, 3, argv, NULL);
         }
-        const char *argv[] = {"TIME"};
+        const char *argv[] = { "TIME" };
         rc |= setup_send(cn, CMD_TIME, -1, 1, argv, NULL);
     } else if (rc == 0) {
         rc = sub_send(cn);
@@ -920,8 +922,8 @@ static void conn_on_disconnect(const redisAsyncContext *ac, int status)
 static void conn_connect(struct rconn *cn, const char *ip)
 {
     struct rds *r = cn->r;
-    redisAsyncContext *ac = cn->host[0] ? redisAsyncConnect(ip, cn->port)
-                                        : redisAsyncConnectUnix(r->addr.path);
+    redisAsyncContext *ac =
+        cn->host[0] ? redisAsyncConnect(ip, cn->port) : redisAsyncConnectUnix(r->addr.path);
     char why[RDS_ERR_MAX];
 
     if (!ac) {
@@ -935,8 +937,8 @@ static void conn_connect(struct rconn *cn, const char *ip)
         return;
     }
     /* Before the attach: the adapter's watchers take the descriptor then. */
-    if (r->tls && cn->host[0] && !(cn->tls = rtls_new(r->loop, r->tls, &ac->c.fd, cn->host,
-                                                        why, sizeof(why)))) {
+    if (r->tls && cn->host[0] &&
+        !(cn->tls = rtls_new(r->loop, r->tls, &ac->c.fd, cn->host, why, sizeof(why)))) {
         redisAsyncFree(ac);
         conn_fail(cn, why, false);
         return;
@@ -1038,9 +1040,9 @@ static void conn_on_connect_timeout(struct ev_loop *loop, ev_timer *w, int reven
     if (!why && cn->tls && !rtls_is_open(cn->tls))
         why = "TLS handshake timeout (does the server speak TLS on this port?)";
     if (!why)
-        why = cn->state == RC_RESOLVING    ? "timeout resolving the host"
-              : cn->state == RC_CONNECTING ? "connect timeout"
-                                           : "handshake timeout";
+        why = cn->state == RC_RESOLVING  ? "timeout resolving the host"
+            : cn->state == RC_CONNECTING ? "connect timeout"
+                                         : "handshake timeout";
     rds_enter(r);
     conn_fail(cn, why, false);
     rds_leave(r);
@@ -1062,8 +1064,9 @@ static void time_sample(struct rds *r, const struct cmd *c, const redisReply *re
 /* A handshake or TIME reply. */
 static void internal_reply(struct rds *r, struct cmd *c, const redisReply *reply)
 {
-    static const char *const what[] = {"",     "AUTH", "SELECT", "SCRIPT LOAD",
-                                       "TIME", "SENTINEL get-master-addr-by-name", "ROLE"};
+    static const char *const what[] = {
+        "", "AUTH", "SELECT", "SCRIPT LOAD", "TIME", "SENTINEL get-master-addr-by-name", "ROLE"
+    };
     struct rconn *cn = c->cn;
     enum cmd_kind kind = c->kind;
     bool setup = c->setup;
@@ -1094,8 +1097,7 @@ static void internal_reply(struct rds *r, struct cmd *c, const redisReply *reply
             reply->element[1]->type == REDIS_REPLY_STRING)
             port = strtol(reply->element[1]->str, NULL, 10);
         if (port <= 0 || port > 65535) {
-            snprintf(why, sizeof(why), "the sentinel knows no primary named '%s'",
-                     r->master_name);
+            snprintf(why, sizeof(why), "the sentinel knows no primary named '%s'", r->master_name);
             conn_fail(cn, why, false);
             return;
         }
@@ -1104,9 +1106,8 @@ static void internal_reply(struct rds *r, struct cmd *c, const redisReply *reply
             return;
     }
     if (kind == CMD_ROLE) {
-        const redisReply *role = reply->type == REDIS_REPLY_ARRAY && reply->elements > 0
-                                     ? reply->element[0]
-                                     : NULL;
+        const redisReply *role =
+            reply->type == REDIS_REPLY_ARRAY && reply->elements > 0 ? reply->element[0] : NULL;
         if (!role || role->type != REDIS_REPLY_STRING || strcmp(role->str, "master") != 0) {
             snprintf(why, sizeof(why), "not a primary (ROLE: %.40s)",
                      role && role->type == REDIS_REPLY_STRING ? role->str : "?");
@@ -1212,7 +1213,7 @@ static void time_on_tick(struct ev_loop *loop, ev_timer *w, int revents)
     if (cn->state != RC_UP || cn->time_inflight || r->closing)
         return;
     struct cmd *c = cmd_new(r, CMD_TIME, 0);
-    const char *argv[] = {"TIME"};
+    const char *argv[] = { "TIME" };
     if (!c)
         return;
     if (cmd_send(cn, c, 1, argv, NULL) < 0) {
@@ -1242,14 +1243,14 @@ static int rds_setup_auth(struct rds *r, const struct rds_opts *opts, char *err,
     const char *user = opts->username ? opts->username : "";
     const char *suser = opts->sentinel_username ? opts->sentinel_username : "";
 
-    if (opts->password && (copy_secret(r->addr.user, sizeof(r->addr.user), user, "user name",
-                                       err, errlen) < 0 ||
-                           copy_secret(r->addr.password, sizeof(r->addr.password), opts->password,
-                                       "password", err, errlen) < 0))
+    if (opts->password &&
+        (copy_secret(r->addr.user, sizeof(r->addr.user), user, "user name", err, errlen) < 0 ||
+         copy_secret(r->addr.password, sizeof(r->addr.password), opts->password, "password", err,
+                     errlen) < 0))
         return -1;
     if (opts->sentinel_password &&
-        (copy_secret(r->sen_user, sizeof(r->sen_user), suser, "sentinel user name", err,
-                     errlen) < 0 ||
+        (copy_secret(r->sen_user, sizeof(r->sen_user), suser, "sentinel user name", err, errlen) <
+             0 ||
          copy_secret(r->sen_password, sizeof(r->sen_password), opts->sentinel_password,
                      "sentinel password", err, errlen) < 0))
         return -1;
@@ -1260,8 +1261,7 @@ static int rds_setup_auth(struct rds *r, const struct rds_opts *opts, char *err,
     return 0;
 }
 
-static int rds_setup_sentinels(struct rds *r, const struct rds_opts *opts, char *err,
-                               size_t errlen)
+static int rds_setup_sentinels(struct rds *r, const struct rds_opts *opts, char *err, size_t errlen)
 {
     char why[RDS_ERR_MAX];
 
@@ -1334,8 +1334,9 @@ struct rds *rds_new(struct ev_loop *loop, const struct rds_opts *opts,
         set_err(err, errlen, "redis: give either a URL or sentinels");
         return NULL;
     }
-    if (opts->n_sentinels && (!opts->sentinels || !opts->master_name || !*opts->master_name ||
-                              opts->n_sentinels > RDS_MAX_SENTINELS || opts->db < 0)) {
+    if (opts->n_sentinels &&
+        (!opts->sentinels || !opts->master_name || !*opts->master_name ||
+         opts->n_sentinels > RDS_MAX_SENTINELS || opts->db < 0)) {
         set_err(err, errlen, "redis: sentinels need a master name (and at most %d of them)",
                 RDS_MAX_SENTINELS);
         return NULL;
@@ -1343,8 +1344,9 @@ struct rds *rds_new(struct ev_loop *loop, const struct rds_opts *opts,
     if (!(opts->command_timeout_s > 0) || !isfinite(opts->command_timeout_s) ||
         !(opts->reconnect_min_s > 0) || !isfinite(opts->reconnect_min_s) ||
         !(opts->reconnect_max_s >= opts->reconnect_min_s) || !isfinite(opts->reconnect_max_s)) {
-        set_err(err, errlen, "redis: timeouts must be positive (and reconnect_max_s >= "
-                             "reconnect_min_s)");
+        set_err(err, errlen,
+                "redis: timeouts must be positive (and reconnect_max_s >= "
+                "reconnect_min_s)");
         return NULL;
     }
     if (opts->n_channels && !opts->channels) {
@@ -1511,8 +1513,8 @@ int rds_eval(struct rds *r, enum rds_script s, int nkeys, int argc, const char *
 int rds_command(struct rds *r, int argc, const char **argv, const size_t *argvlen, rds_cb *cb,
                 void *ud)
 {
-    static const char *const refused[] = {"subscribe", "psubscribe", "unsubscribe",
-                                          "punsubscribe", "monitor"};
+    static const char *const refused[] = { "subscribe", "psubscribe", "unsubscribe", "punsubscribe",
+                                           "monitor" };
 
     if (!r || r->closing || !cb || argc < 1 || !argv || !argv[0])
         return -1;
@@ -1586,9 +1588,10 @@ void rds_pack_stats(const struct rds *r, msgpack_packer *pk)
     if (r->n_sentinels) {
         const struct rconn *sn = &r->conn[RC_SEN];
         rpc_pack_kv_str(pk, "sentinel", r->sen_where);
-        rpc_pack_kv_str(pk, "sentinel_state", sn->state == RC_UP     ? "up"
-                                              : sn->state == RC_DOWN ? "down"
-                                                                     : "connecting");
+        rpc_pack_kv_str(pk, "sentinel_state",
+                        sn->state == RC_UP         ? "up"
+                            : sn->state == RC_DOWN ? "down"
+                                                   : "connecting");
         rpc_pack_kv_str(pk, "master_name", r->master_name);
         rpc_pack_kv_u64(pk, "primary_changes", s->primary_changes);
     }

@@ -61,11 +61,11 @@ struct rds;
 enum rds_script { RDS_ADMIT, RDS_RELEASE, RDS_RENEW, RDS_PROGRESS, RDS_TASK, RDS_N_SCRIPTS };
 
 struct rds_opts {
-    const char *url;                /* one endpoint; or NULL with sentinels */
-    const char *const *sentinels;   /* "host:port" each (see rds_parse_hostport) */
+    const char *url;              /* one endpoint; or NULL with sentinels */
+    const char *const *sentinels; /* "host:port" each (see rds_parse_hostport) */
     size_t n_sentinels;
-    const char *master_name;        /* required with sentinels */
-    int db;                         /* with sentinels (the URL carries it otherwise) */
+    const char *master_name; /* required with sentinels */
+    int db;                  /* with sentinels (the URL carries it otherwise) */
     /* ACL credentials, replacing the URL's when `password` is non-NULL.
      * `username` NULL or "" = the default user. The sentinel ones are sent
      * to the sentinels only (they have users of their own). */
@@ -74,10 +74,10 @@ struct rds_opts {
     /* TLS settings; NULL = none. Required (may be all defaults) for TLS to
      * the sentinels; a rediss:// URL uses them, or the defaults. */
     const struct rtls_opts *tls;
-    double command_timeout_s;       /* bounds each round trip and each connect */
-    double reconnect_min_s;         /* first reconnect delay (before jitter) */
-    double reconnect_max_s;         /* cap of the doubling */
-    const char *const *channels;    /* subscribed on the second connection */
+    double command_timeout_s;    /* bounds each round trip and each connect */
+    double reconnect_min_s;      /* first reconnect delay (before jitter) */
+    double reconnect_max_s;      /* cap of the doubling */
+    const char *const *channels; /* subscribed on the second connection */
     size_t n_channels;
 };
 
@@ -129,12 +129,12 @@ double rds_clock_offset(const struct rds *r);
 
 struct rds_stats {
     uint64_t connects, disconnects, connect_failures;
-    uint64_t primary_changes;       /* sentinel: a new primary address was learnt */
+    uint64_t primary_changes; /* sentinel: a new primary address was learnt */
     uint64_t commands, replies, errors, timeouts, noscript_reloads, rejected_not_connected;
     uint64_t messages;
-    uint64_t lost;                  /* commands failed because their connection was lost */
-    uint64_t pending;               /* commands sent and not yet answered */
-    double rtt_sum_s, rtt_max_s;    /* over `replies` */
+    uint64_t lost;               /* commands failed because their connection was lost */
+    uint64_t pending;            /* commands sent and not yet answered */
+    double rtt_sum_s, rtt_max_s; /* over `replies` */
     struct prom_hist rtt;        /* of `replies` */
 };
 const struct rds_stats *rds_get_stats(const struct rds *r);

@@ -38,12 +38,12 @@
 
 /* Per direction. A script upload (SCRIPT LOAD, a few KiB) or a reply moves
  * through in a few pumps; larger buffers only hold more in flight. */
-#define RTLS_BUF 16384
+#define RTLS_BUF     16384
 #define RTLS_ERR_MAX 200
 
 struct rtls_ctx {
     SSL_CTX *ssl;
-    char *server_name;               /* NULL = the host connected to */
+    char *server_name; /* NULL = the host connected to */
 };
 
 enum rtls_state { RT_CONNECTING, RT_HANDSHAKE, RT_OPEN, RT_DEAD };
@@ -51,14 +51,14 @@ enum rtls_state { RT_CONNECTING, RT_HANDSHAKE, RT_OPEN, RT_DEAD };
 struct rtls {
     struct ev_loop *loop;
     SSL *ssl;
-    int tcp, plain;                  /* -1 once closed */
+    int tcp, plain; /* -1 once closed */
     enum rtls_state state;
     ev_io tcp_w, plain_w;
-    int want_hs, want_w, want_r;     /* SSL_ERROR_WANT_* last returned, 0 = none */
-    bool plain_eof;                  /* hiredis closed its end */
+    int want_hs, want_w, want_r; /* SSL_ERROR_WANT_* last returned, 0 = none */
+    bool plain_eof;              /* hiredis closed its end */
     size_t up_len, down_len;
-    unsigned char up[RTLS_BUF];      /* from hiredis, to encrypt */
-    unsigned char down[RTLS_BUF];    /* decrypted, to hand to hiredis */
+    unsigned char up[RTLS_BUF];   /* from hiredis, to encrypt */
+    unsigned char down[RTLS_BUF]; /* decrypted, to hand to hiredis */
     char err[RTLS_ERR_MAX];
 };
 
@@ -212,8 +212,10 @@ static void rtls_handshake_failed(struct rtls *t, int e)
         rtls_die(t, "TLS handshake: certificate verify failed: %s",
                  X509_verify_cert_error_string(v));
     else if (e == SSL_ERROR_SYSCALL && ERR_peek_last_error() == 0)
-        rtls_die(t, "TLS handshake: %s", errno ? strerror(errno) : "the server closed the "
-                                                                   "connection (is it TLS?)");
+        rtls_die(t, "TLS handshake: %s",
+                 errno ? strerror(errno)
+                       : "the server closed the "
+                         "connection (is it TLS?)");
     else
         rtls_die(t, "TLS handshake: %s", ssl_reason(why, sizeof(why), "failed"));
 }
@@ -399,7 +401,7 @@ struct rtls *rtls_new(struct ev_loop *loop, struct rtls_ctx *ctx, int *fd, const
                       char *err, size_t errlen)
 {
     char why[RTLS_ERR_MAX];
-    int sp[2] = {-1, -1};
+    int sp[2] = { -1, -1 };
     const char *name = ctx->server_name ? ctx->server_name : host;
     struct rtls *t = calloc(1, sizeof(*t));
 

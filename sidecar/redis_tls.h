@@ -31,10 +31,10 @@
 #include <stddef.h>
 
 struct rtls_opts {
-    const char *ca_file;        /* PEM bundle; NULL = the system store */
-    const char *cert_file;      /* client certificate chain (PEM); NULL = none */
-    const char *key_file;       /* its private key (PEM); with cert_file */
-    const char *server_name;    /* expected name; NULL = the host connected to */
+    const char *ca_file;     /* PEM bundle; NULL = the system store */
+    const char *cert_file;   /* client certificate chain (PEM); NULL = none */
+    const char *key_file;    /* its private key (PEM); with cert_file */
+    const char *server_name; /* expected name; NULL = the host connected to */
 };
 
 struct rtls_ctx;

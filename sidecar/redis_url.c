@@ -38,8 +38,8 @@ static int hexval(int ch)
 /* Percent-decodes s[0..n) into out[cap] (the URL's `what`); -1 with a
  * reason on a malformed or NUL escape, or when it does not fit. The
  * reason never quotes the text (it may be the password). */
-static int pct_decode(const char *s, size_t n, char *out, size_t cap, const char *what,
-                      char *err, size_t errlen)
+static int pct_decode(const char *s, size_t n, char *out, size_t cap, const char *what, char *err,
+                      size_t errlen)
 {
     size_t j = 0;
 
@@ -82,8 +82,7 @@ static int parse_uint(const char *s, size_t n, long long max, long long *v)
     return 0;
 }
 
-static int parse_password(const char *s, size_t n, struct rds_addr *out, char *err,
-                          size_t errlen)
+static int parse_password(const char *s, size_t n, struct rds_addr *out, char *err, size_t errlen)
 {
     return pct_decode(s, n, out->password, sizeof(out->password), "password", err, errlen);
 }

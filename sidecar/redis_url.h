@@ -18,13 +18,13 @@
  * Port defaults to 6379, db to 0. A user other than "default" is sent as
  * AUTH user password (an ACL user). */
 struct rds_addr {
-    char host[256];          /* host name or address; empty for unix */
+    char host[256]; /* host name or address; empty for unix */
     int port;
-    char path[108];          /* unix socket path; empty for tcp */
-    char user[128];          /* empty = the default user */
-    char password[256];      /* empty = no AUTH */
+    char path[108];     /* unix socket path; empty for tcp */
+    char user[128];     /* empty = the default user */
+    char password[256]; /* empty = no AUTH */
     int db;
-    bool tls;                /* rediss:// */
+    bool tls; /* rediss:// */
 };
 
 /* "host:port" or "[v6]:port" (a sentinel's address; no default port). */

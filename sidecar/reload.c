@@ -100,10 +100,9 @@ static void restart_only(const struct config *o, const struct config *n, char *b
     for (size_t i = 0; apps_same && i < o->n_apps; i++) {
         const struct config_app *x = &o->apps[i], *y = &n->apps[i];
         apps_same = strcmp(x->name, y->name) == 0 && x->weight == y->weight &&
-                    x->max_concurrency == y->max_concurrency &&
-                    x->limits.rpm == y->limits.rpm && x->limits.tpm == y->limits.tpm &&
-                    x->limits.daily_tokens == y->limits.daily_tokens &&
-                    x->limits.window_s == y->limits.window_s;
+            x->max_concurrency == y->max_concurrency && x->limits.rpm == y->limits.rpm &&
+            x->limits.tpm == y->limits.tpm && x->limits.daily_tokens == y->limits.daily_tokens &&
+            x->limits.window_s == y->limits.window_s;
     }
     if (!apps_same)
         note_restart(buf, cap, "apps (names, order, weight, max_concurrency, limits)");
@@ -275,9 +274,9 @@ static struct config *load_new(struct reload_ctx *x, char *err, size_t errlen)
         const char *value;
         char **slot;
     } over[] = {
-        {srv->socket_override, &n->socket_path},
-        {srv->http_socket_override, &n->http_socket},
-        {srv->http_listen_override, &n->http_listen},
+        { srv->socket_override, &n->socket_path },
+        { srv->http_socket_override, &n->http_socket },
+        { srv->http_listen_override, &n->http_listen },
     };
     for (size_t i = 0; i < sizeof(over) / sizeof(over[0]); i++) {
         if (!over[i].value)
@@ -350,8 +349,8 @@ static int reload_apply(struct reload_ctx *x, struct reload_summary *sum, char *
     slots = calloc(n_slots ? n_slots : 1, sizeof(*slots));
     params = calloc(n_slots ? n_slots : 1, sizeof(*params));
     from = calloc(n_slots ? n_slots : 1, sizeof(*from));
-    old_keys = calloc(srv->n_old_keys + max_secrets(o->sources, o->n_sources) + 1,
-                      sizeof(*old_keys));
+    old_keys =
+        calloc(srv->n_old_keys + max_secrets(o->sources, o->n_sources) + 1, sizeof(*old_keys));
     if (!slots || !params || !from || !old_keys)
         goto oom;
     memcpy(slots, n->sources, n->n_sources * sizeof(*slots));

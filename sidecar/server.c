@@ -57,19 +57,22 @@
 #include "reload.h"
 #include "upstream.h"
 
-#define SERVER_ACCEPT_PAUSE_S 0.1
-#define SERVER_STOP_FLUSH_S 2.0
-#define SERVER_ACCEPT_BATCH 64
-#define SERVER_SHED_BATCH 1024     /* refusals per loop turn at the fd limit */
-#define SERVER_FD_WARN_EVERY_S 10.0
+#define SERVER_ACCEPT_PAUSE_S       0.1
+#define SERVER_STOP_FLUSH_S         2.0
+#define SERVER_ACCEPT_BATCH         64
+#define SERVER_SHED_BATCH           1024 /* refusals per loop turn at the fd limit */
+#define SERVER_FD_WARN_EVERY_S      10.0
 #define SERVER_DNS_LOOKUPS_PER_HOST 4
 
 static const char *state_name(enum server_state s)
 {
     switch (s) {
-    case SERVER_RUNNING: return "running";
-    case SERVER_DRAINING: return "draining";
-    default: return "stopping";
+    case SERVER_RUNNING:
+        return "running";
+    case SERVER_DRAINING:
+        return "draining";
+    default:
+        return "stopping";
     }
 }
 
@@ -170,13 +173,15 @@ static void inherited_path(int fd, char *buf, size_t cap)
     socklen_t len = sizeof(sa);
 
     buf[0] = '\0';
-    if (getsockname(fd, (struct sockaddr *)&sa, &len) == 0 && len > offsetof(struct sockaddr_un, sun_path))
-        snprintf(buf, cap, "%.*s", (int)(len - offsetof(struct sockaddr_un, sun_path)), sa.sun_path);
+    if (getsockname(fd, (struct sockaddr *)&sa, &len) == 0 &&
+        len > offsetof(struct sockaddr_un, sun_path))
+        snprintf(buf, cap, "%.*s", (int)(len - offsetof(struct sockaddr_un, sun_path)),
+                 sa.sun_path);
 }
 
 int server_bind_unix(const char *path, uint32_t mode, char *err, size_t errlen)
 {
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
 
     if (strlen(path) >= sizeof(sa.sun_path)) {
         snprintf(err, errlen, "socket path too long (%zu bytes, max %zu): %s", strlen(path),
@@ -215,7 +220,7 @@ int server_bind_unix(const char *path, uint32_t mode, char *err, size_t errlen)
 static int server_listen(struct server *srv, char *err, size_t errlen)
 {
     const char *path = srv->cfg->socket_path;
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
 
     int fd = inherited_socket(err, errlen);
     if (fd == -2)
@@ -310,8 +315,8 @@ static void server_on_fd_exhaustion(struct server *srv)
     if (srv->spare_fd >= 0) {
         if (now - srv->fd_warned_at >= SERVER_FD_WARN_EVERY_S) {
             srv->fd_warned_at = now;
-            log_at(LOG_WARN, "out of file descriptors; refusing new connections", "refused",
-                   LOG_U, (unsigned long long)shed, "open", LOG_U,
+            log_at(LOG_WARN, "out of file descriptors; refusing new connections", "refused", LOG_U,
+                   (unsigned long long)shed, "open", LOG_U,
                    (unsigned long long)srv->stats.conns_open, NULL);
         }
         return;
@@ -418,7 +423,8 @@ static void server_stop(struct server *srv, const char *why)
         next = c->next;
         tasks_fail_pending(c, PGW_SHUTTING_DOWN,
                            "the sidecar shut down before the state backend answered");
-        call_fail_all(&c->sink, PGW_SHUTTING_DOWN, "the sidecar shut down before the call finished");
+        call_fail_all(&c->sink, PGW_SHUTTING_DOWN,
+                      "the sidecar shut down before the call finished");
         conn_close_after_flush(c);
     }
 }

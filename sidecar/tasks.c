@@ -25,8 +25,16 @@
 #define TASKS_ID_BUF (TASK_ID_MAX + 1)
 
 /* Operations on the backend's record (see "the backend's record" below). */
-enum tasks_op { TOP_START, TOP_STOP, TOP_GUARD, TOP_FINISH, TOP_GET, TOP_NODE_BEGIN, TOP_SYNC,
-                TOP_WATCHDOG };
+enum tasks_op {
+    TOP_START,
+    TOP_STOP,
+    TOP_GUARD,
+    TOP_FINISH,
+    TOP_GET,
+    TOP_NODE_BEGIN,
+    TOP_SYNC,
+    TOP_WATCHDOG
+};
 struct tasks_req;
 static struct tasks_req *tasks_req_new(struct server *srv, uint32_t msgid, enum tasks_op op,
                                        const char *id, const char *reason, bool ok);
@@ -73,8 +81,8 @@ static void hook_watchdog(struct task *t, double now, void *ud)
     if (q)
         tasks_send(srv, q, NULL);
     else
-        log_at(LOG_ERROR, "out of memory: watchdog verdict not recorded", "task_id", LOG_S,
-               t->id, NULL);
+        log_at(LOG_ERROR, "out of memory: watchdog verdict not recorded", "task_id", LOG_S, t->id,
+               NULL);
 }
 
 static void hook_watchdog_after_stop(struct task *t, double now, void *ud)
@@ -146,11 +154,13 @@ static void pack_task(msgpack_packer *pk, const char *id, const struct backend_t
 {
     bool failed = strcmp(bt->state, "failed") == 0;
     bool reason = bt->reason[0] != '\0';
-    const char *node = bt->node ? bt->node
-                                : local && local->state == TASK_RUNNING ? local->node : NULL;
+    const char *node = bt->node                 ? bt->node
+        : local && local->state == TASK_RUNNING ? local->node
+                                                : NULL;
 
-    msgpack_pack_map(pk, 5 + (failed ? 1 : 0) + (reason ? 1 : 0) + (node ? 1 : 0) +
-                             (local && local->app[0] ? 1 : 0));
+    msgpack_pack_map(pk,
+                     5 + (failed ? 1 : 0) + (reason ? 1 : 0) + (node ? 1 : 0) +
+                         (local && local->app[0] ? 1 : 0));
     rpc_pack_kv_str(pk, "task_id", id);
     if (local && local->app[0])
         rpc_pack_kv_str(pk, "app", local->app);
@@ -172,9 +182,8 @@ static void pack_task(msgpack_packer *pk, const char *id, const struct backend_t
 /* Packs the error object for a registry error of task `id`; `state`,
  * `reason`, `kind` (may be NULL) and `node` describe the task when it is
  * known. Returns its code. */
-static enum pgw_code pack_task_error(msgpack_packer *pk, int rc, const char *id,
-                                     const char *state, const char *reason, const char *kind,
-                                     const char *node)
+static enum pgw_code pack_task_error(msgpack_packer *pk, int rc, const char *id, const char *state,
+                                     const char *reason, const char *kind, const char *node)
 {
     char msg[TASK_REASON_MAX + TASK_ID_MAX + 96];
     enum pgw_code code = PGW_BAD_REQUEST;
@@ -331,24 +340,24 @@ static void copy_reason(const msgpack_object *o, char *buf, size_t cap)
 
 /* The backend operation of each request. */
 static const enum backend_task_op top_backend[] = {
-    [TOP_START] = BACKEND_TASK_START,   [TOP_STOP] = BACKEND_TASK_STOP,
-    [TOP_GUARD] = BACKEND_TASK_GUARD,   [TOP_FINISH] = BACKEND_TASK_FINISH,
-    [TOP_GET] = BACKEND_TASK_GET,       [TOP_NODE_BEGIN] = BACKEND_TASK_GUARD,
-    [TOP_SYNC] = BACKEND_TASK_GET,      [TOP_WATCHDOG] = BACKEND_TASK_WATCHDOG,
+    [TOP_START] = BACKEND_TASK_START, [TOP_STOP] = BACKEND_TASK_STOP,
+    [TOP_GUARD] = BACKEND_TASK_GUARD, [TOP_FINISH] = BACKEND_TASK_FINISH,
+    [TOP_GET] = BACKEND_TASK_GET,     [TOP_NODE_BEGIN] = BACKEND_TASK_GUARD,
+    [TOP_SYNC] = BACKEND_TASK_GET,    [TOP_WATCHDOG] = BACKEND_TASK_WATCHDOG,
 };
 
 struct tasks_req {
     struct server *srv;
-    struct tasks_req *next;        /* the retry list */
-    struct conn *conn;             /* the client waiting for it; NULL: none, or gone */
+    struct tasks_req *next;          /* the retry list */
+    struct conn *conn;               /* the client waiting for it; NULL: none, or gone */
     struct tasks_req *cprev, *cnext; /* conn->tasks */
-    bool resync;                   /* part of a paced resync (tasks_on_resubscribed) */
-    unsigned resync_gen;           /* of which resync */
+    bool resync;                     /* part of a paced resync (tasks_on_resubscribed) */
+    unsigned resync_gen;             /* of which resync */
     uint32_t msgid;
     enum tasks_op op;
-    bool ok;                       /* finish */
-    double timeout_s;              /* node.begin */
-    tasks_guard_cb *cb;            /* calls naming a task unknown here */
+    bool ok;            /* finish */
+    double timeout_s;   /* node.begin */
+    tasks_guard_cb *cb; /* calls naming a task unknown here */
     void *cb_ud;
     char id[TASKS_ID_BUF], node[TASKS_ID_BUF], reason[TASK_REASON_MAX + 1];
 };
@@ -383,11 +392,10 @@ static void tasks_sync(struct server *srv, const char *id, const struct backend_
         bool watchdog = strcmp(bt->kind, "watchdog") == 0;
         if (strcmp(bt->state, "failed") == 0 && (watchdog || strcmp(bt->kind, "stopped") == 0)) {
             task_stop(srv->tasks, id, bt->reason, now, &t);
-            log_at(LOG_INFO, "task stopped elsewhere in the fleet", "task_id", LOG_S, id,
-                   "kind", LOG_S, bt->kind, "reason", LOG_S, bt->reason, NULL);
+            log_at(LOG_INFO, "task stopped elsewhere in the fleet", "task_id", LOG_S, id, "kind",
+                   LOG_S, bt->kind, "reason", LOG_S, bt->reason, NULL);
         } else {
-            task_finish(srv->tasks, id, strcmp(bt->state, "succeeded") == 0, bt->reason, now,
-                        &t);
+            task_finish(srv->tasks, id, strcmp(bt->state, "succeeded") == 0, bt->reason, now, &t);
         }
     }
     tasks_rearm(srv);
@@ -409,8 +417,9 @@ static void tasks_end_calls(struct server *srv, const char *id, const struct bac
     struct task *t = task_get(srv->tasks, id);
     if (!t || t->state == TASK_RUNNING || !t->ud)
         return;
-    snprintf(msg, sizeof(msg), watchdog ? "task '%s' failed by the watchdog: %s"
-                                        : "task '%s' was stopped: %s", id, bt->reason);
+    snprintf(msg, sizeof(msg),
+             watchdog ? "task '%s' failed by the watchdog: %s" : "task '%s' was stopped: %s", id,
+             bt->reason);
     call_fail_task(t, watchdog ? PGW_WATCHDOG_TIMEOUT : PGW_TASK_STOPPED, msg);
 }
 
@@ -466,8 +475,8 @@ static void tasks_reply(struct conn *c, const struct tasks_req *q, const struct 
         snprintf(local->app, sizeof(local->app), "%s", conn_app(c)->name); /* its owner */
     if (q->op == TOP_STOP)
         log_at(LOG_INFO, "task stopped", "task_id", LOG_S, q->id, "app", LOG_S,
-               local ? local->app : "", "by", LOG_S, conn_app(c)->name, "reason", LOG_S,
-               bt->reason, NULL);
+               local ? local->app : "", "by", LOG_S, conn_app(c)->name, "reason", LOG_S, bt->reason,
+               NULL);
     if (q->op == TOP_NODE_BEGIN) {
         node_begin_local(c, q->msgid, q->id, q->node, q->timeout_s);
         return;
@@ -543,7 +552,7 @@ static struct tasks_req *tasks_req_new(struct server *srv, uint32_t msgid, enum 
 
     if (!q)
         return NULL;
-    *q = (struct tasks_req){.srv = srv, .msgid = msgid, .op = op, .ok = ok};
+    *q = (struct tasks_req){ .srv = srv, .msgid = msgid, .op = op, .ok = ok };
     snprintf(q->id, sizeof(q->id), "%s", id);
     snprintf(q->reason, sizeof(q->reason), "%s", reason ? reason : "");
     return q;
@@ -579,7 +588,7 @@ static void tasks_send(struct server *srv, struct tasks_req *q, struct conn *c)
     }
     if (q->op == TOP_SYNC)
         srv->backend->ops->retry_later(srv->backend, true);
-    bt = (struct backend_task){.rc = BACKEND_E_UNAVAILABLE, .err = "not connected"};
+    bt = (struct backend_task){ .rc = BACKEND_E_UNAVAILABLE, .err = "not connected" };
     if (q->cb)
         q->cb(q->cb_ud, NULL, &bt);
     else if (c)
@@ -685,8 +694,8 @@ bool tasks_held_running(struct server *srv, const char *id)
 struct tasks_resync {
     char **ids;
     size_t n, next, inflight;
-    unsigned gen;                  /* reads of an older resync do not count */
-    bool pumping;                  /* inside resync_pump: an answer only counts */
+    unsigned gen; /* reads of an older resync do not count */
+    bool pumping; /* inside resync_pump: an answer only counts */
 };
 
 static unsigned resync_gen_counter;
@@ -790,7 +799,7 @@ void tasks_guard_remote(struct server *srv, const char *id, tasks_guard_cb *cb, 
     struct tasks_req *q = tasks_req_new(srv, 0, TOP_GUARD, id, NULL, false);
 
     if (!q) {
-        const struct backend_task bt = {.rc = BACKEND_E_UNAVAILABLE, .err = "out of memory"};
+        const struct backend_task bt = { .rc = BACKEND_E_UNAVAILABLE, .err = "out of memory" };
         cb(ud, NULL, &bt);
         return;
     }
@@ -830,7 +839,7 @@ static bool task_is_foreign(struct conn *c, uint32_t msgid, const char *id,
 
 void tasks_start(struct conn *c, const struct rpc_msg *m)
 {
-    static const struct rpc_param spec[] = {{"task_id", RPC_T_STR, true}};
+    static const struct rpc_param spec[] = { { "task_id", RPC_T_STR, true } };
     const msgpack_object *p[1];
     char id[TASKS_ID_BUF];
 
@@ -842,8 +851,8 @@ void tasks_start(struct conn *c, const struct rpc_msg *m)
 void tasks_stop(struct conn *c, const struct rpc_msg *m)
 {
     static const struct rpc_param spec[] = {
-        {"task_id", RPC_T_STR, true},
-        {"reason", RPC_T_STR | RPC_T_NIL, false},
+        { "task_id", RPC_T_STR, true },
+        { "reason", RPC_T_STR | RPC_T_NIL, false },
     };
     const msgpack_object *p[2];
     char id[TASKS_ID_BUF], reason[TASK_REASON_MAX + 1];
@@ -856,7 +865,7 @@ void tasks_stop(struct conn *c, const struct rpc_msg *m)
 
 void tasks_guard(struct conn *c, const struct rpc_msg *m)
 {
-    static const struct rpc_param spec[] = {{"task_id", RPC_T_STR, true}};
+    static const struct rpc_param spec[] = { { "task_id", RPC_T_STR, true } };
     const msgpack_object *p[1];
     char id[TASKS_ID_BUF];
     struct task *t = NULL;
@@ -890,9 +899,9 @@ static void node_begin_local(struct conn *c, uint32_t msgid, const char *id, con
 void tasks_node_begin(struct conn *c, const struct rpc_msg *m)
 {
     static const struct rpc_param spec[] = {
-        {"task_id", RPC_T_STR, true},
-        {"node", RPC_T_STR, true},
-        {"timeout_s", RPC_T_NUMBER | RPC_T_NIL, false},
+        { "task_id", RPC_T_STR, true },
+        { "node", RPC_T_STR, true },
+        { "timeout_s", RPC_T_NUMBER | RPC_T_NIL, false },
     };
     const msgpack_object *p[3];
     char id[TASKS_ID_BUF], node[TASKS_ID_BUF];
@@ -925,8 +934,8 @@ void tasks_node_begin(struct conn *c, const struct rpc_msg *m)
 void tasks_node_end(struct conn *c, const struct rpc_msg *m)
 {
     static const struct rpc_param spec[] = {
-        {"task_id", RPC_T_STR, true},
-        {"node", RPC_T_STR | RPC_T_NIL, false},
+        { "task_id", RPC_T_STR, true },
+        { "node", RPC_T_STR | RPC_T_NIL, false },
     };
     const msgpack_object *p[2];
     char id[TASKS_ID_BUF], node[TASKS_ID_BUF];
@@ -952,9 +961,9 @@ void tasks_node_end(struct conn *c, const struct rpc_msg *m)
 void tasks_finish(struct conn *c, const struct rpc_msg *m)
 {
     static const struct rpc_param spec[] = {
-        {"task_id", RPC_T_STR, true},
-        {"ok", RPC_T_BOOL, true},
-        {"reason", RPC_T_STR | RPC_T_NIL, false},
+        { "task_id", RPC_T_STR, true },
+        { "ok", RPC_T_BOOL, true },
+        { "reason", RPC_T_STR | RPC_T_NIL, false },
     };
     const msgpack_object *p[3];
     char id[TASKS_ID_BUF], reason[TASK_REASON_MAX + 1];
@@ -967,7 +976,7 @@ void tasks_finish(struct conn *c, const struct rpc_msg *m)
 
 void tasks_get(struct conn *c, const struct rpc_msg *m)
 {
-    static const struct rpc_param spec[] = {{"task_id", RPC_T_STR, true}};
+    static const struct rpc_param spec[] = { { "task_id", RPC_T_STR, true } };
     const msgpack_object *p[1];
     char id[TASKS_ID_BUF];
 
@@ -979,7 +988,7 @@ void tasks_get(struct conn *c, const struct rpc_msg *m)
 struct list_ctx {
     struct server *srv;
     msgpack_packer *pk;
-    const struct config_app *app;   /* lists only what it may see */
+    const struct config_app *app; /* lists only what it may see */
     size_t n;
     bool counting;
 };
@@ -1002,7 +1011,7 @@ static int list_one(struct task *t, void *ud)
 
 void tasks_list(struct conn *c, const struct rpc_msg *m)
 {
-    static const struct rpc_param spec[] = {{"state", RPC_T_STR | RPC_T_NIL, false}};
+    static const struct rpc_param spec[] = { { "state", RPC_T_STR | RPC_T_NIL, false } };
     const msgpack_object *p[1];
     char why[200];
     unsigned filter = TASK_F_ALL;
@@ -1024,7 +1033,7 @@ void tasks_list(struct conn *c, const struct rpc_msg *m)
             return;
         }
     }
-    struct list_ctx lc = {c->srv, &c->pk, conn_app(c), 0, true};
+    struct list_ctx lc = { c->srv, &c->pk, conn_app(c), 0, true };
     task_foreach(c->srv->tasks, filter, list_one, &lc);
     rpc_pack_result_begin(&c->pk, m->msgid);
     msgpack_pack_map(&c->pk, 1);
@@ -1060,10 +1069,10 @@ void tasks_pack_stats(msgpack_packer *pk, struct server *srv)
 
     rpc_pack_str(pk, "tasks");
     msgpack_pack_map(pk, 12);
-#define KV(k, v)                                                                                   \
-    do {                                                                                           \
-        rpc_pack_str(pk, k);                                                                       \
-        msgpack_pack_uint64(pk, (uint64_t)(v));                                                    \
+#define KV(k, v)                                \
+    do {                                        \
+        rpc_pack_str(pk, k);                    \
+        msgpack_pack_uint64(pk, (uint64_t)(v)); \
     } while (0)
     KV("held", ts->tasks);
     KV("running", ts->running);

@@ -60,8 +60,7 @@ static void errw_put(struct errw *w, const char *s, size_t n)
     w->p[w->len] = '\0';
 }
 
-static void errw_printf(struct errw *w, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+static void errw_printf(struct errw *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Our formats only produce ASCII, so byte truncation is safe here. */
 static void errw_printf(struct errw *w, const char *fmt, ...)
@@ -211,17 +210,26 @@ static int m2j_string(struct m2j *cx, unsigned depth, const char *s, size_t n)
 static const char *m2j_type_name(msgpack_object_type t)
 {
     switch (t) {
-    case MSGPACK_OBJECT_NIL: return "nil";
-    case MSGPACK_OBJECT_BOOLEAN: return "a boolean";
+    case MSGPACK_OBJECT_NIL:
+        return "nil";
+    case MSGPACK_OBJECT_BOOLEAN:
+        return "a boolean";
     case MSGPACK_OBJECT_POSITIVE_INTEGER:
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER: return "an integer";
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        return "an integer";
     case MSGPACK_OBJECT_FLOAT32:
-    case MSGPACK_OBJECT_FLOAT64: return "a float";
-    case MSGPACK_OBJECT_STR: return "a string";
-    case MSGPACK_OBJECT_ARRAY: return "an array";
-    case MSGPACK_OBJECT_MAP: return "a map";
-    case MSGPACK_OBJECT_BIN: return "binary data";
-    case MSGPACK_OBJECT_EXT: return "an ext value";
+    case MSGPACK_OBJECT_FLOAT64:
+        return "a float";
+    case MSGPACK_OBJECT_STR:
+        return "a string";
+    case MSGPACK_OBJECT_ARRAY:
+        return "an array";
+    case MSGPACK_OBJECT_MAP:
+        return "a map";
+    case MSGPACK_OBJECT_BIN:
+        return "binary data";
+    case MSGPACK_OBJECT_EXT:
+        return "an ext value";
     }
     return "an unknown type";
 }
@@ -343,8 +351,8 @@ static int m2j_value(struct m2j *cx, const msgpack_object *o, unsigned depth)
 }
 
 int transcode_msgpack_to_json(const msgpack_object *o, struct strbuf *out,
-                              const struct transcode_override *ov, const char *root,
-                              char *err, size_t errlen)
+                              const struct transcode_override *ov, const char *root, char *err,
+                              size_t errlen)
 {
     struct m2j cx;
     size_t start = out->len;
@@ -448,7 +456,7 @@ too_deep:
 int transcode_json_to_msgpack(const char *json, size_t len, msgpack_packer *pk,
                               const struct transcode_j2m *opt, char *err, size_t errlen)
 {
-    struct j2m cx = {pk, TRANSCODE_MAX_DEPTH, NULL, NULL};
+    struct j2m cx = { pk, TRANSCODE_MAX_DEPTH, NULL, NULL };
     struct errw w;
     json_error_t je;
 
@@ -476,8 +484,7 @@ int transcode_json_to_msgpack(const char *json, size_t len, msgpack_packer *pk,
                     je.line, je.column);
         /* je.text holds at most a 20-byte excerpt of the input; keep it
          * printable ASCII. */
-        errw_bytes(&w, je.text, strnlen(je.text, sizeof(je.text) - 1), sizeof(je.text), 0,
-                   false);
+        errw_bytes(&w, je.text, strnlen(je.text, sizeof(je.text) - 1), sizeof(je.text), 0, false);
         if (code == json_error_numeric_overflow)
             errw_printf(&w, " (integers must fit in int64, numbers in a double)");
         return TRANSCODE_EINVALID;

@@ -41,8 +41,8 @@
 #define TRANSCODE_MAX_DEPTH 64
 
 enum {
-    TRANSCODE_EINVALID = -1, /* the input has no faithful translation; err says where and why */
-    TRANSCODE_ENOMEM = -2,   /* an allocation failed (or the msgpack packer's write failed) */
+    TRANSCODE_EINVALID = -1,  /* the input has no faithful translation; err says where and why */
+    TRANSCODE_ENOMEM = -2,    /* an allocation failed (or the msgpack packer's write failed) */
     TRANSCODE_ETOO_DEEP = -3, /* valid JSON, but nested deeper than the caller allows */
 };
 
@@ -86,8 +86,8 @@ struct transcode_override {
  * this file); TRANSCODE_ENOMEM. On failure `out->len` is restored to its
  * value at entry (nothing partial is left behind). */
 int transcode_msgpack_to_json(const msgpack_object *o, struct strbuf *out,
-                              const struct transcode_override *ov, const char *root,
-                              char *err, size_t errlen);
+                              const struct transcode_override *ov, const char *root, char *err,
+                              size_t errlen);
 
 /* Rewrites one string (a value or an object key) of a JSON reply before it
  * is packed: on entry *s and *n are the decoded string (valid UTF-8, borrowed);
@@ -97,10 +97,10 @@ int transcode_msgpack_to_json(const msgpack_object *o, struct strbuf *out,
 typedef int transcode_str_fn(void *ud, const char **s, size_t *n);
 
 struct transcode_j2m {
-    unsigned max_depth;        /* containers allowed, 1..TRANSCODE_MAX_DEPTH; 0 means
+    unsigned max_depth;       /* containers allowed, 1..TRANSCODE_MAX_DEPTH; 0 means
                                 * TRANSCODE_MAX_DEPTH; deeper is TRANSCODE_ETOO_DEEP */
-    transcode_str_fn *on_str;  /* NULL: strings are packed as parsed */
-    void *ud;                  /* passed to on_str */
+    transcode_str_fn *on_str; /* NULL: strings are packed as parsed */
+    void *ud;                 /* passed to on_str */
 };
 
 /* Parses `len` bytes of JSON text (any value at the top level, no NUL

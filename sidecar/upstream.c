@@ -53,12 +53,12 @@
 #include "sse.h"
 
 #define UPSTREAM_ORPHAN_TTL_S 30.0
-#define UPSTREAM_BACKSTOP_MS 2000
-#define UPSTREAM_EPS 1e-4
+#define UPSTREAM_BACKSTOP_MS  2000
+#define UPSTREAM_EPS          1e-4
 
 /* Easy handles kept for reuse: creating one costs several allocations and
  * the protocol handler set-up on every attempt. */
-#define UPSTREAM_POOL_MAX 256
+#define UPSTREAM_POOL_MAX             256
 /* Idle connections the multi handle may keep. libcurl's default (4 x the
  * handles currently added) shrinks as attempts end, closing warm keep-alive
  * connections to sources under load; we add and remove a handle per attempt. */
@@ -67,14 +67,14 @@
  * configuration, so a handful is the norm; the bound only keeps reloads
  * that keep changing them from growing the caches: past it, attempts build
  * their own (the slower path, same result). */
-#define UPSTREAM_CACHE_MAX 64
+#define UPSTREAM_CACHE_MAX            64
 
 struct dns_host {
     struct dns_host *next;
-    uint32_t lookups;             /* lookups started for our attempts, still running */
-    uint32_t orphans;             /* lookups abandoned within the orphan TTL */
+    uint32_t lookups; /* lookups started for our attempts, still running */
+    uint32_t orphans; /* lookups abandoned within the orphan TTL */
     double orphans_until;
-    struct attempt *waiters;      /* attempts waiting for a lookup slot, FIFO */
+    struct attempt *waiters; /* attempts waiting for a lookup slot, FIFO */
     struct attempt **waiters_tail;
     char name[];
 };
@@ -83,7 +83,7 @@ struct dns_host {
  * API costs several allocations per attempt, and the answer never changes. */
 struct url_host {
     struct url_host *next;
-    struct dns_host *dns;         /* NULL: an IP literal */
+    struct dns_host *dns; /* NULL: an IP literal */
     char url[];
 };
 
@@ -107,10 +107,10 @@ struct upstream {
     ev_timer timer_w;
     ev_prepare prepare_w;
     int in_curl;
-    bool admit_pending;           /* a lookup slot freed while attempts wait for one */
+    bool admit_pending; /* a lookup slot freed while attempts wait for one */
     uint32_t max_lookups_per_host;
-    struct attempt *active;       /* doubly linked */
-    struct attempt *deferred;     /* attempts with pending operations (singly linked) */
+    struct attempt *active;   /* doubly linked */
+    struct attempt *deferred; /* attempts with pending operations (singly linked) */
     struct dns_host *hosts;
     struct url_host *urls;
     size_t n_urls;
@@ -127,8 +127,8 @@ struct attempt {
     struct attempt *next_deferred;
     bool on_deferred;
     CURL *easy;
-    bool recycle;                 /* the transfer completed: the handle may be reused */
-    struct curl_slist *headers;   /* a cached header_set's, or owned_headers */
+    bool recycle;               /* the transfer completed: the handle may be reused */
+    struct curl_slist *headers; /* a cached header_set's, or owned_headers */
     struct curl_slist *owned_headers;
     char *req_body;
     struct attempt_hooks hooks;
@@ -136,21 +136,21 @@ struct attempt {
     bool stream;
     enum attempt_phase phase;
     double started, sent_at, last_activity;
-    double first_at;              /* first byte (plain) / event (stream); 0 = none yet */
+    double first_at; /* first byte (plain) / event (stream); 0 = none yet */
     double connect_s, ttft_s, idle_s, total_s, deadline_at;
     ev_timer deadline_w;
-    struct dns_host *dns;         /* NULL for IP literals */
-    bool in_lookup;               /* a lookup of ours runs for it (counted in dns->lookups) */
-    bool lookup_wait;             /* the cap refused its lookup: wait for a slot */
-    bool lookup_refused;          /* the cap refused its lookup: fail (resolver hangs) */
-    bool dns_waiting;             /* parked on dns->waiters, out of the multi */
+    struct dns_host *dns; /* NULL for IP literals */
+    bool in_lookup;       /* a lookup of ours runs for it (counted in dns->lookups) */
+    bool lookup_wait;     /* the cap refused its lookup: wait for a slot */
+    bool lookup_refused;  /* the cap refused its lookup: fail (resolver hangs) */
+    bool dns_waiting;     /* parked on dns->waiters, out of the multi */
     struct attempt *next_waiter;
 
     int status;
     char retry_after[96];
     char retry_after_ms[24], should_retry[8], reset_requests[24], reset_tokens[24];
     bool is_sse;
-    struct strbuf resp;             /* the body so far, NUL-terminated */
+    struct strbuf resp; /* the body so far, NUL-terminated */
     size_t max_resp;
     bool resp_too_large;
     struct sse_parser sse;
@@ -161,23 +161,23 @@ struct attempt {
     enum outcome_reason fail_reason;
     char fail_detail[160];
 
-    bool cancelled;               /* owner cancelled: no hooks, free at next safe point */
-    bool owner_paused;            /* attempt_pause() in effect */
+    bool cancelled;    /* owner cancelled: no hooks, free at next safe point */
+    bool owner_paused; /* attempt_pause() in effect */
     bool want_resume, curl_paused;
-    double paused_at;             /* when curl_paused was set */
+    double paused_at; /* when curl_paused was set */
 
     struct upstream_budget *budget; /* NULL: none, or left (ended, cancelled) */
     struct attempt *bprev, *bnext;  /* budget->members */
-    size_t charged;               /* bytes counted in budget->received */
-    bool budget_blocked;          /* paused by the budget (counted in blocked) */
-    size_t blocked_n;             /* the buffer size it was refused */
+    size_t charged;                 /* bytes counted in budget->received */
+    bool budget_blocked;            /* paused by the budget (counted in blocked) */
+    size_t blocked_n;               /* the buffer size it was refused */
     char errbuf[CURL_ERROR_SIZE];
 };
 
 const char *attempt_phase_name(enum attempt_phase p)
 {
-    static const char *const names[] = {"resolving", "connecting", "sent",
-                                        "receiving", "streaming", "done"};
+    static const char *const names[] = { "resolving", "connecting", "sent",
+                                         "receiving", "streaming",  "done" };
     return (unsigned)p < sizeof(names) / sizeof(names[0]) ? names[p] : "unknown";
 }
 
@@ -506,7 +506,7 @@ static void attempt_set_phase(struct attempt *a, enum attempt_phase p)
     if (p <= a->phase)
         return;
     if (a->phase == ATTEMPT_RESOLVING)
-        dns_lookup_end(a, false);   /* the name resolved */
+        dns_lookup_end(a, false); /* the name resolved */
     a->phase = p;
     if (p == (a->stream ? ATTEMPT_STREAMING : ATTEMPT_RECEIVING))
         a->first_at = ev_now(a->up->loop);
@@ -639,8 +639,8 @@ static void attempt_on_deadline(struct ev_loop *loop, ev_timer *w, int revents)
                          "the %u lookups in progress",
                          a->connect_s, a->up->max_lookups_per_host);
             else
-                snprintf(detail, sizeof(detail),
-                         "name resolution exceeded connect_timeout_s (%gs)", a->connect_s);
+                snprintf(detail, sizeof(detail), "name resolution exceeded connect_timeout_s (%gs)",
+                         a->connect_s);
             break;
         case ATTEMPT_CONNECTING:
             reason = REASON_CONNECT_TIMEOUT;
@@ -807,7 +807,7 @@ static int attempt_on_sse_event(const struct sse_event *ev, void *ud)
     struct attempt *a = ud;
 
     if (a->cancelled)
-        return -1;   /* cancelled by an earlier event's hook: deliver no more */
+        return -1; /* cancelled by an earlier event's hook: deliver no more */
     if (sse_data_is_done(ev)) {
         a->terminal_seen = true;
         return 0;
@@ -817,7 +817,7 @@ static int attempt_on_sse_event(const struct sse_event *ev, void *ud)
     a->last_activity = ev_now(a->up->loop);
     int rc = a->hooks.on_event(a, ev->data, ev->data_len, a->ud);
     if (a->stream_failed)
-        return -1;  /* an error event: not delivered, not counted */
+        return -1; /* an error event: not delivered, not counted */
     a->events++;
     if (rc > 0) {
         a->terminal_seen = true;
@@ -922,7 +922,7 @@ static void upstream_on_done_msg(CURL *easy, CURLcode rc)
         return;
     }
     if (rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_RESOLVE_PROXY)
-        dns_lookup_end(a, false);   /* the resolver answered: its thread is done */
+        dns_lookup_end(a, false); /* the resolver answered: its thread is done */
     memset(&r, 0, sizeof(r));
     r.outcome.retry_after_s = -1;
     r.http_status = a->status;
@@ -933,14 +933,15 @@ static void upstream_on_done_msg(CURL *easy, CURLcode rc)
             clock_gettime(CLOCK_REALTIME, &ts);
             outcome_from_http(&r.outcome, a->status, a->retry_after[0] ? a->retry_after : NULL,
                               (double)ts.tv_sec + ts.tv_nsec / 1e9);
-            struct dialect_hints hints = {a->retry_after_ms, a->should_retry, a->reset_requests,
-                                          a->reset_tokens};
+            struct dialect_hints hints = { a->retry_after_ms, a->should_retry, a->reset_requests,
+                                           a->reset_tokens };
             dialect_apply_hints(&r.outcome, &hints);
             if (a->status >= 300 && a->status < 400)
                 snprintf(r.detail, sizeof(r.detail),
                          "upstream answered HTTP %d, a redirect: polygw does not follow "
                          "redirects, so the source's key is never sent to another location; "
-                         "fix base_url", a->status);
+                         "fix base_url",
+                         a->status);
             else
                 snprintf(r.detail, sizeof(r.detail), "upstream answered HTTP %d", a->status);
         } else if (a->stream && !a->is_sse) {
@@ -978,9 +979,9 @@ static void upstream_on_done_msg(CURL *easy, CURLcode rc)
         }
         break;
     case CURLE_OPERATION_TIMEDOUT:
-        result_transient(&r, a->phase <= ATTEMPT_CONNECTING ? REASON_CONNECT_TIMEOUT
-                                                            : REASON_TOTAL_TIMEOUT,
-                         a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
+        result_transient(
+            &r, a->phase <= ATTEMPT_CONNECTING ? REASON_CONNECT_TIMEOUT : REASON_TOTAL_TIMEOUT,
+            a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
         break;
     case CURLE_SSL_CONNECT_ERROR:
     case CURLE_PEER_FAILED_VERIFICATION:
@@ -1116,8 +1117,7 @@ static void upstream_on_prepare(struct ev_loop *loop, ev_prepare *w, int revents
             attempt_free(a);
             continue;
         }
-        if (a->want_resume && a->curl_paused && a->easy && !a->owner_paused &&
-            !a->budget_blocked) {
+        if (a->want_resume && a->curl_paused && a->easy && !a->owner_paused && !a->budget_blocked) {
             double now = ev_now(loop);
             a->want_resume = false;
             a->curl_paused = false;
@@ -1140,8 +1140,8 @@ static void upstream_on_prepare(struct ev_loop *loop, ev_prepare *w, int revents
 
 /* --- public ---------------------------------------------------------- */
 
-struct upstream *upstream_new(struct ev_loop *loop, uint32_t max_dns_lookups_per_host,
-                              char *err, size_t errlen)
+struct upstream *upstream_new(struct ev_loop *loop, uint32_t max_dns_lookups_per_host, char *err,
+                              size_t errlen)
 {
     static bool global_init;
     struct upstream *up;
@@ -1216,8 +1216,8 @@ static struct curl_slist *headers_build(bool stream, const char *const *extra)
 
     if (!l)
         return NULL;
-    if (!(t = curl_slist_append(l, stream ? "Accept: text/event-stream"
-                                          : "Accept: application/json")) ||
+    if (!(t = curl_slist_append(
+              l, stream ? "Accept: text/event-stream" : "Accept: application/json")) ||
         !(t = curl_slist_append(l, "Expect:"))) {
         curl_slist_free_all(l);
         return NULL;
@@ -1312,8 +1312,7 @@ static int attempt_setup(struct attempt *a, const struct attempt_spec *spec)
     /* Backstops only: our own timers fire first. */
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
                      (long)(spec->connect_timeout_s * 1000) + UPSTREAM_BACKSTOP_MS);
-    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS,
-                     (long)(spec->timeout_s * 1000) + UPSTREAM_BACKSTOP_MS);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)(spec->timeout_s * 1000) + UPSTREAM_BACKSTOP_MS);
     return 0;
 }
 

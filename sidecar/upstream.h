@@ -66,23 +66,23 @@ struct attempt;
  * Every attempt charged to a budget must have ended or been cancelled
  * before the budget goes away (cancelling uncharges at once). */
 struct upstream_budget {
-    size_t limit;                  /* set by the owner */
-    size_t held;                   /* set by the owner */
-    size_t received;               /* read-only: bytes charged by attempts */
-    struct attempt *members;       /* private: attempts charged to it */
-    struct attempt *front;         /* private: the member with the most bytes */
-    bool front_stale;              /* private: `front` must be looked for again */
-    uint32_t blocked;              /* private: members paused by the budget */
+    size_t limit;            /* set by the owner */
+    size_t held;             /* set by the owner */
+    size_t received;         /* read-only: bytes charged by attempts */
+    struct attempt *members; /* private: attempts charged to it */
+    struct attempt *front;   /* private: the member with the most bytes */
+    bool front_stale;        /* private: `front` must be looked for again */
+    uint32_t blocked;        /* private: members paused by the budget */
 };
 
 struct upstream_stats {
     uint64_t attempts_started, attempts_done, attempts_cancelled;
     uint64_t attempts_active;
-    uint64_t dns_lookups;          /* lookups started (DNS cache misses) */
-    uint64_t dns_abandoned;        /* lookups left running in a detached thread */
-    uint64_t dns_busy;             /* attempts failed by the per-host lookup cap */
-    uint64_t dns_waits;            /* times an attempt waited for a lookup slot */
-    uint64_t timeouts[6];          /* by enum attempt_phase at expiry */
+    uint64_t dns_lookups;   /* lookups started (DNS cache misses) */
+    uint64_t dns_abandoned; /* lookups left running in a detached thread */
+    uint64_t dns_busy;      /* attempts failed by the per-host lookup cap */
+    uint64_t dns_waits;     /* times an attempt waited for a lookup slot */
+    uint64_t timeouts[6];   /* by enum attempt_phase at expiry */
 };
 
 enum attempt_phase {
@@ -90,37 +90,37 @@ enum attempt_phase {
     ATTEMPT_CONNECTING,
     ATTEMPT_SENT,
     ATTEMPT_RECEIVING,
-    ATTEMPT_STREAMING,             /* stream: first event seen */
+    ATTEMPT_STREAMING, /* stream: first event seen */
     ATTEMPT_DONE,
 };
 
 struct attempt_spec {
-    const char *url;               /* borrowed for the call only (copied by curl); may
+    const char *url;            /* borrowed for the call only (copied by curl); may
                                     * hold a secret in its query: never logged */
-    const char *const *headers;    /* borrowed until the attempt ends, NULL-terminated
+    const char *const *headers; /* borrowed until the attempt ends, NULL-terminated
                                     * "Name: value" lines (the source's key among them:
                                     * never logged); NULL = none */
-    char *body;                    /* takes: the JSON request body (malloc'd) */
+    char *body;                 /* takes: the JSON request body (malloc'd) */
     size_t body_len;
     bool stream;
     double connect_timeout_s, ttft_timeout_s, idle_timeout_s, timeout_s;
-    double deadline_at;            /* absolute ev_now() time bounding the call; 0 = none */
-    size_t max_response_bytes;     /* larger plain bodies / events fail the attempt */
+    double deadline_at;             /* absolute ev_now() time bounding the call; 0 = none */
+    size_t max_response_bytes;      /* larger plain bodies / events fail the attempt */
     struct upstream_budget *budget; /* borrowed, may be NULL: the client's byte budget */
 };
 
 struct attempt_result {
     struct outcome outcome;
-    enum attempt_phase phase;      /* where the attempt was when it ended */
-    int http_status;               /* 0 when no response */
-    const char *body;              /* the response body (plain, or a non-2xx stream's body) */
+    enum attempt_phase phase; /* where the attempt was when it ended */
+    int http_status;          /* 0 when no response */
+    const char *body;         /* the response body (plain, or a non-2xx stream's body) */
     size_t body_len;
-    uint32_t events;               /* stream events delivered */
-    bool deadline_exceeded;        /* the call's deadline (not the attempt's) ended it */
+    uint32_t events;        /* stream events delivered */
+    bool deadline_exceeded; /* the call's deadline (not the attempt's) ended it */
     double elapsed_s;
-    double ttft_s;                 /* request sent -> first byte (plain) or first event
+    double ttft_s;    /* request sent -> first byte (plain) or first event
                                     * (stream); -1 when none arrived */
-    char detail[160];              /* human detail, e.g. curl's error text */
+    char detail[160]; /* human detail, e.g. curl's error text */
 };
 
 /* Hooks run on the loop thread. on_event gets one SSE event's `data` (NUL-
@@ -138,8 +138,8 @@ struct attempt_hooks {
 };
 
 /* Creates the engine on `loop`. Returns NULL (with err) on failure. */
-struct upstream *upstream_new(struct ev_loop *loop, uint32_t max_dns_lookups_per_host,
-                              char *err, size_t errlen);
+struct upstream *upstream_new(struct ev_loop *loop, uint32_t max_dns_lookups_per_host, char *err,
+                              size_t errlen);
 /* Cancels every attempt (no hooks run) and frees the engine. */
 void upstream_free(struct upstream *up);
 const struct upstream_stats *upstream_get_stats(const struct upstream *up);

@@ -6,9 +6,12 @@
 const char *breaker_state_name(enum breaker_state s)
 {
     switch (s) {
-    case BREAKER_CLOSED: return "closed";
-    case BREAKER_OPEN: return "open";
-    default: return "half_open";
+    case BREAKER_CLOSED:
+        return "closed";
+    case BREAKER_OPEN:
+        return "open";
+    default:
+        return "half_open";
     }
 }
 
@@ -106,8 +109,11 @@ void breaker_on_neutral(struct breaker *b, bool was_probe)
 double breaker_next_admit(const struct breaker *b, double now)
 {
     switch (b->state) {
-    case BREAKER_CLOSED: return now;
-    case BREAKER_OPEN: return b->open_until;
-    default: return b->probe_busy ? INFINITY : now;
+    case BREAKER_CLOSED:
+        return now;
+    case BREAKER_OPEN:
+        return b->open_until;
+    default:
+        return b->probe_busy ? INFINITY : now;
     }
 }

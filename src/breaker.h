@@ -23,13 +23,13 @@ enum breaker_state { BREAKER_CLOSED = 0, BREAKER_OPEN, BREAKER_HALF_OPEN };
 
 struct breaker {
     enum breaker_state state;
-    uint32_t failures;        /* threshold */
+    uint32_t failures; /* threshold */
     double base_cooldown_s, max_cooldown_s;
-    uint32_t consecutive;     /* transient failures in a row while closed */
-    double cooldown_s;        /* current cool-down (doubles on failed probes) */
-    double open_until;        /* OPEN: when the half-open probe becomes possible */
-    bool probe_busy;          /* HALF_OPEN: the single probe is in flight */
-    uint64_t opened_total;    /* times it opened */
+    uint32_t consecutive;  /* transient failures in a row while closed */
+    double cooldown_s;     /* current cool-down (doubles on failed probes) */
+    double open_until;     /* OPEN: when the half-open probe becomes possible */
+    bool probe_busy;       /* HALF_OPEN: the single probe is in flight */
+    uint64_t opened_total; /* times it opened */
 };
 
 /* Transition hook (for logs/metrics); may be NULL. */

@@ -21,8 +21,8 @@
 #include <stdbool.h>
 
 struct bucket {
-    double capacity;      /* 0 = unlimited */
-    double rate;          /* tokens per second */
+    double capacity; /* 0 = unlimited */
+    double rate;     /* tokens per second */
     double level;
     double updated_at;
 };

@@ -9,30 +9,42 @@
 
 #include "progress.h"
 
-#define GOV_EPS 1e-6              /* past a verdict time, strictly */
+#define GOV_EPS        1e-6 /* past a verdict time, strictly */
 #define GOV_MAX_SCOPES 4096
 
 const char *gov_result_name(enum gov_result r)
 {
     switch (r) {
-    case GOV_OK: return "ok";
-    case GOV_STALLED: return "stalled";
-    case GOV_RETRY_EXHAUSTED: return "retry_exhausted";
-    case GOV_UPSTREAM_REJECTED: return "upstream_rejected";
-    case GOV_DEADLINE_EXCEEDED: return "deadline_exceeded";
-    case GOV_BACKEND_UNAVAILABLE: return "backend_unavailable";
-    default: return "cancelled";
+    case GOV_OK:
+        return "ok";
+    case GOV_STALLED:
+        return "stalled";
+    case GOV_RETRY_EXHAUSTED:
+        return "retry_exhausted";
+    case GOV_UPSTREAM_REJECTED:
+        return "upstream_rejected";
+    case GOV_DEADLINE_EXCEEDED:
+        return "deadline_exceeded";
+    case GOV_BACKEND_UNAVAILABLE:
+        return "backend_unavailable";
+    default:
+        return "cancelled";
     }
 }
 
 const char *gov_call_state_name(enum gov_call_state s)
 {
     switch (s) {
-    case GOV_CALL_IDLE: return "idle";
-    case GOV_CALL_WAITING: return "waiting";
-    case GOV_CALL_ATTEMPTING: return "attempting";
-    case GOV_CALL_BACKOFF: return "backoff";
-    default: return "done";
+    case GOV_CALL_IDLE:
+        return "idle";
+    case GOV_CALL_WAITING:
+        return "waiting";
+    case GOV_CALL_ATTEMPTING:
+        return "attempting";
+    case GOV_CALL_BACKOFF:
+        return "backoff";
+    default:
+        return "done";
     }
 }
 
@@ -247,16 +259,16 @@ static void source_carry(struct gov_source *s, const struct gov_source *o,
     *s = old;
     s->p = *p;
     s->aimd.min = p->aimd_min;
-    s->aimd.max = (double)p->max_concurrency >= p->aimd_min ? (double)p->max_concurrency
-                                                            : p->aimd_min;
+    s->aimd.max =
+        (double)p->max_concurrency >= p->aimd_min ? (double)p->max_concurrency : p->aimd_min;
     s->aimd.increase = p->aimd_increase;
     s->aimd.decrease = p->aimd_decrease;
     s->aimd.limit = fmin(fmax(old.aimd.limit, s->aimd.min), s->aimd.max);
     s->breaker.failures = p->breaker_failures;
     s->breaker.base_cooldown_s = p->breaker_cooldown_s;
     s->breaker.max_cooldown_s = p->breaker_max_cooldown_s;
-    s->breaker.cooldown_s = fmin(fmax(old.breaker.cooldown_s, p->breaker_cooldown_s),
-                                 p->breaker_max_cooldown_s);
+    s->breaker.cooldown_s =
+        fmin(fmax(old.breaker.cooldown_s, p->breaker_cooldown_s), p->breaker_max_cooldown_s);
     bucket_carry(&s->rpm, &old.rpm, (double)p->rpm, window, now);
     bucket_carry(&s->tpm, &old.tpm, (double)p->tpm, window, now);
     bucket_carry(&s->daily, &old.daily, (double)p->daily_tokens, 86400.0, now);
@@ -502,7 +514,7 @@ static void waitq_push(struct gov_call *k)
         k->vstart = fmax(q->vtime, q->app_finish[a]);
         q->app_finish[a] = k->vstart + 1.0 / g->apps[a].p.weight;
     } else {
-        k->vstart = q->vtime;          /* one app: FIFO */
+        k->vstart = q->vtime; /* one app: FIFO */
     }
     struct gov_call *after = q->tail;
     while (after && after->vstart > k->vstart)
@@ -554,8 +566,9 @@ static struct gov_call *gov_first_waiter(struct gov *g, uint32_t cap, bool permi
 {
     struct gov_call *k = g->waitq[cap].head;
 
-    while (k && (k->woken || (permit_only && !k->waits_permit) || k->waits_app ||
-                 gov_app_is_full(gov_call_app(k))))
+    while (k &&
+           (k->woken || (permit_only && !k->waits_permit) || k->waits_app ||
+            gov_app_is_full(gov_call_app(k))))
         k = k->wq_next;
     return k;
 }
@@ -623,8 +636,7 @@ static void waitq_leave(struct gov_call *k)
 /* --- the call -------------------------------------------------------- */
 
 int gov_call_init(struct gov_call *k, struct gov *g, uint32_t capability, const char *scope,
-                  const struct gov_policy *pol, double deadline_at, double est_tokens,
-                  double now)
+                  const struct gov_policy *pol, double deadline_at, double est_tokens, double now)
 {
     memset(k, 0, sizeof(*k));
     if (capability >= g->n_capabilities)
@@ -713,8 +725,7 @@ static bool gov_result_is_retry_later(enum gov_result r)
     return r == GOV_STALLED || r == GOV_RETRY_EXHAUSTED || r == GOV_BACKEND_UNAVAILABLE;
 }
 
-static void gov_call_done(struct gov_call *k, double now, enum gov_result r,
-                          struct gov_decision *d)
+static void gov_call_done(struct gov_call *k, double now, enum gov_result r, struct gov_decision *d)
 {
     waitq_leave(k);
     k->state = GOV_CALL_DONE;
@@ -731,8 +742,7 @@ static void gov_call_done(struct gov_call *k, double now, enum gov_result r,
 /* When the stall verdict lands if the scope makes no new progress: both
  * the call's stalled time and the scope's progress age (NAN: not known,
  * only the former counts) past the window, strictly. */
-static double gov_call_verdict_at(const struct gov_call *k, double now, double stalled,
-                                  double age)
+static double gov_call_verdict_at(const struct gov_call *k, double now, double stalled, double age)
 {
     double window = k->pol.stall_window_s;
     double at = now + (window - stalled);
@@ -763,8 +773,7 @@ static double gov_call_hint_until(const struct gov_call *k, double now)
  * scope shows no progress within the window that could postpone it (an
  * unknown age never ends a call). Waiting could then only end in the same
  * `stalled`, later. */
-static bool gov_call_hint_outlives(const struct gov_call *k, double now, double stalled,
-                                   double age)
+static bool gov_call_hint_outlives(const struct gov_call *k, double now, double stalled, double age)
 {
     if (!(age > k->pol.stall_window_s))
         return false;
@@ -1017,7 +1026,7 @@ void gov_call_abandon(struct gov_call *k, double now, enum gov_result r, struct 
 static bool reason_is_timeout(enum outcome_reason r)
 {
     return r == REASON_TTFT_TIMEOUT || r == REASON_IDLE_TIMEOUT || r == REASON_TOTAL_TIMEOUT ||
-           r == REASON_CONNECT_TIMEOUT;
+        r == REASON_CONNECT_TIMEOUT;
 }
 
 void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o,

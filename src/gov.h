@@ -97,10 +97,10 @@ struct gov_source_params {
     double aimd_initial, aimd_min, aimd_increase, aimd_decrease;
     uint32_t breaker_failures;
     double breaker_cooldown_s, breaker_max_cooldown_s;
-    uint64_t rpm, tpm, daily_tokens;          /* 0 = unlimited */
-    double window_s;                          /* of rpm and tpm; 0 = 60 */
+    uint64_t rpm, tpm, daily_tokens; /* 0 = unlimited */
+    double window_s;                 /* of rpm and tpm; 0 = 60 */
     double pacer_min_interval_s;
-    bool retired;                             /* removed by a reconfiguration: never
+    bool retired; /* removed by a reconfiguration: never
                                                * picked again; its attempts in flight
                                                * finish on these parameters */
 };
@@ -110,23 +110,23 @@ struct gov_policy {
     uint32_t max_attempts;
     double stall_window_s;
     double backoff_base_s, backoff_max_s;
-    double poll_interval_s;  /* shared backend: re-poll period when no retry time is known */
+    double poll_interval_s; /* shared backend: re-poll period when no retry time is known */
     bool exempt_429;
 };
 
 /* Static parameters of one app (fair queueing and per-app limits). */
 struct gov_app_params {
-    double weight;                            /* > 0; else 1 */
-    uint32_t max_concurrency;                 /* 0 = unlimited */
-    uint64_t rpm, tpm, daily_tokens;          /* 0 = unlimited */
-    double window_s;                          /* of rpm and tpm; 0 = 60 */
+    double weight;                   /* > 0; else 1 */
+    uint32_t max_concurrency;        /* 0 = unlimited */
+    uint64_t rpm, tpm, daily_tokens; /* 0 = unlimited */
+    double window_s;                 /* of rpm and tpm; 0 = 60 */
 };
 
 struct gov_app {
     struct gov_app_params p;
     uint32_t in_flight;
     struct bucket rpm, tpm, daily;
-    uint64_t admitted, limited;               /* attempts admitted; steps its limits held back */
+    uint64_t admitted, limited; /* attempts admitted; steps its limits held back */
 };
 
 struct gov_source {
@@ -135,8 +135,8 @@ struct gov_source {
     struct aimd aimd;
     struct breaker breaker;
     struct bucket rpm, tpm, daily;
-    double last_start;                         /* pacer */
-    double retry_after_until;                  /* last Retry-After hint, for estimates */
+    double last_start;        /* pacer */
+    double retry_after_until; /* last Retry-After hint, for estimates */
     /* Shared backend: after a refusal the source is gated until the
      * backend's retry time; then one call at a time asks (gate_until =
      * INFINITY while `gate_holder` is being admitted), so the waiters of a
@@ -144,7 +144,7 @@ struct gov_source {
     double gate_until;
     struct gov_call *gate_holder;
     uint64_t attempts, successes, failures, rate_limited;
-    uint64_t tokens_used;                      /* real usage reported by successes */
+    uint64_t tokens_used; /* real usage reported by successes */
 };
 
 /* Progress reads and writes go through this interface (the memory store by
@@ -177,50 +177,55 @@ enum gov_action { GOV_ATTEMPT, GOV_WAIT, GOV_DONE };
 
 struct gov_decision {
     enum gov_action action;
-    size_t source;           /* GOV_ATTEMPT */
-    double wake_at;          /* GOV_WAIT: absolute time */
-    enum gov_result result;  /* GOV_DONE */
-    double retry_after_s;    /* GOV_DONE with an error: when the scope may serve again (>= 0) */
+    size_t source;          /* GOV_ATTEMPT */
+    double wake_at;         /* GOV_WAIT: absolute time */
+    enum gov_result result; /* GOV_DONE */
+    double retry_after_s;   /* GOV_DONE with an error: when the scope may serve again (>= 0) */
 };
 
-enum gov_call_state { GOV_CALL_IDLE, GOV_CALL_WAITING, GOV_CALL_ATTEMPTING, GOV_CALL_BACKOFF,
-                      GOV_CALL_DONE };
+enum gov_call_state {
+    GOV_CALL_IDLE,
+    GOV_CALL_WAITING,
+    GOV_CALL_ATTEMPTING,
+    GOV_CALL_BACKOFF,
+    GOV_CALL_DONE
+};
 
 /* What the call learned about one source, for the error's `sources` list. */
 struct gov_source_note {
     uint16_t attempts;
-    uint8_t reason;          /* enum outcome_reason of the last attempt */
+    uint8_t reason; /* enum outcome_reason of the last attempt */
     bool tried;
     int status;
-    double retry_at;         /* its last Retry-After for this call (absolute; 0 = none) */
+    double retry_at; /* its last Retry-After for this call (absolute; 0 = none) */
 };
 
 struct gov_call {
     struct gov *gov;
     uint32_t capability;
-    char *scope;             /* owned */
+    char *scope; /* owned */
     struct gov_policy pol;
-    double deadline_at;      /* 0 = none */
+    double deadline_at; /* 0 = none */
     double est_tokens;
     struct stall_clock clock;
     enum gov_call_state state;
     uint32_t fails, attempts;
-    size_t source;           /* ATTEMPTING: the source in use */
-    bool probe;              /* ATTEMPTING: holds the breaker's half-open probe */
-    double prev_last_start;  /* ATTEMPTING: the pacer's value before this pick */
-    double picked_at;        /* ATTEMPTING: when this pick set the pacer */
+    size_t source;          /* ATTEMPTING: the source in use */
+    bool probe;             /* ATTEMPTING: holds the breaker's half-open probe */
+    double prev_last_start; /* ATTEMPTING: the pacer's value before this pick */
+    double picked_at;       /* ATTEMPTING: when this pick set the pacer */
     double wake_at;
     struct gov_source_note *notes; /* owned, one per source */
     struct gov_call *wq_prev, *wq_next;
-    uint32_t app;            /* gov_call_set_app; 0 by default */
-    double vstart;           /* its start tag while queued */
-    bool waits_app;          /* WAITING for its app's bucket to refill */
-    bool holds_app;          /* ATTEMPTING: counted in its app's in_flight */
+    uint32_t app;   /* gov_call_set_app; 0 by default */
+    double vstart;  /* its start tag while queued */
+    bool waits_app; /* WAITING for its app's bucket to refill */
+    bool holds_app; /* ATTEMPTING: counted in its app's in_flight */
     bool queued;
-    bool woken;              /* on_wake fired, the call has not stepped since */
-    bool waits_permit;       /* WAITING for a permit release (not for a time) */
-    bool waits_age;          /* WAITING for its scope's progress age to be known */
-    void *ud;                /* the owner's */
+    bool woken;        /* on_wake fired, the call has not stepped since */
+    bool waits_permit; /* WAITING for a permit release (not for a time) */
+    bool waits_age;    /* WAITING for its scope's progress age to be known */
+    void *ud;          /* the owner's */
 };
 
 struct gov {
@@ -230,13 +235,13 @@ struct gov {
     struct gov_waitq {
         struct gov_call *head, *tail;
         size_t n;
-        double vtime;                  /* V: start tag of the last waiter admitted */
-        double *app_finish;            /* F[app], n_apps + 1 of them (owned) */
-    } *waitq;
-    struct gov_app *apps;              /* n_apps + 1 (owned); the last: unknown apps */
+        double vtime;       /* V: start tag of the last waiter admitted */
+        double *app_finish; /* F[app], n_apps + 1 of them (owned) */
+    } * waitq;
+    struct gov_app *apps; /* n_apps + 1 (owned); the last: unknown apps */
     size_t n_apps;
     struct gov_backend backend;
-    struct progress_store *progress;   /* the memory backend, when used */
+    struct progress_store *progress; /* the memory backend, when used */
     gov_rand_fn *rand;
     void *rand_ud;
     struct gov_hooks hooks;
@@ -267,8 +272,7 @@ void gov_call_set_app(struct gov_call *k, uint32_t app);
  * of memory or `capability` >= the gov's n_caps (then gov_call_fini is a
  * no-op on `k`). */
 int gov_call_init(struct gov_call *k, struct gov *g, uint32_t capability, const char *scope,
-                  const struct gov_policy *pol, double deadline_at, double est_tokens,
-                  double now);
+                  const struct gov_policy *pol, double deadline_at, double est_tokens, double now);
 
 /* Releases everything the call holds (cancelling an attempt in progress:
  * its time is accounted, its permit released, waiters woken). Idempotent. */
@@ -347,11 +351,11 @@ void gov_progress_known(struct gov *g, const char *scope);
  * number of capabilities (capabilities are only appended). Returns 0, -1
  * out of memory, -2 bad arguments. */
 struct gov_reconf {
-    struct gov_source *sources;  /* owned until commit */
+    struct gov_source *sources; /* owned until commit */
     size_t n;
-    struct gov_waitq *waitq;     /* owned until commit; NULL when n_caps is unchanged */
+    struct gov_waitq *waitq; /* owned until commit; NULL when n_caps is unchanged */
     size_t n_caps;
-    long *to;                    /* owned: current index -> new index, or -1 */
+    long *to; /* owned: current index -> new index, or -1 */
     size_t n_old;
 };
 int gov_reconf_prepare(struct gov_reconf *r, const struct gov *g,

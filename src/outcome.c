@@ -55,11 +55,16 @@ const char *outcome_reason_name(enum outcome_reason reason)
 static enum outcome_kind reason_kind(enum outcome_reason reason)
 {
     switch (reason) {
-    case REASON_NONE: return OUTCOME_SUCCESS;
-    case REASON_HTTP_429: return OUTCOME_RATE_LIMITED;
-    case REASON_HTTP_4XX: return OUTCOME_FAIL_FAST;
-    case REASON_CANCELLED: return OUTCOME_FAIL_FAST;
-    default: return OUTCOME_TRANSIENT;
+    case REASON_NONE:
+        return OUTCOME_SUCCESS;
+    case REASON_HTTP_429:
+        return OUTCOME_RATE_LIMITED;
+    case REASON_HTTP_4XX:
+        return OUTCOME_FAIL_FAST;
+    case REASON_CANCELLED:
+        return OUTCOME_FAIL_FAST;
+    default:
+        return OUTCOME_TRANSIENT;
     }
 }
 
@@ -73,7 +78,8 @@ void outcome_from_reason(struct outcome *o, enum outcome_reason reason)
     o->retry_after_s = -1;
 }
 
-void outcome_from_http(struct outcome *o, int status, const char *retry_after_header, double now_unix_s)
+void outcome_from_http(struct outcome *o, int status, const char *retry_after_header,
+                       double now_unix_s)
 {
     enum outcome_reason reason;
     bool wants_retry_after = false;
@@ -113,11 +119,11 @@ struct outcome_cur {
     const char *end;
 };
 
-static const char *const outcome_wday_short[] = {"Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"};
-static const char *const outcome_wday_long[] = {"Monday", "Tuesday", "Wednesday", "Thursday",
-                                                "Friday", "Saturday", "Sunday"};
-static const char *const outcome_month[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
-                                            "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+static const char *const outcome_wday_short[] = { "Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun" };
+static const char *const outcome_wday_long[] = { "Monday", "Tuesday",  "Wednesday", "Thursday",
+                                                 "Friday", "Saturday", "Sunday" };
+static const char *const outcome_month[] = { "Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                             "Jul", "Aug", "Sep", "Oct", "Nov", "Dec" };
 
 static bool is_alpha(char c)
 {
@@ -202,7 +208,7 @@ static bool cur_digits(struct outcome_cur *c, int n, int *out)
 static bool cur_time(struct outcome_cur *c, int *h, int *m, int *s)
 {
     return cur_digits(c, 2, h) && cur_char(c, ':') && cur_digits(c, 2, m) && cur_char(c, ':') &&
-           cur_digits(c, 2, s);
+        cur_digits(c, 2, s);
 }
 
 static bool is_leap(long long y)
@@ -212,7 +218,7 @@ static bool is_leap(long long y)
 
 static int days_in_month(long long y, int m)
 {
-    static const int dim[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    static const int dim[12] = { 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 };
     return m == 2 && is_leap(y) ? 29 : dim[m - 1];
 }
 
@@ -245,7 +251,7 @@ static long long year_from_days(long long z)
  * seconds since the epoch. */
 static bool parse_http_date(const char *s, const char *end, double now, double *out)
 {
-    struct outcome_cur c = {s, end};
+    struct outcome_cur c = { s, end };
     long long year;
     int day, mon, yy, hh, mi, ss;
     const char *w = c.s;
@@ -265,7 +271,8 @@ static bool parse_http_date(const char *s, const char *end, double now, double *
         } else {
             /* asctime: Sun Nov  6 08:49:37 1994 (day is " 6" or "16") */
             int y4;
-            if (!cur_char(&c, ' ') || (mon = cur_word(&c, outcome_month, 12)) < 0 || !cur_char(&c, ' '))
+            if (!cur_char(&c, ' ') || (mon = cur_word(&c, outcome_month, 12)) < 0 ||
+                !cur_char(&c, ' '))
                 return false;
             if (cur_char(&c, ' ')) {
                 if (!cur_digits(&c, 1, &day))
@@ -284,8 +291,9 @@ static bool parse_http_date(const char *s, const char *end, double now, double *
         long long now_day;
 
         c.s = w;
-        if (cur_word(&c, outcome_wday_long, 7) < 0 || !cur_lit(&c, ", ") || !cur_digits(&c, 2, &day) ||
-            !cur_char(&c, '-') || (mon = cur_word(&c, outcome_month, 12)) < 0 || !cur_char(&c, '-') ||
+        if (cur_word(&c, outcome_wday_long, 7) < 0 || !cur_lit(&c, ", ") ||
+            !cur_digits(&c, 2, &day) || !cur_char(&c, '-') ||
+            (mon = cur_word(&c, outcome_month, 12)) < 0 || !cur_char(&c, '-') ||
             !cur_digits(&c, 2, &yy) || !cur_char(&c, ' ') || !cur_time(&c, &hh, &mi, &ss) ||
             !cur_lit(&c, " GMT"))
             return false;

@@ -51,12 +51,12 @@ enum outcome_reason {
     REASON_HTTP_408,
     REASON_HTTP_409,
     REASON_HTTP_429,
-    REASON_HTTP_4XX,         /* any other 4xx */
-    REASON_BAD_RESPONSE,     /* unparseable reply (non-JSON body), or a status that
+    REASON_HTTP_4XX,     /* any other 4xx */
+    REASON_BAD_RESPONSE, /* unparseable reply (non-JSON body), or a status that
                                 is not 2xx/4xx/5xx (1xx, 3xx: no redirects are followed) */
-    REASON_TLS,              /* TLS handshake or certificate failure */
-    REASON_CANCELLED,        /* the call was cancelled (client, task stop, shutdown) */
-    OUTCOME_REASON_COUNT     /* number of reasons, for tables indexed by reason */
+    REASON_TLS,          /* TLS handshake or certificate failure */
+    REASON_CANCELLED,    /* the call was cancelled (client, task stop, shutdown) */
+    OUTCOME_REASON_COUNT /* number of reasons, for tables indexed by reason */
 };
 
 /* Largest retry delay outcome_parse_retry_after() reports: a server asking
@@ -72,8 +72,8 @@ enum {
 struct outcome {
     enum outcome_kind kind;
     enum outcome_reason reason;
-    int http_status;       /* the HTTP status, 0 when none was received */
-    double retry_after_s;  /* server's Retry-After in seconds, < 0 when absent/invalid */
+    int http_status;      /* the HTTP status, 0 when none was received */
+    double retry_after_s; /* server's Retry-After in seconds, < 0 when absent/invalid */
 };
 
 /* Classifies a received HTTP status. Fills all of `*o`:
@@ -87,7 +87,8 @@ struct outcome {
  * it is honoured for 429 and every 5xx (RFC 9110 defines it for 503, and
  * gateways send it on other overload statuses such as 529), ignored
  * otherwise. retry_after_s = parsed value relative to `now_unix_s`, or -1. */
-void outcome_from_http(struct outcome *o, int status, const char *retry_after_header, double now_unix_s);
+void outcome_from_http(struct outcome *o, int status, const char *retry_after_header,
+                       double now_unix_s);
 
 /* Fills `*o` for a non-HTTP end (timeout, DNS, connection, TLS, truncation,
  * bad body, cancellation) — or any reason — with the default kind of the

@@ -10,17 +10,17 @@
  * the two agree). */
 const struct prom_buckets prom_buckets_latency_s = {
     18,
-    {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
-     600},
-    {"0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5",
-     "10", "30", "60", "120", "300", "600"},
+    { 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
+      600 },
+    { "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5",
+      "10", "30", "60", "120", "300", "600" },
 };
 
 const struct prom_buckets prom_buckets_rtt_s = {
     14,
-    {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5},
-    {"0.0001", "0.00025", "0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1",
-     "0.25", "0.5", "1", "2.5"},
+    { 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5 },
+    { "0.0001", "0.00025", "0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1",
+      "0.25", "0.5", "1", "2.5" },
 };
 
 /* ------------------------------------------------------------------ */
@@ -103,10 +103,10 @@ static void text_escaped(struct prom_text *t, const char *s, bool quote)
         return;
     }
     for (; *s; s++) {
-        const char *esc = *s == '\\'           ? "\\\\"
-                          : *s == '\n'         ? "\\n"
-                          : quote && *s == '"' ? "\\\""
-                                               : NULL;
+        const char *esc = *s == '\\' ? "\\\\"
+            : *s == '\n'             ? "\\n"
+            : quote && *s == '"'     ? "\\\""
+                                     : NULL;
         if (!esc)
             continue;
         text_put(t, run, (size_t)(s - run));
@@ -181,8 +181,7 @@ static void text_line(struct prom_text *t, const char *name, const char *suffix,
     text_put(t, "\n", 1);
 }
 
-void prom_text_family(struct prom_text *t, const char *name, const char *type,
-                         const char *help)
+void prom_text_family(struct prom_text *t, const char *name, const char *type, const char *help)
 {
     text_puts(t, "# HELP ");
     text_puts(t, name);
@@ -195,24 +194,23 @@ void prom_text_family(struct prom_text *t, const char *name, const char *type,
     text_put(t, "\n", 1);
 }
 
-void prom_text_sample(struct prom_text *t, const char *name,
-                         const struct prom_label *labels, size_t n_labels, double v)
+void prom_text_sample(struct prom_text *t, const char *name, const struct prom_label *labels,
+                      size_t n_labels, double v)
 {
     char buf[40];
     format_double(buf, sizeof(buf), v);
     text_line(t, name, "", labels, n_labels, NULL, NULL, buf);
 }
 
-void prom_text_sample_u64(struct prom_text *t, const char *name,
-                             const struct prom_label *labels, size_t n_labels, uint64_t v)
+void prom_text_sample_u64(struct prom_text *t, const char *name, const struct prom_label *labels,
+                          size_t n_labels, uint64_t v)
 {
     char buf[24];
     text_line(t, name, "", labels, n_labels, NULL, NULL, format_u64(buf, sizeof(buf), v));
 }
 
-void prom_text_hist(struct prom_text *t, const char *name,
-                       const struct prom_label *labels, size_t n_labels,
-                       const struct prom_hist *h)
+void prom_text_hist(struct prom_text *t, const char *name, const struct prom_label *labels,
+                    size_t n_labels, const struct prom_hist *h)
 {
     char le[40], val[40];
     uint64_t cum = 0;

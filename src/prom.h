@@ -58,14 +58,14 @@ void prom_hist_observe(struct prom_hist *h, double v);
  */
 
 struct prom_text {
-    char *data;          /* owned; NUL-terminated by prom_text_take */
+    char *data; /* owned; NUL-terminated by prom_text_take */
     size_t len, cap;
-    bool oom;            /* an append failed: the text is incomplete */
+    bool oom; /* an append failed: the text is incomplete */
 };
 
 struct prom_label {
-    const char *name;    /* [a-zA-Z_][a-zA-Z0-9_]*, never "le" (written by _hist) */
-    const char *value;   /* any UTF-8; escaped when written; NULL = "" */
+    const char *name;  /* [a-zA-Z_][a-zA-Z0-9_]*, never "le" (written by _hist) */
+    const char *value; /* any UTF-8; escaped when written; NULL = "" */
 };
 
 void prom_text_init(struct prom_text *t);
@@ -77,19 +77,17 @@ bool prom_text_reserve(struct prom_text *t, size_t n);
 /* "# HELP name help" (help escaped: backslash and newline) and
  * "# TYPE name type" (counter, gauge, histogram). Call once per family,
  * before its samples. */
-void prom_text_family(struct prom_text *t, const char *name, const char *type,
-                         const char *help);
+void prom_text_family(struct prom_text *t, const char *name, const char *type, const char *help);
 /* One sample line: name{labels} value. Values are written so that they
  * parse back to the same double ("+Inf", "-Inf", "NaN" for non-finite). */
-void prom_text_sample(struct prom_text *t, const char *name,
-                         const struct prom_label *labels, size_t n_labels, double v);
-void prom_text_sample_u64(struct prom_text *t, const char *name,
-                             const struct prom_label *labels, size_t n_labels, uint64_t v);
+void prom_text_sample(struct prom_text *t, const char *name, const struct prom_label *labels,
+                      size_t n_labels, double v);
+void prom_text_sample_u64(struct prom_text *t, const char *name, const struct prom_label *labels,
+                          size_t n_labels, uint64_t v);
 /* A histogram's series: name_bucket{labels,le="…"} cumulative up to
  * le="+Inf" (== count), name_sum, name_count. */
-void prom_text_hist(struct prom_text *t, const char *name,
-                       const struct prom_label *labels, size_t n_labels,
-                       const struct prom_hist *h);
+void prom_text_hist(struct prom_text *t, const char *name, const struct prom_label *labels,
+                    size_t n_labels, const struct prom_hist *h);
 /* Hands the text over: returns it (owned, NUL-terminated) with *len set,
  * or NULL when an append failed; `t` is empty afterwards either way. */
 char *prom_text_take(struct prom_text *t, size_t *len);

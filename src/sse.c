@@ -4,12 +4,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SSE_BUF_MIN 128
+#define SSE_BUF_MIN  128
 /* An empty buffer larger than this is freed rather than kept: one large
  * event must not cost its size for the rest of a long stream. */
 #define SSE_BUF_KEEP (64 * 1024)
 
-static const unsigned char sse_bom[3] = {0xEF, 0xBB, 0xBF};
+static const unsigned char sse_bom[3] = { 0xEF, 0xBB, 0xBF };
 
 int sse_parser_init(struct sse_parser *p, size_t max_event_bytes)
 {
@@ -38,11 +38,16 @@ void sse_parser_fini(struct sse_parser *p)
 const char *sse_strerror(int err)
 {
     switch (err) {
-    case SSE_EINVAL: return "invalid argument";
-    case SSE_ETOO_LARGE: return "event stream line or event exceeds the size limit";
-    case SSE_ENOMEM: return "out of memory";
-    case SSE_EABORTED: return "event stream parsing aborted by the caller";
-    default: return "unknown sse error";
+    case SSE_EINVAL:
+        return "invalid argument";
+    case SSE_ETOO_LARGE:
+        return "event stream line or event exceeds the size limit";
+    case SSE_ENOMEM:
+        return "out of memory";
+    case SSE_EABORTED:
+        return "event stream parsing aborted by the caller";
+    default:
+        return "unknown sse error";
     }
 }
 
@@ -106,7 +111,7 @@ static int dispatch(struct sse_parser *p, sse_event_fn *cb, void *ud)
         buf_clear(&p->event);
         return 0;
     }
-    p->data.len--;                   /* the '\n' after the last data line */
+    p->data.len--; /* the '\n' after the last data line */
     p->data.p[p->data.len] = '\0';
     if (p->event.len > 0) {
         ev.event = p->event.p;
@@ -150,7 +155,8 @@ static void set_retry(struct sse_parser *p, const char *v, size_t n)
 
 /* One complete line (terminator removed). Returns 0, SSE_E*, or the
  * callback's non-zero value (the caller tells them apart by p->error). */
-static int process_line(struct sse_parser *p, const char *line, size_t len, sse_event_fn *cb, void *ud)
+static int process_line(struct sse_parser *p, const char *line, size_t len, sse_event_fn *cb,
+                        void *ud)
 {
     const char *value = "";
     size_t flen = len, vlen = 0;

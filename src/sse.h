@@ -60,13 +60,13 @@ enum {
  * only during the callback: copy what you keep. Every string is also
  * NUL-terminated at its length (data may contain NUL bytes itself). */
 struct sse_event {
-    const char *event;  /* event name: the block's `event` field, "message" if unset or empty */
+    const char *event; /* event name: the block's `event` field, "message" if unset or empty */
     size_t event_len;
-    const char *data;   /* data lines joined by '\n' (no trailing '\n') */
+    const char *data; /* data lines joined by '\n' (no trailing '\n') */
     size_t data_len;
-    const char *id;     /* last event ID seen so far in the stream, "" if none */
+    const char *id; /* last event ID seen so far in the stream, "" if none */
     size_t id_len;
-    int64_t retry_ms;   /* reconnection time last set by a `retry` field, -1 if never
+    int64_t retry_ms; /* reconnection time last set by a `retry` field, -1 if never
                            (saturates at INT64_MAX) */
 };
 
@@ -86,16 +86,16 @@ struct sse_buf {
 /* Treat as opaque; embedded so it needs no allocation of its own. */
 struct sse_parser {
     size_t max_event_bytes;
-    struct sse_buf line;   /* current line, when it spans feeds */
-    struct sse_buf data;   /* data buffer: each data value followed by '\n' */
-    struct sse_buf event;  /* event name buffer of the current block */
-    struct sse_buf id;     /* last event ID (persistent) */
-    int64_t retry_ms;      /* -1 until a valid `retry` field */
-    unsigned bom_matched;  /* BOM bytes matched at stream start (0..2 while undecided) */
-    bool bom_done;         /* past the stream-start BOM check */
-    bool after_cr;         /* the last byte fed was a CR ending a line: skip one LF */
-    bool block_open;       /* a field line was seen since the last empty line */
-    int error;             /* sticky SSE_E* once failed, else 0 */
+    struct sse_buf line;  /* current line, when it spans feeds */
+    struct sse_buf data;  /* data buffer: each data value followed by '\n' */
+    struct sse_buf event; /* event name buffer of the current block */
+    struct sse_buf id;    /* last event ID (persistent) */
+    int64_t retry_ms;     /* -1 until a valid `retry` field */
+    unsigned bom_matched; /* BOM bytes matched at stream start (0..2 while undecided) */
+    bool bom_done;        /* past the stream-start BOM check */
+    bool after_cr;        /* the last byte fed was a CR ending a line: skip one LF */
+    bool block_open;      /* a field line was seen since the last empty line */
+    int error;            /* sticky SSE_E* once failed, else 0 */
 };
 
 /* Initialises `p` for events/lines of at most `max_event_bytes` (> 0).

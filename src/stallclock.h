@@ -20,7 +20,7 @@
 struct stall_clock {
     double entered_at;
     double productive_s;
-    double attempt_started;  /* valid while attempting */
+    double attempt_started; /* valid while attempting */
     bool attempting;
 };
 

@@ -16,16 +16,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TASK_MAX_TASKS_LIMIT ((size_t)1 << 24)
+#define TASK_MAX_TASKS_LIMIT      ((size_t)1 << 24)
 #define TASK_MAX_NODE_NAMES_LIMIT ((size_t)1 << 20)
-#define TASK_HASH_BUCKETS_LIMIT ((size_t)1 << 26)
+#define TASK_HASH_BUCKETS_LIMIT   ((size_t)1 << 26)
 
 struct node_hist {
-    struct node_hist *hnext;            /* hash chain */
-    struct node_hist *lprev, *lnext;    /* LRU: head = most recently used */
+    struct node_hist *hnext;         /* hash chain */
+    struct node_hist *lprev, *lnext; /* LRU: head = most recently used */
     uint64_t hash;
-    uint32_t n, pos;                    /* samples held; next slot of the ring */
-    double p99;                         /* of the window; valid when n >= MIN_SAMPLES */
+    uint32_t n, pos; /* samples held; next slot of the ring */
+    double p99;      /* of the window; valid when n >= MIN_SAMPLES */
     double samples[TASK_NODE_WINDOW];
     char name[];
 };
@@ -35,15 +35,15 @@ struct task_reg {
     struct task_hooks hooks;
     struct task **buckets;
     size_t bucket_mask;
-    struct task **heap;                 /* max_tasks slots */
+    struct task **heap; /* max_tasks slots */
     size_t nheap;
-    struct task *head, *tail;           /* creation order */
+    struct task *head, *tail; /* creation order */
     struct node_hist **nbuckets;
     size_t nbucket_mask;
     struct node_hist *lru_head, *lru_tail;
     struct task_stats st;
     size_t bytes, limit;
-    int in_hook;                        /* > 0 while a hook or foreach runs */
+    int in_hook; /* > 0 while a hook or foreach runs */
 };
 
 /* ------------------------------------------------------------------ */
@@ -53,48 +53,72 @@ struct task_reg {
 const char *task_err_name(int err)
 {
     switch (err) {
-    case TASK_OK: return "ok";
-    case TASK_E_INVALID: return "invalid";
-    case TASK_E_NOT_FOUND: return "not_found";
-    case TASK_E_RUNNING: return "already_running";
-    case TASK_E_STOPPED: return "stopped";
-    case TASK_E_WATCHDOG: return "watchdog";
-    case TASK_E_FINISHED: return "finished";
-    case TASK_E_NO_NODE: return "no_node";
-    case TASK_E_NODE_MISMATCH: return "node_mismatch";
-    case TASK_E_FULL: return "full";
-    case TASK_E_NOMEM: return "nomem";
-    case TASK_E_BUSY: return "busy";
-    default: return "unknown";
+    case TASK_OK:
+        return "ok";
+    case TASK_E_INVALID:
+        return "invalid";
+    case TASK_E_NOT_FOUND:
+        return "not_found";
+    case TASK_E_RUNNING:
+        return "already_running";
+    case TASK_E_STOPPED:
+        return "stopped";
+    case TASK_E_WATCHDOG:
+        return "watchdog";
+    case TASK_E_FINISHED:
+        return "finished";
+    case TASK_E_NO_NODE:
+        return "no_node";
+    case TASK_E_NODE_MISMATCH:
+        return "node_mismatch";
+    case TASK_E_FULL:
+        return "full";
+    case TASK_E_NOMEM:
+        return "nomem";
+    case TASK_E_BUSY:
+        return "busy";
+    default:
+        return "unknown";
     }
 }
 
 const char *task_state_name(enum task_state s)
 {
     switch (s) {
-    case TASK_RUNNING: return "running";
-    case TASK_SUCCEEDED: return "succeeded";
-    case TASK_FAILED: return "failed";
-    default: return "new";
+    case TASK_RUNNING:
+        return "running";
+    case TASK_SUCCEEDED:
+        return "succeeded";
+    case TASK_FAILED:
+        return "failed";
+    default:
+        return "new";
     }
 }
 
 const char *task_reason_kind_name(enum task_reason_kind k)
 {
     switch (k) {
-    case TASK_STOPPED: return "stopped";
-    case TASK_WATCHDOG: return "watchdog";
-    case TASK_ERROR: return "error";
-    default: return "";
+    case TASK_STOPPED:
+        return "stopped";
+    case TASK_WATCHDOG:
+        return "watchdog";
+    case TASK_ERROR:
+        return "error";
+    default:
+        return "";
     }
 }
 
 const char *task_timeout_src_name(enum task_timeout_src s)
 {
     switch (s) {
-    case TASK_TIMEOUT_EXPLICIT: return "explicit";
-    case TASK_TIMEOUT_LEARNED: return "learned";
-    default: return "default";
+    case TASK_TIMEOUT_EXPLICIT:
+        return "explicit";
+    case TASK_TIMEOUT_LEARNED:
+        return "learned";
+    default:
+        return "default";
     }
 }
 
@@ -295,10 +319,17 @@ static void task_reschedule(struct task_reg *r, struct task *t)
 static void gauge_add(struct task_reg *r, enum task_state s, enum task_reason_kind k, int d)
 {
     switch (s) {
-    case TASK_RUNNING: r->st.running += (size_t)d; break;
-    case TASK_SUCCEEDED: r->st.succeeded += (size_t)d; break;
-    case TASK_FAILED: r->st.failed[k] += (size_t)d; break;
-    default: break;
+    case TASK_RUNNING:
+        r->st.running += (size_t)d;
+        break;
+    case TASK_SUCCEEDED:
+        r->st.succeeded += (size_t)d;
+        break;
+    case TASK_FAILED:
+        r->st.failed[k] += (size_t)d;
+        break;
+    default:
+        break;
     }
 }
 
@@ -496,8 +527,7 @@ static void hist_add(struct node_hist *n, double d)
     n->p99 = sorted[rank - 1];
 }
 
-double task_node_timeout_s(const struct task_reg *r, const char *node,
-                           enum task_timeout_src *src)
+double task_node_timeout_s(const struct task_reg *r, const char *node, enum task_timeout_src *src)
 {
     size_t len = name_len(node, TASK_NODE_MAX);
     const struct node_hist *n =
@@ -592,7 +622,7 @@ struct task_reg *task_reg_new(const struct task_config *cfg, const struct task_h
     r->bucket_mask = nb - 1;
     r->nbucket_mask = nnb - 1;
     r->limit = r->bytes + cfg->max_tasks * task_max_bytes() +
-               cfg->max_node_names * (sizeof(struct node_hist) + TASK_NODE_MAX + 1);
+        cfg->max_node_names * (sizeof(struct node_hist) + TASK_NODE_MAX + 1);
     return r;
 oom:
     if (err && errlen)
@@ -656,8 +686,8 @@ size_t task_reg_memory_limit(const struct task_reg *r)
 
 /* Common prologue: re-entrancy, id validation, lookup. Returns TASK_OK with
  * *tp set (possibly NULL: not found), or an error. */
-static int lookup(struct task_reg *r, const char *id, struct task **tp, size_t *lenp,
-                  uint64_t *hp, struct task **out)
+static int lookup(struct task_reg *r, const char *id, struct task **tp, size_t *lenp, uint64_t *hp,
+                  struct task **out)
 {
     if (out)
         *out = NULL;
@@ -678,8 +708,7 @@ static int lookup(struct task_reg *r, const char *id, struct task **tp, size_t *
 }
 
 /* Lookup of a task that must exist and be RUNNING. */
-static int lookup_running(struct task_reg *r, const char *id, struct task **tp,
-                          struct task **out)
+static int lookup_running(struct task_reg *r, const char *id, struct task **tp, struct task **out)
 {
     int rc = lookup(r, id, tp, NULL, NULL, out);
     if (rc != TASK_OK)
@@ -745,8 +774,7 @@ int task_start(struct task_reg *r, const char *id, double now, struct task **out
     return TASK_OK;
 }
 
-int task_stop(struct task_reg *r, const char *id, const char *reason, double now,
-              struct task **out)
+int task_stop(struct task_reg *r, const char *id, const char *reason, double now, struct task **out)
 {
     struct task *t;
     int rc = lookup_running(r, id, &t, out);
@@ -855,8 +883,8 @@ int task_finish(struct task_reg *r, const char *id, bool ok, const char *reason,
         node_disarm(r, t);
         r->st.nodes_abandoned++;
     }
-    task_set_state(r, t, ok ? TASK_SUCCEEDED : TASK_FAILED, ok ? TASK_REASON_NONE : TASK_ERROR,
-                   why, now);
+    task_set_state(r, t, ok ? TASK_SUCCEEDED : TASK_FAILED, ok ? TASK_REASON_NONE : TASK_ERROR, why,
+                   now);
     return TASK_OK;
 }
 
@@ -868,8 +896,7 @@ struct task *task_get(struct task_reg *r, const char *id)
     return task_find(r, id, len, hash_str(r->cfg.hash_seed, id, len));
 }
 
-int task_foreach(struct task_reg *r, unsigned filter, int (*fn)(struct task *t, void *ud),
-                 void *ud)
+int task_foreach(struct task_reg *r, unsigned filter, int (*fn)(struct task *t, void *ud), void *ud)
 {
     int rc = 0;
 

@@ -93,12 +93,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TASK_ID_MAX 128             /* bytes, excluding the NUL */
-#define TASK_NODE_MAX 128           /* bytes, excluding the NUL */
-#define TASK_REASON_MAX 512         /* bytes kept, excluding the NUL */
-#define TASK_NODE_WINDOW 128        /* durations remembered per node name */
-#define TASK_NODE_MIN_SAMPLES 20    /* before that, node_timeout_s applies */
-#define TASK_LEARNED_FACTOR 3.0     /* learned timeout = factor × p99 */
+#define TASK_ID_MAX           128 /* bytes, excluding the NUL */
+#define TASK_NODE_MAX         128 /* bytes, excluding the NUL */
+#define TASK_REASON_MAX       512 /* bytes kept, excluding the NUL */
+#define TASK_NODE_WINDOW      128 /* durations remembered per node name */
+#define TASK_NODE_MIN_SAMPLES 20  /* before that, node_timeout_s applies */
+#define TASK_LEARNED_FACTOR   3.0 /* learned timeout = factor × p99 */
 
 /* Return codes. The sidecar maps them to typed errors (docs/DESIGN.md §3.6). */
 enum task_err {
@@ -120,17 +120,22 @@ enum task_err {
 enum task_state { TASK_NEW = 0, TASK_RUNNING, TASK_SUCCEEDED, TASK_FAILED };
 
 /* Why a FAILED task failed; TASK_REASON_NONE for the other states. */
-enum task_reason_kind { TASK_REASON_NONE = 0, TASK_STOPPED, TASK_WATCHDOG, TASK_ERROR,
-                        TASK_REASON_KIND_COUNT };
+enum task_reason_kind {
+    TASK_REASON_NONE = 0,
+    TASK_STOPPED,
+    TASK_WATCHDOG,
+    TASK_ERROR,
+    TASK_REASON_KIND_COUNT
+};
 
 /* Where the current node's timeout came from. */
 enum task_timeout_src { TASK_TIMEOUT_EXPLICIT = 0, TASK_TIMEOUT_LEARNED, TASK_TIMEOUT_DEFAULT };
 
 /* Filter bits for task_foreach. */
-#define TASK_F_RUNNING (1u << TASK_RUNNING)
+#define TASK_F_RUNNING   (1u << TASK_RUNNING)
 #define TASK_F_SUCCEEDED (1u << TASK_SUCCEEDED)
-#define TASK_F_FAILED (1u << TASK_FAILED)
-#define TASK_F_ALL (TASK_F_RUNNING | TASK_F_SUCCEEDED | TASK_F_FAILED)
+#define TASK_F_FAILED    (1u << TASK_FAILED)
+#define TASK_F_ALL       (TASK_F_RUNNING | TASK_F_SUCCEEDED | TASK_F_FAILED)
 
 /*
  * One task. Read-only outside task.c except `ud`. The pointer is stable
@@ -138,41 +143,41 @@ enum task_timeout_src { TASK_TIMEOUT_EXPLICIT = 0, TASK_TIMEOUT_LEARNED, TASK_TI
  * restarts.
  */
 struct task {
-    const char *id;                 /* points into this allocation */
+    const char *id; /* points into this allocation */
     enum task_state state;
     enum task_reason_kind reason_kind;
-    char *reason;                   /* NULL or NUL-terminated, <= TASK_REASON_MAX bytes */
-    double started_at;              /* of the current run */
-    double ended_at;                /* 0 while running */
-    double last_active_at;          /* last start/guard/node_begin/node_end */
+    char *reason;          /* NULL or NUL-terminated, <= TASK_REASON_MAX bytes */
+    double started_at;     /* of the current run */
+    double ended_at;       /* 0 while running */
+    double last_active_at; /* last start/guard/node_begin/node_end */
     /* Current node; node == NULL when none is armed. */
     char *node;
     double node_begun_at;
-    double node_deadline;           /* absolute; valid when node != NULL */
+    double node_deadline; /* absolute; valid when node != NULL */
     double node_timeout_s;
     enum task_timeout_src node_timeout_src;
     /* Per-task counters. */
-    uint64_t runs;                  /* task_start successes for this id */
+    uint64_t runs; /* task_start successes for this id */
     uint64_t guards, nodes_begun, nodes_ended;
-    void *ud;                       /* the owner's (the sidecar's call list) */
-    char app[64];                   /* the application it belongs to ("" = not
+    void *ud;     /* the owner's (the sidecar's call list) */
+    char app[64]; /* the application it belongs to ("" = not
                                      * claimed yet); the registry only stores it */
     /* Private. */
-    struct task *hnext;             /* hash chain */
-    struct task *prev, *next;       /* all tasks, in creation order */
+    struct task *hnext;       /* hash chain */
+    struct task *prev, *next; /* all tasks, in creation order */
     uint64_t hash;
     size_t heap_idx;
-    double wake_at;                 /* heap key */
+    double wake_at; /* heap key */
 };
 
 struct task_config {
-    size_t max_tasks;          /* >= 1; default 65536 */
-    double ttl_s;              /* > 0, finite; default 86400 */
-    double node_timeout_s;     /* > 0, finite; default 600 (defaults.node_timeout_s) */
-    double learned_floor_s;    /* >= 0; default 1 */
-    size_t max_node_names;     /* >= 1; default 1024 */
-    size_t hash_buckets;       /* 0 = auto (power of two >= max_tasks); else a power of two */
-    uint64_t hash_seed;        /* the sidecar passes a random one */
+    size_t max_tasks;       /* >= 1; default 65536 */
+    double ttl_s;           /* > 0, finite; default 86400 */
+    double node_timeout_s;  /* > 0, finite; default 600 (defaults.node_timeout_s) */
+    double learned_floor_s; /* >= 0; default 1 */
+    size_t max_node_names;  /* >= 1; default 1024 */
+    size_t hash_buckets;    /* 0 = auto (power of two >= max_tasks); else a power of two */
+    uint64_t hash_seed;     /* the sidecar passes a random one */
 };
 
 /* Hooks; any may be NULL. See the re-entrancy rule above. */
@@ -190,20 +195,20 @@ struct task_hooks {
 
 /* Counters for `stats`. Gauges describe the registry now; totals only grow. */
 struct task_stats {
-    size_t tasks;                                  /* gauge: all tasks held */
-    size_t running, succeeded;                     /* gauges */
-    size_t failed[TASK_REASON_KIND_COUNT];         /* gauges, by reason_kind */
-    uint64_t started, restarted;                   /* totals: task_start successes */
+    size_t tasks;                          /* gauge: all tasks held */
+    size_t running, succeeded;             /* gauges */
+    size_t failed[TASK_REASON_KIND_COUNT]; /* gauges, by reason_kind */
+    uint64_t started, restarted;           /* totals: task_start successes */
     uint64_t succeeded_total;
     uint64_t failed_total[TASK_REASON_KIND_COUNT]; /* [TASK_WATCHDOG] = watchdog fires */
     uint64_t watchdog_after_stop;
-    uint64_t expired;                              /* finished tasks freed by TTL */
-    uint64_t expired_running;                      /* running tasks idle for ttl_s */
-    uint64_t rejected_full;                        /* task_start refused: TASK_E_FULL */
+    uint64_t expired;         /* finished tasks freed by TTL */
+    uint64_t expired_running; /* running tasks idle for ttl_s */
+    uint64_t rejected_full;   /* task_start refused: TASK_E_FULL */
     uint64_t nodes_begun, nodes_ended, nodes_abandoned;
-    size_t node_names;                             /* gauge: histories held */
+    size_t node_names; /* gauge: histories held */
     uint64_t node_names_evicted;
-    uint64_t lookups, probes;                      /* hash lookups and chain entries visited */
+    uint64_t lookups, probes; /* hash lookups and chain entries visited */
 };
 
 struct task_reg;
@@ -293,8 +298,7 @@ int task_on_timer(struct task_reg *r, double now);
 
 /* The timeout node_begin would use for `node` without an explicit one, and
  * where it comes from (src may be NULL). A read. */
-double task_node_timeout_s(const struct task_reg *r, const char *node,
-                           enum task_timeout_src *src);
+double task_node_timeout_s(const struct task_reg *r, const char *node, enum task_timeout_src *src);
 
 /* Samples held for `node` (0..TASK_NODE_WINDOW). */
 size_t task_node_samples(const struct task_reg *r, const char *node);
@@ -311,9 +315,9 @@ size_t task_reg_memory_limit(const struct task_reg *r);
 /* Reason text of a task: "" when it has none. Never NULL. */
 const char *task_reason(const struct task *t);
 
-const char *task_err_name(int err);            /* "not_found", ...; "unknown" otherwise */
-const char *task_state_name(enum task_state s);  /* "running", "succeeded", "failed", "new" */
+const char *task_err_name(int err);             /* "not_found", ...; "unknown" otherwise */
+const char *task_state_name(enum task_state s); /* "running", "succeeded", "failed", "new" */
 const char *task_reason_kind_name(enum task_reason_kind k); /* "stopped", ... "" for NONE */
-const char *task_timeout_src_name(enum task_timeout_src s);  /* "explicit", "learned", "default" */
+const char *task_timeout_src_name(enum task_timeout_src s); /* "explicit", "learned", "default" */
 
 #endif /* POLYGW_TASK_H */

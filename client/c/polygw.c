@@ -53,18 +53,18 @@
 
 #define DEFAULT_CONNECT_TIMEOUT_S 5.0
 #define DEFAULT_REQUEST_TIMEOUT_S 30.0
-#define DEFAULT_CALL_TIMEOUT_S 3600.0
+#define DEFAULT_CALL_TIMEOUT_S    3600.0
 #define DEFAULT_MAX_MESSAGE_BYTES ((size_t)64 << 20)
-#define READ_CHUNK 65536
-#define CONNECT_RETRY_MS 10
+#define READ_CHUNK                65536
+#define CONNECT_RETRY_MS          10
 
 enum pend_state { PEND_WAITING, PEND_DONE };
 
 struct pending {
     uint32_t msgid;
     enum pend_state state;
-    bool is_call;          /* default wait is call_timeout_s */
-    bool cancel_sent;      /* the chunk handler asked to stop */
+    bool is_call;     /* default wait is call_timeout_s */
+    bool cancel_sent; /* the chunk handler asked to stop */
     pgw_chunk_fn *on_chunk;
     void *ud;
     struct pgw_result *res; /* PEND_DONE */
@@ -102,7 +102,7 @@ struct pgw_client {
     size_t npend, cappend;
     uint64_t done_seq;
     bool in_callback;
-    bool eof;    /* the sidecar closed its side; seen but not yet acted on */
+    bool eof; /* the sidecar closed its side; seen but not yet acted on */
     bool broken;
     int broken_rc;
     struct pgw_error broken_err;
@@ -130,8 +130,8 @@ static void err_clear(struct pgw_error *e)
     e->status = 0;
 }
 
-__attribute__((format(printf, 3, 4)))
-static int err_set(struct pgw_error *e, int code, const char *fmt, ...)
+__attribute__((format(printf, 3, 4))) static int err_set(struct pgw_error *e, int code,
+                                                         const char *fmt, ...)
 {
     if (!e)
         return code;
@@ -201,15 +201,24 @@ const char *pgw_version(void)
 const char *pgw_error_code_name(int code)
 {
     switch (code) {
-    case PGW_E_REMOTE: return "remote";
-    case PGW_E_IO: return "io_error";
-    case PGW_E_TIMEOUT: return "timeout";
-    case PGW_E_PROTOCOL: return "protocol_error";
-    case PGW_E_CONNECT: return "connect_failed";
-    case PGW_E_NOMEM: return "out_of_memory";
-    case PGW_E_INVALID: return "invalid_argument";
-    case PGW_E_CLOSED: return "connection_closed";
-    default: return code < 0 ? "unknown_error" : pgw_code_name((enum pgw_code)code);
+    case PGW_E_REMOTE:
+        return "remote";
+    case PGW_E_IO:
+        return "io_error";
+    case PGW_E_TIMEOUT:
+        return "timeout";
+    case PGW_E_PROTOCOL:
+        return "protocol_error";
+    case PGW_E_CONNECT:
+        return "connect_failed";
+    case PGW_E_NOMEM:
+        return "out_of_memory";
+    case PGW_E_INVALID:
+        return "invalid_argument";
+    case PGW_E_CLOSED:
+        return "connection_closed";
+    default:
+        return code < 0 ? "unknown_error" : pgw_code_name((enum pgw_code)code);
     }
 }
 
@@ -274,8 +283,8 @@ static void conn_break(struct pgw_client *c, int rc, const struct pgw_error *why
     shutdown(c->fd, SHUT_RDWR);
 }
 
-__attribute__((format(printf, 3, 4)))
-static void conn_break_local(struct pgw_client *c, int rc, const char *fmt, ...)
+__attribute__((format(printf, 3, 4))) static void conn_break_local(struct pgw_client *c, int rc,
+                                                                   const char *fmt, ...)
 {
     struct pgw_error e;
     va_list ap;
@@ -469,7 +478,8 @@ static void on_chunk(struct pgw_client *c, const struct rpc_msg *m)
     if (pa->type != MSGPACK_OBJECT_ARRAY || pa->via.array.size != 2 ||
         pa->via.array.ptr[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
         pa->via.array.ptr[0].via.u64 > UINT32_MAX) {
-        conn_break_local(c, PGW_E_PROTOCOL, "malformed chunk notification (expected [msgid, event])");
+        conn_break_local(c, PGW_E_PROTOCOL,
+                         "malformed chunk notification (expected [msgid, event])");
         return;
     }
     uint32_t id = (uint32_t)pa->via.array.ptr[0].via.u64;
@@ -503,8 +513,9 @@ static void on_fatal(struct pgw_client *c, const struct rpc_msg *m)
         err_clear(&e);
         e.code = PGW_INTERNAL;
         snprintf(e.code_name, sizeof(e.code_name), "%s", pgw_code_name(PGW_INTERNAL));
-        snprintf(e.message, sizeof(e.message), "the sidecar closed the connection "
-                                               "(malformed error notification)");
+        snprintf(e.message, sizeof(e.message),
+                 "the sidecar closed the connection "
+                 "(malformed error notification)");
     }
     conn_break(c, PGW_E_REMOTE, &e);
 }
@@ -736,7 +747,7 @@ struct req {
     const char *method;
     const void *params; /* pre-packed array, or NULL... */
     size_t params_len;
-    json_t *call_body;  /* ...or, for `call`, the parsed body + call options */
+    json_t *call_body; /* ...or, for `call`, the parsed body + call options */
     const char *capability;
     const struct pgw_call_options *copt;
 };
@@ -750,22 +761,34 @@ static void pack_json(msgpack_packer *pk, json_t *j)
     switch (json_typeof(j)) {
     case JSON_OBJECT:
         msgpack_pack_map(pk, json_object_size(j));
-        json_object_keylen_foreach(j, key, klen, v) {
+        json_object_keylen_foreach(j, key, klen, v)
+        {
             rpc_pack_strn(pk, key, klen);
             pack_json(pk, v);
         }
         break;
     case JSON_ARRAY:
         msgpack_pack_array(pk, json_array_size(j));
-        json_array_foreach(j, i, v)
-            pack_json(pk, v);
+        json_array_foreach(j, i, v) pack_json(pk, v);
         break;
-    case JSON_STRING: rpc_pack_strn(pk, json_string_value(j), json_string_length(j)); break;
-    case JSON_INTEGER: msgpack_pack_int64(pk, json_integer_value(j)); break;
-    case JSON_REAL: msgpack_pack_double(pk, json_real_value(j)); break;
-    case JSON_TRUE: msgpack_pack_true(pk); break;
-    case JSON_FALSE: msgpack_pack_false(pk); break;
-    case JSON_NULL: msgpack_pack_nil(pk); break;
+    case JSON_STRING:
+        rpc_pack_strn(pk, json_string_value(j), json_string_length(j));
+        break;
+    case JSON_INTEGER:
+        msgpack_pack_int64(pk, json_integer_value(j));
+        break;
+    case JSON_REAL:
+        msgpack_pack_double(pk, json_real_value(j));
+        break;
+    case JSON_TRUE:
+        msgpack_pack_true(pk);
+        break;
+    case JSON_FALSE:
+        msgpack_pack_false(pk);
+        break;
+    case JSON_NULL:
+        msgpack_pack_nil(pk);
+        break;
     }
 }
 
@@ -785,8 +808,8 @@ static int parse_json(const char *what, const char *text, size_t len, json_t **o
 static void pack_call_params(msgpack_packer *pk, const struct req *q)
 {
     const struct pgw_call_options *o = q->copt;
-    size_t n = 2 + (o && o->stream) + (o && o->scope) + (o && o->task_id) +
-               (o && o->deadline_s > 0);
+    size_t n =
+        2 + (o && o->stream) + (o && o->scope) + (o && o->task_id) + (o && o->deadline_s > 0);
 
     msgpack_pack_array(pk, 1);
     msgpack_pack_map(pk, n);
@@ -921,8 +944,10 @@ int pgw_connect(const char *socket_path, const struct pgw_options *opt, struct p
 
     if (!(c = calloc(1, sizeof(*c))))
         return err_set(err, PGW_E_NOMEM, "out of memory");
-    c->connect_timeout_s = o.connect_timeout_s > 0 ? o.connect_timeout_s : DEFAULT_CONNECT_TIMEOUT_S;
-    c->request_timeout_s = o.request_timeout_s > 0 ? o.request_timeout_s : DEFAULT_REQUEST_TIMEOUT_S;
+    c->connect_timeout_s =
+        o.connect_timeout_s > 0 ? o.connect_timeout_s : DEFAULT_CONNECT_TIMEOUT_S;
+    c->request_timeout_s =
+        o.request_timeout_s > 0 ? o.request_timeout_s : DEFAULT_REQUEST_TIMEOUT_S;
     c->call_timeout_s = o.call_timeout_s > 0 ? o.call_timeout_s : DEFAULT_CALL_TIMEOUT_S;
     c->max_message_bytes = o.max_message_bytes ? o.max_message_bytes : DEFAULT_MAX_MESSAGE_BYTES;
     c->next_msgid = 1;
@@ -1041,8 +1066,8 @@ static int wait_or_forget(struct pgw_client *c, uint32_t msgid, double deadline,
         return report_broken(c, err);
     default:
         p = pend_find(c, msgid);
-        int rc = err_set(err, PGW_E_TIMEOUT, "no answer to %s within %gs%s", p ? p->what : "request",
-                         timeout_s, cancel ? " (cancel sent)" : "");
+        int rc = err_set(err, PGW_E_TIMEOUT, "no answer to %s within %gs%s",
+                         p ? p->what : "request", timeout_s, cancel ? " (cancel sent)" : "");
         if (cancel)
             (void)cancel_write(c, msgid, NULL);
         if (p)
@@ -1212,7 +1237,8 @@ int pgw_wait_response(struct pgw_client *c, uint32_t msgid, double timeout_s,
         return report_broken(c, err);
     default:
         p = pend_find(c, msgid);
-        return err_set(err, PGW_E_TIMEOUT, "no answer to %s within %gs", p ? p->what : "request", t);
+        return err_set(err, PGW_E_TIMEOUT, "no answer to %s within %gs", p ? p->what : "request",
+                       t);
     }
 }
 
@@ -1466,8 +1492,12 @@ static void json_value(struct jbuf *b, const msgpack_object *o, int flags, int d
     bool pretty = flags & PGW_JSON_PRETTY;
 
     switch (o->type) {
-    case MSGPACK_OBJECT_NIL: jb_puts(b, "null"); break;
-    case MSGPACK_OBJECT_BOOLEAN: jb_puts(b, o->via.boolean ? "true" : "false"); break;
+    case MSGPACK_OBJECT_NIL:
+        jb_puts(b, "null");
+        break;
+    case MSGPACK_OBJECT_BOOLEAN:
+        jb_puts(b, o->via.boolean ? "true" : "false");
+        break;
     case MSGPACK_OBJECT_POSITIVE_INTEGER:
         if (!b->oom && jsonw_u64(&b->b, o->via.u64) < 0)
             b->oom = true;
@@ -1476,10 +1506,18 @@ static void json_value(struct jbuf *b, const msgpack_object *o, int flags, int d
         if (!b->oom && jsonw_i64(&b->b, o->via.i64) < 0)
             b->oom = true;
         break;
-    case MSGPACK_OBJECT_FLOAT32: json_double(b, o->via.f64, true); break;
-    case MSGPACK_OBJECT_FLOAT64: json_double(b, o->via.f64, false); break;
-    case MSGPACK_OBJECT_STR: json_str(b, o->via.str.ptr, o->via.str.size); break;
-    case MSGPACK_OBJECT_BIN: json_base64(b, o->via.bin.ptr, o->via.bin.size); break;
+    case MSGPACK_OBJECT_FLOAT32:
+        json_double(b, o->via.f64, true);
+        break;
+    case MSGPACK_OBJECT_FLOAT64:
+        json_double(b, o->via.f64, false);
+        break;
+    case MSGPACK_OBJECT_STR:
+        json_str(b, o->via.str.ptr, o->via.str.size);
+        break;
+    case MSGPACK_OBJECT_BIN:
+        json_base64(b, o->via.bin.ptr, o->via.bin.size);
+        break;
     case MSGPACK_OBJECT_EXT:
         snprintf(tmp, sizeof(tmp), "{\"ext\":%d,\"data\":", (int)o->via.ext.type);
         jb_puts(b, tmp);
@@ -1533,7 +1571,9 @@ static void json_value(struct jbuf *b, const msgpack_object *o, int flags, int d
             jb_newline(b, depth);
         jb_puts(b, "}");
         break;
-    default: jb_puts(b, "null"); break;
+    default:
+        jb_puts(b, "null");
+        break;
     }
 }
 
@@ -1581,8 +1621,8 @@ static int check_name(const char *what, const char *s, struct pgw_error *err)
 
 /* Sends `method` with params [{p...}] and waits (request_timeout_s). A
  * sidecar without the task methods says unknown_method: say so plainly. */
-static int task_request(struct pgw_client *c, const char *method, const struct tparam *p,
-                        size_t n, struct pgw_result **out, struct pgw_error *err)
+static int task_request(struct pgw_client *c, const char *method, const struct tparam *p, size_t n,
+                        struct pgw_result **out, struct pgw_error *err)
 {
     struct wbuf w = { .oom = false };
     msgpack_packer pk;
@@ -1595,9 +1635,15 @@ static int task_request(struct pgw_client *c, const char *method, const struct t
     for (size_t i = 0; i < n; i++) {
         rpc_pack_str(&pk, p[i].name);
         switch (p[i].type) {
-        case TP_STR: rpc_pack_str(&pk, p[i].s); break;
-        case TP_BOOL: p[i].b ? msgpack_pack_true(&pk) : msgpack_pack_false(&pk); break;
-        case TP_NUM: msgpack_pack_double(&pk, p[i].d); break;
+        case TP_STR:
+            rpc_pack_str(&pk, p[i].s);
+            break;
+        case TP_BOOL:
+            p[i].b ? msgpack_pack_true(&pk) : msgpack_pack_false(&pk);
+            break;
+        case TP_NUM:
+            msgpack_pack_double(&pk, p[i].d);
+            break;
         }
     }
     if (w.oom) {
@@ -1686,7 +1732,8 @@ bool pgw_task_from_object(const msgpack_object *o, struct pgw_task *t)
     memset(t, 0, sizeof(*t));
     t->started_at = t->updated_at = -1;
     t->runs = -1;
-    if (!o || o->type != MSGPACK_OBJECT_MAP || !get_str(o, "task_id", t->task_id, sizeof(t->task_id)) ||
+    if (!o || o->type != MSGPACK_OBJECT_MAP ||
+        !get_str(o, "task_id", t->task_id, sizeof(t->task_id)) ||
         !get_str(o, "state", t->state_name, sizeof(t->state_name))) {
         memset(t, 0, sizeof(*t));
         t->started_at = t->updated_at = -1;

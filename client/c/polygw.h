@@ -79,26 +79,26 @@ enum pgw_local_code {
 
 /* A typed failure. Plain data: copy it freely, nothing to release. */
 struct pgw_error {
-    int code;              /* PGW_OK (0), an enum pgw_code (> 0), or a PGW_E_* (< 0) */
-    char code_name[48];    /* wire name ("stalled") or local name ("timeout"); a code
+    int code;             /* PGW_OK (0), an enum pgw_code (> 0), or a PGW_E_* (< 0) */
+    char code_name[48];   /* wire name ("stalled") or local name ("timeout"); a code
                               this library does not know keeps its wire name here while
                               `code` is PGW_INTERNAL */
-    char message[512];     /* human text, NUL-terminated, may be truncated */
-    double retry_after_s;  /* seconds the sidecar suggests waiting; < 0 when absent */
-    int attempts;          /* upstream attempts the call made; 0 when absent */
-    double stalled_s;      /* seconds charged to the stall budget; < 0 when absent */
-    int status;            /* upstream HTTP status (upstream_rejected), else 0 */
+    char message[512];    /* human text, NUL-terminated, may be truncated */
+    double retry_after_s; /* seconds the sidecar suggests waiting; < 0 when absent */
+    int attempts;         /* upstream attempts the call made; 0 when absent */
+    double stalled_s;     /* seconds charged to the stall budget; < 0 when absent */
+    int status;           /* upstream HTTP status (upstream_rejected), else 0 */
 };
 
 /* Connection options. Zero-initialise and set what you need: every zero
  * field means its default. */
 struct pgw_options {
-    double connect_timeout_s;  /* bound on connect(); default 5 */
-    double request_timeout_s;  /* default wait for pgw_request/ping/stats/wait and bound
+    double connect_timeout_s; /* bound on connect(); default 5 */
+    double request_timeout_s; /* default wait for pgw_request/ping/stats/wait and bound
                                   on writes and pgw_cancel; default 30 */
-    double call_timeout_s;     /* default wait for pgw_call/pgw_send_call; default 3600 —
+    double call_timeout_s;    /* default wait for pgw_call/pgw_send_call; default 3600 —
                                   a safety net: the sidecar enforces the real deadlines */
-    size_t max_message_bytes;  /* largest frame accepted from the sidecar; default 64 MiB */
+    size_t max_message_bytes; /* largest frame accepted from the sidecar; default 64 MiB */
 };
 
 /* Chunk handler: receives each `event` map of a streaming call, in order, as
@@ -115,14 +115,14 @@ typedef void pgw_start_fn(uint32_t msgid, void *ud);
 
 /* Options of one `call`. Zero-initialise; zero/NULL fields are absent. */
 struct pgw_call_options {
-    bool stream;              /* ask for [2,"chunk",[msgid,event]] notifications */
-    const char *scope;        /* progress scope; NULL: the capability's own */
-    const char *task_id;      /* task the call belongs to; NULL: none */
-    double deadline_s;        /* sidecar-side bound on the whole call, seconds; 0: none */
-    double timeout_s;         /* client-side wait; 0: pgw_options.call_timeout_s */
-    pgw_chunk_fn *on_chunk;   /* NULL: chunks are discarded */
-    pgw_start_fn *on_start;   /* pgw_call() only; NULL: not called */
-    void *ud;                 /* passed to both callbacks */
+    bool stream;            /* ask for [2,"chunk",[msgid,event]] notifications */
+    const char *scope;      /* progress scope; NULL: the capability's own */
+    const char *task_id;    /* task the call belongs to; NULL: none */
+    double deadline_s;      /* sidecar-side bound on the whole call, seconds; 0: none */
+    double timeout_s;       /* client-side wait; 0: pgw_options.call_timeout_s */
+    pgw_chunk_fn *on_chunk; /* NULL: chunks are discarded */
+    pgw_start_fn *on_start; /* pgw_call() only; NULL: not called */
+    void *ud;               /* passed to both callbacks */
 };
 
 struct pgw_client; /* opaque: one connection */
@@ -261,8 +261,8 @@ int pgw_wait_response(struct pgw_client *c, uint32_t msgid, double timeout_s,
  * requests in flight. PGW_E_INVALID when nothing is in flight. On a broken
  * connection each call finishes one request in flight with the breaking
  * error, so `while (pgw_in_flight(c)) pgw_wait_any(...)` terminates. */
-int pgw_wait_any(struct pgw_client *c, double timeout_s, uint32_t *msgid,
-                 struct pgw_result **out, struct pgw_error *err);
+int pgw_wait_any(struct pgw_client *c, double timeout_s, uint32_t *msgid, struct pgw_result **out,
+                 struct pgw_error *err);
 
 /* Abandons request `msgid` without telling the sidecar: its buffered or
  * late answer and its chunks are discarded. Returns 0 or PGW_E_INVALID. */

@@ -774,8 +774,8 @@ static void print_kv_line(const msgpack_object *r)
         if (k->type != MSGPACK_OBJECT_STR)
             continue;
         if (v->type == MSGPACK_OBJECT_STR)
-            printf("%s%.*s=%.*s", sep, (int)k->via.str.size, k->via.str.ptr,
-                   (int)v->via.str.size, v->via.str.ptr);
+            printf("%s%.*s=%.*s", sep, (int)k->via.str.size, k->via.str.ptr, (int)v->via.str.size,
+                   v->via.str.ptr);
         else if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
             printf("%s%.*s=%" PRIu64, sep, (int)k->via.str.size, k->via.str.ptr, v->via.u64);
         else if (v->type == MSGPACK_OBJECT_BOOLEAN)
@@ -800,8 +800,8 @@ static int cmd_flat(const struct ctl *o, struct pgw_client *c, const char *metho
 
     if (rc < 0) {
         const msgpack_object *v = res ? pgw_object_get(pgw_result_object(res), "errors") : NULL;
-        for (uint32_t j = 0; !o->json && v && v->type == MSGPACK_OBJECT_ARRAY &&
-                             j < v->via.array.size; j++)
+        for (uint32_t j = 0;
+             !o->json && v && v->type == MSGPACK_OBJECT_ARRAY && j < v->via.array.size; j++)
             if (v->via.array.ptr[j].type == MSGPACK_OBJECT_STR)
                 fprintf(stderr, "%.*s\n", (int)v->via.array.ptr[j].via.str.size,
                         v->via.array.ptr[j].via.str.ptr);
@@ -867,8 +867,9 @@ static void print_cell(const char *s, size_t w)
 
 static int print_tasks(const msgpack_object *r)
 {
-    static const char *const head[] = { "TASK_ID", "STATE", "REASON_KIND", "NODE", "AGE",
-                                        "REASON" };
+    static const char *const head[] = {
+        "TASK_ID", "STATE", "REASON_KIND", "NODE", "AGE", "REASON"
+    };
     const msgpack_object *a = pgw_object_get(r, "tasks");
     size_t n = 0, bad = 0, w[5];
 
@@ -997,8 +998,7 @@ static int cmd_task(const struct ctl *o, struct pgw_client *c, const char *sub, 
         /* stop and finish report success only: read the task back to show
          * what the sidecar now holds (after a race, the winner's reason). */
         if ((rc = pgw_task_get(c, id, &res, &err)) < 0) {
-            fprintf(stderr, "polygwctl: task %s: %s done, but reading it back failed:\n", id,
-                    sub);
+            fprintf(stderr, "polygwctl: task %s: %s done, but reading it back failed:\n", id, sub);
             print_error(&err);
             pgw_result_free(res);
             return EXIT_OK; /* the action itself succeeded */
@@ -1019,7 +1019,7 @@ struct item {
     size_t plen;
     uint32_t msgid;
     bool in_flight;
-    int send_rc;                /* when the send failed */
+    int send_rc; /* when the send failed */
     struct pgw_error send_err;
 };
 
@@ -1151,8 +1151,8 @@ static int cmd_batch(const struct ctl *o, struct pgw_client *c, struct batch *b)
 
     for (size_t i = 0; i < b->n; i++) {
         struct item *it = &b->v[i];
-        it->send_rc = pgw_send_request(c, it->method, it->params, it->plen, &it->msgid,
-                                       &it->send_err);
+        it->send_rc =
+            pgw_send_request(c, it->method, it->params, it->plen, &it->msgid, &it->send_err);
         it->in_flight = it->send_rc == 0;
         if (!it->in_flight && o->unordered)
             batch_print(b, i, it->send_rc, NULL, &it->send_err);
@@ -1207,8 +1207,9 @@ static int read_batch(struct batch *b)
     while (rc == 0 && (n = getline(&line, &cap, stdin)) >= 0) {
         lineno++;
         size_t len = (size_t)n;
-        while (len && (line[len - 1] == '\n' || line[len - 1] == '\r' || line[len - 1] == ' ' ||
-                       line[len - 1] == '\t'))
+        while (len &&
+               (line[len - 1] == '\n' || line[len - 1] == '\r' || line[len - 1] == ' ' ||
+                line[len - 1] == '\t'))
             len--;
         size_t start = strspn(line, " \t");
         if (start >= len || line[start] == '#')
@@ -1223,8 +1224,17 @@ static int read_batch(struct batch *b)
  * main
  */
 
-enum { OPT_STREAM = 256, OPT_SCOPE, OPT_TASK, OPT_DEADLINE, OPT_UNORDERED, OPT_STATE, OPT_REASON,
-       OPT_OK, OPT_FAILED };
+enum {
+    OPT_STREAM = 256,
+    OPT_SCOPE,
+    OPT_TASK,
+    OPT_DEADLINE,
+    OPT_UNORDERED,
+    OPT_STATE,
+    OPT_REASON,
+    OPT_OK,
+    OPT_FAILED
+};
 
 int main(int argc, char **argv)
 {
@@ -1253,25 +1263,48 @@ int main(int argc, char **argv)
 
     while ((ch = getopt_long(argc, argv, "s:t:jqhVb:", longopts, NULL)) != -1) {
         switch (ch) {
-        case 's': o.socket = optarg; break;
+        case 's':
+            o.socket = optarg;
+            break;
         case 't':
             if (!parse_seconds(optarg, &o.timeout_s))
                 return usage_error("--timeout: expected seconds > 0, got '%s'", optarg);
             break;
-        case 'j': o.json = true; break;
-        case 'q': o.quiet = true; break;
-        case 'h': usage(stdout); return EXIT_OK;
-        case 'V': printf("polygwctl %s (libpolygw %s)\n", PGW_VERSION, pgw_version()); return EXIT_OK;
-        case 'b': o.body = optarg; break;
-        case OPT_STREAM: o.stream = true; call_opts = true; break;
-        case OPT_SCOPE: o.scope = optarg; call_opts = true; break;
-        case OPT_TASK: o.task = optarg; call_opts = true; break;
+        case 'j':
+            o.json = true;
+            break;
+        case 'q':
+            o.quiet = true;
+            break;
+        case 'h':
+            usage(stdout);
+            return EXIT_OK;
+        case 'V':
+            printf("polygwctl %s (libpolygw %s)\n", PGW_VERSION, pgw_version());
+            return EXIT_OK;
+        case 'b':
+            o.body = optarg;
+            break;
+        case OPT_STREAM:
+            o.stream = true;
+            call_opts = true;
+            break;
+        case OPT_SCOPE:
+            o.scope = optarg;
+            call_opts = true;
+            break;
+        case OPT_TASK:
+            o.task = optarg;
+            call_opts = true;
+            break;
         case OPT_DEADLINE:
             if (!parse_seconds(optarg, &o.deadline_s))
                 return usage_error("--deadline: expected seconds > 0, got '%s'", optarg);
             call_opts = true;
             break;
-        case OPT_UNORDERED: o.unordered = true; break;
+        case OPT_UNORDERED:
+            o.unordered = true;
+            break;
         case OPT_STATE:
             if (strcmp(optarg, "running") != 0 && strcmp(optarg, "succeeded") != 0 &&
                 strcmp(optarg, "failed") != 0)
@@ -1279,13 +1312,17 @@ int main(int argc, char **argv)
                                    optarg);
             o.state = optarg;
             break;
-        case OPT_REASON: o.reason = optarg; break;
+        case OPT_REASON:
+            o.reason = optarg;
+            break;
         case OPT_OK:
         case OPT_FAILED:
             finish_twice |= o.finish_ok != -1 && o.finish_ok != (ch == OPT_OK);
             o.finish_ok = ch == OPT_OK;
             break;
-        default: fputs("try 'polygwctl --help'\n", stderr); return EXIT_USAGE;
+        default:
+            fputs("try 'polygwctl --help'\n", stderr);
+            return EXIT_USAGE;
         }
     }
     if (optind >= argc)
@@ -1296,7 +1333,8 @@ int main(int argc, char **argv)
 
     if (strcmp(cmd, "call") != 0 && (call_opts || o.body))
         return usage_error("--body, --stream, --scope, --task and --deadline are for 'call', "
-                           "not '%s'", cmd);
+                           "not '%s'",
+                           cmd);
     if (strcmp(cmd, "batch") != 0 && o.unordered)
         return usage_error("--unordered is for 'batch', not '%s'", cmd);
     if (strcmp(cmd, "tasks") != 0 && o.state)
@@ -1341,8 +1379,7 @@ int main(int argc, char **argv)
             return usage_error("%s", "usage: log-level [debug|info|warn|error]");
         if (nargs == 1 && strcmp(args[0], "debug") != 0 && strcmp(args[0], "info") != 0 &&
             strcmp(args[0], "warn") != 0 && strcmp(args[0], "error") != 0)
-            return usage_error("log-level: expected debug, info, warn or error, got '%s'",
-                               args[0]);
+            return usage_error("log-level: expected debug, info, warn or error, got '%s'", args[0]);
     } else {
         return usage_error("unknown command '%s'", cmd);
     }

@@ -47,9 +47,15 @@ static void setup(struct gov *g, size_t n, unsigned long long *seed, double now)
             .priority = (int32_t)(i % 3),
             .weight = 1 + (double)(i % 4),
             .max_concurrency = 1000000,
-            .aimd_initial = 1000000, .aimd_min = 1, .aimd_increase = 1, .aimd_decrease = 0.5,
-            .breaker_failures = 5, .breaker_cooldown_s = 30, .breaker_max_cooldown_s = 300,
-            .rpm = 1000000000, .tpm = 1000000000000ULL,
+            .aimd_initial = 1000000,
+            .aimd_min = 1,
+            .aimd_increase = 1,
+            .aimd_decrease = 0.5,
+            .breaker_failures = 5,
+            .breaker_cooldown_s = 30,
+            .breaker_max_cooldown_s = 300,
+            .rpm = 1000000000,
+            .tpm = 1000000000000ULL,
         };
     }
     if (gov_init(g, p, n, 1, NULL, bench_rand, seed, NULL, now) < 0)
@@ -61,10 +67,14 @@ static double cycle_ns(size_t n, long iters)
 {
     struct gov g;
     unsigned long long seed = 42;
-    struct gov_policy pol = {.max_attempts = 3, .stall_window_s = 300, .backoff_base_s = 2,
-                             .backoff_max_s = 60, .exempt_429 = true};
-    struct outcome ok = {.kind = OUTCOME_SUCCESS, .reason = REASON_NONE, .http_status = 200,
-                         .retry_after_s = -1};
+    struct gov_policy pol = { .max_attempts = 3,
+                              .stall_window_s = 300,
+                              .backoff_base_s = 2,
+                              .backoff_max_s = 60,
+                              .exempt_429 = true };
+    struct outcome ok = {
+        .kind = OUTCOME_SUCCESS, .reason = REASON_NONE, .http_status = 200, .retry_after_s = -1
+    };
     double now = 1000.0;
     setup(&g, n, &seed, now);
     double t0 = mono();
@@ -90,8 +100,11 @@ static double blocked_ns(size_t n, long iters)
 {
     struct gov g;
     unsigned long long seed = 7;
-    struct gov_policy pol = {.max_attempts = 3, .stall_window_s = 1e9, .backoff_base_s = 2,
-                             .backoff_max_s = 60, .exempt_429 = true};
+    struct gov_policy pol = { .max_attempts = 3,
+                              .stall_window_s = 1e9,
+                              .backoff_base_s = 2,
+                              .backoff_max_s = 60,
+                              .exempt_429 = true };
     double now = 1000.0;
     setup(&g, n, &seed, now);
     for (size_t i = 0; i < n; i++)
@@ -116,7 +129,7 @@ static double blocked_ns(size_t n, long iters)
 int main(int argc, char **argv)
 {
     long iters = 200000;
-    static const size_t sizes[] = {1, 10, 100};
+    static const size_t sizes[] = { 1, 10, 100 };
 
     if (argc == 3 && strcmp(argv[1], "--iterations") == 0)
         iters = atol(argv[2]);

@@ -72,7 +72,7 @@ static inline int parse_double(const char *s, double lo, double hi, double *out)
  * bench_opts_init. */
 struct bench_opts {
     unsigned clients;
-    uint64_t total;                   /* 0: unlimited (duration bounds the run) */
+    uint64_t total; /* 0: unlimited (duration bounds the run) */
     double duration_s;
     uint64_t warmup;
     uint64_t timeout_ms;
@@ -270,10 +270,11 @@ static inline void bench_report_text_perf(FILE *f, const struct bench_hist *h, u
 {
     fprintf(f, "  elapsed    %.3f s\n", elapsed_s);
     fprintf(f, "  throughput %.1f req/s\n", elapsed_s > 0 ? (double)ok / elapsed_s : 0.0);
-    fprintf(f, "  latency µs min %.1f  mean %.1f  p50 %.1f  p90 %.1f  p99 %.1f  p99.9 %.1f  max %.1f\n",
-            (double)h->min_ns / 1e3, bench_mean_us(h), hist_percentile(h, 50) / 1e3,
-            hist_percentile(h, 90) / 1e3, hist_percentile(h, 99) / 1e3,
-            hist_percentile(h, 99.9) / 1e3, (double)h->max_ns / 1e3);
+    fprintf(
+        f, "  latency µs min %.1f  mean %.1f  p50 %.1f  p90 %.1f  p99 %.1f  p99.9 %.1f  max %.1f\n",
+        (double)h->min_ns / 1e3, bench_mean_us(h), hist_percentile(h, 50) / 1e3,
+        hist_percentile(h, 90) / 1e3, hist_percentile(h, 99) / 1e3, hist_percentile(h, 99.9) / 1e3,
+        (double)h->max_ns / 1e3);
 }
 
 #endif

@@ -18,9 +18,9 @@
 #include <stdint.h>
 
 #define HIST_SUB_BITS 7
-#define HIST_SUB (1u << HIST_SUB_BITS)
-#define HIST_MAX_BITS 40              /* values clamp at 2^40 ns, about 18 minutes */
-#define HIST_BUCKETS ((HIST_MAX_BITS - HIST_SUB_BITS + 1) * HIST_SUB)
+#define HIST_SUB      (1u << HIST_SUB_BITS)
+#define HIST_MAX_BITS 40 /* values clamp at 2^40 ns, about 18 minutes */
+#define HIST_BUCKETS  ((HIST_MAX_BITS - HIST_SUB_BITS + 1) * HIST_SUB)
 
 struct bench_hist {
     uint64_t counts[HIST_BUCKETS];

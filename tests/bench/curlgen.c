@@ -74,13 +74,13 @@
 
 #include "bench_common.h"
 
-#define CG_HARD_CAP_S 120
+#define CG_HARD_CAP_S         120
 #define CG_DEFAULT_DURATION_S 5.0
-#define CG_MAX_CLIENTS 4096
-#define CG_TICK_MS 20                 /* longest epoll_wait: bounds how late a deadline is seen */
-#define CG_DEFAULT_BODY \
+#define CG_MAX_CLIENTS        4096
+#define CG_TICK_MS            20 /* longest epoll_wait: bounds how late a deadline is seen */
+#define CG_DEFAULT_BODY                                                          \
     "{\"model\":\"gpt-4o-mini\",\"messages\":[{\"role\":\"system\",\"content\":" \
-    "\"You are a helpful assistant.\"},{\"role\":\"user\",\"content\":" \
+    "\"You are a helpful assistant.\"},{\"role\":\"user\",\"content\":"          \
     "\"Hello, how are you today?\"}]}"
 
 /* ------------------------------------------------------------ run state */
@@ -88,7 +88,7 @@
 struct cg_opts {
     const char *url;
     unsigned clients;
-    uint64_t total;                   /* 0: unlimited (duration bounds the run) */
+    uint64_t total; /* 0: unlimited (duration bounds the run) */
     double duration_s;
     uint64_t warmup;
     long timeout_ms;
@@ -99,17 +99,17 @@ struct cg_opts {
 struct cg_counts {
     uint64_t sent, ok;
     uint64_t err_transport, err_timeout, err_http, err_body;
-    uint64_t new_conns;               /* connections opened by measured transfers */
-    uint64_t resp_bytes;              /* body bytes of the responses counted ok */
+    uint64_t new_conns;  /* connections opened by measured transfers */
+    uint64_t resp_bytes; /* body bytes of the responses counted ok */
 };
 
 struct cg_client {
     CURL *easy;
     bool busy;
-    bool too_big;                     /* body exceeded --max-body-bytes */
-    size_t max;                       /* --max-body-bytes */
+    bool too_big; /* body exceeded --max-body-bytes */
+    size_t max;   /* --max-body-bytes */
     uint64_t t_send_ns;
-    char *buf;                        /* response body */
+    char *buf; /* response body */
     size_t len, cap;
 };
 
@@ -122,10 +122,10 @@ struct cg {
     size_t body_len;
     struct cg_client *clients;
     unsigned outstanding;
-    uint64_t timer_at_ns;             /* curl's timer; UINT64_MAX = none */
+    uint64_t timer_at_ns; /* curl's timer; UINT64_MAX = none */
     uint64_t warm_left, issued;
     bool measuring;
-    uint64_t deadline_ns;             /* stop issuing at this time */
+    uint64_t deadline_ns; /* stop issuing at this time */
     uint64_t t0_ns, t_end_ns;
     uint64_t warm_errors;
     struct cg_counts cnt;
@@ -133,8 +133,7 @@ struct cg {
     char first_error[200];
 };
 
-static void cg_note_error(struct cg *g, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+static void cg_note_error(struct cg *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 static void cg_note_error(struct cg *g, const char *fmt, ...)
 {
@@ -187,8 +186,8 @@ static int cg_on_timer(CURLM *multi, long timeout_ms, void *userp)
     struct cg *g = userp;
     (void)multi;
 
-    g->timer_at_ns = timeout_ms < 0 ? UINT64_MAX
-                                    : mono_ns() + (uint64_t)timeout_ms * UINT64_C(1000000);
+    g->timer_at_ns =
+        timeout_ms < 0 ? UINT64_MAX : mono_ns() + (uint64_t)timeout_ms * UINT64_C(1000000);
     return 0;
 }
 
@@ -199,7 +198,7 @@ static size_t cg_on_write(char *data, size_t size, size_t nmemb, void *userp)
 
     if (c->len + n > c->max) {
         c->too_big = true;
-        return 0;                     /* CURLE_WRITE_ERROR */
+        return 0; /* CURLE_WRITE_ERROR */
     }
     if (c->len + n > c->cap) {
         size_t cap = c->cap ? c->cap : 4096;
@@ -207,7 +206,7 @@ static size_t cg_on_write(char *data, size_t size, size_t nmemb, void *userp)
             cap *= 2;
         char *p = realloc(c->buf, cap);
         if (!p)
-            return 0;                 /* CURLE_WRITE_ERROR */
+            return 0; /* CURLE_WRITE_ERROR */
         c->buf = p;
         c->cap = cap;
     }
@@ -251,7 +250,7 @@ static bool jv_is_hex(unsigned char c)
 
 static bool jv_string(struct jv *v)
 {
-    v->p++;                           /* the opening quote */
+    v->p++; /* the opening quote */
     while (v->p < v->end) {
         unsigned char c = *v->p++;
         if (c == '"')
@@ -568,8 +567,8 @@ static int cg_setup_client(struct cg *g, struct cg_client *c)
 /* The request body: --body-json is re-serialised compactly with keys in
  * their original order (what the sidecar's msgpack -> JSON transcoder
  * produces); --body-file is sent byte for byte. Returns owned memory. */
-static char *cg_load_body(const char *body_json, const char *body_file, size_t *len,
-                          char *err, size_t errlen)
+static char *cg_load_body(const char *body_json, const char *body_file, size_t *len, char *err,
+                          size_t errlen)
 {
     if (body_file) {
         FILE *f = fopen(body_file, "rb");
@@ -584,8 +583,7 @@ static char *cg_load_body(const char *body_json, const char *body_file, size_t *
                 cap = cap ? cap * 2 : 65536;
                 char *q = cap <= (64u << 20) ? realloc(p, cap) : NULL;
                 if (!q) {
-                    snprintf(err, errlen, "--body-file %s: too large or out of memory",
-                             body_file);
+                    snprintf(err, errlen, "--body-file %s: too large or out of memory", body_file);
                     free(p);
                     fclose(f);
                     return NULL;
@@ -656,9 +654,10 @@ static void cg_report_text(FILE *f, const struct cg *g, double elapsed_s, double
 
     fprintf(f, "curlgen: POST %s clients=%u body=%zu bytes\n", g->o->url, g->o->clients,
             g->body_len);
-    fprintf(f, "  requests   %" PRIu64 " sent, %" PRIu64 " ok, %" PRIu64 " errors"
-               " (transport %" PRIu64 ", timeout %" PRIu64 ", http %" PRIu64 ", body %" PRIu64
-               "; warmup %" PRIu64 ")\n",
+    fprintf(f,
+            "  requests   %" PRIu64 " sent, %" PRIu64 " ok, %" PRIu64 " errors"
+            " (transport %" PRIu64 ", timeout %" PRIu64 ", http %" PRIu64 ", body %" PRIu64
+            "; warmup %" PRIu64 ")\n",
             c->sent, c->ok, cg_errors(c), c->err_transport, c->err_timeout, c->err_http,
             c->err_body, g->warm_errors);
     if (g->first_error[0])
@@ -676,21 +675,21 @@ static void cg_report_text(FILE *f, const struct cg *g, double elapsed_s, double
 static void usage(FILE *f)
 {
     fprintf(f,
-        "usage: curlgen --url URL [options]\n"
-        "  --clients N          concurrent clients, one transfer each (default 1, max %d)\n"
-        "  --requests TOTAL     stop after TOTAL measured requests\n"
-        "  --duration S         stop after S seconds (default %.0f when --requests is not\n"
-        "                       given; always capped at %d)\n"
-        "  --body-json JSON     request body; re-serialised compactly, key order kept\n"
-        "                       (default: a two-message chat request)\n"
-        "  --body-file FILE     request body sent byte for byte\n"
-        "  --warmup N           untimed requests before measuring (default 0)\n"
-        "  --timeout-ms MS      per-request timeout, counted as an error (default 10000)\n"
-        "  --max-body-bytes B   largest response body accepted (default 16777216)\n"
-        "  --json               one-line JSON result instead of text\n"
-        "Every request: POST URL, Content-Type/Accept: application/json, keep-alive.\n"
-        "exit: 0 all ok, 1 errors or nothing completed, 2 usage/set-up, 3 hard cap hit\n",
-        CG_MAX_CLIENTS, CG_DEFAULT_DURATION_S, CG_HARD_CAP_S);
+            "usage: curlgen --url URL [options]\n"
+            "  --clients N          concurrent clients, one transfer each (default 1, max %d)\n"
+            "  --requests TOTAL     stop after TOTAL measured requests\n"
+            "  --duration S         stop after S seconds (default %.0f when --requests is not\n"
+            "                       given; always capped at %d)\n"
+            "  --body-json JSON     request body; re-serialised compactly, key order kept\n"
+            "                       (default: a two-message chat request)\n"
+            "  --body-file FILE     request body sent byte for byte\n"
+            "  --warmup N           untimed requests before measuring (default 0)\n"
+            "  --timeout-ms MS      per-request timeout, counted as an error (default 10000)\n"
+            "  --max-body-bytes B   largest response body accepted (default 16777216)\n"
+            "  --json               one-line JSON result instead of text\n"
+            "Every request: POST URL, Content-Type/Accept: application/json, keep-alive.\n"
+            "exit: 0 all ok, 1 errors or nothing completed, 2 usage/set-up, 3 hard cap hit\n",
+            CG_MAX_CLIENTS, CG_DEFAULT_DURATION_S, CG_HARD_CAP_S);
 }
 
 int main(int argc, char **argv)
@@ -819,7 +818,8 @@ int main(int argc, char **argv)
         g->t_end_ns = mono_ns();
     double elapsed_s = (double)(g->t_end_ns - g->t0_ns) / 1e9;
     double cpu_pct = elapsed_s > 0
-        ? (double)(clock_ns(CLOCK_PROCESS_CPUTIME_ID) - cpu0) / 1e9 / elapsed_s * 100.0 : 0.0;
+        ? (double)(clock_ns(CLOCK_PROCESS_CPUTIME_ID) - cpu0) / 1e9 / elapsed_s * 100.0
+        : 0.0;
     if (o.json)
         cg_report_json(stdout, g, elapsed_s, cpu_pct);
     else

@@ -48,10 +48,10 @@
 #endif
 
 #define ECHO_MAX_FRAME_BYTES (16u << 20) /* the sidecar's default max_message_bytes */
-#define ECHO_READ_CHUNK 65536
+#define ECHO_READ_CHUNK      65536
 /* Stop reading from a client whose replies we cannot write out: bounds the
  * memory a client that never reads can make us hold. */
-#define ECHO_OUT_HIGH_WATER (1u << 20)
+#define ECHO_OUT_HIGH_WATER  (1u << 20)
 
 struct echo_server;
 
@@ -63,8 +63,8 @@ struct echo_conn {
     msgpack_unpacked msg;
     char *out;
     size_t out_len, out_off, out_cap;
-    int closing;                       /* closed; freed by the prepare pass */
-    struct echo_conn *prev, *next;     /* live list, or dead list when closing */
+    int closing;                   /* closed; freed by the prepare pass */
+    struct echo_conn *prev, *next; /* live list, or dead list when closing */
 };
 
 struct echo_server {
@@ -80,7 +80,7 @@ struct echo_server {
     /* Pre-encoded reply tail: nil, {"version": STR, "uptime_s": float64}. */
     unsigned char *tail;
     size_t tail_len;
-    size_t uptime_off;                 /* offset of the float64's 8 bytes in tail */
+    size_t uptime_off; /* offset of the float64's 8 bytes in tail */
     uint64_t n_requests, n_accepted;
 };
 
@@ -219,7 +219,10 @@ static void echo_on_read(struct ev_loop *loop, ev_io *w, int revents)
     }
     frame_reader_commit(&c->fr, (size_t)n);
 
-    union { double d; uint64_t u; } up = { .d = ev_now(loop) - s->t_start };
+    union {
+        double d;
+        uint64_t u;
+    } up = { .d = ev_now(loop) - s->t_start };
     put_be64(s->tail + s->uptime_off, up.u);
 
     int rc;
@@ -431,7 +434,7 @@ int main(int argc, char **argv)
     unlink(s.path);
     free(s.tail);
     ev_loop_destroy(s.loop);
-    fprintf(stderr, "echo_server: %" PRIu64 " requests on %" PRIu64 " connections\n",
-            s.n_requests, s.n_accepted);
+    fprintf(stderr, "echo_server: %" PRIu64 " requests on %" PRIu64 " connections\n", s.n_requests,
+            s.n_accepted);
     return 0;
 }

@@ -80,20 +80,20 @@
 #include "frame.h"
 #include "rpc.h"
 
-#define LG_HARD_CAP_S 120
+#define LG_HARD_CAP_S         120
 #define LG_DEFAULT_DURATION_S 5.0
-#define LG_MAX_CLIENTS 4096
-#define LG_MAX_PIPELINE 4096
-#define LG_MAX_THREADS 64
-#define LG_READ_CHUNK 65536
-#define LG_TICK_MS 20                 /* epoll timeout: how often timeouts are checked */
+#define LG_MAX_CLIENTS        4096
+#define LG_MAX_PIPELINE       4096
+#define LG_MAX_THREADS        64
+#define LG_READ_CHUNK         65536
+#define LG_TICK_MS            20 /* epoll timeout: how often timeouts are checked */
 
 /* ------------------------------------------------------------ run state */
 
 struct lg_opts {
     const char *socket;
     unsigned clients, pipeline, threads;
-    uint64_t total;                   /* 0: unlimited (duration bounds the run) */
+    uint64_t total; /* 0: unlimited (duration bounds the run) */
     double duration_s;
     uint64_t warmup;
     const char *method;
@@ -106,7 +106,7 @@ struct lg_counts {
     uint64_t sent, ok;
     uint64_t err_rpc, err_msgid, err_proto, err_timeout, err_conn;
     uint64_t notifications;
-    uint64_t resp_bytes;              /* encoded size of the responses counted ok */
+    uint64_t resp_bytes; /* encoded size of the responses counted ok */
 };
 
 struct lg_slot {
@@ -119,7 +119,7 @@ struct lg_slot {
 struct lg_conn {
     int fd;
     bool dead;
-    bool want_out;                    /* EPOLLOUT registered */
+    bool want_out; /* EPOLLOUT registered */
     struct frame_reader fr;
     msgpack_unpacked msg;
     char *out;
@@ -130,9 +130,9 @@ struct lg_conn {
 
 struct lg_shared {
     const struct lg_opts *o;
-    const unsigned char *req_tail;    /* method string + params, pre-encoded */
+    const unsigned char *req_tail; /* method string + params, pre-encoded */
     size_t req_tail_len;
-    atomic_uint_fast64_t issued;      /* measured requests handed out, vs o->total */
+    atomic_uint_fast64_t issued; /* measured requests handed out, vs o->total */
     pthread_barrier_t barrier;
 };
 
@@ -144,9 +144,9 @@ struct lg_thread {
     unsigned n_conns, n_live;
     uint64_t warm_left;
     bool measuring;
-    uint64_t deadline_ns;             /* stop issuing at this time */
+    uint64_t deadline_ns; /* stop issuing at this time */
     uint64_t t0_ns, t_end_ns;
-    uint64_t cpu_ns;                  /* this thread's CPU time in the measured phase */
+    uint64_t cpu_ns; /* this thread's CPU time in the measured phase */
     uint64_t warm_errors;
     struct lg_counts cnt;
     struct bench_hist hist;
@@ -202,7 +202,7 @@ static void lg_conn_kill(struct lg_thread *t, struct lg_conn *c, const char *why
     for (unsigned i = 0; i < t->sh->o->pipeline; i++)
         c->slots[i].busy = false;
     c->outstanding = 0;
-    close(c->fd);                     /* also removes it from the epoll set */
+    close(c->fd); /* also removes it from the epoll set */
     c->fd = -1;
     t->n_live--;
 }
@@ -558,7 +558,8 @@ static void json_to_msgpack(msgpack_packer *pk, const json_t *j)
         const char *k;
         json_t *v;
         msgpack_pack_map(pk, json_object_size(j));
-        json_object_foreach((json_t *)j, k, v) {
+        json_object_foreach((json_t *)j, k, v)
+        {
             rpc_pack_str(pk, k);
             json_to_msgpack(pk, v);
         }
@@ -568,8 +569,7 @@ static void json_to_msgpack(msgpack_packer *pk, const json_t *j)
         size_t i;
         json_t *v;
         msgpack_pack_array(pk, json_array_size(j));
-        json_array_foreach(j, i, v)
-            json_to_msgpack(pk, v);
+        json_array_foreach(j, i, v) json_to_msgpack(pk, v);
         break;
     }
     case JSON_STRING:
@@ -659,7 +659,8 @@ static int lg_build_tail(const char *method, const char *params_hex, const char 
         return -1;
     }
     if (!is_array)
-        fprintf(stderr, "loadgen: warning: params is not an array (the protocol wants [] or [map])\n");
+        fprintf(stderr,
+                "loadgen: warning: params is not an array (the protocol wants [] or [map])\n");
     return 0;
 }
 
@@ -670,7 +671,7 @@ struct lg_result {
     struct bench_hist hist;
     uint64_t warm_errors;
     double elapsed_s;
-    double cpu_pct;                   /* generator CPU, % of one core per thread */
+    double cpu_pct; /* generator CPU, % of one core per thread */
     char first_error[160];
 };
 
@@ -706,13 +707,14 @@ static void lg_report_text(FILE *f, const struct lg_opts *o, const struct lg_res
     const struct lg_counts *c = &r->cnt;
     const struct bench_hist *h = &r->hist;
 
-    fprintf(f, "loadgen: %s method=%s clients=%u pipeline=%u threads=%u\n", o->socket,
-            o->method, o->clients, o->pipeline, o->threads);
-    fprintf(f, "  requests   %" PRIu64 " sent, %" PRIu64 " ok, %" PRIu64 " errors"
-               " (rpc %" PRIu64 ", msgid %" PRIu64 ", protocol %" PRIu64 ", timeout %" PRIu64
-               ", connection %" PRIu64 "; warmup %" PRIu64 ")\n",
-            c->sent, c->ok, lg_errors(c), c->err_rpc, c->err_msgid, c->err_proto,
-            c->err_timeout, c->err_conn, r->warm_errors);
+    fprintf(f, "loadgen: %s method=%s clients=%u pipeline=%u threads=%u\n", o->socket, o->method,
+            o->clients, o->pipeline, o->threads);
+    fprintf(f,
+            "  requests   %" PRIu64 " sent, %" PRIu64 " ok, %" PRIu64 " errors"
+            " (rpc %" PRIu64 ", msgid %" PRIu64 ", protocol %" PRIu64 ", timeout %" PRIu64
+            ", connection %" PRIu64 "; warmup %" PRIu64 ")\n",
+            c->sent, c->ok, lg_errors(c), c->err_rpc, c->err_msgid, c->err_proto, c->err_timeout,
+            c->err_conn, r->warm_errors);
     if (r->first_error[0])
         fprintf(f, "  first err  %s\n", r->first_error);
     bench_report_text_perf(f, h, c->ok, r->elapsed_s);
@@ -727,29 +729,32 @@ static void lg_report_text(FILE *f, const struct lg_opts *o, const struct lg_res
 static void usage(FILE *f)
 {
     fprintf(f,
-        "usage: loadgen --socket PATH [options]\n"
-        "  --clients N          concurrent connections (default 1, max %d)\n"
-        "  --requests TOTAL     stop after TOTAL measured requests\n"
-        "  --duration S         stop after S seconds (default %.0f when --requests is not\n"
-        "                       given; always capped at %d)\n"
-        "  --method NAME        RPC method (default ping)\n"
-        "  --params-hex HEX     params as raw msgpack, hex-encoded (default: [] = 90)\n"
-        "  --params-json JSON   params as JSON, converted to msgpack\n"
-        "  --params-file FILE   params as raw msgpack read from FILE (large bodies)\n"
-        "  --pipeline D         requests outstanding per connection (default 1, max %d)\n"
-        "  --warmup N           untimed requests before measuring (default 0)\n"
-        "  --threads T          generator threads (default 1, at most --clients)\n"
-        "  --timeout-ms MS      per-request timeout, counted as an error (default 10000)\n"
-        "  --max-frame-bytes B  largest response accepted (default 16777216)\n"
-        "  --json               one-line JSON result instead of text\n"
-        "exit: 0 all ok, 1 errors or nothing completed, 2 usage/set-up, 3 hard cap hit\n",
-        LG_MAX_CLIENTS, LG_DEFAULT_DURATION_S, LG_HARD_CAP_S, LG_MAX_PIPELINE);
+            "usage: loadgen --socket PATH [options]\n"
+            "  --clients N          concurrent connections (default 1, max %d)\n"
+            "  --requests TOTAL     stop after TOTAL measured requests\n"
+            "  --duration S         stop after S seconds (default %.0f when --requests is not\n"
+            "                       given; always capped at %d)\n"
+            "  --method NAME        RPC method (default ping)\n"
+            "  --params-hex HEX     params as raw msgpack, hex-encoded (default: [] = 90)\n"
+            "  --params-json JSON   params as JSON, converted to msgpack\n"
+            "  --params-file FILE   params as raw msgpack read from FILE (large bodies)\n"
+            "  --pipeline D         requests outstanding per connection (default 1, max %d)\n"
+            "  --warmup N           untimed requests before measuring (default 0)\n"
+            "  --threads T          generator threads (default 1, at most --clients)\n"
+            "  --timeout-ms MS      per-request timeout, counted as an error (default 10000)\n"
+            "  --max-frame-bytes B  largest response accepted (default 16777216)\n"
+            "  --json               one-line JSON result instead of text\n"
+            "exit: 0 all ok, 1 errors or nothing completed, 2 usage/set-up, 3 hard cap hit\n",
+            LG_MAX_CLIENTS, LG_DEFAULT_DURATION_S, LG_HARD_CAP_S, LG_MAX_PIPELINE);
 }
 
 int main(int argc, char **argv)
 {
     struct lg_opts o = {
-        .pipeline = 1, .threads = 1, .method = "ping", .max_frame_bytes = 16u << 20,
+        .pipeline = 1,
+        .threads = 1,
+        .method = "ping",
+        .max_frame_bytes = 16u << 20,
     };
     const char *params_hex = NULL, *params_json = NULL, *params_file = NULL;
     struct bench_opts b;
@@ -821,7 +826,8 @@ int main(int argc, char **argv)
 
     msgpack_sbuffer tail;
     msgpack_sbuffer_init(&tail);
-    if (lg_build_tail(o.method, params_hex, params_json, params_file, &tail, err, sizeof(err)) < 0) {
+    if (lg_build_tail(o.method, params_hex, params_json, params_file, &tail, err, sizeof(err)) <
+        0) {
         fprintf(stderr, "loadgen: %s\n", err);
         msgpack_sbuffer_destroy(&tail);
         return 2;
@@ -829,7 +835,8 @@ int main(int argc, char **argv)
 
     bench_arm_hard_cap("loadgen: hard time cap reached, aborting\n", o.duration_s, b.timeout_ms);
 
-    struct lg_shared sh = { .o = &o, .req_tail = (const unsigned char *)tail.data,
+    struct lg_shared sh = { .o = &o,
+                            .req_tail = (const unsigned char *)tail.data,
                             .req_tail_len = tail.size };
     atomic_init(&sh.issued, 0);
     pthread_barrier_init(&sh.barrier, NULL, o.threads);

@@ -77,7 +77,7 @@ static void teardown(struct bench *b)
 
 static double attempt_ns(struct bench *b, size_t n, long iters)
 {
-    struct attempt_result r = {.outcome = {.kind = OUTCOME_SUCCESS}, .ttft_s = 0.02};
+    struct attempt_result r = { .outcome = { .kind = OUTCOME_SUCCESS }, .ttft_s = 0.02 };
     double t0 = mono();
     for (long i = 0; i < iters; i++) {
         r.elapsed_s = (double)(i & 1023) * 0.001; /* spread over the buckets */
@@ -111,7 +111,7 @@ static double render_us(struct bench *b, int reps, size_t *len)
 int main(int argc, char **argv)
 {
     long iters = 2000000;
-    static const size_t sizes[] = {4, 100};
+    static const size_t sizes[] = { 4, 100 };
 
     if (argc == 3 && strcmp(argv[1], "--iterations") == 0)
         iters = atol(argv[2]);

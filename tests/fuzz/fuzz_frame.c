@@ -18,12 +18,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* Mirrors call_start()'s spec. */
 static const struct rpc_param call_spec[] = {
-    {"capability", RPC_T_STR, true},
-    {"body", RPC_T_MAP, true},
-    {"stream", RPC_T_BOOL | RPC_T_NIL, false},
-    {"scope", RPC_T_STR | RPC_T_NIL, false},
-    {"task_id", RPC_T_STR | RPC_T_NIL, false},
-    {"deadline_s", RPC_T_NUMBER | RPC_T_NIL, false},
+    { "capability", RPC_T_STR, true },           { "body", RPC_T_MAP, true },
+    { "stream", RPC_T_BOOL | RPC_T_NIL, false }, { "scope", RPC_T_STR | RPC_T_NIL, false },
+    { "task_id", RPC_T_STR | RPC_T_NIL, false }, { "deadline_s", RPC_T_NUMBER | RPC_T_NIL, false },
 };
 #define CALL_SPEC_N (sizeof(call_spec) / sizeof(call_spec[0]))
 

@@ -73,7 +73,7 @@ static size_t depth_of(const char *s, size_t n)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const char *s = (const char *)data;
-    struct bounds b = {s, s + size};
+    struct bounds b = { s, s + size };
     size_t at = 0;
     int ok = jscan_check(s, size, &at);
 

@@ -14,7 +14,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     /* Fixed "now"s: mid-range, near the RFC 850 century pivot, and epoch 0. */
-    static const double nows[] = {1700000000.0, 4102444800.0, 0.0};
+    static const double nows[] = { 1700000000.0, 4102444800.0, 0.0 };
     char *s = malloc(size + 1);
     size_t i;
 

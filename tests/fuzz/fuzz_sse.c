@@ -71,7 +71,7 @@ static void finish(struct transcript *t, struct sse_parser *p, int rc)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    struct transcript whole = {0}, split = {0};
+    struct transcript whole = { 0 }, split = { 0 };
     struct sse_parser p;
     uint32_t seed;
     size_t off;

@@ -25,7 +25,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static const struct transcode_j2m relayed = {.max_depth = RPC_RELAYED_MAX_DEPTH};
+static const struct transcode_j2m relayed = { .max_depth = RPC_RELAYED_MAX_DEPTH };
 
 static void json_side(const uint8_t *data, size_t size)
 {
@@ -68,7 +68,7 @@ out:
 
 static void msgpack_side(const uint8_t *data, size_t size)
 {
-    static const struct transcode_override ov = {"fuzz-model", TRANSCODE_STREAM_TRUE};
+    static const struct transcode_override ov = { "fuzz-model", TRANSCODE_STREAM_TRUE };
     struct frame_reader r;
     msgpack_unpacked u;
     struct strbuf json;

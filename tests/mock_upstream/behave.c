@@ -14,7 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#define MS_MAX (24LL * 3600 * 1000)   /* one day: any longer is a test bug */
+#define MS_MAX (24LL * 3600 * 1000) /* one day: any longer is a test bug */
 
 void behave_init(struct behave *b)
 {
@@ -80,7 +80,8 @@ int behave_parse(struct behave *b, json_t *obj, char *err, size_t errlen)
         snprintf(err, errlen, "mock: a behaviour must be a JSON object");
         return -1;
     }
-    json_object_foreach(obj, key, v) {
+    json_object_foreach(obj, key, v)
+    {
         if (!strcmp(key, "delay_ms")) {
             if (get_int(v, MS_MAX, &b->delay_ms))
                 return fail(b, err, errlen, key, "must be a number of ms in [0, 86400000]");
@@ -97,8 +98,9 @@ int behave_parse(struct behave *b, json_t *obj, char *err, size_t errlen)
             else if (s && !strcmp(s, "accept"))
                 b->hang = BEHAVE_HANG_ACCEPT;
             else
-                return fail(b, err, errlen, key,
-                            "must be \"before_headers\", \"after_headers\", \"accept\" or \"none\"");
+                return fail(
+                    b, err, errlen, key,
+                    "must be \"before_headers\", \"after_headers\", \"accept\" or \"none\"");
         } else if (!strcmp(key, "hang_ms")) {
             if (get_int(v, MS_MAX, &b->hang_ms))
                 return fail(b, err, errlen, key, "must be a number of ms in [0, 86400000]");
@@ -110,7 +112,8 @@ int behave_parse(struct behave *b, json_t *obj, char *err, size_t errlen)
                 return fail(b, err, errlen, key, "must be an integer >= 1");
         } else if (!strcmp(key, "status")) {
             if (get_int(v, 599, &n) || n < 200 || n == 204 || n == 304)
-                return fail(b, err, errlen, key, "must be an HTTP status in [200, 599] (not 204/304)");
+                return fail(b, err, errlen, key,
+                            "must be an HTTP status in [200, 599] (not 204/304)");
             b->status = (int)n;
         } else if (!strcmp(key, "retry_after")) {
             if (json_is_string(v)) {
@@ -182,7 +185,8 @@ int behave_parse(struct behave *b, json_t *obj, char *err, size_t errlen)
             json_t *uv;
             if (!json_is_object(v))
                 return fail(b, err, errlen, key, "must be an object");
-            json_object_foreach(v, uk, uv) {
+            json_object_foreach(v, uk, uv)
+            {
                 if (strcmp(uk, "prompt_tokens") && strcmp(uk, "completion_tokens") &&
                     strcmp(uk, "total_tokens"))
                     return fail(b, err, errlen, key,
@@ -196,7 +200,8 @@ int behave_parse(struct behave *b, json_t *obj, char *err, size_t errlen)
             json_t *hv;
             if (!json_is_object(v))
                 return fail(b, err, errlen, key, "must be an object of strings");
-            json_object_foreach(v, hk, hv) {
+            json_object_foreach(v, hk, hv)
+            {
                 if (!is_token(hk) || !json_is_string(hv) ||
                     !is_header_text(json_string_value(hv), json_string_length(hv)))
                     return fail(b, err, errlen, key,

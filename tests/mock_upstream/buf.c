@@ -100,11 +100,21 @@ void buf_add_json_str(struct buf *b, const char *s, size_t n)
         char esc[6] = { '\\', 0, 0, 0, 0, 0 };
         size_t elen = 2;
         switch (ch) {
-        case '"': esc[1] = '"'; break;
-        case '\\': esc[1] = '\\'; break;
-        case '\n': esc[1] = 'n'; break;
-        case '\r': esc[1] = 'r'; break;
-        case '\t': esc[1] = 't'; break;
+        case '"':
+            esc[1] = '"';
+            break;
+        case '\\':
+            esc[1] = '\\';
+            break;
+        case '\n':
+            esc[1] = 'n';
+            break;
+        case '\r':
+            esc[1] = 'r';
+            break;
+        case '\t':
+            esc[1] = 't';
+            break;
         default:
             esc[1] = 'u';
             esc[2] = '0';

@@ -45,10 +45,10 @@
 
 enum { CH_SIZE, CH_DATA, CH_DATA_END, CH_TRAILER, CH_DONE };
 
-#define HUP_POLL_S 0.02        /* HANG_ACCEPT: how often to look for the peer's close */
-#define PEEK_RETRY_S 0.005
+#define HUP_POLL_S     0.02 /* HANG_ACCEPT: how often to look for the peer's close */
+#define PEEK_RETRY_S   0.005
 #define PEEK_MAX_TRIES 100
-#define LINGER_S 1.0
+#define LINGER_S       1.0
 
 static void conn_on_read(struct ev_loop *loop, ev_io *w, int revents);
 static void conn_on_write(struct ev_loop *loop, ev_io *w, int revents);
@@ -239,13 +239,13 @@ static int conn_parse_head(struct conn *c)
     /* header fields */
     bool want_close = false, want_keep = false;
     const char *line = eol + 2;
-    const char *end = p + hl - 2;   /* the final CRLF */
+    const char *end = p + hl - 2; /* the final CRLF */
     while (line < end) {
         const char *le = memchr(line, '\r', (size_t)(end + 2 - line));
         if (le[1] != '\n')
-            return 400;                 /* bare CR */
+            return 400; /* bare CR */
         if (*line == ' ' || *line == '\t')
-            return 400;                 /* obsolete line folding */
+            return 400; /* obsolete line folding */
         const char *colon = memchr(line, ':', (size_t)(le - line));
         if (!colon || colon == line)
             return 400;
@@ -285,7 +285,7 @@ static int conn_parse_head(struct conn *c)
         line = le + 2;
     }
     if (c->chunked)
-        c->content_length = -1;        /* RFC 9112 6.3: chunked wins */
+        c->content_length = -1; /* RFC 9112 6.3: chunked wins */
     if (c->content_length > (long long)MOCK_MAX_BODY_BYTES)
         return 413;
     c->req_keep_alive = c->minor == 1 ? !want_close : (want_keep && !want_close);
@@ -309,7 +309,7 @@ static int conn_parse_body(struct conn *c, size_t *total)
     const char *p = c->in.p;
     size_t n = c->in.len;
     if (n > c->head_len + 2 * (size_t)MOCK_MAX_BODY_BYTES)
-        return 413;                    /* absurd framing overhead */
+        return 413; /* absurd framing overhead */
     for (;;) {
         switch (c->cstate) {
         case CH_SIZE: {
@@ -371,7 +371,7 @@ static int conn_parse_body(struct conn *c, size_t *total)
                 c->cstate = CH_DONE;
             break;
         }
-        default:   /* CH_DONE */
+        default: /* CH_DONE */
             *total = c->cpos;
             return 1;
         }
@@ -402,13 +402,13 @@ static void conn_fail(struct conn *c, int status)
 {
     c->req_keep_alive = false;
     c->linger = true;
-    reply_error(c, status, status == 413 || status == 431 ? "request_too_large"
-                                                            : "invalid_request_error",
-                status == 431   ? "mock: request head too large"
-                : status == 413 ? "mock: request body too large"
-                : status == 501 ? "mock: unsupported transfer-encoding"
-                : status == 505 ? "mock: unsupported HTTP version"
-                                : "mock: malformed request");
+    reply_error(c, status,
+                status == 413 || status == 431 ? "request_too_large" : "invalid_request_error",
+                status == 431       ? "mock: request head too large"
+                    : status == 413 ? "mock: request body too large"
+                    : status == 501 ? "mock: unsupported transfer-encoding"
+                    : status == 505 ? "mock: unsupported HTTP version"
+                                    : "mock: malformed request");
 }
 
 static void conn_dispatch(struct conn *c, const char *body, size_t blen)
@@ -420,7 +420,7 @@ static void conn_dispatch(struct conn *c, const char *body, size_t blen)
     const char *target = p + c->target_off;
     size_t tlen = c->target_len;
 
-    if (tlen > 7 && !strncasecmp(target, "http://", 7)) {     /* absolute-form */
+    if (tlen > 7 && !strncasecmp(target, "http://", 7)) { /* absolute-form */
         const char *s = memchr(target + 7, '/', tlen - 7);
         if (s) {
             tlen -= (size_t)(s - target);
@@ -475,7 +475,7 @@ static void conn_drive(struct conn *c)
     while (c->state == CONN_READ) {
         int r;
         if (!c->head_len) {
-            size_t skip = 0;          /* stray CRLFs between requests */
+            size_t skip = 0; /* stray CRLFs between requests */
             while (skip < c->in.len && (c->in.p[skip] == '\r' || c->in.p[skip] == '\n'))
                 skip++;
             if (skip)
@@ -610,7 +610,7 @@ static int conn_flush(struct conn *c)
                 blocked = true;
                 break;
             }
-            conn_close(c, true);       /* EPIPE, ECONNRESET: the client went away */
+            conn_close(c, true); /* EPIPE, ECONNRESET: the client went away */
             return -1;
         }
         size_t hw = (size_t)w < c->head_left ? (size_t)w : c->head_left;
@@ -730,7 +730,7 @@ static void conn_peek(struct conn *c)
     const char *sp = memchr(pb, ' ', (size_t)r);
     size_t rest = sp ? (size_t)(pb + r - (sp + 1)) : 0;
     if (!memchr(pb, '\n', (size_t)r) && (size_t)r < sizeof pb && c->peek_tries < PEEK_MAX_TRIES) {
-        c->peek_tries++;           /* wait for the whole request line: look again soon */
+        c->peek_tries++; /* wait for the whole request line: look again soon */
         ev_io_stop(m->loop, &c->rw);
         timer_arm(c, &c->step_w, PEEK_RETRY_S, 0.);
         return;
@@ -746,7 +746,7 @@ static void conn_peek(struct conn *c)
     char err[256];
     c->beh_json = behave_take(m);
     if (behave_parse(&c->b, c->beh_json, err, sizeof err) != 0)
-        behave_init(&c->b);          /* cannot happen: validated when scripted */
+        behave_init(&c->b); /* cannot happen: validated when scripted */
     m->st.requests++;
     c->req_id = ++m->next_id;
     conn_mark_api(c);
@@ -795,9 +795,9 @@ static void conn_read(struct conn *c)
                 return;
         }
         if (c->state == CONN_HANG || c->state == CONN_LINGER)
-            return;                  /* the next readiness goes to conn_discard */
+            return; /* the next readiness goes to conn_discard */
         if ((size_t)r < space)
-            return;                  /* drained (level-triggered: more wakes us) */
+            return; /* drained (level-triggered: more wakes us) */
     }
 }
 
@@ -830,7 +830,7 @@ static void conn_on_write(struct ev_loop *loop, ev_io *w, int revents)
     struct conn *c = w->data;
     (void)revents;
     if (c->state != CONN_SEND && c->state != CONN_READ) {
-        ev_io_stop(loop, w);    /* DELAY: the answer goes out at begin_send */
+        ev_io_stop(loop, w); /* DELAY: the answer goes out at begin_send */
         return;
     }
     if (conn_flush(c) < 0)
@@ -896,5 +896,5 @@ static void conn_on_deadline(struct ev_loop *loop, ev_timer *w, int revents)
     (void)loop;
     (void)w;
     (void)revents;
-    conn_close(c, false);       /* hang_ms over, or lingering close done */
+    conn_close(c, false); /* hang_ms over, or lingering close done */
 }

@@ -115,7 +115,7 @@ static json_t *record_json(const struct mock_record *r)
             *s = (char)tolower((unsigned char)*s);
         json_t *val = lossy_string(v, (size_t)(ve - v));
         json_t *prev = json_object_get(h, name);
-        if (prev && val) {             /* repeated field: join as HTTP allows */
+        if (prev && val) { /* repeated field: join as HTTP allows */
             char *joined;
             if (asprintf(&joined, "%s, %s", json_string_value(prev), json_string_value(val)) >= 0) {
                 json_decref(val);
@@ -151,8 +151,8 @@ static void reply_json(struct conn *c, int status, json_t *doc)
 
 static void control_error(struct conn *c, int status, const char *msg)
 {
-    reply_json(c, status, json_pack("{s:{s:s,s:s}}", "error", "message", msg, "type",
-                                    "mock_error"));
+    reply_json(c, status,
+               json_pack("{s:{s:s,s:s}}", "error", "message", msg, "type", "mock_error"));
 }
 
 static void control_stats(struct conn *c)
@@ -200,7 +200,8 @@ static int validate_list(json_t *list, const char *what, char *err, size_t errle
         snprintf(err, errlen, "%s must be an array of behaviour objects", what);
         return -1;
     }
-    json_array_foreach(list, i, v) {
+    json_array_foreach(list, i, v)
+    {
         char why[200];
         if (behave_parse(&tmp, v, why, sizeof why) != 0) {
             snprintf(err, errlen, "%s[%zu]: %s", what, i, why);
@@ -212,7 +213,7 @@ static int validate_list(json_t *list, const char *what, char *err, size_t errle
 
 int control_auth_check(json_t *auth, char *err, size_t errlen)
 {
-    static const char *const dialects[] = {"openai", "azure", "anthropic", "gemini", "query"};
+    static const char *const dialects[] = { "openai", "azure", "anthropic", "gemini", "query" };
     const char *k;
     json_t *v;
     bool known = false;
@@ -221,7 +222,8 @@ int control_auth_check(json_t *auth, char *err, size_t errlen)
         snprintf(err, errlen, "must be an object {dialect, key, name?} or null");
         return -1;
     }
-    json_object_foreach(auth, k, v) {
+    json_object_foreach(auth, k, v)
+    {
         if (strcmp(k, "dialect") && strcmp(k, "key") && strcmp(k, "name")) {
             snprintf(err, errlen, "unknown key \"%s\" (dialect, key, name)", k);
             return -1;
@@ -259,7 +261,8 @@ static void control_script(struct conn *c, const char *body, size_t blen)
     } else if (json_is_object(doc)) {
         const char *k;
         json_t *v;
-        json_object_foreach(doc, k, v) {
+        json_object_foreach(doc, k, v)
+        {
             if (!strcmp(k, "queue")) {
                 queue = v;
             } else if (!strcmp(k, "append")) {
@@ -310,9 +313,9 @@ static void control_script(struct conn *c, const char *body, size_t blen)
         m->auth = auth ? json_incref(auth) : NULL;
     }
     json_decref(doc);
-    reply_json(c, 200, json_pack("{s:b,s:I,s:b}", "ok", 1, "queue_len",
-                                 (json_int_t)json_array_size(m->queue), "has_default",
-                                 m->dflt != NULL));
+    reply_json(c, 200,
+               json_pack("{s:b,s:I,s:b}", "ok", 1, "queue_len",
+                         (json_int_t)json_array_size(m->queue), "has_default", m->dflt != NULL));
     return;
 bad:
     json_decref(doc);
@@ -356,8 +359,8 @@ static bool is(const char *s, size_t n, const char *lit)
     return strlen(lit) == n && !memcmp(s, lit, n);
 }
 
-void control_handle(struct conn *c, const char *method, size_t mlen, const char *path,
-                    size_t plen, const char *body, size_t blen)
+void control_handle(struct conn *c, const char *method, size_t mlen, const char *path, size_t plen,
+                    const char *body, size_t blen)
 {
     struct mock *m = c->m;
     bool get = is(method, mlen, "GET"), post = is(method, mlen, "POST");
@@ -381,6 +384,7 @@ void control_handle(struct conn *c, const char *method, size_t mlen, const char 
     } else if (post && is(path, plen, "/_mock/reset")) {
         control_reset(c, body, blen);
     } else {
-        control_error(c, 404, "unknown control endpoint (GET stats|last|requests, POST script|reset)");
+        control_error(c, 404,
+                      "unknown control endpoint (GET stats|last|requests, POST script|reset)");
     }
 }

@@ -23,12 +23,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MOCK_MAX_HEAD_BYTES   (64u * 1024u)          /* request line + headers -> 431 */
-#define MOCK_MAX_BODY_BYTES   (64u * 1024u * 1024u)  /* request body -> 413 */
-#define MOCK_PIPELINE_BYTES   (256u * 1024u)  /* read-ahead while answering, then pause */
-#define MOCK_MAX_PATHS        64              /* distinct paths in stats.by_path */
-#define MOCK_HISTORY          32              /* requests kept for /_mock/requests */
-#define MOCK_HISTORY_BODY_MAX (1u << 20)      /* body bytes kept per history entry */
+#define MOCK_MAX_HEAD_BYTES   (64u * 1024u)         /* request line + headers -> 431 */
+#define MOCK_MAX_BODY_BYTES   (64u * 1024u * 1024u) /* request body -> 413 */
+#define MOCK_PIPELINE_BYTES   (256u * 1024u)        /* read-ahead while answering, then pause */
+#define MOCK_MAX_PATHS        64                    /* distinct paths in stats.by_path */
+#define MOCK_HISTORY          32                    /* requests kept for /_mock/requests */
+#define MOCK_HISTORY_BODY_MAX (1u << 20)            /* body bytes kept per history entry */
 #define MOCK_MAX_STATUS       600
 
 /* ---------------------------------------------------------------- buf.c */
@@ -64,11 +64,11 @@ void buf_fini(struct buf *b);
 /* What the fast path needs from a plain chat request. Strings point into
  * the body, still JSON-escaped (valid to copy between quotes as is). */
 struct scan_chat {
-    const char *model;           /* NULL when absent */
+    const char *model; /* NULL when absent */
     size_t model_len;
-    const char *echo;            /* last string message content, NULL if none */
+    const char *echo; /* last string message content, NULL if none */
     size_t echo_len, echo_decoded;
-    size_t prompt_bytes;         /* decoded bytes of all string contents */
+    size_t prompt_bytes; /* decoded bytes of all string contents */
 };
 
 /* Returns 0 when body[0..n) is a plain non-streaming chat request that the
@@ -80,16 +80,16 @@ int scan_chat(const char *body, size_t n, struct scan_chat *out);
 
 enum behave_hang {
     BEHAVE_HANG_NONE,
-    BEHAVE_HANG_ACCEPT,          /* never read the connection */
-    BEHAVE_HANG_BEFORE_HEADERS,  /* read the request, never answer */
-    BEHAVE_HANG_AFTER_HEADERS,   /* send status + headers, then nothing */
+    BEHAVE_HANG_ACCEPT,         /* never read the connection */
+    BEHAVE_HANG_BEFORE_HEADERS, /* read the request, never answer */
+    BEHAVE_HANG_AFTER_HEADERS,  /* send status + headers, then nothing */
 };
 
 /* One parsed behaviour object. Strings and objects are borrowed from the
  * json_t it was parsed from, which the owner keeps alive. Numbers are -1
  * when unset unless noted. */
 struct behave {
-    long long delay_ms;          /* 0 = none */
+    long long delay_ms; /* 0 = none */
     enum behave_hang hang;
     long long hang_ms;           /* 0 = until the client closes */
     long long trickle_ms;        /* 0 = off */
@@ -99,22 +99,22 @@ struct behave {
     char retry_after_buf[40];    /* formatted numeric retry_after */
     long long close_after_bytes; /* -1 = off */
     bool no_length;
-    long long stream_events;     /* -1 = default */
+    long long stream_events; /* -1 = default */
     long long stream_interval_ms;
     bool no_done;
-    const char *body;            /* raw body override (hex digits when body_hex) */
+    const char *body; /* raw body override (hex digits when body_hex) */
     size_t body_len;
-    bool body_hex;               /* `body_hex`: body is the bytes spelled in hex */
+    bool body_hex; /* `body_hex`: body is the bytes spelled in hex */
     const char *content_type;
-    const char *content;         /* reply text override */
+    const char *content; /* reply text override */
     size_t content_len;
-    long long content_repeat;    /* chat: repeat the text to this many bytes, 0 = off */
+    long long content_repeat; /* chat: repeat the text to this many bytes, 0 = off */
     const char *error_message, *error_type;
-    json_t *usage;               /* object or NULL */
-    json_t *headers;             /* object of string values or NULL */
-    long long dims;              /* embedding dimensions, -1 = default */
-    const char *stream_error;    /* Anthropic stream: end with this error event */
-    bool usage_if_asked;         /* OpenAI: stream usage only with include_usage */
+    json_t *usage;            /* object or NULL */
+    json_t *headers;          /* object of string values or NULL */
+    long long dims;           /* embedding dimensions, -1 = default */
+    const char *stream_error; /* Anthropic stream: end with this error event */
+    bool usage_if_asked;      /* OpenAI: stream usage only with include_usage */
 };
 
 void behave_init(struct behave *b);
@@ -135,22 +135,22 @@ bool behave_accept_pending(const struct mock *m);
 enum mock_endpoint { EP_CHAT, EP_EMBEDDINGS, EP_OCR, EP_MESSAGES };
 
 enum conn_state {
-    CONN_PEEK,         /* new connection while an accept-hang is scripted */
-    CONN_READ,         /* reading / parsing a request */
-    CONN_DELAY,        /* answer built, waiting delay_ms */
-    CONN_SEND,         /* writing the answer (maybe paced) */
-    CONN_HANG,         /* hang before/after headers: read only to see a close */
-    CONN_HANG_ACCEPT,  /* never reads: polls for the peer's FIN/RST */
-    CONN_LINGER,       /* error answer sent, write side shut: drain until EOF */
-    CONN_CLOSED,       /* fd closed; memory freed by the reaper */
+    CONN_PEEK,        /* new connection while an accept-hang is scripted */
+    CONN_READ,        /* reading / parsing a request */
+    CONN_DELAY,       /* answer built, waiting delay_ms */
+    CONN_SEND,        /* writing the answer (maybe paced) */
+    CONN_HANG,        /* hang before/after headers: read only to see a close */
+    CONN_HANG_ACCEPT, /* never reads: polls for the peer's FIN/RST */
+    CONN_LINGER,      /* error answer sent, write side shut: drain until EOF */
+    CONN_CLOSED,      /* fd closed; memory freed by the reaper */
 };
 
 /* SSE generation state of a streaming chat answer. Strings borrowed from
  * the connection's req_json / beh_json. */
 struct reply_stream {
     bool active, done;
-    bool include_usage;          /* OpenAI shape: separate usage chunk */
-    bool anthropic;              /* Messages API events instead of chunks */
+    bool include_usage; /* OpenAI shape: separate usage chunk */
+    bool anthropic;     /* Messages API events instead of chunks */
     long long events, next;
     long long interval_ms;
     const char *model;
@@ -164,24 +164,24 @@ struct reply_stream {
 
 struct conn {
     struct mock *m;
-    struct conn *prev, *next;    /* m->conns, or m->dead once closed */
+    struct conn *prev, *next; /* m->conns, or m->dead once closed */
     int fd;
     enum conn_state state;
     ev_io rw, ww;
-    ev_timer step_w;             /* delay, stream interval, peek retry, hup poll */
+    ev_timer step_w; /* delay, stream interval, peek retry, hup poll */
     ev_timer trickle_w;
-    ev_timer deadline_w;         /* hang_ms */
+    ev_timer deadline_w; /* hang_ms */
     int peek_tries;
 
     /* input */
     struct buf in;
-    size_t scan;                 /* where to resume looking for CRLFCRLF */
-    size_t head_len;             /* 0 = head not complete yet */
+    size_t scan;     /* where to resume looking for CRLFCRLF */
+    size_t head_len; /* 0 = head not complete yet */
     size_t meth_off, meth_len, target_off, target_len;
     int minor;
-    long long content_length;    /* -1 = none */
+    long long content_length; /* -1 = none */
     bool chunked, expect_continue, sent_continue, req_keep_alive;
-    struct buf cbody;            /* de-chunked request body */
+    struct buf cbody; /* de-chunked request body */
     size_t cpos, crem;
     int cstate;
     bool reading_paused;
@@ -189,22 +189,22 @@ struct conn {
     /* current answer */
     struct buf out;
     size_t out_off;
-    size_t head_left;            /* head bytes at out_off not yet written */
+    size_t head_left; /* head bytes at out_off not yet written */
     bool resp_active, head_done, keep_alive, chunked_out;
-    size_t body_budget;          /* trickle: body bytes allowed until next tick */
+    size_t body_budget; /* trickle: body bytes allowed until next tick */
     unsigned long long body_written;
     int status;
     struct behave b;
-    json_t *beh_json;            /* owns b's strings */
-    json_t *req_json;            /* parsed request body (strings used by stream) */
+    json_t *beh_json; /* owns b's strings */
+    json_t *req_json; /* parsed request body (strings used by stream) */
     struct reply_stream st;
-    enum mock_endpoint ep;       /* of the current API request */
-    struct buf repeated;         /* chat text made by content_repeat (st.text may point here) */
+    enum mock_endpoint ep; /* of the current API request */
+    struct buf repeated;   /* chat text made by content_repeat (st.text may point here) */
 
-    unsigned long long req_id;   /* X-Mock-Request, completion ids */
-    bool linger;                 /* close via CONN_LINGER (input left unread) */
-    bool is_api;                 /* carried an API request: in connection counts */
-    bool in_progress;            /* counted in stats.in_progress */
+    unsigned long long req_id; /* X-Mock-Request, completion ids */
+    bool linger;               /* close via CONN_LINGER (input left unread) */
+    bool is_api;               /* carried an API request: in connection counts */
+    bool in_progress;          /* counted in stats.in_progress */
 };
 
 void conn_new(struct mock *m, int fd);
@@ -236,8 +236,8 @@ const char *reply_reason(int status);
 /* ------------------------------------------------------------ control.c */
 
 /* Answers a /_mock/... request. */
-void control_handle(struct conn *c, const char *method, size_t mlen, const char *path,
-                    size_t plen, const char *body, size_t blen);
+void control_handle(struct conn *c, const char *method, size_t mlen, const char *path, size_t plen,
+                    const char *body, size_t blen);
 /* Copies an API request into the history ring (bounded). */
 void control_record(struct mock *m, const char *head, size_t hlen, const char *body, size_t blen);
 /* Counts an API request under its path. */
@@ -254,23 +254,23 @@ struct mock_path_count {
 };
 
 struct mock_record {
-    struct buf data;             /* head bytes then (maybe truncated) body */
+    struct buf data; /* head bytes then (maybe truncated) body */
     size_t head_len, body_len, body_total;
 };
 
 /* Monotonic counters (zeroed by /_mock/reset) and gauges (never reset). */
 struct mock_stats {
     unsigned long long requests;
-    unsigned long long accepted;       /* connections that carried an API request */
-    unsigned long long closed;         /* of those, closed (either side) */
-    unsigned long long closed_by_peer; /* of those, the client closed first */
-    unsigned long long aborted_by_peer;/* ... while its request was unanswered */
-    unsigned long long tcp_accepted;   /* every accepted connection */
+    unsigned long long accepted;        /* connections that carried an API request */
+    unsigned long long closed;          /* of those, closed (either side) */
+    unsigned long long closed_by_peer;  /* of those, the client closed first */
+    unsigned long long aborted_by_peer; /* ... while its request was unanswered */
+    unsigned long long tcp_accepted;    /* every accepted connection */
     unsigned long long control_requests;
-    unsigned long long open;           /* gauge: API connections open */
-    unsigned long long tcp_open;       /* gauge: all connections open */
-    unsigned long long in_progress;    /* gauge: API requests not fully answered */
-    double last_abort_s;               /* Unix time of the latest aborted_by_peer, 0 = none */
+    unsigned long long open;        /* gauge: API connections open */
+    unsigned long long tcp_open;    /* gauge: all connections open */
+    unsigned long long in_progress; /* gauge: API requests not fully answered */
+    double last_abort_s;            /* Unix time of the latest aborted_by_peer, 0 = none */
 };
 
 struct mock {
@@ -282,9 +282,9 @@ struct mock {
     ev_signal sigterm_w, sigint_w;
     ev_prepare reap_w;
     struct conn *conns, *dead;
-    json_t *queue;               /* array of behaviour objects */
-    json_t *dflt;                /* object or NULL */
-    json_t *auth;                /* the auth every API request must carry, or NULL */
+    json_t *queue; /* array of behaviour objects */
+    json_t *dflt;  /* object or NULL */
+    json_t *auth;  /* the auth every API request must carry, or NULL */
     unsigned long long next_id;
     struct mock_stats st;
     unsigned long long by_status[MOCK_MAX_STATUS];
@@ -293,7 +293,7 @@ struct mock {
     unsigned long long paths_overflow;
     struct mock_record hist[MOCK_HISTORY];
     size_t hist_next, hist_count;
-    struct buf scratch;          /* reused by reply generation */
+    struct buf scratch; /* reused by reply generation */
 };
 
 #endif /* POLYGW_MOCK_UPSTREAM_INTERNAL_H */

@@ -25,7 +25,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define ACCEPT_BATCH 64
+#define ACCEPT_BATCH   64
 #define ACCEPT_RETRY_S 0.1
 
 static void usage(FILE *f)
@@ -35,7 +35,8 @@ static void usage(FILE *f)
           "  --host ADDR  address to listen on (default 127.0.0.1)\n"
           "Prints \"LISTENING <port>\" on stdout once ready; SIGTERM/SIGINT stop it (exit 0).\n"
           "Endpoints: POST .../chat/completions, .../embeddings, .../ocr;\n"
-          "control: GET /_mock/stats, /_mock/last, /_mock/requests; POST /_mock/script, /_mock/reset.\n"
+          "control: GET /_mock/stats, /_mock/last, /_mock/requests; POST /_mock/script, "
+          "/_mock/reset.\n"
           "See tests/mock_upstream/README.md for the scripting interface.\n",
           f);
 }
@@ -50,18 +51,19 @@ static void on_accept(struct ev_loop *loop, ev_io *w, int revents)
             if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO)
                 continue;
             if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-                if (!m->accept_paused_logged)   /* once per exhaustion episode */
-                    fprintf(stderr, "mock_upstream: accept: %s; pausing accepts\n", strerror(errno));
+                if (!m->accept_paused_logged) /* once per exhaustion episode */
+                    fprintf(stderr, "mock_upstream: accept: %s; pausing accepts\n",
+                            strerror(errno));
                 m->accept_paused_logged = true;
                 ev_io_stop(loop, &m->accept_w);
                 ev_timer_set(&m->accept_retry_w, ACCEPT_RETRY_S, 0.);
                 ev_timer_start(loop, &m->accept_retry_w);
             }
-            return;                    /* EAGAIN or a pause */
+            return; /* EAGAIN or a pause */
         }
         m->accept_paused_logged = false;
         int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);   /* trickle timing */
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* trickle timing */
         conn_new(m, fd);
     }
 }
@@ -171,7 +173,7 @@ int main(int argc, char **argv)
     sa.sa_handler = SIG_IGN;
     sigaction(SIGPIPE, &sa, NULL);
 
-    static struct mock m;     /* static: ~10 KiB of counters, zero-initialised */
+    static struct mock m; /* static: ~10 KiB of counters, zero-initialised */
     int bound = 0;
     m.lfd = listen_on(host, port, &bound);
     if (m.lfd < 0)

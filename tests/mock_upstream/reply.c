@@ -18,35 +18,58 @@
 #include <time.h>
 
 #define DEFAULT_STREAM_EVENTS 4
-#define DEFAULT_DIMS 8
-#define MAX_EMBED_FLOATS (4u * 1024u * 1024u)
+#define DEFAULT_DIMS          8
+#define MAX_EMBED_FLOATS      (4u * 1024u * 1024u)
 
 const char *reply_reason(int status)
 {
     switch (status) {
-    case 200: return "OK";
-    case 201: return "Created";
-    case 202: return "Accepted";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 402: return "Payment Required";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 409: return "Conflict";
-    case 413: return "Content Too Large";
-    case 422: return "Unprocessable Content";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 502: return "Bad Gateway";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    case 505: return "HTTP Version Not Supported";
-    case 529: return "Overloaded";
-    default: return "Status";
+    case 200:
+        return "OK";
+    case 201:
+        return "Created";
+    case 202:
+        return "Accepted";
+    case 400:
+        return "Bad Request";
+    case 401:
+        return "Unauthorized";
+    case 402:
+        return "Payment Required";
+    case 403:
+        return "Forbidden";
+    case 404:
+        return "Not Found";
+    case 405:
+        return "Method Not Allowed";
+    case 408:
+        return "Request Timeout";
+    case 409:
+        return "Conflict";
+    case 413:
+        return "Content Too Large";
+    case 422:
+        return "Unprocessable Content";
+    case 429:
+        return "Too Many Requests";
+    case 431:
+        return "Request Header Fields Too Large";
+    case 500:
+        return "Internal Server Error";
+    case 501:
+        return "Not Implemented";
+    case 502:
+        return "Bad Gateway";
+    case 503:
+        return "Service Unavailable";
+    case 504:
+        return "Gateway Timeout";
+    case 505:
+        return "HTTP Version Not Supported";
+    case 529:
+        return "Overloaded";
+    default:
+        return "Status";
     }
 }
 
@@ -111,8 +134,7 @@ static void reply_head(struct conn *c, int status, const char *ctype, long long 
     if (c->b.headers) {
         const char *k;
         json_t *v;
-        json_object_foreach(c->b.headers, k, v)
-            buf_addf(o, "%s: %s\r\n", k, json_string_value(v));
+        json_object_foreach(c->b.headers, k, v) buf_addf(o, "%s: %s\r\n", k, json_string_value(v));
     }
     buf_add(o, "\r\n", 2);
     c->head_left += o->len - start;
@@ -133,13 +155,24 @@ void reply_simple(struct conn *c, int status, const char *ctype, const char *bod
 static const char *error_type_of(int status)
 {
     switch (status) {
-    case 400: case 404: case 405: case 413: case 422: return "invalid_request_error";
-    case 401: return "authentication_error";
-    case 403: return "permission_error";
-    case 408: return "timeout_error";
-    case 409: return "conflict_error";
-    case 429: return "rate_limit_error";
-    default: return status >= 500 ? "server_error" : "invalid_request_error";
+    case 400:
+    case 404:
+    case 405:
+    case 413:
+    case 422:
+        return "invalid_request_error";
+    case 401:
+        return "authentication_error";
+    case 403:
+        return "permission_error";
+    case 408:
+        return "timeout_error";
+    case 409:
+        return "conflict_error";
+    case 429:
+        return "rate_limit_error";
+    default:
+        return status >= 500 ? "server_error" : "invalid_request_error";
     }
 }
 
@@ -152,7 +185,8 @@ static void reply_error_json(struct conn *c, int status, const char *type, const
     buf_adds(sc, ",\"type\":");
     buf_add_json_str(sc, type, strlen(type));
     buf_adds(sc, ",\"param\":null,\"code\":");
-    buf_adds(sc, status == 429   ? "\"rate_limit_exceeded\""
+    buf_adds(sc,
+             status == 429       ? "\"rate_limit_exceeded\""
                  : status == 401 ? "\"invalid_api_key\""
                                  : "null");
     buf_adds(sc, "}}");
@@ -171,13 +205,20 @@ void reply_error(struct conn *c, int status, const char *type, const char *msg)
 static const char *anthropic_error_type_of(int status)
 {
     switch (status) {
-    case 401: return "authentication_error";
-    case 403: return "permission_error";
-    case 404: return "not_found_error";
-    case 413: return "request_too_large";
-    case 429: return "rate_limit_error";
-    case 529: return "overloaded_error";
-    default: return status >= 500 ? "api_error" : "invalid_request_error";
+    case 401:
+        return "authentication_error";
+    case 403:
+        return "permission_error";
+    case 404:
+        return "not_found_error";
+    case 413:
+        return "request_too_large";
+    case 429:
+        return "rate_limit_error";
+    case 529:
+        return "overloaded_error";
+    default:
+        return status >= 500 ? "api_error" : "invalid_request_error";
     }
 }
 
@@ -240,7 +281,7 @@ static void add_expanded(struct conn *c, struct buf *b, const char *s, size_t n)
 static void reply_status(struct conn *c, int status)
 {
     char msg[128];
-    struct buf em = {0};
+    struct buf em = { 0 };
     snprintf(msg, sizeof msg, "mock: scripted %d %s", status, reply_reason(status));
     if (c->b.error_message) {
         add_expanded(c, &em, c->b.error_message, strlen(c->b.error_message));
@@ -249,7 +290,9 @@ static void reply_status(struct conn *c, int status)
     if (c->ep == EP_MESSAGES)
         reply_anthropic_error(c, status,
                               c->b.error_type ? c->b.error_type : anthropic_error_type_of(status),
-                              c->b.error_message ? em.p : status == 529 ? "Overloaded" : msg);
+                              c->b.error_message  ? em.p
+                                  : status == 529 ? "Overloaded"
+                                                  : msg);
     else
         reply_error_json(c, status, c->b.error_type ? c->b.error_type : error_type_of(status),
                          c->b.error_message ? em.p : msg);
@@ -380,7 +423,7 @@ static bool reply_check_auth(struct conn *c)
 /* The raw `body` (or `body_hex`) of a behaviour, expanded. */
 static void reply_raw(struct conn *c, int status)
 {
-    struct buf *sc = &c->m->scratch, raw = {0};
+    struct buf *sc = &c->m->scratch, raw = { 0 };
     const char *p = c->b.body;
     size_t n = c->b.body_len;
 
@@ -412,7 +455,8 @@ static void text_of(json_t *content, const char **text, size_t *tlen, size_t *by
     } else if (json_is_array(content)) {
         size_t i;
         json_t *part;
-        json_array_foreach(content, i, part) {
+        json_array_foreach(content, i, part)
+        {
             json_t *t = json_object_get(part, "text");
             if (json_is_string(t)) {
                 *text = json_string_value(t);
@@ -425,8 +469,10 @@ static void text_of(json_t *content, const char **text, size_t *tlen, size_t *by
 
 static void chunk_prefix(struct buf *sc, const struct reply_stream *s)
 {
-    buf_addf(sc, "data: {\"id\":\"chatcmpl-mock-%llu\",\"object\":\"chat.completion.chunk\","
-                 "\"created\":%lld,\"model\":", s->id, s->created);
+    buf_addf(sc,
+             "data: {\"id\":\"chatcmpl-mock-%llu\",\"object\":\"chat.completion.chunk\","
+             "\"created\":%lld,\"model\":",
+             s->id, s->created);
     buf_add_json_str(sc, s->model, s->model_len);
 }
 
@@ -463,7 +509,7 @@ static size_t piece_bound(const struct reply_stream *s, long long k)
 static void stream_emit(struct conn *c, const char *p, size_t n)
 {
     if (!n)
-        return;                      /* an empty chunk would end the body */
+        return; /* an empty chunk would end the body */
     if (c->chunked_out)
         buf_addf(&c->out, "%zx\r\n", n);
     buf_add(&c->out, p, n);
@@ -486,21 +532,26 @@ static void anthropic_stream_step(struct conn *c, struct buf *sc)
     struct reply_stream *s = &c->st;
     if (s->next == 0) {
         sse_event(sc, "message_start");
-        buf_addf(sc, "{\"type\":\"message_start\",\"message\":{\"id\":\"msg_mock_%llu\","
-                     "\"type\":\"message\",\"role\":\"assistant\",\"model\":", s->id);
+        buf_addf(sc,
+                 "{\"type\":\"message_start\",\"message\":{\"id\":\"msg_mock_%llu\","
+                 "\"type\":\"message\",\"role\":\"assistant\",\"model\":",
+                 s->id);
         buf_add_json_str(sc, s->model, s->model_len);
-        buf_addf(sc, ",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,"
-                     "\"usage\":{\"input_tokens\":%lld,\"output_tokens\":1}}}\n\n",
+        buf_addf(sc,
+                 ",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,"
+                 "\"usage\":{\"input_tokens\":%lld,\"output_tokens\":1}}}\n\n",
                  s->prompt_tokens);
         sse_event(sc, "content_block_start");
-        buf_adds(sc, "{\"type\":\"content_block_start\",\"index\":0,"
-                     "\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n");
+        buf_adds(sc,
+                 "{\"type\":\"content_block_start\",\"index\":0,"
+                 "\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n");
     }
     if (s->next < s->events) {
         size_t a = piece_bound(s, s->next), e = piece_bound(s, s->next + 1);
         sse_event(sc, "content_block_delta");
-        buf_adds(sc, "{\"type\":\"content_block_delta\",\"index\":0,"
-                     "\"delta\":{\"type\":\"text_delta\",\"text\":");
+        buf_adds(sc,
+                 "{\"type\":\"content_block_delta\",\"index\":0,"
+                 "\"delta\":{\"type\":\"text_delta\",\"text\":");
         buf_add_json_str(sc, s->text + a, e - a);
         buf_adds(sc, "}}\n\n");
         s->next++;
@@ -514,8 +565,9 @@ static void anthropic_stream_step(struct conn *c, struct buf *sc)
         sse_event(sc, "content_block_stop");
         buf_adds(sc, "{\"type\":\"content_block_stop\",\"index\":0}\n\n");
         sse_event(sc, "message_delta");
-        buf_addf(sc, "{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\","
-                     "\"stop_sequence\":null},\"usage\":{\"output_tokens\":%lld}}\n\n",
+        buf_addf(sc,
+                 "{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\","
+                 "\"stop_sequence\":null},\"usage\":{\"output_tokens\":%lld}}\n\n",
                  s->completion_tokens);
         sse_event(sc, "message_stop");
         buf_adds(sc, "{\"type\":\"message_stop\"}\n\n");
@@ -541,15 +593,19 @@ void reply_stream_fill(struct conn *c, bool all)
         if (s->next < s->events) {
             size_t a = piece_bound(s, s->next), e = piece_bound(s, s->next + 1);
             chunk_prefix(sc, s);
-            buf_adds(sc, s->next == 0 ? ",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":"
-                                      : ",\"choices\":[{\"index\":0,\"delta\":{\"content\":");
+            buf_adds(
+                sc,
+                s->next == 0
+                    ? ",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":"
+                    : ",\"choices\":[{\"index\":0,\"delta\":{\"content\":");
             buf_add_json_str(sc, s->text + a, e - a);
             buf_adds(sc, "},\"finish_reason\":null}]}\n\n");
             s->next++;
         } else {
             if (!c->b.no_done) {
                 chunk_prefix(sc, s);
-                buf_adds(sc, ",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]");
+                buf_adds(sc,
+                         ",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]");
                 if (!s->include_usage && !c->b.usage_if_asked) {
                     buf_add(sc, ",", 1);
                     usage_json(sc, s->prompt_tokens, s->completion_tokens, s->total_tokens);
@@ -641,13 +697,17 @@ static void reply_chat(struct conn *c, json_t *req, int status)
     struct buf *sc = &c->m->scratch;
     sc->len = 0;
     if (c->ep == EP_MESSAGES) {
-        buf_addf(sc, "{\"id\":\"msg_mock_%llu\",\"type\":\"message\",\"role\":\"assistant\","
-                     "\"model\":", c->req_id);
+        buf_addf(sc,
+                 "{\"id\":\"msg_mock_%llu\",\"type\":\"message\",\"role\":\"assistant\","
+                 "\"model\":",
+                 c->req_id);
         buf_add_json_str(sc, mstr, mlen);
         buf_adds(sc, ",\"content\":[{\"type\":\"text\",\"text\":");
         buf_add_json_str(sc, text, tlen);
-        buf_addf(sc, "}],\"stop_reason\":\"end_turn\",\"stop_sequence\":null,"
-                     "\"usage\":{\"input_tokens\":%lld,\"output_tokens\":%lld}}", pt, ct);
+        buf_addf(sc,
+                 "}],\"stop_reason\":\"end_turn\",\"stop_sequence\":null,"
+                 "\"usage\":{\"input_tokens\":%lld,\"output_tokens\":%lld}}",
+                 pt, ct);
         reply_fixed(c, status, "application/json", sc->p, sc->len);
         return;
     }
@@ -724,7 +784,8 @@ static unsigned long long input_seed(json_t *in, size_t index, size_t *bytes)
     if (json_is_array(in)) {
         size_t i;
         json_t *t;
-        json_array_foreach(in, i, t) {
+        json_array_foreach(in, i, t)
+        {
             long long v = json_integer_value(t);
             h = fnv1a(h, &v, sizeof v);
         }
@@ -789,13 +850,14 @@ static void reply_embeddings(struct conn *c, json_t *req, int status)
     float fv[64];
     for (size_t i = 0; i < count; i++) {
         json_t *one = json_is_string(input) || json_is_integer(json_array_get(input, 0))
-                          ? input : json_array_get(input, i);
+            ? input
+            : json_array_get(input, i);
         unsigned long long x = input_seed(one, i, &prompt_bytes);
         buf_addf(sc, "%s{\"object\":\"embedding\",\"index\":%zu,\"embedding\":", i ? "," : "", i);
         buf_add(sc, b64 ? "\"" : "[", 1);
         for (long long d = 0; d < dims;) {
             size_t k = 0;
-            for (; k < 63 && d < dims; k++, d++) {    /* 63 floats = 252 bytes = 84 base64 groups */
+            for (; k < 63 && d < dims; k++, d++) { /* 63 floats = 252 bytes = 84 base64 groups */
                 double r = (double)(splitmix64(&x) >> 11) * (1.0 / 9007199254740992.0);
                 fv[k] = (float)(r * 2.0 - 1.0);
                 if (!b64)
@@ -846,8 +908,10 @@ static void reply_ocr(struct conn *c, json_t *req, int status, size_t body_len)
     buf_add_json_str(sc, text, tlen);
     buf_adds(sc, ",\"pages\":[{\"index\":0,\"markdown\":");
     buf_add_json_str(sc, text, tlen);
-    buf_addf(sc, "}],\"usage\":{\"prompt_tokens\":%lld,\"completion_tokens\":%lld,"
-                 "\"total_tokens\":%lld,\"pages_processed\":1}}", pt, ct, tt);
+    buf_addf(sc,
+             "}],\"usage\":{\"prompt_tokens\":%lld,\"completion_tokens\":%lld,"
+             "\"total_tokens\":%lld,\"pages_processed\":1}}",
+             pt, ct, tt);
     reply_fixed(c, status, "application/json", sc->p, sc->len);
 }
 
@@ -896,8 +960,14 @@ void reply_api(struct conn *c, enum mock_endpoint ep, const char *body, size_t l
     }
     switch (ep) {
     case EP_CHAT:
-    case EP_MESSAGES: reply_chat(c, req, status); break;
-    case EP_EMBEDDINGS: reply_embeddings(c, req, status); break;
-    case EP_OCR: reply_ocr(c, req, status, len); break;
+    case EP_MESSAGES:
+        reply_chat(c, req, status);
+        break;
+    case EP_EMBEDDINGS:
+        reply_embeddings(c, req, status);
+        break;
+    case EP_OCR:
+        reply_ocr(c, req, status, len);
+        break;
     }
 }

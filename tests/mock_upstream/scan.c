@@ -46,7 +46,7 @@ static int str(struct scanner *s, const char **raw, size_t *rawlen, size_t *deco
             return -1;
         if (ch == '\\') {
             if (s->p + 1 >= s->end || !strchr("\"\\/bfnrt", s->p[1]) || !s->p[1])
-                return -1;                 /* \u and anything odd: let jansson judge */
+                return -1; /* \u and anything odd: let jansson judge */
             escapes++;
             s->p++;
         }
@@ -75,7 +75,7 @@ static int num(struct scanner *s)
             s->p++;
     }
     if (s->p < s->end && (*s->p == 'e' || *s->p == 'E'))
-        return -1;                         /* overflow rules: jansson's call */
+        return -1; /* overflow rules: jansson's call */
     return s->p - start > 15 ? -1 : 0;
 }
 
@@ -189,7 +189,7 @@ static int message(struct scanner *s, struct scan_chat *out)
             out->echo_decoded = dl;
             out->prompt_bytes += dl;
         } else if (content && s->p < s->end && *s->p != 'n') {
-            return -1;                     /* content parts: jansson path */
+            return -1; /* content parts: jansson path */
         } else if (value(s, 3)) {
             return -1;
         }
@@ -231,7 +231,7 @@ int scan_chat(const char *p, size_t n, struct scan_chat *out)
             return -1;
         } else if (key_is(raw, rl, "stream")) {
             if (lit(&s, "false") && lit(&s, "null"))
-                return -1;                 /* true (or odd): the streaming path */
+                return -1; /* true (or odd): the streaming path */
         } else if (key_is(raw, rl, "model")) {
             if (s.p >= s.end || *s.p != '"')
                 return -1;
@@ -240,7 +240,7 @@ int scan_chat(const char *p, size_t n, struct scan_chat *out)
         } else if (key_is(raw, rl, "messages")) {
             if (s.p >= s.end || *s.p++ != '[')
                 return -1;
-            out->echo = NULL;              /* a repeated key: the last one wins */
+            out->echo = NULL; /* a repeated key: the last one wins */
             out->echo_len = out->echo_decoded = out->prompt_bytes = 0;
             ws(&s);
             if (s.p < s.end && *s.p == ']') {

@@ -46,11 +46,11 @@ typedef int getaddrinfo_fn(const char *node, const char *service, const struct a
                            struct addrinfo **res);
 
 #define DNSHANG_MAX_NAMES 32
-#define DNSHANG_NAME_MAX 256
+#define DNSHANG_NAME_MAX  256
 
 struct dnshang_entry {
     char name[DNSHANG_NAME_MAX];
-    char addr[64];                 /* numeric address for MAP entries */
+    char addr[64]; /* numeric address for MAP entries */
 };
 
 static pthread_once_t dnshang_once = PTHREAD_ONCE_INIT;
@@ -129,7 +129,7 @@ static const struct dnshang_entry *dnshang_find(const struct dnshang_entry *list
 /* Sleeps the whole period even when signals interrupt nanosleep. */
 static void dnshang_sleep(double s)
 {
-    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
+    struct timespec ts = { .tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9) };
 
     while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
         ;
@@ -159,7 +159,7 @@ int getaddrinfo(const char *node, const char *service, const struct addrinfo *hi
     if ((e = dnshang_find(dnshang_map, dnshang_n_map, node))) {
         /* Let the real resolver build the result from the numeric address:
          * the caller then frees it with the real freeaddrinfo. */
-        struct addrinfo h = {0};
+        struct addrinfo h = { 0 };
         if (hints)
             h = *hints;
         h.ai_flags |= AI_NUMERICHOST;

@@ -49,7 +49,7 @@ static bool parse_value(const char *s, double *v)
 }
 
 struct hist_state {
-    char series[512];   /* the labels without le, of the buckets being read */
+    char series[512]; /* the labels without le, of the buckets being read */
     double last_cum;
     bool saw_inf;
     double inf;
@@ -61,7 +61,7 @@ size_t expo_check(const char *text)
     size_t seen_cap = 1 << 20;
     char *seen = calloc(1, seen_cap); /* " name name ... " */
     ck_assert_ptr_nonnull(seen);
-    struct hist_state h = {0};
+    struct hist_state h = { 0 };
     size_t samples = 0;
     bool expect_type = false;
 
@@ -104,10 +104,11 @@ size_t expo_check(const char *text)
                               strcmp(type, "histogram") == 0,
                           "type %s", type);
             if (strcmp(type, "counter") == 0)
-                ck_assert_msg(strlen(family) > 6 && strcmp(family + strlen(family) - 6, "_total") == 0,
+                ck_assert_msg(strlen(family) > 6 &&
+                                  strcmp(family + strlen(family) - 6, "_total") == 0,
                               "counter %s without _total", family);
             expect_type = false;
-            h = (struct hist_state){0};
+            h = (struct hist_state){ 0 };
             continue;
         }
         ck_assert_msg(buf[0] != '#', "unexpected comment: %s", buf);
@@ -144,8 +145,8 @@ size_t expo_check(const char *text)
                     snprintf(le, sizeof(le), "%s", value);
                 } else {
                     size_t at = strlen(labels);
-                    snprintf(labels + at, sizeof(labels) - at, "%.*s=%s,", (int)(eq - start),
-                             start, value);
+                    snprintf(labels + at, sizeof(labels) - at, "%.*s=%s,", (int)(eq - start), start,
+                             value);
                 }
                 p++;
                 ck_assert_msg(*p == ',' || *p == '}', "bad label list: %s", buf);

@@ -70,8 +70,8 @@ static void fake_release(struct backend *be, struct backend_lease *lease, const 
 }
 
 static int fake_task(struct backend *be, enum backend_task_op op, const char *id,
-                     const char *reason, bool ok, struct backend_task *now_bt,
-                     backend_task_cb *cb, void *ud)
+                     const char *reason, bool ok, struct backend_task *now_bt, backend_task_cb *cb,
+                     void *ud)
 {
     struct fake_backend *fb = (struct fake_backend *)be;
     (void)now_bt;
@@ -172,7 +172,7 @@ struct fake_backend *fake_backend_new(struct ev_loop *loop, const struct backend
 static bool fake_match(const struct fake_op *o, enum fake_kind kind, int op, const char *id)
 {
     return o->kind == kind && (kind != FAKE_TASK || op < 0 || (int)o->op == op) &&
-           (!id || strcmp(o->id, id) == 0);
+        (!id || strcmp(o->id, id) == 0);
 }
 
 int fake_find(const struct fake_backend *fb, enum fake_kind kind, int op, const char *id,
@@ -243,6 +243,6 @@ void fake_answer_task(struct fake_backend *fb, int i, int rc, const char *state,
 
 void fake_fail_task(struct fake_backend *fb, int i, const char *why)
 {
-    const struct backend_task bt = {.rc = BACKEND_E_UNAVAILABLE, .err = why};
+    const struct backend_task bt = { .rc = BACKEND_E_UNAVAILABLE, .err = why };
     fake_deliver(fb, i, &bt);
 }

@@ -21,16 +21,16 @@ enum fake_kind { FAKE_ADMIT, FAKE_TASK };
 /* One operation the fake was asked for. */
 struct fake_op {
     enum fake_kind kind;
-    enum backend_task_op op;          /* FAKE_TASK */
+    enum backend_task_op op; /* FAKE_TASK */
     char id[160];
     char reason[600];
     bool ok;
-    size_t source;                    /* FAKE_ADMIT */
-    double asked_at;                  /* loop time */
+    size_t source;   /* FAKE_ADMIT */
+    double asked_at; /* loop time */
     backend_admit_cb *admit_cb;
     backend_task_cb *task_cb;
     void *ud;
-    bool detached;                    /* admit_detach */
+    bool detached; /* admit_detach */
     bool answered;
 };
 
@@ -39,10 +39,10 @@ struct fake_backend {
     struct ev_loop *loop;
     struct fake_op ops[FAKE_OPS_MAX];
     size_t n_ops;
-    bool down;                        /* operations are not sent (return -1) */
-    bool closing;                     /* backend_free has begun */
+    bool down;    /* operations are not sent (return -1) */
+    bool closing; /* backend_free has begun */
     size_t releases, leases_live, detaches, retry_laters, retry_resyncs;
-    const char *last_verdict;         /* of the last release: success, failure, neutral, none */
+    const char *last_verdict; /* of the last release: success, failure, neutral, none */
 };
 
 /* A new fake with `hooks` (copied), up; freed by backend_free. NULL when

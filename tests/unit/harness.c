@@ -14,7 +14,7 @@
 
 #include "log.h"
 
-#define HARNESS_TICK_S 0.002
+#define HARNESS_TICK_S    0.002
 #define HARNESS_MAX_TURNS 200000
 
 static const char base_yaml[] =
@@ -53,8 +53,9 @@ void harness_start(struct harness *h, const char *extra_yaml)
     log_threshold = LOG_ERROR + 1; /* quiet: the tests assert on replies */
     h->loop = ev_loop_new(EVFLAG_AUTO);
     ck_assert_ptr_nonnull(h->loop);
-    ck_assert_msg(server_init_with(&h->srv, h->loop, h->cfg, harness_backend_new, err,
-                                   sizeof(err)) == 0, "server_init: %s", err);
+    ck_assert_msg(
+        server_init_with(&h->srv, h->loop, h->cfg, harness_backend_new, err, sizeof(err)) == 0,
+        "server_init: %s", err);
     h->fb = (struct fake_backend *)h->srv.backend;
     server_start(&h->srv);
 }
@@ -78,7 +79,7 @@ void harness_stop(struct harness *h)
 
 int harness_connect(struct harness *h)
 {
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
     ck_assert_uint_lt(h->n_clients, HARNESS_CLIENTS);
@@ -188,8 +189,8 @@ void harness_finish(struct harness *h, int cl, uint32_t msgid, const char *id, b
     frame_send(h, cl, &f);
 }
 
-void harness_node_begin(struct harness *h, int cl, uint32_t msgid, const char *id,
-                        const char *node, double timeout_s)
+void harness_node_begin(struct harness *h, int cl, uint32_t msgid, const char *id, const char *node,
+                        double timeout_s)
 {
     struct frame_out f;
     msgpack_packer *pk = frame_begin(&f);
@@ -307,8 +308,7 @@ bool harness_recv(struct harness *h, int cl, struct reply *r, double timeout_s)
     return false;
 }
 
-bool harness_wait_ops(struct harness *h, enum fake_kind kind, int op, size_t n,
-                      double timeout_s)
+bool harness_wait_ops(struct harness *h, enum fake_kind kind, int op, size_t n, double timeout_s)
 {
     double end = ev_time() + timeout_s;
 

@@ -21,7 +21,7 @@ struct harness {
     struct ev_loop *loop;
     struct config *cfg;
     struct server srv;
-    struct fake_backend *fb;          /* srv.backend */
+    struct fake_backend *fb; /* srv.backend */
     char dir[64];
     int fds[HARNESS_CLIENTS];
     msgpack_unpacker up[HARNESS_CLIENTS];
@@ -30,12 +30,12 @@ struct harness {
 
 /* One message a client received. */
 struct reply {
-    int type;                         /* 1 response, 2 notification */
-    uint32_t msgid;                   /* response; chunk: the call's */
-    char code[40];                    /* the error's code; "" on success */
+    int type;       /* 1 response, 2 notification */
+    uint32_t msgid; /* response; chunk: the call's */
+    char code[40];  /* the error's code; "" on success */
     char message[700];
-    char state[32];                   /* result (or error) field `state`, "" if absent */
-    char reason[700];                 /* field `reason` of the result or the error */
+    char state[32];   /* result (or error) field `state`, "" if absent */
+    char reason[700]; /* field `reason` of the result or the error */
     char reason_kind[32];
 };
 
@@ -56,8 +56,8 @@ void harness_run(struct harness *h, double seconds);
 void harness_task(struct harness *h, int cl, uint32_t msgid, const char *method, const char *id,
                   const char *reason);
 void harness_finish(struct harness *h, int cl, uint32_t msgid, const char *id, bool ok);
-void harness_node_begin(struct harness *h, int cl, uint32_t msgid, const char *id,
-                        const char *node, double timeout_s);
+void harness_node_begin(struct harness *h, int cl, uint32_t msgid, const char *id, const char *node,
+                        double timeout_s);
 void harness_call(struct harness *h, int cl, uint32_t msgid, const char *task_id);
 void harness_cancel(struct harness *h, int cl, uint32_t msgid);
 
@@ -67,7 +67,6 @@ bool harness_recv(struct harness *h, int cl, struct reply *r, double timeout_s);
 
 /* Runs the loop until the fake was asked for at least `n` operations of
  * that shape (fake_count; `op` -1: any) (true) or `timeout_s` passes. */
-bool harness_wait_ops(struct harness *h, enum fake_kind kind, int op, size_t n,
-                      double timeout_s);
+bool harness_wait_ops(struct harness *h, enum fake_kind kind, int op, size_t n, double timeout_s);
 
 #endif

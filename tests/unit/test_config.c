@@ -15,13 +15,15 @@
 #include "suites.h"
 
 /* A valid source, to which tests append keys (4-space indent). */
-#define SRC0 "sources:\n"                          \
-             "  - name: a\n"                       \
-             "    capability: chat\n"              \
-             "    base_url: http://127.0.0.1:1/v1\n"
-#define SRC1 "  - name: b\n"                       \
-             "    capability: embedding\n"         \
-             "    base_url: https://example.com/v1\n"
+#define SRC0                 \
+    "sources:\n"             \
+    "  - name: a\n"          \
+    "    capability: chat\n" \
+    "    base_url: http://127.0.0.1:1/v1\n"
+#define SRC1                      \
+    "  - name: b\n"               \
+    "    capability: embedding\n" \
+    "    base_url: https://example.com/v1\n"
 
 #define SECRET "sk-live-TOPSECRET-0123456789"
 
@@ -158,7 +160,8 @@ START_TEST(test_config__full_example)
     /* A full example configuration, with the key from a variable. */
     setenv("POLYGW_TEST_KEY", SECRET, 1);
     struct config *cfg = expect_ok(
-        "listen:   { socket: /run/polygw/polygw.sock, mode: \"0660\", max_message_bytes: 16777216 }\n"
+        "listen:   { socket: /run/polygw/polygw.sock, mode: \"0660\", max_message_bytes: 16777216 "
+        "}\n"
         "backend:  { kind: memory }\n"
         "defaults: { max_attempts: 3, stall_window_s: 300, backoff_base_s: 2, backoff_max_s: 60,\n"
         "            poll_interval_s: 1, node_timeout_s: 600 }\n"
@@ -195,24 +198,23 @@ END_TEST
 
 START_TEST(test_config__all_values_set)
 {
-    struct config *cfg = expect_ok(
-        "listen:\n"
-        "  socket: /tmp/x.sock\n"
-        "  mode: \"0600\"\n"
-        "  max_message_bytes: 1024\n"
-        "  max_connections: 7\n"
-        "  max_inflight_per_connection: 9\n"
-        "  max_write_queue_bytes: 4096\n"
-        "server: { log_level: debug, shutdown_grace_s: 0, access_log: false }\n"
-        "backend: { kind: redis, url: \"redis://:pw@127.0.0.1:6379/0\", prefix: \"{pgw}:a\" }\n"
-        SRC0
-        "    model: m\n"
-        "    priority: -2\n"
-        "    weight: 0.25\n"
-        "    max_concurrency: 3\n"
-        "    limits: { rpm: 0x10, tpm: 1000000, daily_tokens: 9000000000000 }\n"
-        "    pacer: { min_interval_ms: 250 }\n"
-        "    timeout_s: 1.5e2\n");
+    struct config *cfg =
+        expect_ok("listen:\n"
+                  "  socket: /tmp/x.sock\n"
+                  "  mode: \"0600\"\n"
+                  "  max_message_bytes: 1024\n"
+                  "  max_connections: 7\n"
+                  "  max_inflight_per_connection: 9\n"
+                  "  max_write_queue_bytes: 4096\n"
+                  "server: { log_level: debug, shutdown_grace_s: 0, access_log: false }\n"
+                  "backend: { kind: redis, url: \"redis://:pw@127.0.0.1:6379/0\", prefix: "
+                  "\"{pgw}:a\" }\n" SRC0 "    model: m\n"
+                  "    priority: -2\n"
+                  "    weight: 0.25\n"
+                  "    max_concurrency: 3\n"
+                  "    limits: { rpm: 0x10, tpm: 1000000, daily_tokens: 9000000000000 }\n"
+                  "    pacer: { min_interval_ms: 250 }\n"
+                  "    timeout_s: 1.5e2\n");
     ck_assert_str_eq(cfg->socket_path, "/tmp/x.sock");
     ck_assert_uint_eq(cfg->socket_mode, 0600);
     ck_assert_uint_eq(cfg->max_message_bytes, 1024);
@@ -239,13 +241,11 @@ END_TEST
 
 START_TEST(test_config__inheritance)
 {
-    struct config *cfg = expect_ok(
-        "defaults: { max_attempts: 5, backoff_max_s: 120 }\n"
-        "capabilities:\n"
-        "  embedding: { stall_window_s: 900, backoff_base_s: 4, max_attempts: 7,\n"
-        "               node_timeout_s: 30 }\n"
-        SRC0
-        SRC1);
+    struct config *cfg =
+        expect_ok("defaults: { max_attempts: 5, backoff_max_s: 120 }\n"
+                  "capabilities:\n"
+                  "  embedding: { stall_window_s: 900, backoff_base_s: 4, max_attempts: 7,\n"
+                  "               node_timeout_s: 30 }\n" SRC0 SRC1);
     int chat = config_find_capability(cfg, "chat", 4);
     int emb = config_find_capability(cfg, "embedding", 9);
     ck_assert_int_eq(chat, 0);
@@ -276,10 +276,8 @@ END_TEST
 START_TEST(test_config__inheritance_order_independent)
 {
     /* Sources before capabilities before defaults: same result. */
-    struct config *cfg = expect_ok(
-        SRC0
-        "capabilities: { chat: { stall_window_s: 100 } }\n"
-        "defaults: { stall_window_s: 200, max_attempts: 9 }\n");
+    struct config *cfg = expect_ok(SRC0 "capabilities: { chat: { stall_window_s: 100 } }\n"
+                                        "defaults: { stall_window_s: 200, max_attempts: 9 }\n");
     ck_assert_double_eq(cfg->sources[0].policy.stall_window_s, 100);
     ck_assert_uint_eq(cfg->sources[0].policy.max_attempts, 9);
     ck_assert_double_eq(cfg->capabilities[2].policy.stall_window_s, 200);
@@ -289,11 +287,10 @@ END_TEST
 
 START_TEST(test_config__builtin_override_partial)
 {
-    struct config *cfg = expect_ok(
-        "capabilities:\n"
-        "  chat: { exempt_429: false }\n"
-        "  ocr: { path: /v2/ocr }\n"
-        "  embedding:\n");
+    struct config *cfg = expect_ok("capabilities:\n"
+                                   "  chat: { exempt_429: false }\n"
+                                   "  ocr: { path: /v2/ocr }\n"
+                                   "  embedding:\n");
     ck_assert_uint_eq(cfg->n_capabilities, 3);
     ck_assert(!cfg->capabilities[0].exempt_429);
     ck_assert_str_eq(cfg->capabilities[0].path, "/chat/completions");
@@ -306,11 +303,11 @@ END_TEST
 
 START_TEST(test_config__custom_capability)
 {
-    struct config *cfg = expect_ok(
-        "capabilities:\n"
-        "  vision: { path: /vision, max_attempts: 2 }\n"
-        "sources:\n"
-        "  - { name: v1, capability: vision, base_url: \"http://h/\" }\n");
+    struct config *cfg =
+        expect_ok("capabilities:\n"
+                  "  vision: { path: /vision, max_attempts: 2 }\n"
+                  "sources:\n"
+                  "  - { name: v1, capability: vision, base_url: \"http://h/\" }\n");
     ck_assert_uint_eq(cfg->n_capabilities, 4);
     int v = config_find_capability(cfg, "vision", 6);
     ck_assert_int_eq(v, 3);
@@ -319,7 +316,7 @@ START_TEST(test_config__custom_capability)
     ck_assert_uint_eq(cfg->capabilities[v].policy.max_attempts, 2);
     ck_assert_uint_eq(cfg->sources[0].capability_index, 3);
     ck_assert_uint_eq(cfg->sources[0].policy.max_attempts, 2);
-    ck_assert_str_eq(cfg->sources[0].base_url, "http://h");   /* trailing '/' dropped */
+    ck_assert_str_eq(cfg->sources[0].base_url, "http://h"); /* trailing '/' dropped */
     ck_assert_int_eq(config_find_capability(cfg, "visio", 5), -1);
     ck_assert_int_eq(config_find_capability(cfg, "visions", 7), -1);
     config_free(cfg);
@@ -328,9 +325,12 @@ END_TEST
 
 START_TEST(test_config__mode_forms)
 {
-    static const struct { const char *text; unsigned mode; } cases[] = {
-        { "\"0660\"", 0660 }, { "0660", 0660 }, { "660", 0660 }, { "\"0o750\"", 0750 },
-        { "0o600", 0600 }, { "'0700'", 0700 }, { "\"0\"", 0 },
+    static const struct {
+        const char *text;
+        unsigned mode;
+    } cases[] = {
+        { "\"0660\"", 0660 }, { "0660", 0660 },   { "660", 0660 }, { "\"0o750\"", 0750 },
+        { "0o600", 0600 },    { "'0700'", 0700 }, { "\"0\"", 0 },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char yaml[128];
@@ -345,17 +345,14 @@ END_TEST
 
 START_TEST(test_config__null_means_default)
 {
-    struct config *cfg = expect_ok(
-        "listen:\n"
-        "  socket:\n"
-        "  mode: ~\n"
-        "server:\n"
-        "defaults:\n"
-        "capabilities:\n"
-        SRC0
-        "    model: null\n"
-        "    aimd:\n"
-        "    timeout_s:\n");
+    struct config *cfg = expect_ok("listen:\n"
+                                   "  socket:\n"
+                                   "  mode: ~\n"
+                                   "server:\n"
+                                   "defaults:\n"
+                                   "capabilities:\n" SRC0 "    model: null\n"
+                                   "    aimd:\n"
+                                   "    timeout_s:\n");
     ck_assert_str_eq(cfg->socket_path, "/run/polygw/polygw.sock");
     ck_assert_uint_eq(cfg->socket_mode, 0660);
     ck_assert_ptr_null(cfg->sources[0].model);
@@ -380,8 +377,8 @@ END_TEST
 
 START_TEST(test_config__stall_equal_ttft_ok)
 {
-    struct config *cfg = expect_ok("capabilities: { chat: { stall_window_s: 60 } }\n"
-                                   SRC0 "    ttft_timeout_s: 60\n");
+    struct config *cfg = expect_ok("capabilities: { chat: { stall_window_s: 60 } }\n" SRC0
+                                   "    ttft_timeout_s: 60\n");
     config_free(cfg);
 }
 END_TEST
@@ -390,8 +387,8 @@ START_TEST(test_config__api_key_env)
 {
     setenv("POLYGW_TEST_KEY", SECRET " \n", 1);
     struct config *cfg = expect_ok(SRC0 "    api_key_env: POLYGW_TEST_KEY\n" SRC1);
-    ck_assert_str_eq(cfg->sources[0].api_key, SECRET);   /* trailing space stripped */
-    ck_assert_ptr_null(cfg->sources[1].api_key);          /* no key: no header */
+    ck_assert_str_eq(cfg->sources[0].api_key, SECRET); /* trailing space stripped */
+    ck_assert_ptr_null(cfg->sources[1].api_key);       /* no key: no header */
     config_free(cfg);
 }
 END_TEST
@@ -598,7 +595,7 @@ END_TEST
 START_TEST(test_config__alias_rejected)
 {
     expect_reject("defaults: &d { max_attempts: 2 }\n", 1, "", "anchors");
-    expect_reject("server: { log_level: *x }\n", 1, "", "aliases");  /* even undefined */
+    expect_reject("server: { log_level: *x }\n", 1, "", "aliases"); /* even undefined */
     expect_reject("a: &x 1\nserver: { log_level: *x }\n", 1, "", "anchors");
 }
 END_TEST
@@ -656,8 +653,7 @@ END_TEST
 
 START_TEST(test_config__type_map_for_list)
 {
-    expect_reject("sources: { name: a }\n", 1, "sources",
-                  "expected a list of sources, got a map");
+    expect_reject("sources: { name: a }\n", 1, "sources", "expected a list of sources, got a map");
 }
 END_TEST
 
@@ -697,8 +693,7 @@ END_TEST
 
 START_TEST(test_config__nul_in_string)
 {
-    expect_reject("listen: { socket: \"/a\\0b\" }\n", 1, "listen.socket",
-                  "must not contain NUL");
+    expect_reject("listen: { socket: \"/a\\0b\" }\n", 1, "listen.socket", "must not contain NUL");
 }
 END_TEST
 
@@ -740,14 +735,18 @@ END_TEST
 
 START_TEST(test_config__timeouts_not_positive)
 {
-    static const struct { const char *key, *zero, *neg; } cases[] = {
+    static const struct {
+        const char *key, *zero, *neg;
+    } cases[] = {
         { "timeout_s", "must be > 0, got 0", "must be > 0, got -3" },
         { "connect_timeout_s", "must be > 0, got 0", "must be > 0, got -3" },
         { "ttft_timeout_s", "must be > 0, got 0", "must be > 0, got -3" },
         { "idle_timeout_s", "must be > 0, got 0", "must be > 0, got -3" },
     };
     /* Policy keys live in defaults and capabilities (never in a source). */
-    static const struct { const char *key, *zero, *neg; } policy[] = {
+    static const struct {
+        const char *key, *zero, *neg;
+    } policy[] = {
         { "stall_window_s", "must be > 0, got 0", "must be > 0, got -3" },
         { "backoff_base_s", "must be > 0, got 0", "must be > 0, got -3" },
         { "backoff_max_s", "must be > 0, got 0", "must be > 0, got -3" },
@@ -826,8 +825,7 @@ START_TEST(test_config__breaker_values)
 {
     expect_reject(SRC0 "    breaker: { cooldown_s: 60, max_cooldown_s: 30 }\n", 5,
                   "sources[0].breaker.max_cooldown_s", "must be >= cooldown_s (60), got 30");
-    expect_reject(SRC0 "    breaker: { cooldown_s: 600 }\n", 5,
-                  "sources[0].breaker.cooldown_s",
+    expect_reject(SRC0 "    breaker: { cooldown_s: 600 }\n", 5, "sources[0].breaker.cooldown_s",
                   "must be <= max_cooldown_s (300, default), got 600");
     expect_reject(SRC0 "    breaker: { failures: 0 }\n", 5, "sources[0].breaker.failures",
                   "must be >= 1, got 0");
@@ -981,8 +979,7 @@ START_TEST(test_config__backend_memory_with_url)
 {
     expect_reject("backend:\n  kind: memory\n  url: redis://h\n", 3, "backend.url",
                   "only valid with kind: redis");
-    expect_reject("backend: { url: redis://h }\n", 1, "backend.url",
-                  "only valid with kind: redis");
+    expect_reject("backend: { url: redis://h }\n", 1, "backend.url", "only valid with kind: redis");
     expect_reject("backend: { prefix: p }\n", 1, "backend.prefix", "only valid with kind: redis");
     expect_reject("backend: { command_timeout_s: 1 }\n", 1, "backend.command_timeout_s",
                   "only valid with kind: redis");
@@ -998,12 +995,13 @@ START_TEST(test_config__backend_redis_url_and_timeouts)
     expect_reject("backend: { kind: redis, url: \"redis://:" SECRET "@:6379\" }\n", 1,
                   "backend.url", "host");
     expect_reject("backend:\n  kind: redis\n  url: redis://h\n  command_timeout_s: 2\n"
-                  "  lease_ttl_s: 5\n", 5, "backend.lease_ttl_s",
-                  "must be >= 3 x backend.command_timeout_s (6), got 5");
+                  "  lease_ttl_s: 5\n",
+                  5, "backend.lease_ttl_s", "must be >= 3 x backend.command_timeout_s (6), got 5");
     expect_reject("backend: { kind: redis, url: redis://h, command_timeout_s: 0 }\n", 1,
                   "backend.command_timeout_s", "");
     expect_reject("sources:\n  - { name: a, capability: chat, base_url: \"http://h\",\n"
-                  "      limits: { window_s: 0 } }\n", 3, "sources[0].limits.window_s", "");
+                  "      limits: { window_s: 0 } }\n",
+                  3, "sources[0].limits.window_s", "");
 }
 END_TEST
 
@@ -1020,11 +1018,11 @@ START_TEST(test_config__backend_redis_url_from_env)
     expect_reject("backend: { url_env: POLYGW_TEST_REDIS }\n", 1, "backend.url_env",
                   "only valid with kind: redis");
     setenv("POLYGW_TEST_REDIS", "redis://:" SECRET "@127.0.0.1:0", 1);
-    expect_reject("backend:\n  kind: redis\n  url_env: POLYGW_TEST_REDIS\n", 3,
-                  "backend.url_env", "the URL in the environment: bad port");
+    expect_reject("backend:\n  kind: redis\n  url_env: POLYGW_TEST_REDIS\n", 3, "backend.url_env",
+                  "the URL in the environment: bad port");
     unsetenv("POLYGW_TEST_REDIS");
-    expect_reject("backend: { kind: redis, url_env: POLYGW_TEST_REDIS }\n", 1,
-                  "backend.url_env", "not set or is empty");
+    expect_reject("backend: { kind: redis, url_env: POLYGW_TEST_REDIS }\n", 1, "backend.url_env",
+                  "not set or is empty");
     expect_reject("backend: { kind: redis, url_env: \"redis://h\" }\n", 1, "backend.url_env",
                   "must be the name of an environment variable");
 }
@@ -1043,9 +1041,9 @@ END_TEST
  * between them (each with the key at fault and its line). */
 START_TEST(test_config__backend_sentinels_auth_tls)
 {
-    struct config *cfg = expect_ok(
-        "backend:\n  kind: redis\n  sentinels: [\"10.0.0.1:26379\", \"s2:26379\"]\n"
-        "  master_name: mymaster\n  db: 2\n  tls: { ca_file: /etc/ca.pem }\n");
+    struct config *cfg =
+        expect_ok("backend:\n  kind: redis\n  sentinels: [\"10.0.0.1:26379\", \"s2:26379\"]\n"
+                  "  master_name: mymaster\n  db: 2\n  tls: { ca_file: /etc/ca.pem }\n");
     ck_assert_uint_eq(cfg->n_redis_sentinels, 2);
     ck_assert_str_eq(cfg->redis_sentinels[1], "s2:26379");
     ck_assert_str_eq(cfg->redis_master_name, "mymaster");
@@ -1056,13 +1054,14 @@ START_TEST(test_config__backend_sentinels_auth_tls)
     config_free(cfg);
 
     expect_reject("backend: { kind: redis, url: redis://h, sentinels: [\"h:1\"], "
-                  "master_name: m }\n", 1, "backend.sentinels", "cannot be combined");
+                  "master_name: m }\n",
+                  1, "backend.sentinels", "cannot be combined");
     expect_reject("backend: { kind: redis, sentinels: [\"h:1\"] }\n", 1, "backend.master_name",
                   "is required with backend.sentinels");
     expect_reject("backend: { kind: redis, sentinels: [\"h\"], master_name: m }\n", 1,
                   "backend.sentinels[0]", "port is required");
-    expect_reject("backend: { kind: redis, sentinels: [\"h:1\", \"h:1\"], master_name: m }\n",
-                  1, "backend.sentinels[1]", "repeats sentinel 0");
+    expect_reject("backend: { kind: redis, sentinels: [\"h:1\", \"h:1\"], master_name: m }\n", 1,
+                  "backend.sentinels[1]", "repeats sentinel 0");
     expect_reject("backend: { kind: redis, sentinels: [], master_name: m }\n", 1,
                   "backend.sentinels", "a list of 1 to 16");
     expect_reject("backend: { kind: redis, url: redis://h, master_name: m }\n", 1,
@@ -1070,7 +1069,8 @@ START_TEST(test_config__backend_sentinels_auth_tls)
     expect_reject("backend: { kind: redis, url: redis://h, db: 1 }\n", 1, "backend.db",
                   "a URL carries its db");
     expect_reject("backend: { kind: redis, url: redis://h, password_env: A, "
-                  "password_file: /p }\n", 1, "backend.password_file", "cannot be combined");
+                  "password_file: /p }\n",
+                  1, "backend.password_file", "cannot be combined");
     expect_reject("backend: { kind: redis, url: redis://h, username: bob }\n", 1,
                   "backend.username", "needs backend.password_env");
     expect_reject("backend: { kind: redis, url: redis://h, tls: { cert_file: /c } }\n", 1,
@@ -1096,17 +1096,17 @@ START_TEST(test_config__backend_password_env)
     ck_assert(!cfg->redis_tls);
     config_free(cfg);
     expect_reject("backend: { kind: redis, url: \"redis://:x@h\", "
-                  "password_env: PGW_TEST_REDIS_PW }\n", 1, "backend.password_env",
-                  "the URL holds a password too");
+                  "password_env: PGW_TEST_REDIS_PW }\n",
+                  1, "backend.password_env", "the URL holds a password too");
     char longpw[300];
     memset(longpw, 'p', sizeof(longpw) - 1);
     longpw[sizeof(longpw) - 1] = '\0';
     setenv("PGW_TEST_REDIS_PW", longpw, 1);
-    expect_reject("backend: { kind: redis, url: redis://h, password_env: PGW_TEST_REDIS_PW }\n",
-                  1, "backend.password_env", "longer than 255 bytes");
+    expect_reject("backend: { kind: redis, url: redis://h, password_env: PGW_TEST_REDIS_PW }\n", 1,
+                  "backend.password_env", "longer than 255 bytes");
     unsetenv("PGW_TEST_REDIS_PW");
-    expect_reject("backend: { kind: redis, url: redis://h, password_env: PGW_TEST_REDIS_PW }\n",
-                  1, "backend.password_env", "not set or is empty");
+    expect_reject("backend: { kind: redis, url: redis://h, password_env: PGW_TEST_REDIS_PW }\n", 1,
+                  "backend.password_env", "not set or is empty");
 }
 END_TEST
 
@@ -1123,8 +1123,8 @@ START_TEST(test_config__capability_path_invalid)
 {
     expect_reject("capabilities: { chat: { path: chat/completions } }\n", 1,
                   "capabilities.chat.path", "must start with '/'");
-    expect_reject("capabilities: { chat: { path: \"/a b\" } }\n", 1,
-                  "capabilities.chat.path", "must not contain spaces");
+    expect_reject("capabilities: { chat: { path: \"/a b\" } }\n", 1, "capabilities.chat.path",
+                  "must not contain spaces");
 }
 END_TEST
 
@@ -1160,10 +1160,10 @@ END_TEST
 
 START_TEST(test_config__source_no_name)
 {
-    expect_reject("sources:\n  - capability: chat\n    base_url: http://h\n", 2,
-                  "sources[0].name", "is required");
-    expect_reject("sources:\n  - name: \"\"\n    capability: chat\n", 2,
-                  "sources[0].name", "must not be empty");
+    expect_reject("sources:\n  - capability: chat\n    base_url: http://h\n", 2, "sources[0].name",
+                  "is required");
+    expect_reject("sources:\n  - name: \"\"\n    capability: chat\n", 2, "sources[0].name",
+                  "must not be empty");
 }
 END_TEST
 
@@ -1191,7 +1191,7 @@ START_TEST(test_config__base_url_not_http)
                   "sources[0].base_url", "must not contain spaces");
     char yaml[CONFIG_URL_MAX + 128], host[CONFIG_URL_MAX];
     memset(host, 'h', sizeof(host) - 8);
-    host[sizeof(host) - 8] = '\0';                    /* "http://" + host = CONFIG_URL_MAX - 1 */
+    host[sizeof(host) - 8] = '\0'; /* "http://" + host = CONFIG_URL_MAX - 1 */
     snprintf(yaml, sizeof(yaml),
              "sources:\n  - { name: a, capability: chat, base_url: http://%s }\n", host);
     config_free(expect_ok(yaml));
@@ -1222,18 +1222,19 @@ END_TEST
 START_TEST(test_config__stall_below_ttft)
 {
     /* The source's ttft against its capability's window, wherever that is set. */
-    expect_reject("capabilities: { chat: { stall_window_s: 30 } }\n"
-                  SRC0 "    ttft_timeout_s: 45\n", 6, "sources[0].ttft_timeout_s",
-                  "must be <= stall_window_s (30, capabilities.chat), got 45");
+    expect_reject(
+        "capabilities: { chat: { stall_window_s: 30 } }\n" SRC0 "    ttft_timeout_s: 45\n", 6,
+        "sources[0].ttft_timeout_s", "must be <= stall_window_s (30, capabilities.chat), got 45");
     expect_reject(SRC0 "    ttft_timeout_s: 400\n", 5, "sources[0].ttft_timeout_s",
                   "must be <= stall_window_s (300, capabilities.chat, default), got 400");
     /* Only the source's own capability counts: chat's large window does not
      * cover an embedding source. */
-    expect_reject("capabilities: { chat: { stall_window_s: 900 } }\n"
-                  SRC0 SRC1 "    ttft_timeout_s: 400\n", 9, "sources[1].ttft_timeout_s",
+    expect_reject("capabilities: { chat: { stall_window_s: 900 } }\n" SRC0 SRC1
+                  "    ttft_timeout_s: 400\n",
+                  9, "sources[1].ttft_timeout_s",
                   "must be <= stall_window_s (300, capabilities.embedding, default), got 400");
-    config_free(expect_ok("capabilities: { chat: { stall_window_s: 900 } }\n"
-                          SRC0 "    ttft_timeout_s: 400\n"));
+    config_free(expect_ok("capabilities: { chat: { stall_window_s: 900 } }\n" SRC0
+                          "    ttft_timeout_s: 400\n"));
 }
 END_TEST
 
@@ -1256,14 +1257,15 @@ END_TEST
  * even out of range), with a hint naming the source's own capability. */
 START_TEST(test_config__source_policy_key_rejected)
 {
-    static const char *const keys[] = { "max_attempts", "stall_window_s", "backoff_base_s",
+    static const char *const keys[] = { "max_attempts",  "stall_window_s",  "backoff_base_s",
                                         "backoff_max_s", "poll_interval_s", "node_timeout_s" };
     static const char *const values[] = { "2", "0", "-1", "", "fast", "{ a: 1 }" };
 
     for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
         char yaml[512], path[64], reason[256];
         snprintf(path, sizeof(path), "sources[1].%s", keys[i]);
-        snprintf(reason, sizeof(reason), "not a per-source key: a call's budgets span every "
+        snprintf(reason, sizeof(reason),
+                 "not a per-source key: a call's budgets span every "
                  "source of its capability; set it under defaults or capabilities.embedding");
         for (size_t j = 0; j < sizeof(values) / sizeof(values[0]); j++) {
             snprintf(yaml, sizeof(yaml), SRC0 SRC1 "    %s: %s\n", keys[i], values[j]);
@@ -1279,9 +1281,10 @@ START_TEST(test_config__source_policy_key_rejected)
     }
     /* Full message; with several, the first in file order is reported. */
     char err[CONFIG_ERR_MAX];
-    ck_assert_ptr_null(parse(SRC0 "    node_timeout_s: 30\n    max_attempts: 2\n",
-                             err, sizeof(err)));
-    ck_assert_str_eq(err, "t.yaml:5: sources[0].node_timeout_s: not a per-source key: a "
+    ck_assert_ptr_null(
+        parse(SRC0 "    node_timeout_s: 30\n    max_attempts: 2\n", err, sizeof(err)));
+    ck_assert_str_eq(err,
+                     "t.yaml:5: sources[0].node_timeout_s: not a per-source key: a "
                      "call's budgets span every source of its capability; set it under "
                      "defaults or capabilities.chat");
 }
@@ -1326,8 +1329,7 @@ END_TEST
 
 START_TEST(test_config__api_key_file_unreadable)
 {
-    expect_reject(SRC0 "    api_key_file: /nonexistent/polygw.key\n", 5,
-                  "sources[0].api_key_file",
+    expect_reject(SRC0 "    api_key_file: /nonexistent/polygw.key\n", 5, "sources[0].api_key_file",
                   "cannot open '/nonexistent/polygw.key': No such file or directory");
     expect_reject(SRC0 "    api_key_file: /tmp\n", 5, "sources[0].api_key_file",
                   "'/tmp' is not a regular file");
@@ -1342,7 +1344,7 @@ START_TEST(test_config__api_key_too_long)
     setenv("POLYGW_TEST_KEY", key, 1);
     expect_reject(SRC0 "    api_key_env: POLYGW_TEST_KEY\n", 5, "sources[0].api_key_env",
                   "the key in the environment is longer than 4096 bytes");
-    key[CONFIG_API_KEY_MAX] = '\n';                   /* exactly the maximum + newline */
+    key[CONFIG_API_KEY_MAX] = '\n'; /* exactly the maximum + newline */
     setenv("POLYGW_TEST_KEY", key, 1);
     struct config *cfg = expect_ok(SRC0 "    api_key_env: POLYGW_TEST_KEY\n");
     ck_assert_uint_eq(strlen(cfg->sources[0].api_key), CONFIG_API_KEY_MAX);
@@ -1372,7 +1374,7 @@ START_TEST(test_config__api_key_file_unreadable_permissions)
 {
     char file[64], yaml[512];
     if (geteuid() == 0)
-        return;                                     /* root reads anything */
+        return; /* root reads anything */
     write_temp(file, sizeof(file), SECRET);
     chmod(file, 0);
     snprintf(yaml, sizeof(yaml), SRC0 "    api_key_file: %s\n", file);
@@ -1388,8 +1390,8 @@ START_TEST(test_config__error_never_contains_key)
 
     /* A key loaded for source 0, then source 1's key file fails. */
     setenv("POLYGW_TEST_KEY", SECRET, 1);
-    snprintf(yaml, sizeof(yaml), SRC0 "    api_key_env: POLYGW_TEST_KEY\n" SRC1
-             "    api_key_file: /nonexistent/key\n");
+    snprintf(yaml, sizeof(yaml),
+             SRC0 "    api_key_env: POLYGW_TEST_KEY\n" SRC1 "    api_key_file: /nonexistent/key\n");
     expect_reject(yaml, 9, "sources[1].api_key_file", "cannot open");
 
     /* A key file whose content is unusable. */
@@ -1475,8 +1477,8 @@ START_TEST(test_config__anthropic_version_default_and_headers)
     ck_assert_str_eq(s->req_headers[3], "anthropic-beta: tools-1");
     ck_assert_ptr_null(s->req_headers[4]);
     config_free(cfg);
-    expect_reject(SRC0 "    anthropic_version: \"2023-06-01\"\n", 5,
-                  "sources[0].anthropic_version", "only valid with kind: anthropic");
+    expect_reject(SRC0 "    anthropic_version: \"2023-06-01\"\n", 5, "sources[0].anthropic_version",
+                  "only valid with kind: anthropic");
     expect_reject(SRC0 "    kind: anthropic\n    stream_usage: false\n", 6,
                   "sources[0].stream_usage", "only valid with kind: openai or azure");
 }
@@ -1515,14 +1517,13 @@ START_TEST(test_config__bad_kind_accepts_and_headers)
                   "needs exactly one of value, value_env, value_file");
     expect_reject(SRC0 "    headers: [{name: X-A, value: a, value_env: B}]\n", 5,
                   "sources[0].headers[0]", "needs exactly one of");
-    expect_reject(SRC0 "    headers: [{name: Host, value: a}]\n", 5,
-                  "sources[0].headers[0].name", "is a header polygw sets itself");
+    expect_reject(SRC0 "    headers: [{name: Host, value: a}]\n", 5, "sources[0].headers[0].name",
+                  "is a header polygw sets itself");
     expect_reject(SRC0 "    headers: [{name: X-A, value: a}, {name: x-a, value: b}]\n", 5,
                   "sources[0].headers[1]", "header x-a repeated");
-    expect_reject(SRC0 "    headers: [{name: X-A, valu: a}]\n", 5,
-                  "sources[0].headers[0].valu", "unknown key");
-    expect_reject(SRC0 "    headers: {X-A: a}\n", 5, "sources[0].headers",
-                  "expected a list");
+    expect_reject(SRC0 "    headers: [{name: X-A, valu: a}]\n", 5, "sources[0].headers[0].valu",
+                  "unknown key");
+    expect_reject(SRC0 "    headers: {X-A: a}\n", 5, "sources[0].headers", "expected a list");
     expect_reject(SRC0 "    query: [a]\n", 5, "sources[0].query", "expected a map");
 }
 END_TEST
@@ -1630,8 +1631,8 @@ static void report_all(const char *yaml, struct report *r)
     char err[CONFIG_ERR_MAX];
 
     memset(r, 0, sizeof(*r));
-    struct config *cfg = config_parse_report(yaml, strlen(yaml), "t.yaml", collect, r, err,
-                                             sizeof(err));
+    struct config *cfg =
+        config_parse_report(yaml, strlen(yaml), "t.yaml", collect, r, err, sizeof(err));
     if (cfg)
         config_free(cfg);
     ck_assert_msg(cfg == NULL, "accepted:\n%s", yaml);
@@ -1642,28 +1643,28 @@ static void report_all(const char *yaml, struct report *r)
 
 START_TEST(test_config__reports_every_error)
 {
-    static const char doc[] =
-        "listen:\n"                                        /* 1 */
-        "  mode: \"0660\"\n"                               /* 2 */
-        "  sokcet: /tmp/x\n"                               /* 3 */
-        "server:\n"                                        /* 4 */
-        "  log_level: loud\n"                              /* 5 */
-        "defaults: { max_attempts: 0, backoff_base_s: 90 }\n" /* 6 */
-        "sources:\n"                                       /* 7 */
-        "  - name: a\n"                                    /* 8 */
-        "    capability: chat\n"                           /* 9 */
-        "    base_url: http://h\n"                         /* 10 */
-        "    weight: 0\n"                                  /* 11 */
-        "    max_attempts: 2\n"                            /* 12 */
-        "  - name: a\n"                                    /* 13 */
-        "    capability: vision\n"                         /* 14 */
-        "    base_url: ftp://h\n"                          /* 15 */
-        "    weight: 1\n"                                  /* 16 */
-        "    weight: 2\n";                                 /* 17 */
+    static const char doc[] = "listen:\n"                                           /* 1 */
+                              "  mode: \"0660\"\n"                                  /* 2 */
+                              "  sokcet: /tmp/x\n"                                  /* 3 */
+                              "server:\n"                                           /* 4 */
+                              "  log_level: loud\n"                                 /* 5 */
+                              "defaults: { max_attempts: 0, backoff_base_s: 90 }\n" /* 6 */
+                              "sources:\n"                                          /* 7 */
+                              "  - name: a\n"                                       /* 8 */
+                              "    capability: chat\n"                              /* 9 */
+                              "    base_url: http://h\n"                            /* 10 */
+                              "    weight: 0\n"                                     /* 11 */
+                              "    max_attempts: 2\n"                               /* 12 */
+                              "  - name: a\n"                                       /* 13 */
+                              "    capability: vision\n"                            /* 14 */
+                              "    base_url: ftp://h\n"                             /* 15 */
+                              "    weight: 1\n"                                     /* 16 */
+                              "    weight: 2\n";                                    /* 17 */
     struct report r;
 
     report_all(doc, &r);
-    ck_assert_str_eq(r.text,
+    ck_assert_str_eq(
+        r.text,
         "t.yaml:3: listen.sokcet: unknown key; did you mean socket?\n"
         "t.yaml:5: server.log_level: must be one of debug, info, warn, error\n"
         "t.yaml:6: defaults.max_attempts: must be in [1, 1000], got 0\n"
@@ -1692,7 +1693,8 @@ START_TEST(test_config__unknown_key_hints)
                   "unknown key; did you mean listen.socket or http.socket?");
     expect_reject("listen: { kind: redis }\n", 1, "listen.kind",
                   "unknown key; did you mean backend.kind or sources[i].kind?");
-    expect_reject("max_attempts: 3\n", 1, "max_attempts", "unknown key; did you mean "
+    expect_reject("max_attempts: 3\n", 1, "max_attempts",
+                  "unknown key; did you mean "
                   "defaults.max_attempts or capabilities.NAME.max_attempts?");
     expect_reject("defaults: { path: /x }\n", 1, "defaults.path",
                   "unknown key; did you mean capabilities.NAME.path?");
@@ -1704,7 +1706,8 @@ START_TEST(test_config__unknown_key_hints)
                   "capabilities.vision.tasks", "unknown key; did you mean tasks?");
     expect_reject("listen: { ttl_s: 5 }\n", 1, "listen.ttl_s", "did you mean tasks.ttl_s?");
     /* A typo: the nearest key of the same map (case, swaps, a missing suffix). */
-    expect_reject("listen:\n  sokcet: /x\n", 2, "listen.sokcet", "unknown key; did you mean socket?");
+    expect_reject("listen:\n  sokcet: /x\n", 2, "listen.sokcet",
+                  "unknown key; did you mean socket?");
     expect_reject("listen: { Mode: \"0600\" }\n", 1, "listen.Mode", "did you mean mode?");
     expect_reject(SRC0 "    timeout: 5\n", 5, "sources[0].timeout",
                   "unknown key; did you mean timeout_s?");
@@ -1849,8 +1852,7 @@ START_TEST(test_config__apps_resolve_uid_then_gid)
     struct config *cfg = expect_ok("apps:\n"
                                    "  - {name: web, uids: [1001, 1002], weight: 3}\n"
                                    "  - {name: batch, gids: [2000], allow_declared: true}\n"
-                                   "  - {name: ops, uids: [0], admin: true}\n"
-                                   SRC0);
+                                   "  - {name: ops, uids: [0], admin: true}\n" SRC0);
     ck_assert_uint_eq(cfg->n_apps, 4);
     ck_assert_str_eq(config_app_for_peer(cfg, 1002, 2000)->name, "web"); /* uid wins */
     ck_assert_str_eq(config_app_for_peer(cfg, 1500, 2000)->name, "batch");
@@ -1884,8 +1886,8 @@ END_TEST
 
 START_TEST(test_config__apps_rejected)
 {
-    expect_reject("apps:\n  - {name: a, uids: [1]}\n  - {name: b, uids: [2, 1]}\n"
-                  SRC0, 3, "apps[1].uids", "uid 1 is already listed by app 'a'");
+    expect_reject("apps:\n  - {name: a, uids: [1]}\n  - {name: b, uids: [2, 1]}\n" SRC0, 3,
+                  "apps[1].uids", "uid 1 is already listed by app 'a'");
     expect_reject("apps:\n  - {name: a, gids: [5, 5]}\n" SRC0, 2, "apps[0].gids",
                   "gid 5 is already listed by app 'a'");
     expect_reject("apps:\n  - {name: a}\n  - {name: a}\n" SRC0, 3, "apps[1].name",
@@ -1897,15 +1899,14 @@ START_TEST(test_config__apps_rejected)
                   "expected a list of numeric ids");
     expect_reject("apps:\n  - {name: default, uids: [7]}\n" SRC0, 2, "apps[0]",
                   "takes no uids or gids");
-    expect_reject("apps:\n  - {name: a, weight: 0}\n" SRC0, 2, "apps[0].weight",
-                  "must be > 0");
+    expect_reject("apps:\n  - {name: a, weight: 0}\n" SRC0, 2, "apps[0].weight", "must be > 0");
     expect_reject("apps:\n  - {name: a, token: x}\n" SRC0, 2, "", "unknown key");
     expect_reject("apps:\n  - {name: a, capabilities: [chat, vision]}\n" SRC0, 2,
                   "apps[0].capabilities[1]", "not a configured capability");
     expect_reject("apps:\n  - {name: a, capabilities: chat}\n" SRC0, 2, "apps[0].capabilities",
                   "expected a list of capability names");
-    expect_reject("apps:\n  - {name: a, max_concurrency: 0}\n" SRC0, 2,
-                  "apps[0].max_concurrency", "must be");
+    expect_reject("apps:\n  - {name: a, max_concurrency: 0}\n" SRC0, 2, "apps[0].max_concurrency",
+                  "must be");
 }
 END_TEST
 

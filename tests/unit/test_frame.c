@@ -315,10 +315,10 @@ START_TEST(test_frame__many_frames_one_feed)
             ck_assert_int_eq(frame_reader_feed(&r, b.sb.data + off, len), 0);
             while ((rc = next(&r, &u, &fb)) == 1) {
                 ck_assert_uint_eq(fb, sizes[n]);
-                ck_assert_int_eq(u.data.type, n % (N_SAMPLES - 1) == 6
-                                                  ? MSGPACK_OBJECT_POSITIVE_INTEGER
-                                              : n % (N_SAMPLES - 1) == 5 ? MSGPACK_OBJECT_MAP
-                                                                         : MSGPACK_OBJECT_ARRAY);
+                ck_assert_int_eq(u.data.type,
+                                 n % (N_SAMPLES - 1) == 6       ? MSGPACK_OBJECT_POSITIVE_INTEGER
+                                     : n % (N_SAMPLES - 1) == 5 ? MSGPACK_OBJECT_MAP
+                                                                : MSGPACK_OBJECT_ARRAY);
                 total += fb;
                 n++;
             }
@@ -342,11 +342,11 @@ START_TEST(test_frame__sticky_error)
         size_t len;
         int err;
     } cases[] = {
-        {"\x94\x00\x01\xc1", 4, FRAME_EMALFORMED},
-        {"\xdb\x7f\xff\xff\xff", 5, FRAME_ETOO_LARGE},
-        {"\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91"
-         "\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91", 33,
-         FRAME_ETOO_DEEP},
+        { "\x94\x00\x01\xc1", 4, FRAME_EMALFORMED },
+        { "\xdb\x7f\xff\xff\xff", 5, FRAME_ETOO_LARGE },
+        { "\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91"
+          "\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91\x91",
+          33, FRAME_ETOO_DEEP },
     };
     static const char ping[] = "\x94\x00\x01\xa4ping\x90";
 
@@ -374,8 +374,8 @@ END_TEST
 START_TEST(test_frame__reserved_byte_anywhere)
 {
     expect_error(MIB, "\xc1", 1, FRAME_EMALFORMED);
-    expect_error(MIB, "\x81\xa1k\xc1", 4, FRAME_EMALFORMED);   /* as a map value */
-    expect_error(MIB, "\x81\xc1\x01", 3, FRAME_EMALFORMED);    /* as a map key */
+    expect_error(MIB, "\x81\xa1k\xc1", 4, FRAME_EMALFORMED); /* as a map value */
+    expect_error(MIB, "\x81\xc1\x01", 3, FRAME_EMALFORMED);  /* as a map key */
     /* Inside a string payload 0xc1 is just a byte. */
     struct frame_reader r;
     msgpack_unpacked u;
@@ -397,11 +397,11 @@ START_TEST(test_frame__huge_claim_from_header)
         const char *hdr;
         size_t len;
     } claims[] = {
-        {"\xdb\x05\xf5\xe1\x00", 5},         /* str32 of 100,000,000 */
-        {"\xc6\x05\xf5\xe1\x00", 5},         /* bin32 */
-        {"\xc9\x05\xf5\xe1\x00\x01", 6},     /* ext32 (the type byte not needed) */
-        {"\xdd\xff\xff\xff\xff", 5},         /* array32 of 2^32-1 */
-        {"\xdf\x80\x00\x00\x00", 5},         /* map32 of 2^31 pairs */
+        { "\xdb\x05\xf5\xe1\x00", 5 },     /* str32 of 100,000,000 */
+        { "\xc6\x05\xf5\xe1\x00", 5 },     /* bin32 */
+        { "\xc9\x05\xf5\xe1\x00\x01", 6 }, /* ext32 (the type byte not needed) */
+        { "\xdd\xff\xff\xff\xff", 5 },     /* array32 of 2^32-1 */
+        { "\xdf\x80\x00\x00\x00", 5 },     /* map32 of 2^31 pairs */
     };
 
     for (size_t i = 0; i < sizeof(claims) / sizeof(claims[0]); i++) {
@@ -418,13 +418,14 @@ START_TEST(test_frame__huge_claim_from_header)
         frame_reader_fini(&r);
     }
     /* The same inside a request: [0, 1, "call", [{"body": <str32 claim>. */
-    static const char in_request[] =
-        "\x94\x00\x01\xa4" "call\x91\x81\xa4" "body\xdb\x05\xf5\xe1\x00";
+    static const char in_request[] = "\x94\x00\x01\xa4"
+                                     "call\x91\x81\xa4"
+                                     "body\xdb\x05\xf5\xe1\x00";
     expect_error(16 * MIB, in_request, sizeof(in_request) - 1, FRAME_ETOO_LARGE);
     /* Containers: each item takes at least a byte (a map pair two). */
-    expect_error(64, "\xdc\x00\x40", 3, FRAME_ETOO_LARGE);  /* 3 + 64 > 64 */
-    expect_error(64, "\xde\x00\x20", 3, FRAME_ETOO_LARGE);  /* 3 + 2*32 > 64 */
-    expect_error(64, "\xda\x00\x3e", 3, FRAME_ETOO_LARGE);  /* 3 + 62 > 64 */
+    expect_error(64, "\xdc\x00\x40", 3, FRAME_ETOO_LARGE); /* 3 + 64 > 64 */
+    expect_error(64, "\xde\x00\x20", 3, FRAME_ETOO_LARGE); /* 3 + 2*32 > 64 */
+    expect_error(64, "\xda\x00\x3e", 3, FRAME_ETOO_LARGE); /* 3 + 62 > 64 */
 }
 END_TEST
 
@@ -470,7 +471,7 @@ START_TEST(test_frame__limit_boundary)
     expect_error(100, frame, 2, FRAME_ETOO_LARGE);
 
     /* array16 of 100 fixints: the claim alone (3 + 100) is over 102. */
-    char arr[110] = {(char)0xdc, 0, 100};
+    char arr[110] = { (char)0xdc, 0, 100 };
     memset(arr + 3, 0x01, 100);
     expect_error(102, arr, 103, FRAME_ETOO_LARGE);
     /* array16 of 99 whose first item is a float64: the claim (3 + 99) fits
@@ -479,9 +480,9 @@ START_TEST(test_frame__limit_boundary)
     arr[3] = (char)0xcb;
     memset(arr + 4, 0, 8);
     memset(arr + 12, 0x01, 98);
-    expect_error(109, arr, 12, 0);                  /* not yet over: waits */
+    expect_error(109, arr, 12, 0); /* not yet over: waits */
     expect_error(109, arr, 110, FRAME_ETOO_LARGE);
-    expect_error(110, arr, 110, 1);                 /* exactly the limit */
+    expect_error(110, arr, 110, 1); /* exactly the limit */
 }
 END_TEST
 
@@ -592,8 +593,8 @@ START_TEST(test_frame__value_count_capped)
 {
     struct frame_reader r;
     msgpack_unpacked u;
-    const size_t max = 64 * 1024;          /* cap: 16384 values */
-    size_t n_ok = max / 4 - 1;             /* the array itself is one value */
+    const size_t max = 64 * 1024; /* cap: 16384 values */
+    size_t n_ok = max / 4 - 1;    /* the array itself is one value */
     unsigned char *blob = malloc(5 + max);
 
     ck_assert(blob != NULL);
@@ -746,7 +747,7 @@ END_TEST
 
 START_TEST(test_frame__strerror)
 {
-    const int codes[] = {FRAME_EMALFORMED, FRAME_ETOO_LARGE, FRAME_ETOO_DEEP, FRAME_ENOMEM};
+    const int codes[] = { FRAME_EMALFORMED, FRAME_ETOO_LARGE, FRAME_ETOO_DEEP, FRAME_ENOMEM };
 
     for (size_t i = 0; i < 4; i++) {
         ck_assert(frame_strerror(codes[i])[0] != '\0');
@@ -776,28 +777,55 @@ static void gen(unsigned char *buf, size_t *n, size_t cap, int depth)
         return;
     }
     switch (rnd(depth > 36 ? 6 : 10)) {
-    case 0: buf[(*n)++] = (unsigned char)rnd(256); break;
-    case 1: memcpy(buf + *n, "\xa3" "abc", 4); *n += 4; break;
-    case 2: buf[(*n)++] = 0xcb; for (int i = 0; i < 8; i++) buf[(*n)++] = (unsigned char)rnd(256); break;
-    case 3: memcpy(buf + *n, "\xd9\x02xy", 4); *n += 4; break;
-    case 4: memcpy(buf + *n, "\xc7\x01\x05\x07", 4); *n += 4; break;
-    case 5: memcpy(buf + *n, "\xd4\x01\x02", 3); *n += 3; break;
-    case 6: case 7: {
+    case 0:
+        buf[(*n)++] = (unsigned char)rnd(256);
+        break;
+    case 1:
+        memcpy(buf + *n,
+               "\xa3"
+               "abc",
+               4);
+        *n += 4;
+        break;
+    case 2:
+        buf[(*n)++] = 0xcb;
+        for (int i = 0; i < 8; i++)
+            buf[(*n)++] = (unsigned char)rnd(256);
+        break;
+    case 3:
+        memcpy(buf + *n, "\xd9\x02xy", 4);
+        *n += 4;
+        break;
+    case 4:
+        memcpy(buf + *n, "\xc7\x01\x05\x07", 4);
+        *n += 4;
+        break;
+    case 5:
+        memcpy(buf + *n, "\xd4\x01\x02", 3);
+        *n += 3;
+        break;
+    case 6:
+    case 7: {
         unsigned c = rnd(4);
         buf[(*n)++] = (unsigned char)(0x90 | c);
-        for (unsigned i = 0; i < c; i++) gen(buf, n, cap, depth + 1);
+        for (unsigned i = 0; i < c; i++)
+            gen(buf, n, cap, depth + 1);
         break;
     }
     case 8: {
         unsigned c = rnd(3);
-        buf[(*n)++] = 0xdc; buf[(*n)++] = 0; buf[(*n)++] = (unsigned char)c;
-        for (unsigned i = 0; i < c; i++) gen(buf, n, cap, depth + 1);
+        buf[(*n)++] = 0xdc;
+        buf[(*n)++] = 0;
+        buf[(*n)++] = (unsigned char)c;
+        for (unsigned i = 0; i < c; i++)
+            gen(buf, n, cap, depth + 1);
         break;
     }
     default: {
         unsigned c = rnd(3);
         buf[(*n)++] = (unsigned char)(0x80 | c);
-        for (unsigned i = 0; i < 2 * c; i++) gen(buf, n, cap, depth + 1);
+        for (unsigned i = 0; i < 2 * c; i++)
+            gen(buf, n, cap, depth + 1);
         break;
     }
     }

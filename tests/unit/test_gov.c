@@ -19,39 +19,39 @@
 #include "progress.h"
 #include "suites.h"
 
-#define SIM_MAX_CALLS 16
+#define SIM_MAX_CALLS   16
 #define SIM_MAX_SOURCES 4
-#define SIM_MAX_ITERS 100000
-#define SIM_LOG 64
-#define REL_EPS 1e-9
-#define VERDICT_EPS 1e-3 /* "the verdict lands within ε after the window" */
+#define SIM_MAX_ITERS   100000
+#define SIM_LOG         64
+#define REL_EPS         1e-9
+#define VERDICT_EPS     1e-3 /* "the verdict lands within ε after the window" */
 
-#define ck_assert_near(x, want)                                                                    \
-    do {                                                                                           \
-        double x_ = (x), w_ = (want);                                                              \
-        ck_assert_msg(fabs(x_ - w_) <= REL_EPS * fmax(1.0, fabs(w_)), "%s = %.12g, want %.12g",   \
-                      #x, x_, w_);                                                                 \
+#define ck_assert_near(x, want)                                                                 \
+    do {                                                                                        \
+        double x_ = (x), w_ = (want);                                                           \
+        ck_assert_msg(fabs(x_ - w_) <= REL_EPS * fmax(1.0, fabs(w_)), "%s = %.12g, want %.12g", \
+                      #x, x_, w_);                                                              \
     } while (0)
 
 /* `x` in (lo, lo + VERDICT_EPS]: just after `lo`, not before. */
-#define ck_assert_just_after(x, lo)                                                                \
-    do {                                                                                           \
-        double x_ = (x), l_ = (lo);                                                                \
-        ck_assert_msg(x_ > l_ && x_ <= l_ + VERDICT_EPS, "%s = %.12g, want in (%.12g, +%g]", #x,  \
-                      x_, l_, VERDICT_EPS);                                                        \
+#define ck_assert_just_after(x, lo)                                                              \
+    do {                                                                                         \
+        double x_ = (x), l_ = (lo);                                                              \
+        ck_assert_msg(x_ > l_ && x_ <= l_ + VERDICT_EPS, "%s = %.12g, want in (%.12g, +%g]", #x, \
+                      x_, l_, VERDICT_EPS);                                                      \
     } while (0)
 
 /* --- the scripted upstream ------------------------------------------- */
 
 struct reply {
-    double duration_s;   /* INFINITY: hangs until the call is cancelled */
+    double duration_s; /* INFINITY: hangs until the call is cancelled */
     struct outcome o;
-    double tokens;       /* real usage, < 0 unknown */
+    double tokens; /* real usage, < 0 unknown */
 };
 
 static struct reply rep_http(double duration_s, int status, const char *retry_after)
 {
-    struct reply r = {.duration_s = duration_s, .tokens = -1};
+    struct reply r = { .duration_s = duration_s, .tokens = -1 };
 
     outcome_from_http(&r.o, status, retry_after, 0);
     return r;
@@ -59,7 +59,7 @@ static struct reply rep_http(double duration_s, int status, const char *retry_af
 
 static struct reply rep_reason(double duration_s, enum outcome_reason reason)
 {
-    struct reply r = {.duration_s = duration_s, .tokens = -1};
+    struct reply r = { .duration_s = duration_s, .tokens = -1 };
 
     outcome_from_reason(&r.o, reason);
     return r;
@@ -87,7 +87,7 @@ struct sim_call {
     const char *scope;
     struct gov_policy pol;
     double deadline_at, est_tokens;
-    struct reply script[64];     /* attempt n plays script[n-1]; the last one repeats */
+    struct reply script[64]; /* attempt n plays script[n-1]; the last one repeats */
     size_t n_script;
     upstream_fn *up;
     /* driver state */
@@ -95,8 +95,8 @@ struct sim_call {
     double at;
     uint64_t seq;
     struct reply cur;
-    struct gov_decision d;       /* the last decision */
-    uint32_t seen;               /* attempts its upstream saw */
+    struct gov_decision d;      /* the last decision */
+    uint32_t seen;              /* attempts its upstream saw */
     size_t att_source[SIM_LOG]; /* the first SIM_LOG attempts: source, start */
     double att_at[SIM_LOG];
     /* result */
@@ -117,7 +117,7 @@ struct sim {
     struct sim_call c[SIM_MAX_CALLS];
     size_t n;
     uint64_t seq;
-    bool manual_wakes;           /* log on_wake without scheduling a step */
+    bool manual_wakes; /* log on_wake without scheduling a step */
     struct gov_call *wake_k[SIM_LOG];
     double wake_t[SIM_LOG];
     size_t n_wakes;
@@ -188,10 +188,18 @@ static void on_breaker(const struct gov *g, size_t source, enum breaker_state fr
 static struct gov_source_params src_params(const char *name)
 {
     return (struct gov_source_params){
-        .name = name, .capability = 0, .priority = 0, .weight = 1,
+        .name = name,
+        .capability = 0,
+        .priority = 0,
+        .weight = 1,
         .max_concurrency = 4,
-        .aimd_initial = 4, .aimd_min = 1, .aimd_increase = 1, .aimd_decrease = 0.5,
-        .breaker_failures = 5, .breaker_cooldown_s = 30, .breaker_max_cooldown_s = 300,
+        .aimd_initial = 4,
+        .aimd_min = 1,
+        .aimd_increase = 1,
+        .aimd_decrease = 0.5,
+        .breaker_failures = 5,
+        .breaker_cooldown_s = 30,
+        .breaker_max_cooldown_s = 300,
     };
 }
 
@@ -199,14 +207,17 @@ static struct gov_source_params src_params(const char *name)
 static struct gov_policy pol_chat(void)
 {
     return (struct gov_policy){
-        .max_attempts = 3, .stall_window_s = 300, .backoff_base_s = 2, .backoff_max_s = 60,
+        .max_attempts = 3,
+        .stall_window_s = 300,
+        .backoff_base_s = 2,
+        .backoff_max_s = 60,
         .exempt_429 = true,
     };
 }
 
 static void sim_init(struct sim *s, const struct gov_source_params *src, size_t n, size_t n_caps)
 {
-    struct gov_hooks hooks = {.on_wake = on_wake, .on_breaker = on_breaker, .ud = s};
+    struct gov_hooks hooks = { .on_wake = on_wake, .on_breaker = on_breaker, .ud = s };
 
     memset(s, 0, sizeof(*s));
     ck_assert_uint_le(n, SIM_MAX_SOURCES);
@@ -317,8 +328,8 @@ static void sim_run(struct sim *s, double until)
         }
         if (!c || c->at > until)
             break;
-        ck_assert_msg(++s->iters < SIM_MAX_ITERS, "no end after %u iterations (now %.9g)",
-                      s->iters, s->now);
+        ck_assert_msg(++s->iters < SIM_MAX_ITERS, "no end after %u iterations (now %.9g)", s->iters,
+                      s->now);
         ck_assert_msg(c->at >= s->now, "time went back: %.9g -> %.9g", s->now, c->at);
         s->now = c->at;
         switch (c->next) {
@@ -822,7 +833,7 @@ START_TEST(test_gov__breaker_cycle_in_the_loop)
     /* Attempts: 0-1 fail, backoff 1; 2-3 fail -> open until 13, backoff 2,
      * wait; probe 13-14 fails -> open 20 s until 34, backoff 4, wait; probe
      * 34-35 fails -> open 30 s (capped) until 65; probe 65-66 succeeds. */
-    const double want_at[] = {0, 2, 13, 34, 65};
+    const double want_at[] = { 0, 2, 13, 34, 65 };
     ck_assert_uint_eq(c->seen, 5);
     for (size_t i = 0; i < 5; i++)
         ck_assert_near(c->att_at[i], want_at[i]);
@@ -830,10 +841,10 @@ START_TEST(test_gov__breaker_cycle_in_the_loop)
         enum breaker_state from, to;
         double at;
     } want[] = {
-        {BREAKER_CLOSED, BREAKER_OPEN, 3},     {BREAKER_OPEN, BREAKER_HALF_OPEN, 13},
-        {BREAKER_HALF_OPEN, BREAKER_OPEN, 14}, {BREAKER_OPEN, BREAKER_HALF_OPEN, 34},
-        {BREAKER_HALF_OPEN, BREAKER_OPEN, 35}, {BREAKER_OPEN, BREAKER_HALF_OPEN, 65},
-        {BREAKER_HALF_OPEN, BREAKER_CLOSED, 66},
+        { BREAKER_CLOSED, BREAKER_OPEN, 3 },       { BREAKER_OPEN, BREAKER_HALF_OPEN, 13 },
+        { BREAKER_HALF_OPEN, BREAKER_OPEN, 14 },   { BREAKER_OPEN, BREAKER_HALF_OPEN, 34 },
+        { BREAKER_HALF_OPEN, BREAKER_OPEN, 35 },   { BREAKER_OPEN, BREAKER_HALF_OPEN, 65 },
+        { BREAKER_HALF_OPEN, BREAKER_CLOSED, 66 },
     };
     ck_assert_uint_eq(S.n_br, sizeof(want) / sizeof(want[0]));
     for (size_t i = 0; i < S.n_br; i++) {
@@ -889,7 +900,7 @@ static void failover_upstream(struct sim_call *c, size_t source, uint32_t n, str
 
 START_TEST(test_gov__failover_when_breaker_open)
 {
-    struct gov_source_params p[2] = {src_params("primary"), src_params("backup")};
+    struct gov_source_params p[2] = { src_params("primary"), src_params("backup") };
     struct gov_policy once = pol_chat();
 
     p[0].breaker_failures = 2;
@@ -935,7 +946,7 @@ START_TEST(test_gov__aimd_decrease_on_429_and_timeouts_only)
         rep_http(1, 200, NULL),
         rep_http(1, 200, NULL),
     };
-    const double want[] = {8, 8, 8, 8, 4, 2, 1, 1, 1, 2, 2.5};
+    const double want[] = { 8, 8, 8, 8, 4, 2, 1, 1, 1, 2, 2.5 };
     sim_init(&S, &p, 1, 1);
     for (size_t i = 0; i < sizeof(r) / sizeof(r[0]); i++) {
         struct sim_call *c = sim_add(&S, (double)i * 10, &once);
@@ -1020,7 +1031,7 @@ START_TEST(test_gov__pacer_min_interval)
     p.pacer_min_interval_s = 2;
     sim_init(&S, &p, 1, 1);
     struct sim_call *c[3];
-    const double start[] = {0, 0.5, 2.5};
+    const double start[] = { 0, 0.5, 2.5 };
     for (int i = 0; i < 3; i++) {
         c[i] = sim_add(&S, start[i], &pol);
         script_push(c[i], rep_http(10, 200, NULL));
@@ -1147,7 +1158,7 @@ END_TEST
  * were ignored. */
 START_TEST(test_gov__selection_lower_priority_tier_first)
 {
-    struct gov_source_params p[2] = {src_params("backup"), src_params("primary")};
+    struct gov_source_params p[2] = { src_params("backup"), src_params("primary") };
     struct gov_policy pol = pol_chat();
 
     p[0].priority = 1;
@@ -1173,9 +1184,9 @@ END_TEST
  * rand < 0.25 / 1.25 = 0.2 and B above. */
 START_TEST(test_gov__selection_weighted_toward_less_loaded)
 {
-    struct gov_source_params p[2] = {src_params("a"), src_params("b")};
+    struct gov_source_params p[2] = { src_params("a"), src_params("b") };
     struct gov_policy pol = pol_chat();
-    const double rng[] = {0, 0, 0, 0.19, 0.21};
+    const double rng[] = { 0, 0, 0, 0.19, 0.21 };
 
     sim_init(&S, p, 2, 1);
     sim_rng(&S, rng, 5, 0);
@@ -1200,7 +1211,7 @@ START_TEST(test_gov__selection_weighted_toward_less_loaded)
 
     /* The configured weight scales the share: 3:1 when both are idle. */
     p[0].weight = 3;
-    const double rng2[] = {0.74, 0.76};
+    const double rng2[] = { 0.74, 0.76 };
     sim_init(&S, p, 2, 1);
     sim_rng(&S, rng2, 2, 0);
     struct gov_policy once = pol;
@@ -1219,7 +1230,7 @@ END_TEST
  * even one of a later priority tier (failover). rand = 0 always. */
 START_TEST(test_gov__selection_skips_source_failed_by_this_call)
 {
-    struct gov_source_params p[2] = {src_params("a"), src_params("b")};
+    struct gov_source_params p[2] = { src_params("a"), src_params("b") };
     struct gov_policy pol = pol_chat();
 
     sim_init(&S, p, 2, 1);
@@ -1252,7 +1263,7 @@ END_TEST
 /* ... but used again when it is the only runnable one. */
 START_TEST(test_gov__selection_failed_source_used_when_only_one)
 {
-    struct gov_source_params p[2] = {src_params("a"), src_params("b")};
+    struct gov_source_params p[2] = { src_params("a"), src_params("b") };
     struct gov_policy pol = pol_chat();
 
     sim_init(&S, p, 1, 1);
@@ -1267,7 +1278,7 @@ START_TEST(test_gov__selection_failed_source_used_when_only_one)
 
     /* Two sources, the other one busy (H holds its only permit; rand 0.99
      * puts H there): the failed one is used again. */
-    const double rng[] = {0.99};
+    const double rng[] = { 0.99 };
 
     p[1].max_concurrency = 1;
     sim_init(&S, p, 2, 1);
@@ -1298,7 +1309,7 @@ START_TEST(test_gov__backoff_doubles_capped_with_jitter)
     ck_assert_near(gov_backoff_s(&pol, 1, 0.5), 1.5);
     ck_assert_near(gov_backoff_s(&pol, 0, 0), 1); /* n < 1 counts as 1 */
     ck_assert_near(gov_backoff_s(&pol, 3, 0), 4);
-    ck_assert_near(gov_backoff_s(&pol, 6, 0), 30);   /* 64 capped at 60 */
+    ck_assert_near(gov_backoff_s(&pol, 6, 0), 30); /* 64 capped at 60 */
     ck_assert_near(gov_backoff_s(&pol, 100, 0), 30);
     ck_assert_near(gov_backoff_s(&pol, UINT32_MAX, 0), 30);
     /* Jitter: [0.5, 1.0) of the capped value. */
@@ -1314,7 +1325,7 @@ START_TEST(test_gov__backoff_doubles_capped_with_jitter)
     /* In the loop: base 2, max 5; the random source is clamped into [0, 1)
      * (a -3 is 0, a 7 is just under 1). */
     struct gov_source_params p = src_params("a");
-    const double rng[] = {0, -3, 0, 7};
+    const double rng[] = { 0, -3, 0, 7 };
 
     p.breaker_failures = 100;
     pol.backoff_max_s = 5;
@@ -1348,7 +1359,7 @@ START_TEST(test_gov__retry_after_longer_than_backoff_wins)
     struct sim_call *c = sim_add(&S, 0, &pol);
     script_push(c, rep_http(0.5, 429, "10")); /* exempt: backoff 1 */
     script_push(c, rep_http(0.5, 429, "7"));
-    script_push(c, rep_http(0.5, 503, "20"));  /* fails 1: backoff 1 */
+    script_push(c, rep_http(0.5, 503, "20")); /* fails 1: backoff 1 */
     script_push(c, rep_http(0.5, 200, NULL));
     sim_run_all(&S);
     check_result(c, GOV_OK);
@@ -1498,7 +1509,7 @@ START_TEST(test_gov__fifo_wake_order_on_release)
     ck_assert_uint_eq(S.g.waitq[0].n, 3);
     ck_assert_ptr_eq(S.g.waitq[0].head, &w[0]->k);
     sim_run_all(&S);
-    const double want[] = {10, 15, 20};
+    const double want[] = { 10, 15, 20 };
     for (int i = 0; i < 3; i++) {
         check_result(w[i], GOV_OK);
         ck_assert_near(w[i]->att_at[0], want[i]);
@@ -1534,7 +1545,7 @@ START_TEST(test_gov__simultaneous_releases_wake_distinct_waiters)
         script_push(w[i], rep_http(10, 200, NULL));
     }
     sim_run_all(&S);
-    const double want[] = {10, 10, 20};
+    const double want[] = { 10, 10, 20 };
     for (int i = 0; i < 3; i++) {
         check_result(w[i], GOV_OK);
         ck_assert_near(w[i]->att_at[0], want[i]);
@@ -1691,8 +1702,8 @@ START_TEST(test_gov__backend_read_fails_closed_write_counted)
 {
     struct gov_source_params p = src_params("a");
     struct gov_policy pol = pol_chat();
-    struct fake_backend fb = {.age_rc = -1};
-    struct gov_backend be = {.progress_mark = fake_mark, .progress_age = fake_age, .ud = &fb};
+    struct fake_backend fb = { .age_rc = -1 };
+    struct gov_backend be = { .progress_mark = fake_mark, .progress_age = fake_age, .ud = &fb };
     struct gov g;
     struct gov_call k;
     struct gov_decision d;
@@ -1751,11 +1762,11 @@ START_TEST(test_gov__long_retry_after_stalls_at_once)
         const char *hint;
         double want;
     } cases[] = {
-        {429, "3600", 3600},
-        {429, "31536000", OUTCOME_RETRY_AFTER_MAX_S},
-        {429, "Thu, 01 Jan 2099 00:00:00 GMT", OUTCOME_RETRY_AFTER_MAX_S},
-        {503, "3600", 3600},
-        {503, "Thu, 01 Jan 2099 00:00:00 GMT", OUTCOME_RETRY_AFTER_MAX_S},
+        { 429, "3600", 3600 },
+        { 429, "31536000", OUTCOME_RETRY_AFTER_MAX_S },
+        { 429, "Thu, 01 Jan 2099 00:00:00 GMT", OUTCOME_RETRY_AFTER_MAX_S },
+        { 503, "3600", 3600 },
+        { 503, "Thu, 01 Jan 2099 00:00:00 GMT", OUTCOME_RETRY_AFTER_MAX_S },
     };
     struct gov_source_params p = src_params("a");
 
@@ -1766,7 +1777,7 @@ START_TEST(test_gov__long_retry_after_stalls_at_once)
             pol.exempt_429 = exempt;
             sim_init(&S, &p, 1, 1);
             struct sim_call *c = sim_add(&S, 0, &pol);
-            struct reply r = {.duration_s = 0.25, .tokens = -1};
+            struct reply r = { .duration_s = 0.25, .tokens = -1 };
             outcome_from_http(&r.o, cases[i].status, cases[i].hint, NOW_UNIX);
             script_push(c, r);
             script_push(c, rep_http(0.25, 200, NULL));
@@ -1790,7 +1801,7 @@ START_TEST(test_gov__long_retry_after_last_attempt_exhausted)
     pol.max_attempts = 2;
     sim_init(&S, &p, 1, 1);
     struct sim_call *c = sim_add(&S, 0, &pol);
-    script_push(c, rep_http(0.25, 503, NULL));  /* fails 1, backoff 1 s */
+    script_push(c, rep_http(0.25, 503, NULL)); /* fails 1, backoff 1 s */
     script_push(c, rep_http(0.25, 429, "3600"));
     sim_run_all(&S);
     check_ended(c, GOV_RETRY_EXHAUSTED, 2, 1.5, 3600);
@@ -1809,9 +1820,9 @@ START_TEST(test_gov__long_retry_after_recent_progress_waits_until_verdict)
     pol.stall_window_s = 10;
     sim_init(&S, &p, 1, 1);
     struct sim_call *pc = sim_add(&S, 0, &pol);
-    script_push(pc, rep_http(1, 200, NULL));     /* progress at 1 */
+    script_push(pc, rep_http(1, 200, NULL)); /* progress at 1 */
     struct sim_call *w = sim_add(&S, 1.5, &pol);
-    script_push(w, rep_http(0.5, 429, "3600"));  /* at 2: stalled 0.5, age 1 */
+    script_push(w, rep_http(0.5, 429, "3600")); /* at 2: stalled 0.5, age 1 */
     sim_run(&S, 2);
     ck_assert(!w->done);
     ck_assert_int_eq(w->d.action, GOV_WAIT);
@@ -1836,18 +1847,18 @@ START_TEST(test_gov__retry_after_with_ongoing_progress_waits_for_hint)
     pol.stall_window_s = 10;
     sim_init(&S, &p, 1, 1);
     struct sim_call *p1 = sim_add(&S, 0, &pol);
-    script_push(p1, rep_http(1, 200, NULL));     /* progress at 1 */
+    script_push(p1, rep_http(1, 200, NULL)); /* progress at 1 */
     struct sim_call *p2 = sim_add(&S, 9, &pol);
-    script_push(p2, rep_http(1, 200, NULL));     /* and at 10 */
+    script_push(p2, rep_http(1, 200, NULL)); /* and at 10 */
     struct sim_call *w = sim_add(&S, 1.5, &pol);
-    script_push(w, rep_http(0.5, 429, "15"));    /* held back until 17 */
+    script_push(w, rep_http(0.5, 429, "15")); /* held back until 17 */
     script_push(w, rep_http(0.5, 200, NULL));
     sim_run(&S, 2);
     ck_assert_just_after(w->d.wake_at, 11.5);
     sim_run(&S, 12);
     ck_assert(!w->done);
     ck_assert_int_eq(w->d.action, GOV_WAIT);
-    ck_assert_near(w->d.wake_at, 17);            /* the hint, before the verdict at 20 */
+    ck_assert_near(w->d.wake_at, 17); /* the hint, before the verdict at 20 */
     sim_run_all(&S);
     check_result(w, GOV_OK);
     ck_assert_uint_eq(w->seen, 2);
@@ -1865,7 +1876,7 @@ START_TEST(test_gov__retry_after_within_window_is_waited)
     pol.stall_window_s = 10;
     sim_init(&S, &p, 1, 1);
     struct sim_call *c = sim_add(&S, 0, &pol);
-    script_push(c, rep_http(0.5, 429, "8"));     /* stalled 0.5 + 8 < 10 */
+    script_push(c, rep_http(0.5, 429, "8")); /* stalled 0.5 + 8 < 10 */
     script_push(c, rep_http(0.5, 200, NULL));
     sim_run_all(&S);
     check_result(c, GOV_OK);
@@ -1878,7 +1889,7 @@ END_TEST
  * another source after its backoff, and does not stall while one serves. */
 START_TEST(test_gov__retry_after_holds_back_only_its_source)
 {
-    struct gov_source_params p[2] = {src_params("a"), src_params("b")};
+    struct gov_source_params p[2] = { src_params("a"), src_params("b") };
     struct gov_policy pol = pol_chat();
 
     pol.stall_window_s = 2;
@@ -1891,7 +1902,7 @@ START_TEST(test_gov__retry_after_holds_back_only_its_source)
     ck_assert_uint_eq(c->seen, 2);
     ck_assert_uint_eq(c->att_source[0], 0);
     ck_assert_uint_eq(c->att_source[1], 1);
-    ck_assert_near(c->att_at[1], 1.25);          /* the 1 s backoff only */
+    ck_assert_near(c->att_at[1], 1.25); /* the 1 s backoff only */
     sim_fini(&S);
 
     /* Both answer with a long hint: stalled at the second, with the
@@ -1912,8 +1923,8 @@ START_TEST(test_gov__long_retry_after_unknown_age_waits)
 {
     struct gov_source_params p = src_params("a");
     struct gov_policy pol = pol_chat();
-    struct fake_backend fb = {.age_rc = 0};
-    struct gov_backend be = {.progress_mark = fake_mark, .progress_age = fake_age, .ud = &fb};
+    struct fake_backend fb = { .age_rc = 0 };
+    struct gov_backend be = { .progress_mark = fake_mark, .progress_age = fake_age, .ud = &fb };
     struct gov g;
     struct gov_call k;
     struct gov_decision d;
@@ -1930,8 +1941,8 @@ START_TEST(test_gov__long_retry_after_unknown_age_waits)
     ck_assert_int_eq(d.action, GOV_WAIT);
     ck_assert(d.wake_at > 0.25 && d.wake_at <= 2.25 + VERDICT_EPS);
     gov_call_step(&k, d.wake_at, &d);
-    ck_assert_int_eq(d.action, GOV_WAIT);        /* still not known */
-    fb.age_rc = 0;                               /* known: +INF */
+    ck_assert_int_eq(d.action, GOV_WAIT); /* still not known */
+    fb.age_rc = 0;                        /* known: +INF */
     gov_call_step(&k, d.wake_at, &d);
     ck_assert_int_eq(d.action, GOV_DONE);
     ck_assert_int_eq(d.result, GOV_STALLED);
@@ -1955,7 +1966,7 @@ START_TEST(test_gov__retry_later_hint_never_zero)
     script_push(c, rep_http(0.5, 429, NULL));
     sim_run_all(&S);
     check_result(c, GOV_STALLED);
-    ck_assert_near(c->retry_after_s, 1);         /* backoff(1) x 0.5 */
+    ck_assert_near(c->retry_after_s, 1); /* backoff(1) x 0.5 */
     sim_fini(&S);
 
     pol.exempt_429 = false;
@@ -1964,11 +1975,11 @@ START_TEST(test_gov__retry_later_hint_never_zero)
     script_push(c, rep_http(0.5, 429, NULL));
     sim_run_all(&S);
     check_result(c, GOV_RETRY_EXHAUSTED);
-    ck_assert_near(c->retry_after_s, 4);         /* backoff(3) x 0.5 */
+    ck_assert_near(c->retry_after_s, 4); /* backoff(3) x 0.5 */
     sim_fini(&S);
 
-    struct fake_backend fb = {.age_rc = -1};
-    struct gov_backend be = {.progress_mark = fake_mark, .progress_age = fake_age, .ud = &fb};
+    struct fake_backend fb = { .age_rc = -1 };
+    struct gov_backend be = { .progress_mark = fake_mark, .progress_age = fake_age, .ud = &fb };
     struct gov g;
     struct gov_call k;
     struct gov_decision d;
@@ -2029,7 +2040,8 @@ START_TEST(test_gov__refused_gives_back_and_waits)
 
     gov_call_refused(&k, 0.5, 3.0, true, &d);
     ck_assert_int_eq(d.action, GOV_WAIT);
-    ck_assert_near(d.wake_at, 3.0 + 0.5 * 1.0 * 0.5); /* + jitter: poll_interval (1) / 2 x rand (0.5) */
+    ck_assert_near(d.wake_at,
+                   3.0 + 0.5 * 1.0 * 0.5); /* + jitter: poll_interval (1) / 2 x rand (0.5) */
     ck_assert_int_eq(k.state, GOV_CALL_WAITING);
     ck_assert_uint_eq(g.sources[0].in_flight, 0);
     ck_assert_uint_eq(g.sources[0].attempts, 0);
@@ -2141,9 +2153,10 @@ START_TEST(test_gov__pending_age_never_stalls)
 {
     struct gov_source_params p = src_params("a");
     struct gov_policy pol = pol_chat();
-    struct shared_fake fb = {.age_rc = 1};
-    struct gov_backend be = {.progress_mark = shared_fake_mark, .progress_age = shared_fake_age,
-                             .ud = &fb};
+    struct shared_fake fb = { .age_rc = 1 };
+    struct gov_backend be = { .progress_mark = shared_fake_mark,
+                              .progress_age = shared_fake_age,
+                              .ud = &fb };
     struct gov g;
     struct gov_call k;
     struct gov_decision d;
@@ -2202,8 +2215,8 @@ START_TEST(test_gov__refusal_wakes_permit_waiters_only)
 {
     struct gov_source_params p = src_params("a");
     struct gov_policy pol = pol_chat();
-    struct wake_log wl = {0};
-    struct gov_hooks hooks = {.on_wake = log_wake, .ud = &wl};
+    struct wake_log wl = { 0 };
+    struct gov_hooks hooks = { .on_wake = log_wake, .ud = &wl };
     struct gov g;
     struct gov_call a, b, c;
     struct gov_decision d;
@@ -2253,7 +2266,7 @@ START_TEST(test_gov__refusal_wakes_permit_waiters_only)
     gov_call_step(&a, 20, &d);
     ck_assert_int_eq(d.action, GOV_ATTEMPT);
     gov_call_refused(&a, 20.1, 25, true, &d); /* gated until 25.25 */
-    gov_call_step(&b, 25.25, &d); /* the pacer was given back (else: until 30) */
+    gov_call_step(&b, 25.25, &d);             /* the pacer was given back (else: until 30) */
     ck_assert_int_eq(d.action, GOV_ATTEMPT);
     gov_call_confirmed(&b);
     ck_assert_near(g.sources[0].last_start, 25.25);
@@ -2279,8 +2292,8 @@ START_TEST(test_gov__refusal_gates_the_source_one_asks_at_a_time)
 {
     struct gov_source_params p = src_params("a");
     struct gov_policy pol = pol_chat();
-    struct wake_log wl = {0};
-    struct gov_hooks hooks = {.on_wake = log_wake, .ud = &wl};
+    struct wake_log wl = { 0 };
+    struct gov_hooks hooks = { .on_wake = log_wake, .ud = &wl };
     struct gov g;
     struct gov_call a, b;
     struct gov_decision d;
@@ -2322,8 +2335,8 @@ START_TEST(test_gov__gate_chain_and_size_refusals)
 {
     struct gov_source_params p = src_params("a");
     struct gov_policy pol = pol_chat();
-    struct wake_log wl = {0};
-    struct gov_hooks hooks = {.on_wake = log_wake, .ud = &wl};
+    struct wake_log wl = { 0 };
+    struct gov_hooks hooks = { .on_wake = log_wake, .ud = &wl };
     struct gov g;
     struct gov_call k[4];
     struct gov_decision d;
@@ -2338,17 +2351,17 @@ START_TEST(test_gov__gate_chain_and_size_refusals)
     gov_call_step(&k[0], 1.25, &d);          /* k0 holds the gate */
     ck_assert_int_eq(d.action, GOV_ATTEMPT);
     for (int i = 1; i < 4; i++) {
-        gov_call_step(&k[i], 1.25, &d);      /* parked behind it, no timer */
+        gov_call_step(&k[i], 1.25, &d); /* parked behind it, no timer */
         ck_assert_int_eq(d.action, GOV_WAIT);
     }
     wl.n = 0;
     size_t n;
-    gov_call_confirmed(&k[0]);               /* wakes k1 */
+    gov_call_confirmed(&k[0]); /* wakes k1 */
     ck_assert_uint_eq(wl.n, 1);
     ck_assert_ptr_eq(wl.woken[0], &k[1]);
     gov_call_step(&k[1], 1.3, &d);
     ck_assert_int_eq(d.action, GOV_ATTEMPT);
-    gov_call_confirmed(&k[1]);               /* not the holder: still wakes k2 */
+    gov_call_confirmed(&k[1]); /* not the holder: still wakes k2 */
     ck_assert_uint_eq(wl.n, 2);
     ck_assert_ptr_eq(wl.woken[1], &k[2]);
     gov_call_step(&k[2], 1.3, &d);
@@ -2472,7 +2485,7 @@ static void fq_on_wake(struct gov_call *k, void *ud)
 static void fq_init_apps(struct fq *f, const struct gov_app_params *apps, size_t n_apps)
 {
     struct gov_source_params p = src_params("a");
-    struct gov_hooks h = {.on_wake = fq_on_wake, .ud = f};
+    struct gov_hooks h = { .on_wake = fq_on_wake, .ud = f };
 
     memset(f, 0, sizeof(*f));
     p.max_concurrency = 2;
@@ -2483,7 +2496,7 @@ static void fq_init_apps(struct fq *f, const struct gov_app_params *apps, size_t
 
 static void fq_init(struct fq *f, const double *weights, size_t n_apps)
 {
-    struct gov_app_params a[4] = {{0}};
+    struct gov_app_params a[4] = { { 0 } };
 
     for (size_t i = 0; i < n_apps; i++)
         a[i].weight = weights[i];
@@ -2552,7 +2565,7 @@ static void fq_fini(struct fq *f)
 START_TEST(test_gov__fair_queue_weights_3_to_1)
 {
     static struct fq f;
-    const double w[2] = {3, 1};
+    const double w[2] = { 3, 1 };
 
     fq_init(&f, w, 2);
     /* The worst order for a FIFO: every call of app 0 ahead of app 1's. */
@@ -2562,15 +2575,15 @@ START_TEST(test_gov__fair_queue_weights_3_to_1)
         fq_arrive(&f, 1);
     while (f.n_admitted < 402)
         fq_serve_one(&f);
-    size_t per_app[2] = {0, 0};
-    for (size_t i = 2; i < 402; i++)     /* the 400 admitted from the queue */
+    size_t per_app[2] = { 0, 0 };
+    for (size_t i = 2; i < 402; i++) /* the 400 admitted from the queue */
         per_app[f.admitted_app[i]]++;
     double ratio = (double)per_app[0] / (double)per_app[1];
-    ck_assert_msg(fabs(ratio - 3.0) <= 0.3, "admitted %zu:%zu (ratio %.3f)", per_app[0],
-                  per_app[1], ratio);
+    ck_assert_msg(fabs(ratio - 3.0) <= 0.3, "admitted %zu:%zu (ratio %.3f)", per_app[0], per_app[1],
+                  ratio);
     /* FIFO within each app. */
-    size_t last[2] = {0, 0};
-    bool seen[2] = {false, false};
+    size_t last[2] = { 0, 0 };
+    bool seen[2] = { false, false };
     for (size_t i = 0; i < f.n_admitted; i++) {
         uint32_t a = f.admitted_app[i];
         ck_assert_msg(!seen[a] || f.admitted_idx[i] > last[a], "app %u out of order", a);
@@ -2584,14 +2597,14 @@ END_TEST
 START_TEST(test_gov__fair_queue_single_call_not_behind_backlog)
 {
     static struct fq f;
-    const double w[2] = {1, 1};
+    const double w[2] = { 1, 1 };
 
     fq_init(&f, w, 2);
-    for (int i = 0; i < 202; i++)        /* 2 running, 200 waiting */
+    for (int i = 0; i < 202; i++) /* 2 running, 200 waiting */
         fq_arrive(&f, 0);
     for (int i = 0; i < 10; i++)
         fq_serve_one(&f);
-    for (int i = 0; i < 10; i++)         /* app 0 keeps its 200 waiting */
+    for (int i = 0; i < 10; i++) /* app 0 keeps its 200 waiting */
         fq_arrive(&f, 0);
     size_t before = f.n_admitted;
     double arrived = f.now;
@@ -2612,7 +2625,7 @@ START_TEST(test_gov__fair_queue_without_apps_is_fifo)
 {
     static struct fq f;
     struct gov_source_params p = src_params("a");
-    struct gov_hooks h = {.on_wake = fq_on_wake, .ud = &f};
+    struct gov_hooks h = { .on_wake = fq_on_wake, .ud = &f };
 
     memset(&f, 0, sizeof(f));
     p.max_concurrency = 2;
@@ -2633,14 +2646,15 @@ END_TEST
 START_TEST(test_gov__app_max_concurrency_holds)
 {
     static struct fq f;
-    const struct gov_app_params apps[2] = {{.weight = 1, .max_concurrency = 1}, {.weight = 1}};
+    const struct gov_app_params apps[2] = { { .weight = 1, .max_concurrency = 1 },
+                                            { .weight = 1 } };
 
     fq_init_apps(&f, apps, 2);
     for (int i = 0; i < 20; i++)
         fq_arrive(&f, 0);
-    ck_assert_uint_eq(f.n_admitted, 1);      /* the source has 2 permits: the app allows 1 */
+    ck_assert_uint_eq(f.n_admitted, 1); /* the source has 2 permits: the app allows 1 */
     ck_assert_uint_eq(f.g.apps[0].in_flight, 1);
-    fq_arrive(&f, 1);                         /* the free permit goes to app 1 at once */
+    fq_arrive(&f, 1); /* the free permit goes to app 1 at once */
     ck_assert_uint_eq(f.n_admitted, 2);
     ck_assert_uint_eq(f.admitted_app[1], 1);
     while (f.n_admitted < 21) {
@@ -2657,8 +2671,8 @@ END_TEST
 START_TEST(test_gov__app_rpm_holds)
 {
     static struct fq f;
-    const struct gov_app_params apps[2] = {{.weight = 1, .rpm = 3, .window_s = 60},
-                                           {.weight = 1}};
+    const struct gov_app_params apps[2] = { { .weight = 1, .rpm = 3, .window_s = 60 },
+                                            { .weight = 1 } };
     struct gov_decision d;
 
     fq_init_apps(&f, apps, 2);
@@ -2670,15 +2684,15 @@ START_TEST(test_gov__app_rpm_holds)
     ck_assert_uint_eq(f.n_admitted, 3);
     fq_arrive(&f, 0);
     struct gov_call *held = &f.k[f.n - 1];
-    ck_assert_uint_eq(f.n_admitted, 3);       /* over its rpm: waits */
+    ck_assert_uint_eq(f.n_admitted, 3); /* over its rpm: waits */
     ck_assert(held->waits_app);
     double wake = held->wake_at;
     ck_assert_double_gt(wake, f.now);
     ck_assert_double_le(wake, f.now + 60.0 / 3 + 1e-9);
-    fq_arrive(&f, 1);                         /* another app is not limited */
+    fq_arrive(&f, 1); /* another app is not limited */
     ck_assert_uint_eq(f.n_admitted, 4);
     while (f.n_running)
-        fq_serve_one(&f);                     /* the release does not wake the held call */
+        fq_serve_one(&f); /* the release does not wake the held call */
     ck_assert(!held->woken);
     f.now = wake;
     gov_call_step(held, f.now, &d);
@@ -2713,7 +2727,7 @@ START_TEST(test_gov__reconf_bucket_keeps_level_clamped_to_new_capacity)
     struct gov_source_params p = src_params("a");
     struct gov g;
     struct reply ok = rep_http(0, 200, NULL);
-    const long same[1] = {0};
+    const long same[1] = { 0 };
 
     p.rpm = 100; /* window 60 s: 100/60 per second */
     ck_assert_int_eq(gov_init(&g, &p, 1, 1, NULL, NULL, NULL, NULL, 0), 0);
@@ -2750,7 +2764,7 @@ START_TEST(test_gov__reconf_aimd_and_breaker_keep_state_clamped)
 {
     struct gov_source_params p = src_params("a");
     struct gov g;
-    const long same[1] = {0};
+    const long same[1] = { 0 };
 
     p.max_concurrency = 40;
     p.aimd_initial = 30;
@@ -2788,7 +2802,7 @@ END_TEST
 
 START_TEST(test_gov__reconf_retired_source_finishes_attempt_and_is_never_picked)
 {
-    struct gov_source_params p[2] = {src_params("a"), src_params("b")};
+    struct gov_source_params p[2] = { src_params("a"), src_params("b") };
     struct gov_policy pol = pol_chat();
     struct gov g;
     struct gov_call k, w;
@@ -2802,15 +2816,15 @@ START_TEST(test_gov__reconf_retired_source_finishes_attempt_and_is_never_picked)
     ck_assert_int_eq(d.action, GOV_ATTEMPT);
     ck_assert_uint_eq(d.source, 0);
     /* "a" is removed while k attempts on it: without continuing it, refused. */
-    const long only_b[1] = {1};
-    struct gov_call *ks[1] = {&k};
+    const long only_b[1] = { 1 };
+    struct gov_call *ks[1] = { &k };
     ck_assert_int_eq(reconf(&g, &p[1], only_b, 1, 1, ks, 1, 0), -2);
     ck_assert_uint_eq(g.n_sources, 2); /* nothing changed */
     /* New order: b, a (retired), and a new c. */
-    struct gov_source_params q[3] = {p[1], p[0], src_params("c")};
+    struct gov_source_params q[3] = { p[1], p[0], src_params("c") };
     q[1].retired = true;
     q[2].priority = 2;
-    const long from[3] = {1, 0, -1};
+    const long from[3] = { 1, 0, -1 };
     ck_assert_int_eq(reconf(&g, q, from, 3, 1, ks, 1, 0), 0);
     ck_assert_uint_eq(k.source, 1);
     ck_assert(k.notes[1].tried && k.notes[1].attempts == 1 && !k.notes[0].tried);
@@ -2840,7 +2854,7 @@ START_TEST(test_gov__reconf_appends_capabilities_keeps_waiters)
     struct gov g;
     struct gov_call k, w;
     struct gov_decision d;
-    const long same[2] = {0, -1};
+    const long same[2] = { 0, -1 };
 
     p.max_concurrency = 1;
     p.aimd_initial = 1;
@@ -2851,9 +2865,9 @@ START_TEST(test_gov__reconf_appends_capabilities_keeps_waiters)
     gov_call_step(&w, 0, &d);
     ck_assert_int_eq(d.action, GOV_WAIT); /* queued for the permit */
     ck_assert_uint_eq(g.waitq[0].n, 1);
-    struct gov_source_params q[2] = {p, src_params("x")};
+    struct gov_source_params q[2] = { p, src_params("x") };
     q[1].capability = 1;
-    struct gov_call *ks[2] = {&k, &w};
+    struct gov_call *ks[2] = { &k, &w };
     ck_assert_int_eq(reconf(&g, q, same, 2, 0, ks, 2, 0), -2); /* capabilities never shrink */
     ck_assert_int_eq(reconf(&g, q, same, 2, 2, ks, 2, 0), 0);
     ck_assert_uint_eq(g.n_capabilities, 2);

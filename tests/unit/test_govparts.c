@@ -14,11 +14,11 @@
 
 #define EPS 1e-9
 
-#define ck_assert_near(x, want)                                                                    \
-    do {                                                                                           \
-        double x_ = (x), w_ = (want);                                                              \
-        ck_assert_msg(fabs(x_ - w_) <= EPS * fmax(1.0, fabs(w_)), "%s = %.12g, want %.12g", #x,    \
-                      x_, w_);                                                                     \
+#define ck_assert_near(x, want)                                                                 \
+    do {                                                                                        \
+        double x_ = (x), w_ = (want);                                                           \
+        ck_assert_msg(fabs(x_ - w_) <= EPS * fmax(1.0, fabs(w_)), "%s = %.12g, want %.12g", #x, \
+                      x_, w_);                                                                  \
     } while (0)
 
 /* ===================================================================== */
@@ -154,8 +154,7 @@ static void check_transition(const struct transitions *t, size_t i, enum breaker
     ck_assert_uint_lt(i, t->n);
     ck_assert_msg(t->v[i].from == from && t->v[i].to == to,
                   "transition %zu: %s -> %s, want %s -> %s", i, breaker_state_name(t->v[i].from),
-                  breaker_state_name(t->v[i].to), breaker_state_name(from),
-                  breaker_state_name(to));
+                  breaker_state_name(t->v[i].to), breaker_state_name(from), breaker_state_name(to));
     ck_assert_near(t->v[i].at, at);
 }
 
@@ -172,7 +171,7 @@ static void open_breaker(struct breaker *b, double cooldown_s, double max_s, dou
 START_TEST(test_breaker__opens_after_consecutive_failures)
 {
     struct breaker b;
-    struct transitions t = {0};
+    struct transitions t = { 0 };
 
     breaker_init(&b, 3, 10, 80);
     for (int i = 1; i <= 2; i++) {
@@ -228,7 +227,7 @@ END_TEST
 START_TEST(test_breaker__half_open_after_cooldown_admits_one_probe)
 {
     struct breaker b;
-    struct transitions t = {0};
+    struct transitions t = { 0 };
 
     open_breaker(&b, 10, 80, 0);
     ck_assert(!breaker_admits(&b, 9.999, record_transition, &t));
@@ -252,7 +251,7 @@ START_TEST(test_breaker__failed_probe_doubles_cooldown_up_to_max)
 {
     struct breaker b;
     double now = 0;
-    const double want_until[] = {10 + 20, 30 + 35, 65 + 35};
+    const double want_until[] = { 10 + 20, 30 + 35, 65 + 35 };
 
     open_breaker(&b, 10, 35, now);
     ck_assert_near(b.open_until, 10);
@@ -275,7 +274,7 @@ END_TEST
 START_TEST(test_breaker__probe_success_closes_and_resets)
 {
     struct breaker b;
-    struct transitions t = {0};
+    struct transitions t = { 0 };
 
     breaker_init(&b, 2, 10, 80);
     breaker_on_failure(&b, false, 0, record_transition, &t);
@@ -522,11 +521,11 @@ START_TEST(test_bucket__reconcile_with_debt)
     struct bucket b;
 
     bucket_init(&b, 600, 60, 0); /* 10 tokens/s */
-    bucket_take(&b, 100, 0);      /* estimate */
+    bucket_take(&b, 100, 0);     /* estimate */
     ck_assert_near(bucket_level(&b, 0), 500);
-    bucket_adjust(&b, 300, 0);    /* real usage 400 */
+    bucket_adjust(&b, 300, 0); /* real usage 400 */
     ck_assert_near(bucket_level(&b, 0), 200);
-    bucket_adjust(&b, 400, 0);    /* estimate far too low: debt */
+    bucket_adjust(&b, 400, 0); /* estimate far too low: debt */
     ck_assert_near(bucket_level(&b, 0), -200);
     ck_assert(!bucket_can_take(&b, 0, 0)); /* even a zero cost waits for the debt */
     ck_assert_near(bucket_available_at(&b, 50, 0), 25);
@@ -648,7 +647,7 @@ END_TEST
 START_TEST(test_progress__bounded_forgets_the_stalest)
 {
     struct progress_store *ps = progress_store_new(3);
-    struct seen_scopes seen = {0};
+    struct seen_scopes seen = { 0 };
 
     progress_mark(ps, "a", 10);
     progress_mark(ps, "b", 5);

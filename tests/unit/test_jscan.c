@@ -10,7 +10,16 @@
 #include "suites.h"
 
 static const char *const valid[] = {
-    "{}", "[]", "0", "-0", "1.5e-3", "-12E+7", "\"\"", "true", "false", "null",
+    "{}",
+    "[]",
+    "0",
+    "-0",
+    "1.5e-3",
+    "-12E+7",
+    "\"\"",
+    "true",
+    "false",
+    "null",
     " \t\r\n{ \"a\" : [ 1 , {\"b\":null} ] } \n",
     "{\"k\":\"\\\"\\\\\\/\\b\\f\\n\\r\\t\\u00e9\\uD83D\\uDE00\"}",
     "\"h\xc3\xa9llo \xe2\x82\xac \xf0\x9f\x98\x80\"",
@@ -19,11 +28,44 @@ static const char *const valid[] = {
 };
 
 static const char *const invalid[] = {
-    "", " ", "{", "}", "[1,]", "[,1]", "{\"a\"}", "{\"a\":}", "{a:1}", "{\"a\":1,}",
-    "01", "1.", ".5", "-", "1e", "1e+", "+1", "0x10", "NaN", "Infinity", "tru", "nul",
-    "\"abc", "\"\\x\"", "\"\\u12\"", "\"\\u12G4\"", "\"a\x01\"", "\"\xff\"", "\"\xc0\xaf\"",
-    "\"\xed\xa0\x80\"", "\"\xf4\x90\x80\x80\"", "\"\xe2\x82\"", "{} {}", "[1] x", "{\"a\":1}}",
-    "[\"a\" \"b\"]", "{\"a\" 1}", "'a'",
+    "",
+    " ",
+    "{",
+    "}",
+    "[1,]",
+    "[,1]",
+    "{\"a\"}",
+    "{\"a\":}",
+    "{a:1}",
+    "{\"a\":1,}",
+    "01",
+    "1.",
+    ".5",
+    "-",
+    "1e",
+    "1e+",
+    "+1",
+    "0x10",
+    "NaN",
+    "Infinity",
+    "tru",
+    "nul",
+    "\"abc",
+    "\"\\x\"",
+    "\"\\u12\"",
+    "\"\\u12G4\"",
+    "\"a\x01\"",
+    "\"\xff\"",
+    "\"\xc0\xaf\"",
+    "\"\xed\xa0\x80\"",
+    "\"\xf4\x90\x80\x80\"",
+    "\"\xe2\x82\"",
+    "{} {}",
+    "[1] x",
+    "{\"a\":1}}",
+    "[\"a\" \"b\"]",
+    "{\"a\" 1}",
+    "'a'",
 };
 
 START_TEST(test_jscan__accepts_json)
@@ -53,7 +95,8 @@ END_TEST
 START_TEST(test_jscan__every_truncation_of_an_object_is_rejected)
 {
     static const char *const texts[] = {
-        "{\"model\":\"m\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"h\\u00e9 \xe2\x82\xac\"}],"
+        "{\"model\":\"m\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"h\\u00e9 "
+        "\xe2\x82\xac\"}],"
         "\"n\":-1.5e3,\"x\":null,\"y\":false}",
         "{\"usage\":{\"total_tokens\":12},\"choices\":[{\"finish_reason\":\"stop\"}]}",
     };
@@ -61,8 +104,8 @@ START_TEST(test_jscan__every_truncation_of_an_object_is_rejected)
         size_t n = strlen(texts[t]);
         ck_assert_int_eq(jscan_object(texts[t], n, NULL, NULL, NULL), 0);
         for (size_t cut = 0; cut < n; cut++)
-            ck_assert_msg(jscan_object(texts[t], cut, NULL, NULL, NULL) == -1, "prefix %zu accepted",
-                          cut);
+            ck_assert_msg(jscan_object(texts[t], cut, NULL, NULL, NULL) == -1,
+                          "prefix %zu accepted", cut);
     }
 }
 END_TEST
@@ -79,8 +122,7 @@ static char *nested(size_t depth)
 
 START_TEST(test_jscan__depth_is_bounded)
 {
-    char *ok = nested(JSCAN_MAX_DEPTH), *deep = nested(JSCAN_MAX_DEPTH + 1),
-         *huge = nested(100000);
+    char *ok = nested(JSCAN_MAX_DEPTH), *deep = nested(JSCAN_MAX_DEPTH + 1), *huge = nested(100000);
     ck_assert_int_eq(jscan_check(ok, strlen(ok), NULL), 0);
     ck_assert_int_eq(jscan_check(deep, strlen(deep), NULL), -1);
     ck_assert_int_eq(jscan_check(huge, strlen(huge), NULL), -1); /* no stack overflow */
@@ -115,7 +157,7 @@ START_TEST(test_jscan__members_in_order_with_unescaped_keys)
 {
     const char *t = "{\"\\u0073tream\":true, \"model\":\"m\\\"x\",\"n\":[1,{\"a\":2}],"
                     "\"\\u00e9\":-2.5,\"\\ud83d\\ude00\":null,\"nul\\u0000\":1}";
-    struct seen s = {0};
+    struct seen s = { 0 };
     ck_assert_int_eq(jscan_object(t, strlen(t), on_member, &s, NULL), 0);
     ck_assert_uint_eq(s.n, 6);
     ck_assert_str_eq(s.keys[0], "stream");
@@ -136,11 +178,11 @@ START_TEST(test_jscan__members_in_order_with_unescaped_keys)
     ck_assert_str_eq(s.keys[5], ""); /* holds a NUL: matches nothing */
     ck_assert(!jscan_number(&s.vals[4], &d));
 
-    struct seen stop = {.stop_at = 2};
+    struct seen stop = { .stop_at = 2 };
     ck_assert_int_eq(jscan_object(t, strlen(t), on_member, &stop, NULL), 7);
     ck_assert_uint_eq(stop.n, 2);
     /* Not an object; not JSON: the callback never runs. */
-    struct seen none = {0};
+    struct seen none = { 0 };
     ck_assert_int_eq(jscan_object("[1]", 3, on_member, &none, NULL), -2);
     ck_assert_int_eq(jscan_object("{\"a\":1,\"b\":}", 12, on_member, &none, NULL), -1);
     ck_assert_uint_eq(none.n, 0);
@@ -153,10 +195,10 @@ START_TEST(test_jscan__more_members_than_recorded)
     size_t o = 0;
     t[o++] = '{';
     for (int i = 0; i < 70; i++)
-        o += (size_t)snprintf(t + o, sizeof(t) - o, "%s\"k%d\":[%d,{\"z\":\"%d\"}]", i ? "," : "", i,
-                              i, i);
+        o += (size_t)snprintf(t + o, sizeof(t) - o, "%s\"k%d\":[%d,{\"z\":\"%d\"}]", i ? "," : "",
+                              i, i, i);
     t[o++] = '}';
-    struct seen s = {0};
+    struct seen s = { 0 };
     ck_assert_int_eq(jscan_object(t, o, on_member, &s, NULL), 0);
     ck_assert_uint_eq(s.n, 70);
     for (int i = 0; i < 70; i++) {
@@ -173,7 +215,7 @@ START_TEST(test_jscan__more_members_than_recorded)
     for (int i = 0; i < 50; i++)
         o += (size_t)snprintf(t + o, sizeof(t) - o, "%s%d", i ? " , " : "", i);
     t[o++] = ']';
-    struct seen a = {0};
+    struct seen a = { 0 };
     ck_assert_int_eq(jscan_array(t, o, on_element, &a, NULL), 0);
     ck_assert_uint_eq(a.n, 50);
     double d;

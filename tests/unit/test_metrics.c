@@ -69,31 +69,46 @@ START_TEST(test_metrics__fresh_server_renders_every_family)
     fixture_start(&f);
     char *s = render(&f.srv);
     expo_check(s);
-    static const char *const families[] = {
-        "polygw_upstream_attempts_total", "polygw_source_in_flight", "polygw_source_aimd_limit",
-        "polygw_source_concurrency_limit", "polygw_source_breaker_state",
-        "polygw_source_bucket_level", "polygw_calls_waiting", "polygw_calls_total",
-        "polygw_call_duration_seconds", "polygw_call_ttft_seconds", "polygw_call_stalled_seconds",
-        "polygw_upstream_ttft_seconds", "polygw_tasks", "polygw_task_watchdog_firings_total",
-        "polygw_tasks_stopped_total", "polygw_upstream_dns_abandoned_total",
-        "polygw_connections_open", "polygw_connections_accepted_total",
-        "polygw_connections_refused_total", "polygw_backend_up"};
+    static const char *const families[] = { "polygw_upstream_attempts_total",
+                                            "polygw_source_in_flight",
+                                            "polygw_source_aimd_limit",
+                                            "polygw_source_concurrency_limit",
+                                            "polygw_source_breaker_state",
+                                            "polygw_source_bucket_level",
+                                            "polygw_calls_waiting",
+                                            "polygw_calls_total",
+                                            "polygw_call_duration_seconds",
+                                            "polygw_call_ttft_seconds",
+                                            "polygw_call_stalled_seconds",
+                                            "polygw_upstream_ttft_seconds",
+                                            "polygw_tasks",
+                                            "polygw_task_watchdog_firings_total",
+                                            "polygw_tasks_stopped_total",
+                                            "polygw_upstream_dns_abandoned_total",
+                                            "polygw_connections_open",
+                                            "polygw_connections_accepted_total",
+                                            "polygw_connections_refused_total",
+                                            "polygw_backend_up" };
     for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++) {
         char want[160];
         snprintf(want, sizeof(want), "# TYPE %s ", families[i]);
         ck_assert_msg(strstr(s, want) != NULL, "no family %s", families[i]);
     }
     /* Zero series exist before the first event, so rate() has a start. */
-    expo_assert_line(s, "polygw_upstream_attempts_total{source=\"b\",capability=\"chat\","
-                       "outcome=\"success\"} 0");
+    expo_assert_line(s,
+                     "polygw_upstream_attempts_total{source=\"b\",capability=\"chat\","
+                     "outcome=\"success\"} 0");
     expo_assert_line(s, "polygw_calls_total{capability=\"embedding\",code=\"ok\"} 0");
-    expo_assert_line(s, "polygw_source_breaker_state{source=\"a\",capability=\"chat\","
-                       "state=\"closed\"} 1");
-    expo_assert_line(s, "polygw_source_breaker_state{source=\"a\",capability=\"chat\","
-                       "state=\"open\"} 0");
+    expo_assert_line(s,
+                     "polygw_source_breaker_state{source=\"a\",capability=\"chat\","
+                     "state=\"closed\"} 1");
+    expo_assert_line(s,
+                     "polygw_source_breaker_state{source=\"a\",capability=\"chat\","
+                     "state=\"open\"} 0");
     /* Only the limited bucket of a is shown (full: 60 requests). */
-    expo_assert_line(s, "polygw_source_bucket_level{source=\"a\",capability=\"chat\","
-                       "bucket=\"rpm\"} 60");
+    expo_assert_line(s,
+                     "polygw_source_bucket_level{source=\"a\",capability=\"chat\","
+                     "bucket=\"rpm\"} 60");
     ck_assert_ptr_null(strstr(s, "bucket=\"tpm\""));
     ck_assert_ptr_null(strstr(s, "polygw_redis_")); /* memory backend */
     expo_assert_line(s, "polygw_backend_up{kind=\"memory\"} 1");
@@ -105,7 +120,7 @@ END_TEST
 START_TEST(test_metrics__events_land_in_their_slots)
 {
     struct fixture f;
-    struct attempt_result r = {0};
+    struct attempt_result r = { 0 };
 
     fixture_start(&f);
     struct metrics *m = f.srv.metrics;
@@ -121,7 +136,7 @@ START_TEST(test_metrics__events_land_in_their_slots)
     r.outcome.reason = REASON_HTTP_5XX;
     metrics_on_attempt(m, 2, &r);
     metrics_on_attempt_cancelled(m, 1);
-    metrics_on_attempt(m, 99, &r);            /* out of range: ignored */
+    metrics_on_attempt(m, 99, &r); /* out of range: ignored */
     metrics_on_call_start(m, 0);
     metrics_on_call_start(m, 0);
     metrics_on_call_end(m, 0, PGW_STALLED, 2.0, 1.5);
@@ -131,30 +146,40 @@ START_TEST(test_metrics__events_land_in_their_slots)
 
     char *s = render(&f.srv);
     expo_check(s);
-    expo_assert_line(s, "polygw_upstream_attempts_total{source=\"a\",capability=\"chat\","
-                       "outcome=\"success\"} 1");
-    expo_assert_line(s, "polygw_upstream_attempts_total{source=\"a\",capability=\"chat\","
-                       "outcome=\"rate_limited\"} 1");
-    expo_assert_line(s, "polygw_upstream_attempts_total{source=\"b\",capability=\"chat\","
-                       "outcome=\"cancelled\"} 1");
-    expo_assert_line(s, "polygw_upstream_attempts_total{source=\"e\",capability=\"embedding\","
-                       "outcome=\"transient\"} 1");
-    expo_assert_line(s, "polygw_upstream_attempt_failures_total{source=\"a\",capability=\"chat\","
-                       "reason=\"http_429\"} 1");
-    expo_assert_line(s, "polygw_upstream_attempt_failures_total{source=\"e\","
-                       "capability=\"embedding\",reason=\"http_5xx\"} 1");
-    expo_assert_line(s, "polygw_upstream_attempt_duration_seconds_count{source=\"a\","
-                       "capability=\"chat\"} 2");
+    expo_assert_line(s,
+                     "polygw_upstream_attempts_total{source=\"a\",capability=\"chat\","
+                     "outcome=\"success\"} 1");
+    expo_assert_line(s,
+                     "polygw_upstream_attempts_total{source=\"a\",capability=\"chat\","
+                     "outcome=\"rate_limited\"} 1");
+    expo_assert_line(s,
+                     "polygw_upstream_attempts_total{source=\"b\",capability=\"chat\","
+                     "outcome=\"cancelled\"} 1");
+    expo_assert_line(s,
+                     "polygw_upstream_attempts_total{source=\"e\",capability=\"embedding\","
+                     "outcome=\"transient\"} 1");
+    expo_assert_line(s,
+                     "polygw_upstream_attempt_failures_total{source=\"a\",capability=\"chat\","
+                     "reason=\"http_429\"} 1");
+    expo_assert_line(s,
+                     "polygw_upstream_attempt_failures_total{source=\"e\","
+                     "capability=\"embedding\",reason=\"http_5xx\"} 1");
+    expo_assert_line(s,
+                     "polygw_upstream_attempt_duration_seconds_count{source=\"a\","
+                     "capability=\"chat\"} 2");
     expo_assert_line(s, "polygw_upstream_ttft_seconds_count{source=\"a\",capability=\"chat\"} 1");
-    expo_assert_line(s, "polygw_upstream_ttft_seconds_bucket{source=\"a\",capability=\"chat\","
-                       "le=\"0.0025\"} 0");
-    expo_assert_line(s, "polygw_upstream_ttft_seconds_bucket{source=\"a\",capability=\"chat\","
-                       "le=\"0.005\"} 1");
+    expo_assert_line(s,
+                     "polygw_upstream_ttft_seconds_bucket{source=\"a\",capability=\"chat\","
+                     "le=\"0.0025\"} 0");
+    expo_assert_line(s,
+                     "polygw_upstream_ttft_seconds_bucket{source=\"a\",capability=\"chat\","
+                     "le=\"0.005\"} 1");
     expo_assert_line(s, "polygw_calls_total{capability=\"chat\",code=\"ok\"} 0");
     expo_assert_line(s, "polygw_calls_total{capability=\"chat\",code=\"stalled\"} 1");
     expo_assert_line(s, "polygw_calls_total{capability=\"chat\",code=\"task_stopped\"} 1");
     expo_assert_line(s, "polygw_calls_total{capability=\"chat\",code=\"retry_exhausted\"} 0");
-    ck_assert_ptr_null(strstr(s, "polygw_calls_total{capability=\"chat\",code=\"unknown_method\"}"));
+    ck_assert_ptr_null(
+        strstr(s, "polygw_calls_total{capability=\"chat\",code=\"unknown_method\"}"));
     ck_assert_ptr_null(strstr(s, "polygw_calls_total{capability=\"chat\",code=\"too_large\"}"));
     expo_assert_line(s, "polygw_calls_in_flight{capability=\"chat\"} 1");
     expo_assert_line(s, "polygw_call_duration_seconds_count{capability=\"chat\"} 2");

@@ -10,10 +10,10 @@
 /* Sun, 06 Nov 1994 08:49:37 GMT — the RFC 9110 example date. */
 #define T_EXAMPLE 784111777.0
 /* Thu, 01 Jan 2026 00:00:00 GMT */
-#define T_2026 1767225600.0
+#define T_2026    1767225600.0
 
-static void check_http(int status, const char *ra, double now, enum outcome_kind kind, enum outcome_reason reason,
-                       double retry_after_s)
+static void check_http(int status, const char *ra, double now, enum outcome_kind kind,
+                       enum outcome_reason reason, double retry_after_s)
 {
     struct outcome o;
 
@@ -21,14 +21,15 @@ static void check_http(int status, const char *ra, double now, enum outcome_kind
     outcome_from_http(&o, status, ra, now);
     ck_assert_msg(o.kind == kind, "status %d: kind %s, want %s", status, outcome_kind_name(o.kind),
                   outcome_kind_name(kind));
-    ck_assert_msg(o.reason == reason, "status %d: reason %s, want %s", status, outcome_reason_name(o.reason),
-                  outcome_reason_name(reason));
+    ck_assert_msg(o.reason == reason, "status %d: reason %s, want %s", status,
+                  outcome_reason_name(o.reason), outcome_reason_name(reason));
     ck_assert_int_eq(o.http_status, status);
     if (retry_after_s < 0)
-        ck_assert_msg(o.retry_after_s < 0, "status %d: retry_after %g, want absent", status, o.retry_after_s);
+        ck_assert_msg(o.retry_after_s < 0, "status %d: retry_after %g, want absent", status,
+                      o.retry_after_s);
     else
-        ck_assert_msg(o.retry_after_s == retry_after_s, "status %d: retry_after %g, want %g", status,
-                      o.retry_after_s, retry_after_s);
+        ck_assert_msg(o.retry_after_s == retry_after_s, "status %d: retry_after %g, want %g",
+                      status, o.retry_after_s, retry_after_s);
 }
 
 /* Parses `v` and expects `want` seconds (or failure when want < 0). */
@@ -38,7 +39,8 @@ static void check_ra(const char *v, double now, double want)
     int rc = outcome_parse_retry_after(v, now, &out);
 
     if (want < 0) {
-        ck_assert_msg(rc == OUTCOME_EINVAL, "'%s': rc %d (%g), want OUTCOME_EINVAL", v ? v : "(null)", rc, out);
+        ck_assert_msg(rc == OUTCOME_EINVAL, "'%s': rc %d (%g), want OUTCOME_EINVAL",
+                      v ? v : "(null)", rc, out);
         ck_assert_msg(out == -12345, "'%s': *out_s written on failure", v ? v : "(null)");
     } else {
         ck_assert_msg(rc == 0, "'%s': rc %d, want 0", v, rc);
@@ -62,7 +64,8 @@ START_TEST(test_outcome__http_429_rate_limited)
     check_http(429, NULL, T_EXAMPLE, OUTCOME_RATE_LIMITED, REASON_HTTP_429, -1);
     check_http(429, "7", T_EXAMPLE, OUTCOME_RATE_LIMITED, REASON_HTTP_429, 7);
     check_http(429, "0.25", T_EXAMPLE, OUTCOME_RATE_LIMITED, REASON_HTTP_429, 0.25);
-    check_http(429, "Sun, 06 Nov 1994 08:50:37 GMT", T_EXAMPLE, OUTCOME_RATE_LIMITED, REASON_HTTP_429, 60);
+    check_http(429, "Sun, 06 Nov 1994 08:50:37 GMT", T_EXAMPLE, OUTCOME_RATE_LIMITED,
+               REASON_HTTP_429, 60);
     check_http(429, "soon", T_EXAMPLE, OUTCOME_RATE_LIMITED, REASON_HTTP_429, -1);
     check_http(429, "", T_EXAMPLE, OUTCOME_RATE_LIMITED, REASON_HTTP_429, -1);
 }
@@ -91,7 +94,7 @@ END_TEST
 
 START_TEST(test_outcome__http_4xx_fail_fast)
 {
-    static const int st[] = {400, 401, 402, 403, 404, 405, 410, 413, 415, 422, 451, 499};
+    static const int st[] = { 400, 401, 402, 403, 404, 405, 410, 413, 415, 422, 451, 499 };
 
     for (size_t i = 0; i < sizeof(st) / sizeof(st[0]); i++)
         check_http(st[i], NULL, T_EXAMPLE, OUTCOME_FAIL_FAST, REASON_HTTP_4XX, -1);
@@ -101,7 +104,7 @@ END_TEST
 
 START_TEST(test_outcome__http_unexpected_status)
 {
-    static const int st[] = {100, 101, 199, 300, 301, 302, 304, 307, 399, 0, -1, 99, 600, 999};
+    static const int st[] = { 100, 101, 199, 300, 301, 302, 304, 307, 399, 0, -1, 99, 600, 999 };
 
     for (size_t i = 0; i < sizeof(st) / sizeof(st[0]); i++)
         check_http(st[i], NULL, T_EXAMPLE, OUTCOME_TRANSIENT, REASON_BAD_RESPONSE, -1);
@@ -116,10 +119,19 @@ START_TEST(test_outcome__from_reason_table)
     for (int r = 0; r < OUTCOME_REASON_COUNT; r++) {
         enum outcome_kind want;
         switch (r) {
-        case REASON_NONE: want = OUTCOME_SUCCESS; break;
-        case REASON_HTTP_429: want = OUTCOME_RATE_LIMITED; break;
-        case REASON_HTTP_4XX: case REASON_CANCELLED: want = OUTCOME_FAIL_FAST; break;
-        default: want = OUTCOME_TRANSIENT; break;
+        case REASON_NONE:
+            want = OUTCOME_SUCCESS;
+            break;
+        case REASON_HTTP_429:
+            want = OUTCOME_RATE_LIMITED;
+            break;
+        case REASON_HTTP_4XX:
+        case REASON_CANCELLED:
+            want = OUTCOME_FAIL_FAST;
+            break;
+        default:
+            want = OUTCOME_TRANSIENT;
+            break;
         }
         memset(&o, 0x5a, sizeof(o));
         outcome_from_reason(&o, (enum outcome_reason)r);
@@ -143,9 +155,24 @@ END_TEST
 START_TEST(test_outcome__names_stable)
 {
     static const char *const want[OUTCOME_REASON_COUNT] = {
-        "none", "connect_timeout", "ttft_timeout", "idle_timeout", "total_timeout", "dns_timeout",
-        "dns_failed", "connect_failed", "connection_reset", "truncated", "http_5xx", "http_408",
-        "http_409", "http_429", "http_4xx", "bad_response", "tls", "cancelled",
+        "none",
+        "connect_timeout",
+        "ttft_timeout",
+        "idle_timeout",
+        "total_timeout",
+        "dns_timeout",
+        "dns_failed",
+        "connect_failed",
+        "connection_reset",
+        "truncated",
+        "http_5xx",
+        "http_408",
+        "http_409",
+        "http_429",
+        "http_4xx",
+        "bad_response",
+        "tls",
+        "cancelled",
     };
 
     ck_assert_str_eq(outcome_reason_name(REASON_NONE), "none");
@@ -156,19 +183,20 @@ START_TEST(test_outcome__names_stable)
         const char *n = outcome_reason_name((enum outcome_reason)r);
         ck_assert_str_eq(n, want[r]);
         for (const char *c = n; *c; c++)
-            ck_assert_msg((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '_', "%s", n);
+            ck_assert_msg((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '_', "%s",
+                          n);
         for (int q = 0; q < r; q++)
             ck_assert_str_ne(n, outcome_reason_name((enum outcome_reason)q));
     }
     ck_assert_str_eq(outcome_reason_name((enum outcome_reason)OUTCOME_REASON_COUNT), "unknown");
-    ck_assert_str_eq(outcome_reason_name((enum outcome_reason)-1), "unknown");
+    ck_assert_str_eq(outcome_reason_name((enum outcome_reason) - 1), "unknown");
 
     ck_assert_str_eq(outcome_kind_name(OUTCOME_SUCCESS), "success");
     ck_assert_str_eq(outcome_kind_name(OUTCOME_RATE_LIMITED), "rate_limited");
     ck_assert_str_eq(outcome_kind_name(OUTCOME_TRANSIENT), "transient");
     ck_assert_str_eq(outcome_kind_name(OUTCOME_FAIL_FAST), "fail_fast");
     ck_assert_str_eq(outcome_kind_name((enum outcome_kind)4), "unknown");
-    ck_assert_str_eq(outcome_kind_name((enum outcome_kind)-1), "unknown");
+    ck_assert_str_eq(outcome_kind_name((enum outcome_kind) - 1), "unknown");
 }
 END_TEST
 
@@ -256,18 +284,46 @@ END_TEST
 START_TEST(test_outcome__retry_after_garbage)
 {
     static const char *const bad[] = {
-        "", "   ", "abc", "-1", "-0", "+5", "1e3", "5s", "5 s", "0x10", "inf", "nan", "Infinity",
+        "",
+        "   ",
+        "abc",
+        "-1",
+        "-0",
+        "+5",
+        "1e3",
+        "5s",
+        "5 s",
+        "0x10",
+        "inf",
+        "nan",
+        "Infinity",
         /* malformed dates */
-        "Sun, 06 Nov 1994 08:49:37 PST", "Sun, 06 Nov 1994 08:49:37", "Sun, 06 Nov 1994 08:49:37 GMT x",
-        "Sun, 6 Nov 1994 08:49:37 GMT", "Sun,06 Nov 1994 08:49:37 GMT", "Sun, 06 Nov 94 08:49:37 GMT",
-        "Sun, 06 Nov 1994 8:49:37 GMT", "Sun, 06 Novem 1994 08:49:37 GMT", "Foo, 06 Nov 1994 08:49:37 GMT",
-        "Sunday, 06 Nov 1994 08:49:37 GMT", "Sun, 06-Nov-94 08:49:37 GMT", "Sunday, 06-Nov-1994 08:49:37 GMT",
-        "Sunday, 06-Nov-94 08:49:37", "Sun Nov 6 08:49:37 1994", "Sun Nov  6 08:49:37 94",
-        "Sun Nov  6 08:49:37 1994 GMT", "Sun Nov   6 08:49:37 1994",
+        "Sun, 06 Nov 1994 08:49:37 PST",
+        "Sun, 06 Nov 1994 08:49:37",
+        "Sun, 06 Nov 1994 08:49:37 GMT x",
+        "Sun, 6 Nov 1994 08:49:37 GMT",
+        "Sun,06 Nov 1994 08:49:37 GMT",
+        "Sun, 06 Nov 94 08:49:37 GMT",
+        "Sun, 06 Nov 1994 8:49:37 GMT",
+        "Sun, 06 Novem 1994 08:49:37 GMT",
+        "Foo, 06 Nov 1994 08:49:37 GMT",
+        "Sunday, 06 Nov 1994 08:49:37 GMT",
+        "Sun, 06-Nov-94 08:49:37 GMT",
+        "Sunday, 06-Nov-1994 08:49:37 GMT",
+        "Sunday, 06-Nov-94 08:49:37",
+        "Sun Nov 6 08:49:37 1994",
+        "Sun Nov  6 08:49:37 94",
+        "Sun Nov  6 08:49:37 1994 GMT",
+        "Sun Nov   6 08:49:37 1994",
         /* out-of-range fields */
-        "Sun, 00 Nov 1994 08:49:37 GMT", "Sun, 31 Nov 1994 08:49:37 GMT", "Wed, 29 Feb 2023 00:00:00 GMT",
-        "Mon, 29 Feb 2100 00:00:00 GMT", "Sun, 06 Nov 1994 24:00:00 GMT", "Sun, 06 Nov 1994 08:60:00 GMT",
-        "Sun, 06 Nov 1994 08:49:61 GMT", "Sun, 06 Nov 1994 08:49:37 GMT\n",
+        "Sun, 00 Nov 1994 08:49:37 GMT",
+        "Sun, 31 Nov 1994 08:49:37 GMT",
+        "Wed, 29 Feb 2023 00:00:00 GMT",
+        "Mon, 29 Feb 2100 00:00:00 GMT",
+        "Sun, 06 Nov 1994 24:00:00 GMT",
+        "Sun, 06 Nov 1994 08:60:00 GMT",
+        "Sun, 06 Nov 1994 08:49:61 GMT",
+        "Sun, 06 Nov 1994 08:49:37 GMT\n",
     };
 
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)

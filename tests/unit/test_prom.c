@@ -24,10 +24,10 @@ static char *take(struct prom_text *t)
 
 START_TEST(test_prom__hist_buckets_cumulative)
 {
-    static const struct prom_buckets b = {.n = 3, .le = {0.1, 1, 10}};
+    static const struct prom_buckets b = { .n = 3, .le = { 0.1, 1, 10 } };
     struct prom_hist h;
     struct prom_text t;
-    const double obs[] = {0.05, 0.1, 0.5, 0.7, 2, 100, 1e9};
+    const double obs[] = { 0.05, 0.1, 0.5, 0.7, 2, 100, 1e9 };
 
     prom_hist_init(&h, &b);
     for (size_t i = 0; i < sizeof(obs) / sizeof(obs[0]); i++)
@@ -63,17 +63,17 @@ START_TEST(test_prom__hist_ignores_nan_clamps_negative)
     prom_hist_observe(&h, -0.5);
     prom_hist_observe(&h, INFINITY);
     ck_assert_uint_eq(h.count, 2);
-    ck_assert_uint_eq(h.bucket[0], 1);                            /* -0.5 counted as 0 */
+    ck_assert_uint_eq(h.bucket[0], 1);                        /* -0.5 counted as 0 */
     ck_assert_uint_eq(h.bucket[prom_buckets_latency_s.n], 1); /* +Inf only */
 }
 END_TEST
 
 START_TEST(test_prom__hist_labels_and_le)
 {
-    static const struct prom_buckets b = {.n = 2, .le = {0.0025, 600}};
+    static const struct prom_buckets b = { .n = 2, .le = { 0.0025, 600 } };
     struct prom_hist h;
     struct prom_text t;
-    const struct prom_label l[] = {{"source", "a"}, {"capability", "chat"}};
+    const struct prom_label l[] = { { "source", "a" }, { "capability", "chat" } };
 
     prom_hist_init(&h, &b);
     prom_hist_observe(&h, 0.001);
@@ -92,7 +92,7 @@ END_TEST
 /* The layouts' bound texts are the bounds, written as the writer would. */
 START_TEST(test_prom__bucket_texts_match_bounds)
 {
-    const struct prom_buckets *layouts[] = {&prom_buckets_latency_s, &prom_buckets_rtt_s};
+    const struct prom_buckets *layouts[] = { &prom_buckets_latency_s, &prom_buckets_rtt_s };
 
     for (size_t k = 0; k < 2; k++) {
         struct prom_buckets bare = *layouts[k];
@@ -123,8 +123,11 @@ END_TEST
 START_TEST(test_prom__label_values_escaped)
 {
     struct prom_text t;
-    const struct prom_label l[] = {{"a", "back\\slash"}, {"b", "say \"hi\""},
-                                      {"c", "two\nlines"}, {"d", NULL}, {"e", "ünï"}};
+    const struct prom_label l[] = { { "a", "back\\slash" },
+                                    { "b", "say \"hi\"" },
+                                    { "c", "two\nlines" },
+                                    { "d", NULL },
+                                    { "e", "ünï" } };
 
     prom_text_init(&t);
     prom_text_family(&t, "z_total", "counter", "With \\ and\na newline; \"quotes\" stay.");
@@ -132,8 +135,9 @@ START_TEST(test_prom__label_values_escaped)
     char *s = take(&t);
     expo_assert_line(s, "# HELP z_total With \\\\ and\\na newline; \"quotes\" stay.");
     expo_assert_line(s, "# TYPE z_total counter");
-    expo_assert_line(s, "z_total{a=\"back\\\\slash\",b=\"say \\\"hi\\\"\",c=\"two\\nlines\",d=\"\","
-                       "e=\"ünï\"} 3");
+    expo_assert_line(s,
+                     "z_total{a=\"back\\\\slash\",b=\"say \\\"hi\\\"\",c=\"two\\nlines\",d=\"\","
+                     "e=\"ünï\"} 3");
     ck_assert_uint_eq(expo_check(s), 1);
     free(s);
 }
@@ -141,8 +145,9 @@ END_TEST
 
 START_TEST(test_prom__values_read_back_exactly)
 {
-    const double v[] = {0, 1, -2.5, 0.1, 1.0 / 3, 1e-300, 123456789.125, 9007199254740993.0,
-                        INFINITY, -INFINITY};
+    const double v[] = { 0,        1,        -2.5,          0.1,
+                         1.0 / 3,  1e-300,   123456789.125, 9007199254740993.0,
+                         INFINITY, -INFINITY };
     struct prom_text t;
 
     prom_text_init(&t);
@@ -155,13 +160,13 @@ START_TEST(test_prom__values_read_back_exactly)
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
         ck_assert(strncmp(p, "v ", 2) == 0);
         char *end;
-        double back = strncmp(p + 2, "+Inf", 4) == 0   ? INFINITY
-                      : strncmp(p + 2, "-Inf", 4) == 0 ? -INFINITY
-                                                       : strtod(p + 2, &end);
+        double back = strncmp(p + 2, "+Inf", 4) == 0 ? INFINITY
+            : strncmp(p + 2, "-Inf", 4) == 0         ? -INFINITY
+                                                     : strtod(p + 2, &end);
         ck_assert_msg(back == v[i], "%.17g written as %.*s", v[i], (int)(strchr(p, '\n') - p), p);
         p = strchr(p, '\n') + 1;
     }
-    expo_assert_line(s, "v 0.1");      /* the short form when it reads back */
+    expo_assert_line(s, "v 0.1"); /* the short form when it reads back */
     expo_assert_line(s, "v +Inf");
     expo_assert_line(s, "v NaN");
     expo_assert_line(s, "v 18446744073709551615");

@@ -23,7 +23,7 @@ static void check_copy(const struct redact *r, const char *in, const char *want,
 
 START_TEST(test_redact__exact_occurrences_anywhere)
 {
-    const char *keys[] = {KEY};
+    const char *keys[] = { KEY };
     struct redact *r = redact_new(keys, 1);
 
     ck_assert_ptr_nonnull(r);
@@ -32,8 +32,8 @@ START_TEST(test_redact__exact_occurrences_anywhere)
     check_copy(r, KEY, REDACT_MARKER, 1);
     check_copy(r, "invalid key: Bearer " KEY, "invalid key: Bearer " REDACT_MARKER, 1);
     check_copy(r, KEY " at the start", REDACT_MARKER " at the start", 1);
-    check_copy(r, "twice " KEY KEY " and " KEY ".", "twice " REDACT_MARKER REDACT_MARKER
-               " and " REDACT_MARKER ".", 3);
+    check_copy(r, "twice " KEY KEY " and " KEY ".",
+               "twice " REDACT_MARKER REDACT_MARKER " and " REDACT_MARKER ".", 3);
     /* A prefix or a masked key is not the key. */
     check_copy(r, "sk-test-0123456789abcde", "sk-test-0123456789abcde", 0);
     check_copy(r, "sk-test-...cdef", "sk-test-...cdef", 0);
@@ -43,7 +43,7 @@ END_TEST
 
 START_TEST(test_redact__no_secrets_is_a_copy)
 {
-    const char *keys[] = {NULL, ""};
+    const char *keys[] = { NULL, "" };
     struct redact *r = redact_new(keys, 2);
     struct strbuf out;
 
@@ -68,7 +68,7 @@ END_TEST
 START_TEST(test_redact__longest_secret_wins_and_duplicates_count_once)
 {
     /* One key is a prefix of another, and a third overlaps the first. */
-    const char *keys[] = {"sk-abc", "sk-abcdef", "sk-abc", "cdef-9"};
+    const char *keys[] = { "sk-abc", "sk-abcdef", "sk-abc", "cdef-9" };
     struct redact *r = redact_new(keys, 4);
 
     check_copy(r, "[sk-abcdef]", "[" REDACT_MARKER "]", 1);
@@ -114,7 +114,7 @@ END_TEST
 
 START_TEST(test_redact__many_echoes_stay_linear)
 {
-    const char *keys[] = {KEY, "other-secret-that-never-appears"};
+    const char *keys[] = { KEY, "other-secret-that-never-appears" };
     struct redact *r = redact_new(keys, 2);
     size_t reps = 200000, klen = strlen(KEY);
     char *text = malloc(reps * (klen + 1));
@@ -138,7 +138,7 @@ END_TEST
 
 START_TEST(test_redact__string_hook)
 {
-    const char *keys[] = {KEY};
+    const char *keys[] = { KEY };
     struct redact *r = redact_new(keys, 1);
     const char *s = "clean";
     const char *orig = s;
@@ -159,7 +159,7 @@ START_TEST(test_redact__string_hook)
                                "\"sk\\u002dtest-0123456789abcdef\":1}";
     msgpack_sbuffer sb;
     msgpack_packer pk;
-    const struct transcode_j2m opt = {.on_str = redact_on_str, .ud = r};
+    const struct transcode_j2m opt = { .on_str = redact_on_str, .ud = r };
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
     ck_assert_int_eq(transcode_json_to_msgpack(json, strlen(json), &pk, &opt, NULL, 0), 0);

@@ -54,8 +54,8 @@ static void make_cert(void)
     X509_gmtime_adj(X509_getm_notAfter(cert), 3600);
     X509_set_pubkey(cert, key);
     X509_NAME *name = X509_get_subject_name(cert);
-    X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, (const unsigned char *)"localhost", -1,
-                               -1, 0);
+    X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, (const unsigned char *)"localhost", -1, -1,
+                               0);
     X509_set_issuer_name(cert, name);
     X509V3_CTX v3;
     X509V3_set_ctx_nodb(&v3);
@@ -93,7 +93,9 @@ static void server_on_io(struct ev_loop *loop, ev_io *w, int revents)
             int n = SSL_write(s->ssl, s->buf, (int)s->len);
             if (n <= 0) {
                 int e = SSL_get_error(s->ssl, n);
-                want = e == SSL_ERROR_WANT_WRITE ? EV_WRITE : e == SSL_ERROR_WANT_READ ? EV_READ : 0;
+                want = e == SSL_ERROR_WANT_WRITE ? EV_WRITE
+                    : e == SSL_ERROR_WANT_READ   ? EV_READ
+                                                 : 0;
                 break;
             }
             s->len = 0;
@@ -129,8 +131,7 @@ static void client_on_io(struct ev_loop *loop, ev_io *w, int revents)
         else if (n == 0 || (errno != EAGAIN && errno != EINTR))
             c->eof = true;
     }
-    int ev = c->eof ? 0
-                    : (c->sent < PAYLOAD ? EV_WRITE : 0) | (c->got < PAYLOAD ? EV_READ : 0);
+    int ev = c->eof ? 0 : (c->sent < PAYLOAD ? EV_WRITE : 0) | (c->got < PAYLOAD ? EV_READ : 0);
     ev_io_stop(loop, w);
     if (ev) {
         ev_io_set(w, c->fd, ev);
@@ -161,14 +162,14 @@ static void run_echo(const char *host, const struct rtls_opts *o, struct client 
     SSL_CTX *sctx = SSL_CTX_new(TLS_server_method());
     ck_assert_int_eq(SSL_CTX_use_certificate(sctx, cert), 1);
     ck_assert_int_eq(SSL_CTX_use_PrivateKey(sctx, key), 1);
-    struct server s = {.ssl = SSL_new(sctx), .fd = sp[1]};
+    struct server s = { .ssl = SSL_new(sctx), .fd = sp[1] };
     SSL_set_fd(s.ssl, sp[1]);
     SSL_set_accept_state(s.ssl);
     ev_io_init(&s.w, server_on_io, sp[1], EV_READ);
     s.w.data = &s;
     ev_io_start(loop, &s.w);
 
-    struct rtls_opts opts = o ? *o : (struct rtls_opts){0};
+    struct rtls_opts opts = o ? *o : (struct rtls_opts){ 0 };
     if (!opts.ca_file)
         opts.ca_file = ca_path;
     struct rtls_ctx *ctx = rtls_ctx_new(&opts, err, sizeof(err));
@@ -212,8 +213,8 @@ START_TEST(test_redis_tls__echo_a_mebibyte)
     const char *why;
 
     run_echo("localhost", NULL, &c, &why);
-    ck_assert_msg(c.got == PAYLOAD && !c.eof, "got %zu of %u (eof %d): %s", c.got, PAYLOAD,
-                  c.eof, why);
+    ck_assert_msg(c.got == PAYLOAD && !c.eof, "got %zu of %u (eof %d): %s", c.got, PAYLOAD, c.eof,
+                  why);
     ck_assert_mem_eq(c.in, c.out, PAYLOAD);
     ck_assert_str_eq(why, "");
     free(c.in);
@@ -234,7 +235,7 @@ START_TEST(test_redis_tls__wrong_name_closes_with_the_reason)
     free(c.out);
 
     /* server_name overrides the host: the right one is accepted. */
-    struct rtls_opts o = {.server_name = "localhost"};
+    struct rtls_opts o = { .server_name = "localhost" };
     run_echo("10.1.2.3", &o, &c, &why);
     ck_assert_msg(c.got == PAYLOAD, "%s", why);
     free(c.in);
@@ -245,14 +246,14 @@ END_TEST
 START_TEST(test_redis_tls__bad_files_name_the_file)
 {
     char err[256];
-    struct rtls_opts o = {.ca_file = "/nonexistent/ca.pem"};
+    struct rtls_opts o = { .ca_file = "/nonexistent/ca.pem" };
 
     ck_assert_ptr_null(rtls_ctx_new(&o, err, sizeof(err)));
     ck_assert_msg(strstr(err, "cannot load the CA file /nonexistent/ca.pem"), "%s", err);
-    o = (struct rtls_opts){.cert_file = "/nonexistent/c.pem"};
+    o = (struct rtls_opts){ .cert_file = "/nonexistent/c.pem" };
     ck_assert_ptr_null(rtls_ctx_new(&o, err, sizeof(err)));
     ck_assert_msg(strstr(err, "needs both cert_file and key_file"), "%s", err);
-    o = (struct rtls_opts){.cert_file = "/nonexistent/c.pem", .key_file = "/nonexistent/k.pem"};
+    o = (struct rtls_opts){ .cert_file = "/nonexistent/c.pem", .key_file = "/nonexistent/k.pem" };
     ck_assert_ptr_null(rtls_ctx_new(&o, err, sizeof(err)));
     ck_assert_msg(strstr(err, "cannot load the certificate /nonexistent/c.pem"), "%s", err);
     struct rtls_ctx *ctx = rtls_ctx_new(NULL, err, sizeof(err)); /* the system store */

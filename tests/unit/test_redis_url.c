@@ -71,8 +71,8 @@ START_TEST(test_redis_url__tls_and_acl_user)
     struct rds_addr a;
     char err[256] = "";
 
-    ck_assert_int_eq(rds_parse_url("rediss://bob:" SECRET "@cache.example:6380/2", &a, err,
-                                   sizeof(err)), 0);
+    ck_assert_int_eq(
+        rds_parse_url("rediss://bob:" SECRET "@cache.example:6380/2", &a, err, sizeof(err)), 0);
     ck_assert(a.tls);
     ck_assert_str_eq(a.user, "bob");
     ck_assert_str_eq(a.password, SECRET);
@@ -93,19 +93,18 @@ START_TEST(test_redis_url__sentinel_hostport)
     char host[256], err[128];
     int port = 0;
 
-    ck_assert_int_eq(rds_parse_hostport("10.0.0.7:26379", host, sizeof(host), &port, err,
-                                        sizeof(err)), 0);
+    ck_assert_int_eq(
+        rds_parse_hostport("10.0.0.7:26379", host, sizeof(host), &port, err, sizeof(err)), 0);
     ck_assert_str_eq(host, "10.0.0.7");
     ck_assert_int_eq(port, 26379);
-    ck_assert_int_eq(rds_parse_hostport("[::1]:5000", host, sizeof(host), &port, err,
-                                        sizeof(err)), 0);
+    ck_assert_int_eq(rds_parse_hostport("[::1]:5000", host, sizeof(host), &port, err, sizeof(err)),
+                     0);
     ck_assert_str_eq(host, "::1");
     ck_assert_int_eq(port, 5000);
-    static const char *const bad[] = {"h", "h:", "[::1]", "h:0", "h:70000", "a:b@h:1",
-                                      "h:1/0", "", ":1"};
+    static const char *const bad[] = { "h",       "h:",    "[::1]", "h:0", "h:70000",
+                                       "a:b@h:1", "h:1/0", "",      ":1" };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
-        ck_assert_msg(rds_parse_hostport(bad[i], host, sizeof(host), &port, err, sizeof(err)) ==
-                          -1,
+        ck_assert_msg(rds_parse_hostport(bad[i], host, sizeof(host), &port, err, sizeof(err)) == -1,
                       "accepted %s", bad[i]);
 }
 END_TEST
@@ -261,7 +260,7 @@ static void never_cb(const redisReply *reply, const char *err, void *ud)
 
 static struct rds *new_rds(struct ev_loop *loop, const char *url, char *err, size_t errlen)
 {
-    static const char *const channels[] = {"p:task-end", "p:progress"};
+    static const char *const channels[] = { "p:task-end", "p:progress" };
     const struct rds_opts opts = {
         .url = url,
         .command_timeout_s = 0.2,
@@ -282,14 +281,17 @@ START_TEST(test_redis_url__new_rejects)
     ck_assert_ptr_nonnull(strstr(err, "bad port"));
     ck_assert_ptr_null(strstr(err, SECRET));
 
-    const struct rds_opts bad = {.url = "redis://h", .command_timeout_s = 0,
-                                 .reconnect_min_s = 1, .reconnect_max_s = 2};
+    const struct rds_opts bad = {
+        .url = "redis://h", .command_timeout_s = 0, .reconnect_min_s = 1, .reconnect_max_s = 2
+    };
     ck_assert_ptr_null(rds_new(loop, &bad, NULL, err, sizeof(err)));
-    const struct rds_opts bad2 = {.url = "redis://h", .command_timeout_s = 1,
-                                  .reconnect_min_s = 2, .reconnect_max_s = 1};
+    const struct rds_opts bad2 = {
+        .url = "redis://h", .command_timeout_s = 1, .reconnect_min_s = 2, .reconnect_max_s = 1
+    };
     ck_assert_ptr_null(rds_new(loop, &bad2, NULL, err, sizeof(err)));
-    const struct rds_opts bad3 = {.url = "redis://h", .command_timeout_s = NAN,
-                                  .reconnect_min_s = 1, .reconnect_max_s = 1};
+    const struct rds_opts bad3 = {
+        .url = "redis://h", .command_timeout_s = NAN, .reconnect_min_s = 1, .reconnect_max_s = 1
+    };
     ck_assert_ptr_null(rds_new(loop, &bad3, NULL, err, sizeof(err)));
     rds_free(NULL);
     ev_loop_destroy(loop);
@@ -335,9 +337,8 @@ static void read_stats(const struct rds *r, struct stats_view *v)
             if (k2->size == k->size && memcmp(k2->ptr, k->ptr, k->size) == 0)
                 v->all_keys_unique = false;
         }
-#define KEY_IS(s) (k->size == strlen(s) && memcmp(k->ptr, s, k->size) == 0)
-#define COPY_STR(dst)                                                                      \
-    snprintf(dst, sizeof(dst), "%.*s", (int)val->via.str.size, val->via.str.ptr)
+#define KEY_IS(s)     (k->size == strlen(s) && memcmp(k->ptr, s, k->size) == 0)
+#define COPY_STR(dst) snprintf(dst, sizeof(dst), "%.*s", (int)val->via.str.size, val->via.str.ptr)
         if (KEY_IS("state"))
             COPY_STR(v->state);
         else if (KEY_IS("address"))
@@ -384,18 +385,18 @@ START_TEST(test_redis_url__not_connected)
     struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
     char err[256];
     struct stats_view v;
-    const char *argv[] = {"k", "v"};
+    const char *argv[] = { "k", "v" };
 
     log_threshold = LOG_ERROR; /* the retries log at warn and info */
-    struct rds *r = new_rds(loop, "unix:///nonexistent/polygw-test.sock?password=" SECRET,
-                            err, sizeof(err));
+    struct rds *r =
+        new_rds(loop, "unix:///nonexistent/polygw-test.sock?password=" SECRET, err, sizeof(err));
     ck_assert_msg(r != NULL, "%s", err);
     ck_assert(!rds_up(r));
     ck_assert(!rds_subscribed(r));
     ck_assert(isnan(rds_clock_offset(r)));
     ck_assert_int_eq(rds_eval(r, RDS_ADMIT, 1, 2, argv, NULL, never_cb, NULL), -1);
     ck_assert_int_eq(rds_command(r, 2, argv, NULL, never_cb, NULL), -1);
-    ck_assert_int_eq(rds_command(r, 2, (const char *[]){"SUBSCRIBE", "x"}, NULL, never_cb, NULL),
+    ck_assert_int_eq(rds_command(r, 2, (const char *[]){ "SUBSCRIBE", "x" }, NULL, never_cb, NULL),
                      -1);
     ck_assert_int_eq(rds_eval(r, RDS_N_SCRIPTS, 0, 0, NULL, NULL, never_cb, NULL), -1);
     ck_assert_int_eq(rds_eval(r, RDS_ADMIT, 3, 2, argv, NULL, never_cb, NULL), -1);
@@ -426,15 +427,21 @@ END_TEST
 START_TEST(test_redis_url__sentinels_unreachable)
 {
     struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
-    static const char *const channels[] = {"p:task-end"};
-    static const char *const sentinels[] = {"127.0.0.1:1", "127.0.0.1:2"};
+    static const char *const channels[] = { "p:task-end" };
+    static const char *const sentinels[] = { "127.0.0.1:1", "127.0.0.1:2" };
     char err[256];
     struct stats_view v;
     struct rds_opts opts = {
-        .sentinels = sentinels, .n_sentinels = 2, .master_name = "mymaster",
-        .sentinel_password = SECRET, .password = SECRET,
-        .command_timeout_s = 0.2, .reconnect_min_s = 0.01, .reconnect_max_s = 0.05,
-        .channels = channels, .n_channels = 1,
+        .sentinels = sentinels,
+        .n_sentinels = 2,
+        .master_name = "mymaster",
+        .sentinel_password = SECRET,
+        .password = SECRET,
+        .command_timeout_s = 0.2,
+        .reconnect_min_s = 0.01,
+        .reconnect_max_s = 0.05,
+        .channels = channels,
+        .n_channels = 1,
     };
 
     log_threshold = LOG_ERROR;
@@ -460,7 +467,7 @@ START_TEST(test_redis_url__sentinels_unreachable)
     ck_assert_ptr_null(rds_new(loop, &opts, NULL, err, sizeof(err)));
     ck_assert_msg(strstr(err, "master name"), "%s", err);
     opts.master_name = "m";
-    static const char *const bad[] = {"127.0.0.1:1", "h"};
+    static const char *const bad[] = { "127.0.0.1:1", "h" };
     opts.sentinels = bad;
     ck_assert_ptr_null(rds_new(loop, &opts, NULL, err, sizeof(err)));
     ck_assert_msg(strstr(err, "sentinel 1: expected host:port"), "%s", err);

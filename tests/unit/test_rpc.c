@@ -46,10 +46,18 @@ static const char *pack_fmt(msgpack_packer *pk, const char *f, va_list *ap)
         for (int i = 0; i < (c == '[' ? n : 2 * n); i++)
             f = pack_fmt(pk, f, ap);
         return f;
-    case 'i': msgpack_pack_int64(pk, va_arg(*ap, int64_t)); return f;
-    case 'u': msgpack_pack_uint64(pk, va_arg(*ap, uint64_t)); return f;
-    case 'd': msgpack_pack_double(pk, va_arg(*ap, double)); return f;
-    case 'f': msgpack_pack_float(pk, (float)va_arg(*ap, double)); return f;
+    case 'i':
+        msgpack_pack_int64(pk, va_arg(*ap, int64_t));
+        return f;
+    case 'u':
+        msgpack_pack_uint64(pk, va_arg(*ap, uint64_t));
+        return f;
+    case 'd':
+        msgpack_pack_double(pk, va_arg(*ap, double));
+        return f;
+    case 'f':
+        msgpack_pack_float(pk, (float)va_arg(*ap, double));
+        return f;
     case 's': {
         const char *s = va_arg(*ap, const char *);
         msgpack_pack_str(pk, strlen(s));
@@ -62,11 +70,22 @@ static const char *pack_fmt(msgpack_packer *pk, const char *f, va_list *ap)
         msgpack_pack_bin_body(pk, s, strlen(s));
         return f;
     }
-    case 'n': msgpack_pack_nil(pk); return f;
-    case 't': msgpack_pack_true(pk); return f;
-    case 'F': msgpack_pack_false(pk); return f;
-    case 'x': msgpack_pack_ext(pk, 1, 1); msgpack_pack_ext_body(pk, "x", 1); return f;
-    default: ck_abort_msg("bad format char %c", c); return f;
+    case 'n':
+        msgpack_pack_nil(pk);
+        return f;
+    case 't':
+        msgpack_pack_true(pk);
+        return f;
+    case 'F':
+        msgpack_pack_false(pk);
+        return f;
+    case 'x':
+        msgpack_pack_ext(pk, 1, 1);
+        msgpack_pack_ext_body(pk, "x", 1);
+        return f;
+    default:
+        ck_abort_msg("bad format char %c", c);
+        return f;
     }
 }
 
@@ -296,25 +315,39 @@ START_TEST(test_rpc__as_double_and_type_name)
         bool number;
         double v;
     } cases[] = {
-        {"u", "integer", true, 7}, {"i", "negative integer", true, -7},
-        {"d", "float", true, 2.5}, {"f", "float", true, 0.5},
-        {"s", "string", false, 0}, {"b", "binary", false, 0},
-        {"n", "nil", false, 0},    {"t", "boolean", false, 0},
-        {"[0", "array", false, 0}, {"{0", "map", false, 0},
-        {"x", "ext", false, 0},
+        { "u", "integer", true, 7 }, { "i", "negative integer", true, -7 },
+        { "d", "float", true, 2.5 }, { "f", "float", true, 0.5 },
+        { "s", "string", false, 0 }, { "b", "binary", false, 0 },
+        { "n", "nil", false, 0 },    { "t", "boolean", false, 0 },
+        { "[0", "array", false, 0 }, { "{0", "map", false, 0 },
+        { "x", "ext", false, 0 },
     };
 
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         struct obj ob;
         double v = -999;
         switch (cases[i].fmt[0]) {
-        case 'u': obj_make(&ob, "u", (uint64_t)7); break;
-        case 'i': obj_make(&ob, "i", (int64_t)-7); break;
-        case 'd': obj_make(&ob, "d", 2.5); break;
-        case 'f': obj_make(&ob, "f", 0.5); break;
-        case 's': obj_make(&ob, "s", "x"); break;
-        case 'b': obj_make(&ob, "b", "x"); break;
-        default: obj_make(&ob, cases[i].fmt); break;
+        case 'u':
+            obj_make(&ob, "u", (uint64_t)7);
+            break;
+        case 'i':
+            obj_make(&ob, "i", (int64_t)-7);
+            break;
+        case 'd':
+            obj_make(&ob, "d", 2.5);
+            break;
+        case 'f':
+            obj_make(&ob, "f", 0.5);
+            break;
+        case 's':
+            obj_make(&ob, "s", "x");
+            break;
+        case 'b':
+            obj_make(&ob, "b", "x");
+            break;
+        default:
+            obj_make(&ob, cases[i].fmt);
+            break;
         }
         ck_assert_str_eq(rpc_type_name(ob.o), cases[i].name);
         ck_assert_int_eq(rpc_as_double(ob.o, &v), cases[i].number);
@@ -328,12 +361,9 @@ END_TEST
 /* --- rpc_bind ---------------------------------------------------------- */
 
 static const struct rpc_param call_spec[] = {
-    {"capability", RPC_T_STR, true},
-    {"body", RPC_T_MAP, true},
-    {"stream", RPC_T_BOOL | RPC_T_NIL, false},
-    {"scope", RPC_T_STR | RPC_T_NIL, false},
-    {"task_id", RPC_T_STR | RPC_T_NIL, false},
-    {"deadline_s", RPC_T_NUMBER | RPC_T_NIL, false},
+    { "capability", RPC_T_STR, true },           { "body", RPC_T_MAP, true },
+    { "stream", RPC_T_BOOL | RPC_T_NIL, false }, { "scope", RPC_T_STR | RPC_T_NIL, false },
+    { "task_id", RPC_T_STR | RPC_T_NIL, false }, { "deadline_s", RPC_T_NUMBER | RPC_T_NIL, false },
 };
 enum { C_CAP, C_BODY, C_STREAM, C_SCOPE, C_TASK, C_DEADLINE, C_N };
 
@@ -357,8 +387,8 @@ START_TEST(test_rpc__bind_all_params)
     char why[200] = "";
     double d;
 
-    obj_make(&ob, "[1{6ss s{0 st ss ss sd", "capability", "chat", "body", "stream", "scope",
-             "team", "task_id", "run-1", "deadline_s", 2.5);
+    obj_make(&ob, "[1{6ss s{0 st ss ss sd", "capability", "chat", "body", "stream", "scope", "team",
+             "task_id", "run-1", "deadline_s", 2.5);
     ck_assert_msg(rpc_bind(ob.o, call_spec, C_N, out, why, sizeof(why)) == 0, "%s", why);
     ck_assert(rpc_str_is(out[C_CAP], "chat"));
     ck_assert_int_eq(out[C_BODY]->type, MSGPACK_OBJECT_MAP);
@@ -389,8 +419,8 @@ START_TEST(test_rpc__bind_optional_absent_or_nil)
     const msgpack_object *out[C_N];
     char why[200] = "";
 
-    obj_make(&ob, "[1{6sss{0snsnsnsn", "capability", "chat", "body", "stream", "scope",
-             "task_id", "deadline_s");
+    obj_make(&ob, "[1{6sss{0snsnsnsn", "capability", "chat", "body", "stream", "scope", "task_id",
+             "deadline_s");
     ck_assert_msg(rpc_bind(ob.o, call_spec, C_N, out, why, sizeof(why)) == 0, "%s", why);
     ck_assert_ptr_nonnull(out[C_CAP]);
     ck_assert_ptr_nonnull(out[C_BODY]);
@@ -409,13 +439,13 @@ END_TEST
 /* [], [nil] and [{}] all mean "no parameters". */
 START_TEST(test_rpc__bind_no_params)
 {
-    static const char *const fmts[] = {"[0", "[1n", "[1{0"};
-    static const struct rpc_param opt[] = {{"verbose", RPC_T_BOOL, false}};
+    static const char *const fmts[] = { "[0", "[1n", "[1{0" };
+    static const struct rpc_param opt[] = { { "verbose", RPC_T_BOOL, false } };
     static const msgpack_object sentinel;
 
     for (size_t i = 0; i < 3; i++) {
         struct obj ob;
-        const msgpack_object *out[1] = {&sentinel};
+        const msgpack_object *out[1] = { &sentinel };
         char why[100] = "";
 
         obj_make(&ob, fmts[i]);
@@ -481,8 +511,11 @@ static bool utf8_ok(const char *s)
     const unsigned char *p = (const unsigned char *)s;
 
     while (*p) {
-        int n = *p < 0x80 ? 1 : (*p & 0xe0) == 0xc0 ? 2 : (*p & 0xf0) == 0xe0 ? 3
-                : (*p & 0xf8) == 0xf0 ? 4 : 0;
+        int n = *p < 0x80         ? 1
+            : (*p & 0xe0) == 0xc0 ? 2
+            : (*p & 0xf0) == 0xe0 ? 3
+            : (*p & 0xf8) == 0xf0 ? 4
+                                  : 0;
         if (n == 0 || (n == 2 && *p < 0xc2))
             return false;
         for (int i = 1; i < n; i++) {
@@ -564,7 +597,7 @@ START_TEST(test_rpc__bind_missing_required)
     expect_bind_error(&ob, "parameter 'capability': expected string, got nil");
 
     /* A required parameter whose spec admits nil: nil counts as missing. */
-    static const struct rpc_param spec[] = {{"node", RPC_T_STR | RPC_T_NIL, true}};
+    static const struct rpc_param spec[] = { { "node", RPC_T_STR | RPC_T_NIL, true } };
     const msgpack_object *out[1];
     char why[100];
     obj_make(&ob, "[1{1sn", "node");
@@ -597,9 +630,9 @@ START_TEST(test_rpc__bind_type_errors)
 
     /* The remaining descriptions of types_wanted(). */
     static const struct rpc_param spec[] = {
-        {"n", RPC_T_UINT, false},
-        {"q", RPC_T_UINT | RPC_T_FLOAT, false},
-        {"a", RPC_T_ARRAY, false},
+        { "n", RPC_T_UINT, false },
+        { "q", RPC_T_UINT | RPC_T_FLOAT, false },
+        { "a", RPC_T_ARRAY, false },
     };
     const msgpack_object *out[3];
     char why[100];
@@ -615,7 +648,7 @@ START_TEST(test_rpc__bind_type_errors)
     ck_assert_int_eq(rpc_bind(ob.o, spec, 3, out, why, sizeof(why)), -1);
     ck_assert_str_eq(why, "parameter 'a': expected array, got map");
     obj_free(&ob);
-    obj_make(&ob, "[1{1sn", "a");  /* nil without RPC_T_NIL in the mask */
+    obj_make(&ob, "[1{1sn", "a"); /* nil without RPC_T_NIL in the mask */
     ck_assert_int_eq(rpc_bind(ob.o, spec, 3, out, why, sizeof(why)), -1);
     ck_assert_str_eq(why, "parameter 'a': expected array, got nil");
     obj_free(&ob);
@@ -785,10 +818,12 @@ END_TEST
 START_TEST(test_rpc__code_names)
 {
     static const char *const wire_names[] = {
-        "stalled", "retry_exhausted", "upstream_rejected", "deadline_exceeded", "cancelled",
-        "task_stopped", "watchdog_timeout", "stream_interrupted", "backend_unavailable",
-        "bad_request", "unknown_method", "unknown_capability", "too_large", "overloaded",
-        "shutting_down", "internal",
+        "stalled",           "retry_exhausted",    "upstream_rejected",
+        "deadline_exceeded", "cancelled",          "task_stopped",
+        "watchdog_timeout",  "stream_interrupted", "backend_unavailable",
+        "bad_request",       "unknown_method",     "unknown_capability",
+        "too_large",         "overloaded",         "shutting_down",
+        "internal",
     };
 
     ck_assert_int_eq(sizeof(wire_names) / sizeof(wire_names[0]), PGW_CODE_COUNT - 1);
@@ -796,7 +831,7 @@ START_TEST(test_rpc__code_names)
         ck_assert_str_eq(pgw_code_name((enum pgw_code)c), wire_names[c - 1]);
         ck_assert_int_eq(pgw_code_from_name(wire_names[c - 1], strlen(wire_names[c - 1])), c);
     }
-    ck_assert_str_eq(pgw_code_name((enum pgw_code)-1), "internal");
+    ck_assert_str_eq(pgw_code_name((enum pgw_code) - 1), "internal");
     ck_assert_str_eq(pgw_code_name(PGW_CODE_COUNT), "internal");
     ck_assert_int_eq(pgw_code_from_name("stall", 5), -1);
     ck_assert_int_eq(pgw_code_from_name("stalledx", 8), -1);
@@ -804,9 +839,8 @@ START_TEST(test_rpc__code_names)
     ck_assert_int_eq(pgw_code_from_name("stalled", 7), PGW_STALLED); /* no NUL needed */
 
     for (int c = 1; c < PGW_CODE_COUNT; c++) {
-        bool later = c == PGW_STALLED || c == PGW_RETRY_EXHAUSTED ||
-                     c == PGW_BACKEND_UNAVAILABLE || c == PGW_OVERLOADED ||
-                     c == PGW_SHUTTING_DOWN;
+        bool later = c == PGW_STALLED || c == PGW_RETRY_EXHAUSTED || c == PGW_BACKEND_UNAVAILABLE ||
+            c == PGW_OVERLOADED || c == PGW_SHUTTING_DOWN;
         ck_assert_int_eq(pgw_code_is_retry_later((enum pgw_code)c), later);
     }
 }

@@ -24,7 +24,8 @@ struct rec_event {
 struct rec {
     struct rec_event ev[MAX_EVENTS];
     size_t n;
-    size_t abort_after; /* return abort_rc from the callback for event #abort_after (1-based), 0: never */
+    size_t
+        abort_after; /* return abort_rc from the callback for event #abort_after (1-based), 0: never */
     int abort_rc;
 };
 
@@ -45,7 +46,8 @@ static int rec_cb(const struct sse_event *ev, void *ud)
     if (r->n >= MAX_EVENTS)
         ck_abort_msg("more than %d events", MAX_EVENTS);
     /* The parser promises NUL termination at every length. */
-    if (ev->event[ev->event_len] != '\0' || ev->data[ev->data_len] != '\0' || ev->id[ev->id_len] != '\0')
+    if (ev->event[ev->event_len] != '\0' || ev->data[ev->data_len] != '\0' ||
+        ev->id[ev->id_len] != '\0')
         ck_abort_msg("event strings not NUL-terminated");
     r->ev[r->n].event = dup_n(ev->event, ev->event_len);
     r->ev[r->n].data = dup_n(ev->data, ev->data_len);
@@ -84,11 +86,11 @@ struct result {
 
 /* Feeds `s` cut at the given points (sorted, in 1..len-1), stopping at the
  * first non-zero return. */
-static struct result feed_cuts(struct rec *r, size_t max, const char *s, size_t len, const size_t *cuts,
-                               size_t ncuts)
+static struct result feed_cuts(struct rec *r, size_t max, const char *s, size_t len,
+                               const size_t *cuts, size_t ncuts)
 {
     struct sse_parser p;
-    struct result res = {0, false};
+    struct result res = { 0, false };
     size_t from = 0;
 
     if (sse_parser_init(&p, max) != 0)
@@ -106,7 +108,7 @@ static struct result feed_cuts(struct rec *r, size_t max, const char *s, size_t 
 static struct result feed_bytes(struct rec *r, size_t max, const char *s, size_t len)
 {
     struct sse_parser p;
-    struct result res = {0, false};
+    struct result res = { 0, false };
 
     if (sse_parser_init(&p, max) != 0)
         ck_abort_msg("init");
@@ -120,14 +122,14 @@ static struct result feed_bytes(struct rec *r, size_t max, const char *s, size_t
 /* Plain comparisons with ck_abort_msg only on a mismatch: every passing
  * ck_assert records a checkpoint through Check's pipe, which would dominate
  * the run time of thousands of splits. */
-#define EXPECT(cond, ...)                  \
-    do {                                   \
-        if (!(cond))                       \
-            ck_abort_msg(__VA_ARGS__);     \
+#define EXPECT(cond, ...)              \
+    do {                               \
+        if (!(cond))                   \
+            ck_abort_msg(__VA_ARGS__); \
     } while (0)
 
-static void check_rec(const struct rec *r, const struct want *w, size_t nw, const struct result *res, int want_rc,
-                      bool want_idle, const char *how)
+static void check_rec(const struct rec *r, const struct want *w, size_t nw,
+                      const struct result *res, int want_rc, bool want_idle, const char *how)
 {
     EXPECT(res->rc == want_rc, "%s: rc %d, want %d", how, res->rc, want_rc);
     if (want_rc == 0)
@@ -135,23 +137,23 @@ static void check_rec(const struct rec *r, const struct want *w, size_t nw, cons
     EXPECT(r->n == nw, "%s: %zu events, want %zu", how, r->n, nw);
     for (size_t i = 0; i < nw; i++) {
         size_t dl = w[i].data_len ? w[i].data_len : strlen(w[i].data);
-        EXPECT(strcmp(r->ev[i].event, w[i].event) == 0, "%s: event #%zu name '%s', want '%s'", how, i,
-               r->ev[i].event, w[i].event);
+        EXPECT(strcmp(r->ev[i].event, w[i].event) == 0, "%s: event #%zu name '%s', want '%s'", how,
+               i, r->ev[i].event, w[i].event);
         EXPECT(r->ev[i].data_len == dl && memcmp(r->ev[i].data, w[i].data, dl) == 0,
-               "%s: event #%zu data '%s' (%zu), want '%s' (%zu)", how, i, r->ev[i].data, r->ev[i].data_len,
-               w[i].data, dl);
-        EXPECT(strcmp(r->ev[i].id, w[i].id) == 0, "%s: event #%zu id '%s', want '%s'", how, i, r->ev[i].id,
-               w[i].id);
+               "%s: event #%zu data '%s' (%zu), want '%s' (%zu)", how, i, r->ev[i].data,
+               r->ev[i].data_len, w[i].data, dl);
+        EXPECT(strcmp(r->ev[i].id, w[i].id) == 0, "%s: event #%zu id '%s', want '%s'", how, i,
+               r->ev[i].id, w[i].id);
         EXPECT(r->ev[i].retry_ms == w[i].retry_ms, "%s: event #%zu retry %lld, want %lld", how, i,
                (long long)r->ev[i].retry_ms, (long long)w[i].retry_ms);
     }
 }
 
 /* The heart of the suite: every way of cutting `s` gives the same result. */
-static void run_case_max(const char *s, size_t len, size_t max, const struct want *w, size_t nw, int want_rc,
-                         bool want_idle)
+static void run_case_max(const char *s, size_t len, size_t max, const struct want *w, size_t nw,
+                         int want_rc, bool want_idle)
 {
-    struct rec r = {0};
+    struct rec r = { 0 };
     struct result res;
     char how[64];
 
@@ -160,7 +162,7 @@ static void run_case_max(const char *s, size_t len, size_t max, const struct wan
     rec_clear(&r);
 
     for (size_t a = 1; a < len; a++) {
-        size_t cut[1] = {a};
+        size_t cut[1] = { a };
         res = feed_cuts(&r, max, s, len, cut, 1);
         snprintf(how, sizeof(how), "split at %zu", a);
         check_rec(&r, w, nw, &res, want_rc, want_idle, how);
@@ -170,7 +172,7 @@ static void run_case_max(const char *s, size_t len, size_t max, const struct wan
     if (len <= 80) {
         for (size_t a = 1; a < len; a++) {
             for (size_t b = a + 1; b < len; b++) {
-                size_t cut[2] = {a, b};
+                size_t cut[2] = { a, b };
                 res = feed_cuts(&r, max, s, len, cut, 2);
                 snprintf(how, sizeof(how), "split at %zu,%zu", a, b);
                 check_rec(&r, w, nw, &res, want_rc, want_idle, how);
@@ -185,21 +187,22 @@ static void run_case_max(const char *s, size_t len, size_t max, const struct wan
 }
 
 #define NW(a) (sizeof(a) / sizeof((a)[0]))
-#define BIG 4096
+#define BIG   4096
 
 static void run_case(const char *s, const struct want *w, size_t nw, bool want_idle)
 {
     run_case_max(s, strlen(s), BIG, w, nw, 0, want_idle);
 }
 
-static void run_case_lim(const char *s, size_t max, const struct want *w, size_t nw, int want_rc, bool want_idle)
+static void run_case_lim(const char *s, size_t max, const struct want *w, size_t nw, int want_rc,
+                         bool want_idle)
 {
     run_case_max(s, strlen(s), max, w, nw, want_rc, want_idle);
 }
 
 START_TEST(test_sse__single_event)
 {
-    static const struct want w[] = {{"message", "hello", "", -1, 0}};
+    static const struct want w[] = { { "message", "hello", "", -1, 0 } };
     run_case("data: hello\n\n", w, NW(w), true);
 }
 END_TEST
@@ -207,9 +210,9 @@ END_TEST
 START_TEST(test_sse__several_events_one_chunk)
 {
     static const struct want w[] = {
-        {"message", "one", "", -1, 0},
-        {"message", "two", "", -1, 0},
-        {"message", "three", "", -1, 0},
+        { "message", "one", "", -1, 0 },
+        { "message", "two", "", -1, 0 },
+        { "message", "three", "", -1, 0 },
     };
     run_case("data: one\n\ndata: two\n\ndata: three\n\n", w, NW(w), true);
 }
@@ -218,8 +221,8 @@ END_TEST
 START_TEST(test_sse__multiline_data_joined)
 {
     static const struct want w[] = {
-        {"message", "a\nb\nc", "", -1, 0},
-        {"message", "x\n", "", -1, 0}, /* an empty data line adds an empty line */
+        { "message", "a\nb\nc", "", -1, 0 },
+        { "message", "x\n", "", -1, 0 }, /* an empty data line adds an empty line */
     };
     run_case("data: a\ndata: b\ndata:c\n\ndata: x\ndata\n\n", w, NW(w), true);
 }
@@ -228,8 +231,8 @@ END_TEST
 START_TEST(test_sse__crlf_endings)
 {
     static const struct want w[] = {
-        {"message", "a\nb", "", -1, 0},
-        {"message", "c", "", -1, 0},
+        { "message", "a\nb", "", -1, 0 },
+        { "message", "c", "", -1, 0 },
     };
     /* A CR cut from its LF (any split after a '\r') must stay one line end. */
     run_case("data: a\r\ndata: b\r\n\r\ndata: c\r\n\r\n", w, NW(w), true);
@@ -239,8 +242,8 @@ END_TEST
 START_TEST(test_sse__cr_endings)
 {
     static const struct want w[] = {
-        {"message", "a\nb", "", -1, 0},
-        {"message", "c", "", -1, 0},
+        { "message", "a\nb", "", -1, 0 },
+        { "message", "c", "", -1, 0 },
     };
     run_case("data: a\rdata: b\r\rdata: c\r\r", w, NW(w), true);
 }
@@ -249,9 +252,9 @@ END_TEST
 START_TEST(test_sse__mixed_endings)
 {
     static const struct want w[] = {
-        {"message", "a\nb\nc", "", -1, 0},
-        {"message", "d", "", -1, 0},
-        {"message", "e", "", -1, 0},
+        { "message", "a\nb\nc", "", -1, 0 },
+        { "message", "d", "", -1, 0 },
+        { "message", "e", "", -1, 0 },
     };
     /* "\n\r" is LF then CR: two line ends, i.e. the blank line. */
     run_case("data: a\rdata: b\r\ndata: c\n\r\ndata: d\n\rdata: e\r\n\n", w, NW(w), true);
@@ -261,7 +264,7 @@ END_TEST
 START_TEST(test_sse__cr_then_lf_across_feeds)
 {
     struct sse_parser p;
-    struct rec r = {0};
+    struct rec r = { 0 };
 
     ck_assert_int_eq(sse_parser_init(&p, BIG), 0);
     ck_assert_int_eq(sse_parser_feed(&p, "data: a\r", 8, rec_cb, &r), 0);
@@ -287,7 +290,7 @@ END_TEST
 
 START_TEST(test_sse__comments_ignored)
 {
-    static const struct want w[] = {{"message", "x", "", -1, 0}};
+    static const struct want w[] = { { "message", "x", "", -1, 0 } };
     run_case(": hello\n:\ndata: x\n: in the middle\n\n: keep-alive\n\n:\n\n", w, NW(w), true);
 }
 END_TEST
@@ -302,8 +305,8 @@ END_TEST
 START_TEST(test_sse__field_without_colon)
 {
     static const struct want w[] = {
-        {"message", "", "", -1, 0}, /* "data" alone == "data:" → one empty data line */
-        {"message", "x", "", -1, 0},
+        { "message", "", "", -1, 0 }, /* "data" alone == "data:" → one empty data line */
+        { "message", "x", "", -1, 0 },
     };
     /* "event" alone sets an empty name: "message"; "id" alone resets the ID. */
     run_case("data\n\nid: 7\nevent\nid\ndata: x\n\n", w, NW(w), true);
@@ -313,21 +316,20 @@ END_TEST
 START_TEST(test_sse__single_leading_space_stripped)
 {
     static const struct want w[] = {
-        {"message", "nospace", "", -1, 0},
-        {"message", " two", "", -1, 0},
-        {"message", "\ttab", "", -1, 0},
-        {"message", "trail ", "", -1, 0},
-        {"message", "a: b:c", "", -1, 0}, /* only the first colon splits */
+        { "message", "nospace", "", -1, 0 }, { "message", " two", "", -1, 0 },
+        { "message", "\ttab", "", -1, 0 },   { "message", "trail ", "", -1, 0 },
+        { "message", "a: b:c", "", -1, 0 }, /* only the first colon splits */
     };
-    run_case("data:nospace\n\ndata:  two\n\ndata:\ttab\n\ndata: trail \n\ndata: a: b:c\n\n", w, NW(w), true);
+    run_case("data:nospace\n\ndata:  two\n\ndata:\ttab\n\ndata: trail \n\ndata: a: b:c\n\n", w,
+             NW(w), true);
 }
 END_TEST
 
 START_TEST(test_sse__empty_data_not_dispatched)
 {
     static const struct want w[] = {
-        {"message", "", "1", -1, 0}, /* a data field, even empty, makes an event */
-        {"message", "z", "1", -1, 0},
+        { "message", "", "1", -1, 0 }, /* a data field, even empty, makes an event */
+        { "message", "z", "1", -1, 0 },
     };
     /* Blocks without any data field: nothing (their id still sticks). The
      * event name is reset. */
@@ -338,10 +340,10 @@ END_TEST
 START_TEST(test_sse__event_name)
 {
     static const struct want w[] = {
-        {"content_block_delta", "{}", "", -1, 0},
-        {"message", "reset", "", -1, 0}, /* name does not carry over */
-        {"message", "empty", "", -1, 0}, /* empty name = "message" */
-        {"second", "last-wins", "", -1, 0},
+        { "content_block_delta", "{}", "", -1, 0 },
+        { "message", "reset", "", -1, 0 }, /* name does not carry over */
+        { "message", "empty", "", -1, 0 }, /* empty name = "message" */
+        { "second", "last-wins", "", -1, 0 },
     };
     run_case("event: content_block_delta\ndata: {}\n\ndata: reset\n\nevent:\ndata: empty\n\n"
              "event: first\ndata: last-wins\nevent: second\n\n",
@@ -352,13 +354,13 @@ END_TEST
 START_TEST(test_sse__id_persists)
 {
     static const struct want w[] = {
-        {"message", "a", "1", -1, 0},
-        {"message", "b", "1", -1, 0}, /* last event ID persists */
-        {"message", "c", "2", -1, 0}, /* an id in a non-dispatched block still counts */
-        {"message", "d", "", -1, 0},  /* "id:" resets it */
-        {"message", "e", "", -1, 0},
+        { "message", "a", "1", -1, 0 }, { "message", "b", "1", -1, 0 }, /* last event ID persists */
+        { "message", "c", "2", -1, 0 }, /* an id in a non-dispatched block still counts */
+        { "message", "d", "", -1, 0 },  /* "id:" resets it */
+        { "message", "e", "", -1, 0 },
     };
-    run_case("id: 1\ndata: a\n\ndata: b\n\nid: 2\n\ndata: c\n\nid:\ndata: d\n\ndata: e\n\n", w, NW(w), true);
+    run_case("id: 1\ndata: a\n\ndata: b\n\nid: 2\n\ndata: c\n\nid:\ndata: d\n\ndata: e\n\n", w,
+             NW(w), true);
 }
 END_TEST
 
@@ -366,8 +368,8 @@ START_TEST(test_sse__id_with_nul_ignored)
 {
     static const char s[] = "id: ok\ndata: a\n\nid: b\0d\ndata: b\n\n";
     static const struct want w[] = {
-        {"message", "a", "ok", -1, 0},
-        {"message", "b", "ok", -1, 0},
+        { "message", "a", "ok", -1, 0 },
+        { "message", "b", "ok", -1, 0 },
     };
     run_case_max(s, sizeof(s) - 1, BIG, w, NW(w), 0, true);
 }
@@ -376,7 +378,7 @@ END_TEST
 START_TEST(test_sse__nul_in_data_kept)
 {
     static const char s[] = "data: a\0b\n\n";
-    static const struct want w[] = {{"message", "a\0b", "", -1, 3}};
+    static const struct want w[] = { { "message", "a\0b", "", -1, 3 } };
     run_case_max(s, sizeof(s) - 1, BIG, w, NW(w), 0, true);
 }
 END_TEST
@@ -384,21 +386,20 @@ END_TEST
 START_TEST(test_sse__retry)
 {
     static const struct want w[] = {
-        {"message", "a", "", -1, 0},
-        {"message", "b", "", 1500, 0},
-        {"message", "c", "", 1500, 0}, /* invalid values are ignored */
-        {"message", "d", "", 0, 0},
-        {"message", "e", "", INT64_MAX, 0},
+        { "message", "a", "", -1, 0 },   { "message", "b", "", 1500, 0 },
+        { "message", "c", "", 1500, 0 }, /* invalid values are ignored */
+        { "message", "d", "", 0, 0 },    { "message", "e", "", INT64_MAX, 0 },
     };
-    run_case("data: a\n\nretry: 1500\ndata: b\n\nretry: 1.5\nretry: abc\nretry:\nretry: -1\nretry:  5\n"
-             "data: c\n\nretry: 0\ndata: d\n\nretry: 99999999999999999999999\ndata: e\n\n",
-             w, NW(w), true);
+    run_case(
+        "data: a\n\nretry: 1500\ndata: b\n\nretry: 1.5\nretry: abc\nretry:\nretry: -1\nretry:  5\n"
+        "data: c\n\nretry: 0\ndata: d\n\nretry: 99999999999999999999999\ndata: e\n\n",
+        w, NW(w), true);
 }
 END_TEST
 
 START_TEST(test_sse__unknown_fields_ignored)
 {
-    static const struct want w[] = {{"message", "x", "", -1, 0}};
+    static const struct want w[] = { { "message", "x", "", -1, 0 } };
     /* "data " (with a space) and "Data" are other fields. */
     run_case("foo: bar\ndata : no\nData: no\nDATA: no\ndata: x\n\n", w, NW(w), true);
 }
@@ -406,8 +407,10 @@ END_TEST
 
 START_TEST(test_sse__bom_stripped_at_start)
 {
-    static const struct want w[] = {{"message", "x", "", -1, 0}};
-    run_case("\xEF\xBB\xBF" "data: x\n\n", w, NW(w), true);
+    static const struct want w[] = { { "message", "x", "", -1, 0 } };
+    run_case("\xEF\xBB\xBF"
+             "data: x\n\n",
+             w, NW(w), true);
     run_case("\xEF\xBB\xBF", NULL, 0, true);
 }
 END_TEST
@@ -415,18 +418,26 @@ END_TEST
 START_TEST(test_sse__bom_only_once)
 {
     /* A second BOM is part of the first field name, so that field is unknown. */
-    static const struct want w[] = {{"message", "y", "", -1, 0}};
-    run_case("\xEF\xBB\xBF\xEF\xBB\xBF" "data: x\n\ndata: y\n\n", w, NW(w), true);
+    static const struct want w[] = { { "message", "y", "", -1, 0 } };
+    run_case("\xEF\xBB\xBF\xEF\xBB\xBF"
+             "data: x\n\ndata: y\n\n",
+             w, NW(w), true);
 }
 END_TEST
 
 START_TEST(test_sse__bom_later_is_data)
 {
     static const struct want w[] = {
-        {"message", "a", "", -1, 0},
-        {"message", "\xEF\xBB\xBF" "b", "", -1, 0},
+        { "message", "a", "", -1, 0 },
+        { "message",
+          "\xEF\xBB\xBF"
+          "b",
+          "", -1, 0 },
     };
-    run_case("data: a\n\n\xEF\xBB\xBF" "data: z\n\ndata: \xEF\xBB\xBF" "b\n\n", w, NW(w), true);
+    run_case("data: a\n\n\xEF\xBB\xBF"
+             "data: z\n\ndata: \xEF\xBB\xBF"
+             "b\n\n",
+             w, NW(w), true);
 }
 END_TEST
 
@@ -435,9 +446,13 @@ START_TEST(test_sse__partial_bom_replayed)
     /* A BOM prefix that turns out not to be one is ordinary bytes: here it
      * makes the first field name unknown, and a bare "\xEF\xBB" is a
      * pending line. */
-    static const struct want w[] = {{"message", "y", "", -1, 0}};
-    run_case("\xEF\xBB" "data: x\n\ndata: y\n\n", w, NW(w), true);
-    run_case("\xEF" ":comment\ndata: y\n\n", w, NW(w), true);
+    static const struct want w[] = { { "message", "y", "", -1, 0 } };
+    run_case("\xEF\xBB"
+             "data: x\n\ndata: y\n\n",
+             w, NW(w), true);
+    run_case("\xEF"
+             ":comment\ndata: y\n\n",
+             w, NW(w), true);
     run_case("\xEF\xBB", NULL, 0, false);
     run_case("\xEF", NULL, 0, false);
 }
@@ -445,7 +460,7 @@ END_TEST
 
 START_TEST(test_sse__idle_tracks_partial_event)
 {
-    static const struct want w[] = {{"message", "a", "", -1, 0}};
+    static const struct want w[] = { { "message", "a", "", -1, 0 } };
     run_case("", NULL, 0, true);
     run_case("data: a\n\n", w, NW(w), true);
     run_case("data: a\n\ndata: b\n", w, NW(w), false);  /* cut before the blank line */
@@ -462,9 +477,9 @@ START_TEST(test_sse__openai_stream_done)
                             "data: {\"choices\":[{\"delta\":{}}]}\n\n"
                             "data: [DONE]\n\n";
     static const struct want w[] = {
-        {"message", "{\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}", "", -1, 0},
-        {"message", "{\"choices\":[{\"delta\":{}}]}", "", -1, 0},
-        {"message", "[DONE]", "", -1, 0},
+        { "message", "{\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}", "", -1, 0 },
+        { "message", "{\"choices\":[{\"delta\":{}}]}", "", -1, 0 },
+        { "message", "[DONE]", "", -1, 0 },
     };
     run_case(s, w, NW(w), true);
 }
@@ -472,7 +487,7 @@ END_TEST
 
 START_TEST(test_sse__data_is_done)
 {
-    struct sse_event ev = {"message", 7, "[DONE]", 6, "", 0, -1};
+    struct sse_event ev = { "message", 7, "[DONE]", 6, "", 0, -1 };
 
     ck_assert(sse_data_is_done(&ev));
     ev.data = " [DONE]\t";
@@ -498,7 +513,7 @@ END_TEST
 
 START_TEST(test_sse__line_too_large)
 {
-    static const struct want w[] = {{"message", "0123456789", "", -1, 0}};
+    static const struct want w[] = { { "message", "0123456789", "", -1, 0 } };
 
     /* max 16: "data: 0123456789" is exactly 16 bytes — allowed. */
     run_case_lim("data: 0123456789\n\n", 16, w, NW(w), 0, true);
@@ -512,14 +527,15 @@ END_TEST
 
 START_TEST(test_sse__event_too_large)
 {
-    static const struct want w[] = {{"message", "0123456789\n01234", "", -1, 0}};
-    static const struct want w2[] = {{"abcdefg", "012345678", "", -1, 0}};
-    static const struct want w3[] = {{"message", "\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n", "", -1, 0}};
+    static const struct want w[] = { { "message", "0123456789\n01234", "", -1, 0 } };
+    static const struct want w2[] = { { "abcdefg", "012345678", "", -1, 0 } };
+    static const struct want w3[] = { { "message", "\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n", "", -1,
+                                        0 } };
 
     /* max 16: data "0123456789\n01234" is 16 bytes — allowed; one more fails. */
     run_case_lim("data: 0123456789\ndata: 01234\n\n", 16, w, NW(w), 0, true);
-    run_case_lim("data: 0123456789\ndata: 01234\n\ndata: 0123456789\ndata: 012345\n\n", 16, w, NW(w),
-                 SSE_ETOO_LARGE, false);
+    run_case_lim("data: 0123456789\ndata: 01234\n\ndata: 0123456789\ndata: 012345\n\n", 16, w,
+                 NW(w), SSE_ETOO_LARGE, false);
     /* The event name counts too: 7 + 9 = 16 passes, 8 + 9 = 17 fails, in
      * either order. */
     run_case_lim("event: abcdefg\ndata: 012345678\n\n", 16, w2, NW(w2), 0, true);
@@ -527,19 +543,21 @@ START_TEST(test_sse__event_too_large)
     run_case_lim("data: 012345678\nevent: abcdefgh\n\n", 16, NULL, 0, SSE_ETOO_LARGE, false);
     /* Many empty data lines, none too long, add up: 17 lines give data of
      * 16 newlines (allowed), 18 lines fail. */
-    run_case_lim("data\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\n"
-                 "data\ndata\n\n",
-                 16, w3, NW(w3), 0, true);
-    run_case_lim("data\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\n"
-                 "data\ndata\ndata\n\n",
-                 16, NULL, 0, SSE_ETOO_LARGE, false);
+    run_case_lim(
+        "data\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\n"
+        "data\ndata\n\n",
+        16, w3, NW(w3), 0, true);
+    run_case_lim(
+        "data\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\ndata\n"
+        "data\ndata\ndata\n\n",
+        16, NULL, 0, SSE_ETOO_LARGE, false);
 }
 END_TEST
 
 START_TEST(test_sse__too_large_is_sticky)
 {
     struct sse_parser p;
-    struct rec r = {0};
+    struct rec r = { 0 };
 
     ck_assert_int_eq(sse_parser_init(&p, 8), 0);
     ck_assert_int_eq(sse_parser_feed(&p, "data: 12", 8, rec_cb, &r), 0);
@@ -555,7 +573,7 @@ START_TEST(test_sse__callback_abort)
 {
     static const char s[] = "data: 1\n\ndata: 2\n\ndata: 3\n\n";
     struct sse_parser p;
-    struct rec r = {0};
+    struct rec r = { 0 };
 
     r.abort_after = 2;
     r.abort_rc = 7;
@@ -613,7 +631,7 @@ START_TEST(test_sse__buffered_counts_the_pending_event)
     /* event name "e", the unterminated line "data: abc"; the id is not counted */
     ck_assert_uint_eq(sse_parser_buffered(&p), 1 + 9);
     ck_assert_int_eq(sse_parser_feed(&p, "\ndata: de\n", 10, NULL, NULL), 0);
-    ck_assert_uint_eq(sse_parser_buffered(&p), 1 + 4 + 3);   /* "abc\n" "de\n" */
+    ck_assert_uint_eq(sse_parser_buffered(&p), 1 + 4 + 3); /* "abc\n" "de\n" */
     ck_assert_int_eq(sse_parser_feed(&p, "\n", 1, NULL, NULL), 0);
     ck_assert_uint_eq(sse_parser_buffered(&p), 0);
     sse_parser_fini(&p);
@@ -645,7 +663,8 @@ START_TEST(test_sse__init_rejects_zero)
     ck_assert_int_eq(sse_parser_init(&p, 0), SSE_EINVAL);
     ck_assert_int_eq(sse_parser_feed(&p, "data: x\n\n", 9, NULL, NULL), SSE_EINVAL);
     sse_parser_fini(&p);
-    ck_assert_str_eq(sse_strerror(SSE_ETOO_LARGE), "event stream line or event exceeds the size limit");
+    ck_assert_str_eq(sse_strerror(SSE_ETOO_LARGE),
+                     "event stream line or event exceeds the size limit");
     ck_assert_str_eq(sse_strerror(12345), "unknown sse error");
 }
 END_TEST
@@ -659,9 +678,9 @@ START_TEST(test_sse__random_chunks_long_stream)
     char *s = malloc(1 << 20);
     size_t len = 0;
     uint32_t seed = 12345;
-    struct rec whole = {0}, chunked = {0};
+    struct rec whole = { 0 }, chunked = { 0 };
     struct sse_parser p;
-    static const char *const eol[] = {"\n", "\r", "\r\n"};
+    static const char *const eol[] = { "\n", "\r", "\r\n" };
 
     ck_assert_ptr_nonnull(s);
     for (int i = 0; i < NEV; i++) {

@@ -14,11 +14,11 @@
 
 #define EPS 1e-9
 
-#define ck_assert_near(x, want)                                                                    \
-    do {                                                                                           \
-        double x_ = (x), w_ = (want);                                                              \
-        ck_assert_msg(x_ == w_ || fabs(x_ - w_) <= EPS * fmax(1.0, fabs(w_)),                     \
-                      "%s = %.12g, want %.12g", #x, x_, w_);                                       \
+#define ck_assert_near(x, want)                                               \
+    do {                                                                      \
+        double x_ = (x), w_ = (want);                                         \
+        ck_assert_msg(x_ == w_ || fabs(x_ - w_) <= EPS * fmax(1.0, fabs(w_)), \
+                      "%s = %.12g, want %.12g", #x, x_, w_);                  \
     } while (0)
 
 #define REC_MAX 64
@@ -28,13 +28,13 @@ struct rec {
     int states, watchdogs, after_stops, frees;
     enum task_state from[REC_MAX], to[REC_MAX];
     char watchdog_ids[REC_MAX][32];
-    char watchdog_node[64];          /* t->node as the hook saw it */
+    char watchdog_node[64]; /* t->node as the hook saw it */
     char watchdog_reason[128];
     double watchdog_now;
     char after_stop_reason[128];
     char free_ids[REC_MAX][32];
-    int busy_seen;                   /* mutating calls refused inside hooks */
-    int get_ok;                      /* reads that worked inside hooks */
+    int busy_seen; /* mutating calls refused inside hooks */
+    int get_ok;    /* reads that worked inside hooks */
     bool try_mutate;
     struct task_reg *reg;
 };
@@ -139,13 +139,13 @@ START_TEST(test_task__config_validation)
     task_reg_free(r, 0);
     task_reg_free(NULL, 0);
 
-#define BAD(stmt, word)                                                                            \
-    do {                                                                                           \
-        task_config_defaults(&cfg);                                                                \
-        stmt;                                                                                      \
-        err[0] = '\0';                                                                             \
-        ck_assert_ptr_null(task_reg_new(&cfg, NULL, err, sizeof(err)));                           \
-        ck_assert_msg(strstr(err, word) != NULL, "err '%s' lacks '%s'", err, word);                \
+#define BAD(stmt, word)                                                             \
+    do {                                                                            \
+        task_config_defaults(&cfg);                                                 \
+        stmt;                                                                       \
+        err[0] = '\0';                                                              \
+        ck_assert_ptr_null(task_reg_new(&cfg, NULL, err, sizeof(err)));             \
+        ck_assert_msg(strstr(err, word) != NULL, "err '%s' lacks '%s'", err, word); \
     } while (0)
     BAD(cfg.max_tasks = 0, "max_tasks");
     BAD(cfg.ttl_s = 0, "ttl_s");
@@ -1101,7 +1101,7 @@ START_TEST(test_task__running_task_idles_out)
     ck_assert_int_eq(task_start(r, "idle", 0, NULL), TASK_OK);
     ck_assert_int_eq(task_start(r, "busy", 0, NULL), TASK_OK);
     ck_assert_int_eq(task_start(r, "innode", 0, NULL), TASK_OK);
-    ck_assert_int_eq(task_guard(r, "busy", 60, NULL), TASK_OK);       /* activity */
+    ck_assert_int_eq(task_guard(r, "busy", 60, NULL), TASK_OK);                   /* activity */
     ck_assert_int_eq(task_node_begin(r, "innode", "long", 0, 50, NULL), TASK_OK); /* 1000 s */
     ck_assert_int_eq(task_on_timer(r, 100), 1);
     ck_assert_ptr_null(task_get(r, "idle"));
@@ -1271,8 +1271,8 @@ START_TEST(test_task__ten_thousand_tasks_bounded)
     for (int i = 0; i < N; i++) {
         snprintf(id, sizeof(id), "agent-run-%08d-%08x", i, (unsigned)(i * 2654435761u));
         ck_assert_int_eq(task_start(r, id, i * 0.001, NULL), TASK_OK);
-        ck_assert_int_eq(task_node_begin(r, id, "a-node-with-a-longish-name", 60, i * 0.001,
-                                         NULL), TASK_OK);
+        ck_assert_int_eq(task_node_begin(r, id, "a-node-with-a-longish-name", 60, i * 0.001, NULL),
+                         TASK_OK);
         if (i % 2)
             ck_assert_int_eq(task_stop(r, id, reason, i * 0.001 + 1, NULL), TASK_OK);
     }

@@ -46,8 +46,8 @@ static void pstr(msgpack_packer *pk, const char *s)
 }
 
 /* Unpacks `n` bytes and transcodes them to JSON into `out` (appending). */
-static int m2j(const char *data, size_t n, const struct transcode_override *ov,
-               struct strbuf *out, char *err)
+static int m2j(const char *data, size_t n, const struct transcode_override *ov, struct strbuf *out,
+               char *err)
 {
     msgpack_unpacked u;
     size_t off = 0;
@@ -73,7 +73,8 @@ static void check_roundtrip(struct mp *m, const struct transcode_override *ov, c
     ck_assert_str_eq(out.data, want);
     ck_assert_uint_eq(out.len, strlen(want));
     mp_init(&back);
-    ck_assert_msg(transcode_json_to_msgpack(out.data, out.len, &back.pk, NULL, err, sizeof(err)) == 0,
+    ck_assert_msg(transcode_json_to_msgpack(out.data, out.len, &back.pk, NULL, err, sizeof(err)) ==
+                      0,
                   "j2m failed: %s", err);
     ck_assert_uint_eq(back.sb.size, m->sb.size);
     ck_assert_mem_eq(back.sb.data, m->sb.data, m->sb.size);
@@ -94,8 +95,7 @@ static void check_m2j(struct mp *m, const struct transcode_override *ov, const c
 }
 
 /* msgpack (m) -> JSON must fail with exactly `want_err`; out left empty. */
-static void check_m2j_fails(struct mp *m, const struct transcode_override *ov,
-                            const char *want_err)
+static void check_m2j_fails(struct mp *m, const struct transcode_override *ov, const char *want_err)
 {
     struct strbuf out;
     char err[ERRLEN];
@@ -248,12 +248,12 @@ START_TEST(test_transcode__roundtrip_unicode_and_escapes)
 
     mp_init(&m);
     msgpack_pack_array(&m.pk, 7);
-    pstr(&m.pk, "\xc3\xa9");                               /* é (2 bytes) */
-    pstr(&m.pk, "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e");   /* 日本語 (3 bytes each) */
-    pstr(&m.pk, "\xf0\x9f\x98\x80 ok");                    /* 😀 (4 bytes) */
+    pstr(&m.pk, "\xc3\xa9");                             /* é (2 bytes) */
+    pstr(&m.pk, "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e"); /* 日本語 (3 bytes each) */
+    pstr(&m.pk, "\xf0\x9f\x98\x80 ok");                  /* 😀 (4 bytes) */
     pstr(&m.pk, "q\"b\\s/\n\r\t\b\f\x01\x1f\x7f");
     pstrn(&m.pk, "a\0b", 3);
-    pstr(&m.pk, "\xef\xbf\xbf\xf4\x8f\xbf\xbf");           /* U+FFFF, U+10FFFF */
+    pstr(&m.pk, "\xef\xbf\xbf\xf4\x8f\xbf\xbf"); /* U+FFFF, U+10FFFF */
     pstr(&m.pk, "");
     check_roundtrip(&m, NULL,
                     "[\"\xc3\xa9\",\"\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e\","
@@ -294,11 +294,25 @@ END_TEST
 START_TEST(test_transcode__roundtrip_integers)
 {
     static const int64_t v[] = {
-        0, 1, -1, 127, 128, -32, -33, 255, 256, 65535, 65536, -32768, -32769,
-        4294967295LL, 4294967296LL,
-        9007199254740993LL,  /* 2^53 + 1: not a double */
+        0,
+        1,
+        -1,
+        127,
+        128,
+        -32,
+        -33,
+        255,
+        256,
+        65535,
+        65536,
+        -32768,
+        -32769,
+        4294967295LL,
+        4294967296LL,
+        9007199254740993LL, /* 2^53 + 1: not a double */
         -9007199254740993LL,
-        INT64_MIN, INT64_MAX,
+        INT64_MIN,
+        INT64_MAX,
     };
     struct mp m;
 
@@ -333,8 +347,7 @@ START_TEST(test_transcode__uint64_above_int64_is_printed_exactly)
     ck_assert_str_eq(out.data, "[18446744073709551615,9223372036854775808]");
     /* The way back is limited to int64 (jansson): rejected, not rounded. */
     check_j2m_fails(out.data, out.len,
-                    "number out of range in JSON at line 1, column 21: too big integer",
-                    "int64");
+                    "number out of range in JSON at line 1, column 21: too big integer", "int64");
     strbuf_fini(&out);
     mp_fini(&m);
 }
@@ -342,8 +355,20 @@ END_TEST
 
 START_TEST(test_transcode__roundtrip_floats)
 {
-    static const double v[] = {0.1, 1e300, -0.0, 0.0, 1.0, 0.5, 100.0, 1.0 / 3, 1e-7, 1e21,
-                               -2.5, 123456.789, 9007199254740992.0, 0.7};
+    static const double v[] = { 0.1,
+                                1e300,
+                                -0.0,
+                                0.0,
+                                1.0,
+                                0.5,
+                                100.0,
+                                1.0 / 3,
+                                1e-7,
+                                1e21,
+                                -2.5,
+                                123456.789,
+                                9007199254740992.0,
+                                0.7 };
     struct mp m;
 
     mp_init(&m);
@@ -361,9 +386,18 @@ START_TEST(test_transcode__floats_roundtrip_bit_exact)
 {
     /* Values that need 16 or 17 digits, subnormals and the extremes: the
      * exact text is glibc's business, the bits coming back are ours. */
-    static const double v[] = {DBL_MAX, -DBL_MAX, DBL_MIN, 5e-324, 2.2250738585072009e-308,
-                               0.30000000000000004, 1.0 + DBL_EPSILON, 3.141592653589793,
-                               2.718281828459045, 1e23, 5e-300, 123456789012345680.0};
+    static const double v[] = { DBL_MAX,
+                                -DBL_MAX,
+                                DBL_MIN,
+                                5e-324,
+                                2.2250738585072009e-308,
+                                0.30000000000000004,
+                                1.0 + DBL_EPSILON,
+                                3.141592653589793,
+                                2.718281828459045,
+                                1e23,
+                                5e-300,
+                                123456789012345680.0 };
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
         struct mp m;
         struct strbuf out;
@@ -377,7 +411,8 @@ START_TEST(test_transcode__floats_roundtrip_bit_exact)
         ck_assert_uint_le(out.len, 24);
         struct mp back;
         mp_init(&back);
-        ck_assert_int_eq(transcode_json_to_msgpack(out.data, out.len, &back.pk, NULL, err, ERRLEN), 0);
+        ck_assert_int_eq(transcode_json_to_msgpack(out.data, out.len, &back.pk, NULL, err, ERRLEN),
+                         0);
         ck_assert_uint_eq(back.sb.size, m.sb.size);
         ck_assert_msg(memcmp(back.sb.data, m.sb.data, m.sb.size) == 0, "%.17g -> %s", v[i],
                       out.data);
@@ -411,7 +446,8 @@ START_TEST(test_transcode__floats_random_roundtrip)
         double d;
         switch (i % 3) {
         case 0:
-            d = (double)(int64_t)(r % 2000000001ULL - 1000000000) / pow(10, (double)((r >> 60) % 8));
+            d = (double)(int64_t)(r % 2000000001ULL - 1000000000) /
+                pow(10, (double)((r >> 60) % 8));
             break;
         case 1:
             d = nextafter((double)(r % 100000) / 1000.0, (r >> 63) ? INFINITY : -INFINITY);
@@ -422,7 +458,7 @@ START_TEST(test_transcode__floats_random_roundtrip)
                 d = (double)r;
             break;
         }
-        msgpack_object o = {.type = MSGPACK_OBJECT_FLOAT64, .via.f64 = d};
+        msgpack_object o = { .type = MSGPACK_OBJECT_FLOAT64, .via.f64 = d };
         strbuf_reset(&out);
         ck_assert_int_eq(transcode_msgpack_to_json(&o, &out, NULL, "v", err, sizeof(err)), 0);
         ck_assert_msg(strchr(out.data, '.') || strchr(out.data, 'e'), "%s", out.data);
@@ -443,13 +479,27 @@ static size_t ref_escape(const char *s, size_t n, char *w)
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         switch (c) {
-        case '"': k += (size_t)sprintf(w + k, "\\\""); break;
-        case '\\': k += (size_t)sprintf(w + k, "\\\\"); break;
-        case '\n': k += (size_t)sprintf(w + k, "\\n"); break;
-        case '\r': k += (size_t)sprintf(w + k, "\\r"); break;
-        case '\t': k += (size_t)sprintf(w + k, "\\t"); break;
-        case '\b': k += (size_t)sprintf(w + k, "\\b"); break;
-        case '\f': k += (size_t)sprintf(w + k, "\\f"); break;
+        case '"':
+            k += (size_t)sprintf(w + k, "\\\"");
+            break;
+        case '\\':
+            k += (size_t)sprintf(w + k, "\\\\");
+            break;
+        case '\n':
+            k += (size_t)sprintf(w + k, "\\n");
+            break;
+        case '\r':
+            k += (size_t)sprintf(w + k, "\\r");
+            break;
+        case '\t':
+            k += (size_t)sprintf(w + k, "\\t");
+            break;
+        case '\b':
+            k += (size_t)sprintf(w + k, "\\b");
+            break;
+        case '\f':
+            k += (size_t)sprintf(w + k, "\\f");
+            break;
         default:
             if (c < 0x20)
                 k += (size_t)sprintf(w + k, "\\u%04x", c);
@@ -464,8 +514,9 @@ static size_t ref_escape(const char *s, size_t n, char *w)
 
 START_TEST(test_transcode__string_special_byte_at_every_offset)
 {
-    static const char *const specials[] = {"\x00", "\x01", "\x1f", "\n", "\"", "\\",
-                                           "\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80"};
+    static const char *const specials[] = { "\x00",     "\x01",         "\x1f",
+                                            "\n",       "\"",           "\\",
+                                            "\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80" };
     struct strbuf out;
     char err[ERRLEN];
 
@@ -477,7 +528,7 @@ START_TEST(test_transcode__string_special_byte_at_every_offset)
             memset(s, 'a', sizeof(s));
             memcpy(s + pos, specials[si], sl);
             ref_escape(s, sizeof(s), want);
-            msgpack_object o = {.type = MSGPACK_OBJECT_STR};
+            msgpack_object o = { .type = MSGPACK_OBJECT_STR };
             o.via.str.ptr = s;
             o.via.str.size = sizeof(s);
             strbuf_reset(&out);
@@ -578,7 +629,7 @@ END_TEST
 
 START_TEST(test_transcode__override_model_replaces_in_place)
 {
-    struct transcode_override ov = {.model = "gpt-4o-mini"};
+    struct transcode_override ov = { .model = "gpt-4o-mini" };
     struct mp m;
 
     mp_init(&m);
@@ -605,7 +656,7 @@ END_TEST
 
 START_TEST(test_transcode__override_model_added_when_absent)
 {
-    struct transcode_override ov = {.model = "m1"};
+    struct transcode_override ov = { .model = "m1" };
     struct mp m;
 
     mp_init(&m);
@@ -627,7 +678,7 @@ START_TEST(test_transcode__override_model_duplicates_and_nested)
 {
     /* Every top-level "model" is replaced (an upstream might keep the last
      * duplicate); nested "model"/"stream" keys are the body's business. */
-    struct transcode_override ov = {.model = "M", .stream = TRANSCODE_STREAM_FALSE};
+    struct transcode_override ov = { .model = "M", .stream = TRANSCODE_STREAM_FALSE };
     struct mp m;
 
     mp_init(&m);
@@ -652,7 +703,7 @@ END_TEST
 
 START_TEST(test_transcode__override_stream)
 {
-    struct transcode_override ov = {.stream = TRANSCODE_STREAM_FALSE};
+    struct transcode_override ov = { .stream = TRANSCODE_STREAM_FALSE };
     struct mp m;
 
     mp_init(&m);
@@ -686,7 +737,7 @@ END_TEST
 
 START_TEST(test_transcode__override_model_is_escaped_and_validated)
 {
-    struct transcode_override ov = {.model = "a\"b\xc3\xa9"};
+    struct transcode_override ov = { .model = "a\"b\xc3\xa9" };
     struct mp m;
 
     mp_init(&m);
@@ -700,7 +751,7 @@ END_TEST
 
 START_TEST(test_transcode__override_ignored_when_not_a_map)
 {
-    struct transcode_override ov = {.model = "m", .stream = TRANSCODE_STREAM_TRUE};
+    struct transcode_override ov = { .model = "m", .stream = TRANSCODE_STREAM_TRUE };
     struct mp m;
 
     mp_init(&m);
@@ -761,11 +812,11 @@ START_TEST(test_transcode__reject_nan_and_infinity)
         int f32;
         const char *err;
     } cases[] = {
-        {NAN, 0, "body.temperature: NaN cannot be sent as JSON"},
-        {INFINITY, 0, "body.temperature: Infinity cannot be sent as JSON"},
-        {-INFINITY, 0, "body.temperature: -Infinity cannot be sent as JSON"},
-        {NAN, 1, "body.temperature: NaN cannot be sent as JSON"},
-        {-INFINITY, 1, "body.temperature: -Infinity cannot be sent as JSON"},
+        { NAN, 0, "body.temperature: NaN cannot be sent as JSON" },
+        { INFINITY, 0, "body.temperature: Infinity cannot be sent as JSON" },
+        { -INFINITY, 0, "body.temperature: -Infinity cannot be sent as JSON" },
+        { NAN, 1, "body.temperature: NaN cannot be sent as JSON" },
+        { -INFINITY, 1, "body.temperature: -Infinity cannot be sent as JSON" },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         struct mp m;
@@ -811,8 +862,7 @@ START_TEST(test_transcode__reject_non_string_keys)
     msgpack_pack_bin(&m.pk, 1);
     msgpack_pack_bin_body(&m.pk, "k", 1);
     msgpack_pack_nil(&m.pk);
-    check_m2j_fails(&m, NULL,
-                    "body: map key #0 is binary data; JSON object keys must be strings");
+    check_m2j_fails(&m, NULL, "body: map key #0 is binary data; JSON object keys must be strings");
     mp_fini(&m);
 }
 END_TEST
@@ -820,11 +870,11 @@ END_TEST
 START_TEST(test_transcode__reject_invalid_utf8)
 {
     static const char *const bad[] = {
-        "\x80",             /* stray continuation */
+        "\x80", /* stray continuation */
         "\xbf",
-        "\xc0\x80",         /* overlong NUL */
-        "\xc1\xbf",         /* overlong */
-        "\xe0\x80\x80",     /* overlong 3-byte */
+        "\xc0\x80",     /* overlong NUL */
+        "\xc1\xbf",     /* overlong */
+        "\xe0\x80\x80", /* overlong 3-byte */
         "\xe0\x9f\xbf",
         "\xed\xa0\x80",     /* surrogate U+D800 */
         "\xed\xbf\xbf",     /* surrogate U+DFFF */
@@ -833,9 +883,9 @@ START_TEST(test_transcode__reject_invalid_utf8)
         "\xf4\x90\x80\x80", /* U+110000 */
         "\xf5\x80\x80\x80",
         "\xff",
-        "\xe2\x82",         /* truncated */
-        "\xf0\x9f\x98",     /* truncated emoji */
-        "\xe2\x28\xa1",     /* bad continuation */
+        "\xe2\x82",     /* truncated */
+        "\xf0\x9f\x98", /* truncated emoji */
+        "\xe2\x28\xa1", /* bad continuation */
         "\xc3",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -951,7 +1001,8 @@ START_TEST(test_transcode__error_message_truncation_and_null_err)
                      TRANSCODE_EINVALID);
     ck_assert_int_eq(transcode_msgpack_to_json(&u.data, &out, NULL, NULL, err, sizeof(err)),
                      TRANSCODE_EINVALID);
-    ck_assert_str_eq(err, "value[\"\xe6\x97\xa5\xe6\x97\xa5\"]: binary data cannot be sent as JSON");
+    ck_assert_str_eq(err,
+                     "value[\"\xe6\x97\xa5\xe6\x97\xa5\"]: binary data cannot be sent as JSON");
     ck_assert_uint_eq(out.len, 0);
     strbuf_fini(&out);
     msgpack_unpacked_destroy(&u);
@@ -1075,9 +1126,16 @@ END_TEST
 
 START_TEST(test_transcode__json_key_order_and_duplicates)
 {
-    check_j2m("{\"z\":1,\"a\":2,\"m\":3}", "\x83\xa1z\x01\xa1" "a\x02\xa1m\x03", 10);
+    check_j2m("{\"z\":1,\"a\":2,\"m\":3}",
+              "\x83\xa1z\x01\xa1"
+              "a\x02\xa1m\x03",
+              10);
     /* Duplicates: last value, first position (documented jansson behaviour). */
-    check_j2m("{\"a\":1,\"b\":2,\"a\":3}", "\x82\xa1" "a\x03\xa1" "b\x02", 7);
+    check_j2m("{\"a\":1,\"b\":2,\"a\":3}",
+              "\x82\xa1"
+              "a\x03\xa1"
+              "b\x02",
+              7);
 }
 END_TEST
 
@@ -1096,7 +1154,10 @@ START_TEST(test_transcode__json_scalars_and_numbers)
     check_j2m("-0.0", "\xcb\x80\x00\x00\x00\x00\x00\x00\x00", 9);
     check_j2m("9223372036854775807", "\xcf\x7f\xff\xff\xff\xff\xff\xff\xff", 9);
     check_j2m("-9223372036854775808", "\xd3\x80\x00\x00\x00\x00\x00\x00\x00", 9);
-    check_j2m("\"a\\u0000b\"", "\xa3" "a\0b", 4);
+    check_j2m("\"a\\u0000b\"",
+              "\xa3"
+              "a\0b",
+              4);
     check_j2m("\"\\ud83d\\ude00\"", "\xa4\xf0\x9f\x98\x80", 5);
 }
 END_TEST
@@ -1116,14 +1177,14 @@ END_TEST
 
 START_TEST(test_transcode__json_big_numbers_rejected)
 {
-    static const char *const big[] = {"18446744073709551615", "-9223372036854775809",
-                                      "{\"seed\":9223372036854775808}",
-                                      "123456789012345678901234567890"};
+    static const char *const big[] = { "18446744073709551615", "-9223372036854775809",
+                                       "{\"seed\":9223372036854775808}",
+                                       "123456789012345678901234567890" };
     for (size_t i = 0; i < sizeof(big) / sizeof(big[0]); i++)
         check_j2m_fails(big[i], strlen(big[i]), "number out of range in JSON at line 1, column ",
                         "(integers must fit in int64, numbers in a double)");
-    check_j2m_fails("[1e400]", 7, "number out of range in JSON at line 1, column 6: ",
-                    "real number overflow");
+    check_j2m_fails("[1e400]", 7,
+                    "number out of range in JSON at line 1, column 6: ", "real number overflow");
 }
 END_TEST
 
@@ -1139,8 +1200,8 @@ START_TEST(test_transcode__json_invalid_input)
     char err[ERRLEN];
 
     check_j2m_fails("{\"a\":1", 6, "invalid JSON at line 1, column 6: ", "expected");
-    check_j2m_fails("{\"a\":1} x", 9, "invalid JSON at line 1, column 9: ",
-                    "end of file expected near 'x'");
+    check_j2m_fails("{\"a\":1} x", 9,
+                    "invalid JSON at line 1, column 9: ", "end of file expected near 'x'");
     check_j2m_fails(html, strlen(html), "invalid JSON at line 1, column 1: ", "near '<'");
     check_j2m_fails("", 0, "invalid JSON at line 1, column 0: ", NULL);
     check_j2m_fails("[DONE]", 6, "invalid JSON at line 1, column 5: ", "DONE");
@@ -1240,26 +1301,31 @@ START_TEST(test_transcode__utf8_repair)
         const char *want;
         long bad;
     } cases[] = {
-        {"plain ascii", 11, "plain ascii", 0},
-        {"", 0, "", 0},
-        {"a\0b", 3, "a\0b", 0},
-        {"\xf0\x9f\x98\x80 \xc3\xa9", 7, "\xf0\x9f\x98\x80 \xc3\xa9", 0},
-        {"\xff\xfe", 2, "\xef\xbf\xbd\xef\xbf\xbd", 2},
-        {"x\xffy", 3, "x\xef\xbf\xbdy", 1},
-        {"a\xe2\x82", 3, "a\xef\xbf\xbd", 1},          /* cut short at the end */
-        {"\xe2\x82" "A", 3, "\xef\xbf\xbd" "A", 1},     /* cut short by ASCII */
-        {"\xed\xa0\x80", 3, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd", 3}, /* surrogate */
-        {"\xc0\xaf", 2, "\xef\xbf\xbd\xef\xbf\xbd", 2}, /* overlong */
-        {"\xf4\x90\x80\x80", 4, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd", 4},
-        {"\xf0\x9f\x98x", 4, "\xef\xbf\xbdx", 1},
-        {"\x80\x80", 2, "\xef\xbf\xbd\xef\xbf\xbd", 2}, /* stray continuations */
+        { "plain ascii", 11, "plain ascii", 0 },
+        { "", 0, "", 0 },
+        { "a\0b", 3, "a\0b", 0 },
+        { "\xf0\x9f\x98\x80 \xc3\xa9", 7, "\xf0\x9f\x98\x80 \xc3\xa9", 0 },
+        { "\xff\xfe", 2, "\xef\xbf\xbd\xef\xbf\xbd", 2 },
+        { "x\xffy", 3, "x\xef\xbf\xbdy", 1 },
+        { "a\xe2\x82", 3, "a\xef\xbf\xbd", 1 }, /* cut short at the end */
+        { "\xe2\x82"
+          "A",
+          3,
+          "\xef\xbf\xbd"
+          "A",
+          1 },                                                            /* cut short by ASCII */
+        { "\xed\xa0\x80", 3, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd", 3 }, /* surrogate */
+        { "\xc0\xaf", 2, "\xef\xbf\xbd\xef\xbf\xbd", 2 },                 /* overlong */
+        { "\xf4\x90\x80\x80", 4, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd", 4 },
+        { "\xf0\x9f\x98x", 4, "\xef\xbf\xbdx", 1 },
+        { "\x80\x80", 2, "\xef\xbf\xbd\xef\xbf\xbd", 2 }, /* stray continuations */
     };
     struct strbuf out;
 
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         /* Only the NUL case has a NUL inside: its length is its input's. */
-        size_t wlen = memchr(cases[i].in, '\0', cases[i].len) ? cases[i].len
-                                                               : strlen(cases[i].want);
+        size_t wlen =
+            memchr(cases[i].in, '\0', cases[i].len) ? cases[i].len : strlen(cases[i].want);
         strbuf_init(&out);
         ck_assert_int_eq(utf8_repair(cases[i].in, cases[i].len, &out), cases[i].bad);
         ck_assert_msg(out.len == wlen && memcmp(out.data, cases[i].want, wlen) == 0,
@@ -1284,7 +1350,7 @@ END_TEST
 
 START_TEST(test_transcode__utf8_cut)
 {
-    static const char s[] = "ab\xc3\xa9\xf0\x9f\x98\x80";  /* a b é 😀 */
+    static const char s[] = "ab\xc3\xa9\xf0\x9f\x98\x80"; /* a b é 😀 */
 
     ck_assert_uint_eq(utf8_cut(s, 8, 100), 8);
     ck_assert_uint_eq(utf8_cut(s, 8, 8), 8);
@@ -1312,7 +1378,7 @@ static char *nested_objects(unsigned levels)
 
 START_TEST(test_transcode__depth_limit_from_caller)
 {
-    const struct transcode_j2m opt = {.max_depth = 30};
+    const struct transcode_j2m opt = { .max_depth = 30 };
     char err[ERRLEN];
 
     for (int maps = 0; maps <= 1; maps++) {
@@ -1340,7 +1406,7 @@ START_TEST(test_transcode__depth_limit_from_caller)
     }
     /* 0, and anything above the transcoder's own bound, mean that bound. */
     char *j = nested_json(TRANSCODE_MAX_DEPTH + 1);
-    const struct transcode_j2m zero = {0}, big = {.max_depth = 1000};
+    const struct transcode_j2m zero = { 0 }, big = { .max_depth = 1000 };
     struct mp m;
     mp_init(&m);
     ck_assert_int_eq(transcode_json_to_msgpack(j, strlen(j), &m.pk, &zero, err, ERRLEN),
@@ -1372,7 +1438,7 @@ START_TEST(test_transcode__string_hook_sees_keys_and_values)
 {
     static const char json[] = "{\"key\":[\"value\",1,{\"k2\":\"v\\u0032\"}]}";
     int calls = 0;
-    const struct transcode_j2m opt = {.on_str = upper_hook, .ud = &calls};
+    const struct transcode_j2m opt = { .on_str = upper_hook, .ud = &calls };
     struct mp m, want;
     char err[ERRLEN];
 
@@ -1387,7 +1453,7 @@ START_TEST(test_transcode__string_hook_sees_keys_and_values)
     msgpack_pack_int(&want.pk, 1);
     msgpack_pack_map(&want.pk, 1);
     pstr(&want.pk, "K2");
-    pstr(&want.pk, "V2");             /* the hook sees the decoded string */
+    pstr(&want.pk, "V2"); /* the hook sees the decoded string */
     ck_assert_uint_eq(m.sb.size, want.sb.size);
     ck_assert_mem_eq(m.sb.data, want.sb.data, want.sb.size);
     mp_fini(&m);

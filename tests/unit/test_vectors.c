@@ -46,13 +46,13 @@ static json_t *manifest_load(void)
 /* --- one vector ------------------------------------------------------ */
 
 struct vector {
-    json_t *manifest;       /* owned; everything below borrows from it */
+    json_t *manifest; /* owned; everything below borrows from it */
     const json_t *v;
     const char *name;
-    const char *error;      /* NULL: the file is valid */
+    const char *error; /* NULL: the file is valid */
     int frames;
     size_t max_bytes;
-    unsigned char *data;    /* owned */
+    unsigned char *data; /* owned */
     size_t len;
 };
 
@@ -150,9 +150,12 @@ static bool mis(struct mismatch *m, const char *path, const char *fmt, ...)
 
 static int hexval(char c)
 {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
     return -1;
 }
 
@@ -169,8 +172,7 @@ static bool hex_equals(const char *hex, const char *p, size_t n)
     return true;
 }
 
-static bool match(const msgpack_object *o, const json_t *j, const char *path,
-                  struct mismatch *m);
+static bool match(const msgpack_object *o, const json_t *j, const char *path, struct mismatch *m);
 
 static bool match_int(const msgpack_object *o, bool neg, uint64_t mag, const char *path,
                       struct mismatch *m)
@@ -200,8 +202,9 @@ static bool match_float(const msgpack_object *o, bool f32, const json_t *x, cons
 
     if (o->type != (f32 ? MSGPACK_OBJECT_FLOAT32 : MSGPACK_OBJECT_FLOAT64))
         return mis(m, path, "expected float%d, got %s%s", f32 ? 32 : 64, rpc_type_name(o),
-                   o->type == MSGPACK_OBJECT_FLOAT32 ? " (float32)"
-                   : o->type == MSGPACK_OBJECT_FLOAT64 ? " (float64)" : "");
+                   o->type == MSGPACK_OBJECT_FLOAT32       ? " (float32)"
+                       : o->type == MSGPACK_OBJECT_FLOAT64 ? " (float64)"
+                                                           : "");
     if (json_is_number(x)) {
         want = json_number_value(x);
     } else if (json_is_string(x)) {
@@ -226,8 +229,8 @@ static bool match_float(const msgpack_object *o, bool f32, const json_t *x, cons
 }
 
 /* A tag object: exactly one member, whose name starts with '$'. */
-static bool match_tag(const msgpack_object *o, const char *tag, const json_t *x,
-                      const char *path, struct mismatch *m)
+static bool match_tag(const msgpack_object *o, const char *tag, const json_t *x, const char *path,
+                      struct mismatch *m)
 {
     char sub[512];
 
@@ -253,16 +256,14 @@ static bool match_tag(const msgpack_object *o, const char *tag, const json_t *x,
         return true;
     }
     if (strcmp(tag, "$ext") == 0) {
-        if (!json_is_array(x) || json_array_size(x) != 2 ||
-            !json_is_integer(json_array_get(x, 0)))
+        if (!json_is_array(x) || json_array_size(x) != 2 || !json_is_integer(json_array_get(x, 0)))
             return mis(m, path, "manifest: $ext needs [type, \"hex\"]");
         if (o->type != MSGPACK_OBJECT_EXT)
             return mis(m, path, "expected ext, got %s", rpc_type_name(o));
         if (o->via.ext.type != json_integer_value(json_array_get(x, 0)))
             return mis(m, path, "ext type %d, expected %lld", o->via.ext.type,
                        (long long)json_integer_value(json_array_get(x, 0)));
-        if (!hex_equals(json_string_value(json_array_get(x, 1)), o->via.ext.ptr,
-                        o->via.ext.size))
+        if (!hex_equals(json_string_value(json_array_get(x, 1)), o->via.ext.ptr, o->via.ext.size))
             return mis(m, path, "ext data differs");
         return true;
     }
@@ -290,16 +291,15 @@ static bool match_tag(const msgpack_object *o, const char *tag, const json_t *x,
     return mis(m, path, "manifest: unknown tag %s", tag);
 }
 
-static bool match(const msgpack_object *o, const json_t *j, const char *path,
-                  struct mismatch *m)
+static bool match(const msgpack_object *o, const json_t *j, const char *path, struct mismatch *m)
 {
     char sub[512];
 
     switch (json_typeof(j)) {
     case JSON_NULL:
-        return o->type == MSGPACK_OBJECT_NIL ? true
-                                             : mis(m, path, "expected nil, got %s",
-                                                   rpc_type_name(o));
+        return o->type == MSGPACK_OBJECT_NIL
+            ? true
+            : mis(m, path, "expected nil, got %s", rpc_type_name(o));
     case JSON_TRUE:
     case JSON_FALSE:
         if (o->type != MSGPACK_OBJECT_BOOLEAN)
@@ -352,7 +352,8 @@ static bool match(const msgpack_object *o, const json_t *j, const char *path,
                        json_object_size(j));
         /* Equal sizes and every JSON key matching exactly one wire key make
          * the keys a bijection, so duplicate wire keys cannot slip through. */
-        json_object_foreach((json_t *)j, key, val) {
+        json_object_foreach((json_t *)j, key, val)
+        {
             const msgpack_object *found = NULL;
             int hits = 0;
             if (key[0] == '$')
@@ -380,33 +381,35 @@ static bool match(const msgpack_object *o, const json_t *j, const char *path,
 #define OPT(t) ((t) | RPC_T_NIL)
 
 static const struct rpc_param call_spec[] = {
-    {"capability", RPC_T_STR, true},
-    {"body", RPC_T_MAP, true},
-    {"stream", OPT(RPC_T_BOOL), false},
-    {"scope", OPT(RPC_T_STR), false},
-    {"task_id", OPT(RPC_T_STR), false},
-    {"deadline_s", OPT(RPC_T_NUMBER), false},
+    { "capability", RPC_T_STR, true },    { "body", RPC_T_MAP, true },
+    { "stream", OPT(RPC_T_BOOL), false }, { "scope", OPT(RPC_T_STR), false },
+    { "task_id", OPT(RPC_T_STR), false }, { "deadline_s", OPT(RPC_T_NUMBER), false },
 };
-static const struct rpc_param task_id_spec[] = {{"task_id", RPC_T_STR, true}};
-static const struct rpc_param task_stop_spec[] = {
-    {"task_id", RPC_T_STR, true}, {"reason", RPC_T_STR, true}};
-static const struct rpc_param task_node_begin_spec[] = {
-    {"task_id", RPC_T_STR, true}, {"node", RPC_T_STR, true},
-    {"timeout_s", OPT(RPC_T_NUMBER), false}};
-static const struct rpc_param task_node_end_spec[] = {
-    {"task_id", RPC_T_STR, true}, {"node", RPC_T_STR, true}};
-static const struct rpc_param task_finish_spec[] = {
-    {"task_id", RPC_T_STR, true}, {"ok", RPC_T_BOOL, true}, {"reason", OPT(RPC_T_STR), false}};
-static const struct rpc_param task_list_spec[] = {{"state", OPT(RPC_T_STR), false}};
+static const struct rpc_param task_id_spec[] = { { "task_id", RPC_T_STR, true } };
+static const struct rpc_param task_stop_spec[] = { { "task_id", RPC_T_STR, true },
+                                                   { "reason", RPC_T_STR, true } };
+static const struct rpc_param task_node_begin_spec[] = { { "task_id", RPC_T_STR, true },
+                                                         { "node", RPC_T_STR, true },
+                                                         { "timeout_s", OPT(RPC_T_NUMBER),
+                                                           false } };
+static const struct rpc_param task_node_end_spec[] = { { "task_id", RPC_T_STR, true },
+                                                       { "node", RPC_T_STR, true } };
+static const struct rpc_param task_finish_spec[] = { { "task_id", RPC_T_STR, true },
+                                                     { "ok", RPC_T_BOOL, true },
+                                                     { "reason", OPT(RPC_T_STR), false } };
+static const struct rpc_param task_list_spec[] = { { "state", OPT(RPC_T_STR), false } };
 
-#define SPEC(name, s) {name, s, sizeof(s) / sizeof(s[0])}
+#define SPEC(name, s)                     \
+    {                                     \
+        name, s, sizeof(s) / sizeof(s[0]) \
+    }
 static const struct method_spec {
     const char *method;
     const struct rpc_param *spec;
     size_t n;
 } method_specs[] = {
-    {"ping", NULL, 0},
-    {"stats", NULL, 0},
+    { "ping", NULL, 0 },
+    { "stats", NULL, 0 },
     SPEC("call", call_spec),
     SPEC("task.start", task_id_spec),
     SPEC("task.stop", task_stop_spec),
@@ -429,15 +432,14 @@ static const struct method_spec *spec_for(const struct rpc_msg *msg)
 
 /* --- replay ---------------------------------------------------------- */
 
-static const char *const kind_names[] = {"request", "response", "notification"};
+static const char *const kind_names[] = { "request", "response", "notification" };
 
 /* Checks frame number `idx` (0-based) against the manifest. */
-static void check_frame(const struct vector *vec, int idx, const msgpack_object *o,
-                        const char *how)
+static void check_frame(const struct vector *vec, int idx, const msgpack_object *o, const char *how)
 {
     const json_t *decoded = json_object_get(vec->v, "decoded");
     const json_t *kind = json_object_get(vec->v, "kind");
-    struct mismatch mm = {{0}};
+    struct mismatch mm = { { 0 } };
     struct rpc_msg msg;
     const char *why = NULL;
 
@@ -445,21 +447,23 @@ static void check_frame(const struct vector *vec, int idx, const msgpack_object 
         decoded = json_array_get(decoded, (size_t)idx);
         kind = json_array_get(kind, (size_t)idx);
     }
-    ck_assert_msg(decoded != NULL, "%s: manifest has no decoded value for frame %d",
-                  vec->name, idx);
+    ck_assert_msg(decoded != NULL, "%s: manifest has no decoded value for frame %d", vec->name,
+                  idx);
     ck_assert_msg(match(o, decoded, "", &mm), "%s (%s): frame %d: %s", vec->name, how, idx,
                   mm.text);
 
     int rc = rpc_parse(o, &msg, &why);
     if (json_is_null(kind)) {
-        ck_assert_msg(rc == -1, "%s (%s): rpc_parse accepted a message the manifest calls "
-                      "not msgpack-RPC", vec->name, how);
+        ck_assert_msg(rc == -1,
+                      "%s (%s): rpc_parse accepted a message the manifest calls "
+                      "not msgpack-RPC",
+                      vec->name, how);
         ck_assert_msg(why != NULL && why[0], "%s: rpc_parse gave no reason", vec->name);
         return;
     }
     ck_assert_msg(rc == 0, "%s (%s): rpc_parse: %s", vec->name, how, why);
-    ck_assert_msg(json_is_string(kind) && strcmp(json_string_value(kind),
-                                                 kind_names[msg.type]) == 0,
+    ck_assert_msg(json_is_string(kind) &&
+                      strcmp(json_string_value(kind), kind_names[msg.type]) == 0,
                   "%s (%s): frame %d is a %s, manifest says %s", vec->name, how, idx,
                   kind_names[msg.type], json_is_string(kind) ? json_string_value(kind) : "?");
     if (msg.type != RPC_REQUEST)
@@ -528,8 +532,8 @@ static void replay(const struct vector *vec, size_t first, size_t step, const ch
     ck_assert_msg(nframes == vec->frames, "%s (%s): reader yields %d frames, manifest %d",
                   vec->name, how, nframes, vec->frames);
     if (want_err) {
-        ck_assert_msg(rc == want_err, "%s (%s): reader ends with %d (%s), expected %s",
-                      vec->name, how, rc, rc < 0 ? frame_strerror(rc) : "no error", vec->error);
+        ck_assert_msg(rc == want_err, "%s (%s): reader ends with %d (%s), expected %s", vec->name,
+                      how, rc, rc < 0 ? frame_strerror(rc) : "no error", vec->error);
         /* Sticky: more calls and more bytes do not revive the reader. */
         ck_assert_int_eq(frame_reader_next(&r, &u, NULL), want_err);
         ck_assert_int_eq(frame_reader_feed(&r, "\x94\x00\x01\xa4ping\x90", 9), 0);
@@ -538,14 +542,14 @@ static void replay(const struct vector *vec, size_t first, size_t step, const ch
         ck_assert_msg(rc == 0, "%s (%s): reader ends with %d (%s)", vec->name, how, rc,
                       rc < 0 ? frame_strerror(rc) : "");
         if (incomplete) {
-            ck_assert_msg(frame_reader_pending(&r) > 0 && total + frame_reader_pending(&r) ==
-                          vec->len, "%s (%s): incomplete frame not held", vec->name, how);
+            ck_assert_msg(frame_reader_pending(&r) > 0 &&
+                              total + frame_reader_pending(&r) == vec->len,
+                          "%s (%s): incomplete frame not held", vec->name, how);
             for (int i = 0; i < 3; i++)
                 ck_assert_int_eq(frame_reader_next(&r, &u, NULL), 0);
         } else {
             ck_assert_msg(frame_reader_pending(&r) == 0 && total == vec->len,
-                          "%s (%s): %zu bytes left over", vec->name, how,
-                          frame_reader_pending(&r));
+                          "%s (%s): %zu bytes left over", vec->name, how, frame_reader_pending(&r));
         }
     }
     msgpack_unpacked_destroy(&u);
@@ -584,9 +588,9 @@ static bool in_list(const char *s, const char *const *list)
 
 START_TEST(test_vectors__manifest_well_formed)
 {
-    static const char *const errors[] = {"incomplete", "malformed", "too_large", "too_deep",
-                                         "not_rpc", "bad_params", NULL};
-    static const char *const kinds[] = {"request", "response", "notification", NULL};
+    static const char *const errors[] = { "incomplete", "malformed",  "too_large", "too_deep",
+                                          "not_rpc",    "bad_params", NULL };
+    static const char *const kinds[] = { "request", "response", "notification", NULL };
     json_t *m = manifest_load();
     json_t *vectors = json_object_get(m, "vectors");
     const char *names[256];
@@ -594,10 +598,12 @@ START_TEST(test_vectors__manifest_well_formed)
     json_t *v;
 
     ck_assert_int_eq(json_integer_value(json_object_get(m, "format")), 1);
-    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(m, "defaults"),
-                                                        "max_depth")), FRAME_MAX_DEPTH);
+    ck_assert_int_eq(
+        json_integer_value(json_object_get(json_object_get(m, "defaults"), "max_depth")),
+        FRAME_MAX_DEPTH);
     ck_assert(json_array_size(vectors) < sizeof(names) / sizeof(names[0]));
-    json_array_foreach(vectors, i, v) {
+    json_array_foreach(vectors, i, v)
+    {
         const char *name = json_string_value(json_object_get(v, "name"));
         const char *file = json_string_value(json_object_get(v, "file"));
         const json_t *err = json_object_get(v, "error");
@@ -617,27 +623,28 @@ START_TEST(test_vectors__manifest_well_formed)
         ck_assert_msg(json_is_true(json_object_get(v, "valid")) == json_is_null(err),
                       "%s: valid must be true exactly when error is null", name);
         ck_assert_msg(json_is_string(json_object_get(v, "why")), "%s: why", name);
-        ck_assert_msg(json_is_integer(frames) && json_integer_value(frames) >= 0,
-                      "%s: frames", name);
+        ck_assert_msg(json_is_integer(frames) && json_integer_value(frames) >= 0, "%s: frames",
+                      name);
         json_int_t nf = json_integer_value(frames);
         if (nf == 0) {
             ck_assert_msg(json_is_null(kind) && json_is_null(json_object_get(v, "decoded")),
                           "%s: no frames, so kind and decoded are null", name);
         } else if (nf == 1) {
-            ck_assert_msg(json_is_null(kind) || in_list(json_string_value(kind), kinds),
-                          "%s: kind", name);
+            ck_assert_msg(json_is_null(kind) || in_list(json_string_value(kind), kinds), "%s: kind",
+                          name);
             ck_assert_msg(json_object_get(v, "decoded") != NULL, "%s: decoded", name);
         } else {
             ck_assert_msg(json_is_array(kind) && (json_int_t)json_array_size(kind) == nf &&
-                          json_is_array(json_object_get(v, "decoded")) &&
-                          (json_int_t)json_array_size(json_object_get(v, "decoded")) == nf,
+                              json_is_array(json_object_get(v, "decoded")) &&
+                              (json_int_t)json_array_size(json_object_get(v, "decoded")) == nf,
                           "%s: kind and decoded list one entry per frame", name);
         }
         const char *e = json_string_value(err);
         if (e && (strcmp(e, "not_rpc") == 0 || strcmp(e, "bad_params") == 0)) {
             ck_assert_msg(nf == 1, "%s: %s applies to exactly one frame", name, e);
-            ck_assert_msg(strcmp(e, "not_rpc") == 0 ? json_is_null(kind)
-                          : json_is_string(kind) && !strcmp(json_string_value(kind), "request"),
+            ck_assert_msg(strcmp(e, "not_rpc") == 0
+                              ? json_is_null(kind)
+                              : json_is_string(kind) && !strcmp(json_string_value(kind), "request"),
                           "%s: kind does not fit error %s", name, e);
         }
         json_t *limit = json_object_get(v, "max_message_bytes");
@@ -652,9 +659,9 @@ END_TEST
  * unreplayed), and the manifest keeps covering every outcome and kind. */
 START_TEST(test_vectors__coverage)
 {
-    static const char *const need[] = {"incomplete", "malformed", "too_large", "too_deep",
-                                       "not_rpc", "bad_params", "request", "response",
-                                       "notification", NULL};
+    static const char *const need[] = { "incomplete",   "malformed",  "too_large", "too_deep",
+                                        "not_rpc",      "bad_params", "request",   "response",
+                                        "notification", NULL };
     json_t *m = manifest_load();
     json_t *vectors = json_object_get(m, "vectors");
     char dir[4096];
@@ -663,7 +670,8 @@ START_TEST(test_vectors__coverage)
 
     for (const char *const *n = need; *n; n++) {
         bool seen = false;
-        json_array_foreach(vectors, i, v) {
+        json_array_foreach(vectors, i, v)
+        {
             const char *e = json_string_value(json_object_get(v, "error"));
             const char *k = json_string_value(json_object_get(v, "kind"));
             seen |= (e && strcmp(e, *n) == 0) || (k && strcmp(k, *n) == 0);
@@ -679,7 +687,8 @@ START_TEST(test_vectors__coverage)
         bool listed = false;
         if (len < 8 || strcmp(de->d_name + len - 8, ".msgpack") != 0)
             continue;
-        json_array_foreach(vectors, i, v) {
+        json_array_foreach(vectors, i, v)
+        {
             listed |= strcmp(json_string_value(json_object_get(v, "file")), de->d_name) == 0;
         }
         ck_assert_msg(listed, "%s%s is not in the manifest", dir, de->d_name);
@@ -696,7 +705,8 @@ static json_t *find_vector(json_t *m, const char *name)
     size_t i;
     json_t *v;
 
-    json_array_foreach(json_object_get(m, "vectors"), i, v) {
+    json_array_foreach(json_object_get(m, "vectors"), i, v)
+    {
         if (strcmp(json_string_value(json_object_get(v, "name")), name) == 0)
             return v;
     }
@@ -710,8 +720,7 @@ static void expect_bytes(json_t *m, const char *name, const msgpack_sbuffer *sb)
     size_t len;
     unsigned char *data;
 
-    file_path(json_string_value(json_object_get(find_vector(m, name), "file")), path,
-              sizeof(path));
+    file_path(json_string_value(json_object_get(find_vector(m, name), "file")), path, sizeof(path));
     data = read_file(path, &len);
     ck_assert_msg(len == sb->size && memcmp(data, sb->data, len) == 0,
                   "%s: the C writer produces different bytes (%zu vs %zu)", name, sb->size, len);
@@ -797,38 +806,55 @@ START_TEST(test_vectors__comparator_rejects_mismatches)
         const char *msgpack;
         size_t len;
     } bad[] = {
-        {"1", "\x02", 1},
-        {"1", "\xcb\x3f\xf0\0\0\0\0\0\0", 9},               /* 1.0 is not 1 */
-        {"{\"$f64\": 1.0}", "\x01", 1},
-        {"{\"$f64\": 0.5}", "\xca\x3f\0\0\0", 5},            /* float32 is not float64 */
-        {"{\"$f32\": 0.5}", "\xcb\x3f\xe0\0\0\0\0\0\0", 9},
-        {"-1", "\x01", 1},
-        {"{\"$int\": \"18446744073709551615\"}", "\xcf\xff\xff\xff\xff\xff\xff\xff\xfe", 9},
-        {"{\"$int\": \"-9223372036854775808\"}", "\xd3\x80\0\0\0\0\0\0\x01", 9},
-        {"\"ab\"", "\xa2" "ac", 3},
-        {"\"ab\"", "\xc4\x02" "ab", 4},                     /* bin is not str */
-        {"{\"$bin\": \"6162\"}", "\xa2" "ab", 3},
-        {"{\"$ext\": [5, \"01\"]}", "\xd4\x06\x01", 3},
-        {"[1]", "\x92\x01\x01", 3},
-        {"{\"a\": 1, \"b\": 2}", "\x82\xa1" "a\x01\xa1" "a\x01", 7}, /* duplicate key */
-        {"{\"$map\": [[1, 2]]}", "\x81\x01\x03", 3},
-        {"null", "\xc2", 1},
-        {"true", "\xc2", 1},
-        {"1.5", "\xcb\x3f\xf8\0\0\0\0\0\0", 9},             /* untagged real */
+        { "1", "\x02", 1 },
+        { "1", "\xcb\x3f\xf0\0\0\0\0\0\0", 9 }, /* 1.0 is not 1 */
+        { "{\"$f64\": 1.0}", "\x01", 1 },
+        { "{\"$f64\": 0.5}", "\xca\x3f\0\0\0", 5 }, /* float32 is not float64 */
+        { "{\"$f32\": 0.5}", "\xcb\x3f\xe0\0\0\0\0\0\0", 9 },
+        { "-1", "\x01", 1 },
+        { "{\"$int\": \"18446744073709551615\"}", "\xcf\xff\xff\xff\xff\xff\xff\xff\xfe", 9 },
+        { "{\"$int\": \"-9223372036854775808\"}", "\xd3\x80\0\0\0\0\0\0\x01", 9 },
+        { "\"ab\"",
+          "\xa2"
+          "ac",
+          3 },
+        { "\"ab\"",
+          "\xc4\x02"
+          "ab",
+          4 }, /* bin is not str */
+        { "{\"$bin\": \"6162\"}",
+          "\xa2"
+          "ab",
+          3 },
+        { "{\"$ext\": [5, \"01\"]}", "\xd4\x06\x01", 3 },
+        { "[1]", "\x92\x01\x01", 3 },
+        { "{\"a\": 1, \"b\": 2}",
+          "\x82\xa1"
+          "a\x01\xa1"
+          "a\x01",
+          7 }, /* duplicate key */
+        { "{\"$map\": [[1, 2]]}", "\x81\x01\x03", 3 },
+        { "null", "\xc2", 1 },
+        { "true", "\xc2", 1 },
+        { "1.5", "\xcb\x3f\xf8\0\0\0\0\0\0", 9 }, /* untagged real */
     };
     static const struct {
         const char *json;
         const char *msgpack;
         size_t len;
     } good[] = {
-        {"{\"$int\": \"18446744073709551615\"}", "\xcf\xff\xff\xff\xff\xff\xff\xff\xff", 9},
-        {"{\"$int\": \"-9223372036854775808\"}", "\xd3\x80\0\0\0\0\0\0\0", 9},
-        {"-32", "\xe0", 1},
-        {"{\"$f64\": \"nan\"}", "\xcb\x7f\xf8\0\0\0\0\0\0", 9},
-        {"{\"$f32\": \"-inf\"}", "\xca\xff\x80\0\0", 5},
-        {"{\"$ext\": [5, \"01\"]}", "\xd4\x05\x01", 3},
-        {"{\"$map\": [[1, 2]]}", "\x81\x01\x02", 3},
-        {"{\"b\": 2, \"a\": 1}", "\x82\xa1" "a\x01\xa1" "b\x02", 7}, /* order-free */
+        { "{\"$int\": \"18446744073709551615\"}", "\xcf\xff\xff\xff\xff\xff\xff\xff\xff", 9 },
+        { "{\"$int\": \"-9223372036854775808\"}", "\xd3\x80\0\0\0\0\0\0\0", 9 },
+        { "-32", "\xe0", 1 },
+        { "{\"$f64\": \"nan\"}", "\xcb\x7f\xf8\0\0\0\0\0\0", 9 },
+        { "{\"$f32\": \"-inf\"}", "\xca\xff\x80\0\0", 5 },
+        { "{\"$ext\": [5, \"01\"]}", "\xd4\x05\x01", 3 },
+        { "{\"$map\": [[1, 2]]}", "\x81\x01\x02", 3 },
+        { "{\"b\": 2, \"a\": 1}",
+          "\x82\xa1"
+          "a\x01\xa1"
+          "b\x02",
+          7 }, /* order-free */
     };
     struct mismatch mm;
 
