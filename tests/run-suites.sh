@@ -132,6 +132,7 @@ stage "clients (python + node, ASan)"  summary sh client/run-tests.sh build/asan
 stage "agent graphs (ASan)"            summary sh client/run-tests.sh build/asan graphs
 stage "http (OpenAI + Anthropic SDKs)" summary sh tests/http/run-tests.sh build/asan
 stage "fuzz replay (ASan)"             summary make --no-print-directory BUILD=build/asan SAN=1 fuzz-replay
+stage_if "command -v clang-format" "format (clang-format)" exit make --no-print-directory format-check
 stage "documentation references"      exit    /usr/bin/python3 tests/check_docs.py
 stage_if "command -v clang" "fuzz targets (clang build)" summary make --no-print-directory fuzz-build
 # shellcheck disable=SC2086
