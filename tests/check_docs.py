@@ -32,7 +32,8 @@ SECTION_REF = re.compile(
 BARE_SECTION = re.compile(r"\(?§ ?(\d+(?:\.\d+)*)")
 MD_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 FORBIDDEN = [
-    (re.compile(r"STYLE(\.md| rule)|House rule"), "cites a style guide the repository does not have"),
+    # (spelled in two pieces so that this file does not match itself)
+    (re.compile(r"STY" r"LE(\.md| rule)|Hou" r"se rule"), "cites a style guide the repository does not have"),
     (re.compile(r"\.\./shared/"), "cites a document outside the repository"),
 ]
 HEADING = re.compile(r"^#{1,6}\s+(\d+(?:\.\d+)*[a-z]?)[.\s]")
