@@ -73,10 +73,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <jansson.h>
 #include <msgpack.h>
 
 #include "bench_common.h"
+#include "polygw.h"
 #include "frame.h"
 #include "rpc.h"
 
@@ -549,50 +549,6 @@ static int hex_decode(const char *hex, unsigned char **out, size_t *len)
     return 0;
 }
 
-/* JSON to msgpack: objects become maps, arrays arrays, strings str,
- * integers the smallest int encoding, reals float64. */
-static void json_to_msgpack(msgpack_packer *pk, const json_t *j)
-{
-    switch (json_typeof(j)) {
-    case JSON_OBJECT: {
-        const char *k;
-        json_t *v;
-        msgpack_pack_map(pk, json_object_size(j));
-        json_object_foreach((json_t *)j, k, v)
-        {
-            rpc_pack_str(pk, k);
-            json_to_msgpack(pk, v);
-        }
-        break;
-    }
-    case JSON_ARRAY: {
-        size_t i;
-        json_t *v;
-        msgpack_pack_array(pk, json_array_size(j));
-        json_array_foreach(j, i, v) json_to_msgpack(pk, v);
-        break;
-    }
-    case JSON_STRING:
-        rpc_pack_strn(pk, json_string_value(j), json_string_length(j));
-        break;
-    case JSON_INTEGER:
-        msgpack_pack_int64(pk, json_integer_value(j));
-        break;
-    case JSON_REAL:
-        msgpack_pack_double(pk, json_real_value(j));
-        break;
-    case JSON_TRUE:
-        msgpack_pack_true(pk);
-        break;
-    case JSON_FALSE:
-        msgpack_pack_false(pk);
-        break;
-    case JSON_NULL:
-        msgpack_pack_nil(pk);
-        break;
-    }
-}
-
 /* Builds the constant part of every request: the method string followed by
  * the params (`[]` when neither option is given). Exactly one complete
  * msgpack value is accepted as params. Returns 0, or -1 with `err` filled. */
@@ -636,14 +592,19 @@ static int lg_build_tail(const char *method, const char *params_hex, const char 
             return -1;
         }
     } else if (params_json) {
-        json_error_t je;
-        json_t *j = json_loads(params_json, JSON_DECODE_ANY, &je);
-        if (!j) {
-            snprintf(err, errlen, "--params-json: %s (column %d)", je.text, je.column);
+        struct pgw_error pe;
+        void *mp;
+        size_t mp_len;
+        if (pgw_json_to_msgpack(params_json, (size_t)-1, &mp, &mp_len, &pe) != 0) {
+            snprintf(err, errlen, "--params-json: %.200s", pe.message);
             return -1;
         }
-        json_to_msgpack(&pk, j);
-        json_decref(j);
+        bool failed = msgpack_sbuffer_write(sb, mp, mp_len) != 0;
+        free(mp);
+        if (failed) {
+            snprintf(err, errlen, "--params-json: out of memory");
+            return -1;
+        }
     } else {
         msgpack_pack_array(&pk, 0);
     }
