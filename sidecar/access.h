@@ -22,6 +22,7 @@
 struct access_entry {
     uint64_t conn;
     uint32_t msgid;
+    const char *app; /* who called (docs/APPS.md); NULL: `default` */
     const char *capability;
     const char *scope;
     const char *source; /* the last attempt's source; NULL: no attempt */
@@ -40,9 +41,5 @@ struct access_entry {
 /* Writes the entry when cfg->access_log is on and the level admits info.
  * `cfg` and `e` are borrowed. */
 void access_log_write(const struct config *cfg, const struct access_entry *e);
-
-/* The peer of a connected Unix socket (SO_PEERCRED): fills pid and uid, -1
- * when the kernel cannot say. */
-void access_peer(int fd, long long *pid, long long *uid);
 
 #endif /* POLYGW_ACCESS_H */

@@ -203,6 +203,7 @@ static void call_log(const struct call *k)
     const struct access_entry e = {
         .conn = k->sink->conn_id,
         .msgid = k->msgid,
+        .app = k->app,
         .capability = k->cap->name,
         .scope = k->g.scope,
         .source = k->g.attempts > 0 && k->src ? k->src->name : NULL,
@@ -1394,6 +1395,7 @@ static void call_log_refused(struct call_sink *s, uint32_t id, const struct call
     struct access_entry e = {
         .conn = s->conn_id,
         .msgid = id,
+        .app = r->app ? r->app->name : NULL,
         .peer_pid = s->peer_pid,
         .peer_uid = s->peer_uid,
         .answered = true,

@@ -168,6 +168,9 @@ enum fid {
     FID_ALLOW_DECLARED,
     FID_ADMIN,
     FID_APP_CAPS,
+    FID_APP_TOKEN,
+    FID_APP_TOKEN_ENV,
+    FID_APP_TOKEN_FILE,
     FID_COUNT
 };
 
@@ -253,6 +256,8 @@ struct src_stage {
 struct app_stage {
     struct config_app app;
     const struct ynode *caps; /* `capabilities` (the tree outlives validation) */
+    char *token_env;          /* owned; name of the variable holding the token */
+    char *token_file;         /* owned; absolute path of the token file */
     bool bad;                 /* not a map: no rule applies to it */
     unsigned map_line;
     unsigned line[FID_COUNT];
@@ -596,6 +601,11 @@ static int check_hostport(struct loader *l, const struct ynode *v, char *s)
     {                                                    \
         .key = (k), .type = (t), .fid = (id), .off = (o) \
     }
+/* A key that is known but forbidden, `text` saying what to write instead. */
+#define REJECT(k, id, text)                                       \
+    {                                                             \
+        .key = (k), .type = FT_REJECT, .fid = (id), .why = (text) \
+    }
 #define SECTION(k, id, o, table)                                                \
     {                                                                           \
         .key = (k), .type = FT_SECTION, .fid = (id), .off = (o), .sub = (table) \
@@ -779,11 +789,9 @@ static const struct field source_table[] = {
     TYPED("name", FT_NAME, FID_NAME, SRC(name)),
     TYPED("capability", FT_NAME, FID_CAPABILITY, SRC(capability)),
     STR("base_url", FID_BASE_URL, SRC(base_url), check_http_url),
-    { .key = "api_key",
-      .type = FT_REJECT,
-      .fid = FID_API_KEY,
-      .why = "inline API keys are not accepted; name an environment variable "
-             "with api_key_env or a file with api_key_file" },
+    REJECT("api_key", FID_API_KEY,
+           "inline API keys are not accepted; name an environment variable "
+           "with api_key_env or a file with api_key_file"),
     STR("api_key_env", FID_API_KEY_ENV, OFF(struct src_stage, key_env), check_env_name),
     STR("api_key_file", FID_API_KEY_FILE, OFF(struct src_stage, key_file), check_key_path),
     STR("model", FID_MODEL, SRC(model), check_text),
@@ -826,6 +834,11 @@ static const struct field app_table[] = {
     NUM("max_concurrency", FT_U32, FID_MAX_CONCURRENCY, APP(max_concurrency), 1, 1e6, 0),
     SECTION("limits", FID_LIMITS, APP(limits), limits_table),
     TYPED("capabilities", FT_NODE, FID_APP_CAPS, OFF(struct app_stage, caps)),
+    REJECT("token", FID_APP_TOKEN,
+           "a token in the configuration file is readable by whoever reads the file; name "
+           "an environment variable with token_env or a file with token_file"),
+    STR("token_env", FID_APP_TOKEN_ENV, OFF(struct app_stage, token_env), check_env_name),
+    STR("token_file", FID_APP_TOKEN_FILE, OFF(struct app_stage, token_file), check_key_path),
     END
 };
 #undef APP
@@ -2351,6 +2364,40 @@ static int load_key(struct loader *l, size_t i)
                            &st->src.api_key);
 }
 
+/* apps[i].token_env / token_file, in the secrets pass (cfg->apps[i] is
+ * the staged app i by then); a token two apps share is refused, since it
+ * could not say which of them calls. The token is never quoted. */
+static int load_app_token(struct loader *l, size_t i)
+{
+    struct app_stage *st = &l->apps[i];
+    struct config_app *a = &l->cfg->apps[i];
+    unsigned line = st->line[FID_APP_TOKEN_FILE] | st->line[FID_APP_TOKEN_ENV];
+    char path[CONFIG_PATH_MAX];
+    int rc;
+
+    if (st->token_file) {
+        snprintf(path, sizeof(path), "apps[%zu].token_file", i);
+        rc = read_secret_file(l, st->token_file, line, path, "token", &a->token);
+    } else if (st->token_env) {
+        snprintf(path, sizeof(path), "apps[%zu].token_env", i);
+        rc = read_secret_env(l, st->token_env, line, path, "token", &a->token);
+    } else {
+        return 0;
+    }
+    if (rc < 0)
+        return rc;
+    if (strlen(a->token) < CONFIG_APP_TOKEN_MIN || strlen(a->token) > CONFIG_APP_TOKEN_MAX)
+        return fail_at(l, line, path, "the token must be %d to %d bytes (a short one is guessable)",
+                       CONFIG_APP_TOKEN_MIN, CONFIG_APP_TOKEN_MAX);
+    for (size_t j = 0; j < i; j++)
+        if (l->cfg->apps[j].token && strcmp(l->cfg->apps[j].token, a->token) == 0)
+            return fail_at(l, line, path, "the same token as app '%s': a token names one app",
+                           l->cfg->apps[j].name);
+    a->token_file = st->token_file; /* watched for rotation */
+    st->token_file = NULL;
+    return 0;
+}
+
 /* backend.url_env: the URL (it may hold a password) from the environment,
  * in the secrets pass like the API keys. */
 static int load_redis_url(struct loader *l)
@@ -2378,6 +2425,11 @@ static int load_redis_url(struct loader *l)
 
 static void app_fini(struct config_app *a)
 {
+    if (a->token) {
+        explicit_bzero(a->token, strlen(a->token));
+        free(a->token);
+    }
+    free(a->token_file);
     free(a->uids.v);
     free(a->gids.v);
     free(a->capabilities);
@@ -2458,8 +2510,17 @@ static int validate_apps(struct loader *l)
                         a->app.name, l->apps[j].line[FID_NAME] & ~LINE_BAD);
                 break;
             }
+        if (a->line[FID_APP_TOKEN_ENV] && a->line[FID_APP_TOKEN_FILE]) {
+            snprintf(path, sizeof(path), "apps[%zu].token_file", i);
+            fail_at(l, a->line[FID_APP_TOKEN_FILE], path,
+                    "cannot be combined with token_env; choose one");
+        }
         if (strcmp(a->app.name, CONFIG_DEFAULT_APP) == 0) {
             have_default = true;
+            if (a->token_env || a->token_file)
+                fail_at(l, a->line[FID_APP_TOKEN_ENV] | a->line[FID_APP_TOKEN_FILE], path,
+                        "the default app is every caller no other app claims: it takes no "
+                        "token");
             if (a->app.uids.n || a->app.gids.n)
                 fail_at(l, a->line[FID_UIDS] ? a->line[FID_UIDS] : a->line[FID_GIDS], path,
                         "the default app is every caller no other app claims: it "
@@ -2571,6 +2632,9 @@ static int validate(struct loader *l)
     for (size_t i = 0; i < l->n_srcs; i++)
         if ((rc = load_key(l, i)) == -ENOMEM || (rc = load_source_extras(l, i)) == -ENOMEM)
             return rc;
+    for (size_t i = 0; i < l->n_apps; i++)
+        if ((rc = load_app_token(l, i)) == -ENOMEM)
+            return rc;
     if ((rc = load_redis_url(l)) == -ENOMEM)
         return rc;
     if ((rc = load_redis_secrets(l)) == -ENOMEM)
@@ -2604,8 +2668,11 @@ static void loader_fini(struct loader *l)
         free(l->srcs[i].accepts);
     }
     free(l->srcs);
-    for (size_t i = 0; i < l->n_apps; i++)
+    for (size_t i = 0; i < l->n_apps; i++) {
         app_fini(&l->apps[i].app);
+        free(l->apps[i].token_env);
+        free(l->apps[i].token_file);
+    }
     free(l->apps);
     free(l->caps);
     name_index_fini(&l->cap_ix);
@@ -2944,4 +3011,34 @@ const struct config_app *config_app_for_peer(const struct config *cfg, uint32_t 
             dflt = a;
     }
     return by_gid ? by_gid : dflt;
+}
+
+/* Equal in a time that depends on the lengths only, not on where the bytes
+ * differ: a caller cannot find a token byte by byte. */
+static bool token_equal(const char *a, size_t alen, const char *b, size_t blen)
+{
+    unsigned char d = alen != blen;
+    for (size_t i = 0; i < blen; i++)
+        d |= (unsigned char)(b[i] ^ a[alen ? i % alen : 0]);
+    return d == 0;
+}
+
+const struct config_app *config_app_for_token(const struct config *cfg, const char *tok, size_t len)
+{
+    const struct config_app *found = NULL;
+
+    for (size_t i = 0; i < cfg->n_apps; i++) {
+        const struct config_app *a = &cfg->apps[i];
+        if (a->token && token_equal(a->token, strlen(a->token), tok, len) && !found)
+            found = a; /* no early exit: every token is compared */
+    }
+    return found;
+}
+
+bool config_apps_have_tokens(const struct config *cfg)
+{
+    for (size_t i = 0; i < cfg->n_apps; i++)
+        if (cfg->apps[i].token)
+            return true;
+    return false;
 }

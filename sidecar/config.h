@@ -178,7 +178,17 @@ struct config_app {
     uint32_t max_concurrency;    /* its attempts in flight at most; 0 (default) = unlimited */
     struct config_limits limits; /* its own rpm/tpm/daily_tokens on top of the sources' */
     bool *capabilities;          /* owned, n_capabilities flags, or NULL = every capability */
+    char *token;                 /* owned secret or NULL: an HTTP client over TCP sending
+                                  * `Authorization: Bearer <token>` is this app; read from
+                                  * token_env / token_file, CONFIG_APP_TOKEN_MIN..MAX bytes,
+                                  * unique among apps; never print; wiped by config_free */
+    char *token_file;            /* owned: the absolute path token was read from, or NULL
+                                  * (watched for rotation, keywatch.h) */
 };
+
+/* An app token's length bounds, in bytes. */
+#define CONFIG_APP_TOKEN_MIN 16
+#define CONFIG_APP_TOKEN_MAX 200
 
 /* The app every caller no entry claims is. Always present in cfg->apps
  * (implicitly, with the defaults, when the file does not list it). */
@@ -305,6 +315,13 @@ const struct config_app *config_find_app(const struct config *cfg, const char *n
 /* The app of a peer with credentials `uid`, `gid`: the entry listing the
  * uid, else the one listing the gid, else `default`. Never NULL. */
 const struct config_app *config_app_for_peer(const struct config *cfg, uint32_t uid, uint32_t gid);
+
+/* The app whose token is the `len` bytes at `tok` (borrowed, client
+ * input), or NULL. Compares every token, each in constant time. */
+const struct config_app *config_app_for_token(const struct config *cfg, const char *tok,
+                                              size_t len);
+/* True when some app has a token (then TCP HTTP callers must send one). */
+bool config_apps_have_tokens(const struct config *cfg);
 
 /* A TCP listen address, "HOST:PORT" or "[ADDR]:PORT": HOST is a numeric
  * IPv4/IPv6 address or "localhost" (which becomes 127.0.0.1). */

@@ -34,7 +34,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "access.h"
 #include "callrpc.h"
 #include "tasks.h"
 #include "log.h"
@@ -94,29 +93,16 @@ static int conn_append(void *data, const char *buf, size_t len)
 }
 
 /* The peer's app, from the credentials the kernel recorded at connect()
- * (a client cannot forge them). Without them (not a Unix socket, or an
- * error) the connection is `default`. */
+ * (a client cannot forge them). Without them the connection is `default`. */
 static void conn_identify(struct conn *c)
 {
-    const struct config *cfg = c->srv->cfg;
-    struct ucred uc;
-    socklen_t len = sizeof(uc);
-    const struct config_app *a;
+    const struct config_app *a = peer_app(c->srv->cfg, &c->peer);
 
-    if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) == 0 && len == sizeof(uc)) {
-        c->peer_known = true;
-        c->peer_uid = (uint32_t)uc.uid;
-        c->peer_gid = (uint32_t)uc.gid;
-        c->peer_pid = (uint32_t)uc.pid;
-        a = config_app_for_peer(cfg, c->peer_uid, c->peer_gid);
-    } else {
-        a = config_find_app(cfg, CONFIG_DEFAULT_APP);
-    }
     snprintf(c->peer_app, sizeof(c->peer_app), "%s", a ? a->name : CONFIG_DEFAULT_APP);
     memcpy(c->app, c->peer_app, sizeof(c->app));
     log_at(LOG_DEBUG, "connection accepted", "conn", LOG_U, (unsigned long long)c->id, "app", LOG_S,
-           c->app, "uid", LOG_I, c->peer_known ? (long long)c->peer_uid : -1LL, "pid", LOG_I,
-           c->peer_known ? (long long)c->peer_pid : -1LL, NULL);
+           c->app, "uid", LOG_I, c->peer.known ? (long long)c->peer.uid : -1LL, "pid", LOG_I,
+           c->peer.known ? (long long)c->peer.pid : -1LL, NULL);
 }
 
 const struct config_app *conn_app(const struct conn *c)
@@ -128,38 +114,7 @@ const struct config_app *conn_app(const struct conn *c)
 const struct config_app *conn_declare_app(const struct conn *c, const char *name, size_t len,
                                           char *why, size_t whylen)
 {
-    const struct config *cfg = c->srv->cfg;
-    const struct config_app *own = config_find_app(cfg, c->peer_app);
-    char quoted[CONFIG_NAME_MAX + 8];
-    const struct config_app *a = NULL;
-
-    rpc_quote_client_str(name, len, CONFIG_NAME_MAX, quoted);
-    if (len > 0 && len < CONFIG_NAME_MAX && !memchr(name, '\0', len)) {
-        char copy[CONFIG_NAME_MAX];
-        memcpy(copy, name, len);
-        copy[len] = '\0';
-        a = config_find_app(cfg, copy);
-    }
-    if (!own)
-        own = config_find_app(cfg, CONFIG_DEFAULT_APP);
-    if (a && a == own)
-        return a;
-    if (!own || !own->allow_declared) {
-        snprintf(why, whylen,
-                 "app '%s' refused: this connection is app '%s' (from its uid) "
-                 "and may not declare another",
-                 quoted, own ? own->name : CONFIG_DEFAULT_APP);
-        return NULL;
-    }
-    if (!a) {
-        snprintf(why, whylen, "unknown app '%s'", quoted);
-        return NULL;
-    }
-    if (a->admin && !own->admin) {
-        snprintf(why, whylen, "app '%s' refused: an admin app cannot be declared", quoted);
-        return NULL;
-    }
-    return a;
+    return peer_declare_app(c->srv->cfg, c->peer_app, name, len, why, whylen);
 }
 
 /* What both kinds of connection share; fd -1 for a bridge. */
@@ -184,7 +139,8 @@ static struct conn *conn_alloc(struct server *srv, int fd)
     snprintf(c->peer_app, sizeof(c->peer_app), "%s", CONFIG_DEFAULT_APP); /* until identified */
     memcpy(c->app, c->peer_app, sizeof(c->app));
     c->sink.conn_id = c->id;
-    access_peer(fd, &c->sink.peer_pid, &c->sink.peer_uid);
+    peer_read(fd, &c->peer);
+    peer_ids(&c->peer, &c->sink.peer_pid, &c->sink.peer_uid);
     return c;
 }
 

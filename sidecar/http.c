@@ -74,11 +74,25 @@
 #define HTTP_ACCEPT_PAUSE_S 0.1
 
 /* The request headers polygw reads; every other one is only counted. */
-enum hdr { H_NONE = -1, H_CTYPE, H_EXPECT, H_TASK, H_DEADLINE, H_SCOPE, H_SDK_RETRY, H_COUNT };
-static const char *const hdr_names[H_COUNT] = {
-    "content-type",      "expect",         "x-polygw-task",
-    "x-polygw-deadline", "x-polygw-scope", "x-polygw-sdk-retry",
+enum hdr {
+    H_NONE = -1,
+    H_CTYPE,
+    H_EXPECT,
+    H_TASK,
+    H_DEADLINE,
+    H_SCOPE,
+    H_SDK_RETRY,
+    H_APP,
+    H_AUTH, /* a secret: only compared (hc_identify) */
+    H_COUNT
 };
+static const char *const hdr_names[H_COUNT] = {
+    "content-type",       "expect",       "x-polygw-task", "x-polygw-deadline", "x-polygw-scope",
+    "x-polygw-sdk-retry", "x-polygw-app", "authorization",
+};
+/* "Bearer " and the longest app token fit; a longer Authorization (an SDK's
+ * API key, say) is no token of ours and not an error by itself. */
+_Static_assert(HTTP_VAL_MAX >= 7 + CONFIG_APP_TOKEN_MAX, "an app token fits a header value");
 
 struct http_req {
     char url[HTTP_URL_MAX + 1];
@@ -92,7 +106,8 @@ struct http_req {
     char val[H_COUNT][HTTP_VAL_MAX + 1];
     size_t val_len[H_COUNT];
     bool present[H_COUNT];
-    enum hdr over; /* a header of ours too long, or H_NONE */
+    enum hdr over;  /* a header of ours too long, or H_NONE */
+    bool auth_over; /* Authorization longer than HTTP_VAL_MAX: matches no token */
     size_t header_bytes;
 };
 
@@ -123,9 +138,12 @@ struct http_conn {
     bool keep_alive;  /* of the request being served */
     bool stream_open; /* an SSE answer's head is sent */
     bool sdk_retry;   /* X-Polygw-SDK-Retry: true */
-    int fail_status;  /* set by a parser callback that refused the input */
-    uint32_t seq;     /* call ids */
-    char *in;         /* bytes [in_off, in_len) not parsed yet */
+    bool is_unix;     /* accepted on the Unix socket: `peer` holds its credentials */
+    struct peer peer;
+    char app[CONFIG_NAME_MAX]; /* the request's app once hc_identify resolved it, or "" */
+    int fail_status;           /* set by a parser callback that refused the input */
+    uint32_t seq;              /* call ids */
+    char *in;                  /* bytes [in_off, in_len) not parsed yet */
     size_t in_off, in_len, in_cap;
     char *out; /* bytes [out_off, out_len) not written yet */
     size_t out_off, out_len, out_cap;
@@ -381,6 +399,10 @@ static const char *type_of(int status)
     case 415:
     case 431:
         return "invalid_request_error";
+    case 401:
+        return "authentication_error";
+    case 403:
+        return "permission_error";
     case 404:
     case 405:
         return "not_found_error";
@@ -469,7 +491,11 @@ static void hc_err_make(struct http_conn *c, int status, enum pgw_code code, con
         n += (size_t)snprintf(e->extra + n, sizeof(e->extra) - n, "X-Polygw-Attempts: %llu\r\n",
                               (unsigned long long)attempts);
     if (stalled >= 0)
-        snprintf(e->extra + n, sizeof(e->extra) - n, "X-Polygw-Stalled-S: %.3f\r\n", stalled);
+        n += (size_t)snprintf(e->extra + n, sizeof(e->extra) - n, "X-Polygw-Stalled-S: %.3f\r\n",
+                              stalled);
+    if (e->status == 401)
+        snprintf(e->extra + n, sizeof(e->extra) - n,
+                 "WWW-Authenticate: Bearer realm=\"polygw\"\r\n");
 
     if (code == PGW_UPSTREAM_REJECTED && upstream_body) {
         /* The upstream's own answer, as the SDK would have had it. */
@@ -508,12 +534,16 @@ static void hc_err_make(struct http_conn *c, int status, enum pgw_code code, con
     uint32_t keep = 0;
     for (uint32_t i = 0; o && i < o->via.map.size; i++) {
         const msgpack_object *k = &o->via.map.ptr[i].key;
-        keep += !rpc_str_is(k, "code") && !rpc_str_is(k, "message");
+        keep += !rpc_str_is(k, "code") && !rpc_str_is(k, "message") &&
+            !(c->app[0] && rpc_str_is(k, "app"));
     }
-    msgpack_pack_map(&pk, keep);
+    msgpack_pack_map(&pk, keep + (c->app[0] ? 1 : 0));
+    if (c->app[0]) /* who the request was taken to be */
+        rpc_pack_kv_str(&pk, "app", c->app);
     for (uint32_t i = 0; o && i < o->via.map.size; i++) {
         const msgpack_object *k = &o->via.map.ptr[i].key;
-        if (rpc_str_is(k, "code") || rpc_str_is(k, "message"))
+        if (rpc_str_is(k, "code") || rpc_str_is(k, "message") ||
+            (c->app[0] && rpc_str_is(k, "app")))
             continue;
         msgpack_pack_object(&pk, *k);
         msgpack_pack_object(&pk, o->via.map.ptr[i].val);
@@ -717,7 +747,9 @@ static int on_message_begin(http_parser *p)
     c->req.in_value = false;
     c->req.cur = H_NONE;
     c->req.over = H_NONE;
+    c->req.auth_over = false;
     c->req.header_bytes = 0;
+    c->app[0] = '\0';
     c->body_len = 0;
     c->fail_status = 0;
     c->phase = HC_HEAD;
@@ -778,6 +810,7 @@ static int on_header_value(http_parser *p, const char *at, size_t n)
                 /* A repeated header of ours: the last one wins, whole. */
                 r->val_len[i] = 0;
                 r->present[i] = true;
+                r->auth_over &= i != H_AUTH;
                 break;
             }
         }
@@ -785,7 +818,10 @@ static int on_header_value(http_parser *p, const char *at, size_t n)
     if (r->cur == H_NONE)
         return 0;
     if (r->val_len[r->cur] + n > HTTP_VAL_MAX) {
-        r->over = r->cur;
+        if (r->cur == H_AUTH)
+            r->auth_over = true;
+        else
+            r->over = r->cur;
         return 0;
     }
     memcpy(r->val[r->cur] + r->val_len[r->cur], at, n);
@@ -1099,13 +1135,62 @@ static const char *cap_http_path(const struct config *cfg, size_t i)
     return cap->path;
 }
 
+/* The request's app (docs/APPS.md, "Over HTTP"): on the Unix socket the
+ * peer's credentials; over TCP the app whose token the Authorization
+ * bearer is, or `default` when no app has a token. Then X-Polygw-App may
+ * declare another, by the rule `hello` follows. Returns NULL after
+ * answering 401 (TCP, tokens configured, none matched) or 403 (a refused
+ * declaration). The Authorization value is only compared, never logged,
+ * echoed nor sent upstream (the upstream gets its source's own key). */
+static const struct config_app *hc_identify(struct http_conn *c)
+{
+    const struct config *cfg = c->hs->srv->cfg;
+    struct http_req *r = &c->req;
+    const struct config_app *a;
+    char why[200];
+
+    if (c->is_unix) {
+        a = peer_app(cfg, &c->peer);
+    } else if (!config_apps_have_tokens(cfg)) {
+        a = config_find_app(cfg, CONFIG_DEFAULT_APP); /* any API key an SDK sends is fine */
+    } else {
+        const char *v = r->val[H_AUTH];
+        size_t n = r->val_len[H_AUTH];
+        bool bearer =
+            r->present[H_AUTH] && !r->auth_over && n > 7 && strncasecmp(v, "Bearer ", 7) == 0;
+        a = bearer ? config_app_for_token(cfg, v + 7, n - 7) : NULL;
+        if (!a) {
+            hc_error(c, 401, PGW_BAD_REQUEST, "%s",
+                     r->present[H_AUTH] ? "the bearer token is not an app's token"
+                                        : "a bearer token is required (Authorization: Bearer "
+                                          "<an app's token>)");
+            return NULL;
+        }
+    }
+    if (r->present[H_APP]) {
+        const struct config_app *d =
+            peer_declare_app(cfg, a->name, r->val[H_APP], r->val_len[H_APP], why, sizeof(why));
+        if (!d) {
+            snprintf(c->app, sizeof(c->app), "%s", a->name);
+            hc_error(c, 403, PGW_BAD_REQUEST, "X-Polygw-App: %s", why);
+            return NULL;
+        }
+        a = d;
+    }
+    snprintf(c->app, sizeof(c->app), "%s", a->name);
+    return a;
+}
+
 static void route_call(struct http_conn *c, const char *path, size_t len)
 {
     struct server *srv = c->hs->srv;
     const struct config *cfg = srv->cfg;
     const struct config_capability *cap = NULL;
     char scope[CONFIG_NAME_MAX * 4];
+    const struct config_app *app = hc_identify(c);
 
+    if (!app)
+        return;
     /* Two capabilities may share an upstream path: the first one that has
      * a source serves it. */
     for (size_t i = 0; i < cfg->n_capabilities; i++) {
@@ -1149,6 +1234,7 @@ static void route_call(struct http_conn *c, const char *path, size_t len)
         .json_len = c->body_len,
         .stream = bf.stream,
         .max_tokens = bf.max_tokens,
+        .app = app,
     };
     if (c->req.present[H_DEADLINE]) {
         char *end;
@@ -1272,7 +1358,10 @@ static void route_task(struct http_conn *c, const char *path, size_t len)
     char id[TASK_ID_MAX + 1];
     bool get = c->parser.method == HTTP_GET;
     int ri = -1;
+    const struct config_app *app = hc_identify(c);
 
+    if (!app)
+        return;
     for (size_t i = 0; i < sizeof(task_routes) / sizeof(task_routes[0]); i++) {
         if (get ? (!op && !task_routes[i].op)
                 : (op && task_routes[i].op && path_is(op, op_len, task_routes[i].op))) {
@@ -1327,6 +1416,10 @@ static void route_task(struct http_conn *c, const char *path, size_t len)
             goto out;
         }
     }
+    /* The task methods check ownership against the bridge's app: this
+     * request's (one request at a time is served per connection). */
+    snprintf(c->bridge->app, sizeof(c->bridge->app), "%s", app->name);
+    memcpy(c->bridge->peer_app, c->bridge->app, sizeof(c->bridge->app));
     msgpack_packer_init(&pk, &frame, msgpack_sbuffer_write);
     rpc_pack_request_begin(&pk, ++c->seq, task_routes[ri].method);
     msgpack_pack_array(&pk, 1);
@@ -1691,6 +1784,9 @@ static void http_on_accept(struct ev_loop *loop, ev_io *w, int revents)
         c->hs = hs;
         c->id = next_id++;
         c->fd = fd;
+        c->is_unix = l->is_unix;
+        peer_read(l->is_unix ? fd : -1, &c->peer);
+        peer_ids(&c->peer, &c->sink.peer_pid, &c->sink.peer_uid);
         c->req.over = H_NONE;
         http_parser_init(&c->parser, HTTP_REQUEST);
         c->parser.data = c;

@@ -16,6 +16,7 @@
 #include "gov.h"
 #include "config.h"
 #include "frame.h"
+#include "peer.h"
 #include "rpc.h"
 #include "sdnotify.h"
 #include "strbuf.h"
@@ -168,8 +169,7 @@ struct conn {
     void *bridge_ud;
     /* Who is calling (docs/APPS.md): the peer's credentials, read once at
      * accept from the kernel (SO_PEERCRED), never from the client. */
-    bool peer_known; /* false: the kernel gave none (then `default`) */
-    uint32_t peer_uid, peer_gid, peer_pid;
+    struct peer peer;               /* unknown: `default` */
     char peer_app[CONFIG_NAME_MAX]; /* the app the credentials resolve to */
     char app[CONFIG_NAME_MAX];      /* the connection's app: peer_app, or one `hello` declared */
 };

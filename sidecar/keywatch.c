@@ -106,6 +106,9 @@ void keywatch_refresh(struct keywatch *kw)
             if (src->headers[j].value_file)
                 watch_file(kw, src->headers[j].value_file);
     }
+    for (size_t i = 0; i < cfg->n_apps; i++) /* and the apps' bearer tokens */
+        if (cfg->apps[i].token_file)
+            watch_file(kw, cfg->apps[i].token_file);
     if (kw->n_dirs)
         log_at(LOG_DEBUG, "watching key files", "dirs", LOG_U, (unsigned long long)kw->n_dirs,
                NULL);

@@ -1,6 +1,7 @@
 /*
  * keywatch.h — reloads the configuration when a source's api_key_file
- * changes, without a signal (docs/OPERATIONS.md §4).
+ * (or a header's value_file, or an app's token_file) changes, without a
+ * signal (docs/OPERATIONS.md §4).
  *
  * The directory of each key file is watched with inotify, not the file:
  * a file replaced by rename (an editor, `install`, a secrets agent) or by a

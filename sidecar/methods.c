@@ -133,11 +133,11 @@ static void pack_identity(msgpack_packer *pk, const struct conn *c)
     rpc_pack_str(pk, "admin");
     a->admin ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
     rpc_pack_str(pk, "uid");
-    c->peer_known ? msgpack_pack_uint32(pk, c->peer_uid) : msgpack_pack_nil(pk);
+    c->peer.known ? msgpack_pack_uint32(pk, c->peer.uid) : msgpack_pack_nil(pk);
     rpc_pack_str(pk, "gid");
-    c->peer_known ? msgpack_pack_uint32(pk, c->peer_gid) : msgpack_pack_nil(pk);
+    c->peer.known ? msgpack_pack_uint32(pk, c->peer.gid) : msgpack_pack_nil(pk);
     rpc_pack_str(pk, "pid");
-    c->peer_known ? msgpack_pack_uint32(pk, c->peer_pid) : msgpack_pack_nil(pk);
+    c->peer.known ? msgpack_pack_uint32(pk, c->peer.pid) : msgpack_pack_nil(pk);
 }
 
 /* `apps`: each app's admission figures from the governance core; only the

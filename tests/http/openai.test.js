@@ -29,12 +29,13 @@ function freePort() {
   });
 }
 
-function configText(upUrl, port, dir) {
+function configText(upUrl, port, dir, extra = []) {
   return [
     "listen:", '  mode: "0660"',
     "server:", "  log_level: info", "  shutdown_grace_s: 0.5",
     "defaults: {max_attempts: 2, stall_window_s: 1, backoff_base_s: 0.05, backoff_max_s: 0.1}",
     "http:", `  socket: ${JSON.stringify(path.join(dir, "http.sock"))}`, `  listen: "127.0.0.1:${port}"`,
+    ...extra,
     "sources:",
     `  - {name: a, capability: chat, base_url: ${JSON.stringify(upUrl)}, ${SOURCE}}`,
     `  - {name: e, capability: embedding, base_url: ${JSON.stringify(upUrl)}, model: emb-1, ${SOURCE}}`,
@@ -52,14 +53,14 @@ async function canConnect(port) {
 
 /** Per test: a mock, a sidecar with its HTTP front on TCP and on a Unix
  * socket, and SDK clients for both; every fetch the SDKs make is counted. */
-async function withFront(fn) {
+async function withFront(fn, setup = () => []) {
   const up = await Mock.start();
   let sc;
   const agent = { closed: false };
   try {
     const port = await freePort();
     sc = new Sidecar("");
-    fs.writeFileSync(sc.configPath, configText(up.url, port, sc.dir));
+    fs.writeFileSync(sc.configPath, configText(up.url, port, sc.dir, setup(sc.dir)));
     await sc.start();
     while (!(await canConnect(port))) await sleep(20);
     const fetches = { n: 0 };
@@ -211,3 +212,33 @@ test("X-Polygw-SDK-Retry: true lets the SDK retry what is worth retrying", () =>
   assert.equal(f.fetches.n, 2); // the first request and the SDK's one retry
   assert.equal((await f.up.stats()).requests, 4);
 }));
+
+// docs/APPS.md, "Over HTTP": an app's token is the SDK's apiKey over TCP.
+const TOKEN = "tok-openai-sdk-2f9c41d7e0b3";
+const tokenApp = (dir) => {
+  fs.writeFileSync(path.join(dir, "app.token"), `${TOKEN}\n`);
+  return ["apps:", `  - {name: sdk-app, token_file: ${JSON.stringify(path.join(dir, "app.token"))}}`];
+};
+
+test("an app token as the SDK's apiKey names the app; another key is an AuthenticationError", () => withFront(async (f) => {
+  const app = new OpenAI({ apiKey: TOKEN, baseURL: `http://127.0.0.1:${f.port}/v1`, maxRetries: 3 });
+  const data = await app.chat.completions.create(chatBody("as sdk-app"));
+  assert.equal(data.choices[0].message.content, "as sdk-app");
+  const line = f.sc.logs().split("\n").filter((l) => l.includes('"msg":"call"')).at(-1);
+  assert.equal(JSON.parse(line).app, "sdk-app");
+  // the upstream never sees the client's key
+  assert.equal((await f.up.last()).headers.authorization, undefined);
+
+  await assert.rejects(f.tcp.chat.completions.create(chatBody("x")), (e) => {
+    assert.ok(e instanceof OpenAI.AuthenticationError, e);
+    assert.equal(e.status, 401);
+    assert.equal(e.error.type, "authentication_error");
+    return true;
+  });
+  assert.equal(f.fetches.n, 1); // not retried
+  assert.equal((await f.up.stats()).requests, 1);
+  // the Unix socket goes by the caller's uid: any key is fine there
+  const r = await f.unix.chat.completions.create(chatBody("over unix"));
+  assert.equal(r.choices[0].message.content, "over unix");
+  assert.ok(!f.sc.logs().includes(TOKEN));
+}, tokenApp));

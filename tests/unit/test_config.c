@@ -1900,13 +1900,60 @@ START_TEST(test_config__apps_rejected)
     expect_reject("apps:\n  - {name: default, uids: [7]}\n" SRC0, 2, "apps[0]",
                   "takes no uids or gids");
     expect_reject("apps:\n  - {name: a, weight: 0}\n" SRC0, 2, "apps[0].weight", "must be > 0");
-    expect_reject("apps:\n  - {name: a, token: x}\n" SRC0, 2, "", "unknown key");
+    expect_reject("apps:\n  - {name: a, token: " SECRET "}\n" SRC0, 2, "apps[0].token",
+                  "name an environment variable with token_env or a file with token_file");
     expect_reject("apps:\n  - {name: a, capabilities: [chat, vision]}\n" SRC0, 2,
                   "apps[0].capabilities[1]", "not a configured capability");
     expect_reject("apps:\n  - {name: a, capabilities: chat}\n" SRC0, 2, "apps[0].capabilities",
                   "expected a list of capability names");
     expect_reject("apps:\n  - {name: a, max_concurrency: 0}\n" SRC0, 2, "apps[0].max_concurrency",
                   "must be");
+}
+END_TEST
+
+START_TEST(test_config__apps_tokens)
+{
+    char file[64];
+    setenv("POLYGW_TEST_TOKEN", SECRET " \n", 1);
+    write_temp(file, sizeof(file), "tok-from-a-file-0123456789\n");
+    char yaml[512];
+    snprintf(yaml, sizeof(yaml),
+             "apps:\n  - {name: a, token_env: POLYGW_TEST_TOKEN}\n"
+             "  - {name: b, token_file: %s}\n  - {name: c, uids: [7]}\n" SRC0,
+             file);
+    struct config *cfg = expect_ok(yaml);
+    ck_assert(config_apps_have_tokens(cfg));
+    ck_assert_str_eq(config_find_app(cfg, "a")->token, SECRET); /* whitespace stripped */
+    ck_assert_ptr_null(config_find_app(cfg, "a")->token_file);
+    ck_assert_str_eq(config_find_app(cfg, "b")->token_file, file);
+    ck_assert_ptr_eq(config_app_for_token(cfg, SECRET, strlen(SECRET)), config_find_app(cfg, "a"));
+    ck_assert_ptr_eq(config_app_for_token(cfg, "tok-from-a-file-0123456789", 26),
+                     config_find_app(cfg, "b"));
+    ck_assert_ptr_null(config_app_for_token(cfg, SECRET, strlen(SECRET) - 1)); /* a prefix */
+    ck_assert_ptr_null(config_app_for_token(cfg, SECRET "x", strlen(SECRET) + 1));
+    ck_assert_ptr_null(config_app_for_token(cfg, "", 0));
+    config_free(cfg);
+    cfg = expect_ok("apps:\n  - {name: c, uids: [7]}\n" SRC0);
+    ck_assert(!config_apps_have_tokens(cfg));
+    ck_assert_ptr_null(config_app_for_token(cfg, "", 0));
+    config_free(cfg);
+
+    snprintf(yaml, sizeof(yaml),
+             "apps:\n  - {name: a, token_env: POLYGW_TEST_TOKEN, token_file: %s}\n" SRC0, file);
+    expect_reject(yaml, 2, "apps[0].token_file", "cannot be combined with token_env");
+    expect_reject("apps:\n  - {name: default, token_env: POLYGW_TEST_TOKEN}\n" SRC0, 2, "apps[0]",
+                  "takes no token");
+    expect_reject("apps:\n  - {name: a, token_env: POLYGW_TEST_UNSET}\n" SRC0, 2,
+                  "apps[0].token_env", "not set or is empty");
+    expect_reject("apps:\n  - {name: a, token_env: POLYGW_TEST_TOKEN}\n"
+                  "  - {name: b, token_env: POLYGW_TEST_TOKEN}\n" SRC0,
+                  3, "apps[1].token_env", "the same token as app 'a'");
+    setenv("POLYGW_TEST_TOKEN", "short-1234", 1);
+    expect_reject("apps:\n  - {name: a, token_env: POLYGW_TEST_TOKEN}\n" SRC0, 2,
+                  "apps[0].token_env", "must be 16 to 200 bytes");
+    unlink(file);
+    snprintf(yaml, sizeof(yaml), "apps:\n  - {name: a, token_file: %s}\n" SRC0, file);
+    expect_reject(yaml, 2, "apps[0].token_file", "cannot open");
 }
 END_TEST
 
@@ -2026,6 +2073,7 @@ Suite *config_suite(void)
     tcase_add_test(tc, test_config__apps_default_is_implicit);
     tcase_add_test(tc, test_config__apps_resolve_uid_then_gid);
     tcase_add_test(tc, test_config__apps_rejected);
+    tcase_add_test(tc, test_config__apps_tokens);
     /* Providers */
     tcase_add_test(tc, test_config__kind_defaults_to_openai_bearer);
     tcase_add_test(tc, test_config__azure_key_header_and_api_version);
