@@ -1,10 +1,10 @@
 """deploy/k8s/pod-sidecar.yaml and the Dockerfile, checked against what they
 describe: the ConfigMap's polygw.yaml is a configuration the real daemon
-accepts and serves with, the pod's probe commands (curl over the HTTP front's socket) work against it
-and fail without it, the
-sidecar is a native one, the Secret is mounted so that the kubelet's
-updates reach the key file (which the daemon watches, test_reload.py), and
-the image's paths and user are those of the Debian package."""
+accepts and serves with, the pod's probe commands (curl over the HTTP
+front's socket) work against it and fail without it, the sidecar is a
+native one, the Secret is mounted so that the kubelet's updates reach the
+key file (which the daemon watches, test_reload.py), and the image's paths
+and user are those of the Debian package."""
 import json
 import os
 import subprocess
