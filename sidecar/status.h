@@ -1,5 +1,5 @@
 /*
- * status.h — the status page of the HTTP front end (docs/OPERATIONS.md §8):
+ * status.h — the status page of the HTTP front end (docs/OPERATIONS.md §5):
  * GET /polygw/ serves one self-contained HTML page (sidecar/status.html,
  * compiled in), which polls GET /polygw/v1/stats, the msgpack `stats`
  * result (proto/PROTOCOL.md §4.2) written as JSON.

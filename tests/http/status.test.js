@@ -1,4 +1,4 @@
-// The status page (GET /polygw/, docs/OPERATIONS.md §8) in a real browser:
+// The status page (GET /polygw/, docs/OPERATIONS.md §5) in a real browser:
 // Debian's headless Chromium driven by puppeteer-core, against the real
 // sidecar and the real mock upstream. The page shows the source closed;
 // failing calls through the sidecar trip its breaker and the page's DOM

@@ -1,4 +1,4 @@
-"""The status page's endpoints (sidecar/status.c, docs/OPERATIONS.md §8)
+"""The status page's endpoints (sidecar/status.c, docs/OPERATIONS.md §5)
 through the real sidecar and curl: GET /polygw/ serves the page compiled in
 from sidecar/status.html, GET /polygw/v1/stats is the `stats` method's own
 result as JSON, with the HTTP front's identity (the `default` app: never
