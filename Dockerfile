@@ -31,8 +31,10 @@ RUN groupadd --system --gid 10001 polygw \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin --comment "polygw LLM API governance sidecar" polygw
 COPY --from=build /build/polygw_*.deb /tmp/
+# curl: the Kubernetes probes ask /healthz and /readyz over the HTTP socket
+# (deploy/k8s/pod-sidecar.yaml).
 RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends /tmp/polygw_*.deb \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends /tmp/polygw_*.deb curl \
  && rm -rf /var/lib/apt/lists/* /tmp/*.deb \
  && install -d -o 10001 -g 10001 -m 0750 /run/polygw
 USER 10001:10001

@@ -94,12 +94,19 @@ LUA_SRC   := $(LUA_NAMES:%=sidecar/lua/%.lua)
 LUA_GEN   := $(BUILD)/gen/lua_scripts.c
 LUA_OBJ   := $(BUILD)/obj/gen/lua_scripts.o
 
+# The status page (sidecar/status.c) is compiled in: one generated file
+# holds sidecar/status.html as a byte array (od(1), no other tool).
+STATUS_HTML     := sidecar/status.html
+STATUS_HTML_GEN := $(BUILD)/gen/status_html.c
+STATUS_HTML_OBJ := $(BUILD)/obj/gen/status_html.o
+
 PROTO_OBJ   := $(call obj,$(PROTO_SRC))
 CORE_OBJ    := $(call obj,$(CORE_SRC))
-SIDECAR_OBJ := $(call obj,$(SIDECAR_SRC)) $(LUA_OBJ)
+SIDECAR_OBJ := $(call obj,$(SIDECAR_SRC)) $(LUA_OBJ) $(STATUS_HTML_OBJ)
 CLIENT_OBJ  := $(call obj,$(CLIENT_SRC))
 ALL_OBJ     := $(call obj,$(PROTO_SRC) $(CORE_SRC) $(SIDECAR_SRC) sidecar/main.c \
-                 $(CLIENT_SRC) client/c/polygwctl.c $(UNIT_SRC) $(MOCK_SRC) $(BENCH_SRC)) $(LUA_OBJ)
+                 $(CLIENT_SRC) client/c/polygwctl.c $(UNIT_SRC) $(MOCK_SRC) $(BENCH_SRC)) $(LUA_OBJ) \
+                 $(STATUS_HTML_OBJ)
 
 DAEMON     := $(BUILD)/polygw
 CTL        := $(BUILD)/polygwctl
@@ -138,6 +145,21 @@ $(LUA_GEN): $(LUA_LIB) $(LUA_SRC)
 	  echo '};'; } > $@.tmp && mv $@.tmp $@
 
 $(LUA_OBJ): $(LUA_GEN)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(ALL_CFLAGS) -MMD -MP -c $< -o $@
+
+$(STATUS_HTML_GEN): $(STATUS_HTML)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  GEN     $@")
+	$(Q){ echo '/* Generated from $(STATUS_HTML) by the Makefile: do not edit. */'; \
+	  echo '#include "status.h"'; \
+	  echo 'const unsigned char status_html[] = {'; \
+	  od -An -v -tx1 $< | sed -e 's/ *$$//' -e 's/ \([0-9a-f][0-9a-f]\)/0x\1,/g' || exit 1; \
+	  echo '};'; \
+	  echo 'const size_t status_html_len = sizeof(status_html);'; } > $@.tmp && mv $@.tmp $@
+
+$(STATUS_HTML_OBJ): $(STATUS_HTML_GEN)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(ALL_CFLAGS) -MMD -MP -c $< -o $@

@@ -215,6 +215,7 @@ struct config {
     char *http_listen; /* owned; "HOST:PORT" for TCP, or NULL; loopback unless
                                 * http_allow_remote (config_check_http_listen) */
     bool http_allow_remote;
+    bool http_allow_status_remote;   /* the status page (status.h) to TCP peers off loopback */
     size_t http_max_body_bytes;      /* request bodies larger get 413; default 16 MiB */
     size_t http_max_header_bytes;    /* request line + headers larger get 431; default 32 KiB */
     uint32_t http_max_connections;   /* default 1024 */

@@ -60,6 +60,7 @@
 #include "metrics.h"
 #include "redis.h"
 #include "backend.h"
+#include "status.h"
 #include "task.h"
 #include "tasks.h"
 #include "transcode.h"
@@ -1063,6 +1064,50 @@ static void route_metrics(struct http_conn *c, const char *path, size_t len)
     free(text);
 }
 
+/* The status page and its data (status.h): 403 for a client that may not
+ * read them. */
+static bool hc_status_allowed(struct http_conn *c)
+{
+    if (status_peer_allowed(c->hs->srv->cfg, c->fd))
+        return true;
+    hc_error(c, 403, PGW_BAD_REQUEST,
+             "the status page is served to Unix-socket and loopback clients only "
+             "(http.allow_status_remote)");
+    return false;
+}
+
+static void route_status_page(struct http_conn *c, const char *path, size_t len)
+{
+    if (!path_is(path, len, "/polygw/")) {
+        char quoted[129];
+        rpc_quote_client_str(path, len, sizeof(quoted) - 1, quoted);
+        hc_error(c, 404, PGW_UNKNOWN_METHOD, "no endpoint %s", quoted);
+        return;
+    }
+    if (!hc_status_allowed(c))
+        return;
+    hc_reply(c, 200, "text/html; charset=utf-8", (const char *)status_html, status_html_len, NULL,
+             "Cache-Control: no-store\r\n");
+}
+
+static void route_status_stats(struct http_conn *c, const char *path, size_t len)
+{
+    struct strbuf json;
+    char why[200];
+    (void)path;
+    (void)len;
+
+    if (!hc_status_allowed(c))
+        return;
+    strbuf_init(&json);
+    if (status_stats_json(c->hs->srv, &json, why, sizeof(why)) == 0)
+        hc_reply(c, 200, "application/json", json.data, json.len, NULL,
+                 "Cache-Control: no-store\r\n");
+    else
+        hc_error(c, 500, PGW_INTERNAL, "stats: %s", why);
+    strbuf_fini(&json);
+}
+
 /* True for application/json, with or without parameters. */
 static bool ctype_is_json(const char *v)
 {
@@ -1449,8 +1494,8 @@ out:
     msgpack_sbuffer_destroy(&body);
 }
 
-/* The route table: `path` is matched exactly, or as a prefix when it ends
- * in '/'. The first row whose method and path match decides; a path that
+/* The route table: `path` is matched exactly, or as a prefix (itself
+ * included) when it ends in '/'. The first row whose method and path match decides; a path that
  * matches with another method only is 405, no match 404. A route answers
  * at once (hc_reply, hc_error), or starts a call or a task request that
  * answers later through the sink or the bridge. A new endpoint is one row
@@ -1466,6 +1511,8 @@ static const struct {
     { HTTP_GET, "/metrics", route_metrics },
     { HTTP_GET, "/polygw/v1/tasks/", route_task },
     { HTTP_POST, "/polygw/v1/tasks/", route_task },
+    { HTTP_GET, "/polygw/v1/stats", route_status_stats },
+    { HTTP_GET, "/polygw/", route_status_page },
     { HTTP_POST, "/v1/", route_call },
 };
 
@@ -1473,7 +1520,7 @@ static bool route_matches(const char *rp, const char *path, size_t len)
 {
     size_t n = strlen(rp);
     if (rp[n - 1] == '/')
-        return len > n && memcmp(path, rp, n) == 0;
+        return len >= n && memcmp(path, rp, n) == 0;
     return path_is(path, len, rp);
 }
 

@@ -287,7 +287,7 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
         rpc_pack_kv_u64(pk, "bad_requests", hst->bad_requests);
     }
     pack_governance(pk, c->srv);
-    tasks_pack_stats(pk, c->srv);
+    tasks_pack_stats(pk, c->srv, conn_app(c));
     c->srv->backend->ops->pack_stats(c->srv->backend, pk); /* `backend` (and its own) */
     conn_response_done(c, PGW_OK);
 }

@@ -1063,12 +1063,52 @@ struct task *tasks_admit_call(struct server *srv, const char *id, const struct c
     return t;
 }
 
-void tasks_pack_stats(msgpack_packer *pk, struct server *srv)
+struct running_ctx {
+    msgpack_packer *pk;
+    const struct config_app *app; /* lists only what it may see */
+    double now;
+    size_t n, max;
+};
+
+static int running_one(struct task *t, void *ud)
+{
+    struct running_ctx *rc = ud;
+
+    if (!rc->app->admin && strcmp(t->app, rc->app->name) != 0)
+        return 0;
+    if (rc->n == rc->max)
+        return 1;
+    rc->n++;
+    if (!rc->pk)
+        return 0;
+    msgpack_packer *pk = rc->pk;
+    msgpack_pack_map(pk, 2 + (t->app[0] ? 1 : 0) + (t->node ? 3 : 0));
+    rpc_pack_kv_str(pk, "task_id", t->id);
+    if (t->app[0]) /* as in task.get: an admin's task is no app's until one claims it */
+        rpc_pack_kv_str(pk, "app", t->app);
+    rpc_pack_kv_double(pk, "age_s", rc->now - t->started_at);
+    if (t->node) {
+        rpc_pack_kv_str(pk, "node", t->node);
+        rpc_pack_kv_double(pk, "node_age_s", rc->now - t->node_begun_at);
+        rpc_pack_kv_double(pk, "node_timeout_s", t->node_timeout_s);
+    }
+    return 0;
+}
+
+void tasks_pack_stats(msgpack_packer *pk, struct server *srv, const struct config_app *app)
 {
     const struct task_stats *ts = task_reg_stats(srv->tasks);
+    struct running_ctx rc = { NULL, app, ev_now(srv->loop), 0, TASKS_STATS_RUNNING_MAX };
 
     rpc_pack_str(pk, "tasks");
-    msgpack_pack_map(pk, 12);
+    msgpack_pack_map(pk, 13);
+    /* Two passes, as task.list: the count first, then the entries. */
+    task_foreach(srv->tasks, TASK_F_RUNNING, running_one, &rc);
+    rpc_pack_str(pk, "running_tasks");
+    msgpack_pack_array(pk, (uint32_t)rc.n);
+    rc.pk = pk;
+    rc.n = 0;
+    task_foreach(srv->tasks, TASK_F_RUNNING, running_one, &rc);
 #define KV(k, v)                                \
     do {                                        \
         rpc_pack_str(pk, k);                    \

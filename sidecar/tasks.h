@@ -81,7 +81,11 @@ void tasks_fail_pending(struct conn *c, enum pgw_code code, const char *message)
 /* Is a task request with `msgid` waiting for the backend on `c`? */
 bool tasks_is_pending(struct conn *c, uint32_t msgid);
 
-/* The `tasks` section of `stats`. */
-void tasks_pack_stats(msgpack_packer *pk, struct server *srv);
+/* The `tasks` section of `stats`, whose `running_tasks` lists at most
+ * TASKS_STATS_RUNNING_MAX running tasks `app` (borrowed) may see (its own,
+ * every app's for an admin app), in creation order, each with its current node's
+ * age against that node's watchdog timeout. */
+#define TASKS_STATS_RUNNING_MAX 100
+void tasks_pack_stats(msgpack_packer *pk, struct server *srv, const struct config_app *app);
 
 #endif /* POLYGW_TASKS_H */

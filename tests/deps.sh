@@ -14,6 +14,9 @@ PKGS="$PKGS libhttp-parser-dev curl"
 PKGS="$PKGS clang-format"
 # The metrics tests scrape with a real Prometheus and lint with promtool.
 PKGS="$PKGS prometheus"
+# The status page test drives Debian's headless Chromium (puppeteer-core,
+# which downloads no browser).
+PKGS="$PKGS chromium"
 # The bench's http section: nginx (the reverse proxy polygw is compared
 # with) and wrk (the generator); perf for the profiles of tests/bench/profiles.
 PKGS="$PKGS nginx-light wrk linux-perf"

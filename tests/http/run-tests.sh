@@ -1,18 +1,21 @@
 #!/bin/sh
-# tests/http/run-tests.sh BUILD_DIR
+# tests/http/run-tests.sh BUILD_DIR [TEST.js ...]
 #
 # The HTTP front end driven by the official OpenAI Node SDK (openai.test.js)
-# and the official Anthropic TypeScript SDK (anthropic.test.js)
-# against the real sidecar and mock upstream in BUILD_DIR (e.g. build/asan):
+# and the official Anthropic TypeScript SDK (anthropic.test.js) — or by the
+# TEST.js files named, e.g. status.test.js (headless Chromium, puppeteer-core)
+# — against the real sidecar and mock upstream in BUILD_DIR (e.g. build/asan):
 # `npm ci` from the committed lockfile (tests/npm-sync.sh: skipped when
 # node_modules already matches it), then `node --test`. Its last line is
 # one summary: "http-sdk: N passed, N failed, N skipped".
 set -u
 
-[ -x "${1:-}/polygw" ] || { echo "usage: $0 BUILD_DIR   (holding polygw and mock_upstream)" >&2; exit 2; }
+[ -x "${1:-}/polygw" ] || { echo "usage: $0 BUILD_DIR [TEST.js ...]  (BUILD_DIR holding polygw and mock_upstream)" >&2; exit 2; }
 # The harness (client/node/test/helpers.js) sets the sanitizer options.
 POLYGW_BUILD=$(cd "$1" && pwd)
 export POLYGW_BUILD
+shift
+[ $# -gt 0 ] || set -- openai.test.js anthropic.test.js
 HERE=$(cd "$(dirname "$0")" && pwd)
 
 echo "== tests/http: npm ci"
@@ -22,7 +25,7 @@ echo "== tests/http: node --test"
 LOG=$(mktemp /tmp/pgw-http-tests.XXXXXX)
 trap 'rm -f "$LOG"' EXIT INT TERM
 cd "$HERE" || exit 1
-node --test --test-reporter=spec openai.test.js anthropic.test.js 2>&1 | tee "$LOG"
+node --test --test-reporter=spec "$@" 2>&1 | tee "$LOG"
 n() { # n KEY: the spec reporter's "ℹ KEY N" count, or 0
     v=$(grep -E "^. $1 [0-9]+" "$LOG" | tail -1 | awk '{print $3}')
     echo "${v:-0}"

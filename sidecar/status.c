@@ -1,0 +1,87 @@
+/*
+ * status.c — the status page's data and access rule (see status.h).
+ */
+#include "status.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "internal.h"
+#include "transcode.h"
+
+bool status_peer_allowed(const struct config *cfg, int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+
+    if (cfg->http_allow_status_remote)
+        return true;
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) < 0)
+        return false;
+    if (ss.ss_family == AF_UNIX)
+        return true;
+    if (ss.ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)&ss;
+        return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    }
+    if (ss.ss_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)&ss)->sin6_addr;
+        return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+    }
+    return false;
+}
+
+/* The bridge's output: one msgpack-RPC response, kept whole. */
+static void on_answer(void *ud, const char *data, size_t len)
+{
+    msgpack_sbuffer_write(ud, data, len);
+}
+
+int status_stats_json(struct server *srv, struct strbuf *out, char *why, size_t whylen)
+{
+    msgpack_sbuffer req, ans;
+    msgpack_packer pk;
+    msgpack_unpacked rup, aup;
+    struct rpc_msg m;
+    int rc = -1;
+
+    msgpack_sbuffer_init(&req);
+    msgpack_sbuffer_init(&ans);
+    msgpack_unpacked_init(&rup);
+    msgpack_unpacked_init(&aup);
+    struct conn *bridge = conn_new_bridge(srv, on_answer, &ans);
+    if (!bridge) {
+        snprintf(why, whylen, "out of memory");
+        goto out;
+    }
+    msgpack_packer_init(&pk, &req, msgpack_sbuffer_write);
+    rpc_pack_request_begin(&pk, 1, "stats");
+    msgpack_pack_array(&pk, 0);
+    if (msgpack_unpack_next(&rup, req.data, req.size, NULL) != MSGPACK_UNPACK_SUCCESS ||
+        rpc_parse(&rup.data, &m, NULL) < 0) {
+        snprintf(why, whylen, "cannot build the stats request");
+        goto out;
+    }
+    methods_dispatch(bridge, &m);
+    conn_flush(bridge); /* `stats` answers at once: on_answer has it now */
+    if (msgpack_unpack_next(&aup, ans.data, ans.size, NULL) != MSGPACK_UNPACK_SUCCESS ||
+        aup.data.type != MSGPACK_OBJECT_ARRAY || aup.data.via.array.size != 4 ||
+        aup.data.via.array.ptr[2].type != MSGPACK_OBJECT_NIL) {
+        snprintf(why, whylen, "stats did not answer");
+        goto out;
+    }
+    if (transcode_msgpack_to_json(&aup.data.via.array.ptr[3], out, NULL, "stats", why, whylen) != 0)
+        goto out;
+    rc = 0;
+out:
+    if (bridge)
+        conn_free(bridge);
+    msgpack_unpacked_destroy(&aup);
+    msgpack_unpacked_destroy(&rup);
+    msgpack_sbuffer_destroy(&ans);
+    msgpack_sbuffer_destroy(&req);
+    return rc;
+}

@@ -1,0 +1,39 @@
+/*
+ * status.h — the status page of the HTTP front end (docs/OPERATIONS.md §5):
+ * GET /polygw/ serves one self-contained HTML page (sidecar/status.html,
+ * compiled in), which polls GET /polygw/v1/stats, the msgpack `stats`
+ * result (proto/PROTOCOL.md §4.2) written as JSON.
+ *
+ * Both are served only to Unix-socket and loopback clients unless
+ * http.allow_status_remote: the page shows the sources' state and task ids
+ * to whoever reads it, and the HTTP front authenticates no one.
+ */
+#ifndef POLYGW_STATUS_H
+#define POLYGW_STATUS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "strbuf.h"
+
+struct config;
+struct server;
+
+/* sidecar/status.html, bytes (no NUL), from the generated status_html.c. */
+extern const unsigned char status_html[];
+extern const size_t status_html_len;
+
+/* May the client of the accepted connection `fd` read the status page?
+ * True for a Unix-socket or loopback peer, for any peer when `cfg`
+ * (borrowed) has http_allow_status_remote; false when the peer is unknown. */
+bool status_peer_allowed(const struct config *cfg, int fd);
+
+/* Appends the `stats` result as JSON to `out`. It is made by the `stats`
+ * method itself, called on a bridge connection (conn_new_bridge) that is
+ * the `default` app, as HTTP calls are: every source, that app's own
+ * figures and running tasks, never another app's. Returns 0, or -1 with
+ * `why` (out of memory, a value JSON cannot hold); `out` is then left as it
+ * was. */
+int status_stats_json(struct server *srv, struct strbuf *out, char *why, size_t whylen);
+
+#endif /* POLYGW_STATUS_H */
