@@ -1090,6 +1090,34 @@ static void route_status_page(struct http_conn *c, const char *path, size_t len)
              "Cache-Control: no-store\r\n");
 }
 
+/* The app whose token the request's `Authorization: Bearer` carries, or
+ * NULL (none, not a bearer, too long, no app's token). */
+static const struct config_app *hc_bearer_app(struct http_conn *c)
+{
+    const struct http_req *r = &c->req;
+    const char *v = r->val[H_AUTH];
+    size_t n = r->val_len[H_AUTH];
+
+    if (!r->present[H_AUTH] || r->auth_over || n <= 7 || strncasecmp(v, "Bearer ", 7) != 0)
+        return NULL;
+    return config_app_for_token(c->hs->srv->cfg, v + 7, n - 7);
+}
+
+/* The status page's reader: the peer's app on the Unix socket, an app's
+ * bearer token over TCP, else `default`. Unlike hc_identify it refuses no
+ * one (a browser sends no token): an unknown reader gets `default`'s view. */
+static const struct config_app *hc_reader_app(struct http_conn *c)
+{
+    const struct config *cfg = c->hs->srv->cfg;
+    const struct config_app *a = NULL;
+
+    if (c->is_unix)
+        a = peer_app(cfg, &c->peer);
+    else if (config_apps_have_tokens(cfg))
+        a = hc_bearer_app(c);
+    return a ? a : config_find_app(cfg, CONFIG_DEFAULT_APP);
+}
+
 static void route_status_stats(struct http_conn *c, const char *path, size_t len)
 {
     struct strbuf json;
@@ -1100,7 +1128,7 @@ static void route_status_stats(struct http_conn *c, const char *path, size_t len
     if (!hc_status_allowed(c))
         return;
     strbuf_init(&json);
-    if (status_stats_json(c->hs->srv, &json, why, sizeof(why)) == 0)
+    if (status_stats_json(c->hs->srv, hc_reader_app(c)->name, &json, why, sizeof(why)) == 0)
         hc_reply(c, 200, "application/json", json.data, json.len, NULL,
                  "Cache-Control: no-store\r\n");
     else
@@ -1199,11 +1227,7 @@ static const struct config_app *hc_identify(struct http_conn *c)
     } else if (!config_apps_have_tokens(cfg)) {
         a = config_find_app(cfg, CONFIG_DEFAULT_APP); /* any API key an SDK sends is fine */
     } else {
-        const char *v = r->val[H_AUTH];
-        size_t n = r->val_len[H_AUTH];
-        bool bearer =
-            r->present[H_AUTH] && !r->auth_over && n > 7 && strncasecmp(v, "Bearer ", 7) == 0;
-        a = bearer ? config_app_for_token(cfg, v + 7, n - 7) : NULL;
+        a = hc_bearer_app(c);
         if (!a) {
             hc_error(c, 401, PGW_BAD_REQUEST, "%s",
                      r->present[H_AUTH] ? "the bearer token is not an app's token"

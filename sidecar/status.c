@@ -40,7 +40,8 @@ static void on_answer(void *ud, const char *data, size_t len)
     msgpack_sbuffer_write(ud, data, len);
 }
 
-int status_stats_json(struct server *srv, struct strbuf *out, char *why, size_t whylen)
+int status_stats_json(struct server *srv, const char *app, struct strbuf *out, char *why,
+                      size_t whylen)
 {
     msgpack_sbuffer req, ans;
     msgpack_packer pk;
@@ -57,6 +58,8 @@ int status_stats_json(struct server *srv, struct strbuf *out, char *why, size_t 
         snprintf(why, whylen, "out of memory");
         goto out;
     }
+    snprintf(bridge->app, sizeof(bridge->app), "%s", app);
+    memcpy(bridge->peer_app, bridge->app, sizeof(bridge->app));
     msgpack_packer_init(&pk, &req, msgpack_sbuffer_write);
     rpc_pack_request_begin(&pk, 1, "stats");
     msgpack_pack_array(&pk, 0);

@@ -30,10 +30,11 @@ bool status_peer_allowed(const struct config *cfg, int fd);
 
 /* Appends the `stats` result as JSON to `out`. It is made by the `stats`
  * method itself, called on a bridge connection (conn_new_bridge) that is
- * the `default` app, as HTTP calls are: every source, that app's own
- * figures and running tasks, never another app's. Returns 0, or -1 with
- * `why` (out of memory, a value JSON cannot hold); `out` is then left as it
- * was. */
-int status_stats_json(struct server *srv, struct strbuf *out, char *why, size_t whylen);
+ * app `app` (borrowed: the page's reader, see docs/OPERATIONS.md §5): every
+ * source, that app's own figures and running tasks, an admin app's view of
+ * every app. Returns 0, or -1 with `why` (out of memory, a value JSON cannot
+ * hold); `out` is then left as it was. */
+int status_stats_json(struct server *srv, const char *app, struct strbuf *out, char *why,
+                      size_t whylen);
 
 #endif /* POLYGW_STATUS_H */

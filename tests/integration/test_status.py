@@ -102,6 +102,10 @@ def test_status__running_tasks_by_app(make_sidecar, up, workdir):
     assert [a["name"] for a in js["apps"]] == ["default"]
     assert "secret-node" not in json.dumps(js) and "ops-job" not in json.dumps(js)
     assert [s["name"] for s in js["sources"]] == ["m1"]
+    # On the Unix socket the reader is its uid's app: here the admin `ops`,
+    # who sees every task, as its `polygwctl stats` does.
+    js = stats_json(f, unix=True)
+    assert {t["task_id"] for t in js["tasks"]["running_tasks"]} == {"ops-job", "web-job"}
 
     # A task without a node has no node keys; a finished one is gone.
     assert c.request("task.node_end", {"task_id": "ops-job"})[0] is None
