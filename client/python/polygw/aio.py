@@ -15,6 +15,27 @@ __all__ = ["AsyncClient", "AsyncCallStream", "AsyncTask"]
 _READ_SIZE = 1 << 16
 
 
+async def _bounded(aw, timeout_s):
+    """``await aw`` for at most timeout_s (asyncio.TimeoutError after).
+
+    Not asyncio.wait_for: before Python 3.12 it returns the inner result
+    when a cancellation arrives in the same loop iteration as that result,
+    and the caller's cancel is lost (a cancelled call would run on to its
+    sidecar-side timeout). asyncio.wait lets the CancelledError through."""
+    inner = asyncio.ensure_future(aw)
+    try:
+        done, _ = await asyncio.wait({inner}, timeout=timeout_s)
+    except asyncio.CancelledError:
+        inner.cancel()
+        raise
+    if not done:
+        inner.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await inner
+        raise asyncio.TimeoutError()
+    return inner.result()
+
+
 class _Connection:
     def __init__(self, reader, writer, max_message_bytes):
         self.reader = reader
@@ -95,7 +116,7 @@ class AsyncClient:
 
     async def _open(self):
         try:
-            reader, writer = await asyncio.wait_for(
+            reader, writer = await _bounded(
                 asyncio.open_unix_connection(self.socket_path), self.connect_timeout_s)
         except (OSError, asyncio.TimeoutError) as e:
             raise errors.ConnectFailedError("cannot connect to %s: %s"
@@ -144,7 +165,7 @@ class AsyncClient:
         call.wake = call.waiter.set
         try:
             conn.writer.write(data)
-            await asyncio.wait_for(conn.writer.drain(), self.request_timeout_s)
+            await _bounded(conn.writer.drain(), self.request_timeout_s)
         except asyncio.CancelledError:
             await self._cancel(conn, call)     # it was written: have it cancelled
             raise

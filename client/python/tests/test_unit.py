@@ -322,3 +322,34 @@ def test_an_unanswered_cancel_is_bounded(fake):
             with pytest.raises(polygw.ClientTimeoutError):
                 await ac.call("chat", {}, timeout_s=0.05)
     asyncio.run(main())
+
+
+def test_aio_bounded_wait_lets_a_same_iteration_cancel_through():
+    """A cancel that lands in the loop iteration where the awaited write
+    completes must still cancel (asyncio.wait_for before 3.12 drops it, and
+    a cancelled async call then ran on to the sidecar's own timeout)."""
+    from polygw.aio import _bounded
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        written = loop.create_future()
+
+        async def start():
+            await _bounded(written, 5)
+            return "ran on"
+
+        task = asyncio.ensure_future(start())
+        for _ in range(3):
+            await asyncio.sleep(0)         # the task is inside _bounded now
+        written.set_result(None)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+        slow = loop.create_future()
+        with pytest.raises(asyncio.TimeoutError):
+            await _bounded(slow, 0.01)
+        assert slow.cancelled()
+        assert await _bounded(asyncio.sleep(0, "ok"), 5) == "ok"
+
+    asyncio.run(main())
