@@ -31,29 +31,19 @@ for b in "$BUILD/polygw" "$BUILD/mock_upstream" "$BUILD/bench/loadgen"; do
 done
 # shellcheck source=tests/bench/call_config.sh
 . "$(dirname "$0")/call_config.sh"
+# shellcheck source=tests/bench/bench_lib.sh
+. "$(dirname "$0")/bench_lib.sh"
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/polygw-cg.XXXXXX") || exit 2
 MOCK_PID=
 REDIS_PID=
 PGW_PID=
-stop() {
-    [ -n "$1" ] || return 0
-    kill -TERM "$1" 2>/dev/null || return 0
-    i=0
-    while kill -0 "$1" 2>/dev/null && [ $i -lt 100 ]; do
-        sleep 0.1
-        i=$((i + 1))
-    done
-    kill -KILL "$1" 2>/dev/null
-    wait "$1" 2>/dev/null
-    return 0
-}
 # shellcheck disable=SC2317  # invoked by trap
 cleanup() {
     trap - EXIT INT TERM
-    stop "$PGW_PID"
-    stop "$REDIS_PID"
-    stop "$MOCK_PID"
+    stop_pid "$PGW_PID" 300
+    stop_pid "$REDIS_PID"
+    stop_pid "$MOCK_PID"
     rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -116,7 +106,8 @@ done
 j=$("$BUILD/bench/loadgen" --socket "$TMP/s.sock" --method call --params-json "$PARAMS" \
     --clients 8 --requests "$CALLS" --timeout-ms 20000 --json)
 ok=$(printf '%s\n' "$j" | sed -n 's/.*"ok":\([0-9]*\).*/\1/p')
-stop "$PGW_PID"
+# Callgrind writes its output at exit, slowly: give it 30 s.
+stop_pid "$PGW_PID" 300
 PGW_PID=
 [ "$ok" = "$CALLS" ] || { echo "callgrind.sh: only ${ok:-0} of $CALLS calls succeeded" >&2; exit 1; }
 

@@ -111,6 +111,8 @@ RESULTS=$BUILD/bench/results.md
 say() { printf 'bench: %s\n' "$*" >&2; }
 # shellcheck source=tests/bench/call_config.sh
 . "$(dirname "$0")/call_config.sh"
+# shellcheck source=tests/bench/bench_lib.sh
+. "$(dirname "$0")/bench_lib.sh"
 
 has_section() {
     case " $SECTIONS " in *" $1 "*) return 0 ;; esac
@@ -198,20 +200,8 @@ MEM_LG_PID=
 RCALL_PID=
 REDIS_PID=
 
-# Stops what we started (by pid: TERM, then KILL after ~3 s) and removes the
-# sockets and scratch files. Runs on every exit path, including ^C.
-stop_pid() {
-    [ -n "$1" ] || return 0
-    kill -TERM "$1" 2>/dev/null || return 0
-    i=0
-    while kill -0 "$1" 2>/dev/null && [ $i -lt 30 ]; do
-        nap
-        i=$((i + 1))
-    done
-    kill -KILL "$1" 2>/dev/null
-    wait "$1" 2>/dev/null
-    return 0
-}
+# Stops what we started (stop_pid, bench_lib.sh) and removes the sockets and
+# scratch files. Runs on every exit path, including ^C.
 # shellcheck disable=SC2317  # invoked by trap
 cleanup() {
     trap - EXIT INT TERM HUP
@@ -231,7 +221,6 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
 
-nap() { sleep 0.1 2>/dev/null || sleep 1; }
 
 # CPU placement: on a 2-core machine the generator and the server would
 # otherwise fight for the same core at random; pinning makes rows comparable.
