@@ -116,16 +116,19 @@ PGW_PID=
 callgrind_annotate --inclusive=yes "$OUT" 2>/dev/null | awk -v n="$CALLS" -v kind="$KIND" '
     function show(name, v) { printf "| %s | %s | %.0f |\n", kind, name, v / n }
     { gsub(/,/, "", $1) }
+    # The function list comes first; the annotated sources after it repeat
+    # the names at their call sites ("=> ..."): the first match only.
     /PROGRAM TOTALS/ { tot = $1 }
-    / [^ ]*:rds_eval / { ev = $1 }
-    / [^ ]*:redisAsyncHandleRead / { rd = $1 }
-    / [^ ]*:cmd_on_reply / { cb = $1 }
+    / => / { next }
+    ev == "" && / [^ ]*:rds_eval / { ev = $1 }
+    rd == "" && / [^ ]*:redisAsyncHandleRead / { rd = $1 }
+    cb == "" && / [^ ]*:cmd_on_reply / { cb = $1 }
     END {
         print "| backend | function (inclusive) | instructions per call |"
         print "|---|---|---:|"
         show("whole sidecar", tot)
         if (kind == "redis") {
-            show("rds_eval (format and queue the scripts)", ev)
+            show("rds_eval (format and queue its script calls)", ev)
             show("redisAsyncHandleRead − cmd_on_reply (read and parse the replies)", rd - cb)
         }
     }'
