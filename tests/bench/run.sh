@@ -255,7 +255,7 @@ TIMEOUT=
 TIMEOUT_MEM=
 if timeout --foreground 1 true >/dev/null 2>&1; then
     TIMEOUT="timeout --foreground -k 1 $(awk -v d="$DUR" 'BEGIN { printf "%d", d + 12 }')"
-    TIMEOUT_MEM="timeout --foreground -k 1 $((MEM_DELAY_MS / 1000 + 20))"
+    TIMEOUT_MEM="timeout --foreground -k 1 $((MEM_DELAY_MS / 1000 + 50))"
 fi
 # curl(1) is optional: it reads the mock's counters and request records
 # (connections opened per row, the same-request check, in-progress calls).
@@ -955,6 +955,10 @@ memory_section() {
     # sidecar): no mock state to set or reset.
     slow_body=$(printf '%s' "$BODY" | sed "s/^{/{\"mock\":{\"delay_ms\":$MEM_DELAY_MS},/")
     slow_params="[{\"capability\":\"chat\",\"body\":$slow_body}]"
+    # How much later than the mock's delay an answer may come: 10,000 calls
+    # took the sidecar 3-5 s to open and as long again to answer on the
+    # shared 2-core VM (up to ~15 s when other jobs loaded it).
+    MEM_SLACK_MS=40000
 
     sleep 0.5 2>/dev/null || sleep 1
     idle=$(rss_kib "$CALL_PID")
@@ -962,7 +966,7 @@ memory_section() {
     # shellcheck disable=SC2086
     $TIMEOUT_MEM $PIN_LG "$LOADGEN" --socket "$CALL_SOCK" --method call \
         --params-json "$slow_params" --clients "$mc" --pipeline "$md" --requests "$MEM_CALLS" \
-        --duration 10 --timeout-ms $((MEM_DELAY_MS + 10000)) --json \
+        --duration 10 --timeout-ms $((MEM_DELAY_MS + MEM_SLACK_MS)) --json \
         >"$TMP/mem.json" 2>>"$TMP/loadgen.err" &
     MEM_LG_PID=$!
 
@@ -1737,6 +1741,8 @@ sum_row() {
     awk -v t="$1" -v v="$2" -v op="$3" -v b="$4" -v u="$5" -v src="$6" 'BEGIN {
         if (u != "") u = " " u
         if (v == "" || v == "n/a") { printf "| %s | not measured | %s %s%s | | | %s |\n", t, op, b, u, src; exit }
+        # An added latency below 0: the floor run was the disturbed one.
+        if (v + 0 < 0) { printf "| %s | %s%s | %s %s%s | | **noise** (floor slower than the path) | %s |\n", t, v, u, op, b, u, src; exit }
         r = (b + 0 != 0) ? sprintf("%.2f", v / b) : "n/a"
         if (op == "≥") ok = v + 0 >= b + 0; else if (op == "<") ok = v + 0 < b + 0; else ok = v + 0 <= b + 0
         printf "| %s | %s%s | %s %s%s | %s | %s | %s |\n", t, v, u, op, b, u, r, ok ? "met" : "**missed**", src }'
