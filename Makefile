@@ -357,8 +357,6 @@ bench: deps
 	$(BUILD)/bench/admission
 	@echo "## Metrics: observation and rendering cost (sidecar/metrics.c, best of 5)"
 	$(BUILD)/bench/metrics
-	@echo "## Calls waiting for a permit"
-	/usr/bin/python3 tests/bench/waiting_cpu.py $(BUILD) 1000 3
 	@echo "## Config load time against its size"
 	/usr/bin/python3 tests/bench/config_load.py $(BUILD)
 	@echo "## Fair queueing between apps"

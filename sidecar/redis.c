@@ -159,6 +159,13 @@ extern const char *const rds_script_name[RDS_N_SCRIPTS];
 #define RDS_PING_EVERY(timeout_s) fmax(1.0, 2.0 * (timeout_s))
 #define RDS_ERR_MAX               128
 #define RDS_SHA_LEN               40
+/* An EVALSHA's command name and the length of its sha (RDS_SHA_LEN) in
+ * RESP; the sha and its CRLF follow. */
+#define RDS_EVALSHA_LEAD          "$7\r\nEVALSHA\r\n$40\r\n"
+#define RDS_EVALSHA_HEAD          (sizeof(RDS_EVALSHA_LEAD) - 1 + RDS_SHA_LEN + 2)
+/* rds_eval keeps the lengths of this many arguments instead of measuring
+ * them twice (the scripts take fewer). */
+#define RDS_EVAL_LENS             32
 enum rconn_kind { RC_CMD, RC_SUB, RC_SEN, RC_N };
 enum rconn_state { RC_DOWN, RC_RESOLVING, RC_CONNECTING, RC_HANDSHAKE, RC_UP };
 enum cmd_kind { CMD_USER, CMD_AUTH, CMD_SELECT, CMD_LOAD, CMD_TIME, CMD_MASTER, CMD_ROLE };
@@ -182,10 +189,11 @@ struct cmd {
     ev_timer timer_w;
     double sent_at;  /* ev_time(), for the round-trip time */
     double sent_now; /* ev_now(), for the clock offset */
-    int argc;        /* EVALSHA's arguments, kept for the EVAL fallback */
-    const char **argv;
-    size_t *argvlen;
-    char nkeys[16];
+    /* rds_eval: the EVALSHA as sent (RESP), kept for the EVAL fallback,
+     * which reuses its elements from `tail` on (numkeys, keys, args). */
+    int argc;
+    char *resp;
+    size_t resp_len, tail;
 };
 
 struct rconn {
@@ -239,6 +247,9 @@ struct rds {
     struct rds_hooks hooks;
     struct rconn conn[RC_N];
     char sha[RDS_N_SCRIPTS][RDS_SHA_LEN + 1];
+    /* Per script, once its SCRIPT LOAD answered: the first two elements of
+     * its EVALSHA in RESP, "$7\r\nEVALSHA\r\n$40\r\n<sha>\r\n". */
+    char evalsha_head[RDS_N_SCRIPTS][RDS_EVALSHA_HEAD];
     double clock_offset;
     ev_timer time_w;
     ev_prepare flush_w; /* writes queued commands before the loop polls */
@@ -361,11 +372,14 @@ static void cmd_unlink(struct cmd *c)
     c->cn = NULL;
 }
 
-/* Hands `c` to hiredis on cn's context; on failure nothing changed. */
+/* Hands `c` to hiredis on cn's context, as argv (argc > 0) or as the RESP
+ * in c->resp (argc 0, rds_eval); on failure nothing changed. */
 static int cmd_send(struct rconn *cn, struct cmd *c, int argc, const char **argv,
                     const size_t *argvlen)
 {
-    if (redisAsyncCommandArgv(cn->ac, cmd_on_reply, c, argc, argv, argvlen) != REDIS_OK)
+    int rc = argc > 0 ? redisAsyncCommandArgv(cn->ac, cmd_on_reply, c, argc, argv, argvlen)
+                      : redisAsyncFormattedCommand(cn->ac, cmd_on_reply, c, c->resp, c->resp_len);
+    if (rc != REDIS_OK)
         return -1;
     c->in_hiredis = true;
     c->sent_at = ev_time();
@@ -1089,6 +1103,11 @@ static void internal_reply(struct rds *r, struct cmd *c, const redisReply *reply
         }
         memcpy(r->sha[script], reply->str, RDS_SHA_LEN);
         r->sha[script][RDS_SHA_LEN] = '\0';
+        char *h = r->evalsha_head[script];
+        size_t lead = sizeof(RDS_EVALSHA_LEAD) - 1;
+        memcpy(h, RDS_EVALSHA_LEAD, lead);
+        memcpy(h + lead, reply->str, RDS_SHA_LEN);
+        memcpy(h + lead + RDS_SHA_LEN, "\r\n", 2);
     }
     if (kind == CMD_MASTER) {
         long port = 0;
@@ -1121,6 +1140,62 @@ static void internal_reply(struct rds *r, struct cmd *c, const redisReply *reply
     }
 }
 
+/* --- RESP formatting (rds_eval) --------------------------------------- */
+
+/* Longest "*<n>\r\n" or "$<n>\r\n" header: a size_t in decimal. */
+#define RESP_HEAD_MAX (1 + 20 + 2)
+
+/* Writes `type`, `n` in decimal and CRLF at p; returns the end. */
+static char *resp_head(char *p, char type, size_t n)
+{
+    char digits[20];
+    size_t k = 0;
+
+    do {
+        digits[k++] = (char)('0' + n % 10);
+        n /= 10;
+    } while (n);
+    *p++ = type;
+    while (k)
+        *p++ = digits[--k];
+    *p++ = '\r';
+    *p++ = '\n';
+    return p;
+}
+
+/* One bulk string: at most RESP_HEAD_MAX + len + 2 bytes. */
+static char *resp_bulk(char *p, const char *s, size_t len)
+{
+    p = resp_head(p, '$', len);
+    if (len)
+        memcpy(p, s, len);
+    p += len;
+    *p++ = '\r';
+    *p++ = '\n';
+    return p;
+}
+
+/* The NOSCRIPT fallback of an rds_eval() record: EVAL <source> followed
+ * by the EVALSHA's own numkeys, keys and args, handed to hiredis (which
+ * copies it). 0, or -1 with nothing sent. */
+static int eval_fallback(struct cmd *c)
+{
+    const char *src = rds_script_src[c->script];
+    size_t src_len = strlen(src), rest = c->resp_len - c->tail;
+    char *buf =
+        malloc(RESP_HEAD_MAX + (RESP_HEAD_MAX + 4 + 2) + (RESP_HEAD_MAX + src_len + 2) + rest);
+    if (!buf)
+        return -1;
+    char *p = resp_head(buf, '*', (size_t)c->argc);
+    p = resp_bulk(p, "EVAL", 4);
+    p = resp_bulk(p, src, src_len);
+    memcpy(p, c->resp + c->tail, rest);
+    p += rest;
+    int rc = redisAsyncFormattedCommand(c->cn->ac, cmd_on_reply, c, buf, (size_t)(p - buf));
+    free(buf);
+    return rc == REDIS_OK ? 0 : -1;
+}
+
 static void user_reply(struct rds *r, struct cmd *c, const redisReply *reply)
 {
     bool is_err = reply->type == REDIS_REPLY_ERROR;
@@ -1130,12 +1205,7 @@ static void user_reply(struct rds *r, struct cmd *c, const redisReply *reply)
         /* The server lost its script cache: EVAL the source once, same
          * record, same timer (what is left of it). EVAL caches it again. */
         c->retried = true;
-        c->argv[0] = "EVAL";
-        c->argvlen[0] = 4;
-        c->argv[1] = rds_script_src[c->script];
-        c->argvlen[1] = strlen(rds_script_src[c->script]);
-        if (redisAsyncCommandArgv(c->cn->ac, cmd_on_reply, c, c->argc, c->argv, c->argvlen) ==
-            REDIS_OK) {
+        if (eval_fallback(c) == 0) {
             c->in_hiredis = true;
             r->stats.noscript_reloads++;
             return;
@@ -1467,40 +1537,45 @@ int rds_eval(struct rds *r, enum rds_script s, int nkeys, int argc, const char *
         return -1;
     }
 
-    /* One block: the record, then argv[argc + 3], argvlen[argc + 3], the bytes. */
-    size_t n = (size_t)argc + 3, bytes = 0;
+    /* One block: the record, then the command in RESP, formatted here
+     * rather than by hiredis' generic printf-style formatter (most of an
+     * EVALSHA's client-side cost): the script's pre-formatted head, then
+     * numkeys, keys and args as bulk strings. */
+    size_t lens[RDS_EVAL_LENS];
+    size_t bytes = RESP_HEAD_MAX + RDS_EVALSHA_HEAD + RESP_HEAD_MAX + 20 + 2;
     for (int i = 0; i < argc; i++) {
         size_t len = argvlen ? argvlen[i] : argv[i] ? strlen(argv[i]) : 0;
-        if ((!argv[i] && len) || len > SIZE_MAX / 2 - bytes)
+        if ((!argv[i] && len) || len > SIZE_MAX / 4 - bytes)
             return -1;
-        bytes += len;
+        if (i < RDS_EVAL_LENS)
+            lens[i] = len;
+        bytes += RESP_HEAD_MAX + len + 2;
     }
-    struct cmd *c = cmd_new(r, CMD_USER, n * (sizeof(char *) + sizeof(size_t)) + bytes);
+    struct cmd *c = cmd_new(r, CMD_USER, bytes);
     if (!c)
         return -1;
-    c->argv = (const char **)(void *)(c + 1);
-    c->argvlen = (size_t *)(void *)(c->argv + n);
-    char *p = (char *)(c->argvlen + n);
-    snprintf(c->nkeys, sizeof(c->nkeys), "%d", nkeys);
-    c->argv[0] = "EVALSHA";
-    c->argvlen[0] = 7;
-    c->argv[1] = r->sha[s];
-    c->argvlen[1] = RDS_SHA_LEN;
-    c->argv[2] = c->nkeys;
-    c->argvlen[2] = strlen(c->nkeys);
+    c->resp = (char *)(c + 1);
+    char *p = resp_head(c->resp, '*', (size_t)argc + 3);
+    memcpy(p, r->evalsha_head[s], RDS_EVALSHA_HEAD);
+    p += RDS_EVALSHA_HEAD;
+    c->tail = (size_t)(p - c->resp);
+    /* numkeys: its decimal digits are its own bulk string. */
+    char nk[RESP_HEAD_MAX];
+    size_t nk_len = (size_t)(resp_head(nk, '$', (size_t)nkeys) - nk) - 3;
+    p = resp_bulk(p, nk + 1, nk_len);
     for (int i = 0; i < argc; i++) {
-        size_t len = argvlen ? argvlen[i] : argv[i] ? strlen(argv[i]) : 0;
-        if (len)
-            memcpy(p, argv[i], len);
-        c->argv[i + 3] = p;
-        c->argvlen[i + 3] = len;
-        p += len;
+        size_t len = i < RDS_EVAL_LENS ? lens[i]
+            : argvlen                  ? argvlen[i]
+            : argv[i]                  ? strlen(argv[i])
+                                       : 0;
+        p = resp_bulk(p, argv[i], len);
     }
-    c->argc = (int)n;
+    c->resp_len = (size_t)(p - c->resp);
+    c->argc = argc + 3;
     c->script = (int)s;
     c->cb = cb;
     c->ud = ud;
-    if (cmd_send(cn, c, c->argc, c->argv, c->argvlen) < 0) {
+    if (cmd_send(cn, c, 0, NULL, NULL) < 0) {
         free(c);
         return -1;
     }

@@ -11,6 +11,7 @@
 #define POLYGW_BENCH_COMMON_H
 
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -262,6 +263,22 @@ static inline void bench_report_json_perf(FILE *f, const struct bench_hist *h, u
             hist_percentile(h, 99.9) / 1e3, (double)h->max_ns / 1e3);
     fprintf(f, ",\"resp_bytes_avg\":%.1f", ok ? (double)resp_bytes / (double)ok : 0.0);
     fprintf(f, ",\"cpu_pct\":%.1f", cpu_pct);
+}
+
+/* Time to the first streamed byte (curlgen: the first body byte of an SSE
+ * answer; loadgen: a call's first `chunk` notification), when any was
+ * measured: ttft_n, ttft_p50_us, ttft_p99_us. */
+static inline void bench_report_json_ttft(FILE *f, const struct bench_hist *h)
+{
+    fprintf(f, ",\"ttft_n\":%" PRIu64 ",\"ttft_p50_us\":%.2f,\"ttft_p99_us\":%.2f", h->n,
+            hist_percentile(h, 50) / 1e3, hist_percentile(h, 99) / 1e3);
+}
+
+static inline void bench_report_text_ttft(FILE *f, const struct bench_hist *h)
+{
+    if (h->n > 0)
+        fprintf(f, "  ttft µs    p50 %.1f  p99 %.1f  (%" PRIu64 " streams)\n",
+                hist_percentile(h, 50) / 1e3, hist_percentile(h, 99) / 1e3, h->n);
 }
 
 /* The elapsed, throughput and latency lines of a text report. */

@@ -18,8 +18,8 @@ sources:
   - name: bench-chat
     capability: chat
     base_url: http://127.0.0.1:$1/v1
-    max_concurrency: 1024
-    aimd: { initial: 1024, min: 1 }
+    max_concurrency: 16384
+    aimd: { initial: 16384, min: 1 }
     breaker: { failures: 1000000 }
     limits: { rpm: 0, tpm: 0, daily_tokens: 0 }
 CFG

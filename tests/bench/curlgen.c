@@ -5,7 +5,7 @@
  *
  *   curlgen --url URL [--clients N] [--requests TOTAL] [--duration S]
  *           [--body-json JSON | --body-file F] [--warmup N]
- *           [--timeout-ms MS] [--max-body-bytes B] [--json]
+ *           [--timeout-ms MS] [--max-body-bytes B] [--stream] [--json]
  *
  * Why it looks like this: the `call` benchmark asks what the sidecar adds on
  * top of a request an application could have sent itself. The fair floor is
@@ -43,6 +43,13 @@
  * timeout (no complete answer within --timeout-ms, curl's CURLOPT_TIMEOUT_MS),
  * http (status not 200), body (not a JSON object, or over --max-body-bytes).
  * The first error's text is kept. Only ok responses are timed.
+ *
+ * --stream: the body asks for an SSE answer (`"stream": true`, which the
+ * caller puts in it), sent with `Accept: text/event-stream` as the sidecar
+ * sends a streaming attempt; an answer is ok when it is status 200 and an
+ * SSE body ending in `data: [DONE]`. Each ok answer also records its time
+ * to the first body byte (ttft_* in the report): the floor of a streamed
+ * call's time to first chunk through the sidecar (loadgen's ttft_*).
  *
  * Bounds: the run stops issuing after TOTAL requests or S seconds, whichever
  * comes first (S is capped at CG_HARD_CAP_S; with neither given, S = 5); the
@@ -93,6 +100,7 @@ struct cg_opts {
     uint64_t warmup;
     long timeout_ms;
     size_t max_body_bytes;
+    bool stream;
     bool json;
 };
 
@@ -109,7 +117,8 @@ struct cg_client {
     bool too_big; /* body exceeded --max-body-bytes */
     size_t max;   /* --max-body-bytes */
     uint64_t t_send_ns;
-    char *buf; /* response body */
+    uint64_t t_first_ns; /* first body byte of this transfer; 0 before it */
+    char *buf;           /* response body */
     size_t len, cap;
 };
 
@@ -130,6 +139,7 @@ struct cg {
     uint64_t warm_errors;
     struct cg_counts cnt;
     struct bench_hist hist;
+    struct bench_hist ttft; /* --stream: start → first body byte */
     char first_error[200];
 };
 
@@ -196,6 +206,8 @@ static size_t cg_on_write(char *data, size_t size, size_t nmemb, void *userp)
     struct cg_client *c = userp;
     size_t n = size * nmemb;
 
+    if (c->t_first_ns == 0 && n > 0)
+        c->t_first_ns = mono_ns();
     if (c->len + n > c->max) {
         c->too_big = true;
         return 0; /* CURLE_WRITE_ERROR */
@@ -369,6 +381,19 @@ static bool cg_is_json_object(const char *buf, size_t len)
     return v.p == v.end;
 }
 
+/* --stream: an SSE body, its first event a `data:` line and its last one
+ * `data: [DONE]` (the events between are the sidecar's to check, not the
+ * floor's). */
+static bool cg_is_sse_done(const char *buf, size_t len)
+{
+    static const char done[] = "data: [DONE]";
+    size_t n = sizeof(done) - 1;
+
+    while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
+        len--;
+    return len >= n && !memcmp(buf, "data:", 5) && !memcmp(buf + len - n, done, n);
+}
+
 /* ------------------------------------------------------------ requests */
 
 /* Hands out one request: from the warmup budget, or in the measured phase
@@ -398,6 +423,7 @@ static void cg_issue(struct cg *g, struct cg_client *c)
     c->len = 0;
     c->too_big = false;
     c->t_send_ns = now;
+    c->t_first_ns = 0;
     CURLMcode mc = curl_multi_add_handle(g->multi, c->easy);
     if (mc != CURLM_OK) {
         g->cnt.err_transport++;
@@ -441,15 +467,20 @@ static void cg_on_done(struct cg *g, struct cg_client *c, CURLcode res, uint64_t
                       c->buf ? c->buf : "");
         return;
     }
-    if (!cg_is_json_object(c->buf, c->len)) {
+    if (g->o->stream ? !cg_is_sse_done(c->buf, c->len) : !cg_is_json_object(c->buf, c->len)) {
         g->cnt.err_body++;
-        cg_note_error(g, "response body is not a JSON object (%zu bytes)", c->len);
+        cg_note_error(g, "response body is not %s (%zu bytes)",
+                      g->o->stream ? "an SSE stream ending in data: [DONE]" : "a JSON object",
+                      c->len);
         return;
     }
     g->cnt.ok++;
     g->cnt.resp_bytes += c->len;
-    if (g->measuring)
+    if (g->measuring) {
         hist_record(&g->hist, now > c->t_send_ns ? now - c->t_send_ns : 0);
+        if (g->o->stream)
+            hist_record(&g->ttft, c->t_first_ns > c->t_send_ns ? c->t_first_ns - c->t_send_ns : 0);
+    }
 }
 
 /* Reads every finished transfer, records it and starts the client's next
@@ -642,6 +673,7 @@ static void cg_report_json(FILE *f, const struct cg *g, double elapsed_s, double
             c->err_transport, c->err_timeout, c->err_http, c->err_body, g->warm_errors,
             c->new_conns);
     bench_report_json_perf(f, h, c->ok, c->resp_bytes, elapsed_s, cpu_pct);
+    bench_report_json_ttft(f, &g->ttft);
     fputs(",\"first_error\":", f);
     json_str(f, g->first_error);
     fputs("}\n", f);
@@ -663,6 +695,7 @@ static void cg_report_text(FILE *f, const struct cg *g, double elapsed_s, double
     if (g->first_error[0])
         fprintf(f, "  first err  %s\n", g->first_error);
     bench_report_text_perf(f, h, c->ok, elapsed_s);
+    bench_report_text_ttft(f, &g->ttft);
     fprintf(f, "  response   %.1f body bytes on average\n",
             c->ok ? (double)c->resp_bytes / (double)c->ok : 0.0);
     fprintf(f, "  conns      %" PRIu64 " opened while measuring (0 = every request reused one)\n",
@@ -686,6 +719,8 @@ static void usage(FILE *f)
             "  --warmup N           untimed requests before measuring (default 0)\n"
             "  --timeout-ms MS      per-request timeout, counted as an error (default 10000)\n"
             "  --max-body-bytes B   largest response body accepted (default 16777216)\n"
+            "  --stream             expect an SSE answer (put \"stream\":true in the body);\n"
+            "                       also reports the time to its first byte (ttft_*)\n"
             "  --json               one-line JSON result instead of text\n"
             "Every request: POST URL, Content-Type/Accept: application/json, keep-alive.\n"
             "exit: 0 all ok, 1 errors or nothing completed, 2 usage/set-up, 3 hard cap hit\n",
@@ -701,6 +736,12 @@ int main(int argc, char **argv)
 
     bench_opts_init(&b);
     for (int i = 1; i < argc; i++) {
+        /* The one option without a value: before the common parser, which
+         * wants one after every option it does not know. */
+        if (!strcmp(argv[i], "--stream")) {
+            o.stream = true;
+            continue;
+        }
         int r = bench_opts_parse(&b, "curlgen", argc, argv, &i, CG_MAX_CLIENTS, CG_HARD_CAP_S);
         if (r == BENCH_OPT_HELP) {
             usage(stdout);
@@ -777,9 +818,11 @@ int main(int argc, char **argv)
     g->epfd = epoll_create1(EPOLL_CLOEXEC);
     g->multi = curl_multi_init();
     g->clients = calloc(o.clients, sizeof(*g->clients));
-    /* The sidecar's headers for a non-streaming call, in its order. */
-    static const char *const hdrs[] = { "Content-Type: application/json",
-                                        "Accept: application/json", "Expect:" };
+    /* The sidecar's headers for a call, in its order. */
+    const char *const hdrs[] = { "Content-Type: application/json",
+                                 o.stream ? "Accept: text/event-stream"
+                                          : "Accept: application/json",
+                                 "Expect:" };
     bool hdr_ok = true;
     for (size_t i = 0; hdr_ok && i < sizeof(hdrs) / sizeof(hdrs[0]); i++) {
         struct curl_slist *h = curl_slist_append(g->headers, hdrs[i]);

@@ -27,6 +27,10 @@
  *  - Latencies go into a log-linear histogram (128 linear sub-buckets per
  *    power of two of nanoseconds: every value is kept to within 0.4% when
  *    reported as the bucket midpoint; min, max and mean are exact).
+ *  - Streamed calls (`"stream": true` in the params): the first `chunk`
+ *    notification of an outstanding request, stamped like a response, is
+ *    its time to first chunk, kept in a second histogram (ttft_* in the
+ *    report; ttft_n = 0 when nothing was streamed).
  *
  * Validation: a response counts as ok only when it is a msgpack-RPC response
  * whose msgid is outstanding on that connection and whose error is nil.
@@ -113,6 +117,7 @@ struct lg_slot {
     uint32_t msgid;
     uint32_t gen;
     bool busy;
+    bool chunked; /* a `chunk` notification for this request has arrived */
     uint64_t t_send_ns;
 };
 
@@ -150,6 +155,7 @@ struct lg_thread {
     uint64_t warm_errors;
     struct lg_counts cnt;
     struct bench_hist hist;
+    struct bench_hist ttft; /* request sent → its first `chunk` notification */
     char first_error[160];
 };
 
@@ -278,6 +284,7 @@ static void lg_fill(struct lg_thread *t, struct lg_conn *c)
         s->msgid = (uint32_t)(i + (uint64_t)d * s->gen);
         s->gen++;
         s->busy = true;
+        s->chunked = false;
         s->t_send_ns = now;
         c->outstanding++;
         unsigned char *p = (unsigned char *)c->out + c->out_len;
@@ -290,6 +297,33 @@ static void lg_fill(struct lg_thread *t, struct lg_conn *c)
         if (t->measuring)
             t->cnt.sent++;
     }
+}
+
+/* A streamed call's `chunk` notification, [msgid, event]: the first one of
+ * an outstanding request is its time to first token. A chunk for no
+ * outstanding request is a msgid error, like a stray response. */
+static void lg_on_chunk(struct lg_thread *t, struct lg_conn *c, const msgpack_object *params,
+                        uint64_t now)
+{
+    if (params->type != MSGPACK_OBJECT_ARRAY || params->via.array.size != 2 ||
+        params->via.array.ptr[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+        params->via.array.ptr[0].via.u64 > UINT32_MAX) {
+        t->cnt.err_proto++;
+        lg_note_error(t, "chunk notification without a [msgid, event] array");
+        return;
+    }
+    uint32_t msgid = (uint32_t)params->via.array.ptr[0].via.u64;
+    struct lg_slot *s = &c->slots[msgid % t->sh->o->pipeline];
+    if (!s->busy || s->msgid != msgid) {
+        t->cnt.err_msgid++;
+        lg_note_error(t, "chunk with unknown msgid %" PRIu32, msgid);
+        return;
+    }
+    if (s->chunked)
+        return;
+    s->chunked = true;
+    if (t->measuring)
+        hist_record(&t->ttft, now - s->t_send_ns);
 }
 
 static void lg_on_frame(struct lg_thread *t, struct lg_conn *c, size_t bytes, uint64_t now)
@@ -308,6 +342,8 @@ static void lg_on_frame(struct lg_thread *t, struct lg_conn *c, size_t bytes, ui
         if (rpc_method_is(&m, "error")) {
             t->cnt.err_proto++;
             lg_note_error(t, "server sent an error notification");
+        } else if (rpc_method_is(&m, "chunk")) {
+            lg_on_chunk(t, c, m.params, now);
         }
         return;
     }
@@ -630,6 +666,7 @@ static int lg_build_tail(const char *method, const char *params_hex, const char 
 struct lg_result {
     struct lg_counts cnt;
     struct bench_hist hist;
+    struct bench_hist ttft;
     uint64_t warm_errors;
     double elapsed_s;
     double cpu_pct; /* generator CPU, % of one core per thread */
@@ -658,6 +695,7 @@ static void lg_report_json(FILE *f, const struct lg_opts *o, const struct lg_res
             c->err_rpc, c->err_msgid, c->err_proto, c->err_timeout, c->err_conn, r->warm_errors,
             c->notifications);
     bench_report_json_perf(f, h, c->ok, c->resp_bytes, r->elapsed_s, r->cpu_pct);
+    bench_report_json_ttft(f, &r->ttft);
     fputs(",\"first_error\":", f);
     json_str(f, r->first_error);
     fputs("}\n", f);
@@ -679,6 +717,7 @@ static void lg_report_text(FILE *f, const struct lg_opts *o, const struct lg_res
     if (r->first_error[0])
         fprintf(f, "  first err  %s\n", r->first_error);
     bench_report_text_perf(f, h, c->ok, r->elapsed_s);
+    bench_report_text_ttft(f, &r->ttft);
     fprintf(f, "  response   %.1f bytes on average\n",
             c->ok ? (double)c->resp_bytes / (double)c->ok : 0.0);
     fprintf(f, "  loadgen    %.0f%% CPU per thread (near 100: the generator is the bottleneck)\n",
@@ -878,6 +917,7 @@ int main(int argc, char **argv)
         struct lg_thread *t = &th[k];
         lg_counts_add(&r->cnt, &t->cnt);
         hist_merge(&r->hist, &t->hist);
+        hist_merge(&r->ttft, &t->ttft);
         r->warm_errors += t->warm_errors;
         cpu += t->cpu_ns;
         if (t->t0_ns < t0)
