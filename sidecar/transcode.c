@@ -518,8 +518,8 @@ int transcode_json_to_msgpack_jansson(const char *json, size_t len, msgpack_pack
  * counting scalars as one level) with "maximum parsing depth reached". */
 #define J_PARSER_MAX_DEPTH 2048
 
-/* Objects with more members than this find duplicates through a hash
- * index rather than by a linear scan. */
+/* Objects with more members than this (duplicates included) find
+ * duplicates through a hash index rather than by a linear scan. */
 #define J_LINEAR_KEYS 16
 
 enum {
@@ -1408,7 +1408,7 @@ static int j1_key(struct j1 *cx)
         f->has_dups = true;
         return 0;
     }
-    if (f->ht || f->unique >= J_LINEAR_KEYS) {
+    if (f->ht || f->n > J_LINEAR_KEYS) { /* n, not unique: duplicates make the scan long too */
         if (!f->ht) {
             f->unique = 0;
             for (uint32_t i = 0; i < idx; i++) {

@@ -1603,6 +1603,16 @@ START_TEST(test_transcode__json_wide_containers_and_many_keys)
         ck_assert_int_eq(check_same_as_jansson(j, strlen(j), NULL), 0);
         free(j);
     }
+    /* a key repeated 100,000 times, then another as often: the index, not
+     * a scan past the duplicates, finds the second (quadratic otherwise) */
+    size_t n = 200000;
+    char *many = malloc(n * 6 + 64), *q = many;
+    *q++ = '{';
+    for (size_t i = 0; i < n; i++)
+        q += sprintf(q, "%s\"%c\":%zu", i ? "," : "", i < n / 2 ? 'a' : 'b', i % 10);
+    strcpy(q, ",\"b\":1,\"a\":\"last\",\"c\":2}");
+    ck_assert_int_eq(check_same_as_jansson(many, strlen(many), NULL), 0);
+    free(many);
     /* headers: fixarray up to 15, array16 from 16, array32 from 65536 */
     struct mp m;
     char *j = wide_json(16, false, 0);
