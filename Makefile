@@ -348,6 +348,8 @@ bench: deps
 	/usr/bin/python3 tests/bench/config_load.py $(BUILD)
 	@echo "## Fair queueing between apps"
 	/usr/bin/python3 tests/bench/apps_fairness.py $(BUILD) 200 20
+	@echo "## JSON -> msgpack: single pass vs jansson (ns per input byte, best of 7)"
+	$(BUILD)/bench/transcode
 
 # For editors and clangd: every compile command of `all` and the unit
 # tests, recorded by bear(1) (Debian package bear) from a full rebuild
