@@ -576,7 +576,7 @@ struct jlex {
     int64_t ival;
     double dval;
     /* the first error: its message, its class, and where it happened */
-    bool failed, overflow, oom;
+    bool failed, overflow;
     size_t err_pos;
     char msg[200]; /* jansson's json_error_t.text holds 160: never reached */
 };
