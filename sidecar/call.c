@@ -267,12 +267,15 @@ static void pack_raw(msgpack_packer *pk, const char *data, size_t len)
 /* Transcodes an upstream JSON text into `pk`, scrubbing every decoded
  * string (which also catches an echo written with JSON escapes). A parse
  * error's message may quote a short excerpt of the input: callers put it
- * only in a detail, which relay_text_inplace() scrubs.
+ * only in a detail, which relay_text_inplace() scrubs. `usage` may be
+ * NULL, else receives where the outermost object's "usage" was packed.
  * Returns as transcode_json_to_msgpack(). */
 static int relay_json(struct server *srv, const char *json, size_t len, msgpack_packer *pk,
-                      char *err, size_t errlen)
+                      struct transcode_span *usage, char *err, size_t errlen)
 {
-    const struct transcode_j2m opt = { RPC_RELAYED_MAX_DEPTH, redact_on_str, srv->redact };
+    static const char *const pick[] = { "usage", NULL };
+    const struct transcode_j2m opt = { RPC_RELAYED_MAX_DEPTH, redact_on_str, srv->redact,
+                                       usage ? pick : NULL, usage };
 
     return transcode_json_to_msgpack(json, len, pk, &opt, err, errlen);
 }
@@ -343,7 +346,8 @@ static const char *relay_json_text(struct server *srv, const char *s, size_t *n,
         msgpack_sbuffer sb;
         msgpack_packer pk;
         msgpack_unpacked up;
-        const struct transcode_j2m opt = { TRANSCODE_MAX_DEPTH, redact_on_str, srv->redact };
+        const struct transcode_j2m opt = { TRANSCODE_MAX_DEPTH, redact_on_str, srv->redact, NULL,
+                                           NULL };
         int rc = -1;
         msgpack_sbuffer_init(&sb);
         msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
@@ -384,7 +388,7 @@ static void pack_upstream_body(struct server *srv, msgpack_packer *pk, const cha
 
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&tmp, &sb, msgpack_sbuffer_write);
-    if (len > 0 && relay_json(srv, body, len, &tmp, NULL, 0) == 0)
+    if (len > 0 && relay_json(srv, body, len, &tmp, NULL, NULL, 0) == 0)
         pack_raw(pk, sb.data, sb.size);
     else
         relay_text(srv, pk, body ? body : "", len, 4096);
@@ -824,8 +828,11 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
             k->tokens.total = (int64_t)f.tokens;
         }
     } else if (res.outcome.kind == OUTCOME_SUCCESS && !k->stream) {
+        bool convert = k->form == BODY_TO_ANTHROPIC;
+        struct transcode_span us;
         msgpack_packer_init(&bpk, &body, msgpack_sbuffer_write);
-        int rc = relay_json(k->srv, res.body ? res.body : "", res.body_len, &bpk, err, sizeof(err));
+        int rc = relay_json(k->srv, res.body ? res.body : "", res.body_len, &bpk,
+                            convert ? NULL : &us, err, sizeof(err));
         if (rc < 0) {
             outcome_from_reason(&res.outcome, REASON_BAD_RESPONSE);
             res.outcome.http_status = res.http_status;
@@ -835,11 +842,17 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
                          RPC_RELAYED_MAX_DEPTH);
             else
                 snprintf(res.detail, sizeof(res.detail), "reply is not JSON: %.130s", err);
+        } else if (!convert) {
+            /* Only the usage member is read back, not the whole reply. */
+            if (us.len > 0 &&
+                msgpack_unpack_next(&up, body.data + us.off, us.len, NULL) ==
+                    MSGPACK_UNPACK_SUCCESS)
+                usage = &up.data;
+            call_dialect(k)->scan_usage(usage, &k->tokens);
         } else if (msgpack_unpack_next(&up, body.data, body.size, NULL) == MSGPACK_UNPACK_SUCCESS) {
             usage = rpc_map_get(&up.data, "usage");
             call_dialect(k)->scan_usage(usage, &k->tokens);
-            if (k->form == BODY_TO_ANTHROPIC)
-                usage = call_convert_reply(k, &body, &up);
+            usage = call_convert_reply(k, &body, &up);
         }
     } else if (res.outcome.kind == OUTCOME_SUCCESS && k->usage.size > 0 &&
                msgpack_unpack_next(&up, k->usage.data, k->usage.size, NULL) ==
@@ -945,7 +958,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
         text = relay_json_text(srv, data, &text_len, is_json, &scrubbed);
         rc = 0;
     } else {
-        rc = relay_json(srv, data, len, &tmp, NULL, 0);
+        rc = relay_json(srv, data, len, &tmp, NULL, NULL, 0);
     }
     if (rc == TRANSCODE_ETOO_DEEP) {
         /* Valid JSON, but no client could read the chunk: a bad_response

@@ -96,36 +96,69 @@ int transcode_msgpack_to_json(const msgpack_object *o, struct strbuf *out,
  * TRANSCODE_ENOMEM to fail the transcode. */
 typedef int transcode_str_fn(void *ud, const char **s, size_t *n);
 
+/* Where a value lies in the packed output: `len` bytes from `off` (counted
+ * from the first byte this call packed); len 0 when there is none. */
+struct transcode_span {
+    size_t off, len;
+};
+
 struct transcode_j2m {
     unsigned max_depth;       /* containers allowed, 1..TRANSCODE_MAX_DEPTH; 0 means
                                 * TRANSCODE_MAX_DEPTH; deeper is TRANSCODE_ETOO_DEEP */
     transcode_str_fn *on_str; /* NULL: strings are packed as parsed */
     void *ud;                 /* passed to on_str */
+    /* Optional, found in the same pass: for each key of `pick` (borrowed,
+     * NULL-terminated, each NUL-terminated), where the value of that member
+     * of the outermost object is in the output, in `picked` (one per key,
+     * filled on success; len 0 when the key is absent or the outermost
+     * value is not an object). A key matches when it is the member's name as decoded
+     * (before on_str); with duplicates, the value that wins. A caller reads
+     * the few members it needs (a reply's "usage") without unpacking the
+     * whole value. */
+    const char *const *pick;
+    struct transcode_span *picked;
 };
 
 /* Parses `len` bytes of JSON text (any value at the top level, no NUL
- * terminator needed) with jansson and packs it into `pk` as one msgpack
- * value.
- *   json   borrowed. A string may contain \u0000 (packed as a NUL byte).
+ * terminator needed) and packs it into `pk` as one msgpack value, in a
+ * single pass over the text with no allocation per element (the output is
+ * built in one buffer and handed to pk's write callback in one call).
+ *   json   borrowed. A string may contain \u0000 (packed as a NUL byte);
+ *          an object key may not.
  *          Duplicate object keys: the last value wins, at the position of
- *          the first occurrence (jansson's behaviour); the output map has
- *          unique keys. Object key order is kept otherwise.
- *   pk     borrowed; its write callback receives the value.
- *   opt    borrowed, may be NULL (TRANSCODE_MAX_DEPTH, no string hook).
+ *          the first occurrence; the output map has unique keys. Object key
+ *          order is kept otherwise.
+ *   pk     borrowed; its write callback receives the value (once, on success).
+ *   opt    borrowed, may be NULL (TRANSCODE_MAX_DEPTH, no string hook). The
+ *          hook sees every key and string value in input order, a
+ *          duplicated key's values included.
  *   err    may be NULL; on failure receives a short NUL-terminated message in
  *          printable ASCII (never more than a 20-byte excerpt of the input):
  *          "invalid JSON at line 1, column 1: invalid token near '<'".
+ * The output, the return value and the message are those of
+ * transcode_json_to_msgpack_jansson() for every input (the differential fuzz
+ * target fuzz_json_msgpack_diff holds the two to it): the first syntax error
+ * in reading order decides the message; nesting deeper than jansson's own
+ * 2048 levels (scalars counted) is a syntax error.
  * Numbers: JSON integers become msgpack integers (smallest encoding) and
  * must lie within int64; larger ones (e.g. 18446744073709551615) are
  * rejected with TRANSCODE_EINVALID rather than silently rounded through a
- * double — jansson stores integers as long long and offers no exact
- * fallback. Numbers with a fraction or an exponent become float64; those
- * overflowing a double (1e400) are rejected.
+ * double. -0 is the integer 0. Numbers with a fraction or an exponent
+ * become float64 (strtod's, in the C locale the daemon runs in; -0.0
+ * stays negative); those overflowing a double (1e400) are rejected, those
+ * underflowing become 0 or a subnormal.
  * Returns 0; TRANSCODE_EINVALID (not JSON, trailing garbage, integer out of
  * range); TRANSCODE_ETOO_DEEP (valid JSON nested deeper than opt->max_depth);
  * TRANSCODE_ENOMEM (allocation, a failed pk write, or on_str's). After a
- * failure `pk` may have received part of the value: discard what it wrote. */
+ * failure `pk` has received nothing. */
 int transcode_json_to_msgpack(const char *json, size_t len, msgpack_packer *pk,
                               const struct transcode_j2m *opt, char *err, size_t errlen);
+
+/* The same through jansson: parse a tree, walk it into `pk`. Kept as the
+ * reference transcode_json_to_msgpack() is tested and fuzzed against, and
+ * as the bench's baseline; the daemon does not call it. `pk` may have
+ * received part of the value after a failure. */
+int transcode_json_to_msgpack_jansson(const char *json, size_t len, msgpack_packer *pk,
+                                      const struct transcode_j2m *opt, char *err, size_t errlen);
 
 #endif /* POLYGW_TRANSCODE_H */

@@ -99,6 +99,14 @@ def seeds(max_len):
         "many-members": ("{" + ",".join('"k%d":[%d]' % (i, i) for i in range(big // 16))
                          + "}").encode(),
     }
+    # json_msgpack_diff: one JSON text, transcoded both ways; wide objects
+    # and duplicated keys in bulk exercise the key index and the rebuild.
+    out["json_msgpack_diff"] = {
+        "long-string": out["transcode"]["json-long-string"],
+        "wide-array": out["transcode"]["json-wide-array"],
+        "many-duplicates": ("{" + ",".join('"k%d":{"a":%d,"a":[%d]}' % (i % 97, i, i)
+                                           for i in range(big // 24)) + "}").encode()[:max_len],
+    }
     return out
 
 

@@ -1466,12 +1466,318 @@ START_TEST(test_transcode__string_hook_sees_keys_and_values)
 }
 END_TEST
 
+/* ---- the single-pass transcoder against jansson's tree ------------------- */
+
+/* Both transcoders on the same text, with `opt`: the same code, the same
+ * message, and on success the same bytes; the single pass writes nothing
+ * on failure. Returns the code. */
+static int check_same_as_jansson(const char *json, size_t len, const struct transcode_j2m *opt)
+{
+    struct mp a, b;
+    char ea[ERRLEN], eb[ERRLEN];
+
+    mp_init(&a);
+    mp_init(&b);
+    int ra = transcode_json_to_msgpack(json, len, &a.pk, opt, ea, ERRLEN);
+    int rb = transcode_json_to_msgpack_jansson(json, len, &b.pk, opt, eb, ERRLEN);
+    ck_assert_msg(ra == rb, "%.60s: rc %d, jansson %d (%s | %s)", json, ra, rb, ea, eb);
+    if (ra == 0) {
+        ck_assert_uint_eq(a.sb.size, b.sb.size);
+        ck_assert_mem_eq(a.sb.data, b.sb.data, a.sb.size);
+    } else {
+        ck_assert_str_eq(ea, eb);
+        ck_assert_uint_eq(a.sb.size, 0);
+    }
+    mp_fini(&a);
+    mp_fini(&b);
+    return ra;
+}
+
+START_TEST(test_transcode__json_single_pass_matches_jansson)
+{
+    static const struct {
+        const char *json;
+        size_t len; /* 0: strlen */
+        int rc;
+    } cases[] = {
+        /* numbers: int vs float, -0, limits, overflow, underflow */
+        { "[0,-0,1,-1,31,-32,-33,127,128,255,256,65535,65536,4294967295,4294967296]", 0, 0 },
+        { "[-128,-129,-32768,-32769,-2147483648,-2147483649]", 0, 0 },
+        { "[9223372036854775807,-9223372036854775808,-0.0,0.0,1e-400,-1e-400,4.9e-324]", 0, 0 },
+        { "[1E2,1e+2,1e-2,0.1,123456789012345678901234567890.5]", 0, 0 },
+        { "9223372036854775808", 0, TRANSCODE_EINVALID },
+        { "-9223372036854775809", 0, TRANSCODE_EINVALID },
+        { "[1e400]", 0, TRANSCODE_EINVALID },
+        { "[-1e400]", 0, TRANSCODE_EINVALID },
+        { "[01]", 0, TRANSCODE_EINVALID },
+        { "[1.]", 0, TRANSCODE_EINVALID },
+        { "[1e]", 0, TRANSCODE_EINVALID },
+        { "[1e+]", 0, TRANSCODE_EINVALID },
+        { "[-]", 0, TRANSCODE_EINVALID },
+        { "[.5]", 0, TRANSCODE_EINVALID },
+        /* duplicates, plain and spelled with escapes, nested */
+        { "{\"a\":1,\"b\":2,\"a\":3}", 0, 0 },
+        { "{\"a\":1,\"\\u0061\":[2],\"a\\/\":3,\"a/\":4}", 0, 0 },
+        { "{\"x\":{\"k\":1,\"k\":{\"k\":2,\"k\":3}},\"x\":{\"k\":4,\"j\":5,\"k\":6}}", 0, 0 },
+        { "{\"\":1,\"\":2}", 0, 0 },
+        /* escapes and UTF-8 */
+        { "\"\\\"\\\\\\/\\b\\f\\n\\r\\t\\u0041\\u00e9\\u20AC\\ud83d\\ude00\\u0000\"", 0, 0 },
+        { "\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"", 0, 0 },
+        { "\"\\ud800\"", 0, TRANSCODE_EINVALID },
+        { "\"\\udc00\"", 0, TRANSCODE_EINVALID },
+        { "\"\\ud800\\u0041\"", 0, TRANSCODE_EINVALID },
+        { "\"\\ud800\\u0000\"", 0, TRANSCODE_EINVALID },
+        { "\"\\ud800\\n\"", 0, TRANSCODE_EINVALID },
+        { "\"\\ud800\\uZZZZ\"", 0, TRANSCODE_EINVALID },
+        { "\"\\x\"", 0, TRANSCODE_EINVALID },
+        { "\"\\u12\"", 0, TRANSCODE_EINVALID },
+        { "\"a\nb\"", 0, TRANSCODE_EINVALID },
+        { "\"\xc0\xaf\"", 0, TRANSCODE_EINVALID },
+        { "\"\xed\xa0\x80\"", 0, TRANSCODE_EINVALID },
+        { "\"\xf4\x90\x80\x80\"", 0, TRANSCODE_EINVALID },
+        { "\"\xe2\x82\"", 0, TRANSCODE_EINVALID },
+        { "[1,\xff]", 0, TRANSCODE_EINVALID },
+        { "[1\xff]", 0, TRANSCODE_EINVALID },
+        { "[\xc3\xa9]", 0, TRANSCODE_EINVALID },
+        { "{\"a\\u0000\":1}", 0, TRANSCODE_EINVALID },
+        { "\"abcdefghijklmnopqrstuvwxyz", 0, TRANSCODE_EINVALID }, /* no excerpt past 20 */
+        /* grammar */
+        { "", 0, TRANSCODE_EINVALID },
+        { " ", 0, TRANSCODE_EINVALID },
+        { "[1,]", 0, TRANSCODE_EINVALID },
+        { "[1,", 0, TRANSCODE_EINVALID },
+        { "{\"a\":1,}", 0, TRANSCODE_EINVALID },
+        { "{\"a\" 1}", 0, TRANSCODE_EINVALID },
+        { "{1:1}", 0, TRANSCODE_EINVALID },
+        { "[1 2]", 0, TRANSCODE_EINVALID },
+        { "[true,false,null,nul]", 0, TRANSCODE_EINVALID },
+        { "{\"a\":1}\n\n  ]", 0, TRANSCODE_EINVALID },
+        /* a NUL after a number or literal: jansson's stream loses it */
+        { "null\0", 5, 0 },
+        { "[1\0,2.5\0,true\0]", 15, 0 },
+        { "[1\0,2.5\0,true\0]", 16, TRANSCODE_EINVALID }, /* the NUL after ] counts */
+        { "1\0x", 3, TRANSCODE_EINVALID },
+        { "1\0\0", 3, TRANSCODE_EINVALID },
+        { "\"a\0\"", 4, TRANSCODE_EINVALID },
+    };
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        size_t len = cases[i].len ? cases[i].len : strlen(cases[i].json);
+        ck_assert_msg(check_same_as_jansson(cases[i].json, len, NULL) == cases[i].rc, "case %zu",
+                      i);
+    }
+}
+END_TEST
+
+/* A JSON array or object of n members, in a malloc'd string. */
+static char *wide_json(size_t n, bool object, size_t dup_every)
+{
+    char *s = malloc(n * 24 + 3), *p = s;
+
+    *p++ = object ? '{' : '[';
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            *p++ = ',';
+        if (object)
+            p += sprintf(p, "\"k%zu\":%zu", dup_every ? i % dup_every : i, i);
+        else
+            p += sprintf(p, "%zu", i);
+    }
+    *p++ = object ? '}' : ']';
+    *p = '\0';
+    return s;
+}
+
+START_TEST(test_transcode__json_wide_containers_and_many_keys)
+{
+    static const size_t sizes[] = { 15, 16, 17, 100, 65535, 65536, 70000 };
+
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        for (int object = 0; object <= 1; object++) {
+            char *j = wide_json(sizes[i], object, 0);
+            ck_assert_int_eq(check_same_as_jansson(j, strlen(j), NULL), 0);
+            free(j);
+        }
+        /* duplicates found by the hash index: 40 distinct keys, repeated */
+        char *j = wide_json(sizes[i], true, 40);
+        ck_assert_int_eq(check_same_as_jansson(j, strlen(j), NULL), 0);
+        free(j);
+    }
+    /* a key repeated 100,000 times, then another as often: the index, not
+     * a scan past the duplicates, finds the second (quadratic otherwise) */
+    size_t n = 200000;
+    char *many = malloc(n * 6 + 64), *q = many;
+    *q++ = '{';
+    for (size_t i = 0; i < n; i++)
+        q += sprintf(q, "%s\"%c\":%zu", i ? "," : "", i < n / 2 ? 'a' : 'b', i % 10);
+    strcpy(q, ",\"b\":1,\"a\":\"last\",\"c\":2}");
+    ck_assert_int_eq(check_same_as_jansson(many, strlen(many), NULL), 0);
+    free(many);
+    /* headers: fixarray up to 15, array16 from 16, array32 from 65536 */
+    struct mp m;
+    char *j = wide_json(16, false, 0);
+    mp_init(&m);
+    ck_assert_int_eq(transcode_json_to_msgpack(j, strlen(j), &m.pk, NULL, NULL, 0), 0);
+    ck_assert_mem_eq(m.sb.data, "\xdc\x00\x10\x00\x01", 5);
+    mp_fini(&m);
+    free(j);
+    j = wide_json(65536, true, 0);
+    mp_init(&m);
+    ck_assert_int_eq(transcode_json_to_msgpack(j, strlen(j), &m.pk, NULL, NULL, 0), 0);
+    ck_assert_mem_eq(m.sb.data, "\xdf\x00\x01\x00\x00\xa2k0\x00", 9);
+    mp_fini(&m);
+    free(j);
+}
+END_TEST
+
+/* Nesting: the caller's bound, jansson's own (2048 values deep, scalars
+ * counted), and a deep value that a duplicate key replaces. */
+START_TEST(test_transcode__json_depth_edges_match_jansson)
+{
+    const struct transcode_j2m three = { .max_depth = 3 };
+    static const unsigned levels[] = { 2047, 2048, 2049 };
+    char *s = malloc(2 * 2049 + 2);
+
+    for (size_t i = 0; i < 3; i++) {
+        unsigned n = levels[i];
+        for (int scalar = 0; scalar <= 1; scalar++) {
+            size_t k = 0;
+            memset(s, '[', n);
+            k = n;
+            if (scalar)
+                s[k++] = '1';
+            memset(s + k, ']', n);
+            k += n;
+            int rc = check_same_as_jansson(s, k, NULL);
+            ck_assert_int_eq(
+                rc, n + (unsigned)scalar > 2048 ? TRANSCODE_EINVALID : TRANSCODE_ETOO_DEEP);
+        }
+    }
+    free(s);
+    /* too deep, yet replaced by a later duplicate: jansson's tree never
+     * had it */
+    static const char replaced[] = "{\"a\":[[[[1]]]],\"b\":2,\"a\":[1]}";
+    ck_assert_int_eq(check_same_as_jansson(replaced, strlen(replaced), &three), 0);
+    static const char kept[] = "{\"a\":[1],\"b\":[[[[1]]]],\"a\":[[[[2]]]]}";
+    ck_assert_int_eq(check_same_as_jansson(kept, strlen(kept), &three), TRANSCODE_ETOO_DEEP);
+    /* a syntax error after the deep part still wins */
+    static const char bad[] = "[[[[[1]]]]],";
+    ck_assert_int_eq(check_same_as_jansson(bad, strlen(bad), &three), TRANSCODE_EINVALID);
+}
+END_TEST
+
+/* Exact messages, as jansson words them (line, column in characters, the
+ * token read so far). */
+START_TEST(test_transcode__json_error_messages)
+{
+    static const struct {
+        const char *json, *err;
+    } cases[] = {
+        { "{\"a\":1", "invalid JSON at line 1, column 6: '}' expected near end of file" },
+        { "[DONE]", "invalid JSON at line 1, column 5: invalid token near 'DONE'" },
+        { "{\"x\":\n tru}", "invalid JSON at line 2, column 4: invalid token near 'tru'" },
+        { "\"\xc3\xa9\xc3\xa9\\q\"",
+          "invalid JSON at line 1, column 5: invalid escape near '\"\\xc3\\xa9\\xc3\\xa9\\q'" },
+        { "[1,\xff]", "invalid JSON at line 1, column 3: unable to decode byte 0xff" },
+        { "\"\\ud800x\"",
+          "invalid JSON at line 1, column 9: invalid Unicode '\\uD800' near "
+          "'\"\\ud800x\"'" },
+        { "[12345678901234567890]",
+          "number out of range in JSON at line 1, column 21: too big "
+          "integer near '12345678901234567890' (integers must fit in "
+          "int64, numbers in a double)" },
+    };
+    char err[ERRLEN];
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct mp m;
+        mp_init(&m);
+        ck_assert_int_eq(transcode_json_to_msgpack(cases[i].json, strlen(cases[i].json), &m.pk,
+                                                   NULL, err, ERRLEN),
+                         TRANSCODE_EINVALID);
+        ck_assert_str_eq(err, cases[i].err);
+        mp_fini(&m);
+        check_same_as_jansson(cases[i].json, strlen(cases[i].json), NULL);
+    }
+}
+END_TEST
+
+static int sk_hook(void *ud, const char **s, size_t *n)
+{
+    (void)ud;
+    if (*n >= 2 && memcmp(*s, "sk", 2) == 0) {
+        *s = "[redacted]";
+        *n = 10;
+    }
+    return 0;
+}
+
+START_TEST(test_transcode__json_pick_finds_members_in_one_pass)
+{
+    static const char *const pick[] = { "usage", "type", "absent", NULL };
+    static const char reply[] =
+        "{\"type\":\"x\",\"usage\":{\"total_tokens\":5},\"sk-key\":[1,2,3],\"\\u0075sage\":"
+        "{\"total_tokens\":7,\"n\":\"sk-1\"},\"z\":1}";
+    struct transcode_span picked[3];
+    const struct transcode_j2m opt = { .on_str = sk_hook, .pick = pick, .picked = picked };
+    struct mp m, want;
+    msgpack_unpacked u;
+
+    mp_init(&m);
+    ck_assert_int_eq(transcode_json_to_msgpack(reply, strlen(reply), &m.pk, &opt, NULL, 0), 0);
+    /* the duplicate's value at the first position, scrubbed */
+    mp_init(&want);
+    msgpack_pack_map(&want.pk, 2);
+    pstr(&want.pk, "total_tokens");
+    msgpack_pack_int(&want.pk, 7);
+    pstr(&want.pk, "n");
+    pstr(&want.pk, "[redacted]");
+    ck_assert_uint_eq(picked[0].len, want.sb.size);
+    ck_assert_mem_eq(m.sb.data + picked[0].off, want.sb.data, want.sb.size);
+    ck_assert_uint_eq(picked[1].len, 2);
+    ck_assert_mem_eq(m.sb.data + picked[1].off, "\xa1x", 2);
+    ck_assert_uint_eq(picked[2].len, 0);
+    /* and the whole agrees with an unpack of the output */
+    msgpack_unpacked_init(&u);
+    ck_assert_int_eq(msgpack_unpack_next(&u, m.sb.data, m.sb.size, NULL), MSGPACK_UNPACK_SUCCESS);
+    ck_assert_uint_eq(u.data.via.map.size, 4);
+    msgpack_unpacked_destroy(&u);
+    mp_fini(&want);
+    mp_fini(&m);
+
+    /* wide outermost object (header widened after the spans were taken) */
+    char *wide = wide_json(300, true, 0);
+    size_t wl = strlen(wide);
+    char *j = malloc(wl + 40);
+    memcpy(j, wide, wl - 1);
+    strcpy(j + wl - 1, ",\"usage\":{\"t\":1}}");
+    mp_init(&m);
+    ck_assert_int_eq(transcode_json_to_msgpack(j, strlen(j), &m.pk, &opt, NULL, 0), 0);
+    ck_assert_uint_eq(picked[0].len, 4);
+    ck_assert_mem_eq(m.sb.data + picked[0].off, "\x81\xa1t\x01", 4);
+    mp_fini(&m);
+    free(j);
+    free(wide);
+
+    /* not an object: nothing picked */
+    mp_init(&m);
+    ck_assert_int_eq(transcode_json_to_msgpack("[{\"usage\":1}]", 13, &m.pk, &opt, NULL, 0), 0);
+    ck_assert_uint_eq(picked[0].len, 0);
+    mp_fini(&m);
+}
+END_TEST
+
 Suite *transcode_suite(void)
 {
     Suite *s = suite_create("transcode");
     TCase *tc = tcase_create("core");
 
     tcase_add_test(tc, test_transcode__buf_lifecycle);
+    tcase_add_test(tc, test_transcode__json_single_pass_matches_jansson);
+    tcase_add_test(tc, test_transcode__json_wide_containers_and_many_keys);
+    tcase_add_test(tc, test_transcode__json_depth_edges_match_jansson);
+    tcase_add_test(tc, test_transcode__json_error_messages);
+    tcase_add_test(tc, test_transcode__json_pick_finds_members_in_one_pass);
     tcase_add_test(tc, test_transcode__roundtrip_chat_body);
     tcase_add_test(tc, test_transcode__roundtrip_unicode_and_escapes);
     tcase_add_test(tc, test_transcode__roundtrip_long_escaped_string);
