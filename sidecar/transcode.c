@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <locale.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -1052,6 +1053,17 @@ static const unsigned char *lex_digits(struct jlex *lx, const unsigned char *p)
 /* A number at lx->p (a digit or '-'), as jansson's lex_scan_number: an
  * integer must fit in int64 (strtoll), a real is strtod's (overflow to
  * infinity is an error, underflow is not). */
+/* strtod in the C locale: JSON's decimal point is '.' whatever LC_NUMERIC
+ * the process runs in (jansson rewrites the text for the same reason). */
+static double c_strtod(const char *text)
+{
+    static locale_t c_loc;
+
+    if (!c_loc)
+        c_loc = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
+    return c_loc ? strtod_l(text, NULL, c_loc) : strtod(text, NULL);
+}
+
 static void lex_number(struct jlex *lx, bool *oom)
 {
     const unsigned char *p = lx->p, *end = lx->end;
@@ -1140,7 +1152,7 @@ static void lex_number(struct jlex *lx, bool *oom)
     memcpy(buf, lx->tok_start, n);
     buf[n] = '\0';
     errno = 0;
-    double d = strtod(buf, NULL);
+    double d = c_strtod(buf);
     bool over = (d == HUGE_VAL || d == -HUGE_VAL) && errno == ERANGE;
     if (buf != small)
         free(buf);

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <msgpack.h>
 #include <stdint.h>
+#include <locale.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1493,6 +1494,35 @@ static int check_same_as_jansson(const char *json, size_t len, const struct tran
     return ra;
 }
 
+/* The transcoder reads numbers as JSON does whatever LC_NUMERIC the
+ * process is in (the comma locale is compiled as in the lib suite; without
+ * localedef the test says so and checks the C locale only). */
+START_TEST(test_transcode__json_reals_ignore_a_comma_locale)
+{
+    /* [1.5, -0.25]: fixarray 2, float64 1.5, float64 -0.25 */
+    static const char want[] = "\x92\xcb\x3f\xf8\x00\x00\x00\x00\x00\x00"
+                               "\xcb\xbf\xd0\x00\x00\x00\x00\x00\x00";
+    char dir[] = "/tmp/polygw-locale-XXXXXX", cmd[256];
+
+    check_j2m("[1.5,-0.25]", want, sizeof(want) - 1);
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(cmd, sizeof(cmd), "localedef -i de_DE -f UTF-8 %s/de_DE.UTF-8 >/dev/null 2>&1", dir);
+    if (system(cmd) != 0) {
+        fprintf(stderr,
+                "test_transcode__json_reals_ignore_a_comma_locale: no localedef or no "
+                "de_DE source: comma locale not checked\n");
+    } else {
+        setenv("LOCPATH", dir, 1);
+        ck_assert_ptr_nonnull(setlocale(LC_NUMERIC, "de_DE.UTF-8"));
+        ck_assert_str_eq(localeconv()->decimal_point, ",");
+        check_j2m("[1.5,-0.25]", want, sizeof(want) - 1);
+        setlocale(LC_NUMERIC, "C");
+    }
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 START_TEST(test_transcode__json_single_pass_matches_jansson)
 {
     static const struct {
@@ -1774,6 +1804,7 @@ Suite *transcode_suite(void)
 
     tcase_add_test(tc, test_transcode__buf_lifecycle);
     tcase_add_test(tc, test_transcode__json_single_pass_matches_jansson);
+    tcase_add_test(tc, test_transcode__json_reals_ignore_a_comma_locale);
     tcase_add_test(tc, test_transcode__json_wide_containers_and_many_keys);
     tcase_add_test(tc, test_transcode__json_depth_edges_match_jansson);
     tcase_add_test(tc, test_transcode__json_error_messages);
