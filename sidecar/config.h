@@ -167,6 +167,13 @@ struct config_ids {
     size_t n;
 };
 
+/* An app's own limits on one capability (apps[i].per_capability.NAME). */
+struct config_app_limits {
+    bool set;                    /* listed (else every figure is 0 = unlimited) */
+    uint32_t max_concurrency;    /* 0 = unlimited */
+    struct config_limits limits; /* rpm/tpm/daily_tokens, window_s (default 60) */
+};
+
 struct config_app {
     char name[CONFIG_NAME_MAX];
     struct config_ids uids, gids;
@@ -178,6 +185,9 @@ struct config_app {
     uint32_t max_concurrency;    /* its attempts in flight at most; 0 (default) = unlimited */
     struct config_limits limits; /* its own rpm/tpm/daily_tokens on top of the sources' */
     bool *capabilities;          /* owned, n_capabilities flags, or NULL = every capability */
+    /* owned, n_capabilities entries (parallel to cfg->capabilities), or NULL
+     * when the app sets no per_capability limits */
+    struct config_app_limits *per_capability;
 };
 
 /* The app every caller no entry claims is. Always present in cfg->apps

@@ -79,9 +79,12 @@ int governor_init(struct gov *g, const struct config *cfg, const struct gov_back
     free(p);
     if (rc == 0 && cfg->n_apps > 0) {
         /* Fair queueing between the apps and their own limits (cfg->apps
-         * order). With Redis these limits are this sidecar's, not the fleet's. */
+         * order). With Redis the limits hold here too (a subset of the
+         * fleet's: admit.lua checks the fleet-wide ones). */
+        size_t nc = cfg->n_capabilities;
         struct gov_app_params *w = calloc(cfg->n_apps, sizeof(*w));
-        for (size_t i = 0; w && i < cfg->n_apps; i++) {
+        struct gov_app_cap_params *pc = calloc(cfg->n_apps * nc + 1, sizeof(*pc));
+        for (size_t i = 0; w && pc && i < cfg->n_apps; i++) {
             const struct config_app *a = &cfg->apps[i];
             w[i] = (struct gov_app_params){
                 .weight = a->weight,
@@ -90,12 +93,24 @@ int governor_init(struct gov *g, const struct config *cfg, const struct gov_back
                 .tpm = a->limits.tpm,
                 .daily_tokens = a->limits.daily_tokens,
                 .window_s = a->limits.window_s,
+                .per_cap = a->per_capability ? &pc[i * nc] : NULL,
             };
+            for (size_t c = 0; a->per_capability && c < nc; c++) {
+                const struct config_app_limits *l = &a->per_capability[c];
+                pc[i * nc + c] = (struct gov_app_cap_params){
+                    .max_concurrency = l->max_concurrency,
+                    .rpm = l->limits.rpm,
+                    .tpm = l->limits.tpm,
+                    .daily_tokens = l->limits.daily_tokens,
+                    .window_s = l->limits.window_s,
+                };
+            }
         }
-        if (!w || gov_set_apps(g, w, cfg->n_apps, now) < 0) {
+        if (!w || !pc || gov_set_apps(g, w, cfg->n_apps, now) < 0) {
             gov_fini(g);
             rc = -1;
         }
+        free(pc);
         free(w);
     }
     if (rc < 0)

@@ -47,6 +47,28 @@ static void note_restart(char *buf, size_t cap, const char *name)
     snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", name);
 }
 
+/* The apps' per_capability limits are the same: those of the `n_old`
+ * capabilities equal, none on a capability appended by the reload (the
+ * running core has no slot for it). */
+static bool app_limits_same(const struct config_app *x, const struct config_app *y, size_t n_old,
+                            size_t n_new)
+{
+    if (!x->per_capability || !y->per_capability)
+        return !x->per_capability && !y->per_capability;
+    for (size_t c = n_old; c < n_new; c++)
+        if (y->per_capability[c].set)
+            return false;
+    for (size_t c = 0; c < n_old; c++) {
+        const struct config_app_limits *a = &x->per_capability[c], *b = &y->per_capability[c];
+        if (a->set != b->set || a->max_concurrency != b->max_concurrency ||
+            a->limits.rpm != b->limits.rpm || a->limits.tpm != b->limits.tpm ||
+            a->limits.daily_tokens != b->limits.daily_tokens ||
+            a->limits.window_s != b->limits.window_s)
+            return false;
+    }
+    return true;
+}
+
 /* Rule 2 of reload.h: the keys a reload cannot apply. */
 static void restart_only(const struct config *o, const struct config *n, char *buf, size_t cap)
 {
@@ -102,10 +124,12 @@ static void restart_only(const struct config *o, const struct config *n, char *b
         apps_same = strcmp(x->name, y->name) == 0 && x->weight == y->weight &&
             x->max_concurrency == y->max_concurrency && x->limits.rpm == y->limits.rpm &&
             x->limits.tpm == y->limits.tpm && x->limits.daily_tokens == y->limits.daily_tokens &&
-            x->limits.window_s == y->limits.window_s;
+            x->limits.window_s == y->limits.window_s &&
+            app_limits_same(x, y, o->n_capabilities, n->n_capabilities);
     }
     if (!apps_same)
-        note_restart(buf, cap, "apps (names, order, weight, max_concurrency, limits)");
+        note_restart(buf, cap,
+                     "apps (names, order, weight, max_concurrency, limits, per_capability)");
     if (o->task_ttl_s != n->task_ttl_s)
         note_restart(buf, cap, "tasks.ttl_s");
     if (o->max_tasks != n->max_tasks)

@@ -58,6 +58,10 @@
  * its max_concurrency or that wait for their app's bucket, so it is never
  * lost on a call that cannot use it; an app dropping below its
  * max_concurrency wakes its own first waiter, in any capability.
+ * An app's limits on one capability (gov_app_params.per_cap) hold the same
+ * way on that capability's calls only, on top of the app's own: dropping
+ * below that max_concurrency wakes the app's first waiter of that
+ * capability.
  */
 #ifndef POLYGW_GOV_H
 #define POLYGW_GOV_H
@@ -114,19 +118,39 @@ struct gov_policy {
     bool exempt_429;
 };
 
+/* Limits of one app on one capability, on top of the app's own. */
+struct gov_app_cap_params {
+    uint32_t max_concurrency;        /* 0 = unlimited */
+    uint64_t rpm, tpm, daily_tokens; /* 0 = unlimited */
+    double window_s;                 /* of rpm and tpm; 0 = 60 */
+};
+
 /* Static parameters of one app (fair queueing and per-app limits). */
 struct gov_app_params {
     double weight;                   /* > 0; else 1 */
     uint32_t max_concurrency;        /* 0 = unlimited */
     uint64_t rpm, tpm, daily_tokens; /* 0 = unlimited */
     double window_s;                 /* of rpm and tpm; 0 = 60 */
+    /* NULL, or one entry per capability (n_caps of gov_init): the app's
+     * limits on that capability. Borrowed during gov_set_apps only. */
+    const struct gov_app_cap_params *per_cap;
+};
+
+struct gov_app_cap {
+    struct gov_app_cap_params p;
+    uint32_t in_flight;
+    struct bucket rpm, tpm, daily;
+    uint64_t limited; /* steps these limits held back */
 };
 
 struct gov_app {
-    struct gov_app_params p;
+    struct gov_app_params p; /* p.per_cap is NULL once set */
     uint32_t in_flight;
     struct bucket rpm, tpm, daily;
     uint64_t admitted, limited; /* attempts admitted; steps its limits held back */
+    struct gov_app_cap *caps;   /* owned, n_caps of them (the capabilities at
+                                 * gov_set_apps; a later one has none), or NULL */
+    size_t n_caps;
 };
 
 struct gov_source {
