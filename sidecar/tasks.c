@@ -360,6 +360,7 @@ struct tasks_req {
     tasks_guard_cb *cb; /* calls naming a task unknown here */
     void *cb_ud;
     char id[TASKS_ID_BUF], node[TASKS_ID_BUF], reason[TASK_REASON_MAX + 1];
+    char app[CONFIG_NAME_MAX]; /* on behalf of ("": this sidecar, or an admin app) */
 };
 
 /* Does the answer to `q` import the task here (this sidecar is about to
@@ -398,6 +399,11 @@ static void tasks_sync(struct server *srv, const char *id, const struct backend_
             task_finish(srv->tasks, id, strcmp(bt->state, "succeeded") == 0, bt->reason, now, &t);
         }
     }
+    /* The record's owner is the copy's: a copy imported by an admin's
+     * request (or one this sidecar held before) belongs to that app here
+     * too, not to the next app that names it. */
+    if (t && bt->owner && bt->owner[0])
+        snprintf(t->app, sizeof(t->app), "%s", bt->owner);
     tasks_rearm(srv);
 }
 
@@ -558,6 +564,14 @@ static struct tasks_req *tasks_req_new(struct server *srv, uint32_t msgid, enum 
     return q;
 }
 
+/* The request is on behalf of `app`: the record's ownership rule applies
+ * to it, unless it is an admin app. */
+static void tasks_req_by(struct tasks_req *q, const struct config_app *app)
+{
+    if (!app->admin)
+        snprintf(q->app, sizeof(q->app), "%s", app->name);
+}
+
 /* Sends `q` (taken) to the backend; it completes in tasks_answer, now or
  * from the event loop, with client `c` (NULL: none) waiting on it. When it
  * cannot be sent: the client (or q->cb) gets backend_unavailable at once,
@@ -566,8 +580,8 @@ static struct tasks_req *tasks_req_new(struct server *srv, uint32_t msgid, enum 
 static void tasks_send(struct server *srv, struct tasks_req *q, struct conn *c)
 {
     struct backend_task bt;
-    int rc = backend_task(srv->backend, top_backend[q->op], q->id, q->reason, q->ok, &bt,
-                          tasks_on_answer, q);
+    int rc = backend_task(srv->backend, top_backend[q->op], q->id, q->reason, q->ok,
+                          q->app[0] ? q->app : NULL, &bt, tasks_on_answer, q);
 
     if (rc > 0) {
         if (c && !q->cb)
@@ -607,6 +621,7 @@ static void tasks_remote(struct conn *c, uint32_t msgid, enum tasks_op op, const
         conn_reply_error(c, msgid, PGW_INTERNAL, "out of memory");
         return;
     }
+    tasks_req_by(q, conn_app(c));
     tasks_send(c->srv, q, c);
 }
 
@@ -733,7 +748,7 @@ static void resync_pump(struct server *srv)
             q->resync_gen = rs->gen;
         }
         struct backend_task bt;
-        int rc = q ? backend_task(srv->backend, BACKEND_TASK_GET, q->id, "", false, &bt,
+        int rc = q ? backend_task(srv->backend, BACKEND_TASK_GET, q->id, "", false, NULL, &bt,
                                   tasks_on_answer, q)
                    : -1;
         if (rc < 0) {
@@ -794,7 +809,8 @@ void tasks_on_resubscribed(struct server *srv)
     resync_pump(srv);
 }
 
-void tasks_guard_remote(struct server *srv, const char *id, tasks_guard_cb *cb, void *ud)
+void tasks_guard_remote(struct server *srv, const char *id, const struct config_app *app,
+                        tasks_guard_cb *cb, void *ud)
 {
     struct tasks_req *q = tasks_req_new(srv, 0, TOP_GUARD, id, NULL, false);
 
@@ -803,6 +819,7 @@ void tasks_guard_remote(struct server *srv, const char *id, tasks_guard_cb *cb, 
         cb(ud, NULL, &bt);
         return;
     }
+    tasks_req_by(q, app);
     q->cb = cb;
     q->cb_ud = ud;
     tasks_send(srv, q, NULL);
@@ -925,6 +942,7 @@ void tasks_node_begin(struct conn *c, const struct rpc_msg *m)
         }
         snprintf(q->node, sizeof(q->node), "%s", node);
         q->timeout_s = timeout_s;
+        tasks_req_by(q, conn_app(c));
         tasks_send(c->srv, q, c);
         return;
     }
