@@ -158,12 +158,16 @@ static void pack_task(msgpack_packer *pk, const char *id, const struct backend_t
         : local && local->state == TASK_RUNNING ? local->node
                                                 : NULL;
 
+    /* its owner: the copy's, else the record's (a task not held here) */
+    const char *owner = local && local->app[0] ? local->app
+        : bt->owner && bt->owner[0]            ? bt->owner
+                                               : NULL;
+
     msgpack_pack_map(pk,
-                     5 + (failed ? 1 : 0) + (reason ? 1 : 0) + (node ? 1 : 0) +
-                         (local && local->app[0] ? 1 : 0));
+                     5 + (failed ? 1 : 0) + (reason ? 1 : 0) + (node ? 1 : 0) + (owner ? 1 : 0));
     rpc_pack_kv_str(pk, "task_id", id);
-    if (local && local->app[0])
-        rpc_pack_kv_str(pk, "app", local->app);
+    if (owner)
+        rpc_pack_kv_str(pk, "app", owner);
     rpc_pack_kv_str(pk, "state", bt->state);
     if (failed)
         rpc_pack_kv_str(pk, "reason_kind", bt->kind);
