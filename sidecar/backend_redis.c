@@ -116,7 +116,8 @@ struct source_keys {
 /* One group of an app's limits as admit.lua takes it (the app's own, or
  * the app's on one capability): its keys and constant arguments. */
 struct limit_keys {
-    bool on; /* some limit is set: the group is sent */
+    bool on;        /* some limit is set: the group is sent */
+    bool leases_on; /* max_concurrency is set: admit.lua records leases there */
     const char *label;
     char leases[SHARED_KEY_MAX], rpm[SHARED_KEY_MAX], tpm[SHARED_KEY_MAX], daily[SHARED_KEY_MAX];
     char a_conc[24], a_rpm[24], a_win[24], a_tpm[24], a_daily[24];
@@ -701,10 +702,10 @@ static void renew_all(struct ev_loop *loop, ev_timer *w, int revents)
             renew_key(sh, sh->src[i].leases, ttl, i, SIZE_MAX, SIZE_MAX);
     for (size_t a = 0; a < sh->cfg->n_apps; a++) {
         const struct app_keys *ak = &sh->apps[a];
-        if (ak->own.on)
+        if (ak->own.leases_on)
             renew_key(sh, ak->own.leases, ttl, SIZE_MAX, a, SIZE_MAX);
         for (size_t c = 0; ak->caps && c < sh->cfg->n_capabilities; c++)
-            if (ak->caps[c].on)
+            if (ak->caps[c].leases_on)
                 renew_key(sh, ak->caps[c].leases, ttl, SIZE_MAX, a, c);
     }
 }
@@ -940,6 +941,7 @@ static void limit_keys_init(struct limit_keys *g, const char *label, const char 
 {
     g->label = label;
     g->on = conc > 0 || lim->rpm > 0 || lim->tpm > 0 || lim->daily_tokens > 0;
+    g->leases_on = conc > 0;
     snprintf(g->leases, sizeof(g->leases), "%s%s:leases", tag, sub);
     snprintf(g->rpm, sizeof(g->rpm), "%s%s:rpm", tag, sub);
     snprintf(g->tpm, sizeof(g->tpm), "%s%s:tpm", tag, sub);

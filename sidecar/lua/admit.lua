@@ -34,7 +34,7 @@ KEYS[8+4g]   {p:app:A}:tpm     HASH  level, ts
 KEYS[9+4g]   {p:app:A}:daily   HASH  level, ts
 ARGV[11+8g]  label             refusal reasons of this group are LABEL_concurrency,
                                LABEL_rpm, LABEL_tpm, LABEL_daily ('app', 'app_cap')
-ARGV[12+8g]  max_concurrency   0 = unlimited (the lease is recorded anyway)
+ARGV[12+8g]  max_concurrency   0 = unlimited: then the group records no lease either
 ARGV[13+8g]  rpm               ARGV[14+8g] rpm_window_ms
 ARGV[15+8g]  tpm               ARGV[16+8g] tpm_window_ms
 ARGV[17+8g]  daily             ARGV[18+8g] daily_window_ms
@@ -86,16 +86,20 @@ if #KEYS < 5 or n_groups ~= math.floor(n_groups) or #ARGV < 10 + 8 * n_groups th
 end
 
 -- One limit: the leases key KEYS[k] with max_concurrency ARGV[c], and the
--- buckets KEYS[k+1..k+3] with capacity, window pairs from ARGV[b].
+-- buckets KEYS[k+1..k+3] with capacity, window pairs from ARGV[b]. The
+-- source's leases are always recorded (breaker probes are owned by a lease);
+-- an app group's only when it limits concurrency.
 local limits = {}
+local function bucket(name, key, cap, win, cost)
+    return { name = name, key = key, cap = tonumber(cap) or 0, win = tonumber(win) or 0, cost = cost }
+end
 local function limit(prefix, k, c, b)
-    local function bucket(name, i, cost)
-        return { name = prefix .. name, key = KEYS[k + i], cap = tonumber(ARGV[b + 2 * i - 2]) or 0,
-                 win = tonumber(ARGV[b + 2 * i - 1]) or 0, cost = cost }
-    end
+    local conc = tonumber(ARGV[c]) or 0
     limits[#limits + 1] = {
-        prefix = prefix, leases = KEYS[k], conc = tonumber(ARGV[c]) or 0,
-        buckets = { bucket('rpm', 1, 1), bucket('tpm', 2, est), bucket('daily', 3, est) },
+        prefix = prefix, leases = (prefix == '' or conc > 0) and KEYS[k] or nil, conc = conc,
+        buckets = { bucket('rpm', KEYS[k + 1], ARGV[b], ARGV[b + 1], 1),
+                    bucket('tpm', KEYS[k + 2], ARGV[b + 2], ARGV[b + 3], est),
+                    bucket('daily', KEYS[k + 3], ARGV[b + 4], ARGV[b + 5], est) },
     }
 end
 limit('', 2, 2, 4) -- the source's (ARGV[3] is the lease TTL)
@@ -105,7 +109,9 @@ end
 
 -- 1. expired leases
 for _, lim in ipairs(limits) do
-    redis.call('ZREMRANGEBYSCORE', lim.leases, '-inf', num(now))
+    if lim.leases then
+        redis.call('ZREMRANGEBYSCORE', lim.leases, '-inf', num(now))
+    end
 end
 
 local reason, retry_at = nil, 0
@@ -142,7 +148,7 @@ for _, lim in ipairs(limits) do
             local need = bk.cost < bk.cap and bk.cost or bk.cap
             local missing = need - bk.level
             if missing > 1e-9 then
-                refuse(bk.name, now + missing * bk.win / bk.cap)
+                refuse(lim.prefix .. bk.name, now + missing * bk.win / bk.cap)
             end
         end
     end
@@ -155,9 +161,11 @@ end
 -- admitted: leases, probe ownership and withdrawals together
 local expiry = now + lease_ttl
 for _, lim in ipairs(limits) do
-    redis.call('ZADD', lim.leases, num(expiry), lease_id)
-    local last = redis.call('ZRANGE', lim.leases, -1, -1, 'WITHSCORES')
-    redis.call('PEXPIREAT', lim.leases, math.ceil(tonumber(last[2])) + 1000)
+    if lim.leases then
+        redis.call('ZADD', lim.leases, num(expiry), lease_id)
+        local last = redis.call('ZRANGE', lim.leases, -1, -1, 'WITHSCORES')
+        redis.call('PEXPIREAT', lim.leases, math.ceil(tonumber(last[2])) + 1000)
+    end
     for _, bk in ipairs(lim.buckets) do
         if bk.cap > 0 and bk.win > 0 then
             bucket_store(bk.key, bk.cap, bk.win, bk.level - bk.cost, now)
