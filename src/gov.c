@@ -129,9 +129,9 @@ int gov_set_apps(struct gov *g, const struct gov_app_params *apps, size_t n, dou
 
     for (size_t c = 0; ok && c < g->n_capabilities; c++)
         ok = (fin[c] = calloc(n + 1, sizeof(**fin))) != NULL;
-    for (size_t i = 0; ok && i < n; i++) {
-        if (!apps[i].per_cap || g->n_capabilities == 0)
-            continue;
+    /* Every app counts its attempts per capability, limited or not, so that
+     * a reload may set per_capability limits with exact counts. */
+    for (size_t i = 0; ok && i < n && g->n_capabilities > 0; i++) {
         w[i].n_caps = g->n_capabilities;
         ok = (w[i].caps = calloc(w[i].n_caps, sizeof(*w[i].caps))) != NULL;
     }
@@ -156,7 +156,8 @@ int gov_set_apps(struct gov *g, const struct gov_app_params *apps, size_t n, dou
         bucket_init(&a->daily, (double)a->p.daily_tokens, 86400.0, now);
         for (size_t c = 0; c < a->n_caps; c++) {
             struct gov_app_cap *ac = &a->caps[c];
-            ac->p = a->p.per_cap[c];
+            if (a->p.per_cap)
+                ac->p = a->p.per_cap[c];
             double cw = ac->p.window_s > 0 ? ac->p.window_s : 60.0;
             bucket_init(&ac->rpm, (double)ac->p.rpm, cw, now);
             bucket_init(&ac->tpm, (double)ac->p.tpm, cw, now);
@@ -324,6 +325,87 @@ static void bucket_carry(struct bucket *b, struct bucket *old, double capacity, 
     bucket_init(b, capacity, window_s, now);
     if (!bucket_is_unlimited(b) && !was_unlimited)
         b->level = fmin(level, b->capacity);
+}
+
+int gov_apps_reconf_prepare(struct gov_apps_reconf *r, const struct gov *g,
+                            const struct gov_app_params *apps, size_t n, size_t n_caps)
+{
+    memset(r, 0, sizeof(*r));
+    if (!g->apps || n != g->n_apps || n_caps < g->n_capabilities)
+        return -2;
+    r->caps = calloc(n ? n : 1, sizeof(*r->caps));
+    if (!r->caps)
+        return -1;
+    r->apps = apps;
+    r->n = n;
+    r->n_caps = n_caps;
+    for (size_t i = 0; i < n && n_caps > 0; i++) {
+        if (!(r->caps[i] = calloc(n_caps, sizeof(**r->caps)))) {
+            gov_apps_reconf_abort(r);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+void gov_apps_reconf_abort(struct gov_apps_reconf *r)
+{
+    for (size_t i = 0; r->caps && i < r->n; i++)
+        free(r->caps[i]);
+    free(r->caps);
+    memset(r, 0, sizeof(*r));
+}
+
+/* A bucket's runtime level carried under new figures (`old` is a copy). */
+static void app_buckets_carry(struct bucket *rpm, struct bucket *tpm, struct bucket *daily,
+                              const struct bucket old[3], uint64_t n_rpm, uint64_t n_tpm,
+                              uint64_t n_daily, double window_s, double now)
+{
+    struct bucket o[3] = { old[0], old[1], old[2] };
+    double w = window_s > 0 ? window_s : 60.0;
+
+    bucket_carry(rpm, &o[0], (double)n_rpm, w, now);
+    bucket_carry(tpm, &o[1], (double)n_tpm, w, now);
+    bucket_carry(daily, &o[2], (double)n_daily, 86400.0, now);
+}
+
+void gov_apps_reconf_commit(struct gov *g, struct gov_apps_reconf *r, double now)
+{
+    for (size_t i = 0; i < r->n; i++) {
+        struct gov_app *a = &g->apps[i];
+        const struct gov_app_params *p = &r->apps[i];
+        const struct bucket own[3] = { a->rpm, a->tpm, a->daily };
+
+        a->p = *p;
+        a->p.per_cap = NULL;
+        if (!(a->p.weight > 0) || !isfinite(a->p.weight))
+            a->p.weight = 1.0;
+        app_buckets_carry(&a->rpm, &a->tpm, &a->daily, own, p->rpm, p->tpm, p->daily_tokens,
+                          p->window_s, now);
+        for (size_t c = 0; c < r->n_caps; c++) {
+            struct gov_app_cap *ac = &r->caps[i][c];
+            struct bucket old[3];
+            if (c < a->n_caps) {
+                *ac = a->caps[c]; /* in_flight, limited, levels */
+            } else {
+                bucket_init(&ac->rpm, 0, 60, now);
+                bucket_init(&ac->tpm, 0, 60, now);
+                bucket_init(&ac->daily, 0, 86400, now);
+            }
+            old[0] = ac->rpm;
+            old[1] = ac->tpm;
+            old[2] = ac->daily;
+            ac->p = p->per_cap ? p->per_cap[c] : (struct gov_app_cap_params){ 0 };
+            app_buckets_carry(&ac->rpm, &ac->tpm, &ac->daily, old, ac->p.rpm, ac->p.tpm,
+                              ac->p.daily_tokens, ac->p.window_s, now);
+        }
+        free(a->caps);
+        a->caps = r->n_caps ? r->caps[i] : NULL;
+        a->n_caps = r->n_caps;
+        r->caps[i] = NULL;
+    }
+    free(r->caps);
+    memset(r, 0, sizeof(*r));
 }
 
 /* Source `o`'s runtime state under parameters `p` (see gov.h). */
@@ -767,8 +849,9 @@ static void gov_call_release(struct gov_call *k)
         k->holds_app = false;
         if (a->in_flight > 0)
             a->in_flight--;
-        if (ac && ac->in_flight > 0)
+        if (ac && k->holds_cap && ac->in_flight > 0)
             ac->in_flight--;
+        k->holds_cap = false;
         if (was_full)
             gov_wake_app(k->gov, k->app, SIZE_MAX);
         else if (cap_was_full)
@@ -964,6 +1047,7 @@ void gov_call_step(struct gov_call *k, double now, struct gov_decision *d)
             if (ac)
                 ac->in_flight++;
             k->holds_app = true;
+            k->holds_cap = ac != NULL;
             gov_app_adjust(k, 1, k->est_tokens, now);
         }
         if (k->queued && k->vstart > g->waitq[k->capability].vtime)

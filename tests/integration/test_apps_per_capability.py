@@ -3,6 +3,7 @@ mock upstream: an app's limits on one capability hold its calls of that
 capability, on top of its own limits, and leave its other capabilities
 alone. Callers run as root, whose entry declares the app of each call.
 Every wait is bounded."""
+import os
 import time
 
 from conftest import Pending
@@ -91,3 +92,36 @@ def test_apps__per_capability_rpm_on_top_of_the_apps_own(make_sidecar, up):
         assert err is None, err
     assert max(k.t_end for k in chats) - t1 < 0.3
     assert up.stats()["requests"] == 6
+
+
+def rewrite(sc, text):
+    tmp = sc.config + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, sc.config)
+
+
+def test_apps__reload_changes_an_apps_limits_keeping_its_calls(make_sidecar, up):
+    """A reload sets web's per_capability chat max_concurrency 1 while two of
+    its chat calls run (started unlimited): both finish, and the next chat
+    call of web waits until web is below 1 there (the calls in flight
+    count). Renaming an app needs a restart and changes nothing."""
+    sc = make_sidecar(config_text=per_cap_config(up.url, "{name: web}"))
+    c = sc.connect(timeout=10)
+    running = send(sc, "chat", 2, delay_ms=600)
+    assert wait_until(lambda: up.stats()["in_progress"] == 2, 3, 0.005)
+    rewrite(sc, per_cap_config(up.url, "{name: web, per_capability: {chat: {max_concurrency: 1}}}"))
+    err, res = c.request("config.reload")
+    assert err is None, err
+    t0 = time.monotonic()
+    nxt = send(sc, "chat", 1)[0]
+    time.sleep(0.2)
+    assert not nxt.answered() and up.stats()["in_progress"] == 2, up.stats()
+    for k in running + [nxt]:
+        err, _ = k.wait(5)
+        assert err is None, err
+    assert nxt.t_end - t0 >= 0.3          # after both running calls ended (~0.6 s in)
+    rewrite(sc, per_cap_config(up.url, "{name: webb}"))
+    err, _ = c.request("config.reload")
+    assert err is not None and "apps (added, removed, renamed or reordered)" in err["message"], err
+    c.close()

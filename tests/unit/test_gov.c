@@ -2818,6 +2818,54 @@ START_TEST(test_gov__app_per_capability_refusal_gives_back)
 }
 END_TEST
 
+/* A reload of the apps' figures keeps their runtime state: an attempt in
+ * flight before per_capability limits existed counts toward them, and a
+ * bucket keeps its level (clamped) under its new capacity. */
+START_TEST(test_gov__apps_reconf_keeps_counts_and_levels)
+{
+    static struct fq f;
+    struct gov_app_params apps[1] = { { .weight = 1, .rpm = 3, .window_s = 60 } };
+    struct gov_apps_reconf r;
+
+    fq_init_caps(&f, apps, 1, 2);
+    fq_arrive_cap(&f, 0, 0); /* runs: counted on capability 0 without a limit there */
+    fq_arrive_cap(&f, 0, 1);
+    fq_arrive_cap(&f, 0, 1);
+    ck_assert_uint_eq(f.n_admitted, 3);
+    ck_assert_uint_eq(f.g.apps[0].caps[0].in_flight, 1);
+    /* rpm 3 -> 6, and at most 1 at once on capability 0 */
+    const struct gov_app_cap_params caps[2] = { { .max_concurrency = 1 }, { 0 } };
+    apps[0] = (struct gov_app_params){ .weight = 2, .rpm = 6, .window_s = 60, .per_cap = caps };
+    ck_assert_int_eq(gov_apps_reconf_prepare(&r, &f.g, apps, 2, 2), -2); /* one app, not 2 */
+    ck_assert_int_eq(gov_apps_reconf_prepare(&r, &f.g, apps, 1, 2), 0);
+    gov_apps_reconf_commit(&f.g, &r, f.now);
+    ck_assert_double_eq(f.g.apps[0].p.weight, 2);
+    ck_assert_uint_eq(f.g.apps[0].caps[0].in_flight, 1);
+    ck_assert_uint_eq(f.g.apps[0].in_flight, 3);
+    /* the level (0 of 3) is kept, not refilled to the new capacity */
+    ck_assert_double_eq_tol(bucket_level(&f.g.apps[0].rpm, f.now), 0, 1e-9);
+    ck_assert_double_eq(f.g.apps[0].rpm.capacity, 6);
+    f.now += 10; /* 1 request back at 6 per 60 s */
+    fq_arrive_cap(&f, 0, 0);
+    struct gov_call *held = &f.k[f.n - 1];
+    ck_assert_uint_eq(f.n_admitted, 3); /* the capability-0 attempt from before holds the 1 */
+    ck_assert_int_eq(held->state, GOV_CALL_WAITING);
+    fq_serve_one(&f); /* the oldest (capability 0) ends: the held call runs */
+    ck_assert_uint_eq(f.n_admitted, 4);
+    ck_assert_ptr_eq(f.running[f.n_running - 1], held);
+    ck_assert_uint_eq(f.g.apps[0].caps[0].in_flight, 1);
+    /* back to no per_capability limits: nothing waits on capability 0 */
+    apps[0].per_cap = NULL;
+    apps[0].rpm = 0;
+    ck_assert_int_eq(gov_apps_reconf_prepare(&r, &f.g, apps, 1, 2), 0);
+    gov_apps_reconf_commit(&f.g, &r, f.now);
+    fq_arrive_cap(&f, 0, 0);
+    ck_assert_uint_eq(f.n_admitted, 5);
+    ck_assert_uint_eq(f.g.apps[0].caps[0].in_flight, 2);
+    fq_fini(&f);
+}
+END_TEST
+
 /* --- reconfiguration (a reload) ---------------------------------------- */
 
 /* Applies srcs/from to g and to the live calls ks[0..nk). */
@@ -3077,6 +3125,7 @@ Suite *gov_suite(void)
     tcase_add_test(tc, test_gov__app_per_capability_max_concurrency);
     tcase_add_test(tc, test_gov__app_per_capability_rpm);
     tcase_add_test(tc, test_gov__app_per_capability_refusal_gives_back);
+    tcase_add_test(tc, test_gov__apps_reconf_keeps_counts_and_levels);
     /* reconfiguration */
     tcase_add_test(tc, test_gov__reconf_bucket_keeps_level_clamped_to_new_capacity);
     tcase_add_test(tc, test_gov__reconf_aimd_and_breaker_keep_state_clamped);
