@@ -226,3 +226,26 @@ def test_fleet_apps__task_owner_holds_across_sidecars(redis_srv, up, make_sideca
     assert err is None and t["reason_kind"] == "stopped" and t["reason"] == "ops", (err, t)
     for c in (web, batch, s2web, admin):
         c.close()
+
+
+def test_fleet_apps__reload_keeps_the_fleets_app_limits(redis_srv, up, make_sidecar):
+    """With Redis an app's limits are the fleet's: a reload that changes
+    them is refused (naming the app), while its weight, which orders only
+    this sidecar's wait queue, reloads."""
+    base = fleet_config(redis_srv.url(), unique_prefix(), [source("a", "chat", up.url)])
+    sc = start_fleet(make_sidecar, 1, base + apps_yaml("{name: web, limits: {rpm: 5}}"))[0]
+    c = sc.connect()
+
+    def reload_with(entry):
+        with open(sc.config + ".tmp", "w") as f:
+            f.write(base + apps_yaml(entry))
+        os.replace(sc.config + ".tmp", sc.config)
+        return c.request("config.reload")
+
+    err, _ = reload_with("{name: web, limits: {rpm: 50}}")
+    assert err is not None and "apps[1] web max_concurrency/limits/per_capability" \
+        in err["message"], err
+    err, _ = reload_with("{name: web, limits: {rpm: 5}, weight: 3}")
+    assert err is None, err
+    assert [a["weight"] for a in stats(sc)["apps"] if a["name"] == "web"] == [3]
+    c.close()
