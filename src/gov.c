@@ -212,7 +212,9 @@ static struct gov_app *gov_call_app(const struct gov_call *k)
     return &g->apps[k->app < g->n_apps ? k->app : g->n_apps];
 }
 
-/* The call's app's limits on the call's capability, or NULL (none set). */
+/* The call's app's slot on the call's capability (its counts, and its
+ * limits there when set), or NULL: no apps, the slot of unknown apps, or a
+ * capability added since the apps were set. */
 static struct gov_app_cap *gov_call_app_cap(const struct gov_call *k)
 {
     struct gov_app *a = gov_call_app(k);

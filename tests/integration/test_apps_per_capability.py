@@ -50,6 +50,13 @@ def test_apps__per_capability_max_concurrency(make_sidecar, up):
     assert wait_until(lambda: up.stats()["in_progress"] == 1, 3, 0.005)
     time.sleep(0.1)
     assert up.stats()["in_progress"] == 1, up.stats()
+    err, st = sc.connect().request("stats")
+    assert err is None
+    web = [a for a in st["apps"] if a["name"] == "web"][0]
+    assert web["in_flight"] == 1 and list(web["per_capability"]) == ["chat"], web
+    assert web["per_capability"]["chat"]["in_flight"] == 1, web
+    assert web["per_capability"]["chat"]["limited"] >= 2, web
+    assert web["per_capability"]["chat"]["rpm_level"] is None, web
     others = send(sc, "embedding", 2, delay_ms=300) + send(sc, "chat", 1, app="relay",
                                                            delay_ms=300)
     assert wait_until(lambda: up.stats()["in_progress"] == 4, 1, 0.005), up.stats()
