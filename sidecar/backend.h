@@ -74,6 +74,7 @@ struct backend_task {
     const char *kind;   /* failed: "stopped", "watchdog", "error"; else "" */
     const char *reason; /* "" when none */
     const char *node;   /* the current node when the record has one, else NULL */
+    const char *owner;  /* the app the record says owns it; NULL or "": none known */
     uint64_t runs;
     double started_at_s; /* Unix seconds */
     double updated_at_s; /* Unix seconds */
@@ -113,12 +114,16 @@ struct backend_hooks {
 struct backend_ops {
     const char *name; /* "memory", "redis" */
 
-    /* Admission of the attempt the governed loop reserved on `source`,
+    /* Admission of the attempt the governed loop reserved on `source` for
+     * app `app` (an index in cfg->apps; >= n_apps: no app limits),
      * estimated at `est_tokens`. 1: admitted now (*lease may stay NULL: no
      * fleet permit to release); 0: *pending is the request, `cb` runs
-     * later; -1: not sent (not connected): fail closed. */
-    int (*admit)(struct backend *be, size_t source, double est_tokens, struct backend_lease **lease,
-                 backend_admit_cb *cb, void *ud, struct backend_admit **pending);
+     * later; -1: not sent (not connected): fail closed. A refusal by the
+     * app's own limits has a `why` starting with "app_" (app_concurrency,
+     * app_rpm, …; app_cap_… for its limits on the source's capability). */
+    int (*admit)(struct backend *be, size_t source, size_t app, double est_tokens,
+                 struct backend_lease **lease, backend_admit_cb *cb, void *ud,
+                 struct backend_admit **pending);
     /* The caller is gone before the answer: `cb` will not run, and a lease
      * granted meanwhile is released at once. */
     void (*admit_detach)(struct backend *be, struct backend_admit *a);
@@ -130,11 +135,16 @@ struct backend_ops {
                     double used_tokens);
 
     /* Task operation `op` on task `id` (borrowed, 1..TASK_ID_MAX bytes);
-     * `reason` (stop, finish, watchdog) and `ok` (finish). 1: answered in
-     * *now_bt (valid until the next registry change); 0: `cb` runs later;
-     * -1: not sent. */
+     * `reason` (stop, finish, watchdog) and `ok` (finish), on behalf of
+     * app `app` (borrowed; NULL: no ownership rule — this sidecar's own
+     * reads and verdicts, or an admin app). A shared record belongs to the
+     * first app that names it; another app is answered TASK_E_NOT_FOUND,
+     * as if it did not exist (the memory backend leaves the rule to the
+     * caller, which holds every task). 1: answered in *now_bt (valid until
+     * the next registry change); 0: `cb` runs later; -1: not sent. */
     int (*task)(struct backend *be, enum backend_task_op op, const char *id, const char *reason,
-                bool ok, struct backend_task *now_bt, backend_task_cb *cb, void *ud);
+                bool ok, const char *app, struct backend_task *now_bt, backend_task_cb *cb,
+                void *ud);
     /* A task update failed while the backend may be up: hooks.on_up (and,
      * with `resync`, hooks.on_resync) in a while (backing off while it
      * keeps failing), and at the latest when the connection comes back. */
@@ -206,11 +216,11 @@ void backend_task_describe(struct backend_task *bt, const struct task *t, struct
 const char *backend_verdict_name(const struct outcome *o);
 
 /* Dispatch helpers: the caller's view of the table. */
-static inline int backend_admit(struct backend *be, size_t source, double est_tokens,
+static inline int backend_admit(struct backend *be, size_t source, size_t app, double est_tokens,
                                 struct backend_lease **lease, backend_admit_cb *cb, void *ud,
                                 struct backend_admit **pending)
 {
-    return be->ops->admit(be, source, est_tokens, lease, cb, ud, pending);
+    return be->ops->admit(be, source, app, est_tokens, lease, cb, ud, pending);
 }
 
 static inline void backend_admit_detach(struct backend *be, struct backend_admit *a)
@@ -225,10 +235,10 @@ static inline void backend_release(struct backend *be, struct backend_lease *lea
 }
 
 static inline int backend_task(struct backend *be, enum backend_task_op op, const char *id,
-                               const char *reason, bool ok, struct backend_task *now_bt,
-                               backend_task_cb *cb, void *ud)
+                               const char *reason, bool ok, const char *app,
+                               struct backend_task *now_bt, backend_task_cb *cb, void *ud)
 {
-    return be->ops->task(be, op, id, reason, ok, now_bt, cb, ud);
+    return be->ops->task(be, op, id, reason, ok, app, now_bt, cb, ud);
 }
 
 static inline void backend_free(struct backend *be)

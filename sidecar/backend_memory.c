@@ -18,12 +18,13 @@ struct backend_memory {
     struct task_reg *tasks; /* borrowed */
 };
 
-static int mem_admit(struct backend *be, size_t source, double est_tokens,
+static int mem_admit(struct backend *be, size_t source, size_t app, double est_tokens,
                      struct backend_lease **lease, backend_admit_cb *cb, void *ud,
                      struct backend_admit **pending)
 {
     (void)be;
     (void)source;
+    (void)app;
     (void)est_tokens;
     (void)cb;
     (void)ud;
@@ -62,12 +63,14 @@ static int state_code(const struct task *t)
 }
 
 static int mem_task(struct backend *be, enum backend_task_op op, const char *id, const char *reason,
-                    bool ok, struct backend_task *bt, backend_task_cb *cb, void *ud)
+                    bool ok, const char *app, struct backend_task *bt, backend_task_cb *cb,
+                    void *ud)
 {
     struct backend_memory *m = (struct backend_memory *)be;
     double now = ev_now(m->loop);
     struct task *t = task_get(m->tasks, id);
     int rc = TASK_OK;
+    (void)app; /* the registry is the caller's: it applies ownership itself */
     (void)cb;
     (void)ud;
 

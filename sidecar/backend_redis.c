@@ -7,28 +7,36 @@
  *  - Admission is propose/confirm. The local step picks a source with the
  *    local rules (AIMD permits, pacer) and reserves it; admit asks
  *    admit.lua (one round trip) for the fleet's verdict: breaker, the
- *    fleet-wide max_concurrency as leases, RPM/TPM/daily buckets. Admitted:
+ *    fleet-wide max_concurrency as leases, RPM/TPM/daily buckets, and the
+ *    same figures of the calling app (its own, and its own on the source's
+ *    capability), checked in the same script. Admitted:
  *    the attempt runs holding a lease. Refused: the caller gives the
  *    reservation back and waits until the retry time (or re-polls). No
  *    answer within the command timeout: backend_unavailable.
  *  - Release: release.lua frees the lease, reconciles the token buckets and
  *    records the breaker verdict. Failures of these writes are logged and
  *    counted: a lease that was not released expires by its TTL.
- *  - Leases of attempts in flight are renewed every lease_ttl_s / 3, so
- *    only a dead sidecar's permits expire.
+ *  - Leases of attempts in flight are renewed every lease_ttl_s / 3 (in the
+ *    sources' leases keys and the apps'), so only a dead sidecar's permits
+ *    expire.
  *  - Progress ages come from a cache kept exact by pub/sub: every mark is
  *    published; an unknown scope is fetched once (the loop waits for it
  *    only when a stall verdict depends on it; hooks.on_progress_known says
  *    when it is known); the cache is dropped when the subscription is lost,
  *    and reads fail closed until it is back.
- *  - Task operations run task.lua; a stop, watchdog verdict or finish is
+ *  - Task operations run task.lua, with the calling app: the record keeps
+ *    its owner, so another app gets "not found" on every sidecar. A stop,
+ *    watchdog verdict or finish is
  *    published on P:task-end (hooks.on_task_ended on every sidecar). Lost
  *    channel messages or failed updates lead to hooks.on_resync once both
  *    connections are up; hooks.on_up asks for the verdicts not sent.
  *
- * Keys: {P:source:N}:breaker|leases|rpm|tpm|daily, {P:scope:S}:progress,
- * {P:task:ID}; channels P:task-end and P:progress. Every script touches the
- * keys of one hash tag.
+ * Keys: {P:source:N}:breaker|leases|rpm|tpm|daily,
+ * {P:app:A}:leases|rpm|tpm|daily, {P:app:A}:cap:C:leases|rpm|tpm|daily,
+ * {P:scope:S}:progress, {P:task:ID}; channels P:task-end and P:progress.
+ * Every script touches the keys of one hash tag, except admit and release
+ * of an app with limits: the source's and the app's (one slot again when
+ * the prefix carries a hash tag of its own).
  */
 #include "backend.h"
 #include "dlist.h"
@@ -64,7 +72,9 @@ enum { CH_TASK_END, CH_PROGRESS, CH_COUNT };
 struct backend_lease {
     struct backend_lease *prev, *next; /* the source's live leases */
     size_t source;
-    bool live; /* linked */
+    size_t app, cap; /* the app groups admit.lua recorded it in: indexes in
+                      * sh->apps and its caps, or SIZE_MAX (none) */
+    bool live;       /* linked */
     double est_tokens;
     char id[48];
 };
@@ -103,6 +113,21 @@ struct source_keys {
     struct backend_redis *sh;
 };
 
+/* One group of an app's limits as admit.lua takes it (the app's own, or
+ * the app's on one capability): its keys and constant arguments. */
+struct limit_keys {
+    bool on;        /* some limit is set: the group is sent */
+    bool leases_on; /* max_concurrency is set: admit.lua records leases there */
+    const char *label;
+    char leases[SHARED_KEY_MAX], rpm[SHARED_KEY_MAX], tpm[SHARED_KEY_MAX], daily[SHARED_KEY_MAX];
+    char a_conc[24], a_rpm[24], a_win[24], a_tpm[24], a_daily[24];
+};
+
+struct app_keys {
+    struct limit_keys own;
+    struct limit_keys *caps; /* owned, cfg->n_capabilities, or NULL (no per_capability) */
+};
+
 struct backend_redis {
     struct backend be; /* first: the table's view */
     struct ev_loop *loop;
@@ -113,6 +138,7 @@ struct backend_redis {
     unsigned long long lease_seq;
     char *channel[CH_COUNT];
     struct source_keys *src;   /* one per configured source */
+    struct app_keys *apps;     /* one per configured app */
     struct scope_slot *scopes; /* open addressing */
     size_t n_scopes;
     uint32_t epoch; /* bumped when the cache is dropped */
@@ -125,12 +151,12 @@ struct backend_redis {
     bool closing; /* redis_free: no new work */
     ev_timer renew_w;
     /* counters */
-    unsigned long long admits, admitted, refused[6], admit_errors, releases, write_errors,
+    unsigned long long admits, admitted, refused[7], admit_errors, releases, write_errors,
         leases_lost, progress_fetches, progress_read_errors, renewals, marks_sent, marks_coalesced;
 };
 
-static const char *const refusal_names[6] = { "breaker", "concurrency", "rpm",
-                                              "tpm",     "daily",       "other" };
+static const char *const refusal_names[7] = { "breaker", "concurrency", "rpm",  "tpm",
+                                              "daily",   "app",         "other" };
 
 /* --- helpers ----------------------------------------------------------- */
 
@@ -426,6 +452,44 @@ static void on_released(const redisReply *r, const char *err, void *ud)
         note_breaker(sh, k->index, r->element[1]->str);
 }
 
+/* The app groups of lease `l` (0, 1 or 2 of them, in admit.lua's order). */
+static size_t lease_groups(const struct backend_redis *sh, const struct backend_lease *l,
+                           const struct limit_keys *g[2])
+{
+    size_t n = 0;
+
+    if (l->app == SIZE_MAX)
+        return 0;
+    const struct app_keys *a = &sh->apps[l->app];
+    if (a->own.on)
+        g[n++] = &a->own;
+    if (l->cap != SIZE_MAX)
+        g[n++] = &a->caps[l->cap];
+    return n;
+}
+
+/* Appends v[0..count) to argv at n; returns the new n. */
+static size_t push_args(const char **argv, size_t n, const char *const *v, size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        argv[n++] = v[i];
+    return n;
+}
+
+/* Appends the keys of source `k` and of groups g[0..ng) to argv at n:
+ * the KEYS both admit.lua and release.lua take. Returns the new n. */
+static size_t push_keys(const char **argv, size_t n, const struct source_keys *k,
+                        const struct limit_keys *const *g, size_t ng)
+{
+    const char *const keys[5] = { k->breaker, k->leases, k->rpm, k->tpm, k->daily };
+    n = push_args(argv, n, keys, 5);
+    for (size_t i = 0; i < ng; i++) {
+        const char *const gk[4] = { g[i]->leases, g[i]->rpm, g[i]->tpm, g[i]->daily };
+        n = push_args(argv, n, gk, 4);
+    }
+    return n;
+}
+
 static void redis_release(struct backend *be, struct backend_lease *l, const struct outcome *o,
                           double used_tokens)
 {
@@ -437,23 +501,24 @@ static void redis_release(struct backend *be, struct backend_lease *l, const str
     sh->releases++;
     fmt_num(est, sizeof(est), ceil(l->est_tokens));
     fmt_num(used, sizeof(used), used_tokens < 0 ? -1 : ceil(used_tokens));
-    const char *argv[] = { k->breaker,
-                           k->leases,
-                           k->rpm,
-                           k->tpm,
-                           k->daily,
-                           l->id,
-                           backend_verdict_name(o),
-                           est,
-                           used,
-                           k->a_tpm,
-                           k->a_win,
-                           k->a_daily,
-                           "86400000",
-                           k->a_fails,
-                           k->a_cool,
-                           k->a_maxcool };
-    if (rds_eval(sh->rds, RDS_RELEASE, 5, 16, argv, NULL, on_released, k) < 0)
+    /* release.lua: the source's 5 keys, the groups' 4 each; then 11
+     * arguments and 4 per group (see its header). */
+    const struct limit_keys *g[2];
+    size_t ng = lease_groups(sh, l, g);
+    const char *argv[5 + 4 * 2 + 11 + 4 * 2];
+    size_t n = push_keys(argv, 0, k, g, ng);
+    const char *const args[11] = { l->id,       backend_verdict_name(o),
+                                   est,         used,
+                                   k->a_tpm,    k->a_win,
+                                   k->a_daily,  "86400000",
+                                   k->a_fails,  k->a_cool,
+                                   k->a_maxcool };
+    n = push_args(argv, n, args, 11);
+    for (size_t i = 0; i < ng; i++) {
+        const char *const ga[4] = { g[i]->a_tpm, g[i]->a_win, g[i]->a_daily, "86400000" };
+        n = push_args(argv, n, ga, 4);
+    }
+    if (rds_eval(sh->rds, RDS_RELEASE, (int)(5 + 4 * ng), (int)n, argv, NULL, on_released, k) < 0)
         count_write_error(sh, "release", "not connected");
     free(l);
 }
@@ -463,7 +528,7 @@ static int refusal_index(const char *why)
     for (int i = 0; i < 5; i++)
         if (strcmp(why, refusal_names[i]) == 0)
             return i;
-    return 5;
+    return strncmp(why, "app_", 4) == 0 ? 5 : 6;
 }
 
 static void on_admitted(const redisReply *r, const char *err, void *ud)
@@ -502,7 +567,7 @@ static void on_admitted(const redisReply *r, const char *err, void *ud)
     free(a);
 }
 
-static int redis_admit(struct backend *be, size_t source, double est_tokens,
+static int redis_admit(struct backend *be, size_t source, size_t app, double est_tokens,
                        struct backend_lease **lease, backend_admit_cb *cb, void *ud,
                        struct backend_admit **pending)
 {
@@ -521,14 +586,35 @@ static int redis_admit(struct backend *be, size_t source, double est_tokens,
     }
     l->source = source;
     l->est_tokens = est_tokens;
+    l->app = l->cap = SIZE_MAX;
+    if (app < sh->cfg->n_apps) {
+        const struct app_keys *ak = &sh->apps[app];
+        size_t cap = sh->cfg->sources[source].capability_index;
+        bool cap_on = ak->caps && ak->caps[cap].on;
+        if (ak->own.on || cap_on) {
+            l->app = app;
+            l->cap = cap_on ? cap : SIZE_MAX;
+        }
+    }
     snprintf(l->id, sizeof(l->id), "%s:%llu", sh->sidecar_id, ++sh->lease_seq);
     *a = (struct backend_admit){ .sh = sh, .lease = l, .cb = cb, .ud = ud };
     fmt_num(est, sizeof(est), ceil(est_tokens));
-    const char *argv[] = { k->breaker, k->leases, k->rpm,     k->tpm,     k->daily,
-                           l->id,      k->a_conc, k->a_ttl,   k->a_rpm,   k->a_win,
-                           k->a_tpm,   k->a_win,  k->a_daily, "86400000", est };
+    /* admit.lua: the source's 5 keys, the app groups' 4 each; then 10
+     * arguments and 8 per group (see its header). */
+    const struct limit_keys *g[2];
+    size_t ng = lease_groups(sh, l, g);
+    const char *argv[5 + 4 * 2 + 10 + 8 * 2];
+    size_t n = push_keys(argv, 0, k, g, ng);
+    const char *const args[10] = { l->id,    k->a_conc, k->a_ttl,   k->a_rpm,   k->a_win,
+                                   k->a_tpm, k->a_win,  k->a_daily, "86400000", est };
+    n = push_args(argv, n, args, 10);
+    for (size_t i = 0; i < ng; i++) {
+        const char *const ga[8] = { g[i]->label, g[i]->a_conc, g[i]->a_rpm,   g[i]->a_win,
+                                    g[i]->a_tpm, g[i]->a_win,  g[i]->a_daily, "86400000" };
+        n = push_args(argv, n, ga, 8);
+    }
     sh->admits++;
-    if (rds_eval(sh->rds, RDS_ADMIT, 5, 15, argv, NULL, on_admitted, a) < 0) {
+    if (rds_eval(sh->rds, RDS_ADMIT, (int)(5 + 4 * ng), (int)n, argv, NULL, on_admitted, a) < 0) {
         free(a);
         free(l);
         return -1;
@@ -564,6 +650,43 @@ static void on_renewed(const redisReply *r, const char *err, void *ud)
     }
 }
 
+/* Does lease `l` count in source `source` (SIZE_MAX: any), app `app`'s
+ * own group (SIZE_MAX: no app) or its group of capability `cap`? */
+static bool lease_in(const struct backend_lease *l, size_t source, size_t app, size_t cap)
+{
+    if (source != SIZE_MAX)
+        return l->source == source;
+    return l->app == app && (cap == SIZE_MAX || l->cap == cap);
+}
+
+/* One renew.lua for the leases key `key` of the live leases lease_in
+ * selects (none: nothing sent). */
+static void renew_key(struct backend_redis *sh, const char *key, const char *ttl, size_t source,
+                      size_t app, size_t cap)
+{
+    size_t n = 0, live = 0;
+
+    for (size_t i = 0; i < sh->cfg->n_sources; i++)
+        for (struct backend_lease *l = sh->src[i].live; l; l = l->next)
+            live += lease_in(l, source, app, cap);
+    if (!live)
+        return;
+    const char **argv = malloc((live + 2) * sizeof(*argv));
+    if (!argv)
+        return;
+    argv[n++] = key;
+    argv[n++] = ttl;
+    for (size_t i = 0; i < sh->cfg->n_sources; i++)
+        for (struct backend_lease *l = sh->src[i].live; l; l = l->next)
+            if (lease_in(l, source, app, cap))
+                argv[n++] = l->id;
+    if (rds_eval(sh->rds, RDS_RENEW, 1, (int)n, argv, NULL, on_renewed, sh) < 0)
+        count_write_error(sh, "renew", "not connected");
+    free(argv);
+}
+
+/* Every leases key with live leases of this sidecar: the sources', and the
+ * app groups' (an app's slot held by a live attempt must not expire). */
 static void renew_all(struct ev_loop *loop, ev_timer *w, int revents)
 {
     struct backend_redis *sh = w->data;
@@ -574,21 +697,16 @@ static void renew_all(struct ev_loop *loop, ev_timer *w, int revents)
     if (!rds_up(sh->rds))
         return;
     fmt_num(ttl, sizeof(ttl), sh->cfg->redis_lease_ttl_s * 1000.0);
-    for (size_t i = 0; i < sh->cfg->n_sources; i++) {
-        struct source_keys *k = &sh->src[i];
-        if (!k->n_live)
-            continue;
-        const char **argv = malloc((k->n_live + 2) * sizeof(*argv));
-        if (!argv)
-            continue;
-        size_t n = 0;
-        argv[n++] = k->leases;
-        argv[n++] = ttl;
-        for (struct backend_lease *l = k->live; l; l = l->next)
-            argv[n++] = l->id;
-        if (rds_eval(sh->rds, RDS_RENEW, 1, (int)n, argv, NULL, on_renewed, sh) < 0)
-            count_write_error(sh, "renew", "not connected");
-        free(argv);
+    for (size_t i = 0; i < sh->cfg->n_sources; i++)
+        if (sh->src[i].n_live)
+            renew_key(sh, sh->src[i].leases, ttl, i, SIZE_MAX, SIZE_MAX);
+    for (size_t a = 0; a < sh->cfg->n_apps; a++) {
+        const struct app_keys *ak = &sh->apps[a];
+        if (ak->own.leases_on)
+            renew_key(sh, ak->own.leases, ttl, SIZE_MAX, a, SIZE_MAX);
+        for (size_t c = 0; ak->caps && c < sh->cfg->n_capabilities; c++)
+            if (ak->caps[c].leases_on)
+                renew_key(sh, ak->caps[c].leases, ttl, SIZE_MAX, a, c);
     }
 }
 
@@ -625,7 +743,8 @@ static int task_code(const char *code)
 }
 
 /* task.lua's reply {code, state, kind, reason, runs, started_at_ms,
- * ended_at_ms} (or {code} alone when there is no record). Redis' clock and
+ * ended_at_ms, owner} (or {code} alone when there is no record; a record
+ * written before owners were kept has no owner element). Redis' clock and
  * the host's are assumed close: the times are only displayed. */
 static bool task_parse(const redisReply *r, struct backend_task *bt)
 {
@@ -650,6 +769,8 @@ static bool task_parse(const redisReply *r, struct backend_task *bt)
     bt->runs = r->element[4]->integer > 0 ? (uint64_t)r->element[4]->integer : 0;
     bt->started_at_s = (double)started / 1000.0;
     bt->updated_at_s = (double)(ended > 0 ? ended : started) / 1000.0;
+    if (r->elements > 7 && r->element[7]->type == REDIS_REPLY_STRING)
+        bt->owner = r->element[7]->str;
     return true;
 }
 
@@ -669,8 +790,8 @@ static void on_task_reply(const redisReply *r, const char *err, void *ud)
 }
 
 static int redis_task(struct backend *be, enum backend_task_op op, const char *id,
-                      const char *reason, bool ok, struct backend_task *now_bt, backend_task_cb *cb,
-                      void *ud)
+                      const char *reason, bool ok, const char *app, struct backend_task *now_bt,
+                      backend_task_cb *cb, void *ud)
 {
     struct backend_redis *sh = (struct backend_redis *)be;
     char key[SHARED_KEY_MAX], ttl[32];
@@ -690,8 +811,9 @@ static int redis_task(struct backend *be, enum backend_task_op op, const char *i
                            ttl,
                            reason ? reason : "",
                            ok ? "1" : "0",
-                           sh->channel[CH_TASK_END] };
-    if (rds_eval(sh->rds, RDS_TASK, 1, 7, argv, NULL, on_task_reply, q) < 0) {
+                           sh->channel[CH_TASK_END],
+                           app ? app : "" };
+    if (rds_eval(sh->rds, RDS_TASK, 1, 8, argv, NULL, on_task_reply, q) < 0) {
         free(q);
         return -1;
     }
@@ -812,6 +934,51 @@ static void on_message(struct rds *r, size_t channel, const char *msg, size_t le
 
 /* --- set-up ------------------------------------------------------------ */
 
+/* Group `g` for figures `conc`, `lim` under `tag` (the app's hash tag, with
+ * a key suffix: "" or ":cap:NAME"). */
+static void limit_keys_init(struct limit_keys *g, const char *label, const char *tag,
+                            const char *sub, uint32_t conc, const struct config_limits *lim)
+{
+    g->label = label;
+    g->on = conc > 0 || lim->rpm > 0 || lim->tpm > 0 || lim->daily_tokens > 0;
+    g->leases_on = conc > 0;
+    snprintf(g->leases, sizeof(g->leases), "%s%s:leases", tag, sub);
+    snprintf(g->rpm, sizeof(g->rpm), "%s%s:rpm", tag, sub);
+    snprintf(g->tpm, sizeof(g->tpm), "%s%s:tpm", tag, sub);
+    snprintf(g->daily, sizeof(g->daily), "%s%s:daily", tag, sub);
+    fmt_num(g->a_conc, sizeof(g->a_conc), conc);
+    fmt_num(g->a_rpm, sizeof(g->a_rpm), (double)lim->rpm);
+    fmt_num(g->a_win, sizeof(g->a_win), lim->window_s * 1000.0);
+    fmt_num(g->a_tpm, sizeof(g->a_tpm), (double)lim->tpm);
+    fmt_num(g->a_daily, sizeof(g->a_daily), (double)lim->daily_tokens);
+}
+
+/* The keys of every app's limits: {P:app:A}:leases|rpm|tpm|daily and
+ * {P:app:A}:cap:C:leases|… (the app's hash tag: one slot per app). */
+static int apps_keys_init(struct backend_redis *sh)
+{
+    const struct config *cfg = sh->cfg;
+    char tag[SHARED_KEY_MAX / 2], sub[CONFIG_NAME_MAX + 8];
+
+    for (size_t i = 0; i < cfg->n_apps; i++) {
+        const struct config_app *a = &cfg->apps[i];
+        struct app_keys *ak = &sh->apps[i];
+        snprintf(tag, sizeof(tag), "{%s:app:%s}", cfg->redis_prefix, a->name);
+        limit_keys_init(&ak->own, "app", tag, "", a->max_concurrency, &a->limits);
+        if (!a->per_capability)
+            continue;
+        ak->caps = calloc(cfg->n_capabilities ? cfg->n_capabilities : 1, sizeof(*ak->caps));
+        if (!ak->caps)
+            return -1;
+        for (size_t c = 0; c < cfg->n_capabilities; c++) {
+            const struct config_app_limits *pc = &a->per_capability[c];
+            snprintf(sub, sizeof(sub), ":cap:%s", cfg->capabilities[c].name);
+            limit_keys_init(&ak->caps[c], "app_cap", tag, sub, pc->max_concurrency, &pc->limits);
+        }
+    }
+    return 0;
+}
+
 static void redis_free(struct backend *be);
 
 static const struct gov_backend *redis_progress(struct backend *be)
@@ -863,8 +1030,9 @@ struct backend *backend_redis_new(struct ev_loop *loop, const struct config *cfg
     ev_init(&sh->renew_w, renew_all);
     sh->renew_w.data = sh;
     sh->src = calloc(cfg->n_sources ? cfg->n_sources : 1, sizeof(*sh->src));
+    sh->apps = calloc(cfg->n_apps ? cfg->n_apps : 1, sizeof(*sh->apps));
     sh->scopes = calloc(SHARED_SCOPES, sizeof(*sh->scopes));
-    if (!sh->src || !sh->scopes)
+    if (!sh->src || !sh->apps || !sh->scopes || apps_keys_init(sh) < 0)
         goto oom;
     for (size_t i = 0; i < CH_COUNT; i++) {
         static const char *const names[CH_COUNT] = { "task-end", "progress" };
@@ -1006,6 +1174,9 @@ static void redis_free(struct backend *be)
         scopes_clear(sh);
     free(sh->scopes);
     free(sh->src);
+    for (size_t i = 0; sh->apps && i < cfg->n_apps; i++)
+        free(sh->apps[i].caps);
+    free(sh->apps);
     for (size_t i = 0; i < CH_COUNT; i++)
         free(sh->channel[i]);
     free(sh);
@@ -1079,8 +1250,8 @@ static void redis_pack_stats(struct backend *be, msgpack_packer *pk)
     rpc_pack_kv_u64(pk, "admits", sh->admits);
     rpc_pack_kv_u64(pk, "admitted", sh->admitted);
     rpc_pack_str(pk, "refused");
-    msgpack_pack_map(pk, 6);
-    for (int i = 0; i < 6; i++)
+    msgpack_pack_map(pk, 7);
+    for (int i = 0; i < 7; i++)
         rpc_pack_kv_u64(pk, refusal_names[i], sh->refused[i]);
     rpc_pack_kv_u64(pk, "admit_errors", sh->admit_errors);
     rpc_pack_kv_u64(pk, "releases", sh->releases);

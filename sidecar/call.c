@@ -1321,8 +1321,10 @@ static void call_on_admit(void *ud, int rc, struct backend_lease *lease, double 
     if (rc == 0) {
         log_at(LOG_DEBUG, "fleet admission refused", "app", LOG_S, k->app, "source", LOG_S,
                srv->cfg->sources[k->g.source].name, "check", LOG_S, why, NULL);
-        /* A token-bucket refusal depends on this call's size: no gate. */
-        bool gate = strcmp(why, "tpm") != 0 && strcmp(why, "daily") != 0;
+        /* A token-bucket refusal depends on this call's size, an app's
+         * limit on this call's app: no gate. */
+        bool gate =
+            strcmp(why, "tpm") != 0 && strcmp(why, "daily") != 0 && strncmp(why, "app_", 4) != 0;
         gov_call_refused(&k->g, now, retry_at, gate, &d);
     } else {
         log_at(LOG_WARN, "backend could not admit (failing closed)", "app", LOG_S, k->app, "error",
@@ -1342,8 +1344,8 @@ static void call_act(struct call *k, const struct gov_decision *d,
     case GOV_ATTEMPT: {
         /* Admitted at once (the local step decided: memory), later
          * (call_on_admit), or not sent: fail closed. */
-        int rc = backend_admit(srv->backend, d->source, k->g.est_tokens, &k->lease, call_on_admit,
-                               k, &k->admit);
+        int rc = backend_admit(srv->backend, d->source, k->g.app, k->g.est_tokens, &k->lease,
+                               call_on_admit, k, &k->admit);
         if (rc > 0) {
             call_run_attempt(k, d->source);
         } else if (rc < 0) {
@@ -1626,7 +1628,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     if (tw) {
         tw->k = k;
         k->task_wait = tw;
-        tasks_guard_remote(srv, tw->id, call_on_task_checked, tw);
+        tasks_guard_remote(srv, tw->id, app, call_on_task_checked, tw);
         return;
     }
     call_step(k);

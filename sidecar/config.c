@@ -172,6 +172,7 @@ enum fid {
     FID_APP_TOKEN,
     FID_APP_TOKEN_ENV,
     FID_APP_TOKEN_FILE,
+    FID_APP_PER_CAP,
     FID_COUNT
 };
 
@@ -256,10 +257,11 @@ struct src_stage {
 
 struct app_stage {
     struct config_app app;
-    const struct ynode *caps; /* `capabilities` (the tree outlives validation) */
-    char *token_env;          /* owned; name of the variable holding the token */
-    char *token_file;         /* owned; absolute path of the token file */
-    bool bad;                 /* not a map: no rule applies to it */
+    const struct ynode *caps;    /* `capabilities` (the tree outlives validation) */
+    const struct ynode *per_cap; /* `per_capability`, resolved once capabilities are known */
+    char *token_env;             /* owned; name of the variable holding the token */
+    char *token_file;            /* owned; absolute path of the token file */
+    bool bad;                    /* not a map: no rule applies to it */
     unsigned map_line;
     unsigned line[FID_COUNT];
 };
@@ -842,9 +844,20 @@ static const struct field app_table[] = {
            "an environment variable with token_env or a file with token_file"),
     STR("token_env", FID_APP_TOKEN_ENV, OFF(struct app_stage, token_env), check_env_name),
     STR("token_file", FID_APP_TOKEN_FILE, OFF(struct app_stage, token_file), check_key_path),
+    TYPED("per_capability", FT_NODE, FID_APP_PER_CAP, OFF(struct app_stage, per_cap)),
     END
 };
 #undef APP
+
+/* apps[i].per_capability.NAME */
+static const struct field app_limits_table[] = { NUM("max_concurrency", FT_U32, FID_MAX_CONCURRENCY,
+                                                     OFF(struct config_app_limits, max_concurrency),
+                                                     1, 1e6, 0),
+                                                 { .key = "limits",
+                                                   .type = FT_INCLUDE,
+                                                   .off = OFF(struct config_app_limits, limits),
+                                                   .sub = limits_table },
+                                                 END };
 
 static int walk_capabilities(struct loader *l, const struct ynode *v);
 static int walk_sources(struct loader *l, const struct ynode *v);
@@ -1230,8 +1243,12 @@ static int set_field(struct loader *l, const struct field *f, char *slot, const 
         break;
     }
     case FT_NODE:
-        if (v->kind != YN_SEQ)
+        if (f->fid == FID_APP_PER_CAP) {
+            if (v->kind != YN_MAP)
+                return fail_type(l, v, "a map of capability names to limits");
+        } else if (v->kind != YN_SEQ) {
             return fail_type(l, v, "a list of capability names");
+        }
         *(const struct ynode **)slot = v;
         break;
     case FT_DIALECT: {
@@ -2436,6 +2453,7 @@ static void app_fini(struct config_app *a)
     free(a->uids.v);
     free(a->gids.v);
     free(a->capabilities);
+    free(a->per_capability);
     memset(a, 0, sizeof(*a));
 }
 
@@ -2487,6 +2505,49 @@ static int app_resolve_caps(struct loader *l, size_t i)
     return 0;
 }
 
+/* apps[i].per_capability: { CAPABILITY: {max_concurrency, rpm, tpm,
+ * daily_tokens, window_s}, ... }, each a known capability. Returns -1 only
+ * when out of memory (a bad entry is reported). */
+static int app_resolve_per_cap(struct loader *l, size_t i)
+{
+    struct app_stage *a = &l->apps[i];
+    const struct ynode *m = a->per_cap;
+
+    if (ynode_is_null(m) || m->kind != YN_MAP) /* the walk reported another kind */
+        return 0;
+    char prefix[48];
+    int n = snprintf(prefix, sizeof(prefix), "apps[%zu].per_capability", i);
+    size_t old = path_push_key(l, prefix, n > 0 ? (size_t)n : 0);
+    a->app.per_capability =
+        calloc(l->cfg->n_capabilities ? l->cfg->n_capabilities : 1, sizeof(*a->app.per_capability));
+    if (!a->app.per_capability) {
+        path_pop(l, old);
+        return -1;
+    }
+    int rc = 0;
+    for (size_t k = 0; rc == 0 && k < m->n_kids / 2; k++) {
+        const struct ynode *key, *v = m->kids[2 * k + 1];
+        unsigned lines[FID_COUNT] = { 0 };
+        if (map_key(l, m, k, &key) < 0)
+            continue;
+        size_t at = path_push_key(l, key->text, key->len);
+        int ci = config_find_capability(l->cfg, key->text, key->len);
+        if (ci < 0) {
+            fail_here(l, key->line, "not a configured capability");
+        } else if (!ynode_is_null(v) && v->kind != YN_MAP) {
+            fail_type(l, v, "a map (max_concurrency, rpm, tpm, daily_tokens, window_s)");
+        } else {
+            struct config_app_limits *c = &a->app.per_capability[ci];
+            *c = (struct config_app_limits){ .set = true, .limits.window_s = 60 };
+            if (!ynode_is_null(v))
+                rc = walk_map(l, v, app_limits_table, (char *)c, lines);
+        }
+        path_pop(l, at);
+    }
+    path_pop(l, old);
+    return rc == -ENOMEM ? -1 : 0;
+}
+
 /* Names present and unique; a uid or gid in one app only. Linear in the
  * number of ids per pair of apps: the table is small (one entry per
  * application of the host). */
@@ -2532,6 +2593,8 @@ static int validate_apps(struct loader *l)
         check_ids_unique(l, i, false);
         check_ids_unique(l, i, true);
         if (a->caps && app_resolve_caps(l, i) < 0)
+            return fail_nomem(l);
+        if (a->per_cap && app_resolve_per_cap(l, i) < 0)
             return fail_nomem(l);
     }
     if (l->n_errors)

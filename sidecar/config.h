@@ -167,6 +167,13 @@ struct config_ids {
     size_t n;
 };
 
+/* An app's own limits on one capability (apps[i].per_capability.NAME). */
+struct config_app_limits {
+    bool set;                    /* listed (else every figure is 0 = unlimited) */
+    uint32_t max_concurrency;    /* 0 = unlimited */
+    struct config_limits limits; /* rpm/tpm/daily_tokens, window_s (default 60) */
+};
+
 struct config_app {
     char name[CONFIG_NAME_MAX];
     struct config_ids uids, gids;
@@ -184,6 +191,9 @@ struct config_app {
                                   * unique among apps; never print; wiped by config_free */
     char *token_file;            /* owned: the absolute path token was read from, or NULL
                                   * (watched for rotation, keywatch.h) */
+    /* owned, n_capabilities entries (parallel to cfg->capabilities), or NULL
+     * when the app sets no per_capability limits */
+    struct config_app_limits *per_capability;
 };
 
 /* An app token's length bounds, in bytes. */

@@ -63,6 +63,45 @@ void governor_source_params(const struct config *cfg, struct gov_source_params *
     }
 }
 
+int governor_app_params(const struct config *cfg, struct gov_app_params **apps,
+                        struct gov_app_cap_params **per_cap)
+{
+    size_t nc = cfg->n_capabilities;
+    struct gov_app_params *w = calloc(cfg->n_apps ? cfg->n_apps : 1, sizeof(*w));
+    struct gov_app_cap_params *pc = calloc(cfg->n_apps * nc + 1, sizeof(*pc));
+
+    if (!w || !pc) {
+        free(w);
+        free(pc);
+        return -1;
+    }
+    for (size_t i = 0; i < cfg->n_apps; i++) {
+        const struct config_app *a = &cfg->apps[i];
+        w[i] = (struct gov_app_params){
+            .weight = a->weight,
+            .max_concurrency = a->max_concurrency,
+            .rpm = a->limits.rpm,
+            .tpm = a->limits.tpm,
+            .daily_tokens = a->limits.daily_tokens,
+            .window_s = a->limits.window_s,
+            .per_cap = a->per_capability ? &pc[i * nc] : NULL,
+        };
+        for (size_t c = 0; a->per_capability && c < nc; c++) {
+            const struct config_app_limits *l = &a->per_capability[c];
+            pc[i * nc + c] = (struct gov_app_cap_params){
+                .max_concurrency = l->max_concurrency,
+                .rpm = l->limits.rpm,
+                .tpm = l->limits.tpm,
+                .daily_tokens = l->limits.daily_tokens,
+                .window_s = l->limits.window_s,
+            };
+        }
+    }
+    *apps = w;
+    *per_cap = pc;
+    return 0;
+}
+
 int governor_init(struct gov *g, const struct config *cfg, const struct gov_backend *backend,
                   const struct gov_hooks *hooks, uint64_t *rand_state, double now, char *err,
                   size_t errlen)
@@ -79,23 +118,15 @@ int governor_init(struct gov *g, const struct config *cfg, const struct gov_back
     free(p);
     if (rc == 0 && cfg->n_apps > 0) {
         /* Fair queueing between the apps and their own limits (cfg->apps
-         * order). With Redis these limits are this sidecar's, not the fleet's. */
-        struct gov_app_params *w = calloc(cfg->n_apps, sizeof(*w));
-        for (size_t i = 0; w && i < cfg->n_apps; i++) {
-            const struct config_app *a = &cfg->apps[i];
-            w[i] = (struct gov_app_params){
-                .weight = a->weight,
-                .max_concurrency = a->max_concurrency,
-                .rpm = a->limits.rpm,
-                .tpm = a->limits.tpm,
-                .daily_tokens = a->limits.daily_tokens,
-                .window_s = a->limits.window_s,
-            };
-        }
-        if (!w || gov_set_apps(g, w, cfg->n_apps, now) < 0) {
+         * order). With Redis the limits hold here too (a subset of the
+         * fleet's: admit.lua checks the fleet-wide ones). */
+        struct gov_app_params *w = NULL;
+        struct gov_app_cap_params *pc = NULL;
+        if (governor_app_params(cfg, &w, &pc) < 0 || gov_set_apps(g, w, cfg->n_apps, now) < 0) {
             gov_fini(g);
             rc = -1;
         }
+        free(pc);
         free(w);
     }
     if (rc < 0)

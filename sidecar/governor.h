@@ -30,6 +30,13 @@ void governor_seed(uint64_t *rand_state);
  * p[0..cfg->n_sources) (names borrowed from cfg). */
 void governor_source_params(const struct config *cfg, struct gov_source_params *p);
 
+/* The core's parameters of every app of `cfg`, in order: *apps (cfg->n_apps
+ * entries) and the per-capability figures they point into, *per_cap; both
+ * returned owned (free both, after the core took them). Returns 0, or -1
+ * when out of memory (nothing returned). */
+int governor_app_params(const struct config *cfg, struct gov_app_params **apps,
+                        struct gov_app_cap_params **per_cap);
+
 /* The budgets of a call on capability `cap`. */
 void governor_policy(const struct config *cfg, size_t cap, struct gov_policy *pol);
 

@@ -159,7 +159,11 @@ static void pack_apps(msgpack_packer *pk, const struct conn *c)
         struct gov_app *a = &g->apps[i];
         if (!me->admin && &cfg->apps[i] != me)
             continue;
-        msgpack_pack_map(pk, 8);
+        const struct config_app_limits *pc = cfg->apps[i].per_capability;
+        size_t n_pc = 0;
+        for (size_t ci = 0; pc && ci < a->n_caps && ci < cfg->n_capabilities; ci++)
+            n_pc += pc[ci].set;
+        msgpack_pack_map(pk, 8 + (n_pc > 0));
         rpc_pack_kv_str(pk, "name", cfg->apps[i].name);
         rpc_pack_kv_double(pk, "weight", a->p.weight);
         rpc_pack_kv_u64(pk, "in_flight", a->in_flight);
@@ -168,6 +172,22 @@ static void pack_apps(msgpack_packer *pk, const struct conn *c)
         pack_kv_bucket(pk, "rpm_level", &a->rpm, now);
         pack_kv_bucket(pk, "tpm_level", &a->tpm, now);
         pack_kv_bucket(pk, "daily_tokens_level", &a->daily, now);
+        if (!n_pc)
+            continue;
+        rpc_pack_str(pk, "per_capability");
+        msgpack_pack_map(pk, (uint32_t)n_pc);
+        for (size_t ci = 0; ci < a->n_caps && ci < cfg->n_capabilities; ci++) {
+            struct gov_app_cap *ac = &a->caps[ci];
+            if (!pc[ci].set)
+                continue;
+            rpc_pack_str(pk, cfg->capabilities[ci].name);
+            msgpack_pack_map(pk, 5);
+            rpc_pack_kv_u64(pk, "in_flight", ac->in_flight);
+            rpc_pack_kv_u64(pk, "limited", ac->limited);
+            pack_kv_bucket(pk, "rpm_level", &ac->rpm, now);
+            pack_kv_bucket(pk, "tpm_level", &ac->tpm, now);
+            pack_kv_bucket(pk, "daily_tokens_level", &ac->daily, now);
+        }
     }
 }
 

@@ -47,6 +47,30 @@ static void note_restart(char *buf, size_t cap, const char *name)
     snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", name);
 }
 
+/* The apps' limits are the same: their own, and per_capability those of
+ * the `n_old` capabilities equal and none on one the reload appends. */
+static bool app_limits_same(const struct config_app *x, const struct config_app *y, size_t n_old,
+                            size_t n_new)
+{
+    if (x->max_concurrency != y->max_concurrency ||
+        memcmp(&x->limits, &y->limits, sizeof(x->limits)) != 0)
+        return false;
+    if (!x->per_capability || !y->per_capability)
+        return !x->per_capability && !y->per_capability;
+    for (size_t c = n_old; c < n_new; c++)
+        if (y->per_capability[c].set)
+            return false;
+    for (size_t c = 0; c < n_old; c++) {
+        const struct config_app_limits *a = &x->per_capability[c], *b = &y->per_capability[c];
+        if (a->set != b->set || a->max_concurrency != b->max_concurrency ||
+            a->limits.rpm != b->limits.rpm || a->limits.tpm != b->limits.tpm ||
+            a->limits.daily_tokens != b->limits.daily_tokens ||
+            a->limits.window_s != b->limits.window_s)
+            return false;
+    }
+    return true;
+}
+
 /* Rule 2 of reload.h: the keys a reload cannot apply. */
 static void restart_only(const struct config *o, const struct config *n, char *buf, size_t cap)
 {
@@ -91,21 +115,17 @@ static void restart_only(const struct config *o, const struct config *n, char *b
         o->http_keepalive_timeout_s != n->http_keepalive_timeout_s ||
         o->http_send_timeout_s != n->http_send_timeout_s)
         note_restart(buf, cap, "http (bounds and timeouts)");
-    /* The governance core holds one slot per app, in file order, with its
-     * weight and limits (gov_set_apps at start-up): the apps table's order
-     * and admission figures are fixed until a restart. Who maps to an app
+    /* The governance core holds one slot per app, in file order (a call
+     * and its place in a wait queue name its app by index): the apps'
+     * names and order are fixed until a restart. Their weight and limits
+     * are carried over by a reload (gov_apps_reconf); who maps to an app
      * (uids, gids), admin, allow_declared and the allowed capabilities are
-     * read from the live configuration and may change. */
+     * read from the live configuration. */
     bool apps_same = o->n_apps == n->n_apps;
-    for (size_t i = 0; apps_same && i < o->n_apps; i++) {
-        const struct config_app *x = &o->apps[i], *y = &n->apps[i];
-        apps_same = strcmp(x->name, y->name) == 0 && x->weight == y->weight &&
-            x->max_concurrency == y->max_concurrency && x->limits.rpm == y->limits.rpm &&
-            x->limits.tpm == y->limits.tpm && x->limits.daily_tokens == y->limits.daily_tokens &&
-            x->limits.window_s == y->limits.window_s;
-    }
+    for (size_t i = 0; apps_same && i < o->n_apps; i++)
+        apps_same = strcmp(o->apps[i].name, n->apps[i].name) == 0;
     if (!apps_same)
-        note_restart(buf, cap, "apps (names, order, weight, max_concurrency, limits)");
+        note_restart(buf, cap, "apps (added, removed, renamed or reordered)");
     if (o->task_ttl_s != n->task_ttl_s)
         note_restart(buf, cap, "tasks.ttl_s");
     if (o->max_tasks != n->max_tasks)
@@ -119,11 +139,28 @@ static void restart_only(const struct config *o, const struct config *n, char *b
         note_restart(buf, cap, "capabilities (one removed or reordered)");
 }
 
+/* With the Redis backend, the apps' limits are the fleet's too (admit.lua
+ * holds them); their weights order this sidecar's wait queue only. */
+static void fleet_fixed_apps(const struct config *o, const struct config *n, char *buf, size_t cap)
+{
+    char name[CONFIG_NAME_MAX + 128];
+
+    for (size_t i = 0; i < o->n_apps && i < n->n_apps; i++) {
+        if (app_limits_same(&o->apps[i], &n->apps[i], o->n_capabilities, n->n_capabilities))
+            continue;
+        snprintf(name, sizeof(name),
+                 "apps[%zu] %s max_concurrency/limits/per_capability (with the redis backend)", i,
+                 n->apps[i].name);
+        note_restart(buf, cap, name);
+    }
+}
+
 /* With the Redis backend: what the fleet's scripts were set up with. */
 static void fleet_fixed(const struct config *o, const struct config *n, char *buf, size_t cap)
 {
     char name[CONFIG_NAME_MAX + 128];
 
+    fleet_fixed_apps(o, n, buf, cap);
     if (o->n_sources != n->n_sources) {
         note_restart(buf, cap, "sources (added or removed, with the redis backend)");
         return;
@@ -323,6 +360,8 @@ static int reload_apply(struct reload_ctx *x, struct reload_summary *sum, char *
     size_t n_old_keys = 0;
     struct redact *red = NULL;
     struct gov_reconf r;
+    struct gov_app_params *app_params = NULL;
+    struct gov_app_cap_params *app_caps = NULL;
     int borrowed = 0;
 
     if (!n)
@@ -396,9 +435,22 @@ static int reload_apply(struct reload_ctx *x, struct reload_summary *sum, char *
         gov_reconf_abort(&r);
         goto oom_keys;
     }
+    /* The apps' weights and limits (their names and order are the same). */
+    struct gov_apps_reconf ar = { 0 };
+    if (governor_app_params(n, &app_params, &app_caps) < 0 ||
+        (srv->gov.apps &&
+         gov_apps_reconf_prepare(&ar, &srv->gov, app_params, n->n_apps, n->n_capabilities) < 0)) {
+        if (srv->metrics)
+            metrics_reconf_abort(&mr);
+        call_reconf_abort(srv);
+        gov_reconf_abort(&r);
+        goto oom_keys;
+    }
 
     /* The swap: nothing below can fail. */
     gov_reconf_commit(&srv->gov, &r);
+    if (srv->gov.apps)
+        gov_apps_reconf_commit(&srv->gov, &ar, now);
     free(n->sources);
     n->sources = slots;
     n->n_sources = n_slots;
@@ -435,6 +487,8 @@ static int reload_apply(struct reload_ctx *x, struct reload_summary *sum, char *
     free(params);
     free(from);
     free(keep);
+    free(app_params);
+    free(app_caps);
     return 0;
 
 oom_keys:
@@ -447,6 +501,8 @@ fail_keys:
 oom:
     snprintf(err, errlen, "out of memory");
 fail:
+    free(app_params);
+    free(app_caps);
     free(old_keys);
     free(slots);
     free(params);

@@ -10,9 +10,12 @@
  *     change refuses the whole reload ("needs a restart"), never applies
  *     half of it: the `listen`, `http` and `backend` sections, the `tasks`
  *     section and defaults.node_timeout_s; capabilities may be added, not
- *     removed or reordered. With the Redis backend the sources' names,
- *     order and fleet-enforced settings (max_concurrency, limits, breaker)
- *     are also fixed: the fleet's scripts and keys were set up for them.
+ *     removed or reordered; the apps' names and order. With the Redis
+ *     backend the sources' names, order and fleet-enforced settings
+ *     (max_concurrency, limits, breaker) and the apps' limits are also
+ *     fixed: the fleet's scripts and keys were set up for them. An app's
+ *     weight and limits otherwise carry over (gov_apps_reconf: counts in
+ *     flight and bucket levels kept).
  *  3. Sources are matched by name (and capability). A matched source keeps
  *     its runtime state under its new settings (gov.h: AIMD limit and bucket
  *     levels clamped, breaker state kept); a new one starts fresh; a removed

@@ -158,12 +158,16 @@ static void pack_task(msgpack_packer *pk, const char *id, const struct backend_t
         : local && local->state == TASK_RUNNING ? local->node
                                                 : NULL;
 
+    /* its owner: the copy's, else the record's (a task not held here) */
+    const char *owner = local && local->app[0] ? local->app
+        : bt->owner && bt->owner[0]            ? bt->owner
+                                               : NULL;
+
     msgpack_pack_map(pk,
-                     5 + (failed ? 1 : 0) + (reason ? 1 : 0) + (node ? 1 : 0) +
-                         (local && local->app[0] ? 1 : 0));
+                     5 + (failed ? 1 : 0) + (reason ? 1 : 0) + (node ? 1 : 0) + (owner ? 1 : 0));
     rpc_pack_kv_str(pk, "task_id", id);
-    if (local && local->app[0])
-        rpc_pack_kv_str(pk, "app", local->app);
+    if (owner)
+        rpc_pack_kv_str(pk, "app", owner);
     rpc_pack_kv_str(pk, "state", bt->state);
     if (failed)
         rpc_pack_kv_str(pk, "reason_kind", bt->kind);
@@ -360,6 +364,7 @@ struct tasks_req {
     tasks_guard_cb *cb; /* calls naming a task unknown here */
     void *cb_ud;
     char id[TASKS_ID_BUF], node[TASKS_ID_BUF], reason[TASK_REASON_MAX + 1];
+    char app[CONFIG_NAME_MAX]; /* on behalf of ("": this sidecar, or an admin app) */
 };
 
 /* Does the answer to `q` import the task here (this sidecar is about to
@@ -398,6 +403,11 @@ static void tasks_sync(struct server *srv, const char *id, const struct backend_
             task_finish(srv->tasks, id, strcmp(bt->state, "succeeded") == 0, bt->reason, now, &t);
         }
     }
+    /* The record's owner is the copy's: a copy imported by an admin's
+     * request (or one this sidecar held before) belongs to that app here
+     * too, not to the next app that names it. */
+    if (t && bt->owner && bt->owner[0])
+        snprintf(t->app, sizeof(t->app), "%s", bt->owner);
     tasks_rearm(srv);
 }
 
@@ -558,6 +568,14 @@ static struct tasks_req *tasks_req_new(struct server *srv, uint32_t msgid, enum 
     return q;
 }
 
+/* The request is on behalf of `app`: the record's ownership rule applies
+ * to it, unless it is an admin app. */
+static void tasks_req_by(struct tasks_req *q, const struct config_app *app)
+{
+    if (!app->admin)
+        snprintf(q->app, sizeof(q->app), "%s", app->name);
+}
+
 /* Sends `q` (taken) to the backend; it completes in tasks_answer, now or
  * from the event loop, with client `c` (NULL: none) waiting on it. When it
  * cannot be sent: the client (or q->cb) gets backend_unavailable at once,
@@ -566,8 +584,8 @@ static struct tasks_req *tasks_req_new(struct server *srv, uint32_t msgid, enum 
 static void tasks_send(struct server *srv, struct tasks_req *q, struct conn *c)
 {
     struct backend_task bt;
-    int rc = backend_task(srv->backend, top_backend[q->op], q->id, q->reason, q->ok, &bt,
-                          tasks_on_answer, q);
+    int rc = backend_task(srv->backend, top_backend[q->op], q->id, q->reason, q->ok,
+                          q->app[0] ? q->app : NULL, &bt, tasks_on_answer, q);
 
     if (rc > 0) {
         if (c && !q->cb)
@@ -607,6 +625,7 @@ static void tasks_remote(struct conn *c, uint32_t msgid, enum tasks_op op, const
         conn_reply_error(c, msgid, PGW_INTERNAL, "out of memory");
         return;
     }
+    tasks_req_by(q, conn_app(c));
     tasks_send(c->srv, q, c);
 }
 
@@ -733,7 +752,7 @@ static void resync_pump(struct server *srv)
             q->resync_gen = rs->gen;
         }
         struct backend_task bt;
-        int rc = q ? backend_task(srv->backend, BACKEND_TASK_GET, q->id, "", false, &bt,
+        int rc = q ? backend_task(srv->backend, BACKEND_TASK_GET, q->id, "", false, NULL, &bt,
                                   tasks_on_answer, q)
                    : -1;
         if (rc < 0) {
@@ -794,7 +813,8 @@ void tasks_on_resubscribed(struct server *srv)
     resync_pump(srv);
 }
 
-void tasks_guard_remote(struct server *srv, const char *id, tasks_guard_cb *cb, void *ud)
+void tasks_guard_remote(struct server *srv, const char *id, const struct config_app *app,
+                        tasks_guard_cb *cb, void *ud)
 {
     struct tasks_req *q = tasks_req_new(srv, 0, TOP_GUARD, id, NULL, false);
 
@@ -803,6 +823,7 @@ void tasks_guard_remote(struct server *srv, const char *id, tasks_guard_cb *cb, 
         cb(ud, NULL, &bt);
         return;
     }
+    tasks_req_by(q, app);
     q->cb = cb;
     q->cb_ud = ud;
     tasks_send(srv, q, NULL);
@@ -925,6 +946,7 @@ void tasks_node_begin(struct conn *c, const struct rpc_msg *m)
         }
         snprintf(q->node, sizeof(q->node), "%s", node);
         q->timeout_s = timeout_s;
+        tasks_req_by(q, conn_app(c));
         tasks_send(c->srv, q, c);
         return;
     }

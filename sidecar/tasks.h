@@ -43,14 +43,16 @@ void tasks_list(struct conn *c, const struct rpc_msg *m);
 struct task *tasks_admit_call(struct server *srv, const char *id, const struct config_app *app,
                               msgpack_packer *err, enum pgw_code *code);
 
-/* For a call naming a task not held running here: asks the record whether
- * it runs (importing it here when it does). `cb` runs once — possibly
+/* For a call of `app` (borrowed) naming a task not held running here: asks
+ * the record whether it runs and is `app`'s (importing it here when it
+ * does). `cb` runs once — possibly
  * before this returns (the memory backend answers at once; a backend that
  * cannot be reached fails at once) — with the local task (bt->rc TASK_OK)
  * or NULL and the record's answer (a TASK_E_* code or
  * BACKEND_E_UNAVAILABLE; `bt` borrowed for the call). */
 typedef void tasks_guard_cb(void *ud, struct task *t, const struct backend_task *bt);
-void tasks_guard_remote(struct server *srv, const char *id, tasks_guard_cb *cb, void *ud);
+void tasks_guard_remote(struct server *srv, const char *id, const struct config_app *app,
+                        tasks_guard_cb *cb, void *ud);
 /* Answers request `msgid` with the error of record `bt` (bt->rc < 0) for
  * task `id`. */
 void tasks_reply_error(struct conn *c, uint32_t msgid, const char *id,

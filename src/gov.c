@@ -129,9 +129,17 @@ int gov_set_apps(struct gov *g, const struct gov_app_params *apps, size_t n, dou
 
     for (size_t c = 0; ok && c < g->n_capabilities; c++)
         ok = (fin[c] = calloc(n + 1, sizeof(**fin))) != NULL;
+    /* Every app counts its attempts per capability, limited or not, so that
+     * a reload may set per_capability limits with exact counts. */
+    for (size_t i = 0; ok && i < n && g->n_capabilities > 0; i++) {
+        w[i].n_caps = g->n_capabilities;
+        ok = (w[i].caps = calloc(w[i].n_caps, sizeof(*w[i].caps))) != NULL;
+    }
     if (!ok) {
         for (size_t c = 0; fin && c < g->n_capabilities; c++)
             free(fin[c]);
+        for (size_t i = 0; w && i < n; i++)
+            free(w[i].caps);
         free(fin);
         free(w);
         return -1;
@@ -146,6 +154,16 @@ int gov_set_apps(struct gov *g, const struct gov_app_params *apps, size_t n, dou
         bucket_init(&a->rpm, (double)a->p.rpm, window, now);
         bucket_init(&a->tpm, (double)a->p.tpm, window, now);
         bucket_init(&a->daily, (double)a->p.daily_tokens, 86400.0, now);
+        for (size_t c = 0; c < a->n_caps; c++) {
+            struct gov_app_cap *ac = &a->caps[c];
+            if (a->p.per_cap)
+                ac->p = a->p.per_cap[c];
+            double cw = ac->p.window_s > 0 ? ac->p.window_s : 60.0;
+            bucket_init(&ac->rpm, (double)ac->p.rpm, cw, now);
+            bucket_init(&ac->tpm, (double)ac->p.tpm, cw, now);
+            bucket_init(&ac->daily, (double)ac->p.daily_tokens, 86400.0, now);
+        }
+        a->p.per_cap = NULL;
     }
     for (size_t c = 0; c < g->n_capabilities; c++) {
         struct gov_waitq *q = &g->waitq[c];
@@ -155,6 +173,8 @@ int gov_set_apps(struct gov *g, const struct gov_app_params *apps, size_t n, dou
         q->app_finish = fin[c];
     }
     free(fin);
+    for (size_t i = 0; g->apps && i < g->n_apps; i++)
+        free(g->apps[i].caps);
     free(g->apps);
     g->apps = w;
     g->n_apps = n;
@@ -192,26 +212,84 @@ static struct gov_app *gov_call_app(const struct gov_call *k)
     return &g->apps[k->app < g->n_apps ? k->app : g->n_apps];
 }
 
-/* Can the call's app take one more attempt of `cost` tokens now? When not,
- * *available_at is when it could (INFINITY: when one of its calls ends). */
-static bool gov_app_runnable(struct gov_app *a, double cost, double now, double *available_at)
+/* The call's app's slot on the call's capability (its counts, and its
+ * limits there when set), or NULL: no apps, the slot of unknown apps, or a
+ * capability added since the apps were set. */
+static struct gov_app_cap *gov_call_app_cap(const struct gov_call *k)
 {
-    double at = now;
-    bool ok = true;
-
-    if (a->p.max_concurrency > 0 && a->in_flight >= a->p.max_concurrency) {
-        ok = false;
-        at = INFINITY;
-    }
-    if (!gov_buckets_admit(&a->rpm, &a->tpm, &a->daily, cost, now, &at))
-        ok = false;
-    *available_at = at;
-    return ok;
+    struct gov_app *a = gov_call_app(k);
+    return a && k->capability < a->n_caps ? &a->caps[k->capability] : NULL;
 }
 
 static bool gov_app_is_full(const struct gov_app *a)
 {
     return a && a->p.max_concurrency > 0 && a->in_flight >= a->p.max_concurrency;
+}
+
+static bool gov_app_cap_is_full(const struct gov_app_cap *ac)
+{
+    return ac && ac->p.max_concurrency > 0 && ac->in_flight >= ac->p.max_concurrency;
+}
+
+/* Is the call's app (or its app on this capability) at its max_concurrency? */
+static bool gov_call_app_full(const struct gov_call *k)
+{
+    return gov_app_is_full(gov_call_app(k)) || gov_app_cap_is_full(gov_call_app_cap(k));
+}
+
+/* Can the call's app, and its app on this capability, take one more
+ * attempt of `cost` tokens now? When not, *available_at is when they could
+ * (INFINITY: when one of its calls ends) and the limits that held it back
+ * count it. */
+static bool gov_app_runnable(const struct gov_call *k, double cost, double now,
+                             double *available_at)
+{
+    struct gov_app *a = gov_call_app(k);
+    struct gov_app_cap *ac = gov_call_app_cap(k);
+    double at = now, cap_at = now;
+    bool ok = true, cap_ok = true;
+
+    if (gov_app_is_full(a)) {
+        ok = false;
+        at = INFINITY;
+    }
+    if (!gov_buckets_admit(&a->rpm, &a->tpm, &a->daily, cost, now, &at))
+        ok = false;
+    if (ac) {
+        if (gov_app_cap_is_full(ac)) {
+            cap_ok = false;
+            cap_at = INFINITY;
+        }
+        if (!gov_buckets_admit(&ac->rpm, &ac->tpm, &ac->daily, cost, now, &cap_at))
+            cap_ok = false;
+        if (!cap_ok) {
+            ac->limited++;
+            at = fmax(at, cap_at);
+        }
+    }
+    if (!(ok && cap_ok))
+        a->limited++;
+    *available_at = at;
+    return ok && cap_ok;
+}
+
+/* The app's buckets (and its buckets on the call's capability) take
+ * `requests` requests and `tokens` tokens (negative: give them back). */
+static void gov_app_adjust(struct gov_call *k, double requests, double tokens, double now)
+{
+    struct gov_app *a = gov_call_app(k);
+    struct gov_app_cap *ac = gov_call_app_cap(k);
+
+    if (!a)
+        return;
+    bucket_adjust(&a->rpm, requests, now);
+    bucket_adjust(&a->tpm, tokens, now);
+    bucket_adjust(&a->daily, tokens, now);
+    if (ac) {
+        bucket_adjust(&ac->rpm, requests, now);
+        bucket_adjust(&ac->tpm, tokens, now);
+        bucket_adjust(&ac->daily, tokens, now);
+    }
 }
 
 void gov_call_set_app(struct gov_call *k, uint32_t app)
@@ -223,6 +301,8 @@ static void gov_free_apps(struct gov *g)
 {
     for (size_t c = 0; g->waitq && c < g->n_capabilities; c++)
         free(g->waitq[c].app_finish);
+    for (size_t i = 0; g->apps && i < g->n_apps; i++)
+        free(g->apps[i].caps);
     free(g->apps);
 }
 
@@ -247,6 +327,87 @@ static void bucket_carry(struct bucket *b, struct bucket *old, double capacity, 
     bucket_init(b, capacity, window_s, now);
     if (!bucket_is_unlimited(b) && !was_unlimited)
         b->level = fmin(level, b->capacity);
+}
+
+int gov_apps_reconf_prepare(struct gov_apps_reconf *r, const struct gov *g,
+                            const struct gov_app_params *apps, size_t n, size_t n_caps)
+{
+    memset(r, 0, sizeof(*r));
+    if (!g->apps || n != g->n_apps || n_caps < g->n_capabilities)
+        return -2;
+    r->caps = calloc(n ? n : 1, sizeof(*r->caps));
+    if (!r->caps)
+        return -1;
+    r->apps = apps;
+    r->n = n;
+    r->n_caps = n_caps;
+    for (size_t i = 0; i < n && n_caps > 0; i++) {
+        if (!(r->caps[i] = calloc(n_caps, sizeof(**r->caps)))) {
+            gov_apps_reconf_abort(r);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+void gov_apps_reconf_abort(struct gov_apps_reconf *r)
+{
+    for (size_t i = 0; r->caps && i < r->n; i++)
+        free(r->caps[i]);
+    free(r->caps);
+    memset(r, 0, sizeof(*r));
+}
+
+/* A bucket's runtime level carried under new figures (`old` is a copy). */
+static void app_buckets_carry(struct bucket *rpm, struct bucket *tpm, struct bucket *daily,
+                              const struct bucket old[3], uint64_t n_rpm, uint64_t n_tpm,
+                              uint64_t n_daily, double window_s, double now)
+{
+    struct bucket o[3] = { old[0], old[1], old[2] };
+    double w = window_s > 0 ? window_s : 60.0;
+
+    bucket_carry(rpm, &o[0], (double)n_rpm, w, now);
+    bucket_carry(tpm, &o[1], (double)n_tpm, w, now);
+    bucket_carry(daily, &o[2], (double)n_daily, 86400.0, now);
+}
+
+void gov_apps_reconf_commit(struct gov *g, struct gov_apps_reconf *r, double now)
+{
+    for (size_t i = 0; i < r->n; i++) {
+        struct gov_app *a = &g->apps[i];
+        const struct gov_app_params *p = &r->apps[i];
+        const struct bucket own[3] = { a->rpm, a->tpm, a->daily };
+
+        a->p = *p;
+        a->p.per_cap = NULL;
+        if (!(a->p.weight > 0) || !isfinite(a->p.weight))
+            a->p.weight = 1.0;
+        app_buckets_carry(&a->rpm, &a->tpm, &a->daily, own, p->rpm, p->tpm, p->daily_tokens,
+                          p->window_s, now);
+        for (size_t c = 0; c < r->n_caps; c++) {
+            struct gov_app_cap *ac = &r->caps[i][c];
+            struct bucket old[3];
+            if (c < a->n_caps) {
+                *ac = a->caps[c]; /* in_flight, limited, levels */
+            } else {
+                bucket_init(&ac->rpm, 0, 60, now);
+                bucket_init(&ac->tpm, 0, 60, now);
+                bucket_init(&ac->daily, 0, 86400, now);
+            }
+            old[0] = ac->rpm;
+            old[1] = ac->tpm;
+            old[2] = ac->daily;
+            ac->p = p->per_cap ? p->per_cap[c] : (struct gov_app_cap_params){ 0 };
+            app_buckets_carry(&ac->rpm, &ac->tpm, &ac->daily, old, ac->p.rpm, ac->p.tpm,
+                              ac->p.daily_tokens, ac->p.window_s, now);
+        }
+        free(a->caps);
+        a->caps = r->n_caps ? r->caps[i] : NULL;
+        a->n_caps = r->n_caps;
+        r->caps[i] = NULL;
+    }
+    free(r->caps);
+    memset(r, 0, sizeof(*r));
 }
 
 /* Source `o`'s runtime state under parameters `p` (see gov.h). */
@@ -567,19 +728,21 @@ static struct gov_call *gov_first_waiter(struct gov *g, uint32_t cap, bool permi
     struct gov_call *k = g->waitq[cap].head;
 
     while (k &&
-           (k->woken || (permit_only && !k->waits_permit) || k->waits_app ||
-            gov_app_is_full(gov_call_app(k))))
+           (k->woken || (permit_only && !k->waits_permit) || k->waits_app || gov_call_app_full(k)))
         k = k->wq_next;
     return k;
 }
 
-/* An app dropped below its max_concurrency: its first waiter (in any
- * capability) may run again. */
-static void gov_wake_app(struct gov *g, uint32_t app)
+/* An app dropped below its max_concurrency (in every capability, or in
+ * capability `only` when that is < n_capabilities): its first waiter there
+ * that its limits let run may run again. */
+static void gov_wake_app(struct gov *g, uint32_t app, size_t only)
 {
     for (size_t c = 0; c < g->n_capabilities; c++) {
+        if (only < g->n_capabilities && c != only)
+            continue;
         for (struct gov_call *k = g->waitq[c].head; k; k = k->wq_next) {
-            if (!k->woken && !k->waits_app && k->app == app) {
+            if (!k->woken && !k->waits_app && k->app == app && !gov_call_app_full(k)) {
                 gov_wake_call(g, k);
                 return;
             }
@@ -680,15 +843,21 @@ static void gov_call_release(struct gov_call *k)
 {
     struct gov_source *s = &k->gov->sources[k->source];
     struct gov_app *a = gov_call_app(k);
+    struct gov_app_cap *ac = gov_call_app_cap(k);
     if (s->in_flight > 0)
         s->in_flight--;
     if (a && k->holds_app) {
-        bool was_full = gov_app_is_full(a);
+        bool was_full = gov_app_is_full(a), cap_was_full = gov_app_cap_is_full(ac);
         k->holds_app = false;
         if (a->in_flight > 0)
             a->in_flight--;
+        if (ac && k->holds_cap && ac->in_flight > 0)
+            ac->in_flight--;
+        k->holds_cap = false;
         if (was_full)
-            gov_wake_app(k->gov, k->app);
+            gov_wake_app(k->gov, k->app, SIZE_MAX);
+        else if (cap_was_full)
+            gov_wake_app(k->gov, k->app, k->capability);
     }
 }
 
@@ -864,9 +1033,8 @@ void gov_call_step(struct gov_call *k, double now, struct gov_decision *d)
 
     struct gov_app *app = gov_call_app(k);
     double app_at;
-    if (app && !gov_app_runnable(app, k->est_tokens, now, &app_at)) {
+    if (app && !gov_app_runnable(k, k->est_tokens, now, &app_at)) {
         /* Its app's own limits hold it back, whatever the sources say. */
-        app->limited++;
         gov_call_park(k, now, stalled, age, app_at, d);
         k->waits_app = isfinite(app_at);
         return;
@@ -875,12 +1043,14 @@ void gov_call_step(struct gov_call *k, double now, struct gov_decision *d)
     if (pick >= 0) {
         struct gov_source *s = &g->sources[pick];
         if (app) {
+            struct gov_app_cap *ac = gov_call_app_cap(k);
             app->in_flight++;
             app->admitted++;
+            if (ac)
+                ac->in_flight++;
             k->holds_app = true;
-            bucket_take(&app->rpm, 1, now);
-            bucket_take(&app->tpm, k->est_tokens, now);
-            bucket_take(&app->daily, k->est_tokens, now);
+            k->holds_cap = ac != NULL;
+            gov_app_adjust(k, 1, k->est_tokens, now);
         }
         if (k->queued && k->vstart > g->waitq[k->capability].vtime)
             g->waitq[k->capability].vtime = k->vstart;
@@ -955,9 +1125,7 @@ static void gov_call_unreserve(struct gov_call *k, double now)
     bucket_adjust(&s->daily, -k->est_tokens, now);
     struct gov_app *app = gov_call_app(k);
     if (app) {
-        bucket_adjust(&app->rpm, -1, now);
-        bucket_adjust(&app->tpm, -k->est_tokens, now);
-        bucket_adjust(&app->daily, -k->est_tokens, now);
+        gov_app_adjust(k, -1, -k->est_tokens, now);
         if (app->admitted > 0)
             app->admitted--;
     }
@@ -1048,13 +1216,9 @@ void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o
     gov_call_release(k);
     if (actual_tokens >= 0) {
         s->tokens_used += (uint64_t)actual_tokens;
-        struct gov_app *app = gov_call_app(k);
         bucket_adjust(&s->tpm, actual_tokens - k->est_tokens, now);
         bucket_adjust(&s->daily, actual_tokens - k->est_tokens, now);
-        if (app) {
-            bucket_adjust(&app->tpm, actual_tokens - k->est_tokens, now);
-            bucket_adjust(&app->daily, actual_tokens - k->est_tokens, now);
-        }
+        gov_app_adjust(k, 0, actual_tokens - k->est_tokens, now);
     }
     k->notes[k->source].reason = (uint8_t)o->reason;
     k->notes[k->source].status = o->http_status;

@@ -58,6 +58,10 @@
  * its max_concurrency or that wait for their app's bucket, so it is never
  * lost on a call that cannot use it; an app dropping below its
  * max_concurrency wakes its own first waiter, in any capability.
+ * An app's limits on one capability (gov_app_params.per_cap) hold the same
+ * way on that capability's calls only, on top of the app's own: dropping
+ * below that max_concurrency wakes the app's first waiter of that
+ * capability.
  */
 #ifndef POLYGW_GOV_H
 #define POLYGW_GOV_H
@@ -114,19 +118,40 @@ struct gov_policy {
     bool exempt_429;
 };
 
+/* Limits of one app on one capability, on top of the app's own. */
+struct gov_app_cap_params {
+    uint32_t max_concurrency;        /* 0 = unlimited */
+    uint64_t rpm, tpm, daily_tokens; /* 0 = unlimited */
+    double window_s;                 /* of rpm and tpm; 0 = 60 */
+};
+
 /* Static parameters of one app (fair queueing and per-app limits). */
 struct gov_app_params {
     double weight;                   /* > 0; else 1 */
     uint32_t max_concurrency;        /* 0 = unlimited */
     uint64_t rpm, tpm, daily_tokens; /* 0 = unlimited */
     double window_s;                 /* of rpm and tpm; 0 = 60 */
+    /* NULL, or one entry per capability (n_caps of gov_init): the app's
+     * limits on that capability. Borrowed during gov_set_apps only. */
+    const struct gov_app_cap_params *per_cap;
+};
+
+struct gov_app_cap {
+    struct gov_app_cap_params p;
+    uint32_t in_flight;
+    struct bucket rpm, tpm, daily;
+    uint64_t limited; /* steps these limits held back */
 };
 
 struct gov_app {
-    struct gov_app_params p;
+    struct gov_app_params p; /* p.per_cap is NULL once set */
     uint32_t in_flight;
     struct bucket rpm, tpm, daily;
     uint64_t admitted, limited; /* attempts admitted; steps its limits held back */
+    struct gov_app_cap *caps;   /* owned, n_caps of them: the capabilities at
+                                 * gov_set_apps (or the last gov_apps_reconf);
+                                 * NULL for the slot of unknown apps */
+    size_t n_caps;
 };
 
 struct gov_source {
@@ -221,6 +246,7 @@ struct gov_call {
     double vstart;  /* its start tag while queued */
     bool waits_app; /* WAITING for its app's bucket to refill */
     bool holds_app; /* ATTEMPTING: counted in its app's in_flight */
+    bool holds_cap; /* ... and in its app's in_flight on its capability */
     bool queued;
     bool woken;        /* on_wake fired, the call has not stepped since */
     bool waits_permit; /* WAITING for a permit release (not for a time) */
@@ -262,6 +288,27 @@ void gov_fini(struct gov *g);
  * FIFO. Call at set-up, with no call in flight or waiting. Returns 0 or -1
  * (out of memory; the previous apps stay). */
 int gov_set_apps(struct gov *g, const struct gov_app_params *apps, size_t n, double now);
+
+/* A reload of the apps' parameters, their number and order unchanged (an
+ * app is its index), in two phases like gov_reconf: the prepare only
+ * allocates (0, or -1 out of memory, -2 when n differs: nothing to abort),
+ * the commit cannot fail. `apps` (and their per_cap) are borrowed until the
+ * commit; `n_caps` is the number of capabilities after the reload (>= the
+ * current). Each app keeps its in-flight counts and each of its buckets'
+ * level at `now`, clamped to the new capacity (an unlimited bucket that
+ * becomes limited starts full), on its own and per capability; the new
+ * weight orders its next arrivals. A capability appended since the apps
+ * were last set counts the app's attempts from the commit on. The caller
+ * wakes the waiters (their limits may have been raised). */
+struct gov_apps_reconf {
+    const struct gov_app_params *apps; /* borrowed */
+    size_t n, n_caps;
+    struct gov_app_cap **caps; /* owned until commit: n arrays of n_caps */
+};
+int gov_apps_reconf_prepare(struct gov_apps_reconf *r, const struct gov *g,
+                            const struct gov_app_params *apps, size_t n, size_t n_caps);
+void gov_apps_reconf_commit(struct gov *g, struct gov_apps_reconf *r, double now);
+void gov_apps_reconf_abort(struct gov_apps_reconf *r);
 
 /* The app a call belongs to, for fair queueing; call after gov_call_init
  * and before the first step. */

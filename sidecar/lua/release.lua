@@ -2,8 +2,8 @@
 release.lua — ends an attempt admitted by admit.lua: frees its lease,
 reconciles the token buckets with the real usage, records the breaker verdict.
 
-Same keys as admit.lua, all with the source's hash tag (one slot); time from
-Redis' TIME. Milliseconds throughout.
+Same keys as admit.lua (the source's, then the app groups admit.lua was given);
+time from Redis' TIME. Milliseconds throughout.
 
 KEYS[1]  {p:source:N}:breaker  HASH  consec, open_until, cooldown, probe, opened
 KEYS[2]  {p:source:N}:leases   ZSET  lease_id -> expiry
@@ -26,6 +26,11 @@ ARGV[9]  failures          consecutive transient failures that open the breaker
                            (0 = breaker disabled)
 ARGV[10] cooldown_ms       base cool-down
 ARGV[11] max_cooldown_ms   cap of the doubling
+
+Then, per app group g of admit.lua (KEYS[6+4g..9+4g]: leases, rpm, tpm, daily):
+ARGV[12+4g] tpm    ARGV[13+4g] tpm_window_ms    ARGV[14+4g] daily    ARGV[15+4g] daily_window_ms
+The lease leaves the group's leases too (the app's slot is free at once) and
+its buckets are reconciled like the source's.
 
 Returns  {lease_removed (0/1), breaker_state, was_probe (0/1)}
          breaker_state: closed | open | half_open (after this release)
@@ -66,9 +71,16 @@ if max_cd < base_cd then max_cd = base_cd end
 if verdict ~= 'success' and verdict ~= 'failure' and verdict ~= 'neutral' then
     return redis.error_reply('release.lua: verdict must be success, failure or neutral')
 end
+local n_groups = (#KEYS - 5) / 4
+if #KEYS < 5 or n_groups ~= math.floor(n_groups) or #ARGV < 11 + 4 * n_groups then
+    return redis.error_reply('release.lua: KEYS must be 5 + 4 per app group, ARGV 11 + 4 per group')
+end
 
--- 1. lease
+-- 1. lease (the source's, then the app groups')
 local removed = redis.call('ZREM', K_LEASES, lease_id)
+for g = 0, n_groups - 1 do
+    redis.call('ZREM', KEYS[6 + 4 * g], lease_id)
+end
 
 -- 2. reconcile
 if used >= 0 and used ~= est then
@@ -77,6 +89,11 @@ if used >= 0 and used ~= est then
         { key = KEYS[4], cap = tonumber(ARGV[5]) or 0, win = tonumber(ARGV[6]) or 0 },
         { key = KEYS[5], cap = tonumber(ARGV[7]) or 0, win = tonumber(ARGV[8]) or 0 },
     }
+    for g = 0, n_groups - 1 do
+        local k, a = 6 + 4 * g, 12 + 4 * g
+        bks[#bks + 1] = { key = KEYS[k + 2], cap = tonumber(ARGV[a]) or 0, win = tonumber(ARGV[a + 1]) or 0 }
+        bks[#bks + 1] = { key = KEYS[k + 3], cap = tonumber(ARGV[a + 2]) or 0, win = tonumber(ARGV[a + 3]) or 0 }
+    end
     for _, bk in ipairs(bks) do
         if bk.cap > 0 and bk.win > 0 then
             local lvl = bucket_level(bk.key, bk.cap, bk.win, now)

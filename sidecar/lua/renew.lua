@@ -1,5 +1,7 @@
 --[[
-renew.lua — a live sidecar extends its leases on one source.
+renew.lua — a live sidecar extends its leases on one source (or one app's
+leases key, {p:app:A}:leases or {p:app:A}:cap:C:leases: admit.lua records an
+attempt's lease there too).
 
 KEYS[1]  {p:source:N}:leases   ZSET  lease_id -> expiry (ms, Redis clock)
 ARGV[1]  lease_ttl_ms          new expiry = now + lease_ttl_ms

@@ -5,15 +5,18 @@ armed them).
 
 KEYS[1]  {p:task:ID}   HASH  state (running|succeeded|failed),
                              kind ('' | stopped | watchdog | error),
-                             reason, runs, started_at, ended_at (ms, Redis clock)
+                             reason, runs, started_at, ended_at (ms, Redis clock),
+                             owner (the app the task belongs to; absent: none yet)
 ARGV[1]  op        start | stop | watchdog | finish | guard | get
 ARGV[2]  task_id   the ID (published by stop/watchdog)
 ARGV[3]  ttl_s     key TTL (EXPIRE) set by every write; default 86400
 ARGV[4]  reason    stop/watchdog/finish; truncated to 512 bytes at a UTF-8 boundary
 ARGV[5]  ok        finish: 1 = succeeded, 0 = failed/error
 ARGV[6]  channel   stop/watchdog/finish: pub/sub channel, "<prefix>:task-end"
+ARGV[7]  app       the calling app; '' or absent = no ownership rule (a sidecar's
+                   own reads and watchdog verdicts, and admin apps)
 
-Returns  {code, state, kind, reason, runs, started_at_ms, ended_at_ms}
+Returns  {code, state, kind, reason, runs, started_at_ms, ended_at_ms, owner}
          code: ok | not_found | running | stopped | watchdog | finished
          (src/task.h's TASK_E_* names). On an error nothing changes; the
          other fields describe the task when one exists, else {'not_found'}.
@@ -33,6 +36,10 @@ Transitions (as in task.h):
            PUBLISH the id on `channel` too (sidecars holding a copy update it).
   guard    running -> ok and the TTL restarts (activity); else the error code.
   get      a read: no TTL change.
+Ownership (every op, with an app): a task belongs to the app that started it,
+or that first named it when it has no owner (started by an admin). Another
+app gets {'not_found'} and changes nothing, exactly as for a task that does
+not exist, on every sidecar of the fleet: it learns nothing about it.
 TTL: every write re-arms EXPIRE ttl_s: a finished task is forgotten ttl_s
 after it ended, a running one after ttl_s without activity (start, guard).
 PUBLISH inside a script is allowed and replicated with it.
@@ -60,13 +67,30 @@ local function trunc(s)
 end
 
 local function reply(code)
-    local v = redis.call('HMGET', K, 'state', 'kind', 'reason', 'runs', 'started_at', 'ended_at')
+    local v = redis.call('HMGET', K, 'state', 'kind', 'reason', 'runs', 'started_at', 'ended_at',
+                         'owner')
     if not v[1] then return { code } end
     return { code, v[1], v[2] or '', v[3] or '', tonumber(v[4]) or 0,
-             tonumber(v[5]) or 0, tonumber(v[6]) or 0 }
+             tonumber(v[5]) or 0, tonumber(v[6]) or 0, v[7] or '' }
 end
 
-local state = redis.call('HGET', K, 'state')
+local known_ops = { start = true, stop = true, watchdog = true, finish = true, guard = true,
+                    get = true }
+if not known_ops[op] then -- before any write: an error does not roll back
+    return redis.error_reply('task.lua: unknown op')
+end
+
+local app = ARGV[7] or ''
+local cur = redis.call('HMGET', K, 'state', 'owner')
+local state = cur[1]
+if state and app ~= '' then
+    local owner = cur[2]
+    if not owner or owner == '' then
+        redis.call('HSET', K, 'owner', app) -- the first app to name it
+    elseif owner ~= app then
+        return { 'not_found' }
+    end
+end
 
 local function not_running_code()
     if state == 'failed' then
@@ -90,15 +114,15 @@ elseif op == 'start' then
     end
     redis.call('HSET', K, 'state', 'running', 'kind', '', 'reason', '',
                'started_at', now, 'ended_at', 0)
+    if not state and app ~= '' then
+        redis.call('HSET', K, 'owner', app)
+    end
     redis.call('HINCRBY', K, 'runs', 1)
     redis.call('EXPIRE', K, ttl)
     return reply('ok')
 end
 
 -- every other op needs an existing task
-if op ~= 'stop' and op ~= 'watchdog' and op ~= 'finish' and op ~= 'guard' then
-    return redis.error_reply('task.lua: unknown op')
-end
 if not state then return { 'not_found' } end
 if state ~= 'running' then return reply(not_running_code()) end
 

@@ -1,6 +1,6 @@
 """Argument builders for the scripts (the ARGV orders documented at the top
 of each sidecar/lua/*.lua file)."""
-from redis_support import source_keys, scope_key, task_key
+from redis_support import app_keys, source_keys, scope_key, task_key
 
 DEFAULTS = dict(max_conc=0, lease_ttl=10000, rpm=0, rpm_win=60000, tpm=0, tpm_win=60000,
                 daily=0, daily_win=86400000, failures=3, cooldown=100, max_cooldown=300)
@@ -13,20 +13,39 @@ def new_lease():
     return "test:%d" % _seq[0]
 
 
-def admit(s, src, est=0, lease=None, **kw):
+APP_DEFAULTS = dict(max_conc=0, rpm=0, rpm_win=60000, tpm=0, tpm_win=60000, daily=0,
+                    daily_win=86400000)
+
+
+def group(app, cap=None, label=None, prefix=None, **kw):
+    """An app limit group for admit/release: (keys, figures, label)."""
+    keys = app_keys(app, cap) if prefix is None else app_keys(app, cap, prefix)
+    return (keys, dict(APP_DEFAULTS, **kw), label or ("app_cap" if cap else "app"))
+
+
+def admit(s, src, est=0, lease=None, groups=(), src_keys=None, **kw):
     c = dict(DEFAULTS, **kw)
     lease = lease or new_lease()
-    r = s.run("admit", source_keys(src),
+    keys, args = list(src_keys or source_keys(src)), []
+    for gk, gc, label in groups:
+        keys += gk
+        args += [label, gc["max_conc"], gc["rpm"], gc["rpm_win"], gc["tpm"], gc["tpm_win"],
+                 gc["daily"], gc["daily_win"]]
+    r = s.run("admit", keys,
               [lease, c["max_conc"], c["lease_ttl"], c["rpm"], c["rpm_win"], c["tpm"],
-               c["tpm_win"], c["daily"], c["daily_win"], est])
+               c["tpm_win"], c["daily"], c["daily_win"], est] + args)
     return r
 
 
-def release(s, src, lease, verdict="success", est=0, used=-1, **kw):
+def release(s, src, lease, verdict="success", est=0, used=-1, groups=(), **kw):
     c = dict(DEFAULTS, **kw)
-    return s.run("release", source_keys(src),
+    keys, args = list(source_keys(src)), []
+    for gk, gc, _ in groups:
+        keys += gk
+        args += [gc["tpm"], gc["tpm_win"], gc["daily"], gc["daily_win"]]
+    return s.run("release", keys,
                  [lease, verdict, est, used, c["tpm"], c["tpm_win"], c["daily"],
-                  c["daily_win"], c["failures"], c["cooldown"], c["max_cooldown"]])
+                  c["daily_win"], c["failures"], c["cooldown"], c["max_cooldown"]] + args)
 
 
 def renew(s, src, ttl, *leases):
@@ -37,8 +56,9 @@ def progress(s, scope, op, ttl=None):
     return s.run("progress", [scope_key(scope)], [op] + ([ttl] if ttl is not None else []))
 
 
-def task(s, tid, op, ttl=86400, reason="", ok=0, channel="pgw:task-end"):
-    return s.run("task", [task_key(tid)], [op, tid, ttl, reason, ok, channel])
+def task(s, tid, op, ttl=86400, reason="", ok=0, channel="pgw:task-end", app=None):
+    return s.run("task", [task_key(tid)],
+                 [op, tid, ttl, reason, ok, channel] + ([app] if app is not None else []))
 
 
 def redis_now_ms(conn):

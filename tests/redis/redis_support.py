@@ -132,7 +132,10 @@ class Scripts:
 
     def run(self, name, keys, args):
         tags = {hash_tag(k) for k in keys}
-        assert len(tags) == 1, "%s: KEYS span several hash tags: %r" % (name, keys)
+        # admit and release may add the calling app's keys: the app's tag
+        # (one tag again when the prefix carries its own, "{pgw}")
+        spans = 2 if name in ("admit", "release") and ":app:" in " ".join(keys) else 1
+        assert len(tags) <= spans, "%s: KEYS span several hash tags: %r" % (name, keys)
         assert all("{" in k for k in keys), keys
         self.calls.append((name, list(keys)))
         if name not in self.sha:
@@ -149,6 +152,12 @@ class Scripts:
 def source_keys(name, prefix=PREFIX):
     tag = "{%s:source:%s}" % (prefix, name)
     return [tag + ":breaker", tag + ":leases", tag + ":rpm", tag + ":tpm", tag + ":daily"]
+
+
+def app_keys(app, cap=None, prefix=PREFIX):
+    """An app's limit group: leases, rpm, tpm, daily (its own, or on `cap`)."""
+    tag = "{%s:app:%s}" % (prefix, app) + (":cap:%s" % cap if cap else "")
+    return [tag + ":leases", tag + ":rpm", tag + ":tpm", tag + ":daily"]
 
 
 def scope_key(name, prefix=PREFIX):

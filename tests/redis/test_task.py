@@ -128,3 +128,44 @@ def test_unknown_op_is_an_error(scripts):
     from redis_support import RedisError
     with pytest.raises(RedisError):
         task(scripts, "t7", "explode")
+
+
+def test_owner_across_sidecars(scripts, connect, conn):
+    """The record keeps the app that started the task: any other app, on any
+    sidecar, gets exactly the answer for a task that does not exist, and
+    nothing changes; the owner, the sidecar itself ('' : its reads and
+    verdicts) and admin apps ('' too) see it."""
+    from redis_support import Scripts
+    other = Scripts(connect())                     # another sidecar's connection
+    r = task(scripts, "own1", "start", app="web")
+    assert r[0] == "ok" and r[7] == "web"
+    for op in ("get", "guard", "stop", "finish", "start"):
+        assert task(other, "own1", op, app="batch", reason="x", ok=1) == ["not_found"], op
+    assert task(other, "own1", "get", app="web")[:2] == ["ok", "running"]
+    assert task(other, "own1", "get")[:2] == ["ok", "running"]      # no app: no rule
+    assert conn.call("HGET", task_key("own1"), "owner") == "web"
+    # a stop by an admin (no app) is the owner's to read, reason and all
+    assert task(other, "own1", "stop", reason="operator")[:4] == \
+        ["ok", "failed", "stopped", "operator"]
+    assert task(scripts, "own1", "get", app="web")[:4] == ["ok", "failed", "stopped", "operator"]
+    assert task(scripts, "own1", "get", app="batch") == ["not_found"]
+
+
+def test_owner_claimed_by_the_first_app_naming_it(scripts, conn):
+    """A task started without an app (an admin's) belongs to the first app
+    that names it; a restart keeps the owner."""
+    assert task(scripts, "own2", "start")[7] == ""
+    assert conn.call("HGET", task_key("own2"), "owner") is None
+    assert task(scripts, "own2", "guard", app="batch")[:2] == ["ok", "running"]
+    assert task(scripts, "own2", "get", app="web") == ["not_found"]
+    task(scripts, "own2", "finish", ok=1, app="batch")
+    r = task(scripts, "own2", "start", app="batch")
+    assert r[:5] == ["ok", "running", "", "", 2] and r[7] == "batch"
+    # an unknown op is refused before the owner is written
+    task(scripts, "own3", "start")
+    try:
+        task(scripts, "own3", "bogus", app="web")
+        raise AssertionError("accepted")
+    except Exception as e:  # noqa: BLE001 (the client's RedisError)
+        assert "unknown op" in str(e)
+    assert conn.call("HGET", task_key("own3"), "owner") is None

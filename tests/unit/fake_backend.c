@@ -25,12 +25,13 @@ static struct fake_op *fake_push(struct fake_backend *fb, enum fake_kind kind)
     return o;
 }
 
-static int fake_admit(struct backend *be, size_t source, double est_tokens,
+static int fake_admit(struct backend *be, size_t source, size_t app, double est_tokens,
                       struct backend_lease **lease, backend_admit_cb *cb, void *ud,
                       struct backend_admit **pending)
 {
     struct fake_backend *fb = (struct fake_backend *)be;
     (void)est_tokens;
+    (void)app;
 
     *lease = NULL;
     *pending = NULL;
@@ -70,8 +71,8 @@ static void fake_release(struct backend *be, struct backend_lease *lease, const 
 }
 
 static int fake_task(struct backend *be, enum backend_task_op op, const char *id,
-                     const char *reason, bool ok, struct backend_task *now_bt, backend_task_cb *cb,
-                     void *ud)
+                     const char *reason, bool ok, const char *app, struct backend_task *now_bt,
+                     backend_task_cb *cb, void *ud)
 {
     struct fake_backend *fb = (struct fake_backend *)be;
     (void)now_bt;
@@ -83,6 +84,7 @@ static int fake_task(struct backend *be, enum backend_task_op op, const char *id
     snprintf(o->id, sizeof(o->id), "%s", id);
     snprintf(o->reason, sizeof(o->reason), "%s", reason ? reason : "");
     o->ok = ok;
+    snprintf(o->app, sizeof(o->app), "%s", app ? app : "");
     o->task_cb = cb;
     o->ud = ud;
     return 0;

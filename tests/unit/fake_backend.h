@@ -25,6 +25,7 @@ struct fake_op {
     char id[160];
     char reason[600];
     bool ok;
+    char app[64];    /* FAKE_TASK: on behalf of ("" = none) */
     size_t source;   /* FAKE_ADMIT */
     double asked_at; /* loop time */
     backend_admit_cb *admit_cb;

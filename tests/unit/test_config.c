@@ -1957,6 +1957,43 @@ START_TEST(test_config__apps_tokens)
 }
 END_TEST
 
+START_TEST(test_config__apps_per_capability)
+{
+    struct config *cfg = expect_ok("apps:\n"
+                                   "  - name: web\n"
+                                   "    limits: {rpm: 100}\n"
+                                   "    per_capability:\n"
+                                   "      chat: {max_concurrency: 2, rpm: 10, window_s: 30}\n"
+                                   "      embedding: {daily_tokens: 5000}\n"
+                                   "  - name: batch\n" SRC0);
+    const struct config_app *w = config_find_app(cfg, "web");
+    int chat = config_find_capability(cfg, "chat", 4);
+    int emb = config_find_capability(cfg, "embedding", 9);
+    ck_assert_ptr_nonnull(w->per_capability);
+    ck_assert(w->per_capability[chat].set);
+    ck_assert_uint_eq(w->per_capability[chat].max_concurrency, 2);
+    ck_assert_uint_eq(w->per_capability[chat].limits.rpm, 10);
+    ck_assert_double_eq(w->per_capability[chat].limits.window_s, 30);
+    ck_assert_uint_eq(w->per_capability[emb].max_concurrency, 0);
+    ck_assert_uint_eq(w->per_capability[emb].limits.daily_tokens, 5000);
+    ck_assert_double_eq(w->per_capability[emb].limits.window_s, 60);
+    ck_assert_uint_eq(w->limits.rpm, 100);
+    ck_assert_ptr_null(config_find_app(cfg, "batch")->per_capability);
+    config_free(cfg);
+
+    expect_reject("apps:\n  - {name: a, per_capability: {vision: {rpm: 1}}}\n" SRC0, 2,
+                  "apps[0].per_capability.vision", "not a configured capability");
+    expect_reject("apps:\n  - {name: a, per_capability: [chat]}\n" SRC0, 2,
+                  "apps[0].per_capability", "expected a map of capability names to limits");
+    expect_reject("apps:\n  - {name: a, per_capability: {chat: 3}}\n" SRC0, 2,
+                  "apps[0].per_capability.chat", "expected a map");
+    expect_reject("apps:\n  - {name: a, per_capability: {chat: {max_concurrency: 0}}}\n" SRC0, 2,
+                  "apps[0].per_capability.chat.max_concurrency", "must be");
+    expect_reject("apps:\n  - {name: a, per_capability: {chat: {rpn: 3}}}\n" SRC0, 2,
+                  "apps[0].per_capability.chat.rpn", "unknown key; did you mean rpm?");
+}
+END_TEST
+
 Suite *config_suite(void)
 {
     Suite *s = suite_create("config");
@@ -2074,6 +2111,7 @@ Suite *config_suite(void)
     tcase_add_test(tc, test_config__apps_resolve_uid_then_gid);
     tcase_add_test(tc, test_config__apps_rejected);
     tcase_add_test(tc, test_config__apps_tokens);
+    tcase_add_test(tc, test_config__apps_per_capability);
     /* Providers */
     tcase_add_test(tc, test_config__kind_defaults_to_openai_bearer);
     tcase_add_test(tc, test_config__azure_key_header_and_api_version);

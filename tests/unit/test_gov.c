@@ -2467,7 +2467,7 @@ struct fq {
     size_t n;
     struct gov_call *woken[FQ_MAX];
     size_t n_woken;
-    struct gov_call *running[2];
+    struct gov_call *running[4]; /* oldest first */
     size_t n_running;
     uint32_t admitted_app[FQ_MAX];
     size_t admitted_idx[FQ_MAX];
@@ -2482,16 +2482,29 @@ static void fq_on_wake(struct gov_call *k, void *ud)
     f->woken[f->n_woken++] = k;
 }
 
-static void fq_init_apps(struct fq *f, const struct gov_app_params *apps, size_t n_apps)
+/* One source of 2 permits per capability (source c serves capability c). */
+static void fq_init_caps(struct fq *f, const struct gov_app_params *apps, size_t n_apps,
+                         size_t n_caps)
 {
-    struct gov_source_params p = src_params("a");
+    static const char *const names[2] = { "a", "b" };
+    struct gov_source_params p[2];
     struct gov_hooks h = { .on_wake = fq_on_wake, .ud = f };
 
     memset(f, 0, sizeof(*f));
-    p.max_concurrency = 2;
-    p.aimd_initial = p.aimd_min = 2;
-    ck_assert_int_eq(gov_init(&f->g, &p, 1, 1, NULL, NULL, NULL, &h, 0), 0);
+    ck_assert_uint_le(n_caps, 2);
+    for (size_t c = 0; c < n_caps; c++) {
+        p[c] = src_params(names[c]);
+        p[c].capability = (uint32_t)c;
+        p[c].max_concurrency = 2;
+        p[c].aimd_initial = p[c].aimd_min = 2;
+    }
+    ck_assert_int_eq(gov_init(&f->g, p, n_caps, n_caps, NULL, NULL, NULL, &h, 0), 0);
     ck_assert_int_eq(gov_set_apps(&f->g, apps, n_apps, 0), 0);
+}
+
+static void fq_init_apps(struct fq *f, const struct gov_app_params *apps, size_t n_apps)
+{
+    fq_init_caps(f, apps, n_apps, 1);
 }
 
 static void fq_init(struct fq *f, const double *weights, size_t n_apps)
@@ -2505,15 +2518,15 @@ static void fq_init(struct fq *f, const double *weights, size_t n_apps)
 
 static void fq_admit(struct fq *f, struct gov_call *k)
 {
-    ck_assert_uint_lt(f->n_running, 2);
+    ck_assert_uint_lt(f->n_running, 4);
     f->running[f->n_running++] = k;
     size_t i = (size_t)(k - f->k);
     f->admitted_app[f->n_admitted] = f->app[i];
     f->admitted_idx[f->n_admitted++] = i;
 }
 
-/* A new call of `app` steps: admitted or parked. */
-static void fq_arrive(struct fq *f, uint32_t app)
+/* A new call of `app` on capability `cap` steps: admitted or parked. */
+static void fq_arrive_cap(struct fq *f, uint32_t app, uint32_t cap)
 {
     struct gov_policy pol = pol_chat();
     struct gov_decision d;
@@ -2522,13 +2535,18 @@ static void fq_arrive(struct fq *f, uint32_t app)
     ck_assert_uint_lt(f->n, FQ_MAX);
     pol.stall_window_s = 1e9; /* waiting never ends these calls */
     f->app[f->n++] = app;
-    ck_assert_int_eq(gov_call_init(k, &f->g, 0, "s", &pol, 0, 0, f->now), 0);
+    ck_assert_int_eq(gov_call_init(k, &f->g, cap, "s", &pol, 0, 0, f->now), 0);
     gov_call_set_app(k, app);
     gov_call_step(k, f->now, &d);
     if (d.action == GOV_ATTEMPT)
         fq_admit(f, k);
     else
         ck_assert_int_eq(d.action, GOV_WAIT);
+}
+
+static void fq_arrive(struct fq *f, uint32_t app)
+{
+    fq_arrive_cap(f, app, 0);
 }
 
 /* One service time passes: the oldest attempt succeeds and the woken
@@ -2541,7 +2559,7 @@ static void fq_serve_one(struct fq *f)
     ck_assert_uint_gt(f->n_running, 0);
     f->now += 1;
     struct gov_call *done = f->running[0];
-    f->running[0] = f->running[1];
+    memmove(&f->running[0], &f->running[1], (f->n_running - 1) * sizeof(f->running[0]));
     f->n_running--;
     outcome_from_http(&o, 200, NULL, 0);
     gov_call_on_outcome(done, f->now, &o, -1, &d);
@@ -2697,6 +2715,153 @@ START_TEST(test_gov__app_rpm_holds)
     f.now = wake;
     gov_call_step(held, f.now, &d);
     ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    fq_fini(&f);
+}
+END_TEST
+
+/* An app's max_concurrency on one capability holds its calls of that
+ * capability only: its calls of another capability run meanwhile, and the
+ * end of one of its attempts there wakes its next waiter there. */
+START_TEST(test_gov__app_per_capability_max_concurrency)
+{
+    static struct fq f;
+    const struct gov_app_cap_params caps[2] = { { .max_concurrency = 1 }, { 0 } };
+    const struct gov_app_params apps[2] = { { .weight = 1, .per_cap = caps }, { .weight = 1 } };
+
+    fq_init_caps(&f, apps, 2, 2);
+    fq_arrive_cap(&f, 0, 0);
+    fq_arrive_cap(&f, 0, 0);
+    ck_assert_uint_eq(f.n_admitted, 1); /* the source has 2 permits: the app allows 1 here */
+    ck_assert_uint_eq(f.g.apps[0].caps[0].in_flight, 1);
+    ck_assert(f.g.apps[0].caps[0].limited > 0);
+    struct gov_call *held = &f.k[1];
+    ck_assert_int_eq(held->state, GOV_CALL_WAITING);
+    fq_arrive_cap(&f, 0, 1); /* the other capability: not limited */
+    fq_arrive_cap(&f, 0, 1);
+    ck_assert_uint_eq(f.n_admitted, 3);
+    fq_arrive_cap(&f, 1, 0); /* another app takes the free permit of capability 0 */
+    ck_assert_uint_eq(f.n_admitted, 4);
+    ck_assert_uint_eq(f.admitted_app[3], 1);
+    fq_serve_one(&f); /* app 0's capability-0 attempt ends: its waiter runs */
+    ck_assert_uint_eq(f.n_admitted, 5);
+    ck_assert_ptr_eq(f.running[f.n_running - 1], held);
+    ck_assert_uint_eq(f.g.apps[0].caps[0].in_flight, 1);
+    ck_assert_uint_eq(f.g.apps[0].in_flight, 3);
+    fq_fini(&f);
+}
+END_TEST
+
+/* An app's rpm on one capability, on the fake clock: its 3rd call of that
+ * capability in the window waits for the refill; its calls of the other
+ * capability, and the app's own rpm on top, still count. */
+START_TEST(test_gov__app_per_capability_rpm)
+{
+    static struct fq f;
+    const struct gov_app_cap_params caps[2] = { { .rpm = 2, .window_s = 60 }, { 0 } };
+    const struct gov_app_params apps[1] = { { .weight = 1, .rpm = 4, .per_cap = caps } };
+    struct gov_decision d;
+
+    fq_init_caps(&f, apps, 1, 2);
+    for (int i = 0; i < 2; i++) {
+        fq_arrive_cap(&f, 0, 0);
+        while (f.n_running)
+            fq_serve_one(&f);
+    }
+    ck_assert_uint_eq(f.n_admitted, 2);
+    fq_arrive_cap(&f, 0, 0);
+    struct gov_call *held = &f.k[f.n - 1];
+    ck_assert_uint_eq(f.n_admitted, 2);
+    ck_assert(held->waits_app);
+    double wake = held->wake_at; /* one request back: 60 / 2 s after the first */
+    ck_assert_double_gt(wake, f.now);
+    ck_assert_double_le(wake, 30.0 + 1e-6);
+    fq_arrive_cap(&f, 0, 1); /* capability 1: only the app's rpm (4) counts */
+    fq_arrive_cap(&f, 0, 1);
+    ck_assert_uint_eq(f.n_admitted, 4);
+    while (f.n_running)
+        fq_serve_one(&f);
+    fq_arrive_cap(&f, 0, 1); /* the app's 5th request in the window: held */
+    ck_assert_uint_eq(f.n_admitted, 4);
+    ck_assert(f.k[f.n - 1].waits_app);
+    ck_assert(!held->woken); /* releases do not wake a call waiting for a refill */
+    f.now = wake;
+    gov_call_step(held, f.now, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    fq_admit(&f, held);
+    ck_assert_uint_eq(f.g.apps[0].admitted, 5);
+    fq_fini(&f);
+}
+END_TEST
+
+/* A refused shared admission gives back what the capability's limits took. */
+START_TEST(test_gov__app_per_capability_refusal_gives_back)
+{
+    static struct fq f;
+    const struct gov_app_cap_params caps[1] = {
+        { .max_concurrency = 1, .rpm = 1, .window_s = 60 }
+    };
+    const struct gov_app_params apps[1] = { { .weight = 1, .per_cap = caps } };
+    struct gov_decision d;
+
+    fq_init_caps(&f, apps, 1, 1);
+    fq_arrive_cap(&f, 0, 0);
+    ck_assert_uint_eq(f.n_admitted, 1);
+    struct gov_call *k = f.running[0];
+    ck_assert_uint_eq(f.g.apps[0].caps[0].in_flight, 1);
+    ck_assert_double_lt(bucket_level(&f.g.apps[0].caps[0].rpm, f.now), 0.5);
+    f.n_running = 0;
+    gov_call_refused(k, f.now, f.now + 5, false, &d);
+    ck_assert_int_eq(d.action, GOV_WAIT);
+    ck_assert_uint_eq(f.g.apps[0].caps[0].in_flight, 0);
+    ck_assert_double_eq_tol(bucket_level(&f.g.apps[0].caps[0].rpm, f.now), 1.0, 1e-9);
+    fq_fini(&f);
+}
+END_TEST
+
+/* A reload of the apps' figures keeps their runtime state: an attempt in
+ * flight before per_capability limits existed counts toward them, and a
+ * bucket keeps its level (clamped) under its new capacity. */
+START_TEST(test_gov__apps_reconf_keeps_counts_and_levels)
+{
+    static struct fq f;
+    struct gov_app_params apps[1] = { { .weight = 1, .rpm = 3, .window_s = 60 } };
+    struct gov_apps_reconf r;
+
+    fq_init_caps(&f, apps, 1, 2);
+    fq_arrive_cap(&f, 0, 0); /* runs: counted on capability 0 without a limit there */
+    fq_arrive_cap(&f, 0, 1);
+    fq_arrive_cap(&f, 0, 1);
+    ck_assert_uint_eq(f.n_admitted, 3);
+    ck_assert_uint_eq(f.g.apps[0].caps[0].in_flight, 1);
+    /* rpm 3 -> 6, and at most 1 at once on capability 0 */
+    const struct gov_app_cap_params caps[2] = { { .max_concurrency = 1 }, { 0 } };
+    apps[0] = (struct gov_app_params){ .weight = 2, .rpm = 6, .window_s = 60, .per_cap = caps };
+    ck_assert_int_eq(gov_apps_reconf_prepare(&r, &f.g, apps, 2, 2), -2); /* one app, not 2 */
+    ck_assert_int_eq(gov_apps_reconf_prepare(&r, &f.g, apps, 1, 2), 0);
+    gov_apps_reconf_commit(&f.g, &r, f.now);
+    ck_assert_double_eq(f.g.apps[0].p.weight, 2);
+    ck_assert_uint_eq(f.g.apps[0].caps[0].in_flight, 1);
+    ck_assert_uint_eq(f.g.apps[0].in_flight, 3);
+    /* the level (0 of 3) is kept, not refilled to the new capacity */
+    ck_assert_double_eq_tol(bucket_level(&f.g.apps[0].rpm, f.now), 0, 1e-9);
+    ck_assert_double_eq(f.g.apps[0].rpm.capacity, 6);
+    f.now += 10; /* 1 request back at 6 per 60 s */
+    fq_arrive_cap(&f, 0, 0);
+    struct gov_call *held = &f.k[f.n - 1];
+    ck_assert_uint_eq(f.n_admitted, 3); /* the capability-0 attempt from before holds the 1 */
+    ck_assert_int_eq(held->state, GOV_CALL_WAITING);
+    fq_serve_one(&f); /* the oldest (capability 0) ends: the held call runs */
+    ck_assert_uint_eq(f.n_admitted, 4);
+    ck_assert_ptr_eq(f.running[f.n_running - 1], held);
+    ck_assert_uint_eq(f.g.apps[0].caps[0].in_flight, 1);
+    /* back to no per_capability limits: nothing waits on capability 0 */
+    apps[0].per_cap = NULL;
+    apps[0].rpm = 0;
+    ck_assert_int_eq(gov_apps_reconf_prepare(&r, &f.g, apps, 1, 2), 0);
+    gov_apps_reconf_commit(&f.g, &r, f.now);
+    fq_arrive_cap(&f, 0, 0);
+    ck_assert_uint_eq(f.n_admitted, 5);
+    ck_assert_uint_eq(f.g.apps[0].caps[0].in_flight, 2);
     fq_fini(&f);
 }
 END_TEST
@@ -2957,6 +3122,10 @@ Suite *gov_suite(void)
     tcase_add_test(tc, test_gov__fair_queue_without_apps_is_fifo);
     tcase_add_test(tc, test_gov__app_max_concurrency_holds);
     tcase_add_test(tc, test_gov__app_rpm_holds);
+    tcase_add_test(tc, test_gov__app_per_capability_max_concurrency);
+    tcase_add_test(tc, test_gov__app_per_capability_rpm);
+    tcase_add_test(tc, test_gov__app_per_capability_refusal_gives_back);
+    tcase_add_test(tc, test_gov__apps_reconf_keeps_counts_and_levels);
     /* reconfiguration */
     tcase_add_test(tc, test_gov__reconf_bucket_keeps_level_clamped_to_new_capacity);
     tcase_add_test(tc, test_gov__reconf_aimd_and_breaker_keep_state_clamped);
