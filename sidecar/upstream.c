@@ -117,7 +117,7 @@ struct upstream {
     struct header_set *header_sets;
     size_t n_header_sets;
     struct upstream_stats stats;
-    CURL *pool[UPSTREAM_POOL_MAX]; /* reset easy handles of completed transfers */
+    CURL *pool[UPSTREAM_POOL_MAX]; /* easy handles of completed transfers, not reset */
     size_t n_pool;
 };
 
@@ -565,7 +565,10 @@ static void attempt_detach(struct attempt *a)
          * detached here instead of joined, so this never blocks. */
         curl_multi_remove_handle(up->multi, a->easy);
         if (a->recycle && up->n_pool < UPSTREAM_POOL_MAX) {
-            curl_easy_reset(a->easy);
+            /* Kept as configured (upstream_easy_new); only the error buffer,
+             * which dies with the attempt, must not outlive it. */
+            curl_easy_setopt(a->easy, CURLOPT_ERRORBUFFER, NULL);
+            curl_easy_setopt(a->easy, CURLOPT_PRIVATE, NULL);
             up->pool[up->n_pool++] = a->easy;
         } else {
             curl_easy_cleanup(a->easy);
@@ -1271,16 +1274,17 @@ static struct curl_slist *upstream_headers(struct upstream *up, bool stream,
     return l;
 }
 
-static int attempt_setup(struct attempt *a, const struct attempt_spec *spec)
+/* A new easy handle with the options every attempt shares. They stay set
+ * while the handle is pooled (no curl_easy_reset between attempts: the reset
+ * and setting them again cost a dozen allocations per attempt, the protocol
+ * list and the content-encoding list parsed again), so attempt_setup() sets
+ * only what changes from one attempt to the next. */
+static CURL *upstream_easy_new(void)
 {
-    CURL *e = a->easy = a->up->n_pool ? a->up->pool[--a->up->n_pool] : curl_easy_init();
+    CURL *e = curl_easy_init();
 
     if (!e)
-        return -1;
-    a->headers = upstream_headers(a->up, spec->stream, spec->headers, &a->owned_headers);
-    if (!a->headers)
-        return -1;
-    curl_easy_setopt(e, CURLOPT_URL, spec->url);
+        return NULL;
     curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
     /* Never follow a redirect. The request carries the source's key, and on
      * a redirect to another host libcurl drops only Authorization and Cookie
@@ -1290,25 +1294,41 @@ static int attempt_setup(struct attempt *a, const struct attempt_spec *spec)
     curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
     curl_easy_setopt(e, CURLOPT_UNRESTRICTED_AUTH, 0L);
     curl_easy_setopt(e, CURLOPT_POST, 1L);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_QUICK_EXIT, 1L);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, attempt_on_write);
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, attempt_on_header);
+    curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, attempt_on_sockopt);
+    curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, attempt_on_prereq);
+    curl_easy_setopt(e, CURLOPT_RESOLVER_START_FUNCTION, attempt_on_resolver_start);
+    curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(e, CURLOPT_ACCEPT_ENCODING, "");
+    return e;
+}
+
+/* The options of this attempt, on a pooled or new handle. Every pointer
+ * the previous attempt left in a pooled handle (its body, its header list,
+ * its callbacks' data) is replaced here before curl can use it. */
+static int attempt_setup(struct attempt *a, const struct attempt_spec *spec)
+{
+    CURL *e = a->easy = a->up->n_pool ? a->up->pool[--a->up->n_pool] : upstream_easy_new();
+
+    if (!e)
+        return -1;
+    a->headers = upstream_headers(a->up, spec->stream, spec->headers, &a->owned_headers);
+    if (!a->headers)
+        return -1;
+    curl_easy_setopt(e, CURLOPT_URL, spec->url);
     curl_easy_setopt(e, CURLOPT_POSTFIELDS, a->req_body);
     curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)spec->body_len);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, a->headers);
     curl_easy_setopt(e, CURLOPT_PRIVATE, a);
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, a->errbuf);
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(e, CURLOPT_QUICK_EXIT, 1L);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, attempt_on_write);
     curl_easy_setopt(e, CURLOPT_WRITEDATA, a);
-    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, attempt_on_header);
     curl_easy_setopt(e, CURLOPT_HEADERDATA, a);
-    curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, attempt_on_sockopt);
     curl_easy_setopt(e, CURLOPT_SOCKOPTDATA, a);
-    curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, attempt_on_prereq);
     curl_easy_setopt(e, CURLOPT_PREREQDATA, a);
-    curl_easy_setopt(e, CURLOPT_RESOLVER_START_FUNCTION, attempt_on_resolver_start);
     curl_easy_setopt(e, CURLOPT_RESOLVER_START_DATA, a);
-    curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
-    curl_easy_setopt(e, CURLOPT_ACCEPT_ENCODING, "");
     /* Backstops only: our own timers fire first. */
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
                      (long)(spec->connect_timeout_s * 1000) + UPSTREAM_BACKSTOP_MS);

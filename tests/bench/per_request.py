@@ -16,7 +16,7 @@ call config, an HTTP listener), loaded by wrk on /v1/chat/completions
 (--front http) or by loadgen sending the same body as a `call` (--front
 msgpack). Under callgrind the sidecar runs some 50 times slower, so a run
 completes a few thousand requests: enough, since the count per request is
-the same every run to within about 2%.
+the same every run to within 2-3%.
 
   /usr/bin/python3 tests/bench/per_request.py build                  # both, http, 64 clients
   /usr/bin/python3 tests/bench/per_request.py build --front msgpack --mode syscalls --clients 1
