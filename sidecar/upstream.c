@@ -42,6 +42,7 @@
 
 #include <arpa/inet.h>
 #include <curl/curl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -769,11 +770,12 @@ static void attempt_on_activity(struct attempt *a)
     }
 }
 
-static bool header_is(const char *line, size_t n, const char *name, const char **value,
+/* Whether header `line` (n bytes, CRLF included) is `name` (k bytes, lower
+ * case); if so, its value without the surrounding blanks. */
+static bool header_is(const char *line, size_t n, const char *name, size_t k, const char **value,
                       size_t *vlen)
 {
-    size_t k = strlen(name);
-    if (n <= k || strncasecmp(line, name, k) != 0 || line[k] != ':')
+    if (n <= k || line[k] != ':' || strncasecmp(line, name, k) != 0)
         return false;
     const char *v = line + k + 1, *end = line + n;
     while (v < end && (*v == ' ' || *v == '\t'))
@@ -785,6 +787,27 @@ static bool header_is(const char *line, size_t n, const char *name, const char *
     return true;
 }
 
+#define HEADER_IS(line, n, name, v, vlen) header_is(line, n, name, sizeof(name) - 1, v, vlen)
+
+/* The headers whose values the outcome may need, kept in the attempt. */
+#define KEPT_HEADER(field, name)                                 \
+    {                                                            \
+        name, sizeof(name) - 1, offsetof(struct attempt, field), \
+            sizeof(((struct attempt *)0)->field)                 \
+    }
+static const struct kept_header {
+    const char *name; /* lower case */
+    size_t len, off, cap;
+} kept_headers[] = {
+    KEPT_HEADER(retry_after, "retry-after"),
+    KEPT_HEADER(retry_after_ms, "retry-after-ms"),
+    KEPT_HEADER(should_retry, "x-should-retry"),
+    KEPT_HEADER(reset_requests, "x-ratelimit-reset-requests"),
+    KEPT_HEADER(reset_tokens, "x-ratelimit-reset-tokens"),
+};
+
+/* Called by curl for each response header line. Most lines are none of
+ * the few we read: their first letter rules them out. */
 static size_t attempt_on_header(char *line, size_t size, size_t nitems, void *ud)
 {
     struct attempt *a = ud;
@@ -802,18 +825,23 @@ static size_t attempt_on_header(char *line, size_t size, size_t nitems, void *ud
         a->retry_after[0] = a->retry_after_ms[0] = a->should_retry[0] = '\0';
         a->reset_requests[0] = a->reset_tokens[0] = '\0';
         a->is_sse = false;
-    } else if (header_is(line, n, "retry-after", &v, &vlen)) {
-        snprintf(a->retry_after, sizeof(a->retry_after), "%.*s", (int)vlen, v);
-    } else if (header_is(line, n, "retry-after-ms", &v, &vlen)) {
-        snprintf(a->retry_after_ms, sizeof(a->retry_after_ms), "%.*s", (int)vlen, v);
-    } else if (header_is(line, n, "x-should-retry", &v, &vlen)) {
-        snprintf(a->should_retry, sizeof(a->should_retry), "%.*s", (int)vlen, v);
-    } else if (header_is(line, n, "x-ratelimit-reset-requests", &v, &vlen)) {
-        snprintf(a->reset_requests, sizeof(a->reset_requests), "%.*s", (int)vlen, v);
-    } else if (header_is(line, n, "x-ratelimit-reset-tokens", &v, &vlen)) {
-        snprintf(a->reset_tokens, sizeof(a->reset_tokens), "%.*s", (int)vlen, v);
-    } else if (header_is(line, n, "content-type", &v, &vlen)) {
+        return n;
+    }
+    char first = n > 0 ? (char)(line[0] | 0x20) : '\0';
+    if (first == 'c' && HEADER_IS(line, n, "content-type", &v, &vlen)) {
         a->is_sse = vlen >= 17 && strncasecmp(v, "text/event-stream", 17) == 0;
+        return n;
+    }
+    for (size_t i = 0; i < sizeof(kept_headers) / sizeof(kept_headers[0]); i++) {
+        const struct kept_header *k = &kept_headers[i];
+        if (k->name[0] == first && header_is(line, n, k->name, k->len, &v, &vlen)) {
+            /* Truncated to the field, as the values are only ever parsed. */
+            if (vlen >= k->cap)
+                vlen = k->cap - 1;
+            memcpy((char *)a + k->off, v, vlen);
+            ((char *)a)[k->off + vlen] = '\0';
+            break;
+        }
     }
     return n;
 }
