@@ -122,6 +122,7 @@ struct upstream {
     struct header_set *header_sets;
     size_t n_header_sets;
     struct upstream_stats stats;
+    bool no_proxy_env;             /* no proxy variable is set: handles say "no proxy" */
     CURL *pool[UPSTREAM_POOL_MAX]; /* easy handles of completed transfers, not reset */
     size_t n_pool;
 };
@@ -1184,6 +1185,25 @@ static void upstream_on_prepare(struct ev_loop *loop, ev_prepare *w, int revents
 
 /* --- public ---------------------------------------------------------- */
 
+/* Whether the environment names a proxy, or hosts not to proxy, for
+ * libcurl: these are all the variables it reads. It reads them again for
+ * every transfer, a scan of the whole environment per name; a running
+ * sidecar's environment does not change, so when none is set the handles
+ * are told once that there is no proxy (CURLOPT_PROXY ""), which is what
+ * libcurl would find each time. */
+static bool upstream_env_names_proxy(void)
+{
+    /* HTTP_PROXY too, which libcurl ignores: set, it only costs the shortcut. */
+    static const char *const names[] = { "http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY",
+                                         "all_proxy",  "ALL_PROXY",  "no_proxy",    "NO_PROXY" };
+
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (getenv(names[i]))
+            return true;
+    }
+    return false;
+}
+
 struct upstream *upstream_new(struct ev_loop *loop, uint32_t max_dns_lookups_per_host, char *err,
                               size_t errlen)
 {
@@ -1204,6 +1224,7 @@ struct upstream *upstream_new(struct ev_loop *loop, uint32_t max_dns_lookups_per
         return NULL;
     }
     up->loop = loop;
+    up->no_proxy_env = !upstream_env_names_proxy();
     up->max_lookups_per_host = max_dns_lookups_per_host ? max_dns_lookups_per_host : 1;
     ev_init(&up->timer_w, upstream_on_timer);
     up->timer_w.data = up;
@@ -1321,12 +1342,14 @@ static struct curl_slist *upstream_headers(struct upstream *up, bool stream,
  * and setting them again cost a dozen allocations per attempt, the protocol
  * list and the content-encoding list parsed again), so attempt_setup() sets
  * only what changes from one attempt to the next. */
-static CURL *upstream_easy_new(void)
+static CURL *upstream_easy_new(const struct upstream *up)
 {
     CURL *e = curl_easy_init();
 
     if (!e)
         return NULL;
+    if (up->no_proxy_env)
+        curl_easy_setopt(e, CURLOPT_PROXY, "");
     curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
     /* Never follow a redirect. The request carries the source's key, and on
      * a redirect to another host libcurl drops only Authorization and Cookie
@@ -1354,7 +1377,7 @@ static CURL *upstream_easy_new(void)
 static int attempt_setup(struct attempt *a, const struct attempt_spec *spec,
                          const struct url_host *u)
 {
-    CURL *e = a->easy = a->up->n_pool ? a->up->pool[--a->up->n_pool] : upstream_easy_new();
+    CURL *e = a->easy = a->up->n_pool ? a->up->pool[--a->up->n_pool] : upstream_easy_new(a->up);
 
     if (!e)
         return -1;
