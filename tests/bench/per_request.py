@@ -6,8 +6,9 @@ shared machine:
   instructions  the sidecar runs under valgrind's callgrind; after a warm-up
                 its counters are zeroed, the generator runs, they are dumped:
                 user-space instructions per request, split by object (polygw,
-                libcurl, libc, ...) and the functions with the most
-                instructions of their own.
+                libcurl, libc, ...), calls to malloc, calloc, realloc and free
+                per request by the object calling, and the functions with the
+                most instructions of their own.
   syscalls      `strace -c -f` attached to the sidecar while the generator
                 runs: system calls per request, by name.
 
@@ -58,18 +59,24 @@ def pin(cpu):
 class Rig:
     """The mock, one sidecar (optionally under a wrapper) and the generator."""
 
-    def __init__(self, build, front, clients, wrapper, tmp):
+    def __init__(self, build, front, clients, wrapper, tmp, polygw=None, mock=None):
+        """build: where the mock and loadgen are (and polygw, unless `polygw`
+        names another build directory); mock: another Rig whose mock to share."""
         self.build, self.front, self.clients, self.tmp = build, front, clients, tmp
         self.procs = []
-        mock = subprocess.Popen(pin(0) + [os.path.join(build, "mock_upstream"), "--port", "0",
-                                          "--host", "127.0.0.1"],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        self.procs.append(mock)
-        line = mock.stdout.readline().split()
-        if len(line) != 2 or line[0] != "LISTENING":
-            raise SystemExit("per_request: the mock did not start")
+        if mock:
+            self.mock_port = mock.mock_port
+        else:
+            proc = subprocess.Popen(pin(0) + [os.path.join(build, "mock_upstream"), "--port", "0",
+                                              "--host", "127.0.0.1"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            self.procs.append(proc)
+            line = proc.stdout.readline().split()
+            if len(line) != 2 or line[0] != "LISTENING":
+                raise SystemExit("per_request: the mock did not start")
+            self.mock_port = line[1]
         cfg = subprocess.run(["sh", "-c", '. "$0"; call_config "$1"',
-                              os.path.join(HERE, "call_config.sh"), line[1]],
+                              os.path.join(HERE, "call_config.sh"), self.mock_port],
                              capture_output=True, text=True, check=True, timeout=10).stdout
         self.http_port = free_port()
         path = os.path.join(tmp, "sidecar.yaml")
@@ -77,8 +84,8 @@ class Rig:
             f.write(cfg + "http:\n  listen: 127.0.0.1:%d\n" % self.http_port)
         self.sock = os.path.join(tmp, "polygw.sock")
         self.sidecar = subprocess.Popen(
-            pin(0) + wrapper + [os.path.join(build, "polygw"), "--config", path, "--socket",
-                                self.sock, "--log-level", "warn"],
+            pin(0) + wrapper + [os.path.join(polygw or build, "polygw"), "--config", path,
+                                "--socket", self.sock, "--log-level", "warn"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.procs.append(self.sidecar)
         url = "http://127.0.0.1:%d/healthz" % self.http_port
@@ -165,9 +172,38 @@ def instructions(args, tmp):
     for obj, ir in objs.most_common():
         if ir * 1000 >= total:
             print("  %-28s %8.0f  %5.1f%%" % (obj, ir / n, 100.0 * ir / total))
+    allocations(dump, n)
     print("  functions with the most instructions of their own:")
     for fn, ir in funcs.most_common(args.top):
         print("    %8.0f  %5.1f%%  %s" % (ir / n, 100.0 * ir / total, fn))
+
+
+def allocations(dump, n):
+    """Calls to libc's allocator per request, from callgrind's call counts:
+    each caller of malloc, calloc, realloc and free, by the object it is in
+    (the allocator's calls to itself left out; free(NULL) counts)."""
+    text = subprocess.run(["callgrind_annotate", "--tree=caller", "--threshold=100", dump],
+                          capture_output=True, text=True, timeout=TIMEOUT_S, check=True).stdout
+    alloc = re.compile(r"malloc\.c:(malloc|calloc|realloc|free) \[.*libc\.so")
+    callers, counts = [], collections.Counter()
+    for line in text.splitlines():
+        m = re.match(r"\s*[\d,]+ \(\s*[\d.]+%\)\s+<\s+(.*) \(([\d,]+)x\) \[(.*)\]$", line)
+        if m:
+            callers.append((m.group(1), int(m.group(2).replace(",", "")), m.group(3)))
+            continue
+        m = re.match(r"\s*[\d,]+ \(\s*[\d.]+%\)\s+\*\s+(.*)$", line)
+        if m and alloc.search(m.group(1)):
+            fn = alloc.search(m.group(1)).group(1)
+            for caller, k, obj in callers:
+                if not re.search(r"malloc\.c:", caller):
+                    obj = os.path.basename(obj)
+                    counts[(fn, "other (strdup...)" if obj == "???" else obj)] += k
+        if m or not line.strip():
+            callers = []
+    for fn in ("malloc", "calloc", "realloc", "free"):
+        by = sorted(((k, o) for (f, o), k in counts.items() if f == fn), reverse=True)
+        print("  %-8s %6.1f calls per request (%s)" % (
+            fn, sum(k for k, _ in by) / n, ", ".join("%s %.1f" % (o, k / n) for k, o in by if k)))
 
 
 def syscalls(args, tmp):
