@@ -224,6 +224,19 @@ __attribute__((format(printf, 2, 3))) static void out_printf(struct http_conn *c
     c->budget.held = c->out_len - c->out_off;
 }
 
+/* `v` in `base` (10 or 16, lower case): the numbers every answer carries,
+ * without a printf per header. */
+static void out_uint(struct http_conn *c, unsigned long long v, unsigned base)
+{
+    char buf[24], *p = buf + sizeof(buf);
+
+    do {
+        *--p = "0123456789abcdef"[v % base];
+        v /= base;
+    } while (v);
+    out_add(c, p, (size_t)(buf + sizeof(buf) - p));
+}
+
 static size_t out_queued(const struct http_conn *c)
 {
     return c->out_len - c->out_off;
@@ -288,20 +301,34 @@ static void hc_head(struct http_conn *c, int status, const char *ctype, long lon
         c->keep_alive = false;
     if (c->hs->stopping || c->hs->srv->state != SERVER_RUNNING)
         c->keep_alive = false;
-    out_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n", status, status_text(status), ctype);
-    if (len >= 0)
-        out_printf(c, "Content-Length: %lld\r\n", len);
-    else if (!http10)
+    out_str(c, "HTTP/1.1 ");
+    out_uint(c, (unsigned)status, 10); /* a status: 100..599 */
+    out_str(c, " ");
+    out_str(c, status_text(status));
+    out_str(c, "\r\nContent-Type: ");
+    out_str(c, ctype);
+    out_str(c, "\r\n");
+    if (len >= 0) {
+        out_str(c, "Content-Length: ");
+        out_uint(c, (unsigned long long)len, 10);
+        out_str(c, "\r\n");
+    } else if (!http10)
         out_str(c, "Transfer-Encoding: chunked\r\nCache-Control: no-cache\r\n");
     if (!c->keep_alive)
         out_str(c, "Connection: close\r\n");
     else if (http10)
         out_str(c, "Connection: keep-alive\r\n");
-    if (ci)
-        out_printf(c,
-                   "X-Polygw-Source: %s\r\nX-Polygw-Attempts: %u\r\n"
-                   "X-Polygw-Stalled-S: %.3f\r\n",
-                   ci->source, ci->attempts, ci->stalled_s);
+    if (ci) {
+        out_str(c, "X-Polygw-Source: ");
+        out_str(c, ci->source);
+        out_str(c, "\r\nX-Polygw-Attempts: ");
+        out_uint(c, ci->attempts, 10);
+        /* Nearly always nothing stalled: printf only for the rest. */
+        if (ci->stalled_s == 0 && !signbit(ci->stalled_s))
+            out_str(c, "\r\nX-Polygw-Stalled-S: 0.000\r\n");
+        else
+            out_printf(c, "\r\nX-Polygw-Stalled-S: %.3f\r\n", ci->stalled_s);
+    }
     if (extra)
         out_str(c, extra);
     out_str(c, "\r\n");
@@ -326,8 +353,10 @@ static void hc_sse(struct http_conn *c, const char *event, const char *data, siz
     size_t n = (event ? strlen(event) + 8 : 0) + len + 7 * lines + 1;
     bool chunked = !(c->parser.http_major == 1 && c->parser.http_minor == 0);
 
-    if (chunked)
-        out_printf(c, "%zx\r\n", n);
+    if (chunked) {
+        out_uint(c, n, 16);
+        out_str(c, "\r\n");
+    }
     if (event) {
         out_str(c, "event: ");
         out_str(c, event);

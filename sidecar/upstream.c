@@ -42,6 +42,7 @@
 
 #include <arpa/inet.h>
 #include <curl/curl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,11 +80,15 @@ struct dns_host {
     char name[];
 };
 
-/* What dns_host_for_url() found for one URL: parsing it with curl's URL
- * API costs several allocations per attempt, and the answer never changes. */
+/* One URL parsed once with curl's URL API, and the host whose lookups the
+ * cap counts. Its transfers get the parsed handle (CURLOPT_CURLU): curl then
+ * copies it instead of parsing the URL and printing it back normalised on
+ * every transfer, a dozen allocations and a tenth of a request's
+ * instructions. Neither answer ever changes for a URL. */
 struct url_host {
     struct url_host *next;
     struct dns_host *dns; /* NULL: an IP literal */
+    CURLU *uh;            /* owned; borrowed by pooled handles until the engine goes */
     char url[];
 };
 
@@ -117,7 +122,8 @@ struct upstream {
     struct header_set *header_sets;
     size_t n_header_sets;
     struct upstream_stats stats;
-    CURL *pool[UPSTREAM_POOL_MAX]; /* reset easy handles of completed transfers */
+    bool no_proxy_env;             /* no proxy variable is set: handles say "no proxy" */
+    CURL *pool[UPSTREAM_POOL_MAX]; /* easy handles of completed transfers, not reset */
     size_t n_pool;
 };
 
@@ -329,20 +335,21 @@ static struct dns_host *dns_host_get(struct upstream *up, const char *name)
     return h;
 }
 
-/* The host part of `url` when it is a name (not an IP literal), else NULL.
- * *known is set when that answer is final: false when the URL could not be
- * parsed or memory ran out, so that a caller caching it asks again. */
-static struct dns_host *dns_host_for_url(struct upstream *up, const char *url, bool *known)
+/* `url` parsed the way curl parses CURLOPT_URL, and in *dns the host
+ * part when it is a name (NULL for an IP literal). NULL when the URL does
+ * not parse (curl then reports it on the transfer) or memory ran out. */
+static CURLU *url_parse(struct upstream *up, const char *url, struct dns_host **dns)
 {
     char *host = NULL;
-    struct dns_host *h = NULL;
     CURLU *u = curl_url();
     unsigned char tmp[sizeof(struct in6_addr)];
+    bool ok = false;
 
-    *known = false;
+    *dns = NULL;
     if (!u)
         return NULL;
-    if (curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK &&
+    if (curl_url_set(u, CURLUPART_URL, url, CURLU_GUESS_SCHEME | CURLU_NON_SUPPORT_SCHEME) ==
+            CURLUE_OK &&
         curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK && host) {
         size_t n = strlen(host);
         bool literal = inet_pton(AF_INET, host, tmp) == 1;
@@ -351,34 +358,42 @@ static struct dns_host *dns_host_for_url(struct upstream *up, const char *url, b
             literal = inet_pton(AF_INET6, host + 1, tmp) == 1;
         }
         if (!literal)
-            h = dns_host_get(up, host);
-        *known = literal || h;
+            *dns = dns_host_get(up, host);
+        ok = literal || *dns;
     }
     curl_free(host);
-    curl_url_cleanup(u);
-    return h;
+    if (!ok) {
+        curl_url_cleanup(u);
+        return NULL;
+    }
+    return u;
 }
 
-/* dns_host_for_url() through the engine's URL cache. */
-static struct dns_host *dns_host_for_url_cached(struct upstream *up, const char *url)
+/* The engine's entry for `url`, made on first use; NULL past the cache
+ * bound or when it does not parse (the caller then goes without). */
+static struct url_host *upstream_url(struct upstream *up, const char *url)
 {
     for (struct url_host *u = up->urls; u; u = u->next) {
         if (strcmp(u->url, url) == 0)
-            return u->dns;
+            return u;
     }
-    bool known;
-    struct dns_host *h = dns_host_for_url(up, url, &known);
+    if (up->n_urls >= UPSTREAM_CACHE_MAX)
+        return NULL;
+    struct dns_host *h;
+    CURLU *uh = url_parse(up, url, &h);
     size_t n = strlen(url);
-    struct url_host *u =
-        known && up->n_urls < UPSTREAM_CACHE_MAX ? malloc(sizeof(*u) + n + 1) : NULL;
-    if (u) {
-        u->dns = h;
-        memcpy(u->url, url, n + 1);
-        u->next = up->urls;
-        up->urls = u;
-        up->n_urls++;
+    struct url_host *u = uh ? malloc(sizeof(*u) + n + 1) : NULL;
+    if (!u) {
+        curl_url_cleanup(uh);
+        return NULL;
     }
-    return h;
+    u->dns = h;
+    u->uh = uh;
+    memcpy(u->url, url, n + 1);
+    u->next = up->urls;
+    up->urls = u;
+    up->n_urls++;
+    return u;
 }
 
 /* Lookups of `h` abandoned within the last UPSTREAM_ORPHAN_TTL_S. */
@@ -565,7 +580,10 @@ static void attempt_detach(struct attempt *a)
          * detached here instead of joined, so this never blocks. */
         curl_multi_remove_handle(up->multi, a->easy);
         if (a->recycle && up->n_pool < UPSTREAM_POOL_MAX) {
-            curl_easy_reset(a->easy);
+            /* Kept as configured (upstream_easy_new); only the error buffer,
+             * which dies with the attempt, must not outlive it. */
+            curl_easy_setopt(a->easy, CURLOPT_ERRORBUFFER, NULL);
+            curl_easy_setopt(a->easy, CURLOPT_PRIVATE, NULL);
             up->pool[up->n_pool++] = a->easy;
         } else {
             curl_easy_cleanup(a->easy);
@@ -753,11 +771,12 @@ static void attempt_on_activity(struct attempt *a)
     }
 }
 
-static bool header_is(const char *line, size_t n, const char *name, const char **value,
+/* Whether header `line` (n bytes, CRLF included) is `name` (k bytes, lower
+ * case); if so, its value without the surrounding blanks. */
+static bool header_is(const char *line, size_t n, const char *name, size_t k, const char **value,
                       size_t *vlen)
 {
-    size_t k = strlen(name);
-    if (n <= k || strncasecmp(line, name, k) != 0 || line[k] != ':')
+    if (n <= k || line[k] != ':' || strncasecmp(line, name, k) != 0)
         return false;
     const char *v = line + k + 1, *end = line + n;
     while (v < end && (*v == ' ' || *v == '\t'))
@@ -769,6 +788,27 @@ static bool header_is(const char *line, size_t n, const char *name, const char *
     return true;
 }
 
+#define HEADER_IS(line, n, name, v, vlen) header_is(line, n, name, sizeof(name) - 1, v, vlen)
+
+/* The headers whose values the outcome may need, kept in the attempt. */
+#define KEPT_HEADER(field, name)                                 \
+    {                                                            \
+        name, sizeof(name) - 1, offsetof(struct attempt, field), \
+            sizeof(((struct attempt *)0)->field)                 \
+    }
+static const struct kept_header {
+    const char *name; /* lower case */
+    size_t len, off, cap;
+} kept_headers[] = {
+    KEPT_HEADER(retry_after, "retry-after"),
+    KEPT_HEADER(retry_after_ms, "retry-after-ms"),
+    KEPT_HEADER(should_retry, "x-should-retry"),
+    KEPT_HEADER(reset_requests, "x-ratelimit-reset-requests"),
+    KEPT_HEADER(reset_tokens, "x-ratelimit-reset-tokens"),
+};
+
+/* Called by curl for each response header line. Most lines are none of
+ * the few we read: their first letter rules them out. */
 static size_t attempt_on_header(char *line, size_t size, size_t nitems, void *ud)
 {
     struct attempt *a = ud;
@@ -786,18 +826,23 @@ static size_t attempt_on_header(char *line, size_t size, size_t nitems, void *ud
         a->retry_after[0] = a->retry_after_ms[0] = a->should_retry[0] = '\0';
         a->reset_requests[0] = a->reset_tokens[0] = '\0';
         a->is_sse = false;
-    } else if (header_is(line, n, "retry-after", &v, &vlen)) {
-        snprintf(a->retry_after, sizeof(a->retry_after), "%.*s", (int)vlen, v);
-    } else if (header_is(line, n, "retry-after-ms", &v, &vlen)) {
-        snprintf(a->retry_after_ms, sizeof(a->retry_after_ms), "%.*s", (int)vlen, v);
-    } else if (header_is(line, n, "x-should-retry", &v, &vlen)) {
-        snprintf(a->should_retry, sizeof(a->should_retry), "%.*s", (int)vlen, v);
-    } else if (header_is(line, n, "x-ratelimit-reset-requests", &v, &vlen)) {
-        snprintf(a->reset_requests, sizeof(a->reset_requests), "%.*s", (int)vlen, v);
-    } else if (header_is(line, n, "x-ratelimit-reset-tokens", &v, &vlen)) {
-        snprintf(a->reset_tokens, sizeof(a->reset_tokens), "%.*s", (int)vlen, v);
-    } else if (header_is(line, n, "content-type", &v, &vlen)) {
+        return n;
+    }
+    char first = n > 0 ? (char)(line[0] | 0x20) : '\0';
+    if (first == 'c' && HEADER_IS(line, n, "content-type", &v, &vlen)) {
         a->is_sse = vlen >= 17 && strncasecmp(v, "text/event-stream", 17) == 0;
+        return n;
+    }
+    for (size_t i = 0; i < sizeof(kept_headers) / sizeof(kept_headers[0]); i++) {
+        const struct kept_header *k = &kept_headers[i];
+        if (k->name[0] == first && header_is(line, n, k->name, k->len, &v, &vlen)) {
+            /* Truncated to the field, as the values are only ever parsed. */
+            if (vlen >= k->cap)
+                vlen = k->cap - 1;
+            memcpy((char *)a + k->off, v, vlen);
+            ((char *)a)[k->off + vlen] = '\0';
+            break;
+        }
     }
     return n;
 }
@@ -1140,6 +1185,25 @@ static void upstream_on_prepare(struct ev_loop *loop, ev_prepare *w, int revents
 
 /* --- public ---------------------------------------------------------- */
 
+/* Whether the environment names a proxy, or hosts not to proxy, for
+ * libcurl: these are all the variables it reads. It reads them again for
+ * every transfer, a scan of the whole environment per name; a running
+ * sidecar's environment does not change, so when none is set the handles
+ * are told once that there is no proxy (CURLOPT_PROXY ""), which is what
+ * libcurl would find each time. */
+static bool upstream_env_names_proxy(void)
+{
+    /* HTTP_PROXY too, which libcurl ignores: set, it only costs the shortcut. */
+    static const char *const names[] = { "http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY",
+                                         "all_proxy",  "ALL_PROXY",  "no_proxy",    "NO_PROXY" };
+
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (getenv(names[i]))
+            return true;
+    }
+    return false;
+}
+
 struct upstream *upstream_new(struct ev_loop *loop, uint32_t max_dns_lookups_per_host, char *err,
                               size_t errlen)
 {
@@ -1160,6 +1224,7 @@ struct upstream *upstream_new(struct ev_loop *loop, uint32_t max_dns_lookups_per
         return NULL;
     }
     up->loop = loop;
+    up->no_proxy_env = !upstream_env_names_proxy();
     up->max_lookups_per_host = max_dns_lookups_per_host ? max_dns_lookups_per_host : 1;
     ev_init(&up->timer_w, upstream_on_timer);
     up->timer_w.data = up;
@@ -1204,6 +1269,7 @@ void upstream_free(struct upstream *up)
     while (up->urls) {
         struct url_host *u = up->urls;
         up->urls = u->next;
+        curl_url_cleanup(u->uh);
         free(u);
     }
     free(up);
@@ -1271,16 +1337,19 @@ static struct curl_slist *upstream_headers(struct upstream *up, bool stream,
     return l;
 }
 
-static int attempt_setup(struct attempt *a, const struct attempt_spec *spec)
+/* A new easy handle with the options every attempt shares. They stay set
+ * while the handle is pooled (no curl_easy_reset between attempts: the reset
+ * and setting them again cost a dozen allocations per attempt, the protocol
+ * list and the content-encoding list parsed again), so attempt_setup() sets
+ * only what changes from one attempt to the next. */
+static CURL *upstream_easy_new(const struct upstream *up)
 {
-    CURL *e = a->easy = a->up->n_pool ? a->up->pool[--a->up->n_pool] : curl_easy_init();
+    CURL *e = curl_easy_init();
 
     if (!e)
-        return -1;
-    a->headers = upstream_headers(a->up, spec->stream, spec->headers, &a->owned_headers);
-    if (!a->headers)
-        return -1;
-    curl_easy_setopt(e, CURLOPT_URL, spec->url);
+        return NULL;
+    if (up->no_proxy_env)
+        curl_easy_setopt(e, CURLOPT_PROXY, "");
     curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
     /* Never follow a redirect. The request carries the source's key, and on
      * a redirect to another host libcurl drops only Authorization and Cookie
@@ -1290,25 +1359,46 @@ static int attempt_setup(struct attempt *a, const struct attempt_spec *spec)
     curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
     curl_easy_setopt(e, CURLOPT_UNRESTRICTED_AUTH, 0L);
     curl_easy_setopt(e, CURLOPT_POST, 1L);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_QUICK_EXIT, 1L);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, attempt_on_write);
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, attempt_on_header);
+    curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, attempt_on_sockopt);
+    curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, attempt_on_prereq);
+    curl_easy_setopt(e, CURLOPT_RESOLVER_START_FUNCTION, attempt_on_resolver_start);
+    curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(e, CURLOPT_ACCEPT_ENCODING, "");
+    return e;
+}
+
+/* The options of this attempt, on a pooled or new handle. Every pointer
+ * the previous attempt left in a pooled handle (its body, its header list,
+ * its callbacks' data) is replaced here before curl can use it. */
+static int attempt_setup(struct attempt *a, const struct attempt_spec *spec,
+                         const struct url_host *u)
+{
+    CURL *e = a->easy = a->up->n_pool ? a->up->pool[--a->up->n_pool] : upstream_easy_new(a->up);
+
+    if (!e)
+        return -1;
+    a->headers = upstream_headers(a->up, spec->stream, spec->headers, &a->owned_headers);
+    if (!a->headers)
+        return -1;
+    /* Both: the parsed URL is what curl uses, the string what it reports
+     * (and parses again when there is no parsed one). Always set, so that a
+     * pooled handle never keeps the previous attempt's. */
+    curl_easy_setopt(e, CURLOPT_URL, spec->url);
+    curl_easy_setopt(e, CURLOPT_CURLU, u ? u->uh : NULL);
     curl_easy_setopt(e, CURLOPT_POSTFIELDS, a->req_body);
     curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)spec->body_len);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, a->headers);
     curl_easy_setopt(e, CURLOPT_PRIVATE, a);
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, a->errbuf);
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(e, CURLOPT_QUICK_EXIT, 1L);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, attempt_on_write);
     curl_easy_setopt(e, CURLOPT_WRITEDATA, a);
-    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, attempt_on_header);
     curl_easy_setopt(e, CURLOPT_HEADERDATA, a);
-    curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, attempt_on_sockopt);
     curl_easy_setopt(e, CURLOPT_SOCKOPTDATA, a);
-    curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, attempt_on_prereq);
     curl_easy_setopt(e, CURLOPT_PREREQDATA, a);
-    curl_easy_setopt(e, CURLOPT_RESOLVER_START_FUNCTION, attempt_on_resolver_start);
     curl_easy_setopt(e, CURLOPT_RESOLVER_START_DATA, a);
-    curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
-    curl_easy_setopt(e, CURLOPT_ACCEPT_ENCODING, "");
     /* Backstops only: our own timers fire first. */
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
                      (long)(spec->connect_timeout_s * 1000) + UPSTREAM_BACKSTOP_MS);
@@ -1349,13 +1439,18 @@ struct attempt *attempt_start(struct upstream *up, struct attempt_spec *spec,
     up->stats.attempts_active++;
     up->stats.attempts_started++;
 
-    if (attempt_setup(a, spec) < 0) {
+    /* The lookup cap is applied when curl actually starts a lookup
+     * (attempt_on_resolver_start), not here: most attempts never need one. */
+    struct url_host *u = upstream_url(up, spec->url);
+    if (u) {
+        a->dns = u->dns;
+    } else {
+        curl_url_cleanup(url_parse(up, spec->url, &a->dns));
+    }
+    if (attempt_setup(a, spec, u) < 0) {
         attempt_free(a);
         return NULL;
     }
-    /* The lookup cap is applied when curl actually starts a lookup
-     * (attempt_on_resolver_start), not here: most attempts never need one. */
-    a->dns = dns_host_for_url_cached(up, spec->url);
     attempt_arm(a);
     if (curl_multi_add_handle(up->multi, a->easy) != CURLM_OK) {
         attempt_detach(a);

@@ -20,6 +20,8 @@ PKGS="$PKGS chromium"
 # The bench's http section: nginx (the reverse proxy polygw is compared
 # with) and wrk (the generator); perf for the profiles of tests/bench/profiles.
 PKGS="$PKGS nginx-light wrk linux-perf"
+# tests/bench/per_request.py: instructions (callgrind) and syscalls per request.
+PKGS="$PKGS valgrind strace"
 
 # `sh tests/deps.sh deb`: also what `make deb` needs (debian/control's
 # Build-Depends are all in PKGS already).

@@ -500,6 +500,31 @@ def test_upstream__connection_refused(make_sidecar):
     assert elapsed < 0.5
 
 
+def test_upstream__proxy_from_the_environment_is_used(make_sidecar, up):
+    """libcurl's proxy variables still apply (the engine tells its handles
+    "no proxy" only when none is set): a source on a host that does not exist
+    is reached through http_proxy, here the mock, which takes absolute-form
+    targets. Without the variable the same call fails to resolve."""
+    url = "http://upstream.polygw.invalid/v1"
+    cfg = config_yaml([source("proxied", "chat", url)], ENGINE_DEFAULTS)
+    env = {KEY_ENV: KEY, "no_proxy": "", "NO_PROXY": "", "http_proxy": up.base}
+    c = make_sidecar(config_text=cfg, env=env).connect()
+    err, res, _ = call(c, "chat", chat("via the proxy"))
+    assert err is None, err
+    assert res["body"]["choices"][0]["message"]["content"] == "via the proxy"
+    seen = up.last()
+    assert seen["target"] == url + "/chat/completions" and seen["authorization"] == "Bearer " + KEY
+
+    inherited = [v for v in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy",
+                             "ALL_PROXY", "no_proxy", "NO_PROXY") if v in os.environ]
+    if inherited:
+        return  # the second sidecar would inherit them: the case is the first one's
+    c2 = make_sidecar(config_text=cfg, env={KEY_ENV: KEY}, subdir="direct").connect()
+    err, res, _ = call(c2, "chat", chat("no proxy"))
+    assert res is None and reason(err) == "dns_failed", err
+    assert up.stats()["requests"] == 1
+
+
 def test_upstream__upstream_closes_without_answering(make_sidecar, up):
     sc = start(make_sidecar, [source("a", "chat", up.url)])
     c = sc.connect()
