@@ -490,8 +490,9 @@ struct call_error {
 static void call_pack_error(struct call *k, enum pgw_code code, const char *msg,
                             const struct call_error *e)
 {
-    enum { F_ATTEMPTS, F_STALLED, F_RETRY, F_STATUS, F_BODY, F_REASON, F_SOURCES, F_N };
+    enum { F_APP, F_ATTEMPTS, F_STALLED, F_RETRY, F_STATUS, F_BODY, F_REASON, F_SOURCES, F_N };
     const bool on[F_N] = {
+        [F_APP] = true,
         [F_ATTEMPTS] = true,
         [F_STALLED] = true,
         [F_RETRY] = e->retry_after_s >= 0,
@@ -506,6 +507,7 @@ static void call_pack_error(struct call *k, enum pgw_code code, const char *msg,
     for (size_t i = 0; i < F_N; i++)
         n += on[i];
     msgpack_packer *pk = call_error_begin(&eb, code, msg, n);
+    rpc_pack_kv_str(pk, "app", k->app[0] ? k->app : CONFIG_DEFAULT_APP);
     rpc_pack_str(pk, "attempts");
     msgpack_pack_uint32(pk, k->g.attempts);
     rpc_pack_kv_double(pk, "stalled_s", gov_call_stalled_s(&k->g, ev_now(k->srv->loop)));

@@ -146,15 +146,22 @@ def test_apps__declared_name_refused_unless_allowed(apps):
     assert err["code"] == "bad_request" and "unknown app" in err["message"]
 
 
-def test_apps__call_logs_name_the_app(apps, up):
+def test_apps__call_logs_and_errors_name_the_app(apps, up):
     sc, users, gid = apps
     b = connect_as(sc, users["pgwapp_b"], gid)
     msg = b.wait_response(b.request_async("call", {
         "capability": "chat",
         "body": {"messages": [{"role": "user", "content": "x"}], "mock": {"status": 500}}}))
-    assert msg[2] is not None
+    assert msg[2]["code"] == "retry_exhausted" and msg[2]["app"] == "svc-b", msg[2]
+    p = connect_as(sc, users["pgwapp_c"], gid)    # a declared app is the one charged
+    assert hello(p, app="svc-a")[0] is None
+    msg = p.wait_response(p.request_async("call", {
+        "capability": "chat",
+        "body": {"messages": [{"role": "user", "content": "x"}], "mock": {"status": 500}}}))
+    assert msg[2]["app"] == "svc-a", msg[2]
     lines = [l for l in sc.logs().splitlines() if '"attempt ended"' in l]
-    assert lines and '"app":"svc-b"' in lines[-1], lines
+    assert len(lines) == 2, lines
+    assert '"app":"svc-b"' in lines[0] and '"app":"svc-a"' in lines[1], lines
 
 
 def test_apps__tasks_belong_to_their_app(apps):
