@@ -1,11 +1,11 @@
 /* test_lib.c — lib/: strbuf, dlist, utf8, jsonw. */
-#include <locale.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "comma_locale.h"
 #include "dlist.h"
 #include "jsonw.h"
 #include "strbuf.h"
@@ -122,30 +122,19 @@ END_TEST
  * nothing more. */
 START_TEST(test_lib__jsonw_floats_ignore_a_comma_locale)
 {
-    char dir[] = "/tmp/polygw-locale-XXXXXX", cmd[256], expect[8][48];
+    char dir[64], expect[8][48];
     struct strbuf b = { 0 };
     size_t n = sizeof(samples) / sizeof(samples[0]);
 
     for (size_t i = 0; i < n; i++)
         snprintf(expect[i], sizeof(expect[i]), "%s", jsonw_text(&b, samples[i], false));
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    snprintf(cmd, sizeof(cmd), "localedef -i de_DE -f UTF-8 %s/de_DE.UTF-8 >/dev/null 2>&1", dir);
-    if (system(cmd) != 0) {
-        fprintf(stderr,
-                "test_lib__jsonw_floats_ignore_a_comma_locale: no localedef or no "
-                "de_DE source: comma locale not checked\n");
-    } else {
-        setenv("LOCPATH", dir, 1);
-        ck_assert_ptr_nonnull(setlocale(LC_NUMERIC, "de_DE.UTF-8"));
-        ck_assert_str_eq(localeconv()->decimal_point, ",");
+    if (comma_locale_on("test_lib__jsonw_floats_ignore_a_comma_locale", dir, sizeof(dir)) == 0) {
         for (size_t i = 0; i < n; i++)
             ck_assert_str_eq(jsonw_text(&b, samples[i], false), expect[i]);
         ck_assert_str_eq(jsonw_text(&b, 2.5f, true), "2.5");
         ck_assert_str_eq(jsonw_text(&b, (double)(1.0f / 3), true), "0.33333334");
-        setlocale(LC_NUMERIC, "C");
     }
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    comma_locale_off(dir);
     strbuf_fini(&b);
 }
 END_TEST

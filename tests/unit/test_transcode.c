@@ -5,12 +5,12 @@
 #include <math.h>
 #include <msgpack.h>
 #include <stdint.h>
-#include <locale.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "suites.h"
+#include "comma_locale.h"
 #include "transcode.h"
 #include "utf8.h"
 
@@ -1502,24 +1502,12 @@ START_TEST(test_transcode__json_reals_ignore_a_comma_locale)
     /* [1.5, -0.25]: fixarray 2, float64 1.5, float64 -0.25 */
     static const char want[] = "\x92\xcb\x3f\xf8\x00\x00\x00\x00\x00\x00"
                                "\xcb\xbf\xd0\x00\x00\x00\x00\x00\x00";
-    char dir[] = "/tmp/polygw-locale-XXXXXX", cmd[256];
+    char dir[64];
 
     check_j2m("[1.5,-0.25]", want, sizeof(want) - 1);
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    snprintf(cmd, sizeof(cmd), "localedef -i de_DE -f UTF-8 %s/de_DE.UTF-8 >/dev/null 2>&1", dir);
-    if (system(cmd) != 0) {
-        fprintf(stderr,
-                "test_transcode__json_reals_ignore_a_comma_locale: no localedef or no "
-                "de_DE source: comma locale not checked\n");
-    } else {
-        setenv("LOCPATH", dir, 1);
-        ck_assert_ptr_nonnull(setlocale(LC_NUMERIC, "de_DE.UTF-8"));
-        ck_assert_str_eq(localeconv()->decimal_point, ",");
+    if (comma_locale_on("test_transcode__json_reals_ignore_a_comma_locale", dir, sizeof(dir)) == 0)
         check_j2m("[1.5,-0.25]", want, sizeof(want) - 1);
-        setlocale(LC_NUMERIC, "C");
-    }
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    comma_locale_off(dir);
 }
 END_TEST
 
