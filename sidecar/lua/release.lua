@@ -82,23 +82,24 @@ for g = 0, n_groups - 1 do
     redis.call('ZREM', KEYS[6 + 4 * g], lease_id)
 end
 
--- 2. reconcile
+-- 2. reconcile: the tpm and daily buckets of the source (KEYS[4], KEYS[5],
+-- ARGV[5..8]), then of each group (KEYS[8+4g], KEYS[9+4g], ARGV[12+4g..])
 if used >= 0 and used ~= est then
     local delta = used - est
-    local bks = {
-        { key = KEYS[4], cap = tonumber(ARGV[5]) or 0, win = tonumber(ARGV[6]) or 0 },
-        { key = KEYS[5], cap = tonumber(ARGV[7]) or 0, win = tonumber(ARGV[8]) or 0 },
-    }
-    for g = 0, n_groups - 1 do
-        local k, a = 6 + 4 * g, 12 + 4 * g
-        bks[#bks + 1] = { key = KEYS[k + 2], cap = tonumber(ARGV[a]) or 0, win = tonumber(ARGV[a + 1]) or 0 }
-        bks[#bks + 1] = { key = KEYS[k + 3], cap = tonumber(ARGV[a + 2]) or 0, win = tonumber(ARGV[a + 3]) or 0 }
-    end
-    for _, bk in ipairs(bks) do
-        if bk.cap > 0 and bk.win > 0 then
-            local lvl = bucket_level(bk.key, bk.cap, bk.win, now)
-            bucket_store(bk.key, bk.cap, bk.win, math.min(bk.cap, lvl - delta), now)
+    local now_s = num(now)
+    local function reconcile(key, cap, win)
+        cap, win = tonumber(cap) or 0, tonumber(win) or 0
+        if cap > 0 and win > 0 then
+            local lvl = bucket_level(key, cap, win, now)
+            bucket_store(key, cap, win, math.min(cap, lvl - delta), now_s)
         end
+    end
+    reconcile(KEYS[4], ARGV[5], ARGV[6])
+    reconcile(KEYS[5], ARGV[7], ARGV[8])
+    for g = 0, n_groups - 1 do
+        local k, a = 8 + 4 * g, 12 + 4 * g
+        reconcile(KEYS[k], ARGV[a], ARGV[a + 1])
+        reconcile(KEYS[k + 1], ARGV[a + 2], ARGV[a + 3])
     end
 end
 
