@@ -41,6 +41,7 @@
 #include "backend.h"
 #include "dlist.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +67,9 @@
 #define SHARED_MARK_COALESCE_S   0.1
 #define SHARED_RETRY_LATER_S     1.0 /* failed task updates are retried after */
 #define SHARED_RETRY_LATER_MAX_S 60.0
+/* Admissions asked in one loop turn for one source (and the same app
+ * groups) leave as one admit.lua of at most this many attempts. */
+#define SHARED_ADMIT_BATCH       32
 
 enum { CH_TASK_END, CH_PROGRESS, CH_COUNT };
 
@@ -83,7 +87,15 @@ struct backend_admit {
     struct backend_redis *sh;
     struct backend_lease *lease;
     backend_admit_cb *cb;
-    void *ud; /* NULL once detached */
+    void *ud;                   /* NULL once detached */
+    struct backend_admit *next; /* sh->queue, until admit_flush sends it */
+    char est[24];
+};
+
+/* One admit.lua in flight: its attempts in ARGV order (owned). */
+struct admit_batch {
+    size_t n;
+    struct backend_admit *a[SHARED_ADMIT_BATCH];
 };
 
 /* A scope's progress age in the cache: UNKNOWN (fetch it), FETCHING, KNOWN,
@@ -150,9 +162,16 @@ struct backend_redis {
     double later_delay;
     bool closing; /* redis_free: no new work */
     ev_timer renew_w;
-    /* counters */
-    unsigned long long admits, admitted, refused[7], admit_errors, releases, write_errors,
-        leases_lost, progress_fetches, progress_read_errors, renewals, marks_sent, marks_coalesced;
+    /* Admissions of this loop turn, in order, sent before the loop polls
+     * (admit_w, ahead of redis.c's own flush); once it ran in a turn
+     * (flushed_iter), the turn's later admissions are sent at once. */
+    struct backend_admit *queue, **queue_tail;
+    ev_prepare admit_w;
+    unsigned int flushed_iter;
+    /* counters: admits = admit.lua scripts sent, admit_requests = attempts */
+    unsigned long long admit_requests, admits, admitted, refused[7], admit_errors, releases,
+        write_errors, leases_lost, progress_fetches, progress_read_errors, renewals, marks_sent,
+        marks_coalesced;
 };
 
 static const char *const refusal_names[7] = { "breaker", "concurrency", "rpm",  "tpm",
@@ -531,15 +550,16 @@ static int refusal_index(const char *why)
     return strncmp(why, "app_", 4) == 0 ? 5 : 6;
 }
 
-static void on_admitted(const redisReply *r, const char *err, void *ud)
+/* The answer to attempt `a`: e[0..2] its triple of admit.lua's reply, or
+ * NULL with `err` (takes a and, unless admitted, its lease). */
+static void admit_answer(struct backend_admit *a, redisReply *const *e, const char *err)
 {
-    struct backend_admit *a = ud;
     struct backend_redis *sh = a->sh;
     struct backend_lease *l = a->lease;
     long long ok = -1, v = 0;
 
-    if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 3)
-        reply_is_int(r->element[0], &ok);
+    if (e)
+        reply_is_int(e[0], &ok);
     if (ok == 1) {
         sh->admitted++; /* the probe flag (element 2) is release.lua's business */
         lease_link(sh, l);
@@ -547,13 +567,13 @@ static void on_admitted(const redisReply *r, const char *err, void *ud)
             a->cb(a->ud, 1, l, NAN, "admitted");
         else
             redis_release(&sh->be, l, NULL, -1); /* the call is gone */
-    } else if (ok == 0 && r->element[1]->type == REDIS_REPLY_STRING) {
-        const char *why = r->element[1]->str;
+    } else if (ok == 0 && e[1]->type == REDIS_REPLY_STRING) {
+        const char *why = e[1]->str;
         double retry_at = NAN, off = rds_clock_offset(sh->rds);
         sh->refused[refusal_index(why)]++;
         if (strcmp(why, "breaker") == 0)
             note_breaker(sh, l->source, "open");
-        if (reply_is_int(r->element[2], &v) && v > 0 && isfinite(off))
+        if (reply_is_int(e[2], &v) && v > 0 && isfinite(off))
             retry_at = (double)v / 1000.0 - off;
         if (a->ud)
             a->cb(a->ud, 0, NULL, retry_at, why);
@@ -567,13 +587,116 @@ static void on_admitted(const redisReply *r, const char *err, void *ud)
     free(a);
 }
 
+/* admit.lua answers a triple per attempt, in the order sent. */
+static void on_admitted(const redisReply *r, const char *err, void *ud)
+{
+    struct admit_batch *b = ud;
+    bool whole = r && r->type == REDIS_REPLY_ARRAY && r->elements == 3 * b->n;
+
+    for (size_t i = 0; i < b->n; i++)
+        admit_answer(b->a[i], whole ? r->element + 3 * i : NULL, err);
+    free(b);
+}
+
+/* Do the attempts of leases x and y take the same KEYS (source, app groups)? */
+static bool same_groups(const struct backend_lease *x, const struct backend_lease *y)
+{
+    return x->source == y->source && x->app == y->app && x->cap == y->cap;
+}
+
+/* One admit.lua for the attempts of `b` (same source and groups): the
+ * source's 5 keys, the app groups' 4 each; then 10 arguments (the first
+ * attempt's lease id and estimate among them) and 8 per group; then the
+ * lease id and estimate of each further attempt (see its header). Takes b:
+ * sent, or -1 with b untouched. */
+static int admit_send(struct backend_redis *sh, struct admit_batch *b)
+{
+    const struct backend_lease *l = b->a[0]->lease;
+    const struct source_keys *k = &sh->src[l->source];
+    const struct limit_keys *g[2];
+    size_t ng = lease_groups(sh, l, g);
+    const char *argv[5 + 4 * 2 + 10 + 8 * 2 + 2 * (SHARED_ADMIT_BATCH - 1)];
+    size_t n = push_keys(argv, 0, k, g, ng);
+    const char *const args[10] = { l->id,    k->a_conc, k->a_ttl,   k->a_rpm,   k->a_win,
+                                   k->a_tpm, k->a_win,  k->a_daily, "86400000", b->a[0]->est };
+    n = push_args(argv, n, args, 10);
+    for (size_t i = 0; i < ng; i++) {
+        const char *const ga[8] = { g[i]->label, g[i]->a_conc, g[i]->a_rpm,   g[i]->a_win,
+                                    g[i]->a_tpm, g[i]->a_win,  g[i]->a_daily, "86400000" };
+        n = push_args(argv, n, ga, 8);
+    }
+    for (size_t i = 1; i < b->n; i++) {
+        argv[n++] = b->a[i]->lease->id;
+        argv[n++] = b->a[i]->est;
+    }
+    if (rds_eval(sh->rds, RDS_ADMIT, (int)(5 + 4 * ng), (int)n, argv, NULL, on_admitted, b) < 0)
+        return -1;
+    sh->admits++;
+    return 0;
+}
+
+/* Sends the queued admissions: the first still waiting and up to
+ * SHARED_ADMIT_BATCH - 1 later ones for the same source and groups in one
+ * script, in the order asked, until none waits. Detached ones are dropped
+ * unsent. */
+static void admit_flush(struct backend_redis *sh)
+{
+    struct backend_admit *q = sh->queue;
+
+    sh->queue = NULL;
+    sh->queue_tail = &sh->queue;
+    sh->flushed_iter = ev_iteration(sh->loop);
+    while (q) {
+        struct admit_batch *b = malloc(sizeof(*b));
+        if (!b) {
+            while (q) {
+                struct backend_admit *a = q;
+                q = a->next;
+                admit_answer(a, NULL, "out of memory");
+            }
+            return;
+        }
+        b->n = 0;
+        struct backend_admit *rest = NULL, **rest_tail = &rest;
+        while (q) {
+            struct backend_admit *a = q;
+            q = a->next;
+            a->next = NULL;
+            if (!a->ud) {
+                free(a->lease);
+                free(a);
+            } else if (b->n < SHARED_ADMIT_BATCH &&
+                       (b->n == 0 || same_groups(b->a[0]->lease, a->lease))) {
+                b->a[b->n++] = a;
+            } else {
+                *rest_tail = a;
+                rest_tail = &a->next;
+            }
+        }
+        q = rest;
+        if (b->n > 0 && admit_send(sh, b) == 0)
+            continue;
+        for (size_t i = 0; i < b->n; i++) /* not sent: each fails closed */
+            admit_answer(b->a[i], NULL, "not connected");
+        free(b);
+    }
+}
+
+static void on_admit_flush(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+    struct backend_redis *sh = w->data;
+    (void)revents;
+
+    ev_prepare_stop(loop, w);
+    admit_flush(sh);
+    rds_flush(sh->rds);
+}
+
 static int redis_admit(struct backend *be, size_t source, size_t app, double est_tokens,
                        struct backend_lease **lease, backend_admit_cb *cb, void *ud,
                        struct backend_admit **pending)
 {
     struct backend_redis *sh = (struct backend_redis *)be;
-    struct source_keys *k = &sh->src[source];
-    char est[32];
     struct backend_admit *a = malloc(sizeof(*a));
     struct backend_lease *l = calloc(1, sizeof(*l));
 
@@ -598,26 +721,22 @@ static int redis_admit(struct backend *be, size_t source, size_t app, double est
     }
     snprintf(l->id, sizeof(l->id), "%s:%llu", sh->sidecar_id, ++sh->lease_seq);
     *a = (struct backend_admit){ .sh = sh, .lease = l, .cb = cb, .ud = ud };
-    fmt_num(est, sizeof(est), ceil(est_tokens));
-    /* admit.lua: the source's 5 keys, the app groups' 4 each; then 10
-     * arguments and 8 per group (see its header). */
-    const struct limit_keys *g[2];
-    size_t ng = lease_groups(sh, l, g);
-    const char *argv[5 + 4 * 2 + 10 + 8 * 2];
-    size_t n = push_keys(argv, 0, k, g, ng);
-    const char *const args[10] = { l->id,    k->a_conc, k->a_ttl,   k->a_rpm,   k->a_win,
-                                   k->a_tpm, k->a_win,  k->a_daily, "86400000", est };
-    n = push_args(argv, n, args, 10);
-    for (size_t i = 0; i < ng; i++) {
-        const char *const ga[8] = { g[i]->label, g[i]->a_conc, g[i]->a_rpm,   g[i]->a_win,
-                                    g[i]->a_tpm, g[i]->a_win,  g[i]->a_daily, "86400000" };
-        n = push_args(argv, n, ga, 8);
-    }
-    sh->admits++;
-    if (rds_eval(sh->rds, RDS_ADMIT, (int)(5 + 4 * ng), (int)n, argv, NULL, on_admitted, a) < 0) {
-        free(a);
-        free(l);
-        return -1;
+    fmt_num(a->est, sizeof(a->est), ceil(est_tokens));
+    sh->admit_requests++;
+    if (ev_iteration(sh->loop) == sh->flushed_iter && !ev_is_active(&sh->admit_w)) {
+        /* this turn's flush has run: alone, at once */
+        struct admit_batch *b = malloc(sizeof(*b));
+        if (!b || (b->n = 1, b->a[0] = a, admit_send(sh, b) < 0)) {
+            free(b);
+            free(a);
+            free(l);
+            return -1;
+        }
+    } else {
+        *sh->queue_tail = a;
+        sh->queue_tail = &a->next;
+        if (!ev_is_active(&sh->admit_w))
+            ev_prepare_start(sh->loop, &sh->admit_w);
     }
     *pending = a;
     return 0;
@@ -1022,6 +1141,11 @@ struct backend *backend_redis_new(struct ev_loop *loop, const struct config *cfg
     sh->be.ops = &redis_ops;
     sh->be.hooks = *hooks;
     sh->loop = loop;
+    sh->queue_tail = &sh->queue;
+    sh->flushed_iter = UINT_MAX;
+    ev_prepare_init(&sh->admit_w, on_admit_flush);
+    ev_set_priority(&sh->admit_w, EV_MAXPRI); /* before redis.c's write of the turn */
+    sh->admit_w.data = sh;
     sh->cfg = cfg;
     ev_init(&sh->mark_w, on_mark_timer);
     sh->mark_w.data = sh;
@@ -1156,6 +1280,8 @@ static void redis_free(struct backend *be)
     ev_timer_stop(sh->loop, &sh->renew_w);
     ev_timer_stop(sh->loop, &sh->mark_w);
     ev_timer_stop(sh->loop, &sh->later_w);
+    ev_prepare_stop(sh->loop, &sh->admit_w);
+    admit_flush(sh);    /* answered like those in flight */
     sh->closing = true; /* the drain below lets writes out; it starts nothing new */
     sh->n_dirty = 0;    /* a coalesced mark (< 100 ms old) is not worth a write at exit */
     redis_drain(sh);
@@ -1233,7 +1359,7 @@ static void redis_pack_stats(struct backend *be, msgpack_packer *pk)
     rpc_pack_str(pk, "backend");
     rds_pack_stats(sh->rds, pk);
     rpc_pack_str(pk, "shared");
-    msgpack_pack_map(pk, 17);
+    msgpack_pack_map(pk, 18);
     rpc_pack_kv_str(pk, "sidecar_id", sh->sidecar_id);
     rpc_pack_kv_u64(pk, "resyncs", sh->resyncs);
     rpc_pack_kv_u64(pk, "progress_read_errors", sh->progress_read_errors);
@@ -1247,6 +1373,7 @@ static void redis_pack_stats(struct backend *be, msgpack_packer *pk)
         rpc_pack_kv_str(pk, "breaker", sh->src[i].breaker_state);
         rpc_pack_kv_u64(pk, "leases_live", sh->src[i].n_live);
     }
+    rpc_pack_kv_u64(pk, "admit_requests", sh->admit_requests);
     rpc_pack_kv_u64(pk, "admits", sh->admits);
     rpc_pack_kv_u64(pk, "admitted", sh->admitted);
     rpc_pack_str(pk, "refused");

@@ -39,6 +39,15 @@ ARGV[13+8g]  rpm               ARGV[14+8g] rpm_window_ms
 ARGV[15+8g]  tpm               ARGV[16+8g] tpm_window_ms
 ARGV[17+8g]  daily             ARGV[18+8g] daily_window_ms
 
+Then 0 or more further attempts on the same keys, f = 0, 1, ... (a sidecar
+sends the admissions of one loop turn for one source and app in one call):
+ARGV[11+8n+2f]  lease_id    (n = the number of app groups)
+ARGV[12+8n+2f]  est_tokens
+Each attempt, ARGV[1]'s first, is checked as if admitted alone, one after
+the other at the same Redis time: an admitted one takes its lease, its
+withdrawals and the half-open probe before the next is checked. The reply
+is then one triple (below) per attempt, in that order.
+
 Returns  {1, lease_id, probe}         admitted; probe = 1 when this attempt is
                                       the half-open breaker's single probe
          {0, reason, retry_at_ms}     refused; reason is the FIRST failing check
@@ -65,7 +74,7 @@ Steps and why:
     negative (debt from reconciliation) which delays admissions.
  Nothing is written on refusal except step 1. On success the leases, the
  probe ownership and all bucket withdrawals happen together, in this one
- script. Key TTLs: a bucket key expires when it would be full again anyway
+ script (once for all the attempts admitted). Key TTLs: a bucket key expires when it would be full again anyway
  (absent = full, identical); a leases key expires after its last lease.
  The source's and the app's keys have two hash tags: one Redis primary (a URL
  or Sentinel's) runs the script; Redis Cluster would need one slot.
