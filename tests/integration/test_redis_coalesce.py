@@ -81,11 +81,12 @@ def test_coalesce__concurrent_calls_share_admit_scripts(redis_srv, up, make_side
     burst(sc, up, total)
     sh = stats(sc)["shared"]
     scripts = evalsha_calls(redis_srv) - before
-    print("coalesce: %d admit.lua for %d requests, %d admitted; %d EVALSHA in Redis"
-          % (sh["admits"], sh["admit_requests"], sh["admitted"], scripts))
-    assert sh["admitted"] == sh["admit_requests"] == total
-    assert sh["admits"] < sh["admitted"], sh
+    print("coalesce: %d admit.lua for %s requests, %d admitted; %d EVALSHA in Redis"
+          % (sh["admits"], sh.get("admit_requests"), sh["admitted"], scripts))
+    assert sh["admitted"] == total
     assert scripts < 2 * sh["admitted"], (scripts, sh)
+    assert sh["admits"] < sh["admitted"], sh
+    assert sh["admit_requests"] == total
 
 
 def test_coalesce__rpm_holds_exactly_in_a_coalesced_burst(redis_srv, up, make_sidecar):
@@ -105,8 +106,8 @@ def test_coalesce__rpm_holds_exactly_in_a_coalesced_burst(redis_srv, up, make_si
     first_full = next((t for t, n in samples if n >= n_rpm), None)
     assert first_full is not None and first_full < win / 2, samples[:20]
     sh = stats(sc)["shared"]
-    print("coalesce under rpm: %d admit.lua for %d requests, %d admitted"
-          % (sh["admits"], sh["admit_requests"], sh["admitted"]))
+    print("coalesce under rpm: %d admit.lua for %s requests, %d admitted"
+          % (sh["admits"], sh.get("admit_requests"), sh["admitted"]))
     assert sh["admitted"] == total
     assert sh["refused"]["rpm"] > 0
     assert sh["admits"] < sh["admit_requests"], sh
