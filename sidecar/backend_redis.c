@@ -67,8 +67,8 @@
 #define SHARED_MARK_COALESCE_S   0.1
 #define SHARED_RETRY_LATER_S     1.0 /* failed task updates are retried after */
 #define SHARED_RETRY_LATER_MAX_S 60.0
-/* Admissions asked in one loop turn for one source (and the same app
- * groups) leave as one admit.lua of at most this many attempts. */
+/* Admissions (releases) asked in one loop turn for one source and the same
+ * app groups leave as one admit.lua (release.lua) of at most this many. */
 #define SHARED_ADMIT_BATCH       32
 
 enum { CH_TASK_END, CH_PROGRESS, CH_COUNT };
@@ -80,6 +80,10 @@ struct backend_lease {
                       * sh->apps and its caps, or SIZE_MAX (none) */
     bool live;       /* linked */
     double est_tokens;
+    /* Once released: the verdict and usage its release.lua carries, while it
+     * waits on sh->rq (linked by `next`) for the turn's flush. */
+    const char *verdict;
+    double used_tokens;
     char id[48];
 };
 
@@ -166,6 +170,7 @@ struct backend_redis {
      * (admit_w, ahead of redis.c's own flush); once it ran in a turn
      * (flushed_iter), the turn's later admissions are sent at once. */
     struct backend_admit *queue, **queue_tail;
+    struct backend_lease *rq, **rq_tail; /* releases, the same way */
     ev_prepare admit_w;
     unsigned int flushed_iter;
     /* counters: admits = admit.lua scripts sent, admit_requests = attempts */
@@ -465,10 +470,14 @@ static void on_released(const redisReply *r, const char *err, void *ud)
     struct source_keys *k = ud;
     struct backend_redis *sh = k->sh;
 
-    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 3)
+    /* a triple per release; the last one's breaker state is the newest */
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements == 0 || r->elements % 3 != 0) {
         count_write_error(sh, "release", err);
-    else if (r->element[1]->type == REDIS_REPLY_STRING && r->element[1]->len < 12)
-        note_breaker(sh, k->index, r->element[1]->str);
+        return;
+    }
+    const redisReply *state = r->element[r->elements - 2];
+    if (state->type == REDIS_REPLY_STRING && state->len < 12)
+        note_breaker(sh, k->index, state->str);
 }
 
 /* The app groups of lease `l` (0, 1 or 2 of them, in admit.lua's order). */
@@ -509,37 +518,103 @@ static size_t push_keys(const char **argv, size_t n, const struct source_keys *k
     return n;
 }
 
+/* Do the attempts of leases x and y take the same KEYS (source, app groups)? */
+static bool same_groups(const struct backend_lease *x, const struct backend_lease *y)
+{
+    return x->source == y->source && x->app == y->app && x->cap == y->cap;
+}
+
+/* Has this loop turn's flush run (the turn's later requests go alone)? */
+static bool turn_flushed(const struct backend_redis *sh)
+{
+    return sh->closing ||
+        (ev_iteration(sh->loop) == sh->flushed_iter && !ev_is_active(&sh->admit_w));
+}
+
+/* One release.lua for leases ls[0..n) (same source and groups): the keys of
+ * admit.lua; 11 arguments (the first lease's among them) and 4 per group;
+ * then lease id, verdict, estimate and usage of each further lease (see its
+ * header). Failures are counted; the leases stay the caller's. */
+static void release_send(struct backend_redis *sh, struct backend_lease *const *ls, size_t n)
+{
+    const struct backend_lease *l = ls[0];
+    struct source_keys *k = &sh->src[l->source];
+    char est[SHARED_ADMIT_BATCH][32], used[SHARED_ADMIT_BATCH][32];
+
+    for (size_t i = 0; i < n; i++) {
+        fmt_num(est[i], sizeof(est[i]), ceil(ls[i]->est_tokens));
+        fmt_num(used[i], sizeof(used[i]), ls[i]->used_tokens < 0 ? -1 : ceil(ls[i]->used_tokens));
+    }
+    const struct limit_keys *g[2];
+    size_t ng = lease_groups(sh, l, g);
+    const char *argv[5 + 4 * 2 + 11 + 4 * 2 + 4 * (SHARED_ADMIT_BATCH - 1)];
+    size_t m = push_keys(argv, 0, k, g, ng);
+    const char *const args[11] = { l->id,      l->verdict, est[0],      used[0],
+                                   k->a_tpm,   k->a_win,   k->a_daily,  "86400000",
+                                   k->a_fails, k->a_cool,  k->a_maxcool };
+    m = push_args(argv, m, args, 11);
+    for (size_t i = 0; i < ng; i++) {
+        const char *const ga[4] = { g[i]->a_tpm, g[i]->a_win, g[i]->a_daily, "86400000" };
+        m = push_args(argv, m, ga, 4);
+    }
+    for (size_t i = 1; i < n; i++) {
+        const char *const more[4] = { ls[i]->id, ls[i]->verdict, est[i], used[i] };
+        m = push_args(argv, m, more, 4);
+    }
+    if (rds_eval(sh->rds, RDS_RELEASE, (int)(5 + 4 * ng), (int)m, argv, NULL, on_released, k) < 0)
+        count_write_error(sh, "release", "not connected");
+}
+
 static void redis_release(struct backend *be, struct backend_lease *l, const struct outcome *o,
                           double used_tokens)
 {
     struct backend_redis *sh = (struct backend_redis *)be;
-    struct source_keys *k = &sh->src[l->source];
-    char est[32], used[32];
 
     lease_unlink(sh, l);
     sh->releases++;
-    fmt_num(est, sizeof(est), ceil(l->est_tokens));
-    fmt_num(used, sizeof(used), used_tokens < 0 ? -1 : ceil(used_tokens));
-    /* release.lua: the source's 5 keys, the groups' 4 each; then 11
-     * arguments and 4 per group (see its header). */
-    const struct limit_keys *g[2];
-    size_t ng = lease_groups(sh, l, g);
-    const char *argv[5 + 4 * 2 + 11 + 4 * 2];
-    size_t n = push_keys(argv, 0, k, g, ng);
-    const char *const args[11] = { l->id,       backend_verdict_name(o),
-                                   est,         used,
-                                   k->a_tpm,    k->a_win,
-                                   k->a_daily,  "86400000",
-                                   k->a_fails,  k->a_cool,
-                                   k->a_maxcool };
-    n = push_args(argv, n, args, 11);
-    for (size_t i = 0; i < ng; i++) {
-        const char *const ga[4] = { g[i]->a_tpm, g[i]->a_win, g[i]->a_daily, "86400000" };
-        n = push_args(argv, n, ga, 4);
+    l->verdict = backend_verdict_name(o);
+    l->used_tokens = used_tokens;
+    if (turn_flushed(sh)) {
+        release_send(sh, &l, 1);
+        free(l);
+        return;
     }
-    if (rds_eval(sh->rds, RDS_RELEASE, (int)(5 + 4 * ng), (int)n, argv, NULL, on_released, k) < 0)
-        count_write_error(sh, "release", "not connected");
-    free(l);
+    l->next = NULL;
+    *sh->rq_tail = l;
+    sh->rq_tail = &l->next;
+    if (!ev_is_active(&sh->admit_w))
+        ev_prepare_start(sh->loop, &sh->admit_w);
+}
+
+/* Sends the queued releases: the first and up to SHARED_ADMIT_BATCH - 1
+ * later ones for the same source and groups in one script, until none
+ * waits. Before the admissions: the permits they free count for them. */
+static void release_flush(struct backend_redis *sh)
+{
+    struct backend_lease *q = sh->rq;
+
+    sh->rq = NULL;
+    sh->rq_tail = &sh->rq;
+    while (q) {
+        struct backend_lease *b[SHARED_ADMIT_BATCH];
+        size_t n = 0;
+        struct backend_lease *rest = NULL, **rest_tail = &rest;
+        while (q) {
+            struct backend_lease *l = q;
+            q = l->next;
+            l->next = NULL;
+            if (n < SHARED_ADMIT_BATCH && (n == 0 || same_groups(b[0], l))) {
+                b[n++] = l;
+            } else {
+                *rest_tail = l;
+                rest_tail = &l->next;
+            }
+        }
+        q = rest;
+        release_send(sh, b, n);
+        for (size_t i = 0; i < n; i++)
+            free(b[i]);
+    }
 }
 
 static int refusal_index(const char *why)
@@ -598,12 +673,6 @@ static void on_admitted(const redisReply *r, const char *err, void *ud)
     free(b);
 }
 
-/* Do the attempts of leases x and y take the same KEYS (source, app groups)? */
-static bool same_groups(const struct backend_lease *x, const struct backend_lease *y)
-{
-    return x->source == y->source && x->app == y->app && x->cap == y->cap;
-}
-
 /* One admit.lua for the attempts of `b` (same source and groups): the
  * source's 5 keys, the app groups' 4 each; then 10 arguments (the first
  * attempt's lease id and estimate among them) and 8 per group; then the
@@ -646,6 +715,7 @@ static void admit_flush(struct backend_redis *sh)
     sh->queue = NULL;
     sh->queue_tail = &sh->queue;
     sh->flushed_iter = ev_iteration(sh->loop);
+    release_flush(sh);
     while (q) {
         struct admit_batch *b = malloc(sizeof(*b));
         if (!b) {
@@ -1142,6 +1212,7 @@ struct backend *backend_redis_new(struct ev_loop *loop, const struct config *cfg
     sh->be.hooks = *hooks;
     sh->loop = loop;
     sh->queue_tail = &sh->queue;
+    sh->rq_tail = &sh->rq;
     sh->flushed_iter = UINT_MAX;
     ev_prepare_init(&sh->admit_w, on_admit_flush);
     ev_set_priority(&sh->admit_w, EV_MAXPRI); /* before redis.c's write of the turn */

@@ -1,7 +1,7 @@
-"""Coalesced admissions over Redis: the admissions one sidecar asks for
-one source in the same loop turn leave as one admit.lua, and the fleet's
-limits still hold exactly. A real polygw, a real redis-server, the real
-mock upstream; every wait is bounded."""
+"""Coalesced admissions over Redis: the admissions (and releases) one
+sidecar asks for one source in the same loop turn leave as one admit.lua
+(release.lua), and the fleet's limits still hold exactly. A real polygw,
+a real redis-server, the real mock upstream; every wait is bounded."""
 import os
 import socket
 import sys
@@ -69,7 +69,8 @@ def test_coalesce__concurrent_calls_share_admit_scripts(redis_srv, up, make_side
     """48 calls at once on one sidecar, limits that do not bind: fewer
     admit.lua calls than admitted attempts, by the sidecar's count and by
     Redis' own (EVALSHA calls < 2 per admitted attempt, where one admit and
-    one release each would be >= 2)."""
+    one release each would be >= 2), and fewer release.lua calls than
+    releases."""
     total = 48
     cfg = fleet_config(redis_srv.url(), unique_prefix(),
                        [source("a", "chat", up.url, max_concurrency=1000,
@@ -87,6 +88,9 @@ def test_coalesce__concurrent_calls_share_admit_scripts(redis_srv, up, make_side
     assert scripts < 2 * sh["admitted"], (scripts, sh)
     assert sh["admits"] < sh["admitted"], sh
     assert sh["admit_requests"] == total
+    # the rest are release.lua (and at most a progress mark per 100 ms)
+    assert sh["releases"] == total
+    assert scripts - sh["admits"] < sh["releases"], (scripts, sh)
 
 
 def test_coalesce__rpm_holds_exactly_in_a_coalesced_burst(redis_srv, up, make_sidecar):

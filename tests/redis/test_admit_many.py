@@ -85,3 +85,57 @@ def test_unpaired_further_attempt_is_an_error_and_writes_nothing(scripts, conn):
         scripts.run("admit", keys, [new_lease(), 0, 10000, 10, 60000, 0, 60000, 0, 86400000, 0,
                                     new_lease()])
     assert conn.call("EXISTS", *keys) == 0
+
+
+def release_many(s, src, items, groups=(), **kw):
+    """One release.lua for items [(lease, verdict, est, used), ...]."""
+    c = dict(DEFAULTS, **kw)
+    keys, args = list(source_keys(src)), []
+    for gk, gc, _ in groups:
+        keys += gk
+        args += [gc["tpm"], gc["tpm_win"], gc["daily"], gc["daily_win"]]
+    (lease, verdict, est, used), rest = items[0], items[1:]
+    for it in rest:
+        args += list(it)
+    r = s.run("release", keys,
+              [lease, verdict, est, used, c["tpm"], c["tpm_win"], c["daily"], c["daily_win"],
+               c["failures"], c["cooldown"], c["max_cooldown"]] + args)
+    assert len(r) == 3 * len(items), r
+    return [r[i:i + 3] for i in range(0, len(r), 3)]
+
+
+def test_releases_in_one_batch_answer_as_one_by_one(scripts, conn):
+    """Five releases in one script, against the same five one by one on
+    another source: the same replies, leases, reconciled bucket and breaker
+    (3 failures in a row open it once; the success after is a straggler's)."""
+    kw = dict(max_conc=10, tpm=1000, tpm_win=60000, failures=3, cooldown=5000,
+              max_cooldown=20000)
+    verdicts = ["failure", "failure", "neutral", "failure", "success"]
+    useds = [50, 10, -1, 200, 0]
+    replies = {}
+    for src in ("a", "b"):
+        leases = [admit(scripts, src, est=20, **kw)[1] for _ in verdicts]
+        items = [(l, v, 20, u) for l, v, u in zip(leases, verdicts, useds)]
+        if src == "a":
+            replies[src] = release_many(scripts, src, items, **kw)
+        else:
+            replies[src] = [release_many(scripts, src, [it], **kw)[0] for it in items]
+    assert replies["a"] == replies["b"]
+    assert [r[1] for r in replies["a"]] == ["closed", "closed", "closed", "open", "open"]
+    assert [r[0] for r in replies["a"]] == [1] * 5
+    for src in ("a", "b"):
+        assert conn.call("ZCARD", source_keys(src)[1]) == 0
+        assert conn.call("HGET", source_keys(src)[0], "opened") == "1"
+    ha, hb = (dict(zip(*[iter(conn.call("HGETALL", source_keys(s)[0]))] * 2)) for s in "ab")
+    assert ha.keys() == hb.keys()
+    assert ha["consec"] == hb["consec"] == "0" and ha["cooldown"] == hb["cooldown"] == "5000"
+    assert abs(float(ha["open_until"]) - float(hb["open_until"])) < 1000
+    assert abs(level(conn, "a", "tpm") - level(conn, "b", "tpm")) < 0.5
+    assert 0 < conn.call("PTTL", source_keys("a")[0]) and 0 < conn.call("PTTL", source_keys("a")[3])
+
+
+def test_release_batch_with_a_bad_verdict_writes_nothing(scripts, conn):
+    lease = admit(scripts, "a", max_conc=10)[1]
+    with pytest.raises(RedisError, match="verdict"):
+        release_many(scripts, "a", [(lease, "success", 0, -1), (new_lease(), "maybe", 0, -1)])
+    assert conn.call("ZSCORE", source_keys("a")[1], lease) is not None
