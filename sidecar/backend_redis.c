@@ -92,7 +92,7 @@ struct backend_admit {
     struct backend_lease *lease;
     backend_admit_cb *cb;
     void *ud;                   /* NULL once detached */
-    struct backend_admit *next; /* sh->queue, until admit_flush sends it */
+    struct backend_admit *next; /* sh->queue, until turn_flush sends it */
     char est[24];
 };
 
@@ -166,12 +166,12 @@ struct backend_redis {
     double later_delay;
     bool closing; /* redis_free: no new work */
     ev_timer renew_w;
-    /* Admissions of this loop turn, in order, sent before the loop polls
-     * (admit_w, ahead of redis.c's own flush); once it ran in a turn
-     * (flushed_iter), the turn's later admissions are sent at once. */
+    /* Admissions and releases of this loop turn, in order, sent before the
+     * loop polls (turn_w, ahead of redis.c's own flush); once it ran in a
+     * turn (flushed_iter), the turn's later ones are sent at once. */
     struct backend_admit *queue, **queue_tail;
     struct backend_lease *rq, **rq_tail; /* releases, the same way */
-    ev_prepare admit_w;
+    ev_prepare turn_w;
     unsigned int flushed_iter;
     /* counters: admits = admit.lua scripts sent, admit_requests = attempts */
     unsigned long long admit_requests, admits, admitted, refused[7], admit_errors, releases,
@@ -528,7 +528,7 @@ static bool same_groups(const struct backend_lease *x, const struct backend_leas
 static bool turn_flushed(const struct backend_redis *sh)
 {
     return sh->closing ||
-        (ev_iteration(sh->loop) == sh->flushed_iter && !ev_is_active(&sh->admit_w));
+        (ev_iteration(sh->loop) == sh->flushed_iter && !ev_is_active(&sh->turn_w));
 }
 
 /* One release.lua for leases ls[0..n) (same source and groups): the keys of
@@ -582,8 +582,8 @@ static void redis_release(struct backend *be, struct backend_lease *l, const str
     l->next = NULL;
     *sh->rq_tail = l;
     sh->rq_tail = &l->next;
-    if (!ev_is_active(&sh->admit_w))
-        ev_prepare_start(sh->loop, &sh->admit_w);
+    if (!ev_is_active(&sh->turn_w))
+        ev_prepare_start(sh->loop, &sh->turn_w);
 }
 
 /* Sends the queued releases: the first and up to SHARED_ADMIT_BATCH - 1
@@ -704,11 +704,11 @@ static int admit_send(struct backend_redis *sh, struct admit_batch *b)
     return 0;
 }
 
-/* Sends the queued admissions: the first still waiting and up to
- * SHARED_ADMIT_BATCH - 1 later ones for the same source and groups in one
- * script, in the order asked, until none waits. Detached ones are dropped
- * unsent. */
-static void admit_flush(struct backend_redis *sh)
+/* Sends the turn's queued releases, then its admissions: the first still
+ * waiting and up to SHARED_ADMIT_BATCH - 1 later ones for the same source
+ * and groups in one script, in the order asked, until none waits. Detached
+ * admissions are dropped unsent. */
+static void turn_flush(struct backend_redis *sh)
 {
     struct backend_admit *q = sh->queue;
 
@@ -752,13 +752,13 @@ static void admit_flush(struct backend_redis *sh)
     }
 }
 
-static void on_admit_flush(struct ev_loop *loop, ev_prepare *w, int revents)
+static void on_turn_flush(struct ev_loop *loop, ev_prepare *w, int revents)
 {
     struct backend_redis *sh = w->data;
     (void)revents;
 
     ev_prepare_stop(loop, w);
-    admit_flush(sh);
+    turn_flush(sh);
     rds_flush(sh->rds);
 }
 
@@ -793,8 +793,7 @@ static int redis_admit(struct backend *be, size_t source, size_t app, double est
     *a = (struct backend_admit){ .sh = sh, .lease = l, .cb = cb, .ud = ud };
     fmt_num(a->est, sizeof(a->est), ceil(est_tokens));
     sh->admit_requests++;
-    if (ev_iteration(sh->loop) == sh->flushed_iter && !ev_is_active(&sh->admit_w)) {
-        /* this turn's flush has run: alone, at once */
+    if (turn_flushed(sh)) { /* alone, at once */
         struct admit_batch *b = malloc(sizeof(*b));
         if (!b || (b->n = 1, b->a[0] = a, admit_send(sh, b) < 0)) {
             free(b);
@@ -805,8 +804,8 @@ static int redis_admit(struct backend *be, size_t source, size_t app, double est
     } else {
         *sh->queue_tail = a;
         sh->queue_tail = &a->next;
-        if (!ev_is_active(&sh->admit_w))
-            ev_prepare_start(sh->loop, &sh->admit_w);
+        if (!ev_is_active(&sh->turn_w))
+            ev_prepare_start(sh->loop, &sh->turn_w);
     }
     *pending = a;
     return 0;
@@ -1214,9 +1213,9 @@ struct backend *backend_redis_new(struct ev_loop *loop, const struct config *cfg
     sh->queue_tail = &sh->queue;
     sh->rq_tail = &sh->rq;
     sh->flushed_iter = UINT_MAX;
-    ev_prepare_init(&sh->admit_w, on_admit_flush);
-    ev_set_priority(&sh->admit_w, EV_MAXPRI); /* before redis.c's write of the turn */
-    sh->admit_w.data = sh;
+    ev_prepare_init(&sh->turn_w, on_turn_flush);
+    ev_set_priority(&sh->turn_w, EV_MAXPRI); /* before redis.c's write of the turn */
+    sh->turn_w.data = sh;
     sh->cfg = cfg;
     ev_init(&sh->mark_w, on_mark_timer);
     sh->mark_w.data = sh;
@@ -1351,8 +1350,8 @@ static void redis_free(struct backend *be)
     ev_timer_stop(sh->loop, &sh->renew_w);
     ev_timer_stop(sh->loop, &sh->mark_w);
     ev_timer_stop(sh->loop, &sh->later_w);
-    ev_prepare_stop(sh->loop, &sh->admit_w);
-    admit_flush(sh);    /* answered like those in flight */
+    ev_prepare_stop(sh->loop, &sh->turn_w);
+    turn_flush(sh);     /* answered like those in flight */
     sh->closing = true; /* the drain below lets writes out; it starts nothing new */
     sh->n_dirty = 0;    /* a coalesced mark (< 100 ms old) is not worth a write at exit */
     redis_drain(sh);
