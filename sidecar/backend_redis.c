@@ -41,6 +41,7 @@
 #include "backend.h"
 #include "dlist.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +67,9 @@
 #define SHARED_MARK_COALESCE_S   0.1
 #define SHARED_RETRY_LATER_S     1.0 /* failed task updates are retried after */
 #define SHARED_RETRY_LATER_MAX_S 60.0
+/* Admissions (releases) asked in one loop turn for one source and the same
+ * app groups leave as one admit.lua (release.lua) of at most this many. */
+#define SHARED_ADMIT_BATCH       32
 
 enum { CH_TASK_END, CH_PROGRESS, CH_COUNT };
 
@@ -76,6 +80,10 @@ struct backend_lease {
                       * sh->apps and its caps, or SIZE_MAX (none) */
     bool live;       /* linked */
     double est_tokens;
+    /* Once released: the verdict and usage its release.lua carries, while it
+     * waits on sh->rq (linked by `next`) for the turn's flush. */
+    const char *verdict;
+    double used_tokens;
     char id[48];
 };
 
@@ -83,7 +91,15 @@ struct backend_admit {
     struct backend_redis *sh;
     struct backend_lease *lease;
     backend_admit_cb *cb;
-    void *ud; /* NULL once detached */
+    void *ud;                   /* NULL once detached */
+    struct backend_admit *next; /* sh->queue, until turn_flush sends it */
+    char est[24];
+};
+
+/* One admit.lua in flight: its attempts in ARGV order (owned). */
+struct admit_batch {
+    size_t n;
+    struct backend_admit *a[SHARED_ADMIT_BATCH];
 };
 
 /* A scope's progress age in the cache: UNKNOWN (fetch it), FETCHING, KNOWN,
@@ -150,9 +166,17 @@ struct backend_redis {
     double later_delay;
     bool closing; /* redis_free: no new work */
     ev_timer renew_w;
-    /* counters */
-    unsigned long long admits, admitted, refused[7], admit_errors, releases, write_errors,
-        leases_lost, progress_fetches, progress_read_errors, renewals, marks_sent, marks_coalesced;
+    /* Admissions and releases of this loop turn, in order, sent before the
+     * loop polls (turn_w, ahead of redis.c's own flush); once it ran in a
+     * turn (flushed_iter), the turn's later ones are sent at once. */
+    struct backend_admit *queue, **queue_tail;
+    struct backend_lease *rq, **rq_tail; /* releases, the same way */
+    ev_prepare turn_w;
+    unsigned int flushed_iter;
+    /* counters: admits = admit.lua scripts sent, admit_requests = attempts */
+    unsigned long long admit_requests, admits, admitted, refused[7], admit_errors, releases,
+        write_errors, leases_lost, progress_fetches, progress_read_errors, renewals, marks_sent,
+        marks_coalesced;
 };
 
 static const char *const refusal_names[7] = { "breaker", "concurrency", "rpm",  "tpm",
@@ -446,10 +470,14 @@ static void on_released(const redisReply *r, const char *err, void *ud)
     struct source_keys *k = ud;
     struct backend_redis *sh = k->sh;
 
-    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 3)
+    /* a triple per release; the last one's breaker state is the newest */
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements == 0 || r->elements % 3 != 0) {
         count_write_error(sh, "release", err);
-    else if (r->element[1]->type == REDIS_REPLY_STRING && r->element[1]->len < 12)
-        note_breaker(sh, k->index, r->element[1]->str);
+        return;
+    }
+    const redisReply *state = r->element[r->elements - 2];
+    if (state->type == REDIS_REPLY_STRING && state->len < 12)
+        note_breaker(sh, k->index, state->str);
 }
 
 /* The app groups of lease `l` (0, 1 or 2 of them, in admit.lua's order). */
@@ -490,37 +518,103 @@ static size_t push_keys(const char **argv, size_t n, const struct source_keys *k
     return n;
 }
 
+/* Do the attempts of leases x and y take the same KEYS (source, app groups)? */
+static bool same_groups(const struct backend_lease *x, const struct backend_lease *y)
+{
+    return x->source == y->source && x->app == y->app && x->cap == y->cap;
+}
+
+/* Has this loop turn's flush run (the turn's later requests go alone)? */
+static bool turn_flushed(const struct backend_redis *sh)
+{
+    return sh->closing ||
+        (ev_iteration(sh->loop) == sh->flushed_iter && !ev_is_active(&sh->turn_w));
+}
+
+/* One release.lua for leases ls[0..n) (same source and groups): the keys of
+ * admit.lua; 11 arguments (the first lease's among them) and 4 per group;
+ * then lease id, verdict, estimate and usage of each further lease (see its
+ * header). Failures are counted; the leases stay the caller's. */
+static void release_send(struct backend_redis *sh, struct backend_lease *const *ls, size_t n)
+{
+    const struct backend_lease *l = ls[0];
+    struct source_keys *k = &sh->src[l->source];
+    char est[SHARED_ADMIT_BATCH][32], used[SHARED_ADMIT_BATCH][32];
+
+    for (size_t i = 0; i < n; i++) {
+        fmt_num(est[i], sizeof(est[i]), ceil(ls[i]->est_tokens));
+        fmt_num(used[i], sizeof(used[i]), ls[i]->used_tokens < 0 ? -1 : ceil(ls[i]->used_tokens));
+    }
+    const struct limit_keys *g[2];
+    size_t ng = lease_groups(sh, l, g);
+    const char *argv[5 + 4 * 2 + 11 + 4 * 2 + 4 * (SHARED_ADMIT_BATCH - 1)];
+    size_t m = push_keys(argv, 0, k, g, ng);
+    const char *const args[11] = { l->id,      l->verdict, est[0],      used[0],
+                                   k->a_tpm,   k->a_win,   k->a_daily,  "86400000",
+                                   k->a_fails, k->a_cool,  k->a_maxcool };
+    m = push_args(argv, m, args, 11);
+    for (size_t i = 0; i < ng; i++) {
+        const char *const ga[4] = { g[i]->a_tpm, g[i]->a_win, g[i]->a_daily, "86400000" };
+        m = push_args(argv, m, ga, 4);
+    }
+    for (size_t i = 1; i < n; i++) {
+        const char *const more[4] = { ls[i]->id, ls[i]->verdict, est[i], used[i] };
+        m = push_args(argv, m, more, 4);
+    }
+    if (rds_eval(sh->rds, RDS_RELEASE, (int)(5 + 4 * ng), (int)m, argv, NULL, on_released, k) < 0)
+        count_write_error(sh, "release", "not connected");
+}
+
 static void redis_release(struct backend *be, struct backend_lease *l, const struct outcome *o,
                           double used_tokens)
 {
     struct backend_redis *sh = (struct backend_redis *)be;
-    struct source_keys *k = &sh->src[l->source];
-    char est[32], used[32];
 
     lease_unlink(sh, l);
     sh->releases++;
-    fmt_num(est, sizeof(est), ceil(l->est_tokens));
-    fmt_num(used, sizeof(used), used_tokens < 0 ? -1 : ceil(used_tokens));
-    /* release.lua: the source's 5 keys, the groups' 4 each; then 11
-     * arguments and 4 per group (see its header). */
-    const struct limit_keys *g[2];
-    size_t ng = lease_groups(sh, l, g);
-    const char *argv[5 + 4 * 2 + 11 + 4 * 2];
-    size_t n = push_keys(argv, 0, k, g, ng);
-    const char *const args[11] = { l->id,       backend_verdict_name(o),
-                                   est,         used,
-                                   k->a_tpm,    k->a_win,
-                                   k->a_daily,  "86400000",
-                                   k->a_fails,  k->a_cool,
-                                   k->a_maxcool };
-    n = push_args(argv, n, args, 11);
-    for (size_t i = 0; i < ng; i++) {
-        const char *const ga[4] = { g[i]->a_tpm, g[i]->a_win, g[i]->a_daily, "86400000" };
-        n = push_args(argv, n, ga, 4);
+    l->verdict = backend_verdict_name(o);
+    l->used_tokens = used_tokens;
+    if (turn_flushed(sh)) {
+        release_send(sh, &l, 1);
+        free(l);
+        return;
     }
-    if (rds_eval(sh->rds, RDS_RELEASE, (int)(5 + 4 * ng), (int)n, argv, NULL, on_released, k) < 0)
-        count_write_error(sh, "release", "not connected");
-    free(l);
+    l->next = NULL;
+    *sh->rq_tail = l;
+    sh->rq_tail = &l->next;
+    if (!ev_is_active(&sh->turn_w))
+        ev_prepare_start(sh->loop, &sh->turn_w);
+}
+
+/* Sends the queued releases: the first and up to SHARED_ADMIT_BATCH - 1
+ * later ones for the same source and groups in one script, until none
+ * waits. Before the admissions: the permits they free count for them. */
+static void release_flush(struct backend_redis *sh)
+{
+    struct backend_lease *q = sh->rq;
+
+    sh->rq = NULL;
+    sh->rq_tail = &sh->rq;
+    while (q) {
+        struct backend_lease *b[SHARED_ADMIT_BATCH];
+        size_t n = 0;
+        struct backend_lease *rest = NULL, **rest_tail = &rest;
+        while (q) {
+            struct backend_lease *l = q;
+            q = l->next;
+            l->next = NULL;
+            if (n < SHARED_ADMIT_BATCH && (n == 0 || same_groups(b[0], l))) {
+                b[n++] = l;
+            } else {
+                *rest_tail = l;
+                rest_tail = &l->next;
+            }
+        }
+        q = rest;
+        release_send(sh, b, n);
+        for (size_t i = 0; i < n; i++)
+            free(b[i]);
+    }
 }
 
 static int refusal_index(const char *why)
@@ -531,15 +625,16 @@ static int refusal_index(const char *why)
     return strncmp(why, "app_", 4) == 0 ? 5 : 6;
 }
 
-static void on_admitted(const redisReply *r, const char *err, void *ud)
+/* The answer to attempt `a`: e[0..2] its triple of admit.lua's reply, or
+ * NULL with `err` (takes a and, unless admitted, its lease). */
+static void admit_answer(struct backend_admit *a, redisReply *const *e, const char *err)
 {
-    struct backend_admit *a = ud;
     struct backend_redis *sh = a->sh;
     struct backend_lease *l = a->lease;
     long long ok = -1, v = 0;
 
-    if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 3)
-        reply_is_int(r->element[0], &ok);
+    if (e)
+        reply_is_int(e[0], &ok);
     if (ok == 1) {
         sh->admitted++; /* the probe flag (element 2) is release.lua's business */
         lease_link(sh, l);
@@ -547,13 +642,13 @@ static void on_admitted(const redisReply *r, const char *err, void *ud)
             a->cb(a->ud, 1, l, NAN, "admitted");
         else
             redis_release(&sh->be, l, NULL, -1); /* the call is gone */
-    } else if (ok == 0 && r->element[1]->type == REDIS_REPLY_STRING) {
-        const char *why = r->element[1]->str;
+    } else if (ok == 0 && e[1]->type == REDIS_REPLY_STRING) {
+        const char *why = e[1]->str;
         double retry_at = NAN, off = rds_clock_offset(sh->rds);
         sh->refused[refusal_index(why)]++;
         if (strcmp(why, "breaker") == 0)
             note_breaker(sh, l->source, "open");
-        if (reply_is_int(r->element[2], &v) && v > 0 && isfinite(off))
+        if (reply_is_int(e[2], &v) && v > 0 && isfinite(off))
             retry_at = (double)v / 1000.0 - off;
         if (a->ud)
             a->cb(a->ud, 0, NULL, retry_at, why);
@@ -567,13 +662,111 @@ static void on_admitted(const redisReply *r, const char *err, void *ud)
     free(a);
 }
 
+/* admit.lua answers a triple per attempt, in the order sent. */
+static void on_admitted(const redisReply *r, const char *err, void *ud)
+{
+    struct admit_batch *b = ud;
+    bool whole = r && r->type == REDIS_REPLY_ARRAY && r->elements == 3 * b->n;
+
+    for (size_t i = 0; i < b->n; i++)
+        admit_answer(b->a[i], whole ? r->element + 3 * i : NULL, err);
+    free(b);
+}
+
+/* One admit.lua for the attempts of `b` (same source and groups): the
+ * source's 5 keys, the app groups' 4 each; then 10 arguments (the first
+ * attempt's lease id and estimate among them) and 8 per group; then the
+ * lease id and estimate of each further attempt (see its header). Takes b:
+ * sent, or -1 with b untouched. */
+static int admit_send(struct backend_redis *sh, struct admit_batch *b)
+{
+    const struct backend_lease *l = b->a[0]->lease;
+    const struct source_keys *k = &sh->src[l->source];
+    const struct limit_keys *g[2];
+    size_t ng = lease_groups(sh, l, g);
+    const char *argv[5 + 4 * 2 + 10 + 8 * 2 + 2 * (SHARED_ADMIT_BATCH - 1)];
+    size_t n = push_keys(argv, 0, k, g, ng);
+    const char *const args[10] = { l->id,    k->a_conc, k->a_ttl,   k->a_rpm,   k->a_win,
+                                   k->a_tpm, k->a_win,  k->a_daily, "86400000", b->a[0]->est };
+    n = push_args(argv, n, args, 10);
+    for (size_t i = 0; i < ng; i++) {
+        const char *const ga[8] = { g[i]->label, g[i]->a_conc, g[i]->a_rpm,   g[i]->a_win,
+                                    g[i]->a_tpm, g[i]->a_win,  g[i]->a_daily, "86400000" };
+        n = push_args(argv, n, ga, 8);
+    }
+    for (size_t i = 1; i < b->n; i++) {
+        argv[n++] = b->a[i]->lease->id;
+        argv[n++] = b->a[i]->est;
+    }
+    if (rds_eval(sh->rds, RDS_ADMIT, (int)(5 + 4 * ng), (int)n, argv, NULL, on_admitted, b) < 0)
+        return -1;
+    sh->admits++;
+    return 0;
+}
+
+/* Sends the turn's queued releases, then its admissions: the first still
+ * waiting and up to SHARED_ADMIT_BATCH - 1 later ones for the same source
+ * and groups in one script, in the order asked, until none waits. Detached
+ * admissions are dropped unsent. */
+static void turn_flush(struct backend_redis *sh)
+{
+    struct backend_admit *q = sh->queue;
+
+    sh->queue = NULL;
+    sh->queue_tail = &sh->queue;
+    sh->flushed_iter = ev_iteration(sh->loop);
+    release_flush(sh);
+    while (q) {
+        struct admit_batch *b = malloc(sizeof(*b));
+        if (!b) {
+            while (q) {
+                struct backend_admit *a = q;
+                q = a->next;
+                admit_answer(a, NULL, "out of memory");
+            }
+            return;
+        }
+        b->n = 0;
+        struct backend_admit *rest = NULL, **rest_tail = &rest;
+        while (q) {
+            struct backend_admit *a = q;
+            q = a->next;
+            a->next = NULL;
+            if (!a->ud) {
+                free(a->lease);
+                free(a);
+            } else if (b->n < SHARED_ADMIT_BATCH &&
+                       (b->n == 0 || same_groups(b->a[0]->lease, a->lease))) {
+                b->a[b->n++] = a;
+            } else {
+                *rest_tail = a;
+                rest_tail = &a->next;
+            }
+        }
+        q = rest;
+        if (b->n > 0 && admit_send(sh, b) == 0)
+            continue;
+        for (size_t i = 0; i < b->n; i++) /* not sent: each fails closed */
+            admit_answer(b->a[i], NULL, "not connected");
+        free(b);
+    }
+}
+
+static void on_turn_flush(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+    struct backend_redis *sh = w->data;
+    (void)revents;
+
+    ev_prepare_stop(loop, w);
+    turn_flush(sh);
+    rds_flush(sh->rds);
+}
+
 static int redis_admit(struct backend *be, size_t source, size_t app, double est_tokens,
                        struct backend_lease **lease, backend_admit_cb *cb, void *ud,
                        struct backend_admit **pending)
 {
     struct backend_redis *sh = (struct backend_redis *)be;
-    struct source_keys *k = &sh->src[source];
-    char est[32];
     struct backend_admit *a = malloc(sizeof(*a));
     struct backend_lease *l = calloc(1, sizeof(*l));
 
@@ -598,26 +791,21 @@ static int redis_admit(struct backend *be, size_t source, size_t app, double est
     }
     snprintf(l->id, sizeof(l->id), "%s:%llu", sh->sidecar_id, ++sh->lease_seq);
     *a = (struct backend_admit){ .sh = sh, .lease = l, .cb = cb, .ud = ud };
-    fmt_num(est, sizeof(est), ceil(est_tokens));
-    /* admit.lua: the source's 5 keys, the app groups' 4 each; then 10
-     * arguments and 8 per group (see its header). */
-    const struct limit_keys *g[2];
-    size_t ng = lease_groups(sh, l, g);
-    const char *argv[5 + 4 * 2 + 10 + 8 * 2];
-    size_t n = push_keys(argv, 0, k, g, ng);
-    const char *const args[10] = { l->id,    k->a_conc, k->a_ttl,   k->a_rpm,   k->a_win,
-                                   k->a_tpm, k->a_win,  k->a_daily, "86400000", est };
-    n = push_args(argv, n, args, 10);
-    for (size_t i = 0; i < ng; i++) {
-        const char *const ga[8] = { g[i]->label, g[i]->a_conc, g[i]->a_rpm,   g[i]->a_win,
-                                    g[i]->a_tpm, g[i]->a_win,  g[i]->a_daily, "86400000" };
-        n = push_args(argv, n, ga, 8);
-    }
-    sh->admits++;
-    if (rds_eval(sh->rds, RDS_ADMIT, (int)(5 + 4 * ng), (int)n, argv, NULL, on_admitted, a) < 0) {
-        free(a);
-        free(l);
-        return -1;
+    fmt_num(a->est, sizeof(a->est), ceil(est_tokens));
+    sh->admit_requests++;
+    if (turn_flushed(sh)) { /* alone, at once */
+        struct admit_batch *b = malloc(sizeof(*b));
+        if (!b || (b->n = 1, b->a[0] = a, admit_send(sh, b) < 0)) {
+            free(b);
+            free(a);
+            free(l);
+            return -1;
+        }
+    } else {
+        *sh->queue_tail = a;
+        sh->queue_tail = &a->next;
+        if (!ev_is_active(&sh->turn_w))
+            ev_prepare_start(sh->loop, &sh->turn_w);
     }
     *pending = a;
     return 0;
@@ -1022,6 +1210,12 @@ struct backend *backend_redis_new(struct ev_loop *loop, const struct config *cfg
     sh->be.ops = &redis_ops;
     sh->be.hooks = *hooks;
     sh->loop = loop;
+    sh->queue_tail = &sh->queue;
+    sh->rq_tail = &sh->rq;
+    sh->flushed_iter = UINT_MAX;
+    ev_prepare_init(&sh->turn_w, on_turn_flush);
+    ev_set_priority(&sh->turn_w, EV_MAXPRI); /* before redis.c's write of the turn */
+    sh->turn_w.data = sh;
     sh->cfg = cfg;
     ev_init(&sh->mark_w, on_mark_timer);
     sh->mark_w.data = sh;
@@ -1156,6 +1350,8 @@ static void redis_free(struct backend *be)
     ev_timer_stop(sh->loop, &sh->renew_w);
     ev_timer_stop(sh->loop, &sh->mark_w);
     ev_timer_stop(sh->loop, &sh->later_w);
+    ev_prepare_stop(sh->loop, &sh->turn_w);
+    turn_flush(sh);     /* answered like those in flight */
     sh->closing = true; /* the drain below lets writes out; it starts nothing new */
     sh->n_dirty = 0;    /* a coalesced mark (< 100 ms old) is not worth a write at exit */
     redis_drain(sh);
@@ -1233,7 +1429,7 @@ static void redis_pack_stats(struct backend *be, msgpack_packer *pk)
     rpc_pack_str(pk, "backend");
     rds_pack_stats(sh->rds, pk);
     rpc_pack_str(pk, "shared");
-    msgpack_pack_map(pk, 17);
+    msgpack_pack_map(pk, 18);
     rpc_pack_kv_str(pk, "sidecar_id", sh->sidecar_id);
     rpc_pack_kv_u64(pk, "resyncs", sh->resyncs);
     rpc_pack_kv_u64(pk, "progress_read_errors", sh->progress_read_errors);
@@ -1247,6 +1443,7 @@ static void redis_pack_stats(struct backend *be, msgpack_packer *pk)
         rpc_pack_kv_str(pk, "breaker", sh->src[i].breaker_state);
         rpc_pack_kv_u64(pk, "leases_live", sh->src[i].n_live);
     }
+    rpc_pack_kv_u64(pk, "admit_requests", sh->admit_requests);
     rpc_pack_kv_u64(pk, "admits", sh->admits);
     rpc_pack_kv_u64(pk, "admitted", sh->admitted);
     rpc_pack_str(pk, "refused");

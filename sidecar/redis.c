@@ -395,12 +395,11 @@ static int cmd_send(struct rconn *cn, struct cmd *c, int argc, const char **argv
  * turn later). The adapter's write watcher was started by hiredis and is
  * stopped again by a complete write, both before libev applies watcher
  * changes to epoll: no epoll_ctl and no extra loop turn per command. */
-static void rds_on_flush(struct ev_loop *loop, ev_prepare *w, int revents)
+void rds_flush(struct rds *r)
 {
-    struct rds *r = w->data;
-    (void)revents;
-
-    ev_prepare_stop(loop, w);
+    if (!r)
+        return;
+    ev_prepare_stop(r->loop, &r->flush_w);
     rds_enter(r);
     for (int k = 0; k < RC_N && !r->closing; k++) {
         struct rconn *cn = &r->conn[k];
@@ -409,6 +408,13 @@ static void rds_on_flush(struct ev_loop *loop, ev_prepare *w, int revents)
             redisAsyncHandleWrite(cn->ac); /* an error detaches cn (conn_on_disconnect) */
     }
     rds_leave(r);
+}
+
+static void rds_on_flush(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    rds_flush(w->data);
 }
 
 /* hiredis 0.14: no async command timeout of its own. */

@@ -116,6 +116,10 @@ bool rds_subscribed(const struct rds *r);
 int rds_eval(struct rds *r, enum rds_script s, int nkeys, int argc, const char **argv,
              const size_t *argvlen, rds_cb *cb, void *ud);
 
+/* Writes the commands queued so far now rather than before the loop polls:
+ * for a caller that queues them from an ev_prepare of its own. NULL ok. */
+void rds_flush(struct rds *r);
+
 /* Any other command (e.g. PUBLISH, TIME), same contract. SUBSCRIBE,
  * PSUBSCRIBE, (P)UNSUBSCRIBE and MONITOR are refused (-1): they would change
  * the command connection's mode under hiredis. */

@@ -39,6 +39,15 @@ ARGV[13+8g]  rpm               ARGV[14+8g] rpm_window_ms
 ARGV[15+8g]  tpm               ARGV[16+8g] tpm_window_ms
 ARGV[17+8g]  daily             ARGV[18+8g] daily_window_ms
 
+Then 0 or more further attempts on the same keys, f = 0, 1, ... (a sidecar
+sends the admissions of one loop turn for one source and app in one call):
+ARGV[11+8n+2f]  lease_id    (n = the number of app groups)
+ARGV[12+8n+2f]  est_tokens
+Each attempt, ARGV[1]'s first, is checked as if admitted alone, one after
+the other at the same Redis time: an admitted one takes its lease, its
+withdrawals and the half-open probe before the next is checked. The reply
+is then one triple (below) per attempt, in that order.
+
 Returns  {1, lease_id, probe}         admitted; probe = 1 when this attempt is
                                       the half-open breaker's single probe
          {0, reason, retry_at_ms}     refused; reason is the FIRST failing check
@@ -65,116 +74,180 @@ Steps and why:
     negative (debt from reconciliation) which delays admissions.
  Nothing is written on refusal except step 1. On success the leases, the
  probe ownership and all bucket withdrawals happen together, in this one
- script. Key TTLs: a bucket key expires when it would be full again anyway
+ script (once for all the attempts admitted). Key TTLs: a bucket key expires when it would be full again anyway
  (absent = full, identical); a leases key expires after its last lease.
  The source's and the app's keys have two hash tags: one Redis primary (a URL
  or Sentinel's) runs the script; Redis Cluster would need one slot.
 ]]
 
 -- time_ms, num, bucket_level and bucket_store come from lib.lua (prepended).
+-- Written for Redis' time per call: every redis.call costs about as much as
+-- a small command, so each key is read once and written once per script
+-- whatever the batch, numbers are formatted once, and the per-limit state
+-- lives in flat arrays rather than tables built per call.
 local now = time_ms(redis.call('TIME'))
 
-local K_BRK, K_LEASES = KEYS[1], KEYS[2]
-local lease_id = ARGV[1]
+local nk, na = #KEYS, #ARGV
+local n_groups = (nk - 5) / 4
+local first_extra = 11 + 8 * n_groups
+if nk < 5 or n_groups ~= math.floor(n_groups) or na < first_extra - 1 or
+    (na - first_extra + 1) % 2 ~= 0 then
+    return redis.error_reply('admit.lua: KEYS must be 5 + 4 per app group, ARGV 10 + 8 per group ' ..
+                             '+ 2 per further attempt')
+end
+local K_LEASES = KEYS[2]
 local lease_ttl = tonumber(ARGV[3]) or 0
-local est = tonumber(ARGV[10]) or 0
-if est < 0 then est = 0 end
+local now_s = num(now)
 
-local n_groups = (#KEYS - 5) / 4
-if #KEYS < 5 or n_groups ~= math.floor(n_groups) or #ARGV < 10 + 8 * n_groups then
-    return redis.error_reply('admit.lua: KEYS must be 5 + 4 per app group, ARGV 10 + 8 per group')
+-- The attempts, in order: ARGV[1] and ARGV[10], then the further pairs.
+local ids, ests = { ARGV[1] }, { tonumber(ARGV[10]) or 0 }
+for j = first_extra, na, 2 do
+    ids[#ids + 1] = ARGV[j]
+    ests[#ests + 1] = tonumber(ARGV[j + 1]) or 0
+end
+for i = 1, #ests do
+    if ests[i] < 0 then ests[i] = 0 end
 end
 
--- One limit: the leases key KEYS[k] with max_concurrency ARGV[c], and the
--- buckets KEYS[k+1..k+3] with capacity, window pairs from ARGV[b]. The
+-- Limit L = 1 (the source's), 2.. (the app groups'): leases key, its
+-- max_concurrency and live count, and buckets 3L-2 (rpm), 3L-1 (tpm), 3L
+-- (daily) with key, capacity, window and level (nil = no limit). The
 -- source's leases are always recorded (breaker probes are owned by a lease);
 -- an app group's only when it limits concurrency.
-local limits = {}
-local function bucket(name, key, cap, win, cost)
-    return { name = name, key = key, cap = tonumber(cap) or 0, win = tonumber(win) or 0, cost = cost }
+local n_lim = 1 + n_groups
+local prefix, lkey, conc, live = { '' }, { K_LEASES }, { tonumber(ARGV[2]) or 0 }, {}
+local bkey, bcap, bwin, blvl = {}, {}, {}, {}
+local function buckets(L, k, a)
+    for i = 0, 2 do
+        local b = 3 * L - 2 + i
+        bkey[b], bcap[b], bwin[b] = KEYS[k + i], tonumber(ARGV[a + 2 * i]) or 0,
+            tonumber(ARGV[a + 2 * i + 1]) or 0
+    end
 end
-local function limit(prefix, k, c, b)
-    local conc = tonumber(ARGV[c]) or 0
-    limits[#limits + 1] = {
-        prefix = prefix, leases = (prefix == '' or conc > 0) and KEYS[k] or nil, conc = conc,
-        buckets = { bucket('rpm', KEYS[k + 1], ARGV[b], ARGV[b + 1], 1),
-                    bucket('tpm', KEYS[k + 2], ARGV[b + 2], ARGV[b + 3], est),
-                    bucket('daily', KEYS[k + 3], ARGV[b + 4], ARGV[b + 5], est) },
-    }
-end
-limit('', 2, 2, 4) -- the source's (ARGV[3] is the lease TTL)
+buckets(1, 3, 4) -- the source's (ARGV[3] is the lease TTL)
 for g = 0, n_groups - 1 do
-    limit(ARGV[11 + 8 * g] .. '_', 6 + 4 * g, 12 + 8 * g, 13 + 8 * g)
+    local L = 2 + g
+    prefix[L] = ARGV[11 + 8 * g] .. '_'
+    conc[L] = tonumber(ARGV[12 + 8 * g]) or 0
+    lkey[L] = conc[L] > 0 and KEYS[6 + 4 * g] or false
+    buckets(L, 7 + 4 * g, 13 + 8 * g)
 end
 
 -- 1. expired leases
-for _, lim in ipairs(limits) do
-    if lim.leases then
-        redis.call('ZREMRANGEBYSCORE', lim.leases, '-inf', num(now))
+for L = 1, n_lim do
+    if lkey[L] then
+        redis.call('ZREMRANGEBYSCORE', lkey[L], '-inf', now_s)
     end
-end
-
-local reason, retry_at = nil, 0
-local function refuse(r, at)
-    if not reason then reason = r end
-    if at and at > retry_at then retry_at = at end
 end
 
 -- 2. breaker
-local b = redis.call('HMGET', K_BRK, 'open_until', 'probe')
-local open_until = tonumber(b[1]) or 0
-local probe = 0
-if open_until > 0 then
-    if now < open_until then
-        refuse('breaker', open_until)
-    else
-        local owner = b[2]
-        if owner and redis.call('ZSCORE', K_LEASES, owner) then
-            refuse('breaker', nil)          -- the single probe is in flight
-        else
-            probe = 1                       -- half-open and the probe is free
-        end
+local brk = redis.call('HMGET', KEYS[1], 'open_until', 'probe')
+local open_until = tonumber(brk[1]) or 0
+-- probe_busy: the half-open breaker's single probe is in flight
+local probe_busy = open_until > 0 and now >= open_until and brk[2] and
+    redis.call('ZSCORE', K_LEASES, brk[2]) and true or false
+
+-- The state the checks of 3. and 4. read, once for the whole batch.
+for L = 1, n_lim do
+    if conc[L] > 0 then live[L] = redis.call('ZCARD', lkey[L]) end
+end
+for b = 1, 3 * n_lim do
+    if bcap[b] > 0 and bwin[b] > 0 then
+        blvl[b] = bucket_level(bkey[b], bcap[b], bwin[b], now)
     end
 end
 
--- 3. and 4. concurrency, then buckets, of each limit in turn
-for _, lim in ipairs(limits) do
-    if lim.conc > 0 and redis.call('ZCARD', lim.leases) >= lim.conc then
-        refuse(lim.prefix .. 'concurrency', nil)
+-- Each attempt in turn, as if admitted alone one after the other at `now`:
+-- an admitted one takes its lease, its probe and its withdrawals before the
+-- next is checked.
+local out, admitted, probe_id = {}, {}, nil
+for i = 1, #ids do
+    local est = ests[i]
+    local reason, retry_at = nil, 0
+    local function refuse(r, at)
+        if not reason then reason = r end
+        if at and at > retry_at then retry_at = at end
     end
-    for _, bk in ipairs(lim.buckets) do
-        if bk.cap > 0 and bk.win > 0 then
-            bk.level = bucket_level(bk.key, bk.cap, bk.win, now)
-            local need = bk.cost < bk.cap and bk.cost or bk.cap
-            local missing = need - bk.level
-            if missing > 1e-9 then
-                refuse(lim.prefix .. bk.name, now + missing * bk.win / bk.cap)
+    local probe = 0
+    if open_until > 0 then
+        if now < open_until then
+            refuse('breaker', open_until)
+        elseif probe_busy then
+            refuse('breaker', nil)
+        else
+            probe = 1
+        end
+    end
+    for L = 1, n_lim do
+        if conc[L] > 0 and live[L] >= conc[L] then
+            refuse(prefix[L] .. 'concurrency', nil)
+        end
+        for b = 3 * L - 2, 3 * L do
+            local lvl = blvl[b]
+            if lvl then
+                local cost = (b % 3 == 1) and 1 or est
+                local cap = bcap[b]
+                local missing = (cost < cap and cost or cap) - lvl
+                if missing > 1e-9 then
+                    local name = b % 3 == 1 and 'rpm' or b % 3 == 2 and 'tpm' or 'daily'
+                    refuse(prefix[L] .. name, now + missing * bwin[b] / cap)
+                end
             end
         end
     end
-end
-
-if reason then
-    return { 0, reason, math.ceil(retry_at) }
-end
-
--- admitted: leases, probe ownership and withdrawals together
-local expiry = now + lease_ttl
-for _, lim in ipairs(limits) do
-    if lim.leases then
-        redis.call('ZADD', lim.leases, num(expiry), lease_id)
-        local last = redis.call('ZRANGE', lim.leases, -1, -1, 'WITHSCORES')
-        redis.call('PEXPIREAT', lim.leases, math.ceil(tonumber(last[2])) + 1000)
+    local o = #out
+    if reason then
+        out[o + 1], out[o + 2], out[o + 3] = 0, reason, math.ceil(retry_at)
+    else
+        for L = 1, n_lim do
+            if conc[L] > 0 then live[L] = live[L] + 1 end
+            for b = 3 * L - 2, 3 * L do
+                if blvl[b] then blvl[b] = blvl[b] - ((b % 3 == 1) and 1 or est) end
+            end
+        end
+        if probe == 1 then
+            probe_busy, probe_id = true, ids[i]
+        end
+        admitted[#admitted + 1] = ids[i]
+        out[o + 1], out[o + 2], out[o + 3] = 1, ids[i], probe
     end
-    for _, bk in ipairs(lim.buckets) do
-        if bk.cap > 0 and bk.win > 0 then
-            bucket_store(bk.key, bk.cap, bk.win, bk.level - bk.cost, now)
+end
+if #admitted == 0 then
+    return out
+end
+
+-- admitted: leases, probe ownership and withdrawals together. A leases key
+-- lives until its last lease's expiry + 1 s. Rather than read that lease
+-- back: NX sets the TTL of a key this ZADD created (known from the live
+-- count when there is one), GT extends an existing key's, and never
+-- shortens it (a later lease, e.g. a renewed one, keeps its own).
+local expiry = now + lease_ttl
+local expiry_s = num(expiry)
+local zargs = {}
+for i = 1, #admitted do
+    zargs[2 * i - 1], zargs[2 * i] = expiry_s, admitted[i]
+end
+local lease_until = math.ceil(expiry) + 1000
+for L = 1, n_lim do
+    local k = lkey[L]
+    if k then
+        redis.call('ZADD', k, unpack(zargs))
+        if live[L] then
+            -- live[L] counts this batch's admissions too
+            redis.call('PEXPIREAT', k, lease_until, live[L] == #admitted and 'NX' or 'GT')
+        elseif redis.call('PEXPIREAT', k, lease_until, 'NX') == 0 then
+            redis.call('PEXPIREAT', k, lease_until, 'GT')
         end
     end
 end
-
-if probe == 1 then
-    redis.call('HSET', K_BRK, 'probe', lease_id)
+for b = 1, 3 * n_lim do
+    if blvl[b] then
+        bucket_store(bkey[b], bcap[b], bwin[b], blvl[b], now_s)
+    end
 end
 
-return { 1, lease_id, probe }
+if probe_id then
+    redis.call('HSET', KEYS[1], 'probe', probe_id)
+end
+
+return out

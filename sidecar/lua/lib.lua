@@ -40,9 +40,10 @@ local function bucket_level(key, cap, win, now)
     return lvl
 end
 
--- bucket_store: records level LVL at time NOW; the key expires when the
--- bucket would be full again (absent = full, identical), plus 1 s.
-local function bucket_store(key, cap, win, lvl, now)
-    redis.call('HSET', key, 'level', num(lvl), 'ts', num(now))
+-- bucket_store: records level LVL at time NOW_S (num(now), formatted once by
+-- the caller for all its buckets); the key expires when the bucket would be
+-- full again (absent = full, identical), plus 1 s.
+local function bucket_store(key, cap, win, lvl, now_s)
+    redis.call('HSET', key, 'level', num(lvl), 'ts', now_s)
     redis.call('PEXPIRE', key, math.ceil((cap - lvl) * win / cap) + 1000)
 end
