@@ -10,6 +10,7 @@ is bounded.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.error
@@ -165,12 +166,26 @@ def test_tls__plain_redis_behind_rediss_is_refused(up, make_sidecar):
 ACL_PW = "acl-Pa55-TOPSECRET"
 
 
+ACL_PREFIX = "pgwacl"
+
+
+def documented_acl(prefix):
+    """The rules docs/CONFIG.md gives for backend.username, for `prefix`:
+    the sidecar runs as a user with exactly these, so the list is checked."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "..", "..", "docs", "CONFIG.md"), encoding="utf-8") as f:
+        m = re.search(r"`username` \|.*?What it needs[^\n]*?`(~\{PREFIX[^`]+)`", f.read())
+    assert m, "docs/CONFIG.md: the username row lists no ACL rules"
+    return m.group(1).replace("\\|", "|").replace("PREFIX", prefix).split()
+
+
 class AclRedis(FleetRedis):
-    """redis-server whose only user is `pgw` (the default user is off)."""
+    """redis-server whose only user is `pgw` (the default user is off), with
+    the documented rules for keys and channels of prefixes ACL_PREFIX*."""
 
     def __init__(self):
-        super().__init__(extra=["--user", "default", "off", "--user", "pgw", "on", ">" + ACL_PW,
-                                "~*", "&*", "+@all"])
+        super().__init__(extra=["--user", "default", "off", "--user", "pgw", "on", ">" + ACL_PW]
+                         + documented_acl(ACL_PREFIX + "*"))
 
     def client(self, timeout=2.0):
         c = Resp(self.port, timeout=timeout)
@@ -202,7 +217,8 @@ def test_acl__user_and_password_from_the_environment(acl_redis, up, make_sidecar
         ("redis://pgw:%s@127.0.0.1:%d/0" % (ACL_PW, port), base, {}),
     ]
     for i, (url, backend, env) in enumerate(variants):
-        cfg = fleet_config(url, unique_prefix(), [source("a", "chat", up.url)], backend=backend)
+        cfg = fleet_config(url, "%s%d" % (ACL_PREFIX, i), [source("a", "chat", up.url)],
+                           backend=backend)
         sc = make_sidecar(config_text=cfg, subdir="ok%d" % i, env=dict(NO_PROXY, **env))
         wait_backend(sc)
         err, res = one_call(sc)
@@ -211,7 +227,7 @@ def test_acl__user_and_password_from_the_environment(acl_redis, up, make_sidecar
         sc.stop()
 
     wrong = "not-the-" + ACL_PW
-    cfg = fleet_config("redis://127.0.0.1:%d/0" % port, unique_prefix(),
+    cfg = fleet_config("redis://127.0.0.1:%d/0" % port, ACL_PREFIX + "-bad",
                        [source("a", "chat", up.url)],
                        backend=dict(base, username="pgw", password_env="PGW_REDIS_PW"))
     sc = make_sidecar(config_text=cfg, subdir="bad", env=dict(NO_PROXY, PGW_REDIS_PW=wrong))
