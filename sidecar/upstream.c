@@ -63,6 +63,12 @@
  * handles currently added) shrinks as attempts end, closing warm keep-alive
  * connections to sources under load; we add and remove a handle per attempt. */
 #define UPSTREAM_MAX_IDLE_CONNECTIONS 4096L
+/* Each transfer's receive buffer (libcurl's default: 16 KiB). It is held
+ * for as long as the call is in flight and mostly unwritten while the
+ * upstream thinks, so the cost that matters is its resident part: about
+ * min(size, 4 KiB) per call. 2 KiB holds a typical reply's head and a
+ * stream's events; a larger reply takes one read per 2 KiB. */
+#define UPSTREAM_RECV_BUFFER_BYTES    2048L
 /* Entries of each per-engine cache below. URLs and keys come from the
  * configuration, so a handful is the norm; the bound only keeps reloads
  * that keep changing them from growing the caches: past it, attempts build
@@ -1309,6 +1315,8 @@ static int attempt_setup(struct attempt *a, const struct attempt_spec *spec)
     curl_easy_setopt(e, CURLOPT_RESOLVER_START_DATA, a);
     curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
     curl_easy_setopt(e, CURLOPT_ACCEPT_ENCODING, "");
+    /* Refused (kept as it was) by a pooled handle that has its buffer. */
+    curl_easy_setopt(e, CURLOPT_BUFFERSIZE, UPSTREAM_RECV_BUFFER_BYTES);
     /* Backstops only: our own timers fire first. */
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
                      (long)(spec->connect_timeout_s * 1000) + UPSTREAM_BACKSTOP_MS);
