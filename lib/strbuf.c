@@ -26,6 +26,18 @@ void strbuf_reset(struct strbuf *b)
         b->data[0] = '\0';
 }
 
+int strbuf_fit(struct strbuf *b)
+{
+    if (!b->data || b->cap == b->len + 1)
+        return 0;
+    char *p = realloc(b->data, b->len + 1);
+    if (!p)
+        return STRBUF_ENOMEM;
+    b->data = p;
+    b->cap = b->len + 1;
+    return 0;
+}
+
 int strbuf_grow(struct strbuf *b, size_t extra)
 {
     if (extra > SIZE_MAX / 2 - b->len)

@@ -33,6 +33,11 @@ void strbuf_fini(struct strbuf *b);
  * a buffer from one use to the next). */
 void strbuf_reset(struct strbuf *b);
 
+/* Gives back the memory past the text and its NUL, for a buffer kept long
+ * after it was written (growth leaves up to half of it unused, and at
+ * least 1 KiB). Returns 0, or STRBUF_ENOMEM with `b` unchanged. */
+int strbuf_fit(struct strbuf *b);
+
 /* Slow path of strbuf_reserve(); not for direct use. */
 int strbuf_grow(struct strbuf *b, size_t extra);
 

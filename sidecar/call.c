@@ -99,7 +99,7 @@ struct call {
     bool client_usage;           /* ... asking for include_usage */
     msgpack_sbuffer usage;       /* the `usage` map for the result, packed */
     struct dialect_usage tokens; /* the current attempt's token counts */
-    struct convert_stream conv;  /* BODY_TO_ANTHROPIC streams */
+    struct convert_stream *conv; /* owned; made for the first BODY_TO_ANTHROPIC attempt */
     char event_error[96];        /* why the attempt's stream was refused, or "" */
     uint32_t relayed;            /* chunks of the attempt relayed to the client */
     struct task *task;           /* the task it belongs to, or NULL */
@@ -112,7 +112,7 @@ struct call {
     int last_status;                      /* the last attempt's HTTP status */
     double ttft_s;                        /* NAN until a chunk is relayed */
     double used_tokens;                   /* total tokens of the answer, NAN: unknown */
-    char task_id[TASK_ID_MAX + 1];        /* "" when the call names none */
+    char *task_id;                        /* owned; NULL when the call names none */
     struct gov_source_note *reconf_notes; /* a reload in progress: the new notes */
     struct call *all_prev, *all_next;     /* srv->calls_all: every call, for a reload */
 };
@@ -207,7 +207,7 @@ static void call_log(const struct call *k)
         .capability = k->cap->name,
         .scope = k->g.scope,
         .source = k->g.attempts > 0 && k->src ? k->src->name : NULL,
-        .task = k->task_id[0] ? k->task_id : NULL,
+        .task = k->task_id,
         .peer_pid = k->sink->peer_pid,
         .peer_uid = k->sink->peer_uid,
         .answered = k->answered,
@@ -248,8 +248,25 @@ static void call_end(struct call *k)
     msgpack_sbuffer_destroy(&k->body);
     strbuf_fini(&k->raw);
     strbuf_fini(&k->json);
+    free(k->conv);
+    free(k->task_id);
     free(k);
     server_on_request_done(srv);
+}
+
+/* Gives back what the buffer's growth left unused: a call keeps its body
+ * for its whole life, and msgpack_sbuffer's first step is 8 KiB however
+ * small the body (10,000 calls in flight would hold 80 MiB for a 200-byte
+ * body). A failed shrink keeps the larger buffer. */
+static void sbuffer_fit(msgpack_sbuffer *sb)
+{
+    if (!sb->data || sb->alloc == sb->size)
+        return;
+    char *p = realloc(sb->data, sb->size ? sb->size : 1);
+    if (p) {
+        sb->data = p;
+        sb->alloc = sb->size ? sb->size : 1;
+    }
 }
 
 /* Appends pre-packed msgpack bytes to a packer. */
@@ -1018,7 +1035,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
         msgpack_packer_init(&cpk, &conv, msgpack_sbuffer_write);
         msgpack_unpacked_init(&up);
         int made = msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS &&
-            convert_chat_event(&k->conv, &up.data, &cpk);
+            convert_chat_event(k->conv, &up.data, &cpk);
         msgpack_unpacked_destroy(&up);
         msgpack_sbuffer_destroy(&sb);
         sb = conv;
@@ -1143,6 +1160,7 @@ static int call_prepare_json(struct call *k, const struct config_source *src, ch
         msgpack_packer_init(&bpk, &k->body, msgpack_sbuffer_write);
         if (transcode_json_to_msgpack(k->raw.data, k->raw.len, &bpk, NULL, why, whylen) < 0)
             return TRANSCODE_EINVALID;
+        sbuffer_fit(&k->body);
     }
     msgpack_unpacked_init(&up);
     if (msgpack_unpack_next(&up, k->body.data, k->body.size, NULL) != MSGPACK_UNPACK_SUCCESS) {
@@ -1178,6 +1196,7 @@ static int call_prepare_json(struct call *k, const struct config_source *src, ch
     };
     strbuf_reset(&k->json);
     rc = transcode_msgpack_to_json(body, &k->json, &ov, "body", why, whylen);
+    (void)strbuf_fit(&k->json); /* kept for the call's retries */
     msgpack_unpacked_destroy(&alt);
     msgpack_sbuffer_destroy(&altbuf);
     msgpack_unpacked_destroy(&up);
@@ -1250,6 +1269,13 @@ static void call_run_attempt(struct call *k, size_t source)
         call_finish(k);
         return;
     }
+    /* Only a converted attempt needs stream conversion state (~250 bytes
+     * that most of the calls in flight would carry unused). */
+    if (k->form == BODY_TO_ANTHROPIC && !k->conv && !(k->conv = malloc(sizeof(*k->conv)))) {
+        call_reply_plain_error(k, PGW_INTERNAL, "out of memory");
+        call_finish(k);
+        return;
+    }
     const char *text;
     size_t text_len;
     call_body_text(k, &text, &text_len);
@@ -1292,7 +1318,8 @@ static void call_run_attempt(struct call *k, size_t source)
     call_set_paused(k, false);
     msgpack_sbuffer_clear(&k->usage);
     k->tokens = (struct dialect_usage){ -1, -1, -1 };
-    convert_stream_init(&k->conv, (int64_t)ev_now(srv->loop), k->client_usage);
+    if (k->conv)
+        convert_stream_init(k->conv, (int64_t)ev_now(srv->loop), k->client_usage);
     k->event_error[0] = '\0';
     k->relayed = 0;
     k->attempt = attempt_start(srv->up, &as, &call_hooks, k);
@@ -1484,6 +1511,8 @@ static void call_free_unstarted(struct call *k)
     msgpack_sbuffer_destroy(&k->body);
     strbuf_fini(&k->raw);
     strbuf_fini(&k->json);
+    free(k->conv);
+    free(k->task_id);
     free(k);
 }
 
@@ -1565,14 +1594,18 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     k->cap = &cfg->capabilities[ci];
     k->started = now;
     k->ttft_s = k->used_tokens = NAN;
-    if (r->task_id)
-        snprintf(k->task_id, sizeof(k->task_id), "%s", r->task_id);
     msgpack_sbuffer_init(&k->usage);
     msgpack_sbuffer_init(&k->body);
     strbuf_init(&k->raw);
     strbuf_init(&k->json);
     ev_init(&k->wake_w, call_on_wake_timer);
     k->wake_w.data = k;
+    if (r->task_id && !(k->task_id = strdup(r->task_id))) {
+        call_refuse(s, id, r, PGW_INTERNAL, "out of memory");
+        call_free_unstarted(k);
+        free(tw);
+        return;
+    }
 
     /* Keep the body (the request it came in dies after this call) and check
      * it can be sent at all before anything is reserved. */
@@ -1584,11 +1617,13 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
             memcpy(k->raw.data, r->json, r->json_len);
             k->raw.len = r->json_len;
             k->raw.data[k->raw.len] = '\0';
+            (void)strbuf_fit(&k->raw);
         }
     } else {
         msgpack_packer bpk;
         msgpack_packer_init(&bpk, &k->body, msgpack_sbuffer_write);
         rc = msgpack_pack_object(&bpk, *r->mp);
+        sbuffer_fit(&k->body);
     }
     call_scan_stream_options(k, r);
     if (rc == 0)

@@ -64,6 +64,12 @@
  * handles currently added) shrinks as attempts end, closing warm keep-alive
  * connections to sources under load; we add and remove a handle per attempt. */
 #define UPSTREAM_MAX_IDLE_CONNECTIONS 4096L
+/* Each transfer's receive buffer (libcurl's default: 16 KiB). It is held
+ * for as long as the call is in flight and mostly unwritten while the
+ * upstream thinks, so the cost that matters is its resident part: about
+ * min(size, 4 KiB) per call. 2 KiB holds a typical reply's head and a
+ * stream's events; a larger reply takes one read per 2 KiB. */
+#define UPSTREAM_RECV_BUFFER_BYTES    2048L
 /* Entries of each per-engine cache below. URLs and keys come from the
  * configuration, so a handful is the norm; the bound only keeps reloads
  * that keep changing them from growing the caches: past it, attempts build
@@ -1368,6 +1374,7 @@ static CURL *upstream_easy_new(const struct upstream *up)
     curl_easy_setopt(e, CURLOPT_RESOLVER_START_FUNCTION, attempt_on_resolver_start);
     curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
     curl_easy_setopt(e, CURLOPT_ACCEPT_ENCODING, "");
+    curl_easy_setopt(e, CURLOPT_BUFFERSIZE, UPSTREAM_RECV_BUFFER_BYTES);
     return e;
 }
 

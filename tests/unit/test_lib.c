@@ -1,4 +1,5 @@
 /* test_lib.c — lib/: strbuf, dlist, utf8, jsonw. */
+#include <malloc.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +34,27 @@ START_TEST(test_lib__strbuf_grows_and_keeps_room_for_a_nul)
     strbuf_fini(&b);
     ck_assert_ptr_null(b.data);
     ck_assert_uint_eq(b.cap, 0);
+}
+END_TEST
+
+START_TEST(test_lib__strbuf_fit_gives_back_the_unused_capacity)
+{
+    struct strbuf b = { 0 };
+
+    ck_assert_int_eq(strbuf_fit(&b), 0); /* nothing allocated: stays so */
+    ck_assert_ptr_null(b.data);
+    ck_assert_int_eq(strbuf_puts(&b, "{\"a\":1}"), 0);
+    ck_assert_uint_ge(malloc_usable_size(b.data), 1024);
+    ck_assert_int_eq(strbuf_fit(&b), 0);
+    ck_assert_uint_eq(b.cap, b.len + 1);
+    ck_assert_uint_lt(malloc_usable_size(b.data), 64);
+    strbuf_terminate(&b);
+    ck_assert_str_eq(b.data, "{\"a\":1}");
+    /* Still a buffer like any other: it grows again on the next append. */
+    ck_assert_int_eq(strbuf_puts(&b, "xyz"), 0);
+    strbuf_terminate(&b);
+    ck_assert_str_eq(b.data, "{\"a\":1}xyz");
+    strbuf_fini(&b);
 }
 END_TEST
 
@@ -168,6 +190,7 @@ Suite *lib_suite(void)
     tcase_set_timeout(tc, 60);
 
     tcase_add_test(tc, test_lib__strbuf_grows_and_keeps_room_for_a_nul);
+    tcase_add_test(tc, test_lib__strbuf_fit_gives_back_the_unused_capacity);
     tcase_add_test(tc, test_lib__dlist_push_and_unlink_anywhere);
     tcase_add_test(tc, test_lib__utf8_validates_cuts_and_repairs);
     tcase_add_test(tc, test_lib__jsonw_floats_round_trip_with_a_point);
