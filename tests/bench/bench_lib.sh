@@ -1,5 +1,5 @@
 # shellcheck shell=sh
-# Sourced by run.sh and callgrind.sh: the shell helpers they share.
+# Sourced by run.sh: shell helpers (stopping what it started, by pid).
 
 nap() { sleep 0.1 2>/dev/null || sleep 1; }
 

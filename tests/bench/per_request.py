@@ -15,14 +15,18 @@ shared machine:
 The set-up is profile.sh's: the mock upstream and one sidecar (the bench's
 call config, an HTTP listener), loaded by wrk on /v1/chat/completions
 (--front http) or by loadgen sending the same body as a `call` (--front
-msgpack). Under callgrind the sidecar runs some 50 times slower, so a run
-completes a few thousand requests: enough, since the count per request is
-the same every run to within 2-3%.
+msgpack). With --backend redis the sidecar uses a redis-server of its own
+(on the generator's CPU), and the instruction count adds the Redis client's
+share: the memory and redis rows, side by side, are what the shared backend
+costs the sidecar. Under callgrind the sidecar runs some 50 times slower, so
+a run completes a few thousand requests: enough, since the count per request
+is the same every run to within 2-3%.
 
   /usr/bin/python3 tests/bench/per_request.py build                  # both, http, 64 clients
   /usr/bin/python3 tests/bench/per_request.py build --front msgpack --mode syscalls --clients 1
+  /usr/bin/python3 tests/bench/per_request.py build --front msgpack --backend redis --clients 8
 
-Needs valgrind, strace and wrk (tests/deps.sh).
+Needs valgrind, strace and wrk (tests/deps.sh); redis-server for --backend redis.
 """
 import argparse
 import collections
@@ -59,9 +63,11 @@ def pin(cpu):
 class Rig:
     """The mock, one sidecar (optionally under a wrapper) and the generator."""
 
-    def __init__(self, build, front, clients, wrapper, tmp, polygw=None, mock=None):
+    def __init__(self, build, front, clients, wrapper, tmp, polygw=None, mock=None,
+                 backend="memory"):
         """build: where the mock and loadgen are (and polygw, unless `polygw`
-        names another build directory); mock: another Rig whose mock to share."""
+        names another build directory); mock: another Rig whose mock to share;
+        backend "redis": a redis-server of its own on a free loopback port."""
         self.build, self.front, self.clients, self.tmp = build, front, clients, tmp
         self.procs = []
         if mock:
@@ -78,6 +84,8 @@ class Rig:
         cfg = subprocess.run(["sh", "-c", '. "$0"; call_config "$1"',
                               os.path.join(HERE, "call_config.sh"), self.mock_port],
                              capture_output=True, text=True, check=True, timeout=10).stdout
+        if backend == "redis":
+            cfg = self.start_redis(cfg)
         self.http_port = free_port()
         path = os.path.join(tmp, "sidecar.yaml")
         with open(path, "w") as f:
@@ -101,6 +109,31 @@ class Rig:
         with open(self.lua, "w") as f:
             f.write('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
                     'wrk.body = [==[%s]==]\n' % BODY)
+
+    def start_redis(self, cfg):
+        """Starts redis-server (on the generator's CPU) and returns `cfg`
+        pointed at it. Under callgrind the sidecar runs ~50 times slower:
+        generous command and lease times."""
+        port = free_port()
+        rdir = os.path.join(self.tmp, "redis")
+        os.makedirs(rdir, exist_ok=True)
+        self.procs.append(subprocess.Popen(
+            pin(1) + ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                      "--appendonly", "no", "--dir", rdir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        for _ in range(100):
+            ping = subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True,
+                                  text=True, timeout=10)
+            if ping.stdout.strip() == "PONG":
+                break
+            time.sleep(0.1)
+        else:
+            raise SystemExit("per_request: redis-server did not start")
+        backend = ("  kind: redis\n  url: \"redis://127.0.0.1:%d/0\"\n  prefix: \"polygw-perreq\"\n"
+                   "  command_timeout_s: 20\n  lease_ttl_s: 60\n" % port)
+        if "  kind: memory\n" not in cfg:
+            raise SystemExit("per_request: call_config.sh has no `kind: memory` line to replace")
+        return cfg.replace("  kind: memory\n", backend, 1)
 
     def load(self, seconds):
         """Runs the generator for `seconds`; returns the requests it completed."""
@@ -139,7 +172,8 @@ class Rig:
 def instructions(args, tmp):
     out = os.path.join(tmp, "callgrind.out")
     rig = Rig(args.build, args.front, args.clients,
-              ["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out + ".%p"], tmp)
+              ["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out + ".%p"], tmp,
+              backend=args.backend)
     try:
         rig.load(args.warmup)
         subprocess.run(["callgrind_control", "-z", str(rig.sidecar.pid)], capture_output=True,
@@ -167,15 +201,36 @@ def instructions(args, tmp):
             continue  # main, ev_run...: on the stack when the counters were zeroed, not own cost
         objs[obj] += ir
         funcs["%s (%s)" % (fn.split("'")[0], obj)] += ir
-    print("instructions: %s front, %d client(s): %d requests, %.0f user-space instructions per "
-          "request (callgrind)" % (args.front, args.clients, n, total / n))
+    print("instructions: %s front, %s backend, %d client(s): %d requests, %.0f user-space "
+          "instructions per request (callgrind)"
+          % (args.front, args.backend, args.clients, n, total / n))
     for obj, ir in objs.most_common():
         if ir * 1000 >= total:
             print("  %-28s %8.0f  %5.1f%%" % (obj, ir / n, 100.0 * ir / total))
+    if args.backend == "redis":
+        redis_client(dump, n)
     allocations(dump, n)
     print("  functions with the most instructions of their own:")
     for fn, ir in funcs.most_common(args.top):
         print("    %8.0f  %5.1f%%  %s" % (ir / n, 100.0 * ir / total, fn))
+
+
+def redis_client(dump, n):
+    """The Redis client's share, inclusive: formatting and queueing the
+    script calls (rds_eval), and reading and parsing the replies (hiredis'
+    read handler less the callbacks it runs)."""
+    text = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", dump],
+                          capture_output=True, text=True, timeout=TIMEOUT_S, check=True).stdout
+    found = {}
+    for line in text.splitlines():
+        m = re.match(r"\s*([\d,]+) \(\s*[\d.]+%\)\s+\S*:(rds_eval|redisAsyncHandleRead|"
+                     r"cmd_on_reply) ", line)
+        if m and m.group(2) not in found:
+            found[m.group(2)] = int(m.group(1).replace(",", ""))
+    ev, rd, cb = (found.get(k, 0) for k in ("rds_eval", "redisAsyncHandleRead", "cmd_on_reply"))
+    print("  Redis client, inclusive, per request: rds_eval (format and queue the script calls) "
+          "%.0f; redisAsyncHandleRead - cmd_on_reply (read and parse the replies) %.0f"
+          % (ev / n, (rd - cb) / n))
 
 
 def allocations(dump, n):
@@ -207,7 +262,7 @@ def allocations(dump, n):
 
 
 def syscalls(args, tmp):
-    rig = Rig(args.build, args.front, args.clients, [], tmp)
+    rig = Rig(args.build, args.front, args.clients, [], tmp, backend=args.backend)
     log = os.path.join(tmp, "strace.txt")
     try:
         rig.load(args.warmup)
@@ -237,6 +292,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("build")
     ap.add_argument("--front", choices=("http", "msgpack"), default="http")
+    ap.add_argument("--backend", choices=("memory", "redis"), default="memory",
+                    help="redis: a redis-server of its own (default memory)")
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--mode", choices=("instructions", "syscalls", "both"), default="both")
     ap.add_argument("--seconds", type=int, default=4, help="measured load (default 4)")
@@ -246,6 +303,7 @@ def main():
     need = ["wrk" if args.front == "http" else None, "curl"]
     need += ["valgrind", "callgrind_control", "callgrind_annotate"] if args.mode != "syscalls" else []
     need += ["strace"] if args.mode != "instructions" else []
+    need += ["redis-server", "redis-cli"] if args.backend == "redis" else []
     missing = [t for t in need if t and not shutil.which(t)]
     if missing:
         sys.exit("per_request: needs %s (tests/deps.sh)" % ", ".join(missing))
