@@ -223,6 +223,19 @@ static void call_log(const struct call *k)
     access_log_write(srv->cfg, &e);
 }
 
+/* Frees what a call owns, and the call: the last step of call_end, and
+ * all there is to free for a call refused before it started. */
+static void call_free_memory(struct call *k)
+{
+    msgpack_sbuffer_destroy(&k->usage);
+    msgpack_sbuffer_destroy(&k->body);
+    strbuf_fini(&k->raw);
+    strbuf_fini(&k->json);
+    free(k->conv);
+    free(k->task_id);
+    free(k);
+}
+
 static void call_end(struct call *k)
 {
     struct server *srv = k->srv;
@@ -244,13 +257,7 @@ static void call_end(struct call *k)
                         gov_call_stalled_s(&k->g, ev_now(srv->loop)));
     gov_call_fini(&k->g, ev_now(srv->loop));
     call_unlink(k);
-    msgpack_sbuffer_destroy(&k->usage);
-    msgpack_sbuffer_destroy(&k->body);
-    strbuf_fini(&k->raw);
-    strbuf_fini(&k->json);
-    free(k->conv);
-    free(k->task_id);
-    free(k);
+    call_free_memory(k);
     server_on_request_done(srv);
 }
 
@@ -1505,16 +1512,6 @@ static void call_scan_stream_options(struct call *k, const struct call_req *r)
     k->client_usage = iu && iu->type == MSGPACK_OBJECT_BOOLEAN && iu->via.boolean;
 }
 
-static void call_free_unstarted(struct call *k)
-{
-    msgpack_sbuffer_destroy(&k->usage);
-    msgpack_sbuffer_destroy(&k->body);
-    strbuf_fini(&k->raw);
-    strbuf_fini(&k->json);
-    free(k->conv);
-    free(k->task_id);
-    free(k);
-}
 
 void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
 {
@@ -1602,7 +1599,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     k->wake_w.data = k;
     if (r->task_id && !(k->task_id = strdup(r->task_id))) {
         call_refuse(s, id, r, PGW_INTERNAL, "out of memory");
-        call_free_unstarted(k);
+        call_free_memory(k);
         free(tw);
         return;
     }
@@ -1641,7 +1638,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
         enum pgw_code code = rc == TRANSCODE_EINVALID ? PGW_BAD_REQUEST : PGW_INTERNAL;
         call_refuse(s, id, r, code, rc == TRANSCODE_EINVALID ? why : "out of memory");
         metrics_on_call_refused(srv->metrics, (size_t)ci, code);
-        call_free_unstarted(k);
+        call_free_memory(k);
         free(tw);
         return;
     }
