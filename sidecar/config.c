@@ -173,6 +173,7 @@ enum fid {
     FID_APP_TOKEN_ENV,
     FID_APP_TOKEN_FILE,
     FID_APP_PER_CAP,
+    FID_UPSTREAM_CLIENT,
     FID_COUNT
 };
 
@@ -189,6 +190,7 @@ enum field_type {
     FT_MODE,      /* uint32_t permission bits, octal digits */
     FT_LOGLEVEL,  /* enum log_level */
     FT_BACKEND,   /* enum backend_kind */
+    FT_UPCLIENT,  /* enum upstream_client */
     FT_IDS,       /* struct config_ids: a list of uids/gids (integers) */
     FT_NODE,      /* const struct ynode *: kept for the validation pass */
     FT_DIALECT,   /* enum dialect_kind */
@@ -659,7 +661,9 @@ static const struct field server_table[] = {
     TYPED("log_level", FT_LOGLEVEL, FID_LOG_LEVEL, OFF(struct config, log_level)),
     NUM("shutdown_grace_s", FT_DOUBLE, FID_SHUTDOWN_GRACE, OFF(struct config, shutdown_grace_s), 0,
         3600, 0),
-    TYPED("access_log", FT_BOOL, FID_ACCESS_LOG, OFF(struct config, access_log)), END
+    TYPED("access_log", FT_BOOL, FID_ACCESS_LOG, OFF(struct config, access_log)),
+    TYPED("upstream_client", FT_UPCLIENT, FID_UPSTREAM_CLIENT, OFF(struct config, upstream_client)),
+    END
 };
 
 static const struct field tasks_table[] = {
@@ -1218,6 +1222,16 @@ static int set_field(struct loader *l, const struct field *f, char *slot, const 
             *(enum backend_kind *)slot = BACKEND_REDIS;
         else
             return fail_here(l, v->line, "must be memory or redis");
+        break;
+    case FT_UPCLIENT:
+        if ((rc = get_string(l, v, &s)) < 0)
+            return rc;
+        if (strcmp(s, "auto") == 0)
+            *(enum upstream_client *)slot = UPSTREAM_CLIENT_AUTO;
+        else if (strcmp(s, "libcurl") == 0)
+            *(enum upstream_client *)slot = UPSTREAM_CLIENT_LIBCURL;
+        else
+            return fail_here(l, v->line, "must be auto or libcurl");
         break;
     case FT_IDS: {
         struct config_ids *ids = (struct config_ids *)slot;

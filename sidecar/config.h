@@ -57,6 +57,11 @@
 
 enum backend_kind { BACKEND_MEMORY = 0, BACKEND_REDIS };
 
+/* Which HTTP client carries attempts upstream (docs/CONFIG.md §3): auto =
+ * polygw's own HTTP/1.1 client where it applies (plain http:// to an IP
+ * address, no proxy), libcurl for the rest; libcurl = libcurl for all. */
+enum upstream_client { UPSTREAM_CLIENT_AUTO = 0, UPSTREAM_CLIENT_LIBCURL };
+
 /* Governance knobs that `defaults:` sets and that each capability may
  * override (a capability inherits what it does not set). They are per call,
  * and one call may try every source of its capability, so a source cannot
@@ -239,6 +244,7 @@ struct config {
     enum log_level log_level; /* default info */
     double shutdown_grace_s;  /* default 10 */
     bool access_log;          /* one info line per finished call; default true */
+    enum upstream_client upstream_client; /* default auto */
 
     /* tasks: */
     double

@@ -115,6 +115,8 @@ static void restart_only(const struct config *o, const struct config *n, char *b
         o->http_keepalive_timeout_s != n->http_keepalive_timeout_s ||
         o->http_send_timeout_s != n->http_send_timeout_s)
         note_restart(buf, cap, "http (bounds and timeouts)");
+    if (o->upstream_client != n->upstream_client)
+        note_restart(buf, cap, "server.upstream_client");
     /* The governance core holds one slot per app, in file order (a call
      * and its place in a wait queue name its app by index): the apps'
      * names and order are fixed until a restart. Their weight and limits
