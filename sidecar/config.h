@@ -241,9 +241,9 @@ struct config {
                                     * the connection (and cancel its call); default 60 */
 
     /* server: */
-    enum log_level log_level; /* default info */
-    double shutdown_grace_s;  /* default 10 */
-    bool access_log;          /* one info line per finished call; default true */
+    enum log_level log_level;             /* default info */
+    double shutdown_grace_s;              /* default 10 */
+    bool access_log;                      /* one info line per finished call; default true */
     enum upstream_client upstream_client; /* default auto */
 
     /* tasks: */

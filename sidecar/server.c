@@ -608,7 +608,8 @@ int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cf
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
-    srv->up = upstream_new(loop, SERVER_DNS_LOOKUPS_PER_HOST, err, errlen);
+    srv->up = upstream_new(loop, SERVER_DNS_LOOKUPS_PER_HOST,
+                           cfg->upstream_client == UPSTREAM_CLIENT_AUTO, err, errlen);
     if (!srv->up || tasks_init(srv, err, errlen) < 0)
         goto fail;
     srv->backend = backend_new(srv, &be_hooks, err, errlen);

@@ -51,6 +51,7 @@
 #include <time.h>
 
 #include "dialect.h"
+#include "h1.h"
 #include "sse.h"
 
 #define UPSTREAM_ORPHAN_TTL_S 30.0
@@ -95,6 +96,11 @@ struct url_host {
     struct url_host *next;
     struct dns_host *dns; /* NULL: an IP literal */
     CURLU *uh;            /* owned; borrowed by pooled handles until the engine goes */
+    /* Own client (h1.c): the origin, and the request line with its Host
+     * header (owned); NULL when libcurl carries this URL's attempts. */
+    struct h1_origin *origin;
+    char *h1_head;
+    size_t h1_head_len;
     char url[];
 };
 
@@ -105,6 +111,8 @@ struct header_set {
     struct header_set *next;
     bool stream;
     struct curl_slist *headers;
+    char *h1_block; /* the same lines as the own client writes them (owned) */
+    size_t h1_len;
 };
 
 struct usock {
@@ -129,6 +137,7 @@ struct upstream {
     size_t n_header_sets;
     struct upstream_stats stats;
     bool no_proxy_env;             /* no proxy variable is set: handles say "no proxy" */
+    struct h1_pool *h1;            /* the own client; NULL: libcurl for every URL */
     CURL *pool[UPSTREAM_POOL_MAX]; /* easy handles of completed transfers, not reset */
     size_t n_pool;
 };
@@ -184,6 +193,10 @@ struct attempt {
     bool budget_blocked;            /* paused by the budget (counted in blocked) */
     size_t blocked_n;               /* the buffer size it was refused */
     char errbuf[CURL_ERROR_SIZE];
+
+    bool native;      /* carried by the own client (h1), not libcurl */
+    char h1_cl[40];   /* "Content-Length: N" and the head's end */
+    struct h1_req h1; /* last: large, and only the own client's attempts use it */
 };
 
 const char *attempt_phase_name(enum attempt_phase p)
@@ -375,6 +388,82 @@ static CURLU *url_parse(struct upstream *up, const char *url, struct dns_host **
     return u;
 }
 
+/* Whether the own client carries `u`'s attempts (an IP literal, checked
+ * by the caller): plain http, no user name or password in the URL (libcurl
+ * would send them as Basic authentication). If so, its origin and the
+ * request line with the Host header, as libcurl writes them: the path and
+ * query as parsed, the port only when it is not 80. Else the entry stays as
+ * it was, for libcurl. */
+static void url_own_client(struct upstream *up, struct url_host *u)
+{
+    char *scheme = NULL, *host = NULL, *port = NULL, *path = NULL, *query = NULL, *user = NULL,
+         *pw = NULL;
+    union {
+        struct sockaddr sa;
+        struct sockaddr_in in4;
+        struct sockaddr_in6 in6;
+    } addr;
+    socklen_t alen;
+    char label[64];
+
+    memset(&addr, 0, sizeof(addr));
+    if (curl_url_get(u->uh, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
+        strcmp(scheme, "http") != 0 ||
+        curl_url_get(u->uh, CURLUPART_USER, &user, 0) != CURLUE_NO_USER ||
+        curl_url_get(u->uh, CURLUPART_PASSWORD, &pw, 0) != CURLUE_NO_PASSWORD ||
+        curl_url_get(u->uh, CURLUPART_HOST, &host, 0) != CURLUE_OK ||
+        curl_url_get(u->uh, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) != CURLUE_OK ||
+        curl_url_get(u->uh, CURLUPART_PATH, &path, 0) != CURLUE_OK)
+        goto out;
+    if (curl_url_get(u->uh, CURLUPART_QUERY, &query, 0) != CURLUE_OK)
+        query = NULL;
+    char *end;
+    unsigned long pn = strtoul(port, &end, 10);
+    if (*end || pn == 0 || pn > 65535)
+        goto out;
+    size_t hn = strlen(host);
+    if (inet_pton(AF_INET, host, &addr.in4.sin_addr) == 1) {
+        addr.in4.sin_family = AF_INET;
+        addr.in4.sin_port = htons((uint16_t)pn);
+        alen = sizeof(addr.in4);
+    } else if (hn > 2 && host[0] == '[' && host[hn - 1] == ']') {
+        char inner[INET6_ADDRSTRLEN + 1];
+        if (hn - 2 >= sizeof(inner))
+            goto out;
+        memcpy(inner, host + 1, hn - 2);
+        inner[hn - 2] = '\0';
+        if (inet_pton(AF_INET6, inner, &addr.in6.sin6_addr) != 1)
+            goto out; /* a zone id, say: libcurl's */
+        addr.in6.sin6_family = AF_INET6;
+        addr.in6.sin6_port = htons((uint16_t)pn);
+        alen = sizeof(addr.in6);
+    } else {
+        goto out;
+    }
+    snprintf(label, sizeof(label), "%s port %lu", host, pn);
+    struct h1_origin *o = h1_origin_get(up->h1, &addr.sa, alen, label);
+    struct strbuf head = { 0 };
+    if (!o || strbuf_puts(&head, "POST ") < 0 || strbuf_put(&head, path, strlen(path)) < 0 ||
+        (query && (strbuf_putc(&head, '?') < 0 || strbuf_put(&head, query, strlen(query)) < 0)) ||
+        strbuf_puts(&head, " HTTP/1.1\r\nHost: ") < 0 || strbuf_put(&head, host, hn) < 0 ||
+        (pn != 80 && (strbuf_putc(&head, ':') < 0 || strbuf_put(&head, port, strlen(port)) < 0)) ||
+        strbuf_puts(&head, "\r\n") < 0) {
+        strbuf_fini(&head);
+        goto out;
+    }
+    u->origin = o;
+    u->h1_head = head.data;
+    u->h1_head_len = head.len;
+out:
+    curl_free(scheme);
+    curl_free(host);
+    curl_free(port);
+    curl_free(path);
+    curl_free(query);
+    curl_free(user);
+    curl_free(pw);
+}
+
 /* The engine's entry for `url`, made on first use; NULL past the cache
  * bound or when it does not parse (the caller then goes without). */
 static struct url_host *upstream_url(struct upstream *up, const char *url)
@@ -395,6 +484,11 @@ static struct url_host *upstream_url(struct upstream *up, const char *url)
     }
     u->dns = h;
     u->uh = uh;
+    u->origin = NULL;
+    u->h1_head = NULL;
+    u->h1_head_len = 0;
+    if (up->h1 && !h)
+        url_own_client(up, u);
     memcpy(u->url, url, n + 1);
     u->next = up->urls;
     up->urls = u;
@@ -543,6 +637,17 @@ static void headers_wipe(struct curl_slist *l)
         explicit_bzero(l->data, strlen(l->data));
 }
 
+static void header_set_free(struct header_set *hs)
+{
+    headers_wipe(hs->headers);
+    curl_slist_free_all(hs->headers);
+    if (hs->h1_block) {
+        explicit_bzero(hs->h1_block, hs->h1_len);
+        free(hs->h1_block);
+    }
+    free(hs);
+}
+
 static void attempt_free(struct attempt *a)
 {
     struct upstream *up = a->up;
@@ -557,6 +662,8 @@ static void attempt_free(struct attempt *a)
     }
     budget_leave(a);
     ev_timer_stop(up->loop, &a->deadline_w);
+    if (a->native)
+        h1_req_stop(&a->h1);
     if (a->easy) {
         curl_multi_remove_handle(up->multi, a->easy);
         curl_easy_cleanup(a->easy);
@@ -581,6 +688,8 @@ static void attempt_detach(struct attempt *a)
     dns_unwait(a);
     budget_leave(a);
     ev_timer_stop(up->loop, &a->deadline_w);
+    if (a->native)
+        h1_req_stop(&a->h1); /* closes its connection unless the answer ended */
     if (a->easy) {
         /* CURLOPT_QUICK_EXIT: a resolver thread still in getaddrinfo is
          * detached here instead of joined, so this never blocks. */
@@ -942,44 +1051,30 @@ static size_t attempt_on_write(char *p, size_t size, size_t nmemb, void *ud)
 
 /* --- multi glue ------------------------------------------------------ */
 
-static void upstream_on_done_msg(CURL *easy, CURLcode rc)
+/* How a transfer ended, whichever client carried it. */
+enum xfer_end {
+    XFER_OK = 0,         /* a complete answer, any status */
+    XFER_RESOLVE_FAILED, /* the name (or the proxy's) did not resolve */
+    XFER_CONNECT_FAILED,
+    XFER_TRUNCATED, /* closed before the announced body ended */
+    XFER_REFUSED,   /* our write callback refused the answer */
+    XFER_TIMEOUT,   /* the client's own backstop timeout */
+    XFER_TLS,
+    XFER_BAD_RESPONSE, /* not a valid HTTP answer */
+    XFER_LOST,         /* reset, closed early, anything else */
+};
+
+/* The attempt's result from how its transfer ended; `detail` describes
+ * every end but XFER_OK. */
+static void attempt_conclude(struct attempt *a, enum xfer_end end, const char *detail)
 {
-    struct attempt *a = NULL;
     struct attempt_result r;
     struct timespec ts;
 
-    curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&a);
-    if (!a)
-        return;
-    if (a->cancelled) {
-        attempt_detach(a);
-        attempt_free(a);
-        return;
-    }
-    if (a->lookup_wait) {
-        a->lookup_wait = false;
-        dns_wait(a);
-        return;
-    }
-    if (a->lookup_refused) {
-        char detail[sizeof(r.detail)];
-        snprintf(detail, sizeof(detail),
-                 "too many lookups of %s in progress or recently abandoned "
-                 "(max_dns_lookups_per_host %u)",
-                 a->dns->name, a->up->max_lookups_per_host);
-        a->up->stats.dns_busy++;
-        result_transient(&r, REASON_DNS_FAILED, detail);
-        attempt_finish(a, &r);
-        return;
-    }
-    if (rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_RESOLVE_PROXY)
-        dns_lookup_end(a, false); /* the resolver answered: its thread is done */
     memset(&r, 0, sizeof(r));
     r.outcome.retry_after_s = -1;
-    r.http_status = a->status;
-    a->recycle = rc == CURLE_OK;
-    switch (rc) {
-    case CURLE_OK:
+    switch (end) {
+    case XFER_OK:
         if (a->status < 200 || a->status >= 300) {
             clock_gettime(CLOCK_REALTIME, &ts);
             outcome_from_http(&r.outcome, a->status, a->retry_after[0] ? a->retry_after : NULL,
@@ -1007,18 +1102,16 @@ static void upstream_on_done_msg(CURL *easy, CURLcode rc)
         }
         r.outcome.http_status = a->status;
         break;
-    case CURLE_COULDNT_RESOLVE_HOST:
-    case CURLE_COULDNT_RESOLVE_PROXY:
-        result_transient(&r, REASON_DNS_FAILED, a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
+    case XFER_RESOLVE_FAILED:
+        result_transient(&r, REASON_DNS_FAILED, detail);
         break;
-    case CURLE_COULDNT_CONNECT:
-        result_transient(&r, REASON_CONNECT_FAILED,
-                         a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
+    case XFER_CONNECT_FAILED:
+        result_transient(&r, REASON_CONNECT_FAILED, detail);
         break;
-    case CURLE_PARTIAL_FILE:
-        result_transient(&r, REASON_TRUNCATED, a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
+    case XFER_TRUNCATED:
+        result_transient(&r, REASON_TRUNCATED, detail);
         break;
-    case CURLE_WRITE_ERROR:
+    case XFER_REFUSED:
         if (a->stream_failed) {
             result_transient(&r, a->fail_reason, a->fail_detail);
             if (!a->fail_transient)
@@ -1029,26 +1122,139 @@ static void upstream_on_done_msg(CURL *easy, CURLcode rc)
             result_transient(&r, REASON_BAD_RESPONSE, "malformed or oversized stream event");
         }
         break;
-    case CURLE_OPERATION_TIMEDOUT:
+    case XFER_TIMEOUT:
         result_transient(
             &r, a->phase <= ATTEMPT_CONNECTING ? REASON_CONNECT_TIMEOUT : REASON_TOTAL_TIMEOUT,
-            a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
+            detail);
         break;
-    case CURLE_SSL_CONNECT_ERROR:
-    case CURLE_PEER_FAILED_VERIFICATION:
-    case CURLE_SSL_CERTPROBLEM:
-    case CURLE_SSL_CIPHER:
-    case CURLE_SSL_CACERT_BADFILE:
-        result_transient(&r, REASON_TLS, a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
+    case XFER_TLS:
+        result_transient(&r, REASON_TLS, detail);
         break;
+    case XFER_BAD_RESPONSE:
+        result_transient(&r, REASON_BAD_RESPONSE, detail);
+        break;
+    case XFER_LOST:
     default:
-        result_transient(&r, REASON_CONNECTION_RESET,
-                         a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
+        result_transient(&r, REASON_CONNECTION_RESET, detail);
         break;
     }
     r.http_status = a->status;
     attempt_finish(a, &r);
 }
+
+static enum xfer_end xfer_end_of_curl(CURLcode rc)
+{
+    switch (rc) {
+    case CURLE_OK:
+        return XFER_OK;
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_RESOLVE_PROXY:
+        return XFER_RESOLVE_FAILED;
+    case CURLE_COULDNT_CONNECT:
+        return XFER_CONNECT_FAILED;
+    case CURLE_PARTIAL_FILE:
+        return XFER_TRUNCATED;
+    case CURLE_WRITE_ERROR:
+        return XFER_REFUSED;
+    case CURLE_OPERATION_TIMEDOUT:
+        return XFER_TIMEOUT;
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CERTPROBLEM:
+    case CURLE_SSL_CIPHER:
+    case CURLE_SSL_CACERT_BADFILE:
+        return XFER_TLS;
+    default:
+        return XFER_LOST;
+    }
+}
+
+static void upstream_on_done_msg(CURL *easy, CURLcode rc)
+{
+    struct attempt *a = NULL;
+    struct attempt_result r;
+
+    curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&a);
+    if (!a)
+        return;
+    if (a->cancelled) {
+        attempt_detach(a);
+        attempt_free(a);
+        return;
+    }
+    if (a->lookup_wait) {
+        a->lookup_wait = false;
+        dns_wait(a);
+        return;
+    }
+    if (a->lookup_refused) {
+        char detail[sizeof(r.detail)];
+        snprintf(detail, sizeof(detail),
+                 "too many lookups of %s in progress or recently abandoned "
+                 "(max_dns_lookups_per_host %u)",
+                 a->dns->name, a->up->max_lookups_per_host);
+        a->up->stats.dns_busy++;
+        result_transient(&r, REASON_DNS_FAILED, detail);
+        attempt_finish(a, &r);
+        return;
+    }
+    if (rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_RESOLVE_PROXY)
+        dns_lookup_end(a, false); /* the resolver answered: its thread is done */
+    a->recycle = rc == CURLE_OK;
+    attempt_conclude(a, xfer_end_of_curl(rc), a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
+}
+
+/* --- the own client's hooks (h1.h) ------------------------------------ */
+
+static void attempt_h1_on_connecting(void *ud)
+{
+    attempt_set_phase(ud, ATTEMPT_CONNECTING);
+}
+
+static void attempt_h1_on_sending(void *ud)
+{
+    attempt_on_prereq(ud, NULL, NULL, 0, 0);
+}
+
+static int attempt_h1_on_header(void *ud, const char *line, size_t n)
+{
+    return attempt_on_header((char *)line, 1, n, ud) == n ? 0 : -1;
+}
+
+static enum h1_take attempt_h1_on_body(void *ud, const char *p, size_t n)
+{
+    size_t rc = attempt_on_write((char *)p, 1, n, ud);
+
+    if (rc == n)
+        return H1_TAKEN;
+    return rc == CURL_WRITEFUNC_PAUSE ? H1_PAUSE : H1_ABORT;
+}
+
+static void attempt_h1_on_end(void *ud, enum h1_end end, const char *detail)
+{
+    struct attempt *a = ud;
+    static const enum xfer_end map[] = {
+        [H1_OK] = XFER_OK,
+        [H1_CONNECT_FAILED] = XFER_CONNECT_FAILED,
+        [H1_CONNECTION_LOST] = XFER_LOST,
+        [H1_TRUNCATED] = XFER_TRUNCATED,
+        [H1_MALFORMED] = XFER_BAD_RESPONSE,
+        [H1_ABORTED] = XFER_REFUSED,
+    };
+
+    if (a->cancelled)
+        return; /* cancelled from one of its hooks: the prepare pass frees it */
+    attempt_conclude(a, (unsigned)end < sizeof(map) / sizeof(map[0]) ? map[end] : XFER_LOST,
+                     detail ? detail : "");
+}
+
+static const struct h1_hooks attempt_h1_hooks = {
+    .on_connecting = attempt_h1_on_connecting,
+    .on_sending = attempt_h1_on_sending,
+    .on_header = attempt_h1_on_header,
+    .on_body = attempt_h1_on_body,
+    .on_end = attempt_h1_on_end,
+};
 
 static void upstream_drain(struct upstream *up)
 {
@@ -1168,7 +1374,8 @@ static void upstream_on_prepare(struct ev_loop *loop, ev_prepare *w, int revents
             attempt_free(a);
             continue;
         }
-        if (a->want_resume && a->curl_paused && a->easy && !a->owner_paused && !a->budget_blocked) {
+        if (a->want_resume && a->curl_paused && (a->easy || a->native) && !a->owner_paused &&
+            !a->budget_blocked) {
             double now = ev_now(loop);
             a->want_resume = false;
             a->curl_paused = false;
@@ -1177,6 +1384,10 @@ static void upstream_on_prepare(struct ev_loop *loop, ev_prepare *w, int revents
                 a->sent_at += now - a->paused_at;
             a->last_activity = now;
             attempt_arm(a);
+            if (a->native) {
+                h1_req_resume(&a->h1); /* may end it: nothing of `a` after this */
+                continue;
+            }
             up->in_curl++;
             curl_easy_pause(a->easy, CURLPAUSE_CONT);
             up->in_curl--;
@@ -1210,8 +1421,8 @@ static bool upstream_env_names_proxy(void)
     return false;
 }
 
-struct upstream *upstream_new(struct ev_loop *loop, uint32_t max_dns_lookups_per_host, char *err,
-                              size_t errlen)
+struct upstream *upstream_new(struct ev_loop *loop, uint32_t max_dns_lookups_per_host,
+                              bool own_client, char *err, size_t errlen)
 {
     static bool global_init;
     struct upstream *up;
@@ -1232,6 +1443,16 @@ struct upstream *upstream_new(struct ev_loop *loop, uint32_t max_dns_lookups_per
     up->loop = loop;
     up->no_proxy_env = !upstream_env_names_proxy();
     up->max_lookups_per_host = max_dns_lookups_per_host ? max_dns_lookups_per_host : 1;
+    /* The own client never goes through a proxy: with one named for plain
+     * http (libcurl ignores HTTP_PROXY, as a CGI header could set it), every
+     * attempt stays libcurl's, which applies it and no_proxy. */
+    if (own_client && !getenv("http_proxy") && !getenv("all_proxy") && !getenv("ALL_PROXY") &&
+        !(up->h1 = h1_pool_new(loop, &up->in_curl, (uint32_t)UPSTREAM_MAX_IDLE_CONNECTIONS))) {
+        curl_multi_cleanup(up->multi);
+        free(up);
+        snprintf(err, errlen, "cannot create the HTTP engine (out of memory)");
+        return NULL;
+    }
     ev_init(&up->timer_w, upstream_on_timer);
     up->timer_w.data = up;
     ev_prepare_init(&up->prepare_w, upstream_on_prepare);
@@ -1268,16 +1489,16 @@ void upstream_free(struct upstream *up)
     while (up->header_sets) {
         struct header_set *hs = up->header_sets;
         up->header_sets = hs->next;
-        headers_wipe(hs->headers);
-        curl_slist_free_all(hs->headers);
-        free(hs);
+        header_set_free(hs);
     }
     while (up->urls) {
         struct url_host *u = up->urls;
         up->urls = u->next;
         curl_url_cleanup(u->uh);
+        free(u->h1_head);
         free(u);
     }
+    h1_pool_free(up->h1);
     free(up);
 }
 
@@ -1317,30 +1538,72 @@ static bool headers_match(const struct curl_slist *l, const char *const *extra)
     return l == NULL;
 }
 
+/* The lines of `l` as the own client writes them, after the request
+ * line: libcurl's rules for a custom list kept ("Name:" alone removes a
+ * header libcurl would add: nothing to write; "Name;" sends it empty), and
+ * Content-Length, written per attempt, comes last. */
+static char *headers_block(const struct curl_slist *l, size_t *len)
+{
+    struct strbuf b = { 0 };
+
+    for (; l; l = l->next) {
+        size_t n = strlen(l->data);
+        if (n > 0 && l->data[n - 1] == ':' && !memchr(l->data, ' ', n))
+            continue;
+        if (n > 0 && l->data[n - 1] == ';' && !memchr(l->data, ':', n)) {
+            if (strbuf_put(&b, l->data, n - 1) < 0 || strbuf_puts(&b, ":\r\n") < 0)
+                goto fail;
+            continue;
+        }
+        if (strbuf_put(&b, l->data, n) < 0 || strbuf_puts(&b, "\r\n") < 0)
+            goto fail;
+    }
+    if (strbuf_fit(&b) < 0)
+        goto fail;
+    *len = b.len;
+    return b.data ? b.data : strdup("");
+fail:
+    explicit_bzero(b.data, b.cap);
+    strbuf_fini(&b);
+    return NULL;
+}
+
+/* The cached header set for (stream, extra), made on first use; NULL past
+ * the cache bound or when out of memory. Lives as long as the engine. */
+static struct header_set *upstream_header_set(struct upstream *up, bool stream,
+                                              const char *const *extra)
+{
+    for (struct header_set *hs = up->header_sets; hs; hs = hs->next) {
+        if (hs->stream == stream && headers_match(hs->headers, extra))
+            return hs;
+    }
+    if (up->n_header_sets >= UPSTREAM_CACHE_MAX)
+        return NULL;
+    struct header_set *hs = calloc(1, sizeof(*hs));
+    if (!hs || !(hs->headers = headers_build(stream, extra)) ||
+        !(hs->h1_block = headers_block(hs->headers, &hs->h1_len))) {
+        if (hs)
+            header_set_free(hs);
+        return NULL;
+    }
+    hs->stream = stream;
+    hs->next = up->header_sets;
+    up->header_sets = hs;
+    up->n_header_sets++;
+    return hs;
+}
+
 /* The header list for (stream, extra): a cached one (borrowed: it lives
  * as long as the engine) or, past the cache bound, a new one stored in
  * *owned for the attempt to free. NULL when out of memory. */
 static struct curl_slist *upstream_headers(struct upstream *up, bool stream,
                                            const char *const *extra, struct curl_slist **owned)
 {
-    for (struct header_set *hs = up->header_sets; hs; hs = hs->next) {
-        if (hs->stream == stream && headers_match(hs->headers, extra))
-            return hs->headers;
-    }
-    struct curl_slist *l = headers_build(stream, extra);
-    if (!l)
-        return NULL;
-    struct header_set *hs = up->n_header_sets < UPSTREAM_CACHE_MAX ? malloc(sizeof(*hs)) : NULL;
-    if (!hs) {
-        *owned = l;
-        return l;
-    }
-    hs->stream = stream;
-    hs->headers = l;
-    hs->next = up->header_sets;
-    up->header_sets = hs;
-    up->n_header_sets++;
-    return l;
+    struct header_set *hs = upstream_header_set(up, stream, extra);
+
+    if (hs)
+        return hs->headers;
+    return *owned = headers_build(stream, extra);
 }
 
 /* A new easy handle with the options every attempt shares. They stay set
@@ -1413,6 +1676,40 @@ static int attempt_setup(struct attempt *a, const struct attempt_spec *spec,
     return 0;
 }
 
+/* Hands the attempt to the own client: the request is the URL's request
+ * line, the cached header block, its Content-Length and the body, written
+ * as they are. -1 when the header set cannot be cached (libcurl then). */
+static int attempt_start_own(struct attempt *a, const struct attempt_spec *spec,
+                             const struct url_host *u)
+{
+    struct header_set *hs = upstream_header_set(a->up, spec->stream, spec->headers);
+    char digits[24];
+    size_t nd = 0, len = spec->body_len;
+
+    if (!hs)
+        return -1;
+    do {
+        digits[nd++] = (char)('0' + len % 10);
+        len /= 10;
+    } while (len);
+    memcpy(a->h1_cl, "Content-Length: ", 16);
+    size_t k = 16;
+    while (nd)
+        a->h1_cl[k++] = digits[--nd];
+    memcpy(a->h1_cl + k, "\r\n\r\n", 4);
+    k += 4;
+    struct iovec iov[4] = {
+        { u->h1_head, u->h1_head_len },
+        { hs->h1_block, hs->h1_len },
+        { a->h1_cl, k },
+        { a->req_body, spec->body_len },
+    };
+    a->native = true;
+    attempt_arm(a);
+    h1_req_start(&a->h1, a->up->h1, u->origin, iov, spec->body_len ? 4 : 3, &attempt_h1_hooks, a);
+    return 0;
+}
+
 struct attempt *attempt_start(struct upstream *up, struct attempt_spec *spec,
                               const struct attempt_hooks *hooks, void *ud)
 {
@@ -1451,6 +1748,8 @@ struct attempt *attempt_start(struct upstream *up, struct attempt_spec *spec,
     struct url_host *u = upstream_url(up, spec->url);
     if (u) {
         a->dns = u->dns;
+        if (u->origin && attempt_start_own(a, spec, u) == 0)
+            return a;
     } else {
         curl_url_cleanup(url_parse(up, spec->url, &a->dns));
     }

@@ -137,9 +137,12 @@ struct attempt_hooks {
     void (*on_done)(struct attempt *a, const struct attempt_result *r, void *ud);
 };
 
-/* Creates the engine on `loop`. Returns NULL (with err) on failure. */
-struct upstream *upstream_new(struct ev_loop *loop, uint32_t max_dns_lookups_per_host, char *err,
-                              size_t errlen);
+/* Creates the engine on `loop`. `own_client`: plain http:// to an IP
+ * address goes through polygw's own HTTP/1.1 client (h1.h) unless a proxy
+ * variable names a proxy for it; libcurl carries every other attempt.
+ * Returns NULL (with err) on failure. */
+struct upstream *upstream_new(struct ev_loop *loop, uint32_t max_dns_lookups_per_host,
+                              bool own_client, char *err, size_t errlen);
 /* Cancels every attempt (no hooks run) and frees the engine. */
 void upstream_free(struct upstream *up);
 const struct upstream_stats *upstream_get_stats(const struct upstream *up);

@@ -1,0 +1,726 @@
+/*
+ * h1.c — the plain-text HTTP/1.1 client (see h1.h for what it covers).
+ *
+ * A connection is in one of three states: connecting (write-watched until
+ * connect(2) completes), carrying a request (write-watched while the
+ * request does not fit the socket, then read-watched), or idle in its
+ * origin's pool (read-watched: readable there means closed or garbage, and
+ * the connection is dropped at once). A request's answer is read into the
+ * pool's one buffer and parsed there; only when the owner pauses (its client
+ * reads slower than the upstream writes) are the unparsed bytes, and the
+ * body buffer it refused, copied out and kept by the request.
+ */
+#include "h1.h"
+#include "dlist.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+/* A reply head and a typical reply fit in one read. */
+#define H1_READ_BYTES   16384
+/* Reads per readiness event: a large body is not allowed to hold the loop. */
+#define H1_READS_MAX    4
+/* An idle connection older than this is closed rather than reused: the
+ * server's keep-alive timeout is unknown; libcurl's default is 118 s. */
+#define H1_IDLE_MAX_S   118.0
+#define H1_KEEPALIVE_S  60
+
+struct h1_origin {
+    struct h1_origin *next;
+    struct sockaddr_storage addr;
+    socklen_t addrlen;
+    struct h1_conn *idle; /* doubly linked, most recently used first */
+    char label[64];
+};
+
+struct h1_conn {
+    ev_io io; /* first: the watcher is the connection */
+    struct h1_pool *pool;
+    struct h1_origin *origin;
+    struct h1_conn *prev, *next; /* origin->idle while idle */
+    struct h1_req *req;          /* NULL while idle */
+    bool connecting;
+    double idle_since;
+};
+
+struct h1_pool {
+    struct ev_loop *loop;
+    int *busy;
+    struct h1_origin *origins;
+    uint32_t n_idle, max_idle;
+    struct h1_stats stats;
+    char rbuf[H1_READ_BYTES];
+};
+
+static void h1_on_io(struct ev_loop *loop, ev_io *w, int revents);
+static void req_send(struct h1_req *r);
+static void req_read(struct h1_req *r);
+
+struct h1_pool *h1_pool_new(struct ev_loop *loop, int *busy, uint32_t max_idle)
+{
+    struct h1_pool *p = calloc(1, sizeof(*p));
+
+    if (!p)
+        return NULL;
+    p->loop = loop;
+    p->busy = busy;
+    p->max_idle = max_idle;
+    return p;
+}
+
+const struct h1_stats *h1_pool_stats(const struct h1_pool *p)
+{
+    return &p->stats;
+}
+
+static void conn_close(struct h1_conn *c)
+{
+    struct h1_pool *p = c->pool;
+
+    ev_io_stop(p->loop, &c->io);
+    ev_clear_pending(p->loop, &c->io);
+    if (!c->req) {
+        DLIST_UNLINK(c->origin->idle, c, prev, next);
+        p->n_idle--;
+    } else {
+        c->req->conn = NULL;
+    }
+    close(c->io.fd);
+    free(c);
+}
+
+void h1_pool_free(struct h1_pool *p)
+{
+    if (!p)
+        return;
+    while (p->origins) {
+        struct h1_origin *o = p->origins;
+        p->origins = o->next;
+        while (o->idle)
+            conn_close(o->idle);
+        free(o);
+    }
+    free(p);
+}
+
+struct h1_origin *h1_origin_get(struct h1_pool *p, const struct sockaddr *sa, socklen_t len,
+                                const char *label)
+{
+    struct h1_origin *o;
+
+    for (o = p->origins; o; o = o->next) {
+        if (o->addrlen == len && memcmp(&o->addr, sa, len) == 0)
+            return o;
+    }
+    if (len > sizeof(o->addr) || !(o = calloc(1, sizeof(*o))))
+        return NULL;
+    memcpy(&o->addr, sa, len);
+    o->addrlen = len;
+    snprintf(o->label, sizeof(o->label), "%s", label);
+    o->next = p->origins;
+    p->origins = o;
+    return o;
+}
+
+/* --- ending ---------------------------------------------------------- */
+
+static void req_release(struct h1_req *r)
+{
+    free(r->held);
+    free(r->rest);
+    r->held = r->rest = NULL;
+    r->held_len = r->rest_len = 0;
+    ev_timer_stop(r->pool->loop, &r->end_w);
+    r->ended = true;
+}
+
+/* Watches `c` for `events` only. The fd stays the same, so libev is not
+ * told it may have changed (ev_io_set would): an unchanged watch costs no
+ * epoll_ctl. */
+static void conn_watch(struct h1_conn *c, int events)
+{
+    struct ev_loop *loop = c->pool->loop;
+
+    if (ev_is_active(&c->io) && (c->io.events & (EV_READ | EV_WRITE)) == events)
+        return;
+    ev_io_stop(loop, &c->io);
+    ev_io_modify(&c->io, events);
+    ev_io_start(loop, &c->io);
+}
+
+/* Gives the connection back to its origin's pool, or closes it. */
+static void conn_done(struct h1_req *r, bool keep)
+{
+    struct h1_conn *c = r->conn;
+    struct h1_pool *p = r->pool;
+
+    if (!c)
+        return;
+    if (!keep || p->n_idle >= p->max_idle) {
+        conn_close(c);
+        return;
+    }
+    r->conn = NULL;
+    c->req = NULL;
+    c->idle_since = ev_now(p->loop);
+    DLIST_PUSH(c->origin->idle, c, prev, next);
+    p->n_idle++;
+    conn_watch(c, EV_READ);
+}
+
+/* The last thing done with `r`: on_end may free it. */
+static void req_finish(struct h1_req *r, enum h1_end end, const char *detail)
+{
+    conn_done(r, false);
+    req_release(r);
+    r->hooks->on_end(r->ud, end, detail);
+}
+
+static void req_on_end_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct h1_req *r = w->data;
+    (void)loop;
+    (void)revents;
+    req_finish(r, r->end_code, r->detail);
+}
+
+/* Ends `r`: at once, or from the loop when h1_req_start is still running
+ * (its caller must get the request back before any hook says it ended). */
+static void req_end(struct h1_req *r, enum h1_end end, const char *detail)
+{
+    if (!r->starting) {
+        req_finish(r, end, detail);
+        return;
+    }
+    conn_done(r, false);
+    r->end_code = end;
+    if (detail != r->detail)
+        snprintf(r->detail, sizeof(r->detail), "%s", detail ? detail : "");
+    ev_timer_set(&r->end_w, 0., 0.);
+    ev_timer_start(r->pool->loop, &r->end_w);
+}
+
+static void req_end_errno(struct h1_req *r, enum h1_end end, const char *what, int err)
+{
+    char detail[H1_DETAIL_MAX];
+    snprintf(detail, sizeof(detail), "%s %s: %s", what, r->origin->label, strerror(err));
+    req_end(r, end, detail);
+}
+
+void h1_req_stop(struct h1_req *r)
+{
+    if (!r->active || r->ended)
+        return;
+    if (r->conn)
+        conn_close(r->conn);
+    req_release(r);
+}
+
+/* --- connecting and sending ----------------------------------------- */
+
+
+/* A new connection for `r`; false when it failed at once (and ended). */
+static bool req_connect(struct h1_req *r)
+{
+    struct h1_origin *o = r->origin;
+    struct h1_pool *p = r->pool;
+    int one = 1, idle = H1_KEEPALIVE_S;
+    int fd = socket(o->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+
+    if (fd < 0) {
+        req_end_errno(r, H1_CONNECT_FAILED, "Failed to connect to", errno);
+        return false;
+    }
+    struct h1_conn *c = calloc(1, sizeof(*c));
+    if (!c) {
+        close(fd);
+        req_end_errno(r, H1_CONNECT_FAILED, "Failed to connect to", ENOMEM);
+        return false;
+    }
+    /* As libcurl sets them: no Nagle delay on the request, keep-alive
+     * probes on long silent answers. */
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &idle, sizeof(idle));
+    c->pool = p;
+    c->origin = o;
+    c->req = r;
+    ev_io_init(&c->io, h1_on_io, fd, 0);
+    r->conn = c;
+    r->reused = false;
+    p->stats.connections_opened++;
+    r->hooks->on_connecting(r->ud);
+    if (connect(fd, (const struct sockaddr *)&o->addr, o->addrlen) == 0) {
+        req_send(r);
+        return true;
+    }
+    if (errno == EINPROGRESS) {
+        c->connecting = true;
+        conn_watch(c, EV_WRITE);
+        return true;
+    }
+    int err = errno;
+    conn_close(c);
+    req_end_errno(r, H1_CONNECT_FAILED, "Failed to connect to", err);
+    return false;
+}
+
+/* The request died on a connection that had served others before, with no
+ * byte of an answer: the server closed it as it was taken from the pool.
+ * Sent once more on a new connection; true if so. */
+static bool req_retry_fresh(struct h1_req *r)
+{
+    if (!r->reused || r->retried || r->got_bytes)
+        return false;
+    r->retried = true;
+    r->pool->stats.stale_retries++;
+    if (r->conn)
+        conn_close(r->conn);
+    r->iov_at = 0;
+    r->iov_off = 0;
+    http_parser_init(&r->parser, HTTP_RESPONSE);
+    r->parser.data = r;
+    req_connect(r);
+    return true;
+}
+
+static void req_send(struct h1_req *r)
+{
+    struct h1_conn *c = r->conn;
+
+    if (!r->sending_told) {
+        r->sending_told = true;
+        r->hooks->on_sending(r->ud);
+    }
+    while (r->iov_at < r->iovcnt) {
+        struct iovec iov[H1_IOV_MAX];
+        int n = 0;
+        for (int i = r->iov_at; i < r->iovcnt; i++)
+            iov[n++] = r->iov[i];
+        iov[0].iov_base = (char *)iov[0].iov_base + r->iov_off;
+        iov[0].iov_len -= r->iov_off;
+        struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)n };
+        ssize_t w = sendmsg(c->io.fd, &mh, MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                conn_watch(c, EV_WRITE);
+                return;
+            }
+            int err = errno;
+            if (req_retry_fresh(r))
+                return;
+            char detail[H1_DETAIL_MAX];
+            snprintf(detail, sizeof(detail), "Send failure: %s", strerror(err));
+            req_end(r, H1_CONNECTION_LOST, detail);
+            return;
+        }
+        size_t left = (size_t)w;
+        while (r->iov_at < r->iovcnt && left >= r->iov[r->iov_at].iov_len - r->iov_off) {
+            left -= r->iov[r->iov_at].iov_len - r->iov_off;
+            r->iov_at++;
+            r->iov_off = 0;
+        }
+        r->iov_off += left;
+    }
+    conn_watch(c, EV_READ);
+}
+
+void h1_req_start(struct h1_req *r, struct h1_pool *p, struct h1_origin *o,
+                  const struct iovec *iov, int iovcnt, const struct h1_hooks *hooks, void *ud)
+{
+    double now = ev_now(p->loop);
+
+    memset(r, 0, offsetof(struct h1_req, line));
+    r->pool = p;
+    r->origin = o;
+    r->hooks = hooks;
+    r->ud = ud;
+    r->iovcnt = iovcnt < H1_IOV_MAX ? iovcnt : H1_IOV_MAX;
+    memcpy(r->iov, iov, sizeof(*iov) * (size_t)r->iovcnt);
+    http_parser_init(&r->parser, HTTP_RESPONSE);
+    r->parser.data = r;
+    ev_init(&r->end_w, req_on_end_timer);
+    r->end_w.data = r;
+    r->active = true;
+    r->starting = true;
+    /* Most recently used first: it is the least likely to have been closed
+     * by the server's keep-alive timeout, and the rest age out. */
+    while (o->idle) {
+        struct h1_conn *c = o->idle;
+        if (now - c->idle_since > H1_IDLE_MAX_S) {
+            conn_close(c);
+            continue;
+        }
+        DLIST_UNLINK(o->idle, c, prev, next);
+        p->n_idle--;
+        c->req = r;
+        r->conn = c;
+        r->reused = true;
+        p->stats.connections_reused++;
+        /* Written at once: no wait for writability on a warm connection. */
+        struct msghdr mh = { .msg_iov = r->iov, .msg_iovlen = (size_t)r->iovcnt };
+        r->sending_told = true;
+        hooks->on_sending(ud);
+        ssize_t w = sendmsg(c->io.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            /* Died while idle and not seen yet: a new connection, as a
+             * stale retry would. */
+            conn_close(c);
+            r->reused = false;
+            break;
+        }
+        size_t left = w > 0 ? (size_t)w : 0;
+        while (r->iov_at < r->iovcnt && left >= r->iov[r->iov_at].iov_len) {
+            left -= r->iov[r->iov_at].iov_len;
+            r->iov_at++;
+        }
+        r->iov_off = left;
+        conn_watch(c, r->iov_at < r->iovcnt ? EV_WRITE : EV_READ);
+        r->starting = false;
+        return;
+    }
+    r->sending_told = false;
+    req_connect(r);
+    r->starting = false;
+}
+
+/* --- the answer -------------------------------------------------------- */
+
+static int req_tell_status(struct h1_req *r)
+{
+    char line[32];
+    unsigned code = r->parser.status_code;
+    int n = 0;
+
+    if (r->status_told)
+        return 0;
+    r->status_told = true;
+    memcpy(line, "HTTP/1.1 ", 9);
+    line[7] = (char)('0' + (r->parser.http_minor % 10));
+    line[5] = (char)('0' + (r->parser.http_major % 10));
+    n = 9;
+    line[n++] = (char)('0' + (code / 100) % 10);
+    line[n++] = (char)('0' + (code / 10) % 10);
+    line[n++] = (char)('0' + code % 10);
+    line[n++] = '\r';
+    line[n++] = '\n';
+    return r->hooks->on_header(r->ud, line, (size_t)n);
+}
+
+/* The header line assembled so far, handed to on_header. */
+static int req_tell_line(struct h1_req *r)
+{
+    int rc = 0;
+
+    if (r->line_len > 0) {
+        if (r->line_len > sizeof(r->line) - 2)
+            r->line_len = sizeof(r->line) - 2;
+        r->line[r->line_len++] = '\r';
+        r->line[r->line_len++] = '\n';
+        /* An answer the engine could only misread: a content coding nobody
+         * asked for (no Accept-Encoding is sent). */
+        if (r->line_len > 17 && strncasecmp(r->line, "content-encoding:", 17) == 0) {
+            const char *v = r->line + 17;
+            while (*v == ' ' || *v == '\t')
+                v++;
+            if (strncasecmp(v, "identity\r", 9) != 0) {
+                snprintf(r->detail, sizeof(r->detail),
+                         "upstream sent a Content-Encoding that was not asked for");
+                rc = -1;
+            }
+        }
+        if (rc == 0)
+            rc = r->hooks->on_header(r->ud, r->line, r->line_len);
+    }
+    r->line_len = 0;
+    r->in_value = false;
+    return rc;
+}
+
+static void line_add(struct h1_req *r, const char *p, size_t n)
+{
+    size_t room = sizeof(r->line) - 2 - r->line_len; /* CRLF */
+    if (n > room)
+        n = room;
+    memcpy(r->line + r->line_len, p, n);
+    r->line_len += n;
+}
+
+static int on_status(http_parser *hp, const char *p, size_t n)
+{
+    (void)p;
+    (void)n;
+    return req_tell_status(hp->data);
+}
+
+static int on_header_field(http_parser *hp, const char *p, size_t n)
+{
+    struct h1_req *r = hp->data;
+
+    if (req_tell_status(r) != 0)
+        return -1;
+    if (r->headers_done)
+        return 0; /* a chunked body's trailer: not looked at */
+    if (r->in_value && req_tell_line(r) != 0)
+        return -1;
+    line_add(r, p, n);
+    return 0;
+}
+
+static int on_header_value(http_parser *hp, const char *p, size_t n)
+{
+    struct h1_req *r = hp->data;
+
+    if (r->headers_done)
+        return 0;
+    if (!r->in_value) {
+        r->in_value = true;
+        line_add(r, ": ", 2);
+    }
+    line_add(r, p, n);
+    return 0;
+}
+
+static int on_headers_complete(http_parser *hp)
+{
+    struct h1_req *r = hp->data;
+
+    if (req_tell_status(r) != 0 || req_tell_line(r) != 0)
+        return -1;
+    r->headers_done = true;
+    return 0;
+}
+
+static int on_body(http_parser *hp, const char *p, size_t n)
+{
+    struct h1_req *r = hp->data;
+
+    switch (r->hooks->on_body(r->ud, p, n)) {
+    case H1_TAKEN:
+        return 0;
+    case H1_PAUSE:
+        if (!(r->held = malloc(n)))
+            return -1;
+        memcpy(r->held, p, n);
+        r->held_len = n;
+        r->paused = true;
+        http_parser_pause(hp, 1);
+        return 0;
+    case H1_ABORT:
+    default:
+        return -1;
+    }
+}
+
+static int on_message_complete(http_parser *hp)
+{
+    struct h1_req *r = hp->data;
+
+    if (hp->status_code / 100 == 1) {
+        /* 100 Continue, 103 Early Hints: the final answer follows. */
+        r->status_told = false;
+        r->headers_done = false;
+        return 0;
+    }
+    r->msg_done = true;
+    http_parser_pause(hp, 1);
+    return 0;
+}
+
+static const http_parser_settings h1_settings = {
+    .on_status = on_status,
+    .on_header_field = on_header_field,
+    .on_header_value = on_header_value,
+    .on_headers_complete = on_headers_complete,
+    .on_body = on_body,
+    .on_message_complete = on_message_complete,
+};
+
+/* Parses `n` bytes of the answer (0 = the server closed); true while the
+ * request goes on (not ended, not paused). */
+static bool req_parse(struct h1_req *r, const char *p, size_t n)
+{
+    size_t done;
+
+    (*r->pool->busy)++;
+    done = http_parser_execute(&r->parser, &h1_settings, p, n);
+    (*r->pool->busy)--;
+    enum http_errno e = HTTP_PARSER_ERRNO(&r->parser);
+    if (r->msg_done) {
+        /* Reused only when nothing follows the answer and both sides keep
+         * the connection open. */
+        bool keep = n > 0 && done == n && http_should_keep_alive(&r->parser);
+        conn_done(r, keep);
+        req_end(r, H1_OK, NULL);
+        return false;
+    }
+    if (e == HPE_PAUSED) {
+        size_t left = n - done;
+        if (left > 0) {
+            char *rest = malloc(left);
+            if (!rest) {
+                req_end(r, H1_ABORTED, "out of memory keeping a paused answer");
+                return false;
+            }
+            memcpy(rest, p + done, left);
+            free(r->rest);
+            r->rest = rest;
+            r->rest_len = left;
+        }
+        if (r->conn)
+            ev_io_stop(r->pool->loop, &r->conn->io);
+        return false;
+    }
+    if (e == HPE_CB_body || e == HPE_CB_header_field || e == HPE_CB_headers_complete ||
+        e == HPE_CB_status) {
+        req_end(r, r->detail[0] ? H1_MALFORMED : H1_ABORTED,
+                r->detail[0] ? r->detail : "the answer was refused");
+        return false;
+    }
+    if (e != HPE_OK) {
+        char detail[H1_DETAIL_MAX];
+        if (n == 0 && e == HPE_INVALID_EOF_STATE && r->headers_done) {
+            req_end(r, H1_TRUNCATED,
+                    "transfer closed with outstanding read data remaining");
+            return false;
+        }
+        if (n == 0 && e == HPE_INVALID_EOF_STATE) {
+            req_end(r, H1_CONNECTION_LOST, "connection closed in the middle of the answer's head");
+            return false;
+        }
+        snprintf(detail, sizeof(detail), "malformed HTTP answer from %s: %s", r->origin->label,
+                 http_errno_description(e));
+        req_end(r, H1_MALFORMED, detail);
+        return false;
+    }
+    if (r->parser.upgrade) {
+        req_end(r, H1_MALFORMED, "upstream switched protocols");
+        return false;
+    }
+    return true;
+}
+
+static void req_on_eof(struct h1_req *r, int err)
+{
+    char detail[H1_DETAIL_MAX];
+
+    if (!r->got_bytes) {
+        if (req_retry_fresh(r))
+            return;
+        if (err)
+            snprintf(detail, sizeof(detail), "Recv failure: %s", strerror(err));
+        else
+            snprintf(detail, sizeof(detail), "Empty reply from server");
+        req_end(r, H1_CONNECTION_LOST, detail);
+        return;
+    }
+    if (err) {
+        snprintf(detail, sizeof(detail), "Recv failure: %s", strerror(err));
+        req_end(r, r->headers_done ? H1_TRUNCATED : H1_CONNECTION_LOST, detail);
+        return;
+    }
+    req_parse(r, NULL, 0);
+}
+
+static void req_read(struct h1_req *r)
+{
+    struct h1_pool *p = r->pool;
+
+    for (int i = 0; i < H1_READS_MAX; i++) {
+        ssize_t n = recv(r->conn->io.fd, p->rbuf, sizeof(p->rbuf), 0);
+        if (n > 0) {
+            r->got_bytes = true;
+            if (!req_parse(r, p->rbuf, (size_t)n) || (size_t)n < sizeof(p->rbuf))
+                return;
+            continue;
+        }
+        if (n == 0) {
+            req_on_eof(r, 0);
+            return;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            req_on_eof(r, errno);
+        return;
+    }
+}
+
+void h1_req_resume(struct h1_req *r)
+{
+    if (!r->active || r->ended || !r->paused)
+        return;
+    if (r->held) {
+        (*r->pool->busy)++;
+        enum h1_take t = r->hooks->on_body(r->ud, r->held, r->held_len);
+        (*r->pool->busy)--;
+        if (t == H1_PAUSE)
+            return;
+        free(r->held);
+        r->held = NULL;
+        r->held_len = 0;
+        if (t != H1_TAKEN) {
+            req_end(r, H1_ABORTED, "the answer was refused");
+            return;
+        }
+    }
+    r->paused = false;
+    http_parser_pause(&r->parser, 0);
+    if (r->rest) {
+        char *rest = r->rest;
+        size_t n = r->rest_len;
+        r->rest = NULL;
+        r->rest_len = 0;
+        bool go_on = req_parse(r, rest, n);
+        free(rest);
+        if (!go_on)
+            return;
+    }
+    if (r->conn)
+        conn_watch(r->conn, EV_READ);
+}
+
+static void h1_on_io(struct ev_loop *loop, ev_io *w, int revents)
+{
+    struct h1_conn *c = (struct h1_conn *)w;
+    struct h1_req *r = c->req;
+    (void)loop;
+
+    if (!r) {
+        /* Idle and readable: closed by the server, or bytes nobody asked
+         * for. Either way it cannot carry a request any more. */
+        conn_close(c);
+        return;
+    }
+    if (c->connecting) {
+        int err = 0;
+        socklen_t len = sizeof(err);
+        if (getsockopt(w->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+            err = errno;
+        if (err) {
+            char detail[H1_DETAIL_MAX];
+            snprintf(detail, sizeof(detail), "Failed to connect to %s: %s", r->origin->label,
+                     strerror(err));
+            req_end(r, H1_CONNECT_FAILED, detail);
+            return;
+        }
+        c->connecting = false;
+        req_send(r);
+        return;
+    }
+    if ((revents & EV_WRITE) && r->iov_at < r->iovcnt) {
+        req_send(r);
+        return;
+    }
+    if (revents & EV_READ)
+        req_read(r);
+}
