@@ -23,13 +23,13 @@
 #include <unistd.h>
 
 /* A reply head and a typical reply fit in one read. */
-#define H1_READ_BYTES   16384
+#define H1_READ_BYTES  16384
 /* Reads per readiness event: a large body is not allowed to hold the loop. */
-#define H1_READS_MAX    4
+#define H1_READS_MAX   4
 /* An idle connection older than this is closed rather than reused: the
  * server's keep-alive timeout is unknown; libcurl's default is 118 s. */
-#define H1_IDLE_MAX_S   118.0
-#define H1_KEEPALIVE_S  60
+#define H1_IDLE_MAX_S  118.0
+#define H1_KEEPALIVE_S 60
 
 struct h1_origin {
     struct h1_origin *next;
@@ -334,8 +334,8 @@ static void req_send(struct h1_req *r)
     conn_watch(c, EV_READ);
 }
 
-void h1_req_start(struct h1_req *r, struct h1_pool *p, struct h1_origin *o,
-                  const struct iovec *iov, int iovcnt, const struct h1_hooks *hooks, void *ud)
+void h1_req_start(struct h1_req *r, struct h1_pool *p, struct h1_origin *o, const struct iovec *iov,
+                  int iovcnt, const struct h1_hooks *hooks, void *ud)
 {
     double now = ev_now(p->loop);
 
@@ -589,8 +589,7 @@ static bool req_parse(struct h1_req *r, const char *p, size_t n)
     if (e != HPE_OK) {
         char detail[H1_DETAIL_MAX];
         if (n == 0 && e == HPE_INVALID_EOF_STATE && r->headers_done) {
-            req_end(r, H1_TRUNCATED,
-                    "transfer closed with outstanding read data remaining");
+            req_end(r, H1_TRUNCATED, "transfer closed with outstanding read data remaining");
             return false;
         }
         if (n == 0 && e == HPE_INVALID_EOF_STATE) {

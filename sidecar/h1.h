@@ -72,8 +72,8 @@ struct h1_hooks {
     void (*on_end)(void *ud, enum h1_end end, const char *detail);
 };
 
-#define H1_IOV_MAX   4
-#define H1_LINE_MAX  256
+#define H1_IOV_MAX    4
+#define H1_LINE_MAX   256
 #define H1_DETAIL_MAX 160
 
 /* One exchange. Embedded in its owner; every field is private. */
@@ -85,17 +85,17 @@ struct h1_req {
     void *ud;
     struct iovec iov[H1_IOV_MAX];
     int iovcnt;
-    int iov_at;       /* first iovec not yet wholly written */
-    size_t iov_off;   /* bytes of iov[iov_at] written */
+    int iov_at;     /* first iovec not yet wholly written */
+    size_t iov_off; /* bytes of iov[iov_at] written */
     http_parser parser;
     bool active, reused, retried, sending_told, got_bytes;
     bool status_told, headers_done, in_value, msg_done, paused, ended, starting;
     size_t line_len;
-    char *held;       /* a body buffer on_body paused on, offered again first */
+    char *held; /* a body buffer on_body paused on, offered again first */
     size_t held_len;
-    char *rest;       /* bytes read and not parsed yet while paused */
+    char *rest; /* bytes read and not parsed yet while paused */
     size_t rest_len;
-    ev_timer end_w;   /* ends a request that failed inside h1_req_start */
+    ev_timer end_w; /* ends a request that failed inside h1_req_start */
     enum h1_end end_code;
     char detail[H1_DETAIL_MAX];
     char line[H1_LINE_MAX]; /* last: h1_req_start does not clear it */
@@ -123,8 +123,8 @@ struct h1_origin *h1_origin_get(struct h1_pool *p, const struct sockaddr *sa, so
  * borrowed until the request ends (its on_end) or is stopped. on_connecting
  * and on_sending may run from inside this call, the other hooks never: a
  * failure to even start is reported through on_end from the loop. */
-void h1_req_start(struct h1_req *r, struct h1_pool *p, struct h1_origin *o,
-                  const struct iovec *iov, int iovcnt, const struct h1_hooks *hooks, void *ud);
+void h1_req_start(struct h1_req *r, struct h1_pool *p, struct h1_origin *o, const struct iovec *iov,
+                  int iovcnt, const struct h1_hooks *hooks, void *ud);
 
 /* Ends `r` without a hook: its connection (if any) is closed, since the
  * answer was not read to its end. A no-op on a request that ended. */

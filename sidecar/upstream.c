@@ -206,8 +206,14 @@ const char *attempt_phase_name(enum attempt_phase p)
     return (unsigned)p < sizeof(names) / sizeof(names[0]) ? names[p] : "unknown";
 }
 
-const struct upstream_stats *upstream_get_stats(const struct upstream *up)
+const struct upstream_stats *upstream_get_stats(struct upstream *up)
 {
+    if (up->h1) {
+        const struct h1_stats *hs = h1_pool_stats(up->h1);
+        up->stats.conns_opened = hs->connections_opened;
+        up->stats.conns_reused = hs->connections_reused;
+        up->stats.stale_retries = hs->stale_retries;
+    }
     return &up->stats;
 }
 

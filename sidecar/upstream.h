@@ -83,6 +83,10 @@ struct upstream_stats {
     uint64_t dns_busy;      /* attempts failed by the per-host lookup cap */
     uint64_t dns_waits;     /* times an attempt waited for a lookup slot */
     uint64_t timeouts[6];   /* by enum attempt_phase at expiry */
+    /* The own client's connections (libcurl's are not counted): */
+    uint64_t conns_opened;  /* connections it made */
+    uint64_t conns_reused;  /* requests it sent on a pooled connection */
+    uint64_t stale_retries; /* requests sent again: a pooled connection died as it was reused */
 };
 
 enum attempt_phase {
@@ -145,7 +149,7 @@ struct upstream *upstream_new(struct ev_loop *loop, uint32_t max_dns_lookups_per
                               bool own_client, char *err, size_t errlen);
 /* Cancels every attempt (no hooks run) and frees the engine. */
 void upstream_free(struct upstream *up);
-const struct upstream_stats *upstream_get_stats(const struct upstream *up);
+const struct upstream_stats *upstream_get_stats(struct upstream *up);
 
 /* Starts an attempt. Takes spec->body even on failure. Returns the attempt,
  * or NULL when it cannot even be set up (out of memory); every other end,
