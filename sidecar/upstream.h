@@ -1,7 +1,8 @@
 /*
  * upstream.h — the HTTP engine: one libcurl multi handle driven by the
- * libev loop, and the *attempt*, one HTTP request to one source with hard
- * deadlines enforced by our own timers.
+ * libev loop, polygw's own HTTP/1.1 client (h1.h) for plain http:// to an IP
+ * address, and the *attempt*, one HTTP request to one source with hard
+ * deadlines enforced by our own timers, whichever client carries it.
  *
  * An attempt is the unit the governed loop drives: it is started with a
  * fully prepared request, reports stream events as they arrive, and ends
