@@ -71,6 +71,18 @@ static inline int strbuf_putc(struct strbuf *b, char c)
 /* Appends a string literal (its length known at compile time). */
 #define strbuf_puts(b, lit) strbuf_put((b), (lit), sizeof(lit) - 1)
 
+/* Copies the string `src` into `dst` (`cap` bytes, cap >= 1), cut to fit
+ * and always NUL-terminated: snprintf(dst, cap, "%s", src) without the
+ * printf engine, for names copied on every request. Returns the length
+ * copied. */
+static inline size_t str_copy(char *dst, size_t cap, const char *src)
+{
+    size_t n = strnlen(src, cap - 1);
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+    return n;
+}
+
 /* Writes the NUL after the text (room for it is always there once the
  * buffer has memory); a buffer that never allocated stays data == NULL. */
 static inline void strbuf_terminate(struct strbuf *b)

@@ -38,6 +38,7 @@
  * drains, so a slow client never makes us buffer an unbounded stream.
  */
 #include "call.h"
+#include "strbuf.h"
 #include "dlist.h"
 
 #include "internal.h"
@@ -1299,15 +1300,18 @@ static void call_run_attempt(struct call *k, size_t source)
     const char *path = k->cap->path;
     if (strcmp(k->cap->name, "chat") == 0 && strcmp(path, "/chat/completions") == 0)
         path = dialect_get(src->kind)->chat_path;
-    size_t url_len = strlen(src->base_url) + strlen(path) + strlen(src->req_query) + 1;
-    char *url = malloc(url_len);
+    size_t nb = strlen(src->base_url), np = strlen(path), nq = strlen(src->req_query);
+    char url_buf[512];
+    char *url = nb + np + nq < sizeof(url_buf) ? url_buf : malloc(nb + np + nq + 1);
     if (!url) {
         free(json);
         call_reply_plain_error(k, PGW_INTERNAL, "out of memory");
         call_finish(k);
         return;
     }
-    snprintf(url, url_len, "%s%s%s", src->base_url, path, src->req_query);
+    memcpy(url, src->base_url, nb);
+    memcpy(url + nb, path, np);
+    memcpy(url + nb + np, src->req_query, nq + 1);
     struct attempt_spec as = {
         .url = url,
         .headers = (const char *const *)src->req_headers,
@@ -1330,8 +1334,9 @@ static void call_run_attempt(struct call *k, size_t source)
     k->event_error[0] = '\0';
     k->relayed = 0;
     k->attempt = attempt_start(srv->up, &as, &call_hooks, k);
-    explicit_bzero(url, url_len); /* auth_query puts the key in it */
-    free(url);
+    explicit_bzero(url, nb + np + nq + 1); /* auth_query puts the key in it */
+    if (url != url_buf)
+        free(url);
     if (!k->attempt) {
         call_reply_plain_error(k, PGW_INTERNAL, "cannot start the upstream request");
         call_finish(k);
@@ -1587,7 +1592,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     k->srv = srv;
     k->msgid = id;
     k->stream = r->stream;
-    snprintf(k->app, sizeof(k->app), "%s", app->name);
+    str_copy(k->app, sizeof(k->app), app->name);
     k->cap = &cfg->capabilities[ci];
     k->started = now;
     k->ttft_s = k->used_tokens = NAN;

@@ -37,6 +37,7 @@
  * callbacks on the stack have unwound.
  */
 #include "http.h"
+#include "strbuf.h"
 
 #include <errno.h>
 #include <http_parser.h>
@@ -1269,13 +1270,13 @@ static const struct config_app *hc_identify(struct http_conn *c)
         const struct config_app *d =
             peer_declare_app(cfg, a->name, r->val[H_APP], r->val_len[H_APP], why, sizeof(why));
         if (!d) {
-            snprintf(c->app, sizeof(c->app), "%s", a->name);
+            str_copy(c->app, sizeof(c->app), a->name);
             hc_error(c, 403, PGW_BAD_REQUEST, "X-Polygw-App: %s", why);
             return NULL;
         }
         a = d;
     }
-    snprintf(c->app, sizeof(c->app), "%s", a->name);
+    str_copy(c->app, sizeof(c->app), a->name);
     return a;
 }
 

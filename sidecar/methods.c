@@ -4,6 +4,7 @@
  * asynchronously; the rest answer before returning.
  */
 #include "internal.h"
+#include "strbuf.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -211,7 +212,7 @@ static void method_hello(struct conn *c, const struct rpc_msg *m)
         if (strcmp(a->name, c->app) != 0)
             log_at(LOG_INFO, "app declared", "conn", LOG_U, (unsigned long long)c->id, "app", LOG_S,
                    a->name, "peer_app", LOG_S, c->peer_app, NULL);
-        snprintf(c->app, sizeof(c->app), "%s", a->name);
+        str_copy(c->app, sizeof(c->app), a->name);
     }
     rpc_pack_result_begin(&c->pk, m->msgid);
     pack_identity(&c->pk, c);
