@@ -1,0 +1,122 @@
+"""Which HTTP client carries an attempt (docs/CONFIG.md §3 `upstream_client`),
+through the real sidecar and the real mock: polygw's own HTTP/1.1 client for
+plain http:// to an IP address, libcurl for everything else, and what the own
+client writes on the wire. Behaviour common to both clients (deadlines,
+framing, hostile answers) is pinned by test_upstream.py, test_hostile_replies.py
+and test_upstream_client.py.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest import call, chat, config_yaml, source_yaml  # noqa: E402
+
+KEY_ENV = "POLYGW_TEST_KEY"
+KEY = "sk-test-own-client-0123456789"
+DEFAULTS = {"max_attempts": 1, "stall_window_s": 60}
+LONG = {"api_key_env": KEY_ENV, "timeout_s": 10, "connect_timeout_s": 5, "ttft_timeout_s": 5,
+        "idle_timeout_s": 5, "max_concurrency": 64, "aimd": {"initial": 64}}
+NO_PROXY = {"no_proxy": "*", "NO_PROXY": "*"}
+
+
+def sidecar(make_sidecar, url, client=None, env=None, source=None, **kw):
+    text = config_yaml([source_yaml("a", "chat", url, dict(LONG, **(source or {})))], DEFAULTS)
+    if client:
+        text = text.replace("server:\n", "server:\n  upstream_client: %s\n" % client, 1)
+    return make_sidecar(config_text=text, env=dict({KEY_ENV: KEY}, **(env or NO_PROXY)), **kw)
+
+
+def upstream_stats(c):
+    err, res = c.request("stats")
+    assert err is None, err
+    return res["upstream"]
+
+
+def ok(c, text):
+    err, res, _ = call(c, "chat", chat(text))
+    assert err is None, err
+    assert res["body"]["choices"][0]["message"]["content"] == text
+    return res
+
+
+def test_own_client__carries_http_to_an_ip_on_one_kept_alive_connection(make_sidecar, up):
+    c = sidecar(make_sidecar, up.url).connect()
+    before = up.stats()["accepted_connections"]
+    for i in range(12):
+        ok(c, "call %d" % i)
+    st = upstream_stats(c)
+    assert st["own_connections_opened"] == 1, st
+    assert st["own_connections_reused"] == 11, st
+    assert up.stats()["accepted_connections"] - before == 1
+
+
+def test_own_client__writes_a_plain_http_1_1_request(make_sidecar, up):
+    c = sidecar(make_sidecar, up.url, source={"query": {"tenant": "t1"}}).connect()
+    body = chat("on the wire")
+    ok(c, "on the wire")
+    seen = up.last()
+    hdrs = seen["headers"]
+    assert seen["method"] == "POST"
+    assert seen["target"] == "/v1/chat/completions?tenant=t1"
+    assert hdrs["host"] == up.url.split("/")[2]
+    assert hdrs["content-type"] == "application/json"
+    assert int(hdrs["content-length"]) == seen["body_bytes"]
+    assert seen["authorization"] == "Bearer " + KEY
+    assert "expect" not in hdrs and "accept-encoding" not in hdrs and "transfer-encoding" not in hdrs
+    assert seen["json"]["messages"] == body["messages"]
+
+
+def test_own_client__a_dropped_idle_connection_is_replaced_without_an_error(make_sidecar, up):
+    c = sidecar(make_sidecar, up.url).connect()
+    ok(c, "first")
+    up.reset(drop_connections=True)      # the pooled connection dies while idle
+    for i in range(3):
+        ok(c, "after %d" % i)
+    st = upstream_stats(c)
+    assert st["own_connections_opened"] == 2, st
+    assert up.stats()["requests"] == 3   # nothing sent twice
+
+
+def test_own_client__libcurl_setting_turns_it_off(make_sidecar, up):
+    c = sidecar(make_sidecar, up.url, client="libcurl").connect()
+    for i in range(3):
+        ok(c, "curl %d" % i)
+    st = upstream_stats(c)
+    assert st["own_connections_opened"] == 0 and st["own_connections_reused"] == 0, st
+
+
+def test_own_client__a_proxy_for_http_hands_every_source_to_libcurl(make_sidecar, up):
+    """With http_proxy set the own client steps aside, even for an IP address:
+    the mock is the proxy (it takes absolute-form targets) and the source's
+    own address accepts nothing."""
+    url = "http://127.0.0.1:1/v1"
+    c = sidecar(make_sidecar, url, env={"http_proxy": up.base, "no_proxy": "", "NO_PROXY": ""}
+                ).connect()
+    ok(c, "via the proxy")
+    assert up.last()["target"] == url + "/chat/completions"
+    assert upstream_stats(c)["own_connections_opened"] == 0
+
+
+def test_own_client__refused_connection_is_connect_failed(make_sidecar):
+    c = sidecar(make_sidecar, "http://127.0.0.1:1/v1").connect()
+    err, res, elapsed = call(c, "chat", chat("nobody there"))
+    assert res is None and err["code"] == "retry_exhausted", err
+    src = err["sources"][0]
+    assert src["reason"] == "connect_failed", err
+    assert "127.0.0.1 port 1" in src["detail"] and "refused" in src["detail"], err
+    assert elapsed < 1.0
+    assert upstream_stats(c)["own_connections_opened"] == 1
+
+
+def test_own_client__ipv6_literal(make_sidecar, up):
+    """[::1] is an IP address too; the mock listens on 127.0.0.1 only, so the
+    connection is refused by the IPv6 loopback — proof the own client dialled
+    it (libcurl is not involved: the count moves)."""
+    port = up.url.split(":")[2].split("/")[0]
+    c = sidecar(make_sidecar, "http://[::1]:%s/v1" % port).connect()
+    err, res, _ = call(c, "chat", chat("v6"))
+    st = upstream_stats(c)
+    assert st["own_connections_opened"] == 1, st
+    if err is not None:
+        assert err["sources"][0]["reason"] == "connect_failed", err
+        assert "::1" in err["sources"][0]["detail"], err
