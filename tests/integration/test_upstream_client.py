@@ -468,6 +468,8 @@ def test_upstream_client__app_leaving_mid_stream_closes_the_upstream(sc, up):
     c.close()
     st = up.wait_stats(lambda s: s["aborted_by_peer"] == 1 and s["open_connections"] == 0,
                        timeout=3)
+    print("timing: app left -> upstream connection closed after %.1f ms"
+          % (st["last_abort_at_ms"] - left_ms))
     assert st["last_abort_at_ms"] - left_ms < 1000, st
     # The sidecar is fine and the next call is served.
     ok(sc.connect(), "still here")
