@@ -58,6 +58,17 @@ def recv_until_close(s, limit=1 << 20):
     return out
 
 
+def recv_until(s, done, limit=1 << 22):
+    """Reads from s until done(data) holds; the data. Fails on EOF."""
+    data = b""
+    while not done(data):
+        assert len(data) < limit
+        chunk = s.recv(65536)
+        assert chunk, "closed after %r" % data[-200:]
+        data += chunk
+    return data
+
+
 def strip_volatile(doc):
     doc = dict(doc)
     doc.pop("id", None)
@@ -490,11 +501,7 @@ def test_expect_100_continue(up):
               b"Content-Length: %d\r\n\r\n" % len(body))
     assert s.recv(100).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
     s.sendall(body)
-    got = b""
-    while b"continued" not in got:
-        chunk = s.recv(65536)
-        assert chunk
-        got += chunk
+    recv_until(s, lambda got: b"continued" in got)
     s.close()
 
 
@@ -527,3 +534,147 @@ def test_client_closes_mid_response(up):
         s.close()
     up.wait_stats(lambda s: s["open_connections"] == 0 and s["in_progress"] == 0)
     assert post(up, CHAT, chat_body())[0] == 200
+
+
+# ------------------------------------------------- framing and raw answers
+
+def read_response(s, limit=1 << 22, timeout=2.0):
+    """One response read off socket s by its framing (Content-Length or
+    chunked; 1xx heads skipped): (interim statuses, head bytes, body bytes)."""
+    buf, interim = b"", []
+    deadline = time.monotonic() + timeout
+
+    def more():
+        assert time.monotonic() < deadline and len(buf) < limit, "no complete response"
+        chunk = s.recv(65536)
+        assert chunk, "closed early"
+        return chunk
+    while True:
+        while b"\r\n\r\n" not in buf:
+            buf += more()
+        head, buf = buf.split(b"\r\n\r\n", 1)
+        status = int(head.split(b" ", 2)[1])
+        if status >= 200:
+            break
+        interim.append(status)
+    fields = {ln.split(b":", 1)[0].lower(): ln.split(b":", 1)[1].strip()
+              for ln in head.split(b"\r\n")[1:]}
+    if b"content-length" in fields:
+        n = int(fields[b"content-length"])
+        while len(buf) < n:
+            buf += more()
+        return interim, head, buf[:n]
+    assert fields.get(b"transfer-encoding") == b"chunked", head
+    body = b""
+    while True:
+        while b"\r\n" not in buf:
+            buf += more()
+        size_line, buf = buf.split(b"\r\n", 1)
+        n = int(size_line, 16)
+        while len(buf) < n + 2:
+            buf += more()
+        if n == 0:
+            return interim, head, body
+        body, buf = body + buf[:n], buf[n + 2:]
+
+
+def test_chunked_plain_answer(up):
+    s = connect(up)
+    s.sendall(raw_request(CHAT, chat_body("c" * 40000, mock={"chunked": True})))
+    s.sendall(raw_request(CHAT, chat_body("again")))          # still keep-alive
+    _, head, body = read_response(s)
+    assert b"Transfer-Encoding: chunked" in head and b"Content-Length" not in head
+    assert json.loads(body)["choices"][0]["message"]["content"] == "c" * 40000
+    _, head, body = read_response(s)
+    assert b"Content-Length" in head and b'"again"' in body
+    s.close()
+    # chunks of 1, 2, 4 ... bytes: the wire shows the small sizes first
+    s = connect(up)
+    s.sendall(raw_request(CHAT, chat_body(mock={"chunked": True, "body": "0123456789"})))
+    data = recv_until(s, lambda d: d.endswith(b"\r\n0\r\n\r\n"))
+    s.close()
+    assert data.endswith(b"\r\n\r\n1\r\n0\r\n2\r\n12\r\n4\r\n3456\r\n3\r\n789\r\n0\r\n\r\n"), data
+
+
+def test_interim_answers_come_first(up):
+    s = connect(up)
+    s.sendall(raw_request(CHAT, chat_body("final", mock={"interim": [100, 103]})))
+    data = recv_until(s, lambda d: b'"final"' in d)
+    s.close()
+    assert data.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\n"
+                           b"Link: </hint.css>; rel=preload; as=style\r\n\r\nHTTP/1.1 200 OK\r\n")
+    s = connect(up)
+    s.sendall(raw_request(CHAT, chat_body(mock={"interim": [102], "status": 429})))
+    interim, head, _ = read_response(s)
+    s.close()
+    assert interim == [102] and head.startswith(b"HTTP/1.1 429 ")
+    assert up.stats()["by_status"] == {"200": 1, "429": 1}
+    for bad in ([101], [99], [200], "100", [100] * 9):
+        st, _, body = post(up, CHAT, chat_body(mock={"interim": bad}))
+        assert st == 400 and "interim" in json.loads(body)["error"]["message"]
+
+
+def test_connection_close_answer(up):
+    s = connect(up)
+    s.sendall(raw_request(CHAT, chat_body("bye", mock={"connection_close": True})))
+    data = recv_until_close(s)                 # the mock closes after the answer
+    s.close()
+    head, body = data.split(b"\r\n\r\n", 1)
+    assert b"Connection: close" in head and b"Content-Length: %d" % len(body) in head
+    st = up.stats()
+    assert st["closed_connections"] == 1 and st["closed_by_peer"] == 0
+
+
+def test_raw_response_sent_verbatim(up):
+    blob = b"HTTP/1.1 200 OK\r\nX-Odd:  spaced \r\nContent-Length: 3\r\n\r\nabc" + b"\x00\xffjunk"
+    s = connect(up)
+    s.sendall(raw_request(CHAT, chat_body(mock={"raw_hex": blob.hex()})))
+    assert recv_until_close(s) == blob         # then closed
+    s.close()
+    # raw_keep: the connection stays for the next request
+    s = connect(up)
+    s.sendall(raw_request(CHAT, chat_body(mock={"raw_hex": b"not http\r\n".hex(),
+                                                 "raw_keep": True})))
+    assert s.recv(100) == b"not http\r\n"
+    s.sendall(raw_request(CHAT, chat_body("next")))
+    _, _, body = read_response(s)
+    assert b'"next"' in body
+    s.close()
+    st = up.wait_stats(lambda s: s["open_connections"] == 0)
+    assert st["requests"] == 3 and st["accepted_connections"] == 2
+    assert st["by_status"] == {"200": 2}       # "not http" has no status
+    # the pacing fields act on it: close_after_bytes counts after the blank line
+    s = connect(up)
+    s.sendall(raw_request(CHAT, chat_body(mock={"raw_hex": blob.hex(), "close_after_bytes": 2})))
+    assert recv_until_close(s) == blob[:blob.index(b"\r\n\r\n") + 6]
+    s.close()
+    for bad in ("", "abc", "zz", 5):
+        st, _, body = post(up, CHAT, chat_body(mock={"raw_hex": bad}))
+        assert st == 400 and "raw_hex" in json.loads(body)["error"]["message"]
+
+
+def test_trickle_headers(up):
+    s = connect(up)
+    s.sendall(raw_request(CHAT, chat_body(mock={"trickle_ms": 100, "trickle_bytes": 1,
+                                                "trickle_headers": True})))
+    t0 = time.monotonic()
+    assert [s.recv(100) for _ in range(3)] == [b"H", b"T", b"T"]   # the status line too
+    assert time.monotonic() - t0 >= 2 * 0.1 * 0.9
+    s.close()
+    s = connect(up)
+    s.sendall(raw_request(CHAT, chat_body("t", mock={"trickle_ms": 1, "trickle_bytes": 7,
+                                                      "trickle_headers": True})))
+    _, head, body = read_response(s, timeout=5)
+    s.close()
+    assert json.loads(body)["choices"][0]["message"]["content"] == "t"
+    st, _, body = post(up, CHAT, chat_body(mock={"trickle_headers": True}))
+    assert st == 400 and "needs trickle_ms" in json.loads(body)["error"]["message"]
+    st, _, body = post(up, CHAT, chat_body(mock={"chunked": 1}))
+    assert st == 400 and "chunked" in json.loads(body)["error"]["message"]
+
+
+def test_history_keeps_the_raw_head(up):
+    post(up, CHAT, chat_body(), headers={"X-One": "1", "x-one": "2"})
+    head = up.last()["head"]
+    assert head.startswith("POST %s HTTP/1.1\r\n" % CHAT) and head.endswith("\r\n\r\n")
+    assert "\r\nX-One: 1\r\n" in head and up.last()["headers"]["x-one"] == "1, 2"

@@ -11,6 +11,7 @@
 #include "internal.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -50,6 +51,13 @@ static bool is_header_text(const char *s, size_t n)
     return true;
 }
 
+static bool is_hex_pairs(json_t *v)
+{
+    const char *h = json_string_value(v);
+    size_t hn = json_string_length(v);
+    return h && hn % 2 == 0 && strspn(h, "0123456789abcdefABCDEF") == hn;
+}
+
 static bool is_token(const char *s)
 {
     if (!*s)
@@ -60,6 +68,27 @@ static bool is_token(const char *s)
             return false;
     }
     return true;
+}
+
+/* The boolean field named `key`, or NULL when it is not one. */
+static bool *bool_field(struct behave *b, const char *key)
+{
+    static const struct {
+        const char *name;
+        size_t off;
+    } fields[] = {
+        { "no_length", offsetof(struct behave, no_length) },
+        { "no_done", offsetof(struct behave, no_done) },
+        { "usage_if_asked", offsetof(struct behave, usage_if_asked) },
+        { "chunked", offsetof(struct behave, chunked) },
+        { "connection_close", offsetof(struct behave, connection_close) },
+        { "raw_keep", offsetof(struct behave, raw_keep) },
+        { "trickle_headers", offsetof(struct behave, trickle_headers) },
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        if (!strcmp(key, fields[i].name))
+            return (bool *)((char *)b + fields[i].off);
+    return NULL;
 }
 
 static int fail(struct behave *b, char *err, size_t errlen, const char *key, const char *why)
@@ -74,6 +103,7 @@ int behave_parse(struct behave *b, json_t *obj, char *err, size_t errlen)
     const char *key;
     json_t *v;
     long long n;
+    bool *flag;
 
     behave_init(b);
     if (!json_is_object(obj)) {
@@ -133,32 +163,22 @@ int behave_parse(struct behave *b, json_t *obj, char *err, size_t errlen)
         } else if (!strcmp(key, "close_after_bytes")) {
             if (get_int(v, 1LL << 40, &b->close_after_bytes))
                 return fail(b, err, errlen, key, "must be an integer >= 0");
-        } else if (!strcmp(key, "no_length")) {
-            if (!json_is_boolean(v))
-                return fail(b, err, errlen, key, "must be a boolean");
-            b->no_length = json_is_true(v);
         } else if (!strcmp(key, "stream_events")) {
             if (get_int(v, 1000000, &b->stream_events))
                 return fail(b, err, errlen, key, "must be an integer in [0, 1000000]");
         } else if (!strcmp(key, "stream_interval_ms")) {
             if (get_int(v, MS_MAX, &b->stream_interval_ms))
                 return fail(b, err, errlen, key, "must be a number of ms in [0, 86400000]");
-        } else if (!strcmp(key, "no_done")) {
-            if (!json_is_boolean(v))
-                return fail(b, err, errlen, key, "must be a boolean");
-            b->no_done = json_is_true(v);
         } else if (!strcmp(key, "body")) {
             if (!json_is_string(v))
                 return fail(b, err, errlen, key, "must be a string");
             b->body = json_string_value(v);
             b->body_len = json_string_length(v);
         } else if (!strcmp(key, "body_hex")) {
-            const char *h = json_string_value(v);
-            size_t hn = json_string_length(v);
-            if (!h || hn % 2 || strspn(h, "0123456789abcdefABCDEF") != hn)
+            if (!is_hex_pairs(v))
                 return fail(b, err, errlen, key, "must be a string of hex digit pairs");
-            b->body = h;
-            b->body_len = hn;
+            b->body = json_string_value(v);
+            b->body_len = json_string_length(v);
             b->body_hex = true;
         } else if (!strcmp(key, "content_type")) {
             if (!json_is_string(v) || !is_header_text(json_string_value(v), json_string_length(v)))
@@ -208,14 +228,32 @@ int behave_parse(struct behave *b, json_t *obj, char *err, size_t errlen)
                                 "names must be tokens and values strings without CR/LF/NUL");
             }
             b->headers = v;
-        } else if (!strcmp(key, "usage_if_asked")) {
-            if (!json_is_boolean(v))
-                return fail(b, err, errlen, key, "must be a boolean");
-            b->usage_if_asked = json_is_true(v);
         } else if (!strcmp(key, "stream_error")) {
             if (!json_is_string(v) || !is_token(json_string_value(v)))
                 return fail(b, err, errlen, key, "must be an error type such as overloaded_error");
             b->stream_error = json_string_value(v);
+        } else if ((flag = bool_field(b, key))) {
+            if (!json_is_boolean(v))
+                return fail(b, err, errlen, key, "must be a boolean");
+            *flag = json_is_true(v);
+        } else if (!strcmp(key, "interim")) {
+            size_t i;
+            json_t *s;
+            if (!json_is_array(v) || json_array_size(v) > MOCK_MAX_INTERIM)
+                return fail(b, err, errlen, key, "must be an array of at most 8 statuses");
+            json_array_foreach(v, i, s)
+            {
+                if (get_int(s, 199, &n) || n < 100 || n == 101)
+                    return fail(b, err, errlen, key,
+                                "statuses must be in [100, 199], not 101 (no upgrades)");
+                b->interim[i] = (int)n;
+            }
+            b->n_interim = json_array_size(v);
+        } else if (!strcmp(key, "raw_hex")) {
+            if (!is_hex_pairs(v) || json_string_length(v) == 0)
+                return fail(b, err, errlen, key, "must be a non-empty string of hex digit pairs");
+            b->raw = json_string_value(v);
+            b->raw_len = json_string_length(v);
         } else if (!strcmp(key, "dims")) {
             if (get_int(v, 65536, &b->dims) || b->dims < 1)
                 return fail(b, err, errlen, key, "must be an integer in [1, 65536]");
@@ -223,6 +261,8 @@ int behave_parse(struct behave *b, json_t *obj, char *err, size_t errlen)
             return fail(b, err, errlen, key, "unknown key (see tests/mock_upstream/README.md)");
         }
     }
+    if (b->trickle_headers && b->trickle_ms == 0)
+        return fail(b, err, errlen, "trickle_headers", "needs trickle_ms");
     return 0;
 }
 

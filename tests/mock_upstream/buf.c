@@ -129,6 +129,24 @@ void buf_add_json_str(struct buf *b, const char *s, size_t n)
     buf_add(b, "\"", 1);
 }
 
+int buf_hexval(char ch)
+{
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    if (ch >= 'a' && ch <= 'f')
+        return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F')
+        return ch - 'A' + 10;
+    return -1;
+}
+
+void buf_add_hex(struct buf *b, const char *hex, size_t n)
+{
+    buf_reserve(b, n / 2);
+    for (size_t i = 0; i + 1 < n; i += 2)
+        b->p[b->len++] = (char)(buf_hexval(hex[i]) << 4 | buf_hexval(hex[i + 1]));
+}
+
 void buf_trim(struct buf *b, size_t keep_cap)
 {
     if (b->cap > keep_cap) {

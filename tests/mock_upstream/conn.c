@@ -185,17 +185,6 @@ static bool has_word_ci(const char *v, size_t vl, const char *word)
     return false;
 }
 
-static int hexval(char ch)
-{
-    if (ch >= '0' && ch <= '9')
-        return ch - '0';
-    if (ch >= 'a' && ch <= 'f')
-        return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F')
-        return ch - 'A' + 10;
-    return -1;
-}
-
 /* Returns 1 when the head is complete and parsed, 0 when more bytes are
  * needed, or an HTTP error status. */
 static int conn_parse_head(struct conn *c)
@@ -320,7 +309,7 @@ static int conn_parse_body(struct conn *c, size_t *total)
             int digits = 0;
             const char *q = p + c->cpos;
             for (; q < le; q++, digits++) {
-                int d = hexval(*q);
+                int d = buf_hexval(*q);
                 if (d < 0)
                     break;
                 if (sz > MOCK_MAX_BODY_BYTES)
@@ -585,13 +574,19 @@ void conn_hang(struct conn *c)
 static int conn_flush(struct conn *c)
 {
     bool blocked = false;
+    /* trickle_headers: the head draws on the same budget as the body. */
+    bool paced_head =
+        c->resp_active && c->b.trickle_headers && c->b.hang != BEHAVE_HANG_AFTER_HEADERS;
     for (;;) {
         size_t avail = c->out.len - c->out_off;
         size_t n = c->head_left < avail ? c->head_left : avail;
-        if (avail > n && c->resp_active) {
+        if (paced_head && n > c->body_budget)
+            n = c->body_budget;
+        if (avail > n && c->resp_active && n == c->head_left) {
             size_t allow = avail - n;
-            if (allow > c->body_budget)
-                allow = c->body_budget;
+            size_t budget = paced_head ? c->body_budget - n : c->body_budget;
+            if (allow > budget)
+                allow = budget;
             if (c->b.close_after_bytes >= 0) {
                 unsigned long long cap = (unsigned long long)c->b.close_after_bytes;
                 unsigned long long left = cap > c->body_written ? cap - c->body_written : 0;
@@ -618,7 +613,7 @@ static int conn_flush(struct conn *c)
         c->head_left -= hw;
         c->body_written += bw;
         if (c->body_budget != SIZE_MAX)
-            c->body_budget -= bw;
+            c->body_budget -= paced_head ? (size_t)w : bw;
         c->out_off += (size_t)w;
         if ((size_t)w < n) {
             blocked = true;

@@ -102,6 +102,7 @@ static json_t *record_json(const struct mock_record *r)
     json_object_set_new(o, "method", lossy_string(p, (size_t)(sp1 - p)));
     json_object_set_new(o, "target", lossy_string(t, (size_t)(sp2 - t)));
     json_object_set_new(o, "path", lossy_string(t, (size_t)((q ? q : sp2) - t)));
+    json_object_set_new(o, "head", lossy_string(p, r->head_len));
     for (const char *line = eol + 2; line < end;) {
         const char *le = memmem(line, (size_t)(end + 2 - line), "\r\n", 2);
         const char *colon = memchr(line, ':', (size_t)(le - line));

@@ -30,6 +30,7 @@
 #define MOCK_HISTORY          32                    /* requests kept for /_mock/requests */
 #define MOCK_HISTORY_BODY_MAX (1u << 20)            /* body bytes kept per history entry */
 #define MOCK_MAX_STATUS       600
+#define MOCK_MAX_INTERIM      8 /* 1xx answers before the final one */
 
 /* ---------------------------------------------------------------- buf.c */
 
@@ -54,6 +55,10 @@ void buf_add_ll(struct buf *b, long long v);
 /* Appends s[0..n) as a quoted JSON string. s must be UTF-8 (control
  * characters, quote and backslash are escaped; other bytes pass through). */
 void buf_add_json_str(struct buf *b, const char *s, size_t n);
+/* The value of one hex digit, or -1. */
+int buf_hexval(char ch);
+/* Appends the bytes spelled by hex[0..n), digit pairs already validated. */
+void buf_add_hex(struct buf *b, const char *hex, size_t n);
 /* Frees the storage when it grew beyond keep_cap (a one-off large request
  * must not pin memory forever); otherwise only empties it. */
 void buf_trim(struct buf *b, size_t keep_cap);
@@ -110,11 +115,19 @@ struct behave {
     size_t content_len;
     long long content_repeat; /* chat: repeat the text to this many bytes, 0 = off */
     const char *error_message, *error_type;
-    json_t *usage;            /* object or NULL */
-    json_t *headers;          /* object of string values or NULL */
-    long long dims;           /* embedding dimensions, -1 = default */
-    const char *stream_error; /* Anthropic stream: end with this error event */
-    bool usage_if_asked;      /* OpenAI: stream usage only with include_usage */
+    json_t *usage;                 /* object or NULL */
+    json_t *headers;               /* object of string values or NULL */
+    long long dims;                /* embedding dimensions, -1 = default */
+    const char *stream_error;      /* Anthropic stream: end with this error event */
+    bool usage_if_asked;           /* OpenAI: stream usage only with include_usage */
+    bool chunked;                  /* plain answers: Transfer-Encoding: chunked */
+    bool connection_close;         /* Connection: close, and close after the answer */
+    int interim[MOCK_MAX_INTERIM]; /* 1xx statuses sent before the final head */
+    size_t n_interim;
+    const char *raw; /* raw_hex: the whole response, hex digits; NULL = off */
+    size_t raw_len;
+    bool raw_keep;        /* keep the connection after a raw response */
+    bool trickle_headers; /* trickle_ms paces the head too */
 };
 
 void behave_init(struct behave *b);

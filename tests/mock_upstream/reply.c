@@ -24,6 +24,12 @@
 const char *reply_reason(int status)
 {
     switch (status) {
+    case 100:
+        return "Continue";
+    case 102:
+        return "Processing";
+    case 103:
+        return "Early Hints";
     case 200:
         return "OK";
     case 201:
@@ -104,8 +110,14 @@ static void reply_head(struct conn *c, int status, const char *ctype, long long 
     size_t start = o->len;
     bool close_framed = c->b.no_length || (clen < 0 && c->minor == 0);
     c->status = status;
-    c->keep_alive = c->req_keep_alive && !close_framed;
+    c->keep_alive = c->req_keep_alive && !close_framed && !c->b.connection_close;
     c->chunked_out = clen < 0 && !close_framed;
+    for (size_t i = 0; i < c->b.n_interim; i++) {
+        buf_addf(o, "HTTP/1.1 %d %s\r\n", c->b.interim[i], reply_reason(c->b.interim[i]));
+        if (c->b.interim[i] == 103)
+            buf_adds(o, "Link: </hint.css>; rel=preload; as=style\r\n");
+        buf_add(o, "\r\n", 2);
+    }
     buf_adds(o, "HTTP/1.1 ");
     buf_add_ll(o, status);
     buf_add(o, " ", 1);
@@ -140,10 +152,27 @@ static void reply_head(struct conn *c, int status, const char *ctype, long long 
     c->head_left += o->len - start;
 }
 
+/* `chunked`: the body in chunks of 1, 2, 4 ... up to 16 KiB bytes, so that a
+ * reader meets sizes of every hex width, most of them split across reads. */
+static void add_chunked(struct buf *o, const char *body, size_t len)
+{
+    for (size_t off = 0, sz = 1; off < len; off += sz, sz = sz < 16384 ? sz * 2 : sz) {
+        if (sz > len - off)
+            sz = len - off;
+        buf_addf(o, "%zx\r\n", sz);
+        buf_add(o, body + off, sz);
+        buf_add(o, "\r\n", 2);
+    }
+    buf_add(o, "0\r\n\r\n", 5);
+}
+
 static void reply_fixed(struct conn *c, int status, const char *ctype, const char *body, size_t len)
 {
-    reply_head(c, status, ctype, (long long)len);
-    buf_add(&c->out, body, len);
+    reply_head(c, status, ctype, c->b.chunked ? -1 : (long long)len);
+    if (c->chunked_out)
+        add_chunked(&c->out, body, len);
+    else
+        buf_add(&c->out, body, len);
     conn_start_response(c);
 }
 
@@ -420,6 +449,26 @@ static bool reply_check_auth(struct conn *c)
     return false;
 }
 
+/* `raw_hex`: the whole response as scripted, framing or none. The bytes up
+ * to the first blank line count as the head (pacing, close_after_bytes);
+ * bytes without one are all head. */
+static void reply_raw_response(struct conn *c)
+{
+    struct buf *o = &c->out;
+    size_t start = o->len;
+    buf_add_hex(o, c->b.raw, c->b.raw_len);
+    const char *p = o->p + start;
+    size_t n = o->len - start;
+    const char *blank = memmem(p, n, "\r\n\r\n", 4);
+    c->head_left += blank ? (size_t)(blank + 4 - p) : n;
+    c->keep_alive = c->req_keep_alive && c->b.raw_keep;
+    int status = 0; /* by_status counts it only when it has a status line */
+    if (n >= 12 && !memcmp(p, "HTTP/1.", 7) && p[8] == ' ')
+        sscanf(p + 9, "%3d", &status);
+    c->status = status;
+    conn_start_response(c);
+}
+
 /* The raw `body` (or `body_hex`) of a behaviour, expanded. */
 static void reply_raw(struct conn *c, int status)
 {
@@ -428,12 +477,7 @@ static void reply_raw(struct conn *c, int status)
     size_t n = c->b.body_len;
 
     if (c->b.body_hex) {
-        for (size_t i = 0; i < n; i += 2) {
-            unsigned v;
-            sscanf(p + i, "%2x", &v);
-            char ch = (char)v;
-            buf_add(&raw, &ch, 1);
-        }
+        buf_add_hex(&raw, p, n);
         p = raw.p;
         n = raw.len;
     }
@@ -943,6 +987,10 @@ void reply_api(struct conn *c, enum mock_endpoint ep, const char *body, size_t l
     }
     if (c->b.hang == BEHAVE_HANG_BEFORE_HEADERS || c->b.hang == BEHAVE_HANG_ACCEPT) {
         conn_hang(c);
+        return;
+    }
+    if (c->b.raw) {
+        reply_raw_response(c);
         return;
     }
     int status = c->b.status ? c->b.status : 200;
