@@ -1016,8 +1016,8 @@ memory_section() {
         echo "- KiB per call = (RSS in flight − RSS idle) ÷ $MEM_CALLS. Idle = just before the held calls (after the call rows when they ran);"
         echo "  in flight = the largest of 3 samples taken once \`requests.in_flight\` reached $MEM_CALLS (${ramp} s after the start);"
         echo "  after = 0.3 s after the last answer (in flight then: ${after_inflight:-n/a}; idle before: ${idle_inflight:-n/a})."
-        echo "  It includes everything the calls cost the process: request frames, call and attempt state, curl handles and"
-        echo "  buffers, and the upstream connections' user-space state (kernel socket buffers are not in RSS)."
+        echo "  It includes everything the calls cost the process: request frames, call and attempt state, the HTTP"
+        echo "  client's per-request state (the own client's for this plain-http mock), and the upstream connections' user-space state (kernel socket buffers are not in RSS)."
     } >>"$TMP/mem.md"
     if [ -z "$inflight2" ] || [ "$inflight2" -lt "$MEM_CALLS" ]; then
         echo "- **WARNING: fewer than $MEM_CALLS calls were in flight when RSS was read (${inflight2:-unknown}); KiB per call overstates nothing but is not per in-flight call.**" >>"$TMP/mem.md"
