@@ -311,22 +311,11 @@ START_TEST(test_jscan__string_special_at_every_offset)
         " ",   "\x7f", "\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80"
     };
     /* rejected at their first byte */
-    static const char *const bad[] = { "\x01",
-                                       "\x1f",
-                                       "\n",
-                                       "\t",
-                                       "\x80",
-                                       "\xbf",
-                                       "\xc0\xaf",
-                                       "\xe2\x82"
-                                       "a",
-                                       "\xed\xa0\x80",
-                                       "\xf4\x90\x80\x80",
-                                       "\xff",
-                                       "\\x",
-                                       "\\u12G4",
-                                       "\\u00eZ",
-                                       "\\'" };
+    static const char *const bad[] = {
+        "\x01", "\x1f",     "\n",        "\t",           "\x80",
+        "\xbf", "\xc0\xaf", "\xe2\x82z", "\xed\xa0\x80", "\xf4\x90\x80\x80",
+        "\xff", "\\x",      "\\u12G4",   "\\u00eZ",      "\\'"
+    };
     size_t at;
 
     for (size_t k = 0; k <= 40; k++) {
