@@ -18,13 +18,17 @@ struct scan {
     unsigned depth;
     /* the outermost container's members (keys: spans with the quotes) */
     struct jscan_value keys[JSCAN_RECORD], vals[JSCAN_RECORD];
+    bool key_esc[JSCAN_RECORD]; /* the key holds an escape */
     size_t n;
     bool overflow;
+    bool esc; /* the last string scanned holds an escape */
 };
 
-static void skip_ws(struct scan *c)
+static inline void skip_ws(struct scan *c)
 {
-    while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r'))
+    /* one compare settles the common case, a byte that is not a space */
+    while (c->p < c->end && (unsigned char)*c->p <= ' ' &&
+           (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r'))
         c->p++;
 }
 
@@ -70,45 +74,75 @@ static size_t utf8_len(const unsigned char *p, const unsigned char *end)
     return n;
 }
 
-static int scan_string(struct scan *c)
+/* The rest of a string from p, a byte that is not plain (or end): see
+ * scan_string. */
+static int scan_string_rest(struct scan *c, const unsigned char *p)
 {
-    const unsigned char *p = (const unsigned char *)c->p + 1, *end = (const unsigned char *)c->end;
+    const unsigned char *end = (const unsigned char *)c->end;
 
+    c->esc = false;
     while (p < end) {
         unsigned char b = *p;
         if (b == '"') {
             c->p = (const char *)p + 1;
             return 0;
         }
-        if (b < 0x20)
-            break;
         if (b == '\\') {
             if (p + 1 >= end)
+                goto bad;
+            c->esc = true;
+            switch (p[1]) {
+            case '"':
+            case '\\':
+            case '/':
+            case 'b':
+            case 'f':
+            case 'n':
+            case 'r':
+            case 't':
+                p += 2;
                 break;
-            unsigned char e = p[1];
-            if (e == 'u') {
+            case 'u':
                 if (end - p < 6 || jscan_hexval((char)p[2]) < 0 || jscan_hexval((char)p[3]) < 0 ||
                     jscan_hexval((char)p[4]) < 0 || jscan_hexval((char)p[5]) < 0)
-                    break;
+                    goto bad;
                 p += 6;
-                continue;
-            }
-            if (!strchr("\"\\/bfnrt", e) || e == 0)
                 break;
-            p += 2;
-            continue;
+            default:
+                goto bad;
+            }
+        } else if (b >= 0x80) {
+            size_t n = utf8_len(p, end);
+            if (!n)
+                goto bad;
+            p += n;
+            if (p < end && *p >= 0x80)
+                continue; /* text that is not ASCII, character after character */
+        } else {
+            goto bad; /* a control character */
         }
-        if (b < 0x80) {
-            p++;
-            continue;
-        }
-        size_t n = utf8_len(p, end);
-        if (!n)
-            break;
-        p += n;
+        p = jscan_plain_run(p, end);
     }
+bad:
     c->p = (const char *)p;
     return -1;
+}
+
+/* The string at c->p (its opening quote): c->p moves past the closing
+ * quote, or onto the first byte in error (end when it is cut short);
+ * c->esc tells whether it holds an escape. Inline, so that a string of
+ * plain bytes (most strings) costs the scan and no call. */
+static inline int scan_string(struct scan *c)
+{
+    const unsigned char *p =
+        jscan_plain_run((const unsigned char *)c->p + 1, (const unsigned char *)c->end);
+
+    if (p < (const unsigned char *)c->end && *p == '"') {
+        c->esc = false;
+        c->p = (const char *)p + 1;
+        return 0;
+    }
+    return scan_string_rest(c, p);
 }
 
 static bool is_digit(const char *p, const char *end)
@@ -179,6 +213,7 @@ static int scan_container(struct scan *c, bool object)
     }
     for (;;) {
         struct jscan_value key = { JSCAN_STRING, NULL, 0 }, val;
+        bool key_esc = false;
         skip_ws(c);
         if (object) {
             if (c->p >= c->end || *c->p != '"')
@@ -187,18 +222,27 @@ static int scan_container(struct scan *c, bool object)
             if (scan_string(c) < 0)
                 return -1;
             key.len = (size_t)(c->p - key.p);
+            key_esc = c->esc;
             skip_ws(c);
             if (c->p >= c->end || *c->p != ':')
                 return -1;
             c->p++;
             skip_ws(c);
         }
-        if (scan_value(c, &val) < 0)
+        if (c->p < c->end && *c->p == '"') { /* most values: no call */
+            val.type = JSCAN_STRING;
+            val.p = c->p;
+            if (scan_string(c) < 0)
+                return -1;
+            val.len = (size_t)(c->p - val.p);
+        } else if (scan_value(c, &val) < 0) {
             return -1;
+        }
         if (top) {
             if (c->n < JSCAN_RECORD) {
                 c->keys[c->n] = key;
                 c->vals[c->n] = val;
+                c->key_esc[c->n] = key_esc;
                 c->n++;
             } else {
                 c->overflow = true;
@@ -297,12 +341,21 @@ static unsigned long hex4(const char *p)
     return v;
 }
 
-/* A member name (a string span with its quotes) unescaped into out[64];
- * "" when it does not fit or holds a NUL. */
-static void unescape_key(const struct jscan_value *k, char *out)
+/* A member name (a string span with its quotes, holding an escape when
+ * `esc`) unescaped into out[64]; "" when it does not fit or holds a NUL. */
+static void unescape_key(const struct jscan_value *k, bool esc, char *out)
 {
     const char *p = k->p + 1, *end = k->p + k->len - 1;
     size_t o = 0;
+
+    if (!esc) { /* as it is: a valid string without escapes holds no NUL */
+        size_t n = k->len - 2;
+        if (n > 63)
+            n = 0;
+        memcpy(out, p, n);
+        out[n] = '\0';
+        return;
+    }
 
     while (p < end) {
         unsigned long cp;
@@ -365,7 +418,7 @@ static int emit(struct scan *c, const struct jscan_value *top, jscan_member_fn *
     if (!c->overflow) {
         for (size_t i = 0; i < c->n; i++) {
             if (object) {
-                unescape_key(&c->keys[i], key);
+                unescape_key(&c->keys[i], c->key_esc[i], key);
                 rc = fn(ud, key, &c->vals[i]);
             } else {
                 rc = efn(ud, &c->vals[i]);
@@ -382,6 +435,7 @@ static int emit(struct scan *c, const struct jscan_value *top, jscan_member_fn *
     w.depth = 1; /* nothing below is recorded */
     for (;;) {
         struct jscan_value k = { JSCAN_STRING, NULL, 0 }, v;
+        bool k_esc = false;
         skip_ws(&w);
         if (w.p >= w.end)
             return 0;
@@ -389,13 +443,14 @@ static int emit(struct scan *c, const struct jscan_value *top, jscan_member_fn *
             k.p = w.p;
             scan_string(&w);
             k.len = (size_t)(w.p - k.p);
+            k_esc = w.esc;
             skip_ws(&w);
             w.p++; /* ':' */
             skip_ws(&w);
         }
         scan_value(&w, &v);
         if (object) {
-            unescape_key(&k, key);
+            unescape_key(&k, k_esc, key);
             rc = fn(ud, key, &v);
         } else {
             rc = efn(ud, &v);

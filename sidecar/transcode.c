@@ -741,34 +741,6 @@ static int jout_double(struct j1 *cx, double d)
 
 /* ---- lexer (jansson's, on spans) ---- */
 
-/* 0: a byte a string copies as is; else what ends the plain run. */
-static const unsigned char str_class[256] = {
-    [0x00 ... 0x1f] = 3,
-    ['"'] = 1,
-    ['\\'] = 2,
-    [0x80 ... 0xff] = 4,
-};
-
-/* The end of the run of plain bytes at p (printable ASCII other than '"'
- * and '\\'), eight bytes at a time while none of them ends it. */
-static inline const unsigned char *plain_run(const unsigned char *p, const unsigned char *end)
-{
-    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
-
-    while (end - p >= 8) {
-        uint64_t v;
-        memcpy(&v, p, sizeof(v));
-        uint64_t q = v ^ (ones * '"'), b = v ^ (ones * '\\');
-        uint64_t stop = ((q - ones) & ~q) | ((b - ones) & ~b) | (v - ones * 0x20) | v;
-        if (stop & highs)
-            break;
-        p += 8;
-    }
-    while (p < end && !str_class[*p])
-        p++;
-    return p;
-}
-
 static inline bool l_isdigit(int c)
 {
     return c >= '0' && c <= '9';
@@ -883,7 +855,7 @@ static void lex_string(struct jlex *lx)
 
     lx->tok = T_INVALID;
     for (;;) {
-        p = plain_run(p, end);
+        p = jscan_plain_run(p, end);
         if (p >= end) {
             lex_fail(lx, end, false, false, "premature end of input");
             return;

@@ -4,13 +4,16 @@
  * jansson tree it replaced (transcode_json_to_msgpack_jansson), on the
  * shapes the msgpack `call` path transcodes: a ~1 KB chat reply, a
  * ~200-byte stream chunk and a ~64 KB reply (long content, many choices),
- * each packed into a reused msgpack_sbuffer as the sidecar does, through
- * the scrubbing string hook's shape (a no-op hook).
+ * plus the short chat request the per-request bench sends, each packed
+ * into a reused msgpack_sbuffer as the sidecar does, through the scrubbing
+ * string hook's shape (a no-op hook).
  *
  *   build/bench/transcode [--iterations N]
  *
  * Checks first that both give the same bytes, then prints a Markdown table
- * of ns per input byte and µs per document (best of 7 runs of N each).
+ * of ns per input byte and µs per document (best of 7 runs of N each), and
+ * beside them the validating scan the HTTP front end runs over the same
+ * text (jscan_object, a callback per top-level member as sidecar/call.c's).
  * When built with libyajl-dev installed (not a dependency of polygw), it
  * also times yajl's parser with callbacks that do nothing: the floor of any
  * yajl-based transcoder, which would still have to count members and pack.
@@ -21,6 +24,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "jscan.h"
 #include "strbuf.h"
 #include "transcode.h"
 
@@ -106,6 +110,30 @@ static int noop_hook(void *ud, const char **s, size_t *n)
     (void)n;
     return 0;
 }
+
+static int count_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    (void)v;
+    *(unsigned *)ud += strcmp(key, "usage") == 0;
+    return 0;
+}
+
+/* jscan_object in best_of's shape (pk, opt and err unused). */
+static int jscan_walk(const char *json, size_t len, msgpack_packer *pk,
+                      const struct transcode_j2m *opt, char *err, size_t errlen)
+{
+    unsigned n = 0;
+    (void)pk;
+    (void)opt;
+    (void)err;
+    (void)errlen;
+    return jscan_object(json, len, count_member, &n, NULL);
+}
+
+/* The chat request tests/bench/per_request.py sends. */
+static const char request[] =
+    "{\"model\":\"gpt-4o-mini\",\"messages\":[{\"role\":\"system\",\"content\":\"You are a "
+    "helpful assistant.\"},{\"role\":\"user\",\"content\":\"Hello, how are you today?\"}]}";
 
 static const char chunk[] =
     "{\"id\":\"chatcmpl-9x8y7z\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,"
@@ -209,14 +237,16 @@ int main(int argc, char **argv)
         size_t len;
         unsigned long n;
     } docs[] = {
+        { "chat request", request, sizeof(request) - 1, iters * 4 },
         { "SSE chunk", chunk, sizeof(chunk) - 1, iters * 4 },
         { "chat reply", reply1k.data, reply1k.len, iters },
         { "large reply", reply64k.data, reply64k.len, iters / 40 + 1 },
     };
 
-    printf("| input | bytes | jansson ns/B | single-pass ns/B | jansson µs | single-pass µs | "
-           "speed-up |%s\n|---|---:|---:|---:|---:|---:|---:|%s\n",
-           BENCH_YAJL ? " yajl parse alone ns/B |" : "", BENCH_YAJL ? "---:|" : "");
+    printf(
+        "| input | bytes | jansson ns/B | single-pass ns/B | jansson µs | single-pass µs | "
+        "speed-up | jscan ns/B | jscan µs |%s\n|---|---:|---:|---:|---:|---:|---:|---:|---:|%s\n",
+        BENCH_YAJL ? " yajl parse alone ns/B |" : "", BENCH_YAJL ? "---:|" : "");
     for (size_t i = 0; i < sizeof(docs) / sizeof(docs[0]); i++) {
         same_bytes(docs[i].json, docs[i].len);
         double old =
@@ -225,6 +255,8 @@ int main(int argc, char **argv)
         printf("| %s | %zu | %.2f | %.2f | %.2f | %.2f | %.1fx |", docs[i].name, docs[i].len,
                old * 1e9 / (double)docs[i].len, cur * 1e9 / (double)docs[i].len, old * 1e6,
                cur * 1e6, old / cur);
+        double scan = best_of(jscan_walk, docs[i].json, docs[i].len, docs[i].n);
+        printf(" %.2f | %.3f |", scan * 1e9 / (double)docs[i].len, scan * 1e6);
 #if BENCH_YAJL
         double y = best_of(yajl_floor, docs[i].json, docs[i].len, docs[i].n);
         printf(" %.2f |", y * 1e9 / (double)docs[i].len);

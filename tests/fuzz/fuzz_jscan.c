@@ -6,7 +6,10 @@
  *     element they report lies inside the input and is itself valid JSON;
  *   - jansson (a full parser) accepting a text means jscan accepts it too,
  *     within the depth jscan allows (and without raw NUL bytes, which end
- *     jansson's input).
+ *     jansson's input);
+ *   - jscan_plain_run and its portable jscan_plain_run_swar stop where a
+ *     byte-at-a-time scan stops, at each special byte of the input in turn,
+ *     from several starts and ends.
  */
 #include "jscan.h"
 
@@ -70,8 +73,23 @@ static size_t depth_of(const char *s, size_t n)
     return max;
 }
 
+static void check_plain_runs(const unsigned char *p, const unsigned char *end)
+{
+    while (p < end) {
+        const unsigned char *want = p;
+        while (want < end && *want >= 0x20 && *want < 0x80 && *want != '"' && *want != '\\')
+            want++;
+        if (jscan_plain_run(p, end) != want || jscan_plain_run_swar(p, end) != want)
+            abort();
+        p = want + 1;
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    for (size_t k = 0; k < 8 && 2 * k <= size; k++)
+        check_plain_runs(data + k, data + size - k);
+
     const char *s = (const char *)data;
     struct bounds b = { s, s + size };
     size_t at = 0;

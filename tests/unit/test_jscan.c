@@ -224,6 +224,191 @@ START_TEST(test_jscan__more_members_than_recorded)
 }
 END_TEST
 
+/* A copy of s[0..n) in a block of exactly n bytes, so that the sanitizers
+ * catch a read past the end of the text. */
+static char *exact(const char *s, size_t n)
+{
+    char *b = malloc(n ? n : 1);
+    ck_assert_ptr_nonnull(b);
+    memcpy(b, s, n);
+    return b;
+}
+
+static bool is_plain(unsigned char b)
+{
+    return b >= 0x20 && b < 0x80 && b != '"' && b != '\\';
+}
+
+typedef const unsigned char *plain_run_fn(const unsigned char *, const unsigned char *);
+
+/* Every byte value at every offset 0..17 of runs of up to 40 bytes, at four
+ * alignments, that end at the end of their block (or right after the byte). */
+static void check_plain_run(plain_run_fn *run, const char *name)
+{
+    for (size_t len = 0; len <= 40; len++) {
+        for (size_t align = 0; align < 4; align++) {
+            unsigned char *blk = malloc(align + len + 1);
+            ck_assert_ptr_nonnull(blk);
+            unsigned char *p = blk + align, *end = p + len;
+            memset(p, 'a', len);
+            ck_assert_msg(run(p, end) == end, "%s: plain run of %zu at +%zu", name, len, align);
+            for (size_t at = 0; at < len && at <= 17; at++) {
+                for (unsigned b = 0; b < 256; b++) {
+                    p[at] = (unsigned char)b;
+                    bool plain = is_plain((unsigned char)b);
+                    if (run(p, end) != (plain ? end : p + at))
+                        ck_abort_msg("%s: byte 0x%02x at %zu of %zu (+%zu): stops at %td", name, b,
+                                     at, len, align, run(p, end) - p);
+                    /* the same byte last in its block */
+                    if (run(p, p + at + 1) != p + at + !!plain)
+                        ck_abort_msg("%s: byte 0x%02x ending a run of %zu", name, b, at + 1);
+                }
+                p[at] = 'a';
+            }
+            /* two stops: the first one wins */
+            if (len >= 2) {
+                p[len - 1] = '"';
+                p[len / 2] = '\\';
+                ck_assert(run(p, end) == p + len / 2);
+            }
+            free(blk);
+        }
+    }
+}
+
+START_TEST(test_jscan__plain_run_stops_at_the_first_special_byte)
+{
+    check_plain_run(jscan_plain_run, "jscan_plain_run");
+    check_plain_run(jscan_plain_run_swar, "jscan_plain_run_swar");
+}
+END_TEST
+
+/* "<k plain bytes><x><tail>" as one JSON text in a block of its own size:
+ * jscan_check's result and error offset. */
+static int check_string(size_t k, const char *x, size_t xn, const char *tail, size_t *at)
+{
+    char t[128];
+    size_t n = 0;
+    t[n++] = '"';
+    memset(t + n, 'a', k);
+    n += k;
+    memcpy(t + n, x, xn);
+    n += xn;
+    memcpy(t + n, tail, strlen(tail));
+    n += strlen(tail);
+    char *b = exact(t, n);
+    *at = 9999;
+    int rc = jscan_check(b, n, at);
+    free(b);
+    return rc;
+}
+
+START_TEST(test_jscan__string_special_at_every_offset)
+{
+    /* accepted wherever they are */
+    static const char *const ok[] = {
+        "\\n", "\\\"", "\\\\",     "\\/",          "\\u00e9",         "\\uD83D\\uDE00",
+        " ",   "\x7f", "\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80"
+    };
+    /* rejected at their first byte */
+    static const char *const bad[] = {
+        "\x01", "\x1f",     "\n",        "\t",           "\x80",
+        "\xbf", "\xc0\xaf", "\xe2\x82z", "\xed\xa0\x80", "\xf4\x90\x80\x80",
+        "\xff", "\\x",      "\\u12G4",   "\\u00eZ",      "\\'"
+    };
+    size_t at;
+
+    for (size_t k = 0; k <= 40; k++) {
+        for (size_t tail = 0; tail <= 17; tail += 17) {
+            const char *rest = tail ? "bbbbbbbbbbbbbbbbb\"" : "\"";
+            for (size_t i = 0; i < sizeof(ok) / sizeof(*ok); i++)
+                ck_assert_msg(check_string(k, ok[i], strlen(ok[i]), rest, &at) == 0,
+                              "ok[%zu] at %zu rejected at %zu", i, k, at);
+            for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+                ck_assert_msg(check_string(k, bad[i], strlen(bad[i]), rest, &at) == -1,
+                              "bad[%zu] at %zu accepted", i, k);
+                ck_assert_msg(at == 1 + k, "bad[%zu] at %zu: error at %zu", i, k, at);
+            }
+            ck_assert_int_eq(check_string(k, "\0", 1, rest, &at), -1); /* a raw NUL */
+            ck_assert_uint_eq(at, 1 + k);
+            /* characters back to back, the last one bad */
+            ck_assert_int_eq(check_string(k, "\xe2\x82\xac\xc3\xa9\xf0\x9f\x98\x80", 9, rest, &at),
+                             0);
+            ck_assert_int_eq(check_string(k, "\xc3\xa9\xe2\x82\xac\x80", 6, rest, &at), -1);
+            ck_assert_uint_eq(at, 6 + k);
+            /* a quote ends the string early: what follows it is garbage */
+            if (tail) {
+                ck_assert_int_eq(check_string(k, "\"", 1, rest, &at), -1);
+                ck_assert_uint_eq(at, 2 + k);
+            }
+        }
+        /* cut short: at the end, or at the escape or sequence it cuts */
+        ck_assert_int_eq(check_string(k, "", 0, "", &at), -1);
+        ck_assert_uint_eq(at, 1 + k);
+        static const char *const cut[] = { "\\",   "\\u",      "\\u00",       "\\u00e",
+                                           "\xc3", "\xe2\x82", "\xf0\x9f\x98" };
+        for (size_t i = 0; i < sizeof(cut) / sizeof(*cut); i++) {
+            ck_assert_msg(check_string(k, cut[i], strlen(cut[i]), "", &at) == -1,
+                          "cut[%zu] at %zu accepted", i, k);
+            ck_assert_msg(at == 1 + k, "cut[%zu] at %zu: error at %zu", i, k, at);
+        }
+        ck_assert_int_eq(check_string(k, "\xc3\xa9", 2, "", &at), -1);
+        ck_assert_uint_eq(at, 3 + k);
+        /* ends exactly at the end of the buffer */
+        ck_assert_int_eq(check_string(k, "", 0, "\"", &at), 0);
+        ck_assert_int_eq(check_string(k, "\\t", 2, "\"", &at), 0);
+    }
+}
+END_TEST
+
+static int on_first_key(void *ud, const char *key, const struct jscan_value *v)
+{
+    (void)v;
+    snprintf(ud, 80, "%s", key);
+    return 1;
+}
+
+/* Keys as the callback sees them: up to 63 bytes as they are, escaped or
+ * not, longer ones as "". */
+START_TEST(test_jscan__key_lengths_with_and_without_escapes)
+{
+    for (size_t n = 0; n <= 70; n++) {
+        for (int esc = 0; esc < 3; esc++) {
+            char t[200], want[80], got[80] = "?";
+            size_t o = 0;
+            memset(want, 'k', n);
+            want[n] = '\0';
+            t[o++] = '{';
+            t[o++] = '"';
+            memset(t + o, 'k', n);
+            /* an escape for the last byte: \u006b or \/ (then the key ends in '/') */
+            if (esc == 1 && n) {
+                o += n - 1;
+                memcpy(t + o, "\\u006b", 6);
+                o += 6;
+            } else if (esc == 2 && n) {
+                o += n - 1;
+                memcpy(t + o, "\\/", 2);
+                o += 2;
+                want[n - 1] = '/';
+            } else {
+                o += n;
+            }
+            memcpy(t + o, "\":1}", 4);
+            o += 4;
+            char *b = exact(t, o);
+            ck_assert_int_eq(jscan_object(b, o, on_first_key, got, NULL), 1);
+            free(b);
+            /* (a \u escape is decoded only with room for four bytes
+             * left: keys of 61..63 bytes ending in one come out as "") */
+            bool fits = esc == 1 ? n <= 60 : n <= 63;
+            ck_assert_msg(strcmp(got, fits ? want : "") == 0, "key of %zu (escape %d): \"%s\"", n,
+                          esc, got);
+        }
+    }
+}
+END_TEST
+
 Suite *jscan_suite(void)
 {
     Suite *s = suite_create("jscan");
@@ -234,6 +419,9 @@ Suite *jscan_suite(void)
     tcase_add_test(tc, test_jscan__depth_is_bounded);
     tcase_add_test(tc, test_jscan__members_in_order_with_unescaped_keys);
     tcase_add_test(tc, test_jscan__more_members_than_recorded);
+    tcase_add_test(tc, test_jscan__plain_run_stops_at_the_first_special_byte);
+    tcase_add_test(tc, test_jscan__string_special_at_every_offset);
+    tcase_add_test(tc, test_jscan__key_lengths_with_and_without_escapes);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1587,6 +1587,78 @@ START_TEST(test_transcode__json_single_pass_matches_jansson)
 }
 END_TEST
 
+/* "<k plain bytes><x><tail>" after `pre` and before `post`, in a block of
+ * its own size: checked against jansson; returns the code. */
+static int check_string_as_jansson(const char *pre, size_t k, const char *x, const char *tail,
+                                   const char *post)
+{
+    char t[160];
+    size_t n = (size_t)snprintf(t, sizeof(t), "%s\"", pre);
+    memset(t + n, 'a', k);
+    n += k;
+    n += (size_t)snprintf(t + n, sizeof(t) - n, "%s%s%s", x, tail, post);
+    char *b = malloc(n);
+    ck_assert_ptr_nonnull(b);
+    memcpy(b, t, n);
+    int rc = check_same_as_jansson(b, n, NULL);
+    free(b);
+    return rc;
+}
+
+/* The lexer's string scan stops at each kind of special byte wherever it
+ * lies (it reads up to 16 bytes at a time), in values and keys, and a
+ * string cut short by the end of the text is an error there too. */
+START_TEST(test_transcode__json_string_special_at_every_offset)
+{
+    static const char *const ok[] = { "\\n",
+                                      "\\\"",
+                                      "\\\\",
+                                      "\\u00e9",
+                                      "\\uD83D\\uDE00",
+                                      " ",
+                                      "\x7f",
+                                      "\xc3\xa9",
+                                      "\xe2\x82\xac",
+                                      "\xf0\x9f\x98\x80",
+                                      "\xe2\x82\xac\xc3\xa9\xf0\x9f\x98\x80" };
+    static const char *const bad[] = { "\xc3\xa9\xe2\x82\xac\x80",
+                                       "\x01",
+                                       "\x1f",
+                                       "\n",
+                                       "\t",
+                                       "\x80",
+                                       "\xc0\xaf",
+                                       "\xe2\x82z",
+                                       "\xed\xa0\x80",
+                                       "\xff",
+                                       "\\x",
+                                       "\\u12G4",
+                                       "\\ud800z" };
+    static const char *const cut[] = { "", "\\", "\\u00", "\xc3", "\xe2\x82" };
+
+    for (size_t k = 0; k <= 40; k++) {
+        for (int key = 0; key < 2; key++) {
+            const char *pre = key ? "{" : "", *post = key ? ":1}" : "";
+            for (size_t i = 0; i < sizeof(ok) / sizeof(*ok); i++) {
+                ck_assert_int_eq(check_string_as_jansson(pre, k, ok[i], "\"", post), 0);
+                ck_assert_int_eq(
+                    check_string_as_jansson(pre, k, ok[i], "bbbbbbbbbbbbbbbbb\"", post), 0);
+            }
+            for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+                ck_assert_int_eq(check_string_as_jansson(pre, k, bad[i], "\"", post),
+                                 TRANSCODE_EINVALID);
+                ck_assert_int_eq(
+                    check_string_as_jansson(pre, k, bad[i], "bbbbbbbbbbbbbbbbb\"", post),
+                    TRANSCODE_EINVALID);
+            }
+            for (size_t i = 0; i < sizeof(cut) / sizeof(*cut); i++)
+                ck_assert_int_eq(check_string_as_jansson(pre, k, cut[i], "", ""),
+                                 TRANSCODE_EINVALID);
+        }
+    }
+}
+END_TEST
+
 /* A JSON array or object of n members, in a malloc'd string. */
 static char *wide_json(size_t n, bool object, size_t dup_every)
 {
@@ -1792,6 +1864,7 @@ Suite *transcode_suite(void)
 
     tcase_add_test(tc, test_transcode__buf_lifecycle);
     tcase_add_test(tc, test_transcode__json_single_pass_matches_jansson);
+    tcase_add_test(tc, test_transcode__json_string_special_at_every_offset);
     tcase_add_test(tc, test_transcode__json_reals_ignore_a_comma_locale);
     tcase_add_test(tc, test_transcode__json_wide_containers_and_many_keys);
     tcase_add_test(tc, test_transcode__json_depth_edges_match_jansson);
