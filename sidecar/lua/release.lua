@@ -83,9 +83,12 @@ local n_rel = 1 + (na - first_extra + 1) / 4
 -- three after it: a = 1 for i = 1, first_extra + 4i - 8 after it.
 
 -- Validated before any write: a script error does not roll back earlier writes.
+local any_failure = false
 for i = 1, n_rel do
     local v = ARGV[i == 1 and 2 or first_extra + 4 * i - 7]
-    if v ~= 'success' and v ~= 'failure' and v ~= 'neutral' then
+    if v == 'failure' then
+        any_failure = true
+    elseif v ~= 'success' and v ~= 'neutral' then
         return redis.error_reply('release.lua: verdict must be success, failure or neutral')
     end
 end
@@ -157,8 +160,13 @@ local b = redis.call('HMGET', K_BRK, 'open_until', 'probe', 'consec', 'cooldown'
 local open_until = tonumber(b[1]) or 0
 local probe = b[2]
 local consec = tonumber(b[3]) or 0
-local failures, base_cd = tonumber(ARGV[9]) or 0, tonumber(ARGV[10]) or 0
-local cd = tonumber(b[4]) or base_cd
+-- The breaker's arguments, parsed only when a verdict can change it: a
+-- failure, a probe's verdict, a success that resets the failure count.
+local failures, base_cd, cd = 0, 0, 0
+if any_failure or probe or consec ~= 0 then
+    failures, base_cd = tonumber(ARGV[9]) or 0, tonumber(ARGV[10]) or 0
+    cd = tonumber(b[4]) or base_cd
+end
 local set_ou, set_cd, set_consec, probe_deleted, opened = false, false, false, false, 0
 
 for i = 1, n_rel do
