@@ -184,23 +184,6 @@ static const char *const refusal_names[7] = { "breaker", "concurrency", "rpm",  
 
 /* --- helpers ----------------------------------------------------------- */
 
-/* u in decimal at p, NUL-terminated (at most 21 bytes); returns the NUL.
- * For the numbers of every attempt: snprintf costs some ten times more. */
-static char *put_uint(char *p, unsigned long long u)
-{
-    char d[20];
-    size_t k = 0;
-
-    do {
-        d[k++] = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
-    while (k)
-        *p++ = d[--k];
-    *p = '\0';
-    return p;
-}
-
 /* A whole number as the scripts read it (tonumber), in buf of len >= 18
  * bytes (every caller's has 24 or more). */
 static void fmt_num(char *buf, size_t len, double v)
@@ -212,7 +195,7 @@ static void fmt_num(char *buf, size_t len, double v)
     long long x = llround(v); /* at most 16 digits and a sign */
     if (x < 0)
         *buf++ = '-';
-    put_uint(buf, x < 0 ? 0ULL - (unsigned long long)x : (unsigned long long)x);
+    *rds_put_uint(buf, x < 0 ? 0ULL - (unsigned long long)x : (unsigned long long)x) = '\0';
 }
 
 static bool reply_is_int(const redisReply *r, long long *v)
@@ -814,7 +797,7 @@ static int redis_admit(struct backend *be, size_t source, size_t app, double est
     /* "<sidecar_id>:<seq>": 16 + 1 + at most 21 bytes */
     memcpy(l->id, sh->sidecar_id, 16);
     l->id[16] = ':';
-    put_uint(l->id + 17, ++sh->lease_seq);
+    *rds_put_uint(l->id + 17, ++sh->lease_seq) = '\0';
     *a = (struct backend_admit){ .sh = sh, .lease = l, .cb = cb, .ud = ud };
     fmt_num(a->est, sizeof(a->est), ceil(est_tokens));
     sh->admit_requests++;
