@@ -26,9 +26,13 @@ end
 -- keeps only 14 digits.
 local function num(x) return string.format('%.17g', x) end
 
--- A whole number (below 2^53) as an argument to Redis: '%d' costs half of
--- '%.17g', which is how Redis formats a number given to redis.call.
-local function int(x) return string.format('%d', x) end
+-- A whole number as an argument to Redis: '%d' costs half of '%.17g',
+-- which is how Redis formats a number given to redis.call. Beyond 2^53 the
+-- number goes as it is (as Redis formats it, which it then refuses).
+local function int(x)
+    if x < 9e15 and x > -9e15 then return string.format('%d', x) end
+    return x
+end
 
 -- A limit's argument (a capacity, a max_concurrency) as a number, 0 when
 -- absent or not a number. '0', no limit, the common case, is recognised
