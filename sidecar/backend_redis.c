@@ -184,13 +184,18 @@ static const char *const refusal_names[7] = { "breaker", "concurrency", "rpm",  
 
 /* --- helpers ----------------------------------------------------------- */
 
-/* A whole number as the scripts read it (tonumber). */
+/* A whole number as the scripts read it (tonumber), in buf of len >= 18
+ * bytes (every caller's has 24 or more). */
 static void fmt_num(char *buf, size_t len, double v)
 {
-    if (fabs(v) < 9e15)
-        snprintf(buf, len, "%lld", llround(v));
-    else
+    if (!(fabs(v) < 9e15)) {
         snprintf(buf, len, "%.0f", v);
+        return;
+    }
+    long long x = llround(v); /* at most 16 digits and a sign */
+    if (x < 0)
+        *buf++ = '-';
+    *rds_put_uint(buf, x < 0 ? 0ULL - (unsigned long long)x : (unsigned long long)x) = '\0';
 }
 
 static bool reply_is_int(const redisReply *r, long long *v)
@@ -789,7 +794,10 @@ static int redis_admit(struct backend *be, size_t source, size_t app, double est
             l->cap = cap_on ? cap : SIZE_MAX;
         }
     }
-    snprintf(l->id, sizeof(l->id), "%s:%llu", sh->sidecar_id, ++sh->lease_seq);
+    /* "<sidecar_id>:<seq>": 16 + 1 + at most 21 bytes */
+    memcpy(l->id, sh->sidecar_id, 16);
+    l->id[16] = ':';
+    *rds_put_uint(l->id + 17, ++sh->lease_seq) = '\0';
     *a = (struct backend_admit){ .sh = sh, .lease = l, .cb = cb, .ud = ud };
     fmt_num(a->est, sizeof(a->est), ceil(est_tokens));
     sh->admit_requests++;

@@ -80,11 +80,16 @@ Steps and why:
  or Sentinel's) runs the script; Redis Cluster would need one slot.
 ]]
 
--- time_ms, num, bucket_level and bucket_store come from lib.lua (prepended).
+-- time_ms, num, int, limit_arg, bucket_level and bucket_store come from lib.lua
+-- (prepended).
 -- Written for Redis' time per call: every redis.call costs about as much as
--- a small command, so each key is read once and written once per script
--- whatever the batch, numbers are formatted once, and the per-limit state
--- lives in flat arrays rather than tables built per call.
+-- a small command, and every object the script allocates (table, string,
+-- closure) costs again in Lua's collector. So each key is read once and
+-- written once per script whatever the batch; the attempts are read from
+-- ARGV where they are; the per-limit state lives in flat arrays sized by
+-- their constructors; strings are made only for a refusal's reason; and a
+-- number goes to redis.call as a number (Redis formats it with 17 digits,
+-- as num() does) unless many calls take the same one.
 local now = time_ms(redis.call('TIME'))
 
 local nk, na = #KEYS, #ARGV
@@ -95,48 +100,42 @@ if nk < 5 or n_groups ~= math.floor(n_groups) or na < first_extra - 1 or
     return redis.error_reply('admit.lua: KEYS must be 5 + 4 per app group, ARGV 10 + 8 per group ' ..
                              '+ 2 per further attempt')
 end
-local K_LEASES = KEYS[2]
-local lease_ttl = tonumber(ARGV[3]) or 0
-local now_s = num(now)
-
--- The attempts, in order: ARGV[1] and ARGV[10], then the further pairs.
-local ids, ests = { ARGV[1] }, { tonumber(ARGV[10]) or 0 }
-for j = first_extra, na, 2 do
-    ids[#ids + 1] = ARGV[j]
-    ests[#ests + 1] = tonumber(ARGV[j + 1]) or 0
-end
-for i = 1, #ests do
-    if ests[i] < 0 then ests[i] = 0 end
-end
+local n_att = 1 + (na - first_extra + 1) / 2
 
 -- Limit L = 1 (the source's), 2.. (the app groups'): leases key, its
 -- max_concurrency and live count, and buckets 3L-2 (rpm), 3L-1 (tpm), 3L
--- (daily) with key, capacity, window and level (nil = no limit). The
+-- (daily) with key, capacity, window and level (false = no limit). The
 -- source's leases are always recorded (breaker probes are owned by a lease);
 -- an app group's only when it limits concurrency.
+-- A window stays ARGV's string until its bucket has a capacity.
 local n_lim = 1 + n_groups
-local prefix, lkey, conc, live = { '' }, { K_LEASES }, { tonumber(ARGV[2]) or 0 }, {}
-local bkey, bcap, bwin, blvl = {}, {}, {}, {}
-local function buckets(L, k, a)
+local label, lkey, conc, live = { false }, { KEYS[2] }, { limit_arg(ARGV[2]) }, { 0 }
+local bkey, bcap, bwin, blvl = { KEYS[3], KEYS[4], KEYS[5] },
+    { limit_arg(ARGV[4]), limit_arg(ARGV[6]), limit_arg(ARGV[8]) }, { ARGV[5], ARGV[7], ARGV[9] },
+    { false, false, false }
+for g = 0, n_groups - 1 do
+    local L, a = 2 + g, 13 + 8 * g
+    label[L] = ARGV[11 + 8 * g]
+    conc[L] = limit_arg(ARGV[12 + 8 * g])
+    lkey[L] = conc[L] > 0 and KEYS[6 + 4 * g] or false
+    live[L] = 0
     for i = 0, 2 do
         local b = 3 * L - 2 + i
-        bkey[b], bcap[b], bwin[b] = KEYS[k + i], tonumber(ARGV[a + 2 * i]) or 0,
-            tonumber(ARGV[a + 2 * i + 1]) or 0
+        bkey[b], bcap[b], bwin[b], blvl[b] = KEYS[7 + 4 * g + i], limit_arg(ARGV[a + 2 * i]),
+            ARGV[a + 2 * i + 1], false
     end
 end
-buckets(1, 3, 4) -- the source's (ARGV[3] is the lease TTL)
-for g = 0, n_groups - 1 do
-    local L = 2 + g
-    prefix[L] = ARGV[11 + 8 * g] .. '_'
-    conc[L] = tonumber(ARGV[12 + 8 * g]) or 0
-    lkey[L] = conc[L] > 0 and KEYS[6 + 4 * g] or false
-    buckets(L, 7 + 4 * g, 13 + 8 * g)
-end
+-- now and the leases' expiry as the calls take them: one string for many
+-- calls (a batch, several limits), else the number itself
+local expiry = now + (tonumber(ARGV[3]) or 0)
+local now_a, expiry_a = now, expiry
+if n_lim > 1 then now_a = num(now) end
+if n_att > 1 then expiry_a = num(expiry) end
 
 -- 1. expired leases
 for L = 1, n_lim do
     if lkey[L] then
-        redis.call('ZREMRANGEBYSCORE', lkey[L], '-inf', now_s)
+        redis.call('ZREMRANGEBYSCORE', lkey[L], '-inf', now_a)
     end
 end
 
@@ -145,57 +144,70 @@ local brk = redis.call('HMGET', KEYS[1], 'open_until', 'probe')
 local open_until = tonumber(brk[1]) or 0
 -- probe_busy: the half-open breaker's single probe is in flight
 local probe_busy = open_until > 0 and now >= open_until and brk[2] and
-    redis.call('ZSCORE', K_LEASES, brk[2]) and true or false
+    redis.call('ZSCORE', KEYS[2], brk[2]) and true or false
 
 -- The state the checks of 3. and 4. read, once for the whole batch.
+local any_bucket = false
 for L = 1, n_lim do
     if conc[L] > 0 then live[L] = redis.call('ZCARD', lkey[L]) end
 end
 for b = 1, 3 * n_lim do
-    if bcap[b] > 0 and bwin[b] > 0 then
-        blvl[b] = bucket_level(bkey[b], bcap[b], bwin[b], now)
+    if bcap[b] > 0 then
+        bwin[b] = tonumber(bwin[b]) or 0
+        if bwin[b] > 0 then
+            blvl[b] = bucket_level(bkey[b], bcap[b], bwin[b], now)
+            any_bucket = true
+        end
     end
 end
 
 -- Each attempt in turn, as if admitted alone one after the other at `now`:
 -- an admitted one takes its lease, its probe and its withdrawals before the
--- next is checked.
-local out, admitted, probe_id = {}, {}, nil
-for i = 1, #ids do
-    local est = ests[i]
-    local reason, retry_at = nil, 0
-    local function refuse(r, at)
-        if not reason then reason = r end
-        if at and at > retry_at then retry_at = at end
+-- next is checked. Attempt 1 is ARGV[1] and ARGV[10], attempt i > 1
+-- ARGV[first_extra + 2i - 4] and the one after it. The reason is the first
+-- failing check's; retry_at the latest known time among all of them.
+local out, zargs, n_adm, probe_id = { 0, 0, 0 }, { false, false }, 0, nil
+for i = 1, n_att do
+    local id, est = ARGV[1], ARGV[10]
+    if i > 1 then
+        local j = first_extra + 2 * i - 4
+        id, est = ARGV[j], ARGV[j + 1]
     end
-    local probe = 0
+    est = tonumber(est) or 0
+    if est < 0 then est = 0 end
+    local reason, retry_at, probe = nil, 0, 0
     if open_until > 0 then
         if now < open_until then
-            refuse('breaker', open_until)
+            reason, retry_at = 'breaker', open_until
         elseif probe_busy then
-            refuse('breaker', nil)
+            reason = 'breaker'
         else
             probe = 1
         end
     end
     for L = 1, n_lim do
-        if conc[L] > 0 and live[L] >= conc[L] then
-            refuse(prefix[L] .. 'concurrency', nil)
+        if not reason and conc[L] > 0 and live[L] >= conc[L] then
+            reason = L == 1 and 'concurrency' or label[L] .. '_concurrency'
         end
         for b = 3 * L - 2, 3 * L do
             local lvl = blvl[b]
             if lvl then
-                local cost = (b % 3 == 1) and 1 or est
+                local kind = b % 3 -- 1 rpm, 2 tpm, 0 daily
+                local cost = kind == 1 and 1 or est
                 local cap = bcap[b]
                 local missing = (cost < cap and cost or cap) - lvl
                 if missing > 1e-9 then
-                    local name = b % 3 == 1 and 'rpm' or b % 3 == 2 and 'tpm' or 'daily'
-                    refuse(prefix[L] .. name, now + missing * bwin[b] / cap)
+                    if not reason then
+                        local name = kind == 1 and 'rpm' or kind == 2 and 'tpm' or 'daily'
+                        reason = L == 1 and name or label[L] .. '_' .. name
+                    end
+                    local at = now + missing * bwin[b] / cap
+                    if at > retry_at then retry_at = at end
                 end
             end
         end
     end
-    local o = #out
+    local o = 3 * i - 3
     if reason then
         out[o + 1], out[o + 2], out[o + 3] = 0, reason, math.ceil(retry_at)
     else
@@ -206,13 +218,14 @@ for i = 1, #ids do
             end
         end
         if probe == 1 then
-            probe_busy, probe_id = true, ids[i]
+            probe_busy, probe_id = true, id
         end
-        admitted[#admitted + 1] = ids[i]
-        out[o + 1], out[o + 2], out[o + 3] = 1, ids[i], probe
+        n_adm = n_adm + 1
+        zargs[2 * n_adm - 1], zargs[2 * n_adm] = expiry_a, id
+        out[o + 1], out[o + 2], out[o + 3] = 1, id, probe
     end
 end
-if #admitted == 0 then
+if n_adm == 0 then
     return out
 end
 
@@ -221,28 +234,25 @@ end
 -- back: NX sets the TTL of a key this ZADD created (known from the live
 -- count when there is one), GT extends an existing key's, and never
 -- shortens it (a later lease, e.g. a renewed one, keeps its own).
-local expiry = now + lease_ttl
-local expiry_s = num(expiry)
-local zargs = {}
-for i = 1, #admitted do
-    zargs[2 * i - 1], zargs[2 * i] = expiry_s, admitted[i]
-end
-local lease_until = math.ceil(expiry) + 1000
+local lease_until = int(math.ceil(expiry) + 1000)
 for L = 1, n_lim do
     local k = lkey[L]
     if k then
         redis.call('ZADD', k, unpack(zargs))
-        if live[L] then
+        if conc[L] > 0 then
             -- live[L] counts this batch's admissions too
-            redis.call('PEXPIREAT', k, lease_until, live[L] == #admitted and 'NX' or 'GT')
+            redis.call('PEXPIREAT', k, lease_until, live[L] == n_adm and 'NX' or 'GT')
         elseif redis.call('PEXPIREAT', k, lease_until, 'NX') == 0 then
             redis.call('PEXPIREAT', k, lease_until, 'GT')
         end
     end
 end
-for b = 1, 3 * n_lim do
-    if blvl[b] then
-        bucket_store(bkey[b], bcap[b], bwin[b], blvl[b], now_s)
+if any_bucket then
+    local now_s = num(now)
+    for b = 1, 3 * n_lim do
+        if blvl[b] then
+            bucket_store(bkey[b], bcap[b], bwin[b], blvl[b], now_s)
+        end
     end
 end
 

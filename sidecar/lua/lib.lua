@@ -10,19 +10,37 @@ to the script it is prepended to; a script that needs none of it is unaffected.
 
 -- The reply of redis.call('TIME') ({seconds, microseconds}) in milliseconds,
 -- the microseconds kept as a fraction (leases, buckets, breaker times).
+-- TIME's strings are always decimal: arithmetic converts them, at half the
+-- cost of tonumber().
 local function time_ms(t)
-    return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+    return t[1] * 1000 + t[2] / 1000
 end
 
 -- The same in whole milliseconds, the microseconds floored (times a script
 -- stores or returns as integers: progress marks, task timestamps).
 local function time_ms_floor(t)
-    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    return t[1] * 1000 + math.floor(t[2] / 1000)
 end
 
 -- A number as an argument to Redis: Lua's default number->string conversion
 -- keeps only 14 digits.
 local function num(x) return string.format('%.17g', x) end
+
+-- A whole number as an argument to Redis: '%d' costs half of '%.17g',
+-- which is how Redis formats a number given to redis.call. Beyond 2^53 the
+-- number goes as it is (as Redis formats it, which it then refuses).
+local function int(x)
+    if x < 9e15 and x > -9e15 then return string.format('%d', x) end
+    return x
+end
+
+-- A limit's argument (a capacity, a max_concurrency) as a number, 0 when
+-- absent or not a number. '0', no limit, the common case, is recognised
+-- without parsing it: tonumber() runs strtod twice.
+local function limit_arg(s)
+    if s == '0' then return 0 end
+    return tonumber(s) or 0
+end
 
 -- Token buckets (src/bucket.h): a HASH of level, ts (ms); absent = full. The
 -- level refills at cap / win per ms, capped at cap; it may be negative (debt).

@@ -62,67 +62,88 @@ Steps and why:
  each write so forgotten sources do not leak keys.
 ]]
 
--- time_ms, num, bucket_level and bucket_store come from lib.lua (prepended).
-local now = time_ms(redis.call('TIME'))
-
+-- time_ms, num, limit_arg, bucket_level and bucket_store come from lib.lua
+-- (prepended).
+-- Written like admit.lua, for Redis' time per call (see there): the releases
+-- are read from ARGV where they are, and Redis' clock is read only when
+-- something needs it (a bucket to reconcile, a breaker that opens or is
+-- not closed): a success on a closed breaker needs no time.
 local K_BRK, K_LEASES = KEYS[1], KEYS[2]
-local failures = tonumber(ARGV[9]) or 0
-local base_cd = tonumber(ARGV[10]) or 0
-local max_cd = tonumber(ARGV[11]) or base_cd
-if max_cd < base_cd then max_cd = base_cd end
-local n_groups = (#KEYS - 5) / 4
+local nk, na = #KEYS, #ARGV
+local n_groups = (nk - 5) / 4
 local first_extra = 12 + 4 * n_groups
-if #KEYS < 5 or n_groups ~= math.floor(n_groups) or #ARGV < first_extra - 1 or
-    (#ARGV - first_extra + 1) % 4 ~= 0 then
+if nk < 5 or n_groups ~= math.floor(n_groups) or na < first_extra - 1 or
+    (na - first_extra + 1) % 4 ~= 0 then
     return redis.error_reply('release.lua: KEYS must be 5 + 4 per app group, ARGV 11 + 4 per group ' ..
                              '+ 4 per further release')
 end
-local ids, verdicts, deltas = { ARGV[1] }, { ARGV[2] }, {}
-for j = first_extra, #ARGV, 4 do
-    ids[#ids + 1], verdicts[#verdicts + 1] = ARGV[j], ARGV[j + 1]
-end
-local any_delta = false
-for i = 1, #ids do
-    local a = i == 1 and 3 or first_extra + 4 * (i - 2) + 2
-    local est, used = tonumber(ARGV[a]) or 0, tonumber(ARGV[a + 1]) or -1
-    -- Validated before any write: a script error does not roll back earlier writes.
-    local v = verdicts[i]
-    if v ~= 'success' and v ~= 'failure' and v ~= 'neutral' then
+local n_rel = 1 + (na - first_extra + 1) / 4
+
+-- Release i's lease id, verdict, estimate and usage are ARGV[a] and the
+-- three after it: a = 1 for i = 1, first_extra + 4i - 8 after it.
+
+-- Validated before any write: a script error does not roll back earlier writes.
+local any_failure = false
+for i = 1, n_rel do
+    local v = ARGV[i == 1 and 2 or first_extra + 4 * i - 7]
+    if v == 'failure' then
+        any_failure = true
+    elseif v ~= 'success' and v ~= 'neutral' then
         return redis.error_reply('release.lua: verdict must be success, failure or neutral')
-    end
-    if used >= 0 and used ~= est then
-        deltas[i] = used - est
-        any_delta = true
     end
 end
 
--- 1. leases (the source's, then the app groups'); which were still there
-local removed = {}
-if #ids == 1 then
-    removed[1] = redis.call('ZREM', K_LEASES, ids[1])
+-- 1. leases (the source's, then the app groups'): out[3i - 2] = 1 when
+-- release i's was still there
+local out = { 0, 0, 0 }
+if n_rel == 1 then
+    out[1] = redis.call('ZREM', K_LEASES, ARGV[1])
+    for g = 0, n_groups - 1 do
+        redis.call('ZREM', KEYS[6 + 4 * g], ARGV[1])
+    end
 else
+    local ids = {}
+    for i = 1, n_rel do ids[i] = ARGV[i == 1 and 1 or first_extra + 4 * i - 8] end
     local sc = redis.call('ZMSCORE', K_LEASES, unpack(ids))
-    for i = 1, #ids do removed[i] = sc[i] and 1 or 0 end
+    for i = 1, n_rel do out[3 * i - 2] = sc[i] and 1 or 0 end
     redis.call('ZREM', K_LEASES, unpack(ids))
-end
-for g = 0, n_groups - 1 do
-    redis.call('ZREM', KEYS[6 + 4 * g], unpack(ids))
+    for g = 0, n_groups - 1 do
+        redis.call('ZREM', KEYS[6 + 4 * g], unpack(ids))
+    end
 end
 
 -- 2. reconcile: the tpm and daily buckets of the source (KEYS[4], KEYS[5],
 -- ARGV[5..8]), then of each group (KEYS[8+4g], KEYS[9+4g], ARGV[12+4g..]),
--- each release's delta in turn
-if any_delta then
-    local now_s = num(now)
+-- each release's delta (used - est, when the usage is known and differs)
+-- in turn; a bucket no release has a delta for is left as it is
+local now, now_s
+-- (nothing to do when no bucket has a capacity: '0' is how one says none)
+if n_groups > 0 or ARGV[5] ~= '0' or ARGV[7] ~= '0' then
     local function reconcile(key, cap, win)
-        cap, win = tonumber(cap) or 0, tonumber(win) or 0
-        if cap > 0 and win > 0 then
-            local lvl = bucket_level(key, cap, win, now)
-            for i = 1, #ids do
-                if deltas[i] then lvl = math.min(cap, lvl - deltas[i]) end
+        cap = limit_arg(cap)
+        if cap <= 0 then return end
+        win = tonumber(win) or 0
+        if win <= 0 then return end
+        local lvl
+        for i = 1, n_rel do
+            local a = i == 1 and 1 or first_extra + 4 * i - 8
+            local used = ARGV[a + 3]
+            if used ~= ARGV[a + 2] then
+                local est
+                used, est = tonumber(used) or -1, tonumber(ARGV[a + 2]) or 0
+                if used >= 0 and used ~= est then
+                    if not lvl then
+                        if not now then
+                            now = time_ms(redis.call('TIME'))
+                            now_s = num(now)
+                        end
+                        lvl = bucket_level(key, cap, win, now)
+                    end
+                    lvl = math.min(cap, lvl - (used - est))
+                end
             end
-            bucket_store(key, cap, win, lvl, now_s)
         end
+        if lvl then bucket_store(key, cap, win, lvl, now_s) end
     end
     reconcile(KEYS[4], ARGV[5], ARGV[6])
     reconcile(KEYS[5], ARGV[7], ARGV[8])
@@ -139,66 +160,73 @@ local b = redis.call('HMGET', K_BRK, 'open_until', 'probe', 'consec', 'cooldown'
 local open_until = tonumber(b[1]) or 0
 local probe = b[2]
 local consec = tonumber(b[3]) or 0
-local cd = tonumber(b[4]) or base_cd
-local set, probe_deleted, opened = {}, false, 0
-
-local function open_for(c)
-    open_until, cd, consec = now + c, c, 0
-    set.open_until, set.cooldown, set.consec = true, true, true
-    probe, probe_deleted = nil, true
-    opened = opened + 1
+-- The breaker's arguments, parsed only when a verdict can change it: a
+-- failure, a probe's verdict, a success that resets the failure count.
+local failures, base_cd, cd = 0, 0, 0
+if any_failure or probe or consec ~= 0 then
+    failures, base_cd = tonumber(ARGV[9]) or 0, tonumber(ARGV[10]) or 0
+    cd = tonumber(b[4]) or base_cd
 end
+local set_ou, set_cd, set_consec, probe_deleted, opened = false, false, false, false, 0
 
-local out = {}
-for i = 1, #ids do
-    local verdict = verdicts[i]
-    local was_probe = (probe and probe == ids[i]) and 1 or 0
+for i = 1, n_rel do
+    local a = i == 1 and 1 or first_extra + 4 * i - 8
+    local id, verdict = ARGV[a], ARGV[a + 1]
+    local was_probe = (probe and probe == id) and 1 or 0
+    local open_cd -- the breaker opens for this cool-down
     if verdict == 'success' then
         if was_probe == 1 then
             open_until, consec, cd = 0, 0, base_cd
-            set.open_until, set.consec, set.cooldown = true, true, true
+            set_ou, set_consec, set_cd = true, true, true
             probe, probe_deleted = nil, true
         elseif consec ~= 0 then
-            consec, set.consec = 0, true
+            consec, set_consec = 0, true
         end
     elseif verdict == 'failure' then
         if failures > 0 then
             if open_until == 0 then
                 consec = consec + 1
                 if consec >= failures then
-                    open_for(cd)
+                    open_cd = cd
                 else
-                    set.consec = true
+                    set_consec = true
                 end
             elseif was_probe == 1 then
-                open_for(math.min(cd * 2, max_cd))
+                local max_cd = tonumber(ARGV[11]) or base_cd -- the cap, never below the base
+                open_cd = math.min(cd * 2, max_cd < base_cd and base_cd or max_cd)
             end
             -- else: a straggler admitted before the breaker opened; already open
         end
-    elseif verdict == 'neutral' then
-        if was_probe == 1 then
-            probe, probe_deleted = nil, true
-        end
+    elseif was_probe == 1 then -- neutral
+        probe, probe_deleted = nil, true
+    end
+    if open_cd or open_until > 0 then
+        now = now or time_ms(redis.call('TIME'))
+    end
+    if open_cd then
+        open_until, cd, consec = now + open_cd, open_cd, 0
+        set_ou, set_cd, set_consec = true, true, true
+        probe, probe_deleted = nil, true
+        opened = opened + 1
     end
     local state = 'closed'
     if open_until > 0 then
         state = (now < open_until) and 'open' or 'half_open'
     end
-    local o = #out
-    out[o + 1], out[o + 2], out[o + 3] = removed[i], state, was_probe
+    out[3 * i - 1], out[3 * i] = state, was_probe
 end
 
-local hset = {}
-if set.open_until then
-    hset[#hset + 1], hset[#hset + 2] = 'open_until', open_until == 0 and 0 or num(open_until)
-end
-if set.cooldown then
-    hset[#hset + 1], hset[#hset + 2] = 'cooldown', num(cd)
-end
-if set.consec then
-    hset[#hset + 1], hset[#hset + 2] = 'consec', consec
-end
-if #hset > 0 then
+if set_ou or set_cd or set_consec then
+    local hset = {}
+    if set_ou then
+        hset[#hset + 1], hset[#hset + 2] = 'open_until', open_until == 0 and 0 or num(open_until)
+    end
+    if set_cd then
+        hset[#hset + 1], hset[#hset + 2] = 'cooldown', num(cd)
+    end
+    if set_consec then
+        hset[#hset + 1], hset[#hset + 2] = 'consec', consec
+    end
     redis.call('HSET', K_BRK, unpack(hset))
 end
 if probe_deleted then
@@ -207,9 +235,10 @@ end
 if opened > 0 then
     redis.call('HINCRBY', K_BRK, 'opened', opened)
 end
-if #hset > 0 or probe_deleted then
-    local ttl = 86400000
-    if 2 * max_cd > ttl then ttl = 2 * max_cd end
+if set_ou or set_cd or set_consec or probe_deleted then
+    local max_cd = tonumber(ARGV[11]) or base_cd
+    local ttl = 2 * (max_cd < base_cd and base_cd or max_cd)
+    if ttl < 86400000 then ttl = 86400000 end
     redis.call('PEXPIRE', K_BRK, math.ceil(ttl))
 end
 
