@@ -682,6 +682,19 @@ static int facts_member(void *ud, const char *key, const struct jscan_value *v)
     return 0;
 }
 
+/* The same for a plain reply, of which only the usage counts: its choices
+ * (most of the text) are not walked again. */
+static int reply_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    struct json_facts *f = ud;
+    if (v->type == JSCAN_OBJECT && strcmp(key, "usage") == 0) {
+        f->has_usage = true;
+        f->tokens = -1;
+        jscan_object(v->p, v->len, usage_member, &f->tokens, NULL);
+    }
+    return 0;
+}
+
 static const struct dialect *call_dialect(const struct call *k)
 {
     return dialect_get(k->src->kind);
@@ -847,7 +860,7 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
     if (res.outcome.kind == OUTCOME_SUCCESS && !k->stream && !call_needs_tree(k)) {
         struct json_facts f = { -1, false, false, false, false };
         size_t at = 0;
-        if (jscan_object(res.body ? res.body : "", res.body_len, facts_member, &f, &at) == -1) {
+        if (jscan_object(res.body ? res.body : "", res.body_len, reply_member, &f, &at) == -1) {
             outcome_from_reason(&res.outcome, REASON_BAD_RESPONSE);
             res.outcome.http_status = res.http_status;
             snprintf(res.detail, sizeof(res.detail), "reply is not JSON (at byte %zu)", at);
@@ -1493,20 +1506,29 @@ static int include_usage_member(void *ud, const char *key, const struct jscan_va
     return 0;
 }
 
+/* The body's stream_options member, `v`. */
+static void call_stream_options(struct call *k, const struct jscan_value *v)
+{
+    k->has_stream_options = true;
+    if (v->type == JSCAN_OBJECT)
+        jscan_object(v->p, v->len, include_usage_member, &k->client_usage, NULL);
+}
+
 static int stream_options_member(void *ud, const char *key, const struct jscan_value *v)
 {
-    struct call *k = ud;
-    if (strcmp(key, "stream_options") == 0) {
-        k->has_stream_options = true;
-        if (v->type == JSCAN_OBJECT)
-            jscan_object(v->p, v->len, include_usage_member, &k->client_usage, NULL);
-    }
+    if (strcmp(key, "stream_options") == 0)
+        call_stream_options(ud, v);
     return 0;
 }
 
 /* Whether the body has stream_options and asks for include_usage. */
 static void call_scan_stream_options(struct call *k, const struct call_req *r)
 {
+    if (r->json && r->members_scanned) {
+        if (r->stream_options.p)
+            call_stream_options(k, &r->stream_options);
+        return;
+    }
     if (r->json) {
         jscan_object(r->json, r->json_len, stream_options_member, k, NULL);
         return;

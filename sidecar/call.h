@@ -19,6 +19,7 @@
 
 #include "codes.h"
 #include "gov.h"
+#include "jscan.h"
 
 struct server;
 struct call;
@@ -117,6 +118,11 @@ struct call_req {
     uint64_t max_tokens;          /* the body's max_(completion_)tokens, 0 = absent */
     const struct config_app *app; /* who is calling (borrowed from the server's config),
                                     * NULL = `default` */
+    /* json only: the caller already walked the body's members, and
+     * `stream_options` is the span of its stream_options member (p NULL:
+     * none), so call_begin need not walk them again. */
+    bool members_scanned;
+    struct jscan_value stream_options;
 };
 
 /* Starts call `id` of sink `s` (an id unique among the sink's calls in

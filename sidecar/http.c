@@ -1194,7 +1194,9 @@ static int hc_check_json_body(struct http_conn *c, bool optional)
 struct body_facts {
     bool stream, seen_stream;
     uint64_t max_tokens;
-    bool completion_tokens; /* max_completion_tokens wins over max_tokens */
+    bool completion_tokens;            /* max_completion_tokens wins over max_tokens */
+    struct jscan_value stream_options; /* p NULL: absent */
+    bool stream_options_twice;         /* then call_begin reads them all itself */
 };
 
 static int body_member(void *ud, const char *key, const struct jscan_value *v)
@@ -1214,6 +1216,9 @@ static int body_member(void *ud, const char *key, const struct jscan_value *v)
                jscan_number(v, &d) && d >= 0 && d < 1e15 && d == floor(d)) {
         f->max_tokens = (uint64_t)d;
         f->completion_tokens |= key[4] == 'c';
+    } else if (strcmp(key, "stream_options") == 0) {
+        f->stream_options_twice |= f->stream_options.p != NULL;
+        f->stream_options = *v;
     }
     return 0;
 }
@@ -1334,6 +1339,8 @@ static void route_call(struct http_conn *c, const char *path, size_t len)
         .stream = bf.stream,
         .max_tokens = bf.max_tokens,
         .app = app,
+        .members_scanned = !bf.stream_options_twice,
+        .stream_options = bf.stream_options,
     };
     if (c->req.present[H_DEADLINE]) {
         char *end;
