@@ -295,6 +295,27 @@ def test_http__stream_with_curl_ends_with_done(front, up):
     assert deltas == "a b"
 
 
+def test_http__stream_usage_chunk_only_for_a_client_that_asks(front, up):
+    """An OpenAI-style upstream reports a stream's usage only when asked:
+    polygw always asks, relays the usage-only chunk to a client whose body
+    asked too (stream_options.include_usage), and hides it from one that
+    did not."""
+    f = front()
+    mock = {"usage_if_asked": True, "usage": {"prompt_tokens": 40, "completion_tokens": 2}}
+
+    def events(body):
+        status, _, text = f.curl("/v1/chat/completions", body)
+        assert status == 200, text
+        return [json.loads(line[6:]) for line in text.split("\n")
+                if line.startswith("data: ") and line != "data: [DONE]"]
+    asked = events(chat("ab", stream=True, mock=mock, stream_options={"include_usage": True}))
+    assert asked[-1]["choices"] == [] and asked[-1]["usage"]["total_tokens"] == 42, asked
+    assert up.last()["json"]["stream_options"] == {"include_usage": True}
+    quiet = events(chat("ab", stream=True, mock=mock))
+    assert quiet and all(ev["choices"] for ev in quiet), quiet
+    assert up.last()["json"]["stream_options"] == {"include_usage": True}
+
+
 def test_http__healthz_and_readyz(front):
     f = front()
     assert f.curl("/healthz")[0] == 200
