@@ -38,6 +38,23 @@ int strbuf_fit(struct strbuf *b)
     return 0;
 }
 
+int strbuf_set_exact(struct strbuf *b, const void *p, size_t n)
+{
+    if (n >= SIZE_MAX)
+        return STRBUF_ENOMEM;
+    char *d = malloc(n + 1);
+    if (!d)
+        return STRBUF_ENOMEM;
+    if (n)
+        memcpy(d, p, n);
+    d[n] = '\0';
+    free(b->data);
+    b->data = d;
+    b->len = n;
+    b->cap = n + 1;
+    return 0;
+}
+
 int strbuf_grow(struct strbuf *b, size_t extra)
 {
     if (extra > SIZE_MAX / 2 - b->len)

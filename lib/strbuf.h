@@ -38,6 +38,12 @@ void strbuf_reset(struct strbuf *b);
  * least 1 KiB). Returns 0, or STRBUF_ENOMEM with `b` unchanged. */
 int strbuf_fit(struct strbuf *b);
 
+/* Makes `b` hold exactly the n bytes of p and a NUL, in memory of exactly
+ * that size (for text written once and kept, where growth's spare room and
+ * a strbuf_fit() afterwards would cost two reallocations). Returns 0, or
+ * STRBUF_ENOMEM with `b` unchanged. */
+int strbuf_set_exact(struct strbuf *b, const void *p, size_t n);
+
 /* Slow path of strbuf_reserve(); not for direct use. */
 int strbuf_grow(struct strbuf *b, size_t extra);
 

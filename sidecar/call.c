@@ -1636,13 +1636,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     int rc;
     if (r->json) {
         k->body_is_json = true;
-        rc = strbuf_reserve(&k->raw, r->json_len);
-        if (rc == 0) {
-            memcpy(k->raw.data, r->json, r->json_len);
-            k->raw.len = r->json_len;
-            k->raw.data[k->raw.len] = '\0';
-            (void)strbuf_fit(&k->raw);
-        }
+        rc = strbuf_set_exact(&k->raw, r->json, r->json_len);
     } else {
         msgpack_packer bpk;
         msgpack_packer_init(&bpk, &k->body, msgpack_sbuffer_write);

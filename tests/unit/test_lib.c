@@ -58,6 +58,26 @@ START_TEST(test_lib__strbuf_fit_gives_back_the_unused_capacity)
 }
 END_TEST
 
+START_TEST(test_lib__strbuf_set_exact_allocates_the_size_of_the_text)
+{
+    struct strbuf b = { 0 };
+
+    ck_assert_int_eq(strbuf_puts(&b, "old text, replaced"), 0);
+    ck_assert_int_eq(strbuf_set_exact(&b, "{\"model\":\"m\"}", 13), 0);
+    ck_assert_uint_eq(b.len, 13);
+    ck_assert_uint_eq(b.cap, 14);
+    ck_assert_uint_lt(malloc_usable_size(b.data), 64);
+    ck_assert_str_eq(b.data, "{\"model\":\"m\"}");
+    ck_assert_int_eq(strbuf_puts(&b, "!"), 0); /* and grows like any buffer */
+    strbuf_terminate(&b);
+    ck_assert_str_eq(b.data, "{\"model\":\"m\"}!");
+    ck_assert_int_eq(strbuf_set_exact(&b, NULL, 0), 0);
+    ck_assert_uint_eq(b.len, 0);
+    ck_assert_str_eq(b.data, "");
+    strbuf_fini(&b);
+}
+END_TEST
+
 struct item {
     struct item *prev, *next;
     int v;
@@ -191,6 +211,7 @@ Suite *lib_suite(void)
 
     tcase_add_test(tc, test_lib__strbuf_grows_and_keeps_room_for_a_nul);
     tcase_add_test(tc, test_lib__strbuf_fit_gives_back_the_unused_capacity);
+    tcase_add_test(tc, test_lib__strbuf_set_exact_allocates_the_size_of_the_text);
     tcase_add_test(tc, test_lib__dlist_push_and_unlink_anywhere);
     tcase_add_test(tc, test_lib__utf8_validates_cuts_and_repairs);
     tcase_add_test(tc, test_lib__jsonw_floats_round_trip_with_a_point);
