@@ -160,6 +160,7 @@ struct attempt {
     double first_at; /* first byte (plain) / event (stream); 0 = none yet */
     double connect_s, ttft_s, idle_s, total_s, deadline_at;
     ev_timer deadline_w;
+    double armed_for; /* the deadline deadline_w was armed for, while active */
     struct dns_host *dns; /* NULL for IP literals */
     bool in_lookup;       /* a lookup of ours runs for it (counted in dns->lookups) */
     bool lookup_wait;     /* the cap refused its lookup: wait for a slot */
@@ -608,18 +609,24 @@ static double attempt_next_deadline(const struct attempt *a)
     return d;
 }
 
-/* Arms the deadline timer for the current phase. Activity only moves the
- * idle deadline later, so it does not re-arm: the timer re-checks when it
- * fires (the lazy pattern of libev's documentation). Phase changes can move
- * the deadline earlier and always re-arm. */
+/* Arms the deadline timer for the current phase. A timer already armed to
+ * fire no later than the new deadline is left alone: it re-checks when it
+ * fires and re-arms for what is left (the lazy pattern of libev's
+ * documentation), so activity and the phase changes of a quick attempt,
+ * which mostly move the deadline later, cost no timer-heap work. A deadline
+ * that moved earlier re-arms at once. */
 static void attempt_arm(struct attempt *a)
 {
     double now = ev_now(a->up->loop);
-    double in = attempt_next_deadline(a) - now;
+    double d = attempt_next_deadline(a);
 
+    if (ev_is_active(&a->deadline_w) && a->armed_for <= d)
+        return;
+    double in = d - now;
     ev_timer_stop(a->up->loop, &a->deadline_w);
     ev_timer_set(&a->deadline_w, in > 0 ? in : 0., 0.);
     ev_timer_start(a->up->loop, &a->deadline_w);
+    a->armed_for = d;
 }
 
 static void attempt_set_phase(struct attempt *a, enum attempt_phase p)
