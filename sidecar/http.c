@@ -92,6 +92,9 @@ static const char *const hdr_names[H_COUNT] = {
     "content-type",       "expect",       "x-polygw-task", "x-polygw-deadline", "x-polygw-scope",
     "x-polygw-sdk-retry", "x-polygw-app", "authorization",
 };
+/* Their lengths, which every header line of every request is compared to
+ * first. */
+static const unsigned char hdr_name_len[H_COUNT] = { 12, 6, 13, 17, 14, 18, 12, 13 };
 /* "Bearer " and the longest app token fit; a longer Authorization (an SDK's
  * API key, say) is no token of ours and not an error by itself. */
 _Static_assert(HTTP_VAL_MAX >= 7 + CONFIG_APP_TOKEN_MAX, "an app token fits a header value");
@@ -835,7 +838,7 @@ static int on_header_value(http_parser *p, const char *at, size_t n)
         r->in_value = true;
         r->cur = H_NONE;
         for (int i = 0; !r->field_over && i < H_COUNT; i++) {
-            if (strlen(hdr_names[i]) == r->field_len &&
+            if (hdr_name_len[i] == r->field_len &&
                 strncasecmp(r->field, hdr_names[i], r->field_len) == 0) {
                 r->cur = (enum hdr)i;
                 /* A repeated header of ours: the last one wins, whole. */
@@ -2039,6 +2042,13 @@ struct http_server *http_new(struct server *srv, char *err, size_t errlen)
         err[0] = '\0';
     if (!cfg->http_socket && !cfg->http_listen)
         return NULL;
+    for (int i = 0; i < H_COUNT; i++) {
+        if (strlen(hdr_names[i]) != hdr_name_len[i]) {
+            snprintf(err, errlen, "internal: hdr_name_len[%d] is not strlen(\"%s\")", i,
+                     hdr_names[i]);
+            return NULL;
+        }
+    }
     struct http_server *hs = calloc(1, sizeof(*hs));
     if (!hs) {
         snprintf(err, errlen, "out of memory");

@@ -12,8 +12,9 @@
  * therefore the request the sidecar sends, issued the way the sidecar issues
  * it: libcurl multi driven by readiness events on one thread, HTTP/1.1
  * keep-alive, the same headers (`Content-Type: application/json`,
- * `Accept: application/json`, an empty `Expect:`, curl's default
- * `Accept-Encoding`), and the body re-serialised the way the sidecar's
+ * `Accept: application/json`, no `Expect:` and no `Accept-Encoding`, as
+ * the sidecar's own HTTP/1.1 client writes them to a plain-http address),
+ * and the body re-serialised the way the sidecar's
  * transcoder writes it (compact JSON, keys in their original order). run.sh
  * checks, through the mock's request record, that both paths put the same
  * bytes on the wire.
@@ -575,9 +576,10 @@ static int cg_setup_client(struct cg *g, struct cg_client *c)
     if (!e)
         return -1;
     c->max = g->o->max_body_bytes;
-    /* The options the sidecar's attempt_setup() sets that change what goes
-     * on the wire or how the connection behaves; its deadline plumbing
-     * (sockopt, prereq and resolver callbacks) has no wire effect. */
+    /* The request the sidecar sends to the bench's plain-http mock, which
+     * its own HTTP/1.1 client carries (sidecar/h1.c): the same head lines,
+     * so no Accept-Encoding (libcurl's attempts would add one); keep-alive
+     * as its pool does. */
     curl_easy_setopt(e, CURLOPT_URL, g->o->url);
     curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(e, CURLOPT_POST, 1L);
@@ -589,7 +591,6 @@ static int cg_setup_client(struct cg *g, struct cg_client *c)
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, cg_on_write);
     curl_easy_setopt(e, CURLOPT_WRITEDATA, c);
     curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
-    curl_easy_setopt(e, CURLOPT_ACCEPT_ENCODING, "");
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, g->o->timeout_ms);
     curl_easy_setopt(e, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)g->o->max_body_bytes);
     return 0;

@@ -808,7 +808,7 @@ call_section() {
         echo "## call: sidecar vs the same request sent directly to the mock (libcurl)"
         echo
         echo "- each cell: the fastest of $REPS runs of ${DUR} s (each after ${CALL_WARMUP} warm-up requests), closed loop (1 request in flight per client)"
-        echo "- direct: curlgen (libcurl multi, keep-alive) → mock; sidecar: loadgen \`call\` → polygw (governance on: 1 chat source, max_concurrency 16384, aimd initial 16384, no quotas) → libcurl → mock"
+        echo "- direct: curlgen (libcurl multi, keep-alive) → mock; sidecar: loadgen \`call\` → polygw (governance on: 1 chat source, max_concurrency 16384, aimd initial 16384, no quotas) → its own HTTP/1.1 client (the mock is plain http at 127.0.0.1) → mock"
         echo "- request body ($(printf '%s' "$BODY" | wc -c | tr -d ' ') bytes): \`$BODY\`"
         echo
         echo "| path | clients | req/s | p50 µs | p99 µs | Δp50 vs direct µs | Δp99 vs direct µs | throughput ratio |"
