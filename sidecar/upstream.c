@@ -160,7 +160,7 @@ struct attempt {
     double first_at; /* first byte (plain) / event (stream); 0 = none yet */
     double connect_s, ttft_s, idle_s, total_s, deadline_at;
     ev_timer deadline_w;
-    double armed_for; /* the deadline deadline_w was armed for, while active */
+    double armed_for;     /* the deadline deadline_w was armed for, while active */
     struct dns_host *dns; /* NULL for IP literals */
     bool in_lookup;       /* a lookup of ours runs for it (counted in dns->lookups) */
     bool lookup_wait;     /* the cap refused its lookup: wait for a slot */

@@ -214,6 +214,8 @@ def test_reload__invalid_file_changes_nothing_and_is_reported(make_sidecar, up):
 @pytest.mark.parametrize("change,key", [
     (lambda t: t.replace('mode: "0660"', 'mode: "0640"'), "listen.mode"),
     (lambda t: t + "backend:\n  kind: redis\n  url: redis://127.0.0.1:1/0\n", "backend.kind"),
+    (lambda t: t.replace("server:\n", "server:\n  upstream_client: libcurl\n", 1),
+     "server.upstream_client"),
 ])
 def test_reload__restart_only_keys_refuse_the_whole_reload(make_sidecar, up, up2, change, key):
     sc = make_sidecar(config_text=config_yaml([src("s1", up.url)], POLICY))
