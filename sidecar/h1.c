@@ -47,6 +47,7 @@ struct h1_conn {
     struct h1_req *req;          /* NULL while idle */
     bool connecting;
     double idle_since;
+    unsigned int idle_iter; /* ev_iteration() when it was pooled */
 };
 
 struct h1_pool {
@@ -54,6 +55,7 @@ struct h1_pool {
     int *busy;
     struct h1_origin *origins;
     uint32_t n_idle, max_idle;
+    double swept_at; /* when idle connections were last checked for age */
     struct h1_stats stats;
     char rbuf[H1_READ_BYTES];
 };
@@ -154,6 +156,23 @@ static void conn_watch(struct h1_conn *c, int events)
     ev_io_start(loop, &c->io);
 }
 
+/* Closes the idle connections past H1_IDLE_MAX_S, of every origin: reuse
+ * takes the most recent, so after a burst the others would otherwise sit
+ * open until the server closes them. At most once a second. */
+static void pool_sweep(struct h1_pool *p, double now)
+{
+    if (now - p->swept_at < 1.0)
+        return;
+    p->swept_at = now;
+    for (struct h1_origin *o = p->origins; o; o = o->next) {
+        for (struct h1_conn *c = o->idle, *next; c; c = next) {
+            next = c->next;
+            if (now - c->idle_since > H1_IDLE_MAX_S)
+                conn_close(c);
+        }
+    }
+}
+
 /* Gives the connection back to its origin's pool, or closes it. */
 static void conn_done(struct h1_req *r, bool keep)
 {
@@ -169,9 +188,11 @@ static void conn_done(struct h1_req *r, bool keep)
     r->conn = NULL;
     c->req = NULL;
     c->idle_since = ev_now(p->loop);
+    c->idle_iter = ev_iteration(p->loop);
     DLIST_PUSH(c->origin->idle, c, prev, next);
     p->n_idle++;
     conn_watch(c, EV_READ);
+    pool_sweep(p, c->idle_since);
 }
 
 /* The last thing done with `r`: on_end may free it. */
@@ -277,7 +298,8 @@ static bool req_connect(struct h1_req *r)
  * Sent once more on a new connection; true if so. */
 static bool req_retry_fresh(struct h1_req *r)
 {
-    if (!r->reused || r->retried || r->got_bytes)
+    if (!r->reused || r->retried || r->got_bytes ||
+        (r->sent_at > 0 && ev_now(r->pool->loop) - r->sent_at > H1_STALE_RETRY_S))
         return false;
     r->retried = true;
     r->pool->stats.stale_retries++;
@@ -285,10 +307,25 @@ static bool req_retry_fresh(struct h1_req *r)
         conn_close(r->conn);
     r->iov_at = 0;
     r->iov_off = 0;
+    r->send_errno = 0;
+    r->sent_at = 0;
     http_parser_init(&r->parser, HTTP_RESPONSE);
     r->parser.data = r;
     req_connect(r);
     return true;
+}
+
+/* The send failed (the server closed or reset): nothing more is written,
+ * and what the server answered, if anything, is read before the request
+ * ends (a reused connection's request may be sent again, see above). */
+static void req_send_failed(struct h1_req *r, int err)
+{
+    r->send_errno = err;
+    r->iov_at = r->iovcnt;
+    r->iov_off = 0;
+    conn_watch(r->conn, EV_READ);
+    if (!r->starting) /* no answer hook from inside h1_req_start: the loop reads */
+        req_read(r);
 }
 
 static void req_send(struct h1_req *r)
@@ -312,15 +349,12 @@ static void req_send(struct h1_req *r)
             if (errno == EINTR)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                conn_watch(c, EV_WRITE);
+                /* Readable too: a server may answer (413, 401) before it
+                 * has read the whole body. */
+                conn_watch(c, EV_READ | EV_WRITE);
                 return;
             }
-            int err = errno;
-            if (req_retry_fresh(r))
-                return;
-            char detail[H1_DETAIL_MAX];
-            snprintf(detail, sizeof(detail), "Send failure: %s", strerror(err));
-            req_end(r, H1_CONNECTION_LOST, detail);
+            req_send_failed(r, errno);
             return;
         }
         size_t left = (size_t)w;
@@ -331,6 +365,7 @@ static void req_send(struct h1_req *r)
         }
         r->iov_off += left;
     }
+    r->sent_at = ev_now(r->pool->loop);
     conn_watch(c, EV_READ);
 }
 
@@ -354,10 +389,25 @@ void h1_req_start(struct h1_req *r, struct h1_pool *p, struct h1_origin *o, cons
     r->starting = true;
     /* Most recently used first: it is the least likely to have been closed
      * by the server's keep-alive timeout, and the rest age out. */
-    while (o->idle) {
-        struct h1_conn *c = o->idle;
-        if (now - c->idle_since > H1_IDLE_MAX_S) {
+    unsigned int iter = ev_iteration(p->loop);
+    for (struct h1_conn *c = o->idle, *next; c; c = next) {
+        next = c->next;
+        /* Readable while idle (its event may be waiting in this very loop
+         * iteration): closed by the server, or bytes nobody asked for, which
+         * must never be read as this request's answer. */
+        if (now - c->idle_since > H1_IDLE_MAX_S || ev_is_pending(&c->io)) {
             conn_close(c);
+            continue;
+        }
+        /* Pooled in this iteration: the poll that would show bytes arriving
+         * after its answer has not run yet. Taken from the next one on. */
+        if (c->idle_iter == iter)
+            continue;
+        /* Written at once: no wait for writability on a warm connection. */
+        struct msghdr mh = { .msg_iov = r->iov, .msg_iovlen = (size_t)r->iovcnt };
+        ssize_t w = sendmsg(c->io.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            conn_close(c); /* died while idle, not seen yet: the next one */
             continue;
         }
         DLIST_UNLINK(o->idle, c, prev, next);
@@ -366,25 +416,20 @@ void h1_req_start(struct h1_req *r, struct h1_pool *p, struct h1_origin *o, cons
         r->conn = c;
         r->reused = true;
         p->stats.connections_reused++;
-        /* Written at once: no wait for writability on a warm connection. */
-        struct msghdr mh = { .msg_iov = r->iov, .msg_iovlen = (size_t)r->iovcnt };
         r->sending_told = true;
         hooks->on_sending(ud);
-        ssize_t w = sendmsg(c->io.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-            /* Died while idle and not seen yet: a new connection, as a
-             * stale retry would. */
-            conn_close(c);
-            r->reused = false;
-            break;
-        }
         size_t left = w > 0 ? (size_t)w : 0;
         while (r->iov_at < r->iovcnt && left >= r->iov[r->iov_at].iov_len) {
             left -= r->iov[r->iov_at].iov_len;
             r->iov_at++;
         }
         r->iov_off = left;
-        conn_watch(c, r->iov_at < r->iovcnt ? EV_WRITE : EV_READ);
+        if (r->iov_at < r->iovcnt) {
+            conn_watch(c, EV_READ | EV_WRITE);
+        } else {
+            r->sent_at = now;
+            conn_watch(c, EV_READ);
+        }
         r->starting = false;
         return;
     }
@@ -615,7 +660,9 @@ static void req_on_eof(struct h1_req *r, int err)
     if (!r->got_bytes) {
         if (req_retry_fresh(r))
             return;
-        if (err)
+        if (r->send_errno)
+            snprintf(detail, sizeof(detail), "Send failure: %s", strerror(r->send_errno));
+        else if (err)
             snprintf(detail, sizeof(detail), "Recv failure: %s", strerror(err));
         else
             snprintf(detail, sizeof(detail), "Empty reply from server");
@@ -627,7 +674,12 @@ static void req_on_eof(struct h1_req *r, int err)
         req_end(r, r->headers_done ? H1_TRUNCATED : H1_CONNECTION_LOST, detail);
         return;
     }
-    req_parse(r, NULL, 0);
+    /* The parser ends a close-delimited answer here, or reports a cut one;
+     * in the state an interim answer (100 Continue) leaves it in, it does
+     * neither, and the closed socket would be read again and again. */
+    if (req_parse(r, NULL, 0))
+        req_end(r, H1_CONNECTION_LOST,
+                "connection closed after an interim answer, before the final one");
 }
 
 static void req_read(struct h1_req *r)
@@ -714,6 +766,15 @@ static void h1_on_io(struct ev_loop *loop, ev_io *w, int revents)
         }
         c->connecting = false;
         req_send(r);
+        return;
+    }
+    if ((revents & EV_READ) && r->iov_at < r->iovcnt) {
+        /* An answer (or a close) while the request is still being written:
+         * the server will not read the rest; read what it said. */
+        r->iov_at = r->iovcnt;
+        r->iov_off = 0;
+        conn_watch(c, EV_READ);
+        req_read(r);
         return;
     }
     if ((revents & EV_WRITE) && r->iov_at < r->iovcnt) {

@@ -72,9 +72,14 @@ struct h1_hooks {
     void (*on_end)(void *ud, enum h1_end end, const char *detail);
 };
 
-#define H1_IOV_MAX    4
-#define H1_LINE_MAX   256
-#define H1_DETAIL_MAX 160
+/* A reused connection that dies before any byte of an answer is sent again
+ * on a new one only within this long after the request was written: the
+ * server closed it as it was reused. Later, the server may have worked on
+ * the request (an LLM call is not idempotent): the attempt fails instead. */
+#define H1_STALE_RETRY_S 1.0
+#define H1_IOV_MAX       4
+#define H1_LINE_MAX      256
+#define H1_DETAIL_MAX    160
 
 /* One exchange. Embedded in its owner; every field is private. */
 struct h1_req {
@@ -90,6 +95,8 @@ struct h1_req {
     http_parser parser;
     bool active, reused, retried, sending_told, got_bytes;
     bool status_told, headers_done, in_value, msg_done, paused, ended, starting;
+    int send_errno; /* the send failed (then only the answer, if any, is read) */
+    double sent_at; /* the request was written whole (0: not yet) */
     size_t line_len;
     char *held; /* a body buffer on_body paused on, offered again first */
     size_t held_len;

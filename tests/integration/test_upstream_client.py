@@ -280,6 +280,58 @@ def test_upstream_client__stray_answer_on_an_idle_pooled_connection(sc, up, clie
     ok(c, "second")
 
 
+def test_upstream_client__reused_connection_dying_long_after_the_request_is_not_resent(
+        make_sidecar, up):
+    """The server took the request on a kept-alive connection, worked on it
+    for longer than a reuse race could explain, then closed without an
+    answer: the request may have been acted on (an LLM call is not
+    idempotent), so it is not sent again. The own client resends only within
+    H1_STALE_RETRY_S (1 s) of sending; libcurl 7.88 resends whenever nothing
+    came back, hence `auto` only."""
+    c = start(make_sidecar, "auto", up.url).connect()
+    ok(c, "warm")
+    up.reset()          # counts from here; the warm connection stays open
+    up.script([{"hang": "before_headers", "hang_ms": 1300}])
+    err, res, elapsed = call(c, "chat", chat("worked on"), timeout=10)
+    assert res is None and reason(err) == "connection_reset", err
+    assert 1.2 <= elapsed < 1.3 + PROMPT_S, elapsed
+    st = up.stats()
+    assert st["requests"] == 1 and st["accepted_connections"] == 0, st
+    ok(c, "after")
+
+
+@pytest.mark.parametrize("client", [pytest.param(cl, marks=STRAY_REUSED) if cl == "libcurl"
+                                    else cl for cl in CLIENTS])
+@pytest.mark.parametrize("size", [4096, 16384, 32768])
+def test_upstream_client__bytes_after_an_answer_ending_on_a_read_boundary(sc, up, size):
+    """An answer of exactly `size` bytes (the own client reads 16 KiB at a
+    time) with a second, bogus answer right behind it in the same write: the
+    call gets its own answer, and the bogus one is never taken as the next
+    call's (that connection is not reused)."""
+    c = sc.connect()
+    ok(c, "warm")
+    filler = "f" * (size - len(response(reply_json(""))))
+    while len(response(reply_json(filler))) > size:   # Content-Length's digits
+        filler = filler[:-1]
+    answer = response(reply_json(filler))
+    assert len(answer) == size
+    up.script([raw(answer + response(reply_json("STRAY", 2)), keep=True)])
+    ok(c, filler)
+    for i in range(3):
+        ok(c, "own answer %d" % i)
+
+
+def test_upstream_client__interim_answer_then_close_fails_at_once(sc, up):
+    """100 Continue, then the connection closes: a typed failure at once (an
+    own-client build once read the closed socket in a loop until the idle
+    deadline), and the next call is served."""
+    c = sc.connect()
+    failed(c, raw(b"HTTP/1.1 100 Continue\r\n\r\n"), MALFORMED)
+    failed(c, raw(b"HTTP/1.1 100 Continue\r\nConnection: close\r\n\r\n"), MALFORMED)
+    failed(c, raw(b"HTTP/1.0 100 Continue\r\n\r\n"), MALFORMED)
+    ok(c, "next")
+
+
 # ------------------------------------------------------------ framings
 FRAMINGS = [
     ("content_length", {}),
