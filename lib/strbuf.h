@@ -89,6 +89,23 @@ static inline size_t str_copy(char *dst, size_t cap, const char *src)
     return n;
 }
 
+/* u in decimal at p (at most 20 bytes, no terminator); returns the end.
+ * For the numbers written on every request (RESP heads, script arguments,
+ * Content-Length): snprintf costs some ten times more. */
+static inline char *put_uint(char *p, unsigned long long u)
+{
+    char digits[20];
+    size_t k = 0;
+
+    do {
+        digits[k++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    while (k)
+        *p++ = digits[--k];
+    return p;
+}
+
 /* Writes the NUL after the text (room for it is always there once the
  * buffer has memory); a buffer that never allocated stays data == NULL. */
 static inline void strbuf_terminate(struct strbuf *b)

@@ -40,6 +40,7 @@
  */
 #include "backend.h"
 #include "dlist.h"
+#include "strbuf.h"
 
 #include <limits.h>
 #include <math.h>
@@ -195,7 +196,7 @@ static void fmt_num(char *buf, size_t len, double v)
     long long x = llround(v); /* at most 16 digits and a sign */
     if (x < 0)
         *buf++ = '-';
-    *rds_put_uint(buf, x < 0 ? 0ULL - (unsigned long long)x : (unsigned long long)x) = '\0';
+    *put_uint(buf, x < 0 ? 0ULL - (unsigned long long)x : (unsigned long long)x) = '\0';
 }
 
 static bool reply_is_int(const redisReply *r, long long *v)
@@ -797,7 +798,7 @@ static int redis_admit(struct backend *be, size_t source, size_t app, double est
     /* "<sidecar_id>:<seq>": 16 + 1 + at most 21 bytes */
     memcpy(l->id, sh->sidecar_id, 16);
     l->id[16] = ':';
-    *rds_put_uint(l->id + 17, ++sh->lease_seq) = '\0';
+    *put_uint(l->id + 17, ++sh->lease_seq) = '\0';
     *a = (struct backend_admit){ .sh = sh, .lease = l, .cb = cb, .ud = ud };
     fmt_num(a->est, sizeof(a->est), ceil(est_tokens));
     sh->admit_requests++;

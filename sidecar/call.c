@@ -666,24 +666,8 @@ static int choice_element(void *ud, const struct jscan_value *v)
     return 0;
 }
 
-static int facts_member(void *ud, const char *key, const struct jscan_value *v)
-{
-    struct json_facts *f = ud;
-    if (strcmp(key, "usage") == 0 && v->type == JSCAN_OBJECT) {
-        f->has_usage = true;
-        f->tokens = -1;
-        jscan_object(v->p, v->len, usage_member, &f->tokens, NULL);
-    } else if (strcmp(key, "choices") == 0 && v->type == JSCAN_ARRAY) {
-        f->empty_choices = true;
-        jscan_array(v->p, v->len, choice_element, f, NULL);
-    } else if (strcmp(key, "error") == 0 && v->type == JSCAN_OBJECT) {
-        f->has_error = true;
-    }
-    return 0;
-}
-
-/* The same for a plain reply, of which only the usage counts: its choices
- * (most of the text) are not walked again. */
+/* A plain reply's members: only its usage counts, so its choices (most of
+ * the text) are not walked again. */
 static int reply_member(void *ud, const char *key, const struct jscan_value *v)
 {
     struct json_facts *f = ud;
@@ -691,6 +675,22 @@ static int reply_member(void *ud, const char *key, const struct jscan_value *v)
         f->has_usage = true;
         f->tokens = -1;
         jscan_object(v->p, v->len, usage_member, &f->tokens, NULL);
+    }
+    return 0;
+}
+
+/* A stream event's members: its usage, and whether it ends the stream or
+ * reports an error. */
+static int facts_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    struct json_facts *f = ud;
+    if (strcmp(key, "choices") == 0 && v->type == JSCAN_ARRAY) {
+        f->empty_choices = true;
+        jscan_array(v->p, v->len, choice_element, f, NULL);
+    } else if (strcmp(key, "error") == 0 && v->type == JSCAN_OBJECT) {
+        f->has_error = true;
+    } else {
+        reply_member(ud, key, v);
     }
     return 0;
 }

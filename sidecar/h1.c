@@ -315,10 +315,11 @@ static bool req_retry_fresh(struct h1_req *r)
     return true;
 }
 
-/* The send failed (the server closed or reset): nothing more is written,
- * and what the server answered, if anything, is read before the request
- * ends (a reused connection's request may be sent again, see above). */
-static void req_send_failed(struct h1_req *r, int err)
+/* Nothing more of the request is written: the server answered early (or
+ * closed) and will not read the rest; what it said is read. After a failed
+ * send `err` is its errno (for the detail, should no answer come; a reused
+ * connection's request may then be sent again, see above). */
+static void req_stop_sending(struct h1_req *r, int err)
 {
     r->send_errno = err;
     r->iov_at = r->iovcnt;
@@ -354,7 +355,7 @@ static void req_send(struct h1_req *r)
                 conn_watch(c, EV_READ | EV_WRITE);
                 return;
             }
-            req_send_failed(r, errno);
+            req_stop_sending(r, errno);
             return;
         }
         size_t left = (size_t)w;
@@ -403,37 +404,19 @@ void h1_req_start(struct h1_req *r, struct h1_pool *p, struct h1_origin *o, cons
          * after its answer has not run yet. Taken from the next one on. */
         if (c->idle_iter == iter)
             continue;
-        /* Written at once: no wait for writability on a warm connection. */
-        struct msghdr mh = { .msg_iov = r->iov, .msg_iovlen = (size_t)r->iovcnt };
-        ssize_t w = sendmsg(c->io.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-            conn_close(c); /* died while idle, not seen yet: the next one */
-            continue;
-        }
         DLIST_UNLINK(o->idle, c, prev, next);
         p->n_idle--;
         c->req = r;
         r->conn = c;
         r->reused = true;
         p->stats.connections_reused++;
-        r->sending_told = true;
-        hooks->on_sending(ud);
-        size_t left = w > 0 ? (size_t)w : 0;
-        while (r->iov_at < r->iovcnt && left >= r->iov[r->iov_at].iov_len) {
-            left -= r->iov[r->iov_at].iov_len;
-            r->iov_at++;
-        }
-        r->iov_off = left;
-        if (r->iov_at < r->iovcnt) {
-            conn_watch(c, EV_READ | EV_WRITE);
-        } else {
-            r->sent_at = now;
-            conn_watch(c, EV_READ);
-        }
+        /* Written at once, no wait for writability on a warm connection; if
+         * it died unseen, the send fails and the request goes again on a new
+         * one (req_retry_fresh). */
+        req_send(r);
         r->starting = false;
         return;
     }
-    r->sending_told = false;
     req_connect(r);
     r->starting = false;
 }
@@ -758,10 +741,7 @@ static void h1_on_io(struct ev_loop *loop, ev_io *w, int revents)
         if (getsockopt(w->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
             err = errno;
         if (err) {
-            char detail[H1_DETAIL_MAX];
-            snprintf(detail, sizeof(detail), "Failed to connect to %s: %s", r->origin->label,
-                     strerror(err));
-            req_end(r, H1_CONNECT_FAILED, detail);
+            req_end_errno(r, H1_CONNECT_FAILED, "Failed to connect to", err);
             return;
         }
         c->connecting = false;
@@ -769,12 +749,7 @@ static void h1_on_io(struct ev_loop *loop, ev_io *w, int revents)
         return;
     }
     if ((revents & EV_READ) && r->iov_at < r->iovcnt) {
-        /* An answer (or a close) while the request is still being written:
-         * the server will not read the rest; read what it said. */
-        r->iov_at = r->iovcnt;
-        r->iov_off = 0;
-        conn_watch(c, EV_READ);
-        req_read(r);
+        req_stop_sending(r, 0); /* an answer, or a close, while still writing */
         return;
     }
     if ((revents & EV_WRITE) && r->iov_at < r->iovcnt) {

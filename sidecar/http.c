@@ -88,13 +88,20 @@ enum hdr {
     H_AUTH, /* a secret: only compared (hc_identify) */
     H_COUNT
 };
-static const char *const hdr_names[H_COUNT] = {
-    "content-type",       "expect",       "x-polygw-task", "x-polygw-deadline", "x-polygw-scope",
-    "x-polygw-sdk-retry", "x-polygw-app", "authorization",
+/* Each with its length, which every header line of every request is
+ * compared to first. */
+#define HDR(name)              \
+    {                          \
+        name, sizeof(name) - 1 \
+    }
+static const struct {
+    const char *name;
+    size_t len;
+} hdrs[H_COUNT] = {
+    HDR("content-type"),      HDR("expect"),         HDR("x-polygw-task"),
+    HDR("x-polygw-deadline"), HDR("x-polygw-scope"), HDR("x-polygw-sdk-retry"),
+    HDR("x-polygw-app"),      HDR("authorization"),
 };
-/* Their lengths, which every header line of every request is compared to
- * first. */
-static const unsigned char hdr_name_len[H_COUNT] = { 12, 6, 13, 17, 14, 18, 12, 13 };
 /* "Bearer " and the longest app token fit; a longer Authorization (an SDK's
  * API key, say) is no token of ours and not an error by itself. */
 _Static_assert(HTTP_VAL_MAX >= 7 + CONFIG_APP_TOKEN_MAX, "an app token fits a header value");
@@ -838,8 +845,8 @@ static int on_header_value(http_parser *p, const char *at, size_t n)
         r->in_value = true;
         r->cur = H_NONE;
         for (int i = 0; !r->field_over && i < H_COUNT; i++) {
-            if (hdr_name_len[i] == r->field_len &&
-                strncasecmp(r->field, hdr_names[i], r->field_len) == 0) {
+            if (hdrs[i].len == r->field_len &&
+                strncasecmp(r->field, hdrs[i].name, r->field_len) == 0) {
                 r->cur = (enum hdr)i;
                 /* A repeated header of ours: the last one wins, whole. */
                 r->val_len[i] = 0;
@@ -1603,7 +1610,7 @@ static void hc_dispatch(struct http_conn *c)
         len = (size_t)(q - path);
     if (c->req.over != H_NONE) {
         hc_error(c, 431, PGW_BAD_REQUEST, "header %s is longer than %d bytes",
-                 hdr_names[c->req.over], HTTP_VAL_MAX);
+                 hdrs[c->req.over].name, HTTP_VAL_MAX);
         hc_response_done(c);
         return;
     }
@@ -2042,13 +2049,6 @@ struct http_server *http_new(struct server *srv, char *err, size_t errlen)
         err[0] = '\0';
     if (!cfg->http_socket && !cfg->http_listen)
         return NULL;
-    for (int i = 0; i < H_COUNT; i++) {
-        if (strlen(hdr_names[i]) != hdr_name_len[i]) {
-            snprintf(err, errlen, "internal: hdr_name_len[%d] is not strlen(\"%s\")", i,
-                     hdr_names[i]);
-            return NULL;
-        }
-    }
     struct http_server *hs = calloc(1, sizeof(*hs));
     if (!hs) {
         snprintf(err, errlen, "out of memory");

@@ -119,6 +119,7 @@
  */
 #include "redis.h"
 #include "dlist.h"
+#include "strbuf.h"
 #include "redis_resolve.h"
 
 #include <arpa/inet.h>
@@ -1151,25 +1152,11 @@ static void internal_reply(struct rds *r, struct cmd *c, const redisReply *reply
 /* Longest "*<n>\r\n" or "$<n>\r\n" header: a size_t in decimal. */
 #define RESP_HEAD_MAX (1 + 20 + 2)
 
-char *rds_put_uint(char *p, unsigned long long u)
-{
-    char digits[20];
-    size_t k = 0;
-
-    do {
-        digits[k++] = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
-    while (k)
-        *p++ = digits[--k];
-    return p;
-}
-
 /* Writes `type`, `n` in decimal and CRLF at p; returns the end. */
 static char *resp_head(char *p, char type, size_t n)
 {
     *p++ = type;
-    p = rds_put_uint(p, n);
+    p = put_uint(p, n);
     *p++ = '\r';
     *p++ = '\n';
     return p;

@@ -131,10 +131,6 @@ int rds_command(struct rds *r, int argc, const char **argv, const size_t *argvle
  * add it to an ev_now() value to get Redis time. NAN until first sampled. */
 double rds_clock_offset(const struct rds *r);
 
-/* u in decimal at p (at most 20 bytes, no terminator); returns the end.
- * The RESP heads' digits, and the numbers of every attempt's arguments:
- * snprintf costs some ten times more. */
-char *rds_put_uint(char *p, unsigned long long u);
 
 struct rds_stats {
     uint64_t connects, disconnects, connect_failures;

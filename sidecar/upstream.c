@@ -361,6 +361,39 @@ static struct dns_host *dns_host_get(struct upstream *up, const char *name)
     return h;
 }
 
+union ip_addr {
+    struct sockaddr sa;
+    struct sockaddr_in in4;
+    struct sockaddr_in6 in6;
+};
+
+/* Whether `host`, as curl's URL API gives it ("10.0.0.1", "[::1]"), is an
+ * IP literal; if so its socket address with `port` in *out, *len. A name,
+ * or an IPv6 address with a zone id, is not. */
+static bool host_literal(const char *host, uint16_t port, union ip_addr *out, socklen_t *len)
+{
+    size_t n = strlen(host);
+
+    memset(out, 0, sizeof(*out));
+    if (inet_pton(AF_INET, host, &out->in4.sin_addr) == 1) {
+        out->in4.sin_family = AF_INET;
+        out->in4.sin_port = htons(port);
+        *len = sizeof(out->in4);
+        return true;
+    }
+    char inner[INET6_ADDRSTRLEN + 1];
+    if (n < 3 || host[0] != '[' || host[n - 1] != ']' || n - 2 >= sizeof(inner))
+        return false;
+    memcpy(inner, host + 1, n - 2);
+    inner[n - 2] = '\0';
+    if (inet_pton(AF_INET6, inner, &out->in6.sin6_addr) != 1)
+        return false;
+    out->in6.sin6_family = AF_INET6;
+    out->in6.sin6_port = htons(port);
+    *len = sizeof(out->in6);
+    return true;
+}
+
 /* `url` parsed the way curl parses CURLOPT_URL, and in *dns the host
  * part when it is a name (NULL for an IP literal). NULL when the URL does
  * not parse (curl then reports it on the transfer) or memory ran out. */
@@ -368,7 +401,8 @@ static CURLU *url_parse(struct upstream *up, const char *url, struct dns_host **
 {
     char *host = NULL;
     CURLU *u = curl_url();
-    unsigned char tmp[sizeof(struct in6_addr)];
+    union ip_addr addr;
+    socklen_t alen;
     bool ok = false;
 
     *dns = NULL;
@@ -377,12 +411,7 @@ static CURLU *url_parse(struct upstream *up, const char *url, struct dns_host **
     if (curl_url_set(u, CURLUPART_URL, url, CURLU_GUESS_SCHEME | CURLU_NON_SUPPORT_SCHEME) ==
             CURLUE_OK &&
         curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK && host) {
-        size_t n = strlen(host);
-        bool literal = inet_pton(AF_INET, host, tmp) == 1;
-        if (!literal && n > 2 && host[0] == '[') {
-            host[n - 1] = '\0';
-            literal = inet_pton(AF_INET6, host + 1, tmp) == 1;
-        }
+        bool literal = host_literal(host, 0, &addr, &alen);
         if (!literal)
             *dns = dns_host_get(up, host);
         ok = literal || *dns;
@@ -405,15 +434,10 @@ static void url_own_client(struct upstream *up, struct url_host *u)
 {
     char *scheme = NULL, *host = NULL, *port = NULL, *path = NULL, *query = NULL, *user = NULL,
          *pw = NULL;
-    union {
-        struct sockaddr sa;
-        struct sockaddr_in in4;
-        struct sockaddr_in6 in6;
-    } addr;
+    union ip_addr addr;
     socklen_t alen;
     char label[64];
 
-    memset(&addr, 0, sizeof(addr));
     if (curl_url_get(u->uh, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
         strcmp(scheme, "http") != 0 ||
         curl_url_get(u->uh, CURLUPART_USER, &user, 0) != CURLUE_NO_USER ||
@@ -429,24 +453,8 @@ static void url_own_client(struct upstream *up, struct url_host *u)
     if (*end || pn == 0 || pn > 65535)
         goto out;
     size_t hn = strlen(host);
-    if (inet_pton(AF_INET, host, &addr.in4.sin_addr) == 1) {
-        addr.in4.sin_family = AF_INET;
-        addr.in4.sin_port = htons((uint16_t)pn);
-        alen = sizeof(addr.in4);
-    } else if (hn > 2 && host[0] == '[' && host[hn - 1] == ']') {
-        char inner[INET6_ADDRSTRLEN + 1];
-        if (hn - 2 >= sizeof(inner))
-            goto out;
-        memcpy(inner, host + 1, hn - 2);
-        inner[hn - 2] = '\0';
-        if (inet_pton(AF_INET6, inner, &addr.in6.sin6_addr) != 1)
-            goto out; /* a zone id, say: libcurl's */
-        addr.in6.sin6_family = AF_INET6;
-        addr.in6.sin6_port = htons((uint16_t)pn);
-        alen = sizeof(addr.in6);
-    } else {
+    if (!host_literal(host, (uint16_t)pn, &addr, &alen))
         goto out;
-    }
     snprintf(label, sizeof(label), "%s port %lu", host, pn);
     struct h1_origin *o = h1_origin_get(up->h1, &addr.sa, alen, label);
     struct strbuf head = { 0 };
@@ -1696,21 +1704,13 @@ static int attempt_start_own(struct attempt *a, const struct attempt_spec *spec,
                              const struct url_host *u)
 {
     struct header_set *hs = upstream_header_set(a->up, spec->stream, spec->headers);
-    char digits[24];
-    size_t nd = 0, len = spec->body_len;
 
     if (!hs)
         return -1;
-    do {
-        digits[nd++] = (char)('0' + len % 10);
-        len /= 10;
-    } while (len);
     memcpy(a->h1_cl, "Content-Length: ", 16);
-    size_t k = 16;
-    while (nd)
-        a->h1_cl[k++] = digits[--nd];
-    memcpy(a->h1_cl + k, "\r\n\r\n", 4);
-    k += 4;
+    char *end = put_uint(a->h1_cl + 16, spec->body_len);
+    memcpy(end, "\r\n\r\n", 4);
+    size_t k = (size_t)(end + 4 - a->h1_cl);
     struct iovec iov[4] = {
         { u->h1_head, u->h1_head_len },
         { hs->h1_block, hs->h1_len },
