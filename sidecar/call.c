@@ -1339,6 +1339,17 @@ static void call_run_attempt(struct call *k, size_t source)
         .max_response_bytes = cfg->max_message_bytes,
         .budget = k->sink->budget,
     };
+    struct upstream_route route = {
+        .id = src->route_id,
+        .ca_file = src->tls.ca_file,
+        .cert_file = src->tls.cert_file,
+        .key_file = src->tls.key_file,
+        .server_name = src->tls.server_name,
+        .proxy = src->proxy,
+        .no_proxy = src->no_proxy,
+    };
+    if (src->route_id)
+        as.route = &route;
     call_set_paused(k, false);
     msgpack_sbuffer_clear(&k->usage);
     k->tokens = (struct dialect_usage){ -1, -1, -1 };

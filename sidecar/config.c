@@ -33,6 +33,7 @@
  */
 #include "config.h"
 #include "name_index.h"
+#include "redis_tls.h"
 #include "redis_url.h"
 #include "yamltree.h"
 
@@ -151,6 +152,8 @@ enum fid {
     FID_QUERY,
     FID_STREAM_USAGE,
     FID_ACCEPTS,
+    FID_PROXY,
+    FID_NO_PROXY,
     FID_HTTP,
     FID_HTTP_SOCKET,
     FID_HTTP_LISTEN,
@@ -485,6 +488,51 @@ static int check_word(struct loader *l, const struct ynode *v, char *s)
     return 0;
 }
 
+/* A DNS name as TLS sends it in SNI: letters, digits, '-' and '.', at most
+ * 253 characters (an IP address is no SNI: use the URL's host for it). */
+static int check_host_name(struct loader *l, const struct ynode *v, char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 253)
+        return fail_here(l, v->line, "must be a host name of 1 to 253 characters");
+    for (const char *p = s; *p; p++)
+        if (!isalnum((unsigned char)*p) && *p != '-' && *p != '.')
+            return fail_here(l, v->line, "must be a DNS host name (letters, digits, '-', '.')");
+    return 0;
+}
+
+/* A proxy URL: a scheme libcurl speaks to proxies, a host, no spaces. */
+static int check_proxy_url(struct loader *l, const struct ynode *v, char *s)
+{
+    static const char *const schemes[] = { "http://",    "https://",  "socks4://",
+                                           "socks4a://", "socks5://", "socks5h://" };
+    size_t skip = 0;
+    for (size_t i = 0; i < sizeof(schemes) / sizeof(schemes[0]) && !skip; i++)
+        if (strncasecmp(s, schemes[i], strlen(schemes[i])) == 0)
+            skip = strlen(schemes[i]);
+    if (!skip)
+        return fail_here(l, v->line,
+                         "must start with http://, https://, socks4://, socks4a://, socks5:// "
+                         "or socks5h://");
+    if (has_space_or_ctl(s))
+        return fail_here(l, v->line, "must not contain spaces or control characters");
+    if (s[skip] == '\0' || s[skip] == '/')
+        return fail_here(l, v->line, "has no host");
+    if (strlen(s) >= CONFIG_URL_MAX)
+        return fail_here(l, v->line, "longer than %d characters", CONFIG_URL_MAX - 1);
+    return 0;
+}
+
+/* A comma-separated list of host names or addresses ("*" = every host). */
+static int check_word_list(struct loader *l, const struct ynode *v, char *s)
+{
+    if (!*s || strlen(s) >= CONFIG_URL_MAX)
+        return fail_here(l, v->line, "must be 1 to %d characters", CONFIG_URL_MAX - 1);
+    if (has_ctl(s, strlen(s)))
+        return fail_here(l, v->line, "must not contain control characters");
+    return 0;
+}
+
 static int check_prefix(struct loader *l, const struct ynode *v, char *s)
 {
     size_t len = strlen(s);
@@ -794,6 +842,13 @@ static int walk_headers(struct loader *l, const struct ynode *v);
 static int walk_query(struct loader *l, const struct ynode *v);
 
 #define SRC(m) OFF(struct src_stage, src.m)
+static const struct field source_tls_table[] = {
+    STR("ca_file", FID_TLS_CA_FILE, SRC(tls.ca_file), check_key_path),
+    STR("cert_file", FID_TLS_CERT_FILE, SRC(tls.cert_file), check_key_path),
+    STR("key_file", FID_TLS_KEY_FILE, SRC(tls.key_file), check_key_path),
+    STR("server_name", FID_TLS_SERVER_NAME, SRC(tls.server_name), check_host_name), END
+};
+
 static const struct field source_table[] = {
     TYPED("name", FT_NAME, FID_NAME, SRC(name)),
     TYPED("capability", FT_NAME, FID_CAPABILITY, SRC(capability)),
@@ -828,6 +883,9 @@ static const struct field source_table[] = {
     { .key = "query", .type = FT_CUSTOM, .fid = FID_QUERY, .walk = walk_query },
     TYPED("stream_usage", FT_BOOL, FID_STREAM_USAGE, SRC(stream_usage)),
     STR("accepts", FID_ACCEPTS, OFF(struct src_stage, accepts), check_text),
+    SECTION("tls", FID_TLS, 0, source_tls_table),
+    STR("proxy", FID_PROXY, SRC(proxy), check_proxy_url),
+    STR("no_proxy", FID_NO_PROXY, SRC(no_proxy), check_word_list),
     END
 };
 #undef SRC
@@ -976,6 +1034,12 @@ static void source_fini(struct config_source *s)
     free(s->anthropic_version);
     free(s->auth_header);
     free(s->auth_query);
+    free(s->tls.ca_file);
+    free(s->tls.cert_file);
+    free(s->tls.key_file);
+    free(s->tls.server_name);
+    free(s->proxy);
+    free(s->no_proxy);
     for (size_t i = 0; i < s->n_headers; i++) {
         struct config_header *h = &s->headers[i];
         if (h->value)
@@ -2054,6 +2118,57 @@ static int validate_dialect(struct loader *l, size_t i, const char *prefix)
     return 0;
 }
 
+/* tls: and proxy: of one source. The files are loaded now, with the same
+ * code the Redis backend's TLS uses, so a missing, unreadable or mismatched
+ * file is a load error with its path, not a failure of the first request. */
+static void validate_route(struct loader *l, size_t i, const char *prefix)
+{
+    static uint64_t next_id;
+    struct src_stage *st = &l->srcs[i];
+    struct config_source *s = &st->src;
+    char path[CONFIG_PATH_MAX], why[256];
+    bool any_tls = s->tls.ca_file || s->tls.cert_file || s->tls.key_file || s->tls.server_name;
+
+    if (any_tls && s->base_url && strncasecmp(s->base_url, "https://", 8) != 0) {
+        snprintf(path, sizeof(path), "%s.tls", prefix);
+        fail_at(l, st->line[FID_TLS], path, "only valid with an https:// base_url");
+        return;
+    }
+    if (!s->tls.cert_file != !s->tls.key_file) {
+        snprintf(path, sizeof(path), "%s.tls.%s", prefix,
+                 s->tls.cert_file ? "key_file" : "cert_file");
+        fail_at(l, st->line[s->tls.cert_file ? FID_TLS_CERT_FILE : FID_TLS_KEY_FILE], path,
+                "is required with %s (a client certificate needs both)",
+                s->tls.cert_file ? "cert_file" : "key_file");
+        return;
+    }
+    const char *const files[] = { s->tls.ca_file, s->tls.cert_file, s->tls.key_file };
+    const enum fid fids[] = { FID_TLS_CA_FILE, FID_TLS_CERT_FILE, FID_TLS_KEY_FILE };
+    const char *const keys[] = { "ca_file", "cert_file", "key_file" };
+    for (size_t k = 0; k < 3; k++) {
+        if (files[k] && access(files[k], R_OK) != 0) {
+            int e = errno;
+            snprintf(path, sizeof(path), "%s.tls.%s", prefix, keys[k]);
+            fail_at(l, st->line[fids[k]], path, "cannot read %s: %s", files[k], strerror(e));
+            return;
+        }
+    }
+    if (s->tls.ca_file || s->tls.cert_file) {
+        struct rtls_opts o = { .ca_file = s->tls.ca_file,
+                               .cert_file = s->tls.cert_file,
+                               .key_file = s->tls.key_file };
+        struct rtls_ctx *ctx = rtls_ctx_new(&o, why, sizeof(why));
+        if (!ctx) {
+            snprintf(path, sizeof(path), "%s.tls", prefix);
+            fail_at(l, st->line[FID_TLS], path, "%s", why);
+            return;
+        }
+        rtls_ctx_free(ctx);
+    }
+    if (any_tls || s->proxy || s->no_proxy)
+        s->route_id = ++next_id;
+}
+
 /* The rules of one source; each failure is reported, and the rules that
  * need a value that is missing or was rejected are skipped. */
 static void validate_source(struct loader *l, size_t i)
@@ -2138,6 +2253,7 @@ static void validate_source(struct loader *l, size_t i)
         fail_at(l, line[FID_API_KEY_FILE], path, "cannot be combined with api_key_env; choose one");
     }
     validate_dialect(l, i, prefix);
+    validate_route(l, i, prefix);
 }
 
 /* Checks a key just read (env or file), after trailing whitespace was

@@ -162,6 +162,19 @@ struct config_source {
                                 * never print; wiped by config_free */
     char *req_query;    /* owned; "" or "?name=value&..." appended to every
                                 * URL; holds the key with auth_query: never print */
+
+    /* How the upstream is reached (docs/CONFIG.md §7c); each owned or NULL
+     * (the default). The files were loaded once at load time, so a path
+     * here names a readable PEM file of the right kind. */
+    struct {
+        char *ca_file;   /* replaces the system CA store */
+        char *cert_file; /* client certificate chain; set with key_file */
+        char *key_file;
+        char *server_name; /* SNI / certificate name; https base_url only */
+    } tls;
+    char *proxy;       /* http://, https://, socks4(a):// or socks5(h):// URL */
+    char *no_proxy;    /* comma-separated hosts that bypass the proxy */
+    uint64_t route_id; /* 0 when all of the above are NULL, else unique */
 };
 
 /* An application (docs/APPS.md): who is calling. A connection is this app

@@ -49,6 +49,7 @@
 #include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dialect.h"
 #include "h1.h"
@@ -65,6 +66,10 @@
  * handles currently added) shrinks as attempts end, closing warm keep-alive
  * connections to sources under load; we add and remove a handle per attempt. */
 #define UPSTREAM_MAX_IDLE_CONNECTIONS 4096L
+/* How long libcurl may hand out its parsed copy of a CA bundle before
+ * reading the file again: a replaced bundle is trusted by new connections
+ * within this time (a reload does not flush it). */
+#define UPSTREAM_CA_CACHE_S           600L
 /* Each transfer's receive buffer (libcurl's default: 16 KiB). It is held
  * for as long as the call is in flight and mostly unwritten while the
  * upstream thinks, so the cost that matters is its resident part: about
@@ -136,10 +141,12 @@ struct upstream {
     struct header_set *header_sets;
     size_t n_header_sets;
     struct upstream_stats stats;
-    bool no_proxy_env;             /* no proxy variable is set: handles say "no proxy" */
-    struct h1_pool *h1;            /* the own client; NULL: libcurl for every URL */
-    CURL *pool[UPSTREAM_POOL_MAX]; /* easy handles of completed transfers, not reset */
+    bool no_proxy_env;                      /* no proxy variable is set: handles say "no proxy" */
+    struct h1_pool *h1;                     /* the own client; NULL: libcurl for every URL */
+    CURL *pool[UPSTREAM_POOL_MAX];          /* easy handles of completed transfers, not reset */
+    uint64_t pool_route[UPSTREAM_POOL_MAX]; /* the route id each was last set for */
     size_t n_pool;
+    char *default_cainfo; /* libcurl's built-in CA bundle, or NULL (see upstream_new) */
 };
 
 struct attempt {
@@ -148,8 +155,10 @@ struct attempt {
     struct attempt *next_deferred;
     bool on_deferred;
     CURL *easy;
-    bool recycle;               /* the transfer completed: the handle may be reused */
-    struct curl_slist *headers; /* a cached header_set's, or owned_headers */
+    uint64_t route_id;             /* the route its handle is set for (upstream_route.id) */
+    struct curl_slist *connect_to; /* owned: the route's server_name redirect, or NULL */
+    bool recycle;                  /* the transfer completed: the handle may be reused */
+    struct curl_slist *headers;    /* a cached header_set's, or owned_headers */
     struct curl_slist *owned_headers;
     char *req_body;
     struct attempt_hooks hooks;
@@ -691,6 +700,7 @@ static void attempt_free(struct attempt *a)
     }
     headers_wipe(a->owned_headers);
     curl_slist_free_all(a->owned_headers);
+    curl_slist_free_all(a->connect_to);
     free(a->req_body);
     strbuf_fini(&a->resp);
     if (a->sse_ready)
@@ -720,6 +730,7 @@ static void attempt_detach(struct attempt *a)
              * which dies with the attempt, must not outlive it. */
             curl_easy_setopt(a->easy, CURLOPT_ERRORBUFFER, NULL);
             curl_easy_setopt(a->easy, CURLOPT_PRIVATE, NULL);
+            up->pool_route[up->n_pool] = a->route_id;
             up->pool[up->n_pool++] = a->easy;
         } else {
             curl_easy_cleanup(a->easy);
@@ -1463,6 +1474,12 @@ struct upstream *upstream_new(struct ev_loop *loop, uint32_t max_dns_lookups_per
     }
     up->loop = loop;
     up->no_proxy_env = !upstream_env_names_proxy();
+    CURL *probe = curl_easy_init();
+    char *cainfo = NULL;
+    if (probe && curl_easy_getinfo(probe, CURLINFO_CAINFO, &cainfo) == CURLE_OK && cainfo &&
+        access(cainfo, R_OK) == 0)
+        up->default_cainfo = strdup(cainfo);
+    curl_easy_cleanup(probe);
     up->max_lookups_per_host = max_dns_lookups_per_host ? max_dns_lookups_per_host : 1;
     /* The own client never goes through a proxy: with one named for plain
      * http (libcurl ignores HTTP_PROXY, as a CGI header could set it), every
@@ -1505,6 +1522,7 @@ void upstream_free(struct upstream *up)
     ev_prepare_stop(up->loop, &up->prepare_w);
     while (up->n_pool)
         curl_easy_cleanup(up->pool[--up->n_pool]);
+    free(up->default_cainfo);
     curl_multi_cleanup(up->multi);
     /* After the handles: a pooled one may still point at a header list. */
     while (up->header_sets) {
@@ -1627,6 +1645,66 @@ static struct curl_slist *upstream_headers(struct upstream *up, bool stream,
     return *owned = headers_build(stream, extra);
 }
 
+/* The CA store: the bundle file alone, no CA directory. libcurl keeps the
+ * parsed store of one bundle in the multi handle and hands it to every new
+ * connection (CURLOPT_CA_CACHE_TIMEOUT), but only when no CA directory is
+ * set, and Debian's libcurl sets one by default: every new TLS connection
+ * then parsed the whole system bundle again (~140 certificates, most of a
+ * handshake's CPU), which is what made a few hundred new connections at
+ * once starve the loop. The bundle holds what the directory holds. Without
+ * a built-in bundle the defaults stay as libcurl has them. */
+static void upstream_easy_tls_defaults(const struct upstream *up, CURL *e)
+{
+    if (!up->default_cainfo)
+        return;
+    curl_easy_setopt(e, CURLOPT_CAINFO, up->default_cainfo);
+    curl_easy_setopt(e, CURLOPT_CAPATH, NULL);
+    curl_easy_setopt(e, CURLOPT_CA_CACHE_TIMEOUT, UPSTREAM_CA_CACHE_S);
+}
+
+/* Sets the route's TLS and proxy options on `e`, or puts back the defaults
+ * (route NULL). Only when the handle was last set for another route: the
+ * strings are copied by libcurl, a few allocations each. */
+static void attempt_set_route(struct attempt *a, CURL *e, const struct upstream_route *r)
+{
+    const struct upstream *up = a->up;
+
+    upstream_easy_tls_defaults(up, e);
+    if (r && r->ca_file)
+        curl_easy_setopt(e, CURLOPT_CAINFO, r->ca_file);
+    curl_easy_setopt(e, CURLOPT_SSLCERT, r ? r->cert_file : NULL);
+    curl_easy_setopt(e, CURLOPT_SSLKEY, r ? r->key_file : NULL);
+    if (r && r->proxy)
+        curl_easy_setopt(e, CURLOPT_PROXY, r->proxy);
+    else
+        curl_easy_setopt(e, CURLOPT_PROXY, up->no_proxy_env ? "" : NULL);
+    curl_easy_setopt(e, CURLOPT_NOPROXY, r ? r->no_proxy : NULL);
+}
+
+/* With a route's server_name: the URL with that name as its host (for SNI,
+ * the certificate check and the Host header) and a CURLOPT_CONNECT_TO entry
+ * that sends the connection to the URL's own host and port. Returns the new
+ * URL (owned, curl_free) or NULL (out of memory, unparsable). */
+static char *attempt_server_name(struct attempt *a, const char *url, const char *name)
+{
+    CURLU *u = curl_url();
+    char *host = NULL, *out = NULL;
+    char to[300];
+
+    if (u && curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK &&
+        (size_t)snprintf(to, sizeof(to), "::%s:", host) < sizeof(to) &&
+        curl_url_set(u, CURLUPART_HOST, name, 0) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_URL, &out, 0) == CURLUE_OK &&
+        !(a->connect_to = curl_slist_append(NULL, to))) {
+        curl_free(out);
+        out = NULL;
+    }
+    curl_free(host);
+    curl_url_cleanup(u);
+    return out;
+}
+
 /* A new easy handle with the options every attempt shares. They stay set
  * while the handle is pooled (no curl_easy_reset between attempts: the reset
  * and setting them again cost a dozen allocations per attempt, the protocol
@@ -1659,6 +1737,7 @@ static CURL *upstream_easy_new(const struct upstream *up)
     curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
     curl_easy_setopt(e, CURLOPT_ACCEPT_ENCODING, "");
     curl_easy_setopt(e, CURLOPT_BUFFERSIZE, UPSTREAM_RECV_BUFFER_BYTES);
+    upstream_easy_tls_defaults(up, e);
     return e;
 }
 
@@ -1668,18 +1747,40 @@ static CURL *upstream_easy_new(const struct upstream *up)
 static int attempt_setup(struct attempt *a, const struct attempt_spec *spec,
                          const struct url_host *u)
 {
-    CURL *e = a->easy = a->up->n_pool ? a->up->pool[--a->up->n_pool] : upstream_easy_new(a->up);
+    struct upstream *up = a->up;
+    const struct upstream_route *r = spec->route;
+    uint64_t was = 0;
+    CURL *e;
 
-    if (!e)
+    if (up->n_pool) {
+        e = up->pool[--up->n_pool];
+        was = up->pool_route[up->n_pool];
+    } else {
+        e = upstream_easy_new(up);
+    }
+    if (!(a->easy = e))
         return -1;
+    a->route_id = r ? r->id : 0;
+    if (was != a->route_id)
+        attempt_set_route(a, e, r);
     a->headers = upstream_headers(a->up, spec->stream, spec->headers, &a->owned_headers);
     if (!a->headers)
         return -1;
     /* Both: the parsed URL is what curl uses, the string what it reports
      * (and parses again when there is no parsed one). Always set, so that a
      * pooled handle never keeps the previous attempt's. */
-    curl_easy_setopt(e, CURLOPT_URL, spec->url);
-    curl_easy_setopt(e, CURLOPT_CURLU, u ? u->uh : NULL);
+    if (r && r->server_name) {
+        char *url = attempt_server_name(a, spec->url, r->server_name);
+        if (!url)
+            return -1;
+        curl_easy_setopt(e, CURLOPT_URL, url);
+        curl_easy_setopt(e, CURLOPT_CURLU, NULL);
+        curl_free(url);
+    } else {
+        curl_easy_setopt(e, CURLOPT_URL, spec->url);
+        curl_easy_setopt(e, CURLOPT_CURLU, u ? u->uh : NULL);
+    }
+    curl_easy_setopt(e, CURLOPT_CONNECT_TO, a->connect_to);
     curl_easy_setopt(e, CURLOPT_POSTFIELDS, a->req_body);
     curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)spec->body_len);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, a->headers);
@@ -1761,7 +1862,8 @@ struct attempt *attempt_start(struct upstream *up, struct attempt_spec *spec,
     struct url_host *u = upstream_url(up, spec->url);
     if (u) {
         a->dns = u->dns;
-        if (u->origin && attempt_start_own(a, spec, u) == 0)
+        /* The own client has no proxy: a source with one stays libcurl's. */
+        if (u->origin && !(spec->route && spec->route->proxy) && attempt_start_own(a, spec, u) == 0)
             return a;
     } else {
         curl_url_cleanup(url_parse(up, spec->url, &a->dns));

@@ -99,6 +99,24 @@ enum attempt_phase {
     ATTEMPT_DONE,
 };
 
+/* How one source reaches its upstream over TLS and proxies (its `tls`,
+ * `proxy` and `no_proxy` keys, docs/CONFIG.md §7c). Every string is
+ * borrowed for attempt_start() only (libcurl copies what it keeps); NULL
+ * means the default: the system CA store, no client certificate, the URL's
+ * own host name for SNI and verification, the environment's proxy. `id` is
+ * unique to one set of values for the life of the process (0 = all
+ * defaults): a pooled handle configured for the same id is not set again. */
+struct upstream_route {
+    uint64_t id;
+    const char *ca_file;     /* PEM bundle that replaces the system store */
+    const char *cert_file;   /* client certificate chain (PEM), with key_file */
+    const char *key_file;    /* its private key (PEM) */
+    const char *server_name; /* SNI, certificate name and Host; the connection
+                                * still goes to the URL's host and port */
+    const char *proxy;       /* proxy URL for this source */
+    const char *no_proxy;    /* hosts that bypass the proxy (libcurl's syntax) */
+};
+
 struct attempt_spec {
     const char *url;            /* borrowed for the call only (copied by curl); may
                                     * hold a secret in its query: never logged */
@@ -109,9 +127,10 @@ struct attempt_spec {
     size_t body_len;
     bool stream;
     double connect_timeout_s, ttft_timeout_s, idle_timeout_s, timeout_s;
-    double deadline_at;             /* absolute ev_now() time bounding the call; 0 = none */
-    size_t max_response_bytes;      /* larger plain bodies / events fail the attempt */
-    struct upstream_budget *budget; /* borrowed, may be NULL: the client's byte budget */
+    double deadline_at;                 /* absolute ev_now() time bounding the call; 0 = none */
+    size_t max_response_bytes;          /* larger plain bodies / events fail the attempt */
+    struct upstream_budget *budget;     /* borrowed, may be NULL: the client's byte budget */
+    const struct upstream_route *route; /* borrowed for the call only; NULL = defaults */
 };
 
 struct attempt_result {
