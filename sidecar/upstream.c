@@ -70,6 +70,9 @@
  * reading the file again: a replaced bundle is trusted by new connections
  * within this time (a reload does not flush it). */
 #define UPSTREAM_CA_CACHE_S           600L
+/* How long the own client trusts the address libcurl last reached for a
+ * host name (libcurl's own DNS cache keeps answers as long). */
+#define UPSTREAM_NAME_TTL_S           60.0
 /* Each transfer's receive buffer (libcurl's default: 16 KiB). It is held
  * for as long as the call is in flight and mostly unwritten while the
  * upstream thinks, so the cost that matters is its resident part: about
@@ -106,6 +109,11 @@ struct url_host {
     struct h1_origin *origin;
     char *h1_head;
     size_t h1_head_len;
+    /* A host name (dns set) that the own client may carry: `origin` is the
+     * address libcurl last connected to for it, trusted until name_until
+     * (see upstream_learn_address). */
+    bool by_name;
+    double name_until;
     char url[];
 };
 
@@ -155,6 +163,7 @@ struct attempt {
     struct attempt *next_deferred;
     bool on_deferred;
     CURL *easy;
+    struct url_host *url;          /* the engine's entry for its URL, or NULL */
     uint64_t route_id;             /* the route its handle is set for (upstream_route.id) */
     struct curl_slist *connect_to; /* owned: the route's server_name redirect, or NULL */
     bool recycle;                  /* the transfer completed: the handle may be reused */
@@ -462,12 +471,16 @@ static void url_own_client(struct upstream *up, struct url_host *u)
     if (*end || pn == 0 || pn > 65535)
         goto out;
     size_t hn = strlen(host);
-    if (!host_literal(host, (uint16_t)pn, &addr, &alen))
+    struct h1_origin *o = NULL;
+    if (host_literal(host, (uint16_t)pn, &addr, &alen)) {
+        snprintf(label, sizeof(label), "%s port %lu", host, pn);
+        if (!(o = h1_origin_get(up->h1, &addr.sa, alen, label)))
+            goto out;
+    } else if (!u->dns || strchr(host, '%')) {
         goto out;
-    snprintf(label, sizeof(label), "%s port %lu", host, pn);
-    struct h1_origin *o = h1_origin_get(up->h1, &addr.sa, alen, label);
+    }
     struct strbuf head = { 0 };
-    if (!o || strbuf_puts(&head, "POST ") < 0 || strbuf_put(&head, path, strlen(path)) < 0 ||
+    if (strbuf_puts(&head, "POST ") < 0 || strbuf_put(&head, path, strlen(path)) < 0 ||
         (query && (strbuf_putc(&head, '?') < 0 || strbuf_put(&head, query, strlen(query)) < 0)) ||
         strbuf_puts(&head, " HTTP/1.1\r\nHost: ") < 0 || strbuf_put(&head, host, hn) < 0 ||
         (pn != 80 && (strbuf_putc(&head, ':') < 0 || strbuf_put(&head, port, strlen(port)) < 0)) ||
@@ -476,6 +489,7 @@ static void url_own_client(struct upstream *up, struct url_host *u)
         goto out;
     }
     u->origin = o;
+    u->by_name = !o;
     u->h1_head = head.data;
     u->h1_head_len = head.len;
 out:
@@ -511,7 +525,9 @@ static struct url_host *upstream_url(struct upstream *up, const char *url)
     u->origin = NULL;
     u->h1_head = NULL;
     u->h1_head_len = 0;
-    if (up->h1 && !h)
+    u->by_name = false;
+    u->name_until = 0;
+    if (up->h1)
         url_own_client(up, u);
     memcpy(u->url, url, n + 1);
     u->next = up->urls;
@@ -1201,6 +1217,37 @@ static enum xfer_end xfer_end_of_curl(CURLcode rc)
     }
 }
 
+/* A plain-http URL by host name: once libcurl has carried a request to it,
+ * the own client takes the next ones, to the address libcurl connected to
+ * (the one that answered, after libcurl's own address fallback), for
+ * UPSTREAM_NAME_TTL_S. Then one request goes through libcurl again, which
+ * resolves the name afresh (within the attempt's deadlines, on its resolver
+ * thread) and teaches the new address. So a name costs what an address
+ * costs, no lookup ever runs on the loop, and a changed address is followed
+ * within the TTL. */
+static void upstream_learn_address(struct upstream *up, struct url_host *u, CURL *easy)
+{
+    char *ip = NULL, label[128];
+    long port = 0;
+    union ip_addr addr;
+    socklen_t alen;
+    char host[INET6_ADDRSTRLEN + 3];
+
+    if (curl_easy_getinfo(easy, CURLINFO_PRIMARY_IP, &ip) != CURLE_OK || !ip || !*ip ||
+        curl_easy_getinfo(easy, CURLINFO_PRIMARY_PORT, &port) != CURLE_OK || port <= 0 ||
+        port > 65535)
+        return;
+    snprintf(host, sizeof(host), strchr(ip, ':') ? "[%s]" : "%s", ip);
+    if (!host_literal(host, (uint16_t)port, &addr, &alen))
+        return;
+    snprintf(label, sizeof(label), "%s (%s) port %ld", u->dns->name, ip, port);
+    struct h1_origin *o = h1_origin_get(up->h1, &addr.sa, alen, label);
+    if (!o)
+        return;
+    u->origin = o;
+    u->name_until = ev_now(up->loop) + UPSTREAM_NAME_TTL_S;
+}
+
 static void upstream_on_done_msg(CURL *easy, CURLcode rc)
 {
     struct attempt *a = NULL;
@@ -1233,6 +1280,8 @@ static void upstream_on_done_msg(CURL *easy, CURLcode rc)
     if (rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_RESOLVE_PROXY)
         dns_lookup_end(a, false); /* the resolver answered: its thread is done */
     a->recycle = rc == CURLE_OK;
+    if (rc == CURLE_OK && a->url && a->url->by_name && !a->route_id)
+        upstream_learn_address(a->up, a->url, easy);
     attempt_conclude(a, xfer_end_of_curl(rc), a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
 }
 
@@ -1276,6 +1325,10 @@ static void attempt_h1_on_end(void *ud, enum h1_end end, const char *detail)
 
     if (a->cancelled)
         return; /* cancelled from one of its hooks: the prepare pass frees it */
+    /* A learned address that refuses connections is forgotten: the next
+     * attempt resolves the name again through libcurl. */
+    if (end == H1_CONNECT_FAILED && a->url && a->url->by_name)
+        a->url->name_until = 0;
     attempt_conclude(a, (unsigned)end < sizeof(map) / sizeof(map[0]) ? map[end] : XFER_LOST,
                      detail ? detail : "");
 }
@@ -1862,8 +1915,10 @@ struct attempt *attempt_start(struct upstream *up, struct attempt_spec *spec,
     struct url_host *u = upstream_url(up, spec->url);
     if (u) {
         a->dns = u->dns;
+        a->url = u;
         /* The own client has no proxy: a source with one stays libcurl's. */
-        if (u->origin && !(spec->route && spec->route->proxy) && attempt_start_own(a, spec, u) == 0)
+        if (u->origin && (!u->by_name || now < u->name_until) &&
+            !(spec->route && spec->route->proxy) && attempt_start_own(a, spec, u) == 0)
             return a;
     } else {
         curl_url_cleanup(url_parse(up, spec->url, &a->dns));

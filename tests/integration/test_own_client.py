@@ -120,3 +120,42 @@ def test_own_client__ipv6_literal(make_sidecar, up):
     if err is not None:
         assert err["sources"][0]["reason"] == "connect_failed", err
         assert "::1" in err["sources"][0]["detail"], err
+
+
+def test_own_client__a_host_name_is_carried_once_libcurl_has_reached_it(make_sidecar, up):
+    """http://localhost:PORT: the first request goes through libcurl (which
+    resolves the name on its thread, within the attempt's deadlines); the
+    next ones go to the address it reached, through the own client, on one
+    kept-alive connection, with the name in Host."""
+    port = up.url.split(":")[2].split("/")[0]
+    c = sidecar(make_sidecar, "http://localhost:%s/v1" % port).connect()
+    ok(c, "first, by libcurl")
+    assert upstream_stats(c)["own_connections_opened"] == 0
+    for i in range(5):
+        ok(c, "own %d" % i)
+    st = upstream_stats(c)
+    assert st["own_connections_opened"] == 1, st
+    assert st["own_connections_reused"] == 4, st
+    assert up.last()["headers"]["host"] == "localhost:%s" % port
+    assert up.stats()["requests"] == 6
+
+
+def test_own_client__a_learned_address_that_refuses_is_forgotten(make_sidecar):
+    """The address learned for a name stops answering: that attempt fails
+    with connect_failed in the own client, and the next one is libcurl's
+    again (it resolves afresh), so the own client does not keep dialling a
+    dead address for the rest of the TTL."""
+    from mock import MockUpstream
+    m = MockUpstream()
+    port = m.port
+    c = sidecar(make_sidecar, "http://localhost:%d/v1" % port).connect()
+    ok(c, "libcurl")
+    ok(c, "own")
+    assert upstream_stats(c)["own_connections_opened"] == 1
+    m.stop()
+    err, _, _ = call(c, "chat", chat("refused"))
+    assert err is not None and err["sources"][0]["reason"] == "connect_failed", err
+    assert upstream_stats(c)["own_connections_opened"] == 2   # the own client dialled
+    err, _, _ = call(c, "chat", chat("refused again"))
+    assert err is not None, err
+    assert upstream_stats(c)["own_connections_opened"] == 2   # libcurl did, this time
