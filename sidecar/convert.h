@@ -25,7 +25,9 @@
  * Reply and stream: finish reasons map end_turn / stop_sequence -> stop,
  * max_tokens -> length, tool_use -> tool_calls, refusal -> content_filter;
  * usage becomes {prompt_tokens, completion_tokens, total_tokens} (cache reads
- * and writes counted as prompt tokens).
+ * and writes counted as prompt tokens); a usage the sidecar cannot believe
+ * (dialect.h, DIALECT_TOKENS_MAX) is left out: no `usage` member in the
+ * reply, no usage chunk in the stream.
  *
  * Pure computation (the caller passes the clock as `created`), no globals;
  * every object is borrowed and every output is packed into the caller's
@@ -38,6 +40,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "dialect.h"
 
 #define CONVERT_DEFAULT_MAX_TOKENS 4096
 
@@ -64,7 +68,7 @@ struct convert_stream {
     bool include_usage;
     char id[96];
     char model[128];
-    int64_t prompt, completion; /* -1 until known (set by convert_stream_init) */
+    struct dialect_usage usage; /* so far (set by convert_stream_init) */
 };
 
 void convert_stream_init(struct convert_stream *st, int64_t created, bool include_usage);
@@ -72,7 +76,7 @@ void convert_stream_init(struct convert_stream *st, int64_t created, bool includ
 /* Converts one Messages stream event (its parsed `data`). Returns 1 when a
  * chunk was packed into `pk` (message_start: the role chunk; a text delta:
  * a content chunk; message_delta: the finish_reason chunk; message_stop:
- * the usage chunk when include_usage), 0 when the event yields none (ping,
+ * the usage chunk when include_usage and the usage is not bogus), 0 when the event yields none (ping,
  * block start/stop, non-text deltas, unknown events: nothing packed). */
 int convert_chat_event(struct convert_stream *st, const msgpack_object *ev, msgpack_packer *pk);
 
