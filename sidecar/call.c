@@ -756,27 +756,31 @@ static void call_keep_token_counts(struct call *k)
 }
 
 /* Replaces the Messages reply in `body` (unpacked in `up`) by the
- * chat.completion it stands for (the client sent an OpenAI body); returns
- * the new body's usage (in `up`). */
-static const msgpack_object *call_convert_reply(struct call *k, msgpack_sbuffer *body,
-                                                msgpack_unpacked *up)
+ * chat.completion it stands for (the client sent an OpenAI body) and sets
+ * *usage to the new body's usage (in `up`, NULL when it has none). Returns
+ * 0, or CONVERT_EREPLY when the reply is not a Messages reply (`body`, `up`
+ * unchanged). */
+static int call_convert_reply(struct call *k, msgpack_sbuffer *body, msgpack_unpacked *up,
+                              const msgpack_object **usage)
 {
     msgpack_sbuffer conv;
     msgpack_packer cpk;
+    int rc;
 
+    *usage = NULL;
     msgpack_sbuffer_init(&conv);
     msgpack_packer_init(&cpk, &conv, msgpack_sbuffer_write);
-    if (convert_chat_reply(&up->data, (int64_t)ev_now(k->srv->loop), &cpk) < 0) {
+    if ((rc = convert_chat_reply(&up->data, (int64_t)ev_now(k->srv->loop), &cpk)) < 0) {
         msgpack_sbuffer_destroy(&conv);
-        return rpc_map_get(&up->data, "usage");
+        return rc;
     }
     msgpack_sbuffer_destroy(body);
     *body = conv;
     msgpack_unpacked_destroy(up);
     msgpack_unpacked_init(up);
-    if (msgpack_unpack_next(up, body->data, body->size, NULL) != MSGPACK_UNPACK_SUCCESS)
-        return NULL;
-    return rpc_map_get(&up->data, "usage");
+    if (msgpack_unpack_next(up, body->data, body->size, NULL) == MSGPACK_UNPACK_SUCCESS)
+        *usage = rpc_map_get(&up->data, "usage");
+    return 0;
 }
 
 /* The JSON text of msgpack `mp` into `out` (for a JSON-only sink, after a
@@ -911,8 +915,18 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
             call_count_tokens(k, &counts);
         } else if (msgpack_unpack_next(&up, body.data, body.size, NULL) == MSGPACK_UNPACK_SUCCESS) {
             call_dialect(k)->scan_usage(rpc_map_get(&up.data, "usage"), &counts);
-            call_count_tokens(k, &counts);
-            usage = call_convert_reply(k, &body, &up);
+            if (call_convert_reply(k, &body, &up, &usage) < 0) {
+                /* A 200 whose body no OpenAI client could read as a
+                 * completion: the upstream misbehaved, as with a reply that
+                 * is not JSON. */
+                outcome_from_reason(&res.outcome, REASON_BAD_RESPONSE);
+                res.outcome.http_status = res.http_status;
+                snprintf(res.detail, sizeof(res.detail), "%s",
+                         "reply is not an Anthropic Messages reply (an object with a "
+                         "\"content\" list), so it cannot be converted");
+            } else {
+                call_count_tokens(k, &counts);
+            }
         }
     } else if (res.outcome.kind == OUTCOME_SUCCESS && k->usage.size > 0 &&
                msgpack_unpack_next(&up, k->usage.data, k->usage.size, NULL) ==

@@ -14,6 +14,13 @@ static bool key_is(const msgpack_object *k, const char *s)
     return rpc_str_is(k, s);
 }
 
+/* A member that is there and not null (null stands for absent, as the
+ * OpenAI SDKs send it). */
+static bool present(const msgpack_object *v)
+{
+    return v && v->type != MSGPACK_OBJECT_NIL;
+}
+
 static int fail(char *err, size_t errlen, const char *fmt, const char *what)
 {
     if (err && errlen)
@@ -103,7 +110,7 @@ static int scan_messages(const msgpack_object *msgs, msgpack_sbuffer *system, ui
         const msgpack_object *content = rpc_map_get(m, "content");
         msgpack_sbuffer scratch;
 
-        if (rpc_map_get(m, "tool_calls") || rpc_map_get(m, "function_call"))
+        if (present(rpc_map_get(m, "tool_calls")) || present(rpc_map_get(m, "function_call")))
             return fail(err, errlen, "%s",
                         "body.messages: tool calls cannot be converted for "
                         "an Anthropic source (send them to an OpenAI-dialect source)");
@@ -183,6 +190,12 @@ int convert_chat_request(const msgpack_object *body, msgpack_packer *pk, char *e
             return fail(err, errlen, "%s", "body.n: only one choice can be converted");
         if (key_is(k, "logprobs") && v->type == MSGPACK_OBJECT_BOOLEAN && v->via.boolean)
             return fail(err, errlen, "%s", "body.logprobs: cannot be converted");
+        if ((key_is(k, "max_tokens") || key_is(k, "max_completion_tokens")) &&
+            v->type != MSGPACK_OBJECT_NIL &&
+            !(v->type == MSGPACK_OBJECT_POSITIVE_INTEGER && v->via.u64 > 0)) {
+            rpc_quote_client_str(k->via.str.ptr, k->via.str.size, sizeof(name) - 1, name);
+            return fail(err, errlen, "body.%s: must be a positive integer", name);
+        }
     }
     msgpack_sbuffer_init(&system);
     if ((rc = scan_messages(rpc_map_get(body, "messages"), &system, &turns, err, errlen)) < 0) {
@@ -284,11 +297,12 @@ int convert_chat_reply(const msgpack_object *msg, int64_t created, msgpack_packe
     struct dialect_usage usage = anthropic_usage(rpc_map_get(msg, "usage"));
     msgpack_sbuffer text;
 
-    if (msg->type != MSGPACK_OBJECT_MAP)
-        return CONVERT_EUNSUPPORTED;
+    const msgpack_object *type = rpc_map_get(msg, "type");
+    if (msg->type != MSGPACK_OBJECT_MAP || !content || content->type != MSGPACK_OBJECT_ARRAY ||
+        (type && !rpc_str_is(type, "message")))
+        return CONVERT_EREPLY;
     msgpack_sbuffer_init(&text);
-    for (uint32_t i = 0;
-         content && content->type == MSGPACK_OBJECT_ARRAY && i < content->via.array.size; i++) {
+    for (uint32_t i = 0; i < content->via.array.size; i++) {
         const msgpack_object *b = &content->via.array.ptr[i];
         const msgpack_object *t = rpc_map_get(b, "text");
         if (rpc_str_is(rpc_map_get(b, "type"), "text") && t && t->type == MSGPACK_OBJECT_STR)
