@@ -630,12 +630,12 @@ static void call_reply_error(struct call *k, enum pgw_code code, double retry_af
 }
 
 /* What governance needs of a JSON reply or event of an OpenAI-dialect
- * upstream, found without a tree (for a sink that takes JSON only):
- * usage.total_tokens (-1 when absent), whether a choice has a
- * finish_reason, whether it is the usage-only chunk ("choices": []), and
- * whether it reports an error. */
+ * upstream, found without a tree (for a sink that takes JSON only): its
+ * usage counts (as openai_scan_usage reads them from a tree), whether a
+ * choice has a finish_reason, whether it is the usage-only chunk
+ * ("choices": []), and whether it reports an error. */
 struct json_facts {
-    double tokens;
+    struct dialect_usage usage;
     bool has_usage;
     bool terminal;
     bool empty_choices;
@@ -644,9 +644,11 @@ struct json_facts {
 
 static int usage_member(void *ud, const char *key, const struct jscan_value *v)
 {
-    double *tokens = ud, t;
-    if (strcmp(key, "total_tokens") == 0 && jscan_number(v, &t) && t >= 0)
-        *tokens = t;
+    double t;
+    int64_t count = v->type == JSCAN_NULL ? -1
+        : jscan_number(v, &t)             ? dialect_count_number(t)
+                                          : DIALECT_COUNT_BOGUS;
+    dialect_openai_count(ud, key, strlen(key), count);
     return 0;
 }
 
@@ -673,8 +675,8 @@ static int reply_member(void *ud, const char *key, const struct jscan_value *v)
     struct json_facts *f = ud;
     if (v->type == JSCAN_OBJECT && strcmp(key, "usage") == 0) {
         f->has_usage = true;
-        f->tokens = -1;
-        jscan_object(v->p, v->len, usage_member, &f->tokens, NULL);
+        f->usage = DIALECT_USAGE_NONE;
+        jscan_object(v->p, v->len, usage_member, &f->usage, NULL);
     }
     return 0;
 }
@@ -708,6 +710,22 @@ static bool call_needs_tree(const struct call *k)
     return k->sink->ops->wants_msgpack || k->src->kind == DIALECT_ANTHROPIC;
 }
 
+/* Takes the counts `u` of a reply or event of the current attempt into
+ * its running counts. Counts that cannot be true leave the attempt's usage
+ * unknown (nothing is counted, the result has no `usage`): said once per
+ * attempt. */
+static void call_count_tokens(struct call *k, const struct dialect_usage *u)
+{
+    bool was_bogus = k->tokens.bogus;
+
+    dialect_usage_merge(&k->tokens, u);
+    if (k->tokens.bogus && !was_bogus)
+        log_at(LOG_WARN, "upstream usage out of range: the attempt's tokens are not counted",
+               "call", LOG_U, (unsigned long long)k->msgid, "app", LOG_S, k->app, "source", LOG_S,
+               k->src->name, "attempt", LOG_U, (unsigned long long)k->g.attempts, "max", LOG_I,
+               (long long)DIALECT_TOKENS_MAX, NULL);
+}
+
 /* Keeps `usage` (borrowed) as the result's usage map. */
 static void call_keep_usage(struct call *k, const msgpack_object *usage)
 {
@@ -738,27 +756,31 @@ static void call_keep_token_counts(struct call *k)
 }
 
 /* Replaces the Messages reply in `body` (unpacked in `up`) by the
- * chat.completion it stands for (the client sent an OpenAI body); returns
- * the new body's usage (in `up`). */
-static const msgpack_object *call_convert_reply(struct call *k, msgpack_sbuffer *body,
-                                                msgpack_unpacked *up)
+ * chat.completion it stands for (the client sent an OpenAI body) and sets
+ * *usage to the new body's usage (in `up`, NULL when it has none). Returns
+ * 0, or CONVERT_EREPLY when the reply is not a Messages reply (`body`, `up`
+ * unchanged). */
+static int call_convert_reply(struct call *k, msgpack_sbuffer *body, msgpack_unpacked *up,
+                              const msgpack_object **usage)
 {
     msgpack_sbuffer conv;
     msgpack_packer cpk;
+    int rc;
 
+    *usage = NULL;
     msgpack_sbuffer_init(&conv);
     msgpack_packer_init(&cpk, &conv, msgpack_sbuffer_write);
-    if (convert_chat_reply(&up->data, (int64_t)ev_now(k->srv->loop), &cpk) < 0) {
+    if ((rc = convert_chat_reply(&up->data, (int64_t)ev_now(k->srv->loop), &cpk)) < 0) {
         msgpack_sbuffer_destroy(&conv);
-        return rpc_map_get(&up->data, "usage");
+        return rc;
     }
     msgpack_sbuffer_destroy(body);
     *body = conv;
     msgpack_unpacked_destroy(up);
     msgpack_unpacked_init(up);
-    if (msgpack_unpack_next(up, body->data, body->size, NULL) != MSGPACK_UNPACK_SUCCESS)
-        return NULL;
-    return rpc_map_get(&up->data, "usage");
+    if (msgpack_unpack_next(up, body->data, body->size, NULL) == MSGPACK_UNPACK_SUCCESS)
+        *usage = rpc_map_get(&up->data, "usage");
+    return 0;
 }
 
 /* The JSON text of msgpack `mp` into `out` (for a JSON-only sink, after a
@@ -858,18 +880,19 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
     /* A plain success must be JSON; if not, it is a transient failure the
      * loop may retry, not a success. */
     if (res.outcome.kind == OUTCOME_SUCCESS && !k->stream && !call_needs_tree(k)) {
-        struct json_facts f = { -1, false, false, false, false };
+        struct json_facts f = { DIALECT_USAGE_NONE, false, false, false, false };
         size_t at = 0;
         if (jscan_object(res.body ? res.body : "", res.body_len, reply_member, &f, &at) == -1) {
             outcome_from_reason(&res.outcome, REASON_BAD_RESPONSE);
             res.outcome.http_status = res.http_status;
             snprintf(res.detail, sizeof(res.detail), "reply is not JSON (at byte %zu)", at);
         } else if (f.has_usage) {
-            k->tokens.total = (int64_t)f.tokens;
+            call_count_tokens(k, &f.usage);
         }
     } else if (res.outcome.kind == OUTCOME_SUCCESS && !k->stream) {
         bool convert = k->form == BODY_TO_ANTHROPIC;
         struct transcode_span us;
+        struct dialect_usage counts;
         msgpack_packer_init(&bpk, &body, msgpack_sbuffer_write);
         int rc = relay_json(k->srv, res.body ? res.body : "", res.body_len, &bpk,
                             convert ? NULL : &us, err, sizeof(err));
@@ -888,11 +911,22 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
                 msgpack_unpack_next(&up, body.data + us.off, us.len, NULL) ==
                     MSGPACK_UNPACK_SUCCESS)
                 usage = &up.data;
-            call_dialect(k)->scan_usage(usage, &k->tokens);
+            call_dialect(k)->scan_usage(usage, &counts);
+            call_count_tokens(k, &counts);
         } else if (msgpack_unpack_next(&up, body.data, body.size, NULL) == MSGPACK_UNPACK_SUCCESS) {
-            usage = rpc_map_get(&up.data, "usage");
-            call_dialect(k)->scan_usage(usage, &k->tokens);
-            usage = call_convert_reply(k, &body, &up);
+            call_dialect(k)->scan_usage(rpc_map_get(&up.data, "usage"), &counts);
+            if (call_convert_reply(k, &body, &up, &usage) < 0) {
+                /* A 200 whose body no OpenAI client could read as a
+                 * completion: the upstream misbehaved, as with a reply that
+                 * is not JSON. */
+                outcome_from_reason(&res.outcome, REASON_BAD_RESPONSE);
+                res.outcome.http_status = res.http_status;
+                snprintf(res.detail, sizeof(res.detail), "%s",
+                         "reply is not an Anthropic Messages reply (an object with a "
+                         "\"content\" list), so it cannot be converted");
+            } else {
+                call_count_tokens(k, &counts);
+            }
         }
     } else if (res.outcome.kind == OUTCOME_SUCCESS && k->usage.size > 0 &&
                msgpack_unpack_next(&up, k->usage.data, k->usage.size, NULL) ==
@@ -900,7 +934,7 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
         usage = &up.data;
     }
     relay_text_inplace(k->srv, res.detail, sizeof(res.detail));
-    if (usage && usage->type != MSGPACK_OBJECT_MAP)
+    if (usage && (usage->type != MSGPACK_OBJECT_MAP || k->tokens.bogus))
         usage = NULL;
 
     log_at(res.outcome.kind == OUTCOME_SUCCESS ? LOG_DEBUG : LOG_INFO, "attempt ended", "call",
@@ -947,12 +981,12 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
 static int call_scan_json_event(struct call *k, struct attempt *a, const char *data, size_t len,
                                 bool *is_json, int *terminal)
 {
-    struct json_facts f = { -1, false, false, false, false };
+    struct json_facts f = { DIALECT_USAGE_NONE, false, false, false, false };
 
     *is_json = jscan_object(data, len, facts_member, &f, NULL) != -1;
     *terminal = f.terminal;
     if (*is_json && f.has_usage)
-        k->tokens.total = (int64_t)f.tokens;
+        call_count_tokens(k, &f.usage);
     if (*is_json && f.has_error) {
         attempt_fail_stream(a, REASON_HTTP_5XX, true, "the upstream's stream reported an error");
         return -1;
@@ -1021,9 +1055,11 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     if (sb.size && msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS) {
         d->scan_event(&up.data, &ev);
         terminal = ev.terminal;
-        dialect_usage_merge(&k->tokens, &ev.usage);
+        call_count_tokens(k, &ev.usage);
         const msgpack_object *usage = rpc_map_get(&up.data, "usage");
-        if (d->stream_usage && usage && usage->type == MSGPACK_OBJECT_MAP)
+        if (k->tokens.bogus)
+            msgpack_sbuffer_clear(&k->usage);
+        else if (d->stream_usage && usage && usage->type == MSGPACK_OBJECT_MAP)
             call_keep_usage(k, usage);
         else if (ev.usage.prompt >= 0 || ev.usage.completion >= 0 || ev.usage.total >= 0)
             call_keep_token_counts(k);
@@ -1352,7 +1388,7 @@ static void call_run_attempt(struct call *k, size_t source)
         as.route = &route;
     call_set_paused(k, false);
     msgpack_sbuffer_clear(&k->usage);
-    k->tokens = (struct dialect_usage){ -1, -1, -1 };
+    k->tokens = DIALECT_USAGE_NONE;
     if (k->conv)
         convert_stream_init(k->conv, (int64_t)ev_now(srv->loop), k->client_usage);
     k->event_error[0] = '\0';

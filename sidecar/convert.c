@@ -6,11 +6,19 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "dialect.h"
 #include "rpc.h"
 
 static bool key_is(const msgpack_object *k, const char *s)
 {
     return rpc_str_is(k, s);
+}
+
+/* A member that is there and not null (null stands for absent, as the
+ * OpenAI SDKs send it). */
+static bool present(const msgpack_object *v)
+{
+    return v && v->type != MSGPACK_OBJECT_NIL;
 }
 
 static int fail(char *err, size_t errlen, const char *fmt, const char *what)
@@ -102,7 +110,7 @@ static int scan_messages(const msgpack_object *msgs, msgpack_sbuffer *system, ui
         const msgpack_object *content = rpc_map_get(m, "content");
         msgpack_sbuffer scratch;
 
-        if (rpc_map_get(m, "tool_calls") || rpc_map_get(m, "function_call"))
+        if (present(rpc_map_get(m, "tool_calls")) || present(rpc_map_get(m, "function_call")))
             return fail(err, errlen, "%s",
                         "body.messages: tool calls cannot be converted for "
                         "an Anthropic source (send them to an OpenAI-dialect source)");
@@ -182,6 +190,12 @@ int convert_chat_request(const msgpack_object *body, msgpack_packer *pk, char *e
             return fail(err, errlen, "%s", "body.n: only one choice can be converted");
         if (key_is(k, "logprobs") && v->type == MSGPACK_OBJECT_BOOLEAN && v->via.boolean)
             return fail(err, errlen, "%s", "body.logprobs: cannot be converted");
+        if ((key_is(k, "max_tokens") || key_is(k, "max_completion_tokens")) &&
+            v->type != MSGPACK_OBJECT_NIL &&
+            !(v->type == MSGPACK_OBJECT_POSITIVE_INTEGER && v->via.u64 > 0)) {
+            rpc_quote_client_str(k->via.str.ptr, k->via.str.size, sizeof(name) - 1, name);
+            return fail(err, errlen, "body.%s: must be a positive integer", name);
+        }
     }
     msgpack_sbuffer_init(&system);
     if ((rc = scan_messages(rpc_map_get(body, "messages"), &system, &turns, err, errlen)) < 0) {
@@ -248,33 +262,25 @@ static const char *finish_reason(const msgpack_object *stop_reason)
     return "stop";
 }
 
-static int64_t count(const msgpack_object *map, const char *key)
+/* The counts of Anthropic `usage` map `u` (borrowed, may be NULL), read as
+ * the sidecar counts them (dialect.h: cache reads and writes are input). */
+static struct dialect_usage anthropic_usage(const msgpack_object *u)
 {
-    const msgpack_object *v = rpc_map_get(map, key);
-    return v && v->type == MSGPACK_OBJECT_POSITIVE_INTEGER && v->via.u64 <= INT64_MAX
-        ? (int64_t)v->via.u64
-        : -1;
+    struct dialect_usage c;
+    dialect_get(DIALECT_ANTHROPIC)->scan_usage(u, &c);
+    return c;
 }
 
-/* Anthropic's input count, cache reads and writes included. */
-static int64_t input_tokens(const msgpack_object *usage)
+/* OpenAI's usage map for counts `c` (unknown ones as 0). */
+static void pack_usage(msgpack_packer *pk, const struct dialect_usage *c)
 {
-    int64_t in = count(usage, "input_tokens");
-    int64_t cw = count(usage, "cache_creation_input_tokens");
-    int64_t cr = count(usage, "cache_read_input_tokens");
-    if (in < 0)
-        return -1;
-    return in + (cw > 0 ? cw : 0) + (cr > 0 ? cr : 0);
-}
-
-static void pack_usage(msgpack_packer *pk, int64_t prompt, int64_t completion)
-{
-    prompt = prompt > 0 ? prompt : 0;
-    completion = completion > 0 ? completion : 0;
+    /* Each count at most 3 * DIALECT_TOKENS_MAX (dialect.h): the sum fits. */
+    uint64_t prompt = c->prompt > 0 ? (uint64_t)c->prompt : 0;
+    uint64_t completion = c->completion > 0 ? (uint64_t)c->completion : 0;
     msgpack_pack_map(pk, 3);
-    rpc_pack_kv_u64(pk, "prompt_tokens", (uint64_t)prompt);
-    rpc_pack_kv_u64(pk, "completion_tokens", (uint64_t)completion);
-    rpc_pack_kv_u64(pk, "total_tokens", (uint64_t)(prompt + completion));
+    rpc_pack_kv_u64(pk, "prompt_tokens", prompt);
+    rpc_pack_kv_u64(pk, "completion_tokens", completion);
+    rpc_pack_kv_u64(pk, "total_tokens", prompt + completion);
 }
 
 static void pack_str_or(msgpack_packer *pk, const msgpack_object *s, const char *dflt)
@@ -288,20 +294,21 @@ static void pack_str_or(msgpack_packer *pk, const msgpack_object *s, const char 
 int convert_chat_reply(const msgpack_object *msg, int64_t created, msgpack_packer *pk)
 {
     const msgpack_object *content = rpc_map_get(msg, "content");
-    const msgpack_object *usage = rpc_map_get(msg, "usage");
+    struct dialect_usage usage = anthropic_usage(rpc_map_get(msg, "usage"));
     msgpack_sbuffer text;
 
-    if (msg->type != MSGPACK_OBJECT_MAP)
-        return CONVERT_EUNSUPPORTED;
+    const msgpack_object *type = rpc_map_get(msg, "type");
+    if (msg->type != MSGPACK_OBJECT_MAP || !content || content->type != MSGPACK_OBJECT_ARRAY ||
+        (type && !rpc_str_is(type, "message")))
+        return CONVERT_EREPLY;
     msgpack_sbuffer_init(&text);
-    for (uint32_t i = 0;
-         content && content->type == MSGPACK_OBJECT_ARRAY && i < content->via.array.size; i++) {
+    for (uint32_t i = 0; i < content->via.array.size; i++) {
         const msgpack_object *b = &content->via.array.ptr[i];
         const msgpack_object *t = rpc_map_get(b, "text");
         if (rpc_str_is(rpc_map_get(b, "type"), "text") && t && t->type == MSGPACK_OBJECT_STR)
             sb_put(&text, t->via.str.ptr, t->via.str.size);
     }
-    msgpack_pack_map(pk, 6);
+    msgpack_pack_map(pk, usage.bogus ? 5 : 6);
     rpc_pack_str(pk, "id");
     pack_str_or(pk, rpc_map_get(msg, "id"), "msg");
     rpc_pack_kv_str(pk, "object", "chat.completion");
@@ -319,8 +326,10 @@ int convert_chat_reply(const msgpack_object *msg, int64_t created, msgpack_packe
     rpc_pack_str(pk, "content");
     pack_strn(pk, text.data ? text.data : "", text.size);
     rpc_pack_kv_str(pk, "finish_reason", finish_reason(rpc_map_get(msg, "stop_reason")));
-    rpc_pack_str(pk, "usage");
-    pack_usage(pk, input_tokens(usage), count(usage, "output_tokens"));
+    if (!usage.bogus) {
+        rpc_pack_str(pk, "usage");
+        pack_usage(pk, &usage);
+    }
     msgpack_sbuffer_destroy(&text);
     return 0;
 }
@@ -330,7 +339,7 @@ void convert_stream_init(struct convert_stream *st, int64_t created, bool includ
     memset(st, 0, sizeof(*st));
     st->created = created;
     st->include_usage = include_usage;
-    st->prompt = st->completion = -1;
+    st->usage = DIALECT_USAGE_NONE;
 }
 
 static void copy_str(char *dst, size_t cap, const msgpack_object *s)
@@ -386,11 +395,8 @@ int convert_chat_event(struct convert_stream *st, const msgpack_object *ev, msgp
         const msgpack_object *m = rpc_map_get(ev, "message");
         copy_str(st->id, sizeof(st->id), rpc_map_get(m, "id"));
         copy_str(st->model, sizeof(st->model), rpc_map_get(m, "model"));
-        const msgpack_object *u = rpc_map_get(m, "usage");
-        if (input_tokens(u) >= 0)
-            st->prompt = input_tokens(u);
-        if (count(u, "output_tokens") >= 0)
-            st->completion = count(u, "output_tokens");
+        struct dialect_usage u = anthropic_usage(rpc_map_get(m, "usage"));
+        dialect_usage_merge(&st->usage, &u);
         chunk_begin(st, pk, false);
         pack_choice(pk, true, "", 0, NULL);
         return 1;
@@ -406,21 +412,18 @@ int convert_chat_event(struct convert_stream *st, const msgpack_object *ev, msgp
         return 1;
     }
     if (rpc_str_is(type, "message_delta")) {
-        const msgpack_object *u = rpc_map_get(ev, "usage");
-        if (count(u, "output_tokens") >= 0)
-            st->completion = count(u, "output_tokens");
-        if (input_tokens(u) >= 0)
-            st->prompt = input_tokens(u);
+        struct dialect_usage u = anthropic_usage(rpc_map_get(ev, "usage"));
+        dialect_usage_merge(&st->usage, &u);
         chunk_begin(st, pk, false);
         pack_choice(pk, false, NULL, 0,
                     finish_reason(rpc_map_get(rpc_map_get(ev, "delta"), "stop_reason")));
         return 1;
     }
-    if (rpc_str_is(type, "message_stop") && st->include_usage) {
+    if (rpc_str_is(type, "message_stop") && st->include_usage && !st->usage.bogus) {
         chunk_begin(st, pk, true);
         msgpack_pack_array(pk, 0);
         rpc_pack_str(pk, "usage");
-        pack_usage(pk, st->prompt, st->completion);
+        pack_usage(pk, &st->usage);
         return 1;
     }
     return 0;

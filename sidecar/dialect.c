@@ -4,6 +4,7 @@
  */
 #include "dialect.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,35 +12,69 @@
 
 #include "rpc.h"
 
-static int64_t obj_count(const msgpack_object *map, const char *key)
+/* A count member's value (NULL: absent): the count, -1 when absent or
+ * null, DIALECT_COUNT_BOGUS when it cannot be true. */
+static int64_t obj_count(const msgpack_object *v)
 {
-    const msgpack_object *v = rpc_map_get(map, key);
-    if (v && v->type == MSGPACK_OBJECT_POSITIVE_INTEGER && v->via.u64 <= INT64_MAX)
-        return (int64_t)v->via.u64;
-    return -1;
+    if (!v || v->type == MSGPACK_OBJECT_NIL)
+        return -1;
+    if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return v->via.u64 <= (uint64_t)DIALECT_TOKENS_MAX ? (int64_t)v->via.u64
+                                                          : DIALECT_COUNT_BOGUS;
+    if (v->type == MSGPACK_OBJECT_FLOAT32 || v->type == MSGPACK_OBJECT_FLOAT64)
+        return dialect_count_number(v->via.f64);
+    return DIALECT_COUNT_BOGUS; /* negative, a string, a map ... */
 }
 
-static void usage_none(struct dialect_usage *u)
+int64_t dialect_count_number(double v)
 {
-    u->prompt = u->completion = u->total = -1;
+    /* NaN fails every comparison. */
+    if (v >= 0 && v <= (double)DIALECT_TOKENS_MAX && v == floor(v))
+        return (int64_t)v;
+    return DIALECT_COUNT_BOGUS;
+}
+
+static void usage_bogus(struct dialect_usage *u)
+{
+    *u = DIALECT_USAGE_NONE;
+    u->bogus = true;
 }
 
 static void event_init(struct dialect_event *out)
 {
     memset(out, 0, sizeof(*out));
-    usage_none(&out->usage);
+    out->usage = DIALECT_USAGE_NONE;
 }
 
 /* --- OpenAI and Azure ------------------------------------------------ */
 
+void dialect_openai_count(struct dialect_usage *u, const char *name, size_t len, int64_t count)
+{
+    static const char *const names[3] = { "prompt_tokens", "completion_tokens", "total_tokens" };
+    int64_t *fields[3] = { &u->prompt, &u->completion, &u->total };
+
+    for (int i = 0; i < 3; i++) {
+        if (strlen(names[i]) != len || memcmp(names[i], name, len) != 0)
+            continue;
+        if (count < -1)
+            usage_bogus(u);
+        else if (!u->bogus)
+            *fields[i] = count;
+        return;
+    }
+}
+
 static void openai_scan_usage(const msgpack_object *usage, struct dialect_usage *out)
 {
-    usage_none(out);
+    *out = DIALECT_USAGE_NONE;
     if (!usage || usage->type != MSGPACK_OBJECT_MAP)
         return;
-    out->prompt = obj_count(usage, "prompt_tokens");
-    out->completion = obj_count(usage, "completion_tokens");
-    out->total = obj_count(usage, "total_tokens");
+    for (uint32_t i = 0; i < usage->via.map.size; i++) {
+        const msgpack_object_kv *kv = &usage->via.map.ptr[i];
+        if (kv->key.type == MSGPACK_OBJECT_STR)
+            dialect_openai_count(out, kv->key.via.str.ptr, kv->key.via.str.size,
+                                 obj_count(&kv->val));
+    }
 }
 
 static void openai_scan_event(const msgpack_object *ev, struct dialect_event *out)
@@ -78,15 +113,21 @@ static void openai_scan_event(const msgpack_object *ev, struct dialect_event *ou
  * count against the source's token limits. */
 static void anthropic_scan_usage(const msgpack_object *usage, struct dialect_usage *out)
 {
-    usage_none(out);
+    *out = DIALECT_USAGE_NONE;
     if (!usage || usage->type != MSGPACK_OBJECT_MAP)
         return;
-    int64_t in = obj_count(usage, "input_tokens");
-    int64_t cw = obj_count(usage, "cache_creation_input_tokens");
-    int64_t cr = obj_count(usage, "cache_read_input_tokens");
+    int64_t in = obj_count(rpc_map_get(usage, "input_tokens"));
+    int64_t cw = obj_count(rpc_map_get(usage, "cache_creation_input_tokens"));
+    int64_t cr = obj_count(rpc_map_get(usage, "cache_read_input_tokens"));
+    int64_t completion = obj_count(rpc_map_get(usage, "output_tokens"));
+    if (in < -1 || cw < -1 || cr < -1 || completion < -1) {
+        usage_bogus(out);
+        return;
+    }
+    /* At most 3 * DIALECT_TOKENS_MAX. */
     if (in >= 0)
         out->prompt = in + (cw > 0 ? cw : 0) + (cr > 0 ? cr : 0);
-    out->completion = obj_count(usage, "output_tokens");
+    out->completion = completion;
 }
 
 /* Error types Anthropic documents as worth retrying. */
@@ -173,6 +214,12 @@ int dialect_from_name(const char *name)
 
 void dialect_usage_merge(struct dialect_usage *acc, const struct dialect_usage *ev)
 {
+    if (acc->bogus)
+        return;
+    if (ev->bogus) {
+        usage_bogus(acc);
+        return;
+    }
     if (ev->prompt >= 0)
         acc->prompt = ev->prompt;
     if (ev->completion >= 0)
@@ -183,11 +230,15 @@ void dialect_usage_merge(struct dialect_usage *acc, const struct dialect_usage *
 
 int64_t dialect_usage_total(const struct dialect_usage *u)
 {
+    if (u->bogus)
+        return -1;
     if (u->total >= 0)
         return u->total;
     if (u->prompt < 0 && u->completion < 0)
         return -1;
-    return (u->prompt > 0 ? u->prompt : 0) + (u->completion > 0 ? u->completion : 0);
+    /* Each at most 3 * DIALECT_TOKENS_MAX: the sum fits. */
+    return (int64_t)((uint64_t)(u->prompt > 0 ? u->prompt : 0) +
+                     (uint64_t)(u->completion > 0 ? u->completion : 0));
 }
 
 /* --- retry hints ----------------------------------------------------- */

@@ -34,9 +34,19 @@ enum dialect_kind {
     DIALECT_COUNT
 };
 
-/* Token counts; -1 where unknown. */
+/* The largest token count believed (2^40, far above any context window).
+ * A count that is larger, negative or not a whole number cannot be true:
+ * the reply or event that carries it makes its attempt's usage unknown. */
+#define DIALECT_TOKENS_MAX (INT64_C(1) << 40)
+
+/* Token counts; -1 where unknown. `bogus`: the upstream reported a count
+ * that cannot be true (DIALECT_TOKENS_MAX): all three are then -1, and
+ * stay so through dialect_usage_merge(). Sums of counts (Anthropic's input
+ * and cache counts, prompt + completion) cannot overflow: each count is at
+ * most DIALECT_TOKENS_MAX. */
 struct dialect_usage {
     int64_t prompt, completion, total;
+    bool bogus;
 };
 
 /* What one stream event (its `data`, parsed) means. */
@@ -73,11 +83,29 @@ int dialect_from_name(const char *name);
 /* Merges the counts of one event into a running total: every field the
  * event has replaces the total's (Anthropic's message_delta repeats the
  * cumulative output count), and total is prompt + completion when the
- * upstream did not give one. */
+ * upstream did not give one. A bogus event makes the total bogus, and a
+ * bogus total stays so. */
 void dialect_usage_merge(struct dialect_usage *acc, const struct dialect_usage *ev);
 
-/* The total of `u`, or -1 when nothing is known. */
+/* The total of `u`, or -1 when nothing is known (or `u` is bogus). */
 int64_t dialect_usage_total(const struct dialect_usage *u);
+
+/* What a count that cannot be true reads as. */
+#define DIALECT_COUNT_BOGUS (-2)
+
+/* A count read without a tree (jscan): `v`, the member's JSON number, when
+ * it is a whole number in [0, DIALECT_TOKENS_MAX], else DIALECT_COUNT_BOGUS. */
+int64_t dialect_count_number(double v);
+
+/* Records member `name` (`len` bytes) of an OpenAI `usage` object in `u`:
+ * `count` is the member's value (>= 0), -1 when it is null, or
+ * DIALECT_COUNT_BOGUS when it is not a count that can be true
+ * (dialect_count_number; a string, an object ...).
+ * Members other than prompt_tokens, completion_tokens and total_tokens are
+ * ignored. Start from DIALECT_USAGE_NONE. */
+void dialect_openai_count(struct dialect_usage *u, const char *name, size_t len, int64_t count);
+
+#define DIALECT_USAGE_NONE ((struct dialect_usage){ -1, -1, -1, false })
 
 /* Retry hints beside Retry-After, as the OpenAI and Anthropic APIs send
  * them. Each value borrowed, NUL-terminated, "" when absent. */

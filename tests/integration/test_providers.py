@@ -385,11 +385,58 @@ def test_providers__converted_stream_usage_chunk_only_when_asked(make_sidecar, u
     assert "stream_options" not in up.last()["json"]
 
 
+@pytest.mark.parametrize("reply", ['[1,2,3]', '"hello"', '{}', '{"type":"message"}',
+                                   '{"type":"message","content":"hi"}',
+                                   '{"type":"error","error":{"type":"api_error"},"content":[]}'],
+                         ids=["array", "string", "empty", "no_content", "content_not_a_list",
+                              "not_a_message"])
+def test_providers__converted_reply_that_is_no_message_is_bad_response(make_sidecar, up, reply):
+    """An Anthropic source converting for an OpenAI client refuses a 200
+    whose body is not a Messages reply: it is the upstream's bad_response
+    (retried, then retry_exhausted), never a chat.completion."""
+    sc, base = http_front(make_sidecar, source("claude", up.url, kind="anthropic",
+                                                accepts="openai"))
+    mock = {"body": reply, "content_type": "application/json"}
+    err, res, _ = call(sc.connect(), "chat", openai_chat("x", mock=mock))
+    assert res is None and err["code"] == "retry_exhausted", (err, res)
+    assert [s["reason"] for s in err["sources"]] == ["bad_response"], err
+    assert "not an Anthropic Messages reply" in err["sources"][0]["detail"], err
+    assert up.stats()["requests"] == 2
+    status, text = curl(base + "/v1/chat/completions", openai_chat("x", mock=mock))
+    assert status == 503 and json.loads(text)["error"]["code"] == "retry_exhausted", text
+
+
 def test_providers__unconvertible_body_is_bad_request(make_sidecar, up):
     sc = start(make_sidecar, source("claude", up.url, kind="anthropic", accepts="openai"))
     err, _, _ = call(sc.connect(), "chat", openai_chat("x", tools=[{"type": "function"}]))
     assert err["code"] == "bad_request" and "body.tools" in err["message"]
     assert up.stats()["requests"] == 0
+
+
+@pytest.mark.parametrize("bad", [-5, 1.5, 0, "64"])
+def test_providers__converted_max_tokens_must_be_a_positive_integer(make_sidecar, up, bad):
+    sc = start(make_sidecar, source("claude", up.url, kind="anthropic", accepts="openai"))
+    c = sc.connect()
+    err, _, _ = call(c, "chat", openai_chat("x", max_tokens=bad))
+    assert err["code"] == "bad_request", err
+    assert "body.max_tokens: must be a positive integer" in err["message"], err
+    err, _, _ = call(c, "chat", openai_chat("x", max_completion_tokens=bad))
+    assert "body.max_completion_tokens: must be a positive integer" in err["message"], err
+    assert up.stats()["requests"] == 0
+
+
+def test_providers__converted_null_tool_calls_and_max_tokens_are_absent(make_sidecar, up):
+    """OpenAI SDKs send "tool_calls": null on an assistant message that
+    made none."""
+    sc = start(make_sidecar, source("claude", up.url, kind="anthropic", accepts="openai"))
+    body = openai_chat("x", max_tokens=None)
+    body["messages"] += [{"role": "assistant", "content": "y", "tool_calls": None},
+                         {"role": "user", "content": "z"}]
+    err, res, _ = call(sc.connect(), "chat", body)
+    assert err is None, err
+    sent = up.last()["json"]
+    assert sent["max_tokens"] == 4096
+    assert sent["messages"][1] == {"role": "assistant", "content": "y"}
 
 
 # ------------------------------------------------------------- retry hints

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "convert.h"
+#include "rpc.h"
 #include "suites.h"
 #include "transcode.h"
 
@@ -115,11 +116,17 @@ START_TEST(test_convert__reply_vectors)
     size_t i;
     json_array_foreach(json_object_get(v, "reply"), i, c)
     {
+        const char *name = json_string_value(json_object_get(c, "name"));
         struct io io;
         io_begin(&io, json_object_get(c, "in"));
-        ck_assert_int_eq(convert_chat_reply(io.obj, CREATED, &io.pk), 0);
-        expect_json(json_string_value(json_object_get(c, "name")), &io.out,
-                    json_object_get(c, "out"));
+        int rc = convert_chat_reply(io.obj, CREATED, &io.pk);
+        if (json_is_true(json_object_get(c, "refused"))) {
+            ck_assert_msg(rc == CONVERT_EREPLY, "%s: converted", name);
+            ck_assert_msg(io.out.size == 0, "%s: packed", name);
+        } else {
+            ck_assert_msg(rc == 0, "%s: refused", name);
+            expect_json(name, &io.out, json_object_get(c, "out"));
+        }
         io_end(&io);
     }
     ck_assert_uint_ge(i, 2);
@@ -165,9 +172,70 @@ START_TEST(test_convert__reply_not_a_map)
     msgpack_object nil = { .type = MSGPACK_OBJECT_NIL };
     msgpack_sbuffer_init(&out);
     msgpack_packer_init(&pk, &out, msgpack_sbuffer_write);
-    ck_assert_int_eq(convert_chat_reply(&nil, CREATED, &pk), CONVERT_EUNSUPPORTED);
+    ck_assert_int_eq(convert_chat_reply(&nil, CREATED, &pk), CONVERT_EREPLY);
     ck_assert_uint_eq(out.size, 0);
     ck_assert_int_eq(convert_chat_request(&nil, &pk, NULL, 0), CONVERT_EUNSUPPORTED);
+    msgpack_sbuffer_destroy(&out);
+}
+END_TEST
+
+/* 2^64 - 1 has no JSON form the sidecar parses (integers must fit in
+ * int64), so these events are packed directly: a reply's usage is left
+ * out, a stream has no usage chunk. */
+static void pack_usage_u64(msgpack_packer *pk, const char *name, uint64_t v)
+{
+    msgpack_pack_map(pk, 1);
+    rpc_pack_str(pk, name);
+    msgpack_pack_uint64(pk, v);
+}
+
+START_TEST(test_convert__usage_of_uint64_max_left_out)
+{
+    msgpack_sbuffer in, out;
+    msgpack_packer pk, opk;
+    msgpack_unpacked up;
+    struct convert_stream st;
+
+    msgpack_sbuffer_init(&in);
+    msgpack_sbuffer_init(&out);
+    msgpack_packer_init(&pk, &in, msgpack_sbuffer_write);
+    msgpack_packer_init(&opk, &out, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 3);
+    rpc_pack_kv_str(&pk, "type", "message");
+    rpc_pack_str(&pk, "content");
+    msgpack_pack_array(&pk, 0);
+    rpc_pack_str(&pk, "usage");
+    pack_usage_u64(&pk, "input_tokens", UINT64_MAX);
+    msgpack_unpacked_init(&up);
+    ck_assert(msgpack_unpack_next(&up, in.data, in.size, NULL) == MSGPACK_UNPACK_SUCCESS);
+    ck_assert_int_eq(convert_chat_reply(&up.data, CREATED, &opk), 0);
+    msgpack_unpacked_destroy(&up);
+    msgpack_unpacked_init(&up);
+    ck_assert(msgpack_unpack_next(&up, out.data, out.size, NULL) == MSGPACK_UNPACK_SUCCESS);
+    ck_assert(rpc_map_get(&up.data, "choices") != NULL);
+    ck_assert(rpc_map_get(&up.data, "usage") == NULL);
+    msgpack_unpacked_destroy(&up);
+
+    convert_stream_init(&st, CREATED, true);
+    msgpack_sbuffer_clear(&in);
+    msgpack_pack_map(&pk, 2);
+    rpc_pack_kv_str(&pk, "type", "message_delta");
+    rpc_pack_str(&pk, "usage");
+    pack_usage_u64(&pk, "output_tokens", UINT64_MAX);
+    msgpack_unpacked_init(&up);
+    ck_assert(msgpack_unpack_next(&up, in.data, in.size, NULL) == MSGPACK_UNPACK_SUCCESS);
+    ck_assert_int_eq(convert_chat_event(&st, &up.data, &opk), 1);
+    msgpack_unpacked_destroy(&up);
+    msgpack_sbuffer_clear(&out);
+    msgpack_sbuffer_clear(&in);
+    msgpack_pack_map(&pk, 1);
+    rpc_pack_kv_str(&pk, "type", "message_stop");
+    msgpack_unpacked_init(&up);
+    ck_assert(msgpack_unpack_next(&up, in.data, in.size, NULL) == MSGPACK_UNPACK_SUCCESS);
+    ck_assert_int_eq(convert_chat_event(&st, &up.data, &opk), 0);
+    ck_assert_uint_eq(out.size, 0);
+    msgpack_unpacked_destroy(&up);
+    msgpack_sbuffer_destroy(&in);
     msgpack_sbuffer_destroy(&out);
 }
 END_TEST
@@ -200,6 +268,7 @@ Suite *convert_suite(void)
     tcase_add_test(tc, test_convert__stream_vectors);
     tcase_add_test(tc, test_convert__reply_not_a_map);
     tcase_add_test(tc, test_convert__long_id_and_model_truncated_safely);
+    tcase_add_test(tc, test_convert__usage_of_uint64_max_left_out);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -38,6 +38,16 @@ static void scan(enum dialect_kind kind, const char *json, struct dialect_event 
     parsed_fini(&p);
 }
 
+/* The counts of a plain reply's `usage` map, written as JSON. */
+static struct dialect_usage scan_usage(enum dialect_kind kind, const char *json)
+{
+    struct parsed p;
+    struct dialect_usage u;
+    dialect_get(kind)->scan_usage(parse(&p, json), &u);
+    parsed_fini(&p);
+    return u;
+}
+
 START_TEST(test_dialect__table_rows)
 {
     ck_assert_int_eq(dialect_from_name("openai"), DIALECT_OPENAI);
@@ -86,7 +96,7 @@ END_TEST
 START_TEST(test_dialect__anthropic_events)
 {
     struct dialect_event ev;
-    struct dialect_usage acc = { -1, -1, -1 };
+    struct dialect_usage acc = DIALECT_USAGE_NONE;
 
     scan(DIALECT_ANTHROPIC,
          "{\"type\":\"message_start\",\"message\":{\"usage\":"
@@ -129,17 +139,250 @@ END_TEST
 
 START_TEST(test_dialect__plain_usage)
 {
-    struct parsed p;
-    struct dialect_usage u;
-    dialect_get(DIALECT_ANTHROPIC)
-        ->scan_usage(parse(&p, "{\"input_tokens\":10,\"output_tokens\":4}"), &u);
+    struct dialect_usage u =
+        scan_usage(DIALECT_ANTHROPIC, "{\"input_tokens\":10,\"output_tokens\":4}");
     ck_assert_int_eq(dialect_usage_total(&u), 14);
-    parsed_fini(&p);
-    dialect_get(DIALECT_OPENAI)->scan_usage(parse(&p, "{\"prompt_tokens\":2}"), &u);
+    u = scan_usage(DIALECT_OPENAI, "{\"prompt_tokens\":2}");
     ck_assert_int_eq(dialect_usage_total(&u), 2);
-    parsed_fini(&p);
     dialect_get(DIALECT_OPENAI)->scan_usage(NULL, &u);
     ck_assert_int_eq(dialect_usage_total(&u), -1);
+}
+END_TEST
+
+/* --- counts that cannot be true ------------------------------------- */
+
+/* Counts no upstream can mean, as msgpack values (2^64 - 1 has no JSON
+ * form the sidecar parses, so the objects are built directly). */
+static const msgpack_object hostile[] = {
+    { .type = MSGPACK_OBJECT_POSITIVE_INTEGER, .via.u64 = INT64_MAX },
+    { .type = MSGPACK_OBJECT_POSITIVE_INTEGER, .via.u64 = UINT64_MAX },
+    { .type = MSGPACK_OBJECT_POSITIVE_INTEGER, .via.u64 = (UINT64_C(1) << 40) + 1 },
+    { .type = MSGPACK_OBJECT_NEGATIVE_INTEGER, .via.i64 = -1 },
+    { .type = MSGPACK_OBJECT_NEGATIVE_INTEGER, .via.i64 = INT64_MIN },
+    { .type = MSGPACK_OBJECT_FLOAT64, .via.f64 = 1.5 },
+    { .type = MSGPACK_OBJECT_FLOAT64, .via.f64 = 9.3e18 },
+    { .type = MSGPACK_OBJECT_FLOAT64, .via.f64 = NAN },
+    { .type = MSGPACK_OBJECT_STR, .via.str = { 2, "12" } },
+    { .type = MSGPACK_OBJECT_BOOLEAN, .via.boolean = true },
+};
+#define N_HOSTILE (sizeof(hostile) / sizeof(hostile[0]))
+
+static msgpack_object str_obj(const char *s)
+{
+    msgpack_object o = { .type = MSGPACK_OBJECT_STR };
+    o.via.str.ptr = s;
+    o.via.str.size = (uint32_t)strlen(s);
+    return o;
+}
+
+static msgpack_object u64_obj(uint64_t v)
+{
+    return (msgpack_object){ .type = MSGPACK_OBJECT_POSITIVE_INTEGER, .via.u64 = v };
+}
+
+static msgpack_object map_obj(msgpack_object_kv *kv, uint32_t n)
+{
+    msgpack_object o = { .type = MSGPACK_OBJECT_MAP };
+    o.via.map.size = n;
+    o.via.map.ptr = kv;
+    return o;
+}
+
+/* A usage map of up to four counts: names[i] = vals[i] (names NULL-ended). */
+struct usage_map {
+    msgpack_object_kv kv[4];
+    msgpack_object map;
+};
+
+static const msgpack_object *usage_map(struct usage_map *u, const char *const *names,
+                                       const msgpack_object *vals)
+{
+    uint32_t n = 0;
+    for (; names[n]; n++) {
+        u->kv[n].key = str_obj(names[n]);
+        u->kv[n].val = vals[n];
+    }
+    u->map = map_obj(u->kv, n);
+    return &u->map;
+}
+
+static void assert_bogus(const struct dialect_usage *u, const char *what, size_t i)
+{
+    ck_assert_msg(u->bogus, "%s: hostile value %zu believed", what, i);
+    ck_assert_msg(u->prompt == -1 && u->completion == -1 && u->total == -1,
+                  "%s: hostile value %zu left counts", what, i);
+    ck_assert_int_eq(dialect_usage_total(u), -1);
+}
+
+START_TEST(test_dialect__count_number)
+{
+    ck_assert_int_eq(dialect_count_number(0), 0);
+    ck_assert_int_eq(dialect_count_number(3.0), 3);
+    ck_assert_int_eq(dialect_count_number((double)DIALECT_TOKENS_MAX), DIALECT_TOKENS_MAX);
+    const double bad[] = { (double)DIALECT_TOKENS_MAX + 1,
+                           9223372036854775807.0,
+                           18446744073709551615.0,
+                           -1,
+                           -0.5,
+                           1.5,
+                           1e300,
+                           INFINITY,
+                           -INFINITY,
+                           NAN };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        ck_assert_msg(dialect_count_number(bad[i]) == DIALECT_COUNT_BOGUS, "%g believed", bad[i]);
+}
+END_TEST
+
+/* OpenAI's plain reply usage, and the members read without a tree. */
+START_TEST(test_dialect__openai_plain_usage_hostile)
+{
+    static const char *const fields[3] = { "prompt_tokens", "completion_tokens", "total_tokens" };
+    for (size_t i = 0; i < N_HOSTILE; i++) {
+        for (int f = 0; f < 3; f++) {
+            const char *names[] = { fields[f], fields[(f + 1) % 3], NULL };
+            const msgpack_object vals[] = { hostile[i], u64_obj(5) };
+            struct usage_map m;
+            struct dialect_usage u;
+            dialect_get(DIALECT_OPENAI)->scan_usage(usage_map(&m, names, vals), &u);
+            assert_bogus(&u, fields[f], i);
+            /* The hostile member last: the earlier count is dropped too. */
+            const char *rev[] = { fields[(f + 1) % 3], fields[f], NULL };
+            const msgpack_object rvals[] = { u64_obj(5), hostile[i] };
+            dialect_get(DIALECT_AZURE)->scan_usage(usage_map(&m, rev, rvals), &u);
+            assert_bogus(&u, fields[f], i);
+        }
+    }
+    /* The largest believed counts, summed without overflow. */
+    const char *names[] = { "prompt_tokens", "completion_tokens", NULL };
+    const msgpack_object vals[] = { u64_obj(DIALECT_TOKENS_MAX), u64_obj(DIALECT_TOKENS_MAX) };
+    struct usage_map m;
+    struct dialect_usage u;
+    dialect_get(DIALECT_OPENAI)->scan_usage(usage_map(&m, names, vals), &u);
+    ck_assert(!u.bogus);
+    ck_assert_int_eq(dialect_usage_total(&u), 2 * DIALECT_TOKENS_MAX);
+    /* Null is absent, other members are not counts. */
+    u = scan_usage(DIALECT_OPENAI,
+                   "{\"prompt_tokens\":4,\"completion_tokens\":null,"
+                   "\"total_tokens\":null,\"prompt_tokens_details\":"
+                   "{\"cached_tokens\":-7},\"note\":\"x\"}");
+    ck_assert(!u.bogus);
+    ck_assert_int_eq(dialect_usage_total(&u), 4);
+    /* The same rules member by member (the HTTP front's jscan path). */
+    u = DIALECT_USAGE_NONE;
+    dialect_openai_count(&u, "prompt_tokens", 13, 3);
+    dialect_openai_count(&u, "cached_tokens", 13, DIALECT_COUNT_BOGUS);
+    ck_assert(!u.bogus && u.prompt == 3);
+    dialect_openai_count(&u, "total_tokens", 12, dialect_count_number(1.5));
+    ck_assert(u.bogus && u.prompt == -1);
+    dialect_openai_count(&u, "completion_tokens", 17, 4);
+    ck_assert(u.bogus && u.completion == -1);
+}
+END_TEST
+
+/* OpenAI's stream usage chunk ("choices": [], stream_options.include_usage). */
+START_TEST(test_dialect__openai_stream_usage_chunk_hostile)
+{
+    for (size_t i = 0; i < N_HOSTILE; i++) {
+        const char *names[] = { "prompt_tokens", "completion_tokens", "total_tokens", NULL };
+        const msgpack_object vals[] = { u64_obj(5), hostile[i], u64_obj(10) };
+        struct usage_map m;
+        msgpack_object_kv kv[2] = { { str_obj("choices"), { .type = MSGPACK_OBJECT_ARRAY } },
+                                    { str_obj("usage"), *usage_map(&m, names, vals) } };
+        msgpack_object chunk = map_obj(kv, 2);
+        struct dialect_event ev;
+        struct dialect_usage acc = DIALECT_USAGE_NONE;
+
+        /* An earlier chunk's believable counts ... */
+        scan(DIALECT_OPENAI,
+             "{\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}],"
+             "\"usage\":{\"prompt_tokens\":3,\"total_tokens\":7}}",
+             &ev);
+        dialect_usage_merge(&acc, &ev.usage);
+        ck_assert_int_eq(dialect_usage_total(&acc), 7);
+        /* ... are dropped with the hostile one, and nothing revives them. */
+        dialect_get(DIALECT_OPENAI)->scan_event(&chunk, &ev);
+        ck_assert(ev.usage_only);
+        assert_bogus(&ev.usage, "usage chunk", i);
+        dialect_usage_merge(&acc, &ev.usage);
+        assert_bogus(&acc, "merged", i);
+        scan(DIALECT_OPENAI, "{\"choices\":[],\"usage\":{\"total_tokens\":9}}", &ev);
+        dialect_usage_merge(&acc, &ev.usage);
+        assert_bogus(&acc, "merged after", i);
+    }
+}
+END_TEST
+
+/* Anthropic's message usage: input, both cache counts and output. */
+START_TEST(test_dialect__anthropic_message_usage_hostile)
+{
+    static const char *const fields[4] = { "input_tokens", "cache_creation_input_tokens",
+                                           "cache_read_input_tokens", "output_tokens" };
+    for (size_t i = 0; i < N_HOSTILE; i++) {
+        for (int f = 0; f < 4; f++) {
+            const char *names[] = { fields[0], fields[1], fields[2], fields[3], NULL };
+            msgpack_object vals[4] = { u64_obj(5), u64_obj(5), u64_obj(5), u64_obj(5) };
+            struct usage_map m;
+            struct dialect_usage u;
+            vals[f] = hostile[i];
+            dialect_get(DIALECT_ANTHROPIC)->scan_usage(usage_map(&m, names, vals), &u);
+            assert_bogus(&u, fields[f], i);
+        }
+    }
+    /* The largest believed counts: the input sum and the total fit. */
+    const char *names[] = { "input_tokens", "cache_creation_input_tokens",
+                            "cache_read_input_tokens", "output_tokens", NULL };
+    const msgpack_object vals[] = { u64_obj(DIALECT_TOKENS_MAX), u64_obj(DIALECT_TOKENS_MAX),
+                                    u64_obj(DIALECT_TOKENS_MAX), u64_obj(DIALECT_TOKENS_MAX) };
+    struct usage_map m;
+    struct dialect_usage u;
+    dialect_get(DIALECT_ANTHROPIC)->scan_usage(usage_map(&m, names, vals), &u);
+    ck_assert(!u.bogus);
+    ck_assert_int_eq(u.prompt, 3 * DIALECT_TOKENS_MAX);
+    ck_assert_int_eq(dialect_usage_total(&u), 4 * DIALECT_TOKENS_MAX);
+    /* Anthropic's nested cache breakdown is not a count. */
+    u = scan_usage(DIALECT_ANTHROPIC,
+                   "{\"input_tokens\":4,\"output_tokens\":2,\"cache_creation\":"
+                   "{\"ephemeral_5m_input_tokens\":0},\"service_tier\":\"standard\"}");
+    ck_assert(!u.bogus);
+    ck_assert_int_eq(dialect_usage_total(&u), 6);
+}
+END_TEST
+
+/* Anthropic's stream: message_start's message.usage, message_delta's usage. */
+START_TEST(test_dialect__anthropic_stream_usage_hostile)
+{
+    for (size_t i = 0; i < N_HOSTILE; i++) {
+        for (int at_start = 0; at_start < 2; at_start++) {
+            const char *names[] = { at_start ? "input_tokens" : "output_tokens", NULL };
+            struct usage_map m;
+            const msgpack_object *usage = usage_map(&m, names, &hostile[i]);
+            msgpack_object_kv msg_kv[1] = { { str_obj("usage"), *usage } };
+            msgpack_object_kv kv[2] = {
+                { str_obj("type"), str_obj(at_start ? "message_start" : "message_delta") },
+                { str_obj(at_start ? "message" : "usage"), at_start ? map_obj(msg_kv, 1) : *usage },
+            };
+            msgpack_object event = map_obj(kv, 2);
+            struct dialect_event ev;
+            struct dialect_usage acc = DIALECT_USAGE_NONE;
+
+            if (!at_start) {
+                scan(DIALECT_ANTHROPIC,
+                     "{\"type\":\"message_start\",\"message\":{\"usage\":"
+                     "{\"input_tokens\":20,\"output_tokens\":1}}}",
+                     &ev);
+                dialect_usage_merge(&acc, &ev.usage);
+            }
+            dialect_get(DIALECT_ANTHROPIC)->scan_event(&event, &ev);
+            assert_bogus(&ev.usage, at_start ? "message_start" : "message_delta", i);
+            dialect_usage_merge(&acc, &ev.usage);
+            assert_bogus(&acc, "merged", i);
+            scan(DIALECT_ANTHROPIC,
+                 "{\"type\":\"message_delta\",\"delta\":{},\"usage\":{\"output_tokens\":9}}", &ev);
+            dialect_usage_merge(&acc, &ev.usage);
+            assert_bogus(&acc, "merged after", i);
+        }
+    }
 }
 END_TEST
 
@@ -226,6 +469,11 @@ Suite *dialect_suite(void)
     tcase_add_test(tc, test_dialect__openai_events);
     tcase_add_test(tc, test_dialect__anthropic_events);
     tcase_add_test(tc, test_dialect__plain_usage);
+    tcase_add_test(tc, test_dialect__count_number);
+    tcase_add_test(tc, test_dialect__openai_plain_usage_hostile);
+    tcase_add_test(tc, test_dialect__openai_stream_usage_chunk_hostile);
+    tcase_add_test(tc, test_dialect__anthropic_message_usage_hostile);
+    tcase_add_test(tc, test_dialect__anthropic_stream_usage_hostile);
     tcase_add_test(tc, test_dialect__durations);
     tcase_add_test(tc, test_dialect__retry_hints);
     suite_add_tcase(s, tc);
