@@ -13,8 +13,10 @@
  *   - the request is handed over as a few ready buffers (request line and
  *     Host, header block, Content-Length, body) and written with one
  *     sendmsg; the answer is read into the pool's buffer and parsed with
- *     http_parser (Content-Length, chunked and close-delimited bodies,
- *     interim 1xx answers skipped);
+ *     http_parser (Content-Length, chunked and close-delimited bodies;
+ *     interim 1xx answers skipped; a 1xx, 204 or 304 has no body whatever
+ *     its header fields say; a 101 is a final answer, its connection never
+ *     reused);
  *   - a request sent on a reused connection that ends before any byte of an
  *     answer (the server closed it just as it was reused) is sent once more
  *     on a new connection, as libcurl does;

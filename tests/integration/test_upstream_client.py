@@ -386,6 +386,94 @@ def test_upstream_client__interim_answers_before_the_final_one(sc, up, interim):
     ok(c, "and again")
 
 
+def interim(head=b"", status=b"100 Continue"):
+    """An interim answer's head: its status and the raw header lines `head`."""
+    return b"HTTP/1.1 " + status + b"\r\n" + head + b"\r\n"
+
+
+# A 1xx answer ends at its blank line whatever its header fields announce
+# (RFC 9110 §15.2, RFC 9112 §6.3): the bytes after it are the next answer.
+INTERIM_FRAMING_IGNORED = [
+    ("content_length_with_no_body", interim(b"Content-Length: 5\r\n", b"103 Early Hints")),
+    ("chunked", interim(b"Transfer-Encoding: chunked\r\n")),
+    ("other_transfer_coding", interim(b"Transfer-Encoding: gzip\r\n")),
+    ("unknown_1xx_with_a_length", interim(b"Content-Length: 3\r\n", b"199 Whatever")),
+    ("two_interim_answers_with_lengths", interim(b"Content-Length: 9\r\n") +
+     interim(b"Content-Length: 0\r\n")),
+]
+# ... so a body behind an interim answer is the start of an answer that is
+# not HTTP, and so is an interim answer where a chunk size is due.
+INTERIM_BODY_REFUSED = [
+    ("content_length_body", interim(b"Content-Type: application/json\r\nContent-Length: %d\r\n"
+                                    % len(reply_json("interim"))) + reply_json("interim") +
+     response(b"")),
+    ("chunked_body", interim(b"Transfer-Encoding: chunked\r\n") + chunked(reply_json("interim")) +
+     response(b"")),
+    ("interim_answer_amid_a_chunked_body",
+     response(b"5\r\n{\"id\"\r\n" + interim(), length=False,
+              headers=[b"Transfer-Encoding: chunked"])),
+]
+
+
+@pytest.mark.parametrize("case", INTERIM_FRAMING_IGNORED,
+                         ids=[c[0] for c in INTERIM_FRAMING_IGNORED])
+def test_upstream_client__interim_answer_framing_is_ignored(sc, up, case):
+    c = sc.connect()
+    up.script([raw(case[1] + response(reply_json("final")), keep=True)])
+    ok(c, "final")
+    ok(c, "next")
+
+
+@pytest.mark.parametrize("case", INTERIM_BODY_REFUSED, ids=[c[0] for c in INTERIM_BODY_REFUSED])
+def test_upstream_client__interim_answer_carries_no_body(sc, up, case):
+    """The own client once took the interim answer's body as the final
+    answer's: a 200 with the 100's content."""
+    c = sc.connect()
+    failed(c, raw(case[1]), MALFORMED)
+    ok(c, "next")
+
+
+@pytest.mark.parametrize("head", [b"", b"Upgrade: h2c\r\nConnection: Upgrade\r\n"],
+                         ids=["bare", "upgrade"])
+def test_upstream_client__switching_protocols_is_refused(sc, up, head):
+    """101 to a request that asked for no upgrade: the attempt fails as that
+    status, nothing behind it is taken as the answer, and (own client) at
+    once although the upstream keeps the connection, which is not reused.
+    The own client once skipped a 101 without Upgrade as an interim answer
+    and took the 200 behind it."""
+    c = sc.connect()
+    behind = response(reply_json("after the switch"))
+    for data in (interim(head, b"101 Switching Protocols") + behind,
+                 interim() + interim(head, b"101 Switching Protocols") + behind):
+        err = failed(c, raw(data), ("bad_response",))
+        assert err["sources"][0]["status"] == 101, err
+    ok(c, "next")
+
+
+def test_upstream_client__switching_protocols_on_a_kept_connection(make_sidecar, up):
+    """libcurl 7.88 reads a 101's connection as the other protocol until the
+    idle deadline; the own client fails at once and closes it."""
+    c = start(make_sidecar, "auto", up.url).connect()
+    up.script([raw(interim(b"", b"101 Switching Protocols") + response(reply_json("x")),
+                   keep=True)])
+    err = failed(c, None, ("bad_response",))
+    assert err["sources"][0]["status"] == 101, err
+    ok(c, "next")
+    assert up.stats()["accepted_connections"] == 2
+
+
+def test_upstream_client__no_content_answer_has_no_body(sc, up):
+    """204 ends at its blank line (RFC 9112 §6.3): the JSON behind it is not
+    its body, so the empty reply is refused and the connection, with those
+    bytes unread, is not reused by the own client. It once read the 204's
+    Content-Length and took the JSON as a successful reply."""
+    c = sc.connect()
+    data = response(reply_json("no content"), b"HTTP/1.1 204 No Content")
+    err = failed(c, raw(data, keep=True), ("bad_response",))
+    assert err["sources"][0]["status"] == 204, err
+    ok(c, "next")
+
+
 # ------------------------------------------------------------ cut answers
 def test_upstream_client__body_shorter_than_its_content_length(sc, up):
     c = sc.connect()
