@@ -595,10 +595,12 @@ static bool req_parse(struct h1_req *r, const char *p, size_t n)
     (*r->pool->busy)--;
     enum http_errno e = HTTP_PARSER_ERRNO(&r->parser);
     if (r->msg_done) {
-        /* Reused only when nothing follows the answer and both sides keep
+        /* Reused only when the request was written whole (after an early
+         * answer the server would take the next request for the rest of
+         * this one's body), nothing follows the answer and both sides keep
          * the connection open; never after a 101, whose server now speaks
          * another protocol on it. */
-        bool keep = n > 0 && done == n && http_should_keep_alive(&r->parser) &&
+        bool keep = r->sent_at > 0 && n > 0 && done == n && http_should_keep_alive(&r->parser) &&
             r->parser.status_code != 101;
         conn_done(r, keep);
         req_end(r, H1_OK, NULL);

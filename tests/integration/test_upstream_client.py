@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 import urllib.parse
 
@@ -319,6 +320,100 @@ def test_upstream_client__bytes_after_an_answer_ending_on_a_read_boundary(sc, up
     ok(c, filler)
     for i in range(3):
         ok(c, "own answer %d" % i)
+
+
+class EarlyAnswerUpstream:
+    """An upstream of raw sockets that answers its first connection's request
+    with `early` as soon as the head is in, reads nothing more from it (so
+    the client cannot finish sending a body larger than the buffers), and
+    answers every later connection's requests normally. The client is right
+    to close the first connection: reused, a request written on it would
+    land in the middle of the unread body."""
+
+    def __init__(self, early):
+        self.early = early
+        self.ls = socket.socket()
+        self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # inherited
+        self.ls.bind(("127.0.0.1", 0))
+        self.ls.listen(8)
+        self.url = "http://127.0.0.1:%d/v1" % self.ls.getsockname()[1]
+        self.accepted = 0
+        self.held = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                s, _ = self.ls.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            if self.accepted == 1:
+                self.held.append(s)
+                threading.Thread(target=self._answer_early, args=(s,), daemon=True).start()
+            else:
+                threading.Thread(target=self._serve, args=(s,), daemon=True).start()
+
+    @staticmethod
+    def _head(s, buf):
+        while b"\r\n\r\n" not in buf:
+            data = s.recv(65536)
+            if not data:
+                return None, buf
+            buf += data
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        return head, rest
+
+    def _answer_early(self, s):
+        head, _ = self._head(s, b"")
+        if head is not None:
+            s.sendall(self.early)
+
+    def _serve(self, s):
+        buf = b""
+        with s:
+            while True:
+                head, buf = self._head(s, buf)
+                if head is None:
+                    return
+                length = [int(ln.split(b":", 1)[1]) for ln in head.split(b"\r\n")
+                          if ln.lower().startswith(b"content-length:")][0]
+                while len(buf) < length:
+                    data = s.recv(1 << 20)
+                    if not data:
+                        return
+                    buf += data
+                buf = buf[length:]
+                s.sendall(response(reply_json("served")))
+
+    def close(self):
+        self.ls.close()
+        for s in self.held:
+            s.close()
+
+
+def test_upstream_client__early_answer_cuts_the_send_and_the_connection(make_sidecar, client):
+    """The upstream refuses the request (400) before reading its body: the
+    call fails with that status, the client stops sending, and the next call
+    goes on a new connection. The own client once pooled the connection with
+    its request half written, and the next call's request went after it:
+    that call waited for its deadline."""
+    with open("/proc/sys/net/ipv4/tcp_wmem") as f:
+        send_buffer_max = int(f.read().split()[2])
+    upstream = EarlyAnswerUpstream(response(b'{"error":{"message":"no"}}',
+                                            b"HTTP/1.1 400 Bad Request"))
+    try:
+        c = start(make_sidecar, client, upstream.url).connect()
+        big = "b" * (send_buffer_max + (2 << 20))     # more than the buffers take
+        err, res, elapsed = call(c, "chat", chat(big), timeout=10)
+        assert res is None and err["code"] == "upstream_rejected" and err["status"] == 400, err
+        assert elapsed < PROMPT_S
+        err, res, elapsed = call(c, "chat", chat("after"), timeout=10)
+        assert err is None and content(res) == "served", err
+        assert elapsed < PROMPT_S
+        assert upstream.accepted == 2
+    finally:
+        upstream.close()
 
 
 def test_upstream_client__interim_answer_then_close_fails_at_once(sc, up):
