@@ -518,6 +518,13 @@ static int on_header_value(http_parser *hp, const char *p, size_t n)
     return 0;
 }
 
+/* Whether an answer of status `code` is the head alone, whatever its header
+ * fields announce (RFC 9112 §6.3): every 1xx, 204 and 304. */
+static bool status_has_no_body(unsigned code)
+{
+    return code / 100 == 1 || code == 204 || code == 304;
+}
+
 static int on_headers_complete(http_parser *hp)
 {
     struct h1_req *r = hp->data;
@@ -525,7 +532,9 @@ static int on_headers_complete(http_parser *hp)
     if (req_tell_status(r) != 0 || req_tell_line(r) != 0)
         return -1;
     r->headers_done = true;
-    return 0;
+    /* 1: the parser reads no body (the bytes after the head are the next
+     * answer's, or garbage), as libcurl does. */
+    return status_has_no_body(hp->status_code) ? 1 : 0;
 }
 
 static int on_body(http_parser *hp, const char *p, size_t n)
@@ -553,8 +562,10 @@ static int on_message_complete(http_parser *hp)
 {
     struct h1_req *r = hp->data;
 
-    if (hp->status_code / 100 == 1) {
-        /* 100 Continue, 103 Early Hints: the final answer follows. */
+    /* 100 Continue, 103 Early Hints: the final answer follows. Not 101:
+     * nothing asked to switch protocols, so it ends the request as its
+     * status (the engine refuses it, as with libcurl). */
+    if (hp->status_code / 100 == 1 && hp->status_code != 101) {
         r->status_told = false;
         r->headers_done = false;
         return 0;
@@ -584,9 +595,13 @@ static bool req_parse(struct h1_req *r, const char *p, size_t n)
     (*r->pool->busy)--;
     enum http_errno e = HTTP_PARSER_ERRNO(&r->parser);
     if (r->msg_done) {
-        /* Reused only when nothing follows the answer and both sides keep
-         * the connection open. */
-        bool keep = n > 0 && done == n && http_should_keep_alive(&r->parser);
+        /* Reused only when the request was written whole (after an early
+         * answer the server would take the next request for the rest of
+         * this one's body), nothing follows the answer and both sides keep
+         * the connection open; never after a 101, whose server now speaks
+         * another protocol on it. */
+        bool keep = r->sent_at > 0 && n > 0 && done == n && http_should_keep_alive(&r->parser) &&
+            r->parser.status_code != 101;
         conn_done(r, keep);
         req_end(r, H1_OK, NULL);
         return false;
@@ -629,11 +644,7 @@ static bool req_parse(struct h1_req *r, const char *p, size_t n)
         req_end(r, H1_MALFORMED, detail);
         return false;
     }
-    if (r->parser.upgrade) {
-        req_end(r, H1_MALFORMED, "upstream switched protocols");
-        return false;
-    }
-    return true;
+    return true; /* a 101 (the only answer with `upgrade`) ended above */
 }
 
 static void req_on_eof(struct h1_req *r, int err)

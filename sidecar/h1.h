@@ -13,8 +13,10 @@
  *   - the request is handed over as a few ready buffers (request line and
  *     Host, header block, Content-Length, body) and written with one
  *     sendmsg; the answer is read into the pool's buffer and parsed with
- *     http_parser (Content-Length, chunked and close-delimited bodies,
- *     interim 1xx answers skipped);
+ *     http_parser (Content-Length, chunked and close-delimited bodies;
+ *     interim 1xx answers skipped; a 1xx, 204 or 304 has no body whatever
+ *     its header fields say; a 101 is a final answer, its connection never
+ *     reused);
  *   - a request sent on a reused connection that ends before any byte of an
  *     answer (the server closed it just as it was reused) is sent once more
  *     on a new connection, as libcurl does;
@@ -63,9 +65,10 @@ struct h1_hooks {
     void (*on_sending)(void *ud);    /* the request is about to be written (once) */
     /* One line of the answer's head, CRLF included: the status line
      * ("HTTP/1.1 200\r\n", no reason phrase) and then each "Name: value"
-     * (values longer than the line buffer are cut; the engine only parses
-     * short ones). Lines of interim 1xx answers come too, each set starting
-     * with its status line. Non-zero aborts. */
+     * (a line longer than the buffer, H1_LINE_MAX with its CRLF, is cut:
+     * the engine only parses short ones; a name that long loses its colon).
+     * Lines of interim 1xx answers come too, each set starting with its
+     * status line. Non-zero aborts. */
     int (*on_header)(void *ud, const char *line, size_t n);
     enum h1_take (*on_body)(void *ud, const char *p, size_t n);
     /* `detail`: a human description for every end but H1_OK. */

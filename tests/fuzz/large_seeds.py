@@ -54,6 +54,19 @@ def seeds(max_len):
         "huge-comment-run": b"\x11" + b": keep-alive\n" * (big // 13) + event,
     }
 
+    # h1_answer: flags, first answer's length (2 bytes), seed, then an
+    # upstream's answer as the own HTTP client reads it.
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+    reply = b'{"choices":[{"message":{"content":"' + b"w" * big + b'"}}]}'
+    piece = b"x" * 4000
+    out["h1_answer"] = {
+        "huge-content-length": b"\x00\x00\x00\x21" + head
+        + b"Content-Length: %d\r\n\r\n" % len(reply) + reply,
+        "many-chunks": b"\x01\x00\x00\x37" + head + b"Transfer-Encoding: chunked\r\n\r\n"
+        + (b"fa0\r\n" + piece + b"\r\n") * (big // 4008) + b"0\r\n\r\n",
+        "huge-close-delimited": b"\x00\x00\x00\x4b" + head + b"\r\n" + reply,
+    }
+
     # retry_after: one header value.
     out["retry_after"] = {
         "long-digits": b"9" * big,

@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 import urllib.parse
 
@@ -321,6 +322,100 @@ def test_upstream_client__bytes_after_an_answer_ending_on_a_read_boundary(sc, up
         ok(c, "own answer %d" % i)
 
 
+class EarlyAnswerUpstream:
+    """An upstream of raw sockets that answers its first connection's request
+    with `early` as soon as the head is in, reads nothing more from it (so
+    the client cannot finish sending a body larger than the buffers), and
+    answers every later connection's requests normally. The client is right
+    to close the first connection: reused, a request written on it would
+    land in the middle of the unread body."""
+
+    def __init__(self, early):
+        self.early = early
+        self.ls = socket.socket()
+        self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # inherited
+        self.ls.bind(("127.0.0.1", 0))
+        self.ls.listen(8)
+        self.url = "http://127.0.0.1:%d/v1" % self.ls.getsockname()[1]
+        self.accepted = 0
+        self.held = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                s, _ = self.ls.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            if self.accepted == 1:
+                self.held.append(s)
+                threading.Thread(target=self._answer_early, args=(s,), daemon=True).start()
+            else:
+                threading.Thread(target=self._serve, args=(s,), daemon=True).start()
+
+    @staticmethod
+    def _head(s, buf):
+        while b"\r\n\r\n" not in buf:
+            data = s.recv(65536)
+            if not data:
+                return None, buf
+            buf += data
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        return head, rest
+
+    def _answer_early(self, s):
+        head, _ = self._head(s, b"")
+        if head is not None:
+            s.sendall(self.early)
+
+    def _serve(self, s):
+        buf = b""
+        with s:
+            while True:
+                head, buf = self._head(s, buf)
+                if head is None:
+                    return
+                length = [int(ln.split(b":", 1)[1]) for ln in head.split(b"\r\n")
+                          if ln.lower().startswith(b"content-length:")][0]
+                while len(buf) < length:
+                    data = s.recv(1 << 20)
+                    if not data:
+                        return
+                    buf += data
+                buf = buf[length:]
+                s.sendall(response(reply_json("served")))
+
+    def close(self):
+        self.ls.close()
+        for s in self.held:
+            s.close()
+
+
+def test_upstream_client__early_answer_cuts_the_send_and_the_connection(make_sidecar, client):
+    """The upstream refuses the request (400) before reading its body: the
+    call fails with that status, the client stops sending, and the next call
+    goes on a new connection. The own client once pooled the connection with
+    its request half written, and the next call's request went after it:
+    that call waited for its deadline."""
+    with open("/proc/sys/net/ipv4/tcp_wmem") as f:
+        send_buffer_max = int(f.read().split()[2])
+    upstream = EarlyAnswerUpstream(response(b'{"error":{"message":"no"}}',
+                                            b"HTTP/1.1 400 Bad Request"))
+    try:
+        c = start(make_sidecar, client, upstream.url).connect()
+        big = "b" * (send_buffer_max + (2 << 20))     # more than the buffers take
+        err, res, elapsed = call(c, "chat", chat(big), timeout=10)
+        assert res is None and err["code"] == "upstream_rejected" and err["status"] == 400, err
+        assert elapsed < PROMPT_S
+        err, res, elapsed = call(c, "chat", chat("after"), timeout=10)
+        assert err is None and content(res) == "served", err
+        assert elapsed < PROMPT_S
+        assert upstream.accepted == 2
+    finally:
+        upstream.close()
+
+
 def test_upstream_client__interim_answer_then_close_fails_at_once(sc, up):
     """100 Continue, then the connection closes: a typed failure at once (an
     own-client build once read the closed socket in a loop until the idle
@@ -384,6 +479,94 @@ def test_upstream_client__interim_answers_before_the_final_one(sc, up, interim):
     err, res, _ = call(c, "chat", chat(mock={"interim": interim, "status": 503}))
     assert err["code"] == "retry_exhausted" and err["sources"][0]["status"] == 503, err
     ok(c, "and again")
+
+
+def interim(head=b"", status=b"100 Continue"):
+    """An interim answer's head: its status and the raw header lines `head`."""
+    return b"HTTP/1.1 " + status + b"\r\n" + head + b"\r\n"
+
+
+# A 1xx answer ends at its blank line whatever its header fields announce
+# (RFC 9110 §15.2, RFC 9112 §6.3): the bytes after it are the next answer.
+INTERIM_FRAMING_IGNORED = [
+    ("content_length_with_no_body", interim(b"Content-Length: 5\r\n", b"103 Early Hints")),
+    ("chunked", interim(b"Transfer-Encoding: chunked\r\n")),
+    ("other_transfer_coding", interim(b"Transfer-Encoding: gzip\r\n")),
+    ("unknown_1xx_with_a_length", interim(b"Content-Length: 3\r\n", b"199 Whatever")),
+    ("two_interim_answers_with_lengths", interim(b"Content-Length: 9\r\n") +
+     interim(b"Content-Length: 0\r\n")),
+]
+# ... so a body behind an interim answer is the start of an answer that is
+# not HTTP, and so is an interim answer where a chunk size is due.
+INTERIM_BODY_REFUSED = [
+    ("content_length_body", interim(b"Content-Type: application/json\r\nContent-Length: %d\r\n"
+                                    % len(reply_json("interim"))) + reply_json("interim") +
+     response(b"")),
+    ("chunked_body", interim(b"Transfer-Encoding: chunked\r\n") + chunked(reply_json("interim")) +
+     response(b"")),
+    ("interim_answer_amid_a_chunked_body",
+     response(b"5\r\n{\"id\"\r\n" + interim(), length=False,
+              headers=[b"Transfer-Encoding: chunked"])),
+]
+
+
+@pytest.mark.parametrize("case", INTERIM_FRAMING_IGNORED,
+                         ids=[c[0] for c in INTERIM_FRAMING_IGNORED])
+def test_upstream_client__interim_answer_framing_is_ignored(sc, up, case):
+    c = sc.connect()
+    up.script([raw(case[1] + response(reply_json("final")), keep=True)])
+    ok(c, "final")
+    ok(c, "next")
+
+
+@pytest.mark.parametrize("case", INTERIM_BODY_REFUSED, ids=[c[0] for c in INTERIM_BODY_REFUSED])
+def test_upstream_client__interim_answer_carries_no_body(sc, up, case):
+    """The own client once took the interim answer's body as the final
+    answer's: a 200 with the 100's content."""
+    c = sc.connect()
+    failed(c, raw(case[1]), MALFORMED)
+    ok(c, "next")
+
+
+@pytest.mark.parametrize("head", [b"", b"Upgrade: h2c\r\nConnection: Upgrade\r\n"],
+                         ids=["bare", "upgrade"])
+def test_upstream_client__switching_protocols_is_refused(sc, up, head):
+    """101 to a request that asked for no upgrade: the attempt fails as that
+    status, nothing behind it is taken as the answer, and (own client) at
+    once although the upstream keeps the connection, which is not reused.
+    The own client once skipped a 101 without Upgrade as an interim answer
+    and took the 200 behind it."""
+    c = sc.connect()
+    behind = response(reply_json("after the switch"))
+    for data in (interim(head, b"101 Switching Protocols") + behind,
+                 interim() + interim(head, b"101 Switching Protocols") + behind):
+        err = failed(c, raw(data), ("bad_response",))
+        assert err["sources"][0]["status"] == 101, err
+    ok(c, "next")
+
+
+def test_upstream_client__switching_protocols_on_a_kept_connection(make_sidecar, up):
+    """libcurl 7.88 reads a 101's connection as the other protocol until the
+    idle deadline; the own client fails at once and closes it."""
+    c = start(make_sidecar, "auto", up.url).connect()
+    up.script([raw(interim(b"", b"101 Switching Protocols") + response(reply_json("x")),
+                   keep=True)])
+    err = failed(c, None, ("bad_response",))
+    assert err["sources"][0]["status"] == 101, err
+    ok(c, "next")
+    assert up.stats()["accepted_connections"] == 2
+
+
+def test_upstream_client__no_content_answer_has_no_body(sc, up):
+    """204 ends at its blank line (RFC 9112 §6.3): the JSON behind it is not
+    its body, so the empty reply is refused and the connection, with those
+    bytes unread, is not reused by the own client. It once read the 204's
+    Content-Length and took the JSON as a successful reply."""
+    c = sc.connect()
+    data = response(reply_json("no content"), b"HTTP/1.1 204 No Content")
+    err = failed(c, raw(data, keep=True), ("bad_response",))
+    assert err["sources"][0]["status"] == 204, err
+    ok(c, "next")
 
 
 # ------------------------------------------------------------ cut answers

@@ -1,0 +1,452 @@
+/*
+ * fuzz_h1_answer.c — libFuzzer target for the own HTTP/1.1 client's answer
+ * handling (sidecar/h1.c): status line, header fields, Content-Length,
+ * chunked and close-delimited bodies, trailers, interim and bodiless
+ * answers, early answers, a close anywhere, and a pooled connection's reuse.
+ *
+ * The client runs its real code, unchanged, on real connections: its origin
+ * is an abstract Unix socket this target listens on, so each request is a
+ * connect, a sendmsg and recvs as with TCP; this target plays the upstream,
+ * writes the answer from the input and closes when the client waits for
+ * more. Input:
+ *
+ *   byte 0   flags: 0x01 the body hook pauses (H1_PAUSE) on new buffers,
+ *            resumed from the loop; 0x02 it refuses (H1_ABORT) the first;
+ *            0x04 the request carries 1 MiB the upstream never reads (the
+ *            answer comes while the client still sends); 0x08 a second
+ *            request follows on the same pool; 0x10 the upstream closes the
+ *            second request's connection, if it was a pooled one, before
+ *            any answer (the client may send it once more on a new one)
+ *   byte 1-2 with 0x08: the length of the first answer (little-endian)
+ *   byte 3   seeds the write sizes (1 byte to 64 KiB) and the pauses
+ *   rest     the answer(s)
+ *
+ * Each input runs twice: every answer written whole, then in pieces with
+ * the loop run between them (and with pauses when asked). Checked: hooks
+ * keep h1.h's contract (on_end exactly once and last, a detail with every
+ * failure, header lines CRLF-terminated within H1_LINE_MAX and each set
+ * opened by a status line, a paused buffer offered again whole), no body
+ * byte after a 1xx, 204 or 304 head, H1_OK only after a final status, a
+ * request ends without a deadline once the upstream closed, a connection
+ * whose request was not written whole is never reused; and both runs tell
+ * the same (see compare()).
+ */
+#include "h1.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <linux/sockios.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define F_PAUSE       0x01
+#define F_REFUSE      0x02
+#define F_BIG_REQUEST 0x04
+#define F_SECOND      0x08
+#define F_CLOSE_FIRST 0x10
+#define BIG_REQUEST   (1u << 20)
+#define LOOP_GUARD    100000
+
+struct transcript {
+    char *p;
+    size_t len, cap;
+};
+
+/* What one request told its hooks. */
+struct told {
+    struct transcript lines; /* the header lines, then the body taken */
+    int end;                 /* -1: never started */
+};
+
+struct exchange {
+    struct h1_req req;
+    struct told *told;
+    int *busy;
+    uint32_t rng;
+    unsigned flags;
+    bool split, ended, paused;
+    unsigned status;   /* of the last status line told */
+    size_t lines_left; /* lines since it (0: a status line is due) */
+    char *held;        /* the buffer paused on, as offered */
+    size_t held_len;
+    struct transcript body; /* whole: its pieces depend on the reads */
+};
+
+static struct ev_loop *loop;
+static struct sockaddr_un addr;
+static socklen_t addr_len;
+static int listen_fd = -1;
+static int fds_at_start;
+
+static int open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+
+    if (!d)
+        abort();
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+static void put(struct transcript *t, const void *p, size_t n)
+{
+    if (t->len + n > t->cap) {
+        size_t cap = (t->len + n) * 2 + 256;
+        char *np = realloc(t->p, cap);
+        if (!np)
+            abort();
+        t->p = np;
+        t->cap = cap;
+    }
+    memcpy(t->p + t->len, p, n);
+    t->len += n;
+}
+
+static void put_record(struct transcript *t, char kind, const void *p, size_t n)
+{
+    put(t, &kind, 1);
+    put(t, &n, sizeof(n));
+    put(t, p, n);
+}
+
+static uint32_t next(uint32_t *rng)
+{
+    *rng = *rng * 1103515245u + 12345u;
+    return *rng >> 16;
+}
+
+static bool status_line(const char *line, size_t n, unsigned *code)
+{
+    if (n != 14 || memcmp(line, "HTTP/", 5) != 0 || line[6] != '.' || line[8] != ' ' ||
+        memcmp(line + 12, "\r\n", 2) != 0)
+        return false;
+    *code = (unsigned)(line[9] - '0') * 100 + (unsigned)(line[10] - '0') * 10 +
+        (unsigned)(line[11] - '0');
+    return true;
+}
+
+static bool bodiless(unsigned code)
+{
+    return code / 100 == 1 || code == 204 || code == 304;
+}
+
+/* on_connecting and on_sending: never after on_end. */
+static void on_start(void *ud)
+{
+    struct exchange *x = ud;
+    if (x->ended)
+        abort();
+}
+
+static int on_header(void *ud, const char *line, size_t n)
+{
+    struct exchange *x = ud;
+    unsigned code;
+
+    if (x->ended || *x->busy <= 0)
+        abort(); /* contract: inside the parser, never after on_end */
+    if (n < 2 || n > H1_LINE_MAX || line[n - 2] != '\r' || line[n - 1] != '\n')
+        abort();
+    if (status_line(line, n, &code)) {
+        /* A new set: the previous one was an interim answer. */
+        if (x->lines_left > 0 && (x->status / 100 != 1 || x->status == 101))
+            abort();
+        x->status = code;
+        x->lines_left = 1;
+    } else if (x->lines_left == 0 || (!memchr(line, ':', n) && n < H1_LINE_MAX)) {
+        abort(); /* before any status line, or not cut and without a colon */
+    } else {
+        x->lines_left++;
+    }
+    put_record(&x->told->lines, 'H', line, n);
+    /* A hook that refuses a head (the engine's, for a line it cannot take). */
+    return n > 9 && strncasecmp(line, "x-refuse:", 9) == 0 ? -1 : 0;
+}
+
+static enum h1_take on_body(void *ud, const char *p, size_t n)
+{
+    struct exchange *x = ud;
+
+    if (x->ended || *x->busy <= 0 || n == 0)
+        abort();
+    if (x->lines_left == 0 || bodiless(x->status))
+        abort(); /* body bytes with no head, or after one that has no body */
+    if (x->held) {
+        /* Offered again after a pause: the same buffer, whole. */
+        if (n != x->held_len || memcmp(p, x->held, n) != 0)
+            abort();
+        free(x->held);
+        x->held = NULL;
+    } else if (x->split && (x->flags & F_PAUSE) && next(&x->rng) % 2 == 0) {
+        if (!(x->held = malloc(n)))
+            abort();
+        memcpy(x->held, p, n);
+        x->held_len = n;
+        x->paused = true;
+        return H1_PAUSE;
+    }
+    if (x->flags & F_REFUSE)
+        return H1_ABORT;
+    put(&x->body, p, n);
+    return H1_TAKEN;
+}
+
+static void on_end(void *ud, enum h1_end end, const char *detail)
+{
+    struct exchange *x = ud;
+
+    if (x->ended)
+        abort(); /* twice */
+    x->ended = true;
+    x->told->end = (int)end;
+    if (end != H1_OK && (!detail || !detail[0]))
+        abort(); /* contract: a detail with every failure */
+    if (end == H1_OK && (x->lines_left == 0 || (x->status / 100 == 1 && x->status != 101)))
+        abort(); /* a complete answer needs a final status */
+    free(x->held);
+    x->held = NULL;
+    put_record(&x->told->lines, 'B', x->body.p ? x->body.p : "", x->body.len);
+}
+
+static const struct h1_hooks hooks = {
+    .on_connecting = on_start,
+    .on_sending = on_start,
+    .on_header = on_header,
+    .on_body = on_body,
+    .on_end = on_end,
+};
+
+/* One turn of the loop, then the paused request resumed, from outside its
+ * hooks as h1.h asks. */
+static void turn(struct exchange *x)
+{
+    ev_run(loop, EVRUN_NOWAIT);
+    if (x->paused && !x->ended) {
+        x->paused = false;
+        h1_req_resume(&x->req);
+    }
+}
+
+/* The upstream's end of the connection the request went out on: a new
+ * connection when there is one to accept (the older one is then closed),
+ * else `fd`, the pooled one. */
+static int upstream_fd(int fd)
+{
+    int nfd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+    if (nfd < 0)
+        return fd;
+    if (fd >= 0)
+        close(fd);
+    return nfd;
+}
+
+/* Whether the client has read every byte written on `fd`. */
+static bool drained(int fd)
+{
+    int queued = 0;
+    return ioctl(fd, SIOCOUTQ, &queued) == 0 && queued == 0;
+}
+
+static void write_all(struct exchange *x, int fd, const uint8_t *p, size_t n)
+{
+    for (int guard = 0; n > 0; guard++) {
+        if (guard > LOOP_GUARD)
+            abort(); /* the client stopped reading for good */
+        ssize_t w = write(fd, p, n);
+        if (w > 0) {
+            p += w;
+            n -= (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno != EAGAIN && errno != EINTR)
+            return; /* the client closed: what is left goes nowhere */
+        if (x->ended)
+            return;
+        turn(x);
+    }
+}
+
+/* Answers one request with `answer` on the upstream's end `*fd`. The
+ * request has ended on return; *fd is closed (-1) unless the answer left
+ * the connection open. */
+static void serve(struct exchange *x, int *fd, const uint8_t *answer, size_t n)
+{
+    size_t off = 0;
+    int guard = 0;
+
+    *fd = upstream_fd(*fd);
+    while (off < n && !x->ended) {
+        size_t k = n - off;
+        if (x->split) {
+            /* 1 to 16, 256, 4096 or 65536 bytes, a quarter of the time each. */
+            uint32_t r = next(&x->rng);
+            k = 1 + next(&x->rng) % (16u << (r % 4 * 4));
+            if (k > n - off)
+                k = n - off;
+        }
+        write_all(x, *fd, answer + off, k);
+        off += k;
+        turn(x);
+    }
+    /* Read to the end by the client, and not ended: it waits for more of an
+     * answer that will not come. The upstream closes. */
+    while (!x->ended) {
+        if (++guard > LOOP_GUARD)
+            abort(); /* the request does not end */
+        if (*fd >= 0 && !x->paused && drained(*fd)) {
+            close(*fd);
+            *fd = -1;
+        }
+        turn(x);
+        *fd = upstream_fd(*fd);
+    }
+}
+
+/* Runs the whole input once; what each request told in `out`. */
+static void run(const uint8_t *data, size_t size, bool split, struct told out[2])
+{
+    static char big[BIG_REQUEST];
+    static const char head[] = "POST /v1/chat/completions HTTP/1.1\r\nHost: fuzz\r\n"
+                               "Content-Type: application/json\r\nContent-Length: 2\r\n\r\n";
+    unsigned flags = data[0];
+    size_t first = size - 4;
+    int busy = 0, fd = -1;
+    struct exchange *x = calloc(2, sizeof(*x));
+    struct h1_pool *pool = h1_pool_new(loop, &busy, 8);
+    struct h1_origin *origin;
+    struct iovec iov[2] = {
+        { (void *)head, sizeof(head) - 1 },
+        { (flags & F_BIG_REQUEST) ? big : (char *)"{}", (flags & F_BIG_REQUEST) ? BIG_REQUEST : 2 },
+    };
+
+    if (!x || !pool)
+        abort();
+    origin = h1_origin_get(pool, (struct sockaddr *)&addr, addr_len, "fuzz");
+    if (!origin)
+        abort();
+    if (flags & F_SECOND) {
+        size_t want = (size_t)data[1] | (size_t)data[2] << 8;
+        if (want < first)
+            first = want;
+    }
+    for (int i = 0; i < 2; i++) {
+        x[i].busy = &busy;
+        x[i].flags = flags;
+        x[i].split = split;
+        x[i].rng = data[3] * 2654435761u + (uint32_t)i;
+        x[i].told = &out[i];
+        out[i].end = -1;
+    }
+
+    h1_req_start(&x[0].req, pool, origin, iov, 2, &hooks, &x[0]);
+    serve(&x[0], &fd, data + 4, first);
+    if (flags & F_SECOND) {
+        bool cut = (flags & F_BIG_REQUEST) && out[0].end == H1_OK;
+        turn(&x[0]); /* a connection pooled in this turn is taken from the next */
+        h1_req_start(&x[1].req, pool, origin, iov, 2, &hooks, &x[1]);
+        int nfd = upstream_fd(-1);
+        if (nfd >= 0) {
+            if (fd >= 0)
+                close(fd);
+            fd = nfd;
+        } else if (cut) {
+            abort(); /* reused although its request was never written whole */
+        } else if (fd >= 0 && (flags & F_CLOSE_FIRST)) {
+            close(fd); /* a pooled connection the upstream closed unanswered */
+            fd = -1;
+            for (int guard = 0; fd < 0 && !x[1].ended; guard++) {
+                if (guard > LOOP_GUARD)
+                    abort();
+                turn(&x[1]);
+                fd = upstream_fd(-1);
+            }
+        }
+        if (!x[1].ended)
+            serve(&x[1], &fd, data + 4 + first, size - 4 - first);
+    }
+    if (fd >= 0)
+        close(fd);
+    for (int i = 0; i < 8; i++)
+        ev_run(loop, EVRUN_NOWAIT); /* pooled connections see the close */
+    h1_pool_free(pool);
+    for (int i = 0; i < 2; i++) {
+        free(x[i].body.p);
+        free(x[i].held);
+    }
+    /* Nothing the client left behind: every connection was accepted. */
+    while ((fd = upstream_fd(-1)) >= 0)
+        close(fd);
+    free(x);
+}
+
+static void setup(void)
+{
+    addr.sun_family = AF_UNIX;
+    /* Abstract: nothing on disk, gone with the process. */
+    int n =
+        snprintf(addr.sun_path + 1, sizeof(addr.sun_path) - 1, "polygw-fuzz-h1-%d", (int)getpid());
+    addr_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+    listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (listen_fd < 0 || bind(listen_fd, (struct sockaddr *)&addr, addr_len) != 0 ||
+        listen(listen_fd, 64) != 0) {
+        perror("fuzz_h1_answer: listen");
+        abort();
+    }
+    loop = ev_loop_new(EVFLAG_AUTO);
+    if (!loop)
+        abort();
+    fds_at_start = open_fds();
+}
+
+/* Whole and split, a request tells the same: a complete answer line for
+ * line and byte for byte, a failure as the same ending. Not more on a
+ * malformed head: the lines told before the parser stops depend on where
+ * reads ended (a line is told when the next one starts), and so do the
+ * detail (a Content-Encoding refused, or the parser's error) and whether
+ * the hook refused one of them first (H1_ABORTED). */
+static void compare(const struct told *a, const struct told *b)
+{
+    if (a->end == H1_OK || b->end == H1_OK) {
+        if (a->end != b->end || a->lines.len != b->lines.len ||
+            memcmp(a->lines.p, b->lines.p, a->lines.len) != 0)
+            abort();
+    } else if (a->end != H1_ABORTED && b->end != H1_ABORTED && a->end != b->end) {
+        abort();
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct told whole[2], split[2];
+
+    if (size < 4)
+        return 0;
+    if (listen_fd < 0)
+        setup();
+    memset(whole, 0, sizeof(whole));
+    memset(split, 0, sizeof(split));
+    run(data, size, false, whole);
+    run(data, size, true, split);
+    if (open_fds() != fds_at_start)
+        abort(); /* a connection left open */
+    for (int i = 0; i < 2; i++) {
+        compare(&whole[i], &split[i]);
+        free(whole[i].lines.p);
+        free(split[i].lines.p);
+    }
+    return 0;
+}
