@@ -1206,6 +1206,12 @@ static enum xfer_end xfer_end_of_curl(CURLcode rc)
         return XFER_REFUSED;
     case CURLE_OPERATION_TIMEDOUT:
         return XFER_TIMEOUT;
+    /* Bytes that are no HTTP answer ("Received HTTP/0.9 when not allowed",
+     * a broken status line or header): what the own client calls a
+     * malformed answer. Schemes other than http(s) never reach libcurl. */
+    case CURLE_UNSUPPORTED_PROTOCOL:
+    case CURLE_WEIRD_SERVER_REPLY:
+        return XFER_BAD_RESPONSE;
     case CURLE_SSL_CONNECT_ERROR:
     case CURLE_PEER_FAILED_VERIFICATION:
     case CURLE_SSL_CERTPROBLEM:
