@@ -1362,19 +1362,19 @@ static void route_call(struct http_conn *c, const char *path, size_t len)
         }
         r.deadline_s = d;
     }
-    if (c->req.present[H_TASK]) {
-        if (c->req.val_len[H_TASK] == 0 || c->req.val_len[H_TASK] > TASK_ID_MAX) {
-            hc_error(c, 400, PGW_BAD_REQUEST, "X-Polygw-Task: expected 1 to %d bytes", TASK_ID_MAX);
-            return;
-        }
-        r.task_id = c->req.val[H_TASK];
+    char why[160];
+    if ((c->req.present[H_TASK] &&
+         rpc_check_ident("X-Polygw-Task", c->req.val[H_TASK], c->req.val_len[H_TASK], TASK_ID_MAX,
+                         why, sizeof(why)) < 0) ||
+        (c->req.present[H_SCOPE] &&
+         rpc_check_ident("X-Polygw-Scope", c->req.val[H_SCOPE], c->req.val_len[H_SCOPE],
+                         sizeof(scope) - 1, why, sizeof(why)) < 0)) {
+        hc_error(c, 400, PGW_BAD_REQUEST, "%s", why);
+        return;
     }
+    if (c->req.present[H_TASK])
+        r.task_id = c->req.val[H_TASK];
     if (c->req.present[H_SCOPE]) {
-        if (c->req.val_len[H_SCOPE] == 0 || c->req.val_len[H_SCOPE] >= sizeof(scope)) {
-            hc_error(c, 400, PGW_BAD_REQUEST, "X-Polygw-Scope: expected 1 to %zu bytes",
-                     sizeof(scope) - 1);
-            return;
-        }
         memcpy(scope, c->req.val[H_SCOPE], c->req.val_len[H_SCOPE] + 1);
         r.scope = scope;
     }
@@ -1493,8 +1493,11 @@ static void route_task(struct http_conn *c, const char *path, size_t len)
                  http_method_str((enum http_method)c->parser.method), quoted);
         return;
     }
-    if (pct_decode(rest, (size_t)((slash ? slash : end) - rest), id, sizeof(id)) < 0) {
-        hc_error(c, 400, PGW_BAD_REQUEST, "task id: expected 1 to %d bytes (percent-encoded)",
+    char why[200];
+    if (pct_decode(rest, (size_t)((slash ? slash : end) - rest), id, sizeof(id)) < 0 ||
+        rpc_check_ident("task id", id, strlen(id), TASK_ID_MAX, why, sizeof(why)) < 0) {
+        hc_error(c, 400, PGW_BAD_REQUEST,
+                 "task id: expected 1 to %d bytes of UTF-8 (percent-encoded), without NUL or '/'",
                  TASK_ID_MAX);
         return;
     }
@@ -1506,7 +1509,6 @@ static void route_task(struct http_conn *c, const char *path, size_t len)
     msgpack_sbuffer body, frame;
     msgpack_packer pk;
     msgpack_unpacked bup, fup;
-    char why[200];
     msgpack_sbuffer_init(&body);
     msgpack_sbuffer_init(&frame);
     msgpack_unpacked_init(&bup);

@@ -165,16 +165,16 @@ static void pack_task(msgpack_packer *pk, const char *id, const struct backend_t
 
     msgpack_pack_map(pk,
                      5 + (failed ? 1 : 0) + (reason ? 1 : 0) + (node ? 1 : 0) + (owner ? 1 : 0));
-    rpc_pack_kv_str(pk, "task_id", id);
+    rpc_pack_kv_text(pk, "task_id", id);
     if (owner)
-        rpc_pack_kv_str(pk, "app", owner);
-    rpc_pack_kv_str(pk, "state", bt->state);
+        rpc_pack_kv_text(pk, "app", owner);
+    rpc_pack_kv_text(pk, "state", bt->state);
     if (failed)
-        rpc_pack_kv_str(pk, "reason_kind", bt->kind);
+        rpc_pack_kv_text(pk, "reason_kind", bt->kind);
     if (reason)
-        rpc_pack_kv_str(pk, "reason", bt->reason);
+        rpc_pack_kv_text(pk, "reason", bt->reason);
     if (node)
-        rpc_pack_kv_str(pk, "node", node);
+        rpc_pack_kv_text(pk, "node", node);
     rpc_pack_kv_double(pk, "started_at", bt->started_at_s);
     rpc_pack_kv_double(pk, "updated_at", bt->updated_at_s);
     rpc_pack_str(pk, "runs");
@@ -243,8 +243,8 @@ static enum pgw_code pack_task_error(msgpack_packer *pk, int rc, const char *id,
     bool with_reason = (code == PGW_TASK_STOPPED || code == PGW_WATCHDOG_TIMEOUT) && known;
     rpc_pack_error_map(pk, code, msg, with_reason ? 2 : 0);
     if (with_reason) {
-        rpc_pack_kv_str(pk, "reason", reason);
-        rpc_pack_kv_str(pk, "reason_kind", kind ? kind : "");
+        rpc_pack_kv_text(pk, "reason", reason);
+        rpc_pack_kv_text(pk, "reason_kind", kind ? kind : "");
     }
     return code;
 }
@@ -300,18 +300,9 @@ static int bind_task(struct conn *c, const struct rpc_msg *m, const struct rpc_p
         conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
         return -1;
     }
-    if (p[0]->via.str.size == 0 || rpc_str_copy(p[0], id, TASKS_ID_BUF) < 0 ||
-        memchr(id, '\0', p[0]->via.str.size)) {
-        snprintf(why, sizeof(why), "parameter 'task_id': expected 1 to %d bytes without NUL",
-                 TASK_ID_MAX);
-        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
-        return -1;
-    }
-    if (node && n > 1 && p[1] && p[1]->type == MSGPACK_OBJECT_STR &&
-        (p[1]->via.str.size == 0 || rpc_str_copy(p[1], node, TASKS_ID_BUF) < 0 ||
-         memchr(node, '\0', p[1]->via.str.size))) {
-        snprintf(why, sizeof(why), "parameter 'node': expected 1 to %d bytes without NUL",
-                 TASK_NODE_MAX);
+    if (rpc_ident_copy("parameter 'task_id'", p[0], id, TASK_ID_MAX + 1, why, sizeof(why)) < 0 ||
+        (node && n > 1 && p[1] && p[1]->type == MSGPACK_OBJECT_STR &&
+         rpc_ident_copy("parameter 'node'", p[1], node, TASK_NODE_MAX + 1, why, sizeof(why)) < 0)) {
         conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
         return -1;
     }
@@ -1105,12 +1096,12 @@ static int running_one(struct task *t, void *ud)
         return 0;
     msgpack_packer *pk = rc->pk;
     msgpack_pack_map(pk, 2 + (t->app[0] ? 1 : 0) + (t->node ? 3 : 0));
-    rpc_pack_kv_str(pk, "task_id", t->id);
+    rpc_pack_kv_text(pk, "task_id", t->id);
     if (t->app[0]) /* as in task.get: an admin's task is no app's until one claims it */
-        rpc_pack_kv_str(pk, "app", t->app);
+        rpc_pack_kv_text(pk, "app", t->app);
     rpc_pack_kv_double(pk, "age_s", rc->now - t->started_at);
     if (t->node) {
-        rpc_pack_kv_str(pk, "node", t->node);
+        rpc_pack_kv_text(pk, "node", t->node);
         rpc_pack_kv_double(pk, "node_age_s", rc->now - t->node_begun_at);
         rpc_pack_kv_double(pk, "node_timeout_s", t->node_timeout_s);
     }
