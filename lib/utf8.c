@@ -49,6 +49,19 @@ size_t utf8_bad_len(const unsigned char *p, const unsigned char *end)
     return i;
 }
 
+size_t utf8_valid_prefix(const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)(n ? s : ""), *end = p + n;
+
+    while (p < end) {
+        size_t k = *p < 0x80 ? 1 : utf8_seq_len(p, end);
+        if (k == 0)
+            break;
+        p += k;
+    }
+    return (size_t)(p - (const unsigned char *)(n ? s : ""));
+}
+
 size_t utf8_cut(const char *s, size_t n, size_t max)
 {
     if (n <= max)

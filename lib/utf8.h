@@ -22,6 +22,10 @@ size_t utf8_seq_len(const unsigned char *p, const unsigned char *end);
  * unit a decoder replaces with one U+FFFD. Always at least 1 (p < end). */
 size_t utf8_bad_len(const unsigned char *p, const unsigned char *end);
 
+/* The length of the longest prefix of s[0..n) that is valid UTF-8: n when
+ * all of it is. `s` may be NULL when n is 0. */
+size_t utf8_valid_prefix(const char *s, size_t n);
+
 /* The largest length <= max at which s[0..n) can be cut without splitting
  * a character (n itself when n <= max). */
 size_t utf8_cut(const char *s, size_t n, size_t max);

@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "utf8.h"
+
 static bool obj_is_uint(const msgpack_object *o, uint64_t *v)
 {
     if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
@@ -181,40 +183,6 @@ static unsigned type_bit(const msgpack_object *o)
     }
 }
 
-/* Length of the well-formed UTF-8 sequence at s[0..n) (no overlongs, no
- * surrogates, at most U+10FFFF), or 0 when it is not one. */
-static size_t utf8_seq_len(const unsigned char *s, size_t n)
-{
-    unsigned char lo = 0x80, hi = 0xbf;
-    size_t len;
-
-    if (s[0] < 0x80)
-        return 1;
-    if (s[0] >= 0xc2 && s[0] <= 0xdf)
-        len = 2;
-    else if (s[0] >= 0xe0 && s[0] <= 0xef)
-        len = 3;
-    else if (s[0] >= 0xf0 && s[0] <= 0xf4)
-        len = 4;
-    else
-        return 0;
-    if (s[0] == 0xe0)
-        lo = 0xa0;
-    if (s[0] == 0xed)
-        hi = 0x9f;
-    if (s[0] == 0xf0)
-        lo = 0x90;
-    if (s[0] == 0xf4)
-        hi = 0x8f;
-    if (n < len || s[1] < lo || s[1] > hi)
-        return 0;
-    for (size_t i = 2; i < len; i++) {
-        if (s[i] < 0x80 || s[i] > 0xbf)
-            return 0;
-    }
-    return len;
-}
-
 /* Copies at most `max` bytes of the client's string s[0..n) into out[]
  * (max + 1 bytes) as printable UTF-8, for quoting it in an error message.
  * The message goes back as a msgpack str that clients decode as UTF-8, so a
@@ -227,7 +195,7 @@ void rpc_quote_client_str(const char *s, size_t n, size_t max, char *out)
     size_t i = 0, o = 0;
 
     while (i < n) {
-        size_t len = utf8_seq_len(u + i, n - i);
+        size_t len = u[i] < 0x80 ? 1 : utf8_seq_len(u + i, u + n);
         bool printable = len > 1 || (len == 1 && u[i] >= 0x20 && u[i] != 0x7f);
         size_t out_len = printable ? len : 1;
 
@@ -241,6 +209,22 @@ void rpc_quote_client_str(const char *s, size_t n, size_t max, char *out)
         i += len ? len : 1;
     }
     out[o] = '\0';
+}
+
+int rpc_check_ident(const char *what, const char *s, size_t n, size_t max, char *why, size_t whylen)
+{
+    if (n >= 1 && n <= max && !memchr(s, '\0', n) && utf8_valid_prefix(s, n) == n)
+        return 0;
+    snprintf(why, whylen, "%s: expected 1 to %zu bytes of UTF-8 without NUL", what, max);
+    return -1;
+}
+
+int rpc_ident_copy(const char *what, const msgpack_object *o, char *buf, size_t cap, char *why,
+                   size_t whylen)
+{
+    if (rpc_check_ident(what, o->via.str.ptr, o->via.str.size, cap - 1, why, whylen) < 0)
+        return -1;
+    return rpc_str_copy(o, buf, cap);
 }
 
 static const char *types_wanted(unsigned t)
@@ -326,10 +310,46 @@ int rpc_bind(const msgpack_object *params, const struct rpc_param *spec, size_t 
     return 0;
 }
 
+/* s[0..n), which is not valid UTF-8, with each maximal invalid subpart
+ * replaced by U+FFFD (as utf8_repair, without a copy): packs the pieces
+ * when `pk` is not NULL; returns their total length. */
+static size_t pack_repaired(msgpack_packer *pk, const char *s, size_t n)
+{
+    static const char fffd[3] = { (char)0xEF, (char)0xBF, (char)0xBD };
+    const unsigned char *u = (const unsigned char *)s;
+    size_t out = 0;
+
+    for (size_t i = 0, ok; i < n; i += ok ? ok : utf8_bad_len(u + i, u + n)) {
+        ok = utf8_valid_prefix(s + i, n - i);
+        if (pk)
+            msgpack_pack_str_body(pk, ok ? s + i : fffd, ok ? ok : sizeof(fffd));
+        out += ok ? ok : sizeof(fffd);
+    }
+    return out;
+}
+
 void rpc_pack_strn(msgpack_packer *pk, const char *s, size_t n)
 {
     msgpack_pack_str(pk, n);
     msgpack_pack_str_body(pk, s, n);
+}
+
+void rpc_pack_text(msgpack_packer *pk, const char *s)
+{
+    size_t n = strlen(s);
+
+    if (utf8_valid_prefix(s, n) == n) {
+        rpc_pack_strn(pk, s, n);
+        return;
+    }
+    msgpack_pack_str(pk, pack_repaired(NULL, s, n));
+    pack_repaired(pk, s, n);
+}
+
+void rpc_pack_kv_text(msgpack_packer *pk, const char *key, const char *val)
+{
+    rpc_pack_str(pk, key);
+    rpc_pack_text(pk, val);
 }
 
 void rpc_pack_str(msgpack_packer *pk, const char *s)
@@ -377,7 +397,7 @@ void rpc_pack_error_map(msgpack_packer *pk, enum pgw_code code, const char *mess
     rpc_pack_str(pk, "code");
     rpc_pack_str(pk, pgw_code_name(code));
     rpc_pack_str(pk, "message");
-    rpc_pack_str(pk, message);
+    rpc_pack_text(pk, message);
 }
 
 void rpc_pack_error_begin(msgpack_packer *pk, uint32_t msgid, enum pgw_code code,

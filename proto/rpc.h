@@ -65,6 +65,18 @@ bool rpc_str_is(const msgpack_object *o, const char *s);
  * and control characters become '?'. */
 void rpc_quote_client_str(const char *s, size_t n, size_t max, char *out);
 
+/* Checks an identifier a client supplied (a scope, task id, node, app or
+ * capability name), on either front: 1 to `max` bytes of valid UTF-8
+ * (lib/utf8.h) without NUL. Returns 0, or -1 with "<what>: expected 1 to
+ * <max> bytes of UTF-8 without NUL" in `why`. */
+int rpc_check_ident(const char *what, const char *s, size_t n, size_t max, char *why,
+                    size_t whylen);
+
+/* rpc_check_ident on the string object `o`, with max = cap - 1, then
+ * rpc_str_copy into buf[cap]. 0 or -1 (with `why`). */
+int rpc_ident_copy(const char *what, const msgpack_object *o, char *buf, size_t cap, char *why,
+                   size_t whylen);
+
 /* Copies a string object into a NUL-terminated buffer; returns 0, or -1 when
  * `o` is not a string or does not fit (cap includes the NUL). */
 int rpc_str_copy(const msgpack_object *o, char *buf, size_t cap);
@@ -109,7 +121,17 @@ const char *rpc_type_name(const msgpack_object *o);
 void rpc_pack_str(msgpack_packer *pk, const char *s);
 void rpc_pack_strn(msgpack_packer *pk, const char *s, size_t n);
 
-/* One key/value pair of a map whose header the caller already packed. */
+/* A str of text that names what a client chose (a task id, a scope, a node,
+ * a message quoting them): bytes that are not valid UTF-8 — which the edge
+ * refuses (rpc_check_ident), so only a defect or a record another sidecar
+ * wrote brings them — go out with each maximal invalid subpart replaced by
+ * U+FFFD, so a strict decoder (and the JSON of `stats`) always reads it
+ * (PROTOCOL.md §3). Valid text is packed unchanged, without a copy. */
+void rpc_pack_text(msgpack_packer *pk, const char *s);
+void rpc_pack_kv_text(msgpack_packer *pk, const char *key, const char *val);
+
+/* One key/value pair of a map whose header the caller already packed
+ * (for text a client chose: rpc_pack_kv_text). */
 void rpc_pack_kv_str(msgpack_packer *pk, const char *key, const char *val);
 void rpc_pack_kv_u64(msgpack_packer *pk, const char *key, uint64_t val);
 void rpc_pack_kv_double(msgpack_packer *pk, const char *key, double val);
@@ -127,7 +149,8 @@ void rpc_pack_error_begin(msgpack_packer *pk, uint32_t msgid, enum pgw_code code
 void rpc_pack_error_end(msgpack_packer *pk);
 
 /* The error object alone: {code, message, <caller packs n_extra pairs>}
- * (what rpc_pack_error_begin() puts in a response). */
+ * (what rpc_pack_error_begin() puts in a response). `message` is packed as
+ * text (rpc_pack_text): one that quotes a client's bytes stays UTF-8. */
 void rpc_pack_error_map(msgpack_packer *pk, enum pgw_code code, const char *message,
                         size_t n_extra);
 

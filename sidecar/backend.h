@@ -137,14 +137,16 @@ struct backend_ops {
     /* Task operation `op` on task `id` (borrowed, 1..TASK_ID_MAX bytes);
      * `reason` (stop, finish, watchdog) and `ok` (finish), on behalf of
      * app `app` (borrowed; NULL: no ownership rule — this sidecar's own
-     * reads and verdicts, or an admin app). A shared record belongs to the
-     * first app that names it; another app is answered TASK_E_NOT_FOUND,
-     * as if it did not exist (the memory backend leaves the rule to the
+     * reads and verdicts), an admin app when `admin`. A shared record
+     * belongs to the app that started it (an admin app too); another app
+     * is answered TASK_E_NOT_FOUND, as if it did not exist, unless it is
+     * an admin app; a record without an owner (written before owners were
+     * kept) is an admin's (the memory backend leaves the rule to the
      * caller, which holds every task). 1: answered in *now_bt (valid until
      * the next registry change); 0: `cb` runs later; -1: not sent. */
     int (*task)(struct backend *be, enum backend_task_op op, const char *id, const char *reason,
-                bool ok, const char *app, struct backend_task *now_bt, backend_task_cb *cb,
-                void *ud);
+                bool ok, const char *app, bool admin, struct backend_task *now_bt,
+                backend_task_cb *cb, void *ud);
     /* A task update failed while the backend may be up: hooks.on_up (and,
      * with `resync`, hooks.on_resync) in a while (backing off while it
      * keeps failing), and at the latest when the connection comes back. */
@@ -235,10 +237,10 @@ static inline void backend_release(struct backend *be, struct backend_lease *lea
 }
 
 static inline int backend_task(struct backend *be, enum backend_task_op op, const char *id,
-                               const char *reason, bool ok, const char *app,
+                               const char *reason, bool ok, const char *app, bool admin,
                                struct backend_task *now_bt, backend_task_cb *cb, void *ud)
 {
-    return be->ops->task(be, op, id, reason, ok, app, now_bt, cb, ud);
+    return be->ops->task(be, op, id, reason, ok, app, admin, now_bt, cb, ud);
 }
 
 static inline void backend_free(struct backend *be)

@@ -63,14 +63,15 @@ static int state_code(const struct task *t)
 }
 
 static int mem_task(struct backend *be, enum backend_task_op op, const char *id, const char *reason,
-                    bool ok, const char *app, struct backend_task *bt, backend_task_cb *cb,
-                    void *ud)
+                    bool ok, const char *app, bool admin, struct backend_task *bt,
+                    backend_task_cb *cb, void *ud)
 {
     struct backend_memory *m = (struct backend_memory *)be;
     double now = ev_now(m->loop);
     struct task *t = task_get(m->tasks, id);
     int rc = TASK_OK;
     (void)app; /* the registry is the caller's: it applies ownership itself */
+    (void)admin;
     (void)cb;
     (void)ud;
 

@@ -24,8 +24,9 @@
  *    only when a stall verdict depends on it; hooks.on_progress_known says
  *    when it is known); the cache is dropped when the subscription is lost,
  *    and reads fail closed until it is back.
- *  - Task operations run task.lua, with the calling app: the record keeps
- *    its owner, so another app gets "not found" on every sidecar. A stop,
+ *  - Task operations run task.lua, with the calling app and whether it is
+ *    an admin app: the record keeps the app that started it as its owner,
+ *    so another (non-admin) app gets "not found" on every sidecar. A stop,
  *    watchdog verdict or finish is
  *    published on P:task-end (hooks.on_task_ended on every sidecar). Lost
  *    channel messages or failed updates lead to hooks.on_resync once both
@@ -987,8 +988,8 @@ static void on_task_reply(const redisReply *r, const char *err, void *ud)
 }
 
 static int redis_task(struct backend *be, enum backend_task_op op, const char *id,
-                      const char *reason, bool ok, const char *app, struct backend_task *now_bt,
-                      backend_task_cb *cb, void *ud)
+                      const char *reason, bool ok, const char *app, bool admin,
+                      struct backend_task *now_bt, backend_task_cb *cb, void *ud)
 {
     struct backend_redis *sh = (struct backend_redis *)be;
     char key[SHARED_KEY_MAX], ttl[32];
@@ -1009,8 +1010,9 @@ static int redis_task(struct backend *be, enum backend_task_op op, const char *i
                            reason ? reason : "",
                            ok ? "1" : "0",
                            sh->channel[CH_TASK_END],
-                           app ? app : "" };
-    if (rds_eval(sh->rds, RDS_TASK, 1, 8, argv, NULL, on_task_reply, q) < 0) {
+                           app ? app : "",
+                           admin ? "1" : "0" };
+    if (rds_eval(sh->rds, RDS_TASK, 1, 9, argv, NULL, on_task_reply, q) < 0) {
         free(q);
         return -1;
     }

@@ -139,19 +139,14 @@ void callrpc_start(struct conn *c, const struct rpc_msg *m)
                          "parameter 'deadline_s': expected a positive number of seconds");
         return;
     }
-    if (p[P_SCOPE] &&
-        (p[P_SCOPE]->via.str.size == 0 || rpc_str_copy(p[P_SCOPE], scope, sizeof(scope)) < 0 ||
-         memchr(scope, '\0', p[P_SCOPE]->via.str.size))) {
-        snprintf(why, sizeof(why), "parameter 'scope': expected 1 to %zu bytes without NUL",
-                 sizeof(scope) - 1);
-        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
-        return;
-    }
-    if (p[P_TASK] &&
-        (p[P_TASK]->via.str.size == 0 || rpc_str_copy(p[P_TASK], id, sizeof(id)) < 0 ||
-         memchr(id, '\0', p[P_TASK]->via.str.size))) {
-        snprintf(why, sizeof(why), "parameter 'task_id': expected 1 to %d bytes without NUL",
-                 TASK_ID_MAX);
+    /* The identifiers, checked as the HTTP front checks its own. */
+    if (rpc_check_ident("parameter 'capability'", p[P_CAP]->via.str.ptr, p[P_CAP]->via.str.size,
+                        CONFIG_NAME_MAX - 1, why, sizeof(why)) < 0 ||
+        (p[P_SCOPE] &&
+         rpc_ident_copy("parameter 'scope'", p[P_SCOPE], scope, sizeof(scope), why, sizeof(why)) <
+             0) ||
+        (p[P_TASK] &&
+         rpc_ident_copy("parameter 'task_id'", p[P_TASK], id, sizeof(id), why, sizeof(why)) < 0)) {
         conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
         return;
     }

@@ -899,6 +899,7 @@ static const struct field app_table[] = {
     TYPED("admin", FT_BOOL, FID_ADMIN, APP(admin)),
     NUM("weight", FT_DOUBLE, FID_WEIGHT, APP(weight), 0, 1e6, F_MIN_OPEN),
     NUM("max_concurrency", FT_U32, FID_MAX_CONCURRENCY, APP(max_concurrency), 1, 1e6, 0),
+    NUM("max_tasks", FT_U32, FID_MAX_TASKS, APP(max_tasks), 1, 10000000, 0),
     SECTION("limits", FID_LIMITS, APP(limits), limits_table),
     TYPED("capabilities", FT_NODE, FID_APP_CAPS, OFF(struct app_stage, caps)),
     REJECT("token", FID_APP_TOKEN,
@@ -2720,6 +2721,11 @@ static int validate_apps(struct loader *l)
                         "the default app is every caller no other app claims: it "
                         "takes no uids or gids");
         }
+        if (a->app.max_tasks > l->cfg->max_tasks) {
+            snprintf(path, sizeof(path), "apps[%zu].max_tasks", i);
+            fail_at(l, a->line[FID_MAX_TASKS], path, "must be <= tasks.max_tasks (%u), got %u",
+                    l->cfg->max_tasks, a->app.max_tasks);
+        }
         check_ids_unique(l, i, false);
         check_ids_unique(l, i, true);
         if (a->caps && app_resolve_caps(l, i) < 0)
@@ -2744,6 +2750,12 @@ static int validate_apps(struct loader *l)
         d->limits.window_s = 60;
     }
     l->cfg->n_apps = n;
+    /* One app must not take every task slot: unless set, each holds an
+     * equal share of tasks.max_tasks. */
+    for (size_t i = 0; i < n; i++)
+        if (l->cfg->apps[i].max_tasks == 0)
+            l->cfg->apps[i].max_tasks =
+                l->cfg->max_tasks / n ? (uint32_t)(l->cfg->max_tasks / n) : 1;
     return 0;
 }
 

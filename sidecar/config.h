@@ -201,6 +201,9 @@ struct config_app {
                                 * app in `stats` */
     double weight;               /* > 0, default 1 */
     uint32_t max_concurrency;    /* its attempts in flight at most; 0 (default) = unlimited */
+    uint32_t max_tasks;          /* task states held for it at most, 1..tasks.max_tasks;
+                                  * default (resolved at load): an equal share,
+                                  * tasks.max_tasks / n_apps, at least 1 */
     struct config_limits limits; /* its own rpm/tpm/daily_tokens on top of the sources' */
     bool *capabilities;          /* owned, n_capabilities flags, or NULL = every capability */
     char *token;                 /* owned secret or NULL: an HTTP client over TCP sending

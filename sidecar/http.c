@@ -171,9 +171,7 @@ struct http_server {
     int tcp_port;                /* the bound port (http.listen may say 0) */
     struct http_conn *conns, *dead;
     ev_prepare reap_w;
-    bool stopping;     /* STOPPING: answer, then close every connection */
-    char *models_json; /* GET /v1/models, made once */
-    size_t models_len;
+    bool stopping; /* STOPPING: answer, then close every connection */
     struct http_stats stats;
 };
 
@@ -1082,11 +1080,18 @@ static void route_readyz(struct http_conn *c, const char *path, size_t len)
     hc_reply(c, 503, "application/json", body, (size_t)n, NULL, "Retry-After: 1\r\n");
 }
 
+/* Made from the configuration in force: a reload changes it. */
 static void route_models(struct http_conn *c, const char *path, size_t len)
 {
+    struct strbuf json;
     (void)path;
     (void)len;
-    hc_reply(c, 200, "application/json", c->hs->models_json, c->hs->models_len, NULL, NULL);
+    strbuf_init(&json);
+    if (status_models_json(c->hs->srv->cfg, &json) == 0)
+        hc_reply(c, 200, "application/json", json.data, json.len, NULL, NULL);
+    else
+        hc_error(c, 500, PGW_INTERNAL, "out of memory");
+    strbuf_fini(&json);
 }
 
 static void route_metrics(struct http_conn *c, const char *path, size_t len)
@@ -1362,19 +1367,19 @@ static void route_call(struct http_conn *c, const char *path, size_t len)
         }
         r.deadline_s = d;
     }
-    if (c->req.present[H_TASK]) {
-        if (c->req.val_len[H_TASK] == 0 || c->req.val_len[H_TASK] > TASK_ID_MAX) {
-            hc_error(c, 400, PGW_BAD_REQUEST, "X-Polygw-Task: expected 1 to %d bytes", TASK_ID_MAX);
-            return;
-        }
-        r.task_id = c->req.val[H_TASK];
+    char why[160];
+    if ((c->req.present[H_TASK] &&
+         rpc_check_ident("X-Polygw-Task", c->req.val[H_TASK], c->req.val_len[H_TASK], TASK_ID_MAX,
+                         why, sizeof(why)) < 0) ||
+        (c->req.present[H_SCOPE] &&
+         rpc_check_ident("X-Polygw-Scope", c->req.val[H_SCOPE], c->req.val_len[H_SCOPE],
+                         sizeof(scope) - 1, why, sizeof(why)) < 0)) {
+        hc_error(c, 400, PGW_BAD_REQUEST, "%s", why);
+        return;
     }
+    if (c->req.present[H_TASK])
+        r.task_id = c->req.val[H_TASK];
     if (c->req.present[H_SCOPE]) {
-        if (c->req.val_len[H_SCOPE] == 0 || c->req.val_len[H_SCOPE] >= sizeof(scope)) {
-            hc_error(c, 400, PGW_BAD_REQUEST, "X-Polygw-Scope: expected 1 to %zu bytes",
-                     sizeof(scope) - 1);
-            return;
-        }
         memcpy(scope, c->req.val[H_SCOPE], c->req.val_len[H_SCOPE] + 1);
         r.scope = scope;
     }
@@ -1493,8 +1498,11 @@ static void route_task(struct http_conn *c, const char *path, size_t len)
                  http_method_str((enum http_method)c->parser.method), quoted);
         return;
     }
-    if (pct_decode(rest, (size_t)((slash ? slash : end) - rest), id, sizeof(id)) < 0) {
-        hc_error(c, 400, PGW_BAD_REQUEST, "task id: expected 1 to %d bytes (percent-encoded)",
+    char why[200];
+    if (pct_decode(rest, (size_t)((slash ? slash : end) - rest), id, sizeof(id)) < 0 ||
+        rpc_check_ident("task id", id, strlen(id), TASK_ID_MAX, why, sizeof(why)) < 0) {
+        hc_error(c, 400, PGW_BAD_REQUEST,
+                 "task id: expected 1 to %d bytes of UTF-8 (percent-encoded), without NUL or '/'",
                  TASK_ID_MAX);
         return;
     }
@@ -1506,7 +1514,6 @@ static void route_task(struct http_conn *c, const char *path, size_t len)
     msgpack_sbuffer body, frame;
     msgpack_packer pk;
     msgpack_unpacked bup, fup;
-    char why[200];
     msgpack_sbuffer_init(&body);
     msgpack_sbuffer_init(&frame);
     msgpack_unpacked_init(&bup);
@@ -1975,59 +1982,6 @@ static int http_listen_tcp(struct http_server *hs, char *err, size_t errlen)
     return fd;
 }
 
-/* GET /v1/models: each distinct model the sources set, in config order. */
-static int http_make_models(struct http_server *hs)
-{
-    const struct config *cfg = hs->srv->cfg;
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
-    msgpack_unpacked up;
-    struct strbuf json;
-    uint32_t n = 0;
-    int rc = -1;
-
-    for (size_t i = 0; i < cfg->n_sources; i++) {
-        bool dup = false;
-        for (size_t j = 0; cfg->sources[i].model && j < i; j++)
-            dup |=
-                cfg->sources[j].model && strcmp(cfg->sources[j].model, cfg->sources[i].model) == 0;
-        n += cfg->sources[i].model && !dup;
-    }
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 2);
-    rpc_pack_kv_str(&pk, "object", "list");
-    rpc_pack_str(&pk, "data");
-    msgpack_pack_array(&pk, n);
-    for (size_t i = 0; i < cfg->n_sources; i++) {
-        const struct config_source *s = &cfg->sources[i];
-        bool dup = false;
-        for (size_t j = 0; s->model && j < i; j++)
-            dup |= cfg->sources[j].model && strcmp(cfg->sources[j].model, s->model) == 0;
-        if (!s->model || dup)
-            continue;
-        msgpack_pack_map(&pk, 5);
-        rpc_pack_kv_str(&pk, "id", s->model);
-        rpc_pack_kv_str(&pk, "object", "model");
-        rpc_pack_kv_u64(&pk, "created", 0);
-        rpc_pack_kv_str(&pk, "owned_by", s->name);
-        rpc_pack_kv_str(&pk, "capability", s->capability);
-    }
-    msgpack_unpacked_init(&up);
-    strbuf_init(&json);
-    if (msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS &&
-        transcode_msgpack_to_json(&up.data, &json, NULL, NULL, NULL, 0) == 0) {
-        hs->models_json = json.data; /* taken */
-        hs->models_len = json.len;
-        strbuf_init(&json);
-        rc = 0;
-    }
-    strbuf_fini(&json);
-    msgpack_unpacked_destroy(&up);
-    msgpack_sbuffer_destroy(&sb);
-    return rc;
-}
-
 static void http_listener_close(struct http_server *hs, struct http_listener *l)
 {
     if (l->fd < 0)
@@ -2062,10 +2016,6 @@ struct http_server *http_new(struct server *srv, char *err, size_t errlen)
         hs->lis[i].hs = hs;
         hs->lis[i].is_unix = i == 0;
     }
-    if (http_make_models(hs) < 0) {
-        snprintf(err, errlen, "out of memory");
-        goto fail;
-    }
     if (cfg->http_socket) {
         hs->lis[0].fd = server_bind_unix(cfg->http_socket, cfg->socket_mode, err, errlen);
         if (hs->lis[0].fd < 0)
@@ -2093,7 +2043,6 @@ fail:
             unlink(cfg->http_socket);
     }
     free(hs->socket_path);
-    free(hs->models_json);
     free(hs);
     return NULL;
 }
@@ -2175,6 +2124,5 @@ void http_free(struct http_server *hs)
     }
     ev_prepare_stop(hs->srv->loop, &hs->reap_w);
     free(hs->socket_path);
-    free(hs->models_json);
     free(hs);
 }

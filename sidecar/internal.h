@@ -89,7 +89,9 @@ struct server {
     ev_timer task_w;          /* the watchdog / task expiry timer */
     struct tasks_req *task_retry, *task_retry_tail; /* verdicts to send when the backend is back */
     struct tasks_resync *resync;                    /* running tasks being re-read after a gap */
-    size_t task_imports; /* backend reads that may import a task, in flight */
+    size_t task_imports;       /* backend reads that may import a task, in flight */
+    size_t *task_app_held;     /* per cfg->apps index: tasks held here that belong to it */
+    uint64_t task_app_refused; /* task.start refused: the app held its apps[].max_tasks */
     size_t task_retry_n;
     struct metrics *metrics; /* counters and histograms (metrics.h) */
     struct redact *redact;   /* the sources' keys, scrubbed from relayed replies */

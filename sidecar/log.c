@@ -8,6 +8,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "utf8.h"
+
 enum log_level log_threshold = LOG_INFO;
 
 const char *log_level_name(enum log_level lvl)
@@ -50,6 +52,15 @@ static void putf(struct line *l, const char *fmt, ...)
         put(l, tmp, (size_t)n < sizeof(tmp) ? (size_t)n : sizeof(tmp) - 1);
 }
 
+/* Puts all n bytes, or none when they do not fit (a character is never cut). */
+static void put_whole(struct line *l, const char *s, size_t n)
+{
+    if (n <= sizeof(l->buf) - 2 - l->len)
+        put(l, s, n);
+}
+
+/* A JSON string: the line stays valid UTF-8 whatever `s` holds (a client's
+ * identifier, a defect): each maximal invalid subpart becomes U+FFFD. */
 static void put_json_str(struct line *l, const char *s)
 {
     if (!s) {
@@ -57,7 +68,14 @@ static void put_json_str(struct line *l, const char *s)
         return;
     }
     put(l, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    const unsigned char *p = (const unsigned char *)s, *end = p + strlen(s);
+    while (p < end) {
+        if (*p >= 0x80) {
+            size_t k = utf8_seq_len(p, end);
+            put_whole(l, k ? (const char *)p : "\xEF\xBF\xBD", k ? k : 3);
+            p += k ? k : utf8_bad_len(p, end);
+            continue;
+        }
         switch (*p) {
         case '"':
             put(l, "\\\"", 2);
@@ -80,6 +98,7 @@ static void put_json_str(struct line *l, const char *s)
             else
                 put(l, (const char *)p, 1);
         }
+        p++;
     }
     put(l, "\"", 1);
 }

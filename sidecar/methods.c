@@ -41,7 +41,7 @@ struct scope_iter {
 static void pack_scope(const char *scope, double last_at, void *ud)
 {
     struct scope_iter *it = ud;
-    rpc_pack_str(it->pk, scope);
+    rpc_pack_text(it->pk, scope);
     msgpack_pack_map(it->pk, 1);
     rpc_pack_kv_double(it->pk, "progress_age_s", it->now - last_at);
 }

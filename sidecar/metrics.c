@@ -544,6 +544,8 @@ static void render_tasks(struct prom_text *t, struct server *srv)
                    ts->expired + ts->expired_running);
     render_one_u64(t, "polygw_tasks_rejected_total", "counter",
                    "task.start refused: max_tasks held.", ts->rejected_full);
+    render_one_u64(t, "polygw_tasks_app_rejected_total", "counter",
+                   "task.start refused: the app held its apps[].max_tasks.", srv->task_app_refused);
 }
 
 static void render_backend(struct prom_text *t, struct server *srv)

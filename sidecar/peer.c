@@ -38,16 +38,14 @@ const struct config_app *peer_declare_app(const struct config *cfg, const char *
                                           const char *name, size_t len, char *why, size_t whylen)
 {
     const struct config_app *own = config_find_app(cfg, own_name);
-    char quoted[CONFIG_NAME_MAX + 8];
-    const struct config_app *a = NULL;
+    char quoted[CONFIG_NAME_MAX + 8], copy[CONFIG_NAME_MAX];
 
+    if (rpc_check_ident("app", name, len, CONFIG_NAME_MAX - 1, why, whylen) < 0)
+        return NULL;
     rpc_quote_client_str(name, len, CONFIG_NAME_MAX, quoted);
-    if (len > 0 && len < CONFIG_NAME_MAX && !memchr(name, '\0', len)) {
-        char copy[CONFIG_NAME_MAX];
-        memcpy(copy, name, len);
-        copy[len] = '\0';
-        a = config_find_app(cfg, copy);
-    }
+    memcpy(copy, name, len);
+    copy[len] = '\0';
+    const struct config_app *a = config_find_app(cfg, copy);
     if (!own)
         own = config_find_app(cfg, CONFIG_DEFAULT_APP);
     if (a && a == own)

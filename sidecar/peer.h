@@ -33,8 +33,10 @@ const struct config_app *peer_app(const struct config *cfg, const struct peer *p
 /* May a caller that is app `own` (a name, borrowed) act as the app named
  * by the `len` bytes at `name` (borrowed, client input)? Its own app
  * always; another configured app only when `own` allows declared names,
- * and never an admin app unless `own` is admin. Returns the app, or NULL
- * with the reason (the name quoted, bounded) in `why`. */
+ * and never an admin app unless `own` is admin. A name that is not 1 to
+ * CONFIG_NAME_MAX - 1 bytes of UTF-8 is refused first (rpc_check_ident),
+ * on both fronts. Returns the app, or NULL with the reason (the name
+ * quoted, bounded) in `why`. */
 const struct config_app *peer_declare_app(const struct config *cfg, const char *own,
                                           const char *name, size_t len, char *why, size_t whylen);
 

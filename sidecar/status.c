@@ -88,3 +88,53 @@ out:
     msgpack_sbuffer_destroy(&req);
     return rc;
 }
+
+/* Is source i the first one (not retired) that sets its model? */
+static bool model_first(const struct config *cfg, size_t i)
+{
+    const char *m = cfg->sources[i].model;
+
+    if (!m || cfg->sources[i].retired)
+        return false;
+    for (size_t j = 0; j < i; j++)
+        if (cfg->sources[j].model && !cfg->sources[j].retired &&
+            strcmp(cfg->sources[j].model, m) == 0)
+            return false;
+    return true;
+}
+
+int status_models_json(const struct config *cfg, struct strbuf *out)
+{
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    msgpack_unpacked up;
+    uint32_t n = 0;
+    int rc = -1;
+
+    for (size_t i = 0; i < cfg->n_sources; i++)
+        n += model_first(cfg, i);
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 2);
+    rpc_pack_kv_str(&pk, "object", "list");
+    rpc_pack_str(&pk, "data");
+    msgpack_pack_array(&pk, n);
+    for (size_t i = 0; i < cfg->n_sources; i++) {
+        const struct config_source *s = &cfg->sources[i];
+        if (!model_first(cfg, i))
+            continue;
+        msgpack_pack_map(&pk, 5);
+        rpc_pack_kv_str(&pk, "id", s->model);
+        rpc_pack_kv_str(&pk, "object", "model");
+        rpc_pack_kv_u64(&pk, "created", 0);
+        rpc_pack_kv_str(&pk, "owned_by", s->name);
+        rpc_pack_kv_str(&pk, "capability", s->capability);
+    }
+    msgpack_unpacked_init(&up);
+    if (msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS &&
+        transcode_msgpack_to_json(&up.data, out, NULL, NULL, NULL, 0) == 0)
+        rc = 0;
+    msgpack_unpacked_destroy(&up);
+    msgpack_sbuffer_destroy(&sb);
+    return rc;
+}

@@ -1,12 +1,13 @@
 /*
- * status.h — the status page of the HTTP front end (docs/OPERATIONS.md §5):
- * GET /polygw/ serves one self-contained HTML page (sidecar/status.html,
- * compiled in), which polls GET /polygw/v1/stats, the msgpack `stats`
- * result (proto/PROTOCOL.md §4.2) written as JSON.
+ * status.h — answers of the HTTP front end made from the sidecar's state.
+ * The status page (docs/OPERATIONS.md §5): GET /polygw/ serves one
+ * self-contained HTML page (sidecar/status.html, compiled in), which polls
+ * GET /polygw/v1/stats, the msgpack `stats` result (proto/PROTOCOL.md §4.2)
+ * written as JSON. And GET /v1/models, the models the sources set.
  *
- * Both are served only to Unix-socket and loopback clients unless
- * http.allow_status_remote: the page shows the sources' state and task ids
- * to whoever reads it, and the HTTP front authenticates no one.
+ * The page and its stats are served only to Unix-socket and loopback
+ * clients unless http.allow_status_remote: they show the sources' state and
+ * task ids to whoever reads them, and the HTTP front authenticates no one.
  */
 #ifndef POLYGW_STATUS_H
 #define POLYGW_STATUS_H
@@ -36,5 +37,12 @@ bool status_peer_allowed(const struct config *cfg, int fd);
  * hold); `out` is then left as it was. */
 int status_stats_json(struct server *srv, const char *app, struct strbuf *out, char *why,
                       size_t whylen);
+
+/* Appends GET /v1/models' answer for `cfg` (borrowed: the configuration in
+ * force, so a reload shows at once) to `out`: each distinct model the
+ * sources set, in config order, owned by the first source that sets it;
+ * sources a reload removed (retired while in use) are not listed.
+ * Returns 0, or -1 when out of memory. */
+int status_models_json(const struct config *cfg, struct strbuf *out);
 
 #endif /* POLYGW_STATUS_H */

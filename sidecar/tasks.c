@@ -64,6 +64,39 @@ static void tasks_on_timer(struct ev_loop *loop, ev_timer *w, int revents)
     tasks_rearm(srv);
 }
 
+/* --- owners and per-app shares ------------------------------------- */
+
+/* The index in cfg->apps of app `name` ("" or an app this sidecar does not
+ * know, from another sidecar's record: -1). Apps keep their names and
+ * order across reloads, so the index names the same app throughout. */
+static long app_index(const struct server *srv, const char *name)
+{
+    const struct config_app *a = name[0] ? config_find_app(srv->cfg, name) : NULL;
+    return a ? (long)(a - srv->cfg->apps) : -1;
+}
+
+/* Task `t` belongs to app `name` from now on; the per-app counts follow. */
+static void task_set_owner(struct server *srv, struct task *t, const char *name)
+{
+    long i = app_index(srv, t->app);
+
+    if (strcmp(t->app, name) == 0)
+        return;
+    if (i >= 0)
+        srv->task_app_held[i]--;
+    snprintf(t->app, sizeof(t->app), "%s", name);
+    if ((i = app_index(srv, t->app)) >= 0)
+        srv->task_app_held[i]++;
+}
+
+/* May one more task be held here for app `name` (apps[].max_tasks)? An app
+ * this sidecar does not know has no share: the registry's bound applies. */
+static bool app_has_room(const struct server *srv, const char *name)
+{
+    long i = app_index(srv, name);
+    return i < 0 || srv->task_app_held[i] < srv->cfg->apps[i].max_tasks;
+}
+
 /* --- registry hooks -------------------------------------------------- */
 
 static void hook_watchdog(struct task *t, double now, void *ud)
@@ -95,8 +128,11 @@ static void hook_watchdog_after_stop(struct task *t, double now, void *ud)
 
 static void hook_free(struct task *t, double now, void *ud)
 {
+    struct server *srv = ud;
+    long i = app_index(srv, t->app);
     (void)now;
-    (void)ud;
+    if (i >= 0)
+        srv->task_app_held[i]--;
     call_forget_task(t);
 }
 
@@ -125,9 +161,17 @@ int tasks_init(struct server *srv, char *err, size_t errlen)
     tc.ttl_s = srv->cfg->task_ttl_s;
     tc.max_tasks = srv->cfg->max_tasks;
     tc.hash_seed = srv->rand_state ^ 0x5bd1e9955bd1e995ULL;
-    srv->tasks = task_reg_new(&tc, &hooks, err, errlen);
-    if (!srv->tasks)
+    srv->task_app_held = calloc(srv->cfg->n_apps, sizeof(*srv->task_app_held));
+    if (!srv->task_app_held) {
+        snprintf(err, errlen, "out of memory");
         return -1;
+    }
+    srv->tasks = task_reg_new(&tc, &hooks, err, errlen);
+    if (!srv->tasks) {
+        free(srv->task_app_held);
+        srv->task_app_held = NULL;
+        return -1;
+    }
     ev_init(&srv->task_w, tasks_on_timer);
     srv->task_w.data = srv;
     return 0;
@@ -142,6 +186,8 @@ void tasks_fini(struct server *srv)
     ev_timer_stop(srv->loop, &srv->task_w);
     task_reg_free(srv->tasks, ev_now(srv->loop));
     srv->tasks = NULL;
+    free(srv->task_app_held);
+    srv->task_app_held = NULL;
 }
 
 /* --- wire helpers ---------------------------------------------------- */
@@ -165,16 +211,16 @@ static void pack_task(msgpack_packer *pk, const char *id, const struct backend_t
 
     msgpack_pack_map(pk,
                      5 + (failed ? 1 : 0) + (reason ? 1 : 0) + (node ? 1 : 0) + (owner ? 1 : 0));
-    rpc_pack_kv_str(pk, "task_id", id);
+    rpc_pack_kv_text(pk, "task_id", id);
     if (owner)
-        rpc_pack_kv_str(pk, "app", owner);
-    rpc_pack_kv_str(pk, "state", bt->state);
+        rpc_pack_kv_text(pk, "app", owner);
+    rpc_pack_kv_text(pk, "state", bt->state);
     if (failed)
-        rpc_pack_kv_str(pk, "reason_kind", bt->kind);
+        rpc_pack_kv_text(pk, "reason_kind", bt->kind);
     if (reason)
-        rpc_pack_kv_str(pk, "reason", bt->reason);
+        rpc_pack_kv_text(pk, "reason", bt->reason);
     if (node)
-        rpc_pack_kv_str(pk, "node", node);
+        rpc_pack_kv_text(pk, "node", node);
     rpc_pack_kv_double(pk, "started_at", bt->started_at_s);
     rpc_pack_kv_double(pk, "updated_at", bt->updated_at_s);
     rpc_pack_str(pk, "runs");
@@ -243,8 +289,8 @@ static enum pgw_code pack_task_error(msgpack_packer *pk, int rc, const char *id,
     bool with_reason = (code == PGW_TASK_STOPPED || code == PGW_WATCHDOG_TIMEOUT) && known;
     rpc_pack_error_map(pk, code, msg, with_reason ? 2 : 0);
     if (with_reason) {
-        rpc_pack_kv_str(pk, "reason", reason);
-        rpc_pack_kv_str(pk, "reason_kind", kind ? kind : "");
+        rpc_pack_kv_text(pk, "reason", reason);
+        rpc_pack_kv_text(pk, "reason_kind", kind ? kind : "");
     }
     return code;
 }
@@ -300,18 +346,9 @@ static int bind_task(struct conn *c, const struct rpc_msg *m, const struct rpc_p
         conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
         return -1;
     }
-    if (p[0]->via.str.size == 0 || rpc_str_copy(p[0], id, TASKS_ID_BUF) < 0 ||
-        memchr(id, '\0', p[0]->via.str.size)) {
-        snprintf(why, sizeof(why), "parameter 'task_id': expected 1 to %d bytes without NUL",
-                 TASK_ID_MAX);
-        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
-        return -1;
-    }
-    if (node && n > 1 && p[1] && p[1]->type == MSGPACK_OBJECT_STR &&
-        (p[1]->via.str.size == 0 || rpc_str_copy(p[1], node, TASKS_ID_BUF) < 0 ||
-         memchr(node, '\0', p[1]->via.str.size))) {
-        snprintf(why, sizeof(why), "parameter 'node': expected 1 to %d bytes without NUL",
-                 TASK_NODE_MAX);
+    if (rpc_ident_copy("parameter 'task_id'", p[0], id, TASK_ID_MAX + 1, why, sizeof(why)) < 0 ||
+        (node && n > 1 && p[1] && p[1]->type == MSGPACK_OBJECT_STR &&
+         rpc_ident_copy("parameter 'node'", p[1], node, TASK_NODE_MAX + 1, why, sizeof(why)) < 0)) {
         conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
         return -1;
     }
@@ -364,7 +401,8 @@ struct tasks_req {
     tasks_guard_cb *cb; /* calls naming a task unknown here */
     void *cb_ud;
     char id[TASKS_ID_BUF], node[TASKS_ID_BUF], reason[TASK_REASON_MAX + 1];
-    char app[CONFIG_NAME_MAX]; /* on behalf of ("": this sidecar, or an admin app) */
+    char app[CONFIG_NAME_MAX]; /* on behalf of ("": this sidecar itself) */
+    bool admin;                /* `app` may act on every app's task */
 };
 
 /* Does the answer to `q` import the task here (this sidecar is about to
@@ -387,6 +425,8 @@ static void tasks_sync(struct server *srv, const char *id, const struct backend_
 
     if (!bt->exists || (!t && !import))
         return;
+    if (!t && bt->owner && !app_has_room(srv, bt->owner))
+        return; /* its app holds its share here already: not imported, as when full */
     if (strcmp(bt->state, "running") == 0) {
         if (!t || t->state != TASK_RUNNING) {
             if (t && t->state == TASK_FAILED && t->reason_kind != TASK_ERROR)
@@ -405,9 +445,9 @@ static void tasks_sync(struct server *srv, const char *id, const struct backend_
     }
     /* The record's owner is the copy's: a copy imported by an admin's
      * request (or one this sidecar held before) belongs to that app here
-     * too, not to the next app that names it. */
+     * too. */
     if (t && bt->owner && bt->owner[0])
-        snprintf(t->app, sizeof(t->app), "%s", bt->owner);
+        task_set_owner(srv, t, bt->owner);
     tasks_rearm(srv);
 }
 
@@ -481,14 +521,17 @@ static void tasks_reply(struct conn *c, const struct tasks_req *q, const struct 
         return;
     }
     struct task *local = task_get(c->srv->tasks, q->id);
-    if (q->op == TOP_START && local && !local->app[0] && !conn_app(c)->admin)
-        snprintf(local->app, sizeof(local->app), "%s", conn_app(c)->name); /* its owner */
+    if (q->op == TOP_START && local && !local->app[0])
+        task_set_owner(c->srv, local, q->app); /* its owner: the app that started it */
     if (q->op == TOP_STOP)
         log_at(LOG_INFO, "task stopped", "task_id", LOG_S, q->id, "app", LOG_S,
                local ? local->app : "", "by", LOG_S, conn_app(c)->name, "reason", LOG_S, bt->reason,
                NULL);
     if (q->op == TOP_NODE_BEGIN) {
-        node_begin_local(c, q->msgid, q->id, q->node, q->timeout_s);
+        if (!local) /* running, but no room to hold it here (full, or its app's share) */
+            reply_task_error(c, q->msgid, TASK_E_FULL, q->id, NULL);
+        else
+            node_begin_local(c, q->msgid, q->id, q->node, q->timeout_s);
         return;
     }
     rpc_pack_result_begin(&c->pk, q->msgid);
@@ -569,11 +612,11 @@ static struct tasks_req *tasks_req_new(struct server *srv, uint32_t msgid, enum 
 }
 
 /* The request is on behalf of `app`: the record's ownership rule applies
- * to it, unless it is an admin app. */
+ * to it (an admin app may act on any task), and a task it starts is its. */
 static void tasks_req_by(struct tasks_req *q, const struct config_app *app)
 {
-    if (!app->admin)
-        snprintf(q->app, sizeof(q->app), "%s", app->name);
+    snprintf(q->app, sizeof(q->app), "%s", app->name);
+    q->admin = app->admin;
 }
 
 /* Sends `q` (taken) to the backend; it completes in tasks_answer, now or
@@ -585,7 +628,7 @@ static void tasks_send(struct server *srv, struct tasks_req *q, struct conn *c)
 {
     struct backend_task bt;
     int rc = backend_task(srv->backend, top_backend[q->op], q->id, q->reason, q->ok,
-                          q->app[0] ? q->app : NULL, &bt, tasks_on_answer, q);
+                          q->app[0] ? q->app : NULL, q->admin, &bt, tasks_on_answer, q);
 
     if (rc > 0) {
         if (c && !q->cb)
@@ -752,8 +795,8 @@ static void resync_pump(struct server *srv)
             q->resync_gen = rs->gen;
         }
         struct backend_task bt;
-        int rc = q ? backend_task(srv->backend, BACKEND_TASK_GET, q->id, "", false, NULL, &bt,
-                                  tasks_on_answer, q)
+        int rc = q ? backend_task(srv->backend, BACKEND_TASK_GET, q->id, "", false, NULL, false,
+                                  &bt, tasks_on_answer, q)
                    : -1;
         if (rc < 0) {
             free(q);
@@ -831,20 +874,15 @@ void tasks_guard_remote(struct server *srv, const char *id, const struct config_
 
 /* --- methods --------------------------------------------------------- */
 
-/* Ownership (docs/APPS.md): a task belongs to the app that started it, or
- * that first named it when it was started elsewhere (imported from the
- * backend). Another app gets exactly the answer for a task that does not
- * exist, so it learns nothing about it (not even that it was stopped); an
- * admin app sees every task (and never claims one: an operator looking at
- * an imported task must not take it from its app). Returns true when `t`
- * is `app`'s (claiming it when unclaimed). */
-static bool task_is_visible(struct task *t, const struct config_app *app)
+/* Ownership (docs/APPS.md): a task belongs to the app that started it, an
+ * admin app included, and no other app ever takes it. Another app gets
+ * exactly the answer for a task that does not exist, so it learns nothing
+ * about it (not even that it was stopped); an admin app sees and acts on
+ * every task. A copy without an owner (a record written before owners were
+ * kept) is an admin's. Returns true when `app` may see `t`. */
+static bool task_is_visible(const struct task *t, const struct config_app *app)
 {
-    if (!t)
-        return true;
-    if (!t->app[0] && !app->admin)
-        snprintf(t->app, sizeof(t->app), "%s", app->name);
-    return app->admin || strcmp(t->app, app->name) == 0;
+    return !t || app->admin || (t->app[0] && strcmp(t->app, app->name) == 0);
 }
 
 /* True (after answering "unknown task") when task `id` is held here and
@@ -866,6 +904,18 @@ void tasks_start(struct conn *c, const struct rpc_msg *m)
 
     if (bind_task(c, m, spec, 1, p, id, NULL) < 0 || task_is_foreign(c, m->msgid, id, conn_app(c)))
         return;
+    /* A new task here takes a slot of its app's share (the registry's
+     * max_tasks bounds them all): beyond it, this app waits, not the others. */
+    if (!task_get(c->srv->tasks, id) && !app_has_room(c->srv, conn_app(c)->name)) {
+        char msg[200];
+        c->srv->task_app_refused++;
+        snprintf(msg, sizeof(msg),
+                 "app '%s' holds %u tasks, its apps[].max_tasks; retry later or let finished "
+                 "ones expire",
+                 conn_app(c)->name, conn_app(c)->max_tasks);
+        conn_reply_error(c, m->msgid, PGW_OVERLOADED, msg);
+        return;
+    }
     tasks_remote(c, m->msgid, TOP_START, id, NULL, false);
 }
 
@@ -1105,12 +1155,12 @@ static int running_one(struct task *t, void *ud)
         return 0;
     msgpack_packer *pk = rc->pk;
     msgpack_pack_map(pk, 2 + (t->app[0] ? 1 : 0) + (t->node ? 3 : 0));
-    rpc_pack_kv_str(pk, "task_id", t->id);
-    if (t->app[0]) /* as in task.get: an admin's task is no app's until one claims it */
-        rpc_pack_kv_str(pk, "app", t->app);
+    rpc_pack_kv_text(pk, "task_id", t->id);
+    if (t->app[0]) /* as in task.get: a record written before owners were kept has none */
+        rpc_pack_kv_text(pk, "app", t->app);
     rpc_pack_kv_double(pk, "age_s", rc->now - t->started_at);
     if (t->node) {
-        rpc_pack_kv_str(pk, "node", t->node);
+        rpc_pack_kv_text(pk, "node", t->node);
         rpc_pack_kv_double(pk, "node_age_s", rc->now - t->node_begun_at);
         rpc_pack_kv_double(pk, "node_timeout_s", t->node_timeout_s);
     }
@@ -1123,7 +1173,7 @@ void tasks_pack_stats(msgpack_packer *pk, struct server *srv, const struct confi
     struct running_ctx rc = { NULL, app, ev_now(srv->loop), 0, TASKS_STATS_RUNNING_MAX };
 
     rpc_pack_str(pk, "tasks");
-    msgpack_pack_map(pk, 13);
+    msgpack_pack_map(pk, 14);
     /* Two passes, as task.list: the count first, then the entries. */
     task_foreach(srv->tasks, TASK_F_RUNNING, running_one, &rc);
     rpc_pack_str(pk, "running_tasks");
@@ -1146,6 +1196,7 @@ void tasks_pack_stats(msgpack_packer *pk, struct server *srv, const struct confi
     KV("watchdog_after_stop", ts->watchdog_after_stop);
     KV("expired", ts->expired + ts->expired_running);
     KV("rejected_full", ts->rejected_full);
+    KV("rejected_app", srv->task_app_refused);
     KV("memory_bytes", task_reg_memory_bytes(srv->tasks));
     KV("memory_limit_bytes", task_reg_memory_limit(srv->tasks));
 #undef KV

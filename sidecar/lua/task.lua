@@ -6,7 +6,8 @@ armed them).
 KEYS[1]  {p:task:ID}   HASH  state (running|succeeded|failed),
                              kind ('' | stopped | watchdog | error),
                              reason, runs, started_at, ended_at (ms, Redis clock),
-                             owner (the app the task belongs to; absent: none yet)
+                             owner (the app that started the task; absent: a record
+                             written before owners were kept)
 ARGV[1]  op        start | stop | watchdog | finish | guard | get
 ARGV[2]  task_id   the ID (published by stop/watchdog)
 ARGV[3]  ttl_s     key TTL (EXPIRE) set by every write; default 86400
@@ -14,7 +15,8 @@ ARGV[4]  reason    stop/watchdog/finish; truncated to 512 bytes at a UTF-8 bound
 ARGV[5]  ok        finish: 1 = succeeded, 0 = failed/error
 ARGV[6]  channel   stop/watchdog/finish: pub/sub channel, "<prefix>:task-end"
 ARGV[7]  app       the calling app; '' or absent = no ownership rule (a sidecar's
-                   own reads and watchdog verdicts, and admin apps)
+                   own reads and watchdog verdicts)
+ARGV[8]  admin     '1': the calling app is an admin app, which may act on every task
 
 Returns  {code, state, kind, reason, runs, started_at_ms, ended_at_ms, owner}
          code: ok | not_found | running | stopped | watchdog | finished
@@ -37,9 +39,10 @@ Transitions (as in task.h):
   guard    running -> ok and the TTL restarts (activity); else the error code.
   get      a read: no TTL change.
 Ownership (every op, with an app): a task belongs to the app that started it,
-or that first named it when it has no owner (started by an admin). Another
-app gets {'not_found'} and changes nothing, exactly as for a task that does
-not exist, on every sidecar of the fleet: it learns nothing about it.
+an admin app included, and no other app ever takes it; a record without an
+owner is an admin's. Another app gets {'not_found'} and changes nothing,
+exactly as for a task that does not exist, on every sidecar of the fleet: it
+learns nothing about it. An admin app acts on every task and takes none.
 TTL: every write re-arms EXPIRE ttl_s: a finished task is forgotten ttl_s
 after it ended, a running one after ttl_s without activity (start, guard).
 PUBLISH inside a script is allowed and replicated with it.
@@ -80,16 +83,11 @@ if not known_ops[op] then -- before any write: an error does not roll back
     return redis.error_reply('task.lua: unknown op')
 end
 
-local app = ARGV[7] or ''
+local app, admin = ARGV[7] or '', ARGV[8] == '1'
 local cur = redis.call('HMGET', K, 'state', 'owner')
 local state = cur[1]
-if state and app ~= '' then
-    local owner = cur[2]
-    if not owner or owner == '' then
-        redis.call('HSET', K, 'owner', app) -- the first app to name it
-    elseif owner ~= app then
-        return { 'not_found' }
-    end
+if state and app ~= '' and not admin and cur[2] ~= app then
+    return { 'not_found' } -- another app's (or an ownerless, admin's) task
 end
 
 local function not_running_code()

@@ -325,6 +325,26 @@ def call(c, capability, body, timeout=5.0, **params):
     return msg[2], msg[3], time.monotonic() - t0
 
 
+TASK_METHODS = (("task.get", {}), ("task.guard", {}), ("task.stop", {"reason": "mine now"}),
+                ("task.finish", {"ok": True}), ("task.start", {}),
+                ("task.node_begin", {"node": "n"}))
+
+
+def assert_task_unknown(c, task_id):
+    """Every task method, and a call, that connection `c` makes naming
+    `task_id` is answered exactly as for a task that never existed."""
+    unknown, _ = c.request("task.get", {"task_id": "never-started"})
+    assert unknown["code"] == "bad_request"
+    for method, p in TASK_METHODS:
+        err, _ = c.request(method, dict(p, task_id=task_id))
+        assert err is not None and err["code"] == "bad_request", (method, err)
+        assert err["message"] == unknown["message"].replace("never-started", task_id), \
+            (method, err)
+    msg = c.wait_response(c.request_async("call", {"capability": "chat", "task_id": task_id,
+                                                   "body": {"messages": []}}), 5)
+    assert msg[2]["code"] == "bad_request" and "unknown task" in msg[2]["message"], msg[2]
+
+
 def cpu_seconds(pid):
     """User + system CPU time a process has used so far."""
     fields = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()

@@ -12,7 +12,7 @@ import time
 import msgpack
 import pytest
 
-from conftest import Conn
+from conftest import Conn, assert_task_unknown
 
 USERS = ("pgwapp_a", "pgwapp_b", "pgwapp_c", "pgwapp_x")
 GROUP = "pgwapp"
@@ -169,21 +169,9 @@ def test_apps__tasks_belong_to_their_app(apps):
     a = connect_as(sc, users["pgwapp_a"], gid)
     b = connect_as(sc, users["pgwapp_b"], gid)
     assert a.request("task.start", {"task_id": "job-1"})[0] is None
-    unknown, _ = b.request("task.get", {"task_id": "never-started"})
-    assert unknown["code"] == "bad_request"
-    for method, p in (("task.stop", {"reason": "mine now"}), ("task.guard", {}),
-                      ("task.get", {}), ("task.finish", {"ok": True}),
-                      ("task.node_begin", {"node": "n"}), ("task.start", {})):
-        err, _ = b.request(method, dict(p, task_id="job-1"))
-        assert err is not None and err["code"] == "bad_request", (method, err)
-        # the same answer as for a task that never existed
-        assert err["message"] == unknown["message"].replace("never-started", "job-1"), \
-            (method, err)
+    assert_task_unknown(b, "job-1")
     err, lst = b.request("task.list")
     assert err is None and lst["tasks"] == []
-    msg = b.wait_response(b.request_async("call", {"capability": "chat", "task_id": "job-1",
-                                                   "body": {"messages": []}}))
-    assert msg[2]["code"] == "bad_request" and "unknown task" in msg[2]["message"]
     # still running for its owner
     err, t = a.request("task.guard", {"task_id": "job-1"})
     assert err is None
@@ -199,6 +187,99 @@ def test_apps__tasks_belong_to_their_app(apps):
     assert err["code"] == "bad_request" and "unknown task" in err["message"]
     err, _ = a.request("task.guard", {"task_id": "job-1"})
     assert err["code"] == "task_stopped"
+
+
+def test_apps__an_admins_task_is_not_taken_by_another_app(apps):
+    """A task an admin app started is the admin's: an ordinary app naming
+    it gets "unknown task" for every method and for a call, and cannot
+    stop it or take it; the admin sees it as its own and stops it."""
+    sc, users, gid = apps
+    admin = sc.connect()                           # root: the admin app `ops`
+    a = connect_as(sc, users["pgwapp_a"], gid)
+    assert admin.request("task.start", {"task_id": "ops-1"})[0] is None
+    assert_task_unknown(a, "ops-1")
+    assert a.request("task.list")[1]["tasks"] == []
+    assert a.request("stats")[1]["tasks"]["running_tasks"] == []
+    err, t = admin.request("task.get", {"task_id": "ops-1"})
+    assert err is None and t["state"] == "running" and t["app"] == "ops"
+    running = admin.request("stats")[1]["tasks"]["running_tasks"]
+    assert [(r["task_id"], r["app"]) for r in running] == [("ops-1", "ops")]
+    err, t = admin.request("task.stop", {"task_id": "ops-1", "reason": "done by ops"})
+    assert err is None and t["state"] == "failed" and t["reason"] == "done by ops"
+
+
+def share_config(users, up_url, tasks, extra_a=""):
+    a, b = users["pgwapp_a"], users["pgwapp_b"]
+    return ('listen:\n  mode: "0660"\n'
+            "server: {log_level: info, shutdown_grace_s: 2}\n"
+            "tasks: {%s}\n"
+            "apps:\n"
+            "  - {name: svc-a, uids: [%d]%s}\n"
+            "  - {name: svc-b, uids: [%d]}\n"
+            "  - {name: ops, uids: [0], admin: true}\n"
+            "sources:\n  - name: s\n    capability: chat\n    base_url: %s\n"
+            % (tasks, a.pw_uid, extra_a, b.pw_uid, up_url))
+
+
+def start_many(c, prefix, n):
+    """Pipelines n task.start requests; returns their errors' codes (None: started)."""
+    ids = [c.request_async("task.start", {"task_id": "%s-%d" % (prefix, i)}) for i in range(n)]
+    return [(c.wait_response(i, timeout=30)[2] or {}).get("code") for i in ids]
+
+
+def test_apps__one_app_cannot_take_every_task_slot(make_sidecar, up):
+    """tasks.max_tasks is shared by default: four apps (default included)
+    hold a quarter each, so an app that starts 2,000 tasks gets
+    `overloaded` for those beyond its 500 while the others still start
+    theirs; a restart of its own task needs no new slot."""
+    users, gid = ensure_users()
+    sc = make_sidecar(config_text=share_config(users, up.url, "max_tasks: 2000"))
+    os.chmod(sc.dir, 0o711)
+    os.chown(sc.sock, 0, gid)
+    a = connect_as(sc, users["pgwapp_a"], gid)
+    b = connect_as(sc, users["pgwapp_b"], gid)
+    codes = start_many(a, "a", 2000)
+    assert codes.count(None) == 500 and codes.count("overloaded") == 1500, set(codes)
+    err, _ = a.request("task.start", {"task_id": "a-more"})
+    assert err["code"] == "overloaded" and "svc-a" in err["message"], err
+    assert "max_tasks" in err["message"]
+    assert start_many(b, "b", 500) == [None] * 500
+    assert sc.connect().request("task.start", {"task_id": "ops-1"})[0] is None
+    assert a.request("task.finish", {"task_id": "a-0", "ok": True})[0] is None
+    assert a.request("task.start", {"task_id": "a-0"})[0] is None   # its own slot again
+    st = sc.connect().request("stats")[1]["tasks"]
+    assert st["held"] == 1001 and st["rejected_app"] == 1501 and st["rejected_full"] == 0
+    assert "polygw_tasks_app_rejected_total 1501" in sc.connect().request("metrics")[1]["text"]
+
+
+def test_apps__max_tasks_per_app_is_set_and_reloaded(make_sidecar, up):
+    """apps[].max_tasks overrides the share, reloads, and the slots come
+    back when the app's tasks expire."""
+    users, gid = ensure_users()
+    sc = make_sidecar(config_text=share_config(users, up.url, "max_tasks: 40, ttl_s: 1",
+                                               ", max_tasks: 25"))
+    os.chmod(sc.dir, 0o711)
+    os.chown(sc.sock, 0, gid)
+    a = connect_as(sc, users["pgwapp_a"], gid)
+    b = connect_as(sc, users["pgwapp_b"], gid)
+    assert start_many(a, "a", 30).count(None) == 25
+    assert start_many(b, "b", 12).count(None) == 10           # 40 / 4
+    with open(sc.config, "w") as f:
+        f.write(share_config(users, up.url, "max_tasks: 40, ttl_s: 1", ", max_tasks: 27"))
+    err, res = sc.connect().request("config.reload")
+    assert err is None, err
+    assert start_many(a, "a2", 5).count(None) == 2
+    # Idle running tasks expire after ttl_s: the slots are free again.
+    deadline = time.monotonic() + 10
+    while sc.connect().request("stats")[1]["tasks"]["held"] > 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert start_many(a, "a3", 27) == [None] * 27
+    # More than the pool is refused when the file is read.
+    with open(sc.config, "w") as f:
+        f.write(share_config(users, up.url, "max_tasks: 40, ttl_s: 1", ", max_tasks: 41"))
+    err, _ = sc.connect().request("config.reload")
+    assert err["code"] == "bad_request" and "apps[0].max_tasks" in err["message"], err
 
 
 # ------------------------------------------------------------ fair queueing

@@ -246,6 +246,13 @@ def test_apps_http__tasks_belong_to_their_app(front, up):
     assert st == 200 and t["state"] == "failed", t
     st, ans = task("job-1/guard", a)
     assert st == 409 and ans["error"]["code"] == "task_stopped"
+    # the admin's own task is no other app's to read, stop or take
+    assert task("ops-2/start", None)[0] == 200
+    for path, method in (("ops-2", "GET"), ("ops-2/stop", "POST"), ("ops-2/start", "POST")):
+        st, ans = task(path, a, method=method)
+        assert st == 400 and ans["error"]["message"] == want.replace("job-1", "ops-2"), ans
+    st, t = task("ops-2", None, method="GET")
+    assert st == 200 and t["state"] == "running" and t["app"] == "ops"
 
 
 def test_apps_http__without_tokens_any_api_key_is_default(front, up):

@@ -6,6 +6,8 @@ redis-server (same url, a unique prefix per test), the real mock upstream.
   a dead sidecar gives the app's slot back: test_fleet_apps__killed_sidecar_frees_the_apps_slot
   per_capability limits through Redis:    test_fleet_apps__per_capability_concurrency
   task ownership across sidecars:         test_fleet_apps__task_owner_holds_across_sidecars
+  an admin's task is no app's to take:    test_fleet_apps__admins_task_stays_the_admins
+  per-app task shares with Redis:         test_fleet_apps__task_share_per_app
 
 Callers run as root here: the root entry `relay` is admin and may declare
 the other apps (`app` on a call, `hello {app}` on a connection), so one test
@@ -19,6 +21,7 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest import assert_task_unknown  # noqa: E402
 from redis_fixture import (FleetRedis, Pending, chat, fleet_config, source, stats,  # noqa: E402
                            unique_prefix, wait_backend, wait_until)
 
@@ -196,19 +199,7 @@ def test_fleet_apps__task_owner_holds_across_sidecars(redis_srv, up, make_sideca
     err, t = web.request("task.start", {"task_id": "job-1"})
     assert err is None and t["state"] == "running", err
 
-    unknown, _ = batch.request("task.get", {"task_id": "never-started"})
-    assert unknown["code"] == "bad_request"
-    for method, p in (("task.get", {}), ("task.guard", {}), ("task.stop", {"reason": "mine"}),
-                      ("task.finish", {"ok": True}), ("task.start", {}),
-                      ("task.node_begin", {"node": "n"})):
-        err, _ = batch.request(method, dict(p, task_id="job-1"))
-        assert err is not None and err["code"] == "bad_request", (method, err)
-        assert err["message"] == unknown["message"].replace("never-started", "job-1"), \
-            (method, err)
-    msg = batch.wait_response(batch.request_async("call", {"capability": "chat",
-                                                           "task_id": "job-1",
-                                                           "body": chat("x")}), 5)
-    assert msg[2]["code"] == "bad_request" and "unknown task" in msg[2]["message"], msg[2]
+    assert_task_unknown(batch, "job-1")
     assert up.stats()["requests"] == 0
     # still running for its owner, on the other sidecar too
     s2web = s2.connect()
@@ -225,6 +216,67 @@ def test_fleet_apps__task_owner_holds_across_sidecars(redis_srv, up, make_sideca
     err, t = web.request("task.get", {"task_id": "job-1"})
     assert err is None and t["reason_kind"] == "stopped" and t["reason"] == "ops", (err, t)
     for c in (web, batch, s2web, admin):
+        c.close()
+
+
+def test_fleet_apps__admins_task_stays_the_admins(redis_srv, up, make_sidecar):
+    """The admin (`relay`) starts a task on sidecar 1; on sidecar 2, which
+    never held it, `batch` cannot read, stop, start or call in it (the old
+    rule let the first app naming it take it), the record's owner stays
+    the admin, and the admin reads and stops it there."""
+    prefix = unique_prefix()
+    cfg = fleet_config(redis_srv.url(), prefix, [source("a", "chat", up.url)]) + \
+        apps_yaml("{name: web}", "{name: batch}")
+    s1, s2 = start_fleet(make_sidecar, 2, cfg)
+    admin1 = s1.connect()
+    err, t = admin1.request("task.start", {"task_id": "ops-1"})
+    assert err is None and t["app"] == "relay", (err, t)
+    batch = s2.connect()
+    assert batch.request("hello", {"app": "batch"})[0] is None
+    assert_task_unknown(batch, "ops-1")
+    r = redis_srv.client()
+    assert r.call("HGET", "{%s:task:ops-1}" % prefix, "owner") == "relay"
+    r.close()
+    admin2 = s2.connect()
+    err, t = admin2.request("task.get", {"task_id": "ops-1"})
+    assert err is None and t["state"] == "running" and t["app"] == "relay", (err, t)
+    err, t = admin2.request("task.stop", {"task_id": "ops-1", "reason": "ops"})
+    assert err is None and t["state"] == "failed", err
+    err, t = admin1.request("task.get", {"task_id": "ops-1"})
+    assert err is None and t["reason"] == "ops" and t["app"] == "relay", (err, t)
+    for c in (admin1, batch, admin2):
+        c.close()
+
+
+def test_fleet_apps__task_share_per_app(redis_srv, up, make_sidecar):
+    """tasks.max_tasks 8 over four apps (relay, web, batch, default): each
+    sidecar holds at most 2 of web's tasks. web's third start is refused
+    with `overloaded` and creates no record; batch still starts its own;
+    and web cannot fill sidecar 1 through sidecar 2 either: importing a
+    third task of web's (node_begin) is refused the same way."""
+    prefix = unique_prefix()
+    cfg = fleet_config(redis_srv.url(), prefix, [source("a", "chat", up.url)]) + \
+        "tasks: {max_tasks: 8}\n" + apps_yaml("{name: web}", "{name: batch}")
+    s1, s2 = start_fleet(make_sidecar, 2, cfg)
+    web1, web2, batch1 = s1.connect(), s2.connect(), s1.connect()
+    for c, app in ((web1, "web"), (web2, "web"), (batch1, "batch")):
+        assert c.request("hello", {"app": app})[0] is None
+    for i in range(2):
+        assert web1.request("task.start", {"task_id": "w1-%d" % i})[0] is None
+    err, _ = web1.request("task.start", {"task_id": "w1-2"})
+    assert err["code"] == "overloaded" and "max_tasks" in err["message"], err
+    r = redis_srv.client()
+    assert r.call("EXISTS", "{%s:task:w1-2}" % prefix) == 0
+    for i in range(2):
+        assert batch1.request("task.start", {"task_id": "b1-%d" % i})[0] is None
+    assert web2.request("task.start", {"task_id": "w2-0"})[0] is None
+    err, _ = web1.request("task.node_begin", {"task_id": "w2-0", "node": "n"})
+    assert err["code"] == "overloaded", err
+    assert stats(s1)["tasks"]["held"] == 4 and stats(s1)["tasks"]["rejected_app"] == 1
+    # sidecar 2 holds web's task and has room for its node
+    assert web2.request("task.node_begin", {"task_id": "w2-0", "node": "n"})[0] is None
+    r.close()
+    for c in (web1, web2, batch1):
         c.close()
 
 

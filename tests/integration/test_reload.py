@@ -13,6 +13,7 @@ import time
 import pytest
 
 from conftest import POLYGWCTL, call, chat, config_yaml, source_yaml
+from test_http import free_port, http_section
 
 DEFAULTS = {"timeout_s": 5, "connect_timeout_s": 2, "ttft_timeout_s": 2, "idle_timeout_s": 5,
             "max_concurrency": 64, "aimd": {"initial": 64, "min": 64}}
@@ -462,3 +463,42 @@ def test_reload__storm_of_reloads_under_load_loses_nothing(make_sidecar, up, up2
     assert sum(r["added"] for r in oks) >= 15 and sum(r["removed"] for r in oks) >= 15
     assert st["requests"]["in_flight"] == 0
     assert all(s["in_flight"] == 0 for s in st["sources"]), st["sources"]
+
+
+def test_reload__v1_models_follows_the_sources(make_sidecar, up, up2, workdir):
+    """GET /v1/models lists the models of the configuration in force: after
+    a SIGHUP that drops one source's `model`, adds another and removes a
+    source still in use (retired, not configured), it lists what the new
+    file says."""
+    port = free_port()
+    http = http_section(listen="127.0.0.1:%d" % port)
+
+    def models():
+        out = subprocess.run(["curl", "-s", "--max-time", "5",
+                              "http://127.0.0.1:%d/v1/models" % port],
+                             capture_output=True, timeout=10).stdout
+        return [(m["id"], m["owned_by"]) for m in json.loads(out)["data"]]
+
+    def write_http(sources):
+        with open(sc.config + ".tmp", "w") as f:
+            f.write(config_yaml(sources, POLICY) + http)
+        os.replace(sc.config + ".tmp", sc.config)
+
+    sc = make_sidecar(config_text=config_yaml(
+        [src("a", up2.url, model="gpt-a"), src("b", up2.url, model="gpt-b"),
+         src("old", up.url, model="gpt-old", priority=-1)], POLICY) + http)
+    assert models() == [("gpt-a", "a"), ("gpt-b", "b"), ("gpt-old", "old")]
+    c = sc.connect(timeout=10)
+    up.set_default({"delay_ms": 1500})
+    slow = c.request_async("call", {"capability": "chat", "body": chat("slow")})
+    up.wait_stats(lambda s: s["open_connections"] >= 1, timeout=3)
+    write_http([src("a", up2.url, model="gpt-a"), src("b", up2.url),
+                src("c", up2.url, model="gpt-c")])
+    sc.send_signal(signal.SIGHUP)
+    wait_log(sc, "configuration reloaded")
+    assert [(s["name"], s.get("retired", False)) for s in stats(sc)["sources"]] == [
+        ("a", False), ("b", False), ("c", False), ("old", True)]
+    assert models() == [("gpt-a", "a"), ("gpt-c", "c")]
+    assert c.wait_response(slow, timeout=5)[3]["source"] == "old"
+    up.set_default(None)
+    c.close()

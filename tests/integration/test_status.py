@@ -88,8 +88,8 @@ def test_status__running_tasks_by_app(make_sidecar, up, workdir):
     admin = c.request("stats")[1]["tasks"]
     got = {t["task_id"]: t for t in admin["running_tasks"]}
     assert set(got) == {"ops-job", "web-job"}
-    # An admin's task is no app's until one claims it (as task.get shows it).
-    assert "app" not in got["ops-job"] and got["ops-job"]["node"] == "secret-node"
+    # An admin's task is the admin's (as task.get shows it).
+    assert got["ops-job"]["app"] == "ops" and got["ops-job"]["node"] == "secret-node"
     assert got["ops-job"]["node_timeout_s"] == 40.0
     assert 0 <= got["ops-job"]["node_age_s"] <= got["ops-job"]["age_s"] < 30
     assert got["web-job"]["app"] == "default" and got["web-job"]["node_timeout_s"] == 9.0

@@ -56,9 +56,10 @@ def progress(s, scope, op, ttl=None):
     return s.run("progress", [scope_key(scope)], [op] + ([ttl] if ttl is not None else []))
 
 
-def task(s, tid, op, ttl=86400, reason="", ok=0, channel="pgw:task-end", app=None):
+def task(s, tid, op, ttl=86400, reason="", ok=0, channel="pgw:task-end", app=None, admin=None):
     return s.run("task", [task_key(tid)],
-                 [op, tid, ttl, reason, ok, channel] + ([app] if app is not None else []))
+                 [op, tid, ttl, reason, ok, channel] + ([app] if app is not None else []) +
+                 ([admin] if admin is not None else []))
 
 
 def redis_now_ms(conn):

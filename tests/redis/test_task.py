@@ -134,7 +134,7 @@ def test_owner_across_sidecars(scripts, connect, conn):
     """The record keeps the app that started the task: any other app, on any
     sidecar, gets exactly the answer for a task that does not exist, and
     nothing changes; the owner, the sidecar itself ('' : its reads and
-    verdicts) and admin apps ('' too) see it."""
+    verdicts) and admin apps see it."""
     from redis_support import Scripts
     other = Scripts(connect())                     # another sidecar's connection
     r = task(scripts, "own1", "start", app="web")
@@ -144,25 +144,46 @@ def test_owner_across_sidecars(scripts, connect, conn):
     assert task(other, "own1", "get", app="web")[:2] == ["ok", "running"]
     assert task(other, "own1", "get")[:2] == ["ok", "running"]      # no app: no rule
     assert conn.call("HGET", task_key("own1"), "owner") == "web"
-    # a stop by an admin (no app) is the owner's to read, reason and all
-    assert task(other, "own1", "stop", reason="operator")[:4] == \
+    # a stop by an admin app is the owner's to read, reason and all; the
+    # admin takes nothing
+    assert task(other, "own1", "stop", reason="operator", app="ops", admin=1)[:4] == \
         ["ok", "failed", "stopped", "operator"]
+    assert conn.call("HGET", task_key("own1"), "owner") == "web"
     assert task(scripts, "own1", "get", app="web")[:4] == ["ok", "failed", "stopped", "operator"]
     assert task(scripts, "own1", "get", app="batch") == ["not_found"]
 
 
-def test_owner_claimed_by_the_first_app_naming_it(scripts, conn):
-    """A task started without an app (an admin's) belongs to the first app
-    that names it; a restart keeps the owner."""
-    assert task(scripts, "own2", "start")[7] == ""
-    assert conn.call("HGET", task_key("own2"), "owner") is None
-    assert task(scripts, "own2", "guard", app="batch")[:2] == ["ok", "running"]
-    assert task(scripts, "own2", "get", app="web") == ["not_found"]
-    task(scripts, "own2", "finish", ok=1, app="batch")
-    r = task(scripts, "own2", "start", app="batch")
-    assert r[:5] == ["ok", "running", "", "", 2] and r[7] == "batch"
-    # an unknown op is refused before the owner is written
-    task(scripts, "own3", "start")
+def test_owner_is_the_starter_even_an_admin(scripts, conn):
+    """A task an admin app starts is the admin's: no ordinary app reads,
+    guards, stops or finishes it, nor takes it by naming it; every admin app
+    acts on it; a restart keeps the owner."""
+    assert task(scripts, "own2", "start", app="ops", admin=1)[7] == "ops"
+    for op in ("get", "guard", "stop", "finish", "start"):
+        assert task(scripts, "own2", op, app="batch", reason="x", ok=1) == ["not_found"], op
+    assert conn.call("HGET", task_key("own2"), "owner") == "ops"
+    assert task(scripts, "own2", "guard", app="ops2", admin=1)[:2] == ["ok", "running"]
+    task(scripts, "own2", "finish", ok=1, app="ops2", admin=1)
+    r = task(scripts, "own2", "start", app="ops", admin=1)
+    assert r[:5] == ["ok", "running", "", "", 2] and r[7] == "ops"
+    # an admin restarting another app's finished task leaves it that app's
+    task(scripts, "own4", "start", app="web")
+    task(scripts, "own4", "finish", ok=1, app="web")
+    assert task(scripts, "own4", "start", app="ops", admin=1)[7] == "web"
+    assert task(scripts, "own4", "get", app="web")[:2] == ["ok", "running"]
+
+
+def test_ownerless_record_is_an_admins(scripts, conn):
+    """A record without an owner (written before owners were kept, or by
+    the sidecar itself) is no ordinary app's: none takes it by naming it;
+    admin apps and the sidecar act on it."""
+    assert task(scripts, "own3", "start")[7] == ""
+    assert conn.call("HGET", task_key("own3"), "owner") is None
+    for op in ("get", "guard", "stop", "finish", "start"):
+        assert task(scripts, "own3", op, app="batch", reason="x", ok=1) == ["not_found"], op
+    assert conn.call("HGET", task_key("own3"), "owner") is None
+    assert task(scripts, "own3", "get", app="ops", admin=1)[:2] == ["ok", "running"]
+    assert task(scripts, "own3", "get")[:2] == ["ok", "running"]
+    # an unknown op is refused before anything is written
     try:
         task(scripts, "own3", "bogus", app="web")
         raise AssertionError("accepted")

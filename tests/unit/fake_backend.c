@@ -71,8 +71,8 @@ static void fake_release(struct backend *be, struct backend_lease *lease, const 
 }
 
 static int fake_task(struct backend *be, enum backend_task_op op, const char *id,
-                     const char *reason, bool ok, const char *app, struct backend_task *now_bt,
-                     backend_task_cb *cb, void *ud)
+                     const char *reason, bool ok, const char *app, bool admin,
+                     struct backend_task *now_bt, backend_task_cb *cb, void *ud)
 {
     struct fake_backend *fb = (struct fake_backend *)be;
     (void)now_bt;
@@ -85,6 +85,7 @@ static int fake_task(struct backend *be, enum backend_task_op op, const char *id
     snprintf(o->reason, sizeof(o->reason), "%s", reason ? reason : "");
     o->ok = ok;
     snprintf(o->app, sizeof(o->app), "%s", app ? app : "");
+    o->admin = admin;
     o->task_cb = cb;
     o->ud = ud;
     return 0;

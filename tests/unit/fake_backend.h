@@ -26,6 +26,7 @@ struct fake_op {
     char reason[600];
     bool ok;
     char app[64];    /* FAKE_TASK: on behalf of ("" = none) */
+    bool admin;      /* FAKE_TASK: `app` is an admin app */
     size_t source;   /* FAKE_ADMIT */
     double asked_at; /* loop time */
     backend_admit_cb *admit_cb;

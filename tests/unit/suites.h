@@ -32,5 +32,6 @@ Suite *jscan_suite(void);
 Suite *lib_suite(void);
 Suite *yamltree_suite(void);
 Suite *redis_resolve_suite(void);
+Suite *log_suite(void);
 
 #endif

@@ -1881,6 +1881,25 @@ START_TEST(test_config__apps_resolve_uid_then_gid)
     ck_assert(w->capabilities[config_find_capability(cfg, "embedding", 9)]);
     ck_assert(!w->capabilities[config_find_capability(cfg, "chat", 4)]);
     config_free(cfg);
+
+    /* Task shares: an equal part of tasks.max_tasks (default included),
+     * unless set; the whole pool for `default` alone. */
+    cfg = expect_ok("tasks: {max_tasks: 10}\n"
+                    "apps:\n"
+                    "  - {name: web, max_tasks: 7}\n"
+                    "  - {name: batch}\n"
+                    "  - {name: ops, admin: true}\n" SRC0);
+    ck_assert_uint_eq(config_find_app(cfg, "web")->max_tasks, 7);
+    ck_assert_uint_eq(config_find_app(cfg, "batch")->max_tasks, 2);
+    ck_assert_uint_eq(config_find_app(cfg, "default")->max_tasks, 2);
+    config_free(cfg);
+    cfg = expect_ok("tasks: {max_tasks: 3}\n"
+                    "apps: [{name: a}, {name: b}, {name: c}, {name: d}]\n" SRC0);
+    ck_assert_uint_eq(config_find_app(cfg, "a")->max_tasks, 1); /* never 0 */
+    config_free(cfg);
+    cfg = expect_ok(SRC0);
+    ck_assert_uint_eq(config_find_app(cfg, "default")->max_tasks, 65536);
+    config_free(cfg);
 }
 END_TEST
 
@@ -1908,6 +1927,9 @@ START_TEST(test_config__apps_rejected)
                   "expected a list of capability names");
     expect_reject("apps:\n  - {name: a, max_concurrency: 0}\n" SRC0, 2, "apps[0].max_concurrency",
                   "must be");
+    expect_reject("tasks: {max_tasks: 100}\napps:\n  - {name: a, max_tasks: 101}\n" SRC0, 3,
+                  "apps[0].max_tasks", "must be <= tasks.max_tasks (100), got 101");
+    expect_reject("apps:\n  - {name: a, max_tasks: 0}\n" SRC0, 2, "apps[0].max_tasks", "must be");
 }
 END_TEST
 

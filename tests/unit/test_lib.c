@@ -119,6 +119,11 @@ START_TEST(test_lib__utf8_validates_cuts_and_repairs)
                                    ok + 3),
                       2);
     ck_assert_uint_eq(utf8_cut("a\xE2\x82\xAC", 4, 3), 1);
+    ck_assert_uint_eq(utf8_valid_prefix(NULL, 0), 0);
+    ck_assert_uint_eq(utf8_valid_prefix("a\xE2\x82\xAC\0b", 6), 6);     /* NUL is valid UTF-8 */
+    ck_assert_uint_eq(utf8_valid_prefix("ab\xE2\x82", 4), 2);           /* cut short */
+    ck_assert_uint_eq(utf8_valid_prefix("\xC3\xA9\xED\xA0\x80", 5), 2); /* surrogate */
+    ck_assert_uint_eq(utf8_valid_prefix("\xFF", 1), 0);
     ck_assert_int_eq(utf8_repair("a\xFF"
                                  "b\xE2\x82",
                                  5, &b),

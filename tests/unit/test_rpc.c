@@ -797,6 +797,60 @@ START_TEST(test_rpc__writers_roundtrip)
 }
 END_TEST
 
+/* Identifiers: 1..max bytes of UTF-8 without NUL, one message shape. */
+START_TEST(test_rpc__check_ident)
+{
+    char why[120];
+
+    ck_assert_int_eq(rpc_check_ident("scope", "a", 1, 3, why, sizeof(why)), 0);
+    ck_assert_int_eq(rpc_check_ident("scope", "\xE2\x82\xAC", 3, 3, why, sizeof(why)), 0);
+    ck_assert_int_eq(rpc_check_ident("scope", "", 0, 3, why, sizeof(why)), -1);
+    ck_assert_str_eq(why, "scope: expected 1 to 3 bytes of UTF-8 without NUL");
+    ck_assert_int_eq(rpc_check_ident("scope", "abcd", 4, 3, why, sizeof(why)), -1);
+    ck_assert_int_eq(rpc_check_ident("scope", "a\0b", 3, 3, why, sizeof(why)), -1);
+    ck_assert_int_eq(rpc_check_ident("scope", "\xFF\xFE", 2, 3, why, sizeof(why)), -1);
+    ck_assert_int_eq(rpc_check_ident("scope", "\xED\xA0\x80", 3, 3, why, sizeof(why)), -1);
+    ck_assert_int_eq(rpc_check_ident("scope", "\xC0\xAF", 2, 3, why, sizeof(why)), -1);
+    ck_assert_int_eq(rpc_check_ident("scope", "a\xE2\x82", 3, 3, why, sizeof(why)), -1);
+
+    msgpack_object o = { .type = MSGPACK_OBJECT_STR, .via.str = { .size = 2, .ptr = "\xFF\xFE" } };
+    char buf[4] = "zzz";
+    ck_assert_int_eq(rpc_ident_copy("task_id", &o, buf, sizeof(buf), why, sizeof(why)), -1);
+    ck_assert_str_eq(why, "task_id: expected 1 to 3 bytes of UTF-8 without NUL");
+    o.via.str.ptr = "ok";
+    ck_assert_int_eq(rpc_ident_copy("task_id", &o, buf, sizeof(buf), why, sizeof(why)), 0);
+    ck_assert_str_eq(buf, "ok");
+}
+END_TEST
+
+/* Text packs valid UTF-8 unchanged and replaces what is not with U+FFFD,
+ * an error message included. */
+START_TEST(test_rpc__pack_text_stays_utf8)
+{
+    struct wire w;
+
+    wire_init(&w);
+    rpc_pack_result_begin(&w.pk, 1);
+    msgpack_pack_map(&w.pk, 3);
+    rpc_pack_kv_text(&w.pk, "ok", "\xE2\x82\xAC x");
+    rpc_pack_kv_text(&w.pk, "bad",
+                     "a\xFF\xFE"
+                     "b\xE2\x82");
+    rpc_pack_kv_text(&w.pk, "empty", "");
+    const struct rpc_msg *m = wire_read(&w);
+    ck_assert(rpc_str_is(rpc_map_get(m->result, "ok"), "\xE2\x82\xAC x"));
+    ck_assert(rpc_str_is(rpc_map_get(m->result, "bad"),
+                         "a\xEF\xBF\xBD\xEF\xBF\xBD"
+                         "b\xEF\xBF\xBD"));
+    ck_assert(rpc_str_is(rpc_map_get(m->result, "empty"), ""));
+
+    rpc_pack_error(&w.pk, 2, PGW_BAD_REQUEST, "unknown task '\xFF'");
+    m = wire_read(&w);
+    ck_assert(rpc_str_is(rpc_map_get(m->error, "message"), "unknown task '\xEF\xBF\xBD'"));
+    wire_fini(&w);
+}
+END_TEST
+
 /* Every code round-trips through an error response by name. */
 START_TEST(test_rpc__error_codes_roundtrip)
 {
@@ -903,6 +957,8 @@ Suite *rpc_suite(void)
     tcase_add_test(tc, test_rpc__bind_short_why);
     tcase_add_test(tc, test_rpc__writers_roundtrip);
     tcase_add_test(tc, test_rpc__error_codes_roundtrip);
+    tcase_add_test(tc, test_rpc__check_ident);
+    tcase_add_test(tc, test_rpc__pack_text_stays_utf8);
     tcase_add_test(tc, test_rpc__code_names);
     tcase_add_test(tc, test_rpc__check_messages_catches_miscounted_maps);
     suite_add_tcase(s, tc);
