@@ -1,7 +1,7 @@
 #!/bin/sh
 # run.sh BUILD_DIR — polygw benchmarks (see tests/bench/README.md).
 #
-# Five sections, each compared with a floor measured in this same run:
+# Six sections, each compared with a floor measured in this same run:
 #
 #  ping    the echo server (the floor) and the sidecar (deploy config), `ping`
 #          driven by loadgen at 1, 16 and 64 clients; ratios vs echo.
@@ -31,6 +31,17 @@
 #          plain reverse proxy with a keepalive upstream pool; temp config,
 #          loopback ports): Δp50 and Δp99 vs direct at 1 client, req/s and
 #          the proxy's CPU µs per request at 64, polygw ÷ nginx.
+#  realpath the path users take: a provider by host name over HTTPS. nginx
+#          terminating TLS 1.3 for `localhost` (a throwaway CA made by the
+#          run) on an HTTP/1.1-only port and an h2 one, answering a fixed
+#          chat completion itself or relaying the mock's paced streams; in
+#          front of it nginx (proxy_ssl, verification on, keepalive) and
+#          polygw (`base_url: https://localhost:PORT/v1`, `tls.ca_file`).
+#          Single answers at 64 connections (wrk), polygw also to the mock
+#          as http://localhost vs http://127.0.0.1; streams of 50 events
+#          20 ms apart at 256, 64 and 8 (curlgen, and loadgen on the msgpack
+#          front): gateway CPU per request / stream, req/s, stream p50/p99,
+#          streams completed, polygw ÷ nginx.
 #
 # A summary table at the end puts every performance target of issue 17 next
 # to its measured value, from this run's cells: value, bound, ratio, verdict.
@@ -49,7 +60,8 @@
 #   BENCH_PIN       1 (default): pin servers (echo, sidecars, mock) to CPU 0 and
 #                   the generators to CPU 1 when taskset exists and there are
 #                   >= 2 CPUs; 0: no pinning
-#   BENCH_SECTIONS  which sections to run (default "ping call memory redis http")
+#   BENCH_SECTIONS  which sections to run (default "ping call memory redis http
+#                   realpath")
 #   BENCH_CALL_CLIENTS  call client counts (default "1 64")
 #   BENCH_CALL_WARMUP   untimed requests before each call run (default 2000)
 #   BENCH_BODY      the chat request body, JSON (default: a two-message chat)
@@ -66,6 +78,10 @@
 #   BENCH_REDIS_CPU     the CPU redis-server is pinned to when pinning (default
 #                       1, beside the generator: Redis is normally another
 #                       host's work; 0 puts it with the servers)
+#   BENCH_REALPATH_REPS     runs per realpath cell (default: BENCH_REPS, at
+#                           most 2: the section has 24 cells)
+#   BENCH_REALPATH_CLIENTS  realpath single-answer connection counts (default 64)
+#   BENCH_REALPATH_STREAMS  realpath concurrent stream counts (default "256 64 8")
 #
 # Exit status: 0 when every row that ran had no errors (skipped sidecar rows
 # included), 1 otherwise, 2 when a tool a requested section needs is missing
@@ -80,7 +96,7 @@ CLIENTS=${BENCH_CLIENTS:-"1 16 64"}
 PIPELINE=${BENCH_PIPELINE:-1}
 CONFIG=${BENCH_CONFIG:-deploy/polygw.yaml}
 PIN=${BENCH_PIN:-1}
-SECTIONS=${BENCH_SECTIONS:-"ping call memory redis http"}
+SECTIONS=${BENCH_SECTIONS:-"ping call memory redis http realpath"}
 CALL_CLIENTS=${BENCH_CALL_CLIENTS:-"1 64"}
 CALL_WARMUP=${BENCH_CALL_WARMUP:-2000}
 STREAM_CLIENTS=${BENCH_STREAM_CLIENTS:-1}
@@ -95,6 +111,14 @@ REDIS_WARMUP=${BENCH_REDIS_WARMUP:-500}
 REDIS_SERVER=${BENCH_REDIS_SERVER:-redis-server}
 REDIS_CPU=${BENCH_REDIS_CPU:-1}
 HTTP_CLIENTS=${BENCH_HTTP_CLIENTS:-"1 64"}
+RP_REPS=${BENCH_REALPATH_REPS:-$((REPS < 2 ? REPS : 2))}
+RP_CLIENTS=${BENCH_REALPATH_CLIENTS:-64}
+RP_STREAMS=${BENCH_REALPATH_STREAMS:-"256 64 8"}
+# A realpath stream: 50 content events, a finish and a usage event, 20 ms
+# apart (a model's pace), as curlgen sends it (the HTTP fronts pass the body
+# on as it came) and as a msgpack `call` (the sidecar adds `stream_options`).
+RP_EVENTS=50
+RP_INTERVAL_MS=20
 WRK=${BENCH_WRK:-wrk}
 NGINX=${BENCH_NGINX:-nginx}
 # wrk takes whole seconds.
@@ -120,13 +144,14 @@ has_section() {
 }
 
 for s in $SECTIONS; do
-    case $s in ping|call|memory|redis|http) ;; *) say "BENCH_SECTIONS: unknown section '$s'"; exit 2 ;; esac
+    case $s in ping|call|memory|redis|http|realpath) ;; *) say "BENCH_SECTIONS: unknown section '$s'"; exit 2 ;; esac
 done
 NEED="$LOADGEN"
 if has_section ping; then NEED="$NEED $ECHO"; fi
 if has_section call || has_section memory; then NEED="$NEED $CURLGEN $MOCK"; fi
 if has_section redis; then NEED="$NEED $MOCK"; fi
 if has_section http; then NEED="$NEED $MOCK"; fi
+if has_section realpath; then NEED="$NEED $MOCK $CURLGEN"; fi
 for b in $NEED; do
     if [ ! -x "$b" ]; then
         say "missing $b (build it with: make $b)"
@@ -142,13 +167,22 @@ case $MEM_CALLS in ''|*[!0-9]*|0) say "BENCH_MEM_CALLS must be a positive intege
 case $MEM_DELAY_MS in ''|*[!0-9]*) say "BENCH_MEM_DELAY_MS must be an integer"; exit 2 ;; esac
 case $REDIS_WARMUP in ''|*[!0-9]*) say "BENCH_REDIS_WARMUP must be an integer"; exit 2 ;; esac
 case $REDIS_CPU in ''|*[!0-9]*) say "BENCH_REDIS_CPU must be a CPU number"; exit 2 ;; esac
-for n in $CALL_CLIENTS $STREAM_CLIENTS $REDIS_CLIENTS $HTTP_CLIENTS; do
-    case $n in ''|*[!0-9]*|0) say "BENCH_CALL_CLIENTS / BENCH_STREAM_CLIENTS / BENCH_REDIS_CLIENTS / BENCH_HTTP_CLIENTS: '$n' is not a positive integer"; exit 2 ;; esac
+case $RP_REPS in ''|*[!0-9]*|0) say "BENCH_REALPATH_REPS must be a positive integer"; exit 2 ;; esac
+for n in $CALL_CLIENTS $STREAM_CLIENTS $REDIS_CLIENTS $HTTP_CLIENTS $RP_CLIENTS $RP_STREAMS; do
+    case $n in ''|*[!0-9]*|0) say "BENCH_CALL_CLIENTS / BENCH_STREAM_CLIENTS / BENCH_REDIS_CLIENTS / BENCH_HTTP_CLIENTS / BENCH_REALPATH_CLIENTS / BENCH_REALPATH_STREAMS: '$n' is not a positive integer"; exit 2 ;; esac
 done
 if has_section http; then
     for t in "$WRK" "$NGINX" curl python3; do
         if ! command -v "$t" >/dev/null 2>&1; then
             say "the http section needs $t (tests/deps.sh installs wrk, nginx-light and curl)"
+            exit 2
+        fi
+    done
+fi
+if has_section realpath; then
+    for t in "$WRK" "$NGINX" curl python3 openssl getent; do
+        if ! command -v "$t" >/dev/null 2>&1; then
+            say "the realpath section needs $t (tests/deps.sh installs wrk, nginx-light and curl)"
             exit 2
         fi
     done
@@ -183,6 +217,14 @@ if has_section http; then
     # shellcheck disable=SC2086
     EST=$(echo $HTTP_CLIENTS | awk -v r="$REPS" -v d="$WRK_DUR" -v e="$EST" '{ printf "%d", e + 2 + r * NF * 3 * (d + 1.2) }')
 fi
+if has_section realpath; then
+    # Per repetition: single cells of wrk (warm-up + run), stream cells of
+    # a run plus the end of the last streams; then the set-up and warm-up.
+    # shellcheck disable=SC2086
+    EST=$(echo $RP_CLIENTS | awk -v r="$RP_REPS" -v d="$WRK_DUR" -v e="$EST" '{ printf "%d", e + r * NF * 6 * (d + 1.4) }')
+    # shellcheck disable=SC2086
+    EST=$(echo $RP_STREAMS | awk -v r="$RP_REPS" -v d="$DUR" -v e="$EST" '{ printf "%d", e + 12 + r * NF * 6 * (d + 1.5) }')
+fi
 if [ "$EST" -gt 260 ]; then
     say "warning: about $EST s of runs; the default settings stay near 3 minutes"
 fi
@@ -199,6 +241,9 @@ CALL_PID=
 MEM_LG_PID=
 RCALL_PID=
 REDIS_PID=
+RP_PROV_PID=
+RP_REF_PID=
+RP_SIDECAR_PIDS=
 
 # Stops what we started (stop_pid, bench_lib.sh) and removes the sockets and
 # scratch files. Runs on every exit path, including ^C.
@@ -206,6 +251,9 @@ REDIS_PID=
 cleanup() {
     trap - EXIT INT TERM HUP
     stop_pid "$MEM_LG_PID"
+    for p in $RP_SIDECAR_PIDS; do stop_pid "$p"; done
+    stop_pid "$RP_REF_PID"
+    stop_pid "$RP_PROV_PID"
     stop_pid "$NGINX_PID"
     stop_pid "$HTTP_PID"
     stop_pid "$RCALL_PID"
@@ -1476,9 +1524,13 @@ NGINX_PID=
 HTTP_PORT=
 NGINX_PORT=
 
-# free_port: a free loopback TCP port (picked by the kernel, then released).
+# free_port [N]: N (default 1) distinct free loopback TCP ports, one a line
+# (picked by the kernel, then released), from one interpreter start.
 free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+    python3 -c 'import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks: s.bind(("127.0.0.1", 0))
+print("\n".join(str(s.getsockname()[1]) for s in socks))' "${1:-1}"
 }
 
 # tree_ticks PID: "utime stime" of PID and of its children (nginx: master
@@ -1492,14 +1544,41 @@ tree_ticks() {
 
 # wait_http PORT PID: until GET / on PORT answers at all (10 s at most).
 wait_http() {
+    wait_url "$2" "http://127.0.0.1:$1/"
+}
+
+# wait_url PID CURL_ARGS...: until curl(1) with CURL_ARGS (a URL and its
+# options) gets any answer, while PID lives (10 s at most).
+wait_url() {
+    wu_pid=$1
+    shift
     i=0
     while [ $i -lt 100 ]; do
-        kill -0 "$2" 2>/dev/null || return 1
-        curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$1/" && return 0
+        kill -0 "$wu_pid" 2>/dev/null || return 1
+        curl -s -o /dev/null --max-time 1 "$@" && return 0
         nap
         i=$((i + 1))
     done
     return 1
+}
+
+# nginx_conf_head DIR WORKER_CONNECTIONS: the start of an nginx config whose
+# pid file, logs and temp paths are under DIR, up to the open `http {`.
+nginx_conf_head() {
+    cat <<NGX
+worker_processes 1;
+daemon off;
+pid $1/nginx.pid;
+error_log $1/error.log warn;
+events { worker_connections $2; }
+http {
+    access_log off;
+    client_body_temp_path $1/body;
+    proxy_temp_path $1/proxy;
+    fastcgi_temp_path $1/fastcgi;
+    uwsgi_temp_path $1/uwsgi;
+    scgi_temp_path $1/scgi;
+NGX
 }
 
 # Starts the HTTP sidecar (the call section's config plus an `http` listener)
@@ -1522,19 +1601,9 @@ start_http_servers() {
     fi
     # A plain reverse proxy: HTTP/1.1 to a keepalive pool, no buffering to
     # disk, no access log; every path under the prefix relative to $TMP.
-    cat >"$TMP/nginx/nginx.conf" <<NGX
-worker_processes 1;
-daemon off;
-pid $TMP/nginx/nginx.pid;
-error_log $TMP/nginx/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    client_body_temp_path $TMP/nginx/body;
-    proxy_temp_path $TMP/nginx/proxy;
-    fastcgi_temp_path $TMP/nginx/fastcgi;
-    uwsgi_temp_path $TMP/nginx/uwsgi;
-    scgi_temp_path $TMP/nginx/scgi;
+    {
+        nginx_conf_head "$TMP/nginx" 1024
+        cat <<NGX
     upstream mock { server 127.0.0.1:$MOCK_PORT; keepalive 128; }
     server {
         listen 127.0.0.1:$NGINX_PORT;
@@ -1547,6 +1616,7 @@ http {
     }
 }
 NGX
+    } >"$TMP/nginx/nginx.conf"
     # shellcheck disable=SC2086
     $PIN_SRV "$NGINX" -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf" -e "$TMP/nginx/error.log" \
         >"$TMP/nginx.out" 2>"$TMP/nginx.err" &
@@ -1560,7 +1630,8 @@ NGX
 }
 
 # The wrk script: POST the body, print one JSON line when done (latencies in
-# µs, non-2xx answers and socket errors counted as errors).
+# µs; errors = socket errors, timeouts and answers >= 400, the last two
+# also apart).
 write_wrk_script() {
     {
         echo "wrk.method = \"POST\""
@@ -1569,10 +1640,10 @@ write_wrk_script() {
         cat <<'LUA'
 done = function(summary, latency, requests)
     local e = summary.errors
-    io.write(string.format('{"requests":%d,"rps":%.0f,"p50_us":%.1f,"p99_us":%.1f,"errors":%d}\n',
+    io.write(string.format('{"requests":%d,"rps":%.0f,"p50_us":%.1f,"p99_us":%.1f,"errors":%d,"timeouts":%d,"status":%d}\n',
         summary.requests, summary.requests / (summary.duration / 1e6),
         latency:percentile(50), latency:percentile(99),
-        e.connect + e.read + e.write + e.status + e.timeout))
+        e.connect + e.read + e.write + e.status + e.timeout, e.timeout, e.status))
 end
 LUA
     } >"$TMP/wrk.lua"
@@ -1722,6 +1793,668 @@ http_section() {
 }
 
 # ========================================================================
+# realpath: an HTTPS provider by host name, single answers and streams
+# ========================================================================
+
+RP_P1=
+RP_P2=
+RP_R1=
+RP_R2=
+# The sidecars, one per provider URL (NAME BASE): TLS to the HTTP/1.1-only
+# and to the h2 port, for single answers (/v1: nginx answers itself) and
+# for streams (/s/v1: nginx relays the mock); plain http to the mock by name
+# and by address.
+RP_NAMES="tls_h1 tls_h2 str_h1 str_h2 name ip"
+# The rows of the two tables, in their order (rp_target names the paths).
+RP_SINGLE_ROWS="nginx_h1 polygw_h1 nginx_h2 polygw_h2 polygw_name polygw_ip"
+RP_STREAM_ROWS="nginx_h2 http_h2 msgpack_h2 nginx_h1 http_h1 msgpack_h1"
+RP_SBODY_MOCK=$(printf '%s' "$BODY" | sed "s/^{/{\"mock\":{\"stream_events\":$RP_EVENTS,\"stream_interval_ms\":$RP_INTERVAL_MS},/")
+RP_SBODY=$(printf '%s' "$RP_SBODY_MOCK" | sed 's/}$/,"stream":true,"stream_options":{"include_usage":true}}/')
+RP_SPARAMS="[{\"capability\":\"chat\",\"stream\":true,\"body\":$RP_SBODY_MOCK}]"
+RP_CPU_GEN="not pinned"
+RP_CPU_GW="not pinned"
+if [ -n "$PIN_SRV" ]; then
+    RP_CPU_GEN="CPU 1"
+    RP_CPU_GW="CPU 0"
+fi
+
+# rp_certs: a throwaway CA and a server certificate for localhost (SAN
+# DNS:localhost, IP:127.0.0.1) signed by it, RSA 2048 as many public
+# providers' are, in $TMP/rp. Returns 1 with RP_WHY when openssl fails.
+rp_certs() {
+    cat >"$TMP/rp/openssl.cnf" <<'CNF'
+[req]
+distinguished_name = dn
+prompt = no
+[dn]
+CN = polygw bench CA
+[ca]
+basicConstraints = critical,CA:TRUE
+keyUsage = critical,keyCertSign,cRLSign
+subjectKeyIdentifier = hash
+[srv]
+basicConstraints = CA:FALSE
+keyUsage = critical,digitalSignature,keyEncipherment
+extendedKeyUsage = serverAuth
+subjectAltName = DNS:localhost,IP:127.0.0.1
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+CNF
+    if ! {
+        openssl req -x509 -config "$TMP/rp/openssl.cnf" -extensions ca -newkey rsa:2048 -nodes \
+            -keyout "$TMP/rp/ca.key" -out "$TMP/rp/ca.crt" -days 2 &&
+            openssl req -new -config "$TMP/rp/openssl.cnf" -subj /CN=localhost -newkey rsa:2048 \
+                -nodes -keyout "$TMP/rp/srv.key" -out "$TMP/rp/srv.csr" &&
+            openssl x509 -req -in "$TMP/rp/srv.csr" -CA "$TMP/rp/ca.crt" -CAkey "$TMP/rp/ca.key" \
+                -CAcreateserial -days 2 -sha256 -extfile "$TMP/rp/openssl.cnf" -extensions srv \
+                -out "$TMP/rp/srv.crt" &&
+            openssl verify -CAfile "$TMP/rp/ca.crt" "$TMP/rp/srv.crt"
+    } >"$TMP/rp/openssl.log" 2>&1; then
+        RP_WHY="openssl could not make the certificates: $(tail -n 2 "$TMP/rp/openssl.log" | tr '\n' ' ')"
+        return 1
+    fi
+}
+
+# rp_take VAR: VAR = the next of the free ports in rp_ports (the section
+# takes them all from one free_port call: an interpreter start is slow on a
+# loaded machine).
+rp_take() {
+    eval "$1=\${rp_ports%% *}"
+    rp_ports=${rp_ports#* }
+}
+
+# rp_nginx NAME PIN: starts nginx with $TMP/rp/NAME/nginx.conf on the CPU
+# placement PIN; sets rp_npid.
+rp_nginx() {
+    # shellcheck disable=SC2086
+    $2 "$NGINX" -p "$TMP/rp/$1" -c "$TMP/rp/$1/nginx.conf" -e "$TMP/rp/$1/error.log" \
+        >"$TMP/rp/$1.out" 2>"$TMP/rp/$1.err" &
+    rp_npid=$!
+}
+
+# The provider's fixed chat completion (the single-answer rows).
+RP_ANSWER='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"I am fine, thank you. How can I help you today?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":21,"completion_tokens":12,"total_tokens":33}}'
+
+# rp_provider: nginx terminating TLS 1.3 on two ports of 127.0.0.1 (and
+# ::1 when localhost names it): RP_P1 HTTP/1.1 only, RP_P2 offering h2 by
+# ALPN. /v1/… answers RP_ANSWER itself; /s/… goes to the mock (keepalive
+# pool, no buffering), whose body member `mock` paces the stream. One
+# worker, on the generators' CPU: it stands for a provider on another host.
+rp_provider() {
+    rp_take RP_P1
+    rp_take RP_P2
+    v6=
+    if getent ahosts localhost 2>/dev/null | grep -q '^::1 '; then v6=1; fi
+    mkdir -p "$TMP/rp/prov"
+    {
+        nginx_conf_head "$TMP/rp/prov" 8192
+        cat <<NGX
+    default_type application/json;
+    keepalive_requests 1000000;
+    keepalive_timeout 600s;
+    ssl_certificate $TMP/rp/srv.crt;
+    ssl_certificate_key $TMP/rp/srv.key;
+    ssl_protocols TLSv1.3;
+    upstream mock { server 127.0.0.1:$MOCK_PORT; keepalive 1024; }
+NGX
+        for p in "$RP_P1" "$RP_P2"; do
+            h2=
+            [ "$p" = "$RP_P1" ] || h2=" http2"
+            echo "    server {"
+            echo "        listen 127.0.0.1:$p ssl$h2;"
+            [ -z "$v6" ] || echo "        listen [::1]:$p ssl$h2;"
+            cat <<NGX
+        location /s/ {
+            proxy_pass http://mock;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }
+        location / { return 200 '$RP_ANSWER'; }
+    }
+NGX
+        done
+        echo "}"
+    } >"$TMP/rp/prov/nginx.conf"
+    rp_nginx prov "$PIN_LG"
+    RP_PROV_PID=$rp_npid
+    if ! wait_url "$RP_PROV_PID" --cacert "$TMP/rp/ca.crt" "https://localhost:$RP_P2/"; then
+        RP_WHY="the provider nginx did not start: $(tail -n 3 "$TMP/rp/prov/error.log" "$TMP/rp/prov.err" 2>/dev/null | tr '\n' ' ')"
+        return 1
+    fi
+}
+
+# rp_reference: the reference gateway, nginx (one worker, on the gateways'
+# CPU) as a reverse proxy to the provider by host name, verifying it:
+# RP_R1 → https://localhost:RP_P1, RP_R2 → https://localhost:RP_P2. nginx's
+# proxy speaks HTTP/1.1 upstream (it has no HTTP/2 client), to both ports.
+rp_reference() {
+    rp_take RP_R1
+    rp_take RP_R2
+    mkdir -p "$TMP/rp/ref"
+    {
+        nginx_conf_head "$TMP/rp/ref" 8192
+        cat <<NGX
+    keepalive_requests 1000000;
+    proxy_http_version 1.1;
+    proxy_set_header Connection "";
+    proxy_set_header Host localhost;
+    proxy_buffering off;
+    proxy_ssl_verify on;
+    proxy_ssl_trusted_certificate $TMP/rp/ca.crt;
+    proxy_ssl_server_name on;
+    proxy_ssl_name localhost;
+    proxy_ssl_session_reuse on;
+    proxy_ssl_protocols TLSv1.2 TLSv1.3;
+    upstream prov_h1 { server localhost:$RP_P1; keepalive 1024; keepalive_requests 1000000; keepalive_timeout 600s; }
+    upstream prov_h2 { server localhost:$RP_P2; keepalive 1024; keepalive_requests 1000000; keepalive_timeout 600s; }
+    server { listen 127.0.0.1:$RP_R1; location / { proxy_pass https://prov_h1; } }
+    server { listen 127.0.0.1:$RP_R2; location / { proxy_pass https://prov_h2; } }
+}
+NGX
+    } >"$TMP/rp/ref/nginx.conf"
+    rp_nginx ref "$PIN_SRV"
+    RP_REF_PID=$rp_npid
+    if ! wait_http "$RP_R1" "$RP_REF_PID"; then
+        RP_WHY="the reference nginx did not start: $(tail -n 3 "$TMP/rp/ref/error.log" "$TMP/rp/ref.err" 2>/dev/null | tr '\n' ' ')"
+        return 1
+    fi
+}
+
+# rp_post URL FILE [CURL_ARGS...]: POSTs the chat body (a streamed one with
+# `--stream`) to URL, the answer into FILE; prints "STATUS HTTP_VERSION".
+rp_post() {
+    rp_b=$BODY
+    rp_url=$1
+    rp_file=$2
+    shift 2
+    if [ "${1:-}" = --stream ]; then
+        rp_b=$RP_SBODY
+        shift
+    fi
+    curl -s -o "$rp_file" -w '%{http_code} %{http_version}' --max-time 10 \
+        -H 'Content-Type: application/json' --data-binary "$rp_b" "$@" "$rp_url"
+}
+
+# rp_sidecar NAME BASE_URL [CA_FILE]: starts a sidecar with the call
+# section's config but its source at BASE_URL (verified against CA_FILE),
+# plus an HTTP listener (rp_sidecar_check waits for it). Sets RP_PID_NAME,
+# RP_PORT_NAME and RP_URL_NAME.
+rp_sidecar() {
+    rp_take rp_port
+    call_config "$MOCK_PORT" "$2" "${3:-}" >"$TMP/rp/$1.yaml"
+    printf 'http:\n  listen: 127.0.0.1:%s\n' "$rp_port" >>"$TMP/rp/$1.yaml"
+    # shellcheck disable=SC2086
+    $PIN_SRV "$POLYGW" --config "$TMP/rp/$1.yaml" --socket "$TMP/rp/$1.sock" --log-level warn \
+        >"$TMP/rp/$1.out" 2>"$TMP/rp/$1.err" &
+    RP_SIDECAR_PIDS="$RP_SIDECAR_PIDS $!"
+    eval "RP_PID_$1=$! RP_PORT_$1=$rp_port RP_URL_$1=$2"
+}
+
+# rp_sidecar_check NAME: until the sidecar NAME answers, then one request
+# through its HTTP front must answer 200; returns 1 with RP_WHY otherwise.
+rp_sidecar_check() {
+    rp_u=
+    eval "rp_pid=\$RP_PID_$1 rp_port=\$RP_PORT_$1 rp_u=\$RP_URL_$1"
+    if ! wait_http "$rp_port" "$rp_pid"; then
+        RP_WHY="the sidecar for $rp_u did not start: $(tail -n 3 "$TMP/rp/$1.err" | tr '\n' ' ')"
+        return 1
+    fi
+    rp_s=$(rp_post "http://127.0.0.1:$rp_port/v1/chat/completions" "$TMP/rp/$1.first")
+    if [ "${rp_s% *}" != 200 ]; then
+        RP_WHY="a first request through the sidecar for $rp_u answered ${rp_s% *}: $(head -c 300 "$TMP/rp/$1.first" 2>/dev/null)"
+        return 1
+    fi
+}
+
+# rp_stop PID...: stops them together (TERM to all, then stop_pid each).
+rp_stop() {
+    for p in "$@"; do kill -TERM "$p" 2>/dev/null; done
+    for p in "$@"; do stop_pid "$p"; done
+}
+
+# rp_target KIND PATH: sets rp_url (or rp_sock) and rp_pid of a row's path.
+# KIND single: nginx_h1, nginx_h2, polygw_h1, polygw_h2, polygw_name,
+# polygw_ip; KIND stream: nginx_h1, nginx_h2, http_h1, http_h2, msgpack_h1,
+# msgpack_h2 (the last four: the stream sidecars' two fronts).
+rp_target() {
+    rp_sock=
+    rp_pfx=/v1
+    [ "$1" = single ] || rp_pfx=/s/v1
+    case $2 in
+        nginx_h1) rp_port=$RP_R1; rp_pid=$RP_REF_PID ;;
+        nginx_h2) rp_port=$RP_R2; rp_pid=$RP_REF_PID ;;
+        *)
+            case $1.$2 in
+                single.polygw_h1) rp_n=tls_h1 ;;
+                single.polygw_h2) rp_n=tls_h2 ;;
+                single.polygw_name) rp_n=name ;;
+                single.polygw_ip) rp_n=ip ;;
+                stream.*_h1) rp_n=str_h1 ;;
+                stream.*_h2) rp_n=str_h2 ;;
+            esac
+            rp_pfx=/v1
+            eval "rp_port=\$RP_PORT_$rp_n rp_pid=\$RP_PID_$rp_n"
+            case $2 in msgpack_*) rp_sock=$TMP/rp/$rp_n.sock ;; esac
+            ;;
+    esac
+    rp_url=http://127.0.0.1:$rp_port$rp_pfx/chat/completions
+}
+
+# rp_ticks PID: "utime stime run_ns" of PID and its children: tree_ticks,
+# and the run time of their live threads in ns (/proc/PID/task/TID/schedstat).
+rp_ticks() {
+    # shellcheck disable=SC2046,SC2013  # pids: one word each
+    echo "$(tree_ticks "$1") $(cat /proc/"$1"/task/*/schedstat \
+        $(for tc in $(cat "/proc/$1/task/$1/children" 2>/dev/null); do echo /proc/"$tc"/task/*/schedstat; done) \
+        2>/dev/null | awk '{ s += $1 } END { printf "%.0f", s }')"
+}
+
+# rp_cpu T0 T1 N: "total user system" µs of CPU per unit over N units, from
+# two rp_ticks readings. The total is the threads' run time in ns (a stream
+# cell of 8 streams uses a few clock ticks of CPU: ticks would be too
+# coarse), unless the ticks say more by over 2 ticks: CPU of threads that
+# ended during the run (libcurl's resolver threads), which only they count.
+# The user/system split is the ticks'.
+rp_cpu() {
+    echo "$1 $2" | awk -v t="$CLK_TCK" -v n="$3" '{
+        u = $4 - $1; s = $5 - $2; ns = $6 - $3
+        tick_us = (u + s) * 1e6 / t; run_us = ns / 1e3
+        tot = (tick_us - run_us > 2e6 / t) ? tick_us : run_us
+        if (n > 0) printf "%.1f %.1f %.1f", tot / n, u * 1e6 / t / n, s * 1e6 / t / n
+        else printf "n/a n/a n/a" }'
+}
+
+# rp_single PATH CLIENTS: one wrk run of single answers (after 1 s of
+# untimed warm-up), appended to $TMP/rp.s.PATH.CLIENTS as
+# "rps p50 p99 errors timeouts status≥400 gw_us/req gw_user gw_sys requests".
+rp_single() {
+    rp_target single "$1"
+    say "rep $rep/$RP_REPS: realpath $1, $2 connections, ${WRK_DUR} s ..."
+    # shellcheck disable=SC2086
+    $TIMEOUT $PIN_LG "$WRK" -t 1 -c "$2" -d 1s --timeout 5s -s "$TMP/wrk.lua" "$rp_url" \
+        >/dev/null 2>>"$TMP/loadgen.err"
+    rp_c0=$(rp_ticks "$rp_pid")
+    # shellcheck disable=SC2086
+    j=$($TIMEOUT $PIN_LG "$WRK" -t 1 -c "$2" -d "${WRK_DUR}s" --timeout 5s -s "$TMP/wrk.lua" \
+        "$rp_url" 2>>"$TMP/loadgen.err" | grep '^{')
+    rp_c1=$(rp_ticks "$rp_pid")
+    if [ -z "$(field "$j" rps)" ]; then
+        STATUS=1
+        echo "- $1, $2 connections, rep $rep: wrk failed (see its stderr)" >>"$RP_NOTES"
+        return
+    fi
+    echo "$(field "$j" rps) $(field "$j" p50_us) $(field "$j" p99_us) $(field "$j" errors)" \
+        "$(field "$j" timeouts) $(field "$j" status) $(rp_cpu "$rp_c0" "$rp_c1" "$(field "$j" requests)")" \
+        "$(field "$j" requests)" >>"$TMP/rp.s.$1.$2"
+    if [ "$(field "$j" errors)" != 0 ]; then
+        STATUS=1
+        echo "- $1, $2 connections, rep $rep: $(field "$j" errors) errors ($(field "$j" timeouts) timeouts, $(field "$j" status) answers ≥ 400)" >>"$RP_NOTES"
+    fi
+}
+
+# rp_stream PATH CLIENTS [BODY]: one run of CLIENTS concurrent streams for
+# BENCH_DURATION, then until every stream begun has ended (curlgen --stream
+# on the HTTP paths, loadgen `call` with `stream: true` on the msgpack
+# front), appended to $TMP/rp.t.PATH.CLIENTS as "streams/s p50 p99 ok
+# started timeouts http_errors other_errors gw_us/stream gw_user gw_sys
+# ttft_p50 gen_cpu%". With BODY (the warm-up's), nothing is recorded.
+rp_stream() {
+    rp_target stream "$1"
+    rp_warm=${3:-}
+    [ -n "$rp_warm" ] || say "rep $rep/$RP_REPS: realpath streams $1, $2 streams, ${DUR} s ..."
+    rp_c0=$(rp_ticks "$rp_pid")
+    if [ -n "$rp_sock" ]; then
+        # shellcheck disable=SC2086
+        j=$($TIMEOUT $PIN_LG "$LOADGEN" --socket "$rp_sock" --method call \
+            --params-json "$RP_SPARAMS" --clients "$2" --duration "$DUR" --timeout-ms 5000 \
+            --json 2>>"$TMP/loadgen.err")
+    else
+        # shellcheck disable=SC2086
+        j=$($TIMEOUT $PIN_LG "$CURLGEN" --url "$rp_url" --body-json "${rp_warm:-$RP_SBODY}" \
+            --stream --clients "$2" --duration "$([ -n "$rp_warm" ] && echo 1 || echo "$DUR")" \
+            --timeout-ms 5000 --json 2>>"$TMP/loadgen.err")
+    fi
+    rp_c1=$(rp_ticks "$rp_pid")
+    [ -z "$rp_warm" ] || return 0
+    if [ -z "$(field "$j" rps)" ]; then
+        STATUS=1
+        echo "- streams $1, $2 streams, rep $rep: the generator failed (see its stderr)" >>"$RP_NOTES"
+        return
+    fi
+    rp_to=$(field "$j" err_timeout)
+    # A wrong answer: an RPC error (loadgen), a status other than 200 or a
+    # body that is not a whole stream (curlgen).
+    if [ -n "$rp_sock" ]; then
+        rp_http=$(field "$j" err_rpc)
+    else
+        rp_http=$(($(field "$j" err_http) + $(field "$j" err_body)))
+    fi
+    echo "$(field "$j" rps) $(field "$j" p50_us) $(field "$j" p99_us) $(field "$j" ok) $(field "$j" sent)" \
+        "$rp_to $rp_http $(($(field "$j" errors) - rp_to - rp_http))" \
+        "$(rp_cpu "$rp_c0" "$rp_c1" "$(field "$j" sent)") $(field "$j" ttft_p50_us) $(field "$j" cpu_pct)" \
+        >>"$TMP/rp.t.$1.$2"
+    if [ "$(field "$j" errors)" != 0 ]; then
+        STATUS=1
+        echo "- streams $1, $2 streams, rep $rep: $(field "$j" errors) of $(field "$j" sent) streams failed ($rp_to timeouts), first: $(first_error "$j")" >>"$RP_NOTES"
+    fi
+}
+
+# rp_stats FILE PREFIX: shell assignments (for eval) of a cell's figures,
+# from one pass over its runs, every variable PREFIX_NAME, empty when FILE
+# has no run. Single-answer cells ($TMP/rp.s.*): from the fastest run rps,
+# p50, p99; the medians us, user, sys (gateway CPU); the sums to
+# (timeouts), st (answers ≥ 400); the per-run lists rpsruns, usruns; rpsmed.
+# Stream cells ($TMP/rp.t.*): from the least disturbed run (the most streams
+# completed of those begun, then the lowest p99) sps, p50, p99, ttft (ms);
+# the medians us, user, sys, gen (generator CPU %); the sums ok, sent, to,
+# http, other; fin (ok ÷ begun, all runs); the lists p99runs (ms), usruns.
+rp_stats() {
+    for v in rps p50 p99 us user sys to st rpsruns usruns rpsmed sps ttft gen ok sent http other fin p99runs; do
+        echo "$2_$v="
+    done
+    [ -s "$1" ] || return 0
+    case $1 in */rp.s.*) rs_k=s ;; *) rs_k=t ;; esac
+    awk -v k="$rs_k" -v p="$2" '
+        function med(col,   a, i, j, t) {
+            for (i = 1; i <= NR; i++) a[i] = v[i, col] + 0
+            for (i = 2; i <= NR; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+            return sprintf("%.1f", NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2)
+        }
+        function runs(col, scale,   i, o) {
+            for (i = 1; i <= NR; i++) o = o (i > 1 ? "," : "") (scale ? sprintf("%.1f", v[i, col] / scale) : v[i, col])
+            return o
+        }
+        function out(name, val) { printf "%s_%s=\"%s\"\n", p, name, val }
+        { for (i = 1; i <= NF; i++) v[NR, i] = $i; s4 += $4; s5 += $5; s6 += $6; s7 += $7; s8 += $8 }
+        END {
+            b = 1
+            for (i = 2; i <= NR; i++) {
+                if (k == "s") { if (v[i, 1] + 0 > v[b, 1] + 0) b = i; continue }
+                fi = v[i, 5] > 0 ? v[i, 4] / v[i, 5] : 0; fb = v[b, 5] > 0 ? v[b, 4] / v[b, 5] : 0
+                if (fi > fb || (fi == fb && v[i, 3] + 0 < v[b, 3] + 0)) b = i
+            }
+            if (k == "s") {
+                out("rps", v[b, 1]); out("p50", v[b, 2]); out("p99", v[b, 3])
+                out("us", med(7)); out("user", med(8)); out("sys", med(9))
+                out("to", s5); out("st", s6); out("rpsruns", runs(1)); out("usruns", runs(7)); out("rpsmed", med(1))
+            } else {
+                out("sps", v[b, 1]); out("p50", sprintf("%.1f", v[b, 2] / 1000)); out("p99", sprintf("%.1f", v[b, 3] / 1000))
+                out("ttft", sprintf("%.1f", v[b, 12] / 1000))
+                out("us", med(9)); out("user", med(10)); out("sys", med(11)); out("gen", med(13))
+                out("ok", s4); out("sent", s5); out("to", s6); out("http", s7); out("other", s8)
+                out("fin", s5 > 0 ? sprintf("%.3f", s4 / s5) : "n/a")
+                out("p99runs", runs(3, 1000)); out("usruns", runs(9))
+            }
+        }' "$1"
+}
+
+# rp_ratio A B [FORMAT]: A ÷ B, n/a when either is missing or B is 0.
+rp_ratio() {
+    awk -v a="$1" -v b="$2" -v f="${3:-%.2f}" 'BEGIN {
+        if (a == "" || b == "" || a == "n/a" || b == "n/a" || b + 0 <= 0) print "n/a"; else printf f, a / b }'
+}
+
+realpath_section() {
+    RP_NOTES=$TMP/rp.notes
+    : >"$RP_NOTES"
+    mkdir -p "$TMP/rp"
+    {
+        echo "## realpath: an HTTPS provider by host name, single answers and streams, polygw vs nginx"
+        echo
+    } >"$TMP/realpath.md"
+    # The other sections' sidecars are idle from here on: free CPU 0.
+    stop_pid "$CALL_PID"
+    CALL_PID=
+    NGINX_VERSION=$("$NGINX" -v 2>&1 | sed 's/.*\///')
+    RP_WHY=
+    RP_PGW=1
+    RP_PGW_WHY=
+    # Two provider ports, two reference ones, one per sidecar.
+    rp_ports="$(free_port 10 | tr '\n' ' ')"
+    if ! rp_certs || ! rp_provider || ! rp_reference; then
+        stop_pid "$RP_REF_PID"
+        RP_REF_PID=
+        stop_pid "$RP_PROV_PID"
+        RP_PROV_PID=
+        {
+            echo "- skipped: $RP_WHY"
+            echo
+        } >>"$TMP/realpath.md"
+        say "SKIPPING realpath section: $RP_WHY"
+        STATUS=1
+        return
+    fi
+    if [ ! -x "$POLYGW" ]; then
+        RP_PGW=0
+        RP_PGW_WHY="$POLYGW is not built"
+    else
+        for n in $RP_NAMES; do
+            case $n in
+                tls_h1) rp_b="https://localhost:$RP_P1/v1 $TMP/rp/ca.crt" ;;
+                tls_h2) rp_b="https://localhost:$RP_P2/v1 $TMP/rp/ca.crt" ;;
+                str_h1) rp_b="https://localhost:$RP_P1/s/v1 $TMP/rp/ca.crt" ;;
+                str_h2) rp_b="https://localhost:$RP_P2/s/v1 $TMP/rp/ca.crt" ;;
+                name) rp_b="http://localhost:$MOCK_PORT/v1" ;;
+                ip) rp_b="http://127.0.0.1:$MOCK_PORT/v1" ;;
+            esac
+            # shellcheck disable=SC2086  # URL and CA file: one word each
+            rp_sidecar "$n" $rp_b
+        done
+        for n in $RP_NAMES; do
+            if ! rp_sidecar_check "$n"; then
+                RP_PGW=0
+                RP_PGW_WHY=$RP_WHY
+                break
+            fi
+        done
+    fi
+    if [ $RP_PGW = 0 ]; then
+        # shellcheck disable=SC2086
+        rp_stop $RP_SIDECAR_PIDS
+        RP_SIDECAR_PIDS=
+        STATUS=1
+        say "SKIPPING realpath polygw rows: $RP_PGW_WHY"
+    fi
+    # What each provider port negotiates, and that the reference reaches
+    # both (a reference answering 502 would make every row meaningless).
+    a1=$(rp_post "https://localhost:$RP_P1/v1/chat/completions" /dev/null --cacert "$TMP/rp/ca.crt")
+    a2=$(rp_post "https://localhost:$RP_P2/v1/chat/completions" /dev/null --cacert "$TMP/rp/ca.crt")
+    echo "- provider check (curl, ALPN h2 and http/1.1 offered): port $RP_P1 answered ${a1% *} over HTTP/${a1#* }, port $RP_P2 answered ${a2% *} over HTTP/${a2#* }" >>"$RP_NOTES"
+    if [ "${a1#* }" != 1.1 ] || [ "${a2#* }" != 2 ]; then
+        echo "- **WARNING: the provider's ports did not negotiate HTTP/1.1 and h2 as intended: the h1/h2 rows are not what they say.**" >>"$RP_NOTES"
+    fi
+    rp_bad=
+    for r in "$RP_R1" "$RP_R2"; do
+        s1=$(rp_post "http://127.0.0.1:$r/v1/chat/completions" /dev/null)
+        s2=$(rp_post "http://127.0.0.1:$r/s/v1/chat/completions" /dev/null --stream)
+        [ "${s1% *}" = 200 ] && [ "${s2% *}" = 200 ] || rp_bad="$rp_bad port $r: ${s1% *}/${s2% *}"
+    done
+    if [ -n "$rp_bad" ]; then
+        STATUS=1
+        echo "- **WARNING: the reference nginx did not answer 200 to a single and a streamed request:$rp_bad ($(tail -n 2 "$TMP/rp/ref/error.log" 2>/dev/null | tr '\n' ' '))**" >>"$RP_NOTES"
+    fi
+    write_wrk_script
+    rp_single_paths="nginx_h1 nginx_h2"
+    rp_stream_paths="nginx_h1 nginx_h2"
+    if [ $RP_PGW = 1 ]; then
+        rp_single_paths=$RP_SINGLE_ROWS
+        rp_stream_paths=$RP_STREAM_ROWS
+    fi
+    # Pools warm before anything is timed: a second of instant streams on
+    # every HTTP stream path at the highest stream count (the msgpack front
+    # shares its sidecar's pool with the HTTP front).
+    rp_fast=$(printf '%s' "$RP_SBODY" | sed 's/"stream_interval_ms":[0-9]*/"stream_interval_ms":0/')
+    rp_top=$(highest "$RP_STREAMS")
+    for p in $rp_stream_paths; do
+        case $p in msgpack_*) continue ;; esac
+        say "realpath: warming the $p pool ($rp_top instant streams, 1 s) ..."
+        rp_stream "$p" "$rp_top" "$rp_fast"
+    done
+    rep=1
+    while [ "$rep" -le "$RP_REPS" ]; do
+        # Every repetition starts the rotation one path later.
+        for n in $RP_CLIENTS; do
+            # shellcheck disable=SC2086  # a list of words
+            for p in $(rotate "$rep" $rp_single_paths); do
+                rp_single "$p" "$n"
+            done
+        done
+        for n in $RP_STREAMS; do
+            # shellcheck disable=SC2086  # a list of words
+            for p in $(rotate "$rep" $rp_stream_paths); do
+                rp_stream "$p" "$n"
+            done
+        done
+        rep=$((rep + 1))
+    done
+    # shellcheck disable=SC2086
+    rp_stop "$RP_REF_PID" $RP_SIDECAR_PIDS "$RP_PROV_PID"
+    RP_REF_PID=
+    RP_SIDECAR_PIDS=
+    RP_PROV_PID=
+    rp_section_table >>"$TMP/realpath.md"
+}
+
+# rotate K WORD...: the words with the first K-1 (modulo their number)
+# moved to the end: repetition K's order of a section's paths.
+rotate() {
+    rt_k=$1
+    shift
+    rt_n=$#
+    rt_k=$(((rt_k - 1) % rt_n))
+    rt_out=
+    rt_i=0
+    for w in "$@"; do
+        if [ $rt_i -lt $rt_k ]; then rt_out="$rt_out $w"; else printf '%s ' "$w"; fi
+        rt_i=$((rt_i + 1))
+    done
+    echo "$rt_out"
+}
+
+# rp_label PATH, rp_provider_label PATH: a row's path and provider, as the
+# tables name them.
+rp_label() {
+    case $1 in
+        nginx_*) echo nginx ;;
+        polygw_h*) echo "polygw HTTP front" ;;
+        polygw_name) echo "polygw HTTP front → http://localhost (the mock)" ;;
+        polygw_ip) echo "polygw HTTP front → http://127.0.0.1 (the mock)" ;;
+        http_*) echo "polygw HTTP front" ;;
+        msgpack_*) echo "polygw msgpack front" ;;
+    esac
+}
+
+rp_provider_label() {
+    case $1 in
+        *_h1) echo "HTTPS, HTTP/1.1 only" ;;
+        *_h2) echo "HTTPS, h2 offered" ;;
+        *) echo "plain http" ;;
+    esac
+}
+
+# rp_row_head KIND PATH N BLANKS: loads the figures (c_*) of the cell
+# $TMP/rp.KIND.PATH.N and sets row to the row's first cells; when the cell
+# has nothing to show, prints its row as `skipped` (a polygw path, the
+# sidecars did not start) or `failed`, BLANKS after, and returns 1.
+rp_row_head() {
+    row="| $(rp_provider_label "$2") | $(rp_label "$2") | $3 |"
+    eval "$(rp_stats "$TMP/rp.$1.$2.$3" c)"
+    case $2 in
+        nginx_*) ;;
+        *) if [ $RP_PGW = 0 ]; then echo "$row skipped$4"; return 1; fi ;;
+    esac
+    if [ -z "$c_us" ]; then
+        echo "$row failed$4"
+        return 1
+    fi
+}
+
+# rp_section_table: the realpath section's tables and notes, from the runs
+# in $TMP/rp.s.* and $TMP/rp.t.*.
+# shellcheck disable=SC2154  # c_* and f_*: assigned by eval "$(rp_stats …)"
+rp_section_table() {
+    echo "- provider: nginx $NGINX_VERSION (1 worker, $RP_CPU_GEN) terminating TLS 1.3 with a certificate for \`localhost\` from a throwaway CA made by this run; port $RP_P1 HTTP/1.1 only, port $RP_P2 offering h2 by ALPN (\`http2_max_concurrent_streams\` 128, nginx's default); single answers: nginx answers a fixed chat completion itself; streams: it relays the mock (keepalive pool, \`proxy_buffering off\`), whose body member \`\"mock\":{\"stream_events\":$RP_EVENTS,\"stream_interval_ms\":$RP_INTERVAL_MS}\` makes it send $RP_EVENTS content events, a finish event and a usage event ${RP_INTERVAL_MS} ms apart"
+    echo "- gateways ($RP_CPU_GW, one at a time loaded): nginx (1 worker) \`proxy_pass https://\` to \`upstream { server localhost:PORT; keepalive 1024; }\`, \`proxy_ssl_verify on\` against the CA, SNI and name \`localhost\`, TLS 1.2-1.3, session reuse, HTTP/1.1 (nginx has no HTTP/2 client), no buffering; polygw: the call section's config with \`base_url: https://localhost:PORT/v1\` and \`tls: {ca_file: <the CA>}\`, plus \`http: {listen: …}\`, one sidecar per provider URL; the msgpack front is the stream sidecar's Unix socket"
+    echo "- generators ($RP_CPU_GEN) with the provider and the mock: single answers wrk (1 thread, \`--timeout 5s\`, 1 s warm-up per run); streams curlgen \`--stream\` (HTTP fronts; a stream is ok when it is a 200 ending in \`data: [DONE]\`) and loadgen \`call\` with \`stream: true\` (msgpack front), both stopping new streams after ${DUR} s and then waiting for every stream begun (5 s timeout each); the pools warmed once by 1 s of instant streams"
+    echo "- each cell: $RP_REPS run(s), the paths rotating; the table shows a cell's fastest run (single answers) or the run with the most streams completed, then the lowest p99 (streams); CPU columns: the median of the runs"
+    echo
+    echo "Single answers:"
+    echo
+    echo "| provider | path | connections | req/s | p50 µs | p99 µs | gateway CPU µs/req | CPU ÷ nginx's | req/s ÷ nginx's | timeouts | answers ≥ 400 |"
+    echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    for n in $RP_CLIENTS; do
+        for p in $RP_SINGLE_ROWS; do
+            rp_row_head s "$p" "$n" " | | | | | | | |" || continue
+            # The floor of a polygw row: nginx on the same provider; of the
+            # by-name row: the by-address one.
+            case $p in
+                polygw_h1) fl=$TMP/rp.s.nginx_h1.$n ;;
+                polygw_h2) fl=$TMP/rp.s.nginx_h2.$n ;;
+                polygw_name) fl=$TMP/rp.s.polygw_ip.$n ;;
+                *) fl= ;;
+            esac
+            rc=—
+            rr=—
+            if [ -n "$fl" ]; then
+                eval "$(rp_stats "$fl" f)"
+                rc=$(rp_ratio "$c_us" "$f_us")
+                rr=$(rp_ratio "$c_rps" "$f_rps")
+                [ "$p" != polygw_name ] || { rc="$rc (÷ 127.0.0.1's)"; rr="$rr (÷ 127.0.0.1's)"; }
+            fi
+            echo "$row $c_rps | $c_p50 | $c_p99 | $c_us | $rc | $rr | $c_to | $c_st |"
+        done
+    done
+    echo
+    echo "Streams ($RP_EVENTS content events, a finish and a usage event, ${RP_INTERVAL_MS} ms apart: the mock takes $(awk -v e="$RP_EVENTS" -v i="$RP_INTERVAL_MS" 'BEGIN { printf "%.2f", e * i / 1000 }') s to send one):"
+    echo
+    echo "| provider | path | streams | streams/s | p50 ms | p99 ms | p99 ÷ nginx's | TTFT p50 ms | gateway CPU µs/stream | CPU ÷ nginx's | completed / begun | timeouts | other failures: answer / transport |"
+    echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    for n in $RP_STREAMS; do
+        for p in $RP_STREAM_ROWS; do
+            rp_row_head t "$p" "$n" " | | | | | | | | | |" || continue
+            r99=—
+            rc=—
+            if [ "${p%%_*}" != nginx ]; then
+                eval "$(rp_stats "$TMP/rp.t.nginx_${p#*_}.$n" f)"
+                r99=$(rp_ratio "$c_p99" "$f_p99")
+                rc=$(rp_ratio "$c_us" "$f_us")
+            fi
+            echo "$row $c_sps | $c_p50 | $c_p99 | $r99 | $c_ttft | $c_us | $rc | $c_ok / $c_sent | $c_to | $c_http / $c_other |"
+        done
+    done
+    echo
+    if [ $RP_PGW = 0 ]; then
+        echo "- polygw rows skipped: $RP_PGW_WHY"
+    fi
+    cat "$RP_NOTES"
+    for k in s t; do
+        if [ $k = s ]; then rt_ns=$RP_CLIENTS; rt_ps=$RP_SINGLE_ROWS; else rt_ns=$RP_STREAMS; rt_ps=$RP_STREAM_ROWS; fi
+        for n in $rt_ns; do
+            for p in $rt_ps; do
+                eval "$(rp_stats "$TMP/rp.$k.$p.$n" c)"
+                [ -n "$c_us" ] || continue
+                if [ $k = s ]; then
+                    echo "- single $p, $n connections: req/s per run $c_rpsruns (median $c_rpsmed), gateway CPU µs/req per run $c_usruns (median user $c_user + system $c_sys)"
+                else
+                    echo "- streams $p, $n streams: p99 ms per run $c_p99runs, gateway CPU µs/stream per run $c_usruns (median user $c_user + system $c_sys), generator CPU $c_gen%"
+                fi
+            done
+        done
+    done
+    echo "- gateway CPU = the run time of the gateway's threads (/proc/PID/task/TID/schedstat, in ns; nginx: master + worker;"
+    echo "  polygw: the one sidecar serving the row; utime + stime from /proc/PID/stat instead when they say more by over 2 clock"
+    echo "  ticks: threads that ended) over the run ÷ requests completed (single answers) or streams begun (streams: every stream"
+    echo "  begun has ended when the run ends, so no partial stream is counted, where a run cut by wrk's clock would charge the"
+    echo "  streams still running to the finished ones). The user/system split is /proc/PID/stat's, in clock ticks."
+    echo "  Stream time = from sending the request to the stream's end (curlgen: the transfer done; loadgen: the call's reply)."
+    echo "  TTFT = to the first body byte (curlgen) or the first \`chunk\` notification (loadgen). Other failures: answer = a"
+    echo "  status other than 200 or a body not ending in \`data: [DONE]\` (curlgen), an RPC error (loadgen); transport = the rest."
+    echo "  nginx talks HTTP/1.1 to both provider ports; polygw offers h2 by ALPN (libcurl) and multiplexes where the port accepts it."
+    echo
+}
+
+# ========================================================================
 # summary: every performance target against this run's cells
 # ========================================================================
 
@@ -1769,7 +2502,7 @@ summary_section() {
     http_us=
     [ -s "$TMP/http.polygw.$h_hi" ] && http_us=$(median "$TMP/http.polygw.$h_hi" 5)
     {
-        echo "## summary: the performance targets (issue 17), this run"
+        echo "## summary: the performance targets, this run"
         echo
         echo "| target | measured | bound | ratio (measured ÷ bound) | verdict | from |"
         echo "|---|---:|---:|---:|---|---|"
@@ -1822,6 +2555,7 @@ summary_section() {
         fi
         sum_row "RSS with $MEM_CALLS calls in flight (${MEM_INFLIGHT:-?} counted)" "$rss" "<" 200 "MiB" "memory: sidecar VmRSS in flight (target: 10000 calls)"
         sum_row "CPU of ${WAIT_N:-$WAIT_CALLS} calls waiting for a permit" "${WAIT_PCT:-}" "≤" 1 "% of a core" "memory: waiting_cpu.py (target: none; 1% = the bound read as none)"
+        rp_summary
         echo
         echo "- One run, every cell from this run; a target \"not measured\" needs a section that did not run (BENCH_SECTIONS) or failed."
         echo "  Ratios near 1 are within this machine's run-to-run spread (see the per-run notes of each section)."
@@ -1830,6 +2564,46 @@ summary_section() {
         echo "  at $r_hi client(s), ${per_read:-n/a} script calls per redis-server read (the sidecar writes what one loop iteration queued in one go)."
         echo
     } >"$TMP/summary.md"
+}
+
+# rp_summary: the realpath rows of the summary table. Each compares polygw
+# with nginx on the same provider, in this run: CPU per request (medians)
+# and req/s (fastest runs) at the highest single-answer connection count;
+# http://localhost's CPU per request against 1.10 × http://127.0.0.1's; and
+# at the highest stream count, per provider and front: streams completed ÷
+# begun (all runs), p99 stream time against 1.3 × nginx's and CPU per
+# stream against 2 × nginx's.
+# shellcheck disable=SC2154  # c_* and f_*: assigned by eval "$(rp_stats …)"
+rp_summary() {
+    rs_c=$(highest "$RP_CLIENTS")
+    rs_t=$(highest "$RP_STREAMS")
+    rs_n="nginx's"
+    for v in h1 h2; do
+        if [ "$v" = h1 ]; then rs_l="HTTP/1.1-only"; else rs_l="h2-offering"; fi
+        eval "$(rp_stats "$TMP/rp.s.polygw_$v.$rs_c" c)"
+        eval "$(rp_stats "$TMP/rp.s.nginx_$v.$rs_c" f)"
+        sum_row "real path: CPU per request, HTTP front → $rs_l HTTPS provider by name, $rs_c connections (bound: nginx's)" "$c_us" "≤" "${f_us:-$rs_n}" "µs" "realpath: polygw vs nginx µs/req (medians)"
+        sum_row "real path: req/s, HTTP front → $rs_l HTTPS provider, $rs_c connections (bound: nginx's)" "$c_rps" "≥" "${f_rps:-$rs_n}" "req/s" "realpath: fastest runs"
+    done
+    eval "$(rp_stats "$TMP/rp.s.polygw_name.$rs_c" c)"
+    eval "$(rp_stats "$TMP/rp.s.polygw_ip.$rs_c" f)"
+    lb="1.10 × 127.0.0.1's"
+    [ -z "$f_us" ] || lb=$(awk -v u="$f_us" 'BEGIN { printf "%.1f", 1.1 * u }')
+    sum_row "real path: CPU per request to http://localhost, $rs_c connections (bound: 1.10 × to http://127.0.0.1)" "$c_us" "≤" "$lb" "µs" "realpath: polygw µs/req (medians)"
+    for v in h2 h1; do
+        if [ "$v" = h1 ]; then rs_l="HTTP/1.1-only"; else rs_l="h2-offering"; fi
+        eval "$(rp_stats "$TMP/rp.t.nginx_$v.$rs_t" f)"
+        b99="1.3 × nginx's"
+        bu="2 × nginx's"
+        [ -z "$f_p99" ] || b99=$(awk -v u="$f_p99" 'BEGIN { printf "%.1f", 1.3 * u }')
+        [ -z "$f_us" ] || bu=$(awk -v u="$f_us" 'BEGIN { printf "%.1f", 2 * u }')
+        for fr in http msgpack; do
+            eval "$(rp_stats "$TMP/rp.t.${fr}_$v.$rs_t" c)"
+            sum_row "real path: $rs_t streams, $fr front, $rs_l HTTPS provider: streams completed ÷ begun" "$c_fin" "≥" 1 "" "realpath: ok ÷ begun, all runs"
+            sum_row "real path: $rs_t streams, $fr front, $rs_l HTTPS provider: p99 stream time (bound: 1.3 × nginx's)" "$c_p99" "≤" "$b99" "ms" "realpath: least disturbed runs"
+            sum_row "real path: $rs_t streams, $fr front, $rs_l HTTPS provider: CPU per stream (bound: 2 × nginx's)" "$c_us" "≤" "$bu" "µs" "realpath: medians"
+        done
+    done
 }
 
 # ========================================================================
@@ -1841,6 +2615,7 @@ summary_section() {
 : >"$TMP/mem.md"
 : >"$TMP/redis.md"
 : >"$TMP/http.md"
+: >"$TMP/realpath.md"
 MEM_PEAK_KIB=
 MEM_INFLIGHT=
 WAIT_PCT=
@@ -1848,7 +2623,8 @@ WAIT_N=
 if has_section ping; then
     ping_section
 fi
-if has_section call || has_section memory || has_section redis || has_section http; then
+if has_section call || has_section memory || has_section redis || has_section http ||
+    has_section realpath; then
     start_call_servers
 fi
 if has_section call; then
@@ -1862,6 +2638,9 @@ if has_section redis; then
 fi
 if has_section http; then
     http_section
+fi
+if has_section realpath; then
+    realpath_section
 fi
 summary_section
 
@@ -1877,9 +2656,10 @@ fi
     echo "- date: $(date -u '+%Y-%m-%d %H:%M:%SZ'), revision: $REV"
     echo "- machine: $(uname -srm), ${NCPU} CPU(s), ${CPU_MODEL:-unknown CPU}, load average before the run: $LOADAVG"
     echo "- placement: $PIN_NOTE"
-    echo "- command: BENCH_DURATION=$DUR BENCH_REPS=$REPS BENCH_WARMUP=$WARMUP BENCH_PIPELINE=$PIPELINE BENCH_CLIENTS=\"$CLIENTS\" BENCH_SECTIONS=\"$SECTIONS\" BENCH_CALL_CLIENTS=\"$CALL_CLIENTS\" BENCH_CALL_WARMUP=$CALL_WARMUP BENCH_MEM_CALLS=$MEM_CALLS BENCH_MEM_DELAY_MS=$MEM_DELAY_MS BENCH_REDIS_CLIENTS=\"$REDIS_CLIENTS\" BENCH_REDIS_WARMUP=$REDIS_WARMUP BENCH_HTTP_CLIENTS=\"$HTTP_CLIENTS\" sh tests/bench/run.sh $BUILD (\`make bench\` = the defaults)"
+    echo "- command: BENCH_DURATION=$DUR BENCH_REPS=$REPS BENCH_WARMUP=$WARMUP BENCH_PIPELINE=$PIPELINE BENCH_CLIENTS=\"$CLIENTS\" BENCH_SECTIONS=\"$SECTIONS\" BENCH_CALL_CLIENTS=\"$CALL_CLIENTS\" BENCH_CALL_WARMUP=$CALL_WARMUP BENCH_MEM_CALLS=$MEM_CALLS BENCH_MEM_DELAY_MS=$MEM_DELAY_MS BENCH_REDIS_CLIENTS=\"$REDIS_CLIENTS\" BENCH_REDIS_WARMUP=$REDIS_WARMUP BENCH_HTTP_CLIENTS=\"$HTTP_CLIENTS\" BENCH_REALPATH_REPS=$RP_REPS BENCH_REALPATH_CLIENTS=\"$RP_CLIENTS\" BENCH_REALPATH_STREAMS=\"$RP_STREAMS\" sh tests/bench/run.sh $BUILD (\`make bench\` = the defaults)"
     echo
-    cat "$TMP/ping.md" "$TMP/call.md" "$TMP/mem.md" "$TMP/redis.md" "$TMP/http.md" "$TMP/summary.md"
+    cat "$TMP/ping.md" "$TMP/call.md" "$TMP/mem.md" "$TMP/redis.md" "$TMP/http.md" \
+        "$TMP/realpath.md" "$TMP/summary.md"
 } >"$OUT"
 
 if [ -s "$TMP/loadgen.err" ]; then
