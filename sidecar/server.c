@@ -674,6 +674,10 @@ void server_notify_ready(struct server *srv)
 
 void server_start(struct server *srv)
 {
+    /* Before anything can call: a key file changed from the moment the
+     * socket accepts (the kernel queues connections before the loop runs)
+     * is seen. */
+    srv->keywatch = keywatch_new(srv);
     ev_io_start(srv->loop, &srv->accept_w);
     http_start(srv->http);
     char mode[8];
@@ -683,7 +687,6 @@ void server_start(struct server *srv)
            (unsigned long long)srv->cfg->max_message_bytes, "pid", LOG_I, (long long)getpid(),
            NULL);
     sdnotify_start(&srv->notify);
-    srv->keywatch = keywatch_new(srv);
     /* The Redis link connects from the loop: its on_up hook says when. */
     server_notify_ready(srv);
 }
