@@ -376,6 +376,7 @@ def test_reload__kubernetes_secret_symlink_swap(make_sidecar, up, workdir):
 def test_reload__key_file_gone_keeps_the_running_key(make_sidecar, up, workdir):
     kf = key_file(workdir, "sk-keep-3333")
     sc = make_sidecar(config_text=key_config(None, up, kf))
+    stats(sc)  # answered: the loop runs, the key watch is set
     os.unlink(kf)
     wait_log(sc, "reload failed; the running configuration is unchanged")
     c = sc.connect()
