@@ -21,7 +21,7 @@ import threading
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import call, chat, config_yaml, source_yaml  # noqa: E402
+from conftest import Pending, call, chat, config_yaml, source_yaml  # noqa: E402
 from fleet_topology import Certs  # noqa: E402
 
 DEFAULTS = {"max_attempts": 1}
@@ -198,6 +198,43 @@ def test_tls__private_ca_file_is_trusted_by_host_name(certs, up, make_sidecar):
         assert up.stats()["requests"] == 3
         # Three calls, one connection: kept alive, one handshake, SNI sent.
         assert front.handshakes == [("localhost", None)]
+
+
+def read_bytes(pid):
+    """Bytes the process has read so far (files and sockets), /proc/PID/io."""
+    for line in open("/proc/%d/io" % pid):
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar in /proc/%d/io" % pid)
+
+
+def test_tls__the_ca_bundle_is_parsed_once_not_per_connection(certs, up, make_sidecar, workdir):
+    """Each new TLS connection used to read and parse the whole CA bundle
+    again (libcurl skips its cached store while a CA directory is set, and
+    Debian's libcurl sets one): a few hundred streams opening connections
+    at once spent seconds of CPU on it. 16 concurrent calls open 16
+    connections; the bundle, made large here (the system bundle plus the
+    test CA), is read at most once for all of them."""
+    bundle = os.path.join(workdir, "bundle.pem")
+    system = "/etc/ssl/certs/ca-certificates.crt"
+    with open(bundle, "w") as out:
+        if os.path.exists(system):
+            out.write(open(system).read())
+        out.write(open(certs.path("ca.crt")).read() * (1 if os.path.exists(system) else 200))
+    size = os.path.getsize(bundle)
+    with TlsFront(certs, up.port) as front:
+        sc = start(make_sidecar, [source_yaml(
+            "a", "chat", "https://localhost:%d/v1" % front.port,
+            {"max_concurrency": 64, "aimd": {"initial": 64}}, tls={"ca_file": bundle})])
+        assert one_call(sc)[0] is None       # the first connection reads it once
+        before = read_bytes(sc.proc.pid)
+        calls = [Pending(sc, "chat", chat("c%d" % i, mock={"delay_ms": 300})) for i in range(16)]
+        for p in calls:
+            err, _ = p.wait(10)
+            assert err is None, err
+        grown = read_bytes(sc.proc.pid) - before
+        assert len(front.handshakes) >= 16, front.handshakes
+        assert grown < size, "read %d bytes for 16 connections; the bundle is %d" % (grown, size)
 
 
 def test_tls__without_the_ca_file_the_private_ca_is_refused(certs, up, make_sidecar):
