@@ -26,7 +26,11 @@
  * stay in the input buffer (at most HTTP_IN_MAX: reading stops above it)
  * until the answer is queued. A call's answer is queued from call.c's
  * hooks, so the next request is parsed from a zero-delay timer, never
- * inside them.
+ * inside them. Whatever the answers (a call's, /metrics, an error), a
+ * connection whose queued output passes listen.max_write_queue_bytes is
+ * neither parsed further nor read until it falls to half of it, as
+ * conn.c does for msgpack: a client that pipelines and never reads costs
+ * about that budget.
  *
  * A client that disconnects (EOF, reset, a failed write) aborts its call
  * at once: call_abort_all() cancels the attempt and closes its upstream
@@ -67,13 +71,17 @@
 #include "transcode.h"
 #include "upstream.h"
 
-#define HTTP_READ_CHUNK     (64 * 1024)
-#define HTTP_IN_MAX         (1024 * 1024) /* unparsed input held while a request is served */
-#define HTTP_URL_MAX        2048          /* longer request targets get 414 */
-#define HTTP_VAL_MAX        256           /* longest value kept of a header we read */
-#define HTTP_LINGER_S       2.0           /* how long a closing connection may take to flush */
-#define HTTP_ACCEPT_BATCH   64
-#define HTTP_ACCEPT_PAUSE_S 0.1
+#define HTTP_READ_CHUNK        (64 * 1024)
+#define HTTP_IN_MAX            (1024 * 1024) /* unparsed input held while a request is served */
+/* Buffers larger than this are freed once empty rather than kept: a
+ * connection that once carried a large answer or body must not hold its
+ * size while idle. */
+#define HTTP_KEEP_BUFFER_BYTES (4 * HTTP_READ_CHUNK)
+#define HTTP_URL_MAX           2048 /* longer request targets get 414 */
+#define HTTP_VAL_MAX           256  /* longest value kept of a header we read */
+#define HTTP_LINGER_S          2.0  /* how long a closing connection may take to flush */
+#define HTTP_ACCEPT_BATCH      64
+#define HTTP_ACCEPT_PAUSE_S    0.1
 
 /* The request headers polygw reads; every other one is only counted. */
 enum hdr {
@@ -147,6 +155,7 @@ struct http_conn {
     struct conn *bridge;           /* task endpoints, made on first use */
     enum hc_phase phase;
     bool reading, closed, oom;
+    bool out_paused;  /* not parsed further: its queued output is over budget */
     bool keep_alive;  /* of the request being served */
     bool stream_open; /* an SSE answer's head is sent */
     bool sdk_retry;   /* X-Polygw-SDK-Retry: true */
@@ -1647,10 +1656,46 @@ static void hc_dispatch(struct http_conn *c)
 /* ------------------------------------------------------------------ */
 /* Connection I/O                                                      */
 
+/* Output the connection has pending: its queued answer bytes and what its
+ * call is still receiving for it. */
+static size_t hc_pending_out(const struct http_conn *c)
+{
+    return out_queued(c) + c->budget.received;
+}
+
+/* Read back-pressure. Over the output budget a connection is paused (no
+ * parsing, no reading) until its output falls to half of it; otherwise it
+ * is read while its unparsed input is under HTTP_IN_MAX. */
+static void hc_backpressure(struct http_conn *c)
+{
+    struct server *srv = c->hs->srv;
+    size_t limit = srv->cfg->max_write_queue_bytes;
+    size_t pending = hc_pending_out(c);
+
+    if (c->closed || c->phase == HC_CLOSING)
+        return;
+    if (!c->out_paused && pending > limit) {
+        c->out_paused = true;
+        srv->stats.read_pauses++;
+        log_at(LOG_DEBUG, "http connection read paused", "conn", LOG_U, (unsigned long long)c->id,
+               "queued_bytes", LOG_U, (unsigned long long)out_queued(c), NULL);
+    } else if (c->out_paused && pending <= limit / 2) {
+        c->out_paused = false;
+        /* Requests it pipelined meanwhile are parsed from the loop. */
+        if (c->phase != HC_SERVING && c->in_off < c->in_len && !ev_is_active(&c->next_w)) {
+            ev_timer_set(&c->next_w, 0., 0.);
+            ev_timer_start(srv->loop, &c->next_w);
+        }
+    }
+    hc_set_reading(c, !c->out_paused && c->in_len - c->in_off < HTTP_IN_MAX);
+}
+
 static void hc_process(struct http_conn *c)
 {
+    size_t limit = c->hs->srv->cfg->max_write_queue_bytes;
+
     while (!c->closed && (c->phase == HC_IDLE || c->phase == HC_HEAD || c->phase == HC_BODY) &&
-           c->in_off < c->in_len) {
+           c->in_off < c->in_len && !c->out_paused && hc_pending_out(c) <= limit) {
         size_t n = http_parser_execute(&c->parser, &parser_settings, c->in + c->in_off,
                                        c->in_len - c->in_off);
         enum http_errno e = HTTP_PARSER_ERRNO(&c->parser);
@@ -1665,11 +1710,15 @@ static void hc_process(struct http_conn *c)
             break;
         }
     }
-    if (c->in_off == c->in_len)
+    if (c->in_off == c->in_len) {
         c->in_off = c->in_len = 0;
-    if (!c->closed && c->phase != HC_CLOSING && c->in_len - c->in_off < HTTP_IN_MAX &&
-        out_queued(c) <= c->hs->srv->cfg->max_write_queue_bytes)
-        hc_set_reading(c, true);
+        if (c->in_cap > HTTP_KEEP_BUFFER_BYTES) {
+            free(c->in);
+            c->in = NULL;
+            c->in_cap = 0;
+        }
+    }
+    hc_backpressure(c);
 }
 
 static void hc_on_read(struct ev_loop *loop, ev_io *w, int revents)
@@ -1736,6 +1785,11 @@ static void hc_flush(struct http_conn *c)
     size_t limit = c->hs->srv->cfg->max_write_queue_bytes;
     if (c->out_off == c->out_len) {
         c->out_off = c->out_len = 0;
+        if (c->out_cap > HTTP_KEEP_BUFFER_BYTES) {
+            free(c->out);
+            c->out = NULL;
+            c->out_cap = 0;
+        }
         ev_io_stop(c->hs->srv->loop, &c->wio);
         if (c->phase == HC_CLOSING) {
             hc_close(c, "answered, closing");
@@ -1756,18 +1810,14 @@ static void hc_flush(struct http_conn *c)
     upstream_budget_on_drained(&c->budget);
     if (out_queued(c) <= limit / 2 && c->sink.paused_calls)
         call_on_drained(&c->sink);
+    hc_backpressure(c);
 }
 
 static void hc_on_write(struct ev_loop *loop, ev_io *w, int revents)
 {
-    struct http_conn *c = w->data;
     (void)loop;
     (void)revents;
-    hc_flush(c);
-    if (!c->closed && c->phase != HC_CLOSING && !c->reading &&
-        c->in_len - c->in_off < HTTP_IN_MAX &&
-        out_queued(c) <= c->hs->srv->cfg->max_write_queue_bytes)
-        hc_set_reading(c, true);
+    hc_flush(w->data);
 }
 
 static void hc_close(struct http_conn *c, const char *why)

@@ -1,0 +1,118 @@
+"""Bounds and request hygiene of the HTTP front end (sidecar/http.c,
+docs/HTTP.md §7) through the real sidecar, raw sockets and the real mock
+upstream: each connection's output budget against a client that pipelines
+and never reads, the global bound on unfinished bodies, routing and
+authentication decided from the headers before any body byte is kept,
+cross-origin requests, chunked trailers, and strict header names.
+
+Memory is read from /proc/<pid>/status as in test_bounds.py: VmHWM (the
+peak resident set) after the abuse against VmRSS before it, with ASan's
+quarantine off so that freed blocks do not count.
+"""
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest import chat, yaml_value  # noqa: E402
+from test_http import front, read_response, is_closed  # noqa: E402,F401
+
+MIB = 1 << 20
+ASAN_ENV = {"ASAN_OPTIONS": os.environ.get("ASAN_OPTIONS", "detect_leaks=1") +
+            ":quarantine_size_mb=0"}
+
+
+def status_kb(pid, field):
+    for line in open("/proc/%d/status" % pid):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError("no %s in /proc/%d/status" % (field, pid))
+
+
+def http_stats(f):
+    """The `http` part of the msgpack `stats` result."""
+    c = f.sc.connect()
+    try:
+        return c.request("stats", timeout=60)[1]["http"]
+    finally:
+        c.close()
+
+
+def wait_stable(read, settle=0.5, timeout=60.0):
+    """Polls read() until it returns the same value over `settle` seconds."""
+    deadline = time.monotonic() + timeout
+    last, since = read(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        v = read()
+        if v != last:
+            last, since = v, time.monotonic()
+        elif time.monotonic() - since >= settle:
+            return v
+    return last
+
+
+def request(method, path, host="127.0.0.1", headers=(), body=b""):
+    """The bytes of one request; Content-Length added when there is a body."""
+    lines = ["%s %s HTTP/1.1" % (method, path), "Host: %s" % host]
+    lines += list(headers)
+    if body:
+        lines.append("Content-Length: %d" % len(body))
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def timed_get(f, path="/healthz"):
+    """(status, seconds) of one GET on a new connection."""
+    t0 = time.monotonic()
+    s = f.raw()
+    try:
+        s.sendall(request("GET", path))
+        status, _, _ = read_response(s)
+    finally:
+        s.close()
+    return status, time.monotonic() - t0
+
+
+# ------------------------------------------------ the output budget (pipelining)
+PIPELINED = 6000
+OUT_BUDGET = 1 * MIB
+
+
+def test_http_bounds__pipelined_answers_stay_within_the_output_budget(front, up):
+    """6,000 pipelined GET /metrics on one connection that never reads: the
+    front stops parsing it once its queued answers pass
+    listen.max_write_queue_bytes, so memory grows by about the budget, not
+    by 6,000 answers; another connection is served meanwhile; every answer
+    arrives, in order, once the client reads."""
+    f = front(listen={"max_message_bytes": OUT_BUDGET, "max_write_queue_bytes": OUT_BUDGET},
+              env=ASAN_ENV)
+    pid = f.sc.proc.pid
+    s = f.raw()
+    s.sendall(request("GET", "/metrics"))
+    status, _, one = read_response(s)
+    assert status == 200
+    rss0 = status_kb(pid, "VmRSS")
+
+    s.sendall(request("GET", "/metrics") * PIPELINED)
+    parsed = wait_stable(lambda: http_stats(f)["requests"])
+    status, healthy_s = timed_get(f)
+    assert status == 200
+    peak = status_kb(pid, "VmHWM")
+    rss1 = status_kb(pid, "VmRSS")
+    growth = (peak - rss0) * 1024
+    print("metrics answer %d bytes; parsed %d of %d; VmRSS %d -> %d kB, VmHWM %d kB "
+          "(growth %.1f MiB); healthy call %.1f ms"
+          % (len(one), parsed - 1, PIPELINED, rss0, rss1, peak, growth / MIB, healthy_s * 1000))
+    assert growth < OUT_BUDGET + 8 * MIB, "grew %.1f MiB" % (growth / MIB)
+    assert parsed - 1 < PIPELINED
+    assert healthy_s < 1.0
+
+    # Every answer comes, in order, as the client reads.
+    for i in range(PIPELINED):
+        status, _, body = read_response(s, timeout=30)
+        assert status == 200, i
+        assert body.startswith(b"# HELP"), i
+    s.close()
