@@ -16,7 +16,7 @@
  *
  * Bad input is answered and the connection closed, since the byte stream
  * can no longer be trusted: an unparsable request 400, a request line and
- * headers over http.max_header_bytes 431, a URL over HTTP_URL_MAX 414, a
+ * headers over http.max_header_bytes 431, a URL over HTTPREQ_URL_MAX 414, a
  * body over http.max_body_bytes 413 (refused at the headers when it has a
  * Content-Length, so Expect: 100-continue clients never send it).
  * Well-formed requests that are wrong (unknown path, invalid JSON, wrong
@@ -41,10 +41,10 @@
  * callbacks on the stack have unwound.
  */
 #include "http.h"
+#include "httpreq.h"
 #include "strbuf.h"
 
 #include <errno.h>
-#include <http_parser.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -77,59 +77,13 @@
  * connection that once carried a large answer or body must not hold its
  * size while idle. */
 #define HTTP_KEEP_BUFFER_BYTES (4 * HTTP_READ_CHUNK)
-#define HTTP_URL_MAX           2048 /* longer request targets get 414 */
-#define HTTP_VAL_MAX           256  /* longest value kept of a header we read */
-#define HTTP_LINGER_S          2.0  /* how long a closing connection may take to flush */
+#define HTTP_LINGER_S          2.0 /* how long a closing connection may take to flush */
 #define HTTP_ACCEPT_BATCH      64
 #define HTTP_ACCEPT_PAUSE_S    0.1
 
-/* The request headers polygw reads; every other one is only counted. */
-enum hdr {
-    H_NONE = -1,
-    H_CTYPE,
-    H_EXPECT,
-    H_TASK,
-    H_DEADLINE,
-    H_SCOPE,
-    H_SDK_RETRY,
-    H_APP,
-    H_AUTH, /* a secret: only compared (hc_identify) */
-    H_COUNT
-};
-/* Each with its length, which every header line of every request is
- * compared to first. */
-#define HDR(name)              \
-    {                          \
-        name, sizeof(name) - 1 \
-    }
-static const struct {
-    const char *name;
-    size_t len;
-} hdrs[H_COUNT] = {
-    HDR("content-type"),      HDR("expect"),         HDR("x-polygw-task"),
-    HDR("x-polygw-deadline"), HDR("x-polygw-scope"), HDR("x-polygw-sdk-retry"),
-    HDR("x-polygw-app"),      HDR("authorization"),
-};
 /* "Bearer " and the longest app token fit; a longer Authorization (an SDK's
  * API key, say) is no token of ours and not an error by itself. */
-_Static_assert(HTTP_VAL_MAX >= 7 + CONFIG_APP_TOKEN_MAX, "an app token fits a header value");
-
-struct http_req {
-    char url[HTTP_URL_MAX + 1];
-    size_t url_len;
-    bool url_over;
-    char field[24]; /* the header name being read (long names are not ours) */
-    size_t field_len;
-    bool field_over;
-    bool in_value;
-    enum hdr cur;
-    char val[H_COUNT][HTTP_VAL_MAX + 1];
-    size_t val_len[H_COUNT];
-    bool present[H_COUNT];
-    enum hdr over;  /* a header of ours too long, or H_NONE */
-    bool auth_over; /* Authorization longer than HTTP_VAL_MAX: matches no token */
-    size_t header_bytes;
-};
+_Static_assert(HTTPREQ_VAL_MAX >= 7 + CONFIG_APP_TOKEN_MAX, "an app token fits a header value");
 
 enum hc_phase { HC_IDLE, HC_HEAD, HC_BODY, HC_SERVING, HC_CLOSING };
 
@@ -149,7 +103,6 @@ struct http_conn {
     ev_io rio, wio;
     ev_timer phase_w; /* the current phase's deadline */
     ev_timer next_w;  /* zero delay: parse pipelined input after a call */
-    http_parser parser;
     struct call_sink sink;
     struct upstream_budget budget; /* unsent output + replies its call is receiving */
     struct conn *bridge;           /* task endpoints, made on first use */
@@ -162,7 +115,6 @@ struct http_conn {
     bool is_unix;     /* accepted on the Unix socket: `peer` holds its credentials */
     struct peer peer;
     char app[CONFIG_NAME_MAX]; /* the request's app once hc_identify resolved it, or "" */
-    int fail_status;           /* set by a parser callback that refused the input */
     uint32_t seq;              /* call ids */
     char *in;                  /* bytes [in_off, in_len) not parsed yet */
     size_t in_off, in_len, in_cap;
@@ -170,7 +122,7 @@ struct http_conn {
     size_t out_off, out_len, out_cap;
     char *body;
     size_t body_len, body_cap;
-    struct http_req req;
+    struct httpreq req; /* the request being read (httpreq.h) */
 };
 
 struct http_server {
@@ -185,8 +137,6 @@ struct http_server {
     size_t models_len;
     struct http_stats stats;
 };
-
-static http_parser_settings parser_settings;
 
 static void hc_process(struct http_conn *c);
 static void hc_flush(struct http_conn *c);
@@ -315,7 +265,7 @@ static const char *status_text(int status)
 static void hc_head(struct http_conn *c, int status, const char *ctype, long long len,
                     const struct call_info *ci, const char *extra)
 {
-    bool http10 = c->parser.http_major == 1 && c->parser.http_minor == 0;
+    bool http10 = c->req.parser.http_major == 1 && c->req.parser.http_minor == 0;
 
     if (len < 0 && http10)
         c->keep_alive = false;
@@ -371,7 +321,7 @@ static void hc_sse(struct http_conn *c, const char *event, const char *data, siz
     for (size_t i = 0; i < len; i++)
         lines += data[i] == '\n';
     size_t n = (event ? strlen(event) + 8 : 0) + len + 7 * lines + 1;
-    bool chunked = !(c->parser.http_major == 1 && c->parser.http_minor == 0);
+    bool chunked = !(c->req.parser.http_major == 1 && c->req.parser.http_minor == 0);
 
     if (chunked) {
         out_uint(c, n, 16);
@@ -400,7 +350,7 @@ static void hc_sse(struct http_conn *c, const char *event, const char *data, siz
 /* Ends a body of unknown length (chunked terminator, or the close). */
 static void hc_body_end(struct http_conn *c)
 {
-    if (!(c->parser.http_major == 1 && c->parser.http_minor == 0))
+    if (!(c->req.parser.http_major == 1 && c->req.parser.http_minor == 0))
         out_str(c, "0\r\n\r\n");
     else
         c->keep_alive = false;
@@ -703,16 +653,14 @@ static void hc_response_done(struct http_conn *c)
 }
 
 /* Input that cannot be parsed any further: answer and close. */
-static void hc_reject_input(struct http_conn *c, enum http_errno e)
+static void hc_reject_input(struct http_conn *c)
 {
     const struct config *cfg = c->hs->srv->cfg;
-    int status = c->fail_status;
+    const struct httpreq *r = &c->req;
 
     c->hs->stats.bad_requests++;
     c->keep_alive = false;
-    if (!status)
-        status = e == HPE_HEADER_OVERFLOW ? 431 : 400;
-    switch (status) {
+    switch (r->status) {
     case 431:
         hc_error(c, 431, PGW_TOO_LARGE,
                  "request line and headers exceed http.max_header_bytes (%zu)",
@@ -723,10 +671,14 @@ static void hc_reject_input(struct http_conn *c, enum http_errno e)
                  cfg->http_max_body_bytes);
         break;
     case 414:
-        hc_error(c, 414, PGW_BAD_REQUEST, "request target longer than %d bytes", HTTP_URL_MAX);
+        hc_error(c, 414, PGW_BAD_REQUEST, "request target longer than %d bytes", HTTPREQ_URL_MAX);
+        break;
+    case 500:
+        hc_error(c, 500, PGW_INTERNAL, "out of memory reading the request body");
         break;
     default:
-        hc_error(c, 400, PGW_BAD_REQUEST, "malformed HTTP request: %s", http_errno_description(e));
+        hc_error(c, 400, PGW_BAD_REQUEST, "malformed HTTP request: %s",
+                 r->why ? r->why : "unparsable");
         break;
     }
     hc_close_after_flush(c);
@@ -774,151 +726,45 @@ static void hc_on_next(struct ev_loop *loop, ev_timer *w, int revents)
 /* ------------------------------------------------------------------ */
 /* Parser callbacks                                                    */
 
-static int hc_count_header(struct http_conn *c, size_t n)
+static struct http_conn *req_hc(struct httpreq *r)
 {
-    c->req.header_bytes += n;
-    if (c->req.header_bytes > c->hs->srv->cfg->http_max_header_bytes) {
-        c->fail_status = 431;
-        return -1;
-    }
-    return 0;
+    return r->owner;
 }
 
-static int on_message_begin(http_parser *p)
+static void hc_on_begin(struct httpreq *r)
 {
-    struct http_conn *c = p->data;
+    struct http_conn *c = req_hc(r);
 
-    memset(&c->req.present, 0, sizeof(c->req.present));
-    memset(&c->req.val_len, 0, sizeof(c->req.val_len));
-    c->req.url_len = 0;
-    c->req.url_over = false;
-    c->req.field_len = 0;
-    c->req.field_over = false;
-    c->req.in_value = false;
-    c->req.cur = H_NONE;
-    c->req.over = H_NONE;
-    c->req.auth_over = false;
-    c->req.header_bytes = 0;
     c->app[0] = '\0';
     c->body_len = 0;
-    c->fail_status = 0;
     c->phase = HC_HEAD;
     hc_arm(c, c->hs->srv->cfg->http_header_timeout_s);
-    return 0;
 }
 
-static int on_url(http_parser *p, const char *at, size_t n)
+static int hc_on_head(struct httpreq *r)
 {
-    struct http_conn *c = p->data;
+    struct http_conn *c = req_hc(r);
+    const http_parser *p = &r->parser;
 
-    if (hc_count_header(c, n) < 0)
-        return -1;
-    if (c->req.url_len + n > HTTP_URL_MAX) {
-        c->req.url_over = true;
-        return 0;
-    }
-    memcpy(c->req.url + c->req.url_len, at, n);
-    c->req.url_len += n;
-    return 0;
-}
-
-static int on_header_field(http_parser *p, const char *at, size_t n)
-{
-    struct http_conn *c = p->data;
-    struct http_req *r = &c->req;
-
-    if (hc_count_header(c, n) < 0)
-        return -1;
-    if (r->in_value) {
-        r->in_value = false;
-        r->field_len = 0;
-        r->field_over = false;
-    }
-    if (r->field_len + n >= sizeof(r->field)) {
-        r->field_over = true;
-        return 0;
-    }
-    memcpy(r->field + r->field_len, at, n);
-    r->field_len += n;
-    return 0;
-}
-
-static int on_header_value(http_parser *p, const char *at, size_t n)
-{
-    struct http_conn *c = p->data;
-    struct http_req *r = &c->req;
-
-    if (hc_count_header(c, n) < 0)
-        return -1;
-    if (!r->in_value) {
-        r->in_value = true;
-        r->cur = H_NONE;
-        for (int i = 0; !r->field_over && i < H_COUNT; i++) {
-            if (hdrs[i].len == r->field_len &&
-                strncasecmp(r->field, hdrs[i].name, r->field_len) == 0) {
-                r->cur = (enum hdr)i;
-                /* A repeated header of ours: the last one wins, whole. */
-                r->val_len[i] = 0;
-                r->present[i] = true;
-                r->auth_over &= i != H_AUTH;
-                break;
-            }
-        }
-    }
-    if (r->cur == H_NONE)
-        return 0;
-    if (r->val_len[r->cur] + n > HTTP_VAL_MAX) {
-        if (r->cur == H_AUTH)
-            r->auth_over = true;
-        else
-            r->over = r->cur;
-        return 0;
-    }
-    memcpy(r->val[r->cur] + r->val_len[r->cur], at, n);
-    r->val_len[r->cur] += n;
-    return 0;
-}
-
-static int on_headers_complete(http_parser *p)
-{
-    struct http_conn *c = p->data;
-    const struct config *cfg = c->hs->srv->cfg;
-
-    for (int i = 0; i < H_COUNT; i++)
-        c->req.val[i][c->req.val_len[i]] = '\0';
-    if (c->req.url_over) {
-        c->fail_status = 414;
-        return -1;
-    }
-    if (!(p->flags & F_CHUNKED) && p->content_length != ULLONG_MAX &&
-        p->content_length > cfg->http_max_body_bytes) {
-        c->fail_status = 413;
-        return -1;
-    }
-    if (c->req.present[H_EXPECT] && p->http_major == 1 && p->http_minor >= 1 &&
-        strcasecmp(c->req.val[H_EXPECT], "100-continue") == 0)
+    if (r->present[HRQ_EXPECT] && p->http_major == 1 && p->http_minor >= 1 &&
+        strcasecmp(r->val[HRQ_EXPECT], "100-continue") == 0)
         out_str(c, "HTTP/1.1 100 Continue\r\n\r\n");
     c->phase = HC_BODY;
-    hc_arm(c, cfg->http_body_timeout_s);
+    hc_arm(c, c->hs->srv->cfg->http_body_timeout_s);
     return 0;
 }
 
-static int on_body(http_parser *p, const char *at, size_t n)
+static int hc_on_body(struct httpreq *r, const char *at, size_t n)
 {
-    struct http_conn *c = p->data;
-    size_t max = c->hs->srv->cfg->http_max_body_bytes;
+    struct http_conn *c = req_hc(r);
 
-    if (c->body_len + n > max) {
-        c->fail_status = 413;
-        return -1;
-    }
     if (c->body_len + n + 1 > c->body_cap) {
         size_t cap = c->body_cap ? c->body_cap : 4096;
         while (cap < c->body_len + n + 1)
             cap *= 2;
         char *b = realloc(c->body, cap);
         if (!b) {
-            c->fail_status = 500;
+            r->status = 500;
             return -1;
         }
         c->body = b;
@@ -929,25 +775,10 @@ static int on_body(http_parser *p, const char *at, size_t n)
     return 0;
 }
 
-static int on_message_complete(http_parser *p)
-{
-    struct http_conn *c = p->data;
-
-    c->phase = HC_SERVING;
-    hc_arm(c, 0);
-    c->keep_alive = http_should_keep_alive(p) != 0;
-    http_parser_pause(p, 1);
-    return 0;
-}
-
-static http_parser_settings parser_settings = {
-    .on_message_begin = on_message_begin,
-    .on_url = on_url,
-    .on_header_field = on_header_field,
-    .on_header_value = on_header_value,
-    .on_headers_complete = on_headers_complete,
-    .on_body = on_body,
-    .on_message_complete = on_message_complete,
+static const struct httpreq_ops hc_req_ops = {
+    .begin = hc_on_begin,
+    .head = hc_on_head,
+    .body = hc_on_body,
 };
 
 /* ------------------------------------------------------------------ */
@@ -1143,11 +974,11 @@ static void route_status_page(struct http_conn *c, const char *path, size_t len)
  * NULL (none, not a bearer, too long, no app's token). */
 static const struct config_app *hc_bearer_app(struct http_conn *c)
 {
-    const struct http_req *r = &c->req;
-    const char *v = r->val[H_AUTH];
-    size_t n = r->val_len[H_AUTH];
+    const struct httpreq *r = &c->req;
+    const char *v = r->val[HRQ_AUTH];
+    size_t n = r->val_len[HRQ_AUTH];
 
-    if (!r->present[H_AUTH] || r->auth_over || n <= 7 || strncasecmp(v, "Bearer ", 7) != 0)
+    if (!r->present[HRQ_AUTH] || r->auth_over || n <= 7 || strncasecmp(v, "Bearer ", 7) != 0)
         return NULL;
     return config_app_for_token(c->hs->srv->cfg, v + 7, n - 7);
 }
@@ -1185,24 +1016,14 @@ static void route_status_stats(struct http_conn *c, const char *path, size_t len
     strbuf_fini(&json);
 }
 
-/* True for application/json, with or without parameters. */
-static bool ctype_is_json(const char *v)
-{
-    size_t n = strlen("application/json");
-    while (*v == ' ' || *v == '\t')
-        v++;
-    return strncasecmp(v, "application/json", n) == 0 &&
-        (v[n] == '\0' || v[n] == ';' || v[n] == ' ' || v[n] == '\t');
-}
-
 /* Checks a request's own JSON body: an object (unless `optional` and
  * empty). Answers 415 / 400 and returns -1 when it is not. */
 static int hc_check_json_body(struct http_conn *c, bool optional)
 {
-    if (c->req.present[H_CTYPE] && !ctype_is_json(c->req.val[H_CTYPE]) &&
+    if (c->req.present[HRQ_CTYPE] && !httpreq_ctype_is_json(&c->req) &&
         !(optional && c->body_len == 0)) {
         char ct[65];
-        rpc_quote_client_str(c->req.val[H_CTYPE], c->req.val_len[H_CTYPE], sizeof(ct) - 1, ct);
+        rpc_quote_client_str(c->req.val[HRQ_CTYPE], c->req.val_len[HRQ_CTYPE], sizeof(ct) - 1, ct);
         hc_error(c, 415, PGW_BAD_REQUEST, "Content-Type must be application/json, got '%s'", ct);
         return -1;
     }
@@ -1272,7 +1093,7 @@ static const char *cap_http_path(const struct config *cfg, size_t i)
 static const struct config_app *hc_identify(struct http_conn *c)
 {
     const struct config *cfg = c->hs->srv->cfg;
-    struct http_req *r = &c->req;
+    struct httpreq *r = &c->req;
     const struct config_app *a;
     char why[200];
 
@@ -1284,15 +1105,15 @@ static const struct config_app *hc_identify(struct http_conn *c)
         a = hc_bearer_app(c);
         if (!a) {
             hc_error(c, 401, PGW_BAD_REQUEST, "%s",
-                     r->present[H_AUTH] ? "the bearer token is not an app's token"
-                                        : "a bearer token is required (Authorization: Bearer "
-                                          "<an app's token>)");
+                     r->present[HRQ_AUTH] ? "the bearer token is not an app's token"
+                                          : "a bearer token is required (Authorization: Bearer "
+                                            "<an app's token>)");
             return NULL;
         }
     }
-    if (r->present[H_APP]) {
+    if (r->present[HRQ_APP]) {
         const struct config_app *d =
-            peer_declare_app(cfg, a->name, r->val[H_APP], r->val_len[H_APP], why, sizeof(why));
+            peer_declare_app(cfg, a->name, r->val[HRQ_APP], r->val_len[HRQ_APP], why, sizeof(why));
         if (!d) {
             str_copy(c->app, sizeof(c->app), a->name);
             hc_error(c, 403, PGW_BAD_REQUEST, "X-Polygw-App: %s", why);
@@ -1361,30 +1182,30 @@ static void route_call(struct http_conn *c, const char *path, size_t len)
         .members_scanned = !bf.stream_options_twice,
         .stream_options = bf.stream_options,
     };
-    if (c->req.present[H_DEADLINE]) {
+    if (c->req.present[HRQ_DEADLINE]) {
         char *end;
-        double d = strtod(c->req.val[H_DEADLINE], &end);
-        if (end == c->req.val[H_DEADLINE] || *end || !(d > 0) || !isfinite(d)) {
+        double d = strtod(c->req.val[HRQ_DEADLINE], &end);
+        if (end == c->req.val[HRQ_DEADLINE] || *end || !(d > 0) || !isfinite(d)) {
             hc_error(c, 400, PGW_BAD_REQUEST,
                      "X-Polygw-Deadline: expected a positive number of seconds");
             return;
         }
         r.deadline_s = d;
     }
-    if (c->req.present[H_TASK]) {
-        if (c->req.val_len[H_TASK] == 0 || c->req.val_len[H_TASK] > TASK_ID_MAX) {
+    if (c->req.present[HRQ_TASK]) {
+        if (c->req.val_len[HRQ_TASK] == 0 || c->req.val_len[HRQ_TASK] > TASK_ID_MAX) {
             hc_error(c, 400, PGW_BAD_REQUEST, "X-Polygw-Task: expected 1 to %d bytes", TASK_ID_MAX);
             return;
         }
-        r.task_id = c->req.val[H_TASK];
+        r.task_id = c->req.val[HRQ_TASK];
     }
-    if (c->req.present[H_SCOPE]) {
-        if (c->req.val_len[H_SCOPE] == 0 || c->req.val_len[H_SCOPE] >= sizeof(scope)) {
+    if (c->req.present[HRQ_SCOPE]) {
+        if (c->req.val_len[HRQ_SCOPE] == 0 || c->req.val_len[HRQ_SCOPE] >= sizeof(scope)) {
             hc_error(c, 400, PGW_BAD_REQUEST, "X-Polygw-Scope: expected 1 to %zu bytes",
                      sizeof(scope) - 1);
             return;
         }
-        memcpy(scope, c->req.val[H_SCOPE], c->req.val_len[H_SCOPE] + 1);
+        memcpy(scope, c->req.val[HRQ_SCOPE], c->req.val_len[HRQ_SCOPE] + 1);
         r.scope = scope;
     }
     c->stream_open = false;
@@ -1481,7 +1302,7 @@ static void route_task(struct http_conn *c, const char *path, size_t len)
     const char *op = slash ? slash + 1 : NULL;
     size_t op_len = slash ? (size_t)(end - op) : 0;
     char id[TASK_ID_MAX + 1];
-    bool get = c->parser.method == HTTP_GET;
+    bool get = c->req.parser.method == HTTP_GET;
     int ri = -1;
     const struct config_app *app = hc_identify(c);
 
@@ -1499,7 +1320,7 @@ static void route_task(struct http_conn *c, const char *path, size_t len)
         char quoted[129];
         rpc_quote_client_str(path, len, sizeof(quoted) - 1, quoted);
         hc_error(c, known ? 405 : 404, PGW_UNKNOWN_METHOD, "no task endpoint %s %s",
-                 http_method_str((enum http_method)c->parser.method), quoted);
+                 http_method_str((enum http_method)c->req.parser.method), quoted);
         return;
     }
     if (pct_decode(rest, (size_t)((slash ? slash : end) - rest), id, sizeof(id)) < 0) {
@@ -1614,12 +1435,13 @@ static void hc_dispatch(struct http_conn *c)
 
     c->hs->stats.requests++;
     c->req.url[c->req.url_len] = '\0';
-    c->sdk_retry = c->req.present[H_SDK_RETRY] && strcasecmp(c->req.val[H_SDK_RETRY], "true") == 0;
+    c->sdk_retry =
+        c->req.present[HRQ_SDK_RETRY] && strcasecmp(c->req.val[HRQ_SDK_RETRY], "true") == 0;
     if (q)
         len = (size_t)(q - path);
-    if (c->req.over != H_NONE) {
+    if (c->req.over != HRQ_NONE) {
         hc_error(c, 431, PGW_BAD_REQUEST, "header %s is longer than %d bytes",
-                 hdrs[c->req.over].name, HTTP_VAL_MAX);
+                 httpreq_hdr_name(c->req.over), HTTPREQ_VAL_MAX);
         hc_response_done(c);
         return;
     }
@@ -1632,7 +1454,7 @@ static void hc_dispatch(struct http_conn *c)
     for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
         if (!route_matches(routes[i].path, path, len))
             continue;
-        if (routes[i].method != (enum http_method)c->parser.method) {
+        if (routes[i].method != (enum http_method)c->req.parser.method) {
             other_method = true;
             continue;
         }
@@ -1647,7 +1469,7 @@ static void hc_dispatch(struct http_conn *c)
     rpc_quote_client_str(path, len, sizeof(quoted) - 1, quoted);
     if (other_method)
         hc_error(c, 405, PGW_UNKNOWN_METHOD, "%s is not allowed on %s",
-                 http_method_str((enum http_method)c->parser.method), quoted);
+                 http_method_str((enum http_method)c->req.parser.method), quoted);
     else
         hc_error(c, 404, PGW_UNKNOWN_METHOD, "no endpoint %s", quoted);
     hc_response_done(c);
@@ -1696,17 +1518,19 @@ static void hc_process(struct http_conn *c)
 
     while (!c->closed && (c->phase == HC_IDLE || c->phase == HC_HEAD || c->phase == HC_BODY) &&
            c->in_off < c->in_len && !c->out_paused && hc_pending_out(c) <= limit) {
-        size_t n = http_parser_execute(&c->parser, &parser_settings, c->in + c->in_off,
-                                       c->in_len - c->in_off);
-        enum http_errno e = HTTP_PARSER_ERRNO(&c->parser);
+        const struct config *cfg = c->hs->srv->cfg;
+        size_t n;
+        c->req.max_header_bytes = cfg->http_max_header_bytes;
+        c->req.max_body_bytes = cfg->http_max_body_bytes;
+        enum httpreq_rc rc = httpreq_execute(&c->req, c->in + c->in_off, c->in_len - c->in_off, &n);
         c->in_off += n;
-        if (e == HPE_PAUSED) {
-            http_parser_pause(&c->parser, 0);
+        if (rc == HTTPREQ_DONE) {
+            c->phase = HC_SERVING;
+            hc_arm(c, 0);
+            c->keep_alive = httpreq_keep_alive(&c->req);
             hc_dispatch(c);
-            continue;
-        }
-        if (e != HPE_OK) {
-            hc_reject_input(c, e);
+        } else if (rc != HTTPREQ_MORE) {
+            hc_reject_input(c);
             break;
         }
     }
@@ -1955,9 +1779,7 @@ static void http_on_accept(struct ev_loop *loop, ev_io *w, int revents)
         c->is_unix = l->is_unix;
         peer_read(l->is_unix ? fd : -1, &c->peer);
         peer_ids(&c->peer, &c->sink.peer_pid, &c->sink.peer_uid);
-        c->req.over = H_NONE;
-        http_parser_init(&c->parser, HTTP_REQUEST);
-        c->parser.data = c;
+        httpreq_init(&c->req, &hc_req_ops, c);
         c->sink.ops = &http_sink_ops;
         c->sink.srv = hs->srv;
         c->sink.budget = &c->budget;

@@ -155,8 +155,10 @@ def is_closed(s, timeout=3.0):
 
 @pytest.fixture
 def front(make_sidecar, up, workdir):
-    """Factory: front(sources=..., http=..., **config kw) -> Front."""
-    def factory(sources=None, http=None, defaults=None, preexec_fn=None, env=None, **kw):
+    """Factory: front(sources=..., http=..., extra=more config text,
+    **config kw) -> Front."""
+    def factory(sources=None, http=None, defaults=None, preexec_fn=None, env=None, extra="",
+                **kw):
         port = free_port()
         hsock = os.path.join(workdir, "http.sock")
         if sources is None:
@@ -165,7 +167,7 @@ def front(make_sidecar, up, workdir):
         h = {"socket": hsock, "listen": "127.0.0.1:%d" % port, "header_timeout_s": 2,
              "body_timeout_s": 2, "keepalive_timeout_s": 30}
         h.update(http or {})
-        text = config_yaml(sources, defaults or DEFAULTS, **kw) + http_section(**h)
+        text = config_yaml(sources, defaults or DEFAULTS, **kw) + http_section(**h) + extra
         sc = make_sidecar(config_text=text, preexec_fn=preexec_fn, env=env)
         f = Front(sc, port, hsock)
         deadline = time.monotonic() + 5

@@ -13,11 +13,10 @@ import json
 import os
 import socket
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import chat, yaml_value  # noqa: E402
+from conftest import chat  # noqa: E402
 from test_http import front, read_response, is_closed  # noqa: E402,F401
 
 MIB = 1 << 20
@@ -115,4 +114,117 @@ def test_http_bounds__pipelined_answers_stay_within_the_output_budget(front, up)
         status, _, body = read_response(s, timeout=30)
         assert status == 200, i
         assert body.startswith(b"# HELP"), i
+    s.close()
+
+
+# ------------------------------------------------------------ configurations
+APP_TOKEN = "tok-bounds-5b7e1c9a3d2f4068"
+
+
+def tokens_front(front, http=None, listen=None):
+    """A front where app `tok` has a token (so a TCP request needs it) and
+    app `other` exists but may not be declared by anyone."""
+    return front(http=http, listen=listen, env=dict(ASAN_ENV, PGW_TEST_APP_TOKEN=APP_TOKEN),
+                 extra="apps:\n  - {name: tok, token_env: PGW_TEST_APP_TOKEN}\n"
+                       "  - {name: other, uids: [54321]}\n")
+
+
+def chunked(body, trailers=()):
+    """`body` as one chunk, the last chunk, then `trailers`."""
+    return (b"%x\r\n" % len(body) + body + b"\r\n0\r\n" +
+            b"".join(t.encode() + b"\r\n" for t in trailers) + b"\r\n")
+
+
+def error_of(s):
+    """(status, X-Polygw-Code, the error object or the whole body) of the
+    next answer on `s`."""
+    status, hdrs, body = read_response(s)
+    doc = json.loads(body) if body else None
+    return status, hdrs.get("x-polygw-code"), doc.get("error", doc) if doc else None
+
+
+# ------------------------------------------------------------ chunked trailers
+def test_http_bounds__trailers_never_become_headers(front, up):
+    """A trailer is not a header: a token only in a trailer does not
+    authenticate, and a trailer X-Polygw-App is not a declaration."""
+    f = tokens_front(front)
+    body = json.dumps(chat("trailers")).encode()
+    head = ("POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n")
+    seen = up.stats()["requests"]
+
+    s = f.raw()
+    s.sendall(head.encode() + b"\r\n" +
+              chunked(body, ["Authorization: Bearer " + APP_TOKEN]))
+    status, code, err = error_of(s)
+    assert status == 401 and code == "bad_request", (status, err)
+
+    # With the token in the header, a trailer X-Polygw-App (an app `tok`
+    # may not declare) changes nothing.
+    s = f.raw()
+    s.sendall((head + "Authorization: Bearer %s\r\n\r\n" % APP_TOKEN).encode() +
+              chunked(body, ["X-Polygw-App: other", "X-Polygw-Deadline: nonsense"]))
+    status, hdrs, answer = read_response(s)
+    assert status == 200, answer
+    assert up.stats()["requests"] == seen + 1
+    s.close()
+
+
+# ------------------------------------------------------- strict header names
+BAD_HEADS = {
+    "space before the colon, Content-Length":
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/json\r\nContent-Length : %(n)d\r\n\r\n%(body)s",
+    "space before the colon, Transfer-Encoding":
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/json\r\nTransfer-Encoding : chunked\r\n\r\n"
+        "%(hex)s\r\n%(body)s\r\n0\r\n\r\n",
+    "tab before the colon":
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type\t: application/json\r\nContent-Length: %(n)d\r\n\r\n%(body)s",
+    "obs-fold":
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/json\r\nX-Polygw-Scope: a\r\n b\r\n"
+        "Content-Length: %(n)d\r\n\r\n%(body)s",
+    "obs-fold after an empty value":
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/json\r\nX-Polygw-Scope:\r\n\tb\r\n"
+        "Content-Length: %(n)d\r\n\r\n%(body)s",
+    "bare CR ending a header line":
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/json\r\nX-Junk: a\rContent-Length: %(n)d\r\n\r\n%(body)s",
+    "space inside a name":
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/json\r\nContent Length: %(n)d\r\n\r\n%(body)s",
+}
+
+
+def test_http_bounds__header_names_are_matched_strictly(front, up):
+    """RFC 9112 §5.1 and §5.2: whitespace between a field name and its colon,
+    a folded line, and a bare CR are 400 and the connection is closed; none
+    reaches the upstream. The same bytes split one by one across reads are
+    refused the same way."""
+    f = front()
+    body = json.dumps(chat("strict")).encode().decode()
+    seen = up.stats()["requests"]
+    for name, tmpl in BAD_HEADS.items():
+        raw = (tmpl % {"n": len(body), "hex": "%x" % len(body), "body": body}).encode()
+        for split in (False, True):
+            s = f.raw()
+            if split:
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                for i in range(0, len(raw), 7):
+                    s.sendall(raw[i:i + 7])
+            else:
+                s.sendall(raw)
+            status, code, err = error_of(s)
+            assert status == 400 and code == "bad_request", (name, split, status, err)
+            assert is_closed(s), name
+            s.close()
+    assert up.stats()["requests"] == seen
+    # A correct request on a new connection is served.
+    s = f.raw()
+    s.sendall(request("POST", "/v1/chat/completions", headers=["Content-Type: application/json"],
+                      body=body.encode()))
+    assert read_response(s)[0] == 200
     s.close()
