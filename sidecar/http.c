@@ -14,13 +14,28 @@
  * (send_timeout_s between writes): a client that stops reading a stream is
  * closed and its call cancelled, rather than holding a paused upstream.
  *
- * Bad input is answered and the connection closed, since the byte stream
- * can no longer be trusted: an unparsable request 400, a request line and
- * headers over http.max_header_bytes 431, a URL over HTTPREQ_URL_MAX 414, a
- * body over http.max_body_bytes 413 (refused at the headers when it has a
+ * Requests are read by httpreq.c. Bad input is answered and the
+ * connection closed, since the byte stream can no longer be trusted: an
+ * unparsable request 400, a request line and headers over
+ * http.max_header_bytes 431, a URL over HTTPREQ_URL_MAX 414, a body over
+ * http.max_body_bytes 413 (refused at the headers when it has a
  * Content-Length, so Expect: 100-continue clients never send it).
  * Well-formed requests that are wrong (unknown path, invalid JSON, wrong
  * content type) get their status and the connection stays usable.
+ *
+ * A request is admitted or refused from its head (hc_admit: the route, who
+ * is calling, the content type), before any byte of its body is kept. A
+ * refused request that announces a body is answered with Connection:
+ * close and its connection CLOSING with `draining`: the output is ended
+ * once written (shutdown) and the input read and dropped until the client
+ * closes or the linger timer expires, since closing with unread input would
+ * reset the connection under the answer. So are the other answers to input
+ * that was not read whole (400, 408, 413, ...).
+ *
+ * Unfinished input — a body being read, pipelined requests not parsed —
+ * counts in srv->input_bytes with the msgpack front's partial frames:
+ * past listen.max_buffered_input_bytes the connection holding the most, of
+ * either front, is refused (conn_enforce_input; here 503 overloaded).
  *
  * Pipelining: the parser pauses at the end of each request; bytes after it
  * stay in the input buffer (at most HTTP_IN_MAX: reading stops above it)
@@ -108,11 +123,16 @@ struct http_conn {
     struct conn *bridge;           /* task endpoints, made on first use */
     enum hc_phase phase;
     bool reading, closed, oom;
-    bool out_paused;  /* not parsed further: its queued output is over budget */
-    bool keep_alive;  /* of the request being served */
-    bool stream_open; /* an SSE answer's head is sent */
-    bool sdk_retry;   /* X-Polygw-SDK-Retry: true */
-    bool is_unix;     /* accepted on the Unix socket: `peer` holds its credentials */
+    bool out_paused; /* not parsed further: its queued output is over budget */
+    bool answered;   /* the request was answered at its head (hc_admit refused it) */
+    bool draining;   /* CLOSING: its input is read and dropped until EOF (hc_close_after_flush) */
+    bool write_shut; /* draining, and its output is all written: shutdown(SHUT_WR) done */
+    int route;       /* routes[] row of the request being served */
+    size_t input_bytes; /* its share of srv->input_bytes (hc_account_input) */
+    bool keep_alive;    /* of the request being served */
+    bool stream_open;   /* an SSE answer's head is sent */
+    bool sdk_retry;     /* X-Polygw-SDK-Retry: true */
+    bool is_unix;       /* accepted on the Unix socket: `peer` holds its credentials */
     struct peer peer;
     char app[CONFIG_NAME_MAX]; /* the request's app once hc_identify resolved it, or "" */
     uint32_t seq;              /* call ids */
@@ -140,6 +160,7 @@ struct http_server {
 
 static void hc_process(struct http_conn *c);
 static void hc_flush(struct http_conn *c);
+static bool hc_admit(struct http_conn *c);
 static void hc_close(struct http_conn *c, const char *why);
 
 /* ------------------------------------------------------------------ */
@@ -617,17 +638,63 @@ static void hc_set_reading(struct http_conn *c, bool on)
         ev_io_stop(c->hs->srv->loop, &c->rio);
 }
 
-/* No more input; close once the output is written (bounded). */
-static void hc_close_after_flush(struct http_conn *c)
+/* Its unfinished input: the body of a request being read and the bytes
+ * not parsed yet. */
+static size_t hc_input_held(const struct http_conn *c)
+{
+    if (c->closed || c->phase == HC_CLOSING)
+        return 0;
+    return (c->phase == HC_HEAD || c->phase == HC_BODY ? c->body_len : 0) + c->in_len - c->in_off;
+}
+
+/* Counts c's unfinished input in the server's total, which both front
+ * ends share: past listen.max_buffered_input_bytes the connection holding
+ * the most, of either, is refused (conn_enforce_input). */
+static void hc_account_input(struct http_conn *c)
+{
+    struct server *srv = c->hs->srv;
+    size_t held = hc_input_held(c);
+
+    srv->input_bytes = srv->input_bytes - c->input_bytes + held;
+    c->input_bytes = held;
+    conn_enforce_input(srv);
+}
+
+static void hc_drop_body(struct http_conn *c)
+{
+    free(c->body);
+    c->body = NULL;
+    c->body_len = c->body_cap = 0;
+}
+
+/* Ends the output once it is written. */
+static void hc_shut_write(struct http_conn *c)
+{
+    if (c->write_shut)
+        return;
+    c->write_shut = true;
+    shutdown(c->fd, SHUT_WR);
+}
+
+/* No more requests: close once the output is written (bounded by a linger
+ * timer). `drain` when the client may still be sending (a request refused
+ * before its end): its input is then read and dropped until it closes,
+ * the output ended first, because closing a socket with unread input
+ * resets the connection and the client could lose the answer. */
+static void hc_close_after_flush(struct http_conn *c, bool drain)
 {
     if (c->closed)
         return;
     c->phase = HC_CLOSING;
-    hc_set_reading(c, false);
-    if (out_queued(c) == 0) {
+    c->draining |= drain;
+    hc_set_reading(c, c->draining);
+    hc_account_input(c);
+    if (out_queued(c) == 0 && !c->draining) {
         hc_close(c, "answered, closing");
         return;
     }
+    if (out_queued(c) == 0)
+        hc_shut_write(c);
     hc_arm(c, HTTP_LINGER_S);
 }
 
@@ -641,7 +708,7 @@ static void hc_response_done(struct http_conn *c)
     if (c->phase == HC_CLOSING || c->closed)
         return;
     if (!c->keep_alive || c->hs->stopping) {
-        hc_close_after_flush(c);
+        hc_close_after_flush(c, false);
         return;
     }
     c->phase = HC_IDLE;
@@ -681,7 +748,7 @@ static void hc_reject_input(struct http_conn *c)
                  r->why ? r->why : "unparsable");
         break;
     }
-    hc_close_after_flush(c);
+    hc_close_after_flush(c, true);
 }
 
 static void hc_on_timer(struct ev_loop *loop, ev_timer *w, int revents)
@@ -699,7 +766,7 @@ static void hc_on_timer(struct ev_loop *loop, ev_timer *w, int revents)
                  c->phase == HC_HEAD ? "line and headers" : "body",
                  c->phase == HC_HEAD ? c->hs->srv->cfg->http_header_timeout_s
                                      : c->hs->srv->cfg->http_body_timeout_s);
-        hc_close_after_flush(c);
+        hc_close_after_flush(c, true);
         hc_flush(c);
         break;
     case HC_IDLE:
@@ -741,15 +808,29 @@ static void hc_on_begin(struct httpreq *r)
     hc_arm(c, c->hs->srv->cfg->http_header_timeout_s);
 }
 
+/* The head is read: the request is admitted or refused before any byte
+ * of its body is kept. A refused request without a body completes at once
+ * (hc_dispatch sees it answered); one with a body stops the reading, and
+ * the connection closes once the answer is written, its body read and
+ * dropped meanwhile (hc_close_after_flush). */
 static int hc_on_head(struct httpreq *r)
 {
     struct http_conn *c = req_hc(r);
     const http_parser *p = &r->parser;
+    bool body = httpreq_has_body(r);
 
+    c->phase = HC_BODY;
+    c->keep_alive = httpreq_keep_alive(r);
+    /* A refusal of a request whose body is not read says it closes. */
+    bool keep_alive = c->keep_alive;
+    c->keep_alive = keep_alive && !body;
+    c->answered = !hc_admit(c);
+    if (c->answered)
+        return body ? 1 : 0;
+    c->keep_alive = keep_alive;
     if (r->present[HRQ_EXPECT] && p->http_major == 1 && p->http_minor >= 1 &&
         strcasecmp(r->val[HRQ_EXPECT], "100-continue") == 0)
         out_str(c, "HTTP/1.1 100 Continue\r\n\r\n");
-    c->phase = HC_BODY;
     hc_arm(c, c->hs->srv->cfg->http_body_timeout_s);
     return 0;
 }
@@ -956,15 +1037,27 @@ static bool hc_status_allowed(struct http_conn *c)
     return false;
 }
 
-static void route_status_page(struct http_conn *c, const char *path, size_t len)
+static bool admit_status(struct http_conn *c, const char *path, size_t len)
+{
+    (void)path;
+    (void)len;
+    return hc_status_allowed(c);
+}
+
+static bool admit_status_page(struct http_conn *c, const char *path, size_t len)
 {
     if (!path_is(path, len, "/polygw/")) {
         char quoted[129];
         rpc_quote_client_str(path, len, sizeof(quoted) - 1, quoted);
         hc_error(c, 404, PGW_UNKNOWN_METHOD, "no endpoint %s", quoted);
-        return;
+        return false;
     }
-    if (!hc_status_allowed(c))
+    return hc_status_allowed(c);
+}
+
+static void route_status_page(struct http_conn *c, const char *path, size_t len)
+{
+    if (!admit_status_page(c, path, len))
         return;
     hc_reply(c, 200, "text/html; charset=utf-8", (const char *)status_html, status_html_len, NULL,
              "Cache-Control: no-store\r\n");
@@ -1016,12 +1109,12 @@ static void route_status_stats(struct http_conn *c, const char *path, size_t len
     strbuf_fini(&json);
 }
 
-/* Checks a request's own JSON body: an object (unless `optional` and
- * empty). Answers 415 / 400 and returns -1 when it is not. */
+/* Checks a request's Content-Type: JSON (unless `optional` and it
+ * announces no body). Answers 415 and returns -1 when it is not. */
 static int hc_check_json_body(struct http_conn *c, bool optional)
 {
     if (c->req.present[HRQ_CTYPE] && !httpreq_ctype_is_json(&c->req) &&
-        !(optional && c->body_len == 0)) {
+        !(optional && !httpreq_has_body(&c->req))) {
         char ct[65];
         rpc_quote_client_str(c->req.val[HRQ_CTYPE], c->req.val_len[HRQ_CTYPE], sizeof(ct) - 1, ct);
         hc_error(c, 415, PGW_BAD_REQUEST, "Content-Type must be application/json, got '%s'", ct);
@@ -1125,16 +1218,17 @@ static const struct config_app *hc_identify(struct http_conn *c)
     return a;
 }
 
-static void route_call(struct http_conn *c, const char *path, size_t len)
+/* The capability POST `path` (/v1/...) calls, and in *app who calls:
+ * decided from the head alone. NULL after answering 401 / 403 (who is
+ * calling), 404 (no capability there) or 415 (not JSON). */
+static const struct config_capability *call_target(struct http_conn *c, const char *path,
+                                                   size_t len, const struct config_app **app)
 {
-    struct server *srv = c->hs->srv;
-    const struct config *cfg = srv->cfg;
+    const struct config *cfg = c->hs->srv->cfg;
     const struct config_capability *cap = NULL;
-    char scope[CONFIG_NAME_MAX * 4];
-    const struct config_app *app = hc_identify(c);
 
-    if (!app)
-        return;
+    if (!(*app = hc_identify(c)))
+        return NULL;
     /* Two capabilities may share an upstream path: the first one that has
      * a source serves it. */
     for (size_t i = 0; i < cfg->n_capabilities; i++) {
@@ -1152,9 +1246,24 @@ static void route_call(struct http_conn *c, const char *path, size_t len)
         char quoted[129];
         rpc_quote_client_str(path, len, sizeof(quoted) - 1, quoted);
         hc_error(c, 404, PGW_UNKNOWN_CAPABILITY, "no capability is served at %s", quoted);
-        return;
+        return NULL;
     }
-    if (hc_check_json_body(c, false) < 0)
+    return hc_check_json_body(c, false) < 0 ? NULL : cap;
+}
+
+static bool admit_call(struct http_conn *c, const char *path, size_t len)
+{
+    const struct config_app *app;
+    return call_target(c, path, len, &app) != NULL;
+}
+
+static void route_call(struct http_conn *c, const char *path, size_t len)
+{
+    char scope[CONFIG_NAME_MAX * 4];
+    const struct config_app *app;
+    const struct config_capability *cap = call_target(c, path, len, &app);
+
+    if (!cap)
         return;
     struct body_facts bf = { 0 };
     size_t at = 0;
@@ -1293,42 +1402,63 @@ static int pct_decode(const char *s, size_t n, char *out, size_t cap)
     return o ? 0 : -1;
 }
 
-/* /polygw/v1/tasks/{id} and /polygw/v1/tasks/{id}/{op}. */
-static void route_task(struct http_conn *c, const char *path, size_t len)
+/* What a task request names: its method (task_routes[ri]), the task and
+ * who calls. */
+struct task_target {
+    int ri;
+    char id[TASK_ID_MAX + 1];
+    const struct config_app *app;
+};
+
+/* /polygw/v1/tasks/{id} and /polygw/v1/tasks/{id}/{op}, decided from the
+ * head alone: false after answering 401 / 403 (who is calling), 404 / 405
+ * (no such task endpoint), 400 (a bad id) or 415 (not JSON). */
+static bool task_target(struct http_conn *c, const char *path, size_t len, struct task_target *t)
 {
     static const char prefix[] = "/polygw/v1/tasks/";
     const char *rest = path + sizeof(prefix) - 1, *end = path + len;
     const char *slash = memchr(rest, '/', (size_t)(end - rest));
     const char *op = slash ? slash + 1 : NULL;
     size_t op_len = slash ? (size_t)(end - op) : 0;
-    char id[TASK_ID_MAX + 1];
     bool get = c->req.parser.method == HTTP_GET;
-    int ri = -1;
-    const struct config_app *app = hc_identify(c);
 
-    if (!app)
-        return;
+    if (!(t->app = hc_identify(c)))
+        return false;
+    t->ri = -1;
     for (size_t i = 0; i < sizeof(task_routes) / sizeof(task_routes[0]); i++) {
         if (get ? (!op && !task_routes[i].op)
                 : (op && task_routes[i].op && path_is(op, op_len, task_routes[i].op))) {
-            ri = (int)i;
+            t->ri = (int)i;
             break;
         }
     }
-    if (ri < 0) {
+    if (t->ri < 0) {
         bool known = (!op && !get) || (op && get);
         char quoted[129];
         rpc_quote_client_str(path, len, sizeof(quoted) - 1, quoted);
         hc_error(c, known ? 405 : 404, PGW_UNKNOWN_METHOD, "no task endpoint %s %s",
                  http_method_str((enum http_method)c->req.parser.method), quoted);
-        return;
+        return false;
     }
-    if (pct_decode(rest, (size_t)((slash ? slash : end) - rest), id, sizeof(id)) < 0) {
+    if (pct_decode(rest, (size_t)((slash ? slash : end) - rest), t->id, sizeof(t->id)) < 0) {
         hc_error(c, 400, PGW_BAD_REQUEST, "task id: expected 1 to %d bytes (percent-encoded)",
                  TASK_ID_MAX);
-        return;
+        return false;
     }
-    if (hc_check_json_body(c, true) < 0)
+    return hc_check_json_body(c, true) == 0;
+}
+
+static bool admit_task(struct http_conn *c, const char *path, size_t len)
+{
+    struct task_target t;
+    return task_target(c, path, len, &t);
+}
+
+static void route_task(struct http_conn *c, const char *path, size_t len)
+{
+    struct task_target t;
+
+    if (!task_target(c, path, len, &t))
         return;
 
     /* The body's keys become the method's named parameters, next to the
@@ -1364,16 +1494,16 @@ static void route_task(struct http_conn *c, const char *path, size_t len)
     }
     /* The task methods check ownership against the bridge's app: this
      * request's (one request at a time is served per connection). */
-    snprintf(c->bridge->app, sizeof(c->bridge->app), "%s", app->name);
+    snprintf(c->bridge->app, sizeof(c->bridge->app), "%s", t.app->name);
     memcpy(c->bridge->peer_app, c->bridge->app, sizeof(c->bridge->app));
     msgpack_packer_init(&pk, &frame, msgpack_sbuffer_write);
-    rpc_pack_request_begin(&pk, ++c->seq, task_routes[ri].method);
+    rpc_pack_request_begin(&pk, ++c->seq, task_routes[t.ri].method);
     msgpack_pack_array(&pk, 1);
     uint32_t n = 1;
     for (uint32_t i = 0; bo && i < bo->via.map.size; i++)
         n += !rpc_str_is(&bo->via.map.ptr[i].key, "task_id");
     msgpack_pack_map(&pk, n);
-    rpc_pack_kv_str(&pk, "task_id", id);
+    rpc_pack_kv_str(&pk, "task_id", t.id);
     for (uint32_t i = 0; bo && i < bo->via.map.size; i++) {
         if (rpc_str_is(&bo->via.map.ptr[i].key, "task_id"))
             continue;
@@ -1386,7 +1516,7 @@ static void route_task(struct http_conn *c, const char *path, size_t len)
         hc_error(c, 500, PGW_INTERNAL, "cannot build the task request");
         goto out;
     }
-    task_routes[ri].fn(c->bridge, &m);
+    task_routes[t.ri].fn(c->bridge, &m);
     conn_flush(c->bridge); /* an answer made at once comes out now (hc_on_bridge) */
 out:
     msgpack_unpacked_destroy(&fup);
@@ -1400,21 +1530,28 @@ out:
  * matches with another method only is 405, no match 404. A route answers
  * at once (hc_reply, hc_error), or starts a call or a task request that
  * answers later through the sink or the bridge. A new endpoint is one row
- * and one route_fn. */
+ * and one route_fn. `admit`, when set, runs on the head (hc_admit), before
+ * any byte of the body is read: what it refuses (who is calling, the
+ * content type, a capability or task endpoint that does not exist) is
+ * answered without reading the body. The route runs it again on the whole
+ * request, since the configuration may have been reloaded meanwhile. */
+typedef bool admit_fn(struct http_conn *c, const char *path, size_t len);
+
 static const struct {
     enum http_method method;
     const char *path;
     route_fn *fn;
+    admit_fn *admit;
 } routes[] = {
-    { HTTP_GET, "/healthz", route_healthz },
-    { HTTP_GET, "/readyz", route_readyz },
-    { HTTP_GET, "/v1/models", route_models },
-    { HTTP_GET, "/metrics", route_metrics },
-    { HTTP_GET, "/polygw/v1/tasks/", route_task },
-    { HTTP_POST, "/polygw/v1/tasks/", route_task },
-    { HTTP_GET, "/polygw/v1/stats", route_status_stats },
-    { HTTP_GET, "/polygw/", route_status_page },
-    { HTTP_POST, "/v1/", route_call },
+    { HTTP_GET, "/healthz", route_healthz, NULL },
+    { HTTP_GET, "/readyz", route_readyz, NULL },
+    { HTTP_GET, "/v1/models", route_models, NULL },
+    { HTTP_GET, "/metrics", route_metrics, NULL },
+    { HTTP_GET, "/polygw/v1/tasks/", route_task, admit_task },
+    { HTTP_POST, "/polygw/v1/tasks/", route_task, admit_task },
+    { HTTP_GET, "/polygw/v1/stats", route_status_stats, admit_status },
+    { HTTP_GET, "/polygw/", route_status_page, admit_status_page },
+    { HTTP_POST, "/v1/", route_call, admit_call },
 };
 
 static bool route_matches(const char *rp, const char *path, size_t len)
@@ -1425,32 +1562,41 @@ static bool route_matches(const char *rp, const char *path, size_t len)
     return path_is(path, len, rp);
 }
 
-static void hc_dispatch(struct http_conn *c)
+/* The request's path: its target up to the query. */
+static size_t hc_path_len(const struct http_conn *c)
 {
-    struct server *srv = c->hs->srv;
+    const char *q = memchr(c->req.url, '?', c->req.url_len);
+    return q ? (size_t)(q - c->req.url) : c->req.url_len;
+}
+
+static bool hc_shutting_down(struct http_conn *c)
+{
+    if (c->hs->srv->state == SERVER_RUNNING && !c->hs->stopping)
+        return false;
+    c->keep_alive = false;
+    hc_error(c, 503, PGW_SHUTTING_DOWN, "the sidecar is shutting down");
+    return true;
+}
+
+/* Decides a request from its head alone: an over-long header of ours, the
+ * sidecar shutting down, the route (404 / 405), and the route's own
+ * checks. Returns true with c->route set, or false after answering. */
+static bool hc_admit(struct http_conn *c)
+{
     const char *path = c->req.url;
-    size_t len = c->req.url_len;
-    const char *q = memchr(path, '?', len);
+    size_t len = hc_path_len(c);
     bool other_method = false;
 
     c->hs->stats.requests++;
-    c->req.url[c->req.url_len] = '\0';
     c->sdk_retry =
         c->req.present[HRQ_SDK_RETRY] && strcasecmp(c->req.val[HRQ_SDK_RETRY], "true") == 0;
-    if (q)
-        len = (size_t)(q - path);
     if (c->req.over != HRQ_NONE) {
         hc_error(c, 431, PGW_BAD_REQUEST, "header %s is longer than %d bytes",
                  httpreq_hdr_name(c->req.over), HTTPREQ_VAL_MAX);
-        hc_response_done(c);
-        return;
+        return false;
     }
-    if (srv->state != SERVER_RUNNING || c->hs->stopping) {
-        c->keep_alive = false;
-        hc_error(c, 503, PGW_SHUTTING_DOWN, "the sidecar is shutting down");
-        hc_response_done(c);
-        return;
-    }
+    if (hc_shutting_down(c))
+        return false;
     for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
         if (!route_matches(routes[i].path, path, len))
             continue;
@@ -1458,12 +1604,8 @@ static void hc_dispatch(struct http_conn *c)
             other_method = true;
             continue;
         }
-        routes[i].fn(c, path, len);
-        /* Answered at once, unless a call or a task request is in flight
-         * (those answer through the sink / the bridge). */
-        if (c->phase == HC_SERVING && c->sink.n_calls == 0 && !(c->bridge && c->bridge->tasks))
-            hc_response_done(c);
-        return;
+        c->route = (int)i;
+        return !routes[i].admit || routes[i].admit(c, path, len);
     }
     char quoted[129];
     rpc_quote_client_str(path, len, sizeof(quoted) - 1, quoted);
@@ -1472,7 +1614,26 @@ static void hc_dispatch(struct http_conn *c)
                  http_method_str((enum http_method)c->req.parser.method), quoted);
     else
         hc_error(c, 404, PGW_UNKNOWN_METHOD, "no endpoint %s", quoted);
-    hc_response_done(c);
+    return false;
+}
+
+/* Serves a request read whole: admitted at its head (hc_admit), or
+ * answered already. */
+static void hc_dispatch(struct http_conn *c)
+{
+    if (c->answered || hc_shutting_down(c)) {
+        hc_response_done(c);
+        return;
+    }
+    routes[c->route].fn(c, c->req.url, hc_path_len(c));
+    /* The body went into the call or the task request: a large buffer is
+     * not kept for the next request. */
+    if (c->body_cap > HTTP_KEEP_BUFFER_BYTES)
+        hc_drop_body(c);
+    /* Answered at once, unless a call or a task request is in flight
+     * (those answer through the sink / the bridge). */
+    if (c->phase == HC_SERVING && c->sink.n_calls == 0 && !(c->bridge && c->bridge->tasks))
+        hc_response_done(c);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1527,9 +1688,12 @@ static void hc_process(struct http_conn *c)
         if (rc == HTTPREQ_DONE) {
             c->phase = HC_SERVING;
             hc_arm(c, 0);
-            c->keep_alive = httpreq_keep_alive(&c->req);
+            c->keep_alive = c->keep_alive && httpreq_keep_alive(&c->req);
             hc_dispatch(c);
-        } else if (rc != HTTPREQ_MORE) {
+        } else if (rc == HTTPREQ_STOP) {
+            hc_close_after_flush(c, true); /* answered at its head (hc_on_head) */
+            break;
+        } else if (rc == HTTPREQ_FAIL) {
             hc_reject_input(c);
             break;
         }
@@ -1543,6 +1707,20 @@ static void hc_process(struct http_conn *c)
         }
     }
     hc_backpressure(c);
+    hc_account_input(c);
+}
+
+/* A closing connection's input, read and dropped until the client closes
+ * (or the linger timer closes it). */
+static void hc_drain(struct http_conn *c)
+{
+    static char sink[HTTP_READ_CHUNK];
+    ssize_t n = recv(c->fd, sink, sizeof(sink), 0);
+
+    if (n == 0)
+        hc_close(c, "peer closed");
+    else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+        hc_close(c, "read failed");
 }
 
 static void hc_on_read(struct ev_loop *loop, ev_io *w, int revents)
@@ -1551,6 +1729,10 @@ static void hc_on_read(struct ev_loop *loop, ev_io *w, int revents)
     (void)loop;
     (void)revents;
 
+    if (c->phase == HC_CLOSING) {
+        hc_drain(c);
+        return;
+    }
     if (c->in_off > 0) {
         memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
         c->in_len -= c->in_off;
@@ -1615,7 +1797,9 @@ static void hc_flush(struct http_conn *c)
             c->out_cap = 0;
         }
         ev_io_stop(c->hs->srv->loop, &c->wio);
-        if (c->phase == HC_CLOSING) {
+        if (c->phase == HC_CLOSING && c->draining) {
+            hc_shut_write(c);
+        } else if (c->phase == HC_CLOSING) {
             hc_close(c, "answered, closing");
             return;
         }
@@ -1660,6 +1844,8 @@ static void hc_close(struct http_conn *c, const char *why)
     call_abort_all(&c->sink);
     if (c->bridge)
         tasks_fail_pending(c->bridge, PGW_OK, NULL);
+    hs->srv->input_bytes -= c->input_bytes;
+    c->input_bytes = 0;
     close(c->fd);
     c->fd = -1;
     log_at(LOG_DEBUG, "http connection closed", "conn", LOG_U, (unsigned long long)c->id, "reason",
@@ -2010,7 +2196,7 @@ void http_stop(struct http_server *hs)
         }
         if (!c->closed) {
             c->keep_alive = false;
-            hc_close_after_flush(c);
+            hc_close_after_flush(c, false);
             hc_flush(c);
         }
     }
@@ -2022,6 +2208,57 @@ void http_close_all(struct http_server *hs)
         return;
     while (hs->conns)
         hc_close(hs->conns, "shutdown");
+}
+
+/* The open connection holding the most unfinished input, or NULL. */
+static struct http_conn *http_input_hog(const struct http_server *hs)
+{
+    struct http_conn *v = NULL;
+
+    for (struct http_conn *c = hs ? hs->conns : NULL; c; c = c->next)
+        if (!c->closed && c->phase != HC_CLOSING && (!v || c->input_bytes > v->input_bytes))
+            v = c;
+    return v;
+}
+
+size_t http_input_most(const struct http_server *hs)
+{
+    const struct http_conn *v = http_input_hog(hs);
+    return v ? v->input_bytes : 0;
+}
+
+void http_refuse_input_most(struct http_server *hs, size_t total, size_t cap)
+{
+    struct http_conn *c = http_input_hog(hs);
+    char msg[240];
+
+    if (!c)
+        return;
+    snprintf(msg, sizeof(msg),
+             "the sidecar holds %zu bytes of unfinished requests (max_buffered_input_bytes %zu); "
+             "this connection held the most, %zu: retry later",
+             total, cap, c->input_bytes);
+    log_at(LOG_INFO, "http connection refused: unfinished input over budget", "conn", LOG_U,
+           (unsigned long long)c->id, "held_bytes", LOG_U, (unsigned long long)c->input_bytes,
+           NULL);
+    hs->srv->input_bytes -= c->input_bytes;
+    c->input_bytes = 0;
+    c->in_off = c->in_len = 0;
+    hc_drop_body(c);
+    if (c->phase == HC_SERVING) {
+        /* Its request is answered here, whatever was running for it. */
+        call_abort_all(&c->sink);
+        if (c->bridge)
+            tasks_fail_pending(c->bridge, PGW_OK, NULL);
+    }
+    if (c->stream_open) {
+        hc_close(c, "unfinished input over max_buffered_input_bytes");
+        return;
+    }
+    c->keep_alive = false;
+    hc_error(c, 503, PGW_OVERLOADED, "%s", msg);
+    hc_close_after_flush(c, true);
+    hc_flush(c);
 }
 
 bool http_has_conns(const struct http_server *hs)

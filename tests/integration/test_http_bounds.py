@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -226,5 +227,153 @@ def test_http_bounds__header_names_are_matched_strictly(front, up):
     s = f.raw()
     s.sendall(request("POST", "/v1/chat/completions", headers=["Content-Type: application/json"],
                       body=body.encode()))
+    assert read_response(s)[0] == 200
+    s.close()
+
+
+# --------------------------------------------- unfinished bodies, all connections
+IN_BUDGET = 32 * MIB
+BODY = 15 * 1000 * 1000
+STALLERS = 30
+
+
+def msgpack_stats(f):
+    c = f.sc.connect()
+    try:
+        return c.request("stats", timeout=30)[1]
+    finally:
+        c.close()
+
+
+def stall_body(f, results, i, headers=("Content-Type: application/json",)):
+    """Sends a head announcing BODY + 1000 bytes, then BODY bytes, then
+    stops; records the answer (or how the connection ended)."""
+    s = f.raw(timeout=30)
+    head = request("POST", "/v1/chat/completions", headers=list(headers) +
+                   ["Content-Length: %d" % (BODY + 1000)])
+    try:
+        s.sendall(head)
+        chunk = b"x" * (1 << 20)
+        sent = 0
+        while sent < BODY:
+            n = min(len(chunk), BODY - sent)
+            s.sendall(chunk[:n])
+            sent += n
+        results[i] = ("stalled", sent, s)
+    except OSError as e:
+        results[i] = ("refused", e, s)
+
+
+def test_http_bounds__unfinished_bodies_share_the_input_budget(front, up):
+    """30 clients each send 15 MB of a longer body and stall: the bodies
+    held across all HTTP connections stay within
+    listen.max_buffered_input_bytes, the connection holding the most is
+    refused (503 overloaded) each time the total passes it, and a call on
+    another connection is served meanwhile."""
+    f = front(listen={"max_message_bytes": 1 * MIB, "max_buffered_input_bytes": IN_BUDGET},
+              http={"body_timeout_s": 30, "max_body_bytes": 16 * MIB}, env=ASAN_ENV)
+    pid = f.sc.proc.pid
+    assert timed_get(f)[0] == 200
+    rss0 = status_kb(pid, "VmRSS")
+
+    results = [None] * STALLERS
+    threads = [threading.Thread(target=stall_body, args=(f, results, i))
+               for i in range(STALLERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    peak = status_kb(pid, "VmHWM")
+    rss1 = status_kb(pid, "VmRSS")
+
+    s = f.raw()
+    body = json.dumps(chat("meanwhile")).encode()
+    t0 = time.monotonic()
+    s.sendall(request("POST", "/v1/chat/completions",
+                      headers=["Content-Type: application/json"], body=body))
+    status, _, _ = read_response(s)
+    healthy_s = time.monotonic() - t0
+    s.close()
+
+    refused = msgpack_stats(f)["connections"]["input_refused"]
+    growth = (peak - rss0) * 1024
+    print("%d bodies of %d bytes, budget %d MiB: %d refused; VmRSS %d -> %d kB, VmHWM %d kB "
+          "(growth %.1f MiB); healthy call %.1f ms"
+          % (STALLERS, BODY, IN_BUDGET // MIB, refused, rss0, rss1, peak, growth / MIB,
+             healthy_s * 1000))
+    assert status == 200
+    # Beyond the bodies: a body buffer being doubled, the read buffers, and
+    # ASan's shadow (an eighth of what is touched).
+    assert growth < IN_BUDGET * 5 // 4 + 16 * MIB, "grew %.1f MiB" % (growth / MIB)
+    assert refused >= STALLERS - IN_BUDGET // BODY
+    # The refused ones were told why.
+    told = 0
+    for r in results:
+        s = r[2]
+        try:
+            st, hdrs, _ = read_response(s, timeout=5)
+            if st == 503 and hdrs.get("x-polygw-code") == "overloaded":
+                told += 1
+        except (OSError, EOFError):
+            pass
+        s.close()
+    assert told >= STALLERS - IN_BUDGET // BODY - 2, told
+
+
+def test_http_bounds__auth_and_routing_are_decided_before_the_body(front, up):
+    """With app tokens configured, a POST without one gets its 401 as soon
+    as its head is read, before any byte of its 15 MB body is sent; so do
+    an unknown path (404), a method a path does not take (405) and a
+    wrong Content-Type (415). Sending the bodies afterwards costs the
+    sidecar no memory, and nothing reaches the upstream."""
+    f = tokens_front(front, listen={"max_message_bytes": 1 * MIB,
+                                    "max_buffered_input_bytes": IN_BUDGET})
+    pid = f.sc.proc.pid
+    seen = up.stats()["requests"]
+    cases = [("/v1/chat/completions", ["Content-Type: application/json"], 401, "bad_request"),
+             ("/v1/chat/completions", ["Content-Type: application/json",
+                                       "Authorization: Bearer not-a-token-of-any-app"],
+              401, "bad_request"),
+             ("/v1/nowhere", ["Content-Type: application/json",
+                              "Authorization: Bearer " + APP_TOKEN], 404,
+              "unknown_capability"),
+             ("/metrics", ["Content-Type: application/json"], 405, "unknown_method"),
+             ("/v1/chat/completions", ["Content-Type: text/plain",
+                                       "Authorization: Bearer " + APP_TOKEN], 415,
+              "bad_request")]
+    rss0 = status_kb(pid, "VmRSS")
+    socks = []
+    for i in range(STALLERS):
+        path, headers, want, code = cases[i % len(cases)]
+        s = f.raw(timeout=10)
+        s.sendall(request("POST", path, headers=headers + ["Content-Length: %d" % BODY]))
+        status, hdrs, body = read_response(s, timeout=10)
+        assert (status, hdrs.get("x-polygw-code")) == (want, code), (path, headers, body)
+        assert hdrs.get("connection") == "close"
+        socks.append(s)
+    # The bodies come anyway: read and dropped, or refused by a close.
+    def send_body(s):
+        try:
+            chunk = b"y" * (1 << 20)
+            for _ in range(BODY // len(chunk)):
+                s.sendall(chunk)
+        except OSError:
+            pass
+    threads = [threading.Thread(target=send_body, args=(s,)) for s in socks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    growth = (status_kb(pid, "VmHWM") - rss0) * 1024
+    print("%d refused heads with 15 MB bodies: VmHWM growth %.1f MiB" % (STALLERS, growth / MIB))
+    assert growth < 8 * MIB, "grew %.1f MiB" % (growth / MIB)
+    for s in socks:
+        assert is_closed(s, timeout=5)
+        s.close()
+    assert up.stats()["requests"] == seen
+    # A refusal of a request without a body keeps the connection.
+    s = f.raw()
+    s.sendall(request("GET", "/nowhere") + request("GET", "/healthz"))
+    assert read_response(s)[0] == 404
     assert read_response(s)[0] == 200
     s.close()
