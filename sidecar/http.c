@@ -125,6 +125,7 @@ struct http_conn {
     bool reading, closed, oom;
     bool out_paused; /* not parsed further: its queued output is over budget */
     bool answered;   /* the request was answered at its head (hc_admit refused it) */
+    bool cors;       /* its Origin is one of http.allowed_origins: answers say so (CORS) */
     bool draining;   /* CLOSING: its input is read and dropped until EOF (hc_close_after_flush) */
     bool write_shut; /* draining, and its output is all written: shutdown(SHUT_WR) done */
     int route;       /* routes[] row of the request being served */
@@ -309,6 +310,12 @@ static void hc_head(struct http_conn *c, int status, const char *ctype, long lon
         out_str(c, "Connection: close\r\n");
     else if (http10)
         out_str(c, "Connection: keep-alive\r\n");
+    if (c->cors) {
+        /* The value matched an allowed origin: a token without CR or LF. */
+        out_str(c, "Access-Control-Allow-Origin: ");
+        out_str(c, c->req.val[HRQ_ORIGIN]);
+        out_str(c, "\r\nAccess-Control-Expose-Headers: *\r\nVary: Origin\r\n");
+    }
     if (ci) {
         out_str(c, "X-Polygw-Source: ");
         out_str(c, ci->source);
@@ -804,6 +811,7 @@ static void hc_on_begin(struct httpreq *r)
 
     c->app[0] = '\0';
     c->body_len = 0;
+    c->cors = false;
     c->phase = HC_HEAD;
     hc_arm(c, c->hs->srv->cfg->http_header_timeout_s);
 }
@@ -1109,18 +1117,24 @@ static void route_status_stats(struct http_conn *c, const char *path, size_t len
     strbuf_fini(&json);
 }
 
-/* Checks a request's Content-Type: JSON (unless `optional` and it
- * announces no body). Answers 415 and returns -1 when it is not. */
+/* Checks a request's Content-Type: application/json, with or without
+ * parameters (unless `optional` and the request announces no body). A
+ * missing one is refused too: a page of another site can send a body
+ * without a Content-Type, or with text/plain, with no CORS preflight.
+ * Answers 415 and returns -1 when it is not. */
 static int hc_check_json_body(struct http_conn *c, bool optional)
 {
-    if (c->req.present[HRQ_CTYPE] && !httpreq_ctype_is_json(&c->req) &&
-        !(optional && !httpreq_has_body(&c->req))) {
-        char ct[65];
-        rpc_quote_client_str(c->req.val[HRQ_CTYPE], c->req.val_len[HRQ_CTYPE], sizeof(ct) - 1, ct);
-        hc_error(c, 415, PGW_BAD_REQUEST, "Content-Type must be application/json, got '%s'", ct);
+    char ct[65];
+
+    if (httpreq_ctype_is_json(&c->req) || (optional && !httpreq_has_body(&c->req)))
+        return 0;
+    if (!c->req.present[HRQ_CTYPE]) {
+        hc_error(c, 415, PGW_BAD_REQUEST, "Content-Type must be application/json (none was sent)");
         return -1;
     }
-    return 0;
+    rpc_quote_client_str(c->req.val[HRQ_CTYPE], c->req.val_len[HRQ_CTYPE], sizeof(ct) - 1, ct);
+    hc_error(c, 415, PGW_BAD_REQUEST, "Content-Type must be application/json, got '%s'", ct);
+    return -1;
 }
 
 /* What the front end reads of a request body (the rest is the upstream's). */
@@ -1578,6 +1592,41 @@ static bool hc_shutting_down(struct http_conn *c)
     return true;
 }
 
+/* Where the request comes from (docs/HTTP.md section 8): false after
+ * answering 403 (a browser page of another origin, a Host that is not this
+ * front's) or a CORS preflight of an allowed origin. */
+static bool hc_site_allowed(struct http_conn *c)
+{
+    const struct config *cfg = c->hs->srv->cfg;
+    const struct httpreq_site site = {
+        .check_host = !c->is_unix,
+        .origins = (const char *const *)cfg->http_allowed_origins,
+        .n_origins = cfg->n_http_allowed_origins,
+        .hosts = (const char *const *)cfg->http_allowed_hosts,
+        .n_hosts = cfg->n_http_allowed_hosts,
+    };
+    const char *why = NULL;
+    enum httpreq_site_rc rc = httpreq_check_site(&c->req, &site, &why);
+
+    if (rc == HTTPREQ_SITE_REFUSED) {
+        hc_error(c, 403, PGW_BAD_REQUEST,
+                 "refused: %s (a browser page may call the front only from its own origin or "
+                 "one of http.allowed_origins)",
+                 why);
+        return false;
+    }
+    c->cors = rc == HTTPREQ_SITE_ALLOWED;
+    if (c->cors && c->req.parser.method == HTTP_OPTIONS) {
+        /* The preflight of a call from an allowed origin. */
+        hc_reply(c, 200, "text/plain; charset=utf-8", "", 0, NULL,
+                 "Access-Control-Allow-Methods: GET, POST\r\n"
+                 "Access-Control-Allow-Headers: *, Authorization\r\n"
+                 "Access-Control-Max-Age: 600\r\n");
+        return false;
+    }
+    return true;
+}
+
 /* Decides a request from its head alone: an over-long header of ours, the
  * sidecar shutting down, the route (404 / 405), and the route's own
  * checks. Returns true with c->route set, or false after answering. */
@@ -1595,7 +1644,7 @@ static bool hc_admit(struct http_conn *c)
                  httpreq_hdr_name(c->req.over), HTTPREQ_VAL_MAX);
         return false;
     }
-    if (hc_shutting_down(c))
+    if (hc_shutting_down(c) || !hc_site_allowed(c))
         return false;
     for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
         if (!route_matches(routes[i].path, path, len))

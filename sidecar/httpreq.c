@@ -10,7 +10,9 @@
  */
 #include "httpreq.h"
 
+#include <arpa/inet.h>
 #include <limits.h>
+#include <netinet/in.h>
 #include <string.h>
 #include <strings.h>
 
@@ -24,9 +26,12 @@ static const struct {
     const char *name;
     size_t len;
 } hdrs[HRQ_COUNT] = {
-    HDR("content-type"),      HDR("expect"),         HDR("x-polygw-task"),
-    HDR("x-polygw-deadline"), HDR("x-polygw-scope"), HDR("x-polygw-sdk-retry"),
-    HDR("x-polygw-app"),      HDR("authorization"),
+    HDR("content-type"),   HDR("expect"),
+    HDR("x-polygw-task"),  HDR("x-polygw-deadline"),
+    HDR("x-polygw-scope"), HDR("x-polygw-sdk-retry"),
+    HDR("x-polygw-app"),   HDR("authorization"),
+    HDR("host"),           HDR("origin"),
+    HDR("sec-fetch-site"), HDR("sec-fetch-mode"),
 };
 
 const char *httpreq_hdr_name(enum httpreq_hdr h)
@@ -344,4 +349,114 @@ bool httpreq_ctype_is_json(const struct httpreq *r)
         v++;
     return strncasecmp(v, json, n) == 0 &&
         (v[n] == '\0' || v[n] == ';' || v[n] == ' ' || v[n] == '\t');
+}
+
+/* ------------------------------------------------------------------ */
+/* Where a request comes from                                          */
+
+/* `n` bytes at `s` equal `word`, whatever the case. */
+static bool word_is(const char *s, size_t n, const char *word)
+{
+    return strlen(word) == n && strncasecmp(s, word, n) == 0;
+}
+
+static bool in_list(const char *s, size_t n, const char *const *list, size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        if (word_is(s, n, list[i]))
+            return true;
+    return false;
+}
+
+/* A Host value this front answers to: an IP address (a page can only have
+ * an address as its origin when it was loaded from that address, so no
+ * name was rebound), `localhost`, or a name of site->hosts; with or without
+ * a port. Empty (a target without authority) is no browser's. */
+static bool host_allowed(const char *v, size_t n, const struct httpreq_site *site)
+{
+    char addr[64];
+    const char *port; /* v + n when there is none */
+    union {
+        struct in_addr a4;
+        struct in6_addr a6;
+    } a;
+
+    if (n == 0)
+        return true;
+    if (v[0] == '[') {
+        const char *end = memchr(v, ']', n);
+        if (!end || (size_t)(end - v - 1) >= sizeof(addr))
+            return false;
+        memcpy(addr, v + 1, (size_t)(end - v - 1));
+        addr[end - v - 1] = '\0';
+        if (inet_pton(AF_INET6, addr, &a.a6) != 1)
+            return false;
+        port = end + 1;
+    } else {
+        const char *colon = memchr(v, ':', n);
+        size_t len = colon ? (size_t)(colon - v) : n;
+        if (len == 0 || len >= sizeof(addr))
+            return false;
+        memcpy(addr, v, len);
+        addr[len] = '\0';
+        if (inet_pton(AF_INET, addr, &a.a4) != 1 && !word_is(v, len, "localhost") &&
+            !in_list(v, len, site->hosts, site->n_hosts))
+            return false;
+        port = v + len;
+    }
+    if (port == v + n)
+        return true;
+    /* ":" and 1 to 5 digits. */
+    size_t digits = (size_t)(v + n - port) - 1;
+    if (*port != ':' || digits == 0 || digits > 5)
+        return false;
+    for (size_t i = 1; i <= digits; i++)
+        if (port[i] < '0' || port[i] > '9')
+            return false;
+    return true;
+}
+
+/* The Origin is the front's own: http:// or https:// and the Host the
+ * request was sent to (checked by host_allowed on TCP). */
+static bool origin_is_own(const struct httpreq *r)
+{
+    const char *o = r->val[HRQ_ORIGIN];
+    size_t n = r->val_len[HRQ_ORIGIN];
+    size_t skip = n > 7 && strncasecmp(o, "http://", 7) == 0 ? 7
+        : n > 8 && strncasecmp(o, "https://", 8) == 0        ? 8
+                                                             : 0;
+
+    return skip && r->present[HRQ_HOST] && r->val_len[HRQ_HOST] > 0 &&
+        word_is(o + skip, n - skip, r->val[HRQ_HOST]);
+}
+
+enum httpreq_site_rc httpreq_check_site(const struct httpreq *r, const struct httpreq_site *site,
+                                        const char **why)
+{
+    if (site->check_host && r->present[HRQ_HOST] &&
+        !host_allowed(r->val[HRQ_HOST], r->val_len[HRQ_HOST], site)) {
+        *why = "Host is not an IP address, localhost or a name of http.allowed_hosts";
+        return HTTPREQ_SITE_REFUSED;
+    }
+    if (r->present[HRQ_ORIGIN]) {
+        if (origin_is_own(r))
+            return HTTPREQ_SITE_OWN;
+        if (in_list(r->val[HRQ_ORIGIN], r->val_len[HRQ_ORIGIN], site->origins, site->n_origins))
+            return HTTPREQ_SITE_ALLOWED;
+        *why = "Origin is neither this front's own nor in http.allowed_origins";
+        return HTTPREQ_SITE_REFUSED;
+    }
+    /* A browser that sends no Origin still says where the request comes
+     * from. Following a link to the front (a top-level GET navigation) is
+     * not a page calling it. */
+    const char *site_v = r->val[HRQ_FETCH_SITE];
+    size_t site_n = r->val_len[HRQ_FETCH_SITE];
+    if (r->present[HRQ_FETCH_SITE] &&
+        (word_is(site_v, site_n, "cross-site") || word_is(site_v, site_n, "same-site")) &&
+        !(r->parser.method == HTTP_GET && r->present[HRQ_FETCH_MODE] &&
+          word_is(r->val[HRQ_FETCH_MODE], r->val_len[HRQ_FETCH_MODE], "navigate"))) {
+        *why = "Sec-Fetch-Site says the request comes from a page of another site";
+        return HTTPREQ_SITE_REFUSED;
+    }
+    return HTTPREQ_SITE_OWN;
 }

@@ -18,6 +18,10 @@
  *     the target by HTTPREQ_URL_MAX (414), a Content-Length or a chunked
  *     body by max_body_bytes (413, at the headers when the length is
  *     announced).
+ *
+ * The checks of where a request comes from (Host, Origin, Sec-Fetch-Site:
+ * docs/HTTP.md section 8) read only the request's headers: they are here
+ * too (httpreq_check_site).
  */
 #ifndef POLYGW_HTTPREQ_H
 #define POLYGW_HTTPREQ_H
@@ -40,6 +44,10 @@ enum httpreq_hdr {
     HRQ_SDK_RETRY,
     HRQ_APP,
     HRQ_AUTH, /* a secret: only compared (http.c hc_identify) */
+    HRQ_HOST,
+    HRQ_ORIGIN,
+    HRQ_FETCH_SITE, /* Sec-Fetch-Site */
+    HRQ_FETCH_MODE, /* Sec-Fetch-Mode */
     HRQ_COUNT
 };
 
@@ -132,5 +140,27 @@ bool httpreq_has_body(const struct httpreq *r);
 /* True for a Content-Type of application/json, with or without
  * parameters (`; charset=utf-8`). */
 bool httpreq_ctype_is_json(const struct httpreq *r);
+
+/* Where requests may come from (docs/HTTP.md section 8). */
+struct httpreq_site {
+    bool check_host;            /* a TCP listener: Host is checked */
+    const char *const *origins; /* http.allowed_origins */
+    size_t n_origins;
+    const char *const *hosts; /* http.allowed_hosts */
+    size_t n_hosts;
+};
+
+enum httpreq_site_rc {
+    HTTPREQ_SITE_OWN = 0,     /* from no other origin: no Origin, or the front's own */
+    HTTPREQ_SITE_ALLOWED = 1, /* from an origin of site->origins: answers carry CORS headers */
+    HTTPREQ_SITE_REFUSED = -1 /* from a browser page of another origin, or a Host that is
+                               * not this front's: refuse with 403 */
+};
+
+/* Checks a request's Host, Origin and Sec-Fetch-* headers against `site`.
+ * HTTPREQ_SITE_REFUSED comes with the reason in *why (static text, which
+ * names the header; the owner may quote its value). */
+enum httpreq_site_rc httpreq_check_site(const struct httpreq *r, const struct httpreq_site *site,
+                                        const char **why);
 
 #endif /* POLYGW_HTTPREQ_H */

@@ -10,7 +10,9 @@
  * requests it sees do not depend on how the bytes were split, so both
  * readings must produce the same transcript: for each request its
  * method, version, target, the values of the headers it keeps, whether it
- * keeps the connection, announces a body or says JSON, and the body, then
+ * keeps the connection, announces a body or says JSON, what
+ * httpreq_check_site() says of it (over TCP and the Unix socket), and the
+ * body, then
  * how the reading ended (a refusal's status may differ: a head can be too
  * long and malformed at once, and which is seen first depends on the
  * reads). The bounds are small so that they are reached.
@@ -94,6 +96,19 @@ static int on_head(struct httpreq *r)
     put_u(t, httpreq_keep_alive(r));
     put_u(t, httpreq_has_body(r));
     put_u(t, httpreq_ctype_is_json(r));
+    /* Where it comes from, as a TCP listener and as the Unix socket see it. */
+    static const char *const origins[] = { "http://localhost:3000", "https://app.example" };
+    static const char *const hosts[] = { "polygw.internal" };
+    struct httpreq_site site = { true, origins, 2, hosts, 1 };
+    const char *why = NULL;
+    for (int tcp = 0; tcp < 2; tcp++) {
+        site.check_host = tcp;
+        enum httpreq_site_rc rc = httpreq_check_site(r, &site, &why);
+        if (rc == HTTPREQ_SITE_REFUSED ? !why
+                                       : rc != HTTPREQ_SITE_OWN && rc != HTTPREQ_SITE_ALLOWED)
+            abort();
+        put_u(t, (unsigned long long)(rc + 1));
+    }
     /* A request the front would refuse at its head: stop there. */
     return r->url_len >= 5 && memcmp(r->url, "/stop", 5) == 0 ? 1 : 0;
 }

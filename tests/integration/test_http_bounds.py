@@ -377,3 +377,140 @@ def test_http_bounds__auth_and_routing_are_decided_before_the_body(front, up):
     assert read_response(s)[0] == 404
     assert read_response(s)[0] == 200
     s.close()
+
+
+# ------------------------------------------------------- cross-origin requests
+EVIL = "http://evil.example"
+
+
+def test_http_bounds__browser_requests_from_other_origins_are_refused(front, up):
+    """A page of another origin cannot drive the front: a foreign Origin,
+    `Origin: null`, Sec-Fetch-Site cross-site or same-site, a Host that is
+    not the front's (DNS rebinding), and a POST without or with another
+    Content-Type are refused (403 / 415) before reaching the upstream.
+    Non-browser requests, same-origin requests, a link followed to the
+    status page, and the origins and host names the configuration allows
+    are served; an allowed origin gets CORS headers and its preflight."""
+    f = front(http={"allowed_origins": ["http://localhost:3000"],
+                    "allowed_hosts": ["polygw.internal"]})
+    own = "127.0.0.1:%d" % f.port
+    body = json.dumps(chat("origin")).encode()
+    json_ct = ["Content-Type: application/json"]
+    seen = up.stats()["requests"]
+
+    def answer(method, path, headers, host=own, unix=False, payload=body):
+        if unix:
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(10)
+            s.connect(f.hsock)
+        else:
+            s = f.raw()
+        s.sendall(request(method, path, host=host, headers=headers,
+                          body=payload if method == "POST" else b""))
+        status, hdrs, text = read_response(s)
+        s.close()
+        return status, hdrs, text
+
+    refused = [
+        (["Origin: " + EVIL] + json_ct, own, 403),
+        (["Origin: null"] + json_ct, own, 403),
+        (["Origin: http://127.0.0.1:1"] + json_ct, own, 403),     # another loopback port
+        (["Origin: https://localhost:3000.evil.example"] + json_ct, own, 403),
+        (["Sec-Fetch-Site: cross-site", "Sec-Fetch-Mode: no-cors"] + json_ct, own, 403),
+        (["Sec-Fetch-Site: same-site", "Sec-Fetch-Mode: cors"] + json_ct, own, 403),
+        (json_ct, "evil.example:%d" % f.port, 403),                  # DNS rebinding
+        (["Origin: http://evil.example:%d" % f.port] + json_ct, "evil.example:%d" % f.port, 403),
+        (json_ct, "127.0.0.1.evil.example", 403),
+        ([], own, 415),                                              # no Content-Type
+        (["Content-Type: text/plain"], own, 415),
+        (["Content-Type: application/x-www-form-urlencoded"], own, 415),
+    ]
+    for headers, host, want in refused:
+        status, hdrs, text = answer("POST", "/v1/chat/completions", headers, host=host)
+        assert status == want, (headers, host, status, text)
+        assert hdrs.get("x-polygw-code") == "bad_request"
+        assert "access-control-allow-origin" not in hdrs
+        err = json.loads(text)["error"]
+        assert err["type"] == ("permission_error" if want == 403 else "invalid_request_error")
+    # The Unix socket checks Origin too, not Host.
+    assert answer("POST", "/v1/chat/completions", ["Origin: " + EVIL] + json_ct,
+                  host="polygw", unix=True)[0] == 403
+    assert up.stats()["requests"] == seen
+
+    served = [
+        (json_ct, own),                                              # curl, an SDK
+        (json_ct, "localhost:%d" % f.port),
+        (json_ct, "[::1]:%d" % f.port),
+        (json_ct, "polygw.internal:%d" % f.port),                    # http.allowed_hosts
+        (["Origin: http://" + own, "Sec-Fetch-Site: same-origin"] + json_ct, own),
+        (["Content-Type: application/json; charset=utf-8"], own),
+    ]
+    for headers, host in served:
+        status, hdrs, text = answer("POST", "/v1/chat/completions", headers, host=host)
+        assert status == 200, (headers, host, text)
+        assert "access-control-allow-origin" not in hdrs
+    assert answer("POST", "/v1/chat/completions", json_ct, host="polygw", unix=True)[0] == 200
+    # Following a link to the status page from another site opens it.
+    status, _, _ = answer("GET", "/polygw/", ["Sec-Fetch-Site: cross-site",
+                                              "Sec-Fetch-Mode: navigate"])
+    assert status == 200
+    # An allowed origin: its preflight, then its call, both with CORS headers.
+    allowed = ["Origin: http://localhost:3000", "Sec-Fetch-Site: same-site"]
+    status, hdrs, _ = answer("OPTIONS", "/v1/chat/completions", allowed + [
+        "Access-Control-Request-Method: POST",
+        "Access-Control-Request-Headers: authorization, content-type"])
+    assert status == 200
+    assert hdrs["access-control-allow-origin"] == "http://localhost:3000"
+    assert "POST" in hdrs["access-control-allow-methods"]
+    assert "authorization" in hdrs["access-control-allow-headers"].lower()
+    status, hdrs, text = answer("POST", "/v1/chat/completions", allowed + json_ct)
+    assert status == 200, text
+    assert hdrs["access-control-allow-origin"] == "http://localhost:3000"
+    assert up.stats()["requests"] == seen + len(served) + 2
+
+
+def test_http_bounds__allowed_origins_and_hosts_are_validated(front, up, workdir):
+    """http.allowed_origins and http.allowed_hosts are checked when the file
+    is loaded and when it is reloaded: a bad entry is refused with its key
+    path, and a good change applies without a restart."""
+    from conftest import POLYGW
+    import subprocess
+    f = front()
+    text = open(f.sc.config).read()
+    bad = {"null": "http.allowed_origins[0]", "http://x.example/": "http.allowed_origins[0]",
+           "ftp://x.example": "http.allowed_origins[0]", "http://x:99999": "http.allowed_origins[0]"}
+    for value, where in bad.items():
+        path = os.path.join(workdir, "bad.yaml")
+        with open(path, "w") as fh:
+            fh.write(text + "  allowed_origins: [%s]\n" % json.dumps(value))
+        r = subprocess.run([POLYGW, "--check-config", path], capture_output=True, timeout=10)
+        assert r.returncode == 1 and where.encode() in r.stderr, (value, r.stderr)
+    for value in ("evil.example:80", "a b", "http://x"):
+        path = os.path.join(workdir, "bad.yaml")
+        with open(path, "w") as fh:
+            fh.write(text + "  allowed_hosts: [%s]\n" % json.dumps(value))
+        r = subprocess.run([POLYGW, "--check-config", path], capture_output=True, timeout=10)
+        assert r.returncode == 1 and b"http.allowed_hosts[0]" in r.stderr, (value, r.stderr)
+
+    def post(origin):
+        s = f.raw()
+        s.sendall(request("POST", "/v1/chat/completions",
+                          headers=["Origin: " + origin, "Content-Type: application/json"],
+                          body=json.dumps(chat("reload")).encode()))
+        status = read_response(s)[0]
+        s.close()
+        return status
+
+    c = f.sc.connect()
+    assert post("http://localhost:5173") == 403
+    with open(f.sc.config, "w") as fh:
+        fh.write(text + "  allowed_origins: [\"http://localhost:5173\"]\n")
+    err, _ = c.request("config.reload")
+    assert err is None, err
+    assert post("http://localhost:5173") == 200
+    with open(f.sc.config, "w") as fh:
+        fh.write(text + "  allowed_origins: [\"http://localhost:5173/app\"]\n")
+    err, _ = c.request("config.reload")
+    assert err and "http.allowed_origins[0]" in err["message"], err
+    assert post("http://localhost:5173") == 200
+    c.close()
