@@ -229,14 +229,15 @@ $(BUILD)/shim/%.so: tests/shim/%.c
 # `make fuzz-build` only builds them and runs each over its committed corpus
 # once (`make test` does that when clang is installed, so they cannot rot);
 # `make fuzz-replay` replays the committed corpus through a gcc-built driver.
-FUZZ_TARGETS := frame transcode sse retry_after config convert jscan json_msgpack_diff h1_answer
+FUZZ_TARGETS := frame transcode sse retry_after config convert jscan json_msgpack_diff h1_answer \
+                http_request
 FUZZ_SECONDS ?= 60
 FUZZ_LARGE_SECONDS ?= $(FUZZ_SECONDS)
 FUZZ_MAX_LEN ?= 4194304
 FUZZ_CC      ?= clang
 FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/transcode.c sidecar/config.c sidecar/redis_tls.c sidecar/redis_url.c sidecar/h1.c \
                 sidecar/yamltree.c sidecar/name_index.c sidecar/jscan.c \
-                sidecar/dialect.c sidecar/convert.c
+                sidecar/dialect.c sidecar/convert.c sidecar/httpreq.c
 FUZZ_OBJ     := $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(FUZZ_LIB_SRC))
 FUZZ_MAIN_OBJ := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/obj/tests/fuzz/fuzz_%.o)
 FUZZ_CFLAGS  := $(filter-out $(CFLAGS),$(ALL_CFLAGS)) -fsanitize=fuzzer-no-link,address,undefined \

@@ -166,6 +166,8 @@ enum fid {
     FID_HTTP_BODY_TIMEOUT,
     FID_HTTP_KEEPALIVE_TIMEOUT,
     FID_HTTP_SEND_TIMEOUT,
+    FID_HTTP_ALLOWED_ORIGINS,
+    FID_HTTP_ALLOWED_HOSTS,
     FID_APPS,
     FID_UIDS,
     FID_GIDS,
@@ -682,6 +684,9 @@ static const struct field listen_table[] = {
     END
 };
 
+static int walk_allowed_origins(struct loader *l, const struct ynode *v);
+static int walk_allowed_hosts(struct loader *l, const struct ynode *v);
+
 static const struct field http_table[] = {
     STR("socket", FID_HTTP_SOCKET, OFF(struct config, http_socket), check_socket),
     STR("listen", FID_HTTP_LISTEN, OFF(struct config, http_listen), check_hostport),
@@ -702,6 +707,14 @@ static const struct field http_table[] = {
         OFF(struct config, http_keepalive_timeout_s), 0, 86400, F_MIN_OPEN),
     NUM("send_timeout_s", FT_DOUBLE, FID_HTTP_SEND_TIMEOUT, OFF(struct config, http_send_timeout_s),
         0, 3600, F_MIN_OPEN),
+    { .key = "allowed_origins",
+      .type = FT_CUSTOM,
+      .fid = FID_HTTP_ALLOWED_ORIGINS,
+      .walk = walk_allowed_origins },
+    { .key = "allowed_hosts",
+      .type = FT_CUSTOM,
+      .fid = FID_HTTP_ALLOWED_HOSTS,
+      .walk = walk_allowed_hosts },
     END
 };
 
@@ -1509,38 +1522,133 @@ static int walk_map(struct loader *l, const struct ynode *map, const struct fiel
     return 0;
 }
 
-/* backend.sentinels: ["host:port", ...], 1 to 16 of them. */
-static int walk_sentinels(struct loader *l, const struct ynode *v)
+/* Why the list item `s` is not acceptable (in `why`), or NULL. */
+typedef const char *item_problem_fn(const char *s, char *why, size_t whylen);
+
+/* A list of 1 to `max` distinct strings (`what`, for messages; one of them
+ * is `one`), each checked by `problem`, into *list (owned) and *n. */
+static int walk_strings(struct loader *l, const struct ynode *v, size_t max, const char *what,
+                        const char *one, item_problem_fn *problem, char ***list, size_t *n)
 {
-    struct config *cfg = l->cfg;
-    char why[128], host[256];
-    int port;
+    char why[200];
 
     if (ynode_is_null(v))
         return 0;
-    if (v->kind != YN_SEQ || v->n_kids == 0 || v->n_kids > 16)
-        return fail_type(l, v, "a list of 1 to 16 \"host:port\" strings");
-    cfg->redis_sentinels = calloc(v->n_kids, sizeof(*cfg->redis_sentinels));
-    if (!cfg->redis_sentinels)
+    if (v->kind != YN_SEQ || v->n_kids == 0 || v->n_kids > max) {
+        snprintf(why, sizeof(why), "a list of 1 to %zu %s", max, what);
+        return fail_type(l, v, why);
+    }
+    *list = calloc(v->n_kids, sizeof(**list));
+    if (!*list)
         return fail_nomem(l);
     for (size_t i = 0; i < v->n_kids; i++) {
         const struct ynode *item = v->kids[i];
-        const char *s;
+        const char *s, *p;
         size_t old = path_push_index(l, i);
         int rc = get_string(l, item, &s);
-        if (rc == 0 && rds_parse_hostport(s, host, sizeof(host), &port, why, sizeof(why)) < 0)
-            rc = fail_here(l, item->line, "%s", why);
-        for (size_t j = 0; rc == 0 && j < cfg->n_redis_sentinels; j++)
-            if (strcmp(cfg->redis_sentinels[j], s) == 0)
-                rc = fail_here(l, item->line, "repeats sentinel %zu", j);
-        if (rc == 0 && !(cfg->redis_sentinels[cfg->n_redis_sentinels] = strdup(s)))
+        if (rc == 0 && (p = problem(s, why, sizeof(why))))
+            rc = fail_here(l, item->line, "%s", p);
+        for (size_t j = 0; rc == 0 && j < *n; j++)
+            if (strcasecmp((*list)[j], s) == 0)
+                rc = fail_here(l, item->line, "repeats %s %zu", one, j);
+        if (rc == 0 && !((*list)[*n] = strdup(s)))
             rc = fail_nomem(l);
         path_pop(l, old);
         if (rc < 0)
             return rc;
-        cfg->n_redis_sentinels++;
+        (*n)++;
     }
     return 0;
+}
+
+static const char *sentinel_problem(const char *s, char *why, size_t whylen)
+{
+    char host[256];
+    int port;
+    return rds_parse_hostport(s, host, sizeof(host), &port, why, whylen) < 0 ? why : NULL;
+}
+
+/* backend.sentinels: ["host:port", ...], 1 to 16 of them. */
+static int walk_sentinels(struct loader *l, const struct ynode *v)
+{
+    return walk_strings(l, v, 16, "\"host:port\" strings", "sentinel", sentinel_problem,
+                        &l->cfg->redis_sentinels, &l->cfg->n_redis_sentinels);
+}
+
+/* A DNS name as a Host header or an origin carries it: letters, digits,
+ * '-' and '.', 1 to 253 of them; `n` bytes of `s`. */
+static bool is_host_name(const char *s, size_t n)
+{
+    if (n == 0 || n > 253)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && s[i] != '-' && s[i] != '.')
+            return false;
+    return true;
+}
+
+/* An origin as browsers send it: http:// or https://, a host (a name, an
+ * IPv4 address or a bracketed IPv6 one) and an optional port, nothing
+ * after. */
+static const char *origin_problem(const char *s, char *why, size_t whylen)
+{
+    static const char shape[] = "must be an origin: http:// or https://, a host and an optional "
+                                ":port, nothing after (e.g. http://localhost:3000)";
+    size_t skip = strncasecmp(s, "http://", 7) == 0 ? 7
+        : strncasecmp(s, "https://", 8) == 0        ? 8
+                                                    : 0;
+    const char *h = s + skip, *end;
+    char addr[64];
+    struct in6_addr a6;
+
+    (void)why;
+    (void)whylen;
+    if (!skip)
+        return shape;
+    if (*h == '[') {
+        end = strchr(h, ']');
+        if (!end || (size_t)(end - h - 1) >= sizeof(addr))
+            return shape;
+        memcpy(addr, h + 1, (size_t)(end - h - 1));
+        addr[end - h - 1] = '\0';
+        if (inet_pton(AF_INET6, addr, &a6) != 1)
+            return shape;
+        end++;
+    } else {
+        end = h + strcspn(h, ":");
+        if (!is_host_name(h, (size_t)(end - h)))
+            return shape;
+    }
+    if (*end == ':') {
+        char *stop;
+        long port = strtol(end + 1, &stop, 10);
+        if (!isdigit((unsigned char)end[1]) || *stop || port < 1 || port > 65535)
+            return shape;
+        end = stop;
+    }
+    return *end ? shape : NULL;
+}
+
+static const char *host_problem(const char *s, char *why, size_t whylen)
+{
+    (void)why;
+    (void)whylen;
+    return is_host_name(s, strlen(s)) ? NULL
+                                      : "must be a host name (letters, digits, '-' and '.'), "
+                                        "without a port";
+}
+
+/* http.allowed_origins, http.allowed_hosts (docs/HTTP.md section 8). */
+static int walk_allowed_origins(struct loader *l, const struct ynode *v)
+{
+    return walk_strings(l, v, CONFIG_HTTP_ALLOWED_MAX, "origins", "origin", origin_problem,
+                        &l->cfg->http_allowed_origins, &l->cfg->n_http_allowed_origins);
+}
+
+static int walk_allowed_hosts(struct loader *l, const struct ynode *v)
+{
+    return walk_strings(l, v, CONFIG_HTTP_ALLOWED_MAX, "host names", "host", host_problem,
+                        &l->cfg->http_allowed_hosts, &l->cfg->n_http_allowed_hosts);
 }
 
 static struct cap_stage *cap_add(struct loader *l, const char *name, size_t len)
@@ -3086,6 +3194,12 @@ void config_free(struct config *cfg)
     free(cfg->socket_path);
     free(cfg->http_socket);
     free(cfg->http_listen);
+    for (size_t i = 0; i < cfg->n_http_allowed_origins; i++)
+        free(cfg->http_allowed_origins[i]);
+    free(cfg->http_allowed_origins);
+    for (size_t i = 0; i < cfg->n_http_allowed_hosts; i++)
+        free(cfg->http_allowed_hosts[i]);
+    free(cfg->http_allowed_hosts);
     free(cfg->path);
     free(cfg);
 }

@@ -55,6 +55,9 @@
  * base_url + path always fits in CONFIG_URL_MAX + 256 bytes. */
 #define CONFIG_URL_MAX 1024
 
+/* Entries of http.allowed_origins and of http.allowed_hosts, at most. */
+#define CONFIG_HTTP_ALLOWED_MAX 64
+
 enum backend_kind { BACKEND_MEMORY = 0, BACKEND_REDIS };
 
 /* Which HTTP client carries attempts upstream (docs/CONFIG.md §3): auto =
@@ -255,6 +258,14 @@ struct config {
     double http_keepalive_timeout_s; /* an idle connection is closed after; default 75 */
     double http_send_timeout_s;      /* an answer's queued bytes not taken for this long close
                                     * the connection (and cancel its call); default 60 */
+    /* Browsers (docs/HTTP.md section 8): origins whose pages may call the
+     * front ("http://localhost:3000"), and host names a TCP request's Host
+     * may carry besides IP addresses and `localhost`. Owned arrays of at
+     * most CONFIG_HTTP_ALLOWED_MAX, or NULL. */
+    char **http_allowed_origins;
+    size_t n_http_allowed_origins;
+    char **http_allowed_hosts;
+    size_t n_http_allowed_hosts;
 
     /* server: */
     enum log_level log_level;             /* default info */

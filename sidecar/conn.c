@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "callrpc.h"
+#include "http.h"
 #include "tasks.h"
 #include "log.h"
 
@@ -441,26 +442,24 @@ static void conn_on_frame(struct conn *c, const msgpack_object *o)
     methods_dispatch(c, &m);
 }
 
-/* Counts c's partial frame in the server's total; past
- * max_buffered_input_bytes the connection holding the most is refused
- * (it may be another one): it stops being read and its share is dropped
- * from the total at once. */
-static void conn_account_input(struct conn *c)
+void conn_enforce_input(struct server *srv)
 {
-    struct server *srv = c->srv;
-    size_t held = c->closing || c->closed ? 0 : frame_reader_pending(&c->reader);
     size_t cap = srv->cfg->max_buffered_input_bytes;
 
-    srv->input_bytes = srv->input_bytes - c->input_bytes + held;
-    c->input_bytes = held;
     while (srv->input_bytes > cap) {
         struct conn *v = NULL;
         for (struct conn *o = srv->conns; o; o = o->next) {
             if (!o->closing && (!v || o->input_bytes > v->input_bytes))
                 v = o;
         }
-        if (!v || v->input_bytes == 0)
+        size_t mine = v ? v->input_bytes : 0, http = http_input_most(srv->http);
+        if (mine == 0 && http == 0)
             break;
+        srv->stats.input_refusals++;
+        if (http > mine) {
+            http_refuse_input_most(srv->http, srv->input_bytes, cap);
+            continue;
+        }
         char msg[200];
         snprintf(msg, sizeof(msg),
                  "the sidecar holds %zu bytes of unfinished messages (max_buffered_input_bytes "
@@ -468,9 +467,19 @@ static void conn_account_input(struct conn *c)
                  srv->input_bytes, cap, v->input_bytes);
         srv->input_bytes -= v->input_bytes;
         v->input_bytes = 0;
-        srv->stats.input_refusals++;
         conn_fail(v, PGW_OVERLOADED, msg);
     }
+}
+
+/* Counts c's partial frame in the server's total (conn_enforce_input). */
+static void conn_account_input(struct conn *c)
+{
+    struct server *srv = c->srv;
+    size_t held = c->closing || c->closed ? 0 : frame_reader_pending(&c->reader);
+
+    srv->input_bytes = srv->input_bytes - c->input_bytes + held;
+    c->input_bytes = held;
+    conn_enforce_input(srv);
 }
 
 static void conn_on_read(struct ev_loop *loop, ev_io *w, int revents)

@@ -14,19 +14,38 @@
  * (send_timeout_s between writes): a client that stops reading a stream is
  * closed and its call cancelled, rather than holding a paused upstream.
  *
- * Bad input is answered and the connection closed, since the byte stream
- * can no longer be trusted: an unparsable request 400, a request line and
- * headers over http.max_header_bytes 431, a URL over HTTP_URL_MAX 414, a
- * body over http.max_body_bytes 413 (refused at the headers when it has a
+ * Requests are read by httpreq.c. Bad input is answered and the
+ * connection closed, since the byte stream can no longer be trusted: an
+ * unparsable request 400, a request line and headers over
+ * http.max_header_bytes 431, a URL over HTTPREQ_URL_MAX 414, a body over
+ * http.max_body_bytes 413 (refused at the headers when it has a
  * Content-Length, so Expect: 100-continue clients never send it).
  * Well-formed requests that are wrong (unknown path, invalid JSON, wrong
  * content type) get their status and the connection stays usable.
+ *
+ * A request is admitted or refused from its head (hc_admit: the route, who
+ * is calling, the content type), before any byte of its body is kept. A
+ * refused request that announces a body is answered with Connection:
+ * close and its connection CLOSING with `draining`: the output is ended
+ * once written (shutdown) and the input read and dropped until the client
+ * closes or the linger timer expires, since closing with unread input would
+ * reset the connection under the answer. So are the other answers to input
+ * that was not read whole (400, 408, 413, ...).
+ *
+ * Unfinished input — a body being read, pipelined requests not parsed —
+ * counts in srv->input_bytes with the msgpack front's partial frames:
+ * past listen.max_buffered_input_bytes the connection holding the most, of
+ * either front, is refused (conn_enforce_input; here 503 overloaded).
  *
  * Pipelining: the parser pauses at the end of each request; bytes after it
  * stay in the input buffer (at most HTTP_IN_MAX: reading stops above it)
  * until the answer is queued. A call's answer is queued from call.c's
  * hooks, so the next request is parsed from a zero-delay timer, never
- * inside them.
+ * inside them. Whatever the answers (a call's, /metrics, an error), a
+ * connection whose queued output passes listen.max_write_queue_bytes is
+ * neither parsed further nor read until it falls to half of it, as
+ * conn.c does for msgpack: a client that pipelines and never reads costs
+ * about that budget.
  *
  * A client that disconnects (EOF, reset, a failed write) aborts its call
  * at once: call_abort_all() cancels the attempt and closes its upstream
@@ -37,10 +56,10 @@
  * callbacks on the stack have unwound.
  */
 #include "http.h"
+#include "httpreq.h"
 #include "strbuf.h"
 
 #include <errno.h>
-#include <http_parser.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -67,61 +86,19 @@
 #include "transcode.h"
 #include "upstream.h"
 
-#define HTTP_READ_CHUNK     (64 * 1024)
-#define HTTP_IN_MAX         (1024 * 1024) /* unparsed input held while a request is served */
-#define HTTP_URL_MAX        2048          /* longer request targets get 414 */
-#define HTTP_VAL_MAX        256           /* longest value kept of a header we read */
-#define HTTP_LINGER_S       2.0           /* how long a closing connection may take to flush */
-#define HTTP_ACCEPT_BATCH   64
-#define HTTP_ACCEPT_PAUSE_S 0.1
+#define HTTP_READ_CHUNK        (64 * 1024)
+#define HTTP_IN_MAX            (1024 * 1024) /* unparsed input held while a request is served */
+/* Buffers larger than this are freed once empty rather than kept: a
+ * connection that once carried a large answer or body must not hold its
+ * size while idle. */
+#define HTTP_KEEP_BUFFER_BYTES (4 * HTTP_READ_CHUNK)
+#define HTTP_LINGER_S          2.0 /* how long a closing connection may take to flush */
+#define HTTP_ACCEPT_BATCH      64
+#define HTTP_ACCEPT_PAUSE_S    0.1
 
-/* The request headers polygw reads; every other one is only counted. */
-enum hdr {
-    H_NONE = -1,
-    H_CTYPE,
-    H_EXPECT,
-    H_TASK,
-    H_DEADLINE,
-    H_SCOPE,
-    H_SDK_RETRY,
-    H_APP,
-    H_AUTH, /* a secret: only compared (hc_identify) */
-    H_COUNT
-};
-/* Each with its length, which every header line of every request is
- * compared to first. */
-#define HDR(name)              \
-    {                          \
-        name, sizeof(name) - 1 \
-    }
-static const struct {
-    const char *name;
-    size_t len;
-} hdrs[H_COUNT] = {
-    HDR("content-type"),      HDR("expect"),         HDR("x-polygw-task"),
-    HDR("x-polygw-deadline"), HDR("x-polygw-scope"), HDR("x-polygw-sdk-retry"),
-    HDR("x-polygw-app"),      HDR("authorization"),
-};
 /* "Bearer " and the longest app token fit; a longer Authorization (an SDK's
  * API key, say) is no token of ours and not an error by itself. */
-_Static_assert(HTTP_VAL_MAX >= 7 + CONFIG_APP_TOKEN_MAX, "an app token fits a header value");
-
-struct http_req {
-    char url[HTTP_URL_MAX + 1];
-    size_t url_len;
-    bool url_over;
-    char field[24]; /* the header name being read (long names are not ours) */
-    size_t field_len;
-    bool field_over;
-    bool in_value;
-    enum hdr cur;
-    char val[H_COUNT][HTTP_VAL_MAX + 1];
-    size_t val_len[H_COUNT];
-    bool present[H_COUNT];
-    enum hdr over;  /* a header of ours too long, or H_NONE */
-    bool auth_over; /* Authorization longer than HTTP_VAL_MAX: matches no token */
-    size_t header_bytes;
-};
+_Static_assert(HTTPREQ_VAL_MAX >= 7 + CONFIG_APP_TOKEN_MAX, "an app token fits a header value");
 
 enum hc_phase { HC_IDLE, HC_HEAD, HC_BODY, HC_SERVING, HC_CLOSING };
 
@@ -141,19 +118,24 @@ struct http_conn {
     ev_io rio, wio;
     ev_timer phase_w; /* the current phase's deadline */
     ev_timer next_w;  /* zero delay: parse pipelined input after a call */
-    http_parser parser;
     struct call_sink sink;
     struct upstream_budget budget; /* unsent output + replies its call is receiving */
     struct conn *bridge;           /* task endpoints, made on first use */
     enum hc_phase phase;
     bool reading, closed, oom;
-    bool keep_alive;  /* of the request being served */
-    bool stream_open; /* an SSE answer's head is sent */
-    bool sdk_retry;   /* X-Polygw-SDK-Retry: true */
-    bool is_unix;     /* accepted on the Unix socket: `peer` holds its credentials */
+    bool out_paused; /* not parsed further: its queued output is over budget */
+    bool answered;   /* the request was answered at its head (hc_admit refused it) */
+    bool cors;       /* its Origin is one of http.allowed_origins: answers say so (CORS) */
+    bool draining;   /* CLOSING: its input is read and dropped until EOF (hc_close_after_flush) */
+    bool write_shut; /* draining, and its output is all written: shutdown(SHUT_WR) done */
+    int route;       /* routes[] row of the request being served */
+    size_t input_bytes; /* its share of srv->input_bytes (hc_account_input) */
+    bool keep_alive;    /* of the request being served */
+    bool stream_open;   /* an SSE answer's head is sent */
+    bool sdk_retry;     /* X-Polygw-SDK-Retry: true */
+    bool is_unix;       /* accepted on the Unix socket: `peer` holds its credentials */
     struct peer peer;
     char app[CONFIG_NAME_MAX]; /* the request's app once hc_identify resolved it, or "" */
-    int fail_status;           /* set by a parser callback that refused the input */
     uint32_t seq;              /* call ids */
     char *in;                  /* bytes [in_off, in_len) not parsed yet */
     size_t in_off, in_len, in_cap;
@@ -161,7 +143,7 @@ struct http_conn {
     size_t out_off, out_len, out_cap;
     char *body;
     size_t body_len, body_cap;
-    struct http_req req;
+    struct httpreq req; /* the request being read (httpreq.h) */
 };
 
 struct http_server {
@@ -175,10 +157,9 @@ struct http_server {
     struct http_stats stats;
 };
 
-static http_parser_settings parser_settings;
-
 static void hc_process(struct http_conn *c);
 static void hc_flush(struct http_conn *c);
+static bool hc_admit(struct http_conn *c);
 static void hc_close(struct http_conn *c, const char *why);
 
 /* ------------------------------------------------------------------ */
@@ -304,7 +285,7 @@ static const char *status_text(int status)
 static void hc_head(struct http_conn *c, int status, const char *ctype, long long len,
                     const struct call_info *ci, const char *extra)
 {
-    bool http10 = c->parser.http_major == 1 && c->parser.http_minor == 0;
+    bool http10 = c->req.parser.http_major == 1 && c->req.parser.http_minor == 0;
 
     if (len < 0 && http10)
         c->keep_alive = false;
@@ -327,6 +308,12 @@ static void hc_head(struct http_conn *c, int status, const char *ctype, long lon
         out_str(c, "Connection: close\r\n");
     else if (http10)
         out_str(c, "Connection: keep-alive\r\n");
+    if (c->cors) {
+        /* The value matched an allowed origin: a token without CR or LF. */
+        out_str(c, "Access-Control-Allow-Origin: ");
+        out_str(c, c->req.val[HRQ_ORIGIN]);
+        out_str(c, "\r\nAccess-Control-Expose-Headers: *\r\nVary: Origin\r\n");
+    }
     if (ci) {
         out_str(c, "X-Polygw-Source: ");
         out_str(c, ci->source);
@@ -360,7 +347,7 @@ static void hc_sse(struct http_conn *c, const char *event, const char *data, siz
     for (size_t i = 0; i < len; i++)
         lines += data[i] == '\n';
     size_t n = (event ? strlen(event) + 8 : 0) + len + 7 * lines + 1;
-    bool chunked = !(c->parser.http_major == 1 && c->parser.http_minor == 0);
+    bool chunked = !(c->req.parser.http_major == 1 && c->req.parser.http_minor == 0);
 
     if (chunked) {
         out_uint(c, n, 16);
@@ -389,7 +376,7 @@ static void hc_sse(struct http_conn *c, const char *event, const char *data, siz
 /* Ends a body of unknown length (chunked terminator, or the close). */
 static void hc_body_end(struct http_conn *c)
 {
-    if (!(c->parser.http_major == 1 && c->parser.http_minor == 0))
+    if (!(c->req.parser.http_major == 1 && c->req.parser.http_minor == 0))
         out_str(c, "0\r\n\r\n");
     else
         c->keep_alive = false;
@@ -656,17 +643,63 @@ static void hc_set_reading(struct http_conn *c, bool on)
         ev_io_stop(c->hs->srv->loop, &c->rio);
 }
 
-/* No more input; close once the output is written (bounded). */
-static void hc_close_after_flush(struct http_conn *c)
+/* Its unfinished input: the body of a request being read and the bytes
+ * not parsed yet. */
+static size_t hc_input_held(const struct http_conn *c)
+{
+    if (c->closed || c->phase == HC_CLOSING)
+        return 0;
+    return (c->phase == HC_HEAD || c->phase == HC_BODY ? c->body_len : 0) + c->in_len - c->in_off;
+}
+
+/* Counts c's unfinished input in the server's total, which both front
+ * ends share: past listen.max_buffered_input_bytes the connection holding
+ * the most, of either, is refused (conn_enforce_input). */
+static void hc_account_input(struct http_conn *c)
+{
+    struct server *srv = c->hs->srv;
+    size_t held = hc_input_held(c);
+
+    srv->input_bytes = srv->input_bytes - c->input_bytes + held;
+    c->input_bytes = held;
+    conn_enforce_input(srv);
+}
+
+static void hc_drop_body(struct http_conn *c)
+{
+    free(c->body);
+    c->body = NULL;
+    c->body_len = c->body_cap = 0;
+}
+
+/* Ends the output once it is written. */
+static void hc_shut_write(struct http_conn *c)
+{
+    if (c->write_shut)
+        return;
+    c->write_shut = true;
+    shutdown(c->fd, SHUT_WR);
+}
+
+/* No more requests: close once the output is written (bounded by a linger
+ * timer). `drain` when the client may still be sending (a request refused
+ * before its end): its input is then read and dropped until it closes,
+ * the output ended first, because closing a socket with unread input
+ * resets the connection and the client could lose the answer. */
+static void hc_close_after_flush(struct http_conn *c, bool drain)
 {
     if (c->closed)
         return;
     c->phase = HC_CLOSING;
-    hc_set_reading(c, false);
-    if (out_queued(c) == 0) {
+    c->draining |= drain;
+    hc_set_reading(c, c->draining);
+    hc_account_input(c);
+    if (out_queued(c) == 0 && !c->draining) {
         hc_close(c, "answered, closing");
         return;
     }
+    if (out_queued(c) == 0)
+        hc_shut_write(c);
     hc_arm(c, HTTP_LINGER_S);
 }
 
@@ -680,7 +713,7 @@ static void hc_response_done(struct http_conn *c)
     if (c->phase == HC_CLOSING || c->closed)
         return;
     if (!c->keep_alive || c->hs->stopping) {
-        hc_close_after_flush(c);
+        hc_close_after_flush(c, false);
         return;
     }
     c->phase = HC_IDLE;
@@ -692,16 +725,14 @@ static void hc_response_done(struct http_conn *c)
 }
 
 /* Input that cannot be parsed any further: answer and close. */
-static void hc_reject_input(struct http_conn *c, enum http_errno e)
+static void hc_reject_input(struct http_conn *c)
 {
     const struct config *cfg = c->hs->srv->cfg;
-    int status = c->fail_status;
+    const struct httpreq *r = &c->req;
 
     c->hs->stats.bad_requests++;
     c->keep_alive = false;
-    if (!status)
-        status = e == HPE_HEADER_OVERFLOW ? 431 : 400;
-    switch (status) {
+    switch (r->status) {
     case 431:
         hc_error(c, 431, PGW_TOO_LARGE,
                  "request line and headers exceed http.max_header_bytes (%zu)",
@@ -712,13 +743,17 @@ static void hc_reject_input(struct http_conn *c, enum http_errno e)
                  cfg->http_max_body_bytes);
         break;
     case 414:
-        hc_error(c, 414, PGW_BAD_REQUEST, "request target longer than %d bytes", HTTP_URL_MAX);
+        hc_error(c, 414, PGW_BAD_REQUEST, "request target longer than %d bytes", HTTPREQ_URL_MAX);
+        break;
+    case 500:
+        hc_error(c, 500, PGW_INTERNAL, "out of memory reading the request body");
         break;
     default:
-        hc_error(c, 400, PGW_BAD_REQUEST, "malformed HTTP request: %s", http_errno_description(e));
+        hc_error(c, 400, PGW_BAD_REQUEST, "malformed HTTP request: %s",
+                 r->why ? r->why : "unparsable");
         break;
     }
-    hc_close_after_flush(c);
+    hc_close_after_flush(c, true);
 }
 
 static void hc_on_timer(struct ev_loop *loop, ev_timer *w, int revents)
@@ -736,7 +771,7 @@ static void hc_on_timer(struct ev_loop *loop, ev_timer *w, int revents)
                  c->phase == HC_HEAD ? "line and headers" : "body",
                  c->phase == HC_HEAD ? c->hs->srv->cfg->http_header_timeout_s
                                      : c->hs->srv->cfg->http_body_timeout_s);
-        hc_close_after_flush(c);
+        hc_close_after_flush(c, true);
         hc_flush(c);
         break;
     case HC_IDLE:
@@ -763,151 +798,60 @@ static void hc_on_next(struct ev_loop *loop, ev_timer *w, int revents)
 /* ------------------------------------------------------------------ */
 /* Parser callbacks                                                    */
 
-static int hc_count_header(struct http_conn *c, size_t n)
+static struct http_conn *req_hc(struct httpreq *r)
 {
-    c->req.header_bytes += n;
-    if (c->req.header_bytes > c->hs->srv->cfg->http_max_header_bytes) {
-        c->fail_status = 431;
-        return -1;
-    }
-    return 0;
+    return r->owner;
 }
 
-static int on_message_begin(http_parser *p)
+static void hc_on_begin(struct httpreq *r)
 {
-    struct http_conn *c = p->data;
+    struct http_conn *c = req_hc(r);
 
-    memset(&c->req.present, 0, sizeof(c->req.present));
-    memset(&c->req.val_len, 0, sizeof(c->req.val_len));
-    c->req.url_len = 0;
-    c->req.url_over = false;
-    c->req.field_len = 0;
-    c->req.field_over = false;
-    c->req.in_value = false;
-    c->req.cur = H_NONE;
-    c->req.over = H_NONE;
-    c->req.auth_over = false;
-    c->req.header_bytes = 0;
     c->app[0] = '\0';
     c->body_len = 0;
-    c->fail_status = 0;
+    c->cors = false;
     c->phase = HC_HEAD;
     hc_arm(c, c->hs->srv->cfg->http_header_timeout_s);
-    return 0;
 }
 
-static int on_url(http_parser *p, const char *at, size_t n)
+/* The head is read: the request is admitted or refused before any byte
+ * of its body is kept. A refused request without a body completes at once
+ * (hc_dispatch sees it answered); one with a body stops the reading, and
+ * the connection closes once the answer is written, its body read and
+ * dropped meanwhile (hc_close_after_flush). */
+static int hc_on_head(struct httpreq *r)
 {
-    struct http_conn *c = p->data;
+    struct http_conn *c = req_hc(r);
+    const http_parser *p = &r->parser;
+    bool body = httpreq_has_body(r);
 
-    if (hc_count_header(c, n) < 0)
-        return -1;
-    if (c->req.url_len + n > HTTP_URL_MAX) {
-        c->req.url_over = true;
-        return 0;
-    }
-    memcpy(c->req.url + c->req.url_len, at, n);
-    c->req.url_len += n;
-    return 0;
-}
-
-static int on_header_field(http_parser *p, const char *at, size_t n)
-{
-    struct http_conn *c = p->data;
-    struct http_req *r = &c->req;
-
-    if (hc_count_header(c, n) < 0)
-        return -1;
-    if (r->in_value) {
-        r->in_value = false;
-        r->field_len = 0;
-        r->field_over = false;
-    }
-    if (r->field_len + n >= sizeof(r->field)) {
-        r->field_over = true;
-        return 0;
-    }
-    memcpy(r->field + r->field_len, at, n);
-    r->field_len += n;
-    return 0;
-}
-
-static int on_header_value(http_parser *p, const char *at, size_t n)
-{
-    struct http_conn *c = p->data;
-    struct http_req *r = &c->req;
-
-    if (hc_count_header(c, n) < 0)
-        return -1;
-    if (!r->in_value) {
-        r->in_value = true;
-        r->cur = H_NONE;
-        for (int i = 0; !r->field_over && i < H_COUNT; i++) {
-            if (hdrs[i].len == r->field_len &&
-                strncasecmp(r->field, hdrs[i].name, r->field_len) == 0) {
-                r->cur = (enum hdr)i;
-                /* A repeated header of ours: the last one wins, whole. */
-                r->val_len[i] = 0;
-                r->present[i] = true;
-                r->auth_over &= i != H_AUTH;
-                break;
-            }
-        }
-    }
-    if (r->cur == H_NONE)
-        return 0;
-    if (r->val_len[r->cur] + n > HTTP_VAL_MAX) {
-        if (r->cur == H_AUTH)
-            r->auth_over = true;
-        else
-            r->over = r->cur;
-        return 0;
-    }
-    memcpy(r->val[r->cur] + r->val_len[r->cur], at, n);
-    r->val_len[r->cur] += n;
-    return 0;
-}
-
-static int on_headers_complete(http_parser *p)
-{
-    struct http_conn *c = p->data;
-    const struct config *cfg = c->hs->srv->cfg;
-
-    for (int i = 0; i < H_COUNT; i++)
-        c->req.val[i][c->req.val_len[i]] = '\0';
-    if (c->req.url_over) {
-        c->fail_status = 414;
-        return -1;
-    }
-    if (!(p->flags & F_CHUNKED) && p->content_length != ULLONG_MAX &&
-        p->content_length > cfg->http_max_body_bytes) {
-        c->fail_status = 413;
-        return -1;
-    }
-    if (c->req.present[H_EXPECT] && p->http_major == 1 && p->http_minor >= 1 &&
-        strcasecmp(c->req.val[H_EXPECT], "100-continue") == 0)
-        out_str(c, "HTTP/1.1 100 Continue\r\n\r\n");
     c->phase = HC_BODY;
-    hc_arm(c, cfg->http_body_timeout_s);
+    c->keep_alive = httpreq_keep_alive(r);
+    /* A refusal of a request whose body is not read says it closes. */
+    bool keep_alive = c->keep_alive;
+    c->keep_alive = keep_alive && !body;
+    c->answered = !hc_admit(c);
+    if (c->answered)
+        return body ? 1 : 0;
+    c->keep_alive = keep_alive;
+    if (r->present[HRQ_EXPECT] && p->http_major == 1 && p->http_minor >= 1 &&
+        strcasecmp(r->val[HRQ_EXPECT], "100-continue") == 0)
+        out_str(c, "HTTP/1.1 100 Continue\r\n\r\n");
+    hc_arm(c, c->hs->srv->cfg->http_body_timeout_s);
     return 0;
 }
 
-static int on_body(http_parser *p, const char *at, size_t n)
+static int hc_on_body(struct httpreq *r, const char *at, size_t n)
 {
-    struct http_conn *c = p->data;
-    size_t max = c->hs->srv->cfg->http_max_body_bytes;
+    struct http_conn *c = req_hc(r);
 
-    if (c->body_len + n > max) {
-        c->fail_status = 413;
-        return -1;
-    }
     if (c->body_len + n + 1 > c->body_cap) {
         size_t cap = c->body_cap ? c->body_cap : 4096;
         while (cap < c->body_len + n + 1)
             cap *= 2;
         char *b = realloc(c->body, cap);
         if (!b) {
-            c->fail_status = 500;
+            r->status = 500;
             return -1;
         }
         c->body = b;
@@ -918,25 +862,10 @@ static int on_body(http_parser *p, const char *at, size_t n)
     return 0;
 }
 
-static int on_message_complete(http_parser *p)
-{
-    struct http_conn *c = p->data;
-
-    c->phase = HC_SERVING;
-    hc_arm(c, 0);
-    c->keep_alive = http_should_keep_alive(p) != 0;
-    http_parser_pause(p, 1);
-    return 0;
-}
-
-static http_parser_settings parser_settings = {
-    .on_message_begin = on_message_begin,
-    .on_url = on_url,
-    .on_header_field = on_header_field,
-    .on_header_value = on_header_value,
-    .on_headers_complete = on_headers_complete,
-    .on_body = on_body,
-    .on_message_complete = on_message_complete,
+static const struct httpreq_ops hc_req_ops = {
+    .begin = hc_on_begin,
+    .head = hc_on_head,
+    .body = hc_on_body,
 };
 
 /* ------------------------------------------------------------------ */
@@ -1121,15 +1050,27 @@ static bool hc_status_allowed(struct http_conn *c)
     return false;
 }
 
-static void route_status_page(struct http_conn *c, const char *path, size_t len)
+static bool admit_status(struct http_conn *c, const char *path, size_t len)
+{
+    (void)path;
+    (void)len;
+    return hc_status_allowed(c);
+}
+
+static bool admit_status_page(struct http_conn *c, const char *path, size_t len)
 {
     if (!path_is(path, len, "/polygw/")) {
         char quoted[129];
         rpc_quote_client_str(path, len, sizeof(quoted) - 1, quoted);
         hc_error(c, 404, PGW_UNKNOWN_METHOD, "no endpoint %s", quoted);
-        return;
+        return false;
     }
-    if (!hc_status_allowed(c))
+    return hc_status_allowed(c);
+}
+
+static void route_status_page(struct http_conn *c, const char *path, size_t len)
+{
+    if (!admit_status_page(c, path, len))
         return;
     hc_reply(c, 200, "text/html; charset=utf-8", (const char *)status_html, status_html_len, NULL,
              "Cache-Control: no-store\r\n");
@@ -1139,11 +1080,11 @@ static void route_status_page(struct http_conn *c, const char *path, size_t len)
  * NULL (none, not a bearer, too long, no app's token). */
 static const struct config_app *hc_bearer_app(struct http_conn *c)
 {
-    const struct http_req *r = &c->req;
-    const char *v = r->val[H_AUTH];
-    size_t n = r->val_len[H_AUTH];
+    const struct httpreq *r = &c->req;
+    const char *v = r->val[HRQ_AUTH];
+    size_t n = r->val_len[HRQ_AUTH];
 
-    if (!r->present[H_AUTH] || r->auth_over || n <= 7 || strncasecmp(v, "Bearer ", 7) != 0)
+    if (!r->present[HRQ_AUTH] || r->auth_over || n <= 7 || strncasecmp(v, "Bearer ", 7) != 0)
         return NULL;
     return config_app_for_token(c->hs->srv->cfg, v + 7, n - 7);
 }
@@ -1181,28 +1122,24 @@ static void route_status_stats(struct http_conn *c, const char *path, size_t len
     strbuf_fini(&json);
 }
 
-/* True for application/json, with or without parameters. */
-static bool ctype_is_json(const char *v)
-{
-    size_t n = strlen("application/json");
-    while (*v == ' ' || *v == '\t')
-        v++;
-    return strncasecmp(v, "application/json", n) == 0 &&
-        (v[n] == '\0' || v[n] == ';' || v[n] == ' ' || v[n] == '\t');
-}
-
-/* Checks a request's own JSON body: an object (unless `optional` and
- * empty). Answers 415 / 400 and returns -1 when it is not. */
+/* Checks a request's Content-Type: application/json, with or without
+ * parameters (unless `optional` and the request announces no body). A
+ * missing one is refused too: a page of another site can send a body
+ * without a Content-Type, or with text/plain, with no CORS preflight.
+ * Answers 415 and returns -1 when it is not. */
 static int hc_check_json_body(struct http_conn *c, bool optional)
 {
-    if (c->req.present[H_CTYPE] && !ctype_is_json(c->req.val[H_CTYPE]) &&
-        !(optional && c->body_len == 0)) {
-        char ct[65];
-        rpc_quote_client_str(c->req.val[H_CTYPE], c->req.val_len[H_CTYPE], sizeof(ct) - 1, ct);
-        hc_error(c, 415, PGW_BAD_REQUEST, "Content-Type must be application/json, got '%s'", ct);
+    char ct[65];
+
+    if (httpreq_ctype_is_json(&c->req) || (optional && !httpreq_has_body(&c->req)))
+        return 0;
+    if (!c->req.present[HRQ_CTYPE]) {
+        hc_error(c, 415, PGW_BAD_REQUEST, "Content-Type must be application/json (none was sent)");
         return -1;
     }
-    return 0;
+    rpc_quote_client_str(c->req.val[HRQ_CTYPE], c->req.val_len[HRQ_CTYPE], sizeof(ct) - 1, ct);
+    hc_error(c, 415, PGW_BAD_REQUEST, "Content-Type must be application/json, got '%s'", ct);
+    return -1;
 }
 
 /* What the front end reads of a request body (the rest is the upstream's). */
@@ -1268,7 +1205,7 @@ static const char *cap_http_path(const struct config *cfg, size_t i)
 static const struct config_app *hc_identify(struct http_conn *c)
 {
     const struct config *cfg = c->hs->srv->cfg;
-    struct http_req *r = &c->req;
+    struct httpreq *r = &c->req;
     const struct config_app *a;
     char why[200];
 
@@ -1280,15 +1217,15 @@ static const struct config_app *hc_identify(struct http_conn *c)
         a = hc_bearer_app(c);
         if (!a) {
             hc_error(c, 401, PGW_BAD_REQUEST, "%s",
-                     r->present[H_AUTH] ? "the bearer token is not an app's token"
-                                        : "a bearer token is required (Authorization: Bearer "
-                                          "<an app's token>)");
+                     r->present[HRQ_AUTH] ? "the bearer token is not an app's token"
+                                          : "a bearer token is required (Authorization: Bearer "
+                                            "<an app's token>)");
             return NULL;
         }
     }
-    if (r->present[H_APP]) {
+    if (r->present[HRQ_APP]) {
         const struct config_app *d =
-            peer_declare_app(cfg, a->name, r->val[H_APP], r->val_len[H_APP], why, sizeof(why));
+            peer_declare_app(cfg, a->name, r->val[HRQ_APP], r->val_len[HRQ_APP], why, sizeof(why));
         if (!d) {
             str_copy(c->app, sizeof(c->app), a->name);
             hc_error(c, 403, PGW_BAD_REQUEST, "X-Polygw-App: %s", why);
@@ -1300,16 +1237,17 @@ static const struct config_app *hc_identify(struct http_conn *c)
     return a;
 }
 
-static void route_call(struct http_conn *c, const char *path, size_t len)
+/* The capability POST `path` (/v1/...) calls, and in *app who calls:
+ * decided from the head alone. NULL after answering 401 / 403 (who is
+ * calling), 404 (no capability there) or 415 (not JSON). */
+static const struct config_capability *call_target(struct http_conn *c, const char *path,
+                                                   size_t len, const struct config_app **app)
 {
-    struct server *srv = c->hs->srv;
-    const struct config *cfg = srv->cfg;
+    const struct config *cfg = c->hs->srv->cfg;
     const struct config_capability *cap = NULL;
-    char scope[CONFIG_NAME_MAX * 4];
-    const struct config_app *app = hc_identify(c);
 
-    if (!app)
-        return;
+    if (!(*app = hc_identify(c)))
+        return NULL;
     /* Two capabilities may share an upstream path: the first one that has
      * a source serves it. */
     for (size_t i = 0; i < cfg->n_capabilities; i++) {
@@ -1327,9 +1265,24 @@ static void route_call(struct http_conn *c, const char *path, size_t len)
         char quoted[129];
         rpc_quote_client_str(path, len, sizeof(quoted) - 1, quoted);
         hc_error(c, 404, PGW_UNKNOWN_CAPABILITY, "no capability is served at %s", quoted);
-        return;
+        return NULL;
     }
-    if (hc_check_json_body(c, false) < 0)
+    return hc_check_json_body(c, false) < 0 ? NULL : cap;
+}
+
+static bool admit_call(struct http_conn *c, const char *path, size_t len)
+{
+    const struct config_app *app;
+    return call_target(c, path, len, &app) != NULL;
+}
+
+static void route_call(struct http_conn *c, const char *path, size_t len)
+{
+    char scope[CONFIG_NAME_MAX * 4];
+    const struct config_app *app;
+    const struct config_capability *cap = call_target(c, path, len, &app);
+
+    if (!cap)
         return;
     struct body_facts bf = { 0 };
     size_t at = 0;
@@ -1357,10 +1310,10 @@ static void route_call(struct http_conn *c, const char *path, size_t len)
         .members_scanned = !bf.stream_options_twice,
         .stream_options = bf.stream_options,
     };
-    if (c->req.present[H_DEADLINE]) {
+    if (c->req.present[HRQ_DEADLINE]) {
         char *end;
-        double d = strtod(c->req.val[H_DEADLINE], &end);
-        if (end == c->req.val[H_DEADLINE] || *end || !(d > 0) || !isfinite(d)) {
+        double d = strtod(c->req.val[HRQ_DEADLINE], &end);
+        if (end == c->req.val[HRQ_DEADLINE] || *end || !(d > 0) || !isfinite(d)) {
             hc_error(c, 400, PGW_BAD_REQUEST,
                      "X-Polygw-Deadline: expected a positive number of seconds");
             return;
@@ -1368,19 +1321,19 @@ static void route_call(struct http_conn *c, const char *path, size_t len)
         r.deadline_s = d;
     }
     char why[160];
-    if ((c->req.present[H_TASK] &&
-         rpc_check_ident("X-Polygw-Task", c->req.val[H_TASK], c->req.val_len[H_TASK], TASK_ID_MAX,
-                         why, sizeof(why)) < 0) ||
-        (c->req.present[H_SCOPE] &&
-         rpc_check_ident("X-Polygw-Scope", c->req.val[H_SCOPE], c->req.val_len[H_SCOPE],
+    if ((c->req.present[HRQ_TASK] &&
+         rpc_check_ident("X-Polygw-Task", c->req.val[HRQ_TASK], c->req.val_len[HRQ_TASK],
+                         TASK_ID_MAX, why, sizeof(why)) < 0) ||
+        (c->req.present[HRQ_SCOPE] &&
+         rpc_check_ident("X-Polygw-Scope", c->req.val[HRQ_SCOPE], c->req.val_len[HRQ_SCOPE],
                          sizeof(scope) - 1, why, sizeof(why)) < 0)) {
         hc_error(c, 400, PGW_BAD_REQUEST, "%s", why);
         return;
     }
-    if (c->req.present[H_TASK])
-        r.task_id = c->req.val[H_TASK];
-    if (c->req.present[H_SCOPE]) {
-        memcpy(scope, c->req.val[H_SCOPE], c->req.val_len[H_SCOPE] + 1);
+    if (c->req.present[HRQ_TASK])
+        r.task_id = c->req.val[HRQ_TASK];
+    if (c->req.present[HRQ_SCOPE]) {
+        memcpy(scope, c->req.val[HRQ_SCOPE], c->req.val_len[HRQ_SCOPE] + 1);
         r.scope = scope;
     }
     c->stream_open = false;
@@ -1468,45 +1421,67 @@ static int pct_decode(const char *s, size_t n, char *out, size_t cap)
     return o ? 0 : -1;
 }
 
-/* /polygw/v1/tasks/{id} and /polygw/v1/tasks/{id}/{op}. */
-static void route_task(struct http_conn *c, const char *path, size_t len)
+/* What a task request names: its method (task_routes[ri]), the task and
+ * who calls. */
+struct task_target {
+    int ri;
+    char id[TASK_ID_MAX + 1];
+    const struct config_app *app;
+};
+
+/* /polygw/v1/tasks/{id} and /polygw/v1/tasks/{id}/{op}, decided from the
+ * head alone: false after answering 401 / 403 (who is calling), 404 / 405
+ * (no such task endpoint), 400 (a bad id) or 415 (not JSON). */
+static bool task_target(struct http_conn *c, const char *path, size_t len, struct task_target *t)
 {
     static const char prefix[] = "/polygw/v1/tasks/";
     const char *rest = path + sizeof(prefix) - 1, *end = path + len;
     const char *slash = memchr(rest, '/', (size_t)(end - rest));
     const char *op = slash ? slash + 1 : NULL;
     size_t op_len = slash ? (size_t)(end - op) : 0;
-    char id[TASK_ID_MAX + 1];
-    bool get = c->parser.method == HTTP_GET;
-    int ri = -1;
-    const struct config_app *app = hc_identify(c);
+    bool get = c->req.parser.method == HTTP_GET;
 
-    if (!app)
-        return;
+    if (!(t->app = hc_identify(c)))
+        return false;
+    t->ri = -1;
     for (size_t i = 0; i < sizeof(task_routes) / sizeof(task_routes[0]); i++) {
         if (get ? (!op && !task_routes[i].op)
                 : (op && task_routes[i].op && path_is(op, op_len, task_routes[i].op))) {
-            ri = (int)i;
+            t->ri = (int)i;
             break;
         }
     }
-    if (ri < 0) {
+    if (t->ri < 0) {
         bool known = (!op && !get) || (op && get);
         char quoted[129];
         rpc_quote_client_str(path, len, sizeof(quoted) - 1, quoted);
         hc_error(c, known ? 405 : 404, PGW_UNKNOWN_METHOD, "no task endpoint %s %s",
-                 http_method_str((enum http_method)c->parser.method), quoted);
-        return;
+                 http_method_str((enum http_method)c->req.parser.method), quoted);
+        return false;
     }
     char why[200];
-    if (pct_decode(rest, (size_t)((slash ? slash : end) - rest), id, sizeof(id)) < 0 ||
-        rpc_check_ident("task id", id, strlen(id), TASK_ID_MAX, why, sizeof(why)) < 0) {
+    if (pct_decode(rest, (size_t)((slash ? slash : end) - rest), t->id, sizeof(t->id)) < 0 ||
+        rpc_check_ident("task id", t->id, strlen(t->id), TASK_ID_MAX, why, sizeof(why)) < 0) {
         hc_error(c, 400, PGW_BAD_REQUEST,
                  "task id: expected 1 to %d bytes of UTF-8 (percent-encoded), without NUL or '/'",
                  TASK_ID_MAX);
-        return;
+        return false;
     }
-    if (hc_check_json_body(c, true) < 0)
+    return hc_check_json_body(c, true) == 0;
+}
+
+static bool admit_task(struct http_conn *c, const char *path, size_t len)
+{
+    struct task_target t;
+    return task_target(c, path, len, &t);
+}
+
+static void route_task(struct http_conn *c, const char *path, size_t len)
+{
+    struct task_target t;
+    char why[200];
+
+    if (!task_target(c, path, len, &t))
         return;
 
     /* The body's keys become the method's named parameters, next to the
@@ -1541,16 +1516,16 @@ static void route_task(struct http_conn *c, const char *path, size_t len)
     }
     /* The task methods check ownership against the bridge's app: this
      * request's (one request at a time is served per connection). */
-    snprintf(c->bridge->app, sizeof(c->bridge->app), "%s", app->name);
+    snprintf(c->bridge->app, sizeof(c->bridge->app), "%s", t.app->name);
     memcpy(c->bridge->peer_app, c->bridge->app, sizeof(c->bridge->app));
     msgpack_packer_init(&pk, &frame, msgpack_sbuffer_write);
-    rpc_pack_request_begin(&pk, ++c->seq, task_routes[ri].method);
+    rpc_pack_request_begin(&pk, ++c->seq, task_routes[t.ri].method);
     msgpack_pack_array(&pk, 1);
     uint32_t n = 1;
     for (uint32_t i = 0; bo && i < bo->via.map.size; i++)
         n += !rpc_str_is(&bo->via.map.ptr[i].key, "task_id");
     msgpack_pack_map(&pk, n);
-    rpc_pack_kv_str(&pk, "task_id", id);
+    rpc_pack_kv_str(&pk, "task_id", t.id);
     for (uint32_t i = 0; bo && i < bo->via.map.size; i++) {
         if (rpc_str_is(&bo->via.map.ptr[i].key, "task_id"))
             continue;
@@ -1563,7 +1538,7 @@ static void route_task(struct http_conn *c, const char *path, size_t len)
         hc_error(c, 500, PGW_INTERNAL, "cannot build the task request");
         goto out;
     }
-    task_routes[ri].fn(c->bridge, &m);
+    task_routes[t.ri].fn(c->bridge, &m);
     conn_flush(c->bridge); /* an answer made at once comes out now (hc_on_bridge) */
 out:
     msgpack_unpacked_destroy(&fup);
@@ -1577,21 +1552,28 @@ out:
  * matches with another method only is 405, no match 404. A route answers
  * at once (hc_reply, hc_error), or starts a call or a task request that
  * answers later through the sink or the bridge. A new endpoint is one row
- * and one route_fn. */
+ * and one route_fn. `admit`, when set, runs on the head (hc_admit), before
+ * any byte of the body is read: what it refuses (who is calling, the
+ * content type, a capability or task endpoint that does not exist) is
+ * answered without reading the body. The route runs it again on the whole
+ * request, since the configuration may have been reloaded meanwhile. */
+typedef bool admit_fn(struct http_conn *c, const char *path, size_t len);
+
 static const struct {
     enum http_method method;
     const char *path;
     route_fn *fn;
+    admit_fn *admit;
 } routes[] = {
-    { HTTP_GET, "/healthz", route_healthz },
-    { HTTP_GET, "/readyz", route_readyz },
-    { HTTP_GET, "/v1/models", route_models },
-    { HTTP_GET, "/metrics", route_metrics },
-    { HTTP_GET, "/polygw/v1/tasks/", route_task },
-    { HTTP_POST, "/polygw/v1/tasks/", route_task },
-    { HTTP_GET, "/polygw/v1/stats", route_status_stats },
-    { HTTP_GET, "/polygw/", route_status_page },
-    { HTTP_POST, "/v1/", route_call },
+    { HTTP_GET, "/healthz", route_healthz, NULL },
+    { HTTP_GET, "/readyz", route_readyz, NULL },
+    { HTTP_GET, "/v1/models", route_models, NULL },
+    { HTTP_GET, "/metrics", route_metrics, NULL },
+    { HTTP_GET, "/polygw/v1/tasks/", route_task, admit_task },
+    { HTTP_POST, "/polygw/v1/tasks/", route_task, admit_task },
+    { HTTP_GET, "/polygw/v1/stats", route_status_stats, admit_status },
+    { HTTP_GET, "/polygw/", route_status_page, admit_status_page },
+    { HTTP_POST, "/v1/", route_call, admit_call },
 };
 
 static bool route_matches(const char *rp, const char *path, size_t len)
@@ -1602,81 +1584,200 @@ static bool route_matches(const char *rp, const char *path, size_t len)
     return path_is(path, len, rp);
 }
 
-static void hc_dispatch(struct http_conn *c)
+/* The request's path: its target up to the query. */
+static size_t hc_path_len(const struct http_conn *c)
 {
-    struct server *srv = c->hs->srv;
+    const char *q = memchr(c->req.url, '?', c->req.url_len);
+    return q ? (size_t)(q - c->req.url) : c->req.url_len;
+}
+
+static bool hc_shutting_down(struct http_conn *c)
+{
+    if (c->hs->srv->state == SERVER_RUNNING && !c->hs->stopping)
+        return false;
+    c->keep_alive = false;
+    hc_error(c, 503, PGW_SHUTTING_DOWN, "the sidecar is shutting down");
+    return true;
+}
+
+/* Where the request comes from (docs/HTTP.md section 8): false after
+ * answering 403 (a browser page of another origin, a Host that is not this
+ * front's) or a CORS preflight of an allowed origin. */
+static bool hc_site_allowed(struct http_conn *c)
+{
+    const struct config *cfg = c->hs->srv->cfg;
+    const struct httpreq_site site = {
+        .check_host = !c->is_unix,
+        .origins = (const char *const *)cfg->http_allowed_origins,
+        .n_origins = cfg->n_http_allowed_origins,
+        .hosts = (const char *const *)cfg->http_allowed_hosts,
+        .n_hosts = cfg->n_http_allowed_hosts,
+    };
+    const char *why = NULL;
+    enum httpreq_site_rc rc = httpreq_check_site(&c->req, &site, &why);
+
+    if (rc == HTTPREQ_SITE_REFUSED) {
+        hc_error(c, 403, PGW_BAD_REQUEST,
+                 "refused: %s (a browser page may call the front only from its own origin or "
+                 "one of http.allowed_origins)",
+                 why);
+        return false;
+    }
+    c->cors = rc == HTTPREQ_SITE_ALLOWED;
+    if (c->cors && c->req.parser.method == HTTP_OPTIONS) {
+        /* The preflight of a call from an allowed origin. */
+        hc_reply(c, 200, "text/plain; charset=utf-8", "", 0, NULL,
+                 "Access-Control-Allow-Methods: GET, POST\r\n"
+                 "Access-Control-Allow-Headers: *, Authorization\r\n"
+                 "Access-Control-Max-Age: 600\r\n");
+        return false;
+    }
+    return true;
+}
+
+/* Decides a request from its head alone: an over-long header of ours, the
+ * sidecar shutting down, the route (404 / 405), and the route's own
+ * checks. Returns true with c->route set, or false after answering. */
+static bool hc_admit(struct http_conn *c)
+{
     const char *path = c->req.url;
-    size_t len = c->req.url_len;
-    const char *q = memchr(path, '?', len);
+    size_t len = hc_path_len(c);
     bool other_method = false;
 
     c->hs->stats.requests++;
-    c->req.url[c->req.url_len] = '\0';
-    c->sdk_retry = c->req.present[H_SDK_RETRY] && strcasecmp(c->req.val[H_SDK_RETRY], "true") == 0;
-    if (q)
-        len = (size_t)(q - path);
-    if (c->req.over != H_NONE) {
+    c->sdk_retry =
+        c->req.present[HRQ_SDK_RETRY] && strcasecmp(c->req.val[HRQ_SDK_RETRY], "true") == 0;
+    if (c->req.over != HRQ_NONE) {
         hc_error(c, 431, PGW_BAD_REQUEST, "header %s is longer than %d bytes",
-                 hdrs[c->req.over].name, HTTP_VAL_MAX);
-        hc_response_done(c);
-        return;
+                 httpreq_hdr_name(c->req.over), HTTPREQ_VAL_MAX);
+        return false;
     }
-    if (srv->state != SERVER_RUNNING || c->hs->stopping) {
-        c->keep_alive = false;
-        hc_error(c, 503, PGW_SHUTTING_DOWN, "the sidecar is shutting down");
-        hc_response_done(c);
-        return;
-    }
+    if (hc_shutting_down(c) || !hc_site_allowed(c))
+        return false;
     for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
         if (!route_matches(routes[i].path, path, len))
             continue;
-        if (routes[i].method != (enum http_method)c->parser.method) {
+        if (routes[i].method != (enum http_method)c->req.parser.method) {
             other_method = true;
             continue;
         }
-        routes[i].fn(c, path, len);
-        /* Answered at once, unless a call or a task request is in flight
-         * (those answer through the sink / the bridge). */
-        if (c->phase == HC_SERVING && c->sink.n_calls == 0 && !(c->bridge && c->bridge->tasks))
-            hc_response_done(c);
-        return;
+        c->route = (int)i;
+        return !routes[i].admit || routes[i].admit(c, path, len);
     }
     char quoted[129];
     rpc_quote_client_str(path, len, sizeof(quoted) - 1, quoted);
     if (other_method)
         hc_error(c, 405, PGW_UNKNOWN_METHOD, "%s is not allowed on %s",
-                 http_method_str((enum http_method)c->parser.method), quoted);
+                 http_method_str((enum http_method)c->req.parser.method), quoted);
     else
         hc_error(c, 404, PGW_UNKNOWN_METHOD, "no endpoint %s", quoted);
-    hc_response_done(c);
+    return false;
+}
+
+/* Serves a request read whole: admitted at its head (hc_admit), or
+ * answered already. */
+static void hc_dispatch(struct http_conn *c)
+{
+    if (c->answered || hc_shutting_down(c)) {
+        hc_response_done(c);
+        return;
+    }
+    routes[c->route].fn(c, c->req.url, hc_path_len(c));
+    /* The body went into the call or the task request: a large buffer is
+     * not kept for the next request. */
+    if (c->body_cap > HTTP_KEEP_BUFFER_BYTES)
+        hc_drop_body(c);
+    /* Answered at once, unless a call or a task request is in flight
+     * (those answer through the sink / the bridge). */
+    if (c->phase == HC_SERVING && c->sink.n_calls == 0 && !(c->bridge && c->bridge->tasks))
+        hc_response_done(c);
 }
 
 /* ------------------------------------------------------------------ */
 /* Connection I/O                                                      */
 
+/* Output the connection has pending: its queued answer bytes and what its
+ * call is still receiving for it. */
+static size_t hc_pending_out(const struct http_conn *c)
+{
+    return out_queued(c) + c->budget.received;
+}
+
+/* Read back-pressure. Over the output budget a connection is paused (no
+ * parsing, no reading) until its output falls to half of it; otherwise it
+ * is read while its unparsed input is under HTTP_IN_MAX. */
+static void hc_backpressure(struct http_conn *c)
+{
+    struct server *srv = c->hs->srv;
+    size_t limit = srv->cfg->max_write_queue_bytes;
+    size_t pending = hc_pending_out(c);
+
+    if (c->closed || c->phase == HC_CLOSING)
+        return;
+    if (!c->out_paused && pending > limit) {
+        c->out_paused = true;
+        srv->stats.read_pauses++;
+        log_at(LOG_DEBUG, "http connection read paused", "conn", LOG_U, (unsigned long long)c->id,
+               "queued_bytes", LOG_U, (unsigned long long)out_queued(c), NULL);
+    } else if (c->out_paused && pending <= limit / 2) {
+        c->out_paused = false;
+        /* Requests it pipelined meanwhile are parsed from the loop. */
+        if (c->phase != HC_SERVING && c->in_off < c->in_len && !ev_is_active(&c->next_w)) {
+            ev_timer_set(&c->next_w, 0., 0.);
+            ev_timer_start(srv->loop, &c->next_w);
+        }
+    }
+    hc_set_reading(c, !c->out_paused && c->in_len - c->in_off < HTTP_IN_MAX);
+}
+
 static void hc_process(struct http_conn *c)
 {
+    size_t limit = c->hs->srv->cfg->max_write_queue_bytes;
+
     while (!c->closed && (c->phase == HC_IDLE || c->phase == HC_HEAD || c->phase == HC_BODY) &&
-           c->in_off < c->in_len) {
-        size_t n = http_parser_execute(&c->parser, &parser_settings, c->in + c->in_off,
-                                       c->in_len - c->in_off);
-        enum http_errno e = HTTP_PARSER_ERRNO(&c->parser);
+           c->in_off < c->in_len && !c->out_paused && hc_pending_out(c) <= limit) {
+        const struct config *cfg = c->hs->srv->cfg;
+        size_t n;
+        c->req.max_header_bytes = cfg->http_max_header_bytes;
+        c->req.max_body_bytes = cfg->http_max_body_bytes;
+        enum httpreq_rc rc = httpreq_execute(&c->req, c->in + c->in_off, c->in_len - c->in_off, &n);
         c->in_off += n;
-        if (e == HPE_PAUSED) {
-            http_parser_pause(&c->parser, 0);
+        if (rc == HTTPREQ_DONE) {
+            c->phase = HC_SERVING;
+            hc_arm(c, 0);
+            c->keep_alive = c->keep_alive && httpreq_keep_alive(&c->req);
             hc_dispatch(c);
-            continue;
-        }
-        if (e != HPE_OK) {
-            hc_reject_input(c, e);
+        } else if (rc == HTTPREQ_STOP) {
+            hc_close_after_flush(c, true); /* answered at its head (hc_on_head) */
+            break;
+        } else if (rc == HTTPREQ_FAIL) {
+            hc_reject_input(c);
             break;
         }
     }
-    if (c->in_off == c->in_len)
+    if (c->in_off == c->in_len) {
         c->in_off = c->in_len = 0;
-    if (!c->closed && c->phase != HC_CLOSING && c->in_len - c->in_off < HTTP_IN_MAX &&
-        out_queued(c) <= c->hs->srv->cfg->max_write_queue_bytes)
-        hc_set_reading(c, true);
+        if (c->in_cap > HTTP_KEEP_BUFFER_BYTES) {
+            free(c->in);
+            c->in = NULL;
+            c->in_cap = 0;
+        }
+    }
+    hc_backpressure(c);
+    hc_account_input(c);
+}
+
+/* A closing connection's input, read and dropped until the client closes
+ * (or the linger timer closes it). */
+static void hc_drain(struct http_conn *c)
+{
+    static char sink[HTTP_READ_CHUNK];
+    ssize_t n = recv(c->fd, sink, sizeof(sink), 0);
+
+    if (n == 0)
+        hc_close(c, "peer closed");
+    else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+        hc_close(c, "read failed");
 }
 
 static void hc_on_read(struct ev_loop *loop, ev_io *w, int revents)
@@ -1685,6 +1786,10 @@ static void hc_on_read(struct ev_loop *loop, ev_io *w, int revents)
     (void)loop;
     (void)revents;
 
+    if (c->phase == HC_CLOSING) {
+        hc_drain(c);
+        return;
+    }
     if (c->in_off > 0) {
         memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
         c->in_len -= c->in_off;
@@ -1743,8 +1848,15 @@ static void hc_flush(struct http_conn *c)
     size_t limit = c->hs->srv->cfg->max_write_queue_bytes;
     if (c->out_off == c->out_len) {
         c->out_off = c->out_len = 0;
+        if (c->out_cap > HTTP_KEEP_BUFFER_BYTES) {
+            free(c->out);
+            c->out = NULL;
+            c->out_cap = 0;
+        }
         ev_io_stop(c->hs->srv->loop, &c->wio);
-        if (c->phase == HC_CLOSING) {
+        if (c->phase == HC_CLOSING && c->draining) {
+            hc_shut_write(c);
+        } else if (c->phase == HC_CLOSING) {
             hc_close(c, "answered, closing");
             return;
         }
@@ -1763,18 +1875,14 @@ static void hc_flush(struct http_conn *c)
     upstream_budget_on_drained(&c->budget);
     if (out_queued(c) <= limit / 2 && c->sink.paused_calls)
         call_on_drained(&c->sink);
+    hc_backpressure(c);
 }
 
 static void hc_on_write(struct ev_loop *loop, ev_io *w, int revents)
 {
-    struct http_conn *c = w->data;
     (void)loop;
     (void)revents;
-    hc_flush(c);
-    if (!c->closed && c->phase != HC_CLOSING && !c->reading &&
-        c->in_len - c->in_off < HTTP_IN_MAX &&
-        out_queued(c) <= c->hs->srv->cfg->max_write_queue_bytes)
-        hc_set_reading(c, true);
+    hc_flush(w->data);
 }
 
 static void hc_close(struct http_conn *c, const char *why)
@@ -1793,6 +1901,8 @@ static void hc_close(struct http_conn *c, const char *why)
     call_abort_all(&c->sink);
     if (c->bridge)
         tasks_fail_pending(c->bridge, PGW_OK, NULL);
+    hs->srv->input_bytes -= c->input_bytes;
+    c->input_bytes = 0;
     close(c->fd);
     c->fd = -1;
     log_at(LOG_DEBUG, "http connection closed", "conn", LOG_U, (unsigned long long)c->id, "reason",
@@ -1912,9 +2022,7 @@ static void http_on_accept(struct ev_loop *loop, ev_io *w, int revents)
         c->is_unix = l->is_unix;
         peer_read(l->is_unix ? fd : -1, &c->peer);
         peer_ids(&c->peer, &c->sink.peer_pid, &c->sink.peer_uid);
-        c->req.over = H_NONE;
-        http_parser_init(&c->parser, HTTP_REQUEST);
-        c->parser.data = c;
+        httpreq_init(&c->req, &hc_req_ops, c);
         c->sink.ops = &http_sink_ops;
         c->sink.srv = hs->srv;
         c->sink.budget = &c->budget;
@@ -2087,7 +2195,7 @@ void http_stop(struct http_server *hs)
         }
         if (!c->closed) {
             c->keep_alive = false;
-            hc_close_after_flush(c);
+            hc_close_after_flush(c, false);
             hc_flush(c);
         }
     }
@@ -2099,6 +2207,57 @@ void http_close_all(struct http_server *hs)
         return;
     while (hs->conns)
         hc_close(hs->conns, "shutdown");
+}
+
+/* The open connection holding the most unfinished input, or NULL. */
+static struct http_conn *http_input_hog(const struct http_server *hs)
+{
+    struct http_conn *v = NULL;
+
+    for (struct http_conn *c = hs ? hs->conns : NULL; c; c = c->next)
+        if (!c->closed && c->phase != HC_CLOSING && (!v || c->input_bytes > v->input_bytes))
+            v = c;
+    return v;
+}
+
+size_t http_input_most(const struct http_server *hs)
+{
+    const struct http_conn *v = http_input_hog(hs);
+    return v ? v->input_bytes : 0;
+}
+
+void http_refuse_input_most(struct http_server *hs, size_t total, size_t cap)
+{
+    struct http_conn *c = http_input_hog(hs);
+    char msg[240];
+
+    if (!c)
+        return;
+    snprintf(msg, sizeof(msg),
+             "the sidecar holds %zu bytes of unfinished requests (max_buffered_input_bytes %zu); "
+             "this connection held the most, %zu: retry later",
+             total, cap, c->input_bytes);
+    log_at(LOG_INFO, "http connection refused: unfinished input over budget", "conn", LOG_U,
+           (unsigned long long)c->id, "held_bytes", LOG_U, (unsigned long long)c->input_bytes,
+           NULL);
+    hs->srv->input_bytes -= c->input_bytes;
+    c->input_bytes = 0;
+    c->in_off = c->in_len = 0;
+    hc_drop_body(c);
+    if (c->phase == HC_SERVING) {
+        /* Its request is answered here, whatever was running for it. */
+        call_abort_all(&c->sink);
+        if (c->bridge)
+            tasks_fail_pending(c->bridge, PGW_OK, NULL);
+    }
+    if (c->stream_open) {
+        hc_close(c, "unfinished input over max_buffered_input_bytes");
+        return;
+    }
+    c->keep_alive = false;
+    hc_error(c, 503, PGW_OVERLOADED, "%s", msg);
+    hc_close_after_flush(c, true);
+    hc_flush(c);
 }
 
 bool http_has_conns(const struct http_server *hs)

@@ -53,6 +53,15 @@ void http_close_all(struct http_server *hs);
 
 bool http_has_conns(const struct http_server *hs);
 
+/* Unfinished input (request bodies being read, requests not parsed yet)
+ * counts in the server's srv->input_bytes, as msgpack's partial frames do
+ * (conn_enforce_input). The most one connection holds (0: none), and the
+ * refusal of that connection: 503 overloaded, its input dropped from the
+ * total at once, and the connection closed. `total` and `cap` are for the
+ * message. */
+size_t http_input_most(const struct http_server *hs);
+void http_refuse_input_most(struct http_server *hs, size_t total, size_t cap);
+
 const struct http_stats *http_get_stats(const struct http_server *hs);
 
 /* Closes everything and frees the front end. */

@@ -198,6 +198,12 @@ void conn_free(struct conn *c);
  * at *len, reclaiming the written prefix before growing. Returns 0, or -1
  * (out of memory, the queue unchanged). Shared by the front ends. */
 int conn_queue_reserve(char **buf, size_t *off, size_t *len, size_t *cap, size_t n);
+/* Past listen.max_buffered_input_bytes of unfinished input across all
+ * connections of both front ends (srv->input_bytes), refuses the
+ * connection holding the most (msgpack: the `overloaded` notification;
+ * HTTP: 503, http.h) until the total fits; each refusal drops its share
+ * from the total at once. */
+void conn_enforce_input(struct server *srv);
 /* Sends an error response for `msgid` and counts it. */
 void conn_reply_error(struct conn *c, uint32_t msgid, enum pgw_code code, const char *message);
 /* Sends the fatal error notification, counts it, and closes after flush. */

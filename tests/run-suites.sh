@@ -131,7 +131,7 @@ stage "redis (pytest)"                 pytest  $PYTEST tests/redis
 stage "clients (python + node, ASan)"  summary sh client/run-tests.sh build/asan clients
 stage "agent graphs (ASan)"            summary sh client/run-tests.sh build/asan graphs
 stage "http (OpenAI + Anthropic SDKs)" summary sh tests/http/run-tests.sh build/asan
-stage "status page (headless Chromium)" summary sh tests/http/run-tests.sh build/asan status.test.js
+stage "browsers (headless Chromium)"   summary sh tests/http/run-tests.sh build/asan status.test.js cross_origin.test.js
 stage "fuzz replay (ASan)"             summary make --no-print-directory BUILD=build/asan SAN=1 fuzz-replay
 stage_if "command -v clang-format" "format (clang-format)" exit make --no-print-directory format-check
 stage "documentation references"      exit    /usr/bin/python3 tests/check_docs.py

@@ -10,40 +10,18 @@ import fs from "node:fs";
 import path from "node:path";
 import { test } from "node:test";
 
-import puppeteer from "puppeteer-core";
+import { BUILD, Mock, Sidecar, freePort } from "../../client/node/test/helpers.js";
+import { SOURCE_KEYS, frontConfig, launchChromium, waitHttp } from "./browser.js";
 
-import { BUILD, Mock, Sidecar, freePort, sleep } from "../../client/node/test/helpers.js";
-
-const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
 const FAILURES = 3; // breaker.failures of source "a"
 const TRIP_TO_DOM_MS = 2000;
 
 function configText(upUrl, port, dir) {
-  const src = "timeout_s: 20, connect_timeout_s: 5, ttft_timeout_s: 5, idle_timeout_s: 20, " +
-    "max_concurrency: 8, aimd: {initial: 8}";
-  return [
-    "listen:", '  mode: "0660"',
-    "server:", "  log_level: info", "  shutdown_grace_s: 0.5",
-    "defaults: {max_attempts: 1, stall_window_s: 10, backoff_base_s: 0.05, backoff_max_s: 0.1}",
-    "http:", `  socket: ${JSON.stringify(path.join(dir, "http.sock"))}`, `  listen: "127.0.0.1:${port}"`,
-    "sources:",
-    `  - {name: a, capability: chat, base_url: ${JSON.stringify(upUrl)}, ${src}, ` +
+  return frontConfig(dir, port, { sources: [
+    `  - {name: a, capability: chat, base_url: ${JSON.stringify(upUrl)}, ${SOURCE_KEYS}, ` +
       `breaker: {failures: ${FAILURES}, cooldown_s: 60}, limits: {rpm: 600}}`,
-    `  - {name: e, capability: embedding, base_url: ${JSON.stringify(upUrl)}, model: emb-1, ${src}}`,
-    "",
-  ].join("\n");
-}
-
-async function waitHttp(base) {
-  const deadline = Date.now() + 10000;
-  for (;;) {
-    try {
-      const r = await fetch(`${base}/healthz`);
-      if (r.ok) return;
-    } catch { /* not listening yet */ }
-    if (Date.now() > deadline) throw new Error("the HTTP front did not start");
-    await sleep(20);
-  }
+    `  - {name: e, capability: embedding, base_url: ${JSON.stringify(upUrl)}, model: emb-1, ${SOURCE_KEYS}}`,
+  ] });
 }
 
 async function post(base, p, body) {
@@ -60,7 +38,6 @@ async function breakerOf(base, name) {
 
 test("status page: breaker trip shows within 2 s, a task with its node, nothing from other hosts",
   { timeout: 120000 }, async () => {
-    assert.ok(fs.existsSync(CHROMIUM), `${CHROMIUM} missing: run tests/deps.sh`);
     const up = await Mock.start();
     let sc, browser;
     try {
@@ -71,13 +48,7 @@ test("status page: breaker trip shows within 2 s, a task with its node, nothing 
       await sc.start();
       await waitHttp(base);
 
-      browser = await puppeteer.launch({
-        executablePath: CHROMIUM,
-        headless: true,
-        args: ["--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-          "--disable-dev-shm-usage", "--disable-background-networking",
-          "--disable-component-update", "--disable-default-apps", "--disable-sync"],
-      });
+      browser = await launchChromium();
       const page = await browser.newPage();
       await page.setViewport({ width: 1280, height: 640 });
       const requests = [];

@@ -155,8 +155,10 @@ def is_closed(s, timeout=3.0):
 
 @pytest.fixture
 def front(make_sidecar, up, workdir):
-    """Factory: front(sources=..., http=..., **config kw) -> Front."""
-    def factory(sources=None, http=None, defaults=None, preexec_fn=None, env=None, **kw):
+    """Factory: front(sources=..., http=..., extra=more config text,
+    **config kw) -> Front."""
+    def factory(sources=None, http=None, defaults=None, preexec_fn=None, env=None, extra="",
+                **kw):
         port = free_port()
         hsock = os.path.join(workdir, "http.sock")
         if sources is None:
@@ -165,7 +167,7 @@ def front(make_sidecar, up, workdir):
         h = {"socket": hsock, "listen": "127.0.0.1:%d" % port, "header_timeout_s": 2,
              "body_timeout_s": 2, "keepalive_timeout_s": 30}
         h.update(http or {})
-        text = config_yaml(sources, defaults or DEFAULTS, **kw) + http_section(**h)
+        text = config_yaml(sources, defaults or DEFAULTS, **kw) + http_section(**h) + extra
         sc = make_sidecar(config_text=text, preexec_fn=preexec_fn, env=env)
         f = Front(sc, port, hsock)
         deadline = time.monotonic() + 5
@@ -261,7 +263,7 @@ def test_http__stream_relays_events_as_they_arrive(front, up):
     body = json.dumps(chat("one two three four", stream=True,
                            mock={"stream_events": 4, "stream_interval_ms": 300}))
     t0 = time.monotonic()
-    s.sendall(("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                "Content-Length: %d\r\n\r\n%s" % (len(body), body)).encode())
     buf = b""
     while b"data: {" not in buf:
@@ -520,7 +522,7 @@ def test_http__overloaded_at_max_connections(front, up):
     time.sleep(0.2)  # the fixture's probe connection is gone
     a, b = f.raw(), f.raw()
     for s in (a, b):
-        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         assert read_response(s)[0] == 200
     status, hdrs, body = f.curl("/healthz")
     assert_error(status, hdrs, body, 503, "overloaded")
@@ -534,7 +536,7 @@ def test_http__overloaded_at_max_connections(front, up):
 def test_http__shutting_down_is_503(front, up):
     f = front()
     idle = f.raw()
-    idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
     assert read_response(idle)[0] == 200
     slow = {}
     t = threading.Thread(target=lambda: slow.update(r=f.curl(
@@ -543,7 +545,7 @@ def test_http__shutting_down_is_503(front, up):
     up.wait_stats(lambda s: s["in_progress"] == 1, timeout=5)
     f.sc.send_signal(signal.SIGTERM)
     time.sleep(0.2)
-    idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
     status, hdrs, body = read_response(idle)
     assert_error(status, hdrs, body.decode(), 503, "shutting_down")
     assert hdrs["connection"] == "close"
@@ -574,10 +576,10 @@ def test_http__keepalive_and_pipelining(front, up):
     body = json.dumps(chat("piped"))
     a, b = body[:7], body[7:]
     chunked = "%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(a), a, len(b), b)
-    s.sendall(("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
-               "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(("GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+               "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                "Transfer-Encoding: chunked\r\n\r\n" + chunked +
-               "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n").encode())
+               "GET /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n").encode())
     time.sleep(0.5)  # all three answers are queued: they arrive together
     r1, r2, r3 = read_response(s), read_response(s), read_response(s)
     assert r1[0] == 200 and json.loads(r1[2]) == {"status": "ok"}
@@ -585,7 +587,7 @@ def test_http__keepalive_and_pipelining(front, up):
     assert r3[0] == 200 and json.loads(r3[2])["object"] == "list"
     assert up.stats()["requests"] == 1
     # Still usable afterwards.
-    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
     assert read_response(s)[0] == 200
     s.close()
 
@@ -594,14 +596,14 @@ def test_http__expect_100_continue(front, up):
     f = front(http={"max_body_bytes": 4096})
     s = f.raw()
     body = json.dumps(chat("expected"))
-    s.sendall(("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                "Content-Length: %d\r\nExpect: 100-continue\r\n\r\n" % len(body)).encode())
     s.settimeout(3)
     assert s.recv(100).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
     s.sendall(body.encode())
     assert read_response(s)[0] == 200
     # Too large: refused before the client sends the body.
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
               b"Content-Length: 100000\r\nExpect: 100-continue\r\n\r\n")
     status, hdrs, body = read_response(s)
     assert_error(status, hdrs, body.decode(), 413, "too_large")
@@ -611,7 +613,7 @@ def test_http__expect_100_continue(front, up):
 def test_http__malformed_request_line_is_400_and_others_unaffected(front, up):
     f = front()
     other = f.raw()
-    other.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    other.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
     assert read_response(other)[0] == 200
     bad = f.raw()
     bad.sendall(b"GARBAGE / NOT-HTTP\r\n\r\n")
@@ -621,14 +623,14 @@ def test_http__malformed_request_line_is_400_and_others_unaffected(front, up):
     bad2 = f.raw()
     bad2.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # a TLS hello
     assert read_response(bad2)[0] == 400
-    other.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    other.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
     assert read_response(other)[0] == 200
 
 
 def test_http__oversized_headers_are_431(front, up):
     f = front(http={"max_header_bytes": 4096})
     s = f.raw()
-    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Junk: " + b"a" * 5000 + b"\r\n\r\n")
+    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Junk: " + b"a" * 5000 + b"\r\n\r\n")
     status, hdrs, body = read_response(s)
     assert_error(status, hdrs, body.decode(), 431, "too_large")
     assert is_closed(s)
@@ -648,7 +650,7 @@ def test_http__slowloris_headers_time_out_and_others_are_served(front, up):
     t0 = time.monotonic()
     closed_at = None
     got = b""
-    for ch in b"GET /healthz HTTP/1.1\r\nHost: slow\r\n":
+    for ch in b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n":
         try:
             s.sendall(bytes([ch]))
         except OSError:
@@ -674,7 +676,7 @@ def test_http__slowloris_headers_time_out_and_others_are_served(front, up):
 def test_http__slow_body_times_out(front, up):
     f = front(http={"body_timeout_s": 1})
     s = f.raw()
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
               b"Content-Length: 50\r\n\r\n{\"model\"")
     status, hdrs, body = read_response(s, timeout=3)
     assert status == 408
@@ -685,7 +687,7 @@ def test_http__slow_body_times_out(front, up):
 def test_http__keepalive_idle_connection_is_closed(front, up):
     f = front(http={"keepalive_timeout_s": 0.5})
     s = f.raw()
-    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
     assert read_response(s)[0] == 200
     t0 = time.monotonic()
     assert is_closed(s, timeout=3)
@@ -705,7 +707,7 @@ def test_http__2000_idle_keepalive_connections(front, up):
     try:
         for i in range(n):
             s = socket.create_connection(("127.0.0.1", f.port), timeout=10)
-            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
             idle.append(s)
         for s in idle:
             assert read_response(s)[0] == 200
@@ -716,7 +718,7 @@ def test_http__2000_idle_keepalive_connections(front, up):
         assert elapsed < 2.0, elapsed
         # All idle connections are still open and usable.
         for s in idle[:: n // 20]:
-            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
             assert read_response(s)[0] == 200
     finally:
         for s in idle:
@@ -727,7 +729,7 @@ def test_http__client_abort_closes_the_upstream_connection(front, up):
     f = front()
     s = f.raw()
     body = json.dumps(chat("x", mock={"hang": "before_headers"}))
-    s.sendall(("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                "Content-Length: %d\r\n\r\n%s" % (len(body), body)).encode())
     up.wait_stats(lambda st: st["in_progress"] == 1, timeout=5)
     t0 = time.monotonic()
@@ -741,7 +743,7 @@ def test_http__stream_client_abort_closes_the_upstream_connection(front, up):
     f = front()
     s = f.raw()
     body = json.dumps(chat("x", stream=True, mock={"stream_events": 1000, "stream_interval_ms": 50}))
-    s.sendall(("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                "Content-Length: %d\r\n\r\n%s" % (len(body), body)).encode())
     buf = b""
     while buf.count(b"data: ") < 3:
@@ -811,7 +813,7 @@ def test_http__stream_reader_that_stops_reading_is_closed(front, up):
     s = f.raw()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     body = json.dumps(chat("x" * 2000, stream=True, mock={"stream_events": 100000}))
-    s.sendall(("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                "Content-Length: %d\r\n\r\n%s" % (len(body), body)).encode())
     # Never read: the sidecar's queue fills, the upstream is paused, and
     # after send_timeout_s without progress the connection and its call end.

@@ -1037,6 +1037,41 @@ START_TEST(test_config__backend_url_scheme)
 }
 END_TEST
 
+/* http.allowed_origins and http.allowed_hosts: origins exactly as
+ * browsers send them, host names without a port, no repeats. */
+START_TEST(test_config__http_allowed_origins_and_hosts)
+{
+    struct config *cfg =
+        expect_ok("http:\n  allowed_origins: [\"http://localhost:5173\", \"https://app.example\",\n"
+                  "                    \"http://[::1]:8080\", \"http://10.0.0.7\"]\n"
+                  "  allowed_hosts: [polygw.internal, gw-1.example.com]\n");
+    ck_assert_uint_eq(cfg->n_http_allowed_origins, 4);
+    ck_assert_str_eq(cfg->http_allowed_origins[2], "http://[::1]:8080");
+    ck_assert_uint_eq(cfg->n_http_allowed_hosts, 2);
+    ck_assert_str_eq(cfg->http_allowed_hosts[1], "gw-1.example.com");
+    config_free(cfg);
+
+    static const char *const bad_origins[] = {
+        "null",          "localhost:3000", "http://",        "http://h/",  "http://h/app",
+        "ftp://h",       "http://h:0",     "http://h:65536", "http://h:x", "http://[::1",
+        "http://[zz]:1", "http://a b",     "http://h?q",
+    };
+    for (size_t i = 0; i < sizeof(bad_origins) / sizeof(bad_origins[0]); i++) {
+        char text[200];
+        snprintf(text, sizeof(text), "http:\n  allowed_origins: [\"%s\"]\n", bad_origins[i]);
+        expect_reject(text, 2, "http.allowed_origins[0]", "must be an origin");
+    }
+    expect_reject("http:\n  allowed_origins: [\"http://h\", \"HTTP://H\"]\n", 2,
+                  "http.allowed_origins[1]", "repeats origin 0");
+    expect_reject("http:\n  allowed_origins: []\n", 2, "http.allowed_origins", "a list of 1 to 64");
+    expect_reject("http:\n  allowed_hosts: [\"h:80\"]\n", 2, "http.allowed_hosts[0]",
+                  "must be a host name");
+    expect_reject("http:\n  allowed_hosts: [\"a b\"]\n", 2, "http.allowed_hosts[0]",
+                  "must be a host name");
+    expect_reject("http:\n  allowed_hosts: h\n", 2, "http.allowed_hosts", "a list of 1 to 64");
+}
+END_TEST
+
 /* Sentinels instead of a URL, credentials apart from it, TLS: the rules
  * between them (each with the key at fault and its line). */
 START_TEST(test_config__backend_sentinels_auth_tls)
@@ -2091,6 +2126,7 @@ Suite *config_suite(void)
     tcase_add_test(tc, test_config__backend_memory_with_url);
     tcase_add_test(tc, test_config__backend_url_scheme);
     tcase_add_test(tc, test_config__backend_sentinels_auth_tls);
+    tcase_add_test(tc, test_config__http_allowed_origins_and_hosts);
     tcase_add_test(tc, test_config__backend_password_env);
     tcase_add_test(tc, test_config__backend_redis_url_and_timeouts);
     tcase_add_test(tc, test_config__backend_redis_url_from_env);
