@@ -22,7 +22,7 @@ def raw_request(f, head, body=b""):
     """One HTTP/1.1 request written byte for byte on TCP: (status, headers, body)."""
     s = f.raw()
     try:
-        s.sendall(head + b"Host: x\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
+        s.sendall(head + b"Host: localhost\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
                   % len(body) + body)
         return read_response(s)
     finally:
