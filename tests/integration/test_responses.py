@@ -193,3 +193,20 @@ def test_responses__stream_cut_before_its_terminal_event_is_interrupted(make_sid
         events = sse_events(text)
         assert events[-2][0] == "response.output_text.delta", text
         assert events[-1][0] == "error" and "stream_interrupted" in events[-1][1], text
+
+
+def test_responses__chat_stream_keeps_the_upstreams_event_lines_too(make_sidecar, up):
+    """Event lines are relayed for every dialect: a Chat Completions
+    upstream that names its events keeps them; one that does not gets none."""
+    sc, base = http_front(make_sidecar, source("oa", up.url))
+    chunk = {"id": "c", "object": "chat.completion.chunk",
+             "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "stop"}]}
+    body = "event: delta\ndata: %s\n\ndata: [DONE]\n\n" % json.dumps(chunk)
+    status, text = curl(base + "/v1/chat/completions", {
+        "model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}],
+        "mock": {"body": body, "content_type": "text/event-stream"}})
+    assert status == 200, text
+    assert sse_events(text) == [("delta", json.dumps(chunk)), (None, "[DONE]")], text
+    status, text = curl(base + "/v1/chat/completions", {
+        "model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]})
+    assert "event:" not in text and sse_data(text)[-1] == "[DONE]", text
