@@ -210,3 +210,20 @@ def test_responses__chat_stream_keeps_the_upstreams_event_lines_too(make_sidecar
     status, text = curl(base + "/v1/chat/completions", {
         "model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]})
     assert "event:" not in text and sse_data(text)[-1] == "[DONE]", text
+
+
+def test_responses__tpm_admits_by_the_streams_real_usage(make_sidecar, up):
+    """The first stream really used 5000 tokens (its estimate is far less):
+    the tpm bucket is empty afterwards, so the second call is not admitted
+    before its deadline. Not counting response.completed's usage would
+    admit it."""
+    sc = start(make_sidecar, source("oa", up.url, capability="responses",
+                                    limits={"tpm": 5000, "window_s": 3600}))
+    c = sc.connect()
+    big = {"usage": {"prompt_tokens": 4990, "completion_tokens": 10}}
+    chunks, err, res = stream_call(c, "responses", responses_body("first", mock=big))
+    assert err is None, err
+    assert res["usage"]["total_tokens"] == 5000
+    err, res, _ = call(c, "responses", responses_body("second"), deadline_s=1.0)
+    assert err is not None and err["code"] in ("deadline_exceeded", "stalled"), (err, res)
+    assert up.stats()["requests"] == 1
