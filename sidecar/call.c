@@ -697,17 +697,18 @@ static int facts_member(void *ud, const char *key, const struct jscan_value *v)
     return 0;
 }
 
+/* The API the current source speaks at this call's capability path. */
 static const struct dialect *call_dialect(const struct call *k)
 {
-    return dialect_get(k->src->kind);
+    return dialect_for(k->src->kind, k->cap->path);
 }
 
 /* Events and replies of this attempt go through their msgpack form even
  * for a JSON-only sink: the dialect's readers and the conversion need it.
- * Only OpenAI-dialect answers relayed as they are take the jscan path. */
+ * Only Chat Completions answers relayed as they are take the jscan path. */
 static bool call_needs_tree(const struct call *k)
 {
-    return k->sink->ops->wants_msgpack || k->src->kind == DIALECT_ANTHROPIC;
+    return k->sink->ops->wants_msgpack || !call_dialect(k)->chat_facts;
 }
 
 /* Takes the counts `u` of a reply or event of the current attempt into
@@ -807,6 +808,9 @@ static void call_info_fill(const struct call *k, struct call_info *ci)
     ci->stalled_s = gov_call_stalled_s(&k->g, now);
     /* Anthropic's own format reached the client (not converted). */
     ci->anthropic = k->src && k->src->kind == DIALECT_ANTHROPIC && k->form != BODY_TO_ANTHROPIC;
+    /* Chat Completions streams end with [DONE]; Messages and Responses
+     * streams end with a named event of their own. */
+    ci->done_marker = !k->src || k->form == BODY_TO_ANTHROPIC || call_dialect(k)->chat_facts;
 }
 
 /* A success: the plain body (`json` as received, `body` its msgpack form)
@@ -996,6 +1000,18 @@ static int call_scan_json_event(struct call *k, struct attempt *a, const char *d
     return 2;
 }
 
+/* The upstream's name for the event being delivered (its `event:` line),
+ * as a client may read it, or "". */
+static void call_event_name(const struct attempt *a, char *out, size_t cap)
+{
+    const char *name;
+    size_t n = attempt_event_name(a, &name);
+
+    out[0] = '\0';
+    if (n > 0)
+        rpc_quote_client_str(name, n, cap - 1, out);
+}
+
 /* One stream event: transcode, count its tokens, relay it as a chunk
  * (unless it is the usage-only chunk polygw asked for itself, or an event
  * a converted stream has no chunk for). Returns 1 when it is the stream's
@@ -1015,12 +1031,15 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     struct dialect_event ev = { 0 };
     const char *text = data;
     size_t text_len = len;
-    char event_name[32] = "";
+    char event_name[64] = "";
     int terminal = 0, rc;
+    bool named;
 
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&tmp, &sb, msgpack_sbuffer_write);
     strbuf_init(&scrubbed);
+    call_event_name(a, event_name, sizeof(event_name));
+    named = event_name[0] != '\0';
     if (!tree) {
         bool is_json;
         rc = call_scan_json_event(k, a, data, len, &is_json, &terminal);
@@ -1064,7 +1083,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
         else if (ev.usage.prompt >= 0 || ev.usage.completion >= 0 || ev.usage.total >= 0)
             call_keep_token_counts(k);
         const msgpack_object *type = rpc_map_get(&up.data, "type");
-        if (type && type->type == MSGPACK_OBJECT_STR)
+        if (!event_name[0] && type && type->type == MSGPACK_OBJECT_STR)
             rpc_quote_client_str(type->via.str.ptr, type->via.str.size, sizeof(event_name) - 1,
                                  event_name);
     }
@@ -1127,7 +1146,9 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
         k->ttft_s = call_elapsed(k);
     call_info_fill(k, &ci);
     ci.source = k->src->name;
-    ci.event = event_name[0] ? event_name : NULL;
+    /* The upstream's own event name; an Anthropic client also gets the
+     * event's type as its name when the upstream sent none. */
+    ci.event = event_name[0] && (named || ci.anthropic) ? event_name : NULL;
 
     /* Relay now. The sink may find the client gone: it then aborts every
      * call it holds, this one included, so `k` is freed (its attempt is
@@ -1164,7 +1185,7 @@ static enum body_form call_body_form(const struct call *k, const struct config_s
 {
     if (src->accepts_openai)
         return BODY_TO_ANTHROPIC;
-    if (k->stream && src->stream_usage && dialect_get(src->kind)->stream_usage &&
+    if (k->stream && src->stream_usage && dialect_for(src->kind, k->cap->path)->stream_usage &&
         !k->has_stream_options)
         return BODY_STREAM_USAGE;
     return BODY_AS_IS;
@@ -1367,6 +1388,7 @@ static void call_run_attempt(struct call *k, size_t source)
         .body = json,
         .body_len = text_len,
         .stream = k->stream,
+        .stream_end = dialect_for(src->kind, k->cap->path)->stream_end,
         .connect_timeout_s = src->connect_timeout_s,
         .ttft_timeout_s = src->ttft_timeout_s,
         .idle_timeout_s = src->idle_timeout_s,

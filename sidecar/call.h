@@ -34,8 +34,10 @@ struct call_info {
     bool anthropic;    /* the answer is in Anthropic's Messages format (a
                                     * kind: anthropic source, not converted): its stream
                                     * events are named and it has no [DONE] */
-    const char *event; /* on_chunk: the event's name (Anthropic: its "type"),
-                                    * or NULL */
+    bool done_marker;  /* an SSE relay of the stream ends with `data: [DONE]`
+                                    * (Chat Completions; not Messages nor Responses) */
+    const char *event; /* on_chunk: the event's name as the upstream's `event:`
+                                    * line gave it (Anthropic: else its "type"), or NULL */
 };
 
 /* A success. For a plain call, a sink that wants msgpack gets the reply as

@@ -977,6 +977,7 @@ static const struct {
     { "chat", true, "/chat/completions" },
     { "embedding", false, "/embeddings" },
     { "ocr", false, "/ocr" },
+    { "responses", true, "/responses" },
 };
 #define N_BUILTIN_CAPS (sizeof(builtin_caps) / sizeof(builtin_caps[0]))
 
@@ -2320,7 +2321,7 @@ static void validate_source(struct loader *l, size_t i)
         if (idx == SIZE_MAX) {
             snprintf(path, sizeof(path), "%s.capability", prefix);
             fail_at(l, line[FID_CAPABILITY], path,
-                    "unknown capability '%s' (not chat, embedding, ocr, nor listed "
+                    "unknown capability '%s' (not chat, embedding, ocr, responses, nor listed "
                     "under capabilities:)",
                     s->capability);
         } else {

@@ -40,10 +40,40 @@ static void usage_bogus(struct dialect_usage *u)
     u->bogus = true;
 }
 
+/* Sets *out to DIALECT_USAGE_NONE and reads members names[0..n) of the
+ * `usage` map (borrowed, may be NULL) into c[] (obj_count). Returns true
+ * when `usage` is a map whose counts can all be true; when one cannot,
+ * *out is bogus. */
+static bool usage_counts(const msgpack_object *usage, const char *const *names, int64_t *c,
+                         size_t n, struct dialect_usage *out)
+{
+    *out = DIALECT_USAGE_NONE;
+    if (!usage || usage->type != MSGPACK_OBJECT_MAP)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        c[i] = obj_count(rpc_map_get(usage, names[i]));
+        if (c[i] < -1) {
+            usage_bogus(out);
+            return false;
+        }
+    }
+    return true;
+}
+
 static void event_init(struct dialect_event *out)
 {
     memset(out, 0, sizeof(*out));
     out->usage = DIALECT_USAGE_NONE;
+}
+
+/* Marks `out` an error event of type `t` (a string, else "error"). */
+static void event_error(struct dialect_event *out, const msgpack_object *t)
+{
+    out->error = true;
+    snprintf(out->error_type, sizeof(out->error_type), "%s", "error");
+    if (t && t->type == MSGPACK_OBJECT_STR)
+        rpc_quote_client_str(t->via.str.ptr, t->via.str.size, sizeof(out->error_type) - 1,
+                             out->error_type);
 }
 
 /* --- OpenAI and Azure ------------------------------------------------ */
@@ -98,12 +128,8 @@ static void openai_scan_event(const msgpack_object *ev, struct dialect_event *ou
     if (err && err->type == MSGPACK_OBJECT_MAP) {
         /* Some OpenAI-compatible servers (vLLM, OpenRouter) report a failure
          * mid-stream as {"error": {...}}: it is their 5xx. */
-        const msgpack_object *t = rpc_map_get(err, "type");
-        out->error = out->transient = true;
-        snprintf(out->error_type, sizeof(out->error_type), "%s", "error");
-        if (t && t->type == MSGPACK_OBJECT_STR)
-            rpc_quote_client_str(t->via.str.ptr, t->via.str.size, sizeof(out->error_type) - 1,
-                                 out->error_type);
+        event_error(out, rpc_map_get(err, "type"));
+        out->transient = true;
     }
 }
 
@@ -113,17 +139,13 @@ static void openai_scan_event(const msgpack_object *ev, struct dialect_event *ou
  * count against the source's token limits. */
 static void anthropic_scan_usage(const msgpack_object *usage, struct dialect_usage *out)
 {
-    *out = DIALECT_USAGE_NONE;
-    if (!usage || usage->type != MSGPACK_OBJECT_MAP)
+    static const char *const names[4] = { "input_tokens", "cache_creation_input_tokens",
+                                          "cache_read_input_tokens", "output_tokens" };
+    int64_t c[4];
+
+    if (!usage_counts(usage, names, c, 4, out))
         return;
-    int64_t in = obj_count(rpc_map_get(usage, "input_tokens"));
-    int64_t cw = obj_count(rpc_map_get(usage, "cache_creation_input_tokens"));
-    int64_t cr = obj_count(rpc_map_get(usage, "cache_read_input_tokens"));
-    int64_t completion = obj_count(rpc_map_get(usage, "output_tokens"));
-    if (in < -1 || cw < -1 || cr < -1 || completion < -1) {
-        usage_bogus(out);
-        return;
-    }
+    int64_t in = c[0], cw = c[1], cr = c[2], completion = c[3];
     /* At most 3 * DIALECT_TOKENS_MAX. */
     if (in >= 0)
         out->prompt = in + (cw > 0 ? cw : 0) + (cr > 0 ? cr : 0);
@@ -155,35 +177,90 @@ static void anthropic_scan_event(const msgpack_object *ev, struct dialect_event 
     } else if (rpc_str_is(type, "message_stop")) {
         out->terminal = true;
     } else if (rpc_str_is(type, "error")) {
-        const msgpack_object *t = rpc_map_get(rpc_map_get(ev, "error"), "type");
-        out->error = true;
-        snprintf(out->error_type, sizeof(out->error_type), "%s", "error");
-        if (t && t->type == MSGPACK_OBJECT_STR)
-            rpc_quote_client_str(t->via.str.ptr, t->via.str.size, sizeof(out->error_type) - 1,
-                                 out->error_type);
+        event_error(out, rpc_map_get(rpc_map_get(ev, "error"), "type"));
         out->transient = anthropic_error_is_transient(out->error_type);
+    }
+}
+
+/* --- OpenAI's Responses API ------------------------------------------ */
+
+/* {"input_tokens", "input_tokens_details": {"cached_tokens"}, "output_tokens",
+ * "output_tokens_details": {"reasoning_tokens"}, "total_tokens"}: cached
+ * input is part of input_tokens and reasoning part of output_tokens, so
+ * the three totals are all that is counted. */
+static void responses_scan_usage(const msgpack_object *usage, struct dialect_usage *out)
+{
+    static const char *const names[3] = { "input_tokens", "output_tokens", "total_tokens" };
+    int64_t c[3];
+
+    if (!usage_counts(usage, names, c, 3, out))
+        return;
+    out->prompt = c[0];
+    out->completion = c[1];
+    out->total = c[2];
+}
+
+/* An error with `code` (borrowed, may be NULL): transient for
+ * server_error, rate_limit_exceeded and an error without a code. */
+static void responses_error(const msgpack_object *code, struct dialect_event *out)
+{
+    event_error(out, code);
+    out->transient = strcmp(out->error_type, "server_error") == 0 ||
+        strcmp(out->error_type, "rate_limit_exceeded") == 0 ||
+        strcmp(out->error_type, "error") == 0;
+}
+
+/* Terminal: response.completed and response.incomplete (both carry the
+ * response with its usage); response.failed also ends the stream, as a
+ * failure; so does an `error` event. */
+static void responses_scan_event(const msgpack_object *ev, struct dialect_event *out)
+{
+    const msgpack_object *type = rpc_map_get(ev, "type");
+
+    event_init(out);
+    if (!type || type->type != MSGPACK_OBJECT_STR)
+        return;
+    if (rpc_str_is(type, "response.completed") || rpc_str_is(type, "response.incomplete")) {
+        out->terminal = true;
+        responses_scan_usage(rpc_map_get(rpc_map_get(ev, "response"), "usage"), &out->usage);
+    } else if (rpc_str_is(type, "response.failed")) {
+        const msgpack_object *resp = rpc_map_get(ev, "response");
+        out->terminal = true;
+        responses_scan_usage(rpc_map_get(resp, "usage"), &out->usage);
+        responses_error(rpc_map_get(rpc_map_get(resp, "error"), "code"), out);
+    } else if (rpc_str_is(type, "error")) {
+        responses_error(rpc_map_get(ev, "code"), out);
     }
 }
 
 /* --- the table ------------------------------------------------------- */
 
+#define CHAT_STREAM_END      "[DONE], a finish_reason"
+#define RESPONSES_STREAM_END "response.completed, response.incomplete, response.failed"
+
+/* How OpenAI and Azure take a source's key and version, whichever of
+ * their APIs is called. */
+#define OPENAI_KEY                                                            \
+    .name = "openai", .key_header = "Authorization", .key_prefix = "Bearer ", \
+    .chat_path = "/chat/completions"
+#define AZURE_KEY                                                                               \
+    .name = "azure", .key_header = "api-key", .key_prefix = "", .version_query = "api-version", \
+    .chat_path = "/chat/completions"
+
 static const struct dialect dialects[DIALECT_COUNT] = {
     [DIALECT_OPENAI] = {
-        .name = "openai",
-        .key_header = "Authorization",
-        .key_prefix = "Bearer ",
-        .chat_path = "/chat/completions",
+        OPENAI_KEY,
         .stream_usage = true,
+        .chat_facts = true,
+        .stream_end = CHAT_STREAM_END,
         .scan_event = openai_scan_event,
         .scan_usage = openai_scan_usage,
     },
     [DIALECT_AZURE] = {
-        .name = "azure",
-        .key_header = "api-key",
-        .key_prefix = "",
-        .version_query = "api-version",
-        .chat_path = "/chat/completions",
+        AZURE_KEY,
         .stream_usage = true,
+        .chat_facts = true,
+        .stream_end = CHAT_STREAM_END,
         .scan_event = openai_scan_event,
         .scan_usage = openai_scan_usage,
     },
@@ -194,10 +271,38 @@ static const struct dialect dialects[DIALECT_COUNT] = {
         .version_header = "anthropic-version",
         .chat_path = "/messages",
         .stream_usage = false,
+        .stream_end = "message_stop",
         .scan_event = anthropic_scan_event,
         .scan_usage = anthropic_scan_usage,
     },
 };
+
+/* The Responses API, by the key conventions of OpenAI and Azure. */
+static const struct dialect responses_dialects[2] = {
+    {
+        OPENAI_KEY,
+        .stream_end = RESPONSES_STREAM_END,
+        .scan_event = responses_scan_event,
+        .scan_usage = responses_scan_usage,
+    },
+    {
+        AZURE_KEY,
+        .stream_end = RESPONSES_STREAM_END,
+        .scan_event = responses_scan_event,
+        .scan_usage = responses_scan_usage,
+    },
+};
+
+const struct dialect *dialect_for(enum dialect_kind kind, const char *path)
+{
+    static const char suffix[] = "/responses";
+    size_t n = path ? strlen(path) : 0;
+
+    if ((kind == DIALECT_OPENAI || kind == DIALECT_AZURE) && n >= sizeof(suffix) - 1 &&
+        strcmp(path + n - (sizeof(suffix) - 1), suffix) == 0)
+        return &responses_dialects[kind == DIALECT_AZURE];
+    return dialect_get(kind);
+}
 
 const struct dialect *dialect_get(enum dialect_kind kind)
 {

@@ -7,6 +7,13 @@
  *   azure      api-key               ?api-version=V       /chat/completions   [DONE] or a finish_reason
  *   anthropic  x-api-key             anthropic-version: V /messages           message_stop
  *
+ * An OpenAI or Azure source called at a path ending in /responses speaks
+ * OpenAI's Responses API instead (dialect_for): same key and version, but
+ * its stream ends with response.completed, response.incomplete or
+ * response.failed, its usage is input_tokens/output_tokens (in the reply,
+ * and in the terminal event's `response`), and stream_options is never
+ * added to its requests.
+ *
  * and where each puts its token counts (OpenAI: `usage` of the reply or of
  * a stream chunk; Anthropic: `usage` of the reply, of message_start's
  * `message` and of message_delta), which stream events are errors
@@ -68,6 +75,9 @@ struct dialect {
     const char *version_query;  /* query parameter for it, or NULL */
     const char *chat_path;      /* the `chat` capability's path */
     bool stream_usage;          /* understands stream_options.include_usage */
+    bool chat_facts;            /* its replies and events are Chat Completions ones (the
+                                 * tree-free reader in call.c knows them) */
+    const char *stream_end;     /* its terminal events, for error details */
     /* Fills *out for one parsed event (borrowed). */
     void (*scan_event)(const msgpack_object *ev, struct dialect_event *out);
     /* Token counts of a plain reply's `usage` map (borrowed, may be NULL). */
@@ -76,6 +86,11 @@ struct dialect {
 
 /* The row of `kind` (never NULL for a valid kind). */
 const struct dialect *dialect_get(enum dialect_kind kind);
+
+/* The row for a call of capability path `path` to a `kind` source: the
+ * Responses API's for an OpenAI or Azure source at a path ending in
+ * "/responses", else dialect_get(kind). */
+const struct dialect *dialect_for(enum dialect_kind kind, const char *path);
 
 /* "openai", "azure", "anthropic" -> kind; -1 for anything else. */
 int dialect_from_name(const char *name);

@@ -892,8 +892,9 @@ static int h_on_chunk(struct call_sink *s, uint32_t id, const struct call_info *
 
     if (!c->stream_open)
         hc_stream_head(c, ci);
-    /* Anthropic's clients dispatch on the event name (message_start, ...). */
-    hc_sse(c, ci->anthropic ? ci->event : NULL, json, json_len);
+    /* The upstream's event name before its data, as it sent it: Anthropic's
+     * and the Responses API's clients dispatch on it (message_start, ...). */
+    hc_sse(c, ci->event, json, json_len);
     hc_flush(c);
     if (c->closed)
         return -1;
@@ -911,8 +912,8 @@ static void h_on_result(struct call_sink *s, uint32_t id, const struct call_info
     } else {
         if (!c->stream_open)
             hc_stream_head(c, ci);
-        if (!ci->anthropic)
-            hc_sse(c, NULL, "[DONE]", 6); /* an Anthropic stream ended with message_stop */
+        if (ci->done_marker)
+            hc_sse(c, NULL, "[DONE]", 6); /* others ended with a named event */
         hc_body_end(c);
     }
     hc_response_done(c);

@@ -197,6 +197,8 @@ struct attempt {
     bool sse_ready;
     uint32_t events;
     bool terminal_seen;
+    const char *stream_end;             /* attempt_spec.stream_end */
+    const struct sse_event *cur_ev;     /* the event on_event is handed, else NULL */
     bool stream_failed, fail_transient; /* attempt_fail_stream() from on_event */
     enum outcome_reason fail_reason;
     char fail_detail[160];
@@ -1023,7 +1025,9 @@ static int attempt_on_sse_event(const struct sse_event *ev, void *ud)
     if (a->events == 0)
         attempt_set_phase(a, ATTEMPT_STREAMING);
     a->last_activity = ev_now(a->up->loop);
+    a->cur_ev = ev;
     int rc = a->hooks.on_event(a, ev->data, ev->data_len, a->ud);
+    a->cur_ev = NULL;
     if (a->stream_failed)
         return -1; /* an error event: not delivered, not counted */
     a->events++;
@@ -1032,6 +1036,16 @@ static int attempt_on_sse_event(const struct sse_event *ev, void *ud)
         return 0;
     }
     return rc < 0 ? -1 : 0;
+}
+
+size_t attempt_event_name(const struct attempt *a, const char **name)
+{
+    const struct sse_event *ev = a->cur_ev;
+
+    if (!ev || ev->event_len == 0 || (ev->event_len == 7 && memcmp(ev->event, "message", 7) == 0))
+        return 0;
+    *name = ev->event;
+    return ev->event_len;
 }
 
 static bool resp_append(struct attempt *a, const char *p, size_t n)
@@ -1141,9 +1155,10 @@ static void attempt_conclude(struct attempt *a, enum xfer_end end, const char *d
         } else if (a->stream && !a->is_sse) {
             result_transient(&r, REASON_BAD_RESPONSE, "expected text/event-stream");
         } else if (a->stream && !a->terminal_seen) {
-            result_transient(&r, REASON_TRUNCATED,
-                             "stream ended before its terminal event ([DONE], a finish_reason, "
-                             "message_stop)");
+            char why[sizeof(r.detail)];
+            snprintf(why, sizeof(why), "stream ended before its terminal event (%s)",
+                     a->stream_end ? a->stream_end : "[DONE], a finish_reason, message_stop");
+            result_transient(&r, REASON_TRUNCATED, why);
         } else {
             r.outcome.kind = OUTCOME_SUCCESS;
             r.outcome.reason = REASON_NONE;
@@ -1900,6 +1915,7 @@ struct attempt *attempt_start(struct upstream *up, struct attempt_spec *spec,
     a->hooks = *hooks;
     a->ud = ud;
     a->stream = spec->stream;
+    a->stream_end = spec->stream_end;
     a->phase = ATTEMPT_RESOLVING;
     a->started = a->last_activity = a->sent_at = now;
     a->connect_s = spec->connect_timeout_s;

@@ -126,6 +126,8 @@ struct attempt_spec {
     char *body;                 /* takes: the JSON request body (malloc'd) */
     size_t body_len;
     bool stream;
+    const char *stream_end; /* static: the stream's terminal events, named in the
+                                    * detail of a stream cut before one; NULL = generic */
     double connect_timeout_s, ttft_timeout_s, idle_timeout_s, timeout_s;
     double deadline_at;                 /* absolute ev_now() time bounding the call; 0 = none */
     size_t max_response_bytes;          /* larger plain bodies / events fail the attempt */
@@ -203,6 +205,11 @@ void attempt_pause(struct attempt *a);
 void attempt_fail_stream(struct attempt *a, enum outcome_reason reason, bool transient,
                          const char *detail);
 void attempt_resume(struct attempt *a);
+
+/* From on_event only: the name of the event being delivered (its SSE
+ * `event:` field, not NUL-terminated) in *name, with its length; 0 when the
+ * upstream named none (or named it "message", the SSE default). */
+size_t attempt_event_name(const struct attempt *a, const char **name);
 
 /* Sets up an empty budget of `limit` bytes. */
 void upstream_budget_init(struct upstream_budget *b, size_t limit);

@@ -39,6 +39,7 @@ function configText(upUrl, port, dir, extra = []) {
     "sources:",
     `  - {name: a, capability: chat, base_url: ${JSON.stringify(upUrl)}, ${SOURCE}}`,
     `  - {name: e, capability: embedding, base_url: ${JSON.stringify(upUrl)}, model: emb-1, ${SOURCE}}`,
+    `  - {name: r, capability: responses, base_url: ${JSON.stringify(upUrl)}, ${SOURCE}}`,
     "",
   ].join("\n");
 }
@@ -121,6 +122,50 @@ for (const via of ["tcp", "unix"]) {
     assert.equal((await f.up.last()).json.model, "emb-1");
   }));
 }
+
+/** polygw_source_tokens_total of source r (the responses capability). */
+async function responsesTokens(port) {
+  const text = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
+  const line = text.split("\n")
+    .find((l) => l.startsWith('polygw_source_tokens_total{source="r",capability="responses"} '));
+  return line ? Number(line.split(" ").at(-1)) : null;
+}
+
+const responsesBody = (text, mock, extra = {}) => ({
+  model: "m", input: [{ role: "user", content: text }], ...(mock ? { mock } : {}), ...extra,
+});
+
+test("responses.create, plain: the Responses object, usage counted", () => withFront(async (f) => {
+  const res = await f.tcp.responses.create(
+    responsesBody("plain response", { usage: { prompt_tokens: 120, completion_tokens: 7 } }));
+  assert.equal(res.object, "response");
+  assert.equal(res.status, "completed");
+  assert.equal(res.output_text, "plain response");
+  assert.equal(res.usage.total_tokens, 127);
+  assert.equal((await f.up.last()).path, "/v1/responses");
+  assert.equal(await responsesTokens(f.port), 127);
+}));
+
+test("responses.create, streamed: events iterate to response.completed, no error", () => withFront(async (f) => {
+  const stream = await f.unix.responses.create(responsesBody("streamed words",
+    { stream_events: 3, usage: { prompt_tokens: 50, completion_tokens: 5 } }, { stream: true }));
+  const types = [];
+  let text = "";
+  let last;
+  for await (const ev of stream) {
+    types.push(ev.type);
+    if (ev.type === "response.output_text.delta") text += ev.delta;
+    last = ev;
+  }
+  assert.equal(types[0], "response.created");
+  assert.equal(types.at(-1), "response.completed");
+  assert.ok(!types.includes("error"), types.join(","));
+  assert.equal(types.filter((t) => t === "response.output_text.delta").length, 3);
+  assert.equal(text, "streamed words");
+  assert.equal(last.response.usage.total_tokens, 55);
+  assert.equal((await f.up.last()).json.stream_options, undefined);
+  assert.equal(await responsesTokens(f.port), 55);
+}));
 
 test("a typed error is an APIError with polygw's code, after one HTTP request", () => withFront(async (f) => {
   await f.up.control("POST", "/_mock/script", { default: { status: 500 } });

@@ -445,6 +445,8 @@ static void conn_dispatch(struct conn *c, const char *body, size_t blen)
         ep = EP_OCR;
     else if (ends_with(target, plen, "/messages"))
         ep = EP_MESSAGES;
+    else if (ends_with(target, plen, "/responses"))
+        ep = EP_RESPONSES;
     else {
         reply_error(c, 404, "not_found_error", "mock: unknown path");
         return;

@@ -145,7 +145,7 @@ bool behave_accept_pending(const struct mock *m);
 
 /* --------------------------------------------------------------- conn.c */
 
-enum mock_endpoint { EP_CHAT, EP_EMBEDDINGS, EP_OCR, EP_MESSAGES };
+enum mock_endpoint { EP_CHAT, EP_EMBEDDINGS, EP_OCR, EP_MESSAGES, EP_RESPONSES };
 
 enum conn_state {
     CONN_PEEK,        /* new connection while an accept-hang is scripted */
@@ -164,6 +164,8 @@ struct reply_stream {
     bool active, done;
     bool include_usage; /* OpenAI shape: separate usage chunk */
     bool anthropic;     /* Messages API events instead of chunks */
+    bool responses;     /* Responses API events instead of chunks */
+    long long seq;      /* Responses: the next event's sequence_number */
     long long events, next;
     long long interval_ms;
     const char *model;

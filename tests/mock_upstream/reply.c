@@ -619,13 +619,126 @@ static void anthropic_stream_step(struct conn *c, struct buf *sc)
     s->done = true;
 }
 
+/* A Responses API `response` object: `status`, its one message item
+ * (none while in progress) and its usage (none while in progress). */
+static void responses_object(struct buf *sc, const struct reply_stream *s, const char *status,
+                             bool done)
+{
+    buf_addf(sc,
+             "{\"id\":\"resp_mock_%llu\",\"object\":\"response\",\"created_at\":%lld,"
+             "\"status\":\"%s\",\"model\":",
+             s->id, s->created, status);
+    buf_add_json_str(sc, s->model, s->model_len);
+    buf_adds(sc, ",\"output\":[");
+    if (done) {
+        buf_addf(sc,
+                 "{\"id\":\"msg_mock_%llu\",\"type\":\"message\",\"status\":\"completed\","
+                 "\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":",
+                 s->id);
+        buf_add_json_str(sc, s->text, s->text_len);
+        buf_adds(sc, ",\"annotations\":[]}]}");
+    }
+    buf_adds(sc, "],\"usage\":");
+    if (done)
+        buf_addf(sc,
+                 "{\"input_tokens\":%lld,\"input_tokens_details\":{\"cached_tokens\":0},"
+                 "\"output_tokens\":%lld,\"output_tokens_details\":{\"reasoning_tokens\":0},"
+                 "\"total_tokens\":%lld}}",
+                 s->prompt_tokens, s->completion_tokens, s->total_tokens);
+    else
+        buf_adds(sc, "null}");
+}
+
+/* `event: <type>` and the start of its data, {"type":<type>,"sequence_number":N */
+static void responses_event(struct buf *sc, struct reply_stream *s, const char *type)
+{
+    sse_event(sc, type);
+    buf_addf(sc, "{\"type\":\"%s\",\"sequence_number\":%lld", type, s->seq++);
+}
+
+/* The item and content-part coordinates of the one text part. */
+static void responses_part_ids(struct buf *sc, const struct reply_stream *s)
+{
+    buf_addf(sc, ",\"item_id\":\"msg_mock_%llu\",\"output_index\":0,\"content_index\":0", s->id);
+}
+
+/* One step of a Responses API stream: response.created, in_progress,
+ * output_item.added and content_part.added come with the first text
+ * delta; output_text.done, content_part.done, output_item.done and
+ * response.completed (with the usage) end it. */
+static void responses_stream_step(struct conn *c, struct buf *sc)
+{
+    struct reply_stream *s = &c->st;
+    if (s->next == 0) {
+        responses_event(sc, s, "response.created");
+        buf_adds(sc, ",\"response\":");
+        responses_object(sc, s, "in_progress", false);
+        buf_adds(sc, "}\n\n");
+        responses_event(sc, s, "response.in_progress");
+        buf_adds(sc, ",\"response\":");
+        responses_object(sc, s, "in_progress", false);
+        buf_adds(sc, "}\n\n");
+        responses_event(sc, s, "response.output_item.added");
+        buf_addf(sc,
+                 ",\"output_index\":0,\"item\":{\"id\":\"msg_mock_%llu\",\"type\":\"message\","
+                 "\"status\":\"in_progress\",\"role\":\"assistant\",\"content\":[]}}\n\n",
+                 s->id);
+        responses_event(sc, s, "response.content_part.added");
+        responses_part_ids(sc, s);
+        buf_adds(sc, ",\"part\":{\"type\":\"output_text\",\"text\":\"\",\"annotations\":[]}}\n\n");
+    }
+    if (s->next < s->events) {
+        size_t a = piece_bound(s, s->next), e = piece_bound(s, s->next + 1);
+        responses_event(sc, s, "response.output_text.delta");
+        responses_part_ids(sc, s);
+        buf_adds(sc, ",\"delta\":");
+        buf_add_json_str(sc, s->text + a, e - a);
+        buf_adds(sc, ",\"logprobs\":[]}\n\n");
+        s->next++;
+        return;
+    }
+    if (c->b.stream_error) {
+        responses_event(sc, s, "error");
+        buf_adds(sc, ",\"code\":");
+        buf_add_json_str(sc, c->b.stream_error, strlen(c->b.stream_error));
+        buf_adds(sc, ",\"message\":\"The server had an error\",\"param\":null}\n\n");
+    } else if (!c->b.no_done) {
+        responses_event(sc, s, "response.output_text.done");
+        responses_part_ids(sc, s);
+        buf_adds(sc, ",\"text\":");
+        buf_add_json_str(sc, s->text, s->text_len);
+        buf_adds(sc, ",\"logprobs\":[]}\n\n");
+        responses_event(sc, s, "response.content_part.done");
+        responses_part_ids(sc, s);
+        buf_adds(sc, ",\"part\":{\"type\":\"output_text\",\"text\":");
+        buf_add_json_str(sc, s->text, s->text_len);
+        buf_adds(sc, ",\"annotations\":[]}}\n\n");
+        responses_event(sc, s, "response.output_item.done");
+        buf_addf(sc,
+                 ",\"output_index\":0,\"item\":{\"id\":\"msg_mock_%llu\",\"type\":\"message\","
+                 "\"status\":\"completed\",\"role\":\"assistant\",\"content\":[{\"type\":"
+                 "\"output_text\",\"text\":",
+                 s->id);
+        buf_add_json_str(sc, s->text, s->text_len);
+        buf_adds(sc, ",\"annotations\":[]}]}}\n\n");
+        responses_event(sc, s, "response.completed");
+        buf_adds(sc, ",\"response\":");
+        responses_object(sc, s, "completed", true);
+        buf_adds(sc, "}\n\n");
+    }
+    s->done = true;
+}
+
 void reply_stream_fill(struct conn *c, bool all)
 {
     struct reply_stream *s = &c->st;
     struct buf *sc = &c->m->scratch;
-    while (!s->done && s->anthropic) {
+    while (!s->done && (s->anthropic || s->responses)) {
         sc->len = 0;
-        anthropic_stream_step(c, sc);
+        if (s->responses)
+            responses_stream_step(c, sc);
+        else
+            anthropic_stream_step(c, sc);
         stream_emit(c, sc->p, sc->len);
         if (s->done && c->chunked_out)
             buf_add(&c->out, "0\r\n\r\n", 5);
@@ -689,6 +802,19 @@ static void reply_chat(struct conn *c, json_t *req, int status)
     }
     json_array_foreach(json_object_get(req, "messages"), i, msg)
         text_of(json_object_get(msg, "content"), &echo, &echo_len, &prompt_bytes);
+    if (c->ep == EP_RESPONSES) {
+        /* instructions count as prompt text; input is a string or a list
+         * of items, each with a string or a list of parts as content. */
+        const char *ins = NULL;
+        size_t ins_len = 0;
+        json_t *input = json_object_get(req, "input");
+        text_of(json_object_get(req, "instructions"), &ins, &ins_len, &prompt_bytes);
+        if (json_is_string(input))
+            text_of(input, &echo, &echo_len, &prompt_bytes);
+        else
+            json_array_foreach(input, i, msg)
+                text_of(json_object_get(msg, "content"), &echo, &echo_len, &prompt_bytes);
+    }
 
     const char *text = "mock reply";
     size_t tlen = 10;
@@ -722,6 +848,8 @@ static void reply_chat(struct conn *c, json_t *req, int status)
         s->include_usage =
             json_is_true(json_object_get(json_object_get(req, "stream_options"), "include_usage"));
         s->anthropic = c->ep == EP_MESSAGES;
+        s->responses = c->ep == EP_RESPONSES;
+        s->seq = 0;
         s->events = c->b.stream_events >= 0 ? c->b.stream_events : DEFAULT_STREAM_EVENTS;
         s->interval_ms = c->b.stream_interval_ms;
         s->model = mstr;
@@ -752,6 +880,20 @@ static void reply_chat(struct conn *c, json_t *req, int status)
                  "}],\"stop_reason\":\"end_turn\",\"stop_sequence\":null,"
                  "\"usage\":{\"input_tokens\":%lld,\"output_tokens\":%lld}}",
                  pt, ct);
+        reply_fixed(c, status, "application/json", sc->p, sc->len);
+        return;
+    }
+    if (c->ep == EP_RESPONSES) {
+        struct reply_stream r = { .model = mstr,
+                                  .model_len = mlen,
+                                  .text = text,
+                                  .text_len = tlen,
+                                  .id = c->req_id,
+                                  .created = created,
+                                  .prompt_tokens = pt,
+                                  .completion_tokens = ct,
+                                  .total_tokens = tt };
+        responses_object(sc, &r, "completed", true);
         reply_fixed(c, status, "application/json", sc->p, sc->len);
         return;
     }
@@ -1009,6 +1151,7 @@ void reply_api(struct conn *c, enum mock_endpoint ep, const char *body, size_t l
     switch (ep) {
     case EP_CHAT:
     case EP_MESSAGES:
+    case EP_RESPONSES:
         reply_chat(c, req, status);
         break;
     case EP_EMBEDDINGS:

@@ -101,7 +101,7 @@ START_TEST(test_config__minimal_defaults)
     ck_assert_double_eq(cfg->defaults.poll_interval_s, 1);
     ck_assert_double_eq(cfg->defaults.node_timeout_s, 600);
 
-    ck_assert_uint_eq(cfg->n_capabilities, 3);
+    ck_assert_uint_eq(cfg->n_capabilities, 4);
     ck_assert_str_eq(cfg->capabilities[0].name, "chat");
     ck_assert(cfg->capabilities[0].exempt_429);
     ck_assert_str_eq(cfg->capabilities[0].path, "/chat/completions");
@@ -111,7 +111,10 @@ START_TEST(test_config__minimal_defaults)
     ck_assert_str_eq(cfg->capabilities[2].name, "ocr");
     ck_assert(!cfg->capabilities[2].exempt_429);
     ck_assert_str_eq(cfg->capabilities[2].path, "/ocr");
-    for (size_t i = 0; i < 3; i++)
+    ck_assert_str_eq(cfg->capabilities[3].name, "responses");
+    ck_assert(cfg->capabilities[3].exempt_429);
+    ck_assert_str_eq(cfg->capabilities[3].path, "/responses");
+    for (size_t i = 0; i < 4; i++)
         ck_assert_mem_eq(&cfg->capabilities[i].policy, &cfg->defaults, sizeof(cfg->defaults));
 
     ck_assert_uint_eq(cfg->n_sources, 1);
@@ -150,7 +153,7 @@ START_TEST(test_config__no_sources)
     struct config *cfg = expect_ok("listen: {}\nsources: []\n");
     ck_assert_uint_eq(cfg->n_sources, 0);
     ck_assert_ptr_null(cfg->sources);
-    ck_assert_uint_eq(cfg->n_capabilities, 3);
+    ck_assert_uint_eq(cfg->n_capabilities, 4);
     config_free(cfg);
 }
 END_TEST
@@ -291,7 +294,7 @@ START_TEST(test_config__builtin_override_partial)
                                    "  chat: { exempt_429: false }\n"
                                    "  ocr: { path: /v2/ocr }\n"
                                    "  embedding:\n");
-    ck_assert_uint_eq(cfg->n_capabilities, 3);
+    ck_assert_uint_eq(cfg->n_capabilities, 4);
     ck_assert(!cfg->capabilities[0].exempt_429);
     ck_assert_str_eq(cfg->capabilities[0].path, "/chat/completions");
     ck_assert(!cfg->capabilities[2].exempt_429);
@@ -308,13 +311,13 @@ START_TEST(test_config__custom_capability)
                   "  vision: { path: /vision, max_attempts: 2 }\n"
                   "sources:\n"
                   "  - { name: v1, capability: vision, base_url: \"http://h/\" }\n");
-    ck_assert_uint_eq(cfg->n_capabilities, 4);
+    ck_assert_uint_eq(cfg->n_capabilities, 5);
     int v = config_find_capability(cfg, "vision", 6);
-    ck_assert_int_eq(v, 3);
+    ck_assert_int_eq(v, 4);
     ck_assert(!cfg->capabilities[v].exempt_429);
     ck_assert_str_eq(cfg->capabilities[v].path, "/vision");
     ck_assert_uint_eq(cfg->capabilities[v].policy.max_attempts, 2);
-    ck_assert_uint_eq(cfg->sources[0].capability_index, 3);
+    ck_assert_uint_eq(cfg->sources[0].capability_index, 4);
     ck_assert_uint_eq(cfg->sources[0].policy.max_attempts, 2);
     ck_assert_str_eq(cfg->sources[0].base_url, "http://h"); /* trailing '/' dropped */
     ck_assert_int_eq(config_find_capability(cfg, "visio", 5), -1);
@@ -1711,7 +1714,7 @@ START_TEST(test_config__reports_every_error)
         "every source of its capability; set it under defaults or capabilities.chat\n"
         "t.yaml:13: sources[1].name: duplicate source name 'a' (first used by sources[0])\n"
         "t.yaml:14: sources[1].capability: unknown capability 'vision' (not chat, embedding, "
-        "ocr, nor listed under capabilities:)\n");
+        "ocr, responses, nor listed under capabilities:)\n");
     ck_assert_uint_eq(r.n, 10);
 
     /* A YAML syntax error ends the load: nothing after it can be read. */
@@ -1835,12 +1838,12 @@ START_TEST(test_config__many_entries)
         PUT("  - { name: s%d, capability: c%d, base_url: \"http://h\" }\n", i, N - 1 - i);
     ck_assert_uint_lt(used, cap);
     struct config *cfg = expect_ok(doc);
-    ck_assert_uint_eq(cfg->n_capabilities, N + 3);
+    ck_assert_uint_eq(cfg->n_capabilities, N + 4);
     ck_assert_uint_eq(cfg->n_sources, N);
     for (size_t i = 0; i < N; i++) {
         const struct config_source *s = &cfg->sources[i];
         ck_assert_str_eq(cfg->capabilities[s->capability_index].name, s->capability);
-        ck_assert_uint_eq(s->capability_index, 3 + (N - 1 - i));
+        ck_assert_uint_eq(s->capability_index, 4 + (N - 1 - i));
     }
     config_free(cfg);
 
@@ -1860,7 +1863,7 @@ START_TEST(test_config__many_entries)
              "t.yaml:%d: capabilities.c1: duplicate key (first set at line 2)\n"
              "t.yaml:%d: sources[%d].name: duplicate source name 's7' (first used by sources[7])\n"
              "t.yaml:%d: sources[%d].capability: unknown capability 'c%d' (not chat, "
-             "embedding, ocr, nor listed under capabilities:)\n",
+             "embedding, ocr, responses, nor listed under capabilities:)\n",
              4, 2 * N + 4, N, 2 * N + 5, N + 1, N);
     ck_assert_str_eq(r.text, want);
 #undef PUT

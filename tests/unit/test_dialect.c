@@ -137,6 +137,87 @@ START_TEST(test_dialect__anthropic_events)
 }
 END_TEST
 
+static void scan_responses(const char *json, struct dialect_event *ev)
+{
+    struct parsed p;
+    dialect_for(DIALECT_OPENAI, "/responses")->scan_event(parse(&p, json), ev);
+    parsed_fini(&p);
+}
+
+START_TEST(test_dialect__responses_rows)
+{
+    const struct dialect *r = dialect_for(DIALECT_OPENAI, "/responses");
+    const struct dialect *az = dialect_for(DIALECT_AZURE, "/openai/v1/responses");
+
+    ck_assert_ptr_ne(r, dialect_get(DIALECT_OPENAI));
+    ck_assert(!r->stream_usage && !r->chat_facts);
+    ck_assert_str_eq(r->key_header, "Authorization");
+    ck_assert_str_eq(r->key_prefix, "Bearer ");
+    ck_assert_str_eq(az->key_header, "api-key");
+    ck_assert_str_eq(az->version_query, "api-version");
+    ck_assert(!az->stream_usage && !az->chat_facts);
+    ck_assert_ptr_eq(dialect_for(DIALECT_OPENAI, "/chat/completions"), dialect_get(DIALECT_OPENAI));
+    ck_assert_ptr_eq(dialect_for(DIALECT_OPENAI, "/responsesx"), dialect_get(DIALECT_OPENAI));
+    ck_assert_ptr_eq(dialect_for(DIALECT_OPENAI, "responses"), dialect_get(DIALECT_OPENAI));
+    ck_assert_ptr_eq(dialect_for(DIALECT_ANTHROPIC, "/responses"), dialect_get(DIALECT_ANTHROPIC));
+    ck_assert(dialect_get(DIALECT_OPENAI)->chat_facts && dialect_get(DIALECT_OPENAI)->stream_usage);
+}
+END_TEST
+
+START_TEST(test_dialect__responses_events)
+{
+    struct dialect_event ev;
+    struct dialect_usage u;
+    struct parsed p;
+
+    scan_responses("{\"type\":\"response.created\",\"response\":{\"usage\":null}}", &ev);
+    ck_assert(!ev.terminal && !ev.error && ev.usage.total == -1);
+    scan_responses("{\"type\":\"response.output_text.delta\",\"delta\":\"a\"}", &ev);
+    ck_assert(!ev.terminal && !ev.error);
+    /* A Chat finish chunk or [DONE]-like data means nothing here. */
+    scan_responses("{\"choices\":[{\"finish_reason\":\"stop\"}]}", &ev);
+    ck_assert(!ev.terminal);
+    scan_responses("{\"type\":\"response.completed\",\"response\":{\"usage\":"
+                   "{\"input_tokens\":30,\"input_tokens_details\":{\"cached_tokens\":10},"
+                   "\"output_tokens\":7,\"total_tokens\":37}}}",
+                   &ev);
+    ck_assert(ev.terminal && !ev.error);
+    ck_assert_int_eq(ev.usage.prompt, 30);
+    ck_assert_int_eq(ev.usage.completion, 7);
+    ck_assert_int_eq(dialect_usage_total(&ev.usage), 37);
+    scan_responses("{\"type\":\"response.incomplete\",\"response\":{\"usage\":"
+                   "{\"input_tokens\":3,\"output_tokens\":2}}}",
+                   &ev);
+    ck_assert(ev.terminal && !ev.error);
+    ck_assert_int_eq(dialect_usage_total(&ev.usage), 5);
+    scan_responses("{\"type\":\"response.failed\",\"response\":{\"error\":"
+                   "{\"code\":\"server_error\"},\"usage\":null}}",
+                   &ev);
+    ck_assert(ev.terminal && ev.error && ev.transient);
+    ck_assert_str_eq(ev.error_type, "server_error");
+    scan_responses("{\"type\":\"error\",\"code\":\"invalid_prompt\",\"message\":\"x\"}", &ev);
+    ck_assert(ev.error && !ev.transient);
+    ck_assert_str_eq(ev.error_type, "invalid_prompt");
+    scan_responses("{\"type\":\"error\",\"code\":null,\"message\":\"x\"}", &ev);
+    ck_assert(ev.error && ev.transient);
+    ck_assert_str_eq(ev.error_type, "error");
+    /* A count that cannot be true makes the usage unknown. */
+    scan_responses("{\"type\":\"response.completed\",\"response\":{\"usage\":"
+                   "{\"input_tokens\":-1,\"output_tokens\":7}}}",
+                   &ev);
+    ck_assert(ev.terminal && ev.usage.bogus);
+    ck_assert_int_eq(dialect_usage_total(&ev.usage), -1);
+    dialect_for(DIALECT_OPENAI, "/responses")
+        ->scan_usage(parse(&p, "{\"input_tokens\":1.5,\"output_tokens\":1}"), &u);
+    parsed_fini(&p);
+    ck_assert(u.bogus);
+    dialect_for(DIALECT_OPENAI, "/responses")
+        ->scan_usage(parse(&p, "{\"input_tokens\":1099511627776,\"output_tokens\":1}"), &u);
+    parsed_fini(&p);
+    ck_assert(!u.bogus && u.prompt == DIALECT_TOKENS_MAX);
+}
+END_TEST
+
 START_TEST(test_dialect__plain_usage)
 {
     struct dialect_usage u =
@@ -468,6 +549,8 @@ Suite *dialect_suite(void)
     tcase_add_test(tc, test_dialect__table_rows);
     tcase_add_test(tc, test_dialect__openai_events);
     tcase_add_test(tc, test_dialect__anthropic_events);
+    tcase_add_test(tc, test_dialect__responses_rows);
+    tcase_add_test(tc, test_dialect__responses_events);
     tcase_add_test(tc, test_dialect__plain_usage);
     tcase_add_test(tc, test_dialect__count_number);
     tcase_add_test(tc, test_dialect__openai_plain_usage_hostile);
