@@ -80,7 +80,7 @@
 #                       host's work; 0 puts it with the servers)
 #   BENCH_REALPATH_REPS     runs per realpath cell (default: BENCH_REPS, at
 #                           most 2: the section has 24 cells)
-#   BENCH_REALPATH_CLIENTS  realpath single-answer connection counts (default 64)
+#   BENCH_REALPATH_CLIENTS  realpath single-answer connection counts (default "1 64")
 #   BENCH_REALPATH_STREAMS  realpath concurrent stream counts (default "256 64 8")
 #
 # Exit status: 0 when every row that ran had no errors (skipped sidecar rows
@@ -112,7 +112,7 @@ REDIS_SERVER=${BENCH_REDIS_SERVER:-redis-server}
 REDIS_CPU=${BENCH_REDIS_CPU:-1}
 HTTP_CLIENTS=${BENCH_HTTP_CLIENTS:-"1 64"}
 RP_REPS=${BENCH_REALPATH_REPS:-$((REPS < 2 ? REPS : 2))}
-RP_CLIENTS=${BENCH_REALPATH_CLIENTS:-64}
+RP_CLIENTS=${BENCH_REALPATH_CLIENTS:-"1 64"}
 RP_STREAMS=${BENCH_REALPATH_STREAMS:-"256 64 8"}
 # A realpath stream: 50 content events, a finish and a usage event, 20 ms
 # apart (a model's pace), as curlgen sends it (the HTTP fronts pass the body
@@ -2590,6 +2590,28 @@ rp_summary() {
     lb="1.10 × 127.0.0.1's"
     [ -z "$f_us" ] || lb=$(awk -v u="$f_us" 'BEGIN { printf "%.1f", 1.1 * u }')
     sum_row "real path: CPU per request to http://localhost, $rs_c connections (bound: 1.10 × to http://127.0.0.1)" "$c_us" "≤" "$lb" "µs" "realpath: polygw µs/req (medians)"
+    # Added latency where nothing queues: p50 at one connection (single
+    # answers) and the first event's time at the fewest streams, each
+    # against nginx's on the same provider.
+    if [ "$(lowest "$RP_CLIENTS")" = 1 ]; then
+        for v in h1 h2; do
+            if [ "$v" = h1 ]; then rs_l="HTTP/1.1-only"; else rs_l="h2-offering"; fi
+            eval "$(rp_stats "$TMP/rp.s.polygw_$v.1" c)"
+            eval "$(rp_stats "$TMP/rp.s.nginx_$v.1" f)"
+            sum_row "real path: p50 at 1 connection, HTTP front → $rs_l HTTPS provider (bound: nginx's)" "$c_p50" "≤" "${f_p50:-$rs_n}" "µs" "realpath: fastest runs' p50"
+        done
+    fi
+    rs_t1=$(lowest "$RP_STREAMS")
+    for v in h2 h1; do
+        if [ "$v" = h1 ]; then rs_l="HTTP/1.1-only"; else rs_l="h2-offering"; fi
+        eval "$(rp_stats "$TMP/rp.t.nginx_$v.$rs_t1" f)"
+        bt="nginx's + 50 µs"
+        [ -z "$f_ttft" ] || bt=$(awk -v u="$f_ttft" 'BEGIN { printf "%.2f", u + 0.05 }')
+        for fr in http msgpack; do
+            eval "$(rp_stats "$TMP/rp.t.${fr}_$v.$rs_t1" c)"
+            sum_row "real path: TTFT p50 at $rs_t1 streams, $fr front, $rs_l HTTPS provider (bound: nginx's + 50 µs)" "$c_ttft" "≤" "$bt" "ms" "realpath: least disturbed runs"
+        done
+    done
     for v in h2 h1; do
         if [ "$v" = h1 ]; then rs_l="HTTP/1.1-only"; else rs_l="h2-offering"; fi
         eval "$(rp_stats "$TMP/rp.t.nginx_$v.$rs_t" f)"
