@@ -64,7 +64,7 @@ endif
 
 ifeq ($(SAN),1)
 SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-# PGW_CHECK_PACKING: every queued reply is parsed back (sidecar/conn.c).
+# PGW_CHECK_PACKING: every queued reply is parsed back (sidecar/rpc/conn.c).
 ALL_CFLAGS  += $(SANFLAGS) -O1 -DPGW_CHECK_PACKING
 ALL_LDFLAGS += $(SANFLAGS)
 endif
@@ -74,7 +74,7 @@ endif
 LIB_SRC     := $(wildcard lib/*.c)
 PROTO_SRC   := $(wildcard proto/*.c) $(LIB_SRC)
 CORE_SRC    := $(wildcard src/*.c)
-SIDECAR_SRC := $(filter-out sidecar/main.c,$(wildcard sidecar/*.c))
+SIDECAR_SRC := $(filter-out sidecar/main.c,$(wildcard sidecar/*.c sidecar/*/*.c))
 CLIENT_SRC  := client/c/polygw.c
 UNIT_SRC    := $(wildcard tests/unit/*.c)
 MOCK_SRC    := $(wildcard tests/mock_upstream/*.c)
@@ -83,20 +83,20 @@ SHIM_SRC    := $(wildcard tests/shim/*.c)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 
-# The Redis scripts are compiled in (sidecar/redis.c): one generated file
+# The Redis scripts are compiled in (sidecar/backend/redis.c): one generated file
 # defines rds_script_src[] and rds_script_name[] in enum rds_script order.
 # Each entry is a whole script as EVAL takes it: the shared prelude
 # (LUA_LIB) followed by the script (tests/redis/redis_support.py loads
 # them the same way).
 LUA_NAMES := admit release renew progress task
-LUA_LIB   := sidecar/lua/lib.lua
-LUA_SRC   := $(LUA_NAMES:%=sidecar/lua/%.lua)
+LUA_LIB   := sidecar/backend/lua/lib.lua
+LUA_SRC   := $(LUA_NAMES:%=sidecar/backend/lua/%.lua)
 LUA_GEN   := $(BUILD)/gen/lua_scripts.c
 LUA_OBJ   := $(BUILD)/obj/gen/lua_scripts.o
 
-# The status page (sidecar/status.c) is compiled in: one generated file
-# holds sidecar/status.html as a byte array (od(1), no other tool).
-STATUS_HTML     := sidecar/status.html
+# The status page (sidecar/http/status.c) is compiled in: one generated file
+# holds sidecar/http/status.html as a byte array (od(1), no other tool).
+STATUS_HTML     := sidecar/http/status.html
 STATUS_HTML_GEN := $(BUILD)/gen/status_html.c
 STATUS_HTML_OBJ := $(BUILD)/obj/gen/status_html.o
 
@@ -131,8 +131,8 @@ $(BUILD)/obj/%.o: %.c
 $(LUA_GEN): $(LUA_LIB) $(LUA_SRC)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  GEN     $@")
-	$(Q){ echo '/* Generated from sidecar/lua/ by the Makefile: do not edit. */'; \
-	  echo '#include "redis.h"'; \
+	$(Q){ echo '/* Generated from sidecar/backend/lua/ by the Makefile: do not edit. */'; \
+	  echo '#include "backend/redis.h"'; \
 	  echo 'extern const char *const rds_script_src[RDS_N_SCRIPTS];'; \
 	  echo 'extern const char *const rds_script_name[RDS_N_SCRIPTS];'; \
 	  echo 'const char *const rds_script_src[RDS_N_SCRIPTS] = {'; \
@@ -153,7 +153,7 @@ $(STATUS_HTML_GEN): $(STATUS_HTML)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  GEN     $@")
 	$(Q){ echo '/* Generated from $(STATUS_HTML) by the Makefile: do not edit. */'; \
-	  echo '#include "status.h"'; \
+	  echo '#include "http/status.h"'; \
 	  echo 'const unsigned char status_html[] = {'; \
 	  od -An -v -tx1 $< | sed -e 's/ *$$//' -e 's/ \([0-9a-f][0-9a-f]\)/0x\1,/g' || exit 1; \
 	  echo '};'; \
@@ -235,9 +235,9 @@ FUZZ_SECONDS ?= 60
 FUZZ_LARGE_SECONDS ?= $(FUZZ_SECONDS)
 FUZZ_MAX_LEN ?= 4194304
 FUZZ_CC      ?= clang
-FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/transcode.c sidecar/config.c sidecar/redis_tls.c sidecar/redis_url.c sidecar/h1.c \
-                sidecar/yamltree.c sidecar/name_index.c sidecar/jscan.c \
-                sidecar/dialect.c sidecar/convert.c sidecar/httpreq.c
+FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/codec/transcode.c sidecar/conf/config.c sidecar/backend/redis_tls.c sidecar/conf/redis_url.c sidecar/upstream/h1.c \
+                sidecar/conf/yamltree.c sidecar/conf/name_index.c sidecar/codec/jscan.c \
+                sidecar/upstream/dialect.c sidecar/upstream/convert.c sidecar/http/httpreq.c
 FUZZ_OBJ     := $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(FUZZ_LIB_SRC))
 FUZZ_MAIN_OBJ := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/obj/tests/fuzz/fuzz_%.o)
 FUZZ_CFLAGS  := $(filter-out $(CFLAGS),$(ALL_CFLAGS)) -fsanitize=fuzzer-no-link,address,undefined \
@@ -363,7 +363,7 @@ bench: deps
 	sh tests/bench/run.sh $(BUILD)
 	@echo "## Admission cost (src/gov.c, ns per decision, best of 5)"
 	$(BUILD)/bench/admission
-	@echo "## Metrics: observation and rendering cost (sidecar/metrics.c, best of 5)"
+	@echo "## Metrics: observation and rendering cost (sidecar/ops/metrics.c, best of 5)"
 	$(BUILD)/bench/metrics
 	@echo "## Config load time against its size"
 	/usr/bin/python3 tests/bench/config_load.py $(BUILD)

@@ -11,16 +11,16 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "call.h"
+#include "call/call.h"
 #include "codes.h"
 #include "gov.h"
-#include "config.h"
+#include "conf/config.h"
 #include "frame.h"
-#include "peer.h"
+#include "net/peer.h"
 #include "rpc.h"
-#include "sdnotify.h"
+#include "core/sdnotify.h"
 #include "strbuf.h"
-#include "upstream.h"
+#include "upstream/upstream.h"
 
 struct conn;
 struct call;

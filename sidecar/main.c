@@ -11,8 +11,8 @@
 #include <string.h>
 
 #include "internal.h"
-#include "log.h"
-#include "redis.h"
+#include "core/log.h"
+#include "backend/redis.h"
 
 #define DEFAULT_CONFIG "/etc/polygw/polygw.yaml"
 

@@ -43,19 +43,19 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "call.h"
+#include "backend/backend.h"
+#include "call/call.h"
 #include "dlist.h"
-#include "governor.h"
-#include "http.h"
-#include "tasks.h"
-#include "log.h"
-#include "metrics.h"
-#include "redact.h"
-#include "keywatch.h"
-#include "redis.h"
-#include "reload.h"
-#include "upstream.h"
+#include "call/governor.h"
+#include "http/http.h"
+#include "call/tasks.h"
+#include "core/log.h"
+#include "ops/metrics.h"
+#include "call/redact.h"
+#include "ops/keywatch.h"
+#include "backend/redis.h"
+#include "ops/reload.h"
+#include "upstream/upstream.h"
 
 #define SERVER_ACCEPT_PAUSE_S       0.1
 #define SERVER_STOP_FLUSH_S         2.0

@@ -577,7 +577,7 @@ static int cg_setup_client(struct cg *g, struct cg_client *c)
         return -1;
     c->max = g->o->max_body_bytes;
     /* The request the sidecar sends to the bench's plain-http mock, which
-     * its own HTTP/1.1 client carries (sidecar/h1.c): the same head lines,
+     * its own HTTP/1.1 client carries (sidecar/upstream/h1.c): the same head lines,
      * so no Accept-Encoding (libcurl's attempts would add one); keep-alive
      * as its pool does. */
     curl_easy_setopt(e, CURLOPT_URL, g->o->url);

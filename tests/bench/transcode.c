@@ -13,7 +13,7 @@
  * Checks first that both give the same bytes, then prints a Markdown table
  * of ns per input byte and µs per document (best of 7 runs of N each), and
  * beside them the validating scan the HTTP front end runs over the same
- * text (jscan_object, a callback per top-level member as sidecar/call.c's).
+ * text (jscan_object, a callback per top-level member as sidecar/call/call.c's).
  * When built with libyajl-dev installed (not a dependency of polygw), it
  * also times yajl's parser with callbacks that do nothing: the floor of any
  * yajl-based transcoder, which would still have to count members and pack.
@@ -24,9 +24,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "jscan.h"
+#include "codec/jscan.h"
 #include "strbuf.h"
-#include "transcode.h"
+#include "codec/transcode.h"
 
 #if __has_include(<yajl/yajl_parse.h>)
 #include <yajl/yajl_parse.h>

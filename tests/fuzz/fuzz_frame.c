@@ -1,6 +1,6 @@
 /*
  * fuzz_frame.c — libFuzzer target: client bytes -> frame_reader -> rpc_parse
- * -> rpc_bind with the "call" method's parameter spec (sidecar/call.c).
+ * -> rpc_bind with the "call" method's parameter spec (sidecar/call/call.c).
  *
  * Input: byte 0 picks where the rest is split into two feeds (so frames and
  * headers straddle a read boundary); bytes 1.. are the stream. The reader's

@@ -1,6 +1,6 @@
 /*
  * fuzz_h1_answer.c — libFuzzer target for the own HTTP/1.1 client's answer
- * handling (sidecar/h1.c): status line, header fields, Content-Length,
+ * handling (sidecar/upstream/h1.c): status line, header fields, Content-Length,
  * chunked and close-delimited bodies, trailers, interim and bodiless
  * answers, early answers, a close anywhere, and a pooled connection's reuse.
  *
@@ -31,7 +31,7 @@
  * whose request was not written whole is never reused; and both runs tell
  * the same (see compare()).
  */
-#include "h1.h"
+#include "upstream/h1.h"
 
 #include <dirent.h>
 #include <errno.h>

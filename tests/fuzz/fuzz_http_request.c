@@ -1,5 +1,5 @@
 /*
- * fuzz_http_request.c — libFuzzer target for sidecar/httpreq.c: whatever a
+ * fuzz_http_request.c — libFuzzer target for sidecar/http/httpreq.c: whatever a
  * client sends to the HTTP front end.
  *
  * Byte 0 seeds the read sizes; bytes 1.. are what the client sent. They
@@ -17,7 +17,7 @@
  * long and malformed at once, and which is seen first depends on the
  * reads). The bounds are small so that they are reached.
  */
-#include "httpreq.h"
+#include "http/httpreq.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /*
- * fuzz_jscan.c — libFuzzer target for sidecar/jscan.c.
+ * fuzz_jscan.c — libFuzzer target for sidecar/codec/jscan.c.
  *
  * The input is one candidate JSON text. Properties:
  *   - jscan_object/jscan_array agree with jscan_check, and every member or
@@ -11,7 +11,7 @@
  *     byte-at-a-time scan stops, at each special byte of the input in turn,
  *     from several starts and ends.
  */
-#include "jscan.h"
+#include "codec/jscan.h"
 
 #include <jansson.h>
 #include <stdint.h>

@@ -15,7 +15,7 @@
  */
 #include "rpc.h"
 #include "strbuf.h"
-#include "transcode.h"
+#include "codec/transcode.h"
 
 #include <stdint.h>
 #include <stdlib.h>

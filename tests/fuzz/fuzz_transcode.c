@@ -1,5 +1,5 @@
 /*
- * fuzz_transcode.c — libFuzzer target for sidecar/transcode.c.
+ * fuzz_transcode.c — libFuzzer target for sidecar/codec/transcode.c.
  *
  *   1. The input as upstream JSON -> transcode_json_to_msgpack(), with the
  *      depth the sidecar relays (RPC_RELAYED_MAX_DEPTH). When that succeeds,
@@ -16,7 +16,7 @@
  */
 #include "frame.h"
 #include "rpc.h"
-#include "transcode.h"
+#include "codec/transcode.h"
 #include "utf8.h"
 
 #include <stdint.h>

@@ -1,4 +1,4 @@
-"""The HTTP front end (sidecar/http.c, docs/HTTP.md) through the real
+"""The HTTP front end (sidecar/http/http.c, docs/HTTP.md) through the real
 sidecar, the real mock upstream, curl (over TCP and --unix-socket) and raw
 sockets: every endpoint, the status mapping of every error code, the
 X-Polygw-* headers in and out, the task endpoints, health and readiness,

@@ -1,4 +1,4 @@
-"""Bounds and request hygiene of the HTTP front end (sidecar/http.c,
+"""Bounds and request hygiene of the HTTP front end (sidecar/http/http.c,
 docs/HTTP.md §7) through the real sidecar, raw sockets and the real mock
 upstream: each connection's output budget against a client that pipelines
 and never reads, the global bound on unfinished bodies, routing and

@@ -1,6 +1,6 @@
-"""The status page's endpoints (sidecar/status.c, docs/OPERATIONS.md §5)
+"""The status page's endpoints (sidecar/http/status.c, docs/OPERATIONS.md §5)
 through the real sidecar and curl: GET /polygw/ serves the page compiled in
-from sidecar/status.html, GET /polygw/v1/stats is the `stats` method's own
+from sidecar/http/status.html, GET /polygw/v1/stats is the `stats` method's own
 result as JSON, with the HTTP front's identity (the `default` app: never
 another app's figures or tasks), `tasks.running_tasks` in `stats` lists
 running tasks with their node against its watchdog timeout, and a TCP
@@ -40,7 +40,7 @@ def test_status__page_is_the_compiled_in_file(front, unix):
     status, hdrs, body = f.curl("/polygw/", unix=unix)
     assert status == 200, body
     assert hdrs["content-type"] == "text/html; charset=utf-8"
-    with open(os.path.join(ROOT, "sidecar", "status.html"), encoding="utf-8") as fh:
+    with open(os.path.join(ROOT, "sidecar", "http", "status.html"), encoding="utf-8") as fh:
         assert body == fh.read()
     assert "http://" not in body and "https://" not in body  # nothing from another host
     assert "connect-src 'self'" in body                       # and the CSP says so

@@ -34,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 def lua(name, rev):
     """lib.lua followed by the script (what the sidecar loads)."""
     def read(f):
-        path = "sidecar/lua/%s.lua" % f
+        path = "sidecar/backend/lua/%s.lua" % f
         if rev:
             return subprocess.run(["git", "-C", ROOT, "show", "%s:%s" % (rev, path)],
                                   check=True, capture_output=True, text=True).stdout

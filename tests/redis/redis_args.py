@@ -1,5 +1,5 @@
 """Argument builders for the scripts (the ARGV orders documented at the top
-of each sidecar/lua/*.lua file)."""
+of each sidecar/backend/lua/*.lua file)."""
 from redis_support import app_keys, source_keys, scope_key, task_key
 
 DEFAULTS = dict(max_conc=0, lease_ttl=10000, rpm=0, rpm_win=60000, tpm=0, tpm_win=60000,

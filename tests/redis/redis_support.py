@@ -3,7 +3,7 @@
 
 Scripts are loaded once (SCRIPT LOAD) and called by SHA, reloaded on
 NOSCRIPT — the same protocol the C wiring will use. Each is loaded as the
-sidecar embeds it (Makefile, $(BUILD)/gen/lua_scripts.c): sidecar/lua/lib.lua,
+sidecar embeds it (Makefile, $(BUILD)/gen/lua_scripts.c): sidecar/backend/lua/lib.lua,
 the shared prelude, followed by the script (script_source()).
 """
 import os
@@ -17,7 +17,7 @@ import time
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LUA_DIR = os.path.join(ROOT, "sidecar", "lua")
+LUA_DIR = os.path.join(ROOT, "sidecar", "backend", "lua")
 SCRIPTS = ("admit", "release", "renew", "progress", "task")
 LUA_LIB = os.path.join(LUA_DIR, "lib.lua")
 PREFIX = "pgw"
@@ -119,7 +119,7 @@ def key_slot(key):
 
 
 class Scripts:
-    """Calls the sidecar/lua scripts by SHA on one connection. Every call
+    """Calls the sidecar/backend/lua scripts by SHA on one connection. Every call
     asserts that all its KEYS hash to one slot (one hash tag)."""
 
     def __init__(self, conn):

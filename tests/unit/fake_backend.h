@@ -1,6 +1,6 @@
 /*
  * fake_backend.h — a third implementation of the backend table
- * (sidecar/backend.h) for the unit tests of the task layer and of
+ * (sidecar/backend/backend.h) for the unit tests of the task layer and of
  * admission: it records every operation and answers only when the test
  * says so (fake_answer_*), from outside any backend operation, as a real
  * asynchronous backend would; it refuses to send while `down`, and the
@@ -12,7 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "backend.h"
+#include "backend/backend.h"
 
 #define FAKE_OPS_MAX 2048
 

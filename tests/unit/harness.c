@@ -12,7 +12,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "core/log.h"
 
 #define HARNESS_TICK_S    0.002
 #define HARNESS_MAX_TURNS 200000

@@ -1,4 +1,4 @@
-/* test_backend_memory.c — the memory backend (sidecar/backend_memory.c)
+/* test_backend_memory.c — the memory backend (sidecar/backend/backend_memory.c)
  * against the table's contract: every operation answers at once (returns
  * 1, never runs its callback), admission has no lease, the task record is
  * the registry it was given, and the refusals the wire rules need come
@@ -6,7 +6,7 @@
 #include <check.h>
 #include <string.h>
 
-#include "backend.h"
+#include "backend/backend.h"
 #include "suites.h"
 #include "task.h"
 

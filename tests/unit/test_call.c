@@ -1,4 +1,4 @@
-/* test_call.c — admission and leases of `call` (sidecar/call.c) over a
+/* test_call.c — admission and leases of `call` (sidecar/call/call.c) over a
  * fake backend that answers when the test says so: an admission answered
  * after its call is gone, a refusal with a retry time, a backend that
  * cannot answer, and the lease's release with the attempt's verdict. */

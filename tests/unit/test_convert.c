@@ -1,4 +1,4 @@
-/* test_convert.c — OpenAI chat <-> Anthropic Messages (sidecar/convert.c),
+/* test_convert.c — OpenAI chat <-> Anthropic Messages (sidecar/upstream/convert.c),
  * replaying tests/unit/vectors/convert.json (relative to the working
  * directory, or $POLYGW_CONVERT_VECTORS): every request, reply and stream
  * case goes JSON -> msgpack (as the sidecar parses it) -> conversion ->
@@ -8,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "convert.h"
+#include "upstream/convert.h"
 #include "rpc.h"
 #include "suites.h"
-#include "transcode.h"
+#include "codec/transcode.h"
 
 #define CREATED 1700000000
 

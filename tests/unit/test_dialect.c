@@ -1,13 +1,13 @@
-/* test_dialect.c — the dialect table (sidecar/dialect.c): where each
+/* test_dialect.c — the dialect table (sidecar/upstream/dialect.c): where each
  * provider's stream events end a stream, carry usage or report an error,
  * and the retry hints beside Retry-After. Events are written as JSON and
  * parsed the way the sidecar parses them (transcode_json_to_msgpack). */
 #include <math.h>
 #include <string.h>
 
-#include "dialect.h"
+#include "upstream/dialect.h"
 #include "suites.h"
-#include "transcode.h"
+#include "codec/transcode.h"
 
 struct parsed {
     msgpack_sbuffer sb;

@@ -1,4 +1,4 @@
-/* test_jscan.c — the validating JSON scanner (sidecar/jscan.h): what it
+/* test_jscan.c — the validating JSON scanner (sidecar/codec/jscan.h): what it
  * accepts and rejects (RFC 8259 grammar, escapes, UTF-8, depth), every
  * truncation of valid objects, and the members and elements it reports,
  * past the number it records on the way too. */
@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jscan.h"
+#include "codec/jscan.h"
 #include "suites.h"
 
 static const char *const valid[] = {

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "redact.h"
+#include "call/redact.h"
 #include "suites.h"
 
 #define KEY "sk-test-0123456789abcdef"

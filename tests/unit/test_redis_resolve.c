@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "redis_resolve.h"
+#include "backend/redis_resolve.h"
 #include "suites.h"
 
 struct answer {

@@ -1,5 +1,5 @@
 /*
- * test_redis_tls.c — the TLS bridge (sidecar/redis_tls.c) against an
+ * test_redis_tls.c — the TLS bridge (sidecar/backend/redis_tls.c) against an
  * in-process OpenSSL server on the same libev loop: a socketpair stands in
  * for the TCP connection, the bridge's plain end for hiredis' descriptor.
  * The server echoes; the test pushes 1 MiB through the plain end (far more
@@ -18,7 +18,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "redis_tls.h"
+#include "backend/redis_tls.h"
 #include "suites.h"
 
 #define PAYLOAD (1u << 20)

@@ -1,6 +1,6 @@
 /*
  * check_redis_url.c — the Redis adapter's URL parser and the parts of
- * sidecar/redis.c that need no server: construction, rejection while not
+ * sidecar/backend/redis.c that need no server: construction, rejection while not
  * connected, the stats map, and freeing in every early state.
  *
  * Every rejected URL holds the password SECRET somewhere it could leak
@@ -13,9 +13,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "log.h"
-#include "redis.h"
-#include "redis_url.h"
+#include "core/log.h"
+#include "backend/redis.h"
+#include "conf/redis_url.h"
 #include "suites.h"
 
 #define SECRET "s3cr3t-TOPSECRET"

@@ -1,4 +1,4 @@
-/* test_tasks.c — the task layer (sidecar/tasks.c) over a fake backend
+/* test_tasks.c — the task layer (sidecar/call/tasks.c) over a fake backend
  * that answers when the test says so: the record's answers reach the
  * client and the local copy, a stop or a watchdog verdict ends the calls
  * held here, and the paths that need a backend gap — resync after a
@@ -12,7 +12,7 @@
 #include "harness.h"
 #include "suites.h"
 #include "task.h"
-#include "tasks.h"
+#include "call/tasks.h"
 
 #define WAIT_S 2.0
 

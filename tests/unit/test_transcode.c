@@ -11,7 +11,7 @@
 
 #include "suites.h"
 #include "comma_locale.h"
-#include "transcode.h"
+#include "codec/transcode.h"
 #include "utf8.h"
 
 #define ERRLEN 512

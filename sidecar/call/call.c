@@ -50,18 +50,18 @@
 #include <string.h>
 
 #include "access.h"
-#include "backend.h"
-#include "convert.h"
-#include "dialect.h"
+#include "backend/backend.h"
+#include "upstream/convert.h"
+#include "upstream/dialect.h"
 #include "governor.h"
-#include "jscan.h"
-#include "log.h"
-#include "metrics.h"
+#include "codec/jscan.h"
+#include "core/log.h"
+#include "ops/metrics.h"
 #include "redact.h"
 #include "task.h"
 #include "tasks.h"
-#include "transcode.h"
-#include "upstream.h"
+#include "codec/transcode.h"
+#include "upstream/upstream.h"
 #include "utf8.h"
 
 /* How the client's body is sent to a source (call_prepare_json). */

@@ -51,7 +51,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "core/log.h"
 #include "redis.h"
 #include "rpc.h"
 #include "task.h"

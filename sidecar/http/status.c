@@ -10,7 +10,7 @@
 #include <sys/socket.h>
 
 #include "internal.h"
-#include "transcode.h"
+#include "codec/transcode.h"
 
 bool status_peer_allowed(const struct config *cfg, int fd)
 {

@@ -73,18 +73,18 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "call.h"
+#include "call/call.h"
 #include "internal.h"
-#include "jscan.h"
-#include "log.h"
-#include "metrics.h"
-#include "redis.h"
-#include "backend.h"
+#include "codec/jscan.h"
+#include "core/log.h"
+#include "ops/metrics.h"
+#include "backend/redis.h"
+#include "backend/backend.h"
 #include "status.h"
 #include "task.h"
-#include "tasks.h"
-#include "transcode.h"
-#include "upstream.h"
+#include "call/tasks.h"
+#include "codec/transcode.h"
+#include "upstream/upstream.h"
 
 #define HTTP_READ_CHUNK        (64 * 1024)
 #define HTTP_IN_MAX            (1024 * 1024) /* unparsed input held while a request is served */

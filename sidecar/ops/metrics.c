@@ -6,10 +6,10 @@
 #include <string.h>
 
 #include "internal.h"
-#include "redis.h"
-#include "backend.h"
+#include "backend/redis.h"
+#include "backend/backend.h"
 #include "task.h"
-#include "upstream.h"
+#include "upstream/upstream.h"
 
 /* Attempt outcomes: enum outcome_kind, then the ones torn down. */
 enum { OUT_CANCELLED = OUTCOME_FAIL_FAST + 1, OUT_COUNT };

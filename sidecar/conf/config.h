@@ -37,8 +37,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dialect.h"
-#include "log.h"
+#include "upstream/dialect.h"
+#include "core/log.h"
 
 #define CONFIG_NAME_MAX 64 /* names: [A-Za-z0-9_.-]{1,63} */
 

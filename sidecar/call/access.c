@@ -3,7 +3,7 @@
 
 #include <math.h>
 
-#include "log.h"
+#include "core/log.h"
 
 void access_log_write(const struct config *cfg, const struct access_entry *e)
 {

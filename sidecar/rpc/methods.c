@@ -12,14 +12,14 @@
 #include <time.h>
 
 #include "callrpc.h"
-#include "http.h"
-#include "log.h"
-#include "metrics.h"
+#include "http/http.h"
+#include "core/log.h"
+#include "ops/metrics.h"
 #include "progress.h"
-#include "backend.h"
-#include "reload.h"
-#include "tasks.h"
-#include "upstream.h"
+#include "backend/backend.h"
+#include "ops/reload.h"
+#include "call/tasks.h"
+#include "upstream/upstream.h"
 
 typedef void method_fn(struct conn *c, const struct rpc_msg *m);
 

@@ -1,5 +1,5 @@
 --[[
-lib.lua — helpers shared by the scripts of sidecar/lua/. Not a script itself:
+lib.lua — helpers shared by the scripts of sidecar/backend/lua/. Not a script itself:
 it is prepended to each one, so every script is sent to Redis (SCRIPT LOAD,
 EVAL) as the text of lib.lua followed by the script's own. The Makefile does
 it when it embeds the scripts ($(BUILD)/gen/lua_scripts.c: rds_script_src[]

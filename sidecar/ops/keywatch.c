@@ -9,7 +9,7 @@
 #include <sys/inotify.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "core/log.h"
 #include "reload.h"
 
 #define KEYWATCH_DEBOUNCE_S 0.1

@@ -33,7 +33,7 @@
  */
 #include "config.h"
 #include "name_index.h"
-#include "redis_tls.h"
+#include "backend/redis_tls.h"
 #include "redis_url.h"
 #include "yamltree.h"
 

@@ -25,7 +25,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "transcode.h"
+#include "codec/transcode.h"
 
 #define REDACT_MARKER "[redacted]"
 

@@ -17,7 +17,7 @@
  *    frozen server) is noticed within 3 x command_timeout_s.
  *  - Reconnection with exponential backoff (reconnect_min_s doubling up to
  *    reconnect_max_s) and jitter in [0.5, 1.0] of each delay.
- *  - The Lua scripts of sidecar/lua/ are compiled into the binary, loaded
+ *  - The Lua scripts of sidecar/backend/lua/ are compiled into the binary, loaded
  *    with SCRIPT LOAD on every (re)connect, called with EVALSHA; a NOSCRIPT
  *    reply (the server lost its script cache: restart, SCRIPT FLUSH,
  *    fail-over) is retried once with EVAL, inside the same timeout.
@@ -53,7 +53,7 @@
 #include <stdint.h>
 
 #include "prom.h"
-#include "redis_url.h"
+#include "conf/redis_url.h"
 #include "redis_tls.h"
 
 struct rds;

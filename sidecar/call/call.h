@@ -19,7 +19,7 @@
 
 #include "codes.h"
 #include "gov.h"
-#include "jscan.h"
+#include "codec/jscan.h"
 
 struct server;
 struct call;
@@ -82,7 +82,7 @@ struct call_sink_ops {
     void (*flush)(struct call_sink *s);
     /* The sink writes msgpack: transcode replies and events for it. A
      * JSON-only sink is spared that (governance reads what it needs from
-     * the JSON text, sidecar/jscan.h). */
+     * the JSON text, sidecar/codec/jscan.h). */
     bool wants_msgpack;
 };
 

@@ -35,9 +35,9 @@
 #include <unistd.h>
 
 #include "callrpc.h"
-#include "http.h"
-#include "tasks.h"
-#include "log.h"
+#include "http/http.h"
+#include "call/tasks.h"
+#include "core/log.h"
 
 #define CONN_READ_CHUNK        (64 * 1024)
 #define CONN_LINGER_S          2.0 /* how long a closing connection may take to flush */

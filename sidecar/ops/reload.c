@@ -5,13 +5,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "call.h"
-#include "governor.h"
+#include "backend/backend.h"
+#include "call/call.h"
+#include "call/governor.h"
 #include "keywatch.h"
-#include "log.h"
+#include "core/log.h"
 #include "metrics.h"
-#include "redact.h"
+#include "call/redact.h"
 
 /* Keys of earlier configurations kept in the redactor: an attempt started
  * before a key rotation may still be running, and its upstream may echo

@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "call.h"
+#include "call/call.h"
 #include "task.h"
 
 static struct conn *sink_conn(struct call_sink *s)

@@ -16,10 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
+#include "backend/backend.h"
 #include "call.h"
 #include "dlist.h"
-#include "log.h"
+#include "core/log.h"
 #include "task.h"
 
 #define TASKS_ID_BUF (TASK_ID_MAX + 1)

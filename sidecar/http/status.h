@@ -1,7 +1,7 @@
 /*
  * status.h — answers of the HTTP front end made from the sidecar's state.
  * The status page (docs/OPERATIONS.md §5): GET /polygw/ serves one
- * self-contained HTML page (sidecar/status.html, compiled in), which polls
+ * self-contained HTML page (sidecar/http/status.html, compiled in), which polls
  * GET /polygw/v1/stats, the msgpack `stats` result (proto/PROTOCOL.md §4.2)
  * written as JSON. And GET /v1/models, the models the sources set.
  *
@@ -20,7 +20,7 @@
 struct config;
 struct server;
 
-/* sidecar/status.html, bytes (no NUL), from the generated status_html.c. */
+/* sidecar/http/status.html, bytes (no NUL), from the generated status_html.c. */
 extern const unsigned char status_html[];
 extern const size_t status_html_len;
 
