@@ -235,9 +235,9 @@ FUZZ_SECONDS ?= 60
 FUZZ_LARGE_SECONDS ?= $(FUZZ_SECONDS)
 FUZZ_MAX_LEN ?= 4194304
 FUZZ_CC      ?= clang
-FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/codec/transcode.c sidecar/conf/config.c sidecar/backend/redis_tls.c sidecar/conf/redis_url.c sidecar/upstream/h1.c \
-                sidecar/conf/yamltree.c sidecar/conf/name_index.c sidecar/codec/jscan.c \
-                sidecar/upstream/dialect.c sidecar/upstream/convert.c sidecar/http/httpreq.c
+FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/codec/transcode.c sidecar/core/config.c sidecar/core/tls.c sidecar/core/redis_url.c sidecar/upstream/h1.c \
+                sidecar/core/yamltree.c sidecar/core/name_index.c sidecar/codec/jscan.c \
+                sidecar/codec/dialect.c sidecar/codec/convert.c sidecar/http/httpreq.c
 FUZZ_OBJ     := $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(FUZZ_LIB_SRC))
 FUZZ_MAIN_OBJ := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/obj/tests/fuzz/fuzz_%.o)
 FUZZ_CFLAGS  := $(filter-out $(CFLAGS),$(ALL_CFLAGS)) -fsanitize=fuzzer-no-link,address,undefined \
@@ -363,7 +363,7 @@ bench: deps
 	sh tests/bench/run.sh $(BUILD)
 	@echo "## Admission cost (src/gov.c, ns per decision, best of 5)"
 	$(BUILD)/bench/admission
-	@echo "## Metrics: observation and rendering cost (sidecar/ops/metrics.c, best of 5)"
+	@echo "## Metrics: observation and rendering cost (sidecar/metrics/metrics.c, best of 5)"
 	$(BUILD)/bench/metrics
 	@echo "## Config load time against its size"
 	/usr/bin/python3 tests/bench/config_load.py $(BUILD)

@@ -14,7 +14,7 @@
 #include "call/call.h"
 #include "codes.h"
 #include "gov.h"
-#include "conf/config.h"
+#include "core/config.h"
 #include "frame.h"
 #include "net/peer.h"
 #include "rpc.h"

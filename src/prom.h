@@ -1,6 +1,6 @@
 /*
  * prom.h — the Prometheus text exposition format 0.0.4, written directly
- * (no client library), and fixed-bucket histograms: what sidecar/ops/metrics.c
+ * (no client library), and fixed-bucket histograms: what sidecar/metrics/metrics.c
  * renders its counters, gauges and histograms with.
  *
  * Pure: no I/O, no clock, no global state; a histogram observation neither

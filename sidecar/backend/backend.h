@@ -41,7 +41,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "conf/config.h"
+#include "core/config.h"
 #include "gov.h"
 #include "outcome.h"
 

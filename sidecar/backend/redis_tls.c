@@ -20,6 +20,8 @@
  */
 #include "redis_tls.h"
 
+#include "core/tls.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -75,22 +77,6 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...)
     va_end(ap);
 }
 
-/* OpenSSL's last queued error as text (and the queue emptied), or `dflt`. */
-static const char *ssl_reason(char *buf, size_t cap, const char *dflt)
-{
-    unsigned long e = ERR_peek_last_error();
-
-    ERR_clear_error();
-    if (!e)
-        return dflt;
-    const char *r = ERR_reason_error_string(e);
-    if (r)
-        snprintf(buf, cap, "%s", r);
-    else
-        ERR_error_string_n(e, buf, cap);
-    return buf;
-}
-
 static bool is_ip_literal(const char *s)
 {
     unsigned char tmp[sizeof(struct in6_addr)];
@@ -110,60 +96,24 @@ void rtls_ctx_free(struct rtls_ctx *ctx)
 
 struct rtls_ctx *rtls_ctx_new(const struct rtls_opts *o, char *err, size_t errlen)
 {
-    char why[RTLS_ERR_MAX];
     struct rtls_ctx *ctx = calloc(1, sizeof(*ctx));
 
     if (!ctx) {
         set_err(err, errlen, "out of memory");
         return NULL;
     }
-    ERR_clear_error();
-    ctx->ssl = SSL_CTX_new(TLS_client_method());
-    if (!ctx->ssl) {
-        set_err(err, errlen, "TLS: %s", ssl_reason(why, sizeof(why), "cannot make a context"));
+    struct tls_files f = { 0 };
+    if (o)
+        f = (struct tls_files){ o->ca_file, o->cert_file, o->key_file };
+    ctx->ssl = tls_ctx_new(&f, err, errlen);
+    if (!ctx->ssl)
         goto fail;
-    }
-    SSL_CTX_set_min_proto_version(ctx->ssl, TLS1_2_VERSION);
-    SSL_CTX_set_verify(ctx->ssl, SSL_VERIFY_PEER, NULL);
-    if (o && o->ca_file) {
-        if (SSL_CTX_load_verify_locations(ctx->ssl, o->ca_file, NULL) != 1) {
-            set_err(err, errlen, "TLS: cannot load the CA file %s: %s", o->ca_file,
-                    ssl_reason(why, sizeof(why), "unreadable or not PEM"));
-            goto fail;
-        }
-    } else if (SSL_CTX_set_default_verify_paths(ctx->ssl) != 1) {
-        set_err(err, errlen, "TLS: cannot load the system CA store: %s",
-                ssl_reason(why, sizeof(why), "unknown error"));
-        goto fail;
-    }
-    if (o && (o->cert_file || o->key_file)) {
-        if (!o->cert_file || !o->key_file) {
-            set_err(err, errlen, "TLS: a client certificate needs both cert_file and key_file");
-            goto fail;
-        }
-        if (SSL_CTX_use_certificate_chain_file(ctx->ssl, o->cert_file) != 1) {
-            set_err(err, errlen, "TLS: cannot load the certificate %s: %s", o->cert_file,
-                    ssl_reason(why, sizeof(why), "unreadable or not PEM"));
-            goto fail;
-        }
-        if (SSL_CTX_use_PrivateKey_file(ctx->ssl, o->key_file, SSL_FILETYPE_PEM) != 1) {
-            set_err(err, errlen, "TLS: cannot load the key %s: %s", o->key_file,
-                    ssl_reason(why, sizeof(why), "unreadable or not PEM"));
-            goto fail;
-        }
-        if (SSL_CTX_check_private_key(ctx->ssl) != 1) {
-            set_err(err, errlen, "TLS: the key %s does not match the certificate %s", o->key_file,
-                    o->cert_file);
-            goto fail;
-        }
-    }
     if (o && o->server_name && !(ctx->server_name = strdup(o->server_name))) {
         set_err(err, errlen, "out of memory");
         goto fail;
     }
     return ctx;
 fail:
-    ERR_clear_error();
     rtls_ctx_free(ctx);
     return NULL;
 }
@@ -217,7 +167,7 @@ static void rtls_handshake_failed(struct rtls *t, int e)
                        : "the server closed the "
                          "connection (is it TLS?)");
     else
-        rtls_die(t, "TLS handshake: %s", ssl_reason(why, sizeof(why), "failed"));
+        rtls_die(t, "TLS handshake: %s", tls_reason(why, sizeof(why), "failed"));
 }
 
 static void rtls_io_failed(struct rtls *t, const char *op, int e)
@@ -229,7 +179,7 @@ static void rtls_io_failed(struct rtls *t, const char *op, int e)
     else if (e == SSL_ERROR_SYSCALL && ERR_peek_last_error() == 0)
         rtls_die(t, "TLS %s: %s", op, errno ? strerror(errno) : "connection closed");
     else
-        rtls_die(t, "TLS %s: %s", op, ssl_reason(why, sizeof(why), "failed"));
+        rtls_die(t, "TLS %s: %s", op, tls_reason(why, sizeof(why), "failed"));
 }
 
 static int want_events(int want)
@@ -418,7 +368,7 @@ struct rtls *rtls_new(struct ev_loop *loop, struct rtls_ctx *ctx, int *fd, const
     }
     t->ssl = SSL_new(ctx->ssl);
     if (!t->ssl) {
-        set_err(err, errlen, "TLS: %s", ssl_reason(why, sizeof(why), "out of memory"));
+        set_err(err, errlen, "TLS: %s", tls_reason(why, sizeof(why), "out of memory"));
         goto fail;
     }
     SSL_set_mode(t->ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
@@ -438,7 +388,7 @@ struct rtls *rtls_new(struct ev_loop *loop, struct rtls_ctx *ctx, int *fd, const
         goto fail;
     }
     if (SSL_set_fd(t->ssl, t->tcp) != 1) {
-        set_err(err, errlen, "TLS: %s", ssl_reason(why, sizeof(why), "cannot attach the socket"));
+        set_err(err, errlen, "TLS: %s", tls_reason(why, sizeof(why), "cannot attach the socket"));
         goto fail;
     }
     /* The same number now names our end of the pair; the TCP socket lives

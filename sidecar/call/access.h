@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #include "codes.h"
-#include "conf/config.h"
+#include "core/config.h"
 
 /* One finished call. Strings are borrowed, NULL when unknown; numbers are
  * NAN (or the sentinel noted) when unknown. */

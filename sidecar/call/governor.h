@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "conf/config.h"
+#include "core/config.h"
 #include "gov.h"
 
 /* Initialises `g` for `cfg` (borrowed: source names point into it, so it

@@ -77,7 +77,7 @@
 #include "internal.h"
 #include "codec/jscan.h"
 #include "core/log.h"
-#include "ops/metrics.h"
+#include "metrics/metrics.h"
 #include "backend/redis.h"
 #include "backend/backend.h"
 #include "status.h"

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "conf/config.h"
+#include "core/config.h"
 
 /* A peer's credentials, read once at accept (SO_PEERCRED): the client
  * cannot forge them. */

@@ -10,7 +10,7 @@
 #include "call/governor.h"
 #include "keywatch.h"
 #include "core/log.h"
-#include "metrics.h"
+#include "metrics/metrics.h"
 #include "call/redact.h"
 
 /* Keys of earlier configurations kept in the redactor: an attempt started

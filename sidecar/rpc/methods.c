@@ -14,7 +14,7 @@
 #include "callrpc.h"
 #include "http/http.h"
 #include "core/log.h"
-#include "ops/metrics.h"
+#include "metrics/metrics.h"
 #include "progress.h"
 #include "backend/backend.h"
 #include "ops/reload.h"

@@ -51,7 +51,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "dialect.h"
+#include "codec/dialect.h"
 #include "h1.h"
 #include "sse.h"
 

@@ -1,5 +1,5 @@
 /*
- * metrics.c — the cost of the sidecar's metrics (sidecar/ops/metrics.c): one
+ * metrics.c — the cost of the sidecar's metrics (sidecar/metrics/metrics.c): one
  * attempt observation (outcome counters, duration and TTFT histograms), one
  * call start + end (counters, duration and stall histograms), and one whole
  * rendering of the text exposition, for 4 and 100 sources. The server is a
@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "internal.h"
-#include "ops/metrics.h"
+#include "metrics/metrics.h"
 #include "upstream/upstream.h"
 
 static double mono(void)

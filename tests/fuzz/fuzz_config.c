@@ -1,7 +1,7 @@
 /*
  * fuzz_config.c — libFuzzer target: YAML text -> config_parse() -> config_free().
  */
-#include "conf/config.h"
+#include "core/config.h"
 
 #include <stdint.h>
 

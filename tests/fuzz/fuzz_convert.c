@@ -1,6 +1,6 @@
 /*
- * fuzz_convert.c — libFuzzer target for sidecar/upstream/convert.c and the event
- * readers of sidecar/upstream/dialect.c: whatever a client sends as an OpenAI chat
+ * fuzz_convert.c — libFuzzer target for sidecar/codec/convert.c and the event
+ * readers of sidecar/codec/dialect.c: whatever a client sends as an OpenAI chat
  * body and whatever an upstream sends as a Messages reply or stream event.
  *
  * The input is parsed as JSON (as the sidecar parses bodies and events);
@@ -10,8 +10,8 @@
  * conversion that succeeds must produce exactly one msgpack value that can
  * be written as JSON (what the sidecar then sends or relays).
  */
-#include "upstream/convert.h"
-#include "upstream/dialect.h"
+#include "codec/convert.h"
+#include "codec/dialect.h"
 #include "rpc.h"
 #include "codec/transcode.h"
 

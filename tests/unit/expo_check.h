@@ -1,5 +1,5 @@
 /*
- * expo_check.h — for the unit tests of src/prom.c and sidecar/ops/metrics.c: a
+ * expo_check.h — for the unit tests of src/prom.c and sidecar/metrics/metrics.c: a
  * strict reader of the Prometheus text format 0.0.4. Every sample must
  * belong to the family whose HELP and TYPE came just before it (counters
  * named _total, no family twice), names and label names must be valid,

@@ -1,4 +1,4 @@
-/* test_config.c — the YAML configuration loader (sidecar/conf/config.c).
+/* test_config.c — the YAML configuration loader (sidecar/core/config.c).
  *
  * Most tests feed config_parse() an inline document named "t.yaml" and check
  * either the loaded values or that the first error names the file, the line,
@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "conf/config.h"
+#include "core/config.h"
 #include "suites.h"
 
 /* A valid source, to which tests append keys (4-space indent). */

@@ -1,4 +1,4 @@
-/* test_convert.c — OpenAI chat <-> Anthropic Messages (sidecar/upstream/convert.c),
+/* test_convert.c — OpenAI chat <-> Anthropic Messages (sidecar/codec/convert.c),
  * replaying tests/unit/vectors/convert.json (relative to the working
  * directory, or $POLYGW_CONVERT_VECTORS): every request, reply and stream
  * case goes JSON -> msgpack (as the sidecar parses it) -> conversion ->
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "upstream/convert.h"
+#include "codec/convert.h"
 #include "rpc.h"
 #include "suites.h"
 #include "codec/transcode.h"

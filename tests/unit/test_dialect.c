@@ -1,11 +1,11 @@
-/* test_dialect.c — the dialect table (sidecar/upstream/dialect.c): where each
+/* test_dialect.c — the dialect table (sidecar/codec/dialect.c): where each
  * provider's stream events end a stream, carry usage or report an error,
  * and the retry hints beside Retry-After. Events are written as JSON and
  * parsed the way the sidecar parses them (transcode_json_to_msgpack). */
 #include <math.h>
 #include <string.h>
 
-#include "upstream/dialect.h"
+#include "codec/dialect.h"
 #include "suites.h"
 #include "codec/transcode.h"
 

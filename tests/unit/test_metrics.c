@@ -1,5 +1,5 @@
 /*
- * test_metrics.c — the sidecar's metrics registry (sidecar/ops/metrics.c),
+ * test_metrics.c — the sidecar's metrics registry (sidecar/metrics/metrics.c),
  * rendered from a real server (server_init on a temporary socket, no
  * client, no upstream) and read back with the strict reader of
  * expo_check.h: every family there from the start, and each event in its
@@ -11,10 +11,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "conf/config.h"
+#include "core/config.h"
 #include "expo_check.h"
 #include "internal.h"
-#include "ops/metrics.h"
+#include "metrics/metrics.h"
 #include "suites.h"
 #include "upstream/upstream.h"
 

@@ -15,7 +15,7 @@
 
 #include "core/log.h"
 #include "backend/redis.h"
-#include "conf/redis_url.h"
+#include "core/redis_url.h"
 #include "suites.h"
 
 #define SECRET "s3cr3t-TOPSECRET"

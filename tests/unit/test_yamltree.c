@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "suites.h"
-#include "conf/yamltree.h"
+#include "core/yamltree.h"
 
 static struct ynode *parse_ok(const char *yaml)
 {

@@ -50,7 +50,7 @@
 #include "http/http.h"
 #include "call/tasks.h"
 #include "core/log.h"
-#include "ops/metrics.h"
+#include "metrics/metrics.h"
 #include "call/redact.h"
 #include "ops/keywatch.h"
 #include "backend/redis.h"

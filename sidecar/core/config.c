@@ -33,8 +33,8 @@
  */
 #include "config.h"
 #include "name_index.h"
-#include "backend/redis_tls.h"
 #include "redis_url.h"
+#include "tls.h"
 #include "yamltree.h"
 
 #include <arpa/inet.h>
@@ -43,6 +43,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <openssl/ssl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -2264,16 +2265,16 @@ static void validate_route(struct loader *l, size_t i, const char *prefix)
         }
     }
     if (s->tls.ca_file || s->tls.cert_file) {
-        struct rtls_opts o = { .ca_file = s->tls.ca_file,
+        struct tls_files f = { .ca_file = s->tls.ca_file,
                                .cert_file = s->tls.cert_file,
                                .key_file = s->tls.key_file };
-        struct rtls_ctx *ctx = rtls_ctx_new(&o, why, sizeof(why));
+        SSL_CTX *ctx = tls_ctx_new(&f, why, sizeof(why));
         if (!ctx) {
             snprintf(path, sizeof(path), "%s.tls", prefix);
             fail_at(l, st->line[FID_TLS], path, "%s", why);
             return;
         }
-        rtls_ctx_free(ctx);
+        SSL_CTX_free(ctx);
     }
     if (any_tls || s->proxy || s->no_proxy)
         s->route_id = ++next_id;

@@ -37,8 +37,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "upstream/dialect.h"
-#include "core/log.h"
+#include "codec/dialect.h"
+#include "log.h"
 
 #define CONFIG_NAME_MAX 64 /* names: [A-Za-z0-9_.-]{1,63} */
 

@@ -22,7 +22,7 @@
 #include <stdint.h>
 
 #include "codes.h"
-#include "conf/config.h"
+#include "core/config.h"
 #include "prom.h"
 
 struct server;

@@ -1,0 +1,76 @@
+/*
+ * tls.c — OpenSSL client contexts from files (tls.h).
+ */
+#include "tls.h"
+
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <stdio.h>
+
+#define TLS_WHY_MAX 200
+
+const char *tls_reason(char *buf, size_t cap, const char *dflt)
+{
+    unsigned long e = ERR_peek_last_error();
+
+    ERR_clear_error();
+    if (!e)
+        return dflt;
+    const char *r = ERR_reason_error_string(e);
+    if (r)
+        snprintf(buf, cap, "%s", r);
+    else
+        ERR_error_string_n(e, buf, cap);
+    return buf;
+}
+
+SSL_CTX *tls_ctx_new(const struct tls_files *f, char *err, size_t errlen)
+{
+    char why[TLS_WHY_MAX];
+
+    ERR_clear_error();
+    SSL_CTX *ssl = SSL_CTX_new(TLS_client_method());
+    if (!ssl) {
+        snprintf(err, errlen, "TLS: %s", tls_reason(why, sizeof(why), "cannot make a context"));
+        return NULL;
+    }
+    SSL_CTX_set_min_proto_version(ssl, TLS1_2_VERSION);
+    SSL_CTX_set_verify(ssl, SSL_VERIFY_PEER, NULL);
+    if (f && f->ca_file) {
+        if (SSL_CTX_load_verify_locations(ssl, f->ca_file, NULL) != 1) {
+            snprintf(err, errlen, "TLS: cannot load the CA file %s: %s", f->ca_file,
+                     tls_reason(why, sizeof(why), "unreadable or not PEM"));
+            goto fail;
+        }
+    } else if (SSL_CTX_set_default_verify_paths(ssl) != 1) {
+        snprintf(err, errlen, "TLS: cannot load the system CA store: %s",
+                 tls_reason(why, sizeof(why), "unknown error"));
+        goto fail;
+    }
+    if (f && (f->cert_file || f->key_file)) {
+        if (!f->cert_file || !f->key_file) {
+            snprintf(err, errlen, "TLS: a client certificate needs both cert_file and key_file");
+            goto fail;
+        }
+        if (SSL_CTX_use_certificate_chain_file(ssl, f->cert_file) != 1) {
+            snprintf(err, errlen, "TLS: cannot load the certificate %s: %s", f->cert_file,
+                     tls_reason(why, sizeof(why), "unreadable or not PEM"));
+            goto fail;
+        }
+        if (SSL_CTX_use_PrivateKey_file(ssl, f->key_file, SSL_FILETYPE_PEM) != 1) {
+            snprintf(err, errlen, "TLS: cannot load the key %s: %s", f->key_file,
+                     tls_reason(why, sizeof(why), "unreadable or not PEM"));
+            goto fail;
+        }
+        if (SSL_CTX_check_private_key(ssl) != 1) {
+            snprintf(err, errlen, "TLS: the key %s does not match the certificate %s", f->key_file,
+                     f->cert_file);
+            goto fail;
+        }
+    }
+    return ssl;
+fail:
+    ERR_clear_error();
+    SSL_CTX_free(ssl);
+    return NULL;
+}
