@@ -3,7 +3,9 @@
  */
 #include "strbuf.h"
 
+#include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 void strbuf_init(struct strbuf *b)
@@ -69,4 +71,15 @@ int strbuf_grow(struct strbuf *b, size_t extra)
     b->data = p;
     b->cap = cap;
     return 0;
+}
+
+void str_setf(char *dst, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (!dst || cap == 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(dst, cap, fmt, ap);
+    va_end(ap);
 }

@@ -89,6 +89,11 @@ static inline size_t str_copy(char *dst, size_t cap, const char *src)
     return n;
 }
 
+/* Formats into `dst` (`cap` bytes) like snprintf, cut to fit; does
+ * nothing when dst is NULL or cap is 0 (the shape of the optional error
+ * buffers `char *err, size_t errlen` that parsers and connectors fill). */
+void str_setf(char *dst, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* u in decimal at p (at most 20 bytes, no terminator); returns the end.
  * For the numbers written on every request (RESP heads, script arguments,
  * Content-Length): snprintf costs some ten times more. */

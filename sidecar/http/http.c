@@ -56,6 +56,7 @@
  * callbacks on the stack have unwound.
  */
 #include "http.h"
+#include "iplit.h"
 #include "httpreq.h"
 #include "strbuf.h"
 
@@ -2056,20 +2057,8 @@ static int http_listen_tcp(struct http_server *hs, char *err, size_t errlen)
         snprintf(err, errlen, "http.listen: %s", why);
         return -1;
     }
-    memset(&ss, 0, sizeof(ss));
-    if (a.ipv6) {
-        struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
-        s6->sin6_family = AF_INET6;
-        s6->sin6_port = htons(a.port);
-        inet_pton(AF_INET6, a.host, &s6->sin6_addr);
-        sl = sizeof(*s6);
-    } else {
-        struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
-        s4->sin_family = AF_INET;
-        s4->sin_port = htons(a.port);
-        inet_pton(AF_INET, a.host, &s4->sin_addr);
-        sl = sizeof(*s4);
-    }
+    /* config_parse_addr() checked the literal. */
+    iplit_sockaddr(a.host, strlen(a.host), a.ipv6 ? IPLIT_V6 : IPLIT_V4, a.port, &ss, &sl);
     int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     int one = 1;
     if (fd < 0) {
