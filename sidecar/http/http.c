@@ -57,6 +57,7 @@
  */
 #include "http.h"
 #include "iplit.h"
+#include "jsonw.h"
 #include "httpreq.h"
 #include "strbuf.h"
 
@@ -999,13 +1000,10 @@ static void route_readyz(struct http_conn *c, const char *path, size_t len)
     if (has_detail)
         n += snprintf(body + n, sizeof(body) - (size_t)n, ",\"detail\":\"");
     for (; *detail && (size_t)n < sizeof(body) - 16; detail++) {
-        unsigned char ch = (unsigned char)*detail;
-        if (ch == '"' || ch == '\\')
-            n += snprintf(body + n, sizeof(body) - (size_t)n, "\\%c", ch);
-        else if (ch < 0x20)
-            n += snprintf(body + n, sizeof(body) - (size_t)n, "\\u%04x", ch);
-        else
-            body[n++] = (char)ch;
+        size_t e = jsonw_escape((unsigned char)*detail, body + n);
+        if (e == 0)
+            body[n++] = *detail;
+        n += (int)e;
     }
     n += snprintf(body + n, sizeof(body) - (size_t)n, has_detail ? "\"}" : "}");
     hc_reply(c, 503, "application/json", body, (size_t)n, NULL, "Retry-After: 1\r\n");

@@ -268,6 +268,23 @@ START_TEST(test_lib__str_setf_formats_cut_to_fit_and_skips_no_buffer)
 }
 END_TEST
 
+START_TEST(test_lib__jsonw_escape_is_the_one_escape_table)
+{
+    char e[6];
+
+    ck_assert_uint_eq(jsonw_escape('a', e), 0);
+    ck_assert_uint_eq(jsonw_escape(0x7f, e), 0);
+    ck_assert_uint_eq(jsonw_escape('"', e), 2);
+    ck_assert(memcmp(e, "\\\"", 2) == 0);
+    ck_assert_uint_eq(jsonw_escape('\\', e), 2);
+    ck_assert(memcmp(e, "\\\\", 2) == 0);
+    ck_assert_uint_eq(jsonw_escape('\b', e), 2);
+    ck_assert(memcmp(e, "\\b", 2) == 0);
+    ck_assert_uint_eq(jsonw_escape(0x1f, e), 6);
+    ck_assert(memcmp(e, "\\u001f", 6) == 0);
+}
+END_TEST
+
 Suite *lib_suite(void)
 {
     Suite *s = suite_create("lib");
@@ -285,6 +302,7 @@ Suite *lib_suite(void)
     tcase_add_test(tc, test_lib__jsonw_floats_ignore_a_comma_locale);
     tcase_add_test(tc, test_lib__jsonw_strings_escape_and_refuse_bad_utf8);
     tcase_add_test(tc, test_lib__iplit_parses_literals_and_refuses_names);
+    tcase_add_test(tc, test_lib__jsonw_escape_is_the_one_escape_table);
     tcase_add_test(tc, test_lib__str_setf_formats_cut_to_fit_and_skips_no_buffer);
     suite_add_tcase(s, tc);
     return s;
