@@ -15,9 +15,9 @@
 #include <sys/socket.h>
 
 enum {
-    IPLIT_V4 = 1,  /* accept a dotted quad */
-    IPLIT_V6 = 2,  /* accept a bare IPv6 address */
-    IPLIT_ANY = 3, /* either */
+    IPLIT_V4 = 1,       /* accept a dotted quad */
+    IPLIT_V6 = 2,       /* accept a bare IPv6 address */
+    IPLIT_ANY = 3,      /* either */
     IPLIT_BRACKETS = 4, /* with IPLIT_V6: the IPv6 address must stand in
                          * "[...]", as URLs and Host headers write it */
 };

@@ -285,6 +285,88 @@ START_TEST(test_lib__jsonw_escape_is_the_one_escape_table)
 }
 END_TEST
 
+START_TEST(test_lib__strbuf_cap_refuses_growth_past_the_limit)
+{
+    struct strbuf b;
+    char big[300];
+
+    memset(big, 'x', sizeof(big));
+    strbuf_init_max(&b, 100);
+    ck_assert_int_eq(strbuf_put(&b, big, 60), 0);
+    ck_assert_int_eq(strbuf_put(&b, big, 40), 0); /* exactly the cap */
+    ck_assert_uint_eq(b.len, 100);
+    ck_assert_int_eq(strbuf_putc(&b, 'y'), STRBUF_ETOOBIG);
+    ck_assert_int_eq(strbuf_put(&b, big, 1), STRBUF_ETOOBIG);
+    ck_assert_uint_eq(b.len, 100); /* unchanged on failure */
+    ck_assert_uint_le(b.cap, 101); /* never allocated past the cap */
+    strbuf_terminate(&b);
+    ck_assert_int_eq(b.data[100], '\0');
+    /* Consumed bytes no longer count against the cap. */
+    strbuf_consume(&b, 30);
+    ck_assert_uint_eq(strbuf_live(&b), 70);
+    ck_assert_int_eq(strbuf_put(&b, big, 30), 0);
+    ck_assert_uint_eq(strbuf_live(&b), 100);
+    ck_assert_int_eq(strbuf_put(&b, big, 1), STRBUF_ETOOBIG);
+    /* A huge request is refused, not wrapped around. */
+    ck_assert_int_eq(strbuf_reserve(&b, SIZE_MAX), STRBUF_ETOOBIG);
+    ck_assert_int_eq(strbuf_set_exact(&b, big, 101), STRBUF_ETOOBIG);
+    /* fini keeps the cap. */
+    strbuf_fini(&b);
+    ck_assert_uint_eq(b.max, 100);
+    ck_assert_int_eq(strbuf_put(&b, big, 101), STRBUF_ETOOBIG);
+    ck_assert_ptr_null(b.data);
+}
+END_TEST
+
+START_TEST(test_lib__strbuf_consume_drops_a_prefix_and_reclaims_before_growing)
+{
+    struct strbuf b = { 0 };
+    char chunk[512];
+
+    for (size_t i = 0; i < sizeof(chunk); i++)
+        chunk[i] = (char)('a' + i % 26);
+    ck_assert_int_eq(strbuf_put(&b, chunk, 512), 0);
+    ck_assert_int_eq(strbuf_put(&b, chunk, 400), 0);
+    size_t cap = b.cap;
+    char *mem = b.data;
+    ck_assert_uint_eq(cap, 1024);
+    /* Consuming is O(1): nothing moves. */
+    strbuf_consume(&b, 500);
+    ck_assert_ptr_eq(b.data, mem);
+    ck_assert_uint_eq(strbuf_live(&b), 412);
+    ck_assert_int_eq(strbuf_head(&b)[0], chunk[500]);
+    /* 412 live + 500 more fits in 1024 once the prefix is reclaimed: no
+     * reallocation, the live bytes moved to the front, in order. */
+    ck_assert_int_eq(strbuf_put(&b, chunk, 500), 0);
+    ck_assert_uint_eq(b.cap, cap);
+    ck_assert_uint_eq(b.off, 0);
+    ck_assert_uint_eq(b.len, 912);
+    ck_assert(memcmp(b.data, chunk + 500, 12) == 0);
+    ck_assert(memcmp(b.data + 12, chunk, 400) == 0);
+    ck_assert(memcmp(b.data + 412, chunk, 500) == 0);
+    /* Consuming everything empties the buffer at once, memory kept. */
+    strbuf_consume(&b, 912);
+    ck_assert_uint_eq(b.len, 0);
+    ck_assert_uint_eq(b.off, 0);
+    ck_assert_uint_eq(b.cap, cap);
+    /* Growth past the capacity still keeps the live text. */
+    ck_assert_int_eq(strbuf_put(&b, chunk, 512), 0);
+    strbuf_consume(&b, 12);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(strbuf_put(&b, chunk, 512), 0);
+    ck_assert_uint_eq(strbuf_live(&b), 500 + 4 * 512);
+    ck_assert(memcmp(strbuf_head(&b), chunk + 12, 500) == 0);
+    ck_assert(memcmp(strbuf_head(&b) + 500 + 3 * 512, chunk, 512) == 0);
+    /* strbuf_fit gives back the consumed prefix too. */
+    strbuf_consume(&b, 100);
+    ck_assert_int_eq(strbuf_fit(&b), 0);
+    ck_assert_uint_eq(b.off, 0);
+    ck_assert_uint_eq(b.cap, b.len + 1);
+    ck_assert(memcmp(b.data, chunk + 112, 400) == 0);
+    strbuf_fini(&b);
+}
+END_TEST
+
 Suite *lib_suite(void)
 {
     Suite *s = suite_create("lib");
@@ -301,6 +383,8 @@ Suite *lib_suite(void)
     tcase_add_test(tc, test_lib__jsonw_floats_round_trip_with_a_point);
     tcase_add_test(tc, test_lib__jsonw_floats_ignore_a_comma_locale);
     tcase_add_test(tc, test_lib__jsonw_strings_escape_and_refuse_bad_utf8);
+    tcase_add_test(tc, test_lib__strbuf_cap_refuses_growth_past_the_limit);
+    tcase_add_test(tc, test_lib__strbuf_consume_drops_a_prefix_and_reclaims_before_growing);
     tcase_add_test(tc, test_lib__iplit_parses_literals_and_refuses_names);
     tcase_add_test(tc, test_lib__jsonw_escape_is_the_one_escape_table);
     tcase_add_test(tc, test_lib__str_setf_formats_cut_to_fit_and_skips_no_buffer);
