@@ -141,8 +141,7 @@ struct http_conn {
     uint32_t seq;              /* call ids */
     char *in;                  /* bytes [in_off, in_len) not parsed yet */
     size_t in_off, in_len, in_cap;
-    char *out; /* bytes [out_off, out_len) not written yet */
-    size_t out_off, out_len, out_cap;
+    struct strbuf out; /* its live bytes are not written yet */
     char *body;
     size_t body_len, body_cap;
     struct httpreq req; /* the request being read (httpreq.h) */
@@ -171,7 +170,7 @@ static int out_reserve(struct http_conn *c, size_t n)
 {
     if (c->oom)
         return -1;
-    if (conn_queue_reserve(&c->out, &c->out_off, &c->out_len, &c->out_cap, n) < 0) {
+    if (strbuf_reserve(&c->out, n) < 0) {
         c->oom = true;
         return -1;
     }
@@ -182,9 +181,9 @@ static void out_add(struct http_conn *c, const void *p, size_t n)
 {
     if (out_reserve(c, n) < 0)
         return;
-    memcpy(c->out + c->out_len, p, n);
-    c->out_len += n;
-    c->budget.held = c->out_len - c->out_off;
+    memcpy(c->out.data + c->out.len, p, n);
+    c->out.len += n;
+    c->budget.held = strbuf_live(&c->out);
 }
 
 static void out_str(struct http_conn *c, const char *s)
@@ -210,10 +209,10 @@ __attribute__((format(printf, 2, 3))) static void out_printf(struct http_conn *c
     if (out_reserve(c, (size_t)n + 1) < 0)
         return;
     va_start(ap, fmt);
-    vsnprintf(c->out + c->out_len, (size_t)n + 1, fmt, ap);
+    vsnprintf(c->out.data + c->out.len, (size_t)n + 1, fmt, ap);
     va_end(ap);
-    c->out_len += (size_t)n;
-    c->budget.held = c->out_len - c->out_off;
+    c->out.len += (size_t)n;
+    c->budget.held = strbuf_live(&c->out);
 }
 
 /* `v` in `base` (10 or 16, lower case): the numbers every answer carries,
@@ -231,7 +230,7 @@ static void out_uint(struct http_conn *c, unsigned long long v, unsigned base)
 
 static size_t out_queued(const struct http_conn *c)
 {
-    return c->out_len - c->out_off;
+    return strbuf_live(&c->out);
 }
 
 static const char *status_text(int status)
@@ -1831,10 +1830,10 @@ static void hc_flush(struct http_conn *c)
         return;
     }
     bool progress = false;
-    while (c->out_off < c->out_len) {
-        ssize_t n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
+    while (strbuf_live(&c->out) > 0) {
+        ssize_t n = send(c->fd, strbuf_head(&c->out), strbuf_live(&c->out), MSG_NOSIGNAL);
         if (n > 0) {
-            c->out_off += (size_t)n;
+            strbuf_consume(&c->out, (size_t)n);
             progress = true;
             continue;
         }
@@ -1846,13 +1845,9 @@ static void hc_flush(struct http_conn *c)
         return;
     }
     size_t limit = c->hs->srv->cfg->max_write_queue_bytes;
-    if (c->out_off == c->out_len) {
-        c->out_off = c->out_len = 0;
-        if (c->out_cap > HTTP_KEEP_BUFFER_BYTES) {
-            free(c->out);
-            c->out = NULL;
-            c->out_cap = 0;
-        }
+    if (strbuf_live(&c->out) == 0) {
+        if (c->out.cap > HTTP_KEEP_BUFFER_BYTES)
+            strbuf_fini(&c->out);
         ev_io_stop(c->hs->srv->loop, &c->wio);
         if (c->phase == HC_CLOSING && c->draining) {
             hc_shut_write(c);
@@ -1926,7 +1921,7 @@ static void hc_free(struct http_conn *c)
     if (c->bridge)
         conn_free(c->bridge);
     free(c->in);
-    free(c->out);
+    strbuf_fini(&c->out);
     free(c->body);
     free(c);
 }
