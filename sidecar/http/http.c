@@ -58,6 +58,7 @@
 #include "http.h"
 #include "iplit.h"
 #include "jsonw.h"
+#include "dlist.h"
 #include "httpreq.h"
 #include "strbuf.h"
 
@@ -1902,13 +1903,7 @@ static void hc_close(struct http_conn *c, const char *why)
     c->fd = -1;
     log_at(LOG_DEBUG, "http connection closed", "conn", LOG_U, (unsigned long long)c->id, "reason",
            LOG_S, why, NULL);
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        hs->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    c->prev = NULL;
+    DLIST_UNLINK(hs->conns, c, prev, next);
     c->next = hs->dead;
     hs->dead = c;
     hs->stats.conns_open--;
@@ -2027,10 +2022,7 @@ static void http_on_accept(struct ev_loop *loop, ev_io *w, int revents)
         ev_init(&c->phase_w, hc_on_timer);
         ev_init(&c->next_w, hc_on_next);
         c->rio.data = c->wio.data = c->phase_w.data = c->next_w.data = c;
-        c->next = hs->conns;
-        if (hs->conns)
-            hs->conns->prev = c;
-        hs->conns = c;
+        DLIST_PUSH(hs->conns, c, prev, next);
         hs->stats.conns_open++;
         hs->stats.conns_accepted++;
         hc_set_reading(c, true);
