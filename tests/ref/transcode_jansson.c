@@ -49,7 +49,7 @@ static void errw_excerpt(struct errw *w, const char *s, size_t n)
         unsigned char c = (unsigned char)s[i];
         char tmp[8];
         int k = c >= 0x20 && c < 0x7F ? snprintf(tmp, sizeof(tmp), "%c", c)
-                                       : snprintf(tmp, sizeof(tmp), "\\x%02x", c);
+                                      : snprintf(tmp, sizeof(tmp), "\\x%02x", c);
         if ((size_t)k > w->cap - w->len)
             return;
         memcpy(w->p + w->len, tmp, (size_t)k + 1);

@@ -34,5 +34,6 @@ Suite *yamltree_suite(void);
 Suite *redis_resolve_suite(void);
 Suite *log_suite(void);
 Suite *httpreq_suite(void);
+Suite *h1_suite(void);
 
 #endif
