@@ -39,6 +39,7 @@ int main(void)
         log_suite,
         httpreq_suite,
         h1_suite,
+        conn_suite,
     };
     SRunner *sr = srunner_create(NULL);
 

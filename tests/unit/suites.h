@@ -35,5 +35,6 @@ Suite *redis_resolve_suite(void);
 Suite *log_suite(void);
 Suite *httpreq_suite(void);
 Suite *h1_suite(void);
+Suite *conn_suite(void);
 
 #endif
