@@ -122,8 +122,8 @@ static void exchange(const char *const *parts, size_t n_parts, bool close_after,
 
 START_TEST(test_h1__content_length_answer_in_pieces)
 {
-    static const char *const parts[] = { "HTTP/1.1 200 OK\r\nContent-", "Length: 11\r\nX-A: b\r\n\r\nhello",
-                                         " world" };
+    static const char *const parts[] = { "HTTP/1.1 200 OK\r\nContent-",
+                                         "Length: 11\r\nX-A: b\r\n\r\nhello", " world" };
     struct got g;
 
     exchange(parts, 3, false, &g);
@@ -138,9 +138,11 @@ END_TEST
 
 START_TEST(test_h1__chunked_answer_and_interim_100)
 {
-    static const char *const parts[] = { "HTTP/1.1 100 Continue\r\n\r\n",
-                                         "HTTP/1.1 429 Too Many\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
-                                         "cde\r\n3;x=y\r\nfgh\r\n0\r\nTrailer: z\r\n\r\n" };
+    static const char *const parts[] = {
+        "HTTP/1.1 100 Continue\r\n\r\n",
+        "HTTP/1.1 429 Too Many\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
+        "cde\r\n3;x=y\r\nfgh\r\n0\r\nTrailer: z\r\n\r\n"
+    };
     struct got g;
 
     exchange(parts, 3, false, &g);
@@ -183,7 +185,9 @@ START_TEST(test_h1__malformed_and_truncated_answers)
     ck_assert_int_eq(g.end, H1_MALFORMED);
 
     /* Closed before the announced body ended. */
-    static const char *const short_body[] = { "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n12345" };
+    static const char *const short_body[] = {
+        "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n12345"
+    };
     exchange(short_body, 1, true, &g);
     ck_assert_int_eq(g.end, H1_TRUNCATED);
     ck_assert_uint_eq(g.body_len, 5);
