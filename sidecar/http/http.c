@@ -140,9 +140,8 @@ struct http_conn {
     struct peer peer;
     char app[CONFIG_NAME_MAX]; /* the request's app once hc_identify resolved it, or "" */
     uint32_t seq;              /* call ids */
-    char *in;                  /* bytes [in_off, in_len) not parsed yet */
-    size_t in_off, in_len, in_cap;
-    struct strbuf out; /* its live bytes are not written yet */
+    struct strbuf in;          /* its live bytes are not parsed yet */
+    struct strbuf out;         /* its live bytes are not written yet */
     char *body;
     size_t body_len, body_cap;
     struct httpreq req; /* the request being read (httpreq.h) */
@@ -651,7 +650,7 @@ static size_t hc_input_held(const struct http_conn *c)
 {
     if (c->closed || c->phase == HC_CLOSING)
         return 0;
-    return (c->phase == HC_HEAD || c->phase == HC_BODY ? c->body_len : 0) + c->in_len - c->in_off;
+    return (c->phase == HC_HEAD || c->phase == HC_BODY ? c->body_len : 0) + strbuf_live(&c->in);
 }
 
 /* Counts c's unfinished input in the server's total, which both front
@@ -720,7 +719,7 @@ static void hc_response_done(struct http_conn *c)
     }
     c->phase = HC_IDLE;
     hc_arm(c, c->hs->srv->cfg->http_keepalive_timeout_s);
-    if (c->in_off < c->in_len && !ev_is_active(&c->next_w)) {
+    if (strbuf_live(&c->in) > 0 && !ev_is_active(&c->next_w)) {
         ev_timer_set(&c->next_w, 0., 0.);
         ev_timer_start(loop, &c->next_w);
     }
@@ -1722,12 +1721,12 @@ static void hc_backpressure(struct http_conn *c)
     } else if (c->out_paused && pending <= limit / 2) {
         c->out_paused = false;
         /* Requests it pipelined meanwhile are parsed from the loop. */
-        if (c->phase != HC_SERVING && c->in_off < c->in_len && !ev_is_active(&c->next_w)) {
+        if (c->phase != HC_SERVING && strbuf_live(&c->in) > 0 && !ev_is_active(&c->next_w)) {
             ev_timer_set(&c->next_w, 0., 0.);
             ev_timer_start(srv->loop, &c->next_w);
         }
     }
-    hc_set_reading(c, !c->out_paused && c->in_len - c->in_off < HTTP_IN_MAX);
+    hc_set_reading(c, !c->out_paused && strbuf_live(&c->in) < HTTP_IN_MAX);
 }
 
 static void hc_process(struct http_conn *c)
@@ -1735,13 +1734,13 @@ static void hc_process(struct http_conn *c)
     size_t limit = c->hs->srv->cfg->max_write_queue_bytes;
 
     while (!c->closed && (c->phase == HC_IDLE || c->phase == HC_HEAD || c->phase == HC_BODY) &&
-           c->in_off < c->in_len && !c->out_paused && hc_pending_out(c) <= limit) {
+           strbuf_live(&c->in) > 0 && !c->out_paused && hc_pending_out(c) <= limit) {
         const struct config *cfg = c->hs->srv->cfg;
         size_t n;
         c->req.max_header_bytes = cfg->http_max_header_bytes;
         c->req.max_body_bytes = cfg->http_max_body_bytes;
-        enum httpreq_rc rc = httpreq_execute(&c->req, c->in + c->in_off, c->in_len - c->in_off, &n);
-        c->in_off += n;
+        enum httpreq_rc rc = httpreq_execute(&c->req, strbuf_head(&c->in), strbuf_live(&c->in), &n);
+        strbuf_consume(&c->in, n);
         if (rc == HTTPREQ_DONE) {
             c->phase = HC_SERVING;
             hc_arm(c, 0);
@@ -1755,13 +1754,9 @@ static void hc_process(struct http_conn *c)
             break;
         }
     }
-    if (c->in_off == c->in_len) {
-        c->in_off = c->in_len = 0;
-        if (c->in_cap > HTTP_KEEP_BUFFER_BYTES) {
-            free(c->in);
-            c->in = NULL;
-            c->in_cap = 0;
-        }
+    if (strbuf_live(&c->in) == 0) {
+        if (c->in.cap > HTTP_KEEP_BUFFER_BYTES)
+            strbuf_fini(&c->in);
     }
     hc_backpressure(c);
     hc_account_input(c);
@@ -1790,22 +1785,14 @@ static void hc_on_read(struct ev_loop *loop, ev_io *w, int revents)
         hc_drain(c);
         return;
     }
-    if (c->in_off > 0) {
-        memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
-        c->in_len -= c->in_off;
-        c->in_off = 0;
+    /* Room for a chunk (less strbuf's byte for a NUL, so that an empty
+     * buffer is exactly HTTP_READ_CHUNK); the parsed prefix is reclaimed
+     * first. */
+    if (strbuf_reserve(&c->in, HTTP_READ_CHUNK - 1) < 0) {
+        hc_close(c, "out of memory reading");
+        return;
     }
-    if (c->in_cap - c->in_len < HTTP_READ_CHUNK) {
-        size_t cap = c->in_len + HTTP_READ_CHUNK;
-        char *p = realloc(c->in, cap);
-        if (!p) {
-            hc_close(c, "out of memory reading");
-            return;
-        }
-        c->in = p;
-        c->in_cap = cap;
-    }
-    ssize_t n = recv(c->fd, c->in + c->in_len, HTTP_READ_CHUNK, 0);
+    ssize_t n = recv(c->fd, c->in.data + c->in.len, HTTP_READ_CHUNK - 1, 0);
     if (n == 0) {
         hc_close(c, "peer closed");
         return;
@@ -1815,8 +1802,8 @@ static void hc_on_read(struct ev_loop *loop, ev_io *w, int revents)
             hc_close(c, "read failed");
         return;
     }
-    c->in_len += (size_t)n;
-    if (c->in_len - c->in_off >= HTTP_IN_MAX)
+    c->in.len += (size_t)n;
+    if (strbuf_live(&c->in) >= HTTP_IN_MAX)
         hc_set_reading(c, false);
     hc_process(c);
     hc_flush(c);
@@ -1915,7 +1902,7 @@ static void hc_free(struct http_conn *c)
 {
     if (c->bridge)
         conn_free(c->bridge);
-    free(c->in);
+    strbuf_fini(&c->in);
     strbuf_fini(&c->out);
     free(c->body);
     free(c);
@@ -2217,7 +2204,7 @@ void http_refuse_input_most(struct http_server *hs, size_t total, size_t cap)
            NULL);
     hs->srv->input_bytes -= c->input_bytes;
     c->input_bytes = 0;
-    c->in_off = c->in_len = 0;
+    strbuf_reset(&c->in);
     hc_drop_body(c);
     if (c->phase == HC_SERVING) {
         /* Its request is answered here, whatever was running for it. */
