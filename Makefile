@@ -38,9 +38,13 @@ endif
 
 # libev and libhttp-parser ship no .pc file on Debian 12; every other library
 # comes from pkg-config.
-PKGS      := msgpack yaml-0.1 libcurl jansson hiredis openssl libsystemd
+# The daemon links DAEMON_PKGS only; jansson is the client library's, the
+# tools' and the tests' (tests/ref/ holds the jansson reference transcoder).
+DAEMON_PKGS := msgpack yaml-0.1 libcurl hiredis openssl libsystemd
+PKGS      := $(DAEMON_PKGS) jansson
 PKG_CFLAGS = $(shell $(PKG_CONFIG) --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell $(PKG_CONFIG) --libs $(PKGS) 2>/dev/null) -lev -lhttp_parser -lm
+DAEMON_LIBS = $(shell $(PKG_CONFIG) --libs $(DAEMON_PKGS) 2>/dev/null) -lev -lhttp_parser -lm
 CHECK_LIBS = $(shell $(PKG_CONFIG) --libs check 2>/dev/null)
 
 # Warnings are errors in `make test` and CI (WERROR=1, which they set), not
@@ -77,6 +81,7 @@ CORE_SRC    := $(wildcard src/*.c)
 SIDECAR_SRC := $(filter-out sidecar/main.c,$(wildcard sidecar/*.c sidecar/*/*.c))
 CLIENT_SRC  := client/c/polygw.c
 UNIT_SRC    := $(wildcard tests/unit/*.c)
+REF_SRC     := $(wildcard tests/ref/*.c)
 MOCK_SRC    := $(wildcard tests/mock_upstream/*.c)
 BENCH_SRC   := $(wildcard tests/bench/*.c)
 SHIM_SRC    := $(wildcard tests/shim/*.c)
@@ -105,7 +110,8 @@ CORE_OBJ    := $(call obj,$(CORE_SRC))
 SIDECAR_OBJ := $(call obj,$(SIDECAR_SRC)) $(LUA_OBJ) $(STATUS_HTML_OBJ)
 CLIENT_OBJ  := $(call obj,$(CLIENT_SRC))
 ALL_OBJ     := $(call obj,$(PROTO_SRC) $(CORE_SRC) $(SIDECAR_SRC) sidecar/main.c \
-                 $(CLIENT_SRC) client/c/polygwctl.c $(UNIT_SRC) $(MOCK_SRC) $(BENCH_SRC)) $(LUA_OBJ) \
+                 $(CLIENT_SRC) client/c/polygwctl.c $(UNIT_SRC) $(REF_SRC) $(MOCK_SRC) $(BENCH_SRC)) \
+                 $(LUA_OBJ) \
                  $(STATUS_HTML_OBJ)
 
 DAEMON     := $(BUILD)/polygw
@@ -166,7 +172,7 @@ $(STATUS_HTML_OBJ): $(STATUS_HTML_GEN)
 
 $(DAEMON): $(call obj,sidecar/main.c) $(SIDECAR_OBJ) $(CORE_OBJ) $(PROTO_OBJ)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS)
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(DAEMON_LIBS)
 
 # libpolygw exports only pgw_* (see client/c/libpolygw.map).
 $(LIBA): $(CLIENT_OBJ) $(PROTO_OBJ)
@@ -182,7 +188,7 @@ $(CTL): $(call obj,client/c/polygwctl.c) $(LIBA)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS)
 
-$(UNIT): $(call obj,$(UNIT_SRC)) $(SIDECAR_OBJ) $(CORE_OBJ) $(PROTO_OBJ) $(CLIENT_OBJ)
+$(UNIT): $(call obj,$(UNIT_SRC) $(REF_SRC)) $(SIDECAR_OBJ) $(CORE_OBJ) $(PROTO_OBJ) $(CLIENT_OBJ)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS) $(CHECK_LIBS)
 
@@ -206,7 +212,7 @@ $(BUILD)/bench/metrics: $(BUILD)/obj/tests/bench/metrics.o $(SIDECAR_OBJ) $(CORE
 
 # The transcode bench compares the sidecar's two JSON -> msgpack transcoders
 # (and yajl's parser, when libyajl-dev happens to be installed).
-$(BUILD)/bench/transcode: $(BUILD)/obj/tests/bench/transcode.o $(SIDECAR_OBJ) $(CORE_OBJ) $(PROTO_OBJ)
+$(BUILD)/bench/transcode: $(call obj,tests/bench/transcode.c $(REF_SRC)) $(SIDECAR_OBJ) $(CORE_OBJ) $(PROTO_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS) $(shell pkg-config --libs yajl 2>/dev/null)
@@ -237,7 +243,8 @@ FUZZ_MAX_LEN ?= 4194304
 FUZZ_CC      ?= clang
 FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/codec/transcode.c sidecar/core/config.c sidecar/core/tls.c sidecar/core/redis_url.c sidecar/upstream/h1.c \
                 sidecar/core/yamltree.c sidecar/core/name_index.c sidecar/codec/jscan.c \
-                sidecar/codec/dialect.c sidecar/codec/convert.c sidecar/http/httpreq.c
+                sidecar/codec/dialect.c sidecar/codec/convert.c sidecar/http/httpreq.c \
+                $(REF_SRC)
 FUZZ_OBJ     := $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(FUZZ_LIB_SRC))
 FUZZ_MAIN_OBJ := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/obj/tests/fuzz/fuzz_%.o)
 FUZZ_CFLAGS  := $(filter-out $(CFLAGS),$(ALL_CFLAGS)) -fsanitize=fuzzer-no-link,address,undefined \
@@ -258,7 +265,7 @@ $(BUILD)/fuzz/%: $(BUILD)/fuzz/obj/tests/fuzz/fuzz_%.o $(FUZZ_OBJ)
 	$(Q)$(FUZZ_CC) $(FUZZ_LDFLAGS) -o $@ $^ $(PKG_LIBS)
 
 $(BUILD)/fuzz-replay/%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(BUILD)/obj/tests/fuzz/replay_main.o \
-                        $(SIDECAR_OBJ) $(CORE_OBJ) $(PROTO_OBJ)
+                        $(call obj,$(REF_SRC)) $(SIDECAR_OBJ) $(CORE_OBJ) $(PROTO_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS)

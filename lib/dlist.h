@@ -8,6 +8,9 @@
  *   DLIST_UNLINK(head, e, prev, next)  takes e off the list headed by
  *                                      `head`, which it must be on, and
  *                                      clears e's links
+ *   DLIST_UNLINK_HT(head, tail, e, prev, next)
+ *                                      the same for a list that also keeps
+ *                                      its last element in `tail`
  *
  * `head` is an lvalue (evaluated more than once, as is `e`): pass plain
  * names or field accesses, never expressions with side effects.
@@ -35,6 +38,13 @@
         if ((e)->next)                    \
             (e)->next->prev = (e)->prev;  \
         (e)->prev = (e)->next = NULL;     \
+    } while (0)
+
+#define DLIST_UNLINK_HT(head, tail, e, prev, next) \
+    do {                                           \
+        if (!(e)->next)                            \
+            (tail) = (e)->prev;                    \
+        DLIST_UNLINK(head, e, prev, next);         \
     } while (0)
 
 #endif /* POLYGW_DLIST_H */

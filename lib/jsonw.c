@@ -298,10 +298,49 @@ static inline bool word_is_special(uint64_t x)
     return ((x | ((x - ones * 0x20) & ~x) | ((q - ones) & ~q) | ((bs - ones) & ~bs)) & highs) != 0;
 }
 
+size_t jsonw_escape(unsigned char c, char out[6])
+{
+    static const char hex[] = "0123456789abcdef";
+    char e;
+
+    switch (c) {
+    case '"':
+        e = '"';
+        break;
+    case '\\':
+        e = '\\';
+        break;
+    case '\n':
+        e = 'n';
+        break;
+    case '\r':
+        e = 'r';
+        break;
+    case '\t':
+        e = 't';
+        break;
+    case '\b':
+        e = 'b';
+        break;
+    case '\f':
+        e = 'f';
+        break;
+    default:
+        if (c >= 0x20)
+            return 0;
+        memcpy(out, "\\u00", 4);
+        out[4] = hex[c >> 4];
+        out[5] = hex[c & 0xF];
+        return 6;
+    }
+    out[0] = '\\';
+    out[1] = e;
+    return 2;
+}
+
 /* Runs of bytes that need no escape are copied with one memcpy. */
 int jsonw_str(struct strbuf *b, const char *s, size_t n, size_t *bad_at)
 {
-    static const char hex[] = "0123456789abcdef";
     /* msgpack-c may give an empty string a NULL ptr: NULL + 0 and
      * memcpy(.., NULL, 0) are undefined behaviour, so point at "" instead. */
     const unsigned char *p = (const unsigned char *)(n ? s : ""), *end = p + n, *run = p;
@@ -332,46 +371,7 @@ int jsonw_str(struct strbuf *b, const char *s, size_t n, size_t *bad_at)
         /* An escape: flush the run, then write 2 or 6 bytes. */
         if (strbuf_put(b, run, (size_t)(p - run)) < 0 || strbuf_reserve(b, 6) < 0)
             return STRBUF_ENOMEM;
-        char *w = b->data + b->len;
-        w[0] = '\\';
-        switch (*p) {
-        case '"':
-            w[1] = '"';
-            b->len += 2;
-            break;
-        case '\\':
-            w[1] = '\\';
-            b->len += 2;
-            break;
-        case '\n':
-            w[1] = 'n';
-            b->len += 2;
-            break;
-        case '\r':
-            w[1] = 'r';
-            b->len += 2;
-            break;
-        case '\t':
-            w[1] = 't';
-            b->len += 2;
-            break;
-        case '\b':
-            w[1] = 'b';
-            b->len += 2;
-            break;
-        case '\f':
-            w[1] = 'f';
-            b->len += 2;
-            break;
-        default:
-            w[1] = 'u';
-            w[2] = '0';
-            w[3] = '0';
-            w[4] = hex[*p >> 4];
-            w[5] = hex[*p & 0xF];
-            b->len += 6;
-            break;
-        }
+        b->len += jsonw_escape(*p, b->data + b->len);
         run = ++p;
     }
     if (strbuf_put(b, run, (size_t)(p - run)) < 0 || strbuf_putc(b, '"') < 0)
@@ -382,15 +382,12 @@ int jsonw_str(struct strbuf *b, const char *s, size_t n, size_t *bad_at)
 static int put_u64(struct strbuf *b, uint64_t v, bool neg)
 {
     char tmp[21];
-    char *p = tmp + sizeof(tmp);
+    char *p = tmp;
 
-    do {
-        *--p = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
     if (neg)
-        *--p = '-';
-    return strbuf_put(b, p, (size_t)(tmp + sizeof(tmp) - p));
+        *p++ = '-';
+    p = put_uint(p, v);
+    return strbuf_put(b, tmp, (size_t)(p - tmp));
 }
 
 int jsonw_i64(struct strbuf *b, int64_t v)
@@ -412,17 +409,11 @@ static int fmt_short_decimal(char *tmp, double d)
     uint64_t r = (uint64_t)(a + 0.5);
     if ((double)r / 1e6 != fabs(d))
         return 0;
-    char digits[24];
-    int n = 0, i = 0;
-    uint64_t ip = r / 1000000, fp = r % 1000000;
-    do {
-        digits[i++] = (char)('0' + ip % 10);
-        ip /= 10;
-    } while (ip);
+    int n = 0;
+    uint64_t fp = r % 1000000;
     if (signbit(d))
         tmp[n++] = '-';
-    while (i > 0)
-        tmp[n++] = digits[--i];
+    n = (int)(put_uint(tmp + n, r / 1000000) - tmp);
     tmp[n++] = '.';
     for (uint64_t div = 100000; div > 0; div /= 10) {
         tmp[n++] = (char)('0' + fp / div);

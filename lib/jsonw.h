@@ -29,6 +29,11 @@ enum {
  * the string may have been appended (the caller rolls `len` back). */
 int jsonw_str(struct strbuf *b, const char *s, size_t n, size_t *bad_at);
 
+/* The escape of the ASCII byte c inside a JSON string, as jsonw_str()
+ * writes it, in out: its length (2 or 6), or 0 when c stands for itself.
+ * For writers that keep their own buffer (the log line, fixed answers). */
+size_t jsonw_escape(unsigned char c, char out[6]);
+
 /* Exact decimal text over the whole range. 0 or STRBUF_ENOMEM. */
 int jsonw_u64(struct strbuf *b, uint64_t v);
 int jsonw_i64(struct strbuf *b, int64_t v);

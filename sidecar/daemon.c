@@ -368,10 +368,7 @@ static void server_on_accept(struct ev_loop *loop, ev_io *w, int revents)
             srv->stats.conns_rejected++;
             continue;
         }
-        c->next = srv->conns;
-        if (srv->conns)
-            srv->conns->prev = c;
-        srv->conns = c;
+        DLIST_PUSH(srv->conns, c, prev, next);
         srv->stats.conns_open++;
         srv->stats.conns_accepted++;
         log_at(LOG_DEBUG, "connection accepted", "conn", LOG_U, (unsigned long long)c->id, NULL);

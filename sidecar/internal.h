@@ -17,6 +17,7 @@
 #include "core/config.h"
 #include "frame.h"
 #include "net/peer.h"
+#include "strbuf.h"
 #include "rpc.h"
 #include "core/sdnotify.h"
 #include "strbuf.h"
@@ -154,9 +155,8 @@ struct conn {
     struct frame_reader reader;
     size_t input_bytes; /* its share of srv->input_bytes */
     msgpack_unpacked frame;
-    msgpack_packer pk; /* packs straight into `out` */
-    char *out;         /* write queue: bytes [out_off, out_len) pending */
-    size_t out_len, out_off, out_cap;
+    msgpack_packer pk;             /* packs straight into `out` */
+    struct strbuf out;             /* write queue: its live bytes are pending */
     size_t out_unchecked;          /* PGW_CHECK_PACKING: bytes queued since the last check */
     struct upstream_budget budget; /* unsent output + replies being received */
     uint32_t in_flight;            /* task requests in flight (calls: sink.n_calls) */
@@ -194,10 +194,6 @@ void conn_close_after_flush(struct conn *c);
  * connection's paused transfers go on as its budget frees. */
 void conn_flush(struct conn *c);
 void conn_free(struct conn *c);
-/* A write queue's bytes [*off, *len) of buf[*cap]: makes room for `n` more
- * at *len, reclaiming the written prefix before growing. Returns 0, or -1
- * (out of memory, the queue unchanged). Shared by the front ends. */
-int conn_queue_reserve(char **buf, size_t *off, size_t *len, size_t *cap, size_t n);
 /* Past listen.max_buffered_input_bytes of unfinished input across all
  * connections of both front ends (srv->input_bytes), refuses the
  * connection holding the most (msgpack: the `overloaded` notification;

@@ -2,6 +2,7 @@
  * gov.c — admission, selection and the governed loop (see gov.h).
  */
 #include "gov.h"
+#include "dlist.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -699,17 +700,9 @@ static void waitq_remove(struct gov_call *k)
     struct gov_waitq *q = &k->gov->waitq[k->capability];
     if (!k->queued)
         return;
-    if (k->wq_prev)
-        k->wq_prev->wq_next = k->wq_next;
-    else
-        q->head = k->wq_next;
-    if (k->wq_next)
-        k->wq_next->wq_prev = k->wq_prev;
-    else
-        q->tail = k->wq_prev;
+    DLIST_UNLINK_HT(q->head, q->tail, k, wq_prev, wq_next);
     q->n--;
     k->queued = false;
-    k->wq_prev = k->wq_next = NULL;
 }
 
 static void gov_wake_call(struct gov *g, struct gov_call *k)

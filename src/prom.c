@@ -1,5 +1,6 @@
 /* prom.c — see prom.h. */
 #include "prom.h"
+#include "strbuf.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -130,17 +131,13 @@ static void format_double(char *buf, size_t cap, double v)
     }
 }
 
-/* Decimal digits of `v` into buf (>= 21 bytes); snprintf costs more than
- * the rest of a sample line. */
+/* Decimal digits of `v` into buf (>= 21 bytes), NUL-terminated; snprintf
+ * costs more than the rest of a sample line. */
 static const char *format_u64(char *buf, size_t cap, uint64_t v)
 {
-    char *p = buf + cap - 1;
-    *p = '\0';
-    do {
-        *--p = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    return p;
+    (void)cap;
+    *put_uint(buf, v) = '\0';
+    return buf;
 }
 
 /* {a="x",b="y"[,extra="z"]}, nothing when there is no label at all. */

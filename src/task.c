@@ -10,6 +10,7 @@
  *     of that window, recomputed when a sample arrives (node_end is rare
  *     next to node_begin, and this keeps the read side const and O(1)). */
 #include "task.h"
+#include "dlist.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -435,15 +436,7 @@ static struct node_hist *hist_find(const struct task_reg *r, const char *name, s
 
 static void lru_unlink(struct task_reg *r, struct node_hist *n)
 {
-    if (n->lprev)
-        n->lprev->lnext = n->lnext;
-    else
-        r->lru_head = n->lnext;
-    if (n->lnext)
-        n->lnext->lprev = n->lprev;
-    else
-        r->lru_tail = n->lprev;
-    n->lprev = n->lnext = NULL;
+    DLIST_UNLINK_HT(r->lru_head, r->lru_tail, n, lprev, lnext);
 }
 
 static void lru_push_front(struct task_reg *r, struct node_hist *n)
@@ -927,14 +920,7 @@ static void task_expire(struct task_reg *r, struct task *t, double now)
         r->st.expired++;
     heap_remove(r, t);
     hash_remove(r, t);
-    if (t->prev)
-        t->prev->next = t->next;
-    else
-        r->head = t->next;
-    if (t->next)
-        t->next->prev = t->prev;
-    else
-        r->tail = t->prev;
+    DLIST_UNLINK_HT(r->head, r->tail, t, prev, next);
     gauge_add(r, t->state, t->reason_kind, -1);
     r->st.tasks--;
     call_on_free(r, t, now);

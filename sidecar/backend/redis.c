@@ -118,6 +118,7 @@
  * one returns; after user code we check `closing`.
  */
 #include "redis.h"
+#include "iplit.h"
 #include "dlist.h"
 #include "strbuf.h"
 #include "redis_resolve.h"
@@ -265,26 +266,11 @@ static void conn_fail(struct rconn *cn, const char *why, bool hiredis_frees);
 static void conn_check_ready(struct rconn *cn);
 static void sen_refresh(struct rds *r);
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (!err || errlen == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 /* --- small helpers --------------------------------------------------- */
 
 static void format_where(char *out, size_t cap, const char *host, int port)
 {
-    unsigned char tmp[sizeof(struct in6_addr)];
-
-    if (inet_pton(AF_INET6, host, tmp) == 1)
+    if (iplit_parse(host, strlen(host), IPLIT_V6, NULL))
         snprintf(out, cap, "[%s]:%d", host, port);
     else
         snprintf(out, cap, "%s:%d", host, port);
@@ -984,7 +970,6 @@ static int conn_target(struct rconn *cn)
     struct rds *r = cn->r;
     const char *host;
     int port;
-    unsigned char tmp[sizeof(struct in6_addr)];
 
     if (cn->kind == RC_SEN) {
         host = r->sentinel[r->sen_next].host;
@@ -1006,7 +991,7 @@ static int conn_target(struct rconn *cn)
     }
     snprintf(cn->host, sizeof(cn->host), "%s", host);
     cn->port = port;
-    cn->numeric = inet_pton(AF_INET6, host, tmp) == 1 || inet_pton(AF_INET, host, tmp) == 1;
+    cn->numeric = iplit_is(host);
     format_where(cn->where, sizeof(cn->where), host, port);
     if (cn->kind == RC_SEN)
         snprintf(r->sen_where, sizeof(r->sen_where), "%s", cn->where);
@@ -1299,7 +1284,7 @@ static int copy_secret(char *dst, size_t cap, const char *src, const char *what,
                        size_t errlen)
 {
     if (strlen(src) >= cap) {
-        set_err(err, errlen, "redis: %s too long (max %zu bytes)", what, cap - 1);
+        str_setf(err, errlen, "redis: %s too long (max %zu bytes)", what, cap - 1);
         return -1;
     }
     snprintf(dst, cap, "%s", src);
@@ -1340,14 +1325,14 @@ static int rds_setup_sentinels(struct rds *r, const struct rds_opts *opts, char 
     r->sentinel = calloc(opts->n_sentinels, sizeof(*r->sentinel));
     r->master_name = strdup(opts->master_name);
     if (!r->sentinel || !r->master_name) {
-        set_err(err, errlen, "out of memory");
+        str_setf(err, errlen, "out of memory");
         return -1;
     }
     for (size_t i = 0; i < opts->n_sentinels; i++) {
         struct sentinel *sn = &r->sentinel[i];
         if (rds_parse_hostport(opts->sentinels[i], sn->host, sizeof(sn->host), &sn->port, why,
                                sizeof(why)) < 0) {
-            set_err(err, errlen, "redis: sentinel %zu: %s", i, why);
+            str_setf(err, errlen, "redis: sentinel %zu: %s", i, why);
             return -1;
         }
     }
@@ -1400,31 +1385,31 @@ struct rds *rds_new(struct ev_loop *loop, const struct rds_opts *opts,
     char perr[RDS_ERR_MAX];
 
     if (!loop || !opts || (!opts->url == !opts->n_sentinels)) {
-        set_err(err, errlen, "redis: give either a URL or sentinels");
+        str_setf(err, errlen, "redis: give either a URL or sentinels");
         return NULL;
     }
     if (opts->n_sentinels &&
         (!opts->sentinels || !opts->master_name || !*opts->master_name ||
          opts->n_sentinels > RDS_MAX_SENTINELS || opts->db < 0)) {
-        set_err(err, errlen, "redis: sentinels need a master name (and at most %d of them)",
-                RDS_MAX_SENTINELS);
+        str_setf(err, errlen, "redis: sentinels need a master name (and at most %d of them)",
+                 RDS_MAX_SENTINELS);
         return NULL;
     }
     if (!(opts->command_timeout_s > 0) || !isfinite(opts->command_timeout_s) ||
         !(opts->reconnect_min_s > 0) || !isfinite(opts->reconnect_min_s) ||
         !(opts->reconnect_max_s >= opts->reconnect_min_s) || !isfinite(opts->reconnect_max_s)) {
-        set_err(err, errlen,
-                "redis: timeouts must be positive (and reconnect_max_s >= "
-                "reconnect_min_s)");
+        str_setf(err, errlen,
+                 "redis: timeouts must be positive (and reconnect_max_s >= "
+                 "reconnect_min_s)");
         return NULL;
     }
     if (opts->n_channels && !opts->channels) {
-        set_err(err, errlen, "redis: no channel names");
+        str_setf(err, errlen, "redis: no channel names");
         return NULL;
     }
     struct rds *r = calloc(1, sizeof(*r));
     if (!r) {
-        set_err(err, errlen, "out of memory");
+        str_setf(err, errlen, "out of memory");
         return NULL;
     }
     prom_hist_init(&r->stats.rtt, &prom_buckets_rtt_s);
@@ -1446,7 +1431,7 @@ struct rds *rds_new(struct ev_loop *loop, const struct rds_opts *opts,
     }
     r->loop = loop;
     if (opts->url && rds_parse_url(opts->url, &r->addr, perr, sizeof(perr)) < 0) {
-        set_err(err, errlen, "redis URL: %s", perr);
+        str_setf(err, errlen, "redis URL: %s", perr);
         free(r);
         return NULL;
     }
@@ -1479,7 +1464,7 @@ struct rds *rds_new(struct ev_loop *loop, const struct rds_opts *opts,
         r->n_channels = opts->n_channels;
         for (size_t i = 0; i < opts->n_channels; i++) {
             if (!opts->channels[i]) {
-                set_err(err, errlen, "redis: channel %zu has no name", i);
+                str_setf(err, errlen, "redis: channel %zu has no name", i);
                 rds_destroy(r);
                 return NULL;
             }
@@ -1509,7 +1494,7 @@ struct rds *rds_new(struct ev_loop *loop, const struct rds_opts *opts,
     return r;
 
 oom:
-    set_err(err, errlen, "out of memory");
+    str_setf(err, errlen, "out of memory");
     rds_destroy(r);
     return NULL;
 }

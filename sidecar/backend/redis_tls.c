@@ -19,6 +19,8 @@
  * descriptors are closed, and hiredis reads EOF on its end.
  */
 #include "redis_tls.h"
+#include "iplit.h"
+#include "strbuf.h"
 
 #include "core/tls.h"
 
@@ -64,25 +66,6 @@ struct rtls {
     char err[RTLS_ERR_MAX];
 };
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (!err || errlen == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
-static bool is_ip_literal(const char *s)
-{
-    unsigned char tmp[sizeof(struct in6_addr)];
-    return inet_pton(AF_INET, s, tmp) == 1 || inet_pton(AF_INET6, s, tmp) == 1;
-}
-
 /* --- context --------------------------------------------------------- */
 
 void rtls_ctx_free(struct rtls_ctx *ctx)
@@ -99,7 +82,7 @@ struct rtls_ctx *rtls_ctx_new(const struct rtls_opts *o, char *err, size_t errle
     struct rtls_ctx *ctx = calloc(1, sizeof(*ctx));
 
     if (!ctx) {
-        set_err(err, errlen, "out of memory");
+        str_setf(err, errlen, "out of memory");
         return NULL;
     }
     struct tls_files f = { 0 };
@@ -109,7 +92,7 @@ struct rtls_ctx *rtls_ctx_new(const struct rtls_opts *o, char *err, size_t errle
     if (!ctx->ssl)
         goto fail;
     if (o && o->server_name && !(ctx->server_name = strdup(o->server_name))) {
-        set_err(err, errlen, "out of memory");
+        str_setf(err, errlen, "out of memory");
         goto fail;
     }
     return ctx;
@@ -356,45 +339,45 @@ struct rtls *rtls_new(struct ev_loop *loop, struct rtls_ctx *ctx, int *fd, const
     struct rtls *t = calloc(1, sizeof(*t));
 
     if (!t) {
-        set_err(err, errlen, "out of memory");
+        str_setf(err, errlen, "out of memory");
         return NULL;
     }
     t->loop = loop;
     t->tcp = t->plain = -1;
     ERR_clear_error();
     if (!name || !*name) {
-        set_err(err, errlen, "TLS: no server name to verify");
+        str_setf(err, errlen, "TLS: no server name to verify");
         goto fail;
     }
     t->ssl = SSL_new(ctx->ssl);
     if (!t->ssl) {
-        set_err(err, errlen, "TLS: %s", tls_reason(why, sizeof(why), "out of memory"));
+        str_setf(err, errlen, "TLS: %s", tls_reason(why, sizeof(why), "out of memory"));
         goto fail;
     }
     SSL_set_mode(t->ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
     SSL_set_connect_state(t->ssl);
-    if (is_ip_literal(name)) {
+    if (iplit_is(name)) {
         if (X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(t->ssl), name) != 1) {
-            set_err(err, errlen, "TLS: cannot set the address to verify");
+            str_setf(err, errlen, "TLS: cannot set the address to verify");
             goto fail;
         }
     } else if (SSL_set_tlsext_host_name(t->ssl, name) != 1 || SSL_set1_host(t->ssl, name) != 1) {
-        set_err(err, errlen, "TLS: cannot set the server name");
+        str_setf(err, errlen, "TLS: cannot set the server name");
         goto fail;
     }
     t->tcp = fcntl(*fd, F_DUPFD_CLOEXEC, 0);
     if (t->tcp < 0 || socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sp) < 0) {
-        set_err(err, errlen, "TLS: %s", strerror(errno));
+        str_setf(err, errlen, "TLS: %s", strerror(errno));
         goto fail;
     }
     if (SSL_set_fd(t->ssl, t->tcp) != 1) {
-        set_err(err, errlen, "TLS: %s", tls_reason(why, sizeof(why), "cannot attach the socket"));
+        str_setf(err, errlen, "TLS: %s", tls_reason(why, sizeof(why), "cannot attach the socket"));
         goto fail;
     }
     /* The same number now names our end of the pair; the TCP socket lives
      * on in t->tcp. */
     if (dup3(sp[0], *fd, O_CLOEXEC) < 0) {
-        set_err(err, errlen, "TLS: %s", strerror(errno));
+        str_setf(err, errlen, "TLS: %s", strerror(errno));
         goto fail;
     }
     close(sp[0]);

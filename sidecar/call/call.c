@@ -132,19 +132,8 @@ static void call_unlink(struct call *k)
 {
     struct call_sink *s = k->sink;
 
-    if (k->all_prev)
-        k->all_prev->all_next = k->all_next;
-    else
-        k->srv->calls_all = k->all_next;
-    if (k->all_next)
-        k->all_next->all_prev = k->all_prev;
-
-    if (k->prev)
-        k->prev->next = k->next;
-    else
-        s->calls = k->next;
-    if (k->next)
-        k->next->prev = k->prev;
+    DLIST_UNLINK(k->srv->calls_all, k, all_prev, all_next);
+    DLIST_UNLINK(s->calls, k, prev, next);
     s->n_calls--;
     k->srv->stats.in_flight--;
 }
@@ -1739,15 +1728,9 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     metrics_on_call_start(srv->metrics, (size_t)ci);
     if (task)
         call_task_link(k, task);
-    k->next = s->calls;
-    if (s->calls)
-        s->calls->prev = k;
-    s->calls = k;
+    DLIST_PUSH(s->calls, k, prev, next);
     s->n_calls++;
-    k->all_next = srv->calls_all;
-    if (srv->calls_all)
-        srv->calls_all->all_prev = k;
-    srv->calls_all = k;
+    DLIST_PUSH(srv->calls_all, k, all_prev, all_next);
     srv->stats.in_flight++;
     if (tw) {
         tw->k = k;

@@ -6,6 +6,7 @@
  * known to be valid.
  */
 #include "jscan.h"
+#include "utf8.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -41,37 +42,6 @@ int jscan_hexval(char ch)
     if (ch >= 'A' && ch <= 'F')
         return ch - 'A' + 10;
     return -1;
-}
-
-/* Length of the valid UTF-8 sequence at p (lead byte >= 0x80), or 0. */
-static size_t utf8_len(const unsigned char *p, const unsigned char *end)
-{
-    unsigned char b = p[0];
-    size_t n;
-    unsigned char lo = 0x80, hi = 0xbf;
-
-    if (b >= 0xc2 && b <= 0xdf)
-        n = 2;
-    else if (b >= 0xe0 && b <= 0xef)
-        n = 3;
-    else if (b >= 0xf0 && b <= 0xf4)
-        n = 4;
-    else
-        return 0;
-    if (b == 0xe0)
-        lo = 0xa0;
-    else if (b == 0xed)
-        hi = 0x9f; /* no surrogates */
-    else if (b == 0xf0)
-        lo = 0x90;
-    else if (b == 0xf4)
-        hi = 0x8f; /* <= U+10FFFF */
-    if ((size_t)(end - p) < n || p[1] < lo || p[1] > hi)
-        return 0;
-    for (size_t i = 2; i < n; i++)
-        if ((p[i] & 0xc0) != 0x80)
-            return 0;
-    return n;
 }
 
 /* The rest of a string from p, a byte that is not plain (or end): see
@@ -112,7 +82,7 @@ static int scan_string_rest(struct scan *c, const unsigned char *p)
                 goto bad;
             }
         } else if (b >= 0x80) {
-            size_t n = utf8_len(p, end);
+            size_t n = utf8_seq_len(p, end);
             if (!n)
                 goto bad;
             p += n;

@@ -135,8 +135,8 @@ struct transcode_j2m {
  *   err    may be NULL; on failure receives a short NUL-terminated message in
  *          printable ASCII (never more than a 20-byte excerpt of the input):
  *          "invalid JSON at line 1, column 1: invalid token near '<'".
- * The output, the return value and the message are those of
- * transcode_json_to_msgpack_jansson() for every input (the differential fuzz
+ * The output, the return value and the message are those of jansson's
+ * parser walked into `pk` (the reference in tests/ref/) for every input (the differential fuzz
  * target fuzz_json_msgpack_diff holds the two to it): the first syntax error
  * in reading order decides the message; nesting deeper than jansson's own
  * 2048 levels (scalars counted) is a syntax error.
@@ -153,12 +153,5 @@ struct transcode_j2m {
  * failure `pk` has received nothing. */
 int transcode_json_to_msgpack(const char *json, size_t len, msgpack_packer *pk,
                               const struct transcode_j2m *opt, char *err, size_t errlen);
-
-/* The same through jansson: parse a tree, walk it into `pk`. Kept as the
- * reference transcode_json_to_msgpack() is tested and fuzzed against, and
- * as the bench's baseline; the daemon does not call it. `pk` may have
- * received part of the value after a failure. */
-int transcode_json_to_msgpack_jansson(const char *json, size_t len, msgpack_packer *pk,
-                                      const struct transcode_j2m *opt, char *err, size_t errlen);
 
 #endif /* POLYGW_TRANSCODE_H */

@@ -32,6 +32,7 @@
  * must be absolute, so a pasted key is rejected before it could be echoed).
  */
 #include "config.h"
+#include "iplit.h"
 #include "name_index.h"
 #include "redis_url.h"
 #include "tls.h"
@@ -1600,8 +1601,6 @@ static const char *origin_problem(const char *s, char *why, size_t whylen)
         : strncasecmp(s, "https://", 8) == 0        ? 8
                                                     : 0;
     const char *h = s + skip, *end;
-    char addr[64];
-    struct in6_addr a6;
 
     (void)why;
     (void)whylen;
@@ -1609,11 +1608,7 @@ static const char *origin_problem(const char *s, char *why, size_t whylen)
         return shape;
     if (*h == '[') {
         end = strchr(h, ']');
-        if (!end || (size_t)(end - h - 1) >= sizeof(addr))
-            return shape;
-        memcpy(addr, h + 1, (size_t)(end - h - 1));
-        addr[end - h - 1] = '\0';
-        if (inet_pton(AF_INET6, addr, &a6) != 1)
+        if (!end || !iplit_parse(h, (size_t)(end - h + 1), IPLIT_V6 | IPLIT_BRACKETS, NULL))
             return shape;
         end++;
     } else {
@@ -3251,11 +3246,9 @@ int config_parse_addr(const char *s, struct config_addr *a, char *why, size_t wh
     if (strcmp(a->host, "localhost") == 0) {
         snprintf(a->host, sizeof(a->host), "127.0.0.1");
         a->loopback = true;
-    } else if (!a->ipv6 && inet_pton(AF_INET, a->host, buf) == 1) {
-        a->loopback = buf[0] == 127;
-    } else if (a->ipv6 && inet_pton(AF_INET6, a->host, buf) == 1) {
+    } else if (iplit_parse(a->host, strlen(a->host), a->ipv6 ? IPLIT_V6 : IPLIT_V4, buf)) {
         static const unsigned char lo6[16] = { [15] = 1 };
-        a->loopback = memcmp(buf, lo6, 16) == 0;
+        a->loopback = a->ipv6 ? memcmp(buf, lo6, 16) == 0 : buf[0] == 127;
     } else {
         snprintf(why, whylen,
                  "host must be a numeric IP address or localhost (no name lookup "

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "jsonw.h"
 #include "utf8.h"
 
 enum log_level log_threshold = LOG_INFO;
@@ -76,28 +77,9 @@ static void put_json_str(struct line *l, const char *s)
             p += k ? k : utf8_bad_len(p, end);
             continue;
         }
-        switch (*p) {
-        case '"':
-            put(l, "\\\"", 2);
-            break;
-        case '\\':
-            put(l, "\\\\", 2);
-            break;
-        case '\n':
-            put(l, "\\n", 2);
-            break;
-        case '\r':
-            put(l, "\\r", 2);
-            break;
-        case '\t':
-            put(l, "\\t", 2);
-            break;
-        default:
-            if (*p < 0x20)
-                putf(l, "\\u%04x", *p);
-            else
-                put(l, (const char *)p, 1);
-        }
+        char esc[6];
+        size_t e = jsonw_escape(*p, esc);
+        put(l, e ? esc : (const char *)p, e ? e : 1);
         p++;
     }
     put(l, "\"", 1);

@@ -2,6 +2,8 @@
  * redis_url.c — rds_parse_url(); redis_url.h holds the contract.
  */
 #include "redis_url.h"
+#include "iplit.h"
+#include "strbuf.h"
 
 #define RDS_ERR_MAX 128 /* as redis.c: room for one reason */
 
@@ -13,19 +15,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (!err || errlen == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static int hexval(int ch)
 {
@@ -48,14 +37,14 @@ static int pct_decode(const char *s, size_t n, char *out, size_t cap, const char
         if (ch == '%') {
             if (n - i < 3 || hexval(s[i + 1]) < 0 || hexval(s[i + 2]) < 0 ||
                 hexval(s[i + 1]) * 16 + hexval(s[i + 2]) == 0) {
-                set_err(err, errlen, "bad percent-encoding in the %s (%%XX, not %%00)", what);
+                str_setf(err, errlen, "bad percent-encoding in the %s (%%XX, not %%00)", what);
                 return -1;
             }
             ch = hexval(s[i + 1]) * 16 + hexval(s[i + 2]);
             i += 2;
         }
         if (j + 1 >= cap) {
-            set_err(err, errlen, "%s too long (max %zu bytes)", what, cap - 1);
+            str_setf(err, errlen, "%s too long (max %zu bytes)", what, cap - 1);
             return -1;
         }
         out[j++] = (char)ch;
@@ -92,7 +81,7 @@ static int parse_db(const char *s, size_t n, struct rds_addr *out, char *err, si
     long long v;
 
     if (parse_uint(s, n, INT_MAX, &v) < 0) {
-        set_err(err, errlen, "bad db (expected a number 0..%d)", INT_MAX);
+        str_setf(err, errlen, "bad db (expected a number 0..%d)", INT_MAX);
         return -1;
     }
     out->db = (int)v;
@@ -108,7 +97,7 @@ static int parse_tcp(const char *s, struct rds_addr *out, char *err, size_t errl
     if (at) {
         const char *colon = memchr(s, ':', (size_t)(at - s));
         if (!colon) {
-            set_err(err, errlen, "the part before '@' must be [user]:password");
+            str_setf(err, errlen, "the part before '@' must be [user]:password");
             return -1;
         }
         size_t ulen = (size_t)(colon - s);
@@ -125,44 +114,39 @@ static int parse_tcp(const char *s, struct rds_addr *out, char *err, size_t errl
     if (*p == '[') {
         const char *close = strchr(p, ']');
         if (!close) {
-            set_err(err, errlen, "unterminated '[' in the host");
+            str_setf(err, errlen, "unterminated '[' in the host");
             return -1;
         }
         hlen = (size_t)(close - p - 1);
         if (hlen == 0) {
-            set_err(err, errlen, "empty host");
+            str_setf(err, errlen, "empty host");
             return -1;
         }
-        unsigned char tmp[sizeof(struct in6_addr)];
-        if (hlen >= sizeof(out->host)) {
-            set_err(err, errlen, "bad IPv6 address in the host");
+        if (hlen >= sizeof(out->host) || !iplit_parse(p + 1, hlen, IPLIT_V6, NULL)) {
+            str_setf(err, errlen, "bad IPv6 address in the host");
             return -1;
         }
         memcpy(out->host, p + 1, hlen);
         out->host[hlen] = '\0';
-        if (inet_pton(AF_INET6, out->host, tmp) != 1) {
-            set_err(err, errlen, "bad IPv6 address in the host");
-            return -1;
-        }
         p = close + 1;
         if (*p && *p != ':' && *p != '/') {
-            set_err(err, errlen, "unexpected characters after the host");
+            str_setf(err, errlen, "unexpected characters after the host");
             return -1;
         }
     } else {
         hlen = strcspn(p, ":/");
         if (hlen == 0) {
-            set_err(err, errlen, "empty host");
+            str_setf(err, errlen, "empty host");
             return -1;
         }
         if (hlen >= sizeof(out->host)) {
-            set_err(err, errlen, "host too long (max %zu bytes)", sizeof(out->host) - 1);
+            str_setf(err, errlen, "host too long (max %zu bytes)", sizeof(out->host) - 1);
             return -1;
         }
         for (size_t i = 0; i < hlen; i++) {
             unsigned char ch = (unsigned char)p[i];
             if (!isalnum(ch) && ch != '-' && ch != '.' && ch != '_') {
-                set_err(err, errlen, "bad character in the host (letters, digits, '-', '.', '_')");
+                str_setf(err, errlen, "bad character in the host (letters, digits, '-', '.', '_')");
                 return -1;
             }
         }
@@ -175,7 +159,7 @@ static int parse_tcp(const char *s, struct rds_addr *out, char *err, size_t errl
         size_t n = strcspn(++p, "/");
         long long v;
         if (parse_uint(p, n, 65535, &v) < 0 || v == 0) {
-            set_err(err, errlen, "bad port (expected 1..65535)");
+            str_setf(err, errlen, "bad port (expected 1..65535)");
             return -1;
         }
         out->port = (int)v;
@@ -185,13 +169,13 @@ static int parse_tcp(const char *s, struct rds_addr *out, char *err, size_t errl
         size_t n = strlen(++p);
         size_t digits = strspn(p, "0123456789");
         if (n && digits == 0) {
-            set_err(err, errlen, "bad db (expected a number 0..%d)", INT_MAX);
+            str_setf(err, errlen, "bad db (expected a number 0..%d)", INT_MAX);
             return -1;
         }
         if (digits && parse_db(p, digits, out, err, errlen) < 0)
             return -1;
         if (digits < n) {
-            set_err(err, errlen, "unexpected characters after the db number");
+            str_setf(err, errlen, "unexpected characters after the db number");
             return -1;
         }
     }
@@ -202,7 +186,7 @@ static int parse_tcp(const char *s, struct rds_addr *out, char *err, size_t errl
 static int parse_unix(const char *s, struct rds_addr *out, char *err, size_t errlen)
 {
     if (*s != '/') {
-        set_err(err, errlen, "the socket path must be absolute (unix:///path)");
+        str_setf(err, errlen, "the socket path must be absolute (unix:///path)");
         return -1;
     }
     size_t n = strcspn(s, "?");
@@ -218,7 +202,7 @@ static int parse_unix(const char *s, struct rds_addr *out, char *err, size_t err
         size_t len = strcspn(p, "&");
         if (len > 3 && strncmp(p, "db=", 3) == 0) {
             if (have_db) {
-                set_err(err, errlen, "db given twice");
+                str_setf(err, errlen, "db given twice");
                 return -1;
             }
             have_db = true;
@@ -226,7 +210,7 @@ static int parse_unix(const char *s, struct rds_addr *out, char *err, size_t err
                 return -1;
         } else if (len >= 9 && strncmp(p, "password=", 9) == 0) {
             if (have_pw) {
-                set_err(err, errlen, "password given twice");
+                str_setf(err, errlen, "password given twice");
                 return -1;
             }
             have_pw = true;
@@ -234,7 +218,7 @@ static int parse_unix(const char *s, struct rds_addr *out, char *err, size_t err
                 return -1;
         } else {
             /* The text is not echoed: it could be a mistyped password. */
-            set_err(err, errlen, "bad query parameter (expected db=N or password=P)");
+            str_setf(err, errlen, "bad query parameter (expected db=N or password=P)");
             return -1;
         }
         if (!p[len])
@@ -250,7 +234,7 @@ int rds_parse_url(const char *url, struct rds_addr *out, char *err, size_t errle
     memset(out, 0, sizeof(*out));
     out->port = 6379;
     if (!url) {
-        set_err(err, errlen, "no URL");
+        str_setf(err, errlen, "no URL");
         return -1;
     }
     if (strncasecmp(url, "redis://", 8) == 0)
@@ -261,7 +245,7 @@ int rds_parse_url(const char *url, struct rds_addr *out, char *err, size_t errle
         out->tls = true;
         rc = parse_tcp(url + 9, out, err, errlen);
     } else {
-        set_err(err, errlen, "unsupported scheme (expected redis://, rediss:// or unix://)");
+        str_setf(err, errlen, "unsupported scheme (expected redis://, rediss:// or unix://)");
         rc = -1;
     }
     if (rc < 0)
@@ -276,21 +260,21 @@ int rds_parse_hostport(const char *s, char *host, size_t hostcap, int *port, cha
     char why[RDS_ERR_MAX];
 
     if (!s || !*s || strchr(s, '@') || strchr(s, '/')) {
-        set_err(err, errlen, "expected host:port");
+        str_setf(err, errlen, "expected host:port");
         return -1;
     }
     const char *colon = strrchr(s, ':');
     if (!colon || colon[1] == '\0' || (s[0] == '[' && colon < strchr(s, ']'))) {
-        set_err(err, errlen, "expected host:port (the port is required)");
+        str_setf(err, errlen, "expected host:port (the port is required)");
         return -1;
     }
     memset(&a, 0, sizeof(a));
     if (parse_tcp(s, &a, why, sizeof(why)) < 0) {
-        set_err(err, errlen, "%s", why);
+        str_setf(err, errlen, "%s", why);
         return -1;
     }
     if (strlen(a.host) >= hostcap) {
-        set_err(err, errlen, "host too long");
+        str_setf(err, errlen, "host too long");
         return -1;
     }
     snprintf(host, hostcap, "%s", a.host);

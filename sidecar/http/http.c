@@ -56,6 +56,9 @@
  * callbacks on the stack have unwound.
  */
 #include "http.h"
+#include "iplit.h"
+#include "jsonw.h"
+#include "dlist.h"
 #include "httpreq.h"
 #include "strbuf.h"
 
@@ -137,10 +140,8 @@ struct http_conn {
     struct peer peer;
     char app[CONFIG_NAME_MAX]; /* the request's app once hc_identify resolved it, or "" */
     uint32_t seq;              /* call ids */
-    char *in;                  /* bytes [in_off, in_len) not parsed yet */
-    size_t in_off, in_len, in_cap;
-    char *out; /* bytes [out_off, out_len) not written yet */
-    size_t out_off, out_len, out_cap;
+    struct strbuf in;          /* its live bytes are not parsed yet */
+    struct strbuf out;         /* its live bytes are not written yet */
     char *body;
     size_t body_len, body_cap;
     struct httpreq req; /* the request being read (httpreq.h) */
@@ -169,7 +170,7 @@ static int out_reserve(struct http_conn *c, size_t n)
 {
     if (c->oom)
         return -1;
-    if (conn_queue_reserve(&c->out, &c->out_off, &c->out_len, &c->out_cap, n) < 0) {
+    if (strbuf_reserve(&c->out, n) < 0) {
         c->oom = true;
         return -1;
     }
@@ -180,9 +181,9 @@ static void out_add(struct http_conn *c, const void *p, size_t n)
 {
     if (out_reserve(c, n) < 0)
         return;
-    memcpy(c->out + c->out_len, p, n);
-    c->out_len += n;
-    c->budget.held = c->out_len - c->out_off;
+    memcpy(c->out.data + c->out.len, p, n);
+    c->out.len += n;
+    c->budget.held = strbuf_live(&c->out);
 }
 
 static void out_str(struct http_conn *c, const char *s)
@@ -208,10 +209,10 @@ __attribute__((format(printf, 2, 3))) static void out_printf(struct http_conn *c
     if (out_reserve(c, (size_t)n + 1) < 0)
         return;
     va_start(ap, fmt);
-    vsnprintf(c->out + c->out_len, (size_t)n + 1, fmt, ap);
+    vsnprintf(c->out.data + c->out.len, (size_t)n + 1, fmt, ap);
     va_end(ap);
-    c->out_len += (size_t)n;
-    c->budget.held = c->out_len - c->out_off;
+    c->out.len += (size_t)n;
+    c->budget.held = strbuf_live(&c->out);
 }
 
 /* `v` in `base` (10 or 16, lower case): the numbers every answer carries,
@@ -229,7 +230,7 @@ static void out_uint(struct http_conn *c, unsigned long long v, unsigned base)
 
 static size_t out_queued(const struct http_conn *c)
 {
-    return c->out_len - c->out_off;
+    return strbuf_live(&c->out);
 }
 
 static const char *status_text(int status)
@@ -649,7 +650,7 @@ static size_t hc_input_held(const struct http_conn *c)
 {
     if (c->closed || c->phase == HC_CLOSING)
         return 0;
-    return (c->phase == HC_HEAD || c->phase == HC_BODY ? c->body_len : 0) + c->in_len - c->in_off;
+    return (c->phase == HC_HEAD || c->phase == HC_BODY ? c->body_len : 0) + strbuf_live(&c->in);
 }
 
 /* Counts c's unfinished input in the server's total, which both front
@@ -718,7 +719,7 @@ static void hc_response_done(struct http_conn *c)
     }
     c->phase = HC_IDLE;
     hc_arm(c, c->hs->srv->cfg->http_keepalive_timeout_s);
-    if (c->in_off < c->in_len && !ev_is_active(&c->next_w)) {
+    if (strbuf_live(&c->in) > 0 && !ev_is_active(&c->next_w)) {
         ev_timer_set(&c->next_w, 0., 0.);
         ev_timer_start(loop, &c->next_w);
     }
@@ -998,13 +999,10 @@ static void route_readyz(struct http_conn *c, const char *path, size_t len)
     if (has_detail)
         n += snprintf(body + n, sizeof(body) - (size_t)n, ",\"detail\":\"");
     for (; *detail && (size_t)n < sizeof(body) - 16; detail++) {
-        unsigned char ch = (unsigned char)*detail;
-        if (ch == '"' || ch == '\\')
-            n += snprintf(body + n, sizeof(body) - (size_t)n, "\\%c", ch);
-        else if (ch < 0x20)
-            n += snprintf(body + n, sizeof(body) - (size_t)n, "\\u%04x", ch);
-        else
-            body[n++] = (char)ch;
+        size_t e = jsonw_escape((unsigned char)*detail, body + n);
+        if (e == 0)
+            body[n++] = *detail;
+        n += (int)e;
     }
     n += snprintf(body + n, sizeof(body) - (size_t)n, has_detail ? "\"}" : "}");
     hc_reply(c, 503, "application/json", body, (size_t)n, NULL, "Retry-After: 1\r\n");
@@ -1723,12 +1721,12 @@ static void hc_backpressure(struct http_conn *c)
     } else if (c->out_paused && pending <= limit / 2) {
         c->out_paused = false;
         /* Requests it pipelined meanwhile are parsed from the loop. */
-        if (c->phase != HC_SERVING && c->in_off < c->in_len && !ev_is_active(&c->next_w)) {
+        if (c->phase != HC_SERVING && strbuf_live(&c->in) > 0 && !ev_is_active(&c->next_w)) {
             ev_timer_set(&c->next_w, 0., 0.);
             ev_timer_start(srv->loop, &c->next_w);
         }
     }
-    hc_set_reading(c, !c->out_paused && c->in_len - c->in_off < HTTP_IN_MAX);
+    hc_set_reading(c, !c->out_paused && strbuf_live(&c->in) < HTTP_IN_MAX);
 }
 
 static void hc_process(struct http_conn *c)
@@ -1736,13 +1734,13 @@ static void hc_process(struct http_conn *c)
     size_t limit = c->hs->srv->cfg->max_write_queue_bytes;
 
     while (!c->closed && (c->phase == HC_IDLE || c->phase == HC_HEAD || c->phase == HC_BODY) &&
-           c->in_off < c->in_len && !c->out_paused && hc_pending_out(c) <= limit) {
+           strbuf_live(&c->in) > 0 && !c->out_paused && hc_pending_out(c) <= limit) {
         const struct config *cfg = c->hs->srv->cfg;
         size_t n;
         c->req.max_header_bytes = cfg->http_max_header_bytes;
         c->req.max_body_bytes = cfg->http_max_body_bytes;
-        enum httpreq_rc rc = httpreq_execute(&c->req, c->in + c->in_off, c->in_len - c->in_off, &n);
-        c->in_off += n;
+        enum httpreq_rc rc = httpreq_execute(&c->req, strbuf_head(&c->in), strbuf_live(&c->in), &n);
+        strbuf_consume(&c->in, n);
         if (rc == HTTPREQ_DONE) {
             c->phase = HC_SERVING;
             hc_arm(c, 0);
@@ -1756,13 +1754,9 @@ static void hc_process(struct http_conn *c)
             break;
         }
     }
-    if (c->in_off == c->in_len) {
-        c->in_off = c->in_len = 0;
-        if (c->in_cap > HTTP_KEEP_BUFFER_BYTES) {
-            free(c->in);
-            c->in = NULL;
-            c->in_cap = 0;
-        }
+    if (strbuf_live(&c->in) == 0) {
+        if (c->in.cap > HTTP_KEEP_BUFFER_BYTES)
+            strbuf_fini(&c->in);
     }
     hc_backpressure(c);
     hc_account_input(c);
@@ -1791,22 +1785,14 @@ static void hc_on_read(struct ev_loop *loop, ev_io *w, int revents)
         hc_drain(c);
         return;
     }
-    if (c->in_off > 0) {
-        memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
-        c->in_len -= c->in_off;
-        c->in_off = 0;
+    /* Room for a chunk (less strbuf's byte for a NUL, so that an empty
+     * buffer is exactly HTTP_READ_CHUNK); the parsed prefix is reclaimed
+     * first. */
+    if (strbuf_reserve(&c->in, HTTP_READ_CHUNK - 1) < 0) {
+        hc_close(c, "out of memory reading");
+        return;
     }
-    if (c->in_cap - c->in_len < HTTP_READ_CHUNK) {
-        size_t cap = c->in_len + HTTP_READ_CHUNK;
-        char *p = realloc(c->in, cap);
-        if (!p) {
-            hc_close(c, "out of memory reading");
-            return;
-        }
-        c->in = p;
-        c->in_cap = cap;
-    }
-    ssize_t n = recv(c->fd, c->in + c->in_len, HTTP_READ_CHUNK, 0);
+    ssize_t n = recv(c->fd, c->in.data + c->in.len, HTTP_READ_CHUNK - 1, 0);
     if (n == 0) {
         hc_close(c, "peer closed");
         return;
@@ -1816,8 +1802,8 @@ static void hc_on_read(struct ev_loop *loop, ev_io *w, int revents)
             hc_close(c, "read failed");
         return;
     }
-    c->in_len += (size_t)n;
-    if (c->in_len - c->in_off >= HTTP_IN_MAX)
+    c->in.len += (size_t)n;
+    if (strbuf_live(&c->in) >= HTTP_IN_MAX)
         hc_set_reading(c, false);
     hc_process(c);
     hc_flush(c);
@@ -1832,10 +1818,10 @@ static void hc_flush(struct http_conn *c)
         return;
     }
     bool progress = false;
-    while (c->out_off < c->out_len) {
-        ssize_t n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
+    while (strbuf_live(&c->out) > 0) {
+        ssize_t n = send(c->fd, strbuf_head(&c->out), strbuf_live(&c->out), MSG_NOSIGNAL);
         if (n > 0) {
-            c->out_off += (size_t)n;
+            strbuf_consume(&c->out, (size_t)n);
             progress = true;
             continue;
         }
@@ -1847,13 +1833,9 @@ static void hc_flush(struct http_conn *c)
         return;
     }
     size_t limit = c->hs->srv->cfg->max_write_queue_bytes;
-    if (c->out_off == c->out_len) {
-        c->out_off = c->out_len = 0;
-        if (c->out_cap > HTTP_KEEP_BUFFER_BYTES) {
-            free(c->out);
-            c->out = NULL;
-            c->out_cap = 0;
-        }
+    if (strbuf_live(&c->out) == 0) {
+        if (c->out.cap > HTTP_KEEP_BUFFER_BYTES)
+            strbuf_fini(&c->out);
         ev_io_stop(c->hs->srv->loop, &c->wio);
         if (c->phase == HC_CLOSING && c->draining) {
             hc_shut_write(c);
@@ -1908,13 +1890,7 @@ static void hc_close(struct http_conn *c, const char *why)
     c->fd = -1;
     log_at(LOG_DEBUG, "http connection closed", "conn", LOG_U, (unsigned long long)c->id, "reason",
            LOG_S, why, NULL);
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        hs->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    c->prev = NULL;
+    DLIST_UNLINK(hs->conns, c, prev, next);
     c->next = hs->dead;
     hs->dead = c;
     hs->stats.conns_open--;
@@ -1926,8 +1902,8 @@ static void hc_free(struct http_conn *c)
 {
     if (c->bridge)
         conn_free(c->bridge);
-    free(c->in);
-    free(c->out);
+    strbuf_fini(&c->in);
+    strbuf_fini(&c->out);
     free(c->body);
     free(c);
 }
@@ -2033,10 +2009,7 @@ static void http_on_accept(struct ev_loop *loop, ev_io *w, int revents)
         ev_init(&c->phase_w, hc_on_timer);
         ev_init(&c->next_w, hc_on_next);
         c->rio.data = c->wio.data = c->phase_w.data = c->next_w.data = c;
-        c->next = hs->conns;
-        if (hs->conns)
-            hs->conns->prev = c;
-        hs->conns = c;
+        DLIST_PUSH(hs->conns, c, prev, next);
         hs->stats.conns_open++;
         hs->stats.conns_accepted++;
         hc_set_reading(c, true);
@@ -2056,20 +2029,8 @@ static int http_listen_tcp(struct http_server *hs, char *err, size_t errlen)
         snprintf(err, errlen, "http.listen: %s", why);
         return -1;
     }
-    memset(&ss, 0, sizeof(ss));
-    if (a.ipv6) {
-        struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
-        s6->sin6_family = AF_INET6;
-        s6->sin6_port = htons(a.port);
-        inet_pton(AF_INET6, a.host, &s6->sin6_addr);
-        sl = sizeof(*s6);
-    } else {
-        struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
-        s4->sin_family = AF_INET;
-        s4->sin_port = htons(a.port);
-        inet_pton(AF_INET, a.host, &s4->sin_addr);
-        sl = sizeof(*s4);
-    }
+    /* config_parse_addr() checked the literal. */
+    iplit_sockaddr(a.host, strlen(a.host), a.ipv6 ? IPLIT_V6 : IPLIT_V4, a.port, &ss, &sl);
     int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     int one = 1;
     if (fd < 0) {
@@ -2243,7 +2204,7 @@ void http_refuse_input_most(struct http_server *hs, size_t total, size_t cap)
            NULL);
     hs->srv->input_bytes -= c->input_bytes;
     c->input_bytes = 0;
-    c->in_off = c->in_len = 0;
+    strbuf_reset(&c->in);
     hc_drop_body(c);
     if (c->phase == HC_SERVING) {
         /* Its request is answered here, whatever was running for it. */

@@ -9,6 +9,7 @@
  * each request's end), so it never mistakes a body for a head.
  */
 #include "httpreq.h"
+#include "iplit.h"
 
 #include <arpa/inet.h>
 #include <limits.h>
@@ -374,32 +375,21 @@ static bool in_list(const char *s, size_t n, const char *const *list, size_t cou
  * a port. Empty (a target without authority) is no browser's. */
 static bool host_allowed(const char *v, size_t n, const struct httpreq_site *site)
 {
-    char addr[64];
     const char *port; /* v + n when there is none */
-    union {
-        struct in_addr a4;
-        struct in6_addr a6;
-    } a;
 
     if (n == 0)
         return true;
     if (v[0] == '[') {
         const char *end = memchr(v, ']', n);
-        if (!end || (size_t)(end - v - 1) >= sizeof(addr))
-            return false;
-        memcpy(addr, v + 1, (size_t)(end - v - 1));
-        addr[end - v - 1] = '\0';
-        if (inet_pton(AF_INET6, addr, &a.a6) != 1)
+        if (!end || !iplit_parse(v, (size_t)(end - v + 1), IPLIT_V6 | IPLIT_BRACKETS, NULL))
             return false;
         port = end + 1;
     } else {
         const char *colon = memchr(v, ':', n);
         size_t len = colon ? (size_t)(colon - v) : n;
-        if (len == 0 || len >= sizeof(addr))
+        if (len == 0)
             return false;
-        memcpy(addr, v, len);
-        addr[len] = '\0';
-        if (inet_pton(AF_INET, addr, &a.a4) != 1 && !word_is(v, len, "localhost") &&
+        if (!iplit_parse(v, len, IPLIT_V4, NULL) && !word_is(v, len, "localhost") &&
             !in_list(v, len, site->hosts, site->n_hosts))
             return false;
         port = v + len;

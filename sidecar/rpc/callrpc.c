@@ -42,7 +42,7 @@ static int rpc_on_chunk(struct call_sink *s, uint32_t id, const struct call_info
     conn_flush(c);
     if (c->closed)
         return -1;
-    return c->out_len - c->out_off > c->srv->cfg->max_write_queue_bytes ? 1 : 0;
+    return strbuf_live(&c->out) > c->srv->cfg->max_write_queue_bytes ? 1 : 0;
 }
 
 static void rpc_on_result(struct call_sink *s, uint32_t id, const struct call_info *ci,

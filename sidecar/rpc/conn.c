@@ -50,31 +50,6 @@ static void conn_on_write(struct ev_loop *loop, ev_io *w, int revents);
 static void conn_on_linger(struct ev_loop *loop, ev_timer *w, int revents);
 static void conn_on_idle(struct ev_loop *loop, ev_timer *w, int revents);
 
-int conn_queue_reserve(char **buf, size_t *off, size_t *len, size_t *cap, size_t n)
-{
-    if (*off > 0 && *off == *len)
-        *off = *len = 0;
-    if (*len + n <= *cap)
-        return 0;
-    /* Reclaim the written prefix before growing. */
-    if (*off > 0) {
-        memmove(*buf, *buf + *off, *len - *off);
-        *len -= *off;
-        *off = 0;
-        if (*len + n <= *cap)
-            return 0;
-    }
-    size_t c = *cap ? *cap : 4096;
-    while (c < *len + n)
-        c *= 2;
-    char *p = realloc(*buf, c);
-    if (!p)
-        return -1;
-    *buf = p;
-    *cap = c;
-    return 0;
-}
-
 /* msgpack_packer write callback: append to the write queue. */
 static int conn_append(void *data, const char *buf, size_t len)
 {
@@ -82,14 +57,12 @@ static int conn_append(void *data, const char *buf, size_t len)
 
     if (c->oom)
         return -1;
-    if (conn_queue_reserve(&c->out, &c->out_off, &c->out_len, &c->out_cap, len) < 0) {
+    if (strbuf_put(&c->out, buf, len) < 0) {
         c->oom = true;
         return -1;
     }
-    memcpy(c->out + c->out_len, buf, len);
-    c->out_len += len;
     c->out_unchecked += len;
-    c->budget.held = c->out_len - c->out_off;
+    c->budget.held = strbuf_live(&c->out);
     return 0;
 }
 
@@ -182,7 +155,7 @@ void conn_free(struct conn *c)
 {
     msgpack_unpacked_destroy(&c->frame);
     frame_reader_fini(&c->reader);
-    free(c->out);
+    strbuf_fini(&c->out);
     free(c);
 }
 
@@ -223,7 +196,7 @@ void conn_close_after_flush(struct conn *c)
         return;
     c->closing = true;
     conn_stop_reading(c);
-    if (c->out_len == c->out_off) {
+    if (strbuf_live(&c->out) == 0) {
         conn_close(c, "flushed");
         return;
     }
@@ -266,7 +239,7 @@ static void conn_on_idle(struct ev_loop *loop, ev_timer *w, int revents)
  * Streams paused by their call (call.c) follow the unsent output alone. */
 static void conn_apply_backpressure(struct conn *c)
 {
-    size_t queued = c->out_len - c->out_off;
+    size_t queued = strbuf_live(&c->out);
     size_t pending = queued + c->budget.received;
     size_t limit = c->srv->cfg->max_write_queue_bytes;
 
@@ -299,9 +272,9 @@ static void conn_check_packing(struct conn *c)
     size_t n = c->out_unchecked;
 
     c->out_unchecked = 0;
-    if (c->oom || n == 0 || n > c->out_len - c->out_off)
+    if (c->oom || n == 0 || n > strbuf_live(&c->out))
         return;
-    if (rpc_check_messages(c->out + c->out_len - n, n, why, sizeof(why)) < 0) {
+    if (rpc_check_messages(c->out.data + c->out.len - n, n, why, sizeof(why)) < 0) {
         fprintf(stderr, "polygw: conn %llu packed a malformed message: %s\n",
                 (unsigned long long)c->id, why);
         abort();
@@ -320,11 +293,12 @@ void conn_flush(struct conn *c)
         return;
     conn_check_packing(c);
     if (c->bridge) {
-        size_t off = c->out_off, n = c->out_len - c->out_off;
-        c->out_off = c->out_len = 0;
+        const char *p = strbuf_head(&c->out);
+        size_t n = strbuf_live(&c->out);
+        strbuf_consume(&c->out, n); /* empties it; p stays valid */
         c->budget.held = 0;
         if (n && !c->oom)
-            c->bridge(c->bridge_ud, c->out + off, n);
+            c->bridge(c->bridge_ud, p, n);
         c->oom = false;
         return;
     }
@@ -332,10 +306,10 @@ void conn_flush(struct conn *c)
         conn_close(c, "out of memory queueing a reply");
         return;
     }
-    while (c->out_off < c->out_len) {
-        ssize_t n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
+    while (strbuf_live(&c->out) > 0) {
+        ssize_t n = send(c->fd, strbuf_head(&c->out), strbuf_live(&c->out), MSG_NOSIGNAL);
         if (n > 0) {
-            c->out_off += (size_t)n;
+            strbuf_consume(&c->out, (size_t)n);
             c->srv->stats.bytes_out += (uint64_t)n;
             c->last_activity = ev_now(c->srv->loop);
             continue;
@@ -347,13 +321,9 @@ void conn_flush(struct conn *c)
         conn_close(c, "write failed");
         return;
     }
-    if (c->out_off == c->out_len) {
-        c->out_off = c->out_len = 0;
-        if (c->out_cap > CONN_KEEP_BUFFER_BYTES) {
-            free(c->out);
-            c->out = NULL;
-            c->out_cap = 0;
-        }
+    if (strbuf_live(&c->out) == 0) {
+        if (c->out.cap > CONN_KEEP_BUFFER_BYTES)
+            strbuf_fini(&c->out);
         ev_io_stop(c->srv->loop, &c->wio);
         if (c->closing) {
             conn_close(c, "flushed");
@@ -362,7 +332,7 @@ void conn_flush(struct conn *c)
     } else if (!ev_is_active(&c->wio)) {
         ev_io_start(c->srv->loop, &c->wio);
     }
-    c->budget.held = c->out_len - c->out_off;
+    c->budget.held = strbuf_live(&c->out);
     upstream_budget_on_drained(&c->budget);
     conn_apply_backpressure(c);
 }

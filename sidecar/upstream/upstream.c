@@ -38,6 +38,7 @@
  */
 #include "upstream.h"
 #include "dlist.h"
+#include "iplit.h"
 #include "strbuf.h"
 
 #include <arpa/inet.h>
@@ -385,6 +386,7 @@ union ip_addr {
     struct sockaddr sa;
     struct sockaddr_in in4;
     struct sockaddr_in6 in6;
+    struct sockaddr_storage ss;
 };
 
 /* Whether `host`, as curl's URL API gives it ("10.0.0.1", "[::1]"), is an
@@ -392,26 +394,7 @@ union ip_addr {
  * or an IPv6 address with a zone id, is not. */
 static bool host_literal(const char *host, uint16_t port, union ip_addr *out, socklen_t *len)
 {
-    size_t n = strlen(host);
-
-    memset(out, 0, sizeof(*out));
-    if (inet_pton(AF_INET, host, &out->in4.sin_addr) == 1) {
-        out->in4.sin_family = AF_INET;
-        out->in4.sin_port = htons(port);
-        *len = sizeof(out->in4);
-        return true;
-    }
-    char inner[INET6_ADDRSTRLEN + 1];
-    if (n < 3 || host[0] != '[' || host[n - 1] != ']' || n - 2 >= sizeof(inner))
-        return false;
-    memcpy(inner, host + 1, n - 2);
-    inner[n - 2] = '\0';
-    if (inet_pton(AF_INET6, inner, &out->in6.sin6_addr) != 1)
-        return false;
-    out->in6.sin6_family = AF_INET6;
-    out->in6.sin6_port = htons(port);
-    *len = sizeof(out->in6);
-    return true;
+    return iplit_sockaddr(host, strlen(host), IPLIT_ANY | IPLIT_BRACKETS, port, &out->ss, len) == 0;
 }
 
 /* `url` parsed the way curl parses CURLOPT_URL, and in *dns the host

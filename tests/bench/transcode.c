@@ -27,6 +27,7 @@
 #include "codec/jscan.h"
 #include "strbuf.h"
 #include "codec/transcode.h"
+#include "tests/ref/transcode_jansson.h"
 
 #if __has_include(<yajl/yajl_parse.h>)
 #include <yajl/yajl_parse.h>

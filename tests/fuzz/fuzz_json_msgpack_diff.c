@@ -16,6 +16,7 @@
 #include "rpc.h"
 #include "strbuf.h"
 #include "codec/transcode.h"
+#include "tests/ref/transcode_jansson.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -33,5 +33,8 @@ Suite *lib_suite(void);
 Suite *yamltree_suite(void);
 Suite *redis_resolve_suite(void);
 Suite *log_suite(void);
+Suite *httpreq_suite(void);
+Suite *h1_suite(void);
+Suite *conn_suite(void);
 
 #endif

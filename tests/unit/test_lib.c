@@ -1,5 +1,7 @@
 /* test_lib.c — lib/: strbuf, dlist, utf8, jsonw. */
+#include <arpa/inet.h>
 #include <malloc.h>
+#include <netinet/in.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +10,7 @@
 
 #include "comma_locale.h"
 #include "dlist.h"
+#include "iplit.h"
 #include "jsonw.h"
 #include "strbuf.h"
 #include "suites.h"
@@ -206,6 +209,164 @@ START_TEST(test_lib__jsonw_strings_escape_and_refuse_bad_utf8)
 }
 END_TEST
 
+START_TEST(test_lib__iplit_parses_literals_and_refuses_names)
+{
+    unsigned char a[16];
+    struct sockaddr_storage ss;
+    socklen_t len = 0;
+
+    ck_assert_int_eq(iplit_parse("10.1.2.3", 8, IPLIT_ANY, a), AF_INET);
+    ck_assert_int_eq(a[0], 10);
+    ck_assert_int_eq(a[3], 3);
+    /* The length bounds the text: "10.1.2.3x" cut at 8 is the address. */
+    ck_assert_int_eq(iplit_parse("10.1.2.3x", 8, IPLIT_V4, NULL), AF_INET);
+    ck_assert_int_eq(iplit_parse("10.1.2.3x", 9, IPLIT_V4, NULL), 0);
+    ck_assert_int_eq(iplit_parse("::1", 3, IPLIT_ANY, a), AF_INET6);
+    ck_assert_int_eq(a[15], 1);
+    ck_assert_int_eq(iplit_parse("::1", 3, IPLIT_V4, NULL), 0);
+    ck_assert_int_eq(iplit_parse("1.2.3.4", 7, IPLIT_V6, NULL), 0);
+    /* Brackets only when asked for, and then only around IPv6. */
+    ck_assert_int_eq(iplit_parse("[::1]", 5, IPLIT_V6, NULL), 0);
+    ck_assert_int_eq(iplit_parse("[::1]", 5, IPLIT_V6 | IPLIT_BRACKETS, NULL), AF_INET6);
+    ck_assert_int_eq(iplit_parse("::1", 3, IPLIT_V6 | IPLIT_BRACKETS, NULL), 0);
+    ck_assert_int_eq(iplit_parse("[1.2.3.4]", 9, IPLIT_ANY | IPLIT_BRACKETS, NULL), 0);
+    ck_assert_int_eq(iplit_parse("1.2.3.4", 7, IPLIT_ANY | IPLIT_BRACKETS, NULL), AF_INET);
+    /* Names, zone ids, empty text, an embedded NUL, overlong text. */
+    ck_assert_int_eq(iplit_parse("localhost", 9, IPLIT_ANY, NULL), 0);
+    ck_assert_int_eq(iplit_parse("fe80::1%eth0", 12, IPLIT_ANY, NULL), 0);
+    ck_assert_int_eq(iplit_parse("", 0, IPLIT_ANY, NULL), 0);
+    ck_assert_int_eq(iplit_parse("[]", 2, IPLIT_ANY | IPLIT_BRACKETS, NULL), 0);
+    ck_assert_int_eq(iplit_parse("1.2.3.4\0", 8, IPLIT_ANY, NULL), 0);
+    char big[100];
+    memset(big, '1', sizeof(big));
+    ck_assert_int_eq(iplit_parse(big, sizeof(big), IPLIT_ANY, NULL), 0);
+    ck_assert(iplit_is("127.0.0.1"));
+    ck_assert(!iplit_is("redis.example"));
+
+    ck_assert_int_eq(iplit_sockaddr("[::1]", 5, IPLIT_ANY | IPLIT_BRACKETS, 8080, &ss, &len), 0);
+    ck_assert_int_eq(ss.ss_family, AF_INET6);
+    ck_assert_int_eq(len, sizeof(struct sockaddr_in6));
+    ck_assert_int_eq(ntohs(((struct sockaddr_in6 *)&ss)->sin6_port), 8080);
+    ck_assert_int_eq(iplit_sockaddr("127.0.0.1", 9, IPLIT_V4, 80, &ss, &len), 0);
+    ck_assert_int_eq(ss.ss_family, AF_INET);
+    ck_assert_int_eq(len, sizeof(struct sockaddr_in));
+    ck_assert_int_eq(ntohl(((struct sockaddr_in *)&ss)->sin_addr.s_addr), 0x7f000001);
+    ck_assert_int_eq(iplit_sockaddr("example.com", 11, IPLIT_ANY, 80, &ss, &len), -1);
+}
+END_TEST
+
+START_TEST(test_lib__str_setf_formats_cut_to_fit_and_skips_no_buffer)
+{
+    char e[8];
+
+    str_setf(e, sizeof(e), "port %d is %s", 65535, "taken");
+    ck_assert_str_eq(e, "port 65");
+    str_setf(NULL, 10, "x %d", 1); /* no buffer: nothing happens */
+    e[0] = 'z';
+    str_setf(e, 0, "x %d", 1);
+    ck_assert_int_eq(e[0], 'z');
+}
+END_TEST
+
+START_TEST(test_lib__jsonw_escape_is_the_one_escape_table)
+{
+    char e[6];
+
+    ck_assert_uint_eq(jsonw_escape('a', e), 0);
+    ck_assert_uint_eq(jsonw_escape(0x7f, e), 0);
+    ck_assert_uint_eq(jsonw_escape('"', e), 2);
+    ck_assert(memcmp(e, "\\\"", 2) == 0);
+    ck_assert_uint_eq(jsonw_escape('\\', e), 2);
+    ck_assert(memcmp(e, "\\\\", 2) == 0);
+    ck_assert_uint_eq(jsonw_escape('\b', e), 2);
+    ck_assert(memcmp(e, "\\b", 2) == 0);
+    ck_assert_uint_eq(jsonw_escape(0x1f, e), 6);
+    ck_assert(memcmp(e, "\\u001f", 6) == 0);
+}
+END_TEST
+
+START_TEST(test_lib__strbuf_cap_refuses_growth_past_the_limit)
+{
+    struct strbuf b;
+    char big[300];
+
+    memset(big, 'x', sizeof(big));
+    strbuf_init_max(&b, 100);
+    ck_assert_int_eq(strbuf_put(&b, big, 60), 0);
+    ck_assert_int_eq(strbuf_put(&b, big, 40), 0); /* exactly the cap */
+    ck_assert_uint_eq(b.len, 100);
+    ck_assert_int_eq(strbuf_putc(&b, 'y'), STRBUF_ETOOBIG);
+    ck_assert_int_eq(strbuf_put(&b, big, 1), STRBUF_ETOOBIG);
+    ck_assert_uint_eq(b.len, 100); /* unchanged on failure */
+    ck_assert_uint_le(b.cap, 101); /* never allocated past the cap */
+    strbuf_terminate(&b);
+    ck_assert_int_eq(b.data[100], '\0');
+    /* Consumed bytes no longer count against the cap. */
+    strbuf_consume(&b, 30);
+    ck_assert_uint_eq(strbuf_live(&b), 70);
+    ck_assert_int_eq(strbuf_put(&b, big, 30), 0);
+    ck_assert_uint_eq(strbuf_live(&b), 100);
+    ck_assert_int_eq(strbuf_put(&b, big, 1), STRBUF_ETOOBIG);
+    /* A huge request is refused, not wrapped around. */
+    ck_assert_int_eq(strbuf_reserve(&b, SIZE_MAX), STRBUF_ETOOBIG);
+    ck_assert_int_eq(strbuf_set_exact(&b, big, 101), STRBUF_ETOOBIG);
+    /* fini keeps the cap. */
+    strbuf_fini(&b);
+    ck_assert_uint_eq(b.max, 100);
+    ck_assert_int_eq(strbuf_put(&b, big, 101), STRBUF_ETOOBIG);
+    ck_assert_ptr_null(b.data);
+}
+END_TEST
+
+START_TEST(test_lib__strbuf_consume_drops_a_prefix_and_reclaims_before_growing)
+{
+    struct strbuf b = { 0 };
+    char chunk[512];
+
+    for (size_t i = 0; i < sizeof(chunk); i++)
+        chunk[i] = (char)('a' + i % 26);
+    ck_assert_int_eq(strbuf_put(&b, chunk, 512), 0);
+    ck_assert_int_eq(strbuf_put(&b, chunk, 400), 0);
+    size_t cap = b.cap;
+    char *mem = b.data;
+    ck_assert_uint_eq(cap, 1024);
+    /* Consuming is O(1): nothing moves. */
+    strbuf_consume(&b, 500);
+    ck_assert_ptr_eq(b.data, mem);
+    ck_assert_uint_eq(strbuf_live(&b), 412);
+    ck_assert_int_eq(strbuf_head(&b)[0], chunk[500]);
+    /* 412 live + 500 more fits in 1024 once the prefix is reclaimed: no
+     * reallocation, the live bytes moved to the front, in order. */
+    ck_assert_int_eq(strbuf_put(&b, chunk, 500), 0);
+    ck_assert_uint_eq(b.cap, cap);
+    ck_assert_uint_eq(b.off, 0);
+    ck_assert_uint_eq(b.len, 912);
+    ck_assert(memcmp(b.data, chunk + 500, 12) == 0);
+    ck_assert(memcmp(b.data + 12, chunk, 400) == 0);
+    ck_assert(memcmp(b.data + 412, chunk, 500) == 0);
+    /* Consuming everything empties the buffer at once, memory kept. */
+    strbuf_consume(&b, 912);
+    ck_assert_uint_eq(b.len, 0);
+    ck_assert_uint_eq(b.off, 0);
+    ck_assert_uint_eq(b.cap, cap);
+    /* Growth past the capacity still keeps the live text. */
+    ck_assert_int_eq(strbuf_put(&b, chunk, 512), 0);
+    strbuf_consume(&b, 12);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(strbuf_put(&b, chunk, 512), 0);
+    ck_assert_uint_eq(strbuf_live(&b), 500 + 4 * 512);
+    ck_assert(memcmp(strbuf_head(&b), chunk + 12, 500) == 0);
+    ck_assert(memcmp(strbuf_head(&b) + 500 + 3 * 512, chunk, 512) == 0);
+    /* strbuf_fit gives back the consumed prefix too. */
+    strbuf_consume(&b, 100);
+    ck_assert_int_eq(strbuf_fit(&b), 0);
+    ck_assert_uint_eq(b.off, 0);
+    ck_assert_uint_eq(b.cap, b.len + 1);
+    ck_assert(memcmp(b.data, chunk + 112, 400) == 0);
+    strbuf_fini(&b);
+}
+END_TEST
+
 Suite *lib_suite(void)
 {
     Suite *s = suite_create("lib");
@@ -222,6 +383,11 @@ Suite *lib_suite(void)
     tcase_add_test(tc, test_lib__jsonw_floats_round_trip_with_a_point);
     tcase_add_test(tc, test_lib__jsonw_floats_ignore_a_comma_locale);
     tcase_add_test(tc, test_lib__jsonw_strings_escape_and_refuse_bad_utf8);
+    tcase_add_test(tc, test_lib__strbuf_cap_refuses_growth_past_the_limit);
+    tcase_add_test(tc, test_lib__strbuf_consume_drops_a_prefix_and_reclaims_before_growing);
+    tcase_add_test(tc, test_lib__iplit_parses_literals_and_refuses_names);
+    tcase_add_test(tc, test_lib__jsonw_escape_is_the_one_escape_table);
+    tcase_add_test(tc, test_lib__str_setf_formats_cut_to_fit_and_skips_no_buffer);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -12,6 +12,7 @@
 #include "suites.h"
 #include "comma_locale.h"
 #include "codec/transcode.h"
+#include "tests/ref/transcode_jansson.h"
 #include "utf8.h"
 
 #define ERRLEN 512
