@@ -17,7 +17,7 @@ int main(void)
         tasks_suite,         call_suite,       backend_memory_suite,
         prom_suite,          metrics_suite,    redact_suite,
         jscan_suite,         lib_suite,        yamltree_suite,
-        redis_resolve_suite, log_suite,
+        redis_resolve_suite, log_suite,        writer_suite,
     };
     SRunner *sr = srunner_create(NULL);
 

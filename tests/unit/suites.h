@@ -33,5 +33,6 @@ Suite *lib_suite(void);
 Suite *yamltree_suite(void);
 Suite *redis_resolve_suite(void);
 Suite *log_suite(void);
+Suite *writer_suite(void);
 
 #endif
