@@ -232,10 +232,12 @@ static void pack_task(msgpack_packer *pk, const char *id, const struct backend_t
 /* Packs the error object for a registry error of task `id`; `state`,
  * `reason`, `kind` (may be NULL) and `node` describe the task when it is
  * known. Returns its code. */
-static enum pgw_code pack_task_error(msgpack_packer *pk, int rc, const char *id, const char *state,
-                                     const char *reason, const char *kind, const char *node)
+static enum pgw_code task_error_make(struct tasks_error *te, int rc, const char *id,
+                                     const char *state, const char *reason, const char *kind,
+                                     const char *node)
 {
-    char msg[TASK_REASON_MAX + TASK_ID_MAX + 96];
+    char *msg = te->msg;
+    const size_t cap = sizeof(te->msg);
     enum pgw_code code = PGW_BAD_REQUEST;
     bool known = state != NULL;
 
@@ -244,84 +246,92 @@ static enum pgw_code pack_task_error(msgpack_packer *pk, int rc, const char *id,
     switch (rc) {
     case TASK_E_STOPPED:
         code = PGW_TASK_STOPPED;
-        snprintf(msg, sizeof(msg), "task '%s' was stopped: %s", id, reason);
+        snprintf(msg, cap, "task '%s' was stopped: %s", id, reason);
         break;
     case TASK_E_WATCHDOG:
         code = PGW_WATCHDOG_TIMEOUT;
-        snprintf(msg, sizeof(msg), "task '%s' failed by the watchdog: %s", id, reason);
+        snprintf(msg, cap, "task '%s' failed by the watchdog: %s", id, reason);
         break;
     case TASK_E_FINISHED:
-        snprintf(msg, sizeof(msg), "task '%s' already %s%s%s", id, known ? state : "finished",
+        snprintf(msg, cap, "task '%s' already %s%s%s", id, known ? state : "finished",
                  *reason ? ": " : "", reason);
         break;
     case TASK_E_NOT_FOUND:
-        snprintf(msg, sizeof(msg), "unknown task '%s' (never started, or expired)", id);
+        snprintf(msg, cap, "unknown task '%s' (never started, or expired)", id);
         break;
     case TASK_E_RUNNING:
-        snprintf(msg, sizeof(msg), "task '%s' is already running", id);
+        snprintf(msg, cap, "task '%s' is already running", id);
         break;
     case TASK_E_NO_NODE:
-        snprintf(msg, sizeof(msg), "task '%s' has no node in progress", id);
+        snprintf(msg, cap, "task '%s' has no node in progress", id);
         break;
     case TASK_E_NODE_MISMATCH:
-        snprintf(msg, sizeof(msg), "task '%s' is in node '%s', not the one named", id,
-                 node ? node : "");
+        snprintf(msg, cap, "task '%s' is in node '%s', not the one named", id, node ? node : "");
         break;
     case TASK_E_FULL:
         code = PGW_OVERLOADED;
-        snprintf(msg, sizeof(msg), "too many tasks held; retry later or let finished ones expire");
+        snprintf(msg, cap, "too many tasks held; retry later or let finished ones expire");
         break;
     case TASK_E_INVALID:
-        snprintf(msg, sizeof(msg),
+        snprintf(msg, cap,
                  "invalid task parameters (task_id and node: 1 to %d bytes; timeout_s > 0)",
                  TASK_ID_MAX);
         break;
     case BACKEND_E_UNAVAILABLE:
         code = PGW_BACKEND_UNAVAILABLE;
-        snprintf(msg, sizeof(msg), "the state backend could not answer for task '%s'%s%s", id,
+        snprintf(msg, cap, "the state backend could not answer for task '%s'%s%s", id,
                  *reason ? ": " : "", reason);
         break;
     default:
         code = PGW_INTERNAL;
-        snprintf(msg, sizeof(msg), "task registry error: %s", task_err_name(rc));
+        snprintf(msg, cap, "task registry error: %s", task_err_name(rc));
         break;
     }
-    bool with_reason = (code == PGW_TASK_STOPPED || code == PGW_WATCHDOG_TIMEOUT) && known;
-    rpc_pack_error_map(pk, code, msg, with_reason ? 2 : 0);
-    if (with_reason) {
-        rpc_pack_kv_text(pk, "reason", reason);
-        rpc_pack_kv_text(pk, "reason_kind", kind ? kind : "");
+    te->e = REPLY_ERROR(code, msg);
+    if ((code == PGW_TASK_STOPPED || code == PGW_WATCHDOG_TIMEOUT) && known) {
+        te->e.reason = reason;
+        te->e.reason_kind = kind ? kind : "";
     }
     return code;
 }
 
-/* Answers request `msgid` with a registry error (see pack_task_error). */
+/* Answers request `msgid` with the error `e`. */
+static void reply_error_rpc(struct conn *c, uint32_t msgid, const struct reply_error *e)
+{
+    struct writer w;
+
+    msgpack_pack_array(&c->pk, 4);
+    msgpack_pack_uint8(&c->pk, RPC_RESPONSE);
+    msgpack_pack_uint32(&c->pk, msgid);
+    writer_init_msgpack(&w, &c->pk);
+    reply_error_write(&w, e);
+    rpc_pack_error_end(&c->pk);
+    conn_response_done(c, e->code);
+}
+
+/* Answers request `msgid` with a registry error (see task_error_make). */
 static void reply_task_error_s(struct conn *c, uint32_t msgid, int rc, const char *id,
                                const char *state, const char *reason, const char *kind,
                                const char *node)
 {
-    msgpack_pack_array(&c->pk, 4);
-    msgpack_pack_uint8(&c->pk, RPC_RESPONSE);
-    msgpack_pack_uint32(&c->pk, msgid);
-    enum pgw_code code = pack_task_error(&c->pk, rc, id, state, reason, kind, node);
-    rpc_pack_error_end(&c->pk);
-    conn_response_done(c, code);
+    struct tasks_error te;
+    task_error_make(&te, rc, id, state, reason, kind, node);
+    reply_error_rpc(c, msgid, &te.e);
+}
+
+enum pgw_code tasks_error_of(struct tasks_error *te, const char *id, const struct backend_task *bt)
+{
+    if (bt->exists)
+        return task_error_make(te, bt->rc, id, bt->state, bt->reason, bt->kind, NULL);
+    return task_error_make(te, bt->rc, id, NULL, bt->err, NULL, NULL);
 }
 
 void tasks_reply_error(struct conn *c, uint32_t msgid, const char *id,
                        const struct backend_task *bt)
 {
-    if (bt->exists)
-        reply_task_error_s(c, msgid, bt->rc, id, bt->state, bt->reason, bt->kind, NULL);
-    else
-        reply_task_error_s(c, msgid, bt->rc, id, NULL, bt->err, NULL, NULL);
-}
-
-enum pgw_code tasks_pack_error(msgpack_packer *pk, const char *id, const struct backend_task *bt)
-{
-    if (bt->exists)
-        return pack_task_error(pk, bt->rc, id, bt->state, bt->reason, bt->kind, NULL);
-    return pack_task_error(pk, bt->rc, id, NULL, bt->err, NULL, NULL);
+    struct tasks_error te;
+    tasks_error_of(&te, id, bt);
+    reply_error_rpc(c, msgid, &te.e);
 }
 
 /* Answers a registry error for task `id` (t: the task when known). */
@@ -1117,19 +1127,21 @@ void tasks_list(struct conn *c, const struct rpc_msg *m)
 }
 
 struct task *tasks_admit_call(struct server *srv, const char *id, const struct config_app *app,
-                              msgpack_packer *err, enum pgw_code *code)
+                              struct tasks_error *err)
 {
     struct task *t = NULL;
     if (!task_is_visible(task_get(srv->tasks, id), app)) {
-        *code = pack_task_error(err, TASK_E_NOT_FOUND, id, NULL, NULL, NULL, NULL);
+        task_error_make(err, TASK_E_NOT_FOUND, id, NULL, NULL, NULL, NULL);
         return NULL;
     }
     int rc = task_guard(srv->tasks, id, ev_now(srv->loop), &t);
 
     if (rc < 0) {
-        *code = t ? pack_task_error(err, rc, id, task_state_name(t->state), task_reason(t),
-                                    task_reason_kind_name(t->reason_kind), t->node)
-                  : pack_task_error(err, rc, id, NULL, NULL, NULL, NULL);
+        if (t)
+            task_error_make(err, rc, id, task_state_name(t->state), task_reason(t),
+                            task_reason_kind_name(t->reason_kind), t->node);
+        else
+            task_error_make(err, rc, id, NULL, NULL, NULL, NULL);
         return NULL;
     }
     return t;

@@ -17,7 +17,9 @@
 #ifndef POLYGW_TASKS_H
 #define POLYGW_TASKS_H
 
+#include "codec/reply.h"
 #include "internal.h"
+#include "task.h"
 
 struct task;
 struct backend_task;
@@ -35,13 +37,18 @@ void tasks_finish(struct conn *c, const struct rpc_msg *m);
 void tasks_get(struct conn *c, const struct rpc_msg *m);
 void tasks_list(struct conn *c, const struct rpc_msg *m);
 
+/* A task error as either front renders it: `e` (its message in `msg`). */
+struct tasks_error {
+    struct reply_error e;
+    char msg[TASK_REASON_MAX + TASK_ID_MAX + 96];
+};
+
 /* For `call` by `app` (borrowed): checks that task `id` is running and is
- * `app`'s (or `app` is admin). Returns the task, or NULL after packing the
- * task's error object (task_stopped, watchdog_timeout, bad_request for an
- * unknown one or another app's, answered alike) into `err` and its code
- * into *code. */
+ * `app`'s (or `app` is admin). Returns the task, or NULL after making the
+ * task's error (task_stopped, watchdog_timeout, bad_request for an unknown
+ * one or another app's, answered alike) in `err`. */
 struct task *tasks_admit_call(struct server *srv, const char *id, const struct config_app *app,
-                              msgpack_packer *err, enum pgw_code *code);
+                              struct tasks_error *err);
 
 /* For a call of `app` (borrowed) naming a task not held running here: asks
  * the record whether it runs and is `app`'s (importing it here when it
@@ -57,9 +64,9 @@ void tasks_guard_remote(struct server *srv, const char *id, const struct config_
  * task `id`. */
 void tasks_reply_error(struct conn *c, uint32_t msgid, const char *id,
                        const struct backend_task *bt);
-/* Packs the error object of record `bt` (bt->rc < 0) for task `id` into
- * `pk` (either front end's error); returns its code. */
-enum pgw_code tasks_pack_error(msgpack_packer *pk, const char *id, const struct backend_task *bt);
+/* Makes the error of record `bt` (bt->rc < 0) for task `id` in `te`
+ * (borrows `bt`'s text); returns its code. */
+enum pgw_code tasks_error_of(struct tasks_error *te, const char *id, const struct backend_task *bt);
 
 /* Backend hooks (backend.h), run from the event loop. Task `id` was
  * stopped, failed by a watchdog or finished on some sidecar: bring the

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "jsonw.h"
+#include "rpc.h"
 #include "transcode.h"
 #include "utf8.h"
 
@@ -83,11 +84,12 @@ static void m_nil(struct writer *w)
 
 static void m_raw_json(struct writer *w, const char *json, size_t n)
 {
-    int rc = transcode_json_to_msgpack(json, n, w->pk, NULL, NULL, 0);
-    if (rc < 0) {
-        set_err(w, rc == TRANSCODE_ENOMEM ? WRITER_ENOMEM : WRITER_EINVALID);
-        msgpack_pack_nil(w->pk); /* keep the counts whole */
-    }
+    const struct transcode_j2m opt = { .max_depth = RPC_RELAYED_MAX_DEPTH };
+    int rc = transcode_json_to_msgpack(json, n, w->pk, &opt, NULL, 0);
+    if (rc == TRANSCODE_ENOMEM)
+        set_err(w, WRITER_ENOMEM);
+    if (rc < 0)
+        m_text(w, json, n); /* what msgpack cannot hold as a value travels as text */
 }
 
 static const struct writer_ops msgpack_ops = {

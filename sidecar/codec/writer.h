@@ -10,7 +10,7 @@
  * from the counts. The same writes decode to the same value in both.
  *
  * Errors are sticky: the first failure (out of memory, a NaN, nesting
- * deeper than WRITER_MAX_DEPTH, a raw JSON text that does not parse) is
+ * deeper than WRITER_MAX_DEPTH) is
  * kept in w->err and later writes do nothing more to be trusted; the
  * caller checks w->err once at the end and answers an internal error.
  * Pure computation: no I/O, no globals.
@@ -45,7 +45,11 @@ struct writer_ops {
     void (*dbl)(struct writer *w, double v);
     void (*boolean)(struct writer *w, bool v);
     void (*nil)(struct writer *w);
-    void (*raw_json)(struct writer *w, const char *json, size_t n); /* one JSON value */
+    /* One JSON value, relayed: the JSON writer copies it as it is; the
+     * msgpack writer transcodes it, or packs it as a string when msgpack-RPC
+     * cannot carry it (nested deeper than RPC_RELAYED_MAX_DEPTH, an
+     * integer beyond int64, not JSON). */
+    void (*raw_json)(struct writer *w, const char *json, size_t n);
 };
 
 struct writer_level {

@@ -456,53 +456,28 @@ struct hc_err {
     int status;
     char extra[512]; /* header lines */
     const char *ctype;
-    const char *body; /* into json, or into up (a raw upstream body) */
+    const char *body; /* into json, or the upstream's own body */
     size_t len;
     struct strbuf json;
-    msgpack_unpacked up;
 };
 
 static const char internal_error_json[] =
     "{\"error\":{\"message\":\"internal\",\"type\":\"server_error\",\"code\":\"internal\","
     "\"param\":null,\"polygw\":{}}}";
 
-/* Makes the answer for the error object `map` (packed {code, message,
- * ...}): an OpenAI-shaped error, or the upstream's own for a rejection.
- * `status` 0 means the code's status. Free with hc_err_fini. */
-static void hc_err_make(struct http_conn *c, int status, enum pgw_code code, const char *map,
-                        size_t len, struct hc_err *e)
+/* Makes the answer for error `re`: an OpenAI-shaped error, or the
+ * upstream's own for a rejection. `status` 0 means the code's status.
+ * Free with hc_err_fini. */
+static void hc_err_make(struct http_conn *c, int status, const struct reply_error *re,
+                        struct hc_err *e)
 {
-    const msgpack_object *o = NULL;
-    double retry_after = 0, stalled = -1;
-    int64_t upstream_status = 0;
-    uint64_t attempts = 0;
-    bool have_attempts = false;
-    const msgpack_object *upstream_body = NULL, *message = NULL;
+    enum pgw_code code = re->code;
 
     strbuf_init(&e->json);
-    msgpack_unpacked_init(&e->up);
     e->ctype = "application/json";
     e->body = internal_error_json;
     e->len = sizeof(internal_error_json) - 1;
-    if (msgpack_unpack_next(&e->up, map, len, NULL) == MSGPACK_UNPACK_SUCCESS &&
-        e->up.data.type == MSGPACK_OBJECT_MAP)
-        o = &e->up.data;
-    if (o) {
-        const msgpack_object *v;
-        message = rpc_map_get(o, "message");
-        if ((v = rpc_map_get(o, "retry_after_s")))
-            rpc_as_double(v, &retry_after);
-        if ((v = rpc_map_get(o, "stalled_s")))
-            rpc_as_double(v, &stalled);
-        if ((v = rpc_map_get(o, "status")) && v->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
-            upstream_status = (int64_t)v->via.u64;
-        if ((v = rpc_map_get(o, "attempts")) && v->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
-            attempts = v->via.u64;
-            have_attempts = true;
-        }
-        upstream_body = rpc_map_get(o, "upstream_body");
-    }
-    e->status = status ? status : status_of(code, (int)upstream_status);
+    e->status = status ? status : status_of(code, re->status);
 
     /* polygw has retried already: the SDKs must not multiply that, unless
      * the client asked to let its SDK retry what is worth retrying. */
@@ -510,92 +485,59 @@ static void hc_err_make(struct http_conn *c, int status, enum pgw_code code, con
     size_t n =
         (size_t)snprintf(e->extra, sizeof(e->extra), "x-should-retry: %s\r\nX-Polygw-Code: %s\r\n",
                          retry ? "true" : "false", pgw_code_name(code));
-    if (code_is_retry_later(code))
+    if (code_is_retry_later(code)) {
+        double retry_after = re->retry_after_s;
         n += (size_t)snprintf(e->extra + n, sizeof(e->extra) - n, "Retry-After: %.0f\r\n",
                               retry_after > 1 ? ceil(retry_after) : 1);
-    if (have_attempts)
+    }
+    if (re->has_attempts)
         n += (size_t)snprintf(e->extra + n, sizeof(e->extra) - n, "X-Polygw-Attempts: %llu\r\n",
-                              (unsigned long long)attempts);
-    if (stalled >= 0)
+                              (unsigned long long)re->attempts);
+    if (re->stalled_s >= 0)
         n += (size_t)snprintf(e->extra + n, sizeof(e->extra) - n, "X-Polygw-Stalled-S: %.3f\r\n",
-                              stalled);
+                              re->stalled_s);
     if (e->status == 401)
         snprintf(e->extra + n, sizeof(e->extra) - n,
                  "WWW-Authenticate: Bearer realm=\"polygw\"\r\n");
 
-    if (code == PGW_UPSTREAM_REJECTED && upstream_body) {
+    if (code == PGW_UPSTREAM_REJECTED && re->upstream_body) {
         /* The upstream's own answer, as the SDK would have had it. */
-        if (upstream_body->type == MSGPACK_OBJECT_STR) {
-            e->ctype = "text/plain; charset=utf-8";
-            e->body = upstream_body->via.str.ptr;
-            e->len = upstream_body->via.str.size;
-            return;
-        }
-        if (transcode_msgpack_to_json(upstream_body, &e->json, NULL, NULL, NULL, 0) == 0) {
-            e->body = e->json.data;
-            e->len = e->json.len;
-            return;
-        }
-        strbuf_reset(&e->json);
+        e->ctype = re->upstream_body_json ? "application/json" : "text/plain; charset=utf-8";
+        e->body = re->upstream_body;
+        e->len = re->upstream_body_len;
+        return;
     }
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 1);
-    rpc_pack_str(&pk, "error");
-    msgpack_pack_map(&pk, 5);
-    rpc_pack_str(&pk, "message");
-    if (message)
-        msgpack_pack_object(&pk, *message);
-    else
-        rpc_pack_str(&pk, pgw_code_name(code));
-    rpc_pack_kv_str(&pk, "type", type_of(e->status));
-    rpc_pack_kv_str(&pk, "code", pgw_code_name(code));
-    rpc_pack_str(&pk, "param");
-    msgpack_pack_nil(&pk);
     /* Everything else polygw knows (attempts, stalled_s, retry_after_s,
-     * sources...) under "polygw". */
-    rpc_pack_str(&pk, "polygw");
-    uint32_t keep = 0;
-    for (uint32_t i = 0; o && i < o->via.map.size; i++) {
-        const msgpack_object *k = &o->via.map.ptr[i].key;
-        keep += !rpc_str_is(k, "code") && !rpc_str_is(k, "message") &&
-            !(c->app[0] && rpc_str_is(k, "app"));
-    }
-    msgpack_pack_map(&pk, keep + (c->app[0] ? 1 : 0));
-    if (c->app[0]) /* who the request was taken to be */
-        rpc_pack_kv_str(&pk, "app", c->app);
-    for (uint32_t i = 0; o && i < o->via.map.size; i++) {
-        const msgpack_object *k = &o->via.map.ptr[i].key;
-        if (rpc_str_is(k, "code") || rpc_str_is(k, "message") ||
-            (c->app[0] && rpc_str_is(k, "app")))
-            continue;
-        msgpack_pack_object(&pk, *k);
-        msgpack_pack_object(&pk, o->via.map.ptr[i].val);
-    }
-    msgpack_unpacked top;
-    msgpack_unpacked_init(&top);
-    if (msgpack_unpack_next(&top, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS &&
-        transcode_msgpack_to_json(&top.data, &e->json, NULL, NULL, NULL, 0) == 0) {
+     * sources...) under "polygw", with who the request was taken to be. */
+    struct writer w;
+    writer_init_json(&w, &e->json);
+    writer_map(&w, 1);
+    writer_str(&w, "error");
+    writer_map(&w, 5);
+    writer_kv_text(&w, "message", re->message ? re->message : pgw_code_name(code));
+    writer_kv_str(&w, "type", type_of(e->status));
+    writer_kv_str(&w, "code", pgw_code_name(code));
+    writer_str(&w, "param");
+    writer_nil(&w);
+    writer_str(&w, "polygw");
+    const char *app = c->app[0] ? c->app : NULL;
+    writer_map(&w, reply_error_n_fields(re, app));
+    reply_error_write_fields(&w, re, app);
+    if (w.err == 0) {
         e->body = e->json.data;
         e->len = e->json.len;
     }
-    msgpack_unpacked_destroy(&top);
-    msgpack_sbuffer_destroy(&sb);
 }
 
 static void hc_err_fini(struct hc_err *e)
 {
     strbuf_fini(&e->json);
-    msgpack_unpacked_destroy(&e->up);
 }
 
-static void hc_send_error_map(struct http_conn *c, int status, enum pgw_code code, const char *map,
-                              size_t len)
+static void hc_send_error(struct http_conn *c, int status, const struct reply_error *re)
 {
     struct hc_err e;
-    hc_err_make(c, status, code, map, len, &e);
+    hc_err_make(c, status, re, &e);
     hc_reply(c, e.status, e.ctype, e.body, e.len, NULL, e.extra);
     hc_err_fini(&e);
 }
@@ -606,17 +548,12 @@ __attribute__((format(printf, 4, 5))) static void hc_error(struct http_conn *c, 
 {
     char msg[400];
     va_list ap;
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
 
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    rpc_pack_error_map(&pk, code, msg, 0);
-    hc_send_error_map(c, status, code, sb.data, sb.size);
-    msgpack_sbuffer_destroy(&sb);
+    const struct reply_error re = REPLY_ERROR(code, msg);
+    hc_send_error(c, status, &re);
 }
 
 /* ------------------------------------------------------------------ */
@@ -919,8 +856,7 @@ static void h_on_result(struct call_sink *s, uint32_t id, const struct call_info
     hc_response_done(c);
 }
 
-static void h_on_error(struct call_sink *s, uint32_t id, enum pgw_code code, const char *map,
-                       size_t map_len)
+static void h_on_error(struct call_sink *s, uint32_t id, const struct reply_error *re)
 {
     struct http_conn *c = sink_hc(s);
     (void)id;
@@ -929,12 +865,12 @@ static void h_on_error(struct call_sink *s, uint32_t id, enum pgw_code code, con
         /* The status is long sent: the error becomes the stream's last
          * event, the same JSON a plain answer would carry. */
         struct hc_err e;
-        hc_err_make(c, 0, code, map, map_len, &e);
+        hc_err_make(c, 0, re, &e);
         hc_sse(c, "error", e.body, e.len);
         hc_err_fini(&e);
         hc_body_end(c);
     } else {
-        hc_send_error_map(c, 0, code, map, map_len);
+        hc_send_error(c, 0, re);
     }
     hc_response_done(c);
 }
@@ -1364,13 +1300,21 @@ static void hc_on_bridge(void *ud, const char *data, size_t len)
             int cd = code && code->type == MSGPACK_OBJECT_STR
                 ? pgw_code_from_name(code->via.str.ptr, code->via.str.size)
                 : -1;
-            msgpack_sbuffer sb;
-            msgpack_packer pk;
-            msgpack_sbuffer_init(&sb);
-            msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-            msgpack_pack_object(&pk, *err);
-            hc_send_error_map(c, 0, cd > 0 ? (enum pgw_code)cd : PGW_INTERNAL, sb.data, sb.size);
-            msgpack_sbuffer_destroy(&sb);
+            static const char *const keys[] = { "message", "reason", "reason_kind" };
+            char text[3][TASK_REASON_MAX + TASK_ID_MAX + 96];
+            for (size_t i = 0; i < 3; i++) {
+                const msgpack_object *v = rpc_map_get(err, keys[i]);
+                text[i][0] = '\0';
+                if (v && v->type == MSGPACK_OBJECT_STR)
+                    snprintf(text[i], sizeof(text[i]), "%.*s", (int)v->via.str.size,
+                             v->via.str.ptr);
+            }
+            struct reply_error re = REPLY_ERROR(cd > 0 ? (enum pgw_code)cd : PGW_INTERNAL, text[0]);
+            if (rpc_map_get(err, "reason")) {
+                re.reason = text[1];
+                re.reason_kind = text[2];
+            }
+            hc_send_error(c, 0, &re);
         } else if (transcode_msgpack_to_json(res, &json, NULL, NULL, NULL, 0) == 0) {
             hc_reply(c, 200, "application/json", json.data, json.len, NULL, NULL);
         } else {
