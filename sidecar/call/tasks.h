@@ -27,14 +27,31 @@ struct backend_task;
 int tasks_init(struct server *srv, char *err, size_t errlen);
 void tasks_fini(struct server *srv);
 
-/* Method handlers (methods.c's table). Each answers exactly once. */
-void tasks_start(struct conn *c, const struct rpc_msg *m);
-void tasks_stop(struct conn *c, const struct rpc_msg *m);
-void tasks_guard(struct conn *c, const struct rpc_msg *m);
-void tasks_node_begin(struct conn *c, const struct rpc_msg *m);
-void tasks_node_end(struct conn *c, const struct rpc_msg *m);
-void tasks_finish(struct conn *c, const struct rpc_msg *m);
-void tasks_get(struct conn *c, const struct rpc_msg *m);
+#define TASKS_ID_BUF (TASK_ID_MAX + 1)
+
+/* A task request as a front parsed it (the msgpack-RPC front from its
+ * params, the HTTP front from its path and JSON body). */
+struct task_req {
+    uint32_t msgid;
+    const struct config_app *app; /* who asks (borrowed from the server's config) */
+    char id[TASKS_ID_BUF];
+    char node[TASKS_ID_BUF];          /* node.begin, node.end */
+    bool has_node;                    /* node.end: a node was named */
+    double timeout_s;                 /* node.begin: > 0, or 0 = the configured one */
+    char reason[TASK_REASON_MAX + 1]; /* stop, finish: "" = none */
+    bool ok;                          /* finish */
+};
+
+/* The task methods. Each answers request r->msgid through `o` exactly
+ * once, now or from the event loop. */
+void tasks_start(struct reply_outlet *o, const struct task_req *r);
+void tasks_stop(struct reply_outlet *o, const struct task_req *r);
+void tasks_guard(struct reply_outlet *o, const struct task_req *r);
+void tasks_node_begin(struct reply_outlet *o, const struct task_req *r);
+void tasks_node_end(struct reply_outlet *o, const struct task_req *r);
+void tasks_finish(struct reply_outlet *o, const struct task_req *r);
+void tasks_get(struct reply_outlet *o, const struct task_req *r);
+/* The msgpack-RPC front's `task.list` (methods.c's table). */
 void tasks_list(struct conn *c, const struct rpc_msg *m);
 
 /* A task error as either front renders it: `e` (its message in `msg`). */
@@ -60,10 +77,6 @@ struct task *tasks_admit_call(struct server *srv, const char *id, const struct c
 typedef void tasks_guard_cb(void *ud, struct task *t, const struct backend_task *bt);
 void tasks_guard_remote(struct server *srv, const char *id, const struct config_app *app,
                         tasks_guard_cb *cb, void *ud);
-/* Answers request `msgid` with the error of record `bt` (bt->rc < 0) for
- * task `id`. */
-void tasks_reply_error(struct conn *c, uint32_t msgid, const char *id,
-                       const struct backend_task *bt);
 /* Makes the error of record `bt` (bt->rc < 0) for task `id` in `te`
  * (borrows `bt`'s text); returns its code. */
 enum pgw_code tasks_error_of(struct tasks_error *te, const char *id, const struct backend_task *bt);
@@ -85,10 +98,10 @@ bool tasks_held_running(struct server *srv, const char *id);
 /* The task requests of `c` still waiting for the backend are answered
  * with `code` (PGW_OK: not answered — the client is gone); their answers
  * are then dropped. */
-void tasks_fail_pending(struct conn *c, enum pgw_code code, const char *message);
+void tasks_fail_pending(struct reply_outlet *o, enum pgw_code code, const char *message);
 
-/* Is a task request with `msgid` waiting for the backend on `c`? */
-bool tasks_is_pending(struct conn *c, uint32_t msgid);
+/* Is a task request with `msgid` waiting for the backend on `o`? */
+bool tasks_is_pending(const struct reply_outlet *o, uint32_t msgid);
 
 /* The `tasks` section of `stats`, whose `running_tasks` lists at most
  * TASKS_STATS_RUNNING_MAX running tasks `app` (borrowed) may see (its own,

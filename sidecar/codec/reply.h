@@ -51,6 +51,33 @@ struct reply_error {
 #define REPLY_ERROR(c, msg) \
     ((struct reply_error){ .code = (c), .message = (msg), .stalled_s = -1, .retry_after_s = -1 })
 
+/* A reply handle: where the answers of one front's connection go
+ * (embedded in it, like the call engine's sink). A handler answers request
+ * `id` exactly once: result_begin returns the writer for the success value
+ * and result_end completes it, or error completes it with an error. */
+struct reply_outlet;
+struct server;
+struct tasks_req;
+
+struct reply_outlet_ops {
+    struct writer *(*result_begin)(struct reply_outlet *o, uint32_t id);
+    void (*result_end)(struct reply_outlet *o, uint32_t id);
+    void (*error)(struct reply_outlet *o, uint32_t id, const struct reply_error *e);
+    /* Optional: `delta` requests (+1 or -1) now wait, or no longer wait,
+     * for the state backend. */
+    void (*waiting)(struct reply_outlet *o, int delta);
+    /* Optional: an answer was written from the event loop (not inside the
+     * handler's call): send it. */
+    void (*flush)(struct reply_outlet *o);
+};
+
+struct reply_outlet {
+    const struct reply_outlet_ops *ops;
+    struct server *srv;
+    struct tasks_req *waiting; /* task requests waiting for the backend (call/tasks.c) */
+    struct writer w;           /* what result_begin hands out */
+};
+
 /* The number of optional pairs reply_error_write_fields writes; `app`,
  * when not NULL, replaces e->app (and is written even when e->app is
  * absent). */

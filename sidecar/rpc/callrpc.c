@@ -71,16 +71,7 @@ static void rpc_on_result(struct call_sink *s, uint32_t id, const struct call_in
 
 static void rpc_on_error(struct call_sink *s, uint32_t id, const struct reply_error *e)
 {
-    struct conn *c = sink_conn(s);
-    struct writer w;
-
-    msgpack_pack_array(&c->pk, 4);
-    msgpack_pack_uint8(&c->pk, RPC_RESPONSE);
-    msgpack_pack_uint32(&c->pk, id);
-    writer_init_msgpack(&w, &c->pk);
-    reply_error_write(&w, e);
-    rpc_pack_error_end(&c->pk);
-    conn_response_done(c, e->code);
+    conn_reply_error_of(sink_conn(s), id, e);
 }
 
 static void rpc_flush(struct call_sink *s)

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "callrpc.h"
+#include "taskrpc.h"
 #include "http/http.h"
 #include "core/log.h"
 #include "ops/metrics.h"
@@ -124,32 +125,38 @@ static void method_ping(struct conn *c, const struct rpc_msg *m)
 }
 
 /* The caller's identity as `hello` and `stats` show it. */
-static void pack_identity(msgpack_packer *pk, const struct conn *c)
+static void pack_identity(msgpack_packer *pk, const struct stats_caller *who)
 {
-    const struct config_app *a = conn_app(c);
+    const struct config_app *a = who->app;
+    const struct peer *peer = who->peer;
+    bool known = peer && peer->known;
 
     msgpack_pack_map(pk, 6);
     rpc_pack_kv_str(pk, "app", a->name);
-    rpc_pack_kv_str(pk, "peer_app", c->peer_app);
+    rpc_pack_kv_str(pk, "peer_app", who->peer_app);
     rpc_pack_str(pk, "admin");
     a->admin ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
     rpc_pack_str(pk, "uid");
-    c->peer.known ? msgpack_pack_uint32(pk, c->peer.uid) : msgpack_pack_nil(pk);
+    known ? msgpack_pack_uint32(pk, peer->uid) : msgpack_pack_nil(pk);
     rpc_pack_str(pk, "gid");
-    c->peer.known ? msgpack_pack_uint32(pk, c->peer.gid) : msgpack_pack_nil(pk);
+    known ? msgpack_pack_uint32(pk, peer->gid) : msgpack_pack_nil(pk);
     rpc_pack_str(pk, "pid");
-    c->peer.known ? msgpack_pack_uint32(pk, c->peer.pid) : msgpack_pack_nil(pk);
+    known ? msgpack_pack_uint32(pk, peer->pid) : msgpack_pack_nil(pk);
+}
+
+static struct stats_caller conn_caller(const struct conn *c)
+{
+    return (struct stats_caller){ conn_app(c), c->peer_app, &c->peer };
 }
 
 /* `apps`: each app's admission figures from the governance core; only the
  * caller's own unless it is admin. Sources are shared infrastructure: every
  * caller sees them (`sources`), as it sees the limits that hold its calls. */
-static void pack_apps(msgpack_packer *pk, const struct conn *c)
+static void pack_apps(msgpack_packer *pk, struct server *srv, const struct config_app *me)
 {
-    struct gov *g = &c->srv->gov;
-    const struct config *cfg = c->srv->cfg;
-    const struct config_app *me = conn_app(c);
-    double now = ev_now(c->srv->loop);
+    struct gov *g = &srv->gov;
+    const struct config *cfg = srv->cfg;
+    double now = ev_now(srv->loop);
     size_t n = 0;
 
     for (size_t i = 0; g->apps && i < g->n_apps && i < cfg->n_apps; i++)
@@ -215,30 +222,26 @@ static void method_hello(struct conn *c, const struct rpc_msg *m)
         str_copy(c->app, sizeof(c->app), a->name);
     }
     rpc_pack_result_begin(&c->pk, m->msgid);
-    pack_identity(&c->pk, c);
+    const struct stats_caller who = conn_caller(c);
+    pack_identity(&c->pk, &who);
     conn_response_done(c, PGW_OK);
 }
 
-static void method_stats(struct conn *c, const struct rpc_msg *m)
+void methods_pack_stats(msgpack_packer *pk, struct server *srv, const struct stats_caller *who)
 {
-    const struct server_stats *st = &c->srv->stats;
-    msgpack_packer *pk = &c->pk;
-
-    if (bind_or_reply(c, m, NULL, 0, NULL) < 0)
-        return;
-    const struct http_stats *hst = http_get_stats(c->srv->http);
-    rpc_pack_result_begin(pk, m->msgid);
-    msgpack_pack_map(
-        pk, 14 + c->srv->backend->ops->stats_keys + (hst ? 1 : 0)); /* caller, apps, reload */
+    const struct server_stats *st = &srv->stats;
+    const struct http_stats *hst = http_get_stats(srv->http);
+    msgpack_pack_map(pk,
+                     14 + srv->backend->ops->stats_keys + (hst ? 1 : 0)); /* caller, apps, reload */
 
     rpc_pack_str(pk, "version");
     rpc_pack_str(pk, PGW_VERSION);
     rpc_pack_str(pk, "uptime_s");
-    msgpack_pack_double(pk, server_uptime_s(c->srv));
+    msgpack_pack_double(pk, server_uptime_s(srv));
 
     rpc_pack_str(pk, "caller");
-    pack_identity(pk, c);
-    pack_apps(pk, c);
+    pack_identity(pk, who);
+    pack_apps(pk, srv, who->app);
 
     rpc_pack_str(pk, "connections");
     msgpack_pack_map(pk, 6);
@@ -269,7 +272,7 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
     rpc_pack_kv_u64(pk, "bytes_out", st->bytes_out);
     rpc_pack_kv_u64(pk, "read_pauses", st->read_pauses);
 
-    const struct upstream_stats *us = upstream_get_stats(c->srv->up);
+    const struct upstream_stats *us = upstream_get_stats(srv->up);
     rpc_pack_str(pk, "upstream");
     msgpack_pack_map(pk, 16);
     rpc_pack_kv_u64(pk, "attempts_started", us->attempts_started);
@@ -293,7 +296,7 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
     msgpack_pack_map(pk, 3);
     rpc_pack_kv_u64(pk, "succeeded", st->reloads_ok);
     rpc_pack_kv_u64(pk, "failed", st->reloads_failed);
-    rpc_pack_kv_str(pk, "last_error", c->srv->reload_error);
+    rpc_pack_kv_str(pk, "last_error", srv->reload_error);
 
     if (hst) {
         /* The HTTP front end, when it is configured. */
@@ -310,9 +313,18 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
         rpc_pack_kv_u64(pk, "timeouts", hst->timeouts);
         rpc_pack_kv_u64(pk, "bad_requests", hst->bad_requests);
     }
-    pack_governance(pk, c->srv);
-    tasks_pack_stats(pk, c->srv, conn_app(c));
-    c->srv->backend->ops->pack_stats(c->srv->backend, pk); /* `backend` (and its own) */
+    pack_governance(pk, srv);
+    tasks_pack_stats(pk, srv, who->app);
+    srv->backend->ops->pack_stats(srv->backend, pk); /* `backend` (and its own) */
+}
+
+static void method_stats(struct conn *c, const struct rpc_msg *m)
+{
+    if (bind_or_reply(c, m, NULL, 0, NULL) < 0)
+        return;
+    const struct stats_caller who = conn_caller(c);
+    rpc_pack_result_begin(&c->pk, m->msgid);
+    methods_pack_stats(&c->pk, c->srv, &who);
     conn_response_done(c, PGW_OK);
 }
 
@@ -467,13 +479,13 @@ static const struct {
     { "ping", method_ping },
     { "hello", method_hello },
     { "call", callrpc_start },
-    { "task.start", tasks_start },
-    { "task.stop", tasks_stop },
-    { "task.guard", tasks_guard },
-    { "task.node_begin", tasks_node_begin },
-    { "task.node_end", tasks_node_end },
-    { "task.finish", tasks_finish },
-    { "task.get", tasks_get },
+    { "task.start", taskrpc_start },
+    { "task.stop", taskrpc_stop },
+    { "task.guard", taskrpc_guard },
+    { "task.node_begin", taskrpc_node_begin },
+    { "task.node_end", taskrpc_node_end },
+    { "task.finish", taskrpc_finish },
+    { "task.get", taskrpc_get },
     { "task.list", tasks_list },
     { "stats", method_stats },
     { "log.level", method_log_level },
