@@ -225,9 +225,9 @@ struct stats_caller {
     const char *peer_app;
     const struct peer *peer;
 };
-/* Packs the `stats` result (PROTOCOL.md) as `who` sees it. Counts this
+/* Writes the `stats` result (PROTOCOL.md) as `who` sees it. Counts this
  * request as served: the caller answers it at once. */
-void methods_pack_stats(msgpack_packer *pk, struct server *srv, const struct stats_caller *who);
+void methods_write_stats(struct writer *w, struct server *srv, const struct stats_caller *who);
 void methods_dispatch(struct conn *c, const struct rpc_msg *m);
 /* Handles one notification (e.g. cancel). Never answers. */
 void methods_notify(struct conn *c, const struct rpc_msg *m);

@@ -1063,7 +1063,7 @@ struct task *tasks_admit_call(struct server *srv, const char *id, const struct c
 }
 
 struct running_ctx {
-    msgpack_packer *pk;
+    struct writer *w;
     const struct config_app *app; /* lists only what it may see */
     double now;
     size_t n, max;
@@ -1078,40 +1078,39 @@ static int running_one(struct task *t, void *ud)
     if (rc->n == rc->max)
         return 1;
     rc->n++;
-    if (!rc->pk)
+    if (!rc->w)
         return 0;
-    msgpack_packer *pk = rc->pk;
-    msgpack_pack_map(pk, 2 + (t->app[0] ? 1 : 0) + (t->node ? 3 : 0));
-    rpc_pack_kv_text(pk, "task_id", t->id);
+    struct writer *w = rc->w;
+    writer_map(w, 2 + (t->app[0] ? 1 : 0) + (t->node ? 3 : 0));
+    writer_kv_text(w, "task_id", t->id);
     if (t->app[0]) /* as in task.get: a record written before owners were kept has none */
-        rpc_pack_kv_text(pk, "app", t->app);
-    rpc_pack_kv_double(pk, "age_s", rc->now - t->started_at);
+        writer_kv_text(w, "app", t->app);
+    writer_kv_double(w, "age_s", rc->now - t->started_at);
     if (t->node) {
-        rpc_pack_kv_text(pk, "node", t->node);
-        rpc_pack_kv_double(pk, "node_age_s", rc->now - t->node_begun_at);
-        rpc_pack_kv_double(pk, "node_timeout_s", t->node_timeout_s);
+        writer_kv_text(w, "node", t->node);
+        writer_kv_double(w, "node_age_s", rc->now - t->node_begun_at);
+        writer_kv_double(w, "node_timeout_s", t->node_timeout_s);
     }
     return 0;
 }
 
-void tasks_pack_stats(msgpack_packer *pk, struct server *srv, const struct config_app *app)
+void tasks_write_stats(struct writer *w, struct server *srv, const struct config_app *app)
 {
     const struct task_stats *ts = task_reg_stats(srv->tasks);
     struct running_ctx rc = { NULL, app, ev_now(srv->loop), 0, TASKS_STATS_RUNNING_MAX };
 
-    rpc_pack_str(pk, "tasks");
-    msgpack_pack_map(pk, 14);
+    writer_str(w, "tasks");
+    writer_map(w, 14);
     /* Two passes, as task.list: the count first, then the entries. */
     task_foreach(srv->tasks, TASK_F_RUNNING, running_one, &rc);
-    rpc_pack_str(pk, "running_tasks");
-    msgpack_pack_array(pk, (uint32_t)rc.n);
-    rc.pk = pk;
+    writer_str(w, "running_tasks");
+    writer_array(w, (uint32_t)rc.n);
+    rc.w = w;
     rc.n = 0;
     task_foreach(srv->tasks, TASK_F_RUNNING, running_one, &rc);
-#define KV(k, v)                                \
-    do {                                        \
-        rpc_pack_str(pk, k);                    \
-        msgpack_pack_uint64(pk, (uint64_t)(v)); \
+#define KV(k, v)                            \
+    do {                                    \
+        writer_kv_u64(w, k, (uint64_t)(v)); \
     } while (0)
     KV("held", ts->tasks);
     KV("running", ts->running);

@@ -108,6 +108,6 @@ bool tasks_is_pending(const struct reply_outlet *o, uint32_t msgid);
  * every app's for an admin app), in creation order, each with its current node's
  * age against that node's watchdog timeout. */
 #define TASKS_STATS_RUNNING_MAX 100
-void tasks_pack_stats(msgpack_packer *pk, struct server *srv, const struct config_app *app);
+void tasks_write_stats(struct writer *w, struct server *srv, const struct config_app *app);
 
 #endif /* POLYGW_TASKS_H */

@@ -275,6 +275,33 @@ void writer_init_json(struct writer *w, struct strbuf *out)
     w->out = out;
 }
 
+void writer_raw_json_members(struct writer *w, const char *obj, size_t n, uint32_t pairs)
+{
+    struct writer_level *l = w->depth ? &w->lv[w->depth - 1] : NULL;
+
+    if (w->pk || !l || !l->is_map || l->idx % 2 || l->total - l->idx < 2 * pairs) {
+        set_err(w, WRITER_EINVALID); /* JSON writers only, where `pairs` keys may go */
+        return;
+    }
+    if (pairs == 0)
+        return;
+    /* The members between the object's braces. */
+    while (n > 0 && obj[n - 1] != '}')
+        n--;
+    size_t b = 0;
+    while (b < n && obj[b] != '{')
+        b++;
+    if (b + 1 >= n) {
+        set_err(w, WRITER_EINVALID);
+        return;
+    }
+    if (l->idx > 0)
+        j_put(w, strbuf_putc(w->out, ','));
+    j_put(w, strbuf_put(w->out, obj + b + 1, n - b - 2));
+    l->idx += 2 * pairs;
+    j_settle(w);
+}
+
 /* --- shorthands ------------------------------------------------------ */
 
 void writer_str(struct writer *w, const char *s)

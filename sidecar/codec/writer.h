@@ -105,6 +105,11 @@ static inline void writer_raw_json(struct writer *w, const char *json, size_t n)
 {
     w->ops->raw_json(w, json, n);
 }
+/* JSON writer only, inside a map: `pairs` members given as the JSON text
+ * of an object holding exactly them (obj[0..n)), spliced in as they are;
+ * NULL (or not an object) sets w->err. */
+void writer_raw_json_members(struct writer *w, const char *obj, size_t n, uint32_t pairs);
+
 /* A NUL-terminated string as it is (names the daemon chose). */
 void writer_str(struct writer *w, const char *s);
 /* A NUL-terminated text a client chose (repaired to UTF-8 if need be). */

@@ -38,23 +38,18 @@ int status_stats_json(struct server *srv, const struct config_app *app, struct s
                       char *why, size_t whylen)
 {
     const struct stats_caller who = { app, app->name, NULL };
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
-    msgpack_unpacked up;
-    int rc = -1;
+    size_t len = out->len;
+    struct writer w;
 
-    msgpack_sbuffer_init(&sb);
-    msgpack_unpacked_init(&up);
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    methods_pack_stats(&pk, srv, &who);
-    srv->stats.requests_served++; /* as methods_pack_stats counted it */
-    if (msgpack_unpack_next(&up, sb.data, sb.size, NULL) != MSGPACK_UNPACK_SUCCESS)
-        snprintf(why, whylen, "stats did not answer");
-    else if (transcode_msgpack_to_json(&up.data, out, NULL, "stats", why, whylen) == 0)
-        rc = 0;
-    msgpack_unpacked_destroy(&up);
-    msgpack_sbuffer_destroy(&sb);
-    return rc;
+    writer_init_json(&w, out);
+    methods_write_stats(&w, srv, &who);
+    srv->stats.requests_served++; /* as methods_write_stats counted it */
+    if (w.err == 0 && w.depth == 0)
+        return 0;
+    out->len = len;
+    snprintf(why, whylen, "%s",
+             w.err == WRITER_ENOMEM ? "out of memory" : "a value JSON cannot hold");
+    return -1;
 }
 
 /* Is source i the first one (not retired) that sets its model? */
