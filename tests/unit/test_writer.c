@@ -164,6 +164,30 @@ START_TEST(test_errors_sticky)
 }
 END_TEST
 
+/* Members spliced from another object's JSON text (the backend's stats). */
+START_TEST(test_raw_members)
+{
+    struct strbuf json;
+    struct writer w;
+    strbuf_init(&json);
+
+    writer_init_json(&w, &json);
+    writer_map(&w, 3);
+    writer_kv_u64(&w, "a", 1);
+    writer_raw_json_members(&w, "{\"b\":[2],\"c\":{}}", 16, 2);
+    ck_assert_int_eq(w.err, 0);
+    ck_assert_int_eq(w.depth, 0);
+    json.data[json.len] = 0;
+    ck_assert_str_eq(json.data, "{\"a\":1,\"b\":[2],\"c\":{}}");
+
+    writer_init_json(&w, &json);
+    writer_map(&w, 1);
+    writer_raw_json_members(&w, "{\"b\":1,\"c\":2}", 13, 2); /* more than the map holds */
+    ck_assert_int_eq(w.err, WRITER_EINVALID);
+    strbuf_fini(&json);
+}
+END_TEST
+
 Suite *writer_suite(void)
 {
     Suite *s = suite_create("writer");
@@ -172,6 +196,7 @@ Suite *writer_suite(void)
     tcase_add_test(tc, test_top_level);
     tcase_add_test(tc, test_text_repaired);
     tcase_add_test(tc, test_errors_sticky);
+    tcase_add_test(tc, test_raw_members);
     suite_add_tcase(s, tc);
     return s;
 }
