@@ -227,7 +227,7 @@ int rpc_ident_copy(const char *what, const msgpack_object *o, char *buf, size_t 
     return rpc_str_copy(o, buf, cap);
 }
 
-static const char *types_wanted(unsigned t)
+const char *rpc_types_wanted(unsigned t)
 {
     if ((t & ~RPC_T_NIL) == RPC_T_NUMBER)
         return "number";
@@ -294,7 +294,7 @@ int rpc_bind(const msgpack_object *params, const struct rpc_param *spec, size_t 
         }
         if (!(type_bit(val) & spec[i].types)) {
             snprintf(why, whylen, "parameter '%s': expected %s, got %s", spec[i].name,
-                     types_wanted(spec[i].types), rpc_type_name(val));
+                     rpc_types_wanted(spec[i].types), rpc_type_name(val));
             return -1;
         }
         out[i] = val;

@@ -110,6 +110,10 @@ struct rpc_param {
 int rpc_bind(const msgpack_object *params, const struct rpc_param *spec, size_t n,
              const msgpack_object **out, char *why, size_t whylen);
 
+/* What a mask of RPC_T_* asks for, as rpc_bind's messages name it
+ * ("string", "number", "boolean"...). */
+const char *rpc_types_wanted(unsigned types);
+
 /* A number object as double (int, uint or float); false if not a number. */
 bool rpc_as_double(const msgpack_object *o, double *v);
 

@@ -418,7 +418,7 @@ static void server_stop(struct server *srv, const char *why)
     http_stop(srv->http);
     for (struct conn *c = srv->conns, *next; c; c = next) {
         next = c->next;
-        tasks_fail_pending(c, PGW_SHUTTING_DOWN,
+        tasks_fail_pending(&c->tasks, PGW_SHUTTING_DOWN,
                            "the sidecar shut down before the state backend answered");
         call_fail_all(&c->sink, PGW_SHUTTING_DOWN,
                       "the sidecar shut down before the call finished");

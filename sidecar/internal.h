@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "call/call.h"
+#include "codec/reply.h"
 #include "codes.h"
 #include "gov.h"
 #include "core/config.h"
@@ -33,7 +34,6 @@ struct tasks_resync;
 struct keywatch;
 struct http_server;
 
-typedef void conn_bridge_fn(void *ud, const char *data, size_t len);
 struct metrics;
 
 /* Counters shown by `stats`. All monotonically increasing except `*_open`
@@ -161,14 +161,12 @@ struct conn {
     struct upstream_budget budget; /* unsent output + replies being received */
     uint32_t in_flight;            /* task requests in flight (calls: sink.n_calls) */
     struct call_sink sink;         /* its calls in flight (call.c, callrpc.c) */
-    struct tasks_req *tasks;       /* task requests waiting for the backend (tasks.c) */
+    struct reply_outlet tasks;     /* task answers, and those waiting for the backend */
     bool reading;                  /* rio active */
     bool read_paused;              /* paused because its budget is spent */
     bool closing;                  /* no more input; close once `out` is flushed */
     bool closed;                   /* fd closed, awaiting free */
     bool oom;                      /* an append failed: close */
-    conn_bridge_fn *bridge;        /* no socket: output goes here (conn_new_bridge) */
-    void *bridge_ud;
     /* Who is calling (docs/APPS.md): the peer's credentials, read once at
      * accept from the kernel (SO_PEERCRED), never from the client. */
     struct peer peer;               /* unknown: `default` */
@@ -177,12 +175,6 @@ struct conn {
 };
 
 struct conn *conn_new(struct server *srv, int fd);
-/* A connection without a socket, for another front end that reuses the
- * method handlers (the HTTP task endpoints): every conn_flush() hands the
- * queued bytes (whole msgpack-RPC messages) to `fn` and drops them. It is
- * in no server list: its owner answers its pending requests at shutdown
- * (tasks_fail_pending) and frees it with conn_free(), never conn_close(). */
-struct conn *conn_new_bridge(struct server *srv, conn_bridge_fn *fn, void *ud);
 /* Closes now (drops unsent output). Idempotent; safe inside callbacks: the
  * memory is freed later by the server's reaper. */
 void conn_close(struct conn *c, const char *why);
@@ -202,6 +194,8 @@ void conn_free(struct conn *c);
 void conn_enforce_input(struct server *srv);
 /* Sends an error response for `msgid` and counts it. */
 void conn_reply_error(struct conn *c, uint32_t msgid, enum pgw_code code, const char *message);
+/* The same for error `e` (codec/reply.h) with its fields. */
+void conn_reply_error_of(struct conn *c, uint32_t msgid, const struct reply_error *e);
 /* Sends the fatal error notification, counts it, and closes after flush. */
 void conn_fail(struct conn *c, enum pgw_code code, const char *message);
 /* Call after packing a complete response into c->pk. */
@@ -220,6 +214,16 @@ const struct config_app *conn_declare_app(const struct conn *c, const char *name
 /* Handles one request. Either answers before returning (packing into
  * c->pk and calling conn_response_done) or takes ownership of completing it
  * later; in both cases exactly one response is sent. */
+/* Who asks for `stats`: its app (borrowed from the config), the app its
+ * credentials resolve to, and its peer (NULL: unknown). */
+struct stats_caller {
+    const struct config_app *app;
+    const char *peer_app;
+    const struct peer *peer;
+};
+/* Writes the `stats` result (PROTOCOL.md) as `who` sees it. Counts this
+ * request as served: the caller answers it at once. */
+void methods_write_stats(struct writer *w, struct server *srv, const struct stats_caller *who);
 void methods_dispatch(struct conn *c, const struct rpc_msg *m);
 /* Handles one notification (e.g. cancel). Never answers. */
 void methods_notify(struct conn *c, const struct rpc_msg *m);

@@ -55,6 +55,7 @@
 #include "codec/dialect.h"
 #include "governor.h"
 #include "codec/jscan.h"
+#include "codec/reply.h"
 #include "core/log.h"
 #include "metrics/metrics.h"
 #include "redact.h"
@@ -267,11 +268,6 @@ static void sbuffer_fit(msgpack_sbuffer *sb)
 }
 
 /* Appends pre-packed msgpack bytes to a packer. */
-static void pack_raw(msgpack_packer *pk, const char *data, size_t len)
-{
-    pk->callback(pk->data, data, len);
-}
-
 /* Upstream bytes reach the client only through the functions below:
  * every secret the sidecar sent is scrubbed (redact.h), text is made valid
  * UTF-8, and JSON nests no deeper than the protocol lets a relayed value
@@ -393,22 +389,6 @@ static const char *relay_json_text(struct server *srv, const char *s, size_t *n,
     return out->data;
 }
 
-/* Packs an upstream error body as msgpack when it is JSON that fits, else
- * as a string of at most 4 KiB. */
-static void pack_upstream_body(struct server *srv, msgpack_packer *pk, const char *body, size_t len)
-{
-    msgpack_sbuffer sb;
-    msgpack_packer tmp;
-
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer_init(&tmp, &sb, msgpack_sbuffer_write);
-    if (len > 0 && relay_json(srv, body, len, &tmp, NULL, NULL, 0) == 0)
-        pack_raw(pk, sb.data, sb.size);
-    else
-        relay_text(srv, pk, body ? body : "", len, 4096);
-    msgpack_sbuffer_destroy(&sb);
-}
-
 static enum pgw_code gov_code(enum gov_result r)
 {
     switch (r) {
@@ -430,33 +410,29 @@ static enum pgw_code gov_code(enum gov_result r)
     return PGW_INTERNAL;
 }
 
-/* Packs the `sources` list of an error: every source the call tried, with
- * its attempts and the reason of its last one. */
-static void pack_sources(msgpack_packer *pk, const struct call *k,
-                         const struct attempt_result *last)
+/* Writes the `sources` list of an error: every source the call tried,
+ * with its attempts and the reason of its last one. */
+static void write_sources(struct writer *w, const struct call *k, const struct attempt_result *last)
 {
     const struct config *cfg = k->srv->cfg;
     uint32_t n = 0;
 
     for (size_t i = 0; i < cfg->n_sources; i++)
         n += k->g.notes[i].tried;
-    msgpack_pack_array(pk, n);
+    writer_array(w, n);
     for (size_t i = 0; i < cfg->n_sources; i++) {
         const struct gov_source_note *note = &k->g.notes[i];
         bool is_last = last && &cfg->sources[i] == k->src;
         if (!note->tried)
             continue;
-        msgpack_pack_map(pk, 3 + (note->status ? 1 : 0) + (is_last ? 1 : 0));
-        rpc_pack_kv_str(pk, "name", cfg->sources[i].name);
-        rpc_pack_kv_str(pk, "reason", outcome_reason_name((enum outcome_reason)note->reason));
-        rpc_pack_str(pk, "attempts");
-        msgpack_pack_uint32(pk, note->attempts);
-        if (note->status) {
-            rpc_pack_str(pk, "status");
-            msgpack_pack_int(pk, note->status);
-        }
+        writer_map(w, 3 + (note->status ? 1 : 0) + (is_last ? 1 : 0));
+        writer_kv_str(w, "name", cfg->sources[i].name);
+        writer_kv_str(w, "reason", outcome_reason_name((enum outcome_reason)note->reason));
+        writer_kv_u64(w, "attempts", note->attempts);
+        if (note->status)
+            writer_kv_i64(w, "status", note->status);
         if (is_last)
-            rpc_pack_kv_str(pk, "detail", last->detail);
+            writer_kv_str(w, "detail", last->detail);
     }
 }
 
@@ -466,27 +442,11 @@ static void pack_sources(msgpack_packer *pk, const struct call *k,
  * `last`, but the call may have made attempts: their last one is described
  * from the governed loop's note on that source, so that a call stalled by
  * a run of 429s does not claim it never attempted anything. */
-/* Scratch packer for an error object, handed to the sink by call_error_done. */
-struct call_errbuf {
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
-};
-
-static msgpack_packer *call_error_begin(struct call_errbuf *e, enum pgw_code code,
-                                        const char *message, size_t n_extra)
+static void call_error_done(struct call *k, const struct reply_error *e)
 {
-    msgpack_sbuffer_init(&e->sb);
-    msgpack_packer_init(&e->pk, &e->sb, msgpack_sbuffer_write);
-    rpc_pack_error_map(&e->pk, code, message, n_extra);
-    return &e->pk;
-}
-
-static void call_error_done(struct call *k, struct call_errbuf *e, enum pgw_code code)
-{
-    k->code = code; /* what the call ended with, for metrics and the access log */
+    k->code = e->code; /* what the call ended with, for metrics and the access log */
     k->answered = true;
-    k->sink->ops->on_error(k->sink, k->msgid, code, e->sb.data, e->sb.size);
-    msgpack_sbuffer_destroy(&e->sb);
+    k->sink->ops->on_error(k->sink, k->msgid, e);
 }
 
 /* What a call's error carries beyond code and message (PROTOCOL.md §6.1):
@@ -499,48 +459,60 @@ struct call_error {
     const char *reason;                /* a task stop's reason, or NULL */
 };
 
-/* The one packer of a call's error response. The map's size is counted
- * from the same table that decides which fields are packed. */
-static void call_pack_error(struct call *k, enum pgw_code code, const char *msg,
-                            const struct call_error *e)
-{
-    enum { F_APP, F_ATTEMPTS, F_STALLED, F_RETRY, F_STATUS, F_BODY, F_REASON, F_SOURCES, F_N };
-    const bool on[F_N] = {
-        [F_APP] = true,
-        [F_ATTEMPTS] = true,
-        [F_STALLED] = true,
-        [F_RETRY] = e->retry_after_s >= 0,
-        [F_STATUS] = e->http_status != 0,
-        [F_BODY] = e->upstream_body && e->last,
-        [F_REASON] = e->reason != NULL,
-        [F_SOURCES] = true,
-    };
-    struct call_errbuf eb;
-    size_t n = 0;
+/* What write_more of a call's error needs. */
+struct call_error_more {
+    const struct call *k;
+    const struct attempt_result *last;
+};
 
-    for (size_t i = 0; i < F_N; i++)
-        n += on[i];
-    msgpack_packer *pk = call_error_begin(&eb, code, msg, n);
-    rpc_pack_kv_str(pk, "app", k->app[0] ? k->app : CONFIG_DEFAULT_APP);
-    rpc_pack_str(pk, "attempts");
-    msgpack_pack_uint32(pk, k->g.attempts);
-    rpc_pack_kv_double(pk, "stalled_s", gov_call_stalled_s(&k->g, ev_now(k->srv->loop)));
-    if (on[F_RETRY])
-        rpc_pack_kv_double(pk, "retry_after_s", e->retry_after_s);
-    if (on[F_STATUS]) {
-        /* The last attempt's HTTP status (per-source ones are in `sources`). */
-        rpc_pack_str(pk, "status");
-        msgpack_pack_int(pk, e->http_status);
-    }
-    if (on[F_BODY]) {
-        rpc_pack_str(pk, "upstream_body");
-        pack_upstream_body(k->srv, pk, e->last->body, e->last->body_len);
-    }
-    if (on[F_REASON])
-        rpc_pack_kv_str(pk, "reason", e->reason);
-    rpc_pack_str(pk, "sources");
-    pack_sources(pk, k, e->last);
-    call_error_done(k, &eb, code);
+static void call_error_more(struct writer *w, const struct reply_error *e)
+{
+    const struct call_error_more *m = e->ud;
+    writer_str(w, "sources");
+    write_sources(w, m->k, m->last);
+}
+
+/* The upstream's answer to a rejected request, as the error relays it:
+ * JSON (valid, scrubbed) as it is, anything else as scrubbed UTF-8 text
+ * of at most 4 KiB. */
+static void call_upstream_body(struct call *k, const char *body, size_t len, struct strbuf *out,
+                               struct reply_error *e)
+{
+    size_t n = len;
+    bool json = len > 0 && jscan_check(body, len, NULL) == 0;
+    const char *p = relay_json_text(k->srv, body ? body : "", &n, json, out);
+
+    e->upstream_body = p;
+    e->upstream_body_len = json ? n : utf8_cut(p, n, 4096);
+    e->upstream_body_json = json;
+}
+
+/* The one maker of a call's error response. */
+static void call_pack_error(struct call *k, enum pgw_code code, const char *msg,
+                            const struct call_error *ce)
+{
+    const struct call_error_more more = { k, ce->last };
+    struct reply_error e = {
+        .code = code,
+        .message = msg,
+        .app = k->app[0] ? k->app : CONFIG_DEFAULT_APP,
+        .has_attempts = true,
+        .attempts = k->g.attempts,
+        .stalled_s = gov_call_stalled_s(&k->g, ev_now(k->srv->loop)),
+        .retry_after_s = ce->retry_after_s,
+        .status = ce->http_status,
+        .reason = ce->reason,
+        .n_more = 1,
+        .write_more = call_error_more,
+        .ud = &more,
+    };
+    struct strbuf body;
+
+    strbuf_init(&body);
+    if (ce->upstream_body && ce->last)
+        call_upstream_body(k, ce->last->body, ce->last->body_len, &body, &e);
+    call_error_done(k, &e);
+    strbuf_fini(&body);
 }
 
 /* An error that carries no retry hint and no upstream reply. */
@@ -1503,10 +1475,9 @@ static void call_on_task_checked(void *ud, struct task *t, const struct backend_
             call_task_link(k, t);
             call_step(k);
         } else {
-            struct call_errbuf e;
-            msgpack_sbuffer_init(&e.sb);
-            msgpack_packer_init(&e.pk, &e.sb, msgpack_sbuffer_write);
-            call_error_done(k, &e, tasks_pack_error(&e.pk, tw->id, bt));
+            struct tasks_error te;
+            tasks_error_of(&te, tw->id, bt);
+            call_error_done(k, &te.e);
             call_finish(k);
         }
     }
@@ -1546,14 +1517,9 @@ static void call_log_refused(struct call_sink *s, uint32_t id, const struct call
 static void call_refuse(struct call_sink *s, uint32_t id, const struct call_req *r,
                         enum pgw_code code, const char *message)
 {
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
+    const struct reply_error e = REPLY_ERROR(code, message);
 
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    rpc_pack_error_map(&pk, code, message, 0);
-    s->ops->on_error(s, id, code, sb.data, sb.size);
-    msgpack_sbuffer_destroy(&sb);
+    s->ops->on_error(s, id, &e);
     call_log_refused(s, id, r, code);
 }
 
@@ -1644,19 +1610,12 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
             }
             snprintf(tw->id, sizeof(tw->id), "%s", r->task_id);
         } else {
-            msgpack_sbuffer sb;
-            msgpack_packer pk;
-            enum pgw_code code = PGW_INTERNAL;
-            msgpack_sbuffer_init(&sb);
-            msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-            task = tasks_admit_call(srv, r->task_id, app, &pk, &code);
+            struct tasks_error te;
+            task = tasks_admit_call(srv, r->task_id, app, &te);
             if (!task) {
-                s->ops->on_error(s, id, code, sb.data, sb.size);
-                metrics_on_call_refused(srv->metrics, (size_t)ci, code);
-                call_log_refused(s, id, r, code);
-            }
-            msgpack_sbuffer_destroy(&sb);
-            if (!task) {
+                s->ops->on_error(s, id, &te.e);
+                metrics_on_call_refused(srv->metrics, (size_t)ci, te.e.code);
+                call_log_refused(s, id, r, te.e.code);
                 return;
             }
         }

@@ -12,6 +12,7 @@
 #ifndef POLYGW_CALL_H
 #define POLYGW_CALL_H
 
+#include "codec/reply.h"
 #include <msgpack.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -77,8 +78,8 @@ struct call_sink_ops {
                     size_t json_len, const char *mp, size_t mp_len);
     void (*on_result)(struct call_sink *s, uint32_t id, const struct call_info *ci,
                       const struct call_body *b);
-    void (*on_error)(struct call_sink *s, uint32_t id, enum pgw_code code, const char *map,
-                     size_t map_len);
+    /* `e` and everything it points to are borrowed for the call. */
+    void (*on_error)(struct call_sink *s, uint32_t id, const struct reply_error *e);
     void (*flush)(struct call_sink *s);
     /* The sink writes msgpack: transcode replies and events for it. A
      * JSON-only sink is spared that (governance reads what it needs from

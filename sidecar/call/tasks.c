@@ -22,7 +22,6 @@
 #include "core/log.h"
 #include "task.h"
 
-#define TASKS_ID_BUF (TASK_ID_MAX + 1)
 
 /* Operations on the backend's record (see "the backend's record" below). */
 enum tasks_op {
@@ -38,7 +37,7 @@ enum tasks_op {
 struct tasks_req;
 static struct tasks_req *tasks_req_new(struct server *srv, uint32_t msgid, enum tasks_op op,
                                        const char *id, const char *reason, bool ok);
-static void tasks_send(struct server *srv, struct tasks_req *q, struct conn *c);
+static void tasks_send(struct server *srv, struct tasks_req *q, struct reply_outlet *o);
 static void tasks_retry_later(struct server *srv, struct tasks_req *q);
 static void tasks_retry_free(struct server *srv);
 static void resync_free(struct server *srv);
@@ -195,8 +194,8 @@ void tasks_fini(struct server *srv)
 /* The task map of the wire (PROTOCOL.md 4.4) for record `bt` of task `id`;
  * `local`, the copy held here (may be NULL), names the current node when
  * the record does not. */
-static void pack_task(msgpack_packer *pk, const char *id, const struct backend_task *bt,
-                      const struct task *local)
+static void write_task(struct writer *w, const char *id, const struct backend_task *bt,
+                       const struct task *local)
 {
     bool failed = strcmp(bt->state, "failed") == 0;
     bool reason = bt->reason[0] != '\0';
@@ -209,22 +208,20 @@ static void pack_task(msgpack_packer *pk, const char *id, const struct backend_t
         : bt->owner && bt->owner[0]            ? bt->owner
                                                : NULL;
 
-    msgpack_pack_map(pk,
-                     5 + (failed ? 1 : 0) + (reason ? 1 : 0) + (node ? 1 : 0) + (owner ? 1 : 0));
-    rpc_pack_kv_text(pk, "task_id", id);
+    writer_map(w, 5 + (failed ? 1 : 0) + (reason ? 1 : 0) + (node ? 1 : 0) + (owner ? 1 : 0));
+    writer_kv_text(w, "task_id", id);
     if (owner)
-        rpc_pack_kv_text(pk, "app", owner);
-    rpc_pack_kv_text(pk, "state", bt->state);
+        writer_kv_text(w, "app", owner);
+    writer_kv_text(w, "state", bt->state);
     if (failed)
-        rpc_pack_kv_text(pk, "reason_kind", bt->kind);
+        writer_kv_text(w, "reason_kind", bt->kind);
     if (reason)
-        rpc_pack_kv_text(pk, "reason", bt->reason);
+        writer_kv_text(w, "reason", bt->reason);
     if (node)
-        rpc_pack_kv_text(pk, "node", node);
-    rpc_pack_kv_double(pk, "started_at", bt->started_at_s);
-    rpc_pack_kv_double(pk, "updated_at", bt->updated_at_s);
-    rpc_pack_str(pk, "runs");
-    msgpack_pack_uint64(pk, bt->runs);
+        writer_kv_text(w, "node", node);
+    writer_kv_double(w, "started_at", bt->started_at_s);
+    writer_kv_double(w, "updated_at", bt->updated_at_s);
+    writer_kv_u64(w, "runs", bt->runs);
 }
 
 /* Answers a registry error for task `id`; `state`, `reason`, `kind` (may
@@ -232,10 +229,12 @@ static void pack_task(msgpack_packer *pk, const char *id, const struct backend_t
 /* Packs the error object for a registry error of task `id`; `state`,
  * `reason`, `kind` (may be NULL) and `node` describe the task when it is
  * known. Returns its code. */
-static enum pgw_code pack_task_error(msgpack_packer *pk, int rc, const char *id, const char *state,
-                                     const char *reason, const char *kind, const char *node)
+static enum pgw_code task_error_make(struct tasks_error *te, int rc, const char *id,
+                                     const char *state, const char *reason, const char *kind,
+                                     const char *node)
 {
-    char msg[TASK_REASON_MAX + TASK_ID_MAX + 96];
+    char *msg = te->msg;
+    const size_t cap = sizeof(te->msg);
     enum pgw_code code = PGW_BAD_REQUEST;
     bool known = state != NULL;
 
@@ -244,125 +243,99 @@ static enum pgw_code pack_task_error(msgpack_packer *pk, int rc, const char *id,
     switch (rc) {
     case TASK_E_STOPPED:
         code = PGW_TASK_STOPPED;
-        snprintf(msg, sizeof(msg), "task '%s' was stopped: %s", id, reason);
+        snprintf(msg, cap, "task '%s' was stopped: %s", id, reason);
         break;
     case TASK_E_WATCHDOG:
         code = PGW_WATCHDOG_TIMEOUT;
-        snprintf(msg, sizeof(msg), "task '%s' failed by the watchdog: %s", id, reason);
+        snprintf(msg, cap, "task '%s' failed by the watchdog: %s", id, reason);
         break;
     case TASK_E_FINISHED:
-        snprintf(msg, sizeof(msg), "task '%s' already %s%s%s", id, known ? state : "finished",
+        snprintf(msg, cap, "task '%s' already %s%s%s", id, known ? state : "finished",
                  *reason ? ": " : "", reason);
         break;
     case TASK_E_NOT_FOUND:
-        snprintf(msg, sizeof(msg), "unknown task '%s' (never started, or expired)", id);
+        snprintf(msg, cap, "unknown task '%s' (never started, or expired)", id);
         break;
     case TASK_E_RUNNING:
-        snprintf(msg, sizeof(msg), "task '%s' is already running", id);
+        snprintf(msg, cap, "task '%s' is already running", id);
         break;
     case TASK_E_NO_NODE:
-        snprintf(msg, sizeof(msg), "task '%s' has no node in progress", id);
+        snprintf(msg, cap, "task '%s' has no node in progress", id);
         break;
     case TASK_E_NODE_MISMATCH:
-        snprintf(msg, sizeof(msg), "task '%s' is in node '%s', not the one named", id,
-                 node ? node : "");
+        snprintf(msg, cap, "task '%s' is in node '%s', not the one named", id, node ? node : "");
         break;
     case TASK_E_FULL:
         code = PGW_OVERLOADED;
-        snprintf(msg, sizeof(msg), "too many tasks held; retry later or let finished ones expire");
+        snprintf(msg, cap, "too many tasks held; retry later or let finished ones expire");
         break;
     case TASK_E_INVALID:
-        snprintf(msg, sizeof(msg),
+        snprintf(msg, cap,
                  "invalid task parameters (task_id and node: 1 to %d bytes; timeout_s > 0)",
                  TASK_ID_MAX);
         break;
     case BACKEND_E_UNAVAILABLE:
         code = PGW_BACKEND_UNAVAILABLE;
-        snprintf(msg, sizeof(msg), "the state backend could not answer for task '%s'%s%s", id,
+        snprintf(msg, cap, "the state backend could not answer for task '%s'%s%s", id,
                  *reason ? ": " : "", reason);
         break;
     default:
         code = PGW_INTERNAL;
-        snprintf(msg, sizeof(msg), "task registry error: %s", task_err_name(rc));
+        snprintf(msg, cap, "task registry error: %s", task_err_name(rc));
         break;
     }
-    bool with_reason = (code == PGW_TASK_STOPPED || code == PGW_WATCHDOG_TIMEOUT) && known;
-    rpc_pack_error_map(pk, code, msg, with_reason ? 2 : 0);
-    if (with_reason) {
-        rpc_pack_kv_text(pk, "reason", reason);
-        rpc_pack_kv_text(pk, "reason_kind", kind ? kind : "");
+    te->e = REPLY_ERROR(code, msg);
+    if ((code == PGW_TASK_STOPPED || code == PGW_WATCHDOG_TIMEOUT) && known) {
+        te->e.reason = reason;
+        te->e.reason_kind = kind ? kind : "";
     }
     return code;
 }
 
-/* Answers request `msgid` with a registry error (see pack_task_error). */
-static void reply_task_error_s(struct conn *c, uint32_t msgid, int rc, const char *id,
+/* Answers request `msgid` of `o` with error `code`, `message`. */
+static void reply_plain_error(struct reply_outlet *o, uint32_t msgid, enum pgw_code code,
+                              const char *message)
+{
+    const struct reply_error e = REPLY_ERROR(code, message);
+    o->ops->error(o, msgid, &e);
+}
+
+/* Answers request `msgid` with a registry error (see task_error_make). */
+static void reply_task_error_s(struct reply_outlet *o, uint32_t msgid, int rc, const char *id,
                                const char *state, const char *reason, const char *kind,
                                const char *node)
 {
-    msgpack_pack_array(&c->pk, 4);
-    msgpack_pack_uint8(&c->pk, RPC_RESPONSE);
-    msgpack_pack_uint32(&c->pk, msgid);
-    enum pgw_code code = pack_task_error(&c->pk, rc, id, state, reason, kind, node);
-    rpc_pack_error_end(&c->pk);
-    conn_response_done(c, code);
+    struct tasks_error te;
+    task_error_make(&te, rc, id, state, reason, kind, node);
+    o->ops->error(o, msgid, &te.e);
 }
 
-void tasks_reply_error(struct conn *c, uint32_t msgid, const char *id,
-                       const struct backend_task *bt)
+enum pgw_code tasks_error_of(struct tasks_error *te, const char *id, const struct backend_task *bt)
 {
     if (bt->exists)
-        reply_task_error_s(c, msgid, bt->rc, id, bt->state, bt->reason, bt->kind, NULL);
-    else
-        reply_task_error_s(c, msgid, bt->rc, id, NULL, bt->err, NULL, NULL);
+        return task_error_make(te, bt->rc, id, bt->state, bt->reason, bt->kind, NULL);
+    return task_error_make(te, bt->rc, id, NULL, bt->err, NULL, NULL);
 }
 
-enum pgw_code tasks_pack_error(msgpack_packer *pk, const char *id, const struct backend_task *bt)
+/* Answers request `msgid` with the error of record `bt` (bt->rc < 0). */
+static void reply_record_error(struct reply_outlet *o, uint32_t msgid, const char *id,
+                               const struct backend_task *bt)
 {
-    if (bt->exists)
-        return pack_task_error(pk, bt->rc, id, bt->state, bt->reason, bt->kind, NULL);
-    return pack_task_error(pk, bt->rc, id, NULL, bt->err, NULL, NULL);
+    struct tasks_error te;
+    tasks_error_of(&te, id, bt);
+    o->ops->error(o, msgid, &te.e);
 }
 
 /* Answers a registry error for task `id` (t: the task when known). */
-static void reply_task_error(struct conn *c, uint32_t msgid, int rc, const char *id,
+static void reply_task_error(struct reply_outlet *o, uint32_t msgid, int rc, const char *id,
                              const struct task *t)
 {
     if (!t) {
-        reply_task_error_s(c, msgid, rc, id, NULL, NULL, NULL, NULL);
+        reply_task_error_s(o, msgid, rc, id, NULL, NULL, NULL, NULL);
         return;
     }
-    reply_task_error_s(c, msgid, rc, id, task_state_name(t->state), task_reason(t),
+    reply_task_error_s(o, msgid, rc, id, task_state_name(t->state), task_reason(t),
                        task_reason_kind_name(t->reason_kind), t->node);
-}
-
-/* Binds params; copies task_id (and node) into NUL-terminated buffers. */
-static int bind_task(struct conn *c, const struct rpc_msg *m, const struct rpc_param *spec,
-                     size_t n, const msgpack_object **p, char *id, char *node)
-{
-    char why[200];
-
-    if (rpc_bind(m->params, spec, n, p, why, sizeof(why)) < 0) {
-        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
-        return -1;
-    }
-    if (rpc_ident_copy("parameter 'task_id'", p[0], id, TASK_ID_MAX + 1, why, sizeof(why)) < 0 ||
-        (node && n > 1 && p[1] && p[1]->type == MSGPACK_OBJECT_STR &&
-         rpc_ident_copy("parameter 'node'", p[1], node, TASK_NODE_MAX + 1, why, sizeof(why)) < 0)) {
-        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
-        return -1;
-    }
-    return 0;
-}
-
-/* A string param (reason) copied into a bounded buffer, cut at a UTF-8 boundary. */
-static void copy_reason(const msgpack_object *o, char *buf, size_t cap)
-{
-    if (!o || o->type != MSGPACK_OBJECT_STR) {
-        buf[0] = '\0';
-        return;
-    }
-    rpc_quote_client_str(o->via.str.ptr, o->via.str.size, cap - 1, buf);
 }
 
 /* --- the backend's record -----------------------------------------------
@@ -390,8 +363,8 @@ static const enum backend_task_op top_backend[] = {
 struct tasks_req {
     struct server *srv;
     struct tasks_req *next;          /* the retry list */
-    struct conn *conn;               /* the client waiting for it; NULL: none, or gone */
-    struct tasks_req *cprev, *cnext; /* conn->tasks */
+    struct reply_outlet *out;        /* the client waiting for it; NULL: none, or gone */
+    struct tasks_req *cprev, *cnext; /* out->waiting */
     bool resync;                     /* part of a paced resync (tasks_on_resubscribed) */
     unsigned resync_gen;             /* of which resync */
     uint32_t msgid;
@@ -473,73 +446,75 @@ static void tasks_end_calls(struct server *srv, const char *id, const struct bac
     call_fail_task(t, watchdog ? PGW_WATCHDOG_TIMEOUT : PGW_TASK_STOPPED, msg);
 }
 
-static void node_begin_local(struct conn *c, uint32_t msgid, const char *id, const char *node,
-                             double timeout_s);
+static void node_begin_local(struct reply_outlet *o, uint32_t msgid, const char *id,
+                             const char *node, double timeout_s);
 
 /* A client request waiting for the backend belongs to its connection, like
  * a call: it counts as in flight there, and ends with it (pending_drop). */
-static void pending_link(struct tasks_req *q, struct conn *c)
+static void pending_link(struct tasks_req *q, struct reply_outlet *o)
 {
-    q->conn = c;
-    DLIST_PUSH(c->tasks, q, cprev, cnext);
-    c->in_flight++;
-    c->srv->stats.in_flight++;
+    q->out = o;
+    DLIST_PUSH(o->waiting, q, cprev, cnext);
+    o->srv->stats.in_flight++;
+    if (o->ops->waiting)
+        o->ops->waiting(o, 1);
 }
 
 /* The request no longer waits on its connection (answered, or the
  * connection is gone): its reply, when it comes, only frees it. */
 static void pending_unlink(struct tasks_req *q)
 {
-    struct conn *c = q->conn;
+    struct reply_outlet *o = q->out;
 
-    if (!c)
+    if (!o)
         return;
-    DLIST_UNLINK(c->tasks, q, cprev, cnext);
-    q->conn = NULL;
-    c->in_flight--;
-    c->srv->stats.in_flight--;
+    DLIST_UNLINK(o->waiting, q, cprev, cnext);
+    q->out = NULL;
+    o->srv->stats.in_flight--;
+    if (o->ops->waiting)
+        o->ops->waiting(o, -1);
 }
 
-void tasks_fail_pending(struct conn *c, enum pgw_code code, const char *message)
+void tasks_fail_pending(struct reply_outlet *o, enum pgw_code code, const char *message)
 {
-    while (c->tasks) {
-        struct tasks_req *q = c->tasks;
+    while (o->waiting) {
+        struct tasks_req *q = o->waiting;
         pending_unlink(q);
         if (code != PGW_OK)
-            conn_reply_error(c, q->msgid, code, message);
-        server_on_request_done(c->srv);
+            reply_plain_error(o, q->msgid, code, message);
+        server_on_request_done(o->srv);
     }
 }
 
 /* Answers the client of `q` with record `bt`. */
-static void tasks_reply(struct conn *c, const struct tasks_req *q, const struct backend_task *bt)
+static void tasks_reply(struct reply_outlet *o, const struct tasks_req *q,
+                        const struct backend_task *bt)
 {
     bool idempotent = q->op == TOP_START && bt->rc == TASK_E_RUNNING;
 
     if (bt->rc != TASK_OK && !idempotent) {
-        tasks_reply_error(c, q->msgid, q->id, bt);
+        reply_record_error(o, q->msgid, q->id, bt);
         return;
     }
-    struct task *local = task_get(c->srv->tasks, q->id);
+    struct task *local = task_get(o->srv->tasks, q->id);
     if (q->op == TOP_START && local && !local->app[0])
-        task_set_owner(c->srv, local, q->app); /* its owner: the app that started it */
+        task_set_owner(o->srv, local, q->app); /* its owner: the app that started it */
     if (q->op == TOP_STOP)
         log_at(LOG_INFO, "task stopped", "task_id", LOG_S, q->id, "app", LOG_S,
-               local ? local->app : "", "by", LOG_S, conn_app(c)->name, "reason", LOG_S, bt->reason,
-               NULL);
+               local ? local->app : "", "by", LOG_S, q->app, "reason", LOG_S, bt->reason, NULL);
     if (q->op == TOP_NODE_BEGIN) {
         if (!local) /* running, but no room to hold it here (full, or its app's share) */
-            reply_task_error(c, q->msgid, TASK_E_FULL, q->id, NULL);
+            reply_task_error(o, q->msgid, TASK_E_FULL, q->id, NULL);
         else
-            node_begin_local(c, q->msgid, q->id, q->node, q->timeout_s);
+            node_begin_local(o, q->msgid, q->id, q->node, q->timeout_s);
         return;
     }
-    rpc_pack_result_begin(&c->pk, q->msgid);
+    struct writer *w = o->ops->result_begin(o, q->msgid);
     if (q->op == TOP_GUARD)
-        msgpack_pack_map(&c->pk, 0);
+        writer_map(w, 0);
     else
-        pack_task(&c->pk, q->id, bt, task_get(c->srv->tasks, q->id));
-    conn_response_done(c, PGW_OK);
+        write_task(w, q->id, bt, task_get(o->srv->tasks, q->id));
+    o->ops->result_end(o, q->msgid);
 }
 
 /* The record answered `q` with `bt` (`later`: from the event loop, not
@@ -575,15 +550,16 @@ static void tasks_answer(struct tasks_req *q, const struct backend_task *bt, boo
         if (r.rc == TASK_OK && !t)
             r.rc = TASK_E_FULL; /* running, but no room to hold it here */
         q->cb(q->cb_ud, t, &r);
-    } else if (q->conn) {
-        struct conn *c = q->conn;
+    } else if (q->out) {
+        struct reply_outlet *o = q->out;
         if (later)
             pending_unlink(q);
         else
-            q->conn = NULL; /* answered inside its dispatch: never linked */
-        tasks_reply(c, q, bt);
+            q->out = NULL; /* answered inside its dispatch: never linked */
+        tasks_reply(o, q, bt);
         if (later) {
-            conn_flush(c);
+            if (o->ops->flush)
+                o->ops->flush(o);
             server_on_request_done(srv);
         }
     }
@@ -624,23 +600,23 @@ static void tasks_req_by(struct tasks_req *q, const struct config_app *app)
  * cannot be sent: the client (or q->cb) gets backend_unavailable at once,
  * a watchdog verdict waits for the backend to be back, a sync asks for a
  * resync. */
-static void tasks_send(struct server *srv, struct tasks_req *q, struct conn *c)
+static void tasks_send(struct server *srv, struct tasks_req *q, struct reply_outlet *o)
 {
     struct backend_task bt;
     int rc = backend_task(srv->backend, top_backend[q->op], q->id, q->reason, q->ok,
                           q->app[0] ? q->app : NULL, q->admin, &bt, tasks_on_answer, q);
 
     if (rc > 0) {
-        if (c && !q->cb)
-            q->conn = c; /* answered before dispatch returns: not in flight */
+        if (o && !q->cb)
+            q->out = o; /* answered before dispatch returns: not in flight */
         tasks_answer(q, &bt, false);
         return;
     }
     if (rc == 0) {
         if (tasks_req_imports(q))
             srv->task_imports++;
-        if (c && !q->cb)
-            pending_link(q, c);
+        if (o && !q->cb)
+            pending_link(q, o);
         return;
     }
     if (q->op == TOP_WATCHDOG) {
@@ -652,24 +628,23 @@ static void tasks_send(struct server *srv, struct tasks_req *q, struct conn *c)
     bt = (struct backend_task){ .rc = BACKEND_E_UNAVAILABLE, .err = "not connected" };
     if (q->cb)
         q->cb(q->cb_ud, NULL, &bt);
-    else if (c)
-        tasks_reply_error(c, q->msgid, q->id, &bt);
+    else if (o)
+        reply_record_error(o, q->msgid, q->id, &bt);
     free(q);
 }
 
-/* Sends `op` for task `id` on behalf of request `msgid` of client `c`;
- * answers internal when out of memory. */
-static void tasks_remote(struct conn *c, uint32_t msgid, enum tasks_op op, const char *id,
-                         const char *reason, bool ok)
+/* Sends `op` for the task of request `r` of client `o`; answers internal
+ * when out of memory. */
+static void tasks_remote(struct reply_outlet *o, const struct task_req *r, enum tasks_op op)
 {
-    struct tasks_req *q = tasks_req_new(c->srv, msgid, op, id, reason, ok);
+    struct tasks_req *q = tasks_req_new(o->srv, r->msgid, op, r->id, r->reason, r->ok);
 
     if (!q) {
-        conn_reply_error(c, msgid, PGW_INTERNAL, "out of memory");
+        reply_plain_error(o, r->msgid, PGW_INTERNAL, "out of memory");
         return;
     }
-    tasks_req_by(q, conn_app(c));
-    tasks_send(c->srv, q, c);
+    tasks_req_by(q, r->app);
+    tasks_send(o->srv, q, o);
 }
 
 void tasks_on_task_ended(struct server *srv, const char *id)
@@ -686,9 +661,9 @@ void tasks_on_task_ended(struct server *srv, const char *id)
         srv->backend->ops->retry_later(srv->backend, true);
 }
 
-bool tasks_is_pending(struct conn *c, uint32_t msgid)
+bool tasks_is_pending(const struct reply_outlet *o, uint32_t msgid)
 {
-    for (struct tasks_req *q = c->tasks; q; q = q->cnext)
+    for (struct tasks_req *q = o->waiting; q; q = q->cnext)
         if (q->msgid == msgid)
             return true;
     return false;
@@ -885,181 +860,129 @@ static bool task_is_visible(const struct task *t, const struct config_app *app)
     return !t || app->admin || (t->app[0] && strcmp(t->app, app->name) == 0);
 }
 
-/* True (after answering "unknown task") when task `id` is held here and
- * belongs to another app than `app`. */
-static bool task_is_foreign(struct conn *c, uint32_t msgid, const char *id,
-                            const struct config_app *app)
+/* True (after answering "unknown task") when the task of `r` is held here
+ * and belongs to another app than r->app. */
+static bool task_is_foreign(struct reply_outlet *o, const struct task_req *r)
 {
-    if (task_is_visible(task_get(c->srv->tasks, id), app))
+    if (task_is_visible(task_get(o->srv->tasks, r->id), r->app))
         return false;
-    reply_task_error(c, msgid, TASK_E_NOT_FOUND, id, NULL);
+    reply_task_error(o, r->msgid, TASK_E_NOT_FOUND, r->id, NULL);
     return true;
 }
 
-void tasks_start(struct conn *c, const struct rpc_msg *m)
+void tasks_start(struct reply_outlet *o, const struct task_req *r)
 {
-    static const struct rpc_param spec[] = { { "task_id", RPC_T_STR, true } };
-    const msgpack_object *p[1];
-    char id[TASKS_ID_BUF];
-
-    if (bind_task(c, m, spec, 1, p, id, NULL) < 0 || task_is_foreign(c, m->msgid, id, conn_app(c)))
+    if (task_is_foreign(o, r))
         return;
     /* A new task here takes a slot of its app's share (the registry's
      * max_tasks bounds them all): beyond it, this app waits, not the others. */
-    if (!task_get(c->srv->tasks, id) && !app_has_room(c->srv, conn_app(c)->name)) {
+    if (!task_get(o->srv->tasks, r->id) && !app_has_room(o->srv, r->app->name)) {
         char msg[200];
-        c->srv->task_app_refused++;
+        o->srv->task_app_refused++;
         snprintf(msg, sizeof(msg),
                  "app '%s' holds %u tasks, its apps[].max_tasks; retry later or let finished "
                  "ones expire",
-                 conn_app(c)->name, conn_app(c)->max_tasks);
-        conn_reply_error(c, m->msgid, PGW_OVERLOADED, msg);
+                 r->app->name, r->app->max_tasks);
+        reply_plain_error(o, r->msgid, PGW_OVERLOADED, msg);
         return;
     }
-    tasks_remote(c, m->msgid, TOP_START, id, NULL, false);
+    tasks_remote(o, r, TOP_START);
 }
 
-void tasks_stop(struct conn *c, const struct rpc_msg *m)
+void tasks_stop(struct reply_outlet *o, const struct task_req *r)
 {
-    static const struct rpc_param spec[] = {
-        { "task_id", RPC_T_STR, true },
-        { "reason", RPC_T_STR | RPC_T_NIL, false },
-    };
-    const msgpack_object *p[2];
-    char id[TASKS_ID_BUF], reason[TASK_REASON_MAX + 1];
-
-    if (bind_task(c, m, spec, 2, p, id, NULL) < 0 || task_is_foreign(c, m->msgid, id, conn_app(c)))
-        return;
-    copy_reason(p[1], reason, sizeof(reason));
-    tasks_remote(c, m->msgid, TOP_STOP, id, reason, false);
+    if (!task_is_foreign(o, r))
+        tasks_remote(o, r, TOP_STOP);
 }
 
-void tasks_guard(struct conn *c, const struct rpc_msg *m)
+void tasks_guard(struct reply_outlet *o, const struct task_req *r)
 {
-    static const struct rpc_param spec[] = { { "task_id", RPC_T_STR, true } };
-    const msgpack_object *p[1];
-    char id[TASKS_ID_BUF];
     struct task *t = NULL;
 
-    if (bind_task(c, m, spec, 1, p, id, NULL) < 0 || task_is_foreign(c, m->msgid, id, conn_app(c)))
+    if (task_is_foreign(o, r))
         return;
     /* Activity on the copy held here, if any; the record answers (a copy
      * may be stale). */
-    task_guard(c->srv->tasks, id, ev_now(c->srv->loop), &t);
-    tasks_remote(c, m->msgid, TOP_GUARD, id, NULL, false);
+    task_guard(o->srv->tasks, r->id, ev_now(o->srv->loop), &t);
+    tasks_remote(o, r, TOP_GUARD);
 }
 
-static void node_begin_local(struct conn *c, uint32_t msgid, const char *id, const char *node,
-                             double timeout_s)
+static void node_begin_local(struct reply_outlet *o, uint32_t msgid, const char *id,
+                             const char *node, double timeout_s)
 {
     struct task *t = NULL;
-    int rc = task_node_begin(c->srv->tasks, id, node, timeout_s, ev_now(c->srv->loop), &t);
+    int rc = task_node_begin(o->srv->tasks, id, node, timeout_s, ev_now(o->srv->loop), &t);
 
     if (rc < 0) {
-        reply_task_error(c, msgid, rc, id, t);
+        reply_task_error(o, msgid, rc, id, t);
         return;
     }
-    tasks_rearm(c->srv);
-    rpc_pack_result_begin(&c->pk, msgid);
-    msgpack_pack_map(&c->pk, 2);
-    rpc_pack_kv_double(&c->pk, "timeout_s", t->node_timeout_s);
-    rpc_pack_kv_str(&c->pk, "timeout_source", task_timeout_src_name(t->node_timeout_src));
-    conn_response_done(c, PGW_OK);
+    tasks_rearm(o->srv);
+    struct writer *w = o->ops->result_begin(o, msgid);
+    writer_map(w, 2);
+    writer_kv_double(w, "timeout_s", t->node_timeout_s);
+    writer_kv_str(w, "timeout_source", task_timeout_src_name(t->node_timeout_src));
+    o->ops->result_end(o, msgid);
 }
 
-void tasks_node_begin(struct conn *c, const struct rpc_msg *m)
+void tasks_node_begin(struct reply_outlet *o, const struct task_req *r)
 {
-    static const struct rpc_param spec[] = {
-        { "task_id", RPC_T_STR, true },
-        { "node", RPC_T_STR, true },
-        { "timeout_s", RPC_T_NUMBER | RPC_T_NIL, false },
-    };
-    const msgpack_object *p[3];
-    char id[TASKS_ID_BUF], node[TASKS_ID_BUF];
-    double timeout_s = 0;
-
-    if (bind_task(c, m, spec, 3, p, id, node) < 0 || task_is_foreign(c, m->msgid, id, conn_app(c)))
+    if (task_is_foreign(o, r))
         return;
-    if (p[2] && (!rpc_as_double(p[2], &timeout_s) || !(timeout_s > 0) || !isfinite(timeout_s))) {
-        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST,
-                         "parameter 'timeout_s': expected a positive number of seconds");
-        return;
-    }
-    if (!tasks_held_running(c->srv, id)) {
+    if (!tasks_held_running(o->srv, r->id)) {
         /* Started on another sidecar (or before a restart), or a copy here
          * that may be stale: the record decides, and a running task is
          * imported; then the node begins here (tasks_reply). */
-        struct tasks_req *q = tasks_req_new(c->srv, m->msgid, TOP_NODE_BEGIN, id, NULL, false);
+        struct tasks_req *q = tasks_req_new(o->srv, r->msgid, TOP_NODE_BEGIN, r->id, NULL, false);
         if (!q) {
-            conn_reply_error(c, m->msgid, PGW_INTERNAL, "out of memory");
+            reply_plain_error(o, r->msgid, PGW_INTERNAL, "out of memory");
             return;
         }
-        snprintf(q->node, sizeof(q->node), "%s", node);
-        q->timeout_s = timeout_s;
-        tasks_req_by(q, conn_app(c));
-        tasks_send(c->srv, q, c);
+        snprintf(q->node, sizeof(q->node), "%s", r->node);
+        q->timeout_s = r->timeout_s;
+        tasks_req_by(q, r->app);
+        tasks_send(o->srv, q, o);
         return;
     }
-    node_begin_local(c, m->msgid, id, node, timeout_s);
+    node_begin_local(o, r->msgid, r->id, r->node, r->timeout_s);
 }
 
-void tasks_node_end(struct conn *c, const struct rpc_msg *m)
+void tasks_node_end(struct reply_outlet *o, const struct task_req *r)
 {
-    static const struct rpc_param spec[] = {
-        { "task_id", RPC_T_STR, true },
-        { "node", RPC_T_STR | RPC_T_NIL, false },
-    };
-    const msgpack_object *p[2];
-    char id[TASKS_ID_BUF], node[TASKS_ID_BUF];
     struct task *t = NULL;
-    double now = ev_now(c->srv->loop);
+    double now = ev_now(o->srv->loop);
 
-    if (bind_task(c, m, spec, 2, p, id, node) < 0 || task_is_foreign(c, m->msgid, id, conn_app(c)))
+    if (task_is_foreign(o, r))
         return;
-    t = task_get(c->srv->tasks, id);
+    t = task_get(o->srv->tasks, r->id);
     double begun = t && t->node ? t->node_begun_at : now;
-    int rc = task_node_end(c->srv->tasks, id, p[1] ? node : NULL, now, &t);
+    int rc = task_node_end(o->srv->tasks, r->id, r->has_node ? r->node : NULL, now, &t);
     if (rc < 0) {
-        reply_task_error(c, m->msgid, rc, id, t);
+        reply_task_error(o, r->msgid, rc, r->id, t);
         return;
     }
-    tasks_rearm(c->srv);
-    rpc_pack_result_begin(&c->pk, m->msgid);
-    msgpack_pack_map(&c->pk, 1);
-    rpc_pack_kv_double(&c->pk, "elapsed_s", now - begun);
-    conn_response_done(c, PGW_OK);
+    tasks_rearm(o->srv);
+    struct writer *w = o->ops->result_begin(o, r->msgid);
+    writer_map(w, 1);
+    writer_kv_double(w, "elapsed_s", now - begun);
+    o->ops->result_end(o, r->msgid);
 }
 
-void tasks_finish(struct conn *c, const struct rpc_msg *m)
+void tasks_finish(struct reply_outlet *o, const struct task_req *r)
 {
-    static const struct rpc_param spec[] = {
-        { "task_id", RPC_T_STR, true },
-        { "ok", RPC_T_BOOL, true },
-        { "reason", RPC_T_STR | RPC_T_NIL, false },
-    };
-    const msgpack_object *p[3];
-    char id[TASKS_ID_BUF], reason[TASK_REASON_MAX + 1];
-
-    if (bind_task(c, m, spec, 3, p, id, NULL) < 0 || task_is_foreign(c, m->msgid, id, conn_app(c)))
-        return;
-    copy_reason(p[2], reason, sizeof(reason));
-    tasks_remote(c, m->msgid, TOP_FINISH, id, reason, p[1]->via.boolean);
+    if (!task_is_foreign(o, r))
+        tasks_remote(o, r, TOP_FINISH);
 }
 
-void tasks_get(struct conn *c, const struct rpc_msg *m)
+void tasks_get(struct reply_outlet *o, const struct task_req *r)
 {
-    static const struct rpc_param spec[] = { { "task_id", RPC_T_STR, true } };
-    const msgpack_object *p[1];
-    char id[TASKS_ID_BUF];
-
-    if (bind_task(c, m, spec, 1, p, id, NULL) < 0 || task_is_foreign(c, m->msgid, id, conn_app(c)))
-        return;
-    tasks_remote(c, m->msgid, TOP_GET, id, NULL, false);
+    if (!task_is_foreign(o, r))
+        tasks_remote(o, r, TOP_GET);
 }
 
 struct list_ctx {
     struct server *srv;
-    msgpack_packer *pk;
+    struct writer *w;
     const struct config_app *app; /* lists only what it may see */
     size_t n;
     bool counting;
@@ -1077,7 +1000,7 @@ static int list_one(struct task *t, void *ud)
         return 0;
     }
     backend_task_describe(&bt, t, lc->srv->loop);
-    pack_task(lc->pk, t->id, &bt, t);
+    write_task(lc->w, t->id, &bt, t);
     return 0;
 }
 
@@ -1105,38 +1028,42 @@ void tasks_list(struct conn *c, const struct rpc_msg *m)
             return;
         }
     }
-    struct list_ctx lc = { c->srv, &c->pk, conn_app(c), 0, true };
+    struct writer w;
+    struct list_ctx lc = { c->srv, &w, conn_app(c), 0, true };
     task_foreach(c->srv->tasks, filter, list_one, &lc);
     rpc_pack_result_begin(&c->pk, m->msgid);
-    msgpack_pack_map(&c->pk, 1);
-    rpc_pack_str(&c->pk, "tasks");
-    msgpack_pack_array(&c->pk, (uint32_t)lc.n);
+    writer_init_msgpack(&w, &c->pk);
+    writer_map(&w, 1);
+    writer_str(&w, "tasks");
+    writer_array(&w, (uint32_t)lc.n);
     lc.counting = false;
     task_foreach(c->srv->tasks, filter, list_one, &lc);
     conn_response_done(c, PGW_OK);
 }
 
 struct task *tasks_admit_call(struct server *srv, const char *id, const struct config_app *app,
-                              msgpack_packer *err, enum pgw_code *code)
+                              struct tasks_error *err)
 {
     struct task *t = NULL;
     if (!task_is_visible(task_get(srv->tasks, id), app)) {
-        *code = pack_task_error(err, TASK_E_NOT_FOUND, id, NULL, NULL, NULL, NULL);
+        task_error_make(err, TASK_E_NOT_FOUND, id, NULL, NULL, NULL, NULL);
         return NULL;
     }
     int rc = task_guard(srv->tasks, id, ev_now(srv->loop), &t);
 
     if (rc < 0) {
-        *code = t ? pack_task_error(err, rc, id, task_state_name(t->state), task_reason(t),
-                                    task_reason_kind_name(t->reason_kind), t->node)
-                  : pack_task_error(err, rc, id, NULL, NULL, NULL, NULL);
+        if (t)
+            task_error_make(err, rc, id, task_state_name(t->state), task_reason(t),
+                            task_reason_kind_name(t->reason_kind), t->node);
+        else
+            task_error_make(err, rc, id, NULL, NULL, NULL, NULL);
         return NULL;
     }
     return t;
 }
 
 struct running_ctx {
-    msgpack_packer *pk;
+    struct writer *w;
     const struct config_app *app; /* lists only what it may see */
     double now;
     size_t n, max;
@@ -1151,40 +1078,39 @@ static int running_one(struct task *t, void *ud)
     if (rc->n == rc->max)
         return 1;
     rc->n++;
-    if (!rc->pk)
+    if (!rc->w)
         return 0;
-    msgpack_packer *pk = rc->pk;
-    msgpack_pack_map(pk, 2 + (t->app[0] ? 1 : 0) + (t->node ? 3 : 0));
-    rpc_pack_kv_text(pk, "task_id", t->id);
+    struct writer *w = rc->w;
+    writer_map(w, 2 + (t->app[0] ? 1 : 0) + (t->node ? 3 : 0));
+    writer_kv_text(w, "task_id", t->id);
     if (t->app[0]) /* as in task.get: a record written before owners were kept has none */
-        rpc_pack_kv_text(pk, "app", t->app);
-    rpc_pack_kv_double(pk, "age_s", rc->now - t->started_at);
+        writer_kv_text(w, "app", t->app);
+    writer_kv_double(w, "age_s", rc->now - t->started_at);
     if (t->node) {
-        rpc_pack_kv_text(pk, "node", t->node);
-        rpc_pack_kv_double(pk, "node_age_s", rc->now - t->node_begun_at);
-        rpc_pack_kv_double(pk, "node_timeout_s", t->node_timeout_s);
+        writer_kv_text(w, "node", t->node);
+        writer_kv_double(w, "node_age_s", rc->now - t->node_begun_at);
+        writer_kv_double(w, "node_timeout_s", t->node_timeout_s);
     }
     return 0;
 }
 
-void tasks_pack_stats(msgpack_packer *pk, struct server *srv, const struct config_app *app)
+void tasks_write_stats(struct writer *w, struct server *srv, const struct config_app *app)
 {
     const struct task_stats *ts = task_reg_stats(srv->tasks);
     struct running_ctx rc = { NULL, app, ev_now(srv->loop), 0, TASKS_STATS_RUNNING_MAX };
 
-    rpc_pack_str(pk, "tasks");
-    msgpack_pack_map(pk, 14);
+    writer_str(w, "tasks");
+    writer_map(w, 14);
     /* Two passes, as task.list: the count first, then the entries. */
     task_foreach(srv->tasks, TASK_F_RUNNING, running_one, &rc);
-    rpc_pack_str(pk, "running_tasks");
-    msgpack_pack_array(pk, (uint32_t)rc.n);
-    rc.pk = pk;
+    writer_str(w, "running_tasks");
+    writer_array(w, (uint32_t)rc.n);
+    rc.w = w;
     rc.n = 0;
     task_foreach(srv->tasks, TASK_F_RUNNING, running_one, &rc);
-#define KV(k, v)                                \
-    do {                                        \
-        rpc_pack_str(pk, k);                    \
-        msgpack_pack_uint64(pk, (uint64_t)(v)); \
+#define KV(k, v)                            \
+    do {                                    \
+        writer_kv_u64(w, k, (uint64_t)(v)); \
     } while (0)
     KV("held", ts->tasks);
     KV("running", ts->running);

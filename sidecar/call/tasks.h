@@ -17,7 +17,9 @@
 #ifndef POLYGW_TASKS_H
 #define POLYGW_TASKS_H
 
+#include "codec/reply.h"
 #include "internal.h"
+#include "task.h"
 
 struct task;
 struct backend_task;
@@ -25,23 +27,45 @@ struct backend_task;
 int tasks_init(struct server *srv, char *err, size_t errlen);
 void tasks_fini(struct server *srv);
 
-/* Method handlers (methods.c's table). Each answers exactly once. */
-void tasks_start(struct conn *c, const struct rpc_msg *m);
-void tasks_stop(struct conn *c, const struct rpc_msg *m);
-void tasks_guard(struct conn *c, const struct rpc_msg *m);
-void tasks_node_begin(struct conn *c, const struct rpc_msg *m);
-void tasks_node_end(struct conn *c, const struct rpc_msg *m);
-void tasks_finish(struct conn *c, const struct rpc_msg *m);
-void tasks_get(struct conn *c, const struct rpc_msg *m);
+#define TASKS_ID_BUF (TASK_ID_MAX + 1)
+
+/* A task request as a front parsed it (the msgpack-RPC front from its
+ * params, the HTTP front from its path and JSON body). */
+struct task_req {
+    uint32_t msgid;
+    const struct config_app *app; /* who asks (borrowed from the server's config) */
+    char id[TASKS_ID_BUF];
+    char node[TASKS_ID_BUF];          /* node.begin, node.end */
+    bool has_node;                    /* node.end: a node was named */
+    double timeout_s;                 /* node.begin: > 0, or 0 = the configured one */
+    char reason[TASK_REASON_MAX + 1]; /* stop, finish: "" = none */
+    bool ok;                          /* finish */
+};
+
+/* The task methods. Each answers request r->msgid through `o` exactly
+ * once, now or from the event loop. */
+void tasks_start(struct reply_outlet *o, const struct task_req *r);
+void tasks_stop(struct reply_outlet *o, const struct task_req *r);
+void tasks_guard(struct reply_outlet *o, const struct task_req *r);
+void tasks_node_begin(struct reply_outlet *o, const struct task_req *r);
+void tasks_node_end(struct reply_outlet *o, const struct task_req *r);
+void tasks_finish(struct reply_outlet *o, const struct task_req *r);
+void tasks_get(struct reply_outlet *o, const struct task_req *r);
+/* The msgpack-RPC front's `task.list` (methods.c's table). */
 void tasks_list(struct conn *c, const struct rpc_msg *m);
 
+/* A task error as either front renders it: `e` (its message in `msg`). */
+struct tasks_error {
+    struct reply_error e;
+    char msg[TASK_REASON_MAX + TASK_ID_MAX + 96];
+};
+
 /* For `call` by `app` (borrowed): checks that task `id` is running and is
- * `app`'s (or `app` is admin). Returns the task, or NULL after packing the
- * task's error object (task_stopped, watchdog_timeout, bad_request for an
- * unknown one or another app's, answered alike) into `err` and its code
- * into *code. */
+ * `app`'s (or `app` is admin). Returns the task, or NULL after making the
+ * task's error (task_stopped, watchdog_timeout, bad_request for an unknown
+ * one or another app's, answered alike) in `err`. */
 struct task *tasks_admit_call(struct server *srv, const char *id, const struct config_app *app,
-                              msgpack_packer *err, enum pgw_code *code);
+                              struct tasks_error *err);
 
 /* For a call of `app` (borrowed) naming a task not held running here: asks
  * the record whether it runs and is `app`'s (importing it here when it
@@ -53,13 +77,9 @@ struct task *tasks_admit_call(struct server *srv, const char *id, const struct c
 typedef void tasks_guard_cb(void *ud, struct task *t, const struct backend_task *bt);
 void tasks_guard_remote(struct server *srv, const char *id, const struct config_app *app,
                         tasks_guard_cb *cb, void *ud);
-/* Answers request `msgid` with the error of record `bt` (bt->rc < 0) for
- * task `id`. */
-void tasks_reply_error(struct conn *c, uint32_t msgid, const char *id,
-                       const struct backend_task *bt);
-/* Packs the error object of record `bt` (bt->rc < 0) for task `id` into
- * `pk` (either front end's error); returns its code. */
-enum pgw_code tasks_pack_error(msgpack_packer *pk, const char *id, const struct backend_task *bt);
+/* Makes the error of record `bt` (bt->rc < 0) for task `id` in `te`
+ * (borrows `bt`'s text); returns its code. */
+enum pgw_code tasks_error_of(struct tasks_error *te, const char *id, const struct backend_task *bt);
 
 /* Backend hooks (backend.h), run from the event loop. Task `id` was
  * stopped, failed by a watchdog or finished on some sidecar: bring the
@@ -78,16 +98,16 @@ bool tasks_held_running(struct server *srv, const char *id);
 /* The task requests of `c` still waiting for the backend are answered
  * with `code` (PGW_OK: not answered — the client is gone); their answers
  * are then dropped. */
-void tasks_fail_pending(struct conn *c, enum pgw_code code, const char *message);
+void tasks_fail_pending(struct reply_outlet *o, enum pgw_code code, const char *message);
 
-/* Is a task request with `msgid` waiting for the backend on `c`? */
-bool tasks_is_pending(struct conn *c, uint32_t msgid);
+/* Is a task request with `msgid` waiting for the backend on `o`? */
+bool tasks_is_pending(const struct reply_outlet *o, uint32_t msgid);
 
 /* The `tasks` section of `stats`, whose `running_tasks` lists at most
  * TASKS_STATS_RUNNING_MAX running tasks `app` (borrowed) may see (its own,
  * every app's for an admin app), in creation order, each with its current node's
  * age against that node's watchdog timeout. */
 #define TASKS_STATS_RUNNING_MAX 100
-void tasks_pack_stats(msgpack_packer *pk, struct server *srv, const struct config_app *app);
+void tasks_write_stats(struct writer *w, struct server *srv, const struct config_app *app);
 
 #endif /* POLYGW_TASKS_H */

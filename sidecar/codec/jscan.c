@@ -311,27 +311,16 @@ static unsigned long hex4(const char *p)
     return v;
 }
 
-/* A member name (a string span with its quotes, holding an escape when
- * `esc`) unescaped into out[64]; "" when it does not fit or holds a NUL. */
-static void unescape_key(const struct jscan_value *k, bool esc, char *out)
+long jscan_string(const struct jscan_value *v, char *out, size_t max)
 {
-    const char *p = k->p + 1, *end = k->p + k->len - 1;
+    const char *p = v->p + 1, *end = v->p + v->len - 1;
     size_t o = 0;
-
-    if (!esc) { /* as it is: a valid string without escapes holds no NUL */
-        size_t n = k->len - 2;
-        if (n > 63)
-            n = 0;
-        memcpy(out, p, n);
-        out[n] = '\0';
-        return;
-    }
 
     while (p < end) {
         unsigned long cp;
         if (*p != '\\') {
-            if (o >= 63)
-                goto none;
+            if (o >= max)
+                return -1;
             out[o++] = *p++;
             continue;
         }
@@ -339,8 +328,8 @@ static void unescape_key(const struct jscan_value *k, bool esc, char *out)
         p += 2;
         if (e != 'u') {
             static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
-            if (o >= 63)
-                goto none;
+            if (o >= max)
+                return -1;
             out[o++] = to[strchr(from, e) - from];
             continue;
         }
@@ -353,8 +342,8 @@ static void unescape_key(const struct jscan_value *k, bool esc, char *out)
                 p += 6;
             }
         }
-        if (cp == 0 || o + 4 > 63)
-            goto none;
+        if (o + 4 > max) /* room for the longest form, whatever this one needs */
+            return -1;
         if (cp < 0x80) {
             out[o++] = (char)cp;
         } else if (cp < 0x800) {
@@ -372,9 +361,24 @@ static void unescape_key(const struct jscan_value *k, bool esc, char *out)
         }
     }
     out[o] = '\0';
-    return;
-none:
-    out[0] = '\0';
+    return (long)o;
+}
+
+/* A member name (a string span with its quotes, holding an escape when
+ * `esc`) unescaped into out[64]; "" when it does not fit or holds a NUL. */
+static void unescape_key(const struct jscan_value *k, bool esc, char *out)
+{
+    if (!esc) { /* as it is: a valid string without escapes holds no NUL */
+        size_t n = k->len - 2;
+        if (n > 63)
+            n = 0;
+        memcpy(out, k->p + 1, n);
+        out[n] = '\0';
+        return;
+    }
+    long n = jscan_string(k, out, 63);
+    if (n < 0 || memchr(out, '\0', (size_t)n))
+        out[0] = '\0';
 }
 
 /* Calls fn / efn for each member of the checked outermost container. */

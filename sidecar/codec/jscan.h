@@ -65,6 +65,12 @@ int jscan_object(const char *s, size_t len, jscan_member_fn *fn, void *ud, size_
 /* The same for an array and its elements (-2: not an array). */
 int jscan_array(const char *s, size_t len, jscan_element_fn *fn, void *ud, size_t *err_at);
 
+/* A JSCAN_STRING value (checked by the scanner) unescaped into out: at
+ * most `max` bytes, then a NUL. Returns its length (a \u0000 is a NUL
+ * byte within it), or -1 when it needs more than `max` bytes (a \u escape
+ * needs room for four). `out` of v->len bytes always suffices. */
+long jscan_string(const struct jscan_value *v, char *out, size_t max);
+
 /* The value of a hex digit, or -1. */
 int jscan_hexval(char ch);
 

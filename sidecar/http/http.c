@@ -123,7 +123,8 @@ struct http_conn {
     ev_timer next_w;  /* zero delay: parse pipelined input after a call */
     struct call_sink sink;
     struct upstream_budget budget; /* unsent output + replies its call is receiving */
-    struct conn *bridge;           /* task endpoints, made on first use */
+    struct reply_outlet tasks;     /* task answers, and those waiting for the backend */
+    struct strbuf task_json;       /* a task answer's JSON */
     enum hc_phase phase;
     bool reading, closed, oom;
     bool out_paused; /* not parsed further: its queued output is over budget */
@@ -457,53 +458,28 @@ struct hc_err {
     int status;
     char extra[512]; /* header lines */
     const char *ctype;
-    const char *body; /* into json, or into up (a raw upstream body) */
+    const char *body; /* into json, or the upstream's own body */
     size_t len;
     struct strbuf json;
-    msgpack_unpacked up;
 };
 
 static const char internal_error_json[] =
     "{\"error\":{\"message\":\"internal\",\"type\":\"server_error\",\"code\":\"internal\","
     "\"param\":null,\"polygw\":{}}}";
 
-/* Makes the answer for the error object `map` (packed {code, message,
- * ...}): an OpenAI-shaped error, or the upstream's own for a rejection.
- * `status` 0 means the code's status. Free with hc_err_fini. */
-static void hc_err_make(struct http_conn *c, int status, enum pgw_code code, const char *map,
-                        size_t len, struct hc_err *e)
+/* Makes the answer for error `re`: an OpenAI-shaped error, or the
+ * upstream's own for a rejection. `status` 0 means the code's status.
+ * Free with hc_err_fini. */
+static void hc_err_make(struct http_conn *c, int status, const struct reply_error *re,
+                        struct hc_err *e)
 {
-    const msgpack_object *o = NULL;
-    double retry_after = 0, stalled = -1;
-    int64_t upstream_status = 0;
-    uint64_t attempts = 0;
-    bool have_attempts = false;
-    const msgpack_object *upstream_body = NULL, *message = NULL;
+    enum pgw_code code = re->code;
 
     strbuf_init(&e->json);
-    msgpack_unpacked_init(&e->up);
     e->ctype = "application/json";
     e->body = internal_error_json;
     e->len = sizeof(internal_error_json) - 1;
-    if (msgpack_unpack_next(&e->up, map, len, NULL) == MSGPACK_UNPACK_SUCCESS &&
-        e->up.data.type == MSGPACK_OBJECT_MAP)
-        o = &e->up.data;
-    if (o) {
-        const msgpack_object *v;
-        message = rpc_map_get(o, "message");
-        if ((v = rpc_map_get(o, "retry_after_s")))
-            rpc_as_double(v, &retry_after);
-        if ((v = rpc_map_get(o, "stalled_s")))
-            rpc_as_double(v, &stalled);
-        if ((v = rpc_map_get(o, "status")) && v->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
-            upstream_status = (int64_t)v->via.u64;
-        if ((v = rpc_map_get(o, "attempts")) && v->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
-            attempts = v->via.u64;
-            have_attempts = true;
-        }
-        upstream_body = rpc_map_get(o, "upstream_body");
-    }
-    e->status = status ? status : status_of(code, (int)upstream_status);
+    e->status = status ? status : status_of(code, re->status);
 
     /* polygw has retried already: the SDKs must not multiply that, unless
      * the client asked to let its SDK retry what is worth retrying. */
@@ -511,92 +487,59 @@ static void hc_err_make(struct http_conn *c, int status, enum pgw_code code, con
     size_t n =
         (size_t)snprintf(e->extra, sizeof(e->extra), "x-should-retry: %s\r\nX-Polygw-Code: %s\r\n",
                          retry ? "true" : "false", pgw_code_name(code));
-    if (code_is_retry_later(code))
+    if (code_is_retry_later(code)) {
+        double retry_after = re->retry_after_s;
         n += (size_t)snprintf(e->extra + n, sizeof(e->extra) - n, "Retry-After: %.0f\r\n",
                               retry_after > 1 ? ceil(retry_after) : 1);
-    if (have_attempts)
+    }
+    if (re->has_attempts)
         n += (size_t)snprintf(e->extra + n, sizeof(e->extra) - n, "X-Polygw-Attempts: %llu\r\n",
-                              (unsigned long long)attempts);
-    if (stalled >= 0)
+                              (unsigned long long)re->attempts);
+    if (re->stalled_s >= 0)
         n += (size_t)snprintf(e->extra + n, sizeof(e->extra) - n, "X-Polygw-Stalled-S: %.3f\r\n",
-                              stalled);
+                              re->stalled_s);
     if (e->status == 401)
         snprintf(e->extra + n, sizeof(e->extra) - n,
                  "WWW-Authenticate: Bearer realm=\"polygw\"\r\n");
 
-    if (code == PGW_UPSTREAM_REJECTED && upstream_body) {
+    if (code == PGW_UPSTREAM_REJECTED && re->upstream_body) {
         /* The upstream's own answer, as the SDK would have had it. */
-        if (upstream_body->type == MSGPACK_OBJECT_STR) {
-            e->ctype = "text/plain; charset=utf-8";
-            e->body = upstream_body->via.str.ptr;
-            e->len = upstream_body->via.str.size;
-            return;
-        }
-        if (transcode_msgpack_to_json(upstream_body, &e->json, NULL, NULL, NULL, 0) == 0) {
-            e->body = e->json.data;
-            e->len = e->json.len;
-            return;
-        }
-        strbuf_reset(&e->json);
+        e->ctype = re->upstream_body_json ? "application/json" : "text/plain; charset=utf-8";
+        e->body = re->upstream_body;
+        e->len = re->upstream_body_len;
+        return;
     }
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 1);
-    rpc_pack_str(&pk, "error");
-    msgpack_pack_map(&pk, 5);
-    rpc_pack_str(&pk, "message");
-    if (message)
-        msgpack_pack_object(&pk, *message);
-    else
-        rpc_pack_str(&pk, pgw_code_name(code));
-    rpc_pack_kv_str(&pk, "type", type_of(e->status));
-    rpc_pack_kv_str(&pk, "code", pgw_code_name(code));
-    rpc_pack_str(&pk, "param");
-    msgpack_pack_nil(&pk);
     /* Everything else polygw knows (attempts, stalled_s, retry_after_s,
-     * sources...) under "polygw". */
-    rpc_pack_str(&pk, "polygw");
-    uint32_t keep = 0;
-    for (uint32_t i = 0; o && i < o->via.map.size; i++) {
-        const msgpack_object *k = &o->via.map.ptr[i].key;
-        keep += !rpc_str_is(k, "code") && !rpc_str_is(k, "message") &&
-            !(c->app[0] && rpc_str_is(k, "app"));
-    }
-    msgpack_pack_map(&pk, keep + (c->app[0] ? 1 : 0));
-    if (c->app[0]) /* who the request was taken to be */
-        rpc_pack_kv_str(&pk, "app", c->app);
-    for (uint32_t i = 0; o && i < o->via.map.size; i++) {
-        const msgpack_object *k = &o->via.map.ptr[i].key;
-        if (rpc_str_is(k, "code") || rpc_str_is(k, "message") ||
-            (c->app[0] && rpc_str_is(k, "app")))
-            continue;
-        msgpack_pack_object(&pk, *k);
-        msgpack_pack_object(&pk, o->via.map.ptr[i].val);
-    }
-    msgpack_unpacked top;
-    msgpack_unpacked_init(&top);
-    if (msgpack_unpack_next(&top, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS &&
-        transcode_msgpack_to_json(&top.data, &e->json, NULL, NULL, NULL, 0) == 0) {
+     * sources...) under "polygw", with who the request was taken to be. */
+    struct writer w;
+    writer_init_json(&w, &e->json);
+    writer_map(&w, 1);
+    writer_str(&w, "error");
+    writer_map(&w, 5);
+    writer_kv_text(&w, "message", re->message ? re->message : pgw_code_name(code));
+    writer_kv_str(&w, "type", type_of(e->status));
+    writer_kv_str(&w, "code", pgw_code_name(code));
+    writer_str(&w, "param");
+    writer_nil(&w);
+    writer_str(&w, "polygw");
+    const char *app = c->app[0] ? c->app : NULL;
+    writer_map(&w, reply_error_n_fields(re, app));
+    reply_error_write_fields(&w, re, app);
+    if (w.err == 0) {
         e->body = e->json.data;
         e->len = e->json.len;
     }
-    msgpack_unpacked_destroy(&top);
-    msgpack_sbuffer_destroy(&sb);
 }
 
 static void hc_err_fini(struct hc_err *e)
 {
     strbuf_fini(&e->json);
-    msgpack_unpacked_destroy(&e->up);
 }
 
-static void hc_send_error_map(struct http_conn *c, int status, enum pgw_code code, const char *map,
-                              size_t len)
+static void hc_send_error(struct http_conn *c, int status, const struct reply_error *re)
 {
     struct hc_err e;
-    hc_err_make(c, status, code, map, len, &e);
+    hc_err_make(c, status, re, &e);
     hc_reply(c, e.status, e.ctype, e.body, e.len, NULL, e.extra);
     hc_err_fini(&e);
 }
@@ -607,17 +550,12 @@ __attribute__((format(printf, 4, 5))) static void hc_error(struct http_conn *c, 
 {
     char msg[400];
     va_list ap;
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
 
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    rpc_pack_error_map(&pk, code, msg, 0);
-    hc_send_error_map(c, status, code, sb.data, sb.size);
-    msgpack_sbuffer_destroy(&sb);
+    const struct reply_error re = REPLY_ERROR(code, msg);
+    hc_send_error(c, status, &re);
 }
 
 /* ------------------------------------------------------------------ */
@@ -920,8 +858,7 @@ static void h_on_result(struct call_sink *s, uint32_t id, const struct call_info
     hc_response_done(c);
 }
 
-static void h_on_error(struct call_sink *s, uint32_t id, enum pgw_code code, const char *map,
-                       size_t map_len)
+static void h_on_error(struct call_sink *s, uint32_t id, const struct reply_error *re)
 {
     struct http_conn *c = sink_hc(s);
     (void)id;
@@ -930,12 +867,12 @@ static void h_on_error(struct call_sink *s, uint32_t id, enum pgw_code code, con
         /* The status is long sent: the error becomes the stream's last
          * event, the same JSON a plain answer would carry. */
         struct hc_err e;
-        hc_err_make(c, 0, code, map, map_len, &e);
+        hc_err_make(c, 0, re, &e);
         hc_sse(c, "error", e.body, e.len);
         hc_err_fini(&e);
         hc_body_end(c);
     } else {
-        hc_send_error_map(c, 0, code, map, map_len);
+        hc_send_error(c, 0, re);
     }
     hc_response_done(c);
 }
@@ -1113,7 +1050,7 @@ static void route_status_stats(struct http_conn *c, const char *path, size_t len
     if (!hc_status_allowed(c))
         return;
     strbuf_init(&json);
-    if (status_stats_json(c->hs->srv, hc_reader_app(c)->name, &json, why, sizeof(why)) == 0)
+    if (status_stats_json(c->hs->srv, hc_reader_app(c), &json, why, sizeof(why)) == 0)
         hc_reply(c, 200, "application/json", json.data, json.len, NULL,
                  "Cache-Control: no-store\r\n");
     else
@@ -1339,62 +1276,99 @@ static void route_call(struct http_conn *c, const char *path, size_t len)
     call_begin(&c->sink, ++c->seq, &r);
 }
 
-/* A task method's answer, through the bridge connection: one msgpack-RPC
- * response [1, msgid, error, result]. */
-static void hc_on_bridge(void *ud, const char *data, size_t len)
-{
-    struct http_conn *c = ud;
-    msgpack_unpacked up;
+/* ------------------------------------------------------------------ */
+/* Task answers (the reply handle of the task methods)                 */
 
-    if (c->closed || c->phase != HC_SERVING)
-        return; /* the client is gone, or it was answered already */
-    msgpack_unpacked_init(&up);
-    if (msgpack_unpack_next(&up, data, len, NULL) != MSGPACK_UNPACK_SUCCESS ||
-        up.data.type != MSGPACK_OBJECT_ARRAY || up.data.via.array.size != 4) {
-        hc_error(c, 500, PGW_INTERNAL, "unreadable task answer");
-    } else {
-        const msgpack_object *err = &up.data.via.array.ptr[2];
-        const msgpack_object *res = &up.data.via.array.ptr[3];
-        struct strbuf json;
-        strbuf_init(&json);
-        if (err->type == MSGPACK_OBJECT_MAP) {
-            const msgpack_object *code = rpc_map_get(err, "code");
-            int cd = code && code->type == MSGPACK_OBJECT_STR
-                ? pgw_code_from_name(code->via.str.ptr, code->via.str.size)
-                : -1;
-            msgpack_sbuffer sb;
-            msgpack_packer pk;
-            msgpack_sbuffer_init(&sb);
-            msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-            msgpack_pack_object(&pk, *err);
-            hc_send_error_map(c, 0, cd > 0 ? (enum pgw_code)cd : PGW_INTERNAL, sb.data, sb.size);
-            msgpack_sbuffer_destroy(&sb);
-        } else if (transcode_msgpack_to_json(res, &json, NULL, NULL, NULL, 0) == 0) {
-            hc_reply(c, 200, "application/json", json.data, json.len, NULL, NULL);
-        } else {
-            hc_error(c, 500, PGW_INTERNAL, "task answer cannot be written as JSON");
-        }
-        strbuf_fini(&json);
-    }
-    msgpack_unpacked_destroy(&up);
+static struct http_conn *outlet_hc(struct reply_outlet *o)
+{
+    return (struct http_conn *)((char *)o - offsetof(struct http_conn, tasks));
+}
+
+/* Still waiting for this answer? (The client may be gone, or answered.) */
+static bool task_answer_wanted(struct http_conn *c)
+{
+    return !c->closed && c->phase == HC_SERVING;
+}
+
+/* Counted as the msgpack-RPC front counts a response. */
+static void task_answered(struct http_conn *c, enum pgw_code code)
+{
+    struct server *srv = c->hs->srv;
+
+    srv->stats.requests_served++;
+    if (code != PGW_OK)
+        srv->stats.rejected[code]++;
     hc_response_done(c);
     hc_flush(c);
 }
 
-typedef void task_method_fn(struct conn *c, const struct rpc_msg *m);
+static struct writer *hto_result_begin(struct reply_outlet *o, uint32_t id)
+{
+    struct http_conn *c = outlet_hc(o);
+    (void)id;
+
+    strbuf_reset(&c->task_json);
+    writer_init_json(&o->w, &c->task_json);
+    return &o->w;
+}
+
+static void hto_result_end(struct reply_outlet *o, uint32_t id)
+{
+    struct http_conn *c = outlet_hc(o);
+    (void)id;
+
+    if (!task_answer_wanted(c))
+        return;
+    if (o->w.err)
+        hc_error(c, 500, PGW_INTERNAL, "task answer cannot be written as JSON");
+    else
+        hc_reply(c, 200, "application/json", c->task_json.data, c->task_json.len, NULL, NULL);
+    strbuf_reset(&c->task_json);
+    task_answered(c, PGW_OK);
+}
+
+static void hto_error(struct reply_outlet *o, uint32_t id, const struct reply_error *e)
+{
+    struct http_conn *c = outlet_hc(o);
+    (void)id;
+
+    if (!task_answer_wanted(c))
+        return;
+    hc_send_error(c, 0, e);
+    task_answered(c, e->code);
+}
+
+static const struct reply_outlet_ops http_outlet_ops = {
+    .result_begin = hto_result_begin,
+    .result_end = hto_result_end,
+    .error = hto_error,
+};
+
+typedef void task_method_fn(struct reply_outlet *o, const struct task_req *r);
+
+/* The body's members each task endpoint takes (the task_id is the
+ * path's), as the msgpack-RPC method's named parameters. */
+enum { TB_NODE, TB_TIMEOUT, TB_REASON, TB_OK, TB_N };
+static const struct rpc_param task_body_params[TB_N] = {
+    [TB_NODE] = { "node", RPC_T_STR | RPC_T_NIL, false },
+    [TB_TIMEOUT] = { "timeout_s", RPC_T_NUMBER | RPC_T_NIL, false },
+    [TB_REASON] = { "reason", RPC_T_STR | RPC_T_NIL, false },
+    [TB_OK] = { "ok", RPC_T_BOOL, false },
+};
 
 static const struct {
     const char *op; /* the last path segment; NULL = GET on the task */
-    const char *method;
     task_method_fn *fn;
+    unsigned takes;    /* 1 << TB_* */
+    unsigned requires; /* of which required */
 } task_routes[] = {
-    { NULL, "task.get", tasks_get },
-    { "start", "task.start", tasks_start },
-    { "stop", "task.stop", tasks_stop },
-    { "guard", "task.guard", tasks_guard },
-    { "node_begin", "task.node_begin", tasks_node_begin },
-    { "node_end", "task.node_end", tasks_node_end },
-    { "finish", "task.finish", tasks_finish },
+    { NULL, tasks_get, 0, 0 },
+    { "start", tasks_start, 0, 0 },
+    { "stop", tasks_stop, 1 << TB_REASON, 0 },
+    { "guard", tasks_guard, 0, 0 },
+    { "node_begin", tasks_node_begin, 1 << TB_NODE | 1 << TB_TIMEOUT, 1 << TB_NODE },
+    { "node_end", tasks_node_end, 1 << TB_NODE, 0 },
+    { "finish", tasks_finish, 1 << TB_OK | 1 << TB_REASON, 1 << TB_OK },
 };
 
 /* Percent-decodes s[0..n) into out (cap bytes with the NUL). -1 when
@@ -1475,82 +1449,187 @@ static bool admit_task(struct http_conn *c, const char *path, size_t len)
     return task_target(c, path, len, &t);
 }
 
+/* A task request's JSON body, bound as rpc_bind binds the method's named
+ * parameters (with the same messages). */
+struct task_body {
+    unsigned takes;
+    bool seen[TB_N];            /* named (null included) */
+    struct jscan_value v[TB_N]; /* its value */
+    char why[200];
+};
+
+/* A JSON value's type as rpc_bind names it (a JSON integer is an integer,
+ * -0 included; a fraction or an exponent makes a float). */
+static unsigned json_type(const struct jscan_value *v, const char **name)
+{
+    switch (v->type) {
+    case JSCAN_OBJECT:
+        *name = "map";
+        return RPC_T_MAP;
+    case JSCAN_ARRAY:
+        *name = "array";
+        return RPC_T_ARRAY;
+    case JSCAN_STRING:
+        *name = "string";
+        return RPC_T_STR;
+    case JSCAN_TRUE:
+    case JSCAN_FALSE:
+        *name = "boolean";
+        return RPC_T_BOOL;
+    case JSCAN_NULL:
+        *name = "nil";
+        return RPC_T_NIL;
+    case JSCAN_NUMBER:
+        break;
+    }
+    if (memchr(v->p, '.', v->len) || memchr(v->p, 'e', v->len) || memchr(v->p, 'E', v->len)) {
+        *name = "float";
+        return RPC_T_FLOAT;
+    }
+    if (v->p[0] == '-' && !(v->len == 2 && v->p[1] == '0')) {
+        *name = "negative integer";
+        return RPC_T_INT;
+    }
+    *name = "integer";
+    return RPC_T_UINT;
+}
+
+static int task_body_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    struct task_body *b = ud;
+    size_t i;
+
+    if (strcmp(key, "task_id") == 0)
+        return 0; /* the path names the task */
+    for (i = 0; i < TB_N; i++)
+        if ((b->takes & 1u << i) && strcmp(key, task_body_params[i].name) == 0)
+            break;
+    if (i == TB_N) {
+        char name[65];
+        rpc_quote_client_str(key, strlen(key), sizeof(name) - 1, name);
+        snprintf(b->why, sizeof(b->why), "unknown parameter '%s'", name);
+        return 1;
+    }
+    if (b->seen[i]) {
+        snprintf(b->why, sizeof(b->why), "parameter '%s' given twice", task_body_params[i].name);
+        return 1;
+    }
+    const char *tname;
+    if (!(json_type(v, &tname) & task_body_params[i].types)) {
+        snprintf(b->why, sizeof(b->why), "parameter '%s': expected %s, got %s",
+                 task_body_params[i].name, rpc_types_wanted(task_body_params[i].types), tname);
+        return 1;
+    }
+    b->seen[i] = true;
+    b->v[i] = *v;
+    return 0;
+}
+
+/* A string member unescaped into a new NUL-terminated buffer (free it);
+ * NULL when out of memory. */
+static char *json_string_dup(const struct jscan_value *v, size_t *n)
+{
+    char *s = malloc(v->len);
+    long len = s ? jscan_string(v, s, v->len - 1) : -1;
+
+    if (len < 0) {
+        free(s);
+        return NULL;
+    }
+    *n = (size_t)len;
+    return s;
+}
+
+/* Parses the body of task request `t` into `r`: false after answering 400
+ * (or 500 when out of memory). */
+static bool task_body_parse(struct http_conn *c, const struct task_target *t, struct task_req *r)
+{
+    struct task_body b = { .takes = task_routes[t->ri].takes };
+    size_t err_at = 0;
+    char why[200];
+
+    memset(r, 0, sizeof(*r));
+    r->msgid = ++c->seq;
+    r->app = t->app;
+    memcpy(r->id, t->id, sizeof(r->id));
+    if (c->body_len > 0) {
+        int rc = jscan_object(c->body, c->body_len, task_body_member, &b, &err_at);
+        if (rc == -1) {
+            hc_error(c, 400, PGW_BAD_REQUEST, "body is not valid JSON (at byte %zu)", err_at);
+            return false;
+        }
+        if (rc == -2) {
+            hc_error(c, 400, PGW_BAD_REQUEST, "body must be a JSON object");
+            return false;
+        }
+        if (rc != 0) {
+            hc_error(c, 400, PGW_BAD_REQUEST, "%s", b.why);
+            return false;
+        }
+    }
+    for (size_t i = 0; i < TB_N; i++) {
+        if (b.seen[i] && b.v[i].type == JSCAN_NULL)
+            b.seen[i] = false; /* null means absent */
+        if ((task_routes[t->ri].requires & 1u << i) && !b.seen[i]) {
+            hc_error(c, 400, PGW_BAD_REQUEST, "missing required parameter '%s'",
+                     task_body_params[i].name);
+            return false;
+        }
+    }
+    if (b.seen[TB_NODE]) {
+        size_t n;
+        char *s = json_string_dup(&b.v[TB_NODE], &n);
+        if (!s) {
+            hc_error(c, 500, PGW_INTERNAL, "out of memory");
+            return false;
+        }
+        int rc = rpc_check_ident("parameter 'node'", s, n, TASK_NODE_MAX, why, sizeof(why));
+        if (rc == 0)
+            memcpy(r->node, s, n + 1);
+        free(s);
+        if (rc < 0) {
+            hc_error(c, 400, PGW_BAD_REQUEST, "%s", why);
+            return false;
+        }
+        r->has_node = true;
+    }
+    if (b.seen[TB_TIMEOUT] &&
+        (!jscan_number(&b.v[TB_TIMEOUT], &r->timeout_s) || !(r->timeout_s > 0) ||
+         !isfinite(r->timeout_s))) {
+        hc_error(c, 400, PGW_BAD_REQUEST,
+                 "parameter 'timeout_s': expected a positive number of seconds");
+        return false;
+    }
+    if (b.seen[TB_REASON]) {
+        size_t n;
+        char *s = json_string_dup(&b.v[TB_REASON], &n);
+        if (!s) {
+            hc_error(c, 500, PGW_INTERNAL, "out of memory");
+            return false;
+        }
+        rpc_quote_client_str(s, n, sizeof(r->reason) - 1, r->reason);
+        free(s);
+    }
+    r->ok = b.seen[TB_OK] && b.v[TB_OK].type == JSCAN_TRUE;
+    return true;
+}
+
 static void route_task(struct http_conn *c, const char *path, size_t len)
 {
     struct task_target t;
-    char why[200];
+    struct task_req r;
 
-    if (!task_target(c, path, len, &t))
+    if (!task_target(c, path, len, &t) || !task_body_parse(c, &t, &r))
         return;
-
-    /* The body's keys become the method's named parameters, next to the
-     * task_id from the path. */
-    msgpack_sbuffer body, frame;
-    msgpack_packer pk;
-    msgpack_unpacked bup, fup;
-    msgpack_sbuffer_init(&body);
-    msgpack_sbuffer_init(&frame);
-    msgpack_unpacked_init(&bup);
-    msgpack_unpacked_init(&fup);
-    const msgpack_object *bo = NULL;
-    if (c->body_len > 0) {
-        msgpack_packer_init(&pk, &body, msgpack_sbuffer_write);
-        if (transcode_json_to_msgpack(c->body, c->body_len, &pk, NULL, why, sizeof(why)) < 0) {
-            hc_error(c, 400, PGW_BAD_REQUEST, "body is not valid JSON: %s", why);
-            goto out;
-        }
-        if (msgpack_unpack_next(&bup, body.data, body.size, NULL) != MSGPACK_UNPACK_SUCCESS ||
-            bup.data.type != MSGPACK_OBJECT_MAP) {
-            hc_error(c, 400, PGW_BAD_REQUEST, "body must be a JSON object");
-            goto out;
-        }
-        bo = &bup.data;
-    }
-    if (!c->bridge) {
-        c->bridge = conn_new_bridge(c->hs->srv, hc_on_bridge, c);
-        if (!c->bridge) {
-            hc_error(c, 500, PGW_INTERNAL, "out of memory");
-            goto out;
-        }
-    }
-    /* The task methods check ownership against the bridge's app: this
-     * request's (one request at a time is served per connection). */
-    snprintf(c->bridge->app, sizeof(c->bridge->app), "%s", t.app->name);
-    memcpy(c->bridge->peer_app, c->bridge->app, sizeof(c->bridge->app));
-    msgpack_packer_init(&pk, &frame, msgpack_sbuffer_write);
-    rpc_pack_request_begin(&pk, ++c->seq, task_routes[t.ri].method);
-    msgpack_pack_array(&pk, 1);
-    uint32_t n = 1;
-    for (uint32_t i = 0; bo && i < bo->via.map.size; i++)
-        n += !rpc_str_is(&bo->via.map.ptr[i].key, "task_id");
-    msgpack_pack_map(&pk, n);
-    rpc_pack_kv_str(&pk, "task_id", t.id);
-    for (uint32_t i = 0; bo && i < bo->via.map.size; i++) {
-        if (rpc_str_is(&bo->via.map.ptr[i].key, "task_id"))
-            continue;
-        msgpack_pack_object(&pk, bo->via.map.ptr[i].key);
-        msgpack_pack_object(&pk, bo->via.map.ptr[i].val);
-    }
-    struct rpc_msg m;
-    if (msgpack_unpack_next(&fup, frame.data, frame.size, NULL) != MSGPACK_UNPACK_SUCCESS ||
-        rpc_parse(&fup.data, &m, NULL) < 0) {
-        hc_error(c, 500, PGW_INTERNAL, "cannot build the task request");
-        goto out;
-    }
-    task_routes[t.ri].fn(c->bridge, &m);
-    conn_flush(c->bridge); /* an answer made at once comes out now (hc_on_bridge) */
-out:
-    msgpack_unpacked_destroy(&fup);
-    msgpack_unpacked_destroy(&bup);
-    msgpack_sbuffer_destroy(&frame);
-    msgpack_sbuffer_destroy(&body);
+    /* It answers now or later, through c->tasks (hto_*). */
+    task_routes[t.ri].fn(&c->tasks, &r);
 }
 
 /* The route table: `path` is matched exactly, or as a prefix (itself
  * included) when it ends in '/'. The first row whose method and path match decides; a path that
  * matches with another method only is 405, no match 404. A route answers
  * at once (hc_reply, hc_error), or starts a call or a task request that
- * answers later through the sink or the bridge. A new endpoint is one row
+ * answers later through the sink or the task reply handle. A new endpoint is one row
  * and one route_fn. `admit`, when set, runs on the head (hc_admit), before
  * any byte of the body is read: what it refuses (who is calling, the
  * content type, a capability or task endpoint that does not exist) is
@@ -1687,8 +1766,8 @@ static void hc_dispatch(struct http_conn *c)
     if (c->body_cap > HTTP_KEEP_BUFFER_BYTES)
         hc_drop_body(c);
     /* Answered at once, unless a call or a task request is in flight
-     * (those answer through the sink / the bridge). */
-    if (c->phase == HC_SERVING && c->sink.n_calls == 0 && !(c->bridge && c->bridge->tasks))
+     * (those answer through the sink / the task reply handle). */
+    if (c->phase == HC_SERVING && c->sink.n_calls == 0 && !c->tasks.waiting)
         hc_response_done(c);
 }
 
@@ -1882,8 +1961,7 @@ static void hc_close(struct http_conn *c, const char *why)
     ev_timer_stop(loop, &c->next_w);
     /* The client is gone: nothing it asked for may keep running. */
     call_abort_all(&c->sink);
-    if (c->bridge)
-        tasks_fail_pending(c->bridge, PGW_OK, NULL);
+    tasks_fail_pending(&c->tasks, PGW_OK, NULL);
     hs->srv->input_bytes -= c->input_bytes;
     c->input_bytes = 0;
     close(c->fd);
@@ -1900,8 +1978,7 @@ static void hc_close(struct http_conn *c, const char *why)
 
 static void hc_free(struct http_conn *c)
 {
-    if (c->bridge)
-        conn_free(c->bridge);
+    strbuf_fini(&c->task_json);
     strbuf_fini(&c->in);
     strbuf_fini(&c->out);
     free(c->body);
@@ -1994,6 +2071,8 @@ static void http_on_accept(struct ev_loop *loop, ev_io *w, int revents)
             setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         }
         c->hs = hs;
+        c->tasks.ops = &http_outlet_ops;
+        c->tasks.srv = hs->srv;
         c->id = next_id++;
         c->fd = fd;
         c->is_unix = l->is_unix;
@@ -2150,11 +2229,8 @@ void http_stop(struct http_server *hs)
         next = c->next;
         call_fail_all(&c->sink, PGW_SHUTTING_DOWN,
                       "the sidecar shut down before the call finished");
-        if (c->bridge) {
-            tasks_fail_pending(c->bridge, PGW_SHUTTING_DOWN,
-                               "the sidecar shut down before the state backend answered");
-            conn_flush(c->bridge);
-        }
+        tasks_fail_pending(&c->tasks, PGW_SHUTTING_DOWN,
+                           "the sidecar shut down before the state backend answered");
         if (!c->closed) {
             c->keep_alive = false;
             hc_close_after_flush(c, false);
@@ -2209,8 +2285,7 @@ void http_refuse_input_most(struct http_server *hs, size_t total, size_t cap)
     if (c->phase == HC_SERVING) {
         /* Its request is answered here, whatever was running for it. */
         call_abort_all(&c->sink);
-        if (c->bridge)
-            tasks_fail_pending(c->bridge, PGW_OK, NULL);
+        tasks_fail_pending(&c->tasks, PGW_OK, NULL);
     }
     if (c->stream_open) {
         hc_close(c, "unfinished input over max_buffered_input_bytes");

@@ -34,59 +34,22 @@ bool status_peer_allowed(const struct config *cfg, int fd)
     return false;
 }
 
-/* The bridge's output: one msgpack-RPC response, kept whole. */
-static void on_answer(void *ud, const char *data, size_t len)
+int status_stats_json(struct server *srv, const struct config_app *app, struct strbuf *out,
+                      char *why, size_t whylen)
 {
-    msgpack_sbuffer_write(ud, data, len);
-}
+    const struct stats_caller who = { app, app->name, NULL };
+    size_t len = out->len;
+    struct writer w;
 
-int status_stats_json(struct server *srv, const char *app, struct strbuf *out, char *why,
-                      size_t whylen)
-{
-    msgpack_sbuffer req, ans;
-    msgpack_packer pk;
-    msgpack_unpacked rup, aup;
-    struct rpc_msg m;
-    int rc = -1;
-
-    msgpack_sbuffer_init(&req);
-    msgpack_sbuffer_init(&ans);
-    msgpack_unpacked_init(&rup);
-    msgpack_unpacked_init(&aup);
-    struct conn *bridge = conn_new_bridge(srv, on_answer, &ans);
-    if (!bridge) {
-        snprintf(why, whylen, "out of memory");
-        goto out;
-    }
-    snprintf(bridge->app, sizeof(bridge->app), "%s", app);
-    memcpy(bridge->peer_app, bridge->app, sizeof(bridge->app));
-    msgpack_packer_init(&pk, &req, msgpack_sbuffer_write);
-    rpc_pack_request_begin(&pk, 1, "stats");
-    msgpack_pack_array(&pk, 0);
-    if (msgpack_unpack_next(&rup, req.data, req.size, NULL) != MSGPACK_UNPACK_SUCCESS ||
-        rpc_parse(&rup.data, &m, NULL) < 0) {
-        snprintf(why, whylen, "cannot build the stats request");
-        goto out;
-    }
-    methods_dispatch(bridge, &m);
-    conn_flush(bridge); /* `stats` answers at once: on_answer has it now */
-    if (msgpack_unpack_next(&aup, ans.data, ans.size, NULL) != MSGPACK_UNPACK_SUCCESS ||
-        aup.data.type != MSGPACK_OBJECT_ARRAY || aup.data.via.array.size != 4 ||
-        aup.data.via.array.ptr[2].type != MSGPACK_OBJECT_NIL) {
-        snprintf(why, whylen, "stats did not answer");
-        goto out;
-    }
-    if (transcode_msgpack_to_json(&aup.data.via.array.ptr[3], out, NULL, "stats", why, whylen) != 0)
-        goto out;
-    rc = 0;
-out:
-    if (bridge)
-        conn_free(bridge);
-    msgpack_unpacked_destroy(&aup);
-    msgpack_unpacked_destroy(&rup);
-    msgpack_sbuffer_destroy(&ans);
-    msgpack_sbuffer_destroy(&req);
-    return rc;
+    writer_init_json(&w, out);
+    methods_write_stats(&w, srv, &who);
+    srv->stats.requests_served++; /* as methods_write_stats counted it */
+    if (w.err == 0 && w.depth == 0)
+        return 0;
+    out->len = len;
+    snprintf(why, whylen, "%s",
+             w.err == WRITER_ENOMEM ? "out of memory" : "a value JSON cannot hold");
+    return -1;
 }
 
 /* Is source i the first one (not retired) that sets its model? */

@@ -18,6 +18,7 @@
 #include "strbuf.h"
 
 struct config;
+struct config_app;
 struct server;
 
 /* sidecar/http/status.html, bytes (no NUL), from the generated status_html.c. */
@@ -29,14 +30,13 @@ extern const size_t status_html_len;
  * (borrowed) has http_allow_status_remote; false when the peer is unknown. */
 bool status_peer_allowed(const struct config *cfg, int fd);
 
-/* Appends the `stats` result as JSON to `out`. It is made by the `stats`
- * method itself, called on a bridge connection (conn_new_bridge) that is
- * app `app` (borrowed: the page's reader, see docs/OPERATIONS.md §5): every
+/* Appends the `stats` result as JSON to `out`, as the `stats` method makes
+ * it for app `app` (borrowed: the page's reader, see docs/OPERATIONS.md §5): every
  * source, that app's own figures and running tasks, an admin app's view of
  * every app. Returns 0, or -1 with `why` (out of memory, a value JSON cannot
  * hold); `out` is then left as it was. */
-int status_stats_json(struct server *srv, const char *app, struct strbuf *out, char *why,
-                      size_t whylen);
+int status_stats_json(struct server *srv, const struct config_app *app, struct strbuf *out,
+                      char *why, size_t whylen);
 
 /* Appends GET /v1/models' answer for `cfg` (borrowed: the configuration in
  * force, so a reload shows at once) to `out`: each distinct model the

@@ -69,17 +69,9 @@ static void rpc_on_result(struct call_sink *s, uint32_t id, const struct call_in
     conn_response_done(c, PGW_OK);
 }
 
-static void rpc_on_error(struct call_sink *s, uint32_t id, enum pgw_code code, const char *map,
-                         size_t map_len)
+static void rpc_on_error(struct call_sink *s, uint32_t id, const struct reply_error *e)
 {
-    struct conn *c = sink_conn(s);
-
-    msgpack_pack_array(&c->pk, 4);
-    msgpack_pack_uint8(&c->pk, RPC_RESPONSE);
-    msgpack_pack_uint32(&c->pk, id);
-    pack_raw(&c->pk, map, map_len);
-    rpc_pack_error_end(&c->pk);
-    conn_response_done(c, code);
+    conn_reply_error_of(sink_conn(s), id, e);
 }
 
 static void rpc_flush(struct call_sink *s)

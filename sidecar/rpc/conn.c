@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "callrpc.h"
+#include "taskrpc.h"
 #include "http/http.h"
 #include "call/tasks.h"
 #include "core/log.h"
@@ -91,7 +92,7 @@ const struct config_app *conn_declare_app(const struct conn *c, const char *name
     return peer_declare_app(c->srv->cfg, c->peer_app, name, len, why, whylen);
 }
 
-/* What both kinds of connection share; fd -1 for a bridge. */
+/* A new connection's state. */
 static struct conn *conn_alloc(struct server *srv, int fd)
 {
     static uint64_t next_id = 1;
@@ -110,22 +111,12 @@ static struct conn *conn_alloc(struct server *srv, int fd)
     msgpack_packer_init(&c->pk, c, conn_append);
     upstream_budget_init(&c->budget, srv->cfg->max_write_queue_bytes);
     callrpc_sink_init(&c->sink, srv, &c->budget);
+    taskrpc_outlet_init(&c->tasks, srv);
     snprintf(c->peer_app, sizeof(c->peer_app), "%s", CONFIG_DEFAULT_APP); /* until identified */
     memcpy(c->app, c->peer_app, sizeof(c->app));
     c->sink.conn_id = c->id;
     peer_read(fd, &c->peer);
     peer_ids(&c->peer, &c->sink.peer_pid, &c->sink.peer_uid);
-    return c;
-}
-
-struct conn *conn_new_bridge(struct server *srv, conn_bridge_fn *fn, void *ud)
-{
-    struct conn *c = conn_alloc(srv, -1);
-
-    if (!c)
-        return NULL;
-    c->bridge = fn;
-    c->bridge_ud = ud;
     return c;
 }
 
@@ -174,7 +165,7 @@ void conn_close(struct conn *c, const char *why)
     c->input_bytes = 0;
     /* The client is gone: nothing it asked for may keep running. */
     call_abort_all(&c->sink);
-    tasks_fail_pending(c, PGW_OK, NULL);
+    tasks_fail_pending(&c->tasks, PGW_OK, NULL);
     close(c->fd);
     c->fd = -1;
     log_at(LOG_DEBUG, "connection closed", "conn", LOG_U, (unsigned long long)c->id, "reason",
@@ -224,7 +215,7 @@ static void conn_on_idle(struct ev_loop *loop, ev_timer *w, int revents)
     double left = c->last_activity + idle_s - ev_now(loop);
     (void)revents;
 
-    if (c->in_flight > 0 || c->sink.n_calls > 0 || c->tasks)
+    if (c->in_flight > 0 || c->sink.n_calls > 0 || c->tasks.waiting)
         left = idle_s;
     if (left > 0) {
         ev_timer_set(w, left, 0.);
@@ -292,16 +283,6 @@ void conn_flush(struct conn *c)
     if (c->closed)
         return;
     conn_check_packing(c);
-    if (c->bridge) {
-        const char *p = strbuf_head(&c->out);
-        size_t n = strbuf_live(&c->out);
-        strbuf_consume(&c->out, n); /* empties it; p stays valid */
-        c->budget.held = 0;
-        if (n && !c->oom)
-            c->bridge(c->bridge_ud, p, n);
-        c->oom = false;
-        return;
-    }
     if (c->oom) {
         conn_close(c, "out of memory queueing a reply");
         return;
@@ -360,6 +341,19 @@ void conn_reply_error(struct conn *c, uint32_t msgid, enum pgw_code code, const 
     conn_response_done(c, code);
 }
 
+void conn_reply_error_of(struct conn *c, uint32_t msgid, const struct reply_error *e)
+{
+    struct writer w;
+
+    msgpack_pack_array(&c->pk, 4);
+    msgpack_pack_uint8(&c->pk, RPC_RESPONSE);
+    msgpack_pack_uint32(&c->pk, msgid);
+    writer_init_msgpack(&w, &c->pk);
+    reply_error_write(&w, e);
+    rpc_pack_error_end(&c->pk);
+    conn_response_done(c, e->code);
+}
+
 void conn_fail(struct conn *c, enum pgw_code code, const char *message)
 {
     c->srv->stats.rejected[code]++;
@@ -396,7 +390,7 @@ static void conn_on_frame(struct conn *c, const msgpack_object *o)
         conn_reply_error(c, m.msgid, PGW_SHUTTING_DOWN, "the sidecar is shutting down");
         return;
     }
-    if (call_is_in_flight(&c->sink, m.msgid) || tasks_is_pending(c, m.msgid)) {
+    if (call_is_in_flight(&c->sink, m.msgid) || tasks_is_pending(&c->tasks, m.msgid)) {
         /* Two responses with one msgid could not be told apart by any
          * client: the stream of this connection can no longer be trusted. */
         snprintf(buf, sizeof(buf), "msgid %u is already in flight on this connection", m.msgid);

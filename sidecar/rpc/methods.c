@@ -12,6 +12,8 @@
 #include <time.h>
 
 #include "callrpc.h"
+#include "codec/transcode.h"
+#include "taskrpc.h"
 #include "http/http.h"
 #include "core/log.h"
 #include "metrics/metrics.h"
@@ -24,78 +26,78 @@
 typedef void method_fn(struct conn *c, const struct rpc_msg *m);
 
 /* A bucket's level, or nil when it is unlimited. */
-static void pack_kv_bucket(msgpack_packer *pk, const char *k, struct bucket *b, double now)
+static void write_kv_bucket(struct writer *w, const char *k, struct bucket *b, double now)
 {
-    rpc_pack_str(pk, k);
+    writer_str(w, k);
     if (bucket_is_unlimited(b))
-        msgpack_pack_nil(pk);
+        writer_nil(w);
     else
-        msgpack_pack_double(pk, bucket_level(b, now));
+        writer_double(w, bucket_level(b, now));
 }
 
 struct scope_iter {
-    msgpack_packer *pk;
+    struct writer *w;
     double now;
 };
 
 static void pack_scope(const char *scope, double last_at, void *ud)
 {
     struct scope_iter *it = ud;
-    rpc_pack_text(it->pk, scope);
-    msgpack_pack_map(it->pk, 1);
-    rpc_pack_kv_double(it->pk, "progress_age_s", it->now - last_at);
+    writer_text(it->w, scope);
+    writer_map(it->w, 1);
+    writer_kv_double(it->w, "progress_age_s", it->now - last_at);
 }
 
 /* `sources`, `scopes` and `calls_waiting`: the governance state. A scope
  * that never succeeded is absent (its progress age is +inf). */
-static void pack_governance(msgpack_packer *pk, struct server *srv)
+static void write_governance(struct writer *w, struct server *srv)
 {
     struct gov *g = &srv->gov;
     double now = ev_now(srv->loop);
     uint64_t waiting = 0;
 
-    rpc_pack_str(pk, "sources");
-    msgpack_pack_array(pk, g->n_sources);
+    writer_str(w, "sources");
+    writer_array(w, g->n_sources);
     for (size_t i = 0; i < g->n_sources; i++) {
         struct gov_source *s = &g->sources[i];
         double next = breaker_next_admit(&s->breaker, now);
         uint32_t limit = aimd_permits(&s->aimd);
         if (limit > s->p.max_concurrency)
             limit = s->p.max_concurrency;
-        msgpack_pack_map(pk, 16 + (s->p.retired ? 1 : 0));
-        rpc_pack_str(pk, "name");
-        rpc_pack_str(pk, s->p.name);
+        writer_map(w, 16 + (s->p.retired ? 1 : 0));
+        writer_str(w, "name");
+        writer_str(w, s->p.name);
         if (s->p.retired) /* removed by a reload, still in use */
         {
-            rpc_pack_str(pk, "retired");
-            msgpack_pack_true(pk);
+            writer_str(w, "retired");
+            writer_bool(w, true);
         }
-        rpc_pack_str(pk, "capability");
-        rpc_pack_str(pk, srv->cfg->capabilities[s->p.capability].name);
-        rpc_pack_kv_u64(pk, "in_flight", s->in_flight);
-        rpc_pack_kv_u64(pk, "limit", limit);
-        rpc_pack_kv_double(pk, "aimd_limit", s->aimd.limit);
-        rpc_pack_str(pk, "breaker");
-        rpc_pack_str(pk, breaker_state_name(s->breaker.state));
-        rpc_pack_kv_double(pk, "next_probe_in_s", next > now && next < 1e300 ? next - now : 0);
-        pack_kv_bucket(pk, "rpm_level", &s->rpm, now);
-        pack_kv_bucket(pk, "tpm_level", &s->tpm, now);
-        pack_kv_bucket(pk, "daily_tokens_level", &s->daily, now);
-        rpc_pack_kv_u64(pk, "attempts", s->attempts);
-        rpc_pack_kv_u64(pk, "successes", s->successes);
-        rpc_pack_kv_u64(pk, "failures", s->failures);
-        rpc_pack_kv_u64(pk, "rate_limited", s->rate_limited);
-        rpc_pack_kv_u64(pk, "breaker_opened", s->breaker.opened_total);
-        rpc_pack_kv_u64(pk, "tokens_used", s->tokens_used);
+        writer_str(w, "capability");
+        writer_str(w, srv->cfg->capabilities[s->p.capability].name);
+        writer_kv_u64(w, "in_flight", s->in_flight);
+        writer_kv_u64(w, "limit", limit);
+        writer_kv_double(w, "aimd_limit", s->aimd.limit);
+        writer_str(w, "breaker");
+        writer_str(w, breaker_state_name(s->breaker.state));
+        writer_kv_double(w, "next_probe_in_s", next > now && next < 1e300 ? next - now : 0);
+        write_kv_bucket(w, "rpm_level", &s->rpm, now);
+        write_kv_bucket(w, "tpm_level", &s->tpm, now);
+        write_kv_bucket(w, "daily_tokens_level", &s->daily, now);
+        writer_kv_u64(w, "attempts", s->attempts);
+        writer_kv_u64(w, "successes", s->successes);
+        writer_kv_u64(w, "failures", s->failures);
+        writer_kv_u64(w, "rate_limited", s->rate_limited);
+        writer_kv_u64(w, "breaker_opened", s->breaker.opened_total);
+        writer_kv_u64(w, "tokens_used", s->tokens_used);
     }
-    rpc_pack_str(pk, "scopes");
-    struct scope_iter it = { pk, now };
-    msgpack_pack_map(pk, g->progress ? progress_count(g->progress) : 0);
+    writer_str(w, "scopes");
+    struct scope_iter it = { w, now };
+    writer_map(w, g->progress ? progress_count(g->progress) : 0);
     if (g->progress)
         progress_foreach(g->progress, pack_scope, &it);
     for (size_t i = 0; i < g->n_capabilities; i++)
         waiting += g->waitq[i].n;
-    rpc_pack_kv_u64(pk, "calls_waiting", waiting);
+    writer_kv_u64(w, "calls_waiting", waiting);
 }
 
 /* Binds `params` against `spec`; on failure answers bad_request and returns -1. */
@@ -124,38 +126,44 @@ static void method_ping(struct conn *c, const struct rpc_msg *m)
 }
 
 /* The caller's identity as `hello` and `stats` show it. */
-static void pack_identity(msgpack_packer *pk, const struct conn *c)
+static void write_identity(struct writer *w, const struct stats_caller *who)
 {
-    const struct config_app *a = conn_app(c);
+    const struct config_app *a = who->app;
+    const struct peer *peer = who->peer;
+    bool known = peer && peer->known;
 
-    msgpack_pack_map(pk, 6);
-    rpc_pack_kv_str(pk, "app", a->name);
-    rpc_pack_kv_str(pk, "peer_app", c->peer_app);
-    rpc_pack_str(pk, "admin");
-    a->admin ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
-    rpc_pack_str(pk, "uid");
-    c->peer.known ? msgpack_pack_uint32(pk, c->peer.uid) : msgpack_pack_nil(pk);
-    rpc_pack_str(pk, "gid");
-    c->peer.known ? msgpack_pack_uint32(pk, c->peer.gid) : msgpack_pack_nil(pk);
-    rpc_pack_str(pk, "pid");
-    c->peer.known ? msgpack_pack_uint32(pk, c->peer.pid) : msgpack_pack_nil(pk);
+    writer_map(w, 6);
+    writer_kv_str(w, "app", a->name);
+    writer_kv_str(w, "peer_app", who->peer_app);
+    writer_str(w, "admin");
+    writer_bool(w, a->admin);
+    writer_str(w, "uid");
+    known ? writer_u64(w, peer->uid) : writer_nil(w);
+    writer_str(w, "gid");
+    known ? writer_u64(w, peer->gid) : writer_nil(w);
+    writer_str(w, "pid");
+    known ? writer_u64(w, peer->pid) : writer_nil(w);
+}
+
+static struct stats_caller conn_caller(const struct conn *c)
+{
+    return (struct stats_caller){ conn_app(c), c->peer_app, &c->peer };
 }
 
 /* `apps`: each app's admission figures from the governance core; only the
  * caller's own unless it is admin. Sources are shared infrastructure: every
  * caller sees them (`sources`), as it sees the limits that hold its calls. */
-static void pack_apps(msgpack_packer *pk, const struct conn *c)
+static void write_apps(struct writer *w, struct server *srv, const struct config_app *me)
 {
-    struct gov *g = &c->srv->gov;
-    const struct config *cfg = c->srv->cfg;
-    const struct config_app *me = conn_app(c);
-    double now = ev_now(c->srv->loop);
+    struct gov *g = &srv->gov;
+    const struct config *cfg = srv->cfg;
+    double now = ev_now(srv->loop);
     size_t n = 0;
 
     for (size_t i = 0; g->apps && i < g->n_apps && i < cfg->n_apps; i++)
         n += me->admin || &cfg->apps[i] == me;
-    rpc_pack_str(pk, "apps");
-    msgpack_pack_array(pk, (uint32_t)n);
+    writer_str(w, "apps");
+    writer_array(w, (uint32_t)n);
     for (size_t i = 0; g->apps && i < g->n_apps && i < cfg->n_apps; i++) {
         struct gov_app *a = &g->apps[i];
         if (!me->admin && &cfg->apps[i] != me)
@@ -164,30 +172,30 @@ static void pack_apps(msgpack_packer *pk, const struct conn *c)
         size_t n_pc = 0;
         for (size_t ci = 0; pc && ci < a->n_caps && ci < cfg->n_capabilities; ci++)
             n_pc += pc[ci].set;
-        msgpack_pack_map(pk, 8 + (n_pc > 0));
-        rpc_pack_kv_str(pk, "name", cfg->apps[i].name);
-        rpc_pack_kv_double(pk, "weight", a->p.weight);
-        rpc_pack_kv_u64(pk, "in_flight", a->in_flight);
-        rpc_pack_kv_u64(pk, "admitted", a->admitted);
-        rpc_pack_kv_u64(pk, "limited", a->limited);
-        pack_kv_bucket(pk, "rpm_level", &a->rpm, now);
-        pack_kv_bucket(pk, "tpm_level", &a->tpm, now);
-        pack_kv_bucket(pk, "daily_tokens_level", &a->daily, now);
+        writer_map(w, 8 + (n_pc > 0));
+        writer_kv_str(w, "name", cfg->apps[i].name);
+        writer_kv_double(w, "weight", a->p.weight);
+        writer_kv_u64(w, "in_flight", a->in_flight);
+        writer_kv_u64(w, "admitted", a->admitted);
+        writer_kv_u64(w, "limited", a->limited);
+        write_kv_bucket(w, "rpm_level", &a->rpm, now);
+        write_kv_bucket(w, "tpm_level", &a->tpm, now);
+        write_kv_bucket(w, "daily_tokens_level", &a->daily, now);
         if (!n_pc)
             continue;
-        rpc_pack_str(pk, "per_capability");
-        msgpack_pack_map(pk, (uint32_t)n_pc);
+        writer_str(w, "per_capability");
+        writer_map(w, (uint32_t)n_pc);
         for (size_t ci = 0; ci < a->n_caps && ci < cfg->n_capabilities; ci++) {
             struct gov_app_cap *ac = &a->caps[ci];
             if (!pc[ci].set)
                 continue;
-            rpc_pack_str(pk, cfg->capabilities[ci].name);
-            msgpack_pack_map(pk, 5);
-            rpc_pack_kv_u64(pk, "in_flight", ac->in_flight);
-            rpc_pack_kv_u64(pk, "limited", ac->limited);
-            pack_kv_bucket(pk, "rpm_level", &ac->rpm, now);
-            pack_kv_bucket(pk, "tpm_level", &ac->tpm, now);
-            pack_kv_bucket(pk, "daily_tokens_level", &ac->daily, now);
+            writer_str(w, cfg->capabilities[ci].name);
+            writer_map(w, 5);
+            writer_kv_u64(w, "in_flight", ac->in_flight);
+            writer_kv_u64(w, "limited", ac->limited);
+            write_kv_bucket(w, "rpm_level", &ac->rpm, now);
+            write_kv_bucket(w, "tpm_level", &ac->tpm, now);
+            write_kv_bucket(w, "daily_tokens_level", &ac->daily, now);
         }
     }
 }
@@ -215,104 +223,142 @@ static void method_hello(struct conn *c, const struct rpc_msg *m)
         str_copy(c->app, sizeof(c->app), a->name);
     }
     rpc_pack_result_begin(&c->pk, m->msgid);
-    pack_identity(&c->pk, c);
+    const struct stats_caller who = conn_caller(c);
+    struct writer w;
+    writer_init_msgpack(&w, &c->pk);
+    write_identity(&w, &who);
     conn_response_done(c, PGW_OK);
+}
+
+/* The backend's own `stats` pairs (backend.h packs them as msgpack): as
+ * they are for the msgpack writer, through the transcoder for JSON. */
+static void write_backend_stats(struct writer *w, struct server *srv)
+{
+    const struct backend_ops *ops = srv->backend->ops;
+
+    if (w->pk) {
+        ops->pack_stats(srv->backend, w->pk);
+        return;
+    }
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    msgpack_unpacked up;
+    struct strbuf json;
+    msgpack_sbuffer_init(&sb);
+    msgpack_unpacked_init(&up);
+    strbuf_init(&json);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, ops->stats_keys);
+    ops->pack_stats(srv->backend, &pk);
+    if (msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS &&
+        transcode_msgpack_to_json(&up.data, &json, NULL, "stats", NULL, 0) == 0)
+        writer_raw_json_members(w, json.data, json.len, ops->stats_keys);
+    else
+        writer_raw_json_members(w, NULL, 0, ops->stats_keys);
+    strbuf_fini(&json);
+    msgpack_unpacked_destroy(&up);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+void methods_write_stats(struct writer *w, struct server *srv, const struct stats_caller *who)
+{
+    const struct server_stats *st = &srv->stats;
+    const struct http_stats *hst = http_get_stats(srv->http);
+    writer_map(w, 14 + srv->backend->ops->stats_keys + (hst ? 1 : 0)); /* caller, apps, reload */
+
+    writer_str(w, "version");
+    writer_str(w, PGW_VERSION);
+    writer_str(w, "uptime_s");
+    writer_double(w, server_uptime_s(srv));
+
+    writer_str(w, "caller");
+    write_identity(w, who);
+    write_apps(w, srv, who->app);
+
+    writer_str(w, "connections");
+    writer_map(w, 6);
+    writer_kv_u64(w, "open", st->conns_open);
+    writer_kv_u64(w, "accepted", st->conns_accepted);
+    writer_kv_u64(w, "rejected", st->conns_rejected);
+    writer_kv_u64(w, "accept_errors", st->accept_errors);
+    writer_kv_u64(w, "idle_closed", st->conns_idle_closed);
+    writer_kv_u64(w, "input_refused", st->input_refusals);
+
+    writer_str(w, "requests");
+    writer_map(w, 5);
+    /* This request is answered right after: count it as served. */
+    writer_kv_u64(w, "served", st->requests_served + 1);
+    writer_kv_u64(w, "in_flight", st->in_flight);
+    writer_kv_u64(w, "notifications_ignored", st->notifications_ignored);
+    writer_kv_u64(w, "cancels", st->cancels);
+    writer_kv_u64(w, "chunks_relayed", st->chunks_relayed);
+
+    writer_str(w, "rejected");
+    writer_map(w, PGW_CODE_COUNT - 1);
+    for (int i = 1; i < PGW_CODE_COUNT; i++)
+        writer_kv_u64(w, pgw_code_name((enum pgw_code)i), st->rejected[i]);
+
+    writer_str(w, "io");
+    writer_map(w, 3);
+    writer_kv_u64(w, "bytes_in", st->bytes_in);
+    writer_kv_u64(w, "bytes_out", st->bytes_out);
+    writer_kv_u64(w, "read_pauses", st->read_pauses);
+
+    const struct upstream_stats *us = upstream_get_stats(srv->up);
+    writer_str(w, "upstream");
+    writer_map(w, 16);
+    writer_kv_u64(w, "attempts_started", us->attempts_started);
+    writer_kv_u64(w, "attempts_done", us->attempts_done);
+    writer_kv_u64(w, "attempts_cancelled", us->attempts_cancelled);
+    writer_kv_u64(w, "attempts_active", us->attempts_active);
+    writer_kv_u64(w, "dns_lookups", us->dns_lookups);
+    writer_kv_u64(w, "dns_abandoned", us->dns_abandoned);
+    writer_kv_u64(w, "dns_busy", us->dns_busy);
+    writer_kv_u64(w, "dns_waits", us->dns_waits);
+    writer_kv_u64(w, "own_connections_opened", us->conns_opened);
+    writer_kv_u64(w, "own_connections_reused", us->conns_reused);
+    writer_kv_u64(w, "own_stale_retries", us->stale_retries);
+    for (int i = ATTEMPT_RESOLVING; i < ATTEMPT_DONE; i++) {
+        char key[40];
+        snprintf(key, sizeof(key), "timeouts_%s", attempt_phase_name((enum attempt_phase)i));
+        writer_kv_u64(w, key, us->timeouts[i]);
+    }
+
+    writer_str(w, "reload");
+    writer_map(w, 3);
+    writer_kv_u64(w, "succeeded", st->reloads_ok);
+    writer_kv_u64(w, "failed", st->reloads_failed);
+    writer_kv_str(w, "last_error", srv->reload_error);
+
+    if (hst) {
+        /* The HTTP front end, when it is configured. */
+        writer_str(w, "http");
+        writer_map(w, 11);
+        writer_kv_u64(w, "open", hst->conns_open);
+        writer_kv_u64(w, "accepted", hst->conns_accepted);
+        writer_kv_u64(w, "rejected", hst->conns_rejected);
+        writer_kv_u64(w, "requests", hst->requests);
+        static const char *const classes[] = { "responses_1xx", "responses_2xx", "responses_3xx",
+                                               "responses_4xx", "responses_5xx" };
+        for (int i = 1; i <= 5; i++)
+            writer_kv_u64(w, classes[i - 1], hst->responses[i]);
+        writer_kv_u64(w, "timeouts", hst->timeouts);
+        writer_kv_u64(w, "bad_requests", hst->bad_requests);
+    }
+    write_governance(w, srv);
+    tasks_write_stats(w, srv, who->app);
+    write_backend_stats(w, srv); /* `backend` (and its own) */
 }
 
 static void method_stats(struct conn *c, const struct rpc_msg *m)
 {
-    const struct server_stats *st = &c->srv->stats;
-    msgpack_packer *pk = &c->pk;
-
     if (bind_or_reply(c, m, NULL, 0, NULL) < 0)
         return;
-    const struct http_stats *hst = http_get_stats(c->srv->http);
-    rpc_pack_result_begin(pk, m->msgid);
-    msgpack_pack_map(
-        pk, 14 + c->srv->backend->ops->stats_keys + (hst ? 1 : 0)); /* caller, apps, reload */
-
-    rpc_pack_str(pk, "version");
-    rpc_pack_str(pk, PGW_VERSION);
-    rpc_pack_str(pk, "uptime_s");
-    msgpack_pack_double(pk, server_uptime_s(c->srv));
-
-    rpc_pack_str(pk, "caller");
-    pack_identity(pk, c);
-    pack_apps(pk, c);
-
-    rpc_pack_str(pk, "connections");
-    msgpack_pack_map(pk, 6);
-    rpc_pack_kv_u64(pk, "open", st->conns_open);
-    rpc_pack_kv_u64(pk, "accepted", st->conns_accepted);
-    rpc_pack_kv_u64(pk, "rejected", st->conns_rejected);
-    rpc_pack_kv_u64(pk, "accept_errors", st->accept_errors);
-    rpc_pack_kv_u64(pk, "idle_closed", st->conns_idle_closed);
-    rpc_pack_kv_u64(pk, "input_refused", st->input_refusals);
-
-    rpc_pack_str(pk, "requests");
-    msgpack_pack_map(pk, 5);
-    /* This request is answered right after: count it as served. */
-    rpc_pack_kv_u64(pk, "served", st->requests_served + 1);
-    rpc_pack_kv_u64(pk, "in_flight", st->in_flight);
-    rpc_pack_kv_u64(pk, "notifications_ignored", st->notifications_ignored);
-    rpc_pack_kv_u64(pk, "cancels", st->cancels);
-    rpc_pack_kv_u64(pk, "chunks_relayed", st->chunks_relayed);
-
-    rpc_pack_str(pk, "rejected");
-    msgpack_pack_map(pk, PGW_CODE_COUNT - 1);
-    for (int i = 1; i < PGW_CODE_COUNT; i++)
-        rpc_pack_kv_u64(pk, pgw_code_name((enum pgw_code)i), st->rejected[i]);
-
-    rpc_pack_str(pk, "io");
-    msgpack_pack_map(pk, 3);
-    rpc_pack_kv_u64(pk, "bytes_in", st->bytes_in);
-    rpc_pack_kv_u64(pk, "bytes_out", st->bytes_out);
-    rpc_pack_kv_u64(pk, "read_pauses", st->read_pauses);
-
-    const struct upstream_stats *us = upstream_get_stats(c->srv->up);
-    rpc_pack_str(pk, "upstream");
-    msgpack_pack_map(pk, 16);
-    rpc_pack_kv_u64(pk, "attempts_started", us->attempts_started);
-    rpc_pack_kv_u64(pk, "attempts_done", us->attempts_done);
-    rpc_pack_kv_u64(pk, "attempts_cancelled", us->attempts_cancelled);
-    rpc_pack_kv_u64(pk, "attempts_active", us->attempts_active);
-    rpc_pack_kv_u64(pk, "dns_lookups", us->dns_lookups);
-    rpc_pack_kv_u64(pk, "dns_abandoned", us->dns_abandoned);
-    rpc_pack_kv_u64(pk, "dns_busy", us->dns_busy);
-    rpc_pack_kv_u64(pk, "dns_waits", us->dns_waits);
-    rpc_pack_kv_u64(pk, "own_connections_opened", us->conns_opened);
-    rpc_pack_kv_u64(pk, "own_connections_reused", us->conns_reused);
-    rpc_pack_kv_u64(pk, "own_stale_retries", us->stale_retries);
-    for (int i = ATTEMPT_RESOLVING; i < ATTEMPT_DONE; i++) {
-        char key[40];
-        snprintf(key, sizeof(key), "timeouts_%s", attempt_phase_name((enum attempt_phase)i));
-        rpc_pack_kv_u64(pk, key, us->timeouts[i]);
-    }
-
-    rpc_pack_str(pk, "reload");
-    msgpack_pack_map(pk, 3);
-    rpc_pack_kv_u64(pk, "succeeded", st->reloads_ok);
-    rpc_pack_kv_u64(pk, "failed", st->reloads_failed);
-    rpc_pack_kv_str(pk, "last_error", c->srv->reload_error);
-
-    if (hst) {
-        /* The HTTP front end, when it is configured. */
-        rpc_pack_str(pk, "http");
-        msgpack_pack_map(pk, 11);
-        rpc_pack_kv_u64(pk, "open", hst->conns_open);
-        rpc_pack_kv_u64(pk, "accepted", hst->conns_accepted);
-        rpc_pack_kv_u64(pk, "rejected", hst->conns_rejected);
-        rpc_pack_kv_u64(pk, "requests", hst->requests);
-        static const char *const classes[] = { "responses_1xx", "responses_2xx", "responses_3xx",
-                                               "responses_4xx", "responses_5xx" };
-        for (int i = 1; i <= 5; i++)
-            rpc_pack_kv_u64(pk, classes[i - 1], hst->responses[i]);
-        rpc_pack_kv_u64(pk, "timeouts", hst->timeouts);
-        rpc_pack_kv_u64(pk, "bad_requests", hst->bad_requests);
-    }
-    pack_governance(pk, c->srv);
-    tasks_pack_stats(pk, c->srv, conn_app(c));
-    c->srv->backend->ops->pack_stats(c->srv->backend, pk); /* `backend` (and its own) */
+    const struct stats_caller who = conn_caller(c);
+    struct writer w;
+    rpc_pack_result_begin(&c->pk, m->msgid);
+    writer_init_msgpack(&w, &c->pk);
+    methods_write_stats(&w, c->srv, &who);
     conn_response_done(c, PGW_OK);
 }
 
@@ -467,13 +513,13 @@ static const struct {
     { "ping", method_ping },
     { "hello", method_hello },
     { "call", callrpc_start },
-    { "task.start", tasks_start },
-    { "task.stop", tasks_stop },
-    { "task.guard", tasks_guard },
-    { "task.node_begin", tasks_node_begin },
-    { "task.node_end", tasks_node_end },
-    { "task.finish", tasks_finish },
-    { "task.get", tasks_get },
+    { "task.start", taskrpc_start },
+    { "task.stop", taskrpc_stop },
+    { "task.guard", taskrpc_guard },
+    { "task.node_begin", taskrpc_node_begin },
+    { "task.node_end", taskrpc_node_end },
+    { "task.finish", taskrpc_finish },
+    { "task.get", taskrpc_get },
     { "task.list", tasks_list },
     { "stats", method_stats },
     { "log.level", method_log_level },

@@ -517,6 +517,40 @@ def test_http__task_endpoints(front, up):
     assert f.curl("/polygw/v1/tasks/t2/stop")[0] == 405
 
 
+def test_http__task_bodies_are_refused_as_the_rpc_front_refuses_them(front, up):
+    """The HTTP front parses a task body itself: each refusal carries the
+    message the msgpack-RPC front gives for the same named parameters."""
+    f = front()
+    c = f.sc.connect()
+    cases = [("start", {"colour": "red"}), ("node_begin", {}), ("node_begin", {"node": 5}),
+             ("node_begin", {"node": "n", "timeout_s": -1}),
+             ("node_begin", {"node": "n", "timeout_s": "x"}), ("node_begin", {"node": ""}),
+             ("node_begin", {"node": "n", "timeout_s": 0.0}), ("finish", {"ok": 1}),
+             ("finish", {"ok": None}), ("stop", {"reason": 1.5}), ("stop", {"reason": -3}),
+             ("stop", {"reason": ["x"]}), ("node_end", {"node": {"a": 1}}), ("guard", {"ok": True})]
+    for op, body in cases:
+        err, _ = c.request("task." + op, dict(body, task_id="t1"))
+        assert err is not None, (op, body)
+        e = assert_error(*f.curl("/polygw/v1/tasks/t1/" + op, body), 400, "bad_request")
+        assert e["message"] == err["message"], (op, body, e, err)
+    e = assert_error(*f.curl("/polygw/v1/tasks/t1/node_begin", '{"node": "a", "node": "b"}'),
+                     400, "bad_request")
+    assert e["message"] == "parameter 'node' given twice"
+    for raw in ('{"node": ', "[1]", '"x"'):
+        assert_error(*f.curl("/polygw/v1/tasks/t1/node_begin", raw), 400, "bad_request")
+    # Escapes are decoded; a task_id in the body yields to the path's.
+    assert f.curl("/polygw/v1/tasks/t1/start", {"task_id": "other"})[0] == 200
+    status, _, body = f.curl("/polygw/v1/tasks/t1/node_begin",
+                             '{"node": "n\\u00e9", "timeout_s": 2}')
+    assert status == 200 and json.loads(body) == {"timeout_s": 2.0, "timeout_source": "explicit"}
+    status, _, body = f.curl("/polygw/v1/tasks/t1/stop", {"reason": "caf\u00e9 \"x\"\n"})
+    assert status == 200, body
+    got = json.loads(body)
+    assert got["reason"] == "caf\u00e9 \"x\"?" and got["node"] == "n\u00e9", got
+    err, res = c.request("task.get", {"task_id": "t1"})
+    assert err is None and res["reason"] == got["reason"]
+
+
 def test_http__overloaded_at_max_connections(front, up):
     f = front(http={"max_connections": 2})
     time.sleep(0.2)  # the fixture's probe connection is gone

@@ -161,3 +161,25 @@ def curl_status(url):
     out = subprocess.run(["curl", "-s", "-i", "--max-time", "5", url],
                          capture_output=True, timeout=10).stdout.decode()
     return parse_response(out)[0]
+
+
+def test_status__stats_json_carries_the_redis_backend_section(make_sidecar, up, workdir):
+    """The state backend writes its own `stats` pairs: on the Redis backend
+    they reach the page's JSON whole, as the method's msgpack has them."""
+    from redis_fixture import FleetRedis, fleet_config, source, unique_prefix, wait_backend
+    srv = FleetRedis().start()
+    try:
+        port = free_port()
+        text = fleet_config(srv.url(), unique_prefix(), [source("m1", "chat", up.url)]) + \
+            http_section(listen="127.0.0.1:%d" % port, socket=os.path.join(workdir, "h.sock"))
+        sc = make_sidecar(config_text=text)
+        f = Front(sc, port, os.path.join(workdir, "h.sock"))
+        wait_backend(sc)
+        c = sc.connect()
+        mp = c.request("stats")[1]
+        js = stats_json(f, unix=True)
+        assert set(js) == set(mp), set(js) ^ set(mp)
+        assert js["backend"]["kind"] == "redis" and set(js["backend"]) == set(mp["backend"])
+        c.close()
+    finally:
+        srv.cleanup()

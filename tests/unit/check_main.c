@@ -40,6 +40,7 @@ int main(void)
         httpreq_suite,
         h1_suite,
         conn_suite,
+        writer_suite,
     };
     SRunner *sr = srunner_create(NULL);
 

@@ -36,5 +36,6 @@ Suite *log_suite(void);
 Suite *httpreq_suite(void);
 Suite *h1_suite(void);
 Suite *conn_suite(void);
+Suite *writer_suite(void);
 
 #endif
