@@ -271,7 +271,7 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
 
     const struct upstream_stats *us = upstream_get_stats(c->srv->up);
     rpc_pack_str(pk, "upstream");
-    msgpack_pack_map(pk, 16);
+    msgpack_pack_map(pk, 18);
     rpc_pack_kv_u64(pk, "attempts_started", us->attempts_started);
     rpc_pack_kv_u64(pk, "attempts_done", us->attempts_done);
     rpc_pack_kv_u64(pk, "attempts_cancelled", us->attempts_cancelled);
@@ -283,6 +283,8 @@ static void method_stats(struct conn *c, const struct rpc_msg *m)
     rpc_pack_kv_u64(pk, "own_connections_opened", us->conns_opened);
     rpc_pack_kv_u64(pk, "own_connections_reused", us->conns_reused);
     rpc_pack_kv_u64(pk, "own_stale_retries", us->stale_retries);
+    rpc_pack_kv_u64(pk, "own_tls_handshakes", us->tls_done);
+    rpc_pack_kv_u64(pk, "own_tls_resumed", us->tls_resumed);
     for (int i = ATTEMPT_RESOLVING; i < ATTEMPT_DONE; i++) {
         char key[40];
         snprintf(key, sizeof(key), "timeouts_%s", attempt_phase_name((enum attempt_phase)i));

@@ -202,22 +202,30 @@ static void rtls_die(struct rtls *t, const char *fmt, ...)
     rtls_close_fds(t);
 }
 
+const char *rtls_handshake_error(SSL *ssl, int e, char *buf, size_t cap)
+{
+    long v = SSL_get_verify_result(ssl);
+
+    if (v != X509_V_OK) {
+        ERR_clear_error();
+        snprintf(buf, cap, "certificate verify failed: %s", X509_verify_cert_error_string(v));
+    } else if (e == SSL_ERROR_SYSCALL && ERR_peek_last_error() == 0) {
+        snprintf(buf, cap, "%s",
+                 errno ? strerror(errno) : "the server closed the connection (is it TLS?)");
+    } else {
+        const char *r = ssl_reason(buf, cap, "failed");
+        if (r != buf)
+            snprintf(buf, cap, "%s", r);
+    }
+    return buf;
+}
+
 /* A failed SSL_connect: the verification result says most. */
 static void rtls_handshake_failed(struct rtls *t, int e)
 {
     char why[RTLS_ERR_MAX];
-    long v = SSL_get_verify_result(t->ssl);
 
-    if (v != X509_V_OK)
-        rtls_die(t, "TLS handshake: certificate verify failed: %s",
-                 X509_verify_cert_error_string(v));
-    else if (e == SSL_ERROR_SYSCALL && ERR_peek_last_error() == 0)
-        rtls_die(t, "TLS handshake: %s",
-                 errno ? strerror(errno)
-                       : "the server closed the "
-                         "connection (is it TLS?)");
-    else
-        rtls_die(t, "TLS handshake: %s", ssl_reason(why, sizeof(why), "failed"));
+    rtls_die(t, "TLS handshake: %s", rtls_handshake_error(t->ssl, e, why, sizeof(why)));
 }
 
 static void rtls_io_failed(struct rtls *t, const char *op, int e)
@@ -397,6 +405,18 @@ static void rtls_on_plain(struct ev_loop *loop, ev_io *w, int revents)
 
 /* --- public ---------------------------------------------------------- */
 
+struct ssl_ctx_st *rtls_ctx_ssl(const struct rtls_ctx *ctx)
+{
+    return ctx->ssl;
+}
+
+int rtls_set_peer(SSL *ssl, const char *name)
+{
+    if (is_ip_literal(name))
+        return X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), name) == 1 ? 0 : -1;
+    return SSL_set_tlsext_host_name(ssl, name) == 1 && SSL_set1_host(ssl, name) == 1 ? 0 : -1;
+}
+
 struct rtls *rtls_new(struct ev_loop *loop, struct rtls_ctx *ctx, int *fd, const char *host,
                       char *err, size_t errlen)
 {
@@ -423,12 +443,7 @@ struct rtls *rtls_new(struct ev_loop *loop, struct rtls_ctx *ctx, int *fd, const
     }
     SSL_set_mode(t->ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
     SSL_set_connect_state(t->ssl);
-    if (is_ip_literal(name)) {
-        if (X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(t->ssl), name) != 1) {
-            set_err(err, errlen, "TLS: cannot set the address to verify");
-            goto fail;
-        }
-    } else if (SSL_set_tlsext_host_name(t->ssl, name) != 1 || SSL_set1_host(t->ssl, name) != 1) {
+    if (rtls_set_peer(t->ssl, name) < 0) {
         set_err(err, errlen, "TLS: cannot set the server name");
         goto fail;
     }

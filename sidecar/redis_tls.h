@@ -39,6 +39,8 @@ struct rtls_opts {
 
 struct rtls_ctx;
 struct rtls;
+struct ssl_st;     /* OpenSSL's SSL */
+struct ssl_ctx_st; /* OpenSSL's SSL_CTX */
 
 /* Loads the CA, certificate and key (reading the files now). Returns an
  * owned context, or NULL with a reason naming the file that failed. The
@@ -65,5 +67,21 @@ const char *rtls_error(const struct rtls *t);
 
 /* Is the TLS session established (handshake done, not failed)? */
 bool rtls_is_open(const struct rtls *t);
+
+/* Shared with the other TLS client (h1.c), on OpenSSL's own objects: */
+
+/* The context's OpenSSL context (owned by ctx). */
+struct ssl_ctx_st *rtls_ctx_ssl(const struct rtls_ctx *ctx);
+
+/* Sets what `ssl` checks the server against: `name` as SNI and the
+ * certificate's host name, or, for an IP literal, the certificate's
+ * addresses without SNI. 0 or -1. */
+int rtls_set_peer(struct ssl_st *ssl, const char *name);
+
+/* Why SSL_connect failed (its SSL_get_error `e`), in `buf`: the
+ * verification result when the chain or the name was refused ("certificate
+ * verify failed: ..."), else OpenSSL's reason or the socket's error. Empties
+ * OpenSSL's error queue. Names no secret. Returns buf. */
+const char *rtls_handshake_error(struct ssl_st *ssl, int e, char *buf, size_t cap);
 
 #endif /* POLYGW_REDIS_TLS_H */
