@@ -42,6 +42,8 @@
 
 #include <arpa/inet.h>
 #include <curl/curl.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,17 +123,22 @@ struct url_host {
      * hold (owned); NULL for plain http. */
     uint64_t route_id;
     struct ssl_ctx_st *tls;
+    struct tls_route *tls_route;
     char *tls_name;
     char url[];
 };
 
-/* One TLS context per route the own client carries (a CA store loaded
+/* One TLS context per route the own client carries (a CA store parsed
  * once, the client certificate); ctx NULL when it could not be made: that
- * route's URLs stay with libcurl, which reports why. */
+ * route's URLs stay with libcurl, which reports why. The store is read
+ * again from ca_file (NULL: OpenSSL's default paths) after
+ * UPSTREAM_CA_CACHE_S, as libcurl does with its cached one. */
 struct tls_route {
     struct tls_route *next;
     uint64_t id;
     struct rtls_ctx *ctx;
+    char *ca_file;
+    double loaded_at;
 };
 
 /* Request headers for one (stream, source headers) pair, shared by every
@@ -469,7 +476,7 @@ static CURLU *url_parse(struct upstream *up, const char *url, struct dns_host **
 /* The own client's TLS context for route `r` (NULL: the defaults), made
  * on first use with the CA set libcurl uses (the route's ca_file, else
  * libcurl's bundle); NULL when it cannot be made. */
-static struct ssl_ctx_st *upstream_tls_ctx(struct upstream *up, const struct upstream_route *r)
+static struct tls_route *upstream_tls_route(struct upstream *up, const struct upstream_route *r)
 {
     uint64_t id = r ? r->id : 0;
     struct tls_route *t;
@@ -477,7 +484,7 @@ static struct ssl_ctx_st *upstream_tls_ctx(struct upstream *up, const struct ups
 
     for (t = up->tls_routes; t; t = t->next) {
         if (t->id == id)
-            return t->ctx ? rtls_ctx_ssl(t->ctx) : NULL;
+            return t->ctx ? t : NULL;
     }
     if (up->n_tls_routes >= UPSTREAM_CACHE_MAX || !(t = calloc(1, sizeof(*t))))
         return NULL;
@@ -487,15 +494,35 @@ static struct ssl_ctx_st *upstream_tls_ctx(struct upstream *up, const struct ups
         .key_file = r ? r->key_file : NULL,
     };
     t->id = id;
+    t->loaded_at = ev_now(up->loop);
     t->ctx = rtls_ctx_new(&o, why, sizeof(why));
-    if (t->ctx && h1_tls_ctx_setup(rtls_ctx_ssl(t->ctx)) < 0) {
+    if (t->ctx &&
+        (h1_tls_ctx_setup(rtls_ctx_ssl(t->ctx)) < 0 ||
+         (o.ca_file && !(t->ca_file = strdup(o.ca_file))))) {
         rtls_ctx_free(t->ctx);
         t->ctx = NULL;
     }
     t->next = up->tls_routes;
     up->tls_routes = t;
     up->n_tls_routes++;
-    return t->ctx ? rtls_ctx_ssl(t->ctx) : NULL;
+    return t->ctx ? t : NULL;
+}
+
+/* Reads the route's CA store again once it is UPSTREAM_CA_CACHE_S old: a
+ * replaced bundle is trusted by new connections within that time. Should
+ * the file not load now, the old store stays for another period. */
+static void tls_route_refresh(struct tls_route *t, double now)
+{
+    if (now - t->loaded_at < (double)UPSTREAM_CA_CACHE_S)
+        return;
+    t->loaded_at = now;
+    X509_STORE *st = X509_STORE_new();
+    if (st &&
+        (t->ca_file ? X509_STORE_load_file(st, t->ca_file) : X509_STORE_set_default_paths(st)) == 1)
+        SSL_CTX_set_cert_store(rtls_ctx_ssl(t->ctx), st); /* frees the old one */
+    else
+        X509_STORE_free(st);
+    ERR_clear_error();
 }
 
 /* Whether the own client carries `u`'s attempts on route `r`: http, or
@@ -539,7 +566,8 @@ static void url_own_client(struct upstream *up, struct url_host *u, const struct
         /* The name verified: an IPv6 literal without its brackets. */
         size_t k = strlen(name);
         bool v6 = k > 2 && name[0] == '[' && name[k - 1] == ']';
-        if (!(u->tls = upstream_tls_ctx(up, r)) ||
+        if (!(u->tls_route = upstream_tls_route(up, r)) ||
+            !(u->tls = rtls_ctx_ssl(u->tls_route->ctx)) ||
             !(u->tls_name = v6 ? strndup(name + 1, k - 2) : strdup(name)))
             goto out;
     }
@@ -604,6 +632,7 @@ static struct url_host *upstream_url(struct upstream *up, const char *url,
     u->name_until = 0;
     u->route_id = route_id;
     u->tls = NULL;
+    u->tls_route = NULL;
     u->tls_name = NULL;
     if (up->h1)
         url_own_client(up, u, r);
@@ -1704,6 +1733,7 @@ void upstream_free(struct upstream *up)
         struct tls_route *t = up->tls_routes;
         up->tls_routes = t->next;
         rtls_ctx_free(t->ctx);
+        free(t->ca_file);
         free(t);
     }
     free(up);
@@ -1976,6 +2006,8 @@ static int attempt_start_own(struct attempt *a, const struct attempt_spec *spec,
 
     if (!hs)
         return -1;
+    if (u->tls_route)
+        tls_route_refresh(u->tls_route, ev_now(a->up->loop));
     memcpy(a->h1_cl, "Content-Length: ", 16);
     char *end = put_uint(a->h1_cl + 16, spec->body_len);
     memcpy(end, "\r\n\r\n", 4);
