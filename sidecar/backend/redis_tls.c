@@ -139,18 +139,8 @@ static void rtls_die(struct rtls *t, const char *fmt, ...)
 static void rtls_handshake_failed(struct rtls *t, int e)
 {
     char why[RTLS_ERR_MAX];
-    long v = SSL_get_verify_result(t->ssl);
 
-    if (v != X509_V_OK)
-        rtls_die(t, "TLS handshake: certificate verify failed: %s",
-                 X509_verify_cert_error_string(v));
-    else if (e == SSL_ERROR_SYSCALL && ERR_peek_last_error() == 0)
-        rtls_die(t, "TLS handshake: %s",
-                 errno ? strerror(errno)
-                       : "the server closed the "
-                         "connection (is it TLS?)");
-    else
-        rtls_die(t, "TLS handshake: %s", tls_reason(why, sizeof(why), "failed"));
+    rtls_die(t, "TLS handshake: %s", tls_handshake_error(t->ssl, e, why, sizeof(why)));
 }
 
 static void rtls_io_failed(struct rtls *t, const char *op, int e)
@@ -356,12 +346,7 @@ struct rtls *rtls_new(struct ev_loop *loop, struct rtls_ctx *ctx, int *fd, const
     }
     SSL_set_mode(t->ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
     SSL_set_connect_state(t->ssl);
-    if (iplit_is(name)) {
-        if (X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(t->ssl), name) != 1) {
-            str_setf(err, errlen, "TLS: cannot set the address to verify");
-            goto fail;
-        }
-    } else if (SSL_set_tlsext_host_name(t->ssl, name) != 1 || SSL_set1_host(t->ssl, name) != 1) {
+    if (tls_set_peer(t->ssl, name) < 0) {
         str_setf(err, errlen, "TLS: cannot set the server name");
         goto fail;
     }

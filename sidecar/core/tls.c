@@ -5,7 +5,12 @@
 
 #include <openssl/err.h>
 #include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+#include <errno.h>
 #include <stdio.h>
+#include <string.h>
+
+#include "iplit.h"
 
 #define TLS_WHY_MAX 200
 
@@ -73,4 +78,29 @@ fail:
     ERR_clear_error();
     SSL_CTX_free(ssl);
     return NULL;
+}
+
+int tls_set_peer(SSL *ssl, const char *name)
+{
+    if (iplit_is(name))
+        return X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), name) == 1 ? 0 : -1;
+    return SSL_set_tlsext_host_name(ssl, name) == 1 && SSL_set1_host(ssl, name) == 1 ? 0 : -1;
+}
+
+const char *tls_handshake_error(SSL *ssl, int e, char *buf, size_t cap)
+{
+    long v = SSL_get_verify_result(ssl);
+
+    if (v != X509_V_OK) {
+        ERR_clear_error();
+        snprintf(buf, cap, "certificate verify failed: %s", X509_verify_cert_error_string(v));
+    } else if (e == SSL_ERROR_SYSCALL && ERR_peek_last_error() == 0) {
+        snprintf(buf, cap, "%s",
+                 errno ? strerror(errno) : "the server closed the connection (is it TLS?)");
+    } else {
+        const char *r = tls_reason(buf, cap, "failed");
+        if (r != buf)
+            snprintf(buf, cap, "%s", r);
+    }
+    return buf;
 }

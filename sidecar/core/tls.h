@@ -13,6 +13,7 @@
 #include <stddef.h>
 
 typedef struct ssl_ctx_st SSL_CTX;
+typedef struct ssl_st SSL;
 
 struct tls_files {
     const char *ca_file;   /* PEM bundle; NULL = the system store */
@@ -24,6 +25,17 @@ struct tls_files {
  * owned context (SSL_CTX_free), or NULL with a reason naming the file that
  * failed. */
 SSL_CTX *tls_ctx_new(const struct tls_files *f, char *err, size_t errlen);
+
+/* Sets what `ssl` checks the server against: `name` as SNI and the
+ * certificate's host name, or, for an IP literal, the certificate's
+ * addresses without SNI. 0 or -1. */
+int tls_set_peer(SSL *ssl, const char *name);
+
+/* Why SSL_connect failed (its SSL_get_error `e`), in `buf`: the
+ * verification result when the chain or the name was refused ("certificate
+ * verify failed: ..."), else OpenSSL's reason or the socket's error. Empties
+ * OpenSSL's error queue. Names no secret. Returns buf. */
+const char *tls_handshake_error(SSL *ssl, int e, char *buf, size_t cap);
 
 /* OpenSSL's last queued error as text (the queue emptied), or `dflt`. */
 const char *tls_reason(char *buf, size_t cap, const char *dflt);

@@ -491,8 +491,7 @@ static void render_upstream(struct prom_text *t, struct server *srv)
     render_one_u64(t, "polygw_upstream_dns_waits_total", "counter",
                    "Times an attempt waited for a lookup slot of its host.", us->dns_waits);
     render_one_u64(t, "polygw_upstream_own_connections_opened_total", "counter",
-                   "Connections made by the own HTTP/1.1 client (plain http to an IP address).",
-                   us->conns_opened);
+                   "Connections made by the own HTTP/1.1 client.", us->conns_opened);
     render_one_u64(t, "polygw_upstream_own_connections_reused_total", "counter",
                    "Requests the own HTTP/1.1 client sent on a kept-alive connection.",
                    us->conns_reused);
@@ -500,6 +499,11 @@ static void render_upstream(struct prom_text *t, struct server *srv)
                    "Requests sent again on a new connection: the kept-alive one died as it "
                    "was reused, before any byte of an answer.",
                    us->stale_retries);
+    render_one_u64(t, "polygw_upstream_own_tls_handshakes_total", "counter",
+                   "TLS handshakes the own HTTP/1.1 client completed.", us->tls_done);
+    render_one_u64(t, "polygw_upstream_own_tls_resumed_total", "counter",
+                   "Of those, handshakes that resumed an earlier session with the server.",
+                   us->tls_resumed);
     for (int i = ATTEMPT_RESOLVING; i < ATTEMPT_DONE; i++)
         phases[i] = attempt_phase_name((enum attempt_phase)i);
     render_by(t, "polygw_upstream_timeouts_total", "counter",

@@ -306,7 +306,7 @@ void methods_write_stats(struct writer *w, struct server *srv, const struct stat
 
     const struct upstream_stats *us = upstream_get_stats(srv->up);
     writer_str(w, "upstream");
-    writer_map(w, 16);
+    writer_map(w, 18);
     writer_kv_u64(w, "attempts_started", us->attempts_started);
     writer_kv_u64(w, "attempts_done", us->attempts_done);
     writer_kv_u64(w, "attempts_cancelled", us->attempts_cancelled);
@@ -318,6 +318,8 @@ void methods_write_stats(struct writer *w, struct server *srv, const struct stat
     writer_kv_u64(w, "own_connections_opened", us->conns_opened);
     writer_kv_u64(w, "own_connections_reused", us->conns_reused);
     writer_kv_u64(w, "own_stale_retries", us->stale_retries);
+    writer_kv_u64(w, "own_tls_handshakes", us->tls_done);
+    writer_kv_u64(w, "own_tls_resumed", us->tls_resumed);
     for (int i = ATTEMPT_RESOLVING; i < ATTEMPT_DONE; i++) {
         char key[40];
         snprintf(key, sizeof(key), "timeouts_%s", attempt_phase_name((enum attempt_phase)i));

@@ -9,13 +9,23 @@
  * pool's one buffer and parsed there; only when the owner pauses (its client
  * reads slower than the upstream writes) are the unparsed bytes, and the
  * body buffer it refused, copied out and kept by the request.
+ *
+ * Over TLS a new connection has a fourth state between connecting and
+ * carrying: handshaking (watched for what SSL_connect last wanted). Then
+ * every send and receive goes through conn_send_tls / conn_recv, which map
+ * OpenSSL's WANT_READ / WANT_WRITE onto the same watcher; OpenSSL reads
+ * ahead, so bytes it holds decrypted or undecrypted (SSL_has_pending) are
+ * read before waiting on the socket again.
  */
 #include "h1.h"
 #include "dlist.h"
+#include "core/tls.h"
 
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,7 +46,10 @@ struct h1_origin {
     struct sockaddr_storage addr;
     socklen_t addrlen;
     struct h1_conn *idle; /* doubly linked, most recently used first */
-    char label[64];
+    SSL_CTX *tls;         /* borrowed; NULL: plain text */
+    char *tls_name;       /* SNI and the name verified (owned) */
+    SSL_SESSION *session; /* the last session its server handed out, or NULL */
+    char label[128];
 };
 
 struct h1_conn {
@@ -46,6 +59,11 @@ struct h1_conn {
     struct h1_conn *prev, *next; /* origin->idle while idle */
     struct h1_req *req;          /* NULL while idle */
     bool connecting;
+    SSL *ssl;         /* NULL: plain text */
+    bool handshaking; /* SSL_connect not done yet */
+    bool tls_ok;      /* handshake done and no TLS error since: close_notify is sent */
+    int write_wants;  /* over TLS, the events a blocked SSL_write waits for */
+    int read_wants;   /* over TLS, the events a blocked SSL_read waits for */
     double idle_since;
     unsigned int idle_iter; /* ev_iteration() when it was pooled */
 };
@@ -58,11 +76,13 @@ struct h1_pool {
     double swept_at; /* when idle connections were last checked for age */
     struct h1_stats stats;
     char rbuf[H1_READ_BYTES];
+    char wbuf[H1_READ_BYTES]; /* over TLS, the request gathered into one record */
 };
 
 static void h1_on_io(struct ev_loop *loop, ev_io *w, int revents);
 static void req_send(struct h1_req *r);
 static void req_read(struct h1_req *r);
+static void req_connected(struct h1_req *r);
 
 struct h1_pool *h1_pool_new(struct ev_loop *loop, int *busy, uint32_t max_idle)
 {
@@ -93,6 +113,14 @@ static void conn_close(struct h1_conn *c)
     } else {
         c->req->conn = NULL;
     }
+    if (c->ssl) {
+        /* One close_notify, written if the socket takes it; nothing waits
+         * for the server's. */
+        if (c->tls_ok)
+            SSL_shutdown(c->ssl);
+        SSL_free(c->ssl);
+        ERR_clear_error();
+    }
     close(c->io.fd);
     free(c);
 }
@@ -106,28 +134,69 @@ void h1_pool_free(struct h1_pool *p)
         p->origins = o->next;
         while (o->idle)
             conn_close(o->idle);
+        SSL_SESSION_free(o->session);
+        free(o->tls_name);
         free(o);
     }
     free(p);
 }
 
-struct h1_origin *h1_origin_get(struct h1_pool *p, const struct sockaddr *sa, socklen_t len,
-                                const char *label)
+struct h1_origin *h1_origin_get_tls(struct h1_pool *p, const struct sockaddr *sa, socklen_t len,
+                                    const char *label, SSL_CTX *ctx, const char *name)
 {
     struct h1_origin *o;
 
+    if (ctx && !name)
+        return NULL;
     for (o = p->origins; o; o = o->next) {
-        if (o->addrlen == len && memcmp(&o->addr, sa, len) == 0)
+        if (o->addrlen == len && memcmp(&o->addr, sa, len) == 0 && o->tls == ctx &&
+            (!ctx || strcmp(o->tls_name, name) == 0))
             return o;
     }
     if (len > sizeof(o->addr) || !(o = calloc(1, sizeof(*o))))
         return NULL;
+    if (ctx && !(o->tls_name = strdup(name))) {
+        free(o);
+        return NULL;
+    }
     memcpy(&o->addr, sa, len);
     o->addrlen = len;
+    o->tls = ctx;
     snprintf(o->label, sizeof(o->label), "%s", label);
     o->next = p->origins;
     p->origins = o;
     return o;
+}
+
+struct h1_origin *h1_origin_get(struct h1_pool *p, const struct sockaddr *sa, socklen_t len,
+                                const char *label)
+{
+    return h1_origin_get_tls(p, sa, len, label, NULL, NULL);
+}
+
+/* A new session from the server (TLS 1.3 sends its tickets after the
+ * handshake, read with the answer): kept for the origin's next connection. */
+static int tls_on_new_session(SSL *ssl, SSL_SESSION *sess)
+{
+    struct h1_conn *c = SSL_get_app_data(ssl);
+
+    if (!c)
+        return 0;
+    SSL_SESSION_free(c->origin->session);
+    c->origin->session = sess;
+    return 1; /* ours now */
+}
+
+int h1_tls_ctx_setup(SSL_CTX *ctx)
+{
+    static const unsigned char alpn[] = "\x08http/1.1";
+
+    if (SSL_CTX_set_alpn_protos(ctx, alpn, sizeof(alpn) - 1) != 0)
+        return -1;
+    SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
+    SSL_CTX_sess_set_new_cb(ctx, tls_on_new_session);
+    SSL_CTX_set_read_ahead(ctx, 1);
+    return 0;
 }
 
 /* --- ending ---------------------------------------------------------- */
@@ -279,7 +348,7 @@ static bool req_connect(struct h1_req *r)
     p->stats.connections_opened++;
     r->hooks->on_connecting(r->ud);
     if (connect(fd, (const struct sockaddr *)&o->addr, o->addrlen) == 0) {
-        req_send(r);
+        req_connected(r);
         return true;
     }
     if (errno == EINPROGRESS) {
@@ -291,6 +360,61 @@ static bool req_connect(struct h1_req *r)
     conn_close(c);
     req_end_errno(r, H1_CONNECT_FAILED, "Failed to connect to", err);
     return false;
+}
+
+/* One step of the TLS handshake on `r`'s new connection (set up on the
+ * first): on to the request when it is done, else waits for what OpenSSL
+ * wants, or ends the request with H1_TLS. */
+static void req_handshake(struct h1_req *r)
+{
+    struct h1_conn *c = r->conn;
+    struct h1_origin *o = r->origin;
+    struct h1_pool *p = r->pool;
+    char why[H1_DETAIL_MAX], detail[H1_DETAIL_MAX + 160];
+
+    ERR_clear_error();
+    if (!c->ssl) {
+        if (!(c->ssl = SSL_new(o->tls)) || SSL_set_fd(c->ssl, c->io.fd) != 1 ||
+            tls_set_peer(c->ssl, o->tls_name) < 0 ||
+            (o->session && SSL_set_session(c->ssl, o->session) != 1)) {
+            ERR_clear_error();
+            req_end(r, H1_TLS, "cannot set up TLS (out of memory)");
+            return;
+        }
+        SSL_set_app_data(c->ssl, c);
+        SSL_set_options(c->ssl, SSL_OP_IGNORE_UNEXPECTED_EOF);
+        SSL_set_mode(c->ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+        SSL_set_connect_state(c->ssl);
+        c->handshaking = true;
+    }
+    errno = 0;
+    int rc = SSL_connect(c->ssl);
+    if (rc == 1) {
+        c->handshaking = false;
+        c->tls_ok = true;
+        p->stats.tls_handshakes++;
+        if (SSL_session_reused(c->ssl))
+            p->stats.tls_resumed++;
+        req_send(r);
+        return;
+    }
+    int e = SSL_get_error(c->ssl, rc);
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+        conn_watch(c, e == SSL_ERROR_WANT_READ ? EV_READ : EV_WRITE);
+        return;
+    }
+    tls_handshake_error(c->ssl, e, why, sizeof(why));
+    snprintf(detail, sizeof(detail), "TLS handshake with %s: %s", o->label, why);
+    req_end(r, H1_TLS, detail);
+}
+
+/* The TCP connection is made: on to TLS, or to the request. */
+static void req_connected(struct h1_req *r)
+{
+    if (r->origin->tls)
+        req_handshake(r);
+    else
+        req_send(r);
 }
 
 /* The request died on a connection that had served others before, with no
@@ -329,6 +453,70 @@ static void req_stop_sending(struct h1_req *r, int err)
         req_read(r);
 }
 
+/* Over TLS: the rest of the request, up to one record, gathered into the
+ * pool's buffer and written; returns as sendmsg does. A blocked write says
+ * what it waits for in write_wants, and is gathered again the same way
+ * (same bytes, same length) when retried, as OpenSSL requires. */
+static ssize_t conn_send_tls(struct h1_req *r)
+{
+    struct h1_conn *c = r->conn;
+    char *w = r->pool->wbuf;
+    size_t n = 0, off = r->iov_off;
+
+    for (int i = r->iov_at; i < r->iovcnt && n < sizeof(r->pool->wbuf); i++, off = 0) {
+        size_t k = r->iov[i].iov_len - off;
+        if (k > sizeof(r->pool->wbuf) - n)
+            k = sizeof(r->pool->wbuf) - n;
+        memcpy(w + n, (const char *)r->iov[i].iov_base + off, k);
+        n += k;
+    }
+    if (n == 0)
+        return 0;
+    ERR_clear_error();
+    errno = 0;
+    int rc = SSL_write(c->ssl, w, (int)n);
+    if (rc > 0)
+        return rc;
+    int e = SSL_get_error(c->ssl, rc);
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+        c->write_wants = e == SSL_ERROR_WANT_READ ? EV_READ : EV_WRITE;
+        errno = EAGAIN;
+        return -1;
+    }
+    int err = errno ? errno : EPIPE;
+    c->tls_ok = false;
+    ERR_clear_error();
+    errno = err;
+    return -1;
+}
+
+/* Reads what the connection has: > 0 bytes, 0 when the server closed, -1
+ * with errno (EAGAIN: nothing yet; over TLS, read_wants says for what; a
+ * TLS error is EPROTO). */
+static ssize_t conn_recv(struct h1_conn *c, char *buf, size_t cap)
+{
+    if (!c->ssl)
+        return recv(c->io.fd, buf, cap, 0);
+    ERR_clear_error();
+    errno = 0;
+    int n = SSL_read(c->ssl, buf, (int)cap);
+    if (n > 0)
+        return n;
+    int e = SSL_get_error(c->ssl, n);
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+        c->read_wants = e == SSL_ERROR_WANT_READ ? EV_READ : EV_WRITE;
+        errno = EAGAIN;
+        return -1;
+    }
+    if (e == SSL_ERROR_ZERO_RETURN) /* close_notify, or a bare close */
+        return 0;
+    int err = errno;
+    c->tls_ok = false;
+    ERR_clear_error();
+    errno = err ? err : EPROTO;
+    return -1;
+}
+
 static void req_send(struct h1_req *r)
 {
     struct h1_conn *c = r->conn;
@@ -345,14 +533,14 @@ static void req_send(struct h1_req *r)
         iov[0].iov_base = (char *)iov[0].iov_base + r->iov_off;
         iov[0].iov_len -= r->iov_off;
         struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)n };
-        ssize_t w = sendmsg(c->io.fd, &mh, MSG_NOSIGNAL);
+        ssize_t w = c->ssl ? conn_send_tls(r) : sendmsg(c->io.fd, &mh, MSG_NOSIGNAL);
         if (w < 0) {
             if (errno == EINTR)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
                 /* Readable too: a server may answer (413, 401) before it
                  * has read the whole body. */
-                conn_watch(c, EV_READ | EV_WRITE);
+                conn_watch(c, EV_READ | (c->ssl ? c->write_wants : EV_WRITE));
                 return;
             }
             req_stop_sending(r, errno);
@@ -396,7 +584,8 @@ void h1_req_start(struct h1_req *r, struct h1_pool *p, struct h1_origin *o, cons
         /* Readable while idle (its event may be waiting in this very loop
          * iteration): closed by the server, or bytes nobody asked for, which
          * must never be read as this request's answer. */
-        if (now - c->idle_since > H1_IDLE_MAX_S || ev_is_pending(&c->io)) {
+        if (now - c->idle_since > H1_IDLE_MAX_S || ev_is_pending(&c->io) ||
+            (c->ssl && SSL_has_pending(c->ssl))) {
             conn_close(c);
             continue;
         }
@@ -601,7 +790,8 @@ static bool req_parse(struct h1_req *r, const char *p, size_t n)
          * the connection open; never after a 101, whose server now speaks
          * another protocol on it. */
         bool keep = r->sent_at > 0 && n > 0 && done == n && http_should_keep_alive(&r->parser) &&
-            r->parser.status_code != 101;
+            r->parser.status_code != 101 &&
+            !(r->conn && r->conn->ssl && SSL_has_pending(r->conn->ssl));
         conn_done(r, keep);
         req_end(r, H1_OK, NULL);
         return false;
@@ -676,15 +866,29 @@ static void req_on_eof(struct h1_req *r, int err)
                 "connection closed after an interim answer, before the final one");
 }
 
+/* Whether OpenSSL holds bytes of `c` already read from its socket, which
+ * no readiness event will announce. */
+static bool conn_has_pending(const struct h1_conn *c)
+{
+    return c->ssl && SSL_has_pending(c->ssl);
+}
+
 static void req_read(struct h1_req *r)
 {
     struct h1_pool *p = r->pool;
 
-    for (int i = 0; i < H1_READS_MAX; i++) {
-        ssize_t n = recv(r->conn->io.fd, p->rbuf, sizeof(p->rbuf), 0);
+    /* Past H1_READS_MAX only to empty what OpenSSL already holds (at most
+     * its read-ahead buffer): nothing would wake the request for it. */
+    for (int i = 0; i < H1_READS_MAX || conn_has_pending(r->conn); i++) {
+        struct h1_conn *c = r->conn;
+        ssize_t n = conn_recv(c, p->rbuf, sizeof(p->rbuf));
         if (n > 0) {
             r->got_bytes = true;
-            if (!req_parse(r, p->rbuf, (size_t)n) || (size_t)n < sizeof(p->rbuf))
+            if (!req_parse(r, p->rbuf, (size_t)n))
+                return;
+            /* A short read emptied the socket; over TLS, what OpenSSL has
+             * not read yet is still announced by the socket. */
+            if (c->ssl ? !SSL_has_pending(c->ssl) : (size_t)n < sizeof(p->rbuf))
                 return;
             continue;
         }
@@ -696,8 +900,33 @@ static void req_read(struct h1_req *r)
             continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK)
             req_on_eof(r, errno);
+        else if (c->ssl)
+            conn_watch(c, c->read_wants);
         return;
     }
+}
+
+/* Over TLS, readable while the request is still being written: an early
+ * answer (the server will not read the rest), a close, or only TLS's own
+ * records (session tickets), after which writing goes on (true). */
+static bool req_probe_tls(struct h1_req *r)
+{
+    struct h1_conn *c = r->conn;
+    ssize_t n = conn_recv(c, r->pool->rbuf, sizeof(r->pool->rbuf));
+
+    if (n < 0 && errno == EAGAIN)
+        return true;
+    r->iov_at = r->iovcnt;
+    r->iov_off = 0;
+    conn_watch(c, EV_READ);
+    if (n > 0) {
+        r->got_bytes = true;
+        if (req_parse(r, r->pool->rbuf, (size_t)n) && conn_has_pending(r->conn))
+            req_read(r);
+    } else {
+        req_on_eof(r, n == 0 ? 0 : errno);
+    }
+    return false;
 }
 
 void h1_req_resume(struct h1_req *r)
@@ -730,8 +959,11 @@ void h1_req_resume(struct h1_req *r)
         if (!go_on)
             return;
     }
-    if (r->conn)
+    if (r->conn) {
         conn_watch(r->conn, EV_READ);
+        if (conn_has_pending(r->conn))
+            req_read(r);
+    }
 }
 
 static void h1_on_io(struct ev_loop *loop, ev_io *w, int revents)
@@ -756,7 +988,18 @@ static void h1_on_io(struct ev_loop *loop, ev_io *w, int revents)
             return;
         }
         c->connecting = false;
-        req_send(r);
+        req_connected(r);
+        return;
+    }
+    if (c->handshaking) {
+        req_handshake(r);
+        return;
+    }
+    if (c->ssl && r->iov_at < r->iovcnt) {
+        if ((revents & EV_READ) && c->write_wants != EV_READ && !req_probe_tls(r))
+            return;
+        if (revents & c->write_wants)
+            req_send(r);
         return;
     }
     if ((revents & EV_READ) && r->iov_at < r->iovcnt) {
@@ -767,6 +1010,7 @@ static void h1_on_io(struct ev_loop *loop, ev_io *w, int revents)
         req_send(r);
         return;
     }
-    if (revents & EV_READ)
+    /* Over TLS a read may wait for writability (OpenSSL's WANT_WRITE). */
+    if (revents & (EV_READ | EV_WRITE))
         req_read(r);
 }

@@ -1,9 +1,10 @@
 /*
  * h1.h — polygw's own HTTP/1.1 client, for the case that needs none of
- * libcurl's generality: a POST over plain http:// to an IP address, with no
- * proxy in the way (a model server on the node, an in-cluster gateway, the
- * bench's mock). The upstream engine (upstream.c) picks it per URL and keeps
- * libcurl for everything else (names to resolve, TLS, proxies, userinfo).
+ * libcurl's generality: a POST over http:// or https:// to a known address,
+ * with no proxy in the way (a model server on the node, an in-cluster
+ * gateway, a provider by host name once its address is known, the bench's
+ * mock). The upstream engine (upstream.c) picks it per URL and keeps
+ * libcurl for everything else (names to resolve, proxies, userinfo, h2).
  *
  * What it does, and no more:
  *   - a pool of keep-alive connections per origin (address and port),
@@ -21,7 +22,17 @@
  *     answer (the server closed it just as it was reused) is sent once more
  *     on a new connection, as libcurl does;
  *   - no timers of its own: the attempt's deadlines (upstream.c) end a
- *     request by stopping it, which closes its connection.
+ *     request by stopping it, which closes its connection;
+ *   - TLS (an origin made with h1_origin_get_tls): OpenSSL on the same
+ *     loop, never blocking (SSL_connect, SSL_read and SSL_write, each
+ *     WANT_READ / WANT_WRITE waited for on the connection's one watcher);
+ *     ALPN offers http/1.1 alone; SNI and the verified name are the
+ *     origin's name (an IP literal is checked against the certificate's
+ *     addresses, without SNI); the certificate chain and the name are
+ *     always verified, against the context's store; the last session the
+ *     origin's server handed out is offered to its next new connection
+ *     (resumption); no close_notify is waited for. A pooled TLS connection
+ *     is reused exactly as a plain one, the stale retry included.
  *
  * Re-entrancy: hooks other than on_end run inside http_parser_execute, with
  * *busy (the engine's counter) raised: the engine defers any stop of a
@@ -43,6 +54,7 @@
 struct h1_pool;
 struct h1_origin;
 struct h1_conn;
+struct ssl_ctx_st; /* OpenSSL's SSL_CTX */
 
 /* What on_body did with a buffer. */
 enum h1_take {
@@ -58,6 +70,7 @@ enum h1_end {
     H1_TRUNCATED,       /* closed before the announced body ended */
     H1_MALFORMED,       /* not a valid HTTP/1.x answer */
     H1_ABORTED,         /* a hook refused the answer */
+    H1_TLS,             /* the TLS handshake failed (verification included) */
 };
 
 struct h1_hooks {
@@ -115,6 +128,8 @@ struct h1_stats {
     uint64_t connections_opened; /* new connections (connect started) */
     uint64_t connections_reused; /* requests sent on a pooled connection */
     uint64_t stale_retries;      /* requests sent again after a reused one died */
+    uint64_t tls_handshakes;     /* TLS handshakes completed */
+    uint64_t tls_resumed;        /* of which resumed an earlier session */
 };
 
 /* `busy`: the engine's "inside a callback" counter (see above). */
@@ -128,6 +143,18 @@ const struct h1_stats *h1_pool_stats(const struct h1_pool *p);
  * NULL when out of memory. */
 struct h1_origin *h1_origin_get(struct h1_pool *p, const struct sockaddr *sa, socklen_t len,
                                 const char *label);
+
+/* The same for a TLS origin: `ctx` (borrowed; it must outlive the pool and
+ * have been through h1_tls_ctx_setup) and `name` (copied: SNI and the name
+ * verified, or an IP literal without brackets, verified as an address). An
+ * origin is one (address, context, name): connections are never shared
+ * between contexts (another CA set, another client certificate). */
+struct h1_origin *h1_origin_get_tls(struct h1_pool *p, const struct sockaddr *sa, socklen_t len,
+                                    const char *label, struct ssl_ctx_st *ctx, const char *name);
+
+/* Prepares a client context for the own client: ALPN http/1.1 only, the
+ * client session cache (sessions kept per origin, by h1). 0 or -1. */
+int h1_tls_ctx_setup(struct ssl_ctx_st *ctx);
 
 /* Starts `r` on a pooled connection to `o`, or a new one. The buffers are
  * borrowed until the request ends (its on_end) or is stopped. on_connecting

@@ -43,6 +43,8 @@
 
 #include <arpa/inet.h>
 #include <curl/curl.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +56,7 @@
 
 #include "codec/dialect.h"
 #include "h1.h"
+#include "core/tls.h"
 #include "sse.h"
 
 #define UPSTREAM_ORPHAN_TTL_S 30.0
@@ -115,7 +118,28 @@ struct url_host {
      * (see upstream_learn_address). */
     bool by_name;
     double name_until;
+    /* The route (upstream_route.id) its attempts take: entries are per URL
+     * and route. For https, the route's TLS context (borrowed from
+     * up->tls_routes) and the name SNI carries and the certificate must
+     * hold (owned); NULL for plain http. */
+    uint64_t route_id;
+    struct ssl_ctx_st *tls;
+    struct tls_route *tls_route;
+    char *tls_name;
     char url[];
+};
+
+/* One TLS context per route the own client carries (a CA store parsed
+ * once, the client certificate); ctx NULL when it could not be made: that
+ * route's URLs stay with libcurl, which reports why. The store is read
+ * again from ca_file (NULL: OpenSSL's default paths) after
+ * UPSTREAM_CA_CACHE_S, as libcurl does with its cached one. */
+struct tls_route {
+    struct tls_route *next;
+    uint64_t id;
+    SSL_CTX *ctx;
+    char *ca_file;
+    double loaded_at;
 };
 
 /* Request headers for one (stream, source headers) pair, shared by every
@@ -152,6 +176,9 @@ struct upstream {
     struct upstream_stats stats;
     bool no_proxy_env;                      /* no proxy variable is set: handles say "no proxy" */
     struct h1_pool *h1;                     /* the own client; NULL: libcurl for every URL */
+    bool own_tls;                           /* it carries https too (no https proxy variable) */
+    struct tls_route *tls_routes;           /* its TLS contexts, one per route */
+    size_t n_tls_routes;                    /* (bounded by UPSTREAM_CACHE_MAX) */
     CURL *pool[UPSTREAM_POOL_MAX];          /* easy handles of completed transfers, not reset */
     uint64_t pool_route[UPSTREAM_POOL_MAX]; /* the route id each was last set for */
     size_t n_pool;
@@ -235,6 +262,8 @@ const struct upstream_stats *upstream_get_stats(struct upstream *up)
         up->stats.conns_opened = hs->connections_opened;
         up->stats.conns_reused = hs->connections_reused;
         up->stats.stale_retries = hs->stale_retries;
+        up->stats.tls_done = hs->tls_handshakes;
+        up->stats.tls_resumed = hs->tls_resumed;
     }
     return &up->stats;
 }
@@ -427,13 +456,68 @@ static CURLU *url_parse(struct upstream *up, const char *url, struct dns_host **
     return u;
 }
 
-/* Whether the own client carries `u`'s attempts (an IP literal, checked
- * by the caller): plain http, no user name or password in the URL (libcurl
- * would send them as Basic authentication). If so, its origin and the
+/* The own client's TLS context for route `r` (NULL: the defaults), made
+ * on first use with the CA set libcurl uses (the route's ca_file, else
+ * libcurl's bundle); NULL when it cannot be made. */
+static struct tls_route *upstream_tls_route(struct upstream *up, const struct upstream_route *r)
+{
+    uint64_t id = r ? r->id : 0;
+    struct tls_route *t;
+    char why[256];
+
+    for (t = up->tls_routes; t; t = t->next) {
+        if (t->id == id)
+            return t->ctx ? t : NULL;
+    }
+    if (up->n_tls_routes >= UPSTREAM_CACHE_MAX || !(t = calloc(1, sizeof(*t))))
+        return NULL;
+    struct tls_files o = {
+        .ca_file = r && r->ca_file ? r->ca_file : up->default_cainfo,
+        .cert_file = r ? r->cert_file : NULL,
+        .key_file = r ? r->key_file : NULL,
+    };
+    t->id = id;
+    t->loaded_at = ev_now(up->loop);
+    t->ctx = tls_ctx_new(&o, why, sizeof(why));
+    if (t->ctx &&
+        (h1_tls_ctx_setup(t->ctx) < 0 ||
+         (o.ca_file && !(t->ca_file = strdup(o.ca_file))))) {
+        SSL_CTX_free(t->ctx);
+        t->ctx = NULL;
+    }
+    t->next = up->tls_routes;
+    up->tls_routes = t;
+    up->n_tls_routes++;
+    return t->ctx ? t : NULL;
+}
+
+/* Reads the route's CA store again once it is UPSTREAM_CA_CACHE_S old: a
+ * replaced bundle is trusted by new connections within that time. Should
+ * the file not load now, the old store stays for another period. */
+static void tls_route_refresh(struct tls_route *t, double now)
+{
+    if (now - t->loaded_at < (double)UPSTREAM_CA_CACHE_S)
+        return;
+    t->loaded_at = now;
+    X509_STORE *st = X509_STORE_new();
+    if (st &&
+        (t->ca_file ? X509_STORE_load_file(st, t->ca_file) : X509_STORE_set_default_paths(st)) == 1)
+        SSL_CTX_set_cert_store(t->ctx, st); /* frees the old one */
+    else
+        X509_STORE_free(st);
+    ERR_clear_error();
+}
+
+/* Whether the own client carries `u`'s attempts on route `r`: http, or
+ * https while no https proxy variable is set; no proxy of the route's own;
+ * no user name or password in the URL (libcurl would send them as Basic
+ * authentication). If so, its origin (an IP literal) or by_name (a name
+ * whose address libcurl is to find), the TLS context and name, and the
  * request line with the Host header, as libcurl writes them: the path and
- * query as parsed, the port only when it is not 80. Else the entry stays as
- * it was, for libcurl. */
-static void url_own_client(struct upstream *up, struct url_host *u)
+ * query as parsed, the route's server_name in place of the host, the port
+ * only when it is not the scheme's. Else the entry stays as it was, for
+ * libcurl. */
+static void url_own_client(struct upstream *up, struct url_host *u, const struct upstream_route *r)
 {
     char *scheme = NULL, *host = NULL, *port = NULL, *path = NULL, *query = NULL, *user = NULL,
          *pw = NULL;
@@ -441,8 +525,8 @@ static void url_own_client(struct upstream *up, struct url_host *u)
     socklen_t alen;
     char label[64];
 
-    if (curl_url_get(u->uh, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
-        strcmp(scheme, "http") != 0 ||
+    if ((r && r->proxy) || curl_url_get(u->uh, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
+        (strcmp(scheme, "http") != 0 && (strcmp(scheme, "https") != 0 || !up->own_tls)) ||
         curl_url_get(u->uh, CURLUPART_USER, &user, 0) != CURLUE_NO_USER ||
         curl_url_get(u->uh, CURLUPART_PASSWORD, &pw, 0) != CURLUE_NO_PASSWORD ||
         curl_url_get(u->uh, CURLUPART_HOST, &host, 0) != CURLUE_OK ||
@@ -455,20 +539,34 @@ static void url_own_client(struct upstream *up, struct url_host *u)
     unsigned long pn = strtoul(port, &end, 10);
     if (*end || pn == 0 || pn > 65535)
         goto out;
-    size_t hn = strlen(host);
+    bool tls = strcmp(scheme, "https") == 0;
+    const char *name = r && r->server_name ? r->server_name : host;
+    size_t hn = strlen(name);
     struct h1_origin *o = NULL;
+    if (strchr(host, '%'))
+        goto out;
+    if (tls) {
+        /* The name verified: an IPv6 literal without its brackets. */
+        size_t k = strlen(name);
+        bool v6 = k > 2 && name[0] == '[' && name[k - 1] == ']';
+        if (!(u->tls_route = upstream_tls_route(up, r)) ||
+            !(u->tls = u->tls_route->ctx) ||
+            !(u->tls_name = v6 ? strndup(name + 1, k - 2) : strdup(name)))
+            goto out;
+    }
     if (host_literal(host, (uint16_t)pn, &addr, &alen)) {
         snprintf(label, sizeof(label), "%s port %lu", host, pn);
-        if (!(o = h1_origin_get(up->h1, &addr.sa, alen, label)))
+        if (!(o = h1_origin_get_tls(up->h1, &addr.sa, alen, label, u->tls, u->tls_name)))
             goto out;
-    } else if (!u->dns || strchr(host, '%')) {
+    } else if (!u->dns) {
         goto out;
     }
     struct strbuf head = { 0 };
     if (strbuf_puts(&head, "POST ") < 0 || strbuf_put(&head, path, strlen(path)) < 0 ||
         (query && (strbuf_putc(&head, '?') < 0 || strbuf_put(&head, query, strlen(query)) < 0)) ||
-        strbuf_puts(&head, " HTTP/1.1\r\nHost: ") < 0 || strbuf_put(&head, host, hn) < 0 ||
-        (pn != 80 && (strbuf_putc(&head, ':') < 0 || strbuf_put(&head, port, strlen(port)) < 0)) ||
+        strbuf_puts(&head, " HTTP/1.1\r\nHost: ") < 0 || strbuf_put(&head, name, hn) < 0 ||
+        (pn != (tls ? 443 : 80) &&
+         (strbuf_putc(&head, ':') < 0 || strbuf_put(&head, port, strlen(port)) < 0)) ||
         strbuf_puts(&head, "\r\n") < 0) {
         strbuf_fini(&head);
         goto out;
@@ -487,12 +585,15 @@ out:
     curl_free(pw);
 }
 
-/* The engine's entry for `url`, made on first use; NULL past the cache
- * bound or when it does not parse (the caller then goes without). */
-static struct url_host *upstream_url(struct upstream *up, const char *url)
+/* The engine's entry for `url` on route `r`, made on first use; NULL past
+ * the cache bound or when it does not parse (the caller then goes without). */
+static struct url_host *upstream_url(struct upstream *up, const char *url,
+                                     const struct upstream_route *r)
 {
+    uint64_t route_id = r ? r->id : 0;
+
     for (struct url_host *u = up->urls; u; u = u->next) {
-        if (strcmp(u->url, url) == 0)
+        if (u->route_id == route_id && strcmp(u->url, url) == 0)
             return u;
     }
     if (up->n_urls >= UPSTREAM_CACHE_MAX)
@@ -512,8 +613,12 @@ static struct url_host *upstream_url(struct upstream *up, const char *url)
     u->h1_head_len = 0;
     u->by_name = false;
     u->name_until = 0;
+    u->route_id = route_id;
+    u->tls = NULL;
+    u->tls_route = NULL;
+    u->tls_name = NULL;
     if (up->h1)
-        url_own_client(up, u);
+        url_own_client(up, u, r);
     memcpy(u->url, url, n + 1);
     u->next = up->urls;
     up->urls = u;
@@ -1245,7 +1350,7 @@ static void upstream_learn_address(struct upstream *up, struct url_host *u, CURL
     if (!host_literal(host, (uint16_t)port, &addr, &alen))
         return;
     snprintf(label, sizeof(label), "%s (%s) port %ld", u->dns->name, ip, port);
-    struct h1_origin *o = h1_origin_get(up->h1, &addr.sa, alen, label);
+    struct h1_origin *o = h1_origin_get_tls(up->h1, &addr.sa, alen, label, u->tls, u->tls_name);
     if (!o)
         return;
     u->origin = o;
@@ -1284,7 +1389,7 @@ static void upstream_on_done_msg(CURL *easy, CURLcode rc)
     if (rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_RESOLVE_PROXY)
         dns_lookup_end(a, false); /* the resolver answered: its thread is done */
     a->recycle = rc == CURLE_OK;
-    if (rc == CURLE_OK && a->url && a->url->by_name && !a->route_id)
+    if (rc == CURLE_OK && a->url && a->url->by_name)
         upstream_learn_address(a->up, a->url, easy);
     attempt_conclude(a, xfer_end_of_curl(rc), a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
 }
@@ -1325,6 +1430,7 @@ static void attempt_h1_on_end(void *ud, enum h1_end end, const char *detail)
         [H1_TRUNCATED] = XFER_TRUNCATED,
         [H1_MALFORMED] = XFER_BAD_RESPONSE,
         [H1_ABORTED] = XFER_REFUSED,
+        [H1_TLS] = XFER_TLS,
     };
 
     if (a->cancelled)
@@ -1497,6 +1603,12 @@ static void upstream_on_prepare(struct ev_loop *loop, ev_prepare *w, int revents
  * sidecar's environment does not change, so when none is set the handles
  * are told once that there is no proxy (CURLOPT_PROXY ""), which is what
  * libcurl would find each time. */
+static bool env_set(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v;
+}
+
 static bool upstream_env_names_proxy(void)
 {
     /* HTTP_PROXY too, which libcurl ignores: set, it only costs the shortcut. */
@@ -1540,14 +1652,17 @@ struct upstream *upstream_new(struct ev_loop *loop, uint32_t max_dns_lookups_per
     up->max_lookups_per_host = max_dns_lookups_per_host ? max_dns_lookups_per_host : 1;
     /* The own client never goes through a proxy: with one named for plain
      * http (libcurl ignores HTTP_PROXY, as a CGI header could set it), every
-     * attempt stays libcurl's, which applies it and no_proxy. */
-    if (own_client && !getenv("http_proxy") && !getenv("all_proxy") && !getenv("ALL_PROXY") &&
+     * attempt stays libcurl's, which applies it and no_proxy; with one named
+     * for https, every https attempt does. Empty, a variable names none (as
+     * for libcurl). */
+    if (own_client && !env_set("http_proxy") && !env_set("all_proxy") && !env_set("ALL_PROXY") &&
         !(up->h1 = h1_pool_new(loop, &up->in_curl, (uint32_t)UPSTREAM_MAX_IDLE_CONNECTIONS))) {
         curl_multi_cleanup(up->multi);
         free(up);
         snprintf(err, errlen, "cannot create the HTTP engine (out of memory)");
         return NULL;
     }
+    up->own_tls = up->h1 && !env_set("https_proxy") && !env_set("HTTPS_PROXY");
     ev_init(&up->timer_w, upstream_on_timer);
     up->timer_w.data = up;
     ev_prepare_init(&up->prepare_w, upstream_on_prepare);
@@ -1592,9 +1707,18 @@ void upstream_free(struct upstream *up)
         up->urls = u->next;
         curl_url_cleanup(u->uh);
         free(u->h1_head);
+        free(u->tls_name);
         free(u);
     }
     h1_pool_free(up->h1);
+    /* After the pool: its origins and connections borrow the contexts. */
+    while (up->tls_routes) {
+        struct tls_route *t = up->tls_routes;
+        up->tls_routes = t->next;
+        SSL_CTX_free(t->ctx);
+        free(t->ca_file);
+        free(t);
+    }
     free(up);
 }
 
@@ -1865,6 +1989,8 @@ static int attempt_start_own(struct attempt *a, const struct attempt_spec *spec,
 
     if (!hs)
         return -1;
+    if (u->tls_route)
+        tls_route_refresh(u->tls_route, ev_now(a->up->loop));
     memcpy(a->h1_cl, "Content-Length: ", 16);
     char *end = put_uint(a->h1_cl + 16, spec->body_len);
     memcpy(end, "\r\n\r\n", 4);
@@ -1917,7 +2043,7 @@ struct attempt *attempt_start(struct upstream *up, struct attempt_spec *spec,
 
     /* The lookup cap is applied when curl actually starts a lookup
      * (attempt_on_resolver_start), not here: most attempts never need one. */
-    struct url_host *u = upstream_url(up, spec->url);
+    struct url_host *u = upstream_url(up, spec->url, spec->route);
     if (u) {
         a->dns = u->dns;
         a->url = u;

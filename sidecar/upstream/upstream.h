@@ -1,7 +1,7 @@
 /*
  * upstream.h — the HTTP engine: one libcurl multi handle driven by the
- * libev loop, polygw's own HTTP/1.1 client (h1.h) for plain http:// to an IP
- * address, and the *attempt*, one HTTP request to one source with hard
+ * libev loop, polygw's own HTTP/1.1 client (h1.h) for http:// and https://
+ * to a known address, and the *attempt*, one HTTP request to one source with hard
  * deadlines enforced by our own timers, whichever client carries it.
  *
  * An attempt is the unit the governed loop drives: it is started with a
@@ -88,6 +88,8 @@ struct upstream_stats {
     uint64_t conns_opened;  /* connections it made */
     uint64_t conns_reused;  /* requests it sent on a pooled connection */
     uint64_t stale_retries; /* requests sent again: a pooled connection died as it was reused */
+    uint64_t tls_done;      /* TLS handshakes it completed */
+    uint64_t tls_resumed;   /* of which resumed an earlier session */
 };
 
 enum attempt_phase {
@@ -163,9 +165,11 @@ struct attempt_hooks {
     void (*on_done)(struct attempt *a, const struct attempt_result *r, void *ud);
 };
 
-/* Creates the engine on `loop`. `own_client`: plain http:// to an IP
- * address goes through polygw's own HTTP/1.1 client (h1.h) unless a proxy
- * variable names a proxy for it; libcurl carries every other attempt.
+/* Creates the engine on `loop`. `own_client`: http:// and https:// to an
+ * IP address, or to a host name whose address libcurl has just reached, go
+ * through polygw's own HTTP/1.1 client (h1.h) unless a proxy (the source's,
+ * or a variable for the scheme) is in the way; libcurl carries every other
+ * attempt.
  * Returns NULL (with err) on failure. */
 struct upstream *upstream_new(struct ev_loop *loop, uint32_t max_dns_lookups_per_host,
                               bool own_client, char *err, size_t errlen);

@@ -1,5 +1,8 @@
 """Per-source TLS and proxies (docs/CONFIG.md §7c): a source's `tls`
 (ca_file, cert_file + key_file, server_name), `proxy` and `no_proxy`.
+Each TLS behaviour runs once per `server.upstream_client` setting (`auto`:
+polygw's own client carries https:// without a proxy, `libcurl`), and both
+must give the same typed outcome.
 
 The upstream is the real mock behind a TLS terminator written here (Python's
 ssl module, a thread per connection, bytes pumped both ways), which can ask
@@ -17,14 +20,17 @@ import socket
 import ssl
 import sys
 import threading
+import time
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import Pending, call, chat, config_yaml, source_yaml  # noqa: E402
 from fleet_topology import Certs  # noqa: E402
+from test_upstream_client import call_stream, streamed_text  # noqa: E402
 
 DEFAULTS = {"max_attempts": 1}
+CLIENTS = ("auto", "libcurl")
 NO_PROXY_ENV = {"no_proxy": "", "NO_PROXY": "", "https_proxy": "", "http_proxy": "",
                 "HTTPS_PROXY": "", "ALL_PROXY": "", "all_proxy": ""}
 
@@ -92,9 +98,10 @@ class TlsFront(Server):
     certificate, verified against the CA when one is sent) or "required". `handshakes` lists (sni, client subject CN or
     None) per completed handshake; `failures` counts refused ones."""
 
-    def __init__(self, certs, backend_port, client="none"):
+    def __init__(self, certs, backend_port, client="none", alpn=("http/1.1",)):
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(certs.path("server.crt"), certs.path("server.key"))
+        ctx.set_alpn_protocols(list(alpn))
         if client != "none":
             ctx.verify_mode = ssl.CERT_REQUIRED if client == "required" else ssl.CERT_OPTIONAL
             ctx.load_verify_locations(certs.path("ca.crt"))
@@ -102,6 +109,8 @@ class TlsFront(Server):
         self.ctx = ctx
         self.backend_port = backend_port
         self.handshakes = []
+        self.resumed = 0
+        self.alpn = []
         self.failures = 0
         super().__init__()
 
@@ -124,6 +133,8 @@ class TlsFront(Server):
             cn = dict(x[0] for x in peer["subject"]).get("commonName")
         with self.lock:
             self.handshakes.append((getattr(t, "pgw_sni", None), cn))
+            self.resumed += t.session_reused
+            self.alpn.append(t.selected_alpn_protocol())
         t.settimeout(None)
         pump(t, socket.create_connection(("127.0.0.1", self.backend_port), timeout=5))
 
@@ -173,31 +184,85 @@ def certs():
     c.cleanup()
 
 
-def start(make_sidecar, sources, subdir=None):
-    return make_sidecar(config_text=config_yaml(sources, DEFAULTS), env=NO_PROXY_ENV,
-                        subdir=subdir)
+class Hostile(Server):
+    """A TLS upstream that misbehaves before the handshake ends: `mode` is
+    "close" (reads the ClientHello, then closes), "hang" (reads it and
+    never answers) or "garbage" (answers it with bytes that are no TLS
+    record). `hellos` counts the ClientHellos read."""
+
+    def __init__(self, mode):
+        self.mode = mode
+        self.hellos = 0
+        self.conns = []
+        super().__init__()
+
+    def handle(self, conn):
+        conn.settimeout(10)
+        try:
+            if conn.recv(5):
+                with self.lock:
+                    self.hellos += 1
+                    self.conns.append(conn)
+            if self.mode == "garbage":
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n" * 40)
+                conn.recv(65536)
+            elif self.mode == "hang":
+                while conn.recv(65536):
+                    pass
+        except OSError:
+            pass
+        conn.close()
 
 
-def one_call(sc):
+@pytest.fixture(params=CLIENTS)
+def client(request):
+    return request.param
+
+
+def start(make_sidecar, sources, subdir=None, client="auto"):
+    text = config_yaml(sources, DEFAULTS)
+    text = text.replace("server:\n", "server:\n  upstream_client: %s\n" % client, 1)
+    return make_sidecar(config_text=text, env=NO_PROXY_ENV, subdir=subdir)
+
+
+def one_call(sc, timeout=8, **mock):
     c = sc.connect()
     try:
-        err, res, _ = call(c, "chat", chat("hi"), 8)
+        err, res, _ = call(c, "chat", chat("hi", mock=mock or None), timeout)
         return err, res
     finally:
         c.close()
 
 
-def test_tls__private_ca_file_is_trusted_by_host_name(certs, up, make_sidecar):
+def upstream_stats(sc):
+    c = sc.connect()
+    try:
+        err, res = c.request("stats")
+        assert err is None, err
+        return res["upstream"]
+    finally:
+        c.close()
+
+
+def reason(err):
+    return err["sources"][0]["reason"]
+
+
+def test_tls__private_ca_file_is_trusted_by_host_name(certs, up, make_sidecar, client):
     with TlsFront(certs, up.port) as front:
         sc = start(make_sidecar, [source_yaml(
             "a", "chat", "https://localhost:%d/v1" % front.port, {},
-            tls={"ca_file": certs.path("ca.crt")})])
+            tls={"ca_file": certs.path("ca.crt")})], client=client)
         for _ in range(3):
             err, res = one_call(sc)
             assert err is None, err
         assert up.stats()["requests"] == 3
-        # Three calls, one connection: kept alive, one handshake, SNI sent.
-        assert front.handshakes == [("localhost", None)]
+        # Three calls, kept alive, SNI sent. By host name, libcurl makes the
+        # first connection; with `auto` the own client then carries the next
+        # calls on one connection of its own, to the address libcurl reached.
+        own = 1 if client == "auto" else 0
+        assert front.handshakes == [("localhost", None)] * (1 + own)
+        assert upstream_stats(sc)["own_tls_handshakes"] == own
 
 
 def read_bytes(pid):
@@ -208,7 +273,8 @@ def read_bytes(pid):
     raise AssertionError("no rchar in /proc/%d/io" % pid)
 
 
-def test_tls__the_ca_bundle_is_parsed_once_not_per_connection(certs, up, make_sidecar, workdir):
+def test_tls__the_ca_bundle_is_parsed_once_not_per_connection(certs, up, make_sidecar, workdir,
+                                                               client):
     """Each new TLS connection used to read and parse the whole CA bundle
     again (libcurl skips its cached store while a CA directory is set, and
     Debian's libcurl sets one): a few hundred streams opening connections
@@ -225,7 +291,8 @@ def test_tls__the_ca_bundle_is_parsed_once_not_per_connection(certs, up, make_si
     with TlsFront(certs, up.port) as front:
         sc = start(make_sidecar, [source_yaml(
             "a", "chat", "https://localhost:%d/v1" % front.port,
-            {"max_concurrency": 64, "aimd": {"initial": 64}}, tls={"ca_file": bundle})])
+            {"max_concurrency": 64, "aimd": {"initial": 64}}, tls={"ca_file": bundle})],
+            client=client)
         assert one_call(sc)[0] is None       # the first connection reads it once
         before = read_bytes(sc.proc.pid)
         calls = [Pending(sc, "chat", chat("c%d" % i, mock={"delay_ms": 300})) for i in range(16)]
@@ -254,26 +321,32 @@ def test_tls__without_the_ca_file_the_private_ca_is_refused(certs, up, make_side
         assert front.handshakes == []
 
 
-def test_tls__client_certificate_for_an_mtls_upstream(certs, up, make_sidecar):
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1"])
+def test_tls__client_certificate_for_an_mtls_upstream(certs, up, make_sidecar, client, host):
     with TlsFront(certs, up.port, client="required") as front:
-        url = "https://localhost:%d/v1" % front.port
+        url = "https://%s:%d/v1" % (host, front.port)
         sc = start(make_sidecar, [
             source_yaml("with-cert", "chat", url, {"priority": 0},
                         tls={"ca_file": certs.path("ca.crt"),
                              "cert_file": certs.path("client.crt"),
-                             "key_file": certs.path("client.key")})])
+                             "key_file": certs.path("client.key")})], client=client)
         err, res = one_call(sc)
         assert err is None, err
-        assert front.handshakes == [("localhost", "client")]
-        # The same upstream without a certificate: the handshake is refused.
+        assert front.handshakes == [(host if host == "localhost" else None, "client")]
+        if client == "auto" and host == "127.0.0.1":
+            assert upstream_stats(sc)["own_tls_handshakes"] == 1
+        # The same upstream without a certificate: refused (in TLS 1.3 the
+        # server's alert comes after the client's side of the handshake).
         sc2 = start(make_sidecar, [source_yaml(
-            "no-cert", "chat", url, {}, tls={"ca_file": certs.path("ca.crt")})], subdir="second")
+            "no-cert", "chat", url, {}, tls={"ca_file": certs.path("ca.crt")})], subdir="second",
+            client=client)
         err, _ = one_call(sc2)
         assert err is not None, (front.handshakes, front.failures)
+        assert reason(err) in ("tls", "connection_reset"), err
         assert up.stats()["requests"] == 1
 
 
-def test_tls__two_sources_on_one_host_never_share_a_connection(certs, up, make_sidecar):
+def test_tls__two_sources_on_one_host_never_share_a_connection(certs, up, make_sidecar, client):
     """A connection made with one source's client certificate is not reused
     for a source on the same host that has none: libcurl tells them apart."""
     with TlsFront(certs, up.port, client="optional") as front:
@@ -285,6 +358,7 @@ def test_tls__two_sources_on_one_host_never_share_a_connection(certs, up, make_s
                              "key_file": certs.path("client.key")}),
             source_yaml("b", "chat2", url, {}, tls={"ca_file": certs.path("ca.crt")}),
         ], DEFAULTS, capabilities={"chat2": {"path": "/chat/completions"}})
+        text = text.replace("server:\n", "server:\n  upstream_client: %s\n" % client, 1)
         sc = make_sidecar(config_text=text, env=NO_PROXY_ENV)
         c = sc.connect()
         try:
@@ -294,18 +368,22 @@ def test_tls__two_sources_on_one_host_never_share_a_connection(certs, up, make_s
         finally:
             c.close()
         assert up.stats()["requests"] == 4
-        assert sorted(front.handshakes, key=repr) == [("localhost", "client"),
-                                                      ("localhost", None)]
+        # Each source's first call by libcurl; with `auto` the own client
+        # makes one connection of its own per source for the second.
+        n = 2 if client == "auto" else 1
+        assert sorted(front.handshakes, key=repr) == sorted(
+            [("localhost", "client"), ("localhost", None)] * n, key=repr)
 
 
-def test_tls__server_name_sets_sni_and_the_checked_name(certs, up, make_sidecar):
+def test_tls__server_name_sets_sni_and_the_checked_name(certs, up, make_sidecar, client):
     with TlsFront(certs, up.port) as front:
         # The URL names 127.0.0.1; the certificate is checked against (and
         # SNI carries) api.example.test, and the connection still goes to
         # 127.0.0.1.
         sc = start(make_sidecar, [source_yaml(
             "a", "chat", "https://127.0.0.1:%d/v1" % front.port, {},
-            tls={"ca_file": certs.path("ca.crt"), "server_name": "api.example.test"})])
+            tls={"ca_file": certs.path("ca.crt"), "server_name": "api.example.test"})],
+            client=client)
         err, res = one_call(sc)
         assert err is None, err
         assert front.handshakes == [("api.example.test", None)]
@@ -314,10 +392,159 @@ def test_tls__server_name_sets_sni_and_the_checked_name(certs, up, make_sidecar)
         sc2 = start(make_sidecar, [source_yaml(
             "a", "chat", "https://127.0.0.1:%d/v1" % front.port, {},
             tls={"ca_file": certs.path("ca.crt"), "server_name": "other.example.test"})],
-            subdir="second")
+            subdir="second", client=client)
         err, _ = one_call(sc2)
-        assert err is not None
+        assert err is not None and reason(err) == "tls", err
         assert up.stats()["requests"] == 1
+        if client == "auto":
+            assert upstream_stats(sc)["own_tls_handshakes"] == 1
+            assert upstream_stats(sc2)["own_connections_opened"] == 1
+
+
+def ip_url(front):
+    return "https://127.0.0.1:%d/v1" % front.port
+
+
+def test_tls__verification_failures_are_typed_tls(certs, up, make_sidecar, client):
+    """An IP-literal URL, so that the own client makes the first connection
+    too: the system store, another CA and a name the certificate lacks are
+    all refused before any request, as reason `tls`."""
+    cases = [{}, {"ca_file": certs.path("other-ca.crt")},
+             {"ca_file": certs.path("ca.crt"), "server_name": "other.example.test"}]
+    with TlsFront(certs, up.port) as front:
+        for i, tls in enumerate(cases):
+            kw = {"tls": tls} if tls else {}
+            sc = start(make_sidecar, [source_yaml("a", "chat", ip_url(front), {}, **kw)],
+                       subdir="s%d" % i, client=client)
+            err, _ = one_call(sc)
+            assert err is not None and reason(err) == "tls", (tls, err)
+            assert "certificate" in err["sources"][0]["detail"], err
+            st = upstream_stats(sc)
+            assert st["own_connections_opened"] == (1 if client == "auto" else 0), st
+            assert st["own_tls_handshakes"] == 0, st
+        # (libcurl checks the name after the handshake, the own client in it.)
+        assert up.stats()["requests"] == 0
+
+
+def test_tls__kept_alive_connection_is_reused_and_offers_http_1_1(certs, up, make_sidecar,
+                                                                   client):
+    with TlsFront(certs, up.port) as front:
+        sc = start(make_sidecar, [source_yaml("a", "chat", ip_url(front), {},
+                                              tls={"ca_file": certs.path("ca.crt")})],
+                   client=client)
+        for _ in range(6):
+            err, res = one_call(sc)
+            assert err is None, err
+        assert up.stats()["requests"] == 6
+        assert len(front.handshakes) == 1, front.handshakes
+        assert front.alpn == ["http/1.1"]          # offered by ALPN, picked by the server
+        if client == "auto":
+            st = upstream_stats(sc)
+            assert (st["own_tls_handshakes"], st["own_connections_reused"]) == (1, 5), st
+
+
+def test_tls__the_own_client_never_offers_h2(certs, up, make_sidecar):
+    """A server that prefers h2 still gets HTTP/1.1 from the own client."""
+    with TlsFront(certs, up.port, alpn=["h2", "http/1.1"]) as front:
+        sc = start(make_sidecar, [source_yaml("a", "chat", ip_url(front), {},
+                                              tls={"ca_file": certs.path("ca.crt")})])
+        err, res = one_call(sc)
+        assert err is None, err
+        assert front.alpn == ["http/1.1"]
+
+
+def test_tls__a_new_connection_resumes_the_session(certs, up, make_sidecar, client):
+    """The upstream closes after each answer: every call makes a new
+    connection, and each after the first resumes the session the server
+    handed out (an abbreviated handshake, counted by the server)."""
+    with TlsFront(certs, up.port) as front:
+        sc = start(make_sidecar, [source_yaml("a", "chat", ip_url(front), {},
+                                              tls={"ca_file": certs.path("ca.crt")})],
+                   client=client)
+        for _ in range(4):
+            err, res = one_call(sc, connection_close=True)
+            assert err is None, err
+        assert len(front.handshakes) == 4, front.handshakes
+        assert front.resumed == 3
+        if client == "auto":
+            st = upstream_stats(sc)
+            assert (st["own_tls_handshakes"], st["own_tls_resumed"]) == (4, 3), st
+
+
+@pytest.mark.parametrize("mode, want, within", [
+    ("close", "tls", 1.5), ("garbage", "tls", 1.5), ("hang", "connect_timeout", 2.5)])
+def test_tls__upstream_breaking_the_handshake(certs, make_sidecar, client, mode, want, within):
+    """The server closes after the ClientHello, answers it with bytes that
+    are no TLS (an HTTP error page), or never answers it: a typed error,
+    at once, or at the attempt's connect deadline (1 s) for the hang."""
+    with Hostile(mode) as bad:
+        sc = start(make_sidecar, [source_yaml(
+            "a", "chat", "https://127.0.0.1:%d/v1" % bad.port,
+            {"connect_timeout_s": 1, "ttft_timeout_s": 5, "timeout_s": 8},
+            tls={"ca_file": certs.path("ca.crt")})], client=client)
+        c = sc.connect()
+        try:
+            err, res, elapsed = call(c, "chat", chat("hi"), 10)
+        finally:
+            c.close()
+        assert err is not None and reason(err) == want, err
+        assert elapsed < within, (elapsed, err)
+        assert bad.hellos == 1
+
+
+def test_tls__a_stream_over_tls(certs, up, make_sidecar, client):
+    text = "".join("w%03d \u00e9\u2713 " % i for i in range(400))
+    with TlsFront(certs, up.port) as front:
+        sc = start(make_sidecar, [source_yaml("a", "chat", ip_url(front), {},
+                                              tls={"ca_file": certs.path("ca.crt")})],
+                   client=client)
+        c = sc.connect()
+        try:
+            for _ in range(2):
+                err, res, chunks = call_stream(
+                    c, chat(text, mock={"stream_events": 40, "stream_interval_ms": 5}))
+                assert err is None, err
+                assert streamed_text(chunks) == text
+                assert len(chunks) >= 40
+        finally:
+            c.close()
+        assert len(front.handshakes) == 1
+
+
+def test_tls__256_concurrent_streams_all_complete(certs, up, make_sidecar, client):
+    n = 256
+    with TlsFront(certs, up.port) as front:
+        sc = start(make_sidecar, [source_yaml(
+            "a", "chat", ip_url(front),
+            {"max_concurrency": n, "aimd": {"initial": n}, "timeout_s": 30,
+             "connect_timeout_s": 10, "ttft_timeout_s": 20},
+            tls={"ca_file": certs.path("ca.crt")})], client=client)
+        c = sc.connect(timeout=60)
+        try:
+            ids = {}
+            for i in range(n):
+                body = chat("s%d" % i, mock={"stream_events": 5, "stream_interval_ms": 20})
+                ids[c.request_async("call", {"capability": "chat", "body": body,
+                                             "stream": True})] = i
+            texts = {i: "" for i in range(n)}
+            done = {}
+            deadline = time.monotonic() + 60
+            while len(done) < n:
+                msg = c.recv_msg(max(0.001, deadline - time.monotonic()))
+                assert msg is not None, "%d of %d ended" % (len(done), n)
+                if msg[0] == 2 and msg[1] == "chunk":
+                    texts[ids[msg[2][0]]] += streamed_text([msg[2][1]])
+                elif msg[0] == 1:
+                    done[ids[msg[1]]] = msg[2]
+        finally:
+            c.close()
+        failed = {i: e for i, e in done.items() if e is not None}
+        assert not failed, list(failed.items())[:3]
+        assert all(texts[i] == "s%d" % i for i in range(n))
+        assert up.stats()["requests"] == n
+        if client == "auto":
+            st = upstream_stats(sc)
+            assert st["own_tls_handshakes"] == len(front.handshakes), st
 
 
 def test_proxy__https_source_tunnels_through_its_proxy(certs, up, make_sidecar):
