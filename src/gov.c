@@ -513,6 +513,9 @@ int gov_call_reconf_prepare(const struct gov_call *k, const struct gov_reconf *r
     *notes = calloc(r->n ? r->n : 1, sizeof(**notes));
     if (!*notes)
         return -1;
+    /* A restricted call keeps its subset: a new source is not in it. */
+    for (size_t j = 0; j < r->n; j++)
+        (*notes)[j].excluded = k->subset;
     for (size_t i = 0; i < r->n_old; i++) {
         if (r->to[i] >= 0)
             (*notes)[r->to[i]] = k->notes[i];
@@ -525,6 +528,7 @@ void gov_call_reconf_commit(struct gov_call *k, const struct gov_reconf *r,
 {
     free(k->notes);
     k->notes = notes;
+    k->woken_src = SIZE_MAX; /* an index of the old order */
     if (k->source < r->n_old && r->to[k->source] >= 0)
         k->source = (size_t)r->to[k->source];
     else
@@ -583,6 +587,12 @@ bool gov_source_runnable(struct gov *g, size_t i, double cost, double now, doubl
     return ok;
 }
 
+/* May call `k` use source i (its capability, and its subset)? */
+static bool gov_call_may_use(const struct gov_call *k, size_t i)
+{
+    return k->gov->sources[i].p.capability == k->capability && !k->notes[i].excluded;
+}
+
 /* pick_runnable: lowest priority tier first; within it a weighted choice
  * preferring the less loaded (weight x free fraction of the limit); a source
  * that already failed this call is skipped when another is runnable.
@@ -604,7 +614,7 @@ static long gov_pick(struct gov *g, const struct gov_call *k, double now, double
     for (size_t i = 0; i < n; i++) {
         double at, hint_at = k->notes[i].retry_at;
         ok[i] = 0;
-        if (g->sources[i].p.capability != k->capability)
+        if (!gov_call_may_use(k, i))
             continue;
         bool run = gov_source_runnable(g, i, k->est_tokens, now, &at);
         if (hint_at > now) {
@@ -712,23 +722,27 @@ static void waitq_remove(struct gov_call *k)
     k->wq_prev = k->wq_next = NULL;
 }
 
-static void gov_wake_call(struct gov *g, struct gov_call *k)
+/* `src`: the source whose permit wakes it, or SIZE_MAX. */
+static void gov_wake_call(struct gov *g, struct gov_call *k, size_t src)
 {
     if (!g->hooks.on_wake)
         return;
     k->woken = true;
+    k->woken_src = src;
     g->wakes++;
     g->hooks.on_wake(k, g->hooks.ud);
 }
 
 /* The first waiter of `cap` not already woken (and, with `permit_only`,
- * waiting for a permit), or NULL. */
-static struct gov_call *gov_first_waiter(struct gov *g, uint32_t cap, bool permit_only)
+ * waiting for a permit) that may use source `src` (SIZE_MAX: any), or
+ * NULL. */
+static struct gov_call *gov_first_waiter(struct gov *g, uint32_t cap, bool permit_only, size_t src)
 {
     struct gov_call *k = g->waitq[cap].head;
 
     while (k &&
-           (k->woken || (permit_only && !k->waits_permit) || k->waits_app || gov_call_app_full(k)))
+           (k->woken || (permit_only && !k->waits_permit) || k->waits_app || gov_call_app_full(k) ||
+            (src < g->n_sources && k->notes[src].excluded)))
         k = k->wq_next;
     return k;
 }
@@ -743,7 +757,7 @@ static void gov_wake_app(struct gov *g, uint32_t app, size_t only)
             continue;
         for (struct gov_call *k = g->waitq[c].head; k; k = k->wq_next) {
             if (!k->woken && !k->waits_app && k->app == app && !gov_call_app_full(k)) {
-                gov_wake_call(g, k);
+                gov_wake_call(g, k, SIZE_MAX);
                 return;
             }
         }
@@ -755,21 +769,21 @@ static void gov_wake_app(struct gov *g, uint32_t app, size_t only)
  * several permits are released before any waiter runs (two attempts ending
  * in the same loop iteration): the head would get both and the next waiter
  * would sleep until its stall verdict with a permit free. */
-static void gov_wake(struct gov *g, uint32_t cap)
+static void gov_wake(struct gov *g, uint32_t cap, size_t src)
 {
-    struct gov_call *k = gov_first_waiter(g, cap, false);
+    struct gov_call *k = gov_first_waiter(g, cap, false, src);
     if (k)
-        gov_wake_call(g, k);
+        gov_wake_call(g, k, src);
 }
 
 /* A permit a refused call reserved went back: wake the first waiter that
  * waits for a permit (not one that waits for the backend, which a refusal
  * would only refuse again: a chain of refusals must not spin). */
-static void gov_wake_permit(struct gov *g, uint32_t cap)
+static void gov_wake_permit(struct gov *g, uint32_t cap, size_t src)
 {
-    struct gov_call *k = gov_first_waiter(g, cap, true);
+    struct gov_call *k = gov_first_waiter(g, cap, true, src);
     if (k)
-        gov_wake_call(g, k);
+        gov_wake_call(g, k, src);
 }
 
 void gov_progress_known(struct gov *g, const char *scope)
@@ -778,7 +792,7 @@ void gov_progress_known(struct gov *g, const char *scope)
         for (struct gov_call *k = g->waitq[c].head; k; k = k->wq_next) {
             if (k->waits_age && !k->woken && strcmp(k->scope, scope) == 0) {
                 k->waits_age = false;
-                gov_wake_call(g, k);
+                gov_wake_call(g, k, SIZE_MAX);
             }
         }
     }
@@ -793,7 +807,7 @@ static void waitq_leave(struct gov_call *k)
     waitq_remove(k);
     k->woken = false;
     if (pass)
-        gov_wake(k->gov, k->capability);
+        gov_wake(k->gov, k->capability, k->woken_src);
 }
 
 /* --- the call -------------------------------------------------------- */
@@ -819,8 +833,16 @@ int gov_call_init(struct gov_call *k, struct gov *g, uint32_t capability, const 
     k->deadline_at = deadline_at;
     k->est_tokens = est_tokens > 0 ? est_tokens : 0;
     k->state = GOV_CALL_IDLE;
+    k->woken_src = SIZE_MAX;
     stall_clock_init(&k->clock, now);
     return 0;
+}
+
+void gov_call_set_sources(struct gov_call *k, const bool *use)
+{
+    k->subset = true;
+    for (size_t i = 0; i < k->gov->n_sources; i++)
+        k->notes[i].excluded = !use[i];
 }
 
 double gov_call_stalled_s(const struct gov_call *k, double now)
@@ -873,7 +895,7 @@ static double gov_retry_after(struct gov_call *k, double now)
     for (size_t i = 0; i < g->n_sources; i++) {
         struct gov_source *s = &g->sources[i];
         double at;
-        if (s->p.capability != k->capability)
+        if (!gov_call_may_use(k, i))
             continue;
         gov_source_runnable(g, i, k->est_tokens, now, &at);
         if (!isfinite(at))
@@ -929,7 +951,7 @@ static double gov_call_hint_until(const struct gov_call *k, double now)
     double until = INFINITY;
 
     for (size_t i = 0; i < g->n_sources; i++) {
-        if (g->sources[i].p.capability != k->capability)
+        if (!gov_call_may_use(k, i))
             continue;
         double at = k->notes[i].retry_at;
         until = fmin(until, at > now ? at : now);
@@ -1092,7 +1114,7 @@ static void gov_gate_open(struct gov_call *k)
         return;
     s->gate_holder = NULL;
     s->gate_until = 0;
-    gov_wake_permit(k->gov, k->capability); /* those parked behind the gate */
+    gov_wake_permit(k->gov, k->capability, k->source); /* those parked behind the gate */
 }
 
 void gov_call_confirmed(struct gov_call *k)
@@ -1104,7 +1126,7 @@ void gov_call_confirmed(struct gov_call *k)
     if (k->gov->sources[k->source].gate_holder == k)
         gov_gate_open(k);
     else
-        gov_wake_permit(k->gov, k->capability);
+        gov_wake_permit(k->gov, k->capability, k->source);
 }
 
 /* Gives back what the last step reserved for an attempt that was never
@@ -1138,7 +1160,7 @@ static void gov_call_unreserve(struct gov_call *k, double now)
     if (note->attempts == 0 && note->reason == REASON_NONE && note->status == 0)
         note->tried = false;
     k->state = GOV_CALL_BACKOFF;
-    gov_wake_permit(k->gov, k->capability);
+    gov_wake_permit(k->gov, k->capability, k->source);
 }
 
 void gov_call_refused(struct gov_call *k, double now, double retry_at, bool gate,
@@ -1228,7 +1250,7 @@ void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o
         /* The call was cancelled (outcome.h): never retried, reported as
          * `cancelled`, and no verdict on the source. */
         breaker_on_neutral(&s->breaker, k->probe);
-        gov_wake(g, k->capability);
+        gov_wake(g, k->capability, k->source);
         gov_call_done(k, now, GOV_CANCELLED, d);
         return;
     }
@@ -1239,13 +1261,13 @@ void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o
         breaker_on_success(&s->breaker, k->probe, now, gov_on_breaker, g);
         if (g->backend.progress_mark(g->backend.ud, k->scope, now) < 0)
             g->backend_write_errors++;
-        gov_wake(g, k->capability);
+        gov_wake(g, k->capability, k->source);
         gov_call_done(k, now, GOV_OK, d);
         return;
     case OUTCOME_FAIL_FAST:
         s->failures++;
         breaker_on_neutral(&s->breaker, k->probe);
-        gov_wake(g, k->capability);
+        gov_wake(g, k->capability, k->source);
         gov_call_done(k, now, GOV_UPSTREAM_REJECTED, d);
         return;
     case OUTCOME_RATE_LIMITED:
@@ -1267,7 +1289,7 @@ void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o
     }
     if (o->retry_after_s >= 0)
         k->notes[k->source].retry_at = now + o->retry_after_s;
-    gov_wake(g, k->capability);
+    gov_wake(g, k->capability, k->source);
     if (!exempt && k->fails >= k->pol.max_attempts) {
         gov_call_done(k, now, GOV_RETRY_EXHAUSTED, d);
         return;
@@ -1313,7 +1335,7 @@ void gov_call_fini(struct gov_call *k, double now)
         stall_clock_attempt_end(&k->clock, now, false);
         gov_call_release(k);
         breaker_on_neutral(&s->breaker, k->probe);
-        gov_wake(k->gov, k->capability);
+        gov_wake(k->gov, k->capability, k->source);
     }
     k->state = GOV_CALL_DONE;
     free(k->notes);

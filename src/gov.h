@@ -36,10 +36,11 @@
  * Waiting (3.4): a call that finds nothing runnable joins its capability's
  * FIFO and sleeps until the earliest known availability (breaker half-open,
  * bucket refill, pacer), its stall verdict or its deadline. A released
- * permit wakes the first waiter not already woken, through the on_wake hook
- * (so two releases before any waiter ran wake two of them); a woken waiter
- * that leaves the queue without using its wake-up (cancelled, deadline,
- * stall verdict) hands it on to the next one.
+ * permit wakes the first waiter not already woken that may use its source
+ * (gov_call_set_sources), through the on_wake hook (so two releases before
+ * any waiter ran wake two of them); a woken waiter that leaves the queue
+ * without using its wake-up (cancelled, deadline, stall verdict) hands it
+ * on to the next one that may use that source.
  *
  * Fair queueing across apps (start-time fair queueing): a call entering a
  * wait queue gets a start tag max(V, F[app]) and moves its app's finish
@@ -223,6 +224,7 @@ struct gov_source_note {
     bool tried;
     int status;
     double retry_at; /* its last Retry-After for this call (absolute; 0 = none) */
+    bool excluded;   /* gov_call_set_sources left it out of the call's subset */
 };
 
 struct gov_call {
@@ -251,6 +253,9 @@ struct gov_call {
     bool woken;        /* on_wake fired, the call has not stepped since */
     bool waits_permit; /* WAITING for a permit release (not for a time) */
     bool waits_age;    /* WAITING for its scope's progress age to be known */
+    bool subset;       /* gov_call_set_sources restricted its sources */
+    size_t woken_src;  /* the source whose released permit woke it, SIZE_MAX: none
+                        * (or any: an app's, a progress age's wake-up) */
     void *ud;          /* the owner's */
 };
 
@@ -320,6 +325,20 @@ void gov_call_set_app(struct gov_call *k, uint32_t app);
  * no-op on `k`). */
 int gov_call_init(struct gov_call *k, struct gov *g, uint32_t capability, const char *scope,
                   const struct gov_policy *pol, double deadline_at, double est_tokens, double now);
+
+/* Restricts the call to the sources `use` flags (n_sources of them,
+ * borrowed for the call only): a source left out is never picked for it,
+ * counts neither in its waits (next availability, Retry-After holds, the
+ * error's retry_after_s) nor in its stall verdict's "every source is held
+ * back", and a permit released on it never wakes the call — the wake-up
+ * goes to the first waiter that may use that source, and one handed on by
+ * a leaving waiter goes the same way. A source added by a reload is left
+ * out of a restricted call. Call after gov_call_init and before the first
+ * step; without it the call may use every source of its capability. With
+ * no source of its capability left in, the call waits until its stall
+ * verdict: the caller checks for that before (the sidecar answers
+ * model_not_found at once). */
+void gov_call_set_sources(struct gov_call *k, const bool *use);
 
 /* Releases everything the call holds (cancelling an attempt in progress:
  * its time is accounted, its permit released, waiters woken). Idempotent. */
