@@ -235,7 +235,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_LARGE_SECONDS ?= $(FUZZ_SECONDS)
 FUZZ_MAX_LEN ?= 4194304
 FUZZ_CC      ?= clang
-FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/transcode.c sidecar/config.c sidecar/redis_tls.c sidecar/redis_url.c sidecar/h1.c \
+FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/transcode.c sidecar/config.c sidecar/models.c sidecar/redis_tls.c sidecar/redis_url.c sidecar/h1.c \
                 sidecar/yamltree.c sidecar/name_index.c sidecar/jscan.c \
                 sidecar/dialect.c sidecar/convert.c sidecar/httpreq.c
 FUZZ_OBJ     := $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(FUZZ_LIB_SRC))
