@@ -261,6 +261,8 @@ static void call_end(struct call *k)
     call_task_unlink(k);
     call_set_paused(k, false);
     ev_timer_stop(srv->loop, &k->wake_w);
+    if (k->model_label)
+        metrics_on_model_call(srv->metrics, call_cap(k), k->model_label, k->code);
     metrics_on_call_end(srv->metrics, call_cap(k), k->code, call_elapsed(k),
                         gov_call_stalled_s(&k->g, ev_now(srv->loop)));
     gov_call_fini(&k->g, ev_now(srv->loop));
@@ -1673,6 +1675,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
             free(use);
             call_refuse(s, id, r, PGW_MODEL_NOT_FOUND, why);
             metrics_on_call_refused(srv->metrics, (size_t)ci, PGW_MODEL_NOT_FOUND);
+            metrics_on_model_call(srv->metrics, (size_t)ci, "other", PGW_MODEL_NOT_FOUND);
             return;
         }
         if (n_use < 0) {

@@ -28,10 +28,21 @@ struct metrics_capability {
     struct prom_hist duration, ttft, stalled;
 };
 
+/* Calls of one (capability, configured model name): the names come from
+ * configurations only (models.h labels), so the set is bounded. */
+#define METRICS_MODELS_MAX 1024
+struct metrics_model {
+    size_t cap;
+    char *name; /* owned */
+    uint64_t calls[PGW_CODE_COUNT];
+};
+
 struct metrics {
     const struct config *cfg;
     struct metrics_source *src;
     struct metrics_capability *cap;
+    struct metrics_model *models; /* owned, n_models of them */
+    size_t n_models;
     size_t last_len; /* of the last rendering: the next one's first size */
 };
 
@@ -117,7 +128,35 @@ void metrics_free(struct metrics *m)
         return;
     free(m->src);
     free(m->cap);
+    for (size_t i = 0; i < m->n_models; i++)
+        free(m->models[i].name);
+    free(m->models);
     free(m);
+}
+
+void metrics_on_model_call(struct metrics *m, size_t cap, const char *model, enum pgw_code code)
+{
+    struct metrics_model *x = NULL;
+
+    for (size_t i = 0; i < m->n_models && !x; i++)
+        if (m->models[i].cap == cap && strcmp(m->models[i].name, model) == 0)
+            x = &m->models[i];
+    if (!x && m->n_models < METRICS_MODELS_MAX) {
+        struct metrics_model *grown = realloc(m->models, (m->n_models + 1) * sizeof(*grown));
+        char *name = strdup(model);
+        if (grown)
+            m->models = grown;
+        if (grown && name) {
+            x = &m->models[m->n_models++];
+            memset(x, 0, sizeof(*x));
+            x->cap = cap;
+            x->name = name;
+        } else {
+            free(name);
+        }
+    }
+    if (x)
+        x->calls[(unsigned)code < PGW_CODE_COUNT ? code : PGW_INTERNAL]++;
 }
 
 void metrics_on_attempt(struct metrics *m, size_t source, const struct attempt_result *r)
@@ -440,7 +479,8 @@ static void render_capabilities(struct prom_text *t, struct server *srv)
     for (size_t i = 0; i < cfg->n_capabilities; i++) {
         l[0] = L("capability", cfg->capabilities[i].name);
         for (int c = 0; c < PGW_CODE_COUNT; c++) {
-            if ((c == PGW_UNKNOWN_METHOD || c == PGW_UNKNOWN_CAPABILITY || c == PGW_TOO_LARGE) &&
+            if ((c == PGW_UNKNOWN_METHOD || c == PGW_UNKNOWN_CAPABILITY || c == PGW_TOO_LARGE ||
+                 c == PGW_MODEL_NOT_FOUND) &&
                 !m->cap[i].calls[c])
                 continue;
             l[1] = L("code", pgw_code_name((enum pgw_code)c));
@@ -450,6 +490,23 @@ static void render_capabilities(struct prom_text *t, struct server *srv)
     for (size_t i = 0; i < cfg->n_capabilities; i++) {
         caps[i] = cfg->capabilities[i].name;
         v[i] = m->cap[i].in_flight;
+    }
+    prom_text_family(t, "polygw_model_calls_total", "counter",
+                     "Calls that asked for a model, by capability, configured model name (the "
+                     "exact name or glob that matched; other: passed through or unknown) and "
+                     "result code.");
+    for (size_t i = 0; i < m->n_models; i++) {
+        struct prom_label ml[3] = { L("capability",
+                                      m->models[i].cap < cfg->n_capabilities
+                                          ? cfg->capabilities[m->models[i].cap].name
+                                          : "-"),
+                                    L("model", m->models[i].name) };
+        for (int c = 0; c < PGW_CODE_COUNT; c++) {
+            if (!m->models[i].calls[c])
+                continue;
+            ml[2] = L("code", pgw_code_name((enum pgw_code)c));
+            prom_text_sample_u64(t, "polygw_model_calls_total", ml, 3, m->models[i].calls[c]);
+        }
     }
     render_by(t, "polygw_calls_in_flight", "gauge", "Calls in the governed loop, by capability.",
               "capability", caps, v, cfg->n_capabilities);

@@ -66,6 +66,11 @@ void metrics_on_call_start(struct metrics *m, size_t cap);
 void metrics_on_call_end(struct metrics *m, size_t cap, enum pgw_code code, double duration_s,
                          double stalled_s);
 void metrics_on_call_refused(struct metrics *m, size_t cap, enum pgw_code code);
+
+/* A call of capability `cap` that asked for a model ended with `code`;
+ * `model` (borrowed) is its configured name or "other" (models.h), never
+ * a client's string, so the series stay bounded. */
+void metrics_on_model_call(struct metrics *m, size_t cap, const char *model, enum pgw_code code);
 /* A streaming call relayed its first event `ttft_s` after it arrived. */
 void metrics_on_call_first_event(struct metrics *m, size_t cap, double ttft_s);
 

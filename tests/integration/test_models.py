@@ -155,6 +155,13 @@ def test_models__http_models_list_and_404(front, up):
     err = json.loads(body)["error"]
     assert err["code"] == "model_not_found" and err["type"] == "not_found_error"
     assert up.stats()["requests"] == 0
+    # The metrics label the configured name, never the client's unknown one.
+    _, _, metrics = f.curl("/metrics")
+    assert 'polygw_model_calls_total{capability="chat",model="model-beta",code="ok"} 1' \
+        in metrics
+    assert ('polygw_model_calls_total{capability="chat",model="other",'
+            'code="model_not_found"} 1') in metrics
+    assert "model-gamma" not in metrics
     # Anthropic's Messages surface selects from its own model member too.
     status, _, body = f.curl("/v1/messages", {"model": "nope", "max_tokens": 5,
                                               "messages": [{"role": "user", "content": "x"}]})
