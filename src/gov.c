@@ -587,6 +587,35 @@ bool gov_source_runnable(struct gov *g, size_t i, double cost, double now, doubl
     return ok;
 }
 
+static uint64_t fnv1a(uint64_t h, const char *s)
+{
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
+    return h;
+}
+
+void gov_call_set_affinity(struct gov_call *k, const char *key)
+{
+    k->affinity = key && *key ? fnv1a(0xcbf29ce484222325ULL, key) | 1 : 0;
+}
+
+/* Weighted rendezvous score of source `s` for affinity hash `key`. */
+static uint64_t splitmix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+/* Weighted rendezvous score of source `s` for affinity hash `key`. */
+static double gov_affinity_score(uint64_t key, const struct gov_source *s)
+{
+    uint64_t x = splitmix(splitmix(key) ^ fnv1a(0xcbf29ce484222325ULL, s->p.name ? s->p.name : ""));
+    double h = ((double)(x >> 11) + 0.5) * (1.0 / 9007199254740992.0); /* in (0, 1) */
+    return s->p.weight / -log(h);
+}
+
 /* May call `k` use source i (its capability, and its subset)? */
 static bool gov_call_may_use(const struct gov_call *k, size_t i)
 {
@@ -649,6 +678,17 @@ static long gov_pick(struct gov *g, const struct gov_call *k, double now, double
         total += s->p.weight * (1.0 - (double)s->in_flight / (double)source_limit(s));
     }
     long pick = -1;
+    if (k->affinity) {
+        double best = -1;
+        for (size_t i = 0; i < n; i++) {
+            double sc = ok[i] ? gov_affinity_score(k->affinity, &g->sources[i]) : -1;
+            if (ok[i] && sc > best) {
+                best = sc;
+                pick = (long)i;
+            }
+        }
+        total = 0; /* decided */
+    }
     if (total > 0) {
         double r = gov_rand(g) * total;
         for (size_t i = 0; i < n; i++) {

@@ -254,6 +254,7 @@ struct gov_call {
     bool waits_permit; /* WAITING for a permit release (not for a time) */
     bool waits_age;    /* WAITING for its scope's progress age to be known */
     bool subset;       /* gov_call_set_sources restricted its sources */
+    uint64_t affinity; /* gov_call_set_affinity's key hash; 0: none */
     size_t woken_src;  /* the source whose released permit woke it, SIZE_MAX: none
                         * (or any: an app's, a progress age's wake-up) */
     void *ud;          /* the owner's */
@@ -339,6 +340,18 @@ int gov_call_init(struct gov_call *k, struct gov *g, uint32_t capability, const 
  * verdict: the caller checks for that before (the sidecar answers
  * model_not_found at once). */
 void gov_call_set_sources(struct gov_call *k, const bool *use);
+
+/* Prompt-cache affinity: the call picks, among the runnable sources of
+ * the tier it would pick from (the same set the weighted random choice
+ * uses: runnable now, not failed by this call when another is), the one of
+ * highest weighted rendezvous score  weight / -ln(h(key, source name))
+ * with h a hash in (0, 1). Calls with one key land on one source while it
+ * is runnable; keys spread over the tier's sources in proportion to their
+ * weights; a source that is not runnable (breaker, permits, buckets,
+ * pacer, Retry-After) is simply not a candidate, so its keys move at once
+ * and come back when it is again. `key` is copied (hashed); NULL or "":
+ * none. Call after gov_call_init and before the first step. */
+void gov_call_set_affinity(struct gov_call *k, const char *key);
 
 /* Releases everything the call holds (cancelling an attempt in progress:
  * its time is accounted, its permit released, waiters woken). Idempotent. */

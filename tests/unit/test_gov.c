@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "gov.h"
@@ -1789,6 +1790,86 @@ START_TEST(test_gov__subset_kept_across_reconf)
 END_TEST
 
 /* ===================================================================== */
+/* Prompt-cache affinity (gov_call_set_affinity)                         */
+/* ===================================================================== */
+
+/* The source a call with affinity `key` is given now (the call is
+ * started and released at once). */
+static size_t affinity_pick(struct gov *g, const char *key, double now)
+{
+    struct gov_call k;
+    struct gov_decision d;
+    struct gov_policy pol = pol_chat();
+
+    ck_assert_int_eq(gov_call_init(&k, g, 0, "chat", &pol, 0, 0, now), 0);
+    gov_call_set_affinity(&k, key);
+    gov_call_step(&k, now, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    size_t src = d.source;
+    gov_call_fini(&k, now);
+    return src;
+}
+
+/* 200 keys over 4 equal sources: each within 20 % of an even share; every
+ * call of a key on one source; a source made unrunnable loses exactly its
+ * keys, at once, and gets them back when it is runnable again. */
+START_TEST(test_gov__affinity_spreads_sticks_and_moves)
+{
+    struct gov_source_params p[4] = { src_params("s0"), src_params("s1"), src_params("s2"),
+                                      src_params("s3") };
+    size_t first[200], count[4] = { 0 };
+    char key[32];
+
+    sim_init(&S, p, 4, 1);
+    for (int i = 0; i < 200; i++) {
+        snprintf(key, sizeof(key), "task-%d", i);
+        first[i] = affinity_pick(&S.g, key, 0);
+        count[first[i]]++;
+        ck_assert_uint_eq(affinity_pick(&S.g, key, 0), first[i]);
+    }
+    for (int j = 0; j < 4; j++)
+        ck_assert_msg(count[j] >= 40 && count[j] <= 60, "source %d has %zu keys", j, count[j]);
+    /* Source 1's breaker opens. */
+    for (int f = 0; f < 5; f++)
+        breaker_on_failure(&S.g.sources[1].breaker, false, 1, NULL, NULL);
+    for (int i = 0; i < 200; i++) {
+        snprintf(key, sizeof(key), "task-%d", i);
+        size_t now_at = affinity_pick(&S.g, key, 1);
+        if (first[i] == 1)
+            ck_assert_uint_ne(now_at, 1);
+        else
+            ck_assert_uint_eq(now_at, first[i]);
+    }
+    /* Past its cool-down the half-open probe goes to the first key of it. */
+    S.g.sources[1].breaker = (struct breaker){ 0 };
+    breaker_init(&S.g.sources[1].breaker, 5, 30, 300);
+    for (int i = 0; i < 200; i++) {
+        snprintf(key, sizeof(key), "task-%d", i);
+        ck_assert_uint_eq(affinity_pick(&S.g, key, 100), first[i]);
+    }
+    sim_fini(&S);
+}
+END_TEST
+
+/* Weights hold across keys: a source of weight 3 gets about 3/4 of them. */
+START_TEST(test_gov__affinity_respects_weights)
+{
+    struct gov_source_params p[2] = { src_params("heavy"), src_params("light") };
+    size_t heavy = 0;
+    char key[32];
+
+    p[0].weight = 3;
+    sim_init(&S, p, 2, 1);
+    for (int i = 0; i < 400; i++) {
+        snprintf(key, sizeof(key), "scope-%d", i);
+        heavy += affinity_pick(&S.g, key, 0) == 0;
+    }
+    ck_assert_msg(heavy >= 270 && heavy <= 330, "heavy got %zu of 400", heavy);
+    sim_fini(&S);
+}
+END_TEST
+
+/* ===================================================================== */
 /* Outcomes, backend, counters                                           */
 /* ===================================================================== */
 
@@ -3299,6 +3380,8 @@ Suite *gov_suite(void)
     tcase_add_test(tc, test_gov__subset_wake_handed_on_within_the_subset);
     tcase_add_test(tc, test_gov__subset_retry_after_counts_its_sources_only);
     tcase_add_test(tc, test_gov__subset_kept_across_reconf);
+    tcase_add_test(tc, test_gov__affinity_spreads_sticks_and_moves);
+    tcase_add_test(tc, test_gov__affinity_respects_weights);
     tcase_add_test(tc, test_gov__fair_queue_weights_3_to_1);
     tcase_add_test(tc, test_gov__fair_queue_single_call_not_behind_backlog);
     tcase_add_test(tc, test_gov__fair_queue_without_apps_is_fifo);
