@@ -1790,6 +1790,8 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
                            governor_estimate_tokens(text_len, r->max_tokens), now);
     if (rc == 0 && use)
         gov_call_set_sources(&k->g, use);
+    if (rc == 0 && k->cap->affinity != AFFINITY_NONE)
+        gov_call_set_affinity(&k->g, k->cap->affinity == AFFINITY_TASK ? r->task_id : scope);
     free(use);
     if (rc < 0) {
         enum pgw_code code = rc == TRANSCODE_EINVALID ? PGW_BAD_REQUEST : PGW_INTERNAL;

@@ -121,6 +121,7 @@ enum fid {
     FID_API_KEY_FILE,
     FID_MODEL,
     FID_SERVES,
+    FID_AFFINITY,
     FID_APP_MODELS,
     FID_PRIORITY,
     FID_WEIGHT,
@@ -250,6 +251,7 @@ static bool line_is_bad(unsigned line)
 
 struct cap_stage {
     struct config_capability cap;
+    char *affinity; /* owned; `affinity:` as written */
     bool builtin;
     unsigned map_line;
     unsigned line[FID_COUNT];
@@ -610,6 +612,13 @@ static int check_model(struct loader *l, const struct ynode *v, char *s)
     return p ? fail_here(l, v->line, "%s", p) : 0;
 }
 
+static int check_affinity(struct loader *l, const struct ynode *v, char *s)
+{
+    if (strcmp(s, "task") && strcmp(s, "scope") && strcmp(s, "none"))
+        return fail_here(l, v->line, "must be task, scope or none");
+    return 0;
+}
+
 /* An HTTP field name (RFC 9110 token). */
 static bool is_header_name(const char *s)
 {
@@ -820,6 +829,7 @@ static const struct field policy_table[] = {
 static const struct field capability_table[] = {
     TYPED("exempt_429", FT_BOOL, FID_EXEMPT_429, OFF(struct cap_stage, cap.exempt_429)),
     TYPED("path", FT_UPATH, FID_PATH, OFF(struct cap_stage, cap.path)),
+    STR("affinity", FID_AFFINITY, OFF(struct cap_stage, affinity), check_affinity),
     { .key = "policy",
       .type = FT_INCLUDE,
       .off = OFF(struct cap_stage, cap.policy),
@@ -2207,6 +2217,10 @@ static int validate_capabilities(struct loader *l)
                     "path: is required for a custom "
                     "capability (built-ins are chat, embedding, ocr)");
         (void)name_index_add(&l->cap_ix, i, cap_name_at, l->caps); /* names are unique */
+        if (c->affinity)
+            c->cap.affinity = strcmp(c->affinity, "task") == 0 ? AFFINITY_TASK
+                : strcmp(c->affinity, "scope") == 0            ? AFFINITY_SCOPE
+                                                               : AFFINITY_NONE;
     }
     l->cfg->capabilities = calloc(l->n_caps, sizeof(*l->cfg->capabilities));
     if (!l->cfg->capabilities)
@@ -3154,6 +3168,8 @@ static void loader_fini(struct loader *l)
         free(l->apps[i].token_file);
     }
     free(l->apps);
+    for (size_t i = 0; i < l->n_caps; i++)
+        free(l->caps[i].affinity);
     free(l->caps);
     name_index_fini(&l->cap_ix);
     name_index_fini(&l->src_ix);

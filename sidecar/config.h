@@ -94,8 +94,13 @@ struct config_limits {
     double window_s;                 /* rpm/tpm window; default 60 */
 };
 
+/* Prompt-cache affinity of a capability (docs/CONFIG.md §6): which key
+ * places a call by rendezvous hashing over its tier's runnable sources. */
+enum config_affinity { AFFINITY_NONE = 0, AFFINITY_TASK, AFFINITY_SCOPE };
+
 struct config_capability {
     char name[CONFIG_NAME_MAX];
+    enum config_affinity affinity; /* default none */
     bool exempt_429;
     char path[256];              /* upstream path, e.g. "/chat/completions" */
     struct config_policy policy; /* defaults <- capability: what every call of

@@ -184,3 +184,38 @@ def test_models__config_rejects_ambiguous_names(make_sidecar, up):
                            text=True, timeout=10)
         assert p.returncode != 0
         assert key in p.stdout + p.stderr, p.stdout + p.stderr
+
+
+def test_models__affinity_spreads_sticks_and_moves_when_its_breaker_opens(make_sidecar, up,
+                                                                            up2):
+    """affinity: scope — 200 scopes over 4 equal sources spread within
+    +-20 % of even, every call of a scope lands on one source, and when that
+    source's breaker opens its scopes move at once while the others stay."""
+    src = dict(BASIC, breaker={"failures": 1, "cooldown_s": 60})
+    sc = make_sidecar(config_text=config_yaml(
+        [source_yaml("s0", "chat", up2.url, src)] +
+        [source_yaml("s%d" % i, "chat", up.url, src) for i in range(1, 4)],
+        POLICY, capabilities={"chat": {"affinity": "scope"}}))
+    c = sc.connect()
+    where = {}
+    for i in range(200):
+        err, res, _ = call(c, "chat", chat(), scope="task-%d" % i)
+        assert err is None, err
+        where[i] = res["source"]
+    counts = {s: list(where.values()).count(s) for s in ("s0", "s1", "s2", "s3")}
+    assert all(40 <= n <= 60 for n in counts.values()), counts
+    for i in range(0, 200, 7):   # stickiness
+        _, res, _ = call(c, "chat", chat(), scope="task-%d" % i)
+        assert res["source"] == where[i]
+    on_s0 = [i for i in where if where[i] == "s0"]
+    up2.set_default({"status": 500})
+    err, res, _ = call(c, "chat", chat(), scope="task-%d" % on_s0[0])
+    assert err is None and res["source"] != "s0" and res["attempts"] == 2  # s0 failed, opened
+    s0_requests = up2.stats()["requests"]
+    for i in range(200):
+        _, res, _ = call(c, "chat", chat(), scope="task-%d" % i)
+        if where[i] == "s0":
+            assert res["source"] != "s0"
+        else:
+            assert res["source"] == where[i]
+    assert up2.stats()["requests"] == s0_requests  # nothing more went to the open breaker
