@@ -651,13 +651,27 @@ struct json_facts {
     bool has_error;
 };
 
-static int usage_member(void *ud, const char *key, const struct jscan_value *v)
+/* A JSON member's value as a count (dialect_openai_count's `count`). */
+static int64_t json_count(const struct jscan_value *v)
 {
     double t;
-    int64_t count = v->type == JSCAN_NULL ? -1
-        : jscan_number(v, &t)             ? dialect_count_number(t)
-                                          : DIALECT_COUNT_BOGUS;
-    dialect_openai_count(ud, key, strlen(key), count);
+    return v->type == JSCAN_NULL ? -1
+        : jscan_number(v, &t)    ? dialect_count_number(t)
+                                 : DIALECT_COUNT_BOGUS;
+}
+
+static int usage_detail_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    dialect_openai_detail(ud, key, strlen(key), json_count(v));
+    return 0;
+}
+
+static int usage_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    if (v->type == JSCAN_OBJECT && strcmp(key, "prompt_tokens_details") == 0)
+        jscan_object(v->p, v->len, usage_detail_member, ud, NULL);
+    else
+        dialect_openai_count(ud, key, strlen(key), json_count(v));
     return 0;
 }
 
@@ -959,6 +973,9 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
            LOG_F, res.elapsed_s, NULL);
 
     metrics_on_attempt(k->srv->metrics, call_source(k), &res);
+    if (res.outcome.kind == OUTCOME_SUCCESS)
+        metrics_on_prompt_tokens(k->srv->metrics, call_source(k), k->tokens.prompt,
+                                 dialect_usage_cached(&k->tokens));
     double used =
         res.outcome.kind == OUTCOME_SUCCESS ? (double)dialect_usage_total(&k->tokens) : -1;
     k->last_status = res.http_status;

@@ -19,6 +19,7 @@ static const char *const outcome_names[OUT_COUNT] = { "success", "rate_limited",
 struct metrics_source {
     uint64_t attempts[OUT_COUNT];
     uint64_t reasons[OUTCOME_REASON_COUNT];
+    uint64_t prompt_tokens, cached_tokens; /* of successful attempts */
     struct prom_hist duration, ttft;
 };
 
@@ -173,6 +174,15 @@ void metrics_on_attempt(struct metrics *m, size_t source, const struct attempt_r
         prom_hist_observe(&s->ttft, r->ttft_s);
 }
 
+void metrics_on_prompt_tokens(struct metrics *m, size_t source, int64_t prompt, int64_t cached)
+{
+    if (source >= m->cfg->n_sources || prompt < 0)
+        return;
+    m->src[source].prompt_tokens += (uint64_t)prompt;
+    if (cached >= 0)
+        m->src[source].cached_tokens += (uint64_t)cached;
+}
+
 void metrics_on_attempt_cancelled(struct metrics *m, size_t source)
 {
     if (source < m->cfg->n_sources)
@@ -325,6 +335,16 @@ static double src_tokens(struct server *srv, size_t i)
     return (double)srv->gov.sources[i].tokens_used;
 }
 
+static double src_prompt_tokens(struct server *srv, size_t i)
+{
+    return (double)srv->metrics->src[i].prompt_tokens;
+}
+
+static double src_cached_prompt_tokens(struct server *srv, size_t i)
+{
+    return (double)srv->metrics->src[i].cached_tokens;
+}
+
 static const struct {
     const char *name, *type, *help;
     source_value_fn *fn;
@@ -342,6 +362,13 @@ static const struct {
     { "polygw_source_tokens_total", "counter",
       "Tokens the upstream reported (its real usage) for successful calls of the source.",
       src_tokens, false },
+    { "polygw_source_prompt_tokens_total", "counter",
+      "Prompt tokens the upstream reported for successful attempts on the source.",
+      src_prompt_tokens, false },
+    { "polygw_source_cached_prompt_tokens_total", "counter",
+      "Of those, the prompt tokens the upstream reported read from its prompt cache "
+      "(prompt_tokens_details.cached_tokens, cache_read_input_tokens).",
+      src_cached_prompt_tokens, false },
 };
 
 static void render_source_hist(struct prom_text *t, struct server *srv, const char *name,
