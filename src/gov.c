@@ -308,6 +308,8 @@ static void gov_free_apps(struct gov *g)
 
 void gov_fini(struct gov *g)
 {
+    free(g->affinity.e);
+    free(g->affinity.bucket);
     gov_free_apps(g);
     free(g->sources);
     free(g->waitq);
@@ -477,12 +479,15 @@ int gov_reconf_prepare(struct gov_reconf *r, const struct gov *g,
     return 0;
 }
 
+static void affinity_remap(struct gov *g, const struct gov_reconf *r);
+
 void gov_reconf_commit(struct gov *g, struct gov_reconf *r)
 {
     free(g->sources);
     g->sources = r->sources;
     g->n_sources = r->n;
     r->sources = NULL;
+    affinity_remap(g, r);
     if (r->waitq) {
         memcpy(r->waitq, g->waitq, g->n_capabilities * sizeof(*g->waitq));
         free(g->waitq);
@@ -599,7 +604,7 @@ void gov_call_set_affinity(struct gov_call *k, const char *key)
     k->affinity = key && *key ? fnv1a(0xcbf29ce484222325ULL, key) | 1 : 0;
 }
 
-/* Weighted rendezvous score of source `s` for affinity hash `key`. */
+/* A 64-bit mix (splitmix64's finaliser). */
 static uint64_t splitmix(uint64_t x)
 {
     x += 0x9e3779b97f4a7c15ULL;
@@ -614,6 +619,197 @@ static double gov_affinity_score(uint64_t key, const struct gov_source *s)
     uint64_t x = splitmix(splitmix(key) ^ fnv1a(0xcbf29ce484222325ULL, s->p.name ? s->p.name : ""));
     double h = ((double)(x >> 11) + 0.5) * (1.0 / 9007199254740992.0); /* in (0, 1) */
     return s->p.weight / -log(h);
+}
+
+/* --- affinity placements (struct gov_affinity) ------------------------ */
+
+static int32_t *affinity_head(struct gov_affinity *a, uint32_t cap, uint64_t key)
+{
+    return &a->bucket[splitmix(key ^ cap) & (GOV_AFFINITY_MAX - 1)];
+}
+
+/* The entry of (cap, key), or -1. */
+static int32_t affinity_find(struct gov_affinity *a, uint32_t cap, uint64_t key)
+{
+    if (!a->e)
+        return -1;
+    int32_t i = *affinity_head(a, cap, key);
+    while (i >= 0 && (a->e[i].key != key || a->e[i].cap != cap))
+        i = a->e[i].next_hash;
+    return i;
+}
+
+static void affinity_unlink_recency(struct gov_affinity *a, int32_t i)
+{
+    struct gov_affinity_entry *e = &a->e[i];
+    if (e->newer >= 0)
+        a->e[e->newer].older = e->older;
+    else
+        a->newest = e->older;
+    if (e->older >= 0)
+        a->e[e->older].newer = e->newer;
+    else
+        a->oldest = e->newer;
+}
+
+/* Makes entry i the most recently used, at `now`. */
+static void affinity_touch(struct gov_affinity *a, int32_t i, double now)
+{
+    affinity_unlink_recency(a, i);
+    a->e[i].used = now;
+    a->e[i].older = a->newest;
+    a->e[i].newer = -1;
+    if (a->newest >= 0)
+        a->e[a->newest].newer = i;
+    a->newest = i;
+    if (a->oldest < 0)
+        a->oldest = i;
+}
+
+/* Drops entry i (its source's count with it). */
+static void affinity_drop(struct gov *g, int32_t i)
+{
+    struct gov_affinity *a = &g->affinity;
+    struct gov_affinity_entry *e = &a->e[i];
+    int32_t *p = affinity_head(a, e->cap, e->key);
+
+    while (*p != i)
+        p = &a->e[*p].next_hash;
+    *p = e->next_hash;
+    affinity_unlink_recency(a, i);
+    if (e->source < g->n_sources && g->sources[e->source].affinity_keys)
+        g->sources[e->source].affinity_keys--;
+    e->next_hash = a->free_list;
+    a->free_list = i;
+    a->n--;
+}
+
+/* Drops the entries idle for GOV_AFFINITY_IDLE_S (oldest first: O(1) per
+ * entry dropped). */
+static void affinity_expire(struct gov *g, double now)
+{
+    struct gov_affinity *a = &g->affinity;
+    while (a->e && a->oldest >= 0 && now - a->e[a->oldest].used >= GOV_AFFINITY_IDLE_S)
+        affinity_drop(g, a->oldest);
+}
+
+/* Remembers (cap, key) on source `src`; when the table is full the least
+ * recently used entry makes room. -1 when the table cannot be allocated
+ * (the key is placed, not remembered). */
+static int affinity_add(struct gov *g, uint32_t cap, uint64_t key, size_t src, double now)
+{
+    struct gov_affinity *a = &g->affinity;
+
+    if (!a->e) {
+        a->e = malloc(GOV_AFFINITY_MAX * sizeof(*a->e));
+        a->bucket = malloc(GOV_AFFINITY_MAX * sizeof(*a->bucket));
+        if (!a->e || !a->bucket) {
+            free(a->e);
+            free(a->bucket);
+            a->e = NULL;
+            a->bucket = NULL;
+            return -1;
+        }
+        for (int32_t i = 0; i < GOV_AFFINITY_MAX; i++) {
+            a->bucket[i] = -1;
+            a->e[i].next_hash = i + 1 < GOV_AFFINITY_MAX ? i + 1 : -1;
+        }
+        a->free_list = 0;
+        a->newest = a->oldest = -1;
+        a->n = 0;
+    }
+    if (a->free_list < 0)
+        affinity_drop(g, a->oldest);
+    int32_t i = a->free_list;
+    struct gov_affinity_entry *e = &a->e[i];
+    int32_t *head = affinity_head(a, cap, key);
+    a->free_list = e->next_hash;
+    *e = (struct gov_affinity_entry){ .key = key,
+                                      .cap = cap,
+                                      .source = (uint32_t)src,
+                                      .next_hash = *head,
+                                      .newer = -1,
+                                      .older = -1 };
+    *head = i;
+    if (a->newest >= 0)
+        a->e[a->newest].newer = i;
+    e->older = a->newest;
+    a->newest = i;
+    if (a->oldest < 0)
+        a->oldest = i;
+    e->used = now;
+    a->n++;
+    g->sources[src].affinity_keys++;
+    return 0;
+}
+
+/* After a reload: entries follow their source to its new index; those of
+ * a removed source are dropped; the counts are made again. */
+static void affinity_remap(struct gov *g, const struct gov_reconf *r)
+{
+    struct gov_affinity *a = &g->affinity;
+
+    for (size_t j = 0; j < g->n_sources; j++)
+        g->sources[j].affinity_keys = 0;
+    for (int32_t i = a->e ? a->oldest : -1; i >= 0;) {
+        int32_t newer = a->e[i].newer;
+        uint32_t old = a->e[i].source;
+        long to = old < r->n_old ? r->to[old] : -1;
+        a->e[i].source = UINT32_MAX; /* counted by nobody while dropped */
+        if (to < 0) {
+            affinity_drop(g, i);
+        } else {
+            a->e[i].source = (uint32_t)to;
+            g->sources[to].affinity_keys++;
+        }
+        i = newer;
+    }
+}
+
+/* The affinity pick among the candidates ok[0..n) (see
+ * gov_call_set_affinity), remembered. */
+static long affinity_pick(struct gov *g, const struct gov_call *k, const unsigned char *ok,
+                          double now)
+{
+    struct gov_affinity *a = &g->affinity;
+    size_t n = g->n_sources;
+    double keys = 0, weight = 0, best = -1;
+    long pick = -1, any = -1;
+
+    affinity_expire(g, now);
+    int32_t at = affinity_find(a, k->capability, k->affinity);
+    if (at >= 0 && a->e[at].source < n && ok[a->e[at].source]) {
+        affinity_touch(a, at, now);
+        return (long)a->e[at].source;
+    }
+    if (at >= 0)
+        affinity_drop(g, at);
+    for (size_t i = 0; i < n; i++) {
+        if (ok[i]) {
+            keys += g->sources[i].affinity_keys;
+            weight += g->sources[i].p.weight;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!ok[i])
+            continue;
+        const struct gov_source *s = &g->sources[i];
+        double sc = gov_affinity_score(k->affinity, s);
+        double bound = weight > 0
+            ? ceil((1.0 + GOV_AFFINITY_SLACK) * (keys + 1) * s->p.weight / weight)
+            : INFINITY;
+        if (any < 0 || sc > gov_affinity_score(k->affinity, &g->sources[any]))
+            any = (long)i;
+        if ((double)s->affinity_keys < bound && sc > best) {
+            best = sc;
+            pick = (long)i;
+        }
+    }
+    if (pick < 0) /* cannot be (the bounds sum above keys), but never none */
+        pick = any;
+    if (pick >= 0)
+        (void)affinity_add(g, k->capability, k->affinity, (size_t)pick, now);
+    return pick;
 }
 
 /* May call `k` use source i (its capability, and its subset)? */
@@ -679,14 +875,7 @@ static long gov_pick(struct gov *g, const struct gov_call *k, double now, double
     }
     long pick = -1;
     if (k->affinity) {
-        double best = -1;
-        for (size_t i = 0; i < n; i++) {
-            double sc = ok[i] ? gov_affinity_score(k->affinity, &g->sources[i]) : -1;
-            if (ok[i] && sc > best) {
-                best = sc;
-                pick = (long)i;
-            }
-        }
+        pick = affinity_pick(g, k, ok, now);
         total = 0; /* decided */
     }
     if (total > 0) {

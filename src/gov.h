@@ -170,7 +170,35 @@ struct gov_source {
     double gate_until;
     struct gov_call *gate_holder;
     uint64_t attempts, successes, failures, rate_limited;
-    uint64_t tokens_used; /* real usage reported by successes */
+    uint64_t tokens_used;   /* real usage reported by successes */
+    uint32_t affinity_keys; /* affinity keys placed on it (the table's entries) */
+};
+
+/* Prompt-cache affinity's placements (gov_call_set_affinity): which source
+ * each (capability, key) was placed on. Bounded: at most GOV_AFFINITY_MAX
+ * entries (the least recently used is dropped to make room), and an entry
+ * unused for GOV_AFFINITY_IDLE_S expires (a provider's prompt cache is
+ * long cold by then). Allocated at the first placement. */
+#define GOV_AFFINITY_MAX    16384
+#define GOV_AFFINITY_IDLE_S 3600.0
+/* The bounded-load slack: a new key goes to a source holding fewer than
+ * ceil((1 + GOV_AFFINITY_SLACK) * (keys + 1) * weight / total weight) of
+ * the candidates' keys. 0.05 keeps n equal sources within +5 % and
+ * -5 * (n - 1) % of even (within +-20 % for up to 4 of them). */
+#define GOV_AFFINITY_SLACK  0.05
+struct gov_affinity_entry {
+    uint64_t key;         /* gov_call_set_affinity's hash */
+    double used;          /* last placement or use */
+    uint32_t cap;         /* capability */
+    uint32_t source;      /* index into gov.sources */
+    int32_t next_hash;    /* chain of its bucket, -1: end */
+    int32_t newer, older; /* recency list, -1: end */
+};
+struct gov_affinity {
+    struct gov_affinity_entry *e;      /* GOV_AFFINITY_MAX of them, or NULL */
+    int32_t *bucket;                   /* GOV_AFFINITY_MAX chain heads */
+    int32_t newest, oldest, free_list; /* free entries chained by next_hash */
+    size_t n;
 };
 
 /* Progress reads and writes go through this interface (the memory store by
@@ -278,6 +306,7 @@ struct gov {
     void *rand_ud;
     struct gov_hooks hooks;
     uint64_t decisions, waits, wakes, backend_write_errors;
+    struct gov_affinity affinity;
 };
 
 /* Sets up `g` for `n` sources (copied) over `n_caps` capabilities. A NULL
@@ -341,16 +370,20 @@ int gov_call_init(struct gov_call *k, struct gov *g, uint32_t capability, const 
  * model_not_found at once). */
 void gov_call_set_sources(struct gov_call *k, const bool *use);
 
-/* Prompt-cache affinity: the call picks, among the runnable sources of
- * the tier it would pick from (the same set the weighted random choice
- * uses: runnable now, not failed by this call when another is), the one of
- * highest weighted rendezvous score  weight / -ln(h(key, source name))
- * with h a hash in (0, 1). Calls with one key land on one source while it
- * is runnable; keys spread over the tier's sources in proportion to their
- * weights; a source that is not runnable (breaker, permits, buckets,
- * pacer, Retry-After) is simply not a candidate, so its keys move at once
- * and come back when it is again. `key` is copied (hashed); NULL or "":
- * none. Call after gov_call_init and before the first step. */
+/* Prompt-cache affinity, by consistent hashing with bounded loads. The
+ * candidates are the runnable sources of the tier the call would pick from
+ * (the set the weighted random choice uses: runnable now, not failed by
+ * this call when another is). A key placed before (struct gov_affinity)
+ * whose source is a candidate stays on it. Otherwise the key is placed,
+ * and remembered, on the candidate of highest weighted rendezvous score
+ * weight / -ln(h(key, source name)) (h a hash in (0, 1)) among those that
+ * hold fewer than ceil((1 + GOV_AFFINITY_SLACK) * (keys + 1) * weight / W)
+ * keys, where keys and W are the candidates' placed keys and weights: so
+ * keys spread in proportion to the weights within that bound whatever the
+ * names, and a source that is not runnable (breaker, permits, buckets,
+ * pacer, Retry-After) loses its keys at once to the next by the same rule;
+ * they stay where they moved. `key` is copied (hashed); NULL or "": none.
+ * Call after gov_call_init and before the first step. */
 void gov_call_set_affinity(struct gov_call *k, const char *key);
 
 /* Releases everything the call holds (cancelling an attempt in progress:

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gov.h"
@@ -1810,43 +1811,115 @@ static size_t affinity_pick(struct gov *g, const char *key, double now)
     return src;
 }
 
-/* 200 keys over 4 equal sources: each within 20 % of an even share; every
- * call of a key on one source; a source made unrunnable loses exactly its
- * keys, at once, and gets them back when it is runnable again. */
+/* Key `i` of name pattern `pattern`: "task-%d", "conv-%d", or random
+ * letters (a fixed sequence). */
+static void affinity_key(char *key, size_t size, int pattern, int i)
+{
+    if (pattern == 0) {
+        snprintf(key, size, "task-%d", i);
+    } else if (pattern == 1) {
+        snprintf(key, size, "conv-%d", i);
+    } else {
+        uint64_t x = 0x2545f4914f6cdd1dULL * (uint64_t)(i + 1);
+        size_t len = 4 + (size_t)(x % 20);
+        for (size_t j = 0; j < len && j + 1 < size; j++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            key[j] = (char)('a' + x % 26);
+        }
+        key[len < size ? len : size - 1] = '\0';
+    }
+}
+
+/* 200 keys of several name patterns over 4 equal sources: each source
+ * within 20 % of an even share (by construction, bounded loads); every call
+ * of a key on one source; a source made unrunnable loses exactly its keys,
+ * at once, spread over the others within the bound; they stay where they
+ * moved when it is runnable again, and new keys fill it. */
 START_TEST(test_gov__affinity_spreads_sticks_and_moves)
 {
     struct gov_source_params p[4] = { src_params("s0"), src_params("s1"), src_params("s2"),
                                       src_params("s3") };
-    size_t first[200], count[4] = { 0 };
+    size_t first[200], count[4] = { 0 }, moved[4] = { 0 };
     char key[32];
+    int pattern = _i;
 
     sim_init(&S, p, 4, 1);
     for (int i = 0; i < 200; i++) {
-        snprintf(key, sizeof(key), "task-%d", i);
+        affinity_key(key, sizeof(key), pattern, i);
         first[i] = affinity_pick(&S.g, key, 0);
         count[first[i]]++;
         ck_assert_uint_eq(affinity_pick(&S.g, key, 0), first[i]);
     }
-    for (int j = 0; j < 4; j++)
-        ck_assert_msg(count[j] >= 40 && count[j] <= 60, "source %d has %zu keys", j, count[j]);
+    for (int j = 0; j < 4; j++) {
+        ck_assert_msg(count[j] >= 40 && count[j] <= 60, "pattern %d: source %d has %zu keys",
+                      pattern, j, count[j]);
+        ck_assert_uint_eq(S.g.sources[j].affinity_keys, count[j]);
+    }
     /* Source 1's breaker opens. */
     for (int f = 0; f < 5; f++)
         breaker_on_failure(&S.g.sources[1].breaker, false, 1, NULL, NULL);
     for (int i = 0; i < 200; i++) {
-        snprintf(key, sizeof(key), "task-%d", i);
+        affinity_key(key, sizeof(key), pattern, i);
         size_t now_at = affinity_pick(&S.g, key, 1);
-        if (first[i] == 1)
+        if (first[i] == 1) {
             ck_assert_uint_ne(now_at, 1);
-        else
+            moved[now_at]++;
+            first[i] = now_at;
+        } else {
             ck_assert_uint_eq(now_at, first[i]);
+        }
     }
-    /* Past its cool-down the half-open probe goes to the first key of it. */
+    for (int j = 0; j < 4; j++)
+        if (j != 1)
+            ck_assert_msg(count[j] + moved[j] <= 200 * 1.05 / 3 + 1, "source %d holds %zu", j,
+                          count[j] + moved[j]);
+    /* Its breaker closes again: every key stays where it is now. */
     S.g.sources[1].breaker = (struct breaker){ 0 };
     breaker_init(&S.g.sources[1].breaker, 5, 30, 300);
     for (int i = 0; i < 200; i++) {
-        snprintf(key, sizeof(key), "task-%d", i);
+        affinity_key(key, sizeof(key), pattern, i);
         ck_assert_uint_eq(affinity_pick(&S.g, key, 100), first[i]);
     }
+    /* New keys go to the emptied source until it holds its share. */
+    size_t to_1 = 0;
+    for (int i = 200; i < 250; i++) {
+        affinity_key(key, sizeof(key), pattern, i);
+        to_1 += affinity_pick(&S.g, key, 100) == 1;
+    }
+    ck_assert_msg(to_1 >= 40, "the emptied source got %zu of 50 new keys", to_1);
+    sim_fini(&S);
+}
+END_TEST
+
+/* Placements are a bounded table: an entry unused for GOV_AFFINITY_IDLE_S
+ * is forgotten (its source's count with it), and at GOV_AFFINITY_MAX
+ * entries the least recently used makes room. */
+START_TEST(test_gov__affinity_table_expires_and_is_capped)
+{
+    struct gov_source_params p[2] = { src_params("a"), src_params("b") };
+    char key[32];
+
+    sim_init(&S, p, 2, 1);
+    affinity_pick(&S.g, "old", 0);
+    size_t kept = affinity_pick(&S.g, "kept", 0);
+    ck_assert_uint_eq(S.g.affinity.n, 2);
+    affinity_pick(&S.g, "kept", GOV_AFFINITY_IDLE_S - 1); /* used: stays */
+    affinity_pick(&S.g, "new", GOV_AFFINITY_IDLE_S);      /* "old" expires */
+    ck_assert_uint_eq(S.g.affinity.n, 2);
+    ck_assert_uint_eq(S.g.sources[0].affinity_keys + S.g.sources[1].affinity_keys, 2);
+    ck_assert_uint_eq(affinity_pick(&S.g, "kept", GOV_AFFINITY_IDLE_S), kept);
+    for (int i = 0; i < GOV_AFFINITY_MAX + 10; i++) {
+        snprintf(key, sizeof(key), "k%d", i);
+        affinity_pick(&S.g, key, GOV_AFFINITY_IDLE_S + 1);
+    }
+    ck_assert_uint_eq(S.g.affinity.n, GOV_AFFINITY_MAX);
+    ck_assert_uint_eq(S.g.sources[0].affinity_keys + S.g.sources[1].affinity_keys,
+                      GOV_AFFINITY_MAX);
+    /* Equal sources stay even within the bound. */
+    ck_assert_int_le(labs((long)S.g.sources[0].affinity_keys - (long)S.g.sources[1].affinity_keys),
+                     (long)(GOV_AFFINITY_MAX * GOV_AFFINITY_SLACK) + 2);
     sim_fini(&S);
 }
 END_TEST
@@ -3380,7 +3453,8 @@ Suite *gov_suite(void)
     tcase_add_test(tc, test_gov__subset_wake_handed_on_within_the_subset);
     tcase_add_test(tc, test_gov__subset_retry_after_counts_its_sources_only);
     tcase_add_test(tc, test_gov__subset_kept_across_reconf);
-    tcase_add_test(tc, test_gov__affinity_spreads_sticks_and_moves);
+    tcase_add_loop_test(tc, test_gov__affinity_spreads_sticks_and_moves, 0, 3);
+    tcase_add_test(tc, test_gov__affinity_table_expires_and_is_capped);
     tcase_add_test(tc, test_gov__affinity_respects_weights);
     tcase_add_test(tc, test_gov__fair_queue_weights_3_to_1);
     tcase_add_test(tc, test_gov__fair_queue_single_call_not_behind_backlog);
