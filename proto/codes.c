@@ -17,6 +17,7 @@ static const char *const code_names[PGW_CODE_COUNT] = {
     [PGW_BAD_REQUEST] = "bad_request",
     [PGW_UNKNOWN_METHOD] = "unknown_method",
     [PGW_UNKNOWN_CAPABILITY] = "unknown_capability",
+    [PGW_MODEL_NOT_FOUND] = "model_not_found",
     [PGW_TOO_LARGE] = "too_large",
     [PGW_OVERLOADED] = "overloaded",
     [PGW_SHUTTING_DOWN] = "shutting_down",

@@ -309,6 +309,8 @@ static void gov_free_apps(struct gov *g)
 
 void gov_fini(struct gov *g)
 {
+    free(g->affinity.e);
+    free(g->affinity.bucket);
     gov_free_apps(g);
     free(g->sources);
     free(g->waitq);
@@ -478,12 +480,15 @@ int gov_reconf_prepare(struct gov_reconf *r, const struct gov *g,
     return 0;
 }
 
+static void affinity_remap(struct gov *g, const struct gov_reconf *r);
+
 void gov_reconf_commit(struct gov *g, struct gov_reconf *r)
 {
     free(g->sources);
     g->sources = r->sources;
     g->n_sources = r->n;
     r->sources = NULL;
+    affinity_remap(g, r);
     if (r->waitq) {
         memcpy(r->waitq, g->waitq, g->n_capabilities * sizeof(*g->waitq));
         free(g->waitq);
@@ -514,6 +519,9 @@ int gov_call_reconf_prepare(const struct gov_call *k, const struct gov_reconf *r
     *notes = calloc(r->n ? r->n : 1, sizeof(**notes));
     if (!*notes)
         return -1;
+    /* A restricted call keeps its subset: a new source is not in it. */
+    for (size_t j = 0; j < r->n; j++)
+        (*notes)[j].excluded = k->subset;
     for (size_t i = 0; i < r->n_old; i++) {
         if (r->to[i] >= 0)
             (*notes)[r->to[i]] = k->notes[i];
@@ -526,6 +534,7 @@ void gov_call_reconf_commit(struct gov_call *k, const struct gov_reconf *r,
 {
     free(k->notes);
     k->notes = notes;
+    k->woken_src = SIZE_MAX; /* an index of the old order */
     if (k->source < r->n_old && r->to[k->source] >= 0)
         k->source = (size_t)r->to[k->source];
     else
@@ -584,6 +593,232 @@ bool gov_source_runnable(struct gov *g, size_t i, double cost, double now, doubl
     return ok;
 }
 
+static uint64_t fnv1a(uint64_t h, const char *s)
+{
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
+    return h;
+}
+
+void gov_call_set_affinity(struct gov_call *k, const char *key)
+{
+    k->affinity = key && *key ? fnv1a(0xcbf29ce484222325ULL, key) | 1 : 0;
+}
+
+/* A 64-bit mix (splitmix64's finaliser). */
+static uint64_t splitmix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+/* Weighted rendezvous score of source `s` for affinity hash `key`. */
+static double gov_affinity_score(uint64_t key, const struct gov_source *s)
+{
+    uint64_t x = splitmix(splitmix(key) ^ fnv1a(0xcbf29ce484222325ULL, s->p.name ? s->p.name : ""));
+    double h = ((double)(x >> 11) + 0.5) * (1.0 / 9007199254740992.0); /* in (0, 1) */
+    return s->p.weight / -log(h);
+}
+
+/* --- affinity placements (struct gov_affinity) ------------------------ */
+
+static int32_t *affinity_head(struct gov_affinity *a, uint32_t cap, uint64_t key)
+{
+    return &a->bucket[splitmix(key ^ cap) & (GOV_AFFINITY_MAX - 1)];
+}
+
+/* The entry of (cap, key), or -1. */
+static int32_t affinity_find(struct gov_affinity *a, uint32_t cap, uint64_t key)
+{
+    if (!a->e)
+        return -1;
+    int32_t i = *affinity_head(a, cap, key);
+    while (i >= 0 && (a->e[i].key != key || a->e[i].cap != cap))
+        i = a->e[i].next_hash;
+    return i;
+}
+
+static void affinity_unlink_recency(struct gov_affinity *a, int32_t i)
+{
+    struct gov_affinity_entry *e = &a->e[i];
+    if (e->newer >= 0)
+        a->e[e->newer].older = e->older;
+    else
+        a->newest = e->older;
+    if (e->older >= 0)
+        a->e[e->older].newer = e->newer;
+    else
+        a->oldest = e->newer;
+}
+
+/* Makes entry i the most recently used, at `now`. */
+static void affinity_touch(struct gov_affinity *a, int32_t i, double now)
+{
+    affinity_unlink_recency(a, i);
+    a->e[i].used = now;
+    a->e[i].older = a->newest;
+    a->e[i].newer = -1;
+    if (a->newest >= 0)
+        a->e[a->newest].newer = i;
+    a->newest = i;
+    if (a->oldest < 0)
+        a->oldest = i;
+}
+
+/* Drops entry i (its source's count with it). */
+static void affinity_drop(struct gov *g, int32_t i)
+{
+    struct gov_affinity *a = &g->affinity;
+    struct gov_affinity_entry *e = &a->e[i];
+    int32_t *p = affinity_head(a, e->cap, e->key);
+
+    while (*p != i)
+        p = &a->e[*p].next_hash;
+    *p = e->next_hash;
+    affinity_unlink_recency(a, i);
+    if (e->source < g->n_sources && g->sources[e->source].affinity_keys)
+        g->sources[e->source].affinity_keys--;
+    e->next_hash = a->free_list;
+    a->free_list = i;
+    a->n--;
+}
+
+/* Drops the entries idle for GOV_AFFINITY_IDLE_S (oldest first: O(1) per
+ * entry dropped). */
+static void affinity_expire(struct gov *g, double now)
+{
+    struct gov_affinity *a = &g->affinity;
+    while (a->e && a->oldest >= 0 && now - a->e[a->oldest].used >= GOV_AFFINITY_IDLE_S)
+        affinity_drop(g, a->oldest);
+}
+
+/* Remembers (cap, key) on source `src`; when the table is full the least
+ * recently used entry makes room. -1 when the table cannot be allocated
+ * (the key is placed, not remembered). */
+static int affinity_add(struct gov *g, uint32_t cap, uint64_t key, size_t src, double now)
+{
+    struct gov_affinity *a = &g->affinity;
+
+    if (!a->e) {
+        a->e = malloc(GOV_AFFINITY_MAX * sizeof(*a->e));
+        a->bucket = malloc(GOV_AFFINITY_MAX * sizeof(*a->bucket));
+        if (!a->e || !a->bucket) {
+            free(a->e);
+            free(a->bucket);
+            a->e = NULL;
+            a->bucket = NULL;
+            return -1;
+        }
+        for (int32_t i = 0; i < GOV_AFFINITY_MAX; i++) {
+            a->bucket[i] = -1;
+            a->e[i].next_hash = i + 1 < GOV_AFFINITY_MAX ? i + 1 : -1;
+        }
+        a->free_list = 0;
+        a->newest = a->oldest = -1;
+        a->n = 0;
+    }
+    if (a->free_list < 0)
+        affinity_drop(g, a->oldest);
+    int32_t i = a->free_list;
+    struct gov_affinity_entry *e = &a->e[i];
+    int32_t *head = affinity_head(a, cap, key);
+    a->free_list = e->next_hash;
+    *e = (struct gov_affinity_entry){ .key = key,
+                                      .cap = cap,
+                                      .source = (uint32_t)src,
+                                      .next_hash = *head,
+                                      .newer = -1,
+                                      .older = -1 };
+    *head = i;
+    if (a->newest >= 0)
+        a->e[a->newest].newer = i;
+    e->older = a->newest;
+    a->newest = i;
+    if (a->oldest < 0)
+        a->oldest = i;
+    e->used = now;
+    a->n++;
+    g->sources[src].affinity_keys++;
+    return 0;
+}
+
+/* After a reload: entries follow their source to its new index; those of
+ * a removed source are dropped; the counts are made again. */
+static void affinity_remap(struct gov *g, const struct gov_reconf *r)
+{
+    struct gov_affinity *a = &g->affinity;
+
+    for (size_t j = 0; j < g->n_sources; j++)
+        g->sources[j].affinity_keys = 0;
+    for (int32_t i = a->e ? a->oldest : -1; i >= 0;) {
+        int32_t newer = a->e[i].newer;
+        uint32_t old = a->e[i].source;
+        long to = old < r->n_old ? r->to[old] : -1;
+        a->e[i].source = UINT32_MAX; /* counted by nobody while dropped */
+        if (to < 0) {
+            affinity_drop(g, i);
+        } else {
+            a->e[i].source = (uint32_t)to;
+            g->sources[to].affinity_keys++;
+        }
+        i = newer;
+    }
+}
+
+/* The affinity pick among the candidates ok[0..n) (see
+ * gov_call_set_affinity), remembered. */
+static long affinity_pick(struct gov *g, const struct gov_call *k, const unsigned char *ok,
+                          double now)
+{
+    struct gov_affinity *a = &g->affinity;
+    size_t n = g->n_sources;
+    double keys = 0, weight = 0, best = -1;
+    long pick = -1, any = -1;
+
+    affinity_expire(g, now);
+    int32_t at = affinity_find(a, k->capability, k->affinity);
+    if (at >= 0 && a->e[at].source < n && ok[a->e[at].source]) {
+        affinity_touch(a, at, now);
+        return (long)a->e[at].source;
+    }
+    if (at >= 0)
+        affinity_drop(g, at);
+    for (size_t i = 0; i < n; i++) {
+        if (ok[i]) {
+            keys += g->sources[i].affinity_keys;
+            weight += g->sources[i].p.weight;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!ok[i])
+            continue;
+        const struct gov_source *s = &g->sources[i];
+        double sc = gov_affinity_score(k->affinity, s);
+        double bound = weight > 0
+            ? ceil((1.0 + GOV_AFFINITY_SLACK) * (keys + 1) * s->p.weight / weight)
+            : INFINITY;
+        if (any < 0 || sc > gov_affinity_score(k->affinity, &g->sources[any]))
+            any = (long)i;
+        if ((double)s->affinity_keys < bound && sc > best) {
+            best = sc;
+            pick = (long)i;
+        }
+    }
+    if (pick < 0) /* cannot be (the bounds sum above keys), but never none */
+        pick = any;
+    if (pick >= 0)
+        (void)affinity_add(g, k->capability, k->affinity, (size_t)pick, now);
+    return pick;
+}
+
+/* May call `k` use source i (its capability, and its subset)? */
+static bool gov_call_may_use(const struct gov_call *k, size_t i)
+{
+    return k->gov->sources[i].p.capability == k->capability && !k->notes[i].excluded;
+}
+
 /* pick_runnable: lowest priority tier first; within it a weighted choice
  * preferring the less loaded (weight x free fraction of the limit); a source
  * that already failed this call is skipped when another is runnable.
@@ -605,7 +840,7 @@ static long gov_pick(struct gov *g, const struct gov_call *k, double now, double
     for (size_t i = 0; i < n; i++) {
         double at, hint_at = k->notes[i].retry_at;
         ok[i] = 0;
-        if (g->sources[i].p.capability != k->capability)
+        if (!gov_call_may_use(k, i))
             continue;
         bool run = gov_source_runnable(g, i, k->est_tokens, now, &at);
         if (hint_at > now) {
@@ -640,6 +875,10 @@ static long gov_pick(struct gov *g, const struct gov_call *k, double now, double
         total += s->p.weight * (1.0 - (double)s->in_flight / (double)source_limit(s));
     }
     long pick = -1;
+    if (k->affinity) {
+        pick = affinity_pick(g, k, ok, now);
+        total = 0; /* decided */
+    }
     if (total > 0) {
         double r = gov_rand(g) * total;
         for (size_t i = 0; i < n; i++) {
@@ -705,23 +944,27 @@ static void waitq_remove(struct gov_call *k)
     k->queued = false;
 }
 
-static void gov_wake_call(struct gov *g, struct gov_call *k)
+/* `src`: the source whose permit wakes it, or SIZE_MAX. */
+static void gov_wake_call(struct gov *g, struct gov_call *k, size_t src)
 {
     if (!g->hooks.on_wake)
         return;
     k->woken = true;
+    k->woken_src = src;
     g->wakes++;
     g->hooks.on_wake(k, g->hooks.ud);
 }
 
 /* The first waiter of `cap` not already woken (and, with `permit_only`,
- * waiting for a permit), or NULL. */
-static struct gov_call *gov_first_waiter(struct gov *g, uint32_t cap, bool permit_only)
+ * waiting for a permit) that may use source `src` (SIZE_MAX: any), or
+ * NULL. */
+static struct gov_call *gov_first_waiter(struct gov *g, uint32_t cap, bool permit_only, size_t src)
 {
     struct gov_call *k = g->waitq[cap].head;
 
     while (k &&
-           (k->woken || (permit_only && !k->waits_permit) || k->waits_app || gov_call_app_full(k)))
+           (k->woken || (permit_only && !k->waits_permit) || k->waits_app || gov_call_app_full(k) ||
+            (src < g->n_sources && k->notes[src].excluded)))
         k = k->wq_next;
     return k;
 }
@@ -736,7 +979,7 @@ static void gov_wake_app(struct gov *g, uint32_t app, size_t only)
             continue;
         for (struct gov_call *k = g->waitq[c].head; k; k = k->wq_next) {
             if (!k->woken && !k->waits_app && k->app == app && !gov_call_app_full(k)) {
-                gov_wake_call(g, k);
+                gov_wake_call(g, k, SIZE_MAX);
                 return;
             }
         }
@@ -748,21 +991,21 @@ static void gov_wake_app(struct gov *g, uint32_t app, size_t only)
  * several permits are released before any waiter runs (two attempts ending
  * in the same loop iteration): the head would get both and the next waiter
  * would sleep until its stall verdict with a permit free. */
-static void gov_wake(struct gov *g, uint32_t cap)
+static void gov_wake(struct gov *g, uint32_t cap, size_t src)
 {
-    struct gov_call *k = gov_first_waiter(g, cap, false);
+    struct gov_call *k = gov_first_waiter(g, cap, false, src);
     if (k)
-        gov_wake_call(g, k);
+        gov_wake_call(g, k, src);
 }
 
 /* A permit a refused call reserved went back: wake the first waiter that
  * waits for a permit (not one that waits for the backend, which a refusal
  * would only refuse again: a chain of refusals must not spin). */
-static void gov_wake_permit(struct gov *g, uint32_t cap)
+static void gov_wake_permit(struct gov *g, uint32_t cap, size_t src)
 {
-    struct gov_call *k = gov_first_waiter(g, cap, true);
+    struct gov_call *k = gov_first_waiter(g, cap, true, src);
     if (k)
-        gov_wake_call(g, k);
+        gov_wake_call(g, k, src);
 }
 
 void gov_progress_known(struct gov *g, const char *scope)
@@ -771,7 +1014,7 @@ void gov_progress_known(struct gov *g, const char *scope)
         for (struct gov_call *k = g->waitq[c].head; k; k = k->wq_next) {
             if (k->waits_age && !k->woken && strcmp(k->scope, scope) == 0) {
                 k->waits_age = false;
-                gov_wake_call(g, k);
+                gov_wake_call(g, k, SIZE_MAX);
             }
         }
     }
@@ -786,7 +1029,7 @@ static void waitq_leave(struct gov_call *k)
     waitq_remove(k);
     k->woken = false;
     if (pass)
-        gov_wake(k->gov, k->capability);
+        gov_wake(k->gov, k->capability, k->woken_src);
 }
 
 /* --- the call -------------------------------------------------------- */
@@ -812,8 +1055,16 @@ int gov_call_init(struct gov_call *k, struct gov *g, uint32_t capability, const 
     k->deadline_at = deadline_at;
     k->est_tokens = est_tokens > 0 ? est_tokens : 0;
     k->state = GOV_CALL_IDLE;
+    k->woken_src = SIZE_MAX;
     stall_clock_init(&k->clock, now);
     return 0;
+}
+
+void gov_call_set_sources(struct gov_call *k, const bool *use)
+{
+    k->subset = true;
+    for (size_t i = 0; i < k->gov->n_sources; i++)
+        k->notes[i].excluded = !use[i];
 }
 
 double gov_call_stalled_s(const struct gov_call *k, double now)
@@ -866,7 +1117,7 @@ static double gov_retry_after(struct gov_call *k, double now)
     for (size_t i = 0; i < g->n_sources; i++) {
         struct gov_source *s = &g->sources[i];
         double at;
-        if (s->p.capability != k->capability)
+        if (!gov_call_may_use(k, i))
             continue;
         gov_source_runnable(g, i, k->est_tokens, now, &at);
         if (!isfinite(at))
@@ -922,7 +1173,7 @@ static double gov_call_hint_until(const struct gov_call *k, double now)
     double until = INFINITY;
 
     for (size_t i = 0; i < g->n_sources; i++) {
-        if (g->sources[i].p.capability != k->capability)
+        if (!gov_call_may_use(k, i))
             continue;
         double at = k->notes[i].retry_at;
         until = fmin(until, at > now ? at : now);
@@ -1085,7 +1336,7 @@ static void gov_gate_open(struct gov_call *k)
         return;
     s->gate_holder = NULL;
     s->gate_until = 0;
-    gov_wake_permit(k->gov, k->capability); /* those parked behind the gate */
+    gov_wake_permit(k->gov, k->capability, k->source); /* those parked behind the gate */
 }
 
 void gov_call_confirmed(struct gov_call *k)
@@ -1097,7 +1348,7 @@ void gov_call_confirmed(struct gov_call *k)
     if (k->gov->sources[k->source].gate_holder == k)
         gov_gate_open(k);
     else
-        gov_wake_permit(k->gov, k->capability);
+        gov_wake_permit(k->gov, k->capability, k->source);
 }
 
 /* Gives back what the last step reserved for an attempt that was never
@@ -1131,7 +1382,7 @@ static void gov_call_unreserve(struct gov_call *k, double now)
     if (note->attempts == 0 && note->reason == REASON_NONE && note->status == 0)
         note->tried = false;
     k->state = GOV_CALL_BACKOFF;
-    gov_wake_permit(k->gov, k->capability);
+    gov_wake_permit(k->gov, k->capability, k->source);
 }
 
 void gov_call_refused(struct gov_call *k, double now, double retry_at, bool gate,
@@ -1221,7 +1472,7 @@ void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o
         /* The call was cancelled (outcome.h): never retried, reported as
          * `cancelled`, and no verdict on the source. */
         breaker_on_neutral(&s->breaker, k->probe);
-        gov_wake(g, k->capability);
+        gov_wake(g, k->capability, k->source);
         gov_call_done(k, now, GOV_CANCELLED, d);
         return;
     }
@@ -1232,13 +1483,13 @@ void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o
         breaker_on_success(&s->breaker, k->probe, now, gov_on_breaker, g);
         if (g->backend.progress_mark(g->backend.ud, k->scope, now) < 0)
             g->backend_write_errors++;
-        gov_wake(g, k->capability);
+        gov_wake(g, k->capability, k->source);
         gov_call_done(k, now, GOV_OK, d);
         return;
     case OUTCOME_FAIL_FAST:
         s->failures++;
         breaker_on_neutral(&s->breaker, k->probe);
-        gov_wake(g, k->capability);
+        gov_wake(g, k->capability, k->source);
         gov_call_done(k, now, GOV_UPSTREAM_REJECTED, d);
         return;
     case OUTCOME_RATE_LIMITED:
@@ -1260,7 +1511,7 @@ void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o
     }
     if (o->retry_after_s >= 0)
         k->notes[k->source].retry_at = now + o->retry_after_s;
-    gov_wake(g, k->capability);
+    gov_wake(g, k->capability, k->source);
     if (!exempt && k->fails >= k->pol.max_attempts) {
         gov_call_done(k, now, GOV_RETRY_EXHAUSTED, d);
         return;
@@ -1306,7 +1557,7 @@ void gov_call_fini(struct gov_call *k, double now)
         stall_clock_attempt_end(&k->clock, now, false);
         gov_call_release(k);
         breaker_on_neutral(&s->breaker, k->probe);
-        gov_wake(k->gov, k->capability);
+        gov_wake(k->gov, k->capability, k->source);
     }
     k->state = GOV_CALL_DONE;
     free(k->notes);

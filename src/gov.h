@@ -36,10 +36,11 @@
  * Waiting (3.4): a call that finds nothing runnable joins its capability's
  * FIFO and sleeps until the earliest known availability (breaker half-open,
  * bucket refill, pacer), its stall verdict or its deadline. A released
- * permit wakes the first waiter not already woken, through the on_wake hook
- * (so two releases before any waiter ran wake two of them); a woken waiter
- * that leaves the queue without using its wake-up (cancelled, deadline,
- * stall verdict) hands it on to the next one.
+ * permit wakes the first waiter not already woken that may use its source
+ * (gov_call_set_sources), through the on_wake hook (so two releases before
+ * any waiter ran wake two of them); a woken waiter that leaves the queue
+ * without using its wake-up (cancelled, deadline, stall verdict) hands it
+ * on to the next one that may use that source.
  *
  * Fair queueing across apps (start-time fair queueing): a call entering a
  * wait queue gets a start tag max(V, F[app]) and moves its app's finish
@@ -169,7 +170,35 @@ struct gov_source {
     double gate_until;
     struct gov_call *gate_holder;
     uint64_t attempts, successes, failures, rate_limited;
-    uint64_t tokens_used; /* real usage reported by successes */
+    uint64_t tokens_used;   /* real usage reported by successes */
+    uint32_t affinity_keys; /* affinity keys placed on it (the table's entries) */
+};
+
+/* Prompt-cache affinity's placements (gov_call_set_affinity): which source
+ * each (capability, key) was placed on. Bounded: at most GOV_AFFINITY_MAX
+ * entries (the least recently used is dropped to make room), and an entry
+ * unused for GOV_AFFINITY_IDLE_S expires (a provider's prompt cache is
+ * long cold by then). Allocated at the first placement. */
+#define GOV_AFFINITY_MAX    16384
+#define GOV_AFFINITY_IDLE_S 3600.0
+/* The bounded-load slack: a new key goes to a source holding fewer than
+ * ceil((1 + GOV_AFFINITY_SLACK) * (keys + 1) * weight / total weight) of
+ * the candidates' keys. 0.05 keeps n equal sources within +5 % and
+ * -5 * (n - 1) % of even (within +-20 % for up to 4 of them). */
+#define GOV_AFFINITY_SLACK  0.05
+struct gov_affinity_entry {
+    uint64_t key;         /* gov_call_set_affinity's hash */
+    double used;          /* last placement or use */
+    uint32_t cap;         /* capability */
+    uint32_t source;      /* index into gov.sources */
+    int32_t next_hash;    /* chain of its bucket, -1: end */
+    int32_t newer, older; /* recency list, -1: end */
+};
+struct gov_affinity {
+    struct gov_affinity_entry *e;      /* GOV_AFFINITY_MAX of them, or NULL */
+    int32_t *bucket;                   /* GOV_AFFINITY_MAX chain heads */
+    int32_t newest, oldest, free_list; /* free entries chained by next_hash */
+    size_t n;
 };
 
 /* Progress reads and writes go through this interface (the memory store by
@@ -223,6 +252,7 @@ struct gov_source_note {
     bool tried;
     int status;
     double retry_at; /* its last Retry-After for this call (absolute; 0 = none) */
+    bool excluded;   /* gov_call_set_sources left it out of the call's subset */
 };
 
 struct gov_call {
@@ -251,6 +281,10 @@ struct gov_call {
     bool woken;        /* on_wake fired, the call has not stepped since */
     bool waits_permit; /* WAITING for a permit release (not for a time) */
     bool waits_age;    /* WAITING for its scope's progress age to be known */
+    bool subset;       /* gov_call_set_sources restricted its sources */
+    uint64_t affinity; /* gov_call_set_affinity's key hash; 0: none */
+    size_t woken_src;  /* the source whose released permit woke it, SIZE_MAX: none
+                        * (or any: an app's, a progress age's wake-up) */
     void *ud;          /* the owner's */
 };
 
@@ -272,6 +306,7 @@ struct gov {
     void *rand_ud;
     struct gov_hooks hooks;
     uint64_t decisions, waits, wakes, backend_write_errors;
+    struct gov_affinity affinity;
 };
 
 /* Sets up `g` for `n` sources (copied) over `n_caps` capabilities. A NULL
@@ -320,6 +355,36 @@ void gov_call_set_app(struct gov_call *k, uint32_t app);
  * no-op on `k`). */
 int gov_call_init(struct gov_call *k, struct gov *g, uint32_t capability, const char *scope,
                   const struct gov_policy *pol, double deadline_at, double est_tokens, double now);
+
+/* Restricts the call to the sources `use` flags (n_sources of them,
+ * borrowed for the call only): a source left out is never picked for it,
+ * counts neither in its waits (next availability, Retry-After holds, the
+ * error's retry_after_s) nor in its stall verdict's "every source is held
+ * back", and a permit released on it never wakes the call — the wake-up
+ * goes to the first waiter that may use that source, and one handed on by
+ * a leaving waiter goes the same way. A source added by a reload is left
+ * out of a restricted call. Call after gov_call_init and before the first
+ * step; without it the call may use every source of its capability. With
+ * no source of its capability left in, the call waits until its stall
+ * verdict: the caller checks for that before (the sidecar answers
+ * model_not_found at once). */
+void gov_call_set_sources(struct gov_call *k, const bool *use);
+
+/* Prompt-cache affinity, by consistent hashing with bounded loads. The
+ * candidates are the runnable sources of the tier the call would pick from
+ * (the set the weighted random choice uses: runnable now, not failed by
+ * this call when another is). A key placed before (struct gov_affinity)
+ * whose source is a candidate stays on it. Otherwise the key is placed,
+ * and remembered, on the candidate of highest weighted rendezvous score
+ * weight / -ln(h(key, source name)) (h a hash in (0, 1)) among those that
+ * hold fewer than ceil((1 + GOV_AFFINITY_SLACK) * (keys + 1) * weight / W)
+ * keys, where keys and W are the candidates' placed keys and weights: so
+ * keys spread in proportion to the weights within that bound whatever the
+ * names, and a source that is not runnable (breaker, permits, buckets,
+ * pacer, Retry-After) loses its keys at once to the next by the same rule;
+ * they stay where they moved. `key` is copied (hashed); NULL or "": none.
+ * Call after gov_call_init and before the first step. */
+void gov_call_set_affinity(struct gov_call *k, const char *key);
 
 /* Releases everything the call holds (cancelling an attempt in progress:
  * its time is accounted, its permit released, waiters woken). Idempotent. */

@@ -808,8 +808,8 @@ static int parse_json(const char *what, const char *text, size_t len, json_t **o
 static void pack_call_params(msgpack_packer *pk, const struct req *q)
 {
     const struct pgw_call_options *o = q->copt;
-    size_t n =
-        2 + (o && o->stream) + (o && o->scope) + (o && o->task_id) + (o && o->deadline_s > 0);
+    size_t n = 2 + (o && o->stream) + (o && o->scope) + (o && o->task_id) +
+        (o && o->deadline_s > 0) + (o && o->model);
 
     msgpack_pack_array(pk, 1);
     msgpack_pack_map(pk, n);
@@ -832,6 +832,10 @@ static void pack_call_params(msgpack_packer *pk, const struct req *q)
     if (o && o->deadline_s > 0) {
         rpc_pack_str(pk, "deadline_s");
         msgpack_pack_double(pk, o->deadline_s);
+    }
+    if (o && o->model) {
+        rpc_pack_str(pk, "model");
+        rpc_pack_str(pk, o->model);
     }
 }
 

@@ -123,6 +123,8 @@ struct pgw_call_options {
     pgw_chunk_fn *on_chunk; /* NULL: chunks are discarded */
     pgw_start_fn *on_start; /* pgw_call() only; NULL: not called */
     void *ud;               /* passed to both callbacks */
+    const char *model;      /* the model to ask for (the `model` parameter);
+                             * NULL: the body's own */
 };
 
 struct pgw_client; /* opaque: one connection */

@@ -37,6 +37,7 @@ struct ctl {
     bool unordered;
     const char *body;
     const char *scope;
+    const char *model;
     const char *task;
     double deadline_s;
     const char *state;  /* tasks --state */
@@ -101,6 +102,7 @@ static void usage(FILE *f)
         "                      - reads stdin\n"
         "      --stream        print each chunk as one JSON line as it arrives\n"
         "      --scope S       progress scope (default: the capability's)\n"
+        "      --model M       the model to ask for (default: the body's model)\n"
         "      --task T        task id the call belongs to\n"
         "      --deadline S    sidecar-side deadline for the whole call, seconds\n"
         "batch:\n"
@@ -697,6 +699,7 @@ static int cmd_call(const struct ctl *o, struct pgw_client *c, const char *capab
     struct pgw_call_options opt = {
         .stream = o->stream,
         .scope = o->scope,
+        .model = o->model,
         .task_id = o->task,
         .deadline_s = o->deadline_s,
         .timeout_s = o->timeout_s,
@@ -1227,6 +1230,7 @@ static int read_batch(struct batch *b)
 enum {
     OPT_STREAM = 256,
     OPT_SCOPE,
+    OPT_MODEL,
     OPT_TASK,
     OPT_DEADLINE,
     OPT_UNORDERED,
@@ -1248,6 +1252,7 @@ int main(int argc, char **argv)
         { "body", required_argument, NULL, 'b' },
         { "stream", no_argument, NULL, OPT_STREAM },
         { "scope", required_argument, NULL, OPT_SCOPE },
+        { "model", required_argument, NULL, OPT_MODEL },
         { "task", required_argument, NULL, OPT_TASK },
         { "deadline", required_argument, NULL, OPT_DEADLINE },
         { "unordered", no_argument, NULL, OPT_UNORDERED },
@@ -1293,6 +1298,10 @@ int main(int argc, char **argv)
             o.scope = optarg;
             call_opts = true;
             break;
+        case OPT_MODEL:
+            o.model = optarg;
+            call_opts = true;
+            break;
         case OPT_TASK:
             o.task = optarg;
             call_opts = true;
@@ -1332,7 +1341,8 @@ int main(int argc, char **argv)
     char **args = argv + optind;
 
     if (strcmp(cmd, "call") != 0 && (call_opts || o.body))
-        return usage_error("--body, --stream, --scope, --task and --deadline are for 'call', "
+        return usage_error("--body, --stream, --scope, --model, --task and --deadline are for "
+                           "'call', "
                            "not '%s'",
                            cmd);
     if (strcmp(cmd, "batch") != 0 && o.unordered)

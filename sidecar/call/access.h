@@ -25,6 +25,8 @@ struct access_entry {
     const char *app; /* who called (docs/APPS.md); NULL: `default` */
     const char *capability;
     const char *scope;
+    const char *model;  /* the configured model name the call matched (models.h),
+                         * "other", or NULL: it named none */
     const char *source; /* the last attempt's source; NULL: no attempt */
     const char *task;
     long long peer_pid, peer_uid; /* from SO_PEERCRED; -1 unknown */

@@ -58,6 +58,7 @@
 #include "codec/reply.h"
 #include "core/log.h"
 #include "metrics/metrics.h"
+#include "core/models.h"
 #include "redact.h"
 #include "task.h"
 #include "tasks.h"
@@ -109,6 +110,9 @@ struct call {
     struct call *tprev, *tnext;  /* the task's calls (head in task->ud) */
     enum pgw_code code;          /* how it was answered (PGW_CANCELLED: not answered) */
     char app[CONFIG_NAME_MAX];   /* who is calling (call_req.app) */
+    char *model_param;           /* owned: the msgpack `model` parameter, or NULL */
+    char *model_label;           /* owned: the configured model name it matched,
+                                  * "other", or NULL: it named none (models.h) */
     /* For the access log (access.h). */
     bool answered;                        /* a response was queued */
     int last_status;                      /* the last attempt's HTTP status */
@@ -197,6 +201,7 @@ static void call_log(const struct call *k)
         .app = k->app,
         .capability = k->cap->name,
         .scope = k->g.scope,
+        .model = k->model_label,
         .source = k->g.attempts > 0 && k->src ? k->src->name : NULL,
         .task = k->task_id,
         .peer_pid = k->sink->peer_pid,
@@ -224,6 +229,8 @@ static void call_free_memory(struct call *k)
     strbuf_fini(&k->json);
     free(k->conv);
     free(k->task_id);
+    free(k->model_param);
+    free(k->model_label);
     free(k);
 }
 
@@ -244,6 +251,8 @@ static void call_end(struct call *k)
     call_task_unlink(k);
     call_set_paused(k, false);
     ev_timer_stop(srv->loop, &k->wake_w);
+    if (k->model_label)
+        metrics_on_model_call(srv->metrics, call_cap(k), k->model_label, k->code);
     metrics_on_call_end(srv->metrics, call_cap(k), k->code, call_elapsed(k),
                         gov_call_stalled_s(&k->g, ev_now(srv->loop)));
     gov_call_fini(&k->g, ev_now(srv->loop));
@@ -603,13 +612,27 @@ struct json_facts {
     bool has_error;
 };
 
-static int usage_member(void *ud, const char *key, const struct jscan_value *v)
+/* A JSON member's value as a count (dialect_openai_count's `count`). */
+static int64_t json_count(const struct jscan_value *v)
 {
     double t;
-    int64_t count = v->type == JSCAN_NULL ? -1
-        : jscan_number(v, &t)             ? dialect_count_number(t)
-                                          : DIALECT_COUNT_BOGUS;
-    dialect_openai_count(ud, key, strlen(key), count);
+    return v->type == JSCAN_NULL ? -1
+        : jscan_number(v, &t)    ? dialect_count_number(t)
+                                 : DIALECT_COUNT_BOGUS;
+}
+
+static int usage_detail_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    dialect_openai_detail(ud, key, strlen(key), json_count(v));
+    return 0;
+}
+
+static int usage_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    if (v->type == JSCAN_OBJECT && strcmp(key, "prompt_tokens_details") == 0)
+        jscan_object(v->p, v->len, usage_detail_member, ud, NULL);
+    else
+        dialect_openai_count(ud, key, strlen(key), json_count(v));
     return 0;
 }
 
@@ -911,6 +934,9 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
            LOG_F, res.elapsed_s, NULL);
 
     metrics_on_attempt(k->srv->metrics, call_source(k), &res);
+    if (res.outcome.kind == OUTCOME_SUCCESS)
+        metrics_on_prompt_tokens(k->srv->metrics, call_source(k), k->tokens.prompt,
+                                 dialect_usage_cached(&k->tokens));
     double used =
         res.outcome.kind == OUTCOME_SUCCESS ? (double)dialect_usage_total(&k->tokens) : -1;
     k->last_status = res.http_status;
@@ -1176,7 +1202,7 @@ static void pack_with_stream_usage(const msgpack_object *body, msgpack_sbuffer *
 static int call_prepare_json(struct call *k, const struct config_source *src, char *why,
                              size_t whylen)
 {
-    const char *model = src->model;
+    const char *model = src->model ? src->model : k->model_param;
     enum body_form form = call_body_form(k, src);
     msgpack_unpacked up, alt;
     msgpack_sbuffer altbuf;
@@ -1595,6 +1621,45 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
         call_refuse(s, id, r, PGW_UNKNOWN_CAPABILITY, why);
         return;
     }
+    /* Model routing (models.h): the sources that serve the model asked
+     * for; none is a typed refusal, never another model. */
+    bool *use = NULL;
+    const char *label = NULL;
+    if (r->model || app->n_models) {
+        long n_use = -1;
+        if (r->model && r->model_len >= MODELS_NAME_MAX) {
+            call_refuse(s, id, r, PGW_BAD_REQUEST, "model: longer than 255 bytes");
+            return;
+        }
+        if (!(use = calloc(cfg->n_sources, sizeof(*use)))) {
+            call_refuse(s, id, r, PGW_INTERNAL, "out of memory");
+            return;
+        }
+        n_use = models_select(cfg, (size_t)ci, r->model, r->model_len, app, use, &label);
+        if (n_use == 0) {
+            char name[MODELS_NAME_MAX + 8];
+            if (r->model)
+                rpc_quote_client_str(r->model, r->model_len, sizeof(name) - 1, name);
+            snprintf(why, sizeof(why),
+                     r->model ? "the model '%s' does not exist on capability '%s'"
+                              : "%sno model of capability '%s' is allowed for this app",
+                     r->model ? name : "", cfg->capabilities[ci].name);
+            free(use);
+            call_refuse(s, id, r, PGW_MODEL_NOT_FOUND, why);
+            metrics_on_call_refused(srv->metrics, (size_t)ci, PGW_MODEL_NOT_FOUND);
+            metrics_on_model_call(srv->metrics, (size_t)ci, "other", PGW_MODEL_NOT_FOUND);
+            return;
+        }
+        if (n_use < 0) {
+            free(use);
+            use = NULL;
+        }
+        for (size_t i = 0; use && i < cfg->n_sources; i++)
+            if (use[i]) {
+                first = &cfg->sources[i];
+                break;
+            }
+    }
 
     /* A call naming a task runs only while the task runs. */
     struct task *task = NULL;
@@ -1606,6 +1671,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
             tw = calloc(1, sizeof(*tw));
             if (!tw) {
                 call_refuse(s, id, r, PGW_INTERNAL, "out of memory");
+                free(use);
                 return;
             }
             snprintf(tw->id, sizeof(tw->id), "%s", r->task_id);
@@ -1616,6 +1682,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
                 s->ops->on_error(s, id, &te.e);
                 metrics_on_call_refused(srv->metrics, (size_t)ci, te.e.code);
                 call_log_refused(s, id, r, te.e.code);
+                free(use);
                 return;
             }
         }
@@ -1625,6 +1692,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     if (!k) {
         call_refuse(s, id, r, PGW_INTERNAL, "out of memory");
         free(tw);
+        free(use);
         return;
     }
     k->sink = s;
@@ -1641,10 +1709,13 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     strbuf_init(&k->json);
     ev_init(&k->wake_w, call_on_wake_timer);
     k->wake_w.data = k;
-    if (r->task_id && !(k->task_id = strdup(r->task_id))) {
+    if ((r->task_id && !(k->task_id = strdup(r->task_id))) ||
+        (r->model && r->model_param && !(k->model_param = strndup(r->model, r->model_len))) ||
+        (label && !(k->model_label = strdup(label)))) {
         call_refuse(s, id, r, PGW_INTERNAL, "out of memory");
         call_free_memory(k);
         free(tw);
+        free(use);
         return;
     }
 
@@ -1668,10 +1739,25 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     call_body_text(k, &text, &text_len);
     struct gov_policy pol;
     governor_policy(cfg, (size_t)ci, &pol);
+    /* The default progress scope is the capability's; a call for a model
+     * by a configured name is scoped to (capability, that name), so that
+     * one model's progress never keeps another's stalled calls waiting
+     * (docs/DESIGN.md). */
+    char model_scope[CONFIG_NAME_MAX + MODELS_NAME_MAX + 2];
+    const char *scope = r->scope ? r->scope : k->cap->name;
+    if (!r->scope && label && strcmp(label, "other") != 0) {
+        snprintf(model_scope, sizeof(model_scope), "%s:%s", k->cap->name, label);
+        scope = model_scope;
+    }
     if (rc == 0)
-        rc = gov_call_init(&k->g, &srv->gov, (uint32_t)ci, r->scope ? r->scope : k->cap->name, &pol,
+        rc = gov_call_init(&k->g, &srv->gov, (uint32_t)ci, scope, &pol,
                            r->deadline_s > 0 ? now + r->deadline_s : 0,
                            governor_estimate_tokens(text_len, r->max_tokens), now);
+    if (rc == 0 && use)
+        gov_call_set_sources(&k->g, use);
+    if (rc == 0 && k->cap->affinity != AFFINITY_NONE)
+        gov_call_set_affinity(&k->g, k->cap->affinity == AFFINITY_TASK ? r->task_id : scope);
+    free(use);
     if (rc < 0) {
         enum pgw_code code = rc == TRANSCODE_EINVALID ? PGW_BAD_REQUEST : PGW_INTERNAL;
         call_refuse(s, id, r, code, rc == TRANSCODE_EINVALID ? why : "out of memory");

@@ -121,6 +121,14 @@ struct call_req {
     uint64_t max_tokens;          /* the body's max_(completion_)tokens, 0 = absent */
     const struct config_app *app; /* who is calling (borrowed from the server's config),
                                     * NULL = `default` */
+    /* The model asked for (models.h): `model_len` bytes, NULL = none. It
+     * selects the capability's sources that serve it; none: the call is
+     * refused model_not_found. With `model_param` (the msgpack `model`
+     * parameter) it is also written into the body sent to a source that
+     * names no model of its own. */
+    const char *model;
+    size_t model_len;
+    bool model_param;
     /* json only: the caller already walked the body's members, and
      * `stream_options` is the span of its stream_options member (p NULL:
      * none), so call_begin need not walk them again. */

@@ -94,17 +94,36 @@ void dialect_openai_count(struct dialect_usage *u, const char *name, size_t len,
     }
 }
 
+void dialect_openai_detail(struct dialect_usage *u, const char *name, size_t len, int64_t count)
+{
+    if (len != strlen("cached_tokens") || memcmp(name, "cached_tokens", len) != 0)
+        return;
+    /* Governance does not need it: a count that cannot be true is dropped
+     * alone, the attempt's other counts stand. */
+    if (!u->bogus)
+        u->cached = count >= 0 ? count : -1;
+}
+
+/* The members of map `m` (may be NULL) through `count_fn` (as
+ * dialect_openai_count). */
+static void openai_scan_map(const msgpack_object *m, struct dialect_usage *out,
+                            void (*count_fn)(struct dialect_usage *, const char *, size_t, int64_t))
+{
+    if (!m || m->type != MSGPACK_OBJECT_MAP)
+        return;
+    for (uint32_t i = 0; i < m->via.map.size; i++) {
+        const msgpack_object_kv *kv = &m->via.map.ptr[i];
+        if (kv->key.type == MSGPACK_OBJECT_STR)
+            count_fn(out, kv->key.via.str.ptr, kv->key.via.str.size, obj_count(&kv->val));
+    }
+}
+
 static void openai_scan_usage(const msgpack_object *usage, struct dialect_usage *out)
 {
     *out = DIALECT_USAGE_NONE;
-    if (!usage || usage->type != MSGPACK_OBJECT_MAP)
-        return;
-    for (uint32_t i = 0; i < usage->via.map.size; i++) {
-        const msgpack_object_kv *kv = &usage->via.map.ptr[i];
-        if (kv->key.type == MSGPACK_OBJECT_STR)
-            dialect_openai_count(out, kv->key.via.str.ptr, kv->key.via.str.size,
-                                 obj_count(&kv->val));
-    }
+    openai_scan_map(usage, out, dialect_openai_count);
+    if (usage && usage->type == MSGPACK_OBJECT_MAP)
+        openai_scan_map(rpc_map_get(usage, "prompt_tokens_details"), out, dialect_openai_detail);
 }
 
 static void openai_scan_event(const msgpack_object *ev, struct dialect_event *out)
@@ -149,6 +168,7 @@ static void anthropic_scan_usage(const msgpack_object *usage, struct dialect_usa
     /* At most 3 * DIALECT_TOKENS_MAX. */
     if (in >= 0)
         out->prompt = in + (cw > 0 ? cw : 0) + (cr > 0 ? cr : 0);
+    out->cached = in >= 0 ? cr : -1;
     out->completion = completion;
 }
 
@@ -198,6 +218,7 @@ static void responses_scan_usage(const msgpack_object *usage, struct dialect_usa
     out->prompt = c[0];
     out->completion = c[1];
     out->total = c[2];
+    openai_scan_map(rpc_map_get(usage, "input_tokens_details"), out, dialect_openai_detail);
 }
 
 /* An error with `code` (borrowed, may be NULL): transient for
@@ -331,6 +352,15 @@ void dialect_usage_merge(struct dialect_usage *acc, const struct dialect_usage *
         acc->completion = ev->completion;
     if (ev->total >= 0)
         acc->total = ev->total;
+    if (ev->cached >= 0)
+        acc->cached = ev->cached;
+}
+
+int64_t dialect_usage_cached(const struct dialect_usage *u)
+{
+    if (u->bogus || u->prompt < 0 || u->cached < 0 || u->cached > u->prompt)
+        return -1;
+    return u->cached;
 }
 
 int64_t dialect_usage_total(const struct dialect_usage *u)

@@ -53,6 +53,9 @@ enum dialect_kind {
  * most DIALECT_TOKENS_MAX. */
 struct dialect_usage {
     int64_t prompt, completion, total;
+    int64_t cached; /* prompt tokens read from the provider's prompt cache (OpenAI
+                     * prompt_tokens_details.cached_tokens, Anthropic
+                     * cache_read_input_tokens), part of `prompt` */
     bool bogus;
 };
 
@@ -120,7 +123,18 @@ int64_t dialect_count_number(double v);
  * ignored. Start from DIALECT_USAGE_NONE. */
 void dialect_openai_count(struct dialect_usage *u, const char *name, size_t len, int64_t count);
 
-#define DIALECT_USAGE_NONE ((struct dialect_usage){ -1, -1, -1, false })
+#define DIALECT_USAGE_NONE ((struct dialect_usage){ -1, -1, -1, -1, false })
+
+/* Records an OpenAI `prompt_tokens_details` member `name` (`len` bytes) in
+ * `u` (`count` as for dialect_openai_count): only cached_tokens is kept,
+ * and a count that cannot be true leaves it unknown without making `u`
+ * bogus (governance does not use it). */
+void dialect_openai_detail(struct dialect_usage *u, const char *name, size_t len, int64_t count);
+
+/* The cached prompt tokens of `u` that can be counted: its cached count
+ * when both it and the prompt count are known and it is at most the
+ * prompt count, else -1 (a cache count above the prompt cannot be true). */
+int64_t dialect_usage_cached(const struct dialect_usage *u);
 
 /* Retry hints beside Retry-After, as the OpenAI and Anthropic APIs send
  * them. Each value borrowed, NUL-terminated, "" when absent. */

@@ -33,6 +33,7 @@
  */
 #include "config.h"
 #include "iplit.h"
+#include "models.h"
 #include "name_index.h"
 #include "redis_url.h"
 #include "tls.h"
@@ -121,6 +122,9 @@ enum fid {
     FID_API_KEY_ENV,
     FID_API_KEY_FILE,
     FID_MODEL,
+    FID_SERVES,
+    FID_AFFINITY,
+    FID_APP_MODELS,
     FID_PRIORITY,
     FID_WEIGHT,
     FID_TIMEOUT,
@@ -249,6 +253,7 @@ static bool line_is_bad(unsigned line)
 
 struct cap_stage {
     struct config_capability cap;
+    char *affinity; /* owned; `affinity:` as written */
     bool builtin;
     unsigned map_line;
     unsigned line[FID_COUNT];
@@ -584,6 +589,38 @@ static int check_text(struct loader *l, const struct ynode *v, char *s)
     return 0;
 }
 
+/* A model name or glob as configured (models.h): printable ASCII without
+ * spaces, 1 to MODELS_NAME_MAX - 1 bytes; `*` only in a glob. */
+static const char *model_problem(const char *s, char *why, size_t whylen)
+{
+    size_t n = strlen(s);
+
+    (void)why;
+    (void)whylen;
+    if (n == 0 || n >= MODELS_NAME_MAX)
+        return "must be 1 to 255 bytes";
+    for (size_t i = 0; i < n; i++)
+        if (s[i] <= ' ' || s[i] > '~')
+            return "must be printable ASCII without spaces";
+    return NULL;
+}
+
+static int check_model(struct loader *l, const struct ynode *v, char *s)
+{
+    const char *p = model_problem(s, NULL, 0);
+
+    if (!p && models_is_glob(s))
+        p = "is the upstream name sent, not a pattern: put globs in serves";
+    return p ? fail_here(l, v->line, "%s", p) : 0;
+}
+
+static int check_affinity(struct loader *l, const struct ynode *v, char *s)
+{
+    if (strcmp(s, "task") && strcmp(s, "scope") && strcmp(s, "none"))
+        return fail_here(l, v->line, "must be task, scope or none");
+    return 0;
+}
+
 /* An HTTP field name (RFC 9110 token). */
 static bool is_header_name(const char *s)
 {
@@ -794,6 +831,7 @@ static const struct field policy_table[] = {
 static const struct field capability_table[] = {
     TYPED("exempt_429", FT_BOOL, FID_EXEMPT_429, OFF(struct cap_stage, cap.exempt_429)),
     TYPED("path", FT_UPATH, FID_PATH, OFF(struct cap_stage, cap.path)),
+    STR("affinity", FID_AFFINITY, OFF(struct cap_stage, affinity), check_affinity),
     { .key = "policy",
       .type = FT_INCLUDE,
       .off = OFF(struct cap_stage, cap.policy),
@@ -855,6 +893,8 @@ static const struct field source_policy_table[] = { MISPLACED("max_attempts", FI
 
 static int walk_headers(struct loader *l, const struct ynode *v);
 static int walk_query(struct loader *l, const struct ynode *v);
+static int walk_serves(struct loader *l, const struct ynode *v);
+static int walk_app_models(struct loader *l, const struct ynode *v);
 
 #define SRC(m) OFF(struct src_stage, src.m)
 static const struct field source_tls_table[] = {
@@ -873,7 +913,8 @@ static const struct field source_table[] = {
            "with api_key_env or a file with api_key_file"),
     STR("api_key_env", FID_API_KEY_ENV, OFF(struct src_stage, key_env), check_env_name),
     STR("api_key_file", FID_API_KEY_FILE, OFF(struct src_stage, key_file), check_key_path),
-    STR("model", FID_MODEL, SRC(model), check_text),
+    STR("model", FID_MODEL, SRC(model), check_model),
+    { .key = "serves", .type = FT_CUSTOM, .fid = FID_SERVES, .walk = walk_serves },
     NUM("priority", FT_I32, FID_PRIORITY, SRC(priority), -1e6, 1e6, 0),
     NUM("weight", FT_DOUBLE, FID_WEIGHT, SRC(weight), 0, 1e6, F_MIN_OPEN),
     NUM("timeout_s", FT_DOUBLE, FID_TIMEOUT, SRC(timeout_s), 0, DURATION_MAX_S, F_MIN_OPEN),
@@ -923,6 +964,7 @@ static const struct field app_table[] = {
     STR("token_env", FID_APP_TOKEN_ENV, OFF(struct app_stage, token_env), check_env_name),
     STR("token_file", FID_APP_TOKEN_FILE, OFF(struct app_stage, token_file), check_key_path),
     TYPED("per_capability", FT_NODE, FID_APP_PER_CAP, OFF(struct app_stage, per_cap)),
+    { .key = "models", .type = FT_CUSTOM, .fid = FID_APP_MODELS, .walk = walk_app_models },
     END
 };
 #undef APP
@@ -1046,6 +1088,9 @@ static void source_fini(struct config_source *s)
     }
     free(s->base_url);
     free(s->model);
+    for (size_t i = 0; i < s->n_serves; i++)
+        free(s->serves[i]);
+    free(s->serves);
     free(s->api_key_file);
     free(s->api_version);
     free(s->anthropic_version);
@@ -1786,7 +1831,8 @@ static int walk_apps(struct loader *l, const struct ynode *v)
     return 0;
 }
 
-#define CONFIG_EXTRAS_MAX 32u /* headers: and query: entries per source */
+#define CONFIG_EXTRAS_MAX 32u  /* headers: and query: entries per source */
+#define CONFIG_MODELS_MAX 256u /* serves: entries per source, models: per app */
 
 /* Headers polygw writes itself, or that would break the request framing. */
 static bool header_is_reserved(const char *name)
@@ -1876,6 +1922,22 @@ static int walk_headers(struct loader *l, const struct ynode *v)
             return rc;
     }
     return 0;
+}
+
+/* sources[i].serves: [NAME | GLOB, ...] (models.h). */
+static int walk_serves(struct loader *l, const struct ynode *v)
+{
+    struct config_source *s = &l->srcs[l->n_srcs - 1].src;
+    return walk_strings(l, v, CONFIG_MODELS_MAX, "model names or globs", "name", model_problem,
+                        &s->serves, &s->n_serves);
+}
+
+/* apps[i].models: [NAME | GLOB, ...] (models.h). */
+static int walk_app_models(struct loader *l, const struct ynode *v)
+{
+    struct config_app *a = &l->apps[l->n_apps - 1].app;
+    return walk_strings(l, v, CONFIG_MODELS_MAX, "model names or globs", "name", model_problem,
+                        &a->models, &a->n_models);
 }
 
 /* sources[i].query: { name: value, ... } (strings, sent percent-encoded). */
@@ -2151,6 +2213,10 @@ static int validate_capabilities(struct loader *l)
                     "path: is required for a custom "
                     "capability (built-ins are chat, embedding, ocr)");
         (void)name_index_add(&l->cap_ix, i, cap_name_at, l->caps); /* names are unique */
+        if (c->affinity)
+            c->cap.affinity = strcmp(c->affinity, "task") == 0 ? AFFINITY_TASK
+                : strcmp(c->affinity, "scope") == 0            ? AFFINITY_SCOPE
+                                                               : AFFINITY_NONE;
     }
     l->cfg->capabilities = calloc(l->n_caps, sizeof(*l->cfg->capabilities));
     if (!l->cfg->capabilities)
@@ -2690,6 +2756,9 @@ static void app_fini(struct config_app *a)
     free(a->gids.v);
     free(a->capabilities);
     free(a->per_capability);
+    for (size_t i = 0; i < a->n_models; i++)
+        free(a->models[i]);
+    free(a->models);
     memset(a, 0, sizeof(*a));
 }
 
@@ -2927,6 +2996,113 @@ static int load_redis_secrets(struct loader *l)
     return 0;
 }
 
+/* Source i's exact public names: its model, then its serves entries
+ * without a '*'; name k of them (NULL past the last). */
+static const char *src_exact_name(const struct config_source *s, size_t k)
+{
+    if (s->model) {
+        if (k == 0)
+            return s->model;
+        k--;
+    }
+    for (size_t i = 0; i < s->n_serves; i++)
+        if (!models_is_glob(s->serves[i]) && k-- == 0)
+            return s->serves[i];
+    return NULL;
+}
+
+/* The key path and line of source i's public name `name` (its model or a
+ * serves entry), for messages. */
+static unsigned src_name_where(const struct loader *l, size_t i, const char *name, char *path,
+                               size_t len)
+{
+    const struct src_stage *st = &l->srcs[i];
+
+    if (name == st->src.model) {
+        snprintf(path, len, "sources[%zu].model", i);
+        return st->line[FID_MODEL];
+    }
+    for (size_t k = 0; k < st->src.n_serves; k++)
+        if (st->src.serves[k] == name)
+            snprintf(path, len, "sources[%zu].serves[%zu]", i, k);
+    return st->line[FID_SERVES];
+}
+
+/* A source whose capability resolved (the rules below compare them). */
+static bool src_usable(const struct loader *l, size_t i)
+{
+    const struct src_stage *st = &l->srcs[i];
+    return !st->bad && st->line[FID_CAPABILITY] && !line_is_bad(st->line[FID_CAPABILITY]) &&
+        l->caps && st->src.capability_index < l->n_caps &&
+        strcmp(l->caps[st->src.capability_index].cap.name, st->src.capability) == 0;
+}
+
+/* Model routing (models.h): an exact public name selects within one
+ * capability, so it may be served by one capability only; and a glob (with
+ * literal characters) that matches another source's exact name at another
+ * priority would never serve that name (an exact name wins), which is
+ * never what a fallback tier means. Quadratic in the number of sources
+ * times names: a configuration has tens of them. */
+static void validate_models(struct loader *l)
+{
+    char path[64], other[64];
+
+    for (size_t i = 0; i < l->n_srcs; i++) {
+        if (!src_usable(l, i))
+            continue;
+        const struct config_source *s = &l->srcs[i].src;
+        for (size_t k = 0; src_exact_name(s, k); k++) {
+            const char *name = src_exact_name(s, k);
+            for (size_t j = 0; j < i; j++) {
+                const struct config_source *o = &l->srcs[j].src;
+                if (!src_usable(l, j) || o->capability_index == s->capability_index)
+                    continue;
+                const char *on = NULL;
+                for (size_t m = 0; !on && src_exact_name(o, m); m++)
+                    if (strcmp(src_exact_name(o, m), name) == 0)
+                        on = src_exact_name(o, m);
+                if (!on)
+                    continue;
+                unsigned at = src_name_where(l, i, name, path, sizeof(path));
+                src_name_where(l, j, on, other, sizeof(other));
+                fail_at(l, at, path,
+                        "this model name is served by capability '%s' too (%s); a model "
+                        "name selects sources within one capability",
+                        o->capability, other);
+                break;
+            }
+        }
+        for (size_t g = 0; g < s->n_serves; g++) {
+            const char *glob = s->serves[g];
+            if (!models_is_glob(glob) || strspn(glob, "*") == strlen(glob))
+                continue; /* a name, or a glob of '*' only (serves anything left) */
+            for (size_t j = 0; j < l->n_srcs; j++) {
+                const struct config_source *o = &l->srcs[j].src;
+                if (j == i || !src_usable(l, j) || o->capability_index != s->capability_index ||
+                    o->priority == s->priority)
+                    continue;
+                const char *hit = NULL;
+                for (size_t m = 0; !hit && src_exact_name(o, m); m++) {
+                    const char *e = src_exact_name(o, m);
+                    if (models_match(glob, e, strlen(e)) >= 0 &&
+                        models_source_rank(s, e, strlen(e), NULL) != MODELS_EXACT)
+                        hit = e;
+                }
+                if (!hit)
+                    continue;
+                snprintf(path, sizeof(path), "sources[%zu].serves[%zu]", i, g);
+                src_name_where(l, j, hit, other, sizeof(other));
+                fail_at(l, l->srcs[i].line[FID_SERVES], path,
+                        "this glob matches the name %s serves (priority %d): an exact name "
+                        "wins over a glob, so this source (priority %d) would never serve it; "
+                        "list that name in this source's serves too to make it a fallback",
+                        other, (int)o->priority, (int)s->priority);
+                break;
+            }
+        }
+    }
+}
+
 static int validate(struct loader *l)
 {
     int rc;
@@ -2938,6 +3114,7 @@ static int validate(struct loader *l)
         return fail_nomem(l);
     for (size_t i = 0; i < l->n_srcs; i++)
         validate_source(l, i);
+    validate_models(l);
     if ((rc = validate_apps(l)) < 0)
         return rc;
     if (l->n_errors)
@@ -2987,6 +3164,8 @@ static void loader_fini(struct loader *l)
         free(l->apps[i].token_file);
     }
     free(l->apps);
+    for (size_t i = 0; i < l->n_caps; i++)
+        free(l->caps[i].affinity);
     free(l->caps);
     name_index_fini(&l->cap_ix);
     name_index_fini(&l->src_ix);

@@ -94,8 +94,13 @@ struct config_limits {
     double window_s;                 /* rpm/tpm window; default 60 */
 };
 
+/* Prompt-cache affinity of a capability (docs/CONFIG.md §6): which key
+ * places a call by rendezvous hashing over its tier's runnable sources. */
+enum config_affinity { AFFINITY_NONE = 0, AFFINITY_TASK, AFFINITY_SCOPE };
+
 struct config_capability {
     char name[CONFIG_NAME_MAX];
+    enum config_affinity affinity; /* default none */
     bool exempt_429;
     char path[256];              /* upstream path, e.g. "/chat/completions" */
     struct config_policy policy; /* defaults <- capability: what every call of
@@ -133,9 +138,12 @@ struct config_source {
                                 * or NULL (watched for rotation, reload.h) */
     bool retired;            /* never set by the loader: a source a reload
                                 * removed while it was in use (reload.h) */
-    char *model;             /* owned, NULL = keep body.model */
-    int32_t priority;        /* lower tier is tried first */
-    double weight;           /* > 0 */
+    char *model;             /* owned, NULL = keep body.model: the upstream name sent,
+                                * and one of its public names (models.h); no '*' */
+    char **serves;           /* owned: more public names and globs (models.h), or NULL */
+    size_t n_serves;
+    int32_t priority; /* lower tier is tried first */
+    double weight;    /* > 0 */
     double timeout_s, connect_timeout_s, ttft_timeout_s, idle_timeout_s; /* > 0 */
     uint32_t max_concurrency;                                            /* >= 1 */
     struct config_aimd aimd;
@@ -215,6 +223,9 @@ struct config_app {
                                   * unique among apps; never print; wiped by config_free */
     char *token_file;            /* owned: the absolute path token was read from, or NULL
                                   * (watched for rotation, keywatch.h) */
+    char **models;               /* owned: the model names and globs its requests may
+                                  * name (models.h), or NULL = any */
+    size_t n_models;
     /* owned, n_capabilities entries (parallel to cfg->capabilities), or NULL
      * when the app sets no per_capability limits */
     struct config_app_limits *per_capability;

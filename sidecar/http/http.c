@@ -77,6 +77,7 @@
 #include <unistd.h>
 
 #include "call/call.h"
+#include "core/models.h"
 #include "internal.h"
 #include "codec/jscan.h"
 #include "core/log.h"
@@ -405,6 +406,7 @@ static int status_of(enum pgw_code code, int upstream_status)
         return 400;
     case PGW_UNKNOWN_METHOD:
     case PGW_UNKNOWN_CAPABILITY:
+    case PGW_MODEL_NOT_FOUND:
         return 404;
     case PGW_TOO_LARGE:
         return 413;
@@ -945,6 +947,8 @@ static void route_readyz(struct http_conn *c, const char *path, size_t len)
     hc_reply(c, 503, "application/json", body, (size_t)n, NULL, "Retry-After: 1\r\n");
 }
 
+static const struct config_app *hc_bearer_app(struct http_conn *c);
+
 /* Made from the configuration in force: a reload changes it. */
 static void route_models(struct http_conn *c, const char *path, size_t len)
 {
@@ -952,7 +956,12 @@ static void route_models(struct http_conn *c, const char *path, size_t len)
     (void)path;
     (void)len;
     strbuf_init(&json);
-    if (status_models_json(c->hs->srv->cfg, &json) == 0)
+    /* Listed for the caller (its app's models list); never refused here. */
+    const struct config *cfg = c->hs->srv->cfg;
+    const struct config_app *app = c->is_unix ? peer_app(cfg, &c->peer) : hc_bearer_app(c);
+    if (!app)
+        app = config_find_app(cfg, CONFIG_DEFAULT_APP);
+    if (status_models_json(cfg, app, &json) == 0)
         hc_reply(c, 200, "application/json", json.data, json.len, NULL, NULL);
     else
         hc_error(c, 500, PGW_INTERNAL, "out of memory");
@@ -1085,6 +1094,7 @@ struct body_facts {
     bool completion_tokens;            /* max_completion_tokens wins over max_tokens */
     struct jscan_value stream_options; /* p NULL: absent */
     bool stream_options_twice;         /* then call_begin reads them all itself */
+    struct jscan_value model;          /* p NULL: absent (or not a string) */
 };
 
 static int body_member(void *ud, const char *key, const struct jscan_value *v)
@@ -1107,8 +1117,43 @@ static int body_member(void *ud, const char *key, const struct jscan_value *v)
     } else if (strcmp(key, "stream_options") == 0) {
         f->stream_options_twice |= f->stream_options.p != NULL;
         f->stream_options = *v;
+    } else if (strcmp(key, "model") == 0) {
+        f->model = v->type == JSCAN_STRING ? *v : (struct jscan_value){ 0 };
     }
     return 0;
+}
+
+/* The JSON string `v` unescaped into `out` (`cap` bytes); returns its
+ * length, or -1 when it does not fit or holds an escape other than
+ * \", \\, \/ or a \u of plain ASCII (no model name needs one). */
+static long json_model_name(const struct jscan_value *v, char *out, size_t cap)
+{
+    size_t n = 0;
+
+    for (size_t i = 1; i + 1 < v->len; i++) {
+        char ch = v->p[i];
+        if (ch == '\\') {
+            char e = v->p[++i];
+            if (e == 'u' && i + 4 < v->len) {
+                int h[4];
+                for (int j = 0; j < 4; j++)
+                    h[j] = jscan_hexval(v->p[i + 1 + j]);
+                if (h[0] != 0 || h[1] != 0 || h[2] < 0 || h[3] < 0 || h[2] * 16 + h[3] < 0x20)
+                    return -1;
+                ch = (char)(h[2] * 16 + h[3]);
+                i += 4;
+            } else if (e == '"' || e == '\\' || e == '/') {
+                ch = e;
+            } else {
+                return -1;
+            }
+        }
+        if (n + 1 >= cap)
+            return -1;
+        out[n++] = ch;
+    }
+    out[n] = '\0';
+    return (long)n;
 }
 
 /* The path (after /v1) capability i is served at: its own, except that a
@@ -1246,6 +1291,17 @@ static void route_call(struct http_conn *c, const char *path, size_t len)
         .members_scanned = !bf.stream_options_twice,
         .stream_options = bf.stream_options,
     };
+    char model[MODELS_NAME_MAX];
+    if (bf.model.p) {
+        long n = json_model_name(&bf.model, model, sizeof(model));
+        if (n < 0) {
+            hc_error(c, 400, PGW_BAD_REQUEST,
+                     "model: longer than 255 bytes, or an escape no model name needs");
+            return;
+        }
+        r.model = model;
+        r.model_len = (size_t)n;
+    }
     if (c->req.present[HRQ_DEADLINE]) {
         char *end;
         double d = strtod(c->req.val[HRQ_DEADLINE], &end);

@@ -11,6 +11,7 @@
 
 #include "internal.h"
 #include "codec/transcode.h"
+#include "core/models.h"
 
 bool status_peer_allowed(const struct config *cfg, int fd)
 {
@@ -52,21 +53,37 @@ int status_stats_json(struct server *srv, const struct config_app *app, struct s
     return -1;
 }
 
-/* Is source i the first one (not retired) that sets its model? */
-static bool model_first(const struct config *cfg, size_t i)
+/* Public name k of source `s` (models.h): its model, then its serves
+ * entries that are not globs; NULL past the last. */
+static const char *public_name(const struct config_source *s, size_t k)
 {
-    const char *m = cfg->sources[i].model;
+    if (s->model && k-- == 0)
+        return s->model;
+    for (size_t i = 0; i < s->n_serves; i++)
+        if (!models_is_glob(s->serves[i]) && k-- == 0)
+            return s->serves[i];
+    return NULL;
+}
 
-    if (!m || cfg->sources[i].retired)
+/* Is `name`, source i's public name k, listed for app `a` here (the first
+ * such name in config order, not retired, allowed for the app)? */
+static bool name_first(const struct config *cfg, const struct config_app *a, size_t i, size_t k)
+{
+    const char *m = public_name(&cfg->sources[i], k);
+
+    if (cfg->sources[i].retired || !models_app_allows(a, m, strlen(m)))
         return false;
-    for (size_t j = 0; j < i; j++)
-        if (cfg->sources[j].model && !cfg->sources[j].retired &&
-            strcmp(cfg->sources[j].model, m) == 0)
-            return false;
+    for (size_t j = 0; j <= i; j++) {
+        if (cfg->sources[j].retired)
+            continue;
+        for (size_t x = 0; public_name(&cfg->sources[j], x) && (j < i || x < k); x++)
+            if (strcmp(public_name(&cfg->sources[j], x), m) == 0)
+                return false;
+    }
     return true;
 }
 
-int status_models_json(const struct config *cfg, struct strbuf *out)
+int status_models_json(const struct config *cfg, const struct config_app *app, struct strbuf *out)
 {
     msgpack_sbuffer sb;
     msgpack_packer pk;
@@ -75,7 +92,8 @@ int status_models_json(const struct config *cfg, struct strbuf *out)
     int rc = -1;
 
     for (size_t i = 0; i < cfg->n_sources; i++)
-        n += model_first(cfg, i);
+        for (size_t k = 0; public_name(&cfg->sources[i], k); k++)
+            n += name_first(cfg, app, i, k);
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
     msgpack_pack_map(&pk, 2);
@@ -84,14 +102,16 @@ int status_models_json(const struct config *cfg, struct strbuf *out)
     msgpack_pack_array(&pk, n);
     for (size_t i = 0; i < cfg->n_sources; i++) {
         const struct config_source *s = &cfg->sources[i];
-        if (!model_first(cfg, i))
-            continue;
-        msgpack_pack_map(&pk, 5);
-        rpc_pack_kv_str(&pk, "id", s->model);
-        rpc_pack_kv_str(&pk, "object", "model");
-        rpc_pack_kv_u64(&pk, "created", 0);
-        rpc_pack_kv_str(&pk, "owned_by", s->name);
-        rpc_pack_kv_str(&pk, "capability", s->capability);
+        for (size_t k = 0; public_name(s, k); k++) {
+            if (!name_first(cfg, app, i, k))
+                continue;
+            msgpack_pack_map(&pk, 5);
+            rpc_pack_kv_str(&pk, "id", public_name(s, k));
+            rpc_pack_kv_str(&pk, "object", "model");
+            rpc_pack_kv_u64(&pk, "created", 0);
+            rpc_pack_kv_str(&pk, "owned_by", s->name);
+            rpc_pack_kv_str(&pk, "capability", s->capability);
+        }
     }
     msgpack_unpacked_init(&up);
     if (msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS &&

@@ -39,10 +39,12 @@ int status_stats_json(struct server *srv, const struct config_app *app, struct s
                       char *why, size_t whylen);
 
 /* Appends GET /v1/models' answer for `cfg` (borrowed: the configuration in
- * force, so a reload shows at once) to `out`: each distinct model the
- * sources set, in config order, owned by the first source that sets it;
- * sources a reload removed (retired while in use) are not listed.
- * Returns 0, or -1 when out of memory. */
-int status_models_json(const struct config *cfg, struct strbuf *out);
+ * force, so a reload shows at once) to `out`: each distinct public model
+ * name (models.h: a source's model and its serves entries that are not
+ * globs) that app `app` (NULL: any) may ask for, in config order, owned by
+ * the first source that serves it, with its capability; sources a reload
+ * removed (retired while in use) are not listed. Returns 0, or -1 when out
+ * of memory. */
+int status_models_json(const struct config *cfg, const struct config_app *app, struct strbuf *out);
 
 #endif /* POLYGW_STATUS_H */

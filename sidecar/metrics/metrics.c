@@ -19,6 +19,7 @@ static const char *const outcome_names[OUT_COUNT] = { "success", "rate_limited",
 struct metrics_source {
     uint64_t attempts[OUT_COUNT];
     uint64_t reasons[OUTCOME_REASON_COUNT];
+    uint64_t prompt_tokens, cached_tokens; /* of successful attempts */
     struct prom_hist duration, ttft;
 };
 
@@ -28,10 +29,21 @@ struct metrics_capability {
     struct prom_hist duration, ttft, stalled;
 };
 
+/* Calls of one (capability, configured model name): the names come from
+ * configurations only (models.h labels), so the set is bounded. */
+#define METRICS_MODELS_MAX 1024
+struct metrics_model {
+    size_t cap;
+    char *name; /* owned */
+    uint64_t calls[PGW_CODE_COUNT];
+};
+
 struct metrics {
     const struct config *cfg;
     struct metrics_source *src;
     struct metrics_capability *cap;
+    struct metrics_model *models; /* owned, n_models of them */
+    size_t n_models;
     size_t last_len; /* of the last rendering: the next one's first size */
 };
 
@@ -117,7 +129,35 @@ void metrics_free(struct metrics *m)
         return;
     free(m->src);
     free(m->cap);
+    for (size_t i = 0; i < m->n_models; i++)
+        free(m->models[i].name);
+    free(m->models);
     free(m);
+}
+
+void metrics_on_model_call(struct metrics *m, size_t cap, const char *model, enum pgw_code code)
+{
+    struct metrics_model *x = NULL;
+
+    for (size_t i = 0; i < m->n_models && !x; i++)
+        if (m->models[i].cap == cap && strcmp(m->models[i].name, model) == 0)
+            x = &m->models[i];
+    if (!x && m->n_models < METRICS_MODELS_MAX) {
+        struct metrics_model *grown = realloc(m->models, (m->n_models + 1) * sizeof(*grown));
+        char *name = strdup(model);
+        if (grown)
+            m->models = grown;
+        if (grown && name) {
+            x = &m->models[m->n_models++];
+            memset(x, 0, sizeof(*x));
+            x->cap = cap;
+            x->name = name;
+        } else {
+            free(name);
+        }
+    }
+    if (x)
+        x->calls[(unsigned)code < PGW_CODE_COUNT ? code : PGW_INTERNAL]++;
 }
 
 void metrics_on_attempt(struct metrics *m, size_t source, const struct attempt_result *r)
@@ -132,6 +172,15 @@ void metrics_on_attempt(struct metrics *m, size_t source, const struct attempt_r
     prom_hist_observe(&s->duration, r->elapsed_s);
     if (r->ttft_s >= 0)
         prom_hist_observe(&s->ttft, r->ttft_s);
+}
+
+void metrics_on_prompt_tokens(struct metrics *m, size_t source, int64_t prompt, int64_t cached)
+{
+    if (source >= m->cfg->n_sources || prompt < 0)
+        return;
+    m->src[source].prompt_tokens += (uint64_t)prompt;
+    if (cached >= 0)
+        m->src[source].cached_tokens += (uint64_t)cached;
 }
 
 void metrics_on_attempt_cancelled(struct metrics *m, size_t source)
@@ -286,6 +335,16 @@ static double src_tokens(struct server *srv, size_t i)
     return (double)srv->gov.sources[i].tokens_used;
 }
 
+static double src_prompt_tokens(struct server *srv, size_t i)
+{
+    return (double)srv->metrics->src[i].prompt_tokens;
+}
+
+static double src_cached_prompt_tokens(struct server *srv, size_t i)
+{
+    return (double)srv->metrics->src[i].cached_tokens;
+}
+
 static const struct {
     const char *name, *type, *help;
     source_value_fn *fn;
@@ -303,6 +362,13 @@ static const struct {
     { "polygw_source_tokens_total", "counter",
       "Tokens the upstream reported (its real usage) for successful calls of the source.",
       src_tokens, false },
+    { "polygw_source_prompt_tokens_total", "counter",
+      "Prompt tokens the upstream reported for successful attempts on the source.",
+      src_prompt_tokens, false },
+    { "polygw_source_cached_prompt_tokens_total", "counter",
+      "Of those, the prompt tokens the upstream reported read from its prompt cache "
+      "(prompt_tokens_details.cached_tokens, cache_read_input_tokens).",
+      src_cached_prompt_tokens, false },
 };
 
 static void render_source_hist(struct prom_text *t, struct server *srv, const char *name,
@@ -440,7 +506,8 @@ static void render_capabilities(struct prom_text *t, struct server *srv)
     for (size_t i = 0; i < cfg->n_capabilities; i++) {
         l[0] = L("capability", cfg->capabilities[i].name);
         for (int c = 0; c < PGW_CODE_COUNT; c++) {
-            if ((c == PGW_UNKNOWN_METHOD || c == PGW_UNKNOWN_CAPABILITY || c == PGW_TOO_LARGE) &&
+            if ((c == PGW_UNKNOWN_METHOD || c == PGW_UNKNOWN_CAPABILITY || c == PGW_TOO_LARGE ||
+                 c == PGW_MODEL_NOT_FOUND) &&
                 !m->cap[i].calls[c])
                 continue;
             l[1] = L("code", pgw_code_name((enum pgw_code)c));
@@ -450,6 +517,23 @@ static void render_capabilities(struct prom_text *t, struct server *srv)
     for (size_t i = 0; i < cfg->n_capabilities; i++) {
         caps[i] = cfg->capabilities[i].name;
         v[i] = m->cap[i].in_flight;
+    }
+    prom_text_family(t, "polygw_model_calls_total", "counter",
+                     "Calls that asked for a model, by capability, configured model name (the "
+                     "exact name or glob that matched; other: passed through or unknown) and "
+                     "result code.");
+    for (size_t i = 0; i < m->n_models; i++) {
+        struct prom_label ml[3] = { L("capability",
+                                      m->models[i].cap < cfg->n_capabilities
+                                          ? cfg->capabilities[m->models[i].cap].name
+                                          : "-"),
+                                    L("model", m->models[i].name) };
+        for (int c = 0; c < PGW_CODE_COUNT; c++) {
+            if (!m->models[i].calls[c])
+                continue;
+            ml[2] = L("code", pgw_code_name((enum pgw_code)c));
+            prom_text_sample_u64(t, "polygw_model_calls_total", ml, 3, m->models[i].calls[c]);
+        }
     }
     render_by(t, "polygw_calls_in_flight", "gauge", "Calls in the governed loop, by capability.",
               "capability", caps, v, cfg->n_capabilities);

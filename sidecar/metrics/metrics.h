@@ -54,6 +54,10 @@ void metrics_reconf_abort(struct metrics_reconf *r);
 /* An attempt on source `source` ended with `r` (its outcome, duration and
  * time to first byte or event). */
 void metrics_on_attempt(struct metrics *m, size_t source, const struct attempt_result *r);
+/* A successful attempt on `source` reported `prompt` prompt tokens, of
+ * which `cached` were read from the provider's prompt cache; -1: not
+ * reported (nothing is counted; a cached count only with its prompt). */
+void metrics_on_prompt_tokens(struct metrics *m, size_t source, int64_t prompt, int64_t cached);
 /* An attempt on `source` was torn down before it ended (cancel, task stop,
  * client gone, shutdown). */
 void metrics_on_attempt_cancelled(struct metrics *m, size_t source);
@@ -66,6 +70,11 @@ void metrics_on_call_start(struct metrics *m, size_t cap);
 void metrics_on_call_end(struct metrics *m, size_t cap, enum pgw_code code, double duration_s,
                          double stalled_s);
 void metrics_on_call_refused(struct metrics *m, size_t cap, enum pgw_code code);
+
+/* A call of capability `cap` that asked for a model ended with `code`;
+ * `model` (borrowed) is its configured name or "other" (models.h), never
+ * a client's string, so the series stay bounded. */
+void metrics_on_model_call(struct metrics *m, size_t cap, const char *model, enum pgw_code code);
 /* A streaming call relayed its first event `ttft_s` after it arrived. */
 void metrics_on_call_first_event(struct metrics *m, size_t cap, double ttft_s);
 

@@ -106,7 +106,7 @@ static uint64_t body_max_tokens(const msgpack_object *body)
 
 void callrpc_start(struct conn *c, const struct rpc_msg *m)
 {
-    enum { P_CAP, P_BODY, P_STREAM, P_SCOPE, P_TASK, P_DEADLINE, P_APP, P_N };
+    enum { P_CAP, P_BODY, P_STREAM, P_SCOPE, P_TASK, P_DEADLINE, P_APP, P_MODEL, P_N };
     static const struct rpc_param spec[P_N] = {
         [P_CAP] = { "capability", RPC_T_STR, true },
         [P_BODY] = { "body", RPC_T_MAP, true },
@@ -115,6 +115,7 @@ void callrpc_start(struct conn *c, const struct rpc_msg *m)
         [P_TASK] = { "task_id", RPC_T_STR | RPC_T_NIL, false },
         [P_DEADLINE] = { "deadline_s", RPC_T_NUMBER | RPC_T_NIL, false },
         [P_APP] = { "app", RPC_T_STR | RPC_T_NIL, false },
+        [P_MODEL] = { "model", RPC_T_STR | RPC_T_NIL, false },
     };
     const msgpack_object *p[P_N];
     char why[300], scope[CONFIG_NAME_MAX * 4], id[TASK_ID_MAX + 1];
@@ -160,5 +161,12 @@ void callrpc_start(struct conn *c, const struct rpc_msg *m)
         .deadline_s = deadline_s,
         .max_tokens = body_max_tokens(p[P_BODY]),
     };
+    /* The model asked for: the parameter, else the body's. */
+    const msgpack_object *model = p[P_MODEL] ? p[P_MODEL] : rpc_map_get(p[P_BODY], "model");
+    if (model && model->type == MSGPACK_OBJECT_STR) {
+        r.model = model->via.str.ptr;
+        r.model_len = model->via.str.size;
+        r.model_param = p[P_MODEL] != NULL;
+    }
     call_begin(&c->sink, m->msgid, &r);
 }

@@ -29,7 +29,7 @@ function freePort() {
   });
 }
 
-function configText(upUrl, port, dir, extra = []) {
+function configText(upUrl, port, dir, extra = [], sources = null) {
   return [
     "listen:", '  mode: "0660"',
     "server:", "  log_level: info", "  shutdown_grace_s: 0.5",
@@ -37,9 +37,11 @@ function configText(upUrl, port, dir, extra = []) {
     "http:", `  socket: ${JSON.stringify(path.join(dir, "http.sock"))}`, `  listen: "127.0.0.1:${port}"`,
     ...extra,
     "sources:",
-    `  - {name: a, capability: chat, base_url: ${JSON.stringify(upUrl)}, ${SOURCE}}`,
-    `  - {name: e, capability: embedding, base_url: ${JSON.stringify(upUrl)}, model: emb-1, ${SOURCE}}`,
-    `  - {name: r, capability: responses, base_url: ${JSON.stringify(upUrl)}, ${SOURCE}}`,
+    ...(sources ? sources(JSON.stringify(upUrl)) : [
+      `  - {name: a, capability: chat, base_url: ${JSON.stringify(upUrl)}, ${SOURCE}}`,
+      `  - {name: e, capability: embedding, base_url: ${JSON.stringify(upUrl)}, model: emb-1, serves: ["*"], ${SOURCE}}`,
+      `  - {name: r, capability: responses, base_url: ${JSON.stringify(upUrl)}, ${SOURCE}}`,
+    ]),
     "",
   ].join("\n");
 }
@@ -54,14 +56,14 @@ async function canConnect(port) {
 
 /** Per test: a mock, a sidecar with its HTTP front on TCP and on a Unix
  * socket, and SDK clients for both; every fetch the SDKs make is counted. */
-async function withFront(fn, setup = () => []) {
+async function withFront(fn, setup = () => [], sources = null) {
   const up = await Mock.start();
   let sc;
   const agent = { closed: false };
   try {
     const port = await freePort();
     sc = new Sidecar("");
-    fs.writeFileSync(sc.configPath, configText(up.url, port, sc.dir, setup(sc.dir)));
+    fs.writeFileSync(sc.configPath, configText(up.url, port, sc.dir, setup(sc.dir), sources));
     await sc.start();
     while (!(await canConnect(port))) await sleep(20);
     const fetches = { n: 0 };
@@ -244,6 +246,32 @@ test("models lists the configured sources' models", () => withFront(async (f) =>
   const page = await f.unix.models.list();
   assert.deepEqual(page.data.map((m) => m.id), ["emb-1"]);
 }));
+
+// Model routing (docs/HTTP.md): the model asked for selects its sources.
+test("models.list lists each model; each answers from its own source; an unknown one is a 404 after one request", () => withFront(async (f) => {
+  const page = await f.tcp.models.list();
+  assert.deepEqual(page.data.map((m) => [m.id, m.capability]),
+    [["model-alpha", "chat"], ["model-beta", "chat"]]);
+  for (const [model, source] of [["model-alpha", "alpha"], ["model-beta", "beta"]]) {
+    const { data, response } = await f.tcp.chat.completions
+      .create(chatBody(`ask ${model}`, undefined, { model })).withResponse();
+    assert.equal(data.choices[0].message.content, `ask ${model}`);
+    assert.equal(response.headers.get("x-polygw-source"), source);
+    assert.equal((await f.up.last()).json.model, model);
+  }
+  const before = f.fetches.n, upstream = (await f.up.stats()).requests;
+  await assert.rejects(f.tcp.chat.completions.create(chatBody("x", undefined, { model: "model-gamma" })), (e) => {
+    assert.ok(e instanceof OpenAI.NotFoundError, String(e));
+    assert.equal(e.status, 404);
+    assert.equal(e.code, "model_not_found");
+    return true;
+  });
+  assert.equal(f.fetches.n - before, 1); // the SDK (maxRetries: 3) does not retry a 404
+  assert.equal((await f.up.stats()).requests, upstream); // nothing went upstream
+}, () => [], (url) => [
+  `  - {name: alpha, capability: chat, base_url: ${url}, model: model-alpha, ${SOURCE}}`,
+  `  - {name: beta, capability: chat, base_url: ${url}, model: model-beta, ${SOURCE}}`,
+]));
 
 test("X-Polygw-SDK-Retry: true lets the SDK retry what is worth retrying", () => withFront(async (f) => {
   await f.up.control("POST", "/_mock/script", { default: { status: 500 } });

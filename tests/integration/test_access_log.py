@@ -15,7 +15,8 @@ DEFAULTS = {"timeout_s": 5, "connect_timeout_s": 2, "ttft_timeout_s": 2, "idle_t
             "max_concurrency": 8, "aimd": {"initial": 8, "min": 8}}
 POLICY = {"max_attempts": 3, "stall_window_s": 5, "backoff_base_s": 0.01, "backoff_max_s": 0.02}
 KEY = "sk-access-log-secret-4f1c9"
-FIELDS = {"level", "ts", "msg", "conn", "msgid", "app", "capability", "scope", "source", "task",
+FIELDS = {"level", "ts", "msg", "conn", "msgid", "app", "capability", "scope", "model", "source",
+          "task",
           "peer_pid", "peer_uid", "code", "stream", "attempts", "status", "elapsed_s",
           "stalled_s", "ttft_s", "tokens"}
 

@@ -163,7 +163,7 @@ def front(make_sidecar, up, workdir):
         hsock = os.path.join(workdir, "http.sock")
         if sources is None:
             sources = [source_yaml("m1", "chat", up.url, FAST),
-                       source_yaml("e1", "embedding", up.url, FAST, model="emb-1")]
+                       source_yaml("e1", "embedding", up.url, FAST, model="emb-1", serves=["*"])]
         h = {"socket": hsock, "listen": "127.0.0.1:%d" % port, "header_timeout_s": 2,
              "body_timeout_s": 2, "keepalive_timeout_s": 30}
         h.update(http or {})
@@ -219,7 +219,7 @@ def test_http__body_goes_upstream_byte_for_byte(front, up):
 
 
 def test_http__source_model_override_rewrites_model(front, up):
-    f = front(sources=[source_yaml("m1", "chat", up.url, FAST, model="forced")])
+    f = front(sources=[source_yaml("m1", "chat", up.url, FAST, model="forced", serves=["*"])])
     status, _, body = f.curl("/v1/chat/completions", chat("x", model="asked"))
     assert status == 200
     assert up.last()["json"]["model"] == "forced"

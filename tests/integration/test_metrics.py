@@ -308,6 +308,89 @@ def http_chat(target, text):
         return e.code
 
 
+def openai_reply(prompt, cached):
+    """A chat.completion body whose usage reports `cached` of `prompt`
+    prompt tokens read from the provider's prompt cache."""
+    return json.dumps({
+        "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "model-o",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                     "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": 5, "total_tokens": prompt + 5,
+                  "prompt_tokens_details": {"cached_tokens": cached}}})
+
+
+def anthropic_reply(fresh, written, read):
+    return json.dumps({
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "model-a",
+        "content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": fresh, "cache_creation_input_tokens": written,
+                  "cache_read_input_tokens": read, "output_tokens": 5}})
+
+
+def test_metrics__cached_share_of_prompt_tokens_by_source(make_sidecar, up, up2):
+    """polygw_source_prompt_tokens_total and
+    polygw_source_cached_prompt_tokens_total count what the upstream reports:
+    OpenAI's prompt_tokens_details.cached_tokens (read from a tree for a
+    msgpack caller, without one for the HTTP front) and Anthropic's
+    cache_read_input_tokens (its prompt is input + cache writes + cache
+    reads). A cached count above the prompt, or one that cannot be true, is
+    not counted; the prompt still is."""
+    port = free_port()
+    sources = [source_yaml("oa", "chat", up.url, SOURCE_DEFAULTS, model="model-o"),
+               source_yaml("an", "chat", up2.url, SOURCE_DEFAULTS, model="model-a",
+                           kind="anthropic", api_key_env="POLYGW_TEST_KEY")]
+    text = config_yaml(sources, POLICY) + "http:\n  listen: 127.0.0.1:%d\n" % port
+    sc = make_sidecar(config_text=text, env={"no_proxy": "*", "NO_PROXY": "*",
+                                             "POLYGW_TEST_KEY": "sk-test"})
+    c = sc.connect()
+    before = parse(metrics_text(sc))
+    for src in ("oa", "an"):
+        assert value(before, "polygw_source_prompt_tokens_total", source=src,
+                     capability="chat") == 0
+        assert value(before, "polygw_source_cached_prompt_tokens_total", source=src,
+                     capability="chat") == 0
+
+    def ok(body):
+        err, res, _ = call(c, "chat", body)
+        assert err is None, err
+        return res
+
+    ok(chat(model="model-o", mock={"body": openai_reply(100, 80)}))
+    ok(chat(model="model-o", mock={"body": openai_reply(100, 200)}))  # cached > prompt
+    bogus = json.loads(openai_reply(100, 1))
+    bogus["usage"]["prompt_tokens_details"]["cached_tokens"] = "1"
+    res = ok(chat(model="model-o", mock={"body": json.dumps(bogus)}))  # dropped alone
+    assert res["usage"]["prompt_tokens"] == 100
+    # The HTTP front reads the reply without a tree.
+    body = json.dumps(chat(model="model-o", mock={"body": openai_reply(50, 30)})).encode()
+    req = urllib.request.Request("http://127.0.0.1:%d/v1/chat/completions" % port, data=body,
+                                 headers={"Content-Type": "application/json"})
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                assert r.status == 200
+                assert json.loads(r.read())["usage"]["prompt_tokens_details"] == \
+                    {"cached_tokens": 30}
+            break
+        except urllib.error.URLError:
+            assert time.monotonic() < deadline, "the HTTP front does not listen"
+            time.sleep(0.05)
+    ok({"model": "model-a", "max_tokens": 16, "messages": [{"role": "user", "content": "x"}],
+        "mock": {"body": anthropic_reply(20, 10, 70)}})
+
+    after = parse(metrics_text(sc))
+    assert value(after, "polygw_source_prompt_tokens_total", source="oa",
+                 capability="chat") == 350
+    assert value(after, "polygw_source_cached_prompt_tokens_total", source="oa",
+                 capability="chat") == 110
+    assert value(after, "polygw_source_prompt_tokens_total", source="an",
+                 capability="chat") == 100
+    assert value(after, "polygw_source_cached_prompt_tokens_total", source="an",
+                 capability="chat") == 70
+
+
 RULES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                      "deploy", "prometheus", "polygw-rules.yml")
 

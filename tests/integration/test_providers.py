@@ -307,7 +307,7 @@ def mixed(make_sidecar, anth, azure, anth_first=True):
     and an Azure source, in the given priority order."""
     anth.require_auth("anthropic", KEY)
     azure.require_auth("azure", KEY)
-    a = source("claude", anth.url, kind="anthropic", accepts="openai", model="claude-test",
+    a = source("claude", anth.url, kind="anthropic", accepts="openai", model="claude-test", serves=["*"],
                priority=0 if anth_first else 1)
     z = source("azure", azure_url(azure), kind="azure", api_version="2024-10-21",
                priority=1 if anth_first else 0)
@@ -524,7 +524,7 @@ def test_providers__http_openai_stream_counts_real_tokens_and_hides_usage_chunk(
 def test_providers__http_accepts_openai_answers_openai(make_sidecar, up, stream):
     up.require_auth("anthropic", KEY)
     sc, base = http_front(make_sidecar, source("claude", up.url, kind="anthropic",
-                                                accepts="openai", model="claude-test"))
+                                                accepts="openai", model="claude-test", serves=["*"]))
     status, text = curl(base + "/v1/chat/completions", openai_chat("converted", stream=stream))
     assert status == 200, text
     if stream:

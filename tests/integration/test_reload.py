@@ -487,7 +487,7 @@ def test_reload__v1_models_follows_the_sources(make_sidecar, up, up2, workdir):
 
     sc = make_sidecar(config_text=config_yaml(
         [src("a", up2.url, model="gpt-a"), src("b", up2.url, model="gpt-b"),
-         src("old", up.url, model="gpt-old", priority=-1)], POLICY) + http)
+         src("old", up.url, model="gpt-old", serves=["*"], priority=-1)], POLICY) + http)
     assert models() == [("gpt-a", "a"), ("gpt-b", "b"), ("gpt-old", "old")]
     c = sc.connect(timeout=10)
     up.set_default({"delay_ms": 1500})

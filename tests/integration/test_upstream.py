@@ -201,7 +201,7 @@ def backlog():
 
 # --------------------------------------------------------------- plain calls
 def test_upstream__chat_success_key_and_model_override(make_sidecar, up):
-    sc = start(make_sidecar, [source("chat-a", "chat", up.url, model="override-model")])
+    sc = start(make_sidecar, [source("chat-a", "chat", up.url, model="override-model", serves=["*"])])
     c = sc.connect()
     text = "Say hi, sidecar"
     err, res, elapsed = call(c, "chat", chat(text))
@@ -241,7 +241,7 @@ def test_upstream__body_stream_key_never_makes_a_plain_call_stream(make_sidecar,
 
 def test_upstream__embeddings_and_ocr_with_configured_path(make_sidecar, up):
     sc = start(make_sidecar, [source("emb", "embedding", up.url, key=False),
-                              source("ocr-a", "ocr", up.url, model="ocr-model")],
+                              source("ocr-a", "ocr", up.url, model="ocr-model", serves=["*"])],
                capabilities={"ocr": {"path": "/mistral/ocr"}})
     c = sc.connect()
     err, res, _ = call(c, "embedding", {"model": "e-model", "input": ["one", "two"]})

@@ -316,6 +316,48 @@ START_TEST(test_dialect__count_number)
 END_TEST
 
 /* OpenAI's plain reply usage, and the members read without a tree. */
+/* The cached share of a prompt: OpenAI's prompt_tokens_details.cached_tokens
+ * (and the Responses API's input_tokens_details), Anthropic's
+ * cache_read_input_tokens (part of its prompt count); a cached count that
+ * cannot be true is dropped alone; one above the prompt is not counted. */
+START_TEST(test_dialect__cached_prompt_tokens)
+{
+    struct dialect_usage u = scan_usage(DIALECT_OPENAI,
+                                        "{\"prompt_tokens\":100,\"completion_tokens\":5,"
+                                        "\"prompt_tokens_details\":{\"cached_tokens\":80}}");
+    ck_assert(!u.bogus && u.prompt == 100 && u.cached == 80);
+    ck_assert_int_eq(dialect_usage_cached(&u), 80);
+    u = scan_usage(DIALECT_ANTHROPIC,
+                   "{\"input_tokens\":20,\"cache_creation_input_tokens\":10,"
+                   "\"cache_read_input_tokens\":70,\"output_tokens\":5}");
+    ck_assert(!u.bogus && u.prompt == 100 && u.cached == 70);
+    u = scan_usage(DIALECT_ANTHROPIC, "{\"input_tokens\":20,\"output_tokens\":5}");
+    ck_assert(u.prompt == 20 && dialect_usage_cached(&u) == -1);
+    u = scan_usage(DIALECT_OPENAI,
+                   "{\"prompt_tokens\":10,"
+                   "\"prompt_tokens_details\":{\"cached_tokens\":\"7\"}}");
+    ck_assert(!u.bogus && u.prompt == 10 && u.cached == -1);
+    u = scan_usage(DIALECT_OPENAI,
+                   "{\"prompt_tokens\":10,"
+                   "\"prompt_tokens_details\":{\"cached_tokens\":11}}");
+    ck_assert(!u.bogus && u.cached == 11 && dialect_usage_cached(&u) == -1);
+    /* Member by member, as the HTTP front's reader records them. */
+    u = DIALECT_USAGE_NONE;
+    dialect_openai_count(&u, "prompt_tokens", 13, 9);
+    dialect_openai_detail(&u, "cached_tokens", 13, 4);
+    dialect_openai_detail(&u, "audio_tokens", 12, 3);
+    ck_assert_int_eq(dialect_usage_cached(&u), 4);
+    dialect_openai_detail(&u, "cached_tokens", 13, DIALECT_COUNT_BOGUS);
+    ck_assert(!u.bogus && u.prompt == 9 && u.cached == -1);
+    /* An event's cached count replaces the running one. */
+    struct dialect_usage acc = DIALECT_USAGE_NONE, ev = DIALECT_USAGE_NONE;
+    ev.prompt = 50;
+    ev.cached = 20;
+    dialect_usage_merge(&acc, &ev);
+    ck_assert_int_eq(dialect_usage_cached(&acc), 20);
+}
+END_TEST
+
 START_TEST(test_dialect__openai_plain_usage_hostile)
 {
     static const char *const fields[3] = { "prompt_tokens", "completion_tokens", "total_tokens" };
@@ -554,6 +596,7 @@ Suite *dialect_suite(void)
     tcase_add_test(tc, test_dialect__plain_usage);
     tcase_add_test(tc, test_dialect__count_number);
     tcase_add_test(tc, test_dialect__openai_plain_usage_hostile);
+    tcase_add_test(tc, test_dialect__cached_prompt_tokens);
     tcase_add_test(tc, test_dialect__openai_stream_usage_chunk_hostile);
     tcase_add_test(tc, test_dialect__anthropic_message_usage_hostile);
     tcase_add_test(tc, test_dialect__anthropic_stream_usage_hostile);

@@ -12,6 +12,8 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gov.h"
@@ -90,6 +92,7 @@ struct sim_call {
     struct reply script[64]; /* attempt n plays script[n-1]; the last one repeats */
     size_t n_script;
     upstream_fn *up;
+    const bool *use; /* its sources (gov_call_set_sources), NULL: all */
     /* driver state */
     enum sim_next next;
     double at;
@@ -310,6 +313,8 @@ static void sim_start(struct sim *s, struct sim_call *c)
 
     ck_assert_int_eq(rc, 0);
     c->k.ud = c;
+    if (c->use)
+        gov_call_set_sources(&c->k, c->use);
     sim_step(s, c);
 }
 
@@ -1607,6 +1612,332 @@ START_TEST(test_gov__fini_while_waiting_leaves_the_queue)
     ck_assert_ptr_null(S.g.waitq[0].tail);
     ck_assert_uint_eq(S.n_wakes, 0); /* none was woken: nothing to hand on */
     gov_call_fini(&w[0]->k, 6);      /* idempotent */
+    sim_fini(&S);
+}
+END_TEST
+
+/* ===================================================================== */
+/* Per-call source subsets (gov_call_set_sources)                        */
+/* ===================================================================== */
+
+/* Two sources of one permit each; returns their params in p[0..1]. */
+static void subset_sources(struct gov_source_params p[2])
+{
+    p[0] = src_params("a");
+    p[1] = src_params("b");
+    for (int i = 0; i < 2; i++) {
+        p[i].max_concurrency = 1;
+        p[i].aimd_initial = p[i].aimd_min = 1;
+    }
+}
+
+static const bool USE_A[2] = { true, false }, USE_B[2] = { false, true };
+
+/* A call restricted to b never runs on a, even when a is free and the
+ * random draw would pick it; it fails over within its subset only. */
+START_TEST(test_gov__subset_picks_only_its_sources)
+{
+    struct gov_source_params p[2];
+    struct gov_policy pol = pol_chat();
+
+    subset_sources(p);
+    p[0].max_concurrency = p[1].max_concurrency = 4;
+    sim_init(&S, p, 2, 1);
+    struct sim_call *c = sim_add(&S, 0, &pol);
+    c->use = USE_B;
+    script_push(c, rep_http(1, 500, NULL));
+    script_push(c, rep_http(1, 500, NULL));
+    script_push(c, rep_http(1, 200, NULL));
+    sim_run_all(&S);
+    check_result(c, GOV_OK);
+    ck_assert_uint_eq(c->seen, 3);
+    for (uint32_t i = 0; i < c->seen; i++)
+        ck_assert_uint_eq(c->att_source[i], 1);
+    ck_assert_uint_eq(S.g.sources[0].attempts, 0);
+    sim_fini(&S);
+}
+END_TEST
+
+/* A permit released on a wakes the first waiter that may use a, not an
+ * earlier waiter restricted to b (that one would find b still busy and
+ * the permit of a would be wasted until the next release). */
+START_TEST(test_gov__subset_release_wakes_a_waiter_that_can_use_it)
+{
+    struct gov_source_params p[2];
+    struct gov_policy pol = pol_chat();
+
+    subset_sources(p);
+    sim_init(&S, p, 2, 1);
+    struct sim_call *ha = sim_add(&S, 0, &pol), *hb = sim_add(&S, 0, &pol);
+    ha->use = USE_A;
+    hb->use = USE_B;
+    script_push(ha, rep_http(10, 200, NULL));
+    script_push(hb, rep_http(15, 200, NULL));
+    struct sim_call *wb = sim_add(&S, 1, &pol), *wa = sim_add(&S, 2, &pol);
+    wb->use = USE_B;
+    wa->use = USE_A;
+    script_push(wb, rep_http(1, 200, NULL));
+    script_push(wa, rep_http(1, 200, NULL));
+    sim_run(&S, 3);
+    ck_assert_uint_eq(S.g.waitq[0].n, 2);
+    ck_assert_ptr_eq(S.g.waitq[0].head, &wb->k);
+    sim_run_all(&S);
+    check_result(wa, GOV_OK);
+    check_result(wb, GOV_OK);
+    ck_assert_near(wa->att_at[0], 10);
+    ck_assert_uint_eq(wa->att_source[0], 0);
+    ck_assert_near(wb->att_at[0], 15);
+    ck_assert_uint_eq(wb->att_source[0], 1);
+    /* Exactly one wake-up each, at its own source's release. */
+    ck_assert_uint_eq(S.n_wakes, 2);
+    ck_assert_ptr_eq(S.wake_k[0], &wa->k);
+    ck_assert_near(S.wake_t[0], 10);
+    ck_assert_ptr_eq(S.wake_k[1], &wb->k);
+    ck_assert_near(S.wake_t[1], 15);
+    sim_fini(&S);
+}
+END_TEST
+
+/* A woken waiter leaving without using its wake-up hands it to the next
+ * waiter that may use the released source, skipping one that may not. */
+START_TEST(test_gov__subset_wake_handed_on_within_the_subset)
+{
+    struct gov_source_params p[2];
+    struct gov_policy pol = pol_chat();
+
+    subset_sources(p);
+    sim_init(&S, p, 2, 1);
+    S.manual_wakes = true;
+    struct sim_call *ha = sim_add(&S, 0, &pol), *hb = sim_add(&S, 0, &pol);
+    ha->use = USE_A;
+    hb->use = USE_B;
+    script_push(ha, rep_hang());
+    script_push(hb, rep_hang());
+    struct sim_call *w1 = sim_add(&S, 1, &pol), *w2 = sim_add(&S, 2, &pol),
+                    *w3 = sim_add(&S, 3, &pol);
+    w1->use = USE_A;
+    w2->use = USE_B;
+    w3->use = USE_A;
+    script_push(w3, rep_http(1, 200, NULL));
+    sim_cancel(&S, ha, 5);
+    ck_assert_uint_eq(S.n_wakes, 1);
+    ck_assert_ptr_eq(S.wake_k[0], &w1->k);
+    sim_cancel(&S, w1, 6);
+    ck_assert_uint_eq(S.n_wakes, 2);
+    ck_assert_ptr_eq(S.wake_k[1], &w3->k);
+    const struct gov_decision *d = sim_poke(&S, w3, 6);
+    ck_assert_int_eq(d->action, GOV_ATTEMPT);
+    ck_assert_uint_eq(d->source, 0);
+    sim_fini(&S);
+}
+END_TEST
+
+/* Retry-After on the one source of its subset decides the call's wait and
+ * its error's retry_after_s: another source of the capability, free but
+ * not the call's, neither shortens the wait nor the hint. */
+START_TEST(test_gov__subset_retry_after_counts_its_sources_only)
+{
+    struct gov_source_params p[2];
+    struct gov_policy pol = pol_chat();
+
+    subset_sources(p);
+    pol.max_attempts = 1;
+    sim_init(&S, p, 2, 1);
+    struct sim_call *c = sim_add(&S, 0, &pol);
+    c->use = USE_A;
+    script_push(c, rep_http(1, 503, "40"));
+    sim_run_all(&S);
+    check_result(c, GOV_RETRY_EXHAUSTED);
+    ck_assert_near(c->retry_after_s, 40);
+    sim_fini(&S);
+}
+END_TEST
+
+/* A reload keeps a restricted call's subset, in the new order, and a
+ * source the reload adds is not in it. */
+START_TEST(test_gov__subset_kept_across_reconf)
+{
+    struct gov_source_params p[2], np[3];
+    struct gov_policy pol = pol_chat();
+    struct gov_reconf r;
+    struct gov_source_note *notes;
+    const long from[3] = { 1, -1, 0 }; /* b, new, a */
+
+    subset_sources(p);
+    sim_init(&S, p, 2, 1);
+    struct sim_call *c = sim_add(&S, 0, &pol), *all = sim_add(&S, 0, &pol);
+    c->use = USE_B;
+    script_push(c, rep_hang());
+    script_push(all, rep_hang());
+    sim_run(&S, 0);
+    np[0] = p[1];
+    np[1] = src_params("new");
+    np[2] = p[0];
+    ck_assert_int_eq(gov_reconf_prepare(&r, &S.g, np, from, 3, 1, 0), 0);
+    ck_assert_int_eq(gov_call_reconf_prepare(&c->k, &r, &notes), 0);
+    struct gov_source_note *notes_all;
+    ck_assert_int_eq(gov_call_reconf_prepare(&all->k, &r, &notes_all), 0);
+    gov_reconf_commit(&S.g, &r);
+    gov_call_reconf_commit(&c->k, &r, notes);
+    gov_call_reconf_commit(&all->k, &r, notes_all);
+    gov_reconf_finish(&r);
+    ck_assert(!c->k.notes[0].excluded); /* b */
+    ck_assert(c->k.notes[1].excluded);  /* new */
+    ck_assert(c->k.notes[2].excluded);  /* a */
+    for (int i = 0; i < 3; i++)
+        ck_assert(!all->k.notes[i].excluded);
+    sim_fini(&S);
+}
+END_TEST
+
+/* ===================================================================== */
+/* Prompt-cache affinity (gov_call_set_affinity)                         */
+/* ===================================================================== */
+
+/* The source a call with affinity `key` is given now (the call is
+ * started and released at once). */
+static size_t affinity_pick(struct gov *g, const char *key, double now)
+{
+    struct gov_call k;
+    struct gov_decision d;
+    struct gov_policy pol = pol_chat();
+
+    ck_assert_int_eq(gov_call_init(&k, g, 0, "chat", &pol, 0, 0, now), 0);
+    gov_call_set_affinity(&k, key);
+    gov_call_step(&k, now, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    size_t src = d.source;
+    gov_call_fini(&k, now);
+    return src;
+}
+
+/* Key `i` of name pattern `pattern`: "task-%d", "conv-%d", or random
+ * letters (a fixed sequence). */
+static void affinity_key(char *key, size_t size, int pattern, int i)
+{
+    if (pattern == 0) {
+        snprintf(key, size, "task-%d", i);
+    } else if (pattern == 1) {
+        snprintf(key, size, "conv-%d", i);
+    } else {
+        uint64_t x = 0x2545f4914f6cdd1dULL * (uint64_t)(i + 1);
+        size_t len = 4 + (size_t)(x % 20);
+        for (size_t j = 0; j < len && j + 1 < size; j++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            key[j] = (char)('a' + x % 26);
+        }
+        key[len < size ? len : size - 1] = '\0';
+    }
+}
+
+/* 200 keys of several name patterns over 4 equal sources: each source
+ * within 20 % of an even share (by construction, bounded loads); every call
+ * of a key on one source; a source made unrunnable loses exactly its keys,
+ * at once, spread over the others within the bound; they stay where they
+ * moved when it is runnable again, and new keys fill it. */
+START_TEST(test_gov__affinity_spreads_sticks_and_moves)
+{
+    struct gov_source_params p[4] = { src_params("s0"), src_params("s1"), src_params("s2"),
+                                      src_params("s3") };
+    size_t first[200], count[4] = { 0 }, moved[4] = { 0 };
+    char key[32];
+    int pattern = _i;
+
+    sim_init(&S, p, 4, 1);
+    for (int i = 0; i < 200; i++) {
+        affinity_key(key, sizeof(key), pattern, i);
+        first[i] = affinity_pick(&S.g, key, 0);
+        count[first[i]]++;
+        ck_assert_uint_eq(affinity_pick(&S.g, key, 0), first[i]);
+    }
+    for (int j = 0; j < 4; j++) {
+        ck_assert_msg(count[j] >= 40 && count[j] <= 60, "pattern %d: source %d has %zu keys",
+                      pattern, j, count[j]);
+        ck_assert_uint_eq(S.g.sources[j].affinity_keys, count[j]);
+    }
+    /* Source 1's breaker opens. */
+    for (int f = 0; f < 5; f++)
+        breaker_on_failure(&S.g.sources[1].breaker, false, 1, NULL, NULL);
+    for (int i = 0; i < 200; i++) {
+        affinity_key(key, sizeof(key), pattern, i);
+        size_t now_at = affinity_pick(&S.g, key, 1);
+        if (first[i] == 1) {
+            ck_assert_uint_ne(now_at, 1);
+            moved[now_at]++;
+            first[i] = now_at;
+        } else {
+            ck_assert_uint_eq(now_at, first[i]);
+        }
+    }
+    for (int j = 0; j < 4; j++)
+        if (j != 1)
+            ck_assert_msg(count[j] + moved[j] <= 200 * 1.05 / 3 + 1, "source %d holds %zu", j,
+                          count[j] + moved[j]);
+    /* Its breaker closes again: every key stays where it is now. */
+    S.g.sources[1].breaker = (struct breaker){ 0 };
+    breaker_init(&S.g.sources[1].breaker, 5, 30, 300);
+    for (int i = 0; i < 200; i++) {
+        affinity_key(key, sizeof(key), pattern, i);
+        ck_assert_uint_eq(affinity_pick(&S.g, key, 100), first[i]);
+    }
+    /* New keys go to the emptied source until it holds its share. */
+    size_t to_1 = 0;
+    for (int i = 200; i < 250; i++) {
+        affinity_key(key, sizeof(key), pattern, i);
+        to_1 += affinity_pick(&S.g, key, 100) == 1;
+    }
+    ck_assert_msg(to_1 >= 40, "the emptied source got %zu of 50 new keys", to_1);
+    sim_fini(&S);
+}
+END_TEST
+
+/* Placements are a bounded table: an entry unused for GOV_AFFINITY_IDLE_S
+ * is forgotten (its source's count with it), and at GOV_AFFINITY_MAX
+ * entries the least recently used makes room. */
+START_TEST(test_gov__affinity_table_expires_and_is_capped)
+{
+    struct gov_source_params p[2] = { src_params("a"), src_params("b") };
+    char key[32];
+
+    sim_init(&S, p, 2, 1);
+    affinity_pick(&S.g, "old", 0);
+    size_t kept = affinity_pick(&S.g, "kept", 0);
+    ck_assert_uint_eq(S.g.affinity.n, 2);
+    affinity_pick(&S.g, "kept", GOV_AFFINITY_IDLE_S - 1); /* used: stays */
+    affinity_pick(&S.g, "new", GOV_AFFINITY_IDLE_S);      /* "old" expires */
+    ck_assert_uint_eq(S.g.affinity.n, 2);
+    ck_assert_uint_eq(S.g.sources[0].affinity_keys + S.g.sources[1].affinity_keys, 2);
+    ck_assert_uint_eq(affinity_pick(&S.g, "kept", GOV_AFFINITY_IDLE_S), kept);
+    for (int i = 0; i < GOV_AFFINITY_MAX + 10; i++) {
+        snprintf(key, sizeof(key), "k%d", i);
+        affinity_pick(&S.g, key, GOV_AFFINITY_IDLE_S + 1);
+    }
+    ck_assert_uint_eq(S.g.affinity.n, GOV_AFFINITY_MAX);
+    ck_assert_uint_eq(S.g.sources[0].affinity_keys + S.g.sources[1].affinity_keys,
+                      GOV_AFFINITY_MAX);
+    /* Equal sources stay even within the bound. */
+    ck_assert_int_le(labs((long)S.g.sources[0].affinity_keys - (long)S.g.sources[1].affinity_keys),
+                     (long)(GOV_AFFINITY_MAX * GOV_AFFINITY_SLACK) + 2);
+    sim_fini(&S);
+}
+END_TEST
+
+/* Weights hold across keys: a source of weight 3 gets about 3/4 of them. */
+START_TEST(test_gov__affinity_respects_weights)
+{
+    struct gov_source_params p[2] = { src_params("heavy"), src_params("light") };
+    size_t heavy = 0;
+    char key[32];
+
+    p[0].weight = 3;
+    sim_init(&S, p, 2, 1);
+    for (int i = 0; i < 400; i++) {
+        snprintf(key, sizeof(key), "scope-%d", i);
+        heavy += affinity_pick(&S.g, key, 0) == 0;
+    }
+    ck_assert_msg(heavy >= 270 && heavy <= 330, "heavy got %zu of 400", heavy);
     sim_fini(&S);
 }
 END_TEST
@@ -3117,6 +3448,14 @@ Suite *gov_suite(void)
     tcase_add_test(tc, test_gov__gate_chain_and_size_refusals);
     tcase_add_test(tc, test_gov__call_init_rejects_unknown_capability);
     tcase_add_test(tc, test_gov__names_stable);
+    tcase_add_test(tc, test_gov__subset_picks_only_its_sources);
+    tcase_add_test(tc, test_gov__subset_release_wakes_a_waiter_that_can_use_it);
+    tcase_add_test(tc, test_gov__subset_wake_handed_on_within_the_subset);
+    tcase_add_test(tc, test_gov__subset_retry_after_counts_its_sources_only);
+    tcase_add_test(tc, test_gov__subset_kept_across_reconf);
+    tcase_add_loop_test(tc, test_gov__affinity_spreads_sticks_and_moves, 0, 3);
+    tcase_add_test(tc, test_gov__affinity_table_expires_and_is_capped);
+    tcase_add_test(tc, test_gov__affinity_respects_weights);
     tcase_add_test(tc, test_gov__fair_queue_weights_3_to_1);
     tcase_add_test(tc, test_gov__fair_queue_single_call_not_behind_backlog);
     tcase_add_test(tc, test_gov__fair_queue_without_apps_is_fifo);

@@ -1,0 +1,134 @@
+/*
+ * models.c — model names to sources (see models.h).
+ */
+#include "models.h"
+
+#include <string.h>
+
+bool models_is_glob(const char *pat)
+{
+    return strchr(pat, '*') != NULL;
+}
+
+/* Does glob `p` match the `len` bytes of `s`? The usual two-pointer walk:
+ * on a mismatch, the last `*` takes one more character. O(|p| x len) at
+ * worst, both bounded (config text, MODELS_NAME_MAX). */
+static bool glob_match(const char *p, const char *s, size_t len)
+{
+    const char *star = NULL;
+    size_t i = 0, resume = 0;
+
+    while (i < len) {
+        if (*p == '*') {
+            star = ++p;
+            resume = i;
+        } else if (*p && *p == s[i]) {
+            p++;
+            i++;
+        } else if (star) {
+            p = star;
+            i = ++resume;
+        } else {
+            return false;
+        }
+    }
+    while (*p == '*')
+        p++;
+    return *p == '\0';
+}
+
+int models_match(const char *pat, const char *name, size_t len)
+{
+    if (!models_is_glob(pat))
+        return strlen(pat) == len && memcmp(pat, name, len) == 0 ? MODELS_EXACT : -1;
+    if (!glob_match(pat, name, len))
+        return -1;
+    int literal = 0;
+    for (const char *p = pat; *p; p++)
+        literal += *p != '*';
+    return literal;
+}
+
+int models_source_rank(const struct config_source *s, const char *name, size_t len,
+                       const char **pat)
+{
+    int best = -1;
+
+    if (pat)
+        *pat = NULL;
+    if (!s->model && s->n_serves == 0)
+        return 0; /* serves every name, passed through */
+    if (s->model && models_match(s->model, name, len) == MODELS_EXACT) {
+        if (pat)
+            *pat = s->model;
+        return MODELS_EXACT;
+    }
+    for (size_t i = 0; i < s->n_serves; i++) {
+        int r = models_match(s->serves[i], name, len);
+        if (r > best) {
+            best = r;
+            if (pat)
+                *pat = s->serves[i];
+        }
+    }
+    return best;
+}
+
+bool models_app_allows(const struct config_app *a, const char *name, size_t len)
+{
+    if (!a || a->n_models == 0)
+        return true;
+    for (size_t i = 0; i < a->n_models; i++)
+        if (models_match(a->models[i], name, len) >= 0)
+            return true;
+    return false;
+}
+
+long models_select(const struct config *cfg, size_t cap, const char *name, size_t len,
+                   const struct config_app *a, bool *use, const char **label)
+{
+    bool listed = a && a->n_models > 0;
+    long n = 0;
+
+    if (label)
+        *label = NULL;
+    if (!name) {
+        if (!listed)
+            return -1;
+        /* No model named: the sources whose upstream model the app may use. */
+        for (size_t i = 0; i < cfg->n_sources; i++) {
+            const struct config_source *s = &cfg->sources[i];
+            use[i] = s->capability_index == cap && !s->retired && s->model &&
+                models_app_allows(a, s->model, strlen(s->model));
+            n += use[i];
+        }
+        return n;
+    }
+    memset(use, 0, cfg->n_sources * sizeof(*use));
+    if (!models_app_allows(a, name, len))
+        return 0;
+    int best = -1;
+    const char *best_pat = NULL;
+    for (size_t i = 0; i < cfg->n_sources; i++) {
+        const struct config_source *s = &cfg->sources[i];
+        const char *pat;
+        if (s->capability_index != cap || s->retired)
+            continue;
+        int r = models_source_rank(s, name, len, &pat);
+        if (r > best) {
+            best = r;
+            best_pat = pat;
+        }
+    }
+    if (best < 0)
+        return 0;
+    for (size_t i = 0; i < cfg->n_sources; i++) {
+        const struct config_source *s = &cfg->sources[i];
+        use[i] = s->capability_index == cap && !s->retired &&
+            models_source_rank(s, name, len, NULL) == best;
+        n += use[i];
+    }
+    if (label)
+        *label = best > 0 && best_pat ? best_pat : "other";
+    return n;
+}
