@@ -78,7 +78,9 @@
 
 #include "call/call.h"
 #include "core/models.h"
-#include "internal.h"
+#include "core/server.h"
+#include "net/listen.h"
+#include "rpc/conn.h"
 #include "codec/jscan.h"
 #include "core/log.h"
 #include "metrics/metrics.h"
@@ -2222,7 +2224,7 @@ struct http_server *http_new(struct server *srv, char *err, size_t errlen)
         hs->lis[i].is_unix = i == 0;
     }
     if (cfg->http_socket) {
-        hs->lis[0].fd = server_bind_unix(cfg->http_socket, cfg->socket_mode, err, errlen);
+        hs->lis[0].fd = net_bind_unix(cfg->http_socket, cfg->socket_mode, err, errlen);
         if (hs->lis[0].fd < 0)
             goto fail;
         hs->socket_path = strdup(cfg->http_socket);

@@ -9,7 +9,8 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "internal.h"
+#include "core/server.h"
+#include "rpc/conn.h"
 #include "codec/transcode.h"
 #include "core/models.h"
 

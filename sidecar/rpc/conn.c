@@ -25,7 +25,7 @@
  * server's dead list; the server's ev_prepare watcher frees it after the
  * current callbacks have unwound.
  */
-#include "internal.h"
+#include "conn.h"
 
 #include <errno.h>
 #include <stdio.h>

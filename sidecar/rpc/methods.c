@@ -3,7 +3,7 @@
  * and answers it. Requests that need I/O (call, later) complete
  * asynchronously; the rest answer before returning.
  */
-#include "internal.h"
+#include "conn.h"
 #include "strbuf.h"
 
 #include <stdio.h>
