@@ -61,6 +61,21 @@
 
 static void daemon_notify_ready(struct server *srv);
 
+/* The HTTP front's side of the input budget, read through srv->http at
+ * each use (a reload may replace the front). */
+static size_t daemon_http_input_most(void *ud)
+{
+    const struct server *srv = ud;
+    return http_input_most(srv->http);
+}
+
+static void daemon_http_refuse_input_most(void *ud, size_t total, size_t cap)
+{
+    struct server *srv = ud;
+    http_refuse_input_most(srv->http, total, cap);
+}
+
+
 #define SERVER_ACCEPT_PAUSE_S       0.1
 #define SERVER_STOP_FLUSH_S         2.0
 #define SERVER_ACCEPT_BATCH         64
@@ -485,6 +500,11 @@ int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cf
                                         .front_closed = daemon_on_front_closed,
                                         .notify_ready = daemon_notify_ready,
                                         .conn_closed = daemon_on_conn_closed };
+    srv->input_fronts[0] =
+        (struct server_input_front){ conn_input_most, conn_refuse_input_most, srv };
+    srv->input_fronts[1] =
+        (struct server_input_front){ daemon_http_input_most, daemon_http_refuse_input_most, srv };
+    srv->n_input_fronts = 2;
     srv->loop = loop;
     srv->cfg = cfg;
     srv->listen_fd = -1;
@@ -538,6 +558,7 @@ int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cf
     if (server_listen(srv, err, errlen) < 0)
         goto fail;
     srv->http = http_new(srv, err, errlen);
+    srv->http_stats = http_get_stats(srv->http);
     if (!srv->http && (cfg->http_socket || cfg->http_listen)) {
         server_stop_listening(srv);
         goto fail;

@@ -37,10 +37,29 @@ struct server;
 
 /* What the parts report up to the process owner. */
 struct server_hooks {
-    void (*request_done)(struct server *srv);  /* a request was answered */
-    void (*front_closed)(struct server *srv);  /* a connection of a front closed */
-    void (*notify_ready)(struct server *srv);  /* the backend may have become ready */
+    void (*request_done)(struct server *srv);                /* a request was answered */
+    void (*front_closed)(struct server *srv);                /* a connection of a front closed */
+    void (*notify_ready)(struct server *srv);                /* the backend may have become ready */
     void (*conn_closed)(struct server *srv, struct conn *c); /* a msgpack connection closed */
+};
+
+/* A front end that buffers unfinished input (net/input.h): the most one of
+ * its connections holds, and the refusal of that connection, which drops
+ * its share from srv->input_bytes at once. */
+struct server_input_front {
+    size_t (*most)(void *ud);
+    void (*refuse_most)(void *ud, size_t total, size_t cap);
+    void *ud;
+};
+#define SERVER_INPUT_FRONTS 2
+
+/* The HTTP front's counters (for stats and metrics). */
+struct http_stats {
+    uint64_t conns_open, conns_accepted, conns_rejected;
+    uint64_t requests;     /* requests parsed */
+    uint64_t responses[6]; /* by status class: [1] 1xx ... [5] 5xx */
+    uint64_t timeouts;     /* header or body phase expired (408) */
+    uint64_t bad_requests; /* unparsable input (400, 413, 431) */
 };
 
 /* Counters shown by `stats`. All monotonically increasing except `*_open`
@@ -68,7 +87,9 @@ struct server_stats {
 enum server_state { SERVER_RUNNING, SERVER_DRAINING, SERVER_STOPPING };
 
 struct server {
-    struct server_hooks hooks; /* set by the process owner */
+    struct server_hooks hooks;                                   /* set by the process owner */
+    struct server_input_front input_fronts[SERVER_INPUT_FRONTS]; /* registered by the owner */
+    size_t n_input_fronts;
     struct ev_loop *loop;
     struct config *cfg; /* main's at start; a reload replaces it (main
                                    * frees srv->cfg at exit) */
@@ -89,13 +110,14 @@ struct server {
     struct conn *conns; /* open connections (doubly linked) */
     struct conn *dead;  /* closed, waiting for the reaper */
     struct server_stats stats;
-    struct upstream *up;      /* the HTTP engine */
-    struct http_server *http; /* the HTTP front end (http.h), NULL when not configured */
-    struct gov gov;           /* the governance core */
-    struct backend *backend;  /* the state backend (backend.h): memory or Redis */
-    uint64_t rand_state;      /* jitter generator */
-    struct task_reg *tasks;   /* task states (src/task.h) */
-    ev_timer task_w;          /* the watchdog / task expiry timer */
+    struct upstream *up;                 /* the HTTP engine */
+    struct http_server *http;            /* the HTTP front end (http.h), NULL when not configured */
+    const struct http_stats *http_stats; /* its counters, NULL without it */
+    struct gov gov;                      /* the governance core */
+    struct backend *backend;             /* the state backend (backend.h): memory or Redis */
+    uint64_t rand_state;                 /* jitter generator */
+    struct task_reg *tasks;              /* task states (src/task.h) */
+    ev_timer task_w;                     /* the watchdog / task expiry timer */
     struct tasks_req *task_retry, *task_retry_tail; /* verdicts to send when the backend is back */
     struct tasks_resync *resync;                    /* running tasks being re-read after a gap */
     size_t task_imports;       /* backend reads that may import a task, in flight */

@@ -105,4 +105,3 @@ int net_bind_unix(const char *path, uint32_t mode, char *err, size_t errlen)
     }
     return fd;
 }
-

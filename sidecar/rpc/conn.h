@@ -66,12 +66,12 @@ void conn_close_after_flush(struct conn *c);
  * connection's paused transfers go on as its budget frees. */
 void conn_flush(struct conn *c);
 void conn_free(struct conn *c);
-/* Past listen.max_buffered_input_bytes of unfinished input across all
- * connections of both front ends (srv->input_bytes), refuses the
- * connection holding the most (msgpack: the `overloaded` notification;
- * HTTP: 503, http.h) until the total fits; each refusal drops its share
- * from the total at once. */
-void conn_enforce_input(struct server *srv);
+/* The msgpack front's side of the shared input budget (net/input.h),
+ * registered by the process owner with `ud` = the server: the most one
+ * connection holds, and its refusal (the `overloaded` notification, then a
+ * close). */
+size_t conn_input_most(void *ud);
+void conn_refuse_input_most(void *ud, size_t total, size_t cap);
 /* Sends an error response for `msgid` and counts it. */
 void conn_reply_error(struct conn *c, uint32_t msgid, enum pgw_code code, const char *message);
 /* The same for error `e` (codec/reply.h) with its fields. */
@@ -94,16 +94,6 @@ const struct config_app *conn_declare_app(const struct conn *c, const char *name
 /* Handles one request. Either answers before returning (packing into
  * c->pk and calling conn_response_done) or takes ownership of completing it
  * later; in both cases exactly one response is sent. */
-/* Who asks for `stats`: its app (borrowed from the config), the app its
- * credentials resolve to, and its peer (NULL: unknown). */
-struct stats_caller {
-    const struct config_app *app;
-    const char *peer_app;
-    const struct peer *peer;
-};
-/* Writes the `stats` result (PROTOCOL.md) as `who` sees it. Counts this
- * request as served: the caller answers it at once. */
-void methods_write_stats(struct writer *w, struct server *srv, const struct stats_caller *who);
 void methods_dispatch(struct conn *c, const struct rpc_msg *m);
 /* Handles one notification (e.g. cancel). Never answers. */
 void methods_notify(struct conn *c, const struct rpc_msg *m);
