@@ -29,7 +29,9 @@
  *
  * SIGHUP reloads the configuration while RUNNING (reload.h).
  */
-#include "internal.h"
+#include "daemon.h"
+#include "net/listen.h"
+#include "rpc/conn.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -57,6 +59,23 @@
 #include "ops/reload.h"
 #include "upstream/upstream.h"
 
+static void daemon_notify_ready(struct server *srv);
+
+/* The HTTP front's side of the input budget, read through srv->http at
+ * each use (a reload may replace the front). */
+static size_t daemon_http_input_most(void *ud)
+{
+    const struct server *srv = ud;
+    return http_input_most(srv->http);
+}
+
+static void daemon_http_refuse_input_most(void *ud, size_t total, size_t cap)
+{
+    struct server *srv = ud;
+    http_refuse_input_most(srv->http, total, cap);
+}
+
+
 #define SERVER_ACCEPT_PAUSE_S       0.1
 #define SERVER_STOP_FLUSH_S         2.0
 #define SERVER_ACCEPT_BATCH         64
@@ -81,66 +100,6 @@ static void server_set_state(struct server *srv, enum server_state s, const char
     log_at(LOG_INFO, "server state", "from", LOG_S, state_name(srv->state), "to", LOG_S,
            state_name(s), "reason", LOG_S, why, NULL);
     srv->state = s;
-}
-
-double server_uptime_s(const struct server *srv)
-{
-    return ev_now(srv->loop) - srv->started_at;
-}
-
-/* Creates the parent directory of `path` when it is missing (one level). */
-static void make_parent_dir(const char *path)
-{
-    char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
-    snprintf(dir, sizeof(dir), "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash || slash == dir)
-        return;
-    *slash = '\0';
-    if (mkdir(dir, 0750) < 0 && errno != EEXIST)
-        log_at(LOG_WARN, "cannot create socket directory", "dir", LOG_S, dir, "error", LOG_S,
-               strerror(errno), NULL);
-}
-
-/* Returns 0 when `path` is free to bind (absent, or a stale socket that was
- * removed), -1 with `err` filled otherwise. */
-static int claim_path(const char *path, struct sockaddr_un *sa, char *err, size_t errlen)
-{
-    struct stat st;
-
-    if (lstat(path, &st) < 0) {
-        if (errno == ENOENT)
-            return 0;
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        return -1;
-    }
-    if (!S_ISSOCK(st.st_mode)) {
-        snprintf(err, errlen, "%s exists and is not a socket; refusing to replace it", path);
-        return -1;
-    }
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        snprintf(err, errlen, "socket: %s", strerror(errno));
-        return -1;
-    }
-    int rc = connect(fd, (struct sockaddr *)sa, sizeof(*sa));
-    int saved = errno;
-    close(fd);
-    if (rc == 0) {
-        snprintf(err, errlen, "another sidecar is already listening on %s; refusing to start",
-                 path);
-        return -1;
-    }
-    if (saved != ECONNREFUSED && saved != ENOENT) {
-        snprintf(err, errlen, "%s: cannot probe existing socket: %s", path, strerror(saved));
-        return -1;
-    }
-    if (unlink(path) < 0 && errno != ENOENT) {
-        snprintf(err, errlen, "%s: cannot remove stale socket: %s", path, strerror(errno));
-        return -1;
-    }
-    log_at(LOG_INFO, "replaced stale socket file", "socket", LOG_S, path, NULL);
-    return 0;
 }
 
 /* Adopts the socket passed by systemd, if any (sd_listen_fds(3): LISTEN_PID
@@ -179,44 +138,6 @@ static void inherited_path(int fd, char *buf, size_t cap)
                  sa.sun_path);
 }
 
-int server_bind_unix(const char *path, uint32_t mode, char *err, size_t errlen)
-{
-    struct sockaddr_un sa = { .sun_family = AF_UNIX };
-
-    if (strlen(path) >= sizeof(sa.sun_path)) {
-        snprintf(err, errlen, "socket path too long (%zu bytes, max %zu): %s", strlen(path),
-                 sizeof(sa.sun_path) - 1, path);
-        return -1;
-    }
-    memcpy(sa.sun_path, path, strlen(path) + 1);
-    make_parent_dir(path);
-    if (claim_path(path, &sa, err, errlen) < 0)
-        return -1;
-
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        snprintf(err, errlen, "socket: %s", strerror(errno));
-        return -1;
-    }
-    /* The file never exists with wider permissions than configured. */
-    mode_t old = umask(0777 & ~mode);
-    int rc = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
-    int saved = errno;
-    umask(old);
-    if (rc < 0) {
-        snprintf(err, errlen, "bind %s: %s", path, strerror(saved));
-        close(fd);
-        return -1;
-    }
-    if (chmod(path, mode) < 0 || listen(fd, 511) < 0) {
-        snprintf(err, errlen, "listen %s: %s", path, strerror(errno));
-        close(fd);
-        unlink(path);
-        return -1;
-    }
-    return fd;
-}
-
 static int server_listen(struct server *srv, char *err, size_t errlen)
 {
     const char *path = srv->cfg->socket_path;
@@ -241,7 +162,7 @@ static int server_listen(struct server *srv, char *err, size_t errlen)
                LOG_S, real, NULL);
         return 0;
     }
-    fd = server_bind_unix(path, srv->cfg->socket_mode, err, errlen);
+    fd = net_bind_unix(path, srv->cfg->socket_mode, err, errlen);
     if (fd < 0)
         return -1;
     srv->listen_fd = fd;
@@ -375,7 +296,7 @@ static void server_on_accept(struct ev_loop *loop, ev_io *w, int revents)
     }
 }
 
-void server_on_conn_closed(struct server *srv, struct conn *c)
+static void daemon_on_conn_closed(struct server *srv, struct conn *c)
 {
     DLIST_UNLINK(srv->conns, c, prev, next);
     c->next = srv->dead;
@@ -385,7 +306,7 @@ void server_on_conn_closed(struct server *srv, struct conn *c)
     server_on_front_closed(srv);
 }
 
-void server_on_front_closed(struct server *srv)
+static void daemon_on_front_closed(struct server *srv)
 {
     if (srv->state == SERVER_STOPPING && !srv->conns && !http_has_conns(srv->http))
         ev_break(srv->loop, EVBREAK_ALL);
@@ -426,7 +347,7 @@ static void server_stop(struct server *srv, const char *why)
     }
 }
 
-void server_on_request_done(struct server *srv)
+static void daemon_on_request_done(struct server *srv)
 {
     if (srv->state == SERVER_DRAINING && srv->stats.in_flight == 0)
         server_stop(srv, "all requests answered");
@@ -575,6 +496,15 @@ int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cf
                      server_backend_fn *backend_new, char *err, size_t errlen)
 {
     memset(srv, 0, sizeof(*srv));
+    srv->hooks = (struct server_hooks){ .request_done = daemon_on_request_done,
+                                        .front_closed = daemon_on_front_closed,
+                                        .notify_ready = daemon_notify_ready,
+                                        .conn_closed = daemon_on_conn_closed };
+    srv->input_fronts[0] =
+        (struct server_input_front){ conn_input_most, conn_refuse_input_most, srv };
+    srv->input_fronts[1] =
+        (struct server_input_front){ daemon_http_input_most, daemon_http_refuse_input_most, srv };
+    srv->n_input_fronts = 2;
     srv->loop = loop;
     srv->cfg = cfg;
     srv->listen_fd = -1;
@@ -628,6 +558,7 @@ int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cf
     if (server_listen(srv, err, errlen) < 0)
         goto fail;
     srv->http = http_new(srv, err, errlen);
+    srv->http_stats = http_get_stats(srv->http);
     if (!srv->http && (cfg->http_socket || cfg->http_listen)) {
         server_stop_listening(srv);
         goto fail;
@@ -653,7 +584,7 @@ fail:
 
 /* READY=1 once the socket accepts and, with the Redis backend, Redis is
  * connected: a unit ordered After= this one may start using it at once. */
-void server_notify_ready(struct server *srv)
+static void daemon_notify_ready(struct server *srv)
 {
     char status[160];
 

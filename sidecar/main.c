@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "daemon.h"
 #include "core/log.h"
 #include "backend/redis.h"
 

@@ -41,7 +41,8 @@
 #include "strbuf.h"
 #include "dlist.h"
 
-#include "internal.h"
+#include "core/server.h"
+#include "rpc.h"
 
 #include <math.h>
 #include <stdint.h>

@@ -20,6 +20,7 @@
 #include "call.h"
 #include "dlist.h"
 #include "core/log.h"
+#include "rpc/conn.h"
 #include "task.h"
 
 

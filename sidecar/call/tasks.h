@@ -18,7 +18,8 @@
 #define POLYGW_TASKS_H
 
 #include "codec/reply.h"
-#include "internal.h"
+#include "core/server.h"
+#include "rpc.h"
 #include "task.h"
 
 struct task;

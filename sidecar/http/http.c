@@ -35,7 +35,7 @@
  * Unfinished input — a body being read, pipelined requests not parsed —
  * counts in srv->input_bytes with the msgpack front's partial frames:
  * past listen.max_buffered_input_bytes the connection holding the most, of
- * either front, is refused (conn_enforce_input; here 503 overloaded).
+ * either front, is refused (net/input.h; here 503 overloaded).
  *
  * Pipelining: the parser pauses at the end of each request; bytes after it
  * stay in the input buffer (at most HTTP_IN_MAX: reading stops above it)
@@ -78,7 +78,10 @@
 
 #include "call/call.h"
 #include "core/models.h"
-#include "internal.h"
+#include "core/server.h"
+#include "net/input.h"
+#include "net/listen.h"
+#include "net/peer.h"
 #include "codec/jscan.h"
 #include "core/log.h"
 #include "metrics/metrics.h"
@@ -595,7 +598,7 @@ static size_t hc_input_held(const struct http_conn *c)
 
 /* Counts c's unfinished input in the server's total, which both front
  * ends share: past listen.max_buffered_input_bytes the connection holding
- * the most, of either, is refused (conn_enforce_input). */
+ * the most, of either, is refused (net/input.h). */
 static void hc_account_input(struct http_conn *c)
 {
     struct server *srv = c->hs->srv;
@@ -603,7 +606,7 @@ static void hc_account_input(struct http_conn *c)
 
     srv->input_bytes = srv->input_bytes - c->input_bytes + held;
     c->input_bytes = held;
-    conn_enforce_input(srv);
+    net_enforce_input(srv);
 }
 
 static void hc_drop_body(struct http_conn *c)
@@ -2222,7 +2225,7 @@ struct http_server *http_new(struct server *srv, char *err, size_t errlen)
         hs->lis[i].is_unix = i == 0;
     }
     if (cfg->http_socket) {
-        hs->lis[0].fd = server_bind_unix(cfg->http_socket, cfg->socket_mode, err, errlen);
+        hs->lis[0].fd = net_bind_unix(cfg->http_socket, cfg->socket_mode, err, errlen);
         if (hs->lis[0].fd < 0)
             goto fail;
         hs->socket_path = strdup(cfg->http_socket);

@@ -22,14 +22,6 @@
 struct server;
 struct http_server;
 
-/* Counters (for stats and metrics). */
-struct http_stats {
-    uint64_t conns_open, conns_accepted, conns_rejected;
-    uint64_t requests;     /* requests parsed */
-    uint64_t responses[6]; /* by status class: [1] 1xx ... [5] 5xx */
-    uint64_t timeouts;     /* header or body phase expired (408) */
-    uint64_t bad_requests; /* unparsable input (400, 413, 431) */
-};
 
 /* Creates the front end and binds its listeners, when the config names
  * any. Returns NULL with `err` empty when none is configured, NULL with
@@ -55,7 +47,7 @@ bool http_has_conns(const struct http_server *hs);
 
 /* Unfinished input (request bodies being read, requests not parsed yet)
  * counts in the server's srv->input_bytes, as msgpack's partial frames do
- * (conn_enforce_input). The most one connection holds (0: none), and the
+ * (net/input.h). The most one connection holds (0: none), and the
  * refusal of that connection: 503 overloaded, its input dropped from the
  * total at once, and the connection closed. `total` and `cap` are for the
  * message. */

@@ -9,7 +9,9 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "internal.h"
+#include "core/server.h"
+#include "ops/stats.h"
+#include "rpc.h"
 #include "codec/transcode.h"
 #include "core/models.h"
 
@@ -43,7 +45,7 @@ int status_stats_json(struct server *srv, const struct config_app *app, struct s
     struct writer w;
 
     writer_init_json(&w, out);
-    methods_write_stats(&w, srv, &who);
+    stats_write(&w, srv, &who);
     srv->stats.requests_served++; /* as methods_write_stats counted it */
     if (w.err == 0 && w.depth == 0)
         return 0;

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "core/server.h"
 #include "backend/redis.h"
 #include "backend/backend.h"
 #include "task.h"

@@ -16,7 +16,7 @@
 #ifndef POLYGW_KEYWATCH_H
 #define POLYGW_KEYWATCH_H
 
-#include "internal.h"
+#include "core/server.h"
 
 /* Creates the watch for srv->cfg's key files (none is fine: it watches
  * nothing until a reload adds one). Returns NULL (and logs why) when

@@ -37,7 +37,7 @@
 
 #include <stddef.h>
 
-#include "internal.h"
+#include "core/server.h"
 
 /* What a successful reload did, for the method's answer and the log. */
 struct reload_summary {

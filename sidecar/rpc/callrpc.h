@@ -6,7 +6,7 @@
 #ifndef POLYGW_CALLRPC_H
 #define POLYGW_CALLRPC_H
 
-#include "internal.h"
+#include "conn.h"
 
 /* Sets up the sink embedded in a connection (conn_new); `budget` is the
  * connection's (borrowed). */

@@ -25,7 +25,7 @@
  * server's dead list; the server's ev_prepare watcher frees it after the
  * current callbacks have unwound.
  */
-#include "internal.h"
+#include "conn.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -36,7 +36,7 @@
 
 #include "callrpc.h"
 #include "taskrpc.h"
-#include "http/http.h"
+#include "net/input.h"
 #include "call/tasks.h"
 #include "core/log.h"
 
@@ -406,36 +406,39 @@ static void conn_on_frame(struct conn *c, const msgpack_object *o)
     methods_dispatch(c, &m);
 }
 
-void conn_enforce_input(struct server *srv)
+static struct conn *conn_input_holder(struct server *srv)
 {
-    size_t cap = srv->cfg->max_buffered_input_bytes;
-
-    while (srv->input_bytes > cap) {
-        struct conn *v = NULL;
-        for (struct conn *o = srv->conns; o; o = o->next) {
-            if (!o->closing && (!v || o->input_bytes > v->input_bytes))
-                v = o;
-        }
-        size_t mine = v ? v->input_bytes : 0, http = http_input_most(srv->http);
-        if (mine == 0 && http == 0)
-            break;
-        srv->stats.input_refusals++;
-        if (http > mine) {
-            http_refuse_input_most(srv->http, srv->input_bytes, cap);
-            continue;
-        }
-        char msg[200];
-        snprintf(msg, sizeof(msg),
-                 "the sidecar holds %zu bytes of unfinished messages (max_buffered_input_bytes "
-                 "%zu); this connection held the most, %zu: retry later",
-                 srv->input_bytes, cap, v->input_bytes);
-        srv->input_bytes -= v->input_bytes;
-        v->input_bytes = 0;
-        conn_fail(v, PGW_OVERLOADED, msg);
+    struct conn *v = NULL;
+    for (struct conn *o = srv->conns; o; o = o->next) {
+        if (!o->closing && (!v || o->input_bytes > v->input_bytes))
+            v = o;
     }
+    return v;
 }
 
-/* Counts c's partial frame in the server's total (conn_enforce_input). */
+size_t conn_input_most(void *ud)
+{
+    struct conn *v = conn_input_holder(ud);
+    return v ? v->input_bytes : 0;
+}
+
+void conn_refuse_input_most(void *ud, size_t total, size_t cap)
+{
+    struct server *srv = ud;
+    struct conn *v = conn_input_holder(srv);
+    if (!v)
+        return;
+    char msg[200];
+    snprintf(msg, sizeof(msg),
+             "the sidecar holds %zu bytes of unfinished messages (max_buffered_input_bytes "
+             "%zu); this connection held the most, %zu: retry later",
+             total, cap, v->input_bytes);
+    srv->input_bytes -= v->input_bytes;
+    v->input_bytes = 0;
+    conn_fail(v, PGW_OVERLOADED, msg);
+}
+
+/* Counts c's partial frame in the server's total (net/input.h). */
 static void conn_account_input(struct conn *c)
 {
     struct server *srv = c->srv;
@@ -443,7 +446,7 @@ static void conn_account_input(struct conn *c)
 
     srv->input_bytes = srv->input_bytes - c->input_bytes + held;
     c->input_bytes = held;
-    conn_enforce_input(srv);
+    net_enforce_input(srv);
 }
 
 static void conn_on_read(struct ev_loop *loop, ev_io *w, int revents)

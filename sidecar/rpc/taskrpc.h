@@ -6,7 +6,7 @@
 #ifndef POLYGW_TASKRPC_H
 #define POLYGW_TASKRPC_H
 
-#include "internal.h"
+#include "conn.h"
 
 /* Sets up the reply handle embedded in a connection (conn_new). */
 void taskrpc_outlet_init(struct reply_outlet *o, struct server *srv);

@@ -480,8 +480,7 @@ static struct tls_route *upstream_tls_route(struct upstream *up, const struct up
     t->loaded_at = ev_now(up->loop);
     t->ctx = tls_ctx_new(&o, why, sizeof(why));
     if (t->ctx &&
-        (h1_tls_ctx_setup(t->ctx) < 0 ||
-         (o.ca_file && !(t->ca_file = strdup(o.ca_file))))) {
+        (h1_tls_ctx_setup(t->ctx) < 0 || (o.ca_file && !(t->ca_file = strdup(o.ca_file))))) {
         SSL_CTX_free(t->ctx);
         t->ctx = NULL;
     }
@@ -549,8 +548,7 @@ static void url_own_client(struct upstream *up, struct url_host *u, const struct
         /* The name verified: an IPv6 literal without its brackets. */
         size_t k = strlen(name);
         bool v6 = k > 2 && name[0] == '[' && name[k - 1] == ']';
-        if (!(u->tls_route = upstream_tls_route(up, r)) ||
-            !(u->tls = u->tls_route->ctx) ||
+        if (!(u->tls_route = upstream_tls_route(up, r)) || !(u->tls = u->tls_route->ctx) ||
             !(u->tls_name = v6 ? strndup(name + 1, k - 2) : strdup(name)))
             goto out;
     }

@@ -18,7 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "daemon.h"
+#include "rpc/conn.h"
 #include "metrics/metrics.h"
 #include "upstream/upstream.h"
 

@@ -13,7 +13,8 @@
 #include <stdint.h>
 
 #include "fake_backend.h"
-#include "internal.h"
+#include "daemon.h"
+#include "rpc/conn.h"
 
 #define HARNESS_CLIENTS 4
 

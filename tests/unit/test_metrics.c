@@ -13,7 +13,8 @@
 
 #include "core/config.h"
 #include "expo_check.h"
-#include "internal.h"
+#include "daemon.h"
+#include "rpc/conn.h"
 #include "metrics/metrics.h"
 #include "suites.h"
 #include "upstream/upstream.h"
