@@ -3218,6 +3218,40 @@ static int reconf(struct gov *g, const struct gov_source_params *srcs, const lon
     return 0;
 }
 
+/* A reload keeps the affinity placements of the sources it keeps (under
+ * their new indices) and forgets those of a removed source, whose keys are
+ * placed again. */
+START_TEST(test_gov__reconf_keeps_affinity_placements)
+{
+    struct gov_source_params p[3] = { src_params("a"), src_params("b"), src_params("c") };
+    struct gov_source_params np[2] = { src_params("c"), src_params("a") };
+    const long from[2] = { 2, 0 };
+    const size_t to[3] = { 1, SIZE_MAX, 0 };
+    size_t first[30], before[3] = { 0 };
+    char key[32];
+
+    sim_init(&S, p, 3, 1);
+    for (int i = 0; i < 30; i++) {
+        snprintf(key, sizeof(key), "conv-%d", i);
+        first[i] = affinity_pick(&S.g, key, 0);
+        before[first[i]]++;
+    }
+    ck_assert_int_eq(reconf(&S.g, np, from, 2, 1, NULL, 0, 1), 0);
+    ck_assert_uint_eq(S.g.sources[0].affinity_keys, before[2]);
+    ck_assert_uint_eq(S.g.sources[1].affinity_keys, before[0]);
+    ck_assert_uint_eq(S.g.affinity.n, before[0] + before[2]);
+    for (int i = 0; i < 30; i++) {
+        snprintf(key, sizeof(key), "conv-%d", i);
+        size_t now_at = affinity_pick(&S.g, key, 2);
+        if (to[first[i]] != SIZE_MAX)
+            ck_assert_uint_eq(now_at, to[first[i]]);
+    }
+    ck_assert_uint_eq(S.g.affinity.n, 30);
+    ck_assert_uint_eq(S.g.sources[0].affinity_keys + S.g.sources[1].affinity_keys, 30);
+    sim_fini(&S);
+}
+END_TEST
+
 START_TEST(test_gov__reconf_bucket_keeps_level_clamped_to_new_capacity)
 {
     struct gov_source_params p = src_params("a");
@@ -3467,6 +3501,7 @@ Suite *gov_suite(void)
     tcase_add_test(tc, test_gov__apps_reconf_keeps_counts_and_levels);
     /* reconfiguration */
     tcase_add_test(tc, test_gov__reconf_bucket_keeps_level_clamped_to_new_capacity);
+    tcase_add_test(tc, test_gov__reconf_keeps_affinity_placements);
     tcase_add_test(tc, test_gov__reconf_aimd_and_breaker_keep_state_clamped);
     tcase_add_test(tc, test_gov__reconf_retired_source_finishes_attempt_and_is_never_picked);
     tcase_add_test(tc, test_gov__reconf_appends_capabilities_keeps_waiters);
