@@ -94,8 +94,8 @@ struct config_limits {
     double window_s;                 /* rpm/tpm window; default 60 */
 };
 
-/* Prompt-cache affinity of a capability (docs/CONFIG.md §6): which key
- * places a call by rendezvous hashing over its tier's runnable sources. */
+/* Prompt-cache affinity of a capability (docs/CONFIG.md §6): the key whose calls
+ * stay on one source (gov_call_set_affinity). */
 enum config_affinity { AFFINITY_NONE = 0, AFFINITY_TASK, AFFINITY_SCOPE };
 
 struct config_capability {

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import POLYGW, call, chat, config_yaml, source_yaml  # noqa: E402
@@ -188,32 +189,34 @@ def test_models__config_rejects_ambiguous_names(make_sidecar, up):
 
 def test_models__affinity_spreads_sticks_and_moves_when_its_breaker_opens(make_sidecar, up,
                                                                             up2):
-    """affinity: scope — 200 scopes over 4 equal sources spread within
-    +-20 % of even, every call of a scope lands on one source, and when that
-    source's breaker opens its scopes move at once while the others stay."""
+    """affinity: scope — 200 scopes named at random (uuid4: no key set
+    tuned to the hash) over 4 equal sources spread within +-20 % of even,
+    every call of a scope lands on one source, and when that source's
+    breaker opens its scopes move at once while the others stay."""
     src = dict(BASIC, breaker={"failures": 1, "cooldown_s": 60})
     sc = make_sidecar(config_text=config_yaml(
         [source_yaml("s0", "chat", up2.url, src)] +
         [source_yaml("s%d" % i, "chat", up.url, src) for i in range(1, 4)],
         POLICY, capabilities={"chat": {"affinity": "scope"}}))
     c = sc.connect()
+    names = [str(uuid.uuid4()) for _ in range(200)]
     where = {}
     for i in range(200):
-        err, res, _ = call(c, "chat", chat(), scope="task-%d" % i)
+        err, res, _ = call(c, "chat", chat(), scope=names[i])
         assert err is None, err
         where[i] = res["source"]
     counts = {s: list(where.values()).count(s) for s in ("s0", "s1", "s2", "s3")}
     assert all(40 <= n <= 60 for n in counts.values()), counts
     for i in range(0, 200, 7):   # stickiness
-        _, res, _ = call(c, "chat", chat(), scope="task-%d" % i)
+        _, res, _ = call(c, "chat", chat(), scope=names[i])
         assert res["source"] == where[i]
     on_s0 = [i for i in where if where[i] == "s0"]
     up2.set_default({"status": 500})
-    err, res, _ = call(c, "chat", chat(), scope="task-%d" % on_s0[0])
+    err, res, _ = call(c, "chat", chat(), scope=names[on_s0[0]])
     assert err is None and res["source"] != "s0" and res["attempts"] == 2  # s0 failed, opened
     s0_requests = up2.stats()["requests"]
     for i in range(200):
-        _, res, _ = call(c, "chat", chat(), scope="task-%d" % i)
+        _, res, _ = call(c, "chat", chat(), scope=names[i])
         if where[i] == "s0":
             assert res["source"] != "s0"
         else:

@@ -1811,8 +1811,8 @@ static size_t affinity_pick(struct gov *g, const char *key, double now)
     return src;
 }
 
-/* Key `i` of name pattern `pattern`: "task-%d", "conv-%d", or random
- * letters (a fixed sequence). */
+/* Key `i` of name pattern `pattern`: "task-%d", "conv-%d", or (2 and up)
+ * random letters, a fixed sequence for each pattern. */
 static void affinity_key(char *key, size_t size, int pattern, int i)
 {
     if (pattern == 0) {
@@ -1820,7 +1820,7 @@ static void affinity_key(char *key, size_t size, int pattern, int i)
     } else if (pattern == 1) {
         snprintf(key, size, "conv-%d", i);
     } else {
-        uint64_t x = 0x2545f4914f6cdd1dULL * (uint64_t)(i + 1);
+        uint64_t x = 0x2545f4914f6cdd1dULL * (uint64_t)(i + 1) + (uint64_t)pattern;
         size_t len = 4 + (size_t)(x % 20);
         for (size_t j = 0; j < len && j + 1 < size; j++) {
             x ^= x << 13;
@@ -1853,7 +1853,8 @@ START_TEST(test_gov__affinity_spreads_sticks_and_moves)
         ck_assert_uint_eq(affinity_pick(&S.g, key, 0), first[i]);
     }
     for (int j = 0; j < 4; j++) {
-        ck_assert_msg(count[j] >= 40 && count[j] <= 60, "pattern %d: source %d has %zu keys",
+        /* 200 - 3 * 53 .. ceil(1.05 * 200 / 4): within 20 % of 50 */
+        ck_assert_msg(count[j] >= 41 && count[j] <= 53, "pattern %d: source %d has %zu keys",
                       pattern, j, count[j]);
         ck_assert_uint_eq(S.g.sources[j].affinity_keys, count[j]);
     }
@@ -1893,6 +1894,30 @@ START_TEST(test_gov__affinity_spreads_sticks_and_moves)
 }
 END_TEST
 
+/* Every key set, not most: 40 sets of 200 random names over 4 equal
+ * sources, each source within the bound (a plain hash leaves about a
+ * third of such sets outside 20 % of even). */
+START_TEST(test_gov__affinity_every_key_set_within_bound)
+{
+    struct gov_source_params p[4] = { src_params("gpt-a"), src_params("gpt-b"),
+                                      src_params("claude-a"), src_params("claude-b") };
+    char key[32];
+
+    for (int set = 0; set < 40; set++) {
+        size_t count[4] = { 0 };
+        sim_init(&S, p, 4, 1);
+        for (int i = 0; i < 200; i++) {
+            affinity_key(key, sizeof(key), 2 + set, i);
+            count[affinity_pick(&S.g, key, 0)]++;
+        }
+        for (int j = 0; j < 4; j++)
+            ck_assert_msg(count[j] >= 41 && count[j] <= 53, "set %d: source %d has %zu keys", set,
+                          j, count[j]);
+        sim_fini(&S);
+    }
+}
+END_TEST
+
 /* Placements are a bounded table: an entry unused for GOV_AFFINITY_IDLE_S
  * is forgotten (its source's count with it), and at GOV_AFFINITY_MAX
  * entries the least recently used makes room. */
@@ -1924,7 +1949,8 @@ START_TEST(test_gov__affinity_table_expires_and_is_capped)
 }
 END_TEST
 
-/* Weights hold across keys: a source of weight 3 gets about 3/4 of them. */
+/* Weights hold across keys: a source of weight 3 gets 3/4 of them, within
+ * the bound. */
 START_TEST(test_gov__affinity_respects_weights)
 {
     struct gov_source_params p[2] = { src_params("heavy"), src_params("light") };
@@ -1937,7 +1963,8 @@ START_TEST(test_gov__affinity_respects_weights)
         snprintf(key, sizeof(key), "scope-%d", i);
         heavy += affinity_pick(&S.g, key, 0) == 0;
     }
-    ck_assert_msg(heavy >= 270 && heavy <= 330, "heavy got %zu of 400", heavy);
+    /* 400 - ceil(1.05 * 400 / 4) .. ceil(1.05 * 400 * 3 / 4) */
+    ck_assert_msg(heavy >= 295 && heavy <= 315, "heavy got %zu of 400", heavy);
     sim_fini(&S);
 }
 END_TEST
@@ -3218,6 +3245,40 @@ static int reconf(struct gov *g, const struct gov_source_params *srcs, const lon
     return 0;
 }
 
+/* A reload keeps the affinity placements of the sources it keeps (under
+ * their new indices) and forgets those of a removed source, whose keys are
+ * placed again. */
+START_TEST(test_gov__reconf_keeps_affinity_placements)
+{
+    struct gov_source_params p[3] = { src_params("a"), src_params("b"), src_params("c") };
+    struct gov_source_params np[2] = { src_params("c"), src_params("a") };
+    const long from[2] = { 2, 0 };
+    const size_t to[3] = { 1, SIZE_MAX, 0 };
+    size_t first[30], before[3] = { 0 };
+    char key[32];
+
+    sim_init(&S, p, 3, 1);
+    for (int i = 0; i < 30; i++) {
+        snprintf(key, sizeof(key), "conv-%d", i);
+        first[i] = affinity_pick(&S.g, key, 0);
+        before[first[i]]++;
+    }
+    ck_assert_int_eq(reconf(&S.g, np, from, 2, 1, NULL, 0, 1), 0);
+    ck_assert_uint_eq(S.g.sources[0].affinity_keys, before[2]);
+    ck_assert_uint_eq(S.g.sources[1].affinity_keys, before[0]);
+    ck_assert_uint_eq(S.g.affinity.n, before[0] + before[2]);
+    for (int i = 0; i < 30; i++) {
+        snprintf(key, sizeof(key), "conv-%d", i);
+        size_t now_at = affinity_pick(&S.g, key, 2);
+        if (to[first[i]] != SIZE_MAX)
+            ck_assert_uint_eq(now_at, to[first[i]]);
+    }
+    ck_assert_uint_eq(S.g.affinity.n, 30);
+    ck_assert_uint_eq(S.g.sources[0].affinity_keys + S.g.sources[1].affinity_keys, 30);
+    sim_fini(&S);
+}
+END_TEST
+
 START_TEST(test_gov__reconf_bucket_keeps_level_clamped_to_new_capacity)
 {
     struct gov_source_params p = src_params("a");
@@ -3454,6 +3515,7 @@ Suite *gov_suite(void)
     tcase_add_test(tc, test_gov__subset_retry_after_counts_its_sources_only);
     tcase_add_test(tc, test_gov__subset_kept_across_reconf);
     tcase_add_loop_test(tc, test_gov__affinity_spreads_sticks_and_moves, 0, 3);
+    tcase_add_test(tc, test_gov__affinity_every_key_set_within_bound);
     tcase_add_test(tc, test_gov__affinity_table_expires_and_is_capped);
     tcase_add_test(tc, test_gov__affinity_respects_weights);
     tcase_add_test(tc, test_gov__fair_queue_weights_3_to_1);
@@ -3467,6 +3529,7 @@ Suite *gov_suite(void)
     tcase_add_test(tc, test_gov__apps_reconf_keeps_counts_and_levels);
     /* reconfiguration */
     tcase_add_test(tc, test_gov__reconf_bucket_keeps_level_clamped_to_new_capacity);
+    tcase_add_test(tc, test_gov__reconf_keeps_affinity_placements);
     tcase_add_test(tc, test_gov__reconf_aimd_and_breaker_keep_state_clamped);
     tcase_add_test(tc, test_gov__reconf_retired_source_finishes_attempt_and_is_never_picked);
     tcase_add_test(tc, test_gov__reconf_appends_capabilities_keeps_waiters);
