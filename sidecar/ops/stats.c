@@ -283,4 +283,3 @@ void stats_write(struct writer *w, struct server *srv, const struct stats_caller
     tasks_write_stats(w, srv, who->app);
     write_backend_stats(w, srv); /* `backend` (and its own) */
 }
-
