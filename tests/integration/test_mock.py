@@ -9,6 +9,7 @@ import http.client
 import json
 import socket
 import time
+import weakref
 
 import pytest
 
@@ -538,10 +539,16 @@ def test_client_closes_mid_response(up):
 
 # ------------------------------------------------- framing and raw answers
 
+# Bytes read past one response (a pipelined answer that came in the same
+# recv), kept for the next read_response on that socket.
+_LEFTOVER = weakref.WeakKeyDictionary()
+
+
 def read_response(s, limit=1 << 22, timeout=2.0):
     """One response read off socket s by its framing (Content-Length or
-    chunked; 1xx heads skipped): (interim statuses, head bytes, body bytes)."""
-    buf, interim = b"", []
+    chunked; 1xx heads skipped): (interim statuses, head bytes, body bytes).
+    Bytes of a following response stay for the next call."""
+    buf, interim = _LEFTOVER.pop(s, b""), []
     deadline = time.monotonic() + timeout
 
     def more():
@@ -563,6 +570,7 @@ def read_response(s, limit=1 << 22, timeout=2.0):
         n = int(fields[b"content-length"])
         while len(buf) < n:
             buf += more()
+        _LEFTOVER[s] = buf[n:]
         return interim, head, buf[:n]
     assert fields.get(b"transfer-encoding") == b"chunked", head
     body = b""
@@ -574,6 +582,7 @@ def read_response(s, limit=1 << 22, timeout=2.0):
         while len(buf) < n + 2:
             buf += more()
         if n == 0:
+            _LEFTOVER[s] = buf[2:]  # past the empty trailer's CRLF
             return interim, head, body
         body, buf = body + buf[:n], buf[n + 2:]
 
