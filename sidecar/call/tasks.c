@@ -20,7 +20,6 @@
 #include "call.h"
 #include "dlist.h"
 #include "core/log.h"
-#include "rpc/conn.h"
 #include "task.h"
 
 
@@ -1005,41 +1004,18 @@ static int list_one(struct task *t, void *ud)
     return 0;
 }
 
-void tasks_list(struct conn *c, const struct rpc_msg *m)
+void tasks_list(struct reply_outlet *o, const struct task_req *r)
 {
-    static const struct rpc_param spec[] = { { "state", RPC_T_STR | RPC_T_NIL, false } };
-    const msgpack_object *p[1];
-    char why[200];
-    unsigned filter = TASK_F_ALL;
+    struct list_ctx lc = { o->srv, NULL, r->app, 0, true };
 
-    if (rpc_bind(m->params, spec, 1, p, why, sizeof(why)) < 0) {
-        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
-        return;
-    }
-    if (p[0]) {
-        if (rpc_str_is(p[0], "running"))
-            filter = TASK_F_RUNNING;
-        else if (rpc_str_is(p[0], "succeeded"))
-            filter = TASK_F_SUCCEEDED;
-        else if (rpc_str_is(p[0], "failed"))
-            filter = TASK_F_FAILED;
-        else {
-            conn_reply_error(c, m->msgid, PGW_BAD_REQUEST,
-                             "parameter 'state': expected running, succeeded or failed");
-            return;
-        }
-    }
-    struct writer w;
-    struct list_ctx lc = { c->srv, &w, conn_app(c), 0, true };
-    task_foreach(c->srv->tasks, filter, list_one, &lc);
-    rpc_pack_result_begin(&c->pk, m->msgid);
-    writer_init_msgpack(&w, &c->pk);
-    writer_map(&w, 1);
-    writer_str(&w, "tasks");
-    writer_array(&w, (uint32_t)lc.n);
+    task_foreach(o->srv->tasks, r->filter, list_one, &lc);
+    lc.w = o->ops->result_begin(o, r->msgid);
+    writer_map(lc.w, 1);
+    writer_str(lc.w, "tasks");
+    writer_array(lc.w, (uint32_t)lc.n);
     lc.counting = false;
-    task_foreach(c->srv->tasks, filter, list_one, &lc);
-    conn_response_done(c, PGW_OK);
+    task_foreach(o->srv->tasks, r->filter, list_one, &lc);
+    o->ops->result_end(o, r->msgid);
 }
 
 struct task *tasks_admit_call(struct server *srv, const char *id, const struct config_app *app,

@@ -19,7 +19,6 @@
 
 #include "codec/reply.h"
 #include "core/server.h"
-#include "rpc.h"
 #include "task.h"
 
 struct task;
@@ -41,6 +40,7 @@ struct task_req {
     double timeout_s;                 /* node.begin: > 0, or 0 = the configured one */
     char reason[TASK_REASON_MAX + 1]; /* stop, finish: "" = none */
     bool ok;                          /* finish */
+    unsigned filter;                  /* list: the states listed (TASK_F_*, task.h) */
 };
 
 /* The task methods. Each answers request r->msgid through `o` exactly
@@ -52,8 +52,9 @@ void tasks_node_begin(struct reply_outlet *o, const struct task_req *r);
 void tasks_node_end(struct reply_outlet *o, const struct task_req *r);
 void tasks_finish(struct reply_outlet *o, const struct task_req *r);
 void tasks_get(struct reply_outlet *o, const struct task_req *r);
-/* The msgpack-RPC front's `task.list` (methods.c's table). */
-void tasks_list(struct conn *c, const struct rpc_msg *m);
+/* task.list: the tasks held here in states r->filter that r->app may see
+ * (its own, every app's for an admin app), in creation order; r->id unused. */
+void tasks_list(struct reply_outlet *o, const struct task_req *r);
 
 /* A task error as either front renders it: `e` (its message in `msg`). */
 struct tasks_error {

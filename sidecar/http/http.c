@@ -58,6 +58,7 @@
 #include "http.h"
 #include "iplit.h"
 #include "jsonw.h"
+#include "rpc.h"
 #include "dlist.h"
 #include "httpreq.h"
 #include "strbuf.h"

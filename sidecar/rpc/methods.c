@@ -20,7 +20,6 @@
 #include "progress.h"
 #include "backend/backend.h"
 #include "ops/reload.h"
-#include "call/tasks.h"
 #include "upstream/upstream.h"
 
 typedef void method_fn(struct conn *c, const struct rpc_msg *m);
@@ -253,7 +252,7 @@ static const struct {
     { "task.node_end", taskrpc_node_end },
     { "task.finish", taskrpc_finish },
     { "task.get", taskrpc_get },
-    { "task.list", tasks_list },
+    { "task.list", taskrpc_list },
     { "stats", method_stats },
     { "log.level", method_log_level },
     { "config.reload", method_config_reload },

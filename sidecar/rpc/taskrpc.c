@@ -188,3 +188,34 @@ void taskrpc_get(struct conn *c, const struct rpc_msg *m)
     if (bind_task(c, m, id_only, 1, p, false, &r) == 0)
         tasks_get(&c->tasks, &r);
 }
+
+void taskrpc_list(struct conn *c, const struct rpc_msg *m)
+{
+    static const struct rpc_param spec[] = { { "state", RPC_T_STR | RPC_T_NIL, false } };
+    const msgpack_object *p[1];
+    char why[200];
+    struct task_req r;
+
+    memset(&r, 0, sizeof(r));
+    r.msgid = m->msgid;
+    r.app = conn_app(c);
+    r.filter = TASK_F_ALL;
+    if (rpc_bind(m->params, spec, 1, p, why, sizeof(why)) < 0) {
+        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
+        return;
+    }
+    if (p[0]) {
+        if (rpc_str_is(p[0], "running"))
+            r.filter = TASK_F_RUNNING;
+        else if (rpc_str_is(p[0], "succeeded"))
+            r.filter = TASK_F_SUCCEEDED;
+        else if (rpc_str_is(p[0], "failed"))
+            r.filter = TASK_F_FAILED;
+        else {
+            conn_reply_error(c, m->msgid, PGW_BAD_REQUEST,
+                             "parameter 'state': expected running, succeeded or failed");
+            return;
+        }
+    }
+    tasks_list(&c->tasks, &r);
+}

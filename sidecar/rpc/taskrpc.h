@@ -20,5 +20,6 @@ void taskrpc_node_begin(struct conn *c, const struct rpc_msg *m);
 void taskrpc_node_end(struct conn *c, const struct rpc_msg *m);
 void taskrpc_finish(struct conn *c, const struct rpc_msg *m);
 void taskrpc_get(struct conn *c, const struct rpc_msg *m);
+void taskrpc_list(struct conn *c, const struct rpc_msg *m);
 
 #endif /* POLYGW_TASKRPC_H */
