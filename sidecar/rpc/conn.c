@@ -34,8 +34,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "callrpc.h"
-#include "taskrpc.h"
 #include "net/input.h"
 #include "call/tasks.h"
 #include "core/log.h"
@@ -110,8 +108,7 @@ static struct conn *conn_alloc(struct server *srv, int fd)
     msgpack_unpacked_init(&c->frame);
     msgpack_packer_init(&c->pk, c, conn_append);
     upstream_budget_init(&c->budget, srv->cfg->max_write_queue_bytes);
-    callrpc_sink_init(&c->sink, srv, &c->budget);
-    taskrpc_outlet_init(&c->tasks, srv);
+    methods_conn_init(c);
     snprintf(c->peer_app, sizeof(c->peer_app), "%s", CONFIG_DEFAULT_APP); /* until identified */
     memcpy(c->app, c->peer_app, sizeof(c->app));
     c->sink.conn_id = c->id;

@@ -90,7 +90,11 @@ const struct config_app *conn_app(const struct conn *c);
 const struct config_app *conn_declare_app(const struct conn *c, const char *name, size_t len,
                                           char *why, size_t whylen);
 
-/* methods.c */
+/* methods.c: conn.c reaches the methods only through these (callrpc.c and
+ * taskrpc.c use conn.c, never the reverse). */
+/* Sets up what the methods keep in new connection `c` (c->srv and c->budget
+ * set): its call sink (callrpc.c) and its task reply handle (taskrpc.c). */
+void methods_conn_init(struct conn *c);
 /* Handles one request. Either answers before returning (packing into
  * c->pk and calling conn_response_done) or takes ownership of completing it
  * later; in both cases exactly one response is sent. */

@@ -1,7 +1,8 @@
 /*
  * methods.c — the method table: validates each request's named parameters
  * and answers it. Requests that need I/O (call, later) complete
- * asynchronously; the rest answer before returning.
+ * asynchronously; the rest answer before returning. Also sets up what the
+ * methods keep in each connection (methods_conn_init).
  */
 #include "conn.h"
 #include "strbuf.h"
@@ -258,6 +259,12 @@ static const struct {
     { "config.reload", method_config_reload },
     { "metrics", method_metrics },
 };
+
+void methods_conn_init(struct conn *c)
+{
+    callrpc_sink_init(&c->sink, c->srv, &c->budget);
+    taskrpc_outlet_init(&c->tasks, c->srv);
+}
 
 void methods_dispatch(struct conn *c, const struct rpc_msg *m)
 {
