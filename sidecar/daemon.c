@@ -537,7 +537,9 @@ int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cf
     }
     srv->up = upstream_new(loop, SERVER_DNS_LOOKUPS_PER_HOST,
                            cfg->upstream_client == UPSTREAM_CLIENT_AUTO, err, errlen);
-    if (!srv->up || tasks_init(srv, err, errlen) < 0)
+    static const struct tasks_calls task_calls = { .fail = call_fail_task,
+                                                   .forget = call_forget_task };
+    if (!srv->up || tasks_init(srv, &task_calls, err, errlen) < 0)
         goto fail;
     srv->backend = backend_new(srv, &be_hooks, err, errlen);
     if (!srv->backend)

@@ -161,8 +161,10 @@ void call_on_gov_wake(struct gov_call *g, void *ud);
 void call_on_breaker(const struct gov *g, size_t source, enum breaker_state from,
                      enum breaker_state to, double now, void *ud);
 
-/* A task stop or watchdog expiry: answers every call of task `t` with
- * `code` (task_stopped / watchdog_timeout) and tears them down at once. */
+/* The task layer's hooks (tasks.h's struct tasks_calls, registered by the
+ * process owner). A task stop or watchdog expiry: answers every call of
+ * task `t` with `code` (task_stopped / watchdog_timeout) and tears them
+ * down at once. */
 struct task;
 void call_fail_task(struct task *t, enum pgw_code code, const char *message);
 

@@ -17,7 +17,6 @@
 #include <string.h>
 
 #include "backend/backend.h"
-#include "call.h"
 #include "dlist.h"
 #include "core/log.h"
 #include "task.h"
@@ -107,7 +106,7 @@ static void hook_watchdog(struct task *t, double now, void *ud)
     log_at(LOG_ERROR, "watchdog: task failed", "task_id", LOG_S, t->id, "node", LOG_S, t->node,
            "reason", LOG_S, task_reason(t), NULL);
     snprintf(msg, sizeof(msg), "task '%s' failed by the watchdog: %s", t->id, task_reason(t));
-    call_fail_task(t, PGW_WATCHDOG_TIMEOUT, msg);
+    srv->task_calls->fail(t, PGW_WATCHDOG_TIMEOUT, msg);
     /* The record learns it (a fleet, through its stop channel). */
     struct tasks_req *q = tasks_req_new(srv, 0, TOP_WATCHDOG, t->id, task_reason(t), false);
     if (q)
@@ -132,7 +131,7 @@ static void hook_free(struct task *t, double now, void *ud)
     (void)now;
     if (i >= 0)
         srv->task_app_held[i]--;
-    call_forget_task(t);
+    srv->task_calls->forget(t);
 }
 
 static void hook_state(const struct task *t, enum task_state from, double now, void *ud)
@@ -144,7 +143,7 @@ static void hook_state(const struct task *t, enum task_state from, double now, v
            task_reason_kind_name(t->reason_kind), NULL);
 }
 
-int tasks_init(struct server *srv, char *err, size_t errlen)
+int tasks_init(struct server *srv, const struct tasks_calls *calls, char *err, size_t errlen)
 {
     struct task_config tc;
     const struct task_hooks hooks = {
@@ -155,6 +154,7 @@ int tasks_init(struct server *srv, char *err, size_t errlen)
         .ud = srv,
     };
 
+    srv->task_calls = calls;
     task_config_defaults(&tc);
     tc.node_timeout_s = srv->cfg->defaults.node_timeout_s;
     tc.ttl_s = srv->cfg->task_ttl_s;
@@ -443,7 +443,7 @@ static void tasks_end_calls(struct server *srv, const char *id, const struct bac
     snprintf(msg, sizeof(msg),
              watchdog ? "task '%s' failed by the watchdog: %s" : "task '%s' was stopped: %s", id,
              bt->reason);
-    call_fail_task(t, watchdog ? PGW_WATCHDOG_TIMEOUT : PGW_TASK_STOPPED, msg);
+    srv->task_calls->fail(t, watchdog ? PGW_WATCHDOG_TIMEOUT : PGW_TASK_STOPPED, msg);
 }
 
 static void node_begin_local(struct reply_outlet *o, uint32_t msgid, const char *id,

@@ -24,7 +24,20 @@
 struct task;
 struct backend_task;
 
-int tasks_init(struct server *srv, char *err, size_t errlen);
+/* What a task's end does to the calls running under it (t->ud): the call
+ * engine's call_fail_task and call_forget_task (call.h), registered by the
+ * process owner. The calls use the tasks, never the reverse: the tasks
+ * reach them only through these. */
+struct tasks_calls {
+    /* Task `t` was stopped or failed by its watchdog: its calls are answered
+     * `code` and `message` and end at once. */
+    void (*fail)(struct task *t, enum pgw_code code, const char *message);
+    /* Task `t` is about to be freed: its calls forget it. */
+    void (*forget)(struct task *t);
+};
+
+/* `calls` is kept (static storage), never NULL. */
+int tasks_init(struct server *srv, const struct tasks_calls *calls, char *err, size_t errlen);
 void tasks_fini(struct server *srv);
 
 #define TASKS_ID_BUF (TASK_ID_MAX + 1)

@@ -26,6 +26,7 @@ struct conn;
 struct call;
 struct upstream;
 struct task_reg;
+struct tasks_calls;
 struct backend;
 struct tasks_req;
 struct tasks_resync;
@@ -124,6 +125,8 @@ struct server {
     size_t *task_app_held;     /* per cfg->apps index: tasks held here that belong to it */
     uint64_t task_app_refused; /* task.start refused: the app held its apps[].max_tasks */
     size_t task_retry_n;
+    /* What a task's end does to its calls (call/tasks.h), from the owner. */
+    const struct tasks_calls *task_calls;
     struct metrics *metrics; /* counters and histograms (metrics.h) */
     struct redact *redact;   /* the sources' keys, scrubbed from relayed replies */
     struct sdnotify notify;  /* readiness and watchdog for the service manager */
