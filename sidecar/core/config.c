@@ -33,7 +33,7 @@
  */
 #include "config.h"
 #include "iplit.h"
-#include "models.h"
+#include "modelmatch.h"
 #include "name_index.h"
 #include "redis_url.h"
 #include "tls.h"
@@ -3085,7 +3085,8 @@ static void validate_models(struct loader *l)
                 for (size_t m = 0; !hit && src_exact_name(o, m); m++) {
                     const char *e = src_exact_name(o, m);
                     if (models_match(glob, e, strlen(e)) >= 0 &&
-                        models_source_rank(s, e, strlen(e), NULL) != MODELS_EXACT)
+                        models_rank(s->model, s->serves, s->n_serves, e, strlen(e), NULL) !=
+                            MODELS_EXACT)
                         hit = e;
                 }
                 if (!hit)

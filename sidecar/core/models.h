@@ -17,31 +17,23 @@
  * weights and limits then choose among them). An app's `models` list
  * (apps[i].models) allows the names that match one of its entries.
  *
- * Pure functions over the configuration: no allocation, no I/O.
+ * Pure functions over the configuration: no allocation, no I/O. The
+ * matching of one name against one pattern is modelmatch.h's, which the
+ * configuration loader shares.
  */
 #ifndef POLYGW_MODELS_H
 #define POLYGW_MODELS_H
 
-#include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
 
 #include "config.h"
-
-#define MODELS_EXACT    INT_MAX
-#define MODELS_NAME_MAX 256 /* longest model name a request may ask for, in bytes */
-
-/* The rank at which pattern `pat` (NUL-terminated) matches the `len` bytes
- * of `name`: MODELS_EXACT when `pat` has no `*` and equals it, the number
- * of literal characters of a matching glob, -1 when it does not match. */
-int models_match(const char *pat, const char *name, size_t len);
-
-/* True when `pat` is a glob (holds a `*`). */
-bool models_is_glob(const char *pat);
+#include "modelmatch.h"
 
 /* The best rank at which source `s` serves `name` (-1: it does not), and
  * in *pat (may be NULL) the public name or glob that matched (borrowed
- * from `s`; NULL for a source naming no model). */
+ * from `s`; NULL for a source naming no model): models_rank over its
+ * `model` and `serves`. */
 int models_source_rank(const struct config_source *s, const char *name, size_t len,
                        const char **pat);
 
