@@ -138,6 +138,9 @@ struct server {
     char reload_error[CONFIG_ERR_MAX]; /* the last failed reload's reason, or "" */
     char **old_keys;                   /* owned: keys of earlier configurations, still redacted */
     size_t n_old_keys;
+    /* Runs after each successful reload (reload_on_done, ops/reload.h). */
+    void (*reloaded)(void *ud);
+    void *reloaded_ud;
     ev_signal sighup_w;
     struct keywatch *keywatch; /* key-file watch, NULL when no key comes from a file */
     struct call *calls_all;    /* every call in flight, whatever its front end (call.c) */

@@ -90,10 +90,13 @@ static int watch_file(struct keywatch *kw, const char *file)
     return 0;
 }
 
-void keywatch_refresh(struct keywatch *kw)
+/* Re-reads the list of key files from srv->cfg: at start and after each
+ * reload (reload_on_done; safe inside the watch's own callbacks, whose
+ * reload calls it). */
+static void keywatch_refresh(void *ud)
 {
-    if (!kw)
-        return;
+    struct keywatch *kw = ud;
+
     dirs_clear(kw);
     const struct config *cfg = kw->srv->cfg;
     for (size_t i = 0; i < cfg->n_sources; i++) {
@@ -187,6 +190,7 @@ struct keywatch *keywatch_new(struct server *srv)
     kw->io_w.data = kw->debounce_w.data = kw;
     ev_io_start(srv->loop, &kw->io_w);
     keywatch_refresh(kw);
+    reload_on_done(srv, keywatch_refresh, kw);
     return kw;
 }
 
@@ -194,6 +198,7 @@ void keywatch_free(struct keywatch *kw)
 {
     if (!kw)
         return;
+    reload_on_done(kw->srv, NULL, NULL);
     ev_io_stop(kw->srv->loop, &kw->io_w);
     ev_timer_stop(kw->srv->loop, &kw->debounce_w);
     dirs_clear(kw);

@@ -11,7 +11,9 @@
  * debounce timer (several events of one update make one reload); when it
  * fires the whole configuration is reloaded (reload.h), which re-reads
  * every key. A reload that fails leaves the running keys in place and is
- * logged; the next change (or SIGHUP) tries again.
+ * logged; the next change (or SIGHUP) tries again. After every successful
+ * reload, whatever its cause, the watch follows the new configuration's key
+ * files (it registers itself with reload_on_done).
  */
 #ifndef POLYGW_KEYWATCH_H
 #define POLYGW_KEYWATCH_H
@@ -23,8 +25,5 @@
  * inotify is unavailable: key files are then re-read only on SIGHUP. */
 struct keywatch *keywatch_new(struct server *srv);
 void keywatch_free(struct keywatch *kw);
-/* Re-reads the list of key files from srv->cfg (after a reload). NULL-safe;
- * safe inside the watch's own callbacks. */
-void keywatch_refresh(struct keywatch *kw);
 
 #endif /* POLYGW_KEYWATCH_H */

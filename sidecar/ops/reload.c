@@ -8,7 +8,6 @@
 #include "backend/backend.h"
 #include "call/call.h"
 #include "call/governor.h"
-#include "keywatch.h"
 #include "core/log.h"
 #include "metrics/metrics.h"
 #include "call/redact.h"
@@ -536,7 +535,8 @@ int reload_run(struct server *srv, const char *trigger, config_report_fn *report
     } else {
         srv->stats.reloads_ok++;
         srv->reload_error[0] = '\0';
-        keywatch_refresh(srv->keywatch);
+        if (srv->reloaded)
+            srv->reloaded(srv->reloaded_ud);
         log_at(LOG_INFO, "configuration reloaded", "trigger", LOG_S, trigger, "config", LOG_S,
                srv->config_path, "sources", LOG_U, (unsigned long long)sum->sources, "added", LOG_U,
                (unsigned long long)sum->added, "removed", LOG_U, (unsigned long long)sum->removed,
@@ -544,6 +544,12 @@ int reload_run(struct server *srv, const char *trigger, config_report_fn *report
     }
     server_notify_ready(srv);
     return rc;
+}
+
+void reload_on_done(struct server *srv, void (*fn)(void *ud), void *ud)
+{
+    srv->reloaded = fn;
+    srv->reloaded_ud = fn ? ud : NULL;
 }
 
 void reload_fini(struct server *srv)

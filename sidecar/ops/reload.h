@@ -54,6 +54,12 @@ struct reload_summary {
 int reload_run(struct server *srv, const char *trigger, config_report_fn *report, void *arg,
                struct reload_summary *sum, char *err, size_t errlen);
 
+/* After each successful reload (the new configuration in srv->cfg, before
+ * READY=1), `fn(ud)` runs: the key-file watch (keywatch.h) registers one to
+ * watch the new configuration's files, as reloads do not call it. One at a
+ * time; `fn` NULL removes it. */
+void reload_on_done(struct server *srv, void (*fn)(void *ud), void *ud);
+
 /* Frees what reloads keep (the keys of earlier configurations). */
 void reload_fini(struct server *srv);
 
