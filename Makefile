@@ -5,8 +5,8 @@
 #   make run        build and start the sidecar with deploy/polygw.yaml
 #   make test       normal build with -Werror, then an ASan+UBSan build that
 #                   runs every suite (tests/run-suites.sh: unit, integration,
-#                   redis, clients, fuzz replay, clang fuzz build); the last
-#                   line is "N passed, N failed"
+#                   redis, clients, fuzz replay, docs and layout checks, clang
+#                   fuzz build); the last line is "N passed, N failed"
 #   make bench      benchmarks under tests/bench/ (not part of make test)
 #   make install    PREFIX=/usr/local DESTDIR= (SBINDIR, LIBDIR: the daemon's and
 #                   the library's directories, default PREFIX/bin and PREFIX/lib)
@@ -124,7 +124,7 @@ BENCH_BINS := $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 SHIMS      := $(patsubst tests/shim/%.c,$(BUILD)/shim/%.so,$(SHIM_SRC))
 
 .PHONY: all deps run test unit integration bench install clean check-deps fuzz fuzz-replay fuzz-build \
-        check-docs format format-check fuzz-check-cc compile_commands.json deb
+        check-docs check-layout format format-check fuzz-check-cc compile_commands.json deb
 all: $(DAEMON) $(CTL) $(LIBA) $(LIBSO) $(MOCK) $(BENCH_BINS) $(SHIMS)
 
 $(BUILD)/obj/%.o: %.c
@@ -355,6 +355,12 @@ unit_tests: $(UNIT)
 # Markdown link points at something that exists.
 check-docs:
 	/usr/bin/python3 tests/check_docs.py
+
+# The daemon's folders use only the folders under them (docs/DESIGN.md §2):
+# their includes, and the calls between the objects of both builds that
+# `make test` makes (build it first: `make all` and the ASan build).
+check-layout:
+	/usr/bin/python3 tests/check_layout.py --objects build/obj --objects build/asan/obj
 
 # clang-format (Debian's clang-format package) with the committed
 # .clang-format, over every tracked C file.

@@ -9,10 +9,13 @@ offending files named:
   1. includes: a file in folder F includes "G/x.h" only when F may use G;
   2. include cycles: no loop of includes between modules (a module is a
      .c file with its .h);
-  3. calls: with --objects DIR (the build's object tree), the symbols each
-     object takes from the others (nm) may only cross from a folder to one
-     it may use, so no function calls up into the process owner or across
-     the two front ends.
+  3. calls: with --objects DIR (a build's object tree; repeat it for
+     several builds), the symbols each object takes from the others (nm)
+     may only cross from a folder to one it may use, so no function calls
+     up into the process owner or across the two front ends.
+
+`make test` runs it over both of its builds (tests/run-suites.sh), as
+`make check-layout` does.
 
 docs/DESIGN.md §2 draws the same picture in prose.
 """
@@ -128,12 +131,20 @@ def find_cycles(graph):
     return out
 
 
-def nm(obj):
-    res = subprocess.run(["nm", "--defined-only", "-g", obj], capture_output=True, text=True)
-    defined = {line.split()[-1] for line in res.stdout.splitlines() if line.strip()}
-    res = subprocess.run(["nm", "-u", obj], capture_output=True, text=True)
-    used = {line.split()[-1] for line in res.stdout.splitlines() if line.strip()}
-    return defined, used
+def nm(objs, *flags):
+    """{object: set of symbols} as `nm -A FLAGS` lists them, one run for
+    all the objects (a run per object costs more than the check)."""
+    out = {obj: set() for obj in objs}
+    if not objs:
+        return out
+    res = subprocess.run(["nm", "-A", *flags, *objs], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SystemExit("check-layout: nm failed: " + res.stderr.strip())
+    for line in res.stdout.splitlines():
+        obj, _, rest = line.partition(":")
+        if obj in out and rest.split():
+            out[obj].add(rest.split()[-1])
+    return out
 
 
 def check_calls(objdir, errors):
@@ -141,8 +152,7 @@ def check_calls(objdir, errors):
     if not os.path.isdir(base):
         errors.append("no objects under %s: build first" % base)
         return
-    owner = {}
-    uses = {}
+    srcs = {}
     for dirpath, _, files in os.walk(base):
         for f in files:
             if not f.endswith(".o"):
@@ -151,10 +161,13 @@ def check_calls(objdir, errors):
             src = os.path.join(SIDECAR, os.path.relpath(obj, base))[:-2] + ".c"
             if not os.path.exists(src) or folder_of(src) not in LAYERS:
                 continue  # a stale object of a moved file
-            defined, used = nm(obj)
-            for s in defined:
-                owner[s] = src
-            uses[src] = used
+            srcs[obj] = src
+    objs = sorted(srcs)
+    owner = {}
+    for obj, defined in nm(objs, "--defined-only", "-g").items():
+        for s in defined:
+            owner[s] = srcs[obj]
+    uses = {srcs[obj]: used for obj, used in nm(objs, "-u").items()}
     for src, used in sorted(uses.items()):
         a = folder_of(src)
         for s in sorted(used):
@@ -168,14 +181,20 @@ def check_calls(objdir, errors):
 
 
 def main(argv):
-    objdir = None
-    if len(argv) > 2 and argv[1] == "--objects":
-        objdir = argv[2]
+    objdirs = []
+    args = argv[1:]
+    while args:
+        if args[0] == "--objects" and len(args) > 1:
+            objdirs.append(args[1])
+            args = args[2:]
+        else:
+            print("usage: check_layout.py [--objects DIR]...", file=sys.stderr)
+            return 2
     errors = []
     graph = check_includes(errors)
     for comp in find_cycles(graph):
         errors.append("include cycle between modules: " + ", ".join(comp))
-    if objdir:
+    for objdir in objdirs:
         check_calls(objdir, errors)
     for e in errors:
         print("check-layout: " + e)

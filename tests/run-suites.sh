@@ -135,6 +135,8 @@ stage "browsers (headless Chromium)"   summary sh tests/http/run-tests.sh build/
 stage "fuzz replay (ASan)"             summary make --no-print-directory BUILD=build/asan SAN=1 fuzz-replay
 stage_if "command -v clang-format" "format (clang-format)" exit make --no-print-directory format-check
 stage "documentation references"      exit    /usr/bin/python3 tests/check_docs.py
+stage "layout (includes and calls)"   exit    /usr/bin/python3 tests/check_layout.py \
+    --objects build/obj --objects build/asan/obj
 stage_if "command -v clang" "fuzz targets (clang build)" summary make --no-print-directory fuzz-build
 # shellcheck disable=SC2086
 stage "debian packages (make deb, dpkg)" pytest  $PYTEST tests/deb
