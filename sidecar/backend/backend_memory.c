@@ -144,6 +144,32 @@ static bool mem_is_up(const struct backend *be)
     return true;
 }
 
+static const char *mem_down_reason(const struct backend *be, const char **detail)
+{
+    (void)be;
+    *detail = "";
+    return "backend down"; /* never: it is always up */
+}
+
+static const char *mem_breaker_state(const struct backend *be, size_t source)
+{
+    (void)be;
+    (void)source;
+    return NULL; /* the local breaker decides */
+}
+
+static void mem_rebind(struct backend *be, const struct config *cfg)
+{
+    (void)be; /* it keeps no configuration */
+    (void)cfg;
+}
+
+static void mem_render_metrics(const struct backend *be, struct prom_text *t)
+{
+    (void)be; /* no families of its own */
+    (void)t;
+}
+
 static const struct backend_ops memory_ops = {
     .name = "memory",
     .admit = mem_admit,
@@ -153,6 +179,11 @@ static const struct backend_ops memory_ops = {
     .retry_later = mem_retry_later,
     .is_closing = mem_is_closing,
     .is_up = mem_is_up,
+    .down_reason = mem_down_reason,
+    .shared = false,
+    .breaker_state = mem_breaker_state,
+    .rebind = mem_rebind,
+    .render_metrics = mem_render_metrics,
     .progress = mem_progress,
     .stats_keys = 1,
     .pack_stats = mem_pack_stats,

@@ -1193,6 +1193,25 @@ static bool redis_is_up(const struct backend *be)
     return !sh->closing && rds_up(sh->rds);
 }
 
+static const char *redis_down_reason(const struct backend *be, const char **detail)
+{
+    const struct backend_redis *sh = (const struct backend_redis *)be;
+    *detail = sh->rds ? rds_last_error(sh->rds) : "";
+    return "redis unreachable";
+}
+
+static const char *redis_breaker_state(const struct backend *be, size_t source)
+{
+    return ((const struct backend_redis *)be)->src[source].breaker_state;
+}
+
+static void redis_rebind(struct backend *be, const struct config *cfg)
+{
+    ((struct backend_redis *)be)->cfg = cfg;
+}
+
+static void redis_render_metrics(const struct backend *be, struct prom_text *t);
+
 static const struct backend_ops redis_ops = {
     .name = "redis",
     .admit = redis_admit,
@@ -1202,6 +1221,11 @@ static const struct backend_ops redis_ops = {
     .retry_later = redis_retry_later,
     .is_closing = redis_is_closing,
     .is_up = redis_is_up,
+    .down_reason = redis_down_reason,
+    .shared = true,
+    .breaker_state = redis_breaker_state,
+    .rebind = redis_rebind,
+    .render_metrics = redis_render_metrics,
     .progress = redis_progress,
     .stats_keys = 2,
     .pack_stats = redis_pack_stats,
@@ -1389,45 +1413,90 @@ static void redis_free(struct backend *be)
     free(sh);
 }
 
-/* --- for metrics (backend.h) ------------------------------------------ */
-
-/* The Redis instance behind `be`, or NULL when `be` is another backend. */
-static const struct backend_redis *as_redis(const struct backend *be)
+void backend_redis_describe(const struct config *cfg, char *buf, size_t len)
 {
-    return be && be->ops == &redis_ops ? (const struct backend_redis *)be : NULL;
+    struct rds_addr a;
+
+    if (cfg->redis_url && rds_parse_url(cfg->redis_url, &a, NULL, 0) == 0) {
+        if (a.path[0])
+            snprintf(buf, len, "redis backend at %s, not contacted", a.path);
+        else
+            snprintf(buf, len, "redis backend at %s:%d, not contacted", a.host, a.port);
+    } else if (cfg->n_redis_sentinels) {
+        snprintf(buf, len, "redis backend: primary '%s' from %zu sentinels, not contacted",
+                 cfg->redis_master_name, cfg->n_redis_sentinels);
+    } else {
+        snprintf(buf, len, "redis backend, not contacted");
+    }
+    explicit_bzero(&a, sizeof(a)); /* it held the password */
 }
 
-void backend_redis_rebind(struct backend *be, const struct config *cfg)
+/* --- metrics (backend.h) ---------------------------------------------- */
+
+static void render_one_u64(struct prom_text *t, const char *name, const char *type,
+                           const char *help, uint64_t v)
 {
-    if (be && be->ops == &redis_ops)
-        ((struct backend_redis *)be)->cfg = cfg;
+    prom_text_family(t, name, type, help);
+    prom_text_sample_u64(t, name, NULL, 0, v);
 }
 
-const struct rds *backend_redis_rds(const struct backend *be)
+static void render_by(struct prom_text *t, const char *name, const char *help, const char *label,
+                      const char *const *values, const uint64_t *v, size_t n)
 {
-    const struct backend_redis *sh = as_redis(be);
-    return sh ? sh->rds : NULL;
+    prom_text_family(t, name, "counter", help);
+    for (size_t i = 0; i < n; i++) {
+        struct prom_label l = { label, values[i] };
+        prom_text_sample_u64(t, name, &l, 1, v[i]);
+    }
 }
 
-const char *backend_redis_breaker_state(const struct backend *be, size_t source)
+static void redis_render_metrics(const struct backend *be, struct prom_text *t)
 {
-    const struct backend_redis *sh = as_redis(be);
-    return sh ? sh->src[source].breaker_state : NULL;
-}
+    const struct backend_redis *sh = (const struct backend_redis *)be;
+    const struct rds_stats *s = rds_get_stats(sh->rds);
+    static const char *const kinds[] = { "reply", "timeout", "connection_lost", "not_connected" };
+    static const char *const results[] = { "admitted", "refused", "error" };
+    const uint64_t failures[] = { s->errors, s->timeouts, s->lost, s->rejected_not_connected };
+    uint64_t refused = 0;
 
-void backend_redis_get_counts(const struct backend *be, struct backend_redis_counts *out)
-{
-    const struct backend_redis *sh = as_redis(be);
-
-    *out = (struct backend_redis_counts){ 0 };
-    if (!sh)
-        return;
-    *out = (struct backend_redis_counts){ .admitted = sh->admitted,
-                                          .admit_errors = sh->admit_errors,
-                                          .write_errors = sh->write_errors,
-                                          .leases_lost = sh->leases_lost };
     for (size_t i = 0; i < sizeof(sh->refused) / sizeof(sh->refused[0]); i++)
-        out->refused += sh->refused[i];
+        refused += sh->refused[i];
+    const uint64_t admissions[] = { sh->admitted, refused, sh->admit_errors };
+    render_one_u64(t, "polygw_redis_commands_total", "counter", "Redis commands sent.",
+                   s->commands);
+    prom_text_family(t, "polygw_redis_round_trip_seconds", "histogram",
+                     "Round trips of answered Redis commands (error replies included).");
+    prom_text_hist(t, "polygw_redis_round_trip_seconds", NULL, 0, &s->rtt);
+    render_by(t, "polygw_redis_failures_total",
+              "Redis commands that failed, by kind: reply (an error reply), timeout "
+              "(command_timeout_s), connection_lost (their connection dropped first), "
+              "not_connected (refused at once).",
+              "kind", kinds, failures, 4);
+    render_one_u64(t, "polygw_redis_pending_commands", "gauge",
+                   "Redis commands sent, not answered.", s->pending);
+    render_one_u64(t, "polygw_redis_connects_total", "counter", "Redis connections made.",
+                   s->connects);
+    render_one_u64(t, "polygw_redis_disconnects_total", "counter", "Redis connections lost.",
+                   s->disconnects);
+    render_one_u64(t, "polygw_redis_connect_failures_total", "counter",
+                   "Redis connects that failed.", s->connect_failures);
+    render_one_u64(t, "polygw_redis_primary_changes_total", "counter",
+                   "Sentinel: times the primary moved to a new address (0 without sentinels).",
+                   s->primary_changes);
+    render_one_u64(t, "polygw_redis_subscribed", "gauge",
+                   "1 while the pub/sub connection listens to every channel.",
+                   rds_subscribed(sh->rds));
+    render_by(t, "polygw_fleet_admissions_total",
+              "Fleet admissions (admit.lua) answered, by result: admitted, refused (a fleet "
+              "limit or breaker), error (no verdict: the call failed closed).",
+              "result", results, admissions, 3);
+    render_one_u64(t, "polygw_fleet_write_errors_total", "counter",
+                   "Writes to the fleet state that failed (release, progress mark, lease "
+                   "renewal): logged and counted, never surfaced to calls.",
+                   sh->write_errors);
+    render_one_u64(t, "polygw_fleet_leases_lost_total", "counter",
+                   "Leases of attempts in flight found expired in Redis at renewal.",
+                   sh->leases_lost);
 }
 
 static void redis_pack_stats(struct backend *be, msgpack_packer *pk)

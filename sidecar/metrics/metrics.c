@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "core/server.h"
-#include "backend/redis.h"
 #include "backend/backend.h"
 #include "task.h"
 #include "upstream/upstream.h"
@@ -445,7 +444,7 @@ static void render_sources(struct prom_text *t, struct server *srv)
                        offsetof(struct metrics_source, ttft));
 
     for (size_t f = 0; f < sizeof(source_families) / sizeof(source_families[0]); f++) {
-        if (source_families[f].local_only && backend_redis_rds(srv->backend))
+        if (source_families[f].local_only && srv->backend->ops->shared)
             continue;
         prom_text_family(t, source_families[f].name, source_families[f].type,
                          source_families[f].help);
@@ -458,7 +457,7 @@ static void render_sources(struct prom_text *t, struct server *srv)
                      "1 for the breaker's current state (closed, open, half_open), 0 for the "
                      "others; with the Redis backend, the fleet breaker as last seen.");
     for (size_t i = 0; i < cfg->n_sources; i++) {
-        const char *cur = backend_redis_breaker_state(srv->backend, i);
+        const char *cur = srv->backend->ops->breaker_state(srv->backend, i);
         if (!cur)
             cur = breaker_state_name(srv->gov.sources[i].breaker.state);
         source_labels(cfg, i, l);
@@ -636,59 +635,18 @@ static void render_tasks(struct prom_text *t, struct server *srv)
                    "task.start refused: the app held its apps[].max_tasks.", srv->task_app_refused);
 }
 
+/* The backend's kind and whether it can answer, then its own families. */
 static void render_backend(struct prom_text *t, struct server *srv)
 {
-    const struct rds *r = backend_redis_rds(srv->backend);
-    static const char *const kinds[] = { "reply", "timeout", "connection_lost", "not_connected" };
-    static const char *const results[] = { "admitted", "refused", "error" };
-    const char *kind = r ? "redis" : "memory";
-    uint64_t up = r ? rds_up(r) : 1;
+    const struct backend *be = srv->backend;
+    const char *kind = be->ops->name;
+    uint64_t up = backend_is_up(be);
 
     render_by(t, "polygw_backend_up", "gauge",
               "1 when the state backend can answer (memory: always; Redis: the command "
               "connection is ready).",
               "kind", &kind, &up, 1);
-    if (!r)
-        return;
-    const struct rds_stats *s = rds_get_stats(r);
-    const uint64_t failures[] = { s->errors, s->timeouts, s->lost, s->rejected_not_connected };
-    struct backend_redis_counts sc;
-    backend_redis_get_counts(srv->backend, &sc);
-    const uint64_t admissions[] = { sc.admitted, sc.refused, sc.admit_errors };
-    render_one_u64(t, "polygw_redis_commands_total", "counter", "Redis commands sent.",
-                   s->commands);
-    prom_text_family(t, "polygw_redis_round_trip_seconds", "histogram",
-                     "Round trips of answered Redis commands (error replies included).");
-    prom_text_hist(t, "polygw_redis_round_trip_seconds", NULL, 0, &s->rtt);
-    render_by(t, "polygw_redis_failures_total", "counter",
-              "Redis commands that failed, by kind: reply (an error reply), timeout "
-              "(command_timeout_s), connection_lost (their connection dropped first), "
-              "not_connected (refused at once).",
-              "kind", kinds, failures, 4);
-    render_one_u64(t, "polygw_redis_pending_commands", "gauge",
-                   "Redis commands sent, not answered.", s->pending);
-    render_one_u64(t, "polygw_redis_connects_total", "counter", "Redis connections made.",
-                   s->connects);
-    render_one_u64(t, "polygw_redis_disconnects_total", "counter", "Redis connections lost.",
-                   s->disconnects);
-    render_one_u64(t, "polygw_redis_connect_failures_total", "counter",
-                   "Redis connects that failed.", s->connect_failures);
-    render_one_u64(t, "polygw_redis_primary_changes_total", "counter",
-                   "Sentinel: times the primary moved to a new address (0 without sentinels).",
-                   s->primary_changes);
-    render_one_u64(t, "polygw_redis_subscribed", "gauge",
-                   "1 while the pub/sub connection listens to every channel.", rds_subscribed(r));
-    render_by(t, "polygw_fleet_admissions_total", "counter",
-              "Fleet admissions (admit.lua) answered, by result: admitted, refused (a fleet "
-              "limit or breaker), error (no verdict: the call failed closed).",
-              "result", results, admissions, 3);
-    render_one_u64(t, "polygw_fleet_write_errors_total", "counter",
-                   "Writes to the fleet state that failed (release, progress mark, lease "
-                   "renewal): logged and counted, never surfaced to calls.",
-                   sc.write_errors);
-    render_one_u64(t, "polygw_fleet_leases_lost_total", "counter",
-                   "Leases of attempts in flight found expired in Redis at renewal.",
-                   sc.leases_lost);
+    be->ops->render_metrics(be, t);
 }
 
 /* Per app (labels resolved from cfg->apps, the governance core's slots):

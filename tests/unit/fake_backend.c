@@ -109,6 +109,32 @@ static bool fake_is_up(const struct backend *be)
     return !((const struct fake_backend *)be)->down;
 }
 
+static const char *fake_down_reason(const struct backend *be, const char **detail)
+{
+    (void)be;
+    *detail = "";
+    return "fake down";
+}
+
+static const char *fake_breaker_state(const struct backend *be, size_t source)
+{
+    (void)be;
+    (void)source;
+    return NULL;
+}
+
+static void fake_rebind(struct backend *be, const struct config *cfg)
+{
+    (void)be;
+    (void)cfg;
+}
+
+static void fake_render_metrics(const struct backend *be, struct prom_text *t)
+{
+    (void)be;
+    (void)t;
+}
+
 static const struct gov_backend *fake_progress(struct backend *be)
 {
     (void)be;
@@ -153,6 +179,10 @@ static const struct backend_ops fake_ops = {
     .retry_later = fake_retry_later,
     .is_closing = fake_is_closing,
     .is_up = fake_is_up,
+    .down_reason = fake_down_reason,
+    .breaker_state = fake_breaker_state,
+    .rebind = fake_rebind,
+    .render_metrics = fake_render_metrics,
     .progress = fake_progress,
     .stats_keys = 1,
     .pack_stats = fake_pack_stats,
