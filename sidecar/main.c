@@ -93,6 +93,9 @@ int main(int argc, char **argv)
     int log_level = -1, opt;
     char err[1024];
 
+    /* The loader checks the backend's addresses with the backend's own
+     * syntax (core/ does not know it), here and at every reload. */
+    config_set_backend_syntax(backend_config_syntax());
     while ((opt = getopt_long(argc, argv, "c:s:l:Vh", opts, NULL)) != -1) {
         switch (opt) {
         case 'c':

@@ -7,6 +7,7 @@
 
 #include <stdio.h>
 
+#include "redis_url.h"
 #include "task.h"
 
 struct backend *backend_new(struct ev_loop *loop, const struct config *cfg, struct task_reg *tasks,
@@ -18,6 +19,11 @@ struct backend *backend_new(struct ev_loop *loop, const struct config *cfg, stru
     if (!be)
         snprintf(err, errlen, "out of memory");
     return be;
+}
+
+const struct config_backend_syntax *backend_config_syntax(void)
+{
+    return &rds_config_syntax; /* only the Redis backend has addresses */
 }
 
 void backend_describe(const struct config *cfg, char *buf, size_t len)

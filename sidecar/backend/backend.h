@@ -212,6 +212,11 @@ struct backend *backend_new(struct ev_loop *loop, const struct config *cfg, stru
  * contacted", ... Never a password. */
 void backend_describe(const struct config *cfg, char *buf, size_t len);
 
+/* The syntax of the backend section's addresses, for the loader: the
+ * process owner hands it over with config_set_backend_syntax before
+ * loading a configuration. */
+const struct config_backend_syntax *backend_config_syntax(void);
+
 /* The implementations' constructors, behind backend_new (the memory one
  * sets no hooks: it has no events of its own). */
 struct backend *backend_memory_new(struct ev_loop *loop, struct task_reg *tasks);

@@ -53,7 +53,7 @@
 #include <stdint.h>
 
 #include "prom.h"
-#include "core/redis_url.h"
+#include "redis_url.h"
 #include "redis_tls.h"
 
 struct rds;

@@ -15,7 +15,7 @@
 
 #include "core/log.h"
 #include "backend/redis.h"
-#include "core/redis_url.h"
+#include "backend/redis_url.h"
 #include "suites.h"
 
 #define SECRET "s3cr3t-TOPSECRET"
