@@ -42,6 +42,7 @@ int main(void)
         h1_suite,
         conn_suite,
         writer_suite,
+        figures_suite,
     };
     SRunner *sr = srunner_create(NULL);
 
