@@ -36,7 +36,6 @@
 #define POLYGW_BACKEND_H
 
 #include <ev.h>
-#include <msgpack.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -46,7 +45,7 @@
 #include "outcome.h"
 
 struct backend;
-struct prom_text;
+struct fig_table;
 struct backend_lease; /* an attempt's fleet permit (implementation's) */
 struct backend_admit; /* an admission not answered yet */
 struct task;
@@ -176,17 +175,16 @@ struct backend_ops {
      * (names, order, fleet-enforced settings) are those the backend was
      * made with (reload.h refuses any other). */
     void (*rebind)(struct backend *be, const struct config *cfg);
-    /* `/metrics`: the implementation's own families (polygw_redis_*,
-     * polygw_fleet_*; docs/METRICS.md), after polygw_backend_up. */
-    void (*render_metrics)(const struct backend *be, struct prom_text *t);
 
     /* The progress interface for gov_init (NULL: the core's own store). */
     const struct gov_backend *(*progress)(struct backend *be);
 
-    /* `stats`: packs `stats_keys` key/value pairs of the top-level map
-     * ("backend", and the implementation's own section). */
-    unsigned stats_keys;
-    void (*pack_stats)(struct backend *be, msgpack_packer *pk);
+    /* Its figures (codec/figures.h, of the backend itself): the pairs it
+     * adds to the top-level map of `stats` ("backend", and the
+     * implementation's own section) and, in /metrics, its own families
+     * after polygw_backend_up (polygw_redis_*, polygw_fleet_*;
+     * docs/METRICS.md). */
+    const struct fig_table *figures;
 
     /* Lets the writes in flight out (bounded), then frees everything;
      * pending admissions and task operations are failed or dropped. */
