@@ -55,7 +55,6 @@
 #include "metrics/metrics.h"
 #include "call/redact.h"
 #include "ops/keywatch.h"
-#include "backend/redis.h"
 #include "ops/reload.h"
 #include "upstream/upstream.h"
 
@@ -434,12 +433,7 @@ static void server_on_progress_known(void *ud, const char *scope)
 static struct backend *server_backend_new(struct server *srv, const struct backend_hooks *hooks,
                                           char *err, size_t errlen)
 {
-    if (srv->cfg->backend == BACKEND_REDIS)
-        return backend_redis_new(srv->loop, srv->cfg, hooks, err, errlen);
-    struct backend *be = backend_memory_new(srv->loop, srv->tasks);
-    if (!be)
-        snprintf(err, errlen, "out of memory");
-    return be;
+    return backend_new(srv->loop, srv->cfg, srv->tasks, hooks, err, errlen);
 }
 
 /* Every key the sources send, for scrubbing replies (redact.h). */
@@ -493,7 +487,7 @@ static void server_fini_parts(struct server *srv)
 }
 
 int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cfg,
-                     server_backend_fn *backend_new, char *err, size_t errlen)
+                     server_backend_fn *make_backend, char *err, size_t errlen)
 {
     memset(srv, 0, sizeof(*srv));
     srv->hooks = (struct server_hooks){ .request_done = daemon_on_request_done,
@@ -541,7 +535,7 @@ int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cf
                                                    .forget = call_forget_task };
     if (!srv->up || tasks_init(srv, &task_calls, err, errlen) < 0)
         goto fail;
-    srv->backend = backend_new(srv, &be_hooks, err, errlen);
+    srv->backend = make_backend(srv, &be_hooks, err, errlen);
     if (!srv->backend)
         goto fail;
     if (governor_init(&srv->gov, cfg, srv->backend->ops->progress(srv->backend), &hooks,
@@ -584,19 +578,17 @@ fail:
     return -1;
 }
 
-/* READY=1 once the socket accepts and, with the Redis backend, Redis is
- * connected: a unit ordered After= this one may start using it at once. */
+/* READY=1 once the socket accepts and the backend can answer (with the
+ * Redis backend, Redis is connected): a unit ordered After= this one may
+ * start using it at once. */
 static void daemon_notify_ready(struct server *srv)
 {
     char status[160];
 
     if (srv->state != SERVER_RUNNING || srv->listen_fd < 0 || !ev_is_active(&srv->accept_w))
         return;
-    if (srv->cfg->backend == BACKEND_REDIS) {
-        const struct rds *r = backend_redis_rds(srv->backend);
-        if (!r || !rds_up(r))
-            return;
-    }
+    if (!backend_is_up(srv->backend))
+        return;
     snprintf(status, sizeof(status), "serving %zu sources (%s backend)", srv->cfg->n_sources,
              srv->backend->ops->name);
     sdnotify_ready(&srv->notify, status);

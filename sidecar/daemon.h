@@ -18,10 +18,10 @@ int server_init(struct server *srv, struct ev_loop *loop, struct config *cfg, ch
  * backend, or NULL with `err`. */
 typedef struct backend *server_backend_fn(struct server *srv, const struct backend_hooks *hooks,
                                           char *err, size_t errlen);
-/* server_init with the backend `backend_new` builds instead of the one
+/* server_init with the backend `make_backend` builds instead of the one
  * cfg->backend names (the unit tests' fake backend). */
 int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cfg,
-                     server_backend_fn *backend_new, char *err, size_t errlen);
+                     server_backend_fn *make_backend, char *err, size_t errlen);
 void server_start(struct server *srv);
 void server_fini(struct server *srv);
 void server_begin_shutdown(struct server *srv, const char *why);

@@ -12,7 +12,7 @@
 
 #include "daemon.h"
 #include "core/log.h"
-#include "backend/redis.h"
+#include "backend/backend.h"
 
 #define DEFAULT_CONFIG "/etc/polygw/polygw.yaml"
 
@@ -93,6 +93,9 @@ int main(int argc, char **argv)
     int log_level = -1, opt;
     char err[1024];
 
+    /* The loader checks the backend's addresses with the backend's own
+     * syntax (core/ does not know it), here and at every reload. */
+    config_set_backend_syntax(backend_config_syntax());
     while ((opt = getopt_long(argc, argv, "c:s:l:Vh", opts, NULL)) != -1) {
         switch (opt) {
         case 'c':
@@ -140,21 +143,8 @@ int main(int argc, char **argv)
         struct config *cfg = load_config(check_path);
         if (!cfg)
             return 1;
-        char backend[512] = "memory backend";
-        struct rds_addr a;
-        if (cfg->backend == BACKEND_REDIS &&
-            rds_parse_url(cfg->redis_url, &a, err, sizeof(err)) == 0) {
-            if (a.path[0])
-                snprintf(backend, sizeof(backend), "redis backend at %s, not contacted", a.path);
-            else
-                snprintf(backend, sizeof(backend), "redis backend at %s:%d, not contacted", a.host,
-                         a.port);
-        } else if (cfg->backend == BACKEND_REDIS && cfg->n_redis_sentinels) {
-            snprintf(backend, sizeof(backend),
-                     "redis backend: primary '%s' from %zu sentinels, not contacted",
-                     cfg->redis_master_name, cfg->n_redis_sentinels);
-        }
-        explicit_bzero(&a, sizeof(a)); /* it held the password */
+        char backend[512];
+        backend_describe(cfg, backend, sizeof(backend));
         printf("%s: ok (%zu capabilities, %zu sources, %s)\n", check_path, cfg->n_capabilities,
                cfg->n_sources, backend);
         config_free(cfg);
@@ -222,7 +212,7 @@ int main(int argc, char **argv)
         return 1;
     }
     log_at(LOG_INFO, "starting", "version", LOG_S, PGW_VERSION, "config", LOG_S, config_path,
-           "backend", LOG_S, cfg->backend == BACKEND_REDIS ? "redis" : "memory", "sources", LOG_U,
+           "backend", LOG_S, srv.backend->ops->name, "sources", LOG_U,
            (unsigned long long)cfg->n_sources, NULL);
     srv.config_path = config_path;
     srv.socket_override = socket_path;

@@ -1,11 +1,38 @@
 /*
  * backend.c — what every backend implementation shares (see backend.h):
- * a local task described as a record, and the breaker verdict of an
- * attempt's outcome.
+ * the choice of one from the configuration, a local task described as a
+ * record, and the breaker verdict of an attempt's outcome.
  */
 #include "backend.h"
 
+#include <stdio.h>
+
+#include "redis_url.h"
 #include "task.h"
+
+struct backend *backend_new(struct ev_loop *loop, const struct config *cfg, struct task_reg *tasks,
+                            const struct backend_hooks *hooks, char *err, size_t errlen)
+{
+    if (cfg->backend == BACKEND_REDIS)
+        return backend_redis_new(loop, cfg, hooks, err, errlen);
+    struct backend *be = backend_memory_new(loop, tasks);
+    if (!be)
+        snprintf(err, errlen, "out of memory");
+    return be;
+}
+
+const struct config_backend_syntax *backend_config_syntax(void)
+{
+    return &rds_config_syntax; /* only the Redis backend has addresses */
+}
+
+void backend_describe(const struct config *cfg, char *buf, size_t len)
+{
+    if (cfg->backend == BACKEND_REDIS)
+        backend_redis_describe(cfg, buf, len);
+    else
+        snprintf(buf, len, "memory backend");
+}
 
 void backend_task_describe(struct backend_task *bt, const struct task *t, struct ev_loop *loop)
 {

@@ -36,7 +36,6 @@
 #define POLYGW_BACKEND_H
 
 #include <ev.h>
-#include <msgpack.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -46,6 +45,7 @@
 #include "outcome.h"
 
 struct backend;
+struct fig_table;
 struct backend_lease; /* an attempt's fleet permit (implementation's) */
 struct backend_admit; /* an admission not answered yet */
 struct task;
@@ -153,17 +153,38 @@ struct backend_ops {
     void (*retry_later)(struct backend *be, bool resync);
     /* backend_free has begun: start no new work. */
     bool (*is_closing)(const struct backend *be);
-    /* Can it answer now (readiness, /readyz)? The memory backend always
-     * can; the Redis one while its command connection is up. */
+    /* Can it answer now (readiness: READY=1, /readyz, polygw_backend_up)?
+     * The memory backend always can; the Redis one while its command
+     * connection is up. */
     bool (*is_up)(const struct backend *be);
+    /* Why it cannot (is_up false): the short reason /readyz gives ("redis
+     * unreachable"), and in *detail the backend's own last error, which
+     * says what to fix ("" when none; never a secret). Both borrowed until
+     * the backend's next event. */
+    const char *(*down_reason)(const struct backend *be, const char **detail);
+
+    /* The admission state is the fleet's, shared through the backend: the
+     * local breakers and rate buckets are not the ones that decide, and
+     * what only they count means nothing (metrics leave it out). */
+    bool shared;
+    /* Source `source`'s breaker as the backend last saw it ("closed",
+     * "open", "half_open"), or NULL: the local breaker decides. */
+    const char *(*breaker_state)(const struct backend *be, size_t source);
+    /* A reload swapped the configuration: the backend borrows `cfg` from
+     * now on. Only for a configuration whose backend section and sources
+     * (names, order, fleet-enforced settings) are those the backend was
+     * made with (reload.h refuses any other). */
+    void (*rebind)(struct backend *be, const struct config *cfg);
 
     /* The progress interface for gov_init (NULL: the core's own store). */
     const struct gov_backend *(*progress)(struct backend *be);
 
-    /* `stats`: packs `stats_keys` key/value pairs of the top-level map
-     * ("backend", and the implementation's own section). */
-    unsigned stats_keys;
-    void (*pack_stats)(struct backend *be, msgpack_packer *pk);
+    /* Its figures (codec/figures.h, of the backend itself): the pairs it
+     * adds to the top-level map of `stats` ("backend", and the
+     * implementation's own section) and, in /metrics, its own families
+     * after polygw_backend_up (polygw_redis_*, polygw_fleet_*;
+     * docs/METRICS.md). */
+    const struct fig_table *figures;
 
     /* Lets the writes in flight out (bounded), then frees everything;
      * pending admissions and task operations are failed or dropped. */
@@ -176,36 +197,30 @@ struct backend {
     struct backend_hooks hooks;
 };
 
-/* The memory backend over the task registry `tasks` (borrowed; outlives the
- * backend). `loop` gives the clock for wall-clock times. Returns NULL when
- * out of memory. */
-struct backend *backend_memory_new(struct ev_loop *loop, struct task_reg *tasks);
+/* The backend `cfg` asks for (cfg->backend): the memory one over the task
+ * registry `tasks` (borrowed; outlives the backend), or the Redis one for
+ * `cfg` (borrowed, outlives it), which starts connecting in the background
+ * and reports through `hooks` (copied). `loop` gives the clock. Returns
+ * NULL with `err` on a bad address or out of memory. */
+struct backend *backend_new(struct ev_loop *loop, const struct config *cfg, struct task_reg *tasks,
+                            const struct backend_hooks *hooks, char *err, size_t errlen);
 
-/* The Redis backend for `cfg` (borrowed, outlives it); starts connecting in
- * the background. `hooks` are copied. Returns NULL with `err` on a bad URL
- * or out of memory. */
+/* What `polygw --check` says of the backend `cfg` asks for, without
+ * contacting it: "memory backend", "redis backend at HOST:PORT, not
+ * contacted", ... Never a password. */
+void backend_describe(const struct config *cfg, char *buf, size_t len);
+
+/* The syntax of the backend section's addresses, for the loader: the
+ * process owner hands it over with config_set_backend_syntax before
+ * loading a configuration. */
+const struct config_backend_syntax *backend_config_syntax(void);
+
+/* The implementations' constructors, behind backend_new (the memory one
+ * sets no hooks: it has no events of its own). */
+struct backend *backend_memory_new(struct ev_loop *loop, struct task_reg *tasks);
 struct backend *backend_redis_new(struct ev_loop *loop, const struct config *cfg,
                                   const struct backend_hooks *hooks, char *err, size_t errlen);
-
-/* For metrics, the Redis implementation's own state: its command adapter
- * (NULL when `be` is not the Redis backend), source `source`'s fleet
- * breaker as last seen ("closed", "open", "half_open"; NULL: not Redis,
- * the local breaker decides), and its counters (zero when not Redis):
- * admissions admitted, refused (any check) and failed (no verdict: an error
- * or no answer in time), writes (release, progress, renewal) that failed,
- * leases found expired. Borrowed, valid until backend_free. */
-struct rds;
-struct backend_redis_counts {
-    uint64_t admitted, refused, admit_errors, write_errors, leases_lost;
-};
-const struct rds *backend_redis_rds(const struct backend *be);
-const char *backend_redis_breaker_state(const struct backend *be, size_t source);
-void backend_redis_get_counts(const struct backend *be, struct backend_redis_counts *out);
-/* A reload swapped the configuration: the Redis backend borrows `cfg` from
- * now on. Only for a configuration whose backend section and sources
- * (names, order, fleet-enforced settings) are those the backend was made
- * with (reload.h refuses any other); a no-op for another backend. */
-void backend_redis_rebind(struct backend *be, const struct config *cfg);
+void backend_redis_describe(const struct config *cfg, char *buf, size_t len);
 
 /* `t` described as a record (the memory backend's view; the tasks layer
  * packs its own copies with it): wall-clock times from the loop's `loop`.
@@ -241,6 +256,16 @@ static inline int backend_task(struct backend *be, enum backend_task_op op, cons
                                struct backend_task *now_bt, backend_task_cb *cb, void *ud)
 {
     return be->ops->task(be, op, id, reason, ok, app, admin, now_bt, cb, ud);
+}
+
+static inline bool backend_is_up(const struct backend *be)
+{
+    return be->ops->is_up(be);
+}
+
+static inline void backend_rebind(struct backend *be, const struct config *cfg)
+{
+    be->ops->rebind(be, cfg);
 }
 
 static inline void backend_free(struct backend *be)

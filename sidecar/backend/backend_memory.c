@@ -9,7 +9,7 @@
 
 #include <stdlib.h>
 
-#include "rpc.h"
+#include "codec/figures.h"
 #include "task.h"
 
 struct backend_memory {
@@ -124,14 +124,31 @@ static const struct gov_backend *mem_progress(struct backend *be)
     return NULL;
 }
 
-static void mem_pack_stats(struct backend *be, msgpack_packer *pk)
+static struct fig_val mem_kind(const void *obj, size_t row)
 {
-    (void)be;
-    rpc_pack_str(pk, "backend");
-    msgpack_pack_map(pk, 2);
-    rpc_pack_kv_str(pk, "kind", "memory");
-    rpc_pack_kv_str(pk, "state", "up");
+    (void)obj;
+    (void)row;
+    return (struct fig_val){ .s = "memory" };
 }
+
+static struct fig_val mem_state(const void *obj, size_t row)
+{
+    (void)obj;
+    (void)row;
+    return (struct fig_val){ .s = "up" }; /* always */
+}
+
+static const struct figure backend_figure_list[] = {
+    { .key = "kind", .kind = FIG_STR, .get = mem_kind },
+    { .key = "state", .kind = FIG_STR, .get = mem_state },
+};
+static const struct fig_table backend_figures = FIG_TABLE(backend_figure_list);
+
+/* `backend`; no families of its own. */
+static const struct figure memory_figure_list[] = {
+    { .key = "backend", .kind = FIG_MAP, .sub = &backend_figures },
+};
+static const struct fig_table memory_figures = FIG_TABLE(memory_figure_list);
 
 static void mem_free(struct backend *be)
 {
@@ -144,6 +161,26 @@ static bool mem_is_up(const struct backend *be)
     return true;
 }
 
+static const char *mem_down_reason(const struct backend *be, const char **detail)
+{
+    (void)be;
+    *detail = "";
+    return "backend down"; /* never: it is always up */
+}
+
+static const char *mem_breaker_state(const struct backend *be, size_t source)
+{
+    (void)be;
+    (void)source;
+    return NULL; /* the local breaker decides */
+}
+
+static void mem_rebind(struct backend *be, const struct config *cfg)
+{
+    (void)be; /* it keeps no configuration */
+    (void)cfg;
+}
+
 static const struct backend_ops memory_ops = {
     .name = "memory",
     .admit = mem_admit,
@@ -153,9 +190,12 @@ static const struct backend_ops memory_ops = {
     .retry_later = mem_retry_later,
     .is_closing = mem_is_closing,
     .is_up = mem_is_up,
+    .down_reason = mem_down_reason,
+    .shared = false,
+    .breaker_state = mem_breaker_state,
+    .rebind = mem_rebind,
     .progress = mem_progress,
-    .stats_keys = 1,
-    .pack_stats = mem_pack_stats,
+    .figures = &memory_figures,
     .free = mem_free,
 };
 

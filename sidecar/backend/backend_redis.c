@@ -45,6 +45,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,7 +54,6 @@
 
 #include "core/log.h"
 #include "redis.h"
-#include "rpc.h"
 #include "task.h"
 
 #define SHARED_SCOPES            4096 /* cache slots (power of two) */
@@ -1185,13 +1185,30 @@ static const struct gov_backend *redis_progress(struct backend *be)
     return &((struct backend_redis *)be)->progress;
 }
 
-static void redis_pack_stats(struct backend *be, msgpack_packer *pk);
-
 static bool redis_is_up(const struct backend *be)
 {
     const struct backend_redis *sh = (const struct backend_redis *)be;
     return !sh->closing && rds_up(sh->rds);
 }
+
+static const char *redis_down_reason(const struct backend *be, const char **detail)
+{
+    const struct backend_redis *sh = (const struct backend_redis *)be;
+    *detail = sh->rds ? rds_last_error(sh->rds) : "";
+    return "redis unreachable";
+}
+
+static const char *redis_breaker_state(const struct backend *be, size_t source)
+{
+    return ((const struct backend_redis *)be)->src[source].breaker_state;
+}
+
+static void redis_rebind(struct backend *be, const struct config *cfg)
+{
+    ((struct backend_redis *)be)->cfg = cfg;
+}
+
+static const struct fig_table redis_figures;
 
 static const struct backend_ops redis_ops = {
     .name = "redis",
@@ -1202,9 +1219,12 @@ static const struct backend_ops redis_ops = {
     .retry_later = redis_retry_later,
     .is_closing = redis_is_closing,
     .is_up = redis_is_up,
+    .down_reason = redis_down_reason,
+    .shared = true,
+    .breaker_state = redis_breaker_state,
+    .rebind = redis_rebind,
     .progress = redis_progress,
-    .stats_keys = 2,
-    .pack_stats = redis_pack_stats,
+    .figures = &redis_figures,
     .free = redis_free,
 };
 
@@ -1389,84 +1409,154 @@ static void redis_free(struct backend *be)
     free(sh);
 }
 
-/* --- for metrics (backend.h) ------------------------------------------ */
-
-/* The Redis instance behind `be`, or NULL when `be` is another backend. */
-static const struct backend_redis *as_redis(const struct backend *be)
+void backend_redis_describe(const struct config *cfg, char *buf, size_t len)
 {
-    return be && be->ops == &redis_ops ? (const struct backend_redis *)be : NULL;
-}
+    struct rds_addr a;
 
-void backend_redis_rebind(struct backend *be, const struct config *cfg)
-{
-    if (be && be->ops == &redis_ops)
-        ((struct backend_redis *)be)->cfg = cfg;
-}
-
-const struct rds *backend_redis_rds(const struct backend *be)
-{
-    const struct backend_redis *sh = as_redis(be);
-    return sh ? sh->rds : NULL;
-}
-
-const char *backend_redis_breaker_state(const struct backend *be, size_t source)
-{
-    const struct backend_redis *sh = as_redis(be);
-    return sh ? sh->src[source].breaker_state : NULL;
-}
-
-void backend_redis_get_counts(const struct backend *be, struct backend_redis_counts *out)
-{
-    const struct backend_redis *sh = as_redis(be);
-
-    *out = (struct backend_redis_counts){ 0 };
-    if (!sh)
-        return;
-    *out = (struct backend_redis_counts){ .admitted = sh->admitted,
-                                          .admit_errors = sh->admit_errors,
-                                          .write_errors = sh->write_errors,
-                                          .leases_lost = sh->leases_lost };
-    for (size_t i = 0; i < sizeof(sh->refused) / sizeof(sh->refused[0]); i++)
-        out->refused += sh->refused[i];
-}
-
-static void redis_pack_stats(struct backend *be, msgpack_packer *pk)
-{
-    struct backend_redis *sh = (struct backend_redis *)be;
-    size_t live = 0;
-
-    for (size_t i = 0; i < sh->cfg->n_sources; i++)
-        live += sh->src[i].n_live;
-    rpc_pack_str(pk, "backend");
-    rds_pack_stats(sh->rds, pk);
-    rpc_pack_str(pk, "shared");
-    msgpack_pack_map(pk, 18);
-    rpc_pack_kv_str(pk, "sidecar_id", sh->sidecar_id);
-    rpc_pack_kv_u64(pk, "resyncs", sh->resyncs);
-    rpc_pack_kv_u64(pk, "progress_read_errors", sh->progress_read_errors);
-    rpc_pack_kv_u64(pk, "marks_sent", sh->marks_sent);
-    rpc_pack_kv_u64(pk, "marks_coalesced", sh->marks_coalesced);
-    rpc_pack_str(pk, "sources");
-    msgpack_pack_map(pk, sh->cfg->n_sources);
-    for (size_t i = 0; i < sh->cfg->n_sources; i++) {
-        rpc_pack_str(pk, sh->cfg->sources[i].name);
-        msgpack_pack_map(pk, 2);
-        rpc_pack_kv_str(pk, "breaker", sh->src[i].breaker_state);
-        rpc_pack_kv_u64(pk, "leases_live", sh->src[i].n_live);
+    if (cfg->redis_url && rds_parse_url(cfg->redis_url, &a, NULL, 0) == 0) {
+        if (a.path[0])
+            snprintf(buf, len, "redis backend at %s, not contacted", a.path);
+        else
+            snprintf(buf, len, "redis backend at %s:%d, not contacted", a.host, a.port);
+    } else if (cfg->n_redis_sentinels) {
+        snprintf(buf, len, "redis backend: primary '%s' from %zu sentinels, not contacted",
+                 cfg->redis_master_name, cfg->n_redis_sentinels);
+    } else {
+        snprintf(buf, len, "redis backend, not contacted");
     }
-    rpc_pack_kv_u64(pk, "admit_requests", sh->admit_requests);
-    rpc_pack_kv_u64(pk, "admits", sh->admits);
-    rpc_pack_kv_u64(pk, "admitted", sh->admitted);
-    rpc_pack_str(pk, "refused");
-    msgpack_pack_map(pk, 7);
-    for (int i = 0; i < 7; i++)
-        rpc_pack_kv_u64(pk, refusal_names[i], sh->refused[i]);
-    rpc_pack_kv_u64(pk, "admit_errors", sh->admit_errors);
-    rpc_pack_kv_u64(pk, "releases", sh->releases);
-    rpc_pack_kv_u64(pk, "write_errors", sh->write_errors);
-    rpc_pack_kv_u64(pk, "leases_live", live);
-    rpc_pack_kv_u64(pk, "leases_lost", sh->leases_lost);
-    rpc_pack_kv_u64(pk, "renewals", sh->renewals);
-    rpc_pack_kv_u64(pk, "progress_fetches", sh->progress_fetches);
-    rpc_pack_kv_u64(pk, "scopes_cached", sh->n_scopes);
+    explicit_bzero(&a, sizeof(a)); /* it held the password */
 }
+
+/* --- figures (backend.h) ---------------------------------------------- */
+
+#define SH(obj)  ((const struct backend_redis *)(obj))
+#define CNT(f)   offsetof(struct backend_redis, f)
+#define ADMITTED "polygw_fleet_admissions_total"
+_Static_assert(sizeof(unsigned long long) == sizeof(uint64_t), "counters are read as uint64_t");
+
+static struct fig_val sidecar_id(const void *obj, size_t row)
+{
+    (void)row;
+    return (struct fig_val){ .s = SH(obj)->sidecar_id };
+}
+
+static struct fig_val src_breaker(const void *obj, size_t row)
+{
+    return (struct fig_val){ .s = SH(obj)->src[row].breaker_state };
+}
+
+static struct fig_val src_leases_live(const void *obj, size_t row)
+{
+    return (struct fig_val){ .u = SH(obj)->src[row].n_live };
+}
+
+/* One source of `shared.sources`. */
+static const struct figure source_figure_list[] = {
+    { .key = "breaker", .kind = FIG_STR, .get = src_breaker },
+    { .key = "leases_live", .get = src_leases_live },
+};
+static const struct fig_table source_figures = FIG_TABLE(source_figure_list);
+
+static void write_sources(struct writer *w, const void *obj, size_t row)
+{
+    const struct backend_redis *sh = SH(obj);
+    (void)row;
+
+    writer_map(w, (uint32_t)sh->cfg->n_sources);
+    for (size_t i = 0; i < sh->cfg->n_sources; i++) {
+        writer_str(w, sh->cfg->sources[i].name);
+        figs_write_map(w, &source_figures, sh, i);
+    }
+}
+
+static struct fig_val refused_total(const void *obj, size_t row)
+{
+    uint64_t n = 0;
+    (void)row;
+
+    for (size_t i = 0; i < sizeof(SH(obj)->refused) / sizeof(SH(obj)->refused[0]); i++)
+        n += SH(obj)->refused[i];
+    return (struct fig_val){ .u = n };
+}
+
+static const char *refusal_name(size_t i)
+{
+    return refusal_names[i];
+}
+
+static const struct figure refused_figure_list[] = {
+    { .key = "", .off = CNT(refused), .n = 7, .name = refusal_name },
+};
+static const struct fig_table refused_figures = FIG_TABLE(refused_figure_list);
+
+static struct fig_val leases_live(const void *obj, size_t row)
+{
+    uint64_t n = 0;
+    (void)row;
+
+    for (size_t i = 0; i < SH(obj)->cfg->n_sources; i++)
+        n += SH(obj)->src[i].n_live;
+    return (struct fig_val){ .u = n };
+}
+
+static struct fig_val scopes_cached(const void *obj, size_t row)
+{
+    (void)row;
+    return (struct fig_val){ .u = SH(obj)->n_scopes };
+}
+
+static const struct figure shared_figure_list[] = {
+    { .key = "sidecar_id", .kind = FIG_STR, .get = sidecar_id },
+    { .key = "resyncs", .off = CNT(resyncs) },
+    { .key = "progress_read_errors", .off = CNT(progress_read_errors) },
+    { .key = "marks_sent", .off = CNT(marks_sent) },
+    { .key = "marks_coalesced", .off = CNT(marks_coalesced) },
+    { .key = "sources", .kind = FIG_CUSTOM, .write = write_sources },
+    { .key = "admit_requests", .off = CNT(admit_requests) },
+    { .key = "admits", .off = CNT(admits) },
+    { .key = "admitted",
+      .metric = ADMITTED,
+      .type = "counter",
+      .help = "Fleet admissions (admit.lua) answered, by result: admitted, refused (a fleet "
+              "limit or breaker), error (no verdict: the call failed closed).",
+      .label = "result",
+      .label_value = "admitted",
+      .off = CNT(admitted) },
+    { .metric = ADMITTED, .label = "result", .label_value = "refused", .get = refused_total },
+    { .key = "refused", .kind = FIG_MAP, .sub = &refused_figures }, /* by check */
+    { .key = "admit_errors",
+      .metric = ADMITTED,
+      .label = "result",
+      .label_value = "error",
+      .off = CNT(admit_errors) },
+    { .key = "releases", .off = CNT(releases) },
+    { .key = "write_errors",
+      .metric = "polygw_fleet_write_errors_total",
+      .type = "counter",
+      .help = "Writes to the fleet state that failed (release, progress mark, lease renewal): "
+              "logged and counted, never surfaced to calls.",
+      .off = CNT(write_errors) },
+    { .key = "leases_live", .get = leases_live },
+    { .key = "leases_lost",
+      .metric = "polygw_fleet_leases_lost_total",
+      .type = "counter",
+      .help = "Leases of attempts in flight found expired in Redis at renewal.",
+      .off = CNT(leases_lost) },
+    { .key = "renewals", .off = CNT(renewals) },
+    { .key = "progress_fetches", .off = CNT(progress_fetches) },
+    { .key = "scopes_cached", .get = scopes_cached },
+};
+static const struct fig_table shared_figures = FIG_TABLE(shared_figure_list);
+
+static const void *rds_of(const void *obj, size_t row)
+{
+    (void)row;
+    return SH(obj)->rds;
+}
+
+/* `backend`: the connector's (redis.h); `shared`: this backend's. */
+static const struct figure redis_figure_list[] = {
+    { .key = "backend", .kind = FIG_MAP, .sub = &rds_figures, .sub_obj = rds_of },
+    { .key = "shared", .kind = FIG_MAP, .sub = &shared_figures },
+};
+static const struct fig_table redis_figures = FIG_TABLE(redis_figure_list);

@@ -47,13 +47,13 @@
 
 #include <ev.h>
 #include <hiredis/hiredis.h>
-#include <msgpack.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "codec/figures.h"
 #include "prom.h"
-#include "core/redis_url.h"
+#include "redis_url.h"
 #include "redis_tls.h"
 
 struct rds;
@@ -148,11 +148,12 @@ const struct rds_stats *rds_get_stats(const struct rds *r);
  * a password (see rds_reason in redis.c). Borrowed until the next failure. */
 const char *rds_last_error(const struct rds *r);
 
-/* Packs the `backend` map of `stats`: kind, state (up / connecting / down),
- * subscribed, address (host:port or path; never the password), tls, the
- * counters, rtt_avg_ms / rtt_max_ms, last_error, next_retry_in_s; with
- * sentinels also sentinel (the one asked last), sentinel_state,
- * master_name and primary_changes. */
-void rds_pack_stats(const struct rds *r, msgpack_packer *pk);
+/* The `backend` map of `stats` and the polygw_redis_* families
+ * (codec/figures.h, of a struct rds): kind, state (up / connecting /
+ * down), subscribed, address (host:port or path; never the password),
+ * tls, the counters, rtt_avg_ms / rtt_max_ms, last_error,
+ * next_retry_in_s; with sentinels also sentinel (the one asked last),
+ * sentinel_state, master_name and primary_changes. */
+extern const struct fig_table rds_figures;
 
 #endif /* POLYGW_REDIS_H */

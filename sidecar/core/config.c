@@ -35,7 +35,6 @@
 #include "iplit.h"
 #include "modelmatch.h"
 #include "name_index.h"
-#include "redis_url.h"
 #include "tls.h"
 #include "yamltree.h"
 
@@ -465,6 +464,15 @@ static int check_http_url(struct loader *l, const struct ynode *v, char *s)
     return 0;
 }
 
+/* The backend's address syntax (config.h), or NULL until the owner sets
+ * it. */
+static const struct config_backend_syntax *backend_syntax;
+
+void config_set_backend_syntax(const struct config_backend_syntax *syntax)
+{
+    backend_syntax = syntax;
+}
+
 /* Why `s` is not a usable Redis URL, or NULL. The URL may carry a
  * password: the reason never echoes it. */
 static const char *redis_url_problem(const char *s, char *why, size_t whylen)
@@ -474,10 +482,7 @@ static const char *redis_url_problem(const char *s, char *why, size_t whylen)
         return "must start with redis://, rediss:// or unix://";
     if (has_space_or_ctl(s))
         return "must not contain spaces or control characters";
-    struct rds_addr addr;
-    int rc = rds_parse_url(s, &addr, why, whylen);
-    explicit_bzero(&addr, sizeof(addr)); /* it may hold the password */
-    return rc < 0 ? why : NULL;
+    return backend_syntax ? backend_syntax->url_problem(s, why, whylen) : NULL;
 }
 
 static int check_redis_url(struct loader *l, const struct ynode *v, char *s)
@@ -1611,9 +1616,7 @@ static int walk_strings(struct loader *l, const struct ynode *v, size_t max, con
 
 static const char *sentinel_problem(const char *s, char *why, size_t whylen)
 {
-    char host[256];
-    int port;
-    return rds_parse_hostport(s, host, sizeof(host), &port, why, whylen) < 0 ? why : NULL;
+    return backend_syntax ? backend_syntax->hostport_problem(s, why, whylen) : NULL;
 }
 
 /* backend.sentinels: ["host:port", ...], 1 to 16 of them. */
@@ -2960,7 +2963,7 @@ static int load_redis_secrets(struct loader *l)
 {
     struct config *cfg = l->cfg;
     int rc;
-    const size_t pw_max = sizeof(((struct rds_addr *)0)->password) - 1;
+    const size_t pw_max = backend_syntax ? backend_syntax->password_max : SIZE_MAX;
 
     if ((rc = load_redis_secret(l, FID_PASSWORD_ENV, FID_PASSWORD_FILE, cfg->redis_password_env,
                                 cfg->redis_password_file, "password", &cfg->redis_password)) ==
@@ -2982,17 +2985,11 @@ static int load_redis_secrets(struct loader *l)
     if (cfg->redis_tls && cfg->redis_url && strncasecmp(cfg->redis_url, "rediss://", 9) != 0)
         return fail_at(l, l->line[FID_TLS], "backend.tls",
                        "needs a rediss:// URL (TLS is what the scheme asks for)");
-    if (cfg->redis_password && cfg->redis_url) {
-        struct rds_addr addr;
-        char why[200];
-        bool both = rds_parse_url(cfg->redis_url, &addr, why, sizeof(why)) == 0 && addr.password[0];
-        explicit_bzero(&addr, sizeof(addr));
-        if (both)
-            return fail_at(l, l->line[FID_PASSWORD_ENV] | l->line[FID_PASSWORD_FILE],
-                           cfg->redis_password_env ? "backend.password_env"
-                                                   : "backend.password_file",
-                           "the URL holds a password too; keep one of them");
-    }
+    if (cfg->redis_password && cfg->redis_url && backend_syntax &&
+        backend_syntax->url_has_password(cfg->redis_url))
+        return fail_at(l, l->line[FID_PASSWORD_ENV] | l->line[FID_PASSWORD_FILE],
+                       cfg->redis_password_env ? "backend.password_env" : "backend.password_file",
+                       "the URL holds a password too; keep one of them");
     return 0;
 }
 

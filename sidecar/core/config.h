@@ -332,14 +332,31 @@ struct config {
  * must not call the loader again. */
 typedef void config_report_fn(void *arg, const char *msg);
 
+/* The syntax of the addresses in the backend section (backend.url, the URL
+ * backend.url_env names, backend.sentinels) and the longest password it
+ * takes: the state backend's to know (backend.h), handed to the loader by
+ * the process owner before its first load. Until then those values are
+ * only checked to be present. */
+struct config_backend_syntax {
+    /* NULL when `url` is usable; else why (in `why`, or a static text),
+     * never quoting the password. */
+    const char *(*url_problem)(const char *url, char *why, size_t whylen);
+    /* NULL when `s` is a usable "host:port"; else why. */
+    const char *(*hostport_problem)(const char *s, char *why, size_t whylen);
+    /* Does `url` (a usable one) carry a password? */
+    bool (*url_has_password)(const char *url);
+    size_t password_max; /* bytes */
+};
+void config_set_backend_syntax(const struct config_backend_syntax *syntax);
+
 /* Parses and validates `path` (borrowed; a regular file of at most 16 MiB:
  * a FIFO, device or directory is refused at once, never read). Returns a
  * new config (owned by the caller, who frees it with config_free), or NULL
  * with the first reason in `err` (always NUL-terminated when errlen > 0;
  * `err` may be NULL). Reads environment variables and key files for API
  * keys, only once everything else validated. Touches no global state except
- * reading the environment; never prints, never exits; safe to call again for
- * a reload while the old config is in use. */
+ * reading the environment and the backend syntax; never prints, never
+ * exits; safe to call again for a reload while the old config is in use. */
 struct config *config_load(const char *path, char *err, size_t errlen);
 
 /* config_load that also hands every error to `report` (may be NULL), with

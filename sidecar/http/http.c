@@ -86,7 +86,6 @@
 #include "codec/jscan.h"
 #include "core/log.h"
 #include "metrics/metrics.h"
-#include "backend/redis.h"
 #include "backend/backend.h"
 #include "status.h"
 #include "task.h"
@@ -916,7 +915,7 @@ static void route_healthz(struct http_conn *c, const char *path, size_t len)
 static void route_readyz(struct http_conn *c, const char *path, size_t len)
 {
     struct server *srv = c->hs->srv;
-    const char *why = NULL;
+    const char *why = NULL, *detail = "";
     char body[400];
     (void)path;
     (void)len;
@@ -925,19 +924,17 @@ static void route_readyz(struct http_conn *c, const char *path, size_t len)
         why = "shutting down";
     else if (srv->listen_fd < 0 || (c->hs->lis[0].fd < 0 && c->hs->lis[1].fd < 0))
         why = "not listening";
-    else if (!srv->backend->ops->is_up(srv->backend))
-        why = "redis unreachable";
+    else if (!backend_is_up(srv->backend))
+        why = srv->backend->ops->down_reason(srv->backend, &detail);
     if (!why) {
         static const char ok[] = "{\"status\":\"ready\"}";
         hc_reply(c, 200, "application/json", ok, sizeof(ok) - 1, NULL, NULL);
         return;
     }
     int n = snprintf(body, sizeof(body), "{\"status\":\"not_ready\",\"reason\":\"%s\"", why);
-    /* Redis' own reason (a refused TLS certificate, WRONGPASS, ...) as
-     * `detail`, JSON-escaped: it says what to fix. It never holds a
-     * password. */
-    const struct rds *r = backend_redis_rds(srv->backend);
-    const char *detail = r && strcmp(why, "redis unreachable") == 0 ? rds_last_error(r) : "";
+    /* The backend's own reason (Redis: a refused TLS certificate,
+     * WRONGPASS, ...) as `detail`, JSON-escaped: it says what to fix. It
+     * never holds a password. */
     bool has_detail = *detail != '\0';
     if (has_detail)
         n += snprintf(body + n, sizeof(body) - (size_t)n, ",\"detail\":\"");

@@ -10,10 +10,9 @@
 #include <sys/socket.h>
 
 #include "core/server.h"
-#include "ops/stats.h"
-#include "rpc.h"
-#include "codec/transcode.h"
+#include "codec/writer.h"
 #include "core/models.h"
+#include "ops/stats.h"
 
 bool status_peer_allowed(const struct config *cfg, int fd)
 {
@@ -87,39 +86,33 @@ static bool name_first(const struct config *cfg, const struct config_app *a, siz
 
 int status_models_json(const struct config *cfg, const struct config_app *app, struct strbuf *out)
 {
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
-    msgpack_unpacked up;
+    size_t len = out->len;
     uint32_t n = 0;
-    int rc = -1;
+    struct writer w;
 
     for (size_t i = 0; i < cfg->n_sources; i++)
         for (size_t k = 0; public_name(&cfg->sources[i], k); k++)
             n += name_first(cfg, app, i, k);
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 2);
-    rpc_pack_kv_str(&pk, "object", "list");
-    rpc_pack_str(&pk, "data");
-    msgpack_pack_array(&pk, n);
+    writer_init_json(&w, out);
+    writer_map(&w, 2);
+    writer_kv_str(&w, "object", "list");
+    writer_str(&w, "data");
+    writer_array(&w, n);
     for (size_t i = 0; i < cfg->n_sources; i++) {
         const struct config_source *s = &cfg->sources[i];
         for (size_t k = 0; public_name(s, k); k++) {
             if (!name_first(cfg, app, i, k))
                 continue;
-            msgpack_pack_map(&pk, 5);
-            rpc_pack_kv_str(&pk, "id", public_name(s, k));
-            rpc_pack_kv_str(&pk, "object", "model");
-            rpc_pack_kv_u64(&pk, "created", 0);
-            rpc_pack_kv_str(&pk, "owned_by", s->name);
-            rpc_pack_kv_str(&pk, "capability", s->capability);
+            writer_map(&w, 5);
+            writer_kv_str(&w, "id", public_name(s, k));
+            writer_kv_str(&w, "object", "model");
+            writer_kv_u64(&w, "created", 0);
+            writer_kv_str(&w, "owned_by", s->name);
+            writer_kv_str(&w, "capability", s->capability);
         }
     }
-    msgpack_unpacked_init(&up);
-    if (msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS &&
-        transcode_msgpack_to_json(&up.data, out, NULL, NULL, NULL, 0) == 0)
-        rc = 0;
-    msgpack_unpacked_destroy(&up);
-    msgpack_sbuffer_destroy(&sb);
-    return rc;
+    if (w.err == 0 && w.depth == 0)
+        return 0;
+    out->len = len;
+    return -1;
 }

@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "core/server.h"
-#include "backend/redis.h"
 #include "backend/backend.h"
+#include "figures.h"
 #include "task.h"
 #include "upstream/upstream.h"
 
@@ -252,50 +252,18 @@ static void render_by(struct prom_text *t, const char *name, const char *type, c
     }
 }
 
+/* What only /metrics shows of the process, then the figures `stats` shows
+ * too (metrics/figures.h): connections, requests, errors, bytes, upstream
+ * engine, reloads. */
 static void render_server(struct prom_text *t, struct server *srv)
 {
-    const struct server_stats *st = &srv->stats;
-    const char *codes[PGW_CODE_COUNT];
     struct prom_label l = L("version", PGW_VERSION);
 
     prom_text_family(t, "polygw_build_info", "gauge", "Always 1; the version of this sidecar.");
     prom_text_sample(t, "polygw_build_info", &l, 1, 1);
     render_one(t, "polygw_start_time_seconds", "gauge", "When the sidecar started (Unix time).",
                srv->started_at);
-    render_one_u64(t, "polygw_connections_open", "gauge", "Client connections open on the socket.",
-                   st->conns_open);
-    render_one_u64(t, "polygw_connections_accepted_total", "counter",
-                   "Client connections accepted.", st->conns_accepted);
-    render_one_u64(t, "polygw_connections_refused_total", "counter",
-                   "Client connections closed at accept (max_connections, out of file "
-                   "descriptors).",
-                   st->conns_rejected);
-    render_one_u64(t, "polygw_accept_errors_total", "counter", "accept() failures on the socket.",
-                   st->accept_errors);
-    render_one_u64(t, "polygw_requests_in_flight", "gauge",
-                   "Requests accepted on the socket and not answered yet (calls and task "
-                   "requests).",
-                   st->in_flight);
-    render_one_u64(t, "polygw_responses_total", "counter",
-                   "Responses sent on the socket, successes and errors, every method.",
-                   st->requests_served);
-    for (int i = 1; i < PGW_CODE_COUNT; i++)
-        codes[i] = pgw_code_name((enum pgw_code)i);
-    render_by(t, "polygw_error_responses_total", "counter",
-              "Error responses and notifications sent on the socket, every method, by code.",
-              "code", codes + 1, st->rejected + 1, PGW_CODE_COUNT - 1);
-    render_one_u64(t, "polygw_stream_chunks_total", "counter", "Stream events relayed to clients.",
-                   st->chunks_relayed);
-    render_one_u64(t, "polygw_received_bytes_total", "counter",
-                   "Bytes read from client connections.", st->bytes_in);
-    render_one_u64(t, "polygw_sent_bytes_total", "counter", "Bytes written to client connections.",
-                   st->bytes_out);
-    static const char *const reload_results[] = { "succeeded", "failed" };
-    const uint64_t reloads[] = { st->reloads_ok, st->reloads_failed };
-    render_by(t, "polygw_config_reloads_total", "counter",
-              "Configuration reloads (SIGHUP, config.reload, a changed key file) by result; a "
-              "failed one changed nothing.",
-              "result", reload_results, reloads, 2);
+    figs_render(t, &figs_server, srv, 1, 0);
 }
 
 /* ---- one series (or histogram) per source, labelled source and capability */
@@ -306,69 +274,28 @@ static void source_labels(const struct config *cfg, size_t i, struct prom_label 
     l[1] = L("capability", cfg->capabilities[cfg->sources[i].capability_index].name);
 }
 
-typedef double source_value_fn(struct server *srv, size_t i);
-
-static double src_in_flight(struct server *srv, size_t i)
+static double src_prompt_tokens(const struct metrics_source *s)
 {
-    return srv->gov.sources[i].in_flight;
+    return (double)s->prompt_tokens;
 }
 
-static double src_concurrency_limit(struct server *srv, size_t i)
+static double src_cached_prompt_tokens(const struct metrics_source *s)
 {
-    const struct gov_source *s = &srv->gov.sources[i];
-    uint32_t limit = aimd_permits(&s->aimd);
-    return limit < s->p.max_concurrency ? limit : s->p.max_concurrency;
+    return (double)s->cached_tokens;
 }
 
-static double src_aimd_limit(struct server *srv, size_t i)
-{
-    return srv->gov.sources[i].aimd.limit;
-}
-
-static double src_breaker_opened(struct server *srv, size_t i)
-{
-    return (double)srv->gov.sources[i].breaker.opened_total;
-}
-
-static double src_tokens(struct server *srv, size_t i)
-{
-    return (double)srv->gov.sources[i].tokens_used;
-}
-
-static double src_prompt_tokens(struct server *srv, size_t i)
-{
-    return (double)srv->metrics->src[i].prompt_tokens;
-}
-
-static double src_cached_prompt_tokens(struct server *srv, size_t i)
-{
-    return (double)srv->metrics->src[i].cached_tokens;
-}
-
+/* Counted by the registry: not in `stats`. */
 static const struct {
-    const char *name, *type, *help;
-    source_value_fn *fn;
-    bool local_only; /* meaningless with the Redis backend (the fleet's) */
+    const char *name, *help;
+    double (*fn)(const struct metrics_source *s);
 } source_families[] = {
-    { "polygw_source_in_flight", "gauge", "Attempts holding a permit of the source.", src_in_flight,
-      false },
-    { "polygw_source_concurrency_limit", "gauge",
-      "Permits the source grants now: min(max_concurrency, floor(AIMD limit)).",
-      src_concurrency_limit, false },
-    { "polygw_source_aimd_limit", "gauge", "The source's AIMD concurrency limit.", src_aimd_limit,
-      false },
-    { "polygw_source_breaker_opened_total", "counter", "Times the source's breaker opened.",
-      src_breaker_opened, true },
-    { "polygw_source_tokens_total", "counter",
-      "Tokens the upstream reported (its real usage) for successful calls of the source.",
-      src_tokens, false },
-    { "polygw_source_prompt_tokens_total", "counter",
+    { "polygw_source_prompt_tokens_total",
       "Prompt tokens the upstream reported for successful attempts on the source.",
-      src_prompt_tokens, false },
-    { "polygw_source_cached_prompt_tokens_total", "counter",
+      src_prompt_tokens },
+    { "polygw_source_cached_prompt_tokens_total",
       "Of those, the prompt tokens the upstream reported read from its prompt cache "
       "(prompt_tokens_details.cached_tokens, cache_read_input_tokens).",
-      src_cached_prompt_tokens, false },
+      src_cached_prompt_tokens },
 };
 
 static void render_source_hist(struct prom_text *t, struct server *srv, const char *name,
@@ -381,29 +308,6 @@ static void render_source_hist(struct prom_text *t, struct server *srv, const ch
         source_labels(srv->cfg, i, l);
         prom_text_hist(t, name, l, 2,
                        (const struct prom_hist *)((const char *)&srv->metrics->src[i] + offset));
-    }
-}
-
-/* The rate buckets that are limited (with the Redis backend the buckets
- * are the fleet's, in Redis, and none is local). */
-static void render_buckets(struct prom_text *t, struct server *srv, const char *name,
-                           const char *help, bool capacity)
-{
-    static const char *const names[] = { "rpm", "tpm", "daily_tokens" };
-    double now = ev_now(srv->loop);
-    struct prom_label l[3];
-
-    prom_text_family(t, name, "gauge", help);
-    for (size_t i = 0; i < srv->cfg->n_sources; i++) {
-        struct gov_source *s = &srv->gov.sources[i];
-        struct bucket *b[] = { &s->rpm, &s->tpm, &s->daily };
-        source_labels(srv->cfg, i, l);
-        for (int k = 0; k < 3; k++) {
-            if (bucket_is_unlimited(b[k]))
-                continue;
-            l[2] = L("bucket", names[k]);
-            prom_text_sample(t, name, l, 3, capacity ? b[k]->capacity : bucket_level(b[k], now));
-        }
     }
 }
 
@@ -444,21 +348,21 @@ static void render_sources(struct prom_text *t, struct server *srv)
                        "(stream), by source.",
                        offsetof(struct metrics_source, ttft));
 
+    /* The governance state `stats` shows too (metrics/figures.h); what
+     * only the local breaker counts means nothing with a shared backend. */
+    figs_render(t, &figs_source, srv, cfg->n_sources, srv->backend->ops->shared ? FIG_LOCAL : 0);
     for (size_t f = 0; f < sizeof(source_families) / sizeof(source_families[0]); f++) {
-        if (source_families[f].local_only && backend_redis_rds(srv->backend))
-            continue;
-        prom_text_family(t, source_families[f].name, source_families[f].type,
-                         source_families[f].help);
+        prom_text_family(t, source_families[f].name, "counter", source_families[f].help);
         for (size_t i = 0; i < cfg->n_sources; i++) {
             source_labels(cfg, i, l);
-            prom_text_sample(t, source_families[f].name, l, 2, source_families[f].fn(srv, i));
+            prom_text_sample(t, source_families[f].name, l, 2, source_families[f].fn(&m->src[i]));
         }
     }
     prom_text_family(t, "polygw_source_breaker_state", "gauge",
                      "1 for the breaker's current state (closed, open, half_open), 0 for the "
                      "others; with the Redis backend, the fleet breaker as last seen.");
     for (size_t i = 0; i < cfg->n_sources; i++) {
-        const char *cur = backend_redis_breaker_state(srv->backend, i);
+        const char *cur = srv->backend->ops->breaker_state(srv->backend, i);
         if (!cur)
             cur = breaker_state_name(srv->gov.sources[i].breaker.state);
         source_labels(cfg, i, l);
@@ -468,12 +372,6 @@ static void render_sources(struct prom_text *t, struct server *srv)
             prom_text_sample_u64(t, "polygw_source_breaker_state", l, 3, strcmp(cur, name) == 0);
         }
     }
-    render_buckets(t, srv, "polygw_source_bucket_level",
-                   "Tokens left in the source's rate buckets (rpm: requests, tpm and "
-                   "daily_tokens: tokens; negative while in debt). Limited buckets only.",
-                   false);
-    render_buckets(t, srv, "polygw_source_bucket_capacity",
-                   "Capacity of the source's rate buckets. Limited buckets only.", true);
 }
 
 /* ---- one series (or histogram) per capability */
@@ -555,46 +453,6 @@ static void render_capabilities(struct prom_text *t, struct server *srv)
                     offsetof(struct metrics_capability, stalled));
 }
 
-static void render_upstream(struct prom_text *t, struct server *srv)
-{
-    const struct upstream_stats *us = upstream_get_stats(srv->up);
-    const char *phases[ATTEMPT_DONE];
-
-    render_one_u64(t, "polygw_upstream_attempts_active", "gauge",
-                   "Upstream HTTP requests open now.", us->attempts_active);
-    render_one_u64(t, "polygw_upstream_dns_lookups_total", "counter",
-                   "Name lookups started (DNS cache misses).", us->dns_lookups);
-    render_one_u64(t, "polygw_upstream_dns_abandoned_total", "counter",
-                   "Name lookups abandoned while still running (their attempt ended first; "
-                   "the resolver thread was detached).",
-                   us->dns_abandoned);
-    render_one_u64(t, "polygw_upstream_dns_refused_total", "counter",
-                   "Attempts failed at once by the per-host lookup cap (the host's resolver "
-                   "hangs).",
-                   us->dns_busy);
-    render_one_u64(t, "polygw_upstream_dns_waits_total", "counter",
-                   "Times an attempt waited for a lookup slot of its host.", us->dns_waits);
-    render_one_u64(t, "polygw_upstream_own_connections_opened_total", "counter",
-                   "Connections made by the own HTTP/1.1 client.", us->conns_opened);
-    render_one_u64(t, "polygw_upstream_own_connections_reused_total", "counter",
-                   "Requests the own HTTP/1.1 client sent on a kept-alive connection.",
-                   us->conns_reused);
-    render_one_u64(t, "polygw_upstream_own_stale_retries_total", "counter",
-                   "Requests sent again on a new connection: the kept-alive one died as it "
-                   "was reused, before any byte of an answer.",
-                   us->stale_retries);
-    render_one_u64(t, "polygw_upstream_own_tls_handshakes_total", "counter",
-                   "TLS handshakes the own HTTP/1.1 client completed.", us->tls_done);
-    render_one_u64(t, "polygw_upstream_own_tls_resumed_total", "counter",
-                   "Of those, handshakes that resumed an earlier session with the server.",
-                   us->tls_resumed);
-    for (int i = ATTEMPT_RESOLVING; i < ATTEMPT_DONE; i++)
-        phases[i] = attempt_phase_name((enum attempt_phase)i);
-    render_by(t, "polygw_upstream_timeouts_total", "counter",
-              "Attempts ended by one of the sidecar's deadlines, by the phase they were in.",
-              "phase", phases, us->timeouts, ATTEMPT_DONE);
-}
-
 static void render_tasks(struct prom_text *t, struct server *srv)
 {
     const struct task_stats *ts = task_reg_stats(srv->tasks);
@@ -636,59 +494,17 @@ static void render_tasks(struct prom_text *t, struct server *srv)
                    "task.start refused: the app held its apps[].max_tasks.", srv->task_app_refused);
 }
 
+/* The backend's kind and whether it can answer, then its own figures. */
 static void render_backend(struct prom_text *t, struct server *srv)
 {
-    const struct rds *r = backend_redis_rds(srv->backend);
-    static const char *const kinds[] = { "reply", "timeout", "connection_lost", "not_connected" };
-    static const char *const results[] = { "admitted", "refused", "error" };
-    const char *kind = r ? "redis" : "memory";
-    uint64_t up = r ? rds_up(r) : 1;
+    const struct backend *be = srv->backend;
+    struct prom_label l = L("kind", be->ops->name);
 
-    render_by(t, "polygw_backend_up", "gauge",
-              "1 when the state backend can answer (memory: always; Redis: the command "
-              "connection is ready).",
-              "kind", &kind, &up, 1);
-    if (!r)
-        return;
-    const struct rds_stats *s = rds_get_stats(r);
-    const uint64_t failures[] = { s->errors, s->timeouts, s->lost, s->rejected_not_connected };
-    struct backend_redis_counts sc;
-    backend_redis_get_counts(srv->backend, &sc);
-    const uint64_t admissions[] = { sc.admitted, sc.refused, sc.admit_errors };
-    render_one_u64(t, "polygw_redis_commands_total", "counter", "Redis commands sent.",
-                   s->commands);
-    prom_text_family(t, "polygw_redis_round_trip_seconds", "histogram",
-                     "Round trips of answered Redis commands (error replies included).");
-    prom_text_hist(t, "polygw_redis_round_trip_seconds", NULL, 0, &s->rtt);
-    render_by(t, "polygw_redis_failures_total", "counter",
-              "Redis commands that failed, by kind: reply (an error reply), timeout "
-              "(command_timeout_s), connection_lost (their connection dropped first), "
-              "not_connected (refused at once).",
-              "kind", kinds, failures, 4);
-    render_one_u64(t, "polygw_redis_pending_commands", "gauge",
-                   "Redis commands sent, not answered.", s->pending);
-    render_one_u64(t, "polygw_redis_connects_total", "counter", "Redis connections made.",
-                   s->connects);
-    render_one_u64(t, "polygw_redis_disconnects_total", "counter", "Redis connections lost.",
-                   s->disconnects);
-    render_one_u64(t, "polygw_redis_connect_failures_total", "counter",
-                   "Redis connects that failed.", s->connect_failures);
-    render_one_u64(t, "polygw_redis_primary_changes_total", "counter",
-                   "Sentinel: times the primary moved to a new address (0 without sentinels).",
-                   s->primary_changes);
-    render_one_u64(t, "polygw_redis_subscribed", "gauge",
-                   "1 while the pub/sub connection listens to every channel.", rds_subscribed(r));
-    render_by(t, "polygw_fleet_admissions_total", "counter",
-              "Fleet admissions (admit.lua) answered, by result: admitted, refused (a fleet "
-              "limit or breaker), error (no verdict: the call failed closed).",
-              "result", results, admissions, 3);
-    render_one_u64(t, "polygw_fleet_write_errors_total", "counter",
-                   "Writes to the fleet state that failed (release, progress mark, lease "
-                   "renewal): logged and counted, never surfaced to calls.",
-                   sc.write_errors);
-    render_one_u64(t, "polygw_fleet_leases_lost_total", "counter",
-                   "Leases of attempts in flight found expired in Redis at renewal.",
-                   sc.leases_lost);
+    prom_text_family(t, "polygw_backend_up", "gauge",
+                     "1 when the state backend can answer (memory: always; Redis: the command "
+                     "connection is ready).");
+    prom_text_sample_u64(t, "polygw_backend_up", &l, 1, backend_is_up(be));
+    figs_render(t, be->ops->figures, be, 1, 0);
 }
 
 /* Per app (labels resolved from cfg->apps, the governance core's slots):
@@ -696,28 +512,8 @@ static void render_backend(struct prom_text *t, struct server *srv)
 static void render_apps(struct prom_text *t, struct server *srv)
 {
     const struct gov *g = &srv->gov;
-    const struct config *cfg = srv->cfg;
-    size_t n = g->apps && g->n_apps <= cfg->n_apps ? g->n_apps : 0;
-    static const struct {
-        const char *name, *type, *help;
-    } fam[] = {
-        { "polygw_app_in_flight", "gauge", "Attempts of the app holding a permit now." },
-        { "polygw_app_attempts_admitted_total", "counter",
-          "Attempts admitted for the app (its limits and a source's)." },
-        { "polygw_app_limited_total", "counter",
-          "Times the app's own limits (max_concurrency, rpm, tpm, daily_tokens) held a call "
-          "back." },
-    };
 
-    for (size_t f = 0; f < sizeof(fam) / sizeof(fam[0]); f++) {
-        prom_text_family(t, fam[f].name, fam[f].type, fam[f].help);
-        for (size_t i = 0; i < n; i++) {
-            const struct gov_app *a = &g->apps[i];
-            struct prom_label l = L("app", cfg->apps[i].name);
-            uint64_t v = f == 0 ? a->in_flight : f == 1 ? a->admitted : a->limited;
-            prom_text_sample_u64(t, fam[f].name, &l, 1, v);
-        }
-    }
+    figs_render(t, &figs_app, srv, g->apps && g->n_apps <= srv->cfg->n_apps ? g->n_apps : 0, 0);
 }
 
 char *metrics_render(struct server *srv, size_t *len)
@@ -729,7 +525,6 @@ char *metrics_render(struct server *srv, size_t *len)
     render_server(&t, srv);
     render_sources(&t, srv);
     render_capabilities(&t, srv);
-    render_upstream(&t, srv);
     render_tasks(&t, srv);
     render_apps(&t, srv);
     render_backend(&t, srv);

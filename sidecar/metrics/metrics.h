@@ -81,9 +81,9 @@ void metrics_on_call_first_event(struct metrics *m, size_t cap, double ttft_s);
 /* The Prometheus text exposition of everything `srv` (borrowed) holds:
  * the registry's counters and histograms plus gauges read now from the
  * governance core, the task registry, the upstream engine, the connection
- * layer and (with the Redis backend) the Redis adapter. Returns an owned,
- * NUL-terminated string with *len set to its length (without the NUL), or
- * NULL when out of memory. Never blocks. Any front end may call it. */
+ * layer and the state backend (its own families: backend.h). Returns an
+ * owned, NUL-terminated string with *len set to its length (without the
+ * NUL), or NULL when out of memory. Never blocks. Any front end may call it. */
 char *metrics_render(struct server *srv, size_t *len);
 
 #endif /* POLYGW_METRICS_H */

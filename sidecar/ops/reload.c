@@ -459,7 +459,7 @@ static int reload_apply(struct reload_ctx *x, struct reload_summary *sum, char *
     gov_reconf_finish(&r);
     if (srv->metrics)
         metrics_reconf_commit(srv->metrics, n, &mr);
-    backend_redis_rebind(srv->backend, n); /* it borrows the configuration */
+    backend_rebind(srv->backend, n); /* it borrows the configuration */
     for (size_t i = 0; i < o->n_sources; i++)
         if (keep[i] && !from_has(from, n_slots - n_ret, (long)i))
             /* moved into a retired slot */

@@ -2,6 +2,9 @@
  * stats.h — the `stats` result (proto/PROTOCOL.md), written through the
  * reply writer (codec/writer.h) so the msgpack method and the HTTP status
  * page render the same figures without converting one into the other.
+ * The counters /metrics shows too come from the same tables
+ * (metrics/figures.h, the backend's `figures`); every map's size is
+ * counted from its table.
  */
 #ifndef POLYGW_STATS_H
 #define POLYGW_STATS_H

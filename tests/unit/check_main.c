@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "backend/backend.h"
 #include "suites.h"
 
 int main(void)
@@ -41,8 +42,11 @@ int main(void)
         h1_suite,
         conn_suite,
         writer_suite,
+        figures_suite,
     };
     SRunner *sr = srunner_create(NULL);
+
+    config_set_backend_syntax(backend_config_syntax()); /* as main.c does */
 
     for (size_t i = 0; i < sizeof(suites) / sizeof(suites[0]); i++)
         srunner_add_suite(sr, suites[i]());

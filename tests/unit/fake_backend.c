@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rpc.h"
+#include "codec/figures.h"
 #include "task.h"
 
 struct backend_lease {
@@ -109,19 +109,47 @@ static bool fake_is_up(const struct backend *be)
     return !((const struct fake_backend *)be)->down;
 }
 
+static const char *fake_down_reason(const struct backend *be, const char **detail)
+{
+    (void)be;
+    *detail = "";
+    return "fake down";
+}
+
+static const char *fake_breaker_state(const struct backend *be, size_t source)
+{
+    (void)be;
+    (void)source;
+    return NULL;
+}
+
+static void fake_rebind(struct backend *be, const struct config *cfg)
+{
+    (void)be;
+    (void)cfg;
+}
+
 static const struct gov_backend *fake_progress(struct backend *be)
 {
     (void)be;
     return NULL;
 }
 
-static void fake_pack_stats(struct backend *be, msgpack_packer *pk)
+static struct fig_val fake_kind(const void *obj, size_t row)
 {
-    (void)be;
-    rpc_pack_str(pk, "backend");
-    msgpack_pack_map(pk, 1);
-    rpc_pack_kv_str(pk, "kind", "fake");
+    (void)obj;
+    (void)row;
+    return (struct fig_val){ .s = "fake" };
 }
+
+static const struct figure fake_backend_figure_list[] = {
+    { .key = "kind", .kind = FIG_STR, .get = fake_kind },
+};
+static const struct fig_table fake_backend_figures = FIG_TABLE(fake_backend_figure_list);
+static const struct figure fake_figure_list[] = {
+    { .key = "backend", .kind = FIG_MAP, .sub = &fake_backend_figures },
+};
+static const struct fig_table fake_figures = FIG_TABLE(fake_figure_list);
 
 /* Like a real backend at exit, the operations never answered fail now
  * (their requesters free what they hold); a lease still live is a leak of
@@ -153,9 +181,11 @@ static const struct backend_ops fake_ops = {
     .retry_later = fake_retry_later,
     .is_closing = fake_is_closing,
     .is_up = fake_is_up,
+    .down_reason = fake_down_reason,
+    .breaker_state = fake_breaker_state,
+    .rebind = fake_rebind,
     .progress = fake_progress,
-    .stats_keys = 1,
-    .pack_stats = fake_pack_stats,
+    .figures = &fake_figures,
     .free = fake_free,
 };
 

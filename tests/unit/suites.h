@@ -37,5 +37,6 @@ Suite *httpreq_suite(void);
 Suite *h1_suite(void);
 Suite *conn_suite(void);
 Suite *writer_suite(void);
+Suite *figures_suite(void);
 
 #endif

@@ -15,7 +15,7 @@
 
 #include "core/log.h"
 #include "backend/redis.h"
-#include "core/redis_url.h"
+#include "backend/redis_url.h"
 #include "suites.h"
 
 #define SECRET "s3cr3t-TOPSECRET"
@@ -318,7 +318,10 @@ static void read_stats(const struct rds *r, struct stats_view *v)
     memset(v, 0, sizeof(*v));
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    rds_pack_stats(r, &pk);
+    struct writer w;
+    writer_init_msgpack(&w, &pk);
+    figs_write_map(&w, &rds_figures, r, 0);
+    ck_assert_int_eq(w.err, 0);
     msgpack_unpacked_init(&u);
     size_t off = 0;
     ck_assert_int_eq(msgpack_unpack_next(&u, sb.data, sb.size, &off), MSGPACK_UNPACK_SUCCESS);

@@ -1,5 +1,6 @@
 /*
- * redis_url.c — rds_parse_url(); redis_url.h holds the contract.
+ * redis_url.c — rds_parse_url() and the loader's view of it;
+ * redis_url.h holds the contract.
  */
 #include "redis_url.h"
 #include "iplit.h"
@@ -281,3 +282,33 @@ int rds_parse_hostport(const char *s, char *host, size_t hostcap, int *port, cha
     *port = a.port;
     return 0;
 }
+
+static const char *url_problem(const char *url, char *why, size_t whylen)
+{
+    struct rds_addr addr;
+    int rc = rds_parse_url(url, &addr, why, whylen);
+    explicit_bzero(&addr, sizeof(addr)); /* it may hold the password */
+    return rc < 0 ? why : NULL;
+}
+
+static const char *hostport_problem(const char *s, char *why, size_t whylen)
+{
+    char host[256];
+    int port;
+    return rds_parse_hostport(s, host, sizeof(host), &port, why, whylen) < 0 ? why : NULL;
+}
+
+static bool url_has_password(const char *url)
+{
+    struct rds_addr addr;
+    bool has = rds_parse_url(url, &addr, NULL, 0) == 0 && addr.password[0];
+    explicit_bzero(&addr, sizeof(addr));
+    return has;
+}
+
+const struct config_backend_syntax rds_config_syntax = {
+    .url_problem = url_problem,
+    .hostport_problem = hostport_problem,
+    .url_has_password = url_has_password,
+    .password_max = sizeof(((struct rds_addr *)0)->password) - 1,
+};

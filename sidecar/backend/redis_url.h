@@ -1,7 +1,9 @@
 /*
- * redis_url.h — the Redis URL syntax, parsed without connecting: config.c
- * validates `backend.redis.url` with it at load time and redis.c connects
- * to what it returns. No dependency on hiredis, libev or the log module.
+ * redis_url.h — the Redis URL syntax, parsed without connecting: the
+ * loader validates `backend.url` and `backend.sentinels` with it at load
+ * time (through rds_config_syntax, which the process owner hands to
+ * config.c: core/ does not know Redis) and redis.c connects to what it
+ * returns. No dependency on hiredis, libev or the log module.
  *
  * The URL may hold a password: it is never put in an error text.
  */
@@ -10,6 +12,8 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+
+#include "core/config.h"
 
 /* Where to connect, parsed from a URL:
  *   redis://[[user]:password@]host[:port][/db]     (host may be [v6addr])
@@ -36,5 +40,10 @@ int rds_parse_hostport(const char *s, char *host, size_t hostcap, int *port, cha
  * reason in `err` (NULL or errlen 0: no reason) that never contains the
  * password. */
 int rds_parse_url(const char *url, struct rds_addr *out, char *err, size_t errlen);
+
+/* The loader's view of the above (config.h): a URL or "host:port" checked
+ * as rds_parse_url / rds_parse_hostport would take it, whether a URL
+ * holds a password, and the longest password (rds_addr.password). */
+extern const struct config_backend_syntax rds_config_syntax;
 
 #endif /* POLYGW_REDIS_URL_H */
