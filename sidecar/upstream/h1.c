@@ -511,10 +511,13 @@ static ssize_t conn_recv(struct h1_conn *c, char *buf, size_t cap)
     }
     if (e == SSL_ERROR_ZERO_RETURN) /* close_notify, or a bare close */
         return 0;
-    int err = errno;
+    /* errno tells only of SSL_ERROR_SYSCALL. After a TLS error it may hold
+     * what the alert OpenSSL then wrote met (EPIPE: the server had closed),
+     * which is not why the read failed. */
+    int err = e == SSL_ERROR_SYSCALL && errno ? errno : EPROTO;
     c->tls_ok = false;
     ERR_clear_error();
-    errno = err ? err : EPROTO;
+    errno = err;
     return -1;
 }
 
