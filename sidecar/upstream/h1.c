@@ -14,8 +14,9 @@
  * carrying: handshaking (watched for what SSL_connect last wanted). Then
  * every send and receive goes through conn_send_tls / conn_recv, which map
  * OpenSSL's WANT_READ / WANT_WRITE onto the same watcher; OpenSSL reads
- * ahead, so bytes it holds decrypted or undecrypted (SSL_has_pending) are
- * read before waiting on the socket again.
+ * ahead, so bytes it holds decrypted or undecrypted (SSL_has_pending), and
+ * a renegotiation it put off while holding some, are read before waiting
+ * on the socket again (conn_has_pending).
  */
 #include "h1.h"
 #include "dlist.h"
@@ -510,10 +511,13 @@ static ssize_t conn_recv(struct h1_conn *c, char *buf, size_t cap)
     }
     if (e == SSL_ERROR_ZERO_RETURN) /* close_notify, or a bare close */
         return 0;
-    int err = errno;
+    /* errno tells only of SSL_ERROR_SYSCALL. After a TLS error it may hold
+     * what the alert OpenSSL then wrote met (EPIPE: the server had closed),
+     * which is not why the read failed. */
+    int err = e == SSL_ERROR_SYSCALL && errno ? errno : EPROTO;
     c->tls_ok = false;
     ERR_clear_error();
-    errno = err ? err : EPROTO;
+    errno = err;
     return -1;
 }
 
@@ -866,11 +870,15 @@ static void req_on_eof(struct h1_req *r, int err)
                 "connection closed after an interim answer, before the final one");
 }
 
-/* Whether OpenSSL holds bytes of `c` already read from its socket, which
- * no readiness event will announce. */
+/* Whether OpenSSL has work on `c` that no readiness event will announce:
+ * bytes it already read from the socket, or a renegotiation the server
+ * asked for (a TLS 1.2 HelloRequest). OpenSSL starts that one only from
+ * an SSL_read or SSL_write, and not one that finds read-ahead bytes left:
+ * read after the HelloRequest was, it waits for the next call, and the
+ * server, waiting for it, sends nothing that would make one. */
 static bool conn_has_pending(const struct h1_conn *c)
 {
-    return c->ssl && SSL_has_pending(c->ssl);
+    return c->ssl && (SSL_has_pending(c->ssl) || SSL_renegotiate_pending(c->ssl));
 }
 
 static void req_read(struct h1_req *r)
@@ -878,7 +886,9 @@ static void req_read(struct h1_req *r)
     struct h1_pool *p = r->pool;
 
     /* Past H1_READS_MAX only to empty what OpenSSL already holds (at most
-     * its read-ahead buffer): nothing would wake the request for it. */
+     * its read-ahead buffer) or to start a renegotiation: nothing would
+     * wake the request for them. A read that only waits (WANT_READ) ends
+     * the loop. */
     for (int i = 0; i < H1_READS_MAX || conn_has_pending(r->conn); i++) {
         struct h1_conn *c = r->conn;
         ssize_t n = conn_recv(c, p->rbuf, sizeof(p->rbuf));
@@ -888,7 +898,7 @@ static void req_read(struct h1_req *r)
                 return;
             /* A short read emptied the socket; over TLS, what OpenSSL has
              * not read yet is still announced by the socket. */
-            if (c->ssl ? !SSL_has_pending(c->ssl) : (size_t)n < sizeof(p->rbuf))
+            if (c->ssl ? !conn_has_pending(c) : (size_t)n < sizeof(p->rbuf))
                 return;
             continue;
         }

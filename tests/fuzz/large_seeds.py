@@ -67,6 +67,17 @@ def seeds(max_len):
         "huge-close-delimited": b"\x00\x00\x00\x4b" + head + b"\r\n" + reply,
     }
 
+    # h1_tls: flags, first answer's length, seed, what the upstream does
+    # (tests/fuzz/fuzz_h1_tls.c), then the answer, through TLS records.
+    out["h1_tls"] = {
+        "huge-content-length": b"\x00\x00\x00\x21\x01" + head
+        + b"Content-Length: %d\r\n\r\n" % len(reply) + reply,
+        "many-chunks-renegotiated": b"\x06\x00\x00\x37\x08" + head
+        + b"Transfer-Encoding: chunked\r\n\r\n"
+        + (b"fa0\r\n" + piece + b"\r\n") * (big // 4008) + b"0\r\n\r\n",
+        "huge-close-delimited-bare-close": b"\x04\x00\x00\x4b\x12" + head + b"\r\n" + reply,
+    }
+
     # retry_after: one header value.
     out["retry_after"] = {
         "long-digits": b"9" * big,
