@@ -129,8 +129,8 @@ static bool same_family(const struct figure *a, const struct figure *b)
 }
 
 /* The samples of figure `f` for one row, after the row's `n` labels. */
-static void render_samples(struct prom_text *p, const struct figure *f, const void *obj,
-                           size_t row, struct prom_label *l, size_t n)
+static void render_samples(struct prom_text *p, const struct figure *f, const void *obj, size_t row,
+                           struct prom_label *l, size_t n)
 {
     if (f->n) {
         for (size_t k = f->first; k < f->first + f->n; k++) {

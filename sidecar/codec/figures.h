@@ -103,7 +103,10 @@ struct fig_table {
 };
 
 #define FIG_ROW_LABELS 2
-#define FIG_TABLE(array) { (array), sizeof(array) / sizeof((array)[0]), NULL }
+#define FIG_TABLE(array)                                  \
+    {                                                     \
+        (array), sizeof(array) / sizeof((array)[0]), NULL \
+    }
 
 /* The stats pairs row `row` of `t` has for `obj`: the map's size. */
 uint32_t figs_count(const struct fig_table *t, const void *obj, size_t row);

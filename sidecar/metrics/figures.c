@@ -9,7 +9,7 @@
 #include "core/server.h"
 #include "upstream/upstream.h"
 
-#define SRV(obj) ((const struct server *)(obj))
+#define SRV(obj)  ((const struct server *)(obj))
 #define AT(field) offsetof(struct server, field)
 
 /* ---- the server's sections ------------------------------------------- */
@@ -291,7 +291,8 @@ static struct fig_val yes(const void *obj, size_t row)
 
 static struct fig_val src_capability(const void *obj, size_t row)
 {
-    return (struct fig_val){ .s = SRV(obj)->cfg->capabilities[source(obj, row)->p.capability].name };
+    return (struct fig_val){ .s =
+                                 SRV(obj)->cfg->capabilities[source(obj, row)->p.capability].name };
 }
 
 static struct fig_val src_in_flight(const void *obj, size_t row)
@@ -336,10 +337,10 @@ static struct fig_val level(const struct server *srv, const struct bucket *b, bo
     return (struct fig_val){ .d = bucket_level((struct bucket *)b, ev_now(srv->loop)) };
 }
 
-#define SRC_LEVEL(fn, bucket, capacity)                                                            \
-    static struct fig_val fn(const void *obj, size_t row)                                           \
-    {                                                                                              \
-        return level(SRV(obj), &source(obj, row)->bucket, capacity);                               \
+#define SRC_LEVEL(fn, bucket, capacity)                              \
+    static struct fig_val fn(const void *obj, size_t row)            \
+    {                                                                \
+        return level(SRV(obj), &source(obj, row)->bucket, capacity); \
     }
 SRC_LEVEL(src_rpm, rpm, false)
 SRC_LEVEL(src_tpm, tpm, false)
@@ -348,10 +349,10 @@ SRC_LEVEL(src_rpm_cap, rpm, true)
 SRC_LEVEL(src_tpm_cap, tpm, true)
 SRC_LEVEL(src_daily_cap, daily, true)
 
-#define SRC_U64(fn, expr)                                                                          \
-    static struct fig_val fn(const void *obj, size_t row)                                           \
-    {                                                                                              \
-        return (struct fig_val){ .u = source(obj, row)->expr };                                     \
+#define SRC_U64(fn, expr)                                       \
+    static struct fig_val fn(const void *obj, size_t row)       \
+    {                                                           \
+        return (struct fig_val){ .u = source(obj, row)->expr }; \
     }
 SRC_U64(src_attempts, attempts)
 SRC_U64(src_successes, successes)
@@ -360,7 +361,7 @@ SRC_U64(src_rate_limited, rate_limited)
 SRC_U64(src_breaker_opened, breaker.opened_total)
 SRC_U64(src_tokens, tokens_used)
 
-#define BUCKET_LEVEL "polygw_source_bucket_level"
+#define BUCKET_LEVEL    "polygw_source_bucket_level"
 #define BUCKET_CAPACITY "polygw_source_bucket_capacity"
 
 static const struct figure sources[] = {
@@ -481,10 +482,10 @@ static struct fig_val app_limited(const void *obj, size_t row)
     return (struct fig_val){ .u = app(obj, row)->limited };
 }
 
-#define APP_LEVEL(fn, bucket)                                                                      \
-    static struct fig_val fn(const void *obj, size_t row)                                           \
-    {                                                                                              \
-        return level(SRV(obj), &app(obj, row)->bucket, false);                                     \
+#define APP_LEVEL(fn, bucket)                                  \
+    static struct fig_val fn(const void *obj, size_t row)      \
+    {                                                          \
+        return level(SRV(obj), &app(obj, row)->bucket, false); \
     }
 APP_LEVEL(app_rpm, rpm)
 APP_LEVEL(app_tpm, tpm)
@@ -527,11 +528,11 @@ static struct fig_val cap_limited(const void *obj, size_t row)
     return (struct fig_val){ .u = CAP(obj)->limited };
 }
 
-#define CAP_LEVEL(fn, bucket)                                                                      \
-    static struct fig_val fn(const void *obj, size_t row)                                           \
-    {                                                                                              \
-        (void)row;                                                                                 \
-        return level(((const struct app_cap *)obj)->srv, &CAP(obj)->bucket, false);               \
+#define CAP_LEVEL(fn, bucket)                                                       \
+    static struct fig_val fn(const void *obj, size_t row)                           \
+    {                                                                               \
+        (void)row;                                                                  \
+        return level(((const struct app_cap *)obj)->srv, &CAP(obj)->bucket, false); \
     }
 CAP_LEVEL(cap_rpm, rpm)
 CAP_LEVEL(cap_tpm, tpm)
@@ -584,10 +585,7 @@ static const struct figure apps[] = {
     { .key = "rpm_level", .kind = FIG_DOUBLE, .get = app_rpm },
     { .key = "tpm_level", .kind = FIG_DOUBLE, .get = app_tpm },
     { .key = "daily_tokens_level", .kind = FIG_DOUBLE, .get = app_daily },
-    { .key = "per_capability",
-      .kind = FIG_CUSTOM,
-      .write = write_app_caps,
-      .shown = app_has_caps },
+    { .key = "per_capability", .kind = FIG_CUSTOM, .write = write_app_caps, .shown = app_has_caps },
 };
 
 const struct fig_table figs_app = { apps, sizeof(apps) / sizeof(apps[0]), app_labels };

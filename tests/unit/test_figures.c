@@ -114,8 +114,9 @@ static void thing_init(struct thing *t, bool on)
     static const struct prom_buckets b = { 1, { 1 }, { NULL } };
 
     memset(t, 0, sizeof(*t));
-    *t = (struct thing){ .hits = 3, .misses = 4, .by_kind = { 9, 5, 6 }, .ratio = 0.5, .on = on,
-                         .name = "x" };
+    *t = (struct thing){
+        .hits = 3, .misses = 4, .by_kind = { 9, 5, 6 }, .ratio = 0.5, .on = on, .name = "x"
+    };
     prom_hist_init(&t->lat, &b);
     prom_hist_observe(&t->lat, 0.5);
 }
@@ -142,9 +143,10 @@ START_TEST(test_figures__stats_map)
 
     thing_init(&t, true);
     char *s = stats_json(&t);
-    ck_assert_str_eq(s, "{\"name\":\"x\",\"hits\":3,\"on\":true,\"ratio\":0.5,\"misses\":4,"
-                        "\"kind_b\":5,\"kind_c\":6,\"unknown\":null,\"inner\":{\"depth\":7},"
-                        "\"custom\":[]}");
+    ck_assert_str_eq(s,
+                     "{\"name\":\"x\",\"hits\":3,\"on\":true,\"ratio\":0.5,\"misses\":4,"
+                     "\"kind_b\":5,\"kind_c\":6,\"unknown\":null,\"inner\":{\"depth\":7},"
+                     "\"custom\":[]}");
     free(s);
     ck_assert_uint_eq(figs_count(&table, &t, 0), 10);
     /* A key shown only when asked: the count follows. */
@@ -174,28 +176,29 @@ START_TEST(test_figures__families)
 
     thing_init(&t, false); /* `shown` is about stats only */
     char *s = render(&t, 0);
-    ck_assert_str_eq(s, "# HELP t_lookups_total Lookups, by result.\n"
-                        "# TYPE t_lookups_total counter\n"
-                        "t_lookups_total{result=\"hit\"} 3\n"
-                        "t_lookups_total{result=\"miss\"} 4\n"
-                        "# HELP t_ratio A ratio.\n"
-                        "# TYPE t_ratio gauge\n"
-                        "t_ratio 0.5\n"
-                        "# HELP t_kinds_total By kind.\n"
-                        "# TYPE t_kinds_total counter\n"
-                        "t_kinds_total{kind=\"b\"} 5\n"
-                        "t_kinds_total{kind=\"c\"} 6\n"
-                        "# HELP t_unknown Never.\n"
-                        "# TYPE t_unknown gauge\n"
-                        "# HELP t_latency_seconds Latency.\n"
-                        "# TYPE t_latency_seconds histogram\n"
-                        "t_latency_seconds_bucket{le=\"1\"} 1\n"
-                        "t_latency_seconds_bucket{le=\"+Inf\"} 1\n"
-                        "t_latency_seconds_sum 0.5\n"
-                        "t_latency_seconds_count 1\n"
-                        "# HELP t_depth Depth.\n"
-                        "# TYPE t_depth gauge\n"
-                        "t_depth 7\n");
+    ck_assert_str_eq(s,
+                     "# HELP t_lookups_total Lookups, by result.\n"
+                     "# TYPE t_lookups_total counter\n"
+                     "t_lookups_total{result=\"hit\"} 3\n"
+                     "t_lookups_total{result=\"miss\"} 4\n"
+                     "# HELP t_ratio A ratio.\n"
+                     "# TYPE t_ratio gauge\n"
+                     "t_ratio 0.5\n"
+                     "# HELP t_kinds_total By kind.\n"
+                     "# TYPE t_kinds_total counter\n"
+                     "t_kinds_total{kind=\"b\"} 5\n"
+                     "t_kinds_total{kind=\"c\"} 6\n"
+                     "# HELP t_unknown Never.\n"
+                     "# TYPE t_unknown gauge\n"
+                     "# HELP t_latency_seconds Latency.\n"
+                     "# TYPE t_latency_seconds histogram\n"
+                     "t_latency_seconds_bucket{le=\"1\"} 1\n"
+                     "t_latency_seconds_bucket{le=\"+Inf\"} 1\n"
+                     "t_latency_seconds_sum 0.5\n"
+                     "t_latency_seconds_count 1\n"
+                     "# HELP t_depth Depth.\n"
+                     "# TYPE t_depth gauge\n"
+                     "t_depth 7\n");
     free(s);
     s = render(&t, FIG_LOCAL);
     ck_assert_ptr_null(strstr(s, "t_ratio"));
@@ -232,7 +235,8 @@ START_TEST(test_figures__rows)
     prom_text_init(&p);
     figs_render(&p, &row_table, v, 2, 0);
     char *s = prom_text_take(&p, &len);
-    ck_assert_str_eq(s, "# HELP t_v V.\n# TYPE t_v gauge\nt_v{row=\"r0\"} 10\nt_v{row=\"r1\"} 11\n");
+    ck_assert_str_eq(s,
+                     "# HELP t_v V.\n# TYPE t_v gauge\nt_v{row=\"r0\"} 10\nt_v{row=\"r1\"} 11\n");
     free(s);
     strbuf_init(&out);
     writer_init_json(&w, &out);
