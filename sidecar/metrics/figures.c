@@ -7,9 +7,10 @@
 #include <stddef.h>
 
 #include "core/server.h"
+#include "task.h"
 #include "upstream/upstream.h"
 
-#define SRV(obj) ((const struct server *)(obj))
+#define SRV(obj)  ((const struct server *)(obj))
 #define AT(field) offsetof(struct server, field)
 
 /* ---- the server's sections ------------------------------------------- */
@@ -291,7 +292,8 @@ static struct fig_val yes(const void *obj, size_t row)
 
 static struct fig_val src_capability(const void *obj, size_t row)
 {
-    return (struct fig_val){ .s = SRV(obj)->cfg->capabilities[source(obj, row)->p.capability].name };
+    return (struct fig_val){ .s =
+                                 SRV(obj)->cfg->capabilities[source(obj, row)->p.capability].name };
 }
 
 static struct fig_val src_in_flight(const void *obj, size_t row)
@@ -336,10 +338,10 @@ static struct fig_val level(const struct server *srv, const struct bucket *b, bo
     return (struct fig_val){ .d = bucket_level((struct bucket *)b, ev_now(srv->loop)) };
 }
 
-#define SRC_LEVEL(fn, bucket, capacity)                                                            \
-    static struct fig_val fn(const void *obj, size_t row)                                           \
-    {                                                                                              \
-        return level(SRV(obj), &source(obj, row)->bucket, capacity);                               \
+#define SRC_LEVEL(fn, bucket, capacity)                              \
+    static struct fig_val fn(const void *obj, size_t row)            \
+    {                                                                \
+        return level(SRV(obj), &source(obj, row)->bucket, capacity); \
     }
 SRC_LEVEL(src_rpm, rpm, false)
 SRC_LEVEL(src_tpm, tpm, false)
@@ -348,10 +350,10 @@ SRC_LEVEL(src_rpm_cap, rpm, true)
 SRC_LEVEL(src_tpm_cap, tpm, true)
 SRC_LEVEL(src_daily_cap, daily, true)
 
-#define SRC_U64(fn, expr)                                                                          \
-    static struct fig_val fn(const void *obj, size_t row)                                           \
-    {                                                                                              \
-        return (struct fig_val){ .u = source(obj, row)->expr };                                     \
+#define SRC_U64(fn, expr)                                       \
+    static struct fig_val fn(const void *obj, size_t row)       \
+    {                                                           \
+        return (struct fig_val){ .u = source(obj, row)->expr }; \
     }
 SRC_U64(src_attempts, attempts)
 SRC_U64(src_successes, successes)
@@ -360,7 +362,7 @@ SRC_U64(src_rate_limited, rate_limited)
 SRC_U64(src_breaker_opened, breaker.opened_total)
 SRC_U64(src_tokens, tokens_used)
 
-#define BUCKET_LEVEL "polygw_source_bucket_level"
+#define BUCKET_LEVEL    "polygw_source_bucket_level"
 #define BUCKET_CAPACITY "polygw_source_bucket_capacity"
 
 static const struct figure sources[] = {
@@ -481,10 +483,10 @@ static struct fig_val app_limited(const void *obj, size_t row)
     return (struct fig_val){ .u = app(obj, row)->limited };
 }
 
-#define APP_LEVEL(fn, bucket)                                                                      \
-    static struct fig_val fn(const void *obj, size_t row)                                           \
-    {                                                                                              \
-        return level(SRV(obj), &app(obj, row)->bucket, false);                                     \
+#define APP_LEVEL(fn, bucket)                                  \
+    static struct fig_val fn(const void *obj, size_t row)      \
+    {                                                          \
+        return level(SRV(obj), &app(obj, row)->bucket, false); \
     }
 APP_LEVEL(app_rpm, rpm)
 APP_LEVEL(app_tpm, tpm)
@@ -527,11 +529,11 @@ static struct fig_val cap_limited(const void *obj, size_t row)
     return (struct fig_val){ .u = CAP(obj)->limited };
 }
 
-#define CAP_LEVEL(fn, bucket)                                                                      \
-    static struct fig_val fn(const void *obj, size_t row)                                           \
-    {                                                                                              \
-        (void)row;                                                                                 \
-        return level(((const struct app_cap *)obj)->srv, &CAP(obj)->bucket, false);               \
+#define CAP_LEVEL(fn, bucket)                                                       \
+    static struct fig_val fn(const void *obj, size_t row)                           \
+    {                                                                               \
+        (void)row;                                                                  \
+        return level(((const struct app_cap *)obj)->srv, &CAP(obj)->bucket, false); \
     }
 CAP_LEVEL(cap_rpm, rpm)
 CAP_LEVEL(cap_tpm, tpm)
@@ -584,10 +586,108 @@ static const struct figure apps[] = {
     { .key = "rpm_level", .kind = FIG_DOUBLE, .get = app_rpm },
     { .key = "tpm_level", .kind = FIG_DOUBLE, .get = app_tpm },
     { .key = "daily_tokens_level", .kind = FIG_DOUBLE, .get = app_daily },
-    { .key = "per_capability",
-      .kind = FIG_CUSTOM,
-      .write = write_app_caps,
-      .shown = app_has_caps },
+    { .key = "per_capability", .kind = FIG_CUSTOM, .write = write_app_caps, .shown = app_has_caps },
 };
 
 const struct fig_table figs_app = { apps, sizeof(apps) / sizeof(apps[0]), app_labels };
+
+/* ---- the task registry ------------------------------------------------ */
+
+#define TS(obj) task_reg_stats(SRV(obj)->tasks)
+
+#define TASK_U64(fn, expr)                                \
+    static struct fig_val fn(const void *obj, size_t row) \
+    {                                                     \
+        (void)row;                                        \
+        return (struct fig_val){ .u = (uint64_t)(expr) }; \
+    }
+TASK_U64(tasks_held, TS(obj)->tasks)
+TASK_U64(tasks_running, TS(obj)->running)
+TASK_U64(tasks_succeeded, TS(obj)->succeeded)
+TASK_U64(tasks_failed_stopped, TS(obj)->failed[TASK_STOPPED])
+TASK_U64(tasks_failed_watchdog, TS(obj)->failed[TASK_WATCHDOG])
+TASK_U64(tasks_failed_error, TS(obj)->failed[TASK_ERROR])
+TASK_U64(tasks_started, TS(obj)->started)
+TASK_U64(tasks_succeeded_total, TS(obj)->succeeded_total)
+TASK_U64(tasks_stopped_total, TS(obj)->failed_total[TASK_STOPPED])
+TASK_U64(tasks_watchdog_fired, TS(obj)->failed_total[TASK_WATCHDOG])
+TASK_U64(tasks_watchdog_after_stop, TS(obj)->watchdog_after_stop)
+TASK_U64(tasks_client_failed, TS(obj)->failed_total[TASK_ERROR])
+TASK_U64(tasks_expired, TS(obj)->expired + TS(obj)->expired_running)
+TASK_U64(tasks_rejected_full, TS(obj)->rejected_full)
+TASK_U64(tasks_rejected_app, SRV(obj)->task_app_refused)
+TASK_U64(tasks_memory, task_reg_memory_bytes(SRV(obj)->tasks))
+TASK_U64(tasks_memory_limit, task_reg_memory_limit(SRV(obj)->tasks))
+
+#define TASKS "polygw_tasks"
+/* Failed tasks of one reason_kind (task_reason_kind_name). */
+#define TASKS_FAILED(kind, fn)                                                             \
+    {                                                                                      \
+        .key = "failed_" kind, .metric = TASKS, .label = "state", .label_value = "failed", \
+        .label2 = "reason_kind", .label2_value = kind, .get = fn                           \
+    }
+
+static const struct figure tasks[] = {
+    { .key = "held", .get = tasks_held },
+    { .key = "running",
+      .metric = TASKS,
+      .type = "gauge",
+      .help = "Tasks held, by state (running, succeeded, failed) and, when failed, reason_kind "
+              "(stopped, watchdog, error).",
+      .label = "state",
+      .label_value = "running",
+      .get = tasks_running },
+    { .key = "succeeded",
+      .metric = TASKS,
+      .label = "state",
+      .label_value = "succeeded",
+      .get = tasks_succeeded },
+    TASKS_FAILED("stopped", tasks_failed_stopped),
+    TASKS_FAILED("watchdog", tasks_failed_watchdog),
+    TASKS_FAILED("error", tasks_failed_error),
+    { .metric = "polygw_tasks_started_total",
+      .type = "counter",
+      .help = "task.start that started a task.",
+      .get = tasks_started },
+    { .metric = "polygw_tasks_succeeded_total",
+      .type = "counter",
+      .help = "Tasks finished ok.",
+      .get = tasks_succeeded_total },
+    { .metric = "polygw_tasks_stopped_total",
+      .type = "counter",
+      .help = "Tasks stopped by a user (task.stop): ordinary exits, not hangs.",
+      .get = tasks_stopped_total },
+    { .key = "watchdog_fired",
+      .metric = "polygw_task_watchdog_firings_total",
+      .type = "counter",
+      .help = "Tasks failed by a node watchdog (a node ran past its timeout).",
+      .get = tasks_watchdog_fired },
+    { .key = "watchdog_after_stop",
+      .metric = "polygw_task_watchdog_after_stop_total",
+      .type = "counter",
+      .help = "Node deadlines that passed on a task already stopped (not firings).",
+      .get = tasks_watchdog_after_stop },
+    { .metric = "polygw_tasks_client_failed_total",
+      .type = "counter",
+      .help = "Tasks finished failed by their client.",
+      .get = tasks_client_failed },
+    { .key = "expired",
+      .metric = "polygw_tasks_expired_total",
+      .type = "counter",
+      .help = "Tasks forgotten after task_ttl_s (finished, or running and idle).",
+      .get = tasks_expired },
+    { .key = "rejected_full",
+      .metric = "polygw_tasks_rejected_total",
+      .type = "counter",
+      .help = "task.start refused: max_tasks held.",
+      .get = tasks_rejected_full },
+    { .key = "rejected_app",
+      .metric = "polygw_tasks_app_rejected_total",
+      .type = "counter",
+      .help = "task.start refused: the app held its apps[].max_tasks.",
+      .get = tasks_rejected_app },
+    { .key = "memory_bytes", .get = tasks_memory },
+    { .key = "memory_limit_bytes", .get = tasks_memory_limit },
+};
+
+const struct fig_table figs_tasks = FIG_TABLE(tasks);
