@@ -246,13 +246,17 @@ FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/codec/transcode.c sidecar/core/
                 sidecar/codec/dialect.c sidecar/codec/convert.c sidecar/http/httpreq.c \
                 $(REF_SRC)
 FUZZ_OBJ     := $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(FUZZ_LIB_SRC))
-FUZZ_MAIN_OBJ := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/obj/tests/fuzz/fuzz_%.o)
+# The HTTP/1.1 client's targets share their hooks (tests/fuzz/h1_contract.c).
+FUZZ_H1      := h1_answer h1_tls
+FUZZ_MAIN_OBJ := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/obj/tests/fuzz/fuzz_%.o) \
+                 $(BUILD)/fuzz/obj/tests/fuzz/h1_contract.o
 FUZZ_CFLAGS  := $(filter-out $(CFLAGS),$(ALL_CFLAGS)) -fsanitize=fuzzer-no-link,address,undefined \
                 -g -O1 -fno-sanitize-recover=undefined
 FUZZ_LDFLAGS := -fsanitize=fuzzer,address,undefined
 FUZZ_BINS    := $(addprefix $(BUILD)/fuzz/,$(FUZZ_TARGETS))
 FUZZ_REPLAY  := $(addprefix $(BUILD)/fuzz-replay/,$(FUZZ_TARGETS))
-FUZZ_REPLAY_OBJ := $(call obj,tests/fuzz/replay_main.c $(FUZZ_TARGETS:%=tests/fuzz/fuzz_%.c))
+FUZZ_REPLAY_OBJ := $(call obj,tests/fuzz/replay_main.c tests/fuzz/h1_contract.c \
+                   $(FUZZ_TARGETS:%=tests/fuzz/fuzz_%.c))
 .SECONDARY: $(FUZZ_REPLAY_OBJ) $(FUZZ_MAIN_OBJ) $(FUZZ_OBJ)
 
 $(BUILD)/fuzz/obj/%.o: %.c
@@ -263,12 +267,14 @@ $(BUILD)/fuzz/obj/%.o: %.c
 $(BUILD)/fuzz/%: $(BUILD)/fuzz/obj/tests/fuzz/fuzz_%.o $(FUZZ_OBJ)
 	@$(if $(Q),echo "  FUZZLD  $@")
 	$(Q)$(FUZZ_CC) $(FUZZ_LDFLAGS) -o $@ $^ $(PKG_LIBS)
+$(FUZZ_H1:%=$(BUILD)/fuzz/%): $(BUILD)/fuzz/obj/tests/fuzz/h1_contract.o
 
 $(BUILD)/fuzz-replay/%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(BUILD)/obj/tests/fuzz/replay_main.o \
                         $(call obj,$(REF_SRC)) $(SIDECAR_OBJ) $(CORE_OBJ) $(PROTO_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS)
+$(FUZZ_H1:%=$(BUILD)/fuzz-replay/%): $(call obj,tests/fuzz/h1_contract.c)
 
 fuzz: fuzz-check-cc
 	$(Q)$(MAKE) --no-print-directory $(FUZZ_BINS)

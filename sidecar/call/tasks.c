@@ -19,6 +19,7 @@
 #include "backend/backend.h"
 #include "dlist.h"
 #include "core/log.h"
+#include "metrics/figures.h"
 #include "task.h"
 
 
@@ -1071,36 +1072,38 @@ static int running_one(struct task *t, void *ud)
     return 0;
 }
 
-void tasks_write_stats(struct writer *w, struct server *srv, const struct config_app *app)
-{
-    const struct task_stats *ts = task_reg_stats(srv->tasks);
-    struct running_ctx rc = { NULL, app, ev_now(srv->loop), 0, TASKS_STATS_RUNNING_MAX };
+/* What `running_tasks` reads: the server, and the app that asks (its own
+ * tasks, every app's for an admin app). */
+struct stats_view {
+    struct server *srv;
+    const struct config_app *app;
+};
 
-    writer_str(w, "tasks");
-    writer_map(w, 14);
+static void write_running(struct writer *w, const void *obj, size_t row)
+{
+    const struct stats_view *v = obj;
+    struct running_ctx rc = { NULL, v->app, ev_now(v->srv->loop), 0, TASKS_STATS_RUNNING_MAX };
+    (void)row;
+
     /* Two passes, as task.list: the count first, then the entries. */
-    task_foreach(srv->tasks, TASK_F_RUNNING, running_one, &rc);
-    writer_str(w, "running_tasks");
+    task_foreach(v->srv->tasks, TASK_F_RUNNING, running_one, &rc);
     writer_array(w, (uint32_t)rc.n);
     rc.w = w;
     rc.n = 0;
-    task_foreach(srv->tasks, TASK_F_RUNNING, running_one, &rc);
-#define KV(k, v)                            \
-    do {                                    \
-        writer_kv_u64(w, k, (uint64_t)(v)); \
-    } while (0)
-    KV("held", ts->tasks);
-    KV("running", ts->running);
-    KV("succeeded", ts->succeeded);
-    KV("failed_stopped", ts->failed[TASK_STOPPED]);
-    KV("failed_watchdog", ts->failed[TASK_WATCHDOG]);
-    KV("failed_error", ts->failed[TASK_ERROR]);
-    KV("watchdog_fired", ts->failed_total[TASK_WATCHDOG]);
-    KV("watchdog_after_stop", ts->watchdog_after_stop);
-    KV("expired", ts->expired + ts->expired_running);
-    KV("rejected_full", ts->rejected_full);
-    KV("rejected_app", srv->task_app_refused);
-    KV("memory_bytes", task_reg_memory_bytes(srv->tasks));
-    KV("memory_limit_bytes", task_reg_memory_limit(srv->tasks));
-#undef KV
+    task_foreach(v->srv->tasks, TASK_F_RUNNING, running_one, &rc);
+}
+
+static const struct figure running[] = {
+    { .key = "running_tasks", .kind = FIG_CUSTOM, .write = write_running },
+};
+static const struct fig_table running_table = FIG_TABLE(running);
+
+void tasks_write_stats(struct writer *w, struct server *srv, const struct config_app *app)
+{
+    const struct stats_view v = { srv, app };
+    /* The registry's figures are /metrics' too (metrics/figures.c). */
+    const struct fig_part parts[] = { { &running_table, &v }, { &figs_tasks, srv } };
+
+    writer_str(w, "tasks");
+    figs_write_parts(w, parts, sizeof(parts) / sizeof(parts[0]));
 }

@@ -121,6 +121,17 @@ void figs_write_map(struct writer *w, const struct fig_table *t, const void *obj
     figs_write_pairs(w, t, obj, row);
 }
 
+void figs_write_parts(struct writer *w, const struct fig_part *parts, size_t n)
+{
+    uint32_t pairs = 0;
+
+    for (size_t i = 0; i < n; i++)
+        pairs += figs_count(parts[i].t, parts[i].obj, 0);
+    writer_map(w, pairs);
+    for (size_t i = 0; i < n; i++)
+        figs_write_pairs(w, parts[i].t, parts[i].obj, 0);
+}
+
 /* ---- /metrics --------------------------------------------------------- */
 
 static bool same_family(const struct figure *a, const struct figure *b)
@@ -141,6 +152,8 @@ static void render_samples(struct prom_text *p, const struct figure *f, const vo
     }
     if (f->label)
         l[n++] = (struct prom_label){ f->label, f->label_value };
+    if (f->label2)
+        l[n++] = (struct prom_label){ f->label2, f->label2_value };
     struct fig_val v = value_of(f, obj, row);
     if (v.nil)
         return;
@@ -184,7 +197,7 @@ void figs_render(struct prom_text *p, const struct fig_table *t, const void *obj
             continue;
         prom_text_family(p, f->metric, f->type, f->help);
         for (size_t row = 0; row < n_rows; row++) {
-            struct prom_label l[FIG_ROW_LABELS + 1];
+            struct prom_label l[FIG_ROW_LABELS + 2]; /* the row's, the figure's own */
             size_t n = t->row_labels ? t->row_labels(obj, row, l) : 0;
             for (size_t j = i; j < t->n; j++)
                 if (same_family(&t->f[j], f))

@@ -9,9 +9,10 @@
  * A figure may be shown in stats only (metric NULL: a text, a nested map,
  * a figure no family has), in /metrics only (key NULL: a histogram, a
  * figure stats shows differently) or in both. Several figures may form
- * one family, each with its own label (`label`, `label_value`): the family
- * is written where its first figure is, with all their samples (its type
- * and help are the first figure's). A vector
+ * one family, each with its own label or two (`label`, `label_value`,
+ * then `label2`, `label2_value`): the family is written where its first
+ * figure is, with all their samples (its type and help are the first
+ * figure's). A vector
  * figure is `n` counters in a row of uint64_t, named by `name`: keys
  * `key` + name in stats, samples labelled `label` = name in /metrics.
  *
@@ -73,7 +74,8 @@ struct figure {
     const char *metric; /* family name; NULL: stats only */
     const char *type;   /* "counter", "gauge" or "histogram" */
     const char *help;
-    const char *label, *label_value; /* this figure's own label; NULL: none */
+    const char *label, *label_value;   /* this figure's own label; NULL: none */
+    const char *label2, *label2_value; /* a second one, after it; NULL: none */
     enum fig_kind kind;
     /* The value: get(obj, row), or the `kind` at (char *)obj + off. */
     struct fig_val (*get)(const void *obj, size_t row);
@@ -114,6 +116,14 @@ uint32_t figs_count(const struct fig_table *t, const void *obj, size_t row);
 void figs_write_pairs(struct writer *w, const struct fig_table *t, const void *obj, size_t row);
 /* The map of row `row`: its header, then its pairs. */
 void figs_write_map(struct writer *w, const struct fig_table *t, const void *obj, size_t row);
+
+/* One map of the pairs of several tables, each of its own object (row 0),
+ * in order: for a map whose figures are of more than one object. */
+struct fig_part {
+    const struct fig_table *t;
+    const void *obj;
+};
+void figs_write_parts(struct writer *w, const struct fig_part *parts, size_t n);
 
 /* The families of `t` for `obj`, rows 0 .. n_rows - 1 (with no row_labels,
  * pass 1), nested tables included; figures with a flag in `skip` are left

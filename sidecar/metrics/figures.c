@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include "core/server.h"
+#include "task.h"
 #include "upstream/upstream.h"
 
 #define SRV(obj)  ((const struct server *)(obj))
@@ -589,3 +590,104 @@ static const struct figure apps[] = {
 };
 
 const struct fig_table figs_app = { apps, sizeof(apps) / sizeof(apps[0]), app_labels };
+
+/* ---- the task registry ------------------------------------------------ */
+
+#define TS(obj) task_reg_stats(SRV(obj)->tasks)
+
+#define TASK_U64(fn, expr)                                \
+    static struct fig_val fn(const void *obj, size_t row) \
+    {                                                     \
+        (void)row;                                        \
+        return (struct fig_val){ .u = (uint64_t)(expr) }; \
+    }
+TASK_U64(tasks_held, TS(obj)->tasks)
+TASK_U64(tasks_running, TS(obj)->running)
+TASK_U64(tasks_succeeded, TS(obj)->succeeded)
+TASK_U64(tasks_failed_stopped, TS(obj)->failed[TASK_STOPPED])
+TASK_U64(tasks_failed_watchdog, TS(obj)->failed[TASK_WATCHDOG])
+TASK_U64(tasks_failed_error, TS(obj)->failed[TASK_ERROR])
+TASK_U64(tasks_started, TS(obj)->started)
+TASK_U64(tasks_succeeded_total, TS(obj)->succeeded_total)
+TASK_U64(tasks_stopped_total, TS(obj)->failed_total[TASK_STOPPED])
+TASK_U64(tasks_watchdog_fired, TS(obj)->failed_total[TASK_WATCHDOG])
+TASK_U64(tasks_watchdog_after_stop, TS(obj)->watchdog_after_stop)
+TASK_U64(tasks_client_failed, TS(obj)->failed_total[TASK_ERROR])
+TASK_U64(tasks_expired, TS(obj)->expired + TS(obj)->expired_running)
+TASK_U64(tasks_rejected_full, TS(obj)->rejected_full)
+TASK_U64(tasks_rejected_app, SRV(obj)->task_app_refused)
+TASK_U64(tasks_memory, task_reg_memory_bytes(SRV(obj)->tasks))
+TASK_U64(tasks_memory_limit, task_reg_memory_limit(SRV(obj)->tasks))
+
+#define TASKS "polygw_tasks"
+/* Failed tasks of one reason_kind (task_reason_kind_name). */
+#define TASKS_FAILED(kind, fn)                                                             \
+    {                                                                                      \
+        .key = "failed_" kind, .metric = TASKS, .label = "state", .label_value = "failed", \
+        .label2 = "reason_kind", .label2_value = kind, .get = fn                           \
+    }
+
+static const struct figure tasks[] = {
+    { .key = "held", .get = tasks_held },
+    { .key = "running",
+      .metric = TASKS,
+      .type = "gauge",
+      .help = "Tasks held, by state (running, succeeded, failed) and, when failed, reason_kind "
+              "(stopped, watchdog, error).",
+      .label = "state",
+      .label_value = "running",
+      .get = tasks_running },
+    { .key = "succeeded",
+      .metric = TASKS,
+      .label = "state",
+      .label_value = "succeeded",
+      .get = tasks_succeeded },
+    TASKS_FAILED("stopped", tasks_failed_stopped),
+    TASKS_FAILED("watchdog", tasks_failed_watchdog),
+    TASKS_FAILED("error", tasks_failed_error),
+    { .metric = "polygw_tasks_started_total",
+      .type = "counter",
+      .help = "task.start that started a task.",
+      .get = tasks_started },
+    { .metric = "polygw_tasks_succeeded_total",
+      .type = "counter",
+      .help = "Tasks finished ok.",
+      .get = tasks_succeeded_total },
+    { .metric = "polygw_tasks_stopped_total",
+      .type = "counter",
+      .help = "Tasks stopped by a user (task.stop): ordinary exits, not hangs.",
+      .get = tasks_stopped_total },
+    { .key = "watchdog_fired",
+      .metric = "polygw_task_watchdog_firings_total",
+      .type = "counter",
+      .help = "Tasks failed by a node watchdog (a node ran past its timeout).",
+      .get = tasks_watchdog_fired },
+    { .key = "watchdog_after_stop",
+      .metric = "polygw_task_watchdog_after_stop_total",
+      .type = "counter",
+      .help = "Node deadlines that passed on a task already stopped (not firings).",
+      .get = tasks_watchdog_after_stop },
+    { .metric = "polygw_tasks_client_failed_total",
+      .type = "counter",
+      .help = "Tasks finished failed by their client.",
+      .get = tasks_client_failed },
+    { .key = "expired",
+      .metric = "polygw_tasks_expired_total",
+      .type = "counter",
+      .help = "Tasks forgotten after task_ttl_s (finished, or running and idle).",
+      .get = tasks_expired },
+    { .key = "rejected_full",
+      .metric = "polygw_tasks_rejected_total",
+      .type = "counter",
+      .help = "task.start refused: max_tasks held.",
+      .get = tasks_rejected_full },
+    { .key = "rejected_app",
+      .metric = "polygw_tasks_app_rejected_total",
+      .type = "counter",
+      .help = "task.start refused: the app held its apps[].max_tasks.",
+      .get = tasks_rejected_app },
+    { .key = "memory_bytes", .get = tasks_memory },
+    { .key = "memory_limit_bytes", .get = tasks_memory_limit },
+};
+
+const struct fig_table figs_tasks = FIG_TABLE(tasks);

@@ -18,5 +18,8 @@ extern const struct fig_table figs_source;
 /* Of a struct server, one row per app (gov.apps, labelled by cfg->apps):
  * its admission figures. */
 extern const struct fig_table figs_app;
+/* Of a struct server, row 0: the task registry's counts and counters
+ * (stats shows them in `tasks`, after its `running_tasks`). */
+extern const struct fig_table figs_tasks;
 
 #endif /* POLYGW_METRICS_FIGURES_H */

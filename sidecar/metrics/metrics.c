@@ -8,7 +8,6 @@
 #include "core/server.h"
 #include "backend/backend.h"
 #include "figures.h"
-#include "task.h"
 #include "upstream/upstream.h"
 
 /* Attempt outcomes: enum outcome_kind, then the ones torn down. */
@@ -234,13 +233,6 @@ static void render_one(struct prom_text *t, const char *name, const char *type, 
     prom_text_sample(t, name, NULL, 0, v);
 }
 
-static void render_one_u64(struct prom_text *t, const char *name, const char *type,
-                           const char *help, uint64_t v)
-{
-    prom_text_family(t, name, type, help);
-    prom_text_sample_u64(t, name, NULL, 0, v);
-}
-
 /* A family whose series are labelled by one label taking `n` values. */
 static void render_by(struct prom_text *t, const char *name, const char *type, const char *help,
                       const char *label, const char *const *values, const uint64_t *v, size_t n)
@@ -453,47 +445,6 @@ static void render_capabilities(struct prom_text *t, struct server *srv)
                     offsetof(struct metrics_capability, stalled));
 }
 
-static void render_tasks(struct prom_text *t, struct server *srv)
-{
-    const struct task_stats *ts = task_reg_stats(srv->tasks);
-    struct prom_label l[2];
-
-    prom_text_family(t, "polygw_tasks", "gauge",
-                     "Tasks held, by state (running, succeeded, failed) and, when failed, "
-                     "reason_kind (stopped, watchdog, error).");
-    l[0] = L("state", "running");
-    prom_text_sample_u64(t, "polygw_tasks", l, 1, ts->running);
-    l[0] = L("state", "succeeded");
-    prom_text_sample_u64(t, "polygw_tasks", l, 1, ts->succeeded);
-    l[0] = L("state", "failed");
-    for (int k = TASK_STOPPED; k < TASK_REASON_KIND_COUNT; k++) {
-        l[1] = L("reason_kind", task_reason_kind_name((enum task_reason_kind)k));
-        prom_text_sample_u64(t, "polygw_tasks", l, 2, ts->failed[k]);
-    }
-    render_one_u64(t, "polygw_tasks_started_total", "counter", "task.start that started a task.",
-                   ts->started);
-    render_one_u64(t, "polygw_tasks_succeeded_total", "counter", "Tasks finished ok.",
-                   ts->succeeded_total);
-    render_one_u64(t, "polygw_tasks_stopped_total", "counter",
-                   "Tasks stopped by a user (task.stop): ordinary exits, not hangs.",
-                   ts->failed_total[TASK_STOPPED]);
-    render_one_u64(t, "polygw_task_watchdog_firings_total", "counter",
-                   "Tasks failed by a node watchdog (a node ran past its timeout).",
-                   ts->failed_total[TASK_WATCHDOG]);
-    render_one_u64(t, "polygw_task_watchdog_after_stop_total", "counter",
-                   "Node deadlines that passed on a task already stopped (not firings).",
-                   ts->watchdog_after_stop);
-    render_one_u64(t, "polygw_tasks_client_failed_total", "counter",
-                   "Tasks finished failed by their client.", ts->failed_total[TASK_ERROR]);
-    render_one_u64(t, "polygw_tasks_expired_total", "counter",
-                   "Tasks forgotten after task_ttl_s (finished, or running and idle).",
-                   ts->expired + ts->expired_running);
-    render_one_u64(t, "polygw_tasks_rejected_total", "counter",
-                   "task.start refused: max_tasks held.", ts->rejected_full);
-    render_one_u64(t, "polygw_tasks_app_rejected_total", "counter",
-                   "task.start refused: the app held its apps[].max_tasks.", srv->task_app_refused);
-}
-
 /* The backend's kind and whether it can answer, then its own figures. */
 static void render_backend(struct prom_text *t, struct server *srv)
 {
@@ -525,7 +476,7 @@ char *metrics_render(struct server *srv, size_t *len)
     render_server(&t, srv);
     render_sources(&t, srv);
     render_capabilities(&t, srv);
-    render_tasks(&t, srv);
+    figs_render(&t, &figs_tasks, srv, 1, 0);
     render_apps(&t, srv);
     render_backend(&t, srv);
     srv->metrics->last_len = t.len;

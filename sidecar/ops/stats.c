@@ -213,13 +213,12 @@ static const struct fig_table tail_table = FIG_TABLE(tail);
 void stats_write(struct writer *w, struct server *srv, const struct stats_caller *who)
 {
     const struct stats_obj so = { srv, who };
-    const struct fig_table *be = srv->backend->ops->figures;
+    const struct fig_part parts[] = {
+        { &head_table, &so },
+        { &figs_server, srv },
+        { &tail_table, &so },
+        { srv->backend->ops->figures, srv->backend },
+    };
 
-    writer_map(w,
-               figs_count(&head_table, &so, 0) + figs_count(&figs_server, srv, 0) +
-                   figs_count(&tail_table, &so, 0) + figs_count(be, srv->backend, 0));
-    figs_write_pairs(w, &head_table, &so, 0);
-    figs_write_pairs(w, &figs_server, srv, 0);
-    figs_write_pairs(w, &tail_table, &so, 0);
-    figs_write_pairs(w, be, srv->backend, 0);
+    figs_write_parts(w, parts, sizeof(parts) / sizeof(parts[0]));
 }

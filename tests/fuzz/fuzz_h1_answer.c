@@ -23,23 +23,21 @@
  *
  * Each input runs twice: every answer written whole, then in pieces with
  * the loop run between them (and with pauses when asked). Checked: hooks
- * keep h1.h's contract (on_end exactly once and last, a detail with every
- * failure, header lines CRLF-terminated within H1_LINE_MAX and each set
- * opened by a status line, a paused buffer offered again whole), no body
- * byte after a 1xx, 204 or 304 head, H1_OK only after a final status, a
- * request ends without a deadline once the upstream closed, a connection
- * whose request was not written whole is never reused; and both runs tell
- * the same (see compare()).
+ * keep h1.h's contract (h1_contract.h: on_end exactly once and last, a
+ * detail with every failure, header lines CRLF-terminated within
+ * H1_LINE_MAX and each set opened by a status line, a paused buffer
+ * offered again whole, no body byte after a 1xx, 204 or 304 head, H1_OK
+ * only after a final status), a request ends without a deadline once the
+ * upstream closed, a connection whose request was not written whole is
+ * never reused; and both runs tell the same (told_compare()).
  */
-#include "upstream/h1.h"
+#include "h1_contract.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -56,31 +54,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define F_CLOSE_FIRST 0x10
 #define BIG_REQUEST   (1u << 20)
 #define LOOP_GUARD    100000
-
-struct transcript {
-    char *p;
-    size_t len, cap;
-};
-
-/* What one request told its hooks. */
-struct told {
-    struct transcript lines; /* the header lines, then the body taken */
-    int end;                 /* -1: never started */
-};
-
-struct exchange {
-    struct h1_req req;
-    struct told *told;
-    int *busy;
-    uint32_t rng;
-    unsigned flags;
-    bool split, ended, paused;
-    unsigned status;   /* of the last status line told */
-    size_t lines_left; /* lines since it (0: a status line is due) */
-    char *held;        /* the buffer paused on, as offered */
-    size_t held_len;
-    struct transcript body; /* whole: its pieces depend on the reads */
-};
 
 static struct ev_loop *loop;
 static struct sockaddr_un addr;
@@ -101,143 +74,9 @@ static int open_fds(void)
     return n;
 }
 
-static void put(struct transcript *t, const void *p, size_t n)
-{
-    if (t->len + n > t->cap) {
-        size_t cap = (t->len + n) * 2 + 256;
-        char *np = realloc(t->p, cap);
-        if (!np)
-            abort();
-        t->p = np;
-        t->cap = cap;
-    }
-    memcpy(t->p + t->len, p, n);
-    t->len += n;
-}
-
-static void put_record(struct transcript *t, char kind, const void *p, size_t n)
-{
-    put(t, &kind, 1);
-    put(t, &n, sizeof(n));
-    put(t, p, n);
-}
-
-static uint32_t next(uint32_t *rng)
-{
-    *rng = *rng * 1103515245u + 12345u;
-    return *rng >> 16;
-}
-
-static bool status_line(const char *line, size_t n, unsigned *code)
-{
-    if (n != 14 || memcmp(line, "HTTP/", 5) != 0 || line[6] != '.' || line[8] != ' ' ||
-        memcmp(line + 12, "\r\n", 2) != 0)
-        return false;
-    *code = (unsigned)(line[9] - '0') * 100 + (unsigned)(line[10] - '0') * 10 +
-        (unsigned)(line[11] - '0');
-    return true;
-}
-
-static bool bodiless(unsigned code)
-{
-    return code / 100 == 1 || code == 204 || code == 304;
-}
-
-/* on_connecting and on_sending: never after on_end. */
-static void on_start(void *ud)
-{
-    struct exchange *x = ud;
-    if (x->ended)
-        abort();
-}
-
-static int on_header(void *ud, const char *line, size_t n)
-{
-    struct exchange *x = ud;
-    unsigned code;
-
-    if (x->ended || *x->busy <= 0)
-        abort(); /* contract: inside the parser, never after on_end */
-    if (n < 2 || n > H1_LINE_MAX || line[n - 2] != '\r' || line[n - 1] != '\n')
-        abort();
-    if (status_line(line, n, &code)) {
-        /* A new set: the previous one was an interim answer. */
-        if (x->lines_left > 0 && (x->status / 100 != 1 || x->status == 101))
-            abort();
-        x->status = code;
-        x->lines_left = 1;
-    } else if (x->lines_left == 0 || (!memchr(line, ':', n) && n < H1_LINE_MAX)) {
-        abort(); /* before any status line, or not cut and without a colon */
-    } else {
-        x->lines_left++;
-    }
-    put_record(&x->told->lines, 'H', line, n);
-    /* A hook that refuses a head (the engine's, for a line it cannot take). */
-    return n > 9 && strncasecmp(line, "x-refuse:", 9) == 0 ? -1 : 0;
-}
-
-static enum h1_take on_body(void *ud, const char *p, size_t n)
-{
-    struct exchange *x = ud;
-
-    if (x->ended || *x->busy <= 0 || n == 0)
-        abort();
-    if (x->lines_left == 0 || bodiless(x->status))
-        abort(); /* body bytes with no head, or after one that has no body */
-    if (x->held) {
-        /* Offered again after a pause: the same buffer, whole. */
-        if (n != x->held_len || memcmp(p, x->held, n) != 0)
-            abort();
-        free(x->held);
-        x->held = NULL;
-    } else if (x->split && (x->flags & F_PAUSE) && next(&x->rng) % 2 == 0) {
-        if (!(x->held = malloc(n)))
-            abort();
-        memcpy(x->held, p, n);
-        x->held_len = n;
-        x->paused = true;
-        return H1_PAUSE;
-    }
-    if (x->flags & F_REFUSE)
-        return H1_ABORT;
-    put(&x->body, p, n);
-    return H1_TAKEN;
-}
-
-static void on_end(void *ud, enum h1_end end, const char *detail)
-{
-    struct exchange *x = ud;
-
-    if (x->ended)
-        abort(); /* twice */
-    x->ended = true;
-    x->told->end = (int)end;
-    if (end != H1_OK && (!detail || !detail[0]))
-        abort(); /* contract: a detail with every failure */
-    if (end == H1_OK && (x->lines_left == 0 || (x->status / 100 == 1 && x->status != 101)))
-        abort(); /* a complete answer needs a final status */
-    free(x->held);
-    x->held = NULL;
-    put_record(&x->told->lines, 'B', x->body.p ? x->body.p : "", x->body.len);
-}
-
-static const struct h1_hooks hooks = {
-    .on_connecting = on_start,
-    .on_sending = on_start,
-    .on_header = on_header,
-    .on_body = on_body,
-    .on_end = on_end,
-};
-
-/* One turn of the loop, then the paused request resumed, from outside its
- * hooks as h1.h asks. */
 static void turn(struct exchange *x)
 {
-    ev_run(loop, EVRUN_NOWAIT);
-    if (x->paused && !x->ended) {
-        x->paused = false;
-        h1_req_resume(&x->req);
-    }
+    exchange_turn(loop, x);
 }
 
 /* The upstream's end of the connection the request went out on: a new
@@ -283,7 +122,7 @@ static void write_all(struct exchange *x, int fd, const uint8_t *p, size_t n)
 /* Answers one request with `answer` on the upstream's end `*fd`. The
  * request has ended on return; *fd is closed (-1) unless the answer left
  * the connection open. */
-static void serve(struct exchange *x, int *fd, const uint8_t *answer, size_t n)
+static void serve(struct exchange *x, bool split, int *fd, const uint8_t *answer, size_t n)
 {
     size_t off = 0;
     int guard = 0;
@@ -291,10 +130,8 @@ static void serve(struct exchange *x, int *fd, const uint8_t *answer, size_t n)
     *fd = upstream_fd(*fd);
     while (off < n && !x->ended) {
         size_t k = n - off;
-        if (x->split) {
-            /* 1 to 16, 256, 4096 or 65536 bytes, a quarter of the time each. */
-            uint32_t r = next(&x->rng);
-            k = 1 + next(&x->rng) % (16u << (r % 4 * 4));
+        if (split) {
+            k = rng_piece(x->rng);
             if (k > n - off)
                 k = n - off;
         }
@@ -325,6 +162,7 @@ static void run(const uint8_t *data, size_t size, bool split, struct told out[2]
     unsigned flags = data[0];
     size_t first = size - 4;
     int busy = 0, fd = -1;
+    uint32_t rng[2];
     struct exchange *x = calloc(2, sizeof(*x));
     struct h1_pool *pool = h1_pool_new(loop, &busy, 8);
     struct h1_origin *origin;
@@ -344,20 +182,21 @@ static void run(const uint8_t *data, size_t size, bool split, struct told out[2]
             first = want;
     }
     for (int i = 0; i < 2; i++) {
+        rng[i] = data[3] * 2654435761u + (uint32_t)i;
         x[i].busy = &busy;
-        x[i].flags = flags;
-        x[i].split = split;
-        x[i].rng = data[3] * 2654435761u + (uint32_t)i;
+        x[i].rng = &rng[i];
+        x[i].pauses = split && (flags & F_PAUSE);
+        x[i].refuse = (flags & F_REFUSE) != 0;
         x[i].told = &out[i];
         out[i].end = -1;
     }
 
-    h1_req_start(&x[0].req, pool, origin, iov, 2, &hooks, &x[0]);
-    serve(&x[0], &fd, data + 4, first);
+    h1_req_start(&x[0].req, pool, origin, iov, 2, &exchange_hooks, &x[0]);
+    serve(&x[0], split, &fd, data + 4, first);
     if (flags & F_SECOND) {
         bool cut = (flags & F_BIG_REQUEST) && out[0].end == H1_OK;
         turn(&x[0]); /* a connection pooled in this turn is taken from the next */
-        h1_req_start(&x[1].req, pool, origin, iov, 2, &hooks, &x[1]);
+        h1_req_start(&x[1].req, pool, origin, iov, 2, &exchange_hooks, &x[1]);
         int nfd = upstream_fd(-1);
         if (nfd >= 0) {
             if (fd >= 0)
@@ -376,17 +215,15 @@ static void run(const uint8_t *data, size_t size, bool split, struct told out[2]
             }
         }
         if (!x[1].ended)
-            serve(&x[1], &fd, data + 4 + first, size - 4 - first);
+            serve(&x[1], split, &fd, data + 4 + first, size - 4 - first);
     }
     if (fd >= 0)
         close(fd);
     for (int i = 0; i < 8; i++)
         ev_run(loop, EVRUN_NOWAIT); /* pooled connections see the close */
     h1_pool_free(pool);
-    for (int i = 0; i < 2; i++) {
-        free(x[i].body.p);
-        free(x[i].held);
-    }
+    for (int i = 0; i < 2; i++)
+        exchange_free(&x[i]);
     /* Nothing the client left behind: every connection was accepted. */
     while ((fd = upstream_fd(-1)) >= 0)
         close(fd);
@@ -395,38 +232,11 @@ static void run(const uint8_t *data, size_t size, bool split, struct told out[2]
 
 static void setup(void)
 {
-    addr.sun_family = AF_UNIX;
-    /* Abstract: nothing on disk, gone with the process. */
-    int n =
-        snprintf(addr.sun_path + 1, sizeof(addr.sun_path) - 1, "polygw-fuzz-h1-%d", (int)getpid());
-    addr_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
-    listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (listen_fd < 0 || bind(listen_fd, (struct sockaddr *)&addr, addr_len) != 0 ||
-        listen(listen_fd, 64) != 0) {
-        perror("fuzz_h1_answer: listen");
-        abort();
-    }
+    listen_fd = upstream_listen("polygw-fuzz-h1", &addr, &addr_len);
     loop = ev_loop_new(EVFLAG_AUTO);
     if (!loop)
         abort();
     fds_at_start = open_fds();
-}
-
-/* Whole and split, a request tells the same: a complete answer line for
- * line and byte for byte, a failure as the same ending. Not more on a
- * malformed head: the lines told before the parser stops depend on where
- * reads ended (a line is told when the next one starts), and so do the
- * detail (a Content-Encoding refused, or the parser's error) and whether
- * the hook refused one of them first (H1_ABORTED). */
-static void compare(const struct told *a, const struct told *b)
-{
-    if (a->end == H1_OK || b->end == H1_OK) {
-        if (a->end != b->end || a->lines.len != b->lines.len ||
-            memcmp(a->lines.p, b->lines.p, a->lines.len) != 0)
-            abort();
-    } else if (a->end != H1_ABORTED && b->end != H1_ABORTED && a->end != b->end) {
-        abort();
-    }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -443,10 +253,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     run(data, size, true, split);
     if (open_fds() != fds_at_start)
         abort(); /* a connection left open */
-    for (int i = 0; i < 2; i++) {
-        compare(&whole[i], &split[i]);
-        free(whole[i].lines.p);
-        free(split[i].lines.p);
-    }
+    for (int i = 0; i < 2; i++)
+        told_compare(&whole[i], &split[i]);
+    told_free(whole);
+    told_free(split);
     return 0;
 }

@@ -42,7 +42,7 @@
  * the connection left open) and fuzzed (the pieces, pauses and events of
  * bytes 3-4); a head line "x-refuse: ..." is refused by the hook (as the
  * engine refuses a line it cannot take). Checked in both: hooks keep
- * h1.h's contract (on_end exactly once and last, a detail with every
+ * h1.h's contract (h1_contract.h: on_end exactly once and last, a detail with every
  * failure, header lines CRLF-terminated within H1_LINE_MAX and each set
  * opened by a status line, a paused buffer offered again whole, no body
  * after a 1xx, 204 or 304 head, H1_OK only after a final status); H1_TLS
@@ -73,7 +73,7 @@
  * bounded by LOOP_GUARD turns of the loop; no socket or memory is left.
  */
 #include "core/tls.h"
-#include "upstream/h1.h"
+#include "h1_contract.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -82,7 +82,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -129,19 +128,6 @@ enum ending { END_KEEP, END_NOTIFY, END_BARE, END_CUT };
 /* The names the client may check; the certificate holds the first two. */
 static const char *const names[4] = { "upstream.fuzz", "127.0.0.1", "other.fuzz", "127.0.0.2" };
 
-struct transcript {
-    char *p;
-    size_t len, cap;
-};
-
-/* What one request told its hooks, and how it went. */
-struct told {
-    struct transcript lines; /* the header lines, then the body taken */
-    int end;                 /* -1: never started */
-    bool sent;               /* on_sending: the handshake completed */
-    char detail[H1_DETAIL_MAX];
-};
-
 /* The input, read once. */
 struct input {
     unsigned flags, events;
@@ -154,20 +140,6 @@ struct input {
 struct plan {
     bool split;     /* pieces of seeded sizes, pauses */
     unsigned event; /* byte 4's event bits for the first connection, else 0 */
-};
-
-/* The client's side of one request. */
-struct exchange {
-    struct h1_req req;
-    struct told *told;
-    int *busy;
-    uint32_t *rng;
-    bool pauses, ended, paused;
-    unsigned status;   /* of the last status line told */
-    size_t lines_left; /* lines since it (0: a status line is due) */
-    char *held;        /* the buffer paused on, as offered */
-    size_t held_len;
-    struct transcript body;
 };
 
 /* The upstream's end of one connection: an OpenSSL server over memory
@@ -242,137 +214,6 @@ static void check_sockets(void)
         abort();
     }
 }
-
-static void put(struct transcript *t, const void *p, size_t n)
-{
-    if (t->len + n > t->cap) {
-        size_t cap = (t->len + n) * 2 + 256;
-        char *np = realloc(t->p, cap);
-        if (!np)
-            abort();
-        t->p = np;
-        t->cap = cap;
-    }
-    if (n > 0)
-        memcpy(t->p + t->len, p, n);
-    t->len += n;
-}
-
-static uint32_t next(uint32_t *rng)
-{
-    *rng = *rng * 1103515245u + 12345u;
-    return *rng >> 16;
-}
-
-/* 1 to 16, 256, 4096 or 65536 bytes, a quarter of the time each. */
-static size_t piece(uint32_t *rng)
-{
-    uint32_t r = next(rng);
-    return 1 + next(rng) % (16u << (r % 4 * 4));
-}
-
-/* --- the client's hooks ---------------------------------------------- */
-
-static bool bodiless(unsigned code)
-{
-    return code / 100 == 1 || code == 204 || code == 304;
-}
-
-static void on_connecting(void *ud)
-{
-    struct exchange *x = ud;
-    if (x->ended)
-        abort();
-}
-
-static void on_sending(void *ud)
-{
-    struct exchange *x = ud;
-    if (x->ended || x->told->sent)
-        abort(); /* after on_end, or twice */
-    x->told->sent = true;
-}
-
-static int on_header(void *ud, const char *line, size_t n)
-{
-    struct exchange *x = ud;
-    unsigned code;
-
-    if (x->ended || *x->busy <= 0 || !x->told->sent)
-        abort(); /* inside the parser, after the handshake, before on_end */
-    if (n < 2 || n > H1_LINE_MAX || line[n - 2] != '\r' || line[n - 1] != '\n')
-        abort();
-    if (n == 14 && memcmp(line, "HTTP/", 5) == 0 && line[6] == '.' && line[8] == ' ' &&
-        memcmp(line + 12, "\r\n", 2) == 0) {
-        code = (unsigned)(line[9] - '0') * 100 + (unsigned)(line[10] - '0') * 10 +
-            (unsigned)(line[11] - '0');
-        /* A new set: the previous one was an interim answer. */
-        if (x->lines_left > 0 && (x->status / 100 != 1 || x->status == 101))
-            abort();
-        x->status = code;
-        x->lines_left = 1;
-    } else if (x->lines_left == 0 || (!memchr(line, ':', n) && n < H1_LINE_MAX)) {
-        abort(); /* before any status line, or not cut and without a colon */
-    } else {
-        x->lines_left++;
-    }
-    put(&x->told->lines, "H", 1);
-    put(&x->told->lines, line, n);
-    return n > 9 && strncasecmp(line, "x-refuse:", 9) == 0 ? -1 : 0;
-}
-
-static enum h1_take on_body(void *ud, const char *p, size_t n)
-{
-    struct exchange *x = ud;
-
-    if (x->ended || *x->busy <= 0 || n == 0 || x->lines_left == 0 || bodiless(x->status))
-        abort(); /* outside the parser, empty, without a head or after a bodiless one */
-    if (x->held) {
-        if (n != x->held_len || memcmp(p, x->held, n) != 0)
-            abort(); /* not the buffer paused on, whole */
-        free(x->held);
-        x->held = NULL;
-    } else if (x->pauses && next(x->rng) % 2 == 0) {
-        if (!(x->held = malloc(n)))
-            abort();
-        memcpy(x->held, p, n);
-        x->held_len = n;
-        x->paused = true;
-        return H1_PAUSE;
-    }
-    put(&x->body, p, n);
-    return H1_TAKEN;
-}
-
-static void on_end(void *ud, enum h1_end end, const char *detail)
-{
-    struct exchange *x = ud;
-
-    if (x->ended)
-        abort(); /* twice */
-    x->ended = true;
-    x->told->end = (int)end;
-    if (end != H1_OK && (!detail || !detail[0]))
-        abort(); /* a detail with every failure */
-    if (end == H1_OK && (x->lines_left == 0 || (x->status / 100 == 1 && x->status != 101)))
-        abort(); /* a complete answer needs a final status */
-    /* H1_TLS is the handshake's failure, and only that. */
-    if ((end == H1_TLS) == x->told->sent)
-        abort();
-    snprintf(x->told->detail, sizeof(x->told->detail), "%s", detail ? detail : "");
-    free(x->held);
-    x->held = NULL;
-    put(&x->told->lines, "B", 1);
-    put(&x->told->lines, x->body.p ? x->body.p : "", x->body.len);
-}
-
-static const struct h1_hooks hooks = {
-    .on_connecting = on_connecting,
-    .on_sending = on_sending,
-    .on_header = on_header,
-    .on_body = on_body,
-    .on_end = on_end,
-};
 
 /* --- the upstream -------------------------------------------------------- */
 
@@ -457,7 +298,7 @@ static size_t up_take(struct up *u)
     if (u->raw_off == u->raw.len)
         u->raw_off = u->raw.len = 0;
     while ((k = BIO_read(u->out, buf, sizeof(buf))) > 0) {
-        put(&u->raw, buf, (size_t)k);
+        transcript_put(&u->raw, buf, (size_t)k);
         n += (size_t)k;
     }
     return n;
@@ -588,14 +429,10 @@ static void up_free(struct up *u)
  * writes a piece of what it has to send (all of it in the reference). */
 static void tick(struct sim *s, struct exchange *x, struct up *u)
 {
-    ev_run(loop, EVRUN_NOWAIT);
-    if (x->paused && !x->ended) {
-        x->paused = false;
-        h1_req_resume(&x->req);
-    }
+    exchange_turn(loop, x);
     if (u) {
         up_service(s, u);
-        up_flush(u, s->plan.split ? piece(&s->rng) : SIZE_MAX);
+        up_flush(u, s->plan.split ? rng_piece(&s->rng) : SIZE_MAX);
     }
 }
 
@@ -685,11 +522,11 @@ static void serve(struct sim *s, int i, struct up *u, const uint8_t *a, size_t n
         tick(s, x, u);
     }
     if (event & E_GARBAGE)
-        cut = next(&s->rng) % (n + 1);
+        cut = rng_next(&s->rng) % (n + 1);
     if ((event & E_REKEY) && !(flags & F_EARLY) && n > 0)
-        rekey_at = next(&s->rng) % n;
+        rekey_at = rng_next(&s->rng) % n;
     while (u->shaken && off < cut && !x->ended && !u->failed && !u->eof && u->fd >= 0) {
-        k = s->plan.split ? piece(&s->rng) : RECORD_MAX;
+        k = s->plan.split ? rng_piece(&s->rng) : RECORD_MAX;
         k = k > RECORD_MAX ? RECORD_MAX : k;
         k = k > cut - off ? cut - off : k;
         if (ending == END_CUT && !(event & E_GARBAGE) && off + k == n)
@@ -709,7 +546,7 @@ static void serve(struct sim *s, int i, struct up *u, const uint8_t *a, size_t n
     if (event & E_GARBAGE) {
         /* The rest of the answer in plaintext, then a bare close. */
         flush_all(s, x, u);
-        put(&u->raw, a + off, n - off);
+        transcript_put(&u->raw, a + off, n - off);
         flush_all(s, x, u);
         up_close(u, false, true);
         s->cut[i] = true;
@@ -718,7 +555,7 @@ static void serve(struct sim *s, int i, struct up *u, const uint8_t *a, size_t n
         if (u->shaken && !u->failed && !u->eof && u->fd >= 0 && off < n) {
             size_t rec = tls_write(s, x, u, a + off, n - off > RECORD_MAX ? RECORD_MAX : n - off);
             if (rec > 0)
-                u->raw.len -= 1 + next(&s->rng) % rec; /* 1 byte to all of it */
+                u->raw.len -= 1 + rng_next(&s->rng) % rec; /* 1 byte to all of it */
         }
         flush_all(s, x, u);
         up_close(u, false, true);
@@ -747,7 +584,7 @@ static void serve_hostile(struct sim *s, struct up *u, const uint8_t *a, size_t 
 
     u->hold = (s->in->events & E_NO_READ) != 0;
     up_service(s, u); /* the ClientHello, unless held */
-    put(&u->raw, a, n);
+    transcript_put(&u->raw, a, n);
     for (int guard = 0; !x->ended;) {
         GUARD(guard);
         if (u->fd >= 0 && !up_pending(u) && !x->paused)
@@ -808,12 +645,13 @@ static void run(const struct input *in, const struct plan *pl, struct told out[2
     for (int i = 0; i < 2; i++) {
         s->x[i].busy = &s->busy;
         s->x[i].rng = &s->rng;
+        s->x[i].tls = true;
         s->x[i].pauses = pl->split && (in->flags & F_PAUSE);
         s->x[i].told = &out[i];
         out[i].end = -1;
     }
 
-    h1_req_start(&s->x[0].req, pool, origin, s->iov, 2, &hooks, &s->x[0]);
+    h1_req_start(&s->x[0].req, pool, origin, s->iov, 2, &exchange_hooks, &s->x[0]);
     if (!(u = accept_for(s, &s->x[0])))
         abort(); /* connect(2) to the listening socket completes at once */
     if (in->flags & F_HOSTILE) {
@@ -829,7 +667,7 @@ static void run(const struct input *in, const struct plan *pl, struct told out[2
         tick(s, &s->x[0], u); /* a connection pooled in this turn is taken from the next */
         bool closed = u->fd < 0 || u->eof || u->failed;
         bool whole = u->got >= u->requests * s->req_len;
-        h1_req_start(&x->req, pool, origin, s->iov, 2, &hooks, x);
+        h1_req_start(&x->req, pool, origin, s->iov, 2, &exchange_hooks, x);
         if (st->connections_reused > reused) {
             /* On the pooled connection: one the upstream kept, and whose
              * request it had whole. */
@@ -862,10 +700,8 @@ static void run(const struct input *in, const struct plan *pl, struct told out[2
     for (int i = 0; i < 8; i++)
         ev_run(loop, EVRUN_NOWAIT); /* pooled connections see the close */
     h1_pool_free(pool);
-    for (int i = 0; i < 2; i++) {
-        free(s->x[i].body.p);
-        free(s->x[i].held);
-    }
+    for (int i = 0; i < 2; i++)
+        exchange_free(&s->x[i]);
     /* Nothing the client left behind: every connection was accepted. */
     while ((u = up_accept(s)))
         up_free(u);
@@ -930,16 +766,7 @@ static void make_tls(void)
 static void setup(void)
 {
     signal(SIGPIPE, SIG_IGN); /* as the daemon: OpenSSL writes with write(2) */
-    addr.sun_family = AF_UNIX;
-    int n = snprintf(addr.sun_path + 1, sizeof(addr.sun_path) - 1, "polygw-fuzz-h1-tls-%d",
-                     (int)getpid());
-    addr_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
-    listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (listen_fd < 0 || bind(listen_fd, (struct sockaddr *)&addr, addr_len) != 0 ||
-        listen(listen_fd, 64) != 0) {
-        perror("fuzz_h1_tls: listen");
-        abort();
-    }
+    listen_fd = upstream_listen("polygw-fuzz-h1-tls", &addr, &addr_len);
     loop = ev_loop_new(EVFLAG_AUTO);
     if (!loop)
         abort();
@@ -947,27 +774,6 @@ static void setup(void)
         big_body[i] = (char)('a' + i % 23);
     make_tls();
     sockets_at_start = open_sockets(false);
-}
-
-/* With the whole answer sent through TLS, both runs tell the same: a
- * complete answer line for line and byte for byte, a failure as the same
- * ending (not more: the lines told before a malformed head stops the
- * parser depend on where reads ended, as does a hook's refusal). */
-static void compare(const struct told *a, const struct told *b)
-{
-    if (a->end == H1_OK || b->end == H1_OK) {
-        if (a->end != b->end || a->lines.len != b->lines.len ||
-            memcmp(a->lines.p, b->lines.p, a->lines.len) != 0)
-            abort();
-    } else if (a->end != H1_ABORTED && b->end != H1_ABORTED && a->end != b->end) {
-        abort();
-    }
-}
-
-static void free_told(struct told t[2])
-{
-    for (int i = 0; i < 2; i++)
-        free(t[i].lines.p);
 }
 
 /* The end any run must have: H1_TLS for a hostile upstream or a name the
@@ -1021,7 +827,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check_tls_end(&in, &fuzzed[0]);
     if (!(in.flags & F_HOSTILE)) {
         if (!s_fuzz.cut[0]) {
-            compare(&ref[0], &fuzzed[0]);
+            told_compare(&ref[0], &fuzzed[0]);
         } else if (fuzzed[0].end == H1_OK) {
             /* Taken from a cut stream: what the records that arrived whole
              * tell, alone and ended by a close_notify. */
@@ -1031,8 +837,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             memset(alone, 0, sizeof(alone));
             run(&part, &(struct plan){ .split = false }, alone, &s_alone);
             check_sockets();
-            compare(&alone[0], &fuzzed[0]);
-            free_told(alone);
+            told_compare(&alone[0], &fuzzed[0]);
+            told_free(alone);
         }
         /* Plaintext after the handshake fails a read as a TLS error,
          * whatever the alert OpenSSL then sent met (a failed send, told
@@ -1041,9 +847,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             strcmp(fuzzed[0].detail, "Recv failure: Protocol error") != 0)
             abort();
         if (in.flags & F_SECOND)
-            compare(&ref[1], &fuzzed[1]);
+            told_compare(&ref[1], &fuzzed[1]);
     }
-    free_told(ref);
-    free_told(fuzzed);
+    told_free(ref);
+    told_free(fuzzed);
     return 0;
 }

@@ -1,8 +1,8 @@
 /* test_figures.c — tables of figures (sidecar/codec/figures.h): the stats
  * map and the Prometheus families one table gives, with map sizes counted
  * from it (the JSON writer fails on a wrong count), keys shown only when
- * asked, nil values, vectors, families several figures share, rows and
- * nested tables. */
+ * asked, nil values, vectors, families several figures share, rows,
+ * nested tables, a figure's two labels and a map of several tables. */
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,20 +121,30 @@ static void thing_init(struct thing *t, bool on)
     prom_hist_observe(&t->lat, 0.5);
 }
 
-static char *stats_json(const struct thing *t)
+/* The JSON of one map: row `row` of `t`, or (t NULL) the `n` parts. */
+static char *map_json(const struct fig_table *t, const void *obj, size_t row,
+                      const struct fig_part *parts, size_t n)
 {
     struct strbuf out;
     struct writer w;
 
     strbuf_init(&out);
     writer_init_json(&w, &out);
-    figs_write_map(&w, &table, t, 0);
+    if (t)
+        figs_write_map(&w, t, obj, row);
+    else
+        figs_write_parts(&w, parts, n);
     ck_assert_int_eq(w.err, 0);
     ck_assert_int_eq(w.depth, 0);
     char *s = strndup(out.data, out.len);
     ck_assert_ptr_nonnull(s);
     strbuf_fini(&out);
     return s;
+}
+
+static char *stats_json(const struct thing *t)
+{
+    return map_json(&table, t, 0, NULL, 0);
 }
 
 START_TEST(test_figures__stats_map)
@@ -158,16 +168,21 @@ START_TEST(test_figures__stats_map)
 }
 END_TEST
 
-static char *render(const struct thing *t, unsigned skip)
+static char *families(const struct fig_table *t, const void *obj, size_t n_rows, unsigned skip)
 {
     struct prom_text p;
     size_t len;
 
     prom_text_init(&p);
-    figs_render(&p, &table, t, 1, skip);
+    figs_render(&p, t, obj, n_rows, skip);
     char *s = prom_text_take(&p, &len);
     ck_assert_ptr_nonnull(s);
     return s;
+}
+
+static char *render(const struct thing *t, unsigned skip)
+{
+    return families(&table, t, 1, skip);
 }
 
 START_TEST(test_figures__families)
@@ -227,24 +242,47 @@ static const struct fig_table row_table = { row_list, 1, row_labels };
 START_TEST(test_figures__rows)
 {
     const uint64_t v[2] = { 10, 11 };
-    struct prom_text p;
-    struct strbuf out;
-    struct writer w;
-    size_t len;
 
-    prom_text_init(&p);
-    figs_render(&p, &row_table, v, 2, 0);
-    char *s = prom_text_take(&p, &len);
+    char *s = families(&row_table, v, 2, 0);
     ck_assert_str_eq(s,
                      "# HELP t_v V.\n# TYPE t_v gauge\nt_v{row=\"r0\"} 10\nt_v{row=\"r1\"} 11\n");
     free(s);
-    strbuf_init(&out);
-    writer_init_json(&w, &out);
-    figs_write_map(&w, &row_table, v, 1);
-    ck_assert_int_eq(w.err, 0);
-    ck_assert_int_eq((int)out.len, 8);
-    ck_assert_int_eq(memcmp(out.data, "{\"v\":11}", 8), 0);
-    strbuf_fini(&out);
+    s = map_json(&row_table, v, 1, NULL, 0);
+    ck_assert_str_eq(s, "{\"v\":11}");
+    free(s);
+}
+END_TEST
+
+/* Two labels of a figure's own, after the row's; a map of two tables'
+ * pairs, each of its own object, sized from both. */
+static const struct figure two_list[] = {
+    { .key = "v_a",
+      .metric = "t_two",
+      .type = "gauge",
+      .help = "Two.",
+      .label = "state",
+      .label_value = "failed",
+      .label2 = "kind",
+      .label2_value = "a",
+      .get = row_value },
+};
+static const struct fig_table two_table = { two_list, 1, row_labels };
+
+START_TEST(test_figures__parts_two_labels)
+{
+    const uint64_t v[2] = { 10, 11 };
+    const struct inner other = { 9 };
+    const struct fig_part parts[] = { { &two_table, v }, { &inner_table, &other } };
+
+    char *s = families(&two_table, v, 2, 0);
+    ck_assert_str_eq(s,
+                     "# HELP t_two Two.\n# TYPE t_two gauge\n"
+                     "t_two{row=\"r0\",state=\"failed\",kind=\"a\"} 10\n"
+                     "t_two{row=\"r1\",state=\"failed\",kind=\"a\"} 11\n");
+    free(s);
+    s = map_json(NULL, NULL, 0, parts, 2);
+    ck_assert_str_eq(s, "{\"v_a\":10,\"depth\":9}");
+    free(s);
 }
 END_TEST
 
@@ -256,6 +294,7 @@ Suite *figures_suite(void)
     tcase_add_test(tc, test_figures__stats_map);
     tcase_add_test(tc, test_figures__families);
     tcase_add_test(tc, test_figures__rows);
+    tcase_add_test(tc, test_figures__parts_two_labels);
     suite_add_tcase(s, tc);
     return s;
 }
