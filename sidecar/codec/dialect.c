@@ -354,6 +354,10 @@ void dialect_usage_merge(struct dialect_usage *acc, const struct dialect_usage *
         acc->total = ev->total;
     if (ev->cached >= 0)
         acc->cached = ev->cached;
+    if (ev->cache_write >= 0)
+        acc->cache_write = ev->cache_write;
+    if (ev->reasoning >= 0)
+        acc->reasoning = ev->reasoning;
 }
 
 int64_t dialect_usage_cached(const struct dialect_usage *u)

@@ -53,9 +53,13 @@ enum dialect_kind {
  * most DIALECT_TOKENS_MAX. */
 struct dialect_usage {
     int64_t prompt, completion, total;
-    int64_t cached; /* prompt tokens read from the provider's prompt cache (OpenAI
+    int64_t cached;      /* prompt tokens read from the provider's prompt cache (OpenAI
                      * prompt_tokens_details.cached_tokens, Anthropic
                      * cache_read_input_tokens), part of `prompt` */
+    int64_t cache_write; /* prompt tokens written to the provider's prompt cache
+                          * (Anthropic cache_creation_input_tokens), part of `prompt` */
+    int64_t reasoning;   /* output tokens spent reasoning (OpenAI reasoning_tokens,
+                          * Gemini thoughtsTokenCount), part of `completion` */
     bool bogus;
 };
 
@@ -123,7 +127,7 @@ int64_t dialect_count_number(double v);
  * ignored. Start from DIALECT_USAGE_NONE. */
 void dialect_openai_count(struct dialect_usage *u, const char *name, size_t len, int64_t count);
 
-#define DIALECT_USAGE_NONE ((struct dialect_usage){ -1, -1, -1, -1, false })
+#define DIALECT_USAGE_NONE ((struct dialect_usage){ -1, -1, -1, -1, -1, -1, false })
 
 /* Records an OpenAI `prompt_tokens_details` member `name` (`len` bytes) in
  * `u` (`count` as for dialect_openai_count): only cached_tokens is kept,
