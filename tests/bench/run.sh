@@ -82,6 +82,10 @@
 #                           most 2: the section has 24 cells)
 #   BENCH_REALPATH_CLIENTS  realpath single-answer connection counts (default "1 64")
 #   BENCH_REALPATH_STREAMS  realpath concurrent stream counts (default "256 64 8")
+#   BENCH_PERF_DIR  a directory: record each polygw stream run of the realpath
+#                   section with `perf record --call-graph dwarf` into
+#                   DIR/PATH-STREAMS-REP.data (perf's own cost inflates that
+#                   run's CPU column; tests/bench/profiles/README.md)
 #
 # Exit status: 0 when every row that ran had no errors (skipped sidecar rows
 # included), 1 otherwise, 2 when a tool a requested section needs is missing
@@ -2104,6 +2108,14 @@ rp_stream() {
     rp_warm=${3:-}
     [ -n "$rp_warm" ] || say "rep $rep/$RP_REPS: realpath streams $1, $2 streams, ${DUR} s ..."
     rp_c0=$(rp_ticks "$rp_pid")
+    rp_perf=
+    case $1 in http_* | msgpack_*)
+        if [ -n "${BENCH_PERF_DIR:-}" ] && [ -z "$rp_warm" ]; then
+            perf record -q -F 999 --call-graph dwarf,16384 -p "$rp_pid" \
+                -o "$BENCH_PERF_DIR/$1-$2-$rep.data" >/dev/null 2>&1 &
+            rp_perf=$!
+        fi ;;
+    esac
     if [ -n "$rp_sock" ]; then
         # shellcheck disable=SC2086
         j=$($TIMEOUT $PIN_LG "$LOADGEN" --socket "$rp_sock" --method call \
@@ -2116,6 +2128,10 @@ rp_stream() {
             --timeout-ms 5000 --json 2>>"$TMP/loadgen.err")
     fi
     rp_c1=$(rp_ticks "$rp_pid")
+    if [ -n "$rp_perf" ]; then
+        kill -INT "$rp_perf" 2>/dev/null
+        wait "$rp_perf" 2>/dev/null
+    fi
     [ -z "$rp_warm" ] || return 0
     if [ -z "$(field "$j" rps)" ]; then
         STATUS=1
