@@ -10,7 +10,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import config_yaml, source_yaml  # noqa: E402,F401
+from conftest import call, source_yaml  # noqa: E402
 from test_http import front, free_port  # noqa: E402,F401
 
 KEY = "gm-secret-key-0123456789"
@@ -212,3 +212,34 @@ def test_gemini__transient_status_is_retried(front, up):
     status, hdrs, body = f.curl("/v1beta/models/gemini-test:generateContent", gbody("again"))
     assert status == 200, body
     assert hdrs["x-polygw-attempts"] == "2"
+
+
+def test_gemini__msgpack_call_names_the_model(front, up):
+    up.require_auth("gemini", KEY)
+    f = start(front, up)
+    c = f.sc.connect()
+    err, res, _ = call(c, "gemini", gbody("over msgpack"), model="gemini-mp")
+    assert err is None, err
+    assert res["body"]["candidates"][0]["content"]["parts"][0]["text"] == "over msgpack"
+    last = up.last()
+    assert last["path"] == "/v1beta/models/gemini-mp:generateContent"
+    assert "model" not in last["json"] and "stream" not in last["json"]
+    msgid = c.request_async("call", {"capability": "gemini", "model": "gemini-mp",
+                                     "body": gbody("mp stream"), "stream": True})
+    chunks = []
+    while True:
+        msg = c.recv_msg(timeout=10)
+        assert msg is not None
+        if msg[0] == 2 and msg[1] == "chunk" and msg[2][0] == msgid:
+            chunks.append(msg[2][1])
+        elif msg[0] == 1 and msg[1] == msgid:
+            assert msg[2] is None, msg[2]
+            break
+    assert up.last()["target"] == "/v1beta/models/gemini-mp:streamGenerateContent?alt=sse"
+    assert "stream" not in up.last()["json"]
+    assert chunks, "no chunk relayed"
+    # No model named, the source names none: refused, nothing sent upstream.
+    n = up.stats()["requests"]
+    err, _, _ = call(c, "gemini", gbody("no model"))
+    assert err is not None and err["code"] == "bad_request", err
+    assert up.stats()["requests"] == n
