@@ -17,8 +17,10 @@
  *
  * and where each puts its token counts (OpenAI: `usage` of the reply or of
  * a stream chunk; Anthropic: `usage` of the reply, of message_start's
- * `message` and of message_delta), which stream events are errors
- * (Anthropic's `error` event, e.g. overloaded_error, is transient), and
+ * `message` and of message_delta; Gemini: `usageMetadata` of the reply and
+ * of each event), which stream events are errors (Anthropic's `error`
+ * event, e.g. overloaded_error, is transient; Gemini's {"error": {...}}
+ * by its status, UNAVAILABLE and RESOURCE_EXHAUSTED transient), and
  * which response headers are retry hints (dialect_apply_hints).
  *
  * The governed loop never sees any of this: it gets an outcome and a token

@@ -9,6 +9,8 @@ import json
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import call, source_yaml  # noqa: E402
 from test_http import front, free_port  # noqa: E402,F401
@@ -206,9 +208,10 @@ def test_gemini__garbage_after_the_terminal_event_ends_typed(front, up):
     assert err["code"] in ("stream_interrupted", "bad_response"), err
 
 
-def test_gemini__transient_status_is_retried(front, up):
+@pytest.mark.parametrize("status", [503, 429])
+def test_gemini__transient_status_is_retried(front, up, status):
     f = start(front, up)
-    up.script([{"status": 503}, {}])
+    up.script([{"status": status, "retry_after": 0}, {}])
     status, hdrs, body = f.curl("/v1beta/models/gemini-test:generateContent", gbody("again"))
     assert status == 200, body
     assert hdrs["x-polygw-attempts"] == "2"
