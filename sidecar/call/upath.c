@@ -22,6 +22,21 @@ bool upath_model_ok(const char *name, size_t len)
     return true;
 }
 
+/* Whether query `q` ("" or "?a=b&c=d") has a parameter named `name`
+ * (`n` bytes). */
+static bool query_has_name(const char *q, const char *name, size_t n)
+{
+    for (const char *p = *q ? q + 1 : q; *p;) {
+        size_t len = strcspn(p, "=&");
+        if (len == n && memcmp(p, name, n) == 0)
+            return true;
+        p += strcspn(p, "&");
+        if (*p)
+            p++;
+    }
+    return false;
+}
+
 char *upath_url(const struct config_source *src, const struct upath_call *c, char *buf, size_t cap,
                 size_t *len, char *why, size_t whylen)
 {
@@ -47,10 +62,9 @@ char *upath_url(const struct config_source *src, const struct upath_call *c, cha
          * /messages); a path set in the configuration is used as written. */
         path = dialect_get(src->kind)->chat_path;
     }
-    bool has_q = strchr(method, '?') != NULL;
     size_t nb = strlen(src->base_url), np = strlen(path), nm = strlen(model), nf = strlen(method),
            nc = cq ? strlen(cq) + 1 : 0, ns = strlen(sq);
-    size_t n = nb + np + nm + nf + nc + ns;
+    size_t n = nb + np + nm + nf + ns + nc;
     char *url = n < cap ? buf : malloc(n + 1);
     if (!url) {
         snprintf(why, whylen, "out of memory");
@@ -65,16 +79,26 @@ char *upath_url(const struct config_source *src, const struct upath_call *c, cha
     p += nm;
     memcpy(p, method, nf);
     p += nf;
-    if (cq) {
-        *p++ = has_q ? '&' : '?';
-        memcpy(p, cq, nc - 1);
-        p += nc - 1;
-        has_q = true;
-    }
+    bool has_q = strchr(method, '?') != NULL;
     if (ns) {
         *p++ = has_q ? '&' : '?';
         memcpy(p, sq + 1, ns - 1); /* past its own '?' */
         p += ns - 1;
+        has_q = true;
+    }
+    /* The client's parameters after the source's, less those the source
+     * sets itself: a client cannot replace a configured one. */
+    for (const char *q = cq; q && *q;) {
+        size_t plen = strcspn(q, "&"), nlen = strcspn(q, "=&");
+        if (plen > 0 && !query_has_name(sq, q, nlen)) {
+            *p++ = has_q ? '&' : '?';
+            memcpy(p, q, plen);
+            p += plen;
+            has_q = true;
+        }
+        q += plen;
+        if (*q)
+            q++;
     }
     *p = '\0';
     *len = (size_t)(p - url);

@@ -10,9 +10,9 @@
  *     {method} is countTokens for a capability named count_tokens, else
  *     streamGenerateContent?alt=sse for a stream, else generateContent;
  *   - any other path is the capability's, as configured;
- * then the client's own query string (only for an anthropic source:
- * Anthropic's clients add ?beta=true), then the source's query (api-version,
- * query:, auth_query).
+ * then the source's query (api-version, query:, auth_query), then the
+ * client's own parameters (only for an anthropic source: Anthropic's
+ * clients add ?beta=true) but those whose name the source's query has.
  */
 #ifndef POLYGW_UPATH_H
 #define POLYGW_UPATH_H

@@ -1294,9 +1294,9 @@ static const struct config_capability *gemini_target(struct http_conn *c, const 
     int ci =
         rc == GEMROUTE_OK ? config_find_capability(cfg, g->capability, strlen(g->capability)) : -1;
     if (ci < 0) {
-        hc_error(c, 404, PGW_UNKNOWN_CAPABILITY, "no capability is served at %s%s%s", quoted,
+        hc_error(c, 404, PGW_UNKNOWN_CAPABILITY, "no capability is served at %s%s%s%s", quoted,
                  rc == GEMROUTE_OK ? " (configure capability " : "",
-                 rc == GEMROUTE_OK ? g->capability : "");
+                 rc == GEMROUTE_OK ? g->capability : "", rc == GEMROUTE_OK ? ")" : "");
         return NULL;
     }
     return hc_check_json_body(c, false) < 0 ? NULL : &cfg->capabilities[ci];

@@ -146,6 +146,18 @@ def test_gemini__model_routing_by_path(front, up):
     assert status == 404, body
 
 
+def test_gemini__no_such_capability_is_404(front, up):
+    f = front(sources=[gsource(up, "g1", "chat")], env=ENV)
+    status, _, body = f.curl("/v1beta/models/gemini-a:countTokens", gbody("c"))
+    assert status == 404, body
+    err = json.loads(body)["error"]
+    assert err["code"] == "unknown_capability"
+    assert err["message"].endswith("(configure capability count_tokens)"), err
+    status, _, body = f.curl("/v1beta/models/gemini-a:generateContent", gbody("c"))
+    assert status == 404 and "configure capability gemini" in body, body
+    assert up.stats()["requests"] == 0
+
+
 def test_gemini__anthropic_count_tokens_passes_the_query(front, up):
     up.require_auth("anthropic", KEY)
     src = [source_yaml("ac", "count_tokens", up.url, dict(FAST, api_key_env=KEY_ENV),
@@ -246,3 +258,13 @@ def test_gemini__msgpack_call_names_the_model(front, up):
     err, _, _ = call(c, "gemini", gbody("no model"))
     assert err is not None and err["code"] == "bad_request", err
     assert up.stats()["requests"] == n
+
+
+def test_gemini__client_query_cannot_replace_the_sources(front, up):
+    src = [source_yaml("ac", "count_tokens", up.url, dict(FAST, api_key_env=KEY_ENV),
+                       kind="anthropic", query={"tenant": "search"})]
+    f = front(sources=src, env=ENV, capabilities=CAPS)
+    body = {"model": "claude-test", "messages": [{"role": "user", "content": "q"}]}
+    status, _, text = f.curl("/v1/messages/count_tokens?beta=true&tenant=evil&x", body)
+    assert status == 200, text
+    assert up.last()["target"] == "/v1/messages/count_tokens?tenant=search&beta=true&x"
