@@ -236,7 +236,7 @@ $(BUILD)/shim/%.so: tests/shim/%.c
 # once (`make test` does that when clang is installed, so they cannot rot);
 # `make fuzz-replay` replays the committed corpus through a gcc-built driver.
 FUZZ_TARGETS := frame transcode sse retry_after config convert jscan json_msgpack_diff h1_answer \
-                http_request h1_tls
+                http_request h1_tls gemini
 FUZZ_SECONDS ?= 60
 FUZZ_LARGE_SECONDS ?= $(FUZZ_SECONDS)
 FUZZ_MAX_LEN ?= 4194304
@@ -244,6 +244,7 @@ FUZZ_CC      ?= clang
 FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/codec/transcode.c sidecar/core/config.c sidecar/core/models.c sidecar/core/modelmatch.c sidecar/core/tls.c sidecar/backend/redis_url.c sidecar/upstream/h1.c \
                 sidecar/core/yamltree.c sidecar/core/name_index.c sidecar/codec/jscan.c \
                 sidecar/codec/dialect.c sidecar/codec/convert.c sidecar/http/httpreq.c \
+                sidecar/call/upath.c sidecar/http/gemroute.c \
                 $(REF_SRC)
 FUZZ_OBJ     := $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(FUZZ_LIB_SRC))
 # The HTTP/1.1 client's targets share their hooks (tests/fuzz/h1_contract.c).

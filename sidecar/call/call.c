@@ -54,6 +54,7 @@
 #include "backend/backend.h"
 #include "codec/convert.h"
 #include "codec/dialect.h"
+#include "call/upath.h"
 #include "governor.h"
 #include "codec/jscan.h"
 #include "codec/reply.h"
@@ -112,6 +113,7 @@ struct call {
     enum pgw_code code;          /* how it was answered (PGW_CANCELLED: not answered) */
     char app[CONFIG_NAME_MAX];   /* who is calling (call_req.app) */
     char *model_param;           /* owned: the msgpack `model` parameter, or NULL */
+    char *query;                 /* owned: the client's query string (call_req.query) */
     char *model_label;           /* owned: the configured model name it matched,
                                   * "other", or NULL: it named none (models.h) */
     /* For the access log (access.h). */
@@ -232,6 +234,7 @@ static void call_free_memory(struct call *k)
     free(k->task_id);
     free(k->model_param);
     free(k->model_label);
+    free(k->query);
     free(k);
 }
 
@@ -288,16 +291,23 @@ static void sbuffer_fit(msgpack_sbuffer *sb)
  * string (which also catches an echo written with JSON escapes). A parse
  * error's message may quote a short excerpt of the input: callers put it
  * only in a detail, which relay_text_inplace() scrubs. `usage` may be
- * NULL, else receives where the outermost object's "usage" was packed.
- * Returns as transcode_json_to_msgpack(). */
-static int relay_json(struct server *srv, const char *json, size_t len, msgpack_packer *pk,
-                      struct transcode_span *usage, char *err, size_t errlen)
+ * NULL, else receives where the outermost object's `member` (NULL:
+ * "usage") was packed. Returns as transcode_json_to_msgpack(). */
+static int relay_json_pick(struct server *srv, const char *json, size_t len, msgpack_packer *pk,
+                           struct transcode_span *usage, const char *member, char *err,
+                           size_t errlen)
 {
-    static const char *const pick[] = { "usage", NULL };
+    const char *const pick[] = { member ? member : "usage", NULL };
     const struct transcode_j2m opt = { RPC_RELAYED_MAX_DEPTH, redact_on_str, srv->redact,
                                        usage ? pick : NULL, usage };
 
     return transcode_json_to_msgpack(json, len, pk, &opt, err, errlen);
+}
+
+static int relay_json(struct server *srv, const char *json, size_t len, msgpack_packer *pk,
+                      struct transcode_span *usage, char *err, size_t errlen)
+{
+    return relay_json_pick(srv, json, len, pk, usage, "usage", err, errlen);
 }
 
 /* Packs upstream text as a str: scrubbed, invalid UTF-8 replaced with
@@ -883,8 +893,9 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
         struct transcode_span us;
         struct dialect_usage counts;
         msgpack_packer_init(&bpk, &body, msgpack_sbuffer_write);
-        int rc = relay_json(k->srv, res.body ? res.body : "", res.body_len, &bpk,
-                            convert ? NULL : &us, err, sizeof(err));
+        int rc =
+            relay_json_pick(k->srv, res.body ? res.body : "", res.body_len, &bpk,
+                            convert ? NULL : &us, call_dialect(k)->usage_member, err, sizeof(err));
         if (rc < 0) {
             outcome_from_reason(&res.outcome, REASON_BAD_RESPONSE);
             res.outcome.http_status = res.http_status;
@@ -1051,6 +1062,15 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
         strbuf_fini(&scrubbed);
         return -1;
     }
+    if (rc < 0 && k->src->kind == DIALECT_GEMINI) {
+        /* Every Gemini event is a JSON object: anything else (garbage after
+         * the last event, a cut) is the upstream misbehaving. */
+        snprintf(k->event_error, sizeof(k->event_error), "%s",
+                 "stream event is not JSON (a Gemini stream sends JSON objects only)");
+        msgpack_sbuffer_destroy(&sb);
+        strbuf_fini(&scrubbed);
+        return -1;
+    }
     if (rc < 0) {
         /* A non-JSON event is relayed as {"data": "<text>"} rather than lost. */
         msgpack_sbuffer_clear(&sb);
@@ -1203,7 +1223,10 @@ static void pack_with_stream_usage(const msgpack_object *body, msgpack_sbuffer *
 static int call_prepare_json(struct call *k, const struct config_source *src, char *why,
                              size_t whylen)
 {
-    const char *model = src->model ? src->model : k->model_param;
+    /* A Gemini body names no model (its path does) and never `stream`
+     * (its method does): sent as it came. */
+    bool gemini = src->kind == DIALECT_GEMINI;
+    const char *model = gemini ? NULL : src->model ? src->model : k->model_param;
     enum body_form form = call_body_form(k, src);
     msgpack_unpacked up, alt;
     msgpack_sbuffer altbuf;
@@ -1256,7 +1279,8 @@ static int call_prepare_json(struct call *k, const struct config_source *src, ch
         .model = model,
         /* The `stream` parameter decides; a body's own "stream" key must not
          * make the upstream stream while we expect one JSON reply. */
-        .stream = k->stream               ? TRANSCODE_STREAM_TRUE
+        .stream = gemini                  ? TRANSCODE_STREAM_KEEP
+            : k->stream                   ? TRANSCODE_STREAM_TRUE
             : rpc_map_get(body, "stream") ? TRANSCODE_STREAM_FALSE
                                           : TRANSCODE_STREAM_KEEP,
     };
@@ -1353,23 +1377,17 @@ static void call_run_attempt(struct call *k, size_t source)
     }
     memcpy(json, text, text_len);
     json[text_len] = '\0';
-    /* The built-in chat path is each dialect's own (Anthropic: /messages);
-     * a path set in the configuration is used as written. */
-    const char *path = k->cap->path;
-    if (strcmp(k->cap->name, "chat") == 0 && strcmp(path, "/chat/completions") == 0)
-        path = dialect_get(src->kind)->chat_path;
-    size_t nb = strlen(src->base_url), np = strlen(path), nq = strlen(src->req_query);
+    const struct upath_call uc = { k->cap, k->model_param, k->stream, k->query };
     char url_buf[512];
-    char *url = nb + np + nq < sizeof(url_buf) ? url_buf : malloc(nb + np + nq + 1);
+    size_t nu = 0;
+    char *url = upath_url(src, &uc, url_buf, sizeof(url_buf), &nu, why, sizeof(why));
     if (!url) {
         free(json);
-        call_reply_plain_error(k, PGW_INTERNAL, "out of memory");
+        call_reply_plain_error(
+            k, strcmp(why, "out of memory") == 0 ? PGW_INTERNAL : PGW_BAD_REQUEST, why);
         call_finish(k);
         return;
     }
-    memcpy(url, src->base_url, nb);
-    memcpy(url + nb, path, np);
-    memcpy(url + nb + np, src->req_query, nq + 1);
     struct attempt_spec as = {
         .url = url,
         .headers = (const char *const *)src->req_headers,
@@ -1404,7 +1422,7 @@ static void call_run_attempt(struct call *k, size_t source)
     k->event_error[0] = '\0';
     k->relayed = 0;
     k->attempt = attempt_start(srv->up, &as, &call_hooks, k);
-    explicit_bzero(url, nb + np + nq + 1); /* auth_query puts the key in it */
+    explicit_bzero(url, nu + 1); /* auth_query puts the key in it */
     if (url != url_buf)
         free(url);
     if (!k->attempt) {
@@ -1591,6 +1609,40 @@ static void call_scan_stream_options(struct call *k, const struct call_req *r)
 }
 
 
+/* Keeps only the kind: gemini sources of capability `ci` in *use (made
+ * when NULL: every source of the capability), and in *first the first of
+ * them. Returns -1 after refusing the call when none is left. */
+static int call_keep_gemini(struct call_sink *s, uint32_t id, const struct call_req *r, size_t ci,
+                            bool **use, const struct config_source **first)
+{
+    const struct config *cfg = s->srv->cfg;
+    char why[160];
+
+    if (!*use && !(*use = calloc(cfg->n_sources, sizeof(**use)))) {
+        call_refuse(s, id, r, PGW_INTERNAL, "out of memory");
+        return -1;
+    }
+    bool all = true;
+    for (size_t i = 0; i < cfg->n_sources; i++)
+        all = all && !(*use)[i];
+    *first = NULL;
+    for (size_t i = 0; i < cfg->n_sources; i++) {
+        const struct config_source *src = &cfg->sources[i];
+        bool in = (all || (*use)[i]) && src->capability_index == ci && !src->retired;
+        (*use)[i] = in && src->kind == DIALECT_GEMINI;
+        if ((*use)[i] && !*first)
+            *first = src;
+    }
+    if (*first)
+        return 0;
+    free(*use);
+    *use = NULL;
+    snprintf(why, sizeof(why), "capability '%s' has no kind: gemini source for this call",
+             cfg->capabilities[ci].name);
+    call_refuse(s, id, r, PGW_UNKNOWN_CAPABILITY, why);
+    return -1;
+}
+
 void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
 {
     struct server *srv = s->srv;
@@ -1662,6 +1714,9 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
             }
     }
 
+    if (r->gemini_only && call_keep_gemini(s, id, r, (size_t)ci, &use, &first) < 0)
+        return;
+
     /* A call naming a task runs only while the task runs. */
     struct task *task = NULL;
     struct task_wait *tw = NULL;
@@ -1712,7 +1767,8 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     k->wake_w.data = k;
     if ((r->task_id && !(k->task_id = strdup(r->task_id))) ||
         (r->model && r->model_param && !(k->model_param = strndup(r->model, r->model_len))) ||
-        (label && !(k->model_label = strdup(label)))) {
+        (label && !(k->model_label = strdup(label))) ||
+        (r->query && !(k->query = strndup(r->query, r->query_len)))) {
         call_refuse(s, id, r, PGW_INTERNAL, "out of memory");
         call_free_memory(k);
         free(tw);

@@ -134,6 +134,13 @@ struct call_req {
      * none), so call_begin need not walk them again. */
     bool members_scanned;
     struct jscan_value stream_options;
+    /* The HTTP request's query string, without '?' (`query_len` bytes;
+     * NULL: none): passed on to an anthropic source (upath.h). */
+    const char *query;
+    size_t query_len;
+    /* Only the capability's kind: gemini sources serve it (the HTTP
+     * front's Gemini routes); none: unknown_capability. */
+    bool gemini_only;
 };
 
 /* Starts call `id` of sink `s` (an id unique among the sink's calls in

@@ -254,6 +254,74 @@ static void responses_scan_event(const msgpack_object *ev, struct dialect_event 
     }
 }
 
+/* --- Gemini ---------------------------------------------------------- */
+
+/* usageMetadata: {"promptTokenCount", "cachedContentTokenCount",
+ * "candidatesTokenCount", "toolUsePromptTokenCount", "thoughtsTokenCount",
+ * "totalTokenCount"}. The prompt is promptTokenCount plus the tool-use
+ * prompt (both billed input; the cached count is part of the former); the
+ * completion is candidatesTokenCount plus thoughtsTokenCount (Gemini bills
+ * thinking as output, and does not count it in candidatesTokenCount), so
+ * `reasoning` is part of `completion` as for OpenAI. */
+static void gemini_scan_usage(const msgpack_object *usage, struct dialect_usage *out)
+{
+    static const char *const names[6] = { "promptTokenCount",     "cachedContentTokenCount",
+                                          "candidatesTokenCount", "toolUsePromptTokenCount",
+                                          "thoughtsTokenCount",   "totalTokenCount" };
+    int64_t c[6];
+
+    if (!usage_counts(usage, names, c, 6, out))
+        return;
+    int64_t prompt = c[0], cached = c[1], cand = c[2], tool = c[3], thoughts = c[4];
+    /* Each at most DIALECT_TOKENS_MAX: the sums fit. */
+    if (prompt >= 0)
+        out->prompt = prompt + (tool > 0 ? tool : 0);
+    out->cached = prompt >= 0 ? cached : -1;
+    if (cand >= 0 || thoughts >= 0)
+        out->completion = (cand > 0 ? cand : 0) + (thoughts > 0 ? thoughts : 0);
+    out->reasoning = thoughts;
+    out->total = c[5];
+}
+
+/* Statuses (google.rpc.Code names) Gemini documents as worth retrying. */
+static bool gemini_error_is_transient(const char *status, const msgpack_object *code)
+{
+    static const char *const transient[] = { "UNAVAILABLE", "RESOURCE_EXHAUSTED", "INTERNAL",
+                                             "DEADLINE_EXCEEDED" };
+    for (size_t i = 0; i < sizeof(transient) / sizeof(transient[0]); i++)
+        if (strcmp(status, transient[i]) == 0)
+            return true;
+    int64_t c = obj_count(code);
+    return c == 429 || c == 500 || c == 503 || c == 504;
+}
+
+/* An event is a GenerateContentResponse: terminal when a candidate has a
+ * finishReason, or when the prompt was blocked (promptFeedback.blockReason:
+ * no candidate follows); {"error": {"code", "message", "status"}} is a
+ * failure inside the stream. */
+static void gemini_scan_event(const msgpack_object *ev, struct dialect_event *out)
+{
+    const msgpack_object *cands = rpc_map_get(ev, "candidates");
+    const msgpack_object *block = rpc_map_get(rpc_map_get(ev, "promptFeedback"), "blockReason");
+
+    event_init(out);
+    gemini_scan_usage(rpc_map_get(ev, "usageMetadata"), &out->usage);
+    if (cands && cands->type == MSGPACK_OBJECT_ARRAY) {
+        for (uint32_t i = 0; i < cands->via.array.size; i++) {
+            const msgpack_object *fr = rpc_map_get(&cands->via.array.ptr[i], "finishReason");
+            if (fr && fr->type != MSGPACK_OBJECT_NIL)
+                out->terminal = true;
+        }
+    }
+    if (block && block->type != MSGPACK_OBJECT_NIL)
+        out->terminal = true;
+    const msgpack_object *err = rpc_map_get(ev, "error");
+    if (err && err->type == MSGPACK_OBJECT_MAP) {
+        event_error(out, rpc_map_get(err, "status"));
+        out->transient = gemini_error_is_transient(out->error_type, rpc_map_get(err, "code"));
+    }
+}
+
 /* --- the table ------------------------------------------------------- */
 
 #define CHAT_STREAM_END      "[DONE], a finish_reason"
@@ -295,6 +363,19 @@ static const struct dialect dialects[DIALECT_COUNT] = {
         .stream_end = "message_stop",
         .scan_event = anthropic_scan_event,
         .scan_usage = anthropic_scan_usage,
+    },
+    [DIALECT_GEMINI] = {
+        .name = "gemini",
+        .key_header = "x-goog-api-key",
+        .key_prefix = "",
+        /* Never used as written: a gemini source's path is
+         * /models/{model}:{method} (call.c). */
+        .chat_path = ":generateContent",
+        .stream_usage = false,
+        .stream_end = "a finishReason",
+        .usage_member = "usageMetadata",
+        .scan_event = gemini_scan_event,
+        .scan_usage = gemini_scan_usage,
     },
 };
 

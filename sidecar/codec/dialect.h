@@ -6,6 +6,7 @@
  *   openai     Authorization: Bearer -                    /chat/completions   [DONE] or a finish_reason
  *   azure      api-key               ?api-version=V       /chat/completions   [DONE] or a finish_reason
  *   anthropic  x-api-key             anthropic-version: V /messages           message_stop
+ *   gemini     x-goog-api-key        -                    /models/M:METHOD    a finishReason
  *
  * An OpenAI or Azure source called at a path ending in /responses speaks
  * OpenAI's Responses API instead (dialect_for): same key and version, but
@@ -16,8 +17,10 @@
  *
  * and where each puts its token counts (OpenAI: `usage` of the reply or of
  * a stream chunk; Anthropic: `usage` of the reply, of message_start's
- * `message` and of message_delta), which stream events are errors
- * (Anthropic's `error` event, e.g. overloaded_error, is transient), and
+ * `message` and of message_delta; Gemini: `usageMetadata` of the reply and
+ * of each event), which stream events are errors (Anthropic's `error`
+ * event, e.g. overloaded_error, is transient; Gemini's {"error": {...}}
+ * by its status, UNAVAILABLE and RESOURCE_EXHAUSTED transient), and
  * which response headers are retry hints (dialect_apply_hints).
  *
  * The governed loop never sees any of this: it gets an outcome and a token
@@ -38,6 +41,7 @@ enum dialect_kind {
     DIALECT_OPENAI = 0, /* default; also vLLM, Ollama, Groq, Gemini's OpenAI endpoint ... */
     DIALECT_AZURE,
     DIALECT_ANTHROPIC,
+    DIALECT_GEMINI, /* Google's native Gemini API (generateContent, countTokens) */
     DIALECT_COUNT
 };
 
@@ -85,6 +89,7 @@ struct dialect {
     bool chat_facts;            /* its replies and events are Chat Completions ones (the
                                  * tree-free reader in call.c knows them) */
     const char *stream_end;     /* its terminal events, for error details */
+    const char *usage_member;   /* the reply member holding its counts (NULL: "usage") */
     /* Fills *out for one parsed event (borrowed). */
     void (*scan_event)(const msgpack_object *ev, struct dialect_event *out);
     /* Token counts of a plain reply's `usage` map (borrowed, may be NULL). */
@@ -99,7 +104,7 @@ const struct dialect *dialect_get(enum dialect_kind kind);
  * "/responses", else dialect_get(kind). */
 const struct dialect *dialect_for(enum dialect_kind kind, const char *path);
 
-/* "openai", "azure", "anthropic" -> kind; -1 for anything else. */
+/* "openai", "azure", "anthropic", "gemini" -> kind; -1 for anything else. */
 int dialect_from_name(const char *name);
 
 /* Merges the counts of one event into a running total: every field the

@@ -1401,7 +1401,7 @@ static int set_field(struct loader *l, const struct field *f, char *slot, const 
             return rc;
         int k = dialect_from_name(s);
         if (k < 0)
-            return fail_here(l, v->line, "must be openai, azure or anthropic");
+            return fail_here(l, v->line, "must be openai, azure, anthropic or gemini");
         *(enum dialect_kind *)slot = (enum dialect_kind)k;
         break;
     }

@@ -87,6 +87,7 @@
 #include "core/log.h"
 #include "metrics/metrics.h"
 #include "backend/backend.h"
+#include "gemroute.h"
 #include "status.h"
 #include "task.h"
 #include "call/tasks.h"
@@ -1258,11 +1259,66 @@ static bool admit_call(struct http_conn *c, const char *path, size_t len)
     return call_target(c, path, len, &app) != NULL;
 }
 
-static void route_call(struct http_conn *c, const char *path, size_t len)
+/* The request's query string, after its '?' (NULL: none). */
+static const char *hc_query(const struct http_conn *c, size_t *qlen)
+{
+    const char *q = memchr(c->req.url, '?', c->req.url_len);
+
+    *qlen = q ? c->req.url_len - (size_t)(q + 1 - c->req.url) : 0;
+    return q ? q + 1 : NULL;
+}
+
+/* The capability a Gemini route calls (gemroute.h), and in *app who
+ * calls. NULL after answering 401 / 403, 404 (no such route, or no
+ * capability by that name), 400 (a stream not asked as SSE) or 415. */
+static const struct config_capability *gemini_target(struct http_conn *c, const char *path,
+                                                     size_t len, const struct config_app **app,
+                                                     struct gemroute *g)
+{
+    const struct config *cfg = c->hs->srv->cfg;
+    size_t qlen;
+    const char *q = hc_query(c, &qlen);
+    char quoted[129];
+
+    if (!(*app = hc_identify(c)))
+        return NULL;
+    rpc_quote_client_str(path, len, sizeof(quoted) - 1, quoted);
+    enum gemroute_rc rc = gemroute_parse(path, len, q, qlen, g);
+    if (rc == GEMROUTE_NOT_SSE) {
+        hc_error(c, 400, PGW_BAD_REQUEST,
+                 "%s: only the SSE stream is relayed; add ?alt=sse (Gemini's JSON-array "
+                 "stream is not supported)",
+                 quoted);
+        return NULL;
+    }
+    int ci =
+        rc == GEMROUTE_OK ? config_find_capability(cfg, g->capability, strlen(g->capability)) : -1;
+    if (ci < 0) {
+        hc_error(c, 404, PGW_UNKNOWN_CAPABILITY, "no capability is served at %s%s%s%s", quoted,
+                 rc == GEMROUTE_OK ? " (configure capability " : "",
+                 rc == GEMROUTE_OK ? g->capability : "", rc == GEMROUTE_OK ? ")" : "");
+        return NULL;
+    }
+    return hc_check_json_body(c, false) < 0 ? NULL : &cfg->capabilities[ci];
+}
+
+static bool admit_gemini(struct http_conn *c, const char *path, size_t len)
+{
+    const struct config_app *app;
+    struct gemroute g;
+    return gemini_target(c, path, len, &app, &g) != NULL;
+}
+
+/* A call through POST /v1/..., or through a Gemini route (`gemini`:
+ * gemroute.h): there the capability, the model and stream come from the path,
+ * and only kind: gemini sources serve it. */
+static void route_call_as(struct http_conn *c, const char *path, size_t len, bool gemini)
 {
     char scope[CONFIG_NAME_MAX * 4];
     const struct config_app *app;
-    const struct config_capability *cap = call_target(c, path, len, &app);
+    struct gemroute g = { 0 };
+    const struct config_capability *cap =
+        gemini ? gemini_target(c, path, len, &app, &g) : call_target(c, path, len, &app);
 
     if (!cap)
         return;
@@ -1292,8 +1348,15 @@ static void route_call(struct http_conn *c, const char *path, size_t len)
         .members_scanned = !bf.stream_options_twice,
         .stream_options = bf.stream_options,
     };
+    r.query = hc_query(c, &r.query_len);
     char model[MODELS_NAME_MAX];
-    if (bf.model.p) {
+    if (gemini) {
+        r.stream = g.stream;
+        r.model = g.model;
+        r.model_len = g.model_len;
+        r.model_param = true; /* the upstream path names it (upath.h) */
+        r.gemini_only = true;
+    } else if (bf.model.p) {
         long n = json_model_name(&bf.model, model, sizeof(model));
         if (n < 0) {
             hc_error(c, 400, PGW_BAD_REQUEST,
@@ -1331,6 +1394,16 @@ static void route_call(struct http_conn *c, const char *path, size_t len)
     }
     c->stream_open = false;
     call_begin(&c->sink, ++c->seq, &r);
+}
+
+static void route_call(struct http_conn *c, const char *path, size_t len)
+{
+    route_call_as(c, path, len, false);
+}
+
+static void route_gemini(struct http_conn *c, const char *path, size_t len)
+{
+    route_call_as(c, path, len, true);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1709,6 +1782,7 @@ static const struct {
     { HTTP_GET, "/polygw/v1/stats", route_status_stats, admit_status },
     { HTTP_GET, "/polygw/", route_status_page, admit_status_page },
     { HTTP_POST, "/v1/", route_call, admit_call },
+    { HTTP_POST, GEMROUTE_PREFIX, route_gemini, admit_gemini },
 };
 
 static bool route_matches(const char *rp, const char *path, size_t len)

@@ -447,6 +447,13 @@ static void conn_dispatch(struct conn *c, const char *body, size_t blen)
         ep = EP_MESSAGES;
     else if (ends_with(target, plen, "/responses"))
         ep = EP_RESPONSES;
+    else if (ends_with(target, plen, ":generateContent"))
+        ep = EP_GEMINI;
+    else if (ends_with(target, plen, ":streamGenerateContent"))
+        ep = EP_GEMINI_STREAM;
+    else if (ends_with(target, plen, ":countTokens") ||
+             ends_with(target, plen, "/messages/count_tokens"))
+        ep = EP_COUNT_TOKENS;
     else {
         reply_error(c, 404, "not_found_error", "mock: unknown path");
         return;

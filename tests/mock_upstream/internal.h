@@ -145,7 +145,16 @@ bool behave_accept_pending(const struct mock *m);
 
 /* --------------------------------------------------------------- conn.c */
 
-enum mock_endpoint { EP_CHAT, EP_EMBEDDINGS, EP_OCR, EP_MESSAGES, EP_RESPONSES };
+enum mock_endpoint {
+    EP_CHAT,
+    EP_EMBEDDINGS,
+    EP_OCR,
+    EP_MESSAGES,
+    EP_RESPONSES,
+    EP_GEMINI,        /* models/M:generateContent */
+    EP_GEMINI_STREAM, /* models/M:streamGenerateContent */
+    EP_COUNT_TOKENS,  /* models/M:countTokens, /messages/count_tokens */
+};
 
 enum conn_state {
     CONN_PEEK,        /* new connection while an accept-hang is scripted */
@@ -246,6 +255,11 @@ void reply_simple(struct conn *c, int status, const char *ctype, const char *bod
 void reply_error(struct conn *c, int status, const char *type, const char *msg);
 /* Appends the next SSE step (or all remaining steps) to c->out. */
 void reply_stream_fill(struct conn *c, bool all);
+
+/* ------------------------------------------------------------- gemini.c */
+
+/* The answer of a Gemini or token-counting endpoint (c->ep). */
+void reply_gemini(struct conn *c, json_t *req, int status, size_t body_len);
 const char *reply_reason(int status);
 
 /* ------------------------------------------------------------ control.c */

@@ -1160,5 +1160,10 @@ void reply_api(struct conn *c, enum mock_endpoint ep, const char *body, size_t l
     case EP_OCR:
         reply_ocr(c, req, status, len);
         break;
+    case EP_GEMINI:
+    case EP_GEMINI_STREAM:
+    case EP_COUNT_TOKENS:
+        reply_gemini(c, req, status, len);
+        break;
     }
 }

@@ -53,7 +53,7 @@ START_TEST(test_dialect__table_rows)
     ck_assert_int_eq(dialect_from_name("openai"), DIALECT_OPENAI);
     ck_assert_int_eq(dialect_from_name("azure"), DIALECT_AZURE);
     ck_assert_int_eq(dialect_from_name("anthropic"), DIALECT_ANTHROPIC);
-    ck_assert_int_eq(dialect_from_name("gemini"), -1);
+    ck_assert_int_eq(dialect_from_name("gemini"), DIALECT_GEMINI);
     ck_assert_int_eq(dialect_from_name(NULL), -1);
     ck_assert_str_eq(dialect_get(DIALECT_OPENAI)->key_header, "Authorization");
     ck_assert_str_eq(dialect_get(DIALECT_AZURE)->key_header, "api-key");
@@ -530,6 +530,99 @@ START_TEST(test_dialect__durations)
 }
 END_TEST
 
+/* Gemini: usageMetadata's shapes (thinking billed as output and counted in
+ * the completion, cached and tool-use prompts), its terminal events and
+ * its errors inside a stream. */
+START_TEST(test_dialect__gemini_usage_and_events)
+{
+    const struct dialect *d = dialect_get(DIALECT_GEMINI);
+    ck_assert_str_eq(d->key_header, "x-goog-api-key");
+    ck_assert_str_eq(d->key_prefix, "");
+    ck_assert_ptr_null(d->version_header);
+    ck_assert_ptr_null(d->version_query);
+    ck_assert(!d->stream_usage && !d->chat_facts);
+    ck_assert_str_eq(d->usage_member, "usageMetadata");
+    ck_assert_ptr_eq(dialect_for(DIALECT_GEMINI, "/responses"), d);
+
+    struct dialect_usage u = scan_usage(DIALECT_GEMINI,
+                                        "{\"promptTokenCount\":100,\"cachedContentTokenCount\":60,"
+                                        "\"candidatesTokenCount\":20,\"thoughtsTokenCount\":30,"
+                                        "\"toolUsePromptTokenCount\":5,\"totalTokenCount\":155}");
+    ck_assert_int_eq(u.prompt, 105);
+    ck_assert_int_eq(u.cached, 60);
+    ck_assert_int_eq(u.completion, 50);
+    ck_assert_int_eq(u.reasoning, 30);
+    ck_assert_int_eq(u.total, 155);
+    ck_assert_int_eq(u.cache_write, -1);
+    ck_assert(!u.bogus);
+    ck_assert_int_eq(dialect_usage_cached(&u), 60);
+
+    /* No thinking, no total: the total is the sum. */
+    u = scan_usage(DIALECT_GEMINI, "{\"promptTokenCount\":7,\"candidatesTokenCount\":3}");
+    ck_assert_int_eq(u.prompt, 7);
+    ck_assert_int_eq(u.completion, 3);
+    ck_assert_int_eq(u.reasoning, -1);
+    ck_assert_int_eq(u.cached, -1);
+    ck_assert_int_eq(dialect_usage_total(&u), 10);
+
+    /* The prompt alone (a stream's first chunks). */
+    u = scan_usage(DIALECT_GEMINI, "{\"promptTokenCount\":7,\"totalTokenCount\":7}");
+    ck_assert_int_eq(u.completion, -1);
+    ck_assert_int_eq(u.total, 7);
+
+    /* Counts that cannot be true. */
+    static const char *const bad[] = {
+        "{\"promptTokenCount\":-1}",        "{\"candidatesTokenCount\":\"12\"}",
+        "{\"thoughtsTokenCount\":1.5}",     "{\"totalTokenCount\":2199023255553}",
+        "{\"cachedContentTokenCount\":{}}",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        u = scan_usage(DIALECT_GEMINI, bad[i]);
+        ck_assert_msg(u.bogus && dialect_usage_total(&u) == -1, "%s believed", bad[i]);
+    }
+    u = scan_usage(DIALECT_GEMINI, "[1]");
+    ck_assert(!u.bogus && u.prompt == -1 && u.total == -1);
+
+    struct dialect_event ev;
+    scan(DIALECT_GEMINI,
+         "{\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"a\"}]},\"index\":0}],"
+         "\"usageMetadata\":{\"promptTokenCount\":4,\"totalTokenCount\":4}}",
+         &ev);
+    ck_assert(!ev.terminal && !ev.error);
+    ck_assert_int_eq(ev.usage.prompt, 4);
+    scan(DIALECT_GEMINI,
+         "{\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"b\"}]},\"finishReason\":\"STOP\"}],"
+         "\"usageMetadata\":{\"promptTokenCount\":4,\"candidatesTokenCount\":2,"
+         "\"thoughtsTokenCount\":3,\"totalTokenCount\":9}}",
+         &ev);
+    ck_assert(ev.terminal && !ev.error);
+    ck_assert_int_eq(ev.usage.completion, 5);
+    ck_assert_int_eq(ev.usage.reasoning, 3);
+    ck_assert_int_eq(ev.usage.total, 9);
+    scan(DIALECT_GEMINI, "{\"candidates\":[{\"finishReason\":null}]}", &ev);
+    ck_assert(!ev.terminal);
+    scan(DIALECT_GEMINI, "{\"candidates\":[{\"index\":0},{\"finishReason\":\"MAX_TOKENS\"}]}", &ev);
+    ck_assert(ev.terminal);
+    scan(DIALECT_GEMINI, "{\"promptFeedback\":{\"blockReason\":\"SAFETY\"}}", &ev);
+    ck_assert(ev.terminal && !ev.error);
+    scan(DIALECT_GEMINI, "{\"candidates\":{\"finishReason\":\"STOP\"}}", &ev);
+    ck_assert(!ev.terminal);
+
+    scan(DIALECT_GEMINI,
+         "{\"error\":{\"code\":503,\"message\":\"overloaded\",\"status\":\"UNAVAILABLE\"}}", &ev);
+    ck_assert(ev.error && ev.transient);
+    ck_assert_str_eq(ev.error_type, "UNAVAILABLE");
+    scan(DIALECT_GEMINI, "{\"error\":{\"code\":429,\"status\":\"RESOURCE_EXHAUSTED\"}}", &ev);
+    ck_assert(ev.error && ev.transient);
+    scan(DIALECT_GEMINI, "{\"error\":{\"code\":400,\"status\":\"INVALID_ARGUMENT\"}}", &ev);
+    ck_assert(ev.error && !ev.transient);
+    ck_assert_str_eq(ev.error_type, "INVALID_ARGUMENT");
+    scan(DIALECT_GEMINI, "{\"error\":{\"code\":500}}", &ev);
+    ck_assert(ev.error && ev.transient);
+    ck_assert_str_eq(ev.error_type, "error");
+}
+END_TEST
+
 static struct outcome http(int status)
 {
     struct outcome o;
@@ -602,6 +695,7 @@ Suite *dialect_suite(void)
     tcase_add_test(tc, test_dialect__anthropic_stream_usage_hostile);
     tcase_add_test(tc, test_dialect__durations);
     tcase_add_test(tc, test_dialect__retry_hints);
+    tcase_add_test(tc, test_dialect__gemini_usage_and_events);
     suite_add_tcase(s, tc);
     return s;
 }
