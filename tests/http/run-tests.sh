@@ -2,7 +2,8 @@
 # tests/http/run-tests.sh BUILD_DIR [TEST.js ...]
 #
 # The HTTP front end driven by the official OpenAI Node SDK (openai.test.js)
-# and the official Anthropic TypeScript SDK (anthropic.test.js) — or by the
+# and the official Anthropic TypeScript SDK (anthropic.test.js), passthrough
+# capabilities through the OpenAI SDK (audio.test.js) — or by the
 # TEST.js files named, e.g. status.test.js (headless Chromium, puppeteer-core)
 # — against the real sidecar and mock upstream in BUILD_DIR (e.g. build/asan):
 # `npm ci` from the committed lockfile (tests/npm-sync.sh: skipped when
@@ -15,7 +16,7 @@ set -u
 POLYGW_BUILD=$(cd "$1" && pwd)
 export POLYGW_BUILD
 shift
-[ $# -gt 0 ] || set -- openai.test.js anthropic.test.js
+[ $# -gt 0 ] || set -- openai.test.js anthropic.test.js audio.test.js
 HERE=$(cd "$(dirname "$0")" && pwd)
 
 echo "== tests/http: npm ci"
