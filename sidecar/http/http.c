@@ -1190,14 +1190,14 @@ static long json_model_name(const struct jscan_value *v, char *out, size_t cap)
 }
 
 /* The path (after /v1) capability i is served at: its own, except that a
- * chat capability whose sources speak Anthropic's Messages API natively
- * (kind: anthropic without accepts: openai) is served at /messages, where
- * Anthropic's clients send. */
+ * chat capability (not raw) whose sources speak Anthropic's Messages API
+ * natively (kind: anthropic without accepts: openai) is served at
+ * /messages, where Anthropic's clients send. */
 static const char *cap_http_path(const struct config *cfg, size_t i)
 {
     const struct config_capability *cap = &cfg->capabilities[i];
 
-    if (strcmp(cap->name, "chat") != 0 || strcmp(cap->path, "/chat/completions") != 0)
+    if (cap->raw || strcmp(cap->name, "chat") != 0 || strcmp(cap->path, "/chat/completions") != 0)
         return cap->path;
     for (size_t j = 0; j < cfg->n_sources; j++) {
         const struct config_source *src = &cfg->sources[j];
