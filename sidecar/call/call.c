@@ -1640,10 +1640,20 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     }
     if (ci >= 0 && cfg->capabilities[ci].raw != r->raw) {
         snprintf(why, sizeof(why),
-                 r->raw ? "capability '%s' takes a JSON body"
-                        : "capability '%s' passes its body through (body: raw): it is served "
-                          "over HTTP only",
+                 r->raw ? "capability '%s' takes a JSON body (a map), not bytes"
+                        : "capability '%s' passes its body through (body: raw): send the body "
+                          "as bytes (bin) with its content_type",
                  cfg->capabilities[ci].name);
+        call_refuse(s, id, r, PGW_BAD_REQUEST, why);
+        return;
+    }
+    const char *method = r->method ? r->method : "POST";
+    unsigned bit = method[0] == 'G' ? CONFIG_METHOD_GET
+        : method[0] == 'D'          ? CONFIG_METHOD_DELETE
+                                    : CONFIG_METHOD_POST;
+    if (ci >= 0 && r->raw && !(cfg->capabilities[ci].methods & bit)) {
+        snprintf(why, sizeof(why), "capability '%s' is not served with %s",
+                 cfg->capabilities[ci].name, method);
         call_refuse(s, id, r, PGW_BAD_REQUEST, why);
         return;
     }

@@ -140,8 +140,8 @@ struct call_req {
      * none), so call_begin need not walk them again. */
     bool members_scanned;
     struct jscan_value stream_options;
-    /* A passthrough, for a capability with body: raw (rawcall.h), from the
-     * HTTP front only: `raw_body` sent as it is with `content_type`
+    /* A passthrough, for a capability with body: raw (rawcall.h), from
+     * either front: `raw_body` sent as it is with `content_type`
      * (NUL-terminated, NULL = none), by `method` (static "GET", "POST" or
      * "DELETE"; NULL = POST), to the capability's path + `path_suffix`
      * (NUL-terminated: the sub-path and the query, NULL = none). */

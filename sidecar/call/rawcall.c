@@ -57,6 +57,52 @@ void raw_call_free(struct raw_call *rc)
     free(rc);
 }
 
+/* Is s[0..n) "." or "..", any dot percent-encoded or not? */
+static bool dot_segment(const char *s, size_t n)
+{
+    size_t dots = 0;
+
+    for (size_t i = 0; i < n; dots++) {
+        if (s[i] == '.')
+            i++;
+        else if (n - i >= 3 && s[i] == '%' && s[i + 1] == '2' && (s[i + 2] | 0x20) == 'e')
+            i += 3;
+        else
+            return false;
+    }
+    return dots == 1 || dots == 2;
+}
+
+const char *raw_call_suffix_problem(const char *s, size_t n)
+{
+    const char *q = memchr(s, '?', n);
+    size_t path = q ? (size_t)(q - s) : n, start = 0;
+
+    if (n > 0 && s[0] != '/' && s[0] != '?')
+        return "must be empty or start with '/' or '?'";
+    for (size_t i = 0; i < n; i++)
+        if (s[i] <= ' ' || s[i] > '~' || s[i] == '#')
+            return "must be printable ASCII without spaces or '#'";
+    for (size_t i = 0; i <= path; i++) {
+        if (i == path || s[i] == '/') {
+            if (dot_segment(s + start, i - start))
+                return "a path with a '.' or '..' segment is refused";
+            start = i + 1;
+        }
+    }
+    return NULL;
+}
+
+const char *raw_call_method(const char *s, size_t n)
+{
+    static const char *const known[] = { "GET", "POST", "DELETE" };
+
+    for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
+        if (strlen(known[i]) == n && memcmp(s, known[i], n) == 0)
+            return known[i];
+    return NULL;
+}
+
 bool raw_call_idempotent(const struct raw_call *rc)
 {
     return strcmp(rc->method, "GET") == 0 || strcmp(rc->method, "DELETE") == 0;

@@ -35,6 +35,16 @@ struct raw_call {
 struct raw_call *raw_call_new(const char *method, const char *suffix, const char *ctype,
                               const char *body, size_t len);
 
+/* What is wrong with a sub-path and query s[0..n) to put after a raw
+ * capability's path, or NULL: it must be empty or start with '/' or '?',
+ * hold printable ASCII without spaces or '#', and its path part no dot
+ * segment ("." or "..", percent-encoded or not), which could name
+ * another upstream endpoint than the capability's. */
+const char *raw_call_suffix_problem(const char *s, size_t n);
+
+/* One of "GET", "POST", "DELETE" equal to s[0..n) (static), or NULL. */
+const char *raw_call_method(const char *s, size_t n);
+
 /* Wipes what may hold a key and frees. NULL is a no-op. */
 void raw_call_free(struct raw_call *rc);
 

@@ -79,6 +79,7 @@
 #include <unistd.h>
 
 #include "call/call.h"
+#include "call/rawcall.h"
 #include "core/models.h"
 #include "core/server.h"
 #include "net/input.h"
@@ -1293,9 +1294,10 @@ static const struct config_capability *call_target(struct http_conn *c, const ch
         return NULL;
     }
     if (cap->raw) {
-        size_t k = 3 + strlen(cap->path);
-        if (!httpraw_sub_path_ok(path + k, len - k)) {
-            hc_error(c, 400, PGW_BAD_REQUEST, "a path with a '.' or '..' segment is refused");
+        const char *sfx = c->req.url + 3 + strlen(cap->path);
+        const char *bad = raw_call_suffix_problem(sfx, strlen(sfx));
+        if (bad) {
+            hc_error(c, 400, PGW_BAD_REQUEST, "the path after %s: %s", cap->path, bad);
             return NULL;
         }
         /* Any content type: the body is the upstream's to read. */

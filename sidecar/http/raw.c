@@ -42,36 +42,6 @@ unsigned httpraw_method_bit(int m, const char **name)
     }
 }
 
-/* Is s[0..n) "." or "..", any dot percent-encoded or not? */
-static bool dot_segment(const char *s, size_t n)
-{
-    size_t dots = 0;
-
-    for (size_t i = 0; i < n; dots++) {
-        if (s[i] == '.')
-            i++;
-        else if (n - i >= 3 && s[i] == '%' && s[i + 1] == '2' && (s[i + 2] | 0x20) == 'e')
-            i += 3;
-        else
-            return false;
-    }
-    return dots == 1 || dots == 2;
-}
-
-bool httpraw_sub_path_ok(const char *p, size_t n)
-{
-    size_t start = 0;
-
-    for (size_t i = 0; i <= n; i++) {
-        if (i == n || p[i] == '/') {
-            if (dot_segment(p + start, i - start))
-                return false;
-            start = i + 1;
-        }
-    }
-    return true;
-}
-
 const char *httpraw_ctype(const char *ct)
 {
     if (!ct || !*ct)

@@ -8,9 +8,8 @@
  * Paths: a raw capability with `path: /files` serves POST /v1/files and
  * every sub-path below it (/v1/files/{id}, /v1/files/{id}/content), with
  * the methods its `methods:` lists; the sub-path and the query are
- * appended to the upstream path as the client sent them. A sub-path with
- * a dot segment ("." or "..", percent-encoded or not) is refused: it could
- * name another upstream endpoint than the capability's.
+ * appended to the upstream path as the client sent them, once
+ * raw_call_suffix_problem (call/rawcall.h) finds nothing wrong with them.
  */
 #ifndef POLYGW_HTTP_RAW_H
 #define POLYGW_HTTP_RAW_H
@@ -32,9 +31,6 @@ size_t httpraw_max_body(const struct config *cfg);
 /* The CONFIG_METHOD_* bit and name of http_parser method `m`, or 0 and
  * NULL for one no capability takes. */
 unsigned httpraw_method_bit(int m, const char **name);
-
-/* False when the sub-path p[0..n) (its query excluded) holds a dot segment. */
-bool httpraw_sub_path_ok(const char *p, size_t n);
 
 /* An upstream Content-Type as it may be relayed: `ct` when it is printable
  * ASCII and not empty, else "application/octet-stream". */

@@ -3,8 +3,8 @@
 for byte, a binary answer comes back byte for byte with its Content-Type,
 GET with a query and DELETE are routed to sub-paths, the body bound is a
 413, a failed POST is never sent twice while a GET is retried, a JSON
-capability still refuses what is not JSON, and the msgpack front refuses a
-raw capability with a typed error.
+capability still refuses what is not JSON, and the msgpack front calls a
+raw capability with a bin body (a map body is refused with a typed error).
 
 The upstream is a small HTTP server in this file (the scriptable mock
 upstream speaks JSON): it reports the sha256 of every body it received.
@@ -242,15 +242,50 @@ def test_raw__json_capability_still_415_and_key_echo_scrubbed(front, rup):
     assert data == b"\x00\xffBearer [redacted]\x01"
 
 
-def test_raw__usage_unknown_and_msgpack_refused(front, rup):
+def test_raw__over_msgpack_body_is_bin(front, rup):
+    """The msgpack front: a bin body with content_type, method and
+    path_suffix; the answer's body is bin with its content_type and status.
+    A map body for a raw capability, or bytes for a JSON one, is refused."""
+    f = raw_front(front, rup)
+    c = f.sc.connect()
+    body = multipart(b"mp-boundary", bytes(range(256)) * 8)
+    err, res, _ = call(c, "transcribe", body,
+                       content_type="multipart/form-data; boundary=mp-boundary")
+    assert err is None, err
+    assert res["content_type"] == "application/json" and res["status"] == 200
+    assert isinstance(res["body"], bytes)
+    doc = json.loads(res["body"])
+    assert doc["sha256"] == hashlib.sha256(body).hexdigest()
+    assert doc["content_type"] == "multipart/form-data; boundary=mp-boundary"
+    assert "usage" not in res
+    err, res, _ = call(c, "speech", json.dumps({"input": "x"}).encode(),
+                       content_type="application/json")
+    assert err is None and res["body"] == SPEECH and res["content_type"] == "audio/mpeg"
+    err, res, _ = call(c, "files", b"", method="GET", path_suffix="/file-1/content")
+    assert err is None and res["body"] == b"\x89file\x00bytes\xfe"
+    assert rup.seen[-1][:2] == ("GET", "/v1/files/file-1/content")
+    err, res, _ = call(c, "files", b"", method="DELETE", path_suffix="/file-1?x=1")
+    assert err is None and json.loads(res["body"])["target"] == "/v1/files/file-1?x=1"
+    seen = len(rup.seen)
+    for cap, body, params, why in [
+            ("speech", {"input": "x"}, {}, "send the body as bytes"),
+            ("chat", b"{}", {}, "takes a JSON body"),
+            ("speech", b"", {"method": "GET"}, "not served with GET"),
+            ("files", b"", {"method": "PUT"}, "expected GET, POST or DELETE"),
+            ("files", b"", {"path_suffix": "/../chat/completions"}, "'..' segment"),
+            ("files", b"", {"path_suffix": "x"}, "start with '/' or '?'"),
+            ("chat", {"messages": []}, {"content_type": "text/plain"}, "bin body only")]:
+        err, res, _ = call(c, cap, body, **params)
+        assert res is None and err["code"] == "bad_request", (cap, params, err)
+        assert why in err["message"], (why, err)
+    assert len(rup.seen) == seen
+    c.close()
+
+
+def test_raw__usage_unknown(front, rup):
     f = raw_front(front, rup)
     status, _, _ = request(f, "GET", "/v1/files")
     assert status == 200
-    c = f.sc.connect()
-    err, res, _ = call(c, "speech", {"input": "x"})
-    assert res is None and err["code"] == "bad_request"
-    assert "served over HTTP only" in err["message"]
-    c.close()
     deadline = time.monotonic() + 3
     lines = []
     while time.monotonic() < deadline:
