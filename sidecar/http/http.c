@@ -691,6 +691,11 @@ static void hc_reject_input(struct http_conn *c)
             hc_error(c, 413, PGW_TOO_LARGE,
                      "request body exceeds capabilities.%s.max_body_bytes (%zu)", c->raw_cap,
                      c->raw_limit);
+        else if (httpraw_max_body(cfg) > cfg->http_max_body_bytes)
+            hc_error(c, 413, PGW_TOO_LARGE,
+                     "request body exceeds %zu bytes, the most any endpoint takes "
+                     "(http.max_body_bytes, capabilities' max_body_bytes)",
+                     httpraw_max_body(cfg));
         else
             hc_error(c, 413, PGW_TOO_LARGE, "request body exceeds http.max_body_bytes (%zu)",
                      cfg->http_max_body_bytes);

@@ -199,6 +199,11 @@ def test_raw__body_over_the_bound_is_413(front, rup):
                                  {"Content-Type": "audio/wav"})
     err = assert_error(status, hdrs, data, 413, "too_large")
     assert "capabilities.transcribe.max_body_bytes (1048576)" in err["message"]
+    # Over what any endpoint takes: refused before the route is known.
+    status, hdrs, data = request(f, "POST", "/v1/files", b"f" * (26214400 + 1),
+                                 {"Content-Type": "application/octet-stream"})
+    err = assert_error(status, hdrs, data, 413, "too_large")
+    assert "exceeds 26214400 bytes, the most any endpoint takes" in err["message"]
     # Chunked: refused once the body passes the bound.
     conn = f.conn()
     try:
