@@ -61,6 +61,7 @@
 #include "core/log.h"
 #include "metrics/metrics.h"
 #include "core/models.h"
+#include "rawcall.h"
 #include "redact.h"
 #include "task.h"
 #include "tasks.h"
@@ -124,6 +125,7 @@ struct call {
     char *task_id;                        /* owned; NULL when the call names none */
     struct gov_source_note *reconf_notes; /* a reload in progress: the new notes */
     struct call *all_prev, *all_next;     /* srv->calls_all: every call, for a reload */
+    struct raw_call *rawc;                /* owned: a passthrough's request, or NULL */
 };
 
 static void call_step(struct call *k);
@@ -235,6 +237,7 @@ static void call_free_memory(struct call *k)
     free(k->model_param);
     free(k->model_label);
     free(k->query);
+    raw_call_free(k->rawc);
     free(k);
 }
 
@@ -823,8 +826,21 @@ static void call_reply_success(struct call *k, const struct attempt_result *r,
     ci.source = k->src->name;
     msgpack_sbuffer_init(&us);
     strbuf_init(&scrubbed);
-    if (body && !k->sink->ops->wants_msgpack && k->form == BODY_TO_ANTHROPIC &&
-        call_json_of(body, &scrubbed) == 0) {
+    if (k->rawc) {
+        /* A passthrough's bytes as they came, an echo of a key scrubbed
+         * (redact.h: byte for byte otherwise; dropped if that fails). */
+        b.raw = true;
+        b.content_type = r->content_type ? r->content_type : "";
+        b.status = r->http_status;
+        b.json = r->body ? r->body : "";
+        b.json_len = r->body_len;
+        if (redact_hit(k->srv->redact, b.json, b.json_len)) {
+            b.json_len =
+                redact_copy(k->srv->redact, b.json, b.json_len, &scrubbed) < 0 ? 0 : scrubbed.len;
+            b.json = scrubbed.data ? scrubbed.data : "";
+        }
+    } else if (body && !k->sink->ops->wants_msgpack && k->form == BODY_TO_ANTHROPIC &&
+               call_json_of(body, &scrubbed) == 0) {
         b.json = scrubbed.data; /* made from the scrubbed msgpack */
         b.json_len = scrubbed.len;
     } else if (body && !k->sink->ops->wants_msgpack) {
@@ -877,8 +893,11 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
     res.events = k->relayed; /* the engine also counts an event the hook refused */
 
     /* A plain success must be JSON; if not, it is a transient failure the
-     * loop may retry, not a success. */
-    if (res.outcome.kind == OUTCOME_SUCCESS && !k->stream && !call_needs_tree(k)) {
+     * loop may retry, not a success. A passthrough's answer is any bytes,
+     * and its usage unknown. */
+    if (k->rawc) {
+        /* nothing read */
+    } else if (res.outcome.kind == OUTCOME_SUCCESS && !k->stream && !call_needs_tree(k)) {
         struct json_facts f = { DIALECT_USAGE_NONE, false, false, false, false };
         size_t at = 0;
         if (jscan_object(res.body ? res.body : "", res.body_len, reply_member, &f, &at) == -1) {
@@ -1234,6 +1253,8 @@ static int call_prepare_json(struct call *k, const struct config_source *src, ch
     int rc;
 
     k->form = form;
+    if (k->rawc)
+        return 0; /* a passthrough's body is sent as it came (rawcall.h) */
     if (k->json_ready && k->json_form == form &&
         (k->json_model == model || (k->json_model && model && strcmp(k->json_model, model) == 0)))
         return 0;
@@ -1375,7 +1396,7 @@ static void call_run_attempt(struct call *k, size_t source)
         call_finish(k);
         return;
     }
-    memcpy(json, text, text_len);
+    memcpy(json, text ? text : "", text_len); /* NULL for a passthrough */
     json[text_len] = '\0';
     const struct upath_call uc = { k->cap, k->model_param, k->stream, k->query };
     char url_buf[512];
@@ -1414,6 +1435,17 @@ static void call_run_attempt(struct call *k, size_t source)
     };
     if (src->route_id)
         as.route = &route;
+    if (k->rawc) {
+        free(json);
+        if (raw_call_spec(k->rawc, src, k->cap->path, &as) < 0) {
+            explicit_bzero(url, nu + 1);
+            if (url != url_buf)
+                free(url);
+            call_reply_plain_error(k, PGW_INTERNAL, "out of memory");
+            call_finish(k);
+            return;
+        }
+    }
     call_set_paused(k, false);
     msgpack_sbuffer_clear(&k->usage);
     k->tokens = DIALECT_USAGE_NONE;
@@ -1658,6 +1690,25 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
         call_refuse(s, id, r, PGW_UNKNOWN_CAPABILITY, why);
         return;
     }
+    if (ci >= 0 && cfg->capabilities[ci].raw != r->raw) {
+        snprintf(why, sizeof(why),
+                 r->raw ? "capability '%s' takes a JSON body (a map), not bytes"
+                        : "capability '%s' passes its body through (body: raw): send the body "
+                          "as bytes (bin) with its content_type",
+                 cfg->capabilities[ci].name);
+        call_refuse(s, id, r, PGW_BAD_REQUEST, why);
+        return;
+    }
+    const char *method = r->method ? r->method : "POST";
+    unsigned bit = method[0] == 'G' ? CONFIG_METHOD_GET
+        : method[0] == 'D'          ? CONFIG_METHOD_DELETE
+                                    : CONFIG_METHOD_POST;
+    if (ci >= 0 && r->raw && !(cfg->capabilities[ci].methods & bit)) {
+        snprintf(why, sizeof(why), "capability '%s' is not served with %s",
+                 cfg->capabilities[ci].name, method);
+        call_refuse(s, id, r, PGW_BAD_REQUEST, why);
+        return;
+    }
     const struct config_source *first = NULL;
     for (size_t i = 0; ci >= 0 && i < cfg->n_sources; i++) {
         if (cfg->sources[i].capability_index == (size_t)ci && !cfg->sources[i].retired) {
@@ -1779,7 +1830,12 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     /* Keep the body (the request it came in dies after this call) and check
      * it can be sent at all before anything is reserved. */
     int rc;
-    if (r->json) {
+    if (r->raw) {
+        rc = (k->rawc =
+                  raw_call_new(r->method, r->path_suffix, r->content_type, r->raw_body, r->raw_len))
+            ? 0
+            : -1;
+    } else if (r->json) {
         k->body_is_json = true;
         rc = strbuf_set_exact(&k->raw, r->json, r->json_len);
     } else {
@@ -1788,7 +1844,8 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
         rc = msgpack_pack_object(&bpk, *r->mp);
         sbuffer_fit(&k->body);
     }
-    call_scan_stream_options(k, r);
+    if (!r->raw)
+        call_scan_stream_options(k, r);
     if (rc == 0)
         rc = call_prepare_json(k, first, why, sizeof(why));
     const char *text;
@@ -1796,6 +1853,8 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     call_body_text(k, &text, &text_len);
     struct gov_policy pol;
     governor_policy(cfg, (size_t)ci, &pol);
+    if (k->rawc && !raw_call_idempotent(k->rawc))
+        pol.max_attempts = 1; /* the upstream may have acted on it (rawcall.h) */
     /* The default progress scope is the capability's; a call for a model
      * by a configured name is scoped to (capability, that name), so that
      * one model's progress never keeps another's stalled calls waiting

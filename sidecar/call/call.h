@@ -53,6 +53,12 @@ struct call_body {
     size_t mp_len;
     const char *usage;
     size_t usage_len;
+    /* A passthrough's answer (rawcall.h): `json` holds its bytes, whatever
+     * they are (secrets scrubbed), `content_type` its Content-Type ("" =
+     * none) and `status` its 2xx status. */
+    bool raw;
+    const char *content_type;
+    int status;
 };
 
 /* Every hook runs on the loop thread and answers call `id` of sink `s`.
@@ -141,6 +147,17 @@ struct call_req {
     /* Only the capability's kind: gemini sources serve it (the HTTP
      * front's Gemini routes); none: unknown_capability. */
     bool gemini_only;
+    /* A passthrough, for a capability with body: raw (rawcall.h), from
+     * either front: `raw_body` sent as it is with `content_type`
+     * (NUL-terminated, NULL = none), by `method` (static "GET", "POST" or
+     * "DELETE"; NULL = POST), to the capability's path + `path_suffix`
+     * (NUL-terminated: the sub-path and the query, NULL = none). */
+    bool raw;
+    const char *raw_body;
+    size_t raw_len;
+    const char *content_type;
+    const char *method;
+    const char *path_suffix;
 };
 
 /* Starts call `id` of sink `s` (an id unique among the sink's calls in

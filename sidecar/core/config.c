@@ -123,6 +123,9 @@ enum fid {
     FID_MODEL,
     FID_SERVES,
     FID_AFFINITY,
+    FID_CAP_BODY,
+    FID_CAP_METHODS,
+    FID_CAP_MAX_BODY,
     FID_APP_MODELS,
     FID_PRIORITY,
     FID_WEIGHT,
@@ -253,6 +256,7 @@ static bool line_is_bad(unsigned line)
 struct cap_stage {
     struct config_capability cap;
     char *affinity; /* owned; `affinity:` as written */
+    char *body;     /* owned; `body:` as written */
     bool builtin;
     unsigned map_line;
     unsigned line[FID_COUNT];
@@ -300,8 +304,9 @@ struct loader {
      * FID_CAPABILITIES with ".vision", or FID_NONE. */
     enum fid elem_fid;
     char elem[CONFIG_NAME_MAX + 8];
-    struct name_index cap_ix; /* over caps (validate) */
-    struct name_index src_ix; /* over srcs (validate) */
+    struct name_index cap_ix;  /* over caps (validate) */
+    struct name_index src_ix;  /* over srcs (validate) */
+    struct cap_stage *cur_cap; /* the capability being walked */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -626,6 +631,15 @@ static int check_affinity(struct loader *l, const struct ynode *v, char *s)
     return 0;
 }
 
+static int check_body(struct loader *l, const struct ynode *v, char *s)
+{
+    if (strcmp(s, "json") && strcmp(s, "raw"))
+        return fail_here(l, v->line, "must be json or raw");
+    return 0;
+}
+
+static int walk_methods(struct loader *l, const struct ynode *v);
+
 /* An HTTP field name (RFC 9110 token). */
 static bool is_header_name(const char *s)
 {
@@ -837,6 +851,10 @@ static const struct field capability_table[] = {
     TYPED("exempt_429", FT_BOOL, FID_EXEMPT_429, OFF(struct cap_stage, cap.exempt_429)),
     TYPED("path", FT_UPATH, FID_PATH, OFF(struct cap_stage, cap.path)),
     STR("affinity", FID_AFFINITY, OFF(struct cap_stage, affinity), check_affinity),
+    STR("body", FID_CAP_BODY, OFF(struct cap_stage, body), check_body),
+    { .key = "methods", .type = FT_CUSTOM, .fid = FID_CAP_METHODS, .walk = walk_methods },
+    NUM("max_body_bytes", FT_SIZE, FID_CAP_MAX_BODY, OFF(struct cap_stage, cap.max_body_bytes), 1,
+        1073741824.0, 0),
     { .key = "policy",
       .type = FT_INCLUDE,
       .off = OFF(struct cap_stage, cap.policy),
@@ -1619,6 +1637,43 @@ static const char *sentinel_problem(const char *s, char *why, size_t whylen)
     return backend_syntax ? backend_syntax->hostport_problem(s, why, whylen) : NULL;
 }
 
+/* capabilities.NAME.methods: [GET, POST, DELETE], 1 to 3 of them. */
+static int walk_methods(struct loader *l, const struct ynode *v)
+{
+    static const struct {
+        const char *name;
+        unsigned bit;
+    } known[] = { { "GET", CONFIG_METHOD_GET },
+                  { "POST", CONFIG_METHOD_POST },
+                  { "DELETE", CONFIG_METHOD_DELETE } };
+    struct cap_stage *c = l->cur_cap;
+    unsigned bits = 0;
+
+    if (ynode_is_null(v) || !c)
+        return 0;
+    if (v->kind != YN_SEQ || v->n_kids == 0 || v->n_kids > 3)
+        return fail_type(l, v, "a list of 1 to 3 methods (GET, POST, DELETE)");
+    for (size_t i = 0; i < v->n_kids; i++) {
+        const char *s;
+        size_t old = path_push_index(l, i);
+        int rc = get_string(l, v->kids[i], &s);
+        size_t k = 0;
+        while (rc == 0 && k < sizeof(known) / sizeof(known[0]) && strcmp(known[k].name, s) != 0)
+            k++;
+        if (rc == 0 && k == sizeof(known) / sizeof(known[0]))
+            rc = fail_here(l, v->kids[i]->line, "must be GET, POST or DELETE (upper case)");
+        else if (rc == 0 && (bits & known[k].bit))
+            rc = fail_here(l, v->kids[i]->line, "repeats %s", s);
+        else if (rc == 0)
+            bits |= known[k].bit;
+        path_pop(l, old);
+        if (rc < 0)
+            return rc;
+    }
+    c->cap.methods = bits;
+    return 0;
+}
+
 /* backend.sentinels: ["host:port", ...], 1 to 16 of them. */
 static int walk_sentinels(struct loader *l, const struct ynode *v)
 {
@@ -1710,6 +1765,8 @@ static struct cap_stage *cap_add(struct loader *l, const char *name, size_t len)
     memset(c, 0, sizeof(*c));
     memcpy(c->cap.name, name, len);
     c->cap.name[len] = '\0';
+    c->cap.methods = CONFIG_METHOD_POST;
+    c->cap.max_body_bytes = CONFIG_RAW_MAX_BODY_DEFAULT;
     return c;
 }
 
@@ -1749,7 +1806,9 @@ static int walk_capabilities(struct loader *l, const struct ynode *v)
         }
         l->elem_fid = FID_CAPABILITIES;
         snprintf(l->elem, sizeof(l->elem), ".%s", c->cap.name);
+        l->cur_cap = c;
         rc = walk_map(l, body, capability_table, (char *)c, c->line);
+        l->cur_cap = NULL;
         l->elem_fid = FID_NONE;
     next:
         path_pop(l, old);
@@ -2198,6 +2257,27 @@ static const char *src_name_at(const void *set, size_t pos, size_t *len)
     return name;
 }
 
+/* body, methods and max_body_bytes together: only a raw capability takes
+ * another method than POST or a body bound of its own. */
+static void check_passthrough(struct loader *l, struct cap_stage *c, const char *prefix)
+{
+    char key[48 + CONFIG_NAME_MAX];
+
+    c->cap.raw = c->body && strcmp(c->body, "raw") == 0;
+    if (c->cap.raw)
+        return;
+    if (c->line[FID_CAP_METHODS] && c->cap.methods != CONFIG_METHOD_POST) {
+        snprintf(key, sizeof(key), "%s.methods", prefix);
+        fail_at(l, c->line[FID_CAP_METHODS], key,
+                "GET and DELETE need body: raw (a JSON capability is called with POST only)");
+    }
+    if (c->line[FID_CAP_MAX_BODY]) {
+        snprintf(key, sizeof(key), "%s.max_body_bytes", prefix);
+        fail_at(l, c->line[FID_CAP_MAX_BODY], key,
+                "only for body: raw (JSON bodies are bounded by http.max_body_bytes)");
+    }
+}
+
 static int validate_capabilities(struct loader *l)
 {
     char prefix[16 + CONFIG_NAME_MAX]; /* "capabilities.NAME" */
@@ -2216,6 +2296,7 @@ static int validate_capabilities(struct loader *l)
                     "path: is required for a custom "
                     "capability (built-ins are chat, embedding, ocr)");
         (void)name_index_add(&l->cap_ix, i, cap_name_at, l->caps); /* names are unique */
+        check_passthrough(l, c, prefix);
         if (c->affinity)
             c->cap.affinity = strcmp(c->affinity, "task") == 0 ? AFFINITY_TASK
                 : strcmp(c->affinity, "scope") == 0            ? AFFINITY_SCOPE
@@ -3162,8 +3243,10 @@ static void loader_fini(struct loader *l)
         free(l->apps[i].token_file);
     }
     free(l->apps);
-    for (size_t i = 0; i < l->n_caps; i++)
+    for (size_t i = 0; i < l->n_caps; i++) {
         free(l->caps[i].affinity);
+        free(l->caps[i].body);
+    }
     free(l->caps);
     name_index_fini(&l->cap_ix);
     name_index_fini(&l->src_ix);

@@ -105,7 +105,18 @@ struct config_capability {
     char path[256];              /* upstream path, e.g. "/chat/completions" */
     struct config_policy policy; /* defaults <- capability: what every call of
                                   * this capability is governed by */
+    /* Passthrough (`body: raw`, docs/CONFIG.md §6b): the request body and
+     * the answer are relayed as bytes, never parsed. */
+    bool raw;
+    unsigned methods;      /* CONFIG_METHOD_* bits it is served with; default POST */
+    size_t max_body_bytes; /* raw: the request body's bound (default 25 MiB) */
 };
+
+/* The HTTP methods a capability may be served with (`methods:`). */
+#define CONFIG_METHOD_GET           1u
+#define CONFIG_METHOD_POST          2u
+#define CONFIG_METHOD_DELETE        4u
+#define CONFIG_RAW_MAX_BODY_DEFAULT (25u * 1024 * 1024)
 
 /* One extra request header of a source (`headers:`). */
 struct config_header {

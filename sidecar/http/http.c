@@ -61,6 +61,7 @@
 #include "rpc.h"
 #include "dlist.h"
 #include "httpreq.h"
+#include "raw.h"
 #include "strbuf.h"
 
 #include <errno.h>
@@ -78,6 +79,7 @@
 #include <unistd.h>
 
 #include "call/call.h"
+#include "call/rawcall.h"
 #include "core/models.h"
 #include "core/server.h"
 #include "net/input.h"
@@ -150,7 +152,9 @@ struct http_conn {
     struct strbuf out;         /* its live bytes are not written yet */
     char *body;
     size_t body_len, body_cap;
-    struct httpreq req; /* the request being read (httpreq.h) */
+    size_t raw_limit; /* the request's body bound when it calls a raw capability, or 0 */
+    char raw_cap[CONFIG_NAME_MAX]; /* that capability */
+    struct httpreq req;            /* the request being read (httpreq.h) */
 };
 
 struct http_server {
@@ -684,8 +688,18 @@ static void hc_reject_input(struct http_conn *c)
                  cfg->http_max_header_bytes);
         break;
     case 413:
-        hc_error(c, 413, PGW_TOO_LARGE, "request body exceeds http.max_body_bytes (%zu)",
-                 cfg->http_max_body_bytes);
+        if (c->raw_limit)
+            hc_error(c, 413, PGW_TOO_LARGE,
+                     "request body exceeds capabilities.%s.max_body_bytes (%zu)", c->raw_cap,
+                     c->raw_limit);
+        else if (httpraw_max_body(cfg) > cfg->http_max_body_bytes)
+            hc_error(c, 413, PGW_TOO_LARGE,
+                     "request body exceeds %zu bytes, the most any endpoint takes "
+                     "(http.max_body_bytes, capabilities' max_body_bytes)",
+                     httpraw_max_body(cfg));
+        else
+            hc_error(c, 413, PGW_TOO_LARGE, "request body exceeds http.max_body_bytes (%zu)",
+                     cfg->http_max_body_bytes);
         break;
     case 414:
         hc_error(c, 414, PGW_BAD_REQUEST, "request target longer than %d bytes", HTTPREQ_URL_MAX);
@@ -754,9 +768,30 @@ static void hc_on_begin(struct httpreq *r)
 
     c->app[0] = '\0';
     c->body_len = 0;
+    c->raw_limit = 0;
     c->cors = false;
     c->phase = HC_HEAD;
     hc_arm(c, c->hs->srv->cfg->http_header_timeout_s);
+}
+
+/* The body bound of the admitted request: its raw capability's, else
+ * http.max_body_bytes. An announced length over it is answered 413 now. */
+static bool hc_body_within(struct http_conn *c)
+{
+    struct httpreq *r = &c->req;
+    size_t limit = c->raw_limit ? c->raw_limit : c->hs->srv->cfg->http_max_body_bytes;
+
+    r->max_body_bytes = limit;
+    if ((r->parser.flags & F_CHUNKED) || r->parser.content_length == ULLONG_MAX ||
+        r->parser.content_length <= limit)
+        return true;
+    c->hs->stats.bad_requests++;
+    if (c->raw_limit)
+        hc_error(c, 413, PGW_TOO_LARGE, "request body exceeds capabilities.%s.max_body_bytes (%zu)",
+                 c->raw_cap, c->raw_limit);
+    else
+        hc_error(c, 413, PGW_TOO_LARGE, "request body exceeds http.max_body_bytes (%zu)", limit);
+    return false;
 }
 
 /* The head is read: the request is admitted or refused before any byte
@@ -775,7 +810,7 @@ static int hc_on_head(struct httpreq *r)
     /* A refusal of a request whose body is not read says it closes. */
     bool keep_alive = c->keep_alive;
     c->keep_alive = keep_alive && !body;
-    c->answered = !hc_admit(c);
+    c->answered = !hc_admit(c) || !hc_body_within(c);
     if (c->answered)
         return body ? 1 : 0;
     c->keep_alive = keep_alive;
@@ -852,7 +887,10 @@ static void h_on_result(struct call_sink *s, uint32_t id, const struct call_info
     struct http_conn *c = sink_hc(s);
     (void)id;
 
-    if (b->json) {
+    if (b->raw) {
+        hc_reply(c, b->status >= 200 && b->status < 300 ? b->status : 200,
+                 httpraw_ctype(b->content_type), b->json, b->json_len, ci, NULL);
+    } else if (b->json) {
         hc_reply(c, 200, "application/json", b->json, b->json_len, ci, NULL);
     } else {
         if (!c->stream_open)
@@ -1159,14 +1197,14 @@ static long json_model_name(const struct jscan_value *v, char *out, size_t cap)
 }
 
 /* The path (after /v1) capability i is served at: its own, except that a
- * chat capability whose sources speak Anthropic's Messages API natively
- * (kind: anthropic without accepts: openai) is served at /messages, where
- * Anthropic's clients send. */
+ * chat capability (not raw) whose sources speak Anthropic's Messages API
+ * natively (kind: anthropic without accepts: openai) is served at
+ * /messages, where Anthropic's clients send. */
 static const char *cap_http_path(const struct config *cfg, size_t i)
 {
     const struct config_capability *cap = &cfg->capabilities[i];
 
-    if (strcmp(cap->name, "chat") != 0 || strcmp(cap->path, "/chat/completions") != 0)
+    if (cap->raw || strcmp(cap->name, "chat") != 0 || strcmp(cap->path, "/chat/completions") != 0)
         return cap->path;
     for (size_t j = 0; j < cfg->n_sources; j++) {
         const struct config_source *src = &cfg->sources[j];
@@ -1234,7 +1272,8 @@ static const struct config_capability *call_target(struct http_conn *c, const ch
     /* Two capabilities may share an upstream path: the first one that has
      * a source serves it. */
     for (size_t i = 0; i < cfg->n_capabilities; i++) {
-        if (!path_is(path + 3, len - 3, cap_http_path(cfg, i)))
+        if (!path_is(path + 3, len - 3, cap_http_path(cfg, i)) &&
+            !httpraw_sub_path(&cfg->capabilities[i], path + 3, len - 3))
             continue;
         bool served = false;
         for (size_t j = 0; j < cfg->n_sources && !served; j++)
@@ -1250,7 +1289,54 @@ static const struct config_capability *call_target(struct http_conn *c, const ch
         hc_error(c, 404, PGW_UNKNOWN_CAPABILITY, "no capability is served at %s", quoted);
         return NULL;
     }
+    const char *method;
+    if (!(httpraw_method_bit(c->req.parser.method, &method) & cap->methods)) {
+        hc_error(c, 405, PGW_UNKNOWN_METHOD,
+                 "capability '%s' is not served with %s (methods:%s%s%s)", cap->name,
+                 http_method_str((enum http_method)c->req.parser.method),
+                 cap->methods & CONFIG_METHOD_GET ? " GET" : "",
+                 cap->methods & CONFIG_METHOD_POST ? " POST" : "",
+                 cap->methods & CONFIG_METHOD_DELETE ? " DELETE" : "");
+        return NULL;
+    }
+    if (cap->raw) {
+        const char *sfx = c->req.url + 3 + strlen(cap->path);
+        const char *bad = raw_call_suffix_problem(sfx, strlen(sfx));
+        if (bad) {
+            hc_error(c, 400, PGW_BAD_REQUEST, "the path after %s: %s", cap->path, bad);
+            return NULL;
+        }
+        /* Any content type: the body is the upstream's to read. */
+        c->raw_limit = cap->max_body_bytes;
+        str_copy(c->raw_cap, sizeof(c->raw_cap), cap->name);
+        return cap;
+    }
     return hc_check_json_body(c, false) < 0 ? NULL : cap;
+}
+
+static void hc_call_headers(struct http_conn *c, struct call_req *rq, char *scope);
+
+/* A raw capability's call (raw.h): the body, its Content-Type, the method,
+ * the sub-path and the query, as they came. */
+static void route_raw_call(struct http_conn *c, const struct config_capability *cap,
+                           const struct config_app *app)
+{
+    char scope[CONFIG_NAME_MAX * 4];
+    const char *method;
+
+    httpraw_method_bit(c->req.parser.method, &method);
+    struct call_req r = {
+        .capability = cap->name,
+        .capability_len = strlen(cap->name),
+        .app = app,
+        .raw = true,
+        .raw_body = c->body,
+        .raw_len = c->body_len,
+        .content_type = c->req.present[HRQ_CTYPE] ? c->req.val[HRQ_CTYPE] : NULL,
+        .method = method,
+        .path_suffix = c->req.url + 3 + strlen(cap->path),
+    };
+    hc_call_headers(c, &r, scope);
 }
 
 static bool admit_call(struct http_conn *c, const char *path, size_t len)
@@ -1322,6 +1408,10 @@ static void route_call_as(struct http_conn *c, const char *path, size_t len, boo
 
     if (!cap)
         return;
+    if (cap->raw) {
+        route_raw_call(c, cap, app);
+        return;
+    }
     struct body_facts bf = { 0 };
     size_t at = 0;
     int rc = jscan_object(c->body ? c->body : "", c->body_len, body_member, &bf, &at);
@@ -1366,6 +1456,15 @@ static void route_call_as(struct http_conn *c, const char *path, size_t len, boo
         r.model = model;
         r.model_len = (size_t)n;
     }
+    hc_call_headers(c, &r, scope);
+}
+
+/* The X-Polygw-* headers of a call into `r` (`scope` holds the scope's
+ * copy), then the call begins; or 400. */
+static void hc_call_headers(struct http_conn *c, struct call_req *rq, char *scope)
+{
+    struct call_req r = *rq;
+
     if (c->req.present[HRQ_DEADLINE]) {
         char *end;
         double d = strtod(c->req.val[HRQ_DEADLINE], &end);
@@ -1382,7 +1481,7 @@ static void route_call_as(struct http_conn *c, const char *path, size_t len, boo
                          TASK_ID_MAX, why, sizeof(why)) < 0) ||
         (c->req.present[HRQ_SCOPE] &&
          rpc_check_ident("X-Polygw-Scope", c->req.val[HRQ_SCOPE], c->req.val_len[HRQ_SCOPE],
-                         sizeof(scope) - 1, why, sizeof(why)) < 0)) {
+                         CONFIG_NAME_MAX * 4 - 1, why, sizeof(why)) < 0)) {
         hc_error(c, 400, PGW_BAD_REQUEST, "%s", why);
         return;
     }
@@ -1783,6 +1882,8 @@ static const struct {
     { HTTP_GET, "/polygw/", route_status_page, admit_status_page },
     { HTTP_POST, "/v1/", route_call, admit_call },
     { HTTP_POST, GEMROUTE_PREFIX, route_gemini, admit_gemini },
+    { HTTP_GET, "/v1/", route_call, admit_call },    /* raw capabilities (raw.h) */
+    { HTTP_DELETE, "/v1/", route_call, admit_call }, /* raw capabilities */
 };
 
 static bool route_matches(const char *rp, const char *path, size_t len)
@@ -1836,7 +1937,7 @@ static bool hc_site_allowed(struct http_conn *c)
     if (c->cors && c->req.parser.method == HTTP_OPTIONS) {
         /* The preflight of a call from an allowed origin. */
         hc_reply(c, 200, "text/plain; charset=utf-8", "", 0, NULL,
-                 "Access-Control-Allow-Methods: GET, POST\r\n"
+                 "Access-Control-Allow-Methods: GET, POST, DELETE\r\n"
                  "Access-Control-Allow-Headers: *, Authorization\r\n"
                  "Access-Control-Max-Age: 600\r\n");
         return false;
@@ -1948,7 +2049,10 @@ static void hc_process(struct http_conn *c)
         const struct config *cfg = c->hs->srv->cfg;
         size_t n;
         c->req.max_header_bytes = cfg->http_max_header_bytes;
-        c->req.max_body_bytes = cfg->http_max_body_bytes;
+        /* Before the route is known, the largest bound of any (raw.h). */
+        c->req.max_body_bytes = c->phase != HC_BODY ? httpraw_max_body(cfg)
+            : c->raw_limit                          ? c->raw_limit
+                                                    : cfg->http_max_body_bytes;
         enum httpreq_rc rc = httpreq_execute(&c->req, strbuf_head(&c->in), strbuf_live(&c->in), &n);
         strbuf_consume(&c->in, n);
         if (rc == HTTPREQ_DONE) {

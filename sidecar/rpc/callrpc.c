@@ -8,10 +8,13 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "call/call.h"
+#include "call/rawcall.h"
 #include "task.h"
 
 static struct conn *sink_conn(struct call_sink *s)
@@ -52,7 +55,16 @@ static void rpc_on_result(struct call_sink *s, uint32_t id, const struct call_in
     msgpack_packer *pk = &c->pk;
 
     rpc_pack_result_begin(pk, id);
-    msgpack_pack_map(pk, 4 + (b->mp ? 1 : 0) + (b->usage ? 1 : 0));
+    msgpack_pack_map(pk, 4 + (b->mp ? 1 : 0) + (b->usage ? 1 : 0) + (b->raw ? 3 : 0));
+    if (b->raw) {
+        /* A passthrough's answer: its bytes, type and status (rawcall.h). */
+        rpc_pack_str(pk, "body");
+        msgpack_pack_bin(pk, b->json_len);
+        msgpack_pack_bin_body(pk, b->json, b->json_len);
+        rpc_pack_kv_str(pk, "content_type", b->content_type ? b->content_type : "");
+        rpc_pack_str(pk, "status");
+        msgpack_pack_int(pk, b->status);
+    }
     if (b->mp) {
         rpc_pack_str(pk, "body");
         pack_raw(pk, b->mp, b->mp_len);
@@ -104,12 +116,86 @@ static uint64_t body_max_tokens(const msgpack_object *body)
     return m && m->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? m->via.u64 : 0;
 }
 
+#define RAW_CTYPE_MAX  255  /* a passthrough's content_type, as the HTTP front's */
+#define RAW_SUFFIX_MAX 2048 /* its path_suffix, as the HTTP front's request target */
+
+/* The passthrough parameters of a call: `on` when its body is bin. */
+struct raw_req {
+    bool on;
+    char ctype[RAW_CTYPE_MAX + 1]; /* "" = none */
+    const char *method;            /* static, NULL = POST */
+    char *suffix;                  /* owned, NULL = none */
+};
+
+/* Reads them (the str parameters are not NUL-terminated): -1 with `why`
+ * when one is wrong, or given with a map body. */
+static int raw_req_bind(struct raw_req *q, const msgpack_object *body, const msgpack_object *ctype,
+                        const msgpack_object *method, const msgpack_object *suffix, char *why,
+                        size_t whylen)
+{
+    memset(q, 0, sizeof(*q));
+    q->on = body->type == MSGPACK_OBJECT_BIN;
+    if (!q->on) {
+        if (ctype || method || suffix)
+            snprintf(why, whylen, "content_type, method and path_suffix go with a bin body only");
+        return ctype || method || suffix ? -1 : 0;
+    }
+    if (ctype) {
+        const char *s = ctype->via.str.ptr;
+        size_t n = ctype->via.str.size;
+        for (size_t i = 0; i < n; i++)
+            if (s[i] < ' ' || s[i] > '~')
+                n = SIZE_MAX;
+        if (n == 0 || n > RAW_CTYPE_MAX) {
+            snprintf(why, whylen, "parameter 'content_type': 1 to %d printable ASCII characters",
+                     RAW_CTYPE_MAX);
+            return -1;
+        }
+        memcpy(q->ctype, s, n);
+        q->ctype[n] = '\0';
+    }
+    if (method && !(q->method = raw_call_method(method->via.str.ptr, method->via.str.size))) {
+        snprintf(why, whylen, "parameter 'method': expected GET, POST or DELETE");
+        return -1;
+    }
+    if (suffix) {
+        const char *bad = raw_call_suffix_problem(suffix->via.str.ptr, suffix->via.str.size);
+        if (bad || suffix->via.str.size > RAW_SUFFIX_MAX) {
+            snprintf(why, whylen, "parameter 'path_suffix': %s",
+                     bad ? bad : "longer than 2048 bytes");
+            return -1;
+        }
+        if (!(q->suffix = strndup(suffix->via.str.ptr, suffix->via.str.size))) {
+            snprintf(why, whylen, "out of memory");
+            return -1;
+        }
+    }
+    return 0;
+}
+
 void callrpc_start(struct conn *c, const struct rpc_msg *m)
 {
-    enum { P_CAP, P_BODY, P_STREAM, P_SCOPE, P_TASK, P_DEADLINE, P_APP, P_MODEL, P_N };
+    enum {
+        P_CAP,
+        P_BODY,
+        P_STREAM,
+        P_SCOPE,
+        P_TASK,
+        P_DEADLINE,
+        P_APP,
+        P_MODEL,
+        P_CTYPE,
+        P_METHOD,
+        P_SUFFIX,
+        P_N
+    };
     static const struct rpc_param spec[P_N] = {
         [P_CAP] = { "capability", RPC_T_STR, true },
-        [P_BODY] = { "body", RPC_T_MAP, true },
+        [P_BODY] = { "body", RPC_T_MAP | RPC_T_BIN, true },
+        /* A passthrough (body: bin, rawcall.h). */
+        [P_CTYPE] = { "content_type", RPC_T_STR | RPC_T_NIL, false },
+        [P_METHOD] = { "method", RPC_T_STR | RPC_T_NIL, false },
+        [P_SUFFIX] = { "path_suffix", RPC_T_STR | RPC_T_NIL, false },
         [P_STREAM] = { "stream", RPC_T_BOOL | RPC_T_NIL, false },
         [P_SCOPE] = { "scope", RPC_T_STR | RPC_T_NIL, false },
         [P_TASK] = { "task_id", RPC_T_STR | RPC_T_NIL, false },
@@ -150,23 +236,38 @@ void callrpc_start(struct conn *c, const struct rpc_msg *m)
         conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
         return;
     }
+    struct raw_req raw;
+    if (raw_req_bind(&raw, p[P_BODY], p[P_CTYPE], p[P_METHOD], p[P_SUFFIX], why, sizeof(why)) < 0) {
+        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
+        free(raw.suffix);
+        return;
+    }
     struct call_req r = {
         .app = app,
+        .raw = raw.on,
+        .raw_body = raw.on ? p[P_BODY]->via.bin.ptr : NULL,
+        .raw_len = raw.on ? p[P_BODY]->via.bin.size : 0,
+        .content_type = raw.ctype[0] ? raw.ctype : NULL,
+        .method = raw.method,
+        .path_suffix = raw.suffix,
         .capability = p[P_CAP]->via.str.ptr,
         .capability_len = p[P_CAP]->via.str.size,
-        .mp = p[P_BODY],
+        .mp = raw.on ? NULL : p[P_BODY],
         .stream = p[P_STREAM] && p[P_STREAM]->via.boolean,
         .scope = p[P_SCOPE] ? scope : NULL,
         .task_id = p[P_TASK] ? id : NULL,
         .deadline_s = deadline_s,
-        .max_tokens = body_max_tokens(p[P_BODY]),
+        .max_tokens = raw.on ? 0 : body_max_tokens(p[P_BODY]),
     };
     /* The model asked for: the parameter, else the body's. */
-    const msgpack_object *model = p[P_MODEL] ? p[P_MODEL] : rpc_map_get(p[P_BODY], "model");
+    const msgpack_object *model = p[P_MODEL] ? p[P_MODEL]
+        : raw.on                             ? NULL
+                                             : rpc_map_get(p[P_BODY], "model");
     if (model && model->type == MSGPACK_OBJECT_STR) {
         r.model = model->via.str.ptr;
         r.model_len = model->via.str.size;
         r.model_param = p[P_MODEL] != NULL;
     }
     call_begin(&c->sink, m->msgid, &r);
+    free(raw.suffix);
 }

@@ -218,7 +218,8 @@ struct attempt {
     char retry_after[96];
     char retry_after_ms[24], should_retry[8], reset_requests[24], reset_tokens[24];
     bool is_sse;
-    struct strbuf resp; /* the body so far, NUL-terminated */
+    char content_type[128]; /* the answer's, cut to the field */
+    struct strbuf resp;     /* the body so far, NUL-terminated */
     size_t max_resp;
     bool resp_too_large;
     struct sse_parser sse;
@@ -855,6 +856,7 @@ static void attempt_finish(struct attempt *a, struct attempt_result *r)
         r->body = a->resp.data;
         r->body_len = a->resp.len;
     }
+    r->content_type = a->content_type;
     attempt_detach(a);
     a->phase = ATTEMPT_DONE;
     up->stats.attempts_done++;
@@ -1077,11 +1079,16 @@ static size_t attempt_on_header(char *line, size_t size, size_t nitems, void *ud
         a->retry_after[0] = a->retry_after_ms[0] = a->should_retry[0] = '\0';
         a->reset_requests[0] = a->reset_tokens[0] = '\0';
         a->is_sse = false;
+        a->content_type[0] = '\0';
         return n;
     }
     char first = n > 0 ? (char)(line[0] | 0x20) : '\0';
     if (first == 'c' && HEADER_IS(line, n, "content-type", &v, &vlen)) {
         a->is_sse = vlen >= 17 && strncasecmp(v, "text/event-stream", 17) == 0;
+        if (vlen >= sizeof(a->content_type))
+            vlen = sizeof(a->content_type) - 1;
+        memcpy(a->content_type, v, vlen);
+        a->content_type[vlen] = '\0';
         return n;
     }
     for (size_t i = 0; i < sizeof(kept_headers) / sizeof(kept_headers[0]); i++) {
@@ -1743,6 +1750,22 @@ static struct curl_slist *headers_build(bool stream, const char *const *extra)
     return l;
 }
 
+/* A passthrough's headers: `extra` alone (its Content-Type included),
+ * without libcurl's Expect: 100-continue. */
+static struct curl_slist *raw_headers_build(const char *const *extra)
+{
+    struct curl_slist *l = curl_slist_append(NULL, "Expect:");
+
+    for (size_t i = 0; l && extra && extra[i]; i++) {
+        if (!curl_slist_append(l, extra[i])) {
+            headers_wipe(l);
+            curl_slist_free_all(l);
+            return NULL;
+        }
+    }
+    return l;
+}
+
 /* True when list `l` is the one headers_build(stream, extra) makes: its
  * first 3 lines are fixed, the rest must equal `extra` line by line. */
 static bool headers_match(const struct curl_slist *l, const char *const *extra)
@@ -1942,7 +1965,10 @@ static int attempt_setup(struct attempt *a, const struct attempt_spec *spec,
     a->route_id = r ? r->id : 0;
     if (was != a->route_id)
         attempt_set_route(a, e, r);
-    a->headers = upstream_headers(a->up, spec->stream, spec->headers, &a->owned_headers);
+    if (spec->raw)
+        a->headers = a->owned_headers = raw_headers_build(spec->headers);
+    else
+        a->headers = upstream_headers(a->up, spec->stream, spec->headers, &a->owned_headers);
     if (!a->headers)
         return -1;
     /* Both: the parsed URL is what curl uses, the string what it reports
@@ -1962,6 +1988,13 @@ static int attempt_setup(struct attempt *a, const struct attempt_spec *spec,
     curl_easy_setopt(e, CURLOPT_CONNECT_TO, a->connect_to);
     curl_easy_setopt(e, CURLOPT_POSTFIELDS, a->req_body);
     curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)spec->body_len);
+    /* Set on every attempt: a pooled handle keeps the last one's method. */
+    if (spec->method)
+        curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
+    else
+        curl_easy_setopt(e, CURLOPT_POST, 1L);
+    curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST,
+                     spec->method && strcmp(spec->method, "GET") != 0 ? spec->method : NULL);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, a->headers);
     curl_easy_setopt(e, CURLOPT_PRIVATE, a);
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, a->errbuf);
@@ -2041,7 +2074,8 @@ struct attempt *attempt_start(struct upstream *up, struct attempt_spec *spec,
 
     /* The lookup cap is applied when curl actually starts a lookup
      * (attempt_on_resolver_start), not here: most attempts never need one. */
-    struct url_host *u = upstream_url(up, spec->url, spec->route);
+    /* A passthrough's URL varies with its path and query: not cached. */
+    struct url_host *u = spec->raw ? NULL : upstream_url(up, spec->url, spec->route);
     if (u) {
         a->dns = u->dns;
         a->url = u;

@@ -135,6 +135,12 @@ struct attempt_spec {
     size_t max_response_bytes;          /* larger plain bodies / events fail the attempt */
     struct upstream_budget *budget;     /* borrowed, may be NULL: the client's byte budget */
     const struct upstream_route *route; /* borrowed for the call only; NULL = defaults */
+    /* A passthrough (a `body: raw` capability): `headers` are all the
+     * request's headers (its Content-Type among them: no JSON Content-Type
+     * nor Accept is added), the body any bytes, the answer any content
+     * type. libcurl carries it. */
+    bool raw;
+    const char *method; /* static: "GET" or "DELETE" (no body sent); NULL = POST */
 };
 
 struct attempt_result {
@@ -146,9 +152,11 @@ struct attempt_result {
     uint32_t events;        /* stream events delivered */
     bool deadline_exceeded; /* the call's deadline (not the attempt's) ended it */
     double elapsed_s;
-    double ttft_s;    /* request sent -> first byte (plain) or first event
+    double ttft_s;            /* request sent -> first byte (plain) or first event
                                     * (stream); -1 when none arrived */
-    char detail[160]; /* human detail, e.g. curl's error text */
+    char detail[160];         /* human detail, e.g. curl's error text */
+    const char *content_type; /* the answer's Content-Type value (NUL-terminated,
+                               * "" when none), borrowed for on_done */
 };
 
 /* Hooks run on the loop thread. on_event gets one SSE event's `data` (NUL-

@@ -2,8 +2,9 @@
 # tests/http/run-tests.sh BUILD_DIR [TEST.js ...]
 #
 # The HTTP front end driven by the official OpenAI Node SDK (openai.test.js),
-# the official Anthropic TypeScript SDK (anthropic.test.js, anthropic_native.test.js)
-# and the official Google Gen AI SDK (gemini.test.js) — or by the
+# the official Anthropic TypeScript SDK (anthropic.test.js, anthropic_native.test.js),
+# the official Google Gen AI SDK (gemini.test.js) and passthrough capabilities
+# through the OpenAI SDK (audio.test.js) — or by the
 # TEST.js files named, e.g. status.test.js (headless Chromium, puppeteer-core)
 # — against the real sidecar and mock upstream in BUILD_DIR (e.g. build/asan):
 # `npm ci` from the committed lockfile (tests/npm-sync.sh: skipped when
@@ -16,7 +17,7 @@ set -u
 POLYGW_BUILD=$(cd "$1" && pwd)
 export POLYGW_BUILD
 shift
-[ $# -gt 0 ] || set -- openai.test.js anthropic.test.js anthropic_native.test.js gemini.test.js
+[ $# -gt 0 ] || set -- openai.test.js anthropic.test.js audio.test.js anthropic_native.test.js gemini.test.js
 HERE=$(cd "$(dirname "$0")" && pwd)
 
 echo "== tests/http: npm ci"

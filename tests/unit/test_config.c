@@ -2054,6 +2054,50 @@ START_TEST(test_config__apps_per_capability)
 }
 END_TEST
 
+/* Passthrough capabilities: body, methods and max_body_bytes. */
+START_TEST(test_config__raw_capabilities)
+{
+    struct config *cfg =
+        expect_ok("capabilities:\n"
+                  "  files: { path: /files, body: raw, methods: [GET, POST, DELETE] }\n"
+                  "  speech: { path: /audio/speech, body: raw, max_body_bytes: 4096 }\n"
+                  "  ask: { path: /ask, body: json }\n");
+    const struct config_capability *chat = &cfg->capabilities[0];
+    const struct config_capability *files = &cfg->capabilities[4];
+    const struct config_capability *speech = &cfg->capabilities[5];
+    const struct config_capability *ask = &cfg->capabilities[6];
+
+    ck_assert(!chat->raw);
+    ck_assert_uint_eq(chat->methods, CONFIG_METHOD_POST);
+    ck_assert(files->raw);
+    ck_assert_uint_eq(files->methods,
+                      CONFIG_METHOD_GET | CONFIG_METHOD_POST | CONFIG_METHOD_DELETE);
+    ck_assert_uint_eq(files->max_body_bytes, CONFIG_RAW_MAX_BODY_DEFAULT);
+    ck_assert(speech->raw);
+    ck_assert_uint_eq(speech->methods, CONFIG_METHOD_POST);
+    ck_assert_uint_eq(speech->max_body_bytes, 4096);
+    ck_assert(!ask->raw);
+    config_free(cfg);
+
+    expect_reject("capabilities:\n  f: { path: /f, body: binary }\n", 2, "capabilities.f.body",
+                  "must be json or raw");
+    expect_reject("capabilities:\n  f: { path: /f, body: raw, methods: [GET, PUT] }\n", 2,
+                  "capabilities.f.methods[1]", "must be GET, POST or DELETE");
+    expect_reject("capabilities:\n  f: { path: /f, body: raw, methods: [get] }\n", 2,
+                  "capabilities.f.methods[0]", "upper case");
+    expect_reject("capabilities:\n  f: { path: /f, body: raw, methods: [GET, GET] }\n", 2,
+                  "capabilities.f.methods[1]", "repeats GET");
+    expect_reject("capabilities:\n  f: { path: /f, body: raw, methods: [] }\n", 2,
+                  "capabilities.f.methods", "a list of 1 to 3 methods");
+    expect_reject("capabilities:\n  f: { path: /f, methods: [GET] }\n", 2, "capabilities.f.methods",
+                  "GET and DELETE need body: raw");
+    expect_reject("capabilities:\n  chat: { methods: [POST, DELETE] }\n", 2,
+                  "capabilities.chat.methods", "need body: raw");
+    expect_reject("capabilities:\n  f: { path: /f, max_body_bytes: 100 }\n", 2,
+                  "capabilities.f.max_body_bytes", "only for body: raw");
+}
+END_TEST
+
 Suite *config_suite(void)
 {
     Suite *s = suite_create("config");
@@ -2181,6 +2225,7 @@ Suite *config_suite(void)
     tcase_add_test(tc, test_config__auth_header_and_auth_query);
     tcase_add_test(tc, test_config__bad_kind_accepts_and_headers);
     tcase_add_test(tc, test_config__header_value_env_unset_never_quoted);
+    tcase_add_test(tc, test_config__raw_capabilities);
     suite_add_tcase(s, tc);
     return s;
 }
