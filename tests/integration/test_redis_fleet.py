@@ -899,7 +899,10 @@ def test_fleet__breaker_opened_by_one_sidecar_holds_for_all(redis_srv, up, make_
     assert_at("B's call after the fleet breaker's cool-down", time.monotonic() - opened, 1.0,
               1.0 + 0.3)
     assert up.stats()["requests"] == before + 1   # nothing sent while open
-    s = stats(b)["shared"]
+    # The probe's release (which closes the breaker) may land just after the
+    # reply: B's view follows the release's answer, so wait for that event.
+    s = wait_until(lambda: (lambda v: v if v["sources"]["a"]["breaker"] == "closed" else None)(
+        stats(b)["shared"]), 3.0) or stats(b)["shared"]
     assert s["refused"]["breaker"] >= 1 and s["sources"]["a"]["breaker"] == "closed", s
     assert stats(a)["shared"]["sources"]["a"]["breaker"] == "open"  # as A last saw it
 
