@@ -51,6 +51,10 @@ export interface CallOptions extends RequestOptions {
   deadlineS?: number;
   /** Progress-tracking scope; default the capability's name. */
   scope?: string;
+  /** The W3C trace context carrier (`{traceparent, tracestate}`, as
+   * OpenTelemetry's `propagation.inject` fills it): polygw's call span
+   * becomes its child (sent as `trace`). */
+  trace?: { traceparent?: string; tracestate?: string; [key: string]: unknown };
 }
 
 export interface Usage {

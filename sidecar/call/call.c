@@ -55,6 +55,7 @@
 #include "codec/convert.h"
 #include "codec/dialect.h"
 #include "call/upath.h"
+#include "call/calltrace.h"
 #include "governor.h"
 #include "codec/jscan.h"
 #include "codec/reply.h"
@@ -126,6 +127,7 @@ struct call {
     struct gov_source_note *reconf_notes; /* a reload in progress: the new notes */
     struct call *all_prev, *all_next;     /* srv->calls_all: every call, for a reload */
     struct raw_call *rawc;                /* owned: a passthrough's request, or NULL */
+    struct calltrace ct;                  /* its spans (calltrace.h) */
 };
 
 static void call_step(struct call *k);
@@ -262,6 +264,8 @@ static void call_end(struct call *k)
         metrics_on_model_call(srv->metrics, call_cap(k), k->model_label, k->code);
     metrics_on_call_end(srv->metrics, call_cap(k), k->code, call_elapsed(k),
                         gov_call_stalled_s(&k->g, ev_now(srv->loop)));
+    calltrace_end(&k->ct, k->code, k->g.attempts > 0 && k->src ? k->src->name : NULL, k->g.attempts,
+                  gov_call_stalled_s(&k->g, ev_now(srv->loop)), ev_now(srv->loop));
     gov_call_fini(&k->g, ev_now(srv->loop));
     call_unlink(k);
     call_free_memory(k);
@@ -965,6 +969,7 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
            LOG_F, res.elapsed_s, NULL);
 
     metrics_on_attempt(k->srv->metrics, call_source(k), &res);
+    calltrace_attempt_end(&k->ct, &res, &k->tokens, now);
     if (res.outcome.kind == OUTCOME_SUCCESS)
         metrics_on_prompt_tokens(k->srv->metrics, call_source(k), k->tokens.prompt,
                                  dialect_usage_cached(&k->tokens));
@@ -1453,6 +1458,9 @@ static void call_run_attempt(struct call *k, size_t source)
         convert_stream_init(k->conv, (int64_t)ev_now(srv->loop), k->client_usage);
     k->event_error[0] = '\0';
     k->relayed = 0;
+    const char *tp = calltrace_attempt(&k->ct, src, k->g.attempts, ev_now(srv->loop));
+    if (!k->rawc)
+        as.extra_header = tp; /* a passthrough's headers are its client's */
     k->attempt = attempt_start(srv->up, &as, &call_hooks, k);
     explicit_bzero(url, nu + 1); /* auth_query puts the key in it */
     if (url != url_buf)
@@ -1517,6 +1525,7 @@ static void call_act(struct call *k, const struct gov_decision *d,
         return;
     }
     case GOV_WAIT: {
+        calltrace_wait(&k->ct, &k->g, last, ev_now(srv->loop));
         double in = d->wake_at - ev_now(srv->loop);
         ev_timer_stop(srv->loop, &k->wake_w);
         ev_timer_set(&k->wake_w, in > 0 ? in : 0., 0.);
@@ -1887,6 +1896,17 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     k->src = first;
     k->code = PGW_CANCELLED;
     metrics_on_call_start(srv->metrics, (size_t)ci);
+    calltrace_begin(&k->ct, srv->tracer,
+                    &(struct calltrace_start){ .traceparent = r->traceparent,
+                                               .tracestate = r->tracestate,
+                                               .capability = k->cap->name,
+                                               .app = k->app,
+                                               .task_id = k->task_id,
+                                               .model = r->model,
+                                               .model_len = r->model_len,
+                                               .stream = k->stream,
+                                               .http = !s->ops->wants_msgpack },
+                    now);
     if (task)
         call_task_link(k, task);
     DLIST_PUSH(s->calls, k, prev, next);
@@ -1927,6 +1947,7 @@ int call_cancel(struct call_sink *s, uint32_t msgid)
     char msg[96];
     snprintf(msg, sizeof(msg), "cancelled by the client after %.3fs", call_elapsed(k));
     call_pack_error(k, PGW_CANCELLED, msg, &(struct call_error){ .retry_after_s = -1 });
+    calltrace_note(&k->ct, "polygw.cancel", "cancelled by the client", ev_now(k->srv->loop));
     call_abort(k);
     return 0;
 }
@@ -1942,8 +1963,11 @@ void call_fail_all(struct call_sink *s, enum pgw_code code, const char *message)
 
 void call_abort_all(struct call_sink *s)
 {
-    while (s->calls)
+    while (s->calls) {
+        calltrace_note(&s->calls->ct, "polygw.cancel", "the client went away",
+                       ev_now(s->srv->loop));
         call_abort(s->calls);
+    }
 }
 
 void call_on_drained(struct call_sink *s)
@@ -1963,6 +1987,9 @@ void call_fail_task(struct task *t, enum pgw_code code, const char *message)
         struct call_sink *s = k->sink;
         call_pack_error(k, code, message,
                         &(struct call_error){ .retry_after_s = -1, .reason = task_reason(t) });
+        calltrace_note(&k->ct,
+                       code == PGW_WATCHDOG_TIMEOUT ? "polygw.watchdog" : "polygw.task_stop",
+                       task_reason(t), ev_now(k->srv->loop));
         call_abort(k); /* unlinks k from t */
         s->ops->flush(s);
     }

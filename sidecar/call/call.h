@@ -158,6 +158,11 @@ struct call_req {
     const char *content_type;
     const char *method;
     const char *path_suffix;
+    /* The caller's W3C trace context (NUL-terminated, NULL = none): the
+     * HTTP front's traceparent / tracestate headers, the msgpack `trace`
+     * parameter (calltrace.h). */
+    const char *traceparent;
+    const char *tracestate;
 };
 
 /* Starts call `id` of sink `s` (an id unique among the sink's calls in

@@ -75,6 +75,17 @@ enum fid {
     FID_SOURCES,
     FID_TASKS,
     FID_TASK_TTL,
+    FID_TRACING,
+    FID_TRACING_ENABLED,
+    FID_TRACING_ENDPOINT,
+    FID_TRACING_RATIO,
+    FID_TRACING_PARENT,
+    FID_TRACING_SERVICE,
+    FID_TRACING_QUEUE,
+    FID_TRACING_BATCH,
+    FID_TRACING_INTERVAL,
+    FID_TRACING_TIMEOUT,
+    FID_TRACING_RETRIES,
     FID_MAX_TASKS,
     FID_SOCKET,
     FID_MODE,
@@ -791,6 +802,31 @@ static const struct field tasks_table[] = {
     NUM("max_tasks", FT_U32, FID_MAX_TASKS, OFF(struct config, max_tasks), 1, 10000000, 0), END
 };
 
+/* tracing.parent: what a caller's traceparent makes of the call span. */
+static int check_trace_parent(struct loader *l, const struct ynode *v, char *s)
+{
+    if (strcmp(s, "child") != 0 && strcmp(s, "link") != 0)
+        return fail_here(l, v->line, "must be child or link");
+    return 0;
+}
+
+#define TR(member) OFF(struct config, tracing.member)
+static const struct field tracing_table[] = {
+    TYPED("enabled", FT_BOOL, FID_TRACING_ENABLED, TR(enabled)),
+    STR("endpoint", FID_TRACING_ENDPOINT, TR(endpoint), check_http_url),
+    NUM("sampler_ratio", FT_DOUBLE, FID_TRACING_RATIO, TR(sampler_ratio), 0, 1, 0),
+    STR("parent", FID_TRACING_PARENT, TR(parent), check_trace_parent),
+    STR("service_name", FID_TRACING_SERVICE, TR(service_name), check_word),
+    NUM("max_queue_spans", FT_U32, FID_TRACING_QUEUE, TR(max_queue_spans), 1, 1048576, 0),
+    NUM("max_batch_spans", FT_U32, FID_TRACING_BATCH, TR(max_batch_spans), 1, 65536, 0),
+    NUM("export_interval_s", FT_DOUBLE, FID_TRACING_INTERVAL, TR(export_interval_s), 0, 3600,
+        F_MIN_OPEN),
+    NUM("export_timeout_s", FT_DOUBLE, FID_TRACING_TIMEOUT, TR(timeout_s), 0, 3600, F_MIN_OPEN),
+    NUM("max_retries", FT_U32, FID_TRACING_RETRIES, TR(max_retries), 0, 100, 0),
+    END
+};
+#undef TR
+
 static int walk_sentinels(struct loader *l, const struct ynode *v);
 
 static const struct field backend_tls_table[] = {
@@ -1010,6 +1046,7 @@ static const struct field top_table[] = { SECTION("listen", FID_LISTEN, 0, liste
                                           SECTION("server", FID_SERVER, 0, server_table),
                                           SECTION("backend", FID_BACKEND, 0, backend_table),
                                           SECTION("tasks", FID_TASKS, 0, tasks_table),
+                                          SECTION("tracing", FID_TRACING, 0, tracing_table),
                                           SECTION("http", FID_HTTP, 0, http_table),
                                           SECTION("defaults", FID_DEFAULTS,
                                                   OFF(struct config, defaults), policy_table),
@@ -1076,6 +1113,14 @@ static int config_set_defaults(struct config *cfg)
     cfg->http_body_timeout_s = 60;
     cfg->http_keepalive_timeout_s = 75;
     cfg->http_send_timeout_s = 60;
+    cfg->tracing = (struct config_tracing){
+        .sampler_ratio = -1,
+        .max_queue_spans = 2048,
+        .max_batch_spans = 512,
+        .export_interval_s = 5,
+        .timeout_s = 0, /* not given: the environment's, else 10 */
+        .max_retries = 3,
+    };
     cfg->defaults = (struct config_policy){
         .max_attempts = 3,
         .stall_window_s = 300,
@@ -3451,6 +3496,9 @@ void config_free(struct config *cfg)
     free(cfg->socket_path);
     free(cfg->http_socket);
     free(cfg->http_listen);
+    free(cfg->tracing.endpoint);
+    free(cfg->tracing.parent);
+    free(cfg->tracing.service_name);
     for (size_t i = 0; i < cfg->n_http_allowed_origins; i++)
         free(cfg->http_allowed_origins[i]);
     free(cfg->http_allowed_origins);

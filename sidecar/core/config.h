@@ -250,6 +250,22 @@ struct config_app {
  * (implicitly, with the defaults, when the file does not list it). */
 #define CONFIG_DEFAULT_APP "default"
 
+/* tracing: OpenTelemetry spans exported over OTLP/HTTP. */
+struct config_tracing {
+    bool enabled;             /* default false */
+    char *endpoint;           /* owned; the traces URL (…/v1/traces), NULL: from the
+                                  * environment, else http://localhost:4318/v1/traces */
+    double sampler_ratio;     /* 0 .. 1; < 0: not given (environment, else 1) */
+    char *parent;             /* owned: "child" (default) or "link"; NULL: not given */
+    char *service_name;       /* owned; NULL: OTEL_SERVICE_NAME, else "polygw" */
+    uint32_t max_queue_spans; /* ended spans held for export; default 2048 */
+    uint32_t max_batch_spans; /* spans per export request; default 512 */
+    double export_interval_s; /* a batch leaves at least this often; default 5 */
+    double timeout_s;         /* export_timeout_s: one export request; 0: not given
+                               * (OTEL_EXPORTER_OTLP_TIMEOUT, else 10) */
+    uint32_t max_retries;     /* of one batch (429, 5xx, no answer); default 3 */
+};
+
 struct config {
     char *path; /* owned copy of the file name, for messages */
 
@@ -322,6 +338,10 @@ struct config {
                                 * rediss:// decides and backend.tls configures it) */
     char *redis_tls_ca_file, *redis_tls_cert_file, *redis_tls_key_file; /* owned or NULL */
     char *redis_tls_server_name; /* owned or NULL: the name to verify */
+
+    /* tracing: (docs/OPERATIONS.md, Tracing); the environment's
+     * OTEL_* variables fill what it leaves unset (sidecar/trace/trace.h). */
+    struct config_tracing tracing;
 
     struct config_policy defaults;
 

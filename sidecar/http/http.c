@@ -1487,6 +1487,10 @@ static void hc_call_headers(struct http_conn *c, struct call_req *rq, char *scop
     }
     if (c->req.present[HRQ_TASK])
         r.task_id = c->req.val[HRQ_TASK];
+    if (c->req.present[HRQ_TRACEPARENT])
+        r.traceparent = c->req.val[HRQ_TRACEPARENT];
+    if (c->req.present[HRQ_TRACESTATE])
+        r.tracestate = c->req.val[HRQ_TRACESTATE];
     if (c->req.present[HRQ_SCOPE]) {
         memcpy(scope, c->req.val[HRQ_SCOPE], c->req.val_len[HRQ_SCOPE] + 1);
         r.scope = scope;

@@ -33,6 +33,7 @@ static const struct {
     HDR("x-polygw-app"),   HDR("authorization"),
     HDR("host"),           HDR("origin"),
     HDR("sec-fetch-site"), HDR("sec-fetch-mode"),
+    HDR("traceparent"),    HDR("tracestate"),
 };
 
 const char *httpreq_hdr_name(enum httpreq_hdr h)
@@ -223,7 +224,7 @@ static int on_headers_complete(http_parser *p)
 
     for (int i = HRQ_COUNT - 1; i >= 0; i--) {
         r->val[i][r->val_len[i]] = '\0';
-        if (r->val_over[i] && i != HRQ_AUTH)
+        if (r->val_over[i] && i != HRQ_AUTH && i != HRQ_TRACESTATE)
             r->over = (enum httpreq_hdr)i;
     }
     r->auth_over = r->val_over[HRQ_AUTH];

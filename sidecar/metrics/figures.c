@@ -9,6 +9,7 @@
 #include "core/server.h"
 #include "task.h"
 #include "upstream/upstream.h"
+#include "trace/trace.h"
 
 #define SRV(obj)  ((const struct server *)(obj))
 #define AT(field) offsetof(struct server, field)
@@ -214,6 +215,62 @@ static const struct figure http[] = {
     { .key = "bad_requests", .off = HT(bad_requests) },
 };
 
+#define TR(field) offsetof(struct trace_stats, field)
+
+/* The tracer's, when tracing is on (trace/trace.h). */
+static const struct figure tracing[] = {
+    { .key = "spans_started",
+      .metric = "polygw_trace_spans_started_total",
+      .type = "counter",
+      .help = "Sampled spans begun (a call's and each of its attempts').",
+      .off = TR(spans_started) },
+    { .key = "spans_exported",
+      .metric = "polygw_trace_spans_exported_total",
+      .type = "counter",
+      .help = "Spans the OTLP receiver accepted.",
+      .off = TR(spans_exported) },
+    { .key = "dropped_queue",
+      .metric = "polygw_trace_spans_dropped_total",
+      .type = "counter",
+      .help = "Spans dropped: ended into a full export queue (queue_full), or in a batch the "
+              "receiver never took after the retries or refused (export_failed).",
+      .label = "reason",
+      .label_value = "queue_full",
+      .off = TR(dropped_queue) },
+    { .key = "dropped_export",
+      .metric = "polygw_trace_spans_dropped_total",
+      .label = "reason",
+      .label_value = "export_failed",
+      .off = TR(dropped_export) },
+    { .key = "exports_ok",
+      .metric = "polygw_trace_exports_total",
+      .type = "counter",
+      .help = "Export requests by result (a retry of the same batch counts again).",
+      .label = "result",
+      .label_value = "ok",
+      .off = TR(exports_ok) },
+    { .key = "exports_failed",
+      .metric = "polygw_trace_exports_total",
+      .label = "result",
+      .label_value = "failed",
+      .off = TR(exports_failed) },
+    { .key = "export_retries",
+      .metric = "polygw_trace_export_retries_total",
+      .type = "counter",
+      .help = "Batches sent again after a 429, 502, 503, 504 or no answer.",
+      .off = TR(export_retries) },
+    { .key = "queued",
+      .metric = "polygw_trace_spans_queued",
+      .type = "gauge",
+      .help = "Ended spans waiting for export (at most tracing.max_queue_spans).",
+      .off = TR(queued) },
+    { .key = "unsampled",
+      .metric = "polygw_trace_unsampled_total",
+      .type = "counter",
+      .help = "Calls the sampler left out (no spans recorded).",
+      .off = TR(unsampled) },
+};
+
 #define SECTION(name) static const struct fig_table name##_table = FIG_TABLE(name)
 SECTION(connections);
 SECTION(requests);
@@ -222,6 +279,19 @@ SECTION(io);
 SECTION(upstream);
 SECTION(reload);
 SECTION(http);
+SECTION(tracing);
+
+static const void *trace_stats(const void *obj, size_t row)
+{
+    (void)row;
+    return tracer_stats(SRV(obj)->tracer);
+}
+
+static bool has_tracing(const void *obj, size_t row)
+{
+    (void)row;
+    return tracer_is_enabled(SRV(obj)->tracer);
+}
 
 static const void *upstream_stats(const void *obj, size_t row)
 {
@@ -253,6 +323,11 @@ static const struct figure server[] = {
       .sub = &http_table,
       .sub_obj = http_stats,
       .shown = has_http },
+    { .key = "tracing",
+      .kind = FIG_MAP,
+      .sub = &tracing_table,
+      .sub_obj = trace_stats,
+      .shown = has_tracing },
 };
 
 const struct fig_table figs_server = FIG_TABLE(server);

@@ -173,6 +173,35 @@ static int raw_req_bind(struct raw_req *q, const msgpack_object *body, const msg
     return 0;
 }
 
+/* The `trace` parameter: a W3C carrier map whose `traceparent` and
+ * `tracestate` (strings, both optional) are copied into tp and ts ("" when
+ * absent; a tracestate too long for ts is dropped, as on the HTTP front).
+ * Other keys (baggage) are ignored; a malformed traceparent is too, by the
+ * tracer (a new trace). Returns 0, or -1 with `why`. */
+static int callrpc_trace(const msgpack_object *m, char *tp, char *ts, char *why, size_t whylen)
+{
+    const msgpack_object *v[2] = { rpc_map_get(m, "traceparent"), rpc_map_get(m, "tracestate") };
+    char *out[2] = { tp, ts };
+    size_t cap[2] = { 64, 257 };
+
+    for (int i = 0; i < 2; i++) {
+        out[i][0] = '\0';
+        if (!v[i] || v[i]->type == MSGPACK_OBJECT_NIL)
+            continue;
+        if (v[i]->type != MSGPACK_OBJECT_STR) {
+            snprintf(why, whylen, "parameter 'trace': %s must be a string",
+                     i ? "tracestate" : "traceparent");
+            return -1;
+        }
+        size_t n = v[i]->via.str.size;
+        if (n < cap[i] && !memchr(v[i]->via.str.ptr, '\0', n)) {
+            memcpy(out[i], v[i]->via.str.ptr, n);
+            out[i][n] = '\0';
+        }
+    }
+    return 0;
+}
+
 void callrpc_start(struct conn *c, const struct rpc_msg *m)
 {
     enum {
@@ -187,6 +216,7 @@ void callrpc_start(struct conn *c, const struct rpc_msg *m)
         P_CTYPE,
         P_METHOD,
         P_SUFFIX,
+        P_TRACE,
         P_N
     };
     static const struct rpc_param spec[P_N] = {
@@ -202,6 +232,8 @@ void callrpc_start(struct conn *c, const struct rpc_msg *m)
         [P_DEADLINE] = { "deadline_s", RPC_T_NUMBER | RPC_T_NIL, false },
         [P_APP] = { "app", RPC_T_STR | RPC_T_NIL, false },
         [P_MODEL] = { "model", RPC_T_STR | RPC_T_NIL, false },
+        /* The W3C trace context carrier {traceparent, tracestate}. */
+        [P_TRACE] = { "trace", RPC_T_MAP | RPC_T_NIL, false },
     };
     const msgpack_object *p[P_N];
     char why[300], scope[CONFIG_NAME_MAX * 4], id[TASK_ID_MAX + 1];
@@ -236,6 +268,11 @@ void callrpc_start(struct conn *c, const struct rpc_msg *m)
         conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
         return;
     }
+    char tp[64], ts[257];
+    if (p[P_TRACE] && callrpc_trace(p[P_TRACE], tp, ts, why, sizeof(why)) < 0) {
+        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
+        return;
+    }
     struct raw_req raw;
     if (raw_req_bind(&raw, p[P_BODY], p[P_CTYPE], p[P_METHOD], p[P_SUFFIX], why, sizeof(why)) < 0) {
         conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
@@ -258,6 +295,8 @@ void callrpc_start(struct conn *c, const struct rpc_msg *m)
         .task_id = p[P_TASK] ? id : NULL,
         .deadline_s = deadline_s,
         .max_tokens = raw.on ? 0 : body_max_tokens(p[P_BODY]),
+        .traceparent = p[P_TRACE] && tp[0] ? tp : NULL,
+        .tracestate = p[P_TRACE] && ts[0] ? ts : NULL,
     };
     /* The model asked for: the parameter, else the body's. */
     const msgpack_object *model = p[P_MODEL] ? p[P_MODEL]

@@ -262,7 +262,7 @@ class Client:
         return self.request("stats")
 
     def call(self, capability, body, *, stream=False, task_id=None, deadline_s=None,
-             scope=None, timeout_s=None):
+             scope=None, timeout_s=None, trace=None):
         """One governed upstream call.
 
         ``body`` is the upstream request (e.g. an OpenAI chat request) as a
@@ -273,7 +273,7 @@ class Client:
         subclass. Ctrl-C (KeyboardInterrupt) cancels the call and waits for
         the sidecar's answer before propagating.
         """
-        params = call_params(capability, body, stream, task_id, deadline_s, scope)
+        params = call_params(capability, body, stream, task_id, deadline_s, scope, trace)
         conn, call = self._start("call", params, stream=bool(stream))
         if timeout_s is None:
             timeout_s = self.call_timeout_s
