@@ -1458,7 +1458,7 @@ static void call_run_attempt(struct call *k, size_t source)
         convert_stream_init(k->conv, (int64_t)ev_now(srv->loop), k->client_usage);
     k->event_error[0] = '\0';
     k->relayed = 0;
-    const char *tp = calltrace_attempt(&k->ct, src, k->g.attempts, ev_now(srv->loop));
+    const char *tp = calltrace_attempt(&k->ct, &k->g, src, ev_now(srv->loop));
     if (!k->rawc)
         as.extra_header = tp; /* a passthrough's headers are its client's */
     k->attempt = attempt_start(srv->up, &as, &call_hooks, k);

@@ -135,12 +135,32 @@ void calltrace_wait(struct calltrace *ct, const struct gov_call *g,
     ct->wait_from = now;
 }
 
-const char *calltrace_attempt(struct calltrace *ct, const struct config_source *src,
-                              uint32_t attempt_no, double now)
+/* The sources of the call's capability that their open breaker keeps out
+ * of this pick, each told once. */
+static void breaker_skips(struct calltrace *ct, const struct gov_call *g, double now)
+{
+    const struct gov *gv = g->gov;
+    for (size_t i = 0; i < gv->n_sources && i < 64; i++) {
+        const struct gov_source *s = &gv->sources[i];
+        if (s->p.capability != g->capability || s->p.retired ||
+            (g->notes && g->notes[i].excluded) || s->breaker.state != BREAKER_OPEN ||
+            (ct->breaker_told & (1ull << i)))
+            continue;
+        ct->breaker_told |= 1ull << i;
+        struct trace_kv kv[2] = { TKV_S("polygw.source", s->p.name),
+                                  TKV_D("polygw.cooldown_s", s->breaker.cooldown_s) };
+        span_event(ct->call, "polygw.breaker_skip", now, kv, 2);
+    }
+}
+
+const char *calltrace_attempt(struct calltrace *ct, const struct gov_call *g,
+                              const struct config_source *src, double now)
 {
     if (!ct->call)
         return NULL;
+    uint32_t attempt_no = g->attempts;
     wait_close(ct, now);
+    breaker_skips(ct, g, now);
     if (ct->last_source && strcmp(ct->last_source, src->name) != 0) {
         struct trace_kv kv[2] = { TKV_S("polygw.from", ct->last_source),
                                   TKV_S("polygw.to", src->name) };

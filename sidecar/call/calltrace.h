@@ -34,9 +34,10 @@ struct calltrace {
     double wait_from;
     const char *wait_reason; /* static, or NULL */
     const char *last_source;
-    const char *op;   /* static: gen_ai.operation.name */
-    char model[128];  /* the model asked for, "" = none */
-    char tp_line[80]; /* "traceparent: ..." sent with the attempt */
+    const char *op;        /* static: gen_ai.operation.name */
+    char model[128];       /* the model asked for, "" = none */
+    char tp_line[80];      /* "traceparent: ..." sent with the attempt */
+    uint64_t breaker_told; /* sources (index < 64) whose open breaker was told */
 };
 
 /* What call_begin knows of the call (all borrowed for the call only). */
@@ -59,10 +60,11 @@ void calltrace_wait(struct calltrace *ct, const struct gov_call *g,
 
 /* An attempt starts on `src` (asking for its model, else the call's): the
  * wait ends, a change of source is a failover, and the attempt's span
- * begins. Returns the attempt's "traceparent: ..." header line (in ct,
+ * begins; each source of the call's that its open breaker kept out is told
+ * once (polygw.breaker_skip). Returns the attempt's "traceparent: ..." header line (in ct,
  * until the next attempt), or NULL when the call is not traced. */
-const char *calltrace_attempt(struct calltrace *ct, const struct config_source *src,
-                              uint32_t attempt_no, double now);
+const char *calltrace_attempt(struct calltrace *ct, const struct gov_call *g,
+                              const struct config_source *src, double now);
 
 /* The attempt ended with `r`; `u` its token counts (may be NULL). */
 void calltrace_attempt_end(struct calltrace *ct, const struct attempt_result *r,

@@ -21,9 +21,9 @@ const PARENT_ID = "00f067aa0ba902b7";
 const TRACEPARENT = `00-${TRACE_ID}-${PARENT_ID}-01`;
 
 const SRC = "timeout_s: 20, connect_timeout_s: 5, ttft_timeout_s: 20, idle_timeout_s: 20, " +
-  "breaker: {failures: 100000}, api_key_env: PGW_TRACE_KEY";
+  "api_key_env: PGW_TRACE_KEY";
 
-function config(a, b, port, recv, tracing = "") {
+function config(a, b, port, recv, tracing = "", aExtra = "") {
   return [
     "listen:", '  mode: "0660"',
     "server:", "  log_level: info", "  shutdown_grace_s: 0.5",
@@ -32,14 +32,14 @@ function config(a, b, port, recv, tracing = "") {
     "tracing:", "  enabled: true", `  endpoint: "${recv.url}"`, "  export_interval_s: 0.1",
     ...(tracing ? [tracing] : []),
     "sources:",
-    `  - {name: a, capability: chat, base_url: "${a.url}", priority: 0, max_concurrency: 1, aimd: {initial: 1}, ${SRC}}`,
-    `  - {name: b, capability: chat, base_url: "${b.url}", priority: 1, max_concurrency: 1, aimd: {initial: 1}, ${SRC}}`,
+    `  - {name: a, capability: chat, base_url: "${a.url}", priority: 0, max_concurrency: 1, aimd: {initial: 1}, ${SRC}${aExtra}}`,
+    `  - {name: b, capability: chat, base_url: "${b.url}", priority: 1, max_concurrency: 1, aimd: {initial: 1}, breaker: {failures: 100000}, ${SRC}}`,
     "",
   ].join("\n");
 }
 
 /** Runs fn({a, b, recv, port, sc}): two mocks (sources a and b), a receiver, a sidecar. */
-async function withTracing(fn, tracing = "") {
+async function withTracing(fn, tracing = "", aExtra = ", breaker: {failures: 100000}") {
   const a = await Mock.start();
   const b = await Mock.start();
   const recv = await Receiver.start();
@@ -48,7 +48,7 @@ async function withTracing(fn, tracing = "") {
   try {
     const port = await freePort();
     sc = new Sidecar("");
-    fs.writeFileSync(sc.configPath, config(a, b, port, recv, tracing));
+    fs.writeFileSync(sc.configPath, config(a, b, port, recv, tracing, aExtra));
     await sc.start();
     while (!(await canConnect(port))) await sleep(20);
     return await fn({ a, b, recv, port, sc });
@@ -237,4 +237,26 @@ test("the msgpack `trace` parameter (the Node client's `trace` option) makes the
     const attempt = spans.find((x) => x.kind === SpanKind.SPAN_KIND_CLIENT);
     assert.equal(attempt.parentSpanId, call.spanId);
   });
+});
+
+test("a source whose breaker is open is told skipped, once per call", async () => {
+  await withTracing(async ({ a, recv, port }) => {
+    await a.control("POST", "/_mock/script", [{ status: 500 }]);
+    const first = await chatCall(port); // a answers 500: its breaker opens; b serves
+    assert.equal(first.status, 200);
+    await first.json();
+    const res = await chatCall(port, { traceparent: TRACEPARENT });
+    assert.equal(res.status, 200);
+    await res.json();
+    const spans = await recv.waitFor((s) => s.filter((x) => x.traceId === TRACE_ID).length >= 2);
+    const call = spans.find((x) => x.traceId === TRACE_ID && x.kind === SpanKind.SPAN_KIND_SERVER);
+    const skips = call.events.filter((e) => e.name === "polygw.breaker_skip");
+    assert.equal(skips.length, 1, JSON.stringify(call.events));
+    assert.equal(skips[0].attrs["polygw.source"], "a");
+    assert.ok(skips[0].attrs["polygw.cooldown_s"] > 0);
+    assert.equal(call.attrs["polygw.source"], "b");
+    // The first call's span: the 500 on a, then the failover to b.
+    const other = spans.find((x) => x.traceId !== TRACE_ID && x.kind === SpanKind.SPAN_KIND_SERVER);
+    assert.ok(other.events.some((e) => e.name === "polygw.failover"));
+  }, "", ", breaker: {failures: 1, cooldown_s: 30}");
 });
