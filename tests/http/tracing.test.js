@@ -260,3 +260,17 @@ test("a source whose breaker is open is told skipped, once per call", async () =
     assert.ok(other.events.some((e) => e.name === "polygw.failover"));
   }, "", ", breaker: {failures: 1, cooldown_s: 30}");
 });
+
+test("the C client (polygwctl call --traceparent) sends the trace parameter", async () => {
+  await withTracing(async ({ recv, sc }) => {
+    const { execFileSync } = await import("node:child_process");
+    const out = execFileSync(`${process.env.POLYGW_BUILD}/polygwctl`, ["--socket", sc.sock, "call", "chat",
+      "--traceparent", TRACEPARENT, "--body", JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] })]);
+    assert.match(out.toString(), /"choices"/);
+    const spans = await recv.waitFor((s) => s.some((x) => x.kind === SpanKind.SPAN_KIND_SERVER));
+    const call = spans.find((x) => x.kind === SpanKind.SPAN_KIND_SERVER);
+    assert.equal(call.traceId, TRACE_ID);
+    assert.equal(call.parentSpanId, PARENT_ID);
+    assert.equal(call.attrs["polygw.front"], "msgpack");
+  });
+});
