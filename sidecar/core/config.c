@@ -87,6 +87,9 @@ enum fid {
     FID_TRACING_TIMEOUT,
     FID_TRACING_RETRIES,
     FID_MAX_TASKS,
+    FID_RESPONSES,
+    FID_RESP_REMEMBER,
+    FID_RESP_MAX,
     FID_SOCKET,
     FID_MODE,
     FID_MAX_MESSAGE_BYTES,
@@ -826,6 +829,13 @@ static const struct field tracing_table[] = {
     END
 };
 #undef TR
+static const struct field responses_table[] = {
+    NUM("remember_s", FT_DOUBLE, FID_RESP_REMEMBER, OFF(struct config, responses_remember_s), 0,
+        DURATION_MAX_S, 0),
+    NUM("max_remembered", FT_U32, FID_RESP_MAX, OFF(struct config, responses_max_remembered), 1,
+        100000000, 0),
+    END
+};
 
 static int walk_sentinels(struct loader *l, const struct ynode *v);
 
@@ -1047,6 +1057,7 @@ static const struct field top_table[] = { SECTION("listen", FID_LISTEN, 0, liste
                                           SECTION("backend", FID_BACKEND, 0, backend_table),
                                           SECTION("tasks", FID_TASKS, 0, tasks_table),
                                           SECTION("tracing", FID_TRACING, 0, tracing_table),
+                                          SECTION("responses", FID_RESPONSES, 0, responses_table),
                                           SECTION("http", FID_HTTP, 0, http_table),
                                           SECTION("defaults", FID_DEFAULTS,
                                                   OFF(struct config, defaults), policy_table),
@@ -1103,6 +1114,8 @@ static int config_set_defaults(struct config *cfg)
     cfg->access_log = true;
     cfg->task_ttl_s = 86400;
     cfg->max_tasks = 65536;
+    cfg->responses_remember_s = 30 * 86400.0;
+    cfg->responses_max_remembered = 100000;
     cfg->backend = BACKEND_MEMORY;
     cfg->redis_command_timeout_s = 1;
     cfg->redis_lease_ttl_s = 30;

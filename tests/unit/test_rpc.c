@@ -876,8 +876,8 @@ START_TEST(test_rpc__code_names)
         "deadline_exceeded", "cancelled",          "task_stopped",
         "watchdog_timeout",  "stream_interrupted", "backend_unavailable",
         "bad_request",       "unknown_method",     "unknown_capability",
-        "model_not_found",   "too_large",          "overloaded",
-        "shutting_down",     "internal",
+        "model_not_found",   "response_not_found", "too_large",
+        "overloaded",        "shutting_down",      "internal",
     };
 
     ck_assert_int_eq(sizeof(wire_names) / sizeof(wire_names[0]), PGW_CODE_COUNT - 1);
