@@ -91,3 +91,23 @@ def test_bad_endpoint_in_the_environment_is_refused(make_sidecar, up):
     sc.start(wait=False)
     assert sc.proc.wait(10) == 1
     assert "OTLP traces endpoint must be an http:// or https:// URL" in sc.logs()
+
+
+@pytest.mark.parametrize("client", ["auto", "libcurl"])
+def test_each_attempt_sends_its_own_traceparent(make_sidecar, up, client):
+    # Both HTTP clients (the own one for a plain http:// address, libcurl)
+    # send the attempt's traceparent: the caller's trace id, a new span id.
+    text = config(up, {"enabled": "true", "export_interval_s": 3600,
+                       "endpoint": '"http://127.0.0.1:%d/v1/traces"' % closed_port()})
+    text = text.replace("server:\n", "server:\n  upstream_client: %s\n" % client, 1)
+    sc = make_sidecar(config_text=text)
+    with polygw.Client(sc.sock) as c:
+        for _ in range(2):
+            c.call("chat", chat("hi"), trace={"traceparent": TP % 1})
+            h = {k.lower(): v for k, v in up.last()["headers"].items()}
+            tp = h["traceparent"].split("-")
+            assert tp[0] == "00" and tp[1] == TP.split("-")[1] and tp[3] == "01", h
+            assert tp[2] != TP.split("-")[2] and len(tp[2]) == 16
+        c.call("chat", chat("hi"))  # a new trace: still one traceparent, no other
+        h = [k for k in up.last()["headers"] if k.lower() == "traceparent"]
+        assert len(h) == 1
