@@ -1441,6 +1441,19 @@ static bool reason_is_timeout(enum outcome_reason r)
         r == REASON_CONNECT_TIMEOUT;
 }
 
+void gov_charge(struct gov *g, size_t source, uint32_t app, double cost)
+{
+    if (source < g->n_sources) {
+        g->sources[source].cost += cost;
+        g->sources[source].priced++;
+    }
+    if (g->apps) {
+        struct gov_app *a = &g->apps[app < g->n_apps ? app : g->n_apps];
+        a->cost += cost;
+        a->priced++;
+    }
+}
+
 void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o,
                          double actual_tokens, struct gov_decision *d)
 {

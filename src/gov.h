@@ -149,6 +149,8 @@ struct gov_app {
     uint32_t in_flight;
     struct bucket rpm, tpm, daily;
     uint64_t admitted, limited; /* attempts admitted; steps its limits held back */
+    double cost;                /* what its successes cost (gov_charge), valid when priced > 0 */
+    uint64_t priced;            /* successes with a known cost */
     struct gov_app_cap *caps;   /* owned, n_caps of them: the capabilities at
                                  * gov_set_apps (or the last gov_apps_reconf);
                                  * NULL for the slot of unknown apps */
@@ -171,6 +173,8 @@ struct gov_source {
     struct gov_call *gate_holder;
     uint64_t attempts, successes, failures, rate_limited;
     uint64_t tokens_used;   /* real usage reported by successes */
+    double cost;            /* what they cost (gov_charge), valid when priced > 0 */
+    uint64_t priced;        /* successes with a known cost */
     uint32_t affinity_keys; /* affinity keys placed on it (the table's entries) */
 };
 
@@ -484,6 +488,11 @@ void gov_call_reconf_commit(struct gov_call *k, const struct gov_reconf *r,
                             struct gov_source_note *notes);
 /* Frees what the commit left (the index map). */
 void gov_reconf_finish(struct gov_reconf *r);
+
+/* A success on `source` for app `app` (gov_call_set_app's index) cost
+ * `cost` (>= 0, finite; the caller skips an unknown one): summed per
+ * source and per app, for `stats`. */
+void gov_charge(struct gov *g, size_t source, uint32_t app, double cost);
 
 /* Current stalled seconds of the call. */
 double gov_call_stalled_s(const struct gov_call *k, double now);

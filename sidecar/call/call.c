@@ -122,6 +122,7 @@ struct call {
     int last_status;                      /* the last attempt's HTTP status */
     double ttft_s;                        /* NAN until a chunk is relayed */
     double used_tokens;                   /* total tokens of the answer, NAN: unknown */
+    double cost;                          /* what the answer cost (cost.h), NAN: unknown */
     char *task_id;                        /* owned; NULL when the call names none */
     struct gov_source_note *reconf_notes; /* a reload in progress: the new notes */
     struct call *all_prev, *all_next;     /* srv->calls_all: every call, for a reload */
@@ -220,6 +221,7 @@ static void call_log(const struct call *k)
         .stalled_s = gov_call_stalled_s(&k->g, now),
         .ttft_s = k->ttft_s,
         .tokens = k->used_tokens,
+        .cost = k->cost,
     };
     access_log_write(srv->cfg, &e);
 }
@@ -643,7 +645,9 @@ static int usage_detail_member(void *ud, const char *key, const struct jscan_val
 
 static int usage_member(void *ud, const char *key, const struct jscan_value *v)
 {
-    if (v->type == JSCAN_OBJECT && strcmp(key, "prompt_tokens_details") == 0)
+    if (v->type == JSCAN_OBJECT &&
+        (strcmp(key, "prompt_tokens_details") == 0 ||
+         strcmp(key, "completion_tokens_details") == 0))
         jscan_object(v->p, v->len, usage_detail_member, ud, NULL);
     else
         dialect_openai_count(ud, key, strlen(key), json_count(v));
@@ -725,6 +729,28 @@ static void call_count_tokens(struct call *k, const struct dialect_usage *u)
                (long long)DIALECT_TOKENS_MAX, NULL);
 }
 
+/* The model label of the call's cost series: the configured name it
+ * matched, else its source's public name, else "other" (bounded). */
+static const char *call_cost_model(const struct call *k)
+{
+    return k->model_label ? k->model_label : k->src->model ? k->src->model : "other";
+}
+
+/* A success: its cost from the real usage at the source's prices (none
+ * when the source is unpriced or the usage unknown, docs/CONFIG.md §7d),
+ * counted by source, app and model. */
+static void call_count_cost(struct call *k)
+{
+    struct cost_tokens t;
+
+    if (!dialect_usage_classes(&k->tokens, &t))
+        return;
+    k->cost = cost_of(&k->src->prices, &t);
+    if (cost_is_known(k->cost))
+        gov_charge(&k->srv->gov, call_source(k), k->g.app, k->cost);
+    metrics_on_usage(k->srv->metrics, call_source(k), k->app, call_cost_model(k), &t, k->cost);
+}
+
 /* Keeps `usage` (borrowed) as the result's usage map. */
 static void call_keep_usage(struct call *k, const msgpack_object *usage)
 {
@@ -802,6 +828,7 @@ static void call_info_fill(const struct call *k, struct call_info *ci)
 
     ci->source = k->src && k->g.attempts > 0 ? k->src->name : "-";
     ci->attempts = k->g.attempts;
+    ci->cost = k->cost;
     ci->elapsed_s = now - k->started;
     ci->stalled_s = gov_call_stalled_s(&k->g, now);
     /* Anthropic's own format reached the client (not converted). */
@@ -965,9 +992,11 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
            LOG_F, res.elapsed_s, NULL);
 
     metrics_on_attempt(k->srv->metrics, call_source(k), &res);
-    if (res.outcome.kind == OUTCOME_SUCCESS)
+    if (res.outcome.kind == OUTCOME_SUCCESS) {
         metrics_on_prompt_tokens(k->srv->metrics, call_source(k), k->tokens.prompt,
                                  dialect_usage_cached(&k->tokens));
+        call_count_cost(k);
+    }
     double used =
         res.outcome.kind == OUTCOME_SUCCESS ? (double)dialect_usage_total(&k->tokens) : -1;
     k->last_status = res.http_status;
@@ -1577,6 +1606,7 @@ static void call_log_refused(struct call_sink *s, uint32_t id, const struct call
         .code = code,
         .ttft_s = NAN,
         .tokens = NAN,
+        .cost = NAN,
     };
 
     if (r->capability) {
@@ -1809,7 +1839,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     str_copy(k->app, sizeof(k->app), app->name);
     k->cap = &cfg->capabilities[ci];
     k->started = now;
-    k->ttft_s = k->used_tokens = NAN;
+    k->ttft_s = k->used_tokens = k->cost = NAN;
     msgpack_sbuffer_init(&k->usage);
     msgpack_sbuffer_init(&k->body);
     strbuf_init(&k->raw);

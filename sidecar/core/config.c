@@ -187,6 +187,13 @@ enum fid {
     FID_APP_TOKEN_FILE,
     FID_APP_PER_CAP,
     FID_UPSTREAM_CLIENT,
+    FID_CURRENCY,
+    FID_PRICES,
+    FID_PRICE_INPUT,
+    FID_PRICE_CACHED,
+    FID_PRICE_CACHE_WRITE,
+    FID_PRICE_OUTPUT,
+    FID_PRICE_REASONING,
     FID_COUNT
 };
 
@@ -599,6 +606,18 @@ static int check_text(struct loader *l, const struct ynode *v, char *s)
     return 0;
 }
 
+/* server.currency: a label printed beside every cost, never converted. */
+static int check_currency(struct loader *l, const struct ynode *v, char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 16)
+        return fail_here(l, v->line, "must be 1 to 16 characters (e.g. USD, EUR)");
+    for (const char *p = s; *p; p++)
+        if (!isalnum((unsigned char)*p) && *p != '_')
+            return fail_here(l, v->line, "must be letters, digits or '_' (e.g. USD, EUR)");
+    return 0;
+}
+
 /* A model name or glob as configured (models.h): printable ASCII without
  * spaces, 1 to MODELS_NAME_MAX - 1 bytes; `*` only in a glob. */
 static const char *model_problem(const char *s, char *why, size_t whylen)
@@ -782,6 +801,7 @@ static const struct field server_table[] = {
         3600, 0),
     TYPED("access_log", FT_BOOL, FID_ACCESS_LOG, OFF(struct config, access_log)),
     TYPED("upstream_client", FT_UPCLIENT, FID_UPSTREAM_CLIENT, OFF(struct config, upstream_client)),
+    STR("currency", FID_CURRENCY, OFF(struct config, currency), check_currency),
     END
 };
 
@@ -891,6 +911,19 @@ static const struct field limits_table[] = {
     END
 };
 
+/* sources[i].prices, per million tokens of each class (cost.h). */
+#define PRICE(k, id, c) \
+    NUM(k, FT_DOUBLE, id, OFF(struct cost_prices, per_mtok) + (c) * sizeof(double), 0, 1e6, 0)
+static const struct field prices_table[] = {
+    PRICE("input", FID_PRICE_INPUT, COST_INPUT),
+    PRICE("cached_input", FID_PRICE_CACHED, COST_CACHED),
+    PRICE("cache_write", FID_PRICE_CACHE_WRITE, COST_CACHE_WRITE),
+    PRICE("output", FID_PRICE_OUTPUT, COST_OUTPUT),
+    PRICE("reasoning", FID_PRICE_REASONING, COST_REASONING),
+    END
+};
+#undef PRICE
+
 static const struct field pacer_table[] = {
     NUM("min_interval_ms", FT_U32, FID_PACER_MIN_INTERVAL, 0, 0, 86400000, 0), END
 };
@@ -952,6 +985,7 @@ static const struct field source_table[] = {
     SECTION("breaker", FID_BREAKER, SRC(breaker), breaker_table),
     SECTION("limits", FID_LIMITS, SRC(limits), limits_table),
     SECTION("pacer", FID_PACER, SRC(pacer_min_interval_ms), pacer_table),
+    SECTION("prices", FID_PRICES, SRC(prices), prices_table),
     { .key = "policy", .type = FT_INCLUDE, .sub = source_policy_table },
     TYPED("kind", FT_DIALECT, FID_SRC_KIND, SRC(kind)),
     STR("api_version", FID_API_VERSION, SRC(api_version), check_query_text),
@@ -1052,7 +1086,8 @@ static int config_set_defaults(struct config *cfg)
 {
     cfg->socket_path = strdup("/run/polygw/polygw.sock");
     cfg->redis_prefix = strdup("polygw");
-    if (!cfg->socket_path || !cfg->redis_prefix)
+    cfg->currency = strdup("USD");
+    if (!cfg->socket_path || !cfg->redis_prefix || !cfg->currency)
         return -ENOMEM;
     cfg->socket_mode = 0660;
     cfg->max_message_bytes = 16777216;
@@ -2425,6 +2460,42 @@ static void validate_route(struct loader *l, size_t i, const char *prefix)
         s->route_id = ++next_id;
 }
 
+/* prices: input and output are required (a price left out would price
+ * its tokens at 0 without a word); cached_input and cache_write default
+ * to input, reasoning to output, as providers bill them when they name no
+ * price of their own. */
+static void validate_prices(struct loader *l, size_t i, const char *prefix)
+{
+    struct src_stage *st = &l->srcs[i];
+    struct cost_prices *p = &st->src.prices;
+    char path[CONFIG_PATH_MAX];
+
+    if (!st->line[FID_PRICES])
+        return;
+    static const struct {
+        enum fid fid;
+        const char *key;
+        enum cost_class c;
+    } required[] = { { FID_PRICE_INPUT, "input", COST_INPUT },
+                     { FID_PRICE_OUTPUT, "output", COST_OUTPUT } };
+    for (size_t k = 0; k < 2; k++) {
+        if (st->line[required[k].fid])
+            continue;
+        snprintf(path, sizeof(path), "%s.prices.%s", prefix, required[k].key);
+        fail_at(l, st->line[FID_PRICES], path,
+                "is required with prices: (per million tokens; write 0 for a class that is "
+                "free)");
+        return;
+    }
+    if (!st->line[FID_PRICE_CACHED])
+        p->per_mtok[COST_CACHED] = p->per_mtok[COST_INPUT];
+    if (!st->line[FID_PRICE_CACHE_WRITE])
+        p->per_mtok[COST_CACHE_WRITE] = p->per_mtok[COST_INPUT];
+    if (!st->line[FID_PRICE_REASONING])
+        p->per_mtok[COST_REASONING] = p->per_mtok[COST_OUTPUT];
+    p->set = true;
+}
+
 /* The rules of one source; each failure is reported, and the rules that
  * need a value that is missing or was rejected are skipped. */
 static void validate_source(struct loader *l, size_t i)
@@ -2510,6 +2581,7 @@ static void validate_source(struct loader *l, size_t i)
     }
     validate_dialect(l, i, prefix);
     validate_route(l, i, prefix);
+    validate_prices(l, i, prefix);
 }
 
 /* Checks a key just read (env or file), after trailing whitespace was
@@ -3427,6 +3499,7 @@ void config_free(struct config *cfg)
     }
     free(cfg->redis_url_env);
     free(cfg->redis_prefix);
+    free(cfg->currency);
     for (size_t i = 0; i < cfg->n_redis_sentinels; i++)
         free(cfg->redis_sentinels[i]);
     free(cfg->redis_sentinels);

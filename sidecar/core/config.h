@@ -38,6 +38,7 @@
 #include <stdint.h>
 
 #include "codec/dialect.h"
+#include "cost.h"
 #include "log.h"
 
 #define CONFIG_NAME_MAX 64 /* names: [A-Za-z0-9_.-]{1,63} */
@@ -161,6 +162,8 @@ struct config_source {
     struct config_breaker breaker;
     struct config_limits limits;
     uint32_t pacer_min_interval_ms;
+    struct cost_prices prices;   /* per million tokens of each class (docs/CONFIG.md
+                                  * §7d); !set: unpriced, its calls have no cost */
     struct config_policy policy; /* copy of capabilities[capability_index].policy
                                   * (never set per source); kept for readers
                                   * that have only the source at hand */
@@ -294,6 +297,8 @@ struct config {
     double shutdown_grace_s;              /* default 10 */
     bool access_log;                      /* one info line per finished call; default true */
     enum upstream_client upstream_client; /* default auto */
+    char *currency;                       /* owned; the label of every price and cost,
+                                           * [A-Za-z0-9_]{1,16}, default "USD" */
 
     /* tasks: */
     double

@@ -335,6 +335,10 @@ static void hc_head(struct http_conn *c, int status, const char *ctype, long lon
             out_str(c, "\r\nX-Polygw-Stalled-S: 0.000\r\n");
         else
             out_printf(c, "\r\nX-Polygw-Stalled-S: %.3f\r\n", ci->stalled_s);
+        /* Known for a plain answer from a priced source; a stream's head
+         * goes out before its usage. */
+        if (cost_is_known(ci->cost))
+            out_printf(c, "X-Polygw-Cost: %.9g\r\n", ci->cost);
     }
     if (extra)
         out_str(c, extra);

@@ -241,7 +241,20 @@ static bool has_http(const void *obj, size_t row)
     return SRV(obj)->http_stats != NULL;
 }
 
+static struct fig_val currency(const void *obj, size_t row)
+{
+    (void)row;
+    return (struct fig_val){ .s = SRV(obj)->cfg->currency };
+}
+
+/* A cost sum, nil while nothing priced was counted (never 0 for unknown). */
+static struct fig_val cost_val(double c, uint64_t priced)
+{
+    return priced ? (struct fig_val){ .d = c } : (struct fig_val){ .nil = true };
+}
+
 static const struct figure server[] = {
+    { .key = "currency", .kind = FIG_STR, .get = currency },
     { .key = "connections", .kind = FIG_MAP, .sub = &connections_table },
     { .key = "requests", .kind = FIG_MAP, .sub = &requests_table },
     { .key = "rejected", .kind = FIG_MAP, .sub = &rejected_table },
@@ -365,6 +378,11 @@ SRC_U64(src_tokens, tokens_used)
 #define BUCKET_LEVEL    "polygw_source_bucket_level"
 #define BUCKET_CAPACITY "polygw_source_bucket_capacity"
 
+static struct fig_val src_cost(const void *obj, size_t row)
+{
+    return cost_val(source(obj, row)->cost, source(obj, row)->priced);
+}
+
 static const struct figure sources[] = {
     { .key = "name", .kind = FIG_STR, .get = src_name },
     { .key = "retired", .kind = FIG_BOOL, .get = yes, .shown = src_retired },
@@ -440,6 +458,7 @@ static const struct figure sources[] = {
       .type = "counter",
       .help = "Tokens the upstream reported (its real usage) for successful calls of the source.",
       .get = src_tokens },
+    { .key = "cost", .kind = FIG_DOUBLE, .get = src_cost },
 };
 
 const struct fig_table figs_source = { sources, sizeof(sources) / sizeof(sources[0]),
@@ -461,6 +480,11 @@ static size_t app_labels(const void *obj, size_t row, struct prom_label *l)
 static struct fig_val app_name(const void *obj, size_t row)
 {
     return (struct fig_val){ .s = SRV(obj)->cfg->apps[row].name };
+}
+
+static struct fig_val app_cost(const void *obj, size_t row)
+{
+    return cost_val(app(obj, row)->cost, app(obj, row)->priced);
 }
 
 static struct fig_val app_weight(const void *obj, size_t row)
@@ -587,6 +611,7 @@ static const struct figure apps[] = {
     { .key = "tpm_level", .kind = FIG_DOUBLE, .get = app_tpm },
     { .key = "daily_tokens_level", .kind = FIG_DOUBLE, .get = app_daily },
     { .key = "per_capability", .kind = FIG_CUSTOM, .write = write_app_caps, .shown = app_has_caps },
+    { .key = "cost", .kind = FIG_DOUBLE, .get = app_cost },
 };
 
 const struct fig_table figs_app = { apps, sizeof(apps) / sizeof(apps[0]), app_labels };

@@ -2098,6 +2098,40 @@ START_TEST(test_config__raw_capabilities)
 }
 END_TEST
 
+/* Prices per million tokens of each class: input and output required,
+ * the cache classes default to input, reasoning to output; the currency
+ * is one label for the deployment. */
+START_TEST(test_config__prices_and_currency)
+{
+    struct config *cfg = expect_ok(SRC0 "    prices: {input: 3, output: 15, cached_input: 0.3}\n");
+    const struct cost_prices *p = &cfg->sources[0].prices;
+    ck_assert(p->set);
+    ck_assert_double_eq(p->per_mtok[COST_INPUT], 3);
+    ck_assert_double_eq(p->per_mtok[COST_CACHED], 0.3);
+    ck_assert_double_eq(p->per_mtok[COST_CACHE_WRITE], 3);
+    ck_assert_double_eq(p->per_mtok[COST_OUTPUT], 15);
+    ck_assert_double_eq(p->per_mtok[COST_REASONING], 15);
+    ck_assert_str_eq(cfg->currency, "USD");
+    config_free(cfg);
+
+    cfg = expect_ok("server: {currency: EUR}\n" SRC0);
+    ck_assert(!cfg->sources[0].prices.set);
+    ck_assert_str_eq(cfg->currency, "EUR");
+    config_free(cfg);
+
+    expect_reject(SRC0 "    prices: {input: 3}\n", 5, "sources[0].prices.output", "is required");
+    expect_reject(SRC0 "    prices: {output: 3}\n", 5, "sources[0].prices.input", "is required");
+    expect_reject(SRC0 "    prices: {input: -1, output: 2}\n", 5, "sources[0].prices.input",
+                  "must be");
+    expect_reject(SRC0 "    prices: {input: 1, output: 2, reasoning: \"x\"}\n", 5,
+                  "sources[0].prices.reasoning", "a number");
+    expect_reject(SRC0 "    prices: {input: 1, output: 2, audio: 1}\n", 5,
+                  "sources[0].prices.audio", "unknown key");
+    expect_reject("server: {currency: \"US $\"}\n", 1, "server.currency", "letters, digits");
+    expect_reject("server: {currency: \"\"}\n", 1, "server.currency", "1 to 16");
+}
+END_TEST
+
 Suite *config_suite(void)
 {
     Suite *s = suite_create("config");
@@ -2226,6 +2260,7 @@ Suite *config_suite(void)
     tcase_add_test(tc, test_config__bad_kind_accepts_and_headers);
     tcase_add_test(tc, test_config__header_value_env_unset_never_quoted);
     tcase_add_test(tc, test_config__raw_capabilities);
+    tcase_add_test(tc, test_config__prices_and_currency);
     suite_add_tcase(s, tc);
     return s;
 }
