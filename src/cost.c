@@ -21,6 +21,16 @@ double cost_of(const struct cost_prices *p, const struct cost_tokens *t)
     return sum / 1e6;
 }
 
+double cost_worst(const struct cost_prices *p, double in, double out)
+{
+    if (!p->set)
+        return NAN;
+    double pin = fmax(p->per_mtok[COST_INPUT],
+                      fmax(p->per_mtok[COST_CACHED], p->per_mtok[COST_CACHE_WRITE]));
+    double pout = fmax(p->per_mtok[COST_OUTPUT], p->per_mtok[COST_REASONING]);
+    return (in * pin + out * pout) / 1e6;
+}
+
 bool cost_is_known(double c)
 {
     return isfinite(c) && c >= 0;

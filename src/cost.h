@@ -43,6 +43,11 @@ const char *cost_class_name(enum cost_class c);
  * of tokens x price / 10^6, or NAN when `p` is unset. */
 double cost_of(const struct cost_prices *p, const struct cost_tokens *t);
 
+/* The most an answer of `in` prompt tokens and `out` output tokens can
+ * cost at `p`: every prompt token at the dearest input class, every output
+ * token at the dearer of output and reasoning. NAN when `p` is unset. */
+double cost_worst(const struct cost_prices *p, double in, double out);
+
 /* True when `c` is a cost (finite, >= 0), false for NAN (unknown). */
 bool cost_is_known(double c);
 

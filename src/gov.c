@@ -28,6 +28,8 @@ const char *gov_result_name(enum gov_result r)
         return "deadline_exceeded";
     case GOV_BACKEND_UNAVAILABLE:
         return "backend_unavailable";
+    case GOV_BUDGET_EXHAUSTED:
+        return "budget_exhausted";
     default:
         return "cancelled";
     }

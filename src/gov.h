@@ -229,6 +229,7 @@ enum gov_result {
     GOV_DEADLINE_EXCEEDED,
     GOV_BACKEND_UNAVAILABLE,
     GOV_CANCELLED,
+    GOV_BUDGET_EXHAUSTED, /* only through gov_call_abandon: a budget refused it */
 };
 
 enum gov_action { GOV_ATTEMPT, GOV_WAIT, GOV_DONE };

@@ -206,6 +206,8 @@ export class DeadlineExceededError extends PolygwError {}
 export class CancelledError extends PolygwError {}
 export class TaskStoppedError extends TaskNotRunningError {}
 export class WatchdogTimeoutError extends TaskNotRunningError {}
+/** A budget in currency cannot cover the call (data.budget, data.left; retryAfterS for a window). */
+export class BudgetExhaustedError extends PolygwError {}
 /**
  * A graph run ended because its task was stopped (kind "stopped") or failed by
  * the watchdog (kind "watchdog"), whatever error the node saw (polygw/langgraph).

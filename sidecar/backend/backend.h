@@ -176,6 +176,15 @@ struct backend_ops {
      * made with (reload.h refuses any other). */
     void (*rebind)(struct backend *be, const struct config *cfg);
 
+    /* The budget in currency (docs/CONFIG.md §12a) of app `i` (`of_app`)
+     * or source `i` of the configuration in force, or NULL when it has
+     * none. The memory backend keeps them in this process: the caller
+     * reserves and settles on the state returned (src/budget.h), borrowed
+     * until the next rebind, which keeps each budget's spending by name.
+     * NULL op: no budgets (the Redis backend keeps none yet; the loader
+     * refuses budgets with it). */
+    struct budget *(*budget)(struct backend *be, bool of_app, size_t i);
+
     /* The progress interface for gov_init (NULL: the core's own store). */
     const struct gov_backend *(*progress)(struct backend *be);
 
@@ -266,6 +275,11 @@ static inline bool backend_is_up(const struct backend *be)
 static inline void backend_rebind(struct backend *be, const struct config *cfg)
 {
     be->ops->rebind(be, cfg);
+}
+
+static inline struct budget *backend_budget(struct backend *be, bool of_app, size_t i)
+{
+    return be->ops->budget ? be->ops->budget(be, of_app, i) : NULL;
 }
 
 static inline void backend_free(struct backend *be)

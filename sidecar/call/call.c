@@ -123,6 +123,9 @@ struct call {
     double ttft_s;                        /* NAN until a chunk is relayed */
     double used_tokens;                   /* total tokens of the answer, NAN: unknown */
     double cost;                          /* what the answer cost (cost.h), NAN: unknown */
+    double est_in, est_out;               /* its worst case in tokens, for budgets */
+    double reserved;                      /* the attempt's reservation on budgets ... */
+    bool reserved_app, reserved_src;      /* ... of its app, of its source */
     char *task_id;                        /* owned; NULL when the call names none */
     struct gov_source_note *reconf_notes; /* a reload in progress: the new notes */
     struct call *all_prev, *all_next;     /* srv->calls_all: every call, for a reload */
@@ -243,6 +246,67 @@ static void call_free_memory(struct call *k)
     free(k);
 }
 
+/* Budgets (docs/CONFIG.md §12a). A reservation is the attempt's worst
+ * case at its source's prices; it is settled with the real cost when the
+ * attempt ends, given back when the attempt failed before relaying
+ * anything, and charged as reserved when its cost is unknown although the
+ * upstream may bill it (a stream cut, an attempt torn down). Budgets are
+ * found again by index at the settling: a reload in between keeps each
+ * one's state by name (backend.h). */
+static void call_settle(struct call *k, double actual)
+{
+    struct backend *be = k->srv->backend;
+    double now = ev_time();
+    struct budget *b;
+
+    if (k->reserved_app && (b = backend_budget(be, true, k->g.app)))
+        budget_settle(b, k->reserved, actual, now);
+    if (k->reserved_src && (b = backend_budget(be, false, call_source(k))))
+        budget_settle(b, k->reserved, actual, now);
+    k->reserved_app = k->reserved_src = false;
+    k->reserved = 0;
+}
+
+/* Why a reservation was refused: which budget, for the error. */
+struct call_refusal {
+    char budget[CONFIG_NAME_MAX + 24]; /* "app:NAME:daily", "source:NAME:total" */
+    struct budget_refusal r;
+};
+
+/* Reserves the worst case of an attempt on `source` on the budgets of the
+ * call's app and of the source, both or neither. Returns 0, or -1 with
+ * *why. */
+static int call_reserve(struct call *k, size_t source, struct call_refusal *why)
+{
+    struct backend *be = k->srv->backend;
+    const struct config *cfg = k->srv->cfg;
+    struct budget *app = backend_budget(be, true, k->g.app);
+    struct budget *src = backend_budget(be, false, source);
+    double now = ev_time();
+
+    if (!app && !src)
+        return 0;
+    double amount = cost_worst(&cfg->sources[source].prices, k->est_in, k->est_out);
+    if (!cost_is_known(amount))
+        amount = 0; /* the loader lets no budget cover an unpriced source */
+    if (app && budget_reserve(app, amount, now, &why->r) < 0) {
+        snprintf(why->budget, sizeof(why->budget), "app:%s:%s", k->app,
+                 budget_window_name(why->r.window));
+        return -1;
+    }
+    if (src && budget_reserve(src, amount, now, &why->r) < 0) {
+        if (app)
+            budget_settle(app, amount, NAN, now);
+        snprintf(why->budget, sizeof(why->budget), "source:%s:%s", cfg->sources[source].name,
+                 budget_window_name(why->r.window));
+        return -1;
+    }
+    k->reserved = amount;
+    k->reserved_app = app != NULL;
+    k->reserved_src = src != NULL;
+    return 0;
+}
+
 static void call_end(struct call *k)
 {
     struct server *srv = k->srv;
@@ -257,6 +321,7 @@ static void call_end(struct call *k)
         backend_release(srv->backend, k->lease, NULL, -1);
     k->admit = NULL;
     k->lease = NULL;
+    call_settle(k, NAN); /* a reservation whose attempt never started */
     call_task_unlink(k);
     call_set_paused(k, false);
     ev_timer_stop(srv->loop, &k->wake_w);
@@ -431,6 +496,8 @@ static enum pgw_code gov_code(enum gov_result r)
         return PGW_BACKEND_UNAVAILABLE;
     case GOV_CANCELLED:
         return PGW_CANCELLED;
+    case GOV_BUDGET_EXHAUSTED:
+        return PGW_BUDGET_EXHAUSTED;
     }
     return PGW_INTERNAL;
 }
@@ -482,12 +549,15 @@ struct call_error {
     const struct attempt_result *last; /* the attempt that just ended, or NULL */
     bool upstream_body;                /* relay last's body */
     const char *reason;                /* a task stop's reason, or NULL */
+    const char *budget;                /* budget_exhausted: which budget, or NULL */
+    double budget_left;                /* ... and what it has left */
 };
 
 /* What write_more of a call's error needs. */
 struct call_error_more {
     const struct call *k;
     const struct attempt_result *last;
+    const struct call_error *ce;
 };
 
 static void call_error_more(struct writer *w, const struct reply_error *e)
@@ -495,6 +565,10 @@ static void call_error_more(struct writer *w, const struct reply_error *e)
     const struct call_error_more *m = e->ud;
     writer_str(w, "sources");
     write_sources(w, m->k, m->last);
+    if (m->ce->budget) {
+        writer_kv_str(w, "budget", m->ce->budget);
+        writer_kv_double(w, "left", m->ce->budget_left);
+    }
 }
 
 /* The upstream's answer to a rejected request, as the error relays it:
@@ -516,7 +590,7 @@ static void call_upstream_body(struct call *k, const char *body, size_t len, str
 static void call_pack_error(struct call *k, enum pgw_code code, const char *msg,
                             const struct call_error *ce)
 {
-    const struct call_error_more more = { k, ce->last };
+    const struct call_error_more more = { k, ce->last, ce };
     struct reply_error e = {
         .code = code,
         .message = msg,
@@ -527,7 +601,7 @@ static void call_pack_error(struct call *k, enum pgw_code code, const char *msg,
         .retry_after_s = ce->retry_after_s,
         .status = ce->http_status,
         .reason = ce->reason,
-        .n_more = 1,
+        .n_more = ce->budget ? 3 : 1,
         .write_more = call_error_more,
         .ud = &more,
     };
@@ -899,6 +973,28 @@ static void call_finish(struct call *k)
     s->ops->flush(s);
 }
 
+/* A budget refused the attempt the step reserved: what the step took is
+ * given back and the call ends at once (retry_after_s for a window). */
+static void call_refuse_budget(struct call *k, const struct call_refusal *why)
+{
+    struct gov_decision d;
+    char msg[300];
+
+    gov_call_abandon(&k->g, ev_now(k->srv->loop), GOV_BUDGET_EXHAUSTED, &d);
+    snprintf(msg, sizeof(msg), "budget %s cannot cover this call: %.6g %s left", why->budget,
+             why->r.left, k->srv->cfg->currency);
+    if (why->r.retry_after_s >= 0)
+        snprintf(msg + strlen(msg), sizeof(msg) - strlen(msg), ", resets in %.0fs",
+                 ceil(why->r.retry_after_s));
+    const struct call_error ce = {
+        .retry_after_s = why->r.retry_after_s >= 0 ? ceil(why->r.retry_after_s) : -1,
+        .budget = why->budget,
+        .budget_left = why->r.left,
+    };
+    call_pack_error(k, PGW_BUDGET_EXHAUSTED, msg, &ce);
+    call_finish(k);
+}
+
 static void call_on_attempt_done(struct attempt *a, const struct attempt_result *r, void *ud)
 {
     struct call *k = ud;
@@ -997,6 +1093,13 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
                                  dialect_usage_cached(&k->tokens));
         call_count_cost(k);
     }
+    /* Budgets: the real cost; one unknown although the upstream answered
+     * (or relayed part of a stream) as reserved; nothing for a failure. */
+    if (k->reserved_app || k->reserved_src)
+        call_settle(k,
+                    res.outcome.kind != OUTCOME_SUCCESS && res.events == 0 ? NAN
+                        : cost_is_known(k->cost)                           ? k->cost
+                                                                           : k->reserved);
     double used =
         res.outcome.kind == OUTCOME_SUCCESS ? (double)dialect_usage_total(&k->tokens) : -1;
     k->last_status = res.http_status;
@@ -1532,6 +1635,13 @@ static void call_act(struct call *k, const struct gov_decision *d,
 
     switch (d->action) {
     case GOV_ATTEMPT: {
+        /* The budgets first, in the same turn of the loop as the step's
+         * permit and buckets (the memory backend keeps both). */
+        struct call_refusal why;
+        if (call_reserve(k, d->source, &why) < 0) {
+            call_refuse_budget(k, &why);
+            return;
+        }
         /* Admitted at once (the local step decided: memory), later
          * (call_on_admit), or not sent: fail closed. */
         int rc = backend_admit(srv->backend, d->source, k->g.app, k->g.est_tokens, &k->lease,
@@ -1895,6 +2005,8 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
         snprintf(model_scope, sizeof(model_scope), "%s:%s", k->cap->name, label);
         scope = model_scope;
     }
+    k->est_in = (double)text_len / 4.0; /* as governor_estimate_tokens */
+    k->est_out = r->max_tokens ? (double)r->max_tokens : (double)k->cap->budget_output_tokens;
     if (rc == 0)
         rc = gov_call_init(&k->g, &srv->gov, (uint32_t)ci, scope, &pol,
                            r->deadline_s > 0 ? now + r->deadline_s : 0,
@@ -1939,6 +2051,7 @@ static void call_abort(struct call *k)
         metrics_on_attempt_cancelled(k->srv->metrics, call_source(k));
         attempt_cancel(k->attempt);
         k->attempt = NULL;
+        call_settle(k, k->reserved); /* it was sent: its cost is unknown */
     }
     call_end(k);
 }

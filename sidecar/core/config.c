@@ -194,6 +194,12 @@ enum fid {
     FID_PRICE_CACHE_WRITE,
     FID_PRICE_OUTPUT,
     FID_PRICE_REASONING,
+    FID_BUDGET,
+    FID_BUDGET_DAILY,
+    FID_BUDGET_MONTHLY,
+    FID_BUDGET_TOTAL,
+    FID_BUDGET_TZ,
+    FID_BUDGET_OUTPUT,
     FID_COUNT
 };
 
@@ -875,6 +881,8 @@ static const struct field capability_table[] = {
     { .key = "methods", .type = FT_CUSTOM, .fid = FID_CAP_METHODS, .walk = walk_methods },
     NUM("max_body_bytes", FT_SIZE, FID_CAP_MAX_BODY, OFF(struct cap_stage, cap.max_body_bytes), 1,
         1073741824.0, 0),
+    NUM("budget_output_tokens", FT_U32, FID_BUDGET_OUTPUT,
+        OFF(struct cap_stage, cap.budget_output_tokens), 0, 1e9, 0),
     { .key = "policy",
       .type = FT_INCLUDE,
       .off = OFF(struct cap_stage, cap.policy),
@@ -923,6 +931,21 @@ static const struct field prices_table[] = {
     END
 };
 #undef PRICE
+
+static int walk_budget_tz(struct loader *l, const struct ynode *v);
+
+/* sources[i].budget and apps[i].budget, in currency (budget.h). */
+#define BUDGET(k, id, w)                                                                    \
+    NUM(k, FT_DOUBLE, id, OFF(struct budget_limits, limit) + (w) * sizeof(double), 0, 1e12, \
+        F_MIN_OPEN)
+static const struct field budget_table[] = {
+    BUDGET("daily", FID_BUDGET_DAILY, BUDGET_DAILY),
+    BUDGET("monthly", FID_BUDGET_MONTHLY, BUDGET_MONTHLY),
+    BUDGET("total", FID_BUDGET_TOTAL, BUDGET_TOTAL),
+    { .key = "timezone", .type = FT_CUSTOM, .fid = FID_BUDGET_TZ, .walk = walk_budget_tz },
+    END
+};
+#undef BUDGET
 
 static const struct field pacer_table[] = {
     NUM("min_interval_ms", FT_U32, FID_PACER_MIN_INTERVAL, 0, 0, 86400000, 0), END
@@ -986,6 +1009,7 @@ static const struct field source_table[] = {
     SECTION("limits", FID_LIMITS, SRC(limits), limits_table),
     SECTION("pacer", FID_PACER, SRC(pacer_min_interval_ms), pacer_table),
     SECTION("prices", FID_PRICES, SRC(prices), prices_table),
+    SECTION("budget", FID_BUDGET, SRC(budget), budget_table),
     { .key = "policy", .type = FT_INCLUDE, .sub = source_policy_table },
     TYPED("kind", FT_DIALECT, FID_SRC_KIND, SRC(kind)),
     STR("api_version", FID_API_VERSION, SRC(api_version), check_query_text),
@@ -1014,6 +1038,7 @@ static const struct field app_table[] = {
     NUM("max_concurrency", FT_U32, FID_MAX_CONCURRENCY, APP(max_concurrency), 1, 1e6, 0),
     NUM("max_tasks", FT_U32, FID_MAX_TASKS, APP(max_tasks), 1, 10000000, 0),
     SECTION("limits", FID_LIMITS, APP(limits), limits_table),
+    SECTION("budget", FID_BUDGET, APP(budget), budget_table),
     TYPED("capabilities", FT_NODE, FID_APP_CAPS, OFF(struct app_stage, caps)),
     REJECT("token", FID_APP_TOKEN,
            "a token in the configuration file is readable by whoever reads the file; name "
@@ -1802,6 +1827,7 @@ static struct cap_stage *cap_add(struct loader *l, const char *name, size_t len)
     c->cap.name[len] = '\0';
     c->cap.methods = CONFIG_METHOD_POST;
     c->cap.max_body_bytes = CONFIG_RAW_MAX_BODY_DEFAULT;
+    c->cap.budget_output_tokens = 4096;
     return c;
 }
 
@@ -2022,6 +2048,33 @@ static int walk_headers(struct loader *l, const struct ynode *v)
 }
 
 /* sources[i].serves: [NAME | GLOB, ...] (models.h). */
+/* budget.timezone: UTC, or a fixed offset from it, +HH:MM / -HH:MM (a
+ * zone with daylight saving time moves its offset: name the one to keep). */
+static int walk_budget_tz(struct loader *l, const struct ynode *v)
+{
+    struct budget_limits *b = l->elem_fid == FID_APPS ? &l->apps[l->n_apps - 1].app.budget
+                                                      : &l->srcs[l->n_srcs - 1].src.budget;
+    const char *s;
+    int rc;
+    unsigned hh, mm;
+    char sign, end;
+
+    if ((rc = get_string(l, v, &s)) < 0)
+        return rc;
+    if (strncmp(s, "UTC", 3) == 0)
+        s += 3;
+    if (!*s) {
+        b->utc_offset_s = 0;
+        return 0;
+    }
+    if (sscanf(s, "%c%2u:%2u%c", &sign, &hh, &mm, &end) != 3 || (sign != '+' && sign != '-') ||
+        strlen(s) != 6 || hh > 23 || mm > 59)
+        return fail_here(l, v->line,
+                         "must be UTC or an offset from it, +HH:MM or -HH:MM (e.g. +02:00)");
+    b->utc_offset_s = (int32_t)((sign == '-' ? -1 : 1) * (int)(hh * 3600 + mm * 60));
+    return 0;
+}
+
 static int walk_serves(struct loader *l, const struct ynode *v)
 {
     struct config_source *s = &l->srcs[l->n_srcs - 1].src;
@@ -2582,6 +2635,16 @@ static void validate_source(struct loader *l, size_t i)
     validate_dialect(l, i, prefix);
     validate_route(l, i, prefix);
     validate_prices(l, i, prefix);
+    if (budget_is_set(&s->budget) && !line_is_bad(line[FID_BUDGET])) {
+        snprintf(path, sizeof(path), "%s.budget", prefix);
+        if (!s->prices.set && !line[FID_PRICES])
+            fail_at(l, line[FID_BUDGET], path,
+                    "needs prices: on the source (a budget cannot be charged by an "
+                    "unpriced source)");
+        else if (l->cfg->backend != BACKEND_MEMORY)
+            fail_at(l, line[FID_BUDGET], path,
+                    "budgets are kept by the memory backend only (not yet across a fleet)");
+    }
 }
 
 /* Checks a key just read (env or file), after trailing whitespace was
@@ -3012,6 +3075,44 @@ static int app_resolve_per_cap(struct loader *l, size_t i)
 /* Names present and unique; a uid or gid in one app only. Linear in the
  * number of ids per pair of apps: the table is small (one entry per
  * application of the host). */
+/* An app's budget may be charged by every source of every capability it
+ * may use: each must be priced, and none may be a passthrough (its usage
+ * is never read). */
+static void check_app_budget(struct loader *l, size_t i)
+{
+    struct app_stage *a = &l->apps[i];
+    char path[64];
+
+    if (!budget_is_set(&a->app.budget) || line_is_bad(a->line[FID_BUDGET]))
+        return;
+    snprintf(path, sizeof(path), "apps[%zu].budget", i);
+    if (l->cfg->backend != BACKEND_MEMORY) {
+        fail_at(l, a->line[FID_BUDGET], path,
+                "budgets are kept by the memory backend only (not yet across a fleet)");
+        return;
+    }
+    for (size_t j = 0; j < l->n_srcs; j++) {
+        const struct config_source *s = &l->srcs[j].src;
+        size_t ci = s->capability_index;
+        if (l->srcs[j].bad || ci >= l->n_caps || (a->app.capabilities && !a->app.capabilities[ci]))
+            continue;
+        if (l->caps[ci].cap.raw) {
+            fail_at(l, a->line[FID_BUDGET], path,
+                    "the app may use capability %s, a passthrough whose usage is never read: "
+                    "list the capabilities it may use",
+                    l->caps[ci].cap.name);
+            return;
+        }
+        if (!s->prices.set && !l->srcs[j].line[FID_PRICES]) {
+            fail_at(l, a->line[FID_BUDGET], path,
+                    "source %s, which the app may use, has no prices: a budget cannot be "
+                    "charged by an unpriced source",
+                    s->name);
+            return;
+        }
+    }
+}
+
 static int validate_apps(struct loader *l)
 {
     bool have_default = false;
@@ -3060,6 +3161,7 @@ static int validate_apps(struct loader *l)
         check_ids_unique(l, i, true);
         if (a->caps && app_resolve_caps(l, i) < 0)
             return fail_nomem(l);
+        check_app_budget(l, i);
         if (a->per_cap && app_resolve_per_cap(l, i) < 0)
             return fail_nomem(l);
     }

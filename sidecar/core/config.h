@@ -38,6 +38,7 @@
 #include <stdint.h>
 
 #include "codec/dialect.h"
+#include "budget.h"
 #include "cost.h"
 #include "log.h"
 
@@ -111,6 +112,9 @@ struct config_capability {
     bool raw;
     unsigned methods;      /* CONFIG_METHOD_* bits it is served with; default POST */
     size_t max_body_bytes; /* raw: the request body's bound (default 25 MiB) */
+    /* The output a call that names no max_tokens is assumed to produce,
+     * for the worst case a budget reserves (docs/CONFIG.md §12a); 4096 */
+    uint32_t budget_output_tokens;
 };
 
 /* The HTTP methods a capability may be served with (`methods:`). */
@@ -164,6 +168,8 @@ struct config_source {
     uint32_t pacer_min_interval_ms;
     struct cost_prices prices;   /* per million tokens of each class (docs/CONFIG.md
                                   * §7d); !set: unpriced, its calls have no cost */
+    struct budget_limits budget; /* in currency (docs/CONFIG.md §12a); none set: no budget;
+                                  * set: the source is priced */
     struct config_policy policy; /* copy of capabilities[capability_index].policy
                                   * (never set per source); kept for readers
                                   * that have only the source at hand */
@@ -230,6 +236,8 @@ struct config_app {
                                   * default (resolved at load): an equal share,
                                   * tasks.max_tasks / n_apps, at least 1 */
     struct config_limits limits; /* its own rpm/tpm/daily_tokens on top of the sources' */
+    struct budget_limits budget; /* in currency (docs/CONFIG.md §12a); set: every source
+                                  * it may use is priced */
     bool *capabilities;          /* owned, n_capabilities flags, or NULL = every capability */
     char *token;                 /* owned secret or NULL: an HTTP client over TCP sending
                                   * `Authorization: Bearer <token>` is this app; read from

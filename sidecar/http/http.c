@@ -427,6 +427,8 @@ static int status_of(enum pgw_code code, int upstream_status)
         return 409;
     case PGW_STREAM_INTERRUPTED:
         return 502;
+    case PGW_BUDGET_EXHAUSTED:
+        return 429; /* as a provider's exhausted quota */
     default:
         return 500;
     }
@@ -452,6 +454,8 @@ static const char *type_of(int status)
         return "timeout_error";
     case 409:
         return "conflict_error";
+    case 429:
+        return "insufficient_quota";
     case 503:
         return "service_unavailable_error";
     case 504:
@@ -501,7 +505,11 @@ static void hc_err_make(struct http_conn *c, int status, const struct reply_erro
     size_t n =
         (size_t)snprintf(e->extra, sizeof(e->extra), "x-should-retry: %s\r\nX-Polygw-Code: %s\r\n",
                          retry ? "true" : "false", pgw_code_name(code));
-    if (code_is_retry_later(code)) {
+    if (code == PGW_BUDGET_EXHAUSTED && re->retry_after_s >= 0) {
+        /* A window's reset; a total or task budget gives none. */
+        n += (size_t)snprintf(e->extra + n, sizeof(e->extra) - n, "Retry-After: %.0f\r\n",
+                              ceil(re->retry_after_s));
+    } else if (code_is_retry_later(code)) {
         double retry_after = re->retry_after_s;
         n += (size_t)snprintf(e->extra + n, sizeof(e->extra) - n, "Retry-After: %.0f\r\n",
                               retry_after > 1 ? ceil(retry_after) : 1);
@@ -1154,7 +1162,8 @@ static int body_member(void *ud, const char *key, const struct jscan_value *v)
         f->seen_stream = true;
         f->stream = v->type == JSCAN_TRUE;
     } else if ((strcmp(key, "max_completion_tokens") == 0 ||
-                (strcmp(key, "max_tokens") == 0 && !f->completion_tokens)) &&
+                ((strcmp(key, "max_tokens") == 0 || strcmp(key, "max_output_tokens") == 0) &&
+                 !f->completion_tokens)) &&
                jscan_number(v, &d) && d >= 0 && d < 1e15 && d == floor(d)) {
         f->max_tokens = (uint64_t)d;
         f->completion_tokens |= key[4] == 'c';

@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include "core/server.h"
+#include "backend/backend.h"
 #include "task.h"
 #include "upstream/upstream.h"
 
@@ -253,6 +254,57 @@ static struct fig_val cost_val(double c, uint64_t priced)
     return priced ? (struct fig_val){ .d = c } : (struct fig_val){ .nil = true };
 }
 
+/* A budget in `stats` (docs/CONFIG.md §12a): per window it limits,
+ * {limit, spent, reserved, left, resets_in_s} (no reset for the total). */
+static void write_budget(struct writer *w, struct budget *b)
+{
+    double now = ev_time();
+    uint32_t n = 0;
+
+    for (int i = 0; i < BUDGET_WINDOWS; i++)
+        n += b->p.limit[i] > 0;
+    writer_map(w, n);
+    for (int i = 0; i < BUDGET_WINDOWS; i++) {
+        double resets;
+        if (!(b->p.limit[i] > 0))
+            continue;
+        double left = budget_left(b, (enum budget_window)i, now, &resets);
+        writer_str(w, budget_window_name((enum budget_window)i));
+        writer_map(w, resets >= 0 ? 5 : 4);
+        writer_kv_double(w, "limit", b->p.limit[i]);
+        writer_kv_double(w, "spent", b->spent[i]);
+        writer_kv_double(w, "reserved", b->reserved);
+        writer_kv_double(w, "left", left);
+        if (resets >= 0)
+            writer_kv_double(w, "resets_in_s", resets);
+    }
+}
+
+static struct budget *budget_of(const void *obj, bool of_app, size_t row)
+{
+    return backend_budget(SRV(obj)->backend, of_app, row);
+}
+
+static bool app_has_budget(const void *obj, size_t row)
+{
+    return budget_of(obj, true, row) != NULL;
+}
+
+static void write_app_budget(struct writer *w, const void *obj, size_t row)
+{
+    write_budget(w, budget_of(obj, true, row));
+}
+
+static bool src_has_budget(const void *obj, size_t row)
+{
+    return budget_of(obj, false, row) != NULL;
+}
+
+static void write_src_budget(struct writer *w, const void *obj, size_t row)
+{
+    write_budget(w, budget_of(obj, false, row));
+}
+
 static const struct figure server[] = {
     { .key = "currency", .kind = FIG_STR, .get = currency },
     { .key = "connections", .kind = FIG_MAP, .sub = &connections_table },
@@ -459,6 +511,7 @@ static const struct figure sources[] = {
       .help = "Tokens the upstream reported (its real usage) for successful calls of the source.",
       .get = src_tokens },
     { .key = "cost", .kind = FIG_DOUBLE, .get = src_cost },
+    { .key = "budget", .kind = FIG_CUSTOM, .write = write_src_budget, .shown = src_has_budget },
 };
 
 const struct fig_table figs_source = { sources, sizeof(sources) / sizeof(sources[0]),
@@ -612,6 +665,7 @@ static const struct figure apps[] = {
     { .key = "daily_tokens_level", .kind = FIG_DOUBLE, .get = app_daily },
     { .key = "per_capability", .kind = FIG_CUSTOM, .write = write_app_caps, .shown = app_has_caps },
     { .key = "cost", .kind = FIG_DOUBLE, .get = app_cost },
+    { .key = "budget", .kind = FIG_CUSTOM, .write = write_app_budget, .shown = app_has_budget },
 };
 
 const struct fig_table figs_app = { apps, sizeof(apps) / sizeof(apps[0]), app_labels };

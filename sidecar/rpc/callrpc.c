@@ -112,12 +112,15 @@ void callrpc_sink_init(struct call_sink *s, struct server *srv, struct upstream_
     s->budget = budget;
 }
 
-/* max_tokens / max_completion_tokens of the body, 0 when absent. */
+/* max_tokens / max_completion_tokens (the Responses API's
+ * max_output_tokens) of the body, 0 when absent. */
 static uint64_t body_max_tokens(const msgpack_object *body)
 {
     const msgpack_object *m = rpc_map_get(body, "max_completion_tokens");
     if (!m)
         m = rpc_map_get(body, "max_tokens");
+    if (!m)
+        m = rpc_map_get(body, "max_output_tokens");
     return m && m->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? m->via.u64 : 0;
 }
 

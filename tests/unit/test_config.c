@@ -2132,6 +2132,45 @@ START_TEST(test_config__prices_and_currency)
 }
 END_TEST
 
+/* Budgets: per app and per source, daily/monthly/total in the currency,
+ * midnight in UTC or a fixed offset; a budget that an unpriced source (or
+ * a passthrough) could charge is refused, and so is one with Redis. */
+START_TEST(test_config__budgets)
+{
+    struct config *cfg = expect_ok(SRC0 "    prices: {input: 1, output: 2}\n"
+                                        "    budget: {daily: 5, total: 100, timezone: \"-08:00\"}\n"
+                                        "apps:\n"
+                                        "  - name: web\n"
+                                        "    budget: {monthly: 50}\n");
+    const struct budget_limits *b = &cfg->sources[0].budget;
+    ck_assert_double_eq(b->limit[BUDGET_DAILY], 5);
+    ck_assert_double_eq(b->limit[BUDGET_MONTHLY], 0);
+    ck_assert_double_eq(b->limit[BUDGET_TOTAL], 100);
+    ck_assert_int_eq(b->utc_offset_s, -8 * 3600);
+    ck_assert_double_eq(cfg->apps[0].budget.limit[BUDGET_MONTHLY], 50);
+    ck_assert_int_eq(cfg->apps[0].budget.utc_offset_s, 0);
+    ck_assert_int_eq(cfg->capabilities[0].budget_output_tokens, 4096);
+    config_free(cfg);
+    cfg = expect_ok("capabilities:\n  chat: {budget_output_tokens: 512}\n" SRC0);
+    ck_assert_int_eq(cfg->capabilities[0].budget_output_tokens, 512);
+    config_free(cfg);
+
+    expect_reject(SRC0 "    budget: {total: 1}\n", 5, "sources[0].budget", "needs prices");
+    expect_reject(SRC0 "apps:\n  - name: web\n    budget: {total: 1}\n", 7, "apps[0].budget",
+                  "source a, which the app may use, has no prices");
+    expect_reject(SRC0 "    prices: {input: 1, output: 2}\n    budget: {daily: 0}\n", 6,
+                  "sources[0].budget.daily", "must be");
+    expect_reject(SRC0 "    prices: {input: 1, output: 2}\n    budget: {daily: 1, timezone: CET}\n",
+                  6, "sources[0].budget.timezone", "+HH:MM");
+    expect_reject(SRC0 "    prices: {input: 1, output: 2}\n"
+                       "    budget: {daily: 1, timezone: \"+24:00\"}\n",
+                  6, "sources[0].budget.timezone", "UTC or an offset");
+    expect_reject("backend: {kind: redis, url: \"redis://127.0.0.1:6379\"}\n" SRC0
+                  "    prices: {input: 1, output: 2}\n    budget: {daily: 1}\n",
+                  7, "sources[0].budget", "memory backend only");
+}
+END_TEST
+
 Suite *config_suite(void)
 {
     Suite *s = suite_create("config");
@@ -2261,6 +2300,7 @@ Suite *config_suite(void)
     tcase_add_test(tc, test_config__header_value_env_unset_never_quoted);
     tcase_add_test(tc, test_config__raw_capabilities);
     tcase_add_test(tc, test_config__prices_and_currency);
+    tcase_add_test(tc, test_config__budgets);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -56,6 +56,9 @@ export class DeadlineExceededError extends PolygwError { static code = "deadline
 export class CancelledError extends PolygwError { static code = "cancelled"; }
 export class TaskStoppedError extends TaskNotRunningError { static code = "task_stopped"; }
 export class WatchdogTimeoutError extends TaskNotRunningError { static code = "watchdog_timeout"; }
+/** A budget in currency cannot cover the call: `data.budget` says which,
+ * `data.left` what it has left; a window's reset is in `retryAfterS`. */
+export class BudgetExhaustedError extends PolygwError { static code = "budget_exhausted"; }
 
 /**
  * A graph run ended because its task was stopped (`kind` "stopped": task.stop,
@@ -116,8 +119,8 @@ export class ClientTimeoutError extends PolygwError { static code = "timeout"; }
 export const ERROR_CLASSES = Object.freeze(Object.fromEntries([
   StalledError, RetryExhaustedError, UpstreamRejectedError, DeadlineExceededError,
   CancelledError, TaskStoppedError, WatchdogTimeoutError, StreamInterruptedError,
-  BackendUnavailableError, BadRequestError, UnknownMethodError, UnknownCapabilityError,
-  TooLargeError, OverloadedError, ShuttingDownError, InternalError,
+  BackendUnavailableError, BudgetExhaustedError, BadRequestError, UnknownMethodError,
+  UnknownCapabilityError, TooLargeError, OverloadedError, ShuttingDownError, InternalError,
 ].map((cls) => [cls.code, cls])));
 
 /**

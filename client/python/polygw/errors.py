@@ -25,7 +25,7 @@ __all__ = [
     "StalledError", "RetryExhaustedError", "UpstreamRejectedError", "DeadlineExceededError",
     "CancelledError", "TaskStoppedError", "WatchdogTimeoutError", "GraphStoppedError",
     "StreamInterruptedError",
-    "BackendUnavailableError", "BadRequestError", "UnknownMethodError",
+    "BackendUnavailableError", "BudgetExhaustedError", "BadRequestError", "UnknownMethodError",
     "UnknownCapabilityError", "TooLargeError", "OverloadedError", "ShuttingDownError",
     "InternalError", "TasksNotSupportedError",
     "ConnectionLostError", "ConnectFailedError", "ProtocolError", "ClientTimeoutError",
@@ -132,6 +132,10 @@ TaskStoppedError = _define("TaskStoppedError", "task_stopped", TaskNotRunningErr
                            "The call's task was stopped (task.stop) or is not running.")
 WatchdogTimeoutError = _define("WatchdogTimeoutError", "watchdog_timeout", TaskNotRunningError,
                                "The call's task was failed by the watchdog.")
+BudgetExhaustedError = _define("BudgetExhaustedError", "budget_exhausted", PolygwError,
+                               "A budget in currency cannot cover the call: ``data['budget']`` "
+                               "says which, ``data['left']`` what it has left; a window's "
+                               "reset is in ``retry_after_s`` (none for a total or a task's).")
 
 
 class GraphStoppedError(TaskNotRunningError):
@@ -219,8 +223,8 @@ class ClientTimeoutError(PolygwError):
 ERROR_CLASSES = {cls.code: cls for cls in (
     StalledError, RetryExhaustedError, UpstreamRejectedError, DeadlineExceededError,
     CancelledError, TaskStoppedError, WatchdogTimeoutError, StreamInterruptedError,
-    BackendUnavailableError, BadRequestError, UnknownMethodError, UnknownCapabilityError,
-    TooLargeError, OverloadedError, ShuttingDownError, InternalError)}
+    BackendUnavailableError, BudgetExhaustedError, BadRequestError, UnknownMethodError,
+    UnknownCapabilityError, TooLargeError, OverloadedError, ShuttingDownError, InternalError)}
 
 
 def error_from_wire(err, method=None):

@@ -95,8 +95,8 @@ def fake():
 def test_every_wire_code_has_its_class():
     codes = ["stalled", "retry_exhausted", "upstream_rejected", "deadline_exceeded",
              "cancelled", "task_stopped", "watchdog_timeout", "stream_interrupted",
-             "backend_unavailable", "bad_request", "unknown_method", "unknown_capability",
-             "too_large", "overloaded", "shutting_down", "internal"]
+             "backend_unavailable", "budget_exhausted", "bad_request", "unknown_method",
+             "unknown_capability", "too_large", "overloaded", "shutting_down", "internal"]
     assert sorted(errors.ERROR_CLASSES) == sorted(codes)
     for code in codes:
         e = errors.error_from_wire({"code": code, "message": "m"})
