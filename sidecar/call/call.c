@@ -125,7 +125,7 @@ struct call {
     double cost;                          /* what the answer cost (cost.h), NAN: unknown */
     double est_in, est_out;               /* its worst case in tokens, for budgets */
     double reserved;                      /* the attempt's reservation on budgets ... */
-    bool reserved_app, reserved_src;      /* ... of its app, of its source */
+    unsigned reserved_on;                 /* ... 1 << CALL_BUDGET_*: which ones */
     char *task_id;                        /* owned; NULL when the call names none */
     struct gov_source_note *reconf_notes; /* a reload in progress: the new notes */
     struct call *all_prev, *all_next;     /* srv->calls_all: every call, for a reload */
@@ -247,63 +247,80 @@ static void call_free_memory(struct call *k)
 }
 
 /* Budgets (docs/CONFIG.md §12a). A reservation is the attempt's worst
- * case at its source's prices; it is settled with the real cost when the
- * attempt ends, given back when the attempt failed before relaying
- * anything, and charged as reserved when its cost is unknown although the
- * upstream may bill it (a stream cut, an attempt torn down). Budgets are
- * found again by index at the settling: a reload in between keeps each
- * one's state by name (backend.h). */
-static void call_settle(struct call *k, double actual)
+ * case at its source's prices, taken on each budget that covers it: its
+ * app's, its source's and its task's run's. It is settled with the real
+ * cost when the attempt ends, given back when the attempt failed before
+ * relaying anything, and charged as reserved when its cost is unknown
+ * although the upstream may bill it (a stream cut, an attempt torn down).
+ * App and source budgets are found again by index at the settling: a
+ * reload in between keeps each one's state by name (backend.h). */
+enum { CALL_BUDGET_APP, CALL_BUDGET_SOURCE, CALL_BUDGET_TASK, CALL_BUDGETS };
+
+/* The budgets covering an attempt of `k` on `source` (NULL: none). */
+static void call_budgets(const struct call *k, size_t source, struct budget **b)
 {
     struct backend *be = k->srv->backend;
-    double now = ev_time();
-    struct budget *b;
 
-    if (k->reserved_app && (b = backend_budget(be, true, k->g.app)))
-        budget_settle(b, k->reserved, actual, now);
-    if (k->reserved_src && (b = backend_budget(be, false, call_source(k))))
-        budget_settle(b, k->reserved, actual, now);
-    k->reserved_app = k->reserved_src = false;
+    b[CALL_BUDGET_APP] = backend_budget(be, true, k->g.app);
+    b[CALL_BUDGET_SOURCE] = backend_budget(be, false, source);
+    b[CALL_BUDGET_TASK] = k->task && k->task->has_budget ? &k->task->budget : NULL;
+}
+
+static void call_settle(struct call *k, double actual)
+{
+    struct budget *b[CALL_BUDGETS];
+    double now = ev_time();
+
+    if (!k->reserved_on)
+        return;
+    call_budgets(k, call_source(k), b);
+    for (int i = 0; i < CALL_BUDGETS; i++)
+        if ((k->reserved_on & 1u << i) && b[i])
+            budget_settle(b[i], k->reserved, actual, now);
+    k->reserved_on = 0;
     k->reserved = 0;
 }
 
 /* Why a reservation was refused: which budget, for the error. */
 struct call_refusal {
-    char budget[CONFIG_NAME_MAX + 24]; /* "app:NAME:daily", "source:NAME:total" */
+    char budget[TASK_ID_MAX + 32]; /* "app:NAME:daily", "source:NAME:total", "task:ID:total" */
+    bool task;                     /* the task's: the task stops */
     struct budget_refusal r;
 };
 
-/* Reserves the worst case of an attempt on `source` on the budgets of the
- * call's app and of the source, both or neither. Returns 0, or -1 with
- * *why. */
+/* Reserves the worst case of an attempt on `source` on every budget that
+ * covers it, all or none. Returns 0, or -1 with *why. */
 static int call_reserve(struct call *k, size_t source, struct call_refusal *why)
 {
-    struct backend *be = k->srv->backend;
+    static const char *const kind[CALL_BUDGETS] = { "app", "source", "task" };
     const struct config *cfg = k->srv->cfg;
-    struct budget *app = backend_budget(be, true, k->g.app);
-    struct budget *src = backend_budget(be, false, source);
+    struct budget *b[CALL_BUDGETS];
     double now = ev_time();
 
-    if (!app && !src)
+    call_budgets(k, source, b);
+    if (!b[0] && !b[1] && !b[2])
         return 0;
     double amount = cost_worst(&cfg->sources[source].prices, k->est_in, k->est_out);
     if (!cost_is_known(amount))
-        amount = 0; /* the loader lets no budget cover an unpriced source */
-    if (app && budget_reserve(app, amount, now, &why->r) < 0) {
-        snprintf(why->budget, sizeof(why->budget), "app:%s:%s", k->app,
+        amount = 0; /* unpriced: the loader lets no app or source budget cover it */
+    for (int i = 0; i < CALL_BUDGETS; i++) {
+        if (!b[i] || budget_reserve(b[i], amount, now, &why->r) == 0)
+            continue;
+        for (int j = 0; j < i; j++)
+            if (b[j])
+                budget_settle(b[j], amount, NAN, now);
+        const char *name = i == CALL_BUDGET_APP ? k->app
+            : i == CALL_BUDGET_SOURCE           ? cfg->sources[source].name
+                                                : k->task->id;
+        snprintf(why->budget, sizeof(why->budget), "%s:%s:%s", kind[i], name,
                  budget_window_name(why->r.window));
-        return -1;
-    }
-    if (src && budget_reserve(src, amount, now, &why->r) < 0) {
-        if (app)
-            budget_settle(app, amount, NAN, now);
-        snprintf(why->budget, sizeof(why->budget), "source:%s:%s", cfg->sources[source].name,
-                 budget_window_name(why->r.window));
+        why->task = i == CALL_BUDGET_TASK;
         return -1;
     }
     k->reserved = amount;
-    k->reserved_app = app != NULL;
-    k->reserved_src = src != NULL;
+    k->reserved_on = 0;
+    for (int i = 0; i < CALL_BUDGETS; i++)
+        k->reserved_on |= b[i] ? 1u << i : 0;
     return 0;
 }
 
@@ -991,8 +1008,16 @@ static void call_refuse_budget(struct call *k, const struct call_refusal *why)
         .budget = why->budget,
         .budget_left = why->r.left,
     };
+    char task_id[TASK_ID_MAX + 1];
+    snprintf(task_id, sizeof(task_id), "%s", why->task ? k->task->id : "");
+    struct server *srv = k->srv;
     call_pack_error(k, PGW_BUDGET_EXHAUSTED, msg, &ce);
     call_finish(k);
+    /* A task that ran out stops, as task.stop would stop it: its other
+     * calls end task_stopped (reason "budget"), its worker leaves at its
+     * next guard. */
+    if (task_id[0])
+        tasks_stop_budget(srv, task_id);
 }
 
 static void call_on_attempt_done(struct attempt *a, const struct attempt_result *r, void *ud)
@@ -1095,7 +1120,7 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
     }
     /* Budgets: the real cost; one unknown although the upstream answered
      * (or relayed part of a stream) as reserved; nothing for a failure. */
-    if (k->reserved_app || k->reserved_src)
+    if (k->reserved_on)
         call_settle(k,
                     res.outcome.kind != OUTCOME_SUCCESS && res.events == 0 ? NAN
                         : cost_is_known(k->cost)                           ? k->cost

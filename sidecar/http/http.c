@@ -1590,12 +1590,13 @@ typedef void task_method_fn(struct reply_outlet *o, const struct task_req *r);
 
 /* The body's members each task endpoint takes (the task_id is the
  * path's), as the msgpack-RPC method's named parameters. */
-enum { TB_NODE, TB_TIMEOUT, TB_REASON, TB_OK, TB_N };
+enum { TB_NODE, TB_TIMEOUT, TB_REASON, TB_OK, TB_BUDGET, TB_N };
 static const struct rpc_param task_body_params[TB_N] = {
     [TB_NODE] = { "node", RPC_T_STR | RPC_T_NIL, false },
     [TB_TIMEOUT] = { "timeout_s", RPC_T_NUMBER | RPC_T_NIL, false },
     [TB_REASON] = { "reason", RPC_T_STR | RPC_T_NIL, false },
     [TB_OK] = { "ok", RPC_T_BOOL, false },
+    [TB_BUDGET] = { "budget", RPC_T_NUMBER | RPC_T_NIL, false },
 };
 
 static const struct {
@@ -1605,7 +1606,7 @@ static const struct {
     unsigned requires; /* of which required */
 } task_routes[] = {
     { NULL, tasks_get, 0, 0 },
-    { "start", tasks_start, 0, 0 },
+    { "start", tasks_start, 1 << TB_BUDGET, 0 },
     { "stop", tasks_stop, 1 << TB_REASON, 0 },
     { "guard", tasks_guard, 0, 0 },
     { "node_begin", tasks_node_begin, 1 << TB_NODE | 1 << TB_TIMEOUT, 1 << TB_NODE },
@@ -1853,6 +1854,21 @@ static bool task_body_parse(struct http_conn *c, const struct task_target *t, st
         free(s);
     }
     r->ok = b.seen[TB_OK] && b.v[TB_OK].type == JSCAN_TRUE;
+    /* A start's budget: the body's `budget`, else X-Polygw-Budget. */
+    bool has_budget = b.seen[TB_BUDGET], budget_ok = true;
+    if (has_budget) {
+        budget_ok = jscan_number(&b.v[TB_BUDGET], &r->budget);
+    } else if ((task_routes[t->ri].takes & 1u << TB_BUDGET) && c->req.present[HRQ_BUDGET]) {
+        char *end;
+        has_budget = true;
+        r->budget = strtod(c->req.val[HRQ_BUDGET], &end);
+        budget_ok = end != c->req.val[HRQ_BUDGET] && !*end;
+    }
+    if (has_budget && (!budget_ok || !(r->budget > 0) || !isfinite(r->budget))) {
+        hc_error(c, 400, PGW_BAD_REQUEST, "%s: expected a positive amount of the currency",
+                 b.seen[TB_BUDGET] ? "parameter 'budget'" : "X-Polygw-Budget");
+        return false;
+    }
     return true;
 }
 

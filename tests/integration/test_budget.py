@@ -185,3 +185,70 @@ def test_budget__reload_keeps_what_was_spent(make_sidecar, up):
     assert err is None, err
     err, _, _ = call(c, "chat", body())  # 0.75 + 1.0 > 1.6
     assert err["code"] == "budget_exhausted" and err["budget"] == "app:default:total", err
+
+
+def test_budget__a_task_that_runs_out_stops_and_its_calls_in_flight_end(make_sidecar, up):
+    sc = start(make_sidecar, up)
+    c = sc.connect()
+    err, res = c.request("task.start", {"task_id": "job-1", "budget": 1.5})
+    assert err is None, err
+    # One call holds its 1.0 reservation upstream (hung); the next cannot
+    # be covered (1.0 + 1.0 > 1.5): it is refused, and the task stops as
+    # task.stop would stop it, ending the call in flight.
+    held = c.request_async("call", {"capability": "chat", "task_id": "job-1",
+                                    "body": body(delay_ms=10000)})
+    deadline = time.monotonic() + 5
+    while up.stats()["in_progress"] < 1:
+        assert time.monotonic() < deadline, "the first call never reached the upstream"
+        time.sleep(0.01)
+    err, _, _ = call(c, "chat", body(), task_id="job-1")
+    assert err["code"] == "budget_exhausted" and err["budget"] == "task:job-1:total", err
+    assert err["left"] == 0.5 and "retry_after_s" not in err, err
+    msg = c.wait_response(held, 5)
+    assert msg[2]["code"] == "task_stopped" and msg[2]["reason"] == "budget", msg[2]
+    err, info = c.request("task.get", {"task_id": "job-1"})
+    assert info["state"] == "failed" and info["reason_kind"] == "stopped", info
+    assert info["reason"] == "budget", info
+    # The torn-down call may have been billed: charged as reserved.
+    assert info["budget"] == {"limit": 1.5, "spent": 1.0, "reserved": 0, "left": 0.5}, info
+    # A stop is final for the task id: the guard says so.
+    err, _ = c.request("task.guard", {"task_id": "job-1"})
+    assert err["code"] == "task_stopped" and err.get("reason") == "budget", err
+    err, _ = c.request("task.start", {"task_id": "job-2", "budget": -1})
+    assert err["code"] == "bad_request" and "budget" in err["message"], err
+
+
+def test_budget__task_budget_over_http_header(make_sidecar, up):
+    port = free_port()
+    sc = start(make_sidecar, up, http_port=port)
+    sc.connect()
+    base = "http://127.0.0.1:%d" % port
+
+    def post(path, data=b"", headers=None):
+        req = urllib.request.Request(base + path, data=data, method="POST",
+                                     headers=dict({"Content-Type": "application/json"},
+                                                  **(headers or {})))
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, json.loads(r.read() or b"{}"), r.headers
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}"), e.headers
+
+    status, doc, _ = post("/polygw/v1/tasks/web-1/start", headers={"X-Polygw-Budget": "1.2"})
+    assert status == 200, doc
+    status, doc, h = post("/v1/chat/completions", json.dumps(body()).encode(),
+                          {"X-Polygw-Task": "web-1"})
+    assert status == 200 and float(h["X-Polygw-Cost"]) == 0.25, (status, doc)
+    status, doc, h = post("/v1/chat/completions", json.dumps(body()).encode(),
+                          {"X-Polygw-Task": "web-1"})
+    assert status == 429 and h["X-Polygw-Code"] == "budget_exhausted", (status, doc)
+    assert doc["error"]["polygw"]["budget"] == "task:web-1:total", doc
+    assert h["Retry-After"] is None, h  # a task's budget never resets
+    req = urllib.request.Request(base + "/polygw/v1/tasks/web-1")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        info = json.loads(r.read())
+    assert info["state"] == "failed" and info["reason"] == "budget", info
+    status, doc, _ = post("/polygw/v1/tasks/web-2/start", headers={"X-Polygw-Budget": "lots"})
+    assert status == 400 and "X-Polygw-Budget" in doc["error"]["message"], doc
+    status, doc, _ = post("/polygw/v1/tasks/web-3/start", b'{"budget": 2}')
+    assert status == 200, doc

@@ -56,7 +56,7 @@ START_TEST(test_budget__reserve_refuses_what_in_flight_would_pass)
     ck_assert_int_eq(why.window, BUDGET_DAILY);
     ck_assert_double_eq(why.left, 2);
     ck_assert_double_eq(why.retry_after_s, MIDNIGHT - T0);
-    ck_assert_double_eq(b.reserved, 8); /* the refused one took nothing */
+    ck_assert_double_eq(b.reserved, 8);                   /* the refused one took nothing */
     ck_assert_int_eq(budget_reserve(&b, 2, T0, &why), 0); /* exactly the limit */
     ck_assert_double_eq(budget_left(&b, BUDGET_DAILY, T0, NULL), 0);
     ck_assert_double_eq(budget_left(&b, BUDGET_TOTAL, T0, NULL), -1); /* no limit */

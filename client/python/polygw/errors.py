@@ -140,7 +140,8 @@ BudgetExhaustedError = _define("BudgetExhaustedError", "budget_exhausted", Polyg
 
 class GraphStoppedError(TaskNotRunningError):
     """A graph run ended because its task was stopped (``kind`` "stopped":
-    task.stop, an ordinary exit) or failed by the watchdog (``kind``
+    task.stop, an ordinary exit; ``kind`` "budget": its budget ran out and the
+    sidecar stopped it) or failed by the watchdog (``kind``
     "watchdog": a node ran past its deadline), whatever error the node itself
     saw (polygw.graph). Not a failure of the graph: every node that completed
     is done, and a new task can resume it. ``node`` is the node it ended in
@@ -149,11 +150,14 @@ class GraphStoppedError(TaskNotRunningError):
 
     def __init__(self, message="", code=None, data=None, task_id=None, node=None):
         super().__init__(message, code=code, data=data)
-        self.kind = "watchdog" if self.code == "watchdog_timeout" else "stopped"
         self.task_id = task_id
         self.node = node
         reason = self.data.get("reason")
         self.reason = reason if isinstance(reason, str) else None
+        # A task the sidecar stopped because its budget ran out is stopped
+        # with reason "budget": neither a failure nor a hang.
+        self.kind = ("watchdog" if self.code == "watchdog_timeout"
+                     else "budget" if self.reason == "budget" else "stopped")
 
     @classmethod
     def from_error(cls, exc, task_id=None, node=None):
