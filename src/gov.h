@@ -103,7 +103,8 @@ struct gov_source_params {
     uint32_t breaker_failures;
     double breaker_cooldown_s, breaker_max_cooldown_s;
     uint64_t rpm, tpm, daily_tokens; /* 0 = unlimited */
-    double window_s;                 /* of rpm and tpm; 0 = 60 */
+    uint64_t itpm, otpm;             /* input / output tokens per window; 0 = unlimited */
+    double window_s;                 /* of rpm, tpm, itpm and otpm; 0 = 60 */
     double pacer_min_interval_s;
     bool retired; /* removed by a reconfiguration: never
                                                * picked again; its attempts in flight
@@ -163,6 +164,7 @@ struct gov_source {
     struct aimd aimd;
     struct breaker breaker;
     struct bucket rpm, tpm, daily;
+    struct bucket itpm, otpm; /* input and output tokens (gov_call_set_io) */
     double last_start;        /* pacer */
     double retry_after_until; /* last Retry-After hint, for estimates */
     /* Shared backend: after a refusal the source is gated until the
@@ -267,6 +269,7 @@ struct gov_call {
     struct gov_policy pol;
     double deadline_at; /* 0 = none */
     double est_tokens;
+    double est_in, est_out; /* its input and output tokens, for itpm / otpm */
     struct stall_clock clock;
     enum gov_call_state state;
     uint32_t fails, attempts;
@@ -360,6 +363,18 @@ void gov_call_set_app(struct gov_call *k, uint32_t app);
  * no-op on `k`). */
 int gov_call_init(struct gov_call *k, struct gov *g, uint32_t capability, const char *scope,
                   const struct gov_policy *pol, double deadline_at, double est_tokens, double now);
+
+/* The call's estimated input and output tokens (>= 0), which a source's
+ * itpm and otpm buckets reserve before each attempt (by default: its
+ * est_tokens as input, no output). Call after gov_call_init and before the
+ * first step. */
+void gov_call_set_io(struct gov_call *k, double est_in, double est_out);
+
+/* The attempt the last step chose reported `in` input and `out` output
+ * tokens (< 0: unknown, the estimate stands), as its source's itpm and
+ * otpm count them: replaces the estimate in those buckets. Call before
+ * gov_call_on_outcome, while the call is attempting; else a no-op. */
+void gov_call_on_io(struct gov_call *k, double in, double out, double now);
 
 /* Restricts the call to the sources `use` flags (n_sources of them,
  * borrowed for the call only): a source left out is never picked for it,

@@ -842,6 +842,24 @@ static void call_count_cost(struct call *k)
     metrics_on_usage(k->srv->metrics, call_source(k), k->app, call_cost_model(k), &t, k->cost);
 }
 
+/* A success's input and output tokens as its source's itpm and otpm count
+ * them: prompt tokens read from the provider's cache only where the
+ * source's limits say they count (docs/CONFIG.md §7). */
+static void call_count_io(struct call *k, double now)
+{
+    double in = -1, out = -1;
+
+    if (!k->tokens.bogus && k->tokens.prompt >= 0) {
+        int64_t cached = dialect_usage_cached(&k->tokens);
+        in = (double)k->tokens.prompt;
+        if (!k->src->limits.cached_input_counts && cached > 0)
+            in -= (double)cached;
+    }
+    if (!k->tokens.bogus && k->tokens.completion >= 0)
+        out = (double)k->tokens.completion;
+    gov_call_on_io(&k->g, in, out, now);
+}
+
 /* Keeps `usage` (borrowed) as the result's usage map. */
 static void call_keep_usage(struct call *k, const msgpack_object *usage)
 {
@@ -1133,6 +1151,8 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
         backend_release(k->srv->backend, k->lease, &res.outcome, used);
         k->lease = NULL;
     }
+    if (res.outcome.kind == OUTCOME_SUCCESS)
+        call_count_io(k, now);
     gov_call_on_outcome(&k->g, now, &res.outcome, used, &d);
 
     if (res.outcome.kind != OUTCOME_SUCCESS && res.deadline_exceeded) {
@@ -2036,6 +2056,8 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
         rc = gov_call_init(&k->g, &srv->gov, (uint32_t)ci, scope, &pol,
                            r->deadline_s > 0 ? now + r->deadline_s : 0,
                            governor_estimate_tokens(text_len, r->max_tokens), now);
+    if (rc == 0)
+        gov_call_set_io(&k->g, k->est_in, (double)r->max_tokens);
     if (rc == 0 && use)
         gov_call_set_sources(&k->g, use);
     if (rc == 0 && k->cap->affinity != AFFINITY_NONE)

@@ -200,6 +200,9 @@ enum fid {
     FID_BUDGET_TOTAL,
     FID_BUDGET_TZ,
     FID_BUDGET_OUTPUT,
+    FID_ITPM,
+    FID_OTPM,
+    FID_CACHED_INPUT,
     FID_COUNT
 };
 
@@ -947,6 +950,16 @@ static const struct field budget_table[] = {
 };
 #undef BUDGET
 
+/* A source's limits: the shared ones, and the input / output split. */
+static const struct field source_limits_table[] = {
+    { .key = "limits", .type = FT_INCLUDE, .sub = limits_table },
+    NUM("itpm", FT_U64, FID_ITPM, OFF(struct config_limits, itpm), 0, (double)INT64_MAX, 0),
+    NUM("otpm", FT_U64, FID_OTPM, OFF(struct config_limits, otpm), 0, (double)INT64_MAX, 0),
+    TYPED("cached_input_counts", FT_BOOL, FID_CACHED_INPUT,
+          OFF(struct config_limits, cached_input_counts)),
+    END
+};
+
 static const struct field pacer_table[] = {
     NUM("min_interval_ms", FT_U32, FID_PACER_MIN_INTERVAL, 0, 0, 86400000, 0), END
 };
@@ -1006,7 +1019,7 @@ static const struct field source_table[] = {
     NUM("max_concurrency", FT_U32, FID_MAX_CONCURRENCY, SRC(max_concurrency), 1, 1e6, 0),
     SECTION("aimd", FID_AIMD, SRC(aimd), aimd_table),
     SECTION("breaker", FID_BREAKER, SRC(breaker), breaker_table),
-    SECTION("limits", FID_LIMITS, SRC(limits), limits_table),
+    SECTION("limits", FID_LIMITS, SRC(limits), source_limits_table),
     SECTION("pacer", FID_PACER, SRC(pacer_min_interval_ms), pacer_table),
     SECTION("prices", FID_PRICES, SRC(prices), prices_table),
     SECTION("budget", FID_BUDGET, SRC(budget), budget_table),
@@ -2635,6 +2648,13 @@ static void validate_source(struct loader *l, size_t i)
     validate_dialect(l, i, prefix);
     validate_route(l, i, prefix);
     validate_prices(l, i, prefix);
+    if (!line[FID_CACHED_INPUT])
+        s->limits.cached_input_counts = s->kind != DIALECT_ANTHROPIC;
+    if ((line[FID_ITPM] || line[FID_OTPM]) && l->cfg->backend != BACKEND_MEMORY) {
+        snprintf(path, sizeof(path), "%s.limits.%s", prefix, line[FID_ITPM] ? "itpm" : "otpm");
+        fail_at(l, line[FID_ITPM] ? line[FID_ITPM] : line[FID_OTPM], path,
+                "is kept by the memory backend only (not yet across a fleet); use tpm");
+    }
     if (budget_is_set(&s->budget) && !line_is_bad(line[FID_BUDGET])) {
         snprintf(path, sizeof(path), "%s.budget", prefix);
         if (!s->prices.set && !line[FID_PRICES])

@@ -2171,6 +2171,36 @@ START_TEST(test_config__budgets)
 }
 END_TEST
 
+/* itpm / otpm and whether cache reads count against them: per source;
+ * by default not for kind anthropic (as it documents), yes otherwise. */
+START_TEST(test_config__input_output_limits)
+{
+    struct config *cfg = expect_ok(SRC0 "    limits: {itpm: 1000, otpm: 200}\n"
+                                        "  - name: b\n"
+                                        "    capability: chat\n"
+                                        "    base_url: http://127.0.0.1:1/v1\n"
+                                        "    kind: anthropic\n"
+                                        "    limits: {itpm: 50}\n"
+                                        "  - name: c\n"
+                                        "    capability: chat\n"
+                                        "    base_url: http://127.0.0.1:1/v1\n"
+                                        "    kind: anthropic\n"
+                                        "    limits: {cached_input_counts: true}\n");
+    ck_assert_int_eq(cfg->sources[0].limits.itpm, 1000);
+    ck_assert_int_eq(cfg->sources[0].limits.otpm, 200);
+    ck_assert(cfg->sources[0].limits.cached_input_counts);
+    ck_assert(!cfg->sources[1].limits.cached_input_counts);
+    ck_assert(cfg->sources[2].limits.cached_input_counts);
+    config_free(cfg);
+    expect_reject(SRC0 "    limits: {itpm: -1}\n", 5, "sources[0].limits.itpm", "must be");
+    expect_reject(SRC0 "apps:\n  - name: web\n    limits: {itpm: 5}\n", 7, "apps[0].limits.itpm",
+                  "unknown key");
+    expect_reject("backend: {kind: redis, url: \"redis://127.0.0.1:6379\"}\n" SRC0
+                  "    limits: {otpm: 5}\n",
+                  6, "sources[0].limits.otpm", "memory backend only");
+}
+END_TEST
+
 Suite *config_suite(void)
 {
     Suite *s = suite_create("config");
@@ -2301,6 +2331,7 @@ Suite *config_suite(void)
     tcase_add_test(tc, test_config__raw_capabilities);
     tcase_add_test(tc, test_config__prices_and_currency);
     tcase_add_test(tc, test_config__budgets);
+    tcase_add_test(tc, test_config__input_output_limits);
     suite_add_tcase(s, tc);
     return s;
 }
