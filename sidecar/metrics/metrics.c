@@ -553,6 +553,42 @@ static void render_usage(struct prom_text *t, struct server *srv)
     }
 }
 
+/* The budgets in currency (docs/CONFIG.md §12a) of the apps and sources
+ * that have one, per window: what it has left now, and its limit. */
+static void render_budgets(struct prom_text *t, struct server *srv)
+{
+    static const char *const names[2] = { "polygw_budget_left", "polygw_budget_limit" };
+    static const char *const help[2] = {
+        "What a budget has left now (limit - spent - reserved by calls in flight), in the "
+        "deployment's currency, by app or source, and window.",
+        "A budget's limit, by app or source, and window.",
+    };
+    const struct config *cfg = srv->cfg;
+    double now = ev_time();
+    struct prom_label l[2];
+
+    for (int f = 0; f < 2; f++) {
+        prom_text_family(t, names[f], "gauge", help[f]);
+        for (int of_app = 1; of_app >= 0; of_app--) {
+            size_t n = of_app ? cfg->n_apps : cfg->n_sources;
+            for (size_t i = 0; i < n; i++) {
+                struct budget *b = backend_budget(srv->backend, of_app, i);
+                if (!b)
+                    continue;
+                l[0] = of_app ? L("app", cfg->apps[i].name) : L("source", cfg->sources[i].name);
+                for (int w = 0; w < BUDGET_WINDOWS; w++) {
+                    if (!(b->p.limit[w] > 0))
+                        continue;
+                    l[1] = L("window", budget_window_name((enum budget_window)w));
+                    prom_text_sample(t, names[f], l, 2,
+                                     f == 0 ? budget_left(b, (enum budget_window)w, now, NULL)
+                                            : b->p.limit[w]);
+                }
+            }
+        }
+    }
+}
+
 /* The backend's kind and whether it can answer, then its own figures. */
 static void render_backend(struct prom_text *t, struct server *srv)
 {
@@ -587,6 +623,7 @@ char *metrics_render(struct server *srv, size_t *len)
     figs_render(&t, &figs_tasks, srv, 1, 0);
     render_apps(&t, srv);
     render_usage(&t, srv);
+    render_budgets(&t, srv);
     render_backend(&t, srv);
     srv->metrics->last_len = t.len;
     return prom_text_take(&t, len);

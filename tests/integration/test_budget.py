@@ -21,6 +21,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import POLYGW, call, chat, config_yaml, source_yaml  # noqa: E402
 from prometheus_fixture import free_port  # noqa: E402
+from test_metrics import metrics_text, parse, promtool_check, value  # noqa: E402
 
 FAST = {"timeout_s": 5, "connect_timeout_s": 2, "ttft_timeout_s": 2, "idle_timeout_s": 5,
         "max_concurrency": 64, "aimd": {"initial": 64}}
@@ -140,6 +141,12 @@ def test_budget__source_budget(make_sidecar, up):
     err, stats = c.request("stats")
     src = {s["name"]: s for s in stats["sources"]}["s"]
     assert src["budget"]["monthly"]["spent"] == 0.25 and src["cost"] == 0.25, src
+    text = metrics_text(sc)
+    promtool_check(text)
+    m = parse(text)
+    assert abs(value(m, "polygw_budget_left", source="s", window="monthly") - 0.95) < 1e-9
+    assert value(m, "polygw_budget_limit", source="s", window="monthly") == 1.2
+    assert not [k for k in m if k[0] == "polygw_budget_left" and k[1][0][0] == "app"]
 
 
 def test_budget__configuration_errors(up, tmp_path):
