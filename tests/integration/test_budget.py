@@ -259,3 +259,48 @@ def test_budget__task_budget_over_http_header(make_sidecar, up):
     assert status == 400 and "X-Polygw-Budget" in doc["error"]["message"], doc
     status, doc, _ = post("/polygw/v1/tasks/web-3/start", b'{"budget": 2}')
     assert status == 200, doc
+
+
+def test_budget__a_burst_of_200_calls_with_varying_costs_never_overshoots(make_sidecar, up):
+    """200 calls at once against an app total of 40, each reserving 1.0
+    (max_tokens 1000) and costing what its answer reports (100 .. 1000
+    completion tokens, so 0.1 .. 1.0): the sum charged never passes the
+    budget, every refusal is budget_exhausted, and the counters agree with
+    the per-call costs to the last digit."""
+    import random
+    rnd = random.Random(30)
+    sc = start(make_sidecar, up, app_budget={"total": 40})
+    c = sc.connect()
+    completions = [rnd.randint(100, 1000) for _ in range(200)]
+    ids = [c.request_async("call", {"capability": "chat",
+                                    "body": body(completion=n, delay_ms=rnd.randint(0, 200))})
+           for n in completions]
+    answers = [c.wait_response(i, 30) for i in ids]
+    ok = [a[3] for a in answers if a[2] is None]
+    refused = [a[2] for a in answers if a[2] is not None]
+    assert all(e["code"] == "budget_exhausted" and e["budget"] == "app:default:total"
+               for e in refused), refused[:3]
+    charged = sum(r["cost"] for r in ok)
+    assert ok and refused and charged <= 40 + 1e-9, (len(ok), charged)
+    # Reservations, not real costs, refused the rest: what they held came
+    # back as the burst settled.
+    app = app_budget_stats(c)
+    total = app["budget"]["total"]
+    assert total["reserved"] == 0 and abs(total["spent"] - charged) < 1e-9, total
+    assert abs(app["cost"] - charged) < 1e-9, app
+    m = parse(metrics_text(sc))
+    assert abs(value(m, "polygw_cost_total", source="s", app="default", model="other",
+                     currency="USD") - charged) < 1e-9
+    # One at a time, the budget is then spent down to less than one worst
+    # case (1.0), never past it.
+    served_after = 0
+    while True:
+        err, res, _ = call(c, "chat", body(completion=rnd.randint(100, 1000)))
+        if err:
+            break
+        served_after += 1
+        charged += res["cost"]
+    assert err["code"] == "budget_exhausted" and 39 < charged <= 40 + 1e-9, (err, charged)
+    assert abs(err["left"] - (40 - charged)) < 1e-9, (err, charged)
+    print("burst: %d served, %d refused at once; then %d one by one; %.4f of 40 charged"
+          % (len(ok), len(refused), served_after, charged))
