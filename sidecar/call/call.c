@@ -118,14 +118,17 @@ struct call {
     char *model_label;           /* owned: the configured model name it matched,
                                   * "other", or NULL: it named none (models.h) */
     /* For the access log (access.h). */
-    bool answered;                        /* a response was queued */
-    int last_status;                      /* the last attempt's HTTP status */
-    double ttft_s;                        /* NAN until a chunk is relayed */
-    double used_tokens;                   /* total tokens of the answer, NAN: unknown */
-    double cost;                          /* what the answer cost (cost.h), NAN: unknown */
-    double est_in, est_out;               /* its worst case in tokens, for budgets */
-    double reserved;                      /* the attempt's reservation on budgets ... */
-    unsigned reserved_on;                 /* ... 1 << CALL_BUDGET_*: which ones */
+    bool answered;               /* a response was queued */
+    int last_status;             /* the last attempt's HTTP status */
+    double ttft_s;               /* NAN until a chunk is relayed */
+    double used_tokens;          /* total tokens of the answer, NAN: unknown */
+    double cost;                 /* what the answer cost (cost.h), NAN: unknown */
+    double est_in, est_out;      /* its worst case in tokens, for budgets */
+    double reserved;             /* the attempt's reservation on budgets ... */
+    unsigned reserved_on;        /* ... 1 << CALL_BUDGET_*: which ones */
+    struct backend_spend *spend; /* a fleet budget reservation asked */
+    bool fleet_reserved;         /* the fleet's budgets hold `fleet_amount` */
+    double fleet_amount;
     char *task_id;                        /* owned; NULL when the call names none */
     struct gov_source_note *reconf_notes; /* a reload in progress: the new notes */
     struct call *all_prev, *all_next;     /* srv->calls_all: every call, for a reload */
@@ -266,11 +269,24 @@ static void call_budgets(const struct call *k, size_t source, struct budget **b)
     b[CALL_BUDGET_TASK] = k->task && k->task->has_budget ? &k->task->budget : NULL;
 }
 
+/* call_settle's `actual` for "charge what was reserved". */
+#define CALL_AS_RESERVED INFINITY
+
+/* Ends the attempt's reservations: `actual` (>= 0) charged in their
+ * place, NAN given back, CALL_AS_RESERVED charged as reserved. */
 static void call_settle(struct call *k, double actual)
 {
     struct budget *b[CALL_BUDGETS];
     double now = ev_time();
 
+    if (k->fleet_reserved) {
+        struct backend *be = k->srv->backend;
+        be->ops->spend_settle(be, k->g.app, call_source(k), k->fleet_amount,
+                              actual == CALL_AS_RESERVED ? k->fleet_amount : actual);
+        k->fleet_reserved = false;
+    }
+    if (actual == CALL_AS_RESERVED)
+        actual = k->reserved;
     if (!k->reserved_on)
         return;
     call_budgets(k, call_source(k), b);
@@ -334,6 +350,9 @@ static void call_end(struct call *k)
     k->task_wait = NULL;
     if (k->admit)
         backend_admit_detach(srv->backend, k->admit);
+    if (k->spend)
+        srv->backend->ops->spend_detach(srv->backend, k->spend);
+    k->spend = NULL;
     if (k->lease)
         backend_release(srv->backend, k->lease, NULL, -1);
     k->admit = NULL;
@@ -1138,11 +1157,11 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
     }
     /* Budgets: the real cost; one unknown although the upstream answered
      * (or relayed part of a stream) as reserved; nothing for a failure. */
-    if (k->reserved_on)
+    if (k->reserved_on || k->fleet_reserved)
         call_settle(k,
                     res.outcome.kind != OUTCOME_SUCCESS && res.events == 0 ? NAN
                         : cost_is_known(k->cost)                           ? k->cost
-                                                                           : k->reserved);
+                                                                           : CALL_AS_RESERVED);
     double used =
         res.outcome.kind == OUTCOME_SUCCESS ? (double)dialect_usage_total(&k->tokens) : -1;
     k->last_status = res.http_status;
@@ -1656,6 +1675,7 @@ static void call_on_admit(void *ud, int rc, struct backend_lease *lease, double 
         call_run_attempt(k, k->g.source);
         return;
     }
+    call_settle(k, NAN); /* not admitted: its budget reservation goes back */
     if (rc == 0) {
         log_at(LOG_DEBUG, "fleet admission refused", "app", LOG_S, k->app, "source", LOG_S,
                srv->cfg->sources[k->g.source].name, "check", LOG_S, why, NULL);
@@ -1673,6 +1693,78 @@ static void call_on_admit(void *ud, int rc, struct backend_lease *lease, double 
     call_act(k, &d, NULL);
 }
 
+/* Asks the backend to admit the attempt the step reserved on `source`:
+ * admitted at once (the local step decided: memory), later
+ * (call_on_admit), or not sent: fail closed. */
+static void call_admit(struct call *k, size_t source)
+{
+    struct server *srv = k->srv;
+    int rc = backend_admit(srv->backend, source, k->g.app, k->g.est_tokens, &k->lease,
+                           call_on_admit, k, &k->admit);
+    if (rc > 0) {
+        call_run_attempt(k, source);
+    } else if (rc < 0) {
+        struct gov_decision fail;
+        call_settle(k, NAN);
+        gov_call_abandon(&k->g, ev_now(srv->loop), GOV_BACKEND_UNAVAILABLE, &fail);
+        call_act(k, &fail, NULL);
+    }
+}
+
+/* The fleet answered the reservation of the attempt's worst case on its
+ * app's and source's budgets. */
+static void call_on_spend(void *ud, int rc, const char *which, const char *window, double left,
+                          double retry_after_s)
+{
+    struct call *k = ud;
+    struct server *srv = k->srv;
+    size_t source = k->g.source;
+
+    k->spend = NULL;
+    if (rc > 0) {
+        k->fleet_reserved = true;
+        call_admit(k, source);
+        return;
+    }
+    if (rc == 0) {
+        struct call_refusal why = { .r = { .left = left, .retry_after_s = retry_after_s } };
+        snprintf(why.budget, sizeof(why.budget), "%s:%s:%s", which,
+                 strcmp(which, "source") == 0 ? srv->cfg->sources[source].name : k->app, window);
+        call_refuse_budget(k, &why);
+        return;
+    }
+    struct gov_decision d;
+    snprintf(k->backend_why, sizeof(k->backend_why), "%s", which);
+    gov_call_abandon(&k->g, ev_now(srv->loop), GOV_BACKEND_UNAVAILABLE, &d);
+    call_act(k, &d, NULL);
+}
+
+/* Budgets the fleet keeps (the Redis backend): asks for the reservation of
+ * the attempt's worst case and returns true (the call waits for
+ * call_on_spend), or false when no such budget covers it. */
+static bool call_reserve_fleet(struct call *k, size_t source)
+{
+    struct server *srv = k->srv;
+    const struct config *cfg = srv->cfg;
+    struct backend *be = srv->backend;
+    size_t app = k->g.app;
+
+    if (!be->ops->spend_reserve ||
+        !((app < cfg->n_apps && budget_is_set(&cfg->apps[app].budget)) ||
+          budget_is_set(&cfg->sources[source].budget)))
+        return false;
+    double amount = cost_worst(&cfg->sources[source].prices, k->est_in, k->est_out);
+    k->fleet_amount = cost_is_known(amount) ? amount : 0;
+    k->fleet_reserved = false;
+    if (be->ops->spend_reserve(be, app, source, k->fleet_amount, call_on_spend, k, &k->spend) < 0) {
+        struct gov_decision d;
+        snprintf(k->backend_why, sizeof(k->backend_why), "%s", "not connected");
+        gov_call_abandon(&k->g, ev_now(srv->loop), GOV_BACKEND_UNAVAILABLE, &d);
+        call_act(k, &d, NULL);
+    }
+    return true;
+}
+
 static void call_act(struct call *k, const struct gov_decision *d,
                      const struct attempt_result *last)
 {
@@ -1687,17 +1779,11 @@ static void call_act(struct call *k, const struct gov_decision *d,
             call_refuse_budget(k, &why);
             return;
         }
-        /* Admitted at once (the local step decided: memory), later
-         * (call_on_admit), or not sent: fail closed. */
-        int rc = backend_admit(srv->backend, d->source, k->g.app, k->g.est_tokens, &k->lease,
-                               call_on_admit, k, &k->admit);
-        if (rc > 0) {
-            call_run_attempt(k, d->source);
-        } else if (rc < 0) {
-            struct gov_decision fail;
-            gov_call_abandon(&k->g, ev_now(srv->loop), GOV_BACKEND_UNAVAILABLE, &fail);
-            call_act(k, &fail, NULL);
-        }
+        /* A fleet's budgets answer first (one more round trip), then the
+         * fleet's admission. */
+        if (call_reserve_fleet(k, d->source))
+            return;
+        call_admit(k, d->source);
         return;
     }
     case GOV_WAIT: {
@@ -1718,7 +1804,7 @@ static void call_step(struct call *k)
 {
     struct gov_decision d;
 
-    if (k->admit || k->attempt || k->task_wait)
+    if (k->admit || k->attempt || k->task_wait || k->spend)
         return; /* a late timer, or the call is waiting for the backend */
     gov_call_step(&k->g, ev_now(k->srv->loop), &d);
     call_act(k, &d, NULL);
@@ -2098,7 +2184,7 @@ static void call_abort(struct call *k)
         metrics_on_attempt_cancelled(k->srv->metrics, call_source(k));
         attempt_cancel(k->attempt);
         k->attempt = NULL;
-        call_settle(k, k->reserved); /* it was sent: its cost is unknown */
+        call_settle(k, CALL_AS_RESERVED); /* it was sent: its cost is unknown */
     }
     call_end(k);
 }

@@ -2661,9 +2661,6 @@ static void validate_source(struct loader *l, size_t i)
             fail_at(l, line[FID_BUDGET], path,
                     "needs prices: on the source (a budget cannot be charged by an "
                     "unpriced source)");
-        else if (l->cfg->backend != BACKEND_MEMORY)
-            fail_at(l, line[FID_BUDGET], path,
-                    "budgets are kept by the memory backend only (not yet across a fleet)");
     }
 }
 
@@ -3106,11 +3103,6 @@ static void check_app_budget(struct loader *l, size_t i)
     if (!budget_is_set(&a->app.budget) || line_is_bad(a->line[FID_BUDGET]))
         return;
     snprintf(path, sizeof(path), "apps[%zu].budget", i);
-    if (l->cfg->backend != BACKEND_MEMORY) {
-        fail_at(l, a->line[FID_BUDGET], path,
-                "budgets are kept by the memory backend only (not yet across a fleet)");
-        return;
-    }
     for (size_t j = 0; j < l->n_srcs; j++) {
         const struct config_source *s = &l->srcs[j].src;
         size_t ci = s->capability_index;

@@ -2165,9 +2165,10 @@ START_TEST(test_config__budgets)
     expect_reject(SRC0 "    prices: {input: 1, output: 2}\n"
                        "    budget: {daily: 1, timezone: \"+24:00\"}\n",
                   6, "sources[0].budget.timezone", "UTC or an offset");
-    expect_reject("backend: {kind: redis, url: \"redis://127.0.0.1:6379\"}\n" SRC0
-                  "    prices: {input: 1, output: 2}\n    budget: {daily: 1}\n",
-                  7, "sources[0].budget", "memory backend only");
+    cfg = expect_ok("backend: {kind: redis, url: \"redis://127.0.0.1:6379\"}\n" SRC0
+                    "    prices: {input: 1, output: 2}\n    budget: {daily: 1}\n");
+    ck_assert_double_eq(cfg->sources[0].budget.limit[BUDGET_DAILY], 1); /* the fleet's */
+    config_free(cfg);
 }
 END_TEST
 
