@@ -46,6 +46,18 @@ def body(completion=250, delay_ms=0):
                                                  "completion_tokens": completion}})
 
 
+def burst_outcome(answers, budget=40):
+    """(served results, refusals, sum charged) of a burst's answers, after
+    checking that every refusal is the app's total and nothing overshot."""
+    ok = [a[3] for a in answers if a[2] is None]
+    refused = [a[2] for a in answers if a[2] is not None]
+    assert all(e["code"] == "budget_exhausted" and e["budget"] == "app:default:total"
+               for e in refused), refused[:3]
+    charged = sum(r["cost"] for r in ok)
+    assert ok and refused and charged <= budget + 1e-9, (len(ok), charged)
+    return ok, refused, charged
+
+
 def app_budget_stats(c):
     err, stats = c.request("stats")
     assert err is None, err
@@ -275,13 +287,7 @@ def test_budget__a_burst_of_200_calls_with_varying_costs_never_overshoots(make_s
     ids = [c.request_async("call", {"capability": "chat",
                                     "body": body(completion=n, delay_ms=rnd.randint(0, 200))})
            for n in completions]
-    answers = [c.wait_response(i, 30) for i in ids]
-    ok = [a[3] for a in answers if a[2] is None]
-    refused = [a[2] for a in answers if a[2] is not None]
-    assert all(e["code"] == "budget_exhausted" and e["budget"] == "app:default:total"
-               for e in refused), refused[:3]
-    charged = sum(r["cost"] for r in ok)
-    assert ok and refused and charged <= 40 + 1e-9, (len(ok), charged)
+    ok, refused, charged = burst_outcome([c.wait_response(i, 30) for i in ids])
     # Reservations, not real costs, refused the rest: what they held came
     # back as the burst settled.
     app = app_budget_stats(c)
