@@ -19,6 +19,7 @@ static const char *const code_names[PGW_CODE_COUNT] = {
     [PGW_UNKNOWN_METHOD] = "unknown_method",
     [PGW_UNKNOWN_CAPABILITY] = "unknown_capability",
     [PGW_MODEL_NOT_FOUND] = "model_not_found",
+    [PGW_RESPONSE_NOT_FOUND] = "response_not_found",
     [PGW_TOO_LARGE] = "too_large",
     [PGW_OVERLOADED] = "overloaded",
     [PGW_SHUTTING_DOWN] = "shutting_down",

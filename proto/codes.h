@@ -29,10 +29,12 @@ enum pgw_code {
     PGW_BAD_REQUEST,         /* malformed frame or wrong params */
     PGW_UNKNOWN_METHOD,
     PGW_UNKNOWN_CAPABILITY,
-    PGW_MODEL_NOT_FOUND, /* no source of the capability serves the model asked for */
-    PGW_TOO_LARGE,       /* message over max_message_bytes */
-    PGW_OVERLOADED,      /* a sidecar limit (requests in flight) was hit */
-    PGW_SHUTTING_DOWN,   /* the sidecar is draining */
+    PGW_MODEL_NOT_FOUND,    /* no source of the capability serves the model asked for */
+    PGW_RESPONSE_NOT_FOUND, /* a Responses follow-up names a response no source can be
+                             * found for */
+    PGW_TOO_LARGE,          /* message over max_message_bytes */
+    PGW_OVERLOADED,         /* a sidecar limit (requests in flight) was hit */
+    PGW_SHUTTING_DOWN,      /* the sidecar is draining */
     PGW_INTERNAL,
     PGW_CODE_COUNT
 };

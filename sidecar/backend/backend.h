@@ -98,6 +98,10 @@ typedef void backend_spend_cb(void *ud, int rc, const char *which, const char *w
 /* A task operation answered later. `bt` and its strings are valid during
  * the call only. */
 typedef void backend_task_cb(void *ud, const struct backend_task *bt);
+/* A response id looked up later: rc 1 known (`source` the name of the
+ * source that produced it, borrowed for the call), 0 unknown or expired,
+ * -1 the backend could not answer (`source`: why). */
+typedef void backend_respid_cb(void *ud, int rc, const char *source);
 
 /* Events reported upward. Each runs from the event loop, never inside a
  * backend operation; any may be NULL; none runs once backend_free has begun
@@ -141,6 +145,17 @@ struct backend_ops {
      * lease not released expires by its TTL. */
     void (*release)(struct backend *be, struct backend_lease *lease, const struct outcome *o,
                     double used_tokens);
+
+    /* Which source produced a Responses API response (docs/CONFIG.md,
+     * "responses"), so that its follow-ups reach it. `remember` records
+     * `id` -> `source` for `ttl_s` (the memory backend keeps at most `max`
+     * of them; failures are counted, never reported). `recall`: 1 answered
+     * now (the name copied to source[cap], "" when unknown), 0 `cb` runs
+     * later, -1 not sent. Either may be NULL: nothing is remembered. */
+    void (*remember_response)(struct backend *be, const char *id, const char *source, double ttl_s,
+                              size_t max);
+    int (*recall_response)(struct backend *be, const char *id, char *source, size_t cap,
+                           backend_respid_cb *cb, void *ud);
 
     /* Task operation `op` on task `id` (borrowed, 1..TASK_ID_MAX bytes);
      * `reason` (stop, finish, watchdog) and `ok` (finish), on behalf of
@@ -287,6 +302,23 @@ static inline int backend_task(struct backend *be, enum backend_task_op op, cons
                                struct backend_task *now_bt, backend_task_cb *cb, void *ud)
 {
     return be->ops->task(be, op, id, reason, ok, app, admin, now_bt, cb, ud);
+}
+
+static inline void backend_remember_response(struct backend *be, const char *id, const char *source,
+                                             double ttl_s, size_t max)
+{
+    if (be->ops->remember_response)
+        be->ops->remember_response(be, id, source, ttl_s, max);
+}
+
+static inline int backend_recall_response(struct backend *be, const char *id, char *source,
+                                          size_t cap, backend_respid_cb *cb, void *ud)
+{
+    if (!be->ops->recall_response) {
+        source[0] = '\0';
+        return 1;
+    }
+    return be->ops->recall_response(be, id, source, cap, cb, ud);
 }
 
 static inline bool backend_is_up(const struct backend *be)

@@ -9,10 +9,12 @@
  */
 #include "backend.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "codec/figures.h"
+#include "respids.h"
 #include "task.h"
 
 /* A budget of the configuration in force, by the name it is kept under. */
@@ -25,11 +27,32 @@ struct mem_budget {
 struct backend_memory {
     struct backend be; /* first: the table's view */
     struct ev_loop *loop;
-    struct task_reg *tasks;  /* borrowed */
+    struct task_reg *tasks; /* borrowed */
+    struct respids *respids;
     struct mem_budget *apps; /* owned, n_apps; parallel to cfg->apps */
     struct mem_budget *srcs; /* owned, n_srcs; parallel to cfg->sources */
     size_t n_apps, n_srcs;
 };
+
+static void mem_remember_response(struct backend *be, const char *id, const char *source,
+                                  double ttl_s, size_t max)
+{
+    struct backend_memory *m = (struct backend_memory *)be;
+
+    respids_put(m->respids, id, source, ttl_s, max, ev_now(m->loop));
+}
+
+static int mem_recall_response(struct backend *be, const char *id, char *source, size_t cap,
+                               backend_respid_cb *cb, void *ud)
+{
+    struct backend_memory *m = (struct backend_memory *)be;
+    const char *s = respids_get(m->respids, id, ev_now(m->loop));
+    (void)cb;
+    (void)ud;
+
+    snprintf(source, cap, "%s", s ? s : "");
+    return 1;
+}
 
 static int mem_admit(struct backend *be, size_t source, size_t app, double est_tokens,
                      struct backend_lease **lease, backend_admit_cb *cb, void *ud,
@@ -166,6 +189,7 @@ static const struct fig_table memory_figures = FIG_TABLE(memory_figure_list);
 static void mem_free(struct backend *be)
 {
     struct backend_memory *m = (struct backend_memory *)be;
+    respids_free(m->respids);
     free(m->apps);
     free(m->srcs);
     free(be);
@@ -254,6 +278,8 @@ static const struct backend_ops memory_ops = {
     .admit_detach = mem_admit_detach,
     .release = mem_release,
     .task = mem_task,
+    .remember_response = mem_remember_response,
+    .recall_response = mem_recall_response,
     .retry_later = mem_retry_later,
     .is_closing = mem_is_closing,
     .is_up = mem_is_up,
@@ -276,5 +302,9 @@ struct backend *backend_memory_new(struct ev_loop *loop, struct task_reg *tasks)
     m->be.ops = &memory_ops;
     m->loop = loop;
     m->tasks = tasks;
+    if (!(m->respids = respids_new())) {
+        free(m);
+        return NULL;
+    }
     return &m->be;
 }

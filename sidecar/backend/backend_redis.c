@@ -1359,6 +1359,78 @@ static void redis_spend_detach(struct backend *be, struct backend_spend *s)
     s->ud = NULL;
 }
 
+
+/* --- response ids ------------------------------------------------------ */
+
+/* {P:resp:ID}: the name of the source that produced response ID, with
+ * the TTL of responses.remember_s. One key per id: SET and GET, no script. */
+static void resp_key(const struct backend_redis *sh, const char *id, char *key, size_t len)
+{
+    snprintf(key, len, "{%s:resp:%s}", sh->cfg->redis_prefix, id);
+}
+
+static void on_remembered(const redisReply *r, const char *err, void *ud)
+{
+    if (!r || r->type != REDIS_REPLY_STATUS)
+        count_write_error(ud, "remember response", err);
+}
+
+static void redis_remember_response(struct backend *be, const char *id, const char *source,
+                                    double ttl_s, size_t max)
+{
+    struct backend_redis *sh = (struct backend_redis *)be;
+    char key[SHARED_KEY_MAX], ttl[32];
+    (void)max; /* Redis evicts by TTL (and its own maxmemory policy) */
+
+    if (sh->closing)
+        return;
+    resp_key(sh, id, key, sizeof(key));
+    fmt_num(ttl, sizeof(ttl), ttl_s * 1000.0 >= 1 ? ttl_s * 1000.0 : 1);
+    const char *argv[] = { "SET", key, source, "PX", ttl };
+    if (rds_command(sh->rds, 5, argv, NULL, on_remembered, sh) < 0)
+        count_write_error(sh, "remember response", "not connected");
+}
+
+struct recall {
+    backend_respid_cb *cb;
+    void *ud;
+};
+
+static void on_recalled(const redisReply *r, const char *err, void *ud)
+{
+    struct recall q = *(struct recall *)ud;
+
+    free(ud);
+    if (r && r->type == REDIS_REPLY_STRING)
+        q.cb(q.ud, 1, r->str);
+    else if (r && r->type == REDIS_REPLY_NIL)
+        q.cb(q.ud, 0, NULL);
+    else
+        q.cb(q.ud, -1, err ? err : "bad reply");
+}
+
+static int redis_recall_response(struct backend *be, const char *id, char *source, size_t cap,
+                                 backend_respid_cb *cb, void *ud)
+{
+    struct backend_redis *sh = (struct backend_redis *)be;
+    char key[SHARED_KEY_MAX];
+    struct recall *q;
+    (void)source;
+    (void)cap;
+
+    if (sh->closing || !(q = malloc(sizeof(*q))))
+        return -1;
+    q->cb = cb;
+    q->ud = ud;
+    resp_key(sh, id, key, sizeof(key));
+    const char *argv[] = { "GET", key };
+    if (rds_command(sh->rds, 2, argv, NULL, on_recalled, q) < 0) {
+        free(q);
+        return -1;
+    }
+    return 0;
+}
+
 static const struct fig_table redis_figures;
 
 static const struct backend_ops redis_ops = {
@@ -1367,6 +1439,8 @@ static const struct backend_ops redis_ops = {
     .admit_detach = redis_admit_detach,
     .release = redis_release,
     .task = redis_task,
+    .remember_response = redis_remember_response,
+    .recall_response = redis_recall_response,
     .retry_later = redis_retry_later,
     .is_closing = redis_is_closing,
     .is_up = redis_is_up,

@@ -52,6 +52,7 @@
 
 #include "access.h"
 #include "backend/backend.h"
+#include "backend/respids.h"
 #include "codec/convert.h"
 #include "codec/dialect.h"
 #include "call/upath.h"
@@ -133,6 +134,10 @@ struct call {
     struct gov_source_note *reconf_notes; /* a reload in progress: the new notes */
     struct call *all_prev, *all_next;     /* srv->calls_all: every call, for a reload */
     struct raw_call *rawc;                /* owned: a passthrough's request, or NULL */
+    struct resp_wait *resp_wait;          /* the source of the response it follows is
+                                           * being looked up */
+    bool resp_noted;                      /* its answer's response id was remembered */
+    bool past_end;                        /* the attempt's stream sent its terminal event */
 };
 
 static void call_step(struct call *k);
@@ -144,6 +149,13 @@ struct task_wait {
 };
 static void call_act(struct call *k, const struct gov_decision *d,
                      const struct attempt_result *last);
+
+/* A call following a Responses API response waits for the backend to say
+ * which source produced it. */
+struct resp_wait {
+    struct call *k; /* NULL once the call is gone */
+    char id[RESPIDS_ID_MAX + 1];
+};
 
 static void call_unlink(struct call *k)
 {
@@ -348,6 +360,9 @@ static void call_end(struct call *k)
     if (k->task_wait)
         k->task_wait->k = NULL;
     k->task_wait = NULL;
+    if (k->resp_wait)
+        k->resp_wait->k = NULL;
+    k->resp_wait = NULL;
     if (k->admit)
         backend_admit_detach(srv->backend, k->admit);
     if (k->spend)
@@ -1057,6 +1072,30 @@ static void call_refuse_budget(struct call *k, const struct call_refusal *why)
         tasks_stop_budget(srv, task_id);
 }
 
+/* The Responses API answer of the current attempt names response `id`:
+ * remembered, so that its follow-ups reach the same source
+ * (docs/CONFIG.md, "responses"). Once per call. */
+static void call_note_response(struct call *k, const char *id, size_t len)
+{
+    const struct config *cfg = k->srv->cfg;
+    char buf[RESPIDS_ID_MAX + 1];
+
+    if (k->resp_noted || cfg->responses_remember_s <= 0 || !respids_id_ok(id, len))
+        return;
+    memcpy(buf, id, len);
+    buf[len] = '\0';
+    k->resp_noted = true;
+    backend_remember_response(k->srv->backend, buf, k->src->name, cfg->responses_remember_s,
+                              cfg->responses_max_remembered);
+}
+
+static int reply_id_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    if (strcmp(key, "id") == 0 && v->type == JSCAN_STRING && v->len >= 2)
+        call_note_response(ud, v->p + 1, v->len - 2); /* an id needs no escape */
+    return 0;
+}
+
 static void call_on_attempt_done(struct attempt *a, const struct attempt_result *r, void *ud)
 {
     struct call *k = ud;
@@ -1110,6 +1149,8 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
             else
                 snprintf(res.detail, sizeof(res.detail), "reply is not JSON: %.130s", err);
         } else if (!convert) {
+            if (call_dialect(k)->responses)
+                jscan_object(res.body ? res.body : "", res.body_len, reply_id_member, k, NULL);
             /* Only the usage member is read back, not the whole reply. */
             if (us.len > 0 &&
                 msgpack_unpack_next(&up, body.data + us.off, us.len, NULL) ==
@@ -1231,6 +1272,37 @@ static void call_event_name(const struct attempt *a, char *out, size_t cap)
  * a converted stream has no chunk for). Returns 1 when it is the stream's
  * terminal event (for upstreams that send no [DONE]), 0 to go on, -1 to
  * abort (the client is gone, or an error event: attempt_fail_stream). */
+/* An event after the terminal event of a dialect whose terminal event is
+ * its last (Messages, Responses, Gemini): never relayed. A well-formed one
+ * is dropped; one that is not JSON, or that reports an error, means the
+ * stream went wrong after the answer looked complete, so the call ends
+ * stream_interrupted rather than as a success. Returns 0 or -1. */
+static int call_after_end(struct call *k, struct attempt *a, const char *data, size_t len)
+{
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    struct dialect_event ev = { 0 };
+
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    int rc = relay_json(k->srv, data, len, &pk, NULL, NULL, 0);
+    if (rc == 0) {
+        msgpack_unpacked up;
+        msgpack_unpacked_init(&up);
+        if (msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS)
+            call_dialect(k)->scan_event(&up.data, &ev);
+        msgpack_unpacked_destroy(&up);
+    }
+    msgpack_sbuffer_destroy(&sb);
+    if (rc == 0 && !ev.error)
+        return 0;
+    attempt_fail_stream(a, REASON_BAD_RESPONSE, false,
+                        rc == 0 ? "the upstream reported an error after its stream's terminal event"
+                                : "the upstream sent an event that is not JSON after its stream's "
+                                  "terminal event");
+    return -1;
+}
+
 static int call_on_event(struct attempt *a, const char *data, size_t len, void *ud)
 {
     struct call *k = ud;
@@ -1249,6 +1321,8 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     int terminal = 0, rc;
     bool named;
 
+    if (k->past_end)
+        return call_after_end(k, a, data, len);
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&tmp, &sb, msgpack_sbuffer_write);
     strbuf_init(&scrubbed);
@@ -1297,6 +1371,12 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     if (sb.size && msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS) {
         d->scan_event(&up.data, &ev);
         terminal = ev.terminal;
+        k->past_end = ev.terminal && d->last_is_terminal;
+        if (d->responses && !k->resp_noted) {
+            const msgpack_object *rid = rpc_map_get(rpc_map_get(&up.data, "response"), "id");
+            if (rid && rid->type == MSGPACK_OBJECT_STR)
+                call_note_response(k, rid->via.str.ptr, rid->via.str.size);
+        }
         call_count_tokens(k, &ev.usage);
         const msgpack_object *usage = rpc_map_get(&up.data, "usage");
         if (k->tokens.bogus)
@@ -1649,6 +1729,7 @@ static void call_run_attempt(struct call *k, size_t source)
         convert_stream_init(k->conv, (int64_t)ev_now(srv->loop), k->client_usage);
     k->event_error[0] = '\0';
     k->relayed = 0;
+    k->past_end = false;
     k->attempt = attempt_start(srv->up, &as, &call_hooks, k);
     explicit_bzero(url, nu + 1); /* auth_query puts the key in it */
     if (url != url_buf)
@@ -1804,7 +1885,7 @@ static void call_step(struct call *k)
 {
     struct gov_decision d;
 
-    if (k->admit || k->attempt || k->task_wait || k->spend)
+    if (k->admit || k->attempt || k->task_wait || k->spend || k->resp_wait)
         return; /* a late timer, or the call is waiting for the backend */
     gov_call_step(&k->g, ev_now(k->srv->loop), &d);
     call_act(k, &d, NULL);
@@ -1946,6 +2027,173 @@ static int call_keep_gemini(struct call_sink *s, uint32_t id, const struct call_
     return -1;
 }
 
+/* Restricts call `k` to the source that produced response `id`, named
+ * `source` by the backend (NULL: not remembered). An id not remembered is
+ * followed anyway when only one source could serve the call. 0, or -1
+ * after answering response_not_found. */
+static int call_follow(struct call *k, const char *id, const char *source)
+{
+    const struct config *cfg = k->srv->cfg;
+    size_t ci = call_cap(k), n = 0, only = SIZE_MAX, pin = SIZE_MAX;
+    bool configured = false;
+    char why[400], quoted[RESPIDS_ID_MAX + 8];
+
+    for (size_t i = 0; i < cfg->n_sources; i++) {
+        const struct config_source *s = &cfg->sources[i];
+        bool named = source && strcmp(s->name, source) == 0 && !s->retired;
+        configured |= named;
+        if (s->capability_index != ci || s->retired || k->g.notes[i].excluded)
+            continue;
+        n++;
+        only = i;
+        if (named)
+            pin = i;
+    }
+    if (pin == SIZE_MAX && !source && n == 1)
+        pin = only;
+    if (pin == SIZE_MAX) {
+        rpc_quote_client_str(id, strlen(id), sizeof(quoted) - 1, quoted);
+        if (source)
+            snprintf(why, sizeof(why), "response '%s' was made by source '%s', which %s", quoted,
+                     source,
+                     configured ? "cannot serve this call (another capability or model, or one "
+                                  "this app may not use)"
+                                : "is no longer configured");
+        else
+            snprintf(why, sizeof(why),
+                     "polygw does not know which source made response '%s' (not made through "
+                     "polygw, or longer ago than responses.remember_s), and %zu sources could "
+                     "have made it",
+                     quoted, n);
+        call_reply_plain_error(k, PGW_RESPONSE_NOT_FOUND, why);
+        return -1;
+    }
+    bool *use = calloc(cfg->n_sources, sizeof(*use));
+    if (!use) {
+        call_reply_plain_error(k, PGW_INTERNAL, "out of memory");
+        return -1;
+    }
+    use[pin] = true;
+    gov_call_set_sources(&k->g, use);
+    free(use);
+    k->src = &cfg->sources[pin];
+    return 0;
+}
+
+/* The backend said which source made the response a call follows. */
+static void call_on_recalled(void *ud, int rc, const char *source)
+{
+    struct resp_wait *rw = ud;
+    struct call *k = rw->k;
+
+    if (k) {
+        k->resp_wait = NULL;
+        if (rc < 0) {
+            char why[300];
+            snprintf(why, sizeof(why),
+                     "the backend could not say which source made the response this call "
+                     "follows: %.200s",
+                     source ? source : "no answer");
+            call_reply_plain_error(k, PGW_BACKEND_UNAVAILABLE, why);
+            call_finish(k);
+        } else if (call_follow(k, rw->id, rc == 1 ? source : NULL) < 0) {
+            call_finish(k);
+        } else {
+            call_step(k);
+        }
+    }
+    free(rw);
+}
+
+struct prev_id {
+    char id[RESPIDS_ID_MAX + 1];
+    int state; /* 0 none, 1 an id, 2 not an id polygw keeps */
+};
+
+static int prev_id_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    struct prev_id *p = ud;
+
+    if (strcmp(key, "previous_response_id") != 0 || v->type == JSCAN_NULL)
+        return 0;
+    long n = v->type == JSCAN_STRING ? jscan_string(v, p->id, RESPIDS_ID_MAX) : -1;
+    p->state = n > 0 && respids_id_ok(p->id, (size_t)n) ? 1 : 2;
+    return 0;
+}
+
+/* The response call `k` of request `r` follows: the follow-up's id, or
+ * the body's previous_response_id on a Responses API capability. */
+static void call_followed_id(const struct call *k, const struct call_req *r, struct prev_id *p)
+{
+    p->state = 0;
+    if (r->response_id) {
+        snprintf(p->id, sizeof(p->id), "%s", r->response_id);
+        p->state = 1;
+    } else if (!r->raw && dialect_for(k->src->kind, k->cap->path)->responses) {
+        if (r->json) {
+            jscan_object(r->json, r->json_len, prev_id_member, p, NULL);
+        } else if (r->mp) {
+            const msgpack_object *o = rpc_map_get(r->mp, "previous_response_id");
+            if (o && o->type == MSGPACK_OBJECT_STR) {
+                size_t n = o->via.str.size;
+                p->state = respids_id_ok(o->via.str.ptr, n) ? 1 : 2;
+                if (p->state == 1) {
+                    memcpy(p->id, o->via.str.ptr, n);
+                    p->id[n] = '\0';
+                }
+            } else if (o && o->type != MSGPACK_OBJECT_NIL) {
+                p->state = 2;
+            }
+        }
+    }
+    if (p->state == 2)
+        snprintf(p->id, sizeof(p->id), "%s", "(not an id: 1 to 128 of A-Z a-z 0-9 _ - . :)");
+}
+
+/* A call that follows a response asks the backend which source made it
+ * (responses.remember_s 0: nothing is remembered, so nothing is asked).
+ * 0: nothing to do, answered at once, or waiting (k->resp_wait); -1 after
+ * answering (and ending) the call. */
+static int call_look_up_response(struct call *k, const struct call_req *r)
+{
+    struct prev_id p;
+    char source[RESPIDS_SOURCE_MAX + 1] = "";
+
+    call_followed_id(k, r, &p);
+    if (p.state == 0)
+        return 0;
+    int rc = 1;
+    if (p.state == 1 && k->srv->cfg->responses_remember_s > 0) {
+        struct resp_wait *rw = calloc(1, sizeof(*rw));
+        if (!rw) {
+            call_reply_plain_error(k, PGW_INTERNAL, "out of memory");
+            call_finish(k);
+            return -1;
+        }
+        snprintf(rw->id, sizeof(rw->id), "%s", p.id);
+        rw->k = k;
+        rc = backend_recall_response(k->srv->backend, p.id, source, sizeof(source),
+                                     call_on_recalled, rw);
+        if (rc == 0) {
+            k->resp_wait = rw;
+            return 0;
+        }
+        free(rw);
+    }
+    if (rc < 0) {
+        call_reply_plain_error(k, PGW_BACKEND_UNAVAILABLE,
+                               "the backend could not be asked which source made the response "
+                               "this call follows (not connected)");
+        call_finish(k);
+        return -1;
+    }
+    if (call_follow(k, p.id, source[0] ? source : NULL) < 0) {
+        call_finish(k);
+        return -1;
+    }
+    return 0;
+}
+
 void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
 {
     struct server *srv = s->srv;
@@ -1961,7 +2209,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
         call_refuse(s, id, r, PGW_UNKNOWN_CAPABILITY, why);
         return;
     }
-    if (ci >= 0 && cfg->capabilities[ci].raw != r->raw) {
+    if (ci >= 0 && cfg->capabilities[ci].raw != r->raw && !r->response_id) {
         snprintf(why, sizeof(why),
                  r->raw ? "capability '%s' takes a JSON body (a map), not bytes"
                         : "capability '%s' passes its body through (body: raw): send the body "
@@ -1974,7 +2222,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     unsigned bit = method[0] == 'G' ? CONFIG_METHOD_GET
         : method[0] == 'D'          ? CONFIG_METHOD_DELETE
                                     : CONFIG_METHOD_POST;
-    if (ci >= 0 && r->raw && !(cfg->capabilities[ci].methods & bit)) {
+    if (ci >= 0 && r->raw && !r->response_id && !(cfg->capabilities[ci].methods & bit)) {
         snprintf(why, sizeof(why), "capability '%s' is not served with %s",
                  cfg->capabilities[ci].name, method);
         call_refuse(s, id, r, PGW_BAD_REQUEST, why);
@@ -2168,6 +2416,10 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     s->n_calls++;
     DLIST_PUSH(srv->calls_all, k, all_prev, all_next);
     srv->stats.in_flight++;
+    if (call_look_up_response(k, r) < 0) {
+        free(tw);
+        return; /* answered */
+    }
     if (tw) {
         tw->k = k;
         k->task_wait = tw;
@@ -2293,7 +2545,7 @@ void call_reconf_commit(struct server *srv, const struct gov_reconf *r, const st
         k->json_model = NULL;
         /* A call waiting for a source may now have a new one: let it look
          * (one in backoff keeps its backoff). */
-        if (k->g.state == GOV_CALL_WAITING && !k->admit && !k->task_wait)
+        if (k->g.state == GOV_CALL_WAITING && !k->admit && !k->task_wait && !k->resp_wait)
             call_on_gov_wake(&k->g, srv);
     }
 }

@@ -160,6 +160,13 @@ struct call_req {
     const char *content_type;
     const char *method;
     const char *path_suffix;
+    /* A Responses API follow-up (over HTTP: GET or DELETE of a response,
+     * its cancel and its input_items): routed to the source that produced
+     * response `response_id` (NUL-terminated, NULL = none) and sent as a
+     * passthrough (`raw`, `method`, `path_suffix`) although the capability
+     * takes JSON. A JSON call's previous_response_id is read by call_begin
+     * itself. */
+    const char *response_id;
 };
 
 /* Starts call `id` of sink `s` (an id unique among the sink's calls in

@@ -373,6 +373,7 @@ static const struct dialect dialects[DIALECT_COUNT] = {
         .chat_path = "/messages",
         .stream_usage = false,
         .stream_end = "message_stop",
+        .last_is_terminal = true,
         .scan_event = anthropic_scan_event,
         .scan_usage = anthropic_scan_usage,
     },
@@ -385,6 +386,7 @@ static const struct dialect dialects[DIALECT_COUNT] = {
         .chat_path = ":generateContent",
         .stream_usage = false,
         .stream_end = "a finishReason",
+        .last_is_terminal = true,
         .usage_member = "usageMetadata",
         .scan_event = gemini_scan_event,
         .scan_usage = gemini_scan_usage,
@@ -396,24 +398,32 @@ static const struct dialect responses_dialects[2] = {
     {
         OPENAI_KEY,
         .stream_end = RESPONSES_STREAM_END,
+        .last_is_terminal = true,
+        .responses = true,
         .scan_event = responses_scan_event,
         .scan_usage = responses_scan_usage,
     },
     {
         AZURE_KEY,
         .stream_end = RESPONSES_STREAM_END,
+        .last_is_terminal = true,
+        .responses = true,
         .scan_event = responses_scan_event,
         .scan_usage = responses_scan_usage,
     },
 };
 
-const struct dialect *dialect_for(enum dialect_kind kind, const char *path)
+bool dialect_path_is_responses(const char *path)
 {
     static const char suffix[] = "/responses";
     size_t n = path ? strlen(path) : 0;
 
-    if ((kind == DIALECT_OPENAI || kind == DIALECT_AZURE) && n >= sizeof(suffix) - 1 &&
-        strcmp(path + n - (sizeof(suffix) - 1), suffix) == 0)
+    return n >= sizeof(suffix) - 1 && strcmp(path + n - (sizeof(suffix) - 1), suffix) == 0;
+}
+
+const struct dialect *dialect_for(enum dialect_kind kind, const char *path)
+{
+    if ((kind == DIALECT_OPENAI || kind == DIALECT_AZURE) && dialect_path_is_responses(path))
         return &responses_dialects[kind == DIALECT_AZURE];
     return dialect_get(kind);
 }

@@ -90,6 +90,11 @@ struct dialect {
     bool chat_facts;            /* its replies and events are Chat Completions ones (the
                                  * tree-free reader in call.c knows them) */
     const char *stream_end;     /* its terminal events, for error details */
+    bool last_is_terminal;      /* nothing may follow its terminal event (Messages,
+                                 * Responses, Gemini; a Chat Completions stream sends
+                                 * its usage chunk after the finish_reason) */
+    bool responses;             /* the Responses API: answers carry response ids whose
+                                 * follow-ups go back to the same source */
     const char *usage_member;   /* the reply member holding its counts (NULL: "usage") */
     /* Fills *out for one parsed event (borrowed). */
     void (*scan_event)(const msgpack_object *ev, struct dialect_event *out);
@@ -104,6 +109,9 @@ const struct dialect *dialect_get(enum dialect_kind kind);
  * Responses API's for an OpenAI or Azure source at a path ending in
  * "/responses", else dialect_get(kind). */
 const struct dialect *dialect_for(enum dialect_kind kind, const char *path);
+
+/* Does capability path `path` end in "/responses" (NULL: no)? */
+bool dialect_path_is_responses(const char *path);
 
 /* "openai", "azure", "anthropic", "gemini" -> kind; -1 for anything else. */
 int dialect_from_name(const char *name);

@@ -76,6 +76,9 @@ enum fid {
     FID_TASKS,
     FID_TASK_TTL,
     FID_MAX_TASKS,
+    FID_RESPONSES,
+    FID_RESP_REMEMBER,
+    FID_RESP_MAX,
     FID_SOCKET,
     FID_MODE,
     FID_MAX_MESSAGE_BYTES,
@@ -820,6 +823,14 @@ static const struct field tasks_table[] = {
     NUM("max_tasks", FT_U32, FID_MAX_TASKS, OFF(struct config, max_tasks), 1, 10000000, 0), END
 };
 
+static const struct field responses_table[] = {
+    NUM("remember_s", FT_DOUBLE, FID_RESP_REMEMBER, OFF(struct config, responses_remember_s), 0,
+        DURATION_MAX_S, 0),
+    NUM("max_remembered", FT_U32, FID_RESP_MAX, OFF(struct config, responses_max_remembered), 1,
+        100000000, 0),
+    END
+};
+
 static int walk_sentinels(struct loader *l, const struct ynode *v);
 
 static const struct field backend_tls_table[] = {
@@ -1082,6 +1093,7 @@ static const struct field top_table[] = { SECTION("listen", FID_LISTEN, 0, liste
                                           SECTION("server", FID_SERVER, 0, server_table),
                                           SECTION("backend", FID_BACKEND, 0, backend_table),
                                           SECTION("tasks", FID_TASKS, 0, tasks_table),
+                                          SECTION("responses", FID_RESPONSES, 0, responses_table),
                                           SECTION("http", FID_HTTP, 0, http_table),
                                           SECTION("defaults", FID_DEFAULTS,
                                                   OFF(struct config, defaults), policy_table),
@@ -1139,6 +1151,8 @@ static int config_set_defaults(struct config *cfg)
     cfg->access_log = true;
     cfg->task_ttl_s = 86400;
     cfg->max_tasks = 65536;
+    cfg->responses_remember_s = 30 * 86400.0;
+    cfg->responses_max_remembered = 100000;
     cfg->backend = BACKEND_MEMORY;
     cfg->redis_command_timeout_s = 1;
     cfg->redis_lease_ttl_s = 30;

@@ -319,6 +319,11 @@ struct config {
         task_ttl_s; /* finished (or idle running) tasks are forgotten after this; default 86400 */
     uint32_t max_tasks; /* task states held at most; default 65536 */
 
+    /* responses: which source produced each Responses API response, for
+     * its follow-ups (docs/CONFIG.md, "responses") */
+    double responses_remember_s;       /* 0 = not remembered; default 30 days */
+    uint32_t responses_max_remembered; /* memory backend; default 100000 */
+
     /* backend: */
     enum backend_kind backend;
     char *redis_url;                /* owned, backend redis only: redis://... or unix://...;

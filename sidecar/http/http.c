@@ -89,6 +89,7 @@
 #include "core/log.h"
 #include "metrics/metrics.h"
 #include "backend/backend.h"
+#include "backend/respids.h"
 #include "gemroute.h"
 #include "status.h"
 #include "task.h"
@@ -154,7 +155,10 @@ struct http_conn {
     size_t body_len, body_cap;
     size_t raw_limit; /* the request's body bound when it calls a raw capability, or 0 */
     char raw_cap[CONFIG_NAME_MAX]; /* that capability */
-    struct httpreq req;            /* the request being read (httpreq.h) */
+    /* The request is a Responses API follow-up (raw.h) of response resp_id. */
+    bool followup;
+    char resp_id[RESPIDS_ID_MAX + 1];
+    struct httpreq req; /* the request being read (httpreq.h) */
 };
 
 struct http_server {
@@ -419,6 +423,7 @@ static int status_of(enum pgw_code code, int upstream_status)
     case PGW_UNKNOWN_METHOD:
     case PGW_UNKNOWN_CAPABILITY:
     case PGW_MODEL_NOT_FOUND:
+    case PGW_RESPONSE_NOT_FOUND:
         return 404;
     case PGW_TOO_LARGE:
         return 413;
@@ -781,6 +786,7 @@ static void hc_on_begin(struct httpreq *r)
     c->app[0] = '\0';
     c->body_len = 0;
     c->raw_limit = 0;
+    c->followup = false;
     c->cors = false;
     c->phase = HC_HEAD;
     hc_arm(c, c->hs->srv->cfg->http_header_timeout_s);
@@ -1279,28 +1285,63 @@ static const struct config_capability *call_target(struct http_conn *c, const ch
 {
     const struct config *cfg = c->hs->srv->cfg;
     const struct config_capability *cap = NULL;
+    int fu = 0;
+    size_t id_off = 0, id_len = 0;
+    char quoted[129];
 
     if (!(*app = hc_identify(c)))
         return NULL;
     /* Two capabilities may share an upstream path: the first one that has
      * a source serves it. */
     for (size_t i = 0; i < cfg->n_capabilities; i++) {
+        size_t o, n;
+        int f = httpraw_followup(&cfg->capabilities[i], path + 3, len - 3, c->req.parser.method, &o,
+                                 &n);
         if (!path_is(path + 3, len - 3, cap_http_path(cfg, i)) &&
-            !httpraw_sub_path(&cfg->capabilities[i], path + 3, len - 3))
+            !httpraw_sub_path(&cfg->capabilities[i], path + 3, len - 3) && f == 0)
             continue;
         bool served = false;
         for (size_t j = 0; j < cfg->n_sources && !served; j++)
             served = cfg->sources[j].capability_index == i;
-        if (!cap || served)
+        if (!cap || served) {
             cap = &cfg->capabilities[i];
+            fu = f;
+            id_off = o;
+            id_len = n;
+        }
         if (served)
             break;
     }
+    rpc_quote_client_str(path, len, sizeof(quoted) - 1, quoted);
     if (!cap) {
-        char quoted[129];
-        rpc_quote_client_str(path, len, sizeof(quoted) - 1, quoted);
         hc_error(c, 404, PGW_UNKNOWN_CAPABILITY, "no capability is served at %s", quoted);
         return NULL;
+    }
+    if (fu == -1) {
+        hc_error(c, 404, PGW_UNKNOWN_CAPABILITY,
+                 "%s: below /v1%s polygw serves GET and DELETE /v1%s/{id}, POST "
+                 "/v1%s/{id}/cancel and GET /v1%s/{id}/input_items",
+                 quoted, cap->path, cap->path, cap->path, cap->path);
+        return NULL;
+    }
+    if (fu == -2) {
+        hc_error(c, 405, PGW_UNKNOWN_METHOD, "%s is not served with %s", quoted,
+                 http_method_str((enum http_method)c->req.parser.method));
+        return NULL;
+    }
+    if (fu == 1) {
+        /* A follow-up: relayed as it came (its body, if any, is the
+         * upstream's to read), to the source that made the response. */
+        const char *sfx = c->req.url + 3 + strlen(cap->path);
+        const char *bad = raw_call_suffix_problem(sfx, strlen(sfx));
+        if (bad) {
+            hc_error(c, 400, PGW_BAD_REQUEST, "the path after %s: %s", cap->path, bad);
+            return NULL;
+        }
+        c->followup = true;
+        memcpy(c->resp_id, path + 3 + id_off, id_len);
+        c->resp_id[id_len] = '\0';
+        return cap;
     }
     const char *method;
     if (!(httpraw_method_bit(c->req.parser.method, &method) & cap->methods)) {
@@ -1329,8 +1370,9 @@ static const struct config_capability *call_target(struct http_conn *c, const ch
 
 static void hc_call_headers(struct http_conn *c, struct call_req *rq, char *scope);
 
-/* A raw capability's call (raw.h): the body, its Content-Type, the method,
- * the sub-path and the query, as they came. */
+/* A raw capability's call, or a Responses API follow-up (raw.h): the
+ * body, its Content-Type, the method, the sub-path and the query, as they
+ * came. */
 static void route_raw_call(struct http_conn *c, const struct config_capability *cap,
                            const struct config_app *app)
 {
@@ -1348,6 +1390,7 @@ static void route_raw_call(struct http_conn *c, const struct config_capability *
         .content_type = c->req.present[HRQ_CTYPE] ? c->req.val[HRQ_CTYPE] : NULL,
         .method = method,
         .path_suffix = c->req.url + 3 + strlen(cap->path),
+        .response_id = c->followup ? c->resp_id : NULL,
     };
     hc_call_headers(c, &r, scope);
 }
@@ -1421,7 +1464,7 @@ static void route_call_as(struct http_conn *c, const char *path, size_t len, boo
 
     if (!cap)
         return;
-    if (cap->raw) {
+    if (cap->raw || c->followup) {
         route_raw_call(c, cap, app);
         return;
     }

@@ -5,7 +5,39 @@
 #include <string.h>
 #include <strings.h>
 
+#include "backend/respids.h"
+#include "codec/dialect.h"
 #include "core/config.h"
+
+int httpraw_followup(const struct config_capability *cap, const char *p, size_t n, int method,
+                     size_t *id_off, size_t *id_len)
+{
+    size_t k = strlen(cap->path);
+
+    if (cap->raw || !dialect_path_is_responses(cap->path) || n <= k + 1 ||
+        memcmp(p, cap->path, k) != 0 || p[k] != '/')
+        return 0;
+    const char *id = p + k + 1, *end = p + n;
+    const char *slash = memchr(id, '/', (size_t)(end - id));
+    size_t len = (size_t)((slash ? slash : end) - id);
+    if (!respids_id_ok(id, len))
+        return -1;
+    size_t rest = (size_t)(end - (id + len));
+    int want;
+    if (rest == 0)
+        want = method == HTTP_GET || method == HTTP_DELETE ? method : HTTP_GET;
+    else if (rest == 7 && memcmp(id + len, "/cancel", 7) == 0)
+        want = HTTP_POST;
+    else if (rest == 12 && memcmp(id + len, "/input_items", 12) == 0)
+        want = HTTP_GET;
+    else
+        return -1;
+    if (method != want)
+        return -2;
+    *id_off = (size_t)(id - p);
+    *id_len = len;
+    return 1;
+}
 
 bool httpraw_sub_path(const struct config_capability *cap, const char *p, size_t n)
 {

@@ -24,6 +24,16 @@ struct config_capability;
  * (its path, then '/'). */
 bool httpraw_sub_path(const struct config_capability *cap, const char *p, size_t n);
 
+/* A Responses API follow-up: capability `cap` takes JSON at a path ending
+ * in /responses, and p[0..n) (a request path after /v1, without its
+ * query) is that path, '/', a response id (respids.h's characters), then
+ * nothing (GET, DELETE: the response), /cancel (POST) or /input_items
+ * (GET). Returns 1 with the id at p[*id_off ..] (*id_len bytes), 0 when
+ * p is not below the capability's path at all, -1 when it is but names
+ * no follow-up (404), -2 when the method is not that follow-up's (405). */
+int httpraw_followup(const struct config_capability *cap, const char *p, size_t n, int method,
+                     size_t *id_off, size_t *id_len);
+
 /* The largest request body any request may announce before its route is
  * known: http.max_body_bytes, or a raw capability's larger bound. */
 size_t httpraw_max_body(const struct config *cfg);

@@ -465,7 +465,7 @@ static void render_capabilities(struct prom_text *t, struct server *srv)
         l[0] = L("capability", cfg->capabilities[i].name);
         for (int c = 0; c < PGW_CODE_COUNT; c++) {
             if ((c == PGW_UNKNOWN_METHOD || c == PGW_UNKNOWN_CAPABILITY || c == PGW_TOO_LARGE ||
-                 c == PGW_MODEL_NOT_FOUND) &&
+                 c == PGW_MODEL_NOT_FOUND || c == PGW_RESPONSE_NOT_FOUND) &&
                 !m->cap[i].calls[c])
                 continue;
             l[1] = L("code", pgw_code_name((enum pgw_code)c));

@@ -169,6 +169,75 @@ test("responses.create, streamed: events iterate to response.completed, no error
   assert.equal(await responsesTokens(f.port), 55);
 }));
 
+test("responses follow-ups reach the source that made the response, of two serving the model",
+  async () => {
+    const up2 = await Mock.start();
+    try {
+      await withFront(async (f) => {
+        const mocks = { [f.up.proc.pid]: f.up, [up2.proc.pid]: up2 };
+        const makerOf = (id) => mocks[Number(id.split("_")[2])];
+        // One response made on each mock: the mock that made the last one
+        // fails its next request, so the call fails over to the other.
+        const made = new Map();
+        for (let i = 0; i < 6 && made.size < 2; i++) {
+          const res = i % 2 === 0
+            ? await f.tcp.responses.create(responsesBody("first"))
+            : await (async () => {
+              let created;
+              const stream = await f.unix.responses.create(responsesBody("first",
+                { stream_events: 2 }, { stream: true }));
+              for await (const ev of stream) if (ev.type === "response.created") created = ev.response;
+              return created;
+            })();
+          const maker = makerOf(res.id);
+          assert.ok(maker, res.id);
+          if (!made.has(maker)) made.set(maker, res.id);
+          await maker.control("POST", "/_mock/script", [{ status: 503 }]);
+        }
+        await f.up.control("POST", "/_mock/script", []);
+        await up2.control("POST", "/_mock/script", []);
+        assert.equal(made.size, 2);
+        for (const [maker, id] of made) {
+          const other = maker === f.up ? up2 : f.up;
+          const otherBefore = (await other.stats()).requests;
+          const next = await f.tcp.responses.create(responsesBody("next", null,
+            { previous_response_id: id }));
+          assert.equal(next.status, "completed");
+          assert.equal((await maker.last()).json.previous_response_id, id);
+          const streamed = await f.unix.responses.create(responsesBody("streamed", { stream_events: 2 },
+            { previous_response_id: id, stream: true }));
+          const types = [];
+          for await (const ev of streamed) types.push(ev.type);
+          assert.equal(types.at(-1), "response.completed");
+          assert.equal((await maker.last()).json.previous_response_id, id);
+          const got = await f.tcp.responses.retrieve(id);
+          assert.equal(got.id, id);
+          assert.equal((await maker.last()).path, `/v1/responses/${id}`);
+          const items = await f.tcp.responses.inputItems.list(id);
+          assert.equal(items.data[0].id, "msg_in_1");
+          const cancelled = await f.tcp.responses.cancel(id);
+          assert.equal(cancelled.status, "cancelled");
+          await f.tcp.responses.delete(id);
+          assert.equal((await maker.last()).method, "DELETE");
+          assert.equal((await other.stats()).requests, otherBefore);
+        }
+        // An id no source is known to have made, with two that could have.
+        await assert.rejects(f.tcp.responses.create(responsesBody("x", null,
+          { previous_response_id: "resp_never_made" })), (e) => {
+          assert.ok(e instanceof OpenAI.NotFoundError, e);
+          assert.equal(e.code, "response_not_found");
+          return true;
+        });
+        assert.ok(await responsesTokens(f.port) > 0);
+      }, () => [], (url) => [
+        `  - {name: r, capability: responses, base_url: ${url}, ${SOURCE}}`,
+        `  - {name: r2, capability: responses, base_url: ${JSON.stringify(up2.url)}, ${SOURCE}}`,
+      ]);
+    } finally {
+      await up2.stop();
+    }
+  });
+
 test("a typed error is an APIError with polygw's code, after one HTTP request", () => withFront(async (f) => {
   await f.up.control("POST", "/_mock/script", { default: { status: 500 } });
   await assert.rejects(f.tcp.embeddings.create({ model: "x", input: "a" }), (e) => {

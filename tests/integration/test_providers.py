@@ -475,14 +475,15 @@ def test_providers__echoed_x_api_key_and_header_secret_are_redacted(make_sidecar
 
 
 # ------------------------------------------------------------ HTTP front end
-def http_front(make_sidecar, *sources):
-    """A sidecar with the HTTP front end on a free loopback port; returns
-    (sidecar, base URL)."""
+def http_front(make_sidecar, *sources, extra=""):
+    """A sidecar with the HTTP front end on a free loopback port (and the
+    YAML text `extra` at the end of its config); returns (sidecar, base URL)."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
     text = config_yaml(list(sources), DEFAULTS) + 'http:\n  listen: "127.0.0.1:%d"\n' % port
+    text += extra
     sc = make_sidecar(config_text=text, env=ENV)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:

@@ -436,6 +436,15 @@ static void conn_dispatch(struct conn *c, const char *body, size_t blen)
     control_count_path(m, target, plen);
     control_record(m, p, c->head_len, body, blen);
 
+    for (size_t i = 0; i + 11 < plen; i++) {
+        if (!memcmp(target + i, "/responses/", 11)) {
+            const char *id = target + i + 11;
+            const char *slash = memchr(id, '/', plen - (i + 11));
+            size_t idlen = slash ? (size_t)(slash - id) : plen - (i + 11);
+            reply_responses_followup(c, meth, mlen, id, idlen, id + idlen, plen - (i + 11) - idlen);
+            return;
+        }
+    }
     enum mock_endpoint ep;
     if (ends_with(target, plen, "/chat/completions"))
         ep = EP_CHAT;

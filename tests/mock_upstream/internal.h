@@ -253,6 +253,10 @@ void reply_api(struct conn *c, enum mock_endpoint ep, const char *body, size_t l
 void reply_simple(struct conn *c, int status, const char *ctype, const char *body, size_t len);
 /* OpenAI-style {"error":{...}} answer with the default behaviour. */
 void reply_error(struct conn *c, int status, const char *type, const char *msg);
+/* A Responses API follow-up of response `id`: GET or DELETE of it (rest
+ * ""), POST /cancel, GET /input_items; anything else 404. */
+void reply_responses_followup(struct conn *c, const char *meth, size_t mlen, const char *id,
+                              size_t idlen, const char *rest, size_t rlen);
 /* Appends the next SSE step (or all remaining steps) to c->out. */
 void reply_stream_fill(struct conn *c, bool all);
 

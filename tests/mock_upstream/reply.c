@@ -14,6 +14,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 #include <strings.h>
 #include <time.h>
 
@@ -220,6 +221,37 @@ static void reply_error_json(struct conn *c, int status, const char *type, const
                                  : "null");
     buf_adds(sc, "}}");
     reply_fixed(c, status, "application/json", sc->p, sc->len);
+}
+
+void reply_responses_followup(struct conn *c, const char *meth, size_t mlen, const char *id,
+                              size_t idlen, const char *rest, size_t rlen)
+{
+    struct buf *sc = &c->m->scratch;
+    bool get = mlen == 3 && !memcmp(meth, "GET", 3);
+    bool del = mlen == 6 && !memcmp(meth, "DELETE", 6);
+    bool post = mlen == 4 && !memcmp(meth, "POST", 4);
+
+    sc->len = 0;
+    if (rlen == 0 && (get || del)) {
+        buf_adds(sc, "{\"id\":");
+        buf_add_json_str(sc, id, idlen);
+        buf_adds(sc,
+                 del ? ",\"object\":\"response\",\"deleted\":true}"
+                     : ",\"object\":\"response\",\"status\":\"completed\",\"output\":[]}");
+    } else if (rlen == 7 && !memcmp(rest, "/cancel", 7) && post) {
+        buf_adds(sc, "{\"id\":");
+        buf_add_json_str(sc, id, idlen);
+        buf_adds(sc, ",\"object\":\"response\",\"status\":\"cancelled\",\"output\":[]}");
+    } else if (rlen == 12 && !memcmp(rest, "/input_items", 12) && get) {
+        buf_adds(sc,
+                 "{\"object\":\"list\",\"data\":[{\"id\":\"msg_in_1\",\"type\":\"message\","
+                 "\"role\":\"user\",\"content\":[]}],\"first_id\":\"msg_in_1\","
+                 "\"last_id\":\"msg_in_1\",\"has_more\":false}");
+    } else {
+        reply_error(c, 404, "invalid_request_error", "mock: no such Responses follow-up");
+        return;
+    }
+    reply_fixed(c, 200, "application/json", sc->p, sc->len);
 }
 
 void reply_error(struct conn *c, int status, const char *type, const char *msg)
@@ -625,9 +657,9 @@ static void responses_object(struct buf *sc, const struct reply_stream *s, const
                              bool done)
 {
     buf_addf(sc,
-             "{\"id\":\"resp_mock_%llu\",\"object\":\"response\",\"created_at\":%lld,"
+             "{\"id\":\"resp_mock_%d_%llu\",\"object\":\"response\",\"created_at\":%lld,"
              "\"status\":\"%s\",\"model\":",
-             s->id, s->created, status);
+             (int)getpid(), s->id, s->created, status);
     buf_add_json_str(sc, s->model, s->model_len);
     buf_adds(sc, ",\"output\":[");
     if (done) {

@@ -4,9 +4,11 @@
  * the registry it was given, and the refusals the wire rules need come
  * from it (a stopped task cannot be started again). */
 #include <check.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/respids.h"
 #include "suites.h"
 #include "task.h"
 
@@ -172,6 +174,65 @@ START_TEST(test_backend_memory__watchdog_verdict_is_recorded_already)
 }
 END_TEST
 
+/* Response ids: known until their TTL, by the clock given. */
+START_TEST(test_backend_memory__response_ids_expire)
+{
+    struct respids *r = respids_new();
+
+    ck_assert_int_eq(respids_put(r, "resp_a", "east", 10, 100, 1000), 0);
+    ck_assert_str_eq(respids_get(r, "resp_a", 1009.9), "east");
+    ck_assert_ptr_null(respids_get(r, "resp_a", 1010));
+    ck_assert_ptr_null(respids_get(r, "resp_b", 1000));
+    /* Written again: the new source and a new TTL. */
+    ck_assert_int_eq(respids_put(r, "resp_a", "west", 10, 100, 1005), 0);
+    ck_assert_str_eq(respids_get(r, "resp_a", 1014), "west");
+    ck_assert_uint_eq(respids_count(r), 1);
+    /* An expired entry is dropped by the next write. */
+    ck_assert_int_eq(respids_put(r, "resp_c", "east", 10, 100, 1020), 0);
+    ck_assert_uint_eq(respids_count(r), 1);
+    respids_free(r);
+}
+END_TEST
+
+/* At most `max` entries: the oldest go first; ids too long are not kept. */
+START_TEST(test_backend_memory__response_ids_are_bounded)
+{
+    struct respids *r = respids_new();
+    char id[32], longid[RESPIDS_ID_MAX + 2];
+
+    for (int i = 0; i < 1000; i++) {
+        snprintf(id, sizeof(id), "resp_%d", i);
+        ck_assert_int_eq(respids_put(r, id, i % 2 ? "odd" : "even", 60, 100, 0), 0);
+    }
+    ck_assert_uint_eq(respids_count(r), 100);
+    ck_assert_ptr_null(respids_get(r, "resp_899", 1));
+    ck_assert_str_eq(respids_get(r, "resp_900", 1), "even");
+    ck_assert_str_eq(respids_get(r, "resp_999", 1), "odd");
+    memset(longid, 'x', sizeof(longid) - 1);
+    longid[sizeof(longid) - 1] = '\0';
+    ck_assert_int_eq(respids_put(r, longid, "odd", 60, 100, 0), 0);
+    ck_assert_ptr_null(respids_get(r, longid, 1));
+    ck_assert_str_eq(respids_get(r, "resp_900", 1), "even");
+    respids_free(r);
+}
+END_TEST
+
+/* Through the table: remembered, then recalled at once. */
+START_TEST(test_backend_memory__recalls_responses_at_once)
+{
+    struct mem_fixture f;
+    char src[RESPIDS_SOURCE_MAX + 1];
+
+    fixture_init(&f);
+    ck_assert_int_eq(backend_recall_response(f.be, "resp_1", src, sizeof(src), NULL, NULL), 1);
+    ck_assert_str_eq(src, "");
+    backend_remember_response(f.be, "resp_1", "east", 60, 10);
+    ck_assert_int_eq(backend_recall_response(f.be, "resp_1", src, sizeof(src), NULL, NULL), 1);
+    ck_assert_str_eq(src, "east");
+    fixture_fini(&f);
+}
+END_TEST
+
 Suite *backend_memory_suite(void)
 {
     Suite *s = suite_create("backend_memory");
@@ -181,6 +242,9 @@ Suite *backend_memory_suite(void)
     tcase_add_test(tc, test_backend_memory__the_record_is_the_registry);
     tcase_add_test(tc, test_backend_memory__refusals);
     tcase_add_test(tc, test_backend_memory__watchdog_verdict_is_recorded_already);
+    tcase_add_test(tc, test_backend_memory__response_ids_expire);
+    tcase_add_test(tc, test_backend_memory__response_ids_are_bounded);
+    tcase_add_test(tc, test_backend_memory__recalls_responses_at_once);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -886,6 +886,7 @@ START_TEST(test_rpc__code_names)
         "unknown_method",
         "unknown_capability",
         "model_not_found",
+        "response_not_found",
         "too_large",
         "overloaded",
         "shutting_down",

@@ -1,0 +1,315 @@
+"""Responses API follow-ups through the real sidecar and two real mock
+upstreams serving the same model: a response's follow-ups
+(`previous_response_id`, GET / DELETE of the response, its cancel and its
+input_items) reach the source that made it, over HTTP (curl) and msgpack,
+on the memory backend and across two sidecars sharing a real
+redis-server; a response polygw cannot place ends `response_not_found`
+with nothing sent upstream. Also: events after the terminal event of a
+Responses, Messages or Gemini stream never pass for part of a success.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest import call  # noqa: E402
+from test_providers import curl, http_front, source, start, stream_call  # noqa: E402
+from test_responses import responses_body, sse_events  # noqa: E402
+
+
+def http(method, url, body=None):
+    """(status, text) of one request with curl."""
+    cmd = ["curl", "-s", "--path-as-is", "--max-time", "15", "-w", "\n%{http_code}", "-X", method]
+    if body is not None:
+        cmd += ["-H", "Content-Type: application/json", "--data-binary", json.dumps(body)]
+    out = subprocess.run(cmd + [url], capture_output=True, timeout=20).stdout.decode()
+    text, _, status = out.rpartition("\n")
+    return int(status), text
+
+
+def requests(*ups):
+    return tuple(u.stats()["requests"] for u in ups)
+
+
+def maker_of(rid, up, up2):
+    """The mock that made response `rid` (its ids carry the mock's pid)."""
+    pid = int(rid.split("_")[2])
+    assert pid in (up.proc.pid, up2.proc.pid), rid
+    return up if pid == up.proc.pid else up2
+
+
+def made_on_each(make, up, up2):
+    """One response made on each upstream by make() (which returns its id):
+    [(id, the mock that made it)], made by up2 first. A mock that has made
+    one fails its next request (503), so the next call fails over."""
+    made = {}
+    for _ in range(6):
+        if len(made) == 2:
+            break
+        if made:
+            next(iter(made.values()))[1].script([{"status": 503}])
+        rid = make()
+        made.setdefault(maker_of(rid, up, up2) is up, (rid, maker_of(rid, up, up2)))
+    up.script([])
+    up2.script([])
+    assert len(made) == 2, made
+    return [made[False], made[True]]
+
+
+def made_over_http(base, up, up2, stream=False):
+    def make():
+        status, text = curl(base + "/v1/responses", responses_body("x", stream=stream))
+        assert status == 200, text
+        if stream:
+            return json.loads(sse_events(text)[0][1])["response"]["id"]
+        return json.loads(text)["id"]
+    return made_on_each(make, up, up2)
+
+
+def two_sources(make_sidecar, up, up2):
+    return http_front(make_sidecar, source("a", up.url, capability="responses"),
+                      source("b", up2.url, capability="responses"))
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_responses_followups__previous_response_id_goes_to_the_maker(make_sidecar, up, up2,
+                                                                      stream):
+    sc, base = two_sources(make_sidecar, up, up2)
+    for rid, maker in made_over_http(base, up, up2, stream=stream):
+        other = up if maker is up2 else up2
+        for _ in range(2):
+            before_m, before_o = maker.stats()["requests"], other.stats()["requests"]
+            status, text = curl(base + "/v1/responses",
+                                responses_body("again", previous_response_id=rid))
+            assert status == 200, text
+            assert maker.stats()["requests"] == before_m + 1
+            assert other.stats()["requests"] == before_o
+            assert maker.last()["json"]["previous_response_id"] == rid
+
+
+def test_responses_followups__get_delete_cancel_input_items_go_to_the_maker(make_sidecar, up,
+                                                                             up2):
+    sc, base = two_sources(make_sidecar, up, up2)
+    for rid, maker in made_over_http(base, up, up2):
+        other = up if maker is up2 else up2
+        n_other = other.stats()["requests"]
+        cases = [("GET", "/v1/responses/%s" % rid, None),
+                 ("GET", "/v1/responses/%s/input_items?limit=5&order=asc" % rid, None),
+                 ("POST", "/v1/responses/%s/cancel" % rid, None),
+                 ("DELETE", "/v1/responses/%s" % rid, None)]
+        for method, path, body in cases:
+            status, text = http(method, base + path, body)
+            assert status == 200, (method, path, text)
+            last = maker.last()
+            assert last["method"] == method and last["target"] == path, last
+            reply = json.loads(text)
+            if path.endswith("input_items?limit=5&order=asc"):
+                assert reply["object"] == "list"
+            else:
+                assert reply["id"] == rid
+        assert json.loads(http("DELETE", base + "/v1/responses/%s" % rid)[1])["deleted"] is True
+        assert other.stats()["requests"] == n_other
+
+
+def test_responses_followups__unknown_id_with_two_sources_is_response_not_found(make_sidecar,
+                                                                               up, up2):
+    sc, base = two_sources(make_sidecar, up, up2)
+    before = requests(up, up2)
+    for method, path, body in [
+            ("POST", "/v1/responses", responses_body(previous_response_id="resp_never_made")),
+            ("GET", "/v1/responses/resp_never_made", None),
+            ("POST", "/v1/responses/resp_never_made/cancel", None)]:
+        status, text = http(method, base + path, body)
+        assert status == 404, text
+        err = json.loads(text)["error"]
+        assert err["code"] == "response_not_found", err
+        assert "resp_never_made" in err["message"] and "2 sources" in err["message"]
+    assert requests(up, up2) == before  # nothing went upstream
+    # over msgpack too
+    err, _, _ = call(sc.connect(), "responses",
+                     responses_body(previous_response_id="resp_never_made"))
+    assert err["code"] == "response_not_found", err
+    assert requests(up, up2) == before
+
+
+def test_responses_followups__unknown_id_with_one_source_goes_there(make_sidecar, up):
+    """No choice to make: a response made before polygw (or forgotten) is
+    followed on the one source that can serve the call."""
+    sc, base = http_front(make_sidecar, source("a", up.url, capability="responses"))
+    status, text = http("GET", base + "/v1/responses/resp_made_elsewhere")
+    assert status == 200 and json.loads(text)["id"] == "resp_made_elsewhere", text
+    status, text = curl(base + "/v1/responses",
+                        responses_body(previous_response_id="resp_made_elsewhere"))
+    assert status == 200, text
+    assert up.last()["json"]["previous_response_id"] == "resp_made_elsewhere"
+
+
+def test_responses_followups__paths_and_methods_that_are_no_follow_up(make_sidecar, up, up2):
+    sc, base = two_sources(make_sidecar, up, up2)
+    before = requests(up, up2)
+    for method, path, want in [("GET", "/v1/responses/resp_x/nothing", 404),
+                               ("GET", "/v1/responses/../chat/completions", 404),
+                               ("GET", "/v1/responses/resp_x/cancel", 405),
+                               ("POST", "/v1/responses/resp_x", 405),
+                               ("PUT", "/v1/responses/resp_x", 405),
+                               ("GET", "/v1/responses/" + "r" * 200, 404)]:
+        status, text = http(method, base + path)
+        assert status == want, (method, path, status, text)
+        if text:
+            assert json.loads(text)["error"]["code"] in (
+                "unknown_capability", "unknown_method"), text
+    assert requests(up, up2) == before
+
+
+def test_responses_followups__msgpack_previous_response_id(make_sidecar, up, up2):
+    sc = start(make_sidecar, source("a", up.url, capability="responses"),
+               source("b", up2.url, capability="responses"))
+    c = sc.connect()
+    err, res, _ = call(c, "responses", responses_body("first"))
+    assert err is None, err
+    rid = res["body"]["id"]
+    maker = maker_of(rid, up, up2)
+    before = requests(up, up2)
+    for _ in range(3):
+        err, res, _ = call(c, "responses", responses_body("next", previous_response_id=rid))
+        assert err is None, err
+    after = requests(up, up2)
+    want = (before[0] + 3, before[1]) if maker is up else (before[0], before[1] + 3)
+    assert after == want, (before, after)
+    # a stream's id comes from response.created
+    chunks, err, _ = stream_call(c, "responses", responses_body("s", mock={"stream_events": 2}))
+    assert err is None, err
+    sid = chunks[0]["response"]["id"]
+    maker_before = requests(up, up2)
+    err, _, _ = call(c, "responses", responses_body("n", previous_response_id=sid))
+    assert err is None, err
+    moved = [a - b for a, b in zip(requests(up, up2), maker_before)]
+    assert moved == ([1, 0] if maker_of(sid, up, up2) is up else [0, 1]), (sid, moved)
+
+
+def test_responses_followups__a_source_no_longer_configured(make_sidecar, up, up2):
+    """After a reload that removes the source that made a response, its
+    follow-ups end response_not_found naming it, not on another source."""
+    sc, base = two_sources(make_sidecar, up, up2)
+    made = made_over_http(base, up, up2)
+    rid_b = made[0][0]  # made by b (up2)
+    cfg_path = sc.config
+    text = open(cfg_path).read()
+    cut = text.index('  - name: "b"')
+    open(cfg_path, "w").write(text[:cut].rstrip() + "\n" + text[text.index("\nhttp:\n") + 1:])
+    c = sc.connect()
+    err, res = c.request("config.reload")
+    assert err is None, err
+    before = requests(up, up2)
+    status, body = curl(base + "/v1/responses", responses_body(previous_response_id=rid_b))
+    assert status == 404, body
+    err = json.loads(body)["error"]
+    assert err["code"] == "response_not_found" and "'b'" in err["message"], err
+    assert "no longer configured" in err["message"]
+    assert requests(up, up2) == before
+
+
+def test_responses_followups__remember_s_zero_remembers_nothing(make_sidecar, up, up2):
+    sc, base = http_front(make_sidecar, source("a", up.url, capability="responses"),
+                          source("b", up2.url, capability="responses"),
+                          extra="responses:\n  remember_s: 0\n")
+    status, text = curl(base + "/v1/responses", responses_body("x"))
+    rid = json.loads(text)["id"]
+    status, text = curl(base + "/v1/responses", responses_body(previous_response_id=rid))
+    assert status == 404 and json.loads(text)["error"]["code"] == "response_not_found", text
+
+
+# -------------------------------------------- after the terminal event
+def raw_sse(events, tail):
+    body = "".join("event: %s\ndata: %s\n\n" % (e.get("type", "message"), json.dumps(e))
+                   for e in events)
+    return {"body": body + tail, "content_type": "text/event-stream"}
+
+
+COMPLETED = [{"type": "response.created", "response": {"id": "resp_t", "output": []}},
+             {"type": "response.completed",
+              "response": {"id": "resp_t", "status": "completed",
+                           "usage": {"input_tokens": 1, "output_tokens": 1}}}]
+
+
+def test_responses_followups__well_formed_event_after_the_end_is_dropped(make_sidecar, up):
+    sc, base = http_front(make_sidecar, source("a", up.url, capability="responses"))
+    extra = 'event: response.extra\ndata: {"type": "response.extra"}\n\n'
+    up.script([raw_sse(COMPLETED, extra)])
+    status, text = curl(base + "/v1/responses", responses_body(stream=True))
+    assert status == 200, text
+    names = [n for n, _ in sse_events(text)]
+    assert names == ["response.created", "response.completed"], text
+    assert "event: error" not in text
+
+
+@pytest.mark.parametrize("tail", [
+    "data: this is not json\n\n",
+    'event: error\ndata: {"type": "error", "code": "server_error", "message": "late"}\n\n',
+], ids=["garbage", "error"])
+def test_responses_followups__garbage_after_the_end_ends_typed(make_sidecar, up, tail):
+    sc = start(make_sidecar, source("a", up.url, capability="responses"))
+    up.script([raw_sse(COMPLETED, tail)])
+    chunks, err, res = stream_call(sc.connect(), "responses", responses_body())
+    assert err is not None and err["code"] == "stream_interrupted", (err, res)
+    assert "terminal event" in err["message"], err
+
+
+def test_responses_followups__messages_garbage_after_message_stop(make_sidecar, up):
+    sc = start(make_sidecar, source("c", up.url, kind="anthropic", model="claude-test",
+                                    serves=["*"]))
+    events = [{"type": "message_start", "message": {"id": "m", "usage": {"input_tokens": 1}}},
+              {"type": "message_stop"}]
+    up.script([raw_sse(events, "data: {not json\n\n")])
+    body = {"model": "claude-test", "max_tokens": 8,
+            "messages": [{"role": "user", "content": "x"}]}
+    chunks, err, res = stream_call(sc.connect(), "chat", body)
+    assert err is not None and err["code"] == "stream_interrupted", (err, res)
+
+
+# -------------------------------------------------- across a Redis fleet
+def test_responses_followups__fleet_follows_on_the_maker(up, up2, make_sidecar):
+    """Two sidecars sharing one real redis-server: a response made through
+    A is followed through B on the source that made it; the id is kept
+    under the fleet's prefix with the configured TTL."""
+    from redis_fixture import FleetRedis, fleet_config, unique_prefix, wait_backend
+    from redis_fixture import source as fleet_source
+    srv = FleetRedis().start()
+    try:
+        prefix = unique_prefix()
+        cfg = fleet_config(srv.url(), prefix,
+                           [fleet_source("a", "responses", up.url),
+                            fleet_source("b", "responses", up2.url)])
+        cfg += "responses:\n  remember_s: 600\n"
+        a, b = [make_sidecar(config_text=cfg, subdir="sc%d" % i,
+                             env={"no_proxy": "*", "NO_PROXY": "*"}) for i in range(2)]
+        for sc in (a, b):
+            wait_backend(sc)
+        ca, cb = a.connect(), b.connect()
+        def make():
+            err, res, _ = call(ca, "responses", responses_body("x"))
+            assert err is None, err
+            return res["body"]["id"]
+        made = made_on_each(make, up, up2)
+        r = srv.client()
+        for rid, maker in made:
+            key = "{%s:resp:%s}" % (prefix, rid)
+            assert r.call("GET", key) in (b"a", b"b", "a", "b")
+            assert 590 <= r.call("TTL", key) <= 600
+            before = requests(up, up2)
+            err, res, _ = call(cb, "responses", responses_body("y", previous_response_id=rid))
+            assert err is None, err
+            after = requests(up, up2)
+            want = (before[0] + 1, before[1]) if maker is up else (before[0], before[1] + 1)
+            assert after == want, (rid, before, after)
+        before = requests(up, up2)
+        err, _, _ = call(cb, "responses", responses_body(previous_response_id="resp_unknown"))
+        assert err["code"] == "response_not_found", err
+        assert requests(up, up2) == before
+        for sc in (a, b):
+            sc.stop()
+    finally:
+        srv.cleanup()
