@@ -130,6 +130,15 @@ struct call {
     struct backend_spend *spend; /* a fleet budget reservation asked */
     bool fleet_reserved;         /* the fleet's budgets hold `fleet_amount` */
     double fleet_amount;
+    /* The fleet's admission, pipelined with that reservation, answered
+     * first: kept until the reservation is. */
+    struct {
+        bool held;
+        int rc;
+        struct backend_lease *lease;
+        double retry_at;
+        char why[64];
+    } early;
     char *task_id;                        /* owned; NULL when the call names none */
     struct gov_source_note *reconf_notes; /* a reload in progress: the new notes */
     struct call *all_prev, *all_next;     /* srv->calls_all: every call, for a reload */
@@ -368,6 +377,9 @@ static void call_end(struct call *k)
     if (k->spend)
         srv->backend->ops->spend_detach(srv->backend, k->spend);
     k->spend = NULL;
+    if (k->early.held && k->early.rc > 0 && k->early.lease)
+        backend_release(srv->backend, k->early.lease, NULL, -1);
+    k->early.held = false;
     if (k->lease)
         backend_release(srv->backend, k->lease, NULL, -1);
     k->admit = NULL;
@@ -1741,15 +1753,14 @@ static void call_run_attempt(struct call *k, size_t source)
 }
 
 /* The backend answered the admission of the reserved attempt later. */
-static void call_on_admit(void *ud, int rc, struct backend_lease *lease, double retry_at,
+/* What the fleet's admission said, acted on. */
+static void call_admitted(struct call *k, int rc, struct backend_lease *lease, double retry_at,
                           const char *why)
 {
-    struct call *k = ud;
     struct server *srv = k->srv;
     double now = ev_now(srv->loop);
     struct gov_decision d;
 
-    k->admit = NULL;
     if (rc > 0) {
         k->lease = lease;
         gov_call_confirmed(&k->g);
@@ -1774,6 +1785,23 @@ static void call_on_admit(void *ud, int rc, struct backend_lease *lease, double 
     call_act(k, &d, NULL);
 }
 
+static void call_on_admit(void *ud, int rc, struct backend_lease *lease, double retry_at,
+                          const char *why)
+{
+    struct call *k = ud;
+
+    k->admit = NULL;
+    if (k->spend) { /* the budget's answer is still out: this one waits for it */
+        k->early.held = true;
+        k->early.rc = rc;
+        k->early.lease = lease;
+        k->early.retry_at = retry_at;
+        snprintf(k->early.why, sizeof(k->early.why), "%s", why ? why : "");
+        return;
+    }
+    call_admitted(k, rc, lease, retry_at, why);
+}
+
 /* Asks the backend to admit the attempt the step reserved on `source`:
  * admitted at once (the local step decided: memory), later
  * (call_on_admit), or not sent: fail closed. */
@@ -1786,6 +1814,9 @@ static void call_admit(struct call *k, size_t source)
         call_run_attempt(k, source);
     } else if (rc < 0) {
         struct gov_decision fail;
+        if (k->spend) /* a budget reservation sent with it is void */
+            srv->backend->ops->spend_detach(srv->backend, k->spend);
+        k->spend = NULL;
         call_settle(k, NAN);
         gov_call_abandon(&k->g, ev_now(srv->loop), GOV_BACKEND_UNAVAILABLE, &fail);
         call_act(k, &fail, NULL);
@@ -1804,9 +1835,19 @@ static void call_on_spend(void *ud, int rc, const char *which, const char *windo
     k->spend = NULL;
     if (rc > 0) {
         k->fleet_reserved = true;
-        call_admit(k, source);
+        if (k->early.held) {
+            k->early.held = false;
+            call_admitted(k, k->early.rc, k->early.lease, k->early.retry_at, k->early.why);
+        } /* else the admission's answer acts when it comes */
         return;
     }
+    /* Refused, or not answered: the admission sent with it is void. */
+    if (k->admit)
+        backend_admit_detach(srv->backend, k->admit); /* a lease granted meanwhile goes back */
+    k->admit = NULL;
+    if (k->early.held && k->early.rc > 0 && k->early.lease)
+        backend_release(srv->backend, k->early.lease, NULL, -1);
+    k->early.held = false;
     if (rc == 0) {
         struct call_refusal why = { .r = { .left = left, .retry_after_s = retry_after_s } };
         snprintf(why.budget, sizeof(why.budget), "%s:%s:%s", which,
@@ -1821,8 +1862,11 @@ static void call_on_spend(void *ud, int rc, const char *which, const char *windo
 }
 
 /* Budgets the fleet keeps (the Redis backend): asks for the reservation of
- * the attempt's worst case and returns true (the call waits for
- * call_on_spend), or false when no such budget covers it. */
+ * the attempt's worst case and for its admission together (pipelined: one
+ * round trip) and returns true — the call waits for both answers, and the
+ * second acts on them (call_on_spend, call_on_admit) — or false when no
+ * such budget covers it. A refused reservation voids the admission (its
+ * lease goes back); a refused admission gives the reservation back. */
 static bool call_reserve_fleet(struct call *k, size_t source)
 {
     struct server *srv = k->srv;
@@ -1842,7 +1886,11 @@ static bool call_reserve_fleet(struct call *k, size_t source)
         snprintf(k->backend_why, sizeof(k->backend_why), "%s", "not connected");
         gov_call_abandon(&k->g, ev_now(srv->loop), GOV_BACKEND_UNAVAILABLE, &d);
         call_act(k, &d, NULL);
+        return true;
     }
+    /* The admission goes with it, in the same write (one round trip);
+     * whichever answer comes second acts on both. */
+    call_admit(k, source);
     return true;
 }
 
@@ -1860,8 +1908,8 @@ static void call_act(struct call *k, const struct gov_decision *d,
             call_refuse_budget(k, &why);
             return;
         }
-        /* A fleet's budgets answer first (one more round trip), then the
-         * fleet's admission. */
+        /* Budgets the fleet keeps go with the fleet's admission, in one
+         * round trip (call_reserve_fleet). */
         if (call_reserve_fleet(k, d->source))
             return;
         call_admit(k, d->source);

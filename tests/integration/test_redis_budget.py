@@ -1,7 +1,8 @@
 """Budgets in currency across a fleet (docs/CONFIG.md §12a): two real polygw
 sidecars sharing one real redis-server, the real mock upstream. budget.lua
 reserves each attempt's worst case on the app's budget atomically in Redis,
-so the fleet as a whole cannot overshoot it, however the calls interleave.
+in the same round trip as the attempt's admission (pipelined), so the fleet
+as a whole cannot overshoot it, however the calls interleave.
 
 200 calls at once, 100 through each sidecar, each reserving 1.0 (max_tokens
 1000 at 1000 per million output tokens) and costing what its answer reports
@@ -59,6 +60,14 @@ def test_redis_budget__a_burst_through_two_sidecars_never_overshoots(redis_srv, 
         time.sleep(0.01)
     spent = float(h.get(b"spent_t", h.get("spent_t")))
     assert abs(spent - charged) < 1e-9, (h, charged)
+    # The admissions pipelined with refused reservations gave their leases
+    # back: no permit of the fleet is held once the burst is over.
+    leases = "{%s:source:s}:leases" % prefix
+    for _ in range(200):
+        if int(r.call("ZCARD", leases)) == 0:
+            break
+        time.sleep(0.01)
+    assert int(r.call("ZCARD", leases)) == 0
     # polygw_cost_total over the fleet equals the sum of the per-call costs.
     # (A sidecar that served none of the burst has no series yet.)
     key_of = ("polygw_cost_total", (("app", "default"), ("currency", "USD"), ("model", "other"),
