@@ -93,7 +93,7 @@ obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 # Each entry is a whole script as EVAL takes it: the shared prelude
 # (LUA_LIB) followed by the script (tests/redis/redis_support.py loads
 # them the same way).
-LUA_NAMES := admit release renew progress task
+LUA_NAMES := admit release renew progress task budget
 LUA_LIB   := sidecar/backend/lua/lib.lua
 LUA_SRC   := $(LUA_NAMES:%=sidecar/backend/lua/%.lua)
 LUA_GEN   := $(BUILD)/gen/lua_scripts.c

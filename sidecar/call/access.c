@@ -5,6 +5,8 @@
 
 #include "core/log.h"
 
+/* `cost` is the last pair and is left out when unknown (its key NULL ends
+ * the list there): an unpriced call has no cost, not a null one. */
 void access_log_write(const struct config *cfg, const struct access_entry *e)
 {
     bool peer = e->peer_pid > 0;
@@ -21,5 +23,5 @@ void access_log_write(const struct config *cfg, const struct access_entry *e)
               "attempts", LOG_U, (unsigned long long)e->attempts, "status", LOG_N,
               (long long)(e->status > 0 ? e->status : -1), "elapsed_s", LOG_F, e->elapsed_s,
               "stalled_s", LOG_F, e->stalled_s, "ttft_s", LOG_F, e->ttft_s, "tokens", LOG_F,
-              e->tokens, NULL);
+              e->tokens, cost_is_known(e->cost) ? "cost" : NULL, LOG_F, e->cost, NULL);
 }

@@ -31,6 +31,8 @@ struct upstream_budget;
 struct call_info {
     const char *source; /* the current or last attempt's source, "-" before any */
     uint32_t attempts;
+    double cost; /* on_result: what the answer cost (cost.h); NAN: unknown or
+                  * unpriced, and for a stream until its end */
     double elapsed_s, stalled_s;
     bool anthropic;    /* the answer is in Anthropic's Messages format (a
                                     * kind: anthropic source, not converted): its stream

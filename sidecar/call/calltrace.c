@@ -3,6 +3,7 @@
  */
 #include "call/calltrace.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "gov.h"
@@ -244,7 +245,7 @@ void calltrace_note(struct calltrace *ct, const char *event, const char *reason,
 }
 
 void calltrace_end(struct calltrace *ct, enum pgw_code code, const char *source, uint32_t attempts,
-                   double stalled_s, double now)
+                   double stalled_s, double cost, double now)
 {
     if (ct->call) {
         wait_close(ct, now);
@@ -264,6 +265,8 @@ void calltrace_end(struct calltrace *ct, enum pgw_code code, const char *source,
         span_set(ct->call, &TKV_D("polygw.stalled_s", stalled_s));
         if (source)
             span_set(ct->call, &TKV_S("polygw.source", source));
+        if (isfinite(cost))
+            span_set(ct->call, &TKV_D("polygw.cost", cost));
         if (code != PGW_OK) {
             span_set(ct->call, &TKV_S("error.type", name));
             span_set_error(ct->call, name);

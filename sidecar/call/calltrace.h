@@ -74,9 +74,9 @@ void calltrace_attempt_end(struct calltrace *ct, const struct attempt_result *r,
  * "polygw.watchdog" (static names), with a reason (copied; may be NULL). */
 void calltrace_note(struct calltrace *ct, const char *event, const char *reason, double now);
 
-/* The call ended with `code` (PGW_CANCELLED: unanswered too): ends the
- * spans. */
+/* The call ended with `code` (PGW_CANCELLED: unanswered too), its answer
+ * costing `cost` (NAN: unknown): ends the spans. */
 void calltrace_end(struct calltrace *ct, enum pgw_code code, const char *source, uint32_t attempts,
-                   double stalled_s, double now);
+                   double stalled_s, double cost, double now);
 
 #endif /* POLYGW_CALLTRACE_H */

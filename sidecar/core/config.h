@@ -38,6 +38,8 @@
 #include <stdint.h>
 
 #include "codec/dialect.h"
+#include "budget.h"
+#include "cost.h"
 #include "log.h"
 
 #define CONFIG_NAME_MAX 64 /* names: [A-Za-z0-9_.-]{1,63} */
@@ -92,6 +94,12 @@ struct config_breaker {
 struct config_limits {
     uint64_t rpm, tpm, daily_tokens; /* 0 = unlimited */
     double window_s;                 /* rpm/tpm window; default 60 */
+    /* Sources only (docs/CONFIG.md §7): input and output tokens per
+     * window, 0 = unlimited; whether prompt tokens read from the provider's
+     * cache count against itpm (default: not for kind anthropic, as it
+     * documents; yes otherwise). */
+    uint64_t itpm, otpm;
+    bool cached_input_counts;
 };
 
 /* Prompt-cache affinity of a capability (docs/CONFIG.md §6): the key whose calls
@@ -110,6 +118,9 @@ struct config_capability {
     bool raw;
     unsigned methods;      /* CONFIG_METHOD_* bits it is served with; default POST */
     size_t max_body_bytes; /* raw: the request body's bound (default 25 MiB) */
+    /* The output a call that names no max_tokens is assumed to produce,
+     * for the worst case a budget reserves (docs/CONFIG.md §12a); 4096 */
+    uint32_t budget_output_tokens;
 };
 
 /* The HTTP methods a capability may be served with (`methods:`). */
@@ -161,6 +172,10 @@ struct config_source {
     struct config_breaker breaker;
     struct config_limits limits;
     uint32_t pacer_min_interval_ms;
+    struct cost_prices prices;   /* per million tokens of each class (docs/CONFIG.md
+                                  * §7d); !set: unpriced, its calls have no cost */
+    struct budget_limits budget; /* in currency (docs/CONFIG.md §12a); none set: no budget;
+                                  * set: the source is priced */
     struct config_policy policy; /* copy of capabilities[capability_index].policy
                                   * (never set per source); kept for readers
                                   * that have only the source at hand */
@@ -227,6 +242,8 @@ struct config_app {
                                   * default (resolved at load): an equal share,
                                   * tasks.max_tasks / n_apps, at least 1 */
     struct config_limits limits; /* its own rpm/tpm/daily_tokens on top of the sources' */
+    struct budget_limits budget; /* in currency (docs/CONFIG.md §12a); set: every source
+                                  * it may use is priced */
     bool *capabilities;          /* owned, n_capabilities flags, or NULL = every capability */
     char *token;                 /* owned secret or NULL: an HTTP client over TCP sending
                                   * `Authorization: Bearer <token>` is this app; read from
@@ -310,6 +327,8 @@ struct config {
     double shutdown_grace_s;              /* default 10 */
     bool access_log;                      /* one info line per finished call; default true */
     enum upstream_client upstream_client; /* default auto */
+    char *currency;                       /* owned; the label of every price and cost,
+                                           * [A-Za-z0-9_]{1,16}, default "USD" */
 
     /* tasks: */
     double

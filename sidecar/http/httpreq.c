@@ -27,13 +27,21 @@ static const struct {
     const char *name;
     size_t len;
 } hdrs[HRQ_COUNT] = {
-    HDR("content-type"),   HDR("expect"),
-    HDR("x-polygw-task"),  HDR("x-polygw-deadline"),
-    HDR("x-polygw-scope"), HDR("x-polygw-sdk-retry"),
-    HDR("x-polygw-app"),   HDR("authorization"),
-    HDR("host"),           HDR("origin"),
-    HDR("sec-fetch-site"), HDR("sec-fetch-mode"),
-    HDR("traceparent"),    HDR("tracestate"),
+    HDR("content-type"),
+    HDR("expect"),
+    HDR("x-polygw-task"),
+    HDR("x-polygw-deadline"),
+    HDR("x-polygw-scope"),
+    HDR("x-polygw-sdk-retry"),
+    HDR("x-polygw-app"),
+    HDR("authorization"),
+    HDR("host"),
+    HDR("origin"),
+    HDR("sec-fetch-site"),
+    HDR("sec-fetch-mode"),
+    HDR("x-polygw-budget"),
+    HDR("traceparent"),
+    HDR("tracestate"),
 };
 
 const char *httpreq_hdr_name(enum httpreq_hdr h)

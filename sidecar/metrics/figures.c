@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include "core/server.h"
+#include "backend/backend.h"
 #include "task.h"
 #include "upstream/upstream.h"
 #include "trace/trace.h"
@@ -311,7 +312,71 @@ static bool has_http(const void *obj, size_t row)
     return SRV(obj)->http_stats != NULL;
 }
 
+static struct fig_val currency(const void *obj, size_t row)
+{
+    (void)row;
+    return (struct fig_val){ .s = SRV(obj)->cfg->currency };
+}
+
+/* A cost sum, nil while nothing priced was counted (never 0 for unknown). */
+static struct fig_val cost_val(double c, uint64_t priced)
+{
+    return priced ? (struct fig_val){ .d = c } : (struct fig_val){ .nil = true };
+}
+
+/* A budget in `stats` (docs/CONFIG.md §12a): per window it limits,
+ * {limit, spent, reserved, left, resets_in_s} (no reset for the total). */
+static void write_budget(struct writer *w, struct budget *b)
+{
+    double now = ev_time();
+    uint32_t n = 0;
+
+    for (int i = 0; i < BUDGET_WINDOWS; i++)
+        n += b->p.limit[i] > 0;
+    writer_map(w, n);
+    for (int i = 0; i < BUDGET_WINDOWS; i++) {
+        double resets;
+        if (!(b->p.limit[i] > 0))
+            continue;
+        double left = budget_left(b, (enum budget_window)i, now, &resets);
+        writer_str(w, budget_window_name((enum budget_window)i));
+        writer_map(w, resets >= 0 ? 5 : 4);
+        writer_kv_double(w, "limit", b->p.limit[i]);
+        writer_kv_double(w, "spent", b->spent[i]);
+        writer_kv_double(w, "reserved", b->reserved);
+        writer_kv_double(w, "left", left);
+        if (resets >= 0)
+            writer_kv_double(w, "resets_in_s", resets);
+    }
+}
+
+static struct budget *budget_of(const void *obj, bool of_app, size_t row)
+{
+    return backend_budget(SRV(obj)->backend, of_app, row);
+}
+
+static bool app_has_budget(const void *obj, size_t row)
+{
+    return budget_of(obj, true, row) != NULL;
+}
+
+static void write_app_budget(struct writer *w, const void *obj, size_t row)
+{
+    write_budget(w, budget_of(obj, true, row));
+}
+
+static bool src_has_budget(const void *obj, size_t row)
+{
+    return budget_of(obj, false, row) != NULL;
+}
+
+static void write_src_budget(struct writer *w, const void *obj, size_t row)
+{
+    write_budget(w, budget_of(obj, false, row));
+}
+
 static const struct figure server[] = {
+    { .key = "currency", .kind = FIG_STR, .get = currency },
     { .key = "connections", .kind = FIG_MAP, .sub = &connections_table },
     { .key = "requests", .kind = FIG_MAP, .sub = &requests_table },
     { .key = "rejected", .kind = FIG_MAP, .sub = &rejected_table },
@@ -440,6 +505,11 @@ SRC_U64(src_tokens, tokens_used)
 #define BUCKET_LEVEL    "polygw_source_bucket_level"
 #define BUCKET_CAPACITY "polygw_source_bucket_capacity"
 
+static struct fig_val src_cost(const void *obj, size_t row)
+{
+    return cost_val(source(obj, row)->cost, source(obj, row)->priced);
+}
+
 static const struct figure sources[] = {
     { .key = "name", .kind = FIG_STR, .get = src_name },
     { .key = "retired", .kind = FIG_BOOL, .get = yes, .shown = src_retired },
@@ -515,6 +585,8 @@ static const struct figure sources[] = {
       .type = "counter",
       .help = "Tokens the upstream reported (its real usage) for successful calls of the source.",
       .get = src_tokens },
+    { .key = "cost", .kind = FIG_DOUBLE, .get = src_cost },
+    { .key = "budget", .kind = FIG_CUSTOM, .write = write_src_budget, .shown = src_has_budget },
 };
 
 const struct fig_table figs_source = { sources, sizeof(sources) / sizeof(sources[0]),
@@ -536,6 +608,11 @@ static size_t app_labels(const void *obj, size_t row, struct prom_label *l)
 static struct fig_val app_name(const void *obj, size_t row)
 {
     return (struct fig_val){ .s = SRV(obj)->cfg->apps[row].name };
+}
+
+static struct fig_val app_cost(const void *obj, size_t row)
+{
+    return cost_val(app(obj, row)->cost, app(obj, row)->priced);
 }
 
 static struct fig_val app_weight(const void *obj, size_t row)
@@ -662,6 +739,8 @@ static const struct figure apps[] = {
     { .key = "tpm_level", .kind = FIG_DOUBLE, .get = app_tpm },
     { .key = "daily_tokens_level", .kind = FIG_DOUBLE, .get = app_daily },
     { .key = "per_capability", .kind = FIG_CUSTOM, .write = write_app_caps, .shown = app_has_caps },
+    { .key = "cost", .kind = FIG_DOUBLE, .get = app_cost },
+    { .key = "budget", .kind = FIG_CUSTOM, .write = write_app_budget, .shown = app_has_budget },
 };
 
 const struct fig_table figs_app = { apps, sizeof(apps) / sizeof(apps[0]), app_labels };

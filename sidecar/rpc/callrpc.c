@@ -55,7 +55,10 @@ static void rpc_on_result(struct call_sink *s, uint32_t id, const struct call_in
     msgpack_packer *pk = &c->pk;
 
     rpc_pack_result_begin(pk, id);
-    msgpack_pack_map(pk, 4 + (b->mp ? 1 : 0) + (b->usage ? 1 : 0) + (b->raw ? 3 : 0));
+    bool cost = cost_is_known(ci->cost);
+
+    msgpack_pack_map(pk,
+                     4 + (b->mp ? 1 : 0) + (b->usage ? 1 : 0) + (b->raw ? 3 : 0) + (cost ? 1 : 0));
     if (b->raw) {
         /* A passthrough's answer: its bytes, type and status (rawcall.h). */
         rpc_pack_str(pk, "body");
@@ -78,6 +81,8 @@ static void rpc_on_result(struct call_sink *s, uint32_t id, const struct call_in
         rpc_pack_str(pk, "usage");
         pack_raw(pk, b->usage, b->usage_len);
     }
+    if (cost)
+        rpc_pack_kv_double(pk, "cost", ci->cost);
     conn_response_done(c, PGW_OK);
 }
 
@@ -107,12 +112,15 @@ void callrpc_sink_init(struct call_sink *s, struct server *srv, struct upstream_
     s->budget = budget;
 }
 
-/* max_tokens / max_completion_tokens of the body, 0 when absent. */
+/* max_tokens / max_completion_tokens (the Responses API's
+ * max_output_tokens) of the body, 0 when absent. */
 static uint64_t body_max_tokens(const msgpack_object *body)
 {
     const msgpack_object *m = rpc_map_get(body, "max_completion_tokens");
     if (!m)
         m = rpc_map_get(body, "max_tokens");
+    if (!m)
+        m = rpc_map_get(body, "max_output_tokens");
     return m && m->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? m->via.u64 : 0;
 }
 

@@ -33,7 +33,7 @@ function config(a, b, port, recv, tracing = "", aExtra = "") {
     ...(tracing ? [tracing] : []),
     "sources:",
     `  - {name: a, capability: chat, base_url: "${a.url}", priority: 0, max_concurrency: 1, aimd: {initial: 1}, ${SRC}${aExtra}}`,
-    `  - {name: b, capability: chat, base_url: "${b.url}", priority: 1, max_concurrency: 1, aimd: {initial: 1}, breaker: {failures: 100000}, ${SRC}}`,
+    `  - {name: b, capability: chat, base_url: "${b.url}", priority: 1, max_concurrency: 1, aimd: {initial: 1}, breaker: {failures: 100000}, prices: {input: 2.5, output: 10}, ${SRC}}`,
     "",
   ].join("\n");
 }
@@ -109,6 +109,7 @@ test("a call that waited for a permit, got a 429 with Retry-After, failed over a
     assert.equal(call.attrs["polygw.attempts"], 2);
     assert.equal(call.attrs["polygw.source"], "b");
     assert.equal(call.attrs["polygw.front"], "http");
+    assert.ok(call.attrs["polygw.cost"] > 0, "the answer's cost at b's prices");
     assert.ok(call.attrs["polygw.app"]);
     assert.equal(call.resource["service.name"], "polygw");
     assert.notEqual(call.status.code, StatusCode.STATUS_CODE_ERROR);
