@@ -556,12 +556,16 @@ int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cf
     ev_signal_start(loop, &srv->sigterm_w);
     ev_signal_start(loop, &srv->sigint_w);
     ev_signal_start(loop, &srv->sighup_w);
-    if (server_listen(srv, err, errlen) < 0)
-        goto fail;
+    /* The HTTP front binds first: a client that finds the main socket
+     * (the usual readiness check) finds every door already open. */
     srv->http = http_new(srv, err, errlen);
     srv->http_stats = http_get_stats(srv->http);
-    if (!srv->http && (cfg->http_socket || cfg->http_listen)) {
-        server_stop_listening(srv);
+    if (!srv->http && (cfg->http_socket || cfg->http_listen))
+        goto fail;
+    if (server_listen(srv, err, errlen) < 0) {
+        http_free(srv->http);
+        srv->http = NULL;
+        srv->http_stats = NULL;
         goto fail;
     }
     srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
