@@ -56,6 +56,7 @@
 #include "codec/convert.h"
 #include "codec/dialect.h"
 #include "call/upath.h"
+#include "backend/cache.h"
 #include "governor.h"
 #include "codec/jscan.h"
 #include "codec/reply.h"
@@ -77,6 +78,173 @@ enum body_form {
     BODY_TO_ANTHROPIC, /* an OpenAI chat body converted (accepts: openai), and the
                           * answer converted back (convert.h) */
 };
+
+/* ---- The response cache (backend/cache.h, docs/CONFIG.md "cache") ------
+ *
+ * A hit is answered before anything is reserved, with source "cache" and
+ * no attempt: no permit, no bucket, no quota, no progress. Only
+ * successful, complete answers are stored: never an error, a stream cut
+ * midway, a passthrough, or an answer the upstream marked no-store or
+ * private. A call of a task (which must only run while its
+ * task runs) and a Responses follow-up bypass the cache.
+ *
+ * An entry's records: a plain answer is [body, usage]; a stream is one
+ * [event name, JSON data, msgpack data] record per event relayed. The
+ * last record is the answer's meta: `a` holds its form ('p' plain, 's'
+ * stream) and the call_info flags a replay needs (anthropic,
+ * done_marker). */
+
+struct callcache {
+    struct cache_key key;
+    struct cache_fill *fill; /* owned: the answer being collected, NULL: not stored */
+    double ttl_s;
+    const char *state; /* "hit" | "miss" | "bypass", NULL: the capability is not cached */
+};
+
+static int callcache_key(const struct call_sink *s, const struct call_req *r,
+                         const struct config_capability *cap, const char *app,
+                         struct cache_key *key)
+{
+    unsigned form =
+        (r->stream ? CACHE_FORM_STREAM : 0) | (s->ops->wants_msgpack ? CACHE_FORM_MSGPACK : 0);
+    const char *ns = cap->cache.shared ? "" : app; /* an app name is never empty */
+
+    if (!r->json)
+        return cache_key_make(key, ns, cap->name, r->model, r->model_len, form, r->mp);
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    msgpack_unpacked up;
+    int rc = -1;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_unpacked_init(&up);
+    if (transcode_json_to_msgpack(r->json, r->json_len, &pk, NULL, NULL, 0) == 0 &&
+        msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS)
+        rc = cache_key_make(key, ns, cap->name, r->model, r->model_len, form, &up.data);
+    msgpack_unpacked_destroy(&up);
+    msgpack_sbuffer_destroy(&sb);
+    return rc;
+}
+
+/* Replays entry `e` to the sink. A stream's events are relayed whatever
+ * the sink's write queue holds: an entry is bounded by max_entry_bytes. */
+static void callcache_replay(struct call_sink *s, uint32_t id, const struct cache_entry *e)
+{
+    struct cache_rec cur, next, meta = { 0 };
+    size_t pos = 0, scan = 0;
+    struct call_info ci = { .source = "cache", .cache = "hit" };
+    struct call_body b = { 0 };
+
+    while (cache_entry_next(e, &scan, &next))
+        meta = next; /* the last record */
+    ci.anthropic = meta.a_len >= 3 && meta.a[1] == '1';
+    ci.done_marker = meta.a_len >= 3 && meta.a[2] == '1';
+    bool stream = meta.a_len >= 3 && meta.a[0] == 's';
+    for (bool more = cache_entry_next(e, &pos, &cur); more; cur = next) {
+        size_t at = pos;
+        if (!cache_entry_next(e, &at, &next))
+            break; /* cur is the meta record */
+        pos = at;
+        if (stream) {
+            ci.event = cur.name;
+            if (s->ops->on_chunk(s, id, &ci, cur.a, cur.a_len, cur.b_len ? cur.b : NULL,
+                                 cur.b_len) < 0)
+                return; /* the client is gone: the sink tore its calls down */
+        } else if (s->ops->wants_msgpack) {
+            b.mp = cur.a;
+            b.mp_len = cur.a_len;
+            b.usage = cur.b_len ? cur.b : NULL;
+            b.usage_len = cur.b_len;
+        } else {
+            b.json = cur.a;
+            b.json_len = cur.a_len;
+        }
+    }
+    ci.event = NULL;
+    s->ops->on_result(s, id, &ci, &b);
+    s->ops->flush(s);
+}
+
+static int callcache_begin(struct call_sink *s, uint32_t id, const struct call_req *r,
+                           const struct config_capability *cap, const char *app,
+                           struct callcache *cc)
+{
+    struct server *srv = s->srv;
+    double now = ev_now(srv->loop);
+
+    memset(cc, 0, sizeof(*cc));
+    if (cap->cache.ttl_s <= 0 || !srv->cache)
+        return 0;
+    /* A passthrough, a follow-up and a call of a task (which must run only
+     * while its task runs) are never cached. */
+    if (r->raw || r->response_id || r->task_id || r->cache == CACHE_NO_STORE ||
+        callcache_key(s, r, cap, app, &cc->key) < 0) {
+        cc->state = "bypass";
+        cache_count(srv->cache, CACHE_BYPASS);
+        return 0;
+    }
+    if (r->cache != CACHE_NO_CACHE) {
+        const struct cache_entry *e =
+            cache_get(srv->cache, &cc->key, now, r->cache_max_age ? r->cache_max_age_s : -1);
+        if (e) {
+            cache_count(srv->cache, CACHE_HIT);
+            callcache_replay(s, id, e);
+            return 1;
+        }
+    }
+    cache_count(srv->cache, CACHE_MISS);
+    cc->state = "miss";
+    cc->ttl_s = cap->cache.ttl_s;
+    cc->fill = cache_fill_new(cap->cache.max_entry_bytes);
+    return 0;
+}
+
+static void callcache_on_chunk(struct callcache *cc, const struct call_info *ci, const char *json,
+                               size_t json_len, const char *mp, size_t mp_len)
+{
+    if (cc->fill && cache_fill_add(cc->fill, ci->event, json, json_len, mp, mp_len) < 0) {
+        cache_fill_free(cc->fill); /* too big: relayed, never stored */
+        cc->fill = NULL;
+    }
+}
+
+static void callcache_on_result(struct server *srv, struct callcache *cc,
+                                const struct call_info *ci, const struct call_body *b,
+                                const char *upstream_cc, double now)
+{
+    struct cache_fill *f = cc->fill;
+    char meta[3];
+
+    cc->fill = NULL;
+    if (!f)
+        return;
+    double ttl = cache_upstream_ttl(upstream_cc, cc->ttl_s);
+    if (!(ttl > 0) || b->raw) {
+        cache_fill_free(f);
+        return;
+    }
+    meta[0] = b->json || b->mp ? 'p' : 's';
+    meta[1] = ci->anthropic ? '1' : '0';
+    meta[2] = ci->done_marker ? '1' : '0';
+    int rc = 0;
+    if (b->json)
+        rc = cache_fill_add(f, NULL, b->json, b->json_len, NULL, 0);
+    else if (b->mp)
+        rc = cache_fill_add(f, NULL, b->mp, b->mp_len, b->usage, b->usage_len);
+    if (rc == 0)
+        rc = cache_fill_add(f, NULL, meta, sizeof(meta), NULL, 0);
+    if (rc < 0) {
+        cache_fill_free(f);
+        return;
+    }
+    cache_put(srv->cache, &cc->key, f, now, now + ttl);
+}
+
+static void callcache_fini(struct callcache *cc)
+{
+    cache_fill_free(cc->fill);
+    cc->fill = NULL;
+}
 
 struct call {
     struct call_sink *sink;
@@ -131,6 +299,7 @@ struct call {
                                            * being looked up */
     bool resp_noted;                      /* its answer's response id was remembered */
     bool past_end;                        /* the attempt's stream sent its terminal event */
+    struct callcache cc;                  /* its use of the response cache */
 };
 
 static void call_step(struct call *k);
@@ -250,6 +419,7 @@ static void call_free_memory(struct call *k)
     free(k->model_label);
     free(k->query);
     raw_call_free(k->rawc);
+    callcache_fini(&k->cc);
     free(k);
 }
 
@@ -824,6 +994,7 @@ static void call_info_fill(const struct call *k, struct call_info *ci)
     /* Chat Completions streams end with [DONE]; Messages and Responses
      * streams end with a named event of their own. */
     ci->done_marker = !k->src || k->form == BODY_TO_ANTHROPIC || call_dialect(k)->chat_facts;
+    ci->cache = k->cc.state;
 }
 
 /* A success: the plain body (`json` as received, `body` its msgpack form)
@@ -874,6 +1045,7 @@ static void call_reply_success(struct call *k, const struct attempt_result *r,
     }
     k->code = PGW_OK;
     k->answered = true;
+    callcache_on_result(k->srv, &k->cc, &ci, &b, r->cache_control, ev_now(k->srv->loop));
     k->sink->ops->on_result(k->sink, k->msgid, &ci, &b);
     msgpack_sbuffer_destroy(&us);
     strbuf_fini(&scrubbed);
@@ -1260,6 +1432,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     /* Relay now. The sink may find the client gone: it then aborts every
      * call it holds, this one included, so `k` is freed (its attempt is
      * only marked cancelled: we are inside curl) and must not be touched. */
+    callcache_on_chunk(&k->cc, &ci, text, text_len, sb.size ? sb.data : NULL, sb.size);
     rc = k->sink->ops->on_chunk(k->sink, k->msgid, &ci, text, text_len, sb.size ? sb.data : NULL,
                                 sb.size);
     msgpack_sbuffer_destroy(&sb);
@@ -2043,13 +2216,22 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
         }
     }
 
-    struct call *k = calloc(1, sizeof(*k));
-    if (!k) {
-        call_refuse(s, id, r, PGW_INTERNAL, "out of memory");
+    /* A hit is answered here, before anything is reserved (callcache.h). */
+    struct callcache cc;
+    if (callcache_begin(s, id, r, &cfg->capabilities[ci], app->name, &cc) > 0) {
         free(tw);
         free(use);
         return;
     }
+    struct call *k = calloc(1, sizeof(*k));
+    if (!k) {
+        call_refuse(s, id, r, PGW_INTERNAL, "out of memory");
+        callcache_fini(&cc);
+        free(tw);
+        free(use);
+        return;
+    }
+    k->cc = cc;
     k->sink = s;
     k->srv = srv;
     k->msgid = id;

@@ -78,6 +78,11 @@ enum fid {
     FID_MAX_TASKS,
     FID_RESPONSES,
     FID_RESP_REMEMBER,
+    FID_CACHE,
+    FID_CACHE_MAX_BYTES,
+    FID_CACHE_TTL,
+    FID_CACHE_MAX_ENTRY,
+    FID_CACHE_SHARED,
     FID_RESP_MAX,
     FID_SOCKET,
     FID_MODE,
@@ -802,6 +807,20 @@ static const struct field responses_table[] = {
     END
 };
 
+/* The response cache (docs/CONFIG.md, "cache"): the memory tier's cap. */
+static const struct field cache_table[] = { NUM("max_bytes", FT_SIZE, FID_CACHE_MAX_BYTES,
+                                                OFF(struct config, cache_max_bytes), 0,
+                                                68719476736.0, 0),
+                                            END };
+
+/* A capability's cache: on when ttl_s > 0 (relative to struct config_cache). */
+static const struct field cap_cache_table[] = {
+    NUM("ttl_s", FT_DOUBLE, FID_CACHE_TTL, OFF(struct config_cache, ttl_s), 0, DURATION_MAX_S, 0),
+    NUM("max_entry_bytes", FT_SIZE, FID_CACHE_MAX_ENTRY, OFF(struct config_cache, max_entry_bytes),
+        1, 1073741824.0, 0),
+    TYPED("shared", FT_BOOL, FID_CACHE_SHARED, OFF(struct config_cache, shared)), END
+};
+
 static int walk_sentinels(struct loader *l, const struct ynode *v);
 
 static const struct field backend_tls_table[] = {
@@ -866,6 +885,7 @@ static const struct field capability_table[] = {
     { .key = "methods", .type = FT_CUSTOM, .fid = FID_CAP_METHODS, .walk = walk_methods },
     NUM("max_body_bytes", FT_SIZE, FID_CAP_MAX_BODY, OFF(struct cap_stage, cap.max_body_bytes), 1,
         1073741824.0, 0),
+    SECTION("cache", FID_CACHE, OFF(struct cap_stage, cap.cache), cap_cache_table),
     { .key = "policy",
       .type = FT_INCLUDE,
       .off = OFF(struct cap_stage, cap.policy),
@@ -1022,6 +1042,7 @@ static const struct field top_table[] = { SECTION("listen", FID_LISTEN, 0, liste
                                           SECTION("backend", FID_BACKEND, 0, backend_table),
                                           SECTION("tasks", FID_TASKS, 0, tasks_table),
                                           SECTION("responses", FID_RESPONSES, 0, responses_table),
+                                          SECTION("cache", FID_CACHE, 0, cache_table),
                                           SECTION("http", FID_HTTP, 0, http_table),
                                           SECTION("defaults", FID_DEFAULTS,
                                                   OFF(struct config, defaults), policy_table),
@@ -1079,6 +1100,7 @@ static int config_set_defaults(struct config *cfg)
     cfg->task_ttl_s = 86400;
     cfg->max_tasks = 65536;
     cfg->responses_remember_s = 30 * 86400.0;
+    cfg->cache_max_bytes = 64u * 1024 * 1024;
     cfg->responses_max_remembered = 100000;
     cfg->backend = BACKEND_MEMORY;
     cfg->redis_command_timeout_s = 1;
@@ -1781,6 +1803,7 @@ static struct cap_stage *cap_add(struct loader *l, const char *name, size_t len)
     c->cap.name[len] = '\0';
     c->cap.methods = CONFIG_METHOD_POST;
     c->cap.max_body_bytes = CONFIG_RAW_MAX_BODY_DEFAULT;
+    c->cap.cache.max_entry_bytes = CONFIG_CACHE_ENTRY_DEFAULT;
     return c;
 }
 

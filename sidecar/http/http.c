@@ -339,6 +339,11 @@ static void hc_head(struct http_conn *c, int status, const char *ctype, long lon
             out_str(c, "\r\nX-Polygw-Stalled-S: 0.000\r\n");
         else
             out_printf(c, "\r\nX-Polygw-Stalled-S: %.3f\r\n", ci->stalled_s);
+        if (ci->cache) {
+            out_str(c, "X-Polygw-Cache: ");
+            out_str(c, ci->cache);
+            out_str(c, "\r\n");
+        }
     }
     if (extra)
         out_str(c, extra);
@@ -1530,6 +1535,9 @@ static void hc_call_headers(struct http_conn *c, struct call_req *rq, char *scop
     }
     if (c->req.present[HRQ_TASK])
         r.task_id = c->req.val[HRQ_TASK];
+    if (c->req.present[HRQ_CACHE_CONTROL])
+        cache_parse_mode(c->req.val[HRQ_CACHE_CONTROL], &r.cache, &r.cache_max_age,
+                         &r.cache_max_age_s);
     if (c->req.present[HRQ_SCOPE]) {
         memcpy(scope, c->req.val[HRQ_SCOPE], c->req.val_len[HRQ_SCOPE] + 1);
         r.scope = scope;

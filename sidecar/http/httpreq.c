@@ -33,6 +33,7 @@ static const struct {
     HDR("x-polygw-app"),   HDR("authorization"),
     HDR("host"),           HDR("origin"),
     HDR("sec-fetch-site"), HDR("sec-fetch-mode"),
+    HDR("cache-control"),
 };
 
 const char *httpreq_hdr_name(enum httpreq_hdr h)

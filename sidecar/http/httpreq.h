@@ -48,6 +48,7 @@ enum httpreq_hdr {
     HRQ_ORIGIN,
     HRQ_FETCH_SITE, /* Sec-Fetch-Site */
     HRQ_FETCH_MODE, /* Sec-Fetch-Mode */
+    HRQ_CACHE_CONTROL,
     HRQ_COUNT
 };
 

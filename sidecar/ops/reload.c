@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cache.h"
 #include "call/call.h"
 #include "call/governor.h"
 #include "core/log.h"
@@ -482,6 +483,7 @@ static int reload_apply(struct reload_ctx *x, struct reload_summary *sum, char *
     redact_free(srv->redact);
     srv->redact = red;
     srv->cfg = n;
+    cache_set_max_bytes(srv->cache, n->cache_max_bytes);
     if (!srv->log_level_override)
         log_threshold = n->log_level;
     config_free(o);

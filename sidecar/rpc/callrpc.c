@@ -55,7 +55,8 @@ static void rpc_on_result(struct call_sink *s, uint32_t id, const struct call_in
     msgpack_packer *pk = &c->pk;
 
     rpc_pack_result_begin(pk, id);
-    msgpack_pack_map(pk, 4 + (b->mp ? 1 : 0) + (b->usage ? 1 : 0) + (b->raw ? 3 : 0));
+    msgpack_pack_map(
+        pk, 4 + (b->mp ? 1 : 0) + (b->usage ? 1 : 0) + (b->raw ? 3 : 0) + (ci->cache ? 1 : 0));
     if (b->raw) {
         /* A passthrough's answer: its bytes, type and status (rawcall.h). */
         rpc_pack_str(pk, "body");
@@ -78,6 +79,8 @@ static void rpc_on_result(struct call_sink *s, uint32_t id, const struct call_in
         rpc_pack_str(pk, "usage");
         pack_raw(pk, b->usage, b->usage_len);
     }
+    if (ci->cache)
+        rpc_pack_kv_str(pk, "cache", ci->cache); /* the response cache's verdict */
     conn_response_done(c, PGW_OK);
 }
 
@@ -187,6 +190,7 @@ void callrpc_start(struct conn *c, const struct rpc_msg *m)
         P_CTYPE,
         P_METHOD,
         P_SUFFIX,
+        P_CACHE,
         P_N
     };
     static const struct rpc_param spec[P_N] = {
@@ -202,6 +206,7 @@ void callrpc_start(struct conn *c, const struct rpc_msg *m)
         [P_DEADLINE] = { "deadline_s", RPC_T_NUMBER | RPC_T_NIL, false },
         [P_APP] = { "app", RPC_T_STR | RPC_T_NIL, false },
         [P_MODEL] = { "model", RPC_T_STR | RPC_T_NIL, false },
+        [P_CACHE] = { "cache", RPC_T_STR | RPC_T_NIL, false },
     };
     const msgpack_object *p[P_N];
     char why[300], scope[CONFIG_NAME_MAX * 4], id[TASK_ID_MAX + 1];
@@ -267,6 +272,19 @@ void callrpc_start(struct conn *c, const struct rpc_msg *m)
         r.model = model->via.str.ptr;
         r.model_len = model->via.str.size;
         r.model_param = p[P_MODEL] != NULL;
+    }
+    if (p[P_CACHE]) {
+        char v[64];
+        size_t n = p[P_CACHE]->via.str.size;
+        memcpy(v, p[P_CACHE]->via.str.ptr, n < sizeof(v) ? n : 0);
+        v[n < sizeof(v) ? n : 0] = '\0';
+        if (cache_parse_mode(v, &r.cache, &r.cache_max_age, &r.cache_max_age_s) < 0) {
+            conn_reply_error(c, m->msgid, PGW_BAD_REQUEST,
+                             "parameter 'cache': expected \"no-store\", \"no-cache\" or "
+                             "\"max-age=N\"");
+            free(raw.suffix);
+            return;
+        }
     }
     call_begin(&c->sink, m->msgid, &r);
     free(raw.suffix);

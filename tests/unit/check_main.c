@@ -43,6 +43,7 @@ int main(void)
         conn_suite,
         writer_suite,
         figures_suite,
+        cache_suite,
     };
     SRunner *sr = srunner_create(NULL);
 

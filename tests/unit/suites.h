@@ -38,5 +38,6 @@ Suite *h1_suite(void);
 Suite *conn_suite(void);
 Suite *writer_suite(void);
 Suite *figures_suite(void);
+Suite *cache_suite(void);
 
 #endif
