@@ -69,8 +69,8 @@ static int kv_cmp(const void *a, const void *b)
     const msgpack_object_kv *x = a, *y = b;
     if (x->key.type != MSGPACK_OBJECT_STR || y->key.type != MSGPACK_OBJECT_STR)
         return (int)x->key.type - (int)y->key.type;
-    size_t n = x->key.via.str.size < y->key.via.str.size ? x->key.via.str.size
-                                                         : y->key.via.str.size;
+    size_t n =
+        x->key.via.str.size < y->key.via.str.size ? x->key.via.str.size : y->key.via.str.size;
     int c = memcmp(x->key.via.str.ptr, y->key.via.str.ptr, n);
     if (c)
         return c;
@@ -82,7 +82,8 @@ static int kv_cmp(const void *a, const void *b)
 static bool key_is(const msgpack_object *k, const char *s)
 {
     size_t n = strlen(s);
-    return k->type == MSGPACK_OBJECT_STR && k->via.str.size == n && memcmp(k->via.str.ptr, s, n) == 0;
+    return k->type == MSGPACK_OBJECT_STR && k->via.str.size == n &&
+        memcmp(k->via.str.ptr, s, n) == 0;
 }
 
 /* Members that do not change the answer (cache.h). */
@@ -153,9 +154,8 @@ static int hash_obj(EVP_MD_CTX *md, const msgpack_object *o, bool top)
     return -1;
 }
 
-int cache_key_make(struct cache_key *out, const char *ns, const char *capability,
-                   const char *model, size_t model_len, unsigned form,
-                   const msgpack_object *body)
+int cache_key_make(struct cache_key *out, const char *ns, const char *capability, const char *model,
+                   size_t model_len, unsigned form, const msgpack_object *body)
 {
     EVP_MD_CTX *md = EVP_MD_CTX_new();
     unsigned int n = 0;
@@ -355,7 +355,7 @@ void cache_put(struct cache *c, const struct cache_key *k, struct cache_fill *f,
 }
 
 const struct cache_entry *cache_get(struct cache *c, const struct cache_key *k, double now,
-                                   double max_age_s)
+                                    double max_age_s)
 {
     struct cache_entry *e = *slot_of(c, k);
     if (!e || (max_age_s >= 0 && now - e->stored_at > max_age_s))
@@ -403,6 +403,8 @@ void cache_count(struct cache *c, enum cache_event ev)
         c->st.hits++;
     else if (ev == CACHE_MISS)
         c->st.misses++;
+    else if (ev == CACHE_COALESCED)
+        c->st.coalesced++;
     else
         c->st.bypasses++;
 }
@@ -421,8 +423,8 @@ static bool directive(const char *v, const char *tok, const char **arg)
     for (const char *p = v; *p;) {
         while (*p == ' ' || *p == '\t' || *p == ',')
             p++;
-        if (strncasecmp(p, tok, n) == 0 && (p[n] == '\0' || p[n] == ',' || p[n] == ' ' ||
-                                            p[n] == '=' || p[n] == ';')) {
+        if (strncasecmp(p, tok, n) == 0 &&
+            (p[n] == '\0' || p[n] == ',' || p[n] == ' ' || p[n] == '=' || p[n] == ';')) {
             if (arg)
                 *arg = p[n] == '=' ? p + n + 1 : NULL;
             return true;
@@ -466,4 +468,3 @@ int cache_parse_mode(const char *v, enum cache_mode *mode, bool *has_max_age, do
     }
     return known ? 0 : -1;
 }
-

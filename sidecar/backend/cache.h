@@ -39,12 +39,11 @@ struct cache_key {
 /* Fills `out` from the parts above (all borrowed; `model` may be NULL).
  * `body` is the request as a msgpack object (a JSON body transcoded).
  * Returns 0, or -1 when hashing fails (out of memory). */
-int cache_key_make(struct cache_key *out, const char *ns, const char *capability,
-                   const char *model, size_t model_len, unsigned form,
-                   const msgpack_object *body);
+int cache_key_make(struct cache_key *out, const char *ns, const char *capability, const char *model,
+                   size_t model_len, unsigned form, const msgpack_object *body);
 
 struct cache_stats {
-    uint64_t hits, misses, bypasses, stores, evictions, expired, too_big;
+    uint64_t hits, misses, bypasses, coalesced, stores, evictions, expired, too_big;
     size_t bytes; /* held now, entries' data and bookkeeping */
     size_t entries;
 };
@@ -92,13 +91,15 @@ struct cache_entry;
  * freed). Counts nothing: the caller says
  * whether it was a hit (cache_count). */
 const struct cache_entry *cache_get(struct cache *c, const struct cache_key *k, double now,
-                                   double max_age_s);
+                                    double max_age_s);
 
 /* Walks an entry's records: `*pos` starts at 0; returns false past the
  * last. */
 bool cache_entry_next(const struct cache_entry *e, size_t *pos, struct cache_rec *r);
 
-enum cache_event { CACHE_HIT, CACHE_MISS, CACHE_BYPASS };
+/* A coalesced call waited for an identical one in flight and was
+ * answered from the entry it stored. */
+enum cache_event { CACHE_HIT, CACHE_MISS, CACHE_BYPASS, CACHE_COALESCED };
 void cache_count(struct cache *c, enum cache_event ev);
 
 /* Drops every entry. */

@@ -99,6 +99,11 @@ struct callcache {
     struct cache_fill *fill; /* owned: the answer being collected, NULL: not stored */
     double ttl_s;
     const char *state; /* "hit" | "miss" | "bypass", NULL: the capability is not cached */
+    /* Coalescing: a call identical to one in flight (its `leader`, which
+     * lists it in `waiters`) waits for the leader's end instead of going
+     * upstream; `waiting` until it wakes (call_cache_wake). */
+    struct call *leader, *waiters, *wprev, *wnext;
+    bool waiting;
 };
 
 static int callcache_key(const struct call_sink *s, const struct call_req *r,
@@ -128,7 +133,7 @@ static int callcache_key(const struct call_sink *s, const struct call_req *r,
 
 /* Replays entry `e` to the sink. A stream's events are relayed whatever
  * the sink's write queue holds: an entry is bounded by max_entry_bytes. */
-static void callcache_replay(struct call_sink *s, uint32_t id, const struct cache_entry *e)
+static int callcache_replay(struct call_sink *s, uint32_t id, const struct cache_entry *e)
 {
     struct cache_rec cur, next, meta = { 0 };
     size_t pos = 0, scan = 0;
@@ -149,7 +154,7 @@ static void callcache_replay(struct call_sink *s, uint32_t id, const struct cach
             ci.event = cur.name;
             if (s->ops->on_chunk(s, id, &ci, cur.a, cur.a_len, cur.b_len ? cur.b : NULL,
                                  cur.b_len) < 0)
-                return; /* the client is gone: the sink tore its calls down */
+                return -1; /* the client is gone: the sink tore its calls down */
         } else if (s->ops->wants_msgpack) {
             b.mp = cur.a;
             b.mp_len = cur.a_len;
@@ -162,7 +167,7 @@ static void callcache_replay(struct call_sink *s, uint32_t id, const struct cach
     }
     ci.event = NULL;
     s->ops->on_result(s, id, &ci, &b);
-    s->ops->flush(s);
+    return 0;
 }
 
 static int callcache_begin(struct call_sink *s, uint32_t id, const struct call_req *r,
@@ -188,7 +193,8 @@ static int callcache_begin(struct call_sink *s, uint32_t id, const struct call_r
             cache_get(srv->cache, &cc->key, now, r->cache_max_age ? r->cache_max_age_s : -1);
         if (e) {
             cache_count(srv->cache, CACHE_HIT);
-            callcache_replay(s, id, e);
+            if (callcache_replay(s, id, e) == 0)
+                s->ops->flush(s);
             return 1;
         }
     }
@@ -423,6 +429,28 @@ static void call_free_memory(struct call *k)
     free(k);
 }
 
+/* Coalescing. A call that ends detaches from its leader; a leader that
+ * ends (answered, failed, cancelled or torn down) wakes its waiters on the
+ * next loop pass, never inside its own end: each then takes the entry the
+ * leader stored, or, when there is none (the leader failed, or its answer
+ * could not be stored), goes upstream itself. */
+static void call_cache_release(struct call *k)
+{
+    struct callcache *cc = &k->cc;
+
+    if (cc->leader)
+        DLIST_UNLINK(cc->leader->cc.waiters, k, cc.wprev, cc.wnext);
+    cc->leader = NULL;
+    while (cc->waiters) {
+        struct call *w = cc->waiters;
+        DLIST_UNLINK(cc->waiters, w, cc.wprev, cc.wnext);
+        w->cc.leader = NULL;
+        ev_timer_stop(k->srv->loop, &w->wake_w);
+        ev_timer_set(&w->wake_w, 0, 0);
+        ev_timer_start(k->srv->loop, &w->wake_w);
+    }
+}
+
 static void call_end(struct call *k)
 {
     struct server *srv = k->srv;
@@ -443,6 +471,7 @@ static void call_end(struct call *k)
     call_task_unlink(k);
     call_set_paused(k, false);
     ev_timer_stop(srv->loop, &k->wake_w);
+    call_cache_release(k);
     if (k->model_label)
         metrics_on_model_call(srv->metrics, call_cap(k), k->model_label, k->code);
     metrics_on_call_end(srv->metrics, call_cap(k), k->code, call_elapsed(k),
@@ -1059,6 +1088,53 @@ static void call_finish(struct call *k)
     s->ops->flush(s);
 }
 
+/* A cacheable miss identical to a call in flight that will store its
+ * answer waits for it (until the call's own deadline at most). Returns
+ * true when `k` waits. */
+static bool call_cache_wait(struct call *k, double deadline_s)
+{
+    struct call *l;
+
+    if (!k->cc.fill)
+        return false;
+    for (l = k->srv->calls_all; l; l = l->all_next)
+        if (l != k && l->cc.fill && !l->cc.waiting &&
+            memcmp(l->cc.key.h, k->cc.key.h, CACHE_KEY_BYTES) == 0)
+            break;
+    if (!l)
+        return false;
+    k->cc.leader = l;
+    k->cc.waiting = true;
+    DLIST_PUSH(l->cc.waiters, k, cc.wprev, cc.wnext);
+    if (deadline_s > 0) {
+        ev_timer_set(&k->wake_w, deadline_s, 0);
+        ev_timer_start(k->srv->loop, &k->wake_w);
+    }
+    return true;
+}
+
+/* A waiter woke (its leader ended, or its deadline came): answered from
+ * the leader's entry when there is one (true: `k` is over), else it goes
+ * upstream as any miss (false). */
+static bool call_cache_wake(struct call *k)
+{
+    struct server *srv = k->srv;
+    struct call_sink *s = k->sink;
+
+    call_cache_release(k);
+    k->cc.waiting = false;
+    const struct cache_entry *e = cache_get(srv->cache, &k->cc.key, ev_now(srv->loop), -1);
+    if (!e)
+        return false;
+    cache_count(srv->cache, CACHE_COALESCED);
+    k->code = PGW_OK;
+    k->answered = true;
+    if (callcache_replay(s, k->msgid, e) < 0)
+        return true; /* the client is gone: the sink tore `k` down */
+    call_finish(k);
+    return true;
+}
+
 /* The Responses API answer of the current attempt names response `id`:
  * remembered, so that its follow-ups reach the same source
  * (docs/CONFIG.md, "responses"). Once per call. */
@@ -1576,9 +1652,12 @@ static int call_prepare_json(struct call *k, const struct config_source *src, ch
 
 static void call_on_wake_timer(struct ev_loop *loop, ev_timer *w, int revents)
 {
+    struct call *k = w->data;
     (void)loop;
     (void)revents;
-    call_step(w->data);
+    if (k->cc.waiting && call_cache_wake(k))
+        return;
+    call_step(k);
 }
 
 void call_on_gov_wake(struct gov_call *g, void *ud)
@@ -1788,8 +1867,8 @@ static void call_step(struct call *k)
 {
     struct gov_decision d;
 
-    if (k->admit || k->attempt || k->task_wait || k->resp_wait)
-        return; /* a late timer, or the call is waiting for the backend */
+    if (k->admit || k->attempt || k->task_wait || k->resp_wait || k->cc.waiting)
+        return; /* a late timer, or the call is waiting for the backend or its leader */
     gov_call_step(&k->g, ev_now(k->srv->loop), &d);
     call_act(k, &d, NULL);
 }
@@ -2333,6 +2412,8 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
         tasks_guard_remote(srv, tw->id, app, call_on_task_checked, tw);
         return;
     }
+    if (r->cache == CACHE_USE && call_cache_wait(k, r->deadline_s))
+        return;
     call_step(k);
 }
 

@@ -273,6 +273,8 @@ static void render_cache(struct prom_text *t, struct server *srv)
                   "Cacheable calls that went upstream (no entry, or Cache-Control: no-cache)."),
         CACHE_FAM("bypasses_total", "counter", bypasses,
                   "Calls of a cached capability that neither read nor wrote the cache."),
+        CACHE_FAM("coalesced_total", "counter", coalesced,
+                  "Calls that waited for an identical call in flight and took its answer."),
         CACHE_FAM("stores_total", "counter", stores, "Answers stored in the response cache."),
         CACHE_FAM("evictions_total", "counter", evictions,
                   "Entries evicted (least recently used) to keep cache.max_bytes."),

@@ -256,3 +256,91 @@ def test_cache__msgpack_front(front, up):
     err, _, _ = call(c, "embedding", body, cache="sometimes")
     assert err["code"] == "bad_request" and "cache" in err["message"], err
     c.close()
+
+
+def concurrently(f, n, path, body, headers=None):
+    """n identical requests at once over TCP: [(status, headers, body)]."""
+    import threading
+    out = [None] * n
+    go = threading.Event()
+
+    def one(i):
+        conn = f.conn(timeout=20)
+        go.wait()
+        conn.request("POST", path, body=json.dumps(body),
+                     headers=dict({"Content-Type": "application/json"}, **(headers or {})))
+        r = conn.getresponse()
+        out[i] = (r.status, {k.lower(): v for k, v in r.getheaders()}, r.read().decode())
+        conn.close()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    go.set()
+    for t in threads:
+        t.join(30)
+    return out
+
+
+def test_cache__fifty_identical_concurrent_requests_reach_the_mock_once(front, up):
+    f = cached_front(front, up)
+    up.set_default({"delay_ms": 700})
+    out = concurrently(f, 50, "/v1/embeddings", {"model": "e", "input": ["herd"]})
+    assert all(o is not None and o[0] == 200 for o in out), [o and o[:2] for o in out]
+    assert len({o[2] for o in out}) == 1
+    assert requests(up) == 1
+    assert sorted(o[1]["x-polygw-cache"] for o in out).count("miss") == 1
+    assert metric(f, "polygw_cache_coalesced_total") + metric(f, "polygw_cache_hits_total") == 49
+
+
+def test_cache__a_failed_leader_lets_each_waiter_go_upstream(front, up):
+    # The first request fails (a 400 is not retried); the ones that waited
+    # for it are not failed with it: each goes upstream itself.
+    f = cached_front(front, up)
+    up.script([{"status": 400, "delay_ms": 700}])
+    up.set_default({"delay_ms": 100})
+    out = concurrently(f, 5, "/v1/embeddings", {"model": "e", "input": ["fails first"]})
+    statuses = sorted(o[0] for o in out)
+    assert statuses == [200, 200, 200, 200, 400], out
+    assert requests(up) >= 2
+
+
+def test_cache__a_waiter_keeps_its_own_deadline(front, up):
+    f = cached_front(front, up)
+    up.set_default({"delay_ms": 900})
+    import threading
+    first = {}
+    t = threading.Thread(target=lambda: first.update(r=f.curl(
+        "/v1/embeddings", {"model": "e", "input": ["slow"]})))
+    t.start()
+    up.wait_stats(lambda st: st["requests"] >= 1, timeout=5)
+    t0 = time.monotonic()
+    s, h, b = f.curl("/v1/embeddings", {"model": "e", "input": ["slow"]},
+                     headers=["X-Polygw-Deadline: 0.3"])
+    took = time.monotonic() - t0
+    t.join(10)
+    assert s == 504 and took < 0.8, (s, took, b)
+    assert first["r"][0] == 200
+
+
+def test_cache__a_cancelled_leader_does_not_cancel_its_waiters(front, up):
+    # The first client gives up while its request is upstream; the two
+    # that waited for it (one of them leaving too) are not cancelled: the
+    # one left goes upstream itself and is answered.
+    f = cached_front(front, up)
+    up.set_default({"delay_ms": 600})
+    body = {"model": "e", "input": ["left"]}
+    import threading
+    res = {}
+    lead = threading.Thread(target=lambda: res.update(
+        lead=f.curl("/v1/embeddings", body, timeout=0.3)))
+    lead.start()
+    up.wait_stats(lambda st: st["requests"] >= 1, timeout=5)
+    quitter = threading.Thread(target=lambda: res.update(
+        quit=f.curl("/v1/embeddings", body, timeout=0.2)))
+    quitter.start()
+    s, h, b = f.curl("/v1/embeddings", body)
+    lead.join(10)
+    quitter.join(10)
+    assert s == 200, (s, h, b)
+    assert res["lead"][0] == 0 and res["quit"][0] == 0   # curl gave up: no response
+    assert requests(up) == 2

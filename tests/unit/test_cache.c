@@ -39,16 +39,19 @@ START_TEST(test_cache__key_is_canonical_and_scoped)
 
     /* Member order, whitespace and the ignored members do not matter. */
     ck_assert(same(k, key_of("a", " { \"input\" : [1, {\"y\":2,\"x\":1}], \"model\":\"m\" }", 0)));
-    ck_assert(same(k, key_of("a", "{\"model\":\"m\",\"input\":[1,{\"x\":1,\"y\":2}],\"user\":\"u\","
-                                  "\"stream\":false,\"stream_options\":{}}",
-                             0)));
+    ck_assert(same(k,
+                   key_of("a",
+                          "{\"model\":\"m\",\"input\":[1,{\"x\":1,\"y\":2}],\"user\":\"u\","
+                          "\"stream\":false,\"stream_options\":{}}",
+                          0)));
     /* Nested `user` is content; order inside arrays, types, app, form are all part. */
-    ck_assert(!same(k, key_of("a", "{\"model\":\"m\",\"input\":[1,{\"x\":1,\"y\":2,\"user\":1}]}", 0)));
+    ck_assert(
+        !same(k, key_of("a", "{\"model\":\"m\",\"input\":[1,{\"x\":1,\"y\":2,\"user\":1}]}", 0)));
     ck_assert(!same(k, key_of("a", "{\"model\":\"m\",\"input\":[{\"x\":1,\"y\":2},1]}", 0)));
     ck_assert(!same(k, key_of("a", "{\"model\":\"m\",\"input\":[1.0,{\"x\":1,\"y\":2}]}", 0)));
     ck_assert(!same(k, key_of("b", "{\"model\":\"m\",\"input\":[1,{\"x\":1,\"y\":2}]}", 0)));
-    ck_assert(!same(k, key_of("a", "{\"model\":\"m\",\"input\":[1,{\"x\":1,\"y\":2}]}",
-                              CACHE_FORM_STREAM)));
+    ck_assert(!same(
+        k, key_of("a", "{\"model\":\"m\",\"input\":[1,{\"x\":1,\"y\":2}]}", CACHE_FORM_STREAM)));
     /* Strings are length-prefixed: no two splits hash the same. */
     ck_assert(!same(key_of("a", "[\"ab\",\"c\"]", 0), key_of("a", "[\"a\",\"bc\"]", 0)));
 }
