@@ -21,5 +21,7 @@ void access_log_write(const struct config *cfg, const struct access_entry *e)
               "attempts", LOG_U, (unsigned long long)e->attempts, "status", LOG_N,
               (long long)(e->status > 0 ? e->status : -1), "elapsed_s", LOG_F, e->elapsed_s,
               "stalled_s", LOG_F, e->stalled_s, "ttft_s", LOG_F, e->ttft_s, "tokens", LOG_F,
-              e->tokens, NULL);
+              e->tokens,
+              /* Only for a cached capability: a NULL key ends the list here. */
+              e->cache ? "cache" : NULL, LOG_S, e->cache, NULL);
 }

@@ -36,8 +36,10 @@ struct access_entry {
     uint32_t attempts;
     int status; /* the last attempt's HTTP status; 0 none */
     double elapsed_s, stalled_s;
-    double ttft_s; /* streams: call start -> first chunk relayed */
-    double tokens; /* usage.total_tokens of the answer */
+    double ttft_s;     /* streams: call start -> first chunk relayed */
+    double tokens;     /* usage.total_tokens of the answer */
+    const char *cache; /* the response cache's verdict ("hit", "miss", "bypass"),
+                        * NULL: not a cached capability (then not written) */
 };
 
 /* Writes the entry when cfg->access_log is on and the level admits info.

@@ -193,7 +193,24 @@ static int callcache_begin(struct call_sink *s, uint32_t id, const struct call_r
             cache_get(srv->cache, &cc->key, now, r->cache_max_age ? r->cache_max_age_s : -1);
         if (e) {
             cache_count(srv->cache, CACHE_HIT);
-            if (callcache_replay(s, id, e) == 0)
+            bool answered = callcache_replay(s, id, e) == 0;
+            struct access_entry ae = {
+                .conn = s->conn_id,
+                .msgid = id,
+                .app = app,
+                .capability = cap->name,
+                .source = "cache",
+                .peer_pid = s->peer_pid,
+                .peer_uid = s->peer_uid,
+                .answered = answered,
+                .code = PGW_OK,
+                .stream = r->stream,
+                .ttft_s = r->stream ? 0 : NAN,
+                .tokens = NAN,
+                .cache = "hit",
+            };
+            access_log_write(srv->cfg, &ae);
+            if (answered)
                 s->ops->flush(s);
             return 1;
         }
@@ -407,6 +424,7 @@ static void call_log(const struct call *k)
         .stalled_s = gov_call_stalled_s(&k->g, now),
         .ttft_s = k->ttft_s,
         .tokens = k->used_tokens,
+        .cache = k->cc.state,
     };
     access_log_write(srv->cfg, &e);
 }
@@ -1127,6 +1145,7 @@ static bool call_cache_wake(struct call *k)
     if (!e)
         return false;
     cache_count(srv->cache, CACHE_COALESCED);
+    k->cc.state = "hit";
     k->code = PGW_OK;
     k->answered = true;
     if (callcache_replay(s, k->msgid, e) < 0)

@@ -53,6 +53,11 @@ def test_cache__embeddings_twice_reach_the_mock_once(front, up):
     s3, h3, _ = f.curl("/v1/embeddings", {"model": "e", "input": ["a", "c"]})
     assert s3 == 200 and h3["x-polygw-cache"] == "miss"
     assert requests(up) == 2
+    # The access log says which were answered from the cache.
+    lines = [json.loads(x) for x in f.sc.logs().splitlines()
+             if x.startswith("{") and '"msg":"call"' in x and '"capability":"embedding"' in x]
+    assert [(x["cache"], x["source"], x["attempts"], x["code"]) for x in lines] == [
+        ("miss", "e1", 1, "ok"), ("hit", "cache", 0, "ok"), ("miss", "e1", 1, "ok")]
 
 
 def test_cache__off_by_default(front, up):
