@@ -349,3 +349,17 @@ def test_cache__a_cancelled_leader_does_not_cancel_its_waiters(front, up):
     assert s == 200, (s, h, b)
     assert res["lead"][0] == 0 and res["quit"][0] == 0   # curl gave up: no response
     assert requests(up) == 2
+
+
+def test_cache__msgpack_stream_replays_its_chunks(front, up):
+    from test_providers import stream_call
+    f = cached_front(front, up)
+    c = f.sc.connect()
+    body = chat("alpha beta gamma delta", mock={"stream_events": 4})
+    chunks1, err1, res1 = stream_call(c, "chat", body)
+    chunks2, err2, res2 = stream_call(c, "chat", body)
+    assert err1 is None and err2 is None, (err1, err2)
+    assert len(chunks1) >= 4 and chunks2 == chunks1
+    assert (res1["cache"], res2["cache"], res2["source"]) == ("miss", "hit", "cache")
+    assert requests(up) == 1
+    c.close()
