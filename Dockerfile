@@ -16,7 +16,7 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         build-essential debhelper dpkg-dev fakeroot pkg-config check \
         libev-dev libmsgpack-dev libyaml-dev libcurl4-openssl-dev libjansson-dev \
-        libhiredis-dev libsystemd-dev libhttp-parser-dev libssl-dev \
+        libhiredis-dev libsystemd-dev libhttp-parser-dev libssl-dev libprotobuf-c-dev protobuf-c-compiler \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /build/polygw
 COPY . .

@@ -40,7 +40,7 @@ endif
 # comes from pkg-config.
 # The daemon links DAEMON_PKGS only; jansson is the client library's, the
 # tools' and the tests' (tests/ref/ holds the jansson reference transcoder).
-DAEMON_PKGS := msgpack yaml-0.1 libcurl hiredis openssl libsystemd
+DAEMON_PKGS := msgpack yaml-0.1 libcurl hiredis openssl libsystemd libprotobuf-c
 PKGS      := $(DAEMON_PKGS) jansson
 PKG_CFLAGS = $(shell $(PKG_CONFIG) --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell $(PKG_CONFIG) --libs $(PKGS) 2>/dev/null) -lev -lhttp_parser -lm
@@ -93,7 +93,7 @@ obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 # Each entry is a whole script as EVAL takes it: the shared prelude
 # (LUA_LIB) followed by the script (tests/redis/redis_support.py loads
 # them the same way).
-LUA_NAMES := admit release renew progress task
+LUA_NAMES := admit release renew progress task budget
 LUA_LIB   := sidecar/backend/lua/lib.lua
 LUA_SRC   := $(LUA_NAMES:%=sidecar/backend/lua/%.lua)
 LUA_GEN   := $(BUILD)/gen/lua_scripts.c
@@ -105,13 +105,20 @@ STATUS_HTML     := sidecar/http/status.html
 STATUS_HTML_GEN := $(BUILD)/gen/status_html.c
 STATUS_HTML_OBJ := $(BUILD)/obj/gen/status_html.o
 
+# The OTLP messages (sidecar/trace/otlp.c): protoc-c (protobuf-c-compiler)
+# generates their C code from sidecar/trace/otlp.proto into $(BUILD)/gen/.
+OTLP_PROTO := sidecar/trace/otlp.proto
+OTLP_GEN_C := $(BUILD)/gen/otlp.pb-c.c
+OTLP_GEN_H := $(BUILD)/gen/otlp.pb-c.h
+OTLP_OBJ   := $(BUILD)/obj/gen/otlp.pb-c.o
+
 PROTO_OBJ   := $(call obj,$(PROTO_SRC))
 CORE_OBJ    := $(call obj,$(CORE_SRC))
-SIDECAR_OBJ := $(call obj,$(SIDECAR_SRC)) $(LUA_OBJ) $(STATUS_HTML_OBJ)
+SIDECAR_OBJ := $(call obj,$(SIDECAR_SRC)) $(LUA_OBJ) $(STATUS_HTML_OBJ) $(OTLP_OBJ)
 CLIENT_OBJ  := $(call obj,$(CLIENT_SRC))
 ALL_OBJ     := $(call obj,$(PROTO_SRC) $(CORE_SRC) $(SIDECAR_SRC) sidecar/main.c \
                  $(CLIENT_SRC) client/c/polygwctl.c $(UNIT_SRC) $(REF_SRC) $(MOCK_SRC) $(BENCH_SRC)) \
-                 $(LUA_OBJ) \
+                 $(LUA_OBJ) $(OTLP_OBJ) \
                  $(STATUS_HTML_OBJ)
 
 DAEMON     := $(BUILD)/polygw
@@ -169,6 +176,21 @@ $(STATUS_HTML_OBJ): $(STATUS_HTML_GEN)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(ALL_CFLAGS) -MMD -MP -c $< -o $@
+
+$(OTLP_GEN_H): $(OTLP_PROTO)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  PROTOC  $<")
+	$(Q)protoc-c --c_out=$(BUILD)/gen -I$(dir $<) $<
+
+$(OTLP_GEN_C): $(OTLP_GEN_H)
+
+$(OTLP_OBJ): $(OTLP_GEN_C)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(ALL_CFLAGS) -I$(BUILD)/gen -MMD -MP -c $< -o $@
+
+$(call obj,sidecar/trace/otlp.c tests/unit/test_trace.c): ALL_CFLAGS += -I$(BUILD)/gen
+$(call obj,sidecar/trace/otlp.c tests/unit/test_trace.c): | $(OTLP_GEN_H)
 
 $(DAEMON): $(call obj,sidecar/main.c) $(SIDECAR_OBJ) $(CORE_OBJ) $(PROTO_OBJ)
 	@$(if $(Q),echo "  LD      $@")

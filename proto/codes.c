@@ -14,6 +14,7 @@ static const char *const code_names[PGW_CODE_COUNT] = {
     [PGW_WATCHDOG_TIMEOUT] = "watchdog_timeout",
     [PGW_STREAM_INTERRUPTED] = "stream_interrupted",
     [PGW_BACKEND_UNAVAILABLE] = "backend_unavailable",
+    [PGW_BUDGET_EXHAUSTED] = "budget_exhausted",
     [PGW_BAD_REQUEST] = "bad_request",
     [PGW_UNKNOWN_METHOD] = "unknown_method",
     [PGW_UNKNOWN_CAPABILITY] = "unknown_capability",

@@ -25,6 +25,7 @@ enum pgw_code {
     PGW_WATCHDOG_TIMEOUT,    /* the call's task was failed by the watchdog */
     PGW_STREAM_INTERRUPTED,  /* a stream failed after its first event */
     PGW_BACKEND_UNAVAILABLE, /* the state backend could not answer */
+    PGW_BUDGET_EXHAUSTED,    /* a budget in currency cannot cover the call */
     PGW_BAD_REQUEST,         /* malformed frame or wrong params */
     PGW_UNKNOWN_METHOD,
     PGW_UNKNOWN_CAPABILITY,

@@ -58,6 +58,7 @@
 #include "ops/keywatch.h"
 #include "ops/reload.h"
 #include "upstream/upstream.h"
+#include "trace/trace.h"
 
 static void daemon_notify_ready(struct server *srv);
 
@@ -477,6 +478,8 @@ static void server_fini_parts(struct server *srv)
     backend_free(srv->backend);
     srv->backend = NULL;
     tasks_fini(srv);
+    tracer_free(srv->tracer); /* before the engine its export runs on */
+    srv->tracer = NULL;
     upstream_free(srv->up);
     srv->up = NULL;
     metrics_free(srv->metrics); /* last: the parts above count into it until freed */
@@ -538,6 +541,8 @@ int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cf
     static const struct tasks_calls task_calls = { .fail = call_fail_task,
                                                    .forget = call_forget_task };
     if (!srv->up || tasks_init(srv, &task_calls, err, errlen) < 0)
+        goto fail;
+    if (!(srv->tracer = tracer_new(loop, srv->up, &cfg->tracing, err, errlen)))
         goto fail;
     srv->backend = make_backend(srv, &be_hooks, err, errlen);
     if (!srv->backend)

@@ -28,6 +28,8 @@ const char *gov_result_name(enum gov_result r)
         return "deadline_exceeded";
     case GOV_BACKEND_UNAVAILABLE:
         return "backend_unavailable";
+    case GOV_BUDGET_EXHAUSTED:
+        return "budget_exhausted";
     default:
         return "cancelled";
     }
@@ -84,6 +86,8 @@ static void source_init(struct gov_source *s, const struct gov_source_params *p,
     bucket_init(&s->rpm, (double)s->p.rpm, window, now);
     bucket_init(&s->tpm, (double)s->p.tpm, window, now);
     bucket_init(&s->daily, (double)s->p.daily_tokens, 86400.0, now);
+    bucket_init(&s->itpm, (double)s->p.itpm, window, now);
+    bucket_init(&s->otpm, (double)s->p.otpm, window, now);
     s->last_start = -INFINITY;
 }
 
@@ -436,6 +440,8 @@ static void source_carry(struct gov_source *s, const struct gov_source *o,
     bucket_carry(&s->rpm, &old.rpm, (double)p->rpm, window, now);
     bucket_carry(&s->tpm, &old.tpm, (double)p->tpm, window, now);
     bucket_carry(&s->daily, &old.daily, (double)p->daily_tokens, 86400.0, now);
+    bucket_carry(&s->itpm, &old.itpm, (double)p->itpm, window, now);
+    bucket_carry(&s->otpm, &old.otpm, (double)p->otpm, window, now);
 }
 
 int gov_reconf_prepare(struct gov_reconf *r, const struct gov *g,
@@ -558,7 +564,33 @@ static uint32_t source_limit(const struct gov_source *s)
     return a < s->p.max_concurrency ? a : s->p.max_concurrency;
 }
 
+/* Can the input and output buckets of `s` take `in` and `out` tokens? When
+ * not, *at is raised to when they could. */
+static bool gov_io_admit(struct gov_source *s, double in, double out, double now, double *at)
+{
+    bool ok = true;
+    struct bucket *b[2] = { &s->itpm, &s->otpm };
+    double cost[2] = { in, out };
+
+    for (int i = 0; i < 2; i++) {
+        if (bucket_can_take(b[i], cost[i], now))
+            continue;
+        ok = false;
+        *at = fmax(*at, bucket_available_at(b[i], cost[i], now));
+    }
+    return ok;
+}
+
+static bool gov_source_runnable_io(struct gov *g, size_t i, double cost, double in, double out,
+                                   double now, double *available_at);
+
 bool gov_source_runnable(struct gov *g, size_t i, double cost, double now, double *available_at)
+{
+    return gov_source_runnable_io(g, i, cost, cost, 0, now, available_at);
+}
+
+static bool gov_source_runnable_io(struct gov *g, size_t i, double cost, double in, double out,
+                                   double now, double *available_at)
 {
     struct gov_source *s = &g->sources[i];
     double at = now;
@@ -578,6 +610,8 @@ bool gov_source_runnable(struct gov *g, size_t i, double cost, double now, doubl
         at = INFINITY; /* until a permit is released */
     }
     if (!gov_buckets_admit(&s->rpm, &s->tpm, &s->daily, cost, now, &at))
+        ok = false;
+    if (!gov_io_admit(s, in, out, now, &at))
         ok = false;
     if (s->gate_until > now) {
         ok = false;
@@ -842,7 +876,7 @@ static long gov_pick(struct gov *g, const struct gov_call *k, double now, double
         ok[i] = 0;
         if (!gov_call_may_use(k, i))
             continue;
-        bool run = gov_source_runnable(g, i, k->est_tokens, now, &at);
+        bool run = gov_source_runnable_io(g, i, k->est_tokens, k->est_in, k->est_out, now, &at);
         if (hint_at > now) {
             /* Its Retry-After holds it back for this call (not for others:
              * a hint answers one request, and may be pessimistic). */
@@ -1054,6 +1088,8 @@ int gov_call_init(struct gov_call *k, struct gov *g, uint32_t capability, const 
         k->pol.max_attempts = 1;
     k->deadline_at = deadline_at;
     k->est_tokens = est_tokens > 0 ? est_tokens : 0;
+    k->est_in = k->est_tokens;
+    k->est_out = 0;
     k->state = GOV_CALL_IDLE;
     k->woken_src = SIZE_MAX;
     stall_clock_init(&k->clock, now);
@@ -1119,7 +1155,7 @@ static double gov_retry_after(struct gov_call *k, double now)
         double at;
         if (!gov_call_may_use(k, i))
             continue;
-        gov_source_runnable(g, i, k->est_tokens, now, &at);
+        gov_source_runnable_io(g, i, k->est_tokens, k->est_in, k->est_out, now, &at);
         if (!isfinite(at))
             at = now + k->pol.backoff_base_s; /* waiting for a permit: soon */
         at = fmax(at, fmax(s->retry_after_until, k->notes[i].retry_at));
@@ -1308,6 +1344,8 @@ void gov_call_step(struct gov_call *k, double now, struct gov_decision *d)
         bucket_take(&s->rpm, 1, now);
         bucket_take(&s->tpm, k->est_tokens, now);
         bucket_take(&s->daily, k->est_tokens, now);
+        bucket_take(&s->itpm, k->est_in, now);
+        bucket_take(&s->otpm, k->est_out, now);
         if (s->gate_until > 0) {
             s->gate_until = INFINITY; /* the gate's time came: this call asks alone */
             s->gate_holder = k;
@@ -1367,6 +1405,8 @@ static void gov_call_unreserve(struct gov_call *k, double now)
     bucket_adjust(&s->rpm, -1, now);
     bucket_adjust(&s->tpm, -k->est_tokens, now);
     bucket_adjust(&s->daily, -k->est_tokens, now);
+    bucket_adjust(&s->itpm, -k->est_in, now);
+    bucket_adjust(&s->otpm, -k->est_out, now);
     struct gov_app *app = gov_call_app(k);
     if (app) {
         gov_app_adjust(k, -1, -k->est_tokens, now);
@@ -1439,6 +1479,36 @@ static bool reason_is_timeout(enum outcome_reason r)
 {
     return r == REASON_TTFT_TIMEOUT || r == REASON_IDLE_TIMEOUT || r == REASON_TOTAL_TIMEOUT ||
         r == REASON_CONNECT_TIMEOUT;
+}
+
+void gov_call_set_io(struct gov_call *k, double est_in, double est_out)
+{
+    k->est_in = est_in > 0 ? est_in : 0;
+    k->est_out = est_out > 0 ? est_out : 0;
+}
+
+void gov_call_on_io(struct gov_call *k, double in, double out, double now)
+{
+    if (k->state != GOV_CALL_ATTEMPTING)
+        return;
+    struct gov_source *s = &k->gov->sources[k->source];
+    if (in >= 0)
+        bucket_adjust(&s->itpm, in - k->est_in, now);
+    if (out >= 0)
+        bucket_adjust(&s->otpm, out - k->est_out, now);
+}
+
+void gov_charge(struct gov *g, size_t source, uint32_t app, double cost)
+{
+    if (source < g->n_sources) {
+        g->sources[source].cost += cost;
+        g->sources[source].priced++;
+    }
+    if (g->apps) {
+        struct gov_app *a = &g->apps[app < g->n_apps ? app : g->n_apps];
+        a->cost += cost;
+        a->priced++;
+    }
 }
 
 void gov_call_on_outcome(struct gov_call *k, double now, const struct outcome *o,

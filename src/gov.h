@@ -103,7 +103,8 @@ struct gov_source_params {
     uint32_t breaker_failures;
     double breaker_cooldown_s, breaker_max_cooldown_s;
     uint64_t rpm, tpm, daily_tokens; /* 0 = unlimited */
-    double window_s;                 /* of rpm and tpm; 0 = 60 */
+    uint64_t itpm, otpm;             /* input / output tokens per window; 0 = unlimited */
+    double window_s;                 /* of rpm, tpm, itpm and otpm; 0 = 60 */
     double pacer_min_interval_s;
     bool retired; /* removed by a reconfiguration: never
                                                * picked again; its attempts in flight
@@ -149,6 +150,8 @@ struct gov_app {
     uint32_t in_flight;
     struct bucket rpm, tpm, daily;
     uint64_t admitted, limited; /* attempts admitted; steps its limits held back */
+    double cost;                /* what its successes cost (gov_charge), valid when priced > 0 */
+    uint64_t priced;            /* successes with a known cost */
     struct gov_app_cap *caps;   /* owned, n_caps of them: the capabilities at
                                  * gov_set_apps (or the last gov_apps_reconf);
                                  * NULL for the slot of unknown apps */
@@ -161,6 +164,7 @@ struct gov_source {
     struct aimd aimd;
     struct breaker breaker;
     struct bucket rpm, tpm, daily;
+    struct bucket itpm, otpm; /* input and output tokens (gov_call_set_io) */
     double last_start;        /* pacer */
     double retry_after_until; /* last Retry-After hint, for estimates */
     /* Shared backend: after a refusal the source is gated until the
@@ -171,6 +175,8 @@ struct gov_source {
     struct gov_call *gate_holder;
     uint64_t attempts, successes, failures, rate_limited;
     uint64_t tokens_used;   /* real usage reported by successes */
+    double cost;            /* what they cost (gov_charge), valid when priced > 0 */
+    uint64_t priced;        /* successes with a known cost */
     uint32_t affinity_keys; /* affinity keys placed on it (the table's entries) */
 };
 
@@ -225,6 +231,7 @@ enum gov_result {
     GOV_DEADLINE_EXCEEDED,
     GOV_BACKEND_UNAVAILABLE,
     GOV_CANCELLED,
+    GOV_BUDGET_EXHAUSTED, /* only through gov_call_abandon: a budget refused it */
 };
 
 enum gov_action { GOV_ATTEMPT, GOV_WAIT, GOV_DONE };
@@ -262,6 +269,7 @@ struct gov_call {
     struct gov_policy pol;
     double deadline_at; /* 0 = none */
     double est_tokens;
+    double est_in, est_out; /* its input and output tokens, for itpm / otpm */
     struct stall_clock clock;
     enum gov_call_state state;
     uint32_t fails, attempts;
@@ -355,6 +363,18 @@ void gov_call_set_app(struct gov_call *k, uint32_t app);
  * no-op on `k`). */
 int gov_call_init(struct gov_call *k, struct gov *g, uint32_t capability, const char *scope,
                   const struct gov_policy *pol, double deadline_at, double est_tokens, double now);
+
+/* The call's estimated input and output tokens (>= 0), which a source's
+ * itpm and otpm buckets reserve before each attempt (by default: its
+ * est_tokens as input, no output). Call after gov_call_init and before the
+ * first step. */
+void gov_call_set_io(struct gov_call *k, double est_in, double est_out);
+
+/* The attempt the last step chose reported `in` input and `out` output
+ * tokens (< 0: unknown, the estimate stands), as its source's itpm and
+ * otpm count them: replaces the estimate in those buckets. Call before
+ * gov_call_on_outcome, while the call is attempting; else a no-op. */
+void gov_call_on_io(struct gov_call *k, double in, double out, double now);
 
 /* Restricts the call to the sources `use` flags (n_sources of them,
  * borrowed for the call only): a source left out is never picked for it,
@@ -484,6 +504,11 @@ void gov_call_reconf_commit(struct gov_call *k, const struct gov_reconf *r,
                             struct gov_source_note *notes);
 /* Frees what the commit left (the index map). */
 void gov_reconf_finish(struct gov_reconf *r);
+
+/* A success on `source` for app `app` (gov_call_set_app's index) cost
+ * `cost` (>= 0, finite; the caller skips an unknown one): summed per
+ * source and per app, for `stats`. */
+void gov_charge(struct gov *g, size_t source, uint32_t app, double cost);
 
 /* Current stalled seconds of the call. */
 double gov_call_stalled_s(const struct gov_call *k, double now);

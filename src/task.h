@@ -93,6 +93,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "budget.h"
+
 #define TASK_ID_MAX           128 /* bytes, excluding the NUL */
 #define TASK_NODE_MAX         128 /* bytes, excluding the NUL */
 #define TASK_REASON_MAX       512 /* bytes kept, excluding the NUL */
@@ -159,7 +161,11 @@ struct task {
     /* Per-task counters. */
     uint64_t runs; /* task_start successes for this id */
     uint64_t guards, nodes_begun, nodes_ended;
-    void *ud;     /* the owner's (the sidecar's call list) */
+    void *ud; /* the owner's (the sidecar's call list) */
+    /* The current run's budget in currency (budget.h), set by the owner
+     * when the run starts (task.start's `budget`); has_budget false: none. */
+    bool has_budget;
+    struct budget budget;
     char app[64]; /* the application it belongs to ("" = not
                                      * claimed yet); the registry only stores it */
     /* Private. */

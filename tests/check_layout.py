@@ -35,11 +35,12 @@ LAYERS = {
     "backend": ["codec", "core"],
     "upstream": ["codec", "core"],
     "net": ["codec", "core"],
-    "metrics": ["codec", "core", "backend", "upstream", "net"],
-    "call": ["codec", "core", "backend", "upstream", "net", "metrics"],
-    "ops": ["codec", "core", "backend", "upstream", "net", "metrics", "call"],
-    "rpc": ["codec", "core", "backend", "upstream", "net", "metrics", "call", "ops"],
-    "http": ["codec", "core", "backend", "upstream", "net", "metrics", "call", "ops"],
+    "trace": ["codec", "core", "upstream"],
+    "metrics": ["codec", "core", "backend", "upstream", "net", "trace"],
+    "call": ["codec", "core", "backend", "upstream", "net", "trace", "metrics"],
+    "ops": ["codec", "core", "backend", "upstream", "net", "trace", "metrics", "call"],
+    "rpc": ["codec", "core", "backend", "upstream", "net", "trace", "metrics", "call", "ops"],
+    "http": ["codec", "core", "backend", "upstream", "net", "trace", "metrics", "call", "ops"],
 }
 LAYERS["top"] = list(LAYERS)
 # Folders outside sidecar/ every part may use.

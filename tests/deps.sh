@@ -9,7 +9,7 @@ libjansson-dev libhiredis-dev check redis-server python3 python3-msgpack python3
 clang libclang-rt-14-dev locales redis-sentinel openssl libssl-dev libsystemd-dev \
 python3-yaml"
 # The HTTP front end's parser (linked as -lhttp_parser), and curl for its tests.
-PKGS="$PKGS libhttp-parser-dev curl"
+PKGS="$PKGS libhttp-parser-dev curl libprotobuf-c-dev protobuf-c-compiler"
 # make format-check (a make test stage) formats with clang-format.
 PKGS="$PKGS clang-format"
 # The metrics tests scrape with a real Prometheus and lint with promtool.

@@ -809,7 +809,7 @@ static void pack_call_params(msgpack_packer *pk, const struct req *q)
 {
     const struct pgw_call_options *o = q->copt;
     size_t n = 2 + (o && o->stream) + (o && o->scope) + (o && o->task_id) +
-        (o && o->deadline_s > 0) + (o && o->model);
+        (o && o->deadline_s > 0) + (o && o->model) + (o && (o->traceparent || o->tracestate));
 
     msgpack_pack_array(pk, 1);
     msgpack_pack_map(pk, n);
@@ -836,6 +836,18 @@ static void pack_call_params(msgpack_packer *pk, const struct req *q)
     if (o && o->model) {
         rpc_pack_str(pk, "model");
         rpc_pack_str(pk, o->model);
+    }
+    if (o && (o->traceparent || o->tracestate)) {
+        rpc_pack_str(pk, "trace");
+        msgpack_pack_map(pk, (o->traceparent != NULL) + (o->tracestate != NULL));
+        if (o->traceparent) {
+            rpc_pack_str(pk, "traceparent");
+            rpc_pack_str(pk, o->traceparent);
+        }
+        if (o->tracestate) {
+            rpc_pack_str(pk, "tracestate");
+            rpc_pack_str(pk, o->tracestate);
+        }
     }
 }
 

@@ -125,6 +125,10 @@ struct pgw_call_options {
     void *ud;               /* passed to both callbacks */
     const char *model;      /* the model to ask for (the `model` parameter);
                              * NULL: the body's own */
+    /* The caller's W3C trace context (the `trace` parameter): the sidecar's
+     * call span becomes the child of `traceparent`'s span. NULL: none. */
+    const char *traceparent;
+    const char *tracestate;
 };
 
 struct pgw_client; /* opaque: one connection */

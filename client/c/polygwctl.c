@@ -38,6 +38,7 @@ struct ctl {
     const char *body;
     const char *scope;
     const char *model;
+    const char *traceparent;
     const char *task;
     double deadline_s;
     const char *state;  /* tasks --state */
@@ -104,6 +105,7 @@ static void usage(FILE *f)
         "      --scope S       progress scope (default: the capability's)\n"
         "      --model M       the model to ask for (default: the body's model)\n"
         "      --task T        task id the call belongs to\n"
+        "      --traceparent TP  W3C trace context: the call's span joins TP's trace\n"
         "      --deadline S    sidecar-side deadline for the whole call, seconds\n"
         "batch:\n"
         "      --unordered     print answers as they complete, not in input order\n"
@@ -700,6 +702,7 @@ static int cmd_call(const struct ctl *o, struct pgw_client *c, const char *capab
         .stream = o->stream,
         .scope = o->scope,
         .model = o->model,
+        .traceparent = o->traceparent,
         .task_id = o->task,
         .deadline_s = o->deadline_s,
         .timeout_s = o->timeout_s,
@@ -1232,6 +1235,7 @@ enum {
     OPT_SCOPE,
     OPT_MODEL,
     OPT_TASK,
+    OPT_TRACEPARENT,
     OPT_DEADLINE,
     OPT_UNORDERED,
     OPT_STATE,
@@ -1254,6 +1258,7 @@ int main(int argc, char **argv)
         { "scope", required_argument, NULL, OPT_SCOPE },
         { "model", required_argument, NULL, OPT_MODEL },
         { "task", required_argument, NULL, OPT_TASK },
+        { "traceparent", required_argument, NULL, OPT_TRACEPARENT },
         { "deadline", required_argument, NULL, OPT_DEADLINE },
         { "unordered", no_argument, NULL, OPT_UNORDERED },
         { "state", required_argument, NULL, OPT_STATE },
@@ -1304,6 +1309,10 @@ int main(int argc, char **argv)
             break;
         case OPT_TASK:
             o.task = optarg;
+            call_opts = true;
+            break;
+        case OPT_TRACEPARENT:
+            o.traceparent = optarg;
             call_opts = true;
             break;
         case OPT_DEADLINE:

@@ -51,6 +51,10 @@ export interface CallOptions extends RequestOptions {
   deadlineS?: number;
   /** Progress-tracking scope; default the capability's name. */
   scope?: string;
+  /** The W3C trace context carrier (`{traceparent, tracestate}`, as
+   * OpenTelemetry's `propagation.inject` fills it): polygw's call span
+   * becomes its child (sent as `trace`). */
+  trace?: { traceparent?: string; tracestate?: string; [key: string]: unknown };
 }
 
 export interface Usage {
@@ -143,7 +147,8 @@ export class Task {
   constructor(client: Client, taskId: string);
   readonly client: Client;
   readonly taskId: string;
-  start(): Promise<TaskInfo>;
+  /** A new run; `budget`: what its calls may cost, in the sidecar's currency. */
+  start(options?: { budget?: number }): Promise<TaskInfo>;
   stop(reason: string): Promise<TaskInfo>;
   /** Rejects with TaskStoppedError / WatchdogTimeoutError unless the task is running. */
   guard(): Promise<void>;
@@ -156,7 +161,7 @@ export class Task {
   /** guard + node_begin, fn, node_end (also when fn throws). */
   node<T>(name: string, fn: (task: Task) => Promise<T> | T, options?: { timeoutS?: number }): Promise<T>;
   /** start, fn, finish(ok) -- or finish(false, reason) when fn throws. */
-  run<T>(fn: (task: Task) => Promise<T> | T): Promise<T>;
+  run<T>(fn: (task: Task) => Promise<T> | T, options?: { budget?: number }): Promise<T>;
 }
 
 // ---------------------------------------------------------------- errors
@@ -206,15 +211,18 @@ export class DeadlineExceededError extends PolygwError {}
 export class CancelledError extends PolygwError {}
 export class TaskStoppedError extends TaskNotRunningError {}
 export class WatchdogTimeoutError extends TaskNotRunningError {}
+/** A budget in currency cannot cover the call (data.budget, data.left; retryAfterS for a window). */
+export class BudgetExhaustedError extends PolygwError {}
 /**
- * A graph run ended because its task was stopped (kind "stopped") or failed by
- * the watchdog (kind "watchdog"), whatever error the node saw (polygw/langgraph).
+ * A graph run ended because its task was stopped (kind "stopped"; "budget": its
+ * budget ran out) or failed by the watchdog (kind "watchdog"), whatever error the
+ * node saw (polygw/langgraph).
  */
 export class GraphStoppedError extends TaskNotRunningError {
   constructor(message?: string, options?: {
     code?: string; data?: object; cause?: unknown; taskId?: string | null; threadId?: string | null; node?: string | null;
   });
-  readonly kind: "stopped" | "watchdog";
+  readonly kind: "stopped" | "watchdog" | "budget";
   readonly taskId: string | null;
   readonly threadId: string | null;
   /** The node it ended in; null when it ended after the last node (or at task.start). */

@@ -9,7 +9,7 @@ export {
   PolygwError, RetryLaterError, TaskNotRunningError,
   StalledError, RetryExhaustedError, BackendUnavailableError, OverloadedError, ShuttingDownError,
   UpstreamRejectedError, DeadlineExceededError, CancelledError, TaskStoppedError, GraphStoppedError,
-  WatchdogTimeoutError, StreamInterruptedError, BadRequestError, UnknownMethodError,
+  WatchdogTimeoutError, BudgetExhaustedError, StreamInterruptedError, BadRequestError, UnknownMethodError,
   UnknownCapabilityError, TooLargeError, InternalError, TasksNotSupportedError,
   ConnectionLostError, ConnectFailedError, ProtocolError, ClientTimeoutError,
   ERROR_CLASSES, errorFromWire,

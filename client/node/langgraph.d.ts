@@ -61,5 +61,5 @@ export function runGraph<T>(
   client: Client,
   graph: { invoke(input: unknown, config?: any): Promise<T> },
   input: unknown,
-  options: { threadId: string; taskId: string; config?: GraphConfig },
+  options: { threadId: string; taskId: string; budget?: number; config?: GraphConfig },
 ): Promise<T>;

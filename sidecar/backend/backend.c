@@ -18,6 +18,8 @@ struct backend *backend_new(struct ev_loop *loop, const struct config *cfg, stru
     struct backend *be = backend_memory_new(loop, tasks);
     if (!be)
         snprintf(err, errlen, "out of memory");
+    else
+        backend_rebind(be, cfg); /* its budgets */
     return be;
 }
 

@@ -48,6 +48,7 @@ struct backend;
 struct fig_table;
 struct backend_lease; /* an attempt's fleet permit (implementation's) */
 struct backend_admit; /* an admission not answered yet */
+struct backend_spend; /* a fleet budget reservation not answered yet */
 struct task;
 struct task_reg;
 
@@ -87,6 +88,13 @@ struct backend_task {
  * daily or other), -1 the backend could not answer (`why`). */
 typedef void backend_admit_cb(void *ud, int rc, struct backend_lease *lease, double retry_at,
                               const char *why);
+/* A fleet budget reservation answered: rc 1 reserved, 0 refused (by
+ * `which` — "app" or "source" — in `window`, "daily", "monthly" or
+ * "total", which has `left`; `retry_after_s` until it resets, < 0 for a
+ * total), -1 the backend could not answer (`which` says why). Strings
+ * valid during the call only. */
+typedef void backend_spend_cb(void *ud, int rc, const char *which, const char *window, double left,
+                              double retry_after_s);
 /* A task operation answered later. `bt` and its strings are valid during
  * the call only. */
 typedef void backend_task_cb(void *ud, const struct backend_task *bt);
@@ -190,6 +198,29 @@ struct backend_ops {
      * (names, order, fleet-enforced settings) are those the backend was
      * made with (reload.h refuses any other). */
     void (*rebind)(struct backend *be, const struct config *cfg);
+
+    /* The budget in currency (docs/CONFIG.md §12a) of app `i` (`of_app`)
+     * or source `i` of the configuration in force, or NULL when it has
+     * none. The memory backend keeps them in this process: the caller
+     * reserves and settles on the state returned (src/budget.h), borrowed
+     * until the next rebind, which keeps each budget's spending by name.
+     * NULL op: no budgets (the Redis backend keeps none yet; the loader
+     * refuses budgets with it). */
+    struct budget *(*budget)(struct backend *be, bool of_app, size_t i);
+
+    /* Budgets kept by the fleet (NULL ops: none; the memory backend's are
+     * `budget`'s): spend_reserve reserves `amount` (>= 0) on the budgets of
+     * app `app` and of source `source` (indexes in the configuration;
+     * SIZE_MAX: not that one), all or none, in one atomic script: 0 pending
+     * (`cb` runs later, exactly once, unless detached), -1 not sent.
+     * spend_detach: the caller is gone; a reservation granted meanwhile is
+     * given back. spend_settle replaces a reservation of `reserved` by the
+     * real cost `actual` (NAN: given back); failures are counted only. */
+    int (*spend_reserve)(struct backend *be, size_t app, size_t source, double amount,
+                         backend_spend_cb *cb, void *ud, struct backend_spend **pending);
+    void (*spend_detach)(struct backend *be, struct backend_spend *s);
+    void (*spend_settle)(struct backend *be, size_t app, size_t source, double reserved,
+                         double actual);
 
     /* The progress interface for gov_init (NULL: the core's own store). */
     const struct gov_backend *(*progress)(struct backend *be);
@@ -298,6 +329,11 @@ static inline bool backend_is_up(const struct backend *be)
 static inline void backend_rebind(struct backend *be, const struct config *cfg)
 {
     be->ops->rebind(be, cfg);
+}
+
+static inline struct budget *backend_budget(struct backend *be, bool of_app, size_t i)
+{
+    return be->ops->budget ? be->ops->budget(be, of_app, i) : NULL;
 }
 
 static inline void backend_free(struct backend *be)

@@ -3,22 +3,35 @@
  * the whole fleet. Admission is the local governed loop's (the step that
  * reserved the attempt already decided), there are no leases, progress is
  * the core's own store, and the task record is the local registry itself,
- * so every task operation applies to it and answers at once.
+ * so every task operation applies to it and answers at once. Budgets in
+ * currency are this process's too: one per app and per source that has
+ * one, made at the first rebind and carried across reloads by name.
  */
 #include "backend.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "codec/figures.h"
 #include "respids.h"
 #include "task.h"
+
+/* A budget of the configuration in force, by the name it is kept under. */
+struct mem_budget {
+    char name[CONFIG_NAME_MAX];
+    bool set;
+    struct budget b;
+};
 
 struct backend_memory {
     struct backend be; /* first: the table's view */
     struct ev_loop *loop;
     struct task_reg *tasks; /* borrowed */
     struct respids *respids;
+    struct mem_budget *apps; /* owned, n_apps; parallel to cfg->apps */
+    struct mem_budget *srcs; /* owned, n_srcs; parallel to cfg->sources */
+    size_t n_apps, n_srcs;
 };
 
 static void mem_remember_response(struct backend *be, const char *id, const char *source,
@@ -175,7 +188,10 @@ static const struct fig_table memory_figures = FIG_TABLE(memory_figure_list);
 
 static void mem_free(struct backend *be)
 {
-    respids_free(((struct backend_memory *)be)->respids);
+    struct backend_memory *m = (struct backend_memory *)be;
+    respids_free(m->respids);
+    free(m->apps);
+    free(m->srcs);
     free(be);
 }
 
@@ -199,10 +215,61 @@ static const char *mem_breaker_state(const struct backend *be, size_t source)
     return NULL; /* the local breaker decides */
 }
 
+/* The budgets of `n` names (`name(i)`, `limits(i)`) in a new array, each
+ * keeping the spending of the budget it had under that name in `old`.
+ * NULL when out of memory. */
+static struct mem_budget *mem_budgets(const struct config *cfg, bool apps, size_t n,
+                                      const struct mem_budget *old, size_t n_old)
+{
+    struct mem_budget *v = calloc(n ? n : 1, sizeof(*v));
+
+    if (!v)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        const char *name = apps ? cfg->apps[i].name : cfg->sources[i].name;
+        const struct budget_limits *p = apps ? &cfg->apps[i].budget : &cfg->sources[i].budget;
+        snprintf(v[i].name, sizeof(v[i].name), "%s", name);
+        v[i].set = budget_is_set(p);
+        budget_init(&v[i].b, p);
+        for (size_t j = 0; j < n_old; j++)
+            if (strcmp(old[j].name, name) == 0) {
+                v[i].b = old[j].b;
+                budget_set_limits(&v[i].b, p);
+                break;
+            }
+    }
+    return v;
+}
+
+/* Takes the new configuration's budgets. Out of memory, the old arrays
+ * stay: every index past them then has no budget. */
 static void mem_rebind(struct backend *be, const struct config *cfg)
 {
-    (void)be; /* it keeps no configuration */
-    (void)cfg;
+    struct backend_memory *m = (struct backend_memory *)be;
+    struct mem_budget *apps = mem_budgets(cfg, true, cfg->n_apps, m->apps, m->n_apps);
+    struct mem_budget *srcs = mem_budgets(cfg, false, cfg->n_sources, m->srcs, m->n_srcs);
+
+    if (!apps || !srcs) {
+        free(apps);
+        free(srcs);
+        return;
+    }
+    free(m->apps);
+    free(m->srcs);
+    m->apps = apps;
+    m->srcs = srcs;
+    m->n_apps = cfg->n_apps;
+    m->n_srcs = cfg->n_sources;
+}
+
+static struct budget *mem_budget(struct backend *be, bool of_app, size_t i)
+{
+    struct backend_memory *m = (struct backend_memory *)be;
+    struct mem_budget *v = of_app ? m->apps : m->srcs;
+
+    if (i >= (of_app ? m->n_apps : m->n_srcs) || !v[i].set)
+        return NULL;
+    return &v[i].b;
 }
 
 static const struct backend_ops memory_ops = {
@@ -220,6 +287,7 @@ static const struct backend_ops memory_ops = {
     .shared = false,
     .breaker_state = mem_breaker_state,
     .rebind = mem_rebind,
+    .budget = mem_budget,
     .progress = mem_progress,
     .figures = &memory_figures,
     .free = mem_free,

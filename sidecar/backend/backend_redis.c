@@ -1208,6 +1208,158 @@ static void redis_rebind(struct backend *be, const struct config *cfg)
     ((struct backend_redis *)be)->cfg = cfg;
 }
 
+/* --- budgets in currency (budget.lua, docs/CONFIG.md §12a) ------------- */
+
+struct backend_spend {
+    struct backend_redis *sh;
+    backend_spend_cb *cb;
+    void *ud; /* NULL once detached */
+    size_t app, source;
+    double amount;
+};
+
+/* budget.lua's KEYS and ARGV for app `app` and source `source` (SIZE_MAX:
+ * not that one) with op `op`, `amount` and `actual`: the strings in `buf`.
+ * Returns the number of keys (0: neither has a budget). */
+struct spend_args {
+    char keys[2][SHARED_KEY_MAX];
+    char num[2 + 2 * 4][32];
+    const char *argv[2 + 3 + 2 * 4];
+    const char *which[2];
+    int nkeys, argc;
+};
+
+static int spend_args(const struct backend_redis *sh, size_t app, size_t source, const char *op,
+                      double amount, double actual, struct spend_args *a)
+{
+    const struct config *cfg = sh->cfg;
+    const struct budget_limits *lim[2];
+    int n = 0;
+
+    if (app < cfg->n_apps && budget_is_set(&cfg->apps[app].budget)) {
+        snprintf(a->keys[n], sizeof(a->keys[n]), "{%s:app:%s}:budget", cfg->redis_prefix,
+                 cfg->apps[app].name);
+        lim[n] = &cfg->apps[app].budget;
+        a->which[n++] = "app";
+    }
+    if (source < cfg->n_sources && budget_is_set(&cfg->sources[source].budget)) {
+        snprintf(a->keys[n], sizeof(a->keys[n]), "{%s:source:%s}:budget", cfg->redis_prefix,
+                 cfg->sources[source].name);
+        lim[n] = &cfg->sources[source].budget;
+        a->which[n++] = "source";
+    }
+    a->nkeys = n;
+    a->argc = 0;
+    for (int k = 0; k < n; k++)
+        a->argv[a->argc++] = a->keys[k];
+    snprintf(a->num[0], sizeof(a->num[0]), "%.17g", amount);
+    if (isnan(actual))
+        snprintf(a->num[1], sizeof(a->num[1]), "nan");
+    else
+        snprintf(a->num[1], sizeof(a->num[1]), "%.17g", actual);
+    a->argv[a->argc++] = op;
+    a->argv[a->argc++] = a->num[0];
+    a->argv[a->argc++] = a->num[1];
+    for (int k = 0; k < n; k++) {
+        char(*v)[32] = &a->num[2 + 4 * k];
+        for (int w = 0; w < BUDGET_WINDOWS; w++) {
+            snprintf(v[w], sizeof(v[w]), "%.17g", lim[k]->limit[w]);
+            a->argv[a->argc++] = v[w];
+        }
+        snprintf(v[3], sizeof(v[3]), "%d", (int)lim[k]->utc_offset_s);
+        a->argv[a->argc++] = v[3];
+    }
+    return n;
+}
+
+static void on_spend_settled(const redisReply *r, const char *err, void *ud)
+{
+    if (!r || r->type != REDIS_REPLY_ARRAY)
+        count_write_error(ud, "budget settle", err);
+}
+
+static void redis_spend_settle(struct backend *be, size_t app, size_t source, double reserved,
+                               double actual)
+{
+    struct backend_redis *sh = (struct backend_redis *)be;
+    struct spend_args a;
+
+    if (spend_args(sh, app, source, "settle", reserved, actual, &a) == 0)
+        return;
+    if (rds_eval(sh->rds, RDS_BUDGET, a.nkeys, a.argc, a.argv, NULL, on_spend_settled, sh) < 0)
+        count_write_error(sh, "budget settle", "not connected");
+}
+
+static double reply_num(const redisReply *r)
+{
+    if (r && r->type == REDIS_REPLY_INTEGER)
+        return (double)r->integer;
+    if (r && r->type == REDIS_REPLY_STRING)
+        return strtod(r->str, NULL);
+    return NAN;
+}
+
+static void on_spend_reserved(const redisReply *r, const char *err, void *ud)
+{
+    struct backend_spend *s = ud;
+    struct backend_redis *sh = s->sh;
+    long long ok = -1;
+    int rc = -1;
+    const char *which = err ? err : "bad reply", *window = "";
+    double left = 0, retry_s = -1;
+
+    if (r && r->type == REDIS_REPLY_ARRAY && r->elements >= 1 && reply_is_int(r->element[0], &ok)) {
+        rc = ok == 1 ? 1 : 0;
+        if (rc == 0 && r->elements == 5) {
+            struct spend_args a;
+            long long k = 0;
+            spend_args(sh, s->app, s->source, "reserve", 0, NAN, &a);
+            reply_is_int(r->element[1], &k);
+            which = k >= 1 && k <= a.nkeys ? a.which[k - 1] : "app";
+            window = r->element[2]->type == REDIS_REPLY_STRING ? r->element[2]->str : "total";
+            left = reply_num(r->element[3]);
+            double ms = reply_num(r->element[4]);
+            retry_s = ms >= 0 ? ms / 1000.0 : -1;
+        } else if (rc == 0) {
+            rc = -1;
+        }
+    }
+    if (!s->ud) {
+        if (rc == 1) /* the caller is gone: give it back */
+            redis_spend_settle(&sh->be, s->app, s->source, s->amount, NAN);
+    } else {
+        s->cb(s->ud, rc, which, window, left, retry_s);
+    }
+    free(s);
+}
+
+static int redis_spend_reserve(struct backend *be, size_t app, size_t source, double amount,
+                               backend_spend_cb *cb, void *ud, struct backend_spend **pending)
+{
+    struct backend_redis *sh = (struct backend_redis *)be;
+    struct spend_args a;
+    struct backend_spend *s;
+
+    *pending = NULL;
+    if (sh->closing || !rds_up(sh->rds) ||
+        spend_args(sh, app, source, "reserve", amount, NAN, &a) == 0 || !(s = malloc(sizeof(*s))))
+        return -1;
+    *s = (struct backend_spend){ sh, cb, ud, app, source, amount };
+    if (rds_eval(sh->rds, RDS_BUDGET, a.nkeys, a.argc, a.argv, NULL, on_spend_reserved, s) < 0) {
+        free(s);
+        return -1;
+    }
+    *pending = s;
+    return 0;
+}
+
+static void redis_spend_detach(struct backend *be, struct backend_spend *s)
+{
+    (void)be;
+    s->ud = NULL;
+}
+
+
 /* --- response ids ------------------------------------------------------ */
 
 /* {P:resp:ID}: the name of the source that produced response ID, with
@@ -1296,6 +1448,9 @@ static const struct backend_ops redis_ops = {
     .shared = true,
     .breaker_state = redis_breaker_state,
     .rebind = redis_rebind,
+    .spend_reserve = redis_spend_reserve,
+    .spend_detach = redis_spend_detach,
+    .spend_settle = redis_spend_settle,
     .progress = redis_progress,
     .figures = &redis_figures,
     .free = redis_free,

@@ -58,7 +58,15 @@
 
 struct rds;
 
-enum rds_script { RDS_ADMIT, RDS_RELEASE, RDS_RENEW, RDS_PROGRESS, RDS_TASK, RDS_N_SCRIPTS };
+enum rds_script {
+    RDS_ADMIT,
+    RDS_RELEASE,
+    RDS_RENEW,
+    RDS_PROGRESS,
+    RDS_TASK,
+    RDS_BUDGET,
+    RDS_N_SCRIPTS
+};
 
 struct rds_opts {
     const char *url;              /* one endpoint; or NULL with sentinels */

@@ -56,6 +56,7 @@
 #include "codec/convert.h"
 #include "codec/dialect.h"
 #include "call/upath.h"
+#include "call/calltrace.h"
 #include "backend/cache.h"
 #include "governor.h"
 #include "codec/jscan.h"
@@ -310,14 +311,31 @@ struct call {
     char *model_label;           /* owned: the configured model name it matched,
                                   * "other", or NULL: it named none (models.h) */
     /* For the access log (access.h). */
-    bool answered;                        /* a response was queued */
-    int last_status;                      /* the last attempt's HTTP status */
-    double ttft_s;                        /* NAN until a chunk is relayed */
-    double used_tokens;                   /* total tokens of the answer, NAN: unknown */
+    bool answered;               /* a response was queued */
+    int last_status;             /* the last attempt's HTTP status */
+    double ttft_s;               /* NAN until a chunk is relayed */
+    double used_tokens;          /* total tokens of the answer, NAN: unknown */
+    double cost;                 /* what the answer cost (cost.h), NAN: unknown */
+    double est_in, est_out;      /* its worst case in tokens, for budgets */
+    double reserved;             /* the attempt's reservation on budgets ... */
+    unsigned reserved_on;        /* ... 1 << CALL_BUDGET_*: which ones */
+    struct backend_spend *spend; /* a fleet budget reservation asked */
+    bool fleet_reserved;         /* the fleet's budgets hold `fleet_amount` */
+    double fleet_amount;
+    /* The fleet's admission, pipelined with that reservation, answered
+     * first: kept until the reservation is. */
+    struct {
+        bool held;
+        int rc;
+        struct backend_lease *lease;
+        double retry_at;
+        char why[64];
+    } early;
     char *task_id;                        /* owned; NULL when the call names none */
     struct gov_source_note *reconf_notes; /* a reload in progress: the new notes */
     struct call *all_prev, *all_next;     /* srv->calls_all: every call, for a reload */
     struct raw_call *rawc;                /* owned: a passthrough's request, or NULL */
+    struct calltrace ct;                  /* its spans (calltrace.h) */
     struct resp_wait *resp_wait;          /* the source of the response it follows is
                                            * being looked up */
     bool resp_noted;                      /* its answer's response id was remembered */
@@ -424,6 +442,7 @@ static void call_log(const struct call *k)
         .stalled_s = gov_call_stalled_s(&k->g, now),
         .ttft_s = k->ttft_s,
         .tokens = k->used_tokens,
+        .cost = k->cost,
         .cache = k->cc.state,
     };
     access_log_write(srv->cfg, &e);
@@ -469,6 +488,97 @@ static void call_cache_release(struct call *k)
     }
 }
 
+/* Budgets (docs/CONFIG.md §12a). A reservation is the attempt's worst
+ * case at its source's prices, taken on each budget that covers it: its
+ * app's, its source's and its task's run's. It is settled with the real
+ * cost when the attempt ends, given back when the attempt failed before
+ * relaying anything, and charged as reserved when its cost is unknown
+ * although the upstream may bill it (a stream cut, an attempt torn down).
+ * App and source budgets are found again by index at the settling: a
+ * reload in between keeps each one's state by name (backend.h). */
+enum { CALL_BUDGET_APP, CALL_BUDGET_SOURCE, CALL_BUDGET_TASK, CALL_BUDGETS };
+
+/* The budgets covering an attempt of `k` on `source` (NULL: none). */
+static void call_budgets(const struct call *k, size_t source, struct budget **b)
+{
+    struct backend *be = k->srv->backend;
+
+    b[CALL_BUDGET_APP] = backend_budget(be, true, k->g.app);
+    b[CALL_BUDGET_SOURCE] = backend_budget(be, false, source);
+    b[CALL_BUDGET_TASK] = k->task && k->task->has_budget ? &k->task->budget : NULL;
+}
+
+/* call_settle's `actual` for "charge what was reserved". */
+#define CALL_AS_RESERVED INFINITY
+
+/* Ends the attempt's reservations: `actual` (>= 0) charged in their
+ * place, NAN given back, CALL_AS_RESERVED charged as reserved. */
+static void call_settle(struct call *k, double actual)
+{
+    struct budget *b[CALL_BUDGETS];
+    double now = ev_time();
+
+    if (k->fleet_reserved) {
+        struct backend *be = k->srv->backend;
+        be->ops->spend_settle(be, k->g.app, call_source(k), k->fleet_amount,
+                              actual == CALL_AS_RESERVED ? k->fleet_amount : actual);
+        k->fleet_reserved = false;
+    }
+    if (actual == CALL_AS_RESERVED)
+        actual = k->reserved;
+    if (!k->reserved_on)
+        return;
+    call_budgets(k, call_source(k), b);
+    for (int i = 0; i < CALL_BUDGETS; i++)
+        if ((k->reserved_on & 1u << i) && b[i])
+            budget_settle(b[i], k->reserved, actual, now);
+    k->reserved_on = 0;
+    k->reserved = 0;
+}
+
+/* Why a reservation was refused: which budget, for the error. */
+struct call_refusal {
+    char budget[TASK_ID_MAX + 32]; /* "app:NAME:daily", "source:NAME:total", "task:ID:total" */
+    bool task;                     /* the task's: the task stops */
+    struct budget_refusal r;
+};
+
+/* Reserves the worst case of an attempt on `source` on every budget that
+ * covers it, all or none. Returns 0, or -1 with *why. */
+static int call_reserve(struct call *k, size_t source, struct call_refusal *why)
+{
+    static const char *const kind[CALL_BUDGETS] = { "app", "source", "task" };
+    const struct config *cfg = k->srv->cfg;
+    struct budget *b[CALL_BUDGETS];
+    double now = ev_time();
+
+    call_budgets(k, source, b);
+    if (!b[0] && !b[1] && !b[2])
+        return 0;
+    double amount = cost_worst(&cfg->sources[source].prices, k->est_in, k->est_out);
+    if (!cost_is_known(amount))
+        amount = 0; /* unpriced: the loader lets no app or source budget cover it */
+    for (int i = 0; i < CALL_BUDGETS; i++) {
+        if (!b[i] || budget_reserve(b[i], amount, now, &why->r) == 0)
+            continue;
+        for (int j = 0; j < i; j++)
+            if (b[j])
+                budget_settle(b[j], amount, NAN, now);
+        const char *name = i == CALL_BUDGET_APP ? k->app
+            : i == CALL_BUDGET_SOURCE           ? cfg->sources[source].name
+                                                : k->task->id;
+        snprintf(why->budget, sizeof(why->budget), "%s:%s:%s", kind[i], name,
+                 budget_window_name(why->r.window));
+        why->task = i == CALL_BUDGET_TASK;
+        return -1;
+    }
+    k->reserved = amount;
+    k->reserved_on = 0;
+    for (int i = 0; i < CALL_BUDGETS; i++)
+        k->reserved_on |= b[i] ? 1u << i : 0;
+    return 0;
+}
+
 static void call_end(struct call *k)
 {
     struct server *srv = k->srv;
@@ -482,10 +592,17 @@ static void call_end(struct call *k)
     k->resp_wait = NULL;
     if (k->admit)
         backend_admit_detach(srv->backend, k->admit);
+    if (k->spend)
+        srv->backend->ops->spend_detach(srv->backend, k->spend);
+    k->spend = NULL;
+    if (k->early.held && k->early.rc > 0 && k->early.lease)
+        backend_release(srv->backend, k->early.lease, NULL, -1);
+    k->early.held = false;
     if (k->lease)
         backend_release(srv->backend, k->lease, NULL, -1);
     k->admit = NULL;
     k->lease = NULL;
+    call_settle(k, NAN); /* a reservation whose attempt never started */
     call_task_unlink(k);
     call_set_paused(k, false);
     ev_timer_stop(srv->loop, &k->wake_w);
@@ -494,6 +611,8 @@ static void call_end(struct call *k)
         metrics_on_model_call(srv->metrics, call_cap(k), k->model_label, k->code);
     metrics_on_call_end(srv->metrics, call_cap(k), k->code, call_elapsed(k),
                         gov_call_stalled_s(&k->g, ev_now(srv->loop)));
+    calltrace_end(&k->ct, k->code, k->g.attempts > 0 && k->src ? k->src->name : NULL, k->g.attempts,
+                  gov_call_stalled_s(&k->g, ev_now(srv->loop)), k->cost, ev_now(srv->loop));
     gov_call_fini(&k->g, ev_now(srv->loop));
     call_unlink(k);
     call_free_memory(k);
@@ -661,6 +780,8 @@ static enum pgw_code gov_code(enum gov_result r)
         return PGW_BACKEND_UNAVAILABLE;
     case GOV_CANCELLED:
         return PGW_CANCELLED;
+    case GOV_BUDGET_EXHAUSTED:
+        return PGW_BUDGET_EXHAUSTED;
     }
     return PGW_INTERNAL;
 }
@@ -712,12 +833,15 @@ struct call_error {
     const struct attempt_result *last; /* the attempt that just ended, or NULL */
     bool upstream_body;                /* relay last's body */
     const char *reason;                /* a task stop's reason, or NULL */
+    const char *budget;                /* budget_exhausted: which budget, or NULL */
+    double budget_left;                /* ... and what it has left */
 };
 
 /* What write_more of a call's error needs. */
 struct call_error_more {
     const struct call *k;
     const struct attempt_result *last;
+    const struct call_error *ce;
 };
 
 static void call_error_more(struct writer *w, const struct reply_error *e)
@@ -725,6 +849,10 @@ static void call_error_more(struct writer *w, const struct reply_error *e)
     const struct call_error_more *m = e->ud;
     writer_str(w, "sources");
     write_sources(w, m->k, m->last);
+    if (m->ce->budget) {
+        writer_kv_str(w, "budget", m->ce->budget);
+        writer_kv_double(w, "left", m->ce->budget_left);
+    }
 }
 
 /* The upstream's answer to a rejected request, as the error relays it:
@@ -746,7 +874,7 @@ static void call_upstream_body(struct call *k, const char *body, size_t len, str
 static void call_pack_error(struct call *k, enum pgw_code code, const char *msg,
                             const struct call_error *ce)
 {
-    const struct call_error_more more = { k, ce->last };
+    const struct call_error_more more = { k, ce->last, ce };
     struct reply_error e = {
         .code = code,
         .message = msg,
@@ -757,7 +885,7 @@ static void call_pack_error(struct call *k, enum pgw_code code, const char *msg,
         .retry_after_s = ce->retry_after_s,
         .status = ce->http_status,
         .reason = ce->reason,
-        .n_more = 1,
+        .n_more = ce->budget ? 3 : 1,
         .write_more = call_error_more,
         .ud = &more,
     };
@@ -875,7 +1003,9 @@ static int usage_detail_member(void *ud, const char *key, const struct jscan_val
 
 static int usage_member(void *ud, const char *key, const struct jscan_value *v)
 {
-    if (v->type == JSCAN_OBJECT && strcmp(key, "prompt_tokens_details") == 0)
+    if (v->type == JSCAN_OBJECT &&
+        (strcmp(key, "prompt_tokens_details") == 0 ||
+         strcmp(key, "completion_tokens_details") == 0))
         jscan_object(v->p, v->len, usage_detail_member, ud, NULL);
     else
         dialect_openai_count(ud, key, strlen(key), json_count(v));
@@ -957,6 +1087,46 @@ static void call_count_tokens(struct call *k, const struct dialect_usage *u)
                (long long)DIALECT_TOKENS_MAX, NULL);
 }
 
+/* The model label of the call's cost series: the configured name it
+ * matched, else its source's public name, else "other" (bounded). */
+static const char *call_cost_model(const struct call *k)
+{
+    return k->model_label ? k->model_label : k->src->model ? k->src->model : "other";
+}
+
+/* A success: its cost from the real usage at the source's prices (none
+ * when the source is unpriced or the usage unknown, docs/CONFIG.md §7d),
+ * counted by source, app and model. */
+static void call_count_cost(struct call *k)
+{
+    struct cost_tokens t;
+
+    if (!dialect_usage_classes(&k->tokens, &t))
+        return;
+    k->cost = cost_of(&k->src->prices, &t);
+    if (cost_is_known(k->cost))
+        gov_charge(&k->srv->gov, call_source(k), k->g.app, k->cost);
+    metrics_on_usage(k->srv->metrics, call_source(k), k->app, call_cost_model(k), &t, k->cost);
+}
+
+/* A success's input and output tokens as its source's itpm and otpm count
+ * them: prompt tokens read from the provider's cache only where the
+ * source's limits say they count (docs/CONFIG.md §7). */
+static void call_count_io(struct call *k, double now)
+{
+    double in = -1, out = -1;
+
+    if (!k->tokens.bogus && k->tokens.prompt >= 0) {
+        int64_t cached = dialect_usage_cached(&k->tokens);
+        in = (double)k->tokens.prompt;
+        if (!k->src->limits.cached_input_counts && cached > 0)
+            in -= (double)cached;
+    }
+    if (!k->tokens.bogus && k->tokens.completion >= 0)
+        out = (double)k->tokens.completion;
+    gov_call_on_io(&k->g, in, out, now);
+}
+
 /* Keeps `usage` (borrowed) as the result's usage map. */
 static void call_keep_usage(struct call *k, const msgpack_object *usage)
 {
@@ -1034,6 +1204,7 @@ static void call_info_fill(const struct call *k, struct call_info *ci)
 
     ci->source = k->src && k->g.attempts > 0 ? k->src->name : "-";
     ci->attempts = k->g.attempts;
+    ci->cost = k->cost;
     ci->elapsed_s = now - k->started;
     ci->stalled_s = gov_call_stalled_s(&k->g, now);
     /* Anthropic's own format reached the client (not converted). */
@@ -1152,6 +1323,36 @@ static bool call_cache_wake(struct call *k)
         return true; /* the client is gone: the sink tore `k` down */
     call_finish(k);
     return true;
+}
+
+/* A budget refused the attempt the step reserved: what the step took is
+ * given back and the call ends at once (retry_after_s for a window). */
+static void call_refuse_budget(struct call *k, const struct call_refusal *why)
+{
+    struct gov_decision d;
+    char msg[300];
+
+    gov_call_abandon(&k->g, ev_now(k->srv->loop), GOV_BUDGET_EXHAUSTED, &d);
+    snprintf(msg, sizeof(msg), "budget %s cannot cover this call: %.6g %s left", why->budget,
+             why->r.left, k->srv->cfg->currency);
+    if (why->r.retry_after_s >= 0)
+        snprintf(msg + strlen(msg), sizeof(msg) - strlen(msg), ", resets in %.0fs",
+                 ceil(why->r.retry_after_s));
+    const struct call_error ce = {
+        .retry_after_s = why->r.retry_after_s >= 0 ? ceil(why->r.retry_after_s) : -1,
+        .budget = why->budget,
+        .budget_left = why->r.left,
+    };
+    char task_id[TASK_ID_MAX + 1];
+    snprintf(task_id, sizeof(task_id), "%s", why->task ? k->task->id : "");
+    struct server *srv = k->srv;
+    call_pack_error(k, PGW_BUDGET_EXHAUSTED, msg, &ce);
+    call_finish(k);
+    /* A task that ran out stops, as task.stop would stop it: its other
+     * calls end task_stopped (reason "budget"), its worker leaves at its
+     * next guard. */
+    if (task_id[0])
+        tasks_stop_budget(srv, task_id);
 }
 
 /* The Responses API answer of the current attempt names response `id`:
@@ -1273,9 +1474,19 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
            LOG_F, res.elapsed_s, NULL);
 
     metrics_on_attempt(k->srv->metrics, call_source(k), &res);
-    if (res.outcome.kind == OUTCOME_SUCCESS)
+    calltrace_attempt_end(&k->ct, &res, &k->tokens, now);
+    if (res.outcome.kind == OUTCOME_SUCCESS) {
         metrics_on_prompt_tokens(k->srv->metrics, call_source(k), k->tokens.prompt,
                                  dialect_usage_cached(&k->tokens));
+        call_count_cost(k);
+    }
+    /* Budgets: the real cost; one unknown although the upstream answered
+     * (or relayed part of a stream) as reserved; nothing for a failure. */
+    if (k->reserved_on || k->fleet_reserved)
+        call_settle(k,
+                    res.outcome.kind != OUTCOME_SUCCESS && res.events == 0 ? NAN
+                        : cost_is_known(k->cost)                           ? k->cost
+                                                                           : CALL_AS_RESERVED);
     double used =
         res.outcome.kind == OUTCOME_SUCCESS ? (double)dialect_usage_total(&k->tokens) : -1;
     k->last_status = res.http_status;
@@ -1284,6 +1495,8 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
         backend_release(k->srv->backend, k->lease, &res.outcome, used);
         k->lease = NULL;
     }
+    if (res.outcome.kind == OUTCOME_SUCCESS)
+        call_count_io(k, now);
     gov_call_on_outcome(&k->g, now, &res.outcome, used, &d);
 
     if (res.outcome.kind != OUTCOME_SUCCESS && res.deadline_exceeded) {
@@ -1804,6 +2017,9 @@ static void call_run_attempt(struct call *k, size_t source)
         convert_stream_init(k->conv, (int64_t)ev_now(srv->loop), k->client_usage);
     k->event_error[0] = '\0';
     k->relayed = 0;
+    const char *tp = calltrace_attempt(&k->ct, &k->g, src, ev_now(srv->loop));
+    if (!k->rawc)
+        as.extra_header = tp; /* a passthrough's headers are its client's */
     k->past_end = false;
     k->attempt = attempt_start(srv->up, &as, &call_hooks, k);
     explicit_bzero(url, nu + 1); /* auth_query puts the key in it */
@@ -1816,21 +2032,21 @@ static void call_run_attempt(struct call *k, size_t source)
 }
 
 /* The backend answered the admission of the reserved attempt later. */
-static void call_on_admit(void *ud, int rc, struct backend_lease *lease, double retry_at,
+/* What the fleet's admission said, acted on. */
+static void call_admitted(struct call *k, int rc, struct backend_lease *lease, double retry_at,
                           const char *why)
 {
-    struct call *k = ud;
     struct server *srv = k->srv;
     double now = ev_now(srv->loop);
     struct gov_decision d;
 
-    k->admit = NULL;
     if (rc > 0) {
         k->lease = lease;
         gov_call_confirmed(&k->g);
         call_run_attempt(k, k->g.source);
         return;
     }
+    call_settle(k, NAN); /* not admitted: its budget reservation goes back */
     if (rc == 0) {
         log_at(LOG_DEBUG, "fleet admission refused", "app", LOG_S, k->app, "source", LOG_S,
                srv->cfg->sources[k->g.source].name, "check", LOG_S, why, NULL);
@@ -1848,6 +2064,115 @@ static void call_on_admit(void *ud, int rc, struct backend_lease *lease, double 
     call_act(k, &d, NULL);
 }
 
+static void call_on_admit(void *ud, int rc, struct backend_lease *lease, double retry_at,
+                          const char *why)
+{
+    struct call *k = ud;
+
+    k->admit = NULL;
+    if (k->spend) { /* the budget's answer is still out: this one waits for it */
+        k->early.held = true;
+        k->early.rc = rc;
+        k->early.lease = lease;
+        k->early.retry_at = retry_at;
+        snprintf(k->early.why, sizeof(k->early.why), "%s", why ? why : "");
+        return;
+    }
+    call_admitted(k, rc, lease, retry_at, why);
+}
+
+/* Asks the backend to admit the attempt the step reserved on `source`:
+ * admitted at once (the local step decided: memory), later
+ * (call_on_admit), or not sent: fail closed. */
+static void call_admit(struct call *k, size_t source)
+{
+    struct server *srv = k->srv;
+    int rc = backend_admit(srv->backend, source, k->g.app, k->g.est_tokens, &k->lease,
+                           call_on_admit, k, &k->admit);
+    if (rc > 0) {
+        call_run_attempt(k, source);
+    } else if (rc < 0) {
+        struct gov_decision fail;
+        if (k->spend) /* a budget reservation sent with it is void */
+            srv->backend->ops->spend_detach(srv->backend, k->spend);
+        k->spend = NULL;
+        call_settle(k, NAN);
+        gov_call_abandon(&k->g, ev_now(srv->loop), GOV_BACKEND_UNAVAILABLE, &fail);
+        call_act(k, &fail, NULL);
+    }
+}
+
+/* The fleet answered the reservation of the attempt's worst case on its
+ * app's and source's budgets. */
+static void call_on_spend(void *ud, int rc, const char *which, const char *window, double left,
+                          double retry_after_s)
+{
+    struct call *k = ud;
+    struct server *srv = k->srv;
+    size_t source = k->g.source;
+
+    k->spend = NULL;
+    if (rc > 0) {
+        k->fleet_reserved = true;
+        if (k->early.held) {
+            k->early.held = false;
+            call_admitted(k, k->early.rc, k->early.lease, k->early.retry_at, k->early.why);
+        } /* else the admission's answer acts when it comes */
+        return;
+    }
+    /* Refused, or not answered: the admission sent with it is void. */
+    if (k->admit)
+        backend_admit_detach(srv->backend, k->admit); /* a lease granted meanwhile goes back */
+    k->admit = NULL;
+    if (k->early.held && k->early.rc > 0 && k->early.lease)
+        backend_release(srv->backend, k->early.lease, NULL, -1);
+    k->early.held = false;
+    if (rc == 0) {
+        struct call_refusal why = { .r = { .left = left, .retry_after_s = retry_after_s } };
+        snprintf(why.budget, sizeof(why.budget), "%s:%s:%s", which,
+                 strcmp(which, "source") == 0 ? srv->cfg->sources[source].name : k->app, window);
+        call_refuse_budget(k, &why);
+        return;
+    }
+    struct gov_decision d;
+    snprintf(k->backend_why, sizeof(k->backend_why), "%s", which);
+    gov_call_abandon(&k->g, ev_now(srv->loop), GOV_BACKEND_UNAVAILABLE, &d);
+    call_act(k, &d, NULL);
+}
+
+/* Budgets the fleet keeps (the Redis backend): asks for the reservation of
+ * the attempt's worst case and for its admission together (pipelined: one
+ * round trip) and returns true — the call waits for both answers, and the
+ * second acts on them (call_on_spend, call_on_admit) — or false when no
+ * such budget covers it. A refused reservation voids the admission (its
+ * lease goes back); a refused admission gives the reservation back. */
+static bool call_reserve_fleet(struct call *k, size_t source)
+{
+    struct server *srv = k->srv;
+    const struct config *cfg = srv->cfg;
+    struct backend *be = srv->backend;
+    size_t app = k->g.app;
+
+    if (!be->ops->spend_reserve ||
+        !((app < cfg->n_apps && budget_is_set(&cfg->apps[app].budget)) ||
+          budget_is_set(&cfg->sources[source].budget)))
+        return false;
+    double amount = cost_worst(&cfg->sources[source].prices, k->est_in, k->est_out);
+    k->fleet_amount = cost_is_known(amount) ? amount : 0;
+    k->fleet_reserved = false;
+    if (be->ops->spend_reserve(be, app, source, k->fleet_amount, call_on_spend, k, &k->spend) < 0) {
+        struct gov_decision d;
+        snprintf(k->backend_why, sizeof(k->backend_why), "%s", "not connected");
+        gov_call_abandon(&k->g, ev_now(srv->loop), GOV_BACKEND_UNAVAILABLE, &d);
+        call_act(k, &d, NULL);
+        return true;
+    }
+    /* The admission goes with it, in the same write (one round trip);
+     * whichever answer comes second acts on both. */
+    call_admit(k, source);
+    return true;
+}
+
 static void call_act(struct call *k, const struct gov_decision *d,
                      const struct attempt_result *last)
 {
@@ -1855,20 +2180,22 @@ static void call_act(struct call *k, const struct gov_decision *d,
 
     switch (d->action) {
     case GOV_ATTEMPT: {
-        /* Admitted at once (the local step decided: memory), later
-         * (call_on_admit), or not sent: fail closed. */
-        int rc = backend_admit(srv->backend, d->source, k->g.app, k->g.est_tokens, &k->lease,
-                               call_on_admit, k, &k->admit);
-        if (rc > 0) {
-            call_run_attempt(k, d->source);
-        } else if (rc < 0) {
-            struct gov_decision fail;
-            gov_call_abandon(&k->g, ev_now(srv->loop), GOV_BACKEND_UNAVAILABLE, &fail);
-            call_act(k, &fail, NULL);
+        /* The budgets first, in the same turn of the loop as the step's
+         * permit and buckets (the memory backend keeps both). */
+        struct call_refusal why;
+        if (call_reserve(k, d->source, &why) < 0) {
+            call_refuse_budget(k, &why);
+            return;
         }
+        /* Budgets the fleet keeps go with the fleet's admission, in one
+         * round trip (call_reserve_fleet). */
+        if (call_reserve_fleet(k, d->source))
+            return;
+        call_admit(k, d->source);
         return;
     }
     case GOV_WAIT: {
+        calltrace_wait(&k->ct, &k->g, last, ev_now(srv->loop));
         double in = d->wake_at - ev_now(srv->loop);
         ev_timer_stop(srv->loop, &k->wake_w);
         ev_timer_set(&k->wake_w, in > 0 ? in : 0., 0.);
@@ -1886,7 +2213,7 @@ static void call_step(struct call *k)
 {
     struct gov_decision d;
 
-    if (k->admit || k->attempt || k->task_wait || k->resp_wait || k->cc.waiting)
+    if (k->admit || k->attempt || k->task_wait || k->spend || k->resp_wait || k->cc.waiting)
         return; /* a late timer, or the call is waiting for the backend or its leader */
     gov_call_step(&k->g, ev_now(k->srv->loop), &d);
     call_act(k, &d, NULL);
@@ -1929,6 +2256,7 @@ static void call_log_refused(struct call_sink *s, uint32_t id, const struct call
         .code = code,
         .ttft_s = NAN,
         .tokens = NAN,
+        .cost = NAN,
     };
 
     if (r->capability) {
@@ -2337,7 +2665,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     str_copy(k->app, sizeof(k->app), app->name);
     k->cap = &cfg->capabilities[ci];
     k->started = now;
-    k->ttft_s = k->used_tokens = NAN;
+    k->ttft_s = k->used_tokens = k->cost = NAN;
     msgpack_sbuffer_init(&k->usage);
     msgpack_sbuffer_init(&k->body);
     strbuf_init(&k->raw);
@@ -2393,10 +2721,14 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
         snprintf(model_scope, sizeof(model_scope), "%s:%s", k->cap->name, label);
         scope = model_scope;
     }
+    k->est_in = (double)text_len / 4.0; /* as governor_estimate_tokens */
+    k->est_out = r->max_tokens ? (double)r->max_tokens : (double)k->cap->budget_output_tokens;
     if (rc == 0)
         rc = gov_call_init(&k->g, &srv->gov, (uint32_t)ci, scope, &pol,
                            r->deadline_s > 0 ? now + r->deadline_s : 0,
                            governor_estimate_tokens(text_len, r->max_tokens), now);
+    if (rc == 0)
+        gov_call_set_io(&k->g, k->est_in, (double)r->max_tokens);
     if (rc == 0 && use)
         gov_call_set_sources(&k->g, use);
     if (rc == 0 && k->cap->affinity != AFFINITY_NONE)
@@ -2415,6 +2747,17 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     k->src = first;
     k->code = PGW_CANCELLED;
     metrics_on_call_start(srv->metrics, (size_t)ci);
+    calltrace_begin(&k->ct, srv->tracer,
+                    &(struct calltrace_start){ .traceparent = r->traceparent,
+                                               .tracestate = r->tracestate,
+                                               .capability = k->cap->name,
+                                               .app = k->app,
+                                               .task_id = k->task_id,
+                                               .model = r->model,
+                                               .model_len = r->model_len,
+                                               .stream = k->stream,
+                                               .http = !s->ops->wants_msgpack },
+                    now);
     if (task)
         call_task_link(k, task);
     DLIST_PUSH(s->calls, k, prev, next);
@@ -2443,6 +2786,7 @@ static void call_abort(struct call *k)
         metrics_on_attempt_cancelled(k->srv->metrics, call_source(k));
         attempt_cancel(k->attempt);
         k->attempt = NULL;
+        call_settle(k, CALL_AS_RESERVED); /* it was sent: its cost is unknown */
     }
     call_end(k);
 }
@@ -2461,6 +2805,7 @@ int call_cancel(struct call_sink *s, uint32_t msgid)
     char msg[96];
     snprintf(msg, sizeof(msg), "cancelled by the client after %.3fs", call_elapsed(k));
     call_pack_error(k, PGW_CANCELLED, msg, &(struct call_error){ .retry_after_s = -1 });
+    calltrace_note(&k->ct, "polygw.cancel", "cancelled by the client", ev_now(k->srv->loop));
     call_abort(k);
     return 0;
 }
@@ -2476,8 +2821,11 @@ void call_fail_all(struct call_sink *s, enum pgw_code code, const char *message)
 
 void call_abort_all(struct call_sink *s)
 {
-    while (s->calls)
+    while (s->calls) {
+        calltrace_note(&s->calls->ct, "polygw.cancel", "the client went away",
+                       ev_now(s->srv->loop));
         call_abort(s->calls);
+    }
 }
 
 void call_on_drained(struct call_sink *s)
@@ -2497,6 +2845,9 @@ void call_fail_task(struct task *t, enum pgw_code code, const char *message)
         struct call_sink *s = k->sink;
         call_pack_error(k, code, message,
                         &(struct call_error){ .retry_after_s = -1, .reason = task_reason(t) });
+        calltrace_note(&k->ct,
+                       code == PGW_WATCHDOG_TIMEOUT ? "polygw.watchdog" : "polygw.task_stop",
+                       task_reason(t), ev_now(k->srv->loop));
         call_abort(k); /* unlinks k from t */
         s->ops->flush(s);
     }

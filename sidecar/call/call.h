@@ -32,6 +32,8 @@ struct upstream_budget;
 struct call_info {
     const char *source; /* the current or last attempt's source, "-" before any */
     uint32_t attempts;
+    double cost; /* on_result: what the answer cost (cost.h); NAN: unknown or
+                  * unpriced, and for a stream until its end */
     double elapsed_s, stalled_s;
     bool anthropic;    /* the answer is in Anthropic's Messages format (a
                                     * kind: anthropic source, not converted): its stream
@@ -162,6 +164,11 @@ struct call_req {
     const char *content_type;
     const char *method;
     const char *path_suffix;
+    /* The caller's W3C trace context (NUL-terminated, NULL = none): the
+     * HTTP front's traceparent / tracestate headers, the msgpack `trace`
+     * parameter (calltrace.h). */
+    const char *traceparent;
+    const char *tracestate;
     /* A Responses API follow-up (over HTTP: GET or DELETE of a response,
      * its cancel and its input_items): routed to the source that produced
      * response `response_id` (NUL-terminated, NULL = none) and sent as a

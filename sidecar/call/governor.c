@@ -49,6 +49,8 @@ void governor_source_params(const struct config *cfg, struct gov_source_params *
             .rpm = s->limits.rpm,
             .tpm = s->limits.tpm,
             .daily_tokens = s->limits.daily_tokens,
+            .itpm = s->limits.itpm,
+            .otpm = s->limits.otpm,
             .window_s = s->limits.window_s,
             .pacer_min_interval_s = s->pacer_min_interval_ms / 1000.0,
             .retired = s->retired,

@@ -209,7 +209,11 @@ static void write_task(struct writer *w, const char *id, const struct backend_ta
         : bt->owner && bt->owner[0]            ? bt->owner
                                                : NULL;
 
-    writer_map(w, 5 + (failed ? 1 : 0) + (reason ? 1 : 0) + (node ? 1 : 0) + (owner ? 1 : 0));
+    bool budget = local && local->has_budget;
+
+    writer_map(w,
+               5 + (failed ? 1 : 0) + (reason ? 1 : 0) + (node ? 1 : 0) + (owner ? 1 : 0) +
+                   (budget ? 1 : 0));
     writer_kv_text(w, "task_id", id);
     if (owner)
         writer_kv_text(w, "app", owner);
@@ -223,6 +227,17 @@ static void write_task(struct writer *w, const char *id, const struct backend_ta
     writer_kv_double(w, "started_at", bt->started_at_s);
     writer_kv_double(w, "updated_at", bt->updated_at_s);
     writer_kv_u64(w, "runs", bt->runs);
+    if (budget) {
+        /* The run's budget as this sidecar keeps it (docs/CONFIG.md §12a). */
+        const struct budget *b = &local->budget;
+        double left = b->p.limit[BUDGET_TOTAL] - b->spent[BUDGET_TOTAL] - b->reserved;
+        writer_str(w, "budget");
+        writer_map(w, 4);
+        writer_kv_double(w, "limit", b->p.limit[BUDGET_TOTAL]);
+        writer_kv_double(w, "spent", b->spent[BUDGET_TOTAL]);
+        writer_kv_double(w, "reserved", b->reserved);
+        writer_kv_double(w, "left", left > 0 ? left : 0);
+    }
 }
 
 /* Answers a registry error for task `id`; `state`, `reason`, `kind` (may
@@ -377,6 +392,7 @@ struct tasks_req {
     char id[TASKS_ID_BUF], node[TASKS_ID_BUF], reason[TASK_REASON_MAX + 1];
     char app[CONFIG_NAME_MAX]; /* on behalf of ("": this sidecar itself) */
     bool admin;                /* `app` may act on every app's task */
+    double budget;             /* start: the run's budget, 0 = none */
 };
 
 /* Does the answer to `q` import the task here (this sidecar is about to
@@ -530,6 +546,16 @@ static void tasks_answer(struct tasks_req *q, const struct backend_task *bt, boo
         srv->task_imports--;
     if (bt->exists)
         tasks_sync(srv, q->id, bt, import);
+    if (q->op == TOP_START && bt->rc == TASK_OK) {
+        /* The new run's budget (none without one): a run never inherits
+         * an earlier run's spending. */
+        struct task *t = task_get(srv->tasks, q->id);
+        if (t) {
+            const struct budget_limits p = { { 0, 0, q->budget }, 0 };
+            t->has_budget = q->budget > 0;
+            budget_init(&t->budget, &p);
+        }
+    }
     if (q->resync) {
         if (failed) /* that task may have been stopped: read them all again */
             srv->backend->ops->retry_later(srv->backend, true);
@@ -644,8 +670,18 @@ static void tasks_remote(struct reply_outlet *o, const struct task_req *r, enum 
         reply_plain_error(o, r->msgid, PGW_INTERNAL, "out of memory");
         return;
     }
+    q->budget = r->budget;
     tasks_req_by(q, r->app);
     tasks_send(o->srv, q, o);
+}
+
+void tasks_stop_budget(struct server *srv, const char *id)
+{
+    struct tasks_req *q = tasks_req_new(srv, 0, TOP_STOP, id, TASKS_BUDGET_REASON, false);
+
+    log_at(LOG_INFO, "task stopped: its budget ran out", "task_id", LOG_S, id, NULL);
+    if (q)
+        tasks_send(srv, q, NULL);
 }
 
 void tasks_on_task_ended(struct server *srv, const char *id)
@@ -875,6 +911,12 @@ void tasks_start(struct reply_outlet *o, const struct task_req *r)
 {
     if (task_is_foreign(o, r))
         return;
+    if (r->budget > 0 && o->srv->backend->ops->shared) {
+        reply_plain_error(o, r->msgid, PGW_BAD_REQUEST,
+                          "parameter 'budget': task budgets are kept by the memory backend "
+                          "only (not yet across a fleet)");
+        return;
+    }
     /* A new task here takes a slot of its app's share (the registry's
      * max_tasks bounds them all): beyond it, this app waits, not the others. */
     if (!task_get(o->srv->tasks, r->id) && !app_has_room(o->srv, r->app->name)) {

@@ -54,7 +54,17 @@ struct task_req {
     char reason[TASK_REASON_MAX + 1]; /* stop, finish: "" = none */
     bool ok;                          /* finish */
     unsigned filter;                  /* list: the states listed (TASK_F_*, task.h) */
+    double budget;                    /* start: the run's budget in currency (> 0), 0 = none */
 };
+
+/* The reason of a task stopped because its budget ran out (call.c stops
+ * it through tasks_stop_budget, as task.stop would). */
+#define TASKS_BUDGET_REASON "budget"
+
+/* Stops running task `id` on the sidecar's own behalf with reason
+ * TASKS_BUDGET_REASON, through the path task.stop takes: the record says
+ * stopped, and every call of the task in flight ends task_stopped. */
+void tasks_stop_budget(struct server *srv, const char *id);
 
 /* The task methods. Each answers request r->msgid through `o` exactly
  * once, now or from the event loop. */

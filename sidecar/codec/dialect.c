@@ -96,12 +96,19 @@ void dialect_openai_count(struct dialect_usage *u, const char *name, size_t len,
 
 void dialect_openai_detail(struct dialect_usage *u, const char *name, size_t len, int64_t count)
 {
-    if (len != strlen("cached_tokens") || memcmp(name, "cached_tokens", len) != 0)
+    int64_t *field;
+
+    if (len == strlen("cached_tokens") && memcmp(name, "cached_tokens", len) == 0)
+        field = &u->cached;
+    else if (len == strlen("reasoning_tokens") && memcmp(name, "reasoning_tokens", len) == 0)
+        field = &u->reasoning;
+    else
         return;
-    /* Governance does not need it: a count that cannot be true is dropped
-     * alone, the attempt's other counts stand. */
+    /* Admission does not need it: a count that cannot be true is dropped
+     * alone, the attempt's other counts stand (its cost then prices the
+     * whole class it is part of, docs/CONFIG.md §7d). */
     if (!u->bogus)
-        u->cached = count >= 0 ? count : -1;
+        *field = count >= 0 ? count : -1;
 }
 
 /* The members of map `m` (may be NULL) through `count_fn` (as
@@ -122,8 +129,11 @@ static void openai_scan_usage(const msgpack_object *usage, struct dialect_usage 
 {
     *out = DIALECT_USAGE_NONE;
     openai_scan_map(usage, out, dialect_openai_count);
-    if (usage && usage->type == MSGPACK_OBJECT_MAP)
+    if (usage && usage->type == MSGPACK_OBJECT_MAP) {
         openai_scan_map(rpc_map_get(usage, "prompt_tokens_details"), out, dialect_openai_detail);
+        openai_scan_map(rpc_map_get(usage, "completion_tokens_details"), out,
+                        dialect_openai_detail);
+    }
 }
 
 static void openai_scan_event(const msgpack_object *ev, struct dialect_event *out)
@@ -169,6 +179,7 @@ static void anthropic_scan_usage(const msgpack_object *usage, struct dialect_usa
     if (in >= 0)
         out->prompt = in + (cw > 0 ? cw : 0) + (cr > 0 ? cr : 0);
     out->cached = in >= 0 ? cr : -1;
+    out->cache_write = in >= 0 ? cw : -1;
     out->completion = completion;
 }
 
@@ -206,8 +217,8 @@ static void anthropic_scan_event(const msgpack_object *ev, struct dialect_event 
 
 /* {"input_tokens", "input_tokens_details": {"cached_tokens"}, "output_tokens",
  * "output_tokens_details": {"reasoning_tokens"}, "total_tokens"}: cached
- * input is part of input_tokens and reasoning part of output_tokens, so
- * the three totals are all that is counted. */
+ * input is part of input_tokens and reasoning part of output_tokens, as
+ * in struct dialect_usage. */
 static void responses_scan_usage(const msgpack_object *usage, struct dialect_usage *out)
 {
     static const char *const names[3] = { "input_tokens", "output_tokens", "total_tokens" };
@@ -219,6 +230,7 @@ static void responses_scan_usage(const msgpack_object *usage, struct dialect_usa
     out->completion = c[1];
     out->total = c[2];
     openai_scan_map(rpc_map_get(usage, "input_tokens_details"), out, dialect_openai_detail);
+    openai_scan_map(rpc_map_get(usage, "output_tokens_details"), out, dialect_openai_detail);
 }
 
 /* An error with `code` (borrowed, may be NULL): transient for
@@ -456,6 +468,32 @@ int64_t dialect_usage_cached(const struct dialect_usage *u)
     if (u->bogus || u->prompt < 0 || u->cached < 0 || u->cached > u->prompt)
         return -1;
     return u->cached;
+}
+
+bool dialect_usage_classes(const struct dialect_usage *u, struct cost_tokens *t)
+{
+    memset(t, 0, sizeof(*t));
+    if (u->bogus || u->prompt < 0)
+        return false;
+    int64_t rest = u->prompt;
+    if (u->cached >= 0 && u->cached <= rest) {
+        t->n[COST_CACHED] = u->cached;
+        rest -= u->cached;
+    }
+    if (u->cache_write >= 0 && u->cache_write <= rest) {
+        t->n[COST_CACHE_WRITE] = u->cache_write;
+        rest -= u->cache_write;
+    }
+    t->n[COST_INPUT] = rest;
+    if (u->completion > 0) {
+        rest = u->completion;
+        if (u->reasoning >= 0 && u->reasoning <= rest) {
+            t->n[COST_REASONING] = u->reasoning;
+            rest -= u->reasoning;
+        }
+        t->n[COST_OUTPUT] = rest;
+    }
+    return true;
 }
 
 int64_t dialect_usage_total(const struct dialect_usage *u)

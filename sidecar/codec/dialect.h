@@ -35,6 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cost.h"
 #include "outcome.h"
 
 enum dialect_kind {
@@ -142,16 +143,26 @@ void dialect_openai_count(struct dialect_usage *u, const char *name, size_t len,
 
 #define DIALECT_USAGE_NONE ((struct dialect_usage){ -1, -1, -1, -1, -1, -1, false })
 
-/* Records an OpenAI `prompt_tokens_details` member `name` (`len` bytes) in
- * `u` (`count` as for dialect_openai_count): only cached_tokens is kept,
- * and a count that cannot be true leaves it unknown without making `u`
- * bogus (governance does not use it). */
+/* Records an OpenAI `prompt_tokens_details` or `completion_tokens_details`
+ * member `name` (`len` bytes) in `u` (`count` as for dialect_openai_count):
+ * only cached_tokens (-> cached) and reasoning_tokens (-> reasoning) are
+ * kept, and a count that cannot be true leaves that one unknown without
+ * making `u` bogus (admission does not use them). */
 void dialect_openai_detail(struct dialect_usage *u, const char *name, size_t len, int64_t count);
 
 /* The cached prompt tokens of `u` that can be counted: its cached count
  * when both it and the prompt count are known and it is at most the
  * prompt count, else -1 (a cache count above the prompt cannot be true). */
 int64_t dialect_usage_cached(const struct dialect_usage *u);
+
+/* Splits `u` into the disjoint classes of cost.h: cached and cache-write
+ * tokens out of the prompt, reasoning out of the completion. A class count
+ * that cannot be part of its total (above it, or the two together above
+ * the prompt) is not split off: its tokens stay in the total's plain class
+ * (input or output), so nothing is priced twice or dropped. Returns false
+ * (*t zeroed) when nothing can be priced: `u` is bogus or its prompt count
+ * unknown; an unknown completion count is 0 output (embeddings). */
+bool dialect_usage_classes(const struct dialect_usage *u, struct cost_tokens *t);
 
 /* Retry hints beside Retry-After, as the OpenAI and Anthropic APIs send
  * them. Each value borrowed, NUL-terminated, "" when absent. */

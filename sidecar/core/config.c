@@ -75,6 +75,17 @@ enum fid {
     FID_SOURCES,
     FID_TASKS,
     FID_TASK_TTL,
+    FID_TRACING,
+    FID_TRACING_ENABLED,
+    FID_TRACING_ENDPOINT,
+    FID_TRACING_RATIO,
+    FID_TRACING_PARENT,
+    FID_TRACING_SERVICE,
+    FID_TRACING_QUEUE,
+    FID_TRACING_BATCH,
+    FID_TRACING_INTERVAL,
+    FID_TRACING_TIMEOUT,
+    FID_TRACING_RETRIES,
     FID_MAX_TASKS,
     FID_RESPONSES,
     FID_RESP_REMEMBER,
@@ -195,6 +206,22 @@ enum fid {
     FID_APP_TOKEN_FILE,
     FID_APP_PER_CAP,
     FID_UPSTREAM_CLIENT,
+    FID_CURRENCY,
+    FID_PRICES,
+    FID_PRICE_INPUT,
+    FID_PRICE_CACHED,
+    FID_PRICE_CACHE_WRITE,
+    FID_PRICE_OUTPUT,
+    FID_PRICE_REASONING,
+    FID_BUDGET,
+    FID_BUDGET_DAILY,
+    FID_BUDGET_MONTHLY,
+    FID_BUDGET_TOTAL,
+    FID_BUDGET_TZ,
+    FID_BUDGET_OUTPUT,
+    FID_ITPM,
+    FID_OTPM,
+    FID_CACHED_INPUT,
     FID_COUNT
 };
 
@@ -607,6 +634,18 @@ static int check_text(struct loader *l, const struct ynode *v, char *s)
     return 0;
 }
 
+/* server.currency: a label printed beside every cost, never converted. */
+static int check_currency(struct loader *l, const struct ynode *v, char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 16)
+        return fail_here(l, v->line, "must be 1 to 16 characters (e.g. USD, EUR)");
+    for (const char *p = s; *p; p++)
+        if (!isalnum((unsigned char)*p) && *p != '_')
+            return fail_here(l, v->line, "must be letters, digits or '_' (e.g. USD, EUR)");
+    return 0;
+}
+
 /* A model name or glob as configured (models.h): printable ASCII without
  * spaces, 1 to MODELS_NAME_MAX - 1 bytes; `*` only in a glob. */
 static const char *model_problem(const char *s, char *why, size_t whylen)
@@ -790,6 +829,7 @@ static const struct field server_table[] = {
         3600, 0),
     TYPED("access_log", FT_BOOL, FID_ACCESS_LOG, OFF(struct config, access_log)),
     TYPED("upstream_client", FT_UPCLIENT, FID_UPSTREAM_CLIENT, OFF(struct config, upstream_client)),
+    STR("currency", FID_CURRENCY, OFF(struct config, currency), check_currency),
     END
 };
 
@@ -799,6 +839,30 @@ static const struct field tasks_table[] = {
     NUM("max_tasks", FT_U32, FID_MAX_TASKS, OFF(struct config, max_tasks), 1, 10000000, 0), END
 };
 
+/* tracing.parent: what a caller's traceparent makes of the call span. */
+static int check_trace_parent(struct loader *l, const struct ynode *v, char *s)
+{
+    if (strcmp(s, "child") != 0 && strcmp(s, "link") != 0)
+        return fail_here(l, v->line, "must be child or link");
+    return 0;
+}
+
+#define TR(member) OFF(struct config, tracing.member)
+static const struct field tracing_table[] = {
+    TYPED("enabled", FT_BOOL, FID_TRACING_ENABLED, TR(enabled)),
+    STR("endpoint", FID_TRACING_ENDPOINT, TR(endpoint), check_http_url),
+    NUM("sampler_ratio", FT_DOUBLE, FID_TRACING_RATIO, TR(sampler_ratio), 0, 1, 0),
+    STR("parent", FID_TRACING_PARENT, TR(parent), check_trace_parent),
+    STR("service_name", FID_TRACING_SERVICE, TR(service_name), check_word),
+    NUM("max_queue_spans", FT_U32, FID_TRACING_QUEUE, TR(max_queue_spans), 1, 1048576, 0),
+    NUM("max_batch_spans", FT_U32, FID_TRACING_BATCH, TR(max_batch_spans), 1, 65536, 0),
+    NUM("export_interval_s", FT_DOUBLE, FID_TRACING_INTERVAL, TR(export_interval_s), 0, 3600,
+        F_MIN_OPEN),
+    NUM("export_timeout_s", FT_DOUBLE, FID_TRACING_TIMEOUT, TR(timeout_s), 0, 3600, F_MIN_OPEN),
+    NUM("max_retries", FT_U32, FID_TRACING_RETRIES, TR(max_retries), 0, 100, 0),
+    END
+};
+#undef TR
 static const struct field responses_table[] = {
     NUM("remember_s", FT_DOUBLE, FID_RESP_REMEMBER, OFF(struct config, responses_remember_s), 0,
         DURATION_MAX_S, 0),
@@ -885,6 +949,8 @@ static const struct field capability_table[] = {
     { .key = "methods", .type = FT_CUSTOM, .fid = FID_CAP_METHODS, .walk = walk_methods },
     NUM("max_body_bytes", FT_SIZE, FID_CAP_MAX_BODY, OFF(struct cap_stage, cap.max_body_bytes), 1,
         1073741824.0, 0),
+    NUM("budget_output_tokens", FT_U32, FID_BUDGET_OUTPUT,
+        OFF(struct cap_stage, cap.budget_output_tokens), 0, 1e9, 0),
     SECTION("cache", FID_CACHE, OFF(struct cap_stage, cap.cache), cap_cache_table),
     { .key = "policy",
       .type = FT_INCLUDE,
@@ -919,6 +985,44 @@ static const struct field limits_table[] = {
         (double)INT64_MAX, 0),
     NUM("window_s", FT_DOUBLE, FID_WINDOW, OFF(struct config_limits, window_s), 0, 86400,
         F_MIN_OPEN),
+    END
+};
+
+/* sources[i].prices, per million tokens of each class (cost.h). */
+#define PRICE(k, id, c) \
+    NUM(k, FT_DOUBLE, id, OFF(struct cost_prices, per_mtok) + (c) * sizeof(double), 0, 1e6, 0)
+static const struct field prices_table[] = {
+    PRICE("input", FID_PRICE_INPUT, COST_INPUT),
+    PRICE("cached_input", FID_PRICE_CACHED, COST_CACHED),
+    PRICE("cache_write", FID_PRICE_CACHE_WRITE, COST_CACHE_WRITE),
+    PRICE("output", FID_PRICE_OUTPUT, COST_OUTPUT),
+    PRICE("reasoning", FID_PRICE_REASONING, COST_REASONING),
+    END
+};
+#undef PRICE
+
+static int walk_budget_tz(struct loader *l, const struct ynode *v);
+
+/* sources[i].budget and apps[i].budget, in currency (budget.h). */
+#define BUDGET(k, id, w)                                                                    \
+    NUM(k, FT_DOUBLE, id, OFF(struct budget_limits, limit) + (w) * sizeof(double), 0, 1e12, \
+        F_MIN_OPEN)
+static const struct field budget_table[] = {
+    BUDGET("daily", FID_BUDGET_DAILY, BUDGET_DAILY),
+    BUDGET("monthly", FID_BUDGET_MONTHLY, BUDGET_MONTHLY),
+    BUDGET("total", FID_BUDGET_TOTAL, BUDGET_TOTAL),
+    { .key = "timezone", .type = FT_CUSTOM, .fid = FID_BUDGET_TZ, .walk = walk_budget_tz },
+    END
+};
+#undef BUDGET
+
+/* A source's limits: the shared ones, and the input / output split. */
+static const struct field source_limits_table[] = {
+    { .key = "limits", .type = FT_INCLUDE, .sub = limits_table },
+    NUM("itpm", FT_U64, FID_ITPM, OFF(struct config_limits, itpm), 0, (double)INT64_MAX, 0),
+    NUM("otpm", FT_U64, FID_OTPM, OFF(struct config_limits, otpm), 0, (double)INT64_MAX, 0),
+    TYPED("cached_input_counts", FT_BOOL, FID_CACHED_INPUT,
+          OFF(struct config_limits, cached_input_counts)),
     END
 };
 
@@ -981,8 +1085,10 @@ static const struct field source_table[] = {
     NUM("max_concurrency", FT_U32, FID_MAX_CONCURRENCY, SRC(max_concurrency), 1, 1e6, 0),
     SECTION("aimd", FID_AIMD, SRC(aimd), aimd_table),
     SECTION("breaker", FID_BREAKER, SRC(breaker), breaker_table),
-    SECTION("limits", FID_LIMITS, SRC(limits), limits_table),
+    SECTION("limits", FID_LIMITS, SRC(limits), source_limits_table),
     SECTION("pacer", FID_PACER, SRC(pacer_min_interval_ms), pacer_table),
+    SECTION("prices", FID_PRICES, SRC(prices), prices_table),
+    SECTION("budget", FID_BUDGET, SRC(budget), budget_table),
     { .key = "policy", .type = FT_INCLUDE, .sub = source_policy_table },
     TYPED("kind", FT_DIALECT, FID_SRC_KIND, SRC(kind)),
     STR("api_version", FID_API_VERSION, SRC(api_version), check_query_text),
@@ -1011,6 +1117,7 @@ static const struct field app_table[] = {
     NUM("max_concurrency", FT_U32, FID_MAX_CONCURRENCY, APP(max_concurrency), 1, 1e6, 0),
     NUM("max_tasks", FT_U32, FID_MAX_TASKS, APP(max_tasks), 1, 10000000, 0),
     SECTION("limits", FID_LIMITS, APP(limits), limits_table),
+    SECTION("budget", FID_BUDGET, APP(budget), budget_table),
     TYPED("capabilities", FT_NODE, FID_APP_CAPS, OFF(struct app_stage, caps)),
     REJECT("token", FID_APP_TOKEN,
            "a token in the configuration file is readable by whoever reads the file; name "
@@ -1041,6 +1148,7 @@ static const struct field top_table[] = { SECTION("listen", FID_LISTEN, 0, liste
                                           SECTION("server", FID_SERVER, 0, server_table),
                                           SECTION("backend", FID_BACKEND, 0, backend_table),
                                           SECTION("tasks", FID_TASKS, 0, tasks_table),
+                                          SECTION("tracing", FID_TRACING, 0, tracing_table),
                                           SECTION("responses", FID_RESPONSES, 0, responses_table),
                                           SECTION("cache", FID_CACHE, 0, cache_table),
                                           SECTION("http", FID_HTTP, 0, http_table),
@@ -1085,7 +1193,8 @@ static int config_set_defaults(struct config *cfg)
 {
     cfg->socket_path = strdup("/run/polygw/polygw.sock");
     cfg->redis_prefix = strdup("polygw");
-    if (!cfg->socket_path || !cfg->redis_prefix)
+    cfg->currency = strdup("USD");
+    if (!cfg->socket_path || !cfg->redis_prefix || !cfg->currency)
         return -ENOMEM;
     cfg->socket_mode = 0660;
     cfg->max_message_bytes = 16777216;
@@ -1112,6 +1221,14 @@ static int config_set_defaults(struct config *cfg)
     cfg->http_body_timeout_s = 60;
     cfg->http_keepalive_timeout_s = 75;
     cfg->http_send_timeout_s = 60;
+    cfg->tracing = (struct config_tracing){
+        .sampler_ratio = -1,
+        .max_queue_spans = 2048,
+        .max_batch_spans = 512,
+        .export_interval_s = 5,
+        .timeout_s = 0, /* not given: the environment's, else 10 */
+        .max_retries = 3,
+    };
     cfg->defaults = (struct config_policy){
         .max_attempts = 3,
         .stall_window_s = 300,
@@ -1803,6 +1920,7 @@ static struct cap_stage *cap_add(struct loader *l, const char *name, size_t len)
     c->cap.name[len] = '\0';
     c->cap.methods = CONFIG_METHOD_POST;
     c->cap.max_body_bytes = CONFIG_RAW_MAX_BODY_DEFAULT;
+    c->cap.budget_output_tokens = 4096;
     c->cap.cache.max_entry_bytes = CONFIG_CACHE_ENTRY_DEFAULT;
     return c;
 }
@@ -2024,6 +2142,33 @@ static int walk_headers(struct loader *l, const struct ynode *v)
 }
 
 /* sources[i].serves: [NAME | GLOB, ...] (models.h). */
+/* budget.timezone: UTC, or a fixed offset from it, +HH:MM / -HH:MM (a
+ * zone with daylight saving time moves its offset: name the one to keep). */
+static int walk_budget_tz(struct loader *l, const struct ynode *v)
+{
+    struct budget_limits *b = l->elem_fid == FID_APPS ? &l->apps[l->n_apps - 1].app.budget
+                                                      : &l->srcs[l->n_srcs - 1].src.budget;
+    const char *s;
+    int rc;
+    unsigned hh, mm;
+    char sign, end;
+
+    if ((rc = get_string(l, v, &s)) < 0)
+        return rc;
+    if (strncmp(s, "UTC", 3) == 0)
+        s += 3;
+    if (!*s) {
+        b->utc_offset_s = 0;
+        return 0;
+    }
+    if (sscanf(s, "%c%2u:%2u%c", &sign, &hh, &mm, &end) != 3 || (sign != '+' && sign != '-') ||
+        strlen(s) != 6 || hh > 23 || mm > 59)
+        return fail_here(l, v->line,
+                         "must be UTC or an offset from it, +HH:MM or -HH:MM (e.g. +02:00)");
+    b->utc_offset_s = (int32_t)((sign == '-' ? -1 : 1) * (int)(hh * 3600 + mm * 60));
+    return 0;
+}
+
 static int walk_serves(struct loader *l, const struct ynode *v)
 {
     struct config_source *s = &l->srcs[l->n_srcs - 1].src;
@@ -2462,6 +2607,42 @@ static void validate_route(struct loader *l, size_t i, const char *prefix)
         s->route_id = ++next_id;
 }
 
+/* prices: input and output are required (a price left out would price
+ * its tokens at 0 without a word); cached_input and cache_write default
+ * to input, reasoning to output, as providers bill them when they name no
+ * price of their own. */
+static void validate_prices(struct loader *l, size_t i, const char *prefix)
+{
+    struct src_stage *st = &l->srcs[i];
+    struct cost_prices *p = &st->src.prices;
+    char path[CONFIG_PATH_MAX];
+
+    if (!st->line[FID_PRICES])
+        return;
+    static const struct {
+        enum fid fid;
+        const char *key;
+        enum cost_class c;
+    } required[] = { { FID_PRICE_INPUT, "input", COST_INPUT },
+                     { FID_PRICE_OUTPUT, "output", COST_OUTPUT } };
+    for (size_t k = 0; k < 2; k++) {
+        if (st->line[required[k].fid])
+            continue;
+        snprintf(path, sizeof(path), "%s.prices.%s", prefix, required[k].key);
+        fail_at(l, st->line[FID_PRICES], path,
+                "is required with prices: (per million tokens; write 0 for a class that is "
+                "free)");
+        return;
+    }
+    if (!st->line[FID_PRICE_CACHED])
+        p->per_mtok[COST_CACHED] = p->per_mtok[COST_INPUT];
+    if (!st->line[FID_PRICE_CACHE_WRITE])
+        p->per_mtok[COST_CACHE_WRITE] = p->per_mtok[COST_INPUT];
+    if (!st->line[FID_PRICE_REASONING])
+        p->per_mtok[COST_REASONING] = p->per_mtok[COST_OUTPUT];
+    p->set = true;
+}
+
 /* The rules of one source; each failure is reported, and the rules that
  * need a value that is missing or was rejected are skipped. */
 static void validate_source(struct loader *l, size_t i)
@@ -2547,6 +2728,21 @@ static void validate_source(struct loader *l, size_t i)
     }
     validate_dialect(l, i, prefix);
     validate_route(l, i, prefix);
+    validate_prices(l, i, prefix);
+    if (!line[FID_CACHED_INPUT])
+        s->limits.cached_input_counts = s->kind != DIALECT_ANTHROPIC;
+    if ((line[FID_ITPM] || line[FID_OTPM]) && l->cfg->backend != BACKEND_MEMORY) {
+        snprintf(path, sizeof(path), "%s.limits.%s", prefix, line[FID_ITPM] ? "itpm" : "otpm");
+        fail_at(l, line[FID_ITPM] ? line[FID_ITPM] : line[FID_OTPM], path,
+                "is kept by the memory backend only (not yet across a fleet); use tpm");
+    }
+    if (budget_is_set(&s->budget) && !line_is_bad(line[FID_BUDGET])) {
+        snprintf(path, sizeof(path), "%s.budget", prefix);
+        if (!s->prices.set && !line[FID_PRICES])
+            fail_at(l, line[FID_BUDGET], path,
+                    "needs prices: on the source (a budget cannot be charged by an "
+                    "unpriced source)");
+    }
 }
 
 /* Checks a key just read (env or file), after trailing whitespace was
@@ -2977,6 +3173,39 @@ static int app_resolve_per_cap(struct loader *l, size_t i)
 /* Names present and unique; a uid or gid in one app only. Linear in the
  * number of ids per pair of apps: the table is small (one entry per
  * application of the host). */
+/* An app's budget may be charged by every source of every capability it
+ * may use: each must be priced, and none may be a passthrough (its usage
+ * is never read). */
+static void check_app_budget(struct loader *l, size_t i)
+{
+    struct app_stage *a = &l->apps[i];
+    char path[64];
+
+    if (!budget_is_set(&a->app.budget) || line_is_bad(a->line[FID_BUDGET]))
+        return;
+    snprintf(path, sizeof(path), "apps[%zu].budget", i);
+    for (size_t j = 0; j < l->n_srcs; j++) {
+        const struct config_source *s = &l->srcs[j].src;
+        size_t ci = s->capability_index;
+        if (l->srcs[j].bad || ci >= l->n_caps || (a->app.capabilities && !a->app.capabilities[ci]))
+            continue;
+        if (l->caps[ci].cap.raw) {
+            fail_at(l, a->line[FID_BUDGET], path,
+                    "the app may use capability %s, a passthrough whose usage is never read: "
+                    "list the capabilities it may use",
+                    l->caps[ci].cap.name);
+            return;
+        }
+        if (!s->prices.set && !l->srcs[j].line[FID_PRICES]) {
+            fail_at(l, a->line[FID_BUDGET], path,
+                    "source %s, which the app may use, has no prices: a budget cannot be "
+                    "charged by an unpriced source",
+                    s->name);
+            return;
+        }
+    }
+}
+
 static int validate_apps(struct loader *l)
 {
     bool have_default = false;
@@ -3025,6 +3254,7 @@ static int validate_apps(struct loader *l)
         check_ids_unique(l, i, true);
         if (a->caps && app_resolve_caps(l, i) < 0)
             return fail_nomem(l);
+        check_app_budget(l, i);
         if (a->per_cap && app_resolve_per_cap(l, i) < 0)
             return fail_nomem(l);
     }
@@ -3464,6 +3694,7 @@ void config_free(struct config *cfg)
     }
     free(cfg->redis_url_env);
     free(cfg->redis_prefix);
+    free(cfg->currency);
     for (size_t i = 0; i < cfg->n_redis_sentinels; i++)
         free(cfg->redis_sentinels[i]);
     free(cfg->redis_sentinels);
@@ -3488,6 +3719,9 @@ void config_free(struct config *cfg)
     free(cfg->socket_path);
     free(cfg->http_socket);
     free(cfg->http_listen);
+    free(cfg->tracing.endpoint);
+    free(cfg->tracing.parent);
+    free(cfg->tracing.service_name);
     for (size_t i = 0; i < cfg->n_http_allowed_origins; i++)
         free(cfg->http_allowed_origins[i]);
     free(cfg->http_allowed_origins);

@@ -38,6 +38,8 @@
 #include <stdint.h>
 
 #include "codec/dialect.h"
+#include "budget.h"
+#include "cost.h"
 #include "log.h"
 
 #define CONFIG_NAME_MAX 64 /* names: [A-Za-z0-9_.-]{1,63} */
@@ -92,6 +94,12 @@ struct config_breaker {
 struct config_limits {
     uint64_t rpm, tpm, daily_tokens; /* 0 = unlimited */
     double window_s;                 /* rpm/tpm window; default 60 */
+    /* Sources only (docs/CONFIG.md §7): input and output tokens per
+     * window, 0 = unlimited; whether prompt tokens read from the provider's
+     * cache count against itpm (default: not for kind anthropic, as it
+     * documents; yes otherwise). */
+    uint64_t itpm, otpm;
+    bool cached_input_counts;
 };
 
 /* Prompt-cache affinity of a capability (docs/CONFIG.md §6): the key whose calls
@@ -119,6 +127,9 @@ struct config_capability {
     bool raw;
     unsigned methods;      /* CONFIG_METHOD_* bits it is served with; default POST */
     size_t max_body_bytes; /* raw: the request body's bound (default 25 MiB) */
+    /* The output a call that names no max_tokens is assumed to produce,
+     * for the worst case a budget reserves (docs/CONFIG.md §12a); 4096 */
+    uint32_t budget_output_tokens;
     struct config_cache cache;
 };
 
@@ -171,6 +182,10 @@ struct config_source {
     struct config_breaker breaker;
     struct config_limits limits;
     uint32_t pacer_min_interval_ms;
+    struct cost_prices prices;   /* per million tokens of each class (docs/CONFIG.md
+                                  * §7d); !set: unpriced, its calls have no cost */
+    struct budget_limits budget; /* in currency (docs/CONFIG.md §12a); none set: no budget;
+                                  * set: the source is priced */
     struct config_policy policy; /* copy of capabilities[capability_index].policy
                                   * (never set per source); kept for readers
                                   * that have only the source at hand */
@@ -237,6 +252,8 @@ struct config_app {
                                   * default (resolved at load): an equal share,
                                   * tasks.max_tasks / n_apps, at least 1 */
     struct config_limits limits; /* its own rpm/tpm/daily_tokens on top of the sources' */
+    struct budget_limits budget; /* in currency (docs/CONFIG.md §12a); set: every source
+                                  * it may use is priced */
     bool *capabilities;          /* owned, n_capabilities flags, or NULL = every capability */
     char *token;                 /* owned secret or NULL: an HTTP client over TCP sending
                                   * `Authorization: Bearer <token>` is this app; read from
@@ -259,6 +276,22 @@ struct config_app {
 /* The app every caller no entry claims is. Always present in cfg->apps
  * (implicitly, with the defaults, when the file does not list it). */
 #define CONFIG_DEFAULT_APP "default"
+
+/* tracing: OpenTelemetry spans exported over OTLP/HTTP. */
+struct config_tracing {
+    bool enabled;             /* default false */
+    char *endpoint;           /* owned; the traces URL (…/v1/traces), NULL: from the
+                                  * environment, else http://localhost:4318/v1/traces */
+    double sampler_ratio;     /* 0 .. 1; < 0: not given (environment, else 1) */
+    char *parent;             /* owned: "child" (default) or "link"; NULL: not given */
+    char *service_name;       /* owned; NULL: OTEL_SERVICE_NAME, else "polygw" */
+    uint32_t max_queue_spans; /* ended spans held for export; default 2048 */
+    uint32_t max_batch_spans; /* spans per export request; default 512 */
+    double export_interval_s; /* a batch leaves at least this often; default 5 */
+    double timeout_s;         /* export_timeout_s: one export request; 0: not given
+                               * (OTEL_EXPORTER_OTLP_TIMEOUT, else 10) */
+    uint32_t max_retries;     /* of one batch (429, 5xx, no answer); default 3 */
+};
 
 struct config {
     char *path; /* owned copy of the file name, for messages */
@@ -304,6 +337,8 @@ struct config {
     double shutdown_grace_s;              /* default 10 */
     bool access_log;                      /* one info line per finished call; default true */
     enum upstream_client upstream_client; /* default auto */
+    char *currency;                       /* owned; the label of every price and cost,
+                                           * [A-Za-z0-9_]{1,16}, default "USD" */
 
     /* tasks: */
     double
@@ -338,6 +373,10 @@ struct config {
                                 * rediss:// decides and backend.tls configures it) */
     char *redis_tls_ca_file, *redis_tls_cert_file, *redis_tls_key_file; /* owned or NULL */
     char *redis_tls_server_name; /* owned or NULL: the name to verify */
+
+    /* tracing: (docs/OPERATIONS.md, Tracing); the environment's
+     * OTEL_* variables fill what it leaves unset (sidecar/trace/trace.h). */
+    struct config_tracing tracing;
 
     struct config_policy defaults;
 

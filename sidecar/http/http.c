@@ -339,6 +339,10 @@ static void hc_head(struct http_conn *c, int status, const char *ctype, long lon
             out_str(c, "\r\nX-Polygw-Stalled-S: 0.000\r\n");
         else
             out_printf(c, "\r\nX-Polygw-Stalled-S: %.3f\r\n", ci->stalled_s);
+        /* Known for a plain answer from a priced source; a stream's head
+         * goes out before its usage. */
+        if (cost_is_known(ci->cost))
+            out_printf(c, "X-Polygw-Cost: %.9g\r\n", ci->cost);
         if (ci->cache) {
             out_str(c, "X-Polygw-Cache: ");
             out_str(c, ci->cache);
@@ -433,6 +437,8 @@ static int status_of(enum pgw_code code, int upstream_status)
         return 409;
     case PGW_STREAM_INTERRUPTED:
         return 502;
+    case PGW_BUDGET_EXHAUSTED:
+        return 429; /* as a provider's exhausted quota */
     default:
         return 500;
     }
@@ -458,6 +464,8 @@ static const char *type_of(int status)
         return "timeout_error";
     case 409:
         return "conflict_error";
+    case 429:
+        return "insufficient_quota";
     case 503:
         return "service_unavailable_error";
     case 504:
@@ -507,7 +515,11 @@ static void hc_err_make(struct http_conn *c, int status, const struct reply_erro
     size_t n =
         (size_t)snprintf(e->extra, sizeof(e->extra), "x-should-retry: %s\r\nX-Polygw-Code: %s\r\n",
                          retry ? "true" : "false", pgw_code_name(code));
-    if (code_is_retry_later(code)) {
+    if (code == PGW_BUDGET_EXHAUSTED && re->retry_after_s >= 0) {
+        /* A window's reset; a total or task budget gives none. */
+        n += (size_t)snprintf(e->extra + n, sizeof(e->extra) - n, "Retry-After: %.0f\r\n",
+                              ceil(re->retry_after_s));
+    } else if (code_is_retry_later(code)) {
         double retry_after = re->retry_after_s;
         n += (size_t)snprintf(e->extra + n, sizeof(e->extra) - n, "Retry-After: %.0f\r\n",
                               retry_after > 1 ? ceil(retry_after) : 1);
@@ -1161,7 +1173,8 @@ static int body_member(void *ud, const char *key, const struct jscan_value *v)
         f->seen_stream = true;
         f->stream = v->type == JSCAN_TRUE;
     } else if ((strcmp(key, "max_completion_tokens") == 0 ||
-                (strcmp(key, "max_tokens") == 0 && !f->completion_tokens)) &&
+                ((strcmp(key, "max_tokens") == 0 || strcmp(key, "max_output_tokens") == 0) &&
+                 !f->completion_tokens)) &&
                jscan_number(v, &d) && d >= 0 && d < 1e15 && d == floor(d)) {
         f->max_tokens = (uint64_t)d;
         f->completion_tokens |= key[4] == 'c';
@@ -1535,6 +1548,10 @@ static void hc_call_headers(struct http_conn *c, struct call_req *rq, char *scop
     }
     if (c->req.present[HRQ_TASK])
         r.task_id = c->req.val[HRQ_TASK];
+    if (c->req.present[HRQ_TRACEPARENT])
+        r.traceparent = c->req.val[HRQ_TRACEPARENT];
+    if (c->req.present[HRQ_TRACESTATE])
+        r.tracestate = c->req.val[HRQ_TRACESTATE];
     if (c->req.present[HRQ_CACHE_CONTROL])
         cache_parse_mode(c->req.val[HRQ_CACHE_CONTROL], &r.cache, &r.cache_max_age,
                          &r.cache_max_age_s);
@@ -1628,12 +1645,13 @@ typedef void task_method_fn(struct reply_outlet *o, const struct task_req *r);
 
 /* The body's members each task endpoint takes (the task_id is the
  * path's), as the msgpack-RPC method's named parameters. */
-enum { TB_NODE, TB_TIMEOUT, TB_REASON, TB_OK, TB_N };
+enum { TB_NODE, TB_TIMEOUT, TB_REASON, TB_OK, TB_BUDGET, TB_N };
 static const struct rpc_param task_body_params[TB_N] = {
     [TB_NODE] = { "node", RPC_T_STR | RPC_T_NIL, false },
     [TB_TIMEOUT] = { "timeout_s", RPC_T_NUMBER | RPC_T_NIL, false },
     [TB_REASON] = { "reason", RPC_T_STR | RPC_T_NIL, false },
     [TB_OK] = { "ok", RPC_T_BOOL, false },
+    [TB_BUDGET] = { "budget", RPC_T_NUMBER | RPC_T_NIL, false },
 };
 
 static const struct {
@@ -1643,7 +1661,7 @@ static const struct {
     unsigned requires; /* of which required */
 } task_routes[] = {
     { NULL, tasks_get, 0, 0 },
-    { "start", tasks_start, 0, 0 },
+    { "start", tasks_start, 1 << TB_BUDGET, 0 },
     { "stop", tasks_stop, 1 << TB_REASON, 0 },
     { "guard", tasks_guard, 0, 0 },
     { "node_begin", tasks_node_begin, 1 << TB_NODE | 1 << TB_TIMEOUT, 1 << TB_NODE },
@@ -1891,6 +1909,21 @@ static bool task_body_parse(struct http_conn *c, const struct task_target *t, st
         free(s);
     }
     r->ok = b.seen[TB_OK] && b.v[TB_OK].type == JSCAN_TRUE;
+    /* A start's budget: the body's `budget`, else X-Polygw-Budget. */
+    bool has_budget = b.seen[TB_BUDGET], budget_ok = true;
+    if (has_budget) {
+        budget_ok = jscan_number(&b.v[TB_BUDGET], &r->budget);
+    } else if ((task_routes[t->ri].takes & 1u << TB_BUDGET) && c->req.present[HRQ_BUDGET]) {
+        char *end;
+        has_budget = true;
+        r->budget = strtod(c->req.val[HRQ_BUDGET], &end);
+        budget_ok = end != c->req.val[HRQ_BUDGET] && !*end;
+    }
+    if (has_budget && (!budget_ok || !(r->budget > 0) || !isfinite(r->budget))) {
+        hc_error(c, 400, PGW_BAD_REQUEST, "%s: expected a positive amount of the currency",
+                 b.seen[TB_BUDGET] ? "parameter 'budget'" : "X-Polygw-Budget");
+        return false;
+    }
     return true;
 }
 

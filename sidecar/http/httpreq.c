@@ -27,12 +27,21 @@ static const struct {
     const char *name;
     size_t len;
 } hdrs[HRQ_COUNT] = {
-    HDR("content-type"),   HDR("expect"),
-    HDR("x-polygw-task"),  HDR("x-polygw-deadline"),
-    HDR("x-polygw-scope"), HDR("x-polygw-sdk-retry"),
-    HDR("x-polygw-app"),   HDR("authorization"),
-    HDR("host"),           HDR("origin"),
-    HDR("sec-fetch-site"), HDR("sec-fetch-mode"),
+    HDR("content-type"),
+    HDR("expect"),
+    HDR("x-polygw-task"),
+    HDR("x-polygw-deadline"),
+    HDR("x-polygw-scope"),
+    HDR("x-polygw-sdk-retry"),
+    HDR("x-polygw-app"),
+    HDR("authorization"),
+    HDR("host"),
+    HDR("origin"),
+    HDR("sec-fetch-site"),
+    HDR("sec-fetch-mode"),
+    HDR("x-polygw-budget"),
+    HDR("traceparent"),
+    HDR("tracestate"),
     HDR("cache-control"),
 };
 
@@ -224,7 +233,7 @@ static int on_headers_complete(http_parser *p)
 
     for (int i = HRQ_COUNT - 1; i >= 0; i--) {
         r->val[i][r->val_len[i]] = '\0';
-        if (r->val_over[i] && i != HRQ_AUTH)
+        if (r->val_over[i] && i != HRQ_AUTH && i != HRQ_TRACESTATE)
             r->over = (enum httpreq_hdr)i;
     }
     r->auth_over = r->val_over[HRQ_AUTH];

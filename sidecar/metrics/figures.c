@@ -7,8 +7,10 @@
 #include <stddef.h>
 
 #include "core/server.h"
+#include "backend/backend.h"
 #include "task.h"
 #include "upstream/upstream.h"
+#include "trace/trace.h"
 
 #define SRV(obj)  ((const struct server *)(obj))
 #define AT(field) offsetof(struct server, field)
@@ -214,6 +216,62 @@ static const struct figure http[] = {
     { .key = "bad_requests", .off = HT(bad_requests) },
 };
 
+#define TR(field) offsetof(struct trace_stats, field)
+
+/* The tracer's, when tracing is on (trace/trace.h). */
+static const struct figure tracing[] = {
+    { .key = "spans_started",
+      .metric = "polygw_trace_spans_started_total",
+      .type = "counter",
+      .help = "Sampled spans begun (a call's and each of its attempts').",
+      .off = TR(spans_started) },
+    { .key = "spans_exported",
+      .metric = "polygw_trace_spans_exported_total",
+      .type = "counter",
+      .help = "Spans the OTLP receiver accepted.",
+      .off = TR(spans_exported) },
+    { .key = "dropped_queue",
+      .metric = "polygw_trace_spans_dropped_total",
+      .type = "counter",
+      .help = "Spans dropped: ended into a full export queue (queue_full), or in a batch the "
+              "receiver never took after the retries or refused (export_failed).",
+      .label = "reason",
+      .label_value = "queue_full",
+      .off = TR(dropped_queue) },
+    { .key = "dropped_export",
+      .metric = "polygw_trace_spans_dropped_total",
+      .label = "reason",
+      .label_value = "export_failed",
+      .off = TR(dropped_export) },
+    { .key = "exports_ok",
+      .metric = "polygw_trace_exports_total",
+      .type = "counter",
+      .help = "Export requests by result (a retry of the same batch counts again).",
+      .label = "result",
+      .label_value = "ok",
+      .off = TR(exports_ok) },
+    { .key = "exports_failed",
+      .metric = "polygw_trace_exports_total",
+      .label = "result",
+      .label_value = "failed",
+      .off = TR(exports_failed) },
+    { .key = "export_retries",
+      .metric = "polygw_trace_export_retries_total",
+      .type = "counter",
+      .help = "Batches sent again after a 429, 502, 503, 504 or no answer.",
+      .off = TR(export_retries) },
+    { .key = "queued",
+      .metric = "polygw_trace_spans_queued",
+      .type = "gauge",
+      .help = "Ended spans waiting for export (at most tracing.max_queue_spans).",
+      .off = TR(queued) },
+    { .key = "unsampled",
+      .metric = "polygw_trace_unsampled_total",
+      .type = "counter",
+      .help = "Calls the sampler left out (no spans recorded).",
+      .off = TR(unsampled) },
+};
+
 #define SECTION(name) static const struct fig_table name##_table = FIG_TABLE(name)
 SECTION(connections);
 SECTION(requests);
@@ -222,6 +280,19 @@ SECTION(io);
 SECTION(upstream);
 SECTION(reload);
 SECTION(http);
+SECTION(tracing);
+
+static const void *trace_stats(const void *obj, size_t row)
+{
+    (void)row;
+    return tracer_stats(SRV(obj)->tracer);
+}
+
+static bool has_tracing(const void *obj, size_t row)
+{
+    (void)row;
+    return tracer_is_enabled(SRV(obj)->tracer);
+}
 
 static const void *upstream_stats(const void *obj, size_t row)
 {
@@ -241,7 +312,71 @@ static bool has_http(const void *obj, size_t row)
     return SRV(obj)->http_stats != NULL;
 }
 
+static struct fig_val currency(const void *obj, size_t row)
+{
+    (void)row;
+    return (struct fig_val){ .s = SRV(obj)->cfg->currency };
+}
+
+/* A cost sum, nil while nothing priced was counted (never 0 for unknown). */
+static struct fig_val cost_val(double c, uint64_t priced)
+{
+    return priced ? (struct fig_val){ .d = c } : (struct fig_val){ .nil = true };
+}
+
+/* A budget in `stats` (docs/CONFIG.md §12a): per window it limits,
+ * {limit, spent, reserved, left, resets_in_s} (no reset for the total). */
+static void write_budget(struct writer *w, struct budget *b)
+{
+    double now = ev_time();
+    uint32_t n = 0;
+
+    for (int i = 0; i < BUDGET_WINDOWS; i++)
+        n += b->p.limit[i] > 0;
+    writer_map(w, n);
+    for (int i = 0; i < BUDGET_WINDOWS; i++) {
+        double resets;
+        if (!(b->p.limit[i] > 0))
+            continue;
+        double left = budget_left(b, (enum budget_window)i, now, &resets);
+        writer_str(w, budget_window_name((enum budget_window)i));
+        writer_map(w, resets >= 0 ? 5 : 4);
+        writer_kv_double(w, "limit", b->p.limit[i]);
+        writer_kv_double(w, "spent", b->spent[i]);
+        writer_kv_double(w, "reserved", b->reserved);
+        writer_kv_double(w, "left", left);
+        if (resets >= 0)
+            writer_kv_double(w, "resets_in_s", resets);
+    }
+}
+
+static struct budget *budget_of(const void *obj, bool of_app, size_t row)
+{
+    return backend_budget(SRV(obj)->backend, of_app, row);
+}
+
+static bool app_has_budget(const void *obj, size_t row)
+{
+    return budget_of(obj, true, row) != NULL;
+}
+
+static void write_app_budget(struct writer *w, const void *obj, size_t row)
+{
+    write_budget(w, budget_of(obj, true, row));
+}
+
+static bool src_has_budget(const void *obj, size_t row)
+{
+    return budget_of(obj, false, row) != NULL;
+}
+
+static void write_src_budget(struct writer *w, const void *obj, size_t row)
+{
+    write_budget(w, budget_of(obj, false, row));
+}
+
 static const struct figure server[] = {
+    { .key = "currency", .kind = FIG_STR, .get = currency },
     { .key = "connections", .kind = FIG_MAP, .sub = &connections_table },
     { .key = "requests", .kind = FIG_MAP, .sub = &requests_table },
     { .key = "rejected", .kind = FIG_MAP, .sub = &rejected_table },
@@ -253,6 +388,11 @@ static const struct figure server[] = {
       .sub = &http_table,
       .sub_obj = http_stats,
       .shown = has_http },
+    { .key = "tracing",
+      .kind = FIG_MAP,
+      .sub = &tracing_table,
+      .sub_obj = trace_stats,
+      .shown = has_tracing },
 };
 
 const struct fig_table figs_server = FIG_TABLE(server);
@@ -365,6 +505,11 @@ SRC_U64(src_tokens, tokens_used)
 #define BUCKET_LEVEL    "polygw_source_bucket_level"
 #define BUCKET_CAPACITY "polygw_source_bucket_capacity"
 
+static struct fig_val src_cost(const void *obj, size_t row)
+{
+    return cost_val(source(obj, row)->cost, source(obj, row)->priced);
+}
+
 static const struct figure sources[] = {
     { .key = "name", .kind = FIG_STR, .get = src_name },
     { .key = "retired", .kind = FIG_BOOL, .get = yes, .shown = src_retired },
@@ -440,6 +585,8 @@ static const struct figure sources[] = {
       .type = "counter",
       .help = "Tokens the upstream reported (its real usage) for successful calls of the source.",
       .get = src_tokens },
+    { .key = "cost", .kind = FIG_DOUBLE, .get = src_cost },
+    { .key = "budget", .kind = FIG_CUSTOM, .write = write_src_budget, .shown = src_has_budget },
 };
 
 const struct fig_table figs_source = { sources, sizeof(sources) / sizeof(sources[0]),
@@ -461,6 +608,11 @@ static size_t app_labels(const void *obj, size_t row, struct prom_label *l)
 static struct fig_val app_name(const void *obj, size_t row)
 {
     return (struct fig_val){ .s = SRV(obj)->cfg->apps[row].name };
+}
+
+static struct fig_val app_cost(const void *obj, size_t row)
+{
+    return cost_val(app(obj, row)->cost, app(obj, row)->priced);
 }
 
 static struct fig_val app_weight(const void *obj, size_t row)
@@ -587,6 +739,8 @@ static const struct figure apps[] = {
     { .key = "tpm_level", .kind = FIG_DOUBLE, .get = app_tpm },
     { .key = "daily_tokens_level", .kind = FIG_DOUBLE, .get = app_daily },
     { .key = "per_capability", .kind = FIG_CUSTOM, .write = write_app_caps, .shown = app_has_caps },
+    { .key = "cost", .kind = FIG_DOUBLE, .get = app_cost },
+    { .key = "budget", .kind = FIG_CUSTOM, .write = write_app_budget, .shown = app_has_budget },
 };
 
 const struct fig_table figs_app = { apps, sizeof(apps) / sizeof(apps[0]), app_labels };

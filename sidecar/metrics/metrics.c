@@ -1,6 +1,7 @@
 /* metrics.c — see metrics.h; the families are documented in docs/METRICS.md. */
 #include "metrics.h"
 
+#include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,12 +39,25 @@ struct metrics_model {
     uint64_t calls[PGW_CODE_COUNT];
 };
 
+/* Usage of one (source, app, model label): keyed by names, so a reload
+ * that reorders sources keeps every series; bounded like the model names
+ * (configured names only). A series whose source was never priced has no
+ * cost sample (an unpriced call costs nothing known, never 0). */
+#define METRICS_USAGE_MAX 4096
+struct metrics_usage {
+    char *source, *app, *model; /* owned */
+    uint64_t tokens[COST_CLASSES];
+    double cost; /* NAN until a priced call */
+};
+
 struct metrics {
     const struct config *cfg;
     struct metrics_source *src;
     struct metrics_capability *cap;
     struct metrics_model *models; /* owned, n_models of them */
     size_t n_models;
+    struct metrics_usage *usage; /* owned, n_usage of them */
+    size_t n_usage;
     size_t last_len; /* of the last rendering: the next one's first size */
 };
 
@@ -132,6 +146,12 @@ void metrics_free(struct metrics *m)
     for (size_t i = 0; i < m->n_models; i++)
         free(m->models[i].name);
     free(m->models);
+    for (size_t i = 0; i < m->n_usage; i++) {
+        free(m->usage[i].source);
+        free(m->usage[i].app);
+        free(m->usage[i].model);
+    }
+    free(m->usage);
     free(m);
 }
 
@@ -181,6 +201,54 @@ void metrics_on_prompt_tokens(struct metrics *m, size_t source, int64_t prompt, 
     m->src[source].prompt_tokens += (uint64_t)prompt;
     if (cached >= 0)
         m->src[source].cached_tokens += (uint64_t)cached;
+}
+
+/* The series of (source, app, model), made at its first use; NULL when
+ * the table is full or out of memory (the usage is then not counted by
+ * series, only by source). */
+static struct metrics_usage *usage_series(struct metrics *m, const char *source, const char *app,
+                                          const char *model)
+{
+    for (size_t i = 0; i < m->n_usage; i++) {
+        struct metrics_usage *u = &m->usage[i];
+        if (strcmp(u->source, source) == 0 && strcmp(u->app, app) == 0 &&
+            strcmp(u->model, model) == 0)
+            return u;
+    }
+    if (m->n_usage >= METRICS_USAGE_MAX)
+        return NULL;
+    struct metrics_usage *grown = realloc(m->usage, (m->n_usage + 1) * sizeof(*grown));
+    if (!grown)
+        return NULL;
+    m->usage = grown;
+    struct metrics_usage *u = &m->usage[m->n_usage];
+    memset(u, 0, sizeof(*u));
+    u->source = strdup(source);
+    u->app = strdup(app);
+    u->model = strdup(model);
+    if (!u->source || !u->app || !u->model) {
+        free(u->source);
+        free(u->app);
+        free(u->model);
+        return NULL;
+    }
+    u->cost = NAN;
+    m->n_usage++;
+    return u;
+}
+
+void metrics_on_usage(struct metrics *m, size_t source, const char *app, const char *model,
+                      const struct cost_tokens *t, double cost)
+{
+    if (source >= m->cfg->n_sources)
+        return;
+    struct metrics_usage *u = usage_series(m, m->cfg->sources[source].name, app, model);
+    if (!u)
+        return;
+    for (int c = 0; c < COST_CLASSES; c++)
+        u->tokens[c] += (uint64_t)t->n[c];
+    if (cost_is_known(cost))
+        u->cost = isnan(u->cost) ? cost : u->cost + cost;
 }
 
 void metrics_on_attempt_cancelled(struct metrics *m, size_t source)
@@ -488,6 +556,82 @@ static void render_capabilities(struct prom_text *t, struct server *srv)
                     offsetof(struct metrics_capability, stalled));
 }
 
+/* Tokens by class and cost, by (source, app, model); the currency is a
+ * label of the cost family, the deployment's one (server.currency). */
+static void usage_labels(const struct metrics_usage *u, struct prom_label *l)
+{
+    l[0] = L("source", u->source);
+    l[1] = L("app", u->app);
+    l[2] = L("model", u->model);
+}
+
+static void render_usage(struct prom_text *t, struct server *srv)
+{
+    const struct metrics *m = srv->metrics;
+    struct prom_label l[4];
+
+    prom_text_family(t, "polygw_tokens_total", "counter",
+                     "Tokens the upstream reported for successful attempts, by source, app, "
+                     "model and class (input, cached_input, cache_write, output, reasoning; "
+                     "disjoint: their sum is the total).");
+    for (size_t i = 0; i < m->n_usage; i++) {
+        const struct metrics_usage *u = &m->usage[i];
+        usage_labels(u, l);
+        for (int c = 0; c < COST_CLASSES; c++) {
+            l[3] = L("class", cost_class_name((enum cost_class)c));
+            prom_text_sample_u64(t, "polygw_tokens_total", l, 4, u->tokens[c]);
+        }
+    }
+    prom_text_family(t, "polygw_cost_total", "counter",
+                     "What successful attempts cost at the source's prices (docs/CONFIG.md), in "
+                     "the deployment's currency, by source, app and model; no series for "
+                     "unpriced sources.");
+    for (size_t i = 0; i < m->n_usage; i++) {
+        const struct metrics_usage *u = &m->usage[i];
+        if (isnan(u->cost))
+            continue;
+        usage_labels(u, l);
+        l[3] = L("currency", srv->cfg->currency);
+        prom_text_sample(t, "polygw_cost_total", l, 4, u->cost);
+    }
+}
+
+/* The budgets in currency (docs/CONFIG.md §12a) of the apps and sources
+ * that have one, per window: what it has left now, and its limit. */
+static void render_budgets(struct prom_text *t, struct server *srv)
+{
+    static const char *const names[2] = { "polygw_budget_left", "polygw_budget_limit" };
+    static const char *const help[2] = {
+        "What a budget has left now (limit - spent - reserved by calls in flight), in the "
+        "deployment's currency, by app or source, and window.",
+        "A budget's limit, by app or source, and window.",
+    };
+    const struct config *cfg = srv->cfg;
+    double now = ev_time();
+    struct prom_label l[2];
+
+    for (int f = 0; f < 2; f++) {
+        prom_text_family(t, names[f], "gauge", help[f]);
+        for (int of_app = 1; of_app >= 0; of_app--) {
+            size_t n = of_app ? cfg->n_apps : cfg->n_sources;
+            for (size_t i = 0; i < n; i++) {
+                struct budget *b = backend_budget(srv->backend, of_app, i);
+                if (!b)
+                    continue;
+                l[0] = of_app ? L("app", cfg->apps[i].name) : L("source", cfg->sources[i].name);
+                for (int w = 0; w < BUDGET_WINDOWS; w++) {
+                    if (!(b->p.limit[w] > 0))
+                        continue;
+                    l[1] = L("window", budget_window_name((enum budget_window)w));
+                    prom_text_sample(t, names[f], l, 2,
+                                     f == 0 ? budget_left(b, (enum budget_window)w, now, NULL)
+                                            : b->p.limit[w]);
+                }
+            }
+        }
+    }
+}
+
 /* The backend's kind and whether it can answer, then its own figures. */
 static void render_backend(struct prom_text *t, struct server *srv)
 {
@@ -522,6 +666,8 @@ char *metrics_render(struct server *srv, size_t *len)
     render_capabilities(&t, srv);
     figs_render(&t, &figs_tasks, srv, 1, 0);
     render_apps(&t, srv);
+    render_usage(&t, srv);
+    render_budgets(&t, srv);
     render_backend(&t, srv);
     srv->metrics->last_len = t.len;
     return prom_text_take(&t, len);

@@ -23,6 +23,7 @@
 
 #include "codes.h"
 #include "core/config.h"
+#include "cost.h"
 #include "prom.h"
 
 struct server;
@@ -58,6 +59,13 @@ void metrics_on_attempt(struct metrics *m, size_t source, const struct attempt_r
  * which `cached` were read from the provider's prompt cache; -1: not
  * reported (nothing is counted; a cached count only with its prompt). */
 void metrics_on_prompt_tokens(struct metrics *m, size_t source, int64_t prompt, int64_t cached);
+/* A successful attempt on `source` for app `app` and model label `model`
+ * (both borrowed: configured names, or "other", so the series stay
+ * bounded) used `t` (its tokens by class, cost.h) and cost `cost` (NAN:
+ * the source is unpriced; its tokens are still counted). */
+void metrics_on_usage(struct metrics *m, size_t source, const char *app, const char *model,
+                      const struct cost_tokens *t, double cost);
+
 /* An attempt on `source` was torn down before it ended (cancel, task stop,
  * client gone, shutdown). */
 void metrics_on_attempt_cancelled(struct metrics *m, size_t source);

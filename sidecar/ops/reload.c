@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "metrics/metrics.h"
 #include "call/redact.h"
+#include "trace/trace.h"
 
 /* Keys of earlier configurations kept in the redactor: an attempt started
  * before a key rotation may still be running, and its upstream may echo
@@ -483,6 +484,9 @@ static int reload_apply(struct reload_ctx *x, struct reload_summary *sum, char *
     redact_free(srv->redact);
     srv->redact = red;
     srv->cfg = n;
+    char terr[160];
+    if (srv->tracer && tracer_reconf(srv->tracer, &n->tracing, terr, sizeof(terr)) < 0)
+        log_at(LOG_WARN, "tracing keeps its settings", "error", LOG_S, terr, NULL);
     cache_set_max_bytes(srv->cache, n->cache_max_bytes);
     if (!srv->log_level_override)
         log_threshold = n->log_level;

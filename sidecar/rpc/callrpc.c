@@ -55,8 +55,11 @@ static void rpc_on_result(struct call_sink *s, uint32_t id, const struct call_in
     msgpack_packer *pk = &c->pk;
 
     rpc_pack_result_begin(pk, id);
-    msgpack_pack_map(
-        pk, 4 + (b->mp ? 1 : 0) + (b->usage ? 1 : 0) + (b->raw ? 3 : 0) + (ci->cache ? 1 : 0));
+    bool cost = cost_is_known(ci->cost);
+
+    msgpack_pack_map(pk,
+                     4 + (b->mp ? 1 : 0) + (b->usage ? 1 : 0) + (b->raw ? 3 : 0) + (cost ? 1 : 0) +
+                         (ci->cache ? 1 : 0));
     if (b->raw) {
         /* A passthrough's answer: its bytes, type and status (rawcall.h). */
         rpc_pack_str(pk, "body");
@@ -79,6 +82,8 @@ static void rpc_on_result(struct call_sink *s, uint32_t id, const struct call_in
         rpc_pack_str(pk, "usage");
         pack_raw(pk, b->usage, b->usage_len);
     }
+    if (cost)
+        rpc_pack_kv_double(pk, "cost", ci->cost);
     if (ci->cache)
         rpc_pack_kv_str(pk, "cache", ci->cache); /* the response cache's verdict */
     conn_response_done(c, PGW_OK);
@@ -110,12 +115,15 @@ void callrpc_sink_init(struct call_sink *s, struct server *srv, struct upstream_
     s->budget = budget;
 }
 
-/* max_tokens / max_completion_tokens of the body, 0 when absent. */
+/* max_tokens / max_completion_tokens (the Responses API's
+ * max_output_tokens) of the body, 0 when absent. */
 static uint64_t body_max_tokens(const msgpack_object *body)
 {
     const msgpack_object *m = rpc_map_get(body, "max_completion_tokens");
     if (!m)
         m = rpc_map_get(body, "max_tokens");
+    if (!m)
+        m = rpc_map_get(body, "max_output_tokens");
     return m && m->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? m->via.u64 : 0;
 }
 
@@ -176,6 +184,35 @@ static int raw_req_bind(struct raw_req *q, const msgpack_object *body, const msg
     return 0;
 }
 
+/* The `trace` parameter: a W3C carrier map whose `traceparent` and
+ * `tracestate` (strings, both optional) are copied into tp and ts ("" when
+ * absent; a tracestate too long for ts is dropped, as on the HTTP front).
+ * Other keys (baggage) are ignored; a malformed traceparent is too, by the
+ * tracer (a new trace). Returns 0, or -1 with `why`. */
+static int callrpc_trace(const msgpack_object *m, char *tp, char *ts, char *why, size_t whylen)
+{
+    const msgpack_object *v[2] = { rpc_map_get(m, "traceparent"), rpc_map_get(m, "tracestate") };
+    char *out[2] = { tp, ts };
+    size_t cap[2] = { 64, 257 };
+
+    for (int i = 0; i < 2; i++) {
+        out[i][0] = '\0';
+        if (!v[i] || v[i]->type == MSGPACK_OBJECT_NIL)
+            continue;
+        if (v[i]->type != MSGPACK_OBJECT_STR) {
+            snprintf(why, whylen, "parameter 'trace': %s must be a string",
+                     i ? "tracestate" : "traceparent");
+            return -1;
+        }
+        size_t n = v[i]->via.str.size;
+        if (n < cap[i] && !memchr(v[i]->via.str.ptr, '\0', n)) {
+            memcpy(out[i], v[i]->via.str.ptr, n);
+            out[i][n] = '\0';
+        }
+    }
+    return 0;
+}
+
 void callrpc_start(struct conn *c, const struct rpc_msg *m)
 {
     enum {
@@ -190,6 +227,7 @@ void callrpc_start(struct conn *c, const struct rpc_msg *m)
         P_CTYPE,
         P_METHOD,
         P_SUFFIX,
+        P_TRACE,
         P_CACHE,
         P_N
     };
@@ -206,6 +244,8 @@ void callrpc_start(struct conn *c, const struct rpc_msg *m)
         [P_DEADLINE] = { "deadline_s", RPC_T_NUMBER | RPC_T_NIL, false },
         [P_APP] = { "app", RPC_T_STR | RPC_T_NIL, false },
         [P_MODEL] = { "model", RPC_T_STR | RPC_T_NIL, false },
+        /* The W3C trace context carrier {traceparent, tracestate}. */
+        [P_TRACE] = { "trace", RPC_T_MAP | RPC_T_NIL, false },
         [P_CACHE] = { "cache", RPC_T_STR | RPC_T_NIL, false },
     };
     const msgpack_object *p[P_N];
@@ -241,6 +281,11 @@ void callrpc_start(struct conn *c, const struct rpc_msg *m)
         conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
         return;
     }
+    char tp[64], ts[257];
+    if (p[P_TRACE] && callrpc_trace(p[P_TRACE], tp, ts, why, sizeof(why)) < 0) {
+        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
+        return;
+    }
     struct raw_req raw;
     if (raw_req_bind(&raw, p[P_BODY], p[P_CTYPE], p[P_METHOD], p[P_SUFFIX], why, sizeof(why)) < 0) {
         conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
@@ -263,6 +308,8 @@ void callrpc_start(struct conn *c, const struct rpc_msg *m)
         .task_id = p[P_TASK] ? id : NULL,
         .deadline_s = deadline_s,
         .max_tokens = raw.on ? 0 : body_max_tokens(p[P_BODY]),
+        .traceparent = p[P_TRACE] && tp[0] ? tp : NULL,
+        .tracestate = p[P_TRACE] && ts[0] ? ts : NULL,
     };
     /* The model asked for: the parameter, else the body's. */
     const msgpack_object *model = p[P_MODEL] ? p[P_MODEL]

@@ -98,11 +98,21 @@ static const struct rpc_param id_only[] = { { "task_id", RPC_T_STR, true } };
 
 void taskrpc_start(struct conn *c, const struct rpc_msg *m)
 {
-    const msgpack_object *p[1];
+    static const struct rpc_param spec[] = {
+        { "task_id", RPC_T_STR, true },
+        { "budget", RPC_T_NUMBER | RPC_T_NIL, false },
+    };
+    const msgpack_object *p[2];
     struct task_req r;
 
-    if (bind_task(c, m, id_only, 1, p, false, &r) == 0)
-        tasks_start(&c->tasks, &r);
+    if (bind_task(c, m, spec, 2, p, false, &r) < 0)
+        return;
+    if (p[1] && (!rpc_as_double(p[1], &r.budget) || !(r.budget > 0) || !isfinite(r.budget))) {
+        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST,
+                         "parameter 'budget': expected a positive amount of the currency");
+        return;
+    }
+    tasks_start(&c->tasks, &r);
 }
 
 void taskrpc_stop(struct conn *c, const struct rpc_msg *m)

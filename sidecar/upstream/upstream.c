@@ -245,8 +245,9 @@ struct attempt {
     size_t blocked_n;               /* the buffer size it was refused */
     char errbuf[CURL_ERROR_SIZE];
 
-    bool native;      /* carried by the own client (h1), not libcurl */
-    char h1_cl[40];   /* "Content-Length: N" and the head's end */
+    bool native;                                /* carried by the own client (h1), not libcurl */
+    char h1_cl[UPSTREAM_EXTRA_HEADER_MAX + 40]; /* the extra header line,
+                                                 * "Content-Length: N" and the head's end */
     struct h1_req h1; /* last: large, and only the own client's attempts use it */
 };
 
@@ -1605,6 +1606,14 @@ static void upstream_on_prepare(struct ev_loop *loop, ev_prepare *w, int revents
 
 /* --- public ---------------------------------------------------------- */
 
+/* The length of the attempt's extra header line, 0 when none (or too long
+ * to send). */
+static size_t extra_len(const struct attempt_spec *spec)
+{
+    size_t n = spec->extra_header ? strlen(spec->extra_header) : 0;
+    return n <= UPSTREAM_EXTRA_HEADER_MAX ? n : 0;
+}
+
 /* Whether the environment names a proxy, or hosts not to proxy, for
  * libcurl: these are all the variables it reads. It reads them again for
  * every transfer, a scan of the whole environment per name; a running
@@ -1970,9 +1979,13 @@ static int attempt_setup(struct attempt *a, const struct attempt_spec *spec,
         attempt_set_route(a, e, r);
     if (spec->raw)
         a->headers = a->owned_headers = raw_headers_build(spec->headers);
+    else if (extra_len(spec))
+        a->headers = a->owned_headers = headers_build(spec->stream, spec->headers);
     else
         a->headers = upstream_headers(a->up, spec->stream, spec->headers, &a->owned_headers);
     if (!a->headers)
+        return -1;
+    if (extra_len(spec) && !curl_slist_append(a->owned_headers, spec->extra_header))
         return -1;
     /* Both: the parsed URL is what curl uses, the string what it reports
      * (and parses again when there is no parsed one). Always set, so that a
@@ -2025,8 +2038,14 @@ static int attempt_start_own(struct attempt *a, const struct attempt_spec *spec,
         return -1;
     if (u->tls_route)
         tls_route_refresh(u->tls_route, ev_now(a->up->loop));
-    memcpy(a->h1_cl, "Content-Length: ", 16);
-    char *end = put_uint(a->h1_cl + 16, spec->body_len);
+    size_t x = extra_len(spec);
+    if (x) {
+        memcpy(a->h1_cl, spec->extra_header, x);
+        memcpy(a->h1_cl + x, "\r\n", 2);
+        x += 2;
+    }
+    memcpy(a->h1_cl + x, "Content-Length: ", 16);
+    char *end = put_uint(a->h1_cl + x + 16, spec->body_len);
     memcpy(end, "\r\n\r\n", 4);
     size_t k = (size_t)(end + 4 - a->h1_cl);
     struct iovec iov[4] = {

@@ -141,7 +141,13 @@ struct attempt_spec {
      * type. libcurl carries it. */
     bool raw;
     const char *method; /* static: "GET" or "DELETE" (no body sent); NULL = POST */
+    /* One more "Name: value" line for this attempt alone (its traceparent),
+     * copied, at most UPSTREAM_EXTRA_HEADER_MAX bytes (longer: not sent);
+     * NULL = none. Kept out of `headers`, whose lists are cached per set
+     * of lines: a line that differs on every attempt would defeat that. */
+    const char *extra_header;
 };
+#define UPSTREAM_EXTRA_HEADER_MAX 120
 
 struct attempt_result {
     struct outcome outcome;

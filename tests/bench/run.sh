@@ -17,6 +17,7 @@
 #          held in flight, the sidecar's RSS before and during, KiB per call,
 #          and the in-flight count from `polygwctl stats` as proof; then
 #          waiting_cpu.py: the CPU of 1,000 calls waiting for a permit.
+#          tracing_cpu.py: CPU per call with tracing on (ratio 1.0) / off.
 #  redis   a redis-server of its own (free 127.0.0.1 port, no persistence)
 #          and a third sidecar identical to the call one but with
 #          `backend: {kind: redis}`; `call` through the memory sidecar (the
@@ -1084,6 +1085,30 @@ memory_section() {
     MEM_PEAK_KIB=$peak
     MEM_INFLIGHT=${inflight2:-}
     waiting_cpu
+    tracing_cpu
+}
+
+# Tracing's cost: CPU per HTTP call with every call and attempt traced and
+# exported (ratio 1.0) against tracing off, two sidecars in the same run
+# (tests/bench/tracing_cpu.py: its own mock and OTLP sink).
+TRACE_CALLS=4000
+tracing_cpu() {
+    say "tracing: $TRACE_CALLS calls x 3 with tracing off and on ..."
+    {
+        echo "### Tracing overhead (CPU per HTTP call, tracing on at ratio 1.0 / off)"
+        echo
+    } >>"$TMP/mem.md"
+    t_to=
+    [ -z "$TIMEOUT" ] || t_to="timeout --foreground -k 1 300"
+    # shellcheck disable=SC2086
+    if $t_to python3 "$(dirname "$0")/tracing_cpu.py" "$BUILD" "$TRACE_CALLS" 3 \
+        >"$TMP/tracing.out" 2>"$TMP/tracing.err"; then
+        sed 's/^/- /' "$TMP/tracing.out" >>"$TMP/mem.md"
+    else
+        STATUS=1
+        echo "- tracing_cpu.py failed: $(tail -n 2 "$TMP/tracing.err" | tr '\n' ' ')" >>"$TMP/mem.md"
+    fi
+    echo >>"$TMP/mem.md"
 }
 
 # The other half of the memory target: calls waiting for a permit cost

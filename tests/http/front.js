@@ -22,7 +22,7 @@ export function configHead(port) {
   ];
 }
 
-async function canConnect(port) {
+export async function canConnect(port) {
   return new Promise((resolve) => {
     const s = net.createConnection({ host: "127.0.0.1", port });
     s.once("connect", () => { s.destroy(); resolve(true); });

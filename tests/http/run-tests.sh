@@ -3,8 +3,10 @@
 #
 # The HTTP front end driven by the official OpenAI Node SDK (openai.test.js),
 # the official Anthropic TypeScript SDK (anthropic.test.js, anthropic_native.test.js),
-# the official Google Gen AI SDK (gemini.test.js) and passthrough capabilities
-# through the OpenAI SDK (audio.test.js) — or by the
+# the official Google Gen AI SDK (gemini.test.js), passthrough capabilities
+# through the OpenAI SDK (audio.test.js) and traces (tracing*.test.js: an OTLP
+# receiver decoding with OpenTelemetry's own definitions, an app instrumented
+# with the OpenTelemetry Node SDK) — or by the
 # TEST.js files named, e.g. status.test.js (headless Chromium, puppeteer-core)
 # — against the real sidecar and mock upstream in BUILD_DIR (e.g. build/asan):
 # `npm ci` from the committed lockfile (tests/npm-sync.sh: skipped when
@@ -17,11 +19,14 @@ set -u
 POLYGW_BUILD=$(cd "$1" && pwd)
 export POLYGW_BUILD
 shift
-[ $# -gt 0 ] || set -- openai.test.js anthropic.test.js audio.test.js anthropic_native.test.js gemini.test.js
+[ $# -gt 0 ] || set -- openai.test.js anthropic.test.js audio.test.js anthropic_native.test.js gemini.test.js \
+    tracing.test.js tracing_sdk.test.js tracing_export.test.js
 HERE=$(cd "$(dirname "$0")" && pwd)
 
 echo "== tests/http: npm ci"
 sh "$HERE/../npm-sync.sh" "$HERE" || exit 1
+# tracing.test.js calls over msgpack with the Node client (client/node).
+sh "$HERE/../npm-sync.sh" "$HERE/../../client/node" || exit 1
 
 echo "== tests/http: node --test"
 LOG=$(mktemp /tmp/pgw-http-tests.XXXXXX)

@@ -116,3 +116,43 @@ test("status page: breaker trip shows within 2 s, a task with its node, nothing 
       }
     }
   });
+
+test("status page: what each source and app spent, and what their budgets have left",
+  { timeout: 120000 }, async () => {
+    const up = await Mock.start();
+    let sc, browser;
+    try {
+      const port = await freePort();
+      const base = `http://127.0.0.1:${port}`;
+      sc = new Sidecar("");
+      fs.writeFileSync(sc.configPath, frontConfig(sc.dir, port, { sources: [
+        `  - {name: a, capability: chat, base_url: ${JSON.stringify(up.url)}, ${SOURCE_KEYS}, ` +
+          "prices: {input: 0, output: 1000}, budget: {daily: 10}}",
+        `  - {name: free, capability: embedding, base_url: ${JSON.stringify(up.url)}, ${SOURCE_KEYS}}`,
+        "apps:",
+        "  - {name: default, capabilities: [chat], budget: {total: 3}}",
+      ] }));
+      await sc.start();
+      await waitHttp(base);
+      const r = await post(base, "/v1/chat/completions", { model: "m", max_tokens: 1000,
+        messages: [{ role: "user", content: "x" }],
+        mock: { usage: { prompt_tokens: 5, completion_tokens: 250 } } });
+      assert.equal(r.status, 200, JSON.stringify(r.body));
+
+      browser = await launchChromium();
+      const page = await browser.newPage();
+      await page.goto(`${base}/polygw/`, { waitUntil: "load" });
+      await page.waitForSelector('body[data-state="ok"]', { timeout: 5000 });
+      const cell = (row, field) => page.$eval(`${row} td[data-field="${field}"]`, (td) => td.textContent);
+      assert.equal(await cell('tr[data-source="a"]', "cost"), "0.2500 USD");
+      assert.equal(await cell('tr[data-source="a"]', "budget_left"), "9.75 (daily)");
+      assert.equal(await cell('tr[data-source="free"]', "cost"), "–"); // unpriced: no cost, not 0
+      assert.equal(await cell('tr[data-source="free"]', "budget_left"), "–");
+      assert.equal(await cell('tr[data-app="default"]', "cost"), "0.2500 USD");
+      assert.equal(await cell('tr[data-app="default"]', "budget_left"), "2.75 (total)");
+    } finally {
+      if (browser) await browser.close();
+      if (sc) await sc.finish();
+      await up.stop();
+    }
+  });

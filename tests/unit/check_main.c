@@ -43,6 +43,8 @@ int main(void)
         conn_suite,
         writer_suite,
         figures_suite,
+        budget_suite,
+        trace_suite,
         cache_suite,
     };
     SRunner *sr = srunner_create(NULL);

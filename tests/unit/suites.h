@@ -38,6 +38,8 @@ Suite *h1_suite(void);
 Suite *conn_suite(void);
 Suite *writer_suite(void);
 Suite *figures_suite(void);
+Suite *budget_suite(void);
+Suite *trace_suite(void);
 Suite *cache_suite(void);
 
 #endif

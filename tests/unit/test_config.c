@@ -2099,6 +2099,110 @@ START_TEST(test_config__raw_capabilities)
 }
 END_TEST
 
+/* Prices per million tokens of each class: input and output required,
+ * the cache classes default to input, reasoning to output; the currency
+ * is one label for the deployment. */
+START_TEST(test_config__prices_and_currency)
+{
+    struct config *cfg = expect_ok(SRC0 "    prices: {input: 3, output: 15, cached_input: 0.3}\n");
+    const struct cost_prices *p = &cfg->sources[0].prices;
+    ck_assert(p->set);
+    ck_assert_double_eq(p->per_mtok[COST_INPUT], 3);
+    ck_assert_double_eq(p->per_mtok[COST_CACHED], 0.3);
+    ck_assert_double_eq(p->per_mtok[COST_CACHE_WRITE], 3);
+    ck_assert_double_eq(p->per_mtok[COST_OUTPUT], 15);
+    ck_assert_double_eq(p->per_mtok[COST_REASONING], 15);
+    ck_assert_str_eq(cfg->currency, "USD");
+    config_free(cfg);
+
+    cfg = expect_ok("server: {currency: EUR}\n" SRC0);
+    ck_assert(!cfg->sources[0].prices.set);
+    ck_assert_str_eq(cfg->currency, "EUR");
+    config_free(cfg);
+
+    expect_reject(SRC0 "    prices: {input: 3}\n", 5, "sources[0].prices.output", "is required");
+    expect_reject(SRC0 "    prices: {output: 3}\n", 5, "sources[0].prices.input", "is required");
+    expect_reject(SRC0 "    prices: {input: -1, output: 2}\n", 5, "sources[0].prices.input",
+                  "must be");
+    expect_reject(SRC0 "    prices: {input: 1, output: 2, reasoning: \"x\"}\n", 5,
+                  "sources[0].prices.reasoning", "a number");
+    expect_reject(SRC0 "    prices: {input: 1, output: 2, audio: 1}\n", 5,
+                  "sources[0].prices.audio", "unknown key");
+    expect_reject("server: {currency: \"US $\"}\n", 1, "server.currency", "letters, digits");
+    expect_reject("server: {currency: \"\"}\n", 1, "server.currency", "1 to 16");
+}
+END_TEST
+
+/* Budgets: per app and per source, daily/monthly/total in the currency,
+ * midnight in UTC or a fixed offset; a budget that an unpriced source (or
+ * a passthrough) could charge is refused, and so is one with Redis. */
+START_TEST(test_config__budgets)
+{
+    struct config *cfg = expect_ok(SRC0 "    prices: {input: 1, output: 2}\n"
+                                        "    budget: {daily: 5, total: 100, timezone: \"-08:00\"}\n"
+                                        "apps:\n"
+                                        "  - name: web\n"
+                                        "    budget: {monthly: 50}\n");
+    const struct budget_limits *b = &cfg->sources[0].budget;
+    ck_assert_double_eq(b->limit[BUDGET_DAILY], 5);
+    ck_assert_double_eq(b->limit[BUDGET_MONTHLY], 0);
+    ck_assert_double_eq(b->limit[BUDGET_TOTAL], 100);
+    ck_assert_int_eq(b->utc_offset_s, -8 * 3600);
+    ck_assert_double_eq(cfg->apps[0].budget.limit[BUDGET_MONTHLY], 50);
+    ck_assert_int_eq(cfg->apps[0].budget.utc_offset_s, 0);
+    ck_assert_int_eq(cfg->capabilities[0].budget_output_tokens, 4096);
+    config_free(cfg);
+    cfg = expect_ok("capabilities:\n  chat: {budget_output_tokens: 512}\n" SRC0);
+    ck_assert_int_eq(cfg->capabilities[0].budget_output_tokens, 512);
+    config_free(cfg);
+
+    expect_reject(SRC0 "    budget: {total: 1}\n", 5, "sources[0].budget", "needs prices");
+    expect_reject(SRC0 "apps:\n  - name: web\n    budget: {total: 1}\n", 7, "apps[0].budget",
+                  "source a, which the app may use, has no prices");
+    expect_reject(SRC0 "    prices: {input: 1, output: 2}\n    budget: {daily: 0}\n", 6,
+                  "sources[0].budget.daily", "must be");
+    expect_reject(SRC0 "    prices: {input: 1, output: 2}\n    budget: {daily: 1, timezone: CET}\n",
+                  6, "sources[0].budget.timezone", "+HH:MM");
+    expect_reject(SRC0 "    prices: {input: 1, output: 2}\n"
+                       "    budget: {daily: 1, timezone: \"+24:00\"}\n",
+                  6, "sources[0].budget.timezone", "UTC or an offset");
+    cfg = expect_ok("backend: {kind: redis, url: \"redis://127.0.0.1:6379\"}\n" SRC0
+                    "    prices: {input: 1, output: 2}\n    budget: {daily: 1}\n");
+    ck_assert_double_eq(cfg->sources[0].budget.limit[BUDGET_DAILY], 1); /* the fleet's */
+    config_free(cfg);
+}
+END_TEST
+
+/* itpm / otpm and whether cache reads count against them: per source;
+ * by default not for kind anthropic (as it documents), yes otherwise. */
+START_TEST(test_config__input_output_limits)
+{
+    struct config *cfg = expect_ok(SRC0 "    limits: {itpm: 1000, otpm: 200}\n"
+                                        "  - name: b\n"
+                                        "    capability: chat\n"
+                                        "    base_url: http://127.0.0.1:1/v1\n"
+                                        "    kind: anthropic\n"
+                                        "    limits: {itpm: 50}\n"
+                                        "  - name: c\n"
+                                        "    capability: chat\n"
+                                        "    base_url: http://127.0.0.1:1/v1\n"
+                                        "    kind: anthropic\n"
+                                        "    limits: {cached_input_counts: true}\n");
+    ck_assert_int_eq(cfg->sources[0].limits.itpm, 1000);
+    ck_assert_int_eq(cfg->sources[0].limits.otpm, 200);
+    ck_assert(cfg->sources[0].limits.cached_input_counts);
+    ck_assert(!cfg->sources[1].limits.cached_input_counts);
+    ck_assert(cfg->sources[2].limits.cached_input_counts);
+    config_free(cfg);
+    expect_reject(SRC0 "    limits: {itpm: -1}\n", 5, "sources[0].limits.itpm", "must be");
+    expect_reject(SRC0 "apps:\n  - name: web\n    limits: {itpm: 5}\n", 7, "apps[0].limits.itpm",
+                  "unknown key");
+    expect_reject("backend: {kind: redis, url: \"redis://127.0.0.1:6379\"}\n" SRC0
+                  "    limits: {otpm: 5}\n",
+                  6, "sources[0].limits.otpm", "memory backend only");
+}
+END_TEST
+
 Suite *config_suite(void)
 {
     Suite *s = suite_create("config");
@@ -2227,6 +2331,9 @@ Suite *config_suite(void)
     tcase_add_test(tc, test_config__bad_kind_accepts_and_headers);
     tcase_add_test(tc, test_config__header_value_env_unset_never_quoted);
     tcase_add_test(tc, test_config__raw_capabilities);
+    tcase_add_test(tc, test_config__prices_and_currency);
+    tcase_add_test(tc, test_config__budgets);
+    tcase_add_test(tc, test_config__input_output_limits);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -315,6 +315,111 @@ START_TEST(test_dialect__count_number)
 }
 END_TEST
 
+/* The classes of `json` (a `usage` map of `kind`) priced at 1, 2, 3, 4, 5
+ * per million tokens of input, cached, cache write, output, reasoning:
+ * the cost is then the dot product, which shows every class at once. */
+static double classes_cost(enum dialect_kind kind, const char *json, struct cost_tokens *t)
+{
+    const struct cost_prices p = { true, { 1, 2, 3, 4, 5 } };
+    struct dialect_usage u = scan_usage(kind, json);
+    ck_assert_msg(dialect_usage_classes(&u, t), "no classes: %s", json);
+    return cost_of(&p, t) * 1e6;
+}
+
+static void expect_classes(const struct cost_tokens *t, int64_t in, int64_t cached, int64_t cw,
+                           int64_t out, int64_t reasoning)
+{
+    const int64_t want[COST_CLASSES] = { in, cached, cw, out, reasoning };
+    for (int c = 0; c < COST_CLASSES; c++)
+        ck_assert_msg(t->n[c] == want[c], "%s: %lld, want %lld",
+                      cost_class_name((enum cost_class)c), (long long)t->n[c], (long long)want[c]);
+}
+
+/* Every dialect's usage shape split into the disjoint classes, cached and
+ * reasoning tokens included, and what each costs. */
+START_TEST(test_dialect__usage_classes_and_cost)
+{
+    struct cost_tokens t;
+
+    /* Chat Completions: cached part of prompt, reasoning part of completion. */
+    double c = classes_cost(DIALECT_OPENAI,
+                            "{\"prompt_tokens\":100,\"completion_tokens\":50,\"total_tokens\":150,"
+                            "\"prompt_tokens_details\":{\"cached_tokens\":80},"
+                            "\"completion_tokens_details\":{\"reasoning_tokens\":30}}",
+                            &t);
+    expect_classes(&t, 20, 80, 0, 20, 30);
+    ck_assert_double_eq_tol(c, 20 * 1 + 80 * 2 + 20 * 4 + 30 * 5, 1e-6);
+    /* Zero tokens of a priced source cost 0, known. */
+    c = classes_cost(DIALECT_OPENAI, "{\"prompt_tokens\":0}", &t);
+    ck_assert_double_eq(c, 0);
+    /* Responses. */
+    struct dialect_usage u;
+    {
+        struct parsed p;
+        dialect_for(DIALECT_OPENAI, "/responses")
+            ->scan_usage(parse(&p,
+                               "{\"input_tokens\":40,\"input_tokens_details\":{\"cached_tokens\":"
+                               "10},\"output_tokens\":25,\"output_tokens_details\":{"
+                               "\"reasoning_tokens\":5},\"total_tokens\":65}"),
+                         &u);
+        parsed_fini(&p);
+    }
+    ck_assert(dialect_usage_classes(&u, &t));
+    expect_classes(&t, 30, 10, 0, 20, 5);
+    /* Anthropic: reads and writes beside input_tokens, folded into prompt. */
+    c = classes_cost(DIALECT_ANTHROPIC,
+                     "{\"input_tokens\":20,\"cache_creation_input_tokens\":10,"
+                     "\"cache_read_input_tokens\":70,\"output_tokens\":5}",
+                     &t);
+    expect_classes(&t, 20, 70, 10, 5, 0);
+    ck_assert_double_eq_tol(c, 20 + 140 + 30 + 20, 1e-6);
+    /* Anthropic's stream: message_start has the input side, message_delta
+     * the output; merged, they make the same classes. */
+    struct dialect_event ev;
+    struct dialect_usage acc = DIALECT_USAGE_NONE;
+    scan(DIALECT_ANTHROPIC,
+         "{\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":20,"
+         "\"cache_creation_input_tokens\":10,\"cache_read_input_tokens\":70,\"output_tokens\":1}}}",
+         &ev);
+    dialect_usage_merge(&acc, &ev.usage);
+    scan(DIALECT_ANTHROPIC, "{\"type\":\"message_delta\",\"usage\":{\"output_tokens\":5}}", &ev);
+    dialect_usage_merge(&acc, &ev.usage);
+    ck_assert(dialect_usage_classes(&acc, &t));
+    expect_classes(&t, 20, 70, 10, 5, 0);
+    /* Gemini: thoughts beside candidates, cached content part of prompt. */
+    c = classes_cost(DIALECT_GEMINI,
+                     "{\"promptTokenCount\":100,\"cachedContentTokenCount\":60,"
+                     "\"candidatesTokenCount\":10,\"thoughtsTokenCount\":40,"
+                     "\"totalTokenCount\":150}",
+                     &t);
+    expect_classes(&t, 40, 60, 0, 10, 40);
+    ck_assert_double_eq_tol(c, 40 + 120 + 40 + 200, 1e-6);
+    /* Embeddings: no completion count is no output. */
+    classes_cost(DIALECT_OPENAI, "{\"prompt_tokens\":7,\"total_tokens\":7}", &t);
+    expect_classes(&t, 7, 0, 0, 0, 0);
+    /* A class above its total is not split off: nothing priced twice. */
+    classes_cost(DIALECT_OPENAI,
+                 "{\"prompt_tokens\":10,\"completion_tokens\":3,"
+                 "\"prompt_tokens_details\":{\"cached_tokens\":11},"
+                 "\"completion_tokens_details\":{\"reasoning_tokens\":4}}",
+                 &t);
+    expect_classes(&t, 10, 0, 0, 3, 0);
+    /* Nothing to price: no prompt count, or counts that cannot be true. */
+    u = scan_usage(DIALECT_OPENAI, "{\"completion_tokens\":3}");
+    ck_assert(!dialect_usage_classes(&u, &t));
+    u = scan_usage(DIALECT_OPENAI, "{\"prompt_tokens\":-3,\"completion_tokens\":3}");
+    ck_assert(u.bogus && !dialect_usage_classes(&u, &t));
+    /* The same reasoning count member by member (the tree-free reader). */
+    u = DIALECT_USAGE_NONE;
+    dialect_openai_count(&u, "completion_tokens", 17, 9);
+    dialect_openai_detail(&u, "reasoning_tokens", 16, 4);
+    ck_assert_int_eq(u.reasoning, 4);
+    /* An unpriced source: no cost, never 0. */
+    const struct cost_prices none = { 0 };
+    ck_assert(isnan(cost_of(&none, &t)) && !cost_is_known(cost_of(&none, &t)));
+}
+END_TEST
+
 /* OpenAI's plain reply usage, and the members read without a tree. */
 /* The cached share of a prompt: OpenAI's prompt_tokens_details.cached_tokens
  * (and the Responses API's input_tokens_details), Anthropic's
@@ -696,6 +801,7 @@ Suite *dialect_suite(void)
     tcase_add_test(tc, test_dialect__durations);
     tcase_add_test(tc, test_dialect__retry_hints);
     tcase_add_test(tc, test_dialect__gemini_usage_and_events);
+    tcase_add_test(tc, test_dialect__usage_classes_and_cost);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1154,6 +1154,60 @@ START_TEST(test_gov__tokens_reserved_and_reconciled)
 }
 END_TEST
 
+/* itpm and otpm: input and output reserved apart, each reconciled with
+ * its own count (the caller leaves cache reads out where they do not
+ * count, docs/CONFIG.md §7). */
+START_TEST(test_gov__input_and_output_tokens_apart)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+    struct gov g;
+    struct gov_call k;
+    struct gov_decision d;
+    struct reply ok = rep_http(0, 200, NULL);
+
+    p.itpm = 600; /* 10 input tokens/s */
+    p.otpm = 120; /* 2 output tokens/s */
+    ck_assert_int_eq(gov_init(&g, &p, 1, 1, NULL, NULL, NULL, NULL, 0), 0);
+    struct gov_source *s = &g.sources[0];
+
+    ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 0, 400, 0), 0);
+    gov_call_set_io(&k, 300, 100);
+    gov_call_step(&k, 0, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    ck_assert_near(bucket_level(&s->itpm, 0), 300);
+    ck_assert_near(bucket_level(&s->otpm, 0), 20);
+    /* It read 5000 prompt tokens from the cache and sent 50 fresh ones:
+     * counted as 50 where cache reads do not count; it wrote 10. */
+    gov_call_on_io(&k, 50, 10, 0);
+    ok.tokens = 5060;
+    gov_call_on_outcome(&k, 0, &ok.o, ok.tokens, &d);
+    ck_assert_int_eq(d.result, GOV_OK);
+    gov_call_fini(&k, 0);
+    ck_assert_near(bucket_level(&s->itpm, 0), 550);
+    ck_assert_near(bucket_level(&s->otpm, 0), 110);
+    /* The next call takes 100 of the 110 output tokens left; the one
+     * after it finds 10 and waits for otpm alone to refill. */
+    ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 0, 200, 0), 0);
+    gov_call_set_io(&k, 100, 100);
+    gov_call_step(&k, 0, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    gov_call_on_io(&k, -1, -1, 0); /* unknown: the estimates stand */
+    gov_call_on_outcome(&k, 0, &ok.o, -1, &d);
+    gov_call_fini(&k, 0);
+    ck_assert_near(bucket_level(&s->otpm, 0), 10);
+    ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 0, 200, 0), 0);
+    gov_call_set_io(&k, 100, 100);
+    gov_call_step(&k, 0, &d);
+    ck_assert_int_eq(d.action, GOV_WAIT);
+    ck_assert_near(d.wake_at, 45); /* 90 more output tokens at 2/s */
+    gov_call_step(&k, 45, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    gov_call_fini(&k, 45);
+    gov_fini(&g);
+}
+END_TEST
+
 /* ===================================================================== */
 /* Selection                                                             */
 /* ===================================================================== */
@@ -3468,6 +3522,7 @@ Suite *gov_suite(void)
     tcase_add_test(tc, test_gov__pacer_min_interval);
     tcase_add_test(tc, test_gov__rpm_limit_queues);
     tcase_add_test(tc, test_gov__tokens_reserved_and_reconciled);
+    tcase_add_test(tc, test_gov__input_and_output_tokens_apart);
     /* selection */
     tcase_add_test(tc, test_gov__selection_lower_priority_tier_first);
     tcase_add_test(tc, test_gov__selection_weighted_toward_less_loaded);

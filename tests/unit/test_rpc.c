@@ -872,12 +872,25 @@ END_TEST
 START_TEST(test_rpc__code_names)
 {
     static const char *const wire_names[] = {
-        "stalled",           "retry_exhausted",    "upstream_rejected",
-        "deadline_exceeded", "cancelled",          "task_stopped",
-        "watchdog_timeout",  "stream_interrupted", "backend_unavailable",
-        "bad_request",       "unknown_method",     "unknown_capability",
-        "model_not_found",   "response_not_found", "too_large",
-        "overloaded",        "shutting_down",      "internal",
+        "stalled",
+        "retry_exhausted",
+        "upstream_rejected",
+        "deadline_exceeded",
+        "cancelled",
+        "task_stopped",
+        "watchdog_timeout",
+        "stream_interrupted",
+        "backend_unavailable",
+        "budget_exhausted",
+        "bad_request",
+        "unknown_method",
+        "unknown_capability",
+        "model_not_found",
+        "response_not_found",
+        "too_large",
+        "overloaded",
+        "shutting_down",
+        "internal",
     };
 
     ck_assert_int_eq(sizeof(wire_names) / sizeof(wire_names[0]), PGW_CODE_COUNT - 1);

@@ -335,7 +335,8 @@ export class Task {
     return this.client.request(method, p);
   }
 
-  start() { return this._req("task.start"); }
+  /** A new run; `budget`: what its calls may cost, in the sidecar's currency. */
+  start({ budget } = {}) { return this._req("task.start", { budget }); }
   stop(reason) { return this._req("task.stop", { reason }); }
   /** Rejects with TaskStoppedError / WatchdogTimeoutError unless running. */
   async guard() { await this._req("task.guard"); }
@@ -369,8 +370,8 @@ export class Task {
    * error's text when it rejects (a task already stopped or failed by the
    * watchdog is left as the sidecar has it).
    */
-  async run(fn) {
-    await this.start();
+  async run(fn, { budget } = {}) {
+    await this.start({ budget });
     let value;
     try {
       value = await fn(this);

@@ -56,10 +56,14 @@ export class DeadlineExceededError extends PolygwError { static code = "deadline
 export class CancelledError extends PolygwError { static code = "cancelled"; }
 export class TaskStoppedError extends TaskNotRunningError { static code = "task_stopped"; }
 export class WatchdogTimeoutError extends TaskNotRunningError { static code = "watchdog_timeout"; }
+/** A budget in currency cannot cover the call: `data.budget` says which,
+ * `data.left` what it has left; a window's reset is in `retryAfterS`. */
+export class BudgetExhaustedError extends PolygwError { static code = "budget_exhausted"; }
 
 /**
  * A graph run ended because its task was stopped (`kind` "stopped": task.stop,
- * an ordinary exit) or failed by the watchdog (`kind` "watchdog": a node ran
+ * an ordinary exit; `kind` "budget": the task's budget ran out, the sidecar
+ * stopped it) or failed by the watchdog (`kind` "watchdog": a node ran
  * past its deadline), whatever error the node itself saw. Not a failure of
  * the graph: its checkpoint holds every node that completed, and a new task
  * can resume it. `node` is the node it ended in (null when it ended after
@@ -68,11 +72,14 @@ export class WatchdogTimeoutError extends TaskNotRunningError { static code = "w
 export class GraphStoppedError extends TaskNotRunningError {
   constructor(message = "", { code, data, cause, taskId = null, threadId = null, node = null } = {}) {
     super(message, { code, data, cause });
-    this.kind = this.code === "watchdog_timeout" ? "watchdog" : "stopped";
     this.taskId = taskId;
     this.threadId = threadId;
     this.node = node;
     this.reason = typeof this.data.reason === "string" ? this.data.reason : null;
+    // A task the sidecar stopped because its budget ran out is stopped with
+    // reason "budget": neither a failure nor a hang.
+    this.kind = this.code === "watchdog_timeout" ? "watchdog"
+      : this.reason === "budget" ? "budget" : "stopped";
   }
 
   /**
@@ -116,8 +123,8 @@ export class ClientTimeoutError extends PolygwError { static code = "timeout"; }
 export const ERROR_CLASSES = Object.freeze(Object.fromEntries([
   StalledError, RetryExhaustedError, UpstreamRejectedError, DeadlineExceededError,
   CancelledError, TaskStoppedError, WatchdogTimeoutError, StreamInterruptedError,
-  BackendUnavailableError, BadRequestError, UnknownMethodError, UnknownCapabilityError,
-  TooLargeError, OverloadedError, ShuttingDownError, InternalError,
+  BackendUnavailableError, BudgetExhaustedError, BadRequestError, UnknownMethodError,
+  UnknownCapabilityError, TooLargeError, OverloadedError, ShuttingDownError, InternalError,
 ].map((cls) => [cls.code, cls])));
 
 /**

@@ -154,12 +154,15 @@ export function taskConfig(config = {}, { threadId, taskId }) {
  * @param {import("./client.js").Client} client
  * @param {{invoke: Function}} graph a compiled graph (with a checkpointer to resume)
  * @param {unknown} input
- * @param {{threadId: string, taskId: string, config?: object}} opts
+ * @param {{threadId: string, taskId: string, budget?: number, config?: object}} opts
+ *   budget: what the run's calls may cost (task.start's budget); when it runs
+ *   out the sidecar stops the task and this rejects with kind "budget"
  */
-export async function runGraph(client, graph, input, { threadId, taskId, config = {} }) {
+export async function runGraph(client, graph, input, { threadId, taskId, budget, config = {} }) {
   const task = client.task(taskId);
   try {
-    return await task.run(() => graph.invoke(input, taskConfig(config, { threadId, taskId })));
+    return await task.run(() => graph.invoke(input, taskConfig(config, { threadId, taskId })),
+      { budget });
   } catch (e) {
     throw await verdict(task, e, { taskId, threadId: threadId ?? null, node: null });
   }

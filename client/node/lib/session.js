@@ -14,6 +14,9 @@ export function callParams(capability, body, opts = {}) {
   if (opts.scope != null) p.scope = opts.scope;
   if (opts.taskId != null) p.task_id = opts.taskId;
   if (opts.deadlineS != null) p.deadline_s = opts.deadlineS;
+  // The W3C trace context carrier, e.g. what OpenTelemetry's
+  // propagation.inject(context.active(), carrier) fills.
+  if (opts.trace != null) p.trace = opts.trace;
   return p;
 }
 

@@ -512,3 +512,48 @@ test("HTTP front: ChatOpenAI pointed at polygw, the task in X-Polygw-Task, stopp
       }
     }
   });
+
+test("a task's budget stops the graph mid-run with kind budget; a new task resumes under a new budget", BOUNDED,
+  (t) => withSidecar({ source: { prices: { input: 0, output: 1000 } } }, async (sc, up) => {
+    // Each call reserves 4096 output tokens (no max_tokens) at 1000 per
+    // million: 4.096; each answer reports 1000: it costs 1.0. A budget of 6
+    // covers plan (1.0 + 4.096) and build_skeleton (2.0 + 4.096 > 6 is the
+    // next one): write's reservation is refused and the sidecar stops the task.
+    const client = new pgw.Client(sc.sock);
+    try {
+      const { graph, seen } = makeGraph(client);
+      const paid = { usage: { prompt_tokens: 10, completion_tokens: 1000 } };
+      await script(up, [paid, paid, paid]);
+      const err = await rejection(runGraph(client, graph, { topic: "budgets" },
+        { threadId: "doc-b", taskId: "doc-b#1", budget: 6 }));
+      assert.ok(err instanceof GraphStoppedError, `not a GraphStoppedError: ${err?.stack}`);
+      assert.equal(err.kind, "budget");
+      assert.equal(err.code, "task_stopped");
+      assert.equal(err.reason, "budget");
+      assert.equal(err.node, "write");
+      assert.ok(err.cause instanceof pgw.BudgetExhaustedError, String(err.cause));
+      assert.equal(err.cause.data.budget, "task:doc-b#1:total");
+      assert.ok(Math.abs(err.cause.data.left - 4) < 1e-9, JSON.stringify(err.cause.data));
+      assert.deepEqual(seen.runs, { plan: 1, build_skeleton: 1, write: 1 });
+      assert.equal((await up.stats()).requests, 2, "the refused call reached the upstream");
+      const info = await client.task("doc-b#1").get();
+      assert.equal(info.state, "failed");
+      assert.equal(info.reason_kind, "stopped");
+      assert.equal(info.reason, "budget");
+      assert.deepEqual(info.budget, { limit: 6, spent: 2, reserved: 0, left: 4 });
+      // the checkpoint holds both completed nodes
+      const cp = await graph.getState({ configurable: { thread_id: "doc-b" } });
+      assert.equal(cp.values.skeleton, `skeleton for ${cp.values.outline}`);
+      assert.deepEqual(cp.next, ["write"]);
+      // a new task with a new budget resumes it: only write runs
+      const done = await runGraph(client, graph, null, { threadId: "doc-b", taskId: "doc-b#2", budget: 5 });
+      assert.equal(done.text, `text from ${done.skeleton}`);
+      assert.deepEqual(seen.runs, { plan: 1, build_skeleton: 1, write: 2 });
+      const second = await client.task("doc-b#2").get();
+      assert.equal(second.state, "succeeded");
+      assert.deepEqual(second.budget, { limit: 5, spent: 1, reserved: 0, left: 4 });
+      t.diagnostic(`stopped at ${err.node} with ${err.cause.data.left} left; resumed under a new budget`);
+    } finally {
+      await client.close();
+    }
+  }));

@@ -59,8 +59,8 @@ async function fakeSidecar(handler) {
 
 test("every wire code has its class, retry-later and task-not-running bases", () => {
   const codes = ["stalled", "retry_exhausted", "upstream_rejected", "deadline_exceeded", "cancelled",
-    "task_stopped", "watchdog_timeout", "stream_interrupted", "backend_unavailable", "bad_request",
-    "unknown_method", "unknown_capability", "too_large", "overloaded", "shutting_down", "internal"];
+    "task_stopped", "watchdog_timeout", "stream_interrupted", "backend_unavailable",
+    "budget_exhausted", "bad_request", "unknown_method", "unknown_capability", "too_large", "overloaded", "shutting_down", "internal"];
   assert.deepEqual(Object.keys(pgw.ERROR_CLASSES).sort(), [...codes].sort());
   const later = ["stalled", "retry_exhausted", "backend_unavailable", "overloaded", "shutting_down"];
   for (const code of codes) {

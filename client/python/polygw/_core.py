@@ -41,7 +41,8 @@ def init_settings(client, path, connect_timeout_s, request_timeout_s, call_timeo
     client.max_message_bytes = max_message_bytes
 
 
-def call_params(capability, body, stream=False, task_id=None, deadline_s=None, scope=None):
+def call_params(capability, body, stream=False, task_id=None, deadline_s=None, scope=None,
+                trace=None):
     """The named parameters of `call`: only what the caller set (PROTOCOL §2.2:
     never send a default, so a new client keeps working with an old sidecar)."""
     p = {"capability": capability, "body": body}
@@ -53,6 +54,10 @@ def call_params(capability, body, stream=False, task_id=None, deadline_s=None, s
         p["task_id"] = task_id
     if deadline_s is not None:
         p["deadline_s"] = deadline_s
+    if trace is not None:
+        # The W3C trace context carrier ({"traceparent": ..., "tracestate": ...}),
+        # e.g. what opentelemetry.propagate.inject(carrier) fills.
+        p["trace"] = trace
     return p
 
 

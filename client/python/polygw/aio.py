@@ -247,10 +247,10 @@ class AsyncClient:
         return await self.request("stats")
 
     async def call(self, capability, body, *, stream=False, task_id=None, deadline_s=None,
-                   scope=None, timeout_s=None):
+                   scope=None, timeout_s=None, trace=None):
         """As :meth:`polygw.Client.call`; with ``stream=True`` returns an
         :class:`AsyncCallStream` (``async for event in stream``)."""
-        params = call_params(capability, body, stream, task_id, deadline_s, scope)
+        params = call_params(capability, body, stream, task_id, deadline_s, scope, trace)
         conn, call = await self._start("call", params, stream=bool(stream))
         if timeout_s is None:
             timeout_s = self.call_timeout_s
@@ -259,8 +259,8 @@ class AsyncClient:
         return await self._finish(conn, call, timeout_s)
 
     # ------------------------------------------------------------ tasks
-    def task(self, task_id):
-        return AsyncTask(self, task_id)
+    def task(self, task_id, budget=None):
+        return AsyncTask(self, task_id, budget)
 
     async def tasks(self, state=None):
         res = await self.request("task.list", {"state": state} if state is not None else None)
@@ -333,17 +333,19 @@ class AsyncTask:
                 await task.call("chat", body)
     """
 
-    def __init__(self, client, task_id):
+    def __init__(self, client, task_id, budget=None):
         self.client = client
         self.task_id = task_id
+        self.budget = budget
 
     async def _req(self, method, **params):
         params = {k: v for k, v in params.items() if v is not None}
         params["task_id"] = self.task_id
         return await self.client.request(method, params)
 
-    async def start(self):
-        return await self._req("task.start")
+    async def start(self, budget=None):
+        """A new run; ``budget``: what its calls may cost, in the sidecar's currency."""
+        return await self._req("task.start", budget=budget)
 
     async def stop(self, reason):
         return await self._req("task.stop", reason=reason)
@@ -379,7 +381,7 @@ class AsyncTask:
         await self.node_end(name)
 
     async def __aenter__(self):
-        await self.start()
+        await self.start(self.budget)
         return self
 
     async def __aexit__(self, exc_type, exc, tb):

@@ -262,7 +262,7 @@ class Client:
         return self.request("stats")
 
     def call(self, capability, body, *, stream=False, task_id=None, deadline_s=None,
-             scope=None, timeout_s=None):
+             scope=None, timeout_s=None, trace=None):
         """One governed upstream call.
 
         ``body`` is the upstream request (e.g. an OpenAI chat request) as a
@@ -273,7 +273,7 @@ class Client:
         subclass. Ctrl-C (KeyboardInterrupt) cancels the call and waits for
         the sidecar's answer before propagating.
         """
-        params = call_params(capability, body, stream, task_id, deadline_s, scope)
+        params = call_params(capability, body, stream, task_id, deadline_s, scope, trace)
         conn, call = self._start("call", params, stream=bool(stream))
         if timeout_s is None:
             timeout_s = self.call_timeout_s
@@ -282,9 +282,10 @@ class Client:
         return self._finish(conn, call, timeout_s)
 
     # ------------------------------------------------------------ tasks
-    def task(self, task_id):
-        """A :class:`Task` handle (nothing is sent until it is used)."""
-        return Task(self, task_id)
+    def task(self, task_id, budget=None):
+        """A :class:`Task` handle (nothing is sent until it is used);
+        ``budget``: what the run ``with`` starts may cost (task.start)."""
+        return Task(self, task_id, budget)
 
     def tasks(self, state=None):
         """``task.list``: the tasks (dicts), optionally only those in
@@ -377,17 +378,19 @@ class Task:
     Every method raises TasksNotSupportedError on a sidecar without tasks.
     """
 
-    def __init__(self, client, task_id):
+    def __init__(self, client, task_id, budget=None):
         self.client = client
         self.task_id = task_id
+        self.budget = budget
 
     def _req(self, method, **params):
         params = {k: v for k, v in params.items() if v is not None}
         params["task_id"] = self.task_id
         return self.client.request(method, params)
 
-    def start(self):
-        return self._req("task.start")
+    def start(self, budget=None):
+        """A new run; ``budget``: what its calls may cost, in the sidecar's currency."""
+        return self._req("task.start", budget=budget)
 
     def stop(self, reason):
         return self._req("task.stop", reason=reason)
@@ -427,7 +430,7 @@ class Task:
         self.node_end(name)
 
     def __enter__(self):
-        self.start()
+        self.start(self.budget)
         return self
 
     def __exit__(self, exc_type, exc, tb):

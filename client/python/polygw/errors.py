@@ -25,7 +25,7 @@ __all__ = [
     "StalledError", "RetryExhaustedError", "UpstreamRejectedError", "DeadlineExceededError",
     "CancelledError", "TaskStoppedError", "WatchdogTimeoutError", "GraphStoppedError",
     "StreamInterruptedError",
-    "BackendUnavailableError", "BadRequestError", "UnknownMethodError",
+    "BackendUnavailableError", "BudgetExhaustedError", "BadRequestError", "UnknownMethodError",
     "UnknownCapabilityError", "TooLargeError", "OverloadedError", "ShuttingDownError",
     "InternalError", "TasksNotSupportedError",
     "ConnectionLostError", "ConnectFailedError", "ProtocolError", "ClientTimeoutError",
@@ -132,11 +132,16 @@ TaskStoppedError = _define("TaskStoppedError", "task_stopped", TaskNotRunningErr
                            "The call's task was stopped (task.stop) or is not running.")
 WatchdogTimeoutError = _define("WatchdogTimeoutError", "watchdog_timeout", TaskNotRunningError,
                                "The call's task was failed by the watchdog.")
+BudgetExhaustedError = _define("BudgetExhaustedError", "budget_exhausted", PolygwError,
+                               "A budget in currency cannot cover the call: ``data['budget']`` "
+                               "says which, ``data['left']`` what it has left; a window's "
+                               "reset is in ``retry_after_s`` (none for a total or a task's).")
 
 
 class GraphStoppedError(TaskNotRunningError):
     """A graph run ended because its task was stopped (``kind`` "stopped":
-    task.stop, an ordinary exit) or failed by the watchdog (``kind``
+    task.stop, an ordinary exit; ``kind`` "budget": its budget ran out and the
+    sidecar stopped it) or failed by the watchdog (``kind``
     "watchdog": a node ran past its deadline), whatever error the node itself
     saw (polygw.graph). Not a failure of the graph: every node that completed
     is done, and a new task can resume it. ``node`` is the node it ended in
@@ -145,11 +150,14 @@ class GraphStoppedError(TaskNotRunningError):
 
     def __init__(self, message="", code=None, data=None, task_id=None, node=None):
         super().__init__(message, code=code, data=data)
-        self.kind = "watchdog" if self.code == "watchdog_timeout" else "stopped"
         self.task_id = task_id
         self.node = node
         reason = self.data.get("reason")
         self.reason = reason if isinstance(reason, str) else None
+        # A task the sidecar stopped because its budget ran out is stopped
+        # with reason "budget": neither a failure nor a hang.
+        self.kind = ("watchdog" if self.code == "watchdog_timeout"
+                     else "budget" if self.reason == "budget" else "stopped")
 
     @classmethod
     def from_error(cls, exc, task_id=None, node=None):
@@ -219,8 +227,8 @@ class ClientTimeoutError(PolygwError):
 ERROR_CLASSES = {cls.code: cls for cls in (
     StalledError, RetryExhaustedError, UpstreamRejectedError, DeadlineExceededError,
     CancelledError, TaskStoppedError, WatchdogTimeoutError, StreamInterruptedError,
-    BackendUnavailableError, BadRequestError, UnknownMethodError, UnknownCapabilityError,
-    TooLargeError, OverloadedError, ShuttingDownError, InternalError)}
+    BackendUnavailableError, BudgetExhaustedError, BadRequestError, UnknownMethodError,
+    UnknownCapabilityError, TooLargeError, OverloadedError, ShuttingDownError, InternalError)}
 
 
 def error_from_wire(err, method=None):

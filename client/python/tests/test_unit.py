@@ -95,8 +95,8 @@ def fake():
 def test_every_wire_code_has_its_class():
     codes = ["stalled", "retry_exhausted", "upstream_rejected", "deadline_exceeded",
              "cancelled", "task_stopped", "watchdog_timeout", "stream_interrupted",
-             "backend_unavailable", "bad_request", "unknown_method", "unknown_capability",
-             "too_large", "overloaded", "shutting_down", "internal"]
+             "backend_unavailable", "budget_exhausted", "bad_request", "unknown_method",
+             "unknown_capability", "too_large", "overloaded", "shutting_down", "internal"]
     assert sorted(errors.ERROR_CLASSES) == sorted(codes)
     for code in codes:
         e = errors.error_from_wire({"code": code, "message": "m"})
@@ -353,3 +353,21 @@ def test_aio_bounded_wait_lets_a_same_iteration_cancel_through():
         assert await _bounded(asyncio.sleep(0, "ok"), 5) == "ok"
 
     asyncio.run(main())
+
+
+def test_graph_stopped_kinds_and_budget_exhausted():
+    """A task the sidecar stopped because its budget ran out (reason
+    "budget") is kind "budget", neither a user stop nor a hang; the call
+    the budget refused is BudgetExhaustedError, not retry-later."""
+    kinds = {}
+    for code, reason in (("task_stopped", "budget"), ("task_stopped", "user"),
+                         ("watchdog_timeout", "node x exceeded 1s")):
+        e = errors.error_from_wire({"code": code, "message": "m", "reason": reason})
+        kinds[(code, reason)] = errors.GraphStoppedError.from_error(e, "t", "write").kind
+    assert kinds == {("task_stopped", "budget"): "budget", ("task_stopped", "user"): "stopped",
+                     ("watchdog_timeout", "node x exceeded 1s"): "watchdog"}
+    e = errors.error_from_wire({"code": "budget_exhausted", "message": "m",
+                                "budget": "task:t:total", "left": 0.5})
+    assert isinstance(e, errors.BudgetExhaustedError) and not e.retry_later
+    assert e.data["budget"] == "task:t:total" and e.retry_after_s is None
+    assert errors.GraphStoppedError.from_error(e, "t", "write") is None

@@ -47,7 +47,7 @@ async function graphs(c: Client): Promise<void> {
     await runGraph(c, graph, { topic: "t" }, { threadId: "doc", taskId: "doc#1" });
   } catch (e) {
     if (e instanceof GraphStoppedError) {
-      const k: "stopped" | "watchdog" = e.kind;
+      const k: "stopped" | "watchdog" | "budget" = e.kind;
       console.log(k, e.node, e.reason, e.taskId, e.threadId);
     }
   }

@@ -1,0 +1,277 @@
+/*
+ * calltrace.c — a call's spans, attributes and events (calltrace.h).
+ */
+#include "call/calltrace.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "gov.h"
+#include "codec/dialect.h"
+#include "core/config.h"
+#include "trace/trace.h"
+#include "upstream/upstream.h"
+
+/* gen_ai.operation.name for a capability: the GenAI conventions' names
+ * for the built-in ones, else the capability's own name. */
+static const char *operation(const char *capability)
+{
+    if (strcmp(capability, "chat") == 0 || strcmp(capability, "responses") == 0)
+        return "chat";
+    if (strcmp(capability, "embedding") == 0 || strcmp(capability, "embeddings") == 0)
+        return "embeddings";
+    return NULL;
+}
+
+/* gen_ai.provider.name (and gen_ai.system, its older name) by dialect. */
+static const char *provider(enum dialect_kind k)
+{
+    switch (k) {
+    case DIALECT_AZURE:
+        return "azure.ai.openai";
+    case DIALECT_ANTHROPIC:
+        return "anthropic";
+    case DIALECT_GEMINI:
+        return "gcp.gemini";
+    default:
+        return "openai";
+    }
+}
+
+/* The host of `url` (server.address), without user info or port. */
+static void url_host(const char *url, char *out, size_t cap)
+{
+    const char *p = strstr(url, "://");
+    p = p ? p + 3 : url;
+    size_t n = strcspn(p, "/?#");
+    const char *at = memchr(p, '@', n);
+    if (at) {
+        n -= (size_t)(at + 1 - p);
+        p = at + 1;
+    }
+    size_t h = *p == '[' ? strcspn(p, "]") + 1 : strcspn(p, ":/?#");
+    if (h > n)
+        h = n;
+    if (h >= cap)
+        h = cap - 1;
+    memcpy(out, p, h);
+    out[h] = '\0';
+}
+
+void calltrace_begin(struct calltrace *ct, struct tracer *t, const struct calltrace_start *s,
+                     double now)
+{
+    struct trace_ctx ctx;
+
+    memset(ct, 0, sizeof(*ct));
+    if (!tracer_is_enabled(t))
+        return;
+    trace_ctx_parse(&ctx, s->traceparent, s->tracestate);
+    ct->op = operation(s->capability);
+    if (s->model && s->model_len < sizeof(ct->model)) {
+        memcpy(ct->model, s->model, s->model_len);
+        ct->model[s->model_len] = '\0';
+    }
+    char name[192];
+    snprintf(name, sizeof(name), "%s %s", ct->op ? ct->op : s->capability,
+             ct->model[0] ? ct->model : s->capability);
+    ct->call = span_start(t, NULL, &ctx, false, name, TRACE_SERVER, now);
+    if (!ct->call)
+        return;
+    span_set(ct->call, &TKV_S("gen_ai.operation.name", ct->op ? ct->op : s->capability));
+    if (ct->model[0])
+        span_set(ct->call, &TKV_S("gen_ai.request.model", ct->model));
+    span_set(ct->call, &TKV_S("polygw.capability", s->capability));
+    span_set(ct->call, &TKV_S("polygw.app", s->app));
+    if (s->task_id)
+        span_set(ct->call, &TKV_S("polygw.task_id", s->task_id));
+    span_set(ct->call, &TKV_B("polygw.stream", s->stream));
+    span_set(ct->call, &TKV_S("polygw.front", s->http ? "http" : "msgpack"));
+}
+
+/* Closes the open wait as its event: at the wait's start, with how long it
+ * lasted. */
+static void wait_close(struct calltrace *ct, double now)
+{
+    if (!ct->wait)
+        return;
+    struct trace_kv kv[2] = { TKV_D("polygw.duration_s", now - ct->wait_from) };
+    size_t n = 1;
+    if (ct->wait_reason)
+        kv[n++] = TKV_S("polygw.reason", ct->wait_reason);
+    span_event(ct->call, ct->wait, ct->wait_from, kv, n);
+    ct->wait = NULL;
+    ct->wait_reason = NULL;
+}
+
+void calltrace_wait(struct calltrace *ct, const struct gov_call *g,
+                    const struct attempt_result *last, double now)
+{
+    if (!ct->call)
+        return;
+    const char *name, *reason = NULL;
+    (void)last;
+    if (g->state == GOV_CALL_BACKOFF) {
+        name = "polygw.backoff";
+    } else if (g->waits_permit) {
+        name = "polygw.permit_wait";
+    } else if (g->waits_app) {
+        name = "polygw.app_limit_wait";
+    } else if (g->waits_age) {
+        name = "polygw.progress_wait";
+    } else {
+        /* Rate and token buckets, the pacer, a breaker open on every
+         * source, a Retry-After still held by a source. */
+        name = "polygw.source_wait";
+        reason = "limits";
+        for (size_t i = 0; g->notes && i < g->gov->n_sources; i++)
+            if (g->notes[i].retry_at > now)
+                reason = "retry_after"; /* a source this call may use holds it off */
+    }
+    if (ct->wait == name && ct->wait_reason == reason)
+        return; /* the same wait goes on (a wake-up found nothing free) */
+    wait_close(ct, now);
+    ct->wait = name;
+    ct->wait_reason = reason;
+    ct->wait_from = now;
+}
+
+/* The sources of the call's capability that their open breaker keeps out
+ * of this pick, each told once. */
+static void breaker_skips(struct calltrace *ct, const struct gov_call *g, double now)
+{
+    const struct gov *gv = g->gov;
+    for (size_t i = 0; i < gv->n_sources && i < 64; i++) {
+        const struct gov_source *s = &gv->sources[i];
+        if (s->p.capability != g->capability || s->p.retired ||
+            (g->notes && g->notes[i].excluded) || s->breaker.state != BREAKER_OPEN ||
+            (ct->breaker_told & (1ull << i)))
+            continue;
+        ct->breaker_told |= 1ull << i;
+        struct trace_kv kv[2] = { TKV_S("polygw.source", s->p.name),
+                                  TKV_D("polygw.cooldown_s", s->breaker.cooldown_s) };
+        span_event(ct->call, "polygw.breaker_skip", now, kv, 2);
+    }
+}
+
+const char *calltrace_attempt(struct calltrace *ct, const struct gov_call *g,
+                              const struct config_source *src, double now)
+{
+    if (!ct->call)
+        return NULL;
+    uint32_t attempt_no = g->attempts;
+    wait_close(ct, now);
+    breaker_skips(ct, g, now);
+    if (ct->last_source && strcmp(ct->last_source, src->name) != 0) {
+        struct trace_kv kv[2] = { TKV_S("polygw.from", ct->last_source),
+                                  TKV_S("polygw.to", src->name) };
+        span_event(ct->call, "polygw.failover", now, kv, 2);
+    }
+    ct->last_source = src->name;
+    if (ct->attempt) /* never left open; a safeguard */
+        span_end(ct->attempt, now);
+    char name[192];
+    const char *m = src->model ? src->model : ct->model[0] ? ct->model : NULL;
+    snprintf(name, sizeof(name), "%s %s", ct->op ? ct->op : "call", m ? m : src->name);
+    struct span *a = ct->attempt = span_start(NULL, ct->call, NULL, false, name, TRACE_CLIENT, now);
+    if (!a)
+        return NULL;
+    char host[256];
+    url_host(src->base_url, host, sizeof(host));
+    if (ct->op)
+        span_set(a, &TKV_S("gen_ai.operation.name", ct->op));
+    span_set(a, &TKV_S("gen_ai.provider.name", provider(src->kind)));
+    span_set(a, &TKV_S("gen_ai.system", provider(src->kind)));
+    if (m)
+        span_set(a, &TKV_S("gen_ai.request.model", m));
+    span_set(a, &TKV_S("server.address", host));
+    span_set(a, &TKV_S("polygw.source", src->name));
+    span_set(a, &TKV_I("polygw.attempt", attempt_no));
+
+    /* This attempt's own traceparent upstream. */
+    memcpy(ct->tp_line, "traceparent: ", 13);
+    span_traceparent(a, ct->tp_line + 13);
+    return ct->tp_line;
+}
+
+void calltrace_attempt_end(struct calltrace *ct, const struct attempt_result *r,
+                           const struct dialect_usage *u, double now)
+{
+    struct span *a = ct->attempt;
+    if (!a)
+        return;
+    ct->attempt = NULL;
+    double start = now - r->elapsed_s;
+    if (r->ttft_s >= 0)
+        span_event(a, "polygw.first_byte", start + r->ttft_s, &TKV_D("polygw.ttft_s", r->ttft_s),
+                   1);
+    if (r->http_status)
+        span_set(a, &TKV_I("http.response.status_code", r->http_status));
+    span_set(a, &TKV_S("polygw.outcome", outcome_kind_name(r->outcome.kind)));
+    if (r->outcome.retry_after_s >= 0) {
+        /* Honoured: the source is held off this long (docs/DESIGN.md §3.4). */
+        span_set(a, &TKV_D("polygw.retry_after_s", r->outcome.retry_after_s));
+        struct trace_kv kv[2] = { TKV_D("polygw.retry_after_s", r->outcome.retry_after_s),
+                                  TKV_S("polygw.source", ct->last_source) };
+        span_event(ct->call, "polygw.retry_after", now, kv, 2);
+    }
+    if (u && r->outcome.kind == OUTCOME_SUCCESS && !u->bogus) {
+        if (u->prompt >= 0)
+            span_set(a, &TKV_I("gen_ai.usage.input_tokens", u->prompt));
+        if (u->completion >= 0)
+            span_set(a, &TKV_I("gen_ai.usage.output_tokens", u->completion));
+        if (u->cached >= 0)
+            span_set(a, &TKV_I("gen_ai.usage.cache_read.input_tokens", u->cached));
+        if (u->cache_write >= 0)
+            span_set(a, &TKV_I("gen_ai.usage.cache_creation.input_tokens", u->cache_write));
+        if (u->reasoning >= 0)
+            span_set(a, &TKV_I("gen_ai.usage.reasoning.output_tokens", u->reasoning));
+    }
+    if (r->outcome.kind != OUTCOME_SUCCESS) {
+        const char *why = outcome_reason_name(r->outcome.reason);
+        span_set(a, &TKV_S("error.type", why));
+        span_set(a, &TKV_S("polygw.phase", attempt_phase_name(r->phase)));
+        span_set_error(a, why);
+    }
+    span_end(a, now);
+}
+
+void calltrace_note(struct calltrace *ct, const char *event, const char *reason, double now)
+{
+    if (!ct->call)
+        return;
+    wait_close(ct, now);
+    span_event(ct->call, event, now, &TKV_S("polygw.reason", reason ? reason : ""), reason ? 1 : 0);
+}
+
+void calltrace_end(struct calltrace *ct, enum pgw_code code, const char *source, uint32_t attempts,
+                   double stalled_s, double cost, double now)
+{
+    if (ct->call) {
+        wait_close(ct, now);
+        if (ct->attempt) {
+            /* The call ended while its attempt ran: cancelled with it. */
+            span_set(ct->attempt, &TKV_S("error.type", "cancelled"));
+            span_set_error(ct->attempt, "cancelled");
+            span_end(ct->attempt, now);
+            ct->attempt = NULL;
+        }
+        const char *name = pgw_code_name(code);
+        if (code == PGW_STALLED)
+            span_event(ct->call, "polygw.stall_verdict", now, &TKV_D("polygw.stalled_s", stalled_s),
+                       1);
+        span_set(ct->call, &TKV_S("polygw.code", name));
+        span_set(ct->call, &TKV_I("polygw.attempts", attempts));
+        span_set(ct->call, &TKV_D("polygw.stalled_s", stalled_s));
+        if (source)
+            span_set(ct->call, &TKV_S("polygw.source", source));
+        if (isfinite(cost))
+            span_set(ct->call, &TKV_D("polygw.cost", cost));
+        if (code != PGW_OK) {
+            span_set(ct->call, &TKV_S("error.type", name));
+            span_set_error(ct->call, name);
+        }
+        span_end(ct->call, now);
+        ct->call = NULL;
+    }
+}

@@ -1,0 +1,82 @@
+/*
+ * calltrace.h — a call's spans (trace/trace.h): what call.c tells at a
+ * few points of a call's life becomes one call span (kind SERVER, the root
+ * of polygw's work, under the caller's traceparent) with one child per
+ * attempt (kind CLIENT), the GenAI semantic conventions' attributes and
+ * polygw's own, and events for every wait and verdict with their
+ * durations. docs/OPERATIONS.md (Tracing) lists every attribute and event.
+ *
+ * Nothing of a body, a key or a header value is ever given to a span: only
+ * names (capability, source, app, model), numbers, codes and reasons.
+ *
+ * Embedded in a call, zeroed; every function is a no-op for a call that
+ * is not traced (tracing off, or not sampled).
+ */
+#ifndef POLYGW_CALLTRACE_H
+#define POLYGW_CALLTRACE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "codes.h"
+
+struct tracer;
+struct span;
+struct gov_call;
+struct attempt_result;
+struct dialect_usage;
+struct config_source;
+
+struct calltrace {
+    struct span *call, *attempt;
+    const char *wait; /* static: the open wait's event name; NULL: none */
+    double wait_from;
+    const char *wait_reason; /* static, or NULL */
+    const char *last_source;
+    const char *op;        /* static: gen_ai.operation.name */
+    char model[128];       /* the model asked for, "" = none */
+    char tp_line[80];      /* "traceparent: ..." sent with the attempt */
+    uint64_t breaker_told; /* sources (index < 64) whose open breaker was told */
+};
+
+/* What call_begin knows of the call (all borrowed for the call only). */
+struct calltrace_start {
+    const char *traceparent, *tracestate; /* the caller's, or NULL */
+    const char *capability, *app, *task_id;
+    const char *model; /* model_len bytes, NULL = none */
+    size_t model_len;
+    bool stream, http; /* http: the HTTP front (else msgpack) */
+};
+
+void calltrace_begin(struct calltrace *ct, struct tracer *t, const struct calltrace_start *s,
+                     double now);
+
+/* The governed loop decided to wait (`last`: the attempt that just ended,
+ * or NULL). Opens a wait event, closed (with its duration) by the next
+ * attempt or the call's end. */
+void calltrace_wait(struct calltrace *ct, const struct gov_call *g,
+                    const struct attempt_result *last, double now);
+
+/* An attempt starts on `src` (asking for its model, else the call's): the
+ * wait ends, a change of source is a failover, and the attempt's span
+ * begins; each source of the call's that its open breaker kept out is told
+ * once (polygw.breaker_skip). Returns the attempt's "traceparent: ..." header line (in ct,
+ * until the next attempt), or NULL when the call is not traced. */
+const char *calltrace_attempt(struct calltrace *ct, const struct gov_call *g,
+                              const struct config_source *src, double now);
+
+/* The attempt ended with `r`; `u` its token counts (may be NULL). */
+void calltrace_attempt_end(struct calltrace *ct, const struct attempt_result *r,
+                           const struct dialect_usage *u, double now);
+
+/* A verdict from outside the loop: "polygw.cancel", "polygw.task_stop",
+ * "polygw.watchdog" (static names), with a reason (copied; may be NULL). */
+void calltrace_note(struct calltrace *ct, const char *event, const char *reason, double now);
+
+/* The call ended with `code` (PGW_CANCELLED: unanswered too), its answer
+ * costing `cost` (NAN: unknown): ends the spans. */
+void calltrace_end(struct calltrace *ct, enum pgw_code code, const char *source, uint32_t attempts,
+                   double stalled_s, double cost, double now);
+
+#endif /* POLYGW_CALLTRACE_H */

@@ -1,0 +1,277 @@
+// Traces: what polygw exports over OTLP/HTTP, decoded by the OpenTelemetry
+// project's own protobuf definitions (otlp.js), for a call that waited for
+// a permit, got a 429 with Retry-After, failed over and succeeded; the
+// caller's traceparent as the parent (HTTP header and the msgpack `trace`
+// parameter) or as a link; each attempt's own traceparent upstream; and no
+// body text or key anywhere in what was sent.
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import test from "node:test";
+
+import { Mock, Sidecar, freePort, sleep } from "../../client/node/test/helpers.js";
+import * as pgw from "../../client/node/index.js";
+import { canConnect } from "./front.js";
+import { Receiver, SpanKind, StatusCode } from "./otlp.js";
+
+const PROMPT = "SECRET-PROMPT-7f3a";
+const ANSWER = "SECRET-ANSWER-91c2";
+const KEY = "sk-trace-KEY-5d1e";
+const TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736";
+const PARENT_ID = "00f067aa0ba902b7";
+const TRACEPARENT = `00-${TRACE_ID}-${PARENT_ID}-01`;
+
+const SRC = "timeout_s: 20, connect_timeout_s: 5, ttft_timeout_s: 20, idle_timeout_s: 20, " +
+  "api_key_env: PGW_TRACE_KEY";
+
+function config(a, b, port, recv, tracing = "", aExtra = "") {
+  return [
+    "listen:", '  mode: "0660"',
+    "server:", "  log_level: info", "  shutdown_grace_s: 0.5",
+    "defaults: {max_attempts: 3, stall_window_s: 20, backoff_base_s: 0.05, backoff_max_s: 0.1, poll_interval_s: 0.05}",
+    "http:", `  listen: "127.0.0.1:${port}"`,
+    "tracing:", "  enabled: true", `  endpoint: "${recv.url}"`, "  export_interval_s: 0.1",
+    ...(tracing ? [tracing] : []),
+    "sources:",
+    `  - {name: a, capability: chat, base_url: "${a.url}", priority: 0, max_concurrency: 1, aimd: {initial: 1}, ${SRC}${aExtra}}`,
+    `  - {name: b, capability: chat, base_url: "${b.url}", priority: 1, max_concurrency: 1, aimd: {initial: 1}, breaker: {failures: 100000}, prices: {input: 2.5, output: 10}, ${SRC}}`,
+    "",
+  ].join("\n");
+}
+
+/** Runs fn({a, b, recv, port, sc}): two mocks (sources a and b), a receiver, a sidecar. */
+async function withTracing(fn, tracing = "", aExtra = ", breaker: {failures: 100000}") {
+  const a = await Mock.start();
+  const b = await Mock.start();
+  const recv = await Receiver.start();
+  let sc;
+  process.env.PGW_TRACE_KEY = KEY;
+  try {
+    const port = await freePort();
+    sc = new Sidecar("");
+    fs.writeFileSync(sc.configPath, config(a, b, port, recv, tracing, aExtra));
+    await sc.start();
+    while (!(await canConnect(port))) await sleep(20);
+    return await fn({ a, b, recv, port, sc });
+  } finally {
+    delete process.env.PGW_TRACE_KEY;
+    try {
+      if (sc) await sc.finish();
+    } finally {
+      await recv.stop();
+      await a.stop();
+      await b.stop();
+    }
+  }
+}
+
+function chatCall(port, headers = {}, mock) {
+  const body = { model: "m", messages: [{ role: "user", content: PROMPT }] };
+  if (mock) body.mock = mock;
+  return fetch(`http://127.0.0.1:${port}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json", ...headers },
+    body: JSON.stringify(body),
+  });
+}
+
+test("a call that waited for a permit, got a 429 with Retry-After, failed over and succeeded", async () => {
+  await withTracing(async ({ a, b, recv, port }) => {
+    // a: the blocker holds its one permit for 400 ms, then the traced call
+    // gets a 429 with Retry-After: 1. b: its blocker holds it for 1.2 s,
+    // then the traced call succeeds there.
+    await a.control("POST", "/_mock/script", [{ delay_ms: 400 }, { status: 429, retry_after: 1 }]);
+    await b.control("POST", "/_mock/script", [{ delay_ms: 1200 }, { content: ANSWER }]);
+    const blockA = chatCall(port);
+    await a.waitStats((s) => s.requests >= 1);
+    const blockB = chatCall(port);
+    await b.waitStats((s) => s.requests >= 1);
+    const res = await chatCall(port, { traceparent: TRACEPARENT, tracestate: "vendor=x" });
+    assert.equal(res.status, 200);
+    const reply = await res.json();
+    assert.equal(reply.choices[0].message.content, ANSWER);
+    assert.equal((await blockA).status, 200);
+    assert.equal((await blockB).status, 200);
+
+    const spans = await recv.waitFor((s) => s.filter((x) => x.traceId === TRACE_ID).length >= 3);
+    const mine = spans.filter((x) => x.traceId === TRACE_ID);
+    const calls = mine.filter((x) => x.kind === SpanKind.SPAN_KIND_SERVER);
+    const attempts = mine.filter((x) => x.kind === SpanKind.SPAN_KIND_CLIENT);
+    assert.equal(calls.length, 1, "one call span");
+    assert.equal(attempts.length, 2, "two attempt spans");
+    const call = calls[0];
+    // The parent is the caller's span; the tracestate travels along.
+    assert.equal(call.parentSpanId, PARENT_ID);
+    assert.equal(call.traceState, "vendor=x");
+    assert.equal(call.attrs["polygw.capability"], "chat");
+    assert.equal(call.attrs["gen_ai.operation.name"], "chat");
+    assert.equal(call.attrs["gen_ai.request.model"], "m");
+    assert.equal(call.attrs["polygw.code"], "ok");
+    assert.equal(call.attrs["polygw.attempts"], 2);
+    assert.equal(call.attrs["polygw.source"], "b");
+    assert.equal(call.attrs["polygw.front"], "http");
+    assert.ok(call.attrs["polygw.cost"] > 0, "the answer's cost at b's prices");
+    assert.ok(call.attrs["polygw.app"]);
+    assert.equal(call.resource["service.name"], "polygw");
+    assert.notEqual(call.status.code, StatusCode.STATUS_CODE_ERROR);
+
+    attempts.sort((x, y) => x.startMs - y.startMs);
+    const [first, second] = attempts;
+    for (const s of attempts) {
+      assert.equal(s.parentSpanId, call.spanId, "attempts are children of the call span");
+      assert.ok(s.startMs >= call.startMs && s.endMs <= call.endMs + 1, "inside the call span");
+      assert.equal(s.attrs["gen_ai.provider.name"], "openai");
+      assert.equal(s.attrs["gen_ai.system"], "openai");
+      assert.equal(s.attrs["gen_ai.request.model"], "m");
+      assert.equal(s.attrs["server.address"], "127.0.0.1");
+    }
+    assert.equal(first.attrs["polygw.source"], "a");
+    assert.equal(first.attrs["http.response.status_code"], 429);
+    assert.equal(first.attrs["error.type"], "http_429");
+    assert.equal(first.attrs["polygw.retry_after_s"], 1);
+    assert.equal(first.status.code, StatusCode.STATUS_CODE_ERROR);
+    assert.equal(second.attrs["polygw.source"], "b");
+    assert.equal(second.attrs["http.response.status_code"], 200);
+    assert.ok(second.attrs["gen_ai.usage.input_tokens"] > 0);
+    assert.ok(second.attrs["gen_ai.usage.output_tokens"] > 0);
+    assert.ok(second.events.some((e) => e.name === "polygw.first_byte"));
+
+    // The events, in order, each wait with its duration.
+    const names = call.events.map((e) => e.name);
+    const at = (n) => names.indexOf(n);
+    assert.ok(at("polygw.permit_wait") >= 0, names.join());
+    assert.ok(at("polygw.retry_after") > at("polygw.permit_wait"), names.join());
+    assert.ok(at("polygw.failover") > at("polygw.retry_after"), names.join());
+    const permit = call.events[at("polygw.permit_wait")];
+    assert.ok(permit.attrs["polygw.duration_s"] > 0.2 && permit.attrs["polygw.duration_s"] < 5,
+      JSON.stringify(permit));
+    assert.ok(permit.timeMs <= first.startMs + 1, "the permit wait came before the first attempt");
+    // The Retry-After honoured: a held off for 1 s, and the call waited
+    // for a source (a held, b busy) before failing over to b.
+    const ra = call.events[at("polygw.retry_after")];
+    assert.equal(ra.attrs["polygw.retry_after_s"], 1);
+    assert.equal(ra.attrs["polygw.source"], "a");
+    assert.ok(Math.abs(ra.timeMs - first.endMs) < 2);
+    const held = call.events.slice(at("polygw.retry_after"), at("polygw.failover"))
+      .filter((e) => e.attrs["polygw.reason"] === "retry_after");
+    assert.ok(held.length >= 1, names.join());
+    const waited = held.reduce((t, e) => t + e.attrs["polygw.duration_s"], 0);
+    assert.ok(waited > 0.3 && waited < 5, JSON.stringify(call.events));
+    const fo = call.events[at("polygw.failover")];
+    assert.equal(fo.attrs["polygw.from"], "a");
+    assert.equal(fo.attrs["polygw.to"], "b");
+    for (let i = 1; i < call.events.length; i++)
+      assert.ok(call.events[i].timeMs >= call.events[i - 1].timeMs, "events in time order");
+
+    // Each attempt sent its own traceparent upstream.
+    const lastB = await b.last();
+    const tp = Object.entries(lastB.headers).find(([k]) => k.toLowerCase() === "traceparent");
+    assert.ok(tp, JSON.stringify(lastB.headers));
+    assert.equal(tp[1], `00-${TRACE_ID}-${second.spanId}-01`);
+
+    // No body text, no key, anywhere in what reached the receiver.
+    for (const body of recv.bodies) {
+      const text = body.toString("latin1");
+      for (const secret of [PROMPT, ANSWER, KEY]) assert.ok(!text.includes(secret), secret);
+    }
+    assert.deepEqual([...recv.contentTypes], ["application/x-protobuf"]);
+  });
+});
+
+test("without a traceparent the call span is a root; parent: link makes a link instead", async () => {
+  await withTracing(async ({ recv, port }) => {
+    const res = await chatCall(port, { traceparent: TRACEPARENT });
+    assert.equal(res.status, 200);
+    await res.json();
+    const spans = await recv.waitFor((s) => s.some((x) => x.kind === SpanKind.SPAN_KIND_SERVER));
+    const call = spans.find((x) => x.kind === SpanKind.SPAN_KIND_SERVER);
+    assert.notEqual(call.traceId, TRACE_ID);
+    assert.equal(call.parentSpanId, "");
+    assert.deepEqual(call.links, [{ traceId: TRACE_ID, spanId: PARENT_ID }]);
+  }, "  parent: link");
+  await withTracing(async ({ recv, port }) => {
+    const res = await chatCall(port, { traceparent: "00-zz-bad-01" });
+    assert.equal(res.status, 200);
+    await res.json();
+    const spans = await recv.waitFor((s) => s.some((x) => x.kind === SpanKind.SPAN_KIND_SERVER));
+    const call = spans.find((x) => x.kind === SpanKind.SPAN_KIND_SERVER);
+    assert.equal(call.parentSpanId, "");
+    assert.equal(call.links.length, 0);
+  });
+});
+
+test("an unsampled caller's trace records nothing; sampler_ratio 0 records no root", async () => {
+  await withTracing(async ({ recv, port }) => {
+    const res = await chatCall(port, { traceparent: `00-${TRACE_ID}-${PARENT_ID}-00` });
+    assert.equal(res.status, 200);
+    await res.json();
+    const res2 = await chatCall(port);
+    assert.equal(res2.status, 200);
+    await res2.json();
+    await sleep(500);
+    assert.equal(recv.spans.length, 0);
+    const res3 = await chatCall(port, { traceparent: TRACEPARENT });
+    await res3.json();
+    await recv.waitFor((s) => s.length >= 2);
+    assert.ok(recv.spans.every((x) => x.traceId === TRACE_ID), "only the sampled caller's trace");
+  }, "  sampler_ratio: 0");
+});
+
+test("the msgpack `trace` parameter (the Node client's `trace` option) makes the call a child", async () => {
+  await withTracing(async ({ recv, sc }) => {
+    const c = new pgw.Client(sc.sock);
+    try {
+      const r = await c.call("chat", { model: "m", messages: [{ role: "user", content: PROMPT }] },
+        { trace: { traceparent: TRACEPARENT, tracestate: "k=v", baggage: "ignored=1" } });
+      assert.equal(r.source, "a");
+      await assert.rejects(
+        c.call("chat", { model: "m", messages: [] }, { trace: { traceparent: 7 } }),
+        (e) => e.code === "bad_request" && /traceparent must be a string/.test(e.message));
+    } finally {
+      c.close();
+    }
+    const spans = await recv.waitFor((s) => s.filter((x) => x.traceId === TRACE_ID).length >= 2);
+    const call = spans.find((x) => x.kind === SpanKind.SPAN_KIND_SERVER);
+    assert.equal(call.traceId, TRACE_ID);
+    assert.equal(call.parentSpanId, PARENT_ID);
+    assert.equal(call.traceState, "k=v");
+    assert.equal(call.attrs["polygw.front"], "msgpack");
+    const attempt = spans.find((x) => x.kind === SpanKind.SPAN_KIND_CLIENT);
+    assert.equal(attempt.parentSpanId, call.spanId);
+  });
+});
+
+test("a source whose breaker is open is told skipped, once per call", async () => {
+  await withTracing(async ({ a, recv, port }) => {
+    await a.control("POST", "/_mock/script", [{ status: 500 }]);
+    const first = await chatCall(port); // a answers 500: its breaker opens; b serves
+    assert.equal(first.status, 200);
+    await first.json();
+    const res = await chatCall(port, { traceparent: TRACEPARENT });
+    assert.equal(res.status, 200);
+    await res.json();
+    const spans = await recv.waitFor((s) => s.filter((x) => x.traceId === TRACE_ID).length >= 2);
+    const call = spans.find((x) => x.traceId === TRACE_ID && x.kind === SpanKind.SPAN_KIND_SERVER);
+    const skips = call.events.filter((e) => e.name === "polygw.breaker_skip");
+    assert.equal(skips.length, 1, JSON.stringify(call.events));
+    assert.equal(skips[0].attrs["polygw.source"], "a");
+    assert.ok(skips[0].attrs["polygw.cooldown_s"] > 0);
+    assert.equal(call.attrs["polygw.source"], "b");
+    // The first call's span: the 500 on a, then the failover to b.
+    const other = spans.find((x) => x.traceId !== TRACE_ID && x.kind === SpanKind.SPAN_KIND_SERVER);
+    assert.ok(other.events.some((e) => e.name === "polygw.failover"));
+  }, "", ", breaker: {failures: 1, cooldown_s: 30}");
+});
+
+test("the C client (polygwctl call --traceparent) sends the trace parameter", async () => {
+  await withTracing(async ({ recv, sc }) => {
+    const { execFileSync } = await import("node:child_process");
+    const out = execFileSync(`${process.env.POLYGW_BUILD}/polygwctl`, ["--socket", sc.sock, "call", "chat",
+      "--traceparent", TRACEPARENT, "--body", JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] })]);
+    assert.match(out.toString(), /"choices"/);
+    const spans = await recv.waitFor((s) => s.some((x) => x.kind === SpanKind.SPAN_KIND_SERVER));
+    const call = spans.find((x) => x.kind === SpanKind.SPAN_KIND_SERVER);
+    assert.equal(call.traceId, TRACE_ID);
+    assert.equal(call.parentSpanId, PARENT_ID);
+    assert.equal(call.attrs["polygw.front"], "msgpack");
+  });
+});

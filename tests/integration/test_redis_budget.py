@@ -1,0 +1,92 @@
+"""Budgets in currency across a fleet (docs/CONFIG.md §12a): two real polygw
+sidecars sharing one real redis-server, the real mock upstream. budget.lua
+reserves each attempt's worst case on the app's budget atomically in Redis,
+in the same round trip as the attempt's admission (pipelined), so the fleet
+as a whole cannot overshoot it, however the calls interleave.
+
+200 calls at once, 100 through each sidecar, each reserving 1.0 (max_tokens
+1000 at 1000 per million output tokens) and costing what its answer reports
+(100 .. 1000 completion tokens: 0.1 .. 1.0), against an app total of 40.
+"""
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest import chat  # noqa: E402
+from redis_fixture import FleetRedis, fleet_config, source, unique_prefix, wait_backend  # noqa: E402
+from test_budget import burst_outcome  # noqa: E402
+from test_metrics import ctl, parse  # noqa: E402
+
+import pytest  # noqa: E402
+
+NO_PROXY = {"no_proxy": "*", "NO_PROXY": "*"}
+
+
+@pytest.fixture
+def redis_srv():
+    srv = FleetRedis().start()
+    yield srv
+    srv.cleanup()
+
+
+def test_redis_budget__a_burst_through_two_sidecars_never_overshoots(redis_srv, up,
+                                                                      make_sidecar):
+    prefix = unique_prefix()
+    cfg = fleet_config(redis_srv.url(), prefix,
+                       [source("s", "chat", up.url, prices={"input": 0, "output": 1000})])
+    cfg += "apps:\n  - {name: default, budget: {total: 40}}\n"
+    fleet = [make_sidecar(config_text=cfg, subdir="sc%d" % i, env=NO_PROXY) for i in range(2)]
+    for sc in fleet:
+        wait_backend(sc)
+    conns = [sc.connect() for sc in fleet]
+    rnd = random.Random(30)
+    sent = []
+    for i in range(200):
+        body = chat(max_tokens=1000, mock={"delay_ms": rnd.randint(0, 200), "usage": {
+            "prompt_tokens": 5, "completion_tokens": rnd.randint(100, 1000)}})
+        c = conns[i % 2]
+        sent.append((c, c.request_async("call", {"capability": "chat", "body": body})))
+    ok, refused, charged = burst_outcome([c.wait_response(msgid, 30) for c, msgid in sent])
+    # Redis holds what was charged, nothing reserved once the burst is over
+    # (the settles are sent as the calls end: wait for the last ones).
+    r = redis_srv.client()
+    key = "{%s:app:default}:budget" % prefix
+    for _ in range(200):
+        h = dict(zip(*[iter(r.call("HGETALL", key))] * 2))
+        if float(h.get(b"reserved", h.get("reserved", 1))) == 0:
+            break
+        time.sleep(0.01)
+    spent = float(h.get(b"spent_t", h.get("spent_t")))
+    assert abs(spent - charged) < 1e-9, (h, charged)
+    # The admissions pipelined with refused reservations gave their leases
+    # back: no permit of the fleet is held once the burst is over.
+    leases = "{%s:source:s}:leases" % prefix
+    for _ in range(200):
+        if int(r.call("ZCARD", leases)) == 0:
+            break
+        time.sleep(0.01)
+    assert int(r.call("ZCARD", leases)) == 0
+    # polygw_cost_total over the fleet equals the sum of the per-call costs.
+    # (A sidecar that served none of the burst has no series yet.)
+    key_of = ("polygw_cost_total", (("app", "default"), ("currency", "USD"), ("model", "other"),
+                                    ("source", "s")))
+    total = sum(parse(ctl(sc, "metrics").stdout).get(key_of, 0) for sc in fleet)
+    assert abs(total - charged) < 1e-9, (total, charged)
+    # Then one call at a time, alternating sidecars: the fleet spends the
+    # budget down to within one worst case (1.0), never past it.
+    served_after = 0
+    while True:
+        c = conns[served_after % 2]
+        body = chat(max_tokens=1000, mock={"usage": {"prompt_tokens": 5,
+                                                     "completion_tokens": rnd.randint(100, 1000)}})
+        msg = c.wait_response(c.request_async("call", {"capability": "chat", "body": body}), 10)
+        if msg[2]:
+            break
+        served_after += 1
+        charged += msg[3]["cost"]
+    assert msg[2]["code"] == "budget_exhausted" and 39 < charged <= 40 + 1e-9, (msg[2], charged)
+    assert up.stats()["requests"] == len(ok) + served_after  # refused calls never went out
+    print("fleet burst: %d served, %d refused at once, then %d one by one; %.4f of 40 charged"
+          % (len(ok), len(refused), served_after, charged))

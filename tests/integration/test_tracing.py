@@ -1,0 +1,113 @@
+"""Tracing through the Python client and the stats: the `trace` parameter
+(the client's `trace=` carrier) decides the sampling of a call under the
+caller's context, `stats` shows the tracer's figures (and the tracing
+section only while tracing is on), bad `trace` values are refused, and a
+reload turns tracing off (the queue dropped, counted) and on again.
+
+What the spans hold is checked by tests/http/tracing*.test.js, decoded with
+the OpenTelemetry project's own definitions."""
+import os
+import socket
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "client", "python"))
+
+import polygw  # noqa: E402
+from conftest import chat, config_yaml, source_yaml  # noqa: E402
+
+SRC = {"timeout_s": 10, "ttft_timeout_s": 5}
+DEFAULTS = {"max_attempts": 1, "stall_window_s": 10}
+TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0%d"
+
+
+def closed_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def config(up, tracing):
+    text = config_yaml([source_yaml("a", "chat", up.url, SRC)], DEFAULTS)
+    return text + "tracing:\n" + "".join("  %s: %s\n" % kv for kv in tracing.items())
+
+
+def tracing_stats(sc):
+    with polygw.Client(sc.sock) as c:
+        return c.stats().get("tracing")
+
+
+def test_trace_parameter_decides_sampling(make_sidecar, up):
+    # A receiver that is down: spans are recorded, queued, never exported.
+    sc = make_sidecar(config_text=config(up, {
+        "enabled": "true", "endpoint": '"http://127.0.0.1:%d/v1/traces"' % closed_port(),
+        "sampler_ratio": 0, "export_interval_s": 3600}))
+    with polygw.Client(sc.sock) as c:
+        c.call("chat", chat("hi"))                                   # no parent, ratio 0
+        c.call("chat", chat("hi"), trace={"traceparent": TP % 0})    # parent not sampled
+        st = c.stats()["tracing"]
+        assert st["spans_started"] == 0 and st["unsampled"] == 2, st
+        r = c.call("chat", chat("hi"), trace={"traceparent": TP % 1, "tracestate": "k=v"})
+        assert r["source"] == "a"
+        st = c.stats()["tracing"]
+        assert st["spans_started"] == 2, st      # the call and its attempt
+        assert st["queued"] == 2, st
+        with pytest.raises(polygw.BadRequestError, match="tracestate must be a string"):
+            c.call("chat", chat("hi"), trace={"tracestate": 5})
+        with pytest.raises(polygw.BadRequestError):
+            c.call("chat", chat("hi"), trace="not a map")
+
+
+def test_stats_without_tracing_and_reload(make_sidecar, up):
+    sc = make_sidecar(config_text=config(up, {"enabled": "false"}))
+    assert tracing_stats(sc) is None
+    with polygw.Client(sc.sock) as c:
+        # Accepted and ignored while tracing is off.
+        c.call("chat", chat("hi"), trace={"traceparent": TP % 1})
+    with open(sc.config, "w") as f:
+        f.write(config(up, {"enabled": "true", "export_interval_s": 3600,
+                            "endpoint": '"http://127.0.0.1:%d/v1/traces"' % closed_port()}))
+    with polygw.Client(sc.sock) as c:
+        c.request("config.reload")
+        c.call("chat", chat("hi"))
+        st = c.stats()["tracing"]
+        assert st["spans_started"] == 2 and st["queued"] == 2, st
+    with open(sc.config, "w") as f:
+        f.write(config(up, {"enabled": "false"}))
+    with polygw.Client(sc.sock) as c:
+        c.request("config.reload")
+        assert "tracing" not in c.stats()
+
+
+def test_bad_endpoint_in_the_environment_is_refused(make_sidecar, up):
+    sc = make_sidecar(start=False, config_text=config(up, {"enabled": "true"}),
+                      env=dict(os.environ, OTEL_EXPORTER_OTLP_ENDPOINT="collector:4318"))
+    sc.expected_rc = 1
+    sc.start(wait=False)
+    assert sc.proc.wait(10) == 1
+    assert "OTLP traces endpoint must be an http:// or https:// URL" in sc.logs()
+
+
+@pytest.mark.parametrize("client", ["auto", "libcurl"])
+def test_each_attempt_sends_its_own_traceparent(make_sidecar, up, client):
+    # Both HTTP clients (the own one for a plain http:// address, libcurl)
+    # send the attempt's traceparent: the caller's trace id, a new span id.
+    text = config(up, {"enabled": "true", "export_interval_s": 3600,
+                       "endpoint": '"http://127.0.0.1:%d/v1/traces"' % closed_port()})
+    text = text.replace("server:\n", "server:\n  upstream_client: %s\n" % client, 1)
+    sc = make_sidecar(config_text=text)
+    with polygw.Client(sc.sock) as c:
+        for _ in range(2):
+            c.call("chat", chat("hi"), trace={"traceparent": TP % 1})
+            h = {k.lower(): v for k, v in up.last()["headers"].items()}
+            tp = h["traceparent"].split("-")
+            assert tp[0] == "00" and tp[1] == TP.split("-")[1] and tp[3] == "01", h
+            assert tp[2] != TP.split("-")[2] and len(tp[2]) == 16
+        c.call("chat", chat("hi"))  # a new trace: still one traceparent, no other
+        h = [k for k in up.last()["headers"] if k.lower() == "traceparent"]
+        assert len(h) == 1
