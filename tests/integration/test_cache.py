@@ -363,3 +363,27 @@ def test_cache__msgpack_stream_replays_its_chunks(front, up):
     assert (res1["cache"], res2["cache"], res2["source"]) == ("miss", "hit", "cache")
     assert requests(up) == 1
     c.close()
+
+
+def test_cache__a_hit_spends_no_budget(make_sidecar, up):
+    # The app may spend 1.2: a call reserves 1.0 (max_tokens 1000 at 1000
+    # per million output tokens) and is charged 0.25, so a second call
+    # upstream is refused; the same call again is a hit, at cost 0.
+    from test_budget import PRICES, ENV
+    text = ("listen: {mode: \"0660\"}\nserver: {log_level: info, shutdown_grace_s: 2}\n"
+            "defaults: {max_attempts: 1}\n"
+            "capabilities:\n  chat: {cache: {ttl_s: 60}}\n"
+            "apps:\n  - name: default\n    budget: {total: 1.2}\n"
+            "sources:\n%s\n" % source_yaml("s", "chat", up.url, FAST, prices=PRICES))
+    sc = make_sidecar(config_text=text, env=ENV)
+    c = sc.connect()
+    body = chat(max_tokens=1000, mock={"usage": {"prompt_tokens": 40, "completion_tokens": 250}})
+    err, r1, _ = call(c, "chat", body)
+    assert err is None and r1["cache"] == "miss", err
+    for _ in range(3):
+        err, r, _ = call(c, "chat", body)
+        assert err is None and r["cache"] == "hit" and r.get("cost", 0) == 0, (err, r)
+    err, _, _ = call(c, "chat", dict(body, messages=[{"role": "user", "content": "other"}]))
+    assert err["code"] == "budget_exhausted", err
+    assert requests(up) == 1
+    c.close()
