@@ -168,6 +168,9 @@ def test_cache__client_no_store_and_no_cache(front, up):
     _, h, _ = f.curl("/v1/embeddings", body, headers=["Cache-Control: no-store"])
     assert h["x-polygw-cache"] == "bypass"        # no-store does not read either
     assert requests(up) == 4
+    # An over-long value is ignored, not refused.
+    s, h, _ = f.curl("/v1/embeddings", body, headers=["Cache-Control: no-store, x=" + "y" * 300])
+    assert s == 200 and h["x-polygw-cache"] == "hit"
 
 
 def test_cache__client_max_age(front, up):
