@@ -413,6 +413,8 @@ bench: deps
 	/usr/bin/python3 tests/bench/apps_fairness.py $(BUILD) 200 20
 	@echo "## JSON -> msgpack: single pass vs jansson (ns per input byte, best of 7)"
 	$(BUILD)/bench/transcode
+	@echo "## Response cache: sidecar CPU per hit vs per call upstream (one run)"
+	/usr/bin/python3 tests/bench/cache_cpu.py $(BUILD) 5000
 
 # For editors and clangd: every compile command of `all` and the unit
 # tests, recorded by bear(1) (Debian package bear) from a full rebuild

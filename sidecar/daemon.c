@@ -46,6 +46,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "backend/cache.h"
 #include "call/call.h"
 #include "dlist.h"
 #include "call/governor.h"
@@ -485,6 +486,8 @@ static void server_fini_parts(struct server *srv)
     srv->metrics = NULL;
     redact_free(srv->redact);
     srv->redact = NULL;
+    cache_free(srv->cache);
+    srv->cache = NULL;
     free(srv->socket_path);
     srv->socket_path = NULL;
 }
@@ -524,7 +527,8 @@ int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cf
      * (each part's fini accepts a part never set up). */
     srv->socket_path = strdup(cfg->socket_path);
     srv->metrics = metrics_new(cfg);
-    if (!srv->socket_path || !srv->metrics) {
+    srv->cache = cache_new(cfg->cache_max_bytes);
+    if (!srv->socket_path || !srv->metrics || !srv->cache) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }

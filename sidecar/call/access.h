@@ -36,10 +36,12 @@ struct access_entry {
     uint32_t attempts;
     int status; /* the last attempt's HTTP status; 0 none */
     double elapsed_s, stalled_s;
-    double ttft_s; /* streams: call start -> first chunk relayed */
-    double tokens; /* usage.total_tokens of the answer */
-    double cost;   /* what the answer cost (cost.h); NAN: unknown or unpriced
+    double ttft_s;     /* streams: call start -> first chunk relayed */
+    double tokens;     /* usage.total_tokens of the answer */
+    double cost;       /* what the answer cost (cost.h); NAN: unknown or unpriced
                     * (the field is then left out) */
+    const char *cache; /* the response cache's verdict ("hit", "miss", "bypass"),
+                        * NULL: not a cached capability (then left out) */
 };
 
 /* Writes the entry when cfg->access_log is on and the level admits info.

@@ -57,6 +57,7 @@
 #include "codec/dialect.h"
 #include "call/upath.h"
 #include "call/calltrace.h"
+#include "backend/cache.h"
 #include "governor.h"
 #include "codec/jscan.h"
 #include "codec/reply.h"
@@ -78,6 +79,196 @@ enum body_form {
     BODY_TO_ANTHROPIC, /* an OpenAI chat body converted (accepts: openai), and the
                           * answer converted back (convert.h) */
 };
+
+/* ---- The response cache (backend/cache.h, docs/CONFIG.md "cache") ------
+ *
+ * A hit is answered before anything is reserved, with source "cache" and
+ * no attempt: no permit, no bucket, no quota, no progress. Only
+ * successful, complete answers are stored: never an error, a stream cut
+ * midway, a passthrough, or an answer the upstream marked no-store or
+ * private. A call of a task (which must only run while its
+ * task runs) and a Responses follow-up bypass the cache.
+ *
+ * An entry's records: a plain answer is [body, usage]; a stream is one
+ * [event name, JSON data, msgpack data] record per event relayed. The
+ * last record is the answer's meta: `a` holds its form ('p' plain, 's'
+ * stream) and the call_info flags a replay needs (anthropic,
+ * done_marker). */
+
+struct callcache {
+    struct cache_key key;
+    struct cache_fill *fill; /* owned: the answer being collected, NULL: not stored */
+    double ttl_s;
+    const char *state; /* "hit" | "miss" | "bypass", NULL: the capability is not cached */
+    /* Coalescing: a call identical to one in flight (its `leader`, which
+     * lists it in `waiters`) waits for the leader's end instead of going
+     * upstream; `waiting` until it wakes (call_cache_wake). */
+    struct call *leader, *waiters, *wprev, *wnext;
+    bool waiting;
+};
+
+static int callcache_key(const struct call_sink *s, const struct call_req *r,
+                         const struct config_capability *cap, const char *app,
+                         struct cache_key *key)
+{
+    unsigned form =
+        (r->stream ? CACHE_FORM_STREAM : 0) | (s->ops->wants_msgpack ? CACHE_FORM_MSGPACK : 0);
+    const char *ns = cap->cache.shared ? "" : app; /* an app name is never empty */
+
+    if (!r->json)
+        return cache_key_make(key, ns, cap->name, r->model, r->model_len, form, r->mp);
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    msgpack_unpacked up;
+    int rc = -1;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_unpacked_init(&up);
+    if (transcode_json_to_msgpack(r->json, r->json_len, &pk, NULL, NULL, 0) == 0 &&
+        msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS)
+        rc = cache_key_make(key, ns, cap->name, r->model, r->model_len, form, &up.data);
+    msgpack_unpacked_destroy(&up);
+    msgpack_sbuffer_destroy(&sb);
+    return rc;
+}
+
+/* Replays entry `e` to the sink. A stream's events are relayed whatever
+ * the sink's write queue holds: an entry is bounded by max_entry_bytes. */
+static int callcache_replay(struct call_sink *s, uint32_t id, const struct cache_entry *e)
+{
+    struct cache_rec cur, next, meta = { 0 };
+    size_t pos = 0, scan = 0;
+    struct call_info ci = { .source = "cache", .cache = "hit" };
+    struct call_body b = { 0 };
+
+    while (cache_entry_next(e, &scan, &next))
+        meta = next; /* the last record */
+    ci.anthropic = meta.a_len >= 3 && meta.a[1] == '1';
+    ci.done_marker = meta.a_len >= 3 && meta.a[2] == '1';
+    bool stream = meta.a_len >= 3 && meta.a[0] == 's';
+    for (bool more = cache_entry_next(e, &pos, &cur); more; cur = next) {
+        size_t at = pos;
+        if (!cache_entry_next(e, &at, &next))
+            break; /* cur is the meta record */
+        pos = at;
+        if (stream) {
+            ci.event = cur.name;
+            if (s->ops->on_chunk(s, id, &ci, cur.a, cur.a_len, cur.b_len ? cur.b : NULL,
+                                 cur.b_len) < 0)
+                return -1; /* the client is gone: the sink tore its calls down */
+        } else if (s->ops->wants_msgpack) {
+            b.mp = cur.a;
+            b.mp_len = cur.a_len;
+            b.usage = cur.b_len ? cur.b : NULL;
+            b.usage_len = cur.b_len;
+        } else {
+            b.json = cur.a;
+            b.json_len = cur.a_len;
+        }
+    }
+    ci.event = NULL;
+    s->ops->on_result(s, id, &ci, &b);
+    return 0;
+}
+
+static int callcache_begin(struct call_sink *s, uint32_t id, const struct call_req *r,
+                           const struct config_capability *cap, const char *app,
+                           struct callcache *cc)
+{
+    struct server *srv = s->srv;
+    double now = ev_now(srv->loop);
+
+    memset(cc, 0, sizeof(*cc));
+    if (cap->cache.ttl_s <= 0 || !srv->cache)
+        return 0;
+    /* A passthrough, a follow-up and a call of a task (which must run only
+     * while its task runs) are never cached. */
+    if (r->raw || r->response_id || r->task_id || r->cache == CACHE_NO_STORE ||
+        callcache_key(s, r, cap, app, &cc->key) < 0) {
+        cc->state = "bypass";
+        cache_count(srv->cache, CACHE_BYPASS);
+        return 0;
+    }
+    if (r->cache != CACHE_NO_CACHE) {
+        const struct cache_entry *e =
+            cache_get(srv->cache, &cc->key, now, r->cache_max_age ? r->cache_max_age_s : -1);
+        if (e) {
+            cache_count(srv->cache, CACHE_HIT);
+            bool answered = callcache_replay(s, id, e) == 0;
+            struct access_entry ae = {
+                .conn = s->conn_id,
+                .msgid = id,
+                .app = app,
+                .capability = cap->name,
+                .source = "cache",
+                .peer_pid = s->peer_pid,
+                .peer_uid = s->peer_uid,
+                .answered = answered,
+                .code = PGW_OK,
+                .stream = r->stream,
+                .ttft_s = r->stream ? 0 : NAN,
+                .tokens = NAN,
+                .cache = "hit",
+            };
+            access_log_write(srv->cfg, &ae);
+            if (answered)
+                s->ops->flush(s);
+            return 1;
+        }
+    }
+    cache_count(srv->cache, CACHE_MISS);
+    cc->state = "miss";
+    cc->ttl_s = cap->cache.ttl_s;
+    cc->fill = cache_fill_new(cap->cache.max_entry_bytes);
+    return 0;
+}
+
+static void callcache_on_chunk(struct callcache *cc, const struct call_info *ci, const char *json,
+                               size_t json_len, const char *mp, size_t mp_len)
+{
+    if (cc->fill && cache_fill_add(cc->fill, ci->event, json, json_len, mp, mp_len) < 0) {
+        cache_fill_free(cc->fill); /* too big: relayed, never stored */
+        cc->fill = NULL;
+    }
+}
+
+static void callcache_on_result(struct server *srv, struct callcache *cc,
+                                const struct call_info *ci, const struct call_body *b,
+                                const char *upstream_cc, double now)
+{
+    struct cache_fill *f = cc->fill;
+    char meta[3];
+
+    cc->fill = NULL;
+    if (!f)
+        return;
+    double ttl = cache_upstream_ttl(upstream_cc, cc->ttl_s);
+    if (!(ttl > 0) || b->raw) {
+        cache_fill_free(f);
+        return;
+    }
+    meta[0] = b->json || b->mp ? 'p' : 's';
+    meta[1] = ci->anthropic ? '1' : '0';
+    meta[2] = ci->done_marker ? '1' : '0';
+    int rc = 0;
+    if (b->json)
+        rc = cache_fill_add(f, NULL, b->json, b->json_len, NULL, 0);
+    else if (b->mp)
+        rc = cache_fill_add(f, NULL, b->mp, b->mp_len, b->usage, b->usage_len);
+    if (rc == 0)
+        rc = cache_fill_add(f, NULL, meta, sizeof(meta), NULL, 0);
+    if (rc < 0) {
+        cache_fill_free(f);
+        return;
+    }
+    cache_put(srv->cache, &cc->key, f, now, now + ttl);
+}
+
+static void callcache_fini(struct callcache *cc)
+{
+    cache_fill_free(cc->fill);
+    cc->fill = NULL;
+}
 
 struct call {
     struct call_sink *sink;
@@ -149,6 +340,7 @@ struct call {
                                            * being looked up */
     bool resp_noted;                      /* its answer's response id was remembered */
     bool past_end;                        /* the attempt's stream sent its terminal event */
+    struct callcache cc;                  /* its use of the response cache */
 };
 
 static void call_step(struct call *k);
@@ -251,6 +443,7 @@ static void call_log(const struct call *k)
         .ttft_s = k->ttft_s,
         .tokens = k->used_tokens,
         .cost = k->cost,
+        .cache = k->cc.state,
     };
     access_log_write(srv->cfg, &e);
 }
@@ -269,7 +462,30 @@ static void call_free_memory(struct call *k)
     free(k->model_label);
     free(k->query);
     raw_call_free(k->rawc);
+    callcache_fini(&k->cc);
     free(k);
+}
+
+/* Coalescing. A call that ends detaches from its leader; a leader that
+ * ends (answered, failed, cancelled or torn down) wakes its waiters on the
+ * next loop pass, never inside its own end: each then takes the entry the
+ * leader stored, or, when there is none (the leader failed, or its answer
+ * could not be stored), goes upstream itself. */
+static void call_cache_release(struct call *k)
+{
+    struct callcache *cc = &k->cc;
+
+    if (cc->leader)
+        DLIST_UNLINK(cc->leader->cc.waiters, k, cc.wprev, cc.wnext);
+    cc->leader = NULL;
+    while (cc->waiters) {
+        struct call *w = cc->waiters;
+        DLIST_UNLINK(cc->waiters, w, cc.wprev, cc.wnext);
+        w->cc.leader = NULL;
+        ev_timer_stop(k->srv->loop, &w->wake_w);
+        ev_timer_set(&w->wake_w, 0, 0);
+        ev_timer_start(k->srv->loop, &w->wake_w);
+    }
 }
 
 /* Budgets (docs/CONFIG.md §12a). A reservation is the attempt's worst
@@ -390,6 +606,7 @@ static void call_end(struct call *k)
     call_task_unlink(k);
     call_set_paused(k, false);
     ev_timer_stop(srv->loop, &k->wake_w);
+    call_cache_release(k);
     if (k->model_label)
         metrics_on_model_call(srv->metrics, call_cap(k), k->model_label, k->code);
     metrics_on_call_end(srv->metrics, call_cap(k), k->code, call_elapsed(k),
@@ -995,6 +1212,7 @@ static void call_info_fill(const struct call *k, struct call_info *ci)
     /* Chat Completions streams end with [DONE]; Messages and Responses
      * streams end with a named event of their own. */
     ci->done_marker = !k->src || k->form == BODY_TO_ANTHROPIC || call_dialect(k)->chat_facts;
+    ci->cache = k->cc.state;
 }
 
 /* A success: the plain body (`json` as received, `body` its msgpack form)
@@ -1045,6 +1263,7 @@ static void call_reply_success(struct call *k, const struct attempt_result *r,
     }
     k->code = PGW_OK;
     k->answered = true;
+    callcache_on_result(k->srv, &k->cc, &ci, &b, r->cache_control, ev_now(k->srv->loop));
     k->sink->ops->on_result(k->sink, k->msgid, &ci, &b);
     msgpack_sbuffer_destroy(&us);
     strbuf_fini(&scrubbed);
@@ -1056,6 +1275,54 @@ static void call_finish(struct call *k)
     struct call_sink *s = k->sink;
     call_end(k);
     s->ops->flush(s);
+}
+
+/* A cacheable miss identical to a call in flight that will store its
+ * answer waits for it (until the call's own deadline at most). Returns
+ * true when `k` waits. */
+static bool call_cache_wait(struct call *k, double deadline_s)
+{
+    struct call *l;
+
+    if (!k->cc.fill)
+        return false;
+    for (l = k->srv->calls_all; l; l = l->all_next)
+        if (l != k && l->cc.fill && !l->cc.waiting &&
+            memcmp(l->cc.key.h, k->cc.key.h, CACHE_KEY_BYTES) == 0)
+            break;
+    if (!l)
+        return false;
+    k->cc.leader = l;
+    k->cc.waiting = true;
+    DLIST_PUSH(l->cc.waiters, k, cc.wprev, cc.wnext);
+    if (deadline_s > 0) {
+        ev_timer_set(&k->wake_w, deadline_s, 0);
+        ev_timer_start(k->srv->loop, &k->wake_w);
+    }
+    return true;
+}
+
+/* A waiter woke (its leader ended, or its deadline came): answered from
+ * the leader's entry when there is one (true: `k` is over), else it goes
+ * upstream as any miss (false). */
+static bool call_cache_wake(struct call *k)
+{
+    struct server *srv = k->srv;
+    struct call_sink *s = k->sink;
+
+    call_cache_release(k);
+    k->cc.waiting = false;
+    const struct cache_entry *e = cache_get(srv->cache, &k->cc.key, ev_now(srv->loop), -1);
+    if (!e)
+        return false;
+    cache_count(srv->cache, CACHE_COALESCED);
+    k->cc.state = "hit";
+    k->code = PGW_OK;
+    k->answered = true;
+    if (callcache_replay(s, k->msgid, e) < 0)
+        return true; /* the client is gone: the sink tore `k` down */
+    call_finish(k);
+    return true;
 }
 
 /* A budget refused the attempt the step reserved: what the step took is
@@ -1473,6 +1740,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     /* Relay now. The sink may find the client gone: it then aborts every
      * call it holds, this one included, so `k` is freed (its attempt is
      * only marked cancelled: we are inside curl) and must not be touched. */
+    callcache_on_chunk(&k->cc, &ci, text, text_len, sb.size ? sb.data : NULL, sb.size);
     rc = k->sink->ops->on_chunk(k->sink, k->msgid, &ci, text, text_len, sb.size ? sb.data : NULL,
                                 sb.size);
     msgpack_sbuffer_destroy(&sb);
@@ -1616,9 +1884,12 @@ static int call_prepare_json(struct call *k, const struct config_source *src, ch
 
 static void call_on_wake_timer(struct ev_loop *loop, ev_timer *w, int revents)
 {
+    struct call *k = w->data;
     (void)loop;
     (void)revents;
-    call_step(w->data);
+    if (k->cc.waiting && call_cache_wake(k))
+        return;
+    call_step(k);
 }
 
 void call_on_gov_wake(struct gov_call *g, void *ud)
@@ -1942,8 +2213,8 @@ static void call_step(struct call *k)
 {
     struct gov_decision d;
 
-    if (k->admit || k->attempt || k->task_wait || k->spend || k->resp_wait)
-        return; /* a late timer, or the call is waiting for the backend */
+    if (k->admit || k->attempt || k->task_wait || k->spend || k->resp_wait || k->cc.waiting)
+        return; /* a late timer, or the call is waiting for the backend or its leader */
     gov_call_step(&k->g, ev_now(k->srv->loop), &d);
     call_act(k, &d, NULL);
 }
@@ -2371,13 +2642,22 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
         }
     }
 
-    struct call *k = calloc(1, sizeof(*k));
-    if (!k) {
-        call_refuse(s, id, r, PGW_INTERNAL, "out of memory");
+    /* A hit is answered here, before anything is reserved (callcache.h). */
+    struct callcache cc;
+    if (callcache_begin(s, id, r, &cfg->capabilities[ci], app->name, &cc) > 0) {
         free(tw);
         free(use);
         return;
     }
+    struct call *k = calloc(1, sizeof(*k));
+    if (!k) {
+        call_refuse(s, id, r, PGW_INTERNAL, "out of memory");
+        callcache_fini(&cc);
+        free(tw);
+        free(use);
+        return;
+    }
+    k->cc = cc;
     k->sink = s;
     k->srv = srv;
     k->msgid = id;
@@ -2494,6 +2774,8 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
         tasks_guard_remote(srv, tw->id, app, call_on_task_checked, tw);
         return;
     }
+    if (r->cache == CACHE_USE && call_cache_wait(k, r->deadline_s))
+        return;
     call_step(k);
 }
 

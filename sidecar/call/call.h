@@ -21,6 +21,7 @@
 #include "codes.h"
 #include "gov.h"
 #include "codec/jscan.h"
+#include "backend/cache.h"
 
 struct server;
 struct call;
@@ -41,7 +42,10 @@ struct call_info {
                                     * (Chat Completions; not Messages nor Responses) */
     const char *event; /* on_chunk: the event's name as the upstream's `event:`
                                     * line gave it (Anthropic: else its "type"), or NULL */
+    const char *cache; /* the response cache's verdict, "hit" | "miss" | "bypass",
+                                    * NULL: the capability is not cached */
 };
+
 
 /* A success. For a plain call, a sink that wants msgpack gets the reply as
  * msgpack in `mp` (and `usage`, the reply's or the stream's last usage
@@ -172,6 +176,11 @@ struct call_req {
      * takes JSON. A JSON call's previous_response_id is read by call_begin
      * itself. */
     const char *response_id;
+    /* The response cache: the client's mode, and with `cache_max_age` an
+     * entry older than cache_max_age_s seconds is not used. */
+    enum cache_mode cache;
+    bool cache_max_age;
+    double cache_max_age_s;
 };
 
 /* Starts call `id` of sink `s` (an id unique among the sink's calls in

@@ -89,6 +89,11 @@ enum fid {
     FID_MAX_TASKS,
     FID_RESPONSES,
     FID_RESP_REMEMBER,
+    FID_CACHE,
+    FID_CACHE_MAX_BYTES,
+    FID_CACHE_TTL,
+    FID_CACHE_MAX_ENTRY,
+    FID_CACHE_SHARED,
     FID_RESP_MAX,
     FID_SOCKET,
     FID_MODE,
@@ -866,6 +871,20 @@ static const struct field responses_table[] = {
     END
 };
 
+/* The response cache (docs/CONFIG.md, "cache"): the memory tier's cap. */
+static const struct field cache_table[] = { NUM("max_bytes", FT_SIZE, FID_CACHE_MAX_BYTES,
+                                                OFF(struct config, cache_max_bytes), 0,
+                                                68719476736.0, 0),
+                                            END };
+
+/* A capability's cache: on when ttl_s > 0 (relative to struct config_cache). */
+static const struct field cap_cache_table[] = {
+    NUM("ttl_s", FT_DOUBLE, FID_CACHE_TTL, OFF(struct config_cache, ttl_s), 0, DURATION_MAX_S, 0),
+    NUM("max_entry_bytes", FT_SIZE, FID_CACHE_MAX_ENTRY, OFF(struct config_cache, max_entry_bytes),
+        1, 1073741824.0, 0),
+    TYPED("shared", FT_BOOL, FID_CACHE_SHARED, OFF(struct config_cache, shared)), END
+};
+
 static int walk_sentinels(struct loader *l, const struct ynode *v);
 
 static const struct field backend_tls_table[] = {
@@ -932,6 +951,7 @@ static const struct field capability_table[] = {
         1073741824.0, 0),
     NUM("budget_output_tokens", FT_U32, FID_BUDGET_OUTPUT,
         OFF(struct cap_stage, cap.budget_output_tokens), 0, 1e9, 0),
+    SECTION("cache", FID_CACHE, OFF(struct cap_stage, cap.cache), cap_cache_table),
     { .key = "policy",
       .type = FT_INCLUDE,
       .off = OFF(struct cap_stage, cap.policy),
@@ -1130,6 +1150,7 @@ static const struct field top_table[] = { SECTION("listen", FID_LISTEN, 0, liste
                                           SECTION("tasks", FID_TASKS, 0, tasks_table),
                                           SECTION("tracing", FID_TRACING, 0, tracing_table),
                                           SECTION("responses", FID_RESPONSES, 0, responses_table),
+                                          SECTION("cache", FID_CACHE, 0, cache_table),
                                           SECTION("http", FID_HTTP, 0, http_table),
                                           SECTION("defaults", FID_DEFAULTS,
                                                   OFF(struct config, defaults), policy_table),
@@ -1188,6 +1209,7 @@ static int config_set_defaults(struct config *cfg)
     cfg->task_ttl_s = 86400;
     cfg->max_tasks = 65536;
     cfg->responses_remember_s = 30 * 86400.0;
+    cfg->cache_max_bytes = 64u * 1024 * 1024;
     cfg->responses_max_remembered = 100000;
     cfg->backend = BACKEND_MEMORY;
     cfg->redis_command_timeout_s = 1;
@@ -1899,6 +1921,7 @@ static struct cap_stage *cap_add(struct loader *l, const char *name, size_t len)
     c->cap.methods = CONFIG_METHOD_POST;
     c->cap.max_body_bytes = CONFIG_RAW_MAX_BODY_DEFAULT;
     c->cap.budget_output_tokens = 4096;
+    c->cap.cache.max_entry_bytes = CONFIG_CACHE_ENTRY_DEFAULT;
     return c;
 }
 

@@ -106,6 +106,15 @@ struct config_limits {
  * stay on one source (gov_call_set_affinity). */
 enum config_affinity { AFFINITY_NONE = 0, AFFINITY_TASK, AFFINITY_SCOPE };
 
+/* A capability's response cache (docs/CONFIG.md, "cache"): off unless
+ * ttl_s > 0. */
+struct config_cache {
+    double ttl_s;           /* an entry's life; 0 = the capability is not cached */
+    size_t max_entry_bytes; /* an answer larger than this is not stored; default 1 MiB */
+    bool shared;            /* one entry for every app, not one per app */
+};
+#define CONFIG_CACHE_ENTRY_DEFAULT (1024u * 1024)
+
 struct config_capability {
     char name[CONFIG_NAME_MAX];
     enum config_affinity affinity; /* default none */
@@ -121,6 +130,7 @@ struct config_capability {
     /* The output a call that names no max_tokens is assumed to produce,
      * for the worst case a budget reserves (docs/CONFIG.md §12a); 4096 */
     uint32_t budget_output_tokens;
+    struct config_cache cache;
 };
 
 /* The HTTP methods a capability may be served with (`methods:`). */
@@ -339,6 +349,7 @@ struct config {
      * its follow-ups (docs/CONFIG.md, "responses") */
     double responses_remember_s;       /* 0 = not remembered; default 30 days */
     uint32_t responses_max_remembered; /* memory backend; default 100000 */
+    size_t cache_max_bytes;            /* the response cache's memory cap; default 64 MiB */
 
     /* backend: */
     enum backend_kind backend;

@@ -32,6 +32,7 @@ struct tasks_req;
 struct tasks_resync;
 struct keywatch;
 struct http_server;
+struct cache;
 struct metrics;
 struct redact;
 struct server;
@@ -131,6 +132,7 @@ struct server {
     const struct tasks_calls *task_calls;
     struct metrics *metrics; /* counters and histograms (metrics.h) */
     struct redact *redact;   /* the sources' keys, scrubbed from relayed replies */
+    struct cache *cache;     /* the response cache's memory tier (call/cache.h) */
     struct sdnotify notify;  /* readiness and watchdog for the service manager */
     /* Reload (reload.h). cfg is owned by the server once a reload swapped it. */
     const char *config_path;     /* borrowed from main: the file reloads read */

@@ -343,6 +343,11 @@ static void hc_head(struct http_conn *c, int status, const char *ctype, long lon
          * goes out before its usage. */
         if (cost_is_known(ci->cost))
             out_printf(c, "X-Polygw-Cost: %.9g\r\n", ci->cost);
+        if (ci->cache) {
+            out_str(c, "X-Polygw-Cache: ");
+            out_str(c, ci->cache);
+            out_str(c, "\r\n");
+        }
     }
     if (extra)
         out_str(c, extra);
@@ -1547,6 +1552,9 @@ static void hc_call_headers(struct http_conn *c, struct call_req *rq, char *scop
         r.traceparent = c->req.val[HRQ_TRACEPARENT];
     if (c->req.present[HRQ_TRACESTATE])
         r.tracestate = c->req.val[HRQ_TRACESTATE];
+    if (c->req.present[HRQ_CACHE_CONTROL])
+        cache_parse_mode(c->req.val[HRQ_CACHE_CONTROL], &r.cache, &r.cache_max_age,
+                         &r.cache_max_age_s);
     if (c->req.present[HRQ_SCOPE]) {
         memcpy(scope, c->req.val[HRQ_SCOPE], c->req.val_len[HRQ_SCOPE] + 1);
         r.scope = scope;

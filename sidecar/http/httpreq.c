@@ -42,6 +42,7 @@ static const struct {
     HDR("x-polygw-budget"),
     HDR("traceparent"),
     HDR("tracestate"),
+    HDR("cache-control"),
 };
 
 const char *httpreq_hdr_name(enum httpreq_hdr h)
@@ -232,7 +233,7 @@ static int on_headers_complete(http_parser *p)
 
     for (int i = HRQ_COUNT - 1; i >= 0; i--) {
         r->val[i][r->val_len[i]] = '\0';
-        if (r->val_over[i] && i != HRQ_AUTH && i != HRQ_TRACESTATE)
+        if (r->val_over[i] && i != HRQ_AUTH && i != HRQ_TRACESTATE && i != HRQ_CACHE_CONTROL)
             r->over = (enum httpreq_hdr)i;
     }
     r->auth_over = r->val_over[HRQ_AUTH];

@@ -8,6 +8,7 @@
 
 #include "core/server.h"
 #include "backend/backend.h"
+#include "backend/cache.h"
 #include "figures.h"
 #include "upstream/upstream.h"
 
@@ -326,6 +327,48 @@ static void render_server(struct prom_text *t, struct server *srv)
     figs_render(t, &figs_server, srv, 1, 0);
 }
 
+/* The response cache's memory tier (backend/cache.h). */
+static void render_cache(struct prom_text *t, struct server *srv)
+{
+    static const struct {
+        const char *name, *type, *help;
+        size_t off;
+    } fams[] = {
+#define CACHE_FAM(n, type, f, help) \
+    { "polygw_cache_" n, type, help, offsetof(struct cache_stats, f) }
+        CACHE_FAM("hits_total", "counter", hits, "Calls answered from the response cache."),
+        CACHE_FAM("misses_total", "counter", misses,
+                  "Cacheable calls that went upstream (no entry, or Cache-Control: no-cache)."),
+        CACHE_FAM("bypasses_total", "counter", bypasses,
+                  "Calls of a cached capability that neither read nor wrote the cache."),
+        CACHE_FAM("coalesced_total", "counter", coalesced,
+                  "Calls that waited for an identical call in flight and took its answer."),
+        CACHE_FAM("stores_total", "counter", stores, "Answers stored in the response cache."),
+        CACHE_FAM("evictions_total", "counter", evictions,
+                  "Entries evicted (least recently used) to keep cache.max_bytes."),
+        CACHE_FAM("expired_total", "counter", expired, "Entries found expired and dropped."),
+        CACHE_FAM("too_big_total", "counter", too_big,
+                  "Answers not stored: larger than max_entry_bytes or the whole cache."),
+#undef CACHE_FAM
+    };
+    struct cache_stats st;
+
+    if (!srv->cache)
+        return;
+    cache_get_stats(srv->cache, &st);
+    for (size_t i = 0; i < sizeof(fams) / sizeof(fams[0]); i++) {
+        prom_text_family(t, fams[i].name, fams[i].type, fams[i].help);
+        prom_text_sample_u64(t, fams[i].name, NULL, 0,
+                             *(const uint64_t *)((const char *)&st + fams[i].off));
+    }
+    render_one(t, "polygw_cache_bytes", "gauge",
+               "Bytes the response cache holds (entries and their bookkeeping).", (double)st.bytes);
+    render_one(t, "polygw_cache_entries", "gauge", "Entries in the response cache.",
+               (double)st.entries);
+    render_one(t, "polygw_cache_max_bytes", "gauge", "The response cache's cap (cache.max_bytes).",
+               (double)srv->cfg->cache_max_bytes);
+}
+
 /* ---- one series (or histogram) per source, labelled source and capability */
 
 static void source_labels(const struct config *cfg, size_t i, struct prom_label *l)
@@ -618,6 +661,7 @@ char *metrics_render(struct server *srv, size_t *len)
     prom_text_init(&t);
     prom_text_reserve(&t, srv->metrics->last_len + srv->metrics->last_len / 8);
     render_server(&t, srv);
+    render_cache(&t, srv);
     render_sources(&t, srv);
     render_capabilities(&t, srv);
     figs_render(&t, &figs_tasks, srv, 1, 0);

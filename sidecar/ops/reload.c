@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cache.h"
 #include "call/call.h"
 #include "call/governor.h"
 #include "core/log.h"
@@ -486,6 +487,7 @@ static int reload_apply(struct reload_ctx *x, struct reload_summary *sum, char *
     char terr[160];
     if (srv->tracer && tracer_reconf(srv->tracer, &n->tracing, terr, sizeof(terr)) < 0)
         log_at(LOG_WARN, "tracing keeps its settings", "error", LOG_S, terr, NULL);
+    cache_set_max_bytes(srv->cache, n->cache_max_bytes);
     if (!srv->log_level_override)
         log_threshold = n->log_level;
     config_free(o);

@@ -58,7 +58,8 @@ static void rpc_on_result(struct call_sink *s, uint32_t id, const struct call_in
     bool cost = cost_is_known(ci->cost);
 
     msgpack_pack_map(pk,
-                     4 + (b->mp ? 1 : 0) + (b->usage ? 1 : 0) + (b->raw ? 3 : 0) + (cost ? 1 : 0));
+                     4 + (b->mp ? 1 : 0) + (b->usage ? 1 : 0) + (b->raw ? 3 : 0) + (cost ? 1 : 0) +
+                         (ci->cache ? 1 : 0));
     if (b->raw) {
         /* A passthrough's answer: its bytes, type and status (rawcall.h). */
         rpc_pack_str(pk, "body");
@@ -83,6 +84,8 @@ static void rpc_on_result(struct call_sink *s, uint32_t id, const struct call_in
     }
     if (cost)
         rpc_pack_kv_double(pk, "cost", ci->cost);
+    if (ci->cache)
+        rpc_pack_kv_str(pk, "cache", ci->cache); /* the response cache's verdict */
     conn_response_done(c, PGW_OK);
 }
 
@@ -225,6 +228,7 @@ void callrpc_start(struct conn *c, const struct rpc_msg *m)
         P_METHOD,
         P_SUFFIX,
         P_TRACE,
+        P_CACHE,
         P_N
     };
     static const struct rpc_param spec[P_N] = {
@@ -242,6 +246,7 @@ void callrpc_start(struct conn *c, const struct rpc_msg *m)
         [P_MODEL] = { "model", RPC_T_STR | RPC_T_NIL, false },
         /* The W3C trace context carrier {traceparent, tracestate}. */
         [P_TRACE] = { "trace", RPC_T_MAP | RPC_T_NIL, false },
+        [P_CACHE] = { "cache", RPC_T_STR | RPC_T_NIL, false },
     };
     const msgpack_object *p[P_N];
     char why[300], scope[CONFIG_NAME_MAX * 4], id[TASK_ID_MAX + 1];
@@ -314,6 +319,19 @@ void callrpc_start(struct conn *c, const struct rpc_msg *m)
         r.model = model->via.str.ptr;
         r.model_len = model->via.str.size;
         r.model_param = p[P_MODEL] != NULL;
+    }
+    if (p[P_CACHE]) {
+        char v[64];
+        size_t n = p[P_CACHE]->via.str.size;
+        memcpy(v, p[P_CACHE]->via.str.ptr, n < sizeof(v) ? n : 0);
+        v[n < sizeof(v) ? n : 0] = '\0';
+        if (cache_parse_mode(v, &r.cache, &r.cache_max_age, &r.cache_max_age_s) < 0) {
+            conn_reply_error(c, m->msgid, PGW_BAD_REQUEST,
+                             "parameter 'cache': expected \"no-store\", \"no-cache\" or "
+                             "\"max-age=N\"");
+            free(raw.suffix);
+            return;
+        }
     }
     call_begin(&c->sink, m->msgid, &r);
     free(raw.suffix);

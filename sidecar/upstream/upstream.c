@@ -219,6 +219,7 @@ struct attempt {
     char retry_after_ms[24], should_retry[8], reset_requests[24], reset_tokens[24];
     bool is_sse;
     char content_type[128]; /* the answer's, cut to the field */
+    char cache_control[64]; /* the answer's Cache-Control, cut to the field */
     struct strbuf resp;     /* the body so far, NUL-terminated */
     size_t max_resp;
     bool resp_too_large;
@@ -858,6 +859,7 @@ static void attempt_finish(struct attempt *a, struct attempt_result *r)
         r->body_len = a->resp.len;
     }
     r->content_type = a->content_type;
+    r->cache_control = a->cache_control;
     attempt_detach(a);
     a->phase = ATTEMPT_DONE;
     up->stats.attempts_done++;
@@ -1059,6 +1061,7 @@ static const struct kept_header {
     KEPT_HEADER(should_retry, "x-should-retry"),
     KEPT_HEADER(reset_requests, "x-ratelimit-reset-requests"),
     KEPT_HEADER(reset_tokens, "x-ratelimit-reset-tokens"),
+    KEPT_HEADER(cache_control, "cache-control"),
 };
 
 /* Called by curl for each response header line. Most lines are none of
@@ -1080,7 +1083,7 @@ static size_t attempt_on_header(char *line, size_t size, size_t nitems, void *ud
         a->retry_after[0] = a->retry_after_ms[0] = a->should_retry[0] = '\0';
         a->reset_requests[0] = a->reset_tokens[0] = '\0';
         a->is_sse = false;
-        a->content_type[0] = '\0';
+        a->content_type[0] = a->cache_control[0] = '\0';
         return n;
     }
     char first = n > 0 ? (char)(line[0] | 0x20) : '\0';

@@ -158,11 +158,12 @@ struct attempt_result {
     uint32_t events;        /* stream events delivered */
     bool deadline_exceeded; /* the call's deadline (not the attempt's) ended it */
     double elapsed_s;
-    double ttft_s;            /* request sent -> first byte (plain) or first event
+    double ttft_s;             /* request sent -> first byte (plain) or first event
                                     * (stream); -1 when none arrived */
-    char detail[160];         /* human detail, e.g. curl's error text */
-    const char *content_type; /* the answer's Content-Type value (NUL-terminated,
+    char detail[160];          /* human detail, e.g. curl's error text */
+    const char *content_type;  /* the answer's Content-Type value (NUL-terminated,
                                * "" when none), borrowed for on_done */
+    const char *cache_control; /* its Cache-Control value, the same way (cut to 64 bytes) */
 };
 
 /* Hooks run on the loop thread. on_event gets one SSE event's `data` (NUL-

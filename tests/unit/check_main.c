@@ -45,6 +45,7 @@ int main(void)
         figures_suite,
         budget_suite,
         trace_suite,
+        cache_suite,
     };
     SRunner *sr = srunner_create(NULL);
 

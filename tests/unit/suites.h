@@ -40,5 +40,6 @@ Suite *writer_suite(void);
 Suite *figures_suite(void);
 Suite *budget_suite(void);
 Suite *trace_suite(void);
+Suite *cache_suite(void);
 
 #endif

@@ -1742,7 +1742,8 @@ START_TEST(test_config__unknown_key_hints)
                   "unknown key; did you mean sources[1].breaker.failures?");
     expect_reject("capabilities: { vision: { path: /v, tasks: {} } }\n", 1,
                   "capabilities.vision.tasks", "unknown key; did you mean tasks?");
-    expect_reject("listen: { ttl_s: 5 }\n", 1, "listen.ttl_s", "did you mean tasks.ttl_s?");
+    expect_reject("listen: { ttl_s: 5 }\n", 1, "listen.ttl_s",
+                  "did you mean tasks.ttl_s or capabilities.NAME.cache.ttl_s?");
     /* A typo: the nearest key of the same map (case, swaps, a missing suffix). */
     expect_reject("listen:\n  sokcet: /x\n", 2, "listen.sokcet",
                   "unknown key; did you mean socket?");

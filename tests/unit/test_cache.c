@@ -1,0 +1,208 @@
+/* test_cache.c — the response cache's memory tier (sidecar/backend/cache):
+ * the canonical key, LRU under the byte cap, expiry and max-age by an
+ * injected clock, bounded fills, and the Cache-Control readers. */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cache.h"
+#include "codec/transcode.h"
+#include "suites.h"
+
+/* The key of JSON `json` for app `ns`. */
+static struct cache_key key_of(const char *ns, const char *json, unsigned form)
+{
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    msgpack_unpacked up;
+    struct cache_key k;
+
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    ck_assert_int_eq(transcode_json_to_msgpack(json, strlen(json), &pk, NULL, NULL, 0), 0);
+    msgpack_unpacked_init(&up);
+    ck_assert(msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS);
+    ck_assert_int_eq(cache_key_make(&k, ns, "chat", "m", 1, form, &up.data), 0);
+    msgpack_unpacked_destroy(&up);
+    msgpack_sbuffer_destroy(&sb);
+    return k;
+}
+
+static bool same(struct cache_key a, struct cache_key b)
+{
+    return memcmp(a.h, b.h, sizeof(a.h)) == 0;
+}
+
+START_TEST(test_cache__key_is_canonical_and_scoped)
+{
+    struct cache_key k = key_of("a", "{\"model\":\"m\",\"input\":[1,{\"x\":1,\"y\":2}]}", 0);
+
+    /* Member order, whitespace and the ignored members do not matter. */
+    ck_assert(same(k, key_of("a", " { \"input\" : [1, {\"y\":2,\"x\":1}], \"model\":\"m\" }", 0)));
+    ck_assert(same(k,
+                   key_of("a",
+                          "{\"model\":\"m\",\"input\":[1,{\"x\":1,\"y\":2}],\"user\":\"u\","
+                          "\"stream\":false,\"stream_options\":{}}",
+                          0)));
+    /* Nested `user` is content; order inside arrays, types, app, form are all part. */
+    ck_assert(
+        !same(k, key_of("a", "{\"model\":\"m\",\"input\":[1,{\"x\":1,\"y\":2,\"user\":1}]}", 0)));
+    ck_assert(!same(k, key_of("a", "{\"model\":\"m\",\"input\":[{\"x\":1,\"y\":2},1]}", 0)));
+    ck_assert(!same(k, key_of("a", "{\"model\":\"m\",\"input\":[1.0,{\"x\":1,\"y\":2}]}", 0)));
+    ck_assert(!same(k, key_of("b", "{\"model\":\"m\",\"input\":[1,{\"x\":1,\"y\":2}]}", 0)));
+    ck_assert(!same(
+        k, key_of("a", "{\"model\":\"m\",\"input\":[1,{\"x\":1,\"y\":2}]}", CACHE_FORM_STREAM)));
+    /* Strings are length-prefixed: no two splits hash the same. */
+    ck_assert(!same(key_of("a", "[\"ab\",\"c\"]", 0), key_of("a", "[\"a\",\"bc\"]", 0)));
+}
+END_TEST
+
+static struct cache_fill *fill_of(size_t n, size_t max)
+{
+    struct cache_fill *f = cache_fill_new(max);
+    char *buf = calloc(1, n);
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(cache_fill_add(f, "ev", buf, n, NULL, 0), 0);
+    free(buf);
+    return f;
+}
+
+START_TEST(test_cache__lru_keeps_the_byte_cap)
+{
+    struct cache *c = cache_new(10000);
+    struct cache_stats st;
+    struct cache_key k[40];
+
+    for (int i = 0; i < 40; i++) {
+        char json[32];
+        snprintf(json, sizeof(json), "[%d]", i);
+        k[i] = key_of("a", json, 0);
+        cache_put(c, &k[i], fill_of(900, 4096), 0, 100);
+        cache_get_stats(c, &st);
+        ck_assert_uint_le(st.bytes, 10000);
+        if (i == 5) /* keep the first entry recently used */
+            ck_assert_ptr_nonnull(cache_get(c, &k[0], 1, -1));
+        if (i > 5)
+            ck_assert_ptr_nonnull(cache_get(c, &k[0], 1, -1));
+    }
+    cache_get_stats(c, &st);
+    ck_assert_uint_gt(st.evictions, 20);
+    ck_assert_ptr_nonnull(cache_get(c, &k[39], 1, -1));
+    ck_assert_ptr_nonnull(cache_get(c, &k[0], 1, -1)); /* used: kept */
+    ck_assert_ptr_null(cache_get(c, &k[1], 1, -1));    /* least recently used: gone */
+    /* Larger than the whole cache: not stored, nothing evicted for it. */
+    size_t before = st.entries;
+    cache_put(c, &k[1], fill_of(20000, 65536), 0, 100);
+    cache_get_stats(c, &st);
+    ck_assert_uint_eq(st.entries, before);
+    ck_assert_uint_eq(st.too_big, 1);
+    /* A smaller cap evicts at once. */
+    cache_set_max_bytes(c, 2000);
+    cache_get_stats(c, &st);
+    ck_assert_uint_le(st.bytes, 2000);
+    cache_purge(c);
+    cache_get_stats(c, &st);
+    ck_assert_uint_eq(st.bytes, 0);
+    ck_assert_uint_eq(st.entries, 0);
+    cache_free(c);
+}
+END_TEST
+
+START_TEST(test_cache__expiry_and_max_age)
+{
+    struct cache *c = cache_new(1 << 20);
+    struct cache_key k = key_of("a", "{}", 0);
+    struct cache_stats st;
+
+    cache_put(c, &k, fill_of(10, 100), 100, 160);
+    ck_assert_ptr_nonnull(cache_get(c, &k, 159.9, -1));
+    ck_assert_ptr_nonnull(cache_get(c, &k, 130, 30));
+    ck_assert_ptr_null(cache_get(c, &k, 130.5, 30)); /* too old for this client */
+    ck_assert_ptr_nonnull(cache_get(c, &k, 130.5, -1));
+    ck_assert_ptr_null(cache_get(c, &k, 160, -1)); /* expired: dropped */
+    cache_get_stats(c, &st);
+    ck_assert_uint_eq(st.expired, 1);
+    ck_assert_uint_eq(st.entries, 0);
+    cache_free(c);
+}
+END_TEST
+
+START_TEST(test_cache__records_round_trip_and_fills_are_bounded)
+{
+    struct cache *c = cache_new(1 << 20);
+    struct cache_key k = key_of("a", "{}", 0);
+    struct cache_fill *f = cache_fill_new(1000);
+    struct cache_rec r;
+    size_t pos = 0;
+
+    ck_assert_int_eq(cache_fill_add(f, "message_start", "{\"a\":1}", 7, "\x81", 1), 0);
+    ck_assert_int_eq(cache_fill_add(f, NULL, "[DONE]", 6, NULL, 0), 0);
+    cache_put(c, &k, f, 0, 10);
+    const struct cache_entry *e = cache_get(c, &k, 1, -1);
+    ck_assert_ptr_nonnull(e);
+    ck_assert(cache_entry_next(e, &pos, &r));
+    ck_assert_str_eq(r.name, "message_start");
+    ck_assert_int_eq(r.a_len, 7);
+    ck_assert(memcmp(r.a, "{\"a\":1}", 7) == 0);
+    ck_assert_int_eq(r.b_len, 1);
+    ck_assert(cache_entry_next(e, &pos, &r));
+    ck_assert_ptr_null(r.name);
+    ck_assert_int_eq(r.a_len, 6);
+    ck_assert(!cache_entry_next(e, &pos, &r));
+
+    /* Past its bound a fill keeps nothing and is never stored. */
+    f = cache_fill_new(100);
+    char big[200] = { 0 };
+    ck_assert_int_eq(cache_fill_add(f, NULL, big, 50, NULL, 0), 0);
+    ck_assert_int_eq(cache_fill_add(f, NULL, big, 60, NULL, 0), -1);
+    ck_assert_int_eq(cache_fill_add(f, NULL, big, 1, NULL, 0), -1);
+    struct cache_key k2 = key_of("b", "{}", 0);
+    cache_put(c, &k2, f, 0, 10);
+    ck_assert_ptr_null(cache_get(c, &k2, 1, -1));
+    cache_free(c);
+}
+END_TEST
+
+START_TEST(test_cache__cache_control)
+{
+    enum cache_mode m = CACHE_USE;
+    bool has = false;
+    double age = -1;
+
+    ck_assert_int_eq(cache_parse_mode("no-store", &m, &has, &age), 0);
+    ck_assert_int_eq(m, CACHE_NO_STORE);
+    m = CACHE_USE;
+    ck_assert_int_eq(cache_parse_mode("No-Cache, max-age=30", &m, &has, &age), 0);
+    ck_assert_int_eq(m, CACHE_NO_CACHE);
+    ck_assert(has);
+    ck_assert(age == 30);
+    m = CACHE_USE;
+    has = false;
+    ck_assert_int_eq(cache_parse_mode("no-storey, max-age=x", &m, &has, &age), -1);
+    ck_assert_int_eq(m, CACHE_USE);
+    ck_assert(!has);
+
+    ck_assert(cache_upstream_ttl(NULL, 60) == 60);
+    ck_assert(cache_upstream_ttl("", 60) == 60);
+    ck_assert(cache_upstream_ttl("no-store", 60) == 0);
+    ck_assert(cache_upstream_ttl("public, private", 60) == 0);
+    ck_assert(cache_upstream_ttl("no-cache, must-revalidate", 60) == 60);
+    ck_assert(cache_upstream_ttl("max-age=5", 60) == 5);
+    ck_assert(cache_upstream_ttl("max-age=500", 60) == 60);
+    ck_assert(cache_upstream_ttl("public, max-age=0", 60) == 0);
+}
+END_TEST
+
+Suite *cache_suite(void)
+{
+    Suite *s = suite_create("cache");
+    TCase *tc = tcase_create("core");
+
+    tcase_add_test(tc, test_cache__key_is_canonical_and_scoped);
+    tcase_add_test(tc, test_cache__lru_keeps_the_byte_cap);
+    tcase_add_test(tc, test_cache__expiry_and_max_age);
+    tcase_add_test(tc, test_cache__records_round_trip_and_fills_are_bounded);
+    tcase_add_test(tc, test_cache__cache_control);
+    suite_add_tcase(s, tc);
+    return s;
+}
