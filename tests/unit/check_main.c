@@ -14,6 +14,7 @@ int main(void)
         vectors_suite,
         config_suite,
         sse_suite,
+        sigv4_suite,
         outcome_suite,
         transcode_suite,
         stallclock_suite,
