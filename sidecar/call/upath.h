@@ -20,6 +20,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include <time.h>
+
 #include "core/config.h"
 
 struct upath_call {
@@ -40,5 +42,13 @@ char *upath_url(const struct config_source *src, const struct upath_call *c, cha
 /* Whether `name` (`len` bytes) may be put in a Gemini path as it is:
  * 1 to 255 of [A-Za-z0-9._-]. */
 bool upath_model_ok(const char *name, size_t len);
+
+/* The header lines that sign one attempt of a `kind: bedrock` source:
+ * "Authorization: ...\r\nX-Amz-Date: ...\r\n" and, with a session token,
+ * "X-Amz-Security-Token: ...\r\n", for `url` (what upath_url made) and
+ * the body, at `now` (wall-clock seconds). Malloc'd; a secret (the caller
+ * wipes and frees it). NULL when out of memory. */
+char *upath_sign_aws(const struct config_source *src, const char *url, const void *body,
+                     size_t body_len, time_t now);
 
 #endif /* POLYGW_UPATH_H */

@@ -37,6 +37,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "awscreds.h"
 #include "codec/dialect.h"
 #include "budget.h"
 #include "cost.h"
@@ -195,6 +196,7 @@ struct config_source {
     enum dialect_kind kind;        /* default openai */
     char *api_version;             /* owned; azure only, required there */
     char *anthropic_version;       /* owned; anthropic only, default "2023-06-01" */
+    struct aws_creds aws;          /* bedrock only: region and credentials (awscreds.h) */
     char *auth_header;             /* owned or NULL: send the key verbatim in this header */
     char *auth_query;              /* owned or NULL: send the key as this query parameter */
     bool stream_usage;             /* openai/azure streams ask for usage; default true */

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "sigv4.h"
+#include "upstream/sigv4.h"
 #include "suites.h"
 
 static const struct sigv4_creds SUITE_CREDS = { "AKIDEXAMPLE",
@@ -77,8 +77,8 @@ END_TEST
 
 START_TEST(get_unreserved)
 {
-    struct sigv4_request r =
-        suite_req("GET", "/-._~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz", NULL);
+    struct sigv4_request r = suite_req(
+        "GET", "/-._~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz", NULL);
     check_auth(&r, &SUITE_CREDS, "host;x-amz-date",
                "07ef7494c76fa4850883e2b006601f940f8a34d404d0cfa977f52a65bbf5f24f");
 }
@@ -212,10 +212,10 @@ START_TEST(query_edge_cases)
     static const struct {
         const char *q, *want;
     } cases[] = {
-        { "a=10&a=9", "a=10&a=9" },         { "x=a.b&x=a%2Fb", "x=a%2Fb&x=a.b" },
-        { "a=1&a=1", "a=1&a=1" },           { "q=a+b", "q=a%2Bb" },
-        { "q=a%20b", "q=a%20b" },           { "b&a=1", "a=1&b=" },
-        { "a=1=2", "a=1%3D2" },             { "&&a=1&", "a=1" },
+        { "a=10&a=9", "a=10&a=9" }, { "x=a.b&x=a%2Fb", "x=a%2Fb&x=a.b" },
+        { "a=1&a=1", "a=1&a=1" },   { "q=a+b", "q=a%2Bb" },
+        { "q=a%20b", "q=a%20b" },   { "b&a=1", "a=1&b=" },
+        { "a=1=2", "a=1%3D2" },     { "&&a=1&", "a=1" },
         { "p=%zz", "p=%25zz" },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

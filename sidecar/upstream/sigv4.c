@@ -48,7 +48,8 @@ static int put_decoded(struct strbuf *b, const char *p, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         int hi, lo;
-        if (p[i] == '%' && i + 2 < n && (hi = hexval(p[i + 1])) >= 0 && (lo = hexval(p[i + 2])) >= 0) {
+        if (p[i] == '%' && i + 2 < n && (hi = hexval(p[i + 1])) >= 0 &&
+            (lo = hexval(p[i + 2])) >= 0) {
             if (strbuf_putc(b, (char)(hi << 4 | lo)) < 0)
                 return -1;
             i += 2;
@@ -231,8 +232,9 @@ int sigv4_canonical_request(const struct sigv4_request *r, const struct sigv4_cr
     sigv4_amz_date(r->when, date);
     if (add_hdr(h, &n, "host", 4, r->host, strlen(r->host)) < 0 ||
         add_hdr(h, &n, "x-amz-date", 10, date, strlen(date)) < 0 ||
-        (has_token(c) && add_hdr(h, &n, "x-amz-security-token", 20, c->session_token,
-                                 strlen(c->session_token)) < 0))
+        (has_token(c) &&
+         add_hdr(h, &n, "x-amz-security-token", 20, c->session_token, strlen(c->session_token)) <
+             0))
         goto out;
     for (size_t i = 0; i < r->n_headers; i++) {
         const char *line = r->headers[i], *colon = strchr(line, ':');
@@ -286,11 +288,11 @@ out:
 static int put_scope(struct strbuf *b, const struct sigv4_request *r, const char *date)
 {
     return strbuf_put(b, date, 8) < 0 || strbuf_putc(b, '/') < 0 ||
-                   strbuf_put(b, r->region, strlen(r->region)) < 0 || strbuf_putc(b, '/') < 0 ||
-                   strbuf_put(b, r->service, strlen(r->service)) < 0 ||
-                   strbuf_put(b, "/aws4_request", 13) < 0
-               ? -1
-               : 0;
+            strbuf_put(b, r->region, strlen(r->region)) < 0 || strbuf_putc(b, '/') < 0 ||
+            strbuf_put(b, r->service, strlen(r->service)) < 0 ||
+            strbuf_put(b, "/aws4_request", 13) < 0
+        ? -1
+        : 0;
 }
 
 /* The string to sign, with the signed-header list left in *signed_headers. */
@@ -357,9 +359,8 @@ int sigv4_sign(const struct sigv4_request *r, const struct sigv4_creds *c, struc
     hex_of(sig, 32, sig_hex);
     struct strbuf *a = &out->authorization;
     if (strbuf_put(a, "AWS4-HMAC-SHA256 Credential=", 28) < 0 ||
-        strbuf_put(a, c->access_key_id, strlen(c->access_key_id)) < 0 ||
-        strbuf_putc(a, '/') < 0 || put_scope(a, r, out->amz_date) < 0 ||
-        strbuf_put(a, ", SignedHeaders=", 16) < 0 ||
+        strbuf_put(a, c->access_key_id, strlen(c->access_key_id)) < 0 || strbuf_putc(a, '/') < 0 ||
+        put_scope(a, r, out->amz_date) < 0 || strbuf_put(a, ", SignedHeaders=", 16) < 0 ||
         strbuf_put(a, strbuf_head(&sh), strbuf_live(&sh)) < 0 ||
         strbuf_put(a, ", Signature=", 12) < 0 || strbuf_put(a, sig_hex, 64) < 0)
         goto out;
