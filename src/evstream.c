@@ -81,9 +81,10 @@ static int msg(struct evstream *d, evstream_msg_fn *fn, void *ud)
     if (nl == sizeof(n) - 1 && memcmp(name, n, nl) == 0) \
         e.f = s;
             H(":message-type", message_type)
-            H(":event-type", event_type) H(":exception-type", exception_type)
-                H(":error-code", error_code) H(":error-message", error_message)
-                    H(":content-type", content_type)
+            H(":event-type", event_type)
+            H(":exception-type", exception_type)
+            H(":error-code", error_code) H(":error-message", error_message)
+                H(":content-type", content_type)
         }
         h += vl;
     }

@@ -69,6 +69,7 @@
 #include "task.h"
 #include "tasks.h"
 #include "codec/transcode.h"
+#include "upstream/awsrole.h"
 #include "upstream/upstream.h"
 #include "utf8.h"
 
@@ -2067,9 +2068,20 @@ static void call_run_attempt(struct call *k, size_t source)
     if (!k->rawc)
         as.extra_header = tp; /* a passthrough's headers are its client's */
     char *signature = NULL;
-    if (src->kind == DIALECT_BEDROCK) {
+    char no_creds[240];
+    struct sigv4_creds creds = { src->aws.access_key_id, src->aws.secret_access_key,
+                                 src->aws.session_token };
+    if (src->kind == DIALECT_BEDROCK && aws_creds_fetched(&src->aws) &&
+        (!srv->awsrole || !awsrole_get(srv->awsrole, &creds, no_creds, sizeof(no_creds)))) {
+        /* Nothing to sign with: the attempt fails unsent, like a source
+         * that cannot be reached, and the loop goes on (another source,
+         * backoff); the credentials are fetched on their own schedule. */
+        if (!srv->awsrole)
+            snprintf(no_creds, sizeof(no_creds), "no AWS credentials fetcher (started with none)");
+        as.refuse = no_creds;
+    } else if (src->kind == DIALECT_BEDROCK) {
         /* Signed at each attempt: a signature holds its time. */
-        if (!(signature = upath_sign_aws(src, url, json, text_len, time(NULL)))) {
+        if (!(signature = upath_sign_aws(src, &creds, url, json, text_len, time(NULL)))) {
             free(json);
             explicit_bzero(url, nu + 1);
             if (url != url_buf)

@@ -132,8 +132,8 @@ char *upath_url(const struct config_source *src, const struct upath_call *c, cha
     return url;
 }
 
-char *upath_sign_aws(const struct config_source *src, const char *url, const void *body,
-                     size_t body_len, time_t now)
+char *upath_sign_aws(const struct config_source *src, const struct sigv4_creds *creds,
+                     const char *url, const void *body, size_t body_len, time_t now)
 {
     /* url is scheme://host[:port]/path[?query], as upath_url made it. */
     const char *h = strstr(url, "://");
@@ -169,8 +169,7 @@ char *upath_sign_aws(const struct config_source *src, const char *url, const voi
         .service = "bedrock",
         .when = now,
     };
-    struct sigv4_creds c = { src->aws.access_key_id, src->aws.secret_access_key,
-                             src->aws.session_token };
+    struct sigv4_creds c = *creds;
     struct sigv4_out out;
     strbuf_init(&out.authorization);
     char *lines = NULL;

@@ -1282,14 +1282,8 @@ static void source_fini(struct config_source *s)
     free(s->api_key_file);
     free(s->api_version);
     free(s->anthropic_version);
+    aws_creds_clear(&s->aws);
     free(s->aws.region);
-    if (s->aws.secret_access_key)
-        explicit_bzero(s->aws.secret_access_key, strlen(s->aws.secret_access_key));
-    if (s->aws.session_token)
-        explicit_bzero(s->aws.session_token, strlen(s->aws.session_token));
-    free(s->aws.access_key_id);
-    free(s->aws.secret_access_key);
-    free(s->aws.session_token);
     free(s->auth_header);
     free(s->auth_query);
     free(s->tls.ca_file);

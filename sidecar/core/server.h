@@ -113,6 +113,8 @@ struct server {
     struct conn *dead;  /* closed, waiting for the reaper */
     struct server_stats stats;
     struct upstream *up;                 /* the HTTP engine */
+    struct awsrole *awsrole;             /* AWS credentials fetched for kind: bedrock
+                                          * sources (upstream/awsrole.h), or NULL */
     struct tracer *tracer;               /* spans and their export (trace/trace.h); off
                                           * unless tracing.enabled */
     struct http_server *http;            /* the HTTP front end (http.h), NULL when not configured */

@@ -235,6 +235,7 @@ struct attempt {
     const char *es_name;   /* its "type", for attempt_event_name (borrowed) */
     size_t es_name_len;
     char *attempt_hdrs; /* attempt_spec.attempt_headers, copied (a secret) */
+    char *refused;      /* attempt_spec.refuse, copied: end unsent */
     size_t attempt_hdrs_len;
     uint32_t events;
     bool terminal_seen;
@@ -830,6 +831,7 @@ static void attempt_free(struct attempt *a)
         explicit_bzero(a->attempt_hdrs, a->attempt_hdrs_len);
         free(a->attempt_hdrs);
     }
+    free(a->refused);
     DLIST_UNLINK(up->active, a, prev, next); /* on it since attempt_start() */
     up->stats.attempts_active--;
     free(a);
@@ -1729,6 +1731,12 @@ static void upstream_on_prepare(struct ev_loop *loop, ev_prepare *w, int revents
             attempt_free(a);
             continue;
         }
+        if (a->refused) {
+            struct attempt_result r;
+            result_transient(&r, REASON_CONNECT_FAILED, a->refused);
+            attempt_finish(a, &r);
+            continue;
+        }
         if (a->want_resume && a->curl_paused && (a->easy || a->native) && !a->owner_paused &&
             !a->budget_blocked) {
             double now = ev_now(loop);
@@ -2272,6 +2280,14 @@ struct attempt *attempt_start(struct upstream *up, struct attempt_spec *spec,
     DLIST_PUSH(up->active, a, prev, next);
     up->stats.attempts_active++;
     up->stats.attempts_started++;
+    if (spec->refuse) {
+        if (!(a->refused = strdup(spec->refuse))) {
+            attempt_free(a);
+            return NULL;
+        }
+        upstream_defer(a);
+        return a;
+    }
 
     /* The lookup cap is applied when curl actually starts a lookup
      * (attempt_on_resolver_start), not here: most attempts never need one. */

@@ -157,6 +157,10 @@ struct attempt_spec {
      * exception message fails the attempt (throttlingException as rate
      * limited, the service's 5xx kinds as transient). */
     bool aws_eventstream;
+    /* Set when the request cannot be made (no credentials to sign it): the
+     * attempt is not sent and ends from the loop, before it sleeps, as a
+     * transient connect_failed with this detail (copied). NULL = send. */
+    const char *refuse;
 };
 #define UPSTREAM_EXTRA_HEADER_MAX 120
 

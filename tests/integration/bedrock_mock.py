@@ -101,7 +101,9 @@ class BedrockMock(http.server.ThreadingHTTPServer):
 
     def __init__(self, key_id, secret, region, token=None):
         super().__init__(("127.0.0.1", 0), _Handler)
-        self.key_id, self.secret, self.region, self.token = key_id, secret, region, token
+        self.region = region
+        # Every key the mock takes: key id -> (secret, session token or None).
+        self.keys = {key_id: (secret, token)}
         self.lock = threading.Lock()
         self.seen = []            # (path, body dict, headers dict, signature ok)
         self.bad_signatures = 0
@@ -128,16 +130,17 @@ class BedrockMock(http.server.ThreadingHTTPServer):
         if not m:
             return "no AWS4-HMAC-SHA256 Authorization header"
         key_id, day, region, service, signed, sig = m.groups()
-        if key_id != self.key_id or region != self.region or service != "bedrock":
+        if key_id not in self.keys or region != self.region or service != "bedrock":
             return "wrong credential scope %s/%s/%s" % (key_id, region, service)
+        secret, token = self.keys[key_id]
         amz_date = headers.get("x-amz-date", "")
         if not amz_date.startswith(day):
             return "X-Amz-Date does not match the scope's date"
         names = signed.split(";")
-        for need in ("host", "x-amz-date") + (("x-amz-security-token",) if self.token else ()):
+        for need in ("host", "x-amz-date") + (("x-amz-security-token",) if token else ()):
             if need not in names:
                 return "%s is not signed" % need
-        if self.token and headers.get("x-amz-security-token") != self.token:
+        if token and headers.get("x-amz-security-token") != token:
             return "wrong session token"
         path, _, query = raw_path.partition("?")
         canonical_uri = urllib.parse.quote(path, safe="/-_.~")
@@ -152,14 +155,14 @@ class BedrockMock(http.server.ThreadingHTTPServer):
         scope = "%s/%s/bedrock/aws4_request" % (day, region)
         sts = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope,
                          hashlib.sha256(creq.encode()).hexdigest()])
-        k = _sign(("AWS4" + self.secret).encode(), day)
+        k = _sign(("AWS4" + secret).encode(), day)
         for part in (region, "bedrock", "aws4_request"):
             k = _sign(k, part)
         want = hmac.new(k, sts.encode(), hashlib.sha256).hexdigest()
         return None if hmac.compare_digest(want, sig) else "signature mismatch"
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Base(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def log_message(self, *args):
@@ -174,6 +177,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+
+class _Handler(_Base):
     def error(self, status, kind, message):
         self.answer(status, "application/json", json.dumps({"message": message}).encode(),
                     [("x-amzn-ErrorType", kind + ":http://internal.amazon.com/coral/com.amazon.bedrock/")])
@@ -236,3 +241,99 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
             self.wfile.flush()
         self.wfile.write(b"0\r\n\r\n")
+
+
+class CredsMock(http.server.ThreadingHTTPServer):
+    """STS (AssumeRoleWithWebIdentity, XML) and a container credentials
+    endpoint (EKS Pod Identity, JSON) handing out temporary keys that
+    `bedrock` (a BedrockMock) then takes."""
+    daemon_threads = True
+
+    def __init__(self, bedrock, role_arn, token_file=None, auth_token=None, lifetime_s=3600):
+        super().__init__(("127.0.0.1", 0), _CredsHandler)
+        self.bedrock, self.role_arn = bedrock, role_arn
+        self.token_file, self.auth_token = token_file, auth_token
+        self.lifetime_s = lifetime_s
+        self.lock = threading.Lock()
+        self.requests = []        # (path, web identity token or Authorization, ok)
+        self.failing = 0          # answer this many of the next requests with 503
+        self.issued = []          # key ids handed out, in order
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self):
+        return "http://127.0.0.1:%d" % self.server_address[1]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+        self.server_close()
+
+    def issue(self):
+        import time
+        with self.lock:
+            n = len(self.issued) + 1
+            key = "ASIAPOLYGWTEST%06d" % n
+            self.issued.append(key)
+        secret, token = "tmp/secret/%d+xyz" % n, "tmp-session-token-%d//=" % n
+        self.bedrock.keys[key] = (secret, token)
+        expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + self.lifetime_s))
+        return key, secret, token, expires
+
+
+class _CredsHandler(_Base):
+    def failing(self):
+        srv = self.server
+        with srv.lock:
+            if srv.failing:
+                srv.failing -= 1
+                return True
+        return False
+
+    def do_POST(self):
+        srv = self.server
+        n = int(self.headers.get("Content-Length") or 0)
+        form = urllib.parse.parse_qs(self.rfile.read(n).decode(), keep_blank_values=True)
+        tok = form.get("WebIdentityToken", [""])[0]
+        with open(srv.token_file) as f:
+            want = f.read().strip()
+        ok = (form.get("Action") == ["AssumeRoleWithWebIdentity"] and
+              form.get("RoleArn") == [srv.role_arn] and tok == want and
+              form.get("RoleSessionName", [""])[0] != "")
+        with srv.lock:
+            srv.requests.append((self.path, tok, ok))
+        if self.failing():
+            return self.answer(503, "text/xml", b"<ErrorResponse><Error><Code>ServiceUnavailable"
+                               b"</Code><Message>down</Message></Error></ErrorResponse>")
+        if not ok:
+            return self.answer(400, "text/xml", b"<ErrorResponse><Error><Type>Sender</Type>"
+                               b"<Code>InvalidIdentityToken</Code><Message>bad token</Message>"
+                               b"</Error></ErrorResponse>")
+        key, secret, token, expires = srv.issue()
+        xml = ('<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">'
+               '<AssumeRoleWithWebIdentityResult><Credentials>'
+               '<AccessKeyId>%s</AccessKeyId><SecretAccessKey>%s</SecretAccessKey>'
+               '<SessionToken>%s</SessionToken><Expiration>%s</Expiration>'
+               '</Credentials><SubjectFromWebIdentityToken>system:serviceaccount:ns:sa'
+               '</SubjectFromWebIdentityToken></AssumeRoleWithWebIdentityResult>'
+               '<ResponseMetadata><RequestId>r1</RequestId></ResponseMetadata>'
+               '</AssumeRoleWithWebIdentityResponse>' % (key, secret, token, expires))
+        self.answer(200, "text/xml", xml.encode())
+
+    def do_GET(self):
+        srv = self.server
+        auth = self.headers.get("Authorization", "")
+        ok = auth == srv.auth_token
+        with srv.lock:
+            srv.requests.append((self.path, auth, ok))
+        if self.failing():
+            return self.answer(503, "application/json", b'{"message":"down"}')
+        if not ok:
+            return self.answer(401, "application/json", b'{"message":"bad token"}')
+        key, secret, token, expires = srv.issue()
+        self.answer(200, "application/json", json.dumps(
+            {"AccessKeyId": key, "SecretAccessKey": secret, "Token": token,
+             "Expiration": expires, "AccountId": "123456789012"}).encode())

@@ -11,11 +11,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bedrock_mock import BedrockMock  # noqa: E402
+from bedrock_mock import BedrockMock, CredsMock  # noqa: E402
 from conftest import POLYGW, call, config_yaml, source_yaml  # noqa: E402
 from test_http import DEFAULTS as HTTP_DEFAULTS, front  # noqa: E402,F401
 from test_providers import stream_call  # noqa: E402
@@ -223,3 +224,101 @@ def test_bedrock__config_errors(workdir, extra, env, want):
     assert p.returncode != 0
     assert want in p.stderr, p.stderr
     assert SECRET not in p.stderr
+
+
+# ----------------------------------------------- keys fetched: IRSA and Pod Identity
+ROLE = "arn:aws:iam::123456789012:role/polygw-bedrock"
+NO_STATIC = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "HOME": "/nonexistent"}
+
+
+def await_true(pred, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.02)
+    raise AssertionError("timed out waiting for " + what)
+
+
+def role_sidecar(make_sidecar, bm, env):
+    return make_sidecar(config_text=config_yaml([bedrock_source("br", bm.url)], DEFAULTS),
+                        env=dict(NO_STATIC, **env))
+
+
+def test_bedrock__irsa_keys_fetched_then_refreshed_before_expiry_under_load(make_sidecar, bm,
+                                                                          workdir):
+    token_file = os.path.join(workdir, "web-identity-token")
+    with open(token_file, "w") as f:
+        f.write("jwt-one\n")
+    # Keys that live 302 s are fetched again after 2 s (300 s before expiry).
+    with CredsMock(bm, ROLE, token_file=token_file, lifetime_s=302) as cm:
+        sc = role_sidecar(make_sidecar, bm, {"AWS_ROLE_ARN": ROLE,
+                                             "AWS_WEB_IDENTITY_TOKEN_FILE": token_file,
+                                             "AWS_ENDPOINT_URL_STS": cm.url})
+        await_true(lambda: len(cm.issued) >= 1, what="the first STS fetch")
+        c = sc.connect()
+        err, res, _ = call(c, "chat", messages_body("with role keys"))
+        assert err is None, err
+        assert bm.seen[-1][2]["authorization"].split("Credential=")[1].startswith(cm.issued[0])
+        assert bm.seen[-1][2]["x-amz-security-token"] == "tmp-session-token-1//="
+        # The kubelet rotates the token; calls keep coming while the keys
+        # are refreshed, and none of them fails.
+        with open(token_file, "w") as f:
+            f.write("jwt-two\n")
+        deadline = time.monotonic() + 10
+        n = 0
+        while len(cm.issued) < 2 or n < 20:
+            assert time.monotonic() < deadline, "no refresh within 10 s"
+            err, res, _ = call(c, "chat", messages_body("under load %d" % n))
+            assert err is None, err
+            n += 1
+        assert cm.requests[-1][1] == "jwt-two" and all(ok for _, _, ok in cm.requests)
+        err, res, _ = call(c, "chat", messages_body("with new keys"))
+        assert err is None, err
+        assert cm.issued[-1] in bm.seen[-1][2]["authorization"]
+        assert bm.bad_signatures == 0
+        logs = sc.logs()
+        assert "tmp/secret" not in logs and "tmp-session-token" not in logs and "jwt-" not in logs
+
+
+def test_bedrock__sts_down_fails_calls_typed_and_recovers_without_a_storm(make_sidecar, bm,
+                                                                         workdir):
+    token_file = os.path.join(workdir, "web-identity-token")
+    with open(token_file, "w") as f:
+        f.write("jwt-one")
+    with CredsMock(bm, ROLE, token_file=token_file) as cm:
+        cm.failing = 2   # 503 twice: retried after 1 s, then 2 s
+        sc = role_sidecar(make_sidecar, bm, {"AWS_ROLE_ARN": ROLE,
+                                             "AWS_WEB_IDENTITY_TOKEN_FILE": token_file,
+                                             "AWS_ENDPOINT_URL_STS": cm.url})
+        await_true(lambda: len(cm.requests) >= 1, what="the first STS request")
+        c = sc.connect()
+        for i in range(10):
+            err, res, _ = call(c, "chat", messages_body("x%d" % i))
+            if err is None:
+                break
+            assert err["code"] in ("retry_exhausted", "stalled"), err
+            assert "AWS credentials" in json.dumps(err), err
+        assert len(bm.seen) == 0 or err is None, "an unsigned request went out"
+        # Calls do not make the sidecar ask STS more often.
+        assert len(cm.requests) <= 3, cm.requests
+        await_true(lambda: len(cm.issued) >= 1, timeout=15, what="STS to recover")
+        err, res, _ = call(c, "chat", messages_body("recovered"))
+        assert err is None, err
+        assert bm.bad_signatures == 0
+
+
+def test_bedrock__pod_identity_container_endpoint(make_sidecar, bm, workdir):
+    token_file = os.path.join(workdir, "eks-pod-identity-token")
+    with open(token_file, "w") as f:
+        f.write("pod-identity-token-1")
+    with CredsMock(bm, ROLE, auth_token="pod-identity-token-1") as cm:
+        sc = role_sidecar(make_sidecar, bm, {
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI": cm.url + "/v1/credentials",
+            "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE": token_file})
+        await_true(lambda: len(cm.issued) >= 1, what="the container endpoint")
+        err, res, _ = call(sc.connect(), "chat", messages_body("pod identity"))
+        assert err is None, err
+        assert cm.requests[0][0] == "/v1/credentials" and cm.requests[0][2]
+        assert cm.issued[0] in bm.seen[-1][2]["authorization"] and bm.bad_signatures == 0
+        assert "pod-identity-token" not in sc.logs()

@@ -28,6 +28,7 @@ int main(void)
         conn_suite,          writer_suite,
         figures_suite,       budget_suite,
         trace_suite,         cache_suite,
+        awsrole_suite,
     };
     SRunner *sr = srunner_create(NULL);
 
