@@ -83,8 +83,8 @@ static int msg(struct evstream *d, evstream_msg_fn *fn, void *ud)
             H(":message-type", message_type)
             H(":event-type", event_type)
             H(":exception-type", exception_type)
-            H(":error-code", error_code) H(":error-message", error_message)
-                H(":content-type", content_type)
+            H(":error-code", error_code)
+            H(":error-message", error_message) H(":content-type", content_type)
         }
         h += vl;
     }

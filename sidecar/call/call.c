@@ -69,7 +69,7 @@
 #include "task.h"
 #include "tasks.h"
 #include "codec/transcode.h"
-#include "upstream/awsrole.h"
+#include "upstream/cloudauth.h"
 #include "upstream/upstream.h"
 #include "utf8.h"
 
@@ -1799,12 +1799,14 @@ static void pack_with_stream_usage(const msgpack_object *body, msgpack_sbuffer *
     msgpack_pack_true(&pk);
 }
 
-/* An Anthropic Messages body as Bedrock's InvokeModel takes it: the model
- * is in the path and streaming in the method, so `model` and `stream` go;
- * `anthropic_version` names Bedrock's version of the API unless the
- * caller set one. */
+/* An Anthropic Messages body as Bedrock's InvokeModel and Vertex AI's
+ * rawPredict take it: the model is in the path, so `model` goes (and on
+ * Bedrock `stream` too: the method says it); `anthropic_version` names the
+ * cloud's version of the API unless the caller set one. */
 #define BEDROCK_ANTHROPIC_VERSION "bedrock-2023-05-31"
-static void pack_for_bedrock(const msgpack_object *body, msgpack_sbuffer *out)
+#define VERTEX_ANTHROPIC_VERSION  "vertex-2023-10-16"
+static void pack_for_cloud(const msgpack_object *body, msgpack_sbuffer *out, const char *version,
+                           bool drop_stream)
 {
     msgpack_packer pk;
     uint32_t keep = 0;
@@ -1813,7 +1815,7 @@ static void pack_for_bedrock(const msgpack_object *body, msgpack_sbuffer *out)
     for (uint32_t i = 0; i < body->via.map.size; i++) {
         const msgpack_object *key = &body->via.map.ptr[i].key;
         if (key->type == MSGPACK_OBJECT_STR &&
-            (rpc_str_is(key, "model") || rpc_str_is(key, "stream")))
+            (rpc_str_is(key, "model") || (drop_stream && rpc_str_is(key, "stream"))))
             continue;
         has_version |= key->type == MSGPACK_OBJECT_STR && rpc_str_is(key, "anthropic_version");
         keep++;
@@ -1823,14 +1825,14 @@ static void pack_for_bedrock(const msgpack_object *body, msgpack_sbuffer *out)
     for (uint32_t i = 0; i < body->via.map.size; i++) {
         const msgpack_object *key = &body->via.map.ptr[i].key;
         if (key->type == MSGPACK_OBJECT_STR &&
-            (rpc_str_is(key, "model") || rpc_str_is(key, "stream")))
+            (rpc_str_is(key, "model") || (drop_stream && rpc_str_is(key, "stream"))))
             continue;
         msgpack_pack_object(&pk, *key);
         msgpack_pack_object(&pk, body->via.map.ptr[i].val);
     }
     if (!has_version) {
         rpc_pack_str(&pk, "anthropic_version");
-        rpc_pack_str(&pk, BEDROCK_ANTHROPIC_VERSION);
+        rpc_pack_str(&pk, version);
     }
 }
 
@@ -1843,6 +1845,7 @@ static int call_prepare_json(struct call *k, const struct config_source *src, ch
     /* A Gemini body names no model (its path does) and never `stream`
      * (its method does): sent as it came. */
     bool gemini = src->kind == DIALECT_GEMINI, bedrock = src->kind == DIALECT_BEDROCK;
+    bool vertex_anth = src->vertex.on && src->kind == DIALECT_ANTHROPIC;
     const char *model = gemini ? NULL : src->model ? src->model : k->model_param;
     enum body_form form = call_body_form(k, src);
     msgpack_unpacked up, alt, br;
@@ -1853,7 +1856,7 @@ static int call_prepare_json(struct call *k, const struct config_source *src, ch
     k->form = form;
     if (k->rawc)
         return 0; /* a passthrough's body is sent as it came (rawcall.h) */
-    if (k->json_ready && k->json_form == form && k->json_bedrock == bedrock &&
+    if (k->json_ready && k->json_form == form && k->json_bedrock == (bedrock || vertex_anth) &&
         (k->json_model == model || (k->json_model && model && strcmp(k->json_model, model) == 0)))
         return 0;
     if (k->body_is_json && !model && form == BODY_AS_IS) {
@@ -1896,13 +1899,14 @@ static int call_prepare_json(struct call *k, const struct config_source *src, ch
         body = &alt.data;
     msgpack_sbuffer_init(&brbuf);
     msgpack_unpacked_init(&br);
-    if (bedrock && body->type == MSGPACK_OBJECT_MAP) {
-        pack_for_bedrock(body, &brbuf);
+    if ((bedrock || vertex_anth) && body->type == MSGPACK_OBJECT_MAP) {
+        pack_for_cloud(body, &brbuf, bedrock ? BEDROCK_ANTHROPIC_VERSION : VERTEX_ANTHROPIC_VERSION,
+                       bedrock);
         if (msgpack_unpack_next(&br, brbuf.data, brbuf.size, NULL) == MSGPACK_UNPACK_SUCCESS)
             body = &br.data;
     }
     struct transcode_override ov = {
-        .model = bedrock ? NULL : model,
+        .model = bedrock || vertex_anth ? NULL : model,
         /* The `stream` parameter decides; a body's own "stream" key must not
          * make the upstream stream while we expect one JSON reply. */
         .stream = gemini || bedrock       ? TRANSCODE_STREAM_KEEP
@@ -1924,7 +1928,7 @@ static int call_prepare_json(struct call *k, const struct config_source *src, ch
     }
     k->json_model = model;
     k->json_form = form;
-    k->json_bedrock = bedrock;
+    k->json_bedrock = bedrock || vertex_anth;
     k->json_ready = true;
     return 0;
 }
@@ -2071,14 +2075,30 @@ static void call_run_attempt(struct call *k, size_t source)
     char no_creds[240];
     struct sigv4_creds creds = { src->aws.access_key_id, src->aws.secret_access_key,
                                  src->aws.session_token };
-    if (src->kind == DIALECT_BEDROCK && aws_creds_fetched(&src->aws) &&
-        (!srv->awsrole || !awsrole_get(srv->awsrole, &creds, no_creds, sizeof(no_creds)))) {
+    struct cloudauth *auth = src->vertex.on                            ? srv->gcp_auth
+        : src->kind == DIALECT_BEDROCK && aws_creds_fetched(&src->aws) ? srv->aws_auth
+                                                                       : NULL;
+    bool fetched = src->vertex.on || (src->kind == DIALECT_BEDROCK && aws_creds_fetched(&src->aws));
+    if (fetched && (!auth || !cloudauth_get(auth, &creds, no_creds, sizeof(no_creds)))) {
         /* Nothing to sign with: the attempt fails unsent, like a source
          * that cannot be reached, and the loop goes on (another source,
          * backoff); the credentials are fetched on their own schedule. */
-        if (!srv->awsrole)
-            snprintf(no_creds, sizeof(no_creds), "no AWS credentials fetcher (started with none)");
+        if (!auth)
+            snprintf(no_creds, sizeof(no_creds), "no credentials fetcher (it could not start)");
         as.refuse = no_creds;
+    } else if (src->vertex.on) {
+        size_t n = strlen(creds.session_token) + 32;
+        if (!(signature = malloc(n))) {
+            free(json);
+            explicit_bzero(url, nu + 1);
+            if (url != url_buf)
+                free(url);
+            call_reply_plain_error(k, PGW_INTERNAL, "out of memory");
+            call_finish(k);
+            return;
+        }
+        snprintf(signature, n, "Authorization: Bearer %s\r\n", creds.session_token);
+        as.attempt_headers = signature;
     } else if (src->kind == DIALECT_BEDROCK) {
         /* Signed at each attempt: a signature holds its time. */
         if (!(signature = upath_sign_aws(src, &creds, url, json, text_len, time(NULL)))) {

@@ -48,7 +48,19 @@ char *upath_url(const struct config_source *src, const struct upath_call *c, cha
     const char *sq = src->req_query; /* "" or "?a=b&..." */
     char enc[3 * 256 + 1];
 
-    if (src->kind == DIALECT_GEMINI) {
+    char vpath[256];
+    if (src->vertex.on) {
+        /* /projects/P/locations/L/publishers/{google,anthropic}/models/M:METHOD */
+        bool anth = src->kind == DIALECT_ANTHROPIC;
+        snprintf(vpath, sizeof(vpath), "/projects/%s/locations/%s/publishers/%s/models/",
+                 src->vertex.project, src->vertex.location, anth ? "anthropic" : "google");
+        path = vpath;
+        model = src->model;
+        method = anth ? (c->stream ? ":streamRawPredict" : ":rawPredict")
+            : strcmp(c->cap->name, "count_tokens") == 0 ? ":countTokens"
+            : c->stream                                 ? ":streamGenerateContent?alt=sse"
+                                                        : ":generateContent";
+    } else if (src->kind == DIALECT_GEMINI) {
         model = src->model ? src->model : c->model;
         if (!model || !upath_model_ok(model, strlen(model))) {
             snprintf(why, whylen,

@@ -48,7 +48,7 @@ bool upath_model_ok(const char *name, size_t len);
  * "Authorization: ...\r\nX-Amz-Date: ...\r\n" and, with a session token,
  * "X-Amz-Security-Token: ...\r\n", for `url` (what upath_url made) and
  * the body, at `now` (wall-clock seconds), with `creds` (the source's own,
- * or fetched ones: upstream/awsrole.h). Malloc'd; a secret (the caller
+ * or fetched ones: upstream/cloudauth.h). Malloc'd; a secret (the caller
  * wipes and frees it). NULL when out of memory. */
 char *upath_sign_aws(const struct config_source *src, const struct sigv4_creds *creds,
                      const char *url, const void *body, size_t body_len, time_t now);

@@ -7,7 +7,7 @@
  *      AWS_SESSION_TOKEN when the keys are temporary;
  *   2. a web identity (EKS IRSA): AWS_ROLE_ARN and
  *      AWS_WEB_IDENTITY_TOKEN_FILE (AWS_ROLE_SESSION_NAME optional), the
- *      keys then fetched from STS by the sidecar (upstream/awsrole.h) at
+ *      keys then fetched from STS by the sidecar (upstream/cloudauth.h) at
  *      AWS_ENDPOINT_URL_STS, AWS_ENDPOINT_URL, or https://sts.REGION.amazonaws.com
  *      (REGION: AWS_REGION, AWS_DEFAULT_REGION, else the source's);
  *   3. the shared credentials file, AWS_SHARED_CREDENTIALS_FILE or

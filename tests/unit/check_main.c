@@ -28,7 +28,7 @@ int main(void)
         conn_suite,          writer_suite,
         figures_suite,       budget_suite,
         trace_suite,         cache_suite,
-        awsrole_suite,
+        cloudauth_suite,
     };
     SRunner *sr = srunner_create(NULL);
 

@@ -1,9 +1,12 @@
 /*
- * awsrole.c — AWS credentials fetched on the loop (awsrole.h).
+ * cloudauth.c — cloud credentials fetched on the loop (cloudauth.h).
  */
-#include "awsrole.h"
+#include "cloudauth.h"
 
 #include <libxml/parser.h>
+#include <openssl/bio.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
 #include <libxml/tree.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,17 +24,21 @@
 #define FETCH_TIMEOUT_S  10.0
 #define TOKEN_MAX        16384 /* bytes of a token file */
 
-struct awsrole {
+enum cloudauth_kind { CA_AWS_ROLE, CA_AWS_CONTAINER, CA_GCP_KEY, CA_GCP_METADATA };
+
+struct cloudauth {
     struct ev_loop *loop;
     struct upstream *up;
-    struct aws_creds set; /* the settings (keys unset) */
+    enum cloudauth_kind kind;
+    struct aws_creds set; /* AWS: the settings (keys unset) */
+    struct gcp_creds gcp; /* Google: the settings */
     char *key_id, *secret, *token;
     double expires_at;
     struct attempt *attempt;
     ev_timer timer;
     unsigned tries;
     char last_error[200];
-    struct awsrole_stats stats;
+    struct cloudauth_stats stats;
 };
 
 static void wipe_free(char **p)
@@ -117,8 +124,8 @@ fail:
     return -1;
 }
 
-int awsrole_parse_sts(const char *body, size_t len, char **key_id, char **secret, char **token,
-                      double *expires_at, char *why, size_t whylen)
+int cloudauth_parse_sts(const char *body, size_t len, char **key_id, char **secret, char **token,
+                        double *expires_at, char *why, size_t whylen)
 {
     *key_id = *secret = *token = NULL;
     if (len > INT32_MAX) {
@@ -158,8 +165,7 @@ struct container_answer {
 
 static int container_member(void *ud, const char *key, const struct jscan_value *v)
 {
-    static const char *const names[4] = { "AccessKeyId", "SecretAccessKey", "Token",
-                                          "Expiration" };
+    static const char *const names[4] = { "AccessKeyId", "SecretAccessKey", "Token", "Expiration" };
     struct container_answer *a = ud;
     for (int i = 0; i < 4; i++)
         if (v->type == JSCAN_STRING && strcmp(key, names[i]) == 0)
@@ -179,8 +185,8 @@ static char *json_str(const struct jscan_value *v)
     return s;
 }
 
-int awsrole_parse_container(const char *body, size_t len, char **key_id, char **secret,
-                            char **token, double *expires_at, char *why, size_t whylen)
+int cloudauth_parse_container(const char *body, size_t len, char **key_id, char **secret,
+                              char **token, double *expires_at, char *why, size_t whylen)
 {
     struct container_answer a;
     memset(&a, 0, sizeof(a));
@@ -198,16 +204,117 @@ int awsrole_parse_container(const char *body, size_t len, char **key_id, char **
     return rc;
 }
 
+struct oauth_answer {
+    struct jscan_value token, expires_in;
+};
+
+static int oauth_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    struct oauth_answer *a = ud;
+    if (v->type == JSCAN_STRING && strcmp(key, "access_token") == 0)
+        a->token = *v;
+    else if (v->type == JSCAN_NUMBER && strcmp(key, "expires_in") == 0)
+        a->expires_in = *v;
+    return 0;
+}
+
+int cloudauth_parse_oauth(const char *body, size_t len, double now, char **token,
+                          double *expires_at, char *why, size_t whylen)
+{
+    struct oauth_answer a;
+    double in = 0;
+    memset(&a, 0, sizeof(a));
+    *token = NULL;
+    if (jscan_object(body, len, oauth_member, &a, NULL) != 0) {
+        snprintf(why, whylen, "the token answer is not a JSON object");
+        return -1;
+    }
+    *token = json_str(&a.token);
+    if (!value_ok(*token) || !jscan_number(&a.expires_in, &in) || !(in > 0 && in < 1e7)) {
+        wipe_free(token);
+        snprintf(why, whylen, "the token answer has no usable access_token and expires_in");
+        return -1;
+    }
+    *expires_at = now + in;
+    return 0;
+}
+
+/* base64url without padding (RFC 7515). */
+static char *b64url(const unsigned char *p, size_t n)
+{
+    char *out = malloc(4 * ((n + 2) / 3) + 1);
+    if (!out)
+        return NULL;
+    int len = EVP_EncodeBlock((unsigned char *)out, p, (int)n);
+    while (len > 0 && out[len - 1] == '=')
+        len--;
+    out[len] = '\0';
+    for (char *c = out; *c; c++)
+        *c = *c == '+' ? '-' : *c == '/' ? '_' : *c;
+    return out;
+}
+
+#define GCP_SCOPE "https://www.googleapis.com/auth/cloud-platform"
+
+char *cloudauth_gcp_jwt(const struct gcp_creds *g, long iat)
+{
+    char head[256], claims[1024];
+    if (g->private_key_id && value_ok(g->private_key_id) && strlen(g->private_key_id) < 100)
+        snprintf(head, sizeof(head), "{\"alg\":\"RS256\",\"typ\":\"JWT\",\"kid\":\"%s\"}",
+                 g->private_key_id);
+    else
+        snprintf(head, sizeof(head), "{\"alg\":\"RS256\",\"typ\":\"JWT\"}");
+    /* client_email and token_uri hold no quote or backslash in a real key;
+     * one that does is refused rather than escaped. */
+    if (strpbrk(g->client_email, "\"\\") || strpbrk(g->token_uri, "\"\\") ||
+        (size_t)snprintf(claims, sizeof(claims),
+                         "{\"iss\":\"%s\",\"scope\":\"" GCP_SCOPE "\",\"aud\":\"%s\","
+                         "\"iat\":%ld,\"exp\":%ld}",
+                         g->client_email, g->token_uri, iat, iat + 3600) >= sizeof(claims))
+        return NULL;
+    char *h = b64url((const unsigned char *)head, strlen(head));
+    char *c = b64url((const unsigned char *)claims, strlen(claims));
+    char *jwt = NULL;
+    BIO *bio = BIO_new_mem_buf(g->private_key, -1);
+    EVP_PKEY *pk = bio ? PEM_read_bio_PrivateKey(bio, NULL, NULL, NULL) : NULL;
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    if (h && c && pk && md) {
+        size_t in_len = strlen(h) + 1 + strlen(c), sig_len = 0;
+        char *input = malloc(in_len + 1);
+        unsigned char *sig = NULL;
+        if (input) {
+            snprintf(input, in_len + 1, "%s.%s", h, c);
+            if (EVP_DigestSignInit(md, NULL, EVP_sha256(), NULL, pk) == 1 &&
+                EVP_DigestSign(md, NULL, &sig_len, (const unsigned char *)input, in_len) == 1 &&
+                (sig = malloc(sig_len)) &&
+                EVP_DigestSign(md, sig, &sig_len, (const unsigned char *)input, in_len) == 1) {
+                char *s = b64url(sig, sig_len);
+                if (s && (jwt = malloc(in_len + strlen(s) + 2)))
+                    snprintf(jwt, in_len + strlen(s) + 2, "%s.%s", input, s);
+                free(s);
+            }
+            free(sig);
+            free(input);
+        }
+    }
+    EVP_MD_CTX_free(md);
+    EVP_PKEY_free(pk);
+    BIO_free(bio);
+    free(h);
+    free(c);
+    return jwt;
+}
+
 /* ---- fetching ------------------------------------------------------------ */
 
-static void role_arm(struct awsrole *r, double in_s)
+static void role_arm(struct cloudauth *r, double in_s)
 {
     ev_timer_stop(r->loop, &r->timer);
     ev_timer_set(&r->timer, in_s > 0 ? in_s : 0., 0.);
     ev_timer_start(r->loop, &r->timer);
 }
 
-static void role_failed(struct awsrole *r, const char *why)
+static void role_failed(struct cloudauth *r, const char *why)
 {
     r->stats.fetches_failed++;
     snprintf(r->last_error, sizeof(r->last_error), "%s", why);
@@ -220,9 +327,23 @@ static void role_failed(struct awsrole *r, const char *why)
     role_arm(r, wait);
 }
 
+static const char *role_peer(const struct cloudauth *r)
+{
+    switch (r->kind) {
+    case CA_AWS_ROLE:
+        return "STS";
+    case CA_AWS_CONTAINER:
+        return "the container endpoint";
+    case CA_GCP_KEY:
+        return "the service account's token_uri";
+    default:
+        return "the metadata server";
+    }
+}
+
 static void role_on_done(struct attempt *a, const struct attempt_result *res, void *ud)
 {
-    struct awsrole *r = ud;
+    struct cloudauth *r = ud;
     char why[200], *id = NULL, *secret = NULL, *token = NULL;
     double exp = 0;
     (void)a;
@@ -231,16 +352,18 @@ static void role_on_done(struct attempt *a, const struct attempt_result *res, vo
     const char *body = res->body ? res->body : "";
     int rc;
     if (res->http_status == 0) {
-        snprintf(why, sizeof(why), "%s: %s", r->set.role_arn ? "STS" : "the container endpoint",
-                 res->detail);
+        snprintf(why, sizeof(why), "%s: %s", role_peer(r), res->detail);
         role_failed(r, why);
         return;
     }
-    if (r->set.role_arn)
-        rc = awsrole_parse_sts(body, res->body_len, &id, &secret, &token, &exp, why, sizeof(why));
+    if (r->kind == CA_AWS_ROLE)
+        rc = cloudauth_parse_sts(body, res->body_len, &id, &secret, &token, &exp, why, sizeof(why));
+    else if (r->kind == CA_AWS_CONTAINER)
+        rc = cloudauth_parse_container(body, res->body_len, &id, &secret, &token, &exp, why,
+                                       sizeof(why));
     else
-        rc = awsrole_parse_container(body, res->body_len, &id, &secret, &token, &exp, why,
-                                     sizeof(why));
+        rc = cloudauth_parse_oauth(body, res->body_len, ev_now(r->loop), &token, &exp, why,
+                                   sizeof(why));
     if (rc == 0 && (res->http_status < 200 || res->http_status > 299)) {
         snprintf(why, sizeof(why), "HTTP %d", res->http_status);
         rc = -1;
@@ -269,8 +392,8 @@ static void role_on_done(struct attempt *a, const struct attempt_result *res, vo
     double next = life - REFRESH_BEFORE_S < life / 2 ? life - REFRESH_BEFORE_S : life / 2;
     if (next < BACKOFF_FIRST_S)
         next = BACKOFF_FIRST_S;
-    log_at(LOG_INFO, "aws credentials fetched", "expires_in_s", LOG_F, life, "refresh_in_s",
-           LOG_F, next, NULL);
+    log_at(LOG_INFO, "aws credentials fetched", "expires_in_s", LOG_F, life, "refresh_in_s", LOG_F,
+           next, NULL);
     role_arm(r, next);
 }
 
@@ -338,7 +461,7 @@ static int form_add(char **body, size_t *len, size_t *cap, const char *name, con
     return 0;
 }
 
-static void role_fetch(struct awsrole *r)
+static void role_fetch(struct cloudauth *r)
 {
     char why[200], url[600], auth[TOKEN_MAX + 32];
     const char *headers[3] = { NULL, NULL, NULL };
@@ -354,7 +477,29 @@ static void role_fetch(struct awsrole *r)
         .headers = headers,
     };
 
-    if (r->set.role_arn) {
+    if (r->kind == CA_GCP_KEY) {
+        char *jwt = cloudauth_gcp_jwt(&r->gcp, (long)ev_now(r->loop));
+        int rc = !jwt ? -1
+                      : form_add(&body, &len, &cap, "grant_type",
+                                 "urn:ietf:params:oauth:grant-type:jwt-bearer");
+        if (jwt) {
+            rc |= form_add(&body, &len, &cap, "assertion", jwt);
+            explicit_bzero(jwt, strlen(jwt));
+            free(jwt);
+        }
+        if (rc) {
+            free(body);
+            role_failed(r, "cannot sign the service account's JWT");
+            return;
+        }
+        snprintf(url, sizeof(url), "%s", r->gcp.token_uri);
+        headers[0] = "Content-Type: application/x-www-form-urlencoded";
+        headers[1] = "Accept: application/json";
+    } else if (r->kind == CA_GCP_METADATA) {
+        snprintf(url, sizeof(url), "%s", r->gcp.metadata_url);
+        headers[0] = "Metadata-Flavor: Google";
+        spec.method = "GET";
+    } else if (r->kind == CA_AWS_ROLE) {
         char *tok = read_token(r->set.token_file, why, sizeof(why));
         if (!tok) {
             role_failed(r, why);
@@ -406,7 +551,7 @@ static void role_fetch(struct awsrole *r)
 
 static void role_on_timer(struct ev_loop *loop, ev_timer *w, int revents)
 {
-    struct awsrole *r = w->data;
+    struct cloudauth *r = w->data;
     (void)loop;
     (void)revents;
     if (!r->attempt)
@@ -420,14 +565,27 @@ static int dup_opt(char **dst, const char *src)
     return !src || (*dst = strdup(src)) ? 0 : -1;
 }
 
-struct awsrole *awsrole_new(struct ev_loop *loop, struct upstream *up, const struct aws_creds *c,
-                            char *err, size_t errlen)
+static struct cloudauth *role_start(struct cloudauth *r, struct ev_loop *loop, struct upstream *up)
+{
+    xmlInitParser();
+    r->loop = loop;
+    r->up = up;
+    snprintf(r->last_error, sizeof(r->last_error), "the first fetch from %s has not answered yet",
+             role_peer(r));
+    ev_timer_init(&r->timer, role_on_timer, 0., 0.);
+    r->timer.data = r;
+    ev_timer_start(loop, &r->timer);
+    return r;
+}
+
+struct cloudauth *cloudauth_new_aws(struct ev_loop *loop, struct upstream *up,
+                                    const struct aws_creds *c, char *err, size_t errlen)
 {
     if (!aws_creds_fetched(c)) {
         snprintf(err, errlen, "no role or container endpoint to fetch AWS credentials from");
         return NULL;
     }
-    struct awsrole *r = calloc(1, sizeof(*r));
+    struct cloudauth *r = calloc(1, sizeof(*r));
     if (!r || dup_opt(&r->set.role_arn, c->role_arn) < 0 ||
         dup_opt(&r->set.token_file, c->token_file) < 0 ||
         dup_opt(&r->set.session_name, c->session_name) < 0 ||
@@ -435,22 +593,32 @@ struct awsrole *awsrole_new(struct ev_loop *loop, struct upstream *up, const str
         dup_opt(&r->set.container_uri, c->container_uri) < 0 ||
         dup_opt(&r->set.container_token_file, c->container_token_file) < 0 ||
         dup_opt(&r->set.container_token, c->container_token) < 0) {
-        awsrole_free(r);
+        cloudauth_free(r);
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
-    xmlInitParser();
-    r->loop = loop;
-    r->up = up;
-    snprintf(r->last_error, sizeof(r->last_error), "the first fetch of AWS credentials from %s "
-             "has not answered yet", c->role_arn ? "STS" : "the container endpoint");
-    ev_timer_init(&r->timer, role_on_timer, 0., 0.);
-    r->timer.data = r;
-    ev_timer_start(loop, &r->timer);
-    return r;
+    r->kind = c->role_arn ? CA_AWS_ROLE : CA_AWS_CONTAINER;
+    return role_start(r, loop, up);
 }
 
-void awsrole_free(struct awsrole *r)
+struct cloudauth *cloudauth_new_gcp(struct ev_loop *loop, struct upstream *up,
+                                    const struct gcp_creds *g, char *err, size_t errlen)
+{
+    struct cloudauth *r = calloc(1, sizeof(*r));
+    if (!r || dup_opt(&r->gcp.client_email, g->client_email) < 0 ||
+        dup_opt(&r->gcp.private_key, g->private_key) < 0 ||
+        dup_opt(&r->gcp.private_key_id, g->private_key_id) < 0 ||
+        dup_opt(&r->gcp.token_uri, g->token_uri) < 0 ||
+        dup_opt(&r->gcp.metadata_url, g->metadata_url) < 0) {
+        cloudauth_free(r);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    r->kind = g->private_key ? CA_GCP_KEY : CA_GCP_METADATA;
+    return role_start(r, loop, up);
+}
+
+void cloudauth_free(struct cloudauth *r)
 {
     if (!r)
         return;
@@ -459,41 +627,42 @@ void awsrole_free(struct awsrole *r)
     if (r->attempt)
         attempt_cancel(r->attempt);
     aws_creds_clear(&r->set);
+    gcp_creds_clear(&r->gcp);
     wipe_free(&r->key_id);
     wipe_free(&r->secret);
     wipe_free(&r->token);
     free(r);
 }
 
-bool awsrole_get(struct awsrole *r, struct sigv4_creds *out, char *why, size_t whylen)
+bool cloudauth_get(struct cloudauth *r, struct sigv4_creds *out, char *why, size_t whylen)
 {
-    if (r->key_id && ev_now(r->loop) < r->expires_at - VALID_MARGIN_S) {
+    if (r->token && ev_now(r->loop) < r->expires_at - VALID_MARGIN_S) {
         *out = (struct sigv4_creds){ r->key_id, r->secret, r->token };
         return true;
     }
-    snprintf(why, whylen, "no valid AWS credentials: %s",
+    snprintf(why, whylen, "no valid %s credentials: %s",
+             r->kind <= CA_AWS_CONTAINER ? "AWS" : "Google Cloud",
              r->last_error[0] ? r->last_error : "they expired and the refresh has not answered");
     return false;
 }
 
-const struct awsrole_stats *awsrole_get_stats(const struct awsrole *r)
+const struct cloudauth_stats *cloudauth_get_stats(const struct cloudauth *r)
 {
     return &r->stats;
 }
 
-void awsrole_ensure(struct awsrole **r, struct ev_loop *loop, struct upstream *up,
-                    const struct config *cfg)
+void cloudauth_ensure(struct cloudauth **aws, struct cloudauth **gcp, struct ev_loop *loop,
+                      struct upstream *up, const struct config *cfg)
 {
     char err[160];
 
-    if (*r)
-        return;
     for (size_t i = 0; i < cfg->n_sources; i++) {
         const struct config_source *s = &cfg->sources[i];
-        if (s->kind == DIALECT_BEDROCK && aws_creds_fetched(&s->aws)) {
-            if (!(*r = awsrole_new(loop, up, &s->aws, err, sizeof(err))))
-                log_at(LOG_ERROR, "aws credentials cannot be fetched", "error", LOG_S, err, NULL);
-            return;
-        }
+        if (!*aws && s->kind == DIALECT_BEDROCK && aws_creds_fetched(&s->aws) &&
+            !(*aws = cloudauth_new_aws(loop, up, &s->aws, err, sizeof(err))))
+            log_at(LOG_ERROR, "aws credentials cannot be fetched", "error", LOG_S, err, NULL);
+        if (!*gcp && s->vertex.on &&
+            !(*gcp = cloudauth_new_gcp(loop, up, &s->vertex.creds, err, sizeof(err))))
+            log_at(LOG_ERROR, "google cloud tokens cannot be fetched", "error", LOG_S, err, NULL);
     }
 }
