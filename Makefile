@@ -40,7 +40,7 @@ endif
 # comes from pkg-config.
 # The daemon links DAEMON_PKGS only; jansson is the client library's, the
 # tools' and the tests' (tests/ref/ holds the jansson reference transcoder).
-DAEMON_PKGS := msgpack yaml-0.1 libcurl hiredis openssl libsystemd libprotobuf-c
+DAEMON_PKGS := msgpack yaml-0.1 libcurl hiredis openssl libsystemd libprotobuf-c zlib
 PKGS      := $(DAEMON_PKGS) jansson
 PKG_CFLAGS = $(shell $(PKG_CONFIG) --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell $(PKG_CONFIG) --libs $(PKGS) 2>/dev/null) -lev -lhttp_parser -lm

@@ -9,6 +9,7 @@ Suite *rpc_suite(void);
 Suite *vectors_suite(void);
 Suite *config_suite(void);
 Suite *sse_suite(void);
+Suite *evstream_suite(void);
 Suite *outcome_suite(void);
 Suite *transcode_suite(void);
 Suite *stallclock_suite(void);
