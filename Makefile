@@ -258,7 +258,7 @@ $(BUILD)/shim/%.so: tests/shim/%.c
 # once (`make test` does that when clang is installed, so they cannot rot);
 # `make fuzz-replay` replays the committed corpus through a gcc-built driver.
 FUZZ_TARGETS := frame transcode sse retry_after config convert jscan json_msgpack_diff h1_answer \
-                http_request h1_tls gemini
+                http_request h1_tls gemini evstream
 FUZZ_SECONDS ?= 60
 FUZZ_LARGE_SECONDS ?= $(FUZZ_SECONDS)
 FUZZ_MAX_LEN ?= 4194304

@@ -206,10 +206,7 @@ static int decode(struct evstream *d, const uint8_t *s, size_t n, evstream_msg_f
             rc = read_prelude(d);
             if (rc != 0)
                 return rc;
-            /* A message of only a prelude and a CRC is complete at 16
-             * bytes, so the loop goes on even when no byte is left. */
-            if (d->len < d->need)
-                continue;
+            continue; /* at least the message CRC is still to come */
         }
         rc = deliver(d, fn, ud);
         if (rc != 0)
