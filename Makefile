@@ -413,6 +413,8 @@ bench: deps
 	/usr/bin/python3 tests/bench/apps_fairness.py $(BUILD) 200 20
 	@echo "## JSON -> msgpack: single pass vs jansson (ns per input byte, best of 7)"
 	$(BUILD)/bench/transcode
+	@echo "## AWS event-stream decoding vs its CRC floor and the SSE parser (best of 5)"
+	$(BUILD)/bench/evstream
 	@echo "## Response cache: sidecar CPU per hit vs per call upstream (one run)"
 	/usr/bin/python3 tests/bench/cache_cpu.py $(BUILD) 5000
 

@@ -89,27 +89,24 @@ static int read_prelude(struct evstream *d)
     return 0;
 }
 
-static bool name_is(const uint8_t *name, size_t len, const char *want)
-{
-    return len == strlen(want) && memcmp(name, want, len) == 0;
-}
-
 /* The header block must parse to exactly its length; the six string headers
  * the caller is told about are picked out (a repeated one: the last wins),
  * any other header is checked and skipped. */
 static int parse_headers(const uint8_t *p, size_t n, struct evstream_msg *m)
 {
+#define KNOWN(name, field)                                           \
+    {                                                                \
+        name, sizeof(name) - 1, offsetof(struct evstream_msg, field) \
+    }
     static const struct {
         const char *name;
-        size_t off;
+        size_t len, off;
     } known[] = {
-        { ":message-type", offsetof(struct evstream_msg, message_type) },
-        { ":event-type", offsetof(struct evstream_msg, event_type) },
-        { ":exception-type", offsetof(struct evstream_msg, exception_type) },
-        { ":error-code", offsetof(struct evstream_msg, error_code) },
-        { ":error-message", offsetof(struct evstream_msg, error_message) },
-        { ":content-type", offsetof(struct evstream_msg, content_type) },
+        KNOWN(":message-type", message_type),     KNOWN(":event-type", event_type),
+        KNOWN(":exception-type", exception_type), KNOWN(":error-code", error_code),
+        KNOWN(":error-message", error_message),   KNOWN(":content-type", content_type),
     };
+#undef KNOWN
     /* Value bytes of the fixed-size types 0..9; -1: a u16 length follows. */
     static const int fixed[] = { 0, 0, 1, 2, 4, 8, -1, -1, 8, 16 };
     size_t i = 0;
@@ -140,7 +137,7 @@ static int parse_headers(const uint8_t *p, size_t n, struct evstream_msg *m)
         if (type != 7)
             continue;
         for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++) {
-            if (name_is(name, nlen, known[k].name)) {
+            if (nlen == known[k].len && memcmp(name, known[k].name, nlen) == 0) {
                 struct evstream_str *s = (struct evstream_str *)((char *)m + known[k].off);
 
                 s->p = (const char *)value;
