@@ -20,18 +20,26 @@
  * Delivered per message: the string headers `:message-type` ("event",
  * "exception" or "error"), `:event-type`, `:exception-type`, `:error-code`,
  * `:error-message` and `:content-type` (others are skipped after being
- * checked for well-formedness), and the payload.
+ * checked for well-formedness, as is one of these names with a type other
+ * than string; a repeated one: the last wins), and the payload.
  *
  * Bounds: total_len below 16, headers_len above total_len - 16, or
  * total_len above max_message_bytes fail with EVSTREAM_EMALFORMED /
  * EVSTREAM_ETOO_LARGE as soon as the prelude is read, before anything is
- * buffered beyond it. A CRC mismatch (prelude or message) is
- * EVSTREAM_ECRC; a header block that does not parse exactly to its length
+ * buffered beyond it. The prelude CRC is checked before those lengths
+ * (a damaged length is reported as EVSTREAM_ECRC). A CRC mismatch (prelude
+ * or message) is EVSTREAM_ECRC; a header block that does not parse exactly to its length
  * (a name or value running past it, an unknown type, a zero-length name)
  * is EVSTREAM_EMALFORMED.
  *
- * A message may be split across feeds at any byte. Errors are sticky, as
- * in sse.h: after a failure every later feed returns the same code.
+ * A message may be split across feeds at any byte; the messages and the
+ * error do not depend on the split. Errors are sticky, as in sse.h: after a
+ * failure every later feed returns the same code.
+ *
+ * Memory: the buffer holds at most one message (total_len bytes, never more
+ * than max_message_bytes, the payload's NUL included) and grows by doubling
+ * with the bytes that actually arrived, not with the total_len announced;
+ * a buffer over 64 KiB is freed once its message is delivered.
  *
  * Pure: no I/O, no clock, no globals; one decoder per stream.
  */
@@ -70,8 +78,11 @@ struct evstream_msg {
     size_t payload_len;
 };
 
-/* Returning non-zero stops decoding: the feed returns that value at once
- * and the decoder is failed with EVSTREAM_EABORTED. */
+/* Called synchronously from evstream_feed() once per message, in stream
+ * order. Returning non-zero stops decoding: the feed returns that value at
+ * once (the rest of the chunk is dropped) and the decoder is failed with
+ * EVSTREAM_EABORTED. It must not call evstream_feed() or evstream_fini() on
+ * the same decoder. */
 typedef int evstream_msg_fn(const struct evstream_msg *msg, void *ud);
 
 /* Treat as opaque. */
@@ -83,12 +94,16 @@ struct evstream {
     int error;   /* sticky: 0 or an EVSTREAM_E* code */
 };
 
-/* max_message_bytes >= 16; returns 0 or EVSTREAM_EINVAL. */
+/* max_message_bytes >= 16; allocates nothing. Returns 0 or EVSTREAM_EINVAL
+ * (after which `d` is failed with that code and still safe to fini). */
 int evstream_init(struct evstream *d, size_t max_message_bytes);
 void evstream_fini(struct evstream *d);
 
-/* Decodes `len` bytes, calling `fn` for each complete message in order.
- * Returns 0, a negative EVSTREAM_E* code, or the callback's non-zero value. */
+/* Decodes `len` bytes of `p` (borrowed; NULL when len == 0), calling `fn`
+ * (NULL: messages are checked and dropped) for each complete message in
+ * order. Returns 0, a negative EVSTREAM_E* code (messages completed before
+ * the offending bytes were already delivered), the callback's non-zero
+ * value, or the sticky code of an earlier failure. */
 int evstream_feed(struct evstream *d, const void *p, size_t len, evstream_msg_fn *fn, void *ud);
 
 /* Bytes held for a message not yet complete (for the caller's byte budget). */

@@ -12,6 +12,8 @@ python3-yaml"
 PKGS="$PKGS libhttp-parser-dev curl libprotobuf-c-dev protobuf-c-compiler"
 # Bedrock: STS answers in XML (libxml2).
 PKGS="$PKGS libxml2-dev"
+# CRC-32 of the AWS event-stream framing (src/evstream.c).
+PKGS="$PKGS zlib1g-dev"
 # make format-check (a make test stage) formats with clang-format.
 PKGS="$PKGS clang-format"
 # The metrics tests scrape with a real Prometheus and lint with promtool.

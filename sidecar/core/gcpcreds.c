@@ -25,8 +25,8 @@ static void wipe_free(char **p)
 
 void gcp_creds_clear(struct gcp_creds *c)
 {
-    char **all[] = { &c->key_file, &c->client_email, &c->private_key, &c->private_key_id,
-                     &c->token_uri, &c->metadata_url };
+    char **all[] = { &c->key_file,       &c->client_email, &c->private_key,
+                     &c->private_key_id, &c->token_uri,    &c->metadata_url };
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
         wipe_free(all[i]);
 }

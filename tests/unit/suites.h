@@ -11,6 +11,7 @@ Suite *config_suite(void);
 Suite *sse_suite(void);
 Suite *sigv4_suite(void);
 Suite *cloudauth_suite(void);
+Suite *evstream_suite(void);
 Suite *outcome_suite(void);
 Suite *transcode_suite(void);
 Suite *stallclock_suite(void);
