@@ -17,6 +17,7 @@ RUN apt-get update \
         build-essential debhelper dpkg-dev fakeroot pkg-config check \
         libev-dev libmsgpack-dev libyaml-dev libcurl4-openssl-dev libjansson-dev \
         libhiredis-dev libsystemd-dev libhttp-parser-dev libssl-dev libprotobuf-c-dev protobuf-c-compiler \
+        zlib1g-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /build/polygw
 COPY . .

@@ -40,7 +40,7 @@ endif
 # comes from pkg-config.
 # The daemon links DAEMON_PKGS only; jansson is the client library's, the
 # tools' and the tests' (tests/ref/ holds the jansson reference transcoder).
-DAEMON_PKGS := msgpack yaml-0.1 libcurl hiredis openssl libsystemd libprotobuf-c
+DAEMON_PKGS := msgpack yaml-0.1 libcurl hiredis openssl libsystemd libprotobuf-c zlib libxml-2.0
 PKGS      := $(DAEMON_PKGS) jansson
 PKG_CFLAGS = $(shell $(PKG_CONFIG) --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell $(PKG_CONFIG) --libs $(PKGS) 2>/dev/null) -lev -lhttp_parser -lm
@@ -258,7 +258,7 @@ $(BUILD)/shim/%.so: tests/shim/%.c
 # once (`make test` does that when clang is installed, so they cannot rot);
 # `make fuzz-replay` replays the committed corpus through a gcc-built driver.
 FUZZ_TARGETS := frame transcode sse retry_after config convert jscan json_msgpack_diff h1_answer \
-                http_request h1_tls gemini
+                http_request h1_tls gemini evstream
 FUZZ_SECONDS ?= 60
 FUZZ_LARGE_SECONDS ?= $(FUZZ_SECONDS)
 FUZZ_MAX_LEN ?= 4194304
@@ -413,6 +413,8 @@ bench: deps
 	/usr/bin/python3 tests/bench/apps_fairness.py $(BUILD) 200 20
 	@echo "## JSON -> msgpack: single pass vs jansson (ns per input byte, best of 7)"
 	$(BUILD)/bench/transcode
+	@echo "## AWS event-stream decoding vs its CRC floor and the SSE parser (best of 5)"
+	$(BUILD)/bench/evstream
 	@echo "## Response cache: sidecar CPU per hit vs per call upstream (one run)"
 	/usr/bin/python3 tests/bench/cache_cpu.py $(BUILD) 5000
 

@@ -57,6 +57,7 @@
 #include "call/redact.h"
 #include "ops/keywatch.h"
 #include "ops/reload.h"
+#include "upstream/cloudauth.h"
 #include "upstream/upstream.h"
 #include "trace/trace.h"
 
@@ -480,6 +481,10 @@ static void server_fini_parts(struct server *srv)
     tasks_fini(srv);
     tracer_free(srv->tracer); /* before the engine its export runs on */
     srv->tracer = NULL;
+    cloudauth_free(srv->aws_auth); /* likewise */
+    srv->aws_auth = NULL;
+    cloudauth_free(srv->gcp_auth);
+    srv->gcp_auth = NULL;
     upstream_free(srv->up);
     srv->up = NULL;
     metrics_free(srv->metrics); /* last: the parts above count into it until freed */
@@ -544,6 +549,7 @@ int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cf
         goto fail;
     if (!(srv->tracer = tracer_new(loop, srv->up, &cfg->tracing, err, errlen)))
         goto fail;
+    cloudauth_ensure(&srv->aws_auth, &srv->gcp_auth, loop, srv->up, cfg);
     srv->backend = make_backend(srv, &be_hooks, err, errlen);
     if (!srv->backend)
         goto fail;

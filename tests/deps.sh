@@ -10,6 +10,10 @@ clang libclang-rt-14-dev locales redis-sentinel openssl libssl-dev libsystemd-de
 python3-yaml"
 # The HTTP front end's parser (linked as -lhttp_parser), and curl for its tests.
 PKGS="$PKGS libhttp-parser-dev curl libprotobuf-c-dev protobuf-c-compiler"
+# Bedrock: STS answers in XML (libxml2).
+PKGS="$PKGS libxml2-dev"
+# CRC-32 of the AWS event-stream framing (src/evstream.c).
+PKGS="$PKGS zlib1g-dev"
 # make format-check (a make test stage) formats with clang-format.
 PKGS="$PKGS clang-format"
 # The metrics tests scrape with a real Prometheus and lint with promtool.

@@ -69,6 +69,7 @@
 #include "task.h"
 #include "tasks.h"
 #include "codec/transcode.h"
+#include "upstream/cloudauth.h"
 #include "upstream/upstream.h"
 #include "utf8.h"
 
@@ -292,6 +293,7 @@ struct call {
     struct strbuf json;       /* its JSON for `json_model` and `json_form` */
     const char *json_model;   /* model override `json` was made with */
     enum body_form json_form; /* what `json` was made for */
+    bool json_bedrock;        /* ... and whether for Bedrock (pack_for_bedrock) */
     bool json_ready;
     enum body_form form;         /* the current attempt's */
     bool has_stream_options;     /* the body has a top-level stream_options */
@@ -1208,7 +1210,7 @@ static void call_info_fill(const struct call *k, struct call_info *ci)
     ci->elapsed_s = now - k->started;
     ci->stalled_s = gov_call_stalled_s(&k->g, now);
     /* Anthropic's own format reached the client (not converted). */
-    ci->anthropic = k->src && k->src->kind == DIALECT_ANTHROPIC && k->form != BODY_TO_ANTHROPIC;
+    ci->anthropic = k->src && dialect_is_messages(k->src->kind) && k->form != BODY_TO_ANTHROPIC;
     /* Chat Completions streams end with [DONE]; Messages and Responses
      * streams end with a named event of their own. */
     ci->done_marker = !k->src || k->form == BODY_TO_ANTHROPIC || call_dialect(k)->chat_facts;
@@ -1797,6 +1799,43 @@ static void pack_with_stream_usage(const msgpack_object *body, msgpack_sbuffer *
     msgpack_pack_true(&pk);
 }
 
+/* An Anthropic Messages body as Bedrock's InvokeModel and Vertex AI's
+ * rawPredict take it: the model is in the path, so `model` goes (and on
+ * Bedrock `stream` too: the method says it); `anthropic_version` names the
+ * cloud's version of the API unless the caller set one. */
+#define BEDROCK_ANTHROPIC_VERSION "bedrock-2023-05-31"
+#define VERTEX_ANTHROPIC_VERSION  "vertex-2023-10-16"
+static void pack_for_cloud(const msgpack_object *body, msgpack_sbuffer *out, const char *version,
+                           bool drop_stream)
+{
+    msgpack_packer pk;
+    uint32_t keep = 0;
+    bool has_version = false;
+
+    for (uint32_t i = 0; i < body->via.map.size; i++) {
+        const msgpack_object *key = &body->via.map.ptr[i].key;
+        if (key->type == MSGPACK_OBJECT_STR &&
+            (rpc_str_is(key, "model") || (drop_stream && rpc_str_is(key, "stream"))))
+            continue;
+        has_version |= key->type == MSGPACK_OBJECT_STR && rpc_str_is(key, "anthropic_version");
+        keep++;
+    }
+    msgpack_packer_init(&pk, out, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, keep + !has_version);
+    for (uint32_t i = 0; i < body->via.map.size; i++) {
+        const msgpack_object *key = &body->via.map.ptr[i].key;
+        if (key->type == MSGPACK_OBJECT_STR &&
+            (rpc_str_is(key, "model") || (drop_stream && rpc_str_is(key, "stream"))))
+            continue;
+        msgpack_pack_object(&pk, *key);
+        msgpack_pack_object(&pk, body->via.map.ptr[i].val);
+    }
+    if (!has_version) {
+        rpc_pack_str(&pk, "anthropic_version");
+        rpc_pack_str(&pk, version);
+    }
+}
+
 /* The JSON body for a source: made once per distinct (model override,
  * form); the common case is one transcode per call, however many
  * attempts, and none for a JSON body sent as it came. */
@@ -1805,18 +1844,19 @@ static int call_prepare_json(struct call *k, const struct config_source *src, ch
 {
     /* A Gemini body names no model (its path does) and never `stream`
      * (its method does): sent as it came. */
-    bool gemini = src->kind == DIALECT_GEMINI;
+    bool gemini = src->kind == DIALECT_GEMINI, bedrock = src->kind == DIALECT_BEDROCK;
+    bool vertex_anth = src->vertex.on && src->kind == DIALECT_ANTHROPIC;
     const char *model = gemini ? NULL : src->model ? src->model : k->model_param;
     enum body_form form = call_body_form(k, src);
-    msgpack_unpacked up, alt;
-    msgpack_sbuffer altbuf;
+    msgpack_unpacked up, alt, br;
+    msgpack_sbuffer altbuf, brbuf;
     const msgpack_object *body;
     int rc;
 
     k->form = form;
     if (k->rawc)
         return 0; /* a passthrough's body is sent as it came (rawcall.h) */
-    if (k->json_ready && k->json_form == form &&
+    if (k->json_ready && k->json_form == form && k->json_bedrock == (bedrock || vertex_anth) &&
         (k->json_model == model || (k->json_model && model && strcmp(k->json_model, model) == 0)))
         return 0;
     if (k->body_is_json && !model && form == BODY_AS_IS) {
@@ -1857,11 +1897,19 @@ static int call_prepare_json(struct call *k, const struct config_source *src, ch
     if (altbuf.size > 0 &&
         msgpack_unpack_next(&alt, altbuf.data, altbuf.size, NULL) == MSGPACK_UNPACK_SUCCESS)
         body = &alt.data;
+    msgpack_sbuffer_init(&brbuf);
+    msgpack_unpacked_init(&br);
+    if ((bedrock || vertex_anth) && body->type == MSGPACK_OBJECT_MAP) {
+        pack_for_cloud(body, &brbuf, bedrock ? BEDROCK_ANTHROPIC_VERSION : VERTEX_ANTHROPIC_VERSION,
+                       bedrock);
+        if (msgpack_unpack_next(&br, brbuf.data, brbuf.size, NULL) == MSGPACK_UNPACK_SUCCESS)
+            body = &br.data;
+    }
     struct transcode_override ov = {
-        .model = model,
+        .model = bedrock || vertex_anth ? NULL : model,
         /* The `stream` parameter decides; a body's own "stream" key must not
          * make the upstream stream while we expect one JSON reply. */
-        .stream = gemini                  ? TRANSCODE_STREAM_KEEP
+        .stream = gemini || bedrock       ? TRANSCODE_STREAM_KEEP
             : k->stream                   ? TRANSCODE_STREAM_TRUE
             : rpc_map_get(body, "stream") ? TRANSCODE_STREAM_FALSE
                                           : TRANSCODE_STREAM_KEEP,
@@ -1869,6 +1917,8 @@ static int call_prepare_json(struct call *k, const struct config_source *src, ch
     strbuf_reset(&k->json);
     rc = transcode_msgpack_to_json(body, &k->json, &ov, "body", why, whylen);
     (void)strbuf_fit(&k->json); /* kept for the call's retries */
+    msgpack_unpacked_destroy(&br);
+    msgpack_sbuffer_destroy(&brbuf);
     msgpack_unpacked_destroy(&alt);
     msgpack_sbuffer_destroy(&altbuf);
     msgpack_unpacked_destroy(&up);
@@ -1878,6 +1928,7 @@ static int call_prepare_json(struct call *k, const struct config_source *src, ch
     }
     k->json_model = model;
     k->json_form = form;
+    k->json_bedrock = bedrock || vertex_anth;
     k->json_ready = true;
     return 0;
 }
@@ -2020,11 +2071,57 @@ static void call_run_attempt(struct call *k, size_t source)
     const char *tp = calltrace_attempt(&k->ct, &k->g, src, ev_now(srv->loop));
     if (!k->rawc)
         as.extra_header = tp; /* a passthrough's headers are its client's */
+    char *signature = NULL;
+    char no_creds[240];
+    struct sigv4_creds creds = { src->aws.access_key_id, src->aws.secret_access_key,
+                                 src->aws.session_token };
+    struct cloudauth *auth = src->vertex.on                            ? srv->gcp_auth
+        : src->kind == DIALECT_BEDROCK && aws_creds_fetched(&src->aws) ? srv->aws_auth
+                                                                       : NULL;
+    bool fetched = src->vertex.on || (src->kind == DIALECT_BEDROCK && aws_creds_fetched(&src->aws));
+    if (fetched && (!auth || !cloudauth_get(auth, &creds, no_creds, sizeof(no_creds)))) {
+        /* Nothing to sign with: the attempt fails unsent, like a source
+         * that cannot be reached, and the loop goes on (another source,
+         * backoff); the credentials are fetched on their own schedule. */
+        if (!auth)
+            snprintf(no_creds, sizeof(no_creds), "no credentials fetcher (it could not start)");
+        as.refuse = no_creds;
+    } else if (src->vertex.on) {
+        size_t n = strlen(creds.session_token) + 32;
+        if (!(signature = malloc(n))) {
+            free(json);
+            explicit_bzero(url, nu + 1);
+            if (url != url_buf)
+                free(url);
+            call_reply_plain_error(k, PGW_INTERNAL, "out of memory");
+            call_finish(k);
+            return;
+        }
+        snprintf(signature, n, "Authorization: Bearer %s\r\n", creds.session_token);
+        as.attempt_headers = signature;
+    } else if (src->kind == DIALECT_BEDROCK) {
+        /* Signed at each attempt: a signature holds its time. */
+        if (!(signature = upath_sign_aws(src, &creds, url, json, text_len, time(NULL)))) {
+            free(json);
+            explicit_bzero(url, nu + 1);
+            if (url != url_buf)
+                free(url);
+            call_reply_plain_error(k, PGW_INTERNAL, "cannot sign the upstream request");
+            call_finish(k);
+            return;
+        }
+        as.attempt_headers = signature;
+        as.aws_eventstream = k->stream;
+    }
     k->past_end = false;
     k->attempt = attempt_start(srv->up, &as, &call_hooks, k);
     explicit_bzero(url, nu + 1); /* auth_query puts the key in it */
     if (url != url_buf)
         free(url);
+    if (signature) {
+        explicit_bzero(signature, strlen(signature));
+        free(signature);
+    }
     if (!k->attempt) {
         call_reply_plain_error(k, PGW_INTERNAL, "cannot start the upstream request");
         call_finish(k);

@@ -33,6 +33,8 @@ static const char *provider(enum dialect_kind k)
         return "anthropic";
     case DIALECT_GEMINI:
         return "gcp.gemini";
+    case DIALECT_BEDROCK:
+        return "aws.bedrock";
     default:
         return "openai";
     }

@@ -3,11 +3,14 @@
  */
 #include "upath.h"
 
+#include <ctype.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "codec/dialect.h"
+#include "upstream/sigv4.h"
 
 bool upath_model_ok(const char *name, size_t len)
 {
@@ -43,8 +46,21 @@ char *upath_url(const struct config_source *src, const struct upath_call *c, cha
     const char *path = c->cap->path, *model = "", *method = "";
     const char *cq = src->kind == DIALECT_ANTHROPIC && c->query && c->query[0] ? c->query : NULL;
     const char *sq = src->req_query; /* "" or "?a=b&..." */
+    char enc[3 * 256 + 1];
 
-    if (src->kind == DIALECT_GEMINI) {
+    char vpath[256];
+    if (src->vertex.on) {
+        /* /projects/P/locations/L/publishers/{google,anthropic}/models/M:METHOD */
+        bool anth = src->kind == DIALECT_ANTHROPIC;
+        snprintf(vpath, sizeof(vpath), "/projects/%s/locations/%s/publishers/%s/models/",
+                 src->vertex.project, src->vertex.location, anth ? "anthropic" : "google");
+        path = vpath;
+        model = src->model;
+        method = anth ? (c->stream ? ":streamRawPredict" : ":rawPredict")
+            : strcmp(c->cap->name, "count_tokens") == 0 ? ":countTokens"
+            : c->stream                                 ? ":streamGenerateContent?alt=sse"
+                                                        : ":generateContent";
+    } else if (src->kind == DIALECT_GEMINI) {
         model = src->model ? src->model : c->model;
         if (!model || !upath_model_ok(model, strlen(model))) {
             snprintf(why, whylen,
@@ -57,6 +73,29 @@ char *upath_url(const struct config_source *src, const struct upath_call *c, cha
         method = strcmp(c->cap->name, "count_tokens") == 0 ? ":countTokens"
             : c->stream                                    ? ":streamGenerateContent?alt=sse"
                                                            : ":generateContent";
+    } else if (src->kind == DIALECT_BEDROCK) {
+        /* /model/{id}/invoke: the id percent-encoded, as AWS's SDKs send it
+         * (its ':' as %3A) and as it is signed (sigv4.h). */
+        static const char hex[] = "0123456789ABCDEF";
+        size_t n = strlen(src->model), o = 0;
+        if (n * 3 >= sizeof(enc)) {
+            snprintf(why, whylen, "source '%s': its model id is too long", src->name);
+            return NULL;
+        }
+        for (size_t i = 0; i < n; i++) {
+            unsigned char ch = (unsigned char)src->model[i];
+            if (isalnum(ch) || ch == '-' || ch == '.' || ch == '_' || ch == '~') {
+                enc[o++] = (char)ch;
+            } else {
+                enc[o++] = '%';
+                enc[o++] = hex[ch >> 4];
+                enc[o++] = hex[ch & 15];
+            }
+        }
+        enc[o] = '\0';
+        path = "/model/";
+        model = enc;
+        method = c->stream ? "/invoke-with-response-stream" : "/invoke";
     } else if (strcmp(c->cap->name, "chat") == 0 && strcmp(path, "/chat/completions") == 0) {
         /* The built-in chat path is each dialect's own (Anthropic:
          * /messages); a path set in the configuration is used as written. */
@@ -103,4 +142,57 @@ char *upath_url(const struct config_source *src, const struct upath_call *c, cha
     *p = '\0';
     *len = (size_t)(p - url);
     return url;
+}
+
+char *upath_sign_aws(const struct config_source *src, const struct sigv4_creds *creds,
+                     const char *url, const void *body, size_t body_len, time_t now)
+{
+    /* url is scheme://host[:port]/path[?query], as upath_url made it. */
+    const char *h = strstr(url, "://");
+    h = h ? h + 3 : url;
+    const char *path = strchr(h, '/');
+    if (!path)
+        path = h + strlen(h);
+    char host[256], pbuf[1024];
+    size_t hn = (size_t)(path - h);
+    const char *q = strchr(path, '?');
+    size_t pn = q ? (size_t)(q - path) : strlen(path);
+    if (hn >= sizeof(host) || pn >= sizeof(pbuf))
+        return NULL;
+    memcpy(host, h, hn);
+    host[hn] = '\0';
+    /* The default port is not part of the Host header curl and the own
+     * client send. */
+    size_t hl = strlen(host);
+    if (strncmp(url, "https://", 8) == 0 && hl > 4 && strcmp(host + hl - 4, ":443") == 0)
+        host[hl - 4] = '\0';
+    else if (strncmp(url, "http://", 7) == 0 && hl > 3 && strcmp(host + hl - 3, ":80") == 0)
+        host[hl - 3] = '\0';
+    memcpy(pbuf, path, pn);
+    pbuf[pn] = '\0';
+    struct sigv4_request r = {
+        .method = "POST",
+        .host = host,
+        .path = pn ? pbuf : "/",
+        .query = q ? q + 1 : NULL,
+        .body = body,
+        .body_len = body_len,
+        .region = src->aws.region,
+        .service = "bedrock",
+        .when = now,
+    };
+    struct sigv4_creds c = *creds;
+    struct sigv4_out out;
+    strbuf_init(&out.authorization);
+    char *lines = NULL;
+    if (sigv4_sign(&r, &c, &out) == 0) {
+        const char *tok = c.session_token ? c.session_token : "";
+        size_t n = strbuf_live(&out.authorization) + strlen(tok) + 128;
+        if ((lines = malloc(n)))
+            snprintf(lines, n, "Authorization: %s\r\nX-Amz-Date: %s\r\n%s%s%s",
+                     strbuf_head(&out.authorization), out.amz_date,
+                     *tok ? "X-Amz-Security-Token: " : "", tok, *tok ? "\r\n" : "");
+    }
+    strbuf_fini(&out.authorization);
+    return lines;
 }

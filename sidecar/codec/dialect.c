@@ -391,6 +391,17 @@ static const struct dialect dialects[DIALECT_COUNT] = {
         .scan_event = gemini_scan_event,
         .scan_usage = gemini_scan_usage,
     },
+    [DIALECT_BEDROCK] = {
+        .name = "bedrock",
+        /* No key header: every request is signed (sidecar/cloud/bedrock.h).
+         * Never used as written: the path is /model/{id}/invoke. */
+        .chat_path = "/invoke",
+        .stream_usage = false,
+        .stream_end = "message_stop",
+        .last_is_terminal = true,
+        .scan_event = anthropic_scan_event,
+        .scan_usage = anthropic_scan_usage,
+    },
 };
 
 /* The Responses API, by the key conventions of OpenAI and Azure. */
@@ -431,6 +442,11 @@ const struct dialect *dialect_for(enum dialect_kind kind, const char *path)
 const struct dialect *dialect_get(enum dialect_kind kind)
 {
     return (unsigned)kind < DIALECT_COUNT ? &dialects[kind] : &dialects[DIALECT_OPENAI];
+}
+
+bool dialect_is_messages(enum dialect_kind kind)
+{
+    return kind == DIALECT_ANTHROPIC || kind == DIALECT_BEDROCK;
 }
 
 int dialect_from_name(const char *name)

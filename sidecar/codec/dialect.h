@@ -7,6 +7,7 @@
  *   azure      api-key               ?api-version=V       /chat/completions   [DONE] or a finish_reason
  *   anthropic  x-api-key             anthropic-version: V /messages           message_stop
  *   gemini     x-goog-api-key        -                    /models/M:METHOD    a finishReason
+ *   bedrock    SigV4 Authorization   body anthropic_version /model/M/invoke  message_stop
  *
  * An OpenAI or Azure source called at a path ending in /responses speaks
  * OpenAI's Responses API instead (dialect_for): same key and version, but
@@ -42,7 +43,9 @@ enum dialect_kind {
     DIALECT_OPENAI = 0, /* default; also vLLM, Ollama, Groq, Gemini's OpenAI endpoint ... */
     DIALECT_AZURE,
     DIALECT_ANTHROPIC,
-    DIALECT_GEMINI, /* Google's native Gemini API (generateContent, countTokens) */
+    DIALECT_GEMINI,  /* Google's native Gemini API (generateContent, countTokens) */
+    DIALECT_BEDROCK, /* Anthropic's Messages on AWS Bedrock (InvokeModel), signed with
+                      * AWS Signature Version 4, streamed as AWS event-stream frames */
     DIALECT_COUNT
 };
 
@@ -113,8 +116,11 @@ const struct dialect *dialect_for(enum dialect_kind kind, const char *path);
 /* Does capability path `path` end in "/responses" (NULL: no)? */
 bool dialect_path_is_responses(const char *path);
 
-/* "openai", "azure", "anthropic", "gemini" -> kind; -1 for anything else. */
+/* "openai", "azure", "anthropic", "gemini", "bedrock" -> kind; -1 for anything else. */
 int dialect_from_name(const char *name);
+
+/* Does `kind` take and answer Anthropic Messages bodies (anthropic, bedrock)? */
+bool dialect_is_messages(enum dialect_kind kind);
 
 /* Merges the counts of one event into a running total: every field the
  * event has replaces the total's (Anthropic's message_delta repeats the

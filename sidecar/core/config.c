@@ -173,6 +173,9 @@ enum fid {
     FID_SRC_KIND,
     FID_API_VERSION,
     FID_ANTHROPIC_VERSION,
+    FID_REGION,
+    FID_PROJECT,
+    FID_LOCATION,
     FID_AUTH_HEADER,
     FID_AUTH_QUERY,
     FID_HEADERS,
@@ -631,6 +634,28 @@ static int check_text(struct loader *l, const struct ynode *v, char *s)
         return fail_here(l, v->line, "must not be empty");
     if (has_ctl(s, strlen(s)))
         return fail_here(l, v->line, "must not contain control characters");
+    return 0;
+}
+
+/* sources[i].region: an AWS region name ("us-east-1"), part of the host
+ * name and of every signature. */
+static int check_region(struct loader *l, const struct ynode *v, char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 32 || strspn(s, "abcdefghijklmnopqrstuvwxyz0123456789-") != n)
+        return fail_here(l, v->line, "must be an AWS region name (e.g. us-east-1)");
+    return 0;
+}
+
+/* sources[i].project / location: a Google Cloud project id or location,
+ * both parts of the Vertex AI URL. */
+static int check_gcp_name(struct loader *l, const struct ynode *v, char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 63 || strspn(s, "abcdefghijklmnopqrstuvwxyz0123456789-") != n)
+        return fail_here(l, v->line,
+                         "must be lowercase letters, digits and '-' (e.g. my-project, "
+                         "us-east5, global)");
     return 0;
 }
 
@@ -1093,6 +1118,9 @@ static const struct field source_table[] = {
     TYPED("kind", FT_DIALECT, FID_SRC_KIND, SRC(kind)),
     STR("api_version", FID_API_VERSION, SRC(api_version), check_query_text),
     STR("anthropic_version", FID_ANTHROPIC_VERSION, SRC(anthropic_version), check_text),
+    STR("region", FID_REGION, SRC(aws.region), check_region),
+    STR("project", FID_PROJECT, SRC(vertex.project), check_gcp_name),
+    STR("location", FID_LOCATION, SRC(vertex.location), check_gcp_name),
     STR("auth_header", FID_AUTH_HEADER, SRC(auth_header), check_header_name),
     STR("auth_query", FID_AUTH_QUERY, SRC(auth_query), check_query_text),
     { .key = "headers", .type = FT_CUSTOM, .fid = FID_HEADERS, .walk = walk_headers },
@@ -1270,6 +1298,11 @@ static void source_fini(struct config_source *s)
     free(s->api_key_file);
     free(s->api_version);
     free(s->anthropic_version);
+    aws_creds_clear(&s->aws);
+    free(s->aws.region);
+    gcp_creds_clear(&s->vertex.creds);
+    free(s->vertex.project);
+    free(s->vertex.location);
     free(s->auth_header);
     free(s->auth_query);
     free(s->tls.ca_file);
@@ -1571,8 +1604,17 @@ static int set_field(struct loader *l, const struct field *f, char *slot, const 
         if ((rc = get_string(l, v, &s)) < 0)
             return rc;
         int k = dialect_from_name(s);
+        if (k < 0 && strcmp(s, "vertex") == 0) {
+            /* Vertex AI speaks Gemini's or Anthropic's API by its model;
+             * the loader settles which (validate_dialect). */
+            struct config_source *src =
+                (struct config_source *)((char *)slot - offsetof(struct config_source, kind));
+            src->vertex.on = true;
+            k = DIALECT_GEMINI;
+        }
         if (k < 0)
-            return fail_here(l, v->line, "must be openai, azure, anthropic or gemini");
+            return fail_here(l, v->line,
+                             "must be openai, azure, anthropic, gemini, bedrock or vertex");
         *(enum dialect_kind *)slot = (enum dialect_kind)k;
         break;
     }
@@ -2519,7 +2561,80 @@ static int validate_dialect(struct loader *l, size_t i, const char *prefix)
         snprintf(path, sizeof(path), "%s.anthropic_version", prefix);
         return fail_at(l, st->line[FID_ANTHROPIC_VERSION], path, "only valid with kind: anthropic");
     }
-    if (s->kind == DIALECT_ANTHROPIC && !s->anthropic_version &&
+    if (s->vertex.on) {
+        static const struct {
+            enum fid fid;
+            const char *key;
+        } not_here[] = {
+            { FID_API_KEY, "api_key" },           { FID_API_KEY_ENV, "api_key_env" },
+            { FID_API_KEY_FILE, "api_key_file" }, { FID_AUTH_HEADER, "auth_header" },
+            { FID_AUTH_QUERY, "auth_query" },     { FID_ANTHROPIC_VERSION, "anthropic_version" }
+        };
+        for (size_t k = 0; k < sizeof(not_here) / sizeof(not_here[0]); k++)
+            if (st->line[not_here[k].fid]) {
+                snprintf(path, sizeof(path), "%s.%s", prefix, not_here[k].key);
+                return fail_at(l, st->line[not_here[k].fid], path,
+                               "not valid with kind: vertex (it authenticates with Google "
+                               "Cloud access tokens, docs/CONFIG.md)");
+            }
+        const char *missing = !s->vertex.project ? "project"
+            : !s->vertex.location                ? "location"
+            : !s->model                          ? "model"
+                                                 : NULL;
+        if (missing) {
+            snprintf(path, sizeof(path), "%s.%s", prefix, missing);
+            return fail_at(l, st->line[FID_SRC_KIND], path,
+                           "is required with kind: vertex (project and location name the "
+                           "endpoint; model is the publisher's model, e.g. gemini-2.5-flash or "
+                           "claude-3-5-haiku@20241022)");
+        }
+        /* Anthropic's models on Vertex speak Messages (rawPredict); every
+         * other publisher model here is Google's, speaking Gemini's API. */
+        if (strncmp(s->model, "claude", 6) == 0)
+            s->kind = DIALECT_ANTHROPIC;
+    } else if (st->line[FID_PROJECT] || st->line[FID_LOCATION]) {
+        snprintf(path, sizeof(path), "%s.%s", prefix,
+                 st->line[FID_PROJECT] ? "project" : "location");
+        return fail_at(l, st->line[FID_PROJECT] ? st->line[FID_PROJECT] : st->line[FID_LOCATION],
+                       path, "only valid with kind: vertex");
+    }
+    if (s->kind == DIALECT_BEDROCK) {
+        static const struct {
+            enum fid fid;
+            const char *key;
+        } not_here[] = { { FID_API_KEY, "api_key" },
+                         { FID_API_KEY_ENV, "api_key_env" },
+                         { FID_API_KEY_FILE, "api_key_file" },
+                         { FID_AUTH_HEADER, "auth_header" },
+                         { FID_AUTH_QUERY, "auth_query" } };
+        for (size_t k = 0; k < sizeof(not_here) / sizeof(not_here[0]); k++)
+            if (st->line[not_here[k].fid]) {
+                snprintf(path, sizeof(path), "%s.%s", prefix, not_here[k].key);
+                return fail_at(l, st->line[not_here[k].fid], path,
+                               "not valid with kind: bedrock (its requests are signed with the "
+                               "AWS credentials of the environment, docs/CONFIG.md)");
+            }
+        if (!s->aws.region) {
+            snprintf(path, sizeof(path), "%s.region", prefix);
+            return fail_at(l, st->line[FID_SRC_KIND], path,
+                           "is required with kind: bedrock (e.g. us-east-1)");
+        }
+        if (!s->model) {
+            snprintf(path, sizeof(path), "%s.model", prefix);
+            return fail_at(l, st->line[FID_SRC_KIND], path,
+                           "is required with kind: bedrock (the Bedrock model id, e.g. "
+                           "anthropic.claude-3-5-haiku-20241022-v1:0)");
+        }
+        if (strcmp(s->capability, "chat") != 0) {
+            snprintf(path, sizeof(path), "%s.capability", prefix);
+            return fail_at(l, st->line[FID_SRC_KIND], path,
+                           "kind: bedrock serves chat only (capability is %s)", s->capability);
+        }
+    } else if (st->line[FID_REGION]) {
+        snprintf(path, sizeof(path), "%s.region", prefix);
+        return fail_at(l, st->line[FID_REGION], path, "only valid with kind: bedrock");
+    }
+    if (s->kind == DIALECT_ANTHROPIC && !s->vertex.on && !s->anthropic_version &&
         !(s->anthropic_version = strdup("2023-06-01")))
         return fail_nomem(l);
     if (s->auth_header && s->auth_query) {
@@ -2531,7 +2646,7 @@ static int validate_dialect(struct loader *l, size_t i, const char *prefix)
         snprintf(path, sizeof(path), "%s.auth_header", prefix);
         return fail_at(l, st->line[FID_AUTH_HEADER], path, "is a header polygw sets itself");
     }
-    if (s->kind == DIALECT_ANTHROPIC && st->line[FID_STREAM_USAGE]) {
+    if (dialect_is_messages(s->kind) && st->line[FID_STREAM_USAGE]) {
         snprintf(path, sizeof(path), "%s.stream_usage", prefix);
         return fail_at(l, st->line[FID_STREAM_USAGE], path,
                        "only valid with kind: openai or "
@@ -2541,9 +2656,9 @@ static int validate_dialect(struct loader *l, size_t i, const char *prefix)
         snprintf(path, sizeof(path), "%s.accepts", prefix);
         if (strcmp(st->accepts, "openai") != 0)
             return fail_at(l, st->line[FID_ACCEPTS], path, "must be openai");
-        if (s->kind != DIALECT_ANTHROPIC)
+        if (!dialect_is_messages(s->kind))
             return fail_at(l, st->line[FID_ACCEPTS], path,
-                           "only valid with kind: anthropic "
+                           "only valid with kind: anthropic or bedrock "
                            "(kind %s already takes OpenAI bodies)",
                            kind);
         if (strcmp(s->capability, "chat") != 0)
@@ -2656,6 +2771,30 @@ static void validate_source(struct loader *l, size_t i)
     if (st->bad)
         return;
     snprintf(prefix, sizeof(prefix), "sources[%zu]", i);
+    if (s->vertex.on && !line[FID_BASE_URL] && s->vertex.location) {
+        /* Vertex AI's endpoint for the location ("global" has no prefix). */
+        char url[128];
+        if (strcmp(s->vertex.location, "global") == 0)
+            snprintf(url, sizeof(url), "https://aiplatform.googleapis.com/v1");
+        else
+            snprintf(url, sizeof(url), "https://%s-aiplatform.googleapis.com/v1",
+                     s->vertex.location);
+        if (!(s->base_url = strdup(url))) {
+            fail_nomem(l);
+            return;
+        }
+        st->line[FID_BASE_URL] = line[FID_LOCATION];
+    }
+    if (s->kind == DIALECT_BEDROCK && !line[FID_BASE_URL] && s->aws.region) {
+        /* The service's own endpoint in the source's region. */
+        char url[128];
+        snprintf(url, sizeof(url), "https://bedrock-runtime.%s.amazonaws.com", s->aws.region);
+        if (!(s->base_url = strdup(url))) {
+            fail_nomem(l);
+            return;
+        }
+        st->line[FID_BASE_URL] = line[FID_REGION];
+    }
     static const struct {
         enum fid fid;
         const char *key;
@@ -2730,7 +2869,7 @@ static void validate_source(struct loader *l, size_t i)
     validate_route(l, i, prefix);
     validate_prices(l, i, prefix);
     if (!line[FID_CACHED_INPUT])
-        s->limits.cached_input_counts = s->kind != DIALECT_ANTHROPIC;
+        s->limits.cached_input_counts = !dialect_is_messages(s->kind);
     if ((line[FID_ITPM] || line[FID_OTPM]) && l->cfg->backend != BACKEND_MEMORY) {
         snprintf(path, sizeof(path), "%s.limits.%s", prefix, line[FID_ITPM] ? "itpm" : "otpm");
         fail_at(l, line[FID_ITPM] ? line[FID_ITPM] : line[FID_OTPM], path,
@@ -2990,6 +3129,21 @@ static int load_key(struct loader *l, size_t i)
 {
     struct src_stage *st = &l->srcs[i];
     char path[CONFIG_PATH_MAX];
+
+    if (st->src.vertex.on) {
+        char why[256];
+        snprintf(path, sizeof(path), "sources[%zu].kind", i);
+        if (gcp_creds_load(&st->src.vertex.creds, why, sizeof(why)) < 0)
+            return fail_at(l, st->line[FID_SRC_KIND], path, "%s", why);
+        return 0;
+    }
+    if (st->src.kind == DIALECT_BEDROCK) {
+        char why[256];
+        snprintf(path, sizeof(path), "sources[%zu].kind", i);
+        if (aws_creds_load(&st->src.aws, why, sizeof(why)) < 0)
+            return fail_at(l, st->line[FID_SRC_KIND], path, "%s", why);
+        return 0;
+    }
 
     if (st->key_file) {
         snprintf(path, sizeof(path), "sources[%zu].api_key_file", i);

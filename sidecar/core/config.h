@@ -37,6 +37,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "awscreds.h"
+#include "gcpcreds.h"
 #include "codec/dialect.h"
 #include "budget.h"
 #include "cost.h"
@@ -192,9 +194,16 @@ struct config_source {
 
     /* The upstream's dialect and how to authenticate (docs/CONFIG.md,
      * "Providers"). */
-    enum dialect_kind kind;        /* default openai */
-    char *api_version;             /* owned; azure only, required there */
-    char *anthropic_version;       /* owned; anthropic only, default "2023-06-01" */
+    enum dialect_kind kind;  /* default openai */
+    char *api_version;       /* owned; azure only, required there */
+    char *anthropic_version; /* owned; anthropic only, default "2023-06-01" */
+    struct aws_creds aws;    /* bedrock only: region and credentials (awscreds.h) */
+    struct {
+        bool on;                /* kind: vertex (kind is then gemini or anthropic) */
+        char *project;          /* owned, required */
+        char *location;         /* owned, required: a region or "global" */
+        struct gcp_creds creds; /* where its tokens come from (gcpcreds.h) */
+    } vertex;
     char *auth_header;             /* owned or NULL: send the key verbatim in this header */
     char *auth_query;              /* owned or NULL: send the key as this query parameter */
     bool stream_usage;             /* openai/azure streams ask for usage; default true */

@@ -112,7 +112,11 @@ struct server {
     struct conn *conns; /* open connections (doubly linked) */
     struct conn *dead;  /* closed, waiting for the reaper */
     struct server_stats stats;
-    struct upstream *up;                 /* the HTTP engine */
+    struct upstream *up;        /* the HTTP engine */
+    struct cloudauth *aws_auth; /* AWS keys fetched for kind: bedrock sources,
+                                          * and Google tokens for kind: vertex ones
+                                          * (upstream/cloudauth.h), or NULL */
+    struct cloudauth *gcp_auth;
     struct tracer *tracer;               /* spans and their export (trace/trace.h); off
                                           * unless tracing.enabled */
     struct http_server *http;            /* the HTTP front end (http.h), NULL when not configured */

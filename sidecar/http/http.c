@@ -1233,7 +1233,7 @@ static const char *cap_http_path(const struct config *cfg, size_t i)
     for (size_t j = 0; j < cfg->n_sources; j++) {
         const struct config_source *src = &cfg->sources[j];
         if (src->capability_index == i)
-            return src->kind == DIALECT_ANTHROPIC && !src->accepts_openai
+            return dialect_is_messages(src->kind) && !src->accepts_openai
                 ? dialect_get(DIALECT_ANTHROPIC)->chat_path
                 : cap->path;
     }

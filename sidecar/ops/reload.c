@@ -13,6 +13,7 @@
 #include "metrics/metrics.h"
 #include "call/redact.h"
 #include "trace/trace.h"
+#include "upstream/cloudauth.h"
 
 /* Keys of earlier configurations kept in the redactor: an attempt started
  * before a key rotation may still be running, and its upstream may echo
@@ -488,6 +489,7 @@ static int reload_apply(struct reload_ctx *x, struct reload_summary *sum, char *
     if (srv->tracer && tracer_reconf(srv->tracer, &n->tracing, terr, sizeof(terr)) < 0)
         log_at(LOG_WARN, "tracing keeps its settings", "error", LOG_S, terr, NULL);
     cache_set_max_bytes(srv->cache, n->cache_max_bytes);
+    cloudauth_ensure(&srv->aws_auth, &srv->gcp_auth, srv->loop, srv->up, n);
     if (!srv->log_level_override)
         log_threshold = n->log_level;
     config_free(o);

@@ -93,7 +93,7 @@ struct h1_hooks {
  * server closed it as it was reused. Later, the server may have worked on
  * the request (an LLM call is not idempotent): the attempt fails instead. */
 #define H1_STALE_RETRY_S 1.0
-#define H1_IOV_MAX       4
+#define H1_IOV_MAX       5
 #define H1_LINE_MAX      256
 #define H1_DETAIL_MAX    160
 

@@ -44,6 +44,7 @@
 #include <arpa/inet.h>
 #include <curl/curl.h>
 #include <openssl/err.h>
+#include <openssl/evp.h>
 #include <openssl/ssl.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -57,6 +58,8 @@
 #include "codec/dialect.h"
 #include "h1.h"
 #include "core/tls.h"
+#include "evstream.h"
+#include "codec/jscan.h"
 #include "sse.h"
 
 #define UPSTREAM_ORPHAN_TTL_S 30.0
@@ -225,6 +228,15 @@ struct attempt {
     bool resp_too_large;
     struct sse_parser sse;
     bool sse_ready;
+    bool aws_es;        /* attempt_spec.aws_eventstream */
+    struct evstream es; /* its decoder, when es_ready */
+    bool es_ready;
+    struct strbuf es_data; /* the current event's decoded JSON */
+    const char *es_name;   /* its "type", for attempt_event_name (borrowed) */
+    size_t es_name_len;
+    char *attempt_hdrs; /* attempt_spec.attempt_headers, copied (a secret) */
+    char *refused;      /* attempt_spec.refuse, copied: end unsent */
+    size_t attempt_hdrs_len;
     uint32_t events;
     bool terminal_seen;
     const char *stream_end;             /* attempt_spec.stream_end */
@@ -812,6 +824,14 @@ static void attempt_free(struct attempt *a)
     strbuf_fini(&a->resp);
     if (a->sse_ready)
         sse_parser_fini(&a->sse);
+    if (a->es_ready)
+        evstream_fini(&a->es);
+    strbuf_fini(&a->es_data);
+    if (a->attempt_hdrs) {
+        explicit_bzero(a->attempt_hdrs, a->attempt_hdrs_len);
+        free(a->attempt_hdrs);
+    }
+    free(a->refused);
     DLIST_UNLINK(up->active, a, prev, next); /* on it since attempt_start() */
     up->stats.attempts_active--;
     free(a);
@@ -1088,7 +1108,9 @@ static size_t attempt_on_header(char *line, size_t size, size_t nitems, void *ud
     }
     char first = n > 0 ? (char)(line[0] | 0x20) : '\0';
     if (first == 'c' && HEADER_IS(line, n, "content-type", &v, &vlen)) {
-        a->is_sse = vlen >= 17 && strncasecmp(v, "text/event-stream", 17) == 0;
+        a->is_sse = a->aws_es
+            ? vlen >= 34 && strncasecmp(v, "application/vnd.amazon.eventstream", 34) == 0
+            : vlen >= 17 && strncasecmp(v, "text/event-stream", 17) == 0;
         if (vlen >= sizeof(a->content_type))
             vlen = sizeof(a->content_type) - 1;
         memcpy(a->content_type, v, vlen);
@@ -1135,10 +1157,116 @@ static int attempt_on_sse_event(const struct sse_event *ev, void *ud)
     return rc < 0 ? -1 : 0;
 }
 
+/* What one event-stream exception means for the attempt. */
+static void attempt_on_aws_exception(struct attempt *a, const struct evstream_msg *m)
+{
+    const struct evstream_str *t = m->exception_type.p ? &m->exception_type : &m->error_code;
+    char type[64];
+    size_t n = t->p ? (t->len < sizeof(type) - 1 ? t->len : sizeof(type) - 1) : 0;
+    for (size_t i = 0; i < n; i++)
+        type[i] = t->p[i] >= ' ' && t->p[i] <= '~' ? t->p[i] : '?';
+    type[n] = '\0';
+    bool throttled = strcmp(type, "throttlingException") == 0;
+    bool transient = throttled || strcmp(type, "internalServerException") == 0 ||
+        strcmp(type, "serviceUnavailableException") == 0 ||
+        strcmp(type, "modelStreamErrorException") == 0 ||
+        strcmp(type, "modelTimeoutException") == 0;
+    char detail[160];
+    snprintf(detail, sizeof(detail), "the upstream's stream reported %s",
+             n ? type : "an exception");
+    attempt_fail_stream(a,
+                        throttled       ? REASON_HTTP_429
+                            : transient ? REASON_HTTP_5XX
+                                        : REASON_HTTP_4XX,
+                        transient, detail);
+}
+
+struct aws_chunk {
+    struct jscan_value bytes, type;
+};
+
+static int aws_chunk_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    struct aws_chunk *c = ud;
+    if (v->type == JSCAN_STRING && strcmp(key, "bytes") == 0)
+        c->bytes = *v;
+    else if (v->type == JSCAN_STRING && strcmp(key, "type") == 0)
+        c->type = *v;
+    return 0;
+}
+
+/* One event-stream message: a chunk's base64 JSON is delivered as an
+ * event, like an SSE event's data. */
+static int attempt_on_aws_message(const struct evstream_msg *m, void *ud)
+{
+    struct attempt *a = ud;
+
+    if (a->cancelled)
+        return -1;
+    if (m->message_type.p &&
+        !(m->message_type.len == 5 && memcmp(m->message_type.p, "event", 5) == 0)) {
+        attempt_on_aws_exception(a, m);
+        return -1;
+    }
+    if (!m->event_type.p || m->event_type.len != 5 || memcmp(m->event_type.p, "chunk", 5) != 0)
+        return 0; /* an event of another kind (e.g. initial-response): nothing to relay */
+    struct aws_chunk c = { { JSCAN_NULL, NULL, 0 }, { JSCAN_NULL, NULL, 0 } };
+    if (jscan_object((const char *)m->payload, m->payload_len, aws_chunk_member, &c, NULL) != 0 ||
+        !c.bytes.p || c.bytes.len < 2) {
+        attempt_fail_stream(a, REASON_BAD_RESPONSE, true,
+                            "an event-stream chunk without its \"bytes\"");
+        return -1;
+    }
+    /* Base64 has no JSON escapes: the string's bytes are its value. */
+    size_t b64 = c.bytes.len - 2;
+    strbuf_reset(&a->es_data);
+    if (b64 % 4 != 0 || strbuf_reserve(&a->es_data, b64 / 4 * 3 + 1) < 0) {
+        attempt_fail_stream(a, REASON_BAD_RESPONSE, true,
+                            "an event-stream chunk's bytes are not base64");
+        return -1;
+    }
+    int n = EVP_DecodeBlock((unsigned char *)a->es_data.data, (const unsigned char *)c.bytes.p + 1,
+                            (int)b64);
+    if (n < 0) {
+        attempt_fail_stream(a, REASON_BAD_RESPONSE, true,
+                            "an event-stream chunk's bytes are not base64");
+        return -1;
+    }
+    /* EVP_DecodeBlock counts the padding's bytes as data. */
+    size_t len = (size_t)n;
+    if (b64 >= 1 && c.bytes.p[b64] == '=')
+        len--;
+    if (b64 >= 2 && c.bytes.p[b64 - 1] == '=')
+        len--;
+    a->es_data.len = len;
+    strbuf_terminate(&a->es_data);
+    struct aws_chunk inner = { { JSCAN_NULL, NULL, 0 }, { JSCAN_NULL, NULL, 0 } };
+    (void)jscan_object(a->es_data.data, len, aws_chunk_member, &inner, NULL);
+    a->es_name = inner.type.p && inner.type.len > 2 ? inner.type.p + 1 : NULL;
+    a->es_name_len = a->es_name ? inner.type.len - 2 : 0;
+    if (a->events == 0)
+        attempt_set_phase(a, ATTEMPT_STREAMING);
+    a->last_activity = ev_now(a->up->loop);
+    int rc = a->hooks.on_event(a, a->es_data.data, len, a->ud);
+    a->es_name = NULL;
+    if (a->stream_failed)
+        return -1;
+    a->events++;
+    if (rc > 0) {
+        a->terminal_seen = true;
+        return 0;
+    }
+    return rc < 0 ? -1 : 0;
+}
+
 size_t attempt_event_name(const struct attempt *a, const char **name)
 {
     const struct sse_event *ev = a->cur_ev;
 
+    if (a->es_name) {
+        *name = a->es_name;
+        return a->es_name_len;
+    }
     if (!ev || ev->event_len == 0 || (ev->event_len == 7 && memcmp(ev->event, "message", 7) == 0))
         return 0;
     *name = ev->event;
@@ -1192,6 +1320,26 @@ static size_t attempt_on_write(char *p, size_t size, size_t nmemb, void *ud)
     if (a->budget && n > 0 && !budget_fits(a, n, true))
         return attempt_refuse(a, true, n);
     attempt_on_activity(a);
+    if (sse && a->aws_es) {
+        if (!a->es_ready) {
+            if (evstream_init(&a->es, a->max_resp) != 0)
+                return CURL_WRITEFUNC_ERROR;
+            a->es_ready = true;
+        }
+        int rc = evstream_feed(&a->es, p, n, attempt_on_aws_message, a);
+        if (rc != 0 || a->cancelled) {
+            if (!a->stream_failed && !a->cancelled && rc != -1)
+                attempt_fail_stream(a, REASON_BAD_RESPONSE, true,
+                                    rc == EVSTREAM_ECRC
+                                        ? "an event-stream frame failed its CRC check"
+                                        : rc == EVSTREAM_ETOO_LARGE
+                                        ? "an event-stream frame larger than max_message_bytes"
+                                        : "a malformed event-stream frame");
+            return CURL_WRITEFUNC_ERROR;
+        }
+        budget_charge(a, evstream_buffered(&a->es));
+        return n;
+    }
     if (sse) {
         if (!a->sse_ready) {
             sse_parser_init(&a->sse, a->max_resp);
@@ -1250,7 +1398,10 @@ static void attempt_conclude(struct attempt *a, enum xfer_end end, const char *d
             else
                 snprintf(r.detail, sizeof(r.detail), "upstream answered HTTP %d", a->status);
         } else if (a->stream && !a->is_sse) {
-            result_transient(&r, REASON_BAD_RESPONSE, "expected text/event-stream");
+            char why[sizeof(r.detail)];
+            snprintf(why, sizeof(why), "expected %s",
+                     a->aws_es ? "application/vnd.amazon.eventstream" : "text/event-stream");
+            result_transient(&r, REASON_BAD_RESPONSE, why);
         } else if (a->stream && !a->terminal_seen) {
             char why[sizeof(r.detail)];
             snprintf(why, sizeof(why), "stream ended before its terminal event (%s)",
@@ -1276,6 +1427,8 @@ static void attempt_conclude(struct attempt *a, enum xfer_end end, const char *d
             result_transient(&r, a->fail_reason, a->fail_detail);
             if (!a->fail_transient)
                 r.outcome.kind = OUTCOME_FAIL_FAST;
+            else if (a->fail_reason == REASON_HTTP_429)
+                r.outcome.kind = OUTCOME_RATE_LIMITED;
         } else if (a->resp_too_large) {
             result_transient(&r, REASON_BAD_RESPONSE, "response larger than max_message_bytes");
         } else {
@@ -1576,6 +1729,12 @@ static void upstream_on_prepare(struct ev_loop *loop, ev_prepare *w, int revents
         if (a->cancelled) {
             attempt_detach(a);
             attempt_free(a);
+            continue;
+        }
+        if (a->refused) {
+            struct attempt_result r;
+            result_transient(&r, REASON_CONNECT_FAILED, a->refused);
+            attempt_finish(a, &r);
             continue;
         }
         if (a->want_resume && a->curl_paused && (a->easy || a->native) && !a->owner_paused &&
@@ -1979,7 +2138,7 @@ static int attempt_setup(struct attempt *a, const struct attempt_spec *spec,
         attempt_set_route(a, e, r);
     if (spec->raw)
         a->headers = a->owned_headers = raw_headers_build(spec->headers);
-    else if (extra_len(spec))
+    else if (extra_len(spec) || a->attempt_hdrs)
         a->headers = a->owned_headers = headers_build(spec->stream, spec->headers);
     else
         a->headers = upstream_headers(a->up, spec->stream, spec->headers, &a->owned_headers);
@@ -1987,6 +2146,20 @@ static int attempt_setup(struct attempt *a, const struct attempt_spec *spec,
         return -1;
     if (extra_len(spec) && !curl_slist_append(a->owned_headers, spec->extra_header))
         return -1;
+    for (char *line = a->attempt_hdrs; line && *line;) {
+        char *end = strstr(line, "\r\n");
+        size_t n = end ? (size_t)(end - line) : strlen(line);
+        char one[8192];
+        if (n >= sizeof(one))
+            return -1;
+        memcpy(one, line, n);
+        one[n] = '\0';
+        struct curl_slist *l = curl_slist_append(a->owned_headers, one);
+        explicit_bzero(one, n);
+        if (!l)
+            return -1;
+        line += n + (end ? 2 : 0);
+    }
     /* Both: the parsed URL is what curl uses, the string what it reports
      * (and parses again when there is no parsed one). Always set, so that a
      * pooled handle never keeps the previous attempt's. */
@@ -2048,15 +2221,19 @@ static int attempt_start_own(struct attempt *a, const struct attempt_spec *spec,
     char *end = put_uint(a->h1_cl + x + 16, spec->body_len);
     memcpy(end, "\r\n\r\n", 4);
     size_t k = (size_t)(end + 4 - a->h1_cl);
-    struct iovec iov[4] = {
+    struct iovec iov[5] = {
         { u->h1_head, u->h1_head_len },
         { hs->h1_block, hs->h1_len },
-        { a->h1_cl, k },
-        { a->req_body, spec->body_len },
     };
+    int niov = 2;
+    if (a->attempt_hdrs)
+        iov[niov++] = (struct iovec){ a->attempt_hdrs, a->attempt_hdrs_len };
+    iov[niov++] = (struct iovec){ a->h1_cl, k };
+    if (spec->body_len)
+        iov[niov++] = (struct iovec){ a->req_body, spec->body_len };
     a->native = true;
     attempt_arm(a);
-    h1_req_start(&a->h1, a->up->h1, u->origin, iov, spec->body_len ? 4 : 3, &attempt_h1_hooks, a);
+    h1_req_start(&a->h1, a->up->h1, u->origin, iov, niov, &attempt_h1_hooks, a);
     return 0;
 }
 
@@ -2086,6 +2263,16 @@ struct attempt *attempt_start(struct upstream *up, struct attempt_spec *spec,
     a->total_s = spec->timeout_s;
     a->deadline_at = spec->deadline_at;
     a->max_resp = spec->max_response_bytes;
+    a->aws_es = spec->aws_eventstream;
+    strbuf_init(&a->es_data);
+    if (spec->attempt_headers) {
+        a->attempt_hdrs_len = strlen(spec->attempt_headers);
+        if (!(a->attempt_hdrs = strdup(spec->attempt_headers))) {
+            free(a->req_body);
+            free(a);
+            return NULL;
+        }
+    }
     if (spec->budget)
         budget_join(a, spec->budget);
     ev_init(&a->deadline_w, attempt_on_deadline);
@@ -2093,6 +2280,14 @@ struct attempt *attempt_start(struct upstream *up, struct attempt_spec *spec,
     DLIST_PUSH(up->active, a, prev, next);
     up->stats.attempts_active++;
     up->stats.attempts_started++;
+    if (spec->refuse) {
+        if (!(a->refused = strdup(spec->refuse))) {
+            attempt_free(a);
+            return NULL;
+        }
+        upstream_defer(a);
+        return a;
+    }
 
     /* The lookup cap is applied when curl actually starts a lookup
      * (attempt_on_resolver_start), not here: most attempts never need one. */

@@ -146,6 +146,21 @@ struct attempt_spec {
      * NULL = none. Kept out of `headers`, whose lists are cached per set
      * of lines: a line that differs on every attempt would defeat that. */
     const char *extra_header;
+    /* More header lines for this attempt alone, each "Name: value\r\n"
+     * (a signed request's Authorization, X-Amz-Date, X-Amz-Security-Token:
+     * sigv4.h), copied; a secret, wiped when the attempt ends. NULL = none. */
+    const char *attempt_headers;
+    /* The stream is framed as AWS event-stream messages
+     * (application/vnd.amazon.eventstream, evstream.h) instead of SSE:
+     * each "chunk" event's {"bytes": base64} payload is decoded and handed
+     * to on_event as one event's data, named by its JSON "type"; an
+     * exception message fails the attempt (throttlingException as rate
+     * limited, the service's 5xx kinds as transient). */
+    bool aws_eventstream;
+    /* Set when the request cannot be made (no credentials to sign it): the
+     * attempt is not sent and ends from the loop, before it sleeps, as a
+     * transient connect_failed with this detail (copied). NULL = send. */
+    const char *refuse;
 };
 #define UPSTREAM_EXTRA_HEADER_MAX 120
 

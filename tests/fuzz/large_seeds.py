@@ -17,6 +17,8 @@ import sys
 
 import msgpack
 
+import evstream_seeds
+
 MIB = 1 << 20
 
 
@@ -52,6 +54,15 @@ def seeds(max_len):
         "many-events": b"\x05" + event * (big // len(event)) + b"data: [DONE]\n\n",
         "one-huge-line": b"\x09" + b"data: " + b"z" * big + b"\n\n",
         "huge-comment-run": b"\x11" + b": keep-alive\n" * (big // 13) + event,
+    }
+
+    # evstream: byte 0 seeds the chunk sizes, then the stream; the target's
+    # limit is 512 bytes a message, so a long stream is many messages.
+    chunk = evstream_seeds.event("contentBlockDelta",
+                                 b'{"contentBlockIndex":0,"delta":{"text":"tok"}}')
+    out["evstream"] = {
+        "many-messages": b"\x05" + chunk * (big // len(chunk)),
+        "one-huge-message": b"\x09" + evstream_seeds.message([], b"z" * big),
     }
 
     # h1_answer: flags, first answer's length (2 bytes), seed, then an

@@ -456,6 +456,8 @@ static void conn_dispatch(struct conn *c, const char *body, size_t blen)
         ep = EP_MESSAGES;
     else if (ends_with(target, plen, "/responses"))
         ep = EP_RESPONSES;
+    else if (ends_with(target, plen, ":rawPredict") || ends_with(target, plen, ":streamRawPredict"))
+        ep = EP_MESSAGES; /* Anthropic's Messages on Vertex AI ("stream" in the body) */
     else if (ends_with(target, plen, ":generateContent"))
         ep = EP_GEMINI;
     else if (ends_with(target, plen, ":streamGenerateContent"))

@@ -1545,8 +1545,8 @@ END_TEST
 
 START_TEST(test_config__bad_kind_accepts_and_headers)
 {
-    expect_reject(SRC0 "    kind: vertex\n", 5, "sources[0].kind",
-                  "must be openai, azure, anthropic or gemini");
+    expect_reject(SRC0 "    kind: sagemaker\n", 5, "sources[0].kind",
+                  "must be openai, azure, anthropic, gemini, bedrock or vertex");
     expect_reject(SRC0 "    accepts: openai\n", 5, "sources[0].accepts",
                   "only valid with kind: anthropic");
     expect_reject(SRC0 "    kind: anthropic\n    accepts: gemini\n", 6, "sources[0].accepts",

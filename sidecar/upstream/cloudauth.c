@@ -1,0 +1,668 @@
+/*
+ * cloudauth.c — cloud credentials fetched on the loop (cloudauth.h).
+ */
+#include "cloudauth.h"
+
+#include <libxml/parser.h>
+#include <openssl/bio.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <libxml/tree.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "codec/jscan.h"
+#include "core/config.h"
+#include "core/log.h"
+
+#define REFRESH_BEFORE_S 300.0 /* fetch again this long before expiry */
+#define VALID_MARGIN_S   10.0  /* credentials this close to expiry are not used */
+#define BACKOFF_FIRST_S  1.0
+#define BACKOFF_MAX_S    60.0
+#define FETCH_TIMEOUT_S  10.0
+#define TOKEN_MAX        16384 /* bytes of a token file */
+
+enum cloudauth_kind { CA_AWS_ROLE, CA_AWS_CONTAINER, CA_GCP_KEY, CA_GCP_METADATA };
+
+struct cloudauth {
+    struct ev_loop *loop;
+    struct upstream *up;
+    enum cloudauth_kind kind;
+    struct aws_creds set; /* AWS: the settings (keys unset) */
+    struct gcp_creds gcp; /* Google: the settings */
+    char *key_id, *secret, *token;
+    double expires_at;
+    struct attempt *attempt;
+    ev_timer timer;
+    unsigned tries;
+    char last_error[200];
+    struct cloudauth_stats stats;
+};
+
+static void wipe_free(char **p)
+{
+    if (*p) {
+        explicit_bzero(*p, strlen(*p));
+        free(*p);
+        *p = NULL;
+    }
+}
+
+/* ---- parsing ----------------------------------------------------------- */
+
+/* ISO 8601 "2026-12-05T13:34:41Z" (fraction optional) -> seconds. */
+static int parse_time(const char *s, double *out)
+{
+    struct tm tm;
+    memset(&tm, 0, sizeof(tm));
+    const char *end = strptime(s, "%Y-%m-%dT%H:%M:%S", &tm);
+    if (!end)
+        return -1;
+    if (*end == '.')
+        end += 1 + strspn(end + 1, "0123456789");
+    if (*end != 'Z' && strncmp(end, "+00:00", 6) != 0)
+        return -1;
+    *out = (double)timegm(&tm);
+    return 0;
+}
+
+static const xmlNode *xml_find(const xmlNode *n, const char *name)
+{
+    for (; n; n = n->next) {
+        if (n->type == XML_ELEMENT_NODE && strcmp((const char *)n->name, name) == 0)
+            return n;
+        const xmlNode *in = xml_find(n->children, name);
+        if (in)
+            return in;
+    }
+    return NULL;
+}
+
+static char *xml_text(const xmlNode *root, const char *name)
+{
+    const xmlNode *n = xml_find(root, name);
+    if (!n)
+        return NULL;
+    xmlChar *t = xmlNodeGetContent(n);
+    if (!t)
+        return NULL;
+    char *s = strdup((const char *)t);
+    explicit_bzero(t, strlen((const char *)t));
+    xmlFree(t);
+    return s;
+}
+
+/* A value that goes into a header: printable, no spaces. */
+static int value_ok(const char *v)
+{
+    if (!v || !*v)
+        return 0;
+    for (const char *p = v; *p; p++)
+        if (*p <= ' ' || *p > '~')
+            return 0;
+    return 1;
+}
+
+static int check_four(char **key_id, char **secret, char **token, const char *exp,
+                      double *expires_at, char *why, size_t whylen)
+{
+    if (!value_ok(*key_id) || !value_ok(*secret) || !value_ok(*token)) {
+        snprintf(why, whylen, "the answer has no usable AccessKeyId, SecretAccessKey and token");
+        goto fail;
+    }
+    if (!exp || parse_time(exp, expires_at) < 0) {
+        snprintf(why, whylen, "the answer's Expiration is missing or not an ISO 8601 time");
+        goto fail;
+    }
+    return 0;
+fail:
+    wipe_free(key_id);
+    wipe_free(secret);
+    wipe_free(token);
+    return -1;
+}
+
+int cloudauth_parse_sts(const char *body, size_t len, char **key_id, char **secret, char **token,
+                        double *expires_at, char *why, size_t whylen)
+{
+    *key_id = *secret = *token = NULL;
+    if (len > INT32_MAX) {
+        snprintf(why, whylen, "the STS answer is too large");
+        return -1;
+    }
+    /* No network, no entity expansion, no DTD: the answer is data. */
+    xmlDoc *doc = xmlReadMemory(body, (int)len, NULL, NULL,
+                                XML_PARSE_NONET | XML_PARSE_NOERROR | XML_PARSE_NOWARNING);
+    if (!doc) {
+        snprintf(why, whylen, "the STS answer is not XML");
+        return -1;
+    }
+    const xmlNode *root = xmlDocGetRootElement(doc);
+    int rc = -1;
+    char *code = xml_text(root, "Code");
+    if (code) {
+        char *msg = xml_text(root, "Message");
+        snprintf(why, whylen, "STS refused: %.60s: %.100s", code, msg ? msg : "");
+        free(msg);
+        free(code);
+    } else {
+        *key_id = xml_text(root, "AccessKeyId");
+        *secret = xml_text(root, "SecretAccessKey");
+        *token = xml_text(root, "SessionToken");
+        char *exp = xml_text(root, "Expiration");
+        rc = check_four(key_id, secret, token, exp, expires_at, why, whylen);
+        free(exp);
+    }
+    xmlFreeDoc(doc);
+    return rc;
+}
+
+struct container_answer {
+    struct jscan_value v[4]; /* AccessKeyId, SecretAccessKey, Token, Expiration */
+};
+
+static int container_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    static const char *const names[4] = { "AccessKeyId", "SecretAccessKey", "Token", "Expiration" };
+    struct container_answer *a = ud;
+    for (int i = 0; i < 4; i++)
+        if (v->type == JSCAN_STRING && strcmp(key, names[i]) == 0)
+            a->v[i] = *v;
+    return 0;
+}
+
+static char *json_str(const struct jscan_value *v)
+{
+    if (!v->p)
+        return NULL;
+    char *s = malloc(v->len + 1);
+    if (s && jscan_string(v, s, v->len) < 0) {
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+int cloudauth_parse_container(const char *body, size_t len, char **key_id, char **secret,
+                              char **token, double *expires_at, char *why, size_t whylen)
+{
+    struct container_answer a;
+    memset(&a, 0, sizeof(a));
+    *key_id = *secret = *token = NULL;
+    if (jscan_object(body, len, container_member, &a, NULL) != 0) {
+        snprintf(why, whylen, "the container endpoint's answer is not a JSON object");
+        return -1;
+    }
+    *key_id = json_str(&a.v[0]);
+    *secret = json_str(&a.v[1]);
+    *token = json_str(&a.v[2]);
+    char *exp = json_str(&a.v[3]);
+    int rc = check_four(key_id, secret, token, exp, expires_at, why, whylen);
+    free(exp);
+    return rc;
+}
+
+struct oauth_answer {
+    struct jscan_value token, expires_in;
+};
+
+static int oauth_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    struct oauth_answer *a = ud;
+    if (v->type == JSCAN_STRING && strcmp(key, "access_token") == 0)
+        a->token = *v;
+    else if (v->type == JSCAN_NUMBER && strcmp(key, "expires_in") == 0)
+        a->expires_in = *v;
+    return 0;
+}
+
+int cloudauth_parse_oauth(const char *body, size_t len, double now, char **token,
+                          double *expires_at, char *why, size_t whylen)
+{
+    struct oauth_answer a;
+    double in = 0;
+    memset(&a, 0, sizeof(a));
+    *token = NULL;
+    if (jscan_object(body, len, oauth_member, &a, NULL) != 0) {
+        snprintf(why, whylen, "the token answer is not a JSON object");
+        return -1;
+    }
+    *token = json_str(&a.token);
+    if (!value_ok(*token) || !jscan_number(&a.expires_in, &in) || !(in > 0 && in < 1e7)) {
+        wipe_free(token);
+        snprintf(why, whylen, "the token answer has no usable access_token and expires_in");
+        return -1;
+    }
+    *expires_at = now + in;
+    return 0;
+}
+
+/* base64url without padding (RFC 7515). */
+static char *b64url(const unsigned char *p, size_t n)
+{
+    char *out = malloc(4 * ((n + 2) / 3) + 1);
+    if (!out)
+        return NULL;
+    int len = EVP_EncodeBlock((unsigned char *)out, p, (int)n);
+    while (len > 0 && out[len - 1] == '=')
+        len--;
+    out[len] = '\0';
+    for (char *c = out; *c; c++)
+        *c = *c == '+' ? '-' : *c == '/' ? '_' : *c;
+    return out;
+}
+
+#define GCP_SCOPE "https://www.googleapis.com/auth/cloud-platform"
+
+char *cloudauth_gcp_jwt(const struct gcp_creds *g, long iat)
+{
+    char head[256], claims[1024];
+    if (g->private_key_id && value_ok(g->private_key_id) && strlen(g->private_key_id) < 100)
+        snprintf(head, sizeof(head), "{\"alg\":\"RS256\",\"typ\":\"JWT\",\"kid\":\"%s\"}",
+                 g->private_key_id);
+    else
+        snprintf(head, sizeof(head), "{\"alg\":\"RS256\",\"typ\":\"JWT\"}");
+    /* client_email and token_uri hold no quote or backslash in a real key;
+     * one that does is refused rather than escaped. */
+    if (strpbrk(g->client_email, "\"\\") || strpbrk(g->token_uri, "\"\\") ||
+        (size_t)snprintf(claims, sizeof(claims),
+                         "{\"iss\":\"%s\",\"scope\":\"" GCP_SCOPE "\",\"aud\":\"%s\","
+                         "\"iat\":%ld,\"exp\":%ld}",
+                         g->client_email, g->token_uri, iat, iat + 3600) >= sizeof(claims))
+        return NULL;
+    char *h = b64url((const unsigned char *)head, strlen(head));
+    char *c = b64url((const unsigned char *)claims, strlen(claims));
+    char *jwt = NULL;
+    BIO *bio = BIO_new_mem_buf(g->private_key, -1);
+    EVP_PKEY *pk = bio ? PEM_read_bio_PrivateKey(bio, NULL, NULL, NULL) : NULL;
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    if (h && c && pk && md) {
+        size_t in_len = strlen(h) + 1 + strlen(c), sig_len = 0;
+        char *input = malloc(in_len + 1);
+        unsigned char *sig = NULL;
+        if (input) {
+            snprintf(input, in_len + 1, "%s.%s", h, c);
+            if (EVP_DigestSignInit(md, NULL, EVP_sha256(), NULL, pk) == 1 &&
+                EVP_DigestSign(md, NULL, &sig_len, (const unsigned char *)input, in_len) == 1 &&
+                (sig = malloc(sig_len)) &&
+                EVP_DigestSign(md, sig, &sig_len, (const unsigned char *)input, in_len) == 1) {
+                char *s = b64url(sig, sig_len);
+                if (s && (jwt = malloc(in_len + strlen(s) + 2)))
+                    snprintf(jwt, in_len + strlen(s) + 2, "%s.%s", input, s);
+                free(s);
+            }
+            free(sig);
+            free(input);
+        }
+    }
+    EVP_MD_CTX_free(md);
+    EVP_PKEY_free(pk);
+    BIO_free(bio);
+    free(h);
+    free(c);
+    return jwt;
+}
+
+/* ---- fetching ------------------------------------------------------------ */
+
+static void role_arm(struct cloudauth *r, double in_s)
+{
+    ev_timer_stop(r->loop, &r->timer);
+    ev_timer_set(&r->timer, in_s > 0 ? in_s : 0., 0.);
+    ev_timer_start(r->loop, &r->timer);
+}
+
+static void role_failed(struct cloudauth *r, const char *why)
+{
+    r->stats.fetches_failed++;
+    snprintf(r->last_error, sizeof(r->last_error), "%s", why);
+    double wait = BACKOFF_FIRST_S * (double)(1u << (r->tries < 6 ? r->tries : 6));
+    if (wait > BACKOFF_MAX_S)
+        wait = BACKOFF_MAX_S;
+    r->tries++;
+    log_at(LOG_WARN, "aws credentials fetch failed", "detail", LOG_S, why, "retry_in_s", LOG_F,
+           wait, NULL);
+    role_arm(r, wait);
+}
+
+static const char *role_peer(const struct cloudauth *r)
+{
+    switch (r->kind) {
+    case CA_AWS_ROLE:
+        return "STS";
+    case CA_AWS_CONTAINER:
+        return "the container endpoint";
+    case CA_GCP_KEY:
+        return "the service account's token_uri";
+    default:
+        return "the metadata server";
+    }
+}
+
+static void role_on_done(struct attempt *a, const struct attempt_result *res, void *ud)
+{
+    struct cloudauth *r = ud;
+    char why[200], *id = NULL, *secret = NULL, *token = NULL;
+    double exp = 0;
+    (void)a;
+
+    r->attempt = NULL;
+    const char *body = res->body ? res->body : "";
+    int rc;
+    if (res->http_status == 0) {
+        snprintf(why, sizeof(why), "%s: %s", role_peer(r), res->detail);
+        role_failed(r, why);
+        return;
+    }
+    if (r->kind == CA_AWS_ROLE)
+        rc = cloudauth_parse_sts(body, res->body_len, &id, &secret, &token, &exp, why, sizeof(why));
+    else if (r->kind == CA_AWS_CONTAINER)
+        rc = cloudauth_parse_container(body, res->body_len, &id, &secret, &token, &exp, why,
+                                       sizeof(why));
+    else
+        rc = cloudauth_parse_oauth(body, res->body_len, ev_now(r->loop), &token, &exp, why,
+                                   sizeof(why));
+    if (rc == 0 && (res->http_status < 200 || res->http_status > 299)) {
+        snprintf(why, sizeof(why), "HTTP %d", res->http_status);
+        rc = -1;
+    }
+    if (rc < 0) {
+        char full[sizeof(why) + 48];
+        snprintf(full, sizeof(full), "HTTP %d, %s", res->http_status, why);
+        wipe_free(&id);
+        wipe_free(&secret);
+        wipe_free(&token);
+        role_failed(r, full);
+        return;
+    }
+    wipe_free(&r->key_id);
+    wipe_free(&r->secret);
+    wipe_free(&r->token);
+    r->key_id = id;
+    r->secret = secret;
+    r->token = token;
+    r->expires_at = exp;
+    r->tries = 0;
+    r->last_error[0] = '\0';
+    r->stats.fetches_ok++;
+    r->stats.expires_at = exp;
+    double life = exp - ev_now(r->loop);
+    double next = life - REFRESH_BEFORE_S < life / 2 ? life - REFRESH_BEFORE_S : life / 2;
+    if (next < BACKOFF_FIRST_S)
+        next = BACKOFF_FIRST_S;
+    log_at(LOG_INFO, "aws credentials fetched", "expires_in_s", LOG_F, life, "refresh_in_s", LOG_F,
+           next, NULL);
+    role_arm(r, next);
+}
+
+static const struct attempt_hooks role_hooks = { NULL, role_on_done };
+
+/* Reads a token file (rotated by the kubelet: read at each fetch). */
+static char *read_token(const char *path, char *why, size_t whylen)
+{
+    FILE *f = fopen(path, "re");
+    if (!f) {
+        snprintf(why, whylen, "cannot read the token file %s", path);
+        return NULL;
+    }
+    char *buf = malloc(TOKEN_MAX + 1);
+    size_t n = buf ? fread(buf, 1, TOKEN_MAX + 1, f) : 0;
+    fclose(f);
+    if (!buf || n == 0 || n > TOKEN_MAX) {
+        if (buf) {
+            explicit_bzero(buf, TOKEN_MAX + 1);
+            free(buf);
+        }
+        snprintf(why, whylen, "the token file %s is empty or larger than %d bytes", path,
+                 TOKEN_MAX);
+        return NULL;
+    }
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' '))
+        n--;
+    buf[n] = '\0';
+    return buf;
+}
+
+/* Appends name=value, percent-encoded, to a form body. */
+static int form_add(char **body, size_t *len, size_t *cap, const char *name, const char *value)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    size_t need = *len + strlen(name) + 3 * strlen(value) + 3;
+    if (need > *cap) {
+        size_t ncap = need * 2;
+        char *nb = malloc(ncap);
+        if (!nb)
+            return -1;
+        if (*body) {
+            memcpy(nb, *body, *len);
+            explicit_bzero(*body, *cap);
+            free(*body);
+        }
+        *body = nb;
+        *cap = ncap;
+    }
+    char *p = *body + *len;
+    if (*len)
+        *p++ = '&';
+    p += sprintf(p, "%s=", name);
+    for (const unsigned char *v = (const unsigned char *)value; *v; v++) {
+        if ((*v >= 'A' && *v <= 'Z') || (*v >= 'a' && *v <= 'z') || (*v >= '0' && *v <= '9') ||
+            *v == '-' || *v == '.' || *v == '_' || *v == '~') {
+            *p++ = (char)*v;
+        } else {
+            *p++ = '%';
+            *p++ = hex[*v >> 4];
+            *p++ = hex[*v & 15];
+        }
+    }
+    *len = (size_t)(p - *body);
+    return 0;
+}
+
+static void role_fetch(struct cloudauth *r)
+{
+    char why[200], url[600], auth[TOKEN_MAX + 32];
+    const char *headers[3] = { NULL, NULL, NULL };
+    char *body = NULL;
+    size_t len = 0, cap = 0;
+    struct attempt_spec spec = {
+        .connect_timeout_s = FETCH_TIMEOUT_S,
+        .ttft_timeout_s = FETCH_TIMEOUT_S,
+        .idle_timeout_s = FETCH_TIMEOUT_S,
+        .timeout_s = FETCH_TIMEOUT_S,
+        .max_response_bytes = 65536,
+        .raw = true,
+        .headers = headers,
+    };
+
+    if (r->kind == CA_GCP_KEY) {
+        char *jwt = cloudauth_gcp_jwt(&r->gcp, (long)ev_now(r->loop));
+        int rc = !jwt ? -1
+                      : form_add(&body, &len, &cap, "grant_type",
+                                 "urn:ietf:params:oauth:grant-type:jwt-bearer");
+        if (jwt) {
+            rc |= form_add(&body, &len, &cap, "assertion", jwt);
+            explicit_bzero(jwt, strlen(jwt));
+            free(jwt);
+        }
+        if (rc) {
+            free(body);
+            role_failed(r, "cannot sign the service account's JWT");
+            return;
+        }
+        snprintf(url, sizeof(url), "%s", r->gcp.token_uri);
+        headers[0] = "Content-Type: application/x-www-form-urlencoded";
+        headers[1] = "Accept: application/json";
+    } else if (r->kind == CA_GCP_METADATA) {
+        snprintf(url, sizeof(url), "%s", r->gcp.metadata_url);
+        headers[0] = "Metadata-Flavor: Google";
+        spec.method = "GET";
+    } else if (r->kind == CA_AWS_ROLE) {
+        char *tok = read_token(r->set.token_file, why, sizeof(why));
+        if (!tok) {
+            role_failed(r, why);
+            return;
+        }
+        int rc = form_add(&body, &len, &cap, "Action", "AssumeRoleWithWebIdentity");
+        rc |= form_add(&body, &len, &cap, "Version", "2011-06-15");
+        rc |= form_add(&body, &len, &cap, "RoleArn", r->set.role_arn);
+        rc |= form_add(&body, &len, &cap, "RoleSessionName", r->set.session_name);
+        rc |= form_add(&body, &len, &cap, "WebIdentityToken", tok);
+        explicit_bzero(tok, strlen(tok));
+        free(tok);
+        if (rc) {
+            free(body);
+            role_failed(r, "out of memory");
+            return;
+        }
+        snprintf(url, sizeof(url), "%s/", r->set.sts_url);
+        headers[0] = "Content-Type: application/x-www-form-urlencoded";
+        headers[1] = "Accept: application/xml";
+    } else {
+        char *tok = r->set.container_token_file
+            ? read_token(r->set.container_token_file, why, sizeof(why))
+            : r->set.container_token ? strdup(r->set.container_token)
+                                     : NULL;
+        if (r->set.container_token_file && !tok) {
+            role_failed(r, why);
+            return;
+        }
+        auth[0] = '\0';
+        if (tok) {
+            snprintf(auth, sizeof(auth), "Authorization: %s", tok);
+            explicit_bzero(tok, strlen(tok));
+            free(tok);
+            headers[1] = auth;
+        }
+        headers[0] = "Accept: application/json";
+        snprintf(url, sizeof(url), "%s", r->set.container_uri);
+        spec.method = "GET";
+    }
+    spec.url = url;
+    spec.body = body;
+    spec.body_len = len;
+    r->attempt = attempt_start(r->up, &spec, &role_hooks, r);
+    explicit_bzero(auth, sizeof(auth));
+    if (!r->attempt)
+        role_failed(r, "cannot start the request");
+}
+
+static void role_on_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct cloudauth *r = w->data;
+    (void)loop;
+    (void)revents;
+    if (!r->attempt)
+        role_fetch(r);
+}
+
+/* ---- public ---------------------------------------------------------------- */
+
+static int dup_opt(char **dst, const char *src)
+{
+    return !src || (*dst = strdup(src)) ? 0 : -1;
+}
+
+static struct cloudauth *role_start(struct cloudauth *r, struct ev_loop *loop, struct upstream *up)
+{
+    xmlInitParser();
+    r->loop = loop;
+    r->up = up;
+    snprintf(r->last_error, sizeof(r->last_error), "the first fetch from %s has not answered yet",
+             role_peer(r));
+    ev_timer_init(&r->timer, role_on_timer, 0., 0.);
+    r->timer.data = r;
+    ev_timer_start(loop, &r->timer);
+    return r;
+}
+
+struct cloudauth *cloudauth_new_aws(struct ev_loop *loop, struct upstream *up,
+                                    const struct aws_creds *c, char *err, size_t errlen)
+{
+    if (!aws_creds_fetched(c)) {
+        snprintf(err, errlen, "no role or container endpoint to fetch AWS credentials from");
+        return NULL;
+    }
+    struct cloudauth *r = calloc(1, sizeof(*r));
+    if (!r || dup_opt(&r->set.role_arn, c->role_arn) < 0 ||
+        dup_opt(&r->set.token_file, c->token_file) < 0 ||
+        dup_opt(&r->set.session_name, c->session_name) < 0 ||
+        dup_opt(&r->set.sts_url, c->sts_url) < 0 ||
+        dup_opt(&r->set.container_uri, c->container_uri) < 0 ||
+        dup_opt(&r->set.container_token_file, c->container_token_file) < 0 ||
+        dup_opt(&r->set.container_token, c->container_token) < 0) {
+        cloudauth_free(r);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    r->kind = c->role_arn ? CA_AWS_ROLE : CA_AWS_CONTAINER;
+    return role_start(r, loop, up);
+}
+
+struct cloudauth *cloudauth_new_gcp(struct ev_loop *loop, struct upstream *up,
+                                    const struct gcp_creds *g, char *err, size_t errlen)
+{
+    struct cloudauth *r = calloc(1, sizeof(*r));
+    if (!r || dup_opt(&r->gcp.client_email, g->client_email) < 0 ||
+        dup_opt(&r->gcp.private_key, g->private_key) < 0 ||
+        dup_opt(&r->gcp.private_key_id, g->private_key_id) < 0 ||
+        dup_opt(&r->gcp.token_uri, g->token_uri) < 0 ||
+        dup_opt(&r->gcp.metadata_url, g->metadata_url) < 0) {
+        cloudauth_free(r);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    r->kind = g->private_key ? CA_GCP_KEY : CA_GCP_METADATA;
+    return role_start(r, loop, up);
+}
+
+void cloudauth_free(struct cloudauth *r)
+{
+    if (!r)
+        return;
+    if (r->loop)
+        ev_timer_stop(r->loop, &r->timer);
+    if (r->attempt)
+        attempt_cancel(r->attempt);
+    aws_creds_clear(&r->set);
+    gcp_creds_clear(&r->gcp);
+    wipe_free(&r->key_id);
+    wipe_free(&r->secret);
+    wipe_free(&r->token);
+    free(r);
+}
+
+bool cloudauth_get(struct cloudauth *r, struct sigv4_creds *out, char *why, size_t whylen)
+{
+    if (r->token && ev_now(r->loop) < r->expires_at - VALID_MARGIN_S) {
+        *out = (struct sigv4_creds){ r->key_id, r->secret, r->token };
+        return true;
+    }
+    snprintf(why, whylen, "no valid %s credentials: %s",
+             r->kind <= CA_AWS_CONTAINER ? "AWS" : "Google Cloud",
+             r->last_error[0] ? r->last_error : "they expired and the refresh has not answered");
+    return false;
+}
+
+const struct cloudauth_stats *cloudauth_get_stats(const struct cloudauth *r)
+{
+    return &r->stats;
+}
+
+void cloudauth_ensure(struct cloudauth **aws, struct cloudauth **gcp, struct ev_loop *loop,
+                      struct upstream *up, const struct config *cfg)
+{
+    char err[160];
+
+    for (size_t i = 0; i < cfg->n_sources; i++) {
+        const struct config_source *s = &cfg->sources[i];
+        if (!*aws && s->kind == DIALECT_BEDROCK && aws_creds_fetched(&s->aws) &&
+            !(*aws = cloudauth_new_aws(loop, up, &s->aws, err, sizeof(err))))
+            log_at(LOG_ERROR, "aws credentials cannot be fetched", "error", LOG_S, err, NULL);
+        if (!*gcp && s->vertex.on &&
+            !(*gcp = cloudauth_new_gcp(loop, up, &s->vertex.creds, err, sizeof(err))))
+            log_at(LOG_ERROR, "google cloud tokens cannot be fetched", "error", LOG_S, err, NULL);
+    }
+}
