@@ -100,6 +100,7 @@ bool cache_entry_next(const struct cache_entry *e, size_t *pos, struct cache_rec
 /* A coalesced call waited for an identical one in flight and was
  * answered from the entry it stored. */
 enum cache_event { CACHE_HIT, CACHE_MISS, CACHE_BYPASS, CACHE_COALESCED };
+#define CACHE_EVENTS 4
 void cache_count(struct cache *c, enum cache_event ev);
 
 /* Drops every entry. */

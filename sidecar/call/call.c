@@ -171,11 +171,18 @@ static int callcache_replay(struct call_sink *s, uint32_t id, const struct cache
     return 0;
 }
 
-static int callcache_begin(struct call_sink *s, uint32_t id, const struct call_req *r,
-                           const struct config_capability *cap, const char *app,
-                           struct callcache *cc)
+/* Counts `ev` process-wide and for capability `ci`. */
+static void callcache_count(struct server *srv, size_t ci, enum cache_event ev)
+{
+    cache_count(srv->cache, ev);
+    metrics_on_cache(srv->metrics, ci, ev);
+}
+
+static int callcache_begin(struct call_sink *s, uint32_t id, const struct call_req *r, size_t ci,
+                           const char *app, struct callcache *cc)
 {
     struct server *srv = s->srv;
+    const struct config_capability *cap = &srv->cfg->capabilities[ci];
     double now = ev_now(srv->loop);
 
     memset(cc, 0, sizeof(*cc));
@@ -186,14 +193,14 @@ static int callcache_begin(struct call_sink *s, uint32_t id, const struct call_r
     if (r->raw || r->response_id || r->task_id || r->cache == CACHE_NO_STORE ||
         callcache_key(s, r, cap, app, &cc->key) < 0) {
         cc->state = "bypass";
-        cache_count(srv->cache, CACHE_BYPASS);
+        callcache_count(srv, ci, CACHE_BYPASS);
         return 0;
     }
     if (r->cache != CACHE_NO_CACHE) {
         const struct cache_entry *e =
             cache_get(srv->cache, &cc->key, now, r->cache_max_age ? r->cache_max_age_s : -1);
         if (e) {
-            cache_count(srv->cache, CACHE_HIT);
+            callcache_count(srv, ci, CACHE_HIT);
             bool answered = callcache_replay(s, id, e) == 0;
             struct access_entry ae = {
                 .conn = s->conn_id,
@@ -216,7 +223,7 @@ static int callcache_begin(struct call_sink *s, uint32_t id, const struct call_r
             return 1;
         }
     }
-    cache_count(srv->cache, CACHE_MISS);
+    callcache_count(srv, ci, CACHE_MISS);
     cc->state = "miss";
     cc->ttl_s = cap->cache.ttl_s;
     cc->fill = cache_fill_new(cap->cache.max_entry_bytes);
@@ -1315,7 +1322,7 @@ static bool call_cache_wake(struct call *k)
     const struct cache_entry *e = cache_get(srv->cache, &k->cc.key, ev_now(srv->loop), -1);
     if (!e)
         return false;
-    cache_count(srv->cache, CACHE_COALESCED);
+    callcache_count(srv, call_cap(k), CACHE_COALESCED);
     k->cc.state = "hit";
     k->code = PGW_OK;
     k->answered = true;
@@ -2644,7 +2651,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
 
     /* A hit is answered here, before anything is reserved (callcache.h). */
     struct callcache cc;
-    if (callcache_begin(s, id, r, &cfg->capabilities[ci], app->name, &cc) > 0) {
+    if (callcache_begin(s, id, r, (size_t)ci, app->name, &cc) > 0) {
         free(tw);
         free(use);
         return;

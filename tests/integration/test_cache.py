@@ -390,3 +390,37 @@ def test_cache__a_hit_spends_no_budget(make_sidecar, up):
     assert err["code"] == "budget_exhausted", err
     assert requests(up) == 1
     c.close()
+
+
+def cache_calls(f, capability):
+    """{result: count} of polygw_cache_calls_total for one capability."""
+    _, _, text = f.curl("/metrics")
+    pat = r'^polygw_cache_calls_total\{capability="%s",result="(\w+)"\} (\S+)$' % re.escape(capability)
+    return {m.group(1): float(m.group(2)) for m in re.finditer(pat, text, re.M)}
+
+
+def test_cache__counters_per_capability(front, up):
+    f = cached_front(front, up)
+    zero = {"hit": 0, "miss": 0, "bypass": 0, "coalesced": 0}
+    assert cache_calls(f, "chat") == zero and cache_calls(f, "embedding") == zero
+    body = {"model": "e", "input": ["per capability"]}
+    for _ in range(3):
+        assert f.curl("/v1/embeddings", body)[0] == 200
+    assert f.curl("/v1/embeddings", body, headers=["Cache-Control: no-store"])[0] == 200
+    assert f.curl("/v1/chat/completions", chat("hello"))[0] == 200
+    assert cache_calls(f, "embedding") == dict(zero, hit=2, miss=1, bypass=1)
+    assert cache_calls(f, "chat") == dict(zero, miss=1)
+    # Coalesced calls are counted on their capability too: each of the
+    # eight missed, one went upstream, the seven others took its answer.
+    up.set_default({"delay_ms": 700})
+    out = concurrently(f, 8, "/v1/embeddings", {"model": "e", "input": ["herd"]})
+    assert all(o is not None and o[0] == 200 for o in out)
+    got = cache_calls(f, "embedding")
+    assert got["miss"] == 1 + 8 and got["coalesced"] + got["hit"] == 2 + 7, got
+    assert metric(f, "polygw_cache_coalesced_total") == got["coalesced"]
+
+
+def test_cache__uncached_capabilities_have_no_cache_series(front, up):
+    f = front(defaults=DEFAULTS)
+    assert f.curl("/v1/embeddings", {"model": "e", "input": ["a"]})[0] == 200
+    assert cache_calls(f, "embedding") == {}
