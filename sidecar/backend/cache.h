@@ -43,7 +43,7 @@ int cache_key_make(struct cache_key *out, const char *ns, const char *capability
                    size_t model_len, unsigned form, const msgpack_object *body);
 
 struct cache_stats {
-    uint64_t hits, misses, bypasses, coalesced, stores, evictions, expired, too_big;
+    uint64_t hits, misses, bypasses, coalesced, stores, evictions, expired, too_big, purged;
     size_t bytes; /* held now, entries' data and bookkeeping */
     size_t entries;
 };
@@ -68,6 +68,12 @@ void cache_fill_free(struct cache_fill *f);
  * length 0). Returns 0, or -1 once the fill is too big or out of memory. */
 int cache_fill_add(struct cache_fill *f, const char *name, const char *a, size_t a_len,
                    const char *b, size_t b_len);
+
+/* Tags what `f` will store with the capability and the namespace (the
+ * app, or "" for a shared capability; both NUL-terminated, borrowed), for
+ * cache_purge_match. Returns 0, or -1 when out of memory (untagged: only
+ * a purge of everything drops the entry). */
+int cache_fill_tag(struct cache_fill *f, const char *capability, const char *ns);
 
 /* Stores `f` (takes it, even on failure) as the entry of `k`, made at
  * `now`, until `expires_at`, replacing any entry of `k`, evicting the least recently
@@ -105,6 +111,11 @@ void cache_count(struct cache *c, enum cache_event ev);
 
 /* Drops every entry. */
 void cache_purge(struct cache *c);
+
+/* Drops the entries tagged with `capability` and namespace `ns` (either
+ * NULL: any; both NULL: every entry). Returns how many were dropped
+ * (counted `purged`). */
+size_t cache_purge_match(struct cache *c, const char *capability, const char *ns);
 
 void cache_get_stats(const struct cache *c, struct cache_stats *out);
 

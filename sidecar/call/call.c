@@ -227,6 +227,8 @@ static int callcache_begin(struct call_sink *s, uint32_t id, const struct call_r
     cc->state = "miss";
     cc->ttl_s = cap->cache.ttl_s;
     cc->fill = cache_fill_new(cap->cache.max_entry_bytes);
+    if (cc->fill)
+        cache_fill_tag(cc->fill, cap->name, cap->cache.shared ? "" : app);
     return 0;
 }
 

@@ -193,6 +193,55 @@ START_TEST(test_cache__cache_control)
 }
 END_TEST
 
+/* A 100-byte fill tagged (capability, ns). */
+static struct cache_fill *tagged(const char *capability, const char *ns)
+{
+    struct cache_fill *f = fill_of(100, 4096);
+    ck_assert_int_eq(cache_fill_tag(f, capability, ns), 0);
+    return f;
+}
+
+START_TEST(test_cache__purge_by_capability_and_namespace)
+{
+    struct cache *c = cache_new(1 << 20);
+    struct cache_key k[6];
+    struct cache_stats st;
+    static const char *const tags[6][2] = { { "chat", "a" },      { "chat", "b" },
+                                            { "embedding", "a" }, { "embedding", "b" },
+                                            { "chat", "" },       { NULL, NULL } };
+
+    for (int i = 0; i < 6; i++) {
+        char json[16];
+        snprintf(json, sizeof(json), "[%d]", i);
+        k[i] = key_of("a", json, 0);
+        cache_put(c, &k[i], tags[i][0] ? tagged(tags[i][0], tags[i][1]) : fill_of(100, 4096), 0,
+                  100);
+    }
+    /* Nothing matches: nothing dropped. */
+    ck_assert_uint_eq(cache_purge_match(c, "nope", NULL), 0);
+    ck_assert_uint_eq(cache_purge_match(c, NULL, "z"), 0);
+    /* One app in one capability. */
+    ck_assert_uint_eq(cache_purge_match(c, "chat", "a"), 1);
+    ck_assert_ptr_null(cache_get(c, &k[0], 1, -1));
+    ck_assert_ptr_nonnull(cache_get(c, &k[1], 1, -1));
+    /* One app everywhere: the shared ("") and untagged entries stay. */
+    ck_assert_uint_eq(cache_purge_match(c, NULL, "b"), 2);
+    ck_assert_ptr_null(cache_get(c, &k[3], 1, -1));
+    ck_assert_ptr_nonnull(cache_get(c, &k[2], 1, -1));
+    ck_assert_ptr_nonnull(cache_get(c, &k[4], 1, -1));
+    /* One capability, shared entries included; the bytes go with them. */
+    ck_assert_uint_eq(cache_purge_match(c, "chat", NULL), 1);
+    ck_assert_ptr_null(cache_get(c, &k[4], 1, -1));
+    /* Everything, the untagged entry included. */
+    ck_assert_uint_eq(cache_purge_match(c, NULL, NULL), 2);
+    cache_get_stats(c, &st);
+    ck_assert_uint_eq(st.entries, 0);
+    ck_assert_uint_eq(st.bytes, 0);
+    ck_assert_uint_eq(st.purged, 6);
+    cache_free(c);
+}
+END_TEST
+
 Suite *cache_suite(void)
 {
     Suite *s = suite_create("cache");
@@ -203,6 +252,7 @@ Suite *cache_suite(void)
     tcase_add_test(tc, test_cache__expiry_and_max_age);
     tcase_add_test(tc, test_cache__records_round_trip_and_fills_are_bounded);
     tcase_add_test(tc, test_cache__cache_control);
+    tcase_add_test(tc, test_cache__purge_by_capability_and_namespace);
     suite_add_tcase(s, tc);
     return s;
 }
