@@ -238,6 +238,53 @@ int cache_fill_add(struct cache_fill *f, const char *name, const char *a, size_t
     return 0;
 }
 
+void cache_key_hex(const struct cache_key *k, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < CACHE_KEY_BYTES; i++) {
+        out[2 * i] = digits[k->h[i] >> 4];
+        out[2 * i + 1] = digits[k->h[i] & 15];
+    }
+    out[2 * CACHE_KEY_BYTES] = '\0';
+}
+
+const char *cache_fill_bytes(const struct cache_fill *f, size_t *len)
+{
+    *len = f->too_big ? 0 : f->buf.len;
+    return f->buf.data;
+}
+
+/* Is data[0..len) a whole list of records: parts of [32-bit len][bytes]
+ * in threes, each name empty or NUL-terminated? */
+static bool records_ok(const char *data, size_t len)
+{
+    size_t pos = 0, part = 0;
+    while (pos < len) {
+        uint32_t n;
+        if (len - pos < sizeof(n))
+            return false;
+        memcpy(&n, data + pos, sizeof(n));
+        pos += sizeof(n);
+        if (n > len - pos || (part % 3 == 0 && n && data[pos + n - 1] != '\0'))
+            return false;
+        pos += n;
+        part++;
+    }
+    return part % 3 == 0 && part > 0;
+}
+
+struct cache_fill *cache_fill_from(const char *data, size_t len, size_t max_bytes)
+{
+    struct cache_fill *f;
+    if (len > max_bytes || !records_ok(data, len) || !(f = cache_fill_new(max_bytes)))
+        return NULL;
+    if (strbuf_put(&f->buf, data, len) < 0) {
+        cache_fill_free(f);
+        return NULL;
+    }
+    return f;
+}
+
 /* ---- table -------------------------------------------------------------- */
 
 static size_t bucket_of(const struct cache *c, const struct cache_key *k)

@@ -42,6 +42,9 @@ struct cache_key {
 int cache_key_make(struct cache_key *out, const char *ns, const char *capability, const char *model,
                    size_t model_len, unsigned form, const msgpack_object *body);
 
+/* The key in lower-case hex into out[2 * CACHE_KEY_BYTES + 1]. */
+void cache_key_hex(const struct cache_key *k, char *out);
+
 struct cache_stats {
     uint64_t hits, misses, bypasses, coalesced, stores, evictions, expired, too_big, purged;
     size_t bytes; /* held now, entries' data and bookkeeping */
@@ -68,6 +71,16 @@ void cache_fill_free(struct cache_fill *f);
  * length 0). Returns 0, or -1 once the fill is too big or out of memory. */
 int cache_fill_add(struct cache_fill *f, const char *name, const char *a, size_t a_len,
                    const char *b, size_t b_len);
+
+/* The records added so far, serialized (borrowed until the next add or
+ * free; *len 0 once too big): what the Redis tier stores. */
+const char *cache_fill_bytes(const struct cache_fill *f, size_t *len);
+
+/* A fill of records serialized by cache_fill_bytes (borrowed, copied), as
+ * read back from the Redis tier: NULL when they are not well-formed
+ * records (every length inside the data, names NUL-terminated), larger
+ * than `max_bytes`, or out of memory. */
+struct cache_fill *cache_fill_from(const char *data, size_t len, size_t max_bytes);
 
 /* Tags what `f` will store with the capability and the namespace (the
  * app, or "" for a shared capability; both NUL-terminated, borrowed), for

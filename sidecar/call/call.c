@@ -105,7 +105,20 @@ struct callcache {
      * upstream; `waiting` until it wakes (call_cache_wake). */
     struct call *leader, *waiters, *wprev, *wnext;
     bool waiting;
+    /* The shared tier (Redis backend): a miss here asks it before going
+     * upstream; `lookup` until it answers (or the call's deadline comes).
+     * `uncounted`: the miss is counted when the lookup is over. */
+    struct cache_lookup_wait *lookup;
+    bool uncounted;
 };
+
+struct cache_lookup_wait {
+    struct call *k; /* NULL: the call ended or stopped waiting */
+};
+
+/* A shared-tier value: the entry's expiry (Unix seconds, a double in the
+ * host's byte order: the fleet runs one build) then its records. */
+#define CACHE_SHARED_HEAD sizeof(double)
 
 static int callcache_key(const struct call_sink *s, const struct call_req *r,
                          const struct config_capability *cap, const char *app,
@@ -223,7 +236,10 @@ static int callcache_begin(struct call_sink *s, uint32_t id, const struct call_r
             return 1;
         }
     }
-    callcache_count(srv, ci, CACHE_MISS);
+    /* With a shared tier the miss is counted once it is asked too. */
+    cc->uncounted = r->cache == CACHE_USE && backend_has_cache(srv->backend);
+    if (!cc->uncounted)
+        callcache_count(srv, ci, CACHE_MISS);
     cc->state = "miss";
     cc->ttl_s = cap->cache.ttl_s;
     cc->fill = cache_fill_new(cap->cache.max_entry_bytes);
@@ -269,6 +285,17 @@ static void callcache_on_result(struct server *srv, struct callcache *cc,
     if (rc < 0) {
         cache_fill_free(f);
         return;
+    }
+    size_t len;
+    const char *bytes = cache_fill_bytes(f, &len);
+    if (len && backend_has_cache(srv->backend)) {
+        char hex[2 * CACHE_KEY_BYTES + 1];
+        struct strbuf v = { 0 };
+        double expires_at = now + ttl;
+        cache_key_hex(&cc->key, hex);
+        if (strbuf_put(&v, &expires_at, sizeof(expires_at)) == 0 && strbuf_put(&v, bytes, len) == 0)
+            backend_cache_put(srv->backend, hex, v.data, v.len, ttl);
+        strbuf_fini(&v);
     }
     cache_put(srv->cache, &cc->key, f, now, now + ttl);
 }
@@ -475,6 +502,21 @@ static void call_free_memory(struct call *k)
     free(k);
 }
 
+/* The miss of a call whose shared-tier lookup is over, counted once. */
+static void call_cache_count_miss(struct call *k)
+{
+    if (k->cc.uncounted)
+        callcache_count(k->srv, call_cap(k), CACHE_MISS);
+    k->cc.uncounted = false;
+}
+
+static void call_cache_lookup_detach(struct call *k)
+{
+    if (k->cc.lookup)
+        k->cc.lookup->k = NULL;
+    k->cc.lookup = NULL;
+}
+
 /* Coalescing. A call that ends detaches from its leader; a leader that
  * ends (answered, failed, cancelled or torn down) wakes its waiters on the
  * next loop pass, never inside its own end: each then takes the entry the
@@ -599,6 +641,8 @@ static void call_end(struct call *k)
     if (k->resp_wait)
         k->resp_wait->k = NULL;
     k->resp_wait = NULL;
+    call_cache_lookup_detach(k);
+    call_cache_count_miss(k);
     if (k->admit)
         backend_admit_detach(srv->backend, k->admit);
     if (k->spend)
@@ -1314,23 +1358,93 @@ static bool call_cache_wait(struct call *k, double deadline_s)
 /* A waiter woke (its leader ended, or its deadline came): answered from
  * the leader's entry when there is one (true: `k` is over), else it goes
  * upstream as any miss (false). */
+static bool call_cache_answer(struct call *k, enum cache_event ev);
+
 static bool call_cache_wake(struct call *k)
+{
+    call_cache_release(k);
+    k->cc.waiting = false;
+    return call_cache_answer(k, CACHE_COALESCED);
+}
+
+/* Answers `k` from the memory tier's entry of its key, counted `ev`
+ * (true: `k` is over); false when there is none. */
+static bool call_cache_answer(struct call *k, enum cache_event ev)
 {
     struct server *srv = k->srv;
     struct call_sink *s = k->sink;
-
-    call_cache_release(k);
-    k->cc.waiting = false;
     const struct cache_entry *e = cache_get(srv->cache, &k->cc.key, ev_now(srv->loop), -1);
     if (!e)
         return false;
-    callcache_count(srv, call_cap(k), CACHE_COALESCED);
+    callcache_count(srv, call_cap(k), ev);
     k->cc.state = "hit";
     k->code = PGW_OK;
     k->answered = true;
     if (callcache_replay(s, k->msgid, e) < 0)
         return true; /* the client is gone: the sink tore `k` down */
     call_finish(k);
+    return true;
+}
+
+/* The shared tier answered `k`'s lookup: a value is copied into the
+ * memory tier (until its own expiry) and answered from there; no value,
+ * a value that is not well-formed or expired, or a backend that could not
+ * answer is a miss: the call goes on upstream. */
+static void call_on_cache_looked_up(void *ud, int rc, const char *data, size_t len)
+{
+    struct cache_lookup_wait *lw = ud;
+    struct call *k = lw->k;
+
+    free(lw);
+    if (!k)
+        return;
+    k->cc.lookup = NULL;
+    ev_timer_stop(k->srv->loop, &k->wake_w);
+    double now = ev_now(k->srv->loop), expires_at;
+    if (rc == 1 && len > CACHE_SHARED_HEAD) {
+        memcpy(&expires_at, data, sizeof(expires_at));
+        struct cache_fill *f = expires_at > now
+            ? cache_fill_from(data + CACHE_SHARED_HEAD, len - CACHE_SHARED_HEAD,
+                              k->cap->cache.max_entry_bytes)
+            : NULL;
+        if (f) {
+            cache_fill_tag(f, k->cap->name, k->cap->cache.shared ? "" : k->app);
+            cache_put(k->srv->cache, &k->cc.key, f, now, expires_at);
+            k->cc.uncounted = false;
+            if (call_cache_answer(k, CACHE_HIT))
+                return;
+        }
+    } else if (rc < 0) {
+        log_at(LOG_DEBUG, "cache lookup failed: a miss", "capability", LOG_S, k->cap->name, "why",
+               LOG_S, data ? data : "", NULL);
+    }
+    call_cache_count_miss(k);
+    call_step(k);
+}
+
+/* Asks the shared tier for `k`'s entry (until the call's own deadline,
+ * relative `deadline_s`, at most). Returns true when `k` waits for it. */
+static bool call_cache_look_up(struct call *k, double deadline_s)
+{
+    struct cache_lookup_wait *lw;
+    char hex[2 * CACHE_KEY_BYTES + 1];
+
+    if (!k->cc.fill || !k->cc.uncounted || !(lw = calloc(1, sizeof(*lw)))) {
+        call_cache_count_miss(k);
+        return false;
+    }
+    lw->k = k;
+    cache_key_hex(&k->cc.key, hex);
+    if (backend_cache_get(k->srv->backend, hex, call_on_cache_looked_up, lw) < 0) {
+        free(lw); /* Redis is down: a miss, at once */
+        call_cache_count_miss(k);
+        return false;
+    }
+    k->cc.lookup = lw;
+    if (deadline_s > 0) {
+        ev_timer_set(&k->wake_w, deadline_s, 0);
+        ev_timer_start(k->srv->loop, &k->wake_w);
+    }
     return true;
 }
 
@@ -1898,6 +2012,10 @@ static void call_on_wake_timer(struct ev_loop *loop, ev_timer *w, int revents)
     (void)revents;
     if (k->cc.waiting && call_cache_wake(k))
         return;
+    if (k->cc.lookup) { /* the deadline came first: no answer is waited for */
+        call_cache_lookup_detach(k);
+        call_cache_count_miss(k);
+    }
     call_step(k);
 }
 
@@ -2222,7 +2340,8 @@ static void call_step(struct call *k)
 {
     struct gov_decision d;
 
-    if (k->admit || k->attempt || k->task_wait || k->spend || k->resp_wait || k->cc.waiting)
+    if (k->admit || k->attempt || k->task_wait || k->spend || k->resp_wait || k->cc.waiting ||
+        k->cc.lookup)
         return; /* a late timer, or the call is waiting for the backend or its leader */
     gov_call_step(&k->g, ev_now(k->srv->loop), &d);
     call_act(k, &d, NULL);
@@ -2783,8 +2902,13 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
         tasks_guard_remote(srv, tw->id, app, call_on_task_checked, tw);
         return;
     }
-    if (r->cache == CACHE_USE && call_cache_wait(k, r->deadline_s))
+    if (r->cache == CACHE_USE && call_cache_wait(k, r->deadline_s)) {
+        call_cache_count_miss(k);
         return;
+    }
+    if (k->cc.uncounted && call_cache_look_up(k, r->deadline_s))
+        return;
+    call_cache_count_miss(k);
     call_step(k);
 }
 

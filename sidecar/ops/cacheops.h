@@ -21,7 +21,6 @@
  * capability that is not configured (*code PGW_UNKNOWN_CAPABILITY) or an
  * app that is not (*code PGW_BAD_REQUEST). `err` says why. */
 int cacheops_purge(struct server *srv, const struct config_app *caller, const char *capability,
-                   const char *app, size_t *purged, enum pgw_code *code, char *err,
-                   size_t errlen);
+                   const char *app, size_t *purged, enum pgw_code *code, char *err, size_t errlen);
 
 #endif /* POLYGW_CACHEOPS_H */
