@@ -110,6 +110,11 @@ struct callcache {
      * `uncounted`: the miss is counted when the lookup is over. */
     struct cache_lookup_wait *lookup;
     bool uncounted;
+    /* Fleet coalescing (call_cache_poll): this call holds the entry's
+     * lock / waits for the next poll / has polled; the poll interval; the
+     * call's deadline (ev_now time, 0: none). */
+    bool fleet_leader, polling, polled;
+    double poll_s, deadline_at;
 };
 
 struct cache_lookup_wait {
@@ -643,6 +648,13 @@ static void call_end(struct call *k)
     k->resp_wait = NULL;
     call_cache_lookup_detach(k);
     call_cache_count_miss(k);
+    k->cc.polling = false;
+    if (k->cc.fleet_leader) { /* after its entry, if any, was written */
+        char hex[2 * CACHE_KEY_BYTES + 1];
+        cache_key_hex(&k->cc.key, hex);
+        backend_cache_unlock(srv->backend, hex);
+        k->cc.fleet_leader = false;
+    }
     if (k->admit)
         backend_admit_detach(srv->backend, k->admit);
     if (k->spend)
@@ -1386,10 +1398,96 @@ static bool call_cache_answer(struct call *k, enum cache_event ev)
     return true;
 }
 
+/* Fleet coalescing (the shared tier): a call that finds no entry takes
+ * the entry's lock in Redis and goes upstream; one that finds the lock
+ * held polls for the entry, from CACHE_POLL_MIN_S doubling to
+ * CACHE_POLL_MAX_S, until it appears (answered from it, counted
+ * coalesced), the lock is gone without it (its holder failed, or died and
+ * the lock expired after CACHE_LOCK_S: it tries to take the lock itself),
+ * or its own deadline comes. The holder drops the lock when its call ends,
+ * after its entry was written. Polling, not pub/sub: the subscriber
+ * connection is the tasks', and a poll costs one MGET per waiter per
+ * interval, bounded by the waiters' deadlines. */
+#define CACHE_LOCK_S     15.0
+#define CACHE_POLL_MIN_S 0.02
+#define CACHE_POLL_MAX_S 0.5
+
+static bool call_cache_look_up(struct call *k);
+
+/* Waits the next poll interval (false: the deadline has come). */
+static bool call_cache_poll(struct call *k)
+{
+    struct callcache *cc = &k->cc;
+    double now = ev_now(k->srv->loop);
+
+    if (cc->deadline_at > 0 && now >= cc->deadline_at)
+        return false;
+    cc->poll_s = cc->poll_s > 0 ? fmin(cc->poll_s * 2, CACHE_POLL_MAX_S) : CACHE_POLL_MIN_S;
+    double in = cc->deadline_at > 0 ? fmin(cc->poll_s, cc->deadline_at - now) : cc->poll_s;
+    cc->polling = cc->polled = true;
+    ev_timer_stop(k->srv->loop, &k->wake_w);
+    ev_timer_set(&k->wake_w, in, 0);
+    ev_timer_start(k->srv->loop, &k->wake_w);
+    return true;
+}
+
+/* Arms the wake timer at the call's deadline while a request to the
+ * shared tier is out. */
+static void call_cache_arm_deadline(struct call *k)
+{
+    double now = ev_now(k->srv->loop);
+    ev_timer_stop(k->srv->loop, &k->wake_w);
+    if (k->cc.deadline_at > 0) {
+        ev_timer_set(&k->wake_w, fmax(k->cc.deadline_at - now, 0), 0);
+        ev_timer_start(k->srv->loop, &k->wake_w);
+    }
+}
+
+/* The lock was taken (k goes upstream), is held by another (k polls), or
+ * could not be asked (a miss). */
+static void call_on_cache_locked(void *ud, int rc, const char *data, size_t len)
+{
+    struct cache_lookup_wait *lw = ud;
+    struct call *k = lw->k;
+    (void)data;
+    (void)len;
+
+    free(lw);
+    if (!k)
+        return;
+    k->cc.lookup = NULL;
+    ev_timer_stop(k->srv->loop, &k->wake_w);
+    if (rc == 1)
+        k->cc.fleet_leader = true;
+    else if (rc == 0 && call_cache_poll(k))
+        return;
+    call_cache_count_miss(k);
+    call_step(k);
+}
+
+static bool call_cache_lock(struct call *k)
+{
+    struct cache_lookup_wait *lw = calloc(1, sizeof(*lw));
+    char hex[2 * CACHE_KEY_BYTES + 1];
+
+    if (!lw)
+        return false;
+    lw->k = k;
+    cache_key_hex(&k->cc.key, hex);
+    if (backend_cache_lock(k->srv->backend, hex, CACHE_LOCK_S, call_on_cache_locked, lw) < 0) {
+        free(lw);
+        return false;
+    }
+    k->cc.lookup = lw;
+    call_cache_arm_deadline(k);
+    return true;
+}
+
 /* The shared tier answered `k`'s lookup: a value is copied into the
- * memory tier (until its own expiry) and answered from there; no value,
- * a value that is not well-formed or expired, or a backend that could not
- * answer is a miss: the call goes on upstream. */
+ * memory tier (until its own expiry) and answered from there; no value
+ * takes the lock or polls (above); a value that is not well-formed or
+ * expired, or a backend that could not answer, is a miss: the call goes
+ * on upstream. */
 static void call_on_cache_looked_up(void *ud, int rc, const char *data, size_t len)
 {
     struct cache_lookup_wait *lw = ud;
@@ -1410,10 +1508,16 @@ static void call_on_cache_looked_up(void *ud, int rc, const char *data, size_t l
         if (f) {
             cache_fill_tag(f, k->cap->name, k->cap->cache.shared ? "" : k->app);
             cache_put(k->srv->cache, &k->cc.key, f, now, expires_at);
+            if (k->cc.polled)
+                call_cache_count_miss(k); /* a coalesced call is a miss too */
             k->cc.uncounted = false;
-            if (call_cache_answer(k, CACHE_HIT))
+            if (call_cache_answer(k, k->cc.polled ? CACHE_COALESCED : CACHE_HIT))
                 return;
         }
+    } else if (rc == 0 && call_cache_poll(k)) {
+        return;
+    } else if (rc == 2 && call_cache_lock(k)) {
+        return;
     } else if (rc < 0) {
         log_at(LOG_DEBUG, "cache lookup failed: a miss", "capability", LOG_S, k->cap->name, "why",
                LOG_S, data ? data : "", NULL);
@@ -1422,9 +1526,9 @@ static void call_on_cache_looked_up(void *ud, int rc, const char *data, size_t l
     call_step(k);
 }
 
-/* Asks the shared tier for `k`'s entry (until the call's own deadline,
- * relative `deadline_s`, at most). Returns true when `k` waits for it. */
-static bool call_cache_look_up(struct call *k, double deadline_s)
+/* Asks the shared tier for `k`'s entry (until the call's own deadline at
+ * most). Returns true when `k` waits for it. */
+static bool call_cache_look_up(struct call *k)
 {
     struct cache_lookup_wait *lw;
     char hex[2 * CACHE_KEY_BYTES + 1];
@@ -1441,10 +1545,7 @@ static bool call_cache_look_up(struct call *k, double deadline_s)
         return false;
     }
     k->cc.lookup = lw;
-    if (deadline_s > 0) {
-        ev_timer_set(&k->wake_w, deadline_s, 0);
-        ev_timer_start(k->srv->loop, &k->wake_w);
-    }
+    call_cache_arm_deadline(k);
     return true;
 }
 
@@ -2012,7 +2113,11 @@ static void call_on_wake_timer(struct ev_loop *loop, ev_timer *w, int revents)
     (void)revents;
     if (k->cc.waiting && call_cache_wake(k))
         return;
-    if (k->cc.lookup) { /* the deadline came first: no answer is waited for */
+    if (k->cc.polling) { /* the next poll of the shared tier */
+        k->cc.polling = false;
+        if (call_cache_look_up(k))
+            return;
+    } else if (k->cc.lookup) { /* the deadline came first: no answer is waited for */
         call_cache_lookup_detach(k);
         call_cache_count_miss(k);
     }
@@ -2341,7 +2446,7 @@ static void call_step(struct call *k)
     struct gov_decision d;
 
     if (k->admit || k->attempt || k->task_wait || k->spend || k->resp_wait || k->cc.waiting ||
-        k->cc.lookup)
+        k->cc.lookup || k->cc.polling)
         return; /* a late timer, or the call is waiting for the backend or its leader */
     gov_call_step(&k->g, ev_now(k->srv->loop), &d);
     call_act(k, &d, NULL);
@@ -2906,7 +3011,8 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
         call_cache_count_miss(k);
         return;
     }
-    if (k->cc.uncounted && call_cache_look_up(k, r->deadline_s))
+    k->cc.deadline_at = r->deadline_s > 0 ? now + r->deadline_s : 0;
+    if (k->cc.uncounted && call_cache_look_up(k))
         return;
     call_cache_count_miss(k);
     call_step(k);

@@ -49,7 +49,9 @@ def embed(sc, text, timeout=5.0, **params):
 
 
 def cache_keys(redis_srv, prefix):
-    return redis_srv.client().call("KEYS", "{%s:cache:*" % prefix)
+    """The entries' keys (not their locks)."""
+    keys = redis_srv.client().call("KEYS", "{%s:cache:*" % prefix)
+    return [k for k in keys if not (k.decode() if isinstance(k, bytes) else k).endswith(":lock")]
 
 
 def test_redis_cache__a_hit_on_another_sidecar(redis_srv, up, make_sidecar):
@@ -128,3 +130,77 @@ def test_redis_cache__a_frozen_redis_keeps_the_deadline(redis_srv, up, make_side
     # The lookup is not waited for past the call's own deadline.
     assert took < 1.5, took
     assert err is not None and err["code"] in ("deadline_exceeded", "backend_unavailable"), err
+
+
+def key_of_first_entry(redis_srv, prefix):
+    keys = wait_until(lambda: cache_keys(redis_srv, prefix), 3)
+    k = keys[0]
+    return k.decode() if isinstance(k, bytes) else k
+
+
+def test_redis_cache__fifty_identical_requests_over_two_sidecars_reach_the_mock_once(
+        redis_srv, up, make_sidecar):
+    import threading
+    prefix = unique_prefix()
+    fleet = start_fleet(make_sidecar, 2, cached_cfg(redis_srv, up, prefix))
+    up.set_default({"delay_ms": 700})
+    out = [None] * 50
+    go = threading.Event()
+
+    def one(i):
+        c = fleet[i % 2].connect(timeout=10)
+        go.wait()
+        try:
+            out[i] = call_on(c, "embedding", {"model": "e", "input": ["herd"]}, 10)
+        finally:
+            c.close()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(50)]
+    for t in threads:
+        t.start()
+    go.set()
+    for t in threads:
+        t.join(20)
+    assert all(o is not None and o[0] is None for o in out), [o and o[0] for o in out]
+    assert len({repr(o[1]["body"]) for o in out}) == 1
+    assert up.stats()["requests"] == 1
+    assert sorted(o[1]["cache"] for o in out).count("miss") == 1
+    # The holder dropped its lock once its entry was written.
+    assert not redis_srv.client().call("KEYS", "{%s:cache:*}:lock" % prefix)
+
+
+def test_redis_cache__a_dead_holders_lock_expires(redis_srv, up, make_sidecar):
+    prefix = unique_prefix()
+    a, b, c = start_fleet(make_sidecar, 3, cached_cfg(redis_srv, up, prefix))
+    # Learn the entry's key on a; b and c have never seen it.
+    assert embed(a, "orphan")["cache"] == "miss"
+    key = key_of_first_entry(redis_srv, prefix)
+    r = redis_srv.client()
+    # Another sidecar took the lock and died: b's call waits for the entry
+    # until the lock expires, then goes upstream itself.
+    r.call("DEL", key)
+    r.call("SET", key + ":lock", "1", "PX", "800")
+    t0 = time.monotonic()
+    res = embed(b, "orphan")
+    took = time.monotonic() - t0
+    assert res["cache"] == "miss", res
+    assert 0.6 <= took < 2.0, took
+    assert up.stats()["requests"] == 2
+    # no-cache skips the lookup: it never waits for a lock.
+    r.call("DEL", key)
+    r.call("SET", key + ":lock", "1", "PX", "5000")
+    t0 = time.monotonic()
+    assert embed(b, "orphan", cache="no-cache")["cache"] == "miss"
+    assert time.monotonic() - t0 < 0.6
+    # A waiter keeps its own deadline (c has never seen the entry). The
+    # no-cache answer's write may reach Redis after its client had it.
+    assert wait_until(lambda: cache_keys(redis_srv, prefix), 3)
+    r.call("DEL", key)
+    r.call("SET", key + ":lock", "1", "PX", "5000")
+    conn = c.connect(timeout=5)
+    t0 = time.monotonic()
+    err, _, _ = call_on(conn, "embedding", {"model": "e", "input": ["orphan"]}, 5, deadline_s=0.3)
+    took = time.monotonic() - t0
+    conn.close()
+    assert err is not None and err["code"] == "deadline_exceeded", err
+    assert took < 1.0, took
+    assert up.stats()["requests"] == 3
