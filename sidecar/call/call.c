@@ -1501,6 +1501,8 @@ static void call_on_cache_looked_up(void *ud, int rc, const char *data, size_t l
     double now = ev_now(k->srv->loop), expires_at;
     if (rc == 1 && len > CACHE_SHARED_HEAD) {
         memcpy(&expires_at, data, sizeof(expires_at));
+        /* Never longer than this sidecar would keep its own answer. */
+        expires_at = fmin(expires_at, now + k->cap->cache.ttl_s);
         struct cache_fill *f = expires_at > now
             ? cache_fill_from(data + CACHE_SHARED_HEAD, len - CACHE_SHARED_HEAD,
                               k->cap->cache.max_entry_bytes)
