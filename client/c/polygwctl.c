@@ -41,9 +41,11 @@ struct ctl {
     const char *traceparent;
     const char *task;
     double deadline_s;
-    const char *state;  /* tasks --state */
-    const char *reason; /* task stop/finish --reason */
-    int finish_ok;      /* task finish: 1 --ok, 0 --failed, -1 unset */
+    const char *state;      /* tasks --state */
+    const char *reason;     /* task stop/finish --reason */
+    int finish_ok;          /* task finish: 1 --ok, 0 --failed, -1 unset */
+    const char *capability; /* cache purge --capability */
+    const char *app;        /* cache purge --app */
 };
 
 static void usage(FILE *f)
@@ -84,6 +86,10 @@ static void usage(FILE *f)
         "                            else exit 1 with the error (task_stopped: REASON)\n"
         "  log-level [LEVEL]         print the sidecar's log level, or set it (debug,\n"
         "                            info, warn, error) until the next restart or reload\n"
+        "  cache purge [--capability C] [--app A]\n"
+        "                            drop the response cache's entries (of capability C,\n"
+        "                            of app A; both: the two at once); admin apps only;\n"
+        "                            prints purged=N\n"
         "  reload                    reload the sidecar's configuration file (as SIGHUP);\n"
         "                            an invalid file changes nothing: its errors are\n"
         "                            printed and the exit status is 1\n"
@@ -113,6 +119,9 @@ static void usage(FILE *f)
         "      --state S       tasks: only those in state S\n"
         "      --reason TEXT   task stop (required), task finish: why\n"
         "      --ok, --failed  task finish: how the task ended (one is required)\n"
+        "cache purge:\n"
+        "      --capability C  only the entries of capability C\n"
+        "      --app A         only the entries of app A\n"
         "\n"
         "Errors are printed to stderr as\n"
         "  error: CODE: MESSAGE (retry_after_s=S attempts=N stalled_s=S status=N)\n"
@@ -838,6 +847,30 @@ static int cmd_log_level(const struct ctl *o, struct pgw_client *c, const char *
     return rc;
 }
 
+/* `cache.purge`: prints "purged=N". The names go as msgpack strings, as
+ * typed (the sidecar checks them). */
+static int cmd_cache_purge(const struct ctl *o, struct pgw_client *c)
+{
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    const char *k[2] = { "capability", "app" }, *v[2] = { o->capability, o->app };
+    uint32_t n = (v[0] != NULL) + (v[1] != NULL);
+
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_map(&pk, n);
+    for (int i = 0; i < 2; i++) {
+        if (!v[i])
+            continue;
+        msgpack_pack_str_with_body(&pk, k[i], strlen(k[i]));
+        msgpack_pack_str_with_body(&pk, v[i], strlen(v[i]));
+    }
+    int rc = cmd_flat(o, c, "cache.purge", sb.data, sb.size);
+    msgpack_sbuffer_destroy(&sb);
+    return rc;
+}
+
 /* ---------------------------------------------------------------------
  * tasks, task
  */
@@ -1241,7 +1274,9 @@ enum {
     OPT_STATE,
     OPT_REASON,
     OPT_OK,
-    OPT_FAILED
+    OPT_FAILED,
+    OPT_CAPABILITY,
+    OPT_APP
 };
 
 int main(int argc, char **argv)
@@ -1265,6 +1300,8 @@ int main(int argc, char **argv)
         { "reason", required_argument, NULL, OPT_REASON },
         { "ok", no_argument, NULL, OPT_OK },
         { "failed", no_argument, NULL, OPT_FAILED },
+        { "capability", required_argument, NULL, OPT_CAPABILITY },
+        { "app", required_argument, NULL, OPT_APP },
         { NULL, 0, NULL, 0 },
     };
     struct ctl o = { .finish_ok = -1 };
@@ -1333,6 +1370,12 @@ int main(int argc, char **argv)
         case OPT_REASON:
             o.reason = optarg;
             break;
+        case OPT_CAPABILITY:
+            o.capability = optarg;
+            break;
+        case OPT_APP:
+            o.app = optarg;
+            break;
         case OPT_OK:
         case OPT_FAILED:
             finish_twice |= o.finish_ok != -1 && o.finish_ok != (ch == OPT_OK);
@@ -1358,11 +1401,14 @@ int main(int argc, char **argv)
         return usage_error("--unordered is for 'batch', not '%s'", cmd);
     if (strcmp(cmd, "tasks") != 0 && o.state)
         return usage_error("--state is for 'tasks', not '%s'", cmd);
-    const char *sub = strcmp(cmd, "task") == 0 && nargs >= 1 ? args[0] : "";
+    const char *sub =
+        (strcmp(cmd, "task") == 0 || strcmp(cmd, "cache") == 0) && nargs >= 1 ? args[0] : "";
     char what[64]; /* "task stop", "ping": for messages */
     snprintf(what, sizeof(what), "%s%s%.40s", cmd, sub[0] ? " " : "", sub);
     if (o.reason && strcmp(sub, "stop") != 0 && strcmp(sub, "finish") != 0)
         return usage_error("--reason is for 'task stop' and 'task finish', not '%s'", what);
+    if ((o.capability || o.app) && strcmp(cmd, "cache") != 0)
+        return usage_error("--capability and --app are for 'cache purge', not '%s'", what);
     if (o.finish_ok != -1 && strcmp(sub, "finish") != 0)
         return usage_error("--ok and --failed are for 'task finish', not '%s'", what);
     if (strcmp(cmd, "ping") == 0 || strcmp(cmd, "stats") == 0 || strcmp(cmd, "metrics") == 0 ||
@@ -1390,6 +1436,11 @@ int main(int argc, char **argv)
             return usage_error("%s", "task stop: --reason TEXT is required");
         if (strcmp(sub, "finish") == 0 && (o.finish_ok == -1 || finish_twice))
             return usage_error("%s", "task finish: exactly one of --ok and --failed is required");
+    } else if (strcmp(cmd, "cache") == 0) {
+        if (nargs != 1 || strcmp(sub, "purge") != 0)
+            return usage_error("%s", "usage: cache purge [--capability C] [--app A]");
+        if ((o.capability && !o.capability[0]) || (o.app && !o.app[0]))
+            return usage_error("%s", "cache purge: --capability and --app take a non-empty name");
     } else if (strcmp(cmd, "reload") == 0) {
         if (nargs != 0)
             return usage_error("%s", "'reload' takes no arguments");
@@ -1437,6 +1488,8 @@ int main(int argc, char **argv)
         rc = cmd_tasks(&o, c);
     else if (strcmp(cmd, "task") == 0)
         rc = cmd_task(&o, c, sub, args[1]);
+    else if (strcmp(cmd, "cache") == 0)
+        rc = cmd_cache_purge(&o, c);
     else if (strcmp(cmd, "reload") == 0)
         rc = cmd_flat(&o, c, "config.reload", NULL, 0);
     else if (strcmp(cmd, "log-level") == 0)

@@ -103,6 +103,13 @@ typedef void backend_task_cb(void *ud, const struct backend_task *bt);
  * -1 the backend could not answer (`source`: why). */
 typedef void backend_respid_cb(void *ud, int rc, const char *source);
 
+/* A response cache request answered. A lookup: rc 1 with the entry's
+ * value (data[0..len), borrowed for the call), 0 none while another
+ * sidecar holds its lock, 2 none and no lock. A lock: 1 taken, 0 held by
+ * another. Either: -1 the backend could not answer (data: why,
+ * NUL-terminated). */
+typedef void backend_cache_cb(void *ud, int rc, const char *data, size_t len);
+
 /* Events reported upward. Each runs from the event loop, never inside a
  * backend operation; any may be NULL; none runs once backend_free has begun
  * (the callbacks of operations in flight still do: the drain at exit
@@ -156,6 +163,21 @@ struct backend_ops {
                               size_t max);
     int (*recall_response)(struct backend *be, const char *id, char *source, size_t cap,
                            backend_respid_cb *cb, void *ud);
+
+    /* The response cache's shared tier (docs/CONFIG.md, "cache"): `key`
+     * is the entry's key in hex (NUL-terminated, borrowed). `cache_get`: 0
+     * `cb` runs later (never inside the call), -1 not sent (not
+     * connected). `cache_put` stores value[0..len) for `ttl_s`; failures
+     * are counted, never reported. Both NULL: no shared tier.
+     * `cache_lock` takes the entry's lock for `ttl_s` unless another holds
+     * it (its holder goes upstream; the others wait for the entry);
+     * `cache_unlock` drops it (fire and forget). */
+    int (*cache_get)(struct backend *be, const char *key, backend_cache_cb *cb, void *ud);
+    void (*cache_put)(struct backend *be, const char *key, const char *value, size_t len,
+                      double ttl_s);
+    int (*cache_lock)(struct backend *be, const char *key, double ttl_s, backend_cache_cb *cb,
+                      void *ud);
+    void (*cache_unlock)(struct backend *be, const char *key);
 
     /* Task operation `op` on task `id` (borrowed, 1..TASK_ID_MAX bytes);
      * `reason` (stop, finish, watchdog) and `ok` (finish), on behalf of
@@ -319,6 +341,36 @@ static inline int backend_recall_response(struct backend *be, const char *id, ch
         return 1;
     }
     return be->ops->recall_response(be, id, source, cap, cb, ud);
+}
+
+static inline bool backend_has_cache(const struct backend *be)
+{
+    return be->ops->cache_get && be->ops->cache_put;
+}
+
+static inline int backend_cache_get(struct backend *be, const char *key, backend_cache_cb *cb,
+                                    void *ud)
+{
+    return be->ops->cache_get ? be->ops->cache_get(be, key, cb, ud) : -1;
+}
+
+static inline void backend_cache_put(struct backend *be, const char *key, const char *value,
+                                     size_t len, double ttl_s)
+{
+    if (be->ops->cache_put)
+        be->ops->cache_put(be, key, value, len, ttl_s);
+}
+
+static inline int backend_cache_lock(struct backend *be, const char *key, double ttl_s,
+                                     backend_cache_cb *cb, void *ud)
+{
+    return be->ops->cache_lock ? be->ops->cache_lock(be, key, ttl_s, cb, ud) : -1;
+}
+
+static inline void backend_cache_unlock(struct backend *be, const char *key)
+{
+    if (be->ops->cache_unlock)
+        be->ops->cache_unlock(be, key);
 }
 
 static inline bool backend_is_up(const struct backend *be)

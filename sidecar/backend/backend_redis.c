@@ -1431,6 +1431,136 @@ static int redis_recall_response(struct backend *be, const char *id, char *sourc
     return 0;
 }
 
+/* --- response cache ---------------------------------------------------- */
+
+/* {P:cache:HEX}: one cached answer (the bytes call.c made of it), with the
+ * entry's TTL. One key per entry, its own hash slot: SET PX and GET. */
+static void cache_rkey(const struct backend_redis *sh, const char *hex, char *key, size_t len)
+{
+    snprintf(key, len, "{%s:cache:%s}", sh->cfg->redis_prefix, hex);
+}
+
+/* {P:cache:HEX}:lock: held (SET NX PX) by the sidecar whose call is
+ * upstream for the entry; the same hash slot as the entry. */
+static void cache_lock_key(const struct backend_redis *sh, const char *hex, char *key, size_t len)
+{
+    snprintf(key, len, "{%s:cache:%s}:lock", sh->cfg->redis_prefix, hex);
+}
+
+static void on_cache_unlocked(const redisReply *r, const char *err, void *ud)
+{
+    if (!r || r->type != REDIS_REPLY_INTEGER)
+        count_write_error(ud, "cache unlock", err);
+}
+
+static void on_cache_stored(const redisReply *r, const char *err, void *ud)
+{
+    if (!r || r->type != REDIS_REPLY_STATUS)
+        count_write_error(ud, "cache store", err);
+}
+
+static void redis_cache_put(struct backend *be, const char *hex, const char *value, size_t len,
+                            double ttl_s)
+{
+    struct backend_redis *sh = (struct backend_redis *)be;
+    char key[SHARED_KEY_MAX], ttl[32];
+
+    if (sh->closing)
+        return;
+    cache_rkey(sh, hex, key, sizeof(key));
+    fmt_num(ttl, sizeof(ttl), ttl_s * 1000.0 >= 1 ? ttl_s * 1000.0 : 1);
+    const char *argv[] = { "SET", key, value, "PX", ttl };
+    const size_t argvlen[] = { 3, strlen(key), len, 2, strlen(ttl) };
+    if (rds_command(sh->rds, 5, argv, argvlen, on_cache_stored, sh) < 0)
+        count_write_error(sh, "cache store", "not connected");
+}
+
+struct cache_lookup {
+    backend_cache_cb *cb;
+    void *ud;
+};
+
+/* MGET entry lock: [value or nil, holder or nil]. */
+static void on_cache_got(const redisReply *r, const char *err, void *ud)
+{
+    struct cache_lookup q = *(struct cache_lookup *)ud;
+
+    free(ud);
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2)
+        q.cb(q.ud, -1, err ? err : "bad reply", 0);
+    else if (r->element[0]->type == REDIS_REPLY_STRING)
+        q.cb(q.ud, 1, r->element[0]->str, r->element[0]->len);
+    else
+        q.cb(q.ud, r->element[1]->type == REDIS_REPLY_STRING ? 0 : 2, NULL, 0);
+}
+
+static void on_cache_locked(const redisReply *r, const char *err, void *ud)
+{
+    struct cache_lookup q = *(struct cache_lookup *)ud;
+
+    free(ud);
+    if (r && r->type == REDIS_REPLY_STATUS)
+        q.cb(q.ud, 1, NULL, 0);
+    else if (r && r->type == REDIS_REPLY_NIL)
+        q.cb(q.ud, 0, NULL, 0);
+    else
+        q.cb(q.ud, -1, err ? err : "bad reply", 0);
+}
+
+static int redis_cache_lock(struct backend *be, const char *hex, double ttl_s, backend_cache_cb *cb,
+                            void *ud)
+{
+    struct backend_redis *sh = (struct backend_redis *)be;
+    char key[SHARED_KEY_MAX + 8], ttl[32];
+    struct cache_lookup *q;
+
+    if (sh->closing || !(q = malloc(sizeof(*q))))
+        return -1;
+    q->cb = cb;
+    q->ud = ud;
+    cache_lock_key(sh, hex, key, sizeof(key));
+    fmt_num(ttl, sizeof(ttl), ttl_s * 1000.0 >= 1 ? ttl_s * 1000.0 : 1);
+    const char *argv[] = { "SET", key, "1", "NX", "PX", ttl };
+    if (rds_command(sh->rds, 6, argv, NULL, on_cache_locked, q) < 0) {
+        free(q);
+        return -1;
+    }
+    return 0;
+}
+
+static void redis_cache_unlock(struct backend *be, const char *hex)
+{
+    struct backend_redis *sh = (struct backend_redis *)be;
+    char key[SHARED_KEY_MAX + 8];
+
+    if (sh->closing)
+        return;
+    cache_lock_key(sh, hex, key, sizeof(key));
+    const char *argv[] = { "DEL", key };
+    if (rds_command(sh->rds, 2, argv, NULL, on_cache_unlocked, sh) < 0)
+        count_write_error(sh, "cache unlock", "not connected");
+}
+
+static int redis_cache_get(struct backend *be, const char *hex, backend_cache_cb *cb, void *ud)
+{
+    struct backend_redis *sh = (struct backend_redis *)be;
+    char key[SHARED_KEY_MAX], lock[SHARED_KEY_MAX + 8];
+    struct cache_lookup *q;
+
+    if (sh->closing || !(q = malloc(sizeof(*q))))
+        return -1;
+    q->cb = cb;
+    q->ud = ud;
+    cache_rkey(sh, hex, key, sizeof(key));
+    cache_lock_key(sh, hex, lock, sizeof(lock));
+    const char *argv[] = { "MGET", key, lock };
+    if (rds_command(sh->rds, 3, argv, NULL, on_cache_got, q) < 0) {
+        free(q);
+        return -1;
+    }
+    return 0;
+}
+
 static const struct fig_table redis_figures;
 
 static const struct backend_ops redis_ops = {
@@ -1441,6 +1571,10 @@ static const struct backend_ops redis_ops = {
     .task = redis_task,
     .remember_response = redis_remember_response,
     .recall_response = redis_recall_response,
+    .cache_get = redis_cache_get,
+    .cache_put = redis_cache_put,
+    .cache_lock = redis_cache_lock,
+    .cache_unlock = redis_cache_unlock,
     .retry_later = redis_retry_later,
     .is_closing = redis_is_closing,
     .is_up = redis_is_up,

@@ -28,7 +28,7 @@ struct cache_entry {
     struct cache_key key;
     double stored_at, expires_at;
     size_t size; /* the whole allocation */
-    size_t len;  /* of data */
+    size_t len;  /* of data; its tags follow: capability NUL namespace NUL */
     char data[];
 };
 
@@ -42,6 +42,7 @@ struct cache {
 
 struct cache_fill {
     struct strbuf buf;
+    struct strbuf tags; /* capability NUL namespace NUL, or empty */
     size_t max_bytes;
     bool too_big;
 };
@@ -184,8 +185,20 @@ struct cache_fill *cache_fill_new(size_t max_bytes)
     if (!f)
         return NULL;
     strbuf_init(&f->buf);
+    strbuf_init(&f->tags);
     f->max_bytes = max_bytes;
     return f;
+}
+
+int cache_fill_tag(struct cache_fill *f, const char *capability, const char *ns)
+{
+    strbuf_reset(&f->tags);
+    if (strbuf_put(&f->tags, capability, strlen(capability) + 1) < 0 ||
+        strbuf_put(&f->tags, ns, strlen(ns) + 1) < 0) {
+        strbuf_reset(&f->tags);
+        return -1;
+    }
+    return 0;
 }
 
 void cache_fill_free(struct cache_fill *f)
@@ -193,6 +206,7 @@ void cache_fill_free(struct cache_fill *f)
     if (!f)
         return;
     strbuf_fini(&f->buf);
+    strbuf_fini(&f->tags);
     free(f);
 }
 
@@ -222,6 +236,53 @@ int cache_fill_add(struct cache_fill *f, const char *name, const char *a, size_t
         return -1;
     }
     return 0;
+}
+
+void cache_key_hex(const struct cache_key *k, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < CACHE_KEY_BYTES; i++) {
+        out[2 * i] = digits[k->h[i] >> 4];
+        out[2 * i + 1] = digits[k->h[i] & 15];
+    }
+    out[2 * CACHE_KEY_BYTES] = '\0';
+}
+
+const char *cache_fill_bytes(const struct cache_fill *f, size_t *len)
+{
+    *len = f->too_big ? 0 : f->buf.len;
+    return f->buf.data;
+}
+
+/* Is data[0..len) a whole list of records: parts of [32-bit len][bytes]
+ * in threes, each name empty or NUL-terminated? */
+static bool records_ok(const char *data, size_t len)
+{
+    size_t pos = 0, part = 0;
+    while (pos < len) {
+        uint32_t n;
+        if (len - pos < sizeof(n))
+            return false;
+        memcpy(&n, data + pos, sizeof(n));
+        pos += sizeof(n);
+        if (n > len - pos || (part % 3 == 0 && n && data[pos + n - 1] != '\0'))
+            return false;
+        pos += n;
+        part++;
+    }
+    return part % 3 == 0 && part > 0;
+}
+
+struct cache_fill *cache_fill_from(const char *data, size_t len, size_t max_bytes)
+{
+    struct cache_fill *f;
+    if (len > max_bytes || !records_ok(data, len) || !(f = cache_fill_new(max_bytes)))
+        return NULL;
+    if (strbuf_put(&f->buf, data, len) < 0) {
+        cache_fill_free(f);
+        return NULL;
+    }
+    return f;
 }
 
 /* ---- table -------------------------------------------------------------- */
@@ -302,6 +363,35 @@ void cache_purge(struct cache *c)
         entry_drop(c, c->lru);
 }
 
+/* Does `e` carry the tags asked for (NULL: any)? An untagged entry
+ * matches only a purge of everything. */
+static bool entry_matches(const struct cache_entry *e, const char *capability, const char *ns)
+{
+    size_t tags = e->size - sizeof(*e) - e->len;
+    const char *cap = e->data + e->len;
+
+    if (!capability && !ns)
+        return true;
+    if (tags < 2)
+        return false;
+    const char *own_ns = cap + strlen(cap) + 1;
+    return (!capability || strcmp(cap, capability) == 0) && (!ns || strcmp(own_ns, ns) == 0);
+}
+
+size_t cache_purge_match(struct cache *c, const char *capability, const char *ns)
+{
+    size_t n = 0;
+    for (struct cache_entry *e = c->lru, *next; e; e = next) {
+        next = e->next;
+        if (entry_matches(e, capability, ns)) {
+            entry_drop(c, e);
+            n++;
+        }
+    }
+    c->st.purged += n;
+    return n;
+}
+
 void cache_free(struct cache *c)
 {
     if (!c)
@@ -320,7 +410,7 @@ void cache_set_max_bytes(struct cache *c, size_t max_bytes)
 void cache_put(struct cache *c, const struct cache_key *k, struct cache_fill *f, double now,
                double expires_at)
 {
-    size_t size = sizeof(struct cache_entry) + f->buf.len;
+    size_t size = sizeof(struct cache_entry) + f->buf.len + f->tags.len;
     struct cache_entry *e;
 
     if (f->too_big || size > c->max_bytes || !(e = malloc(size))) {
@@ -339,6 +429,8 @@ void cache_put(struct cache *c, const struct cache_key *k, struct cache_fill *f,
     e->len = f->buf.len;
     if (f->buf.len)
         memcpy(e->data, f->buf.data, f->buf.len);
+    if (f->tags.len)
+        memcpy(e->data + f->buf.len, f->tags.data, f->tags.len);
     cache_fill_free(f);
     evict_to(c, c->max_bytes - size);
     if (c->st.entries >= c->n_buckets)

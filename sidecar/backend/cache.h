@@ -42,8 +42,11 @@ struct cache_key {
 int cache_key_make(struct cache_key *out, const char *ns, const char *capability, const char *model,
                    size_t model_len, unsigned form, const msgpack_object *body);
 
+/* The key in lower-case hex into out[2 * CACHE_KEY_BYTES + 1]. */
+void cache_key_hex(const struct cache_key *k, char *out);
+
 struct cache_stats {
-    uint64_t hits, misses, bypasses, coalesced, stores, evictions, expired, too_big;
+    uint64_t hits, misses, bypasses, coalesced, stores, evictions, expired, too_big, purged;
     size_t bytes; /* held now, entries' data and bookkeeping */
     size_t entries;
 };
@@ -68,6 +71,22 @@ void cache_fill_free(struct cache_fill *f);
  * length 0). Returns 0, or -1 once the fill is too big or out of memory. */
 int cache_fill_add(struct cache_fill *f, const char *name, const char *a, size_t a_len,
                    const char *b, size_t b_len);
+
+/* The records added so far, serialized (borrowed until the next add or
+ * free; *len 0 once too big): what the Redis tier stores. */
+const char *cache_fill_bytes(const struct cache_fill *f, size_t *len);
+
+/* A fill of records serialized by cache_fill_bytes (borrowed, copied), as
+ * read back from the Redis tier: NULL when they are not well-formed
+ * records (every length inside the data, names NUL-terminated), larger
+ * than `max_bytes`, or out of memory. */
+struct cache_fill *cache_fill_from(const char *data, size_t len, size_t max_bytes);
+
+/* Tags what `f` will store with the capability and the namespace (the
+ * app, or "" for a shared capability; both NUL-terminated, borrowed), for
+ * cache_purge_match. Returns 0, or -1 when out of memory (untagged: only
+ * a purge of everything drops the entry). */
+int cache_fill_tag(struct cache_fill *f, const char *capability, const char *ns);
 
 /* Stores `f` (takes it, even on failure) as the entry of `k`, made at
  * `now`, until `expires_at`, replacing any entry of `k`, evicting the least recently
@@ -100,10 +119,16 @@ bool cache_entry_next(const struct cache_entry *e, size_t *pos, struct cache_rec
 /* A coalesced call waited for an identical one in flight and was
  * answered from the entry it stored. */
 enum cache_event { CACHE_HIT, CACHE_MISS, CACHE_BYPASS, CACHE_COALESCED };
+#define CACHE_EVENTS 4
 void cache_count(struct cache *c, enum cache_event ev);
 
 /* Drops every entry. */
 void cache_purge(struct cache *c);
+
+/* Drops the entries tagged with `capability` and namespace `ns` (either
+ * NULL: any; both NULL: every entry). Returns how many were dropped
+ * (counted `purged`). */
+size_t cache_purge_match(struct cache *c, const char *capability, const char *ns);
 
 void cache_get_stats(const struct cache *c, struct cache_stats *out);
 

@@ -106,7 +106,25 @@ struct callcache {
      * upstream; `waiting` until it wakes (call_cache_wake). */
     struct call *leader, *waiters, *wprev, *wnext;
     bool waiting;
+    /* The shared tier (Redis backend): a miss here asks it before going
+     * upstream; `lookup` until it answers (or the call's deadline comes).
+     * `uncounted`: the miss is counted when the lookup is over. */
+    struct cache_lookup_wait *lookup;
+    bool uncounted;
+    /* Fleet coalescing (call_cache_poll): this call holds the entry's
+     * lock / waits for the next poll / has polled; the poll interval; the
+     * call's deadline (ev_now time, 0: none). */
+    bool fleet_leader, polling, polled;
+    double poll_s, deadline_at;
 };
+
+struct cache_lookup_wait {
+    struct call *k; /* NULL: the call ended or stopped waiting */
+};
+
+/* A shared-tier value: the entry's expiry (Unix seconds, a double in the
+ * host's byte order: the fleet runs one build) then its records. */
+#define CACHE_SHARED_HEAD sizeof(double)
 
 static int callcache_key(const struct call_sink *s, const struct call_req *r,
                          const struct config_capability *cap, const char *app,
@@ -172,11 +190,18 @@ static int callcache_replay(struct call_sink *s, uint32_t id, const struct cache
     return 0;
 }
 
-static int callcache_begin(struct call_sink *s, uint32_t id, const struct call_req *r,
-                           const struct config_capability *cap, const char *app,
-                           struct callcache *cc)
+/* Counts `ev` process-wide and for capability `ci`. */
+static void callcache_count(struct server *srv, size_t ci, enum cache_event ev)
+{
+    cache_count(srv->cache, ev);
+    metrics_on_cache(srv->metrics, ci, ev);
+}
+
+static int callcache_begin(struct call_sink *s, uint32_t id, const struct call_req *r, size_t ci,
+                           const char *app, struct callcache *cc)
 {
     struct server *srv = s->srv;
+    const struct config_capability *cap = &srv->cfg->capabilities[ci];
     double now = ev_now(srv->loop);
 
     memset(cc, 0, sizeof(*cc));
@@ -187,14 +212,14 @@ static int callcache_begin(struct call_sink *s, uint32_t id, const struct call_r
     if (r->raw || r->response_id || r->task_id || r->cache == CACHE_NO_STORE ||
         callcache_key(s, r, cap, app, &cc->key) < 0) {
         cc->state = "bypass";
-        cache_count(srv->cache, CACHE_BYPASS);
+        callcache_count(srv, ci, CACHE_BYPASS);
         return 0;
     }
     if (r->cache != CACHE_NO_CACHE) {
         const struct cache_entry *e =
             cache_get(srv->cache, &cc->key, now, r->cache_max_age ? r->cache_max_age_s : -1);
         if (e) {
-            cache_count(srv->cache, CACHE_HIT);
+            callcache_count(srv, ci, CACHE_HIT);
             bool answered = callcache_replay(s, id, e) == 0;
             struct access_entry ae = {
                 .conn = s->conn_id,
@@ -217,10 +242,15 @@ static int callcache_begin(struct call_sink *s, uint32_t id, const struct call_r
             return 1;
         }
     }
-    cache_count(srv->cache, CACHE_MISS);
+    /* With a shared tier the miss is counted once it is asked too. */
+    cc->uncounted = r->cache == CACHE_USE && backend_has_cache(srv->backend);
+    if (!cc->uncounted)
+        callcache_count(srv, ci, CACHE_MISS);
     cc->state = "miss";
     cc->ttl_s = cap->cache.ttl_s;
     cc->fill = cache_fill_new(cap->cache.max_entry_bytes);
+    if (cc->fill)
+        cache_fill_tag(cc->fill, cap->name, cap->cache.shared ? "" : app);
     return 0;
 }
 
@@ -261,6 +291,17 @@ static void callcache_on_result(struct server *srv, struct callcache *cc,
     if (rc < 0) {
         cache_fill_free(f);
         return;
+    }
+    size_t len;
+    const char *bytes = cache_fill_bytes(f, &len);
+    if (len && backend_has_cache(srv->backend)) {
+        char hex[2 * CACHE_KEY_BYTES + 1];
+        struct strbuf v = { 0 };
+        double expires_at = now + ttl;
+        cache_key_hex(&cc->key, hex);
+        if (strbuf_put(&v, &expires_at, sizeof(expires_at)) == 0 && strbuf_put(&v, bytes, len) == 0)
+            backend_cache_put(srv->backend, hex, v.data, v.len, ttl);
+        strbuf_fini(&v);
     }
     cache_put(srv->cache, &cc->key, f, now, now + ttl);
 }
@@ -468,6 +509,21 @@ static void call_free_memory(struct call *k)
     free(k);
 }
 
+/* The miss of a call whose shared-tier lookup is over, counted once. */
+static void call_cache_count_miss(struct call *k)
+{
+    if (k->cc.uncounted)
+        callcache_count(k->srv, call_cap(k), CACHE_MISS);
+    k->cc.uncounted = false;
+}
+
+static void call_cache_lookup_detach(struct call *k)
+{
+    if (k->cc.lookup)
+        k->cc.lookup->k = NULL;
+    k->cc.lookup = NULL;
+}
+
 /* Coalescing. A call that ends detaches from its leader; a leader that
  * ends (answered, failed, cancelled or torn down) wakes its waiters on the
  * next loop pass, never inside its own end: each then takes the entry the
@@ -592,6 +648,15 @@ static void call_end(struct call *k)
     if (k->resp_wait)
         k->resp_wait->k = NULL;
     k->resp_wait = NULL;
+    call_cache_lookup_detach(k);
+    call_cache_count_miss(k);
+    k->cc.polling = false;
+    if (k->cc.fleet_leader) { /* after its entry, if any, was written */
+        char hex[2 * CACHE_KEY_BYTES + 1];
+        cache_key_hex(&k->cc.key, hex);
+        backend_cache_unlock(srv->backend, hex);
+        k->cc.fleet_leader = false;
+    }
     if (k->admit)
         backend_admit_detach(srv->backend, k->admit);
     if (k->spend)
@@ -1307,23 +1372,184 @@ static bool call_cache_wait(struct call *k, double deadline_s)
 /* A waiter woke (its leader ended, or its deadline came): answered from
  * the leader's entry when there is one (true: `k` is over), else it goes
  * upstream as any miss (false). */
+static bool call_cache_answer(struct call *k, enum cache_event ev);
+
 static bool call_cache_wake(struct call *k)
+{
+    call_cache_release(k);
+    k->cc.waiting = false;
+    return call_cache_answer(k, CACHE_COALESCED);
+}
+
+/* Answers `k` from the memory tier's entry of its key, counted `ev`
+ * (true: `k` is over); false when there is none. */
+static bool call_cache_answer(struct call *k, enum cache_event ev)
 {
     struct server *srv = k->srv;
     struct call_sink *s = k->sink;
-
-    call_cache_release(k);
-    k->cc.waiting = false;
     const struct cache_entry *e = cache_get(srv->cache, &k->cc.key, ev_now(srv->loop), -1);
     if (!e)
         return false;
-    cache_count(srv->cache, CACHE_COALESCED);
+    callcache_count(srv, call_cap(k), ev);
     k->cc.state = "hit";
     k->code = PGW_OK;
     k->answered = true;
     if (callcache_replay(s, k->msgid, e) < 0)
         return true; /* the client is gone: the sink tore `k` down */
     call_finish(k);
+    return true;
+}
+
+/* Fleet coalescing (the shared tier): a call that finds no entry takes
+ * the entry's lock in Redis and goes upstream; one that finds the lock
+ * held polls for the entry, from CACHE_POLL_MIN_S doubling to
+ * CACHE_POLL_MAX_S, until it appears (answered from it, counted
+ * coalesced), the lock is gone without it (its holder failed, or died and
+ * the lock expired after CACHE_LOCK_S: it tries to take the lock itself),
+ * or its own deadline comes. The holder drops the lock when its call ends,
+ * after its entry was written. Polling, not pub/sub: the subscriber
+ * connection is the tasks', and a poll costs one MGET per waiter per
+ * interval, bounded by the waiters' deadlines. */
+#define CACHE_LOCK_S     15.0
+#define CACHE_POLL_MIN_S 0.02
+#define CACHE_POLL_MAX_S 0.5
+
+static bool call_cache_look_up(struct call *k);
+
+/* Waits the next poll interval (false: the deadline has come). */
+static bool call_cache_poll(struct call *k)
+{
+    struct callcache *cc = &k->cc;
+    double now = ev_now(k->srv->loop);
+
+    if (cc->deadline_at > 0 && now >= cc->deadline_at)
+        return false;
+    cc->poll_s = cc->poll_s > 0 ? fmin(cc->poll_s * 2, CACHE_POLL_MAX_S) : CACHE_POLL_MIN_S;
+    double in = cc->deadline_at > 0 ? fmin(cc->poll_s, cc->deadline_at - now) : cc->poll_s;
+    cc->polling = cc->polled = true;
+    ev_timer_stop(k->srv->loop, &k->wake_w);
+    ev_timer_set(&k->wake_w, in, 0);
+    ev_timer_start(k->srv->loop, &k->wake_w);
+    return true;
+}
+
+/* Arms the wake timer at the call's deadline while a request to the
+ * shared tier is out. */
+static void call_cache_arm_deadline(struct call *k)
+{
+    double now = ev_now(k->srv->loop);
+    ev_timer_stop(k->srv->loop, &k->wake_w);
+    if (k->cc.deadline_at > 0) {
+        ev_timer_set(&k->wake_w, fmax(k->cc.deadline_at - now, 0), 0);
+        ev_timer_start(k->srv->loop, &k->wake_w);
+    }
+}
+
+/* The lock was taken (k goes upstream), is held by another (k polls), or
+ * could not be asked (a miss). */
+static void call_on_cache_locked(void *ud, int rc, const char *data, size_t len)
+{
+    struct cache_lookup_wait *lw = ud;
+    struct call *k = lw->k;
+    (void)data;
+    (void)len;
+
+    free(lw);
+    if (!k)
+        return;
+    k->cc.lookup = NULL;
+    ev_timer_stop(k->srv->loop, &k->wake_w);
+    if (rc == 1)
+        k->cc.fleet_leader = true;
+    else if (rc == 0 && call_cache_poll(k))
+        return;
+    call_cache_count_miss(k);
+    call_step(k);
+}
+
+static bool call_cache_lock(struct call *k)
+{
+    struct cache_lookup_wait *lw = calloc(1, sizeof(*lw));
+    char hex[2 * CACHE_KEY_BYTES + 1];
+
+    if (!lw)
+        return false;
+    lw->k = k;
+    cache_key_hex(&k->cc.key, hex);
+    if (backend_cache_lock(k->srv->backend, hex, CACHE_LOCK_S, call_on_cache_locked, lw) < 0) {
+        free(lw);
+        return false;
+    }
+    k->cc.lookup = lw;
+    call_cache_arm_deadline(k);
+    return true;
+}
+
+/* The shared tier answered `k`'s lookup: a value is copied into the
+ * memory tier (until its own expiry) and answered from there; no value
+ * takes the lock or polls (above); a value that is not well-formed or
+ * expired, or a backend that could not answer, is a miss: the call goes
+ * on upstream. */
+static void call_on_cache_looked_up(void *ud, int rc, const char *data, size_t len)
+{
+    struct cache_lookup_wait *lw = ud;
+    struct call *k = lw->k;
+
+    free(lw);
+    if (!k)
+        return;
+    k->cc.lookup = NULL;
+    ev_timer_stop(k->srv->loop, &k->wake_w);
+    double now = ev_now(k->srv->loop), expires_at;
+    if (rc == 1 && len > CACHE_SHARED_HEAD) {
+        memcpy(&expires_at, data, sizeof(expires_at));
+        /* Never longer than this sidecar would keep its own answer. */
+        expires_at = fmin(expires_at, now + k->cap->cache.ttl_s);
+        struct cache_fill *f = expires_at > now
+            ? cache_fill_from(data + CACHE_SHARED_HEAD, len - CACHE_SHARED_HEAD,
+                              k->cap->cache.max_entry_bytes)
+            : NULL;
+        if (f) {
+            cache_fill_tag(f, k->cap->name, k->cap->cache.shared ? "" : k->app);
+            cache_put(k->srv->cache, &k->cc.key, f, now, expires_at);
+            if (k->cc.polled)
+                call_cache_count_miss(k); /* a coalesced call is a miss too */
+            k->cc.uncounted = false;
+            if (call_cache_answer(k, k->cc.polled ? CACHE_COALESCED : CACHE_HIT))
+                return;
+        }
+    } else if (rc == 0 && call_cache_poll(k)) {
+        return;
+    } else if (rc == 2 && call_cache_lock(k)) {
+        return;
+    } else if (rc < 0) {
+        log_at(LOG_DEBUG, "cache lookup failed: a miss", "capability", LOG_S, k->cap->name, "why",
+               LOG_S, data ? data : "", NULL);
+    }
+    call_cache_count_miss(k);
+    call_step(k);
+}
+
+/* Asks the shared tier for `k`'s entry (until the call's own deadline at
+ * most). Returns true when `k` waits for it. */
+static bool call_cache_look_up(struct call *k)
+{
+    struct cache_lookup_wait *lw;
+    char hex[2 * CACHE_KEY_BYTES + 1];
+
+    if (!k->cc.fill || !k->cc.uncounted || !(lw = calloc(1, sizeof(*lw)))) {
+        call_cache_count_miss(k);
+        return false;
+    }
+    lw->k = k;
+    cache_key_hex(&k->cc.key, hex);
+    if (backend_cache_get(k->srv->backend, hex, call_on_cache_looked_up, lw) < 0) {
+        free(lw); /* Redis is down: a miss, at once */
+        call_cache_count_miss(k);
+        return false;
+    }
+    k->cc.lookup = lw;
+    call_cache_arm_deadline(k);
     return true;
 }
 
@@ -1940,6 +2166,14 @@ static void call_on_wake_timer(struct ev_loop *loop, ev_timer *w, int revents)
     (void)revents;
     if (k->cc.waiting && call_cache_wake(k))
         return;
+    if (k->cc.polling) { /* the next poll of the shared tier */
+        k->cc.polling = false;
+        if (call_cache_look_up(k))
+            return;
+    } else if (k->cc.lookup) { /* the deadline came first: no answer is waited for */
+        call_cache_lookup_detach(k);
+        call_cache_count_miss(k);
+    }
     call_step(k);
 }
 
@@ -2310,7 +2544,8 @@ static void call_step(struct call *k)
 {
     struct gov_decision d;
 
-    if (k->admit || k->attempt || k->task_wait || k->spend || k->resp_wait || k->cc.waiting)
+    if (k->admit || k->attempt || k->task_wait || k->spend || k->resp_wait || k->cc.waiting ||
+        k->cc.lookup || k->cc.polling)
         return; /* a late timer, or the call is waiting for the backend or its leader */
     gov_call_step(&k->g, ev_now(k->srv->loop), &d);
     call_act(k, &d, NULL);
@@ -2741,7 +2976,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
 
     /* A hit is answered here, before anything is reserved (callcache.h). */
     struct callcache cc;
-    if (callcache_begin(s, id, r, &cfg->capabilities[ci], app->name, &cc) > 0) {
+    if (callcache_begin(s, id, r, (size_t)ci, app->name, &cc) > 0) {
         free(tw);
         free(use);
         return;
@@ -2871,8 +3106,14 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
         tasks_guard_remote(srv, tw->id, app, call_on_task_checked, tw);
         return;
     }
-    if (r->cache == CACHE_USE && call_cache_wait(k, r->deadline_s))
+    if (r->cache == CACHE_USE && call_cache_wait(k, r->deadline_s)) {
+        call_cache_count_miss(k);
         return;
+    }
+    k->cc.deadline_at = r->deadline_s > 0 ? now + r->deadline_s : 0;
+    if (k->cc.uncounted && call_cache_look_up(k))
+        return;
+    call_cache_count_miss(k);
     call_step(k);
 }
 

@@ -94,6 +94,7 @@
 #include "status.h"
 #include "task.h"
 #include "call/tasks.h"
+#include "ops/cacheops.h"
 #include "codec/transcode.h"
 #include "upstream/upstream.h"
 
@@ -1938,6 +1939,64 @@ static void route_task(struct http_conn *c, const char *path, size_t len)
     task_routes[t.ri].fn(&c->tasks, &r);
 }
 
+/* POST /polygw/v1/cache/purge?capability=C&app=A (both optional): drops
+ * cached answers (ops/cacheops.h), admin apps only; answers {"purged": n}.
+ * The filters ride in the query, percent-encoded, so the request has no
+ * body to parse; a body, if any, must still be JSON (hc_check_json_body). */
+static bool admit_cache_purge(struct http_conn *c, const char *path, size_t len)
+{
+    (void)path;
+    (void)len;
+    return hc_identify(c) && hc_check_json_body(c, true) == 0;
+}
+
+static void route_cache_purge(struct http_conn *c, const char *path, size_t len)
+{
+    char val[2][CONFIG_NAME_MAX], err[200], body[64];
+    bool has[2] = { false, false };
+    size_t qlen, purged;
+    const char *q = hc_query(c, &qlen), *end = q ? q + qlen : NULL;
+    const struct config_app *app;
+    enum pgw_code code;
+
+    (void)path;
+    (void)len;
+    if (!(app = hc_identify(c)) || hc_check_json_body(c, true) < 0)
+        return;
+    while (q && q < end) {
+        const char *amp = memchr(q, '&', (size_t)(end - q)), *stop = amp ? amp : end;
+        const char *eq = memchr(q, '=', (size_t)(stop - q));
+        int i = !eq                                                      ? -1
+            : (size_t)(eq - q) == 10 && memcmp(q, "capability", 10) == 0 ? 0
+            : (size_t)(eq - q) == 3 && memcmp(q, "app", 3) == 0          ? 1
+                                                                         : -1;
+        if (stop == q) { /* an empty pair ("a=1&&b=2") */
+            q = stop + 1;
+            continue;
+        }
+        if (i < 0 || has[i] ||
+            pct_decode(eq + 1, (size_t)(stop - eq - 1), val[i], sizeof(val[i])) < 0 ||
+            rpc_check_ident(i ? "app" : "capability", val[i], strlen(val[i]), CONFIG_NAME_MAX - 1,
+                            err, sizeof(err)) < 0) {
+            hc_error(c, 400, PGW_BAD_REQUEST,
+                     "cache purge: the query takes capability=NAME and app=NAME, each once "
+                     "(percent-encoded, 1 to %d bytes)",
+                     CONFIG_NAME_MAX - 1);
+            return;
+        }
+        has[i] = true;
+        q = stop + 1;
+    }
+    int rc = cacheops_purge(c->hs->srv, app, has[0] ? val[0] : NULL, has[1] ? val[1] : NULL,
+                            &purged, &code, err, sizeof(err));
+    if (rc < 0) {
+        hc_error(c, rc == -1 ? 403 : code == PGW_UNKNOWN_CAPABILITY ? 404 : 400, code, "%s", err);
+        return;
+    }
+    int n = snprintf(body, sizeof(body), "{\"purged\":%zu}", purged);
+    hc_reply(c, 200, "application/json", body, (size_t)n, NULL, "Cache-Control: no-store\r\n");
+}
+
 /* The route table: `path` is matched exactly, or as a prefix (itself
  * included) when it ends in '/'. The first row whose method and path match decides; a path that
  * matches with another method only is 405, no match 404. A route answers
@@ -1963,6 +2022,7 @@ static const struct {
     { HTTP_GET, "/polygw/v1/tasks/", route_task, admit_task },
     { HTTP_POST, "/polygw/v1/tasks/", route_task, admit_task },
     { HTTP_GET, "/polygw/v1/stats", route_status_stats, admit_status },
+    { HTTP_POST, "/polygw/v1/cache/purge", route_cache_purge, admit_cache_purge },
     { HTTP_GET, "/polygw/", route_status_page, admit_status_page },
     { HTTP_POST, "/v1/", route_call, admit_call },
     { HTTP_POST, GEMROUTE_PREFIX, route_gemini, admit_gemini },

@@ -27,6 +27,7 @@ struct metrics_source {
 struct metrics_capability {
     uint64_t calls[PGW_CODE_COUNT];
     uint64_t in_flight;
+    uint64_t cache[CACHE_EVENTS]; /* by enum cache_event */
     struct prom_hist duration, ttft, stalled;
 };
 
@@ -282,6 +283,12 @@ void metrics_on_call_refused(struct metrics *m, size_t cap, enum pgw_code code)
     metrics_on_call_end(m, cap, code, 0, 0);
 }
 
+void metrics_on_cache(struct metrics *m, size_t cap, enum cache_event ev)
+{
+    if (cap < m->cfg->n_capabilities && (unsigned)ev < CACHE_EVENTS)
+        m->cap[cap].cache[ev]++;
+}
+
 void metrics_on_call_first_event(struct metrics *m, size_t cap, double ttft_s)
 {
     if (cap < m->cfg->n_capabilities)
@@ -349,6 +356,8 @@ static void render_cache(struct prom_text *t, struct server *srv)
         CACHE_FAM("expired_total", "counter", expired, "Entries found expired and dropped."),
         CACHE_FAM("too_big_total", "counter", too_big,
                   "Answers not stored: larger than max_entry_bytes or the whole cache."),
+        CACHE_FAM("purged_total", "counter", purged,
+                  "Entries dropped by a purge (polygwctl cache purge, cache.purge)."),
 #undef CACHE_FAM
     };
     struct cache_stats st;
@@ -367,6 +376,25 @@ static void render_cache(struct prom_text *t, struct server *srv)
                (double)st.entries);
     render_one(t, "polygw_cache_max_bytes", "gauge", "The response cache's cap (cache.max_bytes).",
                (double)srv->cfg->cache_max_bytes);
+
+    /* Per capability, for the capabilities that cache only: the others
+     * never count, and their series would be zeros forever. */
+    static const char *const results[CACHE_EVENTS] = { "hit", "miss", "bypass", "coalesced" };
+    const struct config *cfg = srv->cfg;
+    struct prom_label l[2];
+    prom_text_family(t, "polygw_cache_calls_total", "counter",
+                     "Calls of a cached capability by what the cache did: hit, miss, bypass, "
+                     "coalesced.");
+    for (size_t i = 0; i < cfg->n_capabilities; i++) {
+        if (!(cfg->capabilities[i].cache.ttl_s > 0))
+            continue;
+        l[0] = L("capability", cfg->capabilities[i].name);
+        for (size_t e = 0; e < CACHE_EVENTS; e++) {
+            l[1] = L("result", results[e]);
+            prom_text_sample_u64(t, "polygw_cache_calls_total", l, 2,
+                                 srv->metrics->cap[i].cache[e]);
+        }
+    }
 }
 
 /* ---- one series (or histogram) per source, labelled source and capability */

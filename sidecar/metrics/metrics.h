@@ -24,6 +24,7 @@
 #include "codes.h"
 #include "core/config.h"
 #include "cost.h"
+#include "backend/cache.h"
 #include "prom.h"
 
 struct server;
@@ -83,6 +84,9 @@ void metrics_on_call_refused(struct metrics *m, size_t cap, enum pgw_code code);
  * `model` (borrowed) is its configured name or "other" (models.h), never
  * a client's string, so the series stay bounded. */
 void metrics_on_model_call(struct metrics *m, size_t cap, const char *model, enum pgw_code code);
+/* A call of capability `cap` met the response cache as `ev` (a hit, a
+ * miss, a bypass, or coalesced with an identical call in flight). */
+void metrics_on_cache(struct metrics *m, size_t cap, enum cache_event ev);
 /* A streaming call relayed its first event `ttft_s` after it arrived. */
 void metrics_on_call_first_event(struct metrics *m, size_t cap, double ttft_s);
 

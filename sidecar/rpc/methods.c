@@ -20,6 +20,7 @@
 #include "metrics/metrics.h"
 #include "progress.h"
 #include "backend/backend.h"
+#include "ops/cacheops.h"
 #include "ops/reload.h"
 #include "upstream/upstream.h"
 
@@ -122,6 +123,39 @@ static void method_log_level(struct conn *c, const struct rpc_msg *m)
     msgpack_pack_map(&c->pk, 2);
     rpc_pack_kv_str(&c->pk, "level", log_level_name(log_threshold));
     rpc_pack_kv_str(&c->pk, "previous", log_level_name(prev));
+    conn_response_done(c, PGW_OK);
+}
+
+/* `cache.purge {capability?, app?}`: drops cached answers (cacheops.h);
+ * admin apps only. Answers {purged}. */
+static void method_cache_purge(struct conn *c, const struct rpc_msg *m)
+{
+    static const struct rpc_param spec[] = { { "capability", RPC_T_STR | RPC_T_NIL, false },
+                                             { "app", RPC_T_STR | RPC_T_NIL, false } };
+    static const char *const what[2] = { "params.capability", "params.app" };
+    const msgpack_object *p[2];
+    char name[2][CONFIG_NAME_MAX], err[200];
+    enum pgw_code code;
+    size_t purged;
+
+    if (bind_or_reply(c, m, spec, 2, p) < 0)
+        return;
+    for (int i = 0; i < 2; i++) {
+        if (p[i] && p[i]->type == MSGPACK_OBJECT_NIL)
+            p[i] = NULL;
+        if (p[i] && rpc_ident_copy(what[i], p[i], name[i], sizeof(name[i]), err, sizeof(err)) < 0) {
+            conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, err);
+            return;
+        }
+    }
+    if (cacheops_purge(c->srv, conn_app(c), p[0] ? name[0] : NULL, p[1] ? name[1] : NULL, &purged,
+                       &code, err, sizeof(err)) < 0) {
+        conn_reply_error(c, m->msgid, code, err);
+        return;
+    }
+    rpc_pack_result_begin(&c->pk, m->msgid);
+    msgpack_pack_map(&c->pk, 1);
+    rpc_pack_kv_u64(&c->pk, "purged", purged);
     conn_response_done(c, PGW_OK);
 }
 
@@ -255,6 +289,7 @@ static const struct {
     { "task.get", taskrpc_get },
     { "task.list", taskrpc_list },
     { "stats", method_stats },
+    { "cache.purge", method_cache_purge },
     { "log.level", method_log_level },
     { "config.reload", method_config_reload },
     { "metrics", method_metrics },

@@ -7,6 +7,7 @@ byte cap holds under a fill, and the msgpack front's `cache` parameter."""
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 
@@ -390,3 +391,137 @@ def test_cache__a_hit_spends_no_budget(make_sidecar, up):
     assert err["code"] == "budget_exhausted", err
     assert requests(up) == 1
     c.close()
+
+
+def cache_calls(f, capability):
+    """{result: count} of polygw_cache_calls_total for one capability."""
+    _, _, text = f.curl("/metrics")
+    pat = r'^polygw_cache_calls_total\{capability="%s",result="(\w+)"\} (\S+)$' % re.escape(capability)
+    return {m.group(1): float(m.group(2)) for m in re.finditer(pat, text, re.M)}
+
+
+def test_cache__counters_per_capability(front, up):
+    f = cached_front(front, up)
+    zero = {"hit": 0, "miss": 0, "bypass": 0, "coalesced": 0}
+    assert cache_calls(f, "chat") == zero and cache_calls(f, "embedding") == zero
+    body = {"model": "e", "input": ["per capability"]}
+    for _ in range(3):
+        assert f.curl("/v1/embeddings", body)[0] == 200
+    assert f.curl("/v1/embeddings", body, headers=["Cache-Control: no-store"])[0] == 200
+    assert f.curl("/v1/chat/completions", chat("hello"))[0] == 200
+    assert cache_calls(f, "embedding") == dict(zero, hit=2, miss=1, bypass=1)
+    assert cache_calls(f, "chat") == dict(zero, miss=1)
+    # Coalesced calls are counted on their capability too: each of the
+    # eight missed, one went upstream, the seven others took its answer.
+    up.set_default({"delay_ms": 700})
+    out = concurrently(f, 8, "/v1/embeddings", {"model": "e", "input": ["herd"]})
+    assert all(o is not None and o[0] == 200 for o in out)
+    got = cache_calls(f, "embedding")
+    assert got["miss"] == 1 + 8 and got["coalesced"] + got["hit"] == 2 + 7, got
+    assert metric(f, "polygw_cache_coalesced_total") == got["coalesced"]
+
+
+def test_cache__uncached_capabilities_have_no_cache_series(front, up):
+    f = front(defaults=DEFAULTS)
+    assert f.curl("/v1/embeddings", {"model": "e", "input": ["a"]})[0] == 200
+    assert cache_calls(f, "embedding") == {}
+
+
+TOK = {"ops": "tok-ops-7b2e9d4c1a6f", "alpha": "tok-alpha-5d1e8c2b7a9f",
+       "beta": "tok-beta-0c3f6a9e2d1b"}
+
+
+def ctl(f, *args):
+    from conftest import POLYGWCTL, sanitizer_env
+    env = sanitizer_env()
+    env.pop("POLYGW_SOCKET", None)
+    p = subprocess.run([POLYGWCTL, "--socket", f.sc.sock] + list(args), capture_output=True,
+                       text=True, env=env, timeout=20)
+    assert "runtime error:" not in p.stderr and "Sanitizer" not in p.stderr, p.stderr
+    return p
+
+
+def as_app(name):
+    return ["Authorization: Bearer " + TOK[name]]
+
+
+def purge_front(front, up):
+    apps = ("apps:\n  - {name: ops, uids: [%d], admin: true, token_env: PGW_TOK_O}\n"
+            "  - {name: alpha, token_env: PGW_TOK_A}\n"
+            "  - {name: beta, token_env: PGW_TOK_B}\n" % os.getuid())
+    env = {"PGW_TOK_O": TOK["ops"], "PGW_TOK_A": TOK["alpha"], "PGW_TOK_B": TOK["beta"]}
+    return cached_front(front, up, extra=apps, env=env)
+
+
+def states(f, asks):
+    """X-Polygw-Cache of each (app, path, body) asked in turn."""
+    out = []
+    for app, path, body in asks:
+        s, h, b = f.curl(path, body, headers=as_app(app))
+        assert s == 200, (s, b)
+        out.append(h["x-polygw-cache"])
+    return out
+
+
+EMB = ("/v1/embeddings", {"model": "e", "input": ["purge me"]})
+CHAT = ("/v1/chat/completions", chat("purge me too"))
+ALL4 = [("alpha",) + EMB, ("beta",) + EMB, ("alpha",) + CHAT, ("beta",) + CHAT]
+
+
+def test_cache__purge_by_polygwctl_and_http(front, up):
+    f = purge_front(front, up)
+    assert states(f, ALL4) == ["miss"] * 4
+    assert states(f, ALL4) == ["hit"] * 4
+    # Only an admin app purges: beta is refused and nothing is dropped.
+    s, _, b = f.curl("/polygw/v1/cache/purge", headers=as_app("beta"), method="POST")
+    assert s == 403 and "not an admin app" in b, (s, b)
+    assert states(f, ALL4) == ["hit"] * 4
+    # polygwctl on the Unix socket is `ops` (its uid): alpha's embeddings only.
+    p = ctl(f, "cache", "purge", "--capability", "embedding", "--app", "alpha")
+    assert p.returncode == 0 and p.stdout.strip() == "purged=1", p
+    assert states(f, ALL4) == ["miss", "hit", "hit", "hit"]
+    # The admin endpoint: all of beta's.
+    s, h, b = f.curl("/polygw/v1/cache/purge?app=beta", headers=as_app("ops"), method="POST")
+    assert s == 200 and json.loads(b) == {"purged": 2}, (s, b)
+    assert h.get("cache-control") == "no-store"
+    assert states(f, ALL4) == ["hit", "miss", "hit", "miss"]
+    # Percent-encoded names; one capability of every app.
+    s, _, b = f.curl("/polygw/v1/cache/purge?capability=%63hat", headers=as_app("ops"), method="POST")
+    assert s == 200 and json.loads(b) == {"purged": 2}, (s, b)
+    # Unknown names and bad queries are typed errors, nothing dropped.
+    s, _, b = f.curl("/polygw/v1/cache/purge?capability=nope", headers=as_app("ops"), method="POST")
+    assert s == 404 and json.loads(b)["error"]["code"] == "unknown_capability", (s, b)
+    for q in ("?app=nobody", "?colour=red", "?app=alpha&app=beta", "?app=", "?app=%zz",
+              "?capability=%00"):
+        s, _, b = f.curl("/polygw/v1/cache/purge" + q, headers=as_app("ops"), method="POST")
+        assert s == 400 and json.loads(b)["error"]["code"] == "bad_request", (q, s, b)
+    p = ctl(f, "cache", "purge", "--capability", "nope")
+    assert p.returncode == 1 and "unknown_capability" in p.stderr, p
+    # Everything left: alpha's and beta's embeddings.
+    p = ctl(f, "cache", "purge")
+    assert p.returncode == 0 and p.stdout.strip() == "purged=2", p
+    assert metric(f, "polygw_cache_purged_total") == 1 + 2 + 2 + 2
+    assert metric(f, "polygw_cache_entries") == 0
+    assert states(f, ALL4) == ["miss"] * 4
+    assert requests(up) == 4 + 1 + 2 + 4
+    log = f.sc.logs()
+    assert '"msg":"cache purged"' in log and TOK["ops"] not in log
+
+
+def test_cache__purge_is_for_admin_apps_only(front, up):
+    f = cached_front(front, up)  # every caller is `default`, not an admin app
+    assert f.curl(*EMB)[0] == 200
+    p = ctl(f, "cache", "purge")
+    assert p.returncode == 1 and "not an admin app" in p.stderr, p
+    c = f.sc.connect()
+    err, res = c.request("cache.purge", {"capability": "embedding"})
+    assert res is None and err["code"] == "bad_request" and "admin" in err["message"], err
+    err, _ = c.request("cache.purge", {"capability": 7})
+    assert err["code"] == "bad_request" and "capability" in err["message"], err
+    c.close()
+    _, h, _ = f.curl(*EMB)
+    assert h["x-polygw-cache"] == "hit"
+    p = ctl(f, "cache", "purge", "--app", "")
+    assert p.returncode == 2, p
+    p = ctl(f, "cache", "flush")
+    assert p.returncode == 2 and "usage: cache purge" in p.stderr, p

@@ -193,6 +193,93 @@ START_TEST(test_cache__cache_control)
 }
 END_TEST
 
+/* A 100-byte fill tagged (capability, ns). */
+static struct cache_fill *tagged(const char *capability, const char *ns)
+{
+    struct cache_fill *f = fill_of(100, 4096);
+    ck_assert_int_eq(cache_fill_tag(f, capability, ns), 0);
+    return f;
+}
+
+START_TEST(test_cache__purge_by_capability_and_namespace)
+{
+    struct cache *c = cache_new(1 << 20);
+    struct cache_key k[6];
+    struct cache_stats st;
+    static const char *const tags[6][2] = { { "chat", "a" },      { "chat", "b" },
+                                            { "embedding", "a" }, { "embedding", "b" },
+                                            { "chat", "" },       { NULL, NULL } };
+
+    for (int i = 0; i < 6; i++) {
+        char json[16];
+        snprintf(json, sizeof(json), "[%d]", i);
+        k[i] = key_of("a", json, 0);
+        cache_put(c, &k[i], tags[i][0] ? tagged(tags[i][0], tags[i][1]) : fill_of(100, 4096), 0,
+                  100);
+    }
+    /* Nothing matches: nothing dropped. */
+    ck_assert_uint_eq(cache_purge_match(c, "nope", NULL), 0);
+    ck_assert_uint_eq(cache_purge_match(c, NULL, "z"), 0);
+    /* One app in one capability. */
+    ck_assert_uint_eq(cache_purge_match(c, "chat", "a"), 1);
+    ck_assert_ptr_null(cache_get(c, &k[0], 1, -1));
+    ck_assert_ptr_nonnull(cache_get(c, &k[1], 1, -1));
+    /* One app everywhere: the shared ("") and untagged entries stay. */
+    ck_assert_uint_eq(cache_purge_match(c, NULL, "b"), 2);
+    ck_assert_ptr_null(cache_get(c, &k[3], 1, -1));
+    ck_assert_ptr_nonnull(cache_get(c, &k[2], 1, -1));
+    ck_assert_ptr_nonnull(cache_get(c, &k[4], 1, -1));
+    /* One capability, shared entries included; the bytes go with them. */
+    ck_assert_uint_eq(cache_purge_match(c, "chat", NULL), 1);
+    ck_assert_ptr_null(cache_get(c, &k[4], 1, -1));
+    /* Everything, the untagged entry included. */
+    ck_assert_uint_eq(cache_purge_match(c, NULL, NULL), 2);
+    cache_get_stats(c, &st);
+    ck_assert_uint_eq(st.entries, 0);
+    ck_assert_uint_eq(st.bytes, 0);
+    ck_assert_uint_eq(st.purged, 6);
+    cache_free(c);
+}
+END_TEST
+
+START_TEST(test_cache__fill_from_bytes_checks_them)
+{
+    struct cache_fill *f = fill_of(10, 4096), *g;
+    struct cache_key k = key_of("a", "{}", 0), k2 = key_of("b", "{}", 0);
+    struct cache *c = cache_new(1 << 20);
+    struct cache_rec r;
+    size_t len, pos = 0;
+    char hex[2 * CACHE_KEY_BYTES + 1], bad[64];
+
+    cache_key_hex(&k, hex);
+    ck_assert_uint_eq(strlen(hex), 64);
+    ck_assert_uint_eq(strspn(hex, "0123456789abcdef"), 64);
+    const char *bytes = cache_fill_bytes(f, &len);
+    ck_assert_uint_eq(len, 3 * 4 + 3 + 10);
+    /* Every truncation, and lengths past the end, are refused. */
+    for (size_t n = 0; n < len; n++)
+        ck_assert_ptr_null(cache_fill_from(bytes, n, 4096));
+    memcpy(bad, bytes, len);
+    bad[0] = 100; /* the name's length past the end */
+    ck_assert_ptr_null(cache_fill_from(bad, len, 4096));
+    memcpy(bad, bytes, len);
+    bad[4 + 2] = 'x'; /* the name without its NUL */
+    ck_assert_ptr_null(cache_fill_from(bad, len, 4096));
+    ck_assert_ptr_null(cache_fill_from(bytes, len, len - 1)); /* over the bound */
+    /* The bytes as they were: the same records. */
+    ck_assert_ptr_nonnull(g = cache_fill_from(bytes, len, 4096));
+    cache_put(c, &k2, g, 0, 10);
+    const struct cache_entry *e = cache_get(c, &k2, 1, -1);
+    ck_assert_ptr_nonnull(e);
+    ck_assert(cache_entry_next(e, &pos, &r));
+    ck_assert_str_eq(r.name, "ev");
+    ck_assert_uint_eq(r.a_len, 10);
+    ck_assert(!cache_entry_next(e, &pos, &r));
+    cache_fill_free(f);
+    cache_free(c);
+}
+END_TEST
+
 Suite *cache_suite(void)
 {
     Suite *s = suite_create("cache");
@@ -203,6 +290,8 @@ Suite *cache_suite(void)
     tcase_add_test(tc, test_cache__expiry_and_max_age);
     tcase_add_test(tc, test_cache__records_round_trip_and_fills_are_bounded);
     tcase_add_test(tc, test_cache__cache_control);
+    tcase_add_test(tc, test_cache__purge_by_capability_and_namespace);
+    tcase_add_test(tc, test_cache__fill_from_bytes_checks_them);
     suite_add_tcase(s, tc);
     return s;
 }
