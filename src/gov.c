@@ -1475,6 +1475,26 @@ void gov_call_abandon(struct gov_call *k, double now, enum gov_result r, struct 
     }
 }
 
+void gov_call_exclude(struct gov_call *k, double now, enum gov_result r, struct gov_decision *d)
+{
+    memset(d, 0, sizeof(*d));
+    if (k->state != GOV_CALL_ATTEMPTING) {
+        gov_call_abandon(k, now, r, d);
+        return;
+    }
+    size_t left_out = k->source;
+    gov_gate_open(k);
+    gov_call_unreserve(k, now);
+    k->notes[left_out].excluded = true;
+    k->subset = true;
+    for (size_t i = 0; i < k->gov->n_sources; i++)
+        if (gov_call_may_use(k, i) && !k->gov->sources[i].p.retired) {
+            gov_call_step(k, now, d);
+            return;
+        }
+    gov_call_done(k, now, r, d);
+}
+
 static bool reason_is_timeout(enum outcome_reason r)
 {
     return r == REASON_TTFT_TIMEOUT || r == REASON_IDLE_TIMEOUT || r == REASON_TOTAL_TIMEOUT ||

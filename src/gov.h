@@ -458,6 +458,15 @@ void gov_call_refused(struct gov_call *k, double now, double retry_at, bool gate
 void gov_call_confirmed(struct gov_call *k);
 void gov_call_abandon(struct gov_call *k, double now, enum gov_result r, struct gov_decision *d);
 
+/* The attempt the last step reserved cannot go to its source for this call
+ * (the source's budget cannot cover it, docs/CONFIG.md §12a): what the
+ * step reserved is given back as by gov_call_abandon, the source is left
+ * out of the call from now on, as by gov_call_set_sources, and the call
+ * steps again at once — it may pick another source of its capability, or
+ * wait for one — or, when no source of its capability is left in, ends
+ * with `r`. */
+void gov_call_exclude(struct gov_call *k, double now, enum gov_result r, struct gov_decision *d);
+
 /* The backend now knows (or failed to read) the progress age of `scope`:
  * the calls waiting for it look again (through on_wake). */
 void gov_progress_known(struct gov *g, const char *scope);

@@ -270,6 +270,14 @@ static void callcache_fini(struct callcache *cc)
     cc->fill = NULL;
 }
 
+/* Why a reservation was refused: which budget, for the error. */
+struct call_refusal {
+    char budget[TASK_ID_MAX + 32]; /* "app:NAME:daily", "source:NAME:total", "task:ID:total" */
+    bool task;                     /* the task's: the task stops */
+    bool source;                   /* the source's: another source may take the call */
+    struct budget_refusal r;
+};
+
 struct call {
     struct call_sink *sink;
     struct server *srv;
@@ -322,6 +330,10 @@ struct call {
     struct backend_spend *spend; /* a fleet budget reservation asked */
     bool fleet_reserved;         /* the fleet's budgets hold `fleet_amount` */
     double fleet_amount;
+    /* The last source whose budget refused the call (src_refused): the
+     * error when no source is left to take it. */
+    struct call_refusal src_refusal;
+    bool src_refused;
     /* The fleet's admission, pipelined with that reservation, answered
      * first: kept until the reservation is. */
     struct {
@@ -536,13 +548,6 @@ static void call_settle(struct call *k, double actual)
     k->reserved = 0;
 }
 
-/* Why a reservation was refused: which budget, for the error. */
-struct call_refusal {
-    char budget[TASK_ID_MAX + 32]; /* "app:NAME:daily", "source:NAME:total", "task:ID:total" */
-    bool task;                     /* the task's: the task stops */
-    struct budget_refusal r;
-};
-
 /* Reserves the worst case of an attempt on `source` on every budget that
  * covers it, all or none. Returns 0, or -1 with *why. */
 static int call_reserve(struct call *k, size_t source, struct call_refusal *why)
@@ -570,6 +575,7 @@ static int call_reserve(struct call *k, size_t source, struct call_refusal *why)
         snprintf(why->budget, sizeof(why->budget), "%s:%s:%s", kind[i], name,
                  budget_window_name(why->r.window));
         why->task = i == CALL_BUDGET_TASK;
+        why->source = i == CALL_BUDGET_SOURCE;
         return -1;
     }
     k->reserved = amount;
@@ -1355,6 +1361,32 @@ static void call_refuse_budget(struct call *k, const struct call_refusal *why)
         tasks_stop_budget(srv, task_id);
 }
 
+/* A source's budget refused the attempt the step reserved on it: the
+ * source is left out of the call and the call goes on with the others of
+ * its capability, as it would past a source whose breaker is open; only
+ * when none is left does it end budget_exhausted, naming the last source
+ * budget that refused it, with the earliest reset among those that
+ * refused it (none when each refusal was a total's). */
+static void call_refuse_source_budget(struct call *k, const struct call_refusal *why)
+{
+    struct gov_decision d;
+    double ra = why->r.retry_after_s;
+
+    if (k->src_refused && k->src_refusal.r.retry_after_s >= 0 &&
+        (ra < 0 || k->src_refusal.r.retry_after_s < ra))
+        ra = k->src_refusal.r.retry_after_s;
+    k->src_refusal = *why;
+    k->src_refusal.r.retry_after_s = ra;
+    k->src_refused = true;
+    log_at(LOG_DEBUG, "source budget refused the call: trying another source", "app", LOG_S, k->app,
+           "budget", LOG_S, why->budget, NULL);
+    gov_call_exclude(&k->g, ev_now(k->srv->loop), GOV_BUDGET_EXHAUSTED, &d);
+    if (d.action == GOV_DONE && d.result == GOV_BUDGET_EXHAUSTED)
+        call_refuse_budget(k, &k->src_refusal);
+    else
+        call_act(k, &d, NULL);
+}
+
 /* The Responses API answer of the current attempt names response `id`:
  * remembered, so that its follow-ups reach the same source
  * (docs/CONFIG.md, "responses"). Once per call. */
@@ -2129,9 +2161,13 @@ static void call_on_spend(void *ud, int rc, const char *which, const char *windo
     k->early.held = false;
     if (rc == 0) {
         struct call_refusal why = { .r = { .left = left, .retry_after_s = retry_after_s } };
+        why.source = strcmp(which, "source") == 0;
         snprintf(why.budget, sizeof(why.budget), "%s:%s:%s", which,
-                 strcmp(which, "source") == 0 ? srv->cfg->sources[source].name : k->app, window);
-        call_refuse_budget(k, &why);
+                 why.source ? srv->cfg->sources[source].name : k->app, window);
+        if (why.source)
+            call_refuse_source_budget(k, &why);
+        else
+            call_refuse_budget(k, &why);
         return;
     }
     struct gov_decision d;
@@ -2184,7 +2220,10 @@ static void call_act(struct call *k, const struct gov_decision *d,
          * permit and buckets (the memory backend keeps both). */
         struct call_refusal why;
         if (call_reserve(k, d->source, &why) < 0) {
-            call_refuse_budget(k, &why);
+            if (why.source)
+                call_refuse_source_budget(k, &why);
+            else
+                call_refuse_budget(k, &why);
             return;
         }
         /* Budgets the fleet keeps go with the fleet's admission, in one

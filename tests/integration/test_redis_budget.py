@@ -90,3 +90,57 @@ def test_redis_budget__a_burst_through_two_sidecars_never_overshoots(redis_srv, 
     assert up.stats()["requests"] == len(ok) + served_after  # refused calls never went out
     print("fleet burst: %d served, %d refused at once, then %d one by one; %.4f of 40 charged"
           % (len(ok), len(refused), served_after, charged))
+
+
+def test_redis_budget__a_source_out_of_budget_hands_calls_to_another(redis_srv, up,
+                                                                      make_sidecar):
+    # Two sources, "a" first, each with a total the fleet keeps in Redis.
+    # Calls alternate between two sidecars; a call that "a"'s budget cannot
+    # cover (whoever spent it) goes to "b", and only a call neither can
+    # cover ends budget_exhausted, without reaching the upstream.
+    prefix = unique_prefix()
+    prices = {"input": 0, "output": 1000}
+    cfg = fleet_config(redis_srv.url(), prefix, [
+        source("a", "chat", up.url, prices=prices, priority=0, budget={"total": 1.5}),
+        source("b", "chat", up.url, prices=prices, priority=1, budget={"total": 1.2})])
+    fleet = [make_sidecar(config_text=cfg, subdir="sc%d" % i, env=NO_PROXY) for i in range(2)]
+    for sc in fleet:
+        wait_backend(sc)
+    conns = [sc.connect() for sc in fleet]
+    r = redis_srv.client()
+
+    def budget(name):
+        h = r.call("HGETALL", "{%s:source:%s}:budget" % (prefix, name))
+        return {k.decode() if isinstance(k, bytes) else k: float(v)
+                for k, v in zip(h[::2], h[1::2])}
+
+    def settled():
+        # A call's settle is sent as it ends: the next call, through the
+        # other sidecar, must find it done for the sequence to be exact.
+        for _ in range(500):
+            if all(budget(n).get("reserved", 0) == 0 for n in ("a", "b")):
+                return
+            time.sleep(0.01)
+        raise AssertionError("a reservation was never settled")
+
+    served = []
+    for i in range(6):
+        settled()
+        c = conns[i % 2]
+        body = chat(max_tokens=1000, mock={"usage": {"prompt_tokens": 5,
+                                                     "completion_tokens": 250}})
+        msg = c.wait_response(c.request_async("call", {"capability": "chat", "body": body}), 10)
+        if msg[2]:
+            break
+        assert msg[3]["attempts"] == 1, msg[3]
+        served.append(msg[3]["source"])
+    # 1.0 reserved and 0.25 charged each: "a" covers three (0.5 + 1.0 <=
+    # 1.5), "b" one (0.25 + 1.0 > 1.2), the fifth call neither.
+    assert served == ["a", "a", "a", "b"], served
+    assert msg[2]["code"] == "budget_exhausted", msg[2]
+    assert msg[2]["budget"] in ("source:a:total", "source:b:total"), msg[2]
+    assert up.stats()["requests"] == 4
+    settled()
+    for name, spent in (("a", 0.75), ("b", 0.25)):
+        h = budget(name)
+        assert abs(h["spent_t"] - spent) < 1e-9 and h["reserved"] == 0, (name, h)
