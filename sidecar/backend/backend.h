@@ -208,6 +208,12 @@ struct backend_ops {
      * refuses budgets with it). */
     struct budget *(*budget)(struct backend *be, bool of_app, size_t i);
 
+    /* What `stats`, /metrics and the status page show of the same budget:
+     * the memory backend's own state; the Redis backend's last reading of
+     * the fleet's (refreshed every BACKEND_BUDGET_PEEK_S while up), which
+     * nobody reserves on. NULL: no such budget, or none read yet. */
+    struct budget *(*budget_view)(struct backend *be, bool of_app, size_t i);
+
     /* Budgets kept by the fleet (NULL ops: none; the memory backend's are
      * `budget`'s): spend_reserve reserves `amount` (>= 0) on the budgets of
      * app `app` and of source `source` (indexes in the configuration;
@@ -334,6 +340,14 @@ static inline void backend_rebind(struct backend *be, const struct config *cfg)
 static inline struct budget *backend_budget(struct backend *be, bool of_app, size_t i)
 {
     return be->ops->budget ? be->ops->budget(be, of_app, i) : NULL;
+}
+
+/* How often the Redis backend reads the fleet's budgets for display. */
+#define BACKEND_BUDGET_PEEK_S 0.5
+
+static inline struct budget *backend_budget_view(struct backend *be, bool of_app, size_t i)
+{
+    return be->ops->budget_view ? be->ops->budget_view(be, of_app, i) : NULL;
 }
 
 static inline void backend_free(struct backend *be)

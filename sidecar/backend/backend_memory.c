@@ -288,6 +288,7 @@ static const struct backend_ops memory_ops = {
     .breaker_state = mem_breaker_state,
     .rebind = mem_rebind,
     .budget = mem_budget,
+    .budget_view = mem_budget,
     .progress = mem_progress,
     .figures = &memory_figures,
     .free = mem_free,

@@ -15,9 +15,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import chat  # noqa: E402
-from redis_fixture import FleetRedis, fleet_config, source, unique_prefix, wait_backend  # noqa: E402
+from redis_fixture import (FleetRedis, fleet_config, source, stats, unique_prefix,  # noqa: E402
+                           wait_backend, wait_until)
 from test_budget import burst_outcome  # noqa: E402
-from test_metrics import ctl, parse  # noqa: E402
+from test_metrics import ctl, parse, value  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -144,3 +145,41 @@ def test_redis_budget__a_source_out_of_budget_hands_calls_to_another(redis_srv, 
     for name, spent in (("a", 0.75), ("b", 0.25)):
         h = budget(name)
         assert abs(h["spent_t"] - spent) < 1e-9 and h["reserved"] == 0, (name, h)
+
+
+def test_redis_budget__every_sidecar_shows_the_fleets_budgets(redis_srv, up, make_sidecar):
+    # stats and /metrics show the fleet's budgets (what Redis holds), on a
+    # sidecar that served none of the calls as on the one that did.
+    prefix = unique_prefix()
+    cfg = fleet_config(redis_srv.url(), prefix, [
+        source("s", "chat", up.url, prices={"input": 0, "output": 1000},
+               budget={"daily": 5})])
+    cfg += "apps:\n  - {name: default, budget: {total: 10}}\n"
+    fleet = [make_sidecar(config_text=cfg, subdir="sc%d" % i, env=NO_PROXY) for i in range(2)]
+    for sc in fleet:
+        wait_backend(sc)
+    c = fleet[0].connect()
+    for _ in range(3):
+        body = chat(max_tokens=1000, mock={"usage": {"prompt_tokens": 5,
+                                                     "completion_tokens": 250}})
+        msg = c.wait_response(c.request_async("call", {"capability": "chat", "body": body}), 10)
+        assert msg[2] is None, msg[2]
+
+    def budgets(sc):
+        st = stats(sc)
+        app = {a["name"]: a for a in st["apps"]}["default"].get("budget")
+        src = {x["name"]: x for x in st["sources"]}["s"].get("budget")
+        return app, src
+
+    for sc in fleet:
+        assert wait_until(lambda: budgets(sc)[0] and budgets(sc)[0]["total"]["spent"] == 0.75
+                          and budgets(sc)[1]["daily"]["reserved"] == 0, 5), budgets(sc)
+        app, src = budgets(sc)
+        assert app["total"] == {"limit": 10, "spent": 0.75, "reserved": 0, "left": 9.25}, app
+        daily = src["daily"]
+        assert daily["limit"] == 5 and daily["spent"] == 0.75 and daily["left"] == 4.25, daily
+        assert 0 < daily["resets_in_s"] <= 86400, daily
+        m = parse(ctl(sc, "metrics").stdout)
+        assert value(m, "polygw_budget_left", app="default", window="total") == 9.25
+        assert value(m, "polygw_budget_limit", source="s", window="daily") == 5
+        assert value(m, "polygw_budget_left", source="s", window="daily") == 4.25
