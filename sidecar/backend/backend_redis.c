@@ -978,6 +978,8 @@ static bool task_parse(const redisReply *r, struct backend_task *bt)
     bt->updated_at_s = (double)(ended > 0 ? ended : started) / 1000.0;
     if (r->elements > 7 && r->element[7]->type == REDIS_REPLY_STRING)
         bt->owner = r->element[7]->str;
+    if (r->elements > 8 && r->element[8]->type == REDIS_REPLY_STRING)
+        bt->budget = strtod(r->element[8]->str, NULL);
     return true;
 }
 
@@ -997,11 +999,11 @@ static void on_task_reply(const redisReply *r, const char *err, void *ud)
 }
 
 static int redis_task(struct backend *be, enum backend_task_op op, const char *id,
-                      const char *reason, bool ok, const char *app, bool admin,
+                      const char *reason, bool ok, const char *app, bool admin, double budget,
                       struct backend_task *now_bt, backend_task_cb *cb, void *ud)
 {
     struct backend_redis *sh = (struct backend_redis *)be;
-    char key[SHARED_KEY_MAX], ttl[32];
+    char key[SHARED_KEY_MAX], ttl[32], money[32];
     struct task_op *q = malloc(sizeof(*q));
     (void)now_bt;
 
@@ -1020,8 +1022,10 @@ static int redis_task(struct backend *be, enum backend_task_op op, const char *i
                            ok ? "1" : "0",
                            sh->channel[CH_TASK_END],
                            app ? app : "",
-                           admin ? "1" : "0" };
-    if (rds_eval(sh->rds, RDS_TASK, 1, 9, argv, NULL, on_task_reply, q) < 0) {
+                           admin ? "1" : "0",
+                           money };
+    snprintf(money, sizeof(money), "%.17g", budget > 0 ? budget : 0);
+    if (rds_eval(sh->rds, RDS_TASK, 1, 10, argv, NULL, on_task_reply, q) < 0) {
         free(q);
         return -1;
     }
@@ -1242,24 +1246,31 @@ struct backend_spend {
     void *ud; /* NULL once detached */
     size_t app, source;
     double amount;
+    bool has_task;
+    struct backend_spend_task task; /* task.id points at task_id */
+    char task_id[TASK_ID_MAX + 1];
 };
 
 /* budget.lua's KEYS and ARGV for app `app` and source `source` (SIZE_MAX:
- * not that one) with op `op`, `amount` and `actual`: the strings in `buf`.
- * Returns the number of keys (0: neither has a budget). */
+ * not that one) and task run `task` (NULL: none) with op `op`, `amount`
+ * and `actual`: the strings in `buf`. Returns the number of keys (0: none
+ * has a budget). */
+#define SPEND_KEYS 3
 struct spend_args {
-    char keys[2][SHARED_KEY_MAX];
-    char num[2 + 2 * 4][32];
-    const char *argv[2 + 3 + 2 * 4];
-    const char *which[2];
+    char keys[SPEND_KEYS][SHARED_KEY_MAX];
+    char num[2 + SPEND_KEYS * 4][32];
+    const char *argv[SPEND_KEYS + 3 + SPEND_KEYS * 4];
+    const char *which[SPEND_KEYS];
     int nkeys, argc;
 };
 
-static int spend_args(const struct backend_redis *sh, size_t app, size_t source, const char *op,
-                      double amount, double actual, struct spend_args *a)
+static int spend_args(const struct backend_redis *sh, size_t app, size_t source,
+                      const struct backend_spend_task *task, const char *op, double amount,
+                      double actual, struct spend_args *a)
 {
     const struct config *cfg = sh->cfg;
-    const struct budget_limits *lim[2];
+    const struct budget_limits *lim[SPEND_KEYS];
+    struct budget_limits task_lim = { { 0, 0, task ? task->limit : 0 }, 0 };
     int n = 0;
 
     if (app < cfg->n_apps && budget_is_set(&cfg->apps[app].budget)) {
@@ -1273,6 +1284,13 @@ static int spend_args(const struct backend_redis *sh, size_t app, size_t source,
                  cfg->sources[source].name);
         lim[n] = &cfg->sources[source].budget;
         a->which[n++] = "source";
+    }
+    if (task && task->limit > 0) {
+        /* The task record's hash tag: one slot with it. */
+        snprintf(a->keys[n], sizeof(a->keys[n]), "{%s:task:%s}:budget:%llu", cfg->redis_prefix,
+                 task->id, (unsigned long long)task->run);
+        lim[n] = &task_lim;
+        a->which[n++] = "task";
     }
     a->nkeys = n;
     a->argc = 0;
@@ -1304,13 +1322,14 @@ static void on_spend_settled(const redisReply *r, const char *err, void *ud)
         count_write_error(ud, "budget settle", err);
 }
 
-static void redis_spend_settle(struct backend *be, size_t app, size_t source, double reserved,
+static void redis_spend_settle(struct backend *be, size_t app, size_t source,
+                               const struct backend_spend_task *task, double reserved,
                                double actual)
 {
     struct backend_redis *sh = (struct backend_redis *)be;
     struct spend_args a;
 
-    if (spend_args(sh, app, source, "settle", reserved, actual, &a) == 0)
+    if (spend_args(sh, app, source, task, "settle", reserved, actual, &a) == 0)
         return;
     if (rds_eval(sh->rds, RDS_BUDGET, a.nkeys, a.argc, a.argv, NULL, on_spend_settled, sh) < 0)
         count_write_error(sh, "budget settle", "not connected");
@@ -1339,7 +1358,7 @@ static void on_spend_reserved(const redisReply *r, const char *err, void *ud)
         if (rc == 0 && r->elements == 5) {
             struct spend_args a;
             long long k = 0;
-            spend_args(sh, s->app, s->source, "reserve", 0, NAN, &a);
+            spend_args(sh, s->app, s->source, s->has_task ? &s->task : NULL, "reserve", 0, NAN, &a);
             reply_is_int(r->element[1], &k);
             which = k >= 1 && k <= a.nkeys ? a.which[k - 1] : "app";
             window = r->element[2]->type == REDIS_REPLY_STRING ? r->element[2]->str : "total";
@@ -1352,14 +1371,16 @@ static void on_spend_reserved(const redisReply *r, const char *err, void *ud)
     }
     if (!s->ud) {
         if (rc == 1) /* the caller is gone: give it back */
-            redis_spend_settle(&sh->be, s->app, s->source, s->amount, NAN);
+            redis_spend_settle(&sh->be, s->app, s->source, s->has_task ? &s->task : NULL, s->amount,
+                               NAN);
     } else {
         s->cb(s->ud, rc, which, window, left, retry_s);
     }
     free(s);
 }
 
-static int redis_spend_reserve(struct backend *be, size_t app, size_t source, double amount,
+static int redis_spend_reserve(struct backend *be, size_t app, size_t source,
+                               const struct backend_spend_task *task, double amount,
                                backend_spend_cb *cb, void *ud, struct backend_spend **pending)
 {
     struct backend_redis *sh = (struct backend_redis *)be;
@@ -1368,9 +1389,21 @@ static int redis_spend_reserve(struct backend *be, size_t app, size_t source, do
 
     *pending = NULL;
     if (sh->closing || !rds_up(sh->rds) ||
-        spend_args(sh, app, source, "reserve", amount, NAN, &a) == 0 || !(s = malloc(sizeof(*s))))
+        spend_args(sh, app, source, task, "reserve", amount, NAN, &a) == 0 ||
+        !(s = malloc(sizeof(*s))))
         return -1;
-    *s = (struct backend_spend){ sh, cb, ud, app, source, amount };
+    *s = (struct backend_spend){ .sh = sh,
+                                 .cb = cb,
+                                 .ud = ud,
+                                 .app = app,
+                                 .source = source,
+                                 .amount = amount,
+                                 .has_task = task != NULL };
+    if (task) {
+        snprintf(s->task_id, sizeof(s->task_id), "%s", task->id);
+        s->task = *task;
+        s->task.id = s->task_id;
+    }
     if (rds_eval(sh->rds, RDS_BUDGET, a.nkeys, a.argc, a.argv, NULL, on_spend_reserved, s) < 0) {
         free(s);
         return -1;

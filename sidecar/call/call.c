@@ -330,6 +330,10 @@ struct call {
     struct backend_spend *spend; /* a fleet budget reservation asked */
     bool fleet_reserved;         /* the fleet's budgets hold `fleet_amount` */
     double fleet_amount;
+    /* The task run's budget among them (fleet_task.limit > 0), its ID
+     * kept here: the task may be unlinked before the settling. */
+    struct backend_spend_task fleet_task;
+    char fleet_task_id[TASK_ID_MAX + 1];
     /* The last source whose budget refused the call (src_refused): the
      * error when no source is left to take it. */
     struct call_refusal src_refusal;
@@ -517,7 +521,9 @@ static void call_budgets(const struct call *k, size_t source, struct budget **b)
 
     b[CALL_BUDGET_APP] = backend_budget(be, true, k->g.app);
     b[CALL_BUDGET_SOURCE] = backend_budget(be, false, source);
-    b[CALL_BUDGET_TASK] = k->task && k->task->has_budget ? &k->task->budget : NULL;
+    /* A shared backend keeps the task's budget for the fleet (call_reserve_fleet). */
+    b[CALL_BUDGET_TASK] =
+        k->task && k->task->has_budget && !be->ops->shared ? &k->task->budget : NULL;
 }
 
 /* call_settle's `actual` for "charge what was reserved". */
@@ -532,7 +538,8 @@ static void call_settle(struct call *k, double actual)
 
     if (k->fleet_reserved) {
         struct backend *be = k->srv->backend;
-        be->ops->spend_settle(be, k->g.app, call_source(k), k->fleet_amount,
+        be->ops->spend_settle(be, k->g.app, call_source(k),
+                              k->fleet_task.limit > 0 ? &k->fleet_task : NULL, k->fleet_amount,
                               actual == CALL_AS_RESERVED ? k->fleet_amount : actual);
         k->fleet_reserved = false;
     }
@@ -1350,7 +1357,10 @@ static void call_refuse_budget(struct call *k, const struct call_refusal *why)
         .budget_left = why->r.left,
     };
     char task_id[TASK_ID_MAX + 1];
-    snprintf(task_id, sizeof(task_id), "%s", why->task ? k->task->id : "");
+    snprintf(task_id, sizeof(task_id), "%s",
+             !why->task    ? ""
+                 : k->task ? k->task->id
+                           : k->fleet_task_id);
     struct server *srv = k->srv;
     call_pack_error(k, PGW_BUDGET_EXHAUSTED, msg, &ce);
     call_finish(k);
@@ -2162,8 +2172,12 @@ static void call_on_spend(void *ud, int rc, const char *which, const char *windo
     if (rc == 0) {
         struct call_refusal why = { .r = { .left = left, .retry_after_s = retry_after_s } };
         why.source = strcmp(which, "source") == 0;
+        why.task = strcmp(which, "task") == 0;
         snprintf(why.budget, sizeof(why.budget), "%s:%s:%s", which,
-                 why.source ? srv->cfg->sources[source].name : k->app, window);
+                 why.source     ? srv->cfg->sources[source].name
+                     : why.task ? k->fleet_task_id
+                                : k->app,
+                 window);
         if (why.source)
             call_refuse_source_budget(k, &why);
         else
@@ -2189,14 +2203,24 @@ static bool call_reserve_fleet(struct call *k, size_t source)
     struct backend *be = srv->backend;
     size_t app = k->g.app;
 
+    bool task = k->task && k->task->has_budget;
     if (!be->ops->spend_reserve ||
         !((app < cfg->n_apps && budget_is_set(&cfg->apps[app].budget)) ||
-          budget_is_set(&cfg->sources[source].budget)))
+          budget_is_set(&cfg->sources[source].budget) || task))
         return false;
     double amount = cost_worst(&cfg->sources[source].prices, k->est_in, k->est_out);
     k->fleet_amount = cost_is_known(amount) ? amount : 0;
     k->fleet_reserved = false;
-    if (be->ops->spend_reserve(be, app, source, k->fleet_amount, call_on_spend, k, &k->spend) < 0) {
+    k->fleet_task.limit = 0;
+    if (task) {
+        snprintf(k->fleet_task_id, sizeof(k->fleet_task_id), "%s", k->task->id);
+        k->fleet_task =
+            (struct backend_spend_task){ .id = k->fleet_task_id,
+                                         .run = k->task->budget_run,
+                                         .limit = k->task->budget.p.limit[BUDGET_TOTAL] };
+    }
+    if (be->ops->spend_reserve(be, app, source, task ? &k->fleet_task : NULL, k->fleet_amount,
+                               call_on_spend, k, &k->spend) < 0) {
         struct gov_decision d;
         snprintf(k->backend_why, sizeof(k->backend_why), "%s", "not connected");
         gov_call_abandon(&k->g, ev_now(srv->loop), GOV_BACKEND_UNAVAILABLE, &d);

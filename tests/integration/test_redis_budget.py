@@ -32,6 +32,31 @@ def redis_srv():
     srv.cleanup()
 
 
+def budget_hash(r, key):
+    """A budget key's fields (budget.lua) as numbers."""
+    h = r.call("HGETALL", key)
+    return {k.decode() if isinstance(k, bytes) else k: float(v) for k, v in zip(h[::2], h[1::2])}
+
+
+def settled_hash(r, key):
+    """budget_hash once nothing is reserved any more (the settles are sent
+    as calls end), or None after 5 s."""
+    return wait_until(lambda: (lambda h: h if h.get("reserved", 1) == 0 else None)(
+        budget_hash(r, key)), 5)
+
+
+def priced_fleet(redis_srv, up, make_sidecar):
+    """(prefix, two sidecars) on one redis-server, one source priced 1000
+    per million output tokens."""
+    prefix = unique_prefix()
+    cfg = fleet_config(redis_srv.url(), prefix,
+                       [source("s", "chat", up.url, prices={"input": 0, "output": 1000})])
+    fleet = [make_sidecar(config_text=cfg, subdir="sc%d" % i, env=NO_PROXY) for i in range(2)]
+    for sc in fleet:
+        wait_backend(sc)
+    return prefix, fleet
+
+
 def test_redis_budget__a_burst_through_two_sidecars_never_overshoots(redis_srv, up,
                                                                       make_sidecar):
     prefix = unique_prefix()
@@ -111,9 +136,7 @@ def test_redis_budget__a_source_out_of_budget_hands_calls_to_another(redis_srv, 
     r = redis_srv.client()
 
     def budget(name):
-        h = r.call("HGETALL", "{%s:source:%s}:budget" % (prefix, name))
-        return {k.decode() if isinstance(k, bytes) else k: float(v)
-                for k, v in zip(h[::2], h[1::2])}
+        return budget_hash(r, "{%s:source:%s}:budget" % (prefix, name))
 
     def settled():
         # A call's settle is sent as it ends: the next call, through the
@@ -183,3 +206,66 @@ def test_redis_budget__every_sidecar_shows_the_fleets_budgets(redis_srv, up, mak
         assert value(m, "polygw_budget_left", app="default", window="total") == 9.25
         assert value(m, "polygw_budget_limit", source="s", window="daily") == 5
         assert value(m, "polygw_budget_left", source="s", window="daily") == 4.25
+
+
+def test_redis_budget__a_task_budget_is_the_fleets(redis_srv, up, make_sidecar):
+    # A task started on one sidecar with a budget of 1.5: a call through
+    # that sidecar holds a 1.0 reservation upstream; the next call, through
+    # the other sidecar, finds it in Redis (1.0 + 1.0 > 1.5) and is refused,
+    # and the task stops across the fleet, ending the held call too.
+    prefix, fleet = priced_fleet(redis_srv, up, make_sidecar)
+    c0, c1 = [sc.connect() for sc in fleet]
+    err, _ = c0.request("task.start", {"task_id": "job-1", "budget": 1.5})
+    assert err is None, err
+    held = c0.request_async("call", {"capability": "chat", "task_id": "job-1", "body": chat(
+        max_tokens=1000, mock={"delay_ms": 10000, "usage": {"completion_tokens": 250}})})
+    assert wait_until(lambda: up.stats()["in_progress"] >= 1, 5)
+    msg = c1.wait_response(c1.request_async("call", {
+        "capability": "chat", "task_id": "job-1",
+        "body": chat(max_tokens=1000, mock={"usage": {"completion_tokens": 250}})}), 10)
+    err = msg[2]
+    assert err and err["code"] == "budget_exhausted", err
+    assert err["budget"] == "task:job-1:total" and err["left"] == 0.5, err
+    assert "retry_after_s" not in err, err
+    msg = c0.wait_response(held, 5)
+    assert msg[2]["code"] == "task_stopped" and msg[2]["reason"] == "budget", msg[2]
+    for c in (c0, c1):
+        err, info = c.request("task.get", {"task_id": "job-1"})
+        assert info["state"] == "failed" and info["reason"] == "budget", info
+        assert info["budget"] == {"limit": 1.5}, info
+    # The torn-down call may have been billed: charged as reserved, in the
+    # run's key; nothing left reserved. The refused call never went out.
+    h = settled_hash(redis_srv.client(), "{%s:task:job-1}:budget:1" % prefix)
+    assert h and h["spent_t"] == 1.0, h
+    assert up.stats()["requests"] == 1
+
+
+def test_redis_budget__a_task_budget_holds_across_a_burst(redis_srv, up, make_sidecar):
+    # 40 calls of one task at once through two sidecars, 1.0 reserved each,
+    # against a task budget of 10: at most ten reservations fit, so at
+    # most ten calls reach the upstream; the first refusal stops the task
+    # across the fleet (its calls in flight end task_stopped, charged as
+    # reserved: they may have been billed). Redis never holds more than 10
+    # spent, and nothing reserved once the burst is over.
+    prefix, fleet = priced_fleet(redis_srv, up, make_sidecar)
+    conns = [sc.connect() for sc in fleet]
+    err, _ = conns[0].request("task.start", {"task_id": "burst", "budget": 10})
+    assert err is None, err
+    rnd = random.Random(7)
+    sent = []
+    for i in range(40):
+        c = conns[i % 2]
+        body = chat(max_tokens=1000, mock={"delay_ms": rnd.randint(50, 300), "usage": {
+            "prompt_tokens": 5, "completion_tokens": rnd.randint(100, 1000)}})
+        sent.append((c, c.request_async("call", {"capability": "chat", "task_id": "burst",
+                                                 "body": body})))
+    answers = [c.wait_response(m, 30) for c, m in sent]
+    ok = [a[3] for a in answers if a[2] is None]
+    codes = [a[2]["code"] for a in answers if a[2] is not None]
+    assert "budget_exhausted" in codes and set(codes) <= {"budget_exhausted", "task_stopped"}
+    assert up.stats()["requests"] <= 10, up.stats()
+    h = settled_hash(redis_srv.client(), "{%s:task:burst}:budget:1" % prefix)
+    assert h and sum(x["cost"] for x in ok) <= h["spent_t"] <= 10 + 1e-9, (h, ok)
+    print("task burst: %d upstream, %d served, %.4f of 10 charged; %d budget_exhausted, "
+          "%d task_stopped" % (up.stats()["requests"], len(ok), h["spent_t"],
+                                codes.count("budget_exhausted"), codes.count("task_stopped")))
