@@ -6,7 +6,7 @@
 #include <string.h>
 
 struct entry {
-    struct entry *chain;       /* next in its bucket */
+    struct entry *chain;         /* next in its bucket */
     struct entry *older, *newer; /* write order */
     double expires;
     uint32_t hash;

@@ -1863,6 +1863,8 @@ Suite *transcode_suite(void)
     Suite *s = suite_create("transcode");
     TCase *tc = tcase_create("core");
 
+    /* localedef builds the comma locale: seconds on a loaded machine. */
+    tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_transcode__buf_lifecycle);
     tcase_add_test(tc, test_transcode__json_single_pass_matches_jansson);
     tcase_add_test(tc, test_transcode__json_string_special_at_every_offset);
