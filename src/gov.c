@@ -159,6 +159,8 @@ int gov_set_apps(struct gov *g, const struct gov_app_params *apps, size_t n, dou
         bucket_init(&a->rpm, (double)a->p.rpm, window, now);
         bucket_init(&a->tpm, (double)a->p.tpm, window, now);
         bucket_init(&a->daily, (double)a->p.daily_tokens, 86400.0, now);
+        bucket_init(&a->itpm, (double)a->p.itpm, window, now);
+        bucket_init(&a->otpm, (double)a->p.otpm, window, now);
         for (size_t c = 0; c < a->n_caps; c++) {
             struct gov_app_cap *ac = &a->caps[c];
             if (a->p.per_cap)
@@ -204,6 +206,24 @@ static bool gov_buckets_admit(struct bucket *rpm, struct bucket *tpm, struct buc
     if (!bucket_can_take(daily, cost, now)) {
         ok = false;
         *at = fmax(*at, bucket_available_at(daily, cost, now));
+    }
+    return ok;
+}
+
+/* Can input and output buckets take `in` and `out` tokens? When
+ * not, *at is raised to when they could. */
+static bool gov_io_admit(struct bucket *itpm, struct bucket *otpm, double in, double out,
+                         double now, double *at)
+{
+    bool ok = true;
+    struct bucket *b[2] = { itpm, otpm };
+    double cost[2] = { in, out };
+
+    for (int i = 0; i < 2; i++) {
+        if (bucket_can_take(b[i], cost[i], now))
+            continue;
+        ok = false;
+        *at = fmax(*at, bucket_available_at(b[i], cost[i], now));
     }
     return ok;
 }
@@ -259,6 +279,8 @@ static bool gov_app_runnable(const struct gov_call *k, double cost, double now,
         at = INFINITY;
     }
     if (!gov_buckets_admit(&a->rpm, &a->tpm, &a->daily, cost, now, &at))
+        ok = false;
+    if (!gov_io_admit(&a->itpm, &a->otpm, k->est_in, k->est_out, now, &at))
         ok = false;
     if (ac) {
         if (gov_app_cap_is_full(ac)) {
@@ -384,6 +406,8 @@ void gov_apps_reconf_commit(struct gov *g, struct gov_apps_reconf *r, double now
         struct gov_app *a = &g->apps[i];
         const struct gov_app_params *p = &r->apps[i];
         const struct bucket own[3] = { a->rpm, a->tpm, a->daily };
+        struct bucket io[2] = { a->itpm, a->otpm };
+        double w = p->window_s > 0 ? p->window_s : 60.0;
 
         a->p = *p;
         a->p.per_cap = NULL;
@@ -391,6 +415,8 @@ void gov_apps_reconf_commit(struct gov *g, struct gov_apps_reconf *r, double now
             a->p.weight = 1.0;
         app_buckets_carry(&a->rpm, &a->tpm, &a->daily, own, p->rpm, p->tpm, p->daily_tokens,
                           p->window_s, now);
+        bucket_carry(&a->itpm, &io[0], (double)p->itpm, w, now);
+        bucket_carry(&a->otpm, &io[1], (double)p->otpm, w, now);
         for (size_t c = 0; c < r->n_caps; c++) {
             struct gov_app_cap *ac = &r->caps[i][c];
             struct bucket old[3];
@@ -564,23 +590,6 @@ static uint32_t source_limit(const struct gov_source *s)
     return a < s->p.max_concurrency ? a : s->p.max_concurrency;
 }
 
-/* Can the input and output buckets of `s` take `in` and `out` tokens? When
- * not, *at is raised to when they could. */
-static bool gov_io_admit(struct gov_source *s, double in, double out, double now, double *at)
-{
-    bool ok = true;
-    struct bucket *b[2] = { &s->itpm, &s->otpm };
-    double cost[2] = { in, out };
-
-    for (int i = 0; i < 2; i++) {
-        if (bucket_can_take(b[i], cost[i], now))
-            continue;
-        ok = false;
-        *at = fmax(*at, bucket_available_at(b[i], cost[i], now));
-    }
-    return ok;
-}
-
 static bool gov_source_runnable_io(struct gov *g, size_t i, double cost, double in, double out,
                                    double now, double *available_at);
 
@@ -611,7 +620,7 @@ static bool gov_source_runnable_io(struct gov *g, size_t i, double cost, double 
     }
     if (!gov_buckets_admit(&s->rpm, &s->tpm, &s->daily, cost, now, &at))
         ok = false;
-    if (!gov_io_admit(s, in, out, now, &at))
+    if (!gov_io_admit(&s->itpm, &s->otpm, in, out, now, &at))
         ok = false;
     if (s->gate_until > now) {
         ok = false;
@@ -1331,6 +1340,8 @@ void gov_call_step(struct gov_call *k, double now, struct gov_decision *d)
             k->holds_app = true;
             k->holds_cap = ac != NULL;
             gov_app_adjust(k, 1, k->est_tokens, now);
+            bucket_take(&app->itpm, k->est_in, now);
+            bucket_take(&app->otpm, k->est_out, now);
         }
         if (k->queued && k->vstart > g->waitq[k->capability].vtime)
             g->waitq[k->capability].vtime = k->vstart;
@@ -1410,6 +1421,8 @@ static void gov_call_unreserve(struct gov_call *k, double now)
     struct gov_app *app = gov_call_app(k);
     if (app) {
         gov_app_adjust(k, -1, -k->est_tokens, now);
+        bucket_adjust(&app->itpm, -k->est_in, now);
+        bucket_adjust(&app->otpm, -k->est_out, now);
         if (app->admitted > 0)
             app->admitted--;
     }
@@ -1475,6 +1488,26 @@ void gov_call_abandon(struct gov_call *k, double now, enum gov_result r, struct 
     }
 }
 
+void gov_call_exclude(struct gov_call *k, double now, enum gov_result r, struct gov_decision *d)
+{
+    memset(d, 0, sizeof(*d));
+    if (k->state != GOV_CALL_ATTEMPTING) {
+        gov_call_abandon(k, now, r, d);
+        return;
+    }
+    size_t left_out = k->source;
+    gov_gate_open(k);
+    gov_call_unreserve(k, now);
+    k->notes[left_out].excluded = true;
+    k->subset = true;
+    for (size_t i = 0; i < k->gov->n_sources; i++)
+        if (gov_call_may_use(k, i) && !k->gov->sources[i].p.retired) {
+            gov_call_step(k, now, d);
+            return;
+        }
+    gov_call_done(k, now, r, d);
+}
+
 static bool reason_is_timeout(enum outcome_reason r)
 {
     return r == REASON_TTFT_TIMEOUT || r == REASON_IDLE_TIMEOUT || r == REASON_TOTAL_TIMEOUT ||
@@ -1492,10 +1525,17 @@ void gov_call_on_io(struct gov_call *k, double in, double out, double now)
     if (k->state != GOV_CALL_ATTEMPTING)
         return;
     struct gov_source *s = &k->gov->sources[k->source];
-    if (in >= 0)
+    struct gov_app *a = k->holds_app ? gov_call_app(k) : NULL;
+    if (in >= 0) {
         bucket_adjust(&s->itpm, in - k->est_in, now);
-    if (out >= 0)
+        if (a)
+            bucket_adjust(&a->itpm, in - k->est_in, now);
+    }
+    if (out >= 0) {
         bucket_adjust(&s->otpm, out - k->est_out, now);
+        if (a)
+            bucket_adjust(&a->otpm, out - k->est_out, now);
+    }
 }
 
 void gov_charge(struct gov *g, size_t source, uint32_t app, double cost)

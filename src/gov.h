@@ -132,7 +132,8 @@ struct gov_app_params {
     double weight;                   /* > 0; else 1 */
     uint32_t max_concurrency;        /* 0 = unlimited */
     uint64_t rpm, tpm, daily_tokens; /* 0 = unlimited */
-    double window_s;                 /* of rpm and tpm; 0 = 60 */
+    uint64_t itpm, otpm;             /* input / output tokens per window; 0 = unlimited */
+    double window_s;                 /* of rpm, tpm, itpm and otpm; 0 = 60 */
     /* NULL, or one entry per capability (n_caps of gov_init): the app's
      * limits on that capability. Borrowed during gov_set_apps only. */
     const struct gov_app_cap_params *per_cap;
@@ -149,6 +150,7 @@ struct gov_app {
     struct gov_app_params p; /* p.per_cap is NULL once set */
     uint32_t in_flight;
     struct bucket rpm, tpm, daily;
+    struct bucket itpm, otpm;   /* input and output tokens (gov_call_set_io) */
     uint64_t admitted, limited; /* attempts admitted; steps its limits held back */
     double cost;                /* what its successes cost (gov_charge), valid when priced > 0 */
     uint64_t priced;            /* successes with a known cost */
@@ -372,7 +374,8 @@ void gov_call_set_io(struct gov_call *k, double est_in, double est_out);
 
 /* The attempt the last step chose reported `in` input and `out` output
  * tokens (< 0: unknown, the estimate stands), as its source's itpm and
- * otpm count them: replaces the estimate in those buckets. Call before
+ * otpm count them: replaces the estimate in those buckets, and in its
+ * app's. Call before
  * gov_call_on_outcome, while the call is attempting; else a no-op. */
 void gov_call_on_io(struct gov_call *k, double in, double out, double now);
 
@@ -457,6 +460,15 @@ void gov_call_refused(struct gov_call *k, double now, double retry_at, bool gate
  * call held it) opens, and the next waiter may ask at once. */
 void gov_call_confirmed(struct gov_call *k);
 void gov_call_abandon(struct gov_call *k, double now, enum gov_result r, struct gov_decision *d);
+
+/* The attempt the last step reserved cannot go to its source for this call
+ * (the source's budget cannot cover it, docs/CONFIG.md §12a): what the
+ * step reserved is given back as by gov_call_abandon, the source is left
+ * out of the call from now on, as by gov_call_set_sources, and the call
+ * steps again at once — it may pick another source of its capability, or
+ * wait for one — or, when no source of its capability is left in, ends
+ * with `r`. */
+void gov_call_exclude(struct gov_call *k, double now, enum gov_result r, struct gov_decision *d);
 
 /* The backend now knows (or failed to read) the progress age of `scope`:
  * the calls waiting for it look again (through on_wake). */

@@ -166,7 +166,8 @@ struct task {
      * when the run starts (task.start's `budget`); has_budget false: none. */
     bool has_budget;
     struct budget budget;
-    char app[64]; /* the application it belongs to ("" = not
+    uint64_t budget_run; /* a shared record's run the budget is for (the fleet's key) */
+    char app[64];        /* the application it belongs to ("" = not
                                      * claimed yet); the registry only stores it */
     /* Private. */
     struct task *hnext;       /* hash chain */

@@ -49,6 +49,12 @@ struct fig_table;
 struct backend_lease; /* an attempt's fleet permit (implementation's) */
 struct backend_admit; /* an admission not answered yet */
 struct backend_spend; /* a fleet budget reservation not answered yet */
+/* A task run's budget the fleet keeps (spend_reserve, spend_settle). */
+struct backend_spend_task {
+    const char *id; /* the task's ID */
+    uint64_t run;   /* the record's run (backend_task.runs) */
+    double limit;   /* the run's budget in currency, > 0 */
+};
 struct task;
 struct task_reg;
 
@@ -77,6 +83,7 @@ struct backend_task {
     const char *node;   /* the current node when the record has one, else NULL */
     const char *owner;  /* the app the record says owns it; NULL or "": none known */
     uint64_t runs;
+    double budget;       /* the current run's budget in currency, 0 = none (shared records) */
     double started_at_s; /* Unix seconds */
     double updated_at_s; /* Unix seconds */
     const char *err;     /* BACKEND_E_UNAVAILABLE: why (may be NULL) */
@@ -89,7 +96,7 @@ struct backend_task {
 typedef void backend_admit_cb(void *ud, int rc, struct backend_lease *lease, double retry_at,
                               const char *why);
 /* A fleet budget reservation answered: rc 1 reserved, 0 refused (by
- * `which` — "app" or "source" — in `window`, "daily", "monthly" or
+ * `which` — "app", "source" or "task" — in `window`, "daily", "monthly" or
  * "total", which has `left`; `retry_after_s` until it resets, < 0 for a
  * total), -1 the backend could not answer (`which` says why). Strings
  * valid during the call only. */
@@ -188,9 +195,11 @@ struct backend_ops {
      * an admin app; a record without an owner (written before owners were
      * kept) is an admin's (the memory backend leaves the rule to the
      * caller, which holds every task). 1: answered in *now_bt (valid until
-     * the next registry change); 0: `cb` runs later; -1: not sent. */
+     * the next registry change); 0: `cb` runs later; -1: not sent.
+     * `budget` (start): the new run's budget in currency, 0 = none; a
+     * shared record keeps it for the fleet (backend_task.budget). */
     int (*task)(struct backend *be, enum backend_task_op op, const char *id, const char *reason,
-                bool ok, const char *app, bool admin, struct backend_task *now_bt,
+                bool ok, const char *app, bool admin, double budget, struct backend_task *now_bt,
                 backend_task_cb *cb, void *ud);
     /* A task update failed while the backend may be up: hooks.on_up (and,
      * with `resync`, hooks.on_resync) in a while (backing off while it
@@ -230,19 +239,27 @@ struct backend_ops {
      * refuses budgets with it). */
     struct budget *(*budget)(struct backend *be, bool of_app, size_t i);
 
+    /* What `stats`, /metrics and the status page show of the same budget:
+     * the memory backend's own state; the Redis backend's last reading of
+     * the fleet's (refreshed every BACKEND_BUDGET_PEEK_S while up), which
+     * nobody reserves on. NULL: no such budget, or none read yet. */
+    struct budget *(*budget_view)(struct backend *be, bool of_app, size_t i);
+
     /* Budgets kept by the fleet (NULL ops: none; the memory backend's are
      * `budget`'s): spend_reserve reserves `amount` (>= 0) on the budgets of
      * app `app` and of source `source` (indexes in the configuration;
-     * SIZE_MAX: not that one), all or none, in one atomic script: 0 pending
+     * SIZE_MAX: not that one) and of a task's run (`task`, NULL: none;
+     * borrowed during the call), all or none, in one atomic script: 0 pending
      * (`cb` runs later, exactly once, unless detached), -1 not sent.
      * spend_detach: the caller is gone; a reservation granted meanwhile is
      * given back. spend_settle replaces a reservation of `reserved` by the
      * real cost `actual` (NAN: given back); failures are counted only. */
-    int (*spend_reserve)(struct backend *be, size_t app, size_t source, double amount,
-                         backend_spend_cb *cb, void *ud, struct backend_spend **pending);
+    int (*spend_reserve)(struct backend *be, size_t app, size_t source,
+                         const struct backend_spend_task *task, double amount, backend_spend_cb *cb,
+                         void *ud, struct backend_spend **pending);
     void (*spend_detach)(struct backend *be, struct backend_spend *s);
-    void (*spend_settle)(struct backend *be, size_t app, size_t source, double reserved,
-                         double actual);
+    void (*spend_settle)(struct backend *be, size_t app, size_t source,
+                         const struct backend_spend_task *task, double reserved, double actual);
 
     /* The progress interface for gov_init (NULL: the core's own store). */
     const struct gov_backend *(*progress)(struct backend *be);
@@ -321,9 +338,10 @@ static inline void backend_release(struct backend *be, struct backend_lease *lea
 
 static inline int backend_task(struct backend *be, enum backend_task_op op, const char *id,
                                const char *reason, bool ok, const char *app, bool admin,
-                               struct backend_task *now_bt, backend_task_cb *cb, void *ud)
+                               double budget, struct backend_task *now_bt, backend_task_cb *cb,
+                               void *ud)
 {
-    return be->ops->task(be, op, id, reason, ok, app, admin, now_bt, cb, ud);
+    return be->ops->task(be, op, id, reason, ok, app, admin, budget, now_bt, cb, ud);
 }
 
 static inline void backend_remember_response(struct backend *be, const char *id, const char *source,
@@ -386,6 +404,14 @@ static inline void backend_rebind(struct backend *be, const struct config *cfg)
 static inline struct budget *backend_budget(struct backend *be, bool of_app, size_t i)
 {
     return be->ops->budget ? be->ops->budget(be, of_app, i) : NULL;
+}
+
+/* How often the Redis backend reads the fleet's budgets for display. */
+#define BACKEND_BUDGET_PEEK_S 0.5
+
+static inline struct budget *backend_budget_view(struct backend *be, bool of_app, size_t i)
+{
+    return be->ops->budget_view ? be->ops->budget_view(be, of_app, i) : NULL;
 }
 
 static inline void backend_free(struct backend *be)

@@ -99,9 +99,10 @@ static int state_code(const struct task *t)
 }
 
 static int mem_task(struct backend *be, enum backend_task_op op, const char *id, const char *reason,
-                    bool ok, const char *app, bool admin, struct backend_task *bt,
+                    bool ok, const char *app, bool admin, double budget, struct backend_task *bt,
                     backend_task_cb *cb, void *ud)
 {
+    (void)budget; /* the caller keeps the run's budget with the task it holds */
     struct backend_memory *m = (struct backend_memory *)be;
     double now = ev_now(m->loop);
     struct task *t = task_get(m->tasks, id);
@@ -288,6 +289,7 @@ static const struct backend_ops memory_ops = {
     .breaker_state = mem_breaker_state,
     .rebind = mem_rebind,
     .budget = mem_budget,
+    .budget_view = mem_budget,
     .progress = mem_progress,
     .figures = &memory_figures,
     .free = mem_free,

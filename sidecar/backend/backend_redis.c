@@ -168,6 +168,15 @@ struct backend_redis {
     double later_delay;
     bool closing; /* redis_free: no new work */
     ev_timer renew_w;
+    /* The fleet's budgets as last read (budget.lua peek), for display:
+     * one per configured app and source; `known` once read. */
+    struct budget_view {
+        struct budget b;
+        bool known;
+    } * view_app, *view_src;
+    size_t n_view_app, n_view_src;
+    unsigned view_gen; /* bumped when the arrays are remade: older answers are dropped */
+    ev_timer peek_w;
     /* Admissions and releases of this loop turn, in order, sent before the
      * loop polls (turn_w, ahead of redis.c's own flush); once it ran in a
      * turn (flushed_iter), the turn's later ones are sent at once. */
@@ -969,6 +978,8 @@ static bool task_parse(const redisReply *r, struct backend_task *bt)
     bt->updated_at_s = (double)(ended > 0 ? ended : started) / 1000.0;
     if (r->elements > 7 && r->element[7]->type == REDIS_REPLY_STRING)
         bt->owner = r->element[7]->str;
+    if (r->elements > 8 && r->element[8]->type == REDIS_REPLY_STRING)
+        bt->budget = strtod(r->element[8]->str, NULL);
     return true;
 }
 
@@ -988,11 +999,11 @@ static void on_task_reply(const redisReply *r, const char *err, void *ud)
 }
 
 static int redis_task(struct backend *be, enum backend_task_op op, const char *id,
-                      const char *reason, bool ok, const char *app, bool admin,
+                      const char *reason, bool ok, const char *app, bool admin, double budget,
                       struct backend_task *now_bt, backend_task_cb *cb, void *ud)
 {
     struct backend_redis *sh = (struct backend_redis *)be;
-    char key[SHARED_KEY_MAX], ttl[32];
+    char key[SHARED_KEY_MAX], ttl[32], money[32];
     struct task_op *q = malloc(sizeof(*q));
     (void)now_bt;
 
@@ -1011,8 +1022,10 @@ static int redis_task(struct backend *be, enum backend_task_op op, const char *i
                            ok ? "1" : "0",
                            sh->channel[CH_TASK_END],
                            app ? app : "",
-                           admin ? "1" : "0" };
-    if (rds_eval(sh->rds, RDS_TASK, 1, 9, argv, NULL, on_task_reply, q) < 0) {
+                           admin ? "1" : "0",
+                           money };
+    snprintf(money, sizeof(money), "%.17g", budget > 0 ? budget : 0);
+    if (rds_eval(sh->rds, RDS_TASK, 1, 10, argv, NULL, on_task_reply, q) < 0) {
         free(q);
         return -1;
     }
@@ -1203,9 +1216,26 @@ static const char *redis_breaker_state(const struct backend *be, size_t source)
     return ((const struct backend_redis *)be)->src[source].breaker_state;
 }
 
+/* The display arrays for `cfg`'s apps and sources (budget_view); false
+ * out of memory (then none is shown). */
+static bool views_make(struct backend_redis *sh, const struct config *cfg)
+{
+    free(sh->view_app);
+    free(sh->view_src);
+    sh->view_gen++;
+    sh->view_app = calloc(cfg->n_apps ? cfg->n_apps : 1, sizeof(*sh->view_app));
+    sh->view_src = calloc(cfg->n_sources ? cfg->n_sources : 1, sizeof(*sh->view_src));
+    sh->n_view_app = sh->view_app ? cfg->n_apps : 0;
+    sh->n_view_src = sh->view_src ? cfg->n_sources : 0;
+    return sh->view_app && sh->view_src;
+}
+
 static void redis_rebind(struct backend *be, const struct config *cfg)
 {
-    ((struct backend_redis *)be)->cfg = cfg;
+    struct backend_redis *sh = (struct backend_redis *)be;
+
+    sh->cfg = cfg;
+    (void)views_make(sh, cfg); /* limits may have changed: read again */
 }
 
 /* --- budgets in currency (budget.lua, docs/CONFIG.md §12a) ------------- */
@@ -1216,24 +1246,31 @@ struct backend_spend {
     void *ud; /* NULL once detached */
     size_t app, source;
     double amount;
+    bool has_task;
+    struct backend_spend_task task; /* task.id points at task_id */
+    char task_id[TASK_ID_MAX + 1];
 };
 
 /* budget.lua's KEYS and ARGV for app `app` and source `source` (SIZE_MAX:
- * not that one) with op `op`, `amount` and `actual`: the strings in `buf`.
- * Returns the number of keys (0: neither has a budget). */
+ * not that one) and task run `task` (NULL: none) with op `op`, `amount`
+ * and `actual`: the strings in `buf`. Returns the number of keys (0: none
+ * has a budget). */
+#define SPEND_KEYS 3
 struct spend_args {
-    char keys[2][SHARED_KEY_MAX];
-    char num[2 + 2 * 4][32];
-    const char *argv[2 + 3 + 2 * 4];
-    const char *which[2];
+    char keys[SPEND_KEYS][SHARED_KEY_MAX];
+    char num[2 + SPEND_KEYS * 4][32];
+    const char *argv[SPEND_KEYS + 3 + SPEND_KEYS * 4];
+    const char *which[SPEND_KEYS];
     int nkeys, argc;
 };
 
-static int spend_args(const struct backend_redis *sh, size_t app, size_t source, const char *op,
-                      double amount, double actual, struct spend_args *a)
+static int spend_args(const struct backend_redis *sh, size_t app, size_t source,
+                      const struct backend_spend_task *task, const char *op, double amount,
+                      double actual, struct spend_args *a)
 {
     const struct config *cfg = sh->cfg;
-    const struct budget_limits *lim[2];
+    const struct budget_limits *lim[SPEND_KEYS];
+    struct budget_limits task_lim = { { 0, 0, task ? task->limit : 0 }, 0 };
     int n = 0;
 
     if (app < cfg->n_apps && budget_is_set(&cfg->apps[app].budget)) {
@@ -1247,6 +1284,13 @@ static int spend_args(const struct backend_redis *sh, size_t app, size_t source,
                  cfg->sources[source].name);
         lim[n] = &cfg->sources[source].budget;
         a->which[n++] = "source";
+    }
+    if (task && task->limit > 0) {
+        /* The task record's hash tag: one slot with it. */
+        snprintf(a->keys[n], sizeof(a->keys[n]), "{%s:task:%s}:budget:%llu", cfg->redis_prefix,
+                 task->id, (unsigned long long)task->run);
+        lim[n] = &task_lim;
+        a->which[n++] = "task";
     }
     a->nkeys = n;
     a->argc = 0;
@@ -1278,13 +1322,14 @@ static void on_spend_settled(const redisReply *r, const char *err, void *ud)
         count_write_error(ud, "budget settle", err);
 }
 
-static void redis_spend_settle(struct backend *be, size_t app, size_t source, double reserved,
+static void redis_spend_settle(struct backend *be, size_t app, size_t source,
+                               const struct backend_spend_task *task, double reserved,
                                double actual)
 {
     struct backend_redis *sh = (struct backend_redis *)be;
     struct spend_args a;
 
-    if (spend_args(sh, app, source, "settle", reserved, actual, &a) == 0)
+    if (spend_args(sh, app, source, task, "settle", reserved, actual, &a) == 0)
         return;
     if (rds_eval(sh->rds, RDS_BUDGET, a.nkeys, a.argc, a.argv, NULL, on_spend_settled, sh) < 0)
         count_write_error(sh, "budget settle", "not connected");
@@ -1313,7 +1358,7 @@ static void on_spend_reserved(const redisReply *r, const char *err, void *ud)
         if (rc == 0 && r->elements == 5) {
             struct spend_args a;
             long long k = 0;
-            spend_args(sh, s->app, s->source, "reserve", 0, NAN, &a);
+            spend_args(sh, s->app, s->source, s->has_task ? &s->task : NULL, "reserve", 0, NAN, &a);
             reply_is_int(r->element[1], &k);
             which = k >= 1 && k <= a.nkeys ? a.which[k - 1] : "app";
             window = r->element[2]->type == REDIS_REPLY_STRING ? r->element[2]->str : "total";
@@ -1326,14 +1371,16 @@ static void on_spend_reserved(const redisReply *r, const char *err, void *ud)
     }
     if (!s->ud) {
         if (rc == 1) /* the caller is gone: give it back */
-            redis_spend_settle(&sh->be, s->app, s->source, s->amount, NAN);
+            redis_spend_settle(&sh->be, s->app, s->source, s->has_task ? &s->task : NULL, s->amount,
+                               NAN);
     } else {
         s->cb(s->ud, rc, which, window, left, retry_s);
     }
     free(s);
 }
 
-static int redis_spend_reserve(struct backend *be, size_t app, size_t source, double amount,
+static int redis_spend_reserve(struct backend *be, size_t app, size_t source,
+                               const struct backend_spend_task *task, double amount,
                                backend_spend_cb *cb, void *ud, struct backend_spend **pending)
 {
     struct backend_redis *sh = (struct backend_redis *)be;
@@ -1342,9 +1389,21 @@ static int redis_spend_reserve(struct backend *be, size_t app, size_t source, do
 
     *pending = NULL;
     if (sh->closing || !rds_up(sh->rds) ||
-        spend_args(sh, app, source, "reserve", amount, NAN, &a) == 0 || !(s = malloc(sizeof(*s))))
+        spend_args(sh, app, source, task, "reserve", amount, NAN, &a) == 0 ||
+        !(s = malloc(sizeof(*s))))
         return -1;
-    *s = (struct backend_spend){ sh, cb, ud, app, source, amount };
+    *s = (struct backend_spend){ .sh = sh,
+                                 .cb = cb,
+                                 .ud = ud,
+                                 .app = app,
+                                 .source = source,
+                                 .amount = amount,
+                                 .has_task = task != NULL };
+    if (task) {
+        snprintf(s->task_id, sizeof(s->task_id), "%s", task->id);
+        s->task = *task;
+        s->task.id = s->task_id;
+    }
     if (rds_eval(sh->rds, RDS_BUDGET, a.nkeys, a.argc, a.argv, NULL, on_spend_reserved, s) < 0) {
         free(s);
         return -1;
@@ -1357,6 +1416,112 @@ static void redis_spend_detach(struct backend *be, struct backend_spend *s)
 {
     (void)be;
     s->ud = NULL;
+}
+
+/* --- the fleet's budgets for display (budget.lua peek) ------------------ */
+
+/* One peek: the budgets it read, in KEYS' order (index, or ~index for a
+ * source), and the arrays' generation it was sent for. */
+struct budget_peek {
+    struct backend_redis *sh;
+    unsigned gen;
+    size_t n;
+    size_t who[]; /* app i: i; source i: SIZE_MAX - i */
+};
+
+static void on_budget_peek(const redisReply *r, const char *err, void *ud)
+{
+    struct budget_peek *p = ud;
+    struct backend_redis *sh = p->sh;
+    const struct config *cfg = sh->cfg;
+
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 6 * p->n) {
+        /* Shown as last read; the next peek tries again. */
+        log_at(LOG_DEBUG, "backend could not read the budgets", "error", LOG_S,
+               err ? err : "bad reply", NULL);
+    } else if (p->gen == sh->view_gen) {
+        for (size_t k = 0; k < p->n; k++) {
+            bool app = p->who[k] < SIZE_MAX / 2;
+            size_t i = app ? p->who[k] : SIZE_MAX - p->who[k];
+            struct budget_view *v = app ? &sh->view_app[i] : &sh->view_src[i];
+            const redisReply *const *e = (const redisReply *const *)&r->element[6 * k];
+            v->b.p = app ? cfg->apps[i].budget : cfg->sources[i].budget;
+            for (int w = 0; w < BUDGET_WINDOWS; w++)
+                v->b.spent[w] = reply_num(e[w]);
+            v->b.reserved = reply_num(e[3]);
+            v->b.ends_at[0] = reply_num(e[4]) / 1000.0;
+            v->b.ends_at[1] = reply_num(e[5]) / 1000.0;
+            v->known = true;
+        }
+    }
+    free(p);
+}
+
+/* Reads every app's and source's budget of the fleet in one script call. */
+static void peek_budgets(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct backend_redis *sh = w->data;
+    const struct config *cfg = sh->cfg;
+    size_t n = 0, na = sh->n_view_app, ns = sh->n_view_src;
+    (void)loop;
+    (void)revents;
+
+    if (sh->closing || !rds_up(sh->rds))
+        return;
+    for (size_t i = 0; i < na; i++)
+        n += budget_is_set(&cfg->apps[i].budget);
+    for (size_t i = 0; i < ns; i++)
+        n += budget_is_set(&cfg->sources[i].budget);
+    if (n == 0)
+        return;
+    struct budget_peek *p = malloc(sizeof(*p) + n * sizeof(size_t));
+    char(*keys)[SHARED_KEY_MAX] = malloc(n * sizeof(*keys));
+    char(*num)[32] = malloc(4 * n * sizeof(*num));
+    const char **argv = malloc((n + 3 + 4 * n) * sizeof(*argv));
+    if (!p || !keys || !num || !argv) {
+        free(p);
+        goto out;
+    }
+    *p = (struct budget_peek){ .sh = sh, .gen = sh->view_gen, .n = n };
+    size_t k = 0;
+    for (size_t i = 0; i < na + ns; i++) {
+        bool app = i < na;
+        size_t j = app ? i : i - na;
+        const struct budget_limits *lim = app ? &cfg->apps[j].budget : &cfg->sources[j].budget;
+        if (!budget_is_set(lim))
+            continue;
+        snprintf(keys[k], sizeof(keys[k]), "{%s:%s:%s}:budget", cfg->redis_prefix,
+                 app ? "app" : "source", app ? cfg->apps[j].name : cfg->sources[j].name);
+        for (int x = 0; x < BUDGET_WINDOWS; x++)
+            snprintf(num[4 * k + (size_t)x], sizeof(num[0]), "%.17g", lim->limit[x]);
+        snprintf(num[4 * k + 3], sizeof(num[0]), "%d", (int)lim->utc_offset_s);
+        p->who[k++] = app ? j : SIZE_MAX - j;
+    }
+    int argc = 0;
+    for (k = 0; k < n; k++)
+        argv[argc++] = keys[k];
+    argv[argc++] = "peek";
+    argv[argc++] = "0";
+    argv[argc++] = "nan";
+    for (k = 0; k < 4 * n; k++)
+        argv[argc++] = num[k];
+    if (rds_eval(sh->rds, RDS_BUDGET, (int)n, argc, argv, NULL, on_budget_peek, p) < 0)
+        free(p);
+out:
+    free(keys);
+    free(num);
+    free(argv);
+}
+
+static struct budget *redis_budget_view(struct backend *be, bool of_app, size_t i)
+{
+    struct backend_redis *sh = (struct backend_redis *)be;
+    struct budget_view *v = of_app ? sh->view_app : sh->view_src;
+
+    if (i >= (of_app ? sh->n_view_app : sh->n_view_src) || !v[i].known ||
+        !budget_is_set(of_app ? &sh->cfg->apps[i].budget : &sh->cfg->sources[i].budget))
+        return NULL;
+    return &v[i].b;
 }
 
 
@@ -1582,6 +1747,7 @@ static const struct backend_ops redis_ops = {
     .shared = true,
     .breaker_state = redis_breaker_state,
     .rebind = redis_rebind,
+    .budget_view = redis_budget_view,
     .spend_reserve = redis_spend_reserve,
     .spend_detach = redis_spend_detach,
     .spend_settle = redis_spend_settle,
@@ -1616,6 +1782,8 @@ struct backend *backend_redis_new(struct ev_loop *loop, const struct config *cfg
     sh->later_w.data = sh;
     ev_init(&sh->renew_w, renew_all);
     sh->renew_w.data = sh;
+    ev_init(&sh->peek_w, peek_budgets);
+    sh->peek_w.data = sh;
     sh->src = calloc(cfg->n_sources ? cfg->n_sources : 1, sizeof(*sh->src));
     sh->apps = calloc(cfg->n_apps ? cfg->n_apps : 1, sizeof(*sh->apps));
     sh->scopes = calloc(SHARED_SCOPES, sizeof(*sh->scopes));
@@ -1701,6 +1869,10 @@ struct backend *backend_redis_new(struct ev_loop *loop, const struct config *cfg
     sh->later_delay = SHARED_RETRY_LATER_S;
     ev_timer_set(&sh->renew_w, cfg->redis_lease_ttl_s / 3, cfg->redis_lease_ttl_s / 3);
     ev_timer_start(loop, &sh->renew_w);
+    if (!views_make(sh, cfg))
+        goto oom;
+    ev_timer_set(&sh->peek_w, BACKEND_BUDGET_PEEK_S, BACKEND_BUDGET_PEEK_S);
+    ev_timer_start(loop, &sh->peek_w);
     log_at(LOG_INFO, "redis backend", "prefix", LOG_S, cfg->redis_prefix, "sidecar_id", LOG_S,
            sh->sidecar_id, NULL);
     return &sh->be;
@@ -1741,6 +1913,7 @@ static void redis_free(struct backend *be)
     const struct config *cfg = sh->cfg;
 
     ev_timer_stop(sh->loop, &sh->renew_w);
+    ev_timer_stop(sh->loop, &sh->peek_w);
     ev_timer_stop(sh->loop, &sh->mark_w);
     ev_timer_stop(sh->loop, &sh->later_w);
     ev_prepare_stop(sh->loop, &sh->turn_w);
@@ -1766,6 +1939,8 @@ static void redis_free(struct backend *be)
     for (size_t i = 0; sh->apps && i < cfg->n_apps; i++)
         free(sh->apps[i].caps);
     free(sh->apps);
+    free(sh->view_app);
+    free(sh->view_src);
     for (size_t i = 0; i < CH_COUNT; i++)
         free(sh->channel[i]);
     free(sh);

@@ -312,6 +312,14 @@ static void callcache_fini(struct callcache *cc)
     cc->fill = NULL;
 }
 
+/* Why a reservation was refused: which budget, for the error. */
+struct call_refusal {
+    char budget[TASK_ID_MAX + 32]; /* "app:NAME:daily", "source:NAME:total", "task:ID:total" */
+    bool task;                     /* the task's: the task stops */
+    bool source;                   /* the source's: another source may take the call */
+    struct budget_refusal r;
+};
+
 struct call {
     struct call_sink *sink;
     struct server *srv;
@@ -365,6 +373,14 @@ struct call {
     struct backend_spend *spend; /* a fleet budget reservation asked */
     bool fleet_reserved;         /* the fleet's budgets hold `fleet_amount` */
     double fleet_amount;
+    /* The task run's budget among them (fleet_task.limit > 0), its ID
+     * kept here: the task may be unlinked before the settling. */
+    struct backend_spend_task fleet_task;
+    char fleet_task_id[TASK_ID_MAX + 1];
+    /* The last source whose budget refused the call (src_refused): the
+     * error when no source is left to take it. */
+    struct call_refusal src_refusal;
+    bool src_refused;
     /* The fleet's admission, pipelined with that reservation, answered
      * first: kept until the reservation is. */
     struct {
@@ -563,7 +579,9 @@ static void call_budgets(const struct call *k, size_t source, struct budget **b)
 
     b[CALL_BUDGET_APP] = backend_budget(be, true, k->g.app);
     b[CALL_BUDGET_SOURCE] = backend_budget(be, false, source);
-    b[CALL_BUDGET_TASK] = k->task && k->task->has_budget ? &k->task->budget : NULL;
+    /* A shared backend keeps the task's budget for the fleet (call_reserve_fleet). */
+    b[CALL_BUDGET_TASK] =
+        k->task && k->task->has_budget && !be->ops->shared ? &k->task->budget : NULL;
 }
 
 /* call_settle's `actual` for "charge what was reserved". */
@@ -578,7 +596,8 @@ static void call_settle(struct call *k, double actual)
 
     if (k->fleet_reserved) {
         struct backend *be = k->srv->backend;
-        be->ops->spend_settle(be, k->g.app, call_source(k), k->fleet_amount,
+        be->ops->spend_settle(be, k->g.app, call_source(k),
+                              k->fleet_task.limit > 0 ? &k->fleet_task : NULL, k->fleet_amount,
                               actual == CALL_AS_RESERVED ? k->fleet_amount : actual);
         k->fleet_reserved = false;
     }
@@ -593,13 +612,6 @@ static void call_settle(struct call *k, double actual)
     k->reserved_on = 0;
     k->reserved = 0;
 }
-
-/* Why a reservation was refused: which budget, for the error. */
-struct call_refusal {
-    char budget[TASK_ID_MAX + 32]; /* "app:NAME:daily", "source:NAME:total", "task:ID:total" */
-    bool task;                     /* the task's: the task stops */
-    struct budget_refusal r;
-};
 
 /* Reserves the worst case of an attempt on `source` on every budget that
  * covers it, all or none. Returns 0, or -1 with *why. */
@@ -628,6 +640,7 @@ static int call_reserve(struct call *k, size_t source, struct call_refusal *why)
         snprintf(why->budget, sizeof(why->budget), "%s:%s:%s", kind[i], name,
                  budget_window_name(why->r.window));
         why->task = i == CALL_BUDGET_TASK;
+        why->source = i == CALL_BUDGET_SOURCE;
         return -1;
     }
     k->reserved = amount;
@@ -1572,7 +1585,10 @@ static void call_refuse_budget(struct call *k, const struct call_refusal *why)
         .budget_left = why->r.left,
     };
     char task_id[TASK_ID_MAX + 1];
-    snprintf(task_id, sizeof(task_id), "%s", why->task ? k->task->id : "");
+    snprintf(task_id, sizeof(task_id), "%s",
+             !why->task    ? ""
+                 : k->task ? k->task->id
+                           : k->fleet_task_id);
     struct server *srv = k->srv;
     call_pack_error(k, PGW_BUDGET_EXHAUSTED, msg, &ce);
     call_finish(k);
@@ -1581,6 +1597,32 @@ static void call_refuse_budget(struct call *k, const struct call_refusal *why)
      * next guard. */
     if (task_id[0])
         tasks_stop_budget(srv, task_id);
+}
+
+/* A source's budget refused the attempt the step reserved on it: the
+ * source is left out of the call and the call goes on with the others of
+ * its capability, as it would past a source whose breaker is open; only
+ * when none is left does it end budget_exhausted, naming the last source
+ * budget that refused it, with the earliest reset among those that
+ * refused it (none when each refusal was a total's). */
+static void call_refuse_source_budget(struct call *k, const struct call_refusal *why)
+{
+    struct gov_decision d;
+    double ra = why->r.retry_after_s;
+
+    if (k->src_refused && k->src_refusal.r.retry_after_s >= 0 &&
+        (ra < 0 || k->src_refusal.r.retry_after_s < ra))
+        ra = k->src_refusal.r.retry_after_s;
+    k->src_refusal = *why;
+    k->src_refusal.r.retry_after_s = ra;
+    k->src_refused = true;
+    log_at(LOG_DEBUG, "source budget refused the call: trying another source", "app", LOG_S, k->app,
+           "budget", LOG_S, why->budget, NULL);
+    gov_call_exclude(&k->g, ev_now(k->srv->loop), GOV_BUDGET_EXHAUSTED, &d);
+    if (d.action == GOV_DONE && d.result == GOV_BUDGET_EXHAUSTED)
+        call_refuse_budget(k, &k->src_refusal);
+    else
+        call_act(k, &d, NULL);
 }
 
 /* The Responses API answer of the current attempt names response `id`:
@@ -2460,9 +2502,17 @@ static void call_on_spend(void *ud, int rc, const char *which, const char *windo
     k->early.held = false;
     if (rc == 0) {
         struct call_refusal why = { .r = { .left = left, .retry_after_s = retry_after_s } };
+        why.source = strcmp(which, "source") == 0;
+        why.task = strcmp(which, "task") == 0;
         snprintf(why.budget, sizeof(why.budget), "%s:%s:%s", which,
-                 strcmp(which, "source") == 0 ? srv->cfg->sources[source].name : k->app, window);
-        call_refuse_budget(k, &why);
+                 why.source     ? srv->cfg->sources[source].name
+                     : why.task ? k->fleet_task_id
+                                : k->app,
+                 window);
+        if (why.source)
+            call_refuse_source_budget(k, &why);
+        else
+            call_refuse_budget(k, &why);
         return;
     }
     struct gov_decision d;
@@ -2484,14 +2534,24 @@ static bool call_reserve_fleet(struct call *k, size_t source)
     struct backend *be = srv->backend;
     size_t app = k->g.app;
 
+    bool task = k->task && k->task->has_budget;
     if (!be->ops->spend_reserve ||
         !((app < cfg->n_apps && budget_is_set(&cfg->apps[app].budget)) ||
-          budget_is_set(&cfg->sources[source].budget)))
+          budget_is_set(&cfg->sources[source].budget) || task))
         return false;
     double amount = cost_worst(&cfg->sources[source].prices, k->est_in, k->est_out);
     k->fleet_amount = cost_is_known(amount) ? amount : 0;
     k->fleet_reserved = false;
-    if (be->ops->spend_reserve(be, app, source, k->fleet_amount, call_on_spend, k, &k->spend) < 0) {
+    k->fleet_task.limit = 0;
+    if (task) {
+        snprintf(k->fleet_task_id, sizeof(k->fleet_task_id), "%s", k->task->id);
+        k->fleet_task =
+            (struct backend_spend_task){ .id = k->fleet_task_id,
+                                         .run = k->task->budget_run,
+                                         .limit = k->task->budget.p.limit[BUDGET_TOTAL] };
+    }
+    if (be->ops->spend_reserve(be, app, source, task ? &k->fleet_task : NULL, k->fleet_amount,
+                               call_on_spend, k, &k->spend) < 0) {
         struct gov_decision d;
         snprintf(k->backend_why, sizeof(k->backend_why), "%s", "not connected");
         gov_call_abandon(&k->g, ev_now(srv->loop), GOV_BACKEND_UNAVAILABLE, &d);
@@ -2515,7 +2575,10 @@ static void call_act(struct call *k, const struct gov_decision *d,
          * permit and buckets (the memory backend keeps both). */
         struct call_refusal why;
         if (call_reserve(k, d->source, &why) < 0) {
-            call_refuse_budget(k, &why);
+            if (why.source)
+                call_refuse_source_budget(k, &why);
+            else
+                call_refuse_budget(k, &why);
             return;
         }
         /* Budgets the fleet keeps go with the fleet's admission, in one

@@ -85,6 +85,8 @@ int governor_app_params(const struct config *cfg, struct gov_app_params **apps,
             .rpm = a->limits.rpm,
             .tpm = a->limits.tpm,
             .daily_tokens = a->limits.daily_tokens,
+            .itpm = a->limits.itpm,
+            .otpm = a->limits.otpm,
             .window_s = a->limits.window_s,
             .per_cap = a->per_capability ? &pc[i * nc] : NULL,
         };

@@ -209,7 +209,9 @@ static void write_task(struct writer *w, const char *id, const struct backend_ta
         : bt->owner && bt->owner[0]            ? bt->owner
                                                : NULL;
 
-    bool budget = local && local->has_budget;
+    /* A shared record's budget is the fleet's (budget.lua): its limit only. */
+    bool fleet_budget = bt->budget > 0;
+    bool budget = fleet_budget || (local && local->has_budget);
 
     writer_map(w,
                5 + (failed ? 1 : 0) + (reason ? 1 : 0) + (node ? 1 : 0) + (owner ? 1 : 0) +
@@ -227,7 +229,11 @@ static void write_task(struct writer *w, const char *id, const struct backend_ta
     writer_kv_double(w, "started_at", bt->started_at_s);
     writer_kv_double(w, "updated_at", bt->updated_at_s);
     writer_kv_u64(w, "runs", bt->runs);
-    if (budget) {
+    if (fleet_budget) {
+        writer_str(w, "budget");
+        writer_map(w, 1);
+        writer_kv_double(w, "limit", bt->budget);
+    } else if (budget) {
         /* The run's budget as this sidecar keeps it (docs/CONFIG.md §12a). */
         const struct budget *b = &local->budget;
         double left = b->p.limit[BUDGET_TOTAL] - b->spent[BUDGET_TOTAL] - b->reserved;
@@ -433,6 +439,15 @@ static void tasks_sync(struct server *srv, const char *id, const struct backend_
             task_finish(srv->tasks, id, strcmp(bt->state, "succeeded") == 0, bt->reason, now, &t);
         }
     }
+    /* A shared record's run carries its budget (the fleet keeps what it
+     * spent, docs/CONFIG.md §12a): the copy learns its limit and run. */
+    if (t && t->state == TASK_RUNNING && srv->backend->ops->shared &&
+        (t->budget_run != bt->runs || t->has_budget != (bt->budget > 0))) {
+        const struct budget_limits p = { { 0, 0, bt->budget }, 0 };
+        t->has_budget = bt->budget > 0;
+        t->budget_run = bt->runs;
+        budget_init(&t->budget, &p);
+    }
     /* The record's owner is the copy's: a copy imported by an admin's
      * request (or one this sidecar held before) belongs to that app here
      * too. */
@@ -553,6 +568,7 @@ static void tasks_answer(struct tasks_req *q, const struct backend_task *bt, boo
         if (t) {
             const struct budget_limits p = { { 0, 0, q->budget }, 0 };
             t->has_budget = q->budget > 0;
+            t->budget_run = bt->runs;
             budget_init(&t->budget, &p);
         }
     }
@@ -631,7 +647,7 @@ static void tasks_send(struct server *srv, struct tasks_req *q, struct reply_out
 {
     struct backend_task bt;
     int rc = backend_task(srv->backend, top_backend[q->op], q->id, q->reason, q->ok,
-                          q->app[0] ? q->app : NULL, q->admin, &bt, tasks_on_answer, q);
+                          q->app[0] ? q->app : NULL, q->admin, q->budget, &bt, tasks_on_answer, q);
 
     if (rc > 0) {
         if (o && !q->cb)
@@ -807,7 +823,7 @@ static void resync_pump(struct server *srv)
             q->resync_gen = rs->gen;
         }
         struct backend_task bt;
-        int rc = q ? backend_task(srv->backend, BACKEND_TASK_GET, q->id, "", false, NULL, false,
+        int rc = q ? backend_task(srv->backend, BACKEND_TASK_GET, q->id, "", false, NULL, false, 0,
                                   &bt, tasks_on_answer, q)
                    : -1;
         if (rc < 0) {
@@ -911,12 +927,6 @@ void tasks_start(struct reply_outlet *o, const struct task_req *r)
 {
     if (task_is_foreign(o, r))
         return;
-    if (r->budget > 0 && o->srv->backend->ops->shared) {
-        reply_plain_error(o, r->msgid, PGW_BAD_REQUEST,
-                          "parameter 'budget': task budgets are kept by the memory backend "
-                          "only (not yet across a fleet)");
-        return;
-    }
     /* A new task here takes a slot of its app's share (the registry's
      * max_tasks bounds them all): beyond it, this app waits, not the others. */
     if (!task_get(o->srv->tasks, r->id) && !app_has_room(o->srv, r->app->name)) {

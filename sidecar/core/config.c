@@ -1051,6 +1051,15 @@ static const struct field source_limits_table[] = {
     END
 };
 
+/* An app's own limits: the shared ones, and the input / output split
+ * (whether cache reads count is the source's rule). */
+static const struct field app_own_limits_table[] = {
+    { .key = "limits", .type = FT_INCLUDE, .sub = limits_table },
+    NUM("itpm", FT_U64, FID_ITPM, OFF(struct config_limits, itpm), 0, (double)INT64_MAX, 0),
+    NUM("otpm", FT_U64, FID_OTPM, OFF(struct config_limits, otpm), 0, (double)INT64_MAX, 0),
+    END
+};
+
 static const struct field pacer_table[] = {
     NUM("min_interval_ms", FT_U32, FID_PACER_MIN_INTERVAL, 0, 0, 86400000, 0), END
 };
@@ -1144,7 +1153,7 @@ static const struct field app_table[] = {
     NUM("weight", FT_DOUBLE, FID_WEIGHT, APP(weight), 0, 1e6, F_MIN_OPEN),
     NUM("max_concurrency", FT_U32, FID_MAX_CONCURRENCY, APP(max_concurrency), 1, 1e6, 0),
     NUM("max_tasks", FT_U32, FID_MAX_TASKS, APP(max_tasks), 1, 10000000, 0),
-    SECTION("limits", FID_LIMITS, APP(limits), limits_table),
+    SECTION("limits", FID_LIMITS, APP(limits), app_own_limits_table),
     SECTION("budget", FID_BUDGET, APP(budget), budget_table),
     TYPED("capabilities", FT_NODE, FID_APP_CAPS, OFF(struct app_stage, caps)),
     REJECT("token", FID_APP_TOKEN,
@@ -3409,6 +3418,12 @@ static int validate_apps(struct loader *l)
         if (a->caps && app_resolve_caps(l, i) < 0)
             return fail_nomem(l);
         check_app_budget(l, i);
+        if ((a->line[FID_ITPM] || a->line[FID_OTPM]) && l->cfg->backend != BACKEND_MEMORY) {
+            snprintf(path, sizeof(path), "apps[%zu].limits.%s", i,
+                     a->line[FID_ITPM] ? "itpm" : "otpm");
+            fail_at(l, a->line[FID_ITPM] ? a->line[FID_ITPM] : a->line[FID_OTPM], path,
+                    "is kept by the memory backend only (not yet across a fleet); use tpm");
+        }
         if (a->per_cap && app_resolve_per_cap(l, i) < 0)
             return fail_nomem(l);
     }

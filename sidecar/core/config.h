@@ -96,10 +96,11 @@ struct config_breaker {
 struct config_limits {
     uint64_t rpm, tpm, daily_tokens; /* 0 = unlimited */
     double window_s;                 /* rpm/tpm window; default 60 */
-    /* Sources only (docs/CONFIG.md §7): input and output tokens per
-     * window, 0 = unlimited; whether prompt tokens read from the provider's
-     * cache count against itpm (default: not for kind anthropic, as it
-     * documents; yes otherwise). */
+    /* Sources and apps' own limits (docs/CONFIG.md §7, §12): input and
+     * output tokens per window, 0 = unlimited. Sources only: whether prompt
+     * tokens read from the provider's cache count against itpm (default:
+     * not for kind anthropic, as it documents; yes otherwise); an app's
+     * itpm counts input as the source that served the call does. */
     uint64_t itpm, otpm;
     bool cached_input_counts;
 };

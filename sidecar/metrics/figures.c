@@ -352,7 +352,7 @@ static void write_budget(struct writer *w, struct budget *b)
 
 static struct budget *budget_of(const void *obj, bool of_app, size_t row)
 {
-    return backend_budget(SRV(obj)->backend, of_app, row);
+    return backend_budget_view(SRV(obj)->backend, of_app, row);
 }
 
 static bool app_has_budget(const void *obj, size_t row)

@@ -643,7 +643,7 @@ static void render_budgets(struct prom_text *t, struct server *srv)
         for (int of_app = 1; of_app >= 0; of_app--) {
             size_t n = of_app ? cfg->n_apps : cfg->n_sources;
             for (size_t i = 0; i < n; i++) {
-                struct budget *b = backend_budget(srv->backend, of_app, i);
+                struct budget *b = backend_budget_view(srv->backend, of_app, i);
                 if (!b)
                     continue;
                 l[0] = of_app ? L("app", cfg->apps[i].name) : L("source", cfg->sources[i].name);

@@ -161,6 +161,40 @@ def test_budget__source_budget(make_sidecar, up):
     assert not [k for k in m if k[0] == "polygw_budget_left" and k[1][0][0] == "app"]
 
 
+def test_budget__a_source_out_of_budget_hands_its_calls_to_another(make_sidecar, up):
+    # Two sources of one capability: "a" first (priority 0) with a total of
+    # 1.5, "b" behind it with 1.2. A call "a"'s budget cannot cover goes to
+    # "b" at once, as past an open breaker; only when neither can cover it
+    # does it end budget_exhausted, without reaching the upstream.
+    text = config_yaml([
+        source_yaml("a", "chat", up.url, FAST, prices=PRICES, priority=0, budget={"total": 1.5}),
+        source_yaml("b", "chat", up.url, FAST, prices=PRICES, priority=1,
+                    budget={"total": 1.2}),
+    ], POLICY)
+    sc = make_sidecar(config_text=text, env=ENV)
+    c = sc.connect()
+    served = []
+    for _ in range(6):
+        err, res, _ = call(c, "chat", body())
+        if err:
+            break
+        assert res["attempts"] == 1, res
+        served.append(res["source"])
+    # a: each call reserves 1.0 and is charged 0.25; 0.5 + 1.0 still fits
+    # in 1.5, 0.75 + 1.0 does not: b takes the fourth (0.25 of 1.2), and
+    # b's 0.25 + 1.0 > 1.2 leaves the fifth to neither.
+    assert served == ["a", "a", "a", "b"], served
+    assert err["code"] == "budget_exhausted", err
+    assert err["budget"] in ("source:a:total", "source:b:total"), err
+    assert "retry_after_s" not in err, err
+    assert up.stats()["requests"] == 4
+    err, stats = c.request("stats")
+    src = {s["name"]: s for s in stats["sources"]}
+    assert src["a"]["budget"]["total"]["spent"] == 0.75, src["a"]
+    assert src["b"]["budget"]["total"]["spent"] == 0.25, src["b"]
+    assert src["a"]["budget"]["total"]["reserved"] == 0, src["a"]
+
+
 def test_budget__configuration_errors(up, tmp_path):
     cases = [
         (config_yaml([source_yaml("s", "chat", up.url, FAST)], POLICY) +

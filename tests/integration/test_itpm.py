@@ -63,3 +63,30 @@ def test_itpm__cache_reads_do_not_count_for_anthropic(make_sidecar, up):
     err, stats = c.request("stats")
     used = {s["name"]: s["tokens_used"] for s in stats["sources"]}
     assert used == {"fresh": 50600, "total": 5060, "counted": 5060}, used
+
+
+def test_itpm__an_apps_own_input_and_output_limits(make_sidecar, up):
+    # apps[i].limits.itpm / otpm bound the app's calls over every source,
+    # counting input as the source serving the call does (kind anthropic:
+    # cache reads left out). One unlimited source; the default app limited.
+    results = {}
+    for name, limits in (("itpm", {"itpm": 2000}), ("tpm", {"tpm": 2000}),
+                         ("otpm", {"otpm": 20})):
+        text = config_yaml([source_yaml("s", "chat", up.url, FAST, model="m")], POLICY)
+        text += "apps:\n  - name: default\n    limits: %s\n" % json.dumps(limits)
+        sc = make_sidecar(config_text=text, subdir=name, env={"PGW_T_KEY": "sk-test"})
+        c = sc.connect()
+        codes = []
+        for _ in range(10):
+            err, res, _ = call(c, "chat", body("m"), timeout=10)
+            codes.append(err["code"] if err else "ok")
+            if err:
+                break
+        results[name] = codes
+    # 10 x 50 fresh input tokens fit in the app's itpm of 2000; its tpm
+    # counts the 5000 read from the cache too.
+    assert results["itpm"] == ["ok"] * 10, results
+    assert results["tpm"] == ["ok", "stalled"], results
+    # otpm 20: the first call reserves its max_tokens (16) and is charged
+    # its 10 output tokens; 10 + 16 > 20 holds the second back for ~18 s.
+    assert results["otpm"] == ["ok", "stalled"], results

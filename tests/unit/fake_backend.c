@@ -71,10 +71,11 @@ static void fake_release(struct backend *be, struct backend_lease *lease, const 
 }
 
 static int fake_task(struct backend *be, enum backend_task_op op, const char *id,
-                     const char *reason, bool ok, const char *app, bool admin,
+                     const char *reason, bool ok, const char *app, bool admin, double budget,
                      struct backend_task *now_bt, backend_task_cb *cb, void *ud)
 {
     struct fake_backend *fb = (struct fake_backend *)be;
+    (void)budget;
     (void)now_bt;
 
     if (fb->down)

@@ -63,7 +63,8 @@ static struct backend_task op(struct mem_fixture *f, enum backend_task_op o, con
                               const char *reason, bool ok)
 {
     struct backend_task bt;
-    ck_assert_int_eq(backend_task(f->be, o, id, reason, ok, NULL, false, &bt, never_cb, NULL), 1);
+    ck_assert_int_eq(backend_task(f->be, o, id, reason, ok, NULL, false, 0, &bt, never_cb, NULL),
+                     1);
     return bt;
 }
 

@@ -2195,11 +2195,19 @@ START_TEST(test_config__input_output_limits)
     ck_assert(cfg->sources[2].limits.cached_input_counts);
     config_free(cfg);
     expect_reject(SRC0 "    limits: {itpm: -1}\n", 5, "sources[0].limits.itpm", "must be");
-    expect_reject(SRC0 "apps:\n  - name: web\n    limits: {itpm: 5}\n", 7, "apps[0].limits.itpm",
-                  "unknown key");
+    /* An app's own: itpm and otpm, but the cache rule is its sources'. */
+    cfg = expect_ok(SRC0 "apps:\n  - name: web\n    limits: {itpm: 5, otpm: 7}\n");
+    ck_assert_int_eq(cfg->apps[0].limits.itpm, 5);
+    ck_assert_int_eq(cfg->apps[0].limits.otpm, 7);
+    config_free(cfg);
+    expect_reject(SRC0 "apps:\n  - name: web\n    limits: {cached_input_counts: true}\n", 7,
+                  "apps[0].limits.cached_input_counts", "unknown key");
     expect_reject("backend: {kind: redis, url: \"redis://127.0.0.1:6379\"}\n" SRC0
                   "    limits: {otpm: 5}\n",
                   6, "sources[0].limits.otpm", "memory backend only");
+    expect_reject("backend: {kind: redis, url: \"redis://127.0.0.1:6379\"}\n" SRC0
+                  "apps:\n  - name: web\n    limits: {itpm: 5}\n",
+                  8, "apps[0].limits.itpm", "memory backend only");
 }
 END_TEST
 

@@ -1208,6 +1208,92 @@ START_TEST(test_gov__input_and_output_tokens_apart)
 }
 END_TEST
 
+/* An app's own itpm and otpm (gov_app_params), on top of its sources':
+ * reserved at the pick, reconciled with the counts, given back by an
+ * attempt that never went out. */
+START_TEST(test_gov__app_input_and_output_tokens)
+{
+    struct gov_source_params p = src_params("a");
+    struct gov_policy pol = pol_chat();
+    struct gov_app_params app = { .weight = 1, .itpm = 600, .otpm = 120 };
+    struct gov g;
+    struct gov_call k;
+    struct gov_decision d;
+    struct reply ok = rep_http(0, 200, NULL);
+
+    ck_assert_int_eq(gov_init(&g, &p, 1, 1, NULL, NULL, NULL, NULL, 0), 0);
+    ck_assert_int_eq(gov_set_apps(&g, &app, 1, 0), 0);
+    struct gov_app *a = &g.apps[0];
+    ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 0, 400, 0), 0);
+    gov_call_set_app(&k, 0);
+    gov_call_set_io(&k, 300, 100);
+    gov_call_step(&k, 0, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    ck_assert_near(bucket_level(&a->itpm, 0), 300);
+    ck_assert_near(bucket_level(&a->otpm, 0), 20);
+    gov_call_on_io(&k, 50, 10, 0);
+    gov_call_on_outcome(&k, 0, &ok.o, 60, &d);
+    gov_call_fini(&k, 0);
+    ck_assert_near(bucket_level(&a->itpm, 0), 550);
+    ck_assert_near(bucket_level(&a->otpm, 0), 110);
+    /* A refused admission gives its reservation back. */
+    ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 0, 200, 0), 0);
+    gov_call_set_app(&k, 0);
+    gov_call_set_io(&k, 100, 100);
+    gov_call_step(&k, 0, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    ck_assert_near(bucket_level(&a->otpm, 0), 10);
+    gov_call_refused(&k, 0, 1, false, &d);
+    ck_assert_near(bucket_level(&a->otpm, 0), 110);
+    gov_call_fini(&k, 0);
+    /* 120 output tokens wanted, 110 there: the app holds it back until
+     * otpm refills (10 more at 2/s), although the source is free. */
+    ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 0, 200, 0), 0);
+    gov_call_set_app(&k, 0);
+    gov_call_set_io(&k, 10, 115);
+    gov_call_step(&k, 0, &d);
+    ck_assert_int_eq(d.action, GOV_WAIT);
+    ck_assert_near(d.wake_at, 2.5);
+    gov_call_step(&k, 2.5, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    gov_call_fini(&k, 2.5);
+    gov_fini(&g);
+}
+END_TEST
+
+/* gov_call_exclude: a source that cannot take the call (its budget) is
+ * left out of it and the call steps on to the next source at once; with
+ * none left it ends with the result given, and the reservations of the
+ * excluded picks are back. */
+START_TEST(test_gov__exclude_moves_to_another_source)
+{
+    struct gov_source_params p[2] = { src_params("a"), src_params("b") };
+    struct gov_policy pol = pol_chat();
+    struct gov g;
+    struct gov_call k;
+    struct gov_decision d;
+
+    p[1].priority = 1;
+    ck_assert_int_eq(gov_init(&g, p, 2, 1, NULL, NULL, NULL, NULL, 0), 0);
+    ck_assert_int_eq(gov_call_init(&k, &g, 0, "chat", &pol, 0, 10, 0), 0);
+    gov_call_step(&k, 0, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    ck_assert_uint_eq(d.source, 0);
+    gov_call_exclude(&k, 0, GOV_BUDGET_EXHAUSTED, &d);
+    ck_assert_int_eq(d.action, GOV_ATTEMPT);
+    ck_assert_uint_eq(d.source, 1);
+    ck_assert_uint_eq(g.sources[0].in_flight, 0);
+    ck_assert_uint_eq(g.sources[1].in_flight, 1);
+    gov_call_exclude(&k, 0, GOV_BUDGET_EXHAUSTED, &d);
+    ck_assert_int_eq(d.action, GOV_DONE);
+    ck_assert_int_eq(d.result, GOV_BUDGET_EXHAUSTED);
+    ck_assert_uint_eq(g.sources[1].in_flight, 0);
+    ck_assert_uint_eq(k.attempts, 0);
+    gov_call_fini(&k, 0);
+    gov_fini(&g);
+}
+END_TEST
+
 /* ===================================================================== */
 /* Selection                                                             */
 /* ===================================================================== */
@@ -3523,6 +3609,8 @@ Suite *gov_suite(void)
     tcase_add_test(tc, test_gov__rpm_limit_queues);
     tcase_add_test(tc, test_gov__tokens_reserved_and_reconciled);
     tcase_add_test(tc, test_gov__input_and_output_tokens_apart);
+    tcase_add_test(tc, test_gov__app_input_and_output_tokens);
+    tcase_add_test(tc, test_gov__exclude_moves_to_another_source);
     /* selection */
     tcase_add_test(tc, test_gov__selection_lower_priority_tier_first);
     tcase_add_test(tc, test_gov__selection_weighted_toward_less_loaded);

@@ -9,7 +9,7 @@ KEYS[1..n]  {p:app:A}:budget or {p:source:N}:budget   HASH
             reserved                    worst cases of attempts in flight
             end_d, end_m                the current windows' ends (Unix ms)
 
-ARGV[1]  op        reserve | settle
+ARGV[1]  op        reserve | settle | peek
 ARGV[2]  amount    reserve: the worst case to reserve on every key;
                    settle: what reserve took
 ARGV[3]  actual    settle: the real cost charged in its place, or "nan": given
@@ -22,6 +22,9 @@ Returns  reserve: {1} reserved on every key; or {0, k (1-based), window,
          left, retry_after_ms} refused by key k's window (daily, monthly,
          total; retry_after_ms -1 for the total), nothing reserved.
          settle:  {1}.
+         peek:    per key, its state now (windows rolled over, nothing
+                  written): spent_d, spent_m, spent_t, reserved, end_d,
+                  end_m (ms), 6 numbers a key in KEYS' order, as strings.
 A key never outlives its last use by more than 40 days (a month's window and
 then some); an absent key is a budget with nothing spent.
 ]]
@@ -129,4 +132,15 @@ if op == 'settle' then
     end
     return { 1 }
 end
-return redis.error_reply('budget.lua: op must be reserve or settle')
+if op == 'peek' then
+    local out = {}
+    for k = 1, n do
+        local s = st[k]
+        for _, v in ipairs({ s.spent[1], s.spent[2], s.spent[3], s.reserved, s.ends[1],
+                             s.ends[2] }) do
+            out[#out + 1] = num(v)
+        end
+    end
+    return out
+end
+return redis.error_reply('budget.lua: op must be reserve, settle or peek')

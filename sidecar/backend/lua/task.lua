@@ -17,8 +17,11 @@ ARGV[6]  channel   stop/watchdog/finish: pub/sub channel, "<prefix>:task-end"
 ARGV[7]  app       the calling app; '' or absent = no ownership rule (a sidecar's
                    own reads and watchdog verdicts)
 ARGV[8]  admin     '1': the calling app is an admin app, which may act on every task
+ARGV[9]  budget    start: the new run's budget in currency ('0' or absent: none), kept
+                   in the record's `budget` field for every sidecar of the fleet; the
+                   run's spending is budget.lua's {p:task:ID}:budget:RUNS
 
-Returns  {code, state, kind, reason, runs, started_at_ms, ended_at_ms, owner}
+Returns  {code, state, kind, reason, runs, started_at_ms, ended_at_ms, owner, budget}
          code: ok | not_found | running | stopped | watchdog | finished
          (src/task.h's TASK_E_* names). On an error nothing changes; the
          other fields describe the task when one exists, else {'not_found'}.
@@ -71,10 +74,10 @@ end
 
 local function reply(code)
     local v = redis.call('HMGET', K, 'state', 'kind', 'reason', 'runs', 'started_at', 'ended_at',
-                         'owner')
+                         'owner', 'budget')
     if not v[1] then return { code } end
     return { code, v[1], v[2] or '', v[3] or '', tonumber(v[4]) or 0,
-             tonumber(v[5]) or 0, tonumber(v[6]) or 0, v[7] or '' }
+             tonumber(v[5]) or 0, tonumber(v[6]) or 0, v[7] or '', v[8] or '0' }
 end
 
 local known_ops = { start = true, stop = true, watchdog = true, finish = true, guard = true,
@@ -116,6 +119,13 @@ elseif op == 'start' then
         redis.call('HSET', K, 'owner', app)
     end
     redis.call('HINCRBY', K, 'runs', 1)
+    -- a run never inherits an earlier run's budget
+    local budget = tonumber(ARGV[9] or '0') or 0
+    if budget > 0 then
+        redis.call('HSET', K, 'budget', ARGV[9])
+    else
+        redis.call('HDEL', K, 'budget')
+    end
     redis.call('EXPIRE', K, ttl)
     return reply('ok')
 end
