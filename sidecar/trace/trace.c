@@ -241,7 +241,7 @@ struct span *span_start(struct tracer *t, const struct span *parent, const struc
         s->flags = parent->flags;
         s->state_off = span_put(s, span_text(parent, parent->state_off));
     } else {
-        bool use_parent = ctx && ctx->valid && !link && !t->set.link;
+        bool use_parent = ctx && ctx->valid && (ctx->own || (!link && !t->set.link));
         if (use_parent) {
             memcpy(s->trace_id, ctx->trace_id, 16);
             memcpy(s->parent_id, ctx->span_id, 8);
