@@ -112,6 +112,13 @@ struct tracer *tracer_new(struct ev_loop *loop, struct upstream *up,
  * changed). */
 int tracer_reconf(struct tracer *t, const struct config_tracing *ct, char *err, size_t errlen);
 
+/* Sends what is queued now (at exit): every batch leaves at once, one after
+ * the other, and a failed one is dropped (counted), not retried; done(ud)
+ * is called, from the loop, when none is left. Returns 1 (done will be
+ * called, unless the tracer is freed first: the caller bounds the wait),
+ * or 0 when there is nothing to send (done is not called). */
+int tracer_flush(struct tracer *t, void (*done)(void *ud), void *ud);
+
 /* Cancels the export in flight and frees every span. NULL: no-op. */
 void tracer_free(struct tracer *t);
 

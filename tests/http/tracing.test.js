@@ -29,7 +29,8 @@ function config(a, b, port, recv, tracing = "", aExtra = "", aCap = "chat") {
     "server:", "  log_level: info", "  shutdown_grace_s: 0.5",
     "defaults: {max_attempts: 3, stall_window_s: 20, backoff_base_s: 0.05, backoff_max_s: 0.1, poll_interval_s: 0.05}",
     "http:", `  listen: "127.0.0.1:${port}"`,
-    "tracing:", "  enabled: true", `  endpoint: "${recv.url}"`, "  export_interval_s: 0.1",
+    "tracing:", "  enabled: true", `  endpoint: "${recv.url}"`,
+    ...(tracing.includes("export_interval_s") ? [] : ["  export_interval_s: 0.1"]),
     ...(tracing ? [tracing] : []),
     ...(aCap === "chat" ? [] : ["capabilities:", `  ${aCap}: {path: /${aCap}}`]),
     "sources:",
@@ -524,4 +525,33 @@ test("gen_ai.response.model (modelVersion) and thinking tokens from a Gemini ans
     await st.text();
     await oneCall(recv, "mock-gemini");
   }, "", ", kind: gemini, breaker: {failures: 100000}", "gemini");
+});
+
+test("spans still queued at shutdown are sent before the sidecar exits, within the stop timeout", async () => {
+  // Exports every hour: nothing leaves before the SIGTERM.
+  await withTracing(async ({ recv, port, sc }) => {
+    const res = await chatCall(port, { traceparent: TRACEPARENT });
+    assert.equal(res.status, 200);
+    await res.json();
+    await sleep(300);
+    assert.equal(recv.requests, 0, "nothing exported before the shutdown");
+    const t0 = Date.now();
+    assert.equal(await sc.stop(), 0);
+    assert.ok(Date.now() - t0 < 2000, `exited in ${Date.now() - t0} ms`);
+    const mine = recv.spans.filter((x) => x.traceId === TRACE_ID);
+    assert.equal(mine.length, 2, JSON.stringify(recv.spans.map((x) => x.name)));
+    assert.ok(mine.some((x) => x.kind === SpanKind.SPAN_KIND_SERVER && x.parentSpanId === PARENT_ID));
+  }, "  export_interval_s: 3600");
+  // A receiver that never answers delays the exit by at most the stop
+  // timeout (2 s after the grace), never by export_timeout_s.
+  await withTracing(async ({ recv, port, sc }) => {
+    const res = await chatCall(port);
+    await res.json();
+    recv.mode = "hang";
+    const t0 = Date.now();
+    assert.equal(await sc.stop(), 0);
+    const took = Date.now() - t0;
+    assert.ok(recv.hung.length >= 1, "the export was tried");
+    assert.ok(took >= 1500 && took < 4500, `exited in ${took} ms`);
+  }, "  export_interval_s: 3600\n  export_timeout_s: 30");
 });

@@ -111,3 +111,35 @@ def test_each_attempt_sends_its_own_traceparent(make_sidecar, up, client):
         c.call("chat", chat("hi"))  # a new trace: still one traceparent, no other
         h = [k for k in up.last()["headers"] if k.lower() == "traceparent"]
         assert len(h) == 1
+
+
+def test_task_run_carries_its_trace_to_its_calls(make_sidecar, up):
+    # sampler_ratio 0: only what a sampled parent decides is recorded. The
+    # run's calls without a trace of their own follow the run's context.
+    sc = make_sidecar(config_text=config(up, {
+        "enabled": "true", "endpoint": '"http://127.0.0.1:%d/v1/traces"' % closed_port(),
+        "sampler_ratio": 0, "export_interval_s": 3600}))
+    trace_id = TP.split("-")[1]
+    with polygw.Client(sc.sock) as c:
+        task = c.task("run-py")
+        task.start(trace={"traceparent": TP % 1})
+        assert c.stats()["tracing"]["spans_started"] == 1         # task.start
+        task.call("chat", chat("hi"))
+        st = c.stats()["tracing"]
+        assert st["spans_started"] == 3, st                        # + the call and its attempt
+        tp = {k.lower(): v for k, v in up.last()["headers"].items()}["traceparent"].split("-")
+        assert tp[1] == trace_id and tp[3] == "01", tp             # upstream: in the run's trace
+        task.node_begin("n1")
+        task.node_end("n1")
+        task.finish(True)
+        assert c.stats()["tracing"]["spans_started"] == 5, c.stats()["tracing"]  # node, finish
+        # A run under an unsampled caller records nothing, its calls neither.
+        quiet = c.task("run-quiet")
+        quiet.start(trace={"traceparent": TP % 0})
+        quiet.call("chat", chat("hi"))
+        st = c.stats()["tracing"]
+        assert st["spans_started"] == 5 and st["unsampled"] >= 2, st
+        with pytest.raises(polygw.BadRequestError, match="traceparent must be a string"):
+            c.task("run-bad").start(trace={"traceparent": 5})
+        with pytest.raises(polygw.BadRequestError):
+            c.request("task.start", {"task_id": "run-bad", "trace": "not a map"})

@@ -343,9 +343,10 @@ class AsyncTask:
         params["task_id"] = self.task_id
         return await self.client.request(method, params)
 
-    async def start(self, budget=None):
-        """A new run; ``budget``: what its calls may cost, in the sidecar's currency."""
-        return await self._req("task.start", budget=budget)
+    async def start(self, budget=None, trace=None):
+        """A new run; ``budget``: what its calls may cost, in the sidecar's
+        currency; ``trace``: a W3C carrier, the parent of the run's trace."""
+        return await self._req("task.start", budget=budget, trace=trace)
 
     async def stop(self, reason):
         return await self._req("task.stop", reason=reason)

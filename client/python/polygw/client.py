@@ -388,9 +388,11 @@ class Task:
         params["task_id"] = self.task_id
         return self.client.request(method, params)
 
-    def start(self, budget=None):
-        """A new run; ``budget``: what its calls may cost, in the sidecar's currency."""
-        return self._req("task.start", budget=budget)
+    def start(self, budget=None, trace=None):
+        """A new run; ``budget``: what its calls may cost, in the sidecar's
+        currency; ``trace``: a W3C carrier (``{"traceparent": ...,
+        "tracestate": ...}``), the parent of the run's trace."""
+        return self._req("task.start", budget=budget, trace=trace)
 
     def stop(self, reason):
         return self._req("task.stop", reason=reason)
