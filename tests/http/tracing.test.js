@@ -555,3 +555,21 @@ test("spans still queued at shutdown are sent before the sidecar exits, within t
     assert.ok(took >= 1500 && took < 4500, `exited in ${took} ms`);
   }, "  export_interval_s: 3600\n  export_timeout_s: 30");
 });
+
+test("gen_ai.response.model from the Responses API, plain and from its stream's response events", async () => {
+  await withTracing(async ({ recv, port }) => {
+    const post = (body) => fetch(`http://127.0.0.1:${port}/v1/responses`, {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+    });
+    const res = await post({ model: "resp-m", input: PROMPT });
+    assert.equal(res.status, 200, await res.clone().text());
+    await res.json();
+    const [call] = await oneCall(recv, "resp-m");
+    assert.equal(call.attrs["gen_ai.operation.name"], "chat");
+    recv.spans.length = 0;
+    const st = await post({ model: "resp-s", input: PROMPT, stream: true });
+    assert.equal(st.status, 200);
+    assert.match(await st.text(), /response\.completed/);
+    await oneCall(recv, "resp-s");
+  }, "", ", breaker: {failures: 100000}", "responses");
+});
