@@ -275,6 +275,13 @@ test("the C client (polygwctl call --traceparent) sends the trace parameter", as
     assert.equal(call.traceId, TRACE_ID);
     assert.equal(call.parentSpanId, PARENT_ID);
     assert.equal(call.attrs["polygw.front"], "msgpack");
+    // polygwctl task start --traceparent: the run's task.start joins it.
+    execFileSync(`${process.env.POLYGW_BUILD}/polygwctl`, ["--socket", sc.sock, "task", "start", "run-c",
+      "--traceparent", TRACEPARENT]);
+    const ts = (await recv.waitFor((s) => s.some((x) => x.name === "task.start"))).find((x) => x.name === "task.start");
+    assert.equal(ts.traceId, TRACE_ID);
+    assert.equal(ts.parentSpanId, PARENT_ID);
+    assert.equal(ts.attrs["polygw.task_id"], "run-c");
   });
 });
 
