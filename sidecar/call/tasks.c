@@ -552,6 +552,9 @@ static void tasks_sync(struct server *srv, const char *id, const struct backend_
             if (t && t->state == TASK_FAILED && t->reason_kind != TASK_ERROR)
                 return; /* a local stop is final; the record learns it from our own stop */
             task_start(srv->tasks, id, now, &t);
+            if (t)
+                t->trace[0] =
+                    '\0'; /* a run started elsewhere: not its trace (task.start sets it) */
         }
     } else if (t && t->state == TASK_RUNNING) {
         bool watchdog = strcmp(bt->kind, "watchdog") == 0;
