@@ -141,8 +141,8 @@ static void task_node_seen(const struct task *t, struct task_node_seen *n)
 }
 
 /* The span of node `n` of `t`, from its begin to `now`, ended by `by`
- * ("task.node_end", "task.stop", "watchdog"); an error unless ended by
- * node_end. */
+ * ("task.node_end", "task.node_begin": a next node replaced it,
+ * "task.stop", "watchdog": these two are errors). */
 static void task_node_span(struct server *srv, const struct task *t, const struct task_node_seen *n,
                            const char *by, double now)
 {
@@ -165,8 +165,9 @@ static void task_node_span(struct server *srv, const struct task *t, const struc
     span_end(s, now);
 }
 
-/* A new run of `t` started (request `q` made at `at`): its task.start
- * span, under the caller's context, becomes the run's trace. */
+/* A new run of `t` started (asked for at `at`, with the caller's context
+ * and budget): its task.start span, under that context, anchors the run's
+ * trace. */
 static void task_trace_start(struct server *srv, struct task *t, const char *traceparent,
                              const char *tracestate, double budget, double at, double now)
 {
@@ -552,9 +553,10 @@ static void tasks_sync(struct server *srv, const char *id, const struct backend_
             if (t && t->state == TASK_FAILED && t->reason_kind != TASK_ERROR)
                 return; /* a local stop is final; the record learns it from our own stop */
             task_start(srv->tasks, id, now, &t);
+            /* A run started elsewhere has no trace here; this sidecar's own
+             * task.start sets one (tasks_answer). */
             if (t)
-                t->trace[0] =
-                    '\0'; /* a run started elsewhere: not its trace (task.start sets it) */
+                t->trace[0] = '\0';
         }
     } else if (t && t->state == TASK_RUNNING) {
         bool watchdog = strcmp(bt->kind, "watchdog") == 0;
