@@ -142,7 +142,7 @@ static void task_node_seen(const struct task *t, struct task_node_seen *n)
 
 /* The span of node `n` of `t`, from its begin to `now`, ended by `by`
  * ("task.node_end", "task.node_begin": a next node replaced it,
- * "task.stop", "watchdog": these two are errors). */
+ * "task.finish", "task.stop" and "watchdog": these two are errors). */
 static void task_node_span(struct server *srv, const struct task *t, const struct task_node_seen *n,
                            const char *by, double now)
 {
@@ -197,9 +197,10 @@ static void task_trace_start(struct server *srv, struct task *t, const char *tra
 }
 
 /* `t` was stopped (`by`: the app, "" = polygw itself: its budget ran out)
- * or finished: a span for it, and for the node it ended. */
-static void task_trace_end(struct server *srv, struct task *t, bool stop, const char *by, double at,
-                           double now)
+ * or finished: a span for it, and for node `n` (in progress before) that
+ * it ended. */
+static void task_trace_end(struct server *srv, struct task *t, const struct task_node_seen *n,
+                           bool stop, const char *by, double at, double now)
 {
     struct span *s = task_span(srv, t, stop ? "task.stop" : "task.finish", at);
     if (!s)
@@ -212,14 +213,10 @@ static void task_trace_end(struct server *srv, struct task *t, bool stop, const 
             span_set_error(s, "failed");
     }
     span_set(s, &TKV_S("polygw.reason", task_reason(t)));
-    if (t->node)
-        span_set(s, &TKV_S("polygw.node", t->node));
+    if (n->name[0])
+        span_set(s, &TKV_S("polygw.node", n->name));
     span_end(s, now);
-    if (stop) {
-        struct task_node_seen n;
-        task_node_seen(t, &n);
-        task_node_span(srv, t, &n, "task.stop", now);
-    }
+    task_node_span(srv, t, n, stop ? "task.stop" : "task.finish", now);
 }
 
 /* --- registry hooks -------------------------------------------------- */
@@ -523,6 +520,7 @@ struct tasks_req {
     bool admin;                            /* `app` may act on every app's task */
     double budget;                         /* start: the run's budget, 0 = none */
     double at;                             /* when it was asked (ev_now) */
+    struct task_node_seen open_node;       /* stop, finish: the node it ends, as it was */
     char traceparent[64], tracestate[257]; /* start: the caller's, "" = none */
 };
 
@@ -696,8 +694,8 @@ static void tasks_answer(struct tasks_req *q, const struct backend_task *bt, boo
         }
     }
     if ((q->op == TOP_STOP || q->op == TOP_FINISH) && bt->rc == TASK_OK && !q->resync)
-        task_trace_end(srv, task_get(srv->tasks, q->id), q->op == TOP_STOP, q->app, q->at,
-                       ev_now(srv->loop));
+        task_trace_end(srv, task_get(srv->tasks, q->id), &q->open_node, q->op == TOP_STOP, q->app,
+                       q->at, ev_now(srv->loop));
     if (q->resync) {
         if (failed) /* that task may have been stopped: read them all again */
             srv->backend->ops->retry_later(srv->backend, true);
@@ -755,6 +753,9 @@ static struct tasks_req *tasks_req_new(struct server *srv, uint32_t msgid, enum 
     };
     snprintf(q->id, sizeof(q->id), "%s", id);
     snprintf(q->reason, sizeof(q->reason), "%s", reason ? reason : "");
+    /* Seen before the record acts (the memory backend's ends it at once). */
+    task_node_seen(op == TOP_STOP || op == TOP_FINISH ? task_get(srv->tasks, id) : NULL,
+                   &q->open_node);
     return q;
 }
 

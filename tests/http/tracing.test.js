@@ -409,9 +409,10 @@ test("with parent: link the run's calls stay children of the run; task.start lin
     const r = await chatCall(port, { "X-Polygw-Task": "run-4" });
     assert.equal(r.status, 200);
     await r.json();
+    assert.equal((await taskPost(port, "run-4", "node_begin", { node: "wrap" })).status, 200);
     assert.equal((await taskPost(port, "run-4", "finish", { ok: true })).status, 200);
     const spans = await recv.waitFor((s) => s.some((x) => x.name === "task.finish") &&
-      s.some((x) => x.kind === SpanKind.SPAN_KIND_CLIENT));
+      s.some((x) => x.name === "task.node wrap") && s.some((x) => x.kind === SpanKind.SPAN_KIND_CLIENT));
     const ts = spans.find((x) => x.name === "task.start");
     assert.notEqual(ts.traceId, TRACE_ID);
     assert.equal(ts.parentSpanId, "");
@@ -422,6 +423,12 @@ test("with parent: link the run's calls stay children of the run; task.start lin
     const fin = spans.find((x) => x.name === "task.finish");
     assert.equal(fin.parentSpanId, ts.spanId);
     assert.equal(fin.attrs["polygw.ok"], true);
+    assert.equal(fin.attrs["polygw.node"], "wrap");
+    const wrap = spans.find((x) => x.name === "task.node wrap");
+    assert.equal(wrap.parentSpanId, ts.spanId);
+    assert.equal(wrap.attrs["polygw.ended_by"], "task.finish");
+    assert.equal(wrap.attrs["polygw.timeout_source"], "default");
+    assert.notEqual(wrap.status.code, StatusCode.STATUS_CODE_ERROR);
   }, "  parent: link");
 });
 
