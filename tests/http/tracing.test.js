@@ -587,3 +587,20 @@ test("gen_ai.response.model from the Responses API, plain and from its stream's 
     await oneCall(recv, "resp-s");
   }, "", ", breaker: {failures: 100000}", "responses");
 });
+
+test("a task stopped by its budget: task.stop by polygw, reason budget, in the run's trace", async () => {
+  await withTracing(async ({ recv, port }) => {
+    assert.equal((await taskPost(port, "run-b", "start", { budget: 1e-9 }, { traceparent: TRACEPARENT })).status, 200);
+    const res = await chatCall(port, { "X-Polygw-Task": "run-b" });
+    const err = (await res.json()).error;
+    assert.equal(err.code, "budget_exhausted", JSON.stringify(err));
+    const spans = await recv.waitFor((s) => s.some((x) => x.name === "task.stop"));
+    const ts = spans.find((x) => x.name === "task.start");
+    assert.equal(ts.attrs["polygw.budget"], 1e-9);
+    const stop = spans.find((x) => x.name === "task.stop");
+    assert.equal(stop.traceId, TRACE_ID);
+    assert.equal(stop.parentSpanId, ts.spanId);
+    assert.equal(stop.attrs["polygw.by"], "polygw");
+    assert.equal(stop.attrs["polygw.reason"], "budget");
+  }, "", ", breaker: {failures: 100000}, prices: {input: 2.5, output: 10}");
+});
