@@ -166,9 +166,8 @@ def check_task_run_trace(sc, up):
         task.finish(True)
         assert c.stats()["tracing"]["spans_started"] == 5, c.stats()["tracing"]  # node, finish
         # A run under an unsampled caller records nothing, its calls neither.
-        quiet = c.task("run-quiet")
-        quiet.start(trace={"traceparent": TP % 0})
-        quiet.call("chat", chat("hi"))
+        with c.task("run-quiet", trace={"traceparent": TP % 0}) as quiet:
+            quiet.call("chat", chat("hi"))
         st = c.stats()["tracing"]
         assert st["spans_started"] == 5 and st["unsampled"] >= 2, st
         with pytest.raises(polygw.BadRequestError, match="traceparent must be a string"):

@@ -259,8 +259,8 @@ class AsyncClient:
         return await self._finish(conn, call, timeout_s)
 
     # ------------------------------------------------------------ tasks
-    def task(self, task_id, budget=None):
-        return AsyncTask(self, task_id, budget)
+    def task(self, task_id, budget=None, trace=None):
+        return AsyncTask(self, task_id, budget, trace)
 
     async def tasks(self, state=None):
         res = await self.request("task.list", {"state": state} if state is not None else None)
@@ -333,10 +333,11 @@ class AsyncTask:
                 await task.call("chat", body)
     """
 
-    def __init__(self, client, task_id, budget=None):
+    def __init__(self, client, task_id, budget=None, trace=None):
         self.client = client
         self.task_id = task_id
         self.budget = budget
+        self.trace = trace
 
     async def _req(self, method, **params):
         params = {k: v for k, v in params.items() if v is not None}
@@ -382,7 +383,7 @@ class AsyncTask:
         await self.node_end(name)
 
     async def __aenter__(self):
-        await self.start(self.budget)
+        await self.start(self.budget, self.trace)
         return self
 
     async def __aexit__(self, exc_type, exc, tb):
