@@ -25,7 +25,8 @@
  *      |                ones may finish until shutdown_grace_s
  *      +--> STOPPING: (all answered, or grace over: the rest are answered
  *                     `shutting_down`) flush replies for at most 2 s,
- *                     close connections, ev_break.
+ *                     close connections, send the spans still queued
+ *                     (tracer_flush; within the same 2 s), ev_break.
  *
  * SIGHUP reloads the configuration while RUNNING (reload.h).
  */
@@ -308,10 +309,24 @@ static void daemon_on_conn_closed(struct server *srv, struct conn *c)
     server_on_front_closed(srv);
 }
 
+static void daemon_on_traces_sent(void *ud)
+{
+    struct server *srv = ud;
+    ev_break(srv->loop, EVBREAK_ALL);
+}
+
+/* Everything is closed: the loop ends once the spans still queued are sent
+ * (or the stop timer, SERVER_STOP_FLUSH_S, ends it first). */
+static void daemon_exit(struct server *srv)
+{
+    if (tracer_flush(srv->tracer, daemon_on_traces_sent, srv) == 0)
+        ev_break(srv->loop, EVBREAK_ALL);
+}
+
 static void daemon_on_front_closed(struct server *srv)
 {
     if (srv->state == SERVER_STOPPING && !srv->conns && !http_has_conns(srv->http))
-        ev_break(srv->loop, EVBREAK_ALL);
+        daemon_exit(srv);
 }
 
 static void server_on_reap(struct ev_loop *loop, ev_prepare *w, int revents)
@@ -335,7 +350,7 @@ static void server_stop(struct server *srv, const char *why)
     ev_timer_stop(srv->loop, &srv->grace_w);
     ev_timer_start(srv->loop, &srv->stop_w);
     if (!srv->conns && !http_has_conns(srv->http)) {
-        ev_break(srv->loop, EVBREAK_ALL);
+        daemon_exit(srv);
         return;
     }
     http_stop(srv->http);

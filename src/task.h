@@ -169,6 +169,9 @@ struct task {
     uint64_t budget_run; /* a shared record's run the budget is for (the fleet's key) */
     char app[64];        /* the application it belongs to ("" = not
                                      * claimed yet); the registry only stores it */
+    /* The current run's trace context as a W3C traceparent ("" = none):
+     * its task.start span, set by the owner; the registry only stores it. */
+    char trace[56];
     /* Private. */
     struct task *hnext;       /* hash chain */
     struct task *prev, *next; /* all tasks, in creation order */

@@ -1622,7 +1622,7 @@ char *pgw_object_to_json(const msgpack_object *o, int flags)
  * caller, never sent as nil or as a default (PROTOCOL.md §2.2). */
 struct tparam {
     const char *name;
-    enum { TP_STR, TP_BOOL, TP_NUM } type;
+    enum { TP_STR, TP_BOOL, TP_NUM, TP_TRACE } type; /* TP_TRACE: {traceparent: s} */
     const char *s;
     bool b;
     double d;
@@ -1659,6 +1659,11 @@ static int task_request(struct pgw_client *c, const char *method, const struct t
             break;
         case TP_NUM:
             msgpack_pack_double(&pk, p[i].d);
+            break;
+        case TP_TRACE:
+            msgpack_pack_map(&pk, 1);
+            rpc_pack_str(&pk, "traceparent");
+            rpc_pack_str(&pk, p[i].s);
             break;
         }
     }
@@ -1778,6 +1783,23 @@ int pgw_task_start(struct pgw_client *c, const char *task_id, struct pgw_result 
                    struct pgw_error *err)
 {
     return task_id_request(c, "task.start", task_id, true, out, err);
+}
+
+int pgw_task_start_traced(struct pgw_client *c, const char *task_id, const char *traceparent,
+                          struct pgw_result **out, struct pgw_error *err)
+{
+    struct tparam p[] = { { .name = "task_id", .type = TP_STR, .s = task_id },
+                          { .name = "trace", .type = TP_TRACE, .s = traceparent } };
+    int rc;
+
+    if (!traceparent)
+        return pgw_task_start(c, task_id, out, err);
+    if (out)
+        *out = NULL;
+    err_clear(err);
+    if ((rc = check_name("task_id", task_id, err)) < 0)
+        return rc;
+    return task_request_map(c, "task.start", p, 2, out, err);
 }
 
 int pgw_task_stop(struct pgw_client *c, const char *task_id, const char *reason,

@@ -352,6 +352,13 @@ bool pgw_task_from_object(const msgpack_object *o, struct pgw_task *task);
 int pgw_task_start(struct pgw_client *c, const char *task_id, struct pgw_result **out,
                    struct pgw_error *err);
 
+/* pgw_task_start() with the caller's W3C `traceparent` (NULL: none, as
+ * pgw_task_start()): with tracing on, the run's trace is its child, and the
+ * run's calls without a traceparent of their own join it (docs/OPERATIONS.md
+ * section 7, "Tasks"). A malformed one is ignored by the sidecar. */
+int pgw_task_start_traced(struct pgw_client *c, const char *task_id, const char *traceparent,
+                          struct pgw_result **out, struct pgw_error *err);
+
 /* `task.stop {task_id, reason}`: fails a running task with reason_kind
  * "stopped" and `reason` (non-NULL; "" allowed), and the sidecar ends the
  * task's calls in flight with task_stopped. A task that is not running is

@@ -75,7 +75,9 @@ static void usage(FILE *f)
         "  tasks [--state S]         the sidecar's tasks as a table, most recently updated\n"
         "                            first: TASK_ID STATE REASON_KIND NODE AGE REASON\n"
         "                            (S: running, succeeded or failed)\n"
-        "  task start ID             start (or restart) task ID; prints the task\n"
+        "  task start ID [--traceparent TP]\n"
+        "                            start (or restart) task ID; prints the task; with\n"
+        "                            TP the run's trace joins TP's\n"
         "  task stop ID --reason TEXT\n"
         "                            stop task ID: its calls in flight end at once with\n"
         "                            task_stopped; prints the task\n"
@@ -111,7 +113,8 @@ static void usage(FILE *f)
         "      --scope S       progress scope (default: the capability's)\n"
         "      --model M       the model to ask for (default: the body's model)\n"
         "      --task T        task id the call belongs to\n"
-        "      --traceparent TP  W3C trace context: the call's span joins TP's trace\n"
+        "      --traceparent TP  W3C trace context: the call's span (task start: the\n"
+        "                      run's trace) joins TP's trace\n"
         "      --deadline S    sidecar-side deadline for the whole call, seconds\n"
         "batch:\n"
         "      --unordered     print answers as they complete, not in input order\n"
@@ -1024,7 +1027,7 @@ static int cmd_task(const struct ctl *o, struct pgw_client *c, const char *sub, 
         return EXIT_OK;
     }
     if (strcmp(sub, "start") == 0)
-        rc = pgw_task_start(c, id, &res, &err);
+        rc = pgw_task_start_traced(c, id, o->traceparent, &res, &err);
     else if (strcmp(sub, "get") == 0)
         rc = pgw_task_get(c, id, &res, &err);
     else if (strcmp(sub, "stop") == 0)
@@ -1349,8 +1352,7 @@ int main(int argc, char **argv)
             call_opts = true;
             break;
         case OPT_TRACEPARENT:
-            o.traceparent = optarg;
-            call_opts = true;
+            o.traceparent = optarg; /* 'call', 'task start' */
             break;
         case OPT_DEADLINE:
             if (!parse_seconds(optarg, &o.deadline_s))
@@ -1405,6 +1407,8 @@ int main(int argc, char **argv)
         (strcmp(cmd, "task") == 0 || strcmp(cmd, "cache") == 0) && nargs >= 1 ? args[0] : "";
     char what[64]; /* "task stop", "ping": for messages */
     snprintf(what, sizeof(what), "%s%s%.40s", cmd, sub[0] ? " " : "", sub);
+    if (o.traceparent && strcmp(cmd, "call") != 0 && strcmp(sub, "start") != 0)
+        return usage_error("--traceparent is for 'call' and 'task start', not '%s'", what);
     if (o.reason && strcmp(sub, "stop") != 0 && strcmp(sub, "finish") != 0)
         return usage_error("--reason is for 'task stop' and 'task finish', not '%s'", what);
     if ((o.capability || o.app) && strcmp(cmd, "cache") != 0)

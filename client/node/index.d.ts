@@ -147,8 +147,9 @@ export class Task {
   constructor(client: Client, taskId: string);
   readonly client: Client;
   readonly taskId: string;
-  /** A new run; `budget`: what its calls may cost, in the sidecar's currency. */
-  start(options?: { budget?: number }): Promise<TaskInfo>;
+  /** A new run; `budget`: what its calls may cost, in the sidecar's currency; `trace`: the
+   * caller's W3C carrier, the parent of the run's trace. */
+  start(options?: { budget?: number; trace?: { traceparent?: string; tracestate?: string } }): Promise<TaskInfo>;
   stop(reason: string): Promise<TaskInfo>;
   /** Rejects with TaskStoppedError / WatchdogTimeoutError unless the task is running. */
   guard(): Promise<void>;
@@ -161,7 +162,7 @@ export class Task {
   /** guard + node_begin, fn, node_end (also when fn throws). */
   node<T>(name: string, fn: (task: Task) => Promise<T> | T, options?: { timeoutS?: number }): Promise<T>;
   /** start, fn, finish(ok) -- or finish(false, reason) when fn throws. */
-  run<T>(fn: (task: Task) => Promise<T> | T, options?: { budget?: number }): Promise<T>;
+  run<T>(fn: (task: Task) => Promise<T> | T, options?: { budget?: number; trace?: { traceparent?: string; tracestate?: string } }): Promise<T>;
 }
 
 // ---------------------------------------------------------------- errors

@@ -1744,6 +1744,8 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
            LOG_F, res.elapsed_s, NULL);
 
     metrics_on_attempt(k->srv->metrics, call_source(k), &res);
+    if (res.outcome.kind == OUTCOME_SUCCESS && !k->stream && !k->rawc)
+        calltrace_response_model(&k->ct, res.body, res.body_len);
     calltrace_attempt_end(&k->ct, &res, &k->tokens, now);
     if (res.outcome.kind == OUTCOME_SUCCESS) {
         metrics_on_prompt_tokens(k->srv->metrics, call_source(k), k->tokens.prompt,
@@ -1877,6 +1879,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
 
     if (k->past_end)
         return call_after_end(k, a, data, len);
+    calltrace_response_model(&k->ct, data, len);
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&tmp, &sb, msgpack_sbuffer_write);
     strbuf_init(&scrubbed);
@@ -3142,17 +3145,19 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     k->src = first;
     k->code = PGW_CANCELLED;
     metrics_on_call_start(srv->metrics, (size_t)ci);
-    calltrace_begin(&k->ct, srv->tracer,
-                    &(struct calltrace_start){ .traceparent = r->traceparent,
-                                               .tracestate = r->tracestate,
-                                               .capability = k->cap->name,
-                                               .app = k->app,
-                                               .task_id = k->task_id,
-                                               .model = r->model,
-                                               .model_len = r->model_len,
-                                               .stream = k->stream,
-                                               .http = !s->ops->wants_msgpack },
-                    now);
+    calltrace_begin(
+        &k->ct, srv->tracer,
+        &(struct calltrace_start){ .traceparent = r->traceparent,
+                                   .tracestate = r->tracestate,
+                                   .task_trace = task && task->trace[0] ? task->trace : NULL,
+                                   .capability = k->cap->name,
+                                   .app = k->app,
+                                   .task_id = k->task_id,
+                                   .model = r->model,
+                                   .model_len = r->model_len,
+                                   .stream = k->stream,
+                                   .http = !s->ops->wants_msgpack },
+        now);
     if (task)
         call_task_link(k, task);
     DLIST_PUSH(s->calls, k, prev, next);

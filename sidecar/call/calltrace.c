@@ -8,6 +8,7 @@
 
 #include "gov.h"
 #include "codec/dialect.h"
+#include "codec/jscan.h"
 #include "core/config.h"
 #include "trace/trace.h"
 #include "upstream/upstream.h"
@@ -68,7 +69,9 @@ void calltrace_begin(struct calltrace *ct, struct tracer *t, const struct calltr
     memset(ct, 0, sizeof(*ct));
     if (!tracer_is_enabled(t))
         return;
-    trace_ctx_parse(&ctx, s->traceparent, s->tracestate);
+    if (trace_ctx_parse(&ctx, s->traceparent, s->tracestate) < 0 && s->task_trace &&
+        trace_ctx_parse(&ctx, s->task_trace, NULL) == 0)
+        ctx.own = true; /* a child of its task's run, whatever tracing.parent says */
     ct->op = operation(s->capability);
     if (s->model && s->model_len < sizeof(ct->model)) {
         memcpy(ct->model, s->model, s->model_len);
@@ -170,6 +173,7 @@ const char *calltrace_attempt(struct calltrace *ct, const struct gov_call *g,
         span_event(ct->call, "polygw.failover", now, kv, 2);
     }
     ct->last_source = src->name;
+    ct->resp_model[0] = '\0';
     if (ct->attempt) /* never left open; a safeguard */
         span_end(ct->attempt, now);
     char name[192];
@@ -196,6 +200,30 @@ const char *calltrace_attempt(struct calltrace *ct, const struct gov_call *g,
     return ct->tp_line;
 }
 
+/* A member naming the model: copied into ct->resp_model (a name too long,
+ * or holding a NUL, is left out); 1 stops the walk. */
+static int model_member(void *ud, const char *key, const struct jscan_value *v)
+{
+    struct calltrace *ct = ud;
+    if (v->type == JSCAN_OBJECT && (strcmp(key, "message") == 0 || strcmp(key, "response") == 0))
+        return jscan_object(v->p, v->len, model_member, ct, NULL) == 1;
+    if (v->type != JSCAN_STRING || (strcmp(key, "model") != 0 && strcmp(key, "modelVersion") != 0))
+        return 0;
+    long n = jscan_string(v, ct->resp_model, sizeof(ct->resp_model) - 1);
+    if (n <= 0 || memchr(ct->resp_model, '\0', (size_t)n)) {
+        ct->resp_model[0] = '\0';
+        return 0;
+    }
+    return 1;
+}
+
+void calltrace_response_model(struct calltrace *ct, const char *p, size_t len)
+{
+    if (!ct->attempt || ct->resp_model[0] || !p)
+        return;
+    jscan_object(p, len, model_member, ct, NULL);
+}
+
 void calltrace_attempt_end(struct calltrace *ct, const struct attempt_result *r,
                            const struct dialect_usage *u, double now)
 {
@@ -209,6 +237,11 @@ void calltrace_attempt_end(struct calltrace *ct, const struct attempt_result *r,
                    1);
     if (r->http_status)
         span_set(a, &TKV_I("http.response.status_code", r->http_status));
+    if (ct->resp_model[0]) {
+        span_set(a, &TKV_S("gen_ai.response.model", ct->resp_model));
+        if (r->outcome.kind == OUTCOME_SUCCESS)
+            memcpy(ct->call_model, ct->resp_model, sizeof(ct->call_model));
+    }
     span_set(a, &TKV_S("polygw.outcome", outcome_kind_name(r->outcome.kind)));
     if (r->outcome.retry_after_s >= 0) {
         /* Honoured: the source is held off this long (docs/DESIGN.md §3.4). */
@@ -267,6 +300,8 @@ void calltrace_end(struct calltrace *ct, enum pgw_code code, const char *source,
         span_set(ct->call, &TKV_D("polygw.stalled_s", stalled_s));
         if (source)
             span_set(ct->call, &TKV_S("polygw.source", source));
+        if (ct->call_model[0])
+            span_set(ct->call, &TKV_S("gen_ai.response.model", ct->call_model));
         if (isfinite(cost))
             span_set(ct->call, &TKV_D("polygw.cost", cost));
         if (code != PGW_OK) {

@@ -36,6 +36,8 @@ struct calltrace {
     const char *last_source;
     const char *op;        /* static: gen_ai.operation.name */
     char model[128];       /* the model asked for, "" = none */
+    char resp_model[128];  /* the model the current attempt's answer names, "" = none */
+    char call_model[128];  /* ... the last successful attempt's (the call span's) */
     char tp_line[80];      /* "traceparent: ..." sent with the attempt */
     uint64_t breaker_told; /* sources (index < 64) whose open breaker was told */
 };
@@ -43,6 +45,8 @@ struct calltrace {
 /* What call_begin knows of the call (all borrowed for the call only). */
 struct calltrace_start {
     const char *traceparent, *tracestate; /* the caller's, or NULL */
+    const char *task_trace; /* the call's task's trace (its task.start span), or NULL: the
+                             * parent when the caller sent no valid traceparent */
     const char *capability, *app, *task_id;
     const char *model; /* model_len bytes, NULL = none */
     size_t model_len;
@@ -65,6 +69,14 @@ void calltrace_wait(struct calltrace *ct, const struct gov_call *g,
  * until the next attempt), or NULL when the call is not traced. */
 const char *calltrace_attempt(struct calltrace *ct, const struct gov_call *g,
                               const struct config_source *src, double now);
+
+/* A JSON reply or stream event of the current attempt (`p`, `len`
+ * bytes): its top-level `model` (OpenAI, Anthropic), `modelVersion`
+ * (Gemini), or the `model` of its `message` (Anthropic's message_start) or
+ * `response` (the Responses API's events) becomes the attempt's
+ * gen_ai.response.model. Read until one is found; nothing else of the
+ * JSON is kept. */
+void calltrace_response_model(struct calltrace *ct, const char *p, size_t len);
 
 /* The attempt ended with `r`; `u` its token counts (may be NULL). */
 void calltrace_attempt_end(struct calltrace *ct, const struct attempt_result *r,

@@ -8,6 +8,11 @@
  * (a finished one may be started again: a new run of the same id);
  * stopping an unknown or finished task is a clear error and stopping twice
  * keeps the first reason. Times on the wire are Unix seconds.
+ *
+ * Traces (docs/OPERATIONS.md, Tracing): a task's run is a trace of its
+ * own, anchored by its task.start span (a child of the caller's context);
+ * its operations are spans under that one, and calls naming the task take
+ * it as their parent when they bring no traceparent of their own.
  */
 #include "tasks.h"
 
@@ -21,6 +26,7 @@
 #include "core/log.h"
 #include "metrics/figures.h"
 #include "task.h"
+#include "trace/trace.h"
 
 
 /* Operations on the backend's record (see "the backend's record" below). */
@@ -96,17 +102,137 @@ static bool app_has_room(const struct server *srv, const char *name)
     return i < 0 || srv->task_app_held[i] < srv->cfg->apps[i].max_tasks;
 }
 
+/* --- the task's trace ------------------------------------------------ */
+
+/* A span `name` of task `t`'s trace (a child of its task.start span) from
+ * `start`, with the task's id and app; NULL when the run was not traced
+ * (tracing off, not sampled, or started on another sidecar). */
+static struct span *task_span(struct server *srv, const struct task *t, const char *name,
+                              double start)
+{
+    struct trace_ctx ctx;
+
+    if (!t || !t->trace[0] || trace_ctx_parse(&ctx, t->trace, NULL) < 0)
+        return NULL;
+    ctx.own = true;
+    struct span *s = span_start(srv->tracer, NULL, &ctx, false, name, TRACE_INTERNAL, start);
+    span_set(s, &TKV_S("polygw.task_id", t->id));
+    if (t->app[0])
+        span_set(s, &TKV_S("polygw.app", t->app));
+    return s;
+}
+
+/* A node of a task as its span tells it. */
+struct task_node_seen {
+    char name[TASKS_ID_BUF]; /* "" = none in progress */
+    double begun_at, timeout_s;
+    enum task_timeout_src src;
+};
+
+static void task_node_seen(const struct task *t, struct task_node_seen *n)
+{
+    n->name[0] = '\0';
+    if (!t || !t->node)
+        return;
+    snprintf(n->name, sizeof(n->name), "%s", t->node);
+    n->begun_at = t->node_begun_at;
+    n->timeout_s = t->node_timeout_s;
+    n->src = t->node_timeout_src;
+}
+
+/* The span of node `n` of `t`, from its begin to `now`, ended by `by`
+ * ("task.node_end", "task.node_begin": a next node replaced it,
+ * "task.finish", "task.stop" and "watchdog": these two are errors). */
+static void task_node_span(struct server *srv, const struct task *t, const struct task_node_seen *n,
+                           const char *by, double now)
+{
+    if (!n->name[0])
+        return;
+    char name[TASKS_ID_BUF + 16];
+    snprintf(name, sizeof(name), "task.node %s", n->name);
+    struct span *s = task_span(srv, t, name, n->begun_at);
+    span_set(s, &TKV_S("polygw.node", n->name));
+    span_set(s, &TKV_D("polygw.timeout_s", n->timeout_s));
+    span_set(s, &TKV_S("polygw.timeout_source", task_timeout_src_name(n->src)));
+    span_set(s, &TKV_D("polygw.elapsed_s", now - n->begun_at));
+    span_set(s, &TKV_S("polygw.ended_by", by));
+    if (strcmp(by, "watchdog") == 0) {
+        span_event(s, "polygw.watchdog", now, &TKV_S("polygw.reason", task_reason(t)), 1);
+        span_set_error(s, "watchdog_timeout");
+    } else if (strcmp(by, "task.stop") == 0) {
+        span_set_error(s, "task_stopped");
+    }
+    span_end(s, now);
+}
+
+/* A new run of `t` started (asked for at `at`, with the caller's context
+ * and budget): its task.start span, under that context, anchors the run's
+ * trace. */
+static void task_trace_start(struct server *srv, struct task *t, const char *traceparent,
+                             const char *tracestate, double budget, double at, double now)
+{
+    struct trace_ctx ctx;
+
+    t->trace[0] = '\0';
+    if (!tracer_is_enabled(srv->tracer))
+        return;
+    trace_ctx_parse(&ctx, traceparent[0] ? traceparent : NULL, tracestate);
+    struct span *s = span_start(srv->tracer, NULL, &ctx, false, "task.start", TRACE_SERVER, at);
+    if (!s) {
+        /* Not sampled: the run's calls follow the caller's decision. */
+        if (ctx.valid) { /* its first four fields: "VV-<32>-<16>-FF" */
+            memcpy(t->trace, traceparent, sizeof(t->trace) - 1);
+            t->trace[sizeof(t->trace) - 1] = '\0';
+        }
+        return;
+    }
+    span_set(s, &TKV_S("polygw.task_id", t->id));
+    if (t->app[0])
+        span_set(s, &TKV_S("polygw.app", t->app));
+    span_set(s, &TKV_I("polygw.runs", (int64_t)t->runs));
+    if (budget > 0)
+        span_set(s, &TKV_D("polygw.budget", budget));
+    span_traceparent(s, t->trace);
+    span_end(s, now);
+}
+
+/* `t` was stopped (`by`: the app, "" = polygw itself: its budget ran out)
+ * or finished: a span for it, and for node `n` (in progress before) that
+ * it ended. */
+static void task_trace_end(struct server *srv, struct task *t, const struct task_node_seen *n,
+                           bool stop, const char *by, double at, double now)
+{
+    struct span *s = task_span(srv, t, stop ? "task.stop" : "task.finish", at);
+    if (!s)
+        return;
+    if (stop) {
+        span_set(s, &TKV_S("polygw.by", by[0] ? by : "polygw"));
+    } else {
+        span_set(s, &TKV_B("polygw.ok", t->state == TASK_SUCCEEDED));
+        if (t->state != TASK_SUCCEEDED)
+            span_set_error(s, "failed");
+    }
+    span_set(s, &TKV_S("polygw.reason", task_reason(t)));
+    if (n->name[0])
+        span_set(s, &TKV_S("polygw.node", n->name));
+    span_end(s, now);
+    task_node_span(srv, t, n, stop ? "task.stop" : "task.finish", now);
+}
+
 /* --- registry hooks -------------------------------------------------- */
 
 static void hook_watchdog(struct task *t, double now, void *ud)
 {
     struct server *srv = ud;
     char msg[TASK_REASON_MAX + TASK_ID_MAX + 64];
-    (void)now;
 
     log_at(LOG_ERROR, "watchdog: task failed", "task_id", LOG_S, t->id, "node", LOG_S, t->node,
            "reason", LOG_S, task_reason(t), NULL);
     snprintf(msg, sizeof(msg), "task '%s' failed by the watchdog: %s", t->id, task_reason(t));
+    /* The node's span, ended by the watchdog firing. */
+    struct task_node_seen n;
+    task_node_seen(t, &n);
+    task_node_span(srv, t, &n, "watchdog", now);
     srv->task_calls->fail(t, PGW_WATCHDOG_TIMEOUT, msg);
     /* The record learns it (a fleet, through its stop channel). */
     struct tasks_req *q = tasks_req_new(srv, 0, TOP_WATCHDOG, t->id, task_reason(t), false);
@@ -396,9 +522,12 @@ struct tasks_req {
     tasks_guard_cb *cb; /* calls naming a task unknown here */
     void *cb_ud;
     char id[TASKS_ID_BUF], node[TASKS_ID_BUF], reason[TASK_REASON_MAX + 1];
-    char app[CONFIG_NAME_MAX]; /* on behalf of ("": this sidecar itself) */
-    bool admin;                /* `app` may act on every app's task */
-    double budget;             /* start: the run's budget, 0 = none */
+    char app[CONFIG_NAME_MAX];             /* on behalf of ("": this sidecar itself) */
+    bool admin;                            /* `app` may act on every app's task */
+    double budget;                         /* start: the run's budget, 0 = none */
+    double at;                             /* when it was asked (ev_now) */
+    struct task_node_seen open_node;       /* stop, finish: the node it ends, as it was */
+    char traceparent[64], tracestate[257]; /* start: the caller's, "" = none */
 };
 
 /* Does the answer to `q` import the task here (this sidecar is about to
@@ -428,6 +557,10 @@ static void tasks_sync(struct server *srv, const char *id, const struct backend_
             if (t && t->state == TASK_FAILED && t->reason_kind != TASK_ERROR)
                 return; /* a local stop is final; the record learns it from our own stop */
             task_start(srv->tasks, id, now, &t);
+            /* A run started elsewhere has no trace here; this sidecar's own
+             * task.start sets one (tasks_answer). */
+            if (t)
+                t->trace[0] = '\0';
         }
     } else if (t && t->state == TASK_RUNNING) {
         bool watchdog = strcmp(bt->kind, "watchdog") == 0;
@@ -570,8 +703,15 @@ static void tasks_answer(struct tasks_req *q, const struct backend_task *bt, boo
             t->has_budget = q->budget > 0;
             t->budget_run = bt->runs;
             budget_init(&t->budget, &p);
+            if (!t->app[0])
+                task_set_owner(srv, t, q->app); /* named on its span */
+            task_trace_start(srv, t, q->traceparent, q->tracestate, q->budget, q->at,
+                             ev_now(srv->loop));
         }
     }
+    if ((q->op == TOP_STOP || q->op == TOP_FINISH) && bt->rc == TASK_OK && !q->resync)
+        task_trace_end(srv, task_get(srv->tasks, q->id), &q->open_node, q->op == TOP_STOP, q->app,
+                       q->at, ev_now(srv->loop));
     if (q->resync) {
         if (failed) /* that task may have been stopped: read them all again */
             srv->backend->ops->retry_later(srv->backend, true);
@@ -624,9 +764,14 @@ static struct tasks_req *tasks_req_new(struct server *srv, uint32_t msgid, enum 
 
     if (!q)
         return NULL;
-    *q = (struct tasks_req){ .srv = srv, .msgid = msgid, .op = op, .ok = ok };
+    *q = (struct tasks_req){
+        .srv = srv, .msgid = msgid, .op = op, .ok = ok, .at = ev_now(srv->loop)
+    };
     snprintf(q->id, sizeof(q->id), "%s", id);
     snprintf(q->reason, sizeof(q->reason), "%s", reason ? reason : "");
+    /* Seen before the record acts (the memory backend's ends it at once). */
+    task_node_seen(op == TOP_STOP || op == TOP_FINISH ? task_get(srv->tasks, id) : NULL,
+                   &q->open_node);
     return q;
 }
 
@@ -687,6 +832,8 @@ static void tasks_remote(struct reply_outlet *o, const struct task_req *r, enum 
         return;
     }
     q->budget = r->budget;
+    memcpy(q->traceparent, r->traceparent, sizeof(q->traceparent));
+    memcpy(q->tracestate, r->tracestate, sizeof(q->tracestate));
     tasks_req_by(q, r->app);
     tasks_send(o->srv, q, o);
 }
@@ -964,12 +1111,15 @@ static void node_begin_local(struct reply_outlet *o, uint32_t msgid, const char 
                              const char *node, double timeout_s)
 {
     struct task *t = NULL;
+    struct task_node_seen prev;
+    task_node_seen(task_get(o->srv->tasks, id), &prev);
     int rc = task_node_begin(o->srv->tasks, id, node, timeout_s, ev_now(o->srv->loop), &t);
 
     if (rc < 0) {
         reply_task_error(o, msgid, rc, id, t);
         return;
     }
+    task_node_span(o->srv, t, &prev, "task.node_begin", ev_now(o->srv->loop)); /* replaced */
     tasks_rearm(o->srv);
     struct writer *w = o->ops->result_begin(o, msgid);
     writer_map(w, 2);
@@ -1009,11 +1159,14 @@ void tasks_node_end(struct reply_outlet *o, const struct task_req *r)
         return;
     t = task_get(o->srv->tasks, r->id);
     double begun = t && t->node ? t->node_begun_at : now;
+    struct task_node_seen n;
+    task_node_seen(t, &n);
     int rc = task_node_end(o->srv->tasks, r->id, r->has_node ? r->node : NULL, now, &t);
     if (rc < 0) {
         reply_task_error(o, r->msgid, rc, r->id, t);
         return;
     }
+    task_node_span(o->srv, t, &n, "task.node_end", now);
     tasks_rearm(o->srv);
     struct writer *w = o->ops->result_begin(o, r->msgid);
     writer_map(w, 1);

@@ -55,6 +55,9 @@ struct task_req {
     bool ok;                          /* finish */
     unsigned filter;                  /* list: the states listed (TASK_F_*, task.h) */
     double budget;                    /* start: the run's budget in currency (> 0), 0 = none */
+    /* start: the caller's W3C trace context ("" = none; a malformed one
+     * is ignored: a new trace) */
+    char traceparent[64], tracestate[257];
 };
 
 /* The reason of a task stopped because its budget ran out (call.c stops

@@ -1851,6 +1851,12 @@ static bool task_body_parse(struct http_conn *c, const struct task_target *t, st
     r->msgid = ++c->seq;
     r->app = t->app;
     memcpy(r->id, t->id, sizeof(r->id));
+    /* A start's trace context: the traceparent / tracestate headers (a
+     * value too long to be well-formed is dropped, as on a call). */
+    if (c->req.present[HRQ_TRACEPARENT] && c->req.val_len[HRQ_TRACEPARENT] < sizeof(r->traceparent))
+        memcpy(r->traceparent, c->req.val[HRQ_TRACEPARENT], c->req.val_len[HRQ_TRACEPARENT] + 1);
+    if (c->req.present[HRQ_TRACESTATE] && c->req.val_len[HRQ_TRACESTATE] < sizeof(r->tracestate))
+        memcpy(r->tracestate, c->req.val[HRQ_TRACESTATE], c->req.val_len[HRQ_TRACESTATE] + 1);
     if (c->body_len > 0) {
         int rc = jscan_object(c->body, c->body_len, task_body_member, &b, &err_at);
         if (rc == -1) {

@@ -184,12 +184,7 @@ static int raw_req_bind(struct raw_req *q, const msgpack_object *body, const msg
     return 0;
 }
 
-/* The `trace` parameter: a W3C carrier map whose `traceparent` and
- * `tracestate` (strings, both optional) are copied into tp and ts ("" when
- * absent; a tracestate too long for ts is dropped, as on the HTTP front).
- * Other keys (baggage) are ignored; a malformed traceparent is too, by the
- * tracer (a new trace). Returns 0, or -1 with `why`. */
-static int callrpc_trace(const msgpack_object *m, char *tp, char *ts, char *why, size_t whylen)
+int callrpc_trace_param(const msgpack_object *m, char *tp, char *ts, char *why, size_t whylen)
 {
     const msgpack_object *v[2] = { rpc_map_get(m, "traceparent"), rpc_map_get(m, "tracestate") };
     char *out[2] = { tp, ts };
@@ -282,7 +277,7 @@ void callrpc_start(struct conn *c, const struct rpc_msg *m)
         return;
     }
     char tp[64], ts[257];
-    if (p[P_TRACE] && callrpc_trace(p[P_TRACE], tp, ts, why, sizeof(why)) < 0) {
+    if (p[P_TRACE] && callrpc_trace_param(p[P_TRACE], tp, ts, why, sizeof(why)) < 0) {
         conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
         return;
     }

@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "call/tasks.h"
+#include "callrpc.h"
 
 static struct conn *outlet_conn(struct reply_outlet *o)
 {
@@ -101,15 +102,22 @@ void taskrpc_start(struct conn *c, const struct rpc_msg *m)
     static const struct rpc_param spec[] = {
         { "task_id", RPC_T_STR, true },
         { "budget", RPC_T_NUMBER | RPC_T_NIL, false },
+        { "trace", RPC_T_MAP | RPC_T_NIL, false },
     };
-    const msgpack_object *p[2];
+    const msgpack_object *p[3];
     struct task_req r;
+    char why[120];
 
-    if (bind_task(c, m, spec, 2, p, false, &r) < 0)
+    if (bind_task(c, m, spec, 3, p, false, &r) < 0)
         return;
     if (p[1] && (!rpc_as_double(p[1], &r.budget) || !(r.budget > 0) || !isfinite(r.budget))) {
         conn_reply_error(c, m->msgid, PGW_BAD_REQUEST,
                          "parameter 'budget': expected a positive amount of the currency");
+        return;
+    }
+    if (p[2] && p[2]->type == MSGPACK_OBJECT_MAP &&
+        callrpc_trace_param(p[2], r.traceparent, r.tracestate, why, sizeof(why)) < 0) {
+        conn_reply_error(c, m->msgid, PGW_BAD_REQUEST, why);
         return;
     }
     tasks_start(&c->tasks, &r);

@@ -57,6 +57,10 @@ struct tracer {
     uint32_t tries;
     struct attempt *attempt;
     ev_timer export_w; /* next export (interval, retry backoff, or soon) */
+    /* tracer_flush: every batch leaves at once, none is retried, and
+     * flushed(flushed_ud) is called when the queue is empty. */
+    void (*flushed)(void *ud);
+    void *flushed_ud;
 };
 
 /* ---- ids ------------------------------------------------------------- */
@@ -241,7 +245,7 @@ struct span *span_start(struct tracer *t, const struct span *parent, const struc
         s->flags = parent->flags;
         s->state_off = span_put(s, span_text(parent, parent->state_off));
     } else {
-        bool use_parent = ctx && ctx->valid && !link && !t->set.link;
+        bool use_parent = ctx && ctx->valid && (ctx->own || (!link && !t->set.link));
         if (use_parent) {
             memcpy(s->trace_id, ctx->trace_id, 16);
             memcpy(s->parent_id, ctx->span_id, 8);
@@ -356,6 +360,22 @@ static void batch_free(struct tracer *t)
 
 static void export_start(struct tracer *t);
 
+/* A batch is done with: the next export after `in` seconds, or, while
+ * flushing, the next batch at once (the flush is over when none is left). */
+static void export_next(struct tracer *t, double in)
+{
+    if (!t->flushed) {
+        export_arm(t, in);
+    } else if (t->head) {
+        export_arm(t, 0);
+    } else {
+        void (*done)(void *) = t->flushed;
+        t->flushed = NULL;
+        ev_timer_stop(t->loop, &t->export_w);
+        done(t->flushed_ud);
+    }
+}
+
 void span_end(struct span *s, double now)
 {
     if (!s)
@@ -397,7 +417,7 @@ static void export_on_done(struct attempt *a, const struct attempt_result *r, vo
         t->stats.spans_exported += t->batch_n - (uint64_t)rejected;
         t->stats.dropped_export += (uint64_t)rejected;
         batch_free(t);
-        export_arm(t, t->stats.queued >= t->set.max_batch ? 0 : t->set.interval_s);
+        export_next(t, t->stats.queued >= t->set.max_batch ? 0 : t->set.interval_s);
         return;
     }
     /* OTLP/HTTP: 429, 502, 503 and 504 are retryable, and so is no answer
@@ -406,12 +426,12 @@ static void export_on_done(struct attempt *a, const struct attempt_result *r, vo
     t->stats.exports_failed++;
     log_at(LOG_DEBUG, "trace export failed", "status", LOG_I, (long long)st, "try", LOG_U,
            (unsigned long long)t->tries, "detail", LOG_S, r->detail, NULL);
-    if (!retry || t->tries > t->set.max_retries) {
+    if (!retry || t->tries > t->set.max_retries || t->flushed) {
         log_at(LOG_WARN, "trace export dropped a batch", "spans", LOG_U,
                (unsigned long long)t->batch_n, "status", LOG_I, (long long)st, NULL);
         t->stats.dropped_export += t->batch_n;
         batch_free(t);
-        export_arm(t, t->set.interval_s);
+        export_next(t, t->set.interval_s);
         return;
     }
     double wait = BACKOFF_FIRST_S * (double)(1u << (t->tries - 1 < 5 ? t->tries - 1 : 5));
@@ -432,7 +452,7 @@ static void export_start(struct tracer *t)
         return;
     if (!t->batch) {
         if (!t->head) {
-            export_arm(t, t->set.interval_s);
+            export_next(t, t->set.interval_s);
             return;
         }
         /* Take up to max_batch spans off the queue. */
@@ -460,7 +480,7 @@ static void export_start(struct tracer *t)
         if (!t->body) {
             t->stats.dropped_export += n;
             batch_free(t);
-            export_arm(t, t->set.interval_s);
+            export_next(t, t->set.interval_s);
             return;
         }
     }
@@ -807,6 +827,17 @@ void tracer_free(struct tracer *t)
     memset(&none, 0, sizeof(none));
     tracer_apply(t, &none, false);
     free(t);
+}
+
+int tracer_flush(struct tracer *t, void (*done)(void *ud), void *ud)
+{
+    if (!t || !t->enabled || (!t->head && !t->batch && !t->attempt))
+        return 0;
+    t->flushed = done;
+    t->flushed_ud = ud;
+    if (!t->attempt)
+        export_arm(t, 0); /* a batch waiting for its retry goes now */
+    return 1;
 }
 
 const struct trace_stats *tracer_stats(const struct tracer *t)

@@ -57,6 +57,8 @@ struct trace_ctx {
     uint8_t span_id[8];
     uint8_t flags;   /* bit 0: sampled */
     bool valid;      /* a well-formed traceparent was given */
+    bool own;        /* polygw's own context (a task's trace): always the parent, whatever
+                      * tracing.parent says (set by the caller after parsing) */
     char state[257]; /* tracestate as given ("" = none; longer ones are dropped) */
 };
 
@@ -110,6 +112,13 @@ struct tracer *tracer_new(struct ev_loop *loop, struct upstream *up,
  * changed). */
 int tracer_reconf(struct tracer *t, const struct config_tracing *ct, char *err, size_t errlen);
 
+/* Sends what is queued now (at exit): every batch leaves at once, one after
+ * the other, and a failed one is dropped (counted), not retried; done(ud)
+ * is called, from the loop, when none is left. Returns 1 (done will be
+ * called, unless the tracer is freed first: the caller bounds the wait),
+ * or 0 when there is nothing to send (done is not called). */
+int tracer_flush(struct tracer *t, void (*done)(void *ud), void *ud);
+
 /* Cancels the export in flight and frees every span. NULL: no-op. */
 void tracer_free(struct tracer *t);
 
@@ -122,8 +131,9 @@ bool tracer_is_enabled(const struct tracer *t);
 
 /* Starts a span at `now` (ev_now(): seconds since the epoch). Its parent is
  * `parent` when not NULL (same trace and tracer: `t` may be NULL); else the caller's context `ctx`
- * (may be NULL or invalid: a new trace), which with `link` becomes a link
- * of a new root instead. Returns NULL when the trace is not sampled, the
+ * (may be NULL or invalid: a new trace), which with `link` (or
+ * tracing.parent: link) becomes a link of a new root instead, unless it is
+ * polygw's own (ctx->own). Returns NULL when the trace is not sampled, the
  * tracer is NULL, or out of memory. `name` is copied. */
 struct span *span_start(struct tracer *t, const struct span *parent, const struct trace_ctx *ctx,
                         bool link, const char *name, enum trace_kind kind, double now);

@@ -23,23 +23,25 @@ const TRACEPARENT = `00-${TRACE_ID}-${PARENT_ID}-01`;
 const SRC = "timeout_s: 20, connect_timeout_s: 5, ttft_timeout_s: 20, idle_timeout_s: 20, " +
   "api_key_env: PGW_TRACE_KEY";
 
-function config(a, b, port, recv, tracing = "", aExtra = "") {
+function config(a, b, port, recv, tracing = "", aExtra = "", aCap = "chat") {
   return [
     "listen:", '  mode: "0660"',
     "server:", "  log_level: info", "  shutdown_grace_s: 0.5",
     "defaults: {max_attempts: 3, stall_window_s: 20, backoff_base_s: 0.05, backoff_max_s: 0.1, poll_interval_s: 0.05}",
     "http:", `  listen: "127.0.0.1:${port}"`,
-    "tracing:", "  enabled: true", `  endpoint: "${recv.url}"`, "  export_interval_s: 0.1",
+    "tracing:", "  enabled: true", `  endpoint: "${recv.url}"`,
+    ...(tracing.includes("export_interval_s") ? [] : ["  export_interval_s: 0.1"]),
     ...(tracing ? [tracing] : []),
+    ...(aCap === "chat" ? [] : ["capabilities:", `  ${aCap}: {path: /${aCap}}`]),
     "sources:",
-    `  - {name: a, capability: chat, base_url: "${a.url}", priority: 0, max_concurrency: 1, aimd: {initial: 1}, ${SRC}${aExtra}}`,
+    `  - {name: a, capability: ${aCap}, base_url: "${aCap === "gemini" ? `http://127.0.0.1:${a.port}/v1beta` : a.url}", priority: 0, max_concurrency: 1, aimd: {initial: 1}, ${SRC}${aExtra}}`,
     `  - {name: b, capability: chat, base_url: "${b.url}", priority: 1, max_concurrency: 1, aimd: {initial: 1}, breaker: {failures: 100000}, prices: {input: 2.5, output: 10}, ${SRC}}`,
     "",
   ].join("\n");
 }
 
 /** Runs fn({a, b, recv, port, sc}): two mocks (sources a and b), a receiver, a sidecar. */
-async function withTracing(fn, tracing = "", aExtra = ", breaker: {failures: 100000}") {
+async function withTracing(fn, tracing = "", aExtra = ", breaker: {failures: 100000}", aCap = "chat") {
   const a = await Mock.start();
   const b = await Mock.start();
   const recv = await Receiver.start();
@@ -48,7 +50,7 @@ async function withTracing(fn, tracing = "", aExtra = ", breaker: {failures: 100
   try {
     const port = await freePort();
     sc = new Sidecar("");
-    fs.writeFileSync(sc.configPath, config(a, b, port, recv, tracing, aExtra));
+    fs.writeFileSync(sc.configPath, config(a, b, port, recv, tracing, aExtra, aCap));
     await sc.start();
     while (!(await canConnect(port))) await sleep(20);
     return await fn({ a, b, recv, port, sc });
@@ -273,5 +275,332 @@ test("the C client (polygwctl call --traceparent) sends the trace parameter", as
     assert.equal(call.traceId, TRACE_ID);
     assert.equal(call.parentSpanId, PARENT_ID);
     assert.equal(call.attrs["polygw.front"], "msgpack");
+    // polygwctl task start --traceparent: the run's task.start joins it.
+    execFileSync(`${process.env.POLYGW_BUILD}/polygwctl`, ["--socket", sc.sock, "task", "start", "run-c",
+      "--traceparent", TRACEPARENT]);
+    const ts = (await recv.waitFor((s) => s.some((x) => x.name === "task.start"))).find((x) => x.name === "task.start");
+    assert.equal(ts.traceId, TRACE_ID);
+    assert.equal(ts.parentSpanId, PARENT_ID);
+    assert.equal(ts.attrs["polygw.task_id"], "run-c");
   });
+});
+
+/** POSTs task method `op` of task `id` on the HTTP front. */
+function taskPost(port, id, op, body, headers = {}) {
+  return fetch(`http://127.0.0.1:${port}/polygw/v1/tasks/${id}/${op}`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json", ...headers },
+    body: JSON.stringify(body || {}),
+  });
+}
+
+test("a task's run is one trace: task.start under the caller, nodes, calls, the watchdog", async () => {
+  await withTracing(async ({ a, recv, port }) => {
+    const start = await taskPost(port, "run-1", "start", {}, { traceparent: TRACEPARENT, tracestate: "t=1" });
+    assert.equal(start.status, 200);
+    assert.equal((await taskPost(port, "run-1", "node_begin", { node: "plan", timeout_s: 10 })).status, 200);
+    // A call of the task with no traceparent of its own: a child of the run.
+    const r1 = await chatCall(port, { "X-Polygw-Task": "run-1" });
+    assert.equal(r1.status, 200);
+    await r1.json();
+    assert.equal((await taskPost(port, "run-1", "node_end", { node: "plan" })).status, 200);
+    // The next node hangs on an upstream that never answers in time: the
+    // watchdog fails the task and ends its call.
+    await a.control("POST", "/_mock/script", [{ delay_ms: 5000 }]);
+    assert.equal((await taskPost(port, "run-1", "node_begin", { node: "act", timeout_s: 0.3 })).status, 200);
+    const r2 = await chatCall(port, { "X-Polygw-Task": "run-1" });
+    assert.equal(r2.status, 409);
+    assert.equal((await r2.json()).error.code, "watchdog_timeout");
+
+    const spans = await recv.waitFor((s) =>
+      s.some((x) => x.name === "task.node act") && s.filter((x) => x.kind === SpanKind.SPAN_KIND_SERVER).length >= 3);
+    const mine = spans.filter((x) => x.traceId === TRACE_ID);
+    assert.equal(mine.length, spans.length, "every span is in the caller's trace: " + JSON.stringify(spans.map((x) => x.name)));
+    const ts = mine.find((x) => x.name === "task.start");
+    assert.ok(ts, JSON.stringify(mine.map((x) => x.name)));
+    assert.equal(ts.kind, SpanKind.SPAN_KIND_SERVER);
+    assert.equal(ts.parentSpanId, PARENT_ID);
+    assert.equal(ts.traceState, "t=1");
+    assert.equal(ts.attrs["polygw.task_id"], "run-1");
+    assert.ok(ts.attrs["polygw.app"]);
+    assert.equal(ts.attrs["polygw.runs"], 1);
+
+    const plan = mine.find((x) => x.name === "task.node plan");
+    assert.equal(plan.parentSpanId, ts.spanId);
+    assert.equal(plan.attrs["polygw.node"], "plan");
+    assert.equal(plan.attrs["polygw.ended_by"], "task.node_end");
+    assert.equal(plan.attrs["polygw.timeout_s"], 10);
+    assert.equal(plan.attrs["polygw.timeout_source"], "explicit");
+    assert.notEqual(plan.status.code, StatusCode.STATUS_CODE_ERROR);
+
+    const calls = mine.filter((x) => x.kind === SpanKind.SPAN_KIND_SERVER && x.name !== "task.start")
+      .sort((x, y) => x.startMs - y.startMs);
+    assert.equal(calls.length, 2, JSON.stringify(mine.map((x) => x.name)));
+    for (const c of calls) {
+      assert.equal(c.parentSpanId, ts.spanId, "the task's calls are children of its run");
+      assert.equal(c.attrs["polygw.task_id"], "run-1");
+    }
+    assert.ok(calls[0].startMs >= plan.startMs && calls[0].endMs <= plan.endMs + 1, "the call ran in its node");
+    assert.equal(calls[0].attrs["polygw.code"], "ok");
+    assert.equal(calls[1].attrs["polygw.code"], "watchdog_timeout");
+    assert.ok(calls[1].events.some((e) => e.name === "polygw.watchdog"), JSON.stringify(calls[1].events));
+
+    const act = mine.find((x) => x.name === "task.node act");
+    assert.equal(act.parentSpanId, ts.spanId);
+    assert.equal(act.attrs["polygw.ended_by"], "watchdog");
+    assert.equal(act.status.code, StatusCode.STATUS_CODE_ERROR);
+    assert.equal(act.status.message, "watchdog_timeout");
+    const fired = act.events.find((e) => e.name === "polygw.watchdog");
+    assert.ok(fired && fired.attrs["polygw.reason"], JSON.stringify(act.events));
+    assert.ok(act.endMs - act.startMs >= 250 && act.endMs - act.startMs < 5000, JSON.stringify(act));
+  });
+});
+
+test("task.start over msgpack takes `trace`; a stop is a span of the run, and ends its node", async () => {
+  await withTracing(async ({ a, recv, sc, port }) => {
+    const c = new pgw.Client(sc.sock);
+    try {
+      await c.task("run-2").start({ trace: { traceparent: TRACEPARENT } });
+      await c.request("task.node_begin", { task_id: "run-2", node: "step" });
+      await assert.rejects(c.request("task.start", { task_id: "run-3", trace: { traceparent: 1 } }),
+        (e) => e.code === "bad_request" && /traceparent must be a string/.test(e.message));
+      // A call with its own traceparent keeps it; one without joins the run.
+      const own = "00-11111111111111111111111111111111-2222222222222222-01";
+      await c.call("chat", { model: "m", messages: [{ role: "user", content: PROMPT }] },
+        { taskId: "run-2", trace: { traceparent: own } });
+      await a.control("POST", "/_mock/script", [{ delay_ms: 5000 }]);
+      const hung = chatCall(port, { "X-Polygw-Task": "run-2" });
+      await a.waitStats((s) => s.requests >= 2);
+      await c.request("task.stop", { task_id: "run-2", reason: "user cancelled" });
+      assert.equal((await hung).status, 409);
+    } finally {
+      c.close();
+    }
+    const spans = await recv.waitFor((s) =>
+      s.some((x) => x.name === "task.stop") && s.some((x) => x.name === "task.node step") &&
+      s.filter((x) => x.kind === SpanKind.SPAN_KIND_SERVER).length >= 3);
+    const ts = spans.find((x) => x.name === "task.start");
+    assert.equal(ts.traceId, TRACE_ID);
+    assert.equal(ts.parentSpanId, PARENT_ID);
+    const stop = spans.find((x) => x.name === "task.stop");
+    assert.equal(stop.traceId, TRACE_ID);
+    assert.equal(stop.parentSpanId, ts.spanId);
+    assert.equal(stop.attrs["polygw.reason"], "user cancelled");
+    assert.equal(stop.attrs["polygw.node"], "step");
+    assert.ok(stop.attrs["polygw.by"]);
+    const step = spans.find((x) => x.name === "task.node step");
+    assert.equal(step.parentSpanId, ts.spanId);
+    assert.equal(step.attrs["polygw.ended_by"], "task.stop");
+    assert.equal(step.status.message, "task_stopped");
+    const calls = spans.filter((x) => x.kind === SpanKind.SPAN_KIND_SERVER && x.name !== "task.start");
+    const ownCall = calls.find((x) => x.traceId === "11111111111111111111111111111111");
+    assert.ok(ownCall, "a call's own traceparent wins over its task's");
+    assert.equal(ownCall.parentSpanId, "2222222222222222");
+    const stopped = calls.find((x) => x.traceId === TRACE_ID);
+    assert.equal(stopped.parentSpanId, ts.spanId);
+    assert.equal(stopped.attrs["polygw.code"], "task_stopped");
+    assert.ok(stopped.events.some((e) => e.name === "polygw.task_stop"));
+  });
+});
+
+test("with parent: link the run's calls stay children of the run; task.start links the caller", async () => {
+  await withTracing(async ({ recv, port }) => {
+    assert.equal((await taskPost(port, "run-4", "start", {}, { traceparent: TRACEPARENT })).status, 200);
+    const r = await chatCall(port, { "X-Polygw-Task": "run-4" });
+    assert.equal(r.status, 200);
+    await r.json();
+    assert.equal((await taskPost(port, "run-4", "node_begin", { node: "wrap" })).status, 200);
+    assert.equal((await taskPost(port, "run-4", "finish", { ok: true })).status, 200);
+    const spans = await recv.waitFor((s) => s.some((x) => x.name === "task.finish") &&
+      s.some((x) => x.name === "task.node wrap") && s.some((x) => x.kind === SpanKind.SPAN_KIND_CLIENT));
+    const ts = spans.find((x) => x.name === "task.start");
+    assert.notEqual(ts.traceId, TRACE_ID);
+    assert.equal(ts.parentSpanId, "");
+    assert.deepEqual(ts.links, [{ traceId: TRACE_ID, spanId: PARENT_ID }]);
+    const call = spans.find((x) => x.kind === SpanKind.SPAN_KIND_SERVER && x.name !== "task.start");
+    assert.equal(call.traceId, ts.traceId);
+    assert.equal(call.parentSpanId, ts.spanId);
+    const fin = spans.find((x) => x.name === "task.finish");
+    assert.equal(fin.parentSpanId, ts.spanId);
+    assert.equal(fin.attrs["polygw.ok"], true);
+    assert.equal(fin.attrs["polygw.node"], "wrap");
+    const wrap = spans.find((x) => x.name === "task.node wrap");
+    assert.equal(wrap.parentSpanId, ts.spanId);
+    assert.equal(wrap.attrs["polygw.ended_by"], "task.finish");
+    assert.equal(wrap.attrs["polygw.timeout_source"], "default");
+    assert.notEqual(wrap.status.code, StatusCode.STATUS_CODE_ERROR);
+  }, "  parent: link");
+});
+
+/** The spans of the one call made (its call span and its attempt span),
+ * both naming `model` as gen_ai.response.model. */
+async function oneCall(recv, model) {
+  const spans = await recv.waitFor((s) => s.some((x) => x.kind === SpanKind.SPAN_KIND_SERVER) &&
+    s.some((x) => x.kind === SpanKind.SPAN_KIND_CLIENT));
+  const call = spans.find((x) => x.kind === SpanKind.SPAN_KIND_SERVER);
+  const attempt = spans.find((x) => x.kind === SpanKind.SPAN_KIND_CLIENT);
+  assert.equal(attempt.attrs["gen_ai.response.model"], model);
+  assert.equal(call.attrs["gen_ai.response.model"], model);
+  return [call, attempt];
+}
+
+const sse = (...events) => events.map((e) => `data: ${typeof e === "string" ? e : JSON.stringify(e)}\n\n`).join("");
+
+test("gen_ai.response.model and cached/reasoning tokens from an OpenAI answer, plain and streamed", async () => {
+  await withTracing(async ({ a, recv, port }) => {
+    const usage = { prompt_tokens: 50, completion_tokens: 20, total_tokens: 70,
+      prompt_tokens_details: { cached_tokens: 32 }, completion_tokens_details: { reasoning_tokens: 12 } };
+    await a.control("POST", "/_mock/script", [{ body: JSON.stringify({
+      id: "c1", object: "chat.completion", created: 1, model: "m-2024-08-06",
+      choices: [{ index: 0, message: { role: "assistant", content: ANSWER }, finish_reason: "stop" }], usage }) }]);
+    const res = await chatCall(port);
+    assert.equal(res.status, 200);
+    await res.json();
+    const [, attempt] = await oneCall(recv, "m-2024-08-06");
+    assert.equal(attempt.attrs["gen_ai.request.model"], "m");
+    assert.equal(attempt.attrs["gen_ai.usage.input_tokens"], 50);
+    assert.equal(attempt.attrs["gen_ai.usage.output_tokens"], 20);
+    assert.equal(attempt.attrs["gen_ai.usage.cache_read.input_tokens"], 32);
+    assert.equal(attempt.attrs["gen_ai.usage.reasoning.output_tokens"], 12);
+    assert.equal(attempt.attrs["gen_ai.usage.cache_creation.input_tokens"], undefined);
+  });
+  await withTracing(async ({ a, recv, port }) => {
+    const chunk = { id: "c2", object: "chat.completion.chunk", created: 1, model: "m-stream-7" };
+    await a.control("POST", "/_mock/script", [{ content_type: "text/event-stream", body: sse(
+      { ...chunk, choices: [{ index: 0, delta: { role: "assistant", content: "hi" }, finish_reason: null }] },
+      { ...chunk, choices: [{ index: 0, delta: {}, finish_reason: "stop" }] },
+      { ...chunk, choices: [], usage: { prompt_tokens: 9, completion_tokens: 8, total_tokens: 17,
+        prompt_tokens_details: { cached_tokens: 4 }, completion_tokens_details: { reasoning_tokens: 5 } } },
+      "[DONE]") }]);
+    const res = await fetch(`http://127.0.0.1:${port}/v1/chat/completions`, {
+      method: "POST", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ model: "m", stream: true, messages: [{ role: "user", content: PROMPT }] }),
+    });
+    assert.equal(res.status, 200);
+    assert.match(await res.text(), /\[DONE\]/);
+    const [call, attempt] = await oneCall(recv, "m-stream-7");
+    assert.equal(call.attrs["polygw.stream"], true);
+    assert.equal(attempt.attrs["gen_ai.usage.cache_read.input_tokens"], 4);
+    assert.equal(attempt.attrs["gen_ai.usage.reasoning.output_tokens"], 5);
+  });
+});
+
+test("gen_ai.response.model and cache tokens from an Anthropic Messages answer", async () => {
+  await withTracing(async ({ a, recv, port }) => {
+    await a.control("POST", "/_mock/script", [{ body: JSON.stringify({
+      id: "msg_1", type: "message", role: "assistant", model: "claude-t-20250101",
+      content: [{ type: "text", text: ANSWER }], stop_reason: "end_turn", stop_sequence: null,
+      usage: { input_tokens: 10, output_tokens: 5, cache_read_input_tokens: 7, cache_creation_input_tokens: 3 } }) }]);
+    const res = await fetch(`http://127.0.0.1:${port}/v1/messages`, {
+      method: "POST", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ model: "m", max_tokens: 10, messages: [{ role: "user", content: PROMPT }] }),
+    });
+    assert.equal(res.status, 200, await res.clone().text());
+    assert.equal((await res.json()).content[0].text, ANSWER);
+    const [, attempt] = await oneCall(recv, "claude-t-20250101");
+    assert.equal(attempt.attrs["gen_ai.provider.name"], "anthropic");
+    assert.equal(attempt.attrs["gen_ai.usage.cache_read.input_tokens"], 7);
+    assert.equal(attempt.attrs["gen_ai.usage.cache_creation.input_tokens"], 3);
+    recv.spans.length = 0;
+    // The mock's own stream names the model (the one asked for) in
+    // message_start's `message` only.
+    const st = await fetch(`http://127.0.0.1:${port}/v1/messages`, {
+      method: "POST", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ model: "claude-s", max_tokens: 10, stream: true, messages: [{ role: "user", content: PROMPT }] }),
+    });
+    assert.equal(st.status, 200);
+    assert.match(await st.text(), /message_stop/);
+    await oneCall(recv, "claude-s");
+  }, "", ", kind: anthropic, breaker: {failures: 100000}");
+});
+
+test("gen_ai.response.model (modelVersion) and thinking tokens from a Gemini answer, plain and streamed", async () => {
+  await withTracing(async ({ a, recv, port }) => {
+    const usageMetadata = { promptTokenCount: 6, candidatesTokenCount: 4, thoughtsTokenCount: 9, totalTokenCount: 19 };
+    await a.control("POST", "/_mock/script", [{ body: JSON.stringify({
+      candidates: [{ content: { parts: [{ text: ANSWER }], role: "model" }, finishReason: "STOP", index: 0 }],
+      usageMetadata, modelVersion: "gemini-t-001" }) }]);
+    const res = await fetch(`http://127.0.0.1:${port}/v1beta/models/gemini-t:generateContent`, {
+      method: "POST", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ contents: [{ role: "user", parts: [{ text: PROMPT }] }] }),
+    });
+    assert.equal(res.status, 200, await res.clone().text());
+    await res.json();
+    const [, attempt] = await oneCall(recv, "gemini-t-001");
+    assert.equal(attempt.attrs["gen_ai.provider.name"], "gcp.gemini");
+    assert.equal(attempt.attrs["gen_ai.usage.reasoning.output_tokens"], 9);
+    recv.spans.length = 0;
+    // The mock's own stream: every event names its modelVersion.
+    const st = await fetch(`http://127.0.0.1:${port}/v1beta/models/gemini-t:streamGenerateContent?alt=sse`, {
+      method: "POST", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ contents: [{ role: "user", parts: [{ text: PROMPT }] }] }),
+    });
+    assert.equal(st.status, 200);
+    await st.text();
+    await oneCall(recv, "mock-gemini");
+  }, "", ", kind: gemini, breaker: {failures: 100000}", "gemini");
+});
+
+test("spans still queued at shutdown are sent before the sidecar exits, within the stop timeout", async () => {
+  // Exports every hour: nothing leaves before the SIGTERM.
+  await withTracing(async ({ recv, port, sc }) => {
+    const res = await chatCall(port, { traceparent: TRACEPARENT });
+    assert.equal(res.status, 200);
+    await res.json();
+    await sleep(300);
+    assert.equal(recv.requests, 0, "nothing exported before the shutdown");
+    const t0 = Date.now();
+    assert.equal(await sc.stop(), 0);
+    assert.ok(Date.now() - t0 < 2000, `exited in ${Date.now() - t0} ms`);
+    const mine = recv.spans.filter((x) => x.traceId === TRACE_ID);
+    assert.equal(mine.length, 2, JSON.stringify(recv.spans.map((x) => x.name)));
+    assert.ok(mine.some((x) => x.kind === SpanKind.SPAN_KIND_SERVER && x.parentSpanId === PARENT_ID));
+  }, "  export_interval_s: 3600");
+  // A receiver that never answers delays the exit by at most the stop
+  // timeout (2 s after the grace), never by export_timeout_s.
+  await withTracing(async ({ recv, port, sc }) => {
+    const res = await chatCall(port);
+    await res.json();
+    recv.mode = "hang";
+    const t0 = Date.now();
+    assert.equal(await sc.stop(), 0);
+    const took = Date.now() - t0;
+    assert.ok(recv.hung.length >= 1, "the export was tried");
+    assert.ok(took >= 1500 && took < 4500, `exited in ${took} ms`);
+  }, "  export_interval_s: 3600\n  export_timeout_s: 30");
+});
+
+test("gen_ai.response.model from the Responses API, plain and from its stream's response events", async () => {
+  await withTracing(async ({ recv, port }) => {
+    const post = (body) => fetch(`http://127.0.0.1:${port}/v1/responses`, {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+    });
+    const res = await post({ model: "resp-m", input: PROMPT });
+    assert.equal(res.status, 200, await res.clone().text());
+    await res.json();
+    const [call] = await oneCall(recv, "resp-m");
+    assert.equal(call.attrs["gen_ai.operation.name"], "chat");
+    recv.spans.length = 0;
+    const st = await post({ model: "resp-s", input: PROMPT, stream: true });
+    assert.equal(st.status, 200);
+    assert.match(await st.text(), /response\.completed/);
+    await oneCall(recv, "resp-s");
+  }, "", ", breaker: {failures: 100000}", "responses");
+});
+
+test("a task stopped by its budget: task.stop by polygw, reason budget, in the run's trace", async () => {
+  await withTracing(async ({ recv, port }) => {
+    assert.equal((await taskPost(port, "run-b", "start", { budget: 1e-9 }, { traceparent: TRACEPARENT })).status, 200);
+    const res = await chatCall(port, { "X-Polygw-Task": "run-b" });
+    const err = (await res.json()).error;
+    assert.equal(err.code, "budget_exhausted", JSON.stringify(err));
+    const spans = await recv.waitFor((s) => s.some((x) => x.name === "task.stop"));
+    const ts = spans.find((x) => x.name === "task.start");
+    assert.equal(ts.attrs["polygw.budget"], 1e-9);
+    const stop = spans.find((x) => x.name === "task.stop");
+    assert.equal(stop.traceId, TRACE_ID);
+    assert.equal(stop.parentSpanId, ts.spanId);
+    assert.equal(stop.attrs["polygw.by"], "polygw");
+    assert.equal(stop.attrs["polygw.reason"], "budget");
+  }, "", ", breaker: {failures: 100000}, prices: {input: 2.5, output: 10}");
 });

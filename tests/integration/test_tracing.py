@@ -32,9 +32,12 @@ def closed_port():
     return port
 
 
+def tracing_yaml(tracing):
+    return "tracing:\n" + "".join("  %s: %s\n" % kv for kv in tracing.items())
+
+
 def config(up, tracing):
-    text = config_yaml([source_yaml("a", "chat", up.url, SRC)], DEFAULTS)
-    return text + "tracing:\n" + "".join("  %s: %s\n" % kv for kv in tracing.items())
+    return config_yaml([source_yaml("a", "chat", up.url, SRC)], DEFAULTS) + tracing_yaml(tracing)
 
 
 def tracing_stats(sc):
@@ -111,3 +114,63 @@ def test_each_attempt_sends_its_own_traceparent(make_sidecar, up, client):
         c.call("chat", chat("hi"))  # a new trace: still one traceparent, no other
         h = [k for k in up.last()["headers"] if k.lower() == "traceparent"]
         assert len(h) == 1
+
+
+QUIET = {"enabled": "true", "sampler_ratio": 0, "export_interval_s": 3600}
+
+
+def quiet_tracing():
+    """Tracing on, nothing recorded without a sampled parent, nothing
+    exported (a receiver that is down): what was recorded shows in stats."""
+    return dict(QUIET, endpoint='"http://127.0.0.1:%d/v1/traces"' % closed_port())
+
+
+@pytest.fixture
+def redis_srv():
+    from redis_fixture import FleetRedis
+    srv = FleetRedis().start()
+    yield srv
+    srv.cleanup()
+
+
+def test_task_run_carries_its_trace_to_its_calls(make_sidecar, up):
+    # sampler_ratio 0: only what a sampled parent decides is recorded. The
+    # run's calls without a trace of their own follow the run's context.
+    check_task_run_trace(make_sidecar(config_text=config(up, quiet_tracing())), up)
+
+
+def test_task_run_trace_on_the_redis_backend(redis_srv, up, make_sidecar):
+    # The same with the task's record in Redis (answers from the loop).
+    from redis_fixture import fleet_config, unique_prefix, wait_backend
+    text = fleet_config(redis_srv.url(), unique_prefix(), [source_yaml("a", "chat", up.url, SRC)],
+                        **DEFAULTS)
+    text += tracing_yaml(quiet_tracing())
+    sc = make_sidecar(config_text=text, env=dict(os.environ, no_proxy="*", NO_PROXY="*"))
+    wait_backend(sc)
+    check_task_run_trace(sc, up)
+
+
+def check_task_run_trace(sc, up):
+    trace_id = TP.split("-")[1]
+    with polygw.Client(sc.sock) as c:
+        task = c.task("run-py")
+        task.start(trace={"traceparent": TP % 1})
+        assert c.stats()["tracing"]["spans_started"] == 1         # task.start
+        task.call("chat", chat("hi"))
+        st = c.stats()["tracing"]
+        assert st["spans_started"] == 3, st                        # + the call and its attempt
+        tp = {k.lower(): v for k, v in up.last()["headers"].items()}["traceparent"].split("-")
+        assert tp[1] == trace_id and tp[3] == "01", tp             # upstream: in the run's trace
+        task.node_begin("n1")
+        task.node_end("n1")
+        task.finish(True)
+        assert c.stats()["tracing"]["spans_started"] == 5, c.stats()["tracing"]  # node, finish
+        # A run under an unsampled caller records nothing, its calls neither.
+        with c.task("run-quiet", trace={"traceparent": TP % 0}) as quiet:
+            quiet.call("chat", chat("hi"))
+        st = c.stats()["tracing"]
+        assert st["spans_started"] == 5 and st["unsampled"] >= 2, st
+        with pytest.raises(polygw.BadRequestError, match="traceparent must be a string"):
+            c.task("run-bad").start(trace={"traceparent": 5})
+        with pytest.raises(polygw.BadRequestError):
+            c.request("task.start", {"task_id": "run-bad", "trace": "not a map"})

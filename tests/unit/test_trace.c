@@ -213,6 +213,59 @@ START_TEST(test_trace__sampler)
 }
 END_TEST
 
+/* polygw's own context (a task's run) is the parent even where the
+ * caller's would be a link; tracer_flush sends every batch at once, drops
+ * a failed one without retrying, and says when the queue is empty. */
+static void on_flushed(void *ud)
+{
+    *(int *)ud += 1;
+}
+
+static void on_guard(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)w;
+    (void)revents;
+    ev_break(loop, EVBREAK_ALL);
+}
+
+START_TEST(test_trace__own_context_and_flush)
+{
+    struct fixture f;
+    struct trace_ctx c;
+    char tp[56];
+    int flushed = 0;
+
+    fixture_start(&f, 16, 1);
+    ck_assert_int_eq(tracer_flush(f.t, on_flushed, &flushed), 0); /* nothing queued */
+    trace_ctx_parse(&c, TP, NULL);
+    struct span *l = span_start(f.t, NULL, &c, true, "linked", TRACE_SERVER, 1);
+    ck_assert(!l->has_parent && l->has_link);
+    c.own = true;
+    struct span *o = span_start(f.t, NULL, &c, true, "own", TRACE_SERVER, 1);
+    ck_assert(o->has_parent && !o->has_link);
+    ck_assert_mem_eq(o->parent_id, c.span_id, 8);
+    span_traceparent(o, tp);
+    ck_assert_mem_eq(tp, TP, 36); /* "00-" and the caller's trace id */
+    span_end(l, 2);
+    span_end(o, 2);
+    ck_assert_uint_eq(tracer_stats(f.t)->queued, 2);
+    /* The receiver (port 9) refuses: the batch is dropped, not retried. */
+    ck_assert_int_eq(tracer_flush(f.t, on_flushed, &flushed), 1);
+    ev_timer guard;
+    ev_timer_init(&guard, on_guard, 10, 0);
+    ev_timer_start(f.loop, &guard);
+    while (!flushed && ev_is_active(&guard))
+        ev_run(f.loop, EVRUN_ONCE);
+    ev_timer_stop(f.loop, &guard);
+    ck_assert_int_eq(flushed, 1);
+    ck_assert_uint_eq(tracer_stats(f.t)->queued, 0);
+    ck_assert_uint_eq(tracer_stats(f.t)->dropped_export, 2);
+    ck_assert_uint_eq(tracer_stats(f.t)->export_retries, 0);
+    ck_assert_ptr_null(tracer_queue_head(f.t));
+    fixture_stop(&f);
+}
+END_TEST
+
 START_TEST(test_trace__environment)
 {
     char err[200];
@@ -255,6 +308,7 @@ Suite *trace_suite(void)
     tcase_add_test(tc, test_trace__encode_round_trip);
     tcase_add_test(tc, test_trace__bounds);
     tcase_add_test(tc, test_trace__sampler);
+    tcase_add_test(tc, test_trace__own_context_and_flush);
     tcase_add_test(tc, test_trace__environment);
     suite_add_tcase(s, tc);
     return s;

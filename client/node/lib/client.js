@@ -335,8 +335,12 @@ export class Task {
     return this.client.request(method, p);
   }
 
-  /** A new run; `budget`: what its calls may cost, in the sidecar's currency. */
-  start({ budget } = {}) { return this._req("task.start", { budget }); }
+  /**
+   * A new run; `budget`: what its calls may cost, in the sidecar's currency;
+   * `trace`: the caller's W3C carrier ({traceparent, tracestate}), the parent
+   * of the run's trace (its calls without their own join it).
+   */
+  start({ budget, trace } = {}) { return this._req("task.start", { budget, trace }); }
   stop(reason) { return this._req("task.stop", { reason }); }
   /** Rejects with TaskStoppedError / WatchdogTimeoutError unless running. */
   async guard() { await this._req("task.guard"); }
@@ -370,8 +374,8 @@ export class Task {
    * error's text when it rejects (a task already stopped or failed by the
    * watchdog is left as the sidecar has it).
    */
-  async run(fn, { budget } = {}) {
-    await this.start({ budget });
+  async run(fn, { budget, trace } = {}) {
+    await this.start({ budget, trace });
     let value;
     try {
       value = await fn(this);

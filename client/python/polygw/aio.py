@@ -259,8 +259,8 @@ class AsyncClient:
         return await self._finish(conn, call, timeout_s)
 
     # ------------------------------------------------------------ tasks
-    def task(self, task_id, budget=None):
-        return AsyncTask(self, task_id, budget)
+    def task(self, task_id, budget=None, trace=None):
+        return AsyncTask(self, task_id, budget, trace)
 
     async def tasks(self, state=None):
         res = await self.request("task.list", {"state": state} if state is not None else None)
@@ -333,19 +333,21 @@ class AsyncTask:
                 await task.call("chat", body)
     """
 
-    def __init__(self, client, task_id, budget=None):
+    def __init__(self, client, task_id, budget=None, trace=None):
         self.client = client
         self.task_id = task_id
         self.budget = budget
+        self.trace = trace
 
     async def _req(self, method, **params):
         params = {k: v for k, v in params.items() if v is not None}
         params["task_id"] = self.task_id
         return await self.client.request(method, params)
 
-    async def start(self, budget=None):
-        """A new run; ``budget``: what its calls may cost, in the sidecar's currency."""
-        return await self._req("task.start", budget=budget)
+    async def start(self, budget=None, trace=None):
+        """A new run; ``budget``: what its calls may cost, in the sidecar's
+        currency; ``trace``: a W3C carrier, the parent of the run's trace."""
+        return await self._req("task.start", budget=budget, trace=trace)
 
     async def stop(self, reason):
         return await self._req("task.stop", reason=reason)
@@ -381,7 +383,7 @@ class AsyncTask:
         await self.node_end(name)
 
     async def __aenter__(self):
-        await self.start(self.budget)
+        await self.start(self.budget, self.trace)
         return self
 
     async def __aexit__(self, exc_type, exc, tb):

@@ -282,10 +282,11 @@ class Client:
         return self._finish(conn, call, timeout_s)
 
     # ------------------------------------------------------------ tasks
-    def task(self, task_id, budget=None):
+    def task(self, task_id, budget=None, trace=None):
         """A :class:`Task` handle (nothing is sent until it is used);
-        ``budget``: what the run ``with`` starts may cost (task.start)."""
-        return Task(self, task_id, budget)
+        ``budget``: what the run ``with`` starts may cost, ``trace``: the
+        W3C carrier its trace joins (task.start)."""
+        return Task(self, task_id, budget, trace)
 
     def tasks(self, state=None):
         """``task.list``: the tasks (dicts), optionally only those in
@@ -378,19 +379,22 @@ class Task:
     Every method raises TasksNotSupportedError on a sidecar without tasks.
     """
 
-    def __init__(self, client, task_id, budget=None):
+    def __init__(self, client, task_id, budget=None, trace=None):
         self.client = client
         self.task_id = task_id
         self.budget = budget
+        self.trace = trace
 
     def _req(self, method, **params):
         params = {k: v for k, v in params.items() if v is not None}
         params["task_id"] = self.task_id
         return self.client.request(method, params)
 
-    def start(self, budget=None):
-        """A new run; ``budget``: what its calls may cost, in the sidecar's currency."""
-        return self._req("task.start", budget=budget)
+    def start(self, budget=None, trace=None):
+        """A new run; ``budget``: what its calls may cost, in the sidecar's
+        currency; ``trace``: a W3C carrier (``{"traceparent": ...,
+        "tracestate": ...}``), the parent of the run's trace."""
+        return self._req("task.start", budget=budget, trace=trace)
 
     def stop(self, reason):
         return self._req("task.stop", reason=reason)
@@ -430,7 +434,7 @@ class Task:
         self.node_end(name)
 
     def __enter__(self):
-        self.start(self.budget)
+        self.start(self.budget, self.trace)
         return self
 
     def __exit__(self, exc_type, exc, tb):
