@@ -267,7 +267,7 @@ FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/codec/transcode.c sidecar/core/
                 sidecar/core/yamltree.c sidecar/core/name_index.c sidecar/codec/jscan.c \
                 sidecar/codec/dialect.c sidecar/codec/convert.c sidecar/http/httpreq.c \
                 sidecar/call/upath.c sidecar/http/gemroute.c sidecar/core/awscreds.c \
-                sidecar/core/gcpcreds.c sidecar/upstream/sigv4.c \
+                sidecar/core/gcpcreds.c \
                 $(REF_SRC)
 FUZZ_OBJ     := $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(FUZZ_LIB_SRC))
 # The HTTP/1.1 client's targets share their hooks (tests/fuzz/h1_contract.c).

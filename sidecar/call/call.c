@@ -55,6 +55,7 @@
 #include "backend/respids.h"
 #include "codec/convert.h"
 #include "codec/dialect.h"
+#include "call/cloudsign.h"
 #include "call/upath.h"
 #include "call/calltrace.h"
 #include "backend/cache.h"
@@ -69,7 +70,6 @@
 #include "task.h"
 #include "tasks.h"
 #include "codec/transcode.h"
-#include "upstream/cloudauth.h"
 #include "upstream/upstream.h"
 #include "utf8.h"
 
@@ -2350,48 +2350,24 @@ static void call_run_attempt(struct call *k, size_t source)
     const char *tp = calltrace_attempt(&k->ct, &k->g, src, ev_now(srv->loop));
     if (!k->rawc)
         as.extra_header = tp; /* a passthrough's headers are its client's */
-    char *signature = NULL;
-    char no_creds[240];
-    struct sigv4_creds creds = { src->aws.access_key_id, src->aws.secret_access_key,
-                                 src->aws.session_token };
-    struct cloudauth *auth = src->vertex.on                            ? srv->gcp_auth
-        : src->kind == DIALECT_BEDROCK && aws_creds_fetched(&src->aws) ? srv->aws_auth
-                                                                       : NULL;
-    bool fetched = src->vertex.on || (src->kind == DIALECT_BEDROCK && aws_creds_fetched(&src->aws));
-    if (fetched && (!auth || !cloudauth_get(auth, &creds, no_creds, sizeof(no_creds)))) {
-        /* Nothing to sign with: the attempt fails unsent, like a source
-         * that cannot be reached, and the loop goes on (another source,
-         * backoff); the credentials are fetched on their own schedule. */
-        if (!auth)
-            snprintf(no_creds, sizeof(no_creds), "no credentials fetcher (it could not start)");
-        as.refuse = no_creds;
-    } else if (src->vertex.on) {
-        size_t n = strlen(creds.session_token) + 32;
-        if (!(signature = malloc(n))) {
-            free(json);
-            explicit_bzero(url, nu + 1);
-            if (url != url_buf)
-                free(url);
-            call_reply_plain_error(k, PGW_INTERNAL, "out of memory");
-            call_finish(k);
-            return;
-        }
-        snprintf(signature, n, "Authorization: Bearer %s\r\n", creds.session_token);
-        as.attempt_headers = signature;
-    } else if (src->kind == DIALECT_BEDROCK) {
-        /* Signed at each attempt: a signature holds its time. */
-        if (!(signature = upath_sign_aws(src, &creds, url, json, text_len, time(NULL)))) {
-            free(json);
-            explicit_bzero(url, nu + 1);
-            if (url != url_buf)
-                free(url);
-            call_reply_plain_error(k, PGW_INTERNAL, "cannot sign the upstream request");
-            call_finish(k);
-            return;
-        }
-        as.attempt_headers = signature;
-        as.aws_eventstream = k->stream;
+    char *signature = NULL, no_creds[240];
+    int auth = cloudsign_lines(src, srv->aws_auth, srv->gcp_auth, url, json, text_len, time(NULL),
+                               &signature, no_creds, sizeof(no_creds));
+    if (auth < 0) {
+        free(json);
+        explicit_bzero(url, nu + 1);
+        if (url != url_buf)
+            free(url);
+        call_reply_plain_error(k, PGW_INTERNAL, "cannot sign the upstream request");
+        call_finish(k);
+        return;
     }
+    /* Nothing to sign with: the attempt fails unsent, like a source that
+     * cannot be reached, and the loop goes on (another source, backoff);
+     * the credentials are fetched on their own schedule. */
+    as.refuse = auth > 0 ? no_creds : NULL;
+    as.attempt_headers = signature;
+    as.aws_eventstream = src->kind == DIALECT_BEDROCK && k->stream;
     k->past_end = false;
     k->attempt = attempt_start(srv->up, &as, &call_hooks, k);
     explicit_bzero(url, nu + 1); /* auth_query puts the key in it */

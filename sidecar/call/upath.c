@@ -10,7 +10,6 @@
 #include <string.h>
 
 #include "codec/dialect.h"
-#include "upstream/sigv4.h"
 
 bool upath_model_ok(const char *name, size_t len)
 {
@@ -142,57 +141,4 @@ char *upath_url(const struct config_source *src, const struct upath_call *c, cha
     *p = '\0';
     *len = (size_t)(p - url);
     return url;
-}
-
-char *upath_sign_aws(const struct config_source *src, const struct sigv4_creds *creds,
-                     const char *url, const void *body, size_t body_len, time_t now)
-{
-    /* url is scheme://host[:port]/path[?query], as upath_url made it. */
-    const char *h = strstr(url, "://");
-    h = h ? h + 3 : url;
-    const char *path = strchr(h, '/');
-    if (!path)
-        path = h + strlen(h);
-    char host[256], pbuf[1024];
-    size_t hn = (size_t)(path - h);
-    const char *q = strchr(path, '?');
-    size_t pn = q ? (size_t)(q - path) : strlen(path);
-    if (hn >= sizeof(host) || pn >= sizeof(pbuf))
-        return NULL;
-    memcpy(host, h, hn);
-    host[hn] = '\0';
-    /* The default port is not part of the Host header curl and the own
-     * client send. */
-    size_t hl = strlen(host);
-    if (strncmp(url, "https://", 8) == 0 && hl > 4 && strcmp(host + hl - 4, ":443") == 0)
-        host[hl - 4] = '\0';
-    else if (strncmp(url, "http://", 7) == 0 && hl > 3 && strcmp(host + hl - 3, ":80") == 0)
-        host[hl - 3] = '\0';
-    memcpy(pbuf, path, pn);
-    pbuf[pn] = '\0';
-    struct sigv4_request r = {
-        .method = "POST",
-        .host = host,
-        .path = pn ? pbuf : "/",
-        .query = q ? q + 1 : NULL,
-        .body = body,
-        .body_len = body_len,
-        .region = src->aws.region,
-        .service = "bedrock",
-        .when = now,
-    };
-    struct sigv4_creds c = *creds;
-    struct sigv4_out out;
-    strbuf_init(&out.authorization);
-    char *lines = NULL;
-    if (sigv4_sign(&r, &c, &out) == 0) {
-        const char *tok = c.session_token ? c.session_token : "";
-        size_t n = strbuf_live(&out.authorization) + strlen(tok) + 128;
-        if ((lines = malloc(n)))
-            snprintf(lines, n, "Authorization: %s\r\nX-Amz-Date: %s\r\n%s%s%s",
-                     strbuf_head(&out.authorization), out.amz_date,
-                     *tok ? "X-Amz-Security-Token: " : "", tok, *tok ? "\r\n" : "");
-    }
-    strbuf_fini(&out.authorization);
-    return lines;
 }

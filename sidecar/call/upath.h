@@ -23,7 +23,6 @@
 #include <time.h>
 
 #include "core/config.h"
-#include "upstream/sigv4.h"
 
 struct upath_call {
     const struct config_capability *cap;
@@ -43,14 +42,5 @@ char *upath_url(const struct config_source *src, const struct upath_call *c, cha
 /* Whether `name` (`len` bytes) may be put in a Gemini path as it is:
  * 1 to 255 of [A-Za-z0-9._-]. */
 bool upath_model_ok(const char *name, size_t len);
-
-/* The header lines that sign one attempt of a `kind: bedrock` source:
- * "Authorization: ...\r\nX-Amz-Date: ...\r\n" and, with a session token,
- * "X-Amz-Security-Token: ...\r\n", for `url` (what upath_url made) and
- * the body, at `now` (wall-clock seconds), with `creds` (the source's own,
- * or fetched ones: upstream/cloudauth.h). Malloc'd; a secret (the caller
- * wipes and frees it). NULL when out of memory. */
-char *upath_sign_aws(const struct config_source *src, const struct sigv4_creds *creds,
-                     const char *url, const void *body, size_t body_len, time_t now);
 
 #endif /* POLYGW_UPATH_H */

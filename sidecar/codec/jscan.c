@@ -472,3 +472,15 @@ bool jscan_number(const struct jscan_value *v, double *out)
     *out = strtod(buf, NULL);
     return true;
 }
+
+char *jscan_strdup(const struct jscan_value *v)
+{
+    if (!v->p)
+        return NULL;
+    char *s = malloc(v->len + 1);
+    if (s && jscan_string(v, s, v->len) < 0) {
+        free(s);
+        return NULL;
+    }
+    return s;
+}

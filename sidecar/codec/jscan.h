@@ -71,6 +71,10 @@ int jscan_array(const char *s, size_t len, jscan_element_fn *fn, void *ud, size_
  * needs room for four). `out` of v->len bytes always suffices. */
 long jscan_string(const struct jscan_value *v, char *out, size_t max);
 
+/* A JSCAN_STRING value unescaped into a malloc'd NUL-terminated copy;
+ * NULL when v->p is NULL or out of memory. */
+char *jscan_strdup(const struct jscan_value *v);
+
 /* The value of a hex digit, or -1. */
 int jscan_hexval(char ch);
 

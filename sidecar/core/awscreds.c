@@ -10,10 +10,9 @@
 #include <string.h>
 #include <unistd.h>
 
-/* A value fit for a header: printable ASCII, no spaces inside. */
-static int creds_value_ok(const char *v)
+int aws_creds_value_ok(const char *v)
 {
-    if (!*v || strlen(v) > 4096)
+    if (!v || !*v || strlen(v) > 4096)
         return 0;
     for (const char *p = v; *p; p++)
         if (*p <= ' ' || *p > '~')
@@ -57,8 +56,8 @@ static int creds_from_env(struct aws_creds *c, char *why, size_t whylen)
         snprintf(why, whylen, "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not");
         return -1;
     }
-    if (!creds_value_ok(id) || !creds_value_ok(secret) ||
-        (token && *token && !creds_value_ok(token))) {
+    if (!aws_creds_value_ok(id) || !aws_creds_value_ok(secret) ||
+        (token && *token && !aws_creds_value_ok(token))) {
         snprintf(why, whylen, "the AWS credentials in the environment are not printable text");
         return -1;
     }
@@ -104,7 +103,7 @@ static int creds_from_file(struct aws_creds *c, const char *path, const char *pr
                                                             : NULL;
         if (!slot)
             continue;
-        if (!creds_value_ok(val)) {
+        if (!aws_creds_value_ok(val)) {
             snprintf(why, whylen, "%s in profile '%s' of %s is not printable text", key, profile,
                      path);
             rc = -1;
@@ -171,7 +170,7 @@ static int creds_web_identity(struct aws_creds *c, char *why, size_t whylen)
                  arn ? "AWS_WEB_IDENTITY_TOKEN_FILE" : "AWS_ROLE_ARN");
         return -1;
     }
-    if (!creds_value_ok(arn) || file[0] != '/') {
+    if (!aws_creds_value_ok(arn) || file[0] != '/') {
         snprintf(why, whylen,
                  "AWS_ROLE_ARN must be an ARN and AWS_WEB_IDENTITY_TOKEN_FILE an "
                  "absolute path");
@@ -219,7 +218,7 @@ static int creds_container(struct aws_creds *c, char *why, size_t whylen)
     }
     const char *file = env_or("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", NULL);
     const char *tok = env_or("AWS_CONTAINER_AUTHORIZATION_TOKEN", NULL);
-    if (tok && !creds_value_ok(tok)) {
+    if (tok && !aws_creds_value_ok(tok)) {
         snprintf(why, whylen, "AWS_CONTAINER_AUTHORIZATION_TOKEN is not printable text");
         return -1;
     }

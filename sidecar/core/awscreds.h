@@ -44,6 +44,10 @@ static inline int aws_creds_fetched(const struct aws_creds *c)
     return c->role_arn != NULL || c->container_uri != NULL;
 }
 
+/* Is `v` fit for a header value holding a credential: 1 to 4096 bytes of
+ * printable ASCII without spaces? 1 or 0. */
+int aws_creds_value_ok(const char *v);
+
 /* Frees and wipes everything of `c` but region. */
 void aws_creds_clear(struct aws_creds *c);
 

@@ -53,18 +53,6 @@ static int key_member(void *ud, const char *name, const struct jscan_value *v)
     return 0;
 }
 
-static char *str_of(const struct jscan_value *v)
-{
-    if (!v->p)
-        return NULL;
-    char *s = malloc(v->len + 1);
-    if (s && jscan_string(v, s, v->len) < 0) {
-        free(s);
-        return NULL;
-    }
-    return s;
-}
-
 static int load_key_file(struct gcp_creds *c, const char *path, char *why, size_t whylen)
 {
     FILE *f = fopen(path, "re");
@@ -88,15 +76,16 @@ static int load_key_file(struct gcp_creds *c, const char *path, char *why, size_
         snprintf(why, whylen,
                  "the key file of GOOGLE_APPLICATION_CREDENTIALS is not a service-account key "
                  "(\"type\": \"service_account\"); on GKE, use Workload Identity instead");
-    } else if (!(c->client_email = str_of(&k.email)) || !(c->private_key = str_of(&k.key)) ||
-               !(c->token_uri = str_of(&k.token_uri))) {
+    } else if (!(c->client_email = jscan_strdup(&k.email)) ||
+               !(c->private_key = jscan_strdup(&k.key)) ||
+               !(c->token_uri = jscan_strdup(&k.token_uri))) {
         snprintf(why, whylen,
                  "the service-account key file lacks client_email, private_key or token_uri");
     } else if (strncmp(c->token_uri, "https://", 8) != 0 &&
                strncmp(c->token_uri, "http://", 7) != 0) {
         snprintf(why, whylen, "the service-account key's token_uri is not an http(s) URL");
     } else {
-        c->private_key_id = str_of(&k.key_id);
+        c->private_key_id = jscan_strdup(&k.key_id);
         BIO *bio = BIO_new_mem_buf(c->private_key, -1);
         EVP_PKEY *pk = bio ? PEM_read_bio_PrivateKey(bio, NULL, NULL, NULL) : NULL;
         if (!pk || EVP_PKEY_get_base_id(pk) != EVP_PKEY_RSA)

@@ -94,21 +94,11 @@ static char *xml_text(const xmlNode *root, const char *name)
     return s;
 }
 
-/* A value that goes into a header: printable, no spaces. */
-static int value_ok(const char *v)
-{
-    if (!v || !*v)
-        return 0;
-    for (const char *p = v; *p; p++)
-        if (*p <= ' ' || *p > '~')
-            return 0;
-    return 1;
-}
-
 static int check_four(char **key_id, char **secret, char **token, const char *exp,
                       double *expires_at, char *why, size_t whylen)
 {
-    if (!value_ok(*key_id) || !value_ok(*secret) || !value_ok(*token)) {
+    if (!aws_creds_value_ok(*key_id) || !aws_creds_value_ok(*secret) ||
+        !aws_creds_value_ok(*token)) {
         snprintf(why, whylen, "the answer has no usable AccessKeyId, SecretAccessKey and token");
         goto fail;
     }
@@ -173,18 +163,6 @@ static int container_member(void *ud, const char *key, const struct jscan_value 
     return 0;
 }
 
-static char *json_str(const struct jscan_value *v)
-{
-    if (!v->p)
-        return NULL;
-    char *s = malloc(v->len + 1);
-    if (s && jscan_string(v, s, v->len) < 0) {
-        free(s);
-        return NULL;
-    }
-    return s;
-}
-
 int cloudauth_parse_container(const char *body, size_t len, char **key_id, char **secret,
                               char **token, double *expires_at, char *why, size_t whylen)
 {
@@ -195,10 +173,10 @@ int cloudauth_parse_container(const char *body, size_t len, char **key_id, char 
         snprintf(why, whylen, "the container endpoint's answer is not a JSON object");
         return -1;
     }
-    *key_id = json_str(&a.v[0]);
-    *secret = json_str(&a.v[1]);
-    *token = json_str(&a.v[2]);
-    char *exp = json_str(&a.v[3]);
+    *key_id = jscan_strdup(&a.v[0]);
+    *secret = jscan_strdup(&a.v[1]);
+    *token = jscan_strdup(&a.v[2]);
+    char *exp = jscan_strdup(&a.v[3]);
     int rc = check_four(key_id, secret, token, exp, expires_at, why, whylen);
     free(exp);
     return rc;
@@ -229,8 +207,8 @@ int cloudauth_parse_oauth(const char *body, size_t len, double now, char **token
         snprintf(why, whylen, "the token answer is not a JSON object");
         return -1;
     }
-    *token = json_str(&a.token);
-    if (!value_ok(*token) || !jscan_number(&a.expires_in, &in) || !(in > 0 && in < 1e7)) {
+    *token = jscan_strdup(&a.token);
+    if (!aws_creds_value_ok(*token) || !jscan_number(&a.expires_in, &in) || !(in > 0 && in < 1e7)) {
         wipe_free(token);
         snprintf(why, whylen, "the token answer has no usable access_token and expires_in");
         return -1;
@@ -259,7 +237,8 @@ static char *b64url(const unsigned char *p, size_t n)
 char *cloudauth_gcp_jwt(const struct gcp_creds *g, long iat)
 {
     char head[256], claims[1024];
-    if (g->private_key_id && value_ok(g->private_key_id) && strlen(g->private_key_id) < 100)
+    if (g->private_key_id && aws_creds_value_ok(g->private_key_id) &&
+        strlen(g->private_key_id) < 100)
         snprintf(head, sizeof(head), "{\"alg\":\"RS256\",\"typ\":\"JWT\",\"kid\":\"%s\"}",
                  g->private_key_id);
     else

@@ -96,20 +96,12 @@ def _sign(key, msg):
     return hmac.new(key, msg.encode(), hashlib.sha256).digest()
 
 
-class BedrockMock(http.server.ThreadingHTTPServer):
+class _Server(http.server.ThreadingHTTPServer):
+    """A loopback server on a free port, served from a thread."""
     daemon_threads = True
 
-    def __init__(self, key_id, secret, region, token=None):
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.region = region
-        # Every key the mock takes: key id -> (secret, session token or None).
-        self.keys = {key_id: (secret, token)}
-        self.lock = threading.Lock()
-        self.seen = []            # (path, body dict, headers dict, signature ok)
-        self.bad_signatures = 0
-        self.plan = []            # per request, in order: {"status", "corrupt", "exception", "text"}
-        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
-        self.thread.start()
+    def start(self):
+        threading.Thread(target=self.serve_forever, daemon=True).start()
 
     @property
     def url(self):
@@ -121,6 +113,19 @@ class BedrockMock(http.server.ThreadingHTTPServer):
     def __exit__(self, *exc):
         self.shutdown()
         self.server_close()
+
+
+class BedrockMock(_Server):
+    def __init__(self, key_id, secret, region, token=None):
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.region = region
+        # Every key the mock takes: key id -> (secret, session token or None).
+        self.keys = {key_id: (secret, token)}
+        self.lock = threading.Lock()
+        self.seen = []            # (path, body dict, headers dict, signature ok)
+        self.bad_signatures = 0
+        self.plan = []            # per request, in order: {"status", "corrupt", "exception", "text"}
+        self.start()
 
     def verify(self, method, raw_path, headers, body):
         """Why the request's signature is wrong, or None when it is right."""
@@ -243,11 +248,10 @@ class _Handler(_Base):
         self.wfile.write(b"0\r\n\r\n")
 
 
-class CredsMock(http.server.ThreadingHTTPServer):
+class CredsMock(_Server):
     """STS (AssumeRoleWithWebIdentity, XML) and a container credentials
     endpoint (EKS Pod Identity, JSON) handing out temporary keys that
     `bedrock` (a BedrockMock) then takes."""
-    daemon_threads = True
 
     def __init__(self, bedrock, role_arn, token_file=None, auth_token=None, lifetime_s=3600):
         super().__init__(("127.0.0.1", 0), _CredsHandler)
@@ -258,19 +262,7 @@ class CredsMock(http.server.ThreadingHTTPServer):
         self.requests = []        # (path, web identity token or Authorization, ok)
         self.failing = 0          # answer this many of the next requests with 503
         self.issued = []          # key ids handed out, in order
-        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self):
-        return "http://127.0.0.1:%d" % self.server_address[1]
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.shutdown()
-        self.server_close()
+        self.start()
 
     def issue(self):
         import time
