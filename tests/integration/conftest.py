@@ -330,6 +330,16 @@ TASK_METHODS = (("task.get", {}), ("task.guard", {}), ("task.stop", {"reason": "
                 ("task.node_begin", {"node": "n"}))
 
 
+def await_true(pred, timeout=10.0, what="condition"):
+    """Poll `pred` until it holds; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.02)
+    raise AssertionError("timed out waiting for " + what)
+
+
 def assert_task_unknown(c, task_id):
     """Every task method, and a call, that connection `c` makes naming
     `task_id` is answered exactly as for a task that never existed."""

@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bedrock_mock import BedrockMock, CredsMock  # noqa: E402
-from conftest import POLYGW, call, config_yaml, source_yaml  # noqa: E402
+from conftest import await_true, POLYGW, call, config_yaml, source_yaml  # noqa: E402
 from test_http import DEFAULTS as HTTP_DEFAULTS, front  # noqa: E402,F401
 from test_providers import stream_call  # noqa: E402
 
@@ -229,15 +229,6 @@ def test_bedrock__config_errors(workdir, extra, env, want):
 # ----------------------------------------------- keys fetched: IRSA and Pod Identity
 ROLE = "arn:aws:iam::123456789012:role/polygw-bedrock"
 NO_STATIC = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "HOME": "/nonexistent"}
-
-
-def await_true(pred, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError("timed out waiting for " + what)
 
 
 def role_sidecar(make_sidecar, bm, env):

@@ -12,7 +12,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import call, chat, source_yaml  # noqa: E402
+from conftest import await_true, call, chat, source_yaml  # noqa: E402
 from test_http import FAST, front  # noqa: E402,F401
 
 DEFAULTS = {"max_attempts": 1, "stall_window_s": 1, "backoff_base_s": 0.05, "backoff_max_s": 0.1}
@@ -22,8 +22,9 @@ def cached_front(front, up, ttl_s=60, cache_extra=None, extra="", source_kw=None
     c = {"ttl_s": ttl_s}
     c.update(cache_extra or {})
     sources = [source_yaml("m1", "chat", up.url, FAST, **(source_kw or {})),
-               source_yaml("e1", "embedding", up.url, FAST, model="emb-1", serves=["*"])]
-    return front(sources=sources, defaults=DEFAULTS,
+               source_yaml("e1", "embedding", up.url, FAST, model="emb-1", serves=["*"],
+                           **(source_kw or {}))]
+    return front(sources=sources, defaults=kw.pop("defaults", DEFAULTS),
                  capabilities={"chat": {"cache": c}, "embedding": {"cache": c}}, extra=extra, **kw)
 
 
@@ -334,24 +335,38 @@ def test_cache__a_waiter_keeps_its_own_deadline(front, up):
 def test_cache__a_cancelled_leader_does_not_cancel_its_waiters(front, up):
     # The first client gives up while its request is upstream; the two
     # that waited for it (one of them leaving too) are not cancelled: the
-    # one left goes upstream itself and is answered.
-    f = cached_front(front, up)
-    up.set_default({"delay_ms": 600})
-    body = {"model": "e", "input": ["left"]}
-    import threading
-    res = {}
-    lead = threading.Thread(target=lambda: res.update(
-        lead=f.curl("/v1/embeddings", body, timeout=0.3)))
-    lead.start()
-    up.wait_stats(lambda st: st["requests"] >= 1, timeout=5)
-    quitter = threading.Thread(target=lambda: res.update(
-        quit=f.curl("/v1/embeddings", body, timeout=0.2)))
-    quitter.start()
-    s, h, b = f.curl("/v1/embeddings", body)
-    lead.join(10)
-    quitter.join(10)
-    assert s == 200, (s, h, b)
-    assert res["lead"][0] == 0 and res["quit"][0] == 0   # curl gave up: no response
+    # one left goes upstream itself and is answered. Each step waits for
+    # the sidecar to have seen the previous one (a waiter is counted as a
+    # miss when it arrives), so the order holds however slow the machine.
+    f = cached_front(front, up, source_kw={"ttft_timeout_s": 8},
+                     defaults=dict(DEFAULTS, stall_window_s=10))
+    up.set_default({"delay_ms": 3000})
+    body = json.dumps({"model": "e", "input": ["left"]})
+
+    def misses():
+        _, _, text = f.curl("/metrics")
+        m = re.search(r'^polygw_cache_calls_total\{capability="embedding",result="miss"\} (\S+)$',
+                      text, re.M)
+        return float(m.group(1)) if m else 0
+
+    def send():
+        conn = f.conn(timeout=20)
+        conn.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
+        return conn
+
+    lead = send()
+    up.wait_stats(lambda st: st["requests"] >= 1, timeout=10)
+    quitter = send()
+    await_true(lambda: misses() >= 2, what="the second client to wait")
+    last = send()
+    await_true(lambda: misses() >= 3, what="the third client to wait")
+    lead.close()
+    quitter.close()
+    r = last.getresponse()
+    text = r.read()
+    assert r.status == 200, (r.status, text)
+    assert json.loads(text)["data"], text
+    last.close()
     assert requests(up) == 2
 
 
