@@ -166,13 +166,12 @@ def sidecar_run(a, build, backend, primaries, name):
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
     os.environ["POLYGW_BUILD"] = build   # the mock upstream of the same build
     from mock import MockUpstream
-    from fleet_soak import rpc
+    from fleet_soak import start_sidecars
     polygw, loadgen = os.path.join(build, "polygw"), os.path.join(build, "bench", "loadgen")
     d = tempfile.mkdtemp(prefix="pgw-cbench-", dir="/tmp")
     procs, gens = [], []
     try:
         with MockUpstream() as up:
-            socks = []
             for i in range(a.sidecars):
                 cfg = sidecar_config(d, i, backend, up.url, a.sources)
                 chk = subprocess.run([polygw, "--check-config", cfg], capture_output=True,
@@ -180,26 +179,8 @@ def sidecar_run(a, build, backend, primaries, name):
                 if chk.returncode != 0:
                     sys.exit("cluster_admit: %s: the config is refused:\n%s%s"
                              % (name, chk.stdout, chk.stderr))
-                sock = os.path.join(d, "sc%d.sock" % i)
-                log = open(os.path.join(d, "sc%d.log" % i), "w")
-                procs.append(subprocess.Popen([polygw, "--config", cfg, "--socket", sock],
-                                              stderr=log, env=dict(os.environ, no_proxy="*")))
-                log.close()
-                socks.append(sock)
-            deadline = time.monotonic() + 15
-            for sock in socks:
-                while True:
-                    try:
-                        err, st = rpc(sock, "stats")
-                        if err is None and st["backend"]["state"] == "up":
-                            break
-                    except OSError:
-                        pass
-                    if time.monotonic() > deadline:
-                        with open(sock.replace(".sock", ".log")) as f:
-                            sys.exit("cluster_admit: a sidecar did not come up:\n"
-                                     + f.read()[-2000:])
-                    time.sleep(0.05)
+            socks = start_sidecars(polygw, d, a.sidecars, procs,
+                                   lambda i: os.path.join(d, "sc%d.yaml" % i), "cluster_admit")
             conns = [Resp(p, timeout=10) for p in primaries]
             for c in conns:
                 c.call("CONFIG", "RESETSTAT")
