@@ -214,7 +214,8 @@ def test_cluster__slot_migrated_under_load_admits_nothing_twice(rc, up, make_sid
       leases moved with the slot and none was counted twice or lost.
     - Nothing but successes and backend_unavailable (a script that met
       the slot half moved, TRYAGAIN); every sidecar serves calls during
-      the ASK phase and after MOVED, without a restart.
+      the ASK phase and after MOVED, without a restart, and counts both
+      redirections (stats.backend `ask`, `moved`).
     - The source's keys are on the new primary only."""
     prefix = unique_prefix()
     cfg = cluster_config(rc, prefix, [source("a", "chat", up.url, max_concurrency=3)],
@@ -264,6 +265,11 @@ def test_cluster__slot_migrated_under_load_admits_nothing_twice(rc, up, make_sid
           "high-water %d in progress" % (slot, src.port, dst.port, m.moved, len(recs), failed,
                                          high[0]))
     assert high[0] <= 3, "max_concurrency 3 exceeded while the slot moved: %d" % high[0]
+    redirects = [(stats(sc)["backend"].get("ask"), stats(sc)["backend"].get("moved"))
+                 for sc in fleet]
+    print("cluster migration: (ask, moved) redirections followed per sidecar: %r" % redirects)
+    assert all(ask and moved for ask, moved in redirects), \
+        "every sidecar met ASK and then MOVED: %r" % redirects
     assert m.moved >= 1, "no lease was in flight when the slot moved"
     assert rc.owner(slot) is dst
     assert src.call("CLUSTER", "COUNTKEYSINSLOT", slot) == 0, "keys left on the old primary"
