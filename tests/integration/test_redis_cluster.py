@@ -36,7 +36,7 @@ from redis_cluster_fixture import (SlotMigration, cluster_config, key_slot,  # n
 from redis_fixture import (FleetRedis, Pending, assert_failover_excess, chat,  # noqa: E402
                            fleet_config, free_port, source, stats, unique_prefix, wait_backend,
                            wait_until)
-from test_redis_fleet import Load, assert_at, shared_sum  # noqa: E402
+from test_redis_fleet import Load, assert_at, call, shared_sum  # noqa: E402
 from test_redis_fleet_apps import apps_yaml, shared_refused  # noqa: E402
 
 EARLY = 0.02
@@ -394,8 +394,8 @@ def test_cluster__frozen_cluster_fails_closed_and_readyz_says_why(rc, up, make_s
         t_thaw = time.monotonic()
         rc.thaw()
     for sc, p in zip(fleet, ports):
-        assert wait_until(lambda: Pending(sc, "chat", chat(), timeout=5).wait(6)[0] is None,
-                          10, 0.1), "no recovery after SIGCONT:\n" + sc.logs()[-3000:]
+        assert wait_until(lambda: call(sc, chat())[0] is None, 10, 0.1), \
+            "no recovery after SIGCONT:\n" + sc.logs()[-3000:]
         assert wait_until(lambda: readyz(p)[0] == 200, 5), readyz(p)
     print("timing: cluster thawed: fleet served again after %.3fs" % (time.monotonic() - t_thaw))
 
