@@ -162,12 +162,7 @@ class RedisCluster:
                                    "redis-tools)" % exe)
         try:
             for _ in range(self.n):
-                n = Node(self.dir, free_port(), self.node_timeout_ms)
-                n.spawn()
-                self.nodes.append(n)
-            for n in self.nodes:
-                wait_for(lambda: n.try_call("PING") == "PONG", 5, 0.02,
-                         "redis-server on port %d" % n.port)
+                self.nodes.append(self._new_node())
             r = subprocess.run(
                 [shutil.which("redis-cli"), "--cluster", "create"] +
                 [n.address for n in self.nodes] +
@@ -181,6 +176,29 @@ class RedisCluster:
         except BaseException:
             self.cleanup()
             raise
+
+    def _new_node(self):
+        """A node started on a free port and bus port (not one another node
+        has: a port just freed may be handed out again); another pair of
+        ports when it does not answer PING (a port taken meanwhile)."""
+        used = {p for n in self.nodes for p in (n.port, n.bus_port)}
+        log = ""
+        for _ in range(5):
+            n = Node(self.dir, free_port(), self.node_timeout_ms)
+            if n.port in used or n.bus_port in used or n.port == n.bus_port:
+                continue
+            n.spawn()
+            try:
+                wait_for(lambda: n.try_call("PING") == "PONG" or not n.alive(), 5, 0.02,
+                         "redis-server on port %d" % n.port)
+            except ClusterError:
+                pass
+            if n.alive() and n.try_call("PING") == "PONG":
+                return n
+            n.kill()
+            log = n.logs()[-1000:] or log
+            shutil.rmtree(n.dir, ignore_errors=True)
+        raise ClusterError("a cluster node did not start on 5 pairs of ports:\n%s" % log)
 
     def cleanup(self):
         for n in self.nodes:
