@@ -206,16 +206,21 @@ def test_cluster__task_stop_on_one_sidecar_ends_a_call_on_another(rc, up, make_s
 def test_cluster__slot_migrated_under_load_admits_nothing_twice(rc, up, make_sidecar):
     """Six callers (2 per sidecar) keep source `a` (max_concurrency 3,
     replies delayed 0.1 s) saturated while its slot moves to another
-    primary: IMPORTING / MIGRATING, its keys MIGRATEd (a script on the old
-    primary is answered ASK), 0.5 s of load in that state, then SETSLOT
-    NODE everywhere (answered MOVED from then on), then 0.5 s more.
+    primary: IMPORTING / MIGRATING, its keys MIGRATEd, 0.5 s of load in
+    that state, then SETSLOT NODE everywhere, then 0.5 s more.
+
+    While the slot is half moved, the old primary answers admit.lua with
+    ASK, and the new one, after ASKING, with TRYAGAIN: Redis runs a script
+    of several keys in an importing slot only when every key is there, and
+    a source's buckets and breaker do not exist until they are needed. So
+    the source fails closed meanwhile; after SETSLOT NODE the old primary
+    answers MOVED and the sidecars follow it.
 
     - At no sample are more than 3 requests in progress at the mock: the
       leases moved with the slot and none was counted twice or lost.
-    - Nothing but successes and backend_unavailable (a script that met
-      the slot half moved, TRYAGAIN); every sidecar serves calls during
-      the ASK phase and after MOVED, without a restart, and counts both
-      redirections (stats.backend `ask`, `moved`).
+    - Nothing but successes and backend_unavailable; every sidecar
+      counted both redirections (stats.backend `ask`, `moved`) and serves
+      calls again after MOVED, without a restart.
     - The source's keys are on the new primary only."""
     prefix = unique_prefix()
     cfg = cluster_config(rc, prefix, [source("a", "chat", up.url, max_concurrency=3)],
@@ -256,14 +261,16 @@ def test_cluster__slot_migrated_under_load_admits_nothing_twice(rc, up, make_sid
     recs = load.snapshot()
     bad = [r for r in recs if r[3] not in (None, "backend_unavailable")]
     assert not bad, "unexpected outcomes: %r" % bad[:10]
-    for label, lo, hi in (("ASK phase", t_ask, t_moved), ("after MOVED", t_done, t_done + 0.5)):
+    for label, lo, hi in (("after MOVED", t_done, t_done + 0.5),):
         for i in range(3):
-            assert any(r[0] == i and r[1] >= lo and r[2] <= hi + 0.3 and r[3] is None
-                       for r in recs), "sidecar %d served nothing in the %s" % (i, label)
+            seen = [r[3] for r in recs if r[0] == i and r[1] >= lo and r[2] <= hi + 0.3]
+            assert None in seen, "sidecar %d served nothing in the %s: %r\n%s" % (
+                i, label, {c: seen.count(c) for c in set(seen)}, stats(fleet[i])["backend"])
     failed = sum(1 for r in recs if r[3] == "backend_unavailable")
+    asked = sum(1 for r in recs if r[1] >= t_ask and r[2] <= t_moved and r[3] is None)
     print("cluster migration: slot %d %d -> %d, %d keys moved; %d calls, %d backend_unavailable, "
-          "high-water %d in progress" % (slot, src.port, dst.port, m.moved, len(recs), failed,
-                                         high[0]))
+          "%d served while the slot was half moved; high-water %d in progress"
+          % (slot, src.port, dst.port, m.moved, len(recs), failed, asked, high[0]))
     assert high[0] <= 3, "max_concurrency 3 exceeded while the slot moved: %d" % high[0]
     redirects = [(stats(sc)["backend"].get("ask"), stats(sc)["backend"].get("moved"))
                  for sc in fleet]
@@ -286,7 +293,9 @@ def test_cluster__primary_killed_the_fleet_follows_the_promotion(rc, up, make_si
     - Calls end with success or backend_unavailable, none hangs, none is
       slower than command_timeout_s + slack.
     - Every sidecar serves calls again after the promotion without a
-      restart, within 2 x command_timeout_s + 1 s of it.
+      restart, within 2 x command_timeout_s + 2 s of it: the sidecars ask
+      the cluster for its slots again while a primary is unreachable, not
+      only at their periodic refresh.
     - Admitted attempts never exceed capacity + rate x elapsed + one
       capacity (what asynchronous replication may lose, as with Sentinel).
     The dead node is started again afterwards: it rejoins as a replica."""
@@ -322,7 +331,6 @@ def test_cluster__primary_killed_the_fleet_follows_the_promotion(rc, up, make_si
         assert wait_until(served_again, 10, 0.02), \
             "not every sidecar served a call within 10 s of the promotion:\n%s" % (
                 fleet[0].logs()[-3000:])
-        t_back = time.monotonic()
         time.sleep(1.0)
     finally:
         load.stop()
@@ -342,7 +350,10 @@ def test_cluster__primary_killed_the_fleet_follows_the_promotion(rc, up, make_si
           % (promoted.port, to_promotion, max(first_ok) - t_promoted,
              ["%.3f" % (x - t_promoted) for x in first_ok],
              sum(1 for r in recs if r[3] == "backend_unavailable")))
-    assert t_back - t_promoted <= 10
+    after_promotion = max(first_ok) - t_promoted
+    assert after_promotion <= 2 * CT + 2, \
+        "the fleet served again %.3fs after the promotion (bound %.1fs)" % (after_promotion,
+                                                                           2 * CT + 2)
     assert_failover_excess("cluster failover", samples, t0, t_kill, cap, win)
     for sc in fleet:
         wait_backend(sc, timeout=5)

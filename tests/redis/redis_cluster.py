@@ -340,7 +340,9 @@ class SlotMigration:
         m.move(keys)       # MIGRATE those keys (all of the slot's: None)
         m.finish()         # SETSLOT NODE dst on every primary: `MOVED`
 
-    A script whose keys are split between the two meanwhile gets TRYAGAIN."""
+    Meanwhile a script whose keys are split between the two gets TRYAGAIN
+    from the old primary, and one of several keys sent to the new one
+    (after ASKING) gets TRYAGAIN unless every key is there."""
 
     def __init__(self, cluster, slot, src, dst):
         self.c, self.slot, self.src, self.dst = cluster, slot, src, dst

@@ -133,7 +133,8 @@ def test_cluster__harness_migration_answers_ask_then_moved(cluster):
     """What the integration tests build on (SlotMigration): after begin()
     and move(), the old primary answers ASK for the moved keys (the new one
     runs them after ASKING), a script over keys split between the two gets
-    TRYAGAIN, and after finish() the old primary answers MOVED."""
+    TRYAGAIN from the old one and from the new one (after ASKING), and
+    after finish() the old primary answers MOVED."""
     slot = key_slot("{pgw:source:migr}")
     src = cluster.owner(slot)
     dst = next(p for p in cluster.primaries() if p is not src)
@@ -155,6 +156,11 @@ def test_cluster__harness_migration_answers_ask_then_moved(cluster):
         try:
             assert c.call("ASKING") == "OK"
             assert c.call("ZCARD", keys[1]) == 1
+            # a script of several keys, not all of them there yet: TRYAGAIN
+            assert c.call("ASKING") == "OK"
+            with pytest.raises(RedisError, match="^TRYAGAIN"):
+                c.call("EVAL", script_source("admit"), len(keys), *keys,
+                       *source_admit_args(new_lease()))
         finally:
             c.close()
     finally:
