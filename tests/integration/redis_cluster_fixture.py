@@ -59,9 +59,10 @@ def client_missing():
 needs_cluster_client = pytest.mark.skipif(bool(client_missing()), reason=client_missing() or "-")
 
 
-def start_cluster():
+def start_cluster(password=None):
     try:
-        return RedisCluster(primaries=3, replicas=1, node_timeout_ms=1000).start()
+        return RedisCluster(primaries=3, replicas=1, node_timeout_ms=1000,
+                            password=password).start()
     except ClusterError as e:
         if "not installed" in str(e):
             pytest.skip(str(e))

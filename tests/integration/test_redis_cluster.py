@@ -11,6 +11,7 @@ per test), the real mock upstream.
   a slot moved under load (ASK, MOVED):     test_cluster__slot_migrated_under_load_admits_nothing_twice
   a primary killed, its replica promoted:   test_cluster__primary_killed_the_fleet_follows_the_promotion
   the whole cluster hung (SIGSTOP):         test_cluster__frozen_cluster_fails_closed_and_readyz_says_why
+  a password from the environment:          test_cluster__password_from_the_environment
   cluster vs plain server, either way:      test_cluster__cluster_key_at_a_plain_server_is_an_error,
                                             test_cluster__url_at_a_cluster_node_is_an_error
 
@@ -409,6 +410,47 @@ def test_cluster__frozen_cluster_fails_closed_and_readyz_says_why(rc, up, make_s
             "no recovery after SIGCONT:\n" + sc.logs()[-3000:]
         assert wait_until(lambda: readyz(p)[0] == 200, 5), readyz(p)
     print("timing: cluster thawed: fleet served again after %.3fs" % (time.monotonic() - t_thaw))
+
+
+# ----------------------------------------------------------------- password
+def test_cluster__password_from_the_environment(up, make_sidecar):
+    """A cluster whose every node wants a password (requirepass; a cluster
+    of its own, not the module's): backend.password_env gives it to every
+    node, calls are served. A wrong password: the backend stays down with
+    Redis' reason (WRONGPASS), calls fail closed, and neither password is
+    in stats or the log."""
+    pw = "pgw-Cluster-Pw-81d3"
+    cl = start_cluster(password=pw)
+    try:
+        base = {"password_env": "PGW_REDIS_PW", "command_timeout_s": CT, "lease_ttl_s": 3}
+        cfg = cluster_config(cl, unique_prefix(), [source("a", "chat", up.url)], backend=base)
+        sc = make_sidecar(config_text=cfg, subdir="ok", env=dict(NO_PROXY, PGW_REDIS_PW=pw))
+        wait_backend(sc, timeout=8)
+        err, _, _ = call(sc, chat())
+        assert err is None, err
+        assert pw not in repr(stats(sc)) and pw not in sc.logs()
+
+        wrong = "not-the-" + pw
+        bad = make_sidecar(config_text=cfg, subdir="bad", start=False,
+                           env=dict(NO_PROXY, PGW_REDIS_PW=wrong))
+        bad.start(wait=False)
+        if wait_until(lambda: bad.proc.poll() is not None, 3, 0.05):
+            bad.expected_rc = bad.proc.returncode   # refused at start-up: with the reason
+            assert bad.proc.returncode != 0 and "WRONGPASS" in bad.logs(), bad.logs()[-2000:]
+        else:
+            bad.wait_ready()
+            b = wait_until(lambda: "WRONGPASS" in json.dumps(stats(bad)["backend"]) and
+                           stats(bad)["backend"], 5, 0.05)
+            assert b and b["state"] != "up", stats(bad)["backend"]
+            err, res, _ = call(bad, chat())
+            assert res is None and err["code"] == "backend_unavailable", err
+            assert wrong not in repr(stats(bad))
+        assert wrong not in bad.logs() and pw not in bad.logs()
+        assert up.stats()["requests"] == 1
+        sc.stop()
+        bad.stop()
+    finally:
+        cl.cleanup()
 
 
 # --------------------------------------------------------------- mismatches

@@ -46,8 +46,9 @@ def wait_for(pred, timeout, interval=0.05, what="condition"):
 class Node:
     """One redis-server of the cluster: its port, directory and process."""
 
-    def __init__(self, base, port, node_timeout_ms):
+    def __init__(self, base, port, node_timeout_ms, password=None):
         self.port = port
+        self.password = password
         self.bus_port = free_port()   # not port + 10000: that may be above 65535
         self.dir = os.path.join(base, str(port))
         os.makedirs(self.dir, exist_ok=True)
@@ -68,7 +69,9 @@ class Node:
                  "--cluster-config-file", "nodes.conf",
                  "--cluster-node-timeout", str(self.node_timeout_ms), "--save", "",
                  "--appendonly", "no", "--repl-diskless-sync-delay", "0", "--daemonize", "no",
-                 "--dir", self.dir],
+                 "--dir", self.dir] +
+                (["--requirepass", self.password, "--masterauth", self.password]
+                 if self.password else []),
                 stdout=log, stderr=subprocess.STDOUT, cwd=self.dir)
         finally:
             log.close()
@@ -77,7 +80,14 @@ class Node:
         return self.proc is not None and self.proc.poll() is None
 
     def client(self, timeout=2.0):
-        return Resp(self.port, timeout=timeout)
+        c = Resp(self.port, timeout=timeout)
+        if self.password:
+            try:
+                c.call("AUTH", self.password)
+            except BaseException:
+                c.close()
+                raise
+        return c
 
     def call(self, *args, timeout=2.0):
         c = self.client(timeout)
@@ -144,9 +154,11 @@ def parse_nodes(text):
 
 
 class RedisCluster:
-    """`primaries` primaries with `replicas` replica(s) each."""
+    """`primaries` primaries with `replicas` replica(s) each; `password`:
+    every node wants it (requirepass, and masterauth for the replicas)."""
 
-    def __init__(self, primaries=3, replicas=1, node_timeout_ms=1000):
+    def __init__(self, primaries=3, replicas=1, node_timeout_ms=1000, password=None):
+        self.password = password
         self.n = primaries * (1 + replicas)
         self.primaries_n = primaries
         self.replicas = replicas
@@ -166,7 +178,8 @@ class RedisCluster:
             r = subprocess.run(
                 [shutil.which("redis-cli"), "--cluster", "create"] +
                 [n.address for n in self.nodes] +
-                ["--cluster-replicas", str(self.replicas), "--cluster-yes"],
+                ["--cluster-replicas", str(self.replicas), "--cluster-yes"] +
+                (["-a", self.password, "--no-auth-warning"] if self.password else []),
                 capture_output=True, text=True, timeout=timeout)
             if r.returncode != 0:
                 raise ClusterError("redis-cli --cluster create failed:\n%s%s"
@@ -184,7 +197,7 @@ class RedisCluster:
         used = {p for n in self.nodes for p in (n.port, n.bus_port)}
         log = ""
         for _ in range(5):
-            n = Node(self.dir, free_port(), self.node_timeout_ms)
+            n = Node(self.dir, free_port(), self.node_timeout_ms, self.password)
             if n.port in used or n.bus_port in used or n.port == n.bus_port:
                 continue
             n.spawn()
@@ -368,8 +381,9 @@ class SlotMigration:
 
     def _migrate(self, keys):
         try:
+            auth = ["AUTH", self.c.password] if self.c.password else []
             r = self.src.call("MIGRATE", "127.0.0.1", self.dst.port, "", 0, 5000, "REPLACE",
-                              "KEYS", *keys)
+                              *auth, "KEYS", *keys)
         except RedisError as e:
             raise ClusterError("MIGRATE of slot %d failed: %s" % (self.slot, e))
         if r == "OK":
