@@ -6,7 +6,8 @@ per test), the real mock upstream.
 
   the fleet's rpm on a cluster:             test_cluster__rpm_limit_holds_across_sidecars
   the fleet's max_concurrency:              test_cluster__max_concurrency_holds_across_sidecars
-  an app's limits (its own hash tag):       test_cluster__app_limits_hold_across_sidecars
+  an app's limits (a tagged prefix):        test_cluster__app_limits_hold_across_sidecars
+  ... and without one, a start-up error:    test_cluster__app_limits_without_a_hash_tag_stop_the_start
   task.stop crosses sidecars:               test_cluster__task_stop_on_one_sidecar_ends_a_call_on_another
   a slot moved under load (ASK, MOVED):     test_cluster__slot_migrated_under_load_admits_nothing_twice
   a primary killed, its replica promoted:   test_cluster__primary_killed_the_fleet_follows_the_promotion
@@ -145,13 +146,15 @@ def test_cluster__max_concurrency_holds_across_sidecars(rc, up, make_sidecar):
 
 
 def test_cluster__app_limits_hold_across_sidecars(rc, up, make_sidecar):
-    """An app's limits live under the app's own hash tag, another slot than
-    the source's (unless the prefix carries a tag): on the cluster too, app
-    `web` with max_concurrency 2 (the source allows 10) never has more than
-    2 calls in progress across three sidecars, while `batch` starts next to
-    it at once."""
+    """An admission of an app with limits takes the source's keys and the
+    app's, which a cluster runs in one script only when they share a slot:
+    with a prefix that carries a hash tag (every key of the fleet in one
+    slot, on one primary), app `web` with max_concurrency 2 (the source
+    allows 10) never has more than 2 calls in progress across three
+    sidecars, while `batch` starts next to it at once."""
     delay = 0.5
-    cfg = cluster_config(rc, unique_prefix(), [source("a", "chat", up.url, max_concurrency=10)],
+    prefix = "{%s}" % unique_prefix()
+    cfg = cluster_config(rc, prefix, [source("a", "chat", up.url, max_concurrency=10)],
                          stall_window_s=10) + \
         apps_yaml("{name: web, max_concurrency: 2}", "{name: batch}")
     fleet = start_fleet(make_sidecar, 3, cfg)
@@ -170,6 +173,24 @@ def test_cluster__app_limits_hold_across_sidecars(rc, up, make_sidecar):
     assert max(k.t_end for k in web) - t0 >= 3 * delay - EARLY
     assert shared_refused(fleet, "app") > 0
     assert shared_sum(fleet, "leases_live") == 0
+    assert all(stats(sc)["backend"].get("cross_slot", 0) == 0 for sc in fleet)
+
+
+def test_cluster__app_limits_without_a_hash_tag_stop_the_start(rc, up, make_sidecar):
+    """The same app limits under a prefix without a hash tag would need
+    one script over two slots: the sidecar refuses to start, naming the
+    app and asking for a prefix with a hash tag."""
+    cfg = cluster_config(rc, unique_prefix(), [source("a", "chat", up.url)]) + \
+        apps_yaml("{name: web, max_concurrency: 2}")
+    sc = make_sidecar(config_text=cfg, start=False, env=NO_PROXY)
+    sc.start(wait=False)
+    assert wait_until(lambda: sc.proc.poll() is not None, 10, 0.05), \
+        "started with app limits under an untagged prefix:\n" + sc.logs()[-2000:]
+    sc.expected_rc = sc.proc.returncode
+    out = sc.logs()
+    assert sc.proc.returncode != 0, out
+    assert "web" in out and "prefix" in out and "{" in out, out[-2000:]
+    assert up.stats()["requests"] == 0
 
 
 # ------------------------------------------------------------------- tasks
@@ -374,8 +395,8 @@ def test_cluster__frozen_cluster_fails_closed_and_readyz_says_why(rc, up, make_s
     """Every node SIGSTOPped (connections open, nothing answered: a
     partition as the sidecars see it). Each of three sidecars answers calls
     with backend_unavailable at command_timeout_s (0.5 s) — never admitted
-    blind, never hung — and its HTTP front's /readyz says 503 not_ready,
-    `redis unreachable`. SIGCONT: each serves again within a few seconds and
+    blind, never hung — and its HTTP front's /readyz says 503 not_ready
+    with the reason (stats.backend.down_reason). SIGCONT: each serves again within a few seconds and
     /readyz is 200."""
     prefix = unique_prefix()
     ports = [free_port() for _ in range(3)]
@@ -399,7 +420,9 @@ def test_cluster__frozen_cluster_fails_closed_and_readyz_says_why(rc, up, make_s
             got = wait_until(lambda: readyz(p)[0] == 503 and readyz(p), 3 * CT + 2, 0.05)
             assert got, "/readyz still %r with the cluster frozen" % (readyz(p),)
             st, body = got
-            assert body["status"] == "not_ready" and body["reason"] == "redis unreachable", body
+            why = stats(sc)["backend"].get("down_reason")
+            assert body["status"] == "not_ready" and body["reason"] and \
+                body["reason"] in ("redis unreachable", why), (body, why)
             assert sc.proc.poll() is None
         assert up.stats()["requests"] == before, "admitted with the cluster frozen"
     finally:
