@@ -242,7 +242,8 @@ def test_cluster__slot_migrated_under_load_admits_nothing_twice(rc, up, make_sid
       leases moved with the slot and none was counted twice or lost.
     - Nothing but successes and backend_unavailable; every sidecar
       counted both redirections (stats.backend `ask`, `moved`) and serves
-      calls again after MOVED, without a restart.
+      calls again after MOVED, without a restart, within lease_ttl_s (3 s,
+      the leases of releases refused meanwhile) + 3 s.
     - The source's keys are on the new primary only."""
     prefix = unique_prefix()
     cfg = cluster_config(rc, prefix, [source("a", "chat", up.url, max_concurrency=3)],
@@ -275,7 +276,16 @@ def test_cluster__slot_migrated_under_load_admits_nothing_twice(rc, up, make_sid
         t_moved = time.monotonic()
         m.finish()
         t_done = time.monotonic()
-        time.sleep(0.5)
+
+        def served_again():
+            recs = load.snapshot()
+            return all(any(r[0] == i and r[1] >= t_done and r[3] is None for r in recs)
+                       for i in range(3))
+        # Releases refused while the slot was half moved leave their leases
+        # until lease_ttl_s (3 s): the permits come back then at the latest.
+        back = wait_until(served_again, 3 + 3, 0.02)
+        t_back = time.monotonic()
+        time.sleep(0.3)
     finally:
         load.stop()
         stop.set()
@@ -283,11 +293,10 @@ def test_cluster__slot_migrated_under_load_admits_nothing_twice(rc, up, make_sid
     recs = load.snapshot()
     bad = [r for r in recs if r[3] not in (None, "backend_unavailable")]
     assert not bad, "unexpected outcomes: %r" % bad[:10]
-    for label, lo, hi in (("after MOVED", t_done, t_done + 0.5),):
-        for i in range(3):
-            seen = [r[3] for r in recs if r[0] == i and r[1] >= lo and r[2] <= hi + 0.3]
-            assert None in seen, "sidecar %d served nothing in the %s: %r\n%s" % (
-                i, label, {c: seen.count(c) for c in set(seen)}, stats(fleet[i])["backend"])
+    assert back, "not every sidecar served a call within 6 s of MOVED: %r" % [
+        stats(sc)["backend"] for sc in fleet]
+    print("cluster migration: every sidecar served again %.3fs after SETSLOT NODE"
+          % (t_back - t_done))
     failed = sum(1 for r in recs if r[3] == "backend_unavailable")
     asked = sum(1 for r in recs if r[1] >= t_ask and r[2] <= t_moved and r[3] is None)
     print("cluster migration: slot %d %d -> %d, %d keys moved; %d calls, %d backend_unavailable, "
