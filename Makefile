@@ -418,6 +418,8 @@ bench: deps
 	$(BUILD)/bench/evstream
 	@echo "## Response cache: sidecar CPU per hit vs per call upstream (one run)"
 	/usr/bin/python3 tests/bench/cache_cpu.py $(BUILD) 5000
+	@echo "## Redis Cluster: admissions over 3 primaries vs one (script time per primary)"
+	/usr/bin/python3 tests/bench/cluster_admit.py --n 20000
 
 # For editors and clangd: every compile command of `all` and the unit
 # tests, recorded by bear(1) (Debian package bear) from a full rebuild

@@ -91,6 +91,34 @@ def config(d, i, redis_url, prefix, open_url, limited_url, rpm, window):
     return path
 
 
+def start_sidecars(polygw, d, n, procs, config_of, who, timeout=15.0):
+    """n sidecars in `d` on the configs config_of(i) (paths), appended to
+    `procs`; returns their sockets once each one's backend is up, or exits
+    with the first one's log that did not come up within `timeout`."""
+    socks = []
+    for i in range(n):
+        sock = os.path.join(d, "sc%d.sock" % i)
+        log = open(os.path.join(d, "sc%d.log" % i), "w")
+        procs.append(subprocess.Popen([polygw, "--config", config_of(i), "--socket", sock],
+                                      stderr=log, env=dict(os.environ, no_proxy="*")))
+        log.close()
+        socks.append(sock)
+    deadline = time.monotonic() + timeout
+    for sock in socks:
+        while True:
+            try:
+                err, st = rpc(sock, "stats")
+                if err is None and st["backend"]["state"] == "up":
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                with open(sock.replace(".sock", ".log")) as f:
+                    sys.exit("%s: a sidecar did not come up:\n%s" % (who, f.read()[-2000:]))
+            time.sleep(0.05)
+    return socks
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build", nargs="?", default="build")
@@ -123,28 +151,8 @@ def main():
     try:
         with MockUpstream() as up_open, MockUpstream() as up_lim:
             prefix = "soak%d" % os.getpid()
-            socks = []
-            for i in range(a.sidecars):
-                cfg = config(d, i, url, prefix, up_open.url, up_lim.url, a.rpm, a.window)
-                sock = os.path.join(d, "sc%d.sock" % i)
-                log = open(os.path.join(d, "sc%d.log" % i), "w")
-                procs.append(subprocess.Popen([polygw, "--config", cfg, "--socket", sock],
-                                              stderr=log, env=dict(os.environ, no_proxy="*")))
-                log.close()
-                socks.append(sock)
-            deadline = time.monotonic() + 10
-            for sock in socks:
-                while True:
-                    try:
-                        err, st = rpc(sock, "stats")
-                        if err is None and st["backend"]["state"] == "up":
-                            break
-                    except OSError:
-                        pass
-                    if time.monotonic() > deadline:
-                        with open(sock.replace(".sock", ".log")) as f:
-                            sys.exit("fleet_soak: a sidecar did not come up:\n" + f.read()[-2000:])
-                    time.sleep(0.05)
+            socks = start_sidecars(polygw, d, a.sidecars, procs, lambda i: config(
+                d, i, url, prefix, up_open.url, up_lim.url, a.rpm, a.window), "fleet_soak")
 
             body = {"model": "m", "input": "soak"}
             chat = {"model": "m", "messages": [{"role": "user", "content": "soak"}]}

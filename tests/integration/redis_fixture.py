@@ -29,7 +29,8 @@ from conftest import Pending, chat, config_yaml, source_yaml  # noqa: E402,F401 
 from redis_support import RedisError, RedisServer, Resp, free_port  # noqa: E402
 
 __all__ = ["FleetRedis", "RedisError", "Resp", "free_port", "unique_prefix", "fleet_config",
-           "source", "Pending", "stats", "wait_backend", "chat", "wait_until"]
+           "source", "Pending", "stats", "wait_backend", "chat", "wait_until",
+           "assert_failover_excess"]
 
 
 class FleetRedis(RedisServer):
@@ -195,3 +196,18 @@ def wait_backend(sc, up=True, timeout=5.0):
     assert b, "backend state not %s within %ss: %r\n%s" % (
         "up" if up else "down", timeout, last[0], sc.logs()[-3000:])
     return b
+
+
+def assert_failover_excess(what, samples, t0, t_kill, cap, win):
+    """A token bucket of `cap` per `win` seconds through a failover at
+    t_kill: the mock's request counts (t, n) sampled from t0 never exceed
+    cap + rate x (t - t0) before it (+1: sampling), nor by more than one
+    capacity after it (the writes a promoted replica never saw). Prints both."""
+    rate = cap / win
+    excess = max(n - (cap + rate * (t - t0)) for t, n in samples)
+    before = max(n - (cap + rate * (t - t0)) for t, n in samples if t < t_kill)
+    print("%s: admitted %d attempts in %.1fs at rpm %d/%.0fs; most above the limit: "
+          "%.1f before the failover, %.1f over the whole run (bound: one capacity, %d)"
+          % (what, samples[-1][1], samples[-1][0] - t0, cap, win, before, excess, cap))
+    assert before <= 1, "the limit did not hold before the failover: %.1f over" % before
+    assert excess <= cap + 1, "over-admission %.1f beyond one window (%d)" % (excess, cap)
