@@ -54,6 +54,7 @@
 
 #include "core/log.h"
 #include "redis.h"
+#include "redis_cluster.h"
 #include "task.h"
 
 #define SHARED_SCOPES            4096 /* cache slots (power of two) */
@@ -150,7 +151,8 @@ struct backend_redis {
     struct backend be; /* first: the table's view */
     struct ev_loop *loop;
     const struct config *cfg; /* borrowed */
-    struct rds *rds;
+    struct rds *rds;          /* one endpoint or Sentinel; or NULL with */
+    struct rcl *cl;           /* a Redis Cluster (redis_cluster.h) */
     struct gov_backend progress;
     char sidecar_id[17];
     unsigned long long lease_seq;
@@ -167,6 +169,10 @@ struct backend_redis {
     ev_timer later_w; /* retry_later */
     double later_delay;
     bool closing; /* redis_free: no new work */
+    /* startup_check() runs the loop before the server has wired the hooks:
+     * events then go nowhere, and start_w passes the state on after. */
+    bool starting;
+    ev_timer start_w;
     ev_timer renew_w;
     /* The fleet's budgets as last read (budget.lua peek), for display:
      * one per configured app and source; `known` once read. */
@@ -192,6 +198,43 @@ struct backend_redis {
 
 static const char *const refusal_names[7] = { "breaker", "concurrency", "rpm",  "tpm",
                                               "daily",   "app",         "other" };
+
+/* --- the connector: one endpoint (redis.h) or a cluster (redis_cluster.h) */
+
+static bool sh_up(const struct backend_redis *sh)
+{
+    return sh->cl ? rcl_up(sh->cl) : rds_up(sh->rds);
+}
+
+static bool sh_subscribed(const struct backend_redis *sh)
+{
+    return sh->cl ? rcl_subscribed(sh->cl) : rds_subscribed(sh->rds);
+}
+
+static int sh_eval(struct backend_redis *sh, enum rds_script s, int nkeys, int argc,
+                   const char **argv, rds_cb *cb, void *ud)
+{
+    return sh->cl ? rcl_eval(sh->cl, s, nkeys, argc, argv, NULL, cb, ud)
+                  : rds_eval(sh->rds, s, nkeys, argc, argv, NULL, cb, ud);
+}
+
+/* A plain command whose key is argv[1]. */
+static int sh_command(struct backend_redis *sh, int argc, const char **argv, const size_t *argvlen,
+                      rds_cb *cb, void *ud)
+{
+    return sh->cl ? rcl_command(sh->cl, 1, argc, argv, argvlen, cb, ud)
+                  : rds_command(sh->rds, argc, argv, argvlen, cb, ud);
+}
+
+static double sh_clock_offset(const struct backend_redis *sh)
+{
+    return sh->cl ? rcl_clock_offset(sh->cl) : rds_clock_offset(sh->rds);
+}
+
+static uint64_t sh_pending(const struct backend_redis *sh)
+{
+    return sh->cl ? rcl_get_stats(sh->cl)->pending : rds_get_stats(sh->rds)->pending;
+}
 
 /* --- helpers ----------------------------------------------------------- */
 
@@ -338,7 +381,7 @@ static int be_progress_age(void *ud, const char *scope, double now, double *age)
 {
     struct backend_redis *sh = ud;
 
-    if (!rds_subscribed(sh->rds) || !rds_up(sh->rds))
+    if (!sh_subscribed(sh) || !sh_up(sh))
         return -1; /* marks may be missed: fail closed */
     struct scope_slot *s = scope_slot(sh, scope);
     if (!s)
@@ -368,7 +411,7 @@ static int be_progress_age(void *ud, const char *scope, double now, double *age)
     char key[SHARED_KEY_MAX];
     progress_key(sh, scope, key, sizeof(key));
     const char *argv[] = { key, "age" };
-    if (rds_eval(sh->rds, RDS_PROGRESS, 1, 2, argv, NULL, on_progress_fetched, f) < 0) {
+    if (sh_eval(sh, RDS_PROGRESS, 1, 2, argv, on_progress_fetched, f) < 0) {
         free(f);
         return -1;
     }
@@ -392,7 +435,7 @@ static int send_mark(struct backend_redis *sh, const char *scope)
     fmt_num(ttl, sizeof(ttl), SHARED_PROGRESS_TTL_MS);
     const char *argv[] = { key, "mark", ttl, sh->channel[CH_PROGRESS], scope };
     sh->marks_sent++;
-    if (rds_eval(sh->rds, RDS_PROGRESS, 1, 5, argv, NULL, on_mark_done, sh) < 0) {
+    if (sh_eval(sh, RDS_PROGRESS, 1, 5, argv, on_mark_done, sh) < 0) {
         count_write_error(sh, "progress mark", "not connected");
         return -1;
     }
@@ -577,7 +620,7 @@ static void release_send(struct backend_redis *sh, struct backend_lease *const *
         const char *const more[4] = { ls[i]->id, ls[i]->verdict, est[i], used[i] };
         m = push_args(argv, m, more, 4);
     }
-    if (rds_eval(sh->rds, RDS_RELEASE, (int)(5 + 4 * ng), (int)m, argv, NULL, on_released, k) < 0)
+    if (sh_eval(sh, RDS_RELEASE, (int)(5 + 4 * ng), (int)m, argv, on_released, k) < 0)
         count_write_error(sh, "release", "not connected");
 }
 
@@ -660,7 +703,7 @@ static void admit_answer(struct backend_admit *a, redisReply *const *e, const ch
             redis_release(&sh->be, l, NULL, -1); /* the call is gone */
     } else if (ok == 0 && e[1]->type == REDIS_REPLY_STRING) {
         const char *why = e[1]->str;
-        double retry_at = NAN, off = rds_clock_offset(sh->rds);
+        double retry_at = NAN, off = sh_clock_offset(sh);
         sh->refused[refusal_index(why)]++;
         if (strcmp(why, "breaker") == 0)
             note_breaker(sh, l->source, "open");
@@ -714,7 +757,7 @@ static int admit_send(struct backend_redis *sh, struct admit_batch *b)
         argv[n++] = b->a[i]->lease->id;
         argv[n++] = b->a[i]->est;
     }
-    if (rds_eval(sh->rds, RDS_ADMIT, (int)(5 + 4 * ng), (int)n, argv, NULL, on_admitted, b) < 0)
+    if (sh_eval(sh, RDS_ADMIT, (int)(5 + 4 * ng), (int)n, argv, on_admitted, b) < 0)
         return -1;
     sh->admits++;
     return 0;
@@ -775,7 +818,10 @@ static void on_turn_flush(struct ev_loop *loop, ev_prepare *w, int revents)
 
     ev_prepare_stop(loop, w);
     turn_flush(sh);
-    rds_flush(sh->rds);
+    if (sh->cl)
+        rcl_flush(sh->cl);
+    else
+        rds_flush(sh->rds);
 }
 
 static int redis_admit(struct backend *be, size_t source, size_t app, double est_tokens,
@@ -788,7 +834,7 @@ static int redis_admit(struct backend *be, size_t source, size_t app, double est
 
     *lease = NULL;
     *pending = NULL;
-    if (!a || !l || sh->closing || !rds_up(sh->rds)) {
+    if (!a || !l || sh->closing || !sh_up(sh)) {
         free(a);
         free(l);
         return -1;
@@ -887,7 +933,7 @@ static void renew_key(struct backend_redis *sh, const char *key, const char *ttl
         for (struct backend_lease *l = sh->src[i].live; l; l = l->next)
             if (lease_in(l, source, app, cap))
                 argv[n++] = l->id;
-    if (rds_eval(sh->rds, RDS_RENEW, 1, (int)n, argv, NULL, on_renewed, sh) < 0)
+    if (sh_eval(sh, RDS_RENEW, 1, (int)n, argv, on_renewed, sh) < 0)
         count_write_error(sh, "renew", "not connected");
     free(argv);
 }
@@ -901,7 +947,7 @@ static void renew_all(struct ev_loop *loop, ev_timer *w, int revents)
     (void)loop;
     (void)revents;
 
-    if (!rds_up(sh->rds))
+    if (!sh_up(sh))
         return;
     fmt_num(ttl, sizeof(ttl), sh->cfg->redis_lease_ttl_s * 1000.0);
     for (size_t i = 0; i < sh->cfg->n_sources; i++)
@@ -1025,7 +1071,7 @@ static int redis_task(struct backend *be, enum backend_task_op op, const char *i
                            admin ? "1" : "0",
                            money };
     snprintf(money, sizeof(money), "%.17g", budget > 0 ? budget : 0);
-    if (rds_eval(sh->rds, RDS_TASK, 1, 10, argv, NULL, on_task_reply, q) < 0) {
+    if (sh_eval(sh, RDS_TASK, 1, 10, argv, on_task_reply, q) < 0) {
         free(q);
         return -1;
     }
@@ -1039,7 +1085,7 @@ static int redis_task(struct backend *be, enum backend_task_op op, const char *i
  * running tasks held here. */
 static void maybe_resync(struct backend_redis *sh)
 {
-    if (!sh->resync || sh->closing || !rds_up(sh->rds) || !rds_subscribed(sh->rds))
+    if (!sh->resync || sh->closing || sh->starting || !sh_up(sh) || !sh_subscribed(sh))
         return;
     sh->resync = false;
     sh->resyncs++;
@@ -1055,7 +1101,7 @@ static void on_later(struct ev_loop *loop, ev_timer *w, int revents)
     struct backend_redis *sh = w->data;
     (void)loop;
     (void)revents;
-    if (sh->closing || !rds_up(sh->rds))
+    if (sh->closing || !sh_up(sh))
         return; /* on_up does it */
     /* Failing again and again (an error reply, not a lost connection)
      * backs off: 1 s doubling to 60 s, reset by a reconnection. */
@@ -1089,7 +1135,7 @@ static void on_up(struct rds *r, void *ud)
     struct backend_redis *sh = ud;
     (void)r;
     sh->later_delay = SHARED_RETRY_LATER_S;
-    if (sh->closing)
+    if (sh->closing || sh->starting)
         return;
     if (sh->be.hooks.on_up)
         sh->be.hooks.on_up(sh->be.hooks.ud);
@@ -1124,7 +1170,7 @@ static void on_message(struct rds *r, size_t channel, const char *msg, size_t le
     char buf[SHARED_KEY_MAX];
     (void)r;
 
-    if (sh->closing || len >= sizeof(buf) || memchr(msg, '\0', len))
+    if (sh->closing || sh->starting || len >= sizeof(buf) || memchr(msg, '\0', len))
         return;
     memcpy(buf, msg, len);
     buf[len] = '\0';
@@ -1142,6 +1188,91 @@ static void on_message(struct rds *r, size_t channel, const char *msg, size_t le
         if (sh->be.hooks.on_task_ended)
             sh->be.hooks.on_task_ended(sh->be.hooks.ud, buf);
     }
+}
+
+/* A cluster runs a script only when its keys share one slot. admit.lua and
+ * release.lua for an app with limits of its own take the source's and the
+ * app's keys, and budget.lua an app's and a source's budget: with a prefix
+ * that has no hash tag of its own these span slots (CROSSSLOT), so such a
+ * configuration is refused at start-up rather than failing every such call
+ * (tests/redis/README.md, "Redis Cluster"). */
+static int cluster_check_slots(const struct backend_redis *sh, char *err, size_t errlen)
+{
+    const struct config *cfg = sh->cfg;
+    char key[SHARED_KEY_MAX];
+
+    for (size_t i = 0; i < cfg->n_apps; i++) {
+        bool limits = sh->apps[i].own.on || sh->apps[i].caps;
+        bool budget = budget_is_set(&cfg->apps[i].budget);
+        snprintf(key, sizeof(key), "{%s:app:%s}", cfg->redis_prefix, cfg->apps[i].name);
+        for (size_t j = 0; (limits || budget) && j < cfg->n_sources; j++) {
+            const char *k = sh->src[j].breaker;
+            if ((limits || budget_is_set(&cfg->sources[j].budget)) &&
+                rcl_keyslot(key, strlen(key)) != rcl_keyslot(k, strlen(k))) {
+                snprintf(err, errlen,
+                         "redis backend: app '%s' has %s of its own, and in a cluster its keys "
+                         "and source '%s''s are in different hash slots; give backend.prefix a "
+                         "hash tag (e.g. \"{%s}\") to keep them in one",
+                         cfg->apps[i].name, limits ? "limits" : "a budget", cfg->sources[j].name,
+                         cfg->redis_prefix);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+static void startup_wait_done(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)w;
+    (void)revents;
+}
+
+/* At start-up, up to command_timeout_s for the first answer of Redis, so
+ * that a server of the wrong kind (a cluster node behind backend.url, a
+ * seed without cluster support behind backend.cluster) stops the start
+ * with the reason instead of leaving a sidecar that is never ready. A
+ * Redis that does not answer in time is no error: the backend fails
+ * closed until it does, as always. The loop has only the backend's
+ * watchers yet. */
+/* After start-up: what the hooks missed while startup_check() ran. */
+static void on_started(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct backend_redis *sh = w->data;
+    (void)loop;
+    (void)revents;
+    if (sh->closing || !sh_up(sh))
+        return;
+    if (sh_subscribed(sh))
+        sh->resync = true;
+    on_up(NULL, sh);
+}
+
+static int startup_check(struct backend_redis *sh, char *err, size_t errlen)
+{
+    ev_timer guard;
+    const char *bad = NULL;
+
+    sh->starting = true;
+
+    ev_timer_init(&guard, startup_wait_done, sh->cfg->redis_command_timeout_s, 0.);
+    ev_timer_start(sh->loop, &guard);
+    for (;;) {
+        bad = sh->cl ? rcl_mode_error(sh->cl) : rds_mode_error(sh->rds);
+        if (bad || sh_up(sh) || !ev_is_active(&guard) ||
+            (sh->rds && rds_get_stats(sh->rds)->connect_failures > 0))
+            break;
+        ev_run(sh->loop, EVRUN_ONCE);
+    }
+    ev_timer_stop(sh->loop, &guard);
+    sh->starting = false;
+    ev_timer_set(&sh->start_w, 0., 0.);
+    ev_timer_start(sh->loop, &sh->start_w);
+    if (!bad)
+        return 0;
+    snprintf(err, errlen, "redis backend: %s", bad);
+    return -1;
 }
 
 /* --- set-up ------------------------------------------------------------ */
@@ -1201,13 +1332,19 @@ static const struct gov_backend *redis_progress(struct backend *be)
 static bool redis_is_up(const struct backend *be)
 {
     const struct backend_redis *sh = (const struct backend_redis *)be;
-    return !sh->closing && rds_up(sh->rds);
+    return !sh->closing && sh_up(sh);
 }
 
 static const char *redis_down_reason(const struct backend *be, const char **detail)
 {
     const struct backend_redis *sh = (const struct backend_redis *)be;
+    if (sh->cl) {
+        *detail = rcl_last_error(sh->cl);
+        return rcl_mode_error(sh->cl) ? "redis misconfigured" : rcl_down_why(sh->cl);
+    }
     *detail = sh->rds ? rds_last_error(sh->rds) : "";
+    if (sh->rds && rds_mode_error(sh->rds))
+        return "redis misconfigured";
     return "redis unreachable";
 }
 
@@ -1331,7 +1468,7 @@ static void redis_spend_settle(struct backend *be, size_t app, size_t source,
 
     if (spend_args(sh, app, source, task, "settle", reserved, actual, &a) == 0)
         return;
-    if (rds_eval(sh->rds, RDS_BUDGET, a.nkeys, a.argc, a.argv, NULL, on_spend_settled, sh) < 0)
+    if (sh_eval(sh, RDS_BUDGET, a.nkeys, a.argc, a.argv, on_spend_settled, sh) < 0)
         count_write_error(sh, "budget settle", "not connected");
 }
 
@@ -1388,7 +1525,7 @@ static int redis_spend_reserve(struct backend *be, size_t app, size_t source,
     struct backend_spend *s;
 
     *pending = NULL;
-    if (sh->closing || !rds_up(sh->rds) ||
+    if (sh->closing || !sh_up(sh) ||
         spend_args(sh, app, source, task, "reserve", amount, NAN, &a) == 0 ||
         !(s = malloc(sizeof(*s))))
         return -1;
@@ -1404,7 +1541,7 @@ static int redis_spend_reserve(struct backend *be, size_t app, size_t source,
         s->task = *task;
         s->task.id = s->task_id;
     }
-    if (rds_eval(sh->rds, RDS_BUDGET, a.nkeys, a.argc, a.argv, NULL, on_spend_reserved, s) < 0) {
+    if (sh_eval(sh, RDS_BUDGET, a.nkeys, a.argc, a.argv, on_spend_reserved, s) < 0) {
         free(s);
         return -1;
     }
@@ -1466,7 +1603,7 @@ static void peek_budgets(struct ev_loop *loop, ev_timer *w, int revents)
     (void)loop;
     (void)revents;
 
-    if (sh->closing || !rds_up(sh->rds))
+    if (sh->closing || !sh_up(sh))
         return;
     for (size_t i = 0; i < na; i++)
         n += budget_is_set(&cfg->apps[i].budget);
@@ -1505,7 +1642,7 @@ static void peek_budgets(struct ev_loop *loop, ev_timer *w, int revents)
     argv[argc++] = "nan";
     for (k = 0; k < 4 * n; k++)
         argv[argc++] = num[k];
-    if (rds_eval(sh->rds, RDS_BUDGET, (int)n, argc, argv, NULL, on_budget_peek, p) < 0)
+    if (sh_eval(sh, RDS_BUDGET, (int)n, argc, argv, on_budget_peek, p) < 0)
         free(p);
 out:
     free(keys);
@@ -1552,7 +1689,7 @@ static void redis_remember_response(struct backend *be, const char *id, const ch
     resp_key(sh, id, key, sizeof(key));
     fmt_num(ttl, sizeof(ttl), ttl_s * 1000.0 >= 1 ? ttl_s * 1000.0 : 1);
     const char *argv[] = { "SET", key, source, "PX", ttl };
-    if (rds_command(sh->rds, 5, argv, NULL, on_remembered, sh) < 0)
+    if (sh_command(sh, 5, argv, NULL, on_remembered, sh) < 0)
         count_write_error(sh, "remember response", "not connected");
 }
 
@@ -1589,7 +1726,7 @@ static int redis_recall_response(struct backend *be, const char *id, char *sourc
     q->ud = ud;
     resp_key(sh, id, key, sizeof(key));
     const char *argv[] = { "GET", key };
-    if (rds_command(sh->rds, 2, argv, NULL, on_recalled, q) < 0) {
+    if (sh_command(sh, 2, argv, NULL, on_recalled, q) < 0) {
         free(q);
         return -1;
     }
@@ -1636,7 +1773,7 @@ static void redis_cache_put(struct backend *be, const char *hex, const char *val
     fmt_num(ttl, sizeof(ttl), ttl_s * 1000.0 >= 1 ? ttl_s * 1000.0 : 1);
     const char *argv[] = { "SET", key, value, "PX", ttl };
     const size_t argvlen[] = { 3, strlen(key), len, 2, strlen(ttl) };
-    if (rds_command(sh->rds, 5, argv, argvlen, on_cache_stored, sh) < 0)
+    if (sh_command(sh, 5, argv, argvlen, on_cache_stored, sh) < 0)
         count_write_error(sh, "cache store", "not connected");
 }
 
@@ -1686,7 +1823,7 @@ static int redis_cache_lock(struct backend *be, const char *hex, double ttl_s, b
     cache_lock_key(sh, hex, key, sizeof(key));
     fmt_num(ttl, sizeof(ttl), ttl_s * 1000.0 >= 1 ? ttl_s * 1000.0 : 1);
     const char *argv[] = { "SET", key, "1", "NX", "PX", ttl };
-    if (rds_command(sh->rds, 6, argv, NULL, on_cache_locked, q) < 0) {
+    if (sh_command(sh, 6, argv, NULL, on_cache_locked, q) < 0) {
         free(q);
         return -1;
     }
@@ -1702,7 +1839,7 @@ static void redis_cache_unlock(struct backend *be, const char *hex)
         return;
     cache_lock_key(sh, hex, key, sizeof(key));
     const char *argv[] = { "DEL", key };
-    if (rds_command(sh->rds, 2, argv, NULL, on_cache_unlocked, sh) < 0)
+    if (sh_command(sh, 2, argv, NULL, on_cache_unlocked, sh) < 0)
         count_write_error(sh, "cache unlock", "not connected");
 }
 
@@ -1719,7 +1856,7 @@ static int redis_cache_get(struct backend *be, const char *hex, backend_cache_cb
     cache_rkey(sh, hex, key, sizeof(key));
     cache_lock_key(sh, hex, lock, sizeof(lock));
     const char *argv[] = { "MGET", key, lock };
-    if (rds_command(sh->rds, 3, argv, NULL, on_cache_got, q) < 0) {
+    if (sh_command(sh, 3, argv, NULL, on_cache_got, q) < 0) {
         free(q);
         return -1;
     }
@@ -1779,6 +1916,8 @@ struct backend *backend_redis_new(struct ev_loop *loop, const struct config *cfg
     ev_init(&sh->mark_w, on_mark_timer);
     sh->mark_w.data = sh;
     ev_init(&sh->later_w, on_later);
+    ev_init(&sh->start_w, on_started);
+    sh->start_w.data = sh;
     sh->later_w.data = sh;
     ev_init(&sh->renew_w, renew_all);
     sh->renew_w.data = sh;
@@ -1861,8 +2000,18 @@ struct backend *backend_redis_new(struct ev_loop *loop, const struct config *cfg
         .on_message = on_message,
         .ud = sh,
     };
-    sh->rds = rds_new(loop, &opts, &rhooks, err, errlen);
-    if (!sh->rds) {
+    if (cfg->n_redis_cluster) {
+        const struct rcl_opts copts = {
+            .seeds = (const char *const *)cfg->redis_cluster,
+            .n_seeds = cfg->n_redis_cluster,
+            .node = opts,
+        };
+        sh->cl = rcl_new(loop, &copts, &rhooks, err, errlen);
+    } else {
+        sh->rds = rds_new(loop, &opts, &rhooks, err, errlen);
+    }
+    if ((!sh->rds && !sh->cl) || (sh->cl && cluster_check_slots(sh, err, errlen) < 0) ||
+        startup_check(sh, err, errlen) < 0) {
         redis_free(&sh->be);
         return NULL;
     }
@@ -1898,11 +2047,11 @@ static void redis_drain(struct backend_redis *sh)
     struct ev_loop *loop = sh->loop;
     ev_timer guard;
 
-    if (!sh->rds || !rds_up(sh->rds) || rds_get_stats(sh->rds)->pending == 0)
+    if ((!sh->rds && !sh->cl) || !sh_up(sh) || sh_pending(sh) == 0)
         return;
     ev_timer_init(&guard, drain_timeout, sh->cfg->redis_command_timeout_s, 0.);
     ev_timer_start(loop, &guard);
-    while (ev_is_active(&guard) && rds_up(sh->rds) && rds_get_stats(sh->rds)->pending > 0)
+    while (ev_is_active(&guard) && sh_up(sh) && sh_pending(sh) > 0)
         ev_run(loop, EVRUN_ONCE);
     ev_timer_stop(loop, &guard);
 }
@@ -1913,6 +2062,7 @@ static void redis_free(struct backend *be)
     const struct config *cfg = sh->cfg;
 
     ev_timer_stop(sh->loop, &sh->renew_w);
+    ev_timer_stop(sh->loop, &sh->start_w);
     ev_timer_stop(sh->loop, &sh->peek_w);
     ev_timer_stop(sh->loop, &sh->mark_w);
     ev_timer_stop(sh->loop, &sh->later_w);
@@ -1923,6 +2073,8 @@ static void redis_free(struct backend *be)
     redis_drain(sh);
     rds_free(sh->rds); /* fails what is pending (admissions: their leases are freed) */
     sh->rds = NULL;
+    rcl_free(sh->cl);
+    sh->cl = NULL;
     ev_timer_stop(sh->loop, &sh->later_w);
     ev_timer_stop(sh->loop, &sh->mark_w);
     for (size_t i = 0; sh->src && i < cfg->n_sources; i++) {
@@ -1955,6 +2107,9 @@ void backend_redis_describe(const struct config *cfg, char *buf, size_t len)
             snprintf(buf, len, "redis backend at %s, not contacted", a.path);
         else
             snprintf(buf, len, "redis backend at %s:%d, not contacted", a.host, a.port);
+    } else if (cfg->n_redis_cluster) {
+        snprintf(buf, len, "redis backend: a cluster from %zu seeds, not contacted",
+                 cfg->n_redis_cluster);
     } else if (cfg->n_redis_sentinels) {
         snprintf(buf, len, "redis backend: primary '%s' from %zu sentinels, not contacted",
                  cfg->redis_master_name, cfg->n_redis_sentinels);
@@ -2091,9 +2246,36 @@ static const void *rds_of(const void *obj, size_t row)
     return SH(obj)->rds;
 }
 
+static const void *rcl_of(const void *obj, size_t row)
+{
+    (void)row;
+    return SH(obj)->cl;
+}
+
+static bool is_single(const void *obj, size_t row)
+{
+    (void)row;
+    return SH(obj)->rds != NULL;
+}
+
+static bool is_cluster(const void *obj, size_t row)
+{
+    (void)row;
+    return SH(obj)->cl != NULL;
+}
+
 /* `backend`: the connector's (redis.h); `shared`: this backend's. */
 static const struct figure redis_figure_list[] = {
-    { .key = "backend", .kind = FIG_MAP, .sub = &rds_figures, .sub_obj = rds_of },
+    { .key = "backend",
+      .kind = FIG_MAP,
+      .sub = &rds_figures,
+      .sub_obj = rds_of,
+      .shown = is_single },
+    { .key = "backend",
+      .kind = FIG_MAP,
+      .sub = &rcl_figures,
+      .sub_obj = rcl_of,
+      .shown = is_cluster },
     { .key = "shared", .kind = FIG_MAP, .sub = &shared_figures },
 };
 static const struct fig_table redis_figures = FIG_TABLE(redis_figure_list);

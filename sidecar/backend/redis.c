@@ -170,12 +170,24 @@ extern const char *const rds_script_name[RDS_N_SCRIPTS];
 #define RDS_EVAL_LENS             32
 enum rconn_kind { RC_CMD, RC_SUB, RC_SEN, RC_N };
 enum rconn_state { RC_DOWN, RC_RESOLVING, RC_CONNECTING, RC_HANDSHAKE, RC_UP };
-enum cmd_kind { CMD_USER, CMD_AUTH, CMD_SELECT, CMD_LOAD, CMD_TIME, CMD_MASTER, CMD_ROLE };
+enum cmd_kind {
+    CMD_USER,
+    CMD_AUTH,
+    CMD_SELECT,
+    CMD_LOAD,
+    CMD_TIME,
+    CMD_MASTER,
+    CMD_ROLE,
+    CMD_INFO
+};
 
 /* The sentinels' event announcing a new primary:
  * "<master name> <old ip> <old port> <new ip> <new port>". */
 #define RDS_SWITCH_CHANNEL "+switch-master"
-#define RDS_MAX_SENTINELS  16
+#define RDS_IS_CLUSTER                                                           \
+    "the server is a Redis Cluster node (cluster_enabled:1): list its nodes in " \
+    "backend.cluster instead of backend.url"
+#define RDS_MAX_SENTINELS 16
 
 struct cmd {
     struct cmd *prev, *next; /* the connection's live list */
@@ -258,6 +270,8 @@ struct rds {
     uint64_t rng;
     unsigned depth; /* our frames on the stack (see the top comment) */
     bool closing;
+    bool cluster_node; /* opts.cluster_node: no INFO cluster check */
+    bool is_cluster;   /* the URL's server is a cluster node (rds_mode_error) */
     struct rds_stats stats;
     char last_error[RDS_ERR_MAX];
 };
@@ -873,6 +887,9 @@ static void conn_handshake(struct rconn *cn)
     if (r->n_sentinels) {
         const char *argv[] = { "ROLE" };
         rc |= setup_send(cn, CMD_ROLE, -1, 1, argv, NULL);
+    } else if (!r->cluster_node && cn->kind == RC_CMD) {
+        const char *argv[] = { "INFO", "cluster" };
+        rc |= setup_send(cn, CMD_INFO, -1, 2, argv, NULL);
     }
     if (r->addr.db != 0) {
         char db[16];
@@ -1070,9 +1087,10 @@ static void time_sample(struct rds *r, const struct cmd *c, const redisReply *re
 /* A handshake or TIME reply. */
 static void internal_reply(struct rds *r, struct cmd *c, const redisReply *reply)
 {
-    static const char *const what[] = {
-        "", "AUTH", "SELECT", "SCRIPT LOAD", "TIME", "SENTINEL get-master-addr-by-name", "ROLE"
-    };
+    static const char *const what[] = { "",       "AUTH",
+                                        "SELECT", "SCRIPT LOAD",
+                                        "TIME",   "SENTINEL get-master-addr-by-name",
+                                        "ROLE",   "INFO cluster" };
     struct rconn *cn = c->cn;
     enum cmd_kind kind = c->kind;
     bool setup = c->setup;
@@ -1082,7 +1100,8 @@ static void internal_reply(struct rds *r, struct cmd *c, const redisReply *reply
     if (kind == CMD_TIME)
         time_sample(r, c, reply);
     cmd_finish(r, c);
-    if (reply->type == REDIS_REPLY_ERROR) {
+    /* A user whose ACL forbids INFO still works: the check is a courtesy. */
+    if (reply->type == REDIS_REPLY_ERROR && kind != CMD_INFO) {
         snprintf(why, sizeof(why), "%s refused: %s", what[kind], reply->str);
         conn_fail(cn, why, false);
         return;
@@ -1125,6 +1144,13 @@ static void internal_reply(struct rds *r, struct cmd *c, const redisReply *reply
             conn_fail(cn, why, false);
             return;
         }
+    }
+    if (kind == CMD_INFO && reply->type == REDIS_REPLY_STRING &&
+        strstr(reply->str, "cluster_enabled:1")) {
+        r->is_cluster = true;
+        log_at(LOG_ERROR, "redis URL points at a cluster node", "address", LOG_S, cn->where, NULL);
+        conn_fail(cn, RDS_IS_CLUSTER, false);
+        return;
     }
     if (setup && cn->setup_left > 0) {
         cn->setup_left--;
@@ -1447,6 +1473,7 @@ struct rds *rds_new(struct ev_loop *loop, const struct rds_opts *opts,
         }
     }
     r->timeout_s = opts->command_timeout_s;
+    r->cluster_node = opts->cluster_node;
     r->min_s = opts->reconnect_min_s;
     r->max_s = opts->reconnect_max_s;
     if (hooks)
@@ -1611,6 +1638,11 @@ double rds_clock_offset(const struct rds *r)
 const struct rds_stats *rds_get_stats(const struct rds *r)
 {
     return &r->stats;
+}
+
+const char *rds_mode_error(const struct rds *r)
+{
+    return r->is_cluster ? RDS_IS_CLUSTER : NULL;
 }
 
 const char *rds_last_error(const struct rds *r)

@@ -87,6 +87,9 @@ struct rds_opts {
     double reconnect_max_s;      /* cap of the doubling */
     const char *const *channels; /* subscribed on the second connection */
     size_t n_channels;
+    /* A node of a Redis Cluster (redis_cluster.h): skips the check that a
+     * plain URL does not point at one (INFO cluster, cluster_enabled:1). */
+    bool cluster_node;
 };
 
 struct rds_hooks {
@@ -151,6 +154,12 @@ struct rds_stats {
     struct prom_hist rtt;        /* of `replies` */
 };
 const struct rds_stats *rds_get_stats(const struct rds *r);
+
+/* Non-NULL once the URL's server answered that it is a Redis Cluster node
+ * (INFO cluster: cluster_enabled:1): counting on one node of a cluster
+ * would be per instance, so the command connection stays down, and this
+ * says to configure backend.cluster instead. */
+const char *rds_mode_error(const struct rds *r);
 
 /* Why the last connection or attempt failed ("" if none yet): short, never
  * a password (see rds_reason in redis.c). Borrowed until the next failure. */

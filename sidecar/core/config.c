@@ -112,6 +112,7 @@ enum fid {
     FID_COMMAND_TIMEOUT,
     FID_LEASE_TTL,
     FID_SENTINELS,
+    FID_CLUSTER,
     FID_MASTER_NAME,
     FID_DB,
     FID_USERNAME,
@@ -911,6 +912,7 @@ static const struct field cap_cache_table[] = {
 };
 
 static int walk_sentinels(struct loader *l, const struct ynode *v);
+static int walk_cluster(struct loader *l, const struct ynode *v);
 
 static const struct field backend_tls_table[] = {
     STR("ca_file", FID_TLS_CA_FILE, OFF(struct config, redis_tls_ca_file), check_key_path),
@@ -930,6 +932,7 @@ static const struct field backend_table[] = {
     NUM("lease_ttl_s", FT_DOUBLE, FID_LEASE_TTL, OFF(struct config, redis_lease_ttl_s), 0, 86400,
         F_MIN_OPEN),
     { .key = "sentinels", .type = FT_CUSTOM, .fid = FID_SENTINELS, .walk = walk_sentinels },
+    { .key = "cluster", .type = FT_CUSTOM, .fid = FID_CLUSTER, .walk = walk_cluster },
     STR("master_name", FID_MASTER_NAME, OFF(struct config, redis_master_name), check_word),
     NUM("db", FT_U32, FID_DB, OFF(struct config, redis_db), 0, INT32_MAX, 0),
     STR("username", FID_USERNAME, OFF(struct config, redis_username), check_word),
@@ -1885,6 +1888,13 @@ static int walk_sentinels(struct loader *l, const struct ynode *v)
                         &l->cfg->redis_sentinels, &l->cfg->n_redis_sentinels);
 }
 
+/* backend.cluster: ["host:port", ...], 1 to 16 seed nodes of a Redis Cluster. */
+static int walk_cluster(struct loader *l, const struct ynode *v)
+{
+    return walk_strings(l, v, 16, "\"host:port\" strings", "cluster seed", sentinel_problem,
+                        &l->cfg->redis_cluster, &l->cfg->n_redis_cluster);
+}
+
 /* A DNS name as a Host header or an origin carries it: letters, digits,
  * '-' and '.', 1 to 253 of them; `n` bytes of `s`. */
 static bool is_host_name(const char *s, size_t n)
@@ -2430,9 +2440,10 @@ static void validate_top(struct loader *l)
             fail_at(l, line[FID_HTTP_LISTEN], "http.listen", "%s", why);
     }
     if (cfg->backend == BACKEND_REDIS && !line[FID_URL] && !line[FID_URL_ENV] &&
-        !line[FID_SENTINELS])
+        !line[FID_SENTINELS] && !line[FID_CLUSTER])
         fail_at(l, line[FID_KIND], "backend.url",
-                "is required when kind is redis (or backend.url_env, or backend.sentinels)");
+                "is required when kind is redis (or backend.url_env, backend.sentinels or "
+                "backend.cluster)");
     if (line[FID_URL] && line[FID_URL_ENV])
         fail_at(l, line[FID_URL_ENV], "backend.url_env",
                 "cannot be combined with backend.url; choose one");
@@ -2441,6 +2452,13 @@ static void validate_top(struct loader *l)
                 "cannot be combined with backend.%s; choose one (the sentinels name the "
                 "primary)",
                 line[FID_URL] ? "url" : "url_env");
+    if (line[FID_CLUSTER] && (line[FID_URL] || line[FID_URL_ENV] || line[FID_SENTINELS]))
+        fail_at(l, line[FID_CLUSTER], "backend.cluster",
+                "cannot be combined with backend.%s; choose one (a cluster's nodes are "
+                "found from its seeds)",
+                line[FID_URL]           ? "url"
+                    : line[FID_URL_ENV] ? "url_env"
+                                        : "sentinels");
     validate_redis_auth(l);
     static const struct {
         int fid;
@@ -2452,6 +2470,7 @@ static void validate_top(struct loader *l)
         { FID_COMMAND_TIMEOUT, "backend.command_timeout_s" },
         { FID_LEASE_TTL, "backend.lease_ttl_s" },
         { FID_SENTINELS, "backend.sentinels" },
+        { FID_CLUSTER, "backend.cluster" },
         { FID_USERNAME, "backend.username" },
         { FID_PASSWORD_ENV, "backend.password_env" },
         { FID_PASSWORD_FILE, "backend.password_file" },
@@ -3867,6 +3886,9 @@ void config_free(struct config *cfg)
     for (size_t i = 0; i < cfg->n_redis_sentinels; i++)
         free(cfg->redis_sentinels[i]);
     free(cfg->redis_sentinels);
+    for (size_t i = 0; i < cfg->n_redis_cluster; i++)
+        free(cfg->redis_cluster[i]);
+    free(cfg->redis_cluster);
     free(cfg->redis_master_name);
     free(cfg->redis_username);
     char *const secrets[] = { cfg->redis_password, cfg->redis_sentinel_password };

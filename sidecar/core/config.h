@@ -371,6 +371,8 @@ struct config {
     double redis_lease_ttl_s;       /* a dead sidecar's permits return after this; default 30 */
     char **redis_sentinels;         /* owned array of "host:port" (instead of a URL), or NULL */
     size_t n_redis_sentinels;
+    char **redis_cluster; /* owned array of Redis Cluster seed "host:port" (instead of a URL) */
+    size_t n_redis_cluster;
     char *redis_master_name; /* owned; required with sentinels */
     uint32_t redis_db;       /* with sentinels (a URL carries its own); default 0 */
     char *redis_username;    /* owned ACL user, or NULL (the default user) */

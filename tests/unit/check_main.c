@@ -30,6 +30,7 @@ int main(void)
         gov_suite,
         task_suite,
         redis_url_suite,
+        redis_cluster_suite,
         dialect_suite,
         convert_suite,
         redis_tls_suite,

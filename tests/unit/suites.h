@@ -22,6 +22,7 @@ Suite *progress_suite(void);
 Suite *gov_suite(void);
 Suite *task_suite(void);
 Suite *redis_url_suite(void);
+Suite *redis_cluster_suite(void);
 Suite *dialect_suite(void);
 Suite *convert_suite(void);
 Suite *redis_tls_suite(void);

@@ -1122,6 +1122,37 @@ START_TEST(test_config__backend_sentinels_auth_tls)
 }
 END_TEST
 
+/* Redis Cluster seeds instead of a URL: the list's rules, and one of url,
+ * url_env, sentinels or cluster. */
+START_TEST(test_config__backend_cluster)
+{
+    struct config *cfg = expect_ok("backend:\n  kind: redis\n  cluster: [\"10.0.0.1:6379\", "
+                                   "\"[::1]:7000\"]\n  prefix: \"{pg}\"\n  tls: {}\n");
+    ck_assert_uint_eq(cfg->n_redis_cluster, 2);
+    ck_assert_str_eq(cfg->redis_cluster[1], "[::1]:7000");
+    ck_assert_ptr_null(cfg->redis_url);
+    ck_assert(cfg->redis_tls);
+    config_free(cfg);
+
+    expect_reject("backend: { kind: redis, url: redis://h, cluster: [\"h:1\"] }\n", 1,
+                  "backend.cluster", "cannot be combined with backend.url");
+    expect_reject("backend: { kind: redis, sentinels: [\"h:1\"], master_name: m, "
+                  "cluster: [\"h:1\"] }\n",
+                  1, "backend.cluster", "cannot be combined with backend.sentinels");
+    expect_reject("backend: { kind: redis, cluster: [\"h\"] }\n", 1, "backend.cluster[0]",
+                  "port is required");
+    expect_reject("backend: { kind: redis, cluster: [\"h:1\", \"h:1\"] }\n", 1,
+                  "backend.cluster[1]", "repeats cluster seed 0");
+    expect_reject("backend: { kind: redis, cluster: [] }\n", 1, "backend.cluster",
+                  "a list of 1 to 16");
+    expect_reject("backend: { kind: redis, cluster: [\"h:1\"], master_name: m }\n", 1,
+                  "backend.master_name", "only valid with backend.sentinels");
+    expect_reject("backend: { kind: memory, cluster: [\"h:1\"] }\n", 1, "backend.cluster",
+                  "only valid with kind: redis");
+    expect_reject("backend: { kind: redis }\n", 1, "backend.url", "backend.cluster");
+}
+END_TEST
+
 /* The password from the environment: a URL that holds one too is refused,
  * and neither message shows it. */
 START_TEST(test_config__backend_password_env)
@@ -2286,6 +2317,7 @@ Suite *config_suite(void)
     tcase_add_test(tc, test_config__backend_memory_with_url);
     tcase_add_test(tc, test_config__backend_url_scheme);
     tcase_add_test(tc, test_config__backend_sentinels_auth_tls);
+    tcase_add_test(tc, test_config__backend_cluster);
     tcase_add_test(tc, test_config__http_allowed_origins_and_hosts);
     tcase_add_test(tc, test_config__backend_password_env);
     tcase_add_test(tc, test_config__backend_redis_url_and_timeouts);
