@@ -1,19 +1,12 @@
 """Helpers for the Redis Cluster tests (test_redis_cluster.py): one real
 cluster of 3 primaries and 3 replicas per test module (RedisCluster from
 tests/redis/redis_cluster.py, imported, not copied), sidecar configs that
-name it with `backend.cluster`, and the check of whether this polygw
-binary has a cluster client at all.
+name it with `backend.cluster`.
 
 Standard library + msgpack only. Every wait is bounded.
 """
-import functools
-import os
-import subprocess
-import tempfile
-
 import pytest
 
-from conftest import POLYGW, sanitizer_env
 from redis_fixture import fleet_config  # noqa: F401  (puts tests/redis on the path)
 from redis_cluster import ClusterError, RedisCluster, SlotMigration, slot_keys  # noqa: E402,F401
 from redis_support import key_slot  # noqa: E402,F401
@@ -35,28 +28,6 @@ def cluster_config(cluster, prefix, sources, backend=None, http_port=None, extra
     if http_port:
         cfg += 'http:\n  listen: "127.0.0.1:%d"\n' % http_port
     return cfg + extra
-
-
-@functools.lru_cache(maxsize=1)
-def client_missing():
-    """The reason this polygw cannot be pointed at a cluster (it rejects the
-    key `backend.cluster` as unknown), or "" when it can."""
-    if not os.path.exists(POLYGW):
-        return ""   # let the tests fail on the missing binary, not skip
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        f.write("backend:\n  kind: redis\n  cluster: [\"127.0.0.1:1\"]\n  prefix: probe\n"
-                "sources:\n  - {name: a, capability: chat, base_url: \"http://127.0.0.1:1\"}\n")
-    try:
-        r = subprocess.run([POLYGW, "--check-config", f.name], capture_output=True, text=True,
-                           timeout=20, env=sanitizer_env())
-    finally:
-        os.unlink(f.name)
-    out = r.stdout + r.stderr
-    return "this polygw has no Redis Cluster client (backend.cluster: unknown key)" \
-        if "backend.cluster: unknown key" in out else ""
-
-
-needs_cluster_client = pytest.mark.skipif(bool(client_missing()), reason=client_missing() or "-")
 
 
 def start_cluster(password=None):

@@ -34,7 +34,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import POLYGW, sanitizer_env  # noqa: E402
 from redis_cluster_fixture import (SlotMigration, cluster_config, key_slot,  # noqa: E402
-                                   needs_cluster_client, start_cluster)
+                                   start_cluster)
 from redis_fixture import (FleetRedis, Pending, assert_failover_excess, chat,  # noqa: E402
                            fleet_config, free_port, source, stats, unique_prefix, wait_backend,
                            wait_until)
@@ -44,8 +44,6 @@ from test_redis_fleet_apps import apps_yaml, shared_refused  # noqa: E402
 EARLY = 0.02
 NO_PROXY = {"no_proxy": "*", "NO_PROXY": "*"}
 CT = 0.5   # backend.command_timeout_s where a test makes the cluster fail
-
-pytestmark = needs_cluster_client
 
 
 @pytest.fixture(scope="module")
