@@ -702,6 +702,8 @@ static void req_on_reply(const redisReply *reply, const char *err, void *ud)
                                : "redirected twice");
         return;
     }
+    if (text && strncmp(text, "CLUSTERDOWN", 11) == 0)
+        refresh_soon(cl); /* a slot may have lost its primary: the map says */
     req_finish(q, reply, err);
 }
 
@@ -1079,6 +1081,7 @@ SUM_FIGURE(fig_commands, commands)
 SUM_FIGURE(fig_errors, errors)
 SUM_FIGURE(fig_timeouts, timeouts)
 SUM_FIGURE(fig_pending, pending)
+SUM_FIGURE(fig_noscript, noscript_reloads)
 
 static struct fig_val fig_last_error(const void *obj, size_t row)
 {
@@ -1152,6 +1155,7 @@ static const struct figure rcl_figure_list[] = {
       .type = "gauge",
       .help = "Redis commands sent, not answered.",
       .get = fig_pending },
+    { .key = "noscript_reloads", .get = fig_noscript },
     { .key = "moved",
       .metric = "polygw_redis_cluster_redirections_total",
       .type = "counter",
