@@ -11,7 +11,7 @@
  * in gc_w (a timer: never inside the adapter's own callbacks).
  *
  * Map. slot_node[s] is the index of slot s's primary, or -1. A refresh
- * (CLUSTER SLOTS) goes to a connected primary, else a connected seed; one
+ * (CLUSTER SHARDS, or SLOTS) goes to a connected primary, else a connected seed; one
  * at a time. Its answer replaces the whole table; a MOVED reply re-points
  * one slot at once, before the refresh that it schedules confirms it.
  *
@@ -37,14 +37,14 @@
 
 #include "core/log.h"
 
-#define RCL_MAX_NODES 128
-#define RCL_ERR_MAX   160
+#define RCL_MAX_NODES            128
+#define RCL_ERR_MAX              160
 /* The subscriber's check period: as redis.c's subscriber ping. */
 #define RCL_SUB_EVERY(timeout_s) fmax(1.0, 2.0 * (timeout_s))
 /* A refresh asked for by a MOVED or a lost primary waits this long, so a
  * storm of redirections makes one refresh. */
-#define RCL_REFRESH_SOON_S 0.05
-#define RCL_REFRESH_DOWN_S 1.0
+#define RCL_REFRESH_SOON_S       0.05
+#define RCL_REFRESH_DOWN_S       1.0
 
 /* --- slots ------------------------------------------------------------ */
 
@@ -112,6 +112,7 @@ struct rcl {
     double map_at; /* ev_now() of the last map */
     unsigned covered;
     bool refreshing, up, closing;
+    bool slots_only; /* the nodes have no CLUSTER SHARDS (Redis < 7) */
     ev_timer refresh_w, soon_w, gc_w, sub_w;
     /* Pub/sub: one adapter with the channels, on node sub_node. */
     struct rds *sub;
@@ -290,53 +291,10 @@ static int slots_addr(struct rcl *cl, const redisReply *a, const struct node *as
     return node_get(cl, host, (int)a->element[1]->integer);
 }
 
-static void gc_nodes(struct rcl *cl)
+/* CLUSTER SLOTS: [[from, to, primary, replica...], ...] into map. */
+static void parse_slots(struct rcl *cl, const redisReply *reply, const struct node *asked,
+                        int16_t *map)
 {
-    if (!ev_is_active(&cl->gc_w)) {
-        ev_timer_set(&cl->gc_w, 0., 0.);
-        ev_timer_start(cl->loop, &cl->gc_w);
-    }
-}
-
-static void sub_place(struct rcl *cl);
-
-/* CLUSTER SLOTS' answer (ud: the node asked). */
-static void on_slots(const redisReply *reply, const char *err, void *ud)
-{
-    struct node *asked = ud;
-    struct rcl *cl = asked->cl;
-    int16_t map[RCL_SLOTS];
-
-    cl->refreshing = false;
-    if (cl->closing)
-        return;
-    if (!err && reply && reply->type == REDIS_REPLY_ERROR)
-        err = reply->str;
-    if (err) {
-        cl->n.refresh_failures++;
-        if (strstr(err, "cluster support disabled")) {
-            snprintf(cl->mode_error, sizeof(cl->mode_error),
-                     "%.60s is not a cluster node (cluster support disabled): use backend.url",
-                     asked->where);
-            log_at(LOG_ERROR, "redis cluster seed is not a cluster node", "address", LOG_S,
-                   asked->where, NULL);
-        } else {
-            char why[RCL_ERR_MAX];
-            snprintf(why, sizeof(why), "CLUSTER SLOTS on %.60s: %.80s", asked->where, err);
-            note_error(cl, why);
-        }
-        cl_update(cl);
-        return;
-    }
-    if (!reply || reply->type != REDIS_REPLY_ARRAY) {
-        cl->n.refresh_failures++;
-        note_error(cl, "CLUSTER SLOTS: unexpected reply");
-        return;
-    }
-    for (size_t s = 0; s < RCL_SLOTS; s++)
-        map[s] = -1;
-    for (size_t i = 0; i < cl->n_nodes; i++)
-        cl->node[i]->primary = false;
     for (size_t i = 0; i < reply->elements; i++) {
         const redisReply *e = reply->element[i];
         if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 ||
@@ -353,6 +311,124 @@ static void on_slots(const redisReply *reply, const char *err, void *ud)
         for (size_t k = 3; k < e->elements; k++)
             (void)slots_addr(cl, e->element[k], asked); /* replicas: listed, not connected */
     }
+}
+
+/* The value of `key` in a RESP2 map (a flat [key, value, ...] array). */
+static const redisReply *kv_get(const redisReply *a, const char *key)
+{
+    if (!a || a->type != REDIS_REPLY_ARRAY)
+        return NULL;
+    for (size_t i = 0; i + 1 < a->elements; i += 2)
+        if (str_el(a->element[i]) && strcmp(a->element[i]->str, key) == 0)
+            return a->element[i + 1];
+    return NULL;
+}
+
+/* One node of a CLUSTER SHARDS shard: its endpoint (else its ip, else the
+ * node asked) and its port (tls-port over TLS when given). */
+static int shards_node(struct rcl *cl, const redisReply *n, const struct node *asked)
+{
+    const redisReply *host = kv_get(n, "endpoint"), *ip = kv_get(n, "ip");
+    const redisReply *port = cl->tmpl.tls ? kv_get(n, "tls-port") : NULL;
+
+    if (!port)
+        port = kv_get(n, "port");
+    if (!str_el(host) || !host->str[0] || strcmp(host->str, "?") == 0)
+        host = ip;
+    if (!port || port->type != REDIS_REPLY_INTEGER)
+        return -1;
+    const char *h = str_el(host) && host->str[0] ? host->str : asked->host;
+    return node_get(cl, h, (int)port->integer);
+}
+
+/* CLUSTER SHARDS (Redis >= 7): [{slots: [from, to, ...], nodes: [{...,
+ * role}, ...]}, ...] into map. */
+static void parse_shards(struct rcl *cl, const redisReply *reply, const struct node *asked,
+                         int16_t *map)
+{
+    for (size_t i = 0; i < reply->elements; i++) {
+        const redisReply *slots = kv_get(reply->element[i], "slots");
+        const redisReply *nodes = kv_get(reply->element[i], "nodes");
+        int p = -1;
+        for (size_t k = 0; nodes && nodes->type == REDIS_REPLY_ARRAY && k < nodes->elements; k++) {
+            const redisReply *role = kv_get(nodes->element[k], "role");
+            int idx = shards_node(cl, nodes->element[k], asked);
+            if (idx >= 0 && str_el(role) && strcmp(role->str, "master") == 0)
+                p = idx;
+        }
+        if (p < 0 || !slots || slots->type != REDIS_REPLY_ARRAY)
+            continue;
+        for (size_t k = 0; k + 1 < slots->elements; k += 2) {
+            const redisReply *a = slots->element[k], *b = slots->element[k + 1];
+            if (a->type != REDIS_REPLY_INTEGER || b->type != REDIS_REPLY_INTEGER ||
+                a->integer < 0 || b->integer >= (long long)RCL_SLOTS || a->integer > b->integer)
+                continue;
+            cl->node[p]->primary = true;
+            for (long long s = a->integer; s <= b->integer; s++)
+                map[s] = (int16_t)p;
+        }
+    }
+}
+
+static void gc_nodes(struct rcl *cl)
+{
+    if (!ev_is_active(&cl->gc_w)) {
+        ev_timer_set(&cl->gc_w, 0., 0.);
+        ev_timer_start(cl->loop, &cl->gc_w);
+    }
+}
+
+static void sub_place(struct rcl *cl);
+
+/* The slot map's answer, CLUSTER SHARDS or SLOTS (ud: the node asked). */
+static void on_slots(const redisReply *reply, const char *err, void *ud)
+{
+    struct node *asked = ud;
+    struct rcl *cl = asked->cl;
+    int16_t map[RCL_SLOTS];
+
+    cl->refreshing = false;
+    if (cl->closing)
+        return;
+    if (!err && reply && reply->type == REDIS_REPLY_ERROR)
+        err = reply->str;
+    if (err) {
+        cl->n.refresh_failures++;
+        if (!cl->slots_only && strcasestr(err, "unknown subcommand")) {
+            /* Redis < 7: no CLUSTER SHARDS. Ask CLUSTER SLOTS from now on. */
+            cl->n.refresh_failures--;
+            cl->slots_only = true;
+            refresh_start(cl);
+            return;
+        }
+        if (strstr(err, "cluster support disabled")) {
+            snprintf(cl->mode_error, sizeof(cl->mode_error),
+                     "%.60s is not a cluster node (cluster support disabled): use backend.url",
+                     asked->where);
+            log_at(LOG_ERROR, "redis cluster seed is not a cluster node", "address", LOG_S,
+                   asked->where, NULL);
+        } else {
+            char why[RCL_ERR_MAX];
+            snprintf(why, sizeof(why), "CLUSTER %s on %.60s: %.70s",
+                     cl->slots_only ? "SLOTS" : "SHARDS", asked->where, err);
+            note_error(cl, why);
+        }
+        cl_update(cl);
+        return;
+    }
+    if (!reply || reply->type != REDIS_REPLY_ARRAY) {
+        cl->n.refresh_failures++;
+        note_error(cl, "the slot map: unexpected reply");
+        return;
+    }
+    for (size_t s = 0; s < RCL_SLOTS; s++)
+        map[s] = -1;
+    for (size_t i = 0; i < cl->n_nodes; i++)
+        cl->node[i]->primary = false;
+    if (cl->slots_only)
+        parse_slots(cl, reply, asked, map);
+    else
+        parse_shards(cl, reply, asked, map);
     memcpy(cl->slot_node, map, sizeof(map));
     cl->covered = 0;
     for (size_t i = 0; i < cl->n_nodes; i++)
@@ -380,7 +456,7 @@ static void on_slots(const redisReply *reply, const char *err, void *ud)
 /* Asks the map of a connected primary, else of a connected seed. */
 static void refresh_start(struct rcl *cl)
 {
-    static const char *const argv[] = { "CLUSTER", "SLOTS" };
+    const char *argv[] = { "CLUSTER", cl->slots_only ? "SLOTS" : "SHARDS" };
     int pick = -1;
 
     if (cl->refreshing || cl->closing)
@@ -393,8 +469,7 @@ static void refresh_start(struct rcl *cl)
             pick = (int)i;
     if (pick < 0)
         return; /* a node's on_up asks */
-    if (rds_command(cl->node[pick]->rds, 2, (const char **)argv, NULL, on_slots,
-                    cl->node[pick]) == 0)
+    if (rds_command(cl->node[pick]->rds, 2, argv, NULL, on_slots, cl->node[pick]) == 0)
         cl->refreshing = true;
 }
 
@@ -486,8 +561,7 @@ static void sub_place(struct rcl *cl)
     };
     cl->sub = node_adapter(cl, cl->node[pick], &hooks);
     if (cl->sub)
-        log_at(LOG_INFO, "redis cluster subscriber", "address", LOG_S, cl->node[pick]->where,
-               NULL);
+        log_at(LOG_INFO, "redis cluster subscriber", "address", LOG_S, cl->node[pick]->where, NULL);
 }
 
 /* sub_w: a subscriber not subscribed at two checks in a row moves on. */
@@ -623,11 +697,13 @@ static void req_on_reply(const redisReply *reply, const char *err, void *ud)
                 return;
         }
         req_finish(q, NULL,
-                   to < 0  ? "redirected to an unknown node"
-                   : first ? "redirected to a node that is not connected"
-                           : "redirected twice");
+                   to < 0      ? "redirected to an unknown node"
+                       : first ? "redirected to a node that is not connected"
+                               : "redirected twice");
         return;
     }
+    if (text && strncmp(text, "CLUSTERDOWN", 11) == 0)
+        refresh_soon(cl); /* a slot may have lost its primary: the map says */
     req_finish(q, reply, err);
 }
 
@@ -774,8 +850,8 @@ struct rcl *rcl_new(struct ev_loop *loop, const struct rcl_opts *opts,
         for (size_t i = 0; i < 4; i++)
             if (from[i] && !(cl->tls_str[i] = strdup(from[i])))
                 goto oom;
-        cl->tls = (struct rtls_opts){ cl->tls_str[0], cl->tls_str[1], cl->tls_str[2],
-                                      cl->tls_str[3] };
+        cl->tls =
+            (struct rtls_opts){ cl->tls_str[0], cl->tls_str[1], cl->tls_str[2], cl->tls_str[3] };
         cl->tmpl.tls = &cl->tls;
     }
     for (size_t s = 0; s < RCL_SLOTS; s++)
@@ -800,8 +876,7 @@ struct rcl *rcl_new(struct ev_loop *loop, const struct rcl_opts *opts,
     for (size_t i = 0; i < opts->n_seeds; i++) {
         char host[256], perr[RCL_ERR_MAX];
         int port;
-        if (rds_parse_hostport(opts->seeds[i], host, sizeof(host), &port, perr, sizeof(perr)) <
-            0) {
+        if (rds_parse_hostport(opts->seeds[i], host, sizeof(host), &port, perr, sizeof(perr)) < 0) {
             str_setf(err, errlen, "redis cluster seed %zu: %s", i + 1, perr);
             rcl_free(cl);
             return NULL;
@@ -996,16 +1071,17 @@ static struct fig_val fig_sum(const void *obj, size_t off)
 }
 
 /* A getter of the summed counter `field` (rcl_get_stats). */
-#define SUM_FIGURE(name, field)                                        \
-    static struct fig_val name(const void *obj, size_t row)            \
-    {                                                                  \
-        (void)row;                                                     \
-        return fig_sum(obj, offsetof(struct rds_stats, field));        \
+#define SUM_FIGURE(name, field)                                 \
+    static struct fig_val name(const void *obj, size_t row)     \
+    {                                                           \
+        (void)row;                                              \
+        return fig_sum(obj, offsetof(struct rds_stats, field)); \
     }
 SUM_FIGURE(fig_commands, commands)
 SUM_FIGURE(fig_errors, errors)
 SUM_FIGURE(fig_timeouts, timeouts)
 SUM_FIGURE(fig_pending, pending)
+SUM_FIGURE(fig_noscript, noscript_reloads)
 
 static struct fig_val fig_last_error(const void *obj, size_t row)
 {
@@ -1079,6 +1155,7 @@ static const struct figure rcl_figure_list[] = {
       .type = "gauge",
       .help = "Redis commands sent, not answered.",
       .get = fig_pending },
+    { .key = "noscript_reloads", .get = fig_noscript },
     { .key = "moved",
       .metric = "polygw_redis_cluster_redirections_total",
       .type = "counter",

@@ -7,7 +7,8 @@
  *    Cluster specification defines it) of the key, or of its hash tag (the
  *    bytes between the first '{' and the first '}' after it, when there are
  *    any), modulo 16384.
- *  - The slot map is asked from the seeds (CLUSTER SLOTS) once one of them
+ *  - The slot map is asked from the seeds (CLUSTER SHARDS; CLUSTER SLOTS
+ *    from nodes older than Redis 7, which lack it) once one of them
  *    is connected, then again every RCL_REFRESH_EVERY_S (every second
  *    while the cluster is not usable), after a MOVED
  *    reply (at most one refresh in flight; redirection storms coalesce
@@ -45,7 +46,7 @@
 #include "codec/figures.h"
 #include "redis.h"
 
-#define RCL_SLOTS 16384u
+#define RCL_SLOTS           16384u
 /* The slot map is asked again this often while nothing else asks it. */
 #define RCL_REFRESH_EVERY_S 10.0
 

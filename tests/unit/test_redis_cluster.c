@@ -42,11 +42,11 @@ START_TEST(test_redis_cluster__keyslot_known)
         { "{user1000}.following", 3443 },
         { "{user1000}.followers", 3443 },
         { "123456789", 12739 },
-        { "{}foo", 9500 },          /* an empty tag: the whole key */
-        { "foo{}{bar}", 8363 },     /* the first '{' opens an empty tag: the whole key */
-        { "foo{{bar}}zap", 4015 },  /* tag "{bar" */
-        { "foo{bar}{zap}", 5061 },  /* tag "bar" */
-        { "a{b", 13340 },           /* no '}': the whole key */
+        { "{}foo", 9500 },         /* an empty tag: the whole key */
+        { "foo{}{bar}", 8363 },    /* the first '{' opens an empty tag: the whole key */
+        { "foo{{bar}}zap", 4015 }, /* tag "{bar" */
+        { "foo{bar}{zap}", 5061 }, /* tag "bar" */
+        { "a{b", 13340 },          /* no '}': the whole key */
         { "", 0 },
         { "{polygw:source:a}:breaker", 5125 },
     };
@@ -91,11 +91,11 @@ START_TEST(test_redis_cluster__new_rejects)
     struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
     char err[256];
     static const char *const bad[] = { "127.0.0.1" };
-    struct rcl_opts o = { .seeds = bad,
-                          .n_seeds = 1,
-                          .node = { .command_timeout_s = 1,
-                                    .reconnect_min_s = 0.1,
-                                    .reconnect_max_s = 1 } };
+    struct rcl_opts o = {
+        .seeds = bad,
+        .n_seeds = 1,
+        .node = { .command_timeout_s = 1, .reconnect_min_s = 0.1, .reconnect_max_s = 1 }
+    };
 
     ck_assert_ptr_null(rcl_new(loop, &o, NULL, err, sizeof(err)));
     ck_assert_msg(strstr(err, "seed 1"), "%s", err);
@@ -156,7 +156,8 @@ static void read_view(struct rcl *cl, struct view *v)
         else if (KEY_IS("last_error"))
             COPY_STR(v->last_error);
         else if (KEY_IS("map_age_s"))
-            v->map_age_s = val->type == MSGPACK_OBJECT_FLOAT64 ? val->via.f64 : (double)val->via.i64;
+            v->map_age_s =
+                val->type == MSGPACK_OBJECT_FLOAT64 ? val->via.f64 : (double)val->via.i64;
         else if (KEY_IS("slots_covered"))
             v->slots_covered = val->via.u64;
         else if (KEY_IS("nodes")) {
