@@ -184,7 +184,7 @@ def sidecar_run(a, build, backend, primaries, name):
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
     os.environ["POLYGW_BUILD"] = build   # the mock upstream of the same build
     from mock import MockUpstream
-    from fleet_soak import start_sidecars
+    from fleet_soak import start_sidecars, stop_all
     polygw, loadgen = os.path.join(build, "polygw"), os.path.join(build, "bench", "loadgen")
     d = tempfile.mkdtemp(prefix="pgw-cbench-", dir="/tmp")
     procs, gens = [], []
@@ -227,16 +227,7 @@ def sidecar_run(a, build, backend, primaries, name):
                 print("cluster_admit: %s: %d loadgen errors" % (name, errors))
             return attempts, wall, per
     finally:
-        for g in gens:
-            if g.poll() is None:
-                g.kill()
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(gens, procs)
         shutil.rmtree(d, ignore_errors=True)
 
 

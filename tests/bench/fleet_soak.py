@@ -119,6 +119,21 @@ def start_sidecars(polygw, d, n, procs, config_of, who, timeout=15.0):
     return socks
 
 
+def stop_all(gens, procs):
+    """Kills the load generators still running, then stops the sidecars
+    (SIGTERM, SIGKILL after 10 s)."""
+    for g in gens:
+        if g.poll() is None:
+            g.kill()
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build", nargs="?", default="build")
@@ -182,16 +197,7 @@ def main():
                 err, st = rpc(sock, "stats")
                 rtt.append((st["backend"]["rtt_avg_ms"], st["backend"]["rtt_max_ms"]))
     finally:
-        for _, g in gens:
-            if g.poll() is None:
-                g.kill()
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all([g for _, g in gens], procs)
         if a.tls:
             redis.cleanup()
             certs.cleanup()

@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # must never shadow this directory's.
 sys.path.append(os.path.join(os.path.dirname(HERE), "redis"))
 from conftest import Pending, chat, config_yaml, source_yaml  # noqa: E402,F401  (re-exported)
-from redis_support import RedisError, RedisServer, Resp, free_port  # noqa: E402
+from redis_support import RedisError, RedisServer, Resp, free_port, wait_until  # noqa: E402
 
 __all__ = ["FleetRedis", "RedisError", "Resp", "free_port", "unique_prefix", "fleet_config",
            "source", "Pending", "stats", "wait_backend", "chat", "wait_until",
@@ -169,17 +169,6 @@ def stats(sc, timeout=3.0):
         c.close()
     assert err is None, err
     return res
-
-
-def wait_until(pred, timeout, interval=0.01):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() >= deadline:
-            return v
-        time.sleep(interval)
 
 
 def wait_backend(sc, up=True, timeout=5.0):

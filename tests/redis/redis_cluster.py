@@ -25,7 +25,7 @@ import subprocess
 import tempfile
 import time
 
-from redis_support import RedisError, Resp, free_port, key_slot
+from redis_support import RedisError, Resp, free_port, key_slot, wait_until
 
 
 class ClusterError(RuntimeError):
@@ -33,14 +33,11 @@ class ClusterError(RuntimeError):
 
 
 def wait_for(pred, timeout, interval=0.05, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() >= deadline:
-            raise ClusterError("timed out after %.1fs waiting for %s" % (timeout, what))
-        time.sleep(interval)
+    """wait_until(), raising ClusterError when pred() never held."""
+    v = wait_until(pred, timeout, interval)
+    if not v:
+        raise ClusterError("timed out after %.1fs waiting for %s" % (timeout, what))
+    return v
 
 
 class Node:

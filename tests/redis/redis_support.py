@@ -168,6 +168,19 @@ def task_key(tid, prefix=PREFIX):
     return "{%s:task:%s}" % (prefix, tid)
 
 
+def wait_until(pred, timeout, interval=0.01):
+    """pred()'s first true value, polled every `interval` s; its last value
+    once `timeout` s have passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() >= deadline:
+            return v
+        time.sleep(interval)
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
