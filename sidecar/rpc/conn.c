@@ -37,6 +37,7 @@
 #include "net/input.h"
 #include "call/tasks.h"
 #include "core/log.h"
+#include "ops/cacheops.h"
 
 #define CONN_READ_CHUNK        (64 * 1024)
 #define CONN_LINGER_S          2.0 /* how long a closing connection may take to flush */
@@ -163,6 +164,7 @@ void conn_close(struct conn *c, const char *why)
     /* The client is gone: nothing it asked for may keep running. */
     call_abort_all(&c->sink);
     tasks_fail_pending(&c->tasks, PGW_OK, NULL);
+    cacheops_fail_pending(&c->tasks, PGW_OK, NULL);
     close(c->fd);
     c->fd = -1;
     log_at(LOG_DEBUG, "connection closed", "conn", LOG_U, (unsigned long long)c->id, "reason",
