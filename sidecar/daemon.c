@@ -451,9 +451,9 @@ static void server_on_progress_known(void *ud, const char *scope)
     gov_progress_known(&srv->gov, scope);
 }
 
-static void server_on_cache_purged(void *ud, const char *capability, const char *app)
+static void server_on_cache_purged(void *ud, const char *capability, const char *app, bool missed)
 {
-    cacheops_on_fleet_purge(ud, capability, app);
+    cacheops_on_fleet_purge(ud, capability, app, missed);
 }
 
 static struct backend *server_backend_new(struct server *srv, const struct backend_hooks *hooks,

@@ -142,8 +142,10 @@ struct backend_hooks {
      * waiting for it look again (gov_progress_known). */
     void (*on_progress_known)(void *ud, const char *scope);
     /* Another sidecar purged the shared cache tier of `capability` and
-     * app `app` (NULL: any): drop the same entries from the memory tier. */
-    void (*on_cache_purged)(void *ud, const char *capability, const char *app);
+     * app `app` (NULL: any): drop the same entries from the memory tier.
+     * `missed`: purges may have been missed (the channel was lost and is
+     * back; both NULL): drop every entry. */
+    void (*on_cache_purged)(void *ud, const char *capability, const char *app, bool missed);
     void *ud;
 };
 

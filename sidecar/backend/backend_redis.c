@@ -1110,6 +1110,10 @@ static void on_subscribed(struct rds *r, void *ud)
     (void)r;
     sh->resync = true;
     maybe_resync(sh);
+    /* Cache purges published meanwhile are lost too: the memory tier goes
+     * (Redis still holds what was not purged). */
+    if (sh->be.hooks.on_cache_purged)
+        sh->be.hooks.on_cache_purged(sh->be.hooks.ud, NULL, NULL, true);
 }
 
 static void on_unsubscribed(struct rds *r, void *ud)
@@ -1752,7 +1756,8 @@ static int redis_cache_get(struct backend *be, const char *hex, backend_cache_cb
  * Never KEYS: each step is one short command, bounded by
  * command_timeout_s. The pattern ends in '}', so it never matches a
  * lock (`…}:lock`): a call upstream keeps its lock. A standalone server
- * holds every key; a cluster runs the same walk on each primary. */
+ * holds every key; a cluster runs the same walk on each primary, its
+ * UNLINKs split by hash slot (every entry is a slot of its own). */
 #define CACHE_PURGE_COUNT "1000"
 
 struct cache_purge_walk {
@@ -1891,7 +1896,7 @@ static void on_cache_purge_message(struct backend_redis *sh, char *msg)
     *app++ = '\0';
     if (strcmp(msg, sh->sidecar_id) == 0 || !sh->be.hooks.on_cache_purged)
         return; /* its own: the purging sidecar dropped them itself */
-    sh->be.hooks.on_cache_purged(sh->be.hooks.ud, *cap ? cap : NULL, *app ? app : NULL);
+    sh->be.hooks.on_cache_purged(sh->be.hooks.ud, *cap ? cap : NULL, *app ? app : NULL, false);
 }
 
 static const struct fig_table redis_figures;

@@ -1947,7 +1947,8 @@ static void route_task(struct http_conn *c, const char *path, size_t len)
 }
 
 /* POST /polygw/v1/cache/purge?capability=C&app=A (both optional): drops
- * cached answers (ops/cacheops.h), admin apps only; answers {"purged": n}.
+ * cached answers (ops/cacheops.h), admin apps only; answers {"purged": n},
+ * or once the shared tier is walked {"purged": n, "purged_shared": m}.
  * The filters ride in the query, percent-encoded, so the request has no
  * body to parse; a body, if any, must still be JSON (hc_check_json_body). */
 static bool admit_cache_purge(struct http_conn *c, const char *path, size_t len)

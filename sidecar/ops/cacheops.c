@@ -56,26 +56,30 @@ static const char *or_any(const char *s)
 }
 
 /* The shared tier's walk ended. The memory tier is purged again: a
- * lookup during the walk may have copied an entry the walk then dropped. */
+ * lookup during the walk may have copied an entry the walk then dropped.
+ * A client gone meanwhile gets no answer; the purge is logged all the
+ * same (the server outlives its backend: a walk still running at exit
+ * ends, "closed", inside backend_free). */
 static void on_shared_purged(void *ud, int rc, size_t removed, const char *why)
 {
     struct cacheops_wait *w = ud;
     struct reply_outlet *o = w->out;
-    char msg[300];
-
-    if (!o) { /* the connection is gone; the server may be too */
-        free(w);
-        return;
-    }
     struct server *srv = w->srv;
     const char *cap = w->capability[0] ? w->capability : NULL, *app = w->app[0] ? w->app : NULL;
+    const char *failed = rc == 0 ? "" : why ? why : "?";
+    char msg[300];
+
     if (srv->cache)
         w->purged += cache_purge_match(srv->cache, cap, app);
     wait_unlink(w);
     log_at(rc == 0 ? LOG_INFO : LOG_WARN, "cache purged", "app", LOG_S, w->caller, "capability",
            LOG_S, or_any(w->capability), "of_app", LOG_S, or_any(w->app), "entries", LOG_U,
            (unsigned long long)w->purged, "shared_entries", LOG_U, (unsigned long long)removed,
-           rc == 0 ? NULL : "error", LOG_S, why, NULL);
+           "shared_error", LOG_S, failed, NULL);
+    if (!o) {
+        free(w);
+        return;
+    }
     if (rc == 0) {
         struct writer *wr = o->ops->result_begin(o, w->msgid);
         writer_map(wr, 2);
@@ -86,7 +90,7 @@ static void on_shared_purged(void *ud, int rc, size_t removed, const char *why)
         snprintf(msg, sizeof(msg),
                  "cache purge: %zu entries dropped from this sidecar's memory and %zu from the "
                  "shared tier, then the shared tier failed (%.100s): purge again",
-                 w->purged, removed, why ? why : "?");
+                 w->purged, removed, failed);
         const struct reply_error e = REPLY_ERROR(PGW_BACKEND_UNAVAILABLE, msg);
         o->ops->error(o, w->msgid, &e);
     }
@@ -96,9 +100,16 @@ static void on_shared_purged(void *ud, int rc, size_t removed, const char *why)
     free(w);
 }
 
-void cacheops_on_fleet_purge(struct server *srv, const char *capability, const char *app)
+void cacheops_on_fleet_purge(struct server *srv, const char *capability, const char *app,
+                             bool missed)
 {
     size_t n = srv->cache ? cache_purge_match(srv->cache, capability, app) : 0;
+    if (missed) {
+        if (n) /* none at start-up: the first subscription is a "gap" too */
+            log_at(LOG_INFO, "cache dropped: fleet purges may have been missed", "entries", LOG_U,
+                   (unsigned long long)n, NULL);
+        return;
+    }
     log_at(LOG_INFO, "cache purged by the fleet", "capability", LOG_S,
            capability ? capability : "*", "of_app", LOG_S, app ? app : "*", "entries", LOG_U,
            (unsigned long long)n, NULL);
@@ -146,6 +157,10 @@ int cacheops_purge(struct server *srv, const struct config_app *caller, const ch
         snprintf(w->app, sizeof(w->app), "%s", app ? app : "");
         if (backend_cache_purge(srv->backend, capability, app, on_shared_purged, w) < 0) {
             free(w);
+            log_at(LOG_WARN, "cache purged", "app", LOG_S, caller->name, "capability", LOG_S,
+                   capability ? capability : "*", "of_app", LOG_S, app ? app : "*", "entries",
+                   LOG_U, (unsigned long long)*purged, "shared_error", LOG_S, "not connected",
+                   NULL);
             *code = PGW_BACKEND_UNAVAILABLE;
             snprintf(err, errlen,
                      "cache purge: %zu entries dropped from this sidecar's memory; the shared "

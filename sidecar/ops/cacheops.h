@@ -6,6 +6,7 @@
 #ifndef POLYGW_CACHEOPS_H
 #define POLYGW_CACHEOPS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -37,7 +38,9 @@ int cacheops_purge(struct server *srv, const struct config_app *caller, const ch
 void cacheops_fail_pending(struct reply_outlet *o, enum pgw_code code, const char *message);
 
 /* Another sidecar of the fleet purged the shared tier (the backend's
- * on_cache_purged hook): the same entries leave this memory tier. */
-void cacheops_on_fleet_purge(struct server *srv, const char *capability, const char *app);
+ * on_cache_purged hook): the same entries leave this memory tier; with
+ * `missed` (purges may have been lost with the channel) every entry does. */
+void cacheops_on_fleet_purge(struct server *srv, const char *capability, const char *app,
+                             bool missed);
 
 #endif /* POLYGW_CACHEOPS_H */

@@ -179,6 +179,15 @@ def test_redis_cache_purge__walks_many_entries_in_batches(redis_srv, up, make_si
     assert msg[2] is None and msg[3]["purged_shared"] >= 3000, msg
     # Only the call's own answer may have been stored after the walk passed.
     assert len(entry_keys(redis_srv, prefix)) <= 1
+    # A client that leaves while its purge walks: the walk still ends (and
+    # tells the fleet); nothing answers the closed connection.
+    r.call("EVAL", fill, "0", base, fnv32("beta"), "5000")
+    c = a.connect(timeout=10)
+    c.request_async("cache.purge", {"app": "beta"})
+    c.close()
+    assert wait_until(lambda: len(entry_keys(redis_srv, prefix)) <= 1, 5)
+    assert wait_until(lambda: '"shared_entries":5000' in a.logs(), 3), a.logs()[-2000:]
+    assert ask(a, "embedding", "after", "beta") == "miss"
     print("purge of 5000 of 8000 entries: %.3f s (polygwctl included)" % took)
 
 
@@ -200,3 +209,21 @@ def test_redis_cache_purge__redis_down_is_a_typed_error(redis_srv, up, make_side
     err, _, _ = call_on(c, "embedding", {"model": "e", "input": ["kept"]}, 5, app="alpha")
     c.close()
     assert err["code"] == "backend_unavailable", err
+
+
+def test_redis_cache_purge__a_lost_channel_drops_the_memory_tier(redis_srv, up, make_sidecar):
+    """A purge published while a sidecar was cut off from the channel is
+    lost to it: when it is subscribed again it drops its memory tier
+    rather than answer what the fleet may have purged meanwhile."""
+    prefix = unique_prefix()
+    (a,) = start_fleet(make_sidecar, redis_srv, up, prefix, n=1)
+    assert ask(a, "embedding", "held", "alpha") == "miss"
+    assert ask(a, "embedding", "held", "alpha") == "hit"
+    redis_srv.kill()
+    wait_backend(a, up=False)
+    assert ask(a, "embedding", "held", "alpha") == "hit"  # memory, while Redis is down
+    redis_srv.restart()  # empty: what a purge of everything would have left
+    wait_backend(a)
+    assert wait_until(lambda: "fleet purges may have been missed" in a.logs(), 3)
+    assert ask(a, "embedding", "held", "alpha") == "miss"
+    assert up.stats()["requests"] == 2
