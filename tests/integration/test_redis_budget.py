@@ -57,6 +57,7 @@ def priced_fleet(redis_srv, up, make_sidecar):
     return prefix, fleet
 
 
+@pytest.mark.timing
 def test_redis_budget__a_burst_through_two_sidecars_never_overshoots(redis_srv, up,
                                                                       make_sidecar):
     prefix = unique_prefix()
