@@ -11,6 +11,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import call as call_on  # noqa: E402
 from redis_fixture import fleet_config, source, unique_prefix, wait_until  # noqa: E402
@@ -46,6 +48,7 @@ def locks(redis_srv, prefix):
     return [text(k) for k in redis_srv.client().call("KEYS", "{%s:cache:*}:lock" % prefix)]
 
 
+@pytest.mark.timing  # a 0.4 s lock must expire inside a 1.5 s call
 def test_redis_cache_lock__an_expired_holder_leaves_anothers_lock(redis_srv, up, make_sidecar):
     prefix = unique_prefix()
     a, b = start_fleet(make_sidecar, 2, lock_cfg(redis_srv, up, prefix, lock_s=0.4))

@@ -12,6 +12,8 @@ import sys
 import time
 from types import SimpleNamespace
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import call as call_on  # noqa: E402
 from redis_fixture import (chat, fleet_config, free_port, source, unique_prefix,  # noqa: E402
@@ -153,6 +155,7 @@ def test_redis_cache_purge__drops_redis_entries_and_the_fleets_memory(
     assert TOK["ops"] not in log and TOK["alpha"] not in log
 
 
+@pytest.mark.timing  # 18000 keys, and the purge's time is measured
 def test_redis_cache_purge__walks_many_entries_in_batches(redis_srv, up, make_sidecar):
     prefix = unique_prefix()
     (a,) = start_fleet(make_sidecar, redis_srv, up, prefix, n=1)
