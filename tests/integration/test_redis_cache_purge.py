@@ -33,10 +33,10 @@ def fnv32(s):
     return "%08x" % h
 
 
-def purge_cfg(redis_srv, up, prefix, port):
+def purge_cfg(redis_srv, up, prefix, port, backend=None):
     cfg = fleet_config(redis_srv.url(), prefix,
                        [source("e1", "embedding", up.url, model="emb-1", serves=["*"]),
-                        source("m1", "chat", up.url)],
+                        source("m1", "chat", up.url)], backend=backend,
                        capabilities={"embedding": {"cache": {"ttl_s": 60}},
                                      "chat": {"cache": {"ttl_s": 60}}})
     # Callers on the Unix socket (this uid) are `ops`, an admin app that may
@@ -49,12 +49,13 @@ def purge_cfg(redis_srv, up, prefix, port):
                   "http:\n  listen: \"127.0.0.1:%d\"\n" % (os.getuid(), port))
 
 
-def start_fleet(make_sidecar, redis_srv, up, prefix, n=2):
+def start_fleet(make_sidecar, redis_srv, up, prefix, n=2, backend=None, env=None):
     fleet = []
     for i in range(n):
         port = free_port()
-        sc = make_sidecar(config_text=purge_cfg(redis_srv, up, prefix, port), subdir="sc%d" % i,
-                          env=dict(NO_PROXY, PGW_TOK_O=TOK["ops"], PGW_TOK_A=TOK["alpha"]))
+        sc = make_sidecar(config_text=purge_cfg(redis_srv, up, prefix, port, backend),
+                          subdir="sc%d" % i, env=dict(NO_PROXY, PGW_TOK_O=TOK["ops"],
+                                                      PGW_TOK_A=TOK["alpha"], **(env or {})))
         sc.http_port = port
         wait_backend(sc)
         fleet.append(sc)
@@ -230,3 +231,28 @@ def test_redis_cache_purge__a_lost_channel_drops_the_memory_tier(redis_srv, up, 
     assert wait_until(lambda: "fleet purges may have been missed" in a.logs(), 3)
     assert ask(a, "embedding", "held", "alpha") == "miss"
     assert up.stats()["requests"] == 2
+
+
+def test_redis_cache_purge__as_the_documented_acl_user(up, make_sidecar):
+    """With exactly the ACL rules docs/CONFIG.md gives for backend.username
+    (test_redis_tls.py's user), the shared tier works: a store, a lookup
+    and a lock on another sidecar, a purge across the fleet."""
+    from test_redis_tls import ACL_PREFIX, ACL_PW, AclRedis
+    srv = AclRedis().start()
+    try:
+        a, b = start_fleet(make_sidecar, srv, up, ACL_PREFIX + "-cache",
+                           backend={"username": "pgw", "password_env": "PGW_REDIS_PW"},
+                           env={"PGW_REDIS_PW": ACL_PW})
+        assert ask(a, "embedding", "acl", "alpha") == "miss"
+        assert wait_until(lambda: ask(b, "embedding", "acl", "alpha") == "hit", 3)
+        assert ask(b, "chat", "acl", "alpha") == "miss"  # b's own lock, store and unlock
+        seen = fleet_purges(b)
+        p = ctl(a, "cache", "purge", "--capability", "embedding")
+        assert p.returncode == 0 and p.stdout.split() == ["purged=1", "purged_shared=1"], p
+        assert wait_until(lambda: fleet_purges(b) > seen, 3)
+        assert ask(b, "embedding", "acl", "alpha") == "miss"
+        for sc in (a, b):
+            assert "backend write failed" not in sc.logs(), sc.logs()[-2000:]
+            assert ACL_PW not in sc.logs()
+    finally:
+        srv.cleanup()
