@@ -50,6 +50,14 @@ void cacheops_fail_pending(struct reply_outlet *o, enum pgw_code code, const cha
     }
 }
 
+bool cacheops_is_pending(const struct reply_outlet *o, uint32_t msgid)
+{
+    for (const struct cacheops_wait *w = o->purges; w; w = w->next)
+        if (w->msgid == msgid)
+            return true;
+    return false;
+}
+
 static const char *or_any(const char *s)
 {
     return s[0] ? s : "*";

@@ -37,6 +37,9 @@ int cacheops_purge(struct server *srv, const struct config_app *caller, const ch
  * each is answered with that error and `message` first. */
 void cacheops_fail_pending(struct reply_outlet *o, enum pgw_code code, const char *message);
 
+/* Is request `msgid` of `o` a purge still walking the shared tier? */
+bool cacheops_is_pending(const struct reply_outlet *o, uint32_t msgid);
+
 /* Another sidecar of the fleet purged the shared tier (the backend's
  * on_cache_purged hook): the same entries leave this memory tier; with
  * `missed` (purges may have been lost with the channel) every entry does. */

@@ -389,7 +389,8 @@ static void conn_on_frame(struct conn *c, const msgpack_object *o)
         conn_reply_error(c, m.msgid, PGW_SHUTTING_DOWN, "the sidecar is shutting down");
         return;
     }
-    if (call_is_in_flight(&c->sink, m.msgid) || tasks_is_pending(&c->tasks, m.msgid)) {
+    if (call_is_in_flight(&c->sink, m.msgid) || tasks_is_pending(&c->tasks, m.msgid) ||
+        cacheops_is_pending(&c->tasks, m.msgid)) {
         /* Two responses with one msgid could not be told apart by any
          * client: the stream of this connection can no longer be trusted. */
         snprintf(buf, sizeof(buf), "msgid %u is already in flight on this connection", m.msgid);

@@ -12,6 +12,7 @@ import sys
 import time
 from types import SimpleNamespace
 
+import msgpack
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -183,11 +184,16 @@ def test_redis_cache_purge__walks_many_entries_in_batches(redis_srv, up, make_si
     assert msg[2] is None and msg[3]["purged_shared"] >= 3000, msg
     # Only the call's own answer may have been stored after the walk passed.
     assert len(entry_keys(redis_srv, prefix)) <= 1
-    # A client that leaves while its purge walks: the walk still ends (and
-    # tells the fleet); nothing answers the closed connection.
+    # A msgid reused while its purge walks is a connection error (as for
+    # a call); the client is gone then, and the walk still ends (and tells
+    # the fleet); nothing answers the closed connection.
     r.call("EVAL", fill, "0", base, fnv32("beta"), "5000")
     c = a.connect(timeout=10)
-    c.request_async("cache.purge", {"app": "beta"})
+    c.send_raw(msgpack.packb([0, 7, "cache.purge", [{"app": "beta"}]], use_bin_type=True) +
+               msgpack.packb([0, 7, "ping", []], use_bin_type=True))
+    msgs = c.expect_eof(timeout=5)
+    assert len(msgs) == 1 and msgs[0][1] == "error", msgs
+    assert "already in flight" in msgs[0][2][0]["message"], msgs
     c.close()
     assert wait_until(lambda: len(entry_keys(redis_srv, prefix)) <= 1, 5)
     assert wait_until(lambda: '"shared_entries":5000' in a.logs(), 3), a.logs()[-2000:]
