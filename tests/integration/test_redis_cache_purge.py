@@ -94,7 +94,10 @@ def http_purge(sc, query=""):
            "http://127.0.0.1:%d/polygw/v1/cache/purge%s" % (sc.http_port, query)]
     out = subprocess.run(cmd, capture_output=True, timeout=15, env=dict(os.environ, **NO_PROXY))
     head, _, body = out.stdout.decode().partition("\r\n\r\n")
-    return int(head.split()[1]), body
+    lines = head.split("\r\n")
+    headers = dict((k.strip().lower(), v.strip()) for k, _, v in
+                   (line.partition(":") for line in lines[1:]))
+    return int(lines[0].split()[1]), headers, body
 
 
 def fleet_purges(sc):
@@ -130,8 +133,9 @@ def test_redis_cache_purge__drops_redis_entries_and_the_fleets_memory(
 
     # The HTTP admin endpoint on a: all of beta's (a's memory had one).
     seen = fleet_purges(b)
-    s, body = http_purge(a, "?app=beta")
+    s, h, body = http_purge(a, "?app=beta")
     assert s == 200 and json.loads(body) == {"purged": 1, "purged_shared": 1}, (s, body)
+    assert h.get("cache-control") == "no-store", h
     assert wait_until(lambda: fleet_purges(b) > seen, 3)
     assert ask(b, "embedding", "x", "beta") == "miss"
     assert up.stats()["requests"] == 5
@@ -211,7 +215,7 @@ def test_redis_cache_purge__redis_down_is_a_typed_error(redis_srv, up, make_side
     p = ctl(a, "cache", "purge")
     assert p.returncode == 1 and "backend_unavailable" in p.stderr, p
     assert "1 entries dropped from this sidecar's memory" in p.stderr, p
-    s, body = http_purge(a, "?capability=chat")
+    s, _, body = http_purge(a, "?capability=chat")
     err = json.loads(body)["error"]
     assert s == 503 and err["code"] == "backend_unavailable", (s, body)
     # The memory tier was purged all the same.
