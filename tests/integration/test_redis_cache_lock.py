@@ -7,14 +7,16 @@ real mock upstream (which really delays), a real redis-server observed with
 its own client; every wait is bounded."""
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import call as call_on  # noqa: E402
+from conftest import POLYGW, call as call_on  # noqa: E402
 from redis_fixture import fleet_config, source, unique_prefix, wait_until  # noqa: E402
 from test_redis_cache import redis_srv, start_fleet  # noqa: E402,F401  (a fixture, a helper)
 
@@ -99,3 +101,18 @@ def test_redis_cache_lock__the_owner_drops_its_lock_and_the_default_life(
     assert out and out[0][0] is None, out
     # Its own token: the compare-and-delete drops it.
     assert wait_until(lambda: not locks(redis_srv, prefix), 2), locks(redis_srv, prefix)
+
+
+def test_redis_cache_lock__a_bad_lock_life_is_a_config_error(up, tmp_path):
+    """lock_s must be a number of seconds in (0, 3600]: the binary's own
+    check names the file, the line, the key path and the reason."""
+    for i, (v, why) in enumerate([(0, "must be in (0, 3600], got 0"), (-1, "got -1"),
+                                  (3601, "got 3601"), ('"2h"', "expected a number")]):
+        path = tmp_path / ("c%d.yaml" % i)
+        srv = SimpleNamespace(url=lambda: "redis://127.0.0.1:1/0")  # never contacted
+        path.write_text(lock_cfg(srv, up, "p", lock_s=0.5).replace("lock_s: 0.5", "lock_s: %s" % v))
+        p = subprocess.run([POLYGW, "--check-config", str(path)], capture_output=True, text=True,
+                           timeout=20)
+        want = "capabilities.embedding.cache.lock_s: "
+        assert p.returncode == 1 and want in p.stderr and why in p.stderr, (v, p.stderr)
+        assert str(path) + ":" in p.stderr, p.stderr
