@@ -196,8 +196,9 @@ struct backend_ops {
      * `cache_purge` removes the entries of `capability` and app `app`
      * (NULL: any; cache_shared_pattern) without blocking the shared store,
      * then tells every sidecar (hooks.on_cache_purged, not this one's):
-     * 0 `cb` runs later, -1 not started (not connected, out of memory).
-     * A caller gone meanwhile passes a `cb` that only frees `ud`. */
+     * 0 `cb` runs later, exactly once (there is no detach: a caller gone
+     * meanwhile only frees its `ud` there), -1 not started (not
+     * connected, out of memory). */
     int (*cache_get)(struct backend *be, const char *key, backend_cache_cb *cb, void *ud);
     void (*cache_put)(struct backend *be, const char *key, const char *value, size_t len,
                       double ttl_s);
