@@ -223,6 +223,7 @@ def test_cluster__task_stop_on_one_sidecar_ends_a_call_on_another(rc, up, make_s
 
 
 # ------------------------------------------------------------ slot migration
+@pytest.mark.timing  # six callers with no pause while the slot moves
 def test_cluster__slot_migrated_under_load_admits_nothing_twice(rc, up, make_sidecar):
     """Six callers (2 per sidecar) keep source `a` (max_concurrency 3,
     replies delayed 0.1 s) saturated while its slot moves to another
@@ -313,6 +314,7 @@ def test_cluster__slot_migrated_under_load_admits_nothing_twice(rc, up, make_sid
 
 
 # ----------------------------------------------------------------- failover
+@pytest.mark.timing  # the time from the promotion to service is bounded
 def test_cluster__primary_killed_the_fleet_follows_the_promotion(rc, up, make_sidecar):
     """Three sidecars under a steady load above the fleet's rpm (20 per
     10 s). The primary that owns the source's slot is SIGKILLed once the
@@ -398,6 +400,7 @@ def readyz(port):
         return e.code, json.loads(e.read().decode())
 
 
+@pytest.mark.timing  # backend_unavailable at command_timeout_s, +0.5 s
 def test_cluster__frozen_cluster_fails_closed_and_readyz_says_why(rc, up, make_sidecar):
     """Every node SIGSTOPped (connections open, nothing answered: a
     partition as the sidecars see it). Each of three sidecars answers calls
