@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import call as call_on  # noqa: E402
-from redis_fixture import (FleetRedis, chat, fleet_config, source, stats,  # noqa: E402
+from redis_fixture import (FleetRedis, chat, fleet_config, free_port, source, stats,  # noqa: E402
                            unique_prefix, wait_backend, wait_until)
 
 NO_PROXY = {"no_proxy": "*", "NO_PROXY": "*"}
@@ -308,3 +308,35 @@ def test_cluster__redirection_to_a_frozen_node_answers_within_command_timeout(
     assert wait_until(lambda: stats(sc)["backend"]["state"] == "up", 10), stats(sc)["backend"]
     ok = wait_until(lambda: call(sc, chat())[0] is None, 5, interval=0.2)
     assert ok, call(sc, chat())
+
+
+def test_cluster__cache_purge_walks_every_primary(cluster, up, make_sidecar):
+    """The shared cache tier on a cluster: each entry is a slot of its own,
+    spread over the primaries. A purge (polygwctl cache purge) walks every
+    primary's keys (SCAN is per node) and unlinks each entry: the count it
+    answers is all of them, and no entry is left on any node."""
+    from types import SimpleNamespace
+    from test_redis_cache_purge import TOK, ask, ctl, purge_cfg
+    prefix = unique_prefix()
+    nothing = SimpleNamespace(url=lambda: None)
+    sc = make_sidecar(config_text=purge_cfg(nothing, up, prefix, free_port(),
+                                            backend={"cluster": cluster.seeds(1)}),
+                      subdir="sc", env=dict(NO_PROXY, PGW_TOK_O=TOK["ops"],
+                                            PGW_TOK_A=TOK["alpha"]))
+    wait_backend(sc)
+    n = 12
+    for i in range(n):
+        assert ask(sc, "embedding", "text %d" % i, "ops") == "miss"
+
+    def entries():
+        found = []
+        for i in range(3):
+            found += [k for k in cluster.call(i, "KEYS", "{%s:cache:*" % prefix)
+                      if not k.endswith(":lock")]
+        return found
+    assert wait_until(lambda: len(entries()) == n, 3), entries()
+    holders = sum(1 for i in range(3) if cluster.call(i, "KEYS", "{%s:cache:*" % prefix))
+    assert holders >= 2, "the entries did not spread over the primaries"
+    p = ctl(sc, "cache", "purge")
+    assert p.returncode == 0 and "purged_shared=%d" % n in p.stdout.split(), p
+    assert entries() == []
