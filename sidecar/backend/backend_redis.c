@@ -219,12 +219,19 @@ static int sh_eval(struct backend_redis *sh, enum rds_script s, int nkeys, int a
                   : rds_eval(sh->rds, s, nkeys, argc, argv, NULL, cb, ud);
 }
 
-/* A plain command whose key is argv[1]. */
+/* A plain command whose key is argv[key] (a cluster routes it by that). */
+static int sh_command_key(struct backend_redis *sh, int key, int argc, const char **argv,
+                          const size_t *argvlen, rds_cb *cb, void *ud)
+{
+    return sh->cl ? rcl_command(sh->cl, key, argc, argv, argvlen, cb, ud)
+                  : rds_command(sh->rds, argc, argv, argvlen, cb, ud);
+}
+
+/* The same with the key at argv[1], as most commands have it. */
 static int sh_command(struct backend_redis *sh, int argc, const char **argv, const size_t *argvlen,
                       rds_cb *cb, void *ud)
 {
-    return sh->cl ? rcl_command(sh->cl, 1, argc, argv, argvlen, cb, ud)
-                  : rds_command(sh->rds, argc, argv, argvlen, cb, ud);
+    return sh_command_key(sh, 1, argc, argv, argvlen, cb, ud);
 }
 
 static double sh_clock_offset(const struct backend_redis *sh)
@@ -1861,10 +1868,7 @@ static void redis_cache_unlock(struct backend *be, const char *hex, const char *
         return;
     cache_lock_key(sh, hex, key, sizeof(key));
     const char *argv[] = { "EVAL", cache_unlock_lua, "1", key, token };
-    /* routed by the key (argv[3]), not by sh_command's argv[1] */
-    int rc = sh->cl ? rcl_command(sh->cl, 3, 5, argv, NULL, on_cache_unlocked, sh)
-                    : rds_command(sh->rds, 5, argv, NULL, on_cache_unlocked, sh);
-    if (rc < 0)
+    if (sh_command_key(sh, 3, 5, argv, NULL, on_cache_unlocked, sh) < 0)
         count_write_error(sh, "cache unlock", "not connected");
 }
 
@@ -1905,6 +1909,9 @@ struct cache_purge_walk {
     backend_purge_cb *cb;
     void *ud;
     size_t removed;
+    size_t node;      /* a cluster: the primary walked (rcl_command_on) */
+    size_t unlinking; /* a cluster: UNLINKs of one key each still out */
+    const char *why;  /* a cluster: the first UNLINK that failed */
     char cursor[24];
     char match[SHARED_KEY_MAX];
     char msg[2 * CONFIG_NAME_MAX + 24];
@@ -1927,6 +1934,34 @@ static void on_purge_published(const redisReply *r, const char *err, void *ud)
 }
 
 static void purge_scan(struct cache_purge_walk *w);
+static void on_purge_scanned(const redisReply *r, const char *err, void *ud);
+
+/* SCAN from `cursor` on the server, or on the walk's primary. */
+static int purge_send_scan(struct cache_purge_walk *w, const char *cursor)
+{
+    const char *argv[] = { "SCAN", cursor, "MATCH", w->match, "COUNT", CACHE_PURGE_COUNT };
+
+    if (w->sh->cl)
+        return rcl_command_on(w->sh->cl, w->node, 6, argv, NULL, on_purge_scanned, w);
+    return rds_command(w->sh->rds, 6, argv, NULL, on_purge_scanned, w);
+}
+
+/* A cluster's UNLINK of one key (each entry is a slot of its own). */
+static void on_purge_unlinked_one(const redisReply *r, const char *err, void *ud)
+{
+    struct cache_purge_walk *w = ud;
+
+    if (!r || r->type != REDIS_REPLY_INTEGER)
+        w->why = w->why ? w->why : err ? "an UNLINK failed" : "bad reply to UNLINK";
+    else
+        w->removed += r->integer > 0 ? (size_t)r->integer : 0;
+    if (--w->unlinking > 0)
+        return;
+    if (w->why)
+        purge_end(w, -1, w->why);
+    else
+        purge_scan(w);
+}
 
 static void on_purge_unlinked(const redisReply *r, const char *err, void *ud)
 {
@@ -1955,6 +1990,21 @@ static void on_purge_scanned(const redisReply *r, const char *err, void *ud)
     const redisReply *keys = r->element[1];
     if (keys->elements == 0) {
         purge_scan(w);
+        return;
+    }
+    if (w->sh->cl) {
+        for (size_t i = 0; i < keys->elements; i++) {
+            if (keys->element[i]->type != REDIS_REPLY_STRING)
+                continue;
+            const char *argv[] = { "UNLINK", keys->element[i]->str };
+            const size_t argvlen[] = { 6, keys->element[i]->len };
+            if (sh_command(w->sh, 2, argv, argvlen, on_purge_unlinked_one, w) == 0)
+                w->unlinking++;
+            else if (!w->why)
+                w->why = "not connected";
+        }
+        if (w->unlinking == 0)
+            purge_end(w, -1, w->why ? w->why : "no key to unlink");
         return;
     }
     const char **argv = malloc((keys->elements + 1) * sizeof(*argv));
@@ -1988,12 +2038,13 @@ static void purge_scan(struct cache_purge_walk *w)
         purge_end(w, -1, "closed");
         return;
     }
-    if (strcmp(w->cursor, "0") == 0) {
+    if (strcmp(w->cursor, "0") == 0 && sh->cl && ++w->node < rcl_primaries(sh->cl)) {
+        rc = purge_send_scan(w, "0"); /* the next primary's keys */
+    } else if (strcmp(w->cursor, "0") == 0) {
         const char *argv[] = { "PUBLISH", sh->channel[CH_CACHE_PURGE], w->msg };
-        rc = rds_command(sh->rds, 3, argv, NULL, on_purge_published, w);
+        rc = sh_command(sh, 3, argv, NULL, on_purge_published, w);
     } else {
-        const char *argv[] = { "SCAN", w->cursor, "MATCH", w->match, "COUNT", CACHE_PURGE_COUNT };
-        rc = rds_command(sh->rds, 6, argv, NULL, on_purge_scanned, w);
+        rc = purge_send_scan(w, w->cursor);
     }
     if (rc < 0)
         purge_end(w, -1, "not connected");
@@ -2006,7 +2057,7 @@ static int redis_cache_purge(struct backend *be, const char *capability, const c
     char pattern[CACHE_SHARED_NAME_LEN + 1];
     struct cache_purge_walk *w;
 
-    if (sh->closing || !rds_up(sh->rds) || !(w = calloc(1, sizeof(*w))))
+    if (sh->closing || !sh_up(sh) || !(w = calloc(1, sizeof(*w))))
         return -1;
     w->sh = sh;
     w->cb = cb;
@@ -2016,8 +2067,7 @@ static int redis_cache_purge(struct backend *be, const char *capability, const c
     snprintf(w->match, sizeof(w->match), "{%s:cache:%s}", sh->cfg->redis_prefix, pattern);
     snprintf(w->msg, sizeof(w->msg), "%s\n%s\n%s", sh->sidecar_id, capability ? capability : "",
              app ? app : "");
-    const char *argv[] = { "SCAN", "0", "MATCH", w->match, "COUNT", CACHE_PURGE_COUNT };
-    if (rds_command(sh->rds, 6, argv, NULL, on_purge_scanned, w) < 0) {
+    if (purge_send_scan(w, "0") < 0) {
         free(w);
         return -1;
     }

@@ -738,6 +738,9 @@ static int route(struct rcl *cl, int nkeys, int first, int argc, const char **ar
     return cl->slot_node[slot];
 }
 
+static int req_start_at(struct rcl *cl, int to, int script, int nkeys, int argc, const char **argv,
+                        const size_t *argvlen, rds_cb *cb, void *ud);
+
 static int req_start(struct rcl *cl, int script, int nkeys, int first, int argc, const char **argv,
                      const size_t *argvlen, rds_cb *cb, void *ud)
 {
@@ -749,6 +752,13 @@ static int req_start(struct rcl *cl, int script, int nkeys, int first, int argc,
             cl->n.not_routed++;
         return -1;
     }
+    return req_start_at(cl, to, script, nkeys, argc, argv, argvlen, cb, ud);
+}
+
+/* A request to node `to` (up). */
+static int req_start_at(struct rcl *cl, int to, int script, int nkeys, int argc, const char **argv,
+                        const size_t *argvlen, rds_cb *cb, void *ud)
+{
     size_t bytes = sizeof(struct req) + (size_t)argc * (sizeof(char *) + sizeof(size_t));
     for (int i = 0; i < argc; i++) {
         size_t len = argvlen ? argvlen[i] : argv[i] ? strlen(argv[i]) : 0;
@@ -800,6 +810,29 @@ int rcl_command(struct rcl *cl, int key, int argc, const char **argv, const size
                 rds_cb *cb, void *ud)
 {
     return req_start(cl, -1, key >= 1 ? 1 : 0, key, argc, argv, argvlen, cb, ud);
+}
+
+size_t rcl_primaries(const struct rcl *cl)
+{
+    size_t n = 0;
+
+    for (size_t i = 0; cl->map_known && i < cl->n_nodes; i++)
+        n += cl->node[i]->primary;
+    return n;
+}
+
+int rcl_command_on(struct rcl *cl, size_t nth, int argc, const char **argv, const size_t *argvlen,
+                   rds_cb *cb, void *ud)
+{
+    if (!cl || cl->closing || !cl->up || !cb || argc < 1 || !argv)
+        return -1;
+    for (size_t i = 0; i < cl->n_nodes; i++) {
+        if (cl->node[i]->primary && nth-- == 0)
+            return node_up(cl, (int)i)
+                ? req_start_at(cl, (int)i, -1, 0, argc, argv, argvlen, cb, ud)
+                : -1;
+    }
+    return -1;
 }
 
 /* --- life ------------------------------------------------------------- */

@@ -99,6 +99,15 @@ int rcl_eval(struct rcl *cl, enum rds_script s, int nkeys, int argc, const char 
 int rcl_command(struct rcl *cl, int key, int argc, const char **argv, const size_t *argvlen,
                 rds_cb *cb, void *ud);
 
+/* The primaries of the current map (0 while it is unknown), and a command
+ * sent to the nth of them (0 .. rcl_primaries() - 1) as it is, for the
+ * commands that address a node rather than a key (SCAN). Same contract as
+ * rcl_command(); -1 while the cluster is not usable. The numbering holds
+ * until the next map. */
+size_t rcl_primaries(const struct rcl *cl);
+int rcl_command_on(struct rcl *cl, size_t nth, int argc, const char **argv, const size_t *argvlen,
+                   rds_cb *cb, void *ud);
+
 /* rds_flush() of every node. NULL ok. */
 void rcl_flush(struct rcl *cl);
 

@@ -2,7 +2,9 @@
 real redis-servers: start-up refusals for a backend of the wrong kind, and
 on a small real cluster (three primaries, slots assigned by hand, no
 replicas) calls routed by slot, MOVED and ASK followed during a real slot
-migration, and the task-stop channel heard across nodes.
+migration, per-node script caches, the task-stop channel heard across nodes
+with the subscriber moving off a killed node, and one command timeout over
+every hop of a redirection.
 
 The full cluster harness (primaries and replicas, fail-over) is in
 test_redis_cluster.py; this file keeps to what the client itself decides.
@@ -15,7 +17,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import call as call_on  # noqa: E402
-from redis_fixture import (FleetRedis, chat, fleet_config, source, stats,  # noqa: E402
+from redis_fixture import (FleetRedis, chat, fleet_config, free_port, source, stats,  # noqa: E402
                            unique_prefix, wait_backend, wait_until)
 
 NO_PROXY = {"no_proxy": "*", "NO_PROXY": "*"}
@@ -266,3 +268,75 @@ def test_cluster__task_stop_heard_across_nodes_and_subscriber_moves(cluster, up,
                                   for i in range(3)), 10)
     err, res, _ = call(sc1, chat())
     assert err is None and res["source"] == "a", err
+
+
+def test_cluster__redirection_to_a_frozen_node_answers_within_command_timeout(
+        cluster, up, make_sidecar):
+    """One timer covers every hop of a command. The source's slot is handed
+    to another node (SETSLOT NODE everywhere) which is then frozen
+    (SIGSTOP): the old owner answers MOVED, the admission is sent again to
+    the frozen node and never answered there. The call still fails closed,
+    `backend_unavailable`, within command_timeout_s of its start (not two of
+    them, one per hop); with the node thawed, calls succeed again."""
+    ct = 0.5
+    prefix = unique_prefix()
+    cfg = fleet_config(None, prefix,
+                       [source("a", "chat", up.url, limits={"rpm": 1000, "window_s": 60})],
+                       backend={"cluster": cluster.seeds(3), "command_timeout_s": ct})
+    sc = make_sidecar(config_text=cfg, subdir="sc", env=NO_PROXY)
+    wait_backend(sc)
+    err, res, _ = call(sc, chat())
+    assert err is None and res["source"] == "a", err
+    slot, src = cluster.owner("{%s:source:a}" % prefix)
+    dst = (src + 1) % 3
+    cluster.migrate_keys(slot, src, dst)
+    cluster.give_slot(slot, dst)
+    cluster.nodes[dst].freeze()
+    try:
+        t0 = time.monotonic()
+        err, res, _ = call(sc, chat())
+        elapsed = time.monotonic() - t0
+        print("timing: redirected to a frozen node, answered after %.3fs (ct %.1fs)"
+              % (elapsed, ct))
+        assert res is None and err["code"] == "backend_unavailable", err
+        assert elapsed <= ct + 0.3, elapsed
+        assert stats(sc)["backend"]["moved"] >= 1, stats(sc)["backend"]
+    finally:
+        cluster.nodes[dst].thaw()
+    assert wait_until(lambda: all("cluster_state:ok" in cluster.call(i, "CLUSTER", "INFO")
+                                  for i in range(3)), 10)
+    assert wait_until(lambda: stats(sc)["backend"]["state"] == "up", 10), stats(sc)["backend"]
+    ok = wait_until(lambda: call(sc, chat())[0] is None, 5, interval=0.2)
+    assert ok, call(sc, chat())
+
+
+def test_cluster__cache_purge_walks_every_primary(cluster, up, make_sidecar):
+    """The shared cache tier on a cluster: each entry is a slot of its own,
+    spread over the primaries. A purge (polygwctl cache purge) walks every
+    primary's keys (SCAN is per node) and unlinks each entry: the count it
+    answers is all of them, and no entry is left on any node."""
+    from types import SimpleNamespace
+    from test_redis_cache_purge import TOK, ask, ctl, purge_cfg
+    prefix = unique_prefix()
+    nothing = SimpleNamespace(url=lambda: None)
+    sc = make_sidecar(config_text=purge_cfg(nothing, up, prefix, free_port(),
+                                            backend={"cluster": cluster.seeds(1)}),
+                      subdir="sc", env=dict(NO_PROXY, PGW_TOK_O=TOK["ops"],
+                                            PGW_TOK_A=TOK["alpha"]))
+    wait_backend(sc)
+    n = 12
+    for i in range(n):
+        assert ask(sc, "embedding", "text %d" % i, "ops") == "miss"
+
+    def entries():
+        found = []
+        for i in range(3):
+            found += [k for k in cluster.call(i, "KEYS", "{%s:cache:*" % prefix)
+                      if not k.endswith(":lock")]
+        return found
+    assert wait_until(lambda: len(entries()) == n, 3), entries()
+    holders = sum(1 for i in range(3) if cluster.call(i, "KEYS", "{%s:cache:*" % prefix))
+    assert holders >= 2, "the entries did not spread over the primaries"
+    p = ctl(sc, "cache", "purge")
+    assert p.returncode == 0 and "purged_shared=%d" % n in p.stdout.split(), p
+    assert entries() == []
