@@ -91,7 +91,11 @@ struct backend_task {
     const char *node;   /* the current node when the record has one, else NULL */
     const char *owner;  /* the app the record says owns it; NULL or "": none known */
     uint64_t runs;
-    double budget;       /* the current run's budget in currency, 0 = none (shared records) */
+    double budget; /* the current run's budget in currency, 0 = none (shared records) */
+    /* A shared record's run budget as the fleet spent it (`budget` > 0 and
+     * the read answered: a get only): charged, and reserved in flight. */
+    bool spent_known;
+    double spent, reserved;
     double started_at_s; /* Unix seconds */
     double updated_at_s; /* Unix seconds */
     const char *err;     /* BACKEND_E_UNAVAILABLE: why (may be NULL) */

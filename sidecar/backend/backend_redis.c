@@ -238,6 +238,17 @@ static bool reply_is_int(const redisReply *r, long long *v)
     return false;
 }
 
+/* A number of a script's reply (an integer, or a decimal string), NAN
+ * when it is neither. */
+static double reply_num(const redisReply *r)
+{
+    if (r && r->type == REDIS_REPLY_INTEGER)
+        return (double)r->integer;
+    if (r && r->type == REDIS_REPLY_STRING)
+        return strtod(r->str, NULL);
+    return NAN;
+}
+
 static void count_write_error(struct backend_redis *sh, const char *what, const char *err)
 {
     sh->write_errors++;
@@ -993,6 +1004,16 @@ static const char *const task_lua_op[] = {
 struct task_op {
     backend_task_cb *cb;
     void *ud;
+    struct backend_redis *sh;
+    bool get;
+    char id[TASK_ID_MAX + 1];
+};
+
+/* A get's record, kept while its run's budget is read (owned strings). */
+struct task_get {
+    struct task_op op;
+    struct backend_task bt;
+    char *state, *kind, *reason, *owner;
 };
 
 static int task_code(const char *code)
@@ -1048,19 +1069,83 @@ static bool task_parse(const redisReply *r, struct backend_task *bt)
     return true;
 }
 
+static void task_get_free(struct task_get *g)
+{
+    free(g->state);
+    free(g->kind);
+    free(g->reason);
+    free(g->owner);
+    free(g);
+}
+
+/* budget.lua peek of a run's budget: six numbers, spent_t the third and
+ * reserved the fourth. Unread (an error, no answer): the record is
+ * answered without them, its limit only. */
+static void on_task_budget(const redisReply *r, const char *err, void *ud)
+{
+    struct task_get *g = ud;
+    (void)err;
+
+    if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 6) {
+        g->bt.spent = reply_num(r->element[2]);
+        g->bt.reserved = reply_num(r->element[3]);
+        g->bt.spent_known = isfinite(g->bt.spent) && isfinite(g->bt.reserved);
+    }
+    g->op.cb(g->op.ud, &g->bt);
+    task_get_free(g);
+}
+
+/* A get found a run with a budget: reads what the fleet spent of it
+ * ({P:task:ID}:budget:RUN, under the task's hash tag), then answers. 0
+ * sent (`bt` copied), -1 not. */
+static int task_read_budget(const struct task_op *op, const struct backend_task *bt)
+{
+    struct backend_redis *sh = op->sh;
+    struct task_get *g = calloc(1, sizeof(*g));
+    char key[SHARED_KEY_MAX], limit[32];
+
+    if (!g)
+        return -1;
+    g->op = *op;
+    g->bt = *bt;
+    g->state = strdup(bt->state);
+    g->kind = strdup(bt->kind);
+    g->reason = strdup(bt->reason);
+    g->owner = bt->owner ? strdup(bt->owner) : NULL;
+    if (!g->state || !g->kind || !g->reason || (bt->owner && !g->owner) || sh->closing) {
+        task_get_free(g);
+        return -1;
+    }
+    g->bt.state = g->state;
+    g->bt.kind = g->kind;
+    g->bt.reason = g->reason;
+    g->bt.owner = g->owner;
+    snprintf(key, sizeof(key), "{%s:task:%s}:budget:%llu", sh->cfg->redis_prefix, op->id,
+             (unsigned long long)bt->runs);
+    snprintf(limit, sizeof(limit), "%.17g", bt->budget);
+    /* peek, nothing reserved; the run's limits: a total only, UTC */
+    const char *argv[] = { key, "peek", "0", "nan", "0", "0", limit, "0" };
+    if (rds_eval(sh->rds, RDS_BUDGET, 1, 8, argv, NULL, on_task_budget, g) < 0) {
+        task_get_free(g);
+        return -1;
+    }
+    return 0;
+}
+
 static void on_task_reply(const redisReply *r, const char *err, void *ud)
 {
-    struct task_op op = *(struct task_op *)ud;
+    struct task_op *op = ud;
     struct backend_task bt;
 
-    free(ud);
     if (!task_parse(r, &bt)) {
         /* A parsed reply with an unknown code is as good as none. */
         bt = (struct backend_task){ .rc = BACKEND_E_UNAVAILABLE, .err = err };
         if (r && r->type == REDIS_REPLY_ERROR)
             bt.err = "error reply from task.lua";
     }
-    op.cb(op.ud, &bt);
+    if (!(op->get && bt.exists && bt.budget > 0 && task_read_budget(op, &bt) == 0))
+        op->cb(op->ud, &bt);
+    free(op);
 }
 
 static int redis_task(struct backend *be, enum backend_task_op op, const char *id,
@@ -1076,7 +1161,8 @@ static int redis_task(struct backend *be, enum backend_task_op op, const char *i
         free(q);
         return -1;
     }
-    *q = (struct task_op){ .cb = cb, .ud = ud };
+    *q = (struct task_op){ .cb = cb, .ud = ud, .sh = sh, .get = op == BACKEND_TASK_GET };
+    snprintf(q->id, sizeof(q->id), "%s", id);
     snprintf(key, sizeof(key), "{%s:task:%s}", sh->cfg->redis_prefix, id);
     fmt_num(ttl, sizeof(ttl), ceil(sh->cfg->task_ttl_s));
     const char *argv[] = { key,
@@ -1411,15 +1497,6 @@ static void redis_spend_settle(struct backend *be, size_t app, size_t source,
         return;
     if (rds_eval(sh->rds, RDS_BUDGET, a.nkeys, a.argc, a.argv, NULL, on_spend_settled, sh) < 0)
         count_write_error(sh, "budget settle", "not connected");
-}
-
-static double reply_num(const redisReply *r)
-{
-    if (r && r->type == REDIS_REPLY_INTEGER)
-        return (double)r->integer;
-    if (r && r->type == REDIS_REPLY_STRING)
-        return strtod(r->str, NULL);
-    return NAN;
 }
 
 static void on_spend_reserved(const redisReply *r, const char *err, void *ud)
