@@ -39,7 +39,8 @@ def run_and_sample(up, calls, t0, timeout):
     samples = []
     deadline = t0 + timeout
     while time.monotonic() < deadline and not all(k.answered() for k in calls):
-        samples.append((time.monotonic() - t0, up.stats()["requests"]))
+        n = up.stats()["requests"]   # then the time: a late sample, never an early one
+        samples.append((time.monotonic() - t0, n))
         time.sleep(0.01)
     for k in calls:
         err, res = k.wait(1)
