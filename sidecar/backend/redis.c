@@ -1668,6 +1668,12 @@ static struct fig_val fig_str_redis(const void *obj, size_t row)
     return (struct fig_val){ .s = "redis" };
 }
 
+static struct fig_val fig_mode(const void *obj, size_t row)
+{
+    (void)row;
+    return (struct fig_val){ .s = R(obj)->n_sentinels ? "sentinel" : "single" };
+}
+
 static struct fig_val fig_state(const void *obj, size_t row)
 {
     (void)row;
@@ -1749,6 +1755,7 @@ static struct fig_val fig_next_retry(const void *obj, size_t row)
 
 static const struct figure rds_figure_list[] = {
     { .key = "kind", .kind = FIG_STR, .get = fig_str_redis },
+    { .key = "mode", .kind = FIG_STR, .get = fig_mode },
     { .key = "state", .kind = FIG_STR, .get = fig_state },
     { .key = "subscribed",
       .metric = "polygw_redis_subscribed",

@@ -166,7 +166,8 @@ const char *rds_mode_error(const struct rds *r);
 const char *rds_last_error(const struct rds *r);
 
 /* The `backend` map of `stats` and the polygw_redis_* families
- * (codec/figures.h, of a struct rds): kind, state (up / connecting /
+ * (codec/figures.h, of a struct rds): kind, mode (single / sentinel;
+ * redis_cluster.h's map says cluster), state (up / connecting /
  * down), subscribed, address (host:port or path; never the password),
  * tls, the counters, rtt_avg_ms / rtt_max_ms, last_error,
  * next_retry_in_s; with sentinels also sentinel (the one asked last),

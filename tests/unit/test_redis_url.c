@@ -405,7 +405,7 @@ START_TEST(test_redis_url__not_connected)
     ck_assert_int_eq(rds_eval(r, RDS_ADMIT, 3, 2, argv, NULL, never_cb, NULL), -1);
 
     read_stats(r, &v);
-    ck_assert_uint_eq(v.n_keys, 20);
+    ck_assert_uint_eq(v.n_keys, 21);
     ck_assert(v.all_keys_unique);
     ck_assert_str_eq(v.address, "/nonexistent/polygw-test.sock");
     ck_assert_uint_eq(v.rejected, 2);
@@ -452,7 +452,7 @@ START_TEST(test_redis_url__sentinels_unreachable)
     ck_assert_msg(r != NULL, "%s", err);
     run_for(loop, 0.15);
     read_stats(r, &v); /* also checks that SECRET is not in it */
-    ck_assert_uint_eq(v.n_keys, 24);
+    ck_assert_uint_eq(v.n_keys, 25);
     ck_assert(v.all_keys_unique);
     ck_assert_str_eq(v.address, "unknown (asking the sentinels)");
     ck_assert_str_eq(v.state, "down");
