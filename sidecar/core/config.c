@@ -174,6 +174,7 @@ enum fid {
     FID_API_VERSION,
     FID_ANTHROPIC_VERSION,
     FID_REGION,
+    FID_BEDROCK_API,
     FID_PROJECT,
     FID_LOCATION,
     FID_AUTH_HEADER,
@@ -306,6 +307,7 @@ struct src_stage {
     char *key_env;  /* owned; name of the variable holding the key */
     char *key_file; /* owned; absolute path of the key file */
     char *accepts;  /* owned; `accepts:` as written */
+    char *api;      /* owned; `api:` as written (kind: bedrock) */
     unsigned map_line;
     unsigned line[FID_COUNT];
 };
@@ -1128,6 +1130,7 @@ static const struct field source_table[] = {
     STR("api_version", FID_API_VERSION, SRC(api_version), check_query_text),
     STR("anthropic_version", FID_ANTHROPIC_VERSION, SRC(anthropic_version), check_text),
     STR("region", FID_REGION, SRC(aws.region), check_region),
+    STR("api", FID_BEDROCK_API, OFF(struct src_stage, api), check_text),
     STR("project", FID_PROJECT, SRC(vertex.project), check_gcp_name),
     STR("location", FID_LOCATION, SRC(vertex.location), check_gcp_name),
     STR("auth_header", FID_AUTH_HEADER, SRC(auth_header), check_header_name),
@@ -2639,9 +2642,18 @@ static int validate_dialect(struct loader *l, size_t i, const char *prefix)
             return fail_at(l, st->line[FID_SRC_KIND], path,
                            "kind: bedrock serves chat only (capability is %s)", s->capability);
         }
-    } else if (st->line[FID_REGION]) {
-        snprintf(path, sizeof(path), "%s.region", prefix);
-        return fail_at(l, st->line[FID_REGION], path, "only valid with kind: bedrock");
+        if (st->api) {
+            snprintf(path, sizeof(path), "%s.api", prefix);
+            if (strcmp(st->api, "converse") != 0 && strcmp(st->api, "invoke") != 0)
+                return fail_at(l, st->line[FID_BEDROCK_API], path,
+                               "must be invoke (InvokeModel, Anthropic models) or converse "
+                               "(the Converse API, any model)");
+            s->bedrock_converse = strcmp(st->api, "converse") == 0;
+        }
+    } else if (st->line[FID_REGION] || st->line[FID_BEDROCK_API]) {
+        enum fid f = st->line[FID_REGION] ? FID_REGION : FID_BEDROCK_API;
+        snprintf(path, sizeof(path), "%s.%s", prefix, f == FID_REGION ? "region" : "api");
+        return fail_at(l, st->line[f], path, "only valid with kind: bedrock");
     }
     if (s->kind == DIALECT_ANTHROPIC && !s->vertex.on && !s->anthropic_version &&
         !(s->anthropic_version = strdup("2023-06-01")))
@@ -3671,6 +3683,7 @@ static void loader_fini(struct loader *l)
         free(l->srcs[i].key_env);
         free(l->srcs[i].key_file);
         free(l->srcs[i].accepts);
+        free(l->srcs[i].api);
     }
     free(l->srcs);
     for (size_t i = 0; i < l->n_apps; i++) {

@@ -24,6 +24,7 @@ Suite *task_suite(void);
 Suite *redis_url_suite(void);
 Suite *dialect_suite(void);
 Suite *convert_suite(void);
+Suite *converse_suite(void);
 Suite *redis_tls_suite(void);
 Suite *tasks_suite(void);
 Suite *call_suite(void);
