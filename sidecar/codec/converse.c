@@ -171,8 +171,8 @@ int converse_request(const msgpack_object *body, msgpack_packer *pk, char *err, 
         if (ki < 0) {
             char name[40];
             if (kv->key.type == MSGPACK_OBJECT_STR)
-                rpc_quote_client_str(kv->key.via.str.ptr, kv->key.via.str.size,
-                                     sizeof(name) - 1, name);
+                rpc_quote_client_str(kv->key.via.str.ptr, kv->key.via.str.size, sizeof(name) - 1,
+                                     name);
             else
                 snprintf(name, sizeof(name), "%s", "?");
             return refuse(err, errlen,
@@ -190,8 +190,8 @@ int converse_request(const msgpack_object *body, msgpack_packer *pk, char *err, 
 
     const msgpack_object *msgs = rpc_map_get(body, "messages");
     const msgpack_object *system = rpc_map_get(body, "system");
-    msgpack_pack_map(pk, 1 + (count[K_SYSTEM] > 0) + (count[K_INFERENCE] > 0) +
-                         (count[K_ADDITIONAL] > 0));
+    msgpack_pack_map(
+        pk, 1 + (count[K_SYSTEM] > 0) + (count[K_INFERENCE] > 0) + (count[K_ADDITIONAL] > 0));
     rpc_pack_str(pk, "messages");
     msgpack_pack_array(pk, msgs->via.array.size);
     for (uint32_t i = 0; i < msgs->via.array.size; i++) {
@@ -304,10 +304,10 @@ int converse_reply(const msgpack_object *reply, msgpack_packer *pk)
         msgpack_pack_object(pk, *t);
     }
     rpc_pack_str(pk, "stop_reason");
-    pack_stop_reason(pk, stop && stop->type == MSGPACK_OBJECT_STR
-                             ? stop_reason_of(stop->via.str.ptr, stop->via.str.size, buf,
-                                              sizeof(buf))
-                             : NULL);
+    pack_stop_reason(pk,
+                     stop && stop->type == MSGPACK_OBJECT_STR
+                         ? stop_reason_of(stop->via.str.ptr, stop->via.str.size, buf, sizeof(buf))
+                         : NULL);
     rpc_pack_str(pk, "stop_sequence");
     msgpack_pack_nil(pk);
     if (has_usage) {

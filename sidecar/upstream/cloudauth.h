@@ -16,6 +16,13 @@
  *                        token_uri (grant type jwt-bearer); JSON answer;
  *   gcp metadata         the metadata server (GKE Workload Identity): a GET
  *                        with Metadata-Flavor: Google; JSON answer.
+ *   gcp command          token_command: a program run off the loop
+ *                        (posix_spawn, its pipes read on the loop, killed with
+ *                        its process group after FETCH_TIMEOUT_S); its
+ *                        standard output is the token, its standard error
+ *                        counted and never kept;
+ *   gcp file             token_file: a file looked at (stat) every second and
+ *                        read again when it changed.
  *
  * The first fetch starts with the sidecar; each later one is scheduled
  * before the credentials expire (REFRESH_BEFORE_S, or half their life when
@@ -25,8 +32,9 @@
  * because calls arrive. With no valid credentials, cloudauth_get says why, and
  * the attempt fails without being sent.
  *
- * The fetch runs on the upstream engine, like any request: it never blocks
- * the loop. Keys are held in memory only, wiped when replaced.
+ * The fetch runs on the upstream engine, like any request (or, for a
+ * token_command, in a child process): it never blocks the loop. Keys are
+ * held in memory only, wiped when replaced.
  */
 #ifndef POLYGW_CLOUDAUTH_H
 #define POLYGW_CLOUDAUTH_H

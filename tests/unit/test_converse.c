@@ -74,14 +74,15 @@ START_TEST(test_converse__request_translated)
 {
     struct io io;
     char err[200];
-    io_begin(&io, "{\"model\":\"m\",\"stream\":true,\"anthropic_version\":\"x\","
-                  "\"metadata\":{\"user_id\":\"u\"},\"max_tokens\":100,\"temperature\":0.2,"
-                  "\"top_p\":1,\"top_k\":5,\"stop_sequences\":[\"a\",\"b\"],"
-                  "\"system\":[{\"type\":\"text\",\"text\":\"s1\"},{\"type\":\"text\",\"text\":"
-                  "\"s2\"}],\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
-                  "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"yo\"}]},"
-                  "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
-                  "{\"type\":\"text\",\"text\":\"b\"}]}],\"tools\":null}");
+    io_begin(&io,
+             "{\"model\":\"m\",\"stream\":true,\"anthropic_version\":\"x\","
+             "\"metadata\":{\"user_id\":\"u\"},\"max_tokens\":100,\"temperature\":0.2,"
+             "\"top_p\":1,\"top_k\":5,\"stop_sequences\":[\"a\",\"b\"],"
+             "\"system\":[{\"type\":\"text\",\"text\":\"s1\"},{\"type\":\"text\",\"text\":"
+             "\"s2\"}],\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+             "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"yo\"}]},"
+             "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+             "{\"type\":\"text\",\"text\":\"b\"}]}],\"tools\":null}");
     ck_assert_int_eq(converse_request(io.obj, &io.pk, err, sizeof(err)), 0);
     expect_values(&io, 1,
                   "[{\"messages\":[{\"role\":\"user\",\"content\":[{\"text\":\"hi\"}]},"
@@ -133,8 +134,8 @@ START_TEST(test_converse__request_refusals_name_the_key)
         char err[200] = "";
         io_begin(&io, cases[i].body);
         ck_assert_int_eq(converse_request(io.obj, &io.pk, err, sizeof(err)), CONVERT_EUNSUPPORTED);
-        ck_assert_msg(strstr(err, cases[i].want) != NULL, "%s: got '%s', want '%s'",
-                      cases[i].body, err, cases[i].want);
+        ck_assert_msg(strstr(err, cases[i].want) != NULL, "%s: got '%s', want '%s'", cases[i].body,
+                      err, cases[i].want);
         io_end(&io);
     }
 }
@@ -143,11 +144,12 @@ END_TEST
 START_TEST(test_converse__reply_translated)
 {
     struct io io;
-    io_begin(&io, "{\"output\":{\"message\":{\"role\":\"assistant\",\"content\":["
-                  "{\"reasoningContent\":{}},{\"text\":\"he\"},{\"text\":\"llo\"}]}},"
-                  "\"stopReason\":\"guardrail_intervened\",\"usage\":{\"inputTokens\":3,"
-                  "\"outputTokens\":4,\"totalTokens\":9,\"cacheReadInputTokens\":2},"
-                  "\"metrics\":{\"latencyMs\":1}}");
+    io_begin(&io,
+             "{\"output\":{\"message\":{\"role\":\"assistant\",\"content\":["
+             "{\"reasoningContent\":{}},{\"text\":\"he\"},{\"text\":\"llo\"}]}},"
+             "\"stopReason\":\"guardrail_intervened\",\"usage\":{\"inputTokens\":3,"
+             "\"outputTokens\":4,\"totalTokens\":9,\"cacheReadInputTokens\":2},"
+             "\"metrics\":{\"latencyMs\":1}}");
     ck_assert_int_eq(converse_reply(io.obj, &io.pk), 0);
     expect_values(&io, 1,
                   "[{\"id\":\"msg_converse\",\"type\":\"message\",\"role\":\"assistant\","
@@ -166,7 +168,11 @@ START_TEST(test_converse__reply_translated)
     io_end(&io);
 
     static const char *const not_converse[] = {
-        "[]", "\"x\"", "{}", "{\"output\":{}}", "{\"output\":{\"message\":{\"content\":5}}}",
+        "[]",
+        "\"x\"",
+        "{}",
+        "{\"output\":{}}",
+        "{\"output\":{\"message\":{\"content\":5}}}",
         "{\"type\":\"message\",\"content\":[]}",
     };
     for (size_t i = 0; i < sizeof(not_converse) / sizeof(not_converse[0]); i++) {
@@ -212,10 +218,9 @@ START_TEST(test_converse__stream_translated_in_order)
                            "{\"type\":\"text_delta\",\"text\":\"b\"}}]"),
                      1);
     /* Deltas that are not text, unknown events: nothing. */
-    ck_assert_int_eq(
-        event(&st, "contentBlockDelta", "{\"contentBlockIndex\":0,\"delta\":{\"toolUse\":{}}}",
-              "[]"),
-        0);
+    ck_assert_int_eq(event(&st, "contentBlockDelta",
+                           "{\"contentBlockIndex\":0,\"delta\":{\"toolUse\":{}}}", "[]"),
+                     0);
     ck_assert_int_eq(event(&st, "somethingNew", "[1]", "[]"), 0);
     ck_assert_int_eq(event(&st, "contentBlockStop", "{\"contentBlockIndex\":0}",
                            "[{\"type\":\"content_block_stop\",\"index\":0}]"),
@@ -244,9 +249,9 @@ END_TEST
 
 START_TEST(test_converse__payload_not_a_map_is_refused)
 {
-    static const char *const types[] = { "messageStart", "contentBlockStart",
+    static const char *const types[] = { "messageStart",      "contentBlockStart",
                                          "contentBlockDelta", "contentBlockStop",
-                                         "messageStop", "metadata" };
+                                         "messageStop",       "metadata" };
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         struct converse_stream st;
         converse_stream_init(&st);
@@ -295,8 +300,7 @@ START_TEST(test_converse__stream_converts_on_to_chat_chunks)
                 msgpack_unpacked_init(&c);
                 ck_assert(msgpack_unpack_next(&c, sb.data, sb.size, NULL) ==
                           MSGPACK_UNPACK_SUCCESS);
-                ck_assert_int_eq(transcode_msgpack_to_json(&c.data, &out, NULL, "c", NULL, 0),
-                                 0);
+                ck_assert_int_eq(transcode_msgpack_to_json(&c.data, &out, NULL, "c", NULL, 0), 0);
                 length |= strstr(out.data, "\"finish_reason\":\"length\"") != NULL;
                 usage |= strstr(out.data, "\"total_tokens\":11") != NULL;
                 chunks++;
