@@ -9,6 +9,7 @@
 #include <openssl/pem.h>
 #include <libxml/tree.h>
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -29,14 +30,16 @@
 #define BACKOFF_FIRST_S  1.0
 #define BACKOFF_MAX_S    60.0
 #define FETCH_TIMEOUT_S  10.0
-#define TOKEN_MAX        16384  /* bytes of a token file */
-#define ASSUMED_LIFE_S   3600.0 /* a bare Google access token's life (their default) */
-#define FILE_POLL_S      1.0    /* a token file is looked at (a stat) this often */
-#define REAP_POLL_S      0.01   /* an ended token_command is waited for this often */
+#define TOKEN_MAX        16384   /* bytes of a token file */
+#define ASSUMED_LIFE_S   3600.0  /* a bare Google access token's life (their default) */
+#define FILE_POLL_S      1.0     /* a token file is looked at (a stat) this often */
+#define CREDS_FILE_MAX   1048576 /* bytes of an AWS credentials file */
+#define REAP_POLL_S      0.01    /* an ended token_command is waited for this often */
 
 enum cloudauth_kind {
     CA_AWS_ROLE,
     CA_AWS_CONTAINER,
+    CA_AWS_FILE, /* the shared credentials file: keys read again when it changes */
     CA_GCP_KEY,
     CA_GCP_METADATA,
     CA_GCP_COMMAND, /* token_command: a program prints the token */
@@ -69,10 +72,8 @@ struct cloudauth {
     unsigned tries;
     char last_error[200];
     struct cloudauth_stats stats;
-    struct token_run run;       /* CA_GCP_COMMAND */
-    struct timespec file_mtime; /* CA_GCP_FILE: the file as last read */
-    ino_t file_ino;
-    off_t file_size;
+    struct token_run run; /* CA_GCP_COMMAND */
+    struct stat seen;     /* CA_GCP_FILE, CA_AWS_FILE: the file as last read */
     bool file_seen;
 };
 
@@ -337,8 +338,8 @@ static void role_failed(struct cloudauth *r, const char *why)
         wait = BACKOFF_MAX_S;
     r->tries++;
     log_at(LOG_WARN,
-           r->kind <= CA_AWS_CONTAINER ? "aws credentials fetch failed"
-                                       : "google cloud token fetch failed",
+           r->kind <= CA_AWS_FILE ? "aws credentials fetch failed"
+                                  : "google cloud token fetch failed",
            "detail", LOG_S, why, "retry_in_s", LOG_F, wait, NULL);
     role_arm(r, wait);
 }
@@ -356,6 +357,8 @@ static const char *role_peer(const struct cloudauth *r)
         return "token_command";
     case CA_GCP_FILE:
         return "token_file";
+    case CA_AWS_FILE:
+        return "the credentials file";
     default:
         return "the metadata server";
     }
@@ -381,10 +384,16 @@ static void role_got(struct cloudauth *r, char *id, char *secret, char *token, d
     double next = life - REFRESH_BEFORE_S < life / 2 ? life - REFRESH_BEFORE_S : life / 2;
     if (next < BACKOFF_FIRST_S)
         next = BACKOFF_FIRST_S;
+    if (r->kind == CA_AWS_FILE) {
+        log_at(LOG_INFO, "aws credentials read", "file", LOG_S, r->set.creds_file, "profile", LOG_S,
+               r->set.profile, NULL);
+        role_arm(r, FILE_POLL_S);
+        return;
+    }
     if (r->kind == CA_GCP_FILE)
         next = FILE_POLL_S;
     log_at(LOG_INFO,
-           r->kind <= CA_AWS_CONTAINER ? "aws credentials fetched" : "google cloud token fetched",
+           r->kind <= CA_AWS_FILE ? "aws credentials fetched" : "google cloud token fetched",
            "expires_in_s", LOG_F, life, "refresh_in_s", LOG_F, next, NULL);
     role_arm(r, next);
 }
@@ -612,40 +621,83 @@ static char *external_token(const char *text, size_t len, double from, double *e
     return token;
 }
 
-/* token_file: looked at every FILE_POLL_S (a stat, on the loop: a small
- * local file), read again when it changed. While it cannot be read the
- * token already held stays in use until it expires. */
+/* The AWS keys of the credentials file at `path` (its st_size `size`),
+ * section r->set.profile: 0 with them in *c, or -1 with `why`. */
+static int aws_file_keys(struct cloudauth *r, const char *path, off_t size, struct aws_creds *c,
+                         char *why, size_t whylen)
+{
+    int rc = size > CREDS_FILE_MAX ? -2 : aws_creds_read_file(c, path, r->set.profile, why, whylen);
+    if (rc == -2)
+        snprintf(why, whylen, "the credentials file %s is over %d bytes", path, CREDS_FILE_MAX);
+    else if (rc == 0)
+        snprintf(why, whylen, "the credentials file %s has no keys in profile '%s'", path,
+                 r->set.profile);
+    return rc > 0 ? 0 : -1;
+}
+
+/* Has the file at `path` changed since `before` was taken (or gone)? */
+static bool file_changed_since(const char *path, const struct stat *before)
+{
+    struct stat now;
+    return stat(path, &now) != 0 || now.st_ino != before->st_ino ||
+        now.st_size != before->st_size || now.st_mtim.tv_sec != before->st_mtim.tv_sec ||
+        now.st_mtim.tv_nsec != before->st_mtim.tv_nsec;
+}
+
+/* A watched file (token_file; the AWS credentials file): looked at every
+ * FILE_POLL_S and when a request signs (a stat, on the loop: a small local
+ * file), read again when it changed. While it cannot be read the
+ * credentials already held stay in use until they expire. */
 static void file_poll(struct cloudauth *r)
 {
+    const char *path = r->kind == CA_AWS_FILE ? r->set.creds_file : r->gcp.token_file;
     char why[200], *token = NULL;
+    struct aws_creds keys;
     struct stat st;
     double exp = 0;
 
+    memset(&keys, 0, sizeof(keys));
     role_arm(r, FILE_POLL_S);
-    if (stat(r->gcp.token_file, &st) != 0) {
-        snprintf(why, sizeof(why), "token_file: cannot read %s (%s)", r->gcp.token_file,
-                 strerror(errno));
-    } else if (r->file_seen && r->token && st.st_ino == r->file_ino && st.st_size == r->file_size &&
-               st.st_mtim.tv_sec == r->file_mtime.tv_sec &&
-               st.st_mtim.tv_nsec == r->file_mtime.tv_nsec) {
+    if (stat(path, &st) != 0) {
+        snprintf(why, sizeof(why), "%s: cannot read %s (%s)", role_peer(r), path, strerror(errno));
+    } else if (r->file_seen && (r->token || r->key_id) && st.st_ino == r->seen.st_ino &&
+               st.st_size == r->seen.st_size && st.st_mtim.tv_sec == r->seen.st_mtim.tv_sec &&
+               st.st_mtim.tv_nsec == r->seen.st_mtim.tv_nsec) {
         return; /* unchanged */
     } else {
-        char *text = read_token(r->gcp.token_file, why, sizeof(why));
-        double written = (double)st.st_mtim.tv_sec + st.st_mtim.tv_nsec / 1e9;
-        if (text) {
-            token = external_token(text, strlen(text), written, &exp, why, sizeof(why));
-            explicit_bzero(text, strlen(text));
-            free(text);
-        }
         r->file_seen = true;
-        r->file_ino = st.st_ino;
-        r->file_size = st.st_size;
-        r->file_mtime = st.st_mtim;
-        if (token && exp <= ev_now(r->loop) + VALID_MARGIN_S) {
-            wipe_free(&token);
-            snprintf(why, sizeof(why),
-                     "token_file: its token expired (the file is older than "
-                     "the token's life)");
+        r->seen = st;
+        if (r->kind == CA_AWS_FILE) {
+            if (aws_file_keys(r, path, st.st_size, &keys, why, sizeof(why)) == 0) {
+                if (file_changed_since(path, &st)) {
+                    /* Caught mid-write: read again at the next look. */
+                    aws_creds_clear(&keys);
+                    r->file_seen = false;
+                    return;
+                }
+                role_got(r, keys.access_key_id, keys.secret_access_key, keys.session_token,
+                         INFINITY);
+                return;
+            }
+        } else {
+            char *text = read_token(path, why, sizeof(why));
+            double written = (double)st.st_mtim.tv_sec + st.st_mtim.tv_nsec / 1e9;
+            if (text) {
+                token = external_token(text, strlen(text), written, &exp, why, sizeof(why));
+                explicit_bzero(text, strlen(text));
+                free(text);
+            }
+            if (token && file_changed_since(path, &st)) {
+                wipe_free(&token);
+                r->file_seen = false;
+                return;
+            }
+            if (token && exp <= ev_now(r->loop) + VALID_MARGIN_S) {
+                wipe_free(&token);
+                snprintf(why, sizeof(why),
+                         "token_file: its token expired (the file is older "
+                         "than the token's life)");
+            }
         }
     }
     if (token) {
@@ -657,7 +709,10 @@ static void file_poll(struct cloudauth *r)
     snprintf(full, sizeof(full), "%s", why);
     if (strcmp(full, r->last_error) != 0) {
         r->stats.fetches_failed++;
-        log_at(LOG_WARN, "google cloud token_file unusable", "detail", LOG_S, full, NULL);
+        log_at(LOG_WARN,
+               r->kind == CA_AWS_FILE ? "aws credentials file unusable"
+                                      : "google cloud token_file unusable",
+               "detail", LOG_S, full, NULL);
     }
     snprintf(r->last_error, sizeof(r->last_error), "%s", full);
 }
@@ -867,7 +922,7 @@ static void role_on_timer(struct ev_loop *loop, ev_timer *w, int revents)
     struct cloudauth *r = w->data;
     (void)loop;
     (void)revents;
-    if (r->kind == CA_GCP_FILE)
+    if (r->kind == CA_GCP_FILE || r->kind == CA_AWS_FILE)
         file_poll(r);
     else if (r->kind == CA_GCP_COMMAND && r->run.pid > 0)
         run_timeout(r);
@@ -905,8 +960,10 @@ static struct cloudauth *role_start(struct cloudauth *r, struct ev_loop *loop, s
 struct cloudauth *cloudauth_new_aws(struct ev_loop *loop, struct upstream *up,
                                     const struct aws_creds *c, char *err, size_t errlen)
 {
-    if (!aws_creds_fetched(c)) {
-        snprintf(err, errlen, "no role or container endpoint to fetch AWS credentials from");
+    if (!aws_creds_fetched(c) && !aws_creds_watched(c)) {
+        snprintf(err, errlen,
+                 "no role, container endpoint or credentials file to fetch AWS "
+                 "credentials from");
         return NULL;
     }
     struct cloudauth *r = calloc(1, sizeof(*r));
@@ -916,12 +973,20 @@ struct cloudauth *cloudauth_new_aws(struct ev_loop *loop, struct upstream *up,
         dup_opt(&r->set.sts_url, c->sts_url) < 0 ||
         dup_opt(&r->set.container_uri, c->container_uri) < 0 ||
         dup_opt(&r->set.container_token_file, c->container_token_file) < 0 ||
-        dup_opt(&r->set.container_token, c->container_token) < 0) {
+        dup_opt(&r->set.container_token, c->container_token) < 0 ||
+        dup_opt(&r->set.creds_file, c->creds_file) < 0 ||
+        dup_opt(&r->set.profile, c->profile) < 0 ||
+        (c->creds_file &&
+         (dup_opt(&r->key_id, c->access_key_id) < 0 ||
+          dup_opt(&r->secret, c->secret_access_key) < 0 ||
+          dup_opt(&r->token, c->session_token) < 0))) {
         cloudauth_free(r);
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
-    r->kind = c->role_arn ? CA_AWS_ROLE : CA_AWS_CONTAINER;
+    r->kind = c->role_arn ? CA_AWS_ROLE : c->container_uri ? CA_AWS_CONTAINER : CA_AWS_FILE;
+    /* The file's keys as the configuration read them, until it changes. */
+    r->expires_at = r->kind == CA_AWS_FILE ? INFINITY : 0;
     return role_start(r, loop, up);
 }
 
@@ -990,12 +1055,16 @@ void cloudauth_free(struct cloudauth *r)
 
 bool cloudauth_get(struct cloudauth *r, struct sigv4_creds *out, char *why, size_t whylen)
 {
-    if (r->token && ev_now(r->loop) < r->expires_at - VALID_MARGIN_S) {
+    /* A rotated file is seen by the next request, not a period later:
+     * one stat per request signed, the file read only when it changed. */
+    if (r->kind == CA_AWS_FILE || r->kind == CA_GCP_FILE)
+        file_poll(r);
+    if ((r->token || r->key_id) && ev_now(r->loop) < r->expires_at - VALID_MARGIN_S) {
         *out = (struct sigv4_creds){ r->key_id, r->secret, r->token };
         return true;
     }
     snprintf(why, whylen, "no valid %s credentials: %s",
-             r->kind <= CA_AWS_CONTAINER ? "AWS" : "Google Cloud",
+             r->kind <= CA_AWS_FILE ? "AWS" : "Google Cloud",
              r->last_error[0] ? r->last_error : "they expired and the refresh has not answered");
     return false;
 }
@@ -1012,7 +1081,8 @@ void cloudauth_ensure(struct cloudauth **aws, struct cloudauth **gcp, struct ev_
 
     for (size_t i = 0; i < cfg->n_sources; i++) {
         const struct config_source *s = &cfg->sources[i];
-        if (!*aws && s->kind == DIALECT_BEDROCK && aws_creds_fetched(&s->aws) &&
+        if (!*aws && s->kind == DIALECT_BEDROCK &&
+            (aws_creds_fetched(&s->aws) || aws_creds_watched(&s->aws)) &&
             !(*aws = cloudauth_new_aws(loop, up, &s->aws, err, sizeof(err))))
             log_at(LOG_ERROR, "aws credentials cannot be fetched", "error", LOG_S, err, NULL);
         /* A reload that changes where the tokens come from starts over. */

@@ -11,6 +11,11 @@
  *                        ECS): a GET with the token of
  *                        AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE (or _TOKEN) in
  *                        Authorization; the answer is JSON;
+ *   credentials file     the shared credentials file the keys were loaded
+ *                        from (core/awscreds.h): looked at (stat) when a
+ *                        request signs and every second, its profile read
+ *                        again when it changed, so rotated keys are used
+ *                        without a reload;
  *   gcp key              a service-account key (core/gcpcreds.h): a JWT
  *                        signed RS256 with its private key, exchanged at its
  *                        token_uri (grant type jwt-bearer); JSON answer;
