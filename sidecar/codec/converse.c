@@ -221,7 +221,9 @@ int converse_request(const msgpack_object *body, msgpack_packer *pk, char *err, 
 
 /* --- reply ----------------------------------------------------------- */
 
-/* Converse's stopReason as Messages names it (`n` bytes of `s`). */
+/* Converse's stopReason as Messages names it (`n` bytes of `s`), in `buf`
+ * (`cap` bytes): a longer reason is cut at a character boundary, so that
+ * it stays valid UTF-8, as the JSON it came from was. */
 static const char *stop_reason_of(const char *s, size_t n, char *buf, size_t cap)
 {
     static const struct {
@@ -234,7 +236,11 @@ static const char *stop_reason_of(const char *s, size_t n, char *buf, size_t cap
     for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
         if (strlen(map[i].converse) == n && memcmp(map[i].converse, s, n) == 0)
             return map[i].messages;
-    n = n < cap - 1 ? n : cap - 1;
+    if (n > cap - 1) {
+        n = cap - 1;
+        while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
+            n--; /* s[n] continues the character before it: cut that one too */
+    }
     memcpy(buf, s, n);
     buf[n] = '\0';
     return buf;

@@ -167,6 +167,20 @@ START_TEST(test_converse__reply_translated)
                   "\"content\":[],\"stop_reason\":\"max_tokens\",\"stop_sequence\":null}]");
     io_end(&io);
 
+    /* A long reason of multibyte characters is cut between two of them
+     * (each "\u00e9" is 2 bytes: 19 fit in 39). */
+    io_begin(&io,
+             "{\"output\":{\"message\":{\"content\":[]}},\"stopReason\":"
+             "\"\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9"
+             "\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\"}");
+    ck_assert_int_eq(converse_reply(io.obj, &io.pk), 0);
+    expect_values(&io, 1,
+                  "[{\"id\":\"msg_converse\",\"type\":\"message\",\"role\":\"assistant\","
+                  "\"content\":[],\"stop_reason\":\"\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9"
+                  "\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9"
+                  "\u00e9\",\"stop_sequence\":null}]");
+    io_end(&io);
+
     static const char *const not_converse[] = {
         "[]",
         "\"x\"",
