@@ -196,3 +196,21 @@ def test_vertex_tokens__only_with_kind_vertex(workdir):
                        timeout=20)
     assert p.returncode != 0
     assert "sources[0].token_file: only valid with kind: vertex" in p.stderr, p.stderr
+
+
+def test_vertex_tokens__reload_switches_from_a_file_to_a_command(make_sidecar, up, workdir):
+    path = os.path.join(workdir, "token")
+    with open(path, "w") as f:
+        f.write("ya29.before-reload\n")
+    sc = start(make_sidecar, up, token_file=path)
+    c = sc.connect()
+    await_true(lambda: gemini(c)[0] is None, what="a token")
+    assert bearer(up) == "Bearer ya29.before-reload"
+    cmd = script(workdir, "after.sh", 'echo ya29.after-reload\n')
+    with open(sc.config, "w") as f:
+        f.write(config_yaml([vsource("vg", up, MODEL, capability="gemini", token_command=[cmd])],
+                            DEFAULTS, capabilities=CAPS))
+    err, _ = c.request("config.reload")
+    assert err is None, err
+    await_true(lambda: gemini(c)[0] is None and bearer(up) == "Bearer ya29.after-reload",
+               what="the command's token after the reload")
