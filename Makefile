@@ -455,7 +455,7 @@ deb:
 	rm -rf $(DEB_DIR) && mkdir -p $(DEB_DIR)/polygw-$(VERSION)
 	tar -cf - --exclude=./build --exclude=./.git --exclude=node_modules --exclude=__pycache__ \
 	    --exclude=.pytest_cache . | tar -xf - -C $(DEB_DIR)/polygw-$(VERSION)
-	cd $(DEB_DIR)/polygw-$(VERSION) && dpkg-buildpackage -us -uc -b
+	cd $(DEB_DIR)/polygw-$(VERSION) && dpkg-buildpackage -us -uc -b -Jauto
 	lintian --fail-on error,warning $(DEB_DIR)/*.changes | tee $(DEB_DIR)/lintian.txt
 	@ls $(DEB_DIR)/*.deb
 

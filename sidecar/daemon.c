@@ -57,6 +57,7 @@
 #include "metrics/metrics.h"
 #include "call/redact.h"
 #include "ops/keywatch.h"
+#include "ops/cacheops.h"
 #include "ops/reload.h"
 #include "upstream/cloudauth.h"
 #include "upstream/upstream.h"
@@ -358,6 +359,8 @@ static void server_stop(struct server *srv, const char *why)
         next = c->next;
         tasks_fail_pending(&c->tasks, PGW_SHUTTING_DOWN,
                            "the sidecar shut down before the state backend answered");
+        cacheops_fail_pending(&c->tasks, PGW_SHUTTING_DOWN,
+                              "the sidecar shut down before the state backend answered");
         call_fail_all(&c->sink, PGW_SHUTTING_DOWN,
                       "the sidecar shut down before the call finished");
         conn_close_after_flush(c);
@@ -446,6 +449,11 @@ static void server_on_progress_known(void *ud, const char *scope)
 {
     struct server *srv = ud;
     gov_progress_known(&srv->gov, scope);
+}
+
+static void server_on_cache_purged(void *ud, const char *capability, const char *app, bool missed)
+{
+    cacheops_on_fleet_purge(ud, capability, app, missed);
 }
 
 static struct backend *server_backend_new(struct server *srv, const struct backend_hooks *hooks,
@@ -541,6 +549,7 @@ int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cf
         .on_resync = server_on_resync,
         .on_up = server_on_backend_up,
         .on_progress_known = server_on_progress_known,
+        .on_cache_purged = server_on_cache_purged,
         .ud = srv,
     };
     /* Set up in dependency order; server_fini_parts unwinds in reverse

@@ -8,6 +8,8 @@ PKGS="build-essential pkg-config libev-dev libmsgpack-dev libyaml-dev libcurl4-o
 libjansson-dev libhiredis-dev check redis-server python3 python3-msgpack python3-pytest \
 clang libclang-rt-14-dev locales redis-sentinel openssl libssl-dev libsystemd-dev \
 python3-yaml"
+# The integration stage runs its test files on every core (pytest-xdist).
+PKGS="$PKGS python3-pytest-xdist"
 # The HTTP front end's parser (linked as -lhttp_parser), and curl for its tests.
 PKGS="$PKGS libhttp-parser-dev curl libprotobuf-c-dev protobuf-c-compiler"
 # Bedrock: STS answers in XML (libxml2).

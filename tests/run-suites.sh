@@ -121,11 +121,23 @@ ASAN="ASAN_OPTIONS=detect_leaks=1:abort_on_error=0"
 UBSAN="UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1"
 ASAN_BUILD="POLYGW_BUILD=$(pwd)/build/asan"
 PYTEST="/usr/bin/python3 -m pytest -q -p no:cacheprovider"
+# The integration tests wait on sidecars and mocks more than they compute:
+# their files run on one worker per core (at most 4), each file whole on
+# one worker, so a module's servers and fixtures stay its own. The tests
+# marked `timing` (a wall-clock bound, or heavy load) then run alone.
+WORKERS=$(nproc 2>/dev/null || echo 1)
+[ "$WORKERS" -le 4 ] || WORKERS=4
+PYTEST_PAR="$PYTEST"
+[ "$WORKERS" -le 1 ] || PYTEST_PAR="$PYTEST -n $WORKERS --dist loadfile"
 
 T0=$(date +%s)
 stage "unit (Check, ASan+UBSan)"       check   env "$ASAN" "$UBSAN" build/asan/unit_tests
 # shellcheck disable=SC2086
-stage "integration (pytest, ASan)"     pytest  env "$ASAN" "$UBSAN" "$ASAN_BUILD" $PYTEST tests/integration
+stage "integration (pytest, ASan)"     pytest  env "$ASAN" "$UBSAN" "$ASAN_BUILD" $PYTEST_PAR \
+    -m "not timing" tests/integration
+# shellcheck disable=SC2086
+stage "integration, timed (pytest, ASan)" pytest env "$ASAN" "$UBSAN" "$ASAN_BUILD" $PYTEST \
+    -m timing tests/integration
 # shellcheck disable=SC2086
 stage "redis (pytest)"                 pytest  $PYTEST tests/redis
 stage "clients (python + node, ASan)"  summary sh client/run-tests.sh build/asan clients

@@ -112,10 +112,17 @@ typedef void backend_respid_cb(void *ud, int rc, const char *source);
 
 /* A response cache request answered. A lookup: rc 1 with the entry's
  * value (data[0..len), borrowed for the call), 0 none while another
- * sidecar holds its lock, 2 none and no lock. A lock: 1 taken, 0 held by
- * another. Either: -1 the backend could not answer (data: why,
- * NUL-terminated). */
+ * sidecar holds its lock, 2 none and no lock. A lock: 1 taken (data: the
+ * holder's token for cache_unlock, NUL-terminated, at most
+ * BACKEND_LOCK_TOKEN_MAX - 1 bytes), 0 held by another. Either: -1 the
+ * backend could not answer (data: why, NUL-terminated). */
 typedef void backend_cache_cb(void *ud, int rc, const char *data, size_t len);
+#define BACKEND_LOCK_TOKEN_MAX 48
+
+/* A shared-tier purge ended: rc 0 with `removed` entries gone from the
+ * shared tier, or -1 when the backend could not finish it (`why`,
+ * NUL-terminated, borrowed; `removed` those gone before). */
+typedef void backend_purge_cb(void *ud, int rc, size_t removed, const char *why);
 
 /* Events reported upward. Each runs from the event loop, never inside a
  * backend operation; any may be NULL; none runs once backend_free has begun
@@ -134,6 +141,11 @@ struct backend_hooks {
     /* The progress age of `scope` is known (or failed to read): the calls
      * waiting for it look again (gov_progress_known). */
     void (*on_progress_known)(void *ud, const char *scope);
+    /* Another sidecar purged the shared cache tier of `capability` and
+     * app `app` (NULL: any): drop the same entries from the memory tier.
+     * `missed`: purges may have been missed (the channel was lost and is
+     * back; both NULL): drop every entry. */
+    void (*on_cache_purged)(void *ud, const char *capability, const char *app, bool missed);
     void *ud;
 };
 
@@ -177,14 +189,24 @@ struct backend_ops {
      * connected). `cache_put` stores value[0..len) for `ttl_s`; failures
      * are counted, never reported. Both NULL: no shared tier.
      * `cache_lock` takes the entry's lock for `ttl_s` unless another holds
-     * it (its holder goes upstream; the others wait for the entry);
-     * `cache_unlock` drops it (fire and forget). */
+     * it (its holder goes upstream; the others wait for the entry), with a
+     * token unique to this holder; `cache_unlock` drops it (fire and
+     * forget) only if it still holds `token`: a lock that expired and was
+     * taken by another sidecar is that one's.
+     * `cache_purge` removes the entries of `capability` and app `app`
+     * (NULL: any; cache_shared_pattern) without blocking the shared store,
+     * then tells every sidecar (hooks.on_cache_purged, not this one's):
+     * 0 `cb` runs later, exactly once (there is no detach: a caller gone
+     * meanwhile only frees its `ud` there), -1 not started (not
+     * connected, out of memory). */
     int (*cache_get)(struct backend *be, const char *key, backend_cache_cb *cb, void *ud);
     void (*cache_put)(struct backend *be, const char *key, const char *value, size_t len,
                       double ttl_s);
     int (*cache_lock)(struct backend *be, const char *key, double ttl_s, backend_cache_cb *cb,
                       void *ud);
-    void (*cache_unlock)(struct backend *be, const char *key);
+    void (*cache_unlock)(struct backend *be, const char *key, const char *token);
+    int (*cache_purge)(struct backend *be, const char *capability, const char *app,
+                       backend_purge_cb *cb, void *ud);
 
     /* Task operation `op` on task `id` (borrowed, 1..TASK_ID_MAX bytes);
      * `reason` (stop, finish, watchdog) and `ok` (finish), on behalf of
@@ -385,10 +407,16 @@ static inline int backend_cache_lock(struct backend *be, const char *key, double
     return be->ops->cache_lock ? be->ops->cache_lock(be, key, ttl_s, cb, ud) : -1;
 }
 
-static inline void backend_cache_unlock(struct backend *be, const char *key)
+static inline void backend_cache_unlock(struct backend *be, const char *key, const char *token)
 {
     if (be->ops->cache_unlock)
-        be->ops->cache_unlock(be, key);
+        be->ops->cache_unlock(be, key, token);
+}
+
+static inline int backend_cache_purge(struct backend *be, const char *capability, const char *app,
+                                      backend_purge_cb *cb, void *ud)
+{
+    return be->ops->cache_purge ? be->ops->cache_purge(be, capability, app, cb, ud) : -1;
 }
 
 static inline bool backend_is_up(const struct backend *be)

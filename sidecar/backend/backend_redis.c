@@ -40,6 +40,7 @@
  * the prefix carries a hash tag of its own).
  */
 #include "backend.h"
+#include "cache.h"
 #include "dlist.h"
 #include "strbuf.h"
 
@@ -73,7 +74,7 @@
  * app groups leave as one admit.lua (release.lua) of at most this many. */
 #define SHARED_ADMIT_BATCH       32
 
-enum { CH_TASK_END, CH_PROGRESS, CH_COUNT };
+enum { CH_TASK_END, CH_PROGRESS, CH_CACHE_PURGE, CH_COUNT };
 
 struct backend_lease {
     struct backend_lease *prev, *next; /* the source's live leases */
@@ -1109,6 +1110,10 @@ static void on_subscribed(struct rds *r, void *ud)
     (void)r;
     sh->resync = true;
     maybe_resync(sh);
+    /* Cache purges published meanwhile are lost too: the memory tier goes
+     * (Redis still holds what was not purged). */
+    if (sh->be.hooks.on_cache_purged)
+        sh->be.hooks.on_cache_purged(sh->be.hooks.ud, NULL, NULL, true);
 }
 
 static void on_unsubscribed(struct rds *r, void *ud)
@@ -1117,6 +1122,8 @@ static void on_unsubscribed(struct rds *r, void *ud)
     (void)r;
     scopes_clear(sh); /* marks may be missed from now on */
 }
+
+static void on_cache_purge_message(struct backend_redis *sh, char *msg);
 
 static void on_message(struct rds *r, size_t channel, const char *msg, size_t len, void *ud)
 {
@@ -1141,6 +1148,8 @@ static void on_message(struct rds *r, size_t channel, const char *msg, size_t le
     } else if (channel == CH_TASK_END) {
         if (sh->be.hooks.on_task_ended)
             sh->be.hooks.on_task_ended(sh->be.hooks.ud, buf);
+    } else if (channel == CH_CACHE_PURGE) {
+        on_cache_purge_message(sh, buf);
     }
 }
 
@@ -1643,6 +1652,7 @@ static void redis_cache_put(struct backend *be, const char *hex, const char *val
 struct cache_lookup {
     backend_cache_cb *cb;
     void *ud;
+    char token[BACKEND_LOCK_TOKEN_MAX]; /* a lock's */
 };
 
 /* MGET entry lock: [value or nil, holder or nil]. */
@@ -1661,17 +1671,20 @@ static void on_cache_got(const redisReply *r, const char *err, void *ud)
 
 static void on_cache_locked(const redisReply *r, const char *err, void *ud)
 {
-    struct cache_lookup q = *(struct cache_lookup *)ud;
+    struct cache_lookup *q = ud;
 
-    free(ud);
     if (r && r->type == REDIS_REPLY_STATUS)
-        q.cb(q.ud, 1, NULL, 0);
+        q->cb(q->ud, 1, q->token, strlen(q->token));
     else if (r && r->type == REDIS_REPLY_NIL)
-        q.cb(q.ud, 0, NULL, 0);
+        q->cb(q->ud, 0, NULL, 0);
     else
-        q.cb(q.ud, -1, err ? err : "bad reply", 0);
+        q->cb(q->ud, -1, err ? err : "bad reply", 0);
+    free(q);
 }
 
+/* The lock's value is this holder's own token (the sidecar's id and a
+ * counter, unique across the fleet), so that its release can tell its
+ * own lock from the one another sidecar took after it expired. */
 static int redis_cache_lock(struct backend *be, const char *hex, double ttl_s, backend_cache_cb *cb,
                             void *ud)
 {
@@ -1683,9 +1696,10 @@ static int redis_cache_lock(struct backend *be, const char *hex, double ttl_s, b
         return -1;
     q->cb = cb;
     q->ud = ud;
+    snprintf(q->token, sizeof(q->token), "%s:%llu", sh->sidecar_id, ++sh->lease_seq);
     cache_lock_key(sh, hex, key, sizeof(key));
     fmt_num(ttl, sizeof(ttl), ttl_s * 1000.0 >= 1 ? ttl_s * 1000.0 : 1);
-    const char *argv[] = { "SET", key, "1", "NX", "PX", ttl };
+    const char *argv[] = { "SET", key, q->token, "NX", "PX", ttl };
     if (rds_command(sh->rds, 6, argv, NULL, on_cache_locked, q) < 0) {
         free(q);
         return -1;
@@ -1693,7 +1707,15 @@ static int redis_cache_lock(struct backend *be, const char *hex, double ttl_s, b
     return 0;
 }
 
-static void redis_cache_unlock(struct backend *be, const char *hex)
+/* Compare and delete, in one step on the server: a plain DEL by a holder
+ * whose lock expired would drop the lock of the sidecar that took it
+ * since. One key, so one hash slot; tiny enough to send whole (Redis
+ * keeps the compiled script by its digest). */
+static const char cache_unlock_lua[] =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end "
+    "return 0";
+
+static void redis_cache_unlock(struct backend *be, const char *hex, const char *token)
 {
     struct backend_redis *sh = (struct backend_redis *)be;
     char key[SHARED_KEY_MAX + 8];
@@ -1701,8 +1723,8 @@ static void redis_cache_unlock(struct backend *be, const char *hex)
     if (sh->closing)
         return;
     cache_lock_key(sh, hex, key, sizeof(key));
-    const char *argv[] = { "DEL", key };
-    if (rds_command(sh->rds, 2, argv, NULL, on_cache_unlocked, sh) < 0)
+    const char *argv[] = { "EVAL", cache_unlock_lua, "1", key, token };
+    if (rds_command(sh->rds, 5, argv, NULL, on_cache_unlocked, sh) < 0)
         count_write_error(sh, "cache unlock", "not connected");
 }
 
@@ -1726,6 +1748,157 @@ static int redis_cache_get(struct backend *be, const char *hex, backend_cache_cb
     return 0;
 }
 
+/* A purge of the shared tier: SCAN ... MATCH {P:cache:PATTERN} COUNT,
+ * one batch at a time, each batch's keys dropped with UNLINK (their
+ * memory is freed off Redis' main thread) before the next SCAN; then one
+ * PUBLISH on P:cache-purge (this sidecar's id, the capability, the app;
+ * "" = any) so every sidecar drops the same entries from its memory.
+ * Never KEYS: each step is one short command, bounded by
+ * command_timeout_s. The pattern ends in '}', so it never matches a
+ * lock (`…}:lock`): a call upstream keeps its lock. A standalone server
+ * holds every key; a cluster runs the same walk on each primary, its
+ * UNLINKs split by hash slot (every entry is a slot of its own). */
+#define CACHE_PURGE_COUNT "1000"
+
+struct cache_purge_walk {
+    struct backend_redis *sh;
+    backend_purge_cb *cb;
+    void *ud;
+    size_t removed;
+    char cursor[24];
+    char match[SHARED_KEY_MAX];
+    char msg[2 * CONFIG_NAME_MAX + 24];
+};
+
+static void purge_end(struct cache_purge_walk *w, int rc, const char *why)
+{
+    w->cb(w->ud, rc, w->removed, why);
+    free(w);
+}
+
+static void on_purge_published(const redisReply *r, const char *err, void *ud)
+{
+    struct cache_purge_walk *w = ud;
+
+    if (!r || r->type != REDIS_REPLY_INTEGER)
+        purge_end(w, -1, err ? err : "bad reply to PUBLISH");
+    else
+        purge_end(w, 0, NULL);
+}
+
+static void purge_scan(struct cache_purge_walk *w);
+
+static void on_purge_unlinked(const redisReply *r, const char *err, void *ud)
+{
+    struct cache_purge_walk *w = ud;
+
+    if (!r || r->type != REDIS_REPLY_INTEGER) {
+        purge_end(w, -1, err ? err : "bad reply to UNLINK");
+        return;
+    }
+    w->removed += r->integer > 0 ? (size_t)r->integer : 0;
+    purge_scan(w);
+}
+
+static void on_purge_scanned(const redisReply *r, const char *err, void *ud)
+{
+    struct cache_purge_walk *w = ud;
+
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+        r->element[0]->type != REDIS_REPLY_STRING || r->element[0]->len >= sizeof(w->cursor) ||
+        r->element[1]->type != REDIS_REPLY_ARRAY) {
+        purge_end(w, -1, err ? err : "bad reply to SCAN");
+        return;
+    }
+    memcpy(w->cursor, r->element[0]->str, r->element[0]->len);
+    w->cursor[r->element[0]->len] = '\0';
+    const redisReply *keys = r->element[1];
+    if (keys->elements == 0) {
+        purge_scan(w);
+        return;
+    }
+    const char **argv = malloc((keys->elements + 1) * sizeof(*argv));
+    size_t *argvlen = malloc((keys->elements + 1) * sizeof(*argvlen));
+    int rc = -1;
+    if (argv && argvlen) {
+        argv[0] = "UNLINK";
+        argvlen[0] = 6;
+        size_t n = 1;
+        for (size_t i = 0; i < keys->elements; i++) {
+            if (keys->element[i]->type != REDIS_REPLY_STRING)
+                continue;
+            argv[n] = keys->element[i]->str;
+            argvlen[n++] = keys->element[i]->len;
+        }
+        rc = rds_command(w->sh->rds, (int)n, argv, argvlen, on_purge_unlinked, w);
+    }
+    free(argv);
+    free(argvlen);
+    if (rc < 0)
+        purge_end(w, -1, argv && argvlen ? "not connected" : "out of memory");
+}
+
+/* The next batch, or the end: the cursor is back at "0". */
+static void purge_scan(struct cache_purge_walk *w)
+{
+    struct backend_redis *sh = w->sh;
+    int rc;
+
+    if (sh->closing) {
+        purge_end(w, -1, "closed");
+        return;
+    }
+    if (strcmp(w->cursor, "0") == 0) {
+        const char *argv[] = { "PUBLISH", sh->channel[CH_CACHE_PURGE], w->msg };
+        rc = rds_command(sh->rds, 3, argv, NULL, on_purge_published, w);
+    } else {
+        const char *argv[] = { "SCAN", w->cursor, "MATCH", w->match, "COUNT", CACHE_PURGE_COUNT };
+        rc = rds_command(sh->rds, 6, argv, NULL, on_purge_scanned, w);
+    }
+    if (rc < 0)
+        purge_end(w, -1, "not connected");
+}
+
+static int redis_cache_purge(struct backend *be, const char *capability, const char *app,
+                             backend_purge_cb *cb, void *ud)
+{
+    struct backend_redis *sh = (struct backend_redis *)be;
+    char pattern[CACHE_SHARED_NAME_LEN + 1];
+    struct cache_purge_walk *w;
+
+    if (sh->closing || !rds_up(sh->rds) || !(w = calloc(1, sizeof(*w))))
+        return -1;
+    w->sh = sh;
+    w->cb = cb;
+    w->ud = ud;
+    /* The prefix holds no glob character (config.c, check_prefix). */
+    cache_shared_pattern(capability, app, pattern);
+    snprintf(w->match, sizeof(w->match), "{%s:cache:%s}", sh->cfg->redis_prefix, pattern);
+    snprintf(w->msg, sizeof(w->msg), "%s\n%s\n%s", sh->sidecar_id, capability ? capability : "",
+             app ? app : "");
+    const char *argv[] = { "SCAN", "0", "MATCH", w->match, "COUNT", CACHE_PURGE_COUNT };
+    if (rds_command(sh->rds, 6, argv, NULL, on_purge_scanned, w) < 0) {
+        free(w);
+        return -1;
+    }
+    return 0;
+}
+
+/* A purge message (redis_cache_purge): another sidecar's purge reaches
+ * this one's memory tier. */
+static void on_cache_purge_message(struct backend_redis *sh, char *msg)
+{
+    char *cap = strchr(msg, '\n'), *app = cap ? strchr(cap + 1, '\n') : NULL;
+
+    if (!app)
+        return;
+    *cap++ = '\0';
+    *app++ = '\0';
+    if (strcmp(msg, sh->sidecar_id) == 0 || !sh->be.hooks.on_cache_purged)
+        return; /* its own: the purging sidecar dropped them itself */
+    sh->be.hooks.on_cache_purged(sh->be.hooks.ud, *cap ? cap : NULL, *app ? app : NULL, false);
+}
+
 static const struct fig_table redis_figures;
 
 static const struct backend_ops redis_ops = {
@@ -1740,6 +1913,7 @@ static const struct backend_ops redis_ops = {
     .cache_put = redis_cache_put,
     .cache_lock = redis_cache_lock,
     .cache_unlock = redis_cache_unlock,
+    .cache_purge = redis_cache_purge,
     .retry_later = redis_retry_later,
     .is_closing = redis_is_closing,
     .is_up = redis_is_up,
@@ -1790,7 +1964,7 @@ struct backend *backend_redis_new(struct ev_loop *loop, const struct config *cfg
     if (!sh->src || !sh->apps || !sh->scopes || apps_keys_init(sh) < 0)
         goto oom;
     for (size_t i = 0; i < CH_COUNT; i++) {
-        static const char *const names[CH_COUNT] = { "task-end", "progress" };
+        static const char *const names[CH_COUNT] = { "task-end", "progress", "cache-purge" };
         size_t n = strlen(cfg->redis_prefix) + strlen(names[i]) + 2;
         sh->channel[i] = malloc(n);
         if (!sh->channel[i])

@@ -18,6 +18,7 @@
 
 #include <ctype.h>
 #include <openssl/evp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -246,6 +247,38 @@ void cache_key_hex(const struct cache_key *k, char *out)
         out[2 * i + 1] = digits[k->h[i] & 15];
     }
     out[2 * CACHE_KEY_BYTES] = '\0';
+}
+
+/* FNV-1a, 32 bits: a name's part of a shared name (cache.h). */
+static uint32_t name_hash(const char *s)
+{
+    uint32_t h = 2166136261u;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 16777619u;
+    return h;
+}
+
+void cache_shared_name(const struct cache_key *k, const char *capability, const char *ns, char *out)
+{
+    char full[2 * CACHE_KEY_BYTES + 1];
+
+    snprintf(out, 17, "%08x%08x", (unsigned)name_hash(capability), (unsigned)name_hash(ns));
+    cache_key_hex(k, full);
+    memcpy(out + 16, full, CACHE_SHARED_NAME_LEN - 16);
+    out[CACHE_SHARED_NAME_LEN] = '\0';
+}
+
+void cache_shared_pattern(const char *capability, const char *ns, char *out)
+{
+    if (capability)
+        snprintf(out, 9, "%08x", (unsigned)name_hash(capability));
+    else
+        memcpy(out, "????????", 9);
+    if (ns)
+        snprintf(out + 8, 9, "%08x", (unsigned)name_hash(ns));
+    else if (capability)
+        memcpy(out + 8, "????????", 9);
+    memcpy(out + strlen(out), "*", 2);
 }
 
 const char *cache_fill_bytes(const struct cache_fill *f, size_t *len)

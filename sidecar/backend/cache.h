@@ -45,6 +45,25 @@ int cache_key_make(struct cache_key *out, const char *ns, const char *capability
 /* The key in lower-case hex into out[2 * CACHE_KEY_BYTES + 1]. */
 void cache_key_hex(const struct cache_key *k, char *out);
 
+/* The entry's name in the shared tier (docs/CONFIG.md, "cache"; the Redis
+ * key schema in tests/redis/README.md), into out[CACHE_SHARED_NAME_LEN + 1]:
+ * 64 lower-case hex digits, the first 8 naming `capability`, the next 8
+ * the namespace `ns` (the app, or "" for a shared capability; both
+ * NUL-terminated, borrowed), then the key's first 24 bytes. So a purge
+ * finds one capability's or one app's entries by pattern
+ * (cache_shared_pattern) without an index, and the name holds only hex
+ * digits: no brace, glob or separator character. The 8-digit parts are a
+ * 32-bit hash: two names that share one only make a purge of either drop
+ * the other's entries too, never keep one it should drop. */
+#define CACHE_SHARED_NAME_LEN (2 * CACHE_KEY_BYTES)
+void cache_shared_name(const struct cache_key *k, const char *capability, const char *ns,
+                       char *out);
+
+/* The glob (Redis MATCH syntax) of the shared names of `capability` and
+ * namespace `ns` (NULL: any; both NULL: every entry), into
+ * out[CACHE_SHARED_NAME_LEN + 1]: hex digits, '?' and one final '*'. */
+void cache_shared_pattern(const char *capability, const char *ns, char *out);
+
 struct cache_stats {
     uint64_t hits, misses, bypasses, coalesced, stores, evictions, expired, too_big, purged;
     size_t bytes; /* held now, entries' data and bookkeeping */

@@ -122,6 +122,10 @@ struct callcache {
      * call's deadline (ev_now time, 0: none). */
     bool fleet_leader, polling, polled;
     double poll_s, deadline_at;
+    /* The entry's name in the shared tier (cache_shared_name) and, while
+     * `fleet_leader`, the token its lock holds. */
+    char shared[CACHE_SHARED_NAME_LEN + 1];
+    char lock_token[BACKEND_LOCK_TOKEN_MAX];
 };
 
 struct cache_lookup_wait {
@@ -257,6 +261,7 @@ static int callcache_begin(struct call_sink *s, uint32_t id, const struct call_r
     cc->fill = cache_fill_new(cap->cache.max_entry_bytes);
     if (cc->fill)
         cache_fill_tag(cc->fill, cap->name, cap->cache.shared ? "" : app);
+    cache_shared_name(&cc->key, cap->name, cap->cache.shared ? "" : app, cc->shared);
     return 0;
 }
 
@@ -301,12 +306,10 @@ static void callcache_on_result(struct server *srv, struct callcache *cc,
     size_t len;
     const char *bytes = cache_fill_bytes(f, &len);
     if (len && backend_has_cache(srv->backend)) {
-        char hex[2 * CACHE_KEY_BYTES + 1];
         struct strbuf v = { 0 };
         double expires_at = now + ttl;
-        cache_key_hex(&cc->key, hex);
         if (strbuf_put(&v, &expires_at, sizeof(expires_at)) == 0 && strbuf_put(&v, bytes, len) == 0)
-            backend_cache_put(srv->backend, hex, v.data, v.len, ttl);
+            backend_cache_put(srv->backend, cc->shared, v.data, v.len, ttl);
         strbuf_fini(&v);
     }
     cache_put(srv->cache, &cc->key, f, now, now + ttl);
@@ -671,9 +674,7 @@ static void call_end(struct call *k)
     call_cache_count_miss(k);
     k->cc.polling = false;
     if (k->cc.fleet_leader) { /* after its entry, if any, was written */
-        char hex[2 * CACHE_KEY_BYTES + 1];
-        cache_key_hex(&k->cc.key, hex);
-        backend_cache_unlock(srv->backend, hex);
+        backend_cache_unlock(srv->backend, k->cc.shared, k->cc.lock_token);
         k->cc.fleet_leader = false;
     }
     if (k->admit)
@@ -1424,12 +1425,12 @@ static bool call_cache_answer(struct call *k, enum cache_event ev)
  * held polls for the entry, from CACHE_POLL_MIN_S doubling to
  * CACHE_POLL_MAX_S, until it appears (answered from it, counted
  * coalesced), the lock is gone without it (its holder failed, or died and
- * the lock expired after CACHE_LOCK_S: it tries to take the lock itself),
+ * the lock expired after the capability's cache.lock_s: it tries to take
+ * the lock itself),
  * or its own deadline comes. The holder drops the lock when its call ends,
  * after its entry was written. Polling, not pub/sub: the subscriber
  * connection is the tasks', and a poll costs one MGET per waiter per
  * interval, bounded by the waiters' deadlines. */
-#define CACHE_LOCK_S     15.0
 #define CACHE_POLL_MIN_S 0.02
 #define CACHE_POLL_MAX_S 0.5
 
@@ -1478,9 +1479,11 @@ static void call_on_cache_locked(void *ud, int rc, const char *data, size_t len)
         return;
     k->cc.lookup = NULL;
     ev_timer_stop(k->srv->loop, &k->wake_w);
-    if (rc == 1)
+    if (rc == 1 && data && len < sizeof(k->cc.lock_token)) {
+        memcpy(k->cc.lock_token, data, len);
+        k->cc.lock_token[len] = '\0';
         k->cc.fleet_leader = true;
-    else if (rc == 0 && call_cache_poll(k))
+    } else if (rc == 0 && call_cache_poll(k))
         return;
     call_cache_count_miss(k);
     call_step(k);
@@ -1489,13 +1492,12 @@ static void call_on_cache_locked(void *ud, int rc, const char *data, size_t len)
 static bool call_cache_lock(struct call *k)
 {
     struct cache_lookup_wait *lw = calloc(1, sizeof(*lw));
-    char hex[2 * CACHE_KEY_BYTES + 1];
 
     if (!lw)
         return false;
     lw->k = k;
-    cache_key_hex(&k->cc.key, hex);
-    if (backend_cache_lock(k->srv->backend, hex, CACHE_LOCK_S, call_on_cache_locked, lw) < 0) {
+    if (backend_cache_lock(k->srv->backend, k->cc.shared, k->cap->cache.lock_s,
+                           call_on_cache_locked, lw) < 0) {
         free(lw);
         return false;
     }
@@ -1554,15 +1556,13 @@ static void call_on_cache_looked_up(void *ud, int rc, const char *data, size_t l
 static bool call_cache_look_up(struct call *k)
 {
     struct cache_lookup_wait *lw;
-    char hex[2 * CACHE_KEY_BYTES + 1];
 
     if (!k->cc.fill || !k->cc.uncounted || !(lw = calloc(1, sizeof(*lw)))) {
         call_cache_count_miss(k);
         return false;
     }
     lw->k = k;
-    cache_key_hex(&k->cc.key, hex);
-    if (backend_cache_get(k->srv->backend, hex, call_on_cache_looked_up, lw) < 0) {
+    if (backend_cache_get(k->srv->backend, k->cc.shared, call_on_cache_looked_up, lw) < 0) {
         free(lw); /* Redis is down: a miss, at once */
         call_cache_count_miss(k);
         return false;

@@ -58,6 +58,7 @@ struct reply_error {
 struct reply_outlet;
 struct server;
 struct tasks_req;
+struct cacheops_wait;
 
 struct reply_outlet_ops {
     struct writer *(*result_begin)(struct reply_outlet *o, uint32_t id);
@@ -74,8 +75,9 @@ struct reply_outlet_ops {
 struct reply_outlet {
     const struct reply_outlet_ops *ops;
     struct server *srv;
-    struct tasks_req *waiting; /* task requests waiting for the backend (call/tasks.c) */
-    struct writer w;           /* what result_begin hands out */
+    struct tasks_req *waiting;    /* task requests waiting for the backend (call/tasks.c) */
+    struct cacheops_wait *purges; /* cache purges waiting for it (ops/cacheops.c) */
+    struct writer w;              /* what result_begin hands out */
 };
 
 /* The number of optional pairs reply_error_write_fields writes; `app`,

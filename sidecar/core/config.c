@@ -94,6 +94,7 @@ enum fid {
     FID_CACHE_TTL,
     FID_CACHE_MAX_ENTRY,
     FID_CACHE_SHARED,
+    FID_CACHE_LOCK,
     FID_RESP_MAX,
     FID_SOCKET,
     FID_MODE,
@@ -911,7 +912,10 @@ static const struct field cap_cache_table[] = {
     NUM("ttl_s", FT_DOUBLE, FID_CACHE_TTL, OFF(struct config_cache, ttl_s), 0, DURATION_MAX_S, 0),
     NUM("max_entry_bytes", FT_SIZE, FID_CACHE_MAX_ENTRY, OFF(struct config_cache, max_entry_bytes),
         1, 1073741824.0, 0),
-    TYPED("shared", FT_BOOL, FID_CACHE_SHARED, OFF(struct config_cache, shared)), END
+    TYPED("shared", FT_BOOL, FID_CACHE_SHARED, OFF(struct config_cache, shared)),
+    NUM("lock_s", FT_DOUBLE, FID_CACHE_LOCK, OFF(struct config_cache, lock_s), 0,
+        CONFIG_CACHE_LOCK_MAX_S, F_MIN_OPEN),
+    END
 };
 
 static int walk_sentinels(struct loader *l, const struct ynode *v);
@@ -1984,6 +1988,7 @@ static struct cap_stage *cap_add(struct loader *l, const char *name, size_t len)
     c->cap.max_body_bytes = CONFIG_RAW_MAX_BODY_DEFAULT;
     c->cap.budget_output_tokens = 4096;
     c->cap.cache.max_entry_bytes = CONFIG_CACHE_ENTRY_DEFAULT;
+    c->cap.cache.lock_s = CONFIG_CACHE_LOCK_DEFAULT_S;
     return c;
 }
 

@@ -115,8 +115,14 @@ struct config_cache {
     double ttl_s;           /* an entry's life; 0 = the capability is not cached */
     size_t max_entry_bytes; /* an answer larger than this is not stored; default 1 MiB */
     bool shared;            /* one entry for every app, not one per app */
+    /* With Redis: the life of the fleet lock a call going upstream holds
+     * for its entry (> 0; default 15 s). A call longer than this lets an
+     * identical one on another sidecar go upstream too. */
+    double lock_s;
 };
-#define CONFIG_CACHE_ENTRY_DEFAULT (1024u * 1024)
+#define CONFIG_CACHE_ENTRY_DEFAULT  (1024u * 1024)
+#define CONFIG_CACHE_LOCK_DEFAULT_S 15.0
+#define CONFIG_CACHE_LOCK_MAX_S     3600.0
 
 struct config_capability {
     char name[CONFIG_NAME_MAX];

@@ -1620,7 +1620,8 @@ static void hto_result_end(struct reply_outlet *o, uint32_t id)
     if (o->w.err)
         hc_error(c, 500, PGW_INTERNAL, "task answer cannot be written as JSON");
     else
-        hc_reply(c, 200, "application/json", c->task_json.data, c->task_json.len, NULL, NULL);
+        hc_reply(c, 200, "application/json", c->task_json.data, c->task_json.len, NULL,
+                 "Cache-Control: no-store\r\n"); /* state, never for a proxy to keep */
     strbuf_reset(&c->task_json);
     task_answered(c, PGW_OK);
 }
@@ -1946,7 +1947,8 @@ static void route_task(struct http_conn *c, const char *path, size_t len)
 }
 
 /* POST /polygw/v1/cache/purge?capability=C&app=A (both optional): drops
- * cached answers (ops/cacheops.h), admin apps only; answers {"purged": n}.
+ * cached answers (ops/cacheops.h), admin apps only; answers {"purged": n},
+ * or once the shared tier is walked {"purged": n, "purged_shared": m}.
  * The filters ride in the query, percent-encoded, so the request has no
  * body to parse; a body, if any, must still be JSON (hc_check_json_body). */
 static bool admit_cache_purge(struct http_conn *c, const char *path, size_t len)
@@ -1994,9 +1996,16 @@ static void route_cache_purge(struct http_conn *c, const char *path, size_t len)
         q = stop + 1;
     }
     int rc = cacheops_purge(c->hs->srv, app, has[0] ? val[0] : NULL, has[1] ? val[1] : NULL,
-                            &purged, &code, err, sizeof(err));
+                            &c->tasks, 0, &purged, &code, err, sizeof(err));
+    if (rc == 1)
+        return; /* answered once the shared tier is purged, through c->tasks (hto_*) */
     if (rc < 0) {
-        hc_error(c, rc == -1 ? 403 : code == PGW_UNKNOWN_CAPABILITY ? 404 : 400, code, "%s", err);
+        hc_error(c,
+                 rc == -1                             ? 403
+                     : code == PGW_UNKNOWN_CAPABILITY ? 404
+                     : code == PGW_BAD_REQUEST        ? 400
+                                                      : 0,
+                 code, "%s", err);
         return;
     }
     int n = snprintf(body, sizeof(body), "{\"purged\":%zu}", purged);
@@ -2147,9 +2156,9 @@ static void hc_dispatch(struct http_conn *c)
      * not kept for the next request. */
     if (c->body_cap > HTTP_KEEP_BUFFER_BYTES)
         hc_drop_body(c);
-    /* Answered at once, unless a call or a task request is in flight
-     * (those answer through the sink / the task reply handle). */
-    if (c->phase == HC_SERVING && c->sink.n_calls == 0 && !c->tasks.waiting)
+    /* Answered at once, unless a call, a task request or a cache purge is
+     * in flight (those answer through the sink / the task reply handle). */
+    if (c->phase == HC_SERVING && c->sink.n_calls == 0 && !c->tasks.waiting && !c->tasks.purges)
         hc_response_done(c);
 }
 
@@ -2347,6 +2356,7 @@ static void hc_close(struct http_conn *c, const char *why)
     /* The client is gone: nothing it asked for may keep running. */
     call_abort_all(&c->sink);
     tasks_fail_pending(&c->tasks, PGW_OK, NULL);
+    cacheops_fail_pending(&c->tasks, PGW_OK, NULL);
     hs->srv->input_bytes -= c->input_bytes;
     c->input_bytes = 0;
     close(c->fd);
@@ -2616,6 +2626,8 @@ void http_stop(struct http_server *hs)
                       "the sidecar shut down before the call finished");
         tasks_fail_pending(&c->tasks, PGW_SHUTTING_DOWN,
                            "the sidecar shut down before the state backend answered");
+        cacheops_fail_pending(&c->tasks, PGW_SHUTTING_DOWN,
+                              "the sidecar shut down before the state backend answered");
         if (!c->closed) {
             c->keep_alive = false;
             hc_close_after_flush(c, false);
@@ -2671,6 +2683,7 @@ void http_refuse_input_most(struct http_server *hs, size_t total, size_t cap)
         /* Its request is answered here, whatever was running for it. */
         call_abort_all(&c->sink);
         tasks_fail_pending(&c->tasks, PGW_OK, NULL);
+        cacheops_fail_pending(&c->tasks, PGW_OK, NULL);
     }
     if (c->stream_open) {
         hc_close(c, "unfinished input over max_buffered_input_bytes");

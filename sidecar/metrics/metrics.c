@@ -357,7 +357,8 @@ static void render_cache(struct prom_text *t, struct server *srv)
         CACHE_FAM("too_big_total", "counter", too_big,
                   "Answers not stored: larger than max_entry_bytes or the whole cache."),
         CACHE_FAM("purged_total", "counter", purged,
-                  "Entries dropped by a purge (polygwctl cache purge, cache.purge)."),
+                  "Entries dropped by a purge (polygwctl cache purge, cache.purge; with "
+                  "Redis, one anywhere in the fleet)."),
 #undef CACHE_FAM
     };
     struct cache_stats st;

@@ -37,6 +37,7 @@
 #include "net/input.h"
 #include "call/tasks.h"
 #include "core/log.h"
+#include "ops/cacheops.h"
 
 #define CONN_READ_CHUNK        (64 * 1024)
 #define CONN_LINGER_S          2.0 /* how long a closing connection may take to flush */
@@ -163,6 +164,7 @@ void conn_close(struct conn *c, const char *why)
     /* The client is gone: nothing it asked for may keep running. */
     call_abort_all(&c->sink);
     tasks_fail_pending(&c->tasks, PGW_OK, NULL);
+    cacheops_fail_pending(&c->tasks, PGW_OK, NULL);
     close(c->fd);
     c->fd = -1;
     log_at(LOG_DEBUG, "connection closed", "conn", LOG_U, (unsigned long long)c->id, "reason",
@@ -387,7 +389,8 @@ static void conn_on_frame(struct conn *c, const msgpack_object *o)
         conn_reply_error(c, m.msgid, PGW_SHUTTING_DOWN, "the sidecar is shutting down");
         return;
     }
-    if (call_is_in_flight(&c->sink, m.msgid) || tasks_is_pending(&c->tasks, m.msgid)) {
+    if (call_is_in_flight(&c->sink, m.msgid) || tasks_is_pending(&c->tasks, m.msgid) ||
+        cacheops_is_pending(&c->tasks, m.msgid)) {
         /* Two responses with one msgid could not be told apart by any
          * client: the stream of this connection can no longer be trusted. */
         snprintf(buf, sizeof(buf), "msgid %u is already in flight on this connection", m.msgid);

@@ -127,7 +127,8 @@ static void method_log_level(struct conn *c, const struct rpc_msg *m)
 }
 
 /* `cache.purge {capability?, app?}`: drops cached answers (cacheops.h);
- * admin apps only. Answers {purged}. */
+ * admin apps only. Answers {purged}, or later {purged, purged_shared}
+ * with a shared tier. */
 static void method_cache_purge(struct conn *c, const struct rpc_msg *m)
 {
     static const struct rpc_param spec[] = { { "capability", RPC_T_STR | RPC_T_NIL, false },
@@ -148,8 +149,11 @@ static void method_cache_purge(struct conn *c, const struct rpc_msg *m)
             return;
         }
     }
-    if (cacheops_purge(c->srv, conn_app(c), p[0] ? name[0] : NULL, p[1] ? name[1] : NULL, &purged,
-                       &code, err, sizeof(err)) < 0) {
+    int rc = cacheops_purge(c->srv, conn_app(c), p[0] ? name[0] : NULL, p[1] ? name[1] : NULL,
+                            &c->tasks, m->msgid, &purged, &code, err, sizeof(err));
+    if (rc == 1)
+        return; /* answered once the shared tier is purged, through c->tasks */
+    if (rc < 0) {
         conn_reply_error(c, m->msgid, code, err);
         return;
     }

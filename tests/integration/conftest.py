@@ -38,6 +38,12 @@ server:
 """
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "timing: asserts a wall-clock bound or makes heavy load; make test runs "
+        "these alone, after the others have run on every core")
+
+
 def sanitizer_env():
     env = dict(os.environ)
     env.setdefault("ASAN_OPTIONS", "detect_leaks=1")

@@ -318,6 +318,7 @@ def test_apps__weights_3_to_1_share_the_permits(make_sidecar, up):
 
 
 # ------------------------------------------------------------ per-app limits
+@pytest.mark.timing
 def test_apps__per_app_max_concurrency_and_capabilities(make_sidecar, up):
     users, gid = ensure_users()
     sc = make_sidecar(config_text=fair_config(up.url, [

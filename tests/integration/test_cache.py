@@ -360,8 +360,16 @@ def test_cache__a_cancelled_leader_does_not_cancel_its_waiters(front, up):
     await_true(lambda: misses() >= 2, what="the second client to wait")
     last = send()
     await_true(lambda: misses() >= 3, what="the third client to wait")
-    lead.close()
+    # The quitter leaves first (its call ends in the access log), then the
+    # leader: were the quitter still waiting, it would go upstream in the
+    # leader's place.
+    def calls_ended():
+        return sum(1 for x in f.sc.logs().splitlines()
+                   if x.startswith("{") and '"msg":"call"' in x)
+
     quitter.close()
+    await_true(lambda: calls_ended() >= 1, what="the quitter's call to end")
+    lead.close()
     r = last.getresponse()
     text = r.read()
     assert r.status == 200, (r.status, text)

@@ -840,6 +840,7 @@ def test_http__command_line_overrides(make_sidecar, workdir, up):
     assert f.curl("/healthz")[0] == 200
 
 
+@pytest.mark.timing
 def test_http__stream_reader_that_stops_reading_is_closed(front, up):
     f = front(http={"send_timeout_s": 1},
               listen={"max_message_bytes": 65536, "max_write_queue_bytes": 65536},

@@ -178,6 +178,7 @@ def read_sse(resp, deadline_s=2.0):
     return events
 
 
+@pytest.mark.timing
 def test_stream_arrives_incrementally(up):
     conn = http.client.HTTPConnection(up.host, up.port, timeout=2)
     body = chat_body("abcdefgh", stream=True,
@@ -327,6 +328,7 @@ def test_hang_ms_closes_from_the_server(up):
     assert st["closed_by_peer"] == 0
 
 
+@pytest.mark.timing
 def test_many_concurrent_hanging_connections(up):
     up.set_default({"hang": "before_headers"})
     socks = []

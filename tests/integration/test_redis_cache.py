@@ -74,7 +74,9 @@ def test_redis_cache__a_hit_on_another_sidecar(redis_srv, up, make_sidecar):
     # Another body is another entry; no-store skips both tiers.
     assert embed(b, "other")["cache"] == "miss"
     assert embed(a, "third", cache="no-store")["cache"] == "bypass"
-    assert len(cache_keys(redis_srv, prefix)) == 2
+    # (an entry is written to Redis after its call has answered)
+    assert wait_until(lambda: len(cache_keys(redis_srv, prefix)) == 2, 3), \
+        cache_keys(redis_srv, prefix)
     assert up.stats()["requests"] == 3
 
 

@@ -722,6 +722,7 @@ def test_upstream__fifty_hung_attempts_do_not_slow_a_healthy_source(make_sidecar
     assert shim_hangs(sc) == DNS_CAP
 
 
+@pytest.mark.timing
 def test_upstream__slow_client_pauses_the_stream(make_sidecar, up):
     """A client that does not read its chunks: the sidecar stops reading the
     upstream once max_write_queue_bytes are queued (the mock's stream stays
@@ -1107,6 +1108,7 @@ def test_upstream__sigterm_lets_a_call_in_flight_finish(make_sidecar, up):
     assert 0.5 <= elapsed < 1.5
 
 
+@pytest.mark.timing
 def test_upstream__sigterm_with_a_hung_call_ends_at_the_grace_period(make_sidecar, up):
     sc = start(make_sidecar, [source("a", "chat", up.url)], grace=1)
     c = sc.connect()

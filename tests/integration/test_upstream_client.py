@@ -392,6 +392,7 @@ class EarlyAnswerUpstream:
             s.close()
 
 
+@pytest.mark.timing
 def test_upstream_client__early_answer_cuts_the_send_and_the_connection(make_sidecar, client):
     """The upstream refuses the request (400) before reading its body: the
     call fails with that status, the client stops sending, and the next call
@@ -621,6 +622,7 @@ def with_a_call_in_flight(sc, up, check):
         slow.close()
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("case", HOSTILE, ids=[h[0] for h in HOSTILE])
 def test_upstream_client__malformed_answer_is_a_typed_error(sc, up, case):
     """Refused at once as an answer that cannot be read, while a call in

@@ -511,6 +511,7 @@ def test_tls__a_stream_over_tls(certs, up, make_sidecar, client):
         assert len(front.handshakes) == 1
 
 
+@pytest.mark.timing
 def test_tls__256_concurrent_streams_all_complete(certs, up, make_sidecar, client):
     n = 256
     with TlsFront(certs, up.port) as front:

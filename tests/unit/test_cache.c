@@ -2,6 +2,7 @@
  * the canonical key, LRU under the byte cap, expiry and max-age by an
  * injected clock, bounded fills, and the Cache-Control readers. */
 #include <check.h>
+#include <fnmatch.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -280,6 +281,38 @@ START_TEST(test_cache__fill_from_bytes_checks_them)
 }
 END_TEST
 
+/* A shared name says its capability and namespace in hex; a purge's
+ * pattern (as Redis' MATCH reads it, fnmatch here) finds exactly them. */
+START_TEST(test_cache__shared_names_match_their_purge)
+{
+    struct cache_key k = key_of("a", "{}", 0);
+    char name[CACHE_SHARED_NAME_LEN + 1], other[CACHE_SHARED_NAME_LEN + 1], hex[65], pat[65];
+
+    cache_shared_name(&k, "chat", "app1", name);
+    cache_shared_name(&k, "embedding", "", other);
+    cache_key_hex(&k, hex);
+    ck_assert_uint_eq(strlen(name), 64);
+    ck_assert_uint_eq(strspn(name, "0123456789abcdef"), 64);
+    ck_assert_mem_eq(name + 16, hex, 48);
+    ck_assert_str_ne(name, other);
+    static const struct {
+        const char *cap, *ns;
+        bool name, other;
+    } cases[] = {
+        { NULL, NULL, true, true },       { "chat", NULL, true, false },
+        { NULL, "app1", true, false },    { "chat", "app1", true, false },
+        { "chat", "app2", false, false }, { "embedding", NULL, false, true },
+        { NULL, "app2", false, false },   { "embedding", "app1", false, false },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        cache_shared_pattern(cases[i].cap, cases[i].ns, pat);
+        ck_assert_uint_eq(strspn(pat, "0123456789abcdef?*"), strlen(pat));
+        ck_assert_msg((fnmatch(pat, name, 0) == 0) == cases[i].name, "%s %s", pat, name);
+        ck_assert_msg((fnmatch(pat, other, 0) == 0) == cases[i].other, "%s %s", pat, other);
+    }
+}
+END_TEST
+
 Suite *cache_suite(void)
 {
     Suite *s = suite_create("cache");
@@ -292,6 +325,7 @@ Suite *cache_suite(void)
     tcase_add_test(tc, test_cache__cache_control);
     tcase_add_test(tc, test_cache__purge_by_capability_and_namespace);
     tcase_add_test(tc, test_cache__fill_from_bytes_checks_them);
+    tcase_add_test(tc, test_cache__shared_names_match_their_purge);
     suite_add_tcase(s, tc);
     return s;
 }

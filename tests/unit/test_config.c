@@ -2211,6 +2211,26 @@ START_TEST(test_config__input_output_limits)
 }
 END_TEST
 
+/* A capability's fleet lock life: 15 s by default, any positive number
+ * of seconds up to an hour; zero, negative or not a number is refused
+ * with its key path. */
+START_TEST(test_config__cache_lock_s)
+{
+    struct config *cfg = expect_ok(SRC0 "capabilities:\n"
+                                        "  chat: { cache: { ttl_s: 60, lock_s: 0.25 } }\n");
+    ck_assert_double_eq(cfg->capabilities[0].cache.lock_s, 0.25);
+    ck_assert_double_eq(cfg->capabilities[1].cache.lock_s, CONFIG_CACHE_LOCK_DEFAULT_S);
+    config_free(cfg);
+    static const char *const bad[] = { "0", "-1", "3601", "soon", "[1]" };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char yaml[512];
+        snprintf(yaml, sizeof(yaml), SRC0 "capabilities:\n  chat: { cache: { lock_s: %s } }\n",
+                 bad[i]);
+        expect_reject(yaml, 6, "capabilities.chat.cache.lock_s", "");
+    }
+}
+END_TEST
+
 Suite *config_suite(void)
 {
     Suite *s = suite_create("config");
@@ -2342,6 +2362,7 @@ Suite *config_suite(void)
     tcase_add_test(tc, test_config__prices_and_currency);
     tcase_add_test(tc, test_config__budgets);
     tcase_add_test(tc, test_config__input_output_limits);
+    tcase_add_test(tc, test_config__cache_lock_s);
     suite_add_tcase(s, tc);
     return s;
 }
