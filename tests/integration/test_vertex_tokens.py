@@ -90,6 +90,7 @@ def test_vertex_tokens__command_failing_is_typed_and_never_quotes_stderr(make_si
     assert "hunter2" not in sc.logs() and "hunter2" not in detail
 
 
+@pytest.mark.timing  # stats answered within 0.5 s while the program hangs
 def test_vertex_tokens__hung_command_never_blocks_the_loop_and_is_killed(make_sidecar, up,
                                                                          workdir):
     pidfile = os.path.join(workdir, "pid")
