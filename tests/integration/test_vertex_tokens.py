@@ -215,3 +215,14 @@ def test_vertex_tokens__reload_switches_from_a_file_to_a_command(make_sidecar, u
     assert err is None, err
     await_true(lambda: gemini(c)[0] is None and bearer(up) == "Bearer ya29.after-reload",
                what="the command's token after the reload")
+
+
+def test_vertex_tokens__program_that_cannot_run_is_typed(make_sidecar, up, workdir):
+    sc = start(make_sidecar, up, token_command=[os.path.join(workdir, "no-such-program")])
+    c = sc.connect()
+    await_true(lambda: "google cloud token fetch failed" in sc.logs(), what="the first run")
+    err, _, _ = gemini(c)
+    assert err is not None, err
+    assert "token_command: cannot run" in json.dumps(err), err
+    assert "No such file or directory" in json.dumps(err), err
+    assert up.stats()["requests"] == 0
