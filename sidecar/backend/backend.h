@@ -49,6 +49,14 @@ struct fig_table;
 struct backend_lease; /* an attempt's fleet permit (implementation's) */
 struct backend_admit; /* an admission not answered yet */
 struct backend_spend; /* a fleet budget reservation not answered yet */
+/* An attempt's real token counts (backend_release): < 0 = unknown. */
+struct backend_usage {
+    double total; /* every token (tpm, daily_tokens) */
+    double in;    /* input as the source's itpm counts it (cache reads left out
+                   * where its limits say they do not count) */
+    double out;   /* output (otpm) */
+};
+
 /* A task run's budget the fleet keeps (spend_reserve, spend_settle). */
 struct backend_spend_task {
     const char *id; /* the task's ID */
@@ -83,7 +91,11 @@ struct backend_task {
     const char *node;   /* the current node when the record has one, else NULL */
     const char *owner;  /* the app the record says owns it; NULL or "": none known */
     uint64_t runs;
-    double budget;       /* the current run's budget in currency, 0 = none (shared records) */
+    double budget; /* the current run's budget in currency, 0 = none (shared records) */
+    /* A shared record's run budget as the fleet spent it (`budget` > 0 and
+     * the read answered: a get only): charged, and reserved in flight. */
+    bool spent_known;
+    double spent, reserved;
     double started_at_s; /* Unix seconds */
     double updated_at_s; /* Unix seconds */
     const char *err;     /* BACKEND_E_UNAVAILABLE: why (may be NULL) */
@@ -154,12 +166,14 @@ struct backend_ops {
 
     /* Admission of the attempt the governed loop reserved on `source` for
      * app `app` (an index in cfg->apps; >= n_apps: no app limits),
-     * estimated at `est_tokens`. 1: admitted now (*lease may stay NULL: no
+     * estimated at `est_tokens`, `est_out` of them output (the rest input:
+     * what itpm and otpm reserve). 1: admitted now (*lease may stay NULL: no
      * fleet permit to release); 0: *pending is the request, `cb` runs
      * later; -1: not sent (not connected): fail closed. A refusal by the
      * app's own limits has a `why` starting with "app_" (app_concurrency,
-     * app_rpm, …; app_cap_… for its limits on the source's capability). */
-    int (*admit)(struct backend *be, size_t source, size_t app, double est_tokens,
+     * app_rpm, app_itpm, …; app_cap_… for its limits on the source's
+     * capability). */
+    int (*admit)(struct backend *be, size_t source, size_t app, double est_tokens, double est_out,
                  struct backend_lease **lease, backend_admit_cb *cb, void *ud,
                  struct backend_admit **pending);
     /* The caller is gone before the answer: `cb` will not run, and a lease
@@ -167,10 +181,12 @@ struct backend_ops {
     void (*admit_detach)(struct backend *be, struct backend_admit *a);
     /* Ends the lease's attempt (takes `lease`) with the breaker verdict of
      * its outcome `o` (NULL: none — cancelled or never ran) and the real
-     * token usage (< 0 unknown). Failures are counted, never reported: a
-     * lease not released expires by its TTL. */
+     * token usage: all of it, then input as the source's itpm counts it
+     * and output (each < 0: unknown, the estimate stands; `used` NULL:
+     * nothing known, borrowed during the call). Failures are
+     * counted, never reported: a lease not released expires by its TTL. */
     void (*release)(struct backend *be, struct backend_lease *lease, const struct outcome *o,
-                    double used_tokens);
+                    const struct backend_usage *used);
 
     /* Which source produced a Responses API response (docs/CONFIG.md,
      * "responses"), so that its follow-ups reach it. `remember` records
@@ -341,10 +357,10 @@ const char *backend_verdict_name(const struct outcome *o);
 
 /* Dispatch helpers: the caller's view of the table. */
 static inline int backend_admit(struct backend *be, size_t source, size_t app, double est_tokens,
-                                struct backend_lease **lease, backend_admit_cb *cb, void *ud,
-                                struct backend_admit **pending)
+                                double est_out, struct backend_lease **lease, backend_admit_cb *cb,
+                                void *ud, struct backend_admit **pending)
 {
-    return be->ops->admit(be, source, app, est_tokens, lease, cb, ud, pending);
+    return be->ops->admit(be, source, app, est_tokens, est_out, lease, cb, ud, pending);
 }
 
 static inline void backend_admit_detach(struct backend *be, struct backend_admit *a)
@@ -353,9 +369,9 @@ static inline void backend_admit_detach(struct backend *be, struct backend_admit
 }
 
 static inline void backend_release(struct backend *be, struct backend_lease *lease,
-                                   const struct outcome *o, double used_tokens)
+                                   const struct outcome *o, const struct backend_usage *used)
 {
-    be->ops->release(be, lease, o, used_tokens);
+    be->ops->release(be, lease, o, used);
 }
 
 static inline int backend_task(struct backend *be, enum backend_task_op op, const char *id,

@@ -55,13 +55,14 @@ static int mem_recall_response(struct backend *be, const char *id, char *source,
 }
 
 static int mem_admit(struct backend *be, size_t source, size_t app, double est_tokens,
-                     struct backend_lease **lease, backend_admit_cb *cb, void *ud,
+                     double est_out, struct backend_lease **lease, backend_admit_cb *cb, void *ud,
                      struct backend_admit **pending)
 {
     (void)be;
     (void)source;
     (void)app;
     (void)est_tokens;
+    (void)est_out;
     (void)cb;
     (void)ud;
     *lease = NULL;
@@ -76,12 +77,12 @@ static void mem_admit_detach(struct backend *be, struct backend_admit *a)
 }
 
 static void mem_release(struct backend *be, struct backend_lease *lease, const struct outcome *o,
-                        double used_tokens)
+                        const struct backend_usage *used)
 {
     (void)be;
     (void)lease;
     (void)o;
-    (void)used_tokens;
+    (void)used;
 }
 
 /* The code an operation needing a RUNNING task gets from `t`'s state. */

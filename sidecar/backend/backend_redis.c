@@ -82,11 +82,11 @@ struct backend_lease {
     size_t app, cap; /* the app groups admit.lua recorded it in: indexes in
                       * sh->apps and its caps, or SIZE_MAX (none) */
     bool live;       /* linked */
-    double est_tokens;
+    double est_tokens, est_out;
     /* Once released: the verdict and usage its release.lua carries, while it
      * waits on sh->rq (linked by `next`) for the turn's flush. */
     const char *verdict;
-    double used_tokens;
+    struct backend_usage used;
     char id[48];
 };
 
@@ -96,7 +96,7 @@ struct backend_admit {
     backend_admit_cb *cb;
     void *ud;                   /* NULL once detached */
     struct backend_admit *next; /* sh->queue, until turn_flush sends it */
-    char est[24];
+    char est[24], est_out[24];
 };
 
 /* One admit.lua in flight: its attempts in ARGV order (owned). */
@@ -119,9 +119,20 @@ struct scope_slot {
     bool dirty; /* a success not sent yet (coalesced) */
 };
 
+/* The input- and output-token buckets (itpm, otpm) of a source or an app:
+ * one io key of admit.lua and release.lua, under the holder's hash tag,
+ * sent only when one of the two is set. */
+struct io_keys {
+    bool on;
+    const char *label; /* admit.lua's: "" (the source's) or "app" */
+    char key[SHARED_KEY_MAX];
+    char a_itpm[24], a_otpm[24], a_win[24];
+};
+
 struct source_keys {
     char breaker[SHARED_KEY_MAX], leases[SHARED_KEY_MAX], rpm[SHARED_KEY_MAX], tpm[SHARED_KEY_MAX],
         daily[SHARED_KEY_MAX];
+    struct io_keys io;
     struct backend_lease *live;
     size_t n_live;
     char breaker_state[12]; /* the fleet breaker as last seen */
@@ -144,6 +155,7 @@ struct limit_keys {
 
 struct app_keys {
     struct limit_keys own;
+    struct io_keys io;       /* the app's own itpm / otpm (per_capability has none) */
     struct limit_keys *caps; /* owned, cfg->n_capabilities, or NULL (no per_capability) */
 };
 
@@ -186,13 +198,14 @@ struct backend_redis {
     ev_prepare turn_w;
     unsigned int flushed_iter;
     /* counters: admits = admit.lua scripts sent, admit_requests = attempts */
-    unsigned long long admit_requests, admits, admitted, refused[7], admit_errors, releases,
+    unsigned long long admit_requests, admits, admitted, refused[9], admit_errors, releases,
         write_errors, leases_lost, progress_fetches, progress_read_errors, renewals, marks_sent,
         marks_coalesced;
 };
 
-static const char *const refusal_names[7] = { "breaker", "concurrency", "rpm",  "tpm",
-                                              "daily",   "app",         "other" };
+/* admit.lua's reasons: the source's, then "app" for every app_… one. */
+static const char *const refusal_names[9] = { "breaker", "concurrency", "rpm", "tpm",  "daily",
+                                              "itpm",    "otpm",        "app", "other" };
 
 /* --- helpers ----------------------------------------------------------- */
 
@@ -224,6 +237,17 @@ static bool reply_is_int(const redisReply *r, long long *v)
         return end != r->str;
     }
     return false;
+}
+
+/* A number of a script's reply (an integer, or a decimal string), NAN
+ * when it is neither. */
+static double reply_num(const redisReply *r)
+{
+    if (r && r->type == REDIS_REPLY_INTEGER)
+        return (double)r->integer;
+    if (r && r->type == REDIS_REPLY_STRING)
+        return strtod(r->str, NULL);
+    return NAN;
 }
 
 static void count_write_error(struct backend_redis *sh, const char *what, const char *err)
@@ -521,10 +545,25 @@ static size_t push_args(const char **argv, size_t n, const char *const *v, size_
     return n;
 }
 
-/* Appends the keys of source `k` and of groups g[0..ng) to argv at n:
- * the KEYS both admit.lua and release.lua take. Returns the new n. */
+/* The io keys of lease `l` (0, 1 or 2: the source's, then the app's). */
+static size_t lease_ios(const struct backend_redis *sh, const struct backend_lease *l,
+                        const struct io_keys *io[2])
+{
+    size_t n = 0;
+
+    if (sh->src[l->source].io.on)
+        io[n++] = &sh->src[l->source].io;
+    if (l->app != SIZE_MAX && sh->apps[l->app].io.on)
+        io[n++] = &sh->apps[l->app].io;
+    return n;
+}
+
+/* Appends the keys of source `k`, of groups g[0..ng) and of io keys
+ * io[0..nio) to argv at n: the KEYS both admit.lua and release.lua take.
+ * Returns the new n. */
 static size_t push_keys(const char **argv, size_t n, const struct source_keys *k,
-                        const struct limit_keys *const *g, size_t ng)
+                        const struct limit_keys *const *g, size_t ng,
+                        const struct io_keys *const *io, size_t nio)
 {
     const char *const keys[5] = { k->breaker, k->leases, k->rpm, k->tpm, k->daily };
     n = push_args(argv, n, keys, 5);
@@ -532,6 +571,8 @@ static size_t push_keys(const char **argv, size_t n, const struct source_keys *k
         const char *const gk[4] = { g[i]->leases, g[i]->rpm, g[i]->tpm, g[i]->daily };
         n = push_args(argv, n, gk, 4);
     }
+    for (size_t i = 0; i < nio; i++)
+        argv[n++] = io[i]->key;
     return n;
 }
 
@@ -548,25 +589,38 @@ static bool turn_flushed(const struct backend_redis *sh)
         (ev_iteration(sh->loop) == sh->flushed_iter && !ev_is_active(&sh->turn_w));
 }
 
+/* A count as the scripts take it: a whole number, -1 when unknown (< 0). */
+static void fmt_count(char *buf, size_t len, double v)
+{
+    fmt_num(buf, len, v < 0 ? -1 : ceil(v));
+}
+
 /* One release.lua for leases ls[0..n) (same source and groups): the keys of
- * admit.lua; 11 arguments (the first lease's among them) and 4 per group;
- * then lease id, verdict, estimate and usage of each further lease (see its
+ * admit.lua; 11 arguments (the first lease's among them), 4 per group, 3
+ * per io key and, with io keys, the first lease's output estimate and
+ * input and output counts; then lease id, verdict, estimate and usage of
+ * each further lease, and its three io figures with io keys (see its
  * header). Failures are counted; the leases stay the caller's. */
 static void release_send(struct backend_redis *sh, struct backend_lease *const *ls, size_t n)
 {
     const struct backend_lease *l = ls[0];
     struct source_keys *k = &sh->src[l->source];
-    char est[SHARED_ADMIT_BATCH][32], used[SHARED_ADMIT_BATCH][32];
+    char f[SHARED_ADMIT_BATCH][5][24]; /* est, used, est_out, used in, used out */
 
     for (size_t i = 0; i < n; i++) {
-        fmt_num(est[i], sizeof(est[i]), ceil(ls[i]->est_tokens));
-        fmt_num(used[i], sizeof(used[i]), ls[i]->used_tokens < 0 ? -1 : ceil(ls[i]->used_tokens));
+        const struct backend_usage *u = &ls[i]->used;
+        fmt_count(f[i][0], sizeof(f[i][0]), ls[i]->est_tokens);
+        fmt_count(f[i][1], sizeof(f[i][1]), u->total);
+        fmt_count(f[i][2], sizeof(f[i][2]), ls[i]->est_out);
+        fmt_count(f[i][3], sizeof(f[i][3]), u->in);
+        fmt_count(f[i][4], sizeof(f[i][4]), u->out);
     }
     const struct limit_keys *g[2];
-    size_t ng = lease_groups(sh, l, g);
-    const char *argv[5 + 4 * 2 + 11 + 4 * 2 + 4 * (SHARED_ADMIT_BATCH - 1)];
-    size_t m = push_keys(argv, 0, k, g, ng);
-    const char *const args[11] = { l->id,      l->verdict, est[0],      used[0],
+    const struct io_keys *io[2];
+    size_t ng = lease_groups(sh, l, g), nio = lease_ios(sh, l, io);
+    const char *argv[5 + 4 * 2 + 2 + 11 + 4 * 2 + 3 * 2 + 3 + 7 * (SHARED_ADMIT_BATCH - 1)];
+    size_t m = push_keys(argv, 0, k, g, ng, io, nio);
+    const char *const args[11] = { l->id,      l->verdict, f[0][0],     f[0][1],
                                    k->a_tpm,   k->a_win,   k->a_daily,  "86400000",
                                    k->a_fails, k->a_cool,  k->a_maxcool };
     m = push_args(argv, m, args, 11);
@@ -574,23 +628,31 @@ static void release_send(struct backend_redis *sh, struct backend_lease *const *
         const char *const ga[4] = { g[i]->a_tpm, g[i]->a_win, g[i]->a_daily, "86400000" };
         m = push_args(argv, m, ga, 4);
     }
-    for (size_t i = 1; i < n; i++) {
-        const char *const more[4] = { ls[i]->id, ls[i]->verdict, est[i], used[i] };
-        m = push_args(argv, m, more, 4);
+    for (size_t i = 0; i < nio; i++) {
+        const char *const ia[3] = { io[i]->a_itpm, io[i]->a_otpm, io[i]->a_win };
+        m = push_args(argv, m, ia, 3);
     }
-    if (rds_eval(sh->rds, RDS_RELEASE, (int)(5 + 4 * ng), (int)m, argv, NULL, on_released, k) < 0)
+    if (nio > 0)
+        m = push_args(argv, m, (const char *const[3]){ f[0][2], f[0][3], f[0][4] }, 3);
+    for (size_t i = 1; i < n; i++) {
+        const char *const more[7] = { ls[i]->id, ls[i]->verdict, f[i][0], f[i][1],
+                                      f[i][2],   f[i][3],        f[i][4] };
+        m = push_args(argv, m, more, nio > 0 ? 7 : 4);
+    }
+    if (rds_eval(sh->rds, RDS_RELEASE, (int)(5 + 4 * ng + nio), (int)m, argv, NULL, on_released,
+                 k) < 0)
         count_write_error(sh, "release", "not connected");
 }
 
 static void redis_release(struct backend *be, struct backend_lease *l, const struct outcome *o,
-                          double used_tokens)
+                          const struct backend_usage *used)
 {
     struct backend_redis *sh = (struct backend_redis *)be;
 
     lease_unlink(sh, l);
     sh->releases++;
     l->verdict = backend_verdict_name(o);
-    l->used_tokens = used_tokens;
+    l->used = used ? *used : (struct backend_usage){ -1, -1, -1 };
     if (turn_flushed(sh)) {
         release_send(sh, &l, 1);
         free(l);
@@ -636,10 +698,10 @@ static void release_flush(struct backend_redis *sh)
 
 static int refusal_index(const char *why)
 {
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 7; i++)
         if (strcmp(why, refusal_names[i]) == 0)
             return i;
-    return strncmp(why, "app_", 4) == 0 ? 5 : 6;
+    return strncmp(why, "app_", 4) == 0 ? 7 : 8;
 }
 
 /* The answer to attempt `a`: e[0..2] its triple of admit.lua's reply, or
@@ -658,7 +720,7 @@ static void admit_answer(struct backend_admit *a, redisReply *const *e, const ch
         if (a->ud)
             a->cb(a->ud, 1, l, NAN, "admitted");
         else
-            redis_release(&sh->be, l, NULL, -1); /* the call is gone */
+            redis_release(&sh->be, l, NULL, NULL); /* the call is gone */
     } else if (ok == 0 && e[1]->type == REDIS_REPLY_STRING) {
         const char *why = e[1]->str;
         double retry_at = NAN, off = rds_clock_offset(sh->rds);
@@ -691,18 +753,21 @@ static void on_admitted(const redisReply *r, const char *err, void *ud)
 }
 
 /* One admit.lua for the attempts of `b` (same source and groups): the
- * source's 5 keys, the app groups' 4 each; then 10 arguments (the first
- * attempt's lease id and estimate among them) and 8 per group; then the
- * lease id and estimate of each further attempt (see its header). Takes b:
- * sent, or -1 with b untouched. */
+ * source's 5 keys, the app groups' 4 each, the io keys; then 10 arguments
+ * (the first attempt's lease id and estimate among them), 8 per group, 4
+ * per io key and, with io keys, the first attempt's output estimate; then
+ * the lease id and estimate of each further attempt, and its output
+ * estimate with io keys (see its header). Takes b: sent, or -1 with b
+ * untouched. */
 static int admit_send(struct backend_redis *sh, struct admit_batch *b)
 {
     const struct backend_lease *l = b->a[0]->lease;
     const struct source_keys *k = &sh->src[l->source];
     const struct limit_keys *g[2];
-    size_t ng = lease_groups(sh, l, g);
-    const char *argv[5 + 4 * 2 + 10 + 8 * 2 + 2 * (SHARED_ADMIT_BATCH - 1)];
-    size_t n = push_keys(argv, 0, k, g, ng);
+    const struct io_keys *io[2];
+    size_t ng = lease_groups(sh, l, g), nio = lease_ios(sh, l, io);
+    const char *argv[5 + 4 * 2 + 2 + 10 + 8 * 2 + 4 * 2 + 1 + 3 * (SHARED_ADMIT_BATCH - 1)];
+    size_t n = push_keys(argv, 0, k, g, ng, io, nio);
     const char *const args[10] = { l->id,    k->a_conc, k->a_ttl,   k->a_rpm,   k->a_win,
                                    k->a_tpm, k->a_win,  k->a_daily, "86400000", b->a[0]->est };
     n = push_args(argv, n, args, 10);
@@ -711,11 +776,20 @@ static int admit_send(struct backend_redis *sh, struct admit_batch *b)
                                     g[i]->a_tpm, g[i]->a_win,  g[i]->a_daily, "86400000" };
         n = push_args(argv, n, ga, 8);
     }
+    for (size_t i = 0; i < nio; i++) {
+        const char *const ia[4] = { io[i]->label, io[i]->a_itpm, io[i]->a_otpm, io[i]->a_win };
+        n = push_args(argv, n, ia, 4);
+    }
+    if (nio > 0)
+        argv[n++] = b->a[0]->est_out;
     for (size_t i = 1; i < b->n; i++) {
         argv[n++] = b->a[i]->lease->id;
         argv[n++] = b->a[i]->est;
+        if (nio > 0)
+            argv[n++] = b->a[i]->est_out;
     }
-    if (rds_eval(sh->rds, RDS_ADMIT, (int)(5 + 4 * ng), (int)n, argv, NULL, on_admitted, b) < 0)
+    if (rds_eval(sh->rds, RDS_ADMIT, (int)(5 + 4 * ng + nio), (int)n, argv, NULL, on_admitted, b) <
+        0)
         return -1;
     sh->admits++;
     return 0;
@@ -780,7 +854,7 @@ static void on_turn_flush(struct ev_loop *loop, ev_prepare *w, int revents)
 }
 
 static int redis_admit(struct backend *be, size_t source, size_t app, double est_tokens,
-                       struct backend_lease **lease, backend_admit_cb *cb, void *ud,
+                       double est_out, struct backend_lease **lease, backend_admit_cb *cb, void *ud,
                        struct backend_admit **pending)
 {
     struct backend_redis *sh = (struct backend_redis *)be;
@@ -796,12 +870,13 @@ static int redis_admit(struct backend *be, size_t source, size_t app, double est
     }
     l->source = source;
     l->est_tokens = est_tokens;
+    l->est_out = est_out > est_tokens ? est_tokens : est_out;
     l->app = l->cap = SIZE_MAX;
     if (app < sh->cfg->n_apps) {
         const struct app_keys *ak = &sh->apps[app];
         size_t cap = sh->cfg->sources[source].capability_index;
         bool cap_on = ak->caps && ak->caps[cap].on;
-        if (ak->own.on || cap_on) {
+        if (ak->own.on || ak->io.on || cap_on) {
             l->app = app;
             l->cap = cap_on ? cap : SIZE_MAX;
         }
@@ -812,6 +887,7 @@ static int redis_admit(struct backend *be, size_t source, size_t app, double est
     *put_uint(l->id + 17, ++sh->lease_seq) = '\0';
     *a = (struct backend_admit){ .sh = sh, .lease = l, .cb = cb, .ud = ud };
     fmt_num(a->est, sizeof(a->est), ceil(est_tokens));
+    fmt_count(a->est_out, sizeof(a->est_out), l->est_out);
     sh->admit_requests++;
     if (turn_flushed(sh)) { /* alone, at once */
         struct admit_batch *b = malloc(sizeof(*b));
@@ -929,6 +1005,16 @@ static const char *const task_lua_op[] = {
 struct task_op {
     backend_task_cb *cb;
     void *ud;
+    struct backend_redis *sh;
+    bool get;
+    char id[TASK_ID_MAX + 1];
+};
+
+/* A get's record, kept while its run's budget is read (owned strings). */
+struct task_get {
+    struct task_op op;
+    struct backend_task bt;
+    char *state, *kind, *reason, *owner;
 };
 
 static int task_code(const char *code)
@@ -984,19 +1070,83 @@ static bool task_parse(const redisReply *r, struct backend_task *bt)
     return true;
 }
 
+static void task_get_free(struct task_get *g)
+{
+    free(g->state);
+    free(g->kind);
+    free(g->reason);
+    free(g->owner);
+    free(g);
+}
+
+/* budget.lua peek of a run's budget: six numbers, spent_t the third and
+ * reserved the fourth. Unread (an error, no answer): the record is
+ * answered without them, its limit only. */
+static void on_task_budget(const redisReply *r, const char *err, void *ud)
+{
+    struct task_get *g = ud;
+    (void)err;
+
+    if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 6) {
+        g->bt.spent = reply_num(r->element[2]);
+        g->bt.reserved = reply_num(r->element[3]);
+        g->bt.spent_known = isfinite(g->bt.spent) && isfinite(g->bt.reserved);
+    }
+    g->op.cb(g->op.ud, &g->bt);
+    task_get_free(g);
+}
+
+/* A get found a run with a budget: reads what the fleet spent of it
+ * ({P:task:ID}:budget:RUN, under the task's hash tag), then answers. 0
+ * sent (`bt` copied), -1 not. */
+static int task_read_budget(const struct task_op *op, const struct backend_task *bt)
+{
+    struct backend_redis *sh = op->sh;
+    struct task_get *g = calloc(1, sizeof(*g));
+    char key[SHARED_KEY_MAX], limit[32];
+
+    if (!g)
+        return -1;
+    g->op = *op;
+    g->bt = *bt;
+    g->state = strdup(bt->state);
+    g->kind = strdup(bt->kind);
+    g->reason = strdup(bt->reason);
+    g->owner = bt->owner ? strdup(bt->owner) : NULL;
+    if (!g->state || !g->kind || !g->reason || (bt->owner && !g->owner) || sh->closing) {
+        task_get_free(g);
+        return -1;
+    }
+    g->bt.state = g->state;
+    g->bt.kind = g->kind;
+    g->bt.reason = g->reason;
+    g->bt.owner = g->owner;
+    snprintf(key, sizeof(key), "{%s:task:%s}:budget:%llu", sh->cfg->redis_prefix, op->id,
+             (unsigned long long)bt->runs);
+    snprintf(limit, sizeof(limit), "%.17g", bt->budget);
+    /* peek, nothing reserved; the run's limits: a total only, UTC */
+    const char *argv[] = { key, "peek", "0", "nan", "0", "0", limit, "0" };
+    if (rds_eval(sh->rds, RDS_BUDGET, 1, 8, argv, NULL, on_task_budget, g) < 0) {
+        task_get_free(g);
+        return -1;
+    }
+    return 0;
+}
+
 static void on_task_reply(const redisReply *r, const char *err, void *ud)
 {
-    struct task_op op = *(struct task_op *)ud;
+    struct task_op *op = ud;
     struct backend_task bt;
 
-    free(ud);
     if (!task_parse(r, &bt)) {
         /* A parsed reply with an unknown code is as good as none. */
         bt = (struct backend_task){ .rc = BACKEND_E_UNAVAILABLE, .err = err };
         if (r && r->type == REDIS_REPLY_ERROR)
             bt.err = "error reply from task.lua";
     }
-    op.cb(op.ud, &bt);
+    if (!(op->get && bt.exists && bt.budget > 0 && task_read_budget(op, &bt) == 0))
+        op->cb(op->ud, &bt);
+    free(op);
 }
 
 static int redis_task(struct backend *be, enum backend_task_op op, const char *id,
@@ -1012,7 +1162,8 @@ static int redis_task(struct backend *be, enum backend_task_op op, const char *i
         free(q);
         return -1;
     }
-    *q = (struct task_op){ .cb = cb, .ud = ud };
+    *q = (struct task_op){ .cb = cb, .ud = ud, .sh = sh, .get = op == BACKEND_TASK_GET };
+    snprintf(q->id, sizeof(q->id), "%s", id);
     snprintf(key, sizeof(key), "{%s:task:%s}", sh->cfg->redis_prefix, id);
     fmt_num(ttl, sizeof(ttl), ceil(sh->cfg->task_ttl_s));
     const char *argv[] = { key,
@@ -1174,7 +1325,19 @@ static void limit_keys_init(struct limit_keys *g, const char *label, const char 
     fmt_num(g->a_daily, sizeof(g->a_daily), (double)lim->daily_tokens);
 }
 
-/* The keys of every app's limits: {P:app:A}:leases|rpm|tpm|daily and
+/* The io key of a holder's itpm / otpm (`lim`) under `tag` (its hash tag). */
+static void io_keys_init(struct io_keys *io, const char *label, const char *tag,
+                         const struct config_limits *lim)
+{
+    io->on = lim->itpm > 0 || lim->otpm > 0;
+    io->label = label;
+    snprintf(io->key, sizeof(io->key), "%s:io", tag);
+    fmt_num(io->a_itpm, sizeof(io->a_itpm), (double)lim->itpm);
+    fmt_num(io->a_otpm, sizeof(io->a_otpm), (double)lim->otpm);
+    fmt_num(io->a_win, sizeof(io->a_win), lim->window_s * 1000.0);
+}
+
+/* The keys of every app's limits: {P:app:A}:leases|rpm|tpm|daily|io and
  * {P:app:A}:cap:C:leases|… (the app's hash tag: one slot per app). */
 static int apps_keys_init(struct backend_redis *sh)
 {
@@ -1186,6 +1349,7 @@ static int apps_keys_init(struct backend_redis *sh)
         struct app_keys *ak = &sh->apps[i];
         snprintf(tag, sizeof(tag), "{%s:app:%s}", cfg->redis_prefix, a->name);
         limit_keys_init(&ak->own, "app", tag, "", a->max_concurrency, &a->limits);
+        io_keys_init(&ak->io, "app", tag, &a->limits);
         if (!a->per_capability)
             continue;
         ak->caps = calloc(cfg->n_capabilities ? cfg->n_capabilities : 1, sizeof(*ak->caps));
@@ -1342,15 +1506,6 @@ static void redis_spend_settle(struct backend *be, size_t app, size_t source,
         return;
     if (rds_eval(sh->rds, RDS_BUDGET, a.nkeys, a.argc, a.argv, NULL, on_spend_settled, sh) < 0)
         count_write_error(sh, "budget settle", "not connected");
-}
-
-static double reply_num(const redisReply *r)
-{
-    if (r && r->type == REDIS_REPLY_INTEGER)
-        return (double)r->integer;
-    if (r && r->type == REDIS_REPLY_STRING)
-        return strtod(r->str, NULL);
-    return NAN;
 }
 
 static void on_spend_reserved(const redisReply *r, const char *err, void *ud)
@@ -1981,6 +2136,9 @@ struct backend *backend_redis_new(struct ev_loop *loop, const struct config *cfg
         snprintf(k->daily, sizeof(k->daily), "{%s:source:%s}:daily", p, n);
         snprintf(k->breaker_state, sizeof(k->breaker_state), "closed");
         const struct config_source *src = &cfg->sources[i];
+        char tag[SHARED_KEY_MAX / 2];
+        snprintf(tag, sizeof(tag), "{%s:source:%s}", p, n);
+        io_keys_init(&k->io, "", tag, &src->limits);
         k->index = i;
         k->sh = sh;
         fmt_num(k->a_conc, sizeof(k->a_conc), src->max_concurrency);
@@ -2196,7 +2354,7 @@ static const char *refusal_name(size_t i)
 }
 
 static const struct figure refused_figure_list[] = {
-    { .key = "", .off = CNT(refused), .n = 7, .name = refusal_name },
+    { .key = "", .off = CNT(refused), .n = 9, .name = refusal_name },
 };
 static const struct fig_table refused_figures = FIG_TABLE(refused_figure_list);
 

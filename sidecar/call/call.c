@@ -683,10 +683,10 @@ static void call_end(struct call *k)
         srv->backend->ops->spend_detach(srv->backend, k->spend);
     k->spend = NULL;
     if (k->early.held && k->early.rc > 0 && k->early.lease)
-        backend_release(srv->backend, k->early.lease, NULL, -1);
+        backend_release(srv->backend, k->early.lease, NULL, NULL);
     k->early.held = false;
     if (k->lease)
-        backend_release(srv->backend, k->lease, NULL, -1);
+        backend_release(srv->backend, k->lease, NULL, NULL);
     k->admit = NULL;
     k->lease = NULL;
     call_settle(k, NAN); /* a reservation whose attempt never started */
@@ -1197,21 +1197,19 @@ static void call_count_cost(struct call *k)
 }
 
 /* A success's input and output tokens as its source's itpm and otpm count
- * them: prompt tokens read from the provider's cache only where the
- * source's limits say they count (docs/CONFIG.md §7). */
-static void call_count_io(struct call *k, double now)
+ * them (*in, *out; < 0 unknown): prompt tokens read from the provider's
+ * cache only where the source's limits say they count (docs/CONFIG.md §7). */
+static void call_io_counts(const struct call *k, double *in, double *out)
 {
-    double in = -1, out = -1;
-
+    *in = *out = -1;
     if (!k->tokens.bogus && k->tokens.prompt >= 0) {
         int64_t cached = dialect_usage_cached(&k->tokens);
-        in = (double)k->tokens.prompt;
+        *in = (double)k->tokens.prompt;
         if (!k->src->limits.cached_input_counts && cached > 0)
-            in -= (double)cached;
+            *in -= (double)cached;
     }
     if (!k->tokens.bogus && k->tokens.completion >= 0)
-        out = (double)k->tokens.completion;
-    gov_call_on_io(&k->g, in, out, now);
+        *out = (double)k->tokens.completion;
 }
 
 /* Keeps `usage` (borrowed) as the result's usage map. */
@@ -1765,17 +1763,20 @@ static void call_on_attempt_done(struct attempt *a, const struct attempt_result 
                     res.outcome.kind != OUTCOME_SUCCESS && res.events == 0 ? NAN
                         : cost_is_known(k->cost)                           ? k->cost
                                                                            : CALL_AS_RESERVED);
-    double used =
-        res.outcome.kind == OUTCOME_SUCCESS ? (double)dialect_usage_total(&k->tokens) : -1;
+    struct backend_usage used = { -1, -1, -1 };
+    if (res.outcome.kind == OUTCOME_SUCCESS) {
+        used.total = (double)dialect_usage_total(&k->tokens);
+        call_io_counts(k, &used.in, &used.out);
+    }
     k->last_status = res.http_status;
-    k->used_tokens = used >= 0 ? used : NAN;
+    k->used_tokens = used.total >= 0 ? used.total : NAN;
     if (k->lease) {
-        backend_release(k->srv->backend, k->lease, &res.outcome, used);
+        backend_release(k->srv->backend, k->lease, &res.outcome, &used);
         k->lease = NULL;
     }
     if (res.outcome.kind == OUTCOME_SUCCESS)
-        call_count_io(k, now);
-    gov_call_on_outcome(&k->g, now, &res.outcome, used, &d);
+        gov_call_on_io(&k->g, used.in, used.out, now);
+    gov_call_on_outcome(&k->g, now, &res.outcome, used.total, &d);
 
     if (res.outcome.kind != OUTCOME_SUCCESS && res.deadline_exceeded) {
         /* The caller's own deadline_s wins over stream_interrupted: nothing
@@ -2469,7 +2470,7 @@ static void call_on_admit(void *ud, int rc, struct backend_lease *lease, double 
 static void call_admit(struct call *k, size_t source)
 {
     struct server *srv = k->srv;
-    int rc = backend_admit(srv->backend, source, k->g.app, k->g.est_tokens, &k->lease,
+    int rc = backend_admit(srv->backend, source, k->g.app, k->g.est_tokens, k->g.est_out, &k->lease,
                            call_on_admit, k, &k->admit);
     if (rc > 0) {
         call_run_attempt(k, source);
@@ -2507,7 +2508,7 @@ static void call_on_spend(void *ud, int rc, const char *which, const char *windo
         backend_admit_detach(srv->backend, k->admit); /* a lease granted meanwhile goes back */
     k->admit = NULL;
     if (k->early.held && k->early.rc > 0 && k->early.lease)
-        backend_release(srv->backend, k->early.lease, NULL, -1);
+        backend_release(srv->backend, k->early.lease, NULL, NULL);
     k->early.held = false;
     if (rc == 0) {
         struct call_refusal why = { .r = { .left = left, .retry_after_s = retry_after_s } };

@@ -59,7 +59,7 @@ void governor_source_params(const struct config *cfg, struct gov_source_params *
             /* The buckets and the breaker are the fleet's, enforced by the
              * backend's scripts; locally only the permits (AIMD, the local
              * share of max_concurrency) and the pacer remain. */
-            p[i].rpm = p[i].tpm = p[i].daily_tokens = 0;
+            p[i].rpm = p[i].tpm = p[i].daily_tokens = p[i].itpm = p[i].otpm = 0;
             p[i].breaker_failures = UINT32_MAX;
         }
     }

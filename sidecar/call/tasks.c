@@ -318,6 +318,18 @@ void tasks_fini(struct server *srv)
 
 /* --- wire helpers ---------------------------------------------------- */
 
+/* A run's budget on the wire: {limit, spent, reserved, left}. */
+static void write_run_budget(struct writer *w, double limit, double spent, double reserved)
+{
+    double left = limit - spent - reserved;
+    writer_str(w, "budget");
+    writer_map(w, 4);
+    writer_kv_double(w, "limit", limit);
+    writer_kv_double(w, "spent", spent);
+    writer_kv_double(w, "reserved", reserved);
+    writer_kv_double(w, "left", left > 0 ? left : 0);
+}
+
 /* The task map of the wire (PROTOCOL.md 4.4) for record `bt` of task `id`;
  * `local`, the copy held here (may be NULL), names the current node when
  * the record does not. */
@@ -335,7 +347,8 @@ static void write_task(struct writer *w, const char *id, const struct backend_ta
         : bt->owner && bt->owner[0]            ? bt->owner
                                                : NULL;
 
-    /* A shared record's budget is the fleet's (budget.lua): its limit only. */
+    /* A shared record's budget is the fleet's (budget.lua): its limit, and
+     * what the run spent when the backend read it (task.get). */
     bool fleet_budget = bt->budget > 0;
     bool budget = fleet_budget || (local && local->has_budget);
 
@@ -355,20 +368,16 @@ static void write_task(struct writer *w, const char *id, const struct backend_ta
     writer_kv_double(w, "started_at", bt->started_at_s);
     writer_kv_double(w, "updated_at", bt->updated_at_s);
     writer_kv_u64(w, "runs", bt->runs);
-    if (fleet_budget) {
+    if (fleet_budget && !bt->spent_known) {
         writer_str(w, "budget");
         writer_map(w, 1);
         writer_kv_double(w, "limit", bt->budget);
+    } else if (fleet_budget) {
+        write_run_budget(w, bt->budget, bt->spent, bt->reserved);
     } else if (budget) {
         /* The run's budget as this sidecar keeps it (docs/CONFIG.md §12a). */
         const struct budget *b = &local->budget;
-        double left = b->p.limit[BUDGET_TOTAL] - b->spent[BUDGET_TOTAL] - b->reserved;
-        writer_str(w, "budget");
-        writer_map(w, 4);
-        writer_kv_double(w, "limit", b->p.limit[BUDGET_TOTAL]);
-        writer_kv_double(w, "spent", b->spent[BUDGET_TOTAL]);
-        writer_kv_double(w, "reserved", b->reserved);
-        writer_kv_double(w, "left", left > 0 ? left : 0);
+        write_run_budget(w, b->p.limit[BUDGET_TOTAL], b->spent[BUDGET_TOTAL], b->reserved);
     }
 }
 

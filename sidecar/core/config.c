@@ -2946,11 +2946,6 @@ static void validate_source(struct loader *l, size_t i)
     validate_prices(l, i, prefix);
     if (!line[FID_CACHED_INPUT])
         s->limits.cached_input_counts = !dialect_is_messages(s->kind);
-    if ((line[FID_ITPM] || line[FID_OTPM]) && l->cfg->backend != BACKEND_MEMORY) {
-        snprintf(path, sizeof(path), "%s.limits.%s", prefix, line[FID_ITPM] ? "itpm" : "otpm");
-        fail_at(l, line[FID_ITPM] ? line[FID_ITPM] : line[FID_OTPM], path,
-                "is kept by the memory backend only (not yet across a fleet); use tpm");
-    }
     if (budget_is_set(&s->budget) && !line_is_bad(line[FID_BUDGET])) {
         snprintf(path, sizeof(path), "%s.budget", prefix);
         if (!s->prices.set && !line[FID_PRICES])
@@ -3504,12 +3499,6 @@ static int validate_apps(struct loader *l)
         if (a->caps && app_resolve_caps(l, i) < 0)
             return fail_nomem(l);
         check_app_budget(l, i);
-        if ((a->line[FID_ITPM] || a->line[FID_OTPM]) && l->cfg->backend != BACKEND_MEMORY) {
-            snprintf(path, sizeof(path), "apps[%zu].limits.%s", i,
-                     a->line[FID_ITPM] ? "itpm" : "otpm");
-            fail_at(l, a->line[FID_ITPM] ? a->line[FID_ITPM] : a->line[FID_OTPM], path,
-                    "is kept by the memory backend only (not yet across a fleet); use tpm");
-        }
         if (a->per_cap && app_resolve_per_cap(l, i) < 0)
             return fail_nomem(l);
     }

@@ -35,14 +35,20 @@ def body(model):
             "mock": {"body": reply()}}
 
 
-def test_itpm__cache_reads_do_not_count_for_anthropic(make_sidecar, up):
-    sources = [
+def cache_sources(up):
+    """The three sources of the cache-heavy case (models m-itpm, m-tpm,
+    m-counted), also run on the Redis backend (test_redis_itpm.py)."""
+    return [
         source_yaml("fresh", "chat", up.url, FAST, model="m-itpm",
                     limits={"itpm": 2000, "otpm": 500}),
         source_yaml("total", "chat", up.url, FAST, model="m-tpm", limits={"tpm": 2000}),
         source_yaml("counted", "chat", up.url, FAST, model="m-counted",
                     limits={"itpm": 2000, "cached_input_counts": True}),
     ]
+
+
+def test_itpm__cache_reads_do_not_count_for_anthropic(make_sidecar, up):
+    sources = cache_sources(up)
     sc = make_sidecar(config_text=config_yaml(sources, POLICY), env={"PGW_T_KEY": "sk-test"})
     c = sc.connect()
     results = {}

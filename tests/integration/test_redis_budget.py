@@ -14,7 +14,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import await_true, chat  # noqa: E402
+from conftest import await_true, chat, config_yaml  # noqa: E402
 from redis_fixture import (FleetRedis, fleet_config, source, stats, unique_prefix,  # noqa: E402
                            wait_backend, wait_until)
 from test_budget import burst_outcome  # noqa: E402
@@ -236,12 +236,67 @@ def test_redis_budget__a_task_budget_is_the_fleets(redis_srv, up, make_sidecar):
     for c in (c0, c1):
         err, info = c.request("task.get", {"task_id": "job-1"})
         assert info["state"] == "failed" and info["reason"] == "budget", info
-        assert info["budget"] == {"limit": 1.5}, info
+        assert info["budget"]["limit"] == 1.5, info
     # The torn-down call may have been billed: charged as reserved, in the
     # run's key; nothing left reserved. The refused call never went out.
     h = settled_hash(redis_srv.client(), "{%s:task:job-1}:budget:1" % prefix)
     assert h and h["spent_t"] == 1.0, h
     assert up.stats()["requests"] == 1
+    # task.get reads it there, through either sidecar
+    for c in (c0, c1):
+        err, info = c.request("task.get", {"task_id": "job-1"})
+        assert info["budget"] == {"limit": 1.5, "spent": 1.0, "reserved": 0, "left": 0.5}, info
+
+
+def test_redis_budget__task_get_shows_what_the_run_spent(redis_srv, up, make_sidecar):
+    # A run with a budget of 3 started on one sidecar; a call of it through
+    # the other holds a 1.0 reservation upstream. task.get on either sidecar
+    # shows the fleet's figures, read from the run's key: the reservation
+    # while the call runs, then its real cost (250 completion tokens at
+    # 1000 per million: 0.25) once it settled. The map has the memory
+    # backend's shape (limit, spent, reserved, left).
+    prefix, fleet = priced_fleet(redis_srv, up, make_sidecar)
+    c0, c1 = [sc.connect() for sc in fleet]
+    err, _ = c0.request("task.start", {"task_id": "job-2", "budget": 3})
+    assert err is None, err
+    for c in (c0, c1):
+        err, info = c.request("task.get", {"task_id": "job-2"})
+        assert err is None and info["budget"] == {"limit": 3, "spent": 0, "reserved": 0,
+                                                  "left": 3}, (err, info)
+    held = c1.request_async("call", {"capability": "chat", "task_id": "job-2", "body": chat(
+        max_tokens=1000, mock={"delay_ms": 1500, "usage": {"completion_tokens": 250}})})
+    assert wait_until(lambda: up.stats()["in_progress"] >= 1, 5)
+    for c in (c0, c1):
+        err, info = c.request("task.get", {"task_id": "job-2"})
+        assert info["budget"] == {"limit": 3, "spent": 0, "reserved": 1.0, "left": 2.0}, info
+    msg = c1.wait_response(held, 10)
+    assert msg[2] is None, msg[2]
+    h = settled_hash(redis_srv.client(), "{%s:task:job-2}:budget:1" % prefix)
+    assert h and h["spent_t"] == 0.25, h
+    shapes = []
+    for c in (c0, c1):
+        err, info = c.request("task.get", {"task_id": "job-2"})
+        assert info["budget"] == {"limit": 3, "spent": 0.25, "reserved": 0, "left": 2.75}, info
+        shapes.append(sorted(info["budget"]))
+    # the memory backend's task.get, for the same run on one sidecar
+    mem = make_sidecar(config_text=config_yaml(
+        [source("s", "chat", up.url, prices={"input": 0, "output": 1000})],
+        {"max_attempts": 3, "stall_window_s": 10}), subdir="mem", env=NO_PROXY)
+    cm = mem.connect()
+    assert cm.request("task.start", {"task_id": "job-2", "budget": 3})[0] is None
+    msg = cm.wait_response(cm.request_async("call", {
+        "capability": "chat", "task_id": "job-2",
+        "body": chat(max_tokens=1000, mock={"usage": {"completion_tokens": 250}})}), 10)
+    assert msg[2] is None, msg[2]
+    err, info = cm.request("task.get", {"task_id": "job-2"})
+    assert info["budget"] == {"limit": 3, "spent": 0.25, "reserved": 0, "left": 2.75}, info
+    assert shapes == [sorted(info["budget"])] * 2
+    # a run of its own: a new run's key, nothing spent
+    assert c0.request("task.finish", {"task_id": "job-2", "ok": True})[0] is None
+    err, info = c1.request("task.start", {"task_id": "job-2", "budget": 2})
+    assert err is None and info["runs"] == 2, (err, info)
+    err, info = c0.request("task.get", {"task_id": "job-2"})
+    assert info["budget"] == {"limit": 2, "spent": 0, "reserved": 0, "left": 2}, info
 
 
 def test_redis_budget__a_task_budget_holds_across_a_burst(redis_srv, up, make_sidecar):

@@ -5,7 +5,8 @@ Starts its own redis-server (redis_support.RedisServer) and runs N attempts
 (admit.lua, then release.lua with a real usage, one after the other, as a
 sidecar does) for each key layout a sidecar sends: the source's keys alone,
 plus the calling app's group (with and without a max_concurrency: only then
-does the group keep leases), plus its group on the capability. Every limit
+does the group keep leases), plus its group on the capability, and the
+source's (and the app's) input- and output-token buckets (io keys). Every limit
 is set (so every bucket is read and written) and never binds. admit runs by
 EVALSHA and release by EVAL, so INFO commandstats (reset before each layout)
 separates them: cmdstat_evalsha usec_per_call is admit.lua's time in Redis,
@@ -26,7 +27,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from redis_support import RedisServer, Resp, app_keys, source_keys  # noqa: E402
+from redis_support import RedisServer, Resp, app_keys, io_key, source_keys  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
@@ -53,7 +54,8 @@ def commandstats(c):
     return out
 
 
-def run(c, sha_admit, release_src, groups, n, conc=1000000, sha_release=None):
+def run(c, sha_admit, release_src, groups, n, conc=1000000, sha_release=None, ios=()):
+    """`ios`: io keys (input- and output-token buckets) after the groups."""
     keys = source_keys("s")
     admit_args, release_args = [], []
     for g in groups:
@@ -61,6 +63,13 @@ def run(c, sha_admit, release_src, groups, n, conc=1000000, sha_release=None):
         admit_args += ["app" if ":cap:" not in g[0] else "app_cap", conc, 10**12, 60000,
                        10**12, 60000, 10**12, 86400000]
         release_args += [10**12, 60000, 10**12, 86400000]
+    for k in ios:
+        keys = keys + [k]
+        admit_args += ["" if ":source:" in k else "app", 10**12, 10**12, 60000]
+        release_args += [10**12, 10**12, 60000]
+    if ios:
+        admit_args.append(30)               # est_out: 70 input, 30 output
+        release_args += [30, 50, 30]        # 50 input (cache reads left out), 30 output
     c.call("CONFIG", "RESETSTAT")
     for i in range(n):
         lease = "bench:%d" % i
@@ -98,12 +107,17 @@ def main():
         print("| scripts | layout | attempts | admit.lua µs (evalsha) | release.lua µs (eval) "
               "| admit + release µs (both evalsha) |")
         print("|---|---|---|---|---|---|")
-        for name, groups, conc in layouts:
+        if not a.rev or "io_level" in lua("admit", a.rev):
+            layouts += [("source + io (itpm, otpm)", [], 0, [io_key("source:s")]),
+                        ("source + app + io of both", [app_keys("web")], 0,
+                         [io_key("source:s"), io_key("app:web")])]
+        for name, groups, conc, *ios in layouts:
+            ios = ios[0] if ios else ()
             c.call("FLUSHALL")
-            (n1, us_admit), (n2, us_rel) = run(c, sha, rel, groups, a.n, conc)
+            (n1, us_admit), (n2, us_rel) = run(c, sha, rel, groups, a.n, conc, ios=ios)
             assert n1 == n2 == a.n
             c.call("FLUSHALL")
-            both = run(c, sha, rel, groups, a.n, conc, sha_rel)
+            both = run(c, sha, rel, groups, a.n, conc, sha_rel, ios=ios)
             print("| %s | %s | %d | %.2f | %.2f | %.2f |" % (a.rev or "worktree", name, a.n,
                                                            us_admit, us_rel, both))
         c.close()

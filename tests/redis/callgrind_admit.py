@@ -15,10 +15,13 @@ callgrind_annotate). Layouts:
              max_concurrency, no bucket, a breaker that never opens
   limits     every limit of the source set (three buckets read and written)
   app        limits, plus the calling app's own group with a max_concurrency
+  io         limits, plus the source's itpm and otpm (its io key)
+  app_io     app, plus the source's and the app's itpm and otpm
 
     tests/redis/callgrind_admit.py [--n 2000] [--rev GIT_REV] [--layout bench]
 
---rev loads the scripts as they were at GIT_REV (before/after figures).
+--rev loads the scripts as they were at GIT_REV (before/after figures; the io
+layouts only where the scripts take io keys).
 """
 import argparse
 import os
@@ -32,19 +35,21 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from bench_admit import lua  # noqa: E402
-from redis_support import Resp, app_keys, free_port, source_keys  # noqa: E402
+from redis_support import Resp, app_keys, free_port, io_key, source_keys  # noqa: E402
 
 BIG = 10**12
 LAYOUTS = {
-    # (source limits rpm/tpm/daily, app group or None)
-    "bench": (0, None),
-    "limits": (BIG, None),
-    "app": (BIG, "web"),
+    # (source limits rpm/tpm/daily, app group or None, io keys)
+    "bench": (0, None, ()),
+    "limits": (BIG, None, ()),
+    "app": (BIG, "web", ()),
+    "io": (BIG, None, ("source:s",)),
+    "app_io": (BIG, "web", ("source:s", "app:web")),
 }
 
 
 def args_for(layout, lease):
-    lim, app = LAYOUTS[layout]
+    lim, app, ios = LAYOUTS[layout]
     keys = source_keys("s")
     admit = [lease, 16384, 30000, lim, 60000, lim, 60000, lim, 86400000, 100]
     release = [lease, "success", 100, 80, lim, 60000, lim, 86400000, 1000000, 30000, 300000]
@@ -52,6 +57,13 @@ def args_for(layout, lease):
         keys = keys + app_keys(app)
         admit += ["app", 1000000, BIG, 60000, BIG, 60000, BIG, 86400000]
         release += [BIG, 60000, BIG, 86400000]
+    for holder in ios:
+        keys = keys + [io_key(holder)]
+        admit += ["" if holder.startswith("source:") else "app", BIG, BIG, 60000]
+        release += [BIG, BIG, 60000]
+    if ios:
+        admit.append(30)            # est_out: 70 input, 30 output
+        release += [30, 50, 30]     # est_out, used_in, used_out
     return keys, admit, release
 
 
@@ -111,7 +123,8 @@ def main():
     admit_src, release_src = lua("admit", a.rev), lua("release", a.rev)
     print("| scripts | layout | attempts | instructions per admitted attempt |")
     print("|---|---|---:|---:|")
-    for layout in a.layout or ["bench", "limits", "app"]:
+    layouts = a.layout or [k for k in LAYOUTS if "io" not in k or "io_level" in admit_src]
+    for layout in layouts:
         small, big = a.n // 4, a.n
         d = count(admit_src, release_src, layout, big) - count(admit_src, release_src, layout,
                                                                small)

@@ -1,6 +1,6 @@
 """Argument builders for the scripts (the ARGV orders documented at the top
 of each sidecar/backend/lua/*.lua file)."""
-from redis_support import app_keys, source_keys, scope_key, task_key
+from redis_support import app_keys, io_key, source_keys, scope_key, task_key
 
 DEFAULTS = dict(max_conc=0, lease_ttl=10000, rpm=0, rpm_win=60000, tpm=0, tpm_win=60000,
                 daily=0, daily_win=86400000, failures=3, cooldown=100, max_cooldown=300)
@@ -23,7 +23,17 @@ def group(app, cap=None, label=None, prefix=None, **kw):
     return (keys, dict(APP_DEFAULTS, **kw), label or ("app_cap" if cap else "app"))
 
 
-def admit(s, src, est=0, lease=None, groups=(), src_keys=None, **kw):
+def io(holder, itpm=0, otpm=0, win=60000, label=None):
+    """An io key for admit/release: the input- and output-token buckets of
+    `holder` ("source:N" or "app:A"): (key, label, itpm, otpm, window)."""
+    if label is None:
+        label = "" if holder.startswith("source:") else "app"
+    return (io_key(holder), label, itpm, otpm, win)
+
+
+def admit(s, src, est=0, lease=None, groups=(), src_keys=None, ios=(), est_out=0, more=(),
+          **kw):
+    """`more`: further attempts, (lease, est) or with io keys (lease, est, est_out)."""
     c = dict(DEFAULTS, **kw)
     lease = lease or new_lease()
     keys, args = list(src_keys or source_keys(src)), []
@@ -31,21 +41,44 @@ def admit(s, src, est=0, lease=None, groups=(), src_keys=None, **kw):
         keys += gk
         args += [label, gc["max_conc"], gc["rpm"], gc["rpm_win"], gc["tpm"], gc["tpm_win"],
                  gc["daily"], gc["daily_win"]]
+    for key, label, itpm, otpm, win in ios:
+        keys.append(key)
+        args += [label, itpm, otpm, win]
+    if ios:
+        args.append(est_out)
+    for m in more:
+        args += list(m)
     r = s.run("admit", keys,
               [lease, c["max_conc"], c["lease_ttl"], c["rpm"], c["rpm_win"], c["tpm"],
                c["tpm_win"], c["daily"], c["daily_win"], est] + args)
     return r
 
 
-def release(s, src, lease, verdict="success", est=0, used=-1, groups=(), **kw):
+def release(s, src, lease, verdict="success", est=0, used=-1, groups=(), ios=(), est_out=0,
+            used_in=-1, used_out=-1, more=(), **kw):
+    """`more`: further releases, (lease, verdict, est, used) or with io keys
+    (lease, verdict, est, used, est_out, used_in, used_out)."""
     c = dict(DEFAULTS, **kw)
     keys, args = list(source_keys(src)), []
     for gk, gc, _ in groups:
         keys += gk
         args += [gc["tpm"], gc["tpm_win"], gc["daily"], gc["daily_win"]]
+    for key, _, itpm, otpm, win in ios:
+        keys.append(key)
+        args += [itpm, otpm, win]
+    if ios:
+        args += [est_out, used_in, used_out]
+    for m in more:
+        args += list(m)
     return s.run("release", keys,
                  [lease, verdict, est, used, c["tpm"], c["tpm_win"], c["daily"],
                   c["daily_win"], c["failures"], c["cooldown"], c["max_cooldown"]] + args)
+
+
+def io_levels(conn, holder):
+    """(in, out, ts) of a holder's io key, None for an absent field."""
+    v = conn.call("HMGET", io_key(holder), "in", "out", "ts")
+    return tuple(None if x is None else float(x) for x in v)
 
 
 def renew(s, src, ttl, *leases):

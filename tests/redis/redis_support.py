@@ -160,6 +160,12 @@ def app_keys(app, cap=None, prefix=PREFIX):
     return [tag + ":leases", tag + ":rpm", tag + ":tpm", tag + ":daily"]
 
 
+def io_key(holder, prefix=PREFIX):
+    """The input- and output-token buckets of a source ("source:N") or an
+    app ("app:A"): one HASH under the holder's hash tag."""
+    return "{%s:%s}:io" % (prefix, holder)
+
+
 def scope_key(name, prefix=PREFIX):
     return "{%s:scope:%s}:progress" % (prefix, name)
 

@@ -26,11 +26,12 @@ static struct fake_op *fake_push(struct fake_backend *fb, enum fake_kind kind)
 }
 
 static int fake_admit(struct backend *be, size_t source, size_t app, double est_tokens,
-                      struct backend_lease **lease, backend_admit_cb *cb, void *ud,
+                      double est_out, struct backend_lease **lease, backend_admit_cb *cb, void *ud,
                       struct backend_admit **pending)
 {
     struct fake_backend *fb = (struct fake_backend *)be;
     (void)est_tokens;
+    (void)est_out;
     (void)app;
 
     *lease = NULL;
@@ -56,10 +57,10 @@ static void fake_admit_detach(struct backend *be, struct backend_admit *a)
 }
 
 static void fake_release(struct backend *be, struct backend_lease *lease, const struct outcome *o,
-                         double used_tokens)
+                         const struct backend_usage *used)
 {
     struct fake_backend *fb = (struct fake_backend *)be;
-    (void)used_tokens;
+    (void)used;
 
     ck_assert_ptr_nonnull(lease);
     ck_assert_ptr_eq(lease->fb, fb);
@@ -243,7 +244,7 @@ void fake_answer_admit(struct fake_backend *fb, int i, int rc, double retry_at, 
     }
     if (o->detached) { /* the caller is gone: its lease goes back at once */
         if (l)
-            fake_release(&fb->be, l, NULL, -1);
+            fake_release(&fb->be, l, NULL, NULL);
         return;
     }
     o->admit_cb(o->ud, rc, l, retry_at, why ? why : "");

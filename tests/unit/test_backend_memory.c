@@ -75,7 +75,7 @@ START_TEST(test_backend_memory__admits_at_once_without_a_lease)
     struct backend_admit *pending = (struct backend_admit *)&f;
 
     fixture_init(&f);
-    ck_assert_int_eq(backend_admit(f.be, 0, 0, 100, &lease, never_admit_cb, NULL, &pending), 1);
+    ck_assert_int_eq(backend_admit(f.be, 0, 0, 100, 0, &lease, never_admit_cb, NULL, &pending), 1);
     ck_assert_ptr_null(lease);
     ck_assert_ptr_null(pending);
     ck_assert_ptr_null(f.be->ops->progress(f.be)); /* the core's own store */

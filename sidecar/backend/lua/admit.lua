@@ -39,10 +39,27 @@ ARGV[13+8g]  rpm               ARGV[14+8g] rpm_window_ms
 ARGV[15+8g]  tpm               ARGV[16+8g] tpm_window_ms
 ARGV[17+8g]  daily             ARGV[18+8g] daily_window_ms
 
+Then 0, 1 or 2 keys of input- and output-token buckets (itpm, otpm), h = 0,
+1, ...: the source's and / or the app's, each under its holder's hash tag,
+after the app groups (so #KEYS = 5 + 4n + m, m < 4, says both n and m).
+One key holds both buckets of its holder: one read and one write for two.
+KEYS[6+4n+h]  {p:source:N}:io or {p:app:A}:io  HASH  in, out (levels), ts
+ARGV[11+8n+4h]  label      '' (the source's: reasons itpm, otpm) or 'app'
+                           (app_itpm, app_otpm)
+ARGV[12+8n+4h]  itpm       capacity of the input bucket, 0 = unlimited
+ARGV[13+8n+4h]  otpm       capacity of the output bucket, 0 = unlimited
+ARGV[14+8n+4h]  window_ms  of both (60000)
+ARGV[11+8n+4m]  est_out    (only when m > 0) the first attempt's output
+                           tokens; its input ones are est_tokens - est_out
+A limit that is not set sends no key and no argument: with no itpm / otpm
+the layout is the one above, m = 0.
+
 Then 0 or more further attempts on the same keys, f = 0, 1, ... (a sidecar
 sends the admissions of one loop turn for one source and app in one call):
-ARGV[11+8n+2f]  lease_id    (n = the number of app groups)
+ARGV[11+8n+2f]  lease_id    (n = the number of app groups; m = 0)
 ARGV[12+8n+2f]  est_tokens
+or, with m > 0, three per attempt from ARGV[12+8n+4m]: lease_id, est_tokens,
+est_out.
 Each attempt, ARGV[1]'s first, is checked as if admitted alone, one after
 the other at the same Redis time: an admitted one takes its lease, its
 withdrawals and the half-open probe before the next is checked. The reply
@@ -52,7 +69,8 @@ Returns  {1, lease_id, probe}         admitted; probe = 1 when this attempt is
                                       the half-open breaker's single probe
          {0, reason, retry_at_ms}     refused; reason is the FIRST failing check
                                       in the order breaker, concurrency, rpm,
-                                      tpm, daily. retry_at_ms (Redis clock) is
+                                      tpm, daily, the app groups', then itpm,
+                                      otpm, app_itpm, app_otpm. retry_at_ms (Redis clock) is
                                       the max of the known availability times of
                                       all failing checks: a lower bound on when
                                       it could succeed; 0 when no failing check
@@ -80,8 +98,8 @@ Steps and why:
  or Sentinel's) runs the script; Redis Cluster would need one slot.
 ]]
 
--- time_ms, num, int, limit_arg, bucket_level and bucket_store come from lib.lua
--- (prepended).
+-- time_ms, num, int, limit_arg, bucket_level, bucket_store, io_level and
+-- io_store come from lib.lua (prepended).
 -- Written for Redis' time per call: every redis.call costs about as much as
 -- a small command, and every object the script allocates (table, string,
 -- closure) costs again in Lua's collector. So each key is read once and
@@ -92,15 +110,13 @@ Steps and why:
 -- as num() does) unless many calls take the same one.
 local now = time_ms(redis.call('TIME'))
 
-local nk, na = #KEYS, #ARGV
-local n_groups = (nk - 5) / 4
-local first_extra = 11 + 8 * n_groups
-if nk < 5 or n_groups ~= math.floor(n_groups) or na < first_extra - 1 or
-    (na - first_extra + 1) % 2 ~= 0 then
-    return redis.error_reply('admit.lua: KEYS must be 5 + 4 per app group, ARGV 10 + 8 per group ' ..
-                             '+ 2 per further attempt')
+local n_groups, n_io, io_at, first_extra, stride, n_att = layout(11, 8, 4, 1, 2, 3)
+if not n_groups then
+    return redis.error_reply('admit.lua: KEYS must be 5 + 4 per app group + 0 to 2 io keys, ' ..
+                             'ARGV 10 + 8 per group + (4 per io key + 1) + 2 (3 with io keys) ' ..
+                             'per further attempt')
 end
-local n_att = 1 + (na - first_extra + 1) / 2
+local nk = #KEYS
 
 -- Limit L = 1 (the source's), 2.. (the app groups'): leases key, its
 -- max_concurrency and live count, and buckets 3L-2 (rpm), 3L-1 (tpm), 3L
@@ -124,6 +140,19 @@ for g = 0, n_groups - 1 do
         bkey[b], bcap[b], bwin[b], blvl[b] = KEYS[7 + 4 * g + i], limit_arg(ARGV[a + 2 * i]),
             ARGV[a + 2 * i + 1], false
     end
+end
+-- The io keys h: key, label, input and output capacities (0: none), window,
+-- levels (false: no limit); no table at all without io keys.
+local iokey, iolabel, icap, ocap, iowin, ilvl, olvl
+if n_io > 0 then
+    iokey, iolabel, icap, ocap, iowin, ilvl, olvl = {}, {}, {}, {}, {}, {}, {}
+end
+for h = 1, n_io do
+    local a = io_at + 4 * h - 4
+    iokey[h], iolabel[h] = KEYS[nk - n_io + h], ARGV[a]
+    icap[h], ocap[h], iowin[h] = limit_arg(ARGV[a + 1]), limit_arg(ARGV[a + 2]),
+        tonumber(ARGV[a + 3]) or 0
+    ilvl[h], olvl[h] = false, false
 end
 -- now and the leases' expiry as the calls take them: one string for many
 -- calls (a batch, several limits), else the number itself
@@ -160,6 +189,25 @@ for b = 1, 3 * n_lim do
         end
     end
 end
+for h = 1, n_io do
+    if iowin[h] > 0 and (icap[h] > 0 or ocap[h] > 0) then
+        ilvl[h], olvl[h] = io_level(iokey[h], icap[h], ocap[h], iowin[h], now)
+        any_bucket = true
+    end
+end
+
+-- A bucket at level LVL of capacity CAP refilled over WIN, for COST: the
+-- reason and retry time after it (a refusal's reason is the first failing
+-- check's: LABEL_NAME, or NAME without a label; retry_at the latest time).
+local function check(reason, retry_at, lvl, cap, cost, win, lbl, name)
+    local missing = (cost < cap and cost or cap) - lvl
+    if missing > 1e-9 then
+        if not reason then reason = lbl and lbl .. '_' .. name or name end
+        local at = now + missing * win / cap
+        if at > retry_at then retry_at = at end
+    end
+    return reason, retry_at
+end
 
 -- Each attempt in turn, as if admitted alone one after the other at `now`:
 -- an admitted one takes its lease, its probe and its withdrawals before the
@@ -168,13 +216,21 @@ end
 -- failing check's; retry_at the latest known time among all of them.
 local out, zargs, n_adm, probe_id = { 0, 0, 0 }, { false, false }, 0, nil
 for i = 1, n_att do
-    local id, est = ARGV[1], ARGV[10]
+    local id, est, est_out, est_in = ARGV[1], ARGV[10], 0, 0
     if i > 1 then
-        local j = first_extra + 2 * i - 4
-        id, est = ARGV[j], ARGV[j + 1]
+        local j = first_extra + stride * (i - 2)
+        id, est, est_out = ARGV[j], ARGV[j + 1], ARGV[j + 2]
+    elseif n_io > 0 then
+        est_out = ARGV[first_extra - 1]
     end
     est = tonumber(est) or 0
     if est < 0 then est = 0 end
+    -- input and output tokens apart, for the io keys
+    if n_io > 0 then
+        est_out = tonumber(est_out) or 0
+        if est_out < 0 then est_out = 0 end
+        est_in = est > est_out and est - est_out or 0
+    end
     local reason, retry_at, probe = nil, 0, 0
     if open_until > 0 then
         if now < open_until then
@@ -193,18 +249,20 @@ for i = 1, n_att do
             local lvl = blvl[b]
             if lvl then
                 local kind = b % 3 -- 1 rpm, 2 tpm, 0 daily
-                local cost = kind == 1 and 1 or est
-                local cap = bcap[b]
-                local missing = (cost < cap and cost or cap) - lvl
-                if missing > 1e-9 then
-                    if not reason then
-                        local name = kind == 1 and 'rpm' or kind == 2 and 'tpm' or 'daily'
-                        reason = L == 1 and name or label[L] .. '_' .. name
-                    end
-                    local at = now + missing * bwin[b] / cap
-                    if at > retry_at then retry_at = at end
-                end
+                reason, retry_at = check(reason, retry_at, lvl, bcap[b], kind == 1 and 1 or est,
+                    bwin[b], label[L], kind == 1 and 'rpm' or kind == 2 and 'tpm' or 'daily')
             end
+        end
+    end
+    for h = 1, n_io do
+        local lbl = iolabel[h] ~= '' and iolabel[h]
+        if ilvl[h] then
+            reason, retry_at = check(reason, retry_at, ilvl[h], icap[h], est_in, iowin[h], lbl,
+                'itpm')
+        end
+        if olvl[h] then
+            reason, retry_at = check(reason, retry_at, olvl[h], ocap[h], est_out, iowin[h], lbl,
+                'otpm')
         end
     end
     local o = 3 * i - 3
@@ -216,6 +274,10 @@ for i = 1, n_att do
             for b = 3 * L - 2, 3 * L do
                 if blvl[b] then blvl[b] = blvl[b] - ((b % 3 == 1) and 1 or est) end
             end
+        end
+        for h = 1, n_io do
+            if ilvl[h] then ilvl[h] = ilvl[h] - est_in end
+            if olvl[h] then olvl[h] = olvl[h] - est_out end
         end
         if probe == 1 then
             probe_busy, probe_id = true, id
@@ -252,6 +314,11 @@ if any_bucket then
     for b = 1, 3 * n_lim do
         if blvl[b] then
             bucket_store(bkey[b], bcap[b], bwin[b], blvl[b], now_s)
+        end
+    end
+    for h = 1, n_io do
+        if ilvl[h] or olvl[h] then
+            io_store(iokey[h], icap[h], ocap[h], iowin[h], ilvl[h], olvl[h], now_s)
         end
     end
 end

@@ -32,10 +32,24 @@ ARGV[12+4g] tpm    ARGV[13+4g] tpm_window_ms    ARGV[14+4g] daily    ARGV[15+4g]
 The lease leaves the group's leases too (the app's slot is free at once) and
 its buckets are reconciled like the source's.
 
+Then, per io key h of admit.lua (KEYS[6+4n+h], m of them, n = the number
+of app groups: the input- and output-token buckets of the source or app):
+ARGV[12+4n+3h] itpm    ARGV[13+4n+3h] otpm    ARGV[14+4n+3h] window_ms
+and, when m > 0, the first release's
+ARGV[12+4n+3m] est_out     what admit.lua reserved as output (its input:
+                           est_tokens - est_out)
+ARGV[13+4n+3m] used_in     real input tokens as the source counts them
+                           (cache reads left out where they do not count);
+                           negative = unknown (the estimate stands)
+ARGV[14+4n+3m] used_out    real output tokens; negative = unknown
+Each io key's buckets are reconciled like the token buckets.
+
 Then 0 or more further releases on the same keys, f = 0, 1, ... (a sidecar
 sends the releases of one loop turn for one source and app in one call):
 ARGV[12+4n+4f] lease_id   ARGV[13+4n+4f] verdict   ARGV[14+4n+4f] est_tokens
-ARGV[15+4n+4f] used_tokens                          (n = the number of app groups)
+ARGV[15+4n+4f] used_tokens                          (m = 0)
+or, with m > 0, seven per release from ARGV[15+4n+3m]: lease_id, verdict,
+est_tokens, used_tokens, est_out, used_in, used_out.
 Each release, ARGV[1]'s first, applies as if it ran alone, one after the
 other at the same Redis time; each key is written once for them all.
 
@@ -62,30 +76,30 @@ Steps and why:
  each write so forgotten sources do not leak keys.
 ]]
 
--- time_ms, num, limit_arg, bucket_level and bucket_store come from lib.lua
--- (prepended).
+-- time_ms, num, limit_arg, bucket_level, bucket_store, io_level and io_store
+-- come from lib.lua (prepended).
 -- Written like admit.lua, for Redis' time per call (see there): the releases
 -- are read from ARGV where they are, and Redis' clock is read only when
 -- something needs it (a bucket to reconcile, a breaker that opens or is
 -- not closed): a success on a closed breaker needs no time.
 local K_BRK, K_LEASES = KEYS[1], KEYS[2]
-local nk, na = #KEYS, #ARGV
-local n_groups = (nk - 5) / 4
-local first_extra = 12 + 4 * n_groups
-if nk < 5 or n_groups ~= math.floor(n_groups) or na < first_extra - 1 or
-    (na - first_extra + 1) % 4 ~= 0 then
-    return redis.error_reply('release.lua: KEYS must be 5 + 4 per app group, ARGV 11 + 4 per group ' ..
-                             '+ 4 per further release')
+local n_groups, n_io, io_at, first_extra, stride, n_rel = layout(12, 4, 3, 3, 4, 7)
+if not n_groups then
+    return redis.error_reply('release.lua: KEYS must be 5 + 4 per app group + 0 to 2 io keys, ' ..
+                             'ARGV 11 + 4 per group + (3 per io key + 3) + 4 (7 with io keys) ' ..
+                             'per further release')
 end
-local n_rel = 1 + (na - first_extra + 1) / 4
+local nk = #KEYS
 
 -- Release i's lease id, verdict, estimate and usage are ARGV[a] and the
--- three after it: a = 1 for i = 1, first_extra + 4i - 8 after it.
+-- three after it: a = 1 for i = 1, first_extra + stride (i - 2) after it;
+-- with io keys, its est_out, used_in and used_out are ARGV[first_extra - 3]
+-- and the two after it for i = 1, ARGV[a + 4] and after for the others.
 
 -- Validated before any write: a script error does not roll back earlier writes.
 local any_failure = false
 for i = 1, n_rel do
-    local v = ARGV[i == 1 and 2 or first_extra + 4 * i - 7]
+    local v = ARGV[i == 1 and 2 or first_extra + stride * (i - 2) + 1]
     if v == 'failure' then
         any_failure = true
     elseif v ~= 'success' and v ~= 'neutral' then
@@ -103,7 +117,7 @@ if n_rel == 1 then
     end
 else
     local ids = {}
-    for i = 1, n_rel do ids[i] = ARGV[i == 1 and 1 or first_extra + 4 * i - 8] end
+    for i = 1, n_rel do ids[i] = ARGV[i == 1 and 1 or first_extra + stride * (i - 2)] end
     local sc = redis.call('ZMSCORE', K_LEASES, unpack(ids))
     for i = 1, n_rel do out[3 * i - 2] = sc[i] and 1 or 0 end
     redis.call('ZREM', K_LEASES, unpack(ids))
@@ -118,7 +132,7 @@ end
 -- in turn; a bucket no release has a delta for is left as it is
 local now, now_s
 -- (nothing to do when no bucket has a capacity: '0' is how one says none)
-if n_groups > 0 or ARGV[5] ~= '0' or ARGV[7] ~= '0' then
+if n_groups > 0 or n_io > 0 or ARGV[5] ~= '0' or ARGV[7] ~= '0' then
     local function reconcile(key, cap, win)
         cap = limit_arg(cap)
         if cap <= 0 then return end
@@ -126,7 +140,7 @@ if n_groups > 0 or ARGV[5] ~= '0' or ARGV[7] ~= '0' then
         if win <= 0 then return end
         local lvl
         for i = 1, n_rel do
-            local a = i == 1 and 1 or first_extra + 4 * i - 8
+            local a = i == 1 and 1 or first_extra + stride * (i - 2)
             local used = ARGV[a + 3]
             if used ~= ARGV[a + 2] then
                 local est
@@ -152,6 +166,38 @@ if n_groups > 0 or ARGV[5] ~= '0' or ARGV[7] ~= '0' then
         reconcile(KEYS[k], ARGV[a], ARGV[a + 1])
         reconcile(KEYS[k + 1], ARGV[a + 2], ARGV[a + 3])
     end
+    -- the io keys: input and output apart, each release's real counts
+    -- replacing its estimates (est_in = est_tokens - est_out, as admit.lua)
+    for h = 1, n_io do
+        local a = io_at + 3 * h - 3
+        local icap, ocap, win = limit_arg(ARGV[a]), limit_arg(ARGV[a + 1]), tonumber(ARGV[a + 2]) or 0
+        if win > 0 and (icap > 0 or ocap > 0) then
+            local ilvl, olvl
+            for i = 1, n_rel do
+                local e = i == 1 and 1 or first_extra + stride * (i - 2)
+                local x = i == 1 and first_extra - 3 or e + 4
+                local used_in, used_out = tonumber(ARGV[x + 1]) or -1, tonumber(ARGV[x + 2]) or -1
+                if used_in >= 0 or used_out >= 0 then
+                    local est, est_out = tonumber(ARGV[e + 2]) or 0, tonumber(ARGV[x]) or 0
+                    if est < 0 then est = 0 end
+                    if est_out < 0 then est_out = 0 end
+                    local est_in = est > est_out and est - est_out or 0
+                    if ilvl == nil then
+                        if not now then
+                            now = time_ms(redis.call('TIME'))
+                            now_s = num(now)
+                        end
+                        ilvl, olvl = io_level(KEYS[nk - n_io + h], icap, ocap, win, now)
+                    end
+                    if ilvl and used_in >= 0 then ilvl = math.min(icap, ilvl - (used_in - est_in)) end
+                    if olvl and used_out >= 0 then
+                        olvl = math.min(ocap, olvl - (used_out - est_out))
+                    end
+                end
+            end
+            if ilvl ~= nil then io_store(KEYS[nk - n_io + h], icap, ocap, win, ilvl, olvl, now_s) end
+        end
+    end
 end
 
 -- 3. breaker: each verdict in turn on the state read once; the fields it
@@ -170,7 +216,7 @@ end
 local set_ou, set_cd, set_consec, probe_deleted, opened = false, false, false, false, 0
 
 for i = 1, n_rel do
-    local a = i == 1 and 1 or first_extra + 4 * i - 8
+    local a = i == 1 and 1 or first_extra + stride * (i - 2)
     local id, verdict = ARGV[a], ARGV[a + 1]
     local was_probe = (probe and probe == id) and 1 or 0
     local open_cd -- the breaker opens for this cool-down
