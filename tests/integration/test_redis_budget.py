@@ -105,9 +105,13 @@ def test_redis_budget__a_burst_through_two_sidecars_never_overshoots(redis_srv, 
     total = sum(parse(ctl(sc, "metrics").stdout).get(key_of, 0) for sc in fleet)
     assert abs(total - charged) < 1e-9, (total, charged)
     # Then one call at a time, alternating sidecars: the fleet spends the
-    # budget down to within one worst case (1.0), never past it.
+    # budget down to within one worst case (1.0), never past it. (A call's
+    # settle reaches Redis just after its answer: each call waits for the
+    # one before it to be settled, as a caller one call at a time would.)
     served_after = 0
     while True:
+        await_true(lambda: budget().get("reserved", 1) == 0, timeout=15,
+                   what="the previous call's settle")
         c = conns[served_after % 2]
         body = chat(max_tokens=1000, mock={"usage": {"prompt_tokens": 5,
                                                      "completion_tokens": rnd.randint(100, 1000)}})
