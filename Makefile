@@ -265,7 +265,8 @@ FUZZ_MAX_LEN ?= 4194304
 FUZZ_CC      ?= clang
 FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/codec/transcode.c sidecar/core/config.c sidecar/core/models.c sidecar/core/modelmatch.c sidecar/core/tls.c sidecar/backend/redis_url.c sidecar/upstream/h1.c \
                 sidecar/core/yamltree.c sidecar/core/name_index.c sidecar/codec/jscan.c \
-                sidecar/codec/dialect.c sidecar/codec/convert.c sidecar/http/httpreq.c \
+                sidecar/codec/dialect.c sidecar/codec/convert.c sidecar/codec/converse.c \
+                sidecar/http/httpreq.c \
                 sidecar/call/upath.c sidecar/http/gemroute.c sidecar/core/awscreds.c \
                 sidecar/core/gcpcreds.c \
                 $(REF_SRC)

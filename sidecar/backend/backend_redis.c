@@ -1367,7 +1367,7 @@ static int cluster_check_slots(const struct backend_redis *sh, char *err, size_t
     char key[SHARED_KEY_MAX];
 
     for (size_t i = 0; i < cfg->n_apps; i++) {
-        bool limits = sh->apps[i].own.on || sh->apps[i].caps;
+        bool limits = sh->apps[i].own.on || sh->apps[i].caps || sh->apps[i].io.on;
         bool budget = budget_is_set(&cfg->apps[i].budget);
         snprintf(key, sizeof(key), "{%s:app:%s}", cfg->redis_prefix, cfg->apps[i].name);
         for (size_t j = 0; (limits || budget) && j < cfg->n_sources; j++) {

@@ -54,6 +54,7 @@
 #include "backend/backend.h"
 #include "backend/respids.h"
 #include "codec/convert.h"
+#include "codec/converse.h"
 #include "codec/dialect.h"
 #include "call/cloudsign.h"
 #include "call/upath.h"
@@ -72,6 +73,11 @@
 #include "codec/transcode.h"
 #include "upstream/upstream.h"
 #include "utf8.h"
+
+/* The API of a cloud a Messages body is remade for (call_prepare_json):
+ * Bedrock's InvokeModel, Bedrock's Converse (converse.h), Vertex AI's
+ * rawPredict; none for every other source. */
+enum cloud_body { CLOUD_NONE, CLOUD_BEDROCK, CLOUD_CONVERSE, CLOUD_VERTEX };
 
 /* How the client's body is sent to a source (call_prepare_json). */
 enum body_form {
@@ -342,10 +348,10 @@ struct call {
     msgpack_sbuffer body; /* the client's msgpack body, packed (kept for retries) */
     struct strbuf raw;    /* or its JSON body, as it came */
     bool body_is_json;
-    struct strbuf json;       /* its JSON for `json_model` and `json_form` */
-    const char *json_model;   /* model override `json` was made with */
-    enum body_form json_form; /* what `json` was made for */
-    bool json_bedrock;        /* ... and whether for Bedrock (pack_for_bedrock) */
+    struct strbuf json;         /* its JSON for `json_model` and `json_form` */
+    const char *json_model;     /* model override `json` was made with */
+    enum body_form json_form;   /* what `json` was made for */
+    enum cloud_body json_cloud; /* ... and for which cloud API (pack_for_cloud) */
     bool json_ready;
     enum body_form form;         /* the current attempt's */
     bool has_stream_options;     /* the body has a top-level stream_options */
@@ -2108,12 +2114,21 @@ static void pack_for_cloud(const msgpack_object *body, msgpack_sbuffer *out, con
     }
 }
 
+/* Which cloud API a source's body is made for. */
+static enum cloud_body cloud_body_of(const struct config_source *src)
+{
+    if (src->kind == DIALECT_BEDROCK)
+        return src->bedrock_converse ? CLOUD_CONVERSE : CLOUD_BEDROCK;
+    return src->vertex.on && src->kind == DIALECT_ANTHROPIC ? CLOUD_VERTEX : CLOUD_NONE;
+}
+
 /* The JSON body for a source: made once per distinct (model override,
  * form); the common case is one transcode per call, however many
  * attempts, and none for a JSON body sent as it came. */
 static int call_prepare_json(struct call *k, const struct config_source *src, char *why,
                              size_t whylen)
 {
+    enum cloud_body cloud = cloud_body_of(src);
     /* A Gemini body names no model (its path does) and never `stream`
      * (its method does): sent as it came. */
     bool gemini = src->kind == DIALECT_GEMINI, bedrock = src->kind == DIALECT_BEDROCK;
@@ -2128,7 +2143,7 @@ static int call_prepare_json(struct call *k, const struct config_source *src, ch
     k->form = form;
     if (k->rawc)
         return 0; /* a passthrough's body is sent as it came (rawcall.h) */
-    if (k->json_ready && k->json_form == form && k->json_bedrock == (bedrock || vertex_anth) &&
+    if (k->json_ready && k->json_form == form && k->json_cloud == cloud &&
         (k->json_model == model || (k->json_model && model && strcmp(k->json_model, model) == 0)))
         return 0;
     if (k->body_is_json && !model && form == BODY_AS_IS) {
@@ -2171,12 +2186,24 @@ static int call_prepare_json(struct call *k, const struct config_source *src, ch
         body = &alt.data;
     msgpack_sbuffer_init(&brbuf);
     msgpack_unpacked_init(&br);
-    if ((bedrock || vertex_anth) && body->type == MSGPACK_OBJECT_MAP) {
+    if (cloud == CLOUD_CONVERSE) {
+        msgpack_packer cpk;
+        msgpack_packer_init(&cpk, &brbuf, msgpack_sbuffer_write);
+        if (converse_request(body, &cpk, why, whylen) < 0) {
+            msgpack_sbuffer_destroy(&brbuf);
+            msgpack_sbuffer_destroy(&altbuf);
+            msgpack_unpacked_destroy(&alt);
+            msgpack_unpacked_destroy(&up);
+            k->json_ready = false;
+            return TRANSCODE_EINVALID;
+        }
+    } else if (cloud != CLOUD_NONE && body->type == MSGPACK_OBJECT_MAP) {
         pack_for_cloud(body, &brbuf, bedrock ? BEDROCK_ANTHROPIC_VERSION : VERTEX_ANTHROPIC_VERSION,
                        bedrock);
-        if (msgpack_unpack_next(&br, brbuf.data, brbuf.size, NULL) == MSGPACK_UNPACK_SUCCESS)
-            body = &br.data;
     }
+    if (brbuf.size > 0 &&
+        msgpack_unpack_next(&br, brbuf.data, brbuf.size, NULL) == MSGPACK_UNPACK_SUCCESS)
+        body = &br.data;
     struct transcode_override ov = {
         .model = bedrock || vertex_anth ? NULL : model,
         /* The `stream` parameter decides; a body's own "stream" key must not
@@ -2200,7 +2227,7 @@ static int call_prepare_json(struct call *k, const struct config_source *src, ch
     }
     k->json_model = model;
     k->json_form = form;
-    k->json_bedrock = bedrock || vertex_anth;
+    k->json_cloud = cloud;
     k->json_ready = true;
     return 0;
 }
@@ -2310,7 +2337,9 @@ static void call_run_attempt(struct call *k, size_t source)
         .body = json,
         .body_len = text_len,
         .stream = k->stream,
-        .stream_end = dialect_for(src->kind, k->cap->path)->stream_end,
+        .stream_end = src->kind == DIALECT_BEDROCK && src->bedrock_converse
+            ? "metadata (ConverseStream)"
+            : dialect_for(src->kind, k->cap->path)->stream_end,
         .connect_timeout_s = src->connect_timeout_s,
         .ttft_timeout_s = src->ttft_timeout_s,
         .idle_timeout_s = src->idle_timeout_s,
@@ -2369,6 +2398,7 @@ static void call_run_attempt(struct call *k, size_t source)
     as.refuse = auth > 0 ? no_creds : NULL;
     as.attempt_headers = signature;
     as.aws_eventstream = src->kind == DIALECT_BEDROCK && k->stream;
+    as.bedrock_converse = src->kind == DIALECT_BEDROCK && src->bedrock_converse;
     k->past_end = false;
     k->attempt = attempt_start(srv->up, &as, &call_hooks, k);
     explicit_bzero(url, nu + 1); /* auth_query puts the key in it */

@@ -75,6 +75,9 @@ int cloudsign_lines(const struct config_source *src, struct cloudauth *aws, stru
     struct sigv4_creds creds = { src->aws.access_key_id, src->aws.secret_access_key,
                                  src->aws.session_token };
     bool fetched = src->vertex.on || (src->kind == DIALECT_BEDROCK && aws_creds_fetched(&src->aws));
+    /* Keys of the credentials file: the watcher's, read again when the
+     * file changes; the ones loaded with the configuration without one. */
+    bool watched = src->kind == DIALECT_BEDROCK && aws_creds_watched(&src->aws) && aws;
     struct cloudauth *from = src->vertex.on ? gcp : aws;
 
     *lines = NULL;
@@ -84,7 +87,7 @@ int cloudsign_lines(const struct config_source *src, struct cloudauth *aws, stru
         snprintf(why, whylen, "no credentials fetcher (it could not start)");
         return 1;
     }
-    if (fetched && !cloudauth_get(from, &creds, why, whylen))
+    if ((fetched || watched) && !cloudauth_get(from, &creds, why, whylen))
         return 1;
     if (src->kind == DIALECT_BEDROCK) /* signed at each attempt: a signature holds its time */
         return (*lines = cloudsign_aws(src, &creds, url, body, body_len, now)) ? 0 : -1;

@@ -94,7 +94,9 @@ char *upath_url(const struct config_source *src, const struct upath_call *c, cha
         enc[o] = '\0';
         path = "/model/";
         model = enc;
-        method = c->stream ? "/invoke-with-response-stream" : "/invoke";
+        method = src->bedrock_converse ? (c->stream ? "/converse-stream" : "/converse")
+            : c->stream                ? "/invoke-with-response-stream"
+                                       : "/invoke";
     } else if (strcmp(c->cap->name, "chat") == 0 && strcmp(path, "/chat/completions") == 0) {
         /* The built-in chat path is each dialect's own (Anthropic:
          * /messages); a path set in the configuration is used as written. */

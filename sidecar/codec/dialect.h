@@ -9,6 +9,10 @@
  *   gemini     x-goog-api-key        -                    /models/M:METHOD    a finishReason
  *   bedrock    SigV4 Authorization   body anthropic_version /model/M/invoke  message_stop
  *
+ * A bedrock source with `api: converse` calls /model/M/converse instead; its
+ * answers are turned into Messages ones as they arrive (converse.h), so it
+ * is this same row to everything else.
+ *
  * An OpenAI or Azure source called at a path ending in /responses speaks
  * OpenAI's Responses API instead (dialect_for): same key and version, but
  * its stream ends with response.completed, response.incomplete or

@@ -32,10 +32,10 @@ static char *trimmed(char *s)
 
 void aws_creds_clear(struct aws_creds *c)
 {
-    char **keys[] = { &c->access_key_id,  &c->secret_access_key, &c->session_token,
-                      &c->role_arn,       &c->token_file,        &c->session_name,
-                      &c->sts_url,        &c->container_uri,     &c->container_token_file,
-                      &c->container_token };
+    char **keys[] = { &c->access_key_id,   &c->secret_access_key, &c->session_token,
+                      &c->role_arn,        &c->token_file,        &c->session_name,
+                      &c->sts_url,         &c->container_uri,     &c->container_token_file,
+                      &c->container_token, &c->creds_file,        &c->profile };
     for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
         if (*keys[i]) {
             explicit_bzero(*keys[i], strlen(*keys[i]));
@@ -70,10 +70,8 @@ static int creds_from_env(struct aws_creds *c, char *why, size_t whylen)
     return 1;
 }
 
-/* Reads [profile] of the INI file at `path`: 1 found, 0 no such file or
- * section, -1 an error (why). */
-static int creds_from_file(struct aws_creds *c, const char *path, const char *profile, char *why,
-                           size_t whylen)
+int aws_creds_read_file(struct aws_creds *c, const char *path, const char *profile, char *why,
+                        size_t whylen)
 {
     FILE *f = fopen(path, "re");
     char line[8192];
@@ -250,8 +248,15 @@ int aws_creds_load(struct aws_creds *c, char *why, size_t whylen)
         snprintf(path, sizeof(path), "%s/.aws/credentials", home);
     else
         path[0] = '\0';
-    if (path[0] && (rc = creds_from_file(c, path, profile, why, whylen)) != 0)
+    if (path[0] && (rc = aws_creds_read_file(c, path, profile, why, whylen)) != 0) {
+        if (rc > 0 &&
+            (creds_dup(&c->creds_file, path, why, whylen) < 0 ||
+             creds_dup(&c->profile, profile, why, whylen) < 0)) {
+            aws_creds_clear(c);
+            return -1;
+        }
         return rc < 0 ? -1 : 0;
+    }
     if ((rc = creds_container(c, why, whylen)) != 0)
         return rc < 0 ? -1 : 0;
     snprintf(why, whylen,

@@ -18,8 +18,11 @@
  *      AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE or AWS_CONTAINER_AUTHORIZATION_TOKEN,
  *      fetched likewise.
  *
- * Read when the configuration is loaded (and reloaded, SIGHUP). The keys
- * are secrets: never printed, wiped when the configuration is freed.
+ * Read when the configuration is loaded (and reloaded, SIGHUP); keys from
+ * the credentials file (3) are read again by the sidecar whenever the file
+ * changes (upstream/cloudauth.h), as tools that rotate session keys
+ * rewrite it. The keys are secrets: never printed, wiped when the
+ * configuration is freed.
  */
 #ifndef POLYGW_AWSCREDS_H
 #define POLYGW_AWSCREDS_H
@@ -36,7 +39,23 @@ struct aws_creds {
     char *role_arn, *token_file, *session_name, *sts_url;
     char *container_uri, *container_token_file;
     char *container_token; /* owned secret */
+    /* Set with the keys when they came from the credentials file (3):
+     * its path and the profile read, each owned. */
+    char *creds_file, *profile;
 };
+
+/* Did the keys come from the credentials file (and follow it)? */
+static inline int aws_creds_watched(const struct aws_creds *c)
+{
+    return c->creds_file != NULL;
+}
+
+/* Reads the keys of section [profile] of the credentials file at `path`
+ * into c's access_key_id, secret_access_key and session_token (which must
+ * be unset). Returns 1 found, 0 no such file or section (or a section
+ * without keys), -1 an error (`why`, never quoting a value; c cleared). */
+int aws_creds_read_file(struct aws_creds *c, const char *path, const char *profile, char *why,
+                        size_t whylen);
 
 /* Are the keys fetched by the sidecar (a role or a container endpoint)? */
 static inline int aws_creds_fetched(const struct aws_creds *c)

@@ -176,8 +176,11 @@ enum fid {
     FID_API_VERSION,
     FID_ANTHROPIC_VERSION,
     FID_REGION,
+    FID_BEDROCK_API,
     FID_PROJECT,
     FID_LOCATION,
+    FID_TOKEN_COMMAND,
+    FID_TOKEN_FILE,
     FID_AUTH_HEADER,
     FID_AUTH_QUERY,
     FID_HEADERS,
@@ -308,6 +311,7 @@ struct src_stage {
     char *key_env;  /* owned; name of the variable holding the key */
     char *key_file; /* owned; absolute path of the key file */
     char *accepts;  /* owned; `accepts:` as written */
+    char *api;      /* owned; `api:` as written (kind: bedrock) */
     unsigned map_line;
     unsigned line[FID_COUNT];
 };
@@ -1093,6 +1097,7 @@ static const struct field source_policy_table[] = { MISPLACED("max_attempts", FI
 static int walk_headers(struct loader *l, const struct ynode *v);
 static int walk_query(struct loader *l, const struct ynode *v);
 static int walk_serves(struct loader *l, const struct ynode *v);
+static int walk_token_command(struct loader *l, const struct ynode *v);
 static int walk_app_models(struct loader *l, const struct ynode *v);
 
 #define SRC(m) OFF(struct src_stage, src.m)
@@ -1135,8 +1140,14 @@ static const struct field source_table[] = {
     STR("api_version", FID_API_VERSION, SRC(api_version), check_query_text),
     STR("anthropic_version", FID_ANTHROPIC_VERSION, SRC(anthropic_version), check_text),
     STR("region", FID_REGION, SRC(aws.region), check_region),
+    STR("api", FID_BEDROCK_API, OFF(struct src_stage, api), check_text),
     STR("project", FID_PROJECT, SRC(vertex.project), check_gcp_name),
     STR("location", FID_LOCATION, SRC(vertex.location), check_gcp_name),
+    { .key = "token_command",
+      .type = FT_CUSTOM,
+      .fid = FID_TOKEN_COMMAND,
+      .walk = walk_token_command },
+    STR("token_file", FID_TOKEN_FILE, SRC(vertex.creds.token_file), check_key_path),
     STR("auth_header", FID_AUTH_HEADER, SRC(auth_header), check_header_name),
     STR("auth_query", FID_AUTH_QUERY, SRC(auth_query), check_query_text),
     { .key = "headers", .type = FT_CUSTOM, .fid = FID_HEADERS, .walk = walk_headers },
@@ -2242,6 +2253,34 @@ static int walk_serves(struct loader *l, const struct ynode *v)
                         &s->serves, &s->n_serves);
 }
 
+/* sources[i].token_command: [PROGRAM, ARG, ...], the argv of a program
+ * that prints a Google Cloud access token: 1 to 64 strings, the first
+ * not empty, none with a control character. */
+static int walk_token_command(struct loader *l, const struct ynode *v)
+{
+    struct gcp_creds *g = &l->srcs[l->n_srcs - 1].src.vertex.creds;
+
+    if (v->kind != YN_SEQ || v->n_kids == 0 || v->n_kids > 64)
+        return fail_type(l, v, "a list of 1 to 64 strings: the program and its arguments");
+    if (!(g->token_command = calloc(v->n_kids + 1, sizeof(*g->token_command))))
+        return fail_nomem(l);
+    for (size_t i = 0; i < v->n_kids; i++) {
+        const char *arg;
+        size_t old = path_push_index(l, i);
+        int rc = get_string(l, v->kids[i], &arg);
+        if (rc == 0 && ((i == 0 && !*arg) || has_ctl(arg, strlen(arg))))
+            rc = fail_here(l, v->kids[i]->line,
+                           i == 0 ? "must name a program" : "must not hold control characters");
+        if (rc == 0 && !(g->token_command[i] = strdup(arg)))
+            rc = fail_nomem(l);
+        path_pop(l, old);
+        if (rc < 0)
+            return rc;
+        g->n_token_command++;
+    }
+    return 0;
+}
+
 /* apps[i].models: [NAME | GLOB, ...] (models.h). */
 static int walk_app_models(struct loader *l, const struct ynode *v)
 {
@@ -2625,11 +2664,25 @@ static int validate_dialect(struct loader *l, size_t i, const char *prefix)
          * other publisher model here is Google's, speaking Gemini's API. */
         if (strncmp(s->model, "claude", 6) == 0)
             s->kind = DIALECT_ANTHROPIC;
-    } else if (st->line[FID_PROJECT] || st->line[FID_LOCATION]) {
-        snprintf(path, sizeof(path), "%s.%s", prefix,
-                 st->line[FID_PROJECT] ? "project" : "location");
-        return fail_at(l, st->line[FID_PROJECT] ? st->line[FID_PROJECT] : st->line[FID_LOCATION],
-                       path, "only valid with kind: vertex");
+        if (st->line[FID_TOKEN_COMMAND] && st->line[FID_TOKEN_FILE]) {
+            snprintf(path, sizeof(path), "%s.token_file", prefix);
+            return fail_at(l, st->line[FID_TOKEN_FILE], path,
+                           "cannot be combined with token_command; choose one");
+        }
+    } else if (st->line[FID_PROJECT] || st->line[FID_LOCATION] || st->line[FID_TOKEN_COMMAND] ||
+               st->line[FID_TOKEN_FILE]) {
+        static const struct {
+            enum fid fid;
+            const char *key;
+        } vertex_only[] = { { FID_PROJECT, "project" },
+                            { FID_LOCATION, "location" },
+                            { FID_TOKEN_COMMAND, "token_command" },
+                            { FID_TOKEN_FILE, "token_file" } };
+        size_t k = 0;
+        while (!st->line[vertex_only[k].fid])
+            k++;
+        snprintf(path, sizeof(path), "%s.%s", prefix, vertex_only[k].key);
+        return fail_at(l, st->line[vertex_only[k].fid], path, "only valid with kind: vertex");
     }
     if (s->kind == DIALECT_BEDROCK) {
         static const struct {
@@ -2663,9 +2716,18 @@ static int validate_dialect(struct loader *l, size_t i, const char *prefix)
             return fail_at(l, st->line[FID_SRC_KIND], path,
                            "kind: bedrock serves chat only (capability is %s)", s->capability);
         }
-    } else if (st->line[FID_REGION]) {
-        snprintf(path, sizeof(path), "%s.region", prefix);
-        return fail_at(l, st->line[FID_REGION], path, "only valid with kind: bedrock");
+        if (st->api) {
+            snprintf(path, sizeof(path), "%s.api", prefix);
+            if (strcmp(st->api, "converse") != 0 && strcmp(st->api, "invoke") != 0)
+                return fail_at(l, st->line[FID_BEDROCK_API], path,
+                               "must be invoke (InvokeModel, Anthropic models) or converse "
+                               "(the Converse API, any model)");
+            s->bedrock_converse = strcmp(st->api, "converse") == 0;
+        }
+    } else if (st->line[FID_REGION] || st->line[FID_BEDROCK_API]) {
+        enum fid f = st->line[FID_REGION] ? FID_REGION : FID_BEDROCK_API;
+        snprintf(path, sizeof(path), "%s.%s", prefix, f == FID_REGION ? "region" : "api");
+        return fail_at(l, st->line[f], path, "only valid with kind: bedrock");
     }
     if (s->kind == DIALECT_ANTHROPIC && !s->vertex.on && !s->anthropic_version &&
         !(s->anthropic_version = strdup("2023-06-01")))
@@ -3160,6 +3222,25 @@ static int load_key(struct loader *l, size_t i)
 
     if (st->src.vertex.on) {
         char why[256];
+        /* One token serves every Vertex source (upstream/cloudauth.h). */
+        for (size_t j = 0; j < i; j++) {
+            if (!l->srcs[j].src.vertex.on)
+                continue;
+            if (gcp_creds_same_external(&l->srcs[j].src.vertex.creds, &st->src.vertex.creds))
+                break;
+            enum fid f = st->line[FID_TOKEN_COMMAND] ? FID_TOKEN_COMMAND
+                : st->line[FID_TOKEN_FILE]           ? FID_TOKEN_FILE
+                                                     : FID_SRC_KIND;
+            snprintf(path, sizeof(path), "sources[%zu].%s", i,
+                     f == FID_TOKEN_COMMAND    ? "token_command"
+                         : f == FID_TOKEN_FILE ? "token_file"
+                                               : "kind");
+            return fail_at(l, st->line[f], path,
+                           "every kind: vertex source must get its token the same way (the "
+                           "same token_command or token_file, or neither): one token serves "
+                           "them all; sources[%zu] differs",
+                           j);
+        }
         snprintf(path, sizeof(path), "sources[%zu].kind", i);
         if (gcp_creds_load(&st->src.vertex.creds, why, sizeof(why)) < 0)
             return fail_at(l, st->line[FID_SRC_KIND], path, "%s", why);
@@ -3684,6 +3765,7 @@ static void loader_fini(struct loader *l)
         free(l->srcs[i].key_env);
         free(l->srcs[i].key_file);
         free(l->srcs[i].accepts);
+        free(l->srcs[i].api);
     }
     free(l->srcs);
     for (size_t i = 0; i < l->n_apps; i++) {

@@ -215,6 +215,8 @@ struct config_source {
     char *auth_query;              /* owned or NULL: send the key as this query parameter */
     bool stream_usage;             /* openai/azure streams ask for usage; default true */
     bool accepts_openai;           /* anthropic: takes OpenAI chat bodies, converted */
+    bool bedrock_converse;         /* bedrock: `api: converse`, the Converse API (bodies,
+                                    * replies and events translated: codec/converse.h) */
     struct config_header *headers; /* owned array */
     size_t n_headers;
     struct config_param *query; /* owned array */

@@ -29,6 +29,29 @@ void gcp_creds_clear(struct gcp_creds *c)
                      &c->private_key_id, &c->token_uri,    &c->metadata_url };
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
         wipe_free(all[i]);
+    for (size_t i = 0; c->token_command && i < c->n_token_command; i++)
+        free(c->token_command[i]);
+    free(c->token_command);
+    c->token_command = NULL;
+    c->n_token_command = 0;
+    free(c->token_file);
+    c->token_file = NULL;
+}
+
+static int same_str(const char *a, const char *b)
+{
+    return (!a && !b) || (a && b && strcmp(a, b) == 0);
+}
+
+int gcp_creds_same_external(const struct gcp_creds *a, const struct gcp_creds *b)
+{
+    if (!same_str(a->token_file, b->token_file) || a->n_token_command != b->n_token_command ||
+        !a->token_command != !b->token_command)
+        return 0;
+    for (size_t i = 0; i < a->n_token_command; i++)
+        if (!same_str(a->token_command[i], b->token_command[i]))
+            return 0;
+    return 1;
 }
 
 struct key_json {
@@ -110,6 +133,8 @@ static int load_key_file(struct gcp_creds *c, const char *path, char *why, size_
 
 int gcp_creds_load(struct gcp_creds *c, char *why, size_t whylen)
 {
+    if (gcp_creds_external(c))
+        return 0;
     const char *path = getenv("GOOGLE_APPLICATION_CREDENTIALS");
     if (path && *path)
         return load_key_file(c, path, why, whylen);

@@ -10,6 +10,12 @@
  *      (GCE_METADATA_HOST, default metadata.google.internal) hands the
  *      token of the pod's service account.
  *
+ * unless the source names where something else puts the tokens it mints:
+ * `token_command` (an argv whose standard output is the token, e.g.
+ * gcloud auth print-access-token) or `token_file` (a file holding it,
+ * rewritten by a CSI driver or an agent); the environment is then not
+ * looked at.
+ *
  * The key file is read and checked when the configuration is loaded; the
  * tokens themselves are fetched on the loop (upstream/cloudauth.h).
  */
@@ -25,9 +31,22 @@ struct gcp_creds {
     char *private_key_id; /* owned or NULL, from the key (the JWT's kid) */
     char *token_uri;      /* owned, from the key */
     char *metadata_url;   /* owned: the metadata server's token URL (no key file) */
+    char **token_command; /* owned, NULL-terminated argv, or NULL */
+    size_t n_token_command;
+    char *token_file; /* owned: the path of a token file, or NULL */
 };
 
-/* Fills `c`. Returns 0, or -1 with `why` (never quoting a secret). */
+/* Are the tokens another program's (token_command or token_file)? */
+static inline int gcp_creds_external(const struct gcp_creds *c)
+{
+    return c->token_command != NULL || c->token_file != NULL;
+}
+
+/* Do `a` and `b` name the same program or file (both external, or both not)? 1 or 0. */
+int gcp_creds_same_external(const struct gcp_creds *a, const struct gcp_creds *b);
+
+/* Fills `c` (nothing to do when its tokens are external). Returns 0, or
+ * -1 with `why` (never quoting a secret). */
 int gcp_creds_load(struct gcp_creds *c, char *why, size_t whylen);
 
 /* Frees and wipes everything of `c`. */

@@ -8,10 +8,18 @@
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <libxml/tree.h>
+#include <errno.h>
+#include <math.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "codec/jscan.h"
 #include "core/config.h"
@@ -22,9 +30,34 @@
 #define BACKOFF_FIRST_S  1.0
 #define BACKOFF_MAX_S    60.0
 #define FETCH_TIMEOUT_S  10.0
-#define TOKEN_MAX        16384 /* bytes of a token file */
+#define TOKEN_MAX        16384   /* bytes of a token file */
+#define ASSUMED_LIFE_S   3600.0  /* a bare Google access token's life (their default) */
+#define FILE_POLL_S      1.0     /* a token file is looked at (a stat) this often */
+#define CREDS_FILE_MAX   1048576 /* bytes of an AWS credentials file */
+#define REAP_POLL_S      0.01    /* an ended token_command is waited for this often */
 
-enum cloudauth_kind { CA_AWS_ROLE, CA_AWS_CONTAINER, CA_GCP_KEY, CA_GCP_METADATA };
+enum cloudauth_kind {
+    CA_AWS_ROLE,
+    CA_AWS_CONTAINER,
+    CA_AWS_FILE, /* the shared credentials file: keys read again when it changes */
+    CA_GCP_KEY,
+    CA_GCP_METADATA,
+    CA_GCP_COMMAND, /* token_command: a program prints the token */
+    CA_GCP_FILE,    /* token_file: a file holds it */
+};
+
+/* A token_command while it runs: its pipes, read on the loop. */
+struct token_run {
+    pid_t pid; /* 0: none running */
+    ev_io out_w, err_w;
+    ev_child child_w; /* its exit, on the default loop (which reaps every child) */
+    ev_timer reap_w;  /* ... else waitpid asked on a period */
+    bool exited;
+    int status;
+    char *out; /* TOKEN_MAX + 1 bytes: standard output so far (a secret) */
+    size_t out_len, err_len;
+    bool too_long, timed_out;
+};
 
 struct cloudauth {
     struct ev_loop *loop;
@@ -39,6 +72,9 @@ struct cloudauth {
     unsigned tries;
     char last_error[200];
     struct cloudauth_stats stats;
+    struct token_run run; /* CA_GCP_COMMAND */
+    struct stat seen;     /* CA_GCP_FILE, CA_AWS_FILE: the file as last read */
+    bool file_seen;
 };
 
 static void wipe_free(char **p)
@@ -301,8 +337,10 @@ static void role_failed(struct cloudauth *r, const char *why)
     if (wait > BACKOFF_MAX_S)
         wait = BACKOFF_MAX_S;
     r->tries++;
-    log_at(LOG_WARN, "aws credentials fetch failed", "detail", LOG_S, why, "retry_in_s", LOG_F,
-           wait, NULL);
+    log_at(LOG_WARN,
+           r->kind <= CA_AWS_FILE ? "aws credentials fetch failed"
+                                  : "google cloud token fetch failed",
+           "detail", LOG_S, why, "retry_in_s", LOG_F, wait, NULL);
     role_arm(r, wait);
 }
 
@@ -315,9 +353,49 @@ static const char *role_peer(const struct cloudauth *r)
         return "the container endpoint";
     case CA_GCP_KEY:
         return "the service account's token_uri";
+    case CA_GCP_COMMAND:
+        return "token_command";
+    case CA_GCP_FILE:
+        return "token_file";
+    case CA_AWS_FILE:
+        return "the credentials file";
     default:
         return "the metadata server";
     }
+}
+
+/* New credentials (taken) valid until `exp`: kept, and the next fetch
+ * scheduled before they expire (a token file is looked at on its own
+ * period instead). */
+static void role_got(struct cloudauth *r, char *id, char *secret, char *token, double exp)
+{
+    wipe_free(&r->key_id);
+    wipe_free(&r->secret);
+    wipe_free(&r->token);
+    r->key_id = id;
+    r->secret = secret;
+    r->token = token;
+    r->expires_at = exp;
+    r->tries = 0;
+    r->last_error[0] = '\0';
+    r->stats.fetches_ok++;
+    r->stats.expires_at = exp;
+    double life = exp - ev_now(r->loop);
+    double next = life - REFRESH_BEFORE_S < life / 2 ? life - REFRESH_BEFORE_S : life / 2;
+    if (next < BACKOFF_FIRST_S)
+        next = BACKOFF_FIRST_S;
+    if (r->kind == CA_AWS_FILE) {
+        log_at(LOG_INFO, "aws credentials read", "file", LOG_S, r->set.creds_file, "profile", LOG_S,
+               r->set.profile, NULL);
+        role_arm(r, FILE_POLL_S);
+        return;
+    }
+    if (r->kind == CA_GCP_FILE)
+        next = FILE_POLL_S;
+    log_at(LOG_INFO,
+           r->kind <= CA_AWS_FILE ? "aws credentials fetched" : "google cloud token fetched",
+           "expires_in_s", LOG_F, life, "refresh_in_s", LOG_F, next, NULL);
+    role_arm(r, next);
 }
 
 static void role_on_done(struct attempt *a, const struct attempt_result *res, void *ud)
@@ -356,24 +434,7 @@ static void role_on_done(struct attempt *a, const struct attempt_result *res, vo
         role_failed(r, full);
         return;
     }
-    wipe_free(&r->key_id);
-    wipe_free(&r->secret);
-    wipe_free(&r->token);
-    r->key_id = id;
-    r->secret = secret;
-    r->token = token;
-    r->expires_at = exp;
-    r->tries = 0;
-    r->last_error[0] = '\0';
-    r->stats.fetches_ok++;
-    r->stats.expires_at = exp;
-    double life = exp - ev_now(r->loop);
-    double next = life - REFRESH_BEFORE_S < life / 2 ? life - REFRESH_BEFORE_S : life / 2;
-    if (next < BACKOFF_FIRST_S)
-        next = BACKOFF_FIRST_S;
-    log_at(LOG_INFO, "aws credentials fetched", "expires_in_s", LOG_F, life, "refresh_in_s", LOG_F,
-           next, NULL);
-    role_arm(r, next);
+    role_got(r, id, secret, token, exp);
 }
 
 static const struct attempt_hooks role_hooks = { NULL, role_on_done };
@@ -528,12 +589,346 @@ static void role_fetch(struct cloudauth *r)
         role_failed(r, "cannot start the request");
 }
 
+/* ---- tokens another program mints: token_command, token_file ------------ */
+
+/* The token in `len` bytes of `text` (a program's output, a file): an OAuth
+ * 2 answer ({"access_token", "expires_in"}, counted from `from`), or the
+ * bare token, believed for ASSUMED_LIFE_S from `from`. Returns it malloc'd
+ * with *exp, or NULL with `why`. */
+static char *external_token(const char *text, size_t len, double from, double *exp, char *why,
+                            size_t whylen)
+{
+    char *token = NULL;
+    size_t a = 0;
+    while (a < len && (text[a] == ' ' || text[a] == '\t' || text[a] == '\n' || text[a] == '\r'))
+        a++;
+    if (a < len && text[a] == '{')
+        return cloudauth_parse_oauth(text + a, len - a, from, &token, exp, why, whylen) == 0 ? token
+                                                                                             : NULL;
+    while (len > a &&
+           (text[len - 1] == ' ' || text[len - 1] == '\t' || text[len - 1] == '\n' ||
+            text[len - 1] == '\r'))
+        len--;
+    if (len == a || memchr(text + a, '\0', len - a) || !(token = strndup(text + a, len - a)) ||
+        !aws_creds_value_ok(token)) {
+        wipe_free(&token);
+        snprintf(why, whylen,
+                 "the output is not an access token (one line of printable characters, at most "
+                 "4096 bytes) nor an OAuth 2 answer");
+        return NULL;
+    }
+    *exp = from + ASSUMED_LIFE_S;
+    return token;
+}
+
+/* The AWS keys of the credentials file at `path` (its st_size `size`),
+ * section r->set.profile: 0 with them in *c, or -1 with `why`. */
+static int aws_file_keys(struct cloudauth *r, const char *path, off_t size, struct aws_creds *c,
+                         char *why, size_t whylen)
+{
+    int rc = size > CREDS_FILE_MAX ? -2 : aws_creds_read_file(c, path, r->set.profile, why, whylen);
+    if (rc == -2)
+        snprintf(why, whylen, "the credentials file %s is over %d bytes", path, CREDS_FILE_MAX);
+    else if (rc == 0)
+        snprintf(why, whylen, "the credentials file %s has no keys in profile '%s'", path,
+                 r->set.profile);
+    return rc > 0 ? 0 : -1;
+}
+
+/* Has the file at `path` changed since `before` was taken (or gone)? */
+static bool file_changed_since(const char *path, const struct stat *before)
+{
+    struct stat now;
+    return stat(path, &now) != 0 || now.st_ino != before->st_ino ||
+        now.st_size != before->st_size || now.st_mtim.tv_sec != before->st_mtim.tv_sec ||
+        now.st_mtim.tv_nsec != before->st_mtim.tv_nsec;
+}
+
+/* A watched file (token_file; the AWS credentials file): looked at every
+ * FILE_POLL_S and when a request signs (a stat, on the loop: a small local
+ * file), read again when it changed. While it cannot be read the
+ * credentials already held stay in use until they expire. */
+static void file_poll(struct cloudauth *r)
+{
+    const char *path = r->kind == CA_AWS_FILE ? r->set.creds_file : r->gcp.token_file;
+    char why[200], *token = NULL;
+    struct aws_creds keys;
+    struct stat st;
+    double exp = 0;
+
+    memset(&keys, 0, sizeof(keys));
+    role_arm(r, FILE_POLL_S);
+    if (stat(path, &st) != 0) {
+        snprintf(why, sizeof(why), "%s: cannot read %s (%s)", role_peer(r), path, strerror(errno));
+    } else if (r->file_seen && (r->token || r->key_id) && st.st_ino == r->seen.st_ino &&
+               st.st_size == r->seen.st_size && st.st_mtim.tv_sec == r->seen.st_mtim.tv_sec &&
+               st.st_mtim.tv_nsec == r->seen.st_mtim.tv_nsec) {
+        return; /* unchanged */
+    } else {
+        r->file_seen = true;
+        r->seen = st;
+        if (r->kind == CA_AWS_FILE) {
+            if (aws_file_keys(r, path, st.st_size, &keys, why, sizeof(why)) == 0) {
+                if (file_changed_since(path, &st)) {
+                    /* Caught mid-write: read again at the next look. */
+                    aws_creds_clear(&keys);
+                    r->file_seen = false;
+                    return;
+                }
+                role_got(r, keys.access_key_id, keys.secret_access_key, keys.session_token,
+                         INFINITY);
+                return;
+            }
+        } else {
+            char *text = read_token(path, why, sizeof(why));
+            double written = (double)st.st_mtim.tv_sec + st.st_mtim.tv_nsec / 1e9;
+            if (text) {
+                token = external_token(text, strlen(text), written, &exp, why, sizeof(why));
+                explicit_bzero(text, strlen(text));
+                free(text);
+            }
+            if (token && file_changed_since(path, &st)) {
+                wipe_free(&token);
+                r->file_seen = false;
+                return;
+            }
+            if (token && exp <= ev_now(r->loop) + VALID_MARGIN_S) {
+                wipe_free(&token);
+                snprintf(why, sizeof(why),
+                         "token_file: its token expired (the file is older "
+                         "than the token's life)");
+            }
+        }
+    }
+    if (token) {
+        role_got(r, NULL, NULL, token, exp);
+        return;
+    }
+    /* Warned once per new problem, not at every look. */
+    char full[sizeof(r->last_error)];
+    snprintf(full, sizeof(full), "%s", why);
+    if (strcmp(full, r->last_error) != 0) {
+        r->stats.fetches_failed++;
+        log_at(LOG_WARN,
+               r->kind == CA_AWS_FILE ? "aws credentials file unusable"
+                                      : "google cloud token_file unusable",
+               "detail", LOG_S, full, NULL);
+    }
+    snprintf(r->last_error, sizeof(r->last_error), "%s", full);
+}
+
+static void run_close(struct cloudauth *r, ev_io *w)
+{
+    if (w->fd >= 0) {
+        ev_io_stop(r->loop, w);
+        close(w->fd);
+        ev_io_set(w, -1, EV_READ);
+    }
+}
+
+static void run_end(struct cloudauth *r, int status);
+
+/* Ends the run once both pipes are closed and the program has exited;
+ * never blocks: libev's default loop reports the exit (it reaps every
+ * child), another loop asks waitpid on a period. */
+static void run_reap(struct cloudauth *r)
+{
+    struct token_run *t = &r->run;
+    if (t->out_w.fd >= 0 || t->err_w.fd >= 0)
+        return;
+    if (t->exited) {
+        ev_timer_stop(r->loop, &t->reap_w);
+        run_end(r, t->status);
+    } else if (!ev_is_active(&t->child_w) && !ev_is_active(&t->reap_w)) {
+        ev_timer_set(&t->reap_w, 0., REAP_POLL_S);
+        ev_timer_again(r->loop, &t->reap_w);
+    }
+}
+
+static void run_on_reap(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct cloudauth *r = w->data;
+    int status = 0;
+    (void)loop;
+    (void)revents;
+    pid_t p = waitpid(r->run.pid, &status, WNOHANG);
+    if (p == 0)
+        return; /* still running: the repeating timer asks again */
+    r->run.exited = true;
+    r->run.status = p < 0 ? -1 : status;
+    run_reap(r);
+}
+
+static void run_on_child(struct ev_loop *loop, ev_child *w, int revents)
+{
+    struct cloudauth *r = w->data;
+    (void)revents;
+    ev_child_stop(loop, w);
+    r->run.exited = true;
+    r->run.status = w->rstatus;
+    run_reap(r);
+}
+
+static void run_on_out(struct ev_loop *loop, ev_io *w, int revents)
+{
+    struct cloudauth *r = w->data;
+    struct token_run *t = &r->run;
+    (void)loop;
+    (void)revents;
+    for (;;) {
+        char sink[4096];
+        bool out = w == &t->out_w;
+        char *dst = out ? t->out + t->out_len : sink;
+        size_t room = out ? TOKEN_MAX + 1 - t->out_len : sizeof(sink);
+        ssize_t n = room ? read(w->fd, dst, room) : 0;
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (n > 0) {
+            if (out)
+                t->out_len += (size_t)n;
+            else
+                t->err_len += (size_t)n; /* counted, never kept: it may quote secrets */
+            continue;
+        }
+        if (out && room == 0) {
+            t->too_long = true; /* over TOKEN_MAX: stop it */
+            kill(-t->pid, SIGKILL);
+        }
+        run_close(r, w);
+        run_reap(r);
+        return;
+    }
+}
+
+/* Starts token_command: standard input /dev/null, its output and errors
+ * into pipes read on the loop, in a process group of its own (so a
+ * timeout ends a shell's children too). */
+static void run_start(struct cloudauth *r)
+{
+    struct token_run *t = &r->run;
+    int out[2] = { -1, -1 }, err[2] = { -1, -1 };
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t at;
+    sigset_t none, all;
+    extern char **environ;
+    char why[200];
+
+    t->out_len = t->err_len = 0;
+    t->too_long = t->timed_out = t->exited = false;
+    if (!t->out && !(t->out = malloc(TOKEN_MAX + 1))) {
+        role_failed(r, "token_command: out of memory");
+        return;
+    }
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+        snprintf(why, sizeof(why), "token_command: cannot make a pipe (%s)", strerror(errno));
+        for (int i = 0; i < 2; i++) {
+            if (out[i] >= 0)
+                close(out[i]);
+            if (err[i] >= 0)
+                close(err[i]);
+        }
+        role_failed(r, why);
+        return;
+    }
+    sigemptyset(&none);
+    sigfillset(&all);
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+    posix_spawnattr_init(&at);
+    posix_spawnattr_setflags(
+        &at, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    posix_spawnattr_setpgroup(&at, 0);
+    posix_spawnattr_setsigmask(&at, &none);
+    posix_spawnattr_setsigdefault(&at, &all);
+    int rc =
+        posix_spawnp(&t->pid, r->gcp.token_command[0], &fa, &at, r->gcp.token_command, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
+    close(out[1]);
+    close(err[1]);
+    if (rc != 0) {
+        close(out[0]);
+        close(err[0]);
+        t->pid = 0;
+        snprintf(why, sizeof(why), "token_command: cannot run %s (%s)", r->gcp.token_command[0],
+                 strerror(rc));
+        role_failed(r, why);
+        return;
+    }
+    if (ev_is_default_loop(r->loop)) {
+        ev_child_set(&t->child_w, t->pid, 0);
+        ev_child_start(r->loop, &t->child_w);
+    }
+    fcntl(out[0], F_SETFL, fcntl(out[0], F_GETFL) | O_NONBLOCK);
+    fcntl(err[0], F_SETFL, fcntl(err[0], F_GETFL) | O_NONBLOCK);
+    ev_io_set(&t->out_w, out[0], EV_READ);
+    ev_io_set(&t->err_w, err[0], EV_READ);
+    ev_io_start(r->loop, &t->out_w);
+    ev_io_start(r->loop, &t->err_w);
+    role_arm(r, FETCH_TIMEOUT_S); /* the timer is its timeout while it runs */
+}
+
+/* The timeout: the program and its group are killed, then reaped. */
+static void run_timeout(struct cloudauth *r)
+{
+    r->run.timed_out = true;
+    kill(-r->run.pid, SIGKILL);
+    run_close(r, &r->run.out_w);
+    run_close(r, &r->run.err_w);
+    run_reap(r);
+}
+
+static void run_end(struct cloudauth *r, int status)
+{
+    struct token_run *t = &r->run;
+    char why[200];
+    double exp = 0;
+    char *token = NULL;
+
+    t->pid = 0;
+    ev_timer_stop(r->loop, &r->timer);
+    if (t->timed_out)
+        snprintf(why, sizeof(why), "token_command: no answer within %.0f s (killed)",
+                 FETCH_TIMEOUT_S);
+    else if (t->too_long)
+        snprintf(why, sizeof(why), "token_command: its output is over %d bytes", TOKEN_MAX);
+    else if (status < 0)
+        snprintf(why, sizeof(why), "token_command: its exit status could not be read");
+    else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        snprintf(why, sizeof(why), "token_command: %s %d (%zu bytes on standard error, not logged)",
+                 WIFEXITED(status) ? "exited with status" : "killed by signal",
+                 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), t->err_len);
+    else
+        token = external_token(t->out, t->out_len, ev_now(r->loop), &exp, why, sizeof(why));
+    explicit_bzero(t->out, TOKEN_MAX + 1);
+    if (token) {
+        role_got(r, NULL, NULL, token, exp);
+    } else if (!t->timed_out && !t->too_long && status >= 0 && WIFEXITED(status) &&
+               WEXITSTATUS(status) == 0) {
+        char full[sizeof(why) + 16];
+        snprintf(full, sizeof(full), "token_command: %s", why);
+        role_failed(r, full);
+    } else {
+        role_failed(r, why);
+    }
+}
+
 static void role_on_timer(struct ev_loop *loop, ev_timer *w, int revents)
 {
     struct cloudauth *r = w->data;
     (void)loop;
     (void)revents;
-    if (!r->attempt)
+    if (r->kind == CA_GCP_FILE || r->kind == CA_AWS_FILE)
+        file_poll(r);
+    else if (r->kind == CA_GCP_COMMAND && r->run.pid > 0)
+        run_timeout(r);
+    else if (r->kind == CA_GCP_COMMAND)
+        run_start(r);
+    else if (!r->attempt)
         role_fetch(r);
 }
 
@@ -554,14 +949,21 @@ static struct cloudauth *role_start(struct cloudauth *r, struct ev_loop *loop, s
     ev_timer_init(&r->timer, role_on_timer, 0., 0.);
     r->timer.data = r;
     ev_timer_start(loop, &r->timer);
+    ev_io_init(&r->run.out_w, run_on_out, -1, EV_READ);
+    ev_io_init(&r->run.err_w, run_on_out, -1, EV_READ);
+    ev_init(&r->run.reap_w, run_on_reap);
+    ev_child_init(&r->run.child_w, run_on_child, 0, 0);
+    r->run.out_w.data = r->run.err_w.data = r->run.reap_w.data = r->run.child_w.data = r;
     return r;
 }
 
 struct cloudauth *cloudauth_new_aws(struct ev_loop *loop, struct upstream *up,
                                     const struct aws_creds *c, char *err, size_t errlen)
 {
-    if (!aws_creds_fetched(c)) {
-        snprintf(err, errlen, "no role or container endpoint to fetch AWS credentials from");
+    if (!aws_creds_fetched(c) && !aws_creds_watched(c)) {
+        snprintf(err, errlen,
+                 "no role, container endpoint or credentials file to fetch AWS "
+                 "credentials from");
         return NULL;
     }
     struct cloudauth *r = calloc(1, sizeof(*r));
@@ -571,12 +973,20 @@ struct cloudauth *cloudauth_new_aws(struct ev_loop *loop, struct upstream *up,
         dup_opt(&r->set.sts_url, c->sts_url) < 0 ||
         dup_opt(&r->set.container_uri, c->container_uri) < 0 ||
         dup_opt(&r->set.container_token_file, c->container_token_file) < 0 ||
-        dup_opt(&r->set.container_token, c->container_token) < 0) {
+        dup_opt(&r->set.container_token, c->container_token) < 0 ||
+        dup_opt(&r->set.creds_file, c->creds_file) < 0 ||
+        dup_opt(&r->set.profile, c->profile) < 0 ||
+        (c->creds_file &&
+         (dup_opt(&r->key_id, c->access_key_id) < 0 ||
+          dup_opt(&r->secret, c->secret_access_key) < 0 ||
+          dup_opt(&r->token, c->session_token) < 0))) {
         cloudauth_free(r);
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
-    r->kind = c->role_arn ? CA_AWS_ROLE : CA_AWS_CONTAINER;
+    r->kind = c->role_arn ? CA_AWS_ROLE : c->container_uri ? CA_AWS_CONTAINER : CA_AWS_FILE;
+    /* The file's keys as the configuration read them, until it changes. */
+    r->expires_at = r->kind == CA_AWS_FILE ? INFINITY : 0;
     return role_start(r, loop, up);
 }
 
@@ -588,12 +998,26 @@ struct cloudauth *cloudauth_new_gcp(struct ev_loop *loop, struct upstream *up,
         dup_opt(&r->gcp.private_key, g->private_key) < 0 ||
         dup_opt(&r->gcp.private_key_id, g->private_key_id) < 0 ||
         dup_opt(&r->gcp.token_uri, g->token_uri) < 0 ||
-        dup_opt(&r->gcp.metadata_url, g->metadata_url) < 0) {
+        dup_opt(&r->gcp.metadata_url, g->metadata_url) < 0 ||
+        dup_opt(&r->gcp.token_file, g->token_file) < 0 ||
+        (g->token_command &&
+         !(r->gcp.token_command = calloc(g->n_token_command + 1, sizeof(char *))))) {
         cloudauth_free(r);
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
-    r->kind = g->private_key ? CA_GCP_KEY : CA_GCP_METADATA;
+    for (size_t i = 0; g->token_command && i < g->n_token_command; i++) {
+        if (!(r->gcp.token_command[i] = strdup(g->token_command[i]))) {
+            cloudauth_free(r);
+            snprintf(err, errlen, "out of memory");
+            return NULL;
+        }
+        r->gcp.n_token_command++;
+    }
+    r->kind = g->token_command ? CA_GCP_COMMAND
+        : g->token_file        ? CA_GCP_FILE
+        : g->private_key       ? CA_GCP_KEY
+                               : CA_GCP_METADATA;
     return role_start(r, loop, up);
 }
 
@@ -605,6 +1029,22 @@ void cloudauth_free(struct cloudauth *r)
         ev_timer_stop(r->loop, &r->timer);
     if (r->attempt)
         attempt_cancel(r->attempt);
+    if (r->loop) {
+        run_close(r, &r->run.out_w);
+        run_close(r, &r->run.err_w);
+        ev_timer_stop(r->loop, &r->run.reap_w);
+        ev_child_stop(r->loop, &r->run.child_w);
+    }
+    if (r->run.pid > 0) {
+        /* Killed; reaped now if it is already gone (a process killed with
+         * SIGKILL ends at once), else left to the process's end. */
+        kill(-r->run.pid, SIGKILL);
+        (void)waitpid(r->run.pid, NULL, WNOHANG);
+    }
+    if (r->run.out) {
+        explicit_bzero(r->run.out, TOKEN_MAX + 1);
+        free(r->run.out);
+    }
     aws_creds_clear(&r->set);
     gcp_creds_clear(&r->gcp);
     wipe_free(&r->key_id);
@@ -615,12 +1055,16 @@ void cloudauth_free(struct cloudauth *r)
 
 bool cloudauth_get(struct cloudauth *r, struct sigv4_creds *out, char *why, size_t whylen)
 {
-    if (r->token && ev_now(r->loop) < r->expires_at - VALID_MARGIN_S) {
+    /* A rotated file is seen by the next request, not a period later:
+     * one stat per request signed, the file read only when it changed. */
+    if (r->kind == CA_AWS_FILE || r->kind == CA_GCP_FILE)
+        file_poll(r);
+    if ((r->token || r->key_id) && ev_now(r->loop) < r->expires_at - VALID_MARGIN_S) {
         *out = (struct sigv4_creds){ r->key_id, r->secret, r->token };
         return true;
     }
     snprintf(why, whylen, "no valid %s credentials: %s",
-             r->kind <= CA_AWS_CONTAINER ? "AWS" : "Google Cloud",
+             r->kind <= CA_AWS_FILE ? "AWS" : "Google Cloud",
              r->last_error[0] ? r->last_error : "they expired and the refresh has not answered");
     return false;
 }
@@ -637,9 +1081,15 @@ void cloudauth_ensure(struct cloudauth **aws, struct cloudauth **gcp, struct ev_
 
     for (size_t i = 0; i < cfg->n_sources; i++) {
         const struct config_source *s = &cfg->sources[i];
-        if (!*aws && s->kind == DIALECT_BEDROCK && aws_creds_fetched(&s->aws) &&
+        if (!*aws && s->kind == DIALECT_BEDROCK &&
+            (aws_creds_fetched(&s->aws) || aws_creds_watched(&s->aws)) &&
             !(*aws = cloudauth_new_aws(loop, up, &s->aws, err, sizeof(err))))
             log_at(LOG_ERROR, "aws credentials cannot be fetched", "error", LOG_S, err, NULL);
+        /* A reload that changes where the tokens come from starts over. */
+        if (*gcp && s->vertex.on && !gcp_creds_same_external(&(*gcp)->gcp, &s->vertex.creds)) {
+            cloudauth_free(*gcp);
+            *gcp = NULL;
+        }
         if (!*gcp && s->vertex.on &&
             !(*gcp = cloudauth_new_gcp(loop, up, &s->vertex.creds, err, sizeof(err))))
             log_at(LOG_ERROR, "google cloud tokens cannot be fetched", "error", LOG_S, err, NULL);

@@ -11,11 +11,23 @@
  *                        ECS): a GET with the token of
  *                        AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE (or _TOKEN) in
  *                        Authorization; the answer is JSON;
+ *   credentials file     the shared credentials file the keys were loaded
+ *                        from (core/awscreds.h): looked at (stat) when a
+ *                        request signs and every second, its profile read
+ *                        again when it changed, so rotated keys are used
+ *                        without a reload;
  *   gcp key              a service-account key (core/gcpcreds.h): a JWT
  *                        signed RS256 with its private key, exchanged at its
  *                        token_uri (grant type jwt-bearer); JSON answer;
  *   gcp metadata         the metadata server (GKE Workload Identity): a GET
  *                        with Metadata-Flavor: Google; JSON answer.
+ *   gcp command          token_command: a program run off the loop
+ *                        (posix_spawn, its pipes read on the loop, killed with
+ *                        its process group after FETCH_TIMEOUT_S); its
+ *                        standard output is the token, its standard error
+ *                        counted and never kept;
+ *   gcp file             token_file: a file looked at (stat) every second and
+ *                        read again when it changed.
  *
  * The first fetch starts with the sidecar; each later one is scheduled
  * before the credentials expire (REFRESH_BEFORE_S, or half their life when
@@ -25,8 +37,9 @@
  * because calls arrive. With no valid credentials, cloudauth_get says why, and
  * the attempt fails without being sent.
  *
- * The fetch runs on the upstream engine, like any request: it never blocks
- * the loop. Keys are held in memory only, wiped when replaced.
+ * The fetch runs on the upstream engine, like any request (or, for a
+ * token_command, in a child process): it never blocks the loop. Keys are
+ * held in memory only, wiped when replaced.
  */
 #ifndef POLYGW_CLOUDAUTH_H
 #define POLYGW_CLOUDAUTH_H

@@ -60,6 +60,9 @@
 #include "core/tls.h"
 #include "evstream.h"
 #include "codec/jscan.h"
+#include "codec/converse.h"
+#include "codec/transcode.h"
+#include "rpc.h"
 #include "sse.h"
 
 #define UPSTREAM_ORPHAN_TTL_S 30.0
@@ -234,8 +237,11 @@ struct attempt {
     struct strbuf es_data; /* the current event's decoded JSON */
     const char *es_name;   /* its "type", for attempt_event_name (borrowed) */
     size_t es_name_len;
-    char *attempt_hdrs; /* attempt_spec.attempt_headers, copied (a secret) */
-    char *refused;      /* attempt_spec.refuse, copied: end unsent */
+    bool converse;             /* attempt_spec.bedrock_converse */
+    struct converse_stream cv; /* its stream's state */
+    char es_type[32];          /* the current translated event's "type" */
+    char *attempt_hdrs;        /* attempt_spec.attempt_headers, copied (a secret) */
+    char *refused;             /* attempt_spec.refuse, copied: end unsent */
     size_t attempt_hdrs_len;
     uint32_t events;
     bool terminal_seen;
@@ -1195,6 +1201,86 @@ static int aws_chunk_member(void *ud, const char *key, const struct jscan_value 
     return 0;
 }
 
+/* Hands the event in a->es_data, named `name` (`name_len` bytes, may be
+ * NULL), to on_event. Returns as an evstream callback. */
+static int attempt_deliver_aws(struct attempt *a, const char *name, size_t name_len)
+{
+    a->es_name = name;
+    a->es_name_len = name ? name_len : 0;
+    if (a->events == 0)
+        attempt_set_phase(a, ATTEMPT_STREAMING);
+    a->last_activity = ev_now(a->up->loop);
+    int rc = a->hooks.on_event(a, a->es_data.data, a->es_data.len, a->ud);
+    a->es_name = NULL;
+    if (a->stream_failed)
+        return -1;
+    a->events++;
+    if (rc > 0) {
+        a->terminal_seen = true;
+        return 0;
+    }
+    return rc < 0 || a->cancelled ? -1 : 0;
+}
+
+/* One ConverseStream message: its JSON payload, translated into the
+ * Messages events it stands for (converse.h), each delivered as an event. */
+static int attempt_on_converse_message(struct attempt *a, const struct evstream_msg *m)
+{
+    msgpack_sbuffer in, out;
+    msgpack_packer pk;
+    msgpack_unpacked up;
+    int n = 0, rc = 0;
+
+    if (!m->event_type.p)
+        return 0;
+    msgpack_sbuffer_init(&in);
+    msgpack_sbuffer_init(&out);
+    msgpack_unpacked_init(&up);
+    msgpack_packer_init(&pk, &in, msgpack_sbuffer_write);
+    if (transcode_json_to_msgpack((const char *)m->payload, m->payload_len, &pk, NULL, NULL, 0) ==
+            0 &&
+        msgpack_unpack_next(&up, in.data, in.size, NULL) == MSGPACK_UNPACK_SUCCESS) {
+        msgpack_packer_init(&pk, &out, msgpack_sbuffer_write);
+        n = converse_event(&a->cv, m->event_type.p, m->event_type.len, &up.data, &pk);
+    } else {
+        n = CONVERT_EREPLY;
+    }
+    if (n < 0) {
+        attempt_fail_stream(a, REASON_BAD_RESPONSE, true,
+                            "a ConverseStream event whose payload is not a JSON object");
+        rc = -1;
+    }
+    size_t off = 0;
+    for (int i = 0; i < n && rc == 0 && !a->cancelled; i++) {
+        msgpack_unpacked ev;
+        msgpack_unpacked_init(&ev);
+        if (msgpack_unpack_next(&ev, out.data, out.size, &off) != MSGPACK_UNPACK_SUCCESS) {
+            msgpack_unpacked_destroy(&ev);
+            rc = -1;
+            break;
+        }
+        const msgpack_object *t = rpc_map_get(&ev.data, "type");
+        size_t tn = t && t->type == MSGPACK_OBJECT_STR && t->via.str.size < sizeof(a->es_type)
+            ? t->via.str.size
+            : 0;
+        memcpy(a->es_type, tn ? t->via.str.ptr : "", tn);
+        a->es_type[tn] = '\0';
+        strbuf_reset(&a->es_data);
+        if (transcode_msgpack_to_json(&ev.data, &a->es_data, NULL, "event", NULL, 0) < 0) {
+            msgpack_unpacked_destroy(&ev);
+            rc = -1;
+            break;
+        }
+        strbuf_terminate(&a->es_data);
+        msgpack_unpacked_destroy(&ev);
+        rc = attempt_deliver_aws(a, tn ? a->es_type : NULL, tn);
+    }
+    msgpack_unpacked_destroy(&up);
+    msgpack_sbuffer_destroy(&out);
+    msgpack_sbuffer_destroy(&in);
+    return a->cancelled ? -1 : rc;
+}
+
 /* One event-stream message: a chunk's base64 JSON is delivered as an
  * event, like an SSE event's data. */
 static int attempt_on_aws_message(const struct evstream_msg *m, void *ud)
@@ -1208,6 +1294,8 @@ static int attempt_on_aws_message(const struct evstream_msg *m, void *ud)
         attempt_on_aws_exception(a, m);
         return -1;
     }
+    if (a->converse)
+        return attempt_on_converse_message(a, m);
     if (!m->event_type.p || m->event_type.len != 5 || memcmp(m->event_type.p, "chunk", 5) != 0)
         return 0; /* an event of another kind (e.g. initial-response): nothing to relay */
     struct aws_chunk c = { { JSCAN_NULL, NULL, 0 }, { JSCAN_NULL, NULL, 0 } };
@@ -1242,21 +1330,8 @@ static int attempt_on_aws_message(const struct evstream_msg *m, void *ud)
     strbuf_terminate(&a->es_data);
     struct aws_chunk inner = { { JSCAN_NULL, NULL, 0 }, { JSCAN_NULL, NULL, 0 } };
     (void)jscan_object(a->es_data.data, len, aws_chunk_member, &inner, NULL);
-    a->es_name = inner.type.p && inner.type.len > 2 ? inner.type.p + 1 : NULL;
-    a->es_name_len = a->es_name ? inner.type.len - 2 : 0;
-    if (a->events == 0)
-        attempt_set_phase(a, ATTEMPT_STREAMING);
-    a->last_activity = ev_now(a->up->loop);
-    int rc = a->hooks.on_event(a, a->es_data.data, len, a->ud);
-    a->es_name = NULL;
-    if (a->stream_failed)
-        return -1;
-    a->events++;
-    if (rc > 0) {
-        a->terminal_seen = true;
-        return 0;
-    }
-    return rc < 0 ? -1 : 0;
+    bool named = inner.type.p && inner.type.len > 2;
+    return attempt_deliver_aws(a, named ? inner.type.p + 1 : NULL, named ? inner.type.len - 2 : 0);
 }
 
 size_t attempt_event_name(const struct attempt *a, const char **name)
@@ -1371,6 +1446,43 @@ enum xfer_end {
     XFER_LOST,         /* reset, closed early, anything else */
 };
 
+/* Replaces a Converse reply in a->resp by the Messages reply it stands
+ * for (converse.h). Returns 0, or -1 when it is not one (a->resp kept). */
+static int attempt_converse_reply(struct attempt *a)
+{
+    msgpack_sbuffer in, out;
+    msgpack_packer pk;
+    msgpack_unpacked up;
+    struct strbuf json;
+    int rc = -1;
+
+    msgpack_sbuffer_init(&in);
+    msgpack_sbuffer_init(&out);
+    msgpack_unpacked_init(&up);
+    strbuf_init(&json);
+    msgpack_packer_init(&pk, &in, msgpack_sbuffer_write);
+    if (transcode_json_to_msgpack(a->resp.data ? a->resp.data : "", a->resp.len, &pk, NULL, NULL,
+                                  0) == 0 &&
+        msgpack_unpack_next(&up, in.data, in.size, NULL) == MSGPACK_UNPACK_SUCCESS) {
+        msgpack_packer_init(&pk, &out, msgpack_sbuffer_write);
+        if (converse_reply(&up.data, &pk) == 0) {
+            msgpack_unpacked_destroy(&up);
+            msgpack_unpacked_init(&up);
+            if (msgpack_unpack_next(&up, out.data, out.size, NULL) == MSGPACK_UNPACK_SUCCESS &&
+                transcode_msgpack_to_json(&up.data, &json, NULL, "reply", NULL, 0) == 0) {
+                strbuf_reset(&a->resp);
+                rc = strbuf_put(&a->resp, json.data, json.len) < 0 ? -1 : 0;
+                strbuf_terminate(&a->resp);
+            }
+        }
+    }
+    strbuf_fini(&json);
+    msgpack_unpacked_destroy(&up);
+    msgpack_sbuffer_destroy(&out);
+    msgpack_sbuffer_destroy(&in);
+    return rc;
+}
+
 /* The attempt's result from how its transfer ended; `detail` describes
  * every end but XFER_OK. */
 static void attempt_conclude(struct attempt *a, enum xfer_end end, const char *detail)
@@ -1407,6 +1519,10 @@ static void attempt_conclude(struct attempt *a, enum xfer_end end, const char *d
             snprintf(why, sizeof(why), "stream ended before its terminal event (%s)",
                      a->stream_end ? a->stream_end : "[DONE], a finish_reason, message_stop");
             result_transient(&r, REASON_TRUNCATED, why);
+        } else if (a->converse && !a->stream && attempt_converse_reply(a) < 0) {
+            result_transient(&r, REASON_BAD_RESPONSE,
+                             "reply is not a Bedrock Converse reply (an object with "
+                             "output.message.content)");
         } else {
             r.outcome.kind = OUTCOME_SUCCESS;
             r.outcome.reason = REASON_NONE;
@@ -2264,6 +2380,8 @@ struct attempt *attempt_start(struct upstream *up, struct attempt_spec *spec,
     a->deadline_at = spec->deadline_at;
     a->max_resp = spec->max_response_bytes;
     a->aws_es = spec->aws_eventstream;
+    a->converse = spec->bedrock_converse;
+    converse_stream_init(&a->cv);
     strbuf_init(&a->es_data);
     if (spec->attempt_headers) {
         a->attempt_hdrs_len = strlen(spec->attempt_headers);

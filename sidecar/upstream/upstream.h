@@ -157,6 +157,13 @@ struct attempt_spec {
      * exception message fails the attempt (throttlingException as rate
      * limited, the service's 5xx kinds as transient). */
     bool aws_eventstream;
+    /* The answer is Bedrock Converse's (codec/converse.h): a 2xx reply is
+     * turned into the Messages reply it stands for before on_done sees it
+     * (one that is not a Converse reply fails the attempt, a transient
+     * bad_response), and with aws_eventstream each event-stream message is
+     * a ConverseStream event, its `:event-type` naming it and its payload
+     * the JSON, handed to on_event as the Messages events it stands for. */
+    bool bedrock_converse;
     /* Set when the request cannot be made (no credentials to sign it): the
      * attempt is not sent and ends from the loop, before it sleeps, as a
      * transient connect_failed with this detail (copied). NULL = send. */

@@ -4,7 +4,10 @@ It checks the AWS Signature Version 4 of every request with its own
 implementation of the algorithm (AWS's documented rules, independent of
 polygw's C signer), answers InvokeModel with an Anthropic Messages reply and
 InvokeModelWithResponseStream with AWS event-stream frames whose "chunk"
-events carry the Anthropic stream events base64-encoded, as Bedrock does.
+events carry the Anthropic stream events base64-encoded, as Bedrock does;
+Converse with a Converse reply and ConverseStream with event-stream frames
+whose `:event-type` names each event (messageStart, contentBlockDelta,
+contentBlockStop, messageStop, metadata) and whose payload is its JSON.
 
     with BedrockMock(key_id, secret, region) as bm:
         bm.plan.append({"status": 429})        # the next request is throttled
@@ -92,6 +95,29 @@ def stream_events(text, model="claude-on-bedrock", input_tokens=12, output_token
     return evs
 
 
+CONVERSE_USAGE = {"inputTokens": 21, "outputTokens": 7, "totalTokens": 40,
+                  "cacheReadInputTokens": 8, "cacheWriteInputTokens": 4}
+
+
+def converse_event(kind, payload):
+    """A ConverseStream event: its type in `:event-type`, its JSON as the payload."""
+    return eventstream_message({":event-type": kind, ":content-type": "application/json",
+                                ":message-type": "event"}, json.dumps(payload).encode())
+
+
+def converse_events(text, usage=CONVERSE_USAGE, stop="end_turn"):
+    """The ConverseStream events of an answer of `text` (three pieces), as
+    (event type, payload) pairs."""
+    step = max(1, len(text) // 3)
+    evs = [("messageStart", {"role": "assistant"})]
+    evs += [("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": text[i:i + step]}})
+            for i in range(0, len(text), step)]
+    evs += [("contentBlockStop", {"contentBlockIndex": 0}),
+            ("messageStop", {"stopReason": stop}),
+            ("metadata", {"usage": usage, "metrics": {"latencyMs": 42}})]
+    return evs
+
+
 def _sign(key, msg):
     return hmac.new(key, msg.encode(), hashlib.sha256).digest()
 
@@ -124,7 +150,9 @@ class BedrockMock(_Server):
         self.lock = threading.Lock()
         self.seen = []            # (path, body dict, headers dict, signature ok)
         self.bad_signatures = 0
-        self.plan = []            # per request, in order: {"status", "corrupt", "exception", "text"}
+        # per request, in order: {"status", "corrupt", "exception", "after", "split", "text",
+        # "usage", "stop", "raw" (ConverseStream: these bytes as the body)}
+        self.plan = []
         self.start()
 
     def verify(self, method, raw_path, headers, body):
@@ -205,9 +233,12 @@ class _Handler(_Base):
             plan = srv.plan.pop(0) if srv.plan else {}
         if why:
             return self.error(403, "InvalidSignatureException", why)
-        m = re.fullmatch(r"/model/([^/]+)/(invoke|invoke-with-response-stream)", self.path)
+        m = re.fullmatch(r"/model/([^/]+)/(invoke|invoke-with-response-stream|converse"
+                         r"|converse-stream)", self.path)
         if not m or not isinstance(body, dict):
             return self.error(400, "ValidationException", "unknown operation or body")
+        if m.group(2).startswith("converse"):
+            return self.converse(m.group(2) == "converse-stream", body, plan)
         if "model" in body or "stream" in body or body.get("anthropic_version") != "bedrock-2023-05-31":
             return self.error(400, "ValidationException",
                               "model/stream are not permitted; anthropic_version is required")
@@ -228,7 +259,42 @@ class _Handler(_Base):
                      "usage": {"input_tokens": 12, "output_tokens": 5}}
             return self.answer(200, "application/json", json.dumps(reply).encode(),
                                [("x-amzn-bedrock-input-token-count", "12")])
-        frames = [chunk(e) for e in stream_events(text, model)]
+        self.send_frames([chunk(e) for e in stream_events(text, model)], plan)
+
+    def converse(self, stream, body, plan):
+        """Converse and ConverseStream: the body is checked as Bedrock checks
+        it (only Converse's own keys; text blocks), the answer echoes the last
+        user text."""
+        allowed = {"messages", "system", "inferenceConfig", "additionalModelRequestFields",
+                   "toolConfig", "guardrailConfig", "performanceConfig", "requestMetadata",
+                   "promptVariables", "additionalModelResponseFieldPaths"}
+        msgs = body.get("messages")
+        if set(body) - allowed or not isinstance(msgs, list) or not msgs or not all(
+                isinstance(m, dict) and m.get("role") in ("user", "assistant") and
+                isinstance(m.get("content"), list) and
+                all(isinstance(c, dict) and isinstance(c.get("text"), str) for c in m["content"])
+                for m in msgs):
+            return self.error(400, "ValidationException", "malformed Converse request")
+        status = plan.get("status", 200)
+        if status == 429:
+            return self.error(429, "ThrottlingException", "Too many requests, please wait.")
+        if status != 200:
+            return self.error(status, "ServiceUnavailableException", "Service unavailable")
+        text = plan.get("text") or "".join(c["text"] for c in msgs[-1]["content"]) or "ok"
+        usage = plan.get("usage", CONVERSE_USAGE)
+        stop = plan.get("stop", "end_turn")
+        if not stream:
+            reply = {"output": {"message": {"role": "assistant", "content": [{"text": text}]}},
+                     "stopReason": stop, "usage": usage, "metrics": {"latencyMs": 42}}
+            if "raw" in plan:
+                return self.answer(200, "application/json", plan["raw"])
+            return self.answer(200, "application/json", json.dumps(reply).encode())
+        frames = [converse_event(k, p) for k, p in converse_events(text, usage, stop)]
+        if "raw" in plan:
+            frames = [plan["raw"]]
+        self.send_frames(frames, plan)
+
+    def send_frames(self, frames, plan):
         if plan.get("exception"):
             frames = frames[:plan.get("after", 0)] + [exception(plan["exception"], "stream failed")]
         data = b"".join(frames)

@@ -121,6 +121,15 @@ def test_bedrock__credentials_from_a_profile_file(make_sidecar, bm, workdir):
     assert bm.bad_signatures == 0
 
 
+def assert_messages_stream(chunks, text):
+    """`chunks` are the Messages events of one text block holding `text`."""
+    types = [c["type"] for c in chunks]
+    assert types[:2] == ["message_start", "content_block_start"], types
+    assert types[-3:] == ["content_block_stop", "message_delta", "message_stop"], types
+    assert set(types[2:-3]) == {"content_block_delta"}, types
+    assert "".join(c["delta"]["text"] for c in chunks if c["type"] == "content_block_delta") == text
+
+
 @pytest.mark.parametrize("split", [0, 1, 7])
 def test_bedrock__event_stream_relayed_as_messages_events(make_sidecar, bm, split):
     """Frames split at every byte (split 1), at odd places (7) or whole."""
@@ -128,12 +137,7 @@ def test_bedrock__event_stream_relayed_as_messages_events(make_sidecar, bm, spli
     sc = start(make_sidecar, bedrock_source("br", bm.url))
     chunks, err, res = stream_call(sc.connect(), "chat", messages_body("s"))
     assert err is None, err
-    types = [c["type"] for c in chunks]
-    assert types[:2] == ["message_start", "content_block_start"], types
-    assert types[-3:] == ["content_block_stop", "message_delta", "message_stop"], types
-    assert set(types[2:-3]) == {"content_block_delta"}, types
-    text = "".join(c["delta"]["text"] for c in chunks if c["type"] == "content_block_delta")
-    assert text == "streamed over eventstream"
+    assert_messages_stream(chunks, "streamed over eventstream")
     assert res["usage"] == {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}
     assert bm.seen[-1][0].endswith("/invoke-with-response-stream") and bm.bad_signatures == 0
 

@@ -33,6 +33,7 @@ int main(void)
         redis_cluster_suite,
         dialect_suite,
         convert_suite,
+        converse_suite,
         redis_tls_suite,
         tasks_suite,
         call_suite,

@@ -25,6 +25,7 @@ Suite *redis_url_suite(void);
 Suite *redis_cluster_suite(void);
 Suite *dialect_suite(void);
 Suite *convert_suite(void);
+Suite *converse_suite(void);
 Suite *redis_tls_suite(void);
 Suite *tasks_suite(void);
 Suite *call_suite(void);

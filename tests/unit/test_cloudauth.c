@@ -1,8 +1,11 @@
 /* test_cloudauth.c — reading the answers of STS AssumeRoleWithWebIdentity
  * (XML, as documented in the STS API reference) and of a container
  * credentials endpoint (JSON, as EKS Pod Identity and ECS answer). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "suites.h"
 #include "upstream/cloudauth.h"
@@ -190,6 +193,92 @@ START_TEST(gcp_jwt_verifies)
 }
 END_TEST
 
+/* Runs `loop` until the token of `r` is there, or `wait_s` of real time
+ * passed; then whether it is, with its value or the reason in `out`. */
+static bool token_within(struct ev_loop *loop, struct cloudauth *r, double wait_s, char *out,
+                         size_t cap)
+{
+    struct timespec t0, t;
+    struct sigv4_creds c;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        if (cloudauth_get(r, &c, out, cap)) {
+            snprintf(out, cap, "%s", c.session_token);
+            return true;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if (t.tv_sec - t0.tv_sec + (t.tv_nsec - t0.tv_nsec) / 1e9 > wait_s)
+            return false;
+        ev_run(loop, EVRUN_ONCE);
+    }
+}
+
+/* token_command on a loop that is not libev's default (which would reap
+ * the child itself): the exit is asked of waitpid on a period. */
+START_TEST(gcp_token_command_on_any_loop)
+{
+    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+    char *argv[] = { "/bin/sh", "-c", "printf ' ya29.unit-1\\n'; echo noise >&2", NULL };
+    struct gcp_creds g = { .token_command = argv, .n_token_command = 3 };
+    char out[256], err[160];
+    struct cloudauth *r = cloudauth_new_gcp(loop, NULL, &g, err, sizeof(err));
+
+    ck_assert_ptr_nonnull(r);
+    ck_assert_msg(token_within(loop, r, 10, out, sizeof(out)), "no token: %s", out);
+    ck_assert_str_eq(out, "ya29.unit-1");
+    ck_assert_uint_eq(cloudauth_get_stats(r)->fetches_ok, 1);
+    cloudauth_free(r);
+
+    char *fails[] = { "/bin/sh", "-c", "echo secret >&2; exit 7", NULL };
+    g.token_command = fails;
+    r = cloudauth_new_gcp(loop, NULL, &g, err, sizeof(err));
+    ck_assert(!token_within(loop, r, 0.5, out, sizeof(out)));
+    ck_assert_msg(strstr(out, "token_command: exited with status 7 (7 bytes on standard error") !=
+                      NULL,
+                  "%s", out);
+    ck_assert_ptr_null(strstr(out, "secret"));
+    cloudauth_free(r);
+
+    char *lines[] = { "/bin/sh", "-c", "printf 'two words'", NULL };
+    g.token_command = lines;
+    r = cloudauth_new_gcp(loop, NULL, &g, err, sizeof(err));
+    ck_assert(!token_within(loop, r, 0.5, out, sizeof(out)));
+    ck_assert_msg(strstr(out, "is not an access token") != NULL, "%s", out);
+    cloudauth_free(r);
+    ev_loop_destroy(loop);
+}
+END_TEST
+
+/* token_file: read at start, read again when it changes. */
+START_TEST(gcp_token_file_followed)
+{
+    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+    char path[] = "/tmp/pgw-token-XXXXXX", out[256], err[160];
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "ya29.file-a\n", 12), 12);
+    close(fd);
+    struct gcp_creds g = { .token_file = path };
+    struct cloudauth *r = cloudauth_new_gcp(loop, NULL, &g, err, sizeof(err));
+    ck_assert_msg(token_within(loop, r, 5, out, sizeof(out)), "no token: %s", out);
+    ck_assert_str_eq(out, "ya29.file-a");
+    FILE *f = fopen(path, "w");
+    fputs("{\"access_token\": \"ya29.file-b\", \"expires_in\": 600}", f);
+    fclose(f);
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do {
+        ev_run(loop, EVRUN_ONCE);
+        ck_assert(token_within(loop, r, 0, out, sizeof(out)));
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        ck_assert_msg(t.tv_sec - t0.tv_sec < 5, "the new token was not read");
+    } while (strcmp(out, "ya29.file-b") != 0);
+    cloudauth_free(r);
+    unlink(path);
+    ev_loop_destroy(loop);
+}
+END_TEST
+
 Suite *cloudauth_suite(void)
 {
     Suite *s = suite_create("cloudauth");
@@ -199,6 +288,8 @@ Suite *cloudauth_suite(void)
     tcase_add_test(tc, container_answer);
     tcase_add_test(tc, oauth_answer);
     tcase_add_test(tc, gcp_jwt_verifies);
+    tcase_add_test(tc, gcp_token_command_on_any_loop);
+    tcase_add_test(tc, gcp_token_file_followed);
     suite_add_tcase(s, tc);
     return s;
 }
