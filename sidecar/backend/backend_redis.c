@@ -1517,8 +1517,12 @@ static const char *redis_down_reason(const struct backend *be, const char **deta
 {
     const struct backend_redis *sh = (const struct backend_redis *)be;
     if (sh->cl) {
-        *detail = rcl_last_error(sh->cl);
-        return rcl_mode_error(sh->cl) ? "redis misconfigured" : rcl_down_why(sh->cl);
+        /* The reason stays one of a few words a probe can match; the
+         * cluster's own (no map, a slot without primary, a primary not
+         * connected) is the detail, or its last error when it has none. */
+        const char *why = rcl_down_why(sh->cl);
+        *detail = why[0] ? why : rcl_last_error(sh->cl);
+        return rcl_mode_error(sh->cl) ? "redis misconfigured" : "redis unreachable";
     }
     *detail = sh->rds ? rds_last_error(sh->rds) : "";
     if (sh->rds && rds_mode_error(sh->rds))
