@@ -183,10 +183,16 @@ const OpenAI = require('openai');
 
 
 def test_converse__official_openai_sdk_over_http(front, bm):
-    modules = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "http",
-                           "node_modules")
-    if not shutil.which("node") or not os.path.isdir(os.path.join(modules, "openai")):
-        pytest.skip("node or tests/http/node_modules/openai missing (tests/npm-sync.sh)")
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    modules = os.path.join(tests, "http", "node_modules")
+    assert shutil.which("node"), "node is missing (make deps installs it)"
+    if not os.path.isdir(os.path.join(modules, "openai")):
+        # The http stage installs them later in make test: the same
+        # lockfile, installed here first (npm ci, skipped when it matches).
+        sync = subprocess.run(["sh", os.path.join(tests, "npm-sync.sh"),
+                               os.path.join(tests, "http")],
+                              capture_output=True, text=True, timeout=600)
+        assert sync.returncode == 0, sync.stdout + sync.stderr
     f = front(sources=[converse_source("nova", bm.url, accepts="openai", ttft_timeout_s=1)],
               env=CREDS, defaults=HTTP_DEFAULTS)
     p = subprocess.run(["node", "-e", NODE_SCRIPT, "http://127.0.0.1:%d/v1" % f.port],
