@@ -1357,10 +1357,11 @@ static void on_message(struct rds *r, size_t channel, const char *msg, size_t le
 
 /* A cluster runs a script only when its keys share one slot. admit.lua and
  * release.lua for an app with limits of its own take the source's and the
- * app's keys, and budget.lua an app's and a source's budget: with a prefix
- * that has no hash tag of its own these span slots (CROSSSLOT), so such a
- * configuration is refused at start-up rather than failing every such call
- * (tests/redis/README.md, "Redis Cluster"). */
+ * app's keys: with a prefix that has no hash tag of its own these span
+ * slots (CROSSSLOT), so such a configuration is refused at start-up rather
+ * than failing every such call (tests/redis/README.md, "Redis Cluster").
+ * Budgets need no such thing: budget.lua takes their keys one slot at a
+ * time there (spend_one_slot). */
 static int cluster_check_slots(const struct backend_redis *sh, char *err, size_t errlen)
 {
     const struct config *cfg = sh->cfg;
@@ -1368,18 +1369,15 @@ static int cluster_check_slots(const struct backend_redis *sh, char *err, size_t
 
     for (size_t i = 0; i < cfg->n_apps; i++) {
         bool limits = sh->apps[i].own.on || sh->apps[i].caps || sh->apps[i].io.on;
-        bool budget = budget_is_set(&cfg->apps[i].budget);
         snprintf(key, sizeof(key), "{%s:app:%s}", cfg->redis_prefix, cfg->apps[i].name);
-        for (size_t j = 0; (limits || budget) && j < cfg->n_sources; j++) {
+        for (size_t j = 0; limits && j < cfg->n_sources; j++) {
             const char *k = sh->src[j].breaker;
-            if ((limits || budget_is_set(&cfg->sources[j].budget)) &&
-                rcl_keyslot(key, strlen(key)) != rcl_keyslot(k, strlen(k))) {
+            if (rcl_keyslot(key, strlen(key)) != rcl_keyslot(k, strlen(k))) {
                 snprintf(err, errlen,
-                         "redis backend: app '%s' has %s of its own, and in a cluster its keys "
-                         "and source '%s''s are in different hash slots; give backend.prefix a "
-                         "hash tag (e.g. \"{%s}\") to keep them in one",
-                         cfg->apps[i].name, limits ? "limits" : "a budget", cfg->sources[j].name,
-                         cfg->redis_prefix);
+                         "redis backend: app '%s' has limits of its own, and in a cluster its "
+                         "keys and source '%s''s are in different hash slots; give "
+                         "backend.prefix a hash tag (e.g. \"{%s}\") to keep them in one",
+                         cfg->apps[i].name, cfg->sources[j].name, cfg->redis_prefix);
                 return -1;
             }
         }
@@ -1566,6 +1564,8 @@ struct backend_spend {
     size_t app, source;
     double amount;
     bool has_task;
+    bool chained;                   /* a cluster: one key after the other (spend_one_slot) */
+    int next;                       /* chained: the key being reserved */
     struct backend_spend_task task; /* task.id points at task_id */
     char task_id[TASK_ID_MAX + 1];
 };
@@ -1635,10 +1635,58 @@ static int spend_args(const struct backend_redis *sh, size_t app, size_t source,
     return n;
 }
 
+/* A cluster runs budget.lua only on keys of one slot. An app's, a
+ * source's and a task run's budgets hash apart (unless the prefix has a
+ * hash tag of its own), so there a reservation takes the keys one after
+ * the other, each all-or-nothing, and gives back the ones it took when a
+ * later one refuses: a budget is never overspent, and a refused call holds
+ * another budget's reservation for one round trip at most. Settles and
+ * peeks, which refuse nothing, go one key a call. */
+static bool spend_one_slot(const struct backend_redis *sh, const char (*keys)[SHARED_KEY_MAX],
+                           size_t n)
+{
+    if (!sh->cl || n < 2)
+        return true;
+    unsigned slot = rcl_keyslot(keys[0], strlen(keys[0]));
+    for (size_t k = 1; k < n; k++)
+        if (rcl_keyslot(keys[k], strlen(keys[k])) != slot)
+            return false;
+    return true;
+}
+
+/* budget.lua's ARGV for key `k` of `a` alone: its key, the op, the two
+ * amounts, then that key's four limit figures. */
+#define SPEND_ONE_ARGC 8
+static void spend_args_one(const struct spend_args *a, int k, const char **argv)
+{
+    int n = a->nkeys;
+    argv[0] = a->keys[k];
+    for (int i = 0; i < 3; i++)
+        argv[1 + i] = a->argv[n + i];
+    for (int i = 0; i < 4; i++)
+        argv[4 + i] = a->argv[n + 3 + 4 * k + i];
+}
+
 static void on_spend_settled(const redisReply *r, const char *err, void *ud)
 {
     if (!r || r->type != REDIS_REPLY_ARRAY)
         count_write_error(ud, "budget settle", err);
+}
+
+/* Settles keys [0, upto) of `a` (every key: upto = a->nkeys). */
+static void spend_settle_args(struct backend_redis *sh, struct spend_args *a, int upto)
+{
+    if (upto == a->nkeys && spend_one_slot(sh, a->keys, (size_t)a->nkeys)) {
+        if (sh_eval(sh, RDS_BUDGET, a->nkeys, a->argc, a->argv, on_spend_settled, sh) < 0)
+            count_write_error(sh, "budget settle", "not connected");
+        return;
+    }
+    for (int k = 0; k < upto; k++) {
+        const char *one[SPEND_ONE_ARGC];
+        spend_args_one(a, k, one);
+        if (sh_eval(sh, RDS_BUDGET, 1, SPEND_ONE_ARGC, one, on_spend_settled, sh) < 0)
+            count_write_error(sh, "budget settle", "not connected");
+    }
 }
 
 static void redis_spend_settle(struct backend *be, size_t app, size_t source,
@@ -1650,8 +1698,36 @@ static void redis_spend_settle(struct backend *be, size_t app, size_t source,
 
     if (spend_args(sh, app, source, task, "settle", reserved, actual, &a) == 0)
         return;
-    if (sh_eval(sh, RDS_BUDGET, a.nkeys, a.argc, a.argv, on_spend_settled, sh) < 0)
-        count_write_error(sh, "budget settle", "not connected");
+    spend_settle_args(sh, &a, a.nkeys);
+}
+
+/* Gives back what a chained reservation `s` took: its keys before `upto`. */
+static void spend_give_back(struct backend_spend *s, int upto)
+{
+    struct spend_args a;
+
+    if (upto > 0 &&
+        spend_args(s->sh, s->app, s->source, s->has_task ? &s->task : NULL, "settle", s->amount,
+                   NAN, &a) > 0)
+        spend_settle_args(s->sh, &a, upto);
+}
+
+static void on_spend_reserved(const redisReply *r, const char *err, void *ud);
+
+/* Sends the reservation of `s`: every key in one call, or (chained) key
+ * s->next alone. -1 when it could not be sent. */
+static int spend_send_reserve(struct backend_spend *s)
+{
+    struct spend_args a;
+
+    if (spend_args(s->sh, s->app, s->source, s->has_task ? &s->task : NULL, "reserve", s->amount,
+                   NAN, &a) == 0)
+        return -1;
+    if (!s->chained)
+        return sh_eval(s->sh, RDS_BUDGET, a.nkeys, a.argc, a.argv, on_spend_reserved, s);
+    const char *one[SPEND_ONE_ARGC];
+    spend_args_one(&a, s->next, one);
+    return sh_eval(s->sh, RDS_BUDGET, 1, SPEND_ONE_ARGC, one, on_spend_reserved, s);
 }
 
 static void on_spend_reserved(const redisReply *r, const char *err, void *ud)
@@ -1668,9 +1744,12 @@ static void on_spend_reserved(const redisReply *r, const char *err, void *ud)
         if (rc == 0 && r->elements == 5) {
             struct spend_args a;
             long long k = 0;
-            spend_args(sh, s->app, s->source, s->has_task ? &s->task : NULL, "reserve", 0, NAN, &a);
+            int n = spend_args(sh, s->app, s->source, s->has_task ? &s->task : NULL, "reserve", 0,
+                               NAN, &a);
             reply_is_int(r->element[1], &k);
-            which = k >= 1 && k <= a.nkeys ? a.which[k - 1] : "app";
+            if (s->chained) /* one key was asked: the one refusing */
+                k = k == 1 ? s->next + 1 : 0;
+            which = k >= 1 && k <= n ? a.which[k - 1] : "app";
             window = r->element[2]->type == REDIS_REPLY_STRING ? r->element[2]->str : "total";
             left = reply_num(r->element[3]);
             double ms = reply_num(r->element[4]);
@@ -1679,13 +1758,34 @@ static void on_spend_reserved(const redisReply *r, const char *err, void *ud)
             rc = -1;
         }
     }
-    if (!s->ud) {
+    if (s->chained) {
+        struct spend_args a;
+        int n =
+            spend_args(sh, s->app, s->source, s->has_task ? &s->task : NULL, "reserve", 0, NAN, &a);
+        int held = s->next + (rc == 1); /* keys reserved so far */
+        if (rc == 1 && held < n && s->ud && !sh->closing) {
+            s->next++; /* on to the next key */
+            if (spend_send_reserve(s) == 0)
+                return;
+            s->next--;
+            rc = -1;
+            which = "not connected";
+        }
+        if (!(rc == 1 && held == n && s->ud)) {
+            /* Refused, failed, or the caller gone: give back what is held. */
+            spend_give_back(s, held);
+            if (rc == 1) {
+                rc = -1;
+                which = "closing";
+            }
+        }
+    } else if (!s->ud) {
         if (rc == 1) /* the caller is gone: give it back */
             redis_spend_settle(&sh->be, s->app, s->source, s->has_task ? &s->task : NULL, s->amount,
                                NAN);
-    } else {
-        s->cb(s->ud, rc, which, window, left, retry_s);
     }
+    if (s->ud)
+        s->cb(s->ud, rc, which, window, left, retry_s);
     free(s);
 }
 
@@ -1708,13 +1808,14 @@ static int redis_spend_reserve(struct backend *be, size_t app, size_t source,
                                  .app = app,
                                  .source = source,
                                  .amount = amount,
-                                 .has_task = task != NULL };
+                                 .has_task = task != NULL,
+                                 .chained = !spend_one_slot(sh, a.keys, (size_t)a.nkeys) };
     if (task) {
         snprintf(s->task_id, sizeof(s->task_id), "%s", task->id);
         s->task = *task;
         s->task.id = s->task_id;
     }
-    if (sh_eval(sh, RDS_BUDGET, a.nkeys, a.argc, a.argv, on_spend_reserved, s) < 0) {
+    if (spend_send_reserve(s) < 0) {
         free(s);
         return -1;
     }
@@ -1806,6 +1907,23 @@ static void peek_budgets(struct ev_loop *loop, ev_timer *w, int revents)
             snprintf(num[4 * k + (size_t)x], sizeof(num[0]), "%.17g", lim->limit[x]);
         snprintf(num[4 * k + 3], sizeof(num[0]), "%d", (int)lim->utc_offset_s);
         p->who[k++] = app ? j : SIZE_MAX - j;
+    }
+    if (!spend_one_slot(sh, keys, n)) {
+        /* A cluster, keys of several slots: a peek of each alone. */
+        for (k = 0; k < n; k++) {
+            struct budget_peek *one = malloc(sizeof(*one) + sizeof(size_t));
+            if (!one)
+                break;
+            *one = (struct budget_peek){ .sh = sh, .gen = sh->view_gen, .n = 1 };
+            one->who[0] = p->who[k];
+            const char *a1[SPEND_ONE_ARGC] = { keys[k],        "peek",        "0",
+                                               "nan",          num[4 * k],    num[4 * k + 1],
+                                               num[4 * k + 2], num[4 * k + 3] };
+            if (sh_eval(sh, RDS_BUDGET, 1, SPEND_ONE_ARGC, a1, on_budget_peek, one) < 0)
+                free(one);
+        }
+        free(p);
+        goto out;
     }
     int argc = 0;
     for (k = 0; k < n; k++)

@@ -8,6 +8,7 @@ per test), the real mock upstream.
   the fleet's max_concurrency:              test_cluster__max_concurrency_holds_across_sidecars
   an app's limits (a tagged prefix):        test_cluster__app_limits_hold_across_sidecars
   ... and without one, a start-up error:    test_cluster__app_limits_without_a_hash_tag_stop_the_start
+  budgets of three slots, one at a time:    test_cluster__budgets_in_several_slots_are_reserved_in_turn
   task.stop crosses sidecars:               test_cluster__task_stop_on_one_sidecar_ends_a_call_on_another
   a slot moved under load (ASK, MOVED):     test_cluster__slot_migrated_under_load_admits_nothing_twice
   a primary killed, its replica promoted:   test_cluster__primary_killed_the_fleet_follows_the_promotion
@@ -192,6 +193,71 @@ def test_cluster__app_limits_without_a_hash_tag_stop_the_start(rc, up, make_side
 
 
 # ------------------------------------------------------------------- tasks
+def test_cluster__budgets_in_several_slots_are_reserved_in_turn(rc, up, make_sidecar):
+    """An app's, a source's and a task run's budgets under a prefix with no
+    hash tag: three keys in three slots, which one budget.lua call cannot
+    take. The sidecar reserves them one slot after the other: calls are
+    charged to all three; a call the task's budget (the last key) refuses,
+    and one the source's (the second) refuses, end budget_exhausted naming
+    it, with what the earlier keys had reserved given back; no call is ever
+    refused CROSSSLOT."""
+    prefix = unique_prefix()
+    name = next(n for n in ("s", "s1", "s2", "s3", "s4", "s5")
+                if len({key_slot("{%s:app:default}:budget" % prefix),
+                        key_slot("{%s:source:%s}:budget" % (prefix, n)),
+                        key_slot("{%s:task:t1}:budget:1" % prefix)}) == 3)
+    keys = {"app": "{%s:app:default}:budget" % prefix,
+            "source": "{%s:source:%s}:budget" % (prefix, name),
+            "task": "{%s:task:t1}:budget:1" % prefix}
+    cfg = cluster_config(rc, prefix, [source(name, "chat", up.url,
+                                             prices={"input": 0, "output": 1000},
+                                             budget={"total": 2.5})],
+                         extra="apps:\n  - {name: default, budget: {total: 10}}\n")
+    a, b = start_fleet(make_sidecar, 2, cfg)
+
+    def spent(which):
+        h = rc.call_key(keys[which], "HGETALL", keys[which])
+        h = {k.decode() if isinstance(k, bytes) else k: float(v) for k, v in zip(h[::2], h[1::2])}
+        return h.get("spent_t", 0), h.get("reserved", 0)
+
+    def settled(want):
+        wait_until(lambda: {w: spent(w) for w in want} == want, 5)
+        return {w: spent(w) for w in want}
+
+    def cost_call(sc, max_tokens, task=None):
+        params = {"task_id": task} if task else {}
+        return call(sc, chat(max_tokens=max_tokens, mock={"usage": {"completion_tokens": 250}}),
+                    **params)
+
+    ca = a.connect()
+    err, _ = ca.request("task.start", {"task_id": "t1", "budget": 1.5})
+    assert err is None, err
+    err, res, _ = cost_call(a, 1000, task="t1")
+    assert err is None and res["cost"] == 0.25, (err, res)
+    err, res, _ = cost_call(b, 1000)
+    assert err is None and res["cost"] == 0.25, (err, res)
+    want = {"app": (0.5, 0), "source": (0.5, 0), "task": (0.25, 0)}
+    assert settled(want) == want
+    # The task has 1.25 left: a worst case of 1.3 is refused by its key, the
+    # third, after the app's and the source's took theirs: both given back.
+    err, res, _ = cost_call(b, 1300, task="t1")
+    assert err and err["code"] == "budget_exhausted" and err["budget"] == "task:t1:total", err
+    assert settled(want) == want
+    # The source has 2.0 left: 2.1 is refused by its key, the second.
+    err, res, _ = cost_call(a, 2100)
+    assert err and err["code"] == "budget_exhausted" and \
+        err["budget"] == "source:%s:total" % name and err["left"] == 2.0, err
+    assert settled(want) == want
+    assert up.stats()["requests"] == 2
+    for sc in (a, b):
+        assert stats(sc)["backend"].get("cross_slot", 0) == 0, stats(sc)["backend"]
+        # and each shows the fleet's budgets, read one slot at a time
+        assert wait_until(lambda: (lambda st: {x["name"]: x for x in st["apps"]}["default"]
+                                   .get("budget", {}).get("total", {}).get("spent") == 0.5)(
+                                       stats(sc)), 5), stats(sc)["apps"]
+    ca.close()
+
+
 def test_cluster__task_stop_on_one_sidecar_ends_a_call_on_another(rc, up, make_sidecar):
     """A task started on sidecar B, its call hanging at the mock; task.stop
     sent to A (the task's key on one primary, the stop published there)
