@@ -374,10 +374,12 @@ integration: all
 # The suites themselves (their list is in tests/run-suites.sh) run one after
 # another, past failures, and end on one "N passed, N failed" line. Every
 # build below it, the fuzz ones in run-suites.sh too, has -Werror.
+# Its builds use every core (TEST_JOBS, default nproc).
+TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 test: export WERROR := 1
 test: deps
-	$(Q)$(MAKE) --no-print-directory all
-	$(Q)$(MAKE) --no-print-directory BUILD=build/asan SAN=1 all $(notdir $(UNIT))
+	$(Q)$(MAKE) --no-print-directory -j$(TEST_JOBS) all
+	$(Q)$(MAKE) --no-print-directory -j$(TEST_JOBS) BUILD=build/asan SAN=1 all $(notdir $(UNIT))
 	@sh tests/run-suites.sh
 
 unit_tests: $(UNIT)

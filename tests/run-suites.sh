@@ -131,7 +131,8 @@ PYTEST_PAR="$PYTEST"
 [ "$WORKERS" -le 1 ] || PYTEST_PAR="$PYTEST -n $WORKERS --dist loadfile"
 
 T0=$(date +%s)
-stage "unit (Check, ASan+UBSan)"       check   env "$ASAN" "$UBSAN" build/asan/unit_tests
+stage "unit (Check, ASan+UBSan)"       check   env "$ASAN" "$UBSAN" \
+    sh tests/unit/run-shards.sh build/asan/unit_tests
 # shellcheck disable=SC2086
 stage "integration (pytest, ASan)"     pytest  env "$ASAN" "$UBSAN" "$ASAN_BUILD" $PYTEST_PAR \
     -m "not timing" tests/integration
@@ -149,7 +150,8 @@ stage_if "command -v clang-format" "format (clang-format)" exit make --no-print-
 stage "documentation references"      exit    /usr/bin/python3 tests/check_docs.py
 stage "layout (includes and calls)"   exit    /usr/bin/python3 tests/check_layout.py \
     --objects build/obj --objects build/asan/obj
-stage_if "command -v clang" "fuzz targets (clang build)" summary make --no-print-directory fuzz-build
+stage_if "command -v clang" "fuzz targets (clang build)" summary make --no-print-directory \
+    -j"$WORKERS" fuzz-build
 # shellcheck disable=SC2086
 stage "debian packages (make deb, dpkg)" pytest  $PYTEST tests/deb
 

@@ -1,5 +1,8 @@
 /* check_main.c — runs every unit suite in fork mode (crash isolation and
- * per-test timeouts come from Check). Exit status is non-zero on any failure. */
+ * per-test timeouts come from Check). Exit status is non-zero on any failure.
+ *
+ * POLYGW_UNIT_SHARD=K/N (1 <= K <= N) runs every Nth suite from the Kth
+ * only: tests/unit/run-shards.sh runs N of them side by side. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -56,12 +59,25 @@ int main(void)
         cache_suite,
     };
     /* clang-format on */
+    size_t shard = 0, shards = 1;
+    const char *spec = getenv("POLYGW_UNIT_SHARD");
+    if (spec && *spec) {
+        unsigned k = 0, n = 0;
+        char end = 0;
+        if (sscanf(spec, "%u/%u%c", &k, &n, &end) != 2 || k < 1 || k > n) {
+            fprintf(stderr, "POLYGW_UNIT_SHARD: want K/N with 1 <= K <= N, got '%s'\n", spec);
+            return EXIT_FAILURE;
+        }
+        shard = k - 1;
+        shards = n;
+    }
     SRunner *sr = srunner_create(NULL);
 
     config_set_backend_syntax(backend_config_syntax()); /* as main.c does */
 
     for (size_t i = 0; i < sizeof(suites) / sizeof(suites[0]); i++)
-        srunner_add_suite(sr, suites[i]());
+        if (i % shards == shard)
+            srunner_add_suite(sr, suites[i]());
     srunner_set_fork_status(sr, CK_FORK);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
