@@ -9,6 +9,7 @@
  * and payload) and decoded again: it must come back the same.
  */
 #include "evstream.h"
+#include "strbuf.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -19,29 +20,14 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-struct transcript {
-    uint8_t *p;
-    size_t len;
-    size_t cap;
-};
-
-static void put(struct transcript *t, const void *s, size_t n)
+/* Appends to a run's transcript; out of memory is fatal. */
+static void put(struct strbuf *t, const void *s, size_t n)
 {
-    if (t->len + n > t->cap) {
-        size_t cap = (t->len + n) * 2 + 64;
-        uint8_t *np = realloc(t->p, cap);
-
-        if (!np)
-            abort();
-        t->p = np;
-        t->cap = cap;
-    }
-    if (n > 0)
-        memcpy(t->p + t->len, s, n);
-    t->len += n;
+    if (strbuf_put(t, s, n) != 0)
+        abort();
 }
 
-static void put_str(struct transcript *t, const struct evstream_str *s)
+static void put_str(struct strbuf *t, const struct evstream_str *s)
 {
     char present = s->p != NULL;
 
@@ -50,7 +36,7 @@ static void put_str(struct transcript *t, const struct evstream_str *s)
     put(t, s->p, s->len);
 }
 
-static void put_msg(struct transcript *t, const struct evstream_msg *m)
+static void put_msg(struct strbuf *t, const struct evstream_msg *m)
 {
     struct evstream_str payload = { (const char *)m->payload, m->payload_len };
 
@@ -81,7 +67,7 @@ static void round_trip(const struct evstream_msg *m)
     const char *n[6], *v[6];
     char *copies[6];
     size_t k = 0;
-    struct transcript want = { 0 }, got = { 0 };
+    struct strbuf want = { 0 }, got = { 0 };
     struct evstream d;
     uint8_t *out;
     size_t out_len;
@@ -110,19 +96,19 @@ static void round_trip(const struct evstream_msg *m)
         abort();
     if (evstream_feed(&d, out, out_len, on_copy, &got) != 0 || !evstream_is_idle(&d))
         abort();
-    if (want.len != got.len || memcmp(want.p, got.p, want.len) != 0)
+    if (want.len != got.len || memcmp(want.data, got.data, want.len) != 0)
         abort(); /* encode and decode disagree */
     evstream_fini(&d);
     free(out);
     for (size_t i = 0; i < k; i++)
         free(copies[i]);
-    free(want.p);
-    free(got.p);
+    strbuf_fini(&want);
+    strbuf_fini(&got);
 }
 
 static int on_msg(const struct evstream_msg *m, void *ud)
 {
-    struct transcript *t = ud;
+    struct strbuf *t = ud;
 
     if (m->payload[m->payload_len] != '\0')
         abort(); /* contract: the payload is NUL-terminated at its length */
@@ -135,7 +121,7 @@ static int on_msg(const struct evstream_msg *m, void *ud)
         : 0;
 }
 
-static void finish(struct transcript *t, struct evstream *d, int rc)
+static void finish(struct strbuf *t, struct evstream *d, int rc)
 {
     char idle = evstream_is_idle(d) ? 'I' : 'B';
     size_t held = evstream_buffered(d);
@@ -149,7 +135,7 @@ static void finish(struct transcript *t, struct evstream *d, int rc)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    struct transcript whole = { 0 }, split = { 0 };
+    struct strbuf whole = { 0 }, split = { 0 };
     struct evstream d;
     uint32_t seed;
     size_t off;
@@ -188,9 +174,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     finish(&split, &d, rc);
     evstream_fini(&d);
 
-    if (whole.len != split.len || memcmp(whole.p, split.p, whole.len) != 0)
+    if (whole.len != split.len || memcmp(whole.data, split.data, whole.len) != 0)
         abort(); /* result depends on how the stream was split */
-    free(whole.p);
-    free(split.p);
+    strbuf_fini(&whole);
+    strbuf_fini(&split);
     return 0;
 }
