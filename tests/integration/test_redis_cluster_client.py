@@ -16,21 +16,13 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import call as call_on  # noqa: E402
 from redis_fixture import (FleetRedis, chat, fleet_config, free_port, source, stats,  # noqa: E402
                            unique_prefix, wait_backend, wait_until)
+from test_redis_fleet import call  # noqa: E402
 
 NO_PROXY = {"no_proxy": "*", "NO_PROXY": "*"}
 CLUSTER_ARGS = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                 "--cluster-node-timeout", "2000"]
-
-
-def call(sc, body, timeout=5.0, **params):
-    c = sc.connect(timeout=timeout)
-    try:
-        return call_on(c, "chat", body, timeout, **params)
-    finally:
-        c.close()
 
 
 class MiniCluster:
