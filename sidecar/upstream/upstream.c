@@ -1348,6 +1348,16 @@ size_t attempt_event_name(const struct attempt *a, const char **name)
     return ev->event_len;
 }
 
+size_t attempt_event_id(const struct attempt *a, const char **id)
+{
+    const struct sse_event *ev = a->cur_ev;
+
+    if (!ev || ev->id_len == 0)
+        return 0;
+    *id = ev->id;
+    return ev->id_len;
+}
+
 static bool resp_append(struct attempt *a, const char *p, size_t n)
 {
     if (a->resp.len + n > a->max_resp) {

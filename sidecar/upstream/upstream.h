@@ -252,6 +252,12 @@ void attempt_resume(struct attempt *a);
  * upstream named none (or named it "message", the SSE default). */
 size_t attempt_event_name(const struct attempt *a, const char **name);
 
+/* From on_event only: the stream's last event ID as of the event being
+ * delivered (its SSE `id:` field, or an earlier event's: the ID persists
+ * until a block sets another), not NUL-terminated, in *id, with its length;
+ * 0 when the upstream set none (or set it empty). */
+size_t attempt_event_id(const struct attempt *a, const char **id);
+
 /* Sets up an empty budget of `limit` bytes. */
 void upstream_budget_init(struct upstream_budget *b, size_t limit);
 /* The owner lowered `held`: resumes the paused members that now fit. Cheap

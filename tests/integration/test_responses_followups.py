@@ -1,7 +1,8 @@
 """Responses API follow-ups through the real sidecar and two real mock
 upstreams serving the same model: a response's follow-ups
 (`previous_response_id`, GET / DELETE of the response, its cancel and its
-input_items) reach the source that made it, over HTTP (curl) and msgpack,
+input_items, a GET with stream=true resuming its event stream) reach the
+source that made it, over HTTP (curl) and msgpack,
 on the memory backend and across two sidecars sharing a real
 redis-server; a response polygw cannot place ends `response_not_found`
 with nothing sent upstream. Also: events after the terminal event of a
@@ -11,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -220,6 +222,154 @@ def test_responses_followups__remember_s_zero_remembers_nothing(make_sidecar, up
     rid = json.loads(text)["id"]
     status, text = curl(base + "/v1/responses", responses_body(previous_response_id=rid))
     assert status == 404 and json.loads(text)["error"]["code"] == "response_not_found", text
+
+
+# ------------------------------------------ resuming a background stream
+def resume(url, timeout=15):
+    """GET `url` (a streamed retrieve) with curl -N: (head, [(seconds after
+    the request, block)]) with each SSE block timed as it arrived."""
+    p = subprocess.Popen(["curl", "-sN", "-i", "--max-time", str(timeout), url],
+                         stdout=subprocess.PIPE)
+    t0 = time.monotonic()
+    head, blocks, cur, in_head = [], [], [], True
+    for raw in p.stdout:
+        line = raw.decode().rstrip("\r\n")
+        if in_head:
+            if line:
+                head.append(line)
+            elif head and not head[0].startswith("HTTP/1.1 100"):
+                in_head = False
+            else:
+                head = []
+            continue
+        if line:
+            cur.append(line)
+        elif cur:
+            blocks.append((time.monotonic() - t0, "\n".join(cur)))
+            cur = []
+    p.wait(timeout)
+    return "\n".join(head).lower(), blocks
+
+
+def block_fields(block):
+    """(id or None, event name or None, data) of one SSE block."""
+    f = {"id": None, "event": None, "data": []}
+    for ln in block.split("\n"):
+        key, _, val = ln.partition(": ")
+        if key == "data":
+            f["data"].append(val)
+        elif key in ("id", "event"):
+            f[key] = val
+    return f["id"], f["event"], "\n".join(f["data"])
+
+
+def tokens_used(sc, name):
+    err, stats = sc.connect().request("stats")
+    assert err is None, err
+    return [s for s in stats["sources"] if s["name"] == name][0]["tokens_used"]
+
+
+def test_responses_followups__resumed_stream_arrives_event_by_event_on_the_maker(
+        make_sidecar, up, up2):
+    """client.responses.retrieve(id, {stream: true, starting_after: N}):
+    the query goes to the maker unchanged, each event (id, name, data)
+    reaches curl as the mock sends it, 250 ms apart, and the stream ends
+    with response.completed; its usage is the original call's: not
+    counted again."""
+    sc, base = two_sources(make_sidecar, up, up2)
+    interval = 0.25
+    for rid, maker in made_over_http(base, up, up2):
+        other = up if maker is up2 else up2
+        n_other = other.stats()["requests"]
+        used = (tokens_used(sc, "a"), tokens_used(sc, "b"))
+        maker.script([{"stream_events": 4, "stream_interval_ms": int(interval * 1000),
+                       "sse_ids": True}])
+        path = "/v1/responses/%s?stream=true&starting_after=2" % rid
+        head, blocks = resume(base + path)
+        assert head.startswith("http/1.1 200"), head
+        assert "content-type: text/event-stream" in head, head
+        assert maker.last()["method"] == "GET" and maker.last()["target"] == path
+        assert other.stats()["requests"] == n_other
+        events = [block_fields(b) for _, b in blocks]
+        seqs = [json.loads(d)["sequence_number"] for _, _, d in events]
+        assert seqs == list(range(3, 3 + len(seqs))), seqs
+        assert [i for i, _, _ in events] == [str(n) for n in seqs], events
+        assert all(json.loads(d)["type"] == name for _, name, d in events), events
+        assert events[-1][1] == "response.completed", events
+        assert json.loads(events[-1][2])["response"]["id"] == rid
+        assert not any(name == "error" for _, name, _ in events)
+        # The mock sends content_part.added with delta 1, then deltas 2..4
+        # one interval apart, then the four closing events with the last
+        # delta's interval: five sends. Each reaches curl on its own.
+        firsts = {"response.content_part.added", "response.output_text.delta",
+                  "response.output_text.done"}
+        sends = [t for (t, _), (_, name, _), prev in zip(blocks, events, [None] + events)
+                 if name in firsts and (prev is None or prev[1] != "response.content_part.added")]
+        gaps = [b - a for a, b in zip(sends, sends[1:])]
+        assert len(gaps) == 4, (blocks, events)
+        assert all(interval * 0.6 <= g <= interval * 2.5 for g in gaps), gaps
+        lag = max(abs((t - sends[0]) - i * interval) for i, t in enumerate(sends))
+        print("resumed stream: first event after %.3f s, gaps %s, worst lag %.3f s"
+              % (sends[0], ["%.3f" % g for g in gaps], lag))
+        assert lag < interval, (sends, lag)
+        assert (tokens_used(sc, "a"), tokens_used(sc, "b")) == used
+
+
+def test_responses_followups__resumed_stream_cut_or_failed_ends_typed(make_sidecar, up):
+    """A resumed stream ends as a POST stream does: cut before its terminal
+    event, or an upstream `error` event, is the stream_interrupted error
+    event, never a silent success; response.incomplete ends it as a
+    success, response.failed as a failure."""
+    sc, base = http_front(make_sidecar, source("a", up.url, capability="responses"))
+    url = base + "/v1/responses/resp_bg1?stream=true"
+    rid = {"id": "resp_bg1"}
+    cases = [
+        ({"stream_events": 2, "no_done": True}, "stream_interrupted", "response.completed"),
+        ({"stream_events": 2, "stream_error": "server_error"}, "stream_interrupted",
+         "server_error"),
+        (raw_sse([{"type": "response.created", "response": rid},
+                  {"type": "response.failed",
+                   "response": dict(rid, status="failed",
+                                    error={"code": "server_error", "message": "x"})}], ""),
+         "stream_interrupted", "reported server_error"),
+    ]
+    for mock, code, says in cases:
+        up.script([mock])
+        head, blocks = resume(url)
+        assert head.startswith("http/1.1 200"), head
+        events = [block_fields(b) for _, b in blocks]
+        assert events and events[0][1] == "response.created", events
+        assert events[-1][1] == "error", events
+        assert sum(1 for _, n, _ in events if n == "error") == 1, events
+        err = json.loads(events[-1][2])["error"]
+        assert err["code"] == code and says in err["message"], (mock, err)
+    up.script([raw_sse([{"type": "response.created", "response": rid},
+                        {"type": "response.incomplete",
+                         "response": dict(rid, status="incomplete")}], "")])
+    head, blocks = resume(url)
+    names = [block_fields(b)[1] for _, b in blocks]
+    assert names == ["response.created", "response.incomplete"], names
+
+
+def test_responses_followups__resumed_stream_routing_and_errors(make_sidecar, up, up2):
+    """An id polygw cannot place among two makers is response_not_found
+    with nothing sent; stream=false or no stream is the plain retrieve;
+    an upstream that refuses the stream is an error answer (its status,
+    its body), not a stream."""
+    sc, base = two_sources(make_sidecar, up, up2)
+    before = requests(up, up2)
+    status, text = http("GET", base + "/v1/responses/resp_never_made?stream=true")
+    assert status == 404 and json.loads(text)["error"]["code"] == "response_not_found", text
+    assert requests(up, up2) == before
+    rid, maker = made_over_http(base, up, up2)[0]
+    for q in ("?stream=false", "?starting_after=3", ""):
+        status, text = http("GET", base + "/v1/responses/%s%s" % (rid, q))
+        assert status == 200 and json.loads(text)["id"] == rid, (q, text)
+        assert maker.last()["target"] == "/v1/responses/%s%s" % (rid, q)
+    maker.script([{"status": 404}])
+    status, text = http("GET", base + "/v1/responses/%s?stream=true" % rid)
+    assert status == 404, text
+    assert "scripted 404" in json.loads(text)["error"]["message"], text  # the upstream's own
 
 
 # -------------------------------------------- after the terminal event
