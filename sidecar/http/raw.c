@@ -41,7 +41,9 @@ int httpraw_followup(const struct config_capability *cap, const char *p, size_t 
 
 bool httpraw_stream_query(const char *q, size_t n)
 {
-    for (const char *p = q, *end = q + n; q && p < end;) {
+    if (!q)
+        return false;
+    for (const char *p = q, *end = q + n; p < end;) {
         const char *amp = memchr(p, '&', (size_t)(end - p));
         size_t len = (size_t)((amp ? amp : end) - p);
         if (len == 11 && memcmp(p, "stream=true", 11) == 0)
