@@ -10,6 +10,7 @@ Responses, Messages or Gemini stream never pass for part of a success.
 """
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -225,6 +226,14 @@ def test_responses_followups__remember_s_zero_remembers_nothing(make_sidecar, up
 
 
 # ------------------------------------------ resuming a background stream
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
 def resume(url, timeout=15):
     """GET `url` (a streamed retrieve) with curl -N: (head, [(seconds after
     the request, block)]) with each SSE block timed as it arrived."""
@@ -423,8 +432,9 @@ def test_responses_followups__messages_garbage_after_message_stop(make_sidecar, 
 # -------------------------------------------------- across a Redis fleet
 def test_responses_followups__fleet_follows_on_the_maker(up, up2, make_sidecar):
     """Two sidecars sharing one real redis-server: a response made through
-    A is followed through B on the source that made it; the id is kept
-    under the fleet's prefix with the configured TTL."""
+    A is followed through B on the source that made it (its stream resumed
+    through B's HTTP front too); the id is kept under the fleet's prefix
+    with the configured TTL."""
     from redis_fixture import FleetRedis, fleet_config, unique_prefix, wait_backend
     from redis_fixture import source as fleet_source
     srv = FleetRedis().start()
@@ -434,8 +444,10 @@ def test_responses_followups__fleet_follows_on_the_maker(up, up2, make_sidecar):
                            [fleet_source("a", "responses", up.url),
                             fleet_source("b", "responses", up2.url)])
         cfg += "responses:\n  remember_s: 600\n"
-        a, b = [make_sidecar(config_text=cfg, subdir="sc%d" % i,
-                             env={"no_proxy": "*", "NO_PROXY": "*"}) for i in range(2)]
+        port = free_port()
+        a, b = [make_sidecar(config_text=cfg + extra, subdir="sc%d" % i,
+                             env={"no_proxy": "*", "NO_PROXY": "*"})
+                for i, extra in enumerate(["", 'http:\n  listen: "127.0.0.1:%d"\n' % port])]
         for sc in (a, b):
             wait_backend(sc)
         ca, cb = a.connect(), b.connect()
@@ -455,6 +467,14 @@ def test_responses_followups__fleet_follows_on_the_maker(up, up2, make_sidecar):
             after = requests(up, up2)
             want = (before[0] + 1, before[1]) if maker is up else (before[0], before[1] + 1)
             assert after == want, (rid, before, after)
+            # its stream resumed through B's HTTP front, on the maker too
+            maker.script([{"stream_events": 2}])
+            head, blocks = resume("http://127.0.0.1:%d/v1/responses/%s?stream=true" % (port, rid))
+            assert head.startswith("http/1.1 200"), head
+            assert block_fields(blocks[-1][1])[1] == "response.completed", blocks
+            assert maker.last()["target"] == "/v1/responses/%s?stream=true" % rid
+            want = (want[0] + 1, want[1]) if maker is up else (want[0], want[1] + 1)
+            assert requests(up, up2) == want
         before = requests(up, up2)
         err, _, _ = call(cb, "responses", responses_body(previous_response_id="resp_unknown"))
         assert err["code"] == "response_not_found", err
