@@ -10,7 +10,6 @@ Responses, Messages or Gemini stream never pass for part of a success.
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import call  # noqa: E402
+from test_http import free_port  # noqa: E402
 from test_providers import curl, http_front, source, start, stream_call  # noqa: E402
 from test_responses import responses_body, sse_events  # noqa: E402
 
@@ -226,14 +226,6 @@ def test_responses_followups__remember_s_zero_remembers_nothing(make_sidecar, up
 
 
 # ------------------------------------------ resuming a background stream
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def resume(url, timeout=15):
     """GET `url` (a streamed retrieve) with curl -N: (head, [(seconds after
     the request, block)]) with each SSE block timed as it arrived."""
