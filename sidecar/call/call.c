@@ -3142,7 +3142,12 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
         scope = model_scope;
     }
     k->est_in = (double)text_len / 4.0; /* as governor_estimate_tokens */
-    k->est_out = r->max_tokens ? (double)r->max_tokens : (double)k->cap->budget_output_tokens;
+    /* A follow-up by path (a retrieve, its stream resumed, a cancel)
+     * generates nothing: it reserves no output on budgets, so that it is
+     * charged nothing (docs/HTTP.md §4a). */
+    k->est_out = r->response_id ? 0
+        : r->max_tokens         ? (double)r->max_tokens
+                                : (double)k->cap->budget_output_tokens;
     if (rc == 0)
         rc = gov_call_init(&k->g, &srv->gov, (uint32_t)ci, scope, &pol,
                            r->deadline_s > 0 ? now + r->deadline_s : 0,

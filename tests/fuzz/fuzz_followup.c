@@ -49,8 +49,7 @@ static bool naive_stream(const char *q, size_t n)
     return false;
 }
 
-static void check_followup(const struct config_capability *cap, const char *p, size_t n,
-                           int method)
+static void check_followup(const struct config_capability *cap, const char *p, size_t n, int method)
 {
     size_t off = 0, len = 0;
     int rc = httpraw_followup(cap, p, n, method, &off, &len);
@@ -66,16 +65,14 @@ static void check_followup(const struct config_capability *cap, const char *p, s
         size_t rlen = n - off - len;
         if (rc == 1 && (rlen != 0 || (method != HTTP_GET && method != HTTP_DELETE)))
             abort();
-        if (rc == 2 &&
-            !(rlen == 7 && memcmp(rest, "/cancel", 7) == 0 && method == HTTP_POST) &&
+        if (rc == 2 && !(rlen == 7 && memcmp(rest, "/cancel", 7) == 0 && method == HTTP_POST) &&
             !(rlen == 12 && memcmp(rest, "/input_items", 12) == 0 && method == HTTP_GET))
             abort();
     }
     if (rc == -2) {
         bool other = false;
         for (size_t i = 0; i < 4 && !other; i++)
-            other = methods[i] != method &&
-                httpraw_followup(cap, p, n, methods[i], &off, &len) > 0;
+            other = methods[i] != method && httpraw_followup(cap, p, n, methods[i], &off, &len) > 0;
         if (!other)
             abort();
     }

@@ -316,6 +316,33 @@ def test_responses_followups__resumed_stream_arrives_event_by_event_on_the_maker
         assert (tokens_used(sc, "a"), tokens_used(sc, "b")) == used
 
 
+def test_responses_followups__follow_ups_by_path_cost_no_budget(make_sidecar, up):
+    """Output costs 1000 per million tokens: the response costs its 9
+    output tokens once; its retrieve and its resumed stream (whose
+    response.completed reports 90 more) reserve and charge nothing, where
+    a call naming no max_output_tokens would reserve 4096."""
+    sc, base = http_front(make_sidecar, source("a", up.url, capability="responses",
+                                               prices={"input": 0, "output": 1000},
+                                               budget={"total": 100}))
+
+    def spent():
+        err, stats = sc.connect().request("stats")
+        assert err is None, err
+        return [s for s in stats["sources"] if s["name"] == "a"][0]["budget"]["total"]
+
+    status, text = curl(base + "/v1/responses", responses_body(
+        "x", mock={"usage": {"prompt_tokens": 10, "completion_tokens": 9}}))
+    assert status == 200, text
+    rid = json.loads(text)["id"]
+    assert spent() == {"limit": 100, "spent": 0.009, "reserved": 0, "left": 99.991}
+    up.script([{"stream_events": 2, "usage": {"prompt_tokens": 10, "completion_tokens": 90}}])
+    head, blocks = resume(base + "/v1/responses/%s?stream=true" % rid)
+    assert block_fields(blocks[-1][1])[1] == "response.completed", blocks
+    status, text = http("GET", base + "/v1/responses/%s" % rid)
+    assert status == 200, text
+    assert spent()["spent"] == 0.009
+
+
 def test_responses_followups__resumed_stream_cut_or_failed_ends_typed(make_sidecar, up):
     """A resumed stream ends as a POST stream does: cut before its terminal
     event, or an upstream `error` event, is the stream_interrupted error
