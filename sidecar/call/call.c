@@ -3081,7 +3081,9 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     k->sink = s;
     k->srv = srv;
     k->msgid = id;
-    k->stream = r->stream;
+    /* A passthrough's `stream` is not read (proto/PROTOCOL.md): only a
+     * resumed Responses stream is a streamed passthrough. */
+    k->stream = r->stream && (!r->raw || r->response_id);
     str_copy(k->app, sizeof(k->app), app->name);
     k->cap = &cfg->capabilities[ci];
     k->started = now;

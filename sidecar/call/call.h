@@ -177,12 +177,12 @@ struct call_req {
      * response `response_id` (NUL-terminated, NULL = none) and sent as a
      * passthrough (`raw`, `method`, `path_suffix`) although the capability
      * takes JSON. A JSON call's previous_response_id is read by call_begin
-     * itself. */
+     * itself. With `stream` (a GET of the response itself, ?stream=true)
+     * it resumes the response's event stream: relayed event by event
+     * through the Responses dialect, ended as a POST stream is, its usage
+     * never counted (docs/HTTP.md §4a). Another passthrough's `stream` is
+     * ignored. */
     const char *response_id;
-    /* With `response_id` and method GET of the response itself, `stream`
-     * resumes its event stream (GET /v1/responses/{id}?stream=true):
-     * relayed event by event through the Responses dialect, ended as a
-     * POST stream is, its usage never counted (docs/HTTP.md §4a). */
     /* The response cache: the client's mode, and with `cache_max_age` an
      * entry older than cache_max_age_s seconds is not used. */
     enum cache_mode cache;

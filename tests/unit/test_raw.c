@@ -22,8 +22,8 @@ static struct config_capability responses_cap(bool raw)
     return cap;
 }
 
-static int followup(const struct config_capability *cap, const char *p, int method,
-                    size_t *off, size_t *len)
+static int followup(const struct config_capability *cap, const char *p, int method, size_t *off,
+                    size_t *len)
 {
     return httpraw_followup(cap, p, strlen(p), method, off, len);
 }
@@ -75,8 +75,8 @@ START_TEST(test_raw__stream_true_alone_resumes_the_stream)
     };
 
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-        ck_assert_msg(httpraw_stream_query(cases[i].q, strlen(cases[i].q)) == cases[i].stream,
-                      "%s", cases[i].q);
+        ck_assert_msg(httpraw_stream_query(cases[i].q, strlen(cases[i].q)) == cases[i].stream, "%s",
+                      cases[i].q);
     ck_assert(!httpraw_stream_query(NULL, 0));
     /* Bounded by n: a longer buffer's rest is not read. */
     ck_assert(!httpraw_stream_query("stream=truestream=true", 10));
