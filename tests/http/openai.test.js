@@ -360,6 +360,16 @@ test("a streaming abort closes the upstream connection", () => withFront(async (
   await f.up.waitStats((s) => s.aborted_by_peer === 1 && s.open_connections === 0, 2000);
 }));
 
+test("abandoning a resumed Responses stream closes the upstream connection", () => withFront(async (f) => {
+  await f.up.control("POST", "/_mock/script", [{ stream_events: 1000, stream_interval_ms: 50 }]);
+  const stream = await f.tcp.responses.retrieve("resp_background_2", { stream: true });
+  let n = 0;
+  for await (const _ of stream) {
+    if (++n === 6) break; // leaving the loop aborts the request
+  }
+  await f.up.waitStats((s) => s.aborted_by_peer === 1 && s.open_connections === 0, 2000);
+}));
+
 test("models lists the configured sources' models", () => withFront(async (f) => {
   const page = await f.unix.models.list();
   assert.deepEqual(page.data.map((m) => m.id), ["emb-1"]);
