@@ -129,6 +129,7 @@ struct behave {
     bool raw_keep;        /* keep the connection after a raw response */
     bool trickle_headers; /* trickle_ms paces the head too */
     bool sse_ids;         /* Responses streams: `id: <sequence_number>` before each event */
+    bool stamp;           /* Responses streams: "mock_sent_at" (epoch seconds) in each event */
 };
 
 void behave_init(struct behave *b);

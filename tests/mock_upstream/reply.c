@@ -692,6 +692,8 @@ static void responses_event(struct conn *c, struct buf *sc, struct reply_stream 
         buf_addf(sc, "id: %lld\n", s->seq);
     sse_event(sc, type);
     buf_addf(sc, "{\"type\":\"%s\",\"sequence_number\":%lld", type, s->seq++);
+    if (c->b.stamp) /* the step is written to the socket as soon as it is made */
+        buf_addf(sc, ",\"mock_sent_at\":%.6f", ev_time());
 }
 
 /* The item and content-part coordinates of the one text part. */
