@@ -66,12 +66,13 @@ static void event_init(struct dialect_event *out)
     out->usage = DIALECT_USAGE_NONE;
 }
 
-/* Marks `out` an error event of type `t` (a string, else "error"). */
+/* Marks `out` an error event of type `t` (a string that is not empty,
+ * else "error"). */
 static void event_error(struct dialect_event *out, const msgpack_object *t)
 {
     out->error = true;
     snprintf(out->error_type, sizeof(out->error_type), "%s", "error");
-    if (t && t->type == MSGPACK_OBJECT_STR)
+    if (t && t->type == MSGPACK_OBJECT_STR && t->via.str.size > 0)
         rpc_quote_client_str(t->via.str.ptr, t->via.str.size, sizeof(out->error_type) - 1,
                              out->error_type);
 }

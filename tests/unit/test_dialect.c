@@ -725,6 +725,11 @@ START_TEST(test_dialect__gemini_usage_and_events)
     scan(DIALECT_GEMINI, "{\"error\":{\"code\":500}}", &ev);
     ck_assert(ev.error && ev.transient);
     ck_assert_str_eq(ev.error_type, "error");
+    /* An empty status names no type: "error", as none (found by fuzzing). */
+    scan(DIALECT_GEMINI, "{\"error\":{\"code\":503,\"message\":\"overloaded\",\"status\":\"\"}}",
+         &ev);
+    ck_assert(ev.error && ev.transient);
+    ck_assert_str_eq(ev.error_type, "error");
 }
 END_TEST
 
