@@ -245,6 +245,7 @@ struct attempt {
     size_t attempt_hdrs_len;
     uint32_t events;
     bool terminal_seen;
+    bool done_seen;                     /* the stream's `data: [DONE]` came */
     const char *stream_end;             /* attempt_spec.stream_end */
     const struct sse_event *cur_ev;     /* the event on_event is handed, else NULL */
     bool stream_failed, fail_transient; /* attempt_fail_stream() from on_event */
@@ -1144,7 +1145,7 @@ static int attempt_on_sse_event(const struct sse_event *ev, void *ud)
     if (a->cancelled)
         return -1; /* cancelled by an earlier event's hook: deliver no more */
     if (sse_data_is_done(ev)) {
-        a->terminal_seen = true;
+        a->terminal_seen = a->done_seen = true;
         return 0;
     }
     if (a->events == 0)
@@ -1332,6 +1333,11 @@ static int attempt_on_aws_message(const struct evstream_msg *m, void *ud)
     (void)jscan_object(a->es_data.data, len, aws_chunk_member, &inner, NULL);
     bool named = inner.type.p && inner.type.len > 2;
     return attempt_deliver_aws(a, named ? inner.type.p + 1 : NULL, named ? inner.type.len - 2 : 0);
+}
+
+bool attempt_done_seen(const struct attempt *a)
+{
+    return a->done_seen;
 }
 
 size_t attempt_event_name(const struct attempt *a, const char **name)

@@ -251,6 +251,8 @@ void attempt_resume(struct attempt *a);
  * `event:` field, not NUL-terminated) in *name, with its length; 0 when the
  * upstream named none (or named it "message", the SSE default). */
 size_t attempt_event_name(const struct attempt *a, const char **name);
+/* Whether the stream already sent `data: [DONE]`: nothing may follow it. */
+bool attempt_done_seen(const struct attempt *a);
 
 /* Sets up an empty budget of `limit` bytes. */
 void upstream_budget_init(struct upstream_budget *b, size_t limit);
