@@ -120,13 +120,25 @@ class TlsFront(Server):
 
     def handle(self, conn):
         conn.settimeout(5)
+        raw = conn.dup()  # stays open whatever becomes of the TLS socket
         try:
             t = self.ctx.wrap_socket(conn, server_side=True)
         except (ssl.SSLError, OSError):
             with self.lock:
                 self.failures += 1
+            # As a server does: what the client still sends is read (for at
+            # most 2 s) before closing, so the alert just sent is not lost
+            # to a reset.
+            raw.settimeout(2)
+            try:
+                while raw.recv(65536):
+                    pass
+            except OSError:
+                pass
+            raw.close()
             conn.close()
             return
+        raw.close()
         peer = t.getpeercert()
         cn = None
         if peer:
@@ -343,6 +355,9 @@ def test_tls__client_certificate_for_an_mtls_upstream(certs, up, make_sidecar, c
         err, _ = one_call(sc2)
         assert err is not None, (front.handshakes, front.failures)
         assert reason(err) in ("tls", "connection_reset"), err
+        # The server's alert says why, by either client (never a bare
+        # "Recv failure: Protocol error").
+        assert "certificate required" in err["sources"][0]["detail"], err
         assert up.stats()["requests"] == 1
 
 
