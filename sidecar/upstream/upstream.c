@@ -2226,6 +2226,9 @@ static CURL *upstream_easy_new(const struct upstream *up)
     curl_easy_setopt(e, CURLOPT_QUICK_EXIT, 1L);
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, attempt_on_write);
     curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, attempt_on_header);
+    /* A proxy's answer to CONNECT is not the upstream's: its status would
+     * pass for the upstream's when the tunnel or the TLS in it fails. */
+    curl_easy_setopt(e, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1L);
     curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, attempt_on_sockopt);
     curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, attempt_on_prereq);
     curl_easy_setopt(e, CURLOPT_RESOLVER_START_FUNCTION, attempt_on_resolver_start);

@@ -156,8 +156,9 @@ class ForwardProxy(Server):
     requests (forwarded in origin form on a new connection). `asked`
     lists the CONNECT targets and absolute URLs, in order."""
 
-    def __init__(self):
+    def __init__(self, refuse=None):
         self.asked = []
+        self.refuse = refuse  # a status line to answer every CONNECT with
         super().__init__()
 
     def handle(self, conn):
@@ -173,6 +174,12 @@ class ForwardProxy(Server):
         method, target, version = line.decode().split(" ")
         with self.lock:
             self.asked.append("%s %s" % (method, target))
+        if method == "CONNECT" and self.refuse:
+            conn.sendall(b"HTTP/1.1 " + self.refuse.encode() + b"\r\n"
+                         b"Proxy-Authenticate: Basic realm=\"egress\"\r\n"
+                         b"Content-Length: 0\r\n\r\n")
+            conn.close()
+            return
         if method == "CONNECT":
             host, port = target.rsplit(":", 1)
             up = socket.create_connection((host, int(port)), timeout=5)
@@ -575,6 +582,29 @@ def test_proxy__https_source_tunnels_through_its_proxy(certs, up, make_sidecar):
         assert proxy.asked == ["CONNECT localhost:%d" % front.port]
         assert front.handshakes == [("localhost", None)]
         proxy.close()
+
+
+def test_proxy__the_proxys_answer_is_never_the_upstreams_status(certs, up, make_sidecar):
+    """What the proxy answers to CONNECT is not the upstream's answer: a
+    refused tunnel, or a tunnel whose TLS session the upstream refuses,
+    reports no upstream status (the error's `status` is the upstream's
+    last one, PROTOCOL.md 6.1), and the detail says what happened."""
+    with ForwardProxy(refuse="407 Proxy Authentication Required") as proxy:
+        sc = start(make_sidecar, [source_yaml(
+            "a", "chat", "https://localhost:9/v1", {}, proxy="http://127.0.0.1:%d" % proxy.port)])
+        err, _ = one_call(sc)
+        assert err is not None and "status" not in err, err
+        assert "CONNECT" in err["sources"][0]["detail"], err
+        assert "407" in err["sources"][0]["detail"], err
+    with TlsFront(certs, up.port, client="required") as front, ForwardProxy() as proxy:
+        sc = start(make_sidecar, [source_yaml(
+            "b", "chat", "https://localhost:%d/v1" % front.port, {},
+            tls={"ca_file": certs.path("ca.crt")}, proxy="http://127.0.0.1:%d" % proxy.port)],
+            subdir="second")
+        err, _ = one_call(sc)
+        assert err is not None and "status" not in err, err
+        assert "certificate required" in err["sources"][0]["detail"], err
+    assert up.stats()["requests"] == 0
 
 
 def test_proxy__plain_ip_source_goes_through_its_proxy_not_the_own_client(up, make_sidecar):
