@@ -634,6 +634,10 @@ def test_proxy__no_proxy_bypasses_it(up, make_sidecar):
     ({"cert_file": "CERT:client.crt"}, None, "https", "tls.key_file: is required"),
     ({"cert_file": "CERT:client.crt", "key_file": "CERT:server.key"}, None, "https",
      "cannot load the key"),
+    ({"cert_file": "CERT:client.key", "key_file": "CERT:client.key"}, None, "https",
+     "client.key: no PEM certificate in it"),
+    ({"cert_file": "CERT:client.crt", "key_file": "CERT:client.crt"}, None, "https",
+     "client.crt: no unencrypted PEM private key in it"),
     ({"ca_file": "CERT:ca.crt"}, None, "http", "only valid with an https:// base_url"),
     ({"server_name": "bad name"}, None, "https", "must be a DNS host name"),
     ({}, "ftp://127.0.0.1:1", "https", "proxy: must start with"),
@@ -659,3 +663,51 @@ def test_config__bad_tls_and_proxy_are_load_errors(certs, make_sidecar, workdir,
     assert r.returncode == 1
     out = (r.stdout + r.stderr).decode()
     assert message in out, out
+
+
+def test_config__encrypted_key_is_a_load_error_not_a_prompt(certs, workdir):
+    """key_file must be unencrypted: an encrypted one is refused by name at
+    once, even with a terminal at hand, where OpenSSL would otherwise ask
+    for its pass phrase and hold the start-up (or a reload) for ever."""
+    import pty
+    import subprocess
+    key = os.path.join(workdir, "encrypted.key")
+    subprocess.run(["openssl", "pkey", "-in", certs.path("client.key"), "-aes256",
+                    "-passout", "pass:secret", "-out", key], check=True, timeout=10)
+    text = config_yaml([source_yaml("a", "chat", "https://localhost:1/v1", {},
+                                    tls={"cert_file": certs.path("client.crt"),
+                                         "key_file": key})], DEFAULTS)
+    path = os.path.join(workdir, "enc.yaml")
+    with open(path, "w") as f:
+        f.write(text)
+    binary = os.path.join(os.environ.get("POLYGW_BUILD", "build"), "polygw")
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: polygw on the terminal (stdin, stdout, stderr)
+        os.execv(binary, [binary, "--check-config", path])
+    out, deadline, status = b"", time.monotonic() + 10, None
+    try:
+        while time.monotonic() < deadline:
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = st
+            ready, _, _ = select.select([fd], [], [], 0.1)
+            if ready:
+                try:
+                    data = os.read(fd, 4096)
+                except OSError:  # the child closed the terminal
+                    data = b""
+                out += data
+                if not data and status is not None:
+                    break
+            elif status is not None:
+                break
+    finally:
+        if status is None:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        os.close(fd)
+    text = out.decode(errors="replace")
+    assert status is not None, "still running after 10 s: %r" % text
+    assert os.waitstatus_to_exitcode(status) == 1, text
+    assert "encrypted.key: no unencrypted PEM private key in it" in text, text
+    assert "pass phrase" not in text.lower(), text
