@@ -2173,7 +2173,13 @@ static void attempt_set_route(struct attempt *a, CURL *e, const struct upstream_
         curl_easy_setopt(e, CURLOPT_PROXY, r->proxy);
     else
         curl_easy_setopt(e, CURLOPT_PROXY, up->no_proxy_env ? "" : NULL);
-    curl_easy_setopt(e, CURLOPT_NOPROXY, r ? r->no_proxy : NULL);
+    /* A source's own proxy is bypassed for its no_proxy only: "" keeps
+     * libcurl from reading the environment's no_proxy for it (a pod's
+     * no_proxy=* or .svc would send it straight past its egress proxy). */
+    curl_easy_setopt(e, CURLOPT_NOPROXY,
+                     r && r->no_proxy    ? r->no_proxy
+                         : r && r->proxy ? ""
+                                         : NULL);
 }
 
 /* With a route's server_name: the URL with that name as its host (for SNI,

@@ -617,6 +617,23 @@ def test_proxy__plain_ip_source_goes_through_its_proxy_not_the_own_client(up, ma
         assert proxy.asked[0].startswith("POST http://127.0.0.1:%d/" % up.port)
 
 
+@pytest.mark.parametrize("env_no_proxy", ["*", "127.0.0.1"])
+def test_proxy__the_environments_no_proxy_never_bypasses_a_sources_proxy(up, make_sidecar,
+                                                                         env_no_proxy):
+    """A source's `proxy` is bypassed for the source's own `no_proxy` only:
+    the environment's no_proxy (a pod's `*`, `127.0.0.1`, `.svc`) is for
+    sources without a proxy of their own (docs/CONFIG.md 7c)."""
+    with ForwardProxy() as proxy:
+        text = config_yaml([source_yaml("a", "chat", up.url, {},
+                                        proxy="http://127.0.0.1:%d" % proxy.port)], DEFAULTS)
+        sc = make_sidecar(config_text=text, env=dict(NO_PROXY_ENV, no_proxy=env_no_proxy,
+                                                     NO_PROXY=env_no_proxy))
+        err, res = one_call(sc)
+        assert err is None, err
+        assert len(proxy.asked) == 1, proxy.asked
+        assert proxy.asked[0].startswith("POST http://127.0.0.1:%d/" % up.port)
+
+
 def test_proxy__no_proxy_bypasses_it(up, make_sidecar):
     with ForwardProxy() as proxy:
         sc = start(make_sidecar, [source_yaml(
