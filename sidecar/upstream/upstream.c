@@ -1500,7 +1500,15 @@ static void attempt_conclude(struct attempt *a, enum xfer_end end, const char *d
     r.outcome.retry_after_s = -1;
     switch (end) {
     case XFER_OK:
-        if (a->status < 200 || a->status >= 300) {
+        if (a->status == 407) {
+            /* Only a proxy answers 407 (Proxy Authentication Required, in
+             * RFC 9110): the way to the upstream failed, the upstream said
+             * nothing. */
+            result_transient(&r, REASON_CONNECT_FAILED,
+                             "the proxy refused the request with a 407 (Proxy Authentication "
+                             "Required); give its credentials in the source's proxy URL");
+            a->status = 0;
+        } else if (a->status < 200 || a->status >= 300) {
             clock_gettime(CLOCK_REALTIME, &ts);
             outcome_from_http(&r.outcome, a->status, a->retry_after[0] ? a->retry_after : NULL,
                               (double)ts.tv_sec + ts.tv_nsec / 1e9);
@@ -1586,6 +1594,7 @@ static enum xfer_end xfer_end_of_curl(CURLcode rc)
     case CURLE_COULDNT_RESOLVE_PROXY:
         return XFER_RESOLVE_FAILED;
     case CURLE_COULDNT_CONNECT:
+    case CURLE_PROXY: /* a proxy's handshake failed (SOCKS, say) */
         return XFER_CONNECT_FAILED;
     case CURLE_PARTIAL_FILE:
         return XFER_TRUNCATED;
@@ -1675,7 +1684,12 @@ static void upstream_on_done_msg(CURL *easy, CURLcode rc)
     a->recycle = rc == CURLE_OK;
     if (rc == CURLE_OK && a->url && a->url->by_name)
         upstream_learn_address(a->up, a->url, easy);
-    attempt_conclude(a, xfer_end_of_curl(rc), a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
+    enum xfer_end end = xfer_end_of_curl(rc);
+    long tunnel = 0;
+    if (rc != CURLE_OK && curl_easy_getinfo(easy, CURLINFO_HTTP_CONNECTCODE, &tunnel) == CURLE_OK &&
+        tunnel >= 300)
+        end = XFER_CONNECT_FAILED; /* the proxy refused the tunnel ("CONNECT tunnel failed") */
+    attempt_conclude(a, end, a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
 }
 
 /* --- the own client's hooks (h1.h) ------------------------------------ */

@@ -158,7 +158,7 @@ class ForwardProxy(Server):
 
     def __init__(self, refuse=None):
         self.asked = []
-        self.refuse = refuse  # a status line to answer every CONNECT with
+        self.refuse = refuse  # a status line to answer every request with
         super().__init__()
 
     def handle(self, conn):
@@ -174,7 +174,7 @@ class ForwardProxy(Server):
         method, target, version = line.decode().split(" ")
         with self.lock:
             self.asked.append("%s %s" % (method, target))
-        if method == "CONNECT" and self.refuse:
+        if self.refuse:
             conn.sendall(b"HTTP/1.1 " + self.refuse.encode() + b"\r\n"
                          b"Proxy-Authenticate: Basic realm=\"egress\"\r\n"
                          b"Content-Length: 0\r\n\r\n")
@@ -590,12 +590,17 @@ def test_proxy__the_proxys_answer_is_never_the_upstreams_status(certs, up, make_
     reports no upstream status (the error's `status` is the upstream's
     last one, PROTOCOL.md 6.1), and the detail says what happened."""
     with ForwardProxy(refuse="407 Proxy Authentication Required") as proxy:
-        sc = start(make_sidecar, [source_yaml(
-            "a", "chat", "https://localhost:9/v1", {}, proxy="http://127.0.0.1:%d" % proxy.port)])
-        err, _ = one_call(sc)
-        assert err is not None and "status" not in err, err
-        assert "CONNECT" in err["sources"][0]["detail"], err
-        assert "407" in err["sources"][0]["detail"], err
+        # https:// (a tunnel) and http:// (the request in absolute form): a
+        # proxy's 407 is the way failing, never the upstream's answer.
+        for i, base in enumerate(("https://localhost:9/v1", up.url)):
+            sc = start(make_sidecar, [source_yaml(
+                "a", "chat", base, {}, proxy="http://127.0.0.1:%d" % proxy.port)],
+                subdir="p%d" % i)
+            err, _ = one_call(sc)
+            assert err is not None and err["code"] == "retry_exhausted", err
+            assert "status" not in err and reason(err) == "connect_failed", err
+            assert "407" in err["sources"][0]["detail"], err
+        assert len(proxy.asked) == 2, proxy.asked
     with TlsFront(certs, up.port, client="required") as front, ForwardProxy() as proxy:
         sc = start(make_sidecar, [source_yaml(
             "b", "chat", "https://localhost:%d/v1" % front.port, {},
