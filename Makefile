@@ -258,7 +258,7 @@ $(BUILD)/shim/%.so: tests/shim/%.c
 # once (`make test` does that when clang is installed, so they cannot rot);
 # `make fuzz-replay` replays the committed corpus through a gcc-built driver.
 FUZZ_TARGETS := frame transcode sse retry_after config convert jscan json_msgpack_diff h1_answer \
-                http_request h1_tls gemini evstream
+                http_request h1_tls gemini evstream followup
 FUZZ_SECONDS ?= 60
 FUZZ_LARGE_SECONDS ?= $(FUZZ_SECONDS)
 FUZZ_MAX_LEN ?= 4194304
@@ -266,7 +266,8 @@ FUZZ_CC      ?= clang
 FUZZ_LIB_SRC := $(PROTO_SRC) $(CORE_SRC) sidecar/codec/transcode.c sidecar/core/config.c sidecar/core/models.c sidecar/core/modelmatch.c sidecar/core/tls.c sidecar/backend/redis_url.c sidecar/upstream/h1.c \
                 sidecar/core/yamltree.c sidecar/core/name_index.c sidecar/codec/jscan.c \
                 sidecar/codec/dialect.c sidecar/codec/convert.c sidecar/codec/converse.c \
-                sidecar/http/httpreq.c \
+                sidecar/http/httpreq.c sidecar/http/raw.c sidecar/backend/respids.c \
+                sidecar/call/rawcall.c \
                 sidecar/call/upath.c sidecar/http/gemroute.c sidecar/core/awscreds.c \
                 sidecar/core/gcpcreds.c \
                 $(REF_SRC)

@@ -571,6 +571,7 @@ int server_init_with(struct server *srv, struct ev_loop *loop, struct config *cf
                                                    .forget = call_forget_task };
     if (!srv->up || tasks_init(srv, &task_calls, err, errlen) < 0)
         goto fail;
+    upstream_set_dns_ttl(srv->up, cfg->dns_ttl_s);
     if (!(srv->tracer = tracer_new(loop, srv->up, &cfg->tracing, err, errlen)))
         goto fail;
     cloudauth_ensure(&srv->aws_auth, &srv->gcp_auth, loop, srv->up, cfg);

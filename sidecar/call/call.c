@@ -1298,6 +1298,7 @@ static void call_info_fill(const struct call *k, struct call_info *ci)
      * streams end with a named event of their own. */
     ci->done_marker = !k->src || k->form == BODY_TO_ANTHROPIC || call_dialect(k)->chat_facts;
     ci->cache = k->cc.state;
+    ci->event_id = NULL;
 }
 
 /* A success: the plain body (`json` as received, `body` its msgpack form)
@@ -1315,7 +1316,7 @@ static void call_reply_success(struct call *k, const struct attempt_result *r,
     ci.source = k->src->name;
     msgpack_sbuffer_init(&us);
     strbuf_init(&scrubbed);
-    if (k->rawc) {
+    if (k->rawc && !k->stream) {
         /* A passthrough's bytes as they came, an echo of a key scrubbed
          * (redact.h: byte for byte otherwise; dropped if that fails). */
         b.raw = true;
@@ -1942,9 +1943,12 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
             if (rid && rid->type == MSGPACK_OBJECT_STR)
                 call_note_response(k, rid->via.str.ptr, rid->via.str.size);
         }
-        call_count_tokens(k, &ev.usage);
+        /* A resumed stream's usage is the original call's: not counted
+         * again (docs/HTTP.md §4a). */
+        if (!k->rawc)
+            call_count_tokens(k, &ev.usage);
         const msgpack_object *usage = rpc_map_get(&up.data, "usage");
-        if (k->tokens.bogus)
+        if (k->rawc || k->tokens.bogus)
             msgpack_sbuffer_clear(&k->usage);
         else if (d->stream_usage && usage && usage->type == MSGPACK_OBJECT_MAP)
             call_keep_usage(k, usage);
@@ -2017,6 +2021,15 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     /* The upstream's own event name; an Anthropic client also gets the
      * event's type as its name when the upstream sent none. */
     ci.event = event_name[0] && (named || ci.anthropic) ? event_name : NULL;
+    char event_id[129] = ""; /* at most 128 bytes (docs/HTTP.md §4a) */
+    const char *idp;
+    size_t idn = k->rawc ? attempt_event_id(a, &idp) : 0;
+    if (idn > 0) {
+        /* Quoted as an event name is: no control character can reach the
+         * client's `id:` line, and a long one is cut. */
+        rpc_quote_client_str(idp, idn, sizeof(event_id) - 1, event_id);
+        ci.event_id = event_id;
+    }
 
     /* Relay now. The sink may find the client gone: it then aborts every
      * call it holds, this one included, so `k` is freed (its attempt is
@@ -2052,6 +2065,8 @@ static struct call *call_find(struct call_sink *s, uint32_t msgid)
 /* How source `src` takes this call's body. */
 static enum body_form call_body_form(const struct call *k, const struct config_source *src)
 {
+    if (k->rawc)
+        return BODY_AS_IS; /* a passthrough, a resumed stream included */
     if (src->accepts_openai)
         return BODY_TO_ANTHROPIC;
     if (k->stream && src->stream_usage && dialect_for(src->kind, k->cap->path)->stream_usage &&
@@ -3067,7 +3082,9 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     k->sink = s;
     k->srv = srv;
     k->msgid = id;
-    k->stream = r->stream;
+    /* A passthrough's `stream` is not read (proto/PROTOCOL.md): only a
+     * resumed Responses stream is a streamed passthrough. */
+    k->stream = r->stream && (!r->raw || r->response_id);
     str_copy(k->app, sizeof(k->app), app->name);
     k->cap = &cfg->capabilities[ci];
     k->started = now;
@@ -3128,7 +3145,12 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
         scope = model_scope;
     }
     k->est_in = (double)text_len / 4.0; /* as governor_estimate_tokens */
-    k->est_out = r->max_tokens ? (double)r->max_tokens : (double)k->cap->budget_output_tokens;
+    /* A follow-up by path (a retrieve, its stream resumed, a cancel)
+     * generates nothing: it reserves no output on budgets, so that it is
+     * charged nothing (docs/HTTP.md §4a). */
+    k->est_out = r->response_id ? 0
+        : r->max_tokens         ? (double)r->max_tokens
+                                : (double)k->cap->budget_output_tokens;
     if (rc == 0)
         rc = gov_call_init(&k->g, &srv->gov, (uint32_t)ci, scope, &pol,
                            r->deadline_s > 0 ? now + r->deadline_s : 0,

@@ -35,15 +35,18 @@ struct call_info {
     double cost; /* on_result: what the answer cost (cost.h); NAN: unknown or
                   * unpriced, and for a stream until its end */
     double elapsed_s, stalled_s;
-    bool anthropic;    /* the answer is in Anthropic's Messages format (a
+    bool anthropic;       /* the answer is in Anthropic's Messages format (a
                                     * kind: anthropic source, not converted): its stream
                                     * events are named and it has no [DONE] */
-    bool done_marker;  /* an SSE relay of the stream ends with `data: [DONE]`
+    bool done_marker;     /* an SSE relay of the stream ends with `data: [DONE]`
                                     * (Chat Completions; not Messages nor Responses) */
-    const char *event; /* on_chunk: the event's name as the upstream's `event:`
+    const char *event;    /* on_chunk: the event's name as the upstream's `event:`
                                     * line gave it (Anthropic: else its "type"), or NULL */
-    const char *cache; /* the response cache's verdict, "hit" | "miss" | "bypass",
+    const char *cache;    /* the response cache's verdict, "hit" | "miss" | "bypass",
                                     * NULL: the capability is not cached */
+    const char *event_id; /* on_chunk of a resumed Responses stream (call_req's
+                                    * `response_id` with `stream`): the upstream's last
+                                    * event ID (`id:`) as of this event, or NULL */
 };
 
 
@@ -174,7 +177,11 @@ struct call_req {
      * response `response_id` (NUL-terminated, NULL = none) and sent as a
      * passthrough (`raw`, `method`, `path_suffix`) although the capability
      * takes JSON. A JSON call's previous_response_id is read by call_begin
-     * itself. */
+     * itself. With `stream` (a GET of the response itself, ?stream=true)
+     * it resumes the response's event stream: relayed event by event
+     * through the Responses dialect, ended as a POST stream is, its usage
+     * never counted (docs/HTTP.md §4a). Another passthrough's `stream` is
+     * ignored. */
     const char *response_id;
     /* The response cache: the client's mode, and with `cache_max_age` an
      * entry older than cache_max_age_s seconds is not used. */

@@ -145,7 +145,6 @@ int raw_call_spec(struct raw_call *rc, const struct config_source *src, const ch
         as->body_len = rc->body_len;
     }
     as->raw = true;
-    as->stream = false;
     as->method = strcmp(rc->method, "POST") == 0 ? NULL : rc->method;
     return 0;
 }

@@ -54,8 +54,10 @@ bool raw_call_idempotent(const struct raw_call *rc);
 /* Sets the passthrough parts of `as` for source `src` and the capability's
  * upstream path `cap_path`: URL (base_url + cap_path + suffix, then the
  * source's query), headers (the source's, then the client's
- * Content-Type), a copy of the body, the method. Every pointer stays
- * valid until the next call or raw_call_free. -1 when out of memory. */
+ * Content-Type), a copy of the body, the method; `stream` is left as the
+ * caller set it (a resumed Responses stream is a streamed GET). Every
+ * pointer stays valid until the next call or raw_call_free. -1 when out of
+ * memory. */
 int raw_call_spec(struct raw_call *rc, const struct config_source *src, const char *cap_path,
                   struct attempt_spec *as);
 

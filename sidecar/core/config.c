@@ -214,6 +214,7 @@ enum fid {
     FID_APP_TOKEN_FILE,
     FID_APP_PER_CAP,
     FID_UPSTREAM_CLIENT,
+    FID_DNS_TTL,
     FID_CURRENCY,
     FID_PRICES,
     FID_PRICE_INPUT,
@@ -860,6 +861,7 @@ static const struct field server_table[] = {
         3600, 0),
     TYPED("access_log", FT_BOOL, FID_ACCESS_LOG, OFF(struct config, access_log)),
     TYPED("upstream_client", FT_UPCLIENT, FID_UPSTREAM_CLIENT, OFF(struct config, upstream_client)),
+    NUM("dns_ttl_s", FT_U32, FID_DNS_TTL, OFF(struct config, dns_ttl_s), 1, 86400, 0),
     STR("currency", FID_CURRENCY, OFF(struct config, currency), check_currency),
     END
 };
@@ -1260,6 +1262,7 @@ static int config_set_defaults(struct config *cfg)
     cfg->idle_timeout_s = 0;           /* off */
     cfg->log_level = LOG_INFO;
     cfg->shutdown_grace_s = 10;
+    cfg->dns_ttl_s = 60;
     cfg->access_log = true;
     cfg->task_ttl_s = 86400;
     cfg->max_tasks = 65536;

@@ -355,6 +355,8 @@ struct config {
     double shutdown_grace_s;              /* default 10 */
     bool access_log;                      /* one info line per finished call; default true */
     enum upstream_client upstream_client; /* default auto */
+    uint32_t dns_ttl_s;                   /* how long an upstream host name's address
+                                           * is used; default 60 */
     char *currency;                       /* owned; the label of every price and cost,
                                            * [A-Za-z0-9_]{1,16}, default "USD" */
 

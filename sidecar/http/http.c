@@ -158,6 +158,7 @@ struct http_conn {
     char raw_cap[CONFIG_NAME_MAX]; /* that capability */
     /* The request is a Responses API follow-up (raw.h) of response resp_id. */
     bool followup;
+    bool resume; /* ... a GET of it with stream=true: its event stream */
     char resp_id[RESPIDS_ID_MAX + 1];
     struct httpreq req; /* the request being read (httpreq.h) */
 };
@@ -364,19 +365,25 @@ static void hc_reply(struct http_conn *c, int status, const char *ctype, const c
     out_add(c, body, len);
 }
 
-/* An SSE event: `event:` when named, then its data, one `data:` line per
- * line of it. Written as one HTTP chunk. */
-static void hc_sse(struct http_conn *c, const char *event, const char *data, size_t len)
+/* An SSE event: `id:` when it has one, `event:` when named, then its
+ * data, one `data:` line per line of it. Written as one HTTP chunk. */
+static void hc_sse_id(struct http_conn *c, const char *id, const char *event, const char *data,
+                      size_t len)
 {
     size_t lines = 1;
     for (size_t i = 0; i < len; i++)
         lines += data[i] == '\n';
-    size_t n = (event ? strlen(event) + 8 : 0) + len + 7 * lines + 1;
+    size_t n = (id ? strlen(id) + 5 : 0) + (event ? strlen(event) + 8 : 0) + len + 7 * lines + 1;
     bool chunked = !(c->req.parser.http_major == 1 && c->req.parser.http_minor == 0);
 
     if (chunked) {
         out_uint(c, n, 16);
         out_str(c, "\r\n");
+    }
+    if (id) {
+        out_str(c, "id: ");
+        out_str(c, id);
+        out_str(c, "\n");
     }
     if (event) {
         out_str(c, "event: ");
@@ -396,6 +403,11 @@ static void hc_sse(struct http_conn *c, const char *event, const char *data, siz
     out_str(c, "\n");
     if (chunked)
         out_str(c, "\r\n");
+}
+
+static void hc_sse(struct http_conn *c, const char *event, const char *data, size_t len)
+{
+    hc_sse_id(c, NULL, event, data, len);
 }
 
 /* Ends a body of unknown length (chunked terminator, or the close). */
@@ -793,6 +805,7 @@ static void hc_on_begin(struct httpreq *r)
     c->body_len = 0;
     c->raw_limit = 0;
     c->followup = false;
+    c->resume = false;
     c->cors = false;
     c->phase = HC_HEAD;
     hc_arm(c, c->hs->srv->cfg->http_header_timeout_s);
@@ -898,7 +911,7 @@ static int h_on_chunk(struct call_sink *s, uint32_t id, const struct call_info *
         hc_stream_head(c, ci);
     /* The upstream's event name before its data, as it sent it: Anthropic's
      * and the Responses API's clients dispatch on it (message_start, ...). */
-    hc_sse(c, ci->event, json, json_len);
+    hc_sse_id(c, ci->event_id, ci->event, json, json_len);
     hc_flush(c);
     if (c->closed)
         return -1;
@@ -1283,6 +1296,15 @@ static const struct config_app *hc_identify(struct http_conn *c)
     return a;
 }
 
+/* The request's query string, after its '?' (NULL: none). */
+static const char *hc_query(const struct http_conn *c, size_t *qlen)
+{
+    const char *q = memchr(c->req.url, '?', c->req.url_len);
+
+    *qlen = q ? c->req.url_len - (size_t)(q + 1 - c->req.url) : 0;
+    return q ? q + 1 : NULL;
+}
+
 /* The capability POST `path` (/v1/...) calls, and in *app who calls:
  * decided from the head alone. NULL after answering 401 / 403 (who is
  * calling), 404 (no capability there) or 415 (not JSON). */
@@ -1335,9 +1357,10 @@ static const struct config_capability *call_target(struct http_conn *c, const ch
                  http_method_str((enum http_method)c->req.parser.method));
         return NULL;
     }
-    if (fu == 1) {
+    if (fu > 0) {
         /* A follow-up: relayed as it came (its body, if any, is the
-         * upstream's to read), to the source that made the response. */
+         * upstream's to read), to the source that made the response; a GET
+         * of the response with stream=true resumes its event stream. */
         const char *sfx = c->req.url + 3 + strlen(cap->path);
         const char *bad = raw_call_suffix_problem(sfx, strlen(sfx));
         if (bad) {
@@ -1345,6 +1368,9 @@ static const struct config_capability *call_target(struct http_conn *c, const ch
             return NULL;
         }
         c->followup = true;
+        size_t qlen;
+        const char *q = hc_query(c, &qlen);
+        c->resume = fu == 1 && c->req.parser.method == HTTP_GET && httpraw_stream_query(q, qlen);
         memcpy(c->resp_id, path + 3 + id_off, id_len);
         c->resp_id[id_len] = '\0';
         return cap;
@@ -1397,6 +1423,7 @@ static void route_raw_call(struct http_conn *c, const struct config_capability *
         .method = method,
         .path_suffix = c->req.url + 3 + strlen(cap->path),
         .response_id = c->followup ? c->resp_id : NULL,
+        .stream = c->resume,
     };
     hc_call_headers(c, &r, scope);
 }
@@ -1405,15 +1432,6 @@ static bool admit_call(struct http_conn *c, const char *path, size_t len)
 {
     const struct config_app *app;
     return call_target(c, path, len, &app) != NULL;
-}
-
-/* The request's query string, after its '?' (NULL: none). */
-static const char *hc_query(const struct http_conn *c, size_t *qlen)
-{
-    const char *q = memchr(c->req.url, '?', c->req.url_len);
-
-    *qlen = q ? c->req.url_len - (size_t)(q + 1 - c->req.url) : 0;
-    return q ? q + 1 : NULL;
 }
 
 /* The capability a Gemini route calls (gemroute.h), and in *app who

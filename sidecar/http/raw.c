@@ -36,7 +36,23 @@ int httpraw_followup(const struct config_capability *cap, const char *p, size_t 
         return -2;
     *id_off = (size_t)(id - p);
     *id_len = len;
-    return 1;
+    return rest == 0 ? 1 : 2;
+}
+
+bool httpraw_stream_query(const char *q, size_t n)
+{
+    if (!q)
+        return false;
+    for (const char *p = q, *end = q + n; p < end;) {
+        const char *amp = memchr(p, '&', (size_t)(end - p));
+        size_t len = (size_t)((amp ? amp : end) - p);
+        if (len == 11 && memcmp(p, "stream=true", 11) == 0)
+            return true;
+        if (!amp)
+            break;
+        p = amp + 1;
+    }
+    return false;
 }
 
 bool httpraw_sub_path(const struct config_capability *cap, const char *p, size_t n)

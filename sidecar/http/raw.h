@@ -28,11 +28,19 @@ bool httpraw_sub_path(const struct config_capability *cap, const char *p, size_t
  * in /responses, and p[0..n) (a request path after /v1, without its
  * query) is that path, '/', a response id (respids.h's characters), then
  * nothing (GET, DELETE: the response), /cancel (POST) or /input_items
- * (GET). Returns 1 with the id at p[*id_off ..] (*id_len bytes), 0 when
- * p is not below the capability's path at all, -1 when it is but names
- * no follow-up (404), -2 when the method is not that follow-up's (405). */
+ * (GET). Returns 1 (the response itself) or 2 (its /cancel or
+ * /input_items) with the id at p[*id_off ..] (*id_len bytes), 0 when p is
+ * not below the capability's path at all, -1 when it is but names no
+ * follow-up (404), -2 when the method is not that follow-up's (405).
+ * Bounded by n: p need not be NUL-terminated. */
 int httpraw_followup(const struct config_capability *cap, const char *p, size_t n, int method,
                      size_t *id_off, size_t *id_len);
+
+/* True when query string q[0..n) (after its '?'; NULL with n 0: none) has
+ * the parameter `stream=true`, as the OpenAI SDKs send it to resume a
+ * background response's stream (GET of the response: docs/HTTP.md §4a).
+ * Any other value, or none, is a plain retrieve. */
+bool httpraw_stream_query(const char *q, size_t n);
 
 /* The largest request body any request may announce before its route is
  * known: http.max_body_bytes, or a raw capability's larger bound. */

@@ -490,6 +490,7 @@ static int reload_apply(struct reload_ctx *x, struct reload_summary *sum, char *
         log_at(LOG_WARN, "tracing keeps its settings", "error", LOG_S, terr, NULL);
     cache_set_max_bytes(srv->cache, n->cache_max_bytes);
     cloudauth_ensure(&srv->aws_auth, &srv->gcp_auth, srv->loop, srv->up, n);
+    upstream_set_dns_ttl(srv->up, n->dns_ttl_s);
     if (!srv->log_level_override)
         log_threshold = n->log_level;
     config_free(o);

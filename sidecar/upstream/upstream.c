@@ -82,7 +82,7 @@
 #define UPSTREAM_CA_CACHE_S           600L
 /* How long the own client trusts the address libcurl last reached for a
  * host name (libcurl's own DNS cache keeps answers as long). */
-#define UPSTREAM_NAME_TTL_S           60.0
+#define UPSTREAM_NAME_TTL_S           60
 /* Each transfer's receive buffer (libcurl's default: 16 KiB). It is held
  * for as long as the call is in flight and mostly unwritten while the
  * upstream thinks, so the cost that matters is its resident part: about
@@ -189,6 +189,7 @@ struct upstream {
     uint64_t pool_route[UPSTREAM_POOL_MAX]; /* the route id each was last set for */
     size_t n_pool;
     char *default_cainfo; /* libcurl's built-in CA bundle, or NULL (see upstream_new) */
+    uint32_t name_ttl_s;  /* upstream_set_dns_ttl */
 };
 
 struct attempt {
@@ -275,6 +276,17 @@ const char *attempt_phase_name(enum attempt_phase p)
     static const char *const names[] = { "resolving", "connecting", "sent",
                                          "receiving", "streaming",  "done" };
     return (unsigned)p < sizeof(names) / sizeof(names[0]) ? names[p] : "unknown";
+}
+
+void upstream_set_dns_ttl(struct upstream *up, uint32_t ttl_s)
+{
+    up->name_ttl_s = ttl_s;
+    /* An address learnt under a longer TTL is trusted no longer than this
+     * one from now on. */
+    double until = ev_now(up->loop) + ttl_s;
+    for (struct url_host *u = up->urls; u; u = u->next)
+        if (u->name_until > until)
+            u->name_until = until;
 }
 
 const struct upstream_stats *upstream_get_stats(struct upstream *up)
@@ -1354,6 +1366,16 @@ size_t attempt_event_name(const struct attempt *a, const char **name)
     return ev->event_len;
 }
 
+size_t attempt_event_id(const struct attempt *a, const char **id)
+{
+    const struct sse_event *ev = a->cur_ev;
+
+    if (!ev || ev->id_len == 0)
+        return 0;
+    *id = ev->id;
+    return ev->id_len;
+}
+
 static bool resp_append(struct attempt *a, const char *p, size_t n)
 {
     if (a->resp.len + n > a->max_resp) {
@@ -1622,7 +1644,7 @@ static enum xfer_end xfer_end_of_curl(CURLcode rc)
 /* A plain-http URL by host name: once libcurl has carried a request to it,
  * the own client takes the next ones, to the address libcurl connected to
  * (the one that answered, after libcurl's own address fallback), for
- * UPSTREAM_NAME_TTL_S. Then one request goes through libcurl again, which
+ * up->name_ttl_s. Then one request goes through libcurl again, which
  * resolves the name afresh (within the attempt's deadlines, on its resolver
  * thread) and teaches the new address. So a name costs what an address
  * costs, no lookup ever runs on the loop, and a changed address is followed
@@ -1647,7 +1669,7 @@ static void upstream_learn_address(struct upstream *up, struct url_host *u, CURL
     if (!o)
         return;
     u->origin = o;
-    u->name_until = ev_now(up->loop) + UPSTREAM_NAME_TTL_S;
+    u->name_until = ev_now(up->loop) + up->name_ttl_s;
 }
 
 static void upstream_on_done_msg(CURL *easy, CURLcode rc)
@@ -1954,6 +1976,7 @@ struct upstream *upstream_new(struct ev_loop *loop, uint32_t max_dns_lookups_per
         return NULL;
     }
     up->loop = loop;
+    up->name_ttl_s = UPSTREAM_NAME_TTL_S;
     up->no_proxy_env = !upstream_env_names_proxy();
     CURL *probe = curl_easy_init();
     char *cainfo = NULL;
@@ -2338,6 +2361,19 @@ static int attempt_setup(struct attempt *a, const struct attempt_spec *spec,
     curl_easy_setopt(e, CURLOPT_PREREQDATA, a);
     curl_easy_setopt(e, CURLOPT_RESOLVER_START_DATA, a);
     /* Backstops only: our own timers fire first. */
+    /* A name's address is used for name_ttl_s, by libcurl too: its cache of
+     * lookups (shared by the multi's handles) keeps none longer, and it
+     * reuses no connection to a name opened longer ago, so that the next
+     * request resolves the name afresh and a changed address is followed
+     * (a kept-alive connection would otherwise go on to the old one). */
+    curl_easy_setopt(e, CURLOPT_DNS_CACHE_TIMEOUT, (long)up->name_ttl_s);
+    curl_easy_setopt(e, CURLOPT_MAXLIFETIME_CONN, a->dns ? (long)up->name_ttl_s : 0L);
+    /* The request that learns a name's address again once the own client's
+     * trust in it ran out (or it refused) takes no connection libcurl
+     * holds: libcurl counts a connection's age in whole seconds, and an
+     * old one would teach the old address once more. */
+    bool relearn = u && u->origin && u->by_name && ev_now(up->loop) >= u->name_until;
+    curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, relearn ? 1L : 0L);
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
                      (long)(spec->connect_timeout_s * 1000) + UPSTREAM_BACKSTOP_MS);
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)(spec->timeout_s * 1000) + UPSTREAM_BACKSTOP_MS);

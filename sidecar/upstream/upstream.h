@@ -210,6 +210,12 @@ struct attempt_hooks {
  * Returns NULL (with err) on failure. */
 struct upstream *upstream_new(struct ev_loop *loop, uint32_t max_dns_lookups_per_host,
                               bool own_client, char *err, size_t errlen);
+/* How long, in seconds (> 0), a host name's address is used
+ * (server.dns_ttl_s, docs/CONFIG.md §3): the own client sends to the
+ * address libcurl reached for that long, libcurl reuses neither a lookup
+ * nor a connection to a name older than that. 60 until set. Applies to
+ * addresses learnt before the call too. */
+void upstream_set_dns_ttl(struct upstream *up, uint32_t ttl_s);
 /* Cancels every attempt (no hooks run) and frees the engine. */
 void upstream_free(struct upstream *up);
 const struct upstream_stats *upstream_get_stats(struct upstream *up);
@@ -253,6 +259,12 @@ void attempt_resume(struct attempt *a);
 size_t attempt_event_name(const struct attempt *a, const char **name);
 /* Whether the stream already sent `data: [DONE]`: nothing may follow it. */
 bool attempt_done_seen(const struct attempt *a);
+
+/* From on_event only: the stream's last event ID as of the event being
+ * delivered (its SSE `id:` field, or an earlier event's: the ID persists
+ * until a block sets another), not NUL-terminated, in *id, with its length;
+ * 0 when the upstream set none (or set it empty). */
+size_t attempt_event_id(const struct attempt *a, const char **id);
 
 /* Sets up an empty budget of `limit` bytes. */
 void upstream_budget_init(struct upstream_budget *b, size_t limit);

@@ -142,6 +142,11 @@ def seeds(max_len):
         "many-duplicates": ("{" + ",".join('"k%d":{"a":%d,"a":[%d]}' % (i % 97, i, i)
                                            for i in range(big // 24)) + "}").encode()[:max_len],
     }
+    # followup: byte 0 picks the method, then a request target after /v1.
+    out["followup"] = {
+        "many-parameters": b"\x00/responses/resp_a?" + b"k=v&" * (big // 4) + b"stream=true",
+        "huge-id": b"\x00/responses/" + b"r" * big + b"?stream=true",
+    }
     return out
 
 

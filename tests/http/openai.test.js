@@ -1,7 +1,8 @@
 // polygw's HTTP front end (docs/HTTP.md) driven by the official OpenAI Node
 // SDK, against the real sidecar and the real mock upstream: chat,
 // streaming chat, embeddings, over TCP and over the Unix socket (undici
-// Agent with socketPath as the SDK's fetch dispatcher); a typed error is an
+// Agent with socketPath as the SDK's fetch dispatcher); the Responses API,
+// its follow-ups and a background stream resumed; a typed error is an
 // APIError carrying polygw's code after exactly one HTTP request; aborting
 // a request closes the upstream connection.
 import assert from "node:assert/strict";
@@ -238,6 +239,54 @@ test("responses follow-ups reach the source that made the response, of two servi
     }
   });
 
+test("responses.retrieve(id, {stream: true}) resumes a stream event by event; a cut one rejects",
+  () => withFront(async (f) => {
+    const id = "resp_background_1";
+    await f.tcp.responses.create(responsesBody("counted",
+      { usage: { prompt_tokens: 120, completion_tokens: 7 } }));
+    assert.equal(await responsesTokens(f.port), 127);
+    await f.up.control("POST", "/_mock/script", [{ stream_events: 3, stream_interval_ms: 250,
+      usage: { prompt_tokens: 100, completion_tokens: 9 } }]);
+    const t0 = Date.now();
+    const stream = await f.tcp.responses.retrieve(id, { stream: true, starting_after: 1 });
+    const seen = [];
+    for await (const ev of stream) seen.push([Date.now() - t0, ev]);
+    const tEnd = Date.now() - t0;
+    const types = seen.map(([, ev]) => ev.type);
+    // sequence_number 0 and 1 (created, in_progress) were before starting_after.
+    assert.equal(seen[0][1].sequence_number, 2);
+    assert.equal(types[0], "response.output_item.added");
+    assert.equal(types.at(-1), "response.completed");
+    assert.ok(!types.includes("error"), types.join(","));
+    assert.equal(seen.at(-1)[1].response.id, id);
+    assert.equal(seen.at(-1)[1].response.usage.total_tokens, 109);
+    assert.equal(seen.map(([, ev]) => ev.delta ?? "").join(""), "mock reply");
+    // Three deltas and the closing events, 250 ms apart: the first event
+    // came ~750 ms before the end, and each delta on its own.
+    assert.ok(seen[0][0] < tEnd - 500, `first event at ${seen[0][0]} ms, end at ${tEnd} ms`);
+    const deltas = seen.filter(([, ev]) => ev.type === "response.output_text.delta").map(([t]) => t);
+    for (let i = 1; i < deltas.length; i++)
+      assert.ok(deltas[i] - deltas[i - 1] >= 150, `deltas at ${deltas.join(", ")} ms`);
+    const last = await f.up.last();
+    assert.equal(last.method, "GET");
+    assert.equal(last.path, `/v1/responses/${id}`);
+    assert.deepEqual(new URLSearchParams(last.target.split("?")[1]).get("starting_after"), "1");
+    assert.deepEqual(new URLSearchParams(last.target.split("?")[1]).get("stream"), "true");
+    // The resumed response's usage was its original call's to count.
+    assert.equal(await responsesTokens(f.port), 127);
+
+    await f.up.control("POST", "/_mock/script", [{ stream_events: 2, no_done: true }]);
+    const cut = await f.unix.responses.retrieve(id, { stream: true });
+    const got = [];
+    await assert.rejects((async () => { for await (const ev of cut) got.push(ev.type); })(), (e) => {
+      assert.ok(e instanceof OpenAI.APIError, e);
+      assert.equal(e.code, "stream_interrupted");
+      return true;
+    });
+    assert.equal(got[0], "response.created");
+    assert.ok(!got.includes("response.completed"), got.join(","));
+  }));
+
 test("a typed error is an APIError with polygw's code, after one HTTP request", () => withFront(async (f) => {
   await f.up.control("POST", "/_mock/script", { default: { status: 500 } });
   await assert.rejects(f.tcp.embeddings.create({ model: "x", input: "a" }), (e) => {
@@ -307,6 +356,16 @@ test("a streaming abort closes the upstream connection", () => withFront(async (
   let n = 0;
   for await (const _ of stream) {
     if (++n === 3) break; // leaving the loop aborts the request
+  }
+  await f.up.waitStats((s) => s.aborted_by_peer === 1 && s.open_connections === 0, 2000);
+}));
+
+test("abandoning a resumed Responses stream closes the upstream connection", () => withFront(async (f) => {
+  await f.up.control("POST", "/_mock/script", [{ stream_events: 1000, stream_interval_ms: 50 }]);
+  const stream = await f.tcp.responses.retrieve("resp_background_2", { stream: true });
+  let n = 0;
+  for await (const _ of stream) {
+    if (++n === 6) break; // leaving the loop aborts the request
   }
   await f.up.waitStats((s) => s.aborted_by_peer === 1 && s.open_connections === 0, 2000);
 }));

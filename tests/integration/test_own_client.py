@@ -7,6 +7,7 @@ and test_upstream_client.py.
 """
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import call, chat, config_yaml, source_yaml  # noqa: E402
@@ -159,3 +160,110 @@ def test_own_client__a_learned_address_that_refuses_is_forgotten(make_sidecar):
     err, _, _ = call(c, "chat", chat("refused again"))
     assert err is not None, err
     assert upstream_stats(c)["own_connections_opened"] == 2   # libcurl did, this time
+
+
+# ------------------------------------------------ a name whose address changes
+# The DNS shim resolves NAMED_HOST from a file it reads at every lookup, so a
+# test can move the name from one mock to another while the sidecar runs.
+SHIM = os.path.join(os.environ.get("POLYGW_BUILD", "build"), "shim", "dnshang.so")
+NAMED_HOST = "moving.polygw.test"
+
+
+def moving_pair(up):
+    """A second mock on 127.0.0.2 at up's port: the name's other address."""
+    from mock import MockUpstream
+    return MockUpstream(port=up.port, host="127.0.0.2")
+
+
+def point(path, addr):
+    tmp = path + ".new"
+    with open(tmp, "w") as f:
+        f.write("%s=%s\n" % (NAMED_HOST, addr))
+    os.replace(tmp, path)
+
+
+def named_sidecar(make_sidecar, up, tmp_path, ttl=None):
+    assert os.path.exists(SHIM), "DNS shim not built: %s (run make)" % SHIM
+    mapfile = str(tmp_path / "dns-map")
+    point(mapfile, "127.0.0.1")
+    env = dict(NO_PROXY, LD_PRELOAD=SHIM, POLYGW_TEST_DNS_MAP_FILE=mapfile,
+               ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "detect_leaks=1")
+               + ":verify_asan_link_order=0")
+    text = config_yaml([source_yaml("a", "chat", "http://%s:%d/v1" % (NAMED_HOST, up.port),
+                                    LONG)], DEFAULTS)
+    if ttl is not None:
+        text = text.replace("server:\n", "server:\n  dns_ttl_s: %d\n" % ttl, 1)
+    sc = make_sidecar(config_text=text, env=dict({KEY_ENV: KEY}, **env))
+    named_sidecar.last = sc
+    return sc.connect(), mapfile
+
+
+def test_own_client__a_changed_address_is_followed_within_dns_ttl_s(make_sidecar, up, tmp_path):
+    """dns_ttl_s: 1. The name points at the first mock; the own client
+    carries the calls after libcurl's first. Once the name points at the
+    second mock, calls reach it within the TTL (plus the one call libcurl
+    carries to learn it again) and stay there."""
+    c, mapfile = named_sidecar(make_sidecar, up, tmp_path, ttl=1)
+    with moving_pair(up) as other:
+        for i in range(4):
+            ok(c, "before %d" % i)
+        assert up.stats()["requests"] == 4 and other.stats()["requests"] == 0
+        assert upstream_stats(c)["own_connections_reused"] >= 2
+        point(mapfile, "127.0.0.2")
+        t0 = time.monotonic()
+        while other.stats()["requests"] == 0:
+            assert time.monotonic() - t0 < 5, "the changed address was not followed in 5 s"
+            ok(c, "moving")
+            time.sleep(0.05)
+        moved_after = time.monotonic() - t0
+        before = up.stats()["requests"]
+        for i in range(4):
+            ok(c, "after %d" % i)
+        assert up.stats()["requests"] == before, "a call went to the old address after the move"
+        assert other.stats()["requests"] >= 5
+        assert moved_after < 2.0, moved_after
+
+
+def test_own_client__dns_ttl_s_default_keeps_a_learnt_address(make_sidecar, up, tmp_path):
+    """The default (60 s): a change of address is not looked at for calls
+    within the minute; the learnt address keeps the calls."""
+    c, mapfile = named_sidecar(make_sidecar, up, tmp_path)
+    with moving_pair(up) as other:
+        ok(c, "learn")
+        point(mapfile, "127.0.0.2")
+        for i in range(5):
+            ok(c, "kept %d" % i)
+        assert up.stats()["requests"] == 6 and other.stats()["requests"] == 0
+
+
+def test_own_client__dns_ttl_s_reload_shortens_a_learnt_address(make_sidecar, up, tmp_path):
+    """Learnt under the default 60 s, an address is trusted no longer than a
+    reloaded dns_ttl_s of 1 from the reload on; a bad value is refused by
+    the reload with the key named, and the running setting stays."""
+    c, mapfile = named_sidecar(make_sidecar, up, tmp_path)
+    sc = named_sidecar.last
+    with moving_pair(up) as other:
+        ok(c, "learn")
+        point(mapfile, "127.0.0.2")
+        with open(sc.config) as f:
+            base = f.read()
+
+        def reload_ttl(v):
+            text = base.replace("server:\n", "server:\n  dns_ttl_s: %s\n" % v, 1)
+            with open(sc.config + ".tmp", "w") as f:
+                f.write(text)
+            os.replace(sc.config + ".tmp", sc.config)
+            return c.request("config.reload")
+
+        for bad in ("0", "-1", "1.5", "soon", "86401"):
+            err, _ = reload_ttl(bad)
+            assert err is not None and "server.dns_ttl_s" in err["message"], (bad, err)
+        ok(c, "still the learnt address")
+        assert other.stats()["requests"] == 0
+        err, _ = reload_ttl("1")
+        assert err is None, err
+        t0 = time.monotonic()
+        while other.stats()["requests"] == 0:
+            assert time.monotonic() - t0 < 5, "the reloaded dns_ttl_s did not apply"
+            ok(c, "moving")
+            time.sleep(0.05)

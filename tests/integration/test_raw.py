@@ -249,8 +249,9 @@ def test_raw__json_capability_still_415_and_key_echo_scrubbed(front, rup):
 
 def test_raw__over_msgpack_body_is_bin(front, rup):
     """The msgpack front: a bin body with content_type, method and
-    path_suffix; the answer's body is bin with its content_type and status.
-    A map body for a raw capability, or bytes for a JSON one, is refused."""
+    path_suffix; the answer's body is bin with its content_type and status
+    (with `stream` too: it is not read). A map body for a raw capability,
+    or bytes for a JSON one, is refused."""
     f = raw_front(front, rup)
     c = f.sc.connect()
     body = multipart(b"mp-boundary", bytes(range(256)) * 8)
@@ -266,6 +267,10 @@ def test_raw__over_msgpack_body_is_bin(front, rup):
     err, res, _ = call(c, "speech", json.dumps({"input": "x"}).encode(),
                        content_type="application/json")
     assert err is None and res["body"] == SPEECH and res["content_type"] == "audio/mpeg"
+    # A passthrough's `stream` is not read: the answer is its bytes still.
+    err, res, _ = call(c, "speech", json.dumps({"input": "x"}).encode(),
+                       content_type="application/json", stream=True)
+    assert err is None and res["body"] == SPEECH and res["content_type"] == "audio/mpeg", err
     err, res, _ = call(c, "files", b"", method="GET", path_suffix="/file-1/content")
     assert err is None and res["body"] == b"\x89file\x00bytes\xfe"
     assert rup.seen[-1][:2] == ("GET", "/v1/files/file-1/content")

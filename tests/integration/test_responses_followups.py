@@ -1,7 +1,8 @@
 """Responses API follow-ups through the real sidecar and two real mock
 upstreams serving the same model: a response's follow-ups
 (`previous_response_id`, GET / DELETE of the response, its cancel and its
-input_items) reach the source that made it, over HTTP (curl) and msgpack,
+input_items, a GET with stream=true resuming its event stream) reach the
+source that made it, over HTTP (curl) and msgpack,
 on the memory backend and across two sidecars sharing a real
 redis-server; a response polygw cannot place ends `response_not_found`
 with nothing sent upstream. Also: events after the terminal event of a
@@ -11,11 +12,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import call  # noqa: E402
+from test_http import free_port  # noqa: E402
 from test_providers import curl, http_front, source, start, stream_call  # noqa: E402
 from test_responses import responses_body, sse_events  # noqa: E402
 
@@ -222,6 +225,179 @@ def test_responses_followups__remember_s_zero_remembers_nothing(make_sidecar, up
     assert status == 404 and json.loads(text)["error"]["code"] == "response_not_found", text
 
 
+# ------------------------------------------ resuming a background stream
+def resume(url, timeout=15):
+    """GET `url` (a streamed retrieve) with curl -N: (head, [(wall-clock
+    time it arrived, block)]) for each SSE block."""
+    p = subprocess.Popen(["curl", "-sN", "-i", "--max-time", str(timeout), url],
+                         stdout=subprocess.PIPE)
+    head, blocks, cur, in_head = [], [], [], True
+    for raw in p.stdout:
+        line = raw.decode().rstrip("\r\n")
+        if in_head:
+            if line:
+                head.append(line)
+            elif head and not head[0].startswith("HTTP/1.1 100"):
+                in_head = False
+            else:
+                head = []
+            continue
+        if line:
+            cur.append(line)
+        elif cur:
+            blocks.append((time.time(), "\n".join(cur)))
+            cur = []
+    p.wait(timeout)
+    return "\n".join(head).lower(), blocks
+
+
+def block_fields(block):
+    """(id or None, event name or None, data) of one SSE block."""
+    f = {"id": None, "event": None, "data": []}
+    for ln in block.split("\n"):
+        key, _, val = ln.partition(": ")
+        if key == "data":
+            f["data"].append(val)
+        elif key in ("id", "event"):
+            f[key] = val
+    return f["id"], f["event"], "\n".join(f["data"])
+
+
+def tokens_used(sc, name):
+    err, stats = sc.connect().request("stats")
+    assert err is None, err
+    return [s for s in stats["sources"] if s["name"] == name][0]["tokens_used"]
+
+
+def test_responses_followups__resumed_stream_arrives_event_by_event_on_the_maker(
+        make_sidecar, up, up2):
+    """client.responses.retrieve(id, {stream: true, starting_after: N}):
+    the query goes to the maker unchanged, each event (id, name, data)
+    reaches curl as the mock sends it, 250 ms apart, and the stream ends
+    with response.completed; its usage is the original call's: not
+    counted again."""
+    sc, base = two_sources(make_sidecar, up, up2)
+    interval = 0.25
+    for rid, maker in made_over_http(base, up, up2):
+        other = up if maker is up2 else up2
+        n_other = other.stats()["requests"]
+        used = (tokens_used(sc, "a"), tokens_used(sc, "b"))
+        maker.script([{"stream_events": 4, "stream_interval_ms": int(interval * 1000),
+                       "sse_ids": True, "stamp": True}])
+        path = "/v1/responses/%s?stream=true&starting_after=2" % rid
+        head, blocks = resume(base + path)
+        assert head.startswith("http/1.1 200"), head
+        assert "content-type: text/event-stream" in head, head
+        assert maker.last()["method"] == "GET" and maker.last()["target"] == path
+        assert other.stats()["requests"] == n_other
+        events = [block_fields(b) for _, b in blocks]
+        seqs = [json.loads(d)["sequence_number"] for _, _, d in events]
+        assert seqs == list(range(3, 3 + len(seqs))), seqs
+        assert [i for i, _, _ in events] == [str(n) for n in seqs], events
+        assert all(json.loads(d)["type"] == name for _, name, d in events), events
+        assert events[-1][1] == "response.completed", events
+        assert json.loads(events[-1][2])["response"]["id"] == rid
+        assert not any(name == "error" for _, name, _ in events)
+        # Each event says when the mock wrote it (mock_sent_at, the same
+        # clock): it reached curl at once, not when the stream ended ~1 s
+        # later; the mock's steps, 250 ms apart, reach it 250 ms apart.
+        lags = [t - json.loads(d)["mock_sent_at"] for (t, _), (_, _, d) in zip(blocks, events)]
+        sent = [json.loads(d)["mock_sent_at"] for _, _, d in events]
+        steps = [t for i, t in enumerate(sent) if i == 0 or t - sent[i - 1] > 0.05]
+        gaps = [b - a for a, b in zip(steps, steps[1:])]
+        print("resumed stream: %d events, curl got each %.1f ms (median) / %.1f ms (worst) "
+              "after the mock sent it; the mock's sends %s s apart"
+              % (len(lags), 1000 * sorted(lags)[len(lags) // 2], 1000 * max(lags),
+                 ["%.3f" % g for g in gaps]))
+        assert len(gaps) == 4 and all(g >= interval * 0.8 for g in gaps), gaps
+        assert all(-0.01 < lag < 0.15 for lag in lags), lags
+        assert (tokens_used(sc, "a"), tokens_used(sc, "b")) == used
+
+
+def test_responses_followups__follow_ups_by_path_cost_no_budget(make_sidecar, up):
+    """Output costs 1000 per million tokens: the response costs its 9
+    output tokens once; its retrieve and its resumed stream (whose
+    response.completed reports 90 more) reserve and charge nothing, where
+    a call naming no max_output_tokens would reserve 4096."""
+    sc, base = http_front(make_sidecar, source("a", up.url, capability="responses",
+                                               prices={"input": 0, "output": 1000},
+                                               budget={"total": 100}))
+
+    def spent():
+        err, stats = sc.connect().request("stats")
+        assert err is None, err
+        return [s for s in stats["sources"] if s["name"] == "a"][0]["budget"]["total"]
+
+    status, text = curl(base + "/v1/responses", responses_body(
+        "x", mock={"usage": {"prompt_tokens": 10, "completion_tokens": 9}}))
+    assert status == 200, text
+    rid = json.loads(text)["id"]
+    assert spent() == {"limit": 100, "spent": 0.009, "reserved": 0, "left": 99.991}
+    up.script([{"stream_events": 2, "usage": {"prompt_tokens": 10, "completion_tokens": 90}}])
+    head, blocks = resume(base + "/v1/responses/%s?stream=true" % rid)
+    assert block_fields(blocks[-1][1])[1] == "response.completed", blocks
+    status, text = http("GET", base + "/v1/responses/%s" % rid)
+    assert status == 200, text
+    assert spent()["spent"] == 0.009
+
+
+def test_responses_followups__resumed_stream_cut_or_failed_ends_typed(make_sidecar, up):
+    """A resumed stream ends as a POST stream does: cut before its terminal
+    event, or an upstream `error` event, is the stream_interrupted error
+    event, never a silent success; response.incomplete ends it as a
+    success, response.failed as a failure."""
+    sc, base = http_front(make_sidecar, source("a", up.url, capability="responses"))
+    url = base + "/v1/responses/resp_bg1?stream=true"
+    rid = {"id": "resp_bg1"}
+    cases = [
+        ({"stream_events": 2, "no_done": True}, "stream_interrupted", "response.completed"),
+        ({"stream_events": 2, "stream_error": "server_error"}, "stream_interrupted",
+         "server_error"),
+        (raw_sse([{"type": "response.created", "response": rid},
+                  {"type": "response.failed",
+                   "response": dict(rid, status="failed",
+                                    error={"code": "server_error", "message": "x"})}], ""),
+         "stream_interrupted", "reported server_error"),
+    ]
+    for mock, code, says in cases:
+        up.script([mock])
+        head, blocks = resume(url)
+        assert head.startswith("http/1.1 200"), head
+        events = [block_fields(b) for _, b in blocks]
+        assert events and events[0][1] == "response.created", events
+        assert events[-1][1] == "error", events
+        assert sum(1 for _, n, _ in events if n == "error") == 1, events
+        err = json.loads(events[-1][2])["error"]
+        assert err["code"] == code and says in err["message"], (mock, err)
+    up.script([raw_sse([{"type": "response.created", "response": rid},
+                        {"type": "response.incomplete",
+                         "response": dict(rid, status="incomplete")}], "")])
+    head, blocks = resume(url)
+    names = [block_fields(b)[1] for _, b in blocks]
+    assert names == ["response.created", "response.incomplete"], names
+
+
+def test_responses_followups__resumed_stream_routing_and_errors(make_sidecar, up, up2):
+    """An id polygw cannot place among two makers is response_not_found
+    with nothing sent; stream=false or no stream is the plain retrieve;
+    an upstream that refuses the stream is an error answer (its status,
+    its body), not a stream."""
+    sc, base = two_sources(make_sidecar, up, up2)
+    before = requests(up, up2)
+    status, text = http("GET", base + "/v1/responses/resp_never_made?stream=true")
+    assert status == 404 and json.loads(text)["error"]["code"] == "response_not_found", text
+    assert requests(up, up2) == before
+    rid, maker = made_over_http(base, up, up2)[0]
+    for q in ("?stream=false", "?starting_after=3", ""):
+        status, text = http("GET", base + "/v1/responses/%s%s" % (rid, q))
+        assert status == 200 and json.loads(text)["id"] == rid, (q, text)
+        assert maker.last()["target"] == "/v1/responses/%s%s" % (rid, q)
+    maker.script([{"status": 404}])
+    status, text = http("GET", base + "/v1/responses/%s?stream=true" % rid)
+    assert status == 404, text
+    assert "scripted 404" in json.loads(text)["error"]["message"], text  # the upstream's own
+
+
 # -------------------------------------------- after the terminal event
 def raw_sse(events, tail):
     body = "".join("event: %s\ndata: %s\n\n" % (e.get("type", "message"), json.dumps(e))
@@ -273,8 +449,9 @@ def test_responses_followups__messages_garbage_after_message_stop(make_sidecar, 
 # -------------------------------------------------- across a Redis fleet
 def test_responses_followups__fleet_follows_on_the_maker(up, up2, make_sidecar):
     """Two sidecars sharing one real redis-server: a response made through
-    A is followed through B on the source that made it; the id is kept
-    under the fleet's prefix with the configured TTL."""
+    A is followed through B on the source that made it (its stream resumed
+    through B's HTTP front too); the id is kept under the fleet's prefix
+    with the configured TTL."""
     from redis_fixture import FleetRedis, fleet_config, unique_prefix, wait_backend
     from redis_fixture import source as fleet_source
     srv = FleetRedis().start()
@@ -284,8 +461,10 @@ def test_responses_followups__fleet_follows_on_the_maker(up, up2, make_sidecar):
                            [fleet_source("a", "responses", up.url),
                             fleet_source("b", "responses", up2.url)])
         cfg += "responses:\n  remember_s: 600\n"
-        a, b = [make_sidecar(config_text=cfg, subdir="sc%d" % i,
-                             env={"no_proxy": "*", "NO_PROXY": "*"}) for i in range(2)]
+        port = free_port()
+        a, b = [make_sidecar(config_text=cfg + extra, subdir="sc%d" % i,
+                             env={"no_proxy": "*", "NO_PROXY": "*"})
+                for i, extra in enumerate(["", 'http:\n  listen: "127.0.0.1:%d"\n' % port])]
         for sc in (a, b):
             wait_backend(sc)
         ca, cb = a.connect(), b.connect()
@@ -305,6 +484,14 @@ def test_responses_followups__fleet_follows_on_the_maker(up, up2, make_sidecar):
             after = requests(up, up2)
             want = (before[0] + 1, before[1]) if maker is up else (before[0], before[1] + 1)
             assert after == want, (rid, before, after)
+            # its stream resumed through B's HTTP front, on the maker too
+            maker.script([{"stream_events": 2}])
+            head, blocks = resume("http://127.0.0.1:%d/v1/responses/%s?stream=true" % (port, rid))
+            assert head.startswith("http/1.1 200"), head
+            assert block_fields(blocks[-1][1])[1] == "response.completed", blocks
+            assert maker.last()["target"] == "/v1/responses/%s?stream=true" % rid
+            want = (want[0] + 1, want[1]) if maker is up else (want[0], want[1] + 1)
+            assert requests(up, up2) == want
         before = requests(up, up2)
         err, _, _ = call(cb, "responses", responses_body(previous_response_id="resp_unknown"))
         assert err["code"] == "response_not_found", err

@@ -84,6 +84,8 @@ static bool *bool_field(struct behave *b, const char *key)
         { "connection_close", offsetof(struct behave, connection_close) },
         { "raw_keep", offsetof(struct behave, raw_keep) },
         { "trickle_headers", offsetof(struct behave, trickle_headers) },
+        { "sse_ids", offsetof(struct behave, sse_ids) },
+        { "stamp", offsetof(struct behave, stamp) },
     };
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
         if (!strcmp(key, fields[i].name))

@@ -441,7 +441,16 @@ static void conn_dispatch(struct conn *c, const char *body, size_t blen)
             const char *id = target + i + 11;
             const char *slash = memchr(id, '/', plen - (i + 11));
             size_t idlen = slash ? (size_t)(slash - id) : plen - (i + 11);
-            reply_responses_followup(c, meth, mlen, id, idlen, id + idlen, plen - (i + 11) - idlen);
+            size_t rlen = plen - (i + 11) - idlen;
+            /* A streamed retrieve: the SDKs ask for stream=true as a
+             * query parameter (OpenAI sends no other value). */
+            bool stream = q && rlen == 0 && mlen == 3 && !memcmp(meth, "GET", 3) &&
+                (memmem(q, tlen - plen, "?stream=true", 12) ||
+                 memmem(q, tlen - plen, "&stream=true", 12));
+            if (stream)
+                reply_responses_resume(c, id, idlen, q + 1, tlen - plen - 1);
+            else
+                reply_responses_followup(c, meth, mlen, id, idlen, id + idlen, rlen);
             return;
         }
     }

@@ -128,6 +128,8 @@ struct behave {
     size_t raw_len;
     bool raw_keep;        /* keep the connection after a raw response */
     bool trickle_headers; /* trickle_ms paces the head too */
+    bool sse_ids;         /* Responses streams: `id: <sequence_number>` before each event */
+    bool stamp;           /* Responses streams: "mock_sent_at" (epoch seconds) in each event */
 };
 
 void behave_init(struct behave *b);
@@ -184,6 +186,12 @@ struct reply_stream {
     unsigned long long id;
     long long created;
     long long prompt_tokens, completion_tokens, total_tokens;
+    /* A resumed Responses stream (GET /responses/{id}?stream=true): the
+     * response's id as asked ("" = a new stream's resp_mock_<pid>_<id>),
+     * and the events with a sequence_number below skip_below (its
+     * starting_after + 1; 0 = none) are not sent. */
+    char resume_id[128];
+    long long skip_below;
 };
 
 struct conn {
@@ -255,6 +263,11 @@ void reply_simple(struct conn *c, int status, const char *ctype, const char *bod
 void reply_error(struct conn *c, int status, const char *type, const char *msg);
 /* A Responses API follow-up of response `id`: GET or DELETE of it (rest
  * ""), POST /cancel, GET /input_items; anything else 404. */
+/* GET /responses/{id}?stream=true (query q[0..qlen), without '?'): the
+ * response's Responses event stream again, under the API request's
+ * behaviour, from after starting_after=N when the query says so. */
+void reply_responses_resume(struct conn *c, const char *id, size_t idlen, const char *q,
+                            size_t qlen);
 void reply_responses_followup(struct conn *c, const char *meth, size_t mlen, const char *id,
                               size_t idlen, const char *rest, size_t rlen);
 /* Appends the next SSE step (or all remaining steps) to c->out. */

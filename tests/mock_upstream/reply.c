@@ -13,6 +13,7 @@
 #include "internal.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <strings.h>
@@ -656,10 +657,12 @@ static void anthropic_stream_step(struct conn *c, struct buf *sc)
 static void responses_object(struct buf *sc, const struct reply_stream *s, const char *status,
                              bool done)
 {
-    buf_addf(sc,
-             "{\"id\":\"resp_mock_%d_%llu\",\"object\":\"response\",\"created_at\":%lld,"
-             "\"status\":\"%s\",\"model\":",
-             (int)getpid(), s->id, s->created, status);
+    if (s->resume_id[0])
+        buf_addf(sc, "{\"id\":\"%s\"", s->resume_id); /* checked: no escape needed */
+    else
+        buf_addf(sc, "{\"id\":\"resp_mock_%d_%llu\"", (int)getpid(), s->id);
+    buf_addf(sc, ",\"object\":\"response\",\"created_at\":%lld,\"status\":\"%s\",\"model\":",
+             s->created, status);
     buf_add_json_str(sc, s->model, s->model_len);
     buf_adds(sc, ",\"output\":[");
     if (done) {
@@ -682,16 +685,43 @@ static void responses_object(struct buf *sc, const struct reply_stream *s, const
 }
 
 /* `event: <type>` and the start of its data, {"type":<type>,"sequence_number":N */
-static void responses_event(struct buf *sc, struct reply_stream *s, const char *type)
+static void responses_event(struct conn *c, struct buf *sc, struct reply_stream *s,
+                            const char *type)
 {
+    if (c->b.sse_ids)
+        buf_addf(sc, "id: %lld\n", s->seq);
     sse_event(sc, type);
     buf_addf(sc, "{\"type\":\"%s\",\"sequence_number\":%lld", type, s->seq++);
+    if (c->b.stamp) /* the step is written to the socket as soon as it is made */
+        buf_addf(sc, ",\"mock_sent_at\":%.6f", ev_time());
 }
 
 /* The item and content-part coordinates of the one text part. */
 static void responses_part_ids(struct buf *sc, const struct reply_stream *s)
 {
     buf_addf(sc, ",\"item_id\":\"msg_mock_%llu\",\"output_index\":0,\"content_index\":0", s->id);
+}
+
+/* Drops from sc the events (blocks ending in a blank line) whose
+ * "sequence_number" is below `below`: a resumed stream starts after the
+ * client's starting_after. */
+static void responses_skip(struct buf *sc, long long below)
+{
+    static const char key[] = "\"sequence_number\":";
+    size_t in = 0, out = 0;
+
+    while (in < sc->len) {
+        const char *end = memmem(sc->p + in, sc->len - in, "\n\n", 2);
+        size_t n = end ? (size_t)(end - (sc->p + in)) + 2 : sc->len - in;
+        const char *k = memmem(sc->p + in, n, key, sizeof key - 1);
+        bool keep = !k || strtoll(k + sizeof key - 1, NULL, 10) >= below;
+        if (keep) {
+            memmove(sc->p + out, sc->p + in, n);
+            out += n;
+        }
+        in += n;
+    }
+    sc->len = out;
 }
 
 /* One step of a Responses API stream: response.created, in_progress,
@@ -702,26 +732,26 @@ static void responses_stream_step(struct conn *c, struct buf *sc)
 {
     struct reply_stream *s = &c->st;
     if (s->next == 0) {
-        responses_event(sc, s, "response.created");
+        responses_event(c, sc, s, "response.created");
         buf_adds(sc, ",\"response\":");
         responses_object(sc, s, "in_progress", false);
         buf_adds(sc, "}\n\n");
-        responses_event(sc, s, "response.in_progress");
+        responses_event(c, sc, s, "response.in_progress");
         buf_adds(sc, ",\"response\":");
         responses_object(sc, s, "in_progress", false);
         buf_adds(sc, "}\n\n");
-        responses_event(sc, s, "response.output_item.added");
+        responses_event(c, sc, s, "response.output_item.added");
         buf_addf(sc,
                  ",\"output_index\":0,\"item\":{\"id\":\"msg_mock_%llu\",\"type\":\"message\","
                  "\"status\":\"in_progress\",\"role\":\"assistant\",\"content\":[]}}\n\n",
                  s->id);
-        responses_event(sc, s, "response.content_part.added");
+        responses_event(c, sc, s, "response.content_part.added");
         responses_part_ids(sc, s);
         buf_adds(sc, ",\"part\":{\"type\":\"output_text\",\"text\":\"\",\"annotations\":[]}}\n\n");
     }
     if (s->next < s->events) {
         size_t a = piece_bound(s, s->next), e = piece_bound(s, s->next + 1);
-        responses_event(sc, s, "response.output_text.delta");
+        responses_event(c, sc, s, "response.output_text.delta");
         responses_part_ids(sc, s);
         buf_adds(sc, ",\"delta\":");
         buf_add_json_str(sc, s->text + a, e - a);
@@ -730,22 +760,22 @@ static void responses_stream_step(struct conn *c, struct buf *sc)
         return;
     }
     if (c->b.stream_error) {
-        responses_event(sc, s, "error");
+        responses_event(c, sc, s, "error");
         buf_adds(sc, ",\"code\":");
         buf_add_json_str(sc, c->b.stream_error, strlen(c->b.stream_error));
         buf_adds(sc, ",\"message\":\"The server had an error\",\"param\":null}\n\n");
     } else if (!c->b.no_done) {
-        responses_event(sc, s, "response.output_text.done");
+        responses_event(c, sc, s, "response.output_text.done");
         responses_part_ids(sc, s);
         buf_adds(sc, ",\"text\":");
         buf_add_json_str(sc, s->text, s->text_len);
         buf_adds(sc, ",\"logprobs\":[]}\n\n");
-        responses_event(sc, s, "response.content_part.done");
+        responses_event(c, sc, s, "response.content_part.done");
         responses_part_ids(sc, s);
         buf_adds(sc, ",\"part\":{\"type\":\"output_text\",\"text\":");
         buf_add_json_str(sc, s->text, s->text_len);
         buf_adds(sc, ",\"annotations\":[]}}\n\n");
-        responses_event(sc, s, "response.output_item.done");
+        responses_event(c, sc, s, "response.output_item.done");
         buf_addf(sc,
                  ",\"output_index\":0,\"item\":{\"id\":\"msg_mock_%llu\",\"type\":\"message\","
                  "\"status\":\"completed\",\"role\":\"assistant\",\"content\":[{\"type\":"
@@ -753,7 +783,7 @@ static void responses_stream_step(struct conn *c, struct buf *sc)
                  s->id);
         buf_add_json_str(sc, s->text, s->text_len);
         buf_adds(sc, ",\"annotations\":[]}]}}\n\n");
-        responses_event(sc, s, "response.completed");
+        responses_event(c, sc, s, "response.completed");
         buf_adds(sc, ",\"response\":");
         responses_object(sc, s, "completed", true);
         buf_adds(sc, "}\n\n");
@@ -771,11 +801,13 @@ void reply_stream_fill(struct conn *c, bool all)
             responses_stream_step(c, sc);
         else
             anthropic_stream_step(c, sc);
+        if (s->skip_below > 0)
+            responses_skip(sc, s->skip_below);
         stream_emit(c, sc->p, sc->len);
         if (s->done && c->chunked_out)
             buf_add(&c->out, "0\r\n\r\n", 5);
-        if (!all)
-            return;
+        if (!all && sc->len > 0)
+            return; /* a step whose events were all skipped is no step */
     }
     while (!s->done) {
         sc->len = 0;
@@ -1135,6 +1167,40 @@ static void reply_ocr(struct conn *c, json_t *req, int status, size_t body_len)
 
 /* ------------------------------------------------------------------ entry */
 
+/* Takes behaviour `bj` (owned, NULL: normal) for the API request and
+ * answers what it decides alone: a bad behaviour, a hang, a raw answer or
+ * body, an error status. True when answered; else *status is the 2xx to
+ * answer the generated reply with. */
+static bool reply_behave(struct conn *c, json_t *bj, int *status)
+{
+    c->beh_json = bj;
+    if (bj) {
+        char err[256];
+        if (behave_parse(&c->b, bj, err, sizeof err) != 0) {
+            reply_error(c, 400, "mock_error", err);
+            return true;
+        }
+    }
+    if (c->b.hang == BEHAVE_HANG_BEFORE_HEADERS || c->b.hang == BEHAVE_HANG_ACCEPT) {
+        conn_hang(c);
+        return true;
+    }
+    if (c->b.raw) {
+        reply_raw_response(c);
+        return true;
+    }
+    *status = c->b.status ? c->b.status : 200;
+    if (c->b.body) {
+        reply_raw(c, *status);
+        return true;
+    }
+    if (*status >= 300) {
+        reply_status(c, *status);
+        return true;
+    }
+    return false;
+}
+
 void reply_api(struct conn *c, enum mock_endpoint ep, const char *body, size_t len)
 {
     c->ep = ep;
@@ -1151,31 +1217,9 @@ void reply_api(struct conn *c, enum mock_endpoint ep, const char *body, size_t l
         json_decref(bj);
         bj = json_incref(mk);
     }
-    c->beh_json = bj;
-    if (bj) {
-        char err[256];
-        if (behave_parse(&c->b, bj, err, sizeof err) != 0) {
-            reply_error(c, 400, "mock_error", err);
-            return;
-        }
-    }
-    if (c->b.hang == BEHAVE_HANG_BEFORE_HEADERS || c->b.hang == BEHAVE_HANG_ACCEPT) {
-        conn_hang(c);
+    int status;
+    if (reply_behave(c, bj, &status))
         return;
-    }
-    if (c->b.raw) {
-        reply_raw_response(c);
-        return;
-    }
-    int status = c->b.status ? c->b.status : 200;
-    if (c->b.body) {
-        reply_raw(c, status);
-        return;
-    }
-    if (status >= 300) {
-        reply_status(c, status);
-        return;
-    }
     if (!json_is_object(req)) {
         reply_error_json(c, 400, "invalid_request_error", "mock: the body is not a JSON object");
         return;
@@ -1198,4 +1242,75 @@ void reply_api(struct conn *c, enum mock_endpoint ep, const char *body, size_t l
         reply_gemini(c, req, status, len);
         break;
     }
+}
+
+/* The value of query parameter `name` in q[0..qlen), or NULL (*vlen set). */
+static const char *query_param(const char *q, size_t qlen, const char *name, size_t *vlen)
+{
+    size_t nl = strlen(name);
+
+    for (const char *p = q, *end = q + qlen; p < end;) {
+        const char *amp = memchr(p, '&', (size_t)(end - p));
+        const char *e = amp ? amp : end;
+        if ((size_t)(e - p) > nl && !memcmp(p, name, nl) && p[nl] == '=') {
+            *vlen = (size_t)(e - p) - nl - 1;
+            return p + nl + 1;
+        }
+        p = e + 1;
+    }
+    return NULL;
+}
+
+void reply_responses_resume(struct conn *c, const char *id, size_t idlen, const char *q,
+                            size_t qlen)
+{
+    struct reply_stream *s = &c->st;
+    size_t vlen = 0;
+    const char *after = query_param(q, qlen, "starting_after", &vlen);
+    char num[24];
+
+    c->ep = EP_RESPONSES;
+    if (!reply_check_auth(c))
+        return;
+    int status;
+    if (reply_behave(c, behave_take(c->m), &status))
+        return;
+    if (idlen >= sizeof s->resume_id ||
+        strspn(id,
+               "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTU"
+               "VWXYZ0123456789_-") < idlen) {
+        reply_error(c, 404, "invalid_request_error", "mock: no such response");
+        return;
+    }
+    if (after && (vlen == 0 || vlen >= sizeof num || strspn(after, "0123456789") < vlen)) {
+        reply_error(c, 400, "invalid_request_error", "mock: starting_after must be a number");
+        return;
+    }
+    const char *text = c->b.content ? c->b.content : "mock reply";
+    size_t tlen = c->b.content ? c->b.content_len : 10;
+    long long pt = 5, ct = tokens_of(tlen), tt;
+    apply_usage(&c->b, &pt, &ct, &tt);
+    s->active = true;
+    s->responses = true;
+    s->seq = 0;
+    s->events = c->b.stream_events >= 0 ? c->b.stream_events : DEFAULT_STREAM_EVENTS;
+    s->interval_ms = c->b.stream_interval_ms;
+    s->model = "mock-model";
+    s->model_len = 10;
+    s->text = text;
+    s->text_len = tlen;
+    s->id = c->req_id;
+    s->created = (long long)time(NULL);
+    s->prompt_tokens = pt;
+    s->completion_tokens = ct;
+    s->total_tokens = tt;
+    memcpy(s->resume_id, id, idlen);
+    s->resume_id[idlen] = '\0';
+    if (after) {
+        memcpy(num, after, vlen);
+        num[vlen] = '\0';
+        s->skip_below = strtoll(num, NULL, 10) + 1;
+    }
+    reply_head(c, status, "text/event-stream", -1);
+    conn_start_response(c);
 }

@@ -14,6 +14,10 @@
  *                           once to that numeric address (so a test can use
  *                           a real-looking host name that reaches the
  *                           loopback mock without touching /etc/hosts).
+ *   POLYGW_TEST_DNS_MAP_FILE  a file of `name=address` lines, read again at
+ *                           every lookup (after POLYGW_TEST_DNS_MAP), so a
+ *                           test can change what a name resolves to while
+ *                           the sidecar runs.
  *   POLYGW_TEST_DNS_FAIL    comma-separated node names that fail at once
  *                           with EAI_NONAME (NXDOMAIN), without asking any
  *                           real resolver.
@@ -34,6 +38,7 @@
 #include <errno.h>
 #include <netdb.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +66,7 @@ static struct dnshang_entry dnshang_map[DNSHANG_MAX_NAMES];
 static size_t dnshang_n_map;
 static struct dnshang_entry dnshang_fail[DNSHANG_MAX_NAMES];
 static size_t dnshang_n_fail;
+static const char *dnshang_map_file;
 static double dnshang_hang_s = 60.0;
 static int dnshang_log;
 static atomic_int dnshang_in_progress;
@@ -108,6 +114,8 @@ static void dnshang_init(void)
     dnshang_n_hang = dnshang_parse(getenv("POLYGW_TEST_DNS_HANG"), dnshang_hang, 0);
     dnshang_n_map = dnshang_parse(getenv("POLYGW_TEST_DNS_MAP"), dnshang_map, 1);
     dnshang_n_fail = dnshang_parse(getenv("POLYGW_TEST_DNS_FAIL"), dnshang_fail, 0);
+    if ((s = getenv("POLYGW_TEST_DNS_MAP_FILE")) && *s)
+        dnshang_map_file = s;
     if ((s = getenv("POLYGW_TEST_DNS_HANG_S")) && *s) {
         double v = strtod(s, NULL);
         if (v >= 0)
@@ -124,6 +132,30 @@ static const struct dnshang_entry *dnshang_find(const struct dnshang_entry *list
             return &list[i];
     }
     return NULL;
+}
+
+/* The address POLYGW_TEST_DNS_MAP_FILE gives `node` now, in out (cap
+ * bytes); false when the file is absent or does not name it. */
+static bool dnshang_file_find(const char *node, char *out, size_t cap)
+{
+    FILE *f = dnshang_map_file && node ? fopen(dnshang_map_file, "re") : NULL;
+    char line[DNSHANG_NAME_MAX + 64];
+    bool found = false;
+
+    while (f && !found && fgets(line, sizeof(line), f)) {
+        line[strcspn(line, "\r\n")] = '\0';
+        char *eq = strchr(line, '=');
+        if (!eq || !eq[1])
+            continue;
+        *eq = '\0';
+        if (strcasecmp(line, node) == 0) {
+            snprintf(out, cap, "%s", eq + 1);
+            found = true;
+        }
+    }
+    if (f)
+        fclose(f);
+    return found;
 }
 
 /* Sleeps the whole period even when signals interrupt nanosleep. */
@@ -156,7 +188,9 @@ int getaddrinfo(const char *node, const char *service, const struct addrinfo *hi
     }
     if (dnshang_find(dnshang_fail, dnshang_n_fail, node))
         return EAI_NONAME;
-    if ((e = dnshang_find(dnshang_map, dnshang_n_map, node))) {
+    char addr[64];
+    e = dnshang_find(dnshang_map, dnshang_n_map, node);
+    if (e || dnshang_file_find(node, addr, sizeof(addr))) {
         /* Let the real resolver build the result from the numeric address:
          * the caller then frees it with the real freeaddrinfo. */
         struct addrinfo h = { 0 };
@@ -164,7 +198,7 @@ int getaddrinfo(const char *node, const char *service, const struct addrinfo *hi
             h = *hints;
         h.ai_flags |= AI_NUMERICHOST;
         h.ai_flags &= ~AI_CANONNAME;
-        return dnshang_next(e->addr, service, &h, res);
+        return dnshang_next(e ? e->addr : addr, service, &h, res);
     }
     return dnshang_next(node, service, hints, res);
 }

@@ -50,6 +50,7 @@ int main(void)
         redis_resolve_suite,
         log_suite,
         httpreq_suite,
+        raw_suite,
         h1_suite,
         conn_suite,
         writer_suite,

@@ -39,6 +39,7 @@ Suite *yamltree_suite(void);
 Suite *redis_resolve_suite(void);
 Suite *log_suite(void);
 Suite *httpreq_suite(void);
+Suite *raw_suite(void);
 Suite *h1_suite(void);
 Suite *conn_suite(void);
 Suite *writer_suite(void);
