@@ -1837,7 +1837,8 @@ static void call_event_name(const struct attempt *a, char *out, size_t cap)
  * terminal event (for upstreams that send no [DONE]), 0 to go on, -1 to
  * abort (the client is gone, or an error event: attempt_fail_stream). */
 /* An event after the terminal event of a dialect whose terminal event is
- * its last (Messages, Responses, Gemini): never relayed. A well-formed one
+ * its last (Messages, Responses, Gemini), or after a Chat Completions
+ * stream's `data: [DONE]`: never relayed. A well-formed one
  * is dropped; one that is not JSON, or that reports an error, means the
  * stream went wrong after the answer looked complete, so the call ends
  * stream_interrupted rather than as a success. Returns 0 or -1. */
@@ -1885,7 +1886,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     int terminal = 0, rc;
     bool named;
 
-    if (k->past_end)
+    if (k->past_end || attempt_done_seen(a))
         return call_after_end(k, a, data, len);
     calltrace_response_model(&k->ct, data, len);
     msgpack_sbuffer_init(&sb);

@@ -72,18 +72,18 @@ void calltrace_begin(struct calltrace *ct, struct tracer *t, const struct calltr
     if (trace_ctx_parse(&ctx, s->traceparent, s->tracestate) < 0 && s->task_trace &&
         trace_ctx_parse(&ctx, s->task_trace, NULL) == 0)
         ctx.own = true; /* a child of its task's run, whatever tracing.parent says */
-    ct->op = operation(s->capability);
+    const char *op = operation(s->capability);
+    snprintf(ct->op, sizeof(ct->op), "%s", op ? op : s->capability);
     if (s->model && s->model_len < sizeof(ct->model)) {
         memcpy(ct->model, s->model, s->model_len);
         ct->model[s->model_len] = '\0';
     }
     char name[192];
-    snprintf(name, sizeof(name), "%s %s", ct->op ? ct->op : s->capability,
-             ct->model[0] ? ct->model : s->capability);
+    snprintf(name, sizeof(name), "%s %s", ct->op, ct->model[0] ? ct->model : s->capability);
     ct->call = span_start(t, NULL, &ctx, false, name, TRACE_SERVER, now);
     if (!ct->call)
         return;
-    span_set(ct->call, &TKV_S("gen_ai.operation.name", ct->op ? ct->op : s->capability));
+    span_set(ct->call, &TKV_S("gen_ai.operation.name", ct->op));
     if (ct->model[0])
         span_set(ct->call, &TKV_S("gen_ai.request.model", ct->model));
     span_set(ct->call, &TKV_S("polygw.capability", s->capability));
@@ -178,14 +178,13 @@ const char *calltrace_attempt(struct calltrace *ct, const struct gov_call *g,
         span_end(ct->attempt, now);
     char name[192];
     const char *m = src->model ? src->model : ct->model[0] ? ct->model : NULL;
-    snprintf(name, sizeof(name), "%s %s", ct->op ? ct->op : "call", m ? m : src->name);
+    snprintf(name, sizeof(name), "%s %s", ct->op, m ? m : src->name);
     struct span *a = ct->attempt = span_start(NULL, ct->call, NULL, false, name, TRACE_CLIENT, now);
     if (!a)
         return NULL;
     char host[256];
     url_host(src->base_url, host, sizeof(host));
-    if (ct->op)
-        span_set(a, &TKV_S("gen_ai.operation.name", ct->op));
+    span_set(a, &TKV_S("gen_ai.operation.name", ct->op));
     span_set(a, &TKV_S("gen_ai.provider.name", provider(src->kind)));
     span_set(a, &TKV_S("gen_ai.system", provider(src->kind)));
     if (m)

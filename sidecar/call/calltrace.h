@@ -34,7 +34,7 @@ struct calltrace {
     double wait_from;
     const char *wait_reason; /* static, or NULL */
     const char *last_source;
-    const char *op;        /* static: gen_ai.operation.name */
+    char op[64];           /* gen_ai.operation.name, of the call and of each attempt */
     char model[128];       /* the model asked for, "" = none */
     char resp_model[128];  /* the model the current attempt's answer names, "" = none */
     char call_model[128];  /* ... the last successful attempt's (the call span's) */

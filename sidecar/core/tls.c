@@ -29,6 +29,29 @@ const char *tls_reason(char *buf, size_t cap, const char *dflt)
     return buf;
 }
 
+/* The passphrase callback of every key polygw loads: there is none to
+ * give (keys are unencrypted PEM), and OpenSSL's own would prompt on the
+ * terminal, stopping the start-up, --check-config or a reload for input. */
+static int tls_no_passphrase(char *buf, int size, int rwflag, void *u)
+{
+    (void)buf, (void)size, (void)rwflag, (void)u;
+    return -1;
+}
+
+/* Why a certificate or key file did not load: OpenSSL's reason, said
+ * plainly where it would only say "PEM lib". */
+static const char *tls_file_reason(char *buf, size_t cap, const char *what)
+{
+    unsigned long e = ERR_peek_last_error();
+
+    if (e && ERR_GET_REASON(e) == ERR_R_PEM_LIB) {
+        ERR_clear_error();
+        snprintf(buf, cap, "no %s in it", what);
+        return buf;
+    }
+    return tls_reason(buf, cap, "unreadable or not PEM");
+}
+
 SSL_CTX *tls_ctx_new(const struct tls_files *f, char *err, size_t errlen)
 {
     char why[TLS_WHY_MAX];
@@ -41,6 +64,7 @@ SSL_CTX *tls_ctx_new(const struct tls_files *f, char *err, size_t errlen)
     }
     SSL_CTX_set_min_proto_version(ssl, TLS1_2_VERSION);
     SSL_CTX_set_verify(ssl, SSL_VERIFY_PEER, NULL);
+    SSL_CTX_set_default_passwd_cb(ssl, tls_no_passphrase);
     if (f && f->ca_file) {
         if (SSL_CTX_load_verify_locations(ssl, f->ca_file, NULL) != 1) {
             snprintf(err, errlen, "TLS: cannot load the CA file %s: %s", f->ca_file,
@@ -59,12 +83,12 @@ SSL_CTX *tls_ctx_new(const struct tls_files *f, char *err, size_t errlen)
         }
         if (SSL_CTX_use_certificate_chain_file(ssl, f->cert_file) != 1) {
             snprintf(err, errlen, "TLS: cannot load the certificate %s: %s", f->cert_file,
-                     tls_reason(why, sizeof(why), "unreadable or not PEM"));
+                     tls_file_reason(why, sizeof(why), "PEM certificate"));
             goto fail;
         }
         if (SSL_CTX_use_PrivateKey_file(ssl, f->key_file, SSL_FILETYPE_PEM) != 1) {
             snprintf(err, errlen, "TLS: cannot load the key %s: %s", f->key_file,
-                     tls_reason(why, sizeof(why), "unreadable or not PEM"));
+                     tls_file_reason(why, sizeof(why), "unencrypted PEM private key"));
             goto fail;
         }
         if (SSL_CTX_check_private_key(ssl) != 1) {

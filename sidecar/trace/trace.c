@@ -655,13 +655,15 @@ static int settings_make(struct trace_settings *s, const struct config_tracing *
 
     /* The endpoint: the config's, else the traces variable (as is), else
      * the general one + /v1/traces. */
-    const char *e;
+    const char *e, *from = "tracing.endpoint"; /* where it came from, for the error */
     if (ct->endpoint) {
         s->endpoint = strdup(ct->endpoint);
     } else if ((e = env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))) {
         s->endpoint = strdup(e);
+        from = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
     } else {
         e = env("OTEL_EXPORTER_OTLP_ENDPOINT");
+        from = "OTEL_EXPORTER_OTLP_ENDPOINT";
         const char *base = e ? e : "http://localhost:4318";
         size_t n = strlen(base);
         while (n && base[n - 1] == '/')
@@ -674,7 +676,8 @@ static int settings_make(struct trace_settings *s, const struct config_tracing *
         return -1;
     }
     if (!is_http_url(s->endpoint) || strpbrk(s->endpoint, " \t\r\n")) {
-        snprintf(err, errlen, "the OTLP traces endpoint must be an http:// or https:// URL");
+        snprintf(err, errlen, "%s: the OTLP traces endpoint must be an http:// or https:// URL",
+                 from);
         return -1;
     }
     s->timeout_s = ct->timeout_s > 0 ? ct->timeout_s : 10;

@@ -60,11 +60,12 @@ struct h1_conn {
     struct h1_conn *prev, *next; /* origin->idle while idle */
     struct h1_req *req;          /* NULL while idle */
     bool connecting;
-    SSL *ssl;         /* NULL: plain text */
-    bool handshaking; /* SSL_connect not done yet */
-    bool tls_ok;      /* handshake done and no TLS error since: close_notify is sent */
-    int write_wants;  /* over TLS, the events a blocked SSL_write waits for */
-    int read_wants;   /* over TLS, the events a blocked SSL_read waits for */
+    SSL *ssl;           /* NULL: plain text */
+    bool handshaking;   /* SSL_connect not done yet */
+    bool tls_ok;        /* handshake done and no TLS error since: close_notify is sent */
+    int write_wants;    /* over TLS, the events a blocked SSL_write waits for */
+    int read_wants;     /* over TLS, the events a blocked SSL_read waits for */
+    char tls_error[96]; /* why the last read failed with a TLS error (an alert), or "" */
     double idle_since;
     unsigned int idle_iter; /* ev_iteration() when it was pooled */
 };
@@ -515,6 +516,8 @@ static ssize_t conn_recv(struct h1_conn *c, char *buf, size_t cap)
      * what the alert OpenSSL then wrote met (EPIPE: the server had closed),
      * which is not why the read failed. */
     int err = e == SSL_ERROR_SYSCALL && errno ? errno : EPROTO;
+    if (err == EPROTO) /* the server's alert, say: told rather than "Protocol error" */
+        tls_handshake_error(c->ssl, e, c->tls_error, sizeof(c->tls_error));
     c->tls_ok = false;
     ERR_clear_error();
     errno = err;
@@ -843,12 +846,18 @@ static bool req_parse(struct h1_req *r, const char *p, size_t n)
 
 static void req_on_eof(struct h1_req *r, int err)
 {
-    char detail[H1_DETAIL_MAX];
+    char detail[H1_DETAIL_MAX + 256]; /* req_end keeps what fits */
+    const char *tls_error = err == EPROTO && r->conn ? r->conn->tls_error : "";
 
     if (!r->got_bytes) {
         if (req_retry_fresh(r))
             return;
-        if (r->send_errno)
+        if (tls_error[0])
+            /* A server that refuses the session after the handshake (TLS
+             * 1.3's "certificate required" for a missing client
+             * certificate) says why in its alert, as libcurl tells it. */
+            snprintf(detail, sizeof(detail), "TLS error from %s: %s", r->origin->label, tls_error);
+        else if (r->send_errno)
             snprintf(detail, sizeof(detail), "Send failure: %s", strerror(r->send_errno));
         else if (err)
             snprintf(detail, sizeof(detail), "Recv failure: %s", strerror(err));
@@ -858,7 +867,10 @@ static void req_on_eof(struct h1_req *r, int err)
         return;
     }
     if (err) {
-        snprintf(detail, sizeof(detail), "Recv failure: %s", strerror(err));
+        if (tls_error[0])
+            snprintf(detail, sizeof(detail), "TLS error from %s: %s", r->origin->label, tls_error);
+        else
+            snprintf(detail, sizeof(detail), "Recv failure: %s", strerror(err));
         req_end(r, r->headers_done ? H1_TRUNCATED : H1_CONNECTION_LOST, detail);
         return;
     }

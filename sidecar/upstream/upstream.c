@@ -246,6 +246,7 @@ struct attempt {
     size_t attempt_hdrs_len;
     uint32_t events;
     bool terminal_seen;
+    bool done_seen;                     /* the stream's `data: [DONE]` came */
     const char *stream_end;             /* attempt_spec.stream_end */
     const struct sse_event *cur_ev;     /* the event on_event is handed, else NULL */
     bool stream_failed, fail_transient; /* attempt_fail_stream() from on_event */
@@ -1156,7 +1157,7 @@ static int attempt_on_sse_event(const struct sse_event *ev, void *ud)
     if (a->cancelled)
         return -1; /* cancelled by an earlier event's hook: deliver no more */
     if (sse_data_is_done(ev)) {
-        a->terminal_seen = true;
+        a->terminal_seen = a->done_seen = true;
         return 0;
     }
     if (a->events == 0)
@@ -1346,6 +1347,11 @@ static int attempt_on_aws_message(const struct evstream_msg *m, void *ud)
     return attempt_deliver_aws(a, named ? inner.type.p + 1 : NULL, named ? inner.type.len - 2 : 0);
 }
 
+bool attempt_done_seen(const struct attempt *a)
+{
+    return a->done_seen;
+}
+
 size_t attempt_event_name(const struct attempt *a, const char **name)
 {
     const struct sse_event *ev = a->cur_ev;
@@ -1516,7 +1522,15 @@ static void attempt_conclude(struct attempt *a, enum xfer_end end, const char *d
     r.outcome.retry_after_s = -1;
     switch (end) {
     case XFER_OK:
-        if (a->status < 200 || a->status >= 300) {
+        if (a->status == 407) {
+            /* Only a proxy answers 407 (Proxy Authentication Required, in
+             * RFC 9110): the way to the upstream failed, the upstream said
+             * nothing. */
+            result_transient(&r, REASON_CONNECT_FAILED,
+                             "the proxy refused the request with a 407 (Proxy Authentication "
+                             "Required); give its credentials in the source's proxy URL");
+            a->status = 0;
+        } else if (a->status < 200 || a->status >= 300) {
             clock_gettime(CLOCK_REALTIME, &ts);
             outcome_from_http(&r.outcome, a->status, a->retry_after[0] ? a->retry_after : NULL,
                               (double)ts.tv_sec + ts.tv_nsec / 1e9);
@@ -1602,6 +1616,7 @@ static enum xfer_end xfer_end_of_curl(CURLcode rc)
     case CURLE_COULDNT_RESOLVE_PROXY:
         return XFER_RESOLVE_FAILED;
     case CURLE_COULDNT_CONNECT:
+    case CURLE_PROXY: /* a proxy's handshake failed (SOCKS, say) */
         return XFER_CONNECT_FAILED;
     case CURLE_PARTIAL_FILE:
         return XFER_TRUNCATED;
@@ -1691,7 +1706,12 @@ static void upstream_on_done_msg(CURL *easy, CURLcode rc)
     a->recycle = rc == CURLE_OK;
     if (rc == CURLE_OK && a->url && a->url->by_name)
         upstream_learn_address(a->up, a->url, easy);
-    attempt_conclude(a, xfer_end_of_curl(rc), a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
+    enum xfer_end end = xfer_end_of_curl(rc);
+    long tunnel = 0;
+    if (rc != CURLE_OK && curl_easy_getinfo(easy, CURLINFO_HTTP_CONNECTCODE, &tunnel) == CURLE_OK &&
+        tunnel >= 300)
+        end = XFER_CONNECT_FAILED; /* the proxy refused the tunnel ("CONNECT tunnel failed") */
+    attempt_conclude(a, end, a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
 }
 
 /* --- the own client's hooks (h1.h) ------------------------------------ */
@@ -2190,7 +2210,13 @@ static void attempt_set_route(struct attempt *a, CURL *e, const struct upstream_
         curl_easy_setopt(e, CURLOPT_PROXY, r->proxy);
     else
         curl_easy_setopt(e, CURLOPT_PROXY, up->no_proxy_env ? "" : NULL);
-    curl_easy_setopt(e, CURLOPT_NOPROXY, r ? r->no_proxy : NULL);
+    /* A source's own proxy is bypassed for its no_proxy only: "" keeps
+     * libcurl from reading the environment's no_proxy for it (a pod's
+     * no_proxy=* or .svc would send it straight past its egress proxy). */
+    curl_easy_setopt(e, CURLOPT_NOPROXY,
+                     r && r->no_proxy    ? r->no_proxy
+                         : r && r->proxy ? ""
+                                         : NULL);
 }
 
 /* With a route's server_name: the URL with that name as its host (for SNI,
@@ -2243,6 +2269,9 @@ static CURL *upstream_easy_new(const struct upstream *up)
     curl_easy_setopt(e, CURLOPT_QUICK_EXIT, 1L);
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, attempt_on_write);
     curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, attempt_on_header);
+    /* A proxy's answer to CONNECT is not the upstream's: its status would
+     * pass for the upstream's when the tunnel or the TLS in it fails. */
+    curl_easy_setopt(e, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1L);
     curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, attempt_on_sockopt);
     curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, attempt_on_prereq);
     curl_easy_setopt(e, CURLOPT_RESOLVER_START_FUNCTION, attempt_on_resolver_start);

@@ -257,6 +257,8 @@ void attempt_resume(struct attempt *a);
  * `event:` field, not NUL-terminated) in *name, with its length; 0 when the
  * upstream named none (or named it "message", the SSE default). */
 size_t attempt_event_name(const struct attempt *a, const char **name);
+/* Whether the stream already sent `data: [DONE]`: nothing may follow it. */
+bool attempt_done_seen(const struct attempt *a);
 
 /* From on_event only: the stream's last event ID as of the event being
  * delivered (its SSE `id:` field, or an earlier event's: the ID persists

@@ -526,8 +526,12 @@ test("gen_ai.response.model (modelVersion) and thinking tokens from a Gemini ans
     });
     assert.equal(res.status, 200, await res.clone().text());
     await res.json();
-    const [, attempt] = await oneCall(recv, "gemini-t-001");
+    const [call, attempt] = await oneCall(recv, "gemini-t-001");
     assert.equal(attempt.attrs["gen_ai.provider.name"], "gcp.gemini");
+    // A custom capability's operation is its name, on the attempt as on the call.
+    assert.equal(call.attrs["gen_ai.operation.name"], "gemini");
+    assert.equal(attempt.attrs["gen_ai.operation.name"], "gemini");
+    assert.equal(attempt.name, "gemini gemini-t");
     assert.equal(attempt.attrs["gen_ai.usage.reasoning.output_tokens"], 9);
     recv.spans.length = 0;
     // The mock's own stream: every event names its modelVersion.

@@ -288,3 +288,67 @@ def test_hostile__too_deep_stream_event(client, up):
             got.append(ev)
     assert ei.value.code == "stream_interrupted" and len(got) == 1
     assert slow.result()["body"]["choices"][0]["message"]["content"] == "late"
+
+
+# ------------------------------------------------------------ after [DONE]
+AFTER_DONE = {
+    "garbage": b"data: this is not json\n\n",
+    "error": b'data: {"error":{"message":"late","type":"server_error"}}\n\n',
+}
+
+
+def stream_msgpack(c, body):
+    """A streamed chat call over msgpack: (chunks, error)."""
+    msgid = c.request_async("call", {"capability": "chat", "stream": True, "body": body})
+    chunks = []
+    while True:
+        msg = c.recv_msg(10)
+        assert msg is not None, "connection closed"
+        if msg[0] == 2:
+            chunks.append(msg[2][1])
+        elif msg[1] == msgid:
+            return chunks, msg[2]
+
+
+@pytest.mark.parametrize("tail", sorted(AFTER_DONE), ids=sorted(AFTER_DONE))
+def test_hostile__garbage_after_done_ends_typed(sc, up, tail):
+    """Nothing may follow a Chat Completions stream's [DONE]: an event that
+    is not JSON, or that reports an error, after it means the stream went
+    wrong, so the call ends stream_interrupted rather than as a success,
+    and nothing after [DONE] is relayed."""
+    body = sse('{"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}',
+               finish_event()) + AFTER_DONE[tail]
+    c = sc.connect()
+    chunks, err = stream_msgpack(c, chat(mock=raw(body, "text/event-stream")))
+    assert err is not None and err["code"] == "stream_interrupted", (err, chunks)
+    assert "terminal event" in err["message"], err
+    assert len(chunks) == 2 and all("choices" in ch for ch in chunks), chunks
+    # The connection survives: the next call on it is answered.
+    err, res, _ = call(c, "chat", chat("again"))
+    assert err is None and res["body"]["choices"][0]["message"]["content"] == "again", err
+
+
+def test_hostile__well_formed_chunk_after_done_is_dropped(sc, up):
+    body = sse('{"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}',
+               finish_event())
+    body += b'data: {"choices":[{"index":0,"delta":{"content":"MORE"},"finish_reason":null}]}\n\n'
+    chunks, err = stream_msgpack(sc.connect(), chat(mock=raw(body, "text/event-stream")))
+    assert err is None, err
+    assert "MORE" not in json.dumps(chunks), chunks
+    assert len(chunks) == 2, chunks
+
+
+@pytest.mark.parametrize("tail", sorted(AFTER_DONE), ids=sorted(AFTER_DONE))
+def test_hostile__garbage_after_done_over_http_ends_with_the_error_event(make_sidecar, up, tail):
+    """The same over the HTTP front (curl): the client's stream ends with
+    the stream_interrupted error event, never with [DONE]."""
+    from test_providers import curl, http_front, source
+    sc, base = http_front(make_sidecar, source("a", up.url))
+    body = sse('{"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":"stop"}]}')
+    status, text = curl(base + "/v1/chat/completions",
+                        chat(stream=True, mock=raw(body + AFTER_DONE[tail], "text/event-stream")))
+    assert status == 200, text
+    assert "[DONE]" not in text and "not json" not in text and "late" not in text, text
+    last = text.strip().split("\n\n")[-1]
+    assert last.startswith("event: error\ndata: "), text
+    assert json.loads(last.split("data: ", 1)[1])["error"]["code"] == "stream_interrupted", text

@@ -395,10 +395,27 @@ def test_cli__help_and_version():
     r = _run(["--help"])
     assert r.returncode == 0
     assert "--check-config" in r.stdout and "--socket" in r.stdout
+    # A new user finds the HTTP APIs, per-source TLS and tracing from here.
+    for word in ("/v1/responses", "/v1/messages", ":generateContent", "body: raw",
+                 "ca_file", "cert_file", "server_name", "no_proxy",
+                 "OTEL_EXPORTER_OTLP_ENDPOINT", "tracing"):
+        assert word in r.stdout, word
     r = _run(["--version"])
     assert r.returncode == 0 and r.stdout.startswith("polygw ")
     r = _run(["--bogus"])
     assert r.returncode == 2
+
+
+def test_cli__man_page_names_the_apis_tls_and_tracing():
+    """docs/polygw.8 tells a new user of the providers' HTTP APIs, the
+    per-source TLS and proxy keys, and tracing with its variables."""
+    man = open(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), "docs", "polygw.8")).read()
+    for word in ("/v1/responses", "/v1/messages", "count_tokens", ":generateContent",
+                 "body: raw", "tls.ca_file", "tls.cert_file", "tls.key_file",
+                 "tls.server_name", ".B proxy", "no_proxy", ".SH TRACING", "traceparent",
+                 "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_HEADERS", ".BR tracing ,"):
+        assert word in man, "%s is not in docs/polygw.8" % word
 
 
 def test_cli__check_config(workdir):

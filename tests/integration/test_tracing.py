@@ -93,7 +93,10 @@ def test_bad_endpoint_in_the_environment_is_refused(make_sidecar, up):
     sc.expected_rc = 1
     sc.start(wait=False)
     assert sc.proc.wait(10) == 1
-    assert "OTLP traces endpoint must be an http:// or https:// URL" in sc.logs()
+    # The message names the variable to fix (never quoting its value).
+    assert ("OTEL_EXPORTER_OTLP_ENDPOINT: the OTLP traces endpoint must be an http:// or "
+            "https:// URL") in sc.logs()
+    assert "collector:4318" not in sc.logs()
 
 
 @pytest.mark.parametrize("client", ["auto", "libcurl"])

@@ -120,13 +120,25 @@ class TlsFront(Server):
 
     def handle(self, conn):
         conn.settimeout(5)
+        raw = conn.dup()  # stays open whatever becomes of the TLS socket
         try:
             t = self.ctx.wrap_socket(conn, server_side=True)
         except (ssl.SSLError, OSError):
             with self.lock:
                 self.failures += 1
+            # As a server does: what the client still sends is read (for at
+            # most 2 s) before closing, so the alert just sent is not lost
+            # to a reset.
+            raw.settimeout(2)
+            try:
+                while raw.recv(65536):
+                    pass
+            except OSError:
+                pass
+            raw.close()
             conn.close()
             return
+        raw.close()
         peer = t.getpeercert()
         cn = None
         if peer:
@@ -144,8 +156,9 @@ class ForwardProxy(Server):
     requests (forwarded in origin form on a new connection). `asked`
     lists the CONNECT targets and absolute URLs, in order."""
 
-    def __init__(self):
+    def __init__(self, refuse=None):
         self.asked = []
+        self.refuse = refuse  # a status line to answer every request with
         super().__init__()
 
     def handle(self, conn):
@@ -161,6 +174,12 @@ class ForwardProxy(Server):
         method, target, version = line.decode().split(" ")
         with self.lock:
             self.asked.append("%s %s" % (method, target))
+        if self.refuse:
+            conn.sendall(b"HTTP/1.1 " + self.refuse.encode() + b"\r\n"
+                         b"Proxy-Authenticate: Basic realm=\"egress\"\r\n"
+                         b"Content-Length: 0\r\n\r\n")
+            conn.close()
+            return
         if method == "CONNECT":
             host, port = target.rsplit(":", 1)
             up = socket.create_connection((host, int(port)), timeout=5)
@@ -343,6 +362,9 @@ def test_tls__client_certificate_for_an_mtls_upstream(certs, up, make_sidecar, c
         err, _ = one_call(sc2)
         assert err is not None, (front.handshakes, front.failures)
         assert reason(err) in ("tls", "connection_reset"), err
+        # The server's alert says why, by either client (never a bare
+        # "Recv failure: Protocol error").
+        assert "certificate required" in err["sources"][0]["detail"], err
         assert up.stats()["requests"] == 1
 
 
@@ -562,6 +584,34 @@ def test_proxy__https_source_tunnels_through_its_proxy(certs, up, make_sidecar):
         proxy.close()
 
 
+def test_proxy__the_proxys_answer_is_never_the_upstreams_status(certs, up, make_sidecar):
+    """What the proxy answers to CONNECT is not the upstream's answer: a
+    refused tunnel, or a tunnel whose TLS session the upstream refuses,
+    reports no upstream status (the error's `status` is the upstream's
+    last one, PROTOCOL.md 6.1), and the detail says what happened."""
+    with ForwardProxy(refuse="407 Proxy Authentication Required") as proxy:
+        # https:// (a tunnel) and http:// (the request in absolute form): a
+        # proxy's 407 is the way failing, never the upstream's answer.
+        for i, base in enumerate(("https://localhost:9/v1", up.url)):
+            sc = start(make_sidecar, [source_yaml(
+                "a", "chat", base, {}, proxy="http://127.0.0.1:%d" % proxy.port)],
+                subdir="p%d" % i)
+            err, _ = one_call(sc)
+            assert err is not None and err["code"] == "retry_exhausted", err
+            assert "status" not in err and reason(err) == "connect_failed", err
+            assert "407" in err["sources"][0]["detail"], err
+        assert len(proxy.asked) == 2, proxy.asked
+    with TlsFront(certs, up.port, client="required") as front, ForwardProxy() as proxy:
+        sc = start(make_sidecar, [source_yaml(
+            "b", "chat", "https://localhost:%d/v1" % front.port, {},
+            tls={"ca_file": certs.path("ca.crt")}, proxy="http://127.0.0.1:%d" % proxy.port)],
+            subdir="second")
+        err, _ = one_call(sc)
+        assert err is not None and "status" not in err, err
+        assert "certificate required" in err["sources"][0]["detail"], err
+    assert up.stats()["requests"] == 0
+
+
 def test_proxy__plain_ip_source_goes_through_its_proxy_not_the_own_client(up, make_sidecar):
     with ForwardProxy() as proxy:
         sc = start(make_sidecar, [source_yaml(
@@ -569,6 +619,23 @@ def test_proxy__plain_ip_source_goes_through_its_proxy_not_the_own_client(up, ma
         err, res = one_call(sc)
         assert err is None, err
         assert len(proxy.asked) == 1
+        assert proxy.asked[0].startswith("POST http://127.0.0.1:%d/" % up.port)
+
+
+@pytest.mark.parametrize("env_no_proxy", ["*", "127.0.0.1"])
+def test_proxy__the_environments_no_proxy_never_bypasses_a_sources_proxy(up, make_sidecar,
+                                                                         env_no_proxy):
+    """A source's `proxy` is bypassed for the source's own `no_proxy` only:
+    the environment's no_proxy (a pod's `*`, `127.0.0.1`, `.svc`) is for
+    sources without a proxy of their own (docs/CONFIG.md 7c)."""
+    with ForwardProxy() as proxy:
+        text = config_yaml([source_yaml("a", "chat", up.url, {},
+                                        proxy="http://127.0.0.1:%d" % proxy.port)], DEFAULTS)
+        sc = make_sidecar(config_text=text, env=dict(NO_PROXY_ENV, no_proxy=env_no_proxy,
+                                                     NO_PROXY=env_no_proxy))
+        err, res = one_call(sc)
+        assert err is None, err
+        assert len(proxy.asked) == 1, proxy.asked
         assert proxy.asked[0].startswith("POST http://127.0.0.1:%d/" % up.port)
 
 
@@ -589,6 +656,10 @@ def test_proxy__no_proxy_bypasses_it(up, make_sidecar):
     ({"cert_file": "CERT:client.crt"}, None, "https", "tls.key_file: is required"),
     ({"cert_file": "CERT:client.crt", "key_file": "CERT:server.key"}, None, "https",
      "cannot load the key"),
+    ({"cert_file": "CERT:client.key", "key_file": "CERT:client.key"}, None, "https",
+     "client.key: no PEM certificate in it"),
+    ({"cert_file": "CERT:client.crt", "key_file": "CERT:client.crt"}, None, "https",
+     "client.crt: no unencrypted PEM private key in it"),
     ({"ca_file": "CERT:ca.crt"}, None, "http", "only valid with an https:// base_url"),
     ({"server_name": "bad name"}, None, "https", "must be a DNS host name"),
     ({}, "ftp://127.0.0.1:1", "https", "proxy: must start with"),
@@ -614,3 +685,51 @@ def test_config__bad_tls_and_proxy_are_load_errors(certs, make_sidecar, workdir,
     assert r.returncode == 1
     out = (r.stdout + r.stderr).decode()
     assert message in out, out
+
+
+def test_config__encrypted_key_is_a_load_error_not_a_prompt(certs, workdir):
+    """key_file must be unencrypted: an encrypted one is refused by name at
+    once, even with a terminal at hand, where OpenSSL would otherwise ask
+    for its pass phrase and hold the start-up (or a reload) for ever."""
+    import pty
+    import subprocess
+    key = os.path.join(workdir, "encrypted.key")
+    subprocess.run(["openssl", "pkey", "-in", certs.path("client.key"), "-aes256",
+                    "-passout", "pass:secret", "-out", key], check=True, timeout=10)
+    text = config_yaml([source_yaml("a", "chat", "https://localhost:1/v1", {},
+                                    tls={"cert_file": certs.path("client.crt"),
+                                         "key_file": key})], DEFAULTS)
+    path = os.path.join(workdir, "enc.yaml")
+    with open(path, "w") as f:
+        f.write(text)
+    binary = os.path.join(os.environ.get("POLYGW_BUILD", "build"), "polygw")
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: polygw on the terminal (stdin, stdout, stderr)
+        os.execv(binary, [binary, "--check-config", path])
+    out, deadline, status = b"", time.monotonic() + 10, None
+    try:
+        while time.monotonic() < deadline:
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = st
+            ready, _, _ = select.select([fd], [], [], 0.1)
+            if ready:
+                try:
+                    data = os.read(fd, 4096)
+                except OSError:  # the child closed the terminal
+                    data = b""
+                out += data
+                if not data and status is not None:
+                    break
+            elif status is not None:
+                break
+    finally:
+        if status is None:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        os.close(fd)
+    text = out.decode(errors="replace")
+    assert status is not None, "still running after 10 s: %r" % text
+    assert os.waitstatus_to_exitcode(status) == 1, text
+    assert "encrypted.key: no unencrypted PEM private key in it" in text, text
+    assert "pass phrase" not in text.lower(), text
