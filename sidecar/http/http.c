@@ -366,14 +366,15 @@ static void hc_reply(struct http_conn *c, int status, const char *ctype, const c
 }
 
 /* An SSE event: `id:` when it has one, `event:` when named, then its
- * data, one `data:` line per line of it. Written as one HTTP chunk. */
+ * data, one `data:` line per line of it. Written as one HTTP chunk, whose
+ * size counts each of the data's newlines once: it ends a `data:` line. */
 static void hc_sse_id(struct http_conn *c, const char *id, const char *event, const char *data,
                       size_t len)
 {
     size_t lines = 1;
     for (size_t i = 0; i < len; i++)
         lines += data[i] == '\n';
-    size_t n = (id ? strlen(id) + 5 : 0) + (event ? strlen(event) + 8 : 0) + len + 7 * lines + 1;
+    size_t n = (id ? strlen(id) + 5 : 0) + (event ? strlen(event) + 8 : 0) + len + 6 * lines + 2;
     bool chunked = !(c->req.parser.http_major == 1 && c->req.parser.http_minor == 0);
 
     if (chunked) {

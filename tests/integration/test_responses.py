@@ -227,3 +227,33 @@ def test_responses__tpm_admits_by_the_streams_real_usage(make_sidecar, up):
     err, res, _ = call(c, "responses", responses_body("second"), deadline_s=1.0)
     assert err is not None and err["code"] in ("deadline_exceeded", "stalled"), (err, res)
     assert up.stats()["requests"] == 1
+
+
+def test_responses__multi_line_data_keeps_the_chunked_framing(make_sidecar, up):
+    """An upstream that pretty-prints its events sends each as several
+    `data:` lines: the client reads every event, joined back whole, and the
+    HTTP chunk sizes match their bytes (http.client refuses any that does
+    not), for events before and after it on the same connection."""
+    import http.client
+    import urllib.parse
+    sc, base = http_front(make_sidecar, source("oa", up.url, capability="responses"))
+    events = [CREATED, {"type": "response.output_text.delta", "sequence_number": 1,
+                        "delta": "multi\nline"},
+              final("response.completed", "completed")]
+    body = "".join("event: %s\ndata: %s\n\n" % (e["type"], json.dumps(e, indent=1).replace(
+        "\n", "\ndata: ")) for e in events)
+    u = urllib.parse.urlsplit(base)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=15)
+    for _ in range(2):  # the second request reuses the connection
+        conn.request("POST", "/v1/responses", json.dumps(responses_body(
+            stream=True, mock={"body": body, "content_type": "text/event-stream"})),
+            {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        text = r.read().decode()
+        assert r.status == 200, text
+        got = sse_events(text)
+        assert [n for n, _ in got] == [e["type"] for e in events], text
+        assert [json.loads(d) for _, d in got] == events
+    conn.close()
+    c = sc.connect()
+    assert tokens_metric(c, "oa") == 30
