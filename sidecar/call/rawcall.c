@@ -73,6 +73,19 @@ static bool dot_segment(const char *s, size_t n)
     return dots == 1 || dots == 2;
 }
 
+/* The length of the path separator at s[0..n), or 0: '/', and what an
+ * upstream or a proxy on the way may take for one ('\\', "%2F", "%5C"),
+ * so that no dot segment hides behind them. */
+static size_t separator_len(const char *s, size_t n)
+{
+    if (s[0] == '/' || s[0] == '\\')
+        return 1;
+    if (n >= 3 && s[0] == '%' &&
+        ((s[1] == '2' && (s[2] | 0x20) == 'f') || (s[1] == '5' && (s[2] | 0x20) == 'c')))
+        return 3;
+    return 0;
+}
+
 const char *raw_call_suffix_problem(const char *s, size_t n)
 {
     const char *q = memchr(s, '?', n);
@@ -84,9 +97,11 @@ const char *raw_call_suffix_problem(const char *s, size_t n)
         if (s[i] <= ' ' || s[i] > '~' || s[i] == '#')
             return "must be printable ASCII without spaces or '#'";
     for (size_t i = 0; i <= path; i++) {
-        if (i == path || s[i] == '/') {
+        size_t sep = i == path ? 1 : separator_len(s + i, path - i);
+        if (sep) {
             if (dot_segment(s + start, i - start))
                 return "a path with a '.' or '..' segment is refused";
+            i += sep - 1;
             start = i + 1;
         }
     }

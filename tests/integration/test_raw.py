@@ -184,6 +184,11 @@ def test_raw__get_with_query_delete_and_sub_paths(front, rup):
     seen = len(rup.seen)
     status, hdrs, data = request(f, "GET", "/v1/files/%2e%2e/chat/completions")
     assert_error(status, hdrs, data, 400, "bad_request")
+    # ... nor behind a separator an upstream may decode or take for '/'.
+    for path in ("/v1/files/abc%2F..%2Fresponses", "/v1/files/%5c..%5cx",
+                 "/v1/files/a%2f%2e%2e"):
+        status, hdrs, data = request(f, "GET", path)
+        assert_error(status, hdrs, data, 400, "bad_request")
     # A method the capability does not list, or GET on a JSON capability.
     status, hdrs, data = request(f, "DELETE", "/v1/audio/speech")
     assert_error(status, hdrs, data, 405, "unknown_method")

@@ -3,11 +3,12 @@
  * follow-up requests (sidecar/http/raw.c): which follow-up a path names
  * (the response itself, its cancel or input_items), the 404 and 405
  * answers for the rest, and the query that makes a retrieve a resumed
- * event stream.
+ * event stream; and the sub-paths a passthrough call may add.
  */
 #include <http_parser.h>
 #include <string.h>
 
+#include "call/rawcall.h"
 #include "core/config.h"
 #include "http/raw.h"
 #include "suites.h"
@@ -84,6 +85,27 @@ START_TEST(test_raw__stream_true_alone_resumes_the_stream)
 }
 END_TEST
 
+START_TEST(test_raw__no_dot_segment_hides_behind_an_encoded_separator)
+{
+    static const char *const refused[] = {
+        "/..",        "/a/../b",    "/%2e%2E/x",  "/abc%2F..%2Fresponses",
+        "/abc%2f..",  "/%5C..%5Cx", "/a%5c.%5cb", "/a\\..\\b",
+        "/..%2Fchat", "/x/%2e%2f",  "/.?q",
+    };
+    static const char *const allowed[] = {
+        "",      "?a=1", "/file-abc", "/file-abc/content", "/org%2Fmodel",
+        "/a..b", "/...", "/a%2F.b",   "/x?next=/../y",     "/%2",
+    };
+
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++)
+        ck_assert_msg(raw_call_suffix_problem(refused[i], strlen(refused[i])) != NULL, "%s",
+                      refused[i]);
+    for (size_t i = 0; i < sizeof(allowed) / sizeof(allowed[0]); i++)
+        ck_assert_msg(raw_call_suffix_problem(allowed[i], strlen(allowed[i])) == NULL, "%s: %s",
+                      allowed[i], raw_call_suffix_problem(allowed[i], strlen(allowed[i])));
+}
+END_TEST
+
 Suite *raw_suite(void)
 {
     Suite *s = suite_create("raw");
@@ -91,6 +113,7 @@ Suite *raw_suite(void)
 
     tcase_add_test(tc, test_raw__followup_names_the_response_or_its_sub_resource);
     tcase_add_test(tc, test_raw__stream_true_alone_resumes_the_stream);
+    tcase_add_test(tc, test_raw__no_dot_segment_hides_behind_an_encoded_separator);
     suite_add_tcase(s, tc);
     return s;
 }
