@@ -580,10 +580,47 @@ static int check_proxy_url(struct loader *l, const struct ynode *v, char *s)
                          "or socks5h://");
     if (has_space_or_ctl(s))
         return fail_here(l, v->line, "must not contain spaces or control characters");
-    if (s[skip] == '\0' || s[skip] == '/')
-        return fail_here(l, v->line, "has no host");
     if (strlen(s) >= CONFIG_URL_MAX)
         return fail_here(l, v->line, "longer than %d characters", CONFIG_URL_MAX - 1);
+    /* scheme://[user[:password]@]host:port[/]: libcurl would take the
+     * rest at the first request only, and then as a failed lookup, with the
+     * URL (its credentials too) in the error. */
+    const char *a = s + skip;
+    size_t alen = strcspn(a, "/?#");
+    if (a[alen] != '\0' && strcmp(a + alen, "/") != 0)
+        return fail_here(l, v->line,
+                         "must be scheme://[user:password@]host:port, without a path or query");
+    const char *host = a;
+    for (const char *p = a; p < a + alen; p++)
+        if (*p == '@')
+            host = p + 1;
+    size_t hlen = (size_t)(a + alen - host);
+    const char *colon = NULL;
+    if (hlen > 0 && host[0] == '[') {
+        const char *close = memchr(host, ']', hlen);
+        if (!close || close == host + 1)
+            return fail_here(l, v->line, "has a malformed [IPv6] host");
+        colon = close + 1 < host + hlen ? close + 1 : NULL;
+        if (colon && *colon != ':')
+            return fail_here(l, v->line, "has a malformed [IPv6] host");
+    } else {
+        for (const char *p = host; p < host + hlen; p++)
+            if (*p == ':')
+                colon = p;
+    }
+    if (hlen == 0 || colon == host)
+        return fail_here(l, v->line, "has no host");
+    if (!colon)
+        return fail_here(l, v->line,
+                         "needs its port (host:port): without one libcurl would use 1080");
+    size_t plen = (size_t)(host + hlen - colon - 1);
+    unsigned long port = 0;
+    for (size_t i = 1; i <= plen; i++)
+        port = isdigit((unsigned char)colon[i]) && port <= 65535
+            ? port * 10 + (unsigned)(colon[i] - '0')
+            : 65536;
+    if (plen == 0 || port == 0 || port > 65535)
+        return fail_here(l, v->line, "port must be 1 to 65535");
     return 0;
 }
 
@@ -2797,10 +2834,17 @@ static void validate_route(struct loader *l, size_t i, const char *prefix)
     const enum fid fids[] = { FID_TLS_CA_FILE, FID_TLS_CERT_FILE, FID_TLS_KEY_FILE };
     const char *const keys[] = { "ca_file", "cert_file", "key_file" };
     for (size_t k = 0; k < 3; k++) {
+        struct stat sb;
         if (files[k] && access(files[k], R_OK) != 0) {
             int e = errno;
             snprintf(path, sizeof(path), "%s.tls.%s", prefix, keys[k]);
             fail_at(l, st->line[fids[k]], path, "cannot read %s: %s", files[k], strerror(e));
+            return;
+        }
+        /* A FIFO would hang the load below (and a reload, the loop). */
+        if (files[k] && (stat(files[k], &sb) != 0 || !S_ISREG(sb.st_mode))) {
+            snprintf(path, sizeof(path), "%s.tls.%s", prefix, keys[k]);
+            fail_at(l, st->line[fids[k]], path, "%s is not a regular file", files[k]);
             return;
         }
     }

@@ -7,8 +7,10 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "iplit.h"
 
@@ -52,10 +54,28 @@ static const char *tls_file_reason(char *buf, size_t cap, const char *what)
     return tls_reason(buf, cap, "unreadable or not PEM");
 }
 
+/* OpenSSL opens its files blocking: a FIFO would stop the loop (a reload,
+ * a CA bundle read again) until something wrote to it, and a directory
+ * would be "no certificate found". Only regular files are loaded. */
+static bool tls_file_bad(const char *file, const char *what, char *err, size_t errlen)
+{
+    struct stat sb;
+
+    if (!file || stat(file, &sb) != 0 || S_ISREG(sb.st_mode))
+        return false; /* a missing file is OpenSSL's to name */
+    snprintf(err, errlen, "TLS: cannot load the %s %s: it is not a regular file", what, file);
+    return true;
+}
+
 SSL_CTX *tls_ctx_new(const struct tls_files *f, char *err, size_t errlen)
 {
     char why[TLS_WHY_MAX];
 
+    if (f &&
+        (tls_file_bad(f->ca_file, "CA file", err, errlen) ||
+         tls_file_bad(f->cert_file, "certificate", err, errlen) ||
+         tls_file_bad(f->key_file, "key", err, errlen)))
+        return NULL;
     ERR_clear_error();
     SSL_CTX *ssl = SSL_CTX_new(TLS_client_method());
     if (!ssl) {
@@ -87,6 +107,13 @@ SSL_CTX *tls_ctx_new(const struct tls_files *f, char *err, size_t errlen)
             goto fail;
         }
         if (SSL_CTX_use_PrivateKey_file(ssl, f->key_file, SSL_FILETYPE_PEM) != 1) {
+            if (ERR_GET_REASON(ERR_peek_last_error()) == X509_R_KEY_VALUES_MISMATCH) {
+                ERR_clear_error();
+                snprintf(err, errlen,
+                         "TLS: cannot load the key %s: it does not match the certificate %s",
+                         f->key_file, f->cert_file);
+                goto fail;
+            }
             snprintf(err, errlen, "TLS: cannot load the key %s: %s", f->key_file,
                      tls_file_reason(why, sizeof(why), "unencrypted PEM private key"));
             goto fail;

@@ -1672,6 +1672,39 @@ static void upstream_learn_address(struct upstream *up, struct url_host *u, CURL
     u->name_until = ev_now(up->loop) + up->name_ttl_s;
 }
 
+/* libcurl's error text may quote a URL whole (a proxy's it could not
+ * use: "Unsupported proxy syntax in 'http://user:secret@...'"): the
+ * user and password of every URL in it become "[redacted]", in place,
+ * within the buffer's `cap`. */
+void upstream_scrub_userinfo(char *s, size_t cap)
+{
+    static const char mask[] = "[redacted]";
+    size_t len = strlen(s);
+
+    for (char *p = strstr(s, "://"); p; p = strstr(p, "://")) {
+        char *h = p + 3;
+        size_t n = strcspn(h, "/?#'\" \t\r\n");
+        char *at = NULL;
+        for (char *q = h; q < h + n; q++)
+            if (*q == '@')
+                at = q;
+        if (!at) {
+            p = h;
+            continue;
+        }
+        size_t user = (size_t)(at - h), tail = len - (size_t)(at - s) + 1; /* with the NUL */
+        size_t grow = sizeof(mask) - 1 > user ? sizeof(mask) - 1 - user : 0;
+        if (len + grow + 1 > cap) { /* no room for the mask: cut the text at the URL */
+            *h = '\0';
+            return;
+        }
+        memmove(h + sizeof(mask) - 1, at, tail);
+        memcpy(h, mask, sizeof(mask) - 1);
+        len = len + sizeof(mask) - 1 - user;
+        p = h + sizeof(mask) - 1;
+    }
+}
+
 static void upstream_on_done_msg(CURL *easy, CURLcode rc)
 {
     struct attempt *a = NULL;
@@ -1711,6 +1744,7 @@ static void upstream_on_done_msg(CURL *easy, CURLcode rc)
     if (rc != CURLE_OK && curl_easy_getinfo(easy, CURLINFO_HTTP_CONNECTCODE, &tunnel) == CURLE_OK &&
         tunnel >= 300)
         end = XFER_CONNECT_FAILED; /* the proxy refused the tunnel ("CONNECT tunnel failed") */
+    upstream_scrub_userinfo(a->errbuf, sizeof(a->errbuf));
     attempt_conclude(a, end, a->errbuf[0] ? a->errbuf : curl_easy_strerror(rc));
 }
 

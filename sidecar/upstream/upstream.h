@@ -218,6 +218,10 @@ struct upstream *upstream_new(struct ev_loop *loop, uint32_t max_dns_lookups_per
 void upstream_set_dns_ttl(struct upstream *up, uint32_t ttl_s);
 /* Cancels every attempt (no hooks run) and frees the engine. */
 void upstream_free(struct upstream *up);
+
+/* Replaces the user and password of every URL in the text `s` (a
+ * libcurl error) with "[redacted]", within `cap` bytes. */
+void upstream_scrub_userinfo(char *s, size_t cap);
 const struct upstream_stats *upstream_get_stats(struct upstream *up);
 
 /* Starts an attempt. Takes spec->body even on failure. Returns the attempt,

@@ -664,11 +664,31 @@ def test_proxy__no_proxy_bypasses_it(up, make_sidecar):
     ({"server_name": "bad name"}, None, "https", "must be a DNS host name"),
     ({}, "ftp://127.0.0.1:1", "https", "proxy: must start with"),
     ({}, "http://", "https", "proxy: has no host"),
+    ({}, "http://:3128", "https", "proxy: has no host"),
+    ({}, "http://bob:pr0xyPASS@:3128", "https", "proxy: has no host"),
+    ({}, "http://bob:pr0xyPASS@127.0.0.1:99999", "https", "proxy: port must be 1 to 65535"),
+    ({}, "http://127.0.0.1:0", "https", "proxy: port must be 1 to 65535"),
+    ({}, "http://127.0.0.1", "https", "proxy: needs its port"),
+    ({}, "http://127.0.0.1:3128/foo", "https", "without a path"),
+    ({}, "http://[::1", "https", "malformed [IPv6] host"),
+    ({"cert_file": "CERT:client.crt", "key_file": "CERT:server.key"}, None, "https",
+     "does not match the certificate"),
+    ({"ca_file": "FIFO"}, None, "https", "tls.ca_file: "),
+    ({"cert_file": "CERT:client.crt", "key_file": "FIFO"}, None, "https", "tls.key_file: "),
+    ({"ca_file": "DIR"}, None, "https", "tls.ca_file: "),
 ])
 def test_config__bad_tls_and_proxy_are_load_errors(certs, make_sidecar, workdir, tls, proxy,
                                                     base, message):
     import subprocess
-    tls = {k: certs.path(v[5:]) if v.startswith("CERT:") else v for k, v in tls.items()}
+    # A FIFO or a directory in place of a file is refused by its key, at
+    # once: OpenSSL would open a FIFO blocking, until a writer came.
+    fifo = os.path.join(workdir, "fifo.pem")
+    if not os.path.exists(fifo):
+        os.mkfifo(fifo)
+    special = {"FIFO": fifo, "DIR": workdir}
+    not_a_file = "FIFO" in tls.values() or "DIR" in tls.values()
+    tls = {k: certs.path(v[5:]) if v.startswith("CERT:") else special.get(v, v)
+           for k, v in tls.items()}
     kw = {}
     if tls:
         kw["tls"] = tls
@@ -685,6 +705,9 @@ def test_config__bad_tls_and_proxy_are_load_errors(certs, make_sidecar, workdir,
     assert r.returncode == 1
     out = (r.stdout + r.stderr).decode()
     assert message in out, out
+    if not_a_file:
+        assert "is not a regular file" in out, out
+    assert "pr0xyPASS" not in out, out
 
 
 def test_config__encrypted_key_is_a_load_error_not_a_prompt(certs, workdir):

@@ -6,6 +6,7 @@
 
 #include "call/redact.h"
 #include "suites.h"
+#include "upstream/upstream.h"
 
 #define KEY "sk-test-0123456789abcdef"
 
@@ -170,6 +171,39 @@ START_TEST(test_redact__string_hook)
 }
 END_TEST
 
+/* A URL's credentials in libcurl's error text never reach a caller. */
+START_TEST(test_redact__userinfo_of_urls_in_curl_errors)
+{
+    static const struct {
+        const char *in, *want;
+    } cases[] = {
+        { "Unsupported proxy syntax in 'http://bob:pr0xyPASS@127.0.0.1:99999'",
+          "Unsupported proxy syntax in 'http://[redacted]@127.0.0.1:99999'" },
+        { "Could not resolve proxy: socks5h://u@proxy.corp",
+          "Could not resolve proxy: "
+          "socks5h://[redacted]@proxy.corp" },
+        { "a http://x:y@h/p?q=r@s b https://a:b@c",
+          "a http://[redacted]@h/p?q=r@s b "
+          "https://[redacted]@c" },
+        { "Failed to connect to 127.0.0.1 port 1080", "Failed to connect to 127.0.0.1 port 1080" },
+        { "user@host no scheme", "user@host no scheme" },
+        { "http://host/path@x", "http://host/path@x" },
+        { "", "" },
+    };
+    char buf[256];
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        snprintf(buf, sizeof(buf), "%s", cases[i].in);
+        upstream_scrub_userinfo(buf, sizeof(buf));
+        ck_assert_str_eq(buf, cases[i].want);
+    }
+    /* No room for the mask: the text ends before the credentials. */
+    char small[20] = "x http://a:b@h";
+    upstream_scrub_userinfo(small, 18);
+    ck_assert_str_eq(small, "x http://");
+}
+END_TEST
+
 Suite *redact_suite(void)
 {
     Suite *s = suite_create("redact");
@@ -184,6 +218,7 @@ Suite *redact_suite(void)
     tcase_add_test(tc, test_redact__many_secrets_and_binary_text);
     tcase_add_test(tc, test_redact__many_echoes_stay_linear);
     tcase_add_test(tc, test_redact__string_hook);
+    tcase_add_test(tc, test_redact__userinfo_of_urls_in_curl_errors);
     suite_add_tcase(s, tc);
     return s;
 }
