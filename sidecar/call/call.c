@@ -368,6 +368,7 @@ struct call {
     char app[CONFIG_NAME_MAX];   /* who is calling (call_req.app) */
     char *model_param;           /* owned: the msgpack `model` parameter, or NULL */
     char *query;                 /* owned: the client's query string (call_req.query) */
+    char *beta_line;             /* owned: "anthropic-beta: ...\r\n" (call_req), or NULL */
     char *model_label;           /* owned: the configured model name it matched,
                                   * "other", or NULL: it named none (models.h) */
     /* For the access log (access.h). */
@@ -518,6 +519,17 @@ static void call_log(const struct call *k)
 
 /* Frees what a call owns, and the call: the last step of call_end, and
  * all there is to free for a call refused before it started. */
+/* "Name: value\r\n", allocated; NULL when out of memory. */
+static char *header_line(const char *name, const char *value)
+{
+    size_t n = strlen(name) + strlen(value) + 5;
+    char *line = malloc(n);
+
+    if (line)
+        snprintf(line, n, "%s: %s\r\n", name, value);
+    return line;
+}
+
 static void call_free_memory(struct call *k)
 {
     msgpack_sbuffer_destroy(&k->usage);
@@ -529,6 +541,7 @@ static void call_free_memory(struct call *k)
     free(k->model_param);
     free(k->model_label);
     free(k->query);
+    free(k->beta_line);
     raw_call_free(k->rawc);
     callcache_fini(&k->cc);
     free(k);
@@ -2413,6 +2426,12 @@ static void call_run_attempt(struct call *k, size_t source)
      * the credentials are fetched on their own schedule. */
     as.refuse = auth > 0 ? no_creds : NULL;
     as.attempt_headers = signature;
+    /* The client's betas go to Anthropic's own API only: a signed cloud
+     * request names them in its body, and the other kinds know none. A
+     * source's own anthropic-beta header is sent too: the two lines are
+     * one list to the server. */
+    if (!signature && k->beta_line && !k->rawc && src->kind == DIALECT_ANTHROPIC && !src->vertex.on)
+        as.attempt_headers = k->beta_line;
     as.aws_eventstream = src->kind == DIALECT_BEDROCK && k->stream;
     as.bedrock_converse = src->kind == DIALECT_BEDROCK && src->bedrock_converse;
     k->past_end = false;
@@ -3098,7 +3117,8 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     if ((r->task_id && !(k->task_id = strdup(r->task_id))) ||
         (r->model && r->model_param && !(k->model_param = strndup(r->model, r->model_len))) ||
         (label && !(k->model_label = strdup(label))) ||
-        (r->query && !(k->query = strndup(r->query, r->query_len)))) {
+        (r->query && !(k->query = strndup(r->query, r->query_len))) ||
+        (r->anthropic_beta && !(k->beta_line = header_line("anthropic-beta", r->anthropic_beta)))) {
         call_refuse(s, id, r, PGW_INTERNAL, "out of memory");
         call_free_memory(k);
         free(tw);

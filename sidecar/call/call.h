@@ -153,6 +153,11 @@ struct call_req {
      * NULL: none): passed on to an anthropic source (upath.h). */
     const char *query;
     size_t query_len;
+    /* The HTTP request's anthropic-beta header value (NUL-terminated,
+     * NULL: none): sent to a kind: anthropic source beside its own
+     * headers, as Anthropic's SDKs and Claude Code name the betas a
+     * request uses there, not in its body. */
+    const char *anthropic_beta;
     /* Only the capability's kind: gemini sources serve it (the HTTP
      * front's Gemini routes); none: unknown_capability. */
     bool gemini_only;

@@ -1572,6 +1572,20 @@ static void hc_call_headers(struct http_conn *c, struct call_req *rq, char *scop
         r.traceparent = c->req.val[HRQ_TRACEPARENT];
     if (c->req.present[HRQ_TRACESTATE])
         r.tracestate = c->req.val[HRQ_TRACESTATE];
+    if (c->req.present[HRQ_ANTHROPIC_BETA]) {
+        /* Beta names (letters, digits, '-', '.', '_'), comma-separated:
+         * nothing else may reach the upstream's header block. */
+        const char *v = c->req.val[HRQ_ANTHROPIC_BETA];
+        if (!*v ||
+            v[strspn(v,
+                     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                     "0123456789-._, ")] != '\0') {
+            hc_error(c, 400, PGW_BAD_REQUEST,
+                     "anthropic-beta: expected beta names separated by commas");
+            return;
+        }
+        r.anthropic_beta = v;
+    }
     if (c->req.present[HRQ_CACHE_CONTROL])
         cache_parse_mode(c->req.val[HRQ_CACHE_CONTROL], &r.cache, &r.cache_max_age,
                          &r.cache_max_age_s);

@@ -43,6 +43,7 @@ static const struct {
     HDR("traceparent"),
     HDR("tracestate"),
     HDR("cache-control"),
+    HDR("anthropic-beta"),
 };
 
 const char *httpreq_hdr_name(enum httpreq_hdr h)

@@ -46,12 +46,13 @@ enum httpreq_hdr {
     HRQ_AUTH, /* a secret: only compared (http.c hc_identify) */
     HRQ_HOST,
     HRQ_ORIGIN,
-    HRQ_FETCH_SITE,    /* Sec-Fetch-Site */
-    HRQ_FETCH_MODE,    /* Sec-Fetch-Mode */
-    HRQ_BUDGET,        /* X-Polygw-Budget: a task start's budget */
-    HRQ_TRACEPARENT,   /* W3C trace context (calltrace.h) */
-    HRQ_TRACESTATE,    /* longer than HTTPREQ_VAL_MAX: dropped, never refused */
-    HRQ_CACHE_CONTROL, /* longer than HTTPREQ_VAL_MAX: ignored, never refused */
+    HRQ_FETCH_SITE,     /* Sec-Fetch-Site */
+    HRQ_FETCH_MODE,     /* Sec-Fetch-Mode */
+    HRQ_BUDGET,         /* X-Polygw-Budget: a task start's budget */
+    HRQ_TRACEPARENT,    /* W3C trace context (calltrace.h) */
+    HRQ_TRACESTATE,     /* longer than HTTPREQ_VAL_MAX: dropped, never refused */
+    HRQ_CACHE_CONTROL,  /* longer than HTTPREQ_VAL_MAX: ignored, never refused */
+    HRQ_ANTHROPIC_BETA, /* passed on to kind: anthropic sources (call_req) */
     HRQ_COUNT
 };
 

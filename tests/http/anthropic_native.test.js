@@ -109,3 +109,33 @@ test("a Messages stream's event: lines reach the client byte for byte", () => wi
   assert.deepEqual(events(relayed.text), events(direct.text));
   assert.equal((await f.up.last()).target, "/v1/messages?beta=true");
 }));
+
+test("the client's anthropic-beta header reaches an Anthropic source", () => withFront(async (f) => {
+  // client.beta.* sends the betas in the anthropic-beta header, as Claude
+  // Code does: polygw passes them on beside its own key and version.
+  const betas = ["context-1m-2025-08-07", "interleaved-thinking-2025-05-14"];
+  const r = await f.client.beta.messages.countTokens({
+    model: "claude-test", messages: [{ role: "user", content: "count" }], betas,
+    mock: { usage: { prompt_tokens: 3 } },
+  });
+  assert.equal(r.input_tokens, 3);
+  let last = await f.up.last();
+  assert.equal(last.path, "/v1/messages/count_tokens");
+  // (the SDK adds a beta of its own for countTokens)
+  const sent = last.headers["anthropic-beta"].split(",");
+  for (const b of betas) assert.ok(sent.includes(b), last.headers["anthropic-beta"]);
+  assert.equal(last.headers["x-api-key"], KEY);
+  const stream = f.client.beta.messages.stream({ ...body("beta stream"), betas: [betas[1]] });
+  let text = "";
+  stream.on("text", (d) => { text += d; });
+  await stream.finalMessage();
+  assert.equal(text, "beta stream");
+  last = await f.up.last();
+  assert.equal(last.headers["anthropic-beta"], betas[1]);
+  // Without it, none is sent; a value that is not a list of names is 400.
+  await f.client.messages.create(body("no beta"));
+  assert.equal((await f.up.last()).headers["anthropic-beta"], undefined);
+  const bad = await post(f.port, "/v1/messages", body("x"), { "anthropic-beta": "a\tb;c=d" });
+  assert.equal(bad.status, 400, bad.text);
+  assert.match(JSON.parse(bad.text).error.message, /anthropic-beta/);
+}));
