@@ -1832,16 +1832,36 @@ static int call_scan_json_event(struct call *k, struct attempt *a, const char *d
     return 2;
 }
 
+/* An upstream's `event:` or `id:` text, quoted as a client may read it
+ * into `out` (at most `max` bytes and a NUL): a key the upstream echoed
+ * there, as in its data, reaches the client as "[redacted]" (scrubbed
+ * before the text is cut, so no part of a long key is left). */
+static void call_quote_line(const struct redact *r, const char *p, size_t n, size_t max, char *out)
+{
+    struct strbuf clean;
+
+    if (!redact_hit(r, p, n)) {
+        rpc_quote_client_str(p, n, max, out);
+        return;
+    }
+    strbuf_init(&clean);
+    if (redact_copy(r, p, n, &clean) < 0)
+        out[0] = '\0'; /* out of memory: nothing rather than the key */
+    else
+        rpc_quote_client_str(clean.data, clean.len, max, out);
+    strbuf_fini(&clean);
+}
+
 /* The upstream's name for the event being delivered (its `event:` line),
  * as a client may read it, or "". */
-static void call_event_name(const struct attempt *a, char *out, size_t cap)
+static void call_event_name(const struct call *k, const struct attempt *a, char *out, size_t cap)
 {
     const char *name;
     size_t n = attempt_event_name(a, &name);
 
     out[0] = '\0';
     if (n > 0)
-        rpc_quote_client_str(name, n, cap - 1, out);
+        call_quote_line(k->srv->redact, name, n, cap - 1, out);
 }
 
 /* One stream event: transcode, count its tokens, relay it as a chunk
@@ -1905,7 +1925,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&tmp, &sb, msgpack_sbuffer_write);
     strbuf_init(&scrubbed);
-    call_event_name(a, event_name, sizeof(event_name));
+    call_event_name(k, a, event_name, sizeof(event_name));
     named = event_name[0] != '\0';
     if (!tree) {
         bool is_json;
@@ -2040,7 +2060,7 @@ static int call_on_event(struct attempt *a, const char *data, size_t len, void *
     if (idn > 0) {
         /* Quoted as an event name is: no control character can reach the
          * client's `id:` line, and a long one is cut. */
-        rpc_quote_client_str(idp, idn, sizeof(event_id) - 1, event_id);
+        call_quote_line(k->srv->redact, idp, idn, sizeof(event_id) - 1, event_id);
         ci.event_id = event_id;
     }
 

@@ -257,3 +257,23 @@ def test_responses__multi_line_data_keeps_the_chunked_framing(make_sidecar, up):
     conn.close()
     c = sc.connect()
     assert tokens_metric(c, "oa") == 30
+
+
+def test_responses__key_echoed_in_an_event_line_is_redacted(make_sidecar, up):
+    """A key an upstream puts in an `event:` line, not in its data, reaches
+    the client as [redacted]; scrubbed before the name is cut to its bound,
+    so no part of a key is left where the cut falls inside it."""
+    from test_providers import KEY
+    sc, base = http_front(make_sidecar, source("oa", up.url, capability="responses"))
+    body = ("event: {{authorization}}\ndata: %s\n\n" % json.dumps(CREATED) +
+            "event: %s{{authorization}}\ndata: %s\n\n" % ("n" * 40, json.dumps(CREATED)) +
+            "event: response.completed\ndata: %s\n\n"
+            % json.dumps(final("response.completed", "completed")))
+    status, text = curl(base + "/v1/responses", responses_body(
+        stream=True, mock={"body": body, "content_type": "text/event-stream"}))
+    assert status == 200, text
+    names = [n for n, _ in sse_events(text)]
+    assert names[0] == "Bearer [redacted]", names
+    assert names[1] == "n" * 40 + "Bearer [redacted]", names
+    assert KEY not in text and KEY[:12] not in text, text
+    assert KEY not in sc.logs()
