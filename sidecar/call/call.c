@@ -2785,10 +2785,10 @@ static void call_scan_stream_options(struct call *k, const struct call_req *r)
  * when NULL: every source of the capability), and in *first the first of
  * them. Returns -1 after refusing the call when none is left. */
 static int call_keep_gemini(struct call_sink *s, uint32_t id, const struct call_req *r, size_t ci,
-                            bool **use, const struct config_source **first)
+                            bool want, bool **use, const struct config_source **first)
 {
     const struct config *cfg = s->srv->cfg;
-    char why[160];
+    char why[400];
 
     if (!*use && !(*use = calloc(cfg->n_sources, sizeof(**use)))) {
         call_refuse(s, id, r, PGW_INTERNAL, "out of memory");
@@ -2801,7 +2801,7 @@ static int call_keep_gemini(struct call_sink *s, uint32_t id, const struct call_
     for (size_t i = 0; i < cfg->n_sources; i++) {
         const struct config_source *src = &cfg->sources[i];
         bool in = (all || (*use)[i]) && src->capability_index == ci && !src->retired;
-        (*use)[i] = in && src->kind == DIALECT_GEMINI;
+        (*use)[i] = in && (src->kind == DIALECT_GEMINI) == want;
         if ((*use)[i] && !*first)
             *first = src;
     }
@@ -2809,9 +2809,18 @@ static int call_keep_gemini(struct call_sink *s, uint32_t id, const struct call_
         return 0;
     free(*use);
     *use = NULL;
-    snprintf(why, sizeof(why), "capability '%s' has no kind: gemini source for this call",
-             cfg->capabilities[ci].name);
-    call_refuse(s, id, r, PGW_UNKNOWN_CAPABILITY, why);
+    if (want || !r->model) {
+        snprintf(why, sizeof(why), "capability '%s' has no %skind: gemini source for this call",
+                 cfg->capabilities[ci].name, want ? "" : "source but ");
+        call_refuse(s, id, r, PGW_UNKNOWN_CAPABILITY, why);
+    } else {
+        snprintf(why, sizeof(why),
+                 "no source of capability '%s' serves model '%.*s' on this route "
+                 "(its kind: gemini sources are for the Gemini API's own routes)",
+                 cfg->capabilities[ci].name, (int)(r->model_len > 80 ? 80 : r->model_len),
+                 r->model);
+        call_refuse(s, id, r, PGW_MODEL_NOT_FOUND, why);
+    }
     return -1;
 }
 
@@ -3072,7 +3081,8 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
             }
     }
 
-    if (r->gemini_only && call_keep_gemini(s, id, r, (size_t)ci, &use, &first) < 0)
+    if ((r->gemini_only || r->gemini_never) &&
+        call_keep_gemini(s, id, r, (size_t)ci, r->gemini_only, &use, &first) < 0)
         return;
 
     /* A call naming a task runs only while the task runs. */

@@ -161,6 +161,10 @@ struct call_req {
     /* Only the capability's kind: gemini sources serve it (the HTTP
      * front's Gemini routes); none: unknown_capability. */
     bool gemini_only;
+    /* Its kind: gemini sources do not serve it (the HTTP front's other
+     * routes: an OpenAI or Anthropic body is no Gemini request); none
+     * left: model_not_found, or unknown_capability without a model. */
+    bool gemini_never;
     /* A passthrough, for a capability with body: raw (rawcall.h), from
      * either front: `raw_body` sent as it is with `content_type`
      * (NUL-terminated, NULL = none), by `method` (static "GET", "POST" or

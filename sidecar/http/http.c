@@ -1527,15 +1527,18 @@ static void route_call_as(struct http_conn *c, const char *path, size_t len, boo
         r.model_len = g.model_len;
         r.model_param = true; /* the upstream path names it (upath.h) */
         r.gemini_only = true;
-    } else if (bf.model.p) {
-        long n = json_model_name(&bf.model, model, sizeof(model));
-        if (n < 0) {
-            hc_error(c, 400, PGW_BAD_REQUEST,
-                     "model: longer than 255 bytes, or an escape no model name needs");
-            return;
+    } else {
+        r.gemini_never = true;
+        if (bf.model.p) {
+            long n = json_model_name(&bf.model, model, sizeof(model));
+            if (n < 0) {
+                hc_error(c, 400, PGW_BAD_REQUEST,
+                         "model: longer than 255 bytes, or an escape no model name needs");
+                return;
+            }
+            r.model = model;
+            r.model_len = (size_t)n;
         }
-        r.model = model;
-        r.model_len = (size_t)n;
     }
     hc_call_headers(c, &r, scope);
 }

@@ -268,3 +268,24 @@ def test_gemini__client_query_cannot_replace_the_sources(front, up):
     status, _, text = f.curl("/v1/messages/count_tokens?beta=true&tenant=evil&x", body)
     assert status == 200, text
     assert up.last()["target"] == "/v1/messages/count_tokens?tenant=search&beta=true&x"
+
+
+def test_gemini__anthropic_route_never_reaches_a_gemini_source(front, up):
+    """One count_tokens capability holds both kinds (as docs/HTTP.md
+    suggests): a Gemini model named on Anthropic's route has no source
+    there, 404 model_not_found, nothing sent; Gemini's route still counts."""
+    src = [source_yaml("ac", "count_tokens", up.url, dict(FAST, api_key_env=KEY_ENV),
+                       kind="anthropic", serves=["claude-*"]),
+           gsource(up, "gc", "count_tokens")]
+    f = front(sources=src, env=ENV, capabilities=CAPS)
+    seen = up.stats()["requests"]
+    status, _, text = f.curl("/v1/messages/count_tokens",
+                             {"model": "gemini-test",
+                              "messages": [{"role": "user", "content": "x"}]})
+    assert status == 404, text
+    err = json.loads(text)["error"]
+    assert err["code"] == "model_not_found" and "Gemini API" in err["message"], err
+    assert up.stats()["requests"] == seen
+    status, _, text = f.curl("/v1beta/models/gemini-test:countTokens",
+                             {"contents": [{"parts": [{"text": "count me"}]}]})
+    assert status == 200, text
