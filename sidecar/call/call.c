@@ -163,11 +163,12 @@ static int callcache_key(const struct call_sink *s, const struct call_req *r,
 
 /* Replays entry `e` to the sink. A stream's events are relayed whatever
  * the sink's write queue holds: an entry is bounded by max_entry_bytes. */
-static int callcache_replay(struct call_sink *s, uint32_t id, const struct cache_entry *e)
+static int callcache_replay(struct call_sink *s, uint32_t id, const struct cache_entry *e,
+                            bool event_names)
 {
     struct cache_rec cur, next, meta = { 0 };
     size_t pos = 0, scan = 0;
-    struct call_info ci = { .source = "cache", .cache = "hit" };
+    struct call_info ci = { .source = "cache", .cache = "hit", .event_names = event_names };
     struct call_body b = { 0 };
 
     while (cache_entry_next(e, &scan, &next))
@@ -230,7 +231,7 @@ static int callcache_begin(struct call_sink *s, uint32_t id, const struct call_r
             cache_get(srv->cache, &cc->key, now, r->cache_max_age ? r->cache_max_age_s : -1);
         if (e) {
             callcache_count(srv, ci, CACHE_HIT);
-            bool answered = callcache_replay(s, id, e) == 0;
+            bool answered = callcache_replay(s, id, e, r->event_names) == 0;
             struct access_entry ae = {
                 .conn = s->conn_id,
                 .msgid = id,
@@ -369,6 +370,7 @@ struct call {
     char *model_param;           /* owned: the msgpack `model` parameter, or NULL */
     char *query;                 /* owned: the client's query string (call_req.query) */
     char *beta_line;             /* owned: "anthropic-beta: ...\r\n" (call_req), or NULL */
+    bool event_names;            /* call_req.event_names */
     char *model_label;           /* owned: the configured model name it matched,
                                   * "other", or NULL: it named none (models.h) */
     /* For the access log (access.h). */
@@ -1312,6 +1314,7 @@ static void call_info_fill(const struct call *k, struct call_info *ci)
     ci->done_marker = !k->src || k->form == BODY_TO_ANTHROPIC || call_dialect(k)->chat_facts;
     ci->cache = k->cc.state;
     ci->event_id = NULL;
+    ci->event_names = k->event_names;
 }
 
 /* A success: the plain body (`json` as received, `body` its msgpack form)
@@ -1426,7 +1429,7 @@ static bool call_cache_answer(struct call *k, enum cache_event ev)
     k->cc.state = "hit";
     k->code = PGW_OK;
     k->answered = true;
-    if (callcache_replay(s, k->msgid, e) < 0)
+    if (callcache_replay(s, k->msgid, e, k->event_names) < 0)
         return true; /* the client is gone: the sink tore `k` down */
     call_finish(k);
     return true;
@@ -3144,6 +3147,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
     strbuf_init(&k->json);
     ev_init(&k->wake_w, call_on_wake_timer);
     k->wake_w.data = k;
+    k->event_names = r->event_names;
     if ((r->task_id && !(k->task_id = strdup(r->task_id))) ||
         (r->model && r->model_param && !(k->model_param = strndup(r->model, r->model_len))) ||
         (label && !(k->model_label = strdup(label))) ||

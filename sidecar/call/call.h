@@ -44,6 +44,8 @@ struct call_info {
                                     * line gave it (Anthropic: else its "type"), or NULL */
     const char *cache;    /* the response cache's verdict, "hit" | "miss" | "bypass",
                                     * NULL: the capability is not cached */
+    bool event_names;     /* on_chunk: the caller asked for `event` beside each
+                                    * event (call_req.event_names) */
     const char *event_id; /* on_chunk of a resumed Responses stream (call_req's
                                     * `response_id` with `stream`): the upstream's last
                                     * event ID (`id:`) as of this event, or NULL */
@@ -158,6 +160,9 @@ struct call_req {
      * headers, as Anthropic's SDKs and Claude Code name the betas a
      * request uses there, not in its body. */
     const char *anthropic_beta;
+    /* msgpack: each chunk carries the event's name beside it (the
+     * `event_names` parameter; callrpc.h). */
+    bool event_names;
     /* Only the capability's kind: gemini sources serve it (the HTTP
      * front's Gemini routes); none: unknown_capability. */
     bool gemini_only;

@@ -32,14 +32,19 @@ static int rpc_on_chunk(struct call_sink *s, uint32_t id, const struct call_info
                         const char *json, size_t json_len, const char *mp, size_t mp_len)
 {
     struct conn *c = sink_conn(s);
-    (void)ci;
     (void)json;
     (void)json_len;
 
     rpc_pack_notify_begin(&c->pk, "chunk");
-    msgpack_pack_array(&c->pk, 2);
+    msgpack_pack_array(&c->pk, ci->event_names ? 3 : 2);
     msgpack_pack_uint32(&c->pk, id);
     pack_raw(&c->pk, mp, mp_len);
+    if (ci->event_names) { /* [msgid, event, name]: asked for (PROTOCOL.md 5.1) */
+        if (ci->event)
+            rpc_pack_str(&c->pk, ci->event);
+        else
+            msgpack_pack_nil(&c->pk);
+    }
     /* The flush may find the client gone: conn_close() then aborts every
      * call of the connection. `c` itself is freed later, by the reaper. */
     conn_flush(c);
@@ -224,6 +229,7 @@ void callrpc_start(struct conn *c, const struct rpc_msg *m)
         P_SUFFIX,
         P_TRACE,
         P_CACHE,
+        P_EVENT_NAMES,
         P_N
     };
     static const struct rpc_param spec[P_N] = {
@@ -242,6 +248,7 @@ void callrpc_start(struct conn *c, const struct rpc_msg *m)
         /* The W3C trace context carrier {traceparent, tracestate}. */
         [P_TRACE] = { "trace", RPC_T_MAP | RPC_T_NIL, false },
         [P_CACHE] = { "cache", RPC_T_STR | RPC_T_NIL, false },
+        [P_EVENT_NAMES] = { "event_names", RPC_T_BOOL | RPC_T_NIL, false },
     };
     const msgpack_object *p[P_N];
     char why[300], scope[CONFIG_NAME_MAX * 4], id[TASK_ID_MAX + 1];
@@ -305,6 +312,7 @@ void callrpc_start(struct conn *c, const struct rpc_msg *m)
         .max_tokens = raw.on ? 0 : body_max_tokens(p[P_BODY]),
         .traceparent = p[P_TRACE] && tp[0] ? tp : NULL,
         .tracestate = p[P_TRACE] && ts[0] ? ts : NULL,
+        .event_names = p[P_EVENT_NAMES] && p[P_EVENT_NAMES]->via.boolean,
     };
     /* The model asked for: the parameter, else the body's. */
     const msgpack_object *model = p[P_MODEL] ? p[P_MODEL]

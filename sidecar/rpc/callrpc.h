@@ -1,7 +1,8 @@
 /*
  * callrpc.h — the msgpack-RPC front end of `call` (proto/PROTOCOL.md): the
  * `call` method's parameters, and the sink that answers with a response,
- * [2, "chunk", [msgid, event]] notifications, or an error response.
+ * [2, "chunk", [msgid, event]] notifications ([msgid, event, name] when the
+ * call asked for event_names), or an error response.
  */
 #ifndef POLYGW_CALLRPC_H
 #define POLYGW_CALLRPC_H

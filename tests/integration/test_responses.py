@@ -12,7 +12,10 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "client", "python"))
+import polygw  # noqa: E402
 from conftest import call  # noqa: E402
 from test_providers import curl, http_front, source, sse_data, start, stream_call  # noqa: E402
 
@@ -277,3 +280,42 @@ def test_responses__key_echoed_in_an_event_line_is_redacted(make_sidecar, up):
     assert names[1] == "n" * 40 + "Bearer [redacted]", names
     assert KEY not in text and KEY[:12] not in text, text
     assert KEY not in sc.logs()
+
+
+def test_responses__msgpack_event_names_beside_the_data(make_sidecar, up):
+    """With event_names the msgpack chunks carry each event's name: the
+    upstream's event: lines for Responses, none (nil) for Chat Completions;
+    without it, the two-element chunks old clients read."""
+    sc = start(make_sidecar, source("oa", up.url, capability="responses"),
+               source("ch", up.url))
+    c = sc.connect()
+    body = responses_body("abc", mock={"stream_events": 2, "usage": USAGE})
+    msgid = c.request_async("call", {"capability": "responses", "body": body, "stream": True,
+                                     "event_names": True})
+    raw = []
+    while True:
+        msg = c.recv_msg(10)
+        assert msg is not None
+        if msg[0] == 2:
+            raw.append(msg[2])
+        elif msg[1] == msgid:
+            break
+    assert msg[2] is None, msg
+    assert all(len(p) == 3 and p[0] == msgid for p in raw), raw
+    assert [p[2] for p in raw] == [p[1]["type"] for p in raw]
+    assert raw[-1][2] == "response.completed"
+    # The same call without it: [msgid, event].
+    chunks, err, _ = stream_call(c, "responses", body)
+    assert err is None and [ch["type"] for ch in chunks] == [p[2] for p in raw]
+    # The Python client yields (name, event) pairs; a chat stream names none.
+    with polygw.Client(sc.sock, call_timeout_s=15) as pc:
+        pairs = list(pc.call("responses", body, stream=True, event_names=True))
+        assert [n for n, _ in pairs] == [e["type"] for _, e in pairs] == [p[2] for p in raw]
+        pairs = list(pc.call("chat", {"model": "m", "messages": [{"role": "user",
+                                                                   "content": "hi"}]},
+                             stream=True, event_names=True))
+        assert pairs and all(n is None and "choices" in e for n, e in pairs), pairs
+        plain = list(pc.call("chat", {"model": "m", "messages": [{"role": "user",
+                                                                   "content": "hi"}]},
+                             stream=True))
+        assert plain and all(isinstance(e, dict) for e in plain), plain

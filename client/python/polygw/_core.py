@@ -42,7 +42,7 @@ def init_settings(client, path, connect_timeout_s, request_timeout_s, call_timeo
 
 
 def call_params(capability, body, stream=False, task_id=None, deadline_s=None, scope=None,
-                trace=None):
+                trace=None, event_names=False):
     """The named parameters of `call`: only what the caller set (PROTOCOL §2.2:
     never send a default, so a new client keeps working with an old sidecar)."""
     p = {"capability": capability, "body": body}
@@ -58,6 +58,9 @@ def call_params(capability, body, stream=False, task_id=None, deadline_s=None, s
         # The W3C trace context carrier ({"traceparent": ..., "tracestate": ...}),
         # e.g. what opentelemetry.propagate.inject(carrier) fills.
         p["trace"] = trace
+    if event_names:
+        # Each chunk then comes as [msgid, event, name] (PROTOCOL §5.1).
+        p["event_names"] = True
     return p
 
 
@@ -169,7 +172,7 @@ class Session:
         return changed, cancels
 
     def _chunk(self, params, changed, cancels):
-        if type(params) is not list or len(params) != 2 or type(params[0]) is not int:
+        if type(params) is not list or len(params) not in (2, 3) or type(params[0]) is not int:
             return
         call = self.pending.get(params[0])
         if call is None or not call.stream:
@@ -179,7 +182,8 @@ class Session:
                 call.cancel_sent = True
                 cancels.append(call.msgid)
             return
-        call.events.append(params[1])
+        # With event_names, an event comes with its upstream name (or None).
+        call.events.append((params[2], params[1]) if len(params) == 3 else params[1])
         changed.append(call)
 
     def _fatal(self, params):

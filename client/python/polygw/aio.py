@@ -247,10 +247,11 @@ class AsyncClient:
         return await self.request("stats")
 
     async def call(self, capability, body, *, stream=False, task_id=None, deadline_s=None,
-                   scope=None, timeout_s=None, trace=None):
+                   scope=None, timeout_s=None, trace=None, event_names=False):
         """As :meth:`polygw.Client.call`; with ``stream=True`` returns an
         :class:`AsyncCallStream` (``async for event in stream``)."""
-        params = call_params(capability, body, stream, task_id, deadline_s, scope, trace)
+        params = call_params(capability, body, stream, task_id, deadline_s, scope, trace,
+                             event_names)
         conn, call = await self._start("call", params, stream=bool(stream))
         if timeout_s is None:
             timeout_s = self.call_timeout_s

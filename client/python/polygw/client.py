@@ -262,18 +262,21 @@ class Client:
         return self.request("stats")
 
     def call(self, capability, body, *, stream=False, task_id=None, deadline_s=None,
-             scope=None, timeout_s=None, trace=None):
+             scope=None, timeout_s=None, trace=None, event_names=False):
         """One governed upstream call.
 
         ``body`` is the upstream request (e.g. an OpenAI chat request) as a
         dict. Returns ``{body, source, attempts, elapsed_s, stalled_s, usage?}``,
         or with ``stream=True`` a :class:`CallStream` to iterate over the
         upstream's events (dicts), whose ``result`` (without ``body``) is set
-        once the iteration ends. Failures raise a :class:`PolygwError`
+        once the iteration ends; with ``event_names=True`` it yields
+        ``(name, event)`` pairs, ``name`` the upstream's SSE event name or
+        None. Failures raise a :class:`PolygwError`
         subclass. Ctrl-C (KeyboardInterrupt) cancels the call and waits for
         the sidecar's answer before propagating.
         """
-        params = call_params(capability, body, stream, task_id, deadline_s, scope, trace)
+        params = call_params(capability, body, stream, task_id, deadline_s, scope, trace,
+                             event_names)
         conn, call = self._start("call", params, stream=bool(stream))
         if timeout_s is None:
             timeout_s = self.call_timeout_s
