@@ -80,9 +80,11 @@ void calltrace_begin(struct calltrace *ct, struct tracer *t, const struct calltr
     }
     char name[192];
     snprintf(name, sizeof(name), "%s %s", ct->op, ct->model[0] ? ct->model : s->capability);
-    ct->call = span_start(t, NULL, &ctx, false, name, TRACE_SERVER, now);
-    if (!ct->call)
+    ct->call = span_start_ctx(t, NULL, &ctx, false, name, TRACE_SERVER, now, &ct->quiet);
+    if (!ct->call) {
+        ct->tracer = t;
         return;
+    }
     span_set(ct->call, &TKV_S("gen_ai.operation.name", ct->op));
     if (ct->model[0])
         span_set(ct->call, &TKV_S("gen_ai.request.model", ct->model));
@@ -162,8 +164,13 @@ static void breaker_skips(struct calltrace *ct, const struct gov_call *g, double
 const char *calltrace_attempt(struct calltrace *ct, const struct gov_call *g,
                               const struct config_source *src, double now)
 {
-    if (!ct->call)
-        return NULL;
+    if (!ct->call) {
+        if (!ct->quiet.valid)
+            return NULL;
+        memcpy(ct->tp_line, "traceparent: ", 13);
+        trace_ctx_child(ct->tracer, &ct->quiet, ct->tp_line + 13);
+        return ct->tp_line;
+    }
     uint32_t attempt_no = g->attempts;
     wait_close(ct, now);
     breaker_skips(ct, g, now);

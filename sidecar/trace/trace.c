@@ -218,11 +218,18 @@ static bool sampled(const struct tracer *t, const uint8_t *trace_id)
     return (double)v < t->set.ratio * 18446744073709551616.0;
 }
 
-struct span *span_start(struct tracer *t, const struct span *parent, const struct trace_ctx *ctx,
-                        bool link, const char *name, enum trace_kind kind, double now)
+/* The caller's flags a child keeps: sampled (0x01) and W3C level 2's
+ * random (0x02); the others are unused and set to 0. */
+#define FLAGS_KEPT 0x03
+
+struct span *span_start_ctx(struct tracer *t, const struct span *parent,
+                            const struct trace_ctx *ctx, bool link, const char *name,
+                            enum trace_kind kind, double now, struct trace_ctx *quiet)
 {
     struct span *s;
 
+    if (quiet)
+        memset(quiet, 0, sizeof(*quiet));
     if (!t && parent)
         t = parent->t;
     if (!t || !t->enabled)
@@ -263,16 +270,50 @@ struct span *span_start(struct tracer *t, const struct span *parent, const struc
         }
         bool on =
             use_parent && t->set.parent_based ? (ctx->flags & 1) != 0 : sampled(t, s->trace_id);
+        uint8_t flags = use_parent ? ctx->flags & FLAGS_KEPT : 0;
         if (!on) {
             t->stats.unsampled++;
+            if (quiet) {
+                /* Not recorded, still passed on: the trace, not sampled. */
+                quiet->valid = true;
+                memcpy(quiet->trace_id, s->trace_id, 16);
+                memcpy(quiet->span_id, s->span_id, 8);
+                quiet->flags = flags & ~1;
+                if (use_parent)
+                    memcpy(quiet->state, ctx->state, sizeof(quiet->state));
+            }
             span_free(s);
             return NULL;
         }
-        s->flags = 1;
+        s->flags = flags | 1;
     }
     s->name_off = span_put(s, name);
     t->stats.spans_started++;
     return s;
+}
+
+struct span *span_start(struct tracer *t, const struct span *parent, const struct trace_ctx *ctx,
+                        bool link, const char *name, enum trace_kind kind, double now)
+{
+    return span_start_ctx(t, parent, ctx, link, name, kind, now, NULL);
+}
+
+const char *span_tracestate(const struct span *s)
+{
+    return s ? span_text(s, s->state_off) : "";
+}
+
+void trace_ctx_child(struct tracer *t, const struct trace_ctx *c, char *out)
+{
+    uint8_t id[8];
+    rng_fill(t, id, 8);
+    memcpy(out, "00-", 3);
+    hex_out(out + 3, c->trace_id, 16);
+    out[35] = '-';
+    hex_out(out + 36, id, 8);
+    out[52] = '-';
+    hex_out(out + 53, &c->flags, 1);
+    out[55] = '\0';
 }
 
 static void attr_set(struct span *s, struct span_attr *a, const struct trace_kv *kv)

@@ -25,7 +25,8 @@
  * sampler is parent-based (the default); otherwise the trace id's first 8
  * bytes, read as a number below ratio x 2^64, decide. An unsampled span is
  * NULL: every span_* function accepts NULL and does nothing, so callers
- * never test for it.
+ * never test for it; span_start_ctx also gives the context an unsampled
+ * span passes on (its trace, flagged not sampled).
  *
  * Content: the tracer copies only what its callers give it; they give no
  * body text, key or header value (call/calltrace.c). Strings are cut at
@@ -138,6 +139,20 @@ bool tracer_is_enabled(const struct tracer *t);
 struct span *span_start(struct tracer *t, const struct span *parent, const struct trace_ctx *ctx,
                         bool link, const char *name, enum trace_kind kind, double now);
 
+/* As span_start; when the sampler leaves the trace out, *quiet (not NULL)
+ * gets the context to pass on instead (W3C: a participant that does not
+ * record still propagates): valid, the trace id (the parent context's, or
+ * a new root's), the span id the span would have had, the parent's flags
+ * (sampled and random only) with sampled clear, and its tracestate. Else
+ * quiet->valid is false. */
+struct span *span_start_ctx(struct tracer *t, const struct span *parent,
+                            const struct trace_ctx *ctx, bool link, const char *name,
+                            enum trace_kind kind, double now, struct trace_ctx *quiet);
+/* The traceparent of a new child of context `c` (a span not recorded):
+ * c's trace id and flags, a new span id from `t` (not NULL);
+ * NUL-terminated, 55 characters (`out` holds at least 56). */
+void trace_ctx_child(struct tracer *t, const struct trace_ctx *c, char *out);
+
 void span_set(struct span *s, const struct trace_kv *kv);
 /* An event at `at` with up to TRACE_EVENT_ATTRS_MAX attributes. */
 void span_event(struct span *s, const char *name, double at, const struct trace_kv *kv, size_t n);
@@ -148,5 +163,7 @@ void span_end(struct span *s, double now);
 /* The span's context as a W3C traceparent value, NUL-terminated (55
  * characters; `out` holds at least 56). */
 void span_traceparent(const struct span *s, char *out);
+/* The span's tracestate ("" = none, or NULL span). */
+const char *span_tracestate(const struct span *s);
 
 #endif /* POLYGW_TRACE_H */

@@ -177,3 +177,37 @@ def check_task_run_trace(sc, up):
             c.task("run-bad").start(trace={"traceparent": 5})
         with pytest.raises(polygw.BadRequestError):
             c.request("task.start", {"task_id": "run-bad", "trace": "not a map"})
+
+
+def upstream_headers(up):
+    return {k.lower(): v for k, v in up.last()["headers"].items()}
+
+
+def test_unsampled_call_still_passes_its_trace_on(make_sidecar, up):
+    # Nothing recorded (ratio 0, or a caller that did not sample), yet each
+    # attempt sends a traceparent: the caller's trace id (or a new one), a
+    # span id of its own, not sampled; the caller's random flag (0x02) kept.
+    sc = make_sidecar(config_text=config(up, quiet_tracing()))
+    trace_id, parent_id = TP.split("-")[1:3]
+    with polygw.Client(sc.sock) as c:
+        seen = set()
+        for flags in (0, 2):
+            for _ in range(2):
+                c.call("chat", chat("hi"), trace={"traceparent": TP % flags})
+                tp = upstream_headers(up)["traceparent"].split("-")
+                assert tp[:2] == ["00", trace_id] and tp[3] == "0%d" % flags, tp
+                assert len(tp[2]) == 16 and tp[2] not in (parent_id, "0" * 16), tp
+                seen.add(tp[2])
+        assert len(seen) == 4
+        c.call("chat", chat("hi"))  # a root the sampler leaves out
+        tp = upstream_headers(up)["traceparent"].split("-")
+        assert tp[0] == "00" and tp[1] != trace_id and len(tp[1]) == 32 and tp[3] == "00", tp
+        st = c.stats()["tracing"]
+        assert st["spans_started"] == 0 and st["unsampled"] == 5, st
+
+
+def test_tracing_off_sends_no_traceparent(make_sidecar, up):
+    sc = make_sidecar(config_text=config(up, {"enabled": "false"}))
+    with polygw.Client(sc.sock) as c:
+        c.call("chat", chat("hi"), trace={"traceparent": TP % 0})
+        assert "traceparent" not in upstream_headers(up)
