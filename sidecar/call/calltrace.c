@@ -161,6 +161,15 @@ static void breaker_skips(struct calltrace *ct, const struct gov_call *g, double
     }
 }
 
+/* ct->tp_line (its traceparent written) with the tracestate line `state`
+ * after it ("" = none): W3C asks for it to be passed on as received. */
+static const char *with_state(struct calltrace *ct, const char *state)
+{
+    if (state[0])
+        snprintf(ct->tp_line + 68, sizeof(ct->tp_line) - 68, "\r\ntracestate: %s", state);
+    return ct->tp_line;
+}
+
 const char *calltrace_attempt(struct calltrace *ct, const struct gov_call *g,
                               const struct config_source *src, double now)
 {
@@ -169,7 +178,7 @@ const char *calltrace_attempt(struct calltrace *ct, const struct gov_call *g,
             return NULL;
         memcpy(ct->tp_line, "traceparent: ", 13);
         trace_ctx_child(ct->tracer, &ct->quiet, ct->tp_line + 13);
-        return ct->tp_line;
+        return with_state(ct, ct->quiet.state);
     }
     uint32_t attempt_no = g->attempts;
     wait_close(ct, now);
@@ -200,10 +209,10 @@ const char *calltrace_attempt(struct calltrace *ct, const struct gov_call *g,
     span_set(a, &TKV_S("polygw.source", src->name));
     span_set(a, &TKV_I("polygw.attempt", attempt_no));
 
-    /* This attempt's own traceparent upstream. */
+    /* This attempt's own traceparent upstream, and the call's tracestate. */
     memcpy(ct->tp_line, "traceparent: ", 13);
     span_traceparent(a, ct->tp_line + 13);
-    return ct->tp_line;
+    return with_state(ct, span_tracestate(a));
 }
 
 /* A member naming the model: copied into ct->resp_model (a name too long,

@@ -38,7 +38,10 @@ struct calltrace {
     char model[128];      /* the model asked for, "" = none */
     char resp_model[128]; /* the model the current attempt's answer names, "" = none */
     char call_model[128]; /* ... the last successful attempt's (the call span's) */
-    char tp_line[80];     /* "traceparent: ..." sent with the attempt */
+    /* Sent with the attempt: "traceparent: ...", and "
+tracestate: ..."
+     * when the call has one (the caller's, or its task run's). */
+    char tp_line[13 + 55 + 14 + 256 + 1];
     /* A call the sampler left out: the context its attempts pass on
      * (quiet.valid), each with a span id of its own. */
     struct tracer *tracer;
@@ -69,8 +72,9 @@ void calltrace_wait(struct calltrace *ct, const struct gov_call *g,
 /* An attempt starts on `src` (asking for its model, else the call's): the
  * wait ends, a change of source is a failover, and the attempt's span
  * begins; each source of the call's that its open breaker kept out is told
- * once (polygw.breaker_skip). Returns the attempt's "traceparent: ..." header line (in ct,
- * until the next attempt), or NULL when tracing is off. A call the sampler
+ * once (polygw.breaker_skip). Returns the attempt's "traceparent: ..." header line,
+ * with a "tracestate: ..." line after it (CRLF between) when the call has
+ * one (in ct, until the next attempt), or NULL when tracing is off. A call the sampler
  * left out records nothing but still passes its trace on: the caller's
  * trace id (or a new one), a new span id, flagged not sampled. */
 const char *calltrace_attempt(struct calltrace *ct, const struct gov_call *g,

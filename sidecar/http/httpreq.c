@@ -206,6 +206,19 @@ static int on_header_value(http_parser *p, const char *at, size_t n)
             if (hdrs[i].len == r->field_len &&
                 strncasecmp(r->field, hdrs[i].name, r->field_len) == 0) {
                 r->cur = (enum httpreq_hdr)i;
+                if (i == HRQ_TRACESTATE && r->present[i]) {
+                    /* A list sent in several lines: one list, joined by
+                     * "," (RFC 9110 §5.3); too long in all: none. */
+                    if (!r->val_over[i] && r->val_len[i]) {
+                        if (r->val_len[i] + 1 > HTTPREQ_VAL_MAX) {
+                            r->val_over[i] = true;
+                            r->val_len[i] = 0;
+                        } else {
+                            r->val[i][r->val_len[i]++] = ',';
+                        }
+                    }
+                    break;
+                }
                 /* A repeated header of ours: the last one wins, whole. */
                 r->val_len[i] = 0;
                 r->val_over[i] = false;

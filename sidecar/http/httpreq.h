@@ -92,7 +92,7 @@ struct httpreq {
     size_t max_body_bytes;
     /* The request being read: set when the head hook runs, until the next
      * request begins. Values are NUL-terminated; a repeated header of ours
-     * keeps its last value. */
+     * keeps its last value, but for tracestate's lines, joined by ",". */
     char url[HTTPREQ_URL_MAX + 1];
     size_t url_len;
     char val[HRQ_COUNT][HTTPREQ_VAL_MAX + 1];

@@ -6,6 +6,7 @@
 // body text or key anywhere in what was sent.
 import assert from "node:assert/strict";
 import fs from "node:fs";
+import http from "node:http";
 import test from "node:test";
 
 import { Mock, Sidecar, freePort, sleep } from "../../client/node/test/helpers.js";
@@ -607,4 +608,49 @@ test("a task stopped by its budget: task.stop by polygw, reason budget, in the r
     assert.equal(stop.attrs["polygw.by"], "polygw");
     assert.equal(stop.attrs["polygw.reason"], "budget");
   }, "", ", breaker: {failures: 100000}, prices: {input: 2.5, output: 10}");
+});
+
+/** A chat call over node:http, whose header values may be arrays (sent as
+ * repeated lines) and keep their spaces. */
+function rawCall(port, headers) {
+  const body = JSON.stringify({ model: "m", messages: [{ role: "user", content: PROMPT }] });
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: "127.0.0.1", port, method: "POST", path: "/v1/chat/completions",
+      headers: { "Content-Type": "application/json", "Content-Length": Buffer.byteLength(body), ...headers } },
+    (res) => {
+      let text = "";
+      res.on("data", (d) => { text += d; });
+      res.on("end", () => resolve({ status: res.statusCode, text }));
+    });
+    req.on("error", reject);
+    req.end(body);
+  });
+}
+
+const upHeader = (last, name) =>
+  Object.entries(last.headers).filter(([k]) => k.toLowerCase() === name).map(([, v]) => v);
+
+test("the caller's tracestate goes upstream with each attempt; repeated lines are one list", async () => {
+  await withTracing(async ({ a, recv, port }) => {
+    const res = await rawCall(port, { traceparent: TRACEPARENT, tracestate: ["a=1", "b=2"] });
+    assert.equal(res.status, 200, res.text);
+    const spans = await recv.waitFor((s) => s.filter((x) => x.traceId === TRACE_ID).length >= 2);
+    const call = spans.find((x) => x.kind === SpanKind.SPAN_KIND_SERVER);
+    assert.equal(call.traceState, "a=1,b=2");
+    const attempt = spans.find((x) => x.kind === SpanKind.SPAN_KIND_CLIENT);
+    assert.equal(attempt.traceState, "a=1,b=2");
+    const last = await a.last();
+    assert.deepEqual(upHeader(last, "traceparent"), [`00-${TRACE_ID}-${attempt.spanId}-01`]);
+    assert.deepEqual(upHeader(last, "tracestate"), ["a=1,b=2"]);
+    // Not sampled: the context and the tracestate still go on.
+    const quiet = await rawCall(port, { traceparent: `00-${TRACE_ID}-${PARENT_ID}-00`, tracestate: "q=1" });
+    assert.equal(quiet.status, 200, quiet.text);
+    const last2 = await a.last();
+    const tp = upHeader(last2, "traceparent")[0].split("-");
+    assert.deepEqual([tp[0], tp[1], tp[3]], ["00", TRACE_ID, "00"]);
+    assert.deepEqual(upHeader(last2, "tracestate"), ["q=1"]);
+    // No tracestate given: none sent.
+    await rawCall(port, { traceparent: TRACEPARENT });
+    assert.deepEqual(upHeader(await a.last(), "tracestate"), []);
+  });
 });

@@ -211,3 +211,20 @@ def test_tracing_off_sends_no_traceparent(make_sidecar, up):
     with polygw.Client(sc.sock) as c:
         c.call("chat", chat("hi"), trace={"traceparent": TP % 0})
         assert "traceparent" not in upstream_headers(up)
+
+
+@pytest.mark.parametrize("client", ["auto", "libcurl"])
+@pytest.mark.parametrize("flags", [0, 1])
+def test_tracestate_goes_upstream(make_sidecar, up, flags, client):
+    # Recorded or not, each attempt passes the caller's tracestate on (both
+    # HTTP clients: a line of its own after the traceparent).
+    text = config(up, dict(quiet_tracing(), sampler_ratio=1))
+    text = text.replace("server:\n", "server:\n  upstream_client: %s\n" % client, 1)
+    sc = make_sidecar(config_text=text)
+    with polygw.Client(sc.sock) as c:
+        c.call("chat", chat("hi"), trace={"traceparent": TP % flags, "tracestate": "k=v,x=y"})
+        h = upstream_headers(up)
+        assert h["tracestate"] == "k=v,x=y", h
+        assert h["traceparent"].endswith("-0%d" % flags), h
+        c.call("chat", chat("hi"), trace={"traceparent": TP % flags})
+        assert "tracestate" not in upstream_headers(up)
