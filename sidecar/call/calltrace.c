@@ -70,7 +70,7 @@ void calltrace_begin(struct calltrace *ct, struct tracer *t, const struct calltr
     if (!tracer_is_enabled(t))
         return;
     if (trace_ctx_parse(&ctx, s->traceparent, s->tracestate) < 0 && s->task_trace &&
-        trace_ctx_parse(&ctx, s->task_trace, NULL) == 0)
+        trace_ctx_parse(&ctx, s->task_trace, s->task_tracestate) == 0)
         ctx.own = true; /* a child of its task's run, whatever tracing.parent says */
     const char *op = operation(s->capability);
     snprintf(ct->op, sizeof(ct->op), "%s", op ? op : s->capability);

@@ -52,8 +52,9 @@ tracestate: ..."
 /* What call_begin knows of the call (all borrowed for the call only). */
 struct calltrace_start {
     const char *traceparent, *tracestate; /* the caller's, or NULL */
-    const char *task_trace; /* the call's task's trace (its task.start span), or NULL: the
+    const char *task_trace;      /* the call's task's trace (its task.start span), or NULL: the
                              * parent when the caller sent no valid traceparent */
+    const char *task_tracestate; /* ... and its tracestate, or NULL */
     const char *capability, *app, *task_id;
     const char *model; /* model_len bytes, NULL = none */
     size_t model_len;

@@ -654,3 +654,38 @@ test("the caller's tracestate goes upstream with each attempt; repeated lines ar
     assert.deepEqual(upHeader(await a.last(), "tracestate"), []);
   });
 });
+
+test("a traceparent with spaces around it is honoured; the caller's random flag is kept", async () => {
+  await withTracing(async ({ a, recv, port }) => {
+    const res = await rawCall(port, { traceparent: ` \t00-${TRACE_ID}-${PARENT_ID}-03  `, tracestate: " s=1 " });
+    assert.equal(res.status, 200, res.text);
+    const spans = await recv.waitFor((s) => s.filter((x) => x.traceId === TRACE_ID).length >= 2);
+    const call = spans.find((x) => x.kind === SpanKind.SPAN_KIND_SERVER);
+    const attempt = spans.find((x) => x.kind === SpanKind.SPAN_KIND_CLIENT);
+    assert.equal(call.parentSpanId, PARENT_ID);
+    assert.equal(call.traceState, "s=1");
+    const last = await a.last();
+    assert.deepEqual(upHeader(last, "traceparent"), [`00-${TRACE_ID}-${attempt.spanId}-03`]);
+    assert.deepEqual(upHeader(last, "tracestate"), ["s=1"]);
+  });
+});
+
+test("a task run's tracestate goes with its spans and its calls", async () => {
+  await withTracing(async ({ a, recv, port }) => {
+    const start = await taskPost(port, "run-ts", "start", {}, { traceparent: TRACEPARENT, tracestate: "t=1" });
+    assert.equal(start.status, 200);
+    assert.equal((await taskPost(port, "run-ts", "node_begin", { node: "plan", timeout_s: 10 })).status, 200);
+    const r1 = await chatCall(port, { "X-Polygw-Task": "run-ts" });
+    assert.equal(r1.status, 200);
+    await r1.json();
+    assert.equal((await taskPost(port, "run-ts", "node_end", { node: "plan" })).status, 200);
+    assert.equal((await taskPost(port, "run-ts", "finish", { ok: true })).status, 200);
+    const spans = await recv.waitFor((s) => s.some((x) => x.name === "task.finish") &&
+      s.some((x) => x.kind === SpanKind.SPAN_KIND_CLIENT));
+    for (const name of ["task.start", "task.node plan", "task.finish"])
+      assert.equal(spans.find((x) => x.name === name).traceState, "t=1", name);
+    const attempt = spans.find((x) => x.kind === SpanKind.SPAN_KIND_CLIENT);
+    assert.equal(attempt.traceState, "t=1");
+    assert.deepEqual(upHeader(await a.last(), "tracestate"), ["t=1"]);
+  });
+});

@@ -228,3 +228,15 @@ def test_tracestate_goes_upstream(make_sidecar, up, flags, client):
         assert h["traceparent"].endswith("-0%d" % flags), h
         c.call("chat", chat("hi"), trace={"traceparent": TP % flags})
         assert "tracestate" not in upstream_headers(up)
+
+
+def test_unsampled_task_run_passes_its_context_on(make_sidecar, up):
+    sc = make_sidecar(config_text=config(up, quiet_tracing()))
+    with polygw.Client(sc.sock) as c:
+        with c.task("run-q", trace={"traceparent": TP % 2, "tracestate": "t=1"}) as run:
+            run.call("chat", chat("hi"))
+        h = upstream_headers(up)
+        tp = h["traceparent"].split("-")
+        assert tp[1] == TP.split("-")[1] and tp[3] == "02", h
+        assert h["tracestate"] == "t=1", h
+        assert c.stats()["tracing"]["spans_started"] == 0

@@ -213,6 +213,48 @@ START_TEST(test_trace__sampler)
 }
 END_TEST
 
+/* A child keeps the caller's sampled and random flags (the others are
+ * zeroed); an unsampled one gives the context it passes on. */
+START_TEST(test_trace__flags_and_quiet_context)
+{
+    struct fixture f;
+    struct trace_ctx c, q;
+    char tp[56];
+
+    fixture_start(&f, 16, 1);
+    trace_ctx_parse(&c, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-07", "k=v");
+    struct span *s = span_start_ctx(f.t, NULL, &c, false, "x", TRACE_SERVER, 1, &q);
+    ck_assert_ptr_nonnull(s);
+    ck_assert(!q.valid);
+    span_traceparent(s, tp);
+    ck_assert_str_eq(tp + 53, "03");
+    ck_assert_str_eq(span_tracestate(s), "k=v");
+    span_end(s, 1);
+
+    c.flags = 0x06; /* not sampled, random */
+    ck_assert_ptr_null(span_start_ctx(f.t, NULL, &c, false, "x", TRACE_SERVER, 1, &q));
+    ck_assert(q.valid);
+    ck_assert_int_eq(q.flags, 0x02);
+    ck_assert_str_eq(q.state, "k=v");
+    char a[56], b[56];
+    trace_ctx_child(f.t, &q, a);
+    trace_ctx_child(f.t, &q, b);
+    ck_assert_str_eq(a + 53, "02");
+    ck_assert_int_eq(strncmp(a, "00-4bf92f3577b34da6a3ce929d0e0e4736-", 36), 0);
+    ck_assert_str_ne(a, b); /* a span id each */
+    ck_assert_int_ne(strncmp(a + 36, "00f067aa0ba902b7", 16), 0);
+    fixture_stop(&f);
+
+    /* A root the sampler leaves out: a new trace id, flag 00, no state. */
+    fixture_start(&f, 16, 0);
+    ck_assert_ptr_null(span_start_ctx(f.t, NULL, NULL, false, "x", TRACE_SERVER, 1, &q));
+    ck_assert(q.valid);
+    ck_assert_int_eq(q.flags, 0);
+    ck_assert_str_eq(q.state, "");
+    fixture_stop(&f);
+}
+END_TEST
+
 /* polygw's own context (a task's run) is the parent even where the
  * caller's would be a link; tracer_flush sends every batch at once, drops
  * a failed one without retrying, and says when the queue is empty. */
@@ -308,6 +350,7 @@ Suite *trace_suite(void)
     tcase_add_test(tc, test_trace__encode_round_trip);
     tcase_add_test(tc, test_trace__bounds);
     tcase_add_test(tc, test_trace__sampler);
+    tcase_add_test(tc, test_trace__flags_and_quiet_context);
     tcase_add_test(tc, test_trace__own_context_and_flush);
     tcase_add_test(tc, test_trace__environment);
     suite_add_tcase(s, tc);
