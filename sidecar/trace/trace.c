@@ -675,6 +675,81 @@ static int add_header(void *ud, char *k, char *v)
     return 0;
 }
 
+/* Calls each(ud, entry) for every entry of the comma-separated `list`,
+ * trimmed (an empty one skipped), in `buf` of `cap` bytes (a longer entry
+ * is cut). */
+static void list_each(const char *list, char *buf, size_t cap, void (*each)(void *ud, char *e),
+                      void *ud)
+{
+    for (const char *p = list; p && *p;) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        while (n && isspace((unsigned char)*p))
+            p++, n--;
+        while (n && isspace((unsigned char)p[n - 1]))
+            n--;
+        if (n) {
+            snprintf(buf, cap, "%.*s", (int)n, p);
+            each(ud, buf);
+        }
+        p = end ? end + 1 : NULL;
+    }
+}
+
+/* OTEL_TRACES_EXPORTER's entries: otlp, none, or another (warned about,
+ * ignored: only OTLP is exported). */
+struct exporters {
+    int otlp, none;
+};
+
+static void exporter_each(void *ud, char *e)
+{
+    struct exporters *x = ud;
+    if (strcasecmp(e, "otlp") == 0)
+        x->otlp++;
+    else if (strcasecmp(e, "none") == 0)
+        x->none++;
+    else
+        log_at(LOG_WARN, "trace exporter not supported, ignored: polygw exports OTLP only",
+               "variable", LOG_S, "OTEL_TRACES_EXPORTER", "exporter", LOG_S, e, NULL);
+}
+
+/* A boolean OTEL_* variable: "true" in any case, around spaces. */
+static bool env_true(const char *name)
+{
+    const char *v = env(name);
+    if (!v)
+        return false;
+    v += strspn(v, " \t");
+    size_t n = strcspn(v, " \t");
+    return n == 4 && strncasecmp(v, "true", 4) == 0 && v[n + strspn(v + n, " \t")] == '\0';
+}
+
+/* The variable of the environment that turns trace export off, or NULL:
+ * OTEL_SDK_DISABLED=true, or OTEL_TRACES_EXPORTER naming none (and not
+ * otlp). Warns about an exporter other than these. */
+static const char *env_turns_off(void)
+{
+    if (env_true("OTEL_SDK_DISABLED"))
+        return "OTEL_SDK_DISABLED";
+    struct exporters x = { 0, 0 };
+    char buf[64];
+    list_each(env("OTEL_TRACES_EXPORTER"), buf, sizeof(buf), exporter_each, &x);
+    return x.none && !x.otlp ? "OTEL_TRACES_EXPORTER" : NULL;
+}
+
+/* Warns about an OTLP protocol other than http/protobuf (the only one
+ * sent): the traces variable wins over the general one. */
+static void protocol_check(void)
+{
+    const char *name = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", *v = env(name);
+    if (!v)
+        v = env(name = "OTEL_EXPORTER_OTLP_PROTOCOL");
+    if (v && strcmp(v, "http/protobuf") != 0)
+        log_at(LOG_WARN, "OTLP protocol not supported, ignored: polygw sends http/protobuf",
+               "variable", LOG_S, name, "protocol", LOG_S, v, NULL);
+}
+
 static bool is_http_url(const char *u)
 {
     return strncasecmp(u, "http://", 7) == 0 || strncasecmp(u, "https://", 8) == 0;
@@ -684,6 +759,7 @@ static int settings_make(struct trace_settings *s, const struct config_tracing *
                          size_t errlen)
 {
     memset(s, 0, sizeof(*s));
+    protocol_check();
     s->max_queue = ct->max_queue_spans;
     s->max_batch =
         ct->max_batch_spans < ct->max_queue_spans ? ct->max_batch_spans : ct->max_queue_spans;
@@ -789,6 +865,25 @@ static int settings_make(struct trace_settings *s, const struct config_tracing *
     return 0;
 }
 
+/* The settings in force for `ct` into *s (zeroed when off); *on: tracing
+ * is on (the config's enabled, unless the environment turns it off).
+ * Returns 0, or -1 with `err` (a malformed variable). */
+static int settings_load(struct trace_settings *s, const struct config_tracing *ct, bool *on,
+                         char *err, size_t errlen)
+{
+    const char *off = ct->enabled ? env_turns_off() : NULL;
+    memset(s, 0, sizeof(*s));
+    *on = ct->enabled && !off;
+    if (off)
+        log_at(LOG_INFO, "tracing is off: the environment turns trace export off", "variable",
+               LOG_S, off, NULL);
+    if (*on && settings_make(s, ct, err, errlen) < 0) {
+        settings_free(s);
+        return -1;
+    }
+    return 0;
+}
+
 /* ---- the tracer ------------------------------------------------------ */
 
 static void tracer_apply(struct tracer *t, struct trace_settings *s, bool enabled)
@@ -825,17 +920,16 @@ struct tracer *tracer_new(struct ev_loop *loop, struct upstream *up,
     struct tracer *t = calloc(1, sizeof(*t));
     struct trace_settings s;
 
+    bool on;
+
     if (!t) {
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
-    if (ct->enabled && settings_make(&s, ct, err, errlen) < 0) {
-        settings_free(&s);
+    if (settings_load(&s, ct, &on, err, errlen) < 0) {
         free(t);
         return NULL;
     }
-    if (!ct->enabled)
-        memset(&s, 0, sizeof(s));
     t->loop = loop;
     t->up = up;
     if (getrandom(t->rng, sizeof(t->rng), 0) != (ssize_t)sizeof(t->rng) ||
@@ -845,21 +939,18 @@ struct tracer *tracer_new(struct ev_loop *loop, struct upstream *up,
     }
     ev_init(&t->export_w, export_on_timer);
     t->export_w.data = t;
-    tracer_apply(t, &s, ct->enabled);
+    tracer_apply(t, &s, on);
     return t;
 }
 
 int tracer_reconf(struct tracer *t, const struct config_tracing *ct, char *err, size_t errlen)
 {
     struct trace_settings s;
+    bool on;
 
-    if (ct->enabled && settings_make(&s, ct, err, errlen) < 0) {
-        settings_free(&s);
+    if (settings_load(&s, ct, &on, err, errlen) < 0)
         return -1;
-    }
-    if (!ct->enabled)
-        memset(&s, 0, sizeof(s));
-    tracer_apply(t, &s, ct->enabled);
+    tracer_apply(t, &s, on);
     return 0;
 }
 

@@ -102,9 +102,11 @@ struct trace_stats {
  * (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT +
  * "/v1/traces", OTEL_EXPORTER_OTLP_HEADERS, OTEL_SERVICE_NAME,
  * OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER and _ARG,
- * OTEL_EXPORTER_OTLP_TIMEOUT; a key of `ct` that is set wins). Returns
- * NULL with `err` when the environment holds a malformed value (an endpoint
- * that is not http(s)://, a header line that is not key=value). */
+ * OTEL_EXPORTER_OTLP_TIMEOUT; a key of `ct` that is set wins);
+ * OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none turn it off as
+ * `enabled: false` would. Returns NULL with `err` when the environment
+ * holds a malformed value (an endpoint that is not http(s)://, a header
+ * line that is not key=value). */
 struct tracer *tracer_new(struct ev_loop *loop, struct upstream *up,
                           const struct config_tracing *ct, char *err, size_t errlen);
 

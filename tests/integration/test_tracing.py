@@ -240,3 +240,29 @@ def test_unsampled_task_run_passes_its_context_on(make_sidecar, up):
         assert tp[1] == TP.split("-")[1] and tp[3] == "02", h
         assert h["tracestate"] == "t=1", h
         assert c.stats()["tracing"]["spans_started"] == 0
+
+
+@pytest.mark.parametrize("var,value", [("OTEL_SDK_DISABLED", "True"),
+                                       ("OTEL_TRACES_EXPORTER", "none")])
+def test_environment_turns_tracing_off(make_sidecar, up, var, value):
+    env = dict(os.environ, OTEL_EXPORTER_OTLP_PROTOCOL="grpc")
+    env[var] = value
+    sc = make_sidecar(config_text=config(up, quiet_tracing()), env=env)
+    with polygw.Client(sc.sock) as c:
+        c.call("chat", chat("hi"), trace={"traceparent": TP % 1})
+        assert "traceparent" not in upstream_headers(up)
+        assert "tracing" not in c.stats()
+    assert "tracing is off: the environment turns trace export off" in sc.logs()
+    assert '"variable":"%s"' % var in sc.logs()
+
+
+def test_unsupported_exporter_and_protocol_are_warned_about(make_sidecar, up):
+    env = dict(os.environ, OTEL_TRACES_EXPORTER="otlp,zipkin",
+               OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="grpc")
+    sc = make_sidecar(config_text=config(up, quiet_tracing()), env=env)
+    with polygw.Client(sc.sock) as c:
+        c.call("chat", chat("hi"), trace={"traceparent": TP % 1})
+        assert c.stats()["tracing"]["spans_started"] == 2
+    logs = sc.logs()
+    assert '"variable":"OTEL_TRACES_EXPORTER","exporter":"zipkin"' in logs, logs
+    assert '"variable":"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL","protocol":"grpc"' in logs, logs

@@ -342,6 +342,56 @@ START_TEST(test_trace__environment)
 }
 END_TEST
 
+/* OTEL_SDK_DISABLED=true and OTEL_TRACES_EXPORTER=none turn tracing off;
+ * another exporter or protocol is only warned about. */
+START_TEST(test_trace__environment_turns_off)
+{
+    char err[200];
+    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+    struct upstream *up = upstream_new(loop, 4, false, err, sizeof(err));
+    struct config_tracing ct = { .enabled = true,
+                                 .endpoint = (char *)"http://127.0.0.1:9/v1/traces",
+                                 .sampler_ratio = 1,
+                                 .max_queue_spans = 8,
+                                 .max_batch_spans = 8,
+                                 .export_interval_s = 3600,
+                                 .timeout_s = 10 };
+    static const struct {
+        const char *name, *value;
+        bool on;
+    } cases[] = {
+        { "OTEL_SDK_DISABLED", "true", false },
+        { "OTEL_SDK_DISABLED", " TRUE ", false },
+        { "OTEL_SDK_DISABLED", "false", true },
+        { "OTEL_SDK_DISABLED", "yes", true },
+        { "OTEL_TRACES_EXPORTER", "none", false },
+        { "OTEL_TRACES_EXPORTER", " None ", false },
+        { "OTEL_TRACES_EXPORTER", "otlp", true },
+        { "OTEL_TRACES_EXPORTER", "zipkin", true },       /* warned, still OTLP */
+        { "OTEL_TRACES_EXPORTER", "otlp,console", true }, /* console warned */
+        { "OTEL_EXPORTER_OTLP_PROTOCOL", "grpc", true },  /* warned */
+        { "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json", true },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        setenv(cases[i].name, cases[i].value, 1);
+        struct tracer *t = tracer_new(loop, up, &ct, err, sizeof(err));
+        ck_assert_msg(t != NULL, "%s", err);
+        ck_assert_msg(tracer_is_enabled(t) == cases[i].on, "%s=%s", cases[i].name, cases[i].value);
+        /* A reload reads it again. */
+        unsetenv(cases[i].name);
+        ck_assert_int_eq(tracer_reconf(t, &ct, err, sizeof(err)), 0);
+        ck_assert(tracer_is_enabled(t));
+        setenv(cases[i].name, cases[i].value, 1);
+        ck_assert_int_eq(tracer_reconf(t, &ct, err, sizeof(err)), 0);
+        ck_assert(tracer_is_enabled(t) == cases[i].on);
+        unsetenv(cases[i].name);
+        tracer_free(t);
+    }
+    upstream_free(up);
+    ev_loop_destroy(loop);
+}
+END_TEST
+
 Suite *trace_suite(void)
 {
     Suite *s = suite_create("trace");
@@ -353,6 +403,7 @@ Suite *trace_suite(void)
     tcase_add_test(tc, test_trace__flags_and_quiet_context);
     tcase_add_test(tc, test_trace__own_context_and_flush);
     tcase_add_test(tc, test_trace__environment);
+    tcase_add_test(tc, test_trace__environment_turns_off);
     suite_add_tcase(s, tc);
     return s;
 }
