@@ -605,12 +605,16 @@ static char *decode(const char *s, size_t n)
 }
 
 /* Splits "k=v,k2=v2" into the callback's pairs. Returns 0, or -1 when an
- * entry has no '=' or an empty key (`what` names the variable). */
+ * entry has no '=' or an empty key (`what` names the variable). An entry
+ * the callback refuses (-1) is warned about by the variable's name and its
+ * place in the list, never its text (a header's value is a secret). */
 static int kv_list(const char *list, const char *what, char *err, size_t errlen,
                    int (*each)(void *ud, char *k, char *v), void *ud)
 {
     const char *p = list;
+    unsigned long long entry = 0;
     while (p && *p) {
+        entry++;
         const char *end = strchr(p, ',');
         size_t n = end ? (size_t)(end - p) : strlen(p);
         const char *eq = memchr(p, '=', n);
@@ -631,10 +635,22 @@ static int kv_list(const char *list, const char *what, char *err, size_t errlen,
                 free(k);
                 explicit_bzero(v, strlen(v));
                 free(v);
+                log_at(LOG_WARN, "OTEL_* list entry ignored (an invalid header name, or too many)",
+                       "variable", LOG_S, what, "entry", LOG_U, entry, NULL);
             }
         }
         p = end ? end + 1 : NULL;
     }
+    return 0;
+}
+
+/* Checks an entry only (the list is read for real if every one is well
+ * formed). */
+static int kv_check(void *ud, char *k, char *v)
+{
+    (void)ud;
+    free(k);
+    free(v);
     return 0;
 }
 
@@ -661,7 +677,10 @@ static int add_header(void *ud, char *k, char *v)
     size_t i = 0;
     while (s->headers[i])
         i++;
-    if (i >= HEADERS_MAX + 1 || strpbrk(k, ": \r\n") || strpbrk(v, "\r\n"))
+    /* A name is an RFC 9110 token; a value has no line break. */
+    static const char tchar[] = "!#$%&'*+-.^_`|~0123456789"
+                                "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    if (i >= HEADERS_MAX + 1 || k[strspn(k, tchar)] || strpbrk(v, "\r\n"))
         return -1;
     size_t n = strlen(k) + strlen(v) + 3;
     char *line = malloc(n);
@@ -813,6 +832,7 @@ static int settings_make(struct trace_settings *s, const struct config_tracing *
     const char *smp = env("OTEL_TRACES_SAMPLER"), *arg = env("OTEL_TRACES_SAMPLER_ARG");
     double ratio = 1;
     if (smp) {
+        const char *name = smp;
         if (strncmp(smp, "parentbased_", 12) == 0)
             smp += 12;
         else
@@ -824,8 +844,13 @@ static int settings_make(struct trace_settings *s, const struct config_tracing *
             double r = strtod(arg, &end);
             if (*end == '\0' && r >= 0 && r <= 1)
                 ratio = r;
+            else
+                log_at(LOG_WARN, "OTEL_TRACES_SAMPLER_ARG is not a ratio from 0 to 1, ignored: 1",
+                       "value", LOG_S, arg, NULL);
         } else if (strcmp(smp, "always_on") != 0 && strcmp(smp, "traceidratio") != 0) {
             s->parent_based = true; /* an unknown sampler: the default */
+            log_at(LOG_WARN, "OTEL_TRACES_SAMPLER unknown, ignored: parentbased_always_on", "value",
+                   LOG_S, name, NULL);
         }
     }
     s->ratio = ct->sampler_ratio >= 0 ? ct->sampler_ratio : ratio;
@@ -842,8 +867,13 @@ static int settings_make(struct trace_settings *s, const struct config_tracing *
     }
     add_resource(s, k, v);
     add_resource(s, k2, v2);
+    /* A malformed list is discarded whole, with a warning (the resource
+     * spec): often set pod-wide, it never stops the start. */
     const char *ra = env("OTEL_RESOURCE_ATTRIBUTES");
-    if (ra && kv_list(ra, "OTEL_RESOURCE_ATTRIBUTES", err, errlen, add_resource, s) < 0)
+    char why[128];
+    if (ra && kv_list(ra, "OTEL_RESOURCE_ATTRIBUTES", why, sizeof(why), kv_check, NULL) < 0)
+        log_at(LOG_WARN, "OTEL_RESOURCE_ATTRIBUTES discarded", "error", LOG_S, why, NULL);
+    else if (ra && kv_list(ra, "OTEL_RESOURCE_ATTRIBUTES", err, errlen, add_resource, s) < 0)
         return -1;
     if (svc && s->n_res && strcmp(s->res_vals[0], svc) != 0) {
         free(s->res_vals[0]);
@@ -857,10 +887,10 @@ static int settings_make(struct trace_settings *s, const struct config_tracing *
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    const char *h = env("OTEL_EXPORTER_OTLP_TRACES_HEADERS");
+    const char *hname = "OTEL_EXPORTER_OTLP_TRACES_HEADERS", *h = env(hname);
     if (!h)
-        h = env("OTEL_EXPORTER_OTLP_HEADERS");
-    if (h && kv_list(h, "OTEL_EXPORTER_OTLP_HEADERS", err, errlen, add_header, s) < 0)
+        h = env(hname = "OTEL_EXPORTER_OTLP_HEADERS");
+    if (h && kv_list(h, hname, err, errlen, add_header, s) < 0)
         return -1;
     return 0;
 }

@@ -106,7 +106,8 @@ struct trace_stats {
  * OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none turn it off as
  * `enabled: false` would. Returns NULL with `err` when the environment
  * holds a malformed value (an endpoint that is not http(s)://, a header
- * line that is not key=value). */
+ * line that is not key=value); other malformed values are warned about
+ * and ignored (a malformed OTEL_RESOURCE_ATTRIBUTES whole). */
 struct tracer *tracer_new(struct ev_loop *loop, struct upstream *up,
                           const struct config_tracing *ct, char *err, size_t errlen);
 

@@ -61,6 +61,7 @@ export class Receiver {
     r.bodies = [];
     r.requests = 0;
     r.contentTypes = new Set();
+    r.headers = [];
     r.hung = [];
     r.server = http.createServer((req, res) => {
       const chunks = [];
@@ -68,6 +69,7 @@ export class Receiver {
       req.on("end", () => {
         r.requests++;
         r.contentTypes.add(req.headers["content-type"]);
+        r.headers.push(req.headers);
         if (r.mode === "hang") {
           r.hung.push(res);
           return;

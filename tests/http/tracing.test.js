@@ -689,3 +689,32 @@ test("a task run's tracestate goes with its spans and its calls", async () => {
     assert.deepEqual(upHeader(await a.last(), "tracestate"), ["t=1"]);
   });
 });
+
+test("a malformed OTEL_RESOURCE_ATTRIBUTES is discarded; a bad header name is warned about", async () => {
+  const env = {
+    OTEL_RESOURCE_ATTRIBUTES: "team,env=x",
+    OTEL_EXPORTER_OTLP_HEADERS: "x bad=SECRETVAL2,ok=1,x-tok=SECRETVAL3",
+    OTEL_TRACES_SAMPLER: "bogus_sampler",
+  };
+  Object.assign(process.env, env);
+  try {
+    await withTracing(async ({ recv, port, sc }) => {
+      const res = await chatCall(port, { traceparent: TRACEPARENT });
+      assert.equal(res.status, 200);
+      await res.json();
+      const spans = await recv.waitFor((s) => s.length >= 2);
+      // The whole list discarded: none of its entries, the default service.
+      assert.deepEqual(Object.keys(spans[0].resource).sort(), ["service.name", "service.version"]);
+      assert.equal(spans[0].resource["service.name"], "polygw");
+      assert.equal(recv.headers[0].ok, "1");
+      assert.equal(recv.headers[0]["x-tok"], "SECRETVAL3");
+      const logs = sc.logs();
+      assert.match(logs, /"OTEL_RESOURCE_ATTRIBUTES discarded".*OTEL_RESOURCE_ATTRIBUTES: every entry must be key=value/);
+      assert.match(logs, /"variable":"OTEL_EXPORTER_OTLP_HEADERS","entry":1/);
+      assert.match(logs, /OTEL_TRACES_SAMPLER unknown.*"value":"bogus_sampler"/);
+      assert.ok(!logs.includes("SECRETVAL"), "no header value in the logs");
+    });
+  } finally {
+    for (const k of Object.keys(env)) delete process.env[k];
+  }
+});

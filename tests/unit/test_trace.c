@@ -342,6 +342,18 @@ START_TEST(test_trace__environment)
 }
 END_TEST
 
+/* Tracing on, exporting nowhere, for the environment's tests. */
+static struct config_tracing env_config(double ratio)
+{
+    return (struct config_tracing){ .enabled = true,
+                                    .endpoint = (char *)"http://127.0.0.1:9/v1/traces",
+                                    .sampler_ratio = ratio,
+                                    .max_queue_spans = 8,
+                                    .max_batch_spans = 8,
+                                    .export_interval_s = 3600,
+                                    .timeout_s = 10 };
+}
+
 /* OTEL_SDK_DISABLED=true and OTEL_TRACES_EXPORTER=none turn tracing off;
  * another exporter or protocol is only warned about. */
 START_TEST(test_trace__environment_turns_off)
@@ -349,13 +361,7 @@ START_TEST(test_trace__environment_turns_off)
     char err[200];
     struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
     struct upstream *up = upstream_new(loop, 4, false, err, sizeof(err));
-    struct config_tracing ct = { .enabled = true,
-                                 .endpoint = (char *)"http://127.0.0.1:9/v1/traces",
-                                 .sampler_ratio = 1,
-                                 .max_queue_spans = 8,
-                                 .max_batch_spans = 8,
-                                 .export_interval_s = 3600,
-                                 .timeout_s = 10 };
+    struct config_tracing ct = env_config(1);
     static const struct {
         const char *name, *value;
         bool on;
@@ -392,6 +398,58 @@ START_TEST(test_trace__environment_turns_off)
 }
 END_TEST
 
+/* A malformed list is refused by its own variable's name; a malformed
+ * resource list is discarded, never a start failure; a bad sampler or
+ * ratio is ignored. */
+START_TEST(test_trace__environment_errors)
+{
+    char err[200];
+    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+    struct upstream *up = upstream_new(loop, 4, false, err, sizeof(err));
+    struct config_tracing ct = env_config(-1);
+
+    setenv("OTEL_EXPORTER_OTLP_HEADERS", "ok=1", 1);
+    setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "tokenSECRET", 1);
+    ck_assert_ptr_null(tracer_new(loop, up, &ct, err, sizeof(err)));
+    ck_assert_msg(strstr(err, "OTEL_EXPORTER_OTLP_TRACES_HEADERS: ") == err, "%s", err);
+    ck_assert_ptr_null(strstr(err, "SECRET"));
+    unsetenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS");
+    unsetenv("OTEL_EXPORTER_OTLP_HEADERS");
+
+    static const char *const ok[][2] = {
+        { "OTEL_RESOURCE_ATTRIBUTES", "team,env=x" },
+        { "OTEL_RESOURCE_ATTRIBUTES", "=x" },
+        { "OTEL_EXPORTER_OTLP_HEADERS", "x bad=v,ok=1" },
+        { "OTEL_EXPORTER_OTLP_HEADERS", "x(y)=v" },
+        { "OTEL_TRACES_SAMPLER", "bogus_sampler" },
+    };
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        setenv(ok[i][0], ok[i][1], 1);
+        struct tracer *t = tracer_new(loop, up, &ct, err, sizeof(err));
+        ck_assert_msg(t != NULL, "%s=%s: %s", ok[i][0], ok[i][1], err);
+        ck_assert(tracer_is_enabled(t));
+        tracer_free(t);
+        unsetenv(ok[i][0]);
+    }
+    /* A ratio out of range or not a number: ignored (1, all sampled). */
+    setenv("OTEL_TRACES_SAMPLER", "traceidratio", 1);
+    static const char *const bad_ratio[] = { "abc", "1.5", "-0.1" };
+    for (size_t i = 0; i < 3; i++) {
+        setenv("OTEL_TRACES_SAMPLER_ARG", bad_ratio[i], 1);
+        struct tracer *t = tracer_new(loop, up, &ct, err, sizeof(err));
+        ck_assert_ptr_nonnull(t);
+        struct span *s = span_start(t, NULL, NULL, false, "x", TRACE_SERVER, 1);
+        ck_assert_ptr_nonnull(s);
+        span_end(s, 1);
+        tracer_free(t);
+    }
+    unsetenv("OTEL_TRACES_SAMPLER");
+    unsetenv("OTEL_TRACES_SAMPLER_ARG");
+    upstream_free(up);
+    ev_loop_destroy(loop);
+}
+END_TEST
+
 Suite *trace_suite(void)
 {
     Suite *s = suite_create("trace");
@@ -404,6 +462,7 @@ Suite *trace_suite(void)
     tcase_add_test(tc, test_trace__own_context_and_flush);
     tcase_add_test(tc, test_trace__environment);
     tcase_add_test(tc, test_trace__environment_turns_off);
+    tcase_add_test(tc, test_trace__environment_errors);
     suite_add_tcase(s, tc);
     return s;
 }
