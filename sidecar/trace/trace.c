@@ -29,6 +29,7 @@
 struct trace_settings {
     char *endpoint;
     double ratio;
+    uint64_t ratio_bound; /* ratio x 2^63: sampled_id's bound */
     bool parent_based, link;
     uint32_t max_queue, max_batch, max_retries;
     double interval_s, timeout_s;
@@ -206,16 +207,29 @@ static void span_free(struct span *s)
     free(s);
 }
 
-static bool sampled(const struct tracer *t, const uint8_t *trace_id)
+/* TraceIdRatioBased as the OpenTelemetry SDKs (Go, Java) decide it: the
+ * trace id's last 8 bytes, big-endian, shifted right by one, below
+ * ratio x 2^63 (`bound`, computed once: no rounding per id). */
+bool trace_ratio_sampled(double ratio, uint64_t bound, const uint8_t *trace_id)
 {
-    if (t->set.ratio >= 1)
+    if (ratio >= 1)
         return true;
-    if (t->set.ratio <= 0)
+    if (!(ratio > 0))
         return false;
     uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
+    for (int i = 8; i < 16; i++)
         v = (v << 8) | trace_id[i];
-    return (double)v < t->set.ratio * 18446744073709551616.0;
+    return (v >> 1) < bound;
+}
+
+uint64_t trace_ratio_bound(double ratio)
+{
+    return ratio >= 1 ? UINT64_C(1) << 63 : ratio > 0 ? (uint64_t)ldexp(ratio, 63) : 0;
+}
+
+static bool sampled(const struct tracer *t, const uint8_t *trace_id)
+{
+    return trace_ratio_sampled(t->set.ratio, t->set.ratio_bound, trace_id);
 }
 
 /* The caller's flags a child keeps: sampled (0x01) and W3C level 2's
@@ -854,6 +868,7 @@ static int settings_make(struct trace_settings *s, const struct config_tracing *
         }
     }
     s->ratio = ct->sampler_ratio >= 0 ? ct->sampler_ratio : ratio;
+    s->ratio_bound = trace_ratio_bound(s->ratio);
 
     /* The resource: service.name, then OTEL_RESOURCE_ATTRIBUTES (which may
      * not rename the service when the config or OTEL_SERVICE_NAME does). */

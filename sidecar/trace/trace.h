@@ -22,8 +22,8 @@
  *
  * Sampling (the sampler decides once, at a trace's first polygw span): a
  * span whose parent context is sampled (or not) follows it when the
- * sampler is parent-based (the default); otherwise the trace id's first 8
- * bytes, read as a number below ratio x 2^64, decide. An unsampled span is
+ * sampler is parent-based (the default); otherwise the trace id decides
+ * as OpenTelemetry's TraceIdRatioBased does (trace_ratio_sampled). An unsampled span is
  * NULL: every span_* function accepts NULL and does nothing, so callers
  * never test for it; span_start_ctx also gives the context an unsampled
  * span passes on (its trace, flagged not sampled).
@@ -70,6 +70,13 @@ struct trace_ctx {
  * (c->valid false: the call starts a new trace, as the W3C rules say). */
 int trace_ctx_parse(struct trace_ctx *c, const char *traceparent, const char *tracestate);
 
+
+/* The ratio sampler's decision for `trace_id` (16 bytes): its last 8
+ * bytes, big-endian, shifted right by one, below `bound` =
+ * trace_ratio_bound(ratio) (ratio x 2^63), as the OpenTelemetry SDKs
+ * decide; ratio >= 1 samples every id, <= 0 none. */
+uint64_t trace_ratio_bound(double ratio);
+bool trace_ratio_sampled(double ratio, uint64_t bound, const uint8_t *trace_id);
 
 /* One attribute as a caller passes it: `key` must be static (it is kept as
  * a pointer); a string value is copied. */

@@ -266,3 +266,21 @@ def test_unsupported_exporter_and_protocol_are_warned_about(make_sidecar, up):
     logs = sc.logs()
     assert '"variable":"OTEL_TRACES_EXPORTER","exporter":"zipkin"' in logs, logs
     assert '"variable":"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL","protocol":"grpc"' in logs, logs
+
+
+def test_ratio_sampler_decides_on_the_trace_ids_last_bytes(make_sidecar, up):
+    # As the OpenTelemetry SDKs decide: the trace id's last 8 bytes.
+    env = dict(os.environ, OTEL_TRACES_SAMPLER="traceidratio", OTEL_TRACES_SAMPLER_ARG="0.5")
+    tracing = dict(quiet_tracing())
+    del tracing["sampler_ratio"]
+    sc = make_sidecar(config_text=config(up, tracing), env=env)
+    with polygw.Client(sc.sock) as c:
+        for trace_id, recorded in [("ffffffffffffffff0000000000000000", True),
+                                   ("0000000000000001ffffffffffffffff", False),
+                                   ("7fffffffffffffffffffffffffffffff", False),
+                                   ("80000000000000000000000000000001", True)]:
+            before = c.stats()["tracing"]["spans_started"]
+            c.call("chat", chat("hi"), trace={"traceparent": "00-%s-00f067aa0ba902b7-01" % trace_id})
+            assert (c.stats()["tracing"]["spans_started"] > before) == recorded, trace_id
+            flags = upstream_headers(up)["traceparent"].split("-")[3]
+            assert flags == ("01" if recorded else "00"), (trace_id, flags)

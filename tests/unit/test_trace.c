@@ -213,6 +213,45 @@ START_TEST(test_trace__sampler)
 }
 END_TEST
 
+static bool ratio_says(double ratio, const char *hex)
+{
+    uint8_t id[16];
+    for (int i = 0; i < 16; i++)
+        sscanf(hex + 2 * i, "%2hhx", &id[i]);
+    return trace_ratio_sampled(ratio, trace_ratio_bound(ratio), id);
+}
+
+/* The ratio sampler decides on the trace id's last 8 bytes, as the
+ * OpenTelemetry SDKs do. */
+START_TEST(test_trace__ratio_sampler)
+{
+    ck_assert(ratio_says(0.5, "ffffffffffffffff0000000000000000"));
+    ck_assert(!ratio_says(0.5, "0000000000000001ffffffffffffffff"));
+    ck_assert(!ratio_says(0.5, "7fffffffffffffffffffffffffffffff"));
+    ck_assert(ratio_says(0.5, "80000000000000000000000000000001"));
+    /* The bound exactly: (low >> 1) < 2^62. */
+    ck_assert(ratio_says(0.5, "00000000000000007ffffffffffffffe"));
+    ck_assert(ratio_says(0.5, "00000000000000007fffffffffffffff"));
+    ck_assert(!ratio_says(0.5, "00000000000000008000000000000000"));
+    ck_assert_uint_eq(trace_ratio_bound(0.5), UINT64_C(1) << 62);
+    ck_assert_uint_eq(trace_ratio_bound(0.25), UINT64_C(1) << 61);
+    ck_assert_uint_eq(trace_ratio_bound(1), UINT64_C(1) << 63);
+    ck_assert_uint_eq(trace_ratio_bound(0), 0);
+    /* 1 samples all (the highest id too), 0 none (the lowest too). */
+    ck_assert(ratio_says(1, "ffffffffffffffffffffffffffffffff"));
+    ck_assert(!ratio_says(0, "00000000000000000000000000000001"));
+    ck_assert(ratio_says(1e-9, "00000000000000010000000000000001"));
+    /* Roughly the ratio over many ids. */
+    int n = 0;
+    for (uint32_t i = 0; i < 4096; i++) {
+        char hex[33];
+        snprintf(hex, sizeof(hex), "0000000000000000%08x%08x", i * 2654435761u, i * 40503u);
+        n += ratio_says(0.25, hex);
+    }
+    ck_assert_msg(n > 4096 / 4 - 200 && n < 4096 / 4 + 200, "%d", n);
+}
+END_TEST
+
 /* A child keeps the caller's sampled and random flags (the others are
  * zeroed); an unsampled one gives the context it passes on. */
 START_TEST(test_trace__flags_and_quiet_context)
@@ -458,6 +497,7 @@ Suite *trace_suite(void)
     tcase_add_test(tc, test_trace__encode_round_trip);
     tcase_add_test(tc, test_trace__bounds);
     tcase_add_test(tc, test_trace__sampler);
+    tcase_add_test(tc, test_trace__ratio_sampler);
     tcase_add_test(tc, test_trace__flags_and_quiet_context);
     tcase_add_test(tc, test_trace__own_context_and_flush);
     tcase_add_test(tc, test_trace__environment);
