@@ -178,6 +178,14 @@ static uint32_t span_put(struct span *sp, const char *s)
     size_t n = s ? strnlen(s, TRACE_STR_MAX) : 0;
     if (n == 0)
         return 0;
+    /* A string the span has already (an event's name, a source) is shared:
+     * many events fit in the text bound. */
+    for (uint32_t off = 1; off < sp->text_len;) {
+        size_t k = strlen(sp->text + off);
+        if (k == n && memcmp(sp->text + off, s, n) == 0)
+            return off;
+        off += (uint32_t)k + 1;
+    }
     if (sp->text_len + n + 1 > SPAN_TEXT_MAX)
         return 0;
     if (sp->text_len + n + 1 > sp->text_cap) {
@@ -370,11 +378,15 @@ void span_event(struct span *s, const char *name, double at, const struct trace_
 {
     if (!s)
         return;
+    struct span_event *e;
     if (s->n_events == TRACE_EVENTS_MAX) {
+        /* Full: the oldest of the last few gives way (counted). */
         s->dropped_events++;
-        return;
+        e = &s->events[TRACE_EVENTS_MAX - TRACE_EVENTS_TAIL + s->tail_next];
+        s->tail_next = (uint8_t)((s->tail_next + 1) % TRACE_EVENTS_TAIL);
+    } else {
+        e = &s->events[s->n_events++];
     }
-    struct span_event *e = &s->events[s->n_events++];
     e->time_ns = to_ns(at);
     e->name_off = span_put(s, name);
     e->n_attrs = (uint8_t)(n < TRACE_EVENT_ATTRS_MAX ? n : TRACE_EVENT_ATTRS_MAX);
@@ -436,6 +448,15 @@ void span_end(struct span *s, double now)
     if (!s)
         return;
     struct tracer *t = s->t;
+    if (s->tail_next) {
+        /* The tail back in the order its events came. */
+        struct span_event tail[TRACE_EVENTS_TAIL],
+            *from = s->events + TRACE_EVENTS_MAX - TRACE_EVENTS_TAIL;
+        for (size_t i = 0; i < TRACE_EVENTS_TAIL; i++)
+            tail[i] = from[(s->tail_next + i) % TRACE_EVENTS_TAIL];
+        memcpy(from, tail, sizeof(tail));
+        s->tail_next = 0;
+    }
     s->end_ns = to_ns(now);
     if (s->end_ns < s->start_ns)
         s->end_ns = s->start_ns;

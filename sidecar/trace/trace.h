@@ -31,7 +31,8 @@
  * Content: the tracer copies only what its callers give it; they give no
  * body text, key or header value (call/calltrace.c). Strings are cut at
  * TRACE_STR_MAX bytes, a span keeps at most TRACE_ATTRS_MAX attributes and
- * TRACE_EVENTS_MAX events (more are counted as dropped in the span).
+ * TRACE_EVENTS_MAX events (more are counted as dropped in the span: of
+ * events, the middle ones, the latest TRACE_EVENTS_TAIL kept).
  *
  * Everything runs on the loop thread; nothing here is called from a
  * libcurl callback.

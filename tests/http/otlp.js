@@ -47,6 +47,7 @@ function simplify(s, resource) {
     events: (s.events || []).map((e) => ({ name: e.name, timeMs: ns(e.timeUnixNano) / 1e6, attrs: attrs(e.attributes) })),
     links: (s.links || []).map((l) => ({ traceId: hex(l.traceId), spanId: hex(l.spanId) })),
     status: s.status || {},
+    droppedEvents: s.droppedEventsCount || 0,
     flags: s.flags,
     resource,
   };

@@ -42,7 +42,8 @@ function config(a, b, port, recv, tracing = "", aExtra = "", aCap = "chat") {
 }
 
 /** Runs fn({a, b, recv, port, sc}): two mocks (sources a and b), a receiver, a sidecar. */
-async function withTracing(fn, tracing = "", aExtra = ", breaker: {failures: 100000}", aCap = "chat") {
+async function withTracing(fn, tracing = "", aExtra = ", breaker: {failures: 100000}", aCap = "chat",
+  edit = (text) => text) {
   const a = await Mock.start();
   const b = await Mock.start();
   const recv = await Receiver.start();
@@ -51,7 +52,7 @@ async function withTracing(fn, tracing = "", aExtra = ", breaker: {failures: 100
   try {
     const port = await freePort();
     sc = new Sidecar("");
-    fs.writeFileSync(sc.configPath, config(a, b, port, recv, tracing, aExtra, aCap));
+    fs.writeFileSync(sc.configPath, edit(config(a, b, port, recv, tracing, aExtra, aCap)));
     await sc.start();
     while (!(await canConnect(port))) await sleep(20);
     return await fn({ a, b, recv, port, sc });
@@ -717,4 +718,24 @@ test("a malformed OTEL_RESOURCE_ATTRIBUTES is discarded; a bad header name is wa
   } finally {
     for (const k of Object.keys(env)) delete process.env[k];
   }
+});
+
+test("a retry storm that ends stalled keeps its verdict among the span's events", async () => {
+  await withTracing(async ({ recv, port }) => {
+    const res = await chatCall(port, { traceparent: TRACEPARENT }, { status: 429 });
+    assert.equal(res.status, 503); /* stalled */
+    await res.text();
+    const spans = await recv.waitFor((s) => s.some((x) => x.kind === SpanKind.SPAN_KIND_SERVER));
+    const call = spans.find((x) => x.kind === SpanKind.SPAN_KIND_SERVER);
+    assert.equal(call.attrs["polygw.code"], "stalled");
+    assert.ok(call.attrs["polygw.attempts"] > 10, String(call.attrs["polygw.attempts"]));
+    const names = call.events.map((e) => e.name);
+    assert.equal(names.length, 16, names.join());
+    assert.ok(call.droppedEvents > 0, String(call.droppedEvents));
+    assert.equal(names[names.length - 1], "polygw.stall_verdict", names.join());
+    for (let i = 1; i < call.events.length; i++)
+      assert.ok(call.events[i].timeMs >= call.events[i - 1].timeMs - 1, "in time order: " + names.join());
+  }, "", ", breaker: {failures: 100000}", "chat",
+  (text) => text.replace("max_attempts: 3, stall_window_s: 20", "max_attempts: 1000, stall_window_s: 1.5")
+    .replaceAll("ttft_timeout_s: 20", "ttft_timeout_s: 1"));
 });

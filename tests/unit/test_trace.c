@@ -189,6 +189,43 @@ START_TEST(test_trace__bounds)
 }
 END_TEST
 
+/* A span full of events keeps its first ones and its latest (a call's
+ * verdict), in order; the middle ones are dropped and counted. */
+START_TEST(test_trace__events_keep_the_latest)
+{
+    struct fixture f;
+
+    fixture_start(&f, 4, -1);
+    struct span *s = span_start(f.t, NULL, NULL, false, "x", TRACE_SERVER, 1);
+    for (int i = 0; i < 200; i++) {
+        const char *name = i == 199 ? "polygw.stall_verdict" : "polygw.backoff";
+        span_event(s, name, 1 + i * 0.01, &TKV_I("i", i), 1);
+        span_event(NULL, name, 1, NULL, 0);
+    }
+    span_end(s, 10);
+    size_t len = 0;
+    const char *keys[] = { "service.name" }, *vals[] = { "t" };
+    struct otlp_resource res = { keys, vals, 1, "polygw", "0" };
+    uint8_t *buf = otlp_encode(&res, tracer_queue_head(f.t), 1, &len);
+    Pgwotlp__ExportTraceServiceRequest *r =
+        pgwotlp__export_trace_service_request__unpack(NULL, len, buf);
+    ck_assert_ptr_nonnull(r);
+    Pgwotlp__Span *p = r->resource_spans[0]->scope_spans[0]->spans[0];
+    ck_assert_uint_eq(p->n_events, TRACE_EVENTS_MAX);
+    ck_assert_uint_eq(p->dropped_events_count, 200 - TRACE_EVENTS_MAX);
+    const size_t head = TRACE_EVENTS_MAX - TRACE_EVENTS_TAIL;
+    for (size_t i = 0; i < TRACE_EVENTS_MAX; i++) {
+        int want = i < head ? (int)i : 200 - TRACE_EVENTS_MAX + (int)i;
+        ck_assert_int_eq(p->events[i]->attributes[0]->value->int_value, want);
+        ck_assert_str_eq(p->events[i]->name,
+                         want == 199 ? "polygw.stall_verdict" : "polygw.backoff");
+    }
+    pgwotlp__export_trace_service_request__free_unpacked(r, NULL);
+    free(buf);
+    fixture_stop(&f);
+}
+END_TEST
+
 START_TEST(test_trace__sampler)
 {
     struct fixture f;
@@ -496,6 +533,7 @@ Suite *trace_suite(void)
     tcase_add_test(tc, test_trace__ctx_parse);
     tcase_add_test(tc, test_trace__encode_round_trip);
     tcase_add_test(tc, test_trace__bounds);
+    tcase_add_test(tc, test_trace__events_keep_the_latest);
     tcase_add_test(tc, test_trace__sampler);
     tcase_add_test(tc, test_trace__ratio_sampler);
     tcase_add_test(tc, test_trace__flags_and_quiet_context);
