@@ -24,10 +24,13 @@ static const char *operation(const char *capability)
     return NULL;
 }
 
-/* gen_ai.provider.name (and gen_ai.system, its older name) by dialect. */
-static const char *provider(enum dialect_kind k)
+/* gen_ai.provider.name by the source's kind: Vertex AI whatever model
+ * family it serves (its kind is then gemini or anthropic). */
+static const char *provider(const struct config_source *src)
 {
-    switch (k) {
+    if (src->vertex.on)
+        return "gcp.vertex_ai";
+    switch (src->kind) {
     case DIALECT_AZURE:
         return "azure.ai.openai";
     case DIALECT_ANTHROPIC:
@@ -201,8 +204,10 @@ const char *calltrace_attempt(struct calltrace *ct, const struct gov_call *g,
     char host[256];
     url_host(src->base_url, host, sizeof(host));
     span_set(a, &TKV_S("gen_ai.operation.name", ct->op));
-    span_set(a, &TKV_S("gen_ai.provider.name", provider(src->kind)));
-    span_set(a, &TKV_S("gen_ai.system", provider(src->kind)));
+    /* gen_ai.system, the older name, with its older value for Azure. */
+    const char *prov = provider(src);
+    span_set(a, &TKV_S("gen_ai.provider.name", prov));
+    span_set(a, &TKV_S("gen_ai.system", strcmp(prov, "azure.ai.openai") ? prov : "az.ai.openai"));
     if (m)
         span_set(a, &TKV_S("gen_ai.request.model", m));
     span_set(a, &TKV_S("server.address", host));

@@ -739,3 +739,27 @@ test("a retry storm that ends stalled keeps its verdict among the span's events"
   (text) => text.replace("max_attempts: 3, stall_window_s: 20", "max_attempts: 1000, stall_window_s: 1.5")
     .replaceAll("ttft_timeout_s: 20", "ttft_timeout_s: 1"));
 });
+
+test("a vertex source is gen_ai.provider.name gcp.vertex_ai, whichever model family it serves", async () => {
+  const tok = `${fs.mkdtempSync("/tmp/pgwvx")}/token`;
+  fs.writeFileSync(tok, "ya29.test-token\n");
+  for (const model of ["claude-3-5-haiku@20241022", "gemini-2.5-flash"]) {
+    await withTracing(async ({ recv, sc }) => {
+      const c = new pgw.Client(sc.sock);
+      try {
+        const r = await c.call("chat", { model, max_tokens: 16, messages: [{ role: "user", content: PROMPT }] },
+          { trace: { traceparent: TRACEPARENT } });
+        assert.ok(r.source, JSON.stringify(r)); /* a's answer, or b's after it */
+      } finally {
+        c.close();
+      }
+      const isA = (x) => x.kind === SpanKind.SPAN_KIND_CLIENT && x.attrs["polygw.source"] === "a";
+      const spans = await recv.waitFor((s) => s.some(isA));
+      const attempt = spans.find(isA);
+      assert.equal(attempt.attrs["gen_ai.provider.name"], "gcp.vertex_ai", model);
+      assert.equal(attempt.attrs["gen_ai.system"], "gcp.vertex_ai");
+      assert.equal(attempt.attrs["gen_ai.request.model"], model);
+    }, "", `, breaker: {failures: 100000}, kind: vertex, project: p1, location: us-east5, model: "${model}", token_file: "${tok}"`,
+    "chat", (text) => text.replace(", api_key_env: PGW_TRACE_KEY", ""));
+  }
+});
