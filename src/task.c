@@ -583,7 +583,19 @@ static int config_check(const struct task_config *c, char *err, size_t errlen)
 /* The largest single task: struct + id, plus its reason and node strings. */
 static size_t task_max_bytes(void)
 {
-    return sizeof(struct task) + (TASK_ID_MAX + 1) + (TASK_REASON_MAX + 1) + (TASK_NODE_MAX + 1);
+    return sizeof(struct task) + (TASK_ID_MAX + 1) + (TASK_REASON_MAX + 1) + (TASK_NODE_MAX + 1) +
+        (TASK_TRACE_STATE_MAX + 1);
+}
+
+int task_set_trace_state(struct task_reg *r, struct task *t, const char *state)
+{
+    reg_strfree(r, t->trace_state);
+    t->trace_state = NULL;
+    size_t n = state ? strlen(state) : 0;
+    if (n == 0 || n > TASK_TRACE_STATE_MAX)
+        return 0;
+    t->trace_state = reg_strndup(r, state, n);
+    return t->trace_state ? 0 : -1;
 }
 
 struct task_reg *task_reg_new(const struct task_config *cfg, const struct task_hooks *hooks,
@@ -625,6 +637,7 @@ oom:
 
 static void task_release(struct task_reg *r, struct task *t)
 {
+    reg_strfree(r, t->trace_state);
     reg_strfree(r, t->reason);
     reg_strfree(r, t->node);
     reg_release(r, t, sizeof(*t) + strlen(t->id) + 1);

@@ -172,6 +172,8 @@ struct task {
     /* The current run's trace context as a W3C traceparent ("" = none):
      * its task.start span, set by the owner; the registry only stores it. */
     char trace[56];
+    /* ... and its tracestate (NULL = none): task_set_trace_state. */
+    char *trace_state;
     /* Private. */
     struct task *hnext;       /* hash chain */
     struct task *prev, *next; /* all tasks, in creation order */
@@ -286,6 +288,12 @@ int task_finish(struct task_reg *r, const char *id, bool ok, const char *reason,
 /* The task named `id`, or NULL (unknown, expired or an invalid id). A read:
  * no activity recorded. */
 struct task *task_get(struct task_reg *r, const char *id);
+
+/* Sets t->trace_state to a copy of `state` (NULL or "" = none; longer than
+ * TASK_TRACE_STATE_MAX bytes: none). Returns 0, or -1 when out of memory
+ * (then none). */
+#define TASK_TRACE_STATE_MAX 256
+int task_set_trace_state(struct task_reg *r, struct task *t, const char *state);
 
 /* Calls fn for each task whose state is in `filter` (TASK_F_* bits), in
  * creation order, until fn returns non-zero (that value is returned; else

@@ -3234,6 +3234,7 @@ void call_begin(struct call_sink *s, uint32_t id, const struct call_req *r)
         &(struct calltrace_start){ .traceparent = r->traceparent,
                                    .tracestate = r->tracestate,
                                    .task_trace = task && task->trace[0] ? task->trace : NULL,
+                                   .task_tracestate = task ? task->trace_state : NULL,
                                    .capability = k->cap->name,
                                    .app = k->app,
                                    .task_id = k->task_id,

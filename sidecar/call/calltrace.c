@@ -24,10 +24,13 @@ static const char *operation(const char *capability)
     return NULL;
 }
 
-/* gen_ai.provider.name (and gen_ai.system, its older name) by dialect. */
-static const char *provider(enum dialect_kind k)
+/* gen_ai.provider.name by the source's kind: Vertex AI whatever model
+ * family it serves (its kind is then gemini or anthropic). */
+static const char *provider(const struct config_source *src)
 {
-    switch (k) {
+    if (src->vertex.on)
+        return "gcp.vertex_ai";
+    switch (src->kind) {
     case DIALECT_AZURE:
         return "azure.ai.openai";
     case DIALECT_ANTHROPIC:
@@ -70,7 +73,7 @@ void calltrace_begin(struct calltrace *ct, struct tracer *t, const struct calltr
     if (!tracer_is_enabled(t))
         return;
     if (trace_ctx_parse(&ctx, s->traceparent, s->tracestate) < 0 && s->task_trace &&
-        trace_ctx_parse(&ctx, s->task_trace, NULL) == 0)
+        trace_ctx_parse(&ctx, s->task_trace, s->task_tracestate) == 0)
         ctx.own = true; /* a child of its task's run, whatever tracing.parent says */
     const char *op = operation(s->capability);
     snprintf(ct->op, sizeof(ct->op), "%s", op ? op : s->capability);
@@ -80,9 +83,11 @@ void calltrace_begin(struct calltrace *ct, struct tracer *t, const struct calltr
     }
     char name[192];
     snprintf(name, sizeof(name), "%s %s", ct->op, ct->model[0] ? ct->model : s->capability);
-    ct->call = span_start(t, NULL, &ctx, false, name, TRACE_SERVER, now);
-    if (!ct->call)
+    ct->call = span_start_ctx(t, NULL, &ctx, false, name, TRACE_SERVER, now, &ct->quiet);
+    if (!ct->call) {
+        ct->tracer = t;
         return;
+    }
     span_set(ct->call, &TKV_S("gen_ai.operation.name", ct->op));
     if (ct->model[0])
         span_set(ct->call, &TKV_S("gen_ai.request.model", ct->model));
@@ -159,11 +164,25 @@ static void breaker_skips(struct calltrace *ct, const struct gov_call *g, double
     }
 }
 
+/* ct->tp_line (its traceparent written) with the tracestate line `state`
+ * after it ("" = none): W3C asks for it to be passed on as received. */
+static const char *with_state(struct calltrace *ct, const char *state)
+{
+    if (state[0])
+        snprintf(ct->tp_line + 68, sizeof(ct->tp_line) - 68, "\r\ntracestate: %s", state);
+    return ct->tp_line;
+}
+
 const char *calltrace_attempt(struct calltrace *ct, const struct gov_call *g,
                               const struct config_source *src, double now)
 {
-    if (!ct->call)
-        return NULL;
+    if (!ct->call) {
+        if (!ct->quiet.valid)
+            return NULL;
+        memcpy(ct->tp_line, "traceparent: ", 13);
+        trace_ctx_child(ct->tracer, &ct->quiet, ct->tp_line + 13);
+        return with_state(ct, ct->quiet.state);
+    }
     uint32_t attempt_no = g->attempts;
     wait_close(ct, now);
     breaker_skips(ct, g, now);
@@ -185,18 +204,20 @@ const char *calltrace_attempt(struct calltrace *ct, const struct gov_call *g,
     char host[256];
     url_host(src->base_url, host, sizeof(host));
     span_set(a, &TKV_S("gen_ai.operation.name", ct->op));
-    span_set(a, &TKV_S("gen_ai.provider.name", provider(src->kind)));
-    span_set(a, &TKV_S("gen_ai.system", provider(src->kind)));
+    /* gen_ai.system, the older name, with its older value for Azure. */
+    const char *prov = provider(src);
+    span_set(a, &TKV_S("gen_ai.provider.name", prov));
+    span_set(a, &TKV_S("gen_ai.system", strcmp(prov, "azure.ai.openai") ? prov : "az.ai.openai"));
     if (m)
         span_set(a, &TKV_S("gen_ai.request.model", m));
     span_set(a, &TKV_S("server.address", host));
     span_set(a, &TKV_S("polygw.source", src->name));
     span_set(a, &TKV_I("polygw.attempt", attempt_no));
 
-    /* This attempt's own traceparent upstream. */
+    /* This attempt's own traceparent upstream, and the call's tracestate. */
     memcpy(ct->tp_line, "traceparent: ", 13);
     span_traceparent(a, ct->tp_line + 13);
-    return ct->tp_line;
+    return with_state(ct, span_tracestate(a));
 }
 
 /* A member naming the model: copied into ct->resp_model (a name too long,

@@ -10,7 +10,8 @@
  * names (capability, source, app, model), numbers, codes and reasons.
  *
  * Embedded in a call, zeroed; every function is a no-op for a call that
- * is not traced (tracing off, or not sampled).
+ * is not traced (tracing off, or not sampled), but for the trace context
+ * an unsampled call still passes upstream.
  */
 #ifndef POLYGW_CALLTRACE_H
 #define POLYGW_CALLTRACE_H
@@ -20,9 +21,8 @@
 #include <stdint.h>
 
 #include "codes.h"
+#include "trace/trace.h"
 
-struct tracer;
-struct span;
 struct gov_call;
 struct attempt_result;
 struct dialect_usage;
@@ -34,19 +34,27 @@ struct calltrace {
     double wait_from;
     const char *wait_reason; /* static, or NULL */
     const char *last_source;
-    char op[64];           /* gen_ai.operation.name, of the call and of each attempt */
-    char model[128];       /* the model asked for, "" = none */
-    char resp_model[128];  /* the model the current attempt's answer names, "" = none */
-    char call_model[128];  /* ... the last successful attempt's (the call span's) */
-    char tp_line[80];      /* "traceparent: ..." sent with the attempt */
+    char op[64];          /* gen_ai.operation.name, of the call and of each attempt */
+    char model[128];      /* the model asked for, "" = none */
+    char resp_model[128]; /* the model the current attempt's answer names, "" = none */
+    char call_model[128]; /* ... the last successful attempt's (the call span's) */
+    /* Sent with the attempt: "traceparent: ...", and "
+tracestate: ..."
+     * when the call has one (the caller's, or its task run's). */
+    char tp_line[13 + 55 + 14 + 256 + 1];
+    /* A call the sampler left out: the context its attempts pass on
+     * (quiet.valid), each with a span id of its own. */
+    struct tracer *tracer;
+    struct trace_ctx quiet;
     uint64_t breaker_told; /* sources (index < 64) whose open breaker was told */
 };
 
 /* What call_begin knows of the call (all borrowed for the call only). */
 struct calltrace_start {
     const char *traceparent, *tracestate; /* the caller's, or NULL */
-    const char *task_trace; /* the call's task's trace (its task.start span), or NULL: the
+    const char *task_trace;      /* the call's task's trace (its task.start span), or NULL: the
                              * parent when the caller sent no valid traceparent */
+    const char *task_tracestate; /* ... and its tracestate, or NULL */
     const char *capability, *app, *task_id;
     const char *model; /* model_len bytes, NULL = none */
     size_t model_len;
@@ -65,8 +73,11 @@ void calltrace_wait(struct calltrace *ct, const struct gov_call *g,
 /* An attempt starts on `src` (asking for its model, else the call's): the
  * wait ends, a change of source is a failover, and the attempt's span
  * begins; each source of the call's that its open breaker kept out is told
- * once (polygw.breaker_skip). Returns the attempt's "traceparent: ..." header line (in ct,
- * until the next attempt), or NULL when the call is not traced. */
+ * once (polygw.breaker_skip). Returns the attempt's "traceparent: ..." header line,
+ * with a "tracestate: ..." line after it (CRLF between) when the call has
+ * one (in ct, until the next attempt), or NULL when tracing is off. A call the sampler
+ * left out records nothing but still passes its trace on: the caller's
+ * trace id (or a new one), a new span id, flagged not sampled. */
 const char *calltrace_attempt(struct calltrace *ct, const struct gov_call *g,
                               const struct config_source *src, double now);
 

@@ -112,7 +112,7 @@ static struct span *task_span(struct server *srv, const struct task *t, const ch
 {
     struct trace_ctx ctx;
 
-    if (!t || !t->trace[0] || trace_ctx_parse(&ctx, t->trace, NULL) < 0)
+    if (!t || !t->trace[0] || trace_ctx_parse(&ctx, t->trace, t->trace_state) < 0)
         return NULL;
     ctx.own = true;
     struct span *s = span_start(srv->tracer, NULL, &ctx, false, name, TRACE_INTERNAL, start);
@@ -174,6 +174,7 @@ static void task_trace_start(struct server *srv, struct task *t, const char *tra
     struct trace_ctx ctx;
 
     t->trace[0] = '\0';
+    task_set_trace_state(srv->tasks, t, NULL);
     if (!tracer_is_enabled(srv->tracer))
         return;
     trace_ctx_parse(&ctx, traceparent[0] ? traceparent : NULL, tracestate);
@@ -183,9 +184,13 @@ static void task_trace_start(struct server *srv, struct task *t, const char *tra
         if (ctx.valid) { /* its first four fields: "VV-<32>-<16>-FF" */
             memcpy(t->trace, traceparent, sizeof(t->trace) - 1);
             t->trace[sizeof(t->trace) - 1] = '\0';
+            task_set_trace_state(srv->tasks, t, ctx.state);
         }
         return;
     }
+    /* The run's spans and calls carry its tracestate (the caller's, unless
+     * task.start is a new root that links it). */
+    task_set_trace_state(srv->tasks, t, span_tracestate(s));
     span_set(s, &TKV_S("polygw.task_id", t->id));
     if (t->app[0])
         span_set(s, &TKV_S("polygw.app", t->app));
@@ -568,8 +573,10 @@ static void tasks_sync(struct server *srv, const char *id, const struct backend_
             task_start(srv->tasks, id, now, &t);
             /* A run started elsewhere has no trace here; this sidecar's own
              * task.start sets one (tasks_answer). */
-            if (t)
+            if (t) {
                 t->trace[0] = '\0';
+                task_set_trace_state(srv->tasks, t, NULL);
+            }
         }
     } else if (t && t->state == TASK_RUNNING) {
         bool watchdog = strcmp(bt->kind, "watchdog") == 0;

@@ -169,6 +169,22 @@ static int on_url(http_parser *p, const char *at, size_t n)
     return 0;
 }
 
+/* The value of a header of ours is complete: its trailing spaces and tabs
+ * are not part of it (RFC 9110 §5.5; http_parser skips the leading ones),
+ * nor is an empty repeat of a list (its "," taken back). */
+static void value_end(struct httpreq *r)
+{
+    r->in_value = false;
+    if (r->cur == HRQ_NONE || r->val_over[r->cur])
+        return;
+    size_t n = r->val_len[r->cur];
+    while (n > r->val_from && (r->val[r->cur][n - 1] == ' ' || r->val[r->cur][n - 1] == '\t'))
+        n--;
+    if (n == r->val_from && n > 0 && r->val[r->cur][n - 1] == ',')
+        n--;
+    r->val_len[r->cur] = n;
+}
+
 /* Trailers (header lines after a chunked body) are counted and dropped. */
 static int on_header_field(http_parser *p, const char *at, size_t n)
 {
@@ -179,7 +195,7 @@ static int on_header_field(http_parser *p, const char *at, size_t n)
     if (r->head_done)
         return 0;
     if (r->in_value) {
-        r->in_value = false;
+        value_end(r);
         r->field_len = 0;
         r->field_over = false;
     }
@@ -207,8 +223,23 @@ static int on_header_value(http_parser *p, const char *at, size_t n)
             if (hdrs[i].len == r->field_len &&
                 strncasecmp(r->field, hdrs[i].name, r->field_len) == 0) {
                 r->cur = (enum httpreq_hdr)i;
+                if (i == HRQ_TRACESTATE && r->present[i]) {
+                    /* A list sent in several lines: one list, joined by
+                     * "," (RFC 9110 §5.3); too long in all: none. */
+                    if (!r->val_over[i] && r->val_len[i]) {
+                        if (r->val_len[i] + 1 > HTTPREQ_VAL_MAX) {
+                            r->val_over[i] = true;
+                            r->val_len[i] = 0;
+                        } else {
+                            r->val[i][r->val_len[i]++] = ',';
+                        }
+                    }
+                    r->val_from = r->val_len[i];
+                    break;
+                }
                 /* A repeated header of ours: the last one wins, whole. */
                 r->val_len[i] = 0;
+                r->val_from = 0;
                 r->val_over[i] = false;
                 r->present[i] = true;
                 break;
@@ -232,6 +263,8 @@ static int on_headers_complete(http_parser *p)
 {
     struct httpreq *r = p->data;
 
+    if (r->in_value)
+        value_end(r);
     for (int i = HRQ_COUNT - 1; i >= 0; i--) {
         r->val[i][r->val_len[i]] = '\0';
         if (r->val_over[i] && i != HRQ_AUTH && i != HRQ_TRACESTATE && i != HRQ_CACHE_CONTROL)

@@ -92,8 +92,9 @@ struct httpreq {
     size_t max_header_bytes; /* the owner sets both (they may change between requests) */
     size_t max_body_bytes;
     /* The request being read: set when the head hook runs, until the next
-     * request begins. Values are NUL-terminated; a repeated header of ours
-     * keeps its last value. */
+     * request begins. Values are NUL-terminated, without the spaces and
+     * tabs around them; a repeated header of ours
+     * keeps its last value, but for tracestate's lines, joined by ",". */
     char url[HTTPREQ_URL_MAX + 1];
     size_t url_len;
     char val[HRQ_COUNT][HTTPREQ_VAL_MAX + 1];
@@ -112,6 +113,7 @@ struct httpreq {
     size_t field_len;
     bool field_over, in_value, head_done, stop;
     enum httpreq_hdr cur;
+    size_t val_from;          /* where the current line's value starts in val[cur] */
     bool val_over[HRQ_COUNT]; /* longer than HTTPREQ_VAL_MAX: nothing of it is kept */
     size_t header_bytes;
     enum httpreq_scan scan;

@@ -12,6 +12,10 @@
 
 #define TRACE_ATTRS_MAX       24
 #define TRACE_EVENTS_MAX      16
+/* Of these, the last ones: once the span is full, each new event takes the
+ * place of the oldest of them, so the first events and the latest (a
+ * call's verdict) are kept and the middle dropped. */
+#define TRACE_EVENTS_TAIL     4
 #define TRACE_EVENT_ATTRS_MAX 4
 #define TRACE_STR_MAX         256
 
@@ -55,6 +59,7 @@ struct span {
     enum trace_kind kind;
     uint64_t start_ns, end_ns;
     uint8_t n_attrs, n_events;
+    uint8_t tail_next; /* full: the tail slot the next event takes (0 .. TAIL-1) */
     uint32_t dropped_attrs, dropped_events;
     struct span_attr attrs[TRACE_ATTRS_MAX];
     struct span_event events[TRACE_EVENTS_MAX];

@@ -29,6 +29,7 @@
 struct trace_settings {
     char *endpoint;
     double ratio;
+    uint64_t ratio_bound; /* ratio x 2^63: sampled_id's bound */
     bool parent_based, link;
     uint32_t max_queue, max_batch, max_retries;
     double interval_s, timeout_s;
@@ -177,6 +178,14 @@ static uint32_t span_put(struct span *sp, const char *s)
     size_t n = s ? strnlen(s, TRACE_STR_MAX) : 0;
     if (n == 0)
         return 0;
+    /* A string the span has already (an event's name, a source) is shared:
+     * many events fit in the text bound. */
+    for (uint32_t off = 1; off < sp->text_len;) {
+        size_t k = strlen(sp->text + off);
+        if (k == n && memcmp(sp->text + off, s, n) == 0)
+            return off;
+        off += (uint32_t)k + 1;
+    }
     if (sp->text_len + n + 1 > SPAN_TEXT_MAX)
         return 0;
     if (sp->text_len + n + 1 > sp->text_cap) {
@@ -206,23 +215,43 @@ static void span_free(struct span *s)
     free(s);
 }
 
-static bool sampled(const struct tracer *t, const uint8_t *trace_id)
+/* TraceIdRatioBased as the OpenTelemetry SDKs (Go, Java) decide it: the
+ * trace id's last 8 bytes, big-endian, shifted right by one, below
+ * ratio x 2^63 (`bound`, computed once: no rounding per id). */
+bool trace_ratio_sampled(double ratio, uint64_t bound, const uint8_t *trace_id)
 {
-    if (t->set.ratio >= 1)
+    if (ratio >= 1)
         return true;
-    if (t->set.ratio <= 0)
+    if (!(ratio > 0))
         return false;
     uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
+    for (int i = 8; i < 16; i++)
         v = (v << 8) | trace_id[i];
-    return (double)v < t->set.ratio * 18446744073709551616.0;
+    return (v >> 1) < bound;
 }
 
-struct span *span_start(struct tracer *t, const struct span *parent, const struct trace_ctx *ctx,
-                        bool link, const char *name, enum trace_kind kind, double now)
+uint64_t trace_ratio_bound(double ratio)
+{
+    return ratio >= 1 ? UINT64_C(1) << 63 : ratio > 0 ? (uint64_t)ldexp(ratio, 63) : 0;
+}
+
+static bool sampled(const struct tracer *t, const uint8_t *trace_id)
+{
+    return trace_ratio_sampled(t->set.ratio, t->set.ratio_bound, trace_id);
+}
+
+/* The caller's flags a child keeps: sampled (0x01) and W3C level 2's
+ * random (0x02); the others are unused and set to 0. */
+#define FLAGS_KEPT 0x03
+
+struct span *span_start_ctx(struct tracer *t, const struct span *parent,
+                            const struct trace_ctx *ctx, bool link, const char *name,
+                            enum trace_kind kind, double now, struct trace_ctx *quiet)
 {
     struct span *s;
 
+    if (quiet)
+        memset(quiet, 0, sizeof(*quiet));
     if (!t && parent)
         t = parent->t;
     if (!t || !t->enabled)
@@ -263,16 +292,50 @@ struct span *span_start(struct tracer *t, const struct span *parent, const struc
         }
         bool on =
             use_parent && t->set.parent_based ? (ctx->flags & 1) != 0 : sampled(t, s->trace_id);
+        uint8_t flags = use_parent ? ctx->flags & FLAGS_KEPT : 0;
         if (!on) {
             t->stats.unsampled++;
+            if (quiet) {
+                /* Not recorded, still passed on: the trace, not sampled. */
+                quiet->valid = true;
+                memcpy(quiet->trace_id, s->trace_id, 16);
+                memcpy(quiet->span_id, s->span_id, 8);
+                quiet->flags = flags & ~1;
+                if (use_parent)
+                    memcpy(quiet->state, ctx->state, sizeof(quiet->state));
+            }
             span_free(s);
             return NULL;
         }
-        s->flags = 1;
+        s->flags = flags | 1;
     }
     s->name_off = span_put(s, name);
     t->stats.spans_started++;
     return s;
+}
+
+struct span *span_start(struct tracer *t, const struct span *parent, const struct trace_ctx *ctx,
+                        bool link, const char *name, enum trace_kind kind, double now)
+{
+    return span_start_ctx(t, parent, ctx, link, name, kind, now, NULL);
+}
+
+const char *span_tracestate(const struct span *s)
+{
+    return s ? span_text(s, s->state_off) : "";
+}
+
+void trace_ctx_child(struct tracer *t, const struct trace_ctx *c, char *out)
+{
+    uint8_t id[8];
+    rng_fill(t, id, 8);
+    memcpy(out, "00-", 3);
+    hex_out(out + 3, c->trace_id, 16);
+    out[35] = '-';
+    hex_out(out + 36, id, 8);
+    out[52] = '-';
+    hex_out(out + 53, &c->flags, 1);
+    out[55] = '\0';
 }
 
 static void attr_set(struct span *s, struct span_attr *a, const struct trace_kv *kv)
@@ -315,11 +378,15 @@ void span_event(struct span *s, const char *name, double at, const struct trace_
 {
     if (!s)
         return;
+    struct span_event *e;
     if (s->n_events == TRACE_EVENTS_MAX) {
+        /* Full: the oldest of the last few gives way (counted). */
         s->dropped_events++;
-        return;
+        e = &s->events[TRACE_EVENTS_MAX - TRACE_EVENTS_TAIL + s->tail_next];
+        s->tail_next = (uint8_t)((s->tail_next + 1) % TRACE_EVENTS_TAIL);
+    } else {
+        e = &s->events[s->n_events++];
     }
-    struct span_event *e = &s->events[s->n_events++];
     e->time_ns = to_ns(at);
     e->name_off = span_put(s, name);
     e->n_attrs = (uint8_t)(n < TRACE_EVENT_ATTRS_MAX ? n : TRACE_EVENT_ATTRS_MAX);
@@ -381,6 +448,15 @@ void span_end(struct span *s, double now)
     if (!s)
         return;
     struct tracer *t = s->t;
+    if (s->tail_next) {
+        /* The tail back in the order its events came. */
+        struct span_event tail[TRACE_EVENTS_TAIL],
+            *from = s->events + TRACE_EVENTS_MAX - TRACE_EVENTS_TAIL;
+        for (size_t i = 0; i < TRACE_EVENTS_TAIL; i++)
+            tail[i] = from[(s->tail_next + i) % TRACE_EVENTS_TAIL];
+        memcpy(from, tail, sizeof(tail));
+        s->tail_next = 0;
+    }
     s->end_ns = to_ns(now);
     if (s->end_ns < s->start_ns)
         s->end_ns = s->start_ns;
@@ -564,12 +640,16 @@ static char *decode(const char *s, size_t n)
 }
 
 /* Splits "k=v,k2=v2" into the callback's pairs. Returns 0, or -1 when an
- * entry has no '=' or an empty key (`what` names the variable). */
+ * entry has no '=' or an empty key (`what` names the variable). An entry
+ * the callback refuses (-1) is warned about by the variable's name and its
+ * place in the list, never its text (a header's value is a secret). */
 static int kv_list(const char *list, const char *what, char *err, size_t errlen,
                    int (*each)(void *ud, char *k, char *v), void *ud)
 {
     const char *p = list;
+    unsigned long long entry = 0;
     while (p && *p) {
+        entry++;
         const char *end = strchr(p, ',');
         size_t n = end ? (size_t)(end - p) : strlen(p);
         const char *eq = memchr(p, '=', n);
@@ -590,10 +670,22 @@ static int kv_list(const char *list, const char *what, char *err, size_t errlen,
                 free(k);
                 explicit_bzero(v, strlen(v));
                 free(v);
+                log_at(LOG_WARN, "OTEL_* list entry ignored (an invalid header name, or too many)",
+                       "variable", LOG_S, what, "entry", LOG_U, entry, NULL);
             }
         }
         p = end ? end + 1 : NULL;
     }
+    return 0;
+}
+
+/* Checks an entry only (the list is read for real if every one is well
+ * formed). */
+static int kv_check(void *ud, char *k, char *v)
+{
+    (void)ud;
+    free(k);
+    free(v);
     return 0;
 }
 
@@ -620,7 +712,10 @@ static int add_header(void *ud, char *k, char *v)
     size_t i = 0;
     while (s->headers[i])
         i++;
-    if (i >= HEADERS_MAX + 1 || strpbrk(k, ": \r\n") || strpbrk(v, "\r\n"))
+    /* A name is an RFC 9110 token; a value has no line break. */
+    static const char tchar[] = "!#$%&'*+-.^_`|~0123456789"
+                                "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    if (i >= HEADERS_MAX + 1 || k[strspn(k, tchar)] || strpbrk(v, "\r\n"))
         return -1;
     size_t n = strlen(k) + strlen(v) + 3;
     char *line = malloc(n);
@@ -634,6 +729,81 @@ static int add_header(void *ud, char *k, char *v)
     return 0;
 }
 
+/* Calls each(ud, entry) for every entry of the comma-separated `list`,
+ * trimmed (an empty one skipped), in `buf` of `cap` bytes (a longer entry
+ * is cut). */
+static void list_each(const char *list, char *buf, size_t cap, void (*each)(void *ud, char *e),
+                      void *ud)
+{
+    for (const char *p = list; p && *p;) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        while (n && isspace((unsigned char)*p))
+            p++, n--;
+        while (n && isspace((unsigned char)p[n - 1]))
+            n--;
+        if (n) {
+            snprintf(buf, cap, "%.*s", (int)n, p);
+            each(ud, buf);
+        }
+        p = end ? end + 1 : NULL;
+    }
+}
+
+/* OTEL_TRACES_EXPORTER's entries: otlp, none, or another (warned about,
+ * ignored: only OTLP is exported). */
+struct exporters {
+    int otlp, none;
+};
+
+static void exporter_each(void *ud, char *e)
+{
+    struct exporters *x = ud;
+    if (strcasecmp(e, "otlp") == 0)
+        x->otlp++;
+    else if (strcasecmp(e, "none") == 0)
+        x->none++;
+    else
+        log_at(LOG_WARN, "trace exporter not supported, ignored: polygw exports OTLP only",
+               "variable", LOG_S, "OTEL_TRACES_EXPORTER", "exporter", LOG_S, e, NULL);
+}
+
+/* A boolean OTEL_* variable: "true" in any case, around spaces. */
+static bool env_true(const char *name)
+{
+    const char *v = env(name);
+    if (!v)
+        return false;
+    v += strspn(v, " \t");
+    size_t n = strcspn(v, " \t");
+    return n == 4 && strncasecmp(v, "true", 4) == 0 && v[n + strspn(v + n, " \t")] == '\0';
+}
+
+/* The variable of the environment that turns trace export off, or NULL:
+ * OTEL_SDK_DISABLED=true, or OTEL_TRACES_EXPORTER naming none (and not
+ * otlp). Warns about an exporter other than these. */
+static const char *env_turns_off(void)
+{
+    if (env_true("OTEL_SDK_DISABLED"))
+        return "OTEL_SDK_DISABLED";
+    struct exporters x = { 0, 0 };
+    char buf[64];
+    list_each(env("OTEL_TRACES_EXPORTER"), buf, sizeof(buf), exporter_each, &x);
+    return x.none && !x.otlp ? "OTEL_TRACES_EXPORTER" : NULL;
+}
+
+/* Warns about an OTLP protocol other than http/protobuf (the only one
+ * sent): the traces variable wins over the general one. */
+static void protocol_check(void)
+{
+    const char *name = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", *v = env(name);
+    if (!v)
+        v = env(name = "OTEL_EXPORTER_OTLP_PROTOCOL");
+    if (v && strcmp(v, "http/protobuf") != 0)
+        log_at(LOG_WARN, "OTLP protocol not supported, ignored: polygw sends http/protobuf",
+               "variable", LOG_S, name, "protocol", LOG_S, v, NULL);
+}
+
 static bool is_http_url(const char *u)
 {
     return strncasecmp(u, "http://", 7) == 0 || strncasecmp(u, "https://", 8) == 0;
@@ -643,6 +813,7 @@ static int settings_make(struct trace_settings *s, const struct config_tracing *
                          size_t errlen)
 {
     memset(s, 0, sizeof(*s));
+    protocol_check();
     s->max_queue = ct->max_queue_spans;
     s->max_batch =
         ct->max_batch_spans < ct->max_queue_spans ? ct->max_batch_spans : ct->max_queue_spans;
@@ -696,6 +867,7 @@ static int settings_make(struct trace_settings *s, const struct config_tracing *
     const char *smp = env("OTEL_TRACES_SAMPLER"), *arg = env("OTEL_TRACES_SAMPLER_ARG");
     double ratio = 1;
     if (smp) {
+        const char *name = smp;
         if (strncmp(smp, "parentbased_", 12) == 0)
             smp += 12;
         else
@@ -707,11 +879,17 @@ static int settings_make(struct trace_settings *s, const struct config_tracing *
             double r = strtod(arg, &end);
             if (*end == '\0' && r >= 0 && r <= 1)
                 ratio = r;
+            else
+                log_at(LOG_WARN, "OTEL_TRACES_SAMPLER_ARG is not a ratio from 0 to 1, ignored: 1",
+                       "value", LOG_S, arg, NULL);
         } else if (strcmp(smp, "always_on") != 0 && strcmp(smp, "traceidratio") != 0) {
             s->parent_based = true; /* an unknown sampler: the default */
+            log_at(LOG_WARN, "OTEL_TRACES_SAMPLER unknown, ignored: parentbased_always_on", "value",
+                   LOG_S, name, NULL);
         }
     }
     s->ratio = ct->sampler_ratio >= 0 ? ct->sampler_ratio : ratio;
+    s->ratio_bound = trace_ratio_bound(s->ratio);
 
     /* The resource: service.name, then OTEL_RESOURCE_ATTRIBUTES (which may
      * not rename the service when the config or OTEL_SERVICE_NAME does). */
@@ -725,8 +903,13 @@ static int settings_make(struct trace_settings *s, const struct config_tracing *
     }
     add_resource(s, k, v);
     add_resource(s, k2, v2);
+    /* A malformed list is discarded whole, with a warning (the resource
+     * spec): often set pod-wide, it never stops the start. */
     const char *ra = env("OTEL_RESOURCE_ATTRIBUTES");
-    if (ra && kv_list(ra, "OTEL_RESOURCE_ATTRIBUTES", err, errlen, add_resource, s) < 0)
+    char why[128];
+    if (ra && kv_list(ra, "OTEL_RESOURCE_ATTRIBUTES", why, sizeof(why), kv_check, NULL) < 0)
+        log_at(LOG_WARN, "OTEL_RESOURCE_ATTRIBUTES discarded", "error", LOG_S, why, NULL);
+    else if (ra && kv_list(ra, "OTEL_RESOURCE_ATTRIBUTES", err, errlen, add_resource, s) < 0)
         return -1;
     if (svc && s->n_res && strcmp(s->res_vals[0], svc) != 0) {
         free(s->res_vals[0]);
@@ -740,11 +923,30 @@ static int settings_make(struct trace_settings *s, const struct config_tracing *
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    const char *h = env("OTEL_EXPORTER_OTLP_TRACES_HEADERS");
+    const char *hname = "OTEL_EXPORTER_OTLP_TRACES_HEADERS", *h = env(hname);
     if (!h)
-        h = env("OTEL_EXPORTER_OTLP_HEADERS");
-    if (h && kv_list(h, "OTEL_EXPORTER_OTLP_HEADERS", err, errlen, add_header, s) < 0)
+        h = env(hname = "OTEL_EXPORTER_OTLP_HEADERS");
+    if (h && kv_list(h, hname, err, errlen, add_header, s) < 0)
         return -1;
+    return 0;
+}
+
+/* The settings in force for `ct` into *s (zeroed when off); *on: tracing
+ * is on (the config's enabled, unless the environment turns it off).
+ * Returns 0, or -1 with `err` (a malformed variable). */
+static int settings_load(struct trace_settings *s, const struct config_tracing *ct, bool *on,
+                         char *err, size_t errlen)
+{
+    const char *off = ct->enabled ? env_turns_off() : NULL;
+    memset(s, 0, sizeof(*s));
+    *on = ct->enabled && !off;
+    if (off)
+        log_at(LOG_INFO, "tracing is off: the environment turns trace export off", "variable",
+               LOG_S, off, NULL);
+    if (*on && settings_make(s, ct, err, errlen) < 0) {
+        settings_free(s);
+        return -1;
+    }
     return 0;
 }
 
@@ -784,17 +986,16 @@ struct tracer *tracer_new(struct ev_loop *loop, struct upstream *up,
     struct tracer *t = calloc(1, sizeof(*t));
     struct trace_settings s;
 
+    bool on;
+
     if (!t) {
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
-    if (ct->enabled && settings_make(&s, ct, err, errlen) < 0) {
-        settings_free(&s);
+    if (settings_load(&s, ct, &on, err, errlen) < 0) {
         free(t);
         return NULL;
     }
-    if (!ct->enabled)
-        memset(&s, 0, sizeof(s));
     t->loop = loop;
     t->up = up;
     if (getrandom(t->rng, sizeof(t->rng), 0) != (ssize_t)sizeof(t->rng) ||
@@ -804,21 +1005,18 @@ struct tracer *tracer_new(struct ev_loop *loop, struct upstream *up,
     }
     ev_init(&t->export_w, export_on_timer);
     t->export_w.data = t;
-    tracer_apply(t, &s, ct->enabled);
+    tracer_apply(t, &s, on);
     return t;
 }
 
 int tracer_reconf(struct tracer *t, const struct config_tracing *ct, char *err, size_t errlen)
 {
     struct trace_settings s;
+    bool on;
 
-    if (ct->enabled && settings_make(&s, ct, err, errlen) < 0) {
-        settings_free(&s);
+    if (settings_load(&s, ct, &on, err, errlen) < 0)
         return -1;
-    }
-    if (!ct->enabled)
-        memset(&s, 0, sizeof(s));
-    tracer_apply(t, &s, ct->enabled);
+    tracer_apply(t, &s, on);
     return 0;
 }
 

@@ -22,15 +22,17 @@
  *
  * Sampling (the sampler decides once, at a trace's first polygw span): a
  * span whose parent context is sampled (or not) follows it when the
- * sampler is parent-based (the default); otherwise the trace id's first 8
- * bytes, read as a number below ratio x 2^64, decide. An unsampled span is
+ * sampler is parent-based (the default); otherwise the trace id decides
+ * as OpenTelemetry's TraceIdRatioBased does (trace_ratio_sampled). An unsampled span is
  * NULL: every span_* function accepts NULL and does nothing, so callers
- * never test for it.
+ * never test for it; span_start_ctx also gives the context an unsampled
+ * span passes on (its trace, flagged not sampled).
  *
  * Content: the tracer copies only what its callers give it; they give no
  * body text, key or header value (call/calltrace.c). Strings are cut at
  * TRACE_STR_MAX bytes, a span keeps at most TRACE_ATTRS_MAX attributes and
- * TRACE_EVENTS_MAX events (more are counted as dropped in the span).
+ * TRACE_EVENTS_MAX events (more are counted as dropped in the span: of
+ * events, the middle ones, the latest TRACE_EVENTS_TAIL kept).
  *
  * Everything runs on the loop thread; nothing here is called from a
  * libcurl callback.
@@ -70,6 +72,13 @@ struct trace_ctx {
 int trace_ctx_parse(struct trace_ctx *c, const char *traceparent, const char *tracestate);
 
 
+/* The ratio sampler's decision for `trace_id` (16 bytes): its last 8
+ * bytes, big-endian, shifted right by one, below `bound` =
+ * trace_ratio_bound(ratio) (ratio x 2^63), as the OpenTelemetry SDKs
+ * decide; ratio >= 1 samples every id, <= 0 none. */
+uint64_t trace_ratio_bound(double ratio);
+bool trace_ratio_sampled(double ratio, uint64_t bound, const uint8_t *trace_id);
+
 /* One attribute as a caller passes it: `key` must be static (it is kept as
  * a pointer); a string value is copied. */
 struct trace_kv {
@@ -101,9 +110,12 @@ struct trace_stats {
  * (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT +
  * "/v1/traces", OTEL_EXPORTER_OTLP_HEADERS, OTEL_SERVICE_NAME,
  * OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER and _ARG,
- * OTEL_EXPORTER_OTLP_TIMEOUT; a key of `ct` that is set wins). Returns
- * NULL with `err` when the environment holds a malformed value (an endpoint
- * that is not http(s)://, a header line that is not key=value). */
+ * OTEL_EXPORTER_OTLP_TIMEOUT; a key of `ct` that is set wins);
+ * OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none turn it off as
+ * `enabled: false` would. Returns NULL with `err` when the environment
+ * holds a malformed value (an endpoint that is not http(s)://, a header
+ * line that is not key=value); other malformed values are warned about
+ * and ignored (a malformed OTEL_RESOURCE_ATTRIBUTES whole). */
 struct tracer *tracer_new(struct ev_loop *loop, struct upstream *up,
                           const struct config_tracing *ct, char *err, size_t errlen);
 
@@ -138,6 +150,20 @@ bool tracer_is_enabled(const struct tracer *t);
 struct span *span_start(struct tracer *t, const struct span *parent, const struct trace_ctx *ctx,
                         bool link, const char *name, enum trace_kind kind, double now);
 
+/* As span_start; when the sampler leaves the trace out, *quiet (not NULL)
+ * gets the context to pass on instead (W3C: a participant that does not
+ * record still propagates): valid, the trace id (the parent context's, or
+ * a new root's), the span id the span would have had, the parent's flags
+ * (sampled and random only) with sampled clear, and its tracestate. Else
+ * quiet->valid is false. */
+struct span *span_start_ctx(struct tracer *t, const struct span *parent,
+                            const struct trace_ctx *ctx, bool link, const char *name,
+                            enum trace_kind kind, double now, struct trace_ctx *quiet);
+/* The traceparent of a new child of context `c` (a span not recorded):
+ * c's trace id and flags, a new span id from `t` (not NULL);
+ * NUL-terminated, 55 characters (`out` holds at least 56). */
+void trace_ctx_child(struct tracer *t, const struct trace_ctx *c, char *out);
+
 void span_set(struct span *s, const struct trace_kv *kv);
 /* An event at `at` with up to TRACE_EVENT_ATTRS_MAX attributes. */
 void span_event(struct span *s, const char *name, double at, const struct trace_kv *kv, size_t n);
@@ -148,5 +174,7 @@ void span_end(struct span *s, double now);
 /* The span's context as a W3C traceparent value, NUL-terminated (55
  * characters; `out` holds at least 56). */
 void span_traceparent(const struct span *s, char *out);
+/* The span's tracestate ("" = none, or NULL span). */
+const char *span_tracestate(const struct span *s);
 
 #endif /* POLYGW_TRACE_H */

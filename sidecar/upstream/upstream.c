@@ -266,7 +266,7 @@ struct attempt {
     char errbuf[CURL_ERROR_SIZE];
 
     bool native;                                /* carried by the own client (h1), not libcurl */
-    char h1_cl[UPSTREAM_EXTRA_HEADER_MAX + 40]; /* the extra header line,
+    char h1_cl[UPSTREAM_EXTRA_HEADER_MAX + 40]; /* the extra header lines,
                                                  * "Content-Length: N" and the head's end */
     struct h1_req h1; /* last: large, and only the own client's attempts use it */
 };
@@ -1965,6 +1965,24 @@ static size_t extra_len(const struct attempt_spec *spec)
     return n <= UPSTREAM_EXTRA_HEADER_MAX ? n : 0;
 }
 
+/* Appends each line of `lines` (CRLF between them) to `l`. */
+static int add_lines(struct curl_slist *l, const char *lines)
+{
+    char one[UPSTREAM_EXTRA_HEADER_MAX + 1];
+    while (*lines) {
+        size_t n = strcspn(lines, "\r");
+        if (n >= sizeof(one))
+            return -1;
+        memcpy(one, lines, n);
+        one[n] = '\0';
+        if (!curl_slist_append(l, one))
+            return -1;
+        lines += n;
+        lines += strspn(lines, "\r\n");
+    }
+    return 0;
+}
+
 /* Whether the environment names a proxy, or hosts not to proxy, for
  * libcurl: these are all the variables it reads. It reads them again for
  * every transfer, a scan of the whole environment per name; a running
@@ -2346,7 +2364,7 @@ static int attempt_setup(struct attempt *a, const struct attempt_spec *spec,
         a->headers = upstream_headers(a->up, spec->stream, spec->headers, &a->owned_headers);
     if (!a->headers)
         return -1;
-    if (extra_len(spec) && !curl_slist_append(a->owned_headers, spec->extra_header))
+    if (extra_len(spec) && add_lines(a->owned_headers, spec->extra_header) < 0)
         return -1;
     for (char *line = a->attempt_hdrs; line && *line;) {
         char *end = strstr(line, "\r\n");

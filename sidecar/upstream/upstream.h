@@ -141,10 +141,11 @@ struct attempt_spec {
      * type. libcurl carries it. */
     bool raw;
     const char *method; /* static: "GET" or "DELETE" (no body sent); NULL = POST */
-    /* One more "Name: value" line for this attempt alone (its traceparent),
-     * copied, at most UPSTREAM_EXTRA_HEADER_MAX bytes (longer: not sent);
-     * NULL = none. Kept out of `headers`, whose lists are cached per set
-     * of lines: a line that differs on every attempt would defeat that. */
+    /* More "Name: value" lines for this attempt alone (its traceparent and
+     * tracestate), separated by CRLF (none after the last), copied, at most
+     * UPSTREAM_EXTRA_HEADER_MAX bytes in all (longer: not sent); NULL =
+     * none. Kept out of `headers`, whose lists are cached per set of
+     * lines: lines that differ on every attempt would defeat that. */
     const char *extra_header;
     /* More header lines for this attempt alone, each "Name: value\r\n"
      * (a signed request's Authorization, X-Amz-Date, X-Amz-Security-Token:
@@ -169,7 +170,7 @@ struct attempt_spec {
      * transient connect_failed with this detail (copied). NULL = send. */
     const char *refuse;
 };
-#define UPSTREAM_EXTRA_HEADER_MAX 120
+#define UPSTREAM_EXTRA_HEADER_MAX 400
 
 struct attempt_result {
     struct outcome outcome;

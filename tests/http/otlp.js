@@ -47,6 +47,7 @@ function simplify(s, resource) {
     events: (s.events || []).map((e) => ({ name: e.name, timeMs: ns(e.timeUnixNano) / 1e6, attrs: attrs(e.attributes) })),
     links: (s.links || []).map((l) => ({ traceId: hex(l.traceId), spanId: hex(l.spanId) })),
     status: s.status || {},
+    droppedEvents: s.droppedEventsCount || 0,
     flags: s.flags,
     resource,
   };
@@ -61,6 +62,7 @@ export class Receiver {
     r.bodies = [];
     r.requests = 0;
     r.contentTypes = new Set();
+    r.headers = [];
     r.hung = [];
     r.server = http.createServer((req, res) => {
       const chunks = [];
@@ -68,6 +70,7 @@ export class Receiver {
       req.on("end", () => {
         r.requests++;
         r.contentTypes.add(req.headers["content-type"]);
+        r.headers.push(req.headers);
         if (r.mode === "hang") {
           r.hung.push(res);
           return;

@@ -6,6 +6,7 @@
 // body text or key anywhere in what was sent.
 import assert from "node:assert/strict";
 import fs from "node:fs";
+import http from "node:http";
 import test from "node:test";
 
 import { Mock, Sidecar, freePort, sleep } from "../../client/node/test/helpers.js";
@@ -41,7 +42,8 @@ function config(a, b, port, recv, tracing = "", aExtra = "", aCap = "chat") {
 }
 
 /** Runs fn({a, b, recv, port, sc}): two mocks (sources a and b), a receiver, a sidecar. */
-async function withTracing(fn, tracing = "", aExtra = ", breaker: {failures: 100000}", aCap = "chat") {
+async function withTracing(fn, tracing = "", aExtra = ", breaker: {failures: 100000}", aCap = "chat",
+  edit = (text) => text) {
   const a = await Mock.start();
   const b = await Mock.start();
   const recv = await Receiver.start();
@@ -50,7 +52,7 @@ async function withTracing(fn, tracing = "", aExtra = ", breaker: {failures: 100
   try {
     const port = await freePort();
     sc = new Sidecar("");
-    fs.writeFileSync(sc.configPath, config(a, b, port, recv, tracing, aExtra, aCap));
+    fs.writeFileSync(sc.configPath, edit(config(a, b, port, recv, tracing, aExtra, aCap)));
     await sc.start();
     while (!(await canConnect(port))) await sleep(20);
     return await fn({ a, b, recv, port, sc });
@@ -607,4 +609,157 @@ test("a task stopped by its budget: task.stop by polygw, reason budget, in the r
     assert.equal(stop.attrs["polygw.by"], "polygw");
     assert.equal(stop.attrs["polygw.reason"], "budget");
   }, "", ", breaker: {failures: 100000}, prices: {input: 2.5, output: 10}");
+});
+
+/** A chat call over node:http, whose header values may be arrays (sent as
+ * repeated lines) and keep their spaces. */
+function rawCall(port, headers) {
+  const body = JSON.stringify({ model: "m", messages: [{ role: "user", content: PROMPT }] });
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: "127.0.0.1", port, method: "POST", path: "/v1/chat/completions",
+      headers: { "Content-Type": "application/json", "Content-Length": Buffer.byteLength(body), ...headers } },
+    (res) => {
+      let text = "";
+      res.on("data", (d) => { text += d; });
+      res.on("end", () => resolve({ status: res.statusCode, text }));
+    });
+    req.on("error", reject);
+    req.end(body);
+  });
+}
+
+const upHeader = (last, name) =>
+  Object.entries(last.headers).filter(([k]) => k.toLowerCase() === name).map(([, v]) => v);
+
+test("the caller's tracestate goes upstream with each attempt; repeated lines are one list", async () => {
+  await withTracing(async ({ a, recv, port }) => {
+    const res = await rawCall(port, { traceparent: TRACEPARENT, tracestate: ["a=1", "b=2"] });
+    assert.equal(res.status, 200, res.text);
+    const spans = await recv.waitFor((s) => s.filter((x) => x.traceId === TRACE_ID).length >= 2);
+    const call = spans.find((x) => x.kind === SpanKind.SPAN_KIND_SERVER);
+    assert.equal(call.traceState, "a=1,b=2");
+    const attempt = spans.find((x) => x.kind === SpanKind.SPAN_KIND_CLIENT);
+    assert.equal(attempt.traceState, "a=1,b=2");
+    const last = await a.last();
+    assert.deepEqual(upHeader(last, "traceparent"), [`00-${TRACE_ID}-${attempt.spanId}-01`]);
+    assert.deepEqual(upHeader(last, "tracestate"), ["a=1,b=2"]);
+    // Not sampled: the context and the tracestate still go on.
+    const quiet = await rawCall(port, { traceparent: `00-${TRACE_ID}-${PARENT_ID}-00`, tracestate: "q=1" });
+    assert.equal(quiet.status, 200, quiet.text);
+    const last2 = await a.last();
+    const tp = upHeader(last2, "traceparent")[0].split("-");
+    assert.deepEqual([tp[0], tp[1], tp[3]], ["00", TRACE_ID, "00"]);
+    assert.deepEqual(upHeader(last2, "tracestate"), ["q=1"]);
+    // No tracestate given: none sent.
+    await rawCall(port, { traceparent: TRACEPARENT });
+    assert.deepEqual(upHeader(await a.last(), "tracestate"), []);
+  });
+});
+
+test("a traceparent with spaces around it is honoured; the caller's random flag is kept", async () => {
+  await withTracing(async ({ a, recv, port }) => {
+    const res = await rawCall(port, { traceparent: ` \t00-${TRACE_ID}-${PARENT_ID}-03  `, tracestate: " s=1 " });
+    assert.equal(res.status, 200, res.text);
+    const spans = await recv.waitFor((s) => s.filter((x) => x.traceId === TRACE_ID).length >= 2);
+    const call = spans.find((x) => x.kind === SpanKind.SPAN_KIND_SERVER);
+    const attempt = spans.find((x) => x.kind === SpanKind.SPAN_KIND_CLIENT);
+    assert.equal(call.parentSpanId, PARENT_ID);
+    assert.equal(call.traceState, "s=1");
+    const last = await a.last();
+    assert.deepEqual(upHeader(last, "traceparent"), [`00-${TRACE_ID}-${attempt.spanId}-03`]);
+    assert.deepEqual(upHeader(last, "tracestate"), ["s=1"]);
+  });
+});
+
+test("a task run's tracestate goes with its spans and its calls", async () => {
+  await withTracing(async ({ a, recv, port }) => {
+    const start = await taskPost(port, "run-ts", "start", {}, { traceparent: TRACEPARENT, tracestate: "t=1" });
+    assert.equal(start.status, 200);
+    assert.equal((await taskPost(port, "run-ts", "node_begin", { node: "plan", timeout_s: 10 })).status, 200);
+    const r1 = await chatCall(port, { "X-Polygw-Task": "run-ts" });
+    assert.equal(r1.status, 200);
+    await r1.json();
+    assert.equal((await taskPost(port, "run-ts", "node_end", { node: "plan" })).status, 200);
+    assert.equal((await taskPost(port, "run-ts", "finish", { ok: true })).status, 200);
+    const spans = await recv.waitFor((s) => s.some((x) => x.name === "task.finish") &&
+      s.some((x) => x.kind === SpanKind.SPAN_KIND_CLIENT));
+    for (const name of ["task.start", "task.node plan", "task.finish"])
+      assert.equal(spans.find((x) => x.name === name).traceState, "t=1", name);
+    const attempt = spans.find((x) => x.kind === SpanKind.SPAN_KIND_CLIENT);
+    assert.equal(attempt.traceState, "t=1");
+    assert.deepEqual(upHeader(await a.last(), "tracestate"), ["t=1"]);
+  });
+});
+
+test("a malformed OTEL_RESOURCE_ATTRIBUTES is discarded; a bad header name is warned about", async () => {
+  const env = {
+    OTEL_RESOURCE_ATTRIBUTES: "team,env=x",
+    OTEL_EXPORTER_OTLP_HEADERS: "x bad=SECRETVAL2,ok=1,x-tok=SECRETVAL3",
+    OTEL_TRACES_SAMPLER: "bogus_sampler",
+  };
+  Object.assign(process.env, env);
+  try {
+    await withTracing(async ({ recv, port, sc }) => {
+      const res = await chatCall(port, { traceparent: TRACEPARENT });
+      assert.equal(res.status, 200);
+      await res.json();
+      const spans = await recv.waitFor((s) => s.length >= 2);
+      // The whole list discarded: none of its entries, the default service.
+      assert.deepEqual(Object.keys(spans[0].resource).sort(), ["service.name", "service.version"]);
+      assert.equal(spans[0].resource["service.name"], "polygw");
+      assert.equal(recv.headers[0].ok, "1");
+      assert.equal(recv.headers[0]["x-tok"], "SECRETVAL3");
+      const logs = sc.logs();
+      assert.match(logs, /"OTEL_RESOURCE_ATTRIBUTES discarded".*OTEL_RESOURCE_ATTRIBUTES: every entry must be key=value/);
+      assert.match(logs, /"variable":"OTEL_EXPORTER_OTLP_HEADERS","entry":1/);
+      assert.match(logs, /OTEL_TRACES_SAMPLER unknown.*"value":"bogus_sampler"/);
+      assert.ok(!logs.includes("SECRETVAL"), "no header value in the logs");
+    });
+  } finally {
+    for (const k of Object.keys(env)) delete process.env[k];
+  }
+});
+
+test("a retry storm that ends stalled keeps its verdict among the span's events", async () => {
+  await withTracing(async ({ recv, port }) => {
+    const res = await chatCall(port, { traceparent: TRACEPARENT }, { status: 429 });
+    assert.equal(res.status, 503); /* stalled */
+    await res.text();
+    const spans = await recv.waitFor((s) => s.some((x) => x.kind === SpanKind.SPAN_KIND_SERVER));
+    const call = spans.find((x) => x.kind === SpanKind.SPAN_KIND_SERVER);
+    assert.equal(call.attrs["polygw.code"], "stalled");
+    assert.ok(call.attrs["polygw.attempts"] > 10, String(call.attrs["polygw.attempts"]));
+    const names = call.events.map((e) => e.name);
+    assert.equal(names.length, 16, names.join());
+    assert.ok(call.droppedEvents > 0, String(call.droppedEvents));
+    assert.equal(names[names.length - 1], "polygw.stall_verdict", names.join());
+    for (let i = 1; i < call.events.length; i++)
+      assert.ok(call.events[i].timeMs >= call.events[i - 1].timeMs - 1, "in time order: " + names.join());
+  }, "", ", breaker: {failures: 100000}", "chat",
+  (text) => text.replace("max_attempts: 3, stall_window_s: 20", "max_attempts: 1000, stall_window_s: 1.5")
+    .replaceAll("ttft_timeout_s: 20", "ttft_timeout_s: 1"));
+});
+
+test("a vertex source is gen_ai.provider.name gcp.vertex_ai, whichever model family it serves", async () => {
+  const tok = `${fs.mkdtempSync("/tmp/pgwvx")}/token`;
+  fs.writeFileSync(tok, "ya29.test-token\n");
+  for (const model of ["claude-3-5-haiku@20241022", "gemini-2.5-flash"]) {
+    await withTracing(async ({ recv, sc }) => {
+      const c = new pgw.Client(sc.sock);
+      try {
+        const r = await c.call("chat", { model, max_tokens: 16, messages: [{ role: "user", content: PROMPT }] },
+          { trace: { traceparent: TRACEPARENT } });
+        assert.ok(r.source, JSON.stringify(r)); /* a's answer, or b's after it */
+      } finally {
+        c.close();
+      }
+      const isA = (x) => x.kind === SpanKind.SPAN_KIND_CLIENT && x.attrs["polygw.source"] === "a";
+      const spans = await recv.waitFor((s) => s.some(isA));
+      const attempt = spans.find(isA);
+      assert.equal(attempt.attrs["gen_ai.provider.name"], "gcp.vertex_ai", model);
+      assert.equal(attempt.attrs["gen_ai.system"], "gcp.vertex_ai");
+      assert.equal(attempt.attrs["gen_ai.request.model"], model);
+    }, "", `, breaker: {failures: 100000}, kind: vertex, project: p1, location: us-east5, model: "${model}", token_file: "${tok}"`,
+    "chat", (text) => text.replace(", api_key_env: PGW_TRACE_KEY", ""));
+  }
 });

@@ -177,3 +177,110 @@ def check_task_run_trace(sc, up):
             c.task("run-bad").start(trace={"traceparent": 5})
         with pytest.raises(polygw.BadRequestError):
             c.request("task.start", {"task_id": "run-bad", "trace": "not a map"})
+
+
+def upstream_headers(up):
+    return {k.lower(): v for k, v in up.last()["headers"].items()}
+
+
+def test_unsampled_call_still_passes_its_trace_on(make_sidecar, up):
+    # Nothing recorded (ratio 0, or a caller that did not sample), yet each
+    # attempt sends a traceparent: the caller's trace id (or a new one), a
+    # span id of its own, not sampled; the caller's random flag (0x02) kept.
+    sc = make_sidecar(config_text=config(up, quiet_tracing()))
+    trace_id, parent_id = TP.split("-")[1:3]
+    with polygw.Client(sc.sock) as c:
+        seen = set()
+        for flags in (0, 2):
+            for _ in range(2):
+                c.call("chat", chat("hi"), trace={"traceparent": TP % flags})
+                tp = upstream_headers(up)["traceparent"].split("-")
+                assert tp[:2] == ["00", trace_id] and tp[3] == "0%d" % flags, tp
+                assert len(tp[2]) == 16 and tp[2] not in (parent_id, "0" * 16), tp
+                seen.add(tp[2])
+        assert len(seen) == 4
+        c.call("chat", chat("hi"))  # a root the sampler leaves out
+        tp = upstream_headers(up)["traceparent"].split("-")
+        assert tp[0] == "00" and tp[1] != trace_id and len(tp[1]) == 32 and tp[3] == "00", tp
+        st = c.stats()["tracing"]
+        assert st["spans_started"] == 0 and st["unsampled"] == 5, st
+
+
+def test_tracing_off_sends_no_traceparent(make_sidecar, up):
+    sc = make_sidecar(config_text=config(up, {"enabled": "false"}))
+    with polygw.Client(sc.sock) as c:
+        c.call("chat", chat("hi"), trace={"traceparent": TP % 0})
+        assert "traceparent" not in upstream_headers(up)
+
+
+@pytest.mark.parametrize("client", ["auto", "libcurl"])
+@pytest.mark.parametrize("flags", [0, 1])
+def test_tracestate_goes_upstream(make_sidecar, up, flags, client):
+    # Recorded or not, each attempt passes the caller's tracestate on (both
+    # HTTP clients: a line of its own after the traceparent).
+    text = config(up, dict(quiet_tracing(), sampler_ratio=1))
+    text = text.replace("server:\n", "server:\n  upstream_client: %s\n" % client, 1)
+    sc = make_sidecar(config_text=text)
+    with polygw.Client(sc.sock) as c:
+        c.call("chat", chat("hi"), trace={"traceparent": TP % flags, "tracestate": "k=v,x=y"})
+        h = upstream_headers(up)
+        assert h["tracestate"] == "k=v,x=y", h
+        assert h["traceparent"].endswith("-0%d" % flags), h
+        c.call("chat", chat("hi"), trace={"traceparent": TP % flags})
+        assert "tracestate" not in upstream_headers(up)
+
+
+def test_unsampled_task_run_passes_its_context_on(make_sidecar, up):
+    sc = make_sidecar(config_text=config(up, quiet_tracing()))
+    with polygw.Client(sc.sock) as c:
+        with c.task("run-q", trace={"traceparent": TP % 2, "tracestate": "t=1"}) as run:
+            run.call("chat", chat("hi"))
+        h = upstream_headers(up)
+        tp = h["traceparent"].split("-")
+        assert tp[1] == TP.split("-")[1] and tp[3] == "02", h
+        assert h["tracestate"] == "t=1", h
+        assert c.stats()["tracing"]["spans_started"] == 0
+
+
+@pytest.mark.parametrize("var,value", [("OTEL_SDK_DISABLED", "True"),
+                                       ("OTEL_TRACES_EXPORTER", "none")])
+def test_environment_turns_tracing_off(make_sidecar, up, var, value):
+    env = dict(os.environ, OTEL_EXPORTER_OTLP_PROTOCOL="grpc")
+    env[var] = value
+    sc = make_sidecar(config_text=config(up, quiet_tracing()), env=env)
+    with polygw.Client(sc.sock) as c:
+        c.call("chat", chat("hi"), trace={"traceparent": TP % 1})
+        assert "traceparent" not in upstream_headers(up)
+        assert "tracing" not in c.stats()
+    assert "tracing is off: the environment turns trace export off" in sc.logs()
+    assert '"variable":"%s"' % var in sc.logs()
+
+
+def test_unsupported_exporter_and_protocol_are_warned_about(make_sidecar, up):
+    env = dict(os.environ, OTEL_TRACES_EXPORTER="otlp,zipkin",
+               OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="grpc")
+    sc = make_sidecar(config_text=config(up, quiet_tracing()), env=env)
+    with polygw.Client(sc.sock) as c:
+        c.call("chat", chat("hi"), trace={"traceparent": TP % 1})
+        assert c.stats()["tracing"]["spans_started"] == 2
+    logs = sc.logs()
+    assert '"variable":"OTEL_TRACES_EXPORTER","exporter":"zipkin"' in logs, logs
+    assert '"variable":"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL","protocol":"grpc"' in logs, logs
+
+
+def test_ratio_sampler_decides_on_the_trace_ids_last_bytes(make_sidecar, up):
+    # As the OpenTelemetry SDKs decide: the trace id's last 8 bytes.
+    env = dict(os.environ, OTEL_TRACES_SAMPLER="traceidratio", OTEL_TRACES_SAMPLER_ARG="0.5")
+    tracing = dict(quiet_tracing())
+    del tracing["sampler_ratio"]
+    sc = make_sidecar(config_text=config(up, tracing), env=env)
+    with polygw.Client(sc.sock) as c:
+        for trace_id, recorded in [("ffffffffffffffff0000000000000000", True),
+                                   ("0000000000000001ffffffffffffffff", False),
+                                   ("7fffffffffffffffffffffffffffffff", False),
+                                   ("80000000000000000000000000000001", True)]:
+            before = c.stats()["tracing"]["spans_started"]
+            c.call("chat", chat("hi"), trace={"traceparent": "00-%s-00f067aa0ba902b7-01" % trace_id})
+            assert (c.stats()["tracing"]["spans_started"] > before) == recorded, trace_id
+            flags = upstream_headers(up)["traceparent"].split("-")[3]
+            assert flags == ("01" if recorded else "00"), (trace_id, flags)

@@ -249,6 +249,59 @@ START_TEST(test_httpreq__long_values_are_flagged_not_cut)
 }
 END_TEST
 
+START_TEST(test_httpreq__tracestate_lines_are_one_list)
+{
+    struct httpreq r;
+    struct seen s;
+    size_t used;
+
+    static const char in[] = "GET / HTTP/1.1\r\nHost: a\r\ntracestate: a=1\r\n"
+                             "X-Other: 1\r\nTraceState: b=2\r\n"
+                             "X-Polygw-App: one\r\nX-Polygw-App: two\r\n\r\n";
+    static const size_t steps[] = { sizeof(in), 1, 5 };
+    for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+        reader(&r, &s);
+        ck_assert_int_eq(feed(&r, in, sizeof(in) - 1, steps[i], &used), HTTPREQ_DONE);
+        ck_assert_str_eq(r.val[HRQ_TRACESTATE], "a=1,b=2");
+        ck_assert_str_eq(r.val[HRQ_APP], "two"); /* others: the last one wins */
+    }
+
+    /* Too long in all: none of it. */
+    char big[1024];
+    snprintf(big, sizeof(big), "GET / HTTP/1.1\r\ntracestate: a=%0*d\r\ntracestate: b=1\r\n\r\n",
+             HTTPREQ_VAL_MAX - 3, 0);
+    reader(&r, &s);
+    ck_assert_int_eq(feed(&r, big, strlen(big), strlen(big), &used), HTTPREQ_DONE);
+    ck_assert(r.present[HRQ_TRACESTATE]);
+    ck_assert_str_eq(r.val[HRQ_TRACESTATE], "");
+    ck_assert_int_eq(r.over, HRQ_NONE); /* dropped, never refused */
+}
+END_TEST
+
+START_TEST(test_httpreq__values_lose_surrounding_spaces)
+{
+    struct httpreq r;
+    struct seen s;
+    size_t used;
+
+    static const char in[] =
+        "GET / HTTP/1.1\r\nHost:  a \t\r\n"
+        "traceparent: \t00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01   \r\n"
+        "tracestate: a=1 \r\ntracestate:  \r\ntracestate: b = 2\t\r\n"
+        "X-Polygw-App: my app \r\n\r\n";
+    static const size_t steps[] = { sizeof(in), 1, 3 };
+    for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+        reader(&r, &s);
+        ck_assert_int_eq(feed(&r, in, sizeof(in) - 1, steps[i], &used), HTTPREQ_DONE);
+        ck_assert_str_eq(r.val[HRQ_HOST], "a");
+        ck_assert_str_eq(r.val[HRQ_TRACEPARENT],
+                         "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+        ck_assert_str_eq(r.val[HRQ_TRACESTATE], "a=1,b = 2");
+        ck_assert_str_eq(r.val[HRQ_APP], "my app"); /* inner spaces kept */
+    }
+}
+END_TEST
+
 Suite *httpreq_suite(void)
 {
     Suite *s = suite_create("httpreq");
@@ -259,6 +312,8 @@ Suite *httpreq_suite(void)
     tcase_add_test(tc, test_httpreq__malformed_heads_are_refused);
     tcase_add_test(tc, test_httpreq__bounds_give_414_431_413);
     tcase_add_test(tc, test_httpreq__long_values_are_flagged_not_cut);
+    tcase_add_test(tc, test_httpreq__tracestate_lines_are_one_list);
+    tcase_add_test(tc, test_httpreq__values_lose_surrounding_spaces);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -189,6 +189,43 @@ START_TEST(test_trace__bounds)
 }
 END_TEST
 
+/* A span full of events keeps its first ones and its latest (a call's
+ * verdict), in order; the middle ones are dropped and counted. */
+START_TEST(test_trace__events_keep_the_latest)
+{
+    struct fixture f;
+
+    fixture_start(&f, 4, -1);
+    struct span *s = span_start(f.t, NULL, NULL, false, "x", TRACE_SERVER, 1);
+    for (int i = 0; i < 200; i++) {
+        const char *name = i == 199 ? "polygw.stall_verdict" : "polygw.backoff";
+        span_event(s, name, 1 + i * 0.01, &TKV_I("i", i), 1);
+        span_event(NULL, name, 1, NULL, 0);
+    }
+    span_end(s, 10);
+    size_t len = 0;
+    const char *keys[] = { "service.name" }, *vals[] = { "t" };
+    struct otlp_resource res = { keys, vals, 1, "polygw", "0" };
+    uint8_t *buf = otlp_encode(&res, tracer_queue_head(f.t), 1, &len);
+    Pgwotlp__ExportTraceServiceRequest *r =
+        pgwotlp__export_trace_service_request__unpack(NULL, len, buf);
+    ck_assert_ptr_nonnull(r);
+    Pgwotlp__Span *p = r->resource_spans[0]->scope_spans[0]->spans[0];
+    ck_assert_uint_eq(p->n_events, TRACE_EVENTS_MAX);
+    ck_assert_uint_eq(p->dropped_events_count, 200 - TRACE_EVENTS_MAX);
+    const size_t head = TRACE_EVENTS_MAX - TRACE_EVENTS_TAIL;
+    for (size_t i = 0; i < TRACE_EVENTS_MAX; i++) {
+        int want = i < head ? (int)i : 200 - TRACE_EVENTS_MAX + (int)i;
+        ck_assert_int_eq(p->events[i]->attributes[0]->value->int_value, want);
+        ck_assert_str_eq(p->events[i]->name,
+                         want == 199 ? "polygw.stall_verdict" : "polygw.backoff");
+    }
+    pgwotlp__export_trace_service_request__free_unpacked(r, NULL);
+    free(buf);
+    fixture_stop(&f);
+}
+END_TEST
+
 START_TEST(test_trace__sampler)
 {
     struct fixture f;
@@ -209,6 +246,87 @@ START_TEST(test_trace__sampler)
     span_event(NULL, "e", 1, NULL, 0);
     span_set_error(NULL, "x");
     span_end(NULL, 1);
+    fixture_stop(&f);
+}
+END_TEST
+
+static bool ratio_says(double ratio, const char *hex)
+{
+    uint8_t id[16];
+    for (int i = 0; i < 16; i++)
+        sscanf(hex + 2 * i, "%2hhx", &id[i]);
+    return trace_ratio_sampled(ratio, trace_ratio_bound(ratio), id);
+}
+
+/* The ratio sampler decides on the trace id's last 8 bytes, as the
+ * OpenTelemetry SDKs do. */
+START_TEST(test_trace__ratio_sampler)
+{
+    ck_assert(ratio_says(0.5, "ffffffffffffffff0000000000000000"));
+    ck_assert(!ratio_says(0.5, "0000000000000001ffffffffffffffff"));
+    ck_assert(!ratio_says(0.5, "7fffffffffffffffffffffffffffffff"));
+    ck_assert(ratio_says(0.5, "80000000000000000000000000000001"));
+    /* The bound exactly: (low >> 1) < 2^62. */
+    ck_assert(ratio_says(0.5, "00000000000000007ffffffffffffffe"));
+    ck_assert(ratio_says(0.5, "00000000000000007fffffffffffffff"));
+    ck_assert(!ratio_says(0.5, "00000000000000008000000000000000"));
+    ck_assert_uint_eq(trace_ratio_bound(0.5), UINT64_C(1) << 62);
+    ck_assert_uint_eq(trace_ratio_bound(0.25), UINT64_C(1) << 61);
+    ck_assert_uint_eq(trace_ratio_bound(1), UINT64_C(1) << 63);
+    ck_assert_uint_eq(trace_ratio_bound(0), 0);
+    /* 1 samples all (the highest id too), 0 none (the lowest too). */
+    ck_assert(ratio_says(1, "ffffffffffffffffffffffffffffffff"));
+    ck_assert(!ratio_says(0, "00000000000000000000000000000001"));
+    ck_assert(ratio_says(1e-9, "00000000000000010000000000000001"));
+    /* Roughly the ratio over many ids. */
+    int n = 0;
+    for (uint32_t i = 0; i < 4096; i++) {
+        char hex[33];
+        snprintf(hex, sizeof(hex), "0000000000000000%08x%08x", i * 2654435761u, i * 40503u);
+        n += ratio_says(0.25, hex);
+    }
+    ck_assert_msg(n > 4096 / 4 - 200 && n < 4096 / 4 + 200, "%d", n);
+}
+END_TEST
+
+/* A child keeps the caller's sampled and random flags (the others are
+ * zeroed); an unsampled one gives the context it passes on. */
+START_TEST(test_trace__flags_and_quiet_context)
+{
+    struct fixture f;
+    struct trace_ctx c, q;
+    char tp[56];
+
+    fixture_start(&f, 16, 1);
+    trace_ctx_parse(&c, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-07", "k=v");
+    struct span *s = span_start_ctx(f.t, NULL, &c, false, "x", TRACE_SERVER, 1, &q);
+    ck_assert_ptr_nonnull(s);
+    ck_assert(!q.valid);
+    span_traceparent(s, tp);
+    ck_assert_str_eq(tp + 53, "03");
+    ck_assert_str_eq(span_tracestate(s), "k=v");
+    span_end(s, 1);
+
+    c.flags = 0x06; /* not sampled, random */
+    ck_assert_ptr_null(span_start_ctx(f.t, NULL, &c, false, "x", TRACE_SERVER, 1, &q));
+    ck_assert(q.valid);
+    ck_assert_int_eq(q.flags, 0x02);
+    ck_assert_str_eq(q.state, "k=v");
+    char a[56], b[56];
+    trace_ctx_child(f.t, &q, a);
+    trace_ctx_child(f.t, &q, b);
+    ck_assert_str_eq(a + 53, "02");
+    ck_assert_int_eq(strncmp(a, "00-4bf92f3577b34da6a3ce929d0e0e4736-", 36), 0);
+    ck_assert_str_ne(a, b); /* a span id each */
+    ck_assert_int_ne(strncmp(a + 36, "00f067aa0ba902b7", 16), 0);
+    fixture_stop(&f);
+
+    /* A root the sampler leaves out: a new trace id, flag 00, no state. */
+    fixture_start(&f, 16, 0);
+    ck_assert_ptr_null(span_start_ctx(f.t, NULL, NULL, false, "x", TRACE_SERVER, 1, &q));
+    ck_assert(q.valid);
+    ck_assert_int_eq(q.flags, 0);
+    ck_assert_str_eq(q.state, "");
     fixture_stop(&f);
 }
 END_TEST
@@ -300,6 +418,114 @@ START_TEST(test_trace__environment)
 }
 END_TEST
 
+/* Tracing on, exporting nowhere, for the environment's tests. */
+static struct config_tracing env_config(double ratio)
+{
+    return (struct config_tracing){ .enabled = true,
+                                    .endpoint = (char *)"http://127.0.0.1:9/v1/traces",
+                                    .sampler_ratio = ratio,
+                                    .max_queue_spans = 8,
+                                    .max_batch_spans = 8,
+                                    .export_interval_s = 3600,
+                                    .timeout_s = 10 };
+}
+
+/* OTEL_SDK_DISABLED=true and OTEL_TRACES_EXPORTER=none turn tracing off;
+ * another exporter or protocol is only warned about. */
+START_TEST(test_trace__environment_turns_off)
+{
+    char err[200];
+    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+    struct upstream *up = upstream_new(loop, 4, false, err, sizeof(err));
+    struct config_tracing ct = env_config(1);
+    static const struct {
+        const char *name, *value;
+        bool on;
+    } cases[] = {
+        { "OTEL_SDK_DISABLED", "true", false },
+        { "OTEL_SDK_DISABLED", " TRUE ", false },
+        { "OTEL_SDK_DISABLED", "false", true },
+        { "OTEL_SDK_DISABLED", "yes", true },
+        { "OTEL_TRACES_EXPORTER", "none", false },
+        { "OTEL_TRACES_EXPORTER", " None ", false },
+        { "OTEL_TRACES_EXPORTER", "otlp", true },
+        { "OTEL_TRACES_EXPORTER", "zipkin", true },       /* warned, still OTLP */
+        { "OTEL_TRACES_EXPORTER", "otlp,console", true }, /* console warned */
+        { "OTEL_EXPORTER_OTLP_PROTOCOL", "grpc", true },  /* warned */
+        { "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json", true },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        setenv(cases[i].name, cases[i].value, 1);
+        struct tracer *t = tracer_new(loop, up, &ct, err, sizeof(err));
+        ck_assert_msg(t != NULL, "%s", err);
+        ck_assert_msg(tracer_is_enabled(t) == cases[i].on, "%s=%s", cases[i].name, cases[i].value);
+        /* A reload reads it again. */
+        unsetenv(cases[i].name);
+        ck_assert_int_eq(tracer_reconf(t, &ct, err, sizeof(err)), 0);
+        ck_assert(tracer_is_enabled(t));
+        setenv(cases[i].name, cases[i].value, 1);
+        ck_assert_int_eq(tracer_reconf(t, &ct, err, sizeof(err)), 0);
+        ck_assert(tracer_is_enabled(t) == cases[i].on);
+        unsetenv(cases[i].name);
+        tracer_free(t);
+    }
+    upstream_free(up);
+    ev_loop_destroy(loop);
+}
+END_TEST
+
+/* A malformed list is refused by its own variable's name; a malformed
+ * resource list is discarded, never a start failure; a bad sampler or
+ * ratio is ignored. */
+START_TEST(test_trace__environment_errors)
+{
+    char err[200];
+    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+    struct upstream *up = upstream_new(loop, 4, false, err, sizeof(err));
+    struct config_tracing ct = env_config(-1);
+
+    setenv("OTEL_EXPORTER_OTLP_HEADERS", "ok=1", 1);
+    setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "tokenSECRET", 1);
+    ck_assert_ptr_null(tracer_new(loop, up, &ct, err, sizeof(err)));
+    ck_assert_msg(strstr(err, "OTEL_EXPORTER_OTLP_TRACES_HEADERS: ") == err, "%s", err);
+    ck_assert_ptr_null(strstr(err, "SECRET"));
+    unsetenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS");
+    unsetenv("OTEL_EXPORTER_OTLP_HEADERS");
+
+    static const char *const ok[][2] = {
+        { "OTEL_RESOURCE_ATTRIBUTES", "team,env=x" },
+        { "OTEL_RESOURCE_ATTRIBUTES", "=x" },
+        { "OTEL_EXPORTER_OTLP_HEADERS", "x bad=v,ok=1" },
+        { "OTEL_EXPORTER_OTLP_HEADERS", "x(y)=v" },
+        { "OTEL_TRACES_SAMPLER", "bogus_sampler" },
+    };
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        setenv(ok[i][0], ok[i][1], 1);
+        struct tracer *t = tracer_new(loop, up, &ct, err, sizeof(err));
+        ck_assert_msg(t != NULL, "%s=%s: %s", ok[i][0], ok[i][1], err);
+        ck_assert(tracer_is_enabled(t));
+        tracer_free(t);
+        unsetenv(ok[i][0]);
+    }
+    /* A ratio out of range or not a number: ignored (1, all sampled). */
+    setenv("OTEL_TRACES_SAMPLER", "traceidratio", 1);
+    static const char *const bad_ratio[] = { "abc", "1.5", "-0.1" };
+    for (size_t i = 0; i < 3; i++) {
+        setenv("OTEL_TRACES_SAMPLER_ARG", bad_ratio[i], 1);
+        struct tracer *t = tracer_new(loop, up, &ct, err, sizeof(err));
+        ck_assert_ptr_nonnull(t);
+        struct span *s = span_start(t, NULL, NULL, false, "x", TRACE_SERVER, 1);
+        ck_assert_ptr_nonnull(s);
+        span_end(s, 1);
+        tracer_free(t);
+    }
+    unsetenv("OTEL_TRACES_SAMPLER");
+    unsetenv("OTEL_TRACES_SAMPLER_ARG");
+    upstream_free(up);
+    ev_loop_destroy(loop);
+}
+END_TEST
+
 Suite *trace_suite(void)
 {
     Suite *s = suite_create("trace");
@@ -307,9 +533,14 @@ Suite *trace_suite(void)
     tcase_add_test(tc, test_trace__ctx_parse);
     tcase_add_test(tc, test_trace__encode_round_trip);
     tcase_add_test(tc, test_trace__bounds);
+    tcase_add_test(tc, test_trace__events_keep_the_latest);
     tcase_add_test(tc, test_trace__sampler);
+    tcase_add_test(tc, test_trace__ratio_sampler);
+    tcase_add_test(tc, test_trace__flags_and_quiet_context);
     tcase_add_test(tc, test_trace__own_context_and_flush);
     tcase_add_test(tc, test_trace__environment);
+    tcase_add_test(tc, test_trace__environment_turns_off);
+    tcase_add_test(tc, test_trace__environment_errors);
     suite_add_tcase(s, tc);
     return s;
 }
