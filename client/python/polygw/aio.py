@@ -347,8 +347,10 @@ class AsyncTask:
 
     async def start(self, budget=None, trace=None):
         """A new run; ``budget``: what its calls may cost, in the sidecar's
-        currency; ``trace``: a W3C carrier, the parent of the run's trace."""
-        return await self._req("task.start", budget=budget, trace=trace)
+        currency; ``trace``: a W3C carrier, the parent of the run's trace.
+        Either one left out is the handle's."""
+        return await self._req("task.start", budget=self.budget if budget is None else budget,
+                               trace=self.trace if trace is None else trace)
 
     async def stop(self, reason):
         return await self._req("task.stop", reason=reason)

@@ -396,8 +396,10 @@ class Task:
     def start(self, budget=None, trace=None):
         """A new run; ``budget``: what its calls may cost, in the sidecar's
         currency; ``trace``: a W3C carrier (``{"traceparent": ...,
-        "tracestate": ...}``), the parent of the run's trace."""
-        return self._req("task.start", budget=budget, trace=trace)
+        "tracestate": ...}``), the parent of the run's trace. Either one
+        left out is the handle's (``client.task(id, budget=..., trace=...)``)."""
+        return self._req("task.start", budget=self.budget if budget is None else budget,
+                         trace=self.trace if trace is None else trace)
 
     def stop(self, reason):
         return self._req("task.stop", reason=reason)

@@ -247,6 +247,20 @@ def test_sync_task_lifecycle(sidecar, up):
         assert any(t["task_id"] == tid for t in c.tasks("succeeded"))
 
 
+def test_sync_task_handle_budget_reaches_start(sidecar, up):
+    """A handle made with a budget starts its run with it, called as
+    start() as well as through `with` (a budget silently lost would lift
+    the run's cost cap)."""
+    with polygw.Client(sidecar.sock) as c:
+        if not tasks_supported(c):
+            pytest.skip(NO_TASKS)
+        tid = "py-budget-%d" % os.getpid()
+        res = c.task(tid, budget=5).start()
+        assert res["budget"]["limit"] == 5, res
+        res = c.task(tid + "-b", budget=5).start(budget=2)
+        assert res["budget"]["limit"] == 2, res
+
+
 # ================================================================ asyncio client
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 30))
