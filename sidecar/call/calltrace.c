@@ -4,7 +4,10 @@
 #include "call/calltrace.h"
 
 #include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "gov.h"
 #include "codec/dialect.h"
@@ -44,10 +47,15 @@ static const char *provider(const struct config_source *src)
     }
 }
 
-/* The host of `url` (server.address), without user info or port. */
-static void url_host(const char *url, char *out, size_t cap)
+/* The host of `url` (server.address: without user info, port or an IPv6
+ * literal's brackets) and its port (server.port: the URL's, else its
+ * scheme's default; 0 when neither is known). */
+static void url_host(const char *url, char *out, size_t cap, long *port)
 {
     const char *p = strstr(url, "://");
+    *port = p && (size_t)(p - url) == 5 && strncasecmp(url, "https", 5) == 0 ? 443
+        : p && (size_t)(p - url) == 4 && strncasecmp(url, "http", 4) == 0    ? 80
+                                                                             : 0;
     p = p ? p + 3 : url;
     size_t n = strcspn(p, "/?#");
     const char *at = memchr(p, '@', n);
@@ -55,9 +63,20 @@ static void url_host(const char *url, char *out, size_t cap)
         n -= (size_t)(at + 1 - p);
         p = at + 1;
     }
-    size_t h = *p == '[' ? strcspn(p, "]") + 1 : strcspn(p, ":/?#");
+    bool v6 = *p == '[';
+    size_t h = v6 ? strcspn(p, "]") + 1 : strcspn(p, ":/?#");
     if (h > n)
         h = n;
+    if (h < n && p[h] == ':') {
+        char *end;
+        long v = strtol(p + h + 1, &end, 10);
+        if (end > p + h + 1 && v > 0 && v <= 65535)
+            *port = v;
+    }
+    if (v6 && h >= 2 && p[h - 1] == ']') { /* the address alone */
+        p++;
+        h -= 2;
+    }
     if (h >= cap)
         h = cap - 1;
     memcpy(out, p, h);
@@ -82,7 +101,7 @@ void calltrace_begin(struct calltrace *ct, struct tracer *t, const struct calltr
         ct->model[s->model_len] = '\0';
     }
     char name[192];
-    snprintf(name, sizeof(name), "%s %s", ct->op, ct->model[0] ? ct->model : s->capability);
+    snprintf(name, sizeof(name), "%s%s%s", ct->op, ct->model[0] ? " " : "", ct->model);
     ct->call = span_start_ctx(t, NULL, &ctx, false, name, TRACE_SERVER, now, &ct->quiet);
     if (!ct->call) {
         ct->tracer = t;
@@ -197,12 +216,14 @@ const char *calltrace_attempt(struct calltrace *ct, const struct gov_call *g,
         span_end(ct->attempt, now);
     char name[192];
     const char *m = src->model ? src->model : ct->model[0] ? ct->model : NULL;
-    snprintf(name, sizeof(name), "%s %s", ct->op, m ? m : src->name);
+    /* "{operation} {model}", or the operation alone without a model. */
+    snprintf(name, sizeof(name), "%s%s%s", ct->op, m ? " " : "", m ? m : "");
     struct span *a = ct->attempt = span_start(NULL, ct->call, NULL, false, name, TRACE_CLIENT, now);
     if (!a)
         return NULL;
     char host[256];
-    url_host(src->base_url, host, sizeof(host));
+    long port;
+    url_host(src->base_url, host, sizeof(host), &port);
     span_set(a, &TKV_S("gen_ai.operation.name", ct->op));
     /* gen_ai.system, the older name, with its older value for Azure. */
     const char *prov = provider(src);
@@ -211,6 +232,8 @@ const char *calltrace_attempt(struct calltrace *ct, const struct gov_call *g,
     if (m)
         span_set(a, &TKV_S("gen_ai.request.model", m));
     span_set(a, &TKV_S("server.address", host));
+    if (port)
+        span_set(a, &TKV_I("server.port", port));
     span_set(a, &TKV_S("polygw.source", src->name));
     span_set(a, &TKV_I("polygw.attempt", attempt_no));
 

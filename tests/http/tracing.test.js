@@ -128,6 +128,9 @@ test("a call that waited for a permit, got a 429 with Retry-After, failed over a
       assert.equal(s.attrs["gen_ai.request.model"], "m");
       assert.equal(s.attrs["server.address"], "127.0.0.1");
     }
+    assert.equal(Number(first.attrs["server.port"]), a.port);
+    assert.equal(Number(second.attrs["server.port"]), b.port);
+    assert.equal(first.name, "chat m");
     assert.equal(first.attrs["polygw.source"], "a");
     assert.equal(first.attrs["http.response.status_code"], 429);
     assert.equal(first.attrs["error.type"], "http_429");
