@@ -178,14 +178,6 @@ static uint32_t span_put(struct span *sp, const char *s)
     size_t n = s ? strnlen(s, TRACE_STR_MAX) : 0;
     if (n == 0)
         return 0;
-    /* A string the span has already (an event's name, a source) is shared:
-     * many events fit in the text bound. */
-    for (uint32_t off = 1; off < sp->text_len;) {
-        size_t k = strlen(sp->text + off);
-        if (k == n && memcmp(sp->text + off, s, n) == 0)
-            return off;
-        off += (uint32_t)k + 1;
-    }
     if (sp->text_len + n + 1 > SPAN_TEXT_MAX)
         return 0;
     if (sp->text_len + n + 1 > sp->text_cap) {
@@ -205,6 +197,22 @@ static uint32_t span_put(struct span *sp, const char *s)
     sp->text[off + n] = '\0';
     sp->text_len += (uint32_t)n + 1;
     return off;
+}
+
+/* span_put for an event's strings (its name, a source): one the span has
+ * already is shared, so that a span's many events fit in its text bound.
+ * Span attributes, set once each, do not pay for the walk. */
+static uint32_t span_put_shared(struct span *sp, const char *s)
+{
+    size_t n = s ? strnlen(s, TRACE_STR_MAX) : 0;
+
+    for (uint32_t off = 1; n && off < sp->text_len;) {
+        size_t k = strlen(sp->text + off);
+        if (k == n && memcmp(sp->text + off, s, n) == 0)
+            return off;
+        off += (uint32_t)k + 1;
+    }
+    return span_put(sp, s);
 }
 
 static void span_free(struct span *s)
@@ -338,13 +346,14 @@ void trace_ctx_child(struct tracer *t, const struct trace_ctx *c, char *out)
     out[55] = '\0';
 }
 
-static void attr_set(struct span *s, struct span_attr *a, const struct trace_kv *kv)
+static void attr_set(struct span *s, struct span_attr *a, const struct trace_kv *kv,
+                     uint32_t (*put)(struct span *, const char *))
 {
     a->key = kv->key;
     a->type = kv->type;
     switch (kv->type) {
     case TRACE_STR:
-        a->s_off = span_put(s, kv->s);
+        a->s_off = put(s, kv->s);
         break;
     case TRACE_INT:
         a->i = kv->i;
@@ -364,14 +373,14 @@ void span_set(struct span *s, const struct trace_kv *kv)
         return;
     for (size_t i = 0; i < s->n_attrs; i++)
         if (strcmp(s->attrs[i].key, kv->key) == 0) {
-            attr_set(s, &s->attrs[i], kv);
+            attr_set(s, &s->attrs[i], kv, span_put);
             return;
         }
     if (s->n_attrs == TRACE_ATTRS_MAX) {
         s->dropped_attrs++;
         return;
     }
-    attr_set(s, &s->attrs[s->n_attrs++], kv);
+    attr_set(s, &s->attrs[s->n_attrs++], kv, span_put);
 }
 
 void span_event(struct span *s, const char *name, double at, const struct trace_kv *kv, size_t n)
@@ -388,10 +397,10 @@ void span_event(struct span *s, const char *name, double at, const struct trace_
         e = &s->events[s->n_events++];
     }
     e->time_ns = to_ns(at);
-    e->name_off = span_put(s, name);
+    e->name_off = span_put_shared(s, name);
     e->n_attrs = (uint8_t)(n < TRACE_EVENT_ATTRS_MAX ? n : TRACE_EVENT_ATTRS_MAX);
     for (size_t i = 0; i < e->n_attrs; i++)
-        attr_set(s, &e->attrs[i], &kv[i]);
+        attr_set(s, &e->attrs[i], &kv[i], span_put_shared);
 }
 
 void span_set_error(struct span *s, const char *message)
